@@ -1,0 +1,149 @@
+/* deepwell.h — the public C API of Deepwell, and the only published one.
+ *
+ * If it is not in this file it is not a published API: everything under src/ is private.
+ * C11, usable from C++ (extern "C"). Includes only <stddef.h>, <stdint.h>, <stdbool.h>.
+ *
+ * Conventions (hold for every function below):
+ *   - Handles are opaque. Every dw_x_create/dw_x_load has a dw_x_free; dw_x_free(NULL) is a no-op.
+ *   - Functions that can fail for environmental reasons (I/O, bad input files, out of memory,
+ *     the driver) return dw_status; the readable reason is then in dw_errmsg(ctx).
+ *   - Out-parameters are always written: NULL (or zero) on error.
+ *   - Strings returned as `char *` are owned by the caller (free with dw_free_string);
+ *     `const char *` results are owned by the library and stay valid as the comment says.
+ *   - Programmer errors (violated preconditions) abort through DW_ASSERT's hook, never exit().
+ */
+#ifndef DEEPWELL_H
+#define DEEPWELL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DW_VERSION_MAJOR 0
+#define DW_VERSION_MINOR 1
+#define DW_VERSION_PATCH 0
+
+/* ======================================================================================
+ * Core: status codes, context, logging
+ * ====================================================================================== */
+
+typedef enum {
+    DW_OK = 0,
+    DW_ERR_INVALID,     /* bad argument or bad user input (flag, config value) */
+    DW_ERR_NOMEM,       /* host or device allocation failed */
+    DW_ERR_IO,          /* file could not be opened, read, written or renamed */
+    DW_ERR_FORMAT,      /* a file's content is malformed (JSON, safetensors, token shard) */
+    DW_ERR_UNSUPPORTED, /* valid request this build or device cannot do */
+    DW_ERR_CUDA,        /* CUDA runtime / driver / library error */
+    DW_ERR_NUMERIC,     /* NaN/Inf or numeric guard tripped */
+    DW_STATUS_COUNT
+} dw_status;
+
+/* Static name of a status ("DW_ERR_IO"), never NULL. */
+const char *dw_status_name(dw_status s);
+
+typedef enum { DW_LOG_DEBUG = 0, DW_LOG_INFO, DW_LOG_WARN, DW_LOG_ERROR, DW_LOG_OFF } dw_log_level;
+
+/* The process-wide log level. Initialised from the environment variable
+ * DW_LOG=debug|info|warn|error|off (default info) on first use. */
+dw_log_level dw_log_get_level(void);
+void dw_log_set_level(dw_log_level level);
+/* Parse "debug" / "info" / ... ; returns false for an unknown name. */
+bool dw_log_parse_level(const char *name, dw_log_level *out);
+
+/* A context: the chosen device, its streams, lazily created library handles (cuBLASLt, ...),
+ * and the last error message. One context per thread of use; not thread-safe. */
+typedef struct dw_ctx dw_ctx;
+
+typedef enum {
+    DW_DEVICE_CPU = 0, /* CPU reference backend */
+    DW_DEVICE_CUDA,    /* one CUDA GPU (device_index) */
+    DW_DEVICE_AUTO     /* CUDA device 0 if a usable GPU is present, else CPU */
+} dw_device_kind;
+
+typedef struct {
+    dw_device_kind device;
+    int device_index; /* CUDA ordinal, used when device is CUDA */
+} dw_ctx_opts;
+
+/* Creates a context. CUDA state (streams, handles) is created on first use, not here, except that
+ * DW_DEVICE_CUDA checks that the device exists. *out is NULL on error; the message is then in
+ * dw_errmsg(NULL) (a thread-local fallback). */
+dw_status dw_ctx_create(const dw_ctx_opts *opts, dw_ctx **out);
+void dw_ctx_free(dw_ctx *ctx);
+/* The device the context resolved to (never DW_DEVICE_AUTO). */
+dw_device_kind dw_ctx_device(const dw_ctx *ctx);
+int dw_ctx_device_index(const dw_ctx *ctx);
+
+/* The last error's message for this context ("" when none). Valid until the next call on ctx.
+ * With ctx == NULL: the thread's last message from a call that had no context. */
+const char *dw_errmsg(const dw_ctx *ctx);
+
+/* True when this build contains CUDA code (compiled with nvcc for sm_90a and sm_100a). */
+bool dw_built_with_cuda(void);
+/* "0.1.0 (cuda: sm_90a,sm_100a)" or "0.1.0 (cpu-only build)"; static storage. */
+const char *dw_version_string(void);
+
+void dw_free_string(char *s);
+
+/* ======================================================================================
+ * Probe: the hardware (measured, loaded from JSON, or a datasheet preset)
+ * ====================================================================================== */
+
+typedef struct dw_hw dw_hw;
+
+/* Detects GPUs through the CUDA runtime (and NVLink state through NVML, loaded with dlopen when
+ * present). No GPU or no driver is not an error: the result has zero GPUs and
+ * dw_hw_notice(hw) says why. */
+dw_status dw_probe(dw_ctx *ctx, dw_hw **out);
+/* A datasheet preset ("h100-sxm", "h200", "b200", "b100", "gb200-nvl72") for `nodes` nodes. */
+dw_status dw_hw_preset(dw_ctx *ctx, const char *name, int nodes, dw_hw **out);
+/* Loads a hardware JSON file in the schema `deepwell probe --json` writes. */
+dw_status dw_hw_load(dw_ctx *ctx, const char *path, dw_hw **out);
+void dw_hw_free(dw_hw *hw);
+
+/* Number of presets and the i-th preset's name and one-line description (static storage). */
+int dw_hw_preset_count(void);
+const char *dw_hw_preset_name(int i);
+const char *dw_hw_preset_description(int i);
+
+int dw_hw_gpu_count(const dw_hw *hw);
+/* Why there are no GPUs ("no CUDA driver found", ...), or NULL. Valid while hw lives. */
+const char *dw_hw_notice(const dw_hw *hw);
+/* The JSON document (`deepwell probe --json` schema), indented when pretty. Caller frees with
+ * dw_free_string. */
+dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char **out);
+
+/* ======================================================================================
+ * Formats and quantisation (see shared/FORMATS.md)          [section: formats]
+ * ====================================================================================== */
+
+/* ======================================================================================
+ * safetensors                                                [section: safetensors]
+ * ====================================================================================== */
+
+/* ======================================================================================
+ * Graph IR and capture                                       [section: ir]
+ * ====================================================================================== */
+
+/* ======================================================================================
+ * GEMM layer and kernel registry                             [section: gemm]
+ * ====================================================================================== */
+
+/* ======================================================================================
+ * Autoplan and dryrun                                        [section: plan]
+ * ====================================================================================== */
+
+/* ======================================================================================
+ * Training                                                   [section: train]
+ * ====================================================================================== */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DEEPWELL_H */

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# deps.sh — installs the Debian packages Deepwell needs to build and test, if any are missing.
+# Usage: scripts/deps.sh [build|test]   (test adds the test-only packages)
+set -euo pipefail
+what=${1:-build}
+pkgs=(build-essential cmake ninja-build pkg-config libjansson-dev python3)
+if [ "$what" = test ]; then
+  pkgs+=(libcmocka-dev clang python3-numpy python3-torch)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "deepwell: installing missing Debian packages: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,31 @@
+/* fileio.h — private: whole-file reads and atomic writes (temporary name, fsync, rename). */
+#ifndef DW_CORE_FILEIO_H
+#define DW_CORE_FILEIO_H
+
+#include <stddef.h>
+
+#include "deepwell.h"
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+dw_status dw_read_file(dw_ctx *ctx, const char *path, char **data_out, size_t *size_out);
+
+/* Writes `size` bytes to `path` atomically: writes "<path>.tmp.<pid>", fsyncs it, renames it over
+ * path and fsyncs the directory. On any failure the temporary is removed and path is untouched. */
+dw_status dw_write_file_atomic(dw_ctx *ctx, const char *path, const void *data, size_t size);
+
+/* Atomic writer for large or streamed files: open, write pieces, then commit or abort. */
+typedef struct {
+    int fd;
+    char *path;
+    char *tmp_path;
+} dw_atomic_file;
+
+dw_status dw_atomic_open(dw_ctx *ctx, dw_atomic_file *f, const char *path);
+dw_status dw_atomic_write(dw_ctx *ctx, dw_atomic_file *f, const void *data, size_t size);
+dw_status dw_atomic_commit(dw_ctx *ctx, dw_atomic_file *f); /* fsync + rename + fsync dir */
+void dw_atomic_abort(dw_atomic_file *f);                      /* removes the temporary */
+
+/* fsyncs the directory holding `path` (so a rename into it is durable). */
+dw_status dw_fsync_parent_dir(dw_ctx *ctx, const char *path);
+
+#endif /* DW_CORE_FILEIO_H */

@@ -1,0 +1,126 @@
+/* json.c — Jansson helpers (see json.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/json.h"
+
+dw_status dw_json_load_file(dw_ctx *ctx, const char *path, json_t **out) {
+    *out = NULL;
+    json_error_t e;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    if (!j) {
+        /* Jansson reports unreadable files with line -1. */
+        if (e.line < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: %s", path, e.text);
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", path, e.line,
+                            e.column, e.text);
+    }
+    *out = j;
+    return DW_OK;
+}
+
+dw_status dw_json_load_string(dw_ctx *ctx, const char *text, size_t len, const char *what,
+                              json_t **out) {
+    *out = NULL;
+    json_error_t e;
+    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &e);
+    if (!j)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", what, e.line,
+                            e.column, e.text);
+    *out = j;
+    return DW_OK;
+}
+
+static dw_status field(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                       bool required, json_t **v) {
+    *v = json_is_object(obj) ? json_object_get(obj, key) : NULL;
+    if (!*v && required) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing field '%s'", what, key);
+    if (*v && json_is_null(*v)) *v = required ? *v : NULL;
+    return DW_OK;
+}
+
+static dw_status type_error(dw_ctx *ctx, const char *what, const char *key, const char *want) {
+    return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field '%s': expected %s", what, key, want);
+}
+
+static dw_status get_int(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                         long long *out, bool required) {
+    json_t *v;
+    DW_TRY(field(ctx, obj, key, what, required, &v));
+    if (!v) return DW_OK;
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return DW_OK;
+    }
+    /* Some writers emit 1e6 or 32.0 for integers; accept exact integral reals. */
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == (double)(long long)d) {
+            *out = (long long)d;
+            return DW_OK;
+        }
+    }
+    return type_error(ctx, what, key, "an integer");
+}
+
+dw_status dw_json_get_int(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                          long long *out) {
+    return get_int(ctx, obj, key, what, out, true);
+}
+dw_status dw_json_get_int_opt(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                              long long *out) {
+    return get_int(ctx, obj, key, what, out, false);
+}
+
+static dw_status get_num(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                         double *out, bool required) {
+    json_t *v;
+    DW_TRY(field(ctx, obj, key, what, required, &v));
+    if (!v) return DW_OK;
+    if (!json_is_number(v)) return type_error(ctx, what, key, "a number");
+    *out = json_number_value(v);
+    return DW_OK;
+}
+
+dw_status dw_json_get_num(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                          double *out) {
+    return get_num(ctx, obj, key, what, out, true);
+}
+dw_status dw_json_get_num_opt(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                              double *out) {
+    return get_num(ctx, obj, key, what, out, false);
+}
+
+dw_status dw_json_get_bool_opt(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                               bool *out) {
+    json_t *v;
+    DW_TRY(field(ctx, obj, key, what, false, &v));
+    if (!v) return DW_OK;
+    if (!json_is_boolean(v)) return type_error(ctx, what, key, "true or false");
+    *out = json_is_true(v);
+    return DW_OK;
+}
+
+static dw_status get_str(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                         const char **out, bool required) {
+    json_t *v;
+    DW_TRY(field(ctx, obj, key, what, required, &v));
+    if (!v) return DW_OK;
+    if (!json_is_string(v)) return type_error(ctx, what, key, "a string");
+    *out = json_string_value(v);
+    return DW_OK;
+}
+
+dw_status dw_json_get_str(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                          const char **out) {
+    return get_str(ctx, obj, key, what, out, true);
+}
+dw_status dw_json_get_str_opt(dw_ctx *ctx, const json_t *obj, const char *key, const char *what,
+                              const char **out) {
+    return get_str(ctx, obj, key, what, out, false);
+}
+
+char *dw_json_dump(const json_t *j, bool pretty) {
+    return json_dumps(j, pretty ? JSON_INDENT(2) | JSON_PRESERVE_ORDER
+                                : JSON_COMPACT | JSON_PRESERVE_ORDER);
+}

@@ -1,0 +1,27 @@
+/* cli.h — shared helpers for `deepwell` subcommands: exit codes, number parsing, errors. */
+#ifndef DW_TOOLS_CLI_H
+#define DW_TOOLS_CLI_H
+
+#include <stdbool.h>
+
+#include "deepwell.h"
+
+enum { DW_EXIT_OK = 0, DW_EXIT_FAIL = 1, DW_EXIT_USAGE = 2 };
+
+#define DW_COMMAND(name, fn, summary) int fn(int argc, char **argv);
+#include "commands.h"
+#undef DW_COMMAND
+
+/* Prints "deepwell <cmd>: <message>" to stderr. */
+void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Maps a failed status to an exit code: bad input (invalid, format, io) → 2, otherwise 1. */
+int cli_exit_for(dw_status s);
+/* Reports dw_errmsg(ctx) for a failed call and returns cli_exit_for(s). */
+int cli_fail(const char *cmd, const dw_ctx *ctx, dw_status s);
+/* Strict integer parsing of a flag value: the whole string, within [lo, hi]. */
+bool cli_parse_int(const char *cmd, const char *flag, const char *text, long lo, long hi, long *out);
+bool cli_parse_double(const char *cmd, const char *flag, const char *text, double *out);
+/* getopt_long's "unknown option"/"missing argument" message already printed: add the hint. */
+int cli_usage_error(const char *cmd);
+
+#endif /* DW_TOOLS_CLI_H */

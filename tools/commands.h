@@ -1,0 +1,4 @@
+/* commands.h — the list of `deepwell` subcommands: X(name, function, one-line summary).
+ * main.c expands it into the dispatch table and the help text; each command lives in
+ * tools/cmd_<name>.c. Add a command by adding one line here. */
+DW_COMMAND(probe, cmd_probe, "show this machine's GPUs, features and links, or a datasheet preset")

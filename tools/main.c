@@ -1,0 +1,49 @@
+/* main.c — the `deepwell` command-line tool: dispatches to one subcommand per file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+#define DW_COMMAND(name, fn, summary) {#name, fn, summary},
+#include "commands.h"
+#undef DW_COMMAND
+};
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "deepwell %s — train transformer models on NVIDIA GPUs in low precision\n\n"
+            "Usage: deepwell <command> [options]   (deepwell <command> --help for its options)\n\n"
+            "Commands:\n",
+            dw_version_string());
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nEnvironment: DW_LOG=debug|info|warn|error|off sets the log level (default info).\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return DW_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return DW_EXIT_OK;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("deepwell %s\n", dw_version_string());
+        return DW_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "deepwell: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return DW_EXIT_USAGE;
+}
