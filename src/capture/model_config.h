@@ -1,0 +1,59 @@
+/* model_config.h — private: a transformer's architecture as parsed from a Hugging Face
+ * config.json or a preset. Capture turns it into a graph; the planner reads it directly.
+ * CONTRACT HEADER: shared by capture (which fills it), the planner and the trainer. */
+#ifndef DW_CAPTURE_MODEL_CONFIG_H
+#define DW_CAPTURE_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "deepwell.h"
+
+typedef enum { DW_ARCH_GPT2 = 0, DW_ARCH_LLAMA, DW_ARCH_MISTRAL, DW_ARCH_QWEN2, DW_ARCH_MIXTRAL,
+               DW_ARCH_DEEPSEEK_V3, DW_ARCH_COUNT } dw_arch;
+typedef enum { DW_ACT_GELU_TANH = 0, DW_ACT_SILU_GLU /* SwiGLU */, DW_ACT_GELU_GLU } dw_activation;
+typedef enum { DW_NORM_LAYERNORM = 0, DW_NORM_RMSNORM } dw_norm_kind;
+typedef enum { DW_POS_LEARNED = 0, DW_POS_ROPE } dw_pos_kind;
+
+typedef struct {
+    char model_type[32];   /* as in config.json: "gpt2", "llama", ... */
+    dw_arch arch;
+    int64_t vocab_size;
+    int64_t d_model;       /* hidden_size / n_embd */
+    int64_t n_layers;
+    int64_t n_heads;
+    int64_t n_kv_heads;    /* == n_heads without GQA */
+    int64_t head_dim;      /* d_model / n_heads unless the config says otherwise */
+    int64_t d_ff;          /* intermediate_size / n_inner (4*d for gpt2 default) */
+    int64_t max_seq;       /* max_position_embeddings / n_positions */
+    dw_activation act;
+    dw_norm_kind norm;
+    dw_pos_kind pos;
+    double norm_eps;
+    double rope_theta;
+    bool tie_embeddings;
+    bool qkv_bias;         /* qwen2: true; gpt2: biases everywhere (see `linear_bias`) */
+    bool linear_bias;      /* gpt2: every linear has a bias */
+    bool mlp_bias;
+    double init_std;       /* initializer_range (0.02) */
+    /* mixture of experts (planning-only until MoE training exists) */
+    int64_t n_experts;     /* 0: dense */
+    int64_t top_k;
+    int64_t d_ff_expert;   /* expert intermediate size */
+    int64_t n_shared_experts;
+    int64_t first_dense_layers; /* DeepSeek-V3: first k layers dense */
+    bool planning_only;    /* a shape for the planner; capture/train refuse it */
+} dw_model_config;
+
+/* Parses <dir>/config.json, or a preset name when `model` is not a directory. Errors name the
+ * file and field; unsupported model_types name the supported list. */
+dw_status dw_model_config_load(dw_ctx *ctx, const char *model, dw_model_config *out);
+/* Writes the config as a Hugging Face config.json (so `transformers` loads checkpoints). */
+dw_status dw_model_config_save(dw_ctx *ctx, const dw_model_config *cfg, const char *path);
+int dw_model_preset_count(void);
+const char *dw_model_preset_name(int i);
+/* Parameter count (embeddings counted once when tied) and training FLOPs per token are derived
+ * from the graph in capture; the planner uses these closed forms: */
+int64_t dw_model_config_params(const dw_model_config *cfg);
+
+#endif /* DW_CAPTURE_MODEL_CONFIG_H */

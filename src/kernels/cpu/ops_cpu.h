@@ -1,0 +1,77 @@
+/* ops_cpu.h — private: the CPU reference kernels, forward and backward, for every IR op.
+ * Exact and simple: FP32 storage, double accumulation, no fast-math, never fused. They are the
+ * oracle every CUDA kernel is compared with. OpenMP only where it cannot change results
+ * (independent rows). Backward functions ACCUMULATE (+=) into parameter gradients and WRITE (=)
+ * input gradients unless stated.
+ * Letters: B batch, T sequence, C channels (d_model), V vocab, H heads, Hkv KV heads,
+ * D head_dim, F ffn width, N rows (= B*T), K/M generic.
+ * CONTRACT HEADER: implemented in kernels/cpu/*.c, called by the CPU engine (runtime/). */
+#ifndef DW_KERNELS_OPS_CPU_H
+#define DW_KERNELS_OPS_CPU_H
+
+#include <stdint.h>
+
+/* embedding: out[n,:] = wte[tok[n],:]                     wte (V,C), tok (N), out (N,C) */
+void dw_cpu_embedding_fwd(float *out, const int32_t *tok, const float *wte, int64_t N, int64_t C);
+void dw_cpu_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, int64_t N, int64_t C);
+
+/* learned positions: out[b,t,:] = x[b,t,:] + wpe[t,:]      x,out (B,T,C), wpe (maxT,C) */
+void dw_cpu_pos_fwd(float *out, const float *x, const float *wpe, int64_t B, int64_t T, int64_t C);
+void dw_cpu_pos_bwd(float *dx, float *dwpe, const float *dout, int64_t B, int64_t T, int64_t C);
+
+/* rope (rotate-half convention of HF llama): x (B,T,H,D) in place-free form
+ * out = x*cos + rotate_half(x)*sin, angles t * theta^(-2i/D), positions 0..T-1 */
+void dw_cpu_rope_fwd(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D,
+                     double theta);
+void dw_cpu_rope_bwd(float *dx, const float *dout, int64_t B, int64_t T, int64_t H, int64_t D,
+                     double theta);
+
+/* layernorm over C: out = (x-mean)*rstd*w + b; saves mean, rstd (N)     w,b (C) */
+void dw_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, int64_t N, int64_t C, double eps);
+void dw_cpu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x,
+                          const float *w, const float *mean, const float *rstd, int64_t N, int64_t C);
+
+/* rmsnorm over C: out = x*rstd*w; saves rstd (N) */
+void dw_cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t N,
+                        int64_t C, double eps);
+void dw_cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                        const float *rstd, int64_t N, int64_t C);
+
+/* linear: out (N,M) = x (N,K) @ W^T + b, W (M,K) as torch.nn.Linear; b may be NULL */
+void dw_cpu_linear_fwd(float *out, const float *x, const float *w, const float *b, int64_t N,
+                       int64_t K, int64_t M);
+/* dx = dout @ W (written; dx may be NULL), dW += dout^T @ x, db += sum_n dout (db may be NULL) */
+void dw_cpu_linear_bwd(float *dx, float *dw, float *db, const float *dout, const float *x,
+                       const float *w, int64_t N, int64_t K, int64_t M);
+
+/* gelu (tanh approximation, as GPT-2): elementwise over n elements */
+void dw_cpu_gelu_fwd(float *out, const float *x, int64_t n);
+void dw_cpu_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n);
+/* silu: x*sigmoid(x) */
+void dw_cpu_silu_fwd(float *out, const float *x, int64_t n);
+void dw_cpu_silu_bwd(float *dx, const float *dout, const float *x, int64_t n);
+/* swiglu: out = silu(gate) * up     gate, up, out (n) */
+void dw_cpu_swiglu_fwd(float *out, const float *gate, const float *up, int64_t n);
+void dw_cpu_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
+                       const float *up, int64_t n);
+/* add: out = a + b; backward is identity to both (callers copy/accumulate) */
+void dw_cpu_add_fwd(float *out, const float *a, const float *b, int64_t n);
+
+/* causal attention with GQA: q (B,T,H,D), k,v (B,T,Hkv,D), out (B,T,H,D); scale 1/sqrt(D).
+ * Saves lse (B,H,T) = log-sum-exp of the scaled scores per query row, for backward. */
+void dw_cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+/* dq written; dk, dv written (summed over the query heads sharing a KV head). */
+void dw_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                          const float *k, const float *v, const float *out, const float *lse,
+                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+
+/* cross-entropy over V with mean reduction over the N rows whose target >= 0 (target < 0 is
+ * ignored, as torch's ignore_index). Returns the mean loss; saves nothing (recomputes). */
+double dw_cpu_cross_entropy_fwd(const float *logits, const int32_t *targets, int64_t N, int64_t V);
+/* dlogits = (softmax - onehot) / n_valid, scaled by dloss */
+void dw_cpu_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t *targets,
+                              int64_t N, int64_t V, double dloss);
+
+#endif /* DW_KERNELS_OPS_CPU_H */
