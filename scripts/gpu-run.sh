@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 out=${OUT:-out}
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+deps=${DW_DEPS:-$PWD/.deps}
+export LD_LIBRARY_PATH="$deps/root/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export DW_TEST_DATA="$PWD/tests/data" DW_SOURCE_DIR="$PWD"
 summary=()
 record() { summary+=("$(printf '%-40s %s' "$1" "$2")"); }
