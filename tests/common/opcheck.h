@@ -115,4 +115,27 @@ static inline double dw_oc_maxabs(const double *x, int64_t n) {
     return m;
 }
 
+/* The CPU-reference tolerances (see test_ops_cpu.c for the reasoning): forward within 2 ulp of the
+ * exact double formula; gradients rtol 1e-5 + 1e-6 * max|grad| against double central
+ * differences with step DW_OC_FD_H. `prior` (may be NULL) is what an accumulating gradient held
+ * before the call; its FP32 addition costs one more rounding, 1 ulp of |prior| <= 1. */
+#define DW_OC_FWD_RTOL 2.4e-7
+#define DW_OC_GRAD_RTOL 1e-5
+#define DW_OC_GRAD_ATOL_FRAC 1e-6
+#define DW_OC_FD_H 1e-5
+static inline int64_t dw_oc_fwd_check(const char *op, const char *what, const float *got,
+                                      const double *want, int64_t n) {
+    return dw_oc_compare(op, what, got, want, n, 1e-9 * dw_oc_maxabs(want, n) + 1e-30,
+                         DW_OC_FWD_RTOL);
+}
+static inline int64_t dw_oc_grad_check(const char *op, const char *what, const float *got,
+                                       const double *fd, const float *prior, int64_t n) {
+    double *want = dw_oc_dalloc(n);
+    for (int64_t i = 0; i < n; i++) want[i] = fd[i] + (prior ? (double)prior[i] : 0.0);
+    const double atol = DW_OC_GRAD_ATOL_FRAC * dw_oc_maxabs(fd, n) + (prior ? 1.2e-7 : 0.0) + 1e-30;
+    int64_t bad = dw_oc_compare(op, what, got, want, n, atol, DW_OC_GRAD_RTOL);
+    free(want);
+    return bad;
+}
+
 #endif /* DW_OPCHECK_H */

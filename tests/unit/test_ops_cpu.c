@@ -24,11 +24,6 @@
 #include "opcheck.h"
 #include "testutil.h"
 
-#define FWD_RTOL 2.4e-7
-#define GRAD_RTOL 1e-5
-#define GRAD_ATOL_FRAC 1e-6
-#define FD_H 1e-5
-
 static dw_test_rng g_rng;
 
 static int setup(void **state) {
@@ -37,22 +32,6 @@ static int setup(void **state) {
     return 0;
 }
 
-/* forward check: atol 1e-9 * max|want| covers exact-zero outputs */
-static int64_t fwd_check(const char *op, const char *what, const float *got, const double *want,
-                         int64_t n) {
-    return dw_oc_compare(op, what, got, want, n, 1e-9 * dw_oc_maxabs(want, n) + 1e-30, FWD_RTOL);
-}
-/* gradient check against FD; `prior` (may be NULL) is what an accumulating gradient held before */
-static int64_t grad_check(const char *op, const char *what, const float *got, const double *fd,
-                          const float *prior, int64_t n) {
-    double *want = dw_oc_dalloc(n);
-    for (int64_t i = 0; i < n; i++) want[i] = fd[i] + (prior ? (double)prior[i] : 0.0);
-    /* with a prior the float sum rounds once more at |prior + g|: add 1 ulp of the prior */
-    const double atol = GRAD_ATOL_FRAC * dw_oc_maxabs(fd, n) + (prior ? 1.2e-7 : 0.0) + 1e-30;
-    int64_t bad = dw_oc_compare(op, what, got, want, n, atol, GRAD_RTOL);
-    free(want);
-    return bad;
-}
 static double dot_g(const double *g, const double *y, int64_t n) {
     double s = 0.0;
     for (int64_t i = 0; i < n; i++) s += g[i] * y[i];
@@ -92,8 +71,8 @@ static void test_embedding(void **state) {
     dw_cpu_embedding_bwd(dw, g, tok, N, C);
     emb_st s = {N, C, tok, dw_oc_to_double(wte, V * C), dw_oc_to_double(g, N * C)};
     double *fd = dw_oc_dalloc(V * C);
-    dw_oc_fd(emb_obj, &s, s.wte, V * C, FD_H, fd);
-    assert_int_equal(grad_check("embedding", "dwte", dw, fd, prior, V * C), 0);
+    dw_oc_fd(emb_obj, &s, s.wte, V * C, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("embedding", "dwte", dw, fd, prior, V * C), 0);
     free(s.wte), free(s.g), free(fd), free(wte), free(out), free(g), free(dw), free(prior);
 }
 
@@ -131,8 +110,8 @@ static void test_positions(void **state) {
     assert_memory_equal(dx, g, (size_t)n * sizeof(float));
     pos_st s = {B, T, C, dw_oc_to_double(x, n), dw_oc_to_double(wpe, maxT * C), dw_oc_to_double(g, n)};
     double *fd = dw_oc_dalloc(maxT * C);
-    dw_oc_fd(pos_obj, &s, s.wpe, maxT * C, FD_H, fd);
-    assert_int_equal(grad_check("pos", "dwpe", dwpe, fd, prior, maxT * C), 0);
+    dw_oc_fd(pos_obj, &s, s.wpe, maxT * C, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("pos", "dwpe", dwpe, fd, prior, maxT * C), 0);
     /* rows t >= T of wpe are unused: their gradient stays exactly what it was */
     assert_memory_equal(dwpe + T * C, prior + T * C, (size_t)((maxT - T) * C) * sizeof(float));
     free(s.x), free(s.wpe), free(s.g), free(fd);
@@ -179,14 +158,14 @@ static void test_rope(void **state) {
     dw_cpu_rope_fwd(out, x, B, T, H, D, theta);
     rope_st s = {B, T, H, D, theta, dw_oc_to_double(x, n), dw_oc_to_double(g, n), dw_oc_dalloc(n)};
     rope_naive(&s);
-    assert_int_equal(fwd_check("rope", "out", out, s.y, n), 0);
+    assert_int_equal(dw_oc_fwd_check("rope", "out", out, s.y, n), 0);
     /* position 0 is the identity */
     for (int64_t b = 0; b < B; b++)
         assert_memory_equal(out + b * T * H * D, x + b * T * H * D, (size_t)(H * D) * sizeof(float));
     dw_cpu_rope_bwd(dx, g, B, T, H, D, theta);
     double *fd = dw_oc_dalloc(n);
-    dw_oc_fd(rope_obj, &s, s.x, n, FD_H, fd);
-    assert_int_equal(grad_check("rope", "dx", dx, fd, NULL, n), 0);
+    dw_oc_fd(rope_obj, &s, s.x, n, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("rope", "dx", dx, fd, NULL, n), 0);
     free(s.x), free(s.g), free(s.y), free(fd), free(x), free(out), free(g), free(dx);
 }
 
@@ -245,22 +224,22 @@ static void run_norm(int rms) {
         dw_cpu_rmsnorm_fwd(out, rstd, x, w, N, C, eps);
     } else {
         dw_cpu_layernorm_fwd(out, mean, rstd, x, w, b, N, C, eps);
-        assert_int_equal(fwd_check(op, "mean", mean, s.mean, N), 0);
+        assert_int_equal(dw_oc_fwd_check(op, "mean", mean, s.mean, N), 0);
     }
-    assert_int_equal(fwd_check(op, "rstd", rstd, s.rstd, N), 0);
-    assert_int_equal(fwd_check(op, "out", out, s.y, n), 0);
+    assert_int_equal(dw_oc_fwd_check(op, "rstd", rstd, s.rstd, N), 0);
+    assert_int_equal(dw_oc_fwd_check(op, "out", out, s.y, n), 0);
     if (rms)
         dw_cpu_rmsnorm_bwd(dx, dw, g, x, w, rstd, N, C);
     else
         dw_cpu_layernorm_bwd(dx, dw, db, g, x, w, mean, rstd, N, C);
     double *fd = dw_oc_dalloc(n);
-    dw_oc_fd(norm_obj, &s, s.x, n, FD_H, fd);
-    assert_int_equal(grad_check(op, "dx", dx, fd, NULL, n), 0);
-    dw_oc_fd(norm_obj, &s, s.w, C, FD_H, fd);
-    assert_int_equal(grad_check(op, "dw", dw, fd, pw, C), 0);
+    dw_oc_fd(norm_obj, &s, s.x, n, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check(op, "dx", dx, fd, NULL, n), 0);
+    dw_oc_fd(norm_obj, &s, s.w, C, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check(op, "dw", dw, fd, pw, C), 0);
     if (!rms) {
-        dw_oc_fd(norm_obj, &s, s.b, C, FD_H, fd);
-        assert_int_equal(grad_check(op, "db", db, fd, pb, C), 0);
+        dw_oc_fd(norm_obj, &s, s.b, C, DW_OC_FD_H, fd);
+        assert_int_equal(dw_oc_grad_check(op, "db", db, fd, pb, C), 0);
     }
     free(s.x), free(s.w), free(s.b), free(s.g), free(s.y), free(s.mean), free(s.rstd), free(fd);
     free(x), free(w), free(b), free(out), free(mean), free(rstd), free(g), free(dx);
@@ -307,16 +286,16 @@ static void run_linear(int with_bias) {
                 with_bias ? dw_oc_to_double(b, M) : NULL, dw_oc_to_double(g, N * M), dw_oc_dalloc(N * M)};
     lin_naive(&s);
     dw_cpu_linear_fwd(out, x, w, with_bias ? b : NULL, N, K, M);
-    assert_int_equal(fwd_check("linear", "out", out, s.y, N * M), 0);
+    assert_int_equal(dw_oc_fwd_check("linear", "out", out, s.y, N * M), 0);
     dw_cpu_linear_bwd(dx, dw, with_bias ? db : NULL, g, x, w, N, K, M);
     double *fd = dw_oc_dalloc(M * K > N * K ? M * K : N * K);
-    dw_oc_fd(lin_obj, &s, s.x, N * K, FD_H, fd);
-    assert_int_equal(grad_check("linear", "dx", dx, fd, NULL, N * K), 0);
-    dw_oc_fd(lin_obj, &s, s.w, M * K, FD_H, fd);
-    assert_int_equal(grad_check("linear", "dW", dw, fd, pw, M * K), 0);
+    dw_oc_fd(lin_obj, &s, s.x, N * K, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("linear", "dx", dx, fd, NULL, N * K), 0);
+    dw_oc_fd(lin_obj, &s, s.w, M * K, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("linear", "dW", dw, fd, pw, M * K), 0);
     if (with_bias) {
-        dw_oc_fd(lin_obj, &s, s.b, M, FD_H, fd);
-        assert_int_equal(grad_check("linear", "db", db, fd, pb, M), 0);
+        dw_oc_fd(lin_obj, &s, s.b, M, DW_OC_FD_H, fd);
+        assert_int_equal(dw_oc_grad_check("linear", "db", db, fd, pb, M), 0);
     } else {
         assert_memory_equal(db, pb, (size_t)M * sizeof(float)); /* untouched */
     }
@@ -379,16 +358,16 @@ static void run_elementwise(int op) {
     case EW_SWIGLU: dw_cpu_swiglu_fwd(out, a, b, n); dw_cpu_swiglu_bwd(da, db, g, a, b, n); break;
     default: dw_cpu_add_fwd(out, a, b, n); break;
     }
-    assert_int_equal(fwd_check(names[op], "out", out, want, n), 0);
+    assert_int_equal(dw_oc_fwd_check(names[op], "out", out, want, n), 0);
     if (op == EW_ADD) { /* a+b of two floats is exactly rounded either way */
         for (int64_t i = 0; i < n; i++) assert_true(out[i] == a[i] + b[i]);
     } else {
-        dw_oc_fd(ew_obj, &s, s.a, n, FD_H, fd);
-        assert_int_equal(grad_check(names[op], "dx/dgate", da, fd, NULL, n), 0);
+        dw_oc_fd(ew_obj, &s, s.a, n, DW_OC_FD_H, fd);
+        assert_int_equal(dw_oc_grad_check(names[op], "dx/dgate", da, fd, NULL, n), 0);
     }
     if (op == EW_SWIGLU) {
-        dw_oc_fd(ew_obj, &s, s.b, n, FD_H, fd);
-        assert_int_equal(grad_check(names[op], "dup", db, fd, NULL, n), 0);
+        dw_oc_fd(ew_obj, &s, s.b, n, DW_OC_FD_H, fd);
+        assert_int_equal(dw_oc_grad_check(names[op], "dup", db, fd, NULL, n), 0);
     }
     free(s.a), free(s.b), free(s.g), free(want), free(fd);
     free(a), free(b), free(out), free(g), free(da), free(db);

@@ -18,26 +18,12 @@
 #include "opcheck.h"
 #include "testutil.h"
 
-#define FWD_RTOL 2.4e-7
-#define GRAD_RTOL 1e-5
-#define GRAD_ATOL_FRAC 1e-6
-#define FD_H 1e-5
-
 static dw_test_rng g_rng;
 
 static int setup(void **state) {
     (void)state;
     dw_test_rng_init(&g_rng, dw_test_seed() ^ 0xA77E17ull);
     return 0;
-}
-static int64_t fwd_check(const char *op, const char *what, const float *got, const double *want,
-                         int64_t n) {
-    return dw_oc_compare(op, what, got, want, n, 1e-9 * dw_oc_maxabs(want, n) + 1e-30, FWD_RTOL);
-}
-static int64_t grad_check(const char *op, const char *what, const float *got, const double *fd,
-                          int64_t n) {
-    return dw_oc_compare(op, what, got, fd, n, GRAD_ATOL_FRAC * dw_oc_maxabs(fd, n) + 1e-30,
-                         GRAD_RTOL);
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */
@@ -100,16 +86,16 @@ static void run_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t 
                 dw_oc_to_double(v, nk), dw_oc_to_double(g, nq), dw_oc_dalloc(nq), dw_oc_dalloc(nl)};
     att_naive(&s);
     dw_cpu_attention_fwd(out, lse, q, k, v, B, T, H, Hkv, D);
-    assert_int_equal(fwd_check("attention", "out", out, s.y, nq), 0);
-    assert_int_equal(fwd_check("attention", "lse", lse, s.lse, nl), 0);
+    assert_int_equal(dw_oc_fwd_check("attention", "out", out, s.y, nq), 0);
+    assert_int_equal(dw_oc_fwd_check("attention", "lse", lse, s.lse, nl), 0);
     dw_cpu_attention_bwd(dq, dk, dv, g, q, k, v, out, lse, B, T, H, Hkv, D);
     double *fd = dw_oc_dalloc(nq);
-    dw_oc_fd(att_obj, &s, s.q, nq, FD_H, fd);
-    assert_int_equal(grad_check("attention", "dq", dq, fd, nq), 0);
-    dw_oc_fd(att_obj, &s, s.k, nk, FD_H, fd);
-    assert_int_equal(grad_check("attention", "dk", dk, fd, nk), 0);
-    dw_oc_fd(att_obj, &s, s.v, nk, FD_H, fd);
-    assert_int_equal(grad_check("attention", "dv", dv, fd, nk), 0);
+    dw_oc_fd(att_obj, &s, s.q, nq, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("attention", "dq", dq, fd, NULL, nq), 0);
+    dw_oc_fd(att_obj, &s, s.k, nk, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("attention", "dk", dk, fd, NULL, nk), 0);
+    dw_oc_fd(att_obj, &s, s.v, nk, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("attention", "dv", dv, fd, NULL, nk), 0);
     free(s.q), free(s.k), free(s.v), free(s.g), free(s.y), free(s.lse), free(fd);
     free(q), free(k), free(v), free(g), free(out), free(lse), free(dq), free(dk), free(dv);
 }
@@ -243,8 +229,8 @@ static void test_cross_entropy(void **state) {
     dw_cpu_cross_entropy_bwd(dx, x, tgt, N, V, dloss);
     s.dloss = dloss;
     double *fd = dw_oc_dalloc(N * V);
-    dw_oc_fd(ce_obj, &s, s.x, N * V, FD_H, fd);
-    assert_int_equal(grad_check("cross_entropy", "dlogits", dx, fd, N * V), 0);
+    dw_oc_fd(ce_obj, &s, s.x, N * V, DW_OC_FD_H, fd);
+    assert_int_equal(dw_oc_grad_check("cross_entropy", "dlogits", dx, fd, NULL, N * V), 0);
     /* ignored rows: exactly zero gradient */
     for (int64_t i = 0; i < V; i++) assert_true(dx[2 * V + i] == 0.0f && dx[6 * V + i] == 0.0f);
     /* ignore_index equals dropping the rows: loss and the valid rows' gradients bit-equal */
