@@ -152,6 +152,29 @@ static void test_save_load(void **state) {
             int64_t r = rnd(0, c.d_ff - 1), k = rnd(0, c.d_model - 1);
             assert_true(hf[k * c.d_ff + r] == p->data[r * c.d_model + k]);
             free(hf);
+            /* original GPT-2 checkpoints: no "transformer." prefix, causal-mask buffers */
+            dw_st_writer *w = NULL;
+            assert_int_equal(dw_st_writer_create(g_ctx, &w), DW_OK);
+            for (int i = 0; i < dw_st_count(sf); i++) {
+                const dw_st_tensor *x = dw_st_get(sf, i);
+                const char *nm = strncmp(x->name, "transformer.", 12) ? x->name : x->name + 12;
+                assert_int_equal(dw_st_writer_add(g_ctx, w, nm, x->dtype, x->ndim, x->shape, x->data,
+                                                  x->nbytes), DW_OK);
+            }
+            static const float mask[4] = {1, 0, 1, 1};
+            const int64_t mshape[4] = {1, 1, 2, 2};
+            assert_int_equal(dw_st_writer_add(g_ctx, w, "h.0.attn.bias", DW_DT_F32, 4, mshape, mask,
+                                              sizeof mask), DW_OK);
+            char *op = dw_test_path(dir, "orig.safetensors");
+            assert_int_equal(dw_st_writer_commit(g_ctx, w, op), DW_OK);
+            dw_st_writer_free(w);
+            random_weights(b, 1.0f);
+            if (dw_engine_load_weights(b, op) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
+            for (int i = 0; i < dw_engine_param_count(a); i++)
+                assert_memory_equal(dw_engine_param(a, i)->data, dw_engine_param(b, i)->data,
+                                    (size_t)dw_engine_param(a, i)->numel * sizeof(float));
+            remove(op);
+            free(op);
         }
         dw_st_close(sf);
         /* a directory with model.safetensors loads too */
