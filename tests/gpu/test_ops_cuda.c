@@ -110,6 +110,7 @@ static int64_t run_norm(int rms, dw_act_dtype dt, int64_t N, int64_t C) {
     dw_gt *out = dw_gt_out("out", N * C, dt), *mean = dw_gt_out("mean", N, DW_ACT_F32);
     dw_gt *rstd = dw_gt_out("rstd", N, DW_ACT_F32), *dx = dw_gt_out("dx", N * C, dt);
     float *wout = dw_oc_alloc(N * C), *wmean = dw_oc_alloc(N), *wrstd = dw_oc_alloc(N);
+    for (int64_t i = 0; i < N; i++) wmean[i] = 0.0f; /* rmsnorm has no mean */
     float *wdx = dw_oc_alloc(N * C), *wdw = dw_oc_alloc(C), *wdb = dw_oc_alloc(C);
     dw_oc_fill(&g_rng, wdw, C, -1, 1); /* priors: the gradients accumulate onto them */
     dw_oc_fill(&g_rng, wdb, C, -1, 1);
