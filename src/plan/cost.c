@@ -206,16 +206,38 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
     return dw_plan_time(in, par, out, NULL);
 }
 
-/* Per-virtual-stage times, lower bound, and (unless `bound_only`) the simulation. */
-bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above) {
-    int P = par->pp * par->vpp, m = (int)par->grad_accum;
-    double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw);
-    DW_ASSERT(fw && bw);
+void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p) {
+    int P = par->pp * par->vpp;
     ltime dense, moe;
     block_time(in, par, false, &dense);
     if (in->experts > 0) block_time(in, par, true, &moe);
     else memset(&moe, 0, sizeof moe);
+    for (int vs = 0; vs < P; vs++) {
+        dw_vstage st;
+        DW_ASSERT(dw_plan_vstage(in, par->pp, par->vpp, vs, &st));
+        ltime ends;
+        ends_time(in, par, &st, &ends);
+        double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
+        fw[vs] = dl * dense.fwd + ml * moe.fwd + ends.fwd;
+        bw[vs] = dl * dense.bwd + ml * moe.bwd + ends.bwd;
+    }
+    /* p2p: one micro-batch's activations (sequence-parallel shard) between pipeline ranks */
     double T = (double)par->micro_batch * (double)in->job.seq / par->cp;
+    double bytes = T * (double)in->cfg->d_model * 2 / par->tp;
+    int64_t stride = (int64_t)par->tp * par->cp * par->dp;
+    *p2p = par->pp > 1 ? dw_plan_coll_time(in->hw, DW_COLL_P2P, 2, stride, bytes) : 0;
+}
+
+/* Per-virtual-stage times, lower bound, and (unless `bound_only`) the simulation. */
+bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above) {
+    int P = par->pp * par->vpp, m = (int)par->grad_accum;
+    double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw), p2p = 0;
+    DW_ASSERT(fw && bw);
+    dw_plan_stage_times(in, par, fw, bw, &p2p);
+    ltime dense, moe;
+    block_time(in, par, false, &dense);
+    if (in->experts > 0) block_time(in, par, true, &moe);
+    else memset(&moe, 0, sizeof moe);
     double stage_busy_max = 0;
     dw_cost *c = &out->cost;
     int slow = 0;
@@ -228,8 +250,6 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         ltime ends;
         ends_time(in, par, &st, &ends);
         double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
-        fw[vs] = dl * dense.fwd + ml * moe.fwd + ends.fwd;
-        bw[vs] = dl * dense.bwd + ml * moe.bwd + ends.bwd;
         int s = vs % par->pp;
         busy[s] += m * (fw[vs] + bw[vs]);
         tpc[s] += m * (dl * dense.tp + ml * moe.tp + ends.tp);
@@ -240,11 +260,6 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         if (busy[s] > stage_busy_max) stage_busy_max = busy[s], slow = s;
     c->compute = stage_busy_max;
     c->tp_comm = tpc[slow], c->cp_comm = cpc[slow], c->ep_comm = epc[slow];
-    /* p2p: one micro-batch's activations (sequence-parallel shard) between pipeline ranks */
-    double p2p_bytes = T * (double)in->cfg->d_model * 2 / par->tp;
-    int64_t pp_stride = (int64_t)par->tp * par->cp * par->dp;
-    double p2p = par->pp > 1 ? dw_plan_coll_time(in->hw, DW_COLL_P2P, 2, pp_stride, p2p_bytes) : 0;
-
     /* DP / ZeRO traffic and optimizer, per pipeline rank; the worst rank counts. */
     double dpn = (double)par->dp * par->cp, dpn_e = dpn / par->ep, opt = 0, dp_exp = 0, dp_all = 0;
     for (int s = 0; s < par->pp; s++) {

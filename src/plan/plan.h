@@ -173,6 +173,9 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
  * the simulation and returns false when the lower bound (busiest stage, no bubbles) is already
  * >= *prune_above (out->cost.step then holds that bound). */
 bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above);
+/* Forward/backward seconds of one micro-batch on each virtual stage, fw/bw[pp*vpp] indexed by
+ * vs = chunk*pp + stage, and the p2p hop time: the event simulation's input. */
+void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p);
 /* Memory per GPU for a configuration (worst stage). */
 void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
 
