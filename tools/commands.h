@@ -4,3 +4,4 @@
 DW_COMMAND(probe, cmd_probe, "show this machine's GPUs, features and links, or a datasheet preset")
 DW_COMMAND(capture, cmd_capture, "show a model's graph (HF config.json or preset): nodes, params, FLOPs/token")
 DW_COMMAND(plan, cmd_plan, "search parallel plans (DP/TP/PP/CP/EP, micro-batch, recompute, ZeRO) for a model")
+DW_COMMAND(dryrun, cmd_dryrun, "check a plan: constraints, memory per GPU, comm overlap, bubbles (PASS/FAIL)")
