@@ -326,7 +326,7 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         c->step = c->pipeline + dp_exp + opt;
     }
     double G = (double)in->job.global_batch, seq = (double)in->job.seq;
-    double peak = in->hw->gpus[0].peak_bf16_tflops * 1e12 * (double)in->n_gpus;
+    double peak = dw_plan_peak_flops(&in->hw->gpus[0], in->job.prec) * (double)in->n_gpus;
     c->tokens_per_s = G * seq / c->step;
     c->model_flops = dw_plan_model_flops_per_token(in) * G * seq;
     c->mfu = c->model_flops / (c->step * peak);

@@ -61,7 +61,7 @@ typedef struct {
     double tp_comm, cp_comm, ep_comm, pp_comm; /* per step, non-overlapped, slowest stage */
     double dp_comm, dp_exposed;                /* DP/ZeRO traffic time and its exposed part */
     double optimizer;       /* optimizer step (GPU, or host when offloaded) */
-    double tokens_per_s, mfu, hfu;
+    double tokens_per_s, mfu, hfu; /* against dw_plan_peak_flops of the job's recipe */
     double model_flops;     /* per step, whole machine (MFU numerator, PaLM convention) */
 } dw_cost;
 
@@ -149,6 +149,9 @@ double dw_plan_model_flops_per_token(const dw_plan_in *in);
 /* ---- pieces of the cost model (cost.c, comm.c, memory.c) -------------------------------------- */
 /* Achievable dense GEMM rate (FLOP/s) for C[m,n] = A[m,k] B[k,n] under a precision. */
 double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k);
+/* Dense datasheet peak (FLOP/s) the precision's GEMMs run at: BF16, FP8 (fp8_block, mxfp8, and
+ * nvfp4 emulated on Hopper), FP4 (nvfp4 on Blackwell). The basis of MFU and HFU. */
+double dw_plan_peak_flops(const dw_gpu_info *g, dw_plan_prec prec);
 /* Analytical efficiency (fraction of the precision's datasheet peak). */
 double dw_plan_gemm_eff(const dw_gpu_info *g, dw_plan_prec prec, double m, double n, double k);
 

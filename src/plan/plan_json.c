@@ -96,7 +96,9 @@ json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
     set_int(o, "feasible", r->feasible);
     json_object_set_new(o, "mfu_basis",
                         json_string("model FLOPs (6 x active matmul params + 12 L H hd s attention, "
-                                    "non-causal) / (step time x GPUs x dense BF16 datasheet peak)"));
+                                    "non-causal) / (step time x GPUs x dense datasheet peak of the recipe's GEMMs: BF16 for bf16, "
+                                    "FP8 for fp8_block and mxfp8, FP4 for nvfp4 (FP8 where FP4 is emulated)); hfu: executed "
+                                    "FLOPs (causal attention, recompute) on the same basis"));
     return o;
 }
 

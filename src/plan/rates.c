@@ -76,6 +76,11 @@ static double model_rate(const dw_gpu_info *g, dw_plan_prec prec, double m, doub
     return peak * 1e12 * dw_plan_gemm_eff(g, prec, m, n, k);
 }
 
+double dw_plan_peak_flops(const dw_gpu_info *g, dw_plan_prec prec) {
+    double ceil = 0;
+    return peak_of(g, prec, &ceil) * 1e12;
+}
+
 double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k) {
     const dw_gpu_info *g = &in->hw->gpus[0];
     double r = model_rate(g, prec, m, n, k);

@@ -48,15 +48,12 @@ static void consider(searcher *S, const dw_par *p) {
         reject(S, DW_REJECT_DOMINATED, p, detail);
         return;
     }
+    /* the displaced K-th plan becomes a dominated alternative */
+    if (full) reject(S, DW_REJECT_DOMINATED, &r->plans[S->top_k - 1].par, "displaced from the top K");
     int pos = r->n_plans < S->top_k ? r->n_plans : S->top_k - 1;
     while (pos > 0 && r->plans[pos - 1].cost.step > e.cost.step) {
-        if (pos < S->top_k) r->plans[pos] = r->plans[pos - 1];
+        r->plans[pos] = r->plans[pos - 1];
         pos--;
-    }
-    if (full) {
-        /* the displaced K-th plan becomes a dominated alternative */
-        dw_plan_entry *last = &r->plans[S->top_k - 1];
-        if (pos == S->top_k - 1) reject(S, DW_REJECT_DOMINATED, &last->par, "displaced from the top K");
     }
     r->plans[pos] = e;
     if (r->n_plans < S->top_k) r->n_plans++;
