@@ -10,13 +10,15 @@
 #include "core/json.h"
 #include "plan/plan.h"
 
-/* Large-GEMM efficiency ceilings (fraction of the precision's dense datasheet peak). cuBLAS(Lt)
- * reaches ~0.8 of the BF16 peak on big Hopper/Blackwell GEMMs; block-scaled FP8 pays for scale
- * handling (~0.68 on Hopper's software 1x128/128x128 path, ~0.75 native on Blackwell). */
-#define EFF_BF16 0.80
-#define EFF_FP8_HOPPER 0.68
-#define EFF_LOWP_BLACKWELL 0.75
-#define EFF_FP4_BLACKWELL 0.70
+/* Large-GEMM efficiency ceilings (fraction of the precision's dense datasheet peak) in sustained
+ * training (power-capped clocks, real epilogues): cuBLAS(Lt) BF16 ~0.75 of peak on big GEMMs;
+ * block-scaled FP8 pays for scale handling (~0.62 on Hopper's 1x128/128x128 path, ~0.72 native
+ * on Blackwell); NVFP4 on Blackwell ~0.65 of the FP4 peak. Assumptions, not measurements:
+ * `--gemm-rates` replaces them with a bench file. */
+#define EFF_BF16 0.75
+#define EFF_FP8_HOPPER 0.62
+#define EFF_LOWP_BLACKWELL 0.72
+#define EFF_FP4_BLACKWELL 0.65
 /* MXFP8 / NVFP4 on Hopper are emulated (FORMATS.md): FP8 tensor cores with the 1x32 / 1x16
  * scales applied in software per K-block. Stated overheads: MXFP8 runs at 0.60x and NVFP4 at
  * 0.50x the block-scaled FP8 rate. */

@@ -298,15 +298,15 @@ static void test_gemm_curve_and_table(void **state) {
             double m = 1 + (double)(dw_test_next(&rng) % 16384), n = 1 + (double)(dw_test_next(&rng) % 16384);
             double k = 1 + (double)(dw_test_next(&rng) % 16384);
             double e = dw_plan_gemm_eff(g, (dw_plan_prec)p, m, n, k);
-            assert_true(e > 0 && e <= 0.8);
+            assert_true(e > 0 && e <= 0.75);
             /* small K / N lowers efficiency: halving any dimension never helps */
             assert_true(dw_plan_gemm_eff(g, (dw_plan_prec)p, m, n, k / 2) <= e + 1e-15);
             assert_true(dw_plan_gemm_eff(g, (dw_plan_prec)p, m, n / 2, k) <= e + 1e-15);
             assert_true(dw_plan_gemm_eff(g, (dw_plan_prec)p, m / 2, n, k) <= e + 1e-15);
         }
-    /* big square BF16 GEMM: 0.8 x (8192/8256)^3 = 0.7815 of 989 TFLOP/s */
+    /* big square BF16 GEMM: 0.75 x (8192/8256)^3 = 0.7327 of 989 TFLOP/s */
     double e = dw_plan_gemm_eff(g, DW_PREC_BF16, 8192, 8192, 8192);
-    assert_true(fabs(e - 0.8 * pow(8192.0 / 8256.0, 3)) < 1e-12);
+    assert_true(fabs(e - 0.75 * pow(8192.0 / 8256.0, 3)) < 1e-12);
     /* a GEMV-like shape is memory bound: m = 1 → at most 2 x HBM bandwidth x 0.75 / 2 bytes */
     e = dw_plan_gemm_eff(g, DW_PREC_BF16, 1, 8192, 8192);
     assert_true(e * 989e12 <= 3350e9 * 0.75 * 2 * 8192.0 * 8192.0 / (2.0 * (8192.0 * 8192 + 8192 + 8192)) + 1);
