@@ -312,7 +312,7 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
     c->pp_comm = par->pp > 1 ? 2.0 * m * p2p * par->vpp : 0;
     bool ok = true;
     double lower = stage_busy_max + dp_exp + opt;
-    if (prune_above && lower >= *prune_above) {
+    if (prune_above && lower > *prune_above * (1 + 1e-9)) {
         c->step = lower;
         ok = false;
     } else {

@@ -24,6 +24,14 @@ static void reject(searcher *S, dw_reject why, const dw_par *p, const char *deta
     }
 }
 
+/* Ranking: faster first; step times within 1e-9 of each other rank by lower peak memory. */
+static bool better(const dw_plan_entry *a, const dw_plan_entry *b) {
+    double tol = 1e-9 * (a->cost.step > b->cost.step ? a->cost.step : b->cost.step);
+    if (a->cost.step < b->cost.step - tol) return true;
+    if (a->cost.step > b->cost.step + tol) return false;
+    return a->mem.total < b->mem.total;
+}
+
 static void consider(searcher *S, const dw_par *p) {
     dw_plan_result *r = S->r;
     dw_plan_entry e;
@@ -43,7 +51,7 @@ static void consider(searcher *S, const dw_par *p) {
         reject(S, DW_REJECT_DOMINATED, p, detail);
         return;
     }
-    if (full && e.cost.step >= bound) {
+    if (full && !better(&e, &r->plans[S->top_k - 1])) {
         snprintf(detail, sizeof detail, "%.4g s >= %d-th best %.4g s", e.cost.step, S->top_k, bound);
         reject(S, DW_REJECT_DOMINATED, p, detail);
         return;
@@ -51,7 +59,7 @@ static void consider(searcher *S, const dw_par *p) {
     /* the displaced K-th plan becomes a dominated alternative */
     if (full) reject(S, DW_REJECT_DOMINATED, &r->plans[S->top_k - 1].par, "displaced from the top K");
     int pos = r->n_plans < S->top_k ? r->n_plans : S->top_k - 1;
-    while (pos > 0 && r->plans[pos - 1].cost.step > e.cost.step) {
+    while (pos > 0 && better(&e, &r->plans[pos - 1])) {
         r->plans[pos] = r->plans[pos - 1];
         pos--;
     }

@@ -102,7 +102,7 @@ static void test_random_jobs(void **state) {
             int bad = dw_plan_check(&in, &r1.plans[i].par, why, sizeof why);
             if (bad) fail_msg("iteration %d plan %d fails the checker: %s", it, i, why);
             own_check(&in, &r1.plans[i]);
-            if (i) assert_true(r1.plans[i - 1].cost.step <= r1.plans[i].cost.step);
+            if (i) assert_true(r1.plans[i - 1].cost.step <= r1.plans[i].cost.step * (1 + 1e-9));
             /* JSON round trip of the parallel settings */
             json_t *jj = dw_plan_entry_json(&in, &r1.plans[i]);
             dw_par back;
@@ -175,7 +175,7 @@ static void test_pruning_is_exact(void **state) {
         double bf = brute_force(&in);
         if (r.n_plans == 0) assert_true(isinf(bf));
         else {
-            assert_true(fabs(r.plans[0].cost.step - bf) <= 1e-12 * bf);
+            assert_true(fabs(r.plans[0].cost.step - bf) <= 1e-9 * bf);
             compared++;
         }
         dw_plan_result_free(&r);
