@@ -24,11 +24,14 @@ static void reject(searcher *S, dw_reject why, const dw_par *p, const char *deta
     }
 }
 
-/* Ranking: faster first; step times within 1e-9 of each other rank by lower peak memory. */
+/* Ranking: faster first; step times within 1e-9 of each other (e.g. ZeRO traffic fully hidden)
+ * prefer the simpler plan (lower ZeRO stage, no offload), then lower peak memory. */
 static bool better(const dw_plan_entry *a, const dw_plan_entry *b) {
     double tol = 1e-9 * (a->cost.step > b->cost.step ? a->cost.step : b->cost.step);
     if (a->cost.step < b->cost.step - tol) return true;
     if (a->cost.step > b->cost.step + tol) return false;
+    if (a->par.zero != b->par.zero) return a->par.zero < b->par.zero;
+    if (a->par.offload != b->par.offload) return !a->par.offload;
     return a->mem.total < b->mem.total;
 }
 
