@@ -206,55 +206,62 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
     return dw_plan_time(in, par, out, NULL);
 }
 
-void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p) {
-    int P = par->pp * par->vpp;
+/* One micro-batch through each virtual stage: vt[vs] for vs in [0, pp*vpp). */
+static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt) {
     ltime dense, moe;
     block_time(in, par, false, &dense);
     if (in->experts > 0) block_time(in, par, true, &moe);
     else memset(&moe, 0, sizeof moe);
-    for (int vs = 0; vs < P; vs++) {
+    for (int vs = 0; vs < par->pp * par->vpp; vs++) {
         dw_vstage st;
         DW_ASSERT(dw_plan_vstage(in, par->pp, par->vpp, vs, &st));
-        ltime ends;
-        ends_time(in, par, &st, &ends);
+        ltime e;
+        ends_time(in, par, &st, &e);
         double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
-        fw[vs] = dl * dense.fwd + ml * moe.fwd + ends.fwd;
-        bw[vs] = dl * dense.bwd + ml * moe.bwd + ends.bwd;
+        vt[vs] = (ltime){.fwd = dl * dense.fwd + ml * moe.fwd + e.fwd,
+                         .bwd = dl * dense.bwd + ml * moe.bwd + e.bwd,
+                         .tp = dl * dense.tp + ml * moe.tp + e.tp,
+                         .cp = dl * dense.cp + ml * moe.cp,
+                         .ep = ml * moe.ep,
+                         .flops = dl * dense.flops + ml * moe.flops + e.flops};
     }
-    /* p2p: one micro-batch's activations (sequence-parallel shard) between pipeline ranks */
+}
+
+/* p2p: one micro-batch's activations (sequence-parallel shard) between pipeline ranks */
+static double p2p_time(const dw_plan_in *in, const dw_par *par) {
     double T = (double)par->micro_batch * (double)in->job.seq / par->cp;
     double bytes = T * (double)in->cfg->d_model * 2 / par->tp;
     int64_t stride = (int64_t)par->tp * par->cp * par->dp;
-    *p2p = par->pp > 1 ? dw_plan_coll_time(in->hw, DW_COLL_P2P, 2, stride, bytes) : 0;
+    return par->pp > 1 ? dw_plan_coll_time(in->hw, DW_COLL_P2P, 2, stride, bytes) : 0;
 }
 
-/* Per-virtual-stage times, lower bound, and (unless `bound_only`) the simulation. */
+void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p) {
+    int P = par->pp * par->vpp;
+    ltime *vt = calloc((size_t)P, sizeof *vt);
+    DW_ASSERT(vt);
+    vstage_times(in, par, vt);
+    for (int vs = 0; vs < P; vs++) fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd;
+    free(vt);
+    *p2p = p2p_time(in, par);
+}
+
 bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above) {
     int P = par->pp * par->vpp, m = (int)par->grad_accum;
-    double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw), p2p = 0;
-    DW_ASSERT(fw && bw);
-    dw_plan_stage_times(in, par, fw, bw, &p2p);
-    ltime dense, moe;
-    block_time(in, par, false, &dense);
-    if (in->experts > 0) block_time(in, par, true, &moe);
-    else memset(&moe, 0, sizeof moe);
-    double stage_busy_max = 0;
-    dw_cost *c = &out->cost;
-    int slow = 0;
+    double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw);
+    ltime *vt = calloc((size_t)P, sizeof *vt);
     double *busy = calloc((size_t)par->pp, sizeof *busy), *tpc = calloc((size_t)par->pp, sizeof *tpc);
     double *cpc = calloc((size_t)par->pp, sizeof *cpc), *epc = calloc((size_t)par->pp, sizeof *epc);
-    DW_ASSERT(busy && tpc && cpc && epc);
+    DW_ASSERT(fw && bw && vt && busy && tpc && cpc && epc);
+    vstage_times(in, par, vt);
+    double p2p = p2p_time(in, par), exec = 0, stage_busy_max = 0;
+    dw_cost *c = &out->cost;
+    int slow = 0;
     for (int vs = 0; vs < P; vs++) {
-        dw_vstage st;
-        DW_ASSERT(dw_plan_vstage(in, par->pp, par->vpp, vs, &st));
-        ltime ends;
-        ends_time(in, par, &st, &ends);
-        double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
         int s = vs % par->pp;
+        fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd;
         busy[s] += m * (fw[vs] + bw[vs]);
-        tpc[s] += m * (dl * dense.tp + ml * moe.tp + ends.tp);
-        cpc[s] += m * (dl * dense.cp + ml * moe.cp);
-        epc[s] += m * (ml * moe.ep);
+        tpc[s] += m * vt[vs].tp, cpc[s] += m * vt[vs].cp, epc[s] += m * vt[vs].ep;
+        exec += m * vt[vs].flops;
     }
     for (int s = 0; s < par->pp; s++)
         if (busy[s] > stage_busy_max) stage_busy_max = busy[s], slow = s;
@@ -331,17 +338,8 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
     c->model_flops = dw_plan_model_flops_per_token(in) * G * seq;
     c->mfu = c->model_flops / (c->step * peak);
     /* executed FLOPs: every rank of a stage does the same; sum over the machine */
-    double exec = 0;
-    for (int vs = 0; vs < P; vs++) {
-        dw_vstage st;
-        dw_plan_vstage(in, par->pp, par->vpp, vs, &st);
-        ltime ends;
-        ends_time(in, par, &st, &ends);
-        exec += m * ((double)(st.layers - st.moe_layers) * dense.flops + (double)st.moe_layers * moe.flops +
-                     ends.flops);
-    }
     exec *= (double)par->dp * par->tp * par->cp;
     c->hfu = exec / (c->step * peak);
-    free(fw), free(bw), free(busy), free(tpc), free(cpc), free(epc);
+    free(fw), free(bw), free(vt), free(busy), free(tpc), free(cpc), free(epc);
     return ok;
 }
