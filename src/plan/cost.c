@@ -182,6 +182,10 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
     if (p->vpp > 1 && p->grad_accum % p->pp)
         FAIL(INTERLEAVE_MB, "%lld micro-batches %% pp %d != 0", (long long)p->grad_accum, p->pp);
     if (p->zero >= 2 && p->pp > 1) FAIL(ZERO_PP, "ZeRO-%d with pp %d", p->zero, p->pp);
+    /* the event simulation keeps two times per (micro-batch, virtual stage) */
+    if (p->grad_accum * p->pp * p->vpp > DW_PLAN_SIM_LIMIT)
+        FAIL(SIM_SIZE, "%lld micro-batches x %d virtual stages > %d", (long long)p->grad_accum, p->pp * p->vpp,
+             DW_PLAN_SIM_LIMIT);
 #undef FAIL
     return true;
 }

@@ -84,6 +84,7 @@ typedef struct {
     X(INTERLEAVE_MB, "interleaved_needs_micro_batches_multiple_of_pp")                 \
     X(ZERO_PP, "zero2_3_with_pipeline")                                                \
     X(MEMORY, "memory_exceeds_hbm_minus_headroom")                                     \
+    X(SIM_SIZE, "micro_batches_x_stages_over_simulation_limit")                        \
     X(DOMINATED, "slower_than_kept_plans")
 typedef enum {
 #define X(id, name) DW_REJECT_##id,
@@ -94,6 +95,8 @@ typedef enum {
 const char *dw_reject_name(dw_reject r);
 
 #define DW_PLAN_EXAMPLE_LEN 360
+/* Largest micro-batches x virtual stages the search simulates (memory ~ 16 bytes each). */
+#define DW_PLAN_SIM_LIMIT (1 << 22)
 typedef struct {
     int64_t count[DW_REJECT_COUNT];
     char example[DW_REJECT_COUNT][DW_PLAN_EXAMPLE_LEN];

@@ -204,6 +204,16 @@ static void test_nothing_fits(void **state) {
     assert_true(json_array_size(json_object_get(jr, "rejected")) > 0);
     json_decref(jr);
     dw_plan_result_free(&r);
+    /* a huge global batch: pipelines too long to simulate are rejected, never returned */
+    dw_model_config small = plan_gpt(50257, 768, 12, 12, 1024);
+    dw_job big = {.seq = 1024, .global_batch = 1 << 24};
+    assert_int_equal(dw_plan_in_init(ctx, &small, hw, &big, NULL, &in), DW_OK);
+    assert_int_equal(dw_plan_search(ctx, &in, 2, &r), DW_OK);
+    assert_true(r.rej.count[DW_REJECT_SIM_SIZE] > 0);
+    assert_true(r.n_plans > 0);
+    for (int i = 0; i < r.n_plans; i++)
+        assert_true(r.plans[i].par.grad_accum * r.plans[i].par.pp * r.plans[i].par.vpp <= DW_PLAN_SIM_LIMIT);
+    dw_plan_result_free(&r);
     /* bad jobs are refused with a message naming the field */
     j.seq = 0;
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, NULL, &in), DW_ERR_INVALID);
