@@ -125,6 +125,45 @@ static void test_activation_bytes(void **state) {
     dw_ctx_free(ctx);
 }
 
+static void test_moe_shares(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = NULL;
+    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_model_config mx = plan_llama(32000, 4096, 32, 32, 8, 14336);
+    mx.n_experts = 8, mx.top_k = 2, mx.d_ff_expert = 14336;
+    dw_job j = {.seq = 4096, .global_batch = 8, .moe_capacity = 1.25};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &mx, hw, &j, NULL, &in), DW_OK);
+    /* Mixtral, BF16, no recompute, per token per block:
+     *   attention 2*4096 + 2*(32+16)*128 + 2*4096 + 4*32 + 2*4096 + QKV in 2*4096 = 45,184
+     *   routed copies top_k x capacity = 2 x 1.25 = 2.5, each: expert input 2*4096 + SwiGLU
+     *   inputs 2*2*14336 + down input 2*14336 = 94,208 → 235,520; routing 8*top_k = 16
+     *   → 280,720 */
+    assert_true(dw_plan_act_bytes_moe(&in, DW_RC_NONE) == 280720.0);
+    assert_true(dw_plan_act_bytes_moe(&in, DW_RC_FULL) == 8192.0);
+    /* tp 2, ep 4, pp 1: experts 32 x 8 x 3*4096*14336 / (ep 4 x tp 2) = 5,637,144,576;
+     *   the rest: 32 x (attention 41,943,040 / 2 + router 32,768 + norms 8,192) = 672,399,360
+     *   + embedding and LM head 2 x 32000*4096/2 = 131,072,000 + final norm 4,096
+     *   = 803,475,456 */
+    dw_par p = {.dp = 4, .tp = 2, .pp = 1, .cp = 1, .ep = 4, .vpp = 1, .micro_batch = 1, .grad_accum = 2};
+    dw_vstage st;
+    assert_true(dw_plan_vstage(&in, 1, 1, 0, &st));
+    assert_int_equal(st.moe_layers, 32);
+    dw_local_params lp;
+    dw_plan_local_params(&in, &p, &st, &lp);
+    assert_true(lp.expert == 5637144576.0);
+    assert_true(lp.dense == 803475456.0);
+    /* optimizer with ZeRO-1: dense over dp*cp = 4 ranks, experts over dp*cp/ep = 1 rank:
+     *   12 x (803,475,456 / 4 + 5,637,144,576 / 1) */
+    p.zero = 1;
+    dw_mem m;
+    dw_plan_memory(&in, &p, &m);
+    assert_true(m.optimizer == 12.0 * (803475456.0 / 4 + 5637144576.0));
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
 static void test_local_params_and_layout(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
@@ -354,6 +393,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_counts),        cmocka_unit_test(test_model_flops),
         cmocka_unit_test(test_activation_bytes),    cmocka_unit_test(test_local_params_and_layout),
+        cmocka_unit_test(test_moe_shares),
         cmocka_unit_test(test_memory_hand_case),    cmocka_unit_test(test_executed_flops),
         cmocka_unit_test(test_collectives),         cmocka_unit_test(test_gemm_curve_and_table),
     };
