@@ -39,9 +39,10 @@ dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *
                             "hardware has no GPUs%s%s: plan for a preset (--hw h100-sxm) or a JSON file",
                             hw && hw->notice[0] ? " — " : "", hw ? hw->notice : "");
     const dw_gpu_info *g = &hw->gpus[0];
-    if (g->peak_bf16_tflops <= 0 || g->hbm_bytes == 0)
+    if (g->peak_bf16_tflops <= 0 || g->hbm_bytes == 0 || g->hbm_gbps <= 0)
         return dw_set_error(ctx, DW_ERR_INVALID,
-                            "hardware: GPU 0 has no BF16 peak rate or HBM size (needed to plan)");
+                            "hardware: GPU 0 lacks a BF16 peak rate, HBM size or HBM bandwidth "
+                            "(peak.bf16_tflops, hbm_bytes, peak.hbm_gbps), all needed to plan");
     if (job->seq < 1) return dw_set_error(ctx, DW_ERR_INVALID, "--seq must be positive");
     if (job->global_batch < 1)
         return dw_set_error(ctx, DW_ERR_INVALID, "--global-batch must be positive");

@@ -114,6 +114,14 @@ grep -q "fp16" "$tmp/err" || { echo "FAIL: message does not name the recipe"; fa
 "$dw" plan llama-8b --hw h100-sxm --seq 4096 --global-batch 8 --moe experts=8,topk=2 2>"$tmp/err"; check "bad --moe" 2 $?
 grep -q "topk" "$tmp/err" || { echo "FAIL: message does not name the key"; fails=$((fails + 1)); }
 "$dw" plan llama-8b --hw /nonexistent.json --seq 4096 --global-batch 8 2>"$tmp/err"; check "missing hw file" 2 $?
+"$dw" probe --preset h100-sxm --json | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+for g in d['gpus']: g['peak']['hbm_gbps'] = None
+json.dump(d, open('$tmp/nobw.json', 'w'))"
+"$dw" plan llama-8b --hw "$tmp/nobw.json" --seq 4096 --global-batch 8 2>"$tmp/err"; check "hw file without HBM bandwidth" 2 $?
+grep -q "hbm_gbps" "$tmp/err" || { echo "FAIL: message does not name the field"; cat "$tmp/err"; fails=$((fails + 1)); }
+"$dw" plan llama-8b --hw "$tmp/b.json" --seq 4096 --global-batch 8 2>/dev/null >/dev/null; check "plan output JSON is not a hw file" 2 $?
 echo '{"results": [{"m": 1}]}' >"$tmp/g.json"
 "$dw" plan llama-8b --hw h100-sxm --seq 4096 --global-batch 8 --gemm-rates "$tmp/g.json" 2>"$tmp/err"; check "bad gemm file" 2 $?
 grep -q "g.json" "$tmp/err" || { echo "FAIL: message does not name the file"; fails=$((fails + 1)); }
