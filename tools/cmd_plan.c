@@ -137,8 +137,10 @@ int cmd_plan(int argc, char **argv) {
             if (res.rej.count[k])
                 printf("  %-48s %10lld  %s\n", dw_reject_name((dw_reject)k), (long long)res.rej.count[k],
                        res.rej.example[k]);
-        printf("\nPredicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
-               "alpha-beta collectives, pipeline event simulation); nothing was run.\n");
+        printf("\nMFU/HFU are relative to the dense datasheet peak of the recipe's GEMMs (%.0f TFLOP/s per GPU).\n"
+               "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
+               "alpha-beta collectives, pipeline event simulation); nothing was run.\n",
+               dw_plan_peak_flops(&st.hw->gpus[0], st.in.job.prec) / 1e12);
     }
     if (rc == DW_EXIT_OK && res.n_plans == 0) {
         cli_error("plan", "no configuration fits: see the rejection counts");
