@@ -12,7 +12,7 @@
 #include "cli.h"
 
 static void help(void) {
-    printf("Usage: deepwell dryrun MODEL --hw PRESET|FILE [--nodes N] --seq S --global-batch G\n"
+    printf("Usage: deepwell dryrun MODEL --hw PRESET|FILE|probe [--nodes N] --seq S --global-batch G\n"
            "                       [--precision R] [--moe experts=E,top_k=K,capacity=C]\n"
            "                       [--gemm-rates FILE] [--headroom F] [--plan PLAN.json]\n\n"
            "Checks a parallel plan for training MODEL on the machine and prints PASS/FAIL per check:\n"

@@ -10,7 +10,7 @@
 #include "cli.h"
 
 static void help(void) {
-    printf("Usage: deepwell plan MODEL --hw PRESET|FILE [--nodes N] --seq S --global-batch G\n"
+    printf("Usage: deepwell plan MODEL --hw PRESET|FILE|probe [--nodes N] --seq S --global-batch G\n"
            "                     [--precision R] [--moe experts=E,top_k=K,capacity=C]\n"
            "                     [--gemm-rates FILE] [--headroom F] [--json] [--svg FILE] [--top K]\n\n"
            "Searches data/tensor/pipeline/context/expert parallel degrees, micro-batch size, pipeline\n"
@@ -20,9 +20,9 @@ static void help(void) {
            "Predictions come from an analytical model (docs/planner.md); nothing is run.\n\n"
            "  MODEL              a model preset (gpt2-124m, llama-8b, llama-405b, mixtral-8x7b, ...)\n"
            "                     or a directory with a Hugging Face config.json\n"
-           "  --hw PRESET|FILE   hardware preset (h100-sxm, h200, b200, b100, gb200-nvl72) or a JSON\n"
-           "                     file written by `deepwell probe --json`\n"
-           "  --nodes N          number of identical nodes (default 1, or the file's count)\n"
+           "  --hw PRESET|FILE   hardware preset (h100-sxm, h200, b200, b100, gb200-nvl72), a JSON\n"
+           "                     file written by `deepwell probe --json`, or `probe` for this machine\n"
+           "  --nodes N          number of identical nodes (default 1, or the file's / probe's count)\n"
            "  --seq S            tokens per sequence\n"
            "  --global-batch G   sequences per optimizer step\n"
            "  --precision R      GEMM recipe: bf16 (default), fp8_block, mxfp8, nvfp4\n"

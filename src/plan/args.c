@@ -100,7 +100,10 @@ dw_status dw_plan_setup_load(dw_ctx *ctx, const dw_plan_args *a, dw_plan_setup *
     if (s != DW_OK) return s;
     struct stat st;
     bool is_file = strchr(a->hw, '/') || strstr(a->hw, ".json") || stat(a->hw, &st) == 0;
-    if (is_file) {
+    if (!strcmp(a->hw, "probe")) {
+        s = dw_probe(ctx, &out->hw); /* this machine; zero GPUs is refused by dw_plan_in_init */
+        if (s == DW_OK && a->nodes > 0) out->hw->nodes = (int)a->nodes;
+    } else if (is_file) {
         s = dw_hw_load(ctx, a->hw, &out->hw);
         if (s == DW_OK && a->nodes > 0) out->hw->nodes = (int)a->nodes;
     } else {

@@ -33,8 +33,9 @@ typedef struct {
     dw_gemm_table gemm;
     dw_plan_in in;
 } dw_plan_setup;
-/* Loads the model (preset or directory with config.json), the hardware (a preset name, or a
- * `deepwell probe --json` file; --nodes sets the node count of either) and the GEMM rates. */
+/* Loads the model (preset or directory with config.json), the hardware ("probe": this machine;
+ * a preset name; or a `deepwell probe --json` file; --nodes sets the node count) and the GEMM
+ * rates. */
 dw_status dw_plan_setup_load(dw_ctx *ctx, const dw_plan_args *a, dw_plan_setup *out);
 void dw_plan_setup_free(dw_plan_setup *s);
 

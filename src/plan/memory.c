@@ -25,11 +25,16 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     double act_m = dw_plan_act_bytes_moe(in, par->recompute) / tp;
     double act_full_d = dw_plan_act_bytes_dense(in, DW_RC_NONE) / tp;
     double act_full_m = dw_plan_act_bytes_moe(in, DW_RC_NONE) / tp;
-    /* quantised elements saved per token per block (scales ride along with them) */
-    double q_elems = 0;
+    /* quantised GEMM inputs saved per token per block (their scales ride along): QKV and
+     * out-projection inputs, then the MLP's (dense) or each routed copy's and the shared
+     * experts' (MoE) input and down-projection input */
+    double q_dense = 0, q_moe = 0;
     if (lowp && par->recompute == DW_RC_NONE) {
         double ff = (double)c->d_ff, hd = (double)c->head_dim * (double)c->n_heads;
-        q_elems = (2 * d + hd + ff) / tp;
+        double fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
+        double fs = c->n_shared_experts > 0 ? fe * (double)c->n_shared_experts : 0;
+        q_dense = (2 * d + hd + ff) / tp;
+        q_moe = (d + hd + (double)in->top_k * in->capacity * (d + fe) + (fs > 0 ? d + fs : 0)) / tp;
     }
     for (int s = 0; s < par->pp; s++) {
         double pd = 0, pe = 0, pm = 0, maxl = 0, chunk_act = 0, chunk_work = 0, q_chunk = 0;
@@ -46,7 +51,7 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
             if (ca > chunk_act) chunk_act = ca;
             double work = T * (ml > 0 ? act_full_m : act_full_d);
             if (work > chunk_work) chunk_work = work;
-            double qc = T * (dl + ml) * q_elems;
+            double qc = T * (dl * q_dense + ml * q_moe);
             if (qc > q_chunk) q_chunk = qc;
             head = head || st.head;
         }

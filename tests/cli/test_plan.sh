@@ -122,6 +122,11 @@ json.dump(d, open('$tmp/nobw.json', 'w'))"
 "$dw" plan llama-8b --hw "$tmp/nobw.json" --seq 4096 --global-batch 8 2>"$tmp/err"; check "hw file without HBM bandwidth" 2 $?
 grep -q "hbm_gbps" "$tmp/err" || { echo "FAIL: message does not name the field"; cat "$tmp/err"; fails=$((fails + 1)); }
 "$dw" plan llama-8b --hw "$tmp/b.json" --seq 4096 --global-batch 8 2>/dev/null >/dev/null; check "plan output JSON is not a hw file" 2 $?
+# this machine: plans when it has GPUs, otherwise exit 2 saying why
+"$dw" plan gpt2-124m --hw probe --seq 1024 --global-batch 8 >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -eq 0 ]; then grep -q "^best:" "$tmp/out" || { echo "FAIL: probe plan"; fails=$((fails + 1)); }
+elif [ $rc -eq 2 ]; then grep -q "no GPUs" "$tmp/err" || { echo "FAIL: probe message"; cat "$tmp/err"; fails=$((fails + 1)); }
+else echo "FAIL: --hw probe exit $rc"; fails=$((fails + 1)); fi
 echo '{"results": [{"m": 1}]}' >"$tmp/g.json"
 "$dw" plan llama-8b --hw h100-sxm --seq 4096 --global-batch 8 --gemm-rates "$tmp/g.json" 2>"$tmp/err"; check "bad gemm file" 2 $?
 grep -q "g.json" "$tmp/err" || { echo "FAIL: message does not name the file"; fails=$((fails + 1)); }
