@@ -164,13 +164,6 @@ typedef enum { DW_COLL_ALLREDUCE = 0, DW_COLL_ALLGATHER, DW_COLL_REDUCESCATTER, 
  * (gathered) buffer per rank for AG/RS/AR, the bytes each rank sends for all-to-all and p2p. */
 double dw_plan_coll_time(const dw_hw *hw, dw_coll c, int64_t n, int64_t stride, double bytes);
 
-/* Per-stage timing of one micro-batch through one virtual-stage chunk (seconds). */
-typedef struct {
-    double fwd, bwd;            /* includes recompute in bwd, TP/CP/EP comm (not overlapped) */
-    double tp_comm, cp_comm, ep_comm; /* of which communication (fwd+bwd) */
-    double flops_exec;          /* executed FLOPs incl. recompute (HFU) */
-} dw_chunk_time;
-
 /* Evaluates one parallel configuration: memory, then (when `simulate`) timing. Returns false
  * and the reason when it violates a constraint (reason DW_REJECT_COUNT when valid). */
 bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw_plan_entry *out,
@@ -202,7 +195,7 @@ typedef struct {
     double makespan;
     double *busy;               /* [p] busy seconds per stage */
     int *max_inflight;          /* [p] max forward chunks outstanding (F done, B not) */
-    dw_sim_op *ops;             /* [2*m*v*p] in completion order per stage */
+    dw_sim_op *ops;             /* [2*m*v*p] when kept; each stage's ops appear in its schedule order */
     int64_t n_ops;
 } dw_sim_out;
 /* Simulates one step of 1F1B (v == 1) or interleaved 1F1B (v > 1, needs m % p == 0).
