@@ -132,11 +132,12 @@ int cmd_plan(int argc, char **argv) {
             snprintf(label, sizeof label, i == 0 ? "best:" : "#%d:", i + 1);
             print_entry(label, &res.plans[i]);
         }
-        printf("\nrejected (configurations, first example):\n");
-        for (int k = 0; k < DW_REJECT_COUNT; k++)
-            if (res.rej.count[k])
-                printf("  %-48s %10lld  %s\n", dw_reject_name((dw_reject)k), (long long)res.rej.count[k],
-                       res.rej.example[k]);
+        printf("\nrejected (configurations, examples):\n");
+        for (int k = 0; k < DW_REJECT_COUNT; k++) {
+            if (!res.rej.count[k]) continue;
+            printf("  %-48s %10lld\n", dw_reject_name((dw_reject)k), (long long)res.rej.count[k]);
+            for (int i = 0; i < res.rej.n_examples[k]; i++) printf("      e.g. %s\n", res.rej.example[k][i]);
+        }
         printf("\nMFU/HFU are relative to the dense datasheet peak of the recipe's GEMMs (%.0f TFLOP/s per GPU).\n"
                "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
                "alpha-beta collectives, pipeline event simulation); nothing was run.\n",

@@ -97,9 +97,14 @@ const char *dw_reject_name(dw_reject r);
 #define DW_PLAN_EXAMPLE_LEN 360
 /* Largest micro-batches x virtual stages the search simulates (memory ~ 16 bytes each). */
 #define DW_PLAN_SIM_LIMIT (1 << 22)
+#define DW_PLAN_EXAMPLES 3
 typedef struct {
     int64_t count[DW_REJECT_COUNT];
-    char example[DW_REJECT_COUNT][DW_PLAN_EXAMPLE_LEN];
+    /* up to DW_PLAN_EXAMPLES examples per reason, with different (dp, tp, pp, cp, ep); the
+     * first is example[r][0] */
+    char example[DW_REJECT_COUNT][DW_PLAN_EXAMPLES][DW_PLAN_EXAMPLE_LEN];
+    int n_examples[DW_REJECT_COUNT];
+    int degrees[DW_REJECT_COUNT][DW_PLAN_EXAMPLES][5];
 } dw_rejections;
 
 /* ---- GEMM rates ----------------------------------------------------------------------------- */

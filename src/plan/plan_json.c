@@ -88,7 +88,10 @@ json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
         json_t *e = json_object();
         json_object_set_new(e, "reason", json_string(dw_reject_name((dw_reject)k)));
         set_int(e, "count", r->rej.count[k]);
-        json_object_set_new(e, "example", json_string(r->rej.example[k]));
+        json_object_set_new(e, "example", json_string(r->rej.example[k][0]));
+        json_t *ex = json_array();
+        for (int i = 0; i < r->rej.n_examples[k]; i++) json_array_append_new(ex, json_string(r->rej.example[k][i]));
+        json_object_set_new(e, "examples", ex);
         json_array_append_new(rej, e);
     }
     json_object_set_new(o, "rejected", rej);

@@ -17,11 +17,17 @@ typedef struct {
 
 static void reject(searcher *S, dw_reject why, const dw_par *p, const char *detail) {
     dw_rejections *rj = &S->r->rej;
-    if (rj->count[why]++ == 0) {
-        char buf[160];
-        dw_par_format(p, buf, sizeof buf);
-        snprintf(rj->example[why], DW_PLAN_EXAMPLE_LEN, "%s: %s", buf, detail);
-    }
+    rj->count[why]++;
+    int n = rj->n_examples[why];
+    if (n == DW_PLAN_EXAMPLES) return;
+    const int deg[5] = {p->dp, p->tp, p->pp, p->cp, p->ep};
+    for (int i = 0; i < n; i++)
+        if (!memcmp(rj->degrees[why][i], deg, sizeof deg)) return; /* same degrees: not new */
+    memcpy(rj->degrees[why][n], deg, sizeof deg);
+    char buf[160];
+    dw_par_format(p, buf, sizeof buf);
+    snprintf(rj->example[why][n], DW_PLAN_EXAMPLE_LEN, "%s: %s", buf, detail);
+    rj->n_examples[why] = n + 1;
 }
 
 /* Ranking: faster first; step times within 1e-9 of each other (e.g. ZeRO traffic fully hidden)
@@ -49,13 +55,13 @@ static void consider(searcher *S, const dw_par *p) {
     bool full = r->n_plans == S->top_k;
     double bound = full ? r->plans[S->top_k - 1].cost.step : 0;
     if (!dw_plan_time(S->in, p, &e, full ? &bound : NULL)) {
-        snprintf(detail, sizeof detail, "lower bound %.4g s >= %d-th best %.4g s", e.cost.step,
+        snprintf(detail, sizeof detail, "lower bound %.4g s >= top-%d cut-off %.4g s", e.cost.step,
                  S->top_k, bound);
         reject(S, DW_REJECT_DOMINATED, p, detail);
         return;
     }
     if (full && !better(&e, &r->plans[S->top_k - 1])) {
-        snprintf(detail, sizeof detail, "%.4g s >= %d-th best %.4g s", e.cost.step, S->top_k, bound);
+        snprintf(detail, sizeof detail, "%.4g s >= top-%d cut-off %.4g s", e.cost.step, S->top_k, bound);
         reject(S, DW_REJECT_DOMINATED, p, detail);
         return;
     }

@@ -37,7 +37,8 @@ times = [b["step_time_s"]] + [a["step_time_s"] for a in alts]
 assert times == sorted(times), times
 assert isinstance(d["rejected"], list)
 for r in d["rejected"]:
-    assert r["count"] > 0 and r["reason"] and r["example"]
+    assert r["count"] > 0 and r["reason"] and r["example"] == r["examples"][0]
+    assert 1 <= len(r["examples"]) <= min(3, r["count"])
 assert d["evaluated"] >= d["feasible"] >= 1 + len(alts)
 print("ok: plan JSON schema and arithmetic")
 PY

@@ -198,7 +198,9 @@ static void test_nothing_fits(void **state) {
     assert_int_equal(dw_plan_search(ctx, &in, 3, &r), DW_OK);
     assert_int_equal(r.n_plans, 0);
     assert_true(r.rej.count[DW_REJECT_MEMORY] > 0);
-    assert_non_null(strstr(r.rej.example[DW_REJECT_MEMORY], "GiB >"));
+    assert_non_null(strstr(r.rej.example[DW_REJECT_MEMORY][0], "GiB >"));
+    assert_true(r.rej.n_examples[DW_REJECT_MEMORY] >= 2);
+    assert_string_not_equal(r.rej.example[DW_REJECT_MEMORY][0], r.rej.example[DW_REJECT_MEMORY][1]);
     json_t *jr = dw_plan_result_json(&in, &r);
     assert_true(json_is_null(json_object_get(jr, "best")));
     assert_true(json_array_size(json_object_get(jr, "rejected")) > 0);
