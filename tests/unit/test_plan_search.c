@@ -185,6 +185,54 @@ static void test_pruning_is_exact(void **state) {
     dw_ctx_free(ctx);
 }
 
+/* Best predicted step of a job on a (modified) machine; INFINITY when nothing fits. */
+static double best_step(dw_ctx *ctx, const dw_model_config *c, const dw_hw *hw, const dw_job *j, int64_t *feasible) {
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, c, hw, j, NULL, &in), DW_OK);
+    dw_plan_result r;
+    assert_int_equal(dw_plan_search(ctx, &in, 1, &r), DW_OK);
+    double t = r.n_plans ? r.plans[0].cost.step : INFINITY;
+    if (feasible) *feasible = r.feasible;
+    dw_plan_result_free(&r);
+    return t;
+}
+
+/* Properties any sane cost model has: less memory never helps, faster links or chips never
+ * hurt (every configuration's time is monotone in them, so the minimum is too). */
+static void test_monotone_properties(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x4242);
+    for (int it = 0; it < 15; it++) {
+        dw_model_config c = random_model(&rng);
+        dw_hw *hw = NULL;
+        int nodes = 1 << (int)(dw_test_next(&rng) % 3);
+        assert_int_equal(dw_hw_preset(ctx, dw_hw_preset_name((int)(dw_test_next(&rng) % 4)), nodes, &hw), DW_OK);
+        dw_job j = {.seq = 2048, .global_batch = 64 * (1 + (int64_t)(dw_test_next(&rng) % 4)),
+                    .prec = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT)};
+        int64_t f1 = 0, f2 = 0;
+        double base = best_step(ctx, &c, hw, &j, &f1);
+        dw_job tight = j;
+        tight.mem_headroom = 0.4;
+        double t = best_step(ctx, &c, hw, &tight, &f2);
+        assert_true(f2 <= f1);
+        assert_true(t >= base * (1 - 1e-12));
+        hw->nvlink_gbps *= 2, hw->internode_gbps *= 2;
+        t = best_step(ctx, &c, hw, &j, NULL);
+        assert_true(t <= base * (1 + 1e-12));
+        for (int g = 0; g < hw->n_gpus; g++) {
+            hw->gpus[g].peak_bf16_tflops *= 2, hw->gpus[g].peak_fp8_tflops *= 2, hw->gpus[g].peak_fp4_tflops *= 2;
+            hw->gpus[g].hbm_gbps *= 2;
+        }
+        double t2 = best_step(ctx, &c, hw, &j, NULL);
+        assert_true(t2 <= t * (1 + 1e-12));
+        if (isfinite(t)) assert_true(t2 < t);
+        dw_hw_free(hw);
+    }
+    dw_ctx_free(ctx);
+}
+
 static void test_nothing_fits(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
@@ -262,6 +310,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_jobs),
         cmocka_unit_test(test_pruning_is_exact),
+        cmocka_unit_test(test_monotone_properties),
         cmocka_unit_test(test_nothing_fits),
         cmocka_unit_test(test_checker_catches_violations),
     };
