@@ -103,9 +103,9 @@ dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_r
             for (int64_t pp = 1; pp <= N / (tp * cp) && pp <= L + 2; pp++) {
                 if ((N / (tp * cp)) % pp) continue;
                 int64_t dp = N / (tp * cp * pp);
-                for (int64_t ep = 1; ep <= dp; ep++) {
-                    if (dp % ep || (in->experts == 0 && ep > 1) || ep > (in->experts > 0 ? in->experts : 1))
-                        continue;
+                /* ep over the divisors of the expert count (1 for dense models) */
+                for (int64_t ep = 1; ep <= (in->experts > 0 ? in->experts : 1); ep++) {
+                    if (in->experts > 0 && in->experts % ep) continue;
                     for (size_t vi = 0; vi < sizeof vpps / sizeof vpps[0]; vi++) {
                         int v = vpps[vi];
                         if (v > 1 && pp == 1) continue;
