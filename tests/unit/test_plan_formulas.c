@@ -283,6 +283,16 @@ static void test_executed_flops(void **state) {
      *   = 52,904,098,529,280 FLOPs executed */
     double exec = e.cost.hfu * e.cost.step * 8 * 989e12;
     assert_true(fabs(exec - 52904098529280.0) < 1e-9 * exec);
+    /* full recompute adds one forward per block: 12 x (57,982,058,496 GEMM + 6,442,450,944
+     * attention) = 773,094,113,280 per micro-batch; x 2 micro-batches x 8 ranks
+     * = 12,369,505,812,480 */
+    dw_par pf = p;
+    pf.recompute = DW_RC_FULL;
+    dw_plan_entry ef;
+    assert_true(dw_plan_evaluate(&in, &pf, true, &ef, &why, det, sizeof det));
+    double exec_full = ef.cost.hfu * ef.cost.step * 8 * 989e12;
+    assert_true(fabs(exec_full - (52904098529280.0 + 12369505812480.0)) < 1e-9 * exec_full);
+    assert_true(ef.cost.step > e.cost.step); /* recomputing is never free */
     /* model FLOPs: 854,438,400 per token x 64 x 1024 tokens */
     assert_true(e.cost.model_flops == 854438400.0 * 65536);
     assert_true(fabs(e.cost.mfu - e.cost.model_flops / (e.cost.step * 8 * 989e12)) < 1e-12);
