@@ -27,7 +27,8 @@ static void help(void) {
            "                executed and no measured numbers are compared\n\n"
            "  --plan FILE   a plan: `deepwell plan --json` output (its \"best\") or one plan object;\n"
            "                without it the planner's best plan is checked\n"
-           "  (other flags as in `deepwell plan --help`)\n"
+           "  --hw, --nodes, --seq, --global-batch, --precision, --moe, --gemm-rates, --headroom\n"
+           "                the job, as in `deepwell plan --help`\n"
            "  -h, --help    this help\n\n"
            "Exit status: 0 every check passed, 1 a check failed, 2 bad input.\n");
 }
