@@ -47,7 +47,7 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
     double T = (double)par->micro_batch * s / cp;
     double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
     double Hkv = (double)c->n_kv_heads, ff = (double)c->d_ff, mult = glu(in) ? 2 : 1;
-    double a = dw_plan_operand_bytes(pr);
+    double a = dw_plan_operand_bytes(pr), ep_fwd = 0;
     memset(t, 0, sizeof *t);
     ltime gm = {0};
     /* attention projections */
@@ -91,9 +91,14 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
         rc_elem += routed * (mult + 1) * 2 * fe;
         qin += routed * (d + fe);
         if (par->ep > 1) {
-            double bytes = T * routed * d * 2 / tp;
-            double a2a = dw_plan_coll_time(in->hw, DW_COLL_ALLTOALL, par->ep, (int64_t)par->tp * par->cp, bytes);
-            t->ep = 4 * a2a; /* dispatch + combine, forward and backward */
+            /* forward dispatch sends the quantised expert inputs (a bytes), the forward combine
+             * and both backward all-to-alls send BF16 */
+            double bytes = T * routed * d / tp;
+            int64_t stride = (int64_t)par->tp * par->cp;
+            double a2a = dw_plan_coll_time(in->hw, DW_COLL_ALLTOALL, par->ep, stride, 2 * bytes);
+            double a2a_q = dw_plan_coll_time(in->hw, DW_COLL_ALLTOALL, par->ep, stride, a * bytes);
+            t->ep = a2a_q + 3 * a2a;
+            ep_fwd = a2a_q + a2a;
         }
     }
     if (pr != DW_PREC_BF16) elem += qin * (2 + a), rc_elem += qin * (2 + a);
@@ -109,14 +114,14 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
         double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, par->cp, par->tp, kv);
         t->cp = ag + 2 * ag; /* Llama-3 style all-gather of K,V; backward: AG + RS of dK,dV */
     }
-    double fwd_comm = (par->tp > 1 ? 0.4 * t->tp : 0) + t->cp / 3 + t->ep / 2;
+    double fwd_comm = (par->tp > 1 ? 0.4 * t->tp : 0) + t->cp / 3 + ep_fwd;
     t->fwd = gm.fwd + attn_f + elem_f + fwd_comm;
     t->bwd = gm.bwd + attn_b + 2 * elem_f + (t->tp + t->cp + t->ep - fwd_comm);
     t->flops = gm.flops;
     if (par->recompute == DW_RC_SELECTIVE) t->bwd += hbm_time(in, T * rc_elem / tp);
     if (par->recompute == DW_RC_FULL) {
         t->bwd += t->fwd;
-        t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += t->ep / 2;
+        t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += ep_fwd;
         t->flops += (gm.flops - 3.5 * af) / 3 + af; /* one more forward: GEMMs + attention */
     }
 }

@@ -160,6 +160,21 @@ static void test_moe_shares(void **state) {
     dw_mem m;
     dw_plan_memory(&in, &p, &m);
     assert_true(m.optimizer == 12.0 * (803475456.0 / 4 + 5637144576.0));
+    /* EP all-to-all, ep 8 inside one NVLink domain, T = 4096 tokens, 2 x 1.25 routed copies of
+     * d = 4096: 41,943,040 elements; BF16 all-to-all = 7 x 3 us + 7/8 x 83,886,080 B / 360 GB/s;
+     * 4 per block (dispatch + combine, forward + backward), 32 blocks, one micro-batch */
+    dw_par pe = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 8, .vpp = 1, .micro_batch = 1, .grad_accum = 1};
+    dw_plan_entry e;
+    dw_plan_time(&in, &pe, &e, NULL);
+    double a2a = 7 * 3e-6 + 0.875 * 83886080.0 / 360e9, a2a8 = 7 * 3e-6 + 0.875 * 41943040.0 / 360e9;
+    assert_true(fabs(e.cost.ep_comm - 32 * 4 * a2a) < 1e-12);
+    /* FP8: the forward dispatch carries 1-byte codes */
+    dw_job j8 = j;
+    j8.prec = DW_PREC_FP8_BLOCK;
+    dw_plan_in in8;
+    assert_int_equal(dw_plan_in_init(ctx, &mx, hw, &j8, NULL, &in8), DW_OK);
+    dw_plan_time(&in8, &pe, &e, NULL);
+    assert_true(fabs(e.cost.ep_comm - 32 * (a2a8 + 3 * a2a)) < 1e-12);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }
