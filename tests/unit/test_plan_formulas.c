@@ -316,6 +316,42 @@ static void test_executed_flops(void **state) {
     dw_ctx_free(ctx);
 }
 
+static void test_tp_cp_traffic(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = NULL;
+    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
+    dw_job j = {.seq = 4096, .global_batch = 1};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &l8, hw, &j, NULL, &in), DW_OK);
+    /* TP 8, one micro-batch of 4096 tokens: each sequence-parallel all-gather / reduce-scatter
+     * moves T x d x 2 = 33,554,432 bytes: 7 x 3 us + 7/8 x 33,554,432 / 360 GB/s;
+     * 10 per block (4 forward, 6 backward) x 32 blocks + 2 around the LM head = 322 */
+    dw_par p = {.dp = 1, .tp = 8, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1, .grad_accum = 1};
+    dw_plan_entry e;
+    dw_plan_time(&in, &p, &e, NULL);
+    double ag = 7 * 3e-6 + 0.875 * 33554432.0 / 360e9;
+    assert_true(fabs(e.cost.tp_comm - 322 * ag) < 1e-12);
+    assert_true(e.cost.cp_comm == 0 && e.cost.ep_comm == 0 && e.cost.pp_comm == 0);
+    /* TP 4 x CP 2: T = 2048 per rank → TP all-gather 2048 x 4096 x 2 bytes over 4 ranks; CP
+     * all-gathers K and V of the whole sequence, 4096 x 2 x 8 heads x 128 / tp 4 x 2 bytes
+     * = 4,194,304 bytes over 2 ranks 4 apart (same domain): 3 us + 1/2 x 4,194,304 / 360 GB/s,
+     * 3 per block (forward all-gather, backward all-gather + reduce-scatter) */
+    p.tp = 4, p.cp = 2;
+    dw_plan_time(&in, &p, &e, NULL);
+    double ag_tp = 3 * 3e-6 + 0.75 * 16777216.0 / 360e9, ag_cp = 3e-6 + 0.5 * 4194304.0 / 360e9;
+    assert_true(fabs(e.cost.tp_comm - 322 * ag_tp) < 1e-12);
+    assert_true(fabs(e.cost.cp_comm - 32 * 3 * ag_cp) < 1e-12);
+    /* full recompute repeats the forward's 4 TP and 1 CP collectives per block */
+    p.recompute = DW_RC_FULL;
+    dw_plan_time(&in, &p, &e, NULL);
+    assert_true(fabs(e.cost.tp_comm - (322 + 32 * 4) * ag_tp) < 1e-12);
+    assert_true(fabs(e.cost.cp_comm - 32 * 4 * ag_cp) < 1e-12);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
 static void test_collectives(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
@@ -420,7 +456,7 @@ int main(void) {
         cmocka_unit_test(test_activation_bytes),    cmocka_unit_test(test_local_params_and_layout),
         cmocka_unit_test(test_moe_shares),
         cmocka_unit_test(test_memory_hand_case),    cmocka_unit_test(test_executed_flops),
-        cmocka_unit_test(test_collectives),         cmocka_unit_test(test_gemm_curve_and_table),
+        cmocka_unit_test(test_collectives),         cmocka_unit_test(test_tp_cp_traffic),         cmocka_unit_test(test_gemm_curve_and_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
