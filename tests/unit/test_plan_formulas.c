@@ -308,6 +308,20 @@ static void test_executed_flops(void **state) {
     double exec_full = ef.cost.hfu * ef.cost.step * 8 * 989e12;
     assert_true(fabs(exec_full - (52904098529280.0 + 12369505812480.0)) < 1e-9 * exec_full);
     assert_true(ef.cost.step > e.cost.step); /* recomputing is never free */
+    /* DP: ZeRO-0 all-reduces the FP32 gradients (4 x 124,439,808 = 497,759,232 bytes) over 8
+     * ranks in one domain: 14 x 3 us + 2*7/8 x 497,759,232 / 360 GB/s, hidden under the last
+     * backward when shorter; ZeRO-1 reduce-scatters them and all-gathers BF16 parameters */
+    double ar = 14 * 3e-6 + 1.75 * 497759232.0 / 360e9;
+    assert_true(fabs(e.cost.dp_comm - ar) < 1e-12);
+    assert_true(e.cost.dp_exposed >= 0 && e.cost.dp_exposed <= ar);
+    dw_par p1 = p;
+    p1.zero = 1;
+    dw_plan_entry e1;
+    dw_plan_time(&in, &p1, &e1, NULL);
+    double rs = 7 * 3e-6 + 0.875 * 497759232.0 / 360e9, ag = 7 * 3e-6 + 0.875 * 248879616.0 / 360e9;
+    assert_true(fabs(e1.cost.dp_comm - (rs + ag)) < 1e-12);
+    /* Adam on the 1/8 shard: 124,439,808 / 8 x 32 bytes at 0.75 x 3350 GB/s */
+    assert_true(fabs(e1.cost.optimizer - 124439808.0 / 8 * 32 / (0.75 * 3350e9)) < 1e-15);
     /* model FLOPs: 854,438,400 per token x 64 x 1024 tokens */
     assert_true(e.cost.model_flops == 854438400.0 * 65536);
     assert_true(fabs(e.cost.mfu - e.cost.model_flops / (e.cost.step * 8 * 989e12)) < 1e-12);
