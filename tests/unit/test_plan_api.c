@@ -19,8 +19,7 @@ static void test_autoplan_json(void **state) {
     dw_test_rng rng;
     dw_test_rng_init(&rng, dw_test_seed());
     int nodes = 1 << (int)(dw_test_next(&rng) % 3); /* 1, 2, 4: 24 GPUs cannot split llama-8b */
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h200", nodes, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h200", nodes);
     dw_plan_job job = {.seq = 2048, .global_batch = 32 * (1 + (int64_t)(dw_test_next(&rng) % 8)),
                        .precision = "fp8_block"};
     char *text = (char *)1;

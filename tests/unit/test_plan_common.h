@@ -3,6 +3,8 @@
 #ifndef DW_TEST_PLAN_COMMON_H
 #define DW_TEST_PLAN_COMMON_H
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "plan/plan.h"
@@ -12,6 +14,16 @@ static inline dw_ctx *plan_ctx(void) {
     dw_ctx_opts o = {.device = DW_DEVICE_CPU};
     if (dw_ctx_create(&o, &ctx) != DW_OK) return NULL;
     return ctx;
+}
+
+/* A hardware preset; aborts the test (non-zero exit) when the preset cannot be built. */
+static inline dw_hw *plan_preset(dw_ctx *ctx, const char *name, int nodes) {
+    dw_hw *hw = NULL;
+    if (dw_hw_preset(ctx, name, nodes, &hw) != DW_OK) {
+        fprintf(stderr, "preset %s x %d: %s\n", name, nodes, dw_errmsg(ctx));
+        abort();
+    }
+    return hw;
 }
 
 /* A GPT (Megatron-LM 2021 style): GELU MLP 4h, LayerNorm, learned positions, biases, tied. */

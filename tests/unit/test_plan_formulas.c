@@ -27,8 +27,7 @@ static dw_plan_in mk_in(dw_ctx *ctx, const dw_model_config *c, const dw_hw *hw, 
 static void test_param_counts(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_param_counts pc;
     /* GPT-2 124M, tied embeddings:
      *   wte 50257*768 = 38,597,376; wpe 1024*768 = 786,432
@@ -77,8 +76,7 @@ static void test_param_counts(void **state) {
 static void test_model_flops(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     /* GPT-2 124M at seq 1024: matmul weights per block 768*2304 + 768*768 + 2*768*3072
      *   = 7,077,888; x 12 = 84,934,656; + LM head 50257*768 = 38,597,376 → 123,532,032;
      *   6 x = 741,192,192; attention 12*L*H*hd*s = 12*12*12*64*1024 = 113,246,208
@@ -98,8 +96,7 @@ static void test_model_flops(void **state) {
 static void test_activation_bytes(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     /* GPT-2 (d 768, 12 heads of 64, ff 3072), BF16, per token per block:
      *   attention: ln1 in 2*768 + QKV in 2*768 + Q,K,V 2*2304 + O 2*768 + LSE 4*12 + ln2 in 2*768
      *            = 1536 + 1536 + 4608 + 1536 + 48 + 1536 = 10,800
@@ -128,8 +125,7 @@ static void test_activation_bytes(void **state) {
 static void test_moe_shares(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_model_config mx = plan_llama(32000, 4096, 32, 32, 8, 14336);
     mx.n_experts = 8, mx.top_k = 2, mx.d_ff_expert = 14336;
     dw_job j = {.seq = 4096, .global_batch = 8, .moe_capacity = 1.25};
@@ -182,8 +178,7 @@ static void test_moe_shares(void **state) {
 static void test_local_params_and_layout(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 2, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 2);
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
     dw_plan_in in = mk_in(ctx, &l8, hw, 8192, 8, DW_PREC_BF16);
     dw_par p = {.dp = 4, .tp = 2, .pp = 2, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1, .grad_accum = 2};
@@ -225,8 +220,7 @@ static void test_local_params_and_layout(void **state) {
 static void test_memory_hand_case(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
     dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 64, DW_PREC_BF16);
     dw_par p = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 4, .grad_accum = 2};
@@ -280,8 +274,7 @@ static void test_memory_hand_case(void **state) {
 static void test_executed_flops(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
     dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 64, DW_PREC_BF16);
     dw_par p = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 4, .grad_accum = 2};
@@ -333,8 +326,7 @@ static void test_executed_flops(void **state) {
 static void test_tp_cp_traffic(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
     dw_job j = {.seq = 4096, .global_batch = 1};
     dw_plan_in in;
@@ -404,8 +396,7 @@ static void test_gemm_curve_and_table(void **state) {
     dw_ctx *ctx = plan_ctx();
     dw_test_rng rng;
     dw_test_rng_init(&rng, dw_test_seed());
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     const dw_gpu_info *g = &hw->gpus[0];
     for (int p = 0; p < DW_PREC_COUNT; p++)
         for (int i = 0; i < 200; i++) {

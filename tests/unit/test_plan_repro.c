@@ -140,8 +140,7 @@ static void test_llama3_405b(void **state) {
     /* 131,072-token run: TP8 CP16 PP16 DP8 on 16,384 GPUs, 16M tokens per step (128 sequences).
      * Feasibility only: the paper does not state its attention-FLOP convention, which at this
      * length moves MFU by ~1.6x (docs/planner.md). */
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 2048, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 2048);
     dw_job j = {.seq = 131072, .global_batch = 128};
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, NULL, &in), DW_OK);

@@ -236,8 +236,7 @@ static void test_monotone_properties(void **state) {
 static void test_nothing_fits(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_model_config c = plan_llama(128256, 16384, 126, 128, 8, 53248); /* 405B on 8 GPUs */
     dw_job j = {.seq = 8192, .global_batch = 64};
     dw_plan_in in;
@@ -275,8 +274,7 @@ static void test_nothing_fits(void **state) {
 static void test_checker_catches_violations(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
-    dw_hw *hw = NULL;
-    assert_int_equal(dw_hw_preset(ctx, "h100-sxm", 2, &hw), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 2);
     dw_model_config c = plan_llama(32000, 4096, 32, 32, 8, 11008);
     dw_job j = {.seq = 4096, .global_batch = 64};
     dw_plan_in in;
