@@ -192,6 +192,25 @@ void dw_policy_free(dw_policy *p);
  * Autoplan and dryrun                                        [section: plan]
  * ====================================================================================== */
 
+/* A training job for the planner. Zero fields take defaults: moe_* from the model config
+ * (capacity 1.0), mem_headroom 0.10 of HBM; precision NULL means "bf16". */
+typedef struct {
+    int64_t seq;          /* tokens per sequence */
+    int64_t global_batch; /* sequences per optimizer step */
+    const char *precision; /* "bf16", "fp8_block", "mxfp8", "nvfp4" */
+    int64_t moe_experts, moe_top_k;
+    double moe_capacity;
+    double mem_headroom;
+} dw_plan_job;
+
+/* Searches parallel plans (DP/TP/PP/CP/EP, micro-batch, pipeline schedule, recompute, ZeRO,
+ * offload) for training `model` (a preset name or a directory with config.json) on `hw`, and
+ * returns the `deepwell plan --json` document (schema: docs/planner.md) with the `top_k` fastest
+ * plans; "best" is null when nothing fits. Analytical: runs no kernel and needs no GPU.
+ * *json_out is caller-owned (dw_free_string); NULL on error. */
+dw_status dw_autoplan_json(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
+                           int top_k, char **json_out);
+
 /* ======================================================================================
  * Training                                                   [section: train]
  * ====================================================================================== */

@@ -6,3 +6,5 @@ DW_COMMAND(quantize, cmd_quantize, "quantise a safetensors checkpoint with one r
 DW_COMMAND(quant-report, cmd_quant_report, "per-tensor error of each recipe on a safetensors checkpoint")
 DW_COMMAND(capture, cmd_capture, "show a model's graph (HF config.json or preset): nodes, params, FLOPs/token")
 DW_COMMAND(eval, cmd_eval, "loss of a model on one batch of tokens (CPU reference engine)")
+DW_COMMAND(plan, cmd_plan, "search parallel plans (DP/TP/PP/CP/EP, micro-batch, recompute, ZeRO) for a model")
+DW_COMMAND(dryrun, cmd_dryrun, "check a plan: constraints, memory per GPU, comm overlap, bubbles (PASS/FAIL)")

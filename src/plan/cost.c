@@ -1,0 +1,354 @@
+/* cost.c — time of one configuration: per-virtual-stage forward/backward times of a micro-batch
+ * (GEMMs at modelled/measured rates, flash attention, memory-bound elementwise work, TP/CP/EP
+ * collectives that the schedule cannot hide), the pipeline event simulation, DP/ZeRO traffic
+ * with the overlap the schedule allows, and the optimizer step. Constraints live here too. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "plan/layout.h"
+
+/* Flash attention (BF16): fraction of the BF16 peak reached by forward and backward at long
+ * sequence (FlashAttention-2/3 class kernels); shorter sequences fall off as s/(s+256). */
+#define ATTN_FWD_EFF 0.60
+#define ATTN_BWD_EFF 0.45
+#define HBM_EFF 0.75
+/* Host-side optimizer when offloaded: PCIe per GPU (GB/s) and CPU Adam rate per GPU share. */
+#define PCIE_GBPS 25.0
+#define HOST_ADAM_PARAMS_PER_S 0.25e9
+
+typedef struct {
+    double fwd, bwd, tp, cp, ep, flops;
+} ltime;
+
+static void gemm(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k, ltime *t) {
+    if (m <= 0 || n <= 0 || k <= 0) return;
+    double f = 2 * m * n * k;
+    t->fwd += f / dw_plan_gemm_rate(in, prec, m, n, k);
+    /* dgrad dX[m,k] = dY[m,n] W^T; wgrad dW[k,n] = X^T[k,m] dY[m,n] */
+    t->bwd += f / dw_plan_gemm_rate(in, prec, m, k, n) + f / dw_plan_gemm_rate(in, prec, k, n, m);
+    t->flops += 3 * f;
+}
+
+static double hbm_time(const dw_plan_in *in, double bytes) {
+    return bytes / (in->hw->gpus[0].hbm_gbps * 1e9 * HBM_EFF);
+}
+
+static bool glu(const dw_plan_in *in) { return in->cfg->act != DW_ACT_GELU_TANH; }
+
+/* One block (dense or MoE) for one micro-batch on one rank. */
+static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime *t) {
+    const dw_model_config *c = in->cfg;
+    const dw_gpu_info *g = &in->hw->gpus[0];
+    dw_plan_prec pr = in->job.prec;
+    double tp = par->tp, cp = par->cp, s = (double)in->job.seq;
+    double T = (double)par->micro_batch * s / cp;
+    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
+    double Hkv = (double)c->n_kv_heads, ff = (double)c->d_ff, mult = glu(in) ? 2 : 1;
+    double a = dw_plan_operand_bytes(pr), ep_fwd = 0;
+    memset(t, 0, sizeof *t);
+    ltime gm = {0};
+    /* attention projections */
+    gemm(in, pr, T, (H + 2 * Hkv) * hd / tp, d, &gm);
+    gemm(in, pr, T, d, H * hd / tp, &gm);
+    /* flash attention, causal: each of the s/cp local queries sees s/2 keys on average */
+    double sl = s / cp;
+    double af = 4.0 * (double)par->micro_batch * sl * (s / 2) * hd * H / tp;
+    double shape = sl / (sl + 256);
+    double attn_f = af / (g->peak_bf16_tflops * 1e12 * ATTN_FWD_EFF * shape);
+    double attn_b = 2.5 * af / (g->peak_bf16_tflops * 1e12 * ATTN_BWD_EFF * shape);
+    gm.flops += 3.5 * af;
+    double elem = 20 * d + 4 * (H + Hkv) * hd; /* norms, residual adds, RoPE (bytes/token) */
+    double qin = 2 * d + H * hd;               /* GEMM inputs that get quantised */
+    double rc_elem = 8 * d;                    /* selective recompute: the norms */
+    if (!moe) {
+        gemm(in, pr, T, mult * ff / tp, d, &gm);
+        gemm(in, pr, T, d, ff / tp, &gm);
+        elem += (mult + 1) * 2 * ff;
+        rc_elem += (mult + 1) * 2 * ff;
+        qin += ff;
+    } else {
+        double E = (double)in->experts, fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
+        double ep = par->ep, routed = (double)in->top_k * in->capacity;
+        gemm(in, DW_PREC_BF16, T, E, d, &gm); /* router stays BF16 */
+        double me = T * routed * ep / E;        /* tokens per local expert */
+        ltime ex = {0};
+        gemm(in, pr, me, mult * fe / tp, d, &ex);
+        gemm(in, pr, me, d, fe / tp, &ex);
+        double local = E / ep;
+        gm.fwd += local * ex.fwd, gm.bwd += local * ex.bwd, gm.flops += local * ex.flops;
+        if (c->n_shared_experts > 0) {
+            double fs = fe * (double)c->n_shared_experts;
+            gemm(in, pr, T, mult * fs / tp, d, &gm);
+            gemm(in, pr, T, d, fs / tp, &gm);
+            elem += (mult + 1) * 2 * fs;
+            qin += fs;
+        }
+        /* permute + unpermute (read + write d each), activation over routed copies */
+        elem += routed * (8 * d + (mult + 1) * 2 * fe);
+        rc_elem += routed * (mult + 1) * 2 * fe;
+        qin += routed * (d + fe);
+        if (par->ep > 1) {
+            /* forward dispatch sends the quantised expert inputs (a bytes), the forward combine
+             * and both backward all-to-alls send BF16 */
+            double bytes = T * routed * d / tp;
+            int64_t stride = (int64_t)par->tp * par->cp;
+            double a2a = dw_plan_coll_time(in->hw, DW_COLL_ALLTOALL, par->ep, stride, 2 * bytes);
+            double a2a_q = dw_plan_coll_time(in->hw, DW_COLL_ALLTOALL, par->ep, stride, a * bytes);
+            t->ep = a2a_q + 3 * a2a;
+            ep_fwd = a2a_q + a2a;
+        }
+    }
+    if (pr != DW_PREC_BF16) elem += qin * (2 + a), rc_elem += qin * (2 + a);
+    double elem_f = hbm_time(in, T * elem / tp);
+    if (par->tp > 1) {
+        double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, par->tp, 1, T * d * 2);
+        /* sequence parallel: AG before QKV and MLP, RS after out-proj and down-proj (forward);
+         * the mirror in backward plus re-gathering the two saved inputs for wgrad */
+        t->tp = 4 * ag + 6 * ag;
+    }
+    if (par->cp > 1) {
+        double kv = (double)par->micro_batch * s * 2 * Hkv * hd / tp * 2;
+        double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, par->cp, par->tp, kv);
+        t->cp = ag + 2 * ag; /* Llama-3 style all-gather of K,V; backward: AG + RS of dK,dV */
+    }
+    double fwd_comm = (par->tp > 1 ? 0.4 * t->tp : 0) + t->cp / 3 + ep_fwd;
+    t->fwd = gm.fwd + attn_f + elem_f + fwd_comm;
+    t->bwd = gm.bwd + attn_b + 2 * elem_f + (t->tp + t->cp + t->ep - fwd_comm);
+    t->flops = gm.flops;
+    if (par->recompute == DW_RC_SELECTIVE) t->bwd += hbm_time(in, T * rc_elem / tp);
+    if (par->recompute == DW_RC_FULL) {
+        t->bwd += t->fwd;
+        t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += ep_fwd;
+        t->flops += (gm.flops - 3.5 * af) / 3 + af; /* one more forward: GEMMs + attention */
+    }
+}
+
+/* Extra work of the first (embedding) and last (final norm, LM head, loss) virtual stage. */
+static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *st, ltime *t) {
+    memset(t, 0, sizeof *t);
+    double T = (double)par->micro_batch * (double)in->job.seq / par->cp, tp = par->tp;
+    double d = (double)in->cfg->d_model, V = (double)in->cfg->vocab_size;
+    if (st->embed) {
+        t->fwd += hbm_time(in, T * d * 2 * 2 / tp);
+        t->bwd += hbm_time(in, T * d * 2 * 3 / tp);
+    }
+    if (st->head) {
+        gemm(in, DW_PREC_BF16, T, V / tp, d, t); /* LM head kept in BF16 */
+        t->fwd += hbm_time(in, T * (V / tp * 4 + 4 * d / tp));
+        t->bwd += hbm_time(in, T * (V / tp * 4 + 6 * d / tp));
+        if (par->tp > 1) {
+            double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, par->tp, 1, T * d * 2);
+            t->fwd += ag, t->bwd += ag, t->tp += 2 * ag;
+        }
+    }
+}
+
+static const char *const rc_names[DW_RC_COUNT] = {"none", "selective", "full"};
+const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RC_COUNT) ? rc_names[r] : "?"; }
+const char *dw_sched_name(dw_sched s) { return s == DW_SCHED_INTERLEAVED ? "interleaved_1f1b" : "1f1b"; }
+
+static const char *const reject_names[DW_REJECT_COUNT] = {
+#define X(id, name) name,
+    DW_REJECT_LIST(X)
+#undef X
+};
+const char *dw_reject_name(dw_reject r) { return (r >= 0 && r < DW_REJECT_COUNT) ? reject_names[r] : "?"; }
+
+void dw_par_format(const dw_par *p, char *buf, int len) {
+    snprintf(buf, (size_t)len, "dp%d tp%d pp%d v%d cp%d ep%d mb%lld ga%lld %s rc=%s zero%d%s", p->dp,
+             p->tp, p->pp, p->vpp, p->cp, p->ep, (long long)p->micro_batch, (long long)p->grad_accum,
+             dw_sched_name(p->sched), dw_recompute_name(p->recompute), p->zero,
+             p->offload ? " offload" : "");
+}
+
+/* Structural constraints, in a fixed order; the first violated one is reported. */
+static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, char *det, int dl) {
+    const dw_model_config *c = in->cfg;
+#define FAIL(r, ...) do { *why = DW_REJECT_##r; snprintf(det, (size_t)dl, __VA_ARGS__); return false; } while (0)
+    if (p->tp > in->hw->nvlink_domain) FAIL(TP_DOMAIN, "tp %d > NVLink domain %d", p->tp, in->hw->nvlink_domain);
+    if (c->n_heads % p->tp) FAIL(TP_HEADS, "%lld heads %% tp %d != 0", (long long)c->n_heads, p->tp);
+    if (c->n_kv_heads % p->tp) FAIL(TP_KV_HEADS, "%lld kv heads %% tp %d != 0", (long long)c->n_kv_heads, p->tp);
+    if (p->cp > 1 && in->job.seq % (2 * p->cp))
+        FAIL(CP_SEQ, "seq %lld %% (2 * cp %d) != 0", (long long)in->job.seq, p->cp);
+    dw_vstage st;
+    if (!dw_plan_vstage(in, p->pp, p->vpp, 0, &st))
+        FAIL(PP_LAYERS, "%lld layers (or +2 for embedding/head) %% (pp %d * v %d) != 0",
+             (long long)c->n_layers, p->pp, p->vpp);
+    if (in->experts > 0 ? in->experts % p->ep != 0 : p->ep != 1)
+        FAIL(EP_EXPERTS, "%lld experts %% ep %d != 0", (long long)in->experts, p->ep);
+    if (p->dp % p->ep) FAIL(EP_DP, "dp %d %% ep %d != 0", p->dp, p->ep);
+    if (in->job.global_batch % ((int64_t)p->dp * p->micro_batch) ||
+        p->grad_accum * p->dp * p->micro_batch != in->job.global_batch)
+        FAIL(BATCH, "global batch %lld %% (dp %d * mb %lld) != 0", (long long)in->job.global_batch,
+             p->dp, (long long)p->micro_batch);
+    if (p->vpp > 1 && p->grad_accum % p->pp)
+        FAIL(INTERLEAVE_MB, "%lld micro-batches %% pp %d != 0", (long long)p->grad_accum, p->pp);
+    if (p->zero >= 2 && p->pp > 1) FAIL(ZERO_PP, "ZeRO-%d with pp %d", p->zero, p->pp);
+    /* the event simulation keeps two times per (micro-batch, virtual stage) */
+    if (p->grad_accum * p->pp * p->vpp > DW_PLAN_SIM_LIMIT)
+        FAIL(SIM_SIZE, "%lld micro-batches x %d virtual stages > %d", (long long)p->grad_accum, p->pp * p->vpp,
+             DW_PLAN_SIM_LIMIT);
+#undef FAIL
+    return true;
+}
+
+bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw_plan_entry *out,
+                      dw_reject *reason, char *detail, int detail_len) {
+    memset(out, 0, sizeof *out);
+    out->par = *par;
+    *reason = DW_REJECT_COUNT;
+    if (detail_len > 0) detail[0] = 0;
+    DW_ASSERT((int64_t)par->dp * par->tp * par->pp * par->cp == in->n_gpus);
+    DW_ASSERT(par->vpp >= 1 && par->ep >= 1 && par->micro_batch >= 1);
+    if (!constraints(in, par, reason, detail, detail_len)) return false;
+    dw_plan_memory(in, par, &out->mem);
+    if (out->mem.total > out->mem.limit) {
+        *reason = DW_REJECT_MEMORY;
+        snprintf(detail, (size_t)detail_len, "%.1f GiB > %.1f GiB (stage %d)",
+                 out->mem.total / (1 << 30), out->mem.limit / (1 << 30), out->mem.worst_stage);
+        return false;
+    }
+    if (!simulate) return true;
+    return dw_plan_time(in, par, out, NULL);
+}
+
+/* One micro-batch through each virtual stage: vt[vs] for vs in [0, pp*vpp). */
+static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt) {
+    ltime dense, moe;
+    block_time(in, par, false, &dense);
+    if (in->experts > 0) block_time(in, par, true, &moe);
+    else memset(&moe, 0, sizeof moe);
+    for (int vs = 0; vs < par->pp * par->vpp; vs++) {
+        dw_vstage st;
+        DW_ASSERT(dw_plan_vstage(in, par->pp, par->vpp, vs, &st));
+        ltime e;
+        ends_time(in, par, &st, &e);
+        double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
+        vt[vs] = (ltime){.fwd = dl * dense.fwd + ml * moe.fwd + e.fwd,
+                         .bwd = dl * dense.bwd + ml * moe.bwd + e.bwd,
+                         .tp = dl * dense.tp + ml * moe.tp + e.tp,
+                         .cp = dl * dense.cp + ml * moe.cp,
+                         .ep = ml * moe.ep,
+                         .flops = dl * dense.flops + ml * moe.flops + e.flops};
+    }
+}
+
+/* p2p: one micro-batch's activations (sequence-parallel shard) between pipeline ranks */
+static double p2p_time(const dw_plan_in *in, const dw_par *par) {
+    double T = (double)par->micro_batch * (double)in->job.seq / par->cp;
+    double bytes = T * (double)in->cfg->d_model * 2 / par->tp;
+    int64_t stride = (int64_t)par->tp * par->cp * par->dp;
+    return par->pp > 1 ? dw_plan_coll_time(in->hw, DW_COLL_P2P, 2, stride, bytes) : 0;
+}
+
+void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p) {
+    int P = par->pp * par->vpp;
+    ltime *vt = calloc((size_t)P, sizeof *vt);
+    DW_ASSERT(vt);
+    vstage_times(in, par, vt);
+    for (int vs = 0; vs < P; vs++) fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd;
+    free(vt);
+    *p2p = p2p_time(in, par);
+}
+
+bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above) {
+    int P = par->pp * par->vpp, m = (int)par->grad_accum;
+    double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw);
+    ltime *vt = calloc((size_t)P, sizeof *vt);
+    double *busy = calloc((size_t)par->pp, sizeof *busy), *tpc = calloc((size_t)par->pp, sizeof *tpc);
+    double *cpc = calloc((size_t)par->pp, sizeof *cpc), *epc = calloc((size_t)par->pp, sizeof *epc);
+    DW_ASSERT(fw && bw && vt && busy && tpc && cpc && epc);
+    vstage_times(in, par, vt);
+    double p2p = p2p_time(in, par), exec = 0, stage_busy_max = 0;
+    dw_cost *c = &out->cost;
+    int slow = 0;
+    for (int vs = 0; vs < P; vs++) {
+        int s = vs % par->pp;
+        fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd;
+        busy[s] += m * (fw[vs] + bw[vs]);
+        tpc[s] += m * vt[vs].tp, cpc[s] += m * vt[vs].cp, epc[s] += m * vt[vs].ep;
+        exec += m * vt[vs].flops;
+    }
+    for (int s = 0; s < par->pp; s++)
+        if (busy[s] > stage_busy_max) stage_busy_max = busy[s], slow = s;
+    c->compute = stage_busy_max;
+    c->tp_comm = tpc[slow], c->cp_comm = cpc[slow], c->ep_comm = epc[slow];
+    /* DP / ZeRO traffic and optimizer, per pipeline rank; the worst rank counts. */
+    double dpn = (double)par->dp * par->cp, dpn_e = dpn / par->ep, opt = 0, dp_exp = 0, dp_all = 0;
+    for (int s = 0; s < par->pp; s++) {
+        double pd = 0, pe = 0, maxl = 0, win_f = 0, win_b = 0;
+        for (int ch = 0; ch < par->vpp; ch++) {
+            dw_vstage st;
+            dw_plan_vstage(in, par->pp, par->vpp, ch * par->pp + s, &st);
+            dw_local_params lp;
+            dw_plan_local_params(in, par, &st, &lp);
+            pd += lp.dense, pe += lp.expert;
+            if (lp.max_layer > maxl) maxl = lp.max_layer;
+            win_f += fw[ch * par->pp + s], win_b += bw[ch * par->pp + s];
+        }
+        int64_t sd = par->tp, se = (int64_t)par->tp * par->ep;
+        double rs = 0, ag = 0, ar = 0;
+        if (dpn > 1) {
+            rs += dw_plan_coll_time(in->hw, DW_COLL_REDUCESCATTER, (int64_t)dpn, sd, 4 * pd);
+            ag += dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, (int64_t)dpn, sd, 2 * pd);
+            ar += dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, (int64_t)dpn, sd, 4 * pd);
+        }
+        if (dpn_e > 1 && pe > 0) {
+            rs += dw_plan_coll_time(in->hw, DW_COLL_REDUCESCATTER, (int64_t)dpn_e, se, 4 * pe);
+            ag += dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, (int64_t)dpn_e, se, 2 * pe);
+            ar += dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, (int64_t)dpn_e, se, 4 * pe);
+        }
+        double exp_s, all_s;
+        switch (par->zero) {
+        case 0: /* all-reduce after the last micro-batch, bucketed under its backward */
+            all_s = ar, exp_s = fmax(0, ar - win_b);
+            break;
+        case 1: /* reduce-scatter under the last backward; param all-gather under next forward */
+            all_s = rs + ag, exp_s = fmax(0, rs - win_b) + fmax(0, ag - win_f);
+            break;
+        case 2: /* gradients reduce-scattered every micro-batch */
+            all_s = m * rs + ag, exp_s = m * fmax(0, rs - win_b) + fmax(0, ag - win_f);
+            break;
+        default: { /* ZeRO-3: gather weights for forward and again for backward, every micro-batch */
+            double ag_w = ag; /* the same bytes as the parameter all-gather */
+            all_s = m * (2 * ag_w + rs);
+            exp_s = m * (fmax(0, ag_w - win_f) + fmax(0, ag_w + rs - win_b));
+        }
+        }
+        double shard = par->zero >= 1 ? pd / dpn + pe / dpn_e : pd + pe;
+        double o = par->offload
+                       ? shard * (4 + 2) / (PCIE_GBPS * 1e9) + shard / HOST_ADAM_PARAMS_PER_S
+                       : hbm_time(in, shard * 32); /* read grad, m, v, master; write m, v, master, param */
+        if (exp_s + o > dp_exp + opt) dp_exp = exp_s, opt = o, dp_all = all_s;
+    }
+    c->dp_comm = dp_all, c->dp_exposed = dp_exp, c->optimizer = opt;
+    c->pp_comm = par->pp > 1 ? 2.0 * m * p2p * par->vpp : 0;
+    bool ok = true;
+    double lower = stage_busy_max + dp_exp + opt;
+    if (prune_above && lower > *prune_above * (1 + 1e-9)) {
+        c->step = lower;
+        ok = false;
+    } else {
+        dw_sim_in si = {.p = par->pp, .v = par->vpp, .m = m, .fwd = fw, .bwd = bw, .p2p = p2p};
+        dw_sim_out so;
+        dw_status st = dw_pipe_simulate(NULL, &si, false, &so);
+        DW_ASSERT(st == DW_OK);
+        c->pipeline = so.makespan;
+        c->bubble_frac = so.makespan > 0 ? 1.0 - so.busy[slow] / so.makespan : 0;
+        dw_sim_out_free(&so);
+        c->step = c->pipeline + dp_exp + opt;
+    }
+    double G = (double)in->job.global_batch, seq = (double)in->job.seq;
+    double peak = dw_plan_peak_flops(&in->hw->gpus[0], in->job.prec) * (double)in->n_gpus;
+    c->tokens_per_s = G * seq / c->step;
+    c->model_flops = dw_plan_model_flops_per_token(in) * G * seq;
+    c->mfu = c->model_flops / (c->step * peak);
+    /* executed FLOPs: every rank of a stage does the same; sum over the machine */
+    exec *= (double)par->dp * par->tp * par->cp;
+    c->hfu = exec / (c->step * peak);
+    free(fw), free(bw), free(vt), free(busy), free(tpc), free(cpc), free(epc);
+    return ok;
+}

@@ -1,0 +1,114 @@
+/* layout.c — layers → virtual pipeline stages, per-rank parameter shares and per-token
+ * activation bytes (the memory side of the planner's model; formulas in docs/planner.md). */
+#include <string.h>
+
+#include "plan/layout.h"
+
+bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out) {
+    memset(out, 0, sizeof *out);
+    int64_t L = in->cfg->n_layers, P = (int64_t)pp * v, start, count;
+    if (P < 1 || vs < 0 || vs >= P) return false;
+    if (L % P == 0) {
+        count = L / P;
+        start = vs * count;
+    } else if ((L + 2) % P == 0 && (L + 2) / P >= 2) {
+        int64_t n = (L + 2) / P;
+        count = (vs == 0 || vs == P - 1) ? n - 1 : n;
+        start = vs == 0 ? 0 : (n - 1) + (vs - 1) * n;
+    } else {
+        return false;
+    }
+    out->layers = count;
+    out->embed = vs == 0;
+    out->head = vs == P - 1;
+    if (in->experts > 0) {
+        int64_t first_moe = in->cfg->n_layers - in->moe_layers, lo = start > first_moe ? start : first_moe;
+        out->moe_layers = start + count > lo ? start + count - lo : 0;
+    }
+    return true;
+}
+
+double dw_plan_operand_bytes(dw_plan_prec p) {
+    return p == DW_PREC_BF16 ? 2.0 : p == DW_PREC_NVFP4 ? 0.5 : 1.0;
+}
+
+double dw_plan_act_scale_bytes(dw_plan_prec p) {
+    switch (p) {
+    case DW_PREC_FP8_BLOCK: return 4.0 / 128; /* FP32 per 1x128 */
+    case DW_PREC_MXFP8: return 1.0 / 32;      /* UE8M0 per 1x32 */
+    case DW_PREC_NVFP4: return 1.0 / 16;      /* UE4M3 per 1x16 */
+    default: return 0;
+    }
+}
+
+double dw_plan_weight_scale_bytes(dw_plan_prec p) {
+    return p == DW_PREC_FP8_BLOCK ? 4.0 / (128 * 128) : dw_plan_act_scale_bytes(p);
+}
+
+static bool glu(const dw_plan_in *in) { return in->cfg->act != DW_ACT_GELU_TANH; }
+
+/* Attention half of a block plus the second norm's input: per token, bytes.
+ *   norm1 input 2d | QKV GEMM input a*d | Q,K,V (after RoPE) 2(H+2Hkv)hd | attention output
+ *   2*H*hd (+ a*H*hd quantised copy for the out-projection when a < 2) | softmax LSE 4H |
+ *   norm2 input 2d.  Selective recompute drops the GEMM inputs re-derived from norm inputs. */
+static double attn_bytes(const dw_plan_in *in, dw_recompute rc) {
+    const dw_model_config *c = in->cfg;
+    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
+    double Hkv = (double)c->n_kv_heads, a = dw_plan_operand_bytes(in->job.prec);
+    double b = 2 * d + 2 * (H + 2 * Hkv) * hd + 2 * H * hd + 4 * H + 2 * d;
+    if (rc == DW_RC_NONE) b += a * d + (a < 2 ? a * H * hd : 0);
+    return b;
+}
+
+/* MLP of width ff seen by `tokens_mult` copies of each token:
+ *   GEMM input a*d | activation input 2*ff (GELU) or 2*2ff (gate, up) | down input a*ff. */
+static double mlp_bytes(const dw_plan_in *in, dw_recompute rc, double ff, double mult) {
+    double d = (double)in->cfg->d_model, a = dw_plan_operand_bytes(in->job.prec);
+    double b = 2 * (glu(in) ? 2 : 1) * ff;
+    if (rc == DW_RC_NONE) b += a * d + a * ff;
+    return b * mult;
+}
+
+double dw_plan_act_bytes_dense(const dw_plan_in *in, dw_recompute rc) {
+    if (rc == DW_RC_FULL) return 2.0 * (double)in->cfg->d_model; /* block input only */
+    return attn_bytes(in, rc) + mlp_bytes(in, rc, (double)in->cfg->d_ff, 1);
+}
+
+double dw_plan_act_bytes_moe(const dw_plan_in *in, dw_recompute rc) {
+    if (rc == DW_RC_FULL) return 2.0 * (double)in->cfg->d_model;
+    const dw_model_config *c = in->cfg;
+    double fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : (double)c->d_ff;
+    double shared = c->n_shared_experts > 0 ? (double)c->n_shared_experts : 0;
+    double routed = (double)in->top_k * in->capacity;
+    /* router probabilities/indices: top_k * (4 + 4) bytes */
+    return attn_bytes(in, rc) + mlp_bytes(in, rc, fe, routed) +
+           (shared > 0 ? mlp_bytes(in, rc, fe * shared, 1) : 0) + 8.0 * (double)in->top_k;
+}
+
+void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vstage *st,
+                          dw_local_params *o) {
+    dw_param_counts pc;
+    dw_plan_params(in, &pc);
+    const dw_model_config *c = in->cfg;
+    double tp = par->tp, ep = par->ep;
+    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
+    double attn_w = d * (H + 2 * (double)c->n_kv_heads) * hd + H * hd * d;
+    double mats = glu(in) ? 3 : 2, mlp_w = mats * d * (double)c->d_ff;
+    double dense_layers = (double)(st->layers - st->moe_layers), moe = (double)st->moe_layers;
+    memset(o, 0, sizeof *o);
+    /* TP shards every matrix (and the biases with them); norms are replicated. */
+    o->dense = dense_layers * ((pc.attn + pc.mlp) / tp + pc.norms) +
+               moe * ((pc.attn + pc.moe_shared) / tp + pc.router + pc.norms);
+    o->expert = moe * pc.moe_experts / (ep * tp);
+    o->matmul = dense_layers * (attn_w + mlp_w) / tp + moe * (attn_w + pc.moe_shared) / tp + o->expert;
+    double dense_block = (pc.attn + pc.mlp) / tp + pc.norms;
+    double moe_block = (pc.attn + pc.moe_shared) / tp + pc.router + pc.norms + pc.moe_experts / (ep * tp);
+    o->max_layer = st->moe_layers > 0 ? moe_block : 0;
+    if (dense_layers > 0 && dense_block > o->max_layer) o->max_layer = dense_block;
+    if (st->embed) o->dense += (pc.embed + pc.pos) / tp;
+    if (st->head) {
+        o->dense += pc.lm_head / tp + pc.final_norm;
+        /* tied embeddings on a different pipeline rank need their own copy of the matrix */
+        if (c->tie_embeddings && par->pp > 1) o->dense += pc.embed / tp;
+    }
+}

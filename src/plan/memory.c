@@ -1,0 +1,91 @@
+/* memory.c — peak memory per GPU of a parallel configuration: weights (+ low-precision caches),
+ * FP32 gradients, FP32 master + Adam moments by ZeRO stage and offload, activations by recompute
+ * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales. */
+#include <string.h>
+
+#include "plan/layout.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+/* CUDA context, cuBLAS(Lt) workspaces, NCCL channels, allocator slack: a fixed 1 GiB. */
+#define FIXED_WORKSPACE (1.0 * GIB)
+
+void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
+    memset(out, 0, sizeof *out);
+    const dw_model_config *c = in->cfg;
+    const dw_gpu_info *g = &in->hw->gpus[0];
+    int64_t m = par->grad_accum;
+    double T = (double)par->micro_batch * (double)in->job.seq / par->cp; /* tokens per rank */
+    double tp = par->tp, d = (double)c->d_model;
+    double dpn = (double)par->dp * par->cp, dpn_e = dpn / par->ep;
+    double a = dw_plan_operand_bytes(in->job.prec);
+    bool lowp = in->job.prec != DW_PREC_BF16;
+    /* low-precision weight cache: row-wise and column-wise (transposed) copies for fprop/dgrad */
+    double cache_b = lowp ? 2 * a : 0, cache_s = lowp ? 2 * dw_plan_weight_scale_bytes(in->job.prec) : 0;
+    double act_d = dw_plan_act_bytes_dense(in, par->recompute) / tp;
+    double act_m = dw_plan_act_bytes_moe(in, par->recompute) / tp;
+    double act_full_d = dw_plan_act_bytes_dense(in, DW_RC_NONE) / tp;
+    double act_full_m = dw_plan_act_bytes_moe(in, DW_RC_NONE) / tp;
+    /* quantised GEMM inputs saved per token per block (their scales ride along): QKV and
+     * out-projection inputs, then the MLP's (dense) or each routed copy's and the shared
+     * experts' (MoE) input and down-projection input */
+    double q_dense = 0, q_moe = 0;
+    if (lowp && par->recompute == DW_RC_NONE) {
+        double ff = (double)c->d_ff, hd = (double)c->head_dim * (double)c->n_heads;
+        double fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
+        double fs = c->n_shared_experts > 0 ? fe * (double)c->n_shared_experts : 0;
+        q_dense = (2 * d + hd + ff) / tp;
+        q_moe = (d + hd + (double)in->top_k * in->capacity * (d + fe) + (fs > 0 ? d + fs : 0)) / tp;
+    }
+    for (int s = 0; s < par->pp; s++) {
+        double pd = 0, pe = 0, pm = 0, maxl = 0, chunk_act = 0, chunk_work = 0, q_chunk = 0;
+        bool head = false;
+        for (int ch = 0; ch < par->vpp; ch++) {
+            dw_vstage st;
+            if (!dw_plan_vstage(in, par->pp, par->vpp, ch * par->pp + s, &st)) return;
+            dw_local_params lp;
+            dw_plan_local_params(in, par, &st, &lp);
+            pd += lp.dense, pe += lp.expert, pm += lp.matmul;
+            if (lp.max_layer > maxl) maxl = lp.max_layer;
+            double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
+            double ca = T * (dl * act_d + ml * act_m);
+            if (ca > chunk_act) chunk_act = ca;
+            double work = T * (ml > 0 ? act_full_m : act_full_d);
+            if (work > chunk_work) chunk_work = work;
+            double qc = T * (dl * q_dense + ml * q_moe);
+            if (qc > q_chunk) q_chunk = qc;
+            head = head || st.head;
+        }
+        double p_all = pd + pe;
+        dw_mem mm = {0};
+        /* weights: BF16 working copy (+ caches); ZeRO-3 keeps a 1/dp shard and gathers two
+         * blocks at a time (current + prefetch). */
+        if (par->zero >= 3) {
+            mm.weights = 2 * (pd / dpn + pe / dpn_e) + 2 * (2 + cache_b) * maxl;
+            mm.scales = 2 * cache_s * maxl;
+        } else {
+            mm.weights = 2 * p_all + cache_b * pm;
+            mm.scales = cache_s * pm;
+        }
+        /* gradients: FP32 accumulation buffer; ZeRO-2/3 keep the shard plus one block's bucket */
+        mm.grads = par->zero >= 2 ? 4 * (pd / dpn + pe / dpn_e) + 4 * maxl : 4 * p_all;
+        /* optimizer: FP32 master + Adam m + v = 12 bytes/param; ZeRO>=1 shards; offload: host */
+        if (!par->offload) mm.optimizer = par->zero >= 1 ? 12 * (pd / dpn + pe / dpn_e) : 12 * p_all;
+        int inflight = dw_pipe_inflight(par->pp, par->vpp, (int)m, s);
+        mm.activations = inflight * chunk_act;
+        /* full recompute re-materialises one block's activations during its backward */
+        if (par->recompute == DW_RC_FULL) mm.activations += chunk_work;
+        mm.scales += inflight * q_chunk * dw_plan_act_scale_bytes(in->job.prec);
+        /* logits on the last stage: BF16 logits + FP32 gradient of one micro-batch's tokens */
+        if (head) mm.activations += T * (double)c->vocab_size / tp * (2 + 4);
+        /* workspace: fixed + two sequence-parallel all-gather buffers of a block input */
+        mm.workspace = FIXED_WORKSPACE + (tp > 1 ? 2 * T * d * 2 : 0);
+        mm.inflight = (double)inflight / par->vpp;
+        mm.total = mm.weights + mm.grads + mm.optimizer + mm.activations + mm.workspace + mm.scales;
+        if (s == 0 || mm.total > out->total) {
+            *out = mm;
+            out->worst_stage = s;
+        }
+    }
+    out->hbm = (double)g->hbm_bytes;
+    out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
+}

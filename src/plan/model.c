@@ -1,0 +1,129 @@
+/* model.c — parameter counts and model FLOPs of a transformer from its config, for the planner.
+ * Closed forms over dw_model_config (dense or MoE); not a graph walk. Also job validation. */
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "plan/plan.h"
+
+static const char *const prec_names[DW_PREC_COUNT] = {"bf16", "fp8_block", "mxfp8", "nvfp4"};
+
+const char *dw_plan_prec_name(dw_plan_prec p) {
+    return (p >= 0 && p < DW_PREC_COUNT) ? prec_names[p] : "?";
+}
+
+bool dw_plan_prec_parse(const char *name, dw_plan_prec *out) {
+    for (int i = 0; i < DW_PREC_COUNT; i++)
+        if (name && !strcmp(name, prec_names[i])) {
+            *out = (dw_plan_prec)i;
+            return true;
+        }
+    return false;
+}
+
+static bool is_glu(const dw_model_config *c) { return c->act != DW_ACT_GELU_TANH; }
+
+dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *hw,
+                          const dw_job *job, const dw_gemm_table *gemm, dw_plan_in *out) {
+    memset(out, 0, sizeof *out);
+    if (cfg->d_model < 1 || cfg->n_layers < 1 || cfg->n_heads < 1 || cfg->n_kv_heads < 1 ||
+        cfg->vocab_size < 1 || cfg->d_ff < 0 || cfg->head_dim < 1)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "model: d_model, n_layers, n_heads, n_kv_heads, head_dim, vocab_size "
+                            "must be positive");
+    if (cfg->n_heads % cfg->n_kv_heads)
+        return dw_set_error(ctx, DW_ERR_INVALID, "model: n_heads %lld not a multiple of n_kv_heads %lld",
+                            (long long)cfg->n_heads, (long long)cfg->n_kv_heads);
+    if (!hw || hw->n_gpus < 1)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "hardware has no GPUs%s%s: plan for a preset (--hw h100-sxm) or a JSON file",
+                            hw && hw->notice[0] ? " — " : "", hw ? hw->notice : "");
+    const dw_gpu_info *g = &hw->gpus[0];
+    if (g->peak_bf16_tflops <= 0 || g->hbm_bytes == 0 || g->hbm_gbps <= 0)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "hardware: GPU 0 lacks a BF16 peak rate, HBM size or HBM bandwidth "
+                            "(peak.bf16_tflops, hbm_bytes, peak.hbm_gbps), all needed to plan");
+    if (job->seq < 1) return dw_set_error(ctx, DW_ERR_INVALID, "--seq must be positive");
+    if (job->global_batch < 1)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--global-batch must be positive");
+    if (job->prec < 0 || job->prec >= DW_PREC_COUNT)
+        return dw_set_error(ctx, DW_ERR_INVALID, "unknown precision recipe");
+    if ((job->prec == DW_PREC_FP8_BLOCK || job->prec == DW_PREC_MXFP8) && g->peak_fp8_tflops <= 0)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "precision %s needs FP8 tensor cores; %s has none",
+                            dw_plan_prec_name(job->prec), g->name);
+    if (job->prec == DW_PREC_NVFP4 && g->peak_fp4_tflops <= 0 && g->peak_fp8_tflops <= 0)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "precision nvfp4 needs FP4 or FP8 tensor cores");
+    out->cfg = cfg;
+    out->hw = hw;
+    out->job = *job;
+    out->gemm = gemm;
+    if (out->job.mem_headroom <= 0) out->job.mem_headroom = 0.10;
+    if (out->job.mem_headroom >= 0.9)
+        return dw_set_error(ctx, DW_ERR_INVALID, "memory headroom %.2f must be below 0.9",
+                            out->job.mem_headroom);
+    out->n_gpus = (int64_t)hw->nodes * hw->n_gpus;
+    out->experts = job->moe_experts > 0 ? job->moe_experts : cfg->n_experts;
+    out->top_k = job->moe_top_k > 0 ? job->moe_top_k : (cfg->top_k > 0 ? cfg->top_k : 1);
+    out->capacity = job->moe_capacity > 0 ? job->moe_capacity : 1.0;
+    if (out->experts < 0 || (out->experts > 0 && out->top_k > out->experts))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--moe: top_k %lld exceeds experts %lld",
+                            (long long)out->top_k, (long long)out->experts);
+    if (out->capacity < 1.0 && job->moe_capacity > 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--moe: capacity %.3g must be >= 1", out->capacity);
+    if (out->experts > 0) {
+        int64_t fd = cfg->first_dense_layers > 0 ? cfg->first_dense_layers : 0;
+        if (fd > cfg->n_layers) fd = cfg->n_layers;
+        out->moe_layers = cfg->n_layers - fd;
+    }
+    return DW_OK;
+}
+
+/* Expert FFN width: the config's, else the dense d_ff (a dense model turned MoE by --moe). */
+static double expert_ff(const dw_plan_in *in) {
+    return in->cfg->d_ff_expert > 0 ? (double)in->cfg->d_ff_expert : (double)in->cfg->d_ff;
+}
+
+void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
+    const dw_model_config *c = in->cfg;
+    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
+    double Hkv = (double)c->n_kv_heads, ff = (double)c->d_ff, V = (double)c->vocab_size;
+    double qkv = (H + 2 * Hkv) * hd, mats = is_glu(c) ? 3 : 2;
+    memset(o, 0, sizeof *o);
+    /* attention: W_qkv [d, (H+2Hkv)hd] + W_o [H hd, d] (+ biases) */
+    o->attn = d * qkv + H * hd * d;
+    if (c->linear_bias) o->attn += qkv + d;
+    else if (c->qkv_bias) o->attn += qkv;
+    /* MLP: GLU has gate+up [d, ff] and down [ff, d]; GELU has fc [d, ff] and proj [ff, d] */
+    o->mlp = mats * d * ff;
+    if (c->linear_bias || c->mlp_bias) o->mlp += (mats - 1) * ff + d;
+    double norm = c->norm == DW_NORM_LAYERNORM ? 2 * d : d;
+    o->norms = 2 * norm;
+    if (in->experts > 0) {
+        double fe = expert_ff(in);
+        o->moe_experts = (double)in->experts * mats * d * fe;
+        o->moe_shared = (double)(c->n_shared_experts > 0 ? c->n_shared_experts : 0) * mats * d * fe;
+        o->router = d * (double)in->experts;
+    }
+    o->embed = V * d;
+    o->pos = c->pos == DW_POS_LEARNED ? (double)c->max_seq * d : 0;
+    o->final_norm = norm;
+    o->lm_head = c->tie_embeddings ? 0 : V * d;
+    double L = (double)c->n_layers, Lm = (double)in->moe_layers;
+    o->total = o->embed + o->pos + o->final_norm + o->lm_head + L * (o->attn + o->norms) +
+               (L - Lm) * o->mlp + Lm * (o->moe_experts + o->moe_shared + o->router);
+    /* Matmul weights a token passes through (biases and norms excluded): */
+    double attn_w = d * qkv + H * hd * d, mlp_w = mats * d * ff, active_moe = 0;
+    if (in->experts > 0)
+        active_moe = ((double)in->top_k + (c->n_shared_experts > 0 ? (double)c->n_shared_experts : 0)) *
+                         mats * d * expert_ff(in) +
+                     o->router;
+    o->active_per_token = L * attn_w + (L - Lm) * mlp_w + Lm * active_moe + V * d;
+}
+
+double dw_plan_model_flops_per_token(const dw_plan_in *in) {
+    dw_param_counts pc;
+    dw_plan_params(in, &pc);
+    const dw_model_config *c = in->cfg;
+    return 6.0 * pc.active_per_token +
+           12.0 * (double)c->n_layers * (double)c->n_heads * (double)c->head_dim * (double)in->job.seq;
+}

@@ -1,0 +1,245 @@
+/* plan.h — private: the autoplanner. A job (model shape, sequence, global batch, precision, MoE
+ * options) on a machine (dw_hw) → ranked parallel plans (DP/TP/PP/EP/CP, micro-batch, schedule,
+ * recompute, ZeRO, offload) with predicted step time, MFU and memory. Analytical only: it runs
+ * no kernels. Formulas and assumptions: docs/planner.md. */
+#ifndef DW_PLAN_PLAN_H
+#define DW_PLAN_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "capture/model_config.h"
+#include "deepwell.h"
+#include "probe/hw.h"
+
+/* ---- job ------------------------------------------------------------------------------------ */
+typedef enum { DW_PREC_BF16 = 0, DW_PREC_FP8_BLOCK, DW_PREC_MXFP8, DW_PREC_NVFP4, DW_PREC_COUNT } dw_plan_prec;
+const char *dw_plan_prec_name(dw_plan_prec p);
+bool dw_plan_prec_parse(const char *name, dw_plan_prec *out);
+
+typedef struct {
+    int64_t seq;            /* tokens per sequence */
+    int64_t global_batch;   /* sequences per optimizer step */
+    dw_plan_prec prec;
+    /* MoE overrides; 0 = take from the model config (experts, top_k), capacity 0 → 1.0 */
+    int64_t moe_experts, moe_top_k;
+    double moe_capacity;
+    double mem_headroom;    /* fraction of HBM kept free; default 0.10 */
+} dw_job;
+
+/* ---- a plan --------------------------------------------------------------------------------- */
+typedef enum { DW_RC_NONE = 0, DW_RC_SELECTIVE, DW_RC_FULL, DW_RC_COUNT } dw_recompute;
+typedef enum { DW_SCHED_1F1B = 0, DW_SCHED_INTERLEAVED } dw_sched;
+const char *dw_recompute_name(dw_recompute r);
+const char *dw_sched_name(dw_sched s);
+
+typedef struct {
+    int dp, tp, pp, ep, cp;
+    int vpp;                /* virtual stages per pipeline rank (1: plain 1F1B) */
+    int64_t micro_batch;    /* sequences per micro-batch per DP rank */
+    int64_t grad_accum;     /* micro-batches per step per DP rank = G / (dp * micro_batch) */
+    dw_sched sched;
+    dw_recompute recompute;
+    int zero;               /* 0..3 (3 = FSDP) */
+    bool offload;           /* optimizer state + step on the host */
+} dw_par;
+
+/* Memory per GPU (bytes) on the worst pipeline stage. */
+typedef struct {
+    double weights, grads, optimizer, activations, workspace, scales;
+    double total;           /* sum of the above */
+    double hbm, limit;      /* HBM per GPU and (1 - headroom) * HBM */
+    int worst_stage;
+    double inflight;        /* micro-batch activations in flight on that stage (in stage units) */
+} dw_mem;
+
+typedef struct {
+    double step;            /* predicted seconds per optimizer step */
+    double pipeline;        /* simulated pipeline makespan (compute + TP/CP/EP + p2p + bubbles) */
+    double compute;         /* per-stage busy time of the slowest stage (no bubbles) */
+    double bubble_frac;     /* idle fraction of the slowest stage inside `pipeline` */
+    double tp_comm, cp_comm, ep_comm, pp_comm; /* per step, non-overlapped, slowest stage */
+    double dp_comm, dp_exposed;                /* DP/ZeRO traffic time and its exposed part */
+    double optimizer;       /* optimizer step (GPU, or host when offloaded) */
+    double tokens_per_s, mfu, hfu; /* against dw_plan_peak_flops of the job's recipe */
+    double model_flops;     /* per step, whole machine (MFU numerator, PaLM convention) */
+} dw_cost;
+
+typedef struct {
+    dw_par par;
+    dw_mem mem;
+    dw_cost cost;
+} dw_plan_entry;
+
+/* ---- rejection reasons ---------------------------------------------------------------------- */
+#define DW_REJECT_LIST(X)                                                               \
+    X(TP_HEADS, "heads_not_divisible_by_tp")                                           \
+    X(TP_KV_HEADS, "kv_heads_not_divisible_by_tp")                                     \
+    X(TP_DOMAIN, "tp_exceeds_nvlink_domain")                                           \
+    X(PP_LAYERS, "layers_not_divisible_by_pp_x_virtual")                               \
+    X(EP_EXPERTS, "experts_not_divisible_by_ep")                                       \
+    X(EP_DP, "ep_does_not_divide_dp")                                                  \
+    X(BATCH, "global_batch_not_divisible_by_dp_x_micro_batch")                         \
+    X(CP_SEQ, "seq_not_divisible_by_2cp")                                              \
+    X(INTERLEAVE_MB, "interleaved_needs_micro_batches_multiple_of_pp")                 \
+    X(ZERO_PP, "zero2_3_with_pipeline")                                                \
+    X(MEMORY, "memory_exceeds_hbm_minus_headroom")                                     \
+    X(SIM_SIZE, "micro_batches_x_stages_over_simulation_limit")                        \
+    X(DOMINATED, "slower_than_kept_plans")
+typedef enum {
+#define X(id, name) DW_REJECT_##id,
+    DW_REJECT_LIST(X)
+#undef X
+    DW_REJECT_COUNT
+} dw_reject;
+const char *dw_reject_name(dw_reject r);
+
+#define DW_PLAN_EXAMPLE_LEN 360
+/* Largest micro-batches x virtual stages the search simulates (memory ~ 16 bytes each). */
+#define DW_PLAN_SIM_LIMIT (1 << 22)
+#define DW_PLAN_EXAMPLES 3
+typedef struct {
+    int64_t count[DW_REJECT_COUNT];
+    /* up to DW_PLAN_EXAMPLES examples per reason, with different (dp, tp, pp, cp, ep); the
+     * first is example[r][0] */
+    char example[DW_REJECT_COUNT][DW_PLAN_EXAMPLES][DW_PLAN_EXAMPLE_LEN];
+    int n_examples[DW_REJECT_COUNT];
+    int degrees[DW_REJECT_COUNT][DW_PLAN_EXAMPLES][5];
+} dw_rejections;
+
+/* ---- GEMM rates ----------------------------------------------------------------------------- */
+/* Measured GEMM rates from a `deepwell bench gemm --json` file:
+ * {"results": [{"m":4096,"n":4096,"k":4096,"recipe":"bf16","tflops":712.5}, ...]} (a bare array
+ * of the same objects is accepted too). */
+typedef struct {
+    int64_t m, n, k;
+    dw_plan_prec prec;
+    double tflops;
+} dw_gemm_point;
+typedef struct {
+    dw_gemm_point *pts;
+    int n;
+} dw_gemm_table;
+dw_status dw_gemm_table_load(dw_ctx *ctx, const char *path, dw_gemm_table *out);
+void dw_gemm_table_free(dw_gemm_table *t);
+
+/* ---- the context every cost function reads -------------------------------------------------- */
+typedef struct {
+    const dw_model_config *cfg;
+    const dw_hw *hw;
+    dw_job job;                 /* with defaults filled in */
+    const dw_gemm_table *gemm;  /* NULL: analytical curve only */
+    /* derived: */
+    int64_t n_gpus;             /* nodes * GPUs per node */
+    int64_t experts, top_k;     /* effective MoE (0 experts: dense) */
+    double capacity;
+    int64_t moe_layers;         /* layers whose MLP is an MoE */
+} dw_plan_in;
+
+/* Fills defaults and validates the job against model and hardware (message names the field). */
+dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *hw,
+                          const dw_job *job, const dw_gemm_table *gemm, dw_plan_in *out);
+
+/* ---- model arithmetic (model.c) -------------------------------------------------------------- */
+typedef struct {
+    double attn, mlp, norms;    /* one transformer block (dense MLP), all ranks together */
+    double moe_experts;         /* one MoE block: all routed experts */
+    double moe_shared, router;  /* shared experts, router */
+    double embed, pos, lm_head, final_norm; /* lm_head 0 when tied */
+    double total;               /* whole model, tied embeddings counted once */
+    double active_per_token;    /* matmul params a token passes through (incl. LM head) */
+} dw_param_counts;
+void dw_plan_params(const dw_plan_in *in, dw_param_counts *out);
+/* Model FLOPs per token for one training step (fwd+bwd, no recompute): 6 * active matmul params +
+ * 12 * L * H * head_dim * seq (attention scores, counted non-causal: PaLM/Megatron convention). */
+double dw_plan_model_flops_per_token(const dw_plan_in *in);
+
+/* ---- pieces of the cost model (cost.c, comm.c, memory.c) -------------------------------------- */
+/* Achievable dense GEMM rate (FLOP/s) for C[m,n] = A[m,k] B[k,n] under a precision. */
+double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k);
+/* Dense datasheet peak (FLOP/s) the precision's GEMMs run at: BF16, FP8 (fp8_block, mxfp8, and
+ * nvfp4 emulated on Hopper), FP4 (nvfp4 on Blackwell). The basis of MFU and HFU. */
+double dw_plan_peak_flops(const dw_gpu_info *g, dw_plan_prec prec);
+/* Analytical efficiency (fraction of the precision's datasheet peak). */
+double dw_plan_gemm_eff(const dw_gpu_info *g, dw_plan_prec prec, double m, double n, double k);
+
+typedef enum { DW_COLL_ALLREDUCE = 0, DW_COLL_ALLGATHER, DW_COLL_REDUCESCATTER, DW_COLL_ALLTOALL,
+               DW_COLL_P2P } dw_coll;
+/* Seconds for a collective over `n` ranks spaced `stride` GPUs apart; `bytes` is the full
+ * (gathered) buffer per rank for AG/RS/AR, the bytes each rank sends for all-to-all and p2p. */
+double dw_plan_coll_time(const dw_hw *hw, dw_coll c, int64_t n, int64_t stride, double bytes);
+
+/* Evaluates one parallel configuration: memory, then (when `simulate`) timing. Returns false
+ * and the reason when it violates a constraint (reason DW_REJECT_COUNT when valid). */
+bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw_plan_entry *out,
+                      dw_reject *reason, char *detail, int detail_len);
+/* Timing of a configuration that passed evaluation: fills out->cost. With prune_above set, skips
+ * the simulation and returns false when the lower bound (busiest stage, no bubbles) is already
+ * >= *prune_above (out->cost.step then holds that bound). */
+bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above);
+/* Forward/backward seconds of one micro-batch on each virtual stage, fw/bw[pp*vpp] indexed by
+ * vs = chunk*pp + stage, and the p2p hop time: the event simulation's input. */
+void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p);
+/* Memory per GPU for a configuration (worst stage). */
+void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
+
+/* ---- pipeline event simulation (pipesim.c) ---------------------------------------------------- */
+typedef enum { DW_OP_F = 0, DW_OP_B } dw_op_kind;
+typedef struct {
+    int stage, chunk, mb;
+    dw_op_kind kind;
+    double start, end;
+} dw_sim_op;
+typedef struct {
+    int p, v, m;
+    /* durations [p*v] indexed by virtual stage vs = chunk * p + stage */
+    const double *fwd, *bwd;
+    double p2p;                 /* seconds per activation/gradient hop between ranks */
+} dw_sim_in;
+typedef struct {
+    double makespan;
+    double *busy;               /* [p] busy seconds per stage */
+    int *max_inflight;          /* [p] max forward chunks outstanding (F done, B not) */
+    dw_sim_op *ops;             /* [2*m*v*p] when kept; each stage's ops appear in its schedule order */
+    int64_t n_ops;
+} dw_sim_out;
+/* Simulates one step of 1F1B (v == 1) or interleaved 1F1B (v > 1, needs m % p == 0).
+ * Returns DW_ERR_INVALID for bad shapes, DW_ERR_NOMEM on allocation failure. */
+dw_status dw_pipe_simulate(dw_ctx *ctx, const dw_sim_in *in, bool keep_ops, dw_sim_out *out);
+void dw_sim_out_free(dw_sim_out *o);
+/* Schedule shape (closed forms of the op order, used by memory before any simulation):
+ * forward chunks a rank runs before its first backward, and the most forward chunks it holds
+ * (activations in flight). 1F1B: min(p - s, m); interleaved: min(2(p-s-1) + (v-1)p + 1, m v). */
+int dw_pipe_warmup(int p, int v, int m, int stage);
+int dw_pipe_inflight(int p, int v, int m, int stage);
+
+/* ---- search, checker, output (search.c, check.c, plan_out.c) ---------------------------------- */
+typedef struct {
+    dw_plan_entry *plans;       /* best first, up to top_k */
+    int n_plans;
+    dw_rejections rej;
+    int64_t evaluated;          /* configurations considered */
+    int64_t feasible;           /* configurations that passed every constraint */
+} dw_plan_result;
+dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_result *out);
+void dw_plan_result_free(dw_plan_result *r);
+
+/* Independent re-check of a plan's constraints (divisibility, domain, memory re-derived). Writes
+ * one line per failed check into `why` (may be NULL). Returns the number of failed checks. */
+int dw_plan_check(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
+
+/* A human-readable one-liner: "dp8 tp8 pp16 v1 cp1 ep1 mb1 ga16 1f1b rc=none zero1". */
+void dw_par_format(const dw_par *p, char *buf, int len);
+
+/* JSON of a plan entry / whole result (jansson objects; caller json_decref). */
+struct json_t;
+struct json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e);
+struct json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r);
+/* Reads a plan's parallel settings from a JSON object (the "best" object, an alternative, or a
+ * whole `deepwell plan --json` document, whose "best" is taken). */
+dw_status dw_par_from_json(dw_ctx *ctx, const struct json_t *j, const char *what, dw_par *out);
+
+/* SVG timeline of one step of the plan's pipeline, written atomically. */
+dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, const char *path);
+
+#endif /* DW_PLAN_PLAN_H */

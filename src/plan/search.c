@@ -1,0 +1,143 @@
+/* search.c — exhaustive, deterministic search over DP/TP/PP/CP/EP degrees, virtual stages,
+ * micro-batch, recompute, ZeRO stage and optimizer offload. Every configuration is counted:
+ * kept (top K by predicted step time), rejected with a reason, or pruned because its lower
+ * bound (busiest stage without bubbles) is already slower than the K kept plans. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "plan/plan.h"
+
+typedef struct {
+    dw_plan_result *r;
+    int top_k;
+    const dw_plan_in *in;
+} searcher;
+
+static void reject(searcher *S, dw_reject why, const dw_par *p, const char *detail) {
+    dw_rejections *rj = &S->r->rej;
+    rj->count[why]++;
+    int n = rj->n_examples[why];
+    if (n == DW_PLAN_EXAMPLES) return;
+    const int deg[5] = {p->dp, p->tp, p->pp, p->cp, p->ep};
+    for (int i = 0; i < n; i++)
+        if (!memcmp(rj->degrees[why][i], deg, sizeof deg)) return; /* same degrees: not new */
+    memcpy(rj->degrees[why][n], deg, sizeof deg);
+    char buf[160];
+    dw_par_format(p, buf, sizeof buf);
+    snprintf(rj->example[why][n], DW_PLAN_EXAMPLE_LEN, "%s: %s", buf, detail);
+    rj->n_examples[why] = n + 1;
+}
+
+/* Ranking: faster first; step times within 1e-9 of each other (e.g. ZeRO traffic fully hidden)
+ * prefer the simpler plan (lower ZeRO stage, no offload), then lower peak memory. */
+static bool better(const dw_plan_entry *a, const dw_plan_entry *b) {
+    double tol = 1e-9 * (a->cost.step > b->cost.step ? a->cost.step : b->cost.step);
+    if (a->cost.step < b->cost.step - tol) return true;
+    if (a->cost.step > b->cost.step + tol) return false;
+    if (a->par.zero != b->par.zero) return a->par.zero < b->par.zero;
+    if (a->par.offload != b->par.offload) return !a->par.offload;
+    return a->mem.total < b->mem.total;
+}
+
+static void consider(searcher *S, const dw_par *p) {
+    dw_plan_result *r = S->r;
+    dw_plan_entry e;
+    dw_reject why;
+    char detail[160];
+    r->evaluated++;
+    if (!dw_plan_evaluate(S->in, p, false, &e, &why, detail, sizeof detail)) {
+        reject(S, why, p, detail);
+        return;
+    }
+    r->feasible++;
+    bool full = r->n_plans == S->top_k;
+    double bound = full ? r->plans[S->top_k - 1].cost.step : 0;
+    if (!dw_plan_time(S->in, p, &e, full ? &bound : NULL)) {
+        snprintf(detail, sizeof detail, "lower bound %.4g s >= top-%d cut-off %.4g s", e.cost.step,
+                 S->top_k, bound);
+        reject(S, DW_REJECT_DOMINATED, p, detail);
+        return;
+    }
+    if (full && !better(&e, &r->plans[S->top_k - 1])) {
+        snprintf(detail, sizeof detail, "%.4g s >= top-%d cut-off %.4g s", e.cost.step, S->top_k, bound);
+        reject(S, DW_REJECT_DOMINATED, p, detail);
+        return;
+    }
+    /* the displaced K-th plan becomes a dominated alternative */
+    if (full) reject(S, DW_REJECT_DOMINATED, &r->plans[S->top_k - 1].par, "displaced from the top K");
+    int pos = r->n_plans < S->top_k ? r->n_plans : S->top_k - 1;
+    while (pos > 0 && better(&e, &r->plans[pos - 1])) {
+        r->plans[pos] = r->plans[pos - 1];
+        pos--;
+    }
+    r->plans[pos] = e;
+    if (r->n_plans < S->top_k) r->n_plans++;
+}
+
+void dw_plan_result_free(dw_plan_result *r) {
+    if (!r) return;
+    free(r->plans);
+    memset(r, 0, sizeof *r);
+}
+
+dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_result *out) {
+    memset(out, 0, sizeof *out);
+    if (top_k < 1 || top_k > 1000)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--top must be between 1 and 1000, got %d", top_k);
+    out->plans = calloc((size_t)top_k, sizeof *out->plans);
+    if (!out->plans) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    searcher S = {.r = out, .top_k = top_k, .in = in};
+    int64_t N = in->n_gpus, L = in->cfg->n_layers, G = in->job.global_batch;
+    int64_t dom = in->hw->nvlink_domain > 1 ? in->hw->nvlink_domain : 1;
+    static const int cps[] = {1, 2, 4, 8, 16, 32};
+    static const int vpps[] = {1, 2, 3, 4, 6, 8};
+    static const struct { int zero; bool off; } zs[] = {{0, false}, {1, false}, {1, true}, {2, false},
+                                                         {2, true},  {3, false}, {3, true}};
+    for (int64_t tp = 1; tp <= N && tp <= 2 * dom; tp++) {
+        if (N % tp) continue;
+        for (size_t ci = 0; ci < sizeof cps / sizeof cps[0]; ci++) {
+            int64_t cp = cps[ci];
+            if ((N / tp) % cp || cp > in->job.seq) continue;
+            for (int64_t pp = 1; pp <= N / (tp * cp) && pp <= L + 2; pp++) {
+                if ((N / (tp * cp)) % pp) continue;
+                int64_t dp = N / (tp * cp * pp);
+                /* ep over the divisors of the expert count (1 for dense models) */
+                for (int64_t ep = 1; ep <= (in->experts > 0 ? in->experts : 1); ep++) {
+                    if (in->experts > 0 && in->experts % ep) continue;
+                    for (size_t vi = 0; vi < sizeof vpps / sizeof vpps[0]; vi++) {
+                        int v = vpps[vi];
+                        if (v > 1 && pp == 1) continue;
+                        dw_par p = {.dp = (int)dp, .tp = (int)tp, .pp = (int)pp, .ep = (int)ep,
+                                    .cp = (int)cp, .vpp = v,
+                                    .sched = v > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B};
+                        if (G % dp) { /* no micro-batch size can work */
+                            p.micro_batch = 1;
+                            p.grad_accum = 0;
+                            out->evaluated++;
+                            char det[96];
+                            snprintf(det, sizeof det, "global batch %lld %% dp %lld != 0", (long long)G,
+                                     (long long)dp);
+                            reject(&S, DW_REJECT_BATCH, &p, det);
+                            continue;
+                        }
+                        for (int64_t mb = 1; mb <= G / dp && mb <= 32; mb++) {
+                            if ((G / dp) % mb) continue;
+                            p.micro_batch = mb;
+                            p.grad_accum = G / (dp * mb);
+                            for (int rc = 0; rc < DW_RC_COUNT; rc++)
+                                for (size_t zi = 0; zi < sizeof zs / sizeof zs[0]; zi++) {
+                                    p.recompute = (dw_recompute)rc;
+                                    p.zero = zs[zi].zero;
+                                    p.offload = zs[zi].off;
+                                    consider(&S, &p);
+                                }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return DW_OK;
+}

@@ -1,0 +1,76 @@
+/* test_plan_common.h — helpers shared by the planner tests: a CPU context, hand-built model
+ * configs, a DGX A100 machine (not a preset: Megatron-LM's published runs used it). */
+#ifndef DW_TEST_PLAN_COMMON_H
+#define DW_TEST_PLAN_COMMON_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan/plan.h"
+
+static inline dw_ctx *plan_ctx(void) {
+    dw_ctx *ctx = NULL;
+    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
+    if (dw_ctx_create(&o, &ctx) != DW_OK) return NULL;
+    return ctx;
+}
+
+/* A hardware preset; aborts the test (non-zero exit) when the preset cannot be built. */
+static inline dw_hw *plan_preset(dw_ctx *ctx, const char *name, int nodes) {
+    dw_hw *hw = NULL;
+    if (dw_hw_preset(ctx, name, nodes, &hw) != DW_OK) {
+        fprintf(stderr, "preset %s x %d: %s\n", name, nodes, dw_errmsg(ctx));
+        abort();
+    }
+    return hw;
+}
+
+/* A GPT (Megatron-LM 2021 style): GELU MLP 4h, LayerNorm, learned positions, biases, tied. */
+static inline dw_model_config plan_gpt(int64_t V, int64_t d, int64_t L, int64_t H, int64_t maxT) {
+    dw_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.model_type, "gpt2");
+    c.arch = DW_ARCH_GPT2;
+    c.vocab_size = V, c.d_model = d, c.n_layers = L, c.n_heads = H, c.n_kv_heads = H;
+    c.head_dim = d / H, c.d_ff = 4 * d, c.max_seq = maxT;
+    c.act = DW_ACT_GELU_TANH, c.norm = DW_NORM_LAYERNORM, c.pos = DW_POS_LEARNED;
+    c.tie_embeddings = true, c.qkv_bias = true, c.linear_bias = true, c.mlp_bias = true;
+    return c;
+}
+
+/* A Llama (SwiGLU, RMSNorm, RoPE, untied, no biases). */
+static inline dw_model_config plan_llama(int64_t V, int64_t d, int64_t L, int64_t H, int64_t Hkv, int64_t ff) {
+    dw_model_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.model_type, "llama");
+    c.arch = DW_ARCH_LLAMA;
+    c.vocab_size = V, c.d_model = d, c.n_layers = L, c.n_heads = H, c.n_kv_heads = Hkv;
+    c.head_dim = d / H, c.d_ff = ff, c.max_seq = 8192;
+    c.act = DW_ACT_SILU_GLU, c.norm = DW_NORM_RMSNORM, c.pos = DW_POS_ROPE;
+    return c;
+}
+
+/* DGX A100 80GB (Selene): 8 GPUs, 312 TFLOP/s dense BF16, 2039 GB/s HBM2e, NVLink 3 at
+ * 300 GB/s per direction, 8 x 200 Gb/s HDR InfiniBand per node = 25 GB/s per GPU. */
+static inline dw_hw *plan_dgx_a100(int nodes) {
+    dw_hw *hw = dw_hw_alloc(8);
+    if (!hw) return NULL;
+    strcpy(hw->source, "file");
+    hw->nodes = nodes;
+    hw->nvlink_gbps = 300;
+    hw->nvlink_domain = 8;
+    hw->internode_gbps = 25;
+    for (int i = 0; i < 8; i++) {
+        dw_gpu_info *g = &hw->gpus[i];
+        strcpy(g->name, "NVIDIA A100-SXM4-80GB");
+        g->cc_major = 8, g->cc_minor = 0, g->sms = 108;
+        g->hbm_bytes = 81920ULL * 1024 * 1024; /* nvidia-smi: 81920 MiB */
+        g->peak_bf16_tflops = 312;
+        g->hbm_gbps = 2039;
+        dw_gpu_derive_features(g);
+    }
+    return hw;
+}
+
+#endif

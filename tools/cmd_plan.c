@@ -1,0 +1,155 @@
+/* cmd_plan.c — `deepwell plan`: search parallel plans for a model on a machine and print the
+ * best ones (table or JSON), with rejection counts and an optional SVG pipeline timeline. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "plan/args.h"
+#include "cli.h"
+
+static void help(void) {
+    printf("Usage: deepwell plan MODEL --hw PRESET|FILE|probe [--nodes N] --seq S --global-batch G\n"
+           "                     [--precision R] [--moe experts=E,top_k=K,capacity=C]\n"
+           "                     [--gemm-rates FILE] [--headroom F] [--json] [--svg FILE] [--top K]\n\n"
+           "Searches data/tensor/pipeline/context/expert parallel degrees, micro-batch size, pipeline\n"
+           "schedule (1F1B, interleaved with virtual stages), activation recompute (none, selective,\n"
+           "full), ZeRO stage 0-3 and optimizer offload for training MODEL on the machine, and prints the\n"
+           "fastest plans that fit in memory, with predicted step time, tokens/s, MFU and memory per GPU.\n"
+           "Predictions come from an analytical model (docs/planner.md); nothing is run.\n\n"
+           "  MODEL              a model preset (gpt2-124m, llama-8b, llama-405b, mixtral-8x7b, ...)\n"
+           "                     or a directory with a Hugging Face config.json\n"
+           "  --hw PRESET|FILE   hardware preset (h100-sxm, h200, b200, b100, gb200-nvl72), a JSON\n"
+           "                     file written by `deepwell probe --json`, or `probe` for this machine\n"
+           "  --nodes N          number of identical nodes (default 1, or the file's / probe's count)\n"
+           "  --seq S            tokens per sequence\n"
+           "  --global-batch G   sequences per optimizer step\n"
+           "  --precision R      GEMM recipe: bf16 (default), fp8_block, mxfp8, nvfp4\n"
+           "  --moe SPEC         override MoE: experts=E,top_k=K,capacity=C (capacity >= 1, default 1)\n"
+           "  --gemm-rates FILE  measured GEMM rates ({\"results\":[{m,n,k,recipe,tflops}]}, the\n"
+           "                     `deepwell bench gemm --json` schema) replacing the analytical curve\n"
+           "  --headroom F       fraction of HBM kept free (default 0.10)\n"
+           "  --json             print one JSON object {best, alternatives, rejected, ...}\n"
+           "  --svg FILE         write an SVG timeline of one step of the best plan's pipeline\n"
+           "  --top K            number of plans to show (default 5)\n"
+           "  -h, --help         this help\n\n"
+           "Exit status: 0 a plan was found, 1 no configuration fits, 2 bad input.\n");
+}
+
+static double gib(double b) { return b / (1024.0 * 1024 * 1024); }
+
+static void print_entry(const char *label, const dw_plan_entry *e) {
+    char buf[200];
+    dw_par_format(&e->par, buf, sizeof buf);
+    const dw_mem *m = &e->mem;
+    const dw_cost *c = &e->cost;
+    printf("%s %s\n", label, buf);
+    printf("    step %.4g s   %.4g tokens/s   MFU %.1f%%   HFU %.1f%%\n", c->step, c->tokens_per_s,
+           100 * c->mfu, 100 * c->hfu);
+    printf("    memory/GPU %.1f GiB of %.1f GiB (limit %.1f): weights %.2f, grads %.2f, optimizer %.2f, "
+           "activations %.2f, workspace %.2f, scales %.3f  [stage %d, %.2f micro-batches in flight]\n",
+           gib(m->total), gib(m->hbm), gib(m->limit), gib(m->weights), gib(m->grads), gib(m->optimizer),
+           gib(m->activations), gib(m->workspace), gib(m->scales), m->worst_stage, m->inflight);
+    printf("    time: pipeline %.4g s (busy %.4g, bubble %.1f%%), TP %.3g, CP %.3g, EP %.3g, p2p %.3g, "
+           "DP %.3g (exposed %.3g), optimizer %.3g\n",
+           c->pipeline, c->compute, 100 * c->bubble_frac, c->tp_comm, c->cp_comm, c->ep_comm, c->pp_comm,
+           c->dp_comm, c->dp_exposed, c->optimizer);
+}
+
+int cmd_plan(int argc, char **argv) {
+    static const struct option opts[] = {DW_PLAN_ARG_OPTIONS,
+                                         {"json", no_argument, 0, 'j'},
+                                         {"svg", required_argument, 0, 's'},
+                                         {"top", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    dw_plan_args a = {0};
+    bool json = false;
+    const char *svg = NULL;
+    long top = 5;
+    dw_ctx *ctx = NULL;
+    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
+    dw_status s = dw_ctx_create(&co, &ctx);
+    if (s != DW_OK) return cli_fail("plan", NULL, s);
+    int c, rc = DW_EXIT_OK;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c >= 0x100 && c <= 0x107) {
+            if ((s = dw_plan_args_opt(ctx, c, optarg, &a)) != DW_OK) {
+                rc = cli_fail("plan", ctx, s);
+                goto done;
+            }
+            continue;
+        }
+        switch (c) {
+        case 'j': json = true; break;
+        case 's': svg = optarg; break;
+        case 't':
+            if (!cli_parse_int("plan", "--top", optarg, 1, 1000, &top)) { rc = DW_EXIT_USAGE; goto done; }
+            break;
+        case 'h': help(); goto done;
+        default: rc = cli_usage_error("plan"); goto done;
+        }
+    }
+    if (optind < argc) a.model = argv[optind++];
+    if (optind < argc) {
+        cli_error("plan", "unexpected argument '%s'", argv[optind]);
+        rc = cli_usage_error("plan");
+        goto done;
+    }
+    dw_plan_setup st;
+    if ((s = dw_plan_setup_load(ctx, &a, &st)) != DW_OK) {
+        rc = cli_fail("plan", ctx, s);
+        goto done;
+    }
+    dw_plan_result res;
+    s = dw_plan_search(ctx, &st.in, (int)top, &res);
+    if (s != DW_OK) {
+        rc = cli_fail("plan", ctx, s);
+        dw_plan_setup_free(&st);
+        goto done;
+    }
+    if (svg && res.n_plans > 0 && (s = dw_plan_write_svg(ctx, &st.in, &res.plans[0].par, svg)) != DW_OK) {
+        rc = cli_fail("plan", ctx, s);
+    } else if (json) {
+        json_t *j = dw_plan_result_json(&st.in, &res);
+        char *text = dw_json_dump(j, true);
+        printf("%s\n", text);
+        free(text);
+        json_decref(j);
+    } else {
+        dw_param_counts pc;
+        dw_plan_params(&st.in, &pc);
+        printf("model %s: %.4g params%s; %s x %d GPUs (%d nodes, NVLink domain %d; %s)\n", a.model, pc.total,
+               st.in.experts ? " (MoE)" : "", st.hw->gpus[0].name, (int)st.in.n_gpus, st.hw->nodes,
+               st.hw->nvlink_domain, st.hw->source);
+        printf("job: seq %lld, global batch %lld sequences, %s; searched %lld configurations, %lld feasible\n\n",
+               (long long)st.in.job.seq, (long long)st.in.job.global_batch, dw_plan_prec_name(st.in.job.prec),
+               (long long)res.evaluated, (long long)res.feasible);
+        for (int i = 0; i < res.n_plans; i++) {
+            char label[16];
+            snprintf(label, sizeof label, i == 0 ? "best:" : "#%d:", i + 1);
+            print_entry(label, &res.plans[i]);
+        }
+        printf("\nrejected (configurations, examples):\n");
+        for (int k = 0; k < DW_REJECT_COUNT; k++) {
+            if (!res.rej.count[k]) continue;
+            printf("  %-48s %10lld\n", dw_reject_name((dw_reject)k), (long long)res.rej.count[k]);
+            for (int i = 0; i < res.rej.n_examples[k]; i++) printf("      e.g. %s\n", res.rej.example[k][i]);
+        }
+        printf("\nMFU/HFU are relative to the dense datasheet peak of the recipe's GEMMs (%.0f TFLOP/s per GPU).\n"
+               "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
+               "alpha-beta collectives, pipeline event simulation); nothing was run.\n",
+               dw_plan_peak_flops(&st.hw->gpus[0], st.in.job.prec) / 1e12);
+    }
+    if (rc == DW_EXIT_OK && res.n_plans == 0) {
+        cli_error("plan", "no configuration fits: see the rejection counts");
+        rc = DW_EXIT_FAIL;
+    }
+    dw_plan_result_free(&res);
+    dw_plan_setup_free(&st);
+done:
+    dw_ctx_free(ctx);
+    return rc;
+}
