@@ -2,3 +2,4 @@
  * main.c expands it into the dispatch table and the help text; each command lives in
  * tools/cmd_<name>.c. Add a command by adding one line here. */
 DW_COMMAND(probe, cmd_probe, "show this machine's GPUs, features and links, or a datasheet preset")
+DW_COMMAND(bench, cmd_bench, "GPU micro-benchmarks: bench quant (see deepwell bench --help)")
