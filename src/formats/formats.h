@@ -75,7 +75,8 @@ int dw_recipe_elem_bits(dw_recipe r);
 int dw_recipe_scale_bytes(dw_recipe r);
 
 /* A quantised 2-D tensor [rows, cols] (row-major), the layout FORMATS.md writes to disk:
- *   codes:  rows x cols bytes (8-bit) or rows x cols/2 bytes (FP4, even column in low nibble)
+ *   codes:  rows x dw_quant_row_bytes(recipe, cols): cols bytes (8-bit), ceil(cols/2) (FP4, even
+ *           column in the low nibble), 2*cols (BF16 recipe)
  *   scales: row-major, unswizzled; FP32 or 1-byte codes; shape per dw_quant_scale_shape
  *   tensor_scale: NVFP4's FP32 s_t (1.0 for others) */
 typedef struct {

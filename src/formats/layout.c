@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "formats/formats.h"
+#include "formats/rules.h"
 
 dw_status dw_quantize_transposed_cpu(dw_ctx *ctx, const dw_quant_opts *o, const float *x,
                                      int64_t rows, int64_t cols, dw_qtensor *qt) {
@@ -30,10 +31,7 @@ size_t dw_scale_swizzled_bytes(int64_t srows, int64_t scols) {
 }
 
 int64_t dw_scale_swizzle_offset(int64_t r, int64_t c, int64_t scols) {
-    int64_t tiles_per_row = round_up(scols, 4) / 4;
-    int64_t tile = (r / 128) * tiles_per_row + c / 4;
-    int64_t rr = r % 128;
-    return tile * 512 + (rr % 32) * 16 + (rr / 32) * 4 + c % 4;
+    return dw_rule_swizzle_offset(r, c, scols);
 }
 
 void dw_scale_swizzle_cpu(const uint8_t *scales, int64_t srows, int64_t scols, uint8_t *out) {

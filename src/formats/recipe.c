@@ -77,6 +77,7 @@ void dw_quant_scale_shape(dw_recipe r, int64_t rows, int64_t cols, int64_t *srow
 }
 
 int64_t dw_quant_row_bytes(dw_recipe r, int64_t cols) {
+    DW_ASSERT(valid_recipe(r));
     return RECIPES[r].elem_bits == 4 ? ceil_div(cols, 2) : cols * (RECIPES[r].elem_bits / 8);
 }
 

@@ -108,4 +108,12 @@ DW_RULE float dw_rule_nvfp4_tensor_scale(uint32_t amax_bits) {
     return s == 0.0f ? 1.0f : s;
 }
 
+/* Byte offset of 1-byte block scale (r, c) of a row-major [srows, scols] scale matrix in cuBLAS's
+ * 128x4 tiled layout (see dw_scale_swizzle_cpu in formats.h). */
+DW_RULE int64_t dw_rule_swizzle_offset(int64_t r, int64_t c, int64_t scols) {
+    int64_t tiles_per_row = (scols + 3) / 4;
+    int64_t rr = r % 128;
+    return ((r / 128) * tiles_per_row + c / 4) * 512 + (rr % 32) * 16 + (rr / 32) * 4 + c % 4;
+}
+
 #endif /* DW_FORMATS_RULES_H */

@@ -1,0 +1,727 @@
+/* quant.cu — CUDA kernels of the quantisation recipes (API in quant.h). Row-wise only, when no
+ * block straddles a row: a flat grid-stride kernel over 8-element chunks. Otherwise (transposed
+ * copy, fp8_block2d, ragged shapes): one 128x128 tile per CTA, row-wise codes from registers, the
+ * transposed copy from the tile staged in shared memory. Block scales also go to cuBLAS's 128x4
+ * layout on request. Scale rules are formats/rules.h's (the CPU reference's own, plus a
+ * division-free MX exponent proven equal); elements use the hardware conversions (E4M3/E5M2) or
+ * exact comparisons (E2M1). fp8_tensor, fp8_row and nvfp4 run an amax pass first. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" { /* core/ headers are C without linkage guards; cuda_runtime.h above is already in */
+#include "core/cuda_check.h"
+#include "core/error.h"
+}
+#include "formats/rules.h"
+#include "kernels/cuda/quant.h"
+
+namespace {
+
+constexpr int TILE = 128;                   /* a CTA quantises x[r0 : r0+128, c0 : c0+128] */
+constexpr int THREADS = 256;                /* 16 threads x 8 elements cover one tile row */
+constexpr int ROWS_PER_PASS = THREADS / 16; /* 16 */
+constexpr int PASSES = TILE / ROWS_PER_PASS; /* 8 */
+
+enum Kind { K_TENSOR, K_ROW, K_BLOCK, K_BLOCK2D, K_MX, K_NV };
+enum Fmt { F_E4M3, F_E5M2, F_E2M1 };
+
+/* Per recipe: how scales are found, the block length along the blocked dimension, the element
+ * format and the MX element parameters. */
+template <int R> struct Traits;
+template <> struct Traits<DW_RECIPE_FP8_TENSOR> { static constexpr int kind = K_TENSOR, B = 0, fmt = F_E4M3; };
+template <> struct Traits<DW_RECIPE_FP8_ROW> { static constexpr int kind = K_ROW, B = 0, fmt = F_E4M3; };
+template <> struct Traits<DW_RECIPE_FP8_BLOCK> { static constexpr int kind = K_BLOCK, B = 128, fmt = F_E4M3; };
+template <> struct Traits<DW_RECIPE_FP8_BLOCK2D> { static constexpr int kind = K_BLOCK2D, B = 128, fmt = F_E4M3; };
+template <> struct Traits<DW_RECIPE_MXFP8> { static constexpr int kind = K_MX, B = 32, fmt = F_E4M3; };
+template <> struct Traits<DW_RECIPE_MXFP8_E5M2> { static constexpr int kind = K_MX, B = 32, fmt = F_E5M2; };
+template <> struct Traits<DW_RECIPE_MXFP4> { static constexpr int kind = K_MX, B = 32, fmt = F_E2M1; };
+template <> struct Traits<DW_RECIPE_NVFP4> { static constexpr int kind = K_NV, B = 16, fmt = F_E2M1; };
+
+struct OutDesc {             /* one output copy ([R, C] = [rows, cols] or [cols, rows]) */
+    uint8_t *codes;          /* R x row_bytes */
+    void *scales;            /* row-major [srows, scols] */
+    uint8_t *swz;            /* 128x4 tiled copy of 1-byte scales, or NULL */
+    float *tscale;           /* NVFP4 s_t */
+    int64_t row_bytes, scols;
+};
+
+struct Params {
+    int64_t rows, cols, tiles_c;
+    bool vec_in, vec_out, vec_out_t; /* 16-byte loads, 8/4-byte row-wise and 16-byte transposed code stores */
+    bool pow2, floor_rule;
+    OutDesc o, t;
+};
+
+/* ---- element encoding ------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ uint32_t cvt_e5m2x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+/* E2M1, RNE by comparison with the midpoints (ties go to the even code); NaN -> +0. */
+__device__ __forceinline__ uint32_t enc_e2m1(float v) {
+    float a = fabsf(v);
+    uint32_t c = (uint32_t)(a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                 (a >= 3.5f) + (a > 5.0f);
+    uint32_t s = (__float_as_uint(v) >> 31) & (uint32_t)(a == a);
+    return c | (s << 3);
+}
+/* Two codes: 8-bit formats -> lo | hi << 8; E2M1 -> lo | hi << 4. */
+template <int FMT> __device__ __forceinline__ uint32_t enc_x2(float lo, float hi) {
+    if constexpr (FMT == F_E4M3) return cvt_e4m3x2(lo, hi);
+    else if constexpr (FMT == F_E5M2) return cvt_e5m2x2(lo, hi);
+    else return enc_e2m1(lo) | (enc_e2m1(hi) << 4);
+}
+
+/* UE4M3 of a value >= 0 (never NaN here), and its exact decode. */
+__device__ __forceinline__ uint32_t enc_ue4m3(float v) { return cvt_e4m3x2(v, 0.0f) & 0xFFu; }
+__device__ __forceinline__ float dec_ue4m3(uint32_t c) {
+    uint32_t e = c >> 3, m = c & 7u;
+    return e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+}
+
+/* How one block's elements become element values: a constant code (non-finite or all-zero
+ * blocks), x * f (f an exact power of two: same rounding as x / 2^-k), or x / f (IEEE division,
+ * as the contract writes it). */
+struct Q {
+    float f;
+    int mode; /* 0 constant, 1 multiply, 2 divide */
+    uint32_t konst;
+};
+
+/* FP8 recipes: multiply by 1/s when s is a normal power of two (same rounding), else divide. */
+__device__ __forceinline__ Q fp8_q(float s) {
+    uint32_t u = __float_as_uint(s);
+    if ((u & 0x7FFFFFFFu) > DW_F32_ABS_INF) return Q{0.0f, 0, 0x7Fu};
+    uint32_t e = u >> 23;
+    if ((u & 0x7FFFFFu) == 0 && e >= 1 && e <= 254) return Q{dw_rule_pow2f(127 - (int)e), 1, 0};
+    return Q{s, 2, 0};
+}
+
+/* The MX scale code, as dw_rule_mx_scale_code, without its FP32 division where the quotient
+ * amax / maxnorm is a normal float: maxnorm = mu * 2^K (mu = 1.75 or 1.5), and
+ * ceil(log2(fl(amax / maxnorm))) = E - K + (mantissa(amax) > mantissa(mu)) — the rounding of the
+ * quotient never reaches the power of two above (checked: the nearest mantissa lies over half an
+ * ulp away). Tiny amax takes the shared rule. */
+template <int FMT> __device__ __forceinline__ uint32_t mx_code(uint32_t amax, bool floor_rule) {
+    constexpr float maxnorm = FMT == F_E4M3 ? 448.0f : FMT == F_E5M2 ? 57344.0f : 6.0f;
+    constexpr int emax = FMT == F_E4M3 ? 8 : FMT == F_E5M2 ? 15 : 2;
+    constexpr uint32_t mu_bits = FMT == F_E2M1 ? 0x400000u : 0x600000u;
+    uint32_t ef = amax >> 23;
+    if (amax >= DW_F32_ABS_INF || ef < (uint32_t)emax + 2u) return dw_rule_mx_scale_code(amax, maxnorm, emax, floor_rule);
+    int e = (int)ef - 127 - emax + (floor_rule ? 0 : (int)((amax & 0x7FFFFFu) > mu_bits));
+    return (uint32_t)((e > 127 ? 127 : e) + 127);
+}
+
+/* The block rule of recipe R for a block with amax bits `amax`; writes the scale to *s32 / *s8.
+ * ext: the precomputed FP32 scale (fp8_tensor, fp8_row) or s_t (nvfp4). */
+template <int R> __device__ __forceinline__ Q block_q(uint32_t amax, float ext, const Params &p,
+                                                      float *s32, uint32_t *s8) {
+    constexpr int kind = Traits<R>::kind, fmt = Traits<R>::fmt;
+    if constexpr (kind == K_TENSOR || kind == K_ROW) {
+        *s32 = ext;
+        return fp8_q(ext);
+    } else if constexpr (kind == K_BLOCK || kind == K_BLOCK2D) {
+        float s = dw_rule_fp8_scale(amax, p.pow2);
+        *s32 = s;
+        return fp8_q(s);
+    } else if constexpr (kind == K_MX) {
+        uint32_t c = mx_code<fmt>(amax, p.floor_rule);
+        *s8 = c;
+        if (c == 0xFFu) return Q{0.0f, 0, fmt == F_E2M1 ? 0u : 0x7Fu};
+        if (amax == 0) return Q{0.0f, 0, 0};
+        return Q{dw_rule_mx_inv_scale((uint8_t)c), 1, 0};
+    } else { /* NVFP4: ext = s_t */
+        bool st_nan = (__float_as_uint(ext) & 0x7FFFFFFFu) > DW_F32_ABS_INF;
+        uint32_t b = st_nan ? 0x7Fu : enc_ue4m3(__uint_as_float(amax) / (6.0f * ext));
+        *s8 = b;
+        float d = st_nan ? 0.0f : dec_ue4m3(b) * ext;
+        if (d == 0.0f) return Q{0.0f, 0, 0};
+        return Q{d, 2, 0};
+    }
+}
+
+/* Codes of a pair under block rule q (layout as enc_x2). */
+template <int FMT> __device__ __forceinline__ uint32_t encq_x2(const Q &q, float a, float b) {
+    if (q.mode == 0) return FMT == F_E2M1 ? q.konst * 0x11u : q.konst * 0x0101u;
+    if (q.mode == 1) return enc_x2<FMT>(a * q.f, b * q.f);
+    return enc_x2<FMT>(__fdiv_rn(a, q.f), __fdiv_rn(b, q.f));
+}
+
+template <int LANES> __device__ __forceinline__ uint32_t group_max(uint32_t v) {
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+/* amax bits of a block of B elements spread over B/8 consecutive lanes, 8 per lane. */
+template <int B> __device__ __forceinline__ uint32_t chunk_amax(const float v[8]) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) m = max(m, abs_bits(v[i]));
+    return group_max<B / 8>(m);
+}
+
+/* Codes of 8 consecutive elements: 8 bytes in w[0..1], or (E2M1) 8 nibbles in w[0]. */
+template <int FMT> __device__ __forceinline__ void encode8(const Q &q, const float v[8], uint32_t w[2]) {
+    if constexpr (FMT == F_E2M1) {
+        w[0] = encq_x2<FMT>(q, v[0], v[1]) | encq_x2<FMT>(q, v[2], v[3]) << 8 |
+               encq_x2<FMT>(q, v[4], v[5]) << 16 | encq_x2<FMT>(q, v[6], v[7]) << 24;
+        w[1] = 0;
+    } else {
+        w[0] = encq_x2<FMT>(q, v[0], v[1]) | encq_x2<FMT>(q, v[2], v[3]) << 16;
+        w[1] = encq_x2<FMT>(q, v[4], v[5]) | encq_x2<FMT>(q, v[6], v[7]) << 16;
+    }
+}
+
+/* ---- loads: 8 consecutive elements of a row, kept raw in registers ---------------------- */
+
+template <typename TIn> struct Raw;
+template <> struct Raw<uint16_t> { uint4 w; };   /* 8 BF16 codes */
+template <> struct Raw<float> { float4 a, b; };  /* 8 floats */
+
+__device__ __forceinline__ void load_raw(const uint16_t *__restrict__ x, const Params &p, int64_t r, int64_t c,
+                                         Raw<uint16_t> &out) {
+    if (r < p.rows && p.vec_in && c + 8 <= p.cols) {
+        out.w = __ldcs(reinterpret_cast<const uint4 *>(x + r * p.cols + c));
+    } else {
+        uint32_t h[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) h[i] = (r < p.rows && c + i < p.cols) ? x[r * p.cols + c + i] : 0u;
+        out.w = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+    }
+}
+__device__ __forceinline__ void load_raw(const float *__restrict__ x, const Params &p, int64_t r, int64_t c,
+                                         Raw<float> &out) {
+    if (r < p.rows && p.vec_in && c + 8 <= p.cols) {
+        const float4 *q = reinterpret_cast<const float4 *>(x + r * p.cols + c);
+        out.a = __ldcs(q);
+        out.b = __ldcs(q + 1);
+    } else {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = (r < p.rows && c + i < p.cols) ? x[r * p.cols + c + i] : 0.0f;
+        out.a = make_float4(v[0], v[1], v[2], v[3]);
+        out.b = make_float4(v[4], v[5], v[6], v[7]);
+    }
+}
+__device__ __forceinline__ void to_f32(const Raw<uint16_t> &r, float v[8]) {
+    const uint32_t w[4] = {r.w.x, r.w.y, r.w.z, r.w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+}
+__device__ __forceinline__ void to_f32(const Raw<float> &r, float v[8]) {
+    v[0] = r.a.x, v[1] = r.a.y, v[2] = r.a.z, v[3] = r.a.w, v[4] = r.b.x, v[5] = r.b.y, v[6] = r.b.z, v[7] = r.b.w;
+}
+
+/* The tile in shared memory for the transposed pass, row-major without padding: the row pass
+ * stores 16-byte pieces; the transposed pass reads one 4-byte (BF16) or 8-byte (FP32) column
+ * pair per lane, consecutive lanes on consecutive pairs of the same row: no bank conflicts. */
+template <typename TIn> struct Smem;
+template <> struct Smem<uint16_t> {
+    static constexpr size_t bytes = (size_t)TILE * TILE * 2;
+    __device__ static void put(void *s, int r, int chunk, const Raw<uint16_t> &v) {
+        reinterpret_cast<uint4 *>(s)[r * (TILE / 8) + chunk] = v.w;
+    }
+    __device__ static void pair(const void *s, int r, int pair, float *c0, float *c1) {
+        uint32_t w = reinterpret_cast<const uint32_t *>(s)[r * (TILE / 2) + pair];
+        *c0 = __uint_as_float(w << 16), *c1 = __uint_as_float(w & 0xFFFF0000u);
+    }
+};
+template <> struct Smem<float> {
+    static constexpr size_t bytes = (size_t)TILE * TILE * 4;
+    __device__ static void put(void *s, int r, int chunk, const Raw<float> &v) {
+        float4 *d = reinterpret_cast<float4 *>(s) + r * (TILE / 4) + 2 * chunk;
+        d[0] = v.a, d[1] = v.b;
+    }
+    __device__ static void pair(const void *s, int r, int pair, float *c0, float *c1) {
+        float2 f = reinterpret_cast<const float2 *>(s)[r * (TILE / 2) + pair];
+        *c0 = f.x, *c1 = f.y;
+    }
+};
+
+/* ---- the quantisation kernel ------------------------------------------------------------ */
+
+/* Row-wise codes of x[r, c .. c+7] (8 elements, one block rule q). */
+template <int FMT> __device__ __forceinline__ void store_row8(const OutDesc &o, const Params &p, int64_t r,
+                                                               int64_t c, const float v[8], const Q &q) {
+    if (r >= p.rows || c >= p.cols) return;
+    uint32_t w8[2];
+    encode8<FMT>(q, v, w8);
+    if constexpr (FMT == F_E2M1) {
+        const uint32_t w = w8[0];
+        uint8_t *dst = o.codes + r * o.row_bytes + c / 2;
+        if (p.vec_out && c + 8 <= p.cols) {
+            *reinterpret_cast<uint32_t *>(dst) = w;
+        } else {
+            for (int i = 0; i < 4 && c + 2 * i < p.cols; i++)
+                dst[i] = (uint8_t)((w >> (8 * i)) & (c + 2 * i + 1 < p.cols ? 0xFFu : 0x0Fu));
+        }
+    } else {
+        const uint32_t w0 = w8[0], w1 = w8[1];
+        uint8_t *dst = o.codes + r * o.row_bytes + c;
+        if (p.vec_out && c + 8 <= p.cols) {
+            *reinterpret_cast<uint2 *>(dst) = make_uint2(w0, w1);
+        } else {
+            for (int i = 0; i < 8 && c + i < p.cols; i++)
+                dst[i] = (uint8_t)((i < 4 ? w0 : w1) >> (8 * (i & 3)));
+        }
+    }
+}
+
+/* 32 transposed codes (one column of x, rows rb .. rb+31) under rules q0 (rows 0-15) and q1. */
+template <int FMT> __device__ __forceinline__ void store_col32(const OutDesc &t, const Params &p, int64_t cg,
+                                                                int64_t rb, const float v[32], const Q &q0,
+                                                                const Q &q1) {
+    if (cg >= p.cols || rb >= p.rows) return;
+    uint32_t w[8];
+    if constexpr (FMT == F_E2M1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const Q &q = i < 2 ? q0 : q1;
+            w[i] = encq_x2<FMT>(q, v[8 * i], v[8 * i + 1]) | encq_x2<FMT>(q, v[8 * i + 2], v[8 * i + 3]) << 8 |
+                   encq_x2<FMT>(q, v[8 * i + 4], v[8 * i + 5]) << 16 | encq_x2<FMT>(q, v[8 * i + 6], v[8 * i + 7]) << 24;
+        }
+        uint8_t *dst = t.codes + cg * t.row_bytes + rb / 2;
+        if (p.vec_out_t && rb + 32 <= p.rows) {
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+            for (int i = 0; i < 16 && rb + 2 * i < p.rows; i++)
+                dst[i] = (uint8_t)((w[i / 4] >> (8 * (i & 3))) & (rb + 2 * i + 1 < p.rows ? 0xFFu : 0x0Fu));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const Q &q = i < 4 ? q0 : q1;
+            w[i] = encq_x2<FMT>(q, v[4 * i], v[4 * i + 1]) | encq_x2<FMT>(q, v[4 * i + 2], v[4 * i + 3]) << 16;
+        }
+        uint8_t *dst = t.codes + cg * t.row_bytes + rb;
+        if (p.vec_out_t && rb + 32 <= p.rows) {
+            reinterpret_cast<uint4 *>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            reinterpret_cast<uint4 *>(dst)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        } else {
+            for (int i = 0; i < 32 && rb + i < p.rows; i++) dst[i] = (uint8_t)(w[i / 4] >> (8 * (i & 3)));
+        }
+    }
+}
+
+__device__ __forceinline__ void put_scale(const OutDesc &o, bool f32, int64_t sr, int64_t sc, float s32,
+                                          uint32_t s8) {
+    if (f32) {
+        static_cast<float *>(o.scales)[sr * o.scols + sc] = s32;
+    } else {
+        static_cast<uint8_t *>(o.scales)[sr * o.scols + sc] = (uint8_t)s8;
+        if (o.swz) o.swz[dw_rule_swizzle_offset(sr, sc, o.scols)] = (uint8_t)s8;
+    }
+}
+
+/* One tile, already loaded into raw[] (each thread: rows r0 + 16 * pass + tid / 16, columns
+ * c0 + 8 * (tid % 16) .. +7). */
+template <typename TIn, int R, bool TRANS>
+__device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const Raw<TIn> (&raw)[PASSES],
+                                           unsigned char *smem, uint32_t *red, uint32_t (*part)[TILE]) {
+    constexpr int kind = Traits<R>::kind, B = Traits<R>::B, fmt = Traits<R>::fmt;
+    constexpr bool f32s = kind == K_TENSOR || kind == K_ROW || kind == K_BLOCK || kind == K_BLOCK2D;
+    const int tid = threadIdx.x, lane16 = tid & 15;
+    const int64_t r0 = tile / p.tiles_c * TILE, c0 = tile % p.tiles_c * TILE;
+    const int64_t c = c0 + lane16 * 8;
+
+    if constexpr (TRANS) {
+#pragma unroll
+        for (int ps = 0; ps < PASSES; ps++) Smem<TIn>::put(smem, ps * ROWS_PER_PASS + (tid >> 4), lane16, raw[ps]);
+    }
+
+    /* fp8_block2d: one amax for the whole tile */
+    Q q2d = {};
+    if constexpr (kind == K_BLOCK2D) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int ps = 0; ps < PASSES; ps++) {
+            float v[8];
+            to_f32(raw[ps], v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) m = max(m, abs_bits(v[i]));
+        }
+        m = group_max<32>(m);
+        if ((tid & 31) == 0) red[tid >> 5] = m;
+        __syncthreads();
+        m = red[0];
+#pragma unroll
+        for (int w = 1; w < THREADS / 32; w++) m = max(m, red[w]);
+        float s2d;
+        uint32_t dummy;
+        q2d = block_q<R>(m, 0.0f, p, &s2d, &dummy);
+        if (tid == 0) {
+            put_scale(p.o, true, r0 / TILE, c0 / TILE, s2d, 0);
+            if constexpr (TRANS) put_scale(p.t, true, c0 / TILE, r0 / TILE, s2d, 0);
+        }
+    }
+    float ext = 0.0f;
+    if constexpr (kind == K_TENSOR) ext = static_cast<const float *>(p.o.scales)[0];
+    if constexpr (kind == K_NV) ext = p.o.tscale[0];
+
+    /* row-wise */
+#pragma unroll
+    for (int ps = 0; ps < PASSES; ps++) {
+        const int64_t r = r0 + ps * ROWS_PER_PASS + (tid >> 4);
+        float v[8];
+        to_f32(raw[ps], v);
+        Q q;
+        if constexpr (kind == K_BLOCK2D) {
+            q = q2d;
+        } else {
+            uint32_t m = 0;
+            if constexpr (B > 0) m = chunk_amax<B>(v);
+            float e = ext;
+            if constexpr (kind == K_ROW) e = r < p.rows ? static_cast<const float *>(p.o.scales)[r] : 1.0f;
+            float s32 = 0.0f;
+            uint32_t s8 = 0;
+            q = block_q<R>(m, e, p, &s32, &s8);
+            if constexpr (B > 0)
+                if (lane16 % (B / 8) == 0 && r < p.rows && c < p.cols) put_scale(p.o, f32s, r, c / B, s32, s8);
+        }
+        store_row8<fmt>(p.o, p, r, c, v, q);
+    }
+
+    if constexpr (TRANS) {
+        __syncthreads();
+        const int pp = tid & 63, qq = tid >> 6; /* column pair, 32-row quarter */
+        const int64_t rb = r0 + 32 * qq;
+        float col[2][32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) Smem<TIn>::pair(smem, 32 * qq + i, pp, &col[0][i], &col[1][i]);
+        uint32_t am[2][2] = {{0, 0}, {0, 0}}; /* [column][16-row half] */
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int i = 0; i < 32; i++) am[k][i / 16] = max(am[k][i / 16], abs_bits(col[k][i]));
+        if constexpr (B == 128) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) part[qq][2 * pp + k] = max(am[k][0], am[k][1]);
+            __syncthreads();
+        }
+        const float ext_t = kind == K_TENSOR ? static_cast<const float *>(p.t.scales)[0] : ext;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int64_t cg = c0 + 2 * pp + k; /* a column of x = a row of x^T */
+            Q q0, q1;
+            float s32 = 0.0f;
+            uint32_t s8 = 0;
+            if constexpr (kind == K_BLOCK2D) {
+                q0 = q1 = q2d;
+            } else if constexpr (B == 0) {
+                float e = ext_t;
+                if constexpr (kind == K_ROW) e = cg < p.cols ? static_cast<const float *>(p.t.scales)[cg] : 1.0f;
+                q0 = q1 = block_q<R>(0, e, p, &s32, &s8);
+            } else if constexpr (B == 128) {
+                uint32_t m = max(max(part[0][2 * pp + k], part[1][2 * pp + k]), max(part[2][2 * pp + k], part[3][2 * pp + k]));
+                q0 = q1 = block_q<R>(m, ext_t, p, &s32, &s8);
+                if (qq == 0 && cg < p.cols) put_scale(p.t, f32s, cg, r0 / B, s32, s8);
+            } else if constexpr (B == 32) {
+                q0 = q1 = block_q<R>(max(am[k][0], am[k][1]), ext_t, p, &s32, &s8);
+                if (cg < p.cols && rb < p.rows) put_scale(p.t, f32s, cg, rb / 32, s32, s8);
+            } else { /* B == 16 */
+                q0 = block_q<R>(am[k][0], ext_t, p, &s32, &s8);
+                if (cg < p.cols && rb < p.rows) put_scale(p.t, f32s, cg, rb / 16, s32, s8);
+                q1 = block_q<R>(am[k][1], ext_t, p, &s32, &s8);
+                if (cg < p.cols && rb + 16 < p.rows) put_scale(p.t, f32s, cg, rb / 16 + 1, s32, s8);
+            }
+            store_col32<fmt>(p.t, p, cg, rb, col[k], q0, q1);
+        }
+    }
+}
+
+/* One CTA per 128x128 tile: used for the transposed copy, fp8_block2d and ragged shapes. */
+template <typename TIn, int R, bool TRANS>
+__global__ void __launch_bounds__(THREADS, sizeof(TIn) == 2 ? 3 : 2) quant_tile_kernel(const TIn *__restrict__ x, Params p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ uint32_t red[THREADS / 32];
+    __shared__ uint32_t part[4][TILE]; /* fp8_block, transposed: amax of each 32-row quarter of each column */
+    const int tid = threadIdx.x;
+    const int64_t tile = blockIdx.x;
+    const int64_t r0 = tile / p.tiles_c * TILE, c = tile % p.tiles_c * TILE + (tid & 15) * 8;
+    Raw<TIn> raw[PASSES];
+#pragma unroll
+    for (int ps = 0; ps < PASSES; ps++) load_raw(x, p, r0 + ps * ROWS_PER_PASS + (tid >> 4), c, raw[ps]);
+    quant_tile<TIn, R, TRANS>(p, tile, raw, smem, red, part);
+}
+
+/* Row-wise only, when blocks never straddle rows (cols % block == 0) and rows are 16-byte aligned:
+ * the tensor is a flat run of 8-element chunks; chunk g's codes sit at g * 8 (g * 4 for FP4) and
+ * its block's scale at g * 8 / B. Grid-stride loop, UNROLL independent chunks per thread. */
+constexpr int UNROLL = 4;
+
+__device__ __forceinline__ void load_chunk(const uint16_t *__restrict__ x, int64_t g, bool ok, Raw<uint16_t> &r) {
+    r.w = ok ? __ldcs(reinterpret_cast<const uint4 *>(x) + g) : make_uint4(0, 0, 0, 0);
+}
+__device__ __forceinline__ void load_chunk(const float *__restrict__ x, int64_t g, bool ok, Raw<float> &r) {
+    const float4 *q = reinterpret_cast<const float4 *>(x) + 2 * g;
+    r.a = ok ? __ldcs(q) : make_float4(0, 0, 0, 0);
+    r.b = ok ? __ldcs(q + 1) : make_float4(0, 0, 0, 0);
+}
+
+template <typename TIn, int R>
+__global__ void __launch_bounds__(THREADS) quant_rows_kernel(const TIn *__restrict__ x, Params p, int64_t nchunks) {
+    constexpr int kind = Traits<R>::kind, B = Traits<R>::B, fmt = Traits<R>::fmt;
+    constexpr bool f32s = kind == K_TENSOR || kind == K_ROW || kind == K_BLOCK;
+    const int tid = threadIdx.x;
+    float ext = 0.0f;
+    if constexpr (kind == K_TENSOR) ext = static_cast<const float *>(p.o.scales)[0];
+    if constexpr (kind == K_NV) ext = p.o.tscale[0];
+    const int64_t step = (int64_t)gridDim.x * THREADS * UNROLL;
+    for (int64_t base = (int64_t)blockIdx.x * THREADS * UNROLL; base < nchunks; base += step) {
+        Raw<TIn> raw[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int64_t g = base + u * THREADS + tid;
+            load_chunk(x, g, g < nchunks, raw[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int64_t g = base + u * THREADS + tid;
+            const bool ok = g < nchunks;
+            float v[8];
+            to_f32(raw[u], v);
+            uint32_t m = 0;
+            if constexpr (B > 0) m = chunk_amax<B>(v);
+            float e = ext;
+            if constexpr (kind == K_ROW) e = ok ? static_cast<const float *>(p.o.scales)[g * 8 / p.cols] : 1.0f;
+            float s32 = 0.0f;
+            uint32_t s8 = 0;
+            Q q = block_q<R>(m, e, p, &s32, &s8);
+            if (!ok) continue;
+            if constexpr (B > 0) {
+                if (tid % (B / 8) == 0) {
+                    const int64_t si = g * 8 / B;
+                    if (f32s) {
+                        static_cast<float *>(p.o.scales)[si] = s32;
+                    } else {
+                        static_cast<uint8_t *>(p.o.scales)[si] = (uint8_t)s8;
+                        if (p.o.swz) p.o.swz[dw_rule_swizzle_offset(si / p.o.scols, si % p.o.scols, p.o.scols)] = (uint8_t)s8;
+                    }
+                }
+            }
+            uint32_t w[2];
+            encode8<fmt>(q, v, w);
+            if constexpr (fmt == F_E2M1) reinterpret_cast<uint32_t *>(p.o.codes)[g] = w[0];
+            else reinterpret_cast<uint2 *>(p.o.codes)[g] = make_uint2(w[0], w[1]);
+        }
+    }
+}
+
+/* ---- amax pass (fp8_tensor, fp8_row, nvfp4) and scale finalisation ------------------------ */
+
+template <typename TIn, bool ROWS, bool COLS>
+__global__ void __launch_bounds__(THREADS) amax_kernel(const TIn *__restrict__ x, Params p, uint32_t *g_amax,
+                                                      uint32_t *row_amax, uint32_t *col_amax) {
+    __shared__ uint32_t scol[TILE];
+    __shared__ uint32_t red[THREADS / 32];
+    const int tid = threadIdx.x, lane16 = tid & 15;
+    const int64_t tile = blockIdx.x;
+    const int64_t r0 = tile / p.tiles_c * TILE, c0 = tile % p.tiles_c * TILE;
+    const int64_t c = c0 + lane16 * 8;
+    if (COLS && tid < TILE) scol[tid] = 0;
+    uint32_t all = 0, cm[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 2
+    for (int ps = 0; ps < PASSES; ps++) {
+        const int64_t r = r0 + ps * ROWS_PER_PASS + (tid >> 4);
+        Raw<TIn> raw;
+        load_raw(x, p, r, c, raw);
+        float v[8];
+        to_f32(raw, v);
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t a = abs_bits(v[i]);
+            m = max(m, a);
+            cm[i] = max(cm[i], a);
+        }
+        all = max(all, m);
+        if (ROWS) {
+            m = group_max<16>(m);
+            if (lane16 == 0 && r < p.rows) atomicMax(&row_amax[r], m);
+        }
+    }
+    __syncthreads();
+    if (COLS)
+#pragma unroll
+        for (int i = 0; i < 8; i++) atomicMax(&scol[lane16 * 8 + i], cm[i]);
+    all = group_max<32>(all);
+    if ((tid & 31) == 0) red[tid >> 5] = all;
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < THREADS / 32; w++) all = max(all, red[w]);
+        atomicMax(g_amax, all);
+    }
+    if (COLS && tid < TILE && c0 + tid < p.cols) atomicMax(&col_amax[c0 + tid], scol[tid]);
+}
+
+template <int R>
+__global__ void finalize_kernel(Params p, bool trans, const uint32_t *g_amax, const uint32_t *row_amax,
+                                const uint32_t *col_amax) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    constexpr int kind = Traits<R>::kind;
+    if constexpr (kind == K_TENSOR) {
+        if (i == 0) {
+            float s = dw_rule_fp8_scale(*g_amax, p.pow2);
+            static_cast<float *>(p.o.scales)[0] = s;
+            if (trans) static_cast<float *>(p.t.scales)[0] = s;
+        }
+    } else if constexpr (kind == K_ROW) {
+        if (i < p.rows) static_cast<float *>(p.o.scales)[i] = dw_rule_fp8_scale(row_amax[i], p.pow2);
+        if (trans && i < p.cols) static_cast<float *>(p.t.scales)[i] = dw_rule_fp8_scale(col_amax[i], p.pow2);
+    } else if constexpr (kind == K_NV) {
+        if (i == 0) {
+            float st = dw_rule_nvfp4_tensor_scale(*g_amax);
+            p.o.tscale[0] = st;
+            if (trans) p.t.tscale[0] = st;
+        }
+    }
+}
+
+/* ---- launchers -------------------------------------------------------------------------- */
+
+template <typename TIn, int R>
+dw_status launch_recipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, uint32_t *ws,
+                        cudaStream_t st) {
+    constexpr int kind = Traits<R>::kind;
+    const int64_t tiles = (p.rows + TILE - 1) / TILE * p.tiles_c;
+    if (tiles > 0x7FFFFFFFLL)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] has too many tiles",
+                            dw_recipe_name((dw_recipe)R), (long long)p.rows, (long long)p.cols);
+    if constexpr (kind == K_TENSOR || kind == K_ROW || kind == K_NV) {
+        constexpr bool rows = kind == K_ROW;
+        uint32_t *g = ws, *ra = ws + 1, *ca = ws + 1 + p.rows;
+        DW_CUDA_CHECK(ctx, cudaMemsetAsync(ws, 0, dw_quantize_cuda_workspace_bytes((dw_recipe)R, p.rows, p.cols), st));
+        if (rows && trans)
+            amax_kernel<TIn, true, true><<<(unsigned)tiles, THREADS, 0, st>>>(x, p, g, ra, ca);
+        else if (rows)
+            amax_kernel<TIn, true, false><<<(unsigned)tiles, THREADS, 0, st>>>(x, p, g, ra, ca);
+        else
+            amax_kernel<TIn, false, false><<<(unsigned)tiles, THREADS, 0, st>>>(x, p, g, ra, ca);
+        DW_CUDA_CHECK_LAUNCH(ctx, "quant amax");
+        int64_t n = p.rows > p.cols ? p.rows : p.cols;
+        finalize_kernel<R><<<(unsigned)((n + 255) / 256), 256, 0, st>>>(p, trans, g, ra, ca);
+        DW_CUDA_CHECK_LAUNCH(ctx, "quant scales");
+    }
+    constexpr int B = Traits<R>::B;
+    if (!trans && kind != K_BLOCK2D && p.vec_in && p.vec_out && p.cols % (B > 8 ? B : 8) == 0) {
+        auto k = quant_rows_kernel<TIn, R>;
+        const int64_t nchunks = p.rows * p.cols / 8;
+        int dev = 0, sms = 0, per_sm = 0;
+        DW_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+        DW_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        DW_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, THREADS, 0));
+        int64_t grid = (int64_t)sms * (per_sm > 0 ? per_sm : 1), need = (nchunks + THREADS * UNROLL - 1) / (THREADS * UNROLL);
+        k<<<(unsigned)(grid < need ? grid : need), THREADS, 0, st>>>(x, p, nchunks);
+    } else if (trans) {
+        auto k = quant_tile_kernel<TIn, R, true>;
+        DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Smem<TIn>::bytes));
+        k<<<(unsigned)tiles, THREADS, Smem<TIn>::bytes, st>>>(x, p);
+    } else {
+        quant_tile_kernel<TIn, R, false><<<(unsigned)tiles, THREADS, 0, st>>>(x, p);
+    }
+    DW_CUDA_CHECK_LAUNCH(ctx, dw_recipe_name((dw_recipe)R));
+    return DW_OK;
+}
+
+template <typename TIn>
+dw_status launch(dw_ctx *ctx, dw_recipe r, const TIn *x, const Params &p, bool trans, uint32_t *ws,
+                 cudaStream_t st) {
+    switch (r) {
+    case DW_RECIPE_FP8_TENSOR: return launch_recipe<TIn, DW_RECIPE_FP8_TENSOR>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_FP8_ROW: return launch_recipe<TIn, DW_RECIPE_FP8_ROW>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_FP8_BLOCK: return launch_recipe<TIn, DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_FP8_BLOCK2D: return launch_recipe<TIn, DW_RECIPE_FP8_BLOCK2D>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_MXFP8: return launch_recipe<TIn, DW_RECIPE_MXFP8>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_MXFP8_E5M2: return launch_recipe<TIn, DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_MXFP4: return launch_recipe<TIn, DW_RECIPE_MXFP4>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_NVFP4: return launch_recipe<TIn, DW_RECIPE_NVFP4>(ctx, x, p, trans, ws, st);
+    default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize: recipe %s has no CUDA kernel", dw_recipe_name(r));
+    }
+}
+
+bool aligned(const void *ptr, size_t a) { return ((uintptr_t)ptr % a) == 0; }
+
+dw_status check_out(dw_ctx *ctx, dw_recipe r, const dw_quant_dev_out *o, const char *which) {
+    if (!o->codes || !o->scales)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s: %s output needs codes and scales",
+                            dw_recipe_name(r), which);
+    if (o->scales_swizzled && dw_recipe_scale_bytes(r) != 1)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "quantize %s: swizzled scales exist only for 1-byte block scales (mx*, nvfp4)",
+                            dw_recipe_name(r));
+    if (r == DW_RECIPE_NVFP4 && !o->tensor_scale)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize nvfp4: %s output needs tensor_scale", which);
+    return DW_OK;
+}
+
+OutDesc make_desc(dw_recipe r, const dw_quant_dev_out *o, int64_t R, int64_t C) {
+    OutDesc d = {};
+    if (!o) return d;
+    int64_t sr, sc;
+    dw_quant_scale_shape(r, R, C, &sr, &sc);
+    d.codes = o->codes;
+    d.scales = o->scales;
+    d.swz = o->scales_swizzled;
+    d.tscale = o->tensor_scale;
+    d.row_bytes = dw_quant_row_bytes(r, C);
+    d.scols = sc;
+    return d;
+}
+
+} /* namespace */
+
+extern "C" size_t dw_quantize_cuda_workspace_bytes(dw_recipe r, int64_t rows, int64_t cols) {
+    if (r == DW_RECIPE_FP8_ROW) return (size_t)(1 + rows + cols) * sizeof(uint32_t);
+    if (r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_NVFP4) return sizeof(uint32_t);
+    return 0;
+}
+
+extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_quant_in in, const void *x,
+                                      int64_t rows, int64_t cols, const dw_quant_dev_out *out,
+                                      const dw_quant_dev_out *out_t, void *workspace, void *stream) {
+    if (!o || (int)o->recipe < 0 || o->recipe >= DW_RECIPE_COUNT)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize (cuda): unknown recipe");
+    dw_recipe r = o->recipe;
+    if (r == DW_RECIPE_BF16)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize (cuda): bf16 is not a quantised recipe");
+    if (rows <= 0 || cols <= 0 || !x || !out || (in != DW_QUANT_IN_F32 && in != DW_QUANT_IN_BF16))
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s (cuda): bad input [%lld, %lld]",
+                            dw_recipe_name(r), (long long)rows, (long long)cols);
+    DW_TRY(check_out(ctx, r, out, "row-wise"));
+    if (out_t) DW_TRY(check_out(ctx, r, out_t, "transposed"));
+    if (dw_quantize_cuda_workspace_bytes(r, rows, cols) && !workspace)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s (cuda): workspace required", dw_recipe_name(r));
+    cudaStream_t st = (cudaStream_t)stream;
+    Params p = {};
+    p.rows = rows;
+    p.cols = cols;
+    p.tiles_c = (cols + TILE - 1) / TILE;
+    p.vec_in = cols % 8 == 0 && aligned(x, 16);
+    p.vec_out = cols % 8 == 0 && aligned(out->codes, 8);
+    p.vec_out_t = out_t && rows % (dw_recipe_elem_bits(r) == 4 ? 32 : 16) == 0 && aligned(out_t->codes, 16);
+    p.pow2 = o->pow2;
+    p.floor_rule = o->rounding == DW_SCALE_FLOOR;
+    p.o = make_desc(r, out, rows, cols);
+    p.t = make_desc(r, out_t, cols, rows);
+    int64_t sr, sc;
+    dw_quant_scale_shape(r, rows, cols, &sr, &sc);
+    if (out->scales_swizzled)
+        DW_CUDA_CHECK(ctx, cudaMemsetAsync(out->scales_swizzled, 0, dw_scale_swizzled_bytes(sr, sc), st));
+    if (out_t && out_t->scales_swizzled) {
+        dw_quant_scale_shape(r, cols, rows, &sr, &sc);
+        DW_CUDA_CHECK(ctx, cudaMemsetAsync(out_t->scales_swizzled, 0, dw_scale_swizzled_bytes(sr, sc), st));
+    }
+    uint32_t *ws = (uint32_t *)workspace;
+    if (in == DW_QUANT_IN_BF16) return launch(ctx, r, (const uint16_t *)x, p, out_t != nullptr, ws, st);
+    return launch(ctx, r, (const float *)x, p, out_t != nullptr, ws, st);
+}

@@ -1,0 +1,51 @@
+/* quant.h — private C API of the CUDA quantisation kernels (quant.cu): a BF16 or FP32 [rows, cols]
+ * tensor on the device → codes and scales of any recipe of formats.h, bit-identical to
+ * dw_quantize_cpu, optionally with the transposed (column-wise) copy in the same pass and the
+ * block scales also in cuBLAS's 128x4 tiled layout. C-callable; CUDA types only as void *.
+ * Not the GEMMs that consume the result, and not the BF16 "recipe" (nothing to quantise). */
+#ifndef DW_KERNELS_CUDA_QUANT_H
+#define DW_KERNELS_CUDA_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deepwell.h"
+#include "formats/formats.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DW_QUANT_IN_F32 = 0, DW_QUANT_IN_BF16 } dw_quant_in;
+
+/* One quantised output on the device, for a tensor [R, C] (R, C = rows, cols for the row-wise
+ * copy; cols, rows for the transposed copy), in the layouts of formats.h:
+ *   codes            R x dw_quant_row_bytes(recipe, C) bytes
+ *   scales           row-major, dw_quant_scales_bytes(recipe, R, C) bytes (FP32 or 1-byte codes)
+ *   scales_swizzled  optional (NULL: not written), 1-byte-scale recipes only (mx*, nvfp4):
+ *                    dw_scale_swizzled_bytes(srows, scols) bytes, padding written as 0
+ *   tensor_scale     NVFP4 only (required there): 1 float, s_t */
+typedef struct {
+    uint8_t *codes;
+    void *scales;
+    uint8_t *scales_swizzled;
+    float *tensor_scale;
+} dw_quant_dev_out;
+
+/* Device scratch the call needs (0 for the recipes whose scales are per block). */
+size_t dw_quantize_cuda_workspace_bytes(dw_recipe r, int64_t rows, int64_t cols);
+
+/* Quantises x [rows, cols] (device, FP32 or BF16 codes, row-major) with o's recipe into `out`,
+ * and, when out_t is not NULL, x^T [cols, rows] into out_t in the same pass. `workspace`: device
+ * memory of dw_quantize_cuda_workspace_bytes (may be NULL when that is 0). Asynchronous on
+ * `stream` (a cudaStream_t; NULL = the legacy default stream). Errors: DW_ERR_INVALID for bad
+ * arguments, DW_ERR_UNSUPPORTED for the BF16 recipe, DW_ERR_CUDA for launch failures. */
+dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_quant_in in, const void *x,
+                           int64_t rows, int64_t cols, const dw_quant_dev_out *out,
+                           const dw_quant_dev_out *out_t, void *workspace, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DW_KERNELS_CUDA_QUANT_H */

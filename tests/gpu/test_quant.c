@@ -1,0 +1,262 @@
+/* test_quant.c — the CUDA quantisation kernels (kernels/cuda/quant.h) against the CPU reference
+ * (formats.h), byte for byte: every recipe and scale-rounding option, FP32 and BF16 input, with and
+ * without the transposed copy and the swizzled scales, ragged shapes, special values (NaN, Inf,
+ * zero blocks, subnormals, exact ties), unaligned input; outputs poisoned first and guard bands
+ * checked for stray writes. Needs a GPU (label gpu); fails without one. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/formats.h"
+#include "kernels/cuda/quant.h"
+#include "testutil.h"
+
+#define POISON 0xA5
+#define GUARD 256
+
+static void cuda_ok(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) fail_msg("%s: %s", what, cudaGetErrorString(e));
+}
+
+/* A device buffer of n bytes plus a guard band, poisoned. */
+static void *dev_poisoned(size_t n) {
+    void *p = NULL;
+    cuda_ok(cudaMalloc(&p, n + GUARD), "cudaMalloc");
+    cuda_ok(cudaMemset(p, POISON, n + GUARD), "cudaMemset");
+    return p;
+}
+
+/* Copies n bytes back and checks that the guard band after them is untouched. */
+static uint8_t *fetch(const void *d, size_t n, const char *what, const char *label) {
+    uint8_t *h = malloc(n + GUARD);
+    cuda_ok(cudaMemcpy(h, d, n + GUARD, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (size_t i = n; i < n + GUARD; i++)
+        if (h[i] != POISON) fail_msg("%s: %s: write past the end (byte %zu of the guard)", label, what, i - n);
+    return h;
+}
+
+static int compare(const char *label, const char *what, const uint8_t *got, const uint8_t *want, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            fprintf(stderr, "MISMATCH %s: %s byte %zu of %zu: cuda %#04x, cpu %#04x\n", label, what, i, n,
+                    got[i], want[i]);
+            return 1;
+        }
+    return 0;
+}
+
+/* Test data: kind 0 wide-range normals, 1 with specials, 2 exact ties on small grids. */
+static float sample(dw_test_rng *rng, int kind, int64_t i, int64_t j) {
+    if (kind == 2) {
+        int k = (int)(dw_test_next(rng) % 129) - 64;
+        return ldexpf((float)k, (int)(dw_test_next(rng) % 9) - 6);
+    }
+    float v = dw_test_normal(rng) * ldexpf(1.0f, (int)(dw_test_next(rng) % 24) - 12);
+    if (kind == 1) {
+        uint64_t u = dw_test_next(rng) % 1000;
+        if (u == 0) return NAN;
+        if (u == 1) return (u & 1) ? -INFINITY : INFINITY;
+        if (u < 20) return ldexpf(1.0f, -140) * (float)(u - 10); /* FP32 subnormals */
+        if (u < 40) return 0.0f;
+        if (u < 45) return -0.0f;
+        if ((i / 7 + j / 40) % 5 == 0) return 0.0f * v; /* whole zero regions (keep the sign) */
+    }
+    return v;
+}
+
+typedef struct {
+    dw_quant_in in;
+    dw_quant_opts o;
+    bool trans, swz, misalign;
+    int64_t rows, cols;
+    int kind;
+} qcase;
+
+/* One output's device buffers and their CPU twins. */
+typedef struct {
+    dw_quant_dev_out d;
+    size_t codes_n, scales_n, swz_n;
+} dev_out;
+
+static dev_out alloc_out(dw_recipe r, int64_t R, int64_t C, bool swz) {
+    dev_out o = {0};
+    int64_t sr, sc;
+    dw_quant_scale_shape(r, R, C, &sr, &sc);
+    o.codes_n = dw_quant_codes_bytes(r, R, C);
+    o.scales_n = dw_quant_scales_bytes(r, R, C);
+    o.d.codes = dev_poisoned(o.codes_n);
+    o.d.scales = dev_poisoned(o.scales_n);
+    if (swz) {
+        o.swz_n = dw_scale_swizzled_bytes(sr, sc);
+        o.d.scales_swizzled = dev_poisoned(o.swz_n);
+    }
+    if (r == DW_RECIPE_NVFP4) o.d.tensor_scale = dev_poisoned(sizeof(float));
+    return o;
+}
+
+static void free_out(dev_out *o) {
+    cudaFree(o->d.codes);
+    cudaFree(o->d.scales);
+    cudaFree(o->d.scales_swizzled);
+    cudaFree(o->d.tensor_scale);
+}
+
+/* Compares one device output with the CPU reference q; returns the number of mismatching parts. */
+static int check_out(const char *label, const char *which, const dev_out *o, const dw_qtensor *q) {
+    char what[64];
+    int bad = 0;
+    uint8_t *h = fetch(o->d.codes, o->codes_n, which, label);
+    snprintf(what, sizeof what, "%s codes", which);
+    bad += compare(label, what, h, q->codes, o->codes_n);
+    free(h);
+    h = fetch(o->d.scales, o->scales_n, which, label);
+    snprintf(what, sizeof what, "%s scales", which);
+    bad += compare(label, what, h, q->scales, o->scales_n);
+    free(h);
+    if (o->d.scales_swizzled) {
+        int64_t sr, sc;
+        dw_quant_scale_shape(q->recipe, q->rows, q->cols, &sr, &sc);
+        uint8_t *want = malloc(o->swz_n);
+        dw_scale_swizzle_cpu(q->scales, sr, sc, want);
+        h = fetch(o->d.scales_swizzled, o->swz_n, which, label);
+        snprintf(what, sizeof what, "%s swizzled scales", which);
+        bad += compare(label, what, h, want, o->swz_n);
+        free(h);
+        free(want);
+    }
+    if (o->d.tensor_scale) {
+        h = fetch(o->d.tensor_scale, sizeof(float), which, label);
+        snprintf(what, sizeof what, "%s tensor scale", which);
+        bad += compare(label, what, h, (const uint8_t *)&q->tensor_scale, sizeof(float));
+        free(h);
+    }
+    return bad;
+}
+
+static int run_case(dw_test_rng *rng, const qcase *c) {
+    dw_recipe r = c->o.recipe;
+    int64_t n = c->rows * c->cols;
+    char label[160];
+    snprintf(label, sizeof label, "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s", dw_recipe_name(r),
+             c->o.rounding == DW_SCALE_FLOOR ? "/floor" : "", c->o.pow2 ? "/pow2" : "",
+             c->in == DW_QUANT_IN_BF16 ? "bf16" : "f32", (long long)c->rows, (long long)c->cols, c->kind,
+             c->trans ? " +T" : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "");
+    float *x = malloc((size_t)n * sizeof *x);
+    uint16_t *xb = malloc((size_t)n * sizeof *xb);
+    for (int64_t i = 0; i < c->rows; i++)
+        for (int64_t j = 0; j < c->cols; j++) {
+            float v = sample(rng, c->kind, i, j);
+            xb[i * c->cols + j] = dw_encode_bf16(v);
+            x[i * c->cols + j] = c->in == DW_QUANT_IN_BF16 ? dw_decode_bf16(xb[i * c->cols + j]) : v;
+        }
+    /* CPU reference */
+    dw_qtensor q = {.codes = malloc(dw_quant_codes_bytes(r, c->rows, c->cols) + 1),
+                    .scales = malloc(dw_quant_scales_bytes(r, c->rows, c->cols) + 4)};
+    dw_qtensor qt = {.codes = malloc(dw_quant_codes_bytes(r, c->cols, c->rows) + 1),
+                     .scales = malloc(dw_quant_scales_bytes(r, c->cols, c->rows) + 4)};
+    assert_int_equal(dw_quantize_cpu(NULL, &c->o, x, c->rows, c->cols, &q), DW_OK);
+    if (c->trans) assert_int_equal(dw_quantize_transposed_cpu(NULL, &c->o, x, c->rows, c->cols, &qt), DW_OK);
+    /* device */
+    size_t esz = c->in == DW_QUANT_IN_BF16 ? 2 : 4, off = c->misalign ? esz : 0;
+    uint8_t *dx = NULL;
+    cuda_ok(cudaMalloc((void **)&dx, (size_t)n * esz + 16), "cudaMalloc x");
+    cuda_ok(cudaMemcpy(dx + off, c->in == DW_QUANT_IN_BF16 ? (void *)xb : (void *)x, (size_t)n * esz,
+                       cudaMemcpyHostToDevice), "cudaMemcpy x");
+    dev_out o = alloc_out(r, c->rows, c->cols, c->swz);
+    dev_out t = {0};
+    if (c->trans) t = alloc_out(r, c->cols, c->rows, c->swz);
+    size_t wsn = dw_quantize_cuda_workspace_bytes(r, c->rows, c->cols);
+    void *ws = wsn ? dev_poisoned(wsn) : NULL;
+    dw_status s = dw_quantize_cuda(NULL, &c->o, c->in, dx + off, c->rows, c->cols, &o.d, c->trans ? &t.d : NULL,
+                                   ws, NULL);
+    if (s != DW_OK) fail_msg("%s: dw_quantize_cuda: %s", label, dw_errmsg(NULL));
+    cuda_ok(cudaDeviceSynchronize(), label);
+    int bad = check_out(label, "row-wise", &o, &q);
+    if (c->trans) bad += check_out(label, "transposed", &t, &qt);
+    free_out(&o);
+    if (c->trans) free_out(&t);
+    cudaFree(ws);
+    cudaFree(dx);
+    free(q.codes);
+    free(q.scales);
+    free(qt.codes);
+    free(qt.scales);
+    free(x);
+    free(xb);
+    return bad;
+}
+
+static void test_all_recipes_bit_identical(void **state) {
+    (void)state;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) fail_msg("no CUDA GPU: this test needs one");
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed());
+    const int64_t shapes[][2] = {{128, 128}, {256, 384}, {1, 33}, {130, 7}, {129, 257}, {300, 96},
+                                 {17, 1000}, {1000, 17}, {0, 0}, {0, 0}, {2304, 2560}};
+    int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+    int cases = 0, bad = 0;
+    for (int ri = 1; ri < DW_RECIPE_COUNT; ri++) {
+        dw_recipe r = (dw_recipe)ri;
+        bool one_byte = dw_recipe_scale_bytes(r) == 1;
+        for (int si = 0; si < nshapes; si++) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            if (rows == 0) { /* fresh random shapes, ragged in both dimensions */
+                rows = 1 + (int64_t)(dw_test_next(&rng) % 400);
+                cols = 1 + (int64_t)(dw_test_next(&rng) % 400);
+            }
+            /* the large shape runs the row-wise kernel's grid-stride loop more than once */
+            for (int variant = 0; variant < (rows * cols > 4000000 ? 2 : 8); variant++) {
+                qcase c = {.in = (variant & 1) ? DW_QUANT_IN_BF16 : DW_QUANT_IN_F32,
+                           .o = {.recipe = r,
+                                 .rounding = (variant & 2) ? DW_SCALE_FLOOR : DW_SCALE_RCEIL,
+                                 .pow2 = (variant & 2) != 0},
+                           .trans = (variant & 4) != 0,
+                           .swz = one_byte && ((variant >> 1) & 1) != (variant >> 2),
+                           .misalign = si == 1 && (variant & 1),
+                           .rows = rows, .cols = cols,
+                           .kind = (int)((si + variant) % 3)};
+                bad += run_case(&rng, &c);
+                cases++;
+            }
+        }
+    }
+    fprintf(stderr, "test_quant: %d cases, %d mismatching\n", cases, bad);
+    assert_int_equal(bad, 0);
+}
+
+static void test_rejects_bad_arguments(void **state) {
+    (void)state;
+    dw_quant_opts o = {.recipe = DW_RECIPE_FP8_BLOCK};
+    dw_quant_dev_out out = {0};
+    float dummy = 0.0f;
+    assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 4, &out, NULL, NULL, NULL),
+                     DW_ERR_INVALID);
+    out.codes = (uint8_t *)&dummy;
+    out.scales = &dummy;
+    out.scales_swizzled = (uint8_t *)&dummy;
+    assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 4, &out, NULL, NULL, NULL),
+                     DW_ERR_INVALID); /* FP32 scales have no swizzled layout */
+    o.recipe = DW_RECIPE_NVFP4;
+    out.scales_swizzled = NULL;
+    assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 16, &out, NULL, NULL, NULL),
+                     DW_ERR_INVALID); /* no tensor_scale */
+    o.recipe = DW_RECIPE_BF16;
+    assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 4, &out, NULL, NULL, NULL),
+                     DW_ERR_UNSUPPORTED);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_all_recipes_bit_identical),
+        cmocka_unit_test(test_rejects_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

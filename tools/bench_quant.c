@@ -1,0 +1,228 @@
+/* bench_quant.c — `deepwell bench quant`: times the CUDA quantisation kernels (kernels/cuda/quant.h)
+ * on a BF16 [rows, cols] tensor — mxfp8 and fp8_block, with and without the transposed copy —
+ * with CUDA events (warm-up, median of many), as GB/s (bytes read + written) and as a ratio to a
+ * device-to-device cudaMemcpy of the input timed in the same run. Correctness is tests/gpu. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "formats/formats.h"
+
+static void help(void) {
+    printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N]\n\n"
+           "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
+           "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
+           "with CUDA events: 5 warm-up runs, then the median of N timed runs. Reports GB/s counting\n"
+           "bytes read plus bytes written (input, codes, scales) and the ratio to a device-to-device\n"
+           "cudaMemcpy of the input measured in the same run (its GB/s also counts read + write).\n"
+           "Without a CUDA build or a GPU it says so and exits 1.\n\n"
+           "  --json       print one JSON object instead of the table\n"
+           "  --rows R     rows (default 8192)\n"
+           "  --cols C     columns (default 8192)\n"
+           "  --iters N    timed runs per variant (default 50)\n"
+           "  -h, --help   this help\n");
+}
+
+#if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/quant.h"
+
+typedef struct {
+    dw_recipe recipe;
+    bool trans;
+    double ms, gbps, ratio, bytes;
+} variant;
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+#define CK(stmt)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (stmt);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            cli_error("bench quant", "%s failed: %s", #stmt, cudaGetErrorString(e_));            \
+            return -1.0;                                                                         \
+        }                                                                                        \
+    } while (0)
+
+/* Median milliseconds of `iters` runs of either a copy (q == NULL) or a quantisation. */
+typedef struct {
+    const dw_quant_opts *o;
+    const void *x;
+    void *copy_dst;
+    size_t copy_bytes;
+    int64_t rows, cols;
+    const dw_quant_dev_out *out, *out_t;
+    void *ws;
+} job;
+
+static double time_job(const job *j, int iters) {
+    cudaEvent_t ev[2];
+    CK(cudaEventCreate(&ev[0]));
+    CK(cudaEventCreate(&ev[1]));
+    float *ms = malloc((size_t)iters * sizeof *ms);
+    for (int i = -5; i < iters; i++) {
+        CK(cudaEventRecord(ev[0], 0));
+        if (!j->o) {
+            CK(cudaMemcpyAsync(j->copy_dst, j->x, j->copy_bytes, cudaMemcpyDeviceToDevice, 0));
+        } else if (dw_quantize_cuda(NULL, j->o, DW_QUANT_IN_BF16, j->x, j->rows, j->cols, j->out, j->out_t,
+                                    j->ws, NULL) != DW_OK) {
+            cli_error("bench quant", "%s", dw_errmsg(NULL));
+            free(ms);
+            return -1.0;
+        }
+        CK(cudaEventRecord(ev[1], 0));
+        CK(cudaEventSynchronize(ev[1]));
+        if (i >= 0) CK(cudaEventElapsedTime(&ms[i], ev[0], ev[1]));
+    }
+    qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
+    double med = ms[iters / 2];
+    free(ms);
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    return med;
+}
+
+/* Random BF16 codes: random sign, exponents spread over 2^-8 .. 2^7, random mantissa (no NaN/Inf). */
+static void fill_random_bf16(uint16_t *h, size_t n, uint64_t seed) {
+    uint64_t s = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        unsigned sign = (unsigned)(s >> 63), e = 119 + (unsigned)((s >> 40) % 16), m = (unsigned)(s & 0x7F);
+        h[i] = (uint16_t)(sign << 15 | e << 7 | m);
+    }
+}
+
+static int run(bool json, int64_t rows, int64_t cols, int iters) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        cli_error("bench quant", "no CUDA GPU found: this benchmark needs one");
+        return DW_EXIT_FAIL;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        cli_error("bench quant", "cannot read the properties of GPU 0");
+        return DW_EXIT_FAIL;
+    }
+    size_t n = (size_t)(rows * cols), in_bytes = n * 2;
+    uint16_t *hx = malloc(in_bytes);
+    if (!hx) {
+        cli_error("bench quant", "out of host memory for [%lld, %lld]", (long long)rows, (long long)cols);
+        return DW_EXIT_FAIL;
+    }
+    fill_random_bf16(hx, n, 0x9E3779B97F4A7C15ull ^ (uint64_t)rows << 32 ^ (uint64_t)cols);
+    void *dx = NULL, *dcopy = NULL, *dcodes = NULL, *dscales = NULL, *dcodes_t = NULL, *dscales_t = NULL;
+    size_t scale_max = dw_quant_scales_bytes(DW_RECIPE_MXFP8, rows, cols) +
+                       dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK, cols, rows);
+    int rc = DW_EXIT_FAIL;
+    if (cudaMalloc(&dx, in_bytes) != cudaSuccess || cudaMalloc(&dcopy, in_bytes) != cudaSuccess ||
+        cudaMalloc(&dcodes, n) != cudaSuccess || cudaMalloc(&dcodes_t, n) != cudaSuccess ||
+        cudaMalloc(&dscales, scale_max) != cudaSuccess || cudaMalloc(&dscales_t, scale_max) != cudaSuccess ||
+        cudaMemcpy(dx, hx, in_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cli_error("bench quant", "device allocation or upload failed for [%lld, %lld]", (long long)rows,
+                  (long long)cols);
+        goto done;
+    }
+    job copy = {.x = dx, .copy_dst = dcopy, .copy_bytes = in_bytes};
+    double copy_ms = time_job(&copy, iters);
+    if (copy_ms < 0) goto done;
+    double copy_gbps = 2.0 * (double)in_bytes / (copy_ms * 1e6);
+    variant vs[4] = {{.recipe = DW_RECIPE_MXFP8}, {.recipe = DW_RECIPE_MXFP8, .trans = true},
+                     {.recipe = DW_RECIPE_FP8_BLOCK}, {.recipe = DW_RECIPE_FP8_BLOCK, .trans = true}};
+    for (int k = 0; k < 4; k++) {
+        dw_quant_opts o = {.recipe = vs[k].recipe};
+        dw_quant_dev_out out = {.codes = dcodes, .scales = dscales};
+        dw_quant_dev_out out_t = {.codes = dcodes_t, .scales = dscales_t};
+        job j = {.o = &o, .x = dx, .rows = rows, .cols = cols, .out = &out, .out_t = vs[k].trans ? &out_t : NULL};
+        vs[k].ms = time_job(&j, iters);
+        if (vs[k].ms < 0) goto done;
+        vs[k].bytes = (double)in_bytes + (double)dw_quant_codes_bytes(o.recipe, rows, cols) +
+                      (double)dw_quant_scales_bytes(o.recipe, rows, cols);
+        if (vs[k].trans)
+            vs[k].bytes += (double)dw_quant_codes_bytes(o.recipe, cols, rows) +
+                           (double)dw_quant_scales_bytes(o.recipe, cols, rows);
+        vs[k].gbps = vs[k].bytes / (vs[k].ms * 1e6);
+        vs[k].ratio = vs[k].gbps / copy_gbps;
+    }
+    if (json) {
+        printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
+               "\"input\": \"bf16\", \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
+               prop.name, (long long)rows, (long long)cols, iters, copy_ms, copy_gbps);
+        for (int k = 0; k < 4; k++)
+            printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
+                   "\"ratio_to_copy\": %.3f}", k ? ", " : "", dw_recipe_name(vs[k].recipe),
+                   vs[k].trans ? "true" : "false", vs[k].ms, vs[k].bytes, vs[k].gbps, vs[k].ratio);
+        printf("]}\n");
+    } else {
+        printf("quantise BF16 [%lld, %lld] on %s, median of %d runs (CUDA events)\n\n", (long long)rows,
+               (long long)cols, prop.name, iters);
+        printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
+        printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy_ms, copy_gbps, "1.000");
+        for (int k = 0; k < 4; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s%s", dw_recipe_name(vs[k].recipe), vs[k].trans ? " + transposed" : "");
+            printf("%-26s %10.4f %10.1f %8.3f\n", name, vs[k].ms, vs[k].gbps, vs[k].ratio);
+        }
+        printf("\nGB/s counts bytes read + written (input, codes, scales).\n");
+    }
+    rc = DW_EXIT_OK;
+done:
+    cudaFree(dx);
+    cudaFree(dcopy);
+    cudaFree(dcodes);
+    cudaFree(dcodes_t);
+    cudaFree(dscales);
+    cudaFree(dscales_t);
+    free(hx);
+    return rc;
+}
+#endif
+
+int bench_quant(int argc, char **argv) {
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'},
+                                         {"rows", required_argument, 0, 'r'},
+                                         {"cols", required_argument, 0, 'c'},
+                                         {"iters", required_argument, 0, 'n'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    bool json = false;
+    long rows = 8192, cols = 8192, iters = 50;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = true; break;
+        case 'r':
+            if (!cli_parse_int("bench quant", "--rows", optarg, 1, 1L << 20, &rows)) return DW_EXIT_USAGE;
+            break;
+        case 'c':
+            if (!cli_parse_int("bench quant", "--cols", optarg, 1, 1L << 20, &cols)) return DW_EXIT_USAGE;
+            break;
+        case 'n':
+            if (!cli_parse_int("bench quant", "--iters", optarg, 1, 100000, &iters)) return DW_EXIT_USAGE;
+            break;
+        case 'h': help(); return DW_EXIT_OK;
+        default: return cli_usage_error("bench quant");
+        }
+    }
+    if (optind < argc) {
+        cli_error("bench quant", "unexpected argument '%s'", argv[optind]);
+        return cli_usage_error("bench quant");
+    }
+    if ((double)rows * (double)cols > 4e9) {
+        cli_error("bench quant", "[%ld, %ld] is too large (at most 4e9 elements)", rows, cols);
+        return DW_EXIT_USAGE;
+    }
+#if DW_HAVE_CUDA
+    return run(json, rows, cols, (int)iters);
+#else
+    (void)json;
+    cli_error("bench quant", "this build has no CUDA (configured without nvcc): it needs a CUDA build and a GPU");
+    return DW_EXIT_FAIL;
+#endif
+}
