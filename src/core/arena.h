@@ -9,6 +9,10 @@
 
 #include "deepwell.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { DW_ARENA_HOST = 0, DW_ARENA_DEVICE, DW_ARENA_MEASURE } dw_arena_kind;
 
 typedef struct {
@@ -37,5 +41,9 @@ dw_status dw_arena_alloc(dw_ctx *ctx, dw_arena *a, size_t bytes, size_t align, v
 /* Rewinds to a mark taken with a->used (stack discipline); keeps high_water. */
 void dw_arena_rewind(dw_arena *a, size_t mark);
 void dw_arena_reset(dw_arena *a);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* DW_CORE_ARENA_H */

@@ -5,6 +5,10 @@
 
 #include "deepwell.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define DW_ERRMSG_CAP 2048
 
 /* Library handles that are created on first use and destroyed with the context. */
@@ -29,5 +33,9 @@ dw_status dw_ctx_stream(dw_ctx *ctx, void **stream_out);
 typedef dw_status (*dw_handle_create_fn)(dw_ctx *ctx, void **handle_out);
 dw_status dw_ctx_handle(dw_ctx *ctx, dw_handle_slot slot, dw_handle_create_fn create,
                         dw_handle_destroy_fn destroy, void **handle_out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* DW_CORE_CTX_H */

@@ -6,6 +6,10 @@
 
 #include "deepwell.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define DW_PRINTF(fmt_idx, arg_idx) __attribute__((format(printf, fmt_idx, arg_idx)))
 #else
@@ -39,5 +43,9 @@ void dw_assert_fail(const char *expr, const char *file, int line, const char *ms
         dw_status dw_try_status_ = (expr);                                                  \
         if (dw_try_status_ != DW_OK) return dw_try_status_;                                 \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* DW_CORE_ERROR_H */

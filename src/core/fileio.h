@@ -6,6 +6,10 @@
 
 #include "deepwell.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Reads a whole file into a NUL-terminated malloc'd buffer. */
 dw_status dw_read_file(dw_ctx *ctx, const char *path, char **data_out, size_t *size_out);
 
@@ -27,5 +31,9 @@ void dw_atomic_abort(dw_atomic_file *f);                      /* removes the tem
 
 /* fsyncs the directory holding `path` (so a rename into it is durable). */
 dw_status dw_fsync_parent_dir(dw_ctx *ctx, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* DW_CORE_FILEIO_H */

@@ -7,6 +7,10 @@
 
 #include "deepwell.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Parses a JSON file; on error "path:line:column: message". */
 dw_status dw_json_load_file(dw_ctx *ctx, const char *path, json_t **out);
 /* Parses a JSON text; `what` names it in errors. */
@@ -33,5 +37,9 @@ dw_status dw_json_get_str_opt(dw_ctx *ctx, const json_t *obj, const char *key, c
 
 /* Serialises with sorted=false, compact or indented; caller frees with free(). */
 char *dw_json_dump(const json_t *j, bool pretty);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* DW_CORE_JSON_H */

@@ -4,11 +4,19 @@
 
 #include "core/error.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 void dw_log(dw_log_level level, const char *fmt, ...) DW_PRINTF(2, 3);
 
 #define DW_LOGD(...) dw_log(DW_LOG_DEBUG, __VA_ARGS__)
 #define DW_LOGI(...) dw_log(DW_LOG_INFO, __VA_ARGS__)
 #define DW_LOGW(...) dw_log(DW_LOG_WARN, __VA_ARGS__)
 #define DW_LOGE(...) dw_log(DW_LOG_ERROR, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* DW_CORE_LOG_H */
