@@ -39,7 +39,8 @@ typedef struct {
     const void *bias;
     void *aux;
     int gelu;
-    int double_buffer; /* variant: two partial accumulators (chunk c+1 in flight during c's promotion) */
+    int variant; /* 0: 2 warpgroups (128x128 tile); 1: same with two partial accumulators (chunk c+1 in
+                    flight during c's promotion); 2: 3 warpgroups (192x128 tile), one partial */
 } dw_mxfp8_sm90_args;
 int dw_gemm_mxfp8_sm90_launch(const dw_mxfp8_sm90_args *p, void *stream);
 

@@ -35,7 +35,7 @@ static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
         .bias = (a->epilogue & DW_EPI_BIAS) ? a->bias : NULL,
         .aux = (a->epilogue & DW_EPI_GELU_AUX) ? a->aux : NULL,
         .gelu = (a->epilogue & DW_EPI_GELU) != 0,
-        .double_buffer = user != NULL,
+        .variant = user ? *(const int *)user : 0,
     };
     DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_mxfp8_sm90_launch(&p, stream));
     return DW_OK;
@@ -48,11 +48,15 @@ void dw_gemm_mxfp8_sm90_register(void) {
                         .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = 30,
                         .eligible = mx_sm90_eligible, .run = mx_sm90_run};
     DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-    /* variant with two partial accumulators (more registers; see docs/gemm.md for which is faster) */
-    static int db = 1;
+    /* variants (see gemm_cuda.h; docs/gemm.md has their measured speeds) */
+    static int v1 = 1, v2 = 2;
     d.name = "deepwell_mxfp8_wgmma_sm90_db";
     d.priority = 29;
-    d.user = &db;
+    d.user = &v1;
+    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
+    d.name = "deepwell_mxfp8_wgmma_sm90_3wg"; /* fastest of the three (docs/gemm.md) */
+    d.priority = 31;
+    d.user = &v2;
     DW_ASSERT(dw_kernel_register(&d) == DW_OK);
 #endif
 }

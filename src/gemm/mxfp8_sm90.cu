@@ -3,7 +3,7 @@
 // K chunk is one m64n128k32 wgmma into a fresh FP32 accumulator; the partial is then promoted,
 // acc += (sa * sb) * partial, in FP32 registers. Not a Blackwell kernel (sm_100 uses cuBLASLt).
 //
-// CTA: 128x128 output tile, K step 128 (4 chunks), 2 warpgroups (64 rows each); thread 0 issues
+// CTA: (64 NWG)x128 output tile, K step 128 (4 chunks), NWG = 2 or 3 warpgroups (64 rows each); thread 0 issues
 // the TMA copies (codes with 128B swizzle, and decoded FP32 scales) into a
 // STAGES-deep ring guarded by full/empty mbarriers. A pre-pass decodes the UE8M0 scales into
 // FP32, K-block-major ([k/32][m] and [k/32][n]), so that the producer can TMA them too.
@@ -17,12 +17,18 @@
 
 namespace {
 
-constexpr int BM = 128, BN = 128, BK = 128, STAGES = 6;
-constexpr int TILE_BYTES = BM * BK;            // A or B codes per stage (16 KiB)
-constexpr int SCALE_FLOATS = 4 * BM;           // 4 chunks x 128 rows (2 KiB)
-constexpr int THREADS = 256;                   // 2 warpgroups; thread 0 also issues the copies
-constexpr int SMEM_BYTES = STAGES * (2 * TILE_BYTES + 2 * SCALE_FLOATS * 4) + 2 * STAGES * 8 + 1024;
-static_assert(SMEM_BYTES <= 227 * 1024, "shared memory over the sm_90 limit");
+constexpr int BN = 128, BK = 128;
+
+// Variants: NWG warpgroups of 64 rows each (tile BM = 64 NWG by BN = 128), 256 or 384 threads.
+template <int NWG> struct Cfg {
+    static constexpr int BM = 64 * NWG, THREADS = 128 * NWG;
+    static constexpr int STAGES = NWG == 3 ? 5 : 6;
+    static constexpr int A_BYTES = BM * BK, B_BYTES = BN * BK;   // codes per stage
+    static constexpr int SA_FLOATS = 4 * BM, SB_FLOATS = 4 * BN; // 4 chunks of scales per stage
+    static constexpr int STAGE_TX = A_BYTES + B_BYTES + (SA_FLOATS + SB_FLOATS) * 4;
+    static constexpr int SMEM = STAGES * STAGE_TX + 2 * STAGES * 8 + 1024;
+    static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
+};
 
 // Epilogue parameters: D = epi(alpha acc + beta C + bias), pre-activation to aux when set.
 struct Epi {
@@ -142,19 +148,21 @@ __device__ __forceinline__ void promote(float *acc, float *part, const float *sa
 
 #endif // DW_MX_SM90_BODY
 
-template <bool E5A, bool E5B, bool DB>
-__global__ void __launch_bounds__(THREADS, 1)
+template <bool E5A, bool E5B, bool DB, int NWG>
+__global__ void __launch_bounds__(Cfg<NWG>::THREADS, 1)
     mxfp8_gemm_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                       const __grid_constant__ CUtensorMap tSA, const __grid_constant__ CUtensorMap tSB, int64_t k,
                       Epi e) {
 #ifdef DW_MX_SM90_BODY
+    using C = Cfg<NWG>;
+    constexpr int BM = C::BM, STAGES = C::STAGES;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sA = smem;                                        // [STAGES][128 rows][128 B]
-    uint8_t *sB = sA + STAGES * TILE_BYTES;                    // [STAGES][128 rows][128 B]
-    float *sSA = (float *)(sB + STAGES * TILE_BYTES);          // [STAGES][4 chunks][128]
-    float *sSB = sSA + STAGES * SCALE_FLOATS;                  // [STAGES][4 chunks][128]
-    uint64_t *full = (uint64_t *)(sSB + STAGES * SCALE_FLOATS);
+    uint8_t *sA = smem;                                        // [STAGES][BM rows][128 B]
+    uint8_t *sB = sA + STAGES * C::A_BYTES;                    // [STAGES][BN rows][128 B]
+    float *sSA = (float *)(sB + STAGES * C::B_BYTES);          // [STAGES][4 chunks][BM]
+    float *sSB = sSA + STAGES * C::SA_FLOATS;                  // [STAGES][4 chunks][BN]
+    uint64_t *full = (uint64_t *)(sSB + STAGES * C::SB_FLOATS);
     uint64_t *empty = full + STAGES;
 
     const int tid = threadIdx.x;
@@ -168,7 +176,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 256);
+            mbar_init(&empty[s], C::THREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -179,11 +187,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     // measured slower: 255 vs 304 TFLOP/s at 8192^3, more spills.)
     auto issue = [&](int kt) {
         int s = kt % STAGES;
-        mbar_expect_tx(&full[s], 2 * TILE_BYTES + 2 * SCALE_FLOATS * 4);
-        tma_load_2d(sA + s * TILE_BYTES, &tA, &full[s], kt * BK, (int)(tm * BM));
-        tma_load_2d(sB + s * TILE_BYTES, &tB, &full[s], kt * BK, (int)(tn * BN));
-        tma_load_2d(sSA + s * SCALE_FLOATS, &tSA, &full[s], (int)(tm * BM), kt * 4);
-        tma_load_2d(sSB + s * SCALE_FLOATS, &tSB, &full[s], (int)(tn * BN), kt * 4);
+        mbar_expect_tx(&full[s], C::STAGE_TX);
+        tma_load_2d(sA + s * C::A_BYTES, &tA, &full[s], kt * BK, (int)(tm * BM));
+        tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], kt * BK, (int)(tn * BN));
+        tma_load_2d(sSA + s * C::SA_FLOATS, &tSA, &full[s], (int)(tm * BM), kt * 4);
+        tma_load_2d(sSB + s * C::SB_FLOATS, &tSB, &full[s], (int)(tn * BN), kt * 4);
     };
     if (tid == 0)
         for (int t = 0; t < STAGES && t < ktiles; t++) issue(t);
@@ -200,9 +208,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int kt = 0; kt < ktiles; kt++) {
         int s = kt % STAGES;
         mbar_wait(&full[s], (kt / STAGES) & 1);
-        const uint8_t *a = sA + s * TILE_BYTES + wg * 64 * BK;
-        const uint8_t *b = sB + s * TILE_BYTES;
-        const float *sa = sSA + s * SCALE_FLOATS, *sb = sSB + s * SCALE_FLOATS;
+        const uint8_t *a = sA + s * C::A_BYTES + wg * 64 * BK;
+        const uint8_t *b = sB + s * C::B_BYTES;
+        const float *sa = sSA + s * C::SA_FLOATS, *sb = sSB + s * C::SB_FLOATS;
         uint64_t da = make_desc(a), db = make_desc(b);
         // chunk c advances the descriptors by 32 bytes (2 in 16-byte units)
         if constexpr (!DB) { // one partial buffer: the other warpgroup's wgmma overlaps this promotion
@@ -212,7 +220,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 wgmma_k32<E5A, E5B>(p0, da + 2 * c, db + 2 * c);
                 wg_commit();
                 wg_wait<0>();
-                promote(acc, p0, sa + 128 * c, sb + 128 * c, r0, q);
+                promote(acc, p0, sa + BM * c, sb + BN * c, r0, q);
             }
         } else { // two: chunk c+1 runs on the tensor cores while chunk c is promoted
             wg_fence();
@@ -227,14 +235,14 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_k32<E5A, E5B>(p0, da + 4, db + 4);
             wg_commit();
             wg_wait<1>();
-            promote(acc, p1, sa + 128, sb + 128, r0, q);
+            promote(acc, p1, sa + BM, sb + BN, r0, q);
             wg_fence();
             wgmma_k32<E5A, E5B>(p1, da + 6, db + 6);
             wg_commit();
             wg_wait<1>();
-            promote(acc, p0, sa + 256, sb + 256, r0, q);
+            promote(acc, p0, sa + 2 * BM, sb + 2 * BN, r0, q);
             wg_wait<0>();
-            promote(acc, p1, sa + 384, sb + 384, r0, q);
+            promote(acc, p1, sa + 3 * BM, sb + 3 * BN, r0, q);
         }
         mbar_arrive(&empty[s]);
         if (tid == 0 && kt + STAGES < ktiles) { // refill this slot once both warpgroups are done with it
@@ -301,19 +309,29 @@ bool make_map(CUtensorMap *m, const void *base, CUtensorMapDataType t, int esize
               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool E5A, bool E5B, bool DB>
+template <bool E5A, bool E5B, bool DB, int NWG>
 cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sa, const CUtensorMap &sb,
                    int64_t k, const Epi &e, cudaStream_t st) {
-    auto kern = mxfp8_gemm_kernel<E5A, E5B, DB>;
+    using C = Cfg<NWG>;
+    auto kern = mxfp8_gemm_kernel<E5A, E5B, DB, NWG>;
     static bool attr = false;
     if (!attr) {
-        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
         if (err != cudaSuccess) return err;
         attr = true;
     }
-    int64_t tiles = ((e.m + BM - 1) / BM) * ((e.n + BN - 1) / BN);
-    kern<<<(unsigned)tiles, THREADS, SMEM_BYTES, st>>>(a, b, sa, sb, k, e);
+    int64_t tiles = ((e.m + C::BM - 1) / C::BM) * ((e.n + BN - 1) / BN);
+    kern<<<(unsigned)tiles, C::THREADS, C::SMEM, st>>>(a, b, sa, sb, k, e);
     return cudaGetLastError();
+}
+
+template <bool DB, int NWG>
+cudaError_t launch_types(const dw_mxfp8_sm90_args *p, const CUtensorMap &a, const CUtensorMap &b,
+                         const CUtensorMap &sa, const CUtensorMap &sb, const Epi &e, cudaStream_t st) {
+    if (!p->e5m2_a && !p->e5m2_b) return launch<false, false, DB, NWG>(a, b, sa, sb, p->k, e, st);
+    if (p->e5m2_a && !p->e5m2_b) return launch<true, false, DB, NWG>(a, b, sa, sb, p->k, e, st);
+    if (!p->e5m2_a && p->e5m2_b) return launch<false, true, DB, NWG>(a, b, sa, sb, p->k, e, st);
+    return launch<true, true, DB, NWG>(a, b, sa, sb, p->k, e, st);
 }
 
 } // namespace
@@ -328,28 +346,21 @@ extern "C" int dw_gemm_mxfp8_sm90_launch(const dw_mxfp8_sm90_args *p, void *stre
     decode_scales_kernel<<<(unsigned)((kb * lda + 255) / 256), 256, 0, st>>>(p->sa, p->m, kb, lda, fa);
     decode_scales_kernel<<<(unsigned)((kb * ldb + 255) / 256), 256, 0, st>>>(p->sb, p->n, kb, ldb, fb);
     CUtensorMap ta, tb, tsa, tsb;
-    bool ok = make_map(&ta, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, BK, BM,
+    const uint32_t bm = p->variant == 2 ? Cfg<3>::BM : Cfg<2>::BM;
+    bool ok = make_map(&ta, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, BK, bm,
                        CU_TENSOR_MAP_SWIZZLE_128B) &&
               make_map(&tb, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, BK, BN,
                        CU_TENSOR_MAP_SWIZZLE_128B) &&
-              make_map(&tsa, fa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, BM, 4, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+              make_map(&tsa, fa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, bm, 4, CU_TENSOR_MAP_SWIZZLE_NONE) &&
               make_map(&tsb, fb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->n, ldb, BN, 4, CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!ok) {
         cudaFreeAsync(scales, st);
         return (int)cudaErrorInvalidValue;
     }
     Epi e{p->alpha, p->beta, p->c, p->d, p->bias, p->aux, p->gelu, p->out_bf16, p->m, p->n};
-    if (p->double_buffer) {
-        if (!p->e5m2_a && !p->e5m2_b) err = launch<false, false, true>(ta, tb, tsa, tsb, p->k, e, st);
-        else if (p->e5m2_a && !p->e5m2_b) err = launch<true, false, true>(ta, tb, tsa, tsb, p->k, e, st);
-        else if (!p->e5m2_a && p->e5m2_b) err = launch<false, true, true>(ta, tb, tsa, tsb, p->k, e, st);
-        else err = launch<true, true, true>(ta, tb, tsa, tsb, p->k, e, st);
-    } else {
-        if (!p->e5m2_a && !p->e5m2_b) err = launch<false, false, false>(ta, tb, tsa, tsb, p->k, e, st);
-        else if (p->e5m2_a && !p->e5m2_b) err = launch<true, false, false>(ta, tb, tsa, tsb, p->k, e, st);
-        else if (!p->e5m2_a && p->e5m2_b) err = launch<false, true, false>(ta, tb, tsa, tsb, p->k, e, st);
-        else err = launch<true, true, false>(ta, tb, tsa, tsb, p->k, e, st);
-    }
+    if (p->variant == 1) err = launch_types<true, 2>(p, ta, tb, tsa, tsb, e, st);
+    else if (p->variant == 2) err = launch_types<false, 3>(p, ta, tb, tsa, tsb, e, st);
+    else err = launch_types<false, 2>(p, ta, tb, tsa, tsb, e, st);
     cudaError_t ferr = cudaFreeAsync(scales, st);
     return (int)(err != cudaSuccess ? err : ferr);
 }

@@ -195,8 +195,8 @@ static void test_mxfp8_own(void **state) {
         return;
     }
     const double tol = 5e-4;
-    const char *names[] = {"deepwell_mxfp8_wgmma_sm90", "deepwell_mxfp8_wgmma_sm90_db"};
-    for (int v = 0; v < 2; v++) {
+    const char *names[] = {"deepwell_mxfp8_wgmma_sm90", "deepwell_mxfp8_wgmma_sm90_db", "deepwell_mxfp8_wgmma_sm90_3wg"};
+    for (int v = 0; v < 3; v++) {
         const char *k = names[v];
         /* ragged shapes: m, n off the 128 tile, k off the 128 step */
         CHECK_ERR(gpu_case(k, DW_RECIPE_MXFP8, DW_RECIPE_MXFP8, false, true, DW_GEMM_OUT_F32, 0, 300, 200, 96, 0), tol);
