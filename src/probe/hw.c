@@ -1,4 +1,5 @@
 /* hw.c — dw_hw allocation, feature and peak-rate derivation, and the public accessors. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,11 +55,12 @@ void dw_gpu_derive_peaks(dw_gpu_info *g) {
     if (g->cc_major == 9) per_clk_bf16 = 4096;
     else if (g->cc_major == 10) per_clk_bf16 = 8192;
     double hz = g->sm_clock_mhz * 1e6;
-    g->peak_bf16_tflops = g->sms * hz * per_clk_bf16 / 1e12;
+    /* rounded to 0.1 TFLOP/s and 1 GB/s: derived estimates, not measurements */
+    g->peak_bf16_tflops = round(g->sms * hz * per_clk_bf16 / 1e11) / 10;
     g->peak_fp8_tflops = g->features.fp8 ? 2 * g->peak_bf16_tflops : 0;
     g->peak_fp4_tflops = g->features.fp4 ? 4 * g->peak_bf16_tflops : 0;
     /* HBM: memory clock x 2 (double data rate) x bus width. */
-    if (g->mem_bus_bits > 0) g->hbm_gbps = g->mem_clock_mhz * 1e6 * 2.0 * g->mem_bus_bits / 8 / 1e9;
+    if (g->mem_bus_bits > 0) g->hbm_gbps = round(g->mem_clock_mhz * 1e6 * 2.0 * g->mem_bus_bits / 8 / 1e9);
 }
 
 int dw_hw_gpu_count(const dw_hw *hw) { return hw ? hw->n_gpus : 0; }

@@ -66,8 +66,8 @@ dw_status dw_probe(dw_ctx *ctx, dw_hw **out) {
     *out = NULL;
     int n = 0;
     const char *notice = NULL;
-    char notice_buf[200];
 #if DW_HAVE_CUDA
+    char notice_buf[200];
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
