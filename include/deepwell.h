@@ -277,6 +277,15 @@ dw_status dw_kernel_register(const dw_kernel_desc *k);
 /* Removes a kernel by name; false when none has that name. */
 bool dw_kernel_unregister(const char *name);
 
+/* Autotune cache (off by default; the environment variable DW_GEMM_AUTOTUNE=1 turns it on too).
+ * When on, the first dw_gemm of a problem (device, m, n, k, recipes, layouts, output type,
+ * epilogue) on a CUDA context with two or more eligible kernels and no forced backend times each
+ * (it runs them on that call's buffers; skipped when beta != 0 and c == d) and remembers the
+ * fastest for the process; dw_gemm_select and dw_gemm_explain report the remembered choice.
+ * It picks by time only: on sm_90 the FP8-wgmma MXFP8 kernels (~1e-4 relative error) can then
+ * replace the exact BF16 route (~1e-6) for small problems. */
+void dw_gemm_set_autotune(bool on);
+
 /* ======================================================================================
  * Autoplan and dryrun                                        [section: plan]
  * ====================================================================================== */

@@ -17,7 +17,8 @@ static const char *CMD = "bench-gemm";
 int dw_bench_gemm(int argc, char **argv); /* called by cmd_bench_gemm.c (and later `bench gemm`) */
 
 static void help(void) {
-    printf("Usage: deepwell bench-gemm [--json] [--explain] [--shapes LIST] [--recipes LIST] [--iters N]\n\n"
+    printf("Usage: deepwell bench-gemm [--json] [--explain] [--shapes LIST] [--recipes LIST] [--iters N]\n"
+           "                          [--backend NAME] [--autotune]\n\n"
            "Times D = A B^T (A [m,k], B [n,k], BF16 output) through dw_gemm on CUDA device 0 with the\n"
            "kernel the registry selects, and reports TFLOP/s (2mnk / time) per shape and recipe.\n"
            "Each measurement: 3 warm-up calls, then 5 batches of N calls timed with CUDA events; the\n"
@@ -32,6 +33,8 @@ static void help(void) {
            "                   default all\n"
            "  --iters N        calls per timed batch (default 20)\n"
            "  --backend NAME   force this registered kernel (cases it cannot run are skipped)\n"
+           "  --autotune       time every eligible kernel on the first call of each case and use the\n"
+           "                   fastest (the backend column then names the autotuned winner)\n"
            "  -h, --help       this help\n");
 }
 
@@ -100,7 +103,7 @@ int dw_bench_gemm(int argc, char **argv) {
     static const struct option opts[] = {{"json", no_argument, 0, 'j'},       {"explain", no_argument, 0, 'e'},
                                          {"shapes", required_argument, 0, 's'}, {"recipes", required_argument, 0, 'r'},
                                          {"iters", required_argument, 0, 'i'},  {"help", no_argument, 0, 'h'},
-                                         {"backend", required_argument, 0, 'b'},
+                                         {"backend", required_argument, 0, 'b'}, {"autotune", no_argument, 0, 'a'},
                                          {0, 0, 0, 0}};
     bool json = false, explain = false;
     const char *shapes = NULL, *recipes = NULL, *backend = NULL;
@@ -114,6 +117,7 @@ int dw_bench_gemm(int argc, char **argv) {
         case 's': shapes = optarg; break;
         case 'r': recipes = optarg; break;
         case 'b': backend = optarg; break;
+        case 'a': dw_gemm_set_autotune(true); break;
         case 'i':
             if (!cli_parse_int(CMD, "--iters", optarg, 1, 10000, &iters)) return DW_EXIT_USAGE;
             break;
@@ -247,7 +251,8 @@ int dw_bench_gemm(int argc, char **argv) {
                 continue;
             }
             double ms[5], t;
-            st = dw_gemm_dev_time(ctx, 3, run_one, &ra, &t);
+            st = dw_gemm_dev_time(ctx, 3, run_one, &ra, &t); /* warm-up (and autotuning, when on) */
+            if (st == DW_OK) st = dw_gemm_select(ctx, &ra.args[0], &name);
             for (int b = 0; b < 5 && st == DW_OK; b++) {
                 st = dw_gemm_dev_time(ctx, (int)iters, run_one, &ra, &t);
                 ms[b] = t / (double)iters;

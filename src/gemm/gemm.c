@@ -123,7 +123,7 @@ dw_status dw_gemm_select(dw_ctx *ctx, const dw_gemm_args *args, const char **nam
     *name = NULL;
     DW_TRY(dw_gemm_validate(ctx, args));
     const dw_kernel_desc *k = NULL;
-    DW_TRY(dw_gemm_registry_select(ctx, args, &k));
+    DW_TRY(dw_gemm_registry_select(ctx, args, false, &k));
     *name = k->name;
     return DW_OK;
 }
@@ -131,7 +131,7 @@ dw_status dw_gemm_select(dw_ctx *ctx, const dw_gemm_args *args, const char **nam
 dw_status dw_gemm(dw_ctx *ctx, const dw_gemm_args *args) {
     DW_TRY(dw_gemm_validate(ctx, args));
     const dw_kernel_desc *k = NULL;
-    DW_TRY(dw_gemm_registry_select(ctx, args, &k));
+    DW_TRY(dw_gemm_registry_select(ctx, args, true, &k));
     dw_status s = k->run(ctx, args, k->user);
     if (s != DW_OK) return dw_prefix_error(ctx, s, "gemm %lldx%lldx%lld via %s", (long long)args->m,
                                            (long long)args->n, (long long)args->k, k->name);

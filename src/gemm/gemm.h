@@ -25,8 +25,17 @@ double dw_gelu_tanh(double x);
 int dw_gemm_ctx_sm(dw_ctx *ctx);
 
 /* ---- registry ------------------------------------------------------------------------------- */
-/* Fills out with the chosen entry (NULL + DW_ERR_UNSUPPORTED explaining every rejection). */
-dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *args, const dw_kernel_desc **out);
+/* Fills out with the chosen entry (NULL + DW_ERR_UNSUPPORTED explaining every rejection). With
+ * autotuning on and `tune`, a new problem on a CUDA context is timed first (autotune.c). */
+dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *args, bool tune, const dw_kernel_desc **out);
+
+/* ---- autotune cache (autotune.c) ---------------------------------------------------------- */
+bool dw_gemm_autotune_enabled(void);
+/* The remembered winner for args (NULL when none); *ms its time per call. */
+const char *dw_gemm_autotune_lookup(dw_ctx *ctx, const dw_gemm_args *args, double *ms);
+/* The remembered winner, timing the n candidates now when there is none (runs them on args:
+ * they write args->d). NULL when nothing could be timed. */
+const char *dw_gemm_autotune_pick(dw_ctx *ctx, const dw_gemm_args *args, const dw_kernel_desc *const *cands, int n);
 
 /* ---- backends (each registers itself from dw_gemm_register_builtins) ------------------------ */
 void dw_gemm_register_builtins(void);

@@ -112,8 +112,43 @@ static const entry *select_entry(dw_ctx *ctx, const dw_gemm_args *a, char *log, 
     return best;
 }
 
-dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *a, const dw_kernel_desc **out) {
+/* The eligible entries for a on ctx (at most cap), highest priority first. */
+static int eligible_entries(dw_ctx *ctx, const dw_gemm_args *a, const dw_kernel_desc **out, int cap) {
+    dw_device_kind dev = dw_ctx_device(ctx);
+    int sm = dw_gemm_ctx_sm(ctx), n = 0;
+    for (int i = 0; i < g_count && n < cap; i++) {
+        char buf[160];
+        if (!reject_reason(&g_table[i], a, dev, sm, buf, sizeof buf)) out[n++] = &g_table[i].d;
+    }
+    for (int i = 1; i < n; i++) /* stable insertion sort by priority, descending */
+        for (int j = i; j > 0 && out[j]->priority > out[j - 1]->priority; j--) {
+            const dw_kernel_desc *t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return n;
+}
+
+/* The autotuned choice for a, if autotuning applies and has (or, with tune, makes) one. */
+static const dw_kernel_desc *tuned_choice(dw_ctx *ctx, const dw_gemm_args *a, bool tune) {
+    if (!dw_gemm_autotune_enabled() || a->backend || dw_ctx_device(ctx) != DW_DEVICE_CUDA) return NULL;
+    const dw_kernel_desc *cands[DW_REGISTRY_CAP];
+    int n = eligible_entries(ctx, a, cands, DW_REGISTRY_CAP);
+    if (n < 2) return NULL;
+    const char *name = tune ? dw_gemm_autotune_pick(ctx, a, cands, n) : dw_gemm_autotune_lookup(ctx, a, NULL);
+    for (int i = 0; name && i < n; i++)
+        if (!strcmp(cands[i]->name, name)) return cands[i];
+    return NULL; /* the winner was unregistered or is no longer eligible: fall back to priority */
+}
+
+dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *a, bool tune, const dw_kernel_desc **out) {
     *out = NULL;
+    ensure_builtins();
+    const dw_kernel_desc *t = tuned_choice(ctx, a, tune);
+    if (t) {
+        *out = t;
+        return DW_OK;
+    }
     const entry *e = select_entry(ctx, a, NULL, 0);
     if (e) {
         *out = &e->d;
@@ -139,9 +174,16 @@ dw_status dw_gemm_explain(dw_ctx *ctx, const dw_gemm_args *a, char **out) {
                      a->a.trans ? "^T" : "", dw_recipe_name((dw_recipe)a->b.recipe), a->b.trans ? "^T" : "",
                      (unsigned)a->epilogue, dw_ctx_device(ctx) == DW_DEVICE_CUDA ? "cuda" : "cpu", sm);
     (void)w;
-    const entry *e = select_entry(ctx, a, s, cap - 128);
+    const entry *e = select_entry(ctx, a, s, cap - 256);
     size_t used = strlen(s);
-    snprintf(s + used, cap - used, "selected: %s\n", e ? e->name : "(none)");
+    const dw_kernel_desc *t = tuned_choice(ctx, a, false);
+    double ms = 0;
+    if (t && dw_gemm_autotune_lookup(ctx, a, &ms))
+        snprintf(s + used, cap - used, "selected: %s (autotuned: fastest eligible, %.4f ms per call; by priority: %s)\n",
+                 t->name, ms, e ? e->name : "(none)");
+    else
+        snprintf(s + used, cap - used, "selected: %s%s\n", e ? e->name : "(none)",
+                 dw_gemm_autotune_enabled() && dw_ctx_device(ctx) == DW_DEVICE_CUDA ? " (autotune on, not yet timed)" : "");
     *out = s;
     return DW_OK;
 }

@@ -216,6 +216,27 @@ static void test_mxfp8_own(void **state) {
     }
 }
 
+/* Autotune: the first call times every eligible kernel and keeps the fastest; the result is still
+ * right (bound of the least exact candidate, the FP8-wgmma kernel), and explain reports the choice. */
+static void test_autotune(void **state) {
+    (void)state;
+    dw_gemm_set_autotune(true);
+    CHECK_ERR(gpu_case("deepwell_mx_dequant_bf16", DW_RECIPE_MXFP8, DW_RECIPE_MXFP8, false, true, DW_GEMM_OUT_F32, 0, 512,
+                       384, 1024, 0),
+              5e-4);
+    int dummy;
+    dw_gemm_args a = {.m = 512, .n = 384, .k = 1024, .alpha = 1, .d = &dummy, .out_type = DW_GEMM_OUT_F32};
+    a.a = (dw_gemm_operand){.recipe = DW_RECIPE_MXFP8, .rows = 512, .cols = 1024, .data = &dummy, .scales = &dummy};
+    a.b = (dw_gemm_operand){.recipe = DW_RECIPE_MXFP8, .trans = true, .rows = 384, .cols = 1024, .data = &dummy,
+                            .scales = &dummy};
+    char *ex = NULL;
+    assert_int_equal(dw_gemm_explain(g_gpu, &a, &ex), DW_OK);
+    printf("%s", ex);
+    if (g_sm == 90) assert_non_null(strstr(ex, "autotuned"));
+    dw_free_string(ex);
+    dw_gemm_set_autotune(false);
+}
+
 /* Layouts the Hopper FP8 paths cannot take are refused with a reason, not run wrongly. */
 static void test_refusals(void **state) {
     (void)state;
@@ -251,6 +272,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_cublaslt),
         cmocka_unit_test(test_mx_dequant),
         cmocka_unit_test(test_mxfp8_own),
+        cmocka_unit_test(test_autotune),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -241,6 +241,12 @@ static void test_registry(void **state) {
     assert_int_equal(dw_gemm_explain(ctx, &a, &ex), DW_OK);
     if (dw_built_with_cuda()) assert_non_null(strstr(ex, "CUDA kernel, CPU context"));
     dw_free_string(ex);
+    /* autotuning applies to CUDA contexts only: on the CPU the choice stays by priority */
+    dw_gemm_set_autotune(true);
+    assert_int_equal(dw_gemm(ctx, &b), DW_OK);
+    assert_int_equal(dw_gemm_select(ctx, &b, &name), DW_OK);
+    assert_string_equal(name, "cpu_reference");
+    dw_gemm_set_autotune(false);
     /* forcing a backend by name */
     b = a;
     b.backend = "cpu_reference";
