@@ -119,9 +119,53 @@ static __global__ void dequant_bf16_kernel(int ekind, int skind, const uint8_t *
     out[idx] = __float2bfloat16_rn(dec_elem(ekind, code) * dec_scale(skind, scales[r * scols + c / blk]));
 }
 
+// Fast path (cols % 16 == 0): one thread per 16 consecutive elements (one scale, one 16- or
+// 8-byte code load, two 16-byte stores), codes decoded through a 256-entry table in shared memory.
+static __global__ void dequant16_bf16_kernel(int ekind, int skind, const uint8_t *codes, const uint8_t *scales,
+                                             int64_t rows, int64_t cols, int64_t row_bytes, int64_t scols,
+                                             __nv_bfloat16 *out) {
+    __shared__ float lut[256];
+    lut[threadIdx.x] = dec_elem(ekind, threadIdx.x & (ekind == 2 ? 15u : 255u)); // blockDim.x == 256
+    __syncthreads();
+    int64_t groups = cols / 16, idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= rows * groups) return;
+    int64_t r = idx / groups, c0 = (idx - r * groups) * 16;
+    float s = dec_scale(skind, scales[r * scols + c0 / (skind == 0 ? 32 : 16)]);
+    uint32_t w[4];
+    if (ekind == 2) {
+        uint2 v = *(const uint2 *)(codes + r * row_bytes + c0 / 2);
+        w[0] = v.x, w[1] = v.y;
+    } else {
+        uint4 v = *(const uint4 *)(codes + r * row_bytes + c0);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    }
+    __align__(16) __nv_bfloat162 o[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t c0i, c1i;
+        if (ekind == 2) {
+            c0i = (w[i / 4] >> (8 * (i % 4))) & 15;
+            c1i = (w[i / 4] >> (8 * (i % 4) + 4)) & 15;
+        } else {
+            c0i = (w[i / 2] >> (16 * (i % 2))) & 255;
+            c1i = (w[i / 2] >> (16 * (i % 2) + 8)) & 255;
+        }
+        o[i] = __floats2bfloat162_rn(lut[c0i] * s, lut[c1i] * s);
+    }
+    uint4 *dst = (uint4 *)(out + r * cols + c0);
+    dst[0] = *(const uint4 *)&o[0];
+    dst[1] = *(const uint4 *)&o[4];
+}
+
 extern "C" int dw_gemm_cuda_dequant_bf16(int ekind, int skind, const uint8_t *codes, const uint8_t *scales,
                                          int64_t rows, int64_t cols, int64_t row_bytes, int64_t scols,
                                          uint16_t *out, void *stream) {
+    if (cols % 16 == 0 && (ekind == 2 ? row_bytes % 8 : row_bytes % 16) == 0 && (uintptr_t)codes % 16 == 0) {
+        int64_t n16 = rows * (cols / 16);
+        dequant16_bf16_kernel<<<(unsigned)((n16 + 255) / 256), 256, 0, (cudaStream_t)stream>>>(
+            ekind, skind, codes, scales, rows, cols, row_bytes, scols, (__nv_bfloat16 *)out);
+        return (int)cudaGetLastError();
+    }
     int64_t total = cols % 8 == 0 ? rows * (cols / 8) : rows * cols;
     dequant_bf16_kernel<<<(unsigned)((total + 255) / 256), 256, 0, (cudaStream_t)stream>>>(
         ekind, skind, codes, scales, rows, cols, row_bytes, scols, (__nv_bfloat16 *)out);
