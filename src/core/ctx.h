@@ -12,6 +12,7 @@ extern "C" {
 #define DW_ERRMSG_CAP 2048
 
 /* Library handles that are created on first use and destroyed with the context. */
+/* DW_HANDLE_CUBLASLT holds the GEMM layer's cuBLASLt state (handle, workspace, algorithm cache). */
 typedef enum { DW_HANDLE_CUBLASLT = 0, DW_HANDLE_CUDNN, DW_HANDLE_USER0, DW_HANDLE_COUNT } dw_handle_slot;
 
 typedef void (*dw_handle_destroy_fn)(void *handle);
