@@ -14,7 +14,7 @@
 
 static const char *CMD = "bench gemm";
 
-int dw_bench_gemm(int argc, char **argv); /* called by cmd_bench_gemm.c (and later `bench gemm`) */
+int dw_bench_gemm(int argc, char **argv); /* `deepwell bench gemm`, dispatched by cmd_bench.c */
 
 static void help(void) {
     printf("Usage: deepwell bench gemm [--json] [--explain] [--shapes LIST] [--recipes LIST] [--iters N]\n"

@@ -7,7 +7,8 @@
 
 /* X(name, function, one-line summary) */
 #define DW_BENCHES(X)                                                                           \
-    X(quant, bench_quant, "quantise BF16 to mxfp8 / fp8_block (+ transposed copy) vs cudaMemcpy")
+    X(quant, bench_quant, "quantise BF16 to mxfp8 / fp8_block (+ transposed copy) vs cudaMemcpy")  \
+    X(gemm, dw_bench_gemm, "dw_gemm per recipe (8192^3, GPT-2, Llama shapes) vs cuBLAS; --explain")
 
 #define X(name, fn, summary) int fn(int argc, char **argv);
 DW_BENCHES(X)
@@ -27,8 +28,8 @@ static const bench_entry benches[] = {
 
 static void help(FILE *out) {
     fprintf(out, "Usage: deepwell bench <what> [options]   (deepwell bench <what> --help for its options)\n\n"
-                 "GPU micro-benchmarks, timed with CUDA events against a device-to-device copy measured\n"
-                 "in the same run. Without a GPU they say so and exit 1.\n\nBenchmarks:\n");
+                 "GPU micro-benchmarks, timed with CUDA events against an anchor measured in the same run\n"
+                 "(a device-to-device copy, cuBLAS BF16). Without a GPU they say so and exit 1.\n\nBenchmarks:\n");
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
         fprintf(out, "  %-10s %s\n", benches[i].name, benches[i].summary);
 }
