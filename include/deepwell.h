@@ -188,6 +188,95 @@ void dw_policy_free(dw_policy *p);
  * GEMM layer and kernel registry                             [section: gemm]
  * ====================================================================================== */
 
+/* One GEMM of a linear layer, D = epilogue(alpha * op(A) * op(B) + beta * C), row-major:
+ *   op(A) [m, k], op(B) [k, n], C and D [m, n].
+ * The three training GEMMs of y = x W^T (+ b), x [T, in], W [out, in]:
+ *   fprop  y  [T, out] = x [T, in]      * W^T      (A = x,   B = W stored [out, in], trans_b)
+ *   dgrad  dx [T, in]  = dy [T, out]    * W        (B = W^T's quantised copy [in, out], trans_b)
+ *   wgrad  dW [out, in] = dy^T [out, T] * x        (A = dy^T's copy [out, T], B = x^T's copy [in, T])
+ * Quantised operands are stored as FORMATS.md writes them: codes row-major [rows, cols], scales
+ * along cols (the last dimension). Hopper FP8 (cuBLASLt and Deepwell's MXFP8 kernel) needs both
+ * operands K-major: A stored [m, k] (trans = false) and B stored [n, k] (trans = true); the
+ * quantiser's transposed copies exist for that. The CPU reference takes any layout. */
+typedef enum { DW_GEMM_FPROP = 0, DW_GEMM_DGRAD, DW_GEMM_WGRAD } dw_gemm_pass;
+typedef enum { DW_GEMM_OUT_F32 = 0, DW_GEMM_OUT_BF16 } dw_gemm_out_type;
+
+/* Epilogue flags (combine with |). Applied in this order: + bias, save pre-activation, GELU.
+ *   BIAS:     D[i, j] += bias[j]; bias [n] in the output type
+ *   GELU:     GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ *   GELU_AUX: with GELU, also write the pre-activation to aux [m, n] (output type)
+ *   BGRAD:    bgrad[i] = sum_k op(A)[i, k], length m, output type (the bias gradient of wgrad,
+ *             where op(A) = dy^T) */
+enum { DW_EPI_BIAS = 1, DW_EPI_GELU = 2, DW_EPI_GELU_AUX = 4, DW_EPI_BGRAD = 8 };
+
+/* One operand: a stored matrix [rows, cols] in a recipe (a dw_recipe value: see FORMATS.md;
+ * 0 = bf16), used as op(X) = trans ? X^T : X. */
+typedef struct {
+    int32_t recipe;       /* DW_RECIPE_* (bf16, fp8_tensor, fp8_row, fp8_block, fp8_block2d, mxfp8,
+                             mxfp8_e5m2, mxfp4, nvfp4) */
+    bool trans;           /* op(X) = X^T */
+    int64_t rows, cols;   /* the stored matrix */
+    const void *data;     /* BF16 values or element codes (FP4: two per byte, even column low) */
+    const void *scales;   /* the recipe's scales, row-major and unswizzled (NULL for bf16) */
+    float tensor_scale;   /* NVFP4's FP32 s_t; ignored otherwise */
+} dw_gemm_operand;
+
+/* All pointers are device pointers on a CUDA context and host pointers on a CPU context. */
+typedef struct {
+    int32_t pass;         /* dw_gemm_pass: informational (logs, registry predicates) */
+    int64_t m, n, k;
+    dw_gemm_operand a, b;
+    float alpha, beta;    /* beta != 0 needs c */
+    const void *c;        /* [m, n] in out_type, or NULL */
+    void *d;              /* [m, n] out_type */
+    int32_t out_type;     /* dw_gemm_out_type */
+    int32_t epilogue;     /* DW_EPI_* flags */
+    const void *bias;     /* [n], out_type (DW_EPI_BIAS) */
+    void *aux;            /* [m, n], out_type (DW_EPI_GELU_AUX) */
+    void *bgrad;          /* [m], out_type (DW_EPI_BGRAD) */
+    const char *backend;  /* NULL: the best eligible kernel; else a registered kernel's name */
+} dw_gemm_args;
+
+/* Runs the GEMM on the context's device (stream-ordered on CUDA; returns before the GPU is done)
+ * with the kernel the registry selects. DW_ERR_UNSUPPORTED names every rejected candidate. */
+dw_status dw_gemm(dw_ctx *ctx, const dw_gemm_args *args);
+
+/* The kernel that dw_gemm would run (static name, valid while registered), or an error. */
+dw_status dw_gemm_select(dw_ctx *ctx, const dw_gemm_args *args, const char **name);
+/* A readable account of the selection: every registered kernel, eligible or not and why, and
+ * the winner. Caller frees with dw_free_string. */
+dw_status dw_gemm_explain(dw_ctx *ctx, const dw_gemm_args *args, char **out);
+
+/* ---- kernel registry ----------------------------------------------------------------------
+ * Entries: op, recipes, device and arch range, a shape/alignment predicate, a priority and the
+ * function. Selection keeps the entries whose fields match and whose predicate accepts, then
+ * takes the highest priority (ties: the earliest registered). Built-in kernels register
+ * themselves; users add theirs with dw_kernel_register. */
+typedef enum { DW_KOP_GEMM = 0 } dw_kernel_op;
+
+/* Returns true when the kernel can run args; otherwise false and *why (static text). */
+typedef bool (*dw_gemm_eligible_fn)(const dw_gemm_args *args, void *user, const char **why);
+typedef dw_status (*dw_gemm_run_fn)(dw_ctx *ctx, const dw_gemm_args *args, void *user);
+
+typedef struct {
+    const char *name;     /* unique; copied by the registry */
+    int32_t op;           /* dw_kernel_op */
+    int32_t recipe_a;     /* DW_RECIPE_* of A, or -1 for any */
+    int32_t recipe_b;     /* DW_RECIPE_* of B, or -1 for any */
+    int32_t device;       /* DW_DEVICE_CPU or DW_DEVICE_CUDA */
+    int32_t sm_min, sm_max; /* CUDA compute capability x10 (90 = sm_90), inclusive; 0,0 = any */
+    int32_t priority;     /* higher wins */
+    dw_gemm_eligible_fn eligible; /* NULL: always eligible */
+    dw_gemm_run_fn run;
+    void *user;           /* passed to eligible and run */
+} dw_kernel_desc;
+
+/* Adds (or, for an existing name, replaces) a kernel. DW_ERR_INVALID for a missing name or run,
+ * DW_ERR_NOMEM when the table is full (256 entries). */
+dw_status dw_kernel_register(const dw_kernel_desc *k);
+/* Removes a kernel by name; false when none has that name. */
+bool dw_kernel_unregister(const char *name);
+
 /* ======================================================================================
  * Autoplan and dryrun                                        [section: plan]
  * ====================================================================================== */

@@ -1,0 +1,37 @@
+/* gemm.h — private: the GEMM layer's internals: the registry table, the backends (CPU reference,
+ * cuBLASLt, Deepwell's own sm_90a MXFP8 kernel) and the Blackwell scale-layout emulation.
+ * Not public: users see dw_gemm / dw_kernel_register in deepwell.h. */
+#ifndef DW_GEMM_GEMM_H
+#define DW_GEMM_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "deepwell.h"
+#include "formats/formats.h"
+
+/* ---- validation and operand access --------------------------------------------------------- */
+/* Checks shapes, pointers, recipes and flags of args (naming the bad field). */
+dw_status dw_gemm_validate(dw_ctx *ctx, const dw_gemm_args *args);
+/* Element (i, j) of op(X), dequantised exactly in double (codes x scales x tensor scale).
+ * Host pointers only. */
+double dw_gemm_operand_at(const dw_gemm_operand *x, int64_t i, int64_t j);
+/* Bytes of the data / scale arrays of an operand. */
+size_t dw_gemm_operand_data_bytes(const dw_gemm_operand *x);
+size_t dw_gemm_operand_scale_bytes(const dw_gemm_operand *x);
+/* GELU, tanh approximation, in double. */
+double dw_gelu_tanh(double x);
+/* The compute capability x10 of the context's device (0 on a CPU context). */
+int dw_gemm_ctx_sm(dw_ctx *ctx);
+
+/* ---- registry ------------------------------------------------------------------------------- */
+/* Fills out with the chosen entry (NULL + DW_ERR_UNSUPPORTED explaining every rejection). */
+dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *args, const dw_kernel_desc **out);
+
+/* ---- backends (each registers itself from dw_gemm_register_builtins) ------------------------ */
+void dw_gemm_register_builtins(void);
+dw_status dw_gemm_ref_run(dw_ctx *ctx, const dw_gemm_args *args, void *user);
+void dw_gemm_cublaslt_register(void);   /* no-op without CUDA */
+void dw_gemm_mxfp8_sm90_register(void); /* no-op without CUDA */
+
+#endif /* DW_GEMM_GEMM_H */

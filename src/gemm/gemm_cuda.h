@@ -1,0 +1,42 @@
+/* gemm_cuda.h — private: C-callable helpers of the CUDA GEMM backends (scale re-layout kernels,
+ * the sm_90a MXFP8 kernel's launcher). Plain C types only; streams passed as void*. */
+#ifndef DW_GEMM_GEMM_CUDA_H
+#define DW_GEMM_GEMM_CUDA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst [cols][ld] = src [rows, cols]^T (FP32), rows padded to ld with 0: cuBLASLt's
+ * VEC128_32F / BLK128x128_32F scale layout (outer dimension fastest). Returns a cudaError_t. */
+int dw_gemm_cuda_transpose_scales(const float *src, int64_t rows, int64_t cols, int64_t ld, float *dst,
+                                  void *stream);
+/* dst = the 128x4-tiled layout of src [rows, scols] (bytes): see dw_scale_swizzle_offset (formats.h). */
+int dw_gemm_cuda_tile_scales(const uint8_t *src, int64_t rows, int64_t scols, uint8_t *dst, void *stream);
+
+/* Deepwell's sm_90a MXFP8 GEMM (FP8 wgmma with per-32 UE8M0 promotion in FP32):
+ *   D [m, n] = epi(alpha * sum_kb sa[i, kb] sb[j, kb] (A[i, kb*32:+32] . B[j, kb*32:+32]) + beta C)
+ * A codes [m, k], B codes [n, k] (E4M3, or E5M2 when e5m2_a / e5m2_b), scales [m, k/32], [n, k/32]
+ * UE8M0. out_bf16 selects BF16 (else FP32) for d, c, bias, aux. k % 32 == 0, k % 16 bytes.
+ * Returns a cudaError_t (0 = launched). */
+typedef struct {
+    const uint8_t *a, *b, *sa, *sb;
+    int64_t m, n, k;
+    int e5m2_a, e5m2_b;
+    float alpha, beta;
+    const void *c;
+    void *d;
+    int out_bf16;
+    const void *bias;
+    void *aux;
+    int gelu;
+} dw_mxfp8_sm90_args;
+int dw_gemm_mxfp8_sm90_launch(const dw_mxfp8_sm90_args *p, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DW_GEMM_GEMM_CUDA_H */

@@ -1,0 +1,52 @@
+/* gemm_mxfp8.c — registry entry and host-side checks of Deepwell's own sm_90a MXFP8 kernel
+ * (mxfp8_sm90.cu): Blackwell MXFP8 numerics on Hopper's FP8 wgmma with per-32 promotion. */
+#include "core/ctx.h"
+#include "core/error.h"
+#include "gemm/gemm.h"
+
+#if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
+#include "gemm/gemm_cuda.h"
+
+static bool is_mx8(int32_t r) { return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2; }
+
+static bool mx_sm90_eligible(const dw_gemm_args *a, void *user, const char **why) {
+    (void)user;
+    if (!is_mx8(a->a.recipe) || !is_mx8(a->b.recipe)) return *why = "A and B must be mxfp8 or mxfp8_e5m2", false;
+    if (a->a.trans || !a->b.trans)
+        return *why = "needs K-major operands: A stored [m,k], B stored [n,k] (trans_b)", false;
+    if (a->k % 32) return *why = "k must be a multiple of 32 (one UE8M0 scale per 32)", false;
+    if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return *why = "dimensions over 2^31", false;
+    if (a->epilogue & DW_EPI_BGRAD) return *why = "no bias-gradient epilogue in this kernel", false;
+    return true;
+}
+
+static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    (void)user;
+    void *stream = NULL;
+    DW_TRY(dw_ctx_stream(ctx, &stream));
+    dw_mxfp8_sm90_args p = {
+        .a = a->a.data, .b = a->b.data, .sa = a->a.scales, .sb = a->b.scales,
+        .m = a->m, .n = a->n, .k = a->k,
+        .e5m2_a = a->a.recipe == DW_RECIPE_MXFP8_E5M2, .e5m2_b = a->b.recipe == DW_RECIPE_MXFP8_E5M2,
+        .alpha = a->alpha, .beta = a->beta, .c = a->c, .d = a->d,
+        .out_bf16 = a->out_type == DW_GEMM_OUT_BF16,
+        .bias = (a->epilogue & DW_EPI_BIAS) ? a->bias : NULL,
+        .aux = (a->epilogue & DW_EPI_GELU_AUX) ? a->aux : NULL,
+        .gelu = (a->epilogue & DW_EPI_GELU) != 0,
+    };
+    DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_mxfp8_sm90_launch(&p, stream));
+    return DW_OK;
+}
+#endif
+
+void dw_gemm_mxfp8_sm90_register(void) {
+#if DW_HAVE_CUDA
+    dw_kernel_desc d = {.name = "deepwell_mxfp8_wgmma_sm90", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
+                        .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = 30,
+                        .eligible = mx_sm90_eligible, .run = mx_sm90_run};
+    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
+#endif
+}

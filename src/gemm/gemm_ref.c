@@ -1,0 +1,77 @@
+/* gemm_ref.c — the CPU reference GEMM (the oracle): every operand dequantised exactly with the
+ * formats decode functions into double, products accumulated in double, the epilogue in double,
+ * one rounding at the end. Slow and simple on purpose; no fast-math, no fusion tricks. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "gemm/gemm.h"
+
+static double load_out(const void *p, int32_t type, int64_t i) {
+    if (type == DW_GEMM_OUT_BF16) return dw_decode_bf16(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static void store_out(void *p, int32_t type, int64_t i, double v) {
+    if (type == DW_GEMM_OUT_BF16) ((uint16_t *)p)[i] = dw_encode_bf16((float)v);
+    else ((float *)p)[i] = (float)v;
+}
+
+dw_status dw_gemm_ref_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    (void)user;
+    int64_t m = a->m, n = a->n, k = a->k;
+    double *A = malloc((size_t)(m * k) * sizeof *A); /* op(A) [m, k] */
+    double *B = malloc((size_t)(n * k) * sizeof *B); /* op(B)^T [n, k] */
+    if (!A || !B) {
+        free(A);
+        free(B);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "gemm reference: out of host memory (%lldx%lldx%lld)",
+                            (long long)m, (long long)n, (long long)k);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t p = 0; p < k; p++) A[i * k + p] = dw_gemm_operand_at(&a->a, i, p);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t p = 0; p < k; p++) B[j * k + p] = dw_gemm_operand_at(&a->b, p, j);
+
+    int epi = a->epilogue;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double acc = 0;
+            const double *x = A + i * k, *y = B + j * k;
+            for (int64_t p = 0; p < k; p++) acc += x[p] * y[p];
+            double v = (double)a->alpha * acc;
+            if (a->beta != 0.0f) v += (double)a->beta * load_out(a->c, a->out_type, i * n + j);
+            if (epi & DW_EPI_BIAS) v += load_out(a->bias, a->out_type, j);
+            if (epi & DW_EPI_GELU_AUX) store_out(a->aux, a->out_type, i * n + j, v);
+            if (epi & DW_EPI_GELU) v = dw_gelu_tanh(v);
+            store_out(a->d, a->out_type, i * n + j, v);
+        }
+        if (epi & DW_EPI_BGRAD) {
+            double s = 0;
+            for (int64_t p = 0; p < k; p++) s += A[i * k + p];
+            store_out(a->bgrad, a->out_type, i, s);
+        }
+    }
+    free(A);
+    free(B);
+    return DW_OK;
+}
+
+void dw_gemm_register_builtins(void) {
+    dw_kernel_desc d = {
+        .name = "cpu_reference",
+        .op = DW_KOP_GEMM,
+        .recipe_a = -1,
+        .recipe_b = -1,
+        .device = DW_DEVICE_CPU,
+        .priority = 0,
+        .run = dw_gemm_ref_run,
+    };
+    dw_status s = dw_kernel_register(&d);
+    DW_ASSERT(s == DW_OK);
+    dw_gemm_cublaslt_register();
+    dw_gemm_mxfp8_sm90_register();
+}

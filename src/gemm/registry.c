@@ -1,0 +1,147 @@
+/* registry.c — the kernel registry: a table of candidate kernels (built-in and user-registered)
+ * and the selection rule (matching fields, predicate, highest priority, earliest on ties) with
+ * an explanation of every decision. Not thread-safe: register before concurrent use. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ctx.h"
+#include "core/error.h"
+#include "gemm/gemm.h"
+
+#define DW_REGISTRY_CAP 256
+#define DW_KNAME_CAP 64
+
+typedef struct {
+    dw_kernel_desc d;
+    char name[DW_KNAME_CAP];
+} entry;
+
+static entry g_table[DW_REGISTRY_CAP];
+static int g_count;
+static bool g_builtins;
+
+static void ensure_builtins(void) {
+    if (g_builtins) return;
+    g_builtins = true;
+    dw_gemm_register_builtins();
+}
+
+static int find(const char *name) {
+    for (int i = 0; i < g_count; i++)
+        if (!strcmp(g_table[i].name, name)) return i;
+    return -1;
+}
+
+dw_status dw_kernel_register(const dw_kernel_desc *k) {
+    ensure_builtins();
+    if (!k || !k->name || !k->name[0] || !k->run)
+        return dw_set_error(NULL, DW_ERR_INVALID, "kernel_register: a kernel needs a name and a run function");
+    if (strlen(k->name) >= DW_KNAME_CAP)
+        return dw_set_error(NULL, DW_ERR_INVALID, "kernel_register: name '%s' is longer than %d bytes", k->name,
+                            DW_KNAME_CAP - 1);
+    if (k->op != DW_KOP_GEMM)
+        return dw_set_error(NULL, DW_ERR_INVALID, "kernel_register %s: unknown op %d", k->name, (int)k->op);
+    if (k->device != DW_DEVICE_CPU && k->device != DW_DEVICE_CUDA)
+        return dw_set_error(NULL, DW_ERR_INVALID, "kernel_register %s: device must be CPU or CUDA", k->name);
+    int i = find(k->name);
+    if (i < 0) {
+        if (g_count == DW_REGISTRY_CAP)
+            return dw_set_error(NULL, DW_ERR_NOMEM, "kernel_register %s: the table is full (%d)", k->name,
+                                DW_REGISTRY_CAP);
+        i = g_count++;
+    }
+    g_table[i].d = *k;
+    snprintf(g_table[i].name, sizeof g_table[i].name, "%s", k->name);
+    g_table[i].d.name = g_table[i].name;
+    return DW_OK;
+}
+
+bool dw_kernel_unregister(const char *name) {
+    ensure_builtins();
+    int i = name ? find(name) : -1;
+    if (i < 0) return false;
+    memmove(&g_table[i], &g_table[i + 1], (size_t)(g_count - i - 1) * sizeof g_table[0]);
+    g_count--;
+    for (int j = i; j < g_count; j++) g_table[j].d.name = g_table[j].name; /* re-point after move */
+    return true;
+}
+
+/* Why entry e cannot run args on ctx (NULL when it can). */
+static const char *reject_reason(const entry *e, const dw_gemm_args *a, dw_device_kind dev, int sm,
+                                 char *buf, size_t n) {
+    const dw_kernel_desc *d = &e->d;
+    if (d->op != DW_KOP_GEMM) return "not a GEMM kernel";
+    if (a->backend && strcmp(a->backend, e->name)) return "not the requested backend";
+    if ((int)dev != d->device) return d->device == DW_DEVICE_CPU ? "CPU kernel, CUDA context" : "CUDA kernel, CPU context";
+    if (d->device == DW_DEVICE_CUDA && (d->sm_min || d->sm_max) && (sm < d->sm_min || sm > d->sm_max)) {
+        snprintf(buf, n, "needs sm_%d..sm_%d, device is sm_%d", d->sm_min, d->sm_max, sm);
+        return buf;
+    }
+    if (d->recipe_a >= 0 && d->recipe_a != a->a.recipe) {
+        snprintf(buf, n, "A must be %s", dw_recipe_name((dw_recipe)d->recipe_a));
+        return buf;
+    }
+    if (d->recipe_b >= 0 && d->recipe_b != a->b.recipe) {
+        snprintf(buf, n, "B must be %s", dw_recipe_name((dw_recipe)d->recipe_b));
+        return buf;
+    }
+    const char *why = NULL;
+    if (d->eligible && !d->eligible(a, d->user, &why)) return why ? why : "predicate rejected";
+    return NULL;
+}
+
+/* Selection; appends the account to `log` (may be NULL). */
+static const entry *select_entry(dw_ctx *ctx, const dw_gemm_args *a, char *log, size_t logn) {
+    ensure_builtins();
+    dw_device_kind dev = dw_ctx_device(ctx);
+    int sm = dw_gemm_ctx_sm(ctx);
+    const entry *best = NULL;
+    size_t used = log ? strlen(log) : 0;
+    for (int i = 0; i < g_count; i++) {
+        char buf[160];
+        const char *why = reject_reason(&g_table[i], a, dev, sm, buf, sizeof buf);
+        if (!why && (!best || g_table[i].d.priority > best->d.priority)) best = &g_table[i];
+        if (log && used < logn) {
+            int w = snprintf(log + used, logn - used, "  %-28s prio %3d  %s%s\n", g_table[i].name,
+                             (int)g_table[i].d.priority, why ? "rejected: " : "eligible", why ? why : "");
+            if (w > 0) used += (size_t)w;
+            if (used >= logn) used = logn - 1;
+        }
+    }
+    return best;
+}
+
+dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *a, const dw_kernel_desc **out) {
+    *out = NULL;
+    const entry *e = select_entry(ctx, a, NULL, 0);
+    if (e) {
+        *out = &e->d;
+        return DW_OK;
+    }
+    char log[4096] = "";
+    select_entry(ctx, a, log, sizeof log);
+    return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "gemm: no kernel for A=%s%s B=%s%s on %s:\n%s",
+                        dw_recipe_name((dw_recipe)a->a.recipe), a->a.trans ? "^T" : "",
+                        dw_recipe_name((dw_recipe)a->b.recipe), a->b.trans ? "^T" : "",
+                        dw_ctx_device(ctx) == DW_DEVICE_CUDA ? "cuda" : "cpu", log);
+}
+
+dw_status dw_gemm_explain(dw_ctx *ctx, const dw_gemm_args *a, char **out) {
+    *out = NULL;
+    DW_TRY(dw_gemm_validate(ctx, a));
+    size_t cap = 16384;
+    char *s = malloc(cap);
+    if (!s) return dw_set_error(ctx, DW_ERR_NOMEM, "gemm_explain: out of memory");
+    int sm = dw_gemm_ctx_sm(ctx);
+    int w = snprintf(s, cap, "gemm %lldx%lldx%lld A=%s%s B=%s%s epilogue=0x%x on %s (sm_%d)\n", (long long)a->m,
+                     (long long)a->n, (long long)a->k, dw_recipe_name((dw_recipe)a->a.recipe),
+                     a->a.trans ? "^T" : "", dw_recipe_name((dw_recipe)a->b.recipe), a->b.trans ? "^T" : "",
+                     (unsigned)a->epilogue, dw_ctx_device(ctx) == DW_DEVICE_CUDA ? "cuda" : "cpu", sm);
+    (void)w;
+    const entry *e = select_entry(ctx, a, s, cap - 128);
+    size_t used = strlen(s);
+    snprintf(s + used, cap - used, "selected: %s\n", e ? e->name : "(none)");
+    *out = s;
+    return DW_OK;
+}
