@@ -6,3 +6,4 @@ DW_COMMAND(quantize, cmd_quantize, "quantise a safetensors checkpoint with one r
 DW_COMMAND(quant-report, cmd_quant_report, "per-tensor error of each recipe on a safetensors checkpoint")
 DW_COMMAND(capture, cmd_capture, "show a model's graph (HF config.json or preset): nodes, params, FLOPs/token")
 DW_COMMAND(eval, cmd_eval, "loss of a model on one batch of tokens (CPU reference engine)")
+DW_COMMAND(compile, cmd_compile, "compile a model for the CUDA engine: per-node recipe and kernel, memory plan per pool")
