@@ -7,3 +7,4 @@ DW_COMMAND(quant-report, cmd_quant_report, "per-tensor error of each recipe on a
 DW_COMMAND(capture, cmd_capture, "show a model's graph (HF config.json or preset): nodes, params, FLOPs/token")
 DW_COMMAND(eval, cmd_eval, "loss of a model on one batch of tokens (CPU reference engine)")
 DW_COMMAND(compile, cmd_compile, "compile a model for the CUDA engine: per-node recipe and kernel, memory plan per pool")
+DW_COMMAND(bench-gemm, cmd_bench_gemm, "time dw_gemm per recipe on the GPU (8192^3, GPT-2, Llama shapes); --explain selections")

@@ -93,7 +93,7 @@ static size_t scale_scratch(const dw_gemm_operand *x) {
     case DW_RECIPE_FP8_BLOCK:
     case DW_RECIPE_FP8_BLOCK2D:
         dw_quant_scale_shape((dw_recipe)x->recipe, x->rows, x->cols, &sr, &sc);
-        return (size_t)(sc * round_up(sr, 4)) * 4;
+        return (size_t)(round_up(sc, 4) * round_up(sr, 4)) * 4;
     case DW_RECIPE_MXFP8:
     case DW_RECIPE_MXFP8_E5M2:
     case DW_RECIPE_NVFP4:
@@ -103,6 +103,12 @@ static size_t scale_scratch(const dw_gemm_operand *x) {
     }
 }
 
+/* cuBLASLt's FP32 block-scale layouts on sm_90, for a K-major operand stored [rows, k], as
+ * measured on the H200 (cuBLAS 13.1; other layouts give O(1) errors, tests/gpu/test_gemm_gpu.c):
+ * VEC128 (1x128) wants the scales outer-dimension fastest, [k/128][rows] (rows padded to 4);
+ * BLK128x128 wants them as stored, [rows/128][k/128], but with the k/128 dimension padded to a
+ * multiple of 4. Both need k % 128 == 0, and m = 202 found no algorithm where m = 272 did: the
+ * predicate asks m % 16 == 0. */
 /* Sets the scale mode and pointer of cuBLASLt operand `which` (0 = its A, 1 = its B) from x,
  * re-laying the scales out into dst when cuBLASLt wants another layout. */
 static dw_status set_scale(dw_ctx *ctx, cublasLtMatmulDesc_t desc, int which, const dw_gemm_operand *x,
@@ -119,8 +125,11 @@ static dw_status set_scale(dw_ctx *ctx, cublasLtMatmulDesc_t desc, int which, co
     case DW_RECIPE_FP8_BLOCK2D:
         mode = x->recipe == DW_RECIPE_FP8_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-        DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_cuda_transpose_scales(x->scales, sr, sc, round_up(sr, 4), dst,
-                                                                      stream));
+        if (x->recipe == DW_RECIPE_FP8_BLOCK)
+            DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_cuda_transpose_scales(x->scales, sr, sc, round_up(sr, 4), dst,
+                                                                          stream));
+        else
+            DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_cuda_pad_scales(x->scales, sr, sc, round_up(sc, 4), dst, stream));
         ptr = dst;
         break;
     case DW_RECIPE_MXFP8:
@@ -243,6 +252,54 @@ done:
     return status;
 }
 
+static bool bf16_eligible(const dw_gemm_args *a, void *user, const char **why);
+
+/* ---- block-scaled recipes on sm_80/sm_90 through exact BF16 dequantisation ------------------ */
+static bool is_blockscaled(int32_t r) {
+    return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2 || r == DW_RECIPE_MXFP4 || r == DW_RECIPE_NVFP4;
+}
+
+static bool dq_eligible(const dw_gemm_args *a, void *user, const char **why) {
+    (void)user;
+    if (!is_blockscaled(a->a.recipe) || !is_blockscaled(a->b.recipe))
+        return *why = "A and B must be mxfp8, mxfp8_e5m2, mxfp4 or nvfp4", false;
+    return bf16_eligible(a, user, why);
+}
+
+/* Dequantises x into a BF16 copy at dst (device) and describes it in out. */
+static dw_status dq_operand(dw_ctx *ctx, const dw_gemm_operand *x, uint16_t *dst, void *stream, dw_gemm_operand *out) {
+    int64_t sr, sc;
+    dw_quant_scale_shape((dw_recipe)x->recipe, x->rows, x->cols, &sr, &sc);
+    int ek = x->recipe == DW_RECIPE_MXFP8_E5M2 ? 1 : (x->recipe == DW_RECIPE_MXFP4 || x->recipe == DW_RECIPE_NVFP4) ? 2 : 0;
+    int sk = x->recipe == DW_RECIPE_NVFP4 ? 1 : 0;
+    DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_cuda_dequant_bf16(ek, sk, x->data, x->scales, x->rows, x->cols,
+                                                             dw_quant_row_bytes((dw_recipe)x->recipe, x->cols), sc,
+                                                             dst, stream));
+    *out = *x;
+    out->recipe = DW_RECIPE_BF16;
+    out->data = dst;
+    out->scales = NULL;
+    return DW_OK;
+}
+
+static dw_status dq_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    void *sp = NULL;
+    DW_TRY(dw_ctx_stream(ctx, &sp));
+    cudaStream_t stream = sp;
+    size_t na = (size_t)(a->a.rows * a->a.cols), nb = (size_t)(a->b.rows * a->b.cols);
+    uint16_t *buf = NULL;
+    DW_CUDA_CHECK(ctx, cudaMallocAsync((void **)&buf, (na + nb) * 2, stream));
+    dw_gemm_args g = *a;
+    dw_status s = dq_operand(ctx, &a->a, buf, stream, &g.a);
+    if (s == DW_OK) s = dq_operand(ctx, &a->b, buf + na, stream, &g.b);
+    if (a->a.recipe == DW_RECIPE_NVFP4) g.alpha *= a->a.tensor_scale;
+    if (a->b.recipe == DW_RECIPE_NVFP4) g.alpha *= a->b.tensor_scale;
+    if (s == DW_OK) s = lt_run(ctx, &g, user);
+    cudaError_t fe = cudaFreeAsync(buf, stream);
+    if (s == DW_OK && fe != cudaSuccess) s = dw_set_error(ctx, DW_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(fe));
+    return s;
+}
+
 static bool is_fp8_hopper(int32_t r) {
     return r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_FP8_ROW || r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D;
 }
@@ -262,7 +319,15 @@ static bool fp8_eligible(const dw_gemm_args *a, void *user, const char **why) {
                       "quantiser's transposed copy",
                false;
     if (a->k % 16) return *why = "FP8 needs k % 16 == 0 (16-byte rows)", false;
+    if ((ra == DW_RECIPE_FP8_BLOCK || ra == DW_RECIPE_FP8_BLOCK2D) && (a->k % 128 || a->m % 16))
+        return *why = "cuBLASLt block scaling needs k % 128 == 0 and m % 16 == 0 (no algorithm otherwise)", false;
+    if ((a->n * (a->out_type == DW_GEMM_OUT_BF16 ? 2 : 4)) % 16)
+        return *why = "FP8 needs 16-byte output rows (n % 8 for BF16, n % 4 for FP32)", false;
     if (a->epilogue & DW_EPI_BGRAD) return *why = "cuBLASLt has no FP8 bias-gradient epilogue", false;
+    if (a->epilogue & DW_EPI_GELU) return *why = "cuBLASLt has no FP8 GELU epilogue on sm_90 (measured)", false;
+    if ((a->epilogue & DW_EPI_BIAS) && a->out_type == DW_GEMM_OUT_F32)
+        return *why = "cuBLASLt FP8 with FP32 output takes only a BF16 bias; Deepwell's bias has the output type",
+               false;
     if ((a->epilogue & DW_EPI_GELU_AUX) && a->n % 8) return *why = "GELU_AUX needs n % 8 == 0", false;
     return true;
 }
@@ -299,6 +364,14 @@ void dw_gemm_cublaslt_register(void) {
     DW_ASSERT(dw_kernel_register(&d) == DW_OK);
     /* Blackwell block scaling: compiled and selected on sm_100 only; never run on this project's
      * H200s, so unverified on hardware (the 128x4 scale tiling is unit-tested on the CPU). */
+    /* Hopper (and Ampere): MX / NVFP4 numerics exactly through BF16 tensor cores; preferred on sm_90
+     * over Deepwell's FP8-wgmma MXFP8 kernel, which is slower and whose FP8 accumulation keeps
+     * only ~2^-13 relative precision per 32-chunk (docs/gemm.md has the measurements). */
+    d.name = "deepwell_mx_dequant_bf16";
+    d.run = dq_run;
+    d.sm_min = 80, d.sm_max = 99, d.priority = 40, d.eligible = dq_eligible;
+    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
+    d.run = lt_run;
     d.name = "cublaslt_blockscaled_sm100";
     d.sm_min = 100, d.sm_max = 109, d.priority = 20, d.eligible = mx_eligible;
     DW_ASSERT(dw_kernel_register(&d) == DW_OK);

@@ -13,8 +13,15 @@ extern "C" {
  * VEC128_32F / BLK128x128_32F scale layout (outer dimension fastest). Returns a cudaError_t. */
 int dw_gemm_cuda_transpose_scales(const float *src, int64_t rows, int64_t cols, int64_t ld, float *dst,
                                   void *stream);
+/* dst [rows][ld] = src [rows, cols] (FP32), columns padded to ld with 0 (BLK128x128_32F layout). */
+int dw_gemm_cuda_pad_scales(const float *src, int64_t rows, int64_t cols, int64_t ld, float *dst, void *stream);
 /* dst = the 128x4-tiled layout of src [rows, scols] (bytes): see dw_scale_swizzle_offset (formats.h). */
 int dw_gemm_cuda_tile_scales(const uint8_t *src, int64_t rows, int64_t scols, uint8_t *dst, void *stream);
+
+/* out [rows, cols] BF16 = codes x scales exactly (element kind 0 E4M3, 1 E5M2, 2 E2M1 packed;
+ * scale kind 0 UE8M0 per 32, 1 UE4M3 per 16; row_bytes per code row, scols scales per row). */
+int dw_gemm_cuda_dequant_bf16(int ekind, int skind, const uint8_t *codes, const uint8_t *scales, int64_t rows,
+                              int64_t cols, int64_t row_bytes, int64_t scols, uint16_t *out, void *stream);
 
 /* Deepwell's sm_90a MXFP8 GEMM (FP8 wgmma with per-32 UE8M0 promotion in FP32):
  *   D [m, n] = epi(alpha * sum_kb sa[i, kb] sb[j, kb] (A[i, kb*32:+32] . B[j, kb*32:+32]) + beta C)
@@ -32,6 +39,7 @@ typedef struct {
     const void *bias;
     void *aux;
     int gelu;
+    int double_buffer; /* variant: two partial accumulators (chunk c+1 in flight during c's promotion) */
 } dw_mxfp8_sm90_args;
 int dw_gemm_mxfp8_sm90_launch(const dw_mxfp8_sm90_args *p, void *stream);
 

@@ -24,7 +24,6 @@ static bool mx_sm90_eligible(const dw_gemm_args *a, void *user, const char **why
 }
 
 static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
-    (void)user;
     void *stream = NULL;
     DW_TRY(dw_ctx_stream(ctx, &stream));
     dw_mxfp8_sm90_args p = {
@@ -36,6 +35,7 @@ static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
         .bias = (a->epilogue & DW_EPI_BIAS) ? a->bias : NULL,
         .aux = (a->epilogue & DW_EPI_GELU_AUX) ? a->aux : NULL,
         .gelu = (a->epilogue & DW_EPI_GELU) != 0,
+        .double_buffer = user != NULL,
     };
     DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_mxfp8_sm90_launch(&p, stream));
     return DW_OK;
@@ -47,6 +47,12 @@ void dw_gemm_mxfp8_sm90_register(void) {
     dw_kernel_desc d = {.name = "deepwell_mxfp8_wgmma_sm90", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
                         .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = 30,
                         .eligible = mx_sm90_eligible, .run = mx_sm90_run};
+    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
+    /* variant with two partial accumulators (more registers; see docs/gemm.md for which is faster) */
+    static int db = 1;
+    d.name = "deepwell_mxfp8_wgmma_sm90_db";
+    d.priority = 29;
+    d.user = &db;
     DW_ASSERT(dw_kernel_register(&d) == DW_OK);
 #endif
 }

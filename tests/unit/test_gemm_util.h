@@ -17,7 +17,7 @@ typedef struct {
     int64_t srows, scols;
 } tg_operand;
 
-static uint8_t tg_fp8_code(dw_test_rng *r, bool e5m2) {
+static inline uint8_t tg_fp8_code(dw_test_rng *r, bool e5m2) {
     for (;;) {
         uint8_t c = (uint8_t)dw_test_next(r);
         if (!e5m2 && (c & 0x7f) == 0x7f) continue;          /* E4M3 NaN */
@@ -29,7 +29,7 @@ static uint8_t tg_fp8_code(dw_test_rng *r, bool e5m2) {
 }
 
 /* A random stored matrix [rows, cols] in `recipe`; op(X) = trans ? X^T : X. */
-static void tg_make(dw_test_rng *r, tg_operand *o, int32_t recipe, int64_t rows, int64_t cols, bool trans) {
+static inline void tg_make(dw_test_rng *r, tg_operand *o, int32_t recipe, int64_t rows, int64_t cols, bool trans) {
     memset(o, 0, sizeof *o);
     o->op.recipe = recipe;
     o->op.trans = trans;
@@ -65,14 +65,14 @@ static void tg_make(dw_test_rng *r, tg_operand *o, int32_t recipe, int64_t rows,
     }
 }
 
-static void tg_free(tg_operand *o) {
+static inline void tg_free(tg_operand *o) {
     free((void *)o->op.data);
     free((void *)o->op.scales);
     memset(o, 0, sizeof *o);
 }
 
 /* Dense op(X) [R, C] in double: decode every code, then multiply block by block. */
-static double *tg_dense(const tg_operand *o) {
+static inline double *tg_dense(const tg_operand *o) {
     int64_t rows = o->op.rows, cols = o->op.cols;
     double *x = malloc((size_t)(rows * cols) * sizeof *x);
     const uint8_t *d = o->op.data;
@@ -114,11 +114,11 @@ static double *tg_dense(const tg_operand *o) {
     return x;
 }
 
-static double tg_gelu(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+static inline double tg_gelu(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 
 /* Independent expected result (pre-rounding, double) of args with host operands o_a, o_b;
  * fills exp_d [m, n], exp_aux [m, n] (may be NULL), exp_bgrad [m] (may be NULL). c/bias given in double. */
-static void tg_expect(const dw_gemm_args *a, const tg_operand *oa, const tg_operand *ob, const double *c,
+static inline void tg_expect(const dw_gemm_args *a, const tg_operand *oa, const tg_operand *ob, const double *c,
                       const double *bias, double *exp_d, double *exp_aux, double *exp_bgrad) {
     double *A = tg_dense(oa), *B = tg_dense(ob); /* [m, k], [k, n] */
     for (int64_t i = 0; i < a->m; i++) {
@@ -143,7 +143,7 @@ static void tg_expect(const dw_gemm_args *a, const tg_operand *oa, const tg_oper
 }
 
 /* ||got - exp|| / ||exp|| over n values; NaN anywhere (got or exp) returns +Inf. */
-static double tg_rel_err(const double *got, const double *exp, int64_t n) {
+static inline double tg_rel_err(const double *got, const double *exp, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
         if (isnan(got[i]) || isnan(exp[i])) return INFINITY;
@@ -154,12 +154,12 @@ static double tg_rel_err(const double *got, const double *exp, int64_t n) {
 }
 
 /* Output buffer of out_type [n] to double. */
-static void tg_to_double(const void *p, int32_t type, int64_t n, double *out) {
+static inline void tg_to_double(const void *p, int32_t type, int64_t n, double *out) {
     for (int64_t i = 0; i < n; i++)
         out[i] = type == DW_GEMM_OUT_BF16 ? dw_decode_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-static void tg_fill_out(dw_test_rng *r, void *p, int32_t type, int64_t n, double *as_double) {
+static inline void tg_fill_out(dw_test_rng *r, void *p, int32_t type, int64_t n, double *as_double) {
     for (int64_t i = 0; i < n; i++) {
         float v = dw_test_normal(r);
         if (type == DW_GEMM_OUT_BF16) {
@@ -172,6 +172,6 @@ static void tg_fill_out(dw_test_rng *r, void *p, int32_t type, int64_t n, double
     }
 }
 
-static size_t tg_out_size(int32_t type) { return type == DW_GEMM_OUT_BF16 ? 2 : 4; }
+static inline size_t tg_out_size(int32_t type) { return type == DW_GEMM_OUT_BF16 ? 2 : 4; }
 
 #endif /* DW_TEST_GEMM_UTIL_H */
