@@ -68,8 +68,8 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
     mib(f, total);
     fprintf(f, "\n");
     if (c->bf16)
-        fprintf(f, "  plus %lld MiB cuBLASLt workspace owned by the GEMM layer (allocated on first "
-                "use)\n", (long long)(DW_COMPILE_LT_WORKSPACE >> 20));
+        fprintf(f, "  plus %lld MiB cuBLASLt workspace owned by the GEMM layer (once per context, "
+                "allocated when the first engine is created)\n", (long long)(DW_COMPILE_LT_WORKSPACE >> 20));
     if (fclose(f) != 0 || !buf) {
         free(buf);
         return dw_set_error(ctx, DW_ERR_NOMEM, "compile report: out of memory");

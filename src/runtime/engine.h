@@ -50,6 +50,10 @@ dw_status dw_engine_sync_to_device(dw_engine *e);
  * train/optstate). */
 dw_status dw_engine_adamw_step(dw_engine *e, double lr, double beta1, double beta2, double eps,
                                double weight_decay, double clip, int64_t step, double *grad_norm);
+/* The AdamW moments of parameter i (numel floats each, its shape) for checkpoints: to_device
+ * false copies the device's m, v into the host arrays, true copies them to the device. CPU
+ * engine: DW_ERR_UNSUPPORTED (train/optstate holds them). */
+dw_status dw_engine_adamw_moments(dw_engine *e, int i, float *m, float *v, bool to_device);
 /* The CUDA engine's compiled plan (NULL for the CPU engine). */
 const dw_compiled *dw_engine_compiled(const dw_engine *e);
 void dw_engine_free(dw_engine *e);

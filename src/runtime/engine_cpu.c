@@ -203,3 +203,10 @@ dw_status dw_engine_adamw_step(dw_engine *e, double lr, double beta1, double bet
                             "optimizer; the CPU trainer steps with train/optstate");
     return dw_engine_cuda_adamw(e, lr, beta1, beta2, eps, weight_decay, clip, step, grad_norm);
 }
+dw_status dw_engine_adamw_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {
+    if (!e->cuda)
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the CPU engine keeps no optimizer "
+                            "state (train/optstate does)");
+    DW_ASSERT(i >= 0 && i < e->n_params);
+    return dw_engine_cuda_moments(e, i, m, v, to_device);
+}

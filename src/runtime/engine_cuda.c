@@ -453,6 +453,20 @@ dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double bet
     return DW_OK;
 }
 
+dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {
+    size_t bytes = (size_t)e->params[i].numel * sizeof(float);
+    int64_t off = CE->cp->param_off[i];
+    enum cudaMemcpyKind k = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(to_device ? (void *)(CE->m + off) : (void *)m,
+                                          to_device ? (const void *)m : (const void *)(CE->m + off), bytes, k,
+                                          CE->stream));
+    DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(to_device ? (void *)(CE->v + off) : (void *)v,
+                                          to_device ? (const void *)v : (const void *)(CE->v + off), bytes, k,
+                                          CE->stream));
+    DW_CUDA_CHECK(e->ctx, cudaStreamSynchronize(CE->stream));
+    return DW_OK;
+}
+
 const dw_compiled *dw_engine_cuda_plan(const dw_engine *e) { return e->cuda->cp; }
 
 void dw_engine_cuda_free(struct dw_engine_cuda *c) {
@@ -511,6 +525,12 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     /* zero everything once: padding between parameters stays 0 through AdamW */
     for (int p = 0; p < DW_POOL_COUNT; p++)
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(CE->pool[p], 0, (size_t)cp->pool_bytes[p], CE->stream));
+    if (cp->bf16) { /* one tiny GEMM on zeroed scratch: cuBLASLt's handle and workspace now, not in a step */
+        dw_gemm_args a = {.m = 16, .n = 16, .k = 16, .a = bf16_op(CE->partials, 16, 16, false),
+                          .b = bf16_op(CE->partials, 16, 16, true), .alpha = 1.0f,
+                          .d = (char *)CE->partials + 2048, .out_type = DW_GEMM_OUT_F32};
+        DW_TRY(dw_gemm(ctx, &a));
+    }
     DW_CUDA_CHECK(ctx, cudaStreamSynchronize(CE->stream));
     return DW_OK;
 }
@@ -591,6 +611,10 @@ dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double bet
 const dw_compiled *dw_engine_cuda_plan(const dw_engine *e) {
     (void)e;
     return NULL;
+}
+dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {
+    (void)i, (void)m, (void)v, (void)to_device;
+    return no_cuda(e);
 }
 dw_status dw_engine_create_cuda(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
                                 const dw_policy *policy, dw_engine **out) {

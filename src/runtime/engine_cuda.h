@@ -22,5 +22,6 @@ dw_status dw_engine_cuda_forward_backward(dw_engine *e, const int32_t *tokens,
 dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double beta2, double eps,
                                double wd, double clip, int64_t step, double *grad_norm);
 const dw_compiled *dw_engine_cuda_plan(const dw_engine *e);
+dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device);
 
 #endif /* DW_RUNTIME_ENGINE_CUDA_H */

@@ -1,8 +1,10 @@
 /* test_engine_cuda.c — the CUDA engine against the CPU reference engine on the same weights and
  * batch: loss, logits and every parameter gradient (gpt2-tiny, llama-tiny, qwen2-tiny), in FP32
  * mode and in BF16 mode; CUDA-graph replay bit-identical to the eager step and using the new
- * batch; AdamW steps against a double-precision reference of the CPU trainer's formula; measured
- * device memory against the plan; a few training steps against the CPU engine. Needs a GPU.
+ * batch; AdamW steps against a double-precision reference of the CPU trainer's formula; a few
+ * training steps against the CPU engine; gradient accumulation over micro-batches of two shapes;
+ * bit-identical resume from weights + AdamW moments; measured device memory against the plan.
+ * Needs a GPU.
  *
  * Tolerances. Errors are normwise per tensor: err = max|gpu - cpu| / max|cpu| (FP32) or
  * ||gpu - cpu||_2 / max(||cpu||_2, 0.1 * its share of the global norm) (BF16; the share is
@@ -343,6 +345,88 @@ static void test_train_steps(void **state) {
     if (bad) fail_msg("training steps: %d of 4 disagree", bad);
 }
 
+/* Micro-batches accumulate (+=) with their grad_scale, also at a shorter T than the capacity. */
+static void test_accumulate(void **state) {
+    (void)state;
+    dw_model_config c = preset("llama-tiny");
+    const int64_t B = 2, T = 40, T2 = 40 - 1 - (int64_t)(dw_test_next(&g_rng) % 20), N = B * T;
+    dw_engine *cpu = make_cpu(&c, B, T), *gpu = make_gpu(&c, B, T, NULL);
+    same_weights(cpu, gpu, dw_test_next(&g_rng));
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    dw_engine_zero_grad(cpu);
+    dw_engine_zero_grad(gpu);
+    double lc, lg;
+    for (int mb = 0; mb < 4; mb++) { /* shapes T, T2, T2, T: eager, eager, captured, eager */
+        int64_t t = (mb == 1 || mb == 2) ? T2 : T;
+        batch(x, y, B * t, c.vocab_size);
+        assert_int_equal(dw_engine_forward_backward(cpu, x, y, B, t, 0.25, &lc), DW_OK);
+        if (dw_engine_forward_backward(gpu, x, y, B, t, 0.25, &lg) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        printf("  micro-batch %d (T=%lld): loss gpu %.8f cpu %.8f\n", mb, (long long)t, lg, lc);
+        if (!(fabs(lg - lc) / lc <= 1e-5)) fail_msg("micro-batch %d: loss gpu %.9g cpu %.9g", mb, lg, lc);
+    }
+    assert_int_equal(dw_engine_sync_to_host(gpu, true), DW_OK);
+    int bad = 0;
+    for (int i = 0; i < dw_engine_param_count(cpu); i++) {
+        dw_param *pc = dw_engine_param(cpu, i), *pg = dw_engine_param(gpu, i);
+        if (!(cmp("accum", pc->name, pg->grad, pc->grad, pc->numel, false, 0.0) <= 2e-5)) bad++;
+    }
+    free(x), free(y);
+    dw_engine_free(cpu);
+    dw_engine_free(gpu);
+    if (bad) fail_msg("accumulated gradients: %d tensors beyond 2e-5", bad);
+}
+
+/* Resume: weights and AdamW moments copied into a fresh engine continue bit-identically. */
+static void test_resume(void **state) {
+    (void)state;
+    dw_model_config c = preset("gpt2-tiny");
+    const int64_t B = 2, T = 24, N = B * T;
+    dw_engine *a = make_gpu(&c, B, T, "bf16"), *b = make_gpu(&c, B, T, "bf16");
+    assert_int_equal(dw_engine_init_weights(a, dw_test_next(&g_rng)), DW_OK);
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    double loss, gn;
+    batch(x, y, N, c.vocab_size);
+    dw_engine_zero_grad(a);
+    assert_int_equal(dw_engine_forward_backward(a, x, y, B, T, 1.0, &loss), DW_OK);
+    assert_int_equal(dw_engine_adamw_step(a, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 1, &gn), DW_OK);
+    /* checkpoint a into b through the host */
+    assert_int_equal(dw_engine_sync_to_host(a, false), DW_OK);
+    for (int i = 0; i < dw_engine_param_count(a); i++) {
+        dw_param *pa = dw_engine_param(a, i), *pb = dw_engine_param(b, i);
+        memcpy(pb->data, pa->data, (size_t)pa->numel * 4);
+        float *m = malloc((size_t)pa->numel * 4), *v = malloc((size_t)pa->numel * 4);
+        assert_int_equal(dw_engine_adamw_moments(a, i, m, v, false), DW_OK);
+        assert_int_equal(dw_engine_adamw_moments(b, i, m, v, true), DW_OK);
+        free(m), free(v);
+    }
+    assert_int_equal(dw_engine_sync_to_device(b), DW_OK);
+    batch(x, y, N, c.vocab_size);
+    double la, lb, ga, gb;
+    for (int k = 0; k < 2; k++) {
+        dw_engine *e = k ? b : a;
+        dw_engine_zero_grad(e);
+        assert_int_equal(dw_engine_forward_backward(e, x, y, B, T, 1.0, k ? &lb : &la), DW_OK);
+        assert_int_equal(dw_engine_adamw_step(e, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 2, k ? &gb : &ga), DW_OK);
+    }
+    assert_int_equal(dw_engine_sync_to_host(a, false), DW_OK);
+    assert_int_equal(dw_engine_sync_to_host(b, false), DW_OK);
+    int64_t diff = 0;
+    for (int i = 0; i < dw_engine_param_count(a); i++) {
+        dw_param *pa = dw_engine_param(a, i), *pb = dw_engine_param(b, i);
+        diff += memcmp(pa->data, pb->data, (size_t)pa->numel * 4) != 0;
+    }
+    printf("  resume: loss %.9g vs %.9g, grad norm %.12g vs %.12g, %lld tensors differ (want 0)\n", la, lb, ga, gb,
+           (long long)diff);
+    free(x), free(y);
+    dw_engine_free(a);
+    dw_engine_free(b);
+    if (diff || la != lb || ga != gb) fail_msg("resumed engine diverged");
+    /* the CPU engine has no device optimizer */
+    dw_engine *cpu = make_cpu(&c, 1, 8);
+    assert_int_equal(dw_engine_adamw_step(cpu, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 1, &gn), DW_ERR_UNSUPPORTED);
+    dw_engine_free(cpu);
+}
+
 /* ---- memory ------------------------------------------------------------------------------------- */
 static void test_memory(void **state) {
     (void)state;
@@ -396,7 +480,8 @@ static void test_memory(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_fp32), cmocka_unit_test(test_parity_bf16), cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_train_steps), cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_train_steps), cmocka_unit_test(test_accumulate), cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
