@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "capture/model_config.h"
 #include "compile/compile.h"
@@ -427,6 +428,41 @@ static void test_resume(void **state) {
     dw_engine_free(cpu);
 }
 
+/* GPT-2 124M (vocabulary padded to 50304 as llm.c does) in BF16 at B=8, T=1024: one fixed batch,
+ * 12 AdamW steps; the loss must fall by more than 1 nat (memorising the batch). Prints the step
+ * time of steps 3..12 (CUDA graph replay + AdamW, one host sync each) for bench/RESULTS.md; the
+ * PyTorch anchor is bench/train_anchor.py on the same config in the same device call. */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_gpt2_124m_steps(void **state) {
+    (void)state;
+    dw_model_config c = preset("gpt2-124m");
+    c.vocab_size = 50304;
+    const int64_t B = 8, T = 1024, N = B * T;
+    dw_engine *e = make_gpu(&c, B, T, "bf16");
+    assert_int_equal(dw_engine_init_weights(e, 1), DW_OK);
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    for (int64_t i = 0; i < N; i++) x[i] = (int32_t)(dw_test_next(&g_rng) % 50257), y[i] = (int32_t)(dw_test_next(&g_rng) % 50257);
+    double first = 0, loss = 0, gn = 0, t0 = 0;
+    for (int s = 1; s <= 12; s++) {
+        if (s == 3) t0 = now_s();
+        dw_engine_zero_grad(e);
+        if (dw_engine_forward_backward(e, x, y, B, T, 1.0, &loss) != DW_OK) fail_msg("step %d: %s", s, dw_errmsg(g_gpu));
+        if (dw_engine_adamw_step(e, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, s, &gn) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        if (s == 1) first = loss;
+    }
+    double dt = (now_s() - t0) / 10.0;
+    printf("  gpt2-124m bf16 B=8 T=1024: loss %.4f -> %.4f, %.2f ms/step, %.0f tokens/s (steps 3..12: graph replay + "
+           "AdamW)\n", first, loss, 1e3 * dt, (double)N / dt);
+    free(x), free(y);
+    dw_engine_free(e);
+    if (!(loss < first - 1.0)) fail_msg("gpt2-124m: the loss did not fall on a fixed batch: %.4f -> %.4f", first, loss);
+}
+
 /* ---- memory ------------------------------------------------------------------------------------- */
 static void test_memory(void **state) {
     (void)state;
@@ -481,7 +517,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_fp32), cmocka_unit_test(test_parity_bf16), cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_train_steps), cmocka_unit_test(test_accumulate), cmocka_unit_test(test_resume),
-        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_memory), cmocka_unit_test(test_gpt2_124m_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
