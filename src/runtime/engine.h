@@ -33,7 +33,8 @@ dw_status dw_engine_create_cpu(dw_ctx *ctx, const dw_model_config *cfg, int64_t 
  * and allocates its pools once: weights (FP32 master + BF16 working copy), grads, AdamW m/v,
  * the activation arena, workspace. Nothing is allocated per step. dw_param.data/.grad are HOST
  * MIRRORS here: dw_engine_sync_to_host fills them, dw_engine_sync_to_device pushes edits;
- * init/load/save weights do this themselves. DW_ERR_UNSUPPORTED in a build without CUDA. */
+ * init/load/save weights do this themselves. forward_backward syncs the host once, to read
+ * the loss back (not at all when loss is NULL). DW_ERR_UNSUPPORTED in a build without CUDA. */
 dw_status dw_engine_create_cuda(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
                                 const dw_policy *policy, dw_engine **out);
 bool dw_engine_on_device(const dw_engine *e);

@@ -346,10 +346,12 @@ static dw_status put_batch(dw_engine *e, const int32_t *tokens, const int32_t *t
     return DW_OK;
 }
 
+/* The loss readback: the step's one host sync (none when the caller passes no loss). */
 static dw_status read_loss(dw_engine *e, double *loss) {
+    if (!loss) return DW_OK;
     DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(CE->host_loss, CE->loss, sizeof(float), cudaMemcpyDeviceToHost, CE->stream));
-    DW_CUDA_CHECK(e->ctx, cudaStreamSynchronize(CE->stream)); /* the step's one host sync */
-    if (loss) *loss = (double)*CE->host_loss;
+    DW_CUDA_CHECK(e->ctx, cudaStreamSynchronize(CE->stream));
+    *loss = (double)*CE->host_loss;
     return DW_OK;
 }
 
@@ -390,7 +392,7 @@ dw_status dw_engine_cuda_forward(dw_engine *e, const int32_t *tokens, const int3
             }
         }
     }
-    if (targets) return read_loss(e, loss);
+    if (targets && loss) return read_loss(e, loss);
     DW_CUDA_CHECK(e->ctx, cudaStreamSynchronize(CE->stream));
     return DW_OK;
 }
