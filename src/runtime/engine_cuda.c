@@ -189,6 +189,9 @@ static dw_status bwd_attention(dw_engine *e, int ni) {
 }
 
 /* ---- every op, forward ------------------------------------------------------------------------ */
+#define X(i) act(e, n->in[i])   /* input i's value (an activation) */
+#define P(i) pval(e, n->in[i])  /* input i's FP32 master weight */
+#define G(i) pgrad(e, n->in[i]) /* input i's FP32 gradient (a parameter) */
 static dw_status fwd_node(dw_engine *e, int ni, bool train, double dloss) {
     const dw_ir_node *n = &e->g->nodes[ni];
     dw_ctx *ctx = e->ctx;
@@ -196,8 +199,6 @@ static dw_status fwd_node(dw_engine *e, int ni, bool train, double dloss) {
     const int64_t N = CE->b * CE->t, C = width(e, n->out);
     void *out = n->op == DW_OP_CROSS_ENTROPY ? NULL : act(e, n->out), *s = STREAM;
     const dw_ir_attrs *a = &n->attrs;
-#define X(i) act(e, n->in[i])
-#define P(i) pval(e, n->in[i])
     switch (n->op) {
     case DW_OP_EMBEDDING:
         return dw_cuda_embedding_fwd(ctx, dt, out, CE->tokens, P(1), N, C, e->g->cfg.vocab_size, s);
@@ -229,7 +230,6 @@ static dw_status bwd_node(dw_engine *e, int ni) {
     const int64_t N = CE->b * CE->t, C = width(e, n->out);
     void *dout = n->op == DW_OP_CROSS_ENTROPY ? NULL : dact(e, n->out), *s = STREAM;
     const dw_ir_attrs *a = &n->attrs;
-#define G(i) pgrad(e, n->in[i])
     switch (n->op) {
     case DW_OP_EMBEDDING:
         return dw_cuda_embedding_bwd(ctx, dt, G(1), dout, CE->tokens, N, C, e->g->cfg.vocab_size, s);

@@ -3,7 +3,8 @@
  * step reads or writes is live at that step (an oracle restating which values, gradients and
  * saved statistics each op's forward and backward touch); gradient delivery (exactly one writer,
  * the first in backward order); parameter pools (disjoint, decay first) and pool totals; policy
- * binding (rules, safe fallback, unsupported recipes); refusals. */
+ * binding (rules, safe fallback, unsupported recipes); refusals; the engine functions' backend
+ * dispatch without a GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include "capture/capture.h"
 #include "compile/compile.h"
 #include "precision/policy.h"
+#include "runtime/engine.h"
 #include "testutil.h"
 
 static dw_ctx *g_ctx;
@@ -233,11 +235,36 @@ static void test_policy_binding(void **state) {
     dw_graph_free(g);
 }
 
+/* The engine functions dispatch on the backend: on a CPU context (or a CPU-only build) the CUDA
+ * engine is refused with a message, and the CPU engine answers the CUDA-only calls plainly. */
+static void test_engine_dispatch(void **state) {
+    (void)state;
+    dw_model_config c;
+    assert_int_equal(dw_model_config_load(g_ctx, "llama-tiny", &c), DW_OK);
+    dw_engine *e = (dw_engine *)&c; /* must be overwritten with NULL */
+    dw_status s = dw_engine_create_cuda(g_ctx, &c, 1, 8, NULL, &e);
+    assert_int_equal(s, dw_built_with_cuda() ? DW_ERR_INVALID : DW_ERR_UNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(dw_errmsg(g_ctx), "cuda engine"));
+    assert_int_equal(dw_engine_create_cpu(g_ctx, &c, 1, 8, &e), DW_OK);
+    assert_false(dw_engine_on_device(e));
+    assert_null(dw_engine_compiled(e));
+    assert_int_equal(dw_engine_sync_to_host(e, true), DW_OK);
+    assert_int_equal(dw_engine_sync_to_device(e), DW_OK);
+    double gn = 1;
+    assert_int_equal(dw_engine_adamw_step(e, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 1, &gn), DW_ERR_UNSUPPORTED);
+    assert_true(gn == 0.0);
+    float m = 0, v = 0;
+    assert_int_equal(dw_engine_adamw_moments(e, 0, &m, &v, false), DW_ERR_UNSUPPORTED);
+    dw_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_presets_reuse),
         cmocka_unit_test(test_policy_binding),
+        cmocka_unit_test(test_engine_dispatch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
