@@ -287,6 +287,30 @@ bool dw_kernel_unregister(const char *name);
 void dw_gemm_set_autotune(bool on);
 
 /* ======================================================================================
+ * Compile: schedule, kernel binding, memory plan             [section: compile]
+ * ====================================================================================== */
+
+/* A graph compiled for the CUDA engine: the schedule (forward, then backward in reverse), the
+ * recipe and kernel of every node, and the static memory plan (pools: weights, grads,
+ * optimizer, activations, workspace). Planning only: needs no GPU. */
+typedef struct dw_compiled dw_compiled;
+
+/* Compiles g (which must outlive the result). plan: NULL (one GPU; parallel plans are refused
+ * with DW_ERR_UNSUPPORTED for now). policy: NULL = FP32 mode (FP32 activations, the FP32
+ * reference GEMM: for parity with the CPU engine); else BF16 activations and each linear
+ * node's recipe from the policy. A recipe the engine cannot run yet is recorded (see the
+ * report), not an error here. *out is NULL on error. */
+dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_policy *policy,
+                     dw_compiled **out);
+void dw_compiled_free(dw_compiled *c);
+/* Planned bytes of pool 0 weights, 1 grads, 2 optimizer, 3 activations, 4 workspace (0 for
+ * other values). */
+int64_t dw_compiled_pool_bytes(const dw_compiled *c, int pool);
+/* The readable report: per node the recipe and why, the kernel and why; per pool the planned
+ * bytes; the activation arena's peak. Caller frees with dw_free_string. */
+dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out);
+
+/* ======================================================================================
  * Autoplan and dryrun                                        [section: plan]
  * ====================================================================================== */
 

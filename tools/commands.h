@@ -8,4 +8,5 @@ DW_COMMAND(capture, cmd_capture, "show a model's graph (HF config.json or preset
 DW_COMMAND(eval, cmd_eval, "loss of a model on one batch of tokens (CPU reference engine)")
 DW_COMMAND(plan, cmd_plan, "search parallel plans (DP/TP/PP/CP/EP, micro-batch, recompute, ZeRO) for a model")
 DW_COMMAND(dryrun, cmd_dryrun, "check a plan: constraints, memory per GPU, comm overlap, bubbles (PASS/FAIL)")
-DW_COMMAND(bench, cmd_bench, "GPU micro-benchmarks: bench quant (see deepwell bench --help)")
+DW_COMMAND(bench, cmd_bench, "GPU micro-benchmarks: bench quant, bench gemm (see deepwell bench --help)")
+DW_COMMAND(compile, cmd_compile, "compile a model for the CUDA engine: per-node recipe and kernel, memory plan per pool")

@@ -8,11 +8,13 @@
 #include "capture/capture.h"
 #include "core/error.h"
 #include "runtime/engine_cpu.h"
+#include "runtime/engine_cuda.h"
 
 static float *alloc_floats(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
 
 void dw_engine_free(dw_engine *e) {
     if (!e) return;
+    dw_engine_cuda_free(e->cuda);
     for (int i = 0; i < 4; i++) free(e->blocks[i]);
     for (int i = 0; i < DW_IR_MAX_INPUTS; i++) free(e->scratch[i]);
     free(e->val);
@@ -119,13 +121,17 @@ dw_param *dw_engine_param(dw_engine *e, int i) {
 int64_t dw_engine_param_numel(const dw_engine *e) { return dw_graph_params(e->g); }
 
 void dw_engine_zero_grad(dw_engine *e) {
+    if (e->cuda) {
+        dw_engine_cuda_zero_grad(e);
+        return;
+    }
     for (int i = 0; i < e->n_params; i++)
         memset(e->params[i].grad, 0, (size_t)e->params[i].numel * sizeof(float));
 }
 
-/* Checks the batch shape and token ranges; makes it current. */
-static dw_status begin(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
-                       int64_t T) {
+/* Checks the batch shape and token ranges; makes it current (the CUDA engine too). */
+dw_status dw_engine_begin(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
+                          int64_t T) {
     if (B < 1 || T < 1 || B > e->cap_b || T > e->cap_t)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: batch %lld x %lld exceeds the engine's "
                             "capacity %lld x %lld", (long long)B, (long long)T,
@@ -159,7 +165,8 @@ static void run_forward(dw_engine *e, bool with_loss) {
 dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
                             int64_t T, float *logits, double *loss) {
     if (loss) *loss = 0;
-    DW_TRY(begin(e, tokens, targets, B, T));
+    if (e->cuda) return dw_engine_cuda_forward(e, tokens, targets, B, T, logits, loss);
+    DW_TRY(dw_engine_begin(e, tokens, targets, B, T));
     run_forward(e, targets != NULL);
     if (logits)
         memcpy(logits, e->val[e->g->logits], (size_t)(B * T * e->g->cfg.vocab_size) * sizeof(float));
@@ -172,11 +179,34 @@ dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const 
                                      int64_t B, int64_t T, double grad_scale, double *loss) {
     if (loss) *loss = 0;
     if (!targets) return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: backward needs targets");
-    DW_TRY(begin(e, tokens, targets, B, T));
+    if (e->cuda) return dw_engine_cuda_forward_backward(e, tokens, targets, B, T, grad_scale, loss);
+    DW_TRY(dw_engine_begin(e, tokens, targets, B, T));
     run_forward(e, true);
     memset(e->grad_ready, 0, (size_t)e->g->n_tensors * sizeof *e->grad_ready);
     for (int i = e->g->n_nodes - 1; i >= 0; i--) dw_engine_cpu_bwd(e, &e->g->nodes[i], grad_scale);
     if (loss) *loss = e->loss;
     e->tokens = e->targets = NULL;
     return DW_OK;
+}
+
+bool dw_engine_on_device(const dw_engine *e) { return e->cuda != NULL; }
+dw_status dw_engine_sync_to_host(dw_engine *e, bool grads) {
+    return e->cuda ? dw_engine_cuda_download(e, grads) : DW_OK;
+}
+dw_status dw_engine_sync_to_device(dw_engine *e) { return e->cuda ? dw_engine_cuda_upload(e) : DW_OK; }
+const dw_compiled *dw_engine_compiled(const dw_engine *e) { return e->cuda ? dw_engine_cuda_plan(e) : NULL; }
+dw_status dw_engine_adamw_step(dw_engine *e, double lr, double beta1, double beta2, double eps,
+                               double weight_decay, double clip, int64_t step, double *grad_norm) {
+    if (grad_norm) *grad_norm = 0;
+    if (!e->cuda)
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the CPU engine has no built-in "
+                            "optimizer; the CPU trainer steps with train/optstate");
+    return dw_engine_cuda_adamw(e, lr, beta1, beta2, eps, weight_decay, clip, step, grad_norm);
+}
+dw_status dw_engine_adamw_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {
+    if (!e->cuda)
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the CPU engine keeps no optimizer "
+                            "state (train/optstate does)");
+    DW_ASSERT(i >= 0 && i < e->n_params);
+    return dw_engine_cuda_moments(e, i, m, v, to_device);
 }

@@ -23,7 +23,14 @@ struct dw_engine {
     double loss;
     dw_param *params;
     int n_params;
+    struct dw_engine_cuda *cuda; /* non-NULL: the CUDA engine (engine_cuda.h); params are host
+                                    mirrors and blocks[2..3], val, grad, aux are unused */
 };
+
+/* Checks B x T against the capacity and every token/target against the vocabulary; makes the
+ * batch current (engine_cpu.c; the CUDA engine validates with it too). */
+dw_status dw_engine_begin(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
+                          int64_t T);
 
 /* Runs node n forward / backward on the current batch (engine_ops.c, dispatched by ops.def). */
 void dw_engine_cpu_fwd(dw_engine *e, const dw_ir_node *n);

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "runtime/engine_cpu.h"
+#include "runtime/engine_cuda.h"
 
 /* ---- initialisation ------------------------------------------------------------------------ */
 
@@ -56,7 +57,7 @@ dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed) {
             if (k + 1 < p->numel) p->data[k + 1] = (float)(std * r * sin(2.0 * M_PI * u2));
         }
     }
-    return DW_OK;
+    return e->cuda ? dw_engine_cuda_upload(e) : DW_OK; /* CUDA engine: params are host mirrors */
 }
 
 /* ---- Hugging Face layout ------------------------------------------------------------------ */
@@ -93,6 +94,7 @@ static dw_status out_path(dw_ctx *ctx, const char *path, char *buf, size_t n) {
  * optional logits/loss tensors of a parity dump. */
 static dw_status write_params(dw_engine *e, const char *path, bool grads, const float *logits,
                               int64_t B, int64_t T, const float *loss) {
+    if (e->cuda) DW_TRY(dw_engine_cuda_download(e, grads));
     dw_ctx *ctx = e->ctx;
     char file[4096];
     DW_TRY(out_path(ctx, path, file, sizeof file));
@@ -311,5 +313,6 @@ dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
     }
     free(tmp);
     shards_close(&s);
+    if (r == DW_OK && e->cuda) r = dw_engine_cuda_upload(e);
     return r;
 }

@@ -1,0 +1,365 @@
+/* compile.c — dw_compile: schedule, per-node precision and kernel binding, parameter pool layout
+ * and the activation arena (lifetimes over the schedule -> dw_memplan_assign). Planning only:
+ * nothing here touches a device. The report text is in compile_report.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/compile.h"
+#include "core/error.h"
+
+const char *dw_pool_name(dw_pool_id p) {
+    static const char *names[DW_POOL_COUNT] = {"weights", "grads", "optimizer", "activations",
+                                               "workspace"};
+    return p >= 0 && p < DW_POOL_COUNT ? names[p] : "?";
+}
+
+static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+void dw_compiled_free(dw_compiled *c) {
+    if (!c) return;
+    free(c->bind);
+    free(c->unsupported);
+    free(c->param_tensor);
+    free(c->param_off);
+    free(c->items);
+    free(c->info);
+    free(c->val_off);
+    free(c->grad_off);
+    free(c->aux_off);
+    free(c->tmp_off);
+    free(c->grad_mode);
+    free(c);
+}
+
+int64_t dw_compiled_pool_bytes(const dw_compiled *c, int pool) {
+    return c && pool >= 0 && pool < DW_POOL_COUNT ? c->pool_bytes[pool] : 0;
+}
+
+/* ---- kernel binding ---------------------------------------------------------------------- */
+static void bind_other(dw_node_binding *b, dw_op op) {
+    b->supported = true;
+    b->kernel_why = "the one CUDA kernel of this op (kernels/cuda/ops_*.cu), FP32 compute";
+    switch (op) {
+    case DW_OP_EMBEDDING: b->kernel = "dw_cuda_embedding_fwd/bwd"; break;
+    case DW_OP_POSITION: b->kernel = "dw_cuda_pos_fwd/bwd"; break;
+    case DW_OP_ROPE: b->kernel = "dw_cuda_rope_fwd/bwd"; break;
+    case DW_OP_LAYERNORM: b->kernel = "dw_cuda_layernorm_fwd/bwd"; break;
+    case DW_OP_RMSNORM: b->kernel = "dw_cuda_rmsnorm_fwd/bwd"; break;
+    case DW_OP_GELU: b->kernel = "dw_cuda_gelu_fwd/bwd"; break;
+    case DW_OP_SILU: b->kernel = "dw_cuda_silu_fwd/bwd"; break;
+    case DW_OP_SWIGLU: b->kernel = "dw_cuda_swiglu_fwd/bwd"; break;
+    case DW_OP_ADD: b->kernel = "dw_cuda_add_fwd (backward: copy/accumulate)"; break;
+    case DW_OP_ATTENTION:
+        b->kernel = "dw_cuda_attention_fwd/bwd";
+        b->kernel_why = "tiled causal flash-style attention with GQA (ops_attention.cu), FP32 compute";
+        break;
+    case DW_OP_CROSS_ENTROPY:
+        b->kernel = "dw_cuda_cross_entropy (fused)";
+        b->kernel_why = "loss and dlogits in one pass per row, in place over the logits; loss "
+                        "reduced on the device";
+        break;
+    default: b->kernel = "?"; b->supported = false; break;
+    }
+}
+
+static dw_status bind_nodes(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) {
+    const dw_graph *g = c->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        dw_node_binding *b = &c->bind[i];
+        b->rule = -1;
+        b->recipe = DW_RECIPE_BF16;
+        b->reason = DW_POLICY_NOT_GEMM;
+        if (policy)
+            b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->cfg.n_layers,
+                                          &b->reason, &b->rule);
+        if (n->op != DW_OP_LINEAR) {
+            b->recipe = DW_RECIPE_BF16;
+            b->reason = DW_POLICY_NOT_GEMM;
+            bind_other(b, n->op);
+            continue;
+        }
+        if (!policy) {
+            b->reason = DW_POLICY_NOT_GEMM;
+            b->kernel = "dw_cuda_linear_fwd/bwd";
+            b->kernel_why = "FP32 mode (no precision policy): the FP32 reference GEMM, for parity "
+                            "with the CPU engine";
+            b->supported = true;
+        } else if (b->recipe == DW_RECIPE_BF16) {
+            b->kernel = "dw_gemm (registry; cublaslt_bf16 on sm_80+)";
+            b->kernel_why = "BF16 operands (BF16 working copy of the weight), FP32 accumulation; "
+                            "fprop x W^T, dgrad dy W, wgrad dy^T x accumulated into FP32 grads";
+            b->supported = true;
+        } else {
+            b->kernel = "none";
+            b->kernel_why = "quantised recipes are not wired into the CUDA engine yet (dw_gemm has "
+                            "the GEMMs; the engine lacks on-device quantisation of x, W, dy)";
+            b->supported = false;
+            if (!c->unsupported) {
+                size_t len = strlen(n->name) + 200;
+                c->unsupported = malloc(len);
+                if (!c->unsupported) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+                snprintf(c->unsupported, len, "node '%s' resolves to recipe %s, which the CUDA "
+                         "engine cannot run yet (only bf16); use --precision bf16",
+                         n->name, dw_recipe_name(b->recipe));
+            }
+        }
+    }
+    return DW_OK;
+}
+
+/* ---- parameter pools ------------------------------------------------------------------------ */
+static dw_status layout_params(dw_ctx *ctx, dw_compiled *c) {
+    const dw_graph *g = c->g;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].kind == DW_TENSOR_PARAM) c->n_params++;
+    size_t np = (size_t)(c->n_params ? c->n_params : 1);
+    c->param_tensor = malloc(np * sizeof *c->param_tensor);
+    c->param_off = malloc(np * sizeof *c->param_off);
+    if (!c->param_tensor || !c->param_off) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+    int p = 0;
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].kind == DW_TENSOR_PARAM) c->param_tensor[p++] = i;
+    int64_t off = 0;
+    for (int pass = 0; pass < 2; pass++) { /* decay parameters first, then the rest */
+        for (p = 0; p < c->n_params; p++) {
+            const dw_ir_tensor *t = &g->tensors[c->param_tensor[p]];
+            if (t->decay != (pass == 0)) continue;
+            c->param_off[p] = off;
+            off = align_up(off + dw_ir_numel(t), 64);
+        }
+        if (pass == 0) c->decay_floats = off;
+    }
+    c->param_floats = off > 0 ? off : 64;
+    return DW_OK;
+}
+
+/* ---- activation arena ------------------------------------------------------------------------ */
+/* Does node n's backward read the values of its inputs? */
+static bool bwd_reads_inputs(dw_op op) {
+    return !(op == DW_OP_ADD || op == DW_OP_ROPE || op == DW_OP_POSITION ||
+             op == DW_OP_CROSS_ENTROPY); /* cross-entropy is fused into the forward step */
+}
+
+/* Bytes of node n's parts (aux, tmp) at capacity. */
+static void node_parts(const dw_compiled *c, int ni, int64_t aux[DW_AUX_COUNT],
+                       int64_t tmp[DW_TMP_COUNT]) {
+    const dw_graph *g = c->g;
+    const dw_ir_node *n = &g->nodes[ni];
+    const int64_t N = g->batch * g->seq, as = c->act_size;
+    memset(aux, 0, sizeof(int64_t) * DW_AUX_COUNT);
+    memset(tmp, 0, sizeof(int64_t) * DW_TMP_COUNT);
+    for (int s = 0; s < n->n_in; s++)
+        if (c->grad_mode[ni][s] == DW_GRAD_ACCUM) tmp[DW_TMP_ACC0 + s] = dw_ir_numel(&g->tensors[n->in[s]]) * as;
+    const dw_ir_attrs *a = &n->attrs;
+    switch (n->op) {
+    case DW_OP_LAYERNORM: aux[DW_AUX_STAT0] = aux[DW_AUX_STAT1] = N * 4; break;
+    case DW_OP_RMSNORM: aux[DW_AUX_STAT0] = N * 4; break;
+    case DW_OP_ATTENTION:
+        aux[DW_AUX_STAT0] = N * a->heads * 4;
+        tmp[DW_TMP_DELTA] = N * a->heads * 4;
+        if (n->n_in == 1) {
+            aux[DW_AUX_Q] = tmp[DW_TMP_GQ] = N * a->heads * a->head_dim * as;
+            aux[DW_AUX_K] = aux[DW_AUX_V] = tmp[DW_TMP_GK] = tmp[DW_TMP_GV] =
+                N * a->kv_heads * a->head_dim * as;
+        }
+        break;
+    case DW_OP_CROSS_ENTROPY: tmp[DW_TMP_XENT] = 16 + N * 4; break; /* dw_cuda_cross_entropy_ws_bytes */
+    default: break;
+    }
+}
+
+typedef struct {
+    dw_mem_item *items;
+    dw_buf_info *info;
+    int n, cap;
+} item_list;
+
+static int add_item(item_list *l, int64_t size, int first, int last, dw_buf_kind kind, int index) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        dw_mem_item *it = realloc(l->items, (size_t)cap * sizeof *it);
+        if (!it) return -1;
+        l->items = it;
+        dw_buf_info *in = realloc(l->info, (size_t)cap * sizeof *in);
+        if (!in) return -1;
+        l->info = in;
+        l->cap = cap;
+    }
+    l->items[l->n] = (dw_mem_item){.size = size, .first = first, .last = last, .align = 256};
+    l->info[l->n] = (dw_buf_info){kind, index};
+    return l->n++;
+}
+
+static void place_parts(const int64_t *sizes, int count, int64_t base, int64_t *offs) {
+    int64_t o = base;
+    for (int k = 0; k < count; k++) {
+        offs[k] = sizes[k] ? o : -1;
+        o += align_up(sizes[k], 256);
+    }
+}
+
+static int64_t parts_total(const int64_t *sizes, int count) {
+    int64_t t = 0;
+    for (int k = 0; k < count; k++) t += align_up(sizes[k], 256);
+    return t;
+}
+
+static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
+    const dw_graph *g = c->g;
+    const int nn = g->n_nodes, nt = g->n_tensors;
+    c->val_off = malloc((size_t)nt * sizeof *c->val_off);
+    c->grad_off = malloc((size_t)nt * sizeof *c->grad_off);
+    c->aux_off = malloc((size_t)nn * sizeof *c->aux_off);
+    c->tmp_off = malloc((size_t)nn * sizeof *c->tmp_off);
+    c->grad_mode = calloc((size_t)nn, sizeof *c->grad_mode);
+    int *vitem = malloc((size_t)nt * sizeof *vitem), *gitem = malloc((size_t)nt * sizeof *gitem);
+    int *aitem = malloc((size_t)nn * sizeof *aitem), *titem = malloc((size_t)nn * sizeof *titem);
+    int *fitem = malloc((size_t)nn * sizeof *fitem);
+    bool *written = calloc((size_t)nt, sizeof *written);
+    item_list l = {0};
+    dw_status st = DW_OK;
+    if (!c->val_off || !c->grad_off || !c->aux_off || !c->tmp_off || !c->grad_mode || !vitem ||
+        !gitem || !aitem || !titem || !fitem || !written) {
+        st = dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+        goto done;
+    }
+    /* gradient delivery: the first backward step to reach a tensor writes it, later ones add */
+    for (int i = nn - 1; i >= 0; i--) {
+        const dw_ir_node *n = &g->nodes[i];
+        for (int s = 0; s < n->n_in; s++) {
+            int t = n->in[s];
+            if (g->tensors[t].kind != DW_TENSOR_ACT) continue;
+            c->grad_mode[i][s] = written[t] ? DW_GRAD_ACCUM : DW_GRAD_WRITE;
+            written[t] = true;
+        }
+    }
+    const int logits = g->logits, last_step = c->n_steps - 1;
+    for (int t = 0; t < nt; t++) {
+        c->val_off[t] = c->grad_off[t] = -1;
+        vitem[t] = gitem[t] = -1;
+        const dw_ir_tensor *ten = &g->tensors[t];
+        if (ten->kind != DW_TENSOR_ACT || t == g->loss) continue; /* the loss lives in workspace */
+        int p = ten->producer;
+        int vlast = dw_compile_fwd_step(c, p), gfirst = last_step + 1;
+        if (g->nodes[p].op == DW_OP_ATTENTION) vlast = dw_compile_bwd_step(c, p); /* reads out */
+        for (int i = p + 1; i < nn; i++) {
+            const dw_ir_node *n = &g->nodes[i];
+            for (int s = 0; s < n->n_in; s++) {
+                if (n->in[s] != t) continue;
+                int f = dw_compile_fwd_step(c, i), b = dw_compile_bwd_step(c, i);
+                if (f > vlast) vlast = f;
+                if (bwd_reads_inputs(n->op) && b > vlast) vlast = b;
+                if (b < gfirst) gfirst = b;
+            }
+        }
+        if (t == logits) vlast = dw_compile_bwd_step(c, p); /* dlogits in place, read by lm_head bwd */
+        int64_t bytes = dw_ir_numel(ten) * c->act_size;
+        vitem[t] = add_item(&l, bytes, dw_compile_fwd_step(c, p), vlast, DW_BUF_VALUE, t);
+        if (vitem[t] < 0) goto nomem;
+        if (t != logits && gfirst <= last_step) {
+            gitem[t] = add_item(&l, bytes, gfirst, dw_compile_bwd_step(c, p), DW_BUF_GRAD, t);
+            if (gitem[t] < 0) goto nomem;
+        }
+    }
+    for (int i = 0; i < nn; i++) {
+        int64_t aux[DW_AUX_COUNT], tmp[DW_TMP_COUNT];
+        node_parts(c, i, aux, tmp);
+        int64_t a = parts_total(aux, DW_AUX_COUNT), ft = tmp[DW_TMP_XENT];
+        int64_t bt = parts_total(tmp, DW_TMP_COUNT) - align_up(ft, 256);
+        aitem[i] = titem[i] = fitem[i] = -1;
+        if (a && (aitem[i] = add_item(&l, a, dw_compile_fwd_step(c, i), dw_compile_bwd_step(c, i),
+                                      DW_BUF_AUX, i)) < 0)
+            goto nomem;
+        if (ft && (fitem[i] = add_item(&l, ft, dw_compile_fwd_step(c, i), dw_compile_fwd_step(c, i),
+                                       DW_BUF_FTMP, i)) < 0)
+            goto nomem;
+        if (bt && (titem[i] = add_item(&l, bt, dw_compile_bwd_step(c, i), dw_compile_bwd_step(c, i),
+                                       DW_BUF_BTMP, i)) < 0)
+            goto nomem;
+    }
+    st = dw_memplan_assign(ctx, l.items, l.n, &c->arena_bytes);
+    if (st != DW_OK) goto done;
+    c->live_peak = dw_memplan_live_peak(l.items, l.n);
+    for (int t = 0; t < nt; t++) {
+        if (vitem[t] >= 0) c->val_off[t] = l.items[vitem[t]].offset;
+        if (gitem[t] >= 0) c->grad_off[t] = l.items[gitem[t]].offset;
+    }
+    if (logits >= 0) c->grad_off[logits] = c->val_off[logits];
+    for (int i = 0; i < nn; i++) {
+        int64_t aux[DW_AUX_COUNT], tmp[DW_TMP_COUNT];
+        node_parts(c, i, aux, tmp);
+        place_parts(aux, DW_AUX_COUNT, aitem[i] >= 0 ? l.items[aitem[i]].offset : 0, c->aux_off[i]);
+        int64_t xent = tmp[DW_TMP_XENT];
+        tmp[DW_TMP_XENT] = 0;
+        place_parts(tmp, DW_TMP_COUNT, titem[i] >= 0 ? l.items[titem[i]].offset : 0, c->tmp_off[i]);
+        c->tmp_off[i][DW_TMP_XENT] = fitem[i] >= 0 && xent ? l.items[fitem[i]].offset : -1;
+    }
+    c->items = l.items;
+    c->info = l.info;
+    c->n_items = l.n;
+    l.items = NULL;
+    l.info = NULL;
+    goto done;
+nomem:
+    st = dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+done:
+    free(l.items);
+    free(l.info);
+    free(vitem);
+    free(gitem);
+    free(aitem);
+    free(titem);
+    free(fitem);
+    free(written);
+    return st;
+}
+
+static void layout_work(dw_compiled *c) {
+    const int64_t N = c->g->batch * c->g->seq;
+    dw_work_layout *w = &c->work;
+    int64_t o = 0;
+    w->tokens = o, o = align_up(o + N * 4, 256);
+    w->targets = o, o = align_up(o + N * 4, 256);
+    w->loss = o, o = align_up(o + 4, 256);
+    w->norm = o, o = align_up(o + 8, 256);
+    w->partials = o, o = align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
+    w->bytes = o;
+}
+
+dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_policy *policy,
+                     dw_compiled **out) {
+    *out = NULL;
+    if (!g) return dw_set_error(ctx, DW_ERR_INVALID, "compile: no graph");
+    if (plan)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "compile: parallel plan '%s': the engine runs "
+                            "on one GPU only for now (pass no plan)", plan);
+    if (g->logits < 0 || g->loss < 0 || g->tokens < 0 || g->targets < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "compile: the graph has no tokens/targets/logits/loss roles");
+    dw_compiled *c = calloc(1, sizeof *c);
+    if (!c) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+    c->g = g;
+    c->bf16 = policy != NULL;
+    c->act_size = c->bf16 ? 2 : 4;
+    snprintf(c->precision, sizeof c->precision, "%s",
+             policy ? dw_recipe_name(policy->default_recipe) : "fp32");
+    c->n_steps = 2 * g->n_nodes;
+    c->bind = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *c->bind);
+    dw_status st = c->bind ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+    if (st == DW_OK) st = bind_nodes(ctx, c, policy);
+    if (st == DW_OK) st = layout_params(ctx, c);
+    if (st == DW_OK) st = plan_arena(ctx, c);
+    if (st != DW_OK) {
+        dw_compiled_free(c);
+        return st;
+    }
+    layout_work(c);
+    c->pool_bytes[DW_POOL_WEIGHTS] = c->param_floats * (4 + (c->bf16 ? 2 : 0));
+    c->pool_bytes[DW_POOL_GRADS] = c->param_floats * 4;
+    c->pool_bytes[DW_POOL_OPTIM] = c->param_floats * 8;
+    c->pool_bytes[DW_POOL_ACT] = c->arena_bytes > 0 ? c->arena_bytes : 256;
+    c->pool_bytes[DW_POOL_WORK] = c->work.bytes;
+    *out = c;
+    return DW_OK;
+}

@@ -1,0 +1,99 @@
+/* compile.h — private: dw_compile's result. The schedule (every node forward, then every node
+ * backward in reverse), the kernel and precision bound to each node (with the policy's reason),
+ * the parameter pools' layout and the activation arena planned by dw_memplan_assign over the
+ * schedule's lifetimes. Pure planning: no device memory, works on a CPU-only machine. The CUDA
+ * engine (runtime/engine_cuda*.c) executes a dw_compiled; `deepwell compile --report` prints one. */
+#ifndef DW_COMPILE_COMPILE_H
+#define DW_COMPILE_COMPILE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "compile/memplan.h"
+#include "formats/formats.h"
+#include "ir/ir.h"
+#include "precision/policy.h"
+
+/* Per-node parts of the activation arena (byte offsets; -1: the node has none).
+ * Saved for backward (aux): STAT0 = layernorm mean / rmsnorm rstd / attention lse (FP32),
+ * STAT1 = layernorm rstd, Q/K/V = a packed qkv unpacked to (B,T,H,D), (B,T,Hkv,D) (act dtype).
+ * Temporaries of the backward step (btmp): ACC0..2 = an input gradient to be added into an
+ * already written one (act dtype, the input's size), DELTA = attention's (B,H,T) FP32 scratch,
+ * GQ/GK/GV = packed attention's unpacked gradients. Temporary of the forward step (ftmp):
+ * XENT = cross-entropy workspace. */
+enum { DW_AUX_STAT0 = 0, DW_AUX_STAT1, DW_AUX_Q, DW_AUX_K, DW_AUX_V, DW_AUX_COUNT };
+enum { DW_TMP_ACC0 = 0, DW_TMP_ACC1, DW_TMP_ACC2, DW_TMP_DELTA, DW_TMP_GQ, DW_TMP_GK, DW_TMP_GV,
+       DW_TMP_XENT, DW_TMP_COUNT };
+
+/* How a node's backward delivers the gradient of input slot s: not at all (a token input or a
+ * parameter, whose gradient the kernel accumulates itself), written (first writer in the
+ * backward order), or written to ACC<s> and added in (a tensor read by several nodes). */
+typedef enum { DW_GRAD_NONE = 0, DW_GRAD_WRITE, DW_GRAD_ACCUM } dw_grad_mode;
+
+typedef enum { DW_POOL_WEIGHTS = 0, DW_POOL_GRADS, DW_POOL_OPTIM, DW_POOL_ACT, DW_POOL_WORK,
+               DW_POOL_COUNT } dw_pool_id;
+const char *dw_pool_name(dw_pool_id p); /* "weights", ... */
+
+/* Arena buffer kinds (for reports and tests). */
+typedef enum { DW_BUF_VALUE = 0, DW_BUF_GRAD, DW_BUF_AUX, DW_BUF_FTMP, DW_BUF_BTMP } dw_buf_kind;
+typedef struct {
+    dw_buf_kind kind;
+    int index; /* tensor (value, grad) or node (aux, ftmp, btmp) */
+} dw_buf_info;
+
+typedef struct {
+    dw_recipe recipe;          /* linear: from the policy; other ops: BF16 (or FP32 mode) */
+    dw_policy_reason reason;
+    int rule;                  /* policy rule index for DW_POLICY_BY_RULE, else -1 */
+    const char *kernel;        /* static: the kernel(s) the engine runs for this node */
+    const char *kernel_why;    /* static: why that kernel */
+    bool supported;            /* the CUDA engine can run it (else the engine refuses) */
+} dw_node_binding;
+
+/* Workspace pool layout (byte offsets). */
+typedef struct {
+    int64_t tokens, targets;   /* (cap N) int32 each */
+    int64_t loss;              /* FP32 scalar */
+    int64_t norm;              /* double: sum of squares of all gradients, then the norm */
+    int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */
+    int64_t bytes;
+} dw_work_layout;
+#define DW_COMPILE_NORM_BLOCKS 1024
+/* Bytes of cuBLASLt workspace the GEMM layer allocates on first use (gemm_cublaslt.c). */
+#define DW_COMPILE_LT_WORKSPACE ((int64_t)64 << 20)
+
+struct dw_compiled {
+    const dw_graph *g;         /* borrowed: must outlive the dw_compiled */
+    bool bf16;                 /* BF16 activations + BF16 GEMMs; false: FP32 reference mode */
+    int act_size;              /* bytes per activation element (4 or 2) */
+    char precision[32];        /* "fp32" or the policy's default recipe, for reports */
+    int n_steps;               /* 2 * n_nodes: step s < n is node s forward, else node 2n-1-s backward */
+    dw_node_binding *bind;     /* (n_nodes) */
+    char *unsupported;         /* why the CUDA engine cannot run this (NULL: it can) */
+
+    /* parameters: FP32 master, grads, m, v at the same float offsets; decay params first */
+    int n_params;
+    int *param_tensor;         /* (n_params) graph tensor of each parameter, in graph order */
+    int64_t *param_off;        /* (n_params) offset in floats, 64-float (256-byte) aligned */
+    int64_t param_floats;      /* floats of one parameter-shaped pool, padding included */
+    int64_t decay_floats;      /* [0, decay_floats) holds the decay parameters */
+
+    /* activation arena */
+    int n_items;
+    dw_mem_item *items;        /* (n_items) sizes, lifetimes, offsets */
+    dw_buf_info *info;         /* (n_items) what each item is */
+    int64_t *val_off, *grad_off;   /* (n_tensors) byte offsets, -1 none */
+    int64_t (*aux_off)[DW_AUX_COUNT]; /* (n_nodes) */
+    int64_t (*tmp_off)[DW_TMP_COUNT]; /* (n_nodes) */
+    uint8_t (*grad_mode)[DW_IR_MAX_INPUTS]; /* (n_nodes) dw_grad_mode per input slot */
+    int64_t arena_bytes, live_peak;
+
+    dw_work_layout work;
+    int64_t pool_bytes[DW_POOL_COUNT];
+};
+
+/* Step numbers of node i. */
+static inline int dw_compile_fwd_step(const dw_compiled *c, int node) { (void)c; return node; }
+static inline int dw_compile_bwd_step(const dw_compiled *c, int node) { return c->n_steps - 1 - node; }
+
+#endif /* DW_COMPILE_COMPILE_H */

@@ -1,0 +1,79 @@
+/* compile_report.c — the text of `deepwell compile --report`: per node the recipe and why (the
+ * policy's reason), the kernel and why; per pool the planned bytes; the activation arena's size
+ * against the live-buffer lower bound. Not the planning itself (compile.c). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "compile/compile.h"
+#include "core/error.h"
+
+static void mib(FILE *f, int64_t bytes) {
+    fprintf(f, "%14lld B  %10.3f MiB", (long long)bytes, (double)bytes / 1048576.0);
+}
+
+dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
+    *out = NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return dw_set_error(ctx, DW_ERR_NOMEM, "compile report: out of memory");
+    const dw_graph *g = c->g;
+    fprintf(f, "model %s, batch %lld x seq %lld, precision %s (%s activations)\n",
+            g->cfg.model_type, (long long)g->batch, (long long)g->seq, c->precision,
+            c->bf16 ? "BF16" : "FP32");
+    fprintf(f, "schedule: %d steps (%d nodes forward, then backward in reverse); single GPU\n",
+            c->n_steps, g->n_nodes);
+    fprintf(f, "\nnodes (recipe: why | kernel: why)\n");
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        const dw_node_binding *b = &c->bind[i];
+        const char *recipe = n->op != DW_OP_LINEAR ? (c->bf16 ? "bf16" : "fp32")
+                             : c->bf16             ? dw_recipe_name(b->recipe)
+                                                   : "fp32";
+        fprintf(f, "%4d %-44s %-13s recipe %-10s ", i, n->name, dw_op_name(n->op), recipe);
+        if (!c->bf16 && n->op == DW_OP_LINEAR)
+            fprintf(f, "(no policy: FP32 mode)");
+        else if (b->reason == DW_POLICY_BY_RULE)
+            fprintf(f, "(rule %d)", b->rule);
+        else
+            fprintf(f, "(%s)", dw_policy_reason_text(b->reason));
+        fprintf(f, "\n     kernel %s%s: %s\n", b->kernel, b->supported ? "" : " [NOT SUPPORTED]",
+                b->kernel_why);
+    }
+    if (c->unsupported) fprintf(f, "\nthe CUDA engine cannot run this yet: %s\n", c->unsupported);
+
+    int64_t sizes = 0;
+    for (int i = 0; i < c->n_items; i++) sizes += c->items[i].size;
+    fprintf(f, "\nmemory plan (one allocation per pool)\n");
+    int64_t total = 0;
+    for (int p = 0; p < DW_POOL_COUNT; p++) {
+        fprintf(f, "  %-12s", dw_pool_name((dw_pool_id)p));
+        mib(f, c->pool_bytes[p]);
+        switch (p) {
+        case DW_POOL_WEIGHTS:
+            fprintf(f, "  FP32 master (%d tensors, %lld floats padded)%s\n", c->n_params,
+                    (long long)c->param_floats, c->bf16 ? " + BF16 working copy" : "");
+            break;
+        case DW_POOL_GRADS: fprintf(f, "  FP32 gradients\n"); break;
+        case DW_POOL_OPTIM: fprintf(f, "  AdamW m and v, FP32\n"); break;
+        case DW_POOL_ACT:
+            fprintf(f, "  arena of %d buffers (sum %lld B; live peak %lld B = lower bound)\n",
+                    c->n_items, (long long)sizes, (long long)c->live_peak);
+            break;
+        default: fprintf(f, "  tokens, targets, loss, gradient-norm partials\n"); break;
+        }
+        total += c->pool_bytes[p];
+    }
+    fprintf(f, "  %-12s", "total");
+    mib(f, total);
+    fprintf(f, "\n");
+    if (c->bf16)
+        fprintf(f, "  plus %lld MiB cuBLASLt workspace owned by the GEMM layer (once per context, "
+                "allocated when the first engine is created)\n", (long long)(DW_COMPILE_LT_WORKSPACE >> 20));
+    if (fclose(f) != 0 || !buf) {
+        free(buf);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "compile report: out of memory");
+    }
+    *out = buf;
+    return DW_OK;
+}

@@ -1,0 +1,40 @@
+/* adamw_cuda.h — private: the CUDA optimizer over one flat parameter pool (the CUDA engine keeps
+ * weights, gradients, m and v as four pools with identical offsets, decay parameters first):
+ * the global gradient norm (deterministic two-stage reduction in double) and one AdamW step
+ * with the CPU trainer's formula (train/optim.h), clipping factor computed on the device.
+ * Pointers are device pointers; launches on `stream` (a cudaStream_t), no synchronisation. */
+#ifndef DW_KERNELS_ADAMW_CUDA_H
+#define DW_KERNELS_ADAMW_CUDA_H
+
+#include <stdint.h>
+
+#include "deepwell.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* *norm = sqrt(sum g[i]^2) over n floats, summed in double: nblk block partials in a fixed order
+ * (partials: nblk doubles of scratch), then one block adds them in ascending order. */
+dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *partials, int nblk,
+                            double *norm, void *stream);
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    double c1, c2;   /* bias corrections 1 - beta1^t, 1 - beta2^t (computed by the caller) */
+    double max_norm; /* clipping: scale = max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm */
+} dw_cuda_adamw_args;
+
+/* For i < n (weight decay only for i < n_decay), in double as dw_adamw_step_cpu:
+ *   g' = g * scale;  p -= lr*wd*p;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
+ *   p -= lr * (m / c1) / (sqrt(v / c2) + eps)
+ * scale comes from *norm (device). A non-finite *norm leaves p, m, v unchanged. */
+dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
+                        int64_t n_decay, const double *norm, const dw_cuda_adamw_args *a,
+                        void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DW_KERNELS_ADAMW_CUDA_H */

@@ -1,0 +1,27 @@
+/* engine_cuda.h — private to runtime/: the CUDA engine's entry points, called by the engine
+ * functions of engine_cpu.c / engine_weights.c when e->cuda is set (one code path for callers).
+ * The state itself is in engine_cuda.c; its helper kernels are in engine_cuda_kern.{h,cu}. In a build without CUDA these are stubs (create refuses). */
+#ifndef DW_RUNTIME_ENGINE_CUDA_H
+#define DW_RUNTIME_ENGINE_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/engine.h"
+
+struct dw_engine_cuda;
+void dw_engine_cuda_free(struct dw_engine_cuda *c);
+dw_status dw_engine_cuda_upload(dw_engine *e);               /* host mirrors -> device */
+dw_status dw_engine_cuda_download(dw_engine *e, bool grads); /* device -> host mirrors */
+void dw_engine_cuda_zero_grad(dw_engine *e);
+dw_status dw_engine_cuda_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets,
+                                 int64_t B, int64_t T, float *logits, double *loss);
+dw_status dw_engine_cuda_forward_backward(dw_engine *e, const int32_t *tokens,
+                                          const int32_t *targets, int64_t B, int64_t T,
+                                          double grad_scale, double *loss);
+dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double beta2, double eps,
+                               double wd, double clip, int64_t step, double *grad_norm);
+const dw_compiled *dw_engine_cuda_plan(const dw_engine *e);
+dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device);
+
+#endif /* DW_RUNTIME_ENGINE_CUDA_H */

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# test_compile.sh DEEPWELL — `deepwell compile` end to end: the per-node report (recipe and why,
+# kernel and why), pools adding up to the total, the safe fallback and rules, FP32 mode, the
+# activation pool growing with the batch, refusals and exit codes. Needs no GPU.
+set -u
+dw=$1
+fails=0
+check() { # check DESCRIPTION EXPECTED_RC ACTUAL_RC
+  if [ "$2" != "$3" ]; then echo "FAIL: $1 (exit $3, expected $2)"; fails=$((fails + 1)); else echo "ok: $1"; fi
+}
+has() { # has DESCRIPTION FILE TEXT
+  if grep -qF -- "$3" "$2"; then echo "ok: $1"; else echo "FAIL: $1: '$3' not in:"; cat "$2"; fails=$((fails + 1)); fi
+}
+hasnt() {
+  if grep -qF -- "$3" "$2"; then echo "FAIL: $1: '$3' unexpectedly in $2"; fails=$((fails + 1)); else echo "ok: $1"; fi
+}
+pool() { # pool FILE NAME -> bytes
+  awk -v n="$2" '$1 == n && $3 == "B" {print $2}' "$1"
+}
+sums() { # sums DESCRIPTION FILE: the five pools add up to the total line
+  local s=0 p
+  for p in weights grads optimizer activations workspace; do s=$((s + $(pool "$2" $p))); done
+  if [ "$s" = "$(pool "$2" total)" ] && [ "$s" -gt 0 ]; then echo "ok: $1"; else
+    echo "FAIL: $1: pools sum to $s, total says $(pool "$2" total)"; fails=$((fails + 1)); fi
+}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+B=$((RANDOM % 4 + 1)); T=$((RANDOM % 200 + 8))
+
+"$dw" compile --help >"$tmp/h" 2>&1; check "--help" 0 $?
+has "help names --report" "$tmp/h" "--report"
+
+"$dw" compile gpt2-tiny --batch $B --seq $T --report >"$tmp/r" 2>&1; check "compile gpt2-tiny --report" 0 $?
+has "report lists HF modules" "$tmp/r" "transformer.h.0.attn.c_attn"
+has "report names the GEMM kernel" "$tmp/r" "cublaslt_bf16"
+has "report gives the policy reason" "$tmp/r" "(default)"
+has "report names attention's kernel" "$tmp/r" "dw_cuda_attention_fwd/bwd"
+has "report has the shape" "$tmp/r" "batch $B x seq $T"
+sums "gpt2 bf16 pools add up" "$tmp/r"
+hasnt "bf16 runs on the engine" "$tmp/r" "NOT SUPPORTED"
+
+"$dw" compile gpt2-tiny --batch $B --seq $T >"$tmp/s" 2>&1; check "compile without --report" 0 $?
+hasnt "no per-node lines without --report" "$tmp/s" "transformer.h.0.attn.c_attn"
+sums "summary pools add up" "$tmp/s"
+
+"$dw" compile llama-tiny --precision fp8_block --fallback safe --seq $T --report >"$tmp/f" 2>&1
+check "compile fp8_block --fallback safe" 0 $?
+has "LM head kept in bf16 by the fallback" "$tmp/f" "lm_head"
+grep -E "^ +[0-9]+ lm_head .*recipe bf16 +\(fallback safe" "$tmp/f" >/dev/null && echo "ok: lm_head reason" ||
+  { echo "FAIL: lm_head not bf16 by fallback"; fails=$((fails + 1)); }
+grep -E "model.layers.1.mlp.up_proj .*recipe fp8_block +\(default\)" "$tmp/f" >/dev/null && echo "ok: middle block fp8" ||
+  { echo "FAIL: layers.1 up_proj not fp8_block by default"; fails=$((fails + 1)); }
+has "quantised recipe marked unsupported by the engine" "$tmp/f" "NOT SUPPORTED"
+has "says what the engine cannot run" "$tmp/f" "the CUDA engine cannot run this yet"
+
+cat >"$tmp/p.json" <<'J'
+{"default": "bf16", "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "mxfp8"}]}
+J
+"$dw" compile llama-tiny --policy "$tmp/p.json" --report >"$tmp/p" 2>&1; check "compile --policy" 0 $?
+grep -E "self_attn.q_proj .*recipe mxfp8 +\(rule 0\)" "$tmp/p" >/dev/null && echo "ok: rule 0 applied" ||
+  { echo "FAIL: rule not shown"; cat "$tmp/p"; fails=$((fails + 1)); }
+
+"$dw" compile llama-tiny --precision fp32 --report >"$tmp/x" 2>&1; check "compile --precision fp32" 0 $?
+has "fp32 mode uses the reference GEMM" "$tmp/x" "dw_cuda_linear_fwd/bwd"
+hasnt "fp32 mode has no BF16 copy" "$tmp/x" "BF16 working copy"
+sums "fp32 pools add up" "$tmp/x"
+
+"$dw" compile llama-tiny --seq 64 --batch 1 >"$tmp/b1" 2>&1; check "batch 1" 0 $?
+"$dw" compile llama-tiny --seq 64 --batch 4 >"$tmp/b4" 2>&1; check "batch 4" 0 $?
+if [ "$(pool "$tmp/b4" activations)" -gt "$(pool "$tmp/b1" activations)" ] &&
+   [ "$(pool "$tmp/b4" weights)" = "$(pool "$tmp/b1" weights)" ]; then echo "ok: activations grow with the batch, weights do not"
+else echo "FAIL: batch scaling"; fails=$((fails + 1)); fi
+
+"$dw" compile gpt2-tiny --precision bogus >"$tmp/e" 2>&1; check "unknown recipe" 2 $?
+has "names the bad recipe" "$tmp/e" "bogus"
+"$dw" compile gpt2-tiny --precision bf16 --policy "$tmp/p.json" >"$tmp/e" 2>&1; check "--policy with --precision" 2 $?
+"$dw" compile gpt2-tiny --fallback maybe >"$tmp/e" 2>&1; check "bad --fallback" 2 $?
+"$dw" compile no-such-model >"$tmp/e" 2>&1; check "unknown model" 2 $?
+"$dw" compile >"$tmp/e" 2>&1; check "no model" 2 $?
+"$dw" compile gpt2-tiny --batch 0 >"$tmp/e" 2>&1; check "--batch 0" 2 $?
+echo '{"default": "nope"}' >"$tmp/bad.json"
+"$dw" compile gpt2-tiny --policy "$tmp/bad.json" >"$tmp/e" 2>&1; check "bad policy file" 2 $?
+
+echo "$fails failed"
+[ "$fails" = 0 ]

@@ -1,0 +1,270 @@
+/* test_compile.c — dw_compile on real captured graphs (random gpt2/llama/qwen2 shapes and
+ * batches, FP32 and BF16 modes): arena buffers live at the same time never overlap; every buffer a
+ * step reads or writes is live at that step (an oracle restating which values, gradients and
+ * saved statistics each op's forward and backward touch); gradient delivery (exactly one writer,
+ * the first in backward order); parameter pools (disjoint, decay first) and pool totals; policy
+ * binding (rules, safe fallback, unsupported recipes); refusals; the engine functions' backend
+ * dispatch without a GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "compile/compile.h"
+#include "precision/policy.h"
+#include "runtime/engine.h"
+#include "testutil.h"
+
+static dw_ctx *g_ctx;
+static dw_test_rng g_rng;
+
+static int setup(void **state) {
+    (void)state;
+    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
+    dw_test_rng_init(&g_rng, dw_test_seed() ^ 0xC0Cull);
+    return dw_ctx_create(&o, &g_ctx) == DW_OK ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    dw_ctx_free(g_ctx);
+    return 0;
+}
+
+static int64_t rnd(int64_t lo, int64_t hi) { return lo + (int64_t)(dw_test_next(&g_rng) % (uint64_t)(hi - lo + 1)); }
+
+static dw_graph *random_graph(const char *preset) {
+    dw_model_config c;
+    assert_int_equal(dw_model_config_load(g_ctx, preset, &c), DW_OK);
+    c.n_layers = rnd(1, 3);
+    c.vocab_size = rnd(20, 300);
+    c.d_ff = rnd(8, 64);
+    c.max_seq = 64;
+    c.n_kv_heads = rnd(1, 2);
+    c.n_heads = c.arch == DW_ARCH_GPT2 ? c.n_kv_heads : c.n_kv_heads * rnd(1, 3);
+    c.head_dim = 2 * rnd(1, 8);
+    c.d_model = c.arch == DW_ARCH_GPT2 ? c.n_heads * c.head_dim : rnd(6, 48);
+    c.tie_embeddings = rnd(0, 1);
+    dw_graph *g = NULL;
+    if (dw_capture_config(g_ctx, &c, rnd(1, 4), rnd(1, 64), &g) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
+    return g;
+}
+
+/* The item of (kind, index), or -1. */
+static int find_item(const dw_compiled *c, dw_buf_kind k, int index) {
+    for (int i = 0; i < c->n_items; i++)
+        if (c->info[i].kind == k && c->info[i].index == index) return i;
+    return -1;
+}
+
+/* A value/gradient/aux buffer must exist and be live at step s. */
+static void live_at(const dw_compiled *c, dw_buf_kind k, int index, int s, const char *why) {
+    int it = find_item(c, k, index);
+    if (it < 0) fail_msg("%s: no buffer (kind %d, index %d)", why, (int)k, index);
+    if (c->items[it].first > s || c->items[it].last < s)
+        fail_msg("%s: buffer (kind %d, index %d) live [%d, %d], needed at step %d", why, (int)k, index,
+                 c->items[it].first, c->items[it].last, s);
+}
+
+static bool reads_inputs_bwd(dw_op op) { /* restated from the op rules (engine_ops.c) */
+    switch (op) {
+    case DW_OP_LAYERNORM: case DW_OP_RMSNORM: case DW_OP_LINEAR: case DW_OP_GELU: case DW_OP_SILU:
+    case DW_OP_SWIGLU: case DW_OP_ATTENTION: return true;
+    default: return false;
+    }
+}
+
+static void check(const dw_graph *g, const dw_compiled *c) {
+    /* 1. no overlap among co-live buffers, alignment, inside the arena */
+    int64_t sum = 0;
+    for (int i = 0; i < c->n_items; i++) {
+        const dw_mem_item *a = &c->items[i];
+        sum += (a->size + 255) / 256 * 256; /* each buffer starts 256-byte aligned */
+        assert_int_equal(a->offset % 256, 0);
+        assert_true(a->offset >= 0 && a->offset + a->size <= c->arena_bytes);
+        for (int j = i + 1; j < c->n_items; j++) {
+            const dw_mem_item *b = &c->items[j];
+            bool together = !(a->last < b->first || b->last < a->first);
+            bool overlap = a->offset < b->offset + b->size && b->offset < a->offset + a->size;
+            if (together && overlap) fail_msg("arena buffers %d and %d are live together and overlap", i, j);
+        }
+    }
+    assert_true(c->arena_bytes >= c->live_peak && c->live_peak > 0 && c->arena_bytes <= sum);
+    /* 2. every access is to a live buffer */
+    char why[256];
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const dw_ir_node *n = &g->nodes[ni];
+        int f = ni, b = c->n_steps - 1 - ni;
+        snprintf(why, sizeof why, "node %s forward", n->name);
+        for (int s = 0; s < n->n_in; s++)
+            if (g->tensors[n->in[s]].kind == DW_TENSOR_ACT) live_at(c, DW_BUF_VALUE, n->in[s], f, why);
+        if (n->out != g->loss) live_at(c, DW_BUF_VALUE, n->out, f, why);
+        snprintf(why, sizeof why, "node %s backward", n->name);
+        if (n->op == DW_OP_CROSS_ENTROPY) { /* fused: dlogits written in place in the forward step */
+            assert_int_equal(c->grad_off[n->in[0]], c->val_off[n->in[0]]);
+            continue;
+        }
+        if (n->out == g->logits) live_at(c, DW_BUF_VALUE, n->out, b, "dlogits (in place) read by the LM head");
+        else live_at(c, DW_BUF_GRAD, n->out, b, why);
+        if (n->op == DW_OP_ATTENTION) live_at(c, DW_BUF_VALUE, n->out, b, why);
+        for (int s = 0; s < n->n_in; s++) {
+            int t = n->in[s];
+            if (g->tensors[t].kind != DW_TENSOR_ACT) continue;
+            if (reads_inputs_bwd(n->op)) live_at(c, DW_BUF_VALUE, t, b, why);
+            live_at(c, DW_BUF_GRAD, t, b, why);
+            if (c->grad_mode[ni][s] == DW_GRAD_ACCUM) assert_true(c->tmp_off[ni][DW_TMP_ACC0 + s] >= 0);
+        }
+        bool saves = n->op == DW_OP_LAYERNORM || n->op == DW_OP_RMSNORM || n->op == DW_OP_ATTENTION;
+        if (saves) {
+            live_at(c, DW_BUF_AUX, ni, f, why);
+            live_at(c, DW_BUF_AUX, ni, b, why);
+        }
+    }
+    /* 3. gradient delivery: per activation exactly one WRITE, by its last consumer */
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (g->tensors[t].kind != DW_TENSOR_ACT || t == g->loss) continue;
+        int writes = 0, last = -1, writer = -1;
+        for (int ni = 0; ni < g->n_nodes; ni++)
+            for (int s = 0; s < g->nodes[ni].n_in; s++)
+                if (g->nodes[ni].in[s] == t) {
+                    last = ni;
+                    if (c->grad_mode[ni][s] == DW_GRAD_WRITE) writes++, writer = ni;
+                }
+        assert_int_equal(writes, 1);
+        assert_int_equal(writer, last);
+    }
+    /* 4. parameter pools: disjoint, inside, decay first */
+    int64_t total = 0;
+    for (int p = 0; p < c->n_params; p++) {
+        const dw_ir_tensor *t = &g->tensors[c->param_tensor[p]];
+        int64_t lo = c->param_off[p], hi = lo + dw_ir_numel(t);
+        total += dw_ir_numel(t);
+        assert_int_equal(lo % 64, 0);
+        assert_true(hi <= c->param_floats);
+        if (t->decay) assert_true(hi <= c->decay_floats);
+        else assert_true(lo >= c->decay_floats);
+        for (int q = p + 1; q < c->n_params; q++) {
+            int64_t lo2 = c->param_off[q], hi2 = lo2 + dw_ir_numel(&g->tensors[c->param_tensor[q]]);
+            assert_false(lo < hi2 && lo2 < hi);
+        }
+    }
+    assert_int_equal(total, dw_graph_params(g));
+    assert_int_equal(c->pool_bytes[DW_POOL_WEIGHTS], c->param_floats * (c->bf16 ? 6 : 4));
+    assert_int_equal(c->pool_bytes[DW_POOL_GRADS], c->param_floats * 4);
+    assert_int_equal(c->pool_bytes[DW_POOL_OPTIM], c->param_floats * 8);
+    assert_int_equal(c->pool_bytes[DW_POOL_ACT], c->arena_bytes);
+    assert_true(c->pool_bytes[DW_POOL_WORK] >= 2 * 4 * g->batch * g->seq);
+    /* 5. the report's total is the sum of the pools */
+    char *text = NULL;
+    assert_int_equal(dw_compiled_report(g_ctx, c, &text), DW_OK);
+    const char *tl = strstr(text, "  total");
+    assert_non_null(tl);
+    long long reported = 0;
+    assert_int_equal(sscanf(tl, " total %lld B", &reported), 1);
+    int64_t pools = 0;
+    for (int p = 0; p < DW_POOL_COUNT; p++) pools += dw_compiled_pool_bytes(c, p);
+    assert_int_equal(reported, pools);
+    dw_free_string(text);
+}
+
+static void test_random_graphs(void **state) {
+    (void)state;
+    const char *presets[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
+    for (int trial = 0; trial < 24; trial++) {
+        dw_graph *g = random_graph(presets[trial % 3]);
+        dw_policy *p = NULL;
+        if (trial % 2) assert_int_equal(dw_policy_from_precision(g_ctx, "bf16", false, &p), DW_OK);
+        dw_compiled *c = NULL;
+        assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
+        assert_int_equal(c->bf16, p != NULL);
+        assert_null(c->unsupported);
+        check(g, c);
+        dw_compiled_free(c);
+        dw_policy_free(p);
+        dw_graph_free(g);
+    }
+}
+
+static void test_presets_reuse(void **state) { /* the arena is far below the sum of all buffers */
+    (void)state;
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_hf_shape(g_ctx, "llama-tiny", 2, 128, &g), DW_OK);
+    dw_compiled *c = NULL;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, NULL, &c), DW_OK);
+    check(g, c);
+    int64_t sum = 0;
+    for (int i = 0; i < c->n_items; i++) sum += c->items[i].size;
+    assert_true(c->arena_bytes < sum / 2);
+    dw_compiled_free(c);
+    dw_graph_free(g);
+}
+
+static void test_policy_binding(void **state) {
+    (void)state;
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_hf_shape(g_ctx, "gpt2-tiny", 1, 16, &g), DW_OK);
+    dw_policy *p = NULL;
+    assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block", true, &p), DW_OK);
+    dw_compiled *c = NULL;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
+    assert_non_null(c->unsupported); /* a quantised recipe: planned, refused by the engine */
+    int lm = -1, mid = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!strcmp(g->nodes[i].name, "lm_head")) lm = i;
+        if (!strcmp(g->nodes[i].name, "transformer.h.1.mlp.c_fc")) mid = i;
+    }
+    assert_true(lm >= 0 && mid >= 0);
+    assert_int_equal(c->bind[lm].recipe, DW_RECIPE_BF16);
+    assert_int_equal(c->bind[lm].reason, DW_POLICY_BY_SAFE);
+    assert_true(c->bind[lm].supported);
+    assert_int_equal(c->bind[mid].recipe, DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(c->bind[mid].reason, DW_POLICY_BY_DEFAULT);
+    assert_false(c->bind[mid].supported);
+    assert_non_null(strstr(c->unsupported, "fp8_block"));
+    check(g, c);
+    dw_compiled_free(c);
+    /* parallel plans are refused */
+    assert_int_equal(dw_compile(g_ctx, g, "plan.json", p, &c), DW_ERR_UNSUPPORTED);
+    assert_null(c);
+    assert_non_null(strstr(dw_errmsg(g_ctx), "plan.json"));
+    dw_policy_free(p);
+    dw_graph_free(g);
+}
+
+/* The engine functions dispatch on the backend: on a CPU context (or a CPU-only build) the CUDA
+ * engine is refused with a message, and the CPU engine answers the CUDA-only calls plainly. */
+static void test_engine_dispatch(void **state) {
+    (void)state;
+    dw_model_config c;
+    assert_int_equal(dw_model_config_load(g_ctx, "llama-tiny", &c), DW_OK);
+    dw_engine *e = (dw_engine *)&c; /* must be overwritten with NULL */
+    dw_status s = dw_engine_create_cuda(g_ctx, &c, 1, 8, NULL, &e);
+    assert_int_equal(s, dw_built_with_cuda() ? DW_ERR_INVALID : DW_ERR_UNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(dw_errmsg(g_ctx), "cuda engine"));
+    assert_int_equal(dw_engine_create_cpu(g_ctx, &c, 1, 8, &e), DW_OK);
+    assert_false(dw_engine_on_device(e));
+    assert_null(dw_engine_compiled(e));
+    assert_int_equal(dw_engine_sync_to_host(e, true), DW_OK);
+    assert_int_equal(dw_engine_sync_to_device(e), DW_OK);
+    double gn = 1;
+    assert_int_equal(dw_engine_adamw_step(e, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 1, &gn), DW_ERR_UNSUPPORTED);
+    assert_true(gn == 0.0);
+    float m = 0, v = 0;
+    assert_int_equal(dw_engine_adamw_moments(e, 0, &m, &v, false), DW_ERR_UNSUPPORTED);
+    dw_engine_free(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_graphs),
+        cmocka_unit_test(test_presets_reuse),
+        cmocka_unit_test(test_policy_binding),
+        cmocka_unit_test(test_engine_dispatch),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
