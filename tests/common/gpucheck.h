@@ -47,6 +47,10 @@ static inline float dw_gc_bf2f(uint16_t h) {
 }
 static inline const char *dw_gc_dtname(dw_act_dtype dt) { return dt == DW_ACT_BF16 ? "bf16" : "f32"; }
 
+/* Set-up copies and memsets run on the legacy default stream, which does not order with the
+ * tests' non-blocking stream: every helper that writes device memory synchronises the device
+ * before returning, so an op never races with its own inputs or poison. */
+
 /* A device tensor: n elements of FP32 or BF16 with guard bands; host holds the FP32 values the
  * device holds (for BF16, already rounded), so the CPU reference sees exactly the device input. */
 typedef struct {
@@ -74,6 +78,7 @@ static inline dw_gt *dw_gt_new(const char *name, int64_t n, dw_act_dtype dt) {
     DW_GC_CUDA(cudaMemset(t->base, DW_GC_GUARD_BYTE, t->bytes + 2 * DW_GC_GUARD));
     t->dev = t->base + DW_GC_GUARD;
     dw_gc_live[dw_gc_nlive++] = t;
+    DW_GC_CUDA(cudaDeviceSynchronize());
     return t;
 }
 
@@ -91,6 +96,7 @@ static inline void dw_gt_upload(dw_gt *t) {
     } else {
         DW_GC_CUDA(cudaMemcpy(t->dev, t->host, t->bytes, cudaMemcpyHostToDevice));
     }
+    DW_GC_CUDA(cudaDeviceSynchronize());
 }
 static inline dw_gt *dw_gt_rand(dw_test_rng *r, const char *name, int64_t n, dw_act_dtype dt,
                                 float lo, float hi) {
@@ -103,6 +109,7 @@ static inline dw_gt *dw_gt_rand(dw_test_rng *r, const char *name, int64_t n, dw_
 static inline dw_gt *dw_gt_ints(const char *name, const int32_t *v, int64_t n) {
     dw_gt *t = dw_gt_new(name, n, DW_ACT_F32); /* 4-byte elements */
     DW_GC_CUDA(cudaMemcpy(t->dev, v, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice));
+    DW_GC_CUDA(cudaDeviceSynchronize());
     return t;
 }
 /* FP32 tensor holding a copy of values (a prior for accumulated gradients, a saved statistic). */
@@ -117,6 +124,7 @@ static inline dw_gt *dw_gt_out(const char *name, int64_t n, dw_act_dtype dt) {
     dw_gt *t = dw_gt_new(name, n, dt);
     for (int64_t i = 0; i < n; i++) t->host[i] = NAN;
     DW_GC_CUDA(cudaMemset(t->dev, 0xFF, t->bytes));
+    DW_GC_CUDA(cudaDeviceSynchronize());
     return t;
 }
 /* Device -> FP32 array dst (n elements). */
