@@ -4,7 +4,7 @@
 # runs the tests: a check of indexing, barriers, shuffles and shared-memory bounds on a machine
 # without a GPU. Not a substitute for running on the GPU (libm instead of CUDA math, no timing,
 # no concurrency). Needs a CPU build of the library (default build/: cmake -DDW_CUDA=OFF).
-# Usage: tests/common/cuda_emu/run.sh [CPU_BUILD_DIR]   (from the repository root)
+# Usage: tests/common/cuda_emu/run.sh [CPU_BUILD_DIR]   (DW_EMU_NOSAN=1: no sanitizers, faster)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
@@ -12,6 +12,7 @@ emu=$root/tests/common/cuda_emu
 out=$(mktemp -d "${TMPDIR:-/tmp}/dwemu.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+[ "${DW_EMU_NOSAN:-0}" = 1 ] && san="-O2"  # faster, without ASan/UBSan
 inc="-I$emu -I$out/inc -I$root/src -I$root/include -I$root/tests/common"
 mkdir -p "$out/inc/kernels/cuda"
 for h in "$root"/src/kernels/cuda/*.cuh; do
