@@ -4,6 +4,7 @@
 #ifndef DW_IO_SAFETENSORS_H
 #define DW_IO_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,5 +53,33 @@ dw_status dw_st_writer_add(dw_ctx *ctx, dw_st_writer *w, const char *name, dw_dt
 dw_status dw_st_writer_set_metadata(dw_ctx *ctx, dw_st_writer *w, const char *key, const char *value);
 dw_status dw_st_writer_commit(dw_ctx *ctx, dw_st_writer *w, const char *path);
 void dw_st_writer_free(dw_st_writer *w);
+
+/* ---- extensions (added with the implementation; see docs/safetensors.md) ------------------ */
+
+/* Limits the reader enforces on hostile files. */
+#define DW_ST_MAX_HEADER ((uint64_t)100 << 20) /* bytes of JSON header */
+
+/* Like dw_st_open over bytes already in memory. `buf` is borrowed: it must stay valid and
+ * unchanged while the handle lives. `name` stands for the file in error messages. */
+dw_status dw_st_open_memory(dw_ctx *ctx, const void *buf, size_t len, const char *name,
+                            dw_st_file **out);
+/* The path (or name) the file was opened with; valid while f is open. */
+const char *dw_st_path(const dw_st_file *f);
+
+bool dw_dtype_is_float(dw_dtype t); /* F64, F32, F16, BF16, F8_E4M3, F8_E5M2 */
+int64_t dw_st_numel(const dw_st_tensor *t); /* product of the shape (1 for a scalar) */
+
+/* Alignment: t->data is only as aligned as the file makes it (the header length and the
+ * data_offsets are arbitrary in files from other writers), so never dereference it as a wider
+ * type. Files from dw_st_writer keep every tensor aligned to its element size (see the writer).
+ * dw_st_is_aligned says whether a direct cast is safe; otherwise memcpy, or use: */
+bool dw_st_is_aligned(const dw_st_tensor *t);
+/* Converts a floating-point tensor (F32, F16, BF16 exactly; F64 rounded to nearest) to FP32 in
+ * `out` (dw_st_numel(t) floats), reading with memcpy so any alignment is fine. Other dtypes:
+ * DW_ERR_UNSUPPORTED naming the file and the tensor. */
+dw_status dw_st_read_f32(dw_ctx *ctx, const dw_st_file *f, const dw_st_tensor *t, float *out);
+
+/* Serialises the writer's content to one malloc'd buffer (the exact bytes commit writes). */
+dw_status dw_st_writer_serialize(dw_ctx *ctx, dw_st_writer *w, void **buf_out, size_t *len_out);
 
 #endif /* DW_IO_SAFETENSORS_H */

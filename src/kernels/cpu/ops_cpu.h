@@ -5,7 +5,7 @@
  * input gradients unless stated.
  * Letters: B batch, T sequence, C channels (d_model), V vocab, H heads, Hkv KV heads,
  * D head_dim, F ffn width, N rows (= B*T), K/M generic.
- * CONTRACT HEADER: implemented in kernels/cpu/*.c, called by the CPU engine (runtime/). */
+ * CONTRACT HEADER: implemented in kernels/cpu/ (one .c file per op family), called by the CPU engine (runtime/). */
 #ifndef DW_KERNELS_OPS_CPU_H
 #define DW_KERNELS_OPS_CPU_H
 

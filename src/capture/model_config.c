@@ -1,0 +1,302 @@
+/* model_config.c — Hugging Face config.json <-> dw_model_config for gpt2, llama, mistral and
+ * qwen2, plus the closed-form parameter count. Presets live in model_presets.c; the graph built
+ * from a config lives in capture.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "capture/model_config_impl.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "core/log.h"
+
+static const char *const supported_types = "gpt2, llama, mistral, qwen2";
+
+/* Reads an integer field into an int64_t (required, or optional keeping *out's default). */
+static dw_status get_i64(dw_ctx *ctx, const json_t *j, const char *key, const char *what,
+                         bool required, int64_t *out) {
+    long long v = *out;
+    DW_TRY(required ? dw_json_get_int(ctx, j, key, what, &v)
+                    : dw_json_get_int_opt(ctx, j, key, what, &v));
+    *out = (int64_t)v;
+    return DW_OK;
+}
+
+static dw_status parse_gpt2(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    DW_TRY(get_i64(ctx, j, "vocab_size", what, true, &c->vocab_size));
+    DW_TRY(get_i64(ctx, j, "n_embd", what, true, &c->d_model));
+    DW_TRY(get_i64(ctx, j, "n_layer", what, true, &c->n_layers));
+    DW_TRY(get_i64(ctx, j, "n_head", what, true, &c->n_heads));
+    DW_TRY(get_i64(ctx, j, "n_positions", what, true, &c->max_seq));
+    c->n_kv_heads = c->n_heads;
+    c->head_dim = c->n_heads > 0 ? c->d_model / c->n_heads : 0;
+    c->d_ff = 4 * c->d_model; /* n_inner: null means 4 * n_embd */
+    DW_TRY(get_i64(ctx, j, "n_inner", what, false, &c->d_ff));
+    DW_TRY(dw_json_get_num_opt(ctx, j, "layer_norm_epsilon", what, &c->norm_eps));
+    DW_TRY(dw_json_get_num_opt(ctx, j, "initializer_range", what, &c->init_std));
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "tie_word_embeddings", what, &c->tie_embeddings));
+    const char *act = "gelu_new";
+    DW_TRY(dw_json_get_str_opt(ctx, j, "activation_function", what, &act));
+    if (strcmp(act, "gelu_new") && strcmp(act, "gelu_pytorch_tanh"))
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "%s: field 'activation_function': '%s' is not supported (supported: "
+                            "gelu_new, gelu_pytorch_tanh)", what, act);
+    const char *flags[] = {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        bool on = false;
+        DW_TRY(dw_json_get_bool_opt(ctx, j, flags[i], what, &on));
+        if (on)
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: field '%s': true is not supported",
+                                what, flags[i]);
+    }
+    bool scale = true;
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "scale_attn_weights", what, &scale));
+    if (!scale)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "%s: field 'scale_attn_weights': false is not supported", what);
+    return DW_OK;
+}
+
+static dw_status parse_rope_scaling(dw_ctx *ctx, const json_t *j, const char *what) {
+    const json_t *rs = json_object_get(j, "rope_scaling");
+    if (!rs || json_is_null(rs)) return DW_OK;
+    if (!json_is_object(rs))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'rope_scaling': expected an object or null",
+                            what);
+    const char *type = NULL;
+    DW_TRY(dw_json_get_str_opt(ctx, rs, "rope_type", what, &type));
+    if (!type) DW_TRY(dw_json_get_str_opt(ctx, rs, "type", what, &type));
+    if (type && !strcmp(type, "default")) return DW_OK;
+    return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                        "%s: field 'rope_scaling': rope type '%s' is not supported (Deepwell "
+                        "implements plain RoPE only: remove rope_scaling or set it to null)",
+                        what, type ? type : "(unnamed)");
+}
+
+static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    DW_TRY(get_i64(ctx, j, "vocab_size", what, true, &c->vocab_size));
+    DW_TRY(get_i64(ctx, j, "hidden_size", what, true, &c->d_model));
+    DW_TRY(get_i64(ctx, j, "num_hidden_layers", what, true, &c->n_layers));
+    DW_TRY(get_i64(ctx, j, "num_attention_heads", what, true, &c->n_heads));
+    DW_TRY(get_i64(ctx, j, "intermediate_size", what, true, &c->d_ff));
+    DW_TRY(get_i64(ctx, j, "max_position_embeddings", what, true, &c->max_seq));
+    c->n_kv_heads = c->n_heads;
+    DW_TRY(get_i64(ctx, j, "num_key_value_heads", what, false, &c->n_kv_heads));
+    c->head_dim = c->n_heads > 0 ? c->d_model / c->n_heads : 0;
+    DW_TRY(get_i64(ctx, j, "head_dim", what, false, &c->head_dim));
+    c->norm_eps = 1e-6; /* transformers' default for these configs */
+    DW_TRY(dw_json_get_num_opt(ctx, j, "rms_norm_eps", what, &c->norm_eps));
+    DW_TRY(dw_json_get_num_opt(ctx, j, "rope_theta", what, &c->rope_theta));
+    DW_TRY(dw_json_get_num_opt(ctx, j, "initializer_range", what, &c->init_std));
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "tie_word_embeddings", what, &c->tie_embeddings));
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "attention_bias", what, &c->qkv_bias));
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "mlp_bias", what, &c->mlp_bias));
+    if (c->arch == DW_ARCH_QWEN2) c->qkv_bias = true; /* Qwen2 always biases q, k, v */
+    const char *act = "silu";
+    DW_TRY(dw_json_get_str_opt(ctx, j, "hidden_act", what, &act));
+    if (strcmp(act, "silu"))
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "%s: field 'hidden_act': '%s' is not supported (supported: silu)", what,
+                            act);
+    DW_TRY(parse_rope_scaling(ctx, j, what));
+    long long window = 0;
+    bool use_window = c->arch == DW_ARCH_MISTRAL;
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "use_sliding_window", what, &use_window));
+    DW_TRY(dw_json_get_int_opt(ctx, j, "sliding_window", what, &window));
+    if (use_window && window > 0 && window < c->max_seq)
+        DW_LOGW("%s: sliding_window %lld noted: Deepwell uses full causal attention, identical "
+                "for sequences up to %lld tokens", what, window, window);
+    return DW_OK;
+}
+
+dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const char *what) {
+    static const char *const hf[2][8] = {
+        {"vocab_size", "n_embd", "n_layer", "n_head", "n_head", "head_dim", "n_inner", "n_positions"},
+        {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"}};
+    const int64_t v[8] = {c->vocab_size, c->d_model, c->n_layers, c->n_heads,
+                          c->n_kv_heads, c->head_dim, c->d_ff, c->max_seq};
+    for (int i = 0; i < 8; i++)
+        if (v[i] <= 0 || v[i] > ((int64_t)1 << 40))
+            return dw_set_error(ctx, DW_ERR_INVALID, "%s: field '%s' = %lld: must be a positive size",
+                                what, hf[c->arch != DW_ARCH_GPT2][i], (long long)v[i]);
+    if (c->n_heads % c->n_kv_heads)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "%s: num_attention_heads (%lld) is not a multiple of "
+                            "num_key_value_heads (%lld)", what, (long long)c->n_heads,
+                            (long long)c->n_kv_heads);
+    if (c->arch == DW_ARCH_GPT2 && c->d_model % c->n_heads)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: n_embd (%lld) is not a multiple of n_head (%lld)",
+                            what, (long long)c->d_model, (long long)c->n_heads);
+    if (c->pos == DW_POS_ROPE && (c->head_dim % 2 || !(c->rope_theta > 0)))
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "%s: rope needs an even head_dim (%lld) and rope_theta > 0 (%g)", what,
+                            (long long)c->head_dim, c->rope_theta);
+    if (!(c->norm_eps > 0) || !(c->init_std > 0))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: norm epsilon (%g) and initializer_range (%g) "
+                            "must be positive", what, c->norm_eps, c->init_std);
+    return DW_OK;
+}
+
+dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *what,
+                                    dw_model_config *out) {
+    memset(out, 0, sizeof *out);
+    if (!json_is_object(j))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: expected a JSON object", what);
+    const char *type = NULL;
+    DW_TRY(dw_json_get_str(ctx, j, "model_type", what, &type));
+    dw_model_config c;
+    if (!strcmp(type, "gpt2")) {
+        dw_model_preset_find("gpt2-tiny", &c);
+        DW_TRY(parse_gpt2(ctx, j, what, &c));
+    } else if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2")) {
+        dw_model_preset_find(!strcmp(type, "qwen2") ? "qwen2-tiny" : "llama-tiny", &c);
+        snprintf(c.model_type, sizeof c.model_type, "%s", type);
+        c.arch = !strcmp(type, "llama") ? DW_ARCH_LLAMA
+                 : !strcmp(type, "mistral") ? DW_ARCH_MISTRAL : DW_ARCH_QWEN2;
+        c.rope_theta = 10000.0;
+        c.tie_embeddings = false;
+        c.qkv_bias = false;
+        DW_TRY(parse_llama(ctx, j, what, &c));
+    } else {
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "%s: model_type '%s' is not supported yet (supported: %s)", what, type,
+                            supported_types);
+    }
+    c.planning_only = false;
+    DW_TRY(dw_model_config_check(ctx, &c, what));
+    *out = c;
+    return DW_OK;
+}
+
+dw_status dw_model_config_load(dw_ctx *ctx, const char *model, dw_model_config *out) {
+    memset(out, 0, sizeof *out);
+    if (!model || !*model) return dw_set_error(ctx, DW_ERR_INVALID, "no model given");
+    struct stat st;
+    char path[4096];
+    if (stat(model, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/config.json", model);
+        else snprintf(path, sizeof path, "%s", model);
+        json_t *j = NULL;
+        DW_TRY(dw_json_load_file(ctx, path, &j));
+        dw_status s = dw_model_config_from_json(ctx, j, path, out);
+        json_decref(j);
+        return s;
+    }
+    if (dw_model_preset_find(model, out)) return DW_OK;
+    char list[512];
+    dw_model_preset_list(list, sizeof list);
+    return dw_set_error(ctx, DW_ERR_INVALID,
+                        "model '%s' is neither a directory with config.json, a config file nor a "
+                        "preset (presets: %s)", model, list);
+}
+
+static void set_int(json_t *j, const char *k, int64_t v) { json_object_set_new(j, k, json_integer(v)); }
+static void set_num(json_t *j, const char *k, double v) { json_object_set_new(j, k, json_real(v)); }
+static void set_bool(json_t *j, const char *k, bool v) { json_object_set_new(j, k, json_boolean(v)); }
+static void set_str(json_t *j, const char *k, const char *v) {
+    json_object_set_new(j, k, json_string(v));
+}
+
+static const char *architecture(dw_arch a) {
+    static const char *const names[DW_ARCH_COUNT] = {
+        "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+        "MixtralForCausalLM", "DeepseekV3ForCausalLM"};
+    return names[a];
+}
+
+json_t *dw_model_config_to_json(const dw_model_config *c) {
+    json_t *j = json_object();
+    json_t *arch = json_array();
+    json_array_append_new(arch, json_string(architecture(c->arch)));
+    json_object_set_new(j, "architectures", arch);
+    set_str(j, "model_type", c->model_type);
+    set_int(j, "vocab_size", c->vocab_size);
+    if (c->arch == DW_ARCH_GPT2) {
+        set_int(j, "n_embd", c->d_model);
+        set_int(j, "n_layer", c->n_layers);
+        set_int(j, "n_head", c->n_heads);
+        set_int(j, "n_inner", c->d_ff);
+        set_int(j, "n_positions", c->max_seq);
+        set_int(j, "n_ctx", c->max_seq);
+        set_num(j, "layer_norm_epsilon", c->norm_eps);
+        set_str(j, "activation_function", "gelu_new");
+    } else {
+        set_int(j, "hidden_size", c->d_model);
+        set_int(j, "num_hidden_layers", c->n_layers);
+        set_int(j, "num_attention_heads", c->n_heads);
+        set_int(j, "num_key_value_heads", c->n_kv_heads);
+        set_int(j, "head_dim", c->head_dim);
+        set_int(j, "intermediate_size", c->d_ff);
+        set_int(j, "max_position_embeddings", c->max_seq);
+        set_num(j, "rms_norm_eps", c->norm_eps);
+        set_num(j, "rope_theta", c->rope_theta);
+        set_str(j, "hidden_act", "silu");
+        if (c->arch != DW_ARCH_QWEN2) set_bool(j, "attention_bias", c->qkv_bias);
+        set_bool(j, "mlp_bias", c->mlp_bias);
+        json_object_set_new(j, "rope_scaling", json_null());
+    }
+    if (c->arch == DW_ARCH_MIXTRAL) {
+        set_int(j, "num_local_experts", c->n_experts);
+        set_int(j, "num_experts_per_tok", c->top_k);
+    } else if (c->arch == DW_ARCH_DEEPSEEK_V3) {
+        set_int(j, "n_routed_experts", c->n_experts);
+        set_int(j, "num_experts_per_tok", c->top_k);
+        set_int(j, "moe_intermediate_size", c->d_ff_expert);
+        set_int(j, "n_shared_experts", c->n_shared_experts);
+        set_int(j, "first_k_dense_replace", c->first_dense_layers);
+    }
+    set_num(j, "initializer_range", c->init_std);
+    set_bool(j, "tie_word_embeddings", c->tie_embeddings);
+    set_str(j, "torch_dtype", "float32");
+    return j;
+}
+
+dw_status dw_model_config_save(dw_ctx *ctx, const dw_model_config *cfg, const char *path) {
+    json_t *j = dw_model_config_to_json(cfg);
+    char *text = dw_json_dump(j, true);
+    json_decref(j);
+    if (!text) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: could not serialise the config", path);
+    size_t n = strlen(text);
+    char *line = realloc(text, n + 2); /* end the file with a newline */
+    if (!line) {
+        free(text);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
+    }
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    dw_status s = dw_write_file_atomic(ctx, path, line, n + 1);
+    free(line);
+    return s;
+}
+
+/* One decoder layer's MLP parameters (dense or MoE). */
+static int64_t mlp_params(const dw_model_config *c, bool moe) {
+    int64_t d = c->d_model;
+    bool glu = c->act != DW_ACT_GELU_TANH;
+    if (moe) {
+        int64_t expert = 3 * d * c->d_ff_expert;
+        return (c->n_experts + c->n_shared_experts) * expert + d * c->n_experts /* router */;
+    }
+    int64_t F = c->d_ff;
+    int64_t p = (glu ? 3 : 2) * d * F;
+    if (c->linear_bias || c->mlp_bias) p += (glu ? 2 * F : F) + d;
+    return p;
+}
+
+int64_t dw_model_config_params(const dw_model_config *c) {
+    int64_t d = c->d_model, V = c->vocab_size;
+    int64_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    int64_t norm = c->norm == DW_NORM_LAYERNORM ? 2 * d : d;
+    int64_t attn = d * q + 2 * d * kv + q * d;
+    if (c->linear_bias || c->qkv_bias) attn += q + 2 * kv;
+    if (c->linear_bias) attn += d; /* output projection bias */
+    int64_t p = V * d + (c->pos == DW_POS_LEARNED ? c->max_seq * d : 0);
+    for (int64_t l = 0; l < c->n_layers; l++)
+        p += 2 * norm + attn + mlp_params(c, c->n_experts > 0 && l >= c->first_dense_layers);
+    p += norm;
+    if (!c->tie_embeddings) p += V * d;
+    return p;
+}

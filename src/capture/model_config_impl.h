@@ -1,0 +1,25 @@
+/* model_config_impl.h — private to capture/ and ir/: presets lookup and the config <-> JSON
+ * conversions shared by config.json loading/saving and the graph's JSON form. */
+#ifndef DW_CAPTURE_MODEL_CONFIG_IMPL_H
+#define DW_CAPTURE_MODEL_CONFIG_IMPL_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "capture/model_config.h"
+
+/* Fills *out with the preset `name`; false when there is none. */
+bool dw_model_preset_find(const char *name, dw_model_config *out);
+/* "gpt2-tiny, gpt2-124m, ..." into buf. */
+void dw_model_preset_list(char *buf, size_t n);
+
+/* Parses a Hugging Face config object; `what` (the file name) prefixes every error. */
+dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *what,
+                                    dw_model_config *out);
+/* The Hugging Face config.json object for cfg (new reference). */
+json_t *dw_model_config_to_json(const dw_model_config *cfg);
+/* Checks the fields' consistency (positive sizes, heads divide, ...); `what` names the source. */
+dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *cfg, const char *what);
+
+#endif /* DW_CAPTURE_MODEL_CONFIG_IMPL_H */

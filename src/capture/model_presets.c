@@ -1,0 +1,163 @@
+/* model_presets.c — built-in model shapes: tiny models that train in minutes on a CPU, real
+ * shapes (gpt2-124m, llama-1b) and planning-only shapes (8B..405B, MoE) the planner sizes but
+ * capture refuses. Figures follow the published config.json of each model; not a loader. */
+#include <stdio.h>
+#include <string.h>
+
+#include "capture/model_config_impl.h"
+#include "core/error.h"
+
+/* Fields common to each family; presets override the shape. */
+static dw_model_config gpt2_base(void) {
+    dw_model_config c = {0};
+    snprintf(c.model_type, sizeof c.model_type, "gpt2");
+    c.arch = DW_ARCH_GPT2;
+    c.act = DW_ACT_GELU_TANH;
+    c.norm = DW_NORM_LAYERNORM;
+    c.pos = DW_POS_LEARNED;
+    c.norm_eps = 1e-5;
+    c.rope_theta = 0;
+    c.tie_embeddings = true;
+    c.qkv_bias = true;
+    c.linear_bias = true;
+    c.mlp_bias = true;
+    c.init_std = 0.02;
+    return c;
+}
+
+static dw_model_config llama_base(const char *model_type, dw_arch arch) {
+    dw_model_config c = {0};
+    snprintf(c.model_type, sizeof c.model_type, "%s", model_type);
+    c.arch = arch;
+    c.act = DW_ACT_SILU_GLU;
+    c.norm = DW_NORM_RMSNORM;
+    c.pos = DW_POS_ROPE;
+    c.norm_eps = 1e-5;
+    c.rope_theta = 10000.0;
+    c.init_std = 0.02;
+    return c;
+}
+
+static void shape(dw_model_config *c, int64_t V, int64_t d, int64_t L, int64_t H, int64_t Hkv,
+                  int64_t F, int64_t maxT) {
+    c->vocab_size = V;
+    c->d_model = d;
+    c->n_layers = L;
+    c->n_heads = H;
+    c->n_kv_heads = Hkv;
+    c->head_dim = d / H;
+    c->d_ff = F;
+    c->max_seq = maxT;
+}
+
+typedef dw_model_config (*preset_fn)(void);
+
+static dw_model_config p_gpt2_tiny(void) {
+    dw_model_config c = gpt2_base();
+    shape(&c, 256, 128, 4, 4, 4, 512, 256);
+    return c;
+}
+static dw_model_config p_gpt2_124m(void) {
+    dw_model_config c = gpt2_base();
+    shape(&c, 50257, 768, 12, 12, 12, 3072, 1024);
+    return c;
+}
+static dw_model_config p_llama_tiny(void) {
+    dw_model_config c = llama_base("llama", DW_ARCH_LLAMA);
+    shape(&c, 256, 128, 4, 4, 2, 384, 256);
+    return c;
+}
+static dw_model_config p_llama_1b(void) { /* Llama-3.2-1B (its llama3 rope_scaling omitted) */
+    dw_model_config c = llama_base("llama", DW_ARCH_LLAMA);
+    shape(&c, 128256, 2048, 16, 32, 8, 8192, 131072);
+    c.rope_theta = 500000.0;
+    c.tie_embeddings = true;
+    return c;
+}
+static dw_model_config p_qwen2_tiny(void) {
+    dw_model_config c = llama_base("qwen2", DW_ARCH_QWEN2);
+    shape(&c, 256, 128, 4, 4, 2, 384, 256);
+    c.norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.qkv_bias = true;
+    c.tie_embeddings = true;
+    return c;
+}
+static dw_model_config p_llama_8b(void) { /* Llama-3.1-8B */
+    dw_model_config c = llama_base("llama", DW_ARCH_LLAMA);
+    shape(&c, 128256, 4096, 32, 32, 8, 14336, 131072);
+    c.rope_theta = 500000.0;
+    c.planning_only = true;
+    return c;
+}
+static dw_model_config p_llama_70b(void) { /* Llama-3.1-70B */
+    dw_model_config c = llama_base("llama", DW_ARCH_LLAMA);
+    shape(&c, 128256, 8192, 80, 64, 8, 28672, 131072);
+    c.rope_theta = 500000.0;
+    c.planning_only = true;
+    return c;
+}
+static dw_model_config p_llama_405b(void) { /* Llama-3.1-405B */
+    dw_model_config c = llama_base("llama", DW_ARCH_LLAMA);
+    shape(&c, 128256, 16384, 126, 128, 8, 53248, 131072);
+    c.rope_theta = 500000.0;
+    c.planning_only = true;
+    return c;
+}
+static dw_model_config p_mixtral_8x7b(void) { /* Mixtral-8x7B-v0.1: every layer is MoE */
+    dw_model_config c = llama_base("mixtral", DW_ARCH_MIXTRAL);
+    shape(&c, 32000, 4096, 32, 32, 8, 14336, 32768);
+    c.rope_theta = 1000000.0;
+    c.n_experts = 8;
+    c.top_k = 2;
+    c.d_ff_expert = 14336;
+    c.planning_only = true;
+    return c;
+}
+/* DeepSeek-V3: multi-head latent attention is approximated as standard MHA with head_dim 128
+ * (see docs/capture.md); 3 dense layers then 256 routed experts (top 8) + 1 shared expert. */
+static dw_model_config p_deepseek_v3(void) {
+    dw_model_config c = llama_base("deepseek_v3", DW_ARCH_DEEPSEEK_V3);
+    shape(&c, 129280, 7168, 61, 128, 128, 18432, 163840);
+    c.head_dim = 128;
+    c.norm_eps = 1e-6;
+    c.n_experts = 256;
+    c.top_k = 8;
+    c.d_ff_expert = 2048;
+    c.n_shared_experts = 1;
+    c.first_dense_layers = 3;
+    c.planning_only = true;
+    return c;
+}
+
+static const struct {
+    const char *name;
+    preset_fn fn;
+} presets[] = {
+    {"gpt2-tiny", p_gpt2_tiny},       {"gpt2-124m", p_gpt2_124m},     {"llama-tiny", p_llama_tiny},
+    {"llama-1b", p_llama_1b},         {"qwen2-tiny", p_qwen2_tiny},   {"llama-8b", p_llama_8b},
+    {"llama-70b", p_llama_70b},       {"llama-405b", p_llama_405b},   {"mixtral-8x7b", p_mixtral_8x7b},
+    {"deepseek-v3", p_deepseek_v3},
+};
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+int dw_model_preset_count(void) { return N_PRESETS; }
+
+const char *dw_model_preset_name(int i) { return i >= 0 && i < N_PRESETS ? presets[i].name : NULL; }
+
+bool dw_model_preset_find(const char *name, dw_model_config *out) {
+    for (int i = 0; i < N_PRESETS; i++)
+        if (!strcmp(presets[i].name, name)) {
+            *out = presets[i].fn();
+            return true;
+        }
+    return false;
+}
+
+void dw_model_preset_list(char *buf, size_t n) {
+    buf[0] = '\0';
+    for (int i = 0; i < N_PRESETS; i++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "%s%s", i ? ", " : "", presets[i].name);
+    }
+}

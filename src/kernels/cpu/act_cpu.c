@@ -1,0 +1,80 @@
+/* act_cpu.c — CPU reference for the elementwise ops: gelu (tanh approximation, GPT-2 / HF
+ * "gelu_new"), silu, swiglu and add, forward and backward. Each element is computed in double
+ * and rounded once; every output element is independent, so threads cannot change results. */
+#include <math.h>
+
+#include "core/error.h"
+#include "kernels/cpu/ops_cpu.h"
+
+#define DW_GELU_K 0.7978845608028654 /* sqrt(2/pi) */
+#define DW_GELU_A 0.044715
+
+/* gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+void dw_cpu_gelu_fwd(float *out, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = x[i];
+        out[i] = (float)(0.5 * v * (1.0 + tanh(DW_GELU_K * (v + DW_GELU_A * v * v * v))));
+    }
+}
+
+/* d gelu/dx = 0.5 (1 + th) + 0.5 x (1 - th^2) sqrt(2/pi) (1 + 3*0.044715 x^2), th = tanh(u) */
+void dw_cpu_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = x[i];
+        const double th = tanh(DW_GELU_K * (v + DW_GELU_A * v * v * v));
+        const double d = 0.5 * (1.0 + th) +
+                         0.5 * v * (1.0 - th * th) * DW_GELU_K * (1.0 + 3.0 * DW_GELU_A * v * v);
+        dx[i] = (float)((double)dout[i] * d);
+    }
+}
+
+static double dw_sigmoid(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+void dw_cpu_silu_fwd(float *out, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = (float)((double)x[i] * dw_sigmoid(x[i]));
+}
+
+/* d silu/dx = s (1 + x (1 - s)), s = sigmoid(x) */
+void dw_cpu_silu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = x[i], s = dw_sigmoid(v);
+        dx[i] = (float)((double)dout[i] * s * (1.0 + v * (1.0 - s)));
+    }
+}
+
+/* out = silu(gate) * up */
+void dw_cpu_swiglu_fwd(float *out, const float *gate, const float *up, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double g = gate[i];
+        out[i] = (float)(g * dw_sigmoid(g) * (double)up[i]);
+    }
+}
+
+/* dgate = dout * up * silu'(gate), dup = dout * silu(gate)   (both written) */
+void dw_cpu_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
+                       const float *up, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double g = gate[i], s = dw_sigmoid(g), d = dout[i], u = up[i];
+        const double dg = d * u * s * (1.0 + g * (1.0 - s)), du = d * g * s;
+        dgate[i] = (float)dg;
+        dup[i] = (float)du;
+    }
+}
+
+void dw_cpu_add_fwd(float *out, const float *a, const float *b, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}

@@ -1,0 +1,238 @@
+/* test_capture_config.c — model configs: presets (parameter counts against the published
+ * figures), HF config.json parsing for each supported model_type, errors that name the file and
+ * field, refusal of unsupported types and rope scalings, save -> load round trips. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "capture/model_config.h"
+#include "deepwell.h"
+#include "testutil.h"
+
+static dw_ctx *g_ctx;
+static dw_test_rng g_rng;
+
+static int setup(void **state) {
+    (void)state;
+    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
+    dw_test_rng_init(&g_rng, dw_test_seed());
+    return dw_ctx_create(&o, &g_ctx) == DW_OK ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    dw_ctx_free(g_ctx);
+    return 0;
+}
+
+static int64_t rnd(int64_t lo, int64_t hi) { return lo + (int64_t)(dw_test_next(&g_rng) % (uint64_t)(hi - lo + 1)); }
+
+/* Published parameter counts (transformers' num_parameters(), embeddings counted once). */
+static void test_preset_params(void **state) {
+    (void)state;
+    const struct {
+        const char *name;
+        int64_t params;
+    } known[] = {{"gpt2-124m", 124439808},       {"llama-1b", 1235814400},
+                 {"llama-8b", 8030261248LL},     {"llama-70b", 70553706496LL},
+                 {"llama-405b", 405853388800LL}, {"mixtral-8x7b", 46702792704LL}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        dw_model_config c;
+        assert_int_equal(dw_model_config_load(g_ctx, known[i].name, &c), DW_OK);
+        if (dw_model_config_params(&c) != known[i].params)
+            fail_msg("%s: %lld params, published %lld", known[i].name,
+                     (long long)dw_model_config_params(&c), (long long)known[i].params);
+    }
+    int n = dw_model_preset_count();
+    assert_true(n >= 10);
+    bool seen_tiny = false;
+    for (int i = 0; i < n; i++) {
+        dw_model_config c;
+        assert_int_equal(dw_model_config_load(g_ctx, dw_model_preset_name(i), &c), DW_OK);
+        bool planning = strstr("llama-8b llama-70b llama-405b mixtral-8x7b deepseek-v3",
+                               dw_model_preset_name(i)) != NULL;
+        assert_int_equal(c.planning_only, planning);
+        if (!strcmp(dw_model_preset_name(i), "gpt2-tiny")) {
+            seen_tiny = true;
+            assert_int_equal(c.vocab_size, 256);
+            assert_true(dw_model_config_params(&c) < 2000000);
+        }
+    }
+    assert_true(seen_tiny);
+    dw_model_config ds;
+    assert_int_equal(dw_model_config_load(g_ctx, "deepseek-v3", &ds), DW_OK);
+    assert_int_equal(ds.n_experts, 256);
+    assert_int_equal(ds.top_k, 8);
+    assert_int_equal(ds.first_dense_layers, 3);
+    assert_int_equal(ds.n_shared_experts, 1);
+    assert_int_equal(ds.d_ff_expert, 2048);
+    dw_model_config l1;
+    assert_int_equal(dw_model_config_load(g_ctx, "llama-1b", &l1), DW_OK);
+    assert_int_equal(l1.n_kv_heads, 8);
+    assert_true(l1.tie_embeddings);
+    assert_true(l1.rope_theta == 500000.0);
+}
+
+static char *write_config(const char *dir, const char *json) {
+    char *p = dw_test_path(dir, "config.json");
+    assert_int_equal(dw_test_write(p, json, strlen(json)), 0);
+    return p;
+}
+
+static void test_parse_gpt2(void **state) {
+    (void)state;
+    char *dir = dw_test_tmpdir();
+    int64_t H = rnd(1, 8), d = H * rnd(1, 16) * 2, L = rnd(1, 30), V = rnd(10, 60000);
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"model_type\":\"gpt2\",\"vocab_size\":%lld,\"n_embd\":%lld,\"n_layer\":%lld,"
+             "\"n_head\":%lld,\"n_inner\":null,\"n_positions\":%d,\"layer_norm_epsilon\":1e-5,"
+             "\"activation_function\":\"gelu_new\",\"initializer_range\":0.03}",
+             (long long)V, (long long)d, (long long)L, (long long)H, 512);
+    free(write_config(dir, json));
+    dw_model_config c;
+    assert_int_equal(dw_model_config_load(g_ctx, dir, &c), DW_OK);
+    assert_int_equal(c.arch, DW_ARCH_GPT2);
+    assert_int_equal(c.d_model, d);
+    assert_int_equal(c.n_layers, L);
+    assert_int_equal(c.n_heads, H);
+    assert_int_equal(c.n_kv_heads, H);
+    assert_int_equal(c.head_dim, d / H);
+    assert_int_equal(c.d_ff, 4 * d);
+    assert_int_equal(c.max_seq, 512);
+    assert_int_equal(c.vocab_size, V);
+    assert_true(c.tie_embeddings && c.linear_bias);
+    assert_true(c.init_std == 0.03);
+    /* GPT-2 closed form: V d + T d + L (12 d^2 + 13 d) + 2 d (tied head) */
+    assert_int_equal(dw_model_config_params(&c), V * d + 512 * d + L * (12 * d * d + 13 * d) + 2 * d);
+    dw_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_parse_llama_family(void **state) {
+    (void)state;
+    const char *types[] = {"llama", "mistral", "qwen2"};
+    for (int t = 0; t < 3; t++) {
+        char *dir = dw_test_tmpdir();
+        int64_t Hkv = rnd(1, 4), H = Hkv * rnd(1, 4), D = 2 * rnd(2, 32), d = rnd(8, 512);
+        int64_t F = rnd(8, 1000), L = rnd(1, 8), V = rnd(10, 1000);
+        int tie = (int)rnd(0, 1), bias = (int)rnd(0, 1);
+        char json[2048];
+        snprintf(json, sizeof json,
+                 "{\"model_type\":\"%s\",\"vocab_size\":%lld,\"hidden_size\":%lld,"
+                 "\"num_hidden_layers\":%lld,\"num_attention_heads\":%lld,"
+                 "\"num_key_value_heads\":%lld,\"head_dim\":%lld,\"intermediate_size\":%lld,"
+                 "\"max_position_embeddings\":4096,\"rms_norm_eps\":1e-6,\"rope_theta\":500000.0,"
+                 "\"tie_word_embeddings\":%s,\"attention_bias\":%s,\"hidden_act\":\"silu\","
+                 "\"rope_scaling\":null,\"sliding_window\":1024}",
+                 types[t], (long long)V, (long long)d, (long long)L, (long long)H, (long long)Hkv,
+                 (long long)D, (long long)F, tie ? "true" : "false", bias ? "true" : "false");
+        free(write_config(dir, json));
+        dw_model_config c;
+        assert_int_equal(dw_model_config_load(g_ctx, dir, &c), DW_OK);
+        assert_string_equal(c.model_type, types[t]);
+        assert_int_equal(c.arch, t == 0 ? DW_ARCH_LLAMA : t == 1 ? DW_ARCH_MISTRAL : DW_ARCH_QWEN2);
+        assert_int_equal(c.n_heads, H);
+        assert_int_equal(c.n_kv_heads, Hkv);
+        assert_int_equal(c.head_dim, D);
+        assert_int_equal(c.d_ff, F);
+        assert_int_equal(c.tie_embeddings, tie);
+        assert_int_equal(c.qkv_bias, t == 2 ? 1 : bias);
+        assert_false(c.linear_bias);
+        assert_int_equal(c.norm, DW_NORM_RMSNORM);
+        assert_int_equal(c.pos, DW_POS_ROPE);
+        assert_true(c.rope_theta == 500000.0 && c.norm_eps == 1e-6);
+        int64_t qb = c.qkv_bias ? (H + 2 * Hkv) * D : 0;
+        int64_t want = V * d * (tie ? 1 : 2) + d +
+                       L * (2 * d * H * D + 2 * d * Hkv * D + qb + 3 * d * F + 2 * d);
+        assert_int_equal(dw_model_config_params(&c), want);
+        /* save -> load gives the same config */
+        char *p2 = dw_test_path(dir, "saved.json");
+        assert_int_equal(dw_model_config_save(g_ctx, &c, p2), DW_OK);
+        dw_model_config c2;
+        assert_int_equal(dw_model_config_load(g_ctx, p2, &c2), DW_OK);
+        assert_memory_equal(&c, &c2, sizeof c);
+        free(p2);
+        dw_test_rmtree(dir);
+        free(dir);
+    }
+}
+
+static void test_save_load_presets(void **state) {
+    (void)state;
+    const char *names[] = {"gpt2-tiny", "gpt2-124m", "llama-tiny", "llama-1b", "qwen2-tiny"};
+    char *dir = dw_test_tmpdir();
+    char *p = dw_test_path(dir, "config.json");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        dw_model_config a, b;
+        assert_int_equal(dw_model_config_load(g_ctx, names[i], &a), DW_OK);
+        assert_int_equal(dw_model_config_save(g_ctx, &a, p), DW_OK);
+        assert_int_equal(dw_model_config_load(g_ctx, dir, &b), DW_OK);
+        assert_memory_equal(&a, &b, sizeof a);
+    }
+    free(p);
+    dw_test_rmtree(dir);
+    free(dir);
+}
+
+/* Loads `json` and expects failure with every `needles` string in the message. */
+static void expect_error(const char *json, dw_status want, const char *n1, const char *n2) {
+    char *dir = dw_test_tmpdir();
+    char *p = write_config(dir, json);
+    dw_model_config c;
+    c.d_model = 7;
+    dw_status s = dw_model_config_load(g_ctx, dir, &c);
+    if (s != want || !strstr(dw_errmsg(g_ctx), n1) || (n2 && !strstr(dw_errmsg(g_ctx), n2)) ||
+        !strstr(dw_errmsg(g_ctx), "config.json"))
+        fail_msg("json %s: status %s, message '%s'", json, dw_status_name(s), dw_errmsg(g_ctx));
+    assert_int_equal(c.d_model, 0); /* out-parameter cleared */
+    free(p);
+    dw_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    expect_error("{\"model_type\":\"mixtral\",\"hidden_size\":8}", DW_ERR_UNSUPPORTED,
+                 "model_type 'mixtral' is not supported yet (supported: gpt2, llama, mistral, qwen2)",
+                 NULL);
+    expect_error("{\"model_type\":\"gpt2\",\"vocab_size\":10,\"n_embd\":8,\"n_layer\":1,"
+                 "\"n_positions\":8}", DW_ERR_FORMAT, "'n_head'", "missing");
+    expect_error("{\"model_type\":\"gpt2\",\"vocab_size\":10,\"n_embd\":\"8\",\"n_layer\":1,"
+                 "\"n_head\":2,\"n_positions\":8}", DW_ERR_FORMAT, "'n_embd'", "integer");
+    expect_error("{\"model_type\":\"gpt2\",\"vocab_size\":10,\"n_embd\":8,\"n_layer\":1,"
+                 "\"n_head\":2,\"n_positions\":8,\"activation_function\":\"relu\"}",
+                 DW_ERR_UNSUPPORTED, "'activation_function'", "relu");
+    const char *llama = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,"
+                        "\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+                        "\"intermediate_size\":16,\"max_position_embeddings\":64";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":32}}", llama);
+    expect_error(buf, DW_ERR_UNSUPPORTED, "'rope_scaling'", "llama3");
+    snprintf(buf, sizeof buf, "%s,\"num_key_value_heads\":3}", llama);
+    expect_error(buf, DW_ERR_INVALID, "num_key_value_heads", NULL);
+    snprintf(buf, sizeof buf, "%s,\"hidden_act\":\"gelu\"}", llama);
+    expect_error(buf, DW_ERR_UNSUPPORTED, "'hidden_act'", NULL);
+    expect_error("{\"model_type\":\"qwen2\",\"vocab_size\":10,\"hidden_size\":8,"
+                 "\"num_hidden_layers\":0,\"num_attention_heads\":2,\"intermediate_size\":16,"
+                 "\"max_position_embeddings\":64}", DW_ERR_INVALID, "'num_hidden_layers'", NULL);
+    expect_error("{\"model_type\": 3}", DW_ERR_FORMAT, "'model_type'", NULL);
+    expect_error("{\"model_type\": \"llama\",", DW_ERR_FORMAT, ":1:", NULL); /* syntax error */
+    dw_model_config c;
+    assert_int_equal(dw_model_config_load(g_ctx, "no-such-model", &c), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(g_ctx), "gpt2-tiny"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_preset_params),     cmocka_unit_test(test_parse_gpt2),
+        cmocka_unit_test(test_parse_llama_family), cmocka_unit_test(test_save_load_presets),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
