@@ -130,6 +130,41 @@ dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char **out);
  * Graph IR and capture                                       [section: ir]
  * ====================================================================================== */
 
+/* A model as a graph of coarse ops (embedding, norms, linear, attention, ...) whose nodes carry
+ * the Hugging Face module names ("model.layers.3.mlp.down_proj"). Immutable once built. */
+typedef struct dw_graph dw_graph;
+
+/* Captures the training graph (forward + loss; backward is implied by each op) of a model given
+ * as a directory holding config.json, a config.json path, or a preset name ("gpt2-tiny",
+ * "llama-1b", ...; see `deepwell capture --list-presets`). Shapes are for batch 1 and sequence
+ * min(max_position_embeddings, 2048). Planning-only presets (llama-8b, mixtral-8x7b, ...) are
+ * refused with DW_ERR_UNSUPPORTED. *out is NULL on error. */
+dw_status dw_capture_hf(dw_ctx *ctx, const char *model_dir_or_preset, dw_graph **out);
+/* Same, for `batch` sequences of length `seq` (1 <= seq <= max_position_embeddings; 0: the
+ * default above). */
+dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model_dir_or_preset, int64_t batch,
+                              int64_t seq, dw_graph **out);
+void dw_graph_free(dw_graph *g);
+
+/* The graph as JSON (schema in docs/ir.md): top-level "params", "flops_per_token", "config",
+ * "tensors", "nodes". Caller frees *out with dw_free_string. */
+dw_status dw_graph_to_json(dw_ctx *ctx, const dw_graph *g, bool pretty, char **out);
+/* Loads a graph written by dw_graph_to_json and verifies it (shape/dtype inference; errors name
+ * the node). `what` names the source in messages (may be NULL). */
+dw_status dw_graph_from_json(dw_ctx *ctx, const char *text, size_t len, const char *what,
+                             dw_graph **out);
+/* A readable listing: one line per node (name, op, inputs, output shape), then totals. Caller
+ * frees *out with dw_free_string. */
+dw_status dw_graph_print(dw_ctx *ctx, const dw_graph *g, char **out);
+
+/* Trainable parameters, tied embeddings counted once. */
+int64_t dw_graph_params(const dw_graph *g);
+/* Training FLOPs (forward + backward) per token at the graph's sequence length, causal attention
+ * counted as computed (docs/ir.md). */
+double dw_graph_flops_per_token(const dw_graph *g);
+int dw_graph_node_count(const dw_graph *g);
+int64_t dw_graph_seq(const dw_graph *g);
+
 /* ======================================================================================
  * GEMM layer and kernel registry                             [section: gemm]
  * ====================================================================================== */

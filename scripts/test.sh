@@ -17,3 +17,10 @@ scripts/build.sh build-asan -DDW_SANITIZE=ON -DDW_CUDA=OFF -DCMAKE_BUILD_TYPE=De
 echo "== tests under ASan + UBSan =="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest -LE gpu --output-on-failure -j "$jobs")
+
+echo "== fuzz the safetensors reader (libFuzzer + ASan + UBSan, bounded: DW_FUZZ_SECONDS, default 60) =="
+scripts/build.sh build-fuzz -DDW_FUZZ=ON -DDW_CUDA=OFF -DCMAKE_C_COMPILER=clang -DDW_TESTS=OFF
+mkdir -p build-fuzz/corpus-safetensors # grows across runs; the committed seeds stay read-only
+build-fuzz/tests/fuzz/fuzz_safetensors -max_total_time="${DW_FUZZ_SECONDS:-60}" -rss_limit_mb=2048 \
+  -max_len=65536 -dict=tests/fuzz/safetensors.dict -artifact_prefix=build-fuzz/ -print_final_stats=1 \
+  build-fuzz/corpus-safetensors tests/fuzz/corpus # a crash or leak exits non-zero: set -e fails the script

@@ -272,6 +272,10 @@ dw_status dw_model_config_save(dw_ctx *ctx, const dw_model_config *cfg, const ch
     return s;
 }
 
+bool dw_model_config_o_bias(const dw_model_config *c) {
+    return c->linear_bias || (c->qkv_bias && c->arch == DW_ARCH_LLAMA);
+}
+
 /* One decoder layer's MLP parameters (dense or MoE). */
 static int64_t mlp_params(const dw_model_config *c, bool moe) {
     int64_t d = c->d_model;
@@ -292,7 +296,7 @@ int64_t dw_model_config_params(const dw_model_config *c) {
     int64_t norm = c->norm == DW_NORM_LAYERNORM ? 2 * d : d;
     int64_t attn = d * q + 2 * d * kv + q * d;
     if (c->linear_bias || c->qkv_bias) attn += q + 2 * kv;
-    if (c->linear_bias) attn += d; /* output projection bias */
+    if (dw_model_config_o_bias(c)) attn += d; /* output projection bias */
     int64_t p = V * d + (c->pos == DW_POS_LEARNED ? c->max_seq * d : 0);
     for (int64_t l = 0; l < c->n_layers; l++)
         p += 2 * norm + attn + mlp_params(c, c->n_experts > 0 && l >= c->first_dense_layers);

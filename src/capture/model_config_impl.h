@@ -22,4 +22,8 @@ json_t *dw_model_config_to_json(const dw_model_config *cfg);
 /* Checks the fields' consistency (positive sizes, heads divide, ...); `what` names the source. */
 dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *cfg, const char *what);
 
+/* Whether the attention output projection has a bias: GPT-2 always, Llama with attention_bias
+ * (q, k, v, o all biased), never Mistral or Qwen2 (whose q, k, v biases stop there). */
+bool dw_model_config_o_bias(const dw_model_config *cfg);
+
 #endif /* DW_CAPTURE_MODEL_CONFIG_IMPL_H */

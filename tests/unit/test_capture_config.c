@@ -148,7 +148,7 @@ static void test_parse_llama_family(void **state) {
         assert_int_equal(c.pos, DW_POS_ROPE);
         assert_true(c.rope_theta == 500000.0 && c.norm_eps == 1e-6);
         int64_t qb = c.qkv_bias ? (H + 2 * Hkv) * D : 0;
-        int64_t want = V * d * (tie ? 1 : 2) + d +
+        int64_t want = V * d * (tie ? 1 : 2) + d + (t == 0 && bias ? L * d : 0) +
                        L * (2 * d * H * D + 2 * d * Hkv * D + qb + 3 * d * F + 2 * d);
         assert_int_equal(dw_model_config_params(&c), want);
         /* save -> load gives the same config */

@@ -1,0 +1,176 @@
+/* capture.c — model config -> graph IR: GPT-2 (learned positions, LayerNorm, packed c_attn,
+ * GELU MLP) and the Llama family (RoPE, RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP).
+ * Parameter tensors carry the Hugging Face weight names; nodes the HF module names. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "capture/model_config_impl.h"
+#include "core/error.h"
+#include "deepwell.h"
+
+typedef struct {
+    dw_ctx *ctx;
+    dw_graph *g;
+    const dw_model_config *c;
+    dw_status st; /* first failure */
+} builder;
+
+/* A parameter tensor named printf-style; shape (d0[, d1]). */
+static int param(builder *b, int64_t d0, int64_t d1, const char *fmt, ...) DW_PRINTF(4, 5);
+static int param(builder *b, int64_t d0, int64_t d1, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int64_t shape[2] = {d0, d1};
+    int t = dw_graph_add_tensor(b->g, name, DW_TENSOR_PARAM, DW_IR_F32, d1 ? 2 : 1, shape);
+    if (t < 0 && b->st == DW_OK) {
+        b->st = DW_ERR_NOMEM;
+        dw_set_error(b->ctx, DW_ERR_NOMEM, "capture: out of memory adding '%s'", name);
+    }
+    return t;
+}
+
+/* A node named `name` (its output activation has the same name). */
+static int node(builder *b, dw_op op, const char *name, int a0, int a1, int a2,
+                const dw_ir_attrs *attrs) {
+    if (b->st != DW_OK) return -1;
+    int in[3] = {a0, a1, a2};
+    int n = a2 >= 0 ? 3 : a1 >= 0 ? 2 : 1;
+    int t = dw_graph_add_node(b->ctx, b->g, op, name, in, n, attrs, name);
+    if (t < 0) b->st = DW_ERR_INVALID; /* message set by inference (names the node) */
+    return t;
+}
+
+/* linear `<name>` with weight `<name>.weight` (out x in) and optional bias `<name>.bias`. */
+static int linear(builder *b, const char *name, int x, int64_t in, int64_t out, bool bias,
+                  bool hf_transposed) {
+    int w = param(b, out, in, "%s.weight", name);
+    if (w >= 0) b->g->tensors[w].hf_transposed = hf_transposed;
+    int bi = bias ? param(b, out, 0, "%s.bias", name) : -1;
+    return node(b, DW_OP_LINEAR, name, x, w, bi, NULL);
+}
+
+static int norm(builder *b, const char *name, int x) {
+    const dw_model_config *c = b->c;
+    dw_ir_attrs a = {.eps = c->norm_eps};
+    int w = param(b, c->d_model, 0, "%s.weight", name);
+    if (c->norm == DW_NORM_RMSNORM) return node(b, DW_OP_RMSNORM, name, x, w, -1, &a);
+    int bi = param(b, c->d_model, 0, "%s.bias", name);
+    return node(b, DW_OP_LAYERNORM, name, x, w, bi, &a);
+}
+
+static void gpt2_block(builder *b, int i, int *x) {
+    const dw_model_config *c = b->c;
+    int64_t C = c->d_model;
+    char p[64], nm[128];
+    snprintf(p, sizeof p, "transformer.h.%d", i);
+    dw_ir_attrs at = {.heads = c->n_heads, .kv_heads = c->n_heads, .head_dim = c->head_dim};
+#define NAME(suffix) (snprintf(nm, sizeof nm, "%s.%s", p, suffix), nm)
+    int h = norm(b, NAME("ln_1"), *x);
+    h = linear(b, NAME("attn.c_attn"), h, C, 3 * C, true, true);
+    h = node(b, DW_OP_ATTENTION, NAME("attn.sdpa"), h, -1, -1, &at);
+    h = linear(b, NAME("attn.c_proj"), h, C, C, true, true);
+    *x = node(b, DW_OP_ADD, NAME("attn_residual"), *x, h, -1, NULL);
+    h = norm(b, NAME("ln_2"), *x);
+    h = linear(b, NAME("mlp.c_fc"), h, C, c->d_ff, true, true);
+    h = node(b, DW_OP_GELU, NAME("mlp.act"), h, -1, -1, NULL);
+    h = linear(b, NAME("mlp.c_proj"), h, c->d_ff, C, true, true);
+    *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
+}
+
+static void llama_block(builder *b, int i, int *x) {
+    const dw_model_config *c = b->c;
+    int64_t C = c->d_model, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+    char p[64], nm[128];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    dw_ir_attrs aq = {.heads = c->n_heads, .head_dim = c->head_dim, .theta = c->rope_theta};
+    dw_ir_attrs ak = {.heads = c->n_kv_heads, .head_dim = c->head_dim, .theta = c->rope_theta};
+    dw_ir_attrs at = {.heads = c->n_heads, .kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
+    int h = norm(b, NAME("input_layernorm"), *x);
+    int hq = linear(b, NAME("self_attn.q_proj"), h, C, q, c->qkv_bias, false);
+    int hk = linear(b, NAME("self_attn.k_proj"), h, C, kv, c->qkv_bias, false);
+    int hv = linear(b, NAME("self_attn.v_proj"), h, C, kv, c->qkv_bias, false);
+    hq = node(b, DW_OP_ROPE, NAME("self_attn.rope_q"), hq, -1, -1, &aq);
+    hk = node(b, DW_OP_ROPE, NAME("self_attn.rope_k"), hk, -1, -1, &ak);
+    h = node(b, DW_OP_ATTENTION, NAME("self_attn.sdpa"), hq, hk, hv, &at);
+    h = linear(b, NAME("self_attn.o_proj"), h, q, C, dw_model_config_o_bias(c), false);
+    *x = node(b, DW_OP_ADD, NAME("attn_residual"), *x, h, -1, NULL);
+    h = norm(b, NAME("post_attention_layernorm"), *x);
+    int gate = linear(b, NAME("mlp.gate_proj"), h, C, c->d_ff, c->mlp_bias, false);
+    int up = linear(b, NAME("mlp.up_proj"), h, C, c->d_ff, c->mlp_bias, false);
+    h = node(b, DW_OP_SWIGLU, NAME("mlp.act"), gate, up, -1, NULL);
+    h = linear(b, NAME("mlp.down_proj"), h, c->d_ff, C, c->mlp_bias, false);
+    *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
+#undef NAME
+}
+
+dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch, int64_t seq,
+                            dw_graph **out) {
+    *out = NULL;
+    if (c->planning_only)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "model '%s' (%s) is a planning-only shape: `deepwell plan` can size it, "
+                            "but capture and training do not support it yet", c->model_type,
+                            c->n_experts ? "mixture of experts" : "too large for this build's tests");
+    if (c->arch != DW_ARCH_GPT2 && c->arch != DW_ARCH_LLAMA && c->arch != DW_ARCH_MISTRAL &&
+        c->arch != DW_ARCH_QWEN2)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "model_type '%s' is not supported yet "
+                            "(supported: gpt2, llama, mistral, qwen2)", c->model_type);
+    if (c->n_experts)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "model '%s': mixture-of-experts layers are "
+                            "not supported yet", c->model_type);
+    DW_TRY(dw_model_config_check(ctx, c, c->model_type));
+    if (batch < 1 || seq < 1 || seq > c->max_seq)
+        return dw_set_error(ctx, DW_ERR_INVALID, "capture: batch %lld, sequence %lld: need batch "
+                            ">= 1 and 1 <= sequence <= %lld (max positions)", (long long)batch,
+                            (long long)seq, (long long)c->max_seq);
+    dw_graph *g = dw_graph_new(c, batch, seq);
+    if (!g) return dw_set_error(ctx, DW_ERR_NOMEM, "capture: out of memory");
+    builder b = {ctx, g, c, DW_OK};
+    bool gpt2 = c->arch == DW_ARCH_GPT2;
+    int64_t bt[2] = {batch, seq};
+    g->tokens = dw_graph_add_tensor(g, "tokens", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    g->targets = dw_graph_add_tensor(g, "targets", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    int wte = param(&b, c->vocab_size, c->d_model, gpt2 ? "transformer.wte.weight"
+                                                        : "model.embed_tokens.weight");
+    int x = node(&b, DW_OP_EMBEDDING, gpt2 ? "transformer.wte" : "model.embed_tokens", g->tokens,
+                 wte, -1, NULL);
+    if (gpt2) {
+        int wpe = param(&b, c->max_seq, c->d_model, "transformer.wpe.weight");
+        x = node(&b, DW_OP_POSITION, "transformer.wpe", x, wpe, -1, NULL);
+    }
+    for (int i = 0; i < c->n_layers && b.st == DW_OK; i++) {
+        if (gpt2) gpt2_block(&b, i, &x);
+        else llama_block(&b, i, &x);
+    }
+    x = norm(&b, gpt2 ? "transformer.ln_f" : "model.norm", x);
+    int head = c->tie_embeddings ? wte : param(&b, c->vocab_size, c->d_model, "lm_head.weight");
+    g->logits = node(&b, DW_OP_LINEAR, "lm_head", x, head, -1, NULL);
+    g->loss = node(&b, DW_OP_CROSS_ENTROPY, "loss", g->logits, g->targets, -1, NULL);
+    if ((g->tokens < 0 || g->targets < 0) && b.st == DW_OK)
+        b.st = dw_set_error(ctx, DW_ERR_NOMEM, "capture: out of memory");
+    dw_status s = b.st != DW_OK ? b.st : dw_graph_verify(ctx, g);
+    if (s != DW_OK) {
+        dw_graph_free(g);
+        return s;
+    }
+    *out = g;
+    return DW_OK;
+}
+
+dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model, int64_t batch, int64_t seq,
+                              dw_graph **out) {
+    *out = NULL;
+    dw_model_config c;
+    DW_TRY(dw_model_config_load(ctx, model, &c));
+    if (seq <= 0) seq = c.max_seq < 2048 ? c.max_seq : 2048;
+    return dw_capture_config(ctx, &c, batch, seq, out);
+}
+
+dw_status dw_capture_hf(dw_ctx *ctx, const char *model, dw_graph **out) {
+    return dw_capture_hf_shape(ctx, model, 1, 0, out);
+}

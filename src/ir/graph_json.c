@@ -1,0 +1,233 @@
+/* graph_json.c — the graph's JSON form (schema in docs/ir.md) and loading it back: inputs and
+ * parameters are listed as tensors, activations as node outputs; loading re-runs shape
+ * inference on every node and compares with the recorded shapes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/model_config_impl.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "ir/ir.h"
+
+static json_t *shape_json(const dw_ir_tensor *t) {
+    json_t *a = json_array();
+    for (int i = 0; i < t->ndim; i++) json_array_append_new(a, json_integer(t->shape[i]));
+    return a;
+}
+
+static json_t *attrs_json(const dw_ir_node *n) {
+    json_t *a = json_object();
+    if (n->attrs.heads) json_object_set_new(a, "heads", json_integer(n->attrs.heads));
+    if (n->attrs.kv_heads) json_object_set_new(a, "kv_heads", json_integer(n->attrs.kv_heads));
+    if (n->attrs.head_dim) json_object_set_new(a, "head_dim", json_integer(n->attrs.head_dim));
+    if (n->attrs.eps) json_object_set_new(a, "eps", json_real(n->attrs.eps));
+    if (n->attrs.theta) json_object_set_new(a, "theta", json_real(n->attrs.theta));
+    return a;
+}
+
+json_t *dw_graph_json(const dw_graph *g) {
+    json_t *j = json_object();
+    json_object_set_new(j, "format", json_string("deepwell-graph"));
+    json_object_set_new(j, "version", json_integer(1));
+    json_object_set_new(j, "model_type", json_string(g->cfg.model_type));
+    json_object_set_new(j, "batch", json_integer(g->batch));
+    json_object_set_new(j, "seq", json_integer(g->seq));
+    json_object_set_new(j, "params", json_integer(dw_graph_params(g)));
+    json_object_set_new(j, "flops_per_token", json_real(dw_graph_flops_per_token(g)));
+    json_object_set_new(j, "config", dw_model_config_to_json(&g->cfg));
+    json_t *roles = json_object();
+    const struct {
+        const char *k;
+        int idx;
+    } r[] = {{"tokens", g->tokens}, {"targets", g->targets}, {"logits", g->logits}, {"loss", g->loss}};
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+        if (r[i].idx >= 0) json_object_set_new(roles, r[i].k, json_string(g->tensors[r[i].idx].name));
+    json_object_set_new(j, "roles", roles);
+    json_t *ts = json_array();
+    for (int i = 0; i < g->n_tensors; i++) {
+        const dw_ir_tensor *t = &g->tensors[i];
+        if (t->kind == DW_TENSOR_ACT) continue;
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(t->name));
+        json_object_set_new(o, "kind", json_string(dw_tensor_kind_name(t->kind)));
+        json_object_set_new(o, "dtype", json_string(dw_ir_dtype_name(t->dtype)));
+        json_object_set_new(o, "shape", shape_json(t));
+        if (t->hf_transposed) json_object_set_new(o, "hf_transposed", json_true());
+        json_array_append_new(ts, o);
+    }
+    json_object_set_new(j, "tensors", ts);
+    json_t *ns = json_array();
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        const dw_ir_tensor *o = &g->tensors[n->out];
+        json_t *jn = json_object(), *in = json_array();
+        json_object_set_new(jn, "name", json_string(n->name));
+        json_object_set_new(jn, "op", json_string(dw_op_name(n->op)));
+        for (int k = 0; k < n->n_in; k++) json_array_append_new(in, json_string(g->tensors[n->in[k]].name));
+        json_object_set_new(jn, "inputs", in);
+        json_object_set_new(jn, "output", json_string(o->name));
+        json_object_set_new(jn, "dtype", json_string(dw_ir_dtype_name(o->dtype)));
+        json_object_set_new(jn, "shape", shape_json(o));
+        json_object_set_new(jn, "attrs", attrs_json(n));
+        double f, b;
+        dw_ir_flops(g, n, &f, &b);
+        json_object_set_new(jn, "flops_fwd", json_real(f));
+        json_object_set_new(jn, "flops_bwd", json_real(b));
+        json_array_append_new(ns, jn);
+    }
+    json_object_set_new(j, "nodes", ns);
+    return j;
+}
+
+/* Reads "shape" (an array of at most DW_IR_MAX_DIMS positive integers). */
+static dw_status read_shape(dw_ctx *ctx, const json_t *o, const char *what, const char *name,
+                            int *ndim, int64_t *shape) {
+    const json_t *a = json_object_get(o, "shape");
+    if (!json_is_array(a) || json_array_size(a) > DW_IR_MAX_DIMS)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: '%s': field 'shape': expected an array of at "
+                            "most %d sizes", what, name, DW_IR_MAX_DIMS);
+    *ndim = (int)json_array_size(a);
+    for (int i = 0; i < *ndim; i++) {
+        const json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) <= 0)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: '%s': field 'shape': expected positive "
+                                "integers", what, name);
+        shape[i] = json_integer_value(v);
+    }
+    return DW_OK;
+}
+
+static dw_status read_tensors(dw_ctx *ctx, dw_graph *g, const json_t *ts, const char *what) {
+    if (!json_is_array(ts)) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'tensors': expected an array", what);
+    for (size_t i = 0; i < json_array_size(ts); i++) {
+        const json_t *o = json_array_get(ts, i);
+        const char *name, *kind, *dtype;
+        DW_TRY(dw_json_get_str(ctx, o, "name", what, &name));
+        DW_TRY(dw_json_get_str(ctx, o, "kind", what, &kind));
+        DW_TRY(dw_json_get_str(ctx, o, "dtype", what, &dtype));
+        dw_tensor_kind k = strcmp(kind, "input") ? DW_TENSOR_PARAM : DW_TENSOR_INPUT;
+        dw_ir_dtype dt;
+        if ((strcmp(kind, "input") && strcmp(kind, "param")) || !dw_ir_dtype_parse(dtype, &dt))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s': kind '%s' / dtype '%s' is not "
+                                "input|param / f32|bf16|i32", what, name, kind, dtype);
+        int ndim;
+        int64_t shape[DW_IR_MAX_DIMS];
+        DW_TRY(read_shape(ctx, o, what, name, &ndim, shape));
+        bool tr = false;
+        DW_TRY(dw_json_get_bool_opt(ctx, o, "hf_transposed", what, &tr));
+        int t = dw_graph_add_tensor(g, name, k, dt, ndim, shape);
+        if (t < 0) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", what);
+        g->tensors[t].hf_transposed = tr;
+    }
+    return DW_OK;
+}
+
+static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char *what) {
+    const char *name, *opname, *out;
+    DW_TRY(dw_json_get_str(ctx, o, "name", what, &name));
+    DW_TRY(dw_json_get_str(ctx, o, "op", what, &opname));
+    DW_TRY(dw_json_get_str(ctx, o, "output", what, &out));
+    dw_op op;
+    if (!dw_op_parse(opname, &op))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': unknown op '%s'", what, name, opname);
+    const json_t *in = json_object_get(o, "inputs");
+    if (!json_is_array(in) || json_array_size(in) > DW_IR_MAX_INPUTS)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': field 'inputs': expected an array "
+                            "of at most %d names", what, name, DW_IR_MAX_INPUTS);
+    int idx[DW_IR_MAX_INPUTS];
+    for (size_t k = 0; k < json_array_size(in); k++) {
+        const char *tn = json_string_value(json_array_get(in, k));
+        idx[k] = tn ? dw_graph_find_tensor(g, tn) : -1;
+        if (idx[k] < 0)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': input '%s' is not defined before "
+                                "it", what, name, tn ? tn : "(not a string)");
+    }
+    dw_ir_attrs a = {0};
+    const json_t *ja = json_object_get(o, "attrs");
+    long long v;
+    const struct {
+        const char *k;
+        int64_t *dst;
+    } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}};
+    for (size_t k = 0; ja && k < sizeof ints / sizeof ints[0]; k++) {
+        v = 0;
+        DW_TRY(dw_json_get_int_opt(ctx, ja, ints[k].k, what, &v));
+        *ints[k].dst = v;
+    }
+    if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "eps", what, &a.eps));
+    if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "theta", what, &a.theta));
+    if (dw_graph_find_tensor(g, out) >= 0)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': output name '%s' is already used",
+                            what, name, out);
+    int t = dw_graph_add_node(ctx, g, op, name, idx, (int)json_array_size(in), &a, out);
+    if (t < 0) return dw_prefix_error(ctx, DW_ERR_FORMAT, "%s", what);
+    int ndim;
+    int64_t shape[DW_IR_MAX_DIMS];
+    DW_TRY(read_shape(ctx, o, what, name, &ndim, shape));
+    const dw_ir_tensor *ot = &g->tensors[t];
+    bool same = ndim == ot->ndim;
+    for (int d = 0; same && d < ndim; d++) same = shape[d] == ot->shape[d];
+    if (!same)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s' (%s): recorded output shape differs "
+                            "from the one its inputs give", what, name, opname);
+    return DW_OK;
+}
+
+static dw_status read_graph(dw_ctx *ctx, const json_t *j, const char *what, dw_graph **out) {
+    const char *format;
+    DW_TRY(dw_json_get_str(ctx, j, "format", what, &format));
+    if (strcmp(format, "deepwell-graph"))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'format': '%s' is not 'deepwell-graph'",
+                            what, format);
+    long long version, batch, seq;
+    DW_TRY(dw_json_get_int(ctx, j, "version", what, &version));
+    if (version != 1)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'version': %lld is not 1", what, version);
+    DW_TRY(dw_json_get_int(ctx, j, "batch", what, &batch));
+    DW_TRY(dw_json_get_int(ctx, j, "seq", what, &seq));
+    dw_model_config cfg;
+    DW_TRY(dw_model_config_from_json(ctx, json_object_get(j, "config"), what, &cfg));
+    dw_graph *g = *out = dw_graph_new(&cfg, batch, seq);
+    if (!g) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", what);
+    DW_TRY(read_tensors(ctx, g, json_object_get(j, "tensors"), what));
+    const json_t *ns = json_object_get(j, "nodes");
+    if (!json_is_array(ns)) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'nodes': expected an array", what);
+    for (size_t i = 0; i < json_array_size(ns); i++) DW_TRY(read_node(ctx, g, json_array_get(ns, i), what));
+    const json_t *roles = json_object_get(j, "roles");
+    const char *names[4] = {NULL, NULL, NULL, NULL};
+    const char *keys[4] = {"tokens", "targets", "logits", "loss"};
+    int *dst[4] = {&g->tokens, &g->targets, &g->logits, &g->loss};
+    for (int r = 0; r < 4; r++) {
+        DW_TRY(dw_json_get_str(ctx, roles, keys[r], what, &names[r]));
+        *dst[r] = dw_graph_find_tensor(g, names[r]);
+    }
+    return dw_graph_verify(ctx, g);
+}
+
+dw_status dw_graph_from_json_obj(dw_ctx *ctx, const json_t *j, const char *what, dw_graph **out) {
+    dw_graph *g = NULL;
+    dw_status s = read_graph(ctx, j, what ? what : "graph", &g);
+    if (s != DW_OK) {
+        dw_graph_free(g);
+        g = NULL;
+    }
+    *out = g;
+    return s;
+}
+
+dw_status dw_graph_from_json(dw_ctx *ctx, const char *text, size_t len, const char *what,
+                             dw_graph **out) {
+    *out = NULL;
+    json_t *j;
+    DW_TRY(dw_json_load_string(ctx, text, len, what ? what : "graph", &j));
+    dw_status s = dw_graph_from_json_obj(ctx, j, what, out);
+    json_decref(j);
+    return s;
+}
+
+dw_status dw_graph_to_json(dw_ctx *ctx, const dw_graph *g, bool pretty, char **out) {
+    json_t *j = dw_graph_json(g);
+    *out = dw_json_dump(j, pretty);
+    json_decref(j);
+    return *out ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "graph: could not serialise to JSON");
+}

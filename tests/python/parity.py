@@ -1,0 +1,342 @@
+#!/usr/bin/python3
+"""parity.py DEEPWELL — whole-model parity of Deepwell's CPU engine with PyTorch.
+
+For random tiny GPT-2, Llama (GQA, optional attention/MLP biases) and Qwen2 (q/k/v biases)
+configs: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
+weights as in x out), a token shard, runs `deepwell eval --dump`, and compares logits, loss and
+every parameter's gradient with a float64 PyTorch reference written here from the architectures'
+definitions (plain torch, no transformers). Per-tensor abs+rel tolerances; any mismatch fails.
+Also checks that missing, unexpected and mis-shaped weight tensors are refused by name.
+"""
+import json
+import math
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+torch.set_grad_enabled(True)
+
+# ---- safetensors (the format is small enough to write here) --------------------------------
+
+
+def st_write(path, tensors):
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors.items():
+        b = np.ascontiguousarray(t.detach().to(torch.float32).numpy()).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def st_read(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        assert v["dtype"] == "F32", (name, v["dtype"])
+        a, b = v["data_offsets"]
+        arr = np.frombuffer(data[8 + n + a:8 + n + b], dtype=np.float32).reshape(v["shape"])
+        out[name] = torch.from_numpy(arr.copy()).double()
+    return out
+
+
+# ---- reference models (float64) -------------------------------------------------------------
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def causal_attention(q, k, v):
+    """q (B,H,T,D), k, v (B,H,T,D) -> (B,H,T,D)"""
+    T, D = q.shape[2], q.shape[3]
+    s = q @ k.transpose(-1, -2) / math.sqrt(D)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def gpt2_forward(c, w, tok):
+    B, T = tok.shape
+    C, H, L = c["n_embd"], c["n_head"], c["n_layer"]
+    D = C // H
+    ln = lambda x, p: torch.nn.functional.layer_norm(x, (C,), w[p + ".weight"], w[p + ".bias"],
+                                                    c["layer_norm_epsilon"])
+    x = w["transformer.wte.weight"][tok] + w["transformer.wpe.weight"][:T]
+    for l in range(L):
+        p = f"transformer.h.{l}."
+        h = ln(x, p + "ln_1")
+        qkv = h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]  # Conv1D: in x out
+        q, k, v = qkv.split(C, dim=-1)
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        h = ln(x, p + "ln_2")
+        h = gelu_tanh(h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
+        x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+    x = ln(x, "transformer.ln_f")
+    head = w["transformer.wte.weight"] if c.get("tie_word_embeddings", True) else w["lm_head.weight"]
+    return x @ head.T
+
+
+def rope(x, theta):
+    """x (B,H,T,D), rotate-half convention (HF Llama)"""
+    D, T = x.shape[-1], x.shape[-2]
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    x1, x2 = x[..., :D // 2], x[..., D // 2:]
+    return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
+
+
+def llama_forward(c, w, tok):
+    B, T = tok.shape
+    H, Hkv, D, L = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_hidden_layers"]
+    qwen = c["model_type"] == "qwen2"
+    qkv_bias = qwen or c.get("attention_bias", False)
+    o_bias = (not qwen) and c.get("attention_bias", False)
+    mlp_bias = c.get("mlp_bias", False)
+
+    def rms(x, p):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c["rms_norm_eps"]) * w[p + ".weight"]
+
+    def lin(x, p, bias):
+        y = x @ w[p + ".weight"].T
+        return y + w[p + ".bias"] if bias else y
+
+    x = w["model.embed_tokens.weight"][tok]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rms(x, p + "input_layernorm")
+        q = lin(h, p + "self_attn.q_proj", qkv_bias).view(B, T, H, D).transpose(1, 2)
+        k = lin(h, p + "self_attn.k_proj", qkv_bias).view(B, T, Hkv, D).transpose(1, 2)
+        v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, Hkv, D).transpose(1, 2)
+        q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+        k = k.repeat_interleave(H // Hkv, dim=1)  # HF repeat_kv: query head h uses kv head h // rep
+        v = v.repeat_interleave(H // Hkv, dim=1)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
+        x = x + lin(y, p + "self_attn.o_proj", o_bias)
+        h = rms(x, p + "post_attention_layernorm")
+        g = lin(h, p + "mlp.gate_proj", mlp_bias)
+        x = x + lin(torch.nn.functional.silu(g) * lin(h, p + "mlp.up_proj", mlp_bias), p + "mlp.down_proj", mlp_bias)
+    x = rms(x, "model.norm")
+    head = w["model.embed_tokens.weight"] if c.get("tie_word_embeddings", False) else w["lm_head.weight"]
+    return x @ head.T
+
+
+# ---- random configs and weights ---------------------------------------------------------------
+
+
+def random_config(family, rng):
+    V, L = rng.randint(40, 300), rng.randint(1, 3)
+    if family == "gpt2":
+        H = rng.randint(1, 4)
+        return dict(model_type="gpt2", vocab_size=V, n_embd=H * 2 * rng.randint(2, 8), n_layer=L,
+                    n_head=H, n_inner=rng.randint(8, 96), n_positions=64, layer_norm_epsilon=1e-5,
+                    activation_function="gelu_new", tie_word_embeddings=rng.random() < 0.7)
+    Hkv = rng.randint(1, 2)
+    H = Hkv * rng.randint(2, 3)  # GQA: more query than KV heads
+    c = dict(model_type=family, vocab_size=V, hidden_size=rng.randint(12, 64), num_hidden_layers=L,
+             num_attention_heads=H, num_key_value_heads=Hkv, head_dim=2 * rng.randint(2, 8),
+             intermediate_size=rng.randint(8, 96), max_position_embeddings=64,
+             rms_norm_eps=1e-6, rope_theta=rng.choice([10000.0, 500000.0]), hidden_act="silu",
+             tie_word_embeddings=rng.random() < 0.5)
+    if family == "llama":
+        c["attention_bias"] = rng.random() < 0.5
+        c["mlp_bias"] = rng.random() < 0.5
+    return c
+
+
+def param_shapes(c):
+    """HF names and HF shapes, in an order like transformers' state_dict."""
+    s = {}
+    if c["model_type"] == "gpt2":
+        C, F = c["n_embd"], c["n_inner"]
+        s["transformer.wte.weight"] = (c["vocab_size"], C)
+        s["transformer.wpe.weight"] = (c["n_positions"], C)
+        for l in range(c["n_layer"]):
+            p = f"transformer.h.{l}."
+            for n, shp in [("ln_1.weight", (C,)), ("ln_1.bias", (C,)), ("attn.c_attn.weight", (C, 3 * C)),
+                           ("attn.c_attn.bias", (3 * C,)), ("attn.c_proj.weight", (C, C)),
+                           ("attn.c_proj.bias", (C,)), ("ln_2.weight", (C,)), ("ln_2.bias", (C,)),
+                           ("mlp.c_fc.weight", (C, F)), ("mlp.c_fc.bias", (F,)),
+                           ("mlp.c_proj.weight", (F, C)), ("mlp.c_proj.bias", (C,))]:
+                s[p + n] = shp
+        s["transformer.ln_f.weight"] = (C,)
+        s["transformer.ln_f.bias"] = (C,)
+        if not c["tie_word_embeddings"]:
+            s["lm_head.weight"] = (c["vocab_size"], C)
+        return s
+    C, F, D = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    qwen = c["model_type"] == "qwen2"
+    qkv_bias = qwen or c.get("attention_bias", False)
+    s["model.embed_tokens.weight"] = (c["vocab_size"], C)
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        s[p + "input_layernorm.weight"] = (C,)
+        for n, o in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]:
+            s[p + f"self_attn.{n}.weight"] = (o, C)
+            if qkv_bias:
+                s[p + f"self_attn.{n}.bias"] = (o,)
+        s[p + "self_attn.o_proj.weight"] = (C, q)
+        if not qwen and c.get("attention_bias", False):
+            s[p + "self_attn.o_proj.bias"] = (C,)
+        s[p + "post_attention_layernorm.weight"] = (C,)
+        for n, shp in [("gate_proj", (F, C)), ("up_proj", (F, C)), ("down_proj", (C, F))]:
+            s[p + f"mlp.{n}.weight"] = shp
+            if c.get("mlp_bias", False):
+                s[p + f"mlp.{n}.bias"] = (shp[0],)
+    s["model.norm.weight"] = (C,)
+    if not c["tie_word_embeddings"]:
+        s["lm_head.weight"] = (c["vocab_size"], C)
+    return s
+
+
+def random_weights(c, gen):
+    w = {}
+    for name, shp in param_shapes(c).items():
+        if len(shp) == 1 and name.endswith(".weight"):  # norms: around one
+            t = 1 + 0.2 * torch.randn(shp, generator=gen, dtype=torch.float64)
+        else:  # large enough that every path matters
+            t = (0.3 if len(shp) == 1 else 0.15) * torch.randn(shp, generator=gen, dtype=torch.float64)
+        w[name] = t.float().double()  # exactly representable in FP32, as Deepwell stores them
+    return w
+
+
+def write_shard(path, tokens):
+    hdr = np.zeros(256, dtype=np.int32)
+    hdr[0], hdr[1], hdr[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+# ---- comparison -----------------------------------------------------------------------------
+
+
+def compare(name, got, ref, rtol, atol_frac, failures):
+    """|got - ref| <= atol + rtol |ref| elementwise, atol = atol_frac * max|ref| (per tensor)."""
+    if tuple(got.shape) != tuple(ref.shape):
+        failures.append(f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}")
+        return 0.0
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    atol = atol_frac * scale + 1e-12
+    err = (got - ref).abs()
+    bad = err > atol + rtol * ref.abs()
+    if not torch.isfinite(got).all() or bad.any():
+        i = int(torch.argmax((err - atol - rtol * ref.abs()).flatten()))
+        failures.append(f"{name}: {int(bad.sum())} of {ref.numel()} elements off, worst at {i}: "
+                        f"got {float(got.flatten()[i]):.8g}, ref {float(ref.flatten()[i]):.8g} "
+                        f"(atol {atol:.3g}, rtol {rtol})")
+    return float(err.max() / (scale + 1e-30)) if ref.numel() else 0.0
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def parity_case(dw, family, rng, gen, tmp):
+    c = random_config(family, rng)
+    d = os.path.join(tmp, family)
+    os.makedirs(d)
+    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    w = random_weights(c, gen)
+    st_write(os.path.join(d, "model.safetensors"), w)
+    B, T = rng.randint(1, 3), rng.randint(2, 48)
+    stream = [rng.randrange(c["vocab_size"]) for _ in range(B * T + 1 + rng.randint(0, 50))]
+    write_shard(os.path.join(tmp, family + ".bin"), stream)
+    dump = os.path.join(tmp, family + ".dump.safetensors")
+    r = run([dw, "eval", d, "--data", os.path.join(tmp, family + ".bin"), "--batch", str(B),
+             "--seq", str(T), "--dump", dump])
+    if r.returncode != 0:
+        return [f"{family}: deepwell eval failed ({r.returncode}): {r.stderr.strip()}"]
+    got = st_read(dump)
+
+    params = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    tok = torch.tensor(stream[:B * T]).view(B, T)
+    tgt = torch.tensor(stream[1:B * T + 1]).view(B, T)
+    fwd = gpt2_forward if family == "gpt2" else llama_forward
+    logits = fwd(c, params, tok)
+    loss = torch.nn.functional.cross_entropy(logits.view(B * T, -1), tgt.view(-1))
+    loss.backward()
+
+    failures = []
+    worst = {}
+    worst["logits"] = compare(f"{family} logits", got.pop("logits"), logits.detach(), 1e-4, 2e-5, failures)
+    worst["loss"] = compare(f"{family} loss", got.pop("loss").reshape(()), loss.detach(), 1e-5, 0, failures)
+    g_worst = 0.0
+    for name, p in params.items():
+        if name not in got:
+            failures.append(f"{family}: no gradient for '{name}' in the dump")
+            continue
+        g_worst = max(g_worst, compare(f"{family} grad {name}", got.pop(name), p.grad, 2e-4, 2e-5, failures))
+    for name in got:
+        failures.append(f"{family}: unexpected tensor '{name}' in the dump")
+    desc = ", ".join(f"{k}={v}" for k, v in c.items() if k in (
+        "n_layer", "n_head", "n_embd", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias"))
+    print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
+          f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
+          f"grads {g_worst:.2e} over {len(params)} tensors")
+    return failures
+
+
+def weight_errors(dw, rng, gen, tmp):
+    """Missing, unexpected and mis-shaped tensors are refused with their names."""
+    failures = []
+    c = random_config("llama", rng)
+    c["tie_word_embeddings"] = False
+    d = os.path.join(tmp, "bad")
+    os.makedirs(d)
+    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    write_shard(os.path.join(tmp, "bad.bin"), [1] * 200)
+    good = random_weights(c, gen)
+    cases = []
+    w = dict(good); del w["model.layers.0.mlp.up_proj.weight"]
+    cases.append((w, "missing tensor 'model.layers.0.mlp.up_proj.weight'"))
+    w = dict(good); w["model.layers.0.mlp.extra.weight"] = torch.zeros(3)
+    cases.append((w, "unexpected tensor 'model.layers.0.mlp.extra.weight'"))
+    w = dict(good); w["lm_head.weight"] = torch.zeros(c["vocab_size"] + 1, c["hidden_size"])
+    cases.append((w, "tensor 'lm_head.weight' has shape"))
+    for w, needle in cases:
+        st_write(os.path.join(d, "model.safetensors"), w)
+        r = run([dw, "eval", d, "--data", os.path.join(tmp, "bad.bin"), "--batch", "1", "--seq", "8"])
+        if r.returncode == 0 or needle not in r.stderr:
+            failures.append(f"weights: expected failure with \"{needle}\", got {r.returncode}: {r.stderr.strip()}")
+        else:
+            print(f"ok: refused: {needle}")
+    return failures
+
+
+def main():
+    dw = sys.argv[1]
+    seed = int(os.environ.get("DW_TEST_SEED", random.randrange(1 << 30)))
+    print(f"test seed: DW_TEST_SEED={seed}")
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in ["gpt2", "llama", "qwen2"]:
+            failures += parity_case(dw, family, rng, gen, tmp)
+        failures += weight_errors(dw, rng, gen, tmp)
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
