@@ -4,3 +4,5 @@
 DW_COMMAND(probe, cmd_probe, "show this machine's GPUs, features and links, or a datasheet preset")
 DW_COMMAND(capture, cmd_capture, "show a model's graph (HF config.json or preset): nodes, params, FLOPs/token")
 DW_COMMAND(eval, cmd_eval, "loss of a model on one batch of tokens (CPU reference engine)")
+DW_COMMAND(train, cmd_train, "train a model (AdamW, schedules, checkpoints, resume) on token shards, text or builtin data")
+DW_COMMAND(sample, cmd_sample, "generate text from a checkpoint, model directory or preset")

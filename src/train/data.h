@@ -48,11 +48,12 @@ void dw_data_next(dw_data *d, int64_t B, int32_t *tokens, int32_t *targets);
 uint64_t dw_data_position(const dw_data *d); /* windows consumed since the start */
 void dw_data_seek(dw_data *d, uint64_t position);
 
-/* The built-in data set as text: "a+b=c\n" facts (0 <= a, b < DW_SYNTH_MAX), each fact of the
- * training split repeated in several shuffled rounds. Deterministic (fixed seed); malloc'd. */
-#define DW_SYNTH_MAX 100
+/* The built-in data set as text: "a+b=c\n" facts (0 <= a, b < DW_SYNTH_MAX), the facts of the
+ * split repeated in shuffled rounds (about 256 KiB of training text). Deterministic (fixed seed);
+ * malloc'd. */
+#define DW_SYNTH_MAX 10
 char *dw_synth_text(bool val_split, int64_t *len_out);
-/* Whether fact a+b belongs to the held-out split (about 10% of the facts). */
+/* Whether fact a+b belongs to the held-out split (10% of the facts). */
 bool dw_synth_is_val(int a, int b);
 
 #endif /* DW_TRAIN_DATA_H */
