@@ -51,7 +51,9 @@ void dw_data_seek(dw_data *d, uint64_t position);
 /* The built-in data set as text: "a+b=c\n" facts (0 <= a, b < DW_SYNTH_MAX), the facts of the
  * split repeated in shuffled rounds (about 256 KiB of training text). Deterministic (fixed seed);
  * malloc'd. */
+#ifndef DW_SYNTH_MAX
 #define DW_SYNTH_MAX 10
+#endif
 char *dw_synth_text(bool val_split, int64_t *len_out);
 /* Whether fact a+b belongs to the held-out split (10% of the facts). */
 bool dw_synth_is_val(int a, int b);
