@@ -217,7 +217,8 @@ typedef struct {
     int64_t sample_every;   /* a sample every K steps (and at the end); 0: never */
     int64_t sample_tokens;  /* tokens per sample */
     double sample_temperature;
-    const char *sample_prompt; /* text (byte-level data) or space-separated ids; NULL: default */
+    const char *sample_prompt; /* text (byte-level data) or space-separated ids; NULL: the first
+                                  min(16, seq/4) tokens of the step's first sequence */
     int64_t ckpt_every;     /* checkpoint every K steps; one is always written at the end */
     int keep;               /* checkpoints kept (newest); 0: all */
     uint64_t seed;          /* weights, shuffling and sampling */

@@ -24,7 +24,7 @@ typedef struct dw_data dw_data;
 
 typedef struct {
     const char *pattern; /* glob(3) pattern, or "builtin" */
-    bool val_split;      /* builtin only: the held-out facts instead of the training facts */
+    bool val_split;      /* builtin only: the validation stream instead of the training stream */
     int64_t T;           /* sequence length; a window is T+1 consecutive tokens */
     int64_t vocab_size;  /* every token must be < vocab_size */
     bool shuffle;        /* false: windows in file order (validation) */
@@ -48,14 +48,10 @@ void dw_data_next(dw_data *d, int64_t B, int32_t *tokens, int32_t *targets);
 uint64_t dw_data_position(const dw_data *d); /* windows consumed since the start */
 void dw_data_seek(dw_data *d, uint64_t position);
 
-/* The built-in data set as text: "a+b=c\n" facts (0 <= a, b < DW_SYNTH_MAX), the facts of the
- * split repeated in shuffled rounds (about 256 KiB of training text). Deterministic (fixed seed);
- * malloc'd. */
-#ifndef DW_SYNTH_MAX
-#define DW_SYNTH_MAX 10
-#endif
+/* The built-in data set as text: every "a+b=c\n" fact (0 <= a, b < DW_SYNTH_MAX) once per round,
+ * in shuffled rounds: about 256 KiB for training; val_split: a shorter stream in other orders.
+ * Deterministic (fixed seeds); malloc'd. */
+#define DW_SYNTH_MAX 5
 char *dw_synth_text(bool val_split, int64_t *len_out);
-/* Whether fact a+b belongs to the held-out split (10% of the facts). */
-bool dw_synth_is_val(int a, int b);
 
 #endif /* DW_TRAIN_DATA_H */

@@ -1,6 +1,7 @@
-/* synth.c — the built-in data set: addition facts "a+b=c\n" with 0 <= a, b < DW_SYNTH_MAX,
- * as bytes. About 10% of the facts are held out for validation, so val loss measures whether the
- * model learned to add rather than memorised. A person checks a sample by doing the sums. */
+/* synth.c — the built-in data set: addition facts "a+b=c\n" with 0 <= a, b < DW_SYNTH_MAX, as
+ * bytes, in shuffled rounds. Small enough that a tiny model learns every fact in a few CPU
+ * minutes; a person (or scripts/run.sh) checks a sample by doing the sums. The validation text is
+ * the same facts in another order (a fresh stream, not held-out facts). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -10,17 +11,14 @@
 #define SYNTH_SEED 0x5eedfac75ull /* fixed: the data set is the same in every run */
 #define TEXT_BYTES (256 * 1024) /* shuffled passes over the facts until about this much text */
 
-/* One fact in ten, spread so that every first operand keeps nine of its ten partners. */
-bool dw_synth_is_val(int a, int b) { return (a + 3 * b) % 10 == 0; }
-
 char *dw_synth_text(bool val_split, int64_t *len_out) {
     int nfacts = 0;
     int *facts = malloc(sizeof(int) * DW_SYNTH_MAX * DW_SYNTH_MAX);
     if (!facts) return NULL;
     for (int a = 0; a < DW_SYNTH_MAX; a++)
         for (int b = 0; b < DW_SYNTH_MAX; b++)
-            if (dw_synth_is_val(a, b) == val_split) facts[nfacts++] = a * DW_SYNTH_MAX + b;
-    int rounds = (int)(TEXT_BYTES / (nfacts * 6) / (val_split ? 8 : 1)) + 1; /* facts are >= 6 bytes */
+            facts[nfacts++] = a * DW_SYNTH_MAX + b;
+    int rounds = (int)(TEXT_BYTES / (nfacts * 6) / (val_split ? 16 : 1)) + 1; /* facts are >= 6 bytes */
     size_t cap = (size_t)nfacts * (size_t)rounds * 12 + 1; /* "99+99=198\n" is 10 bytes */
     char *text = malloc(cap);
     if (!text) {

@@ -189,9 +189,11 @@ static dw_status make_sample(run *r, char **text_out) {
     int64_t np = 0;
     if (o->sample_prompt) {
         DW_TRY(dw_tokenize(r->ctx, r->tok, o->sample_prompt, r->cfg.vocab_size, &ids, &np));
-    } else {
-        DW_TRY(dw_tokenize(r->ctx, DW_TOK_BYTES, "\n", 256, &ids, &np));
-        if (r->tok == DW_TOK_IDS) ids[0] = r->x[0]; /* a token the data starts a window with */
+    } else { /* the start of the last batch's first sequence: a context like the data's */
+        np = o->seq / 4 < 16 ? (o->seq / 4 > 0 ? o->seq / 4 : 1) : 16;
+        ids = malloc((size_t)np * sizeof *ids);
+        if (!ids) return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+        memcpy(ids, r->x, (size_t)np * sizeof *ids);
     }
     if (np < 1) {
         free(ids);
