@@ -94,9 +94,10 @@ dw_status dw_tokenize(dw_ctx *ctx, dw_tokenizer t, const char *text, int64_t voc
     }
     for (int64_t i = 0; t == DW_TOK_BYTES && i < n; i++)
         if (ids[i] >= vocab) {
+            int32_t bad = ids[i];
             free(ids);
             return dw_set_error(ctx, DW_ERR_INVALID, "prompt byte %d is outside the model's vocab_size %lld",
-                                ids[i], (long long)vocab);
+                                bad, (long long)vocab);
         }
     *ids_out = ids;
     *n_out = n;
