@@ -166,6 +166,25 @@ int dw_graph_node_count(const dw_graph *g);
 int64_t dw_graph_seq(const dw_graph *g);
 
 /* ======================================================================================
+ * Precision policy                                           [section: precision]
+ * ====================================================================================== */
+
+/* A precision policy: default recipe, ordered rules on node names/op types, optional "safe"
+ * fallback that keeps embeddings, the LM head, MoE routers and the first and last block in BF16. */
+typedef struct dw_policy dw_policy;
+
+/* Loads a policy JSON file: {"default":"fp8_block","fallback":"safe",
+ * "rules":[{"match":"*.self_attn.*","op":"linear","recipe":"bf16"}]}. Errors name the file and
+ * the field (unknown recipe names list the known ones). */
+dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out);
+/* A policy with only a default recipe ("bf16", "fp8_block", "mxfp8", "nvfp4", ...). */
+dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallback_safe,
+                                   dw_policy **out);
+/* The policy as JSON (the same schema); caller frees with dw_free_string. */
+dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out);
+void dw_policy_free(dw_policy *p);
+
+/* ======================================================================================
  * GEMM layer and kernel registry                             [section: gemm]
  * ====================================================================================== */
 

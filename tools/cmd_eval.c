@@ -136,7 +136,7 @@ int cmd_eval(int argc, char **argv) {
     if (s == DW_OK && T == 0) T = cfg.max_seq < 128 ? (long)cfg.max_seq : 128;
     if (s == DW_OK) s = dw_engine_create_cpu(ctx, &cfg, B, T, &e);
     if (s == DW_OK && !(tok = malloc((size_t)(B * T + 1) * sizeof *tok)))
-        s = DW_ERR_NOMEM;
+        s = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory for %ld x %ld tokens", B, T);
     if (s == DW_OK) s = read_tokens(ctx, data, B * T + 1, tok);
     if (s == DW_OK) {
         if (!weights && has_weights(model)) weights = model;
@@ -148,7 +148,7 @@ int cmd_eval(int argc, char **argv) {
     }
     if (s == DW_OK && dump) {
         logits = malloc((size_t)(B * T * cfg.vocab_size) * sizeof *logits);
-        if (!logits) s = DW_ERR_NOMEM;
+        if (!logits) s = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory for the logits");
         if (s == DW_OK) s = dw_engine_forward(e, tok, tok + 1, B, T, logits, NULL);
         if (s == DW_OK) {
             dw_engine_zero_grad(e);
@@ -162,7 +162,6 @@ int cmd_eval(int argc, char **argv) {
     if (s == DW_OK) {
         printf("loss %.6f  (perplexity %.4g; %ld x %ld tokens of %s)\n", loss, exp(loss), B, T, data);
     } else {
-        if (s == DW_ERR_NOMEM && !dw_errmsg(ctx)[0]) cli_error("eval", "out of memory");
         rc = cli_fail("eval", ctx, s);
     }
     free(logits);

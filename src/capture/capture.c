@@ -113,9 +113,10 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
     *out = NULL;
     if (c->planning_only)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
-                            "model '%s' (%s) is a planning-only shape: `deepwell plan` can size it, "
-                            "but capture and training do not support it yet", c->model_type,
-                            c->n_experts ? "mixture of experts" : "too large for this build's tests");
+                            "model_type '%s' with %.1f B parameters%s is a planning-only preset: "
+                            "the planner sizes it, but capture, eval and training refuse it",
+                            c->model_type, (double)dw_model_config_params(c) / 1e9,
+                            c->n_experts ? " in mixture-of-experts layers" : "");
     if (c->arch != DW_ARCH_GPT2 && c->arch != DW_ARCH_LLAMA && c->arch != DW_ARCH_MISTRAL &&
         c->arch != DW_ARCH_QWEN2)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "model_type '%s' is not supported yet "

@@ -121,6 +121,7 @@ dw_status dw_json_get_str_opt(dw_ctx *ctx, const json_t *obj, const char *key, c
 }
 
 char *dw_json_dump(const json_t *j, bool pretty) {
-    return json_dumps(j, pretty ? JSON_INDENT(2) | JSON_PRESERVE_ORDER
-                                : JSON_COMPACT | JSON_PRESERVE_ORDER);
+    /* 10 significant digits: enough for every rate and ratio we print, and no 1070.5305599999999 */
+    size_t flags = JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10);
+    return json_dumps(j, pretty ? flags | JSON_INDENT(2) : flags | JSON_COMPACT);
 }

@@ -12,6 +12,10 @@
 
 #include "deepwell.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- element formats -------------------------------------------------------------------- */
 typedef enum {
     DW_FMT_E4M3 = 0, /* FP8 e4m3fn: bias 7, max 448, NaN = s.1111.111, no Inf */
@@ -88,6 +92,12 @@ void dw_quant_scale_shape(dw_recipe r, int64_t rows, int64_t cols, int64_t *srow
 size_t dw_quant_codes_bytes(dw_recipe r, int64_t rows, int64_t cols);
 size_t dw_quant_scales_bytes(dw_recipe r, int64_t rows, int64_t cols);
 
+/* Bytes of one row of codes: cols (8-bit), ceil(cols/2) (FP4: an odd last column leaves the high
+ * nibble 0), 2*cols (BF16). Rows are contiguous: codes bytes = rows * row bytes. */
+int64_t dw_quant_row_bytes(dw_recipe r, int64_t cols);
+/* True for mxfp8, mxfp8_e5m2, mxfp4 (UE8M0 scales, MX rule). */
+bool dw_recipe_is_mx(dw_recipe r);
+
 /* CPU reference quantisation of x [rows, cols] (FP32) into q (buffers sized by the functions
  * above, caller-owned). Exact, simple, single-threaded per block; the oracle for the CUDA kernels. */
 dw_status dw_quantize_cpu(dw_ctx *ctx, const dw_quant_opts *o, const float *x, int64_t rows,
@@ -97,5 +107,31 @@ dw_status dw_quantize_bf16_cpu(dw_ctx *ctx, const dw_quant_opts *o, const uint16
                                int64_t cols, dw_qtensor *q);
 /* Dequantise exactly (codes x scales x tensor scale, in FP32) into y [rows, cols]. */
 void dw_dequantize_cpu(const dw_qtensor *q, float *y);
+
+/* Edge cases the contract leaves to us (docs/formats.md): a block whose amax is NaN or Inf gets
+ * a NaN scale — FP32 0x7FC00000 with codes 0x7F (FP8 recipes), UE8M0 0xFF with codes 0x7F
+ * (E4M3/E5M2) or 0 (E2M1) (MX), and for NVFP4 a non-finite tensor gives s_t = NaN, every block
+ * scale 0x7F and codes 0. An FP32 scale that underflows to 0 is replaced by 1 (like amax = 0).
+ * NVFP4 element codes are 0 whenever decode(b)*s_t is 0. The BF16 recipe stores BF16 codes
+ * (2 bytes per element) and no scales. */
+
+/* ---- transposed copy and GEMM scale layouts (layout.c) ----------------------------------- */
+
+/* Quantises x^T: x is [rows, cols]; qt describes [cols, rows] (blocks along x's columns), sized by
+ * the functions above with rows and cols swapped. What backward GEMMs consume. */
+dw_status dw_quantize_transposed_cpu(dw_ctx *ctx, const dw_quant_opts *o, const float *x,
+                                     int64_t rows, int64_t cols, dw_qtensor *qt);
+
+/* cuBLAS's tiled layout of 1-byte block scales (VEC32_UE8M0, VEC16_UE4M3) for a row-major scale
+ * matrix [srows, scols]: padded to [ceil(srows/128)*128, ceil(scols/4)*4] (padding bytes 0) and cut
+ * into 128x4 tiles of 512 contiguous bytes, tiles ordered row-major (along scols first); inside
+ * a tile, scale (r, c) sits at (r % 32) * 16 + (r / 32) * 4 + c. */
+size_t dw_scale_swizzled_bytes(int64_t srows, int64_t scols);
+int64_t dw_scale_swizzle_offset(int64_t r, int64_t c, int64_t scols);
+void dw_scale_swizzle_cpu(const uint8_t *scales, int64_t srows, int64_t scols, uint8_t *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* DW_FORMATS_H */

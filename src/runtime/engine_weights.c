@@ -243,6 +243,13 @@ static bool is_param_name(const dw_engine *e, const char *name) {
     return false;
 }
 
+static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && len < n; d++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", d ? "," : "", (long long)shape[d]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+}
+
 static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
     dw_ctx *ctx = e->ctx;
     for (int i = 0; i < e->n_params; i++) {
@@ -255,13 +262,14 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
         hf_shape(it, want);
         bool same = t->ndim == it->ndim;
         for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == want[d];
-        if (!same)
-            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' has shape [%lld%s%lld], "
-                                "expected [%lld%s%lld]%s", dw_st_path(f), t->name,
-                                (long long)(t->ndim > 0 ? t->shape[0] : 0), t->ndim > 1 ? "," : "",
-                                (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)want[0],
-                                it->ndim > 1 ? "," : "", (long long)(it->ndim > 1 ? want[1] : 0),
-                                t->ndim > 2 || t->ndim == 0 ? " (rank differs)" : "");
+        if (!same) {
+            char got[128], exp[128];
+            fmt_shape(got, sizeof got, t->ndim, t->shape);
+            fmt_shape(exp, sizeof exp, it->ndim, want);
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s%s",
+                                dw_st_path(f), t->name, got, exp,
+                                it->hf_transposed ? " (Hugging Face Conv1D layout: in x out)" : "");
+        }
         if (!dw_dtype_is_float(t->dtype) || t->dtype == DW_DT_F8_E4M3 || t->dtype == DW_DT_F8_E5M2)
             return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, F16, "
                                 "BF16 or F64 expected)", dw_st_path(f), t->name, dw_dtype_name(t->dtype));

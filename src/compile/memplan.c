@@ -1,0 +1,91 @@
+/* memplan.c — static memory plan: lifetimes → offsets (see memplan.h).
+ * Greedy by decreasing size; each buffer takes the lowest aligned offset that does not collide
+ * with an already placed buffer whose lifetime overlaps. O(n^2 log n), fine for graph sizes. */
+#include <stdlib.h>
+
+#include "compile/memplan.h"
+#include "core/error.h"
+
+typedef struct {
+    int64_t lo, hi; /* [lo, hi) occupied */
+} interval;
+
+static const dw_mem_item *sort_base;
+
+static int by_size_desc(const void *a, const void *b) {
+    const dw_mem_item *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
+    if (x->size != y->size) return x->size < y->size ? 1 : -1;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    return *(const int *)a - *(const int *)b; /* stable: deterministic order */
+}
+
+static int by_lo(const void *a, const void *b) {
+    const interval *x = a, *y = b;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) & ~(a - 1); }
+
+dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *arena_bytes) {
+    *arena_bytes = 0;
+    if (n < 0) return dw_set_error(ctx, DW_ERR_INVALID, "memory plan: negative buffer count %d", n);
+    for (int i = 0; i < n; i++) {
+        int64_t a = items[i].align ? items[i].align : 256;
+        if (items[i].size <= 0 || items[i].first > items[i].last || (a & (a - 1)) != 0)
+            return dw_set_error(ctx, DW_ERR_INVALID,
+                                "memory plan: buffer %d has size %lld, lifetime [%d, %d], align %lld",
+                                i, (long long)items[i].size, items[i].first, items[i].last,
+                                (long long)a);
+    }
+    size_t cap = n > 0 ? (size_t)n : 1;
+    int *order = malloc(sizeof(int) * cap);
+    int *placed = malloc(sizeof(int) * cap);
+    interval *busy = malloc(sizeof(interval) * cap);
+    if (!order || !placed || !busy) {
+        free(order);
+        free(placed);
+        free(busy);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "memory plan: out of memory");
+    }
+    for (int i = 0; i < n; i++) order[i] = i;
+    sort_base = items;
+    qsort(order, (size_t)n, sizeof *order, by_size_desc);
+    int n_placed = 0;
+    int64_t top = 0;
+    for (int oi = 0; oi < n; oi++) {
+        dw_mem_item *it = &items[order[oi]];
+        int64_t a = it->align ? it->align : 256;
+        int nb = 0;
+        for (int p = 0; p < n_placed; p++) {
+            const dw_mem_item *q = &items[placed[p]];
+            if (q->last < it->first || it->last < q->first) continue; /* lifetimes disjoint */
+            busy[nb++] = (interval){q->offset, q->offset + q->size};
+        }
+        qsort(busy, (size_t)nb, sizeof *busy, by_lo);
+        int64_t off = 0;
+        for (int b = 0; b < nb; b++) {
+            if (align_up(off, a) + it->size <= busy[b].lo) break; /* fits in the gap below */
+            if (busy[b].hi > off) off = busy[b].hi;
+        }
+        it->offset = align_up(off, a);
+        if (it->offset + it->size > top) top = it->offset + it->size;
+        placed[n_placed++] = order[oi];
+    }
+    free(order);
+    free(placed);
+    free(busy);
+    *arena_bytes = top;
+    return DW_OK;
+}
+
+int64_t dw_memplan_live_peak(const dw_mem_item *items, int n) {
+    int64_t peak = 0;
+    for (int i = 0; i < n; i++) { /* the peak is reached at some buffer's first step */
+        int t = items[i].first;
+        int64_t live = 0;
+        for (int j = 0; j < n; j++)
+            if (items[j].first <= t && t <= items[j].last) live += items[j].size;
+        if (live > peak) peak = live;
+    }
+    return peak;
+}

@@ -1,0 +1,25 @@
+/* memplan.h — private: the static memory plan. Buffers with known sizes and lifetimes (first and
+ * last step of the schedule that touches them) get offsets in one arena so that buffers alive at
+ * the same time never overlap. The step loop then allocates nothing. */
+#ifndef DW_COMPILE_MEMPLAN_H
+#define DW_COMPILE_MEMPLAN_H
+
+#include <stdint.h>
+
+#include "deepwell.h"
+
+typedef struct {
+    int64_t size;   /* bytes (> 0) */
+    int first, last;/* inclusive schedule steps during which the buffer is live */
+    int64_t align;  /* power of two; 0 means 256 */
+    int64_t offset; /* out: byte offset in the arena */
+} dw_mem_item;
+
+/* Assigns offsets (greedy: largest first, lowest fitting offset among live-overlapping buffers)
+ * and returns the arena size needed. Deterministic for the same input. */
+dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *arena_bytes);
+
+/* Lower bound on any plan: the largest total size of buffers live at one step. */
+int64_t dw_memplan_live_peak(const dw_mem_item *items, int n);
+
+#endif /* DW_COMPILE_MEMPLAN_H */

@@ -1,0 +1,123 @@
+/* ops_cuda.h — private: the CUDA kernels for every IR op, forward and backward, callable from C.
+ * Each entry validates its arguments (DW_ERR_INVALID with the op named), launches on `stream`
+ * (a cudaStream_t passed as void*; NULL = the legacy default stream) and does not synchronise.
+ * All pointers are device pointers. Same semantics as the CPU oracle (kernels/cpu/ops_cpu.h):
+ * backward entries ACCUMULATE (+=) into parameter gradients and WRITE input gradients.
+ * Not here: GEMM/quantisation fast paths (kernels/cuda/gemm*, quant*), the optimizer (train/).
+ *
+ * Dtypes: `dt` selects the storage of ACTIVATIONS (x, out, dout, dx, q/k/v, logits): FP32 or BF16
+ * (compute is FP32 either way). Parameters and their gradients (wte, wpe, w, b, dw, db), saved
+ * statistics (mean, rstd, lse) and losses are always FP32. linear is FP32 only (the reference
+ * GEMM; fast and low-precision GEMMs live in gemm*).
+ * Letters as in ops_cpu.h: B batch, T sequence, C channels, V vocab, H heads, Hkv KV heads,
+ * D head_dim, N rows (= B*T), K in-features, M out-features. Indices are 64-bit throughout. */
+#ifndef DW_KERNELS_OPS_CUDA_H
+#define DW_KERNELS_OPS_CUDA_H
+
+#include <stdint.h>
+
+#include "deepwell.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DW_ACT_F32 = 0, DW_ACT_BF16 = 1 } dw_act_dtype;
+
+/* Size in bytes of one activation element. */
+int dw_act_size(dw_act_dtype dt);
+
+/* ---- embedding (V,C) and learned positions (maxT,C) --------------------------------------
+ * fwd: out (N,C) = wte[tok[n]]. A token outside [0,V) gives a row of NaN (never an OOB read). */
+dw_status dw_cuda_embedding_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const int32_t *tok,
+                                const float *wte, int64_t N, int64_t C, int64_t V, void *stream);
+/* dwte (V,C) += scatter of dout (N,C) by tok; deterministic (each (token, column) summed by one
+ * thread in ascending n); tokens outside [0,V) are skipped. */
+dw_status dw_cuda_embedding_bwd(dw_ctx *ctx, dw_act_dtype dt, float *dwte, const void *dout,
+                                const int32_t *tok, int64_t N, int64_t C, int64_t V, void *stream);
+/* out (B,T,C) = x + wpe[t]; wpe rows 0..T-1 used. */
+dw_status dw_cuda_pos_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, const float *wpe,
+                          int64_t B, int64_t T, int64_t C, void *stream);
+/* dx = dout (written; dx may be NULL or equal dout), dwpe[t] += sum_b dout[b,t]. */
+dw_status dw_cuda_pos_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dwpe, const void *dout,
+                          int64_t B, int64_t T, int64_t C, void *stream);
+
+/* ---- rope, HF llama rotate-half, x (B,T,H,D), D even, angles t*theta^(-2i/D) in double -----
+ * out may equal x (in place). bwd applies the transposed rotation. */
+dw_status dw_cuda_rope_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t B,
+                           int64_t T, int64_t H, int64_t D, double theta, void *stream);
+dw_status dw_cuda_rope_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, int64_t B,
+                           int64_t T, int64_t H, int64_t D, double theta, void *stream);
+
+/* ---- norms over C: x, out (N,C); w, b (C); mean, rstd (N) saved -----------------------------
+ * layernorm: b may be NULL; mean/rstd may be NULL in fwd (inference). bwd: dx written (may be
+ * NULL), dw/db accumulated (may be NULL); deterministic (fixed-order column sums). */
+dw_status dw_cuda_layernorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *mean, float *rstd,
+                                const void *x, const float *w, const float *b, int64_t N,
+                                int64_t C, double eps, void *stream);
+dw_status dw_cuda_layernorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, float *db,
+                                const void *dout, const void *x, const float *w, const float *mean,
+                                const float *rstd, int64_t N, int64_t C, void *stream);
+dw_status dw_cuda_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
+                              const float *w, int64_t N, int64_t C, double eps, void *stream);
+dw_status dw_cuda_rmsnorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
+                              const void *x, const float *w, const float *rstd, int64_t N,
+                              int64_t C, void *stream);
+
+/* ---- linear (FP32 reference GEMM), torch layout: x (N,K), W (M,K), b (M), out (N,M) ---------
+ * fwd: out = x W^T + b (b may be NULL). bwd: dx = dout W (written; may be NULL),
+ * dW += dout^T x (may be NULL), db += sum_n dout (may be NULL). */
+dw_status dw_cuda_linear_fwd(dw_ctx *ctx, float *out, const float *x, const float *w,
+                             const float *b, int64_t N, int64_t K, int64_t M, void *stream);
+dw_status dw_cuda_linear_bwd(dw_ctx *ctx, float *dx, float *dw, float *db, const float *dout,
+                             const float *x, const float *w, int64_t N, int64_t K, int64_t M,
+                             void *stream);
+
+/* ---- elementwise over n elements (out may equal an input) ------------------------------------ */
+dw_status dw_cuda_gelu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n,
+                           void *stream); /* tanh approximation (GPT-2 / HF gelu_new) */
+dw_status dw_cuda_gelu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x,
+                           int64_t n, void *stream);
+dw_status dw_cuda_silu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n,
+                           void *stream);
+dw_status dw_cuda_silu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x,
+                           int64_t n, void *stream);
+/* out = silu(gate) * up; bwd writes dgate and dup */
+dw_status dw_cuda_swiglu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *gate,
+                             const void *up, int64_t n, void *stream);
+dw_status dw_cuda_swiglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *dup,
+                             const void *dout, const void *gate, const void *up, int64_t n,
+                             void *stream);
+dw_status dw_cuda_add_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *a, const void *b,
+                          int64_t n, void *stream);
+
+/* ---- causal attention with GQA (flash-attention style: tiled, online softmax) ---------------
+ * q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T) saved (natural log of the sum of exp of the
+ * scaled scores); scale 1/sqrt(D); query head h reads KV head h / (H/Hkv). D <= 256.
+ * bwd recomputes the probabilities from lse; dq, dk, dv written (dk, dv summed over the query
+ * heads of a group, without atomics: deterministic). delta (B,H,T) is FP32 scratch. */
+#define DW_CUDA_ATTN_MAX_D 256
+dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse,
+                                const void *q, const void *k, const void *v, int64_t B, int64_t T,
+                                int64_t H, int64_t Hkv, int64_t D, void *stream);
+dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk, void *dv,
+                                const void *dout, const void *q, const void *k, const void *v,
+                                const void *out, const float *lse, float *delta, int64_t B,
+                                int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
+
+/* ---- cross-entropy, fused softmax + loss + gradient per row, chunked over V ------------------
+ * logits (N,V), targets (N) int32 (< 0: ignored). Writes *loss (one FP32 on the device) = mean
+ * over valid rows of lse(row) - row[target] (0 when no row is valid); row_loss (N) may be NULL.
+ * When dlogits is non-NULL also writes dlogits = dloss * (softmax - onehot) / n_valid (0 on
+ * ignored rows); dlogits may equal logits (in place). A target >= V gives a NaN loss for its row
+ * (and so a NaN mean). ws: device scratch of dw_cuda_cross_entropy_ws_bytes(N) bytes. */
+size_t dw_cuda_cross_entropy_ws_bytes(int64_t N);
+dw_status dw_cuda_cross_entropy(dw_ctx *ctx, dw_act_dtype dt, float *loss, float *row_loss,
+                                void *dlogits, const void *logits, const int32_t *targets,
+                                int64_t N, int64_t V, float dloss, void *ws, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DW_KERNELS_OPS_CUDA_H */

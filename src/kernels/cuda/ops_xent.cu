@@ -1,0 +1,132 @@
+/* ops_xent.cu — CUDA softmax cross-entropy, fused: one block per row makes one online pass over
+ * V for (max, sum exp) and, when asked, a second pass that writes the gradient in place of or
+ * beside the logits; probabilities are never stored. Mean over valid rows (target >= 0) with a
+ * fixed-order reduction, so the loss is deterministic. Oracle: kernels/cpu/xent_cpu.c. */
+#include "kernels/cuda/ops_common.cuh"
+
+/* ws layout: [0,16) int32 count of valid rows; [16, 16 + 4N) FP32 row losses (when the caller
+ * passes no row_loss) */
+#define DW_XENT_WS_HEAD 16
+
+/* (m, s) pairs of a running log-sum-exp: value = m + log(s). -inf m means "empty". */
+static __device__ __forceinline__ void dw_lse_merge(float &m, float &s, float m2, float s2) {
+    if (m2 == -INFINITY) return;
+    if (m == -INFINITY) {
+        m = m2;
+        s = s2;
+        return;
+    }
+    const float mn = fmaxf(m, m2);
+    s = s * expf(m - mn) + s2 * expf(m2 - mn);
+    m = mn;
+}
+
+/* one block: count[0] = #rows with target >= 0 */
+static __global__ void dw_xent_count_kernel(int32_t *count, const int32_t *targets, int64_t N) {
+    __shared__ double sh[32];
+    int64_t ci = 0;
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) ci += targets[n] >= 0;
+    const double tot = dw_block_sum_d((double)ci, sh); /* exact: counts are far below 2^53 */
+    if (threadIdx.x == 0) count[0] = (int32_t)tot;
+}
+
+/* grid N, one block per row. row_loss[n] = lse - x[target] (0 if ignored, NaN if target >= V);
+ * if dlogits: dlogits[n,:] = (softmax - onehot) * dloss / count (0 if ignored). */
+template <typename T>
+static __global__ void dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
+                                          const int32_t *targets, const int32_t *count, int64_t V,
+                                          float dloss) {
+    __shared__ float shm[32], shs[32];
+    const int64_t n = blockIdx.x;
+    const int32_t tgt = targets[n];
+    const T *x = logits + n * V;
+    T *dx = dlogits ? dlogits + n * V : NULL;
+    if (tgt < 0) { /* ignored row: uniform over the block */
+        if (threadIdx.x == 0) row_loss[n] = 0.0f;
+        if (dx)
+            for (int64_t i = threadIdx.x; i < V; i += blockDim.x) dw_st(dx, i, 0.0f);
+        return;
+    }
+    const bool tgt_ok = tgt < V;
+    const float xt = tgt_ok ? dw_ld(x, tgt) : 0.0f; /* read before any in-place write */
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const float xi = dw_ld(x, i);
+        if (xi == -INFINITY) continue; /* masked logit: contributes exp(-inf) = 0 */
+        if (xi > m) {
+            s = (m == -INFINITY ? 0.0f : s * expf(m - xi)) + 1.0f;
+            m = xi;
+        } else {
+            s += expf(xi - m); /* NaN xi falls here and poisons s: NaN in, NaN out */
+        }
+    }
+    /* block merge of (m, s): warps by butterfly, then across warps through shared memory */
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        dw_lse_merge(m, s, m2, s2);
+    }
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        shm[w] = m;
+        shs[w] = s;
+    }
+    __syncthreads();
+    m = -INFINITY;
+    s = 0.0f;
+    for (int i = 0; i < nw; i++) dw_lse_merge(m, s, shm[i], shs[i]); /* same order everywhere */
+    const float lse = m + logf(s);
+    if (threadIdx.x == 0) row_loss[n] = tgt_ok ? lse - xt : __int_as_float(0x7fc00000);
+    if (!dx) return;
+    const int32_t nv = count[0];
+    const float scale = tgt_ok ? dloss / (float)(nv > 0 ? nv : 1) : __int_as_float(0x7fc00000);
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        const float p = expf(dw_ld(x, i) - lse);
+        dw_st(dx, i, (p - (i == tgt ? 1.0f : 0.0f)) * scale);
+    }
+}
+
+/* one block: loss[0] = sum_n row_loss[n] / count (0 when count is 0), summed in double */
+static __global__ void dw_xent_mean_kernel(float *loss, const float *row_loss,
+                                           const int32_t *count, int64_t N) {
+    __shared__ double sh[32];
+    double acc = 0.0;
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) acc += row_loss[n];
+    acc = dw_block_sum_d(acc, sh);
+    if (threadIdx.x == 0) loss[0] = count[0] > 0 ? (float)(acc / (double)count[0]) : 0.0f;
+}
+
+template <typename T>
+static void dw_xent_launch(float *loss, float *row_loss, void *dlogits, const void *logits,
+                           const int32_t *targets, int32_t *count, int64_t N, int64_t V,
+                           float dloss, cudaStream_t s) {
+    dw_xent_count_kernel<<<1, 1024, 0, s>>>(count, targets, N);
+    const int threads = V >= 8192 ? 1024 : V >= 1024 ? 512 : 128;
+    dw_xent_row_kernel<T><<<(unsigned)N, threads, 0, s>>>(row_loss, (T *)dlogits, (const T *)logits,
+                                                          targets, count, V, dloss);
+    dw_xent_mean_kernel<<<1, 1024, 0, s>>>(loss, row_loss, count, N);
+}
+
+extern "C" {
+
+size_t dw_cuda_cross_entropy_ws_bytes(int64_t N) {
+    return DW_XENT_WS_HEAD + (size_t)(N > 0 ? N : 0) * sizeof(float);
+}
+
+dw_status dw_cuda_cross_entropy(dw_ctx *ctx, dw_act_dtype dt, float *loss, float *row_loss,
+                                void *dlogits, const void *logits, const int32_t *targets,
+                                int64_t N, int64_t V, float dloss, void *ws, void *stream) {
+    const char *op = "cross_entropy";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, N > 0 && N <= INT32_MAX && V > 0 && V <= INT32_MAX);
+    DW_OPS_REQUIRE(ctx, op, loss && logits && targets && ws);
+    int32_t *count = (int32_t *)ws;
+    float *rl = row_loss ? row_loss : (float *)((char *)ws + DW_XENT_WS_HEAD);
+    if (dt == DW_ACT_F32)
+        dw_xent_launch<float>(loss, rl, dlogits, logits, targets, count, N, V, dloss, (cudaStream_t)stream);
+    else
+        dw_xent_launch<dw_bf16>(loss, rl, dlogits, logits, targets, count, N, V, dloss, (cudaStream_t)stream);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+} /* extern "C" */

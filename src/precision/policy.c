@@ -1,0 +1,193 @@
+/* policy.c — precision policies: JSON load/save and per-node recipe resolution (see policy.h). */
+#include <ctype.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "precision/policy.h"
+
+void dw_policy_free(dw_policy *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n_rules; i++) {
+        free(p->rules[i].match);
+        free(p->rules[i].op);
+    }
+    free(p->rules);
+    free(p);
+}
+
+static dw_status parse_recipe(dw_ctx *ctx, const char *name, const char *where, dw_recipe *out) {
+    if (dw_recipe_parse(name, out)) return DW_OK;
+    char known[256] = "";
+    for (int r = 0; r < DW_RECIPE_COUNT; r++) {
+        strncat(known, r ? ", " : "", sizeof known - strlen(known) - 1);
+        strncat(known, dw_recipe_name((dw_recipe)r), sizeof known - strlen(known) - 1);
+    }
+    return dw_set_error(ctx, DW_ERR_INVALID, "%s: unknown recipe '%s' (known: %s)", where, name,
+                        known);
+}
+
+dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallback_safe,
+                                   dw_policy **out) {
+    *out = NULL;
+    dw_recipe r;
+    DW_TRY(parse_recipe(ctx, recipe ? recipe : "(null)", "--precision", &r));
+    dw_policy *p = calloc(1, sizeof *p);
+    if (!p) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    p->default_recipe = r;
+    p->fallback_safe = fallback_safe;
+    *out = p;
+    return DW_OK;
+}
+
+static dw_status load_rules(dw_ctx *ctx, const json_t *rules, const char *path, dw_policy *p) {
+    if (!rules) return DW_OK;
+    if (!json_is_array(rules))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'rules': expected an array", path);
+    size_t n = json_array_size(rules);
+    p->rules = calloc(n ? n : 1, sizeof *p->rules);
+    if (!p->rules) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        char what[600];
+        snprintf(what, sizeof what, "%s: rules[%zu]", path, i);
+        const json_t *r = json_array_get(rules, i);
+        if (!json_is_object(r)) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: expected an object", what);
+        const char *match = NULL, *op = NULL, *recipe = NULL;
+        DW_TRY(dw_json_get_str_opt(ctx, r, "match", what, &match));
+        DW_TRY(dw_json_get_str_opt(ctx, r, "op", what, &op));
+        DW_TRY(dw_json_get_str(ctx, r, "recipe", what, &recipe));
+        const char *key;
+        json_t *v;
+        json_object_foreach((json_t *)r, key, v) {
+            if (strcmp(key, "match") && strcmp(key, "op") && strcmp(key, "recipe"))
+                return dw_set_error(ctx, DW_ERR_FORMAT,
+                                    "%s: unknown field '%s' (expected match, op, recipe)", what, key);
+        }
+        if (!match && !op)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: a rule needs 'match' or 'op'", what);
+        dw_policy_rule *rule = &p->rules[p->n_rules++];
+        DW_TRY(parse_recipe(ctx, recipe, what, &rule->recipe));
+        rule->match = match ? strdup(match) : NULL;
+        rule->op = op ? strdup(op) : NULL;
+        if ((match && !rule->match) || (op && !rule->op))
+            return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    return DW_OK;
+}
+
+dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out) {
+    *out = NULL;
+    json_t *root = NULL;
+    DW_TRY(dw_json_load_file(ctx, path, &root));
+    dw_policy *p = calloc(1, sizeof *p);
+    dw_status s = p ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (s == DW_OK && !json_is_object(root))
+        s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: expected a JSON object", path);
+    const char *def = NULL, *fallback = "none";
+    if (s == DW_OK) s = dw_json_get_str(ctx, root, "default", path, &def);
+    if (s == DW_OK) s = parse_recipe(ctx, def, path, &p->default_recipe);
+    if (s == DW_OK) s = dw_json_get_str_opt(ctx, root, "fallback", path, &fallback);
+    if (s == DW_OK && strcmp(fallback, "safe") && strcmp(fallback, "none"))
+        s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'fallback': expected \"safe\" or \"none\", got \"%s\"",
+                         path, fallback);
+    if (s == DW_OK) p->fallback_safe = !strcmp(fallback, "safe");
+    if (s == DW_OK) s = load_rules(ctx, json_object_get(root, "rules"), path, p);
+    if (s == DW_OK) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(root, key, v) {
+            if (strcmp(key, "default") && strcmp(key, "fallback") && strcmp(key, "rules")) {
+                s = dw_set_error(ctx, DW_ERR_FORMAT,
+                                 "%s: unknown field '%s' (expected default, fallback, rules)", path, key);
+                break;
+            }
+        }
+    }
+    json_decref(root);
+    if (s != DW_OK) {
+        dw_policy_free(p);
+        return s;
+    }
+    *out = p;
+    return DW_OK;
+}
+
+dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out) {
+    *out = NULL;
+    json_t *rules = json_array();
+    for (int i = 0; i < p->n_rules; i++) {
+        json_t *r = json_object();
+        if (p->rules[i].match) json_object_set_new(r, "match", json_string(p->rules[i].match));
+        if (p->rules[i].op) json_object_set_new(r, "op", json_string(p->rules[i].op));
+        json_object_set_new(r, "recipe", json_string(dw_recipe_name(p->rules[i].recipe)));
+        json_array_append_new(rules, r);
+    }
+    json_t *root = json_pack("{s:s,s:s,s:o}", "default", dw_recipe_name(p->default_recipe),
+                             "fallback", p->fallback_safe ? "safe" : "none", "rules", rules);
+    char *s = root ? dw_json_dump(root, false) : NULL;
+    json_decref(root);
+    if (!s) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    *out = s;
+    return DW_OK;
+}
+
+/* Layer index of a block-level node name ("transformer.h.3.attn.c_attn" → 3,
+ * "model.layers.11.mlp.up_proj" → 11), or -1 for nodes outside the blocks. */
+static long layer_index(const char *name) {
+    static const char *const markers[] = {".h.", ".layers.", "h.", "layers."};
+    for (size_t m = 0; m < sizeof markers / sizeof markers[0]; m++) {
+        const char *s = strstr(name, markers[m]);
+        if (!s) continue;
+        if (m >= 2 && s != name) continue; /* bare prefixes only at the start */
+        s += strlen(markers[m]);
+        if (!isdigit((unsigned char)*s)) continue;
+        return strtol(s, NULL, 10);
+    }
+    return -1;
+}
+
+bool dw_policy_is_fragile(const char *name, int64_t n_layers) {
+    static const char *const globs[] = {"*wte*", "*wpe*", "*embed_tokens*", "*lm_head*",
+                                        "*.mlp.gate", "*.mlp.gate.*", "*.block_sparse_moe.gate",
+                                        "*.block_sparse_moe.gate.*", "*.router", "*.router.*"};
+    for (size_t i = 0; i < sizeof globs / sizeof globs[0]; i++)
+        if (fnmatch(globs[i], name, 0) == 0) return true;
+    long l = layer_index(name);
+    return l >= 0 && (l == 0 || l == n_layers - 1);
+}
+
+dw_recipe dw_policy_resolve(const dw_policy *p, const char *name, const char *op,
+                            int64_t n_layers, dw_policy_reason *reason, int *rule_index) {
+    if (rule_index) *rule_index = -1;
+    if (strcmp(op, "linear") != 0) { /* only GEMMs have low-precision forms */
+        if (reason) *reason = DW_POLICY_NOT_GEMM;
+        return DW_RECIPE_BF16;
+    }
+    for (int i = 0; i < p->n_rules; i++) {
+        const dw_policy_rule *r = &p->rules[i];
+        if (r->match && fnmatch(r->match, name, 0) != 0) continue;
+        if (r->op && strcmp(r->op, op) != 0) continue;
+        if (reason) *reason = DW_POLICY_BY_RULE;
+        if (rule_index) *rule_index = i;
+        return r->recipe;
+    }
+    if (p->fallback_safe && dw_policy_is_fragile(name, n_layers)) {
+        if (reason) *reason = DW_POLICY_BY_SAFE;
+        return DW_RECIPE_BF16;
+    }
+    if (reason) *reason = DW_POLICY_BY_DEFAULT;
+    return p->default_recipe;
+}
+
+const char *dw_policy_reason_text(dw_policy_reason r) {
+    switch (r) {
+    case DW_POLICY_BY_RULE: return "rule";
+    case DW_POLICY_BY_SAFE: return "fallback safe (embedding, LM head, router, first or last block)";
+    case DW_POLICY_BY_DEFAULT: return "default";
+    case DW_POLICY_NOT_GEMM: return "not a GEMM (BF16/FP32)";
+    }
+    return "?";
+}

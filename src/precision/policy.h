@@ -1,0 +1,43 @@
+/* policy.h — private: precision policies. A policy is a default recipe plus ordered rules matched
+ * on node names (glob) and op types; `fallback: "safe"` keeps fragile nodes in BF16. It decides
+ * the recipe of every linear node; other ops compute in BF16/FP32 whatever the policy says.
+ * JSON: {"default": "fp8_block", "fallback": "safe"|"none",
+ *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"}, ...]} */
+#ifndef DW_PRECISION_POLICY_H
+#define DW_PRECISION_POLICY_H
+
+#include "deepwell.h"
+#include "formats/formats.h"
+
+typedef struct {
+    char *match;      /* fnmatch(3) glob on the node name; NULL matches every name */
+    char *op;         /* op name ("linear"); NULL matches every op */
+    dw_recipe recipe;
+} dw_policy_rule;
+
+struct dw_policy {
+    dw_recipe default_recipe;
+    bool fallback_safe;
+    int n_rules;
+    dw_policy_rule *rules;
+};
+
+/* Why a node got its recipe (for `deepwell compile --report`). */
+typedef enum {
+    DW_POLICY_BY_RULE = 0, /* an explicit rule matched (index in *rule_index) */
+    DW_POLICY_BY_SAFE,     /* fallback "safe": embeddings, LM head, routers, first/last block */
+    DW_POLICY_BY_DEFAULT,  /* nothing else applied */
+    DW_POLICY_NOT_GEMM     /* the op has no low-precision form: computed in BF16/FP32 */
+} dw_policy_reason;
+
+/* Which node names are fragile under "safe": embeddings (wte, wpe, embed_tokens), the LM head
+ * (lm_head), MoE routers (*.mlp.gate, *.router), and every node of the first and last block
+ * (layer index from "...h.N." or "...layers.N."). n_layers is the model's block count. */
+bool dw_policy_is_fragile(const char *node_name, int64_t n_layers);
+
+/* The recipe for a node. op_name is the IR op's name ("linear", "rmsnorm", ...). */
+dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const char *op_name,
+                            int64_t n_layers, dw_policy_reason *reason, int *rule_index);
+const char *dw_policy_reason_text(dw_policy_reason r);
+
+#endif /* DW_PRECISION_POLICY_H */

@@ -1,0 +1,143 @@
+/* test_policy.c — precision policies: JSON load/save, rule order, the "safe" fallback, errors
+ * that name the file and field. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "precision/policy.h"
+#include "testutil.h"
+
+static dw_policy *load_text(const char *dir, const char *text, dw_status want) {
+    char *path = dw_test_path(dir, "policy.json");
+    assert_int_equal(dw_test_write(path, text, strlen(text)), 0);
+    dw_policy *p = (dw_policy *)1;
+    dw_status s = dw_policy_load(NULL, path, &p);
+    if (s != want) fail_msg("%s: got %s (%s)", text, dw_status_name(s), dw_errmsg(NULL));
+    if (s != DW_OK) {
+        assert_null(p);
+        assert_non_null(strstr(dw_errmsg(NULL), "policy.json"));
+    }
+    free(path);
+    return s == DW_OK ? p : NULL;
+}
+
+static void test_rules_in_order(void **state) {
+    (void)state;
+    char *dir = dw_test_tmpdir();
+    dw_policy *p = load_text(dir,
+                             "{\"default\": \"fp8_block\", \"rules\": ["
+                             " {\"match\": \"*.self_attn.o_proj\", \"recipe\": \"mxfp8\"},"
+                             " {\"match\": \"*.self_attn.*\", \"recipe\": \"bf16\"},"
+                             " {\"op\": \"linear\", \"match\": \"*.mlp.down_proj\", \"recipe\": \"nvfp4\"}]}",
+                             DW_OK);
+    dw_policy_reason why;
+    int rule = -2;
+    /* first match wins: o_proj hits rule 0 before the broader rule 1 */
+    assert_int_equal(dw_policy_resolve(p, "model.layers.5.self_attn.o_proj", "linear", 16, &why, &rule),
+                     DW_RECIPE_MXFP8);
+    assert_int_equal(why, DW_POLICY_BY_RULE);
+    assert_int_equal(rule, 0);
+    assert_int_equal(dw_policy_resolve(p, "model.layers.5.self_attn.q_proj", "linear", 16, &why, &rule),
+                     DW_RECIPE_BF16);
+    assert_int_equal(rule, 1);
+    assert_int_equal(dw_policy_resolve(p, "model.layers.5.mlp.down_proj", "linear", 16, &why, &rule),
+                     DW_RECIPE_NVFP4);
+    assert_int_equal(dw_policy_resolve(p, "model.layers.5.mlp.up_proj", "linear", 16, &why, &rule),
+                     DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(why, DW_POLICY_BY_DEFAULT);
+    assert_int_equal(rule, -1);
+    /* without fallback "safe", the first block and the LM head follow the default */
+    assert_int_equal(dw_policy_resolve(p, "model.layers.0.mlp.up_proj", "linear", 16, &why, NULL),
+                     DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(dw_policy_resolve(p, "lm_head", "linear", 16, &why, NULL), DW_RECIPE_FP8_BLOCK);
+    /* non-GEMM ops never take a low-precision recipe */
+    assert_int_equal(dw_policy_resolve(p, "model.layers.5.input_layernorm", "rmsnorm", 16, &why, NULL),
+                     DW_RECIPE_BF16);
+    assert_int_equal(why, DW_POLICY_NOT_GEMM);
+
+    /* JSON round trip keeps the rules and their order */
+    char *json = NULL;
+    assert_int_equal(dw_policy_to_json(NULL, p, &json), DW_OK);
+    dw_policy *q = load_text(dir, json, DW_OK);
+    assert_int_equal(q->n_rules, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_string_equal(q->rules[i].match, p->rules[i].match);
+        assert_int_equal(q->rules[i].recipe, p->rules[i].recipe);
+    }
+    assert_non_null(q->rules[2].op);
+    assert_null(q->rules[0].op);
+    free(json);
+    dw_policy_free(q);
+    dw_policy_free(p);
+    dw_policy_free(NULL);
+    dw_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_safe_fallback(void **state) {
+    (void)state;
+    dw_policy *p = NULL;
+    assert_int_equal(dw_policy_from_precision(NULL, "mxfp8", true, &p), DW_OK);
+    struct { const char *name; int64_t layers; bool fragile; } cases[] = {
+        {"transformer.wte", 12, true},
+        {"model.embed_tokens", 16, true},
+        {"lm_head", 16, true},
+        {"transformer.h.0.attn.c_attn", 12, true},
+        {"transformer.h.11.mlp.c_proj", 12, true},
+        {"transformer.h.1.mlp.c_fc", 12, false},
+        {"transformer.h.10.attn.c_proj", 12, false},
+        {"model.layers.0.self_attn.q_proj", 16, true},
+        {"model.layers.15.mlp.down_proj", 16, true},
+        {"model.layers.7.mlp.gate_proj", 16, false}, /* SwiGLU gate is not a router */
+        {"model.layers.7.mlp.gate", 16, true},       /* DeepSeek-style router */
+        {"model.layers.7.block_sparse_moe.gate", 32, true}, /* Mixtral router */
+        {"model.layers.10.self_attn.k_proj", 16, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dw_policy_reason why;
+        dw_recipe r = dw_policy_resolve(p, cases[i].name, "linear", cases[i].layers, &why, NULL);
+        if ((r == DW_RECIPE_BF16) != cases[i].fragile || dw_policy_is_fragile(cases[i].name, cases[i].layers) != cases[i].fragile)
+            fail_msg("%s: recipe %s, expected %s", cases[i].name, dw_recipe_name(r),
+                     cases[i].fragile ? "bf16 (safe)" : "mxfp8");
+        assert_int_equal(why, cases[i].fragile ? DW_POLICY_BY_SAFE : DW_POLICY_BY_DEFAULT);
+    }
+    dw_policy_free(p);
+}
+
+static void test_bad_policies(void **state) {
+    (void)state;
+    char *dir = dw_test_tmpdir();
+    load_text(dir, "{\"default\": \"fp7\"}", DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(NULL), "unknown recipe 'fp7'"));
+    assert_non_null(strstr(dw_errmsg(NULL), "mxfp8")); /* lists the known ones */
+    load_text(dir, "{\"rules\": []}", DW_ERR_FORMAT);
+    assert_non_null(strstr(dw_errmsg(NULL), "'default'"));
+    load_text(dir, "{\"default\": \"bf16\", \"fallback\": \"maybe\"}", DW_ERR_FORMAT);
+    load_text(dir, "{\"default\": \"bf16\", \"rules\": {}}", DW_ERR_FORMAT);
+    load_text(dir, "{\"default\": \"bf16\", \"rules\": [{\"recipe\": \"bf16\"}]}", DW_ERR_FORMAT);
+    assert_non_null(strstr(dw_errmsg(NULL), "rules[0]"));
+    load_text(dir, "{\"default\": \"bf16\", \"rules\": [{\"match\": \"*\", \"recipe\": \"x\"}]}",
+              DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(NULL), "rules[0]"));
+    load_text(dir, "{\"default\": \"bf16\", \"rulez\": []}", DW_ERR_FORMAT);
+    assert_non_null(strstr(dw_errmsg(NULL), "unknown field 'rulez'"));
+    load_text(dir, "{\"default\": \"bf16\",", DW_ERR_FORMAT);
+    dw_policy *p = (dw_policy *)1;
+    assert_int_equal(dw_policy_from_precision(NULL, "int4", false, &p), DW_ERR_INVALID);
+    assert_null(p);
+    dw_test_rmtree(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rules_in_order),
+        cmocka_unit_test(test_safe_fallback),
+        cmocka_unit_test(test_bad_policies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

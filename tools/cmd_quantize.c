@@ -1,0 +1,106 @@
+/* cmd_quantize.c — `deepwell quantize`: rewrites a safetensors checkpoint with one recipe in the
+ * on-disk layout of shared/FORMATS.md (the work is in io/safetensors_quant.c). */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "io/safetensors_quant.h"
+#include "cli.h"
+
+static void help(void) {
+    printf("Usage: deepwell quantize --recipe R [--scale-rounding rceil|floor] [--pow2] IN.safetensors OUT.safetensors\n\n"
+           "Quantises every qualifying tensor of IN with recipe R (exact CPU reference) and writes OUT\n"
+           "atomically (temporary file, fsync, rename: a failed run leaves an existing OUT untouched).\n"
+           "A tensor NAME qualifies when it is F32, BF16 or F16, 2-D [R, C] or 1-D [C] (written as\n"
+           "[1, C]), non-empty, C is a multiple of the recipe's block (128 for fp8_block and\n"
+           "fp8_block2d, 32 for the MX recipes, 16 for nvfp4) and, for fp8_block2d, R a multiple of 128.\n"
+           "It is replaced by:\n"
+           "  NAME          codes: F8_E4M3 [R, C] (F8_E5M2 for mxfp8_e5m2; U8 [R, C/2] for mxfp4 and\n"
+           "                nvfp4: two FP4 codes per byte, the even column in the low nibble)\n"
+           "  NAME.scale    scales, row-major, unswizzled: F32 [] (fp8_tensor), F32 [R] (fp8_row),\n"
+           "                F32 [R, C/128] (fp8_block), F32 [R/128, C/128] (fp8_block2d),\n"
+           "                U8 [R, C/32] UE8M0 (MX recipes), U8 [R, C/16] UE4M3 (nvfp4)\n"
+           "  NAME.scale_2  nvfp4 only: the FP32 tensor scale, F32 []\n"
+           "Other tensors are copied unchanged and listed on stderr with the reason. __metadata__ keeps\n"
+           "the input's entries and records deepwell.recipe, deepwell.scale_rounding, deepwell.pow2.\n\n"
+           "  --recipe R              fp8_tensor, fp8_row, fp8_block, fp8_block2d, mxfp8, mxfp8_e5m2,\n"
+           "                          mxfp4, nvfp4 (see shared/FORMATS.md)\n"
+           "  --scale-rounding MODE   MX recipes: rceil (default; cuBLAS/Transformer Engine) or floor\n"
+           "                          (the OCP rule)\n"
+           "  --pow2                  FP8 recipes (fp8_*): round every FP32 scale up to a power of two\n"
+           "  -h, --help              this help\n\n"
+           "Exit status: 0 written, 2 bad arguments or unreadable/malformed input, 1 other failures.\n");
+}
+
+static void notify(void *user, const dw_st_tensor *t, const char *why) {
+    (void)user;
+    if (why)
+        fprintf(stderr, "deepwell quantize: copied unchanged: %s (%s, %d-D): %s\n", t->name,
+                dw_dtype_name(t->dtype), t->ndim, why);
+}
+
+int cmd_quantize(int argc, char **argv) {
+    static const struct option opts[] = {{"recipe", required_argument, 0, 'r'},
+                                         {"scale-rounding", required_argument, 0, 's'},
+                                         {"pow2", no_argument, 0, 'p'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    dw_quant_opts o = {.recipe = DW_RECIPE_COUNT, .rounding = DW_SCALE_RCEIL, .pow2 = false};
+    bool rounding_given = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'r':
+            if (!dw_recipe_parse(optarg, &o.recipe) || o.recipe == DW_RECIPE_BF16) {
+                cli_error("quantize", "unknown recipe '%s' (fp8_tensor, fp8_row, fp8_block, "
+                          "fp8_block2d, mxfp8, mxfp8_e5m2, mxfp4, nvfp4)", optarg);
+                return DW_EXIT_USAGE;
+            }
+            break;
+        case 's':
+            if (!dw_stq_parse_rounding(optarg, &o.rounding)) {
+                cli_error("quantize", "--scale-rounding expects rceil or floor, got '%s'", optarg);
+                return DW_EXIT_USAGE;
+            }
+            rounding_given = true;
+            break;
+        case 'p': o.pow2 = true; break;
+        case 'h': help(); return DW_EXIT_OK;
+        default: return cli_usage_error("quantize");
+        }
+    }
+    if (o.recipe == DW_RECIPE_COUNT) {
+        cli_error("quantize", "--recipe is required");
+        return cli_usage_error("quantize");
+    }
+    if (argc - optind != 2) {
+        cli_error("quantize", "expected IN.safetensors OUT.safetensors, got %d argument(s)", argc - optind);
+        return cli_usage_error("quantize");
+    }
+    if (rounding_given && !dw_recipe_is_mx(o.recipe)) {
+        cli_error("quantize", "--scale-rounding applies to the MX recipes (mxfp8, mxfp8_e5m2, mxfp4), not %s",
+                  dw_recipe_name(o.recipe));
+        return DW_EXIT_USAGE;
+    }
+    if (o.pow2 && dw_recipe_scale_bytes(o.recipe) != 4) {
+        cli_error("quantize", "--pow2 applies to the FP8 recipes with FP32 scales (fp8_*), not %s",
+                  dw_recipe_name(o.recipe));
+        return DW_EXIT_USAGE;
+    }
+    const char *in = argv[optind], *out = argv[optind + 1];
+    dw_ctx *ctx = NULL;
+    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
+    dw_status s = dw_ctx_create(&co, &ctx);
+    if (s != DW_OK) return cli_fail("quantize", NULL, s);
+    dw_stq_file_summary sum;
+    s = dw_stq_quantize_file(ctx, in, out, &o, notify, NULL, &sum);
+    int rc = DW_EXIT_OK;
+    if (s != DW_OK) rc = cli_fail("quantize", ctx, s);
+    else
+        printf("%s: %s: %d tensor(s) quantised, %d copied unchanged; tensor data %.3f MB -> %.3f MB\n",
+               out, dw_recipe_name(o.recipe), sum.quantized, sum.copied, sum.in_bytes / 1e6,
+               sum.out_bytes / 1e6);
+    dw_ctx_free(ctx);
+    return rc;
+}
