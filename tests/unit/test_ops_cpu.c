@@ -169,6 +169,32 @@ static void test_rope(void **state) {
     free(s.x), free(s.g), free(s.y), free(fd), free(x), free(out), free(g), free(dx);
 }
 
+/* The property rope exists for: after rotation, q_t . k_s depends only on t - s. Two vectors
+ * placed at positions (t, s) and (t + 3, s + 3) give the same dot product (up to FP32 rounding
+ * of the rotated values: 1e-6 relative to |q||k|). */
+static void test_rope_relative_position(void **state) {
+    (void)state;
+    const int64_t T = 9, D = 8, shift = 3;
+    float x[9 * 8], qr[9 * 8], kr[9 * 8], q[8], k[8];
+    dw_oc_fill(&g_rng, q, D, -1, 1);
+    dw_oc_fill(&g_rng, k, D, -1, 1);
+    double qn = 0.0, kn = 0.0;
+    for (int64_t d = 0; d < D; d++) qn += (double)q[d] * q[d], kn += (double)k[d] * k[d];
+    for (int64_t t = 0; t < T; t++) memcpy(x + t * D, q, sizeof q);
+    dw_cpu_rope_fwd(qr, x, 1, T, 1, D, 10000.0);
+    for (int64_t t = 0; t < T; t++) memcpy(x + t * D, k, sizeof k);
+    dw_cpu_rope_fwd(kr, x, 1, T, 1, D, 10000.0);
+    for (int64_t t = 0; t + shift < T; t++)
+        for (int64_t s = 0; s + shift < T; s++) {
+            double a = 0.0, b = 0.0;
+            for (int64_t d = 0; d < D; d++) {
+                a += (double)qr[t * D + d] * kr[s * D + d];
+                b += (double)qr[(t + shift) * D + d] * kr[(s + shift) * D + d];
+            }
+            assert_true(fabs(a - b) <= 1e-6 * sqrt(qn * kn));
+        }
+}
+
 /* ---- layernorm, rmsnorm -------------------------------------------------------------------- */
 typedef struct {
     int64_t N, C;
@@ -391,7 +417,8 @@ static void test_known_values(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding), cmocka_unit_test(test_positions),
-        cmocka_unit_test(test_rope),      cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rope),      cmocka_unit_test(test_rope_relative_position),
+        cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_linear),
         cmocka_unit_test(test_linear_nobias), cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_silu),      cmocka_unit_test(test_swiglu),

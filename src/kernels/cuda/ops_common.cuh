@@ -81,9 +81,10 @@ static inline unsigned dw_ew_blocks(int64_t n) {
 enum { DW_CS_PLAIN = 0, DW_CS_LN, DW_CS_RMS };
 #define DW_CS_ROWS 32
 template <typename T, int MODE>
-static __global__ void dw_colsum_kernel(float *acc0, float *acc1, const T *dout, const T *x,
-                                        const float *mean, const float *rstd, int64_t R,
-                                        int64_t C) {
+static __global__ void __launch_bounds__(32 * DW_CS_ROWS)
+dw_colsum_kernel(float *acc0, float *acc1, const T *dout, const T *x,
+                 const float *mean, const float *rstd, int64_t R,
+                 int64_t C) {
     __shared__ float s0[DW_CS_ROWS][33], s1[DW_CS_ROWS][33];
     const int lane = threadIdx.x, wy = threadIdx.y;
     const int64_t c = (int64_t)blockIdx.x * 32 + lane;

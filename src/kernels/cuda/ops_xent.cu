@@ -22,7 +22,8 @@ static __device__ __forceinline__ void dw_lse_merge(float &m, float &s, float m2
 }
 
 /* one block: count[0] = #rows with target >= 0 */
-static __global__ void dw_xent_count_kernel(int32_t *count, const int32_t *targets, int64_t N) {
+static __global__ void __launch_bounds__(1024)
+dw_xent_count_kernel(int32_t *count, const int32_t *targets, int64_t N) {
     __shared__ double sh[32];
     int64_t ci = 0;
     for (int64_t n = threadIdx.x; n < N; n += blockDim.x) ci += targets[n] >= 0;
@@ -33,9 +34,10 @@ static __global__ void dw_xent_count_kernel(int32_t *count, const int32_t *targe
 /* grid N, one block per row. row_loss[n] = lse - x[target] (0 if ignored, NaN if target >= V);
  * if dlogits: dlogits[n,:] = (softmax - onehot) * dloss / count (0 if ignored). */
 template <typename T>
-static __global__ void dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
-                                          const int32_t *targets, const int32_t *count, int64_t V,
-                                          float dloss) {
+static __global__ void __launch_bounds__(1024)
+dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
+                   const int32_t *targets, const int32_t *count, int64_t V,
+                   float dloss) {
     __shared__ float shm[32], shs[32];
     const int64_t n = blockIdx.x;
     const int32_t tgt = targets[n];
@@ -86,8 +88,9 @@ static __global__ void dw_xent_row_kernel(float *row_loss, T *dlogits, const T *
 }
 
 /* one block: loss[0] = sum_n row_loss[n] / count (0 when count is 0), summed in double */
-static __global__ void dw_xent_mean_kernel(float *loss, const float *row_loss,
-                                           const int32_t *count, int64_t N) {
+static __global__ void __launch_bounds__(1024)
+dw_xent_mean_kernel(float *loss, const float *row_loss,
+                    const int32_t *count, int64_t N) {
     __shared__ double sh[32];
     double acc = 0.0;
     for (int64_t n = threadIdx.x; n < N; n += blockDim.x) acc += row_loss[n];

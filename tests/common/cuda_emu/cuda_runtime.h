@@ -1,0 +1,84 @@
+/* cuda_runtime.h (CUDA emulator) — runs CUDA C++ kernels on the host: every block in turn, its
+ * threads as coroutines (emu.cpp) that switch at __syncthreads and at warp shuffles. Checks what
+ * hardware would not report: a barrier not reached by all threads (divergence), a shuffle with
+ * lanes missing, dynamic shared memory overruns (exact-size heap buffer, visible to ASan).
+ * Kernel launches `k<<<g, b, smem, s>>>(args)` are rewritten by preprocess.py into
+ * dw_emu_launch(g, b, smem, lambda). Semantics of FP32 math are IEEE on both; expf/tanhf etc.
+ * come from the host libm (ulp-level differences from the GPU's). */
+#ifndef DW_CUDA_EMU_RUNTIME_H
+#define DW_CUDA_EMU_RUNTIME_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_runtime_api.h"
+
+#ifdef __cplusplus
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct dw_emu_thread_idx {
+    unsigned x, y, z;
+};
+
+/* the running thread (set by the scheduler before every switch) */
+extern dw_emu_thread_idx dw_emu_tid;
+extern dim3 dw_emu_bid, dw_emu_bdim, dw_emu_gdim;
+extern void *dw_emu_dyn_smem;
+#define threadIdx dw_emu_tid
+#define blockIdx dw_emu_bid
+#define blockDim dw_emu_bdim
+#define gridDim dw_emu_gdim
+
+void __syncthreads(void);
+/* lane exchange: every lane of the warp stores 8 bytes, waits for all 32, reads lane src */
+uint64_t dw_emu_exchange(uint64_t v, int src_lane);
+int dw_emu_lane(void);
+
+template <typename T>
+static inline T dw_emu_shfl(T v, int src) {
+    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof(T));
+    b = dw_emu_exchange(b, src & 31);
+    T r;
+    memcpy(&r, &b, sizeof(T));
+    return r;
+}
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T v, int src) {
+    (void)mask;
+    return dw_emu_shfl(v, src);
+}
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
+    (void)mask;
+    return dw_emu_shfl(v, dw_emu_lane() ^ o);
+}
+static inline float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+
+/* Runs the kernel body for every block of grid and every thread of block. */
+void dw_emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
+
+template <typename F>
+static inline cudaError_t cudaFuncSetAttribute(F *, cudaFuncAttribute, int value) {
+    return value <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
+}
+#endif /* __cplusplus */
+
+#endif

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# run.sh — builds the CUDA op kernels (src/kernels/cuda/ops_*.cu) and the GPU op tests
+# (tests/gpu/test_ops_cuda*.c) for the host CUDA emulator in this folder, with ASan + UBSan, and
+# runs the tests: a check of indexing, barriers, shuffles and shared-memory bounds on a machine
+# without a GPU. Not a substitute for running on the GPU (libm instead of CUDA math, no timing,
+# no concurrency). Needs a CPU build of the library (default build/: cmake -DDW_CUDA=OFF).
+# Usage: tests/common/cuda_emu/run.sh [CPU_BUILD_DIR]   (DW_EMU_NOSAN=1: no sanitizers, faster)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+emu=$root/tests/common/cuda_emu
+out=$(mktemp -d "${TMPDIR:-/tmp}/dwemu.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+[ "${DW_EMU_NOSAN:-0}" = 1 ] && san="-O2"  # faster, without ASan/UBSan
+inc="-I$emu -I$out/inc -I$root/src -I$root/include -I$root/tests/common"
+mkdir -p "$out/inc/kernels/cuda"
+for h in "$root"/src/kernels/cuda/*.cuh; do
+  python3 "$emu/preprocess.py" "$h" "$out/inc/kernels/cuda/$(basename "$h")"
+done
+objs=()
+for cu in "$root"/src/kernels/cuda/ops_*.cu; do
+  name=$(basename "$cu" .cu)
+  python3 "$emu/preprocess.py" "$cu" "$out/$name.cpp"
+  g++ -std=c++17 -O1 -g $san -Wall -Wno-unused-function -Wno-unknown-pragmas $inc -c "$out/$name.cpp" -o "$out/$name.o"
+  objs+=("$out/$name.o")
+done
+g++ -std=c++17 -O1 -g $san -Wall $inc -c "$emu/emu.cpp" -o "$out/emu.o"
+gcc -std=c11 -O1 -g $san -D_GNU_SOURCE $inc -c "$root/tests/common/testutil.c" -o "$out/testutil.o"
+rc=0
+for t in "$root"/tests/gpu/test_ops_cuda*.c; do
+  name=$(basename "$t" .c)
+  gcc -std=c11 -O1 -g $san -fopenmp -D_GNU_SOURCE -Wall $inc -c "$t" -o "$out/$name.o"
+  g++ $san -fopenmp -o "$out/$name" "$out/$name.o" "${objs[@]}" "$out/emu.o" "$out/testutil.o" \
+      "$build/libdeepwell.a" -lcmocka -ljansson -lm
+  echo "== $name (emulated GPU)"
+  ASAN_OPTIONS=detect_stack_use_after_return=0 "$out/$name" || rc=1
+done
+exit $rc
