@@ -19,7 +19,10 @@ echo "== tests under ASan + UBSan =="
   ctest -LE gpu --output-on-failure -j "$jobs")
 
 echo "== fuzz the safetensors reader (libFuzzer + ASan + UBSan, bounded: DW_FUZZ_SECONDS, default 60) =="
-scripts/build.sh build-fuzz -DDW_FUZZ=ON -DDW_CUDA=OFF -DCMAKE_C_COMPILER=clang -DDW_TESTS=OFF
+mkdir -p build-fuzz
+cmake -S . -B build-fuzz -G Ninja -DDW_FUZZ=ON -DDW_CUDA=OFF -DCMAKE_C_COMPILER=clang -DDW_TESTS=OFF \
+  >build-fuzz/configure.log 2>&1 || { cat build-fuzz/configure.log; exit 1; }
+cmake --build build-fuzz --target fuzz_safetensors
 mkdir -p build-fuzz/corpus-safetensors # grows across runs; the committed seeds stay read-only
 build-fuzz/tests/fuzz/fuzz_safetensors -max_total_time="${DW_FUZZ_SECONDS:-60}" -rss_limit_mb=2048 \
   -max_len=65536 -dict=tests/fuzz/safetensors.dict -artifact_prefix=build-fuzz/ -print_final_stats=1 \

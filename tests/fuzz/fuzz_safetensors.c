@@ -1,7 +1,11 @@
 /* fuzz_safetensors.c — libFuzzer target for the safetensors reader (dw_st_open_memory, the same
  * parser dw_st_open runs over its mapping). For any input: no crash, no out-of-bounds read, no
  * leak; a rejected file gets a message naming it; an accepted file is consistent (tensors inside
- * the buffer, tiling it, findable by name) and survives a write → read round trip unchanged. */
+ * the buffer, tiling it, findable by name) and survives a write → read round trip unchanged.
+ * Two input modes: raw file bytes, or 'J' + u16 little-endian data length + header JSON, which the
+ * target frames (length prefix, then that many data bytes) so mutations explore the header's
+ * semantics instead of breaking its length field. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +98,19 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
         dw_log_set_level(DW_LOG_OFF);
     }
     /* an exact-size copy, so that ASan sees any read past the end */
-    unsigned char *buf = malloc(size ? size : 1);
-    if (size) memcpy(buf, data, size);
+    unsigned char *buf;
+    if (size >= 3 && data[0] == 'J') {
+        uint64_t hlen = size - 3;
+        size_t dlen = (size_t)data[1] | (size_t)data[2] << 8;
+        size = 8 + hlen + dlen;
+        buf = malloc(size);
+        memcpy(buf, &hlen, 8);
+        memcpy(buf + 8, data + 3, hlen);
+        for (size_t i = 0; i < dlen; i++) buf[8 + hlen + i] = (unsigned char)(i * 31 + 7);
+    } else {
+        buf = malloc(size ? size : 1);
+        if (size) memcpy(buf, data, size);
+    }
     dw_st_file *f = NULL;
     dw_status s = dw_st_open_memory(ctx, buf, size, "fuzz-input", &f);
     if (s == DW_OK) {
