@@ -245,7 +245,8 @@ dw_status dw_ckpt_save(dw_ctx *ctx, const char *run_dir, const dw_ckpt_state *st
     }
     if (st == DW_OK) {
         json_t *j = state_to_json(state, sizes, crcs);
-        char *text = j ? dw_json_dump(j, true) : NULL;
+        /* 17 significant digits: every double in state.json reads back exactly */
+        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
         json_decref(j);
         st = text ? dw_write_file_atomic(ctx, state_path, text, strlen(text))
                   : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
