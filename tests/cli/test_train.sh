@@ -99,6 +99,19 @@ has "  ... and says to resume" "$tmp/err" "--resume"
 "$dw" train "${common[@]}" --batch 2 --steps 12 --resume "$tmp/cos/ckpt-6" --out "$tmp/cos3" >/dev/null 2>"$tmp/err"
 check "resume with another batch is refused" 2 $?
 
+# --- gradient accumulation: 2 x 4 sequences per step = one batch of 8 ---------------------------
+"$dw" train "${common[@]}" --batch 8 --global-batch 8 --steps 3 --out "$tmp/acc1" >/dev/null 2>&1
+check "3 steps of batch 8" 0 $?
+"$dw" train "${common[@]}" --batch 4 --global-batch 8 --steps 3 --out "$tmp/acc2" >/dev/null 2>&1
+check "3 steps of 2 x 4 accumulated" 0 $?
+python3 - "$tmp/acc1/metrics.jsonl" "$tmp/acc2/metrics.jsonl" <<'PY' && ok "accumulated steps match the big batch" || bad "accumulation"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
+assert abs(a[0] - b[0]) <= 1e-12 * a[0], (a, b)          # same windows, mean of equal-size means
+assert all(abs(x - y) <= 1e-5 * x for x, y in zip(a, b)), (a, b)  # summation order differs after
+assert a[2] < a[0]
+PY
+
 # --- SIGINT ---------------------------------------------------------------------------------------
 wait_steps() { # wait_steps FILE N: until FILE has N lines (max 60 s)
   for _ in $(seq 600); do [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ] && return 0; sleep 0.1; done; return 1
@@ -165,9 +178,11 @@ shard("short.bin", 20240520, 1, [1] * 100, claim=150)
 toks = [1] * 100; toks[37] = 300
 shard("vocab.bin", 20240520, 1, toks)
 PY
-"$dw" train "${common[@]}" --data "$tmp/good_*.bin" --steps 3 --out "$tmp/shards" >/dev/null 2>&1
-check "train on a glob of uint16 + uint32 shards" 0 $?
+"$dw" train "${common[@]}" --data "$tmp/good_*.bin" --val "$tmp/good_1.bin" --eval-every 3 --steps 3 \
+  --out "$tmp/shards" >/dev/null 2>&1
+check "train on a glob of uint16 + uint32 shards, validate on a shard" 0 $?
 grep -q '"tokenizer": "ids"' "$tmp/shards/ckpt-3/state.json" && ok "  ... token ids" || bad "  ... tokenizer"
+grep -q '"val_loss"' "$tmp/shards/metrics.jsonl" && ok "  ... val loss from --val" || bad "  ... no val loss"
 "$dw" train "${common[@]}" --data "$tmp/magic.bin" --steps 3 --out "$tmp/x1" >/dev/null 2>"$tmp/err"
 check "wrong magic" 2 $?; has "  ... names file and offset" "$tmp/err" "$tmp/magic.bin" "byte offset 0"
 "$dw" train "${common[@]}" --data "$tmp/short.bin" --steps 3 --out "$tmp/x2" >/dev/null 2>"$tmp/err"
