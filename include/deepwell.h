@@ -217,8 +217,8 @@ typedef struct {
     const char *model;      /* preset name or Hugging Face model directory (config.json); with
                                `resume` the checkpoint's config.json is used instead */
     const char *data;       /* glob of llm.c token shards (*.bin) or of text files, or "builtin" */
-    const char *val;        /* validation data (same forms), or NULL; "builtin" data has a held-out
-                               split that is used when val is NULL */
+    const char *val;        /* validation data (same forms), or NULL; "builtin" data has its own
+                               validation stream (the same facts, other orders), used when NULL */
     const char *out_dir;    /* run directory: metrics.jsonl, ckpt-<step>/, latest (created) */
     const char *resume;     /* checkpoint or run directory to continue from, or NULL */
     int64_t steps;          /* total optimizer steps (a resumed run continues up to it) */
