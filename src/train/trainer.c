@@ -343,7 +343,7 @@ static dw_status loop(run *r) {
         double ts = now_s(), loss = 0, norm = 0, lr = 0;
         DW_TRY(train_step(r, &loss, &norm, &lr));
         double t1 = now_s();
-        bool last = r->step == o->steps, stop = dw_train_stop_requested();
+        bool last = r->step == o->steps;
         dw_train_progress p = {.step = r->step, .total = o->steps, .loss = loss, .val_loss = NAN,
                                .lr = lr, .grad_norm = norm,
                                .tokens_per_s = (double)(o->global_batch * o->seq) / (t1 - ts),
@@ -356,6 +356,7 @@ static dw_status loop(run *r) {
         dw_status st = DW_OK;
         if (o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last))
             st = make_sample(r, &sample);
+        bool stop = dw_train_stop_requested(); /* also when it came during validation or sampling */
         if (st == DW_OK && ((o->ckpt_every > 0 && r->step % o->ckpt_every == 0) || last || stop))
             st = save_ckpt(r, &ckpt);
         p.sample = sample;
