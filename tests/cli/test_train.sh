@@ -183,6 +183,14 @@ PY
 check "train on a glob of uint16 + uint32 shards, validate on a shard" 0 $?
 grep -q '"tokenizer": "ids"' "$tmp/shards/ckpt-3/state.json" && ok "  ... token ids" || bad "  ... tokenizer"
 grep -q '"val_loss"' "$tmp/shards/metrics.jsonl" && ok "  ... val loss from --val" || bad "  ... no val loss"
+"$dw" sample "$tmp/shards" --prompt "1 2 3" -n 5 --seed 3 >"$tmp/ids" 2>/dev/null
+check "sample token ids" 0 $?
+python3 -c 'import sys; t = open(sys.argv[1]).read().split(); assert len(t) == 8 and t[:3] == ["1", "2", "3"] and all(0 <= int(x) < 256 for x in t), t' "$tmp/ids" &&
+  ok "  ... prompt and 5 ids" || bad "  ... ids output: $(cat "$tmp/ids")"
+head -c 3000 "$0" >"$tmp/text.txt"
+"$dw" train "${common[@]}" --data "$tmp/text.txt" --steps 2 --out "$tmp/text" >/dev/null 2>&1
+check "train on a raw text file" 0 $?
+grep -q '"tokenizer": "bytes"' "$tmp/text/ckpt-2/state.json" && ok "  ... as bytes" || bad "  ... tokenizer"
 "$dw" train "${common[@]}" --data "$tmp/magic.bin" --steps 3 --out "$tmp/x1" >/dev/null 2>"$tmp/err"
 check "wrong magic" 2 $?; has "  ... names file and offset" "$tmp/err" "$tmp/magic.bin" "byte offset 0"
 "$dw" train "${common[@]}" --data "$tmp/short.bin" --steps 3 --out "$tmp/x2" >/dev/null 2>"$tmp/err"
