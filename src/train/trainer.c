@@ -365,7 +365,13 @@ static dw_status loop(run *r) {
         free(sample);
         free(ckpt);
         if (st != DW_OK) return st;
-        if (stop) {
+        if (dw_train_stop_requested()) { /* also when it came during the progress callback */
+            if (r->ckpt_step != r->step) {
+                char *path = NULL;
+                DW_TRY(save_ckpt(r, &path));
+                DW_LOGI("checkpoint: %s", path);
+                free(path);
+            }
             DW_LOGI("stopped on request after step %lld of %lld", (long long)r->step, (long long)o->steps);
             break;
         }
