@@ -337,6 +337,73 @@ dw_status dw_autoplan_json(dw_ctx *ctx, const char *model, const dw_hw *hw, cons
  * Training                                                   [section: train]
  * ====================================================================================== */
 
+/* Learning-rate schedules: linear warmup, then one of these down to min_lr at the last step. */
+typedef enum { DW_LR_COSINE = 0, DW_LR_LINEAR, DW_LR_CONSTANT } dw_lr_schedule;
+
+/* What the trainer reports after each optimizer step (through dw_train_opts.progress). */
+typedef struct {
+    int64_t step;          /* optimizer steps done, 1..total */
+    int64_t total;         /* --steps */
+    double loss;           /* mean training loss over the step's global batch */
+    double val_loss;       /* NaN unless validation ran after this step */
+    double lr, grad_norm;  /* grad_norm: before clipping */
+    double tokens_per_s;   /* this step */
+    double elapsed_s;      /* since this process started training */
+    double eta_s;          /* estimated time to the last step */
+    const char *sample;    /* NULL, or generated text (valid during the callback) */
+    const char *checkpoint; /* NULL, or the directory of a checkpoint written after this step */
+} dw_train_progress;
+
+typedef struct {
+    const char *model;      /* preset name or Hugging Face model directory (config.json); with
+                               `resume` the checkpoint's config.json is used instead */
+    const char *data;       /* glob of llm.c token shards (*.bin) or of text files, or "builtin" */
+    const char *val;        /* validation data (same forms), or NULL; "builtin" data has its own
+                               validation stream (the same facts, other orders), used when NULL */
+    const char *out_dir;    /* run directory: metrics.jsonl, ckpt-<step>/, latest (created) */
+    const char *resume;     /* checkpoint or run directory to continue from, or NULL */
+    int64_t steps;          /* total optimizer steps (a resumed run continues up to it) */
+    int64_t batch;          /* micro-batch B (sequences per forward/backward) */
+    int64_t seq;            /* sequence length T */
+    int64_t global_batch;   /* sequences per optimizer step; a multiple of batch */
+    double lr, min_lr;
+    int64_t warmup;
+    dw_lr_schedule schedule;
+    double weight_decay;    /* on matrices only */
+    double clip;            /* global gradient-norm clipping; 0 disables */
+    double beta1, beta2, eps;
+    int64_t eval_every;     /* validation loss every K steps (and at the end); 0: never */
+    int64_t eval_batches;   /* micro-batches per validation */
+    int64_t sample_every;   /* a sample every K steps (and at the end); 0: never */
+    int64_t sample_tokens;  /* tokens per sample */
+    double sample_temperature;
+    const char *sample_prompt; /* text (byte-level data) or space-separated ids; NULL: the first
+                                  min(16, seq/4) tokens of the step's first sequence */
+    int64_t ckpt_every;     /* checkpoint every K steps; one is always written at the end */
+    int keep;               /* checkpoints kept (newest); 0: all */
+    uint64_t seed;          /* weights, shuffling and sampling */
+    void (*progress)(const dw_train_progress *p, void *user); /* may be NULL */
+    void *progress_user;
+} dw_train_opts;
+
+/* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,
+ * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
+ * sample every 0 (64 tokens at temperature 0.8), checkpoint at the end only, keep 3, seed 1337.
+ * model, data, out_dir must still be set. */
+void dw_train_opts_default(dw_train_opts *opts);
+
+/* Trains on the context's device (CPU reference engine; CUDA: DW_ERR_UNSUPPORTED for now).
+ * Writes out_dir/metrics.jsonl (one JSON object per step) and checkpoints. Returns DW_OK when
+ * all steps ran or after a stop request (then a checkpoint of the last finished step exists). */
+dw_status dw_train(dw_ctx *ctx, const dw_train_opts *opts);
+
+/* Asks a running dw_train to stop after the current step (it writes a checkpoint first).
+ * Async-signal-safe: meant to be called from a SIGINT handler. */
+void dw_train_request_stop(void);
+/* Whether a stop was requested (and not yet cleared by the start of the next dw_train). */
+bool dw_train_stop_requested(void);
+
+
 #ifdef __cplusplus
 }
 #endif

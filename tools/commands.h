@@ -10,3 +10,5 @@ DW_COMMAND(plan, cmd_plan, "search parallel plans (DP/TP/PP/CP/EP, micro-batch, 
 DW_COMMAND(dryrun, cmd_dryrun, "check a plan: constraints, memory per GPU, comm overlap, bubbles (PASS/FAIL)")
 DW_COMMAND(bench, cmd_bench, "GPU micro-benchmarks: bench quant, bench gemm (see deepwell bench --help)")
 DW_COMMAND(compile, cmd_compile, "compile a model for the CUDA engine: per-node recipe and kernel, memory plan per pool")
+DW_COMMAND(train, cmd_train, "train a model (AdamW, schedules, checkpoints, resume) on token shards, text or builtin data")
+DW_COMMAND(sample, cmd_sample, "generate text from a checkpoint, model directory or preset")

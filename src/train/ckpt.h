@@ -1,0 +1,55 @@
+/* ckpt.h — private: checkpoint directories. A run directory holds ckpt-<step>/ directories and a
+ * `latest` file naming the newest. A checkpoint holds config.json, model.safetensors,
+ * optimizer.safetensors (written by a callback) and state.json (the training state plus the size
+ * and CRC-32 of every other file). Written atomically: a temporary directory, every file and the
+ * directory fsynced, one rename, then `latest` replaced atomically; the oldest beyond `keep` are
+ * removed. Opening validates everything before anything is loaded. Not the tensor I/O itself. */
+#ifndef DW_TRAIN_CKPT_H
+#define DW_TRAIN_CKPT_H
+
+#include <stdint.h>
+
+#include "deepwell.h"
+#include "train/optim.h"
+
+#define DW_CKPT_FORMAT_VERSION 1
+#define DW_CKPT_NFILES 3
+/* The files a checkpoint holds besides state.json, in the order they are checked. */
+extern const char *const dw_ckpt_files[DW_CKPT_NFILES];
+
+typedef struct {
+    int64_t step;          /* optimizer steps done */
+    int64_t total_steps;   /* --steps of the run */
+    int64_t tokens_seen;
+    uint64_t data_position; /* windows consumed (data.h) */
+    uint64_t seed;
+    uint64_t rng_state;    /* the trainer's sampling RNG */
+    dw_schedule schedule;
+    double beta1, beta2, eps, weight_decay, clip;
+    int64_t batch, seq, global_batch;
+    char data[1024];       /* the --data pattern */
+    char tokenizer[16];    /* "bytes" (builtin, raw text) or "ids" (token shards) */
+    char precision[16];    /* "fp32-cpu" (CPU engine) or "bf16" */
+} dw_ckpt_state;
+
+/* Writes the checkpoint's other files into `dir` (a temporary directory). */
+typedef dw_status (*dw_ckpt_write_fn)(dw_ctx *ctx, const char *dir, void *user);
+
+/* Writes run_dir/ckpt-<state->step>/ atomically and points run_dir/latest at it; keeps the newest
+ * `keep` checkpoints (0: all). *path_out (may be NULL) receives the checkpoint's path (free()). */
+dw_status dw_ckpt_save(dw_ctx *ctx, const char *run_dir, const dw_ckpt_state *state,
+                       dw_ckpt_write_fn write, void *user, int keep, char **path_out);
+
+/* Resolves `dir` (a checkpoint, or a run directory through its `latest` file) and validates it:
+ * state.json parses and has every field, each file exists with the recorded size and CRC-32.
+ * Errors name the file. *ckpt_dir_out (free()) is the checkpoint directory. */
+dw_status dw_ckpt_open(dw_ctx *ctx, const char *dir, char **ckpt_dir_out, dw_ckpt_state *out);
+
+/* CRC-32 (the zlib/IEEE polynomial, as Python's zlib.crc32) and size of a file. */
+dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_t *size_out);
+/* Removes a directory tree (no-op if absent). */
+dw_status dw_rmtree(dw_ctx *ctx, const char *path);
+/* malloc'd "a/b". */
+char *dw_path_join(const char *a, const char *b);
+
+#endif /* DW_TRAIN_CKPT_H */

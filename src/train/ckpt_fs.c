@@ -1,0 +1,84 @@
+/* ckpt_fs.c — file-system helpers for checkpoints: CRC-32 of a file, recursive removal, path
+ * joining, fsync of a file or directory by name. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "train/ckpt.h"
+#include "train/ckpt_fs.h"
+
+char *dw_path_join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_t *size_out) {
+    uint32_t table[256];
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        table[i] = c;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    if (!buf) {
+        close(fd);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    uint32_t crc = 0xFFFFFFFFu;
+    int64_t size = 0;
+    for (;;) {
+        ssize_t got = read(fd, buf, CHUNK);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            dw_status s = dw_set_error(ctx, DW_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+            free(buf);
+            close(fd);
+            return s;
+        }
+        if (got == 0) break;
+        for (ssize_t i = 0; i < got; i++) crc = table[(crc ^ buf[i]) & 0xFF] ^ (crc >> 8);
+        size += got;
+    }
+    free(buf);
+    close(fd);
+    *crc_out = crc ^ 0xFFFFFFFFu;
+    *size_out = size;
+    return DW_OK;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+dw_status dw_rmtree(dw_ctx *ctx, const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return DW_OK;
+    if (nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return dw_set_error(ctx, DW_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return DW_OK;
+}
+
+dw_status dw_fsync_path(dw_ctx *ctx, const char *path, bool is_dir) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0));
+    if (fd < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open to fsync: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    if (rc != 0 && !(is_dir && err == EINVAL))
+        return dw_set_error(ctx, DW_ERR_IO, "%s: fsync failed: %s", path, strerror(err));
+    return DW_OK;
+}

@@ -1,0 +1,70 @@
+/* metrics.c — metrics.jsonl writer (see metrics.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "train/ckpt.h"
+#include "train/metrics.h"
+
+dw_status dw_metrics_open(dw_ctx *ctx, const char *dir, int64_t keep_upto, FILE **out) {
+    *out = NULL;
+    char *path = dw_path_join(dir, "metrics.jsonl");
+    if (!path) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    char *old = NULL;
+    size_t n = 0;
+    dw_status st = DW_OK;
+    size_t kept = 0;
+    if (keep_upto > 0 && dw_read_file(ctx, path, &old, &n) == DW_OK) {
+        /* keep whole lines whose step <= keep_upto; the kept lines stay in place in `old` */
+        char *p = old;
+        while (p < old + n) {
+            char *nl = memchr(p, '\n', (size_t)(old + n - p));
+            if (!nl) break; /* a partial last line (killed mid-write) is dropped */
+            json_t *j = NULL;
+            long long step = -1;
+            if (dw_json_load_string(ctx, p, (size_t)(nl - p), path, &j) == DW_OK)
+                (void)dw_json_get_int(ctx, j, "step", path, &step);
+            json_decref(j);
+            if (step < 1 || step > keep_upto) break;
+            size_t len = (size_t)(nl + 1 - p);
+            memmove(old + kept, p, len);
+            kept += len;
+            p = nl + 1;
+        }
+        dw_clear_error(ctx);
+    }
+    st = dw_write_file_atomic(ctx, path, old ? old : "", kept);
+    free(old);
+    if (st == DW_OK) {
+        *out = fopen(path, "ab");
+        if (!*out) st = dw_set_error(ctx, DW_ERR_IO, "%s: cannot open for appending: %s", path, strerror(errno));
+    }
+    free(path);
+    return st;
+}
+
+static void num(char *buf, size_t cap, double v) {
+    if (isfinite(v)) snprintf(buf, cap, "%.17g", v);
+    else snprintf(buf, cap, "null");
+}
+
+dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
+    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32];
+    num(loss, sizeof loss, p->loss);
+    num(lr, sizeof lr, p->lr);
+    num(gn, sizeof gn, p->grad_norm);
+    num(tps, sizeof tps, p->tokens_per_s);
+    num(el, sizeof el, p->elapsed_s);
+    num(vl, sizeof vl, p->val_loss);
+    int rc = fprintf(f,
+                     "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"tokens_per_s\": %s, "
+                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s}\n",
+                     (long long)p->step, loss, lr, gn, tps, el, (long long)tokens_seen,
+                     isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl);
+    if (rc < 0 || fflush(f) != 0) return dw_set_error(ctx, DW_ERR_IO, "metrics.jsonl: write failed: %s", strerror(errno));
+    return DW_OK;
+}

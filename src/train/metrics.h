@@ -1,0 +1,18 @@
+/* metrics.h — private: DIR/metrics.jsonl, one JSON object per optimizer step. A resumed run
+ * keeps the lines up to the step it resumes from and appends after them. */
+#ifndef DW_TRAIN_METRICS_H
+#define DW_TRAIN_METRICS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "deepwell.h"
+
+/* Opens dir/metrics.jsonl for appending; keeps only lines with "step" <= keep_upto (a fresh run
+ * passes 0: the file starts empty). The rewrite is atomic. */
+dw_status dw_metrics_open(dw_ctx *ctx, const char *dir, int64_t keep_upto, FILE **out);
+/* {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "tokens"[, "val_loss"]};
+ * floating-point values with 17 significant digits (exact round trip). */
+dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen);
+
+#endif /* DW_TRAIN_METRICS_H */

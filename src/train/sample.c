@@ -1,0 +1,121 @@
+/* sample.c — generation (temperature, top-k) and the byte / id tokenizers (see sample.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "train/sample.h"
+
+int32_t dw_sample_logits(const float *logits, int64_t V, const dw_sample_opts *o, dw_rng *rng,
+                         double *work) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (o->temperature <= 0.0) return (int32_t)best;
+    /* top-k: the k-th largest logit is the threshold (ties at it are kept) */
+    double thresh = -INFINITY;
+    if (o->top_k > 0 && o->top_k < V) {
+        for (int64_t i = 0; i < V; i++) work[i] = logits[i];
+        for (int k = 0; k < o->top_k; k++) { /* k partial selection passes: k is small */
+            int64_t m = -1;
+            for (int64_t i = 0; i < V; i++)
+                if (work[i] != -INFINITY && (m < 0 || work[i] > work[m])) m = i;
+            thresh = work[m];
+            work[m] = -INFINITY;
+        }
+    }
+    double mx = logits[best], sum = 0.0;
+    for (int64_t i = 0; i < V; i++) {
+        work[i] = logits[i] >= thresh ? exp(((double)logits[i] - mx) / o->temperature) : 0.0;
+        sum += work[i];
+    }
+    double u = dw_rng_uniform(rng) * sum, c = 0.0;
+    for (int64_t i = 0; i < V; i++) {
+        c += work[i];
+        if (u < c) return (int32_t)i;
+    }
+    return (int32_t)best; /* rounding at the very end of the CDF */
+}
+
+dw_status dw_generate(dw_ctx *ctx, dw_engine *e, int64_t T, int32_t *tokens, int64_t np, int64_t n,
+                      const dw_sample_opts *o, dw_rng *rng) {
+    if (np < 1) return dw_set_error(ctx, DW_ERR_INVALID, "generation needs a prompt of at least one token");
+    const int64_t V = dw_engine_config(e)->vocab_size;
+    float *logits = malloc((size_t)(T * V) * sizeof(float));
+    double *work = malloc((size_t)V * sizeof(double));
+    dw_status st = (logits && work) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < n && st == DW_OK; i++) {
+        int64_t len = np + i, L = len < T ? len : T;
+        st = dw_engine_forward(e, tokens + len - L, NULL, 1, L, logits, NULL);
+        if (st == DW_OK) tokens[len] = dw_sample_logits(logits + (L - 1) * V, V, o, rng, work);
+    }
+    free(logits);
+    free(work);
+    return st;
+}
+
+const char *dw_tokenizer_name(dw_tokenizer t) { return t == DW_TOK_BYTES ? "bytes" : "ids"; }
+
+bool dw_tokenizer_parse(const char *name, dw_tokenizer *out) {
+    if (!strcmp(name, "bytes")) *out = DW_TOK_BYTES;
+    else if (!strcmp(name, "ids")) *out = DW_TOK_IDS;
+    else return false;
+    return true;
+}
+
+dw_status dw_tokenize(dw_ctx *ctx, dw_tokenizer t, const char *text, int64_t vocab, int32_t **ids_out,
+                      int64_t *n_out) {
+    *ids_out = NULL;
+    *n_out = 0;
+    size_t len = strlen(text);
+    int32_t *ids = malloc((len + 1) * sizeof *ids);
+    if (!ids) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    int64_t n = 0;
+    if (t == DW_TOK_BYTES) {
+        for (size_t i = 0; i < len; i++) ids[n++] = (unsigned char)text[i];
+    } else {
+        const char *p = text;
+        while (*p) {
+            while (*p == ' ' || *p == '\n' || *p == '\t' || *p == ',') p++;
+            if (!*p) break;
+            char *end = NULL;
+            errno = 0;
+            long long v = strtoll(p, &end, 10);
+            if (end == p || errno || v < 0 || v >= vocab) {
+                free(ids);
+                return dw_set_error(ctx, DW_ERR_INVALID,
+                                    "token ids: '%.20s' is not an integer in [0, %lld)", p, (long long)vocab);
+            }
+            ids[n++] = (int32_t)v;
+            p = end;
+        }
+    }
+    for (int64_t i = 0; t == DW_TOK_BYTES && i < n; i++)
+        if (ids[i] >= vocab) {
+            int32_t bad = ids[i];
+            free(ids);
+            return dw_set_error(ctx, DW_ERR_INVALID, "prompt byte %d is outside the model's vocab_size %lld",
+                                bad, (long long)vocab);
+        }
+    *ids_out = ids;
+    *n_out = n;
+    return DW_OK;
+}
+
+char *dw_detokenize(dw_tokenizer t, const int32_t *ids, int64_t n) {
+    size_t cap = (size_t)n * 13 + 1, len = 0;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        if (t == DW_TOK_BYTES && ids[i] >= 0 && ids[i] < 256)
+            s[len++] = (char)ids[i];
+        else if (t == DW_TOK_BYTES)
+            len += (size_t)snprintf(s + len, cap - len, "<%d>", ids[i]);
+        else
+            len += (size_t)snprintf(s + len, cap - len, "%s%d", i ? " " : "", ids[i]);
+    }
+    s[len] = '\0';
+    return s;
+}

@@ -1,0 +1,400 @@
+/* trainer.c — dw_train: the training loop. Builds an engine for the context's device, AdamW
+ * state, data; then per optimizer step: G/B micro-batches of forward+backward (gradients
+ * accumulated with scale B/G), global-norm clipping, the scheduled learning rate, AdamW, metrics,
+ * validation, samples and checkpoints. Resuming restores weights, moments, step, data position
+ * and RNG exactly, so on the CPU the losses continue bit for bit. Not the CLI (tools/cmd_train.c). */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "train/ckpt.h"
+#include "train/data.h"
+#include "train/metrics.h"
+#include "train/model_open.h"
+#include "train/optstate.h"
+#include "train/sample.h"
+
+_Static_assert((int)DW_LR_COSINE == (int)DW_SCHED_COSINE && (int)DW_LR_LINEAR == (int)DW_SCHED_LINEAR &&
+                   (int)DW_LR_CONSTANT == (int)DW_SCHED_CONSTANT,
+               "public and private schedule enums agree");
+
+static volatile sig_atomic_t stop_flag;
+void dw_train_request_stop(void) { stop_flag = 1; }
+bool dw_train_stop_requested(void) { return stop_flag != 0; }
+
+void dw_train_opts_default(dw_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->steps = 100;
+    o->batch = 8;
+    o->seq = 64;
+    o->global_batch = 8;
+    o->lr = 1e-3;
+    o->min_lr = 1e-4;
+    o->warmup = 10;
+    o->schedule = DW_LR_COSINE;
+    o->weight_decay = 0.1;
+    o->clip = 1.0;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->eps = 1e-8;
+    o->eval_every = 50;
+    o->eval_batches = 8;
+    o->sample_tokens = 64;
+    o->sample_temperature = 0.8;
+    o->keep = 3;
+    o->seed = 1337;
+}
+
+typedef struct {
+    dw_ctx *ctx;
+    const dw_train_opts *o;
+    dw_model_config cfg;
+    dw_engine *eng;
+    dw_param **params;
+    int nparams;
+    dw_optim *opt;
+    dw_data *train, *val;
+    dw_tokenizer tok;
+    dw_rng rng;       /* sampling */
+    uint64_t seed;
+    dw_schedule sched;
+    int64_t step;     /* optimizer steps done */
+    int64_t tokens_seen;
+    int64_t accum;    /* micro-batches per step */
+    int32_t *x, *y;   /* (B,T) */
+    FILE *metrics;
+    int64_t ckpt_step; /* step of the newest checkpoint written by this process, -1: none */
+} run;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static dw_status check_opts(dw_ctx *ctx, const dw_train_opts *o) {
+    if (!o->model && !o->resume) return dw_set_error(ctx, DW_ERR_INVALID, "no model given (--model)");
+    if (!o->data) return dw_set_error(ctx, DW_ERR_INVALID, "no training data given (--data)");
+    if (!o->out_dir) return dw_set_error(ctx, DW_ERR_INVALID, "no output directory given (--out)");
+    if (o->steps < 1 || o->batch < 1 || o->seq < 1 || o->global_batch < 1)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--steps, --batch, --seq and --global-batch must be >= 1");
+    if (o->global_batch % o->batch != 0)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "--global-batch %lld is not a multiple of --batch %lld (accumulation = G/B must be whole)",
+                            (long long)o->global_batch, (long long)o->batch);
+    if (!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--lr must be > 0 and --min-lr in [0, lr]");
+    if (o->warmup < 0 || o->weight_decay < 0 || o->clip < 0 || !(o->eps > 0))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--warmup, --weight-decay and --clip must be >= 0");
+    if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--beta1 and --beta2 must be in [0, 1)");
+    if ((unsigned)o->schedule > DW_LR_CONSTANT) return dw_set_error(ctx, DW_ERR_INVALID, "unknown schedule");
+    if (o->eval_every < 0 || o->sample_every < 0 || o->ckpt_every < 0 || o->keep < 0 ||
+        o->eval_batches < 1 || o->sample_tokens < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--eval-every, --sample-every, --ckpt-every, --keep must be >= 0");
+    return DW_OK;
+}
+
+static dw_status mkdirs(dw_ctx *ctx, const char *path) {
+    char *p = strdup(path);
+    if (!p) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    for (char *s = p + 1;; s++) {
+        if (*s == '/' || *s == '\0') {
+            char c = *s;
+            *s = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+                dw_status st = dw_set_error(ctx, DW_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
+                free(p);
+                return st;
+            }
+            *s = c;
+            if (!c) break;
+        }
+    }
+    free(p);
+    return DW_OK;
+}
+
+static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
+    run *r = user;
+    char *c = dw_path_join(dir, dw_ckpt_files[0]), *m = dw_path_join(dir, dw_ckpt_files[1]),
+         *o = dw_path_join(dir, dw_ckpt_files[2]);
+    dw_status st = (c && m && o) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK) st = dw_model_config_save(ctx, &r->cfg, c);
+    if (st == DW_OK) st = dw_engine_save_weights(r->eng, m);
+    if (st == DW_OK) st = dw_optim_save(ctx, r->opt, o);
+    free(c);
+    free(m);
+    free(o);
+    return st;
+}
+
+static dw_status save_ckpt(run *r, char **path_out) {
+    dw_ckpt_state s;
+    memset(&s, 0, sizeof s);
+    const dw_train_opts *o = r->o;
+    s.step = r->step;
+    s.total_steps = o->steps;
+    s.tokens_seen = r->tokens_seen;
+    s.data_position = dw_data_position(r->train);
+    s.seed = r->seed;
+    s.rng_state = r->rng.s;
+    s.schedule = r->sched;
+    s.beta1 = o->beta1;
+    s.beta2 = o->beta2;
+    s.eps = o->eps;
+    s.weight_decay = o->weight_decay;
+    s.clip = o->clip;
+    s.batch = o->batch;
+    s.seq = o->seq;
+    s.global_batch = o->global_batch;
+    snprintf(s.data, sizeof s.data, "%s", o->data);
+    snprintf(s.tokenizer, sizeof s.tokenizer, "%s", dw_tokenizer_name(r->tok));
+    snprintf(s.precision, sizeof s.precision, "%s", dw_train_precision_name(r->ctx));
+    DW_TRY(dw_ckpt_save(r->ctx, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out));
+    r->ckpt_step = r->step;
+    return DW_OK;
+}
+
+/* Mean loss over eval_batches micro-batches of the validation data, from its start. */
+static dw_status validate(run *r, double *out) {
+    const int64_t B = r->o->batch, T = r->o->seq;
+    int64_t nb = dw_data_windows(r->val) / B;
+    if (nb > r->o->eval_batches) nb = r->o->eval_batches;
+    if (nb < 1) nb = 1;
+    dw_data_seek(r->val, 0);
+    double sum = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        double loss = 0.0;
+        dw_data_next(r->val, B, r->x, r->y);
+        DW_TRY(dw_engine_forward(r->eng, r->x, r->y, B, T, NULL, &loss));
+        sum += loss;
+    }
+    *out = sum / (double)nb;
+    return DW_OK;
+}
+
+static dw_status make_sample(run *r, char **text_out) {
+    *text_out = NULL;
+    const dw_train_opts *o = r->o;
+    int32_t *ids = NULL;
+    int64_t np = 0;
+    if (o->sample_prompt) {
+        DW_TRY(dw_tokenize(r->ctx, r->tok, o->sample_prompt, r->cfg.vocab_size, &ids, &np));
+    } else { /* the start of the last batch's first sequence: a context like the data's */
+        np = o->seq / 4 < 16 ? (o->seq / 4 > 0 ? o->seq / 4 : 1) : 16;
+        ids = malloc((size_t)np * sizeof *ids);
+        if (!ids) return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+        memcpy(ids, r->x, (size_t)np * sizeof *ids);
+    }
+    if (np < 1) {
+        free(ids);
+        return dw_set_error(r->ctx, DW_ERR_INVALID, "the sample prompt is empty");
+    }
+    int32_t *all = realloc(ids, (size_t)(np + o->sample_tokens) * sizeof *all);
+    if (!all) {
+        free(ids);
+        return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    dw_sample_opts so = {.temperature = o->sample_temperature, .top_k = 0};
+    dw_status st = dw_generate(r->ctx, r->eng, o->seq, all, np, o->sample_tokens, &so, &r->rng);
+    if (st == DW_OK) {
+        *text_out = dw_detokenize(r->tok, all, np + o->sample_tokens);
+        if (!*text_out) st = dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    free(all);
+    return st;
+}
+
+/* Everything before the first step: resume state, model, engine, optimizer, data, metrics. */
+static dw_status setup(run *r) {
+    dw_ctx *ctx = r->ctx;
+    const dw_train_opts *o = r->o;
+    dw_ckpt_state state;
+    char *cdir = NULL;
+    r->seed = o->seed;
+    r->ckpt_step = -1;
+    if (o->resume) {
+        DW_TRY(dw_ckpt_open(ctx, o->resume, &cdir, &state));
+        dw_status st = DW_OK;
+        if (state.batch != o->batch || state.seq != o->seq || state.global_batch != o->global_batch)
+            st = dw_set_error(ctx, DW_ERR_INVALID,
+                              "%s was trained with --batch %lld --seq %lld --global-batch %lld; resume with the same",
+                              cdir, (long long)state.batch, (long long)state.seq, (long long)state.global_batch);
+        else if (strcmp(state.data, o->data) != 0)
+            st = dw_set_error(ctx, DW_ERR_INVALID, "%s was trained on --data %s, not %s", cdir, state.data, o->data);
+        else if (state.step > o->steps)
+            st = dw_set_error(ctx, DW_ERR_INVALID, "%s is at step %lld, beyond --steps %lld", cdir,
+                              (long long)state.step, (long long)o->steps);
+        if (st != DW_OK) {
+            free(cdir);
+            return st;
+        }
+        r->seed = state.seed;
+        r->step = state.step;
+        r->tokens_seen = state.tokens_seen;
+        r->rng.s = state.rng_state;
+    } else {
+        r->rng.s = dw_rng_derive(r->seed, 2, 0);
+        char *latest = dw_path_join(o->out_dir, "latest");
+        bool taken = latest && access(latest, F_OK) == 0;
+        free(latest);
+        if (taken)
+            return dw_set_error(ctx, DW_ERR_INVALID,
+                                "%s already holds a run (it has a `latest` checkpoint): resume it with --resume %s or choose another --out",
+                                o->out_dir, o->out_dir);
+    }
+    dw_status st = dw_model_config_load(ctx, cdir ? cdir : o->model, &r->cfg);
+    if (st == DW_OK && r->cfg.max_seq < o->seq)
+        st = dw_set_error(ctx, DW_ERR_INVALID, "--seq %lld exceeds the model's max_seq %lld", (long long)o->seq,
+                          (long long)r->cfg.max_seq);
+    if (st == DW_OK) st = dw_train_engine_create(ctx, &r->cfg, o->batch, o->seq, &r->eng);
+    if (st == DW_OK && cdir) {
+        char *w = dw_path_join(cdir, dw_ckpt_files[1]);
+        st = w ? dw_engine_load_weights(r->eng, w) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        free(w);
+    } else if (st == DW_OK) {
+        st = dw_engine_init_weights(r->eng, r->seed);
+    }
+    if (st == DW_OK) {
+        r->nparams = dw_engine_param_count(r->eng);
+        r->params = malloc((size_t)(r->nparams ? r->nparams : 1) * sizeof *r->params);
+        if (!r->params) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        for (int i = 0; st == DW_OK && i < r->nparams; i++) r->params[i] = dw_engine_param(r->eng, i);
+    }
+    if (st == DW_OK) st = dw_optim_create(ctx, r->params, r->nparams, &r->opt);
+    if (st == DW_OK && cdir) {
+        char *p = dw_path_join(cdir, dw_ckpt_files[2]);
+        st = p ? dw_optim_load(ctx, r->opt, p) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        free(p);
+    }
+    if (st == DW_OK) {
+        dw_data_opts d = {.pattern = o->data, .T = o->seq, .vocab_size = r->cfg.vocab_size,
+                          .shuffle = true, .seed = dw_rng_derive(r->seed, 1, 0)};
+        st = dw_data_open(ctx, &d, &r->train);
+        if (st == DW_OK && cdir) dw_data_seek(r->train, state.data_position);
+    }
+    if (st == DW_OK) {
+        bool builtin = !strcmp(o->data, "builtin");
+        const char *vp = o->val ? o->val : builtin ? "builtin" : NULL;
+        if (vp) {
+            dw_data_opts d = {.pattern = vp, .val_split = !strcmp(vp, "builtin"), .T = o->seq,
+                              .vocab_size = r->cfg.vocab_size, .shuffle = false, .seed = 0};
+            st = dw_data_open(ctx, &d, &r->val);
+        }
+        r->tok = dw_data_get_kind(r->train) == DW_DATA_SHARDS ? DW_TOK_IDS : DW_TOK_BYTES;
+    }
+    if (st == DW_OK) {
+        r->accum = o->global_batch / o->batch;
+        r->sched = (dw_schedule){.kind = (dw_schedule_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr,
+                                 .warmup = o->warmup, .total = o->steps};
+        r->x = malloc((size_t)(o->batch * o->seq) * sizeof *r->x);
+        r->y = malloc((size_t)(o->batch * o->seq) * sizeof *r->y);
+        if (!r->x || !r->y) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    if (st == DW_OK) st = mkdirs(ctx, o->out_dir);
+    if (st == DW_OK) st = dw_metrics_open(ctx, o->out_dir, r->step, &r->metrics);
+    if (st == DW_OK && cdir)
+        DW_LOGI("resumed from %s at step %lld of %lld", cdir, (long long)r->step, (long long)o->steps);
+    free(cdir);
+    return st;
+}
+
+/* One optimizer step: accumulation over G/B micro-batches, clipping, AdamW. */
+static dw_status train_step(run *r, double *loss_out, double *norm_out, double *lr_out) {
+    const dw_train_opts *o = r->o;
+    dw_engine_zero_grad(r->eng);
+    double sum = 0.0;
+    for (int64_t a = 0; a < r->accum; a++) {
+        double loss = 0.0;
+        dw_data_next(r->train, o->batch, r->x, r->y);
+        DW_TRY(dw_engine_forward_backward(r->eng, r->x, r->y, o->batch, o->seq, 1.0 / (double)r->accum, &loss));
+        sum += loss;
+    }
+    double loss = sum / (double)r->accum, norm = dw_optim_grad_norm(r->opt);
+    if (!isfinite(loss) || !isfinite(norm))
+        return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
+                            (long long)(r->step + 1), loss, norm);
+    double lr = dw_schedule_lr(&r->sched, r->step);
+    dw_adamw_hparams h = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                          .weight_decay = o->weight_decay};
+    dw_optim_step(r->opt, &h, r->step + 1, dw_clip_factor(norm, o->clip));
+    r->step++;
+    r->tokens_seen += o->global_batch * o->seq;
+    *loss_out = loss;
+    *norm_out = norm;
+    *lr_out = lr;
+    return DW_OK;
+}
+
+static dw_status loop(run *r) {
+    const dw_train_opts *o = r->o;
+    const double t0 = now_s();
+    const int64_t first = r->step;
+    while (r->step < o->steps) {
+        double ts = now_s(), loss = 0, norm = 0, lr = 0;
+        DW_TRY(train_step(r, &loss, &norm, &lr));
+        double t1 = now_s();
+        bool last = r->step == o->steps;
+        dw_train_progress p = {.step = r->step, .total = o->steps, .loss = loss, .val_loss = NAN,
+                               .lr = lr, .grad_norm = norm,
+                               .tokens_per_s = (double)(o->global_batch * o->seq) / (t1 - ts),
+                               .elapsed_s = t1 - t0};
+        p.eta_s = (t1 - t0) / (double)(r->step - first) * (double)(o->steps - r->step);
+        if (r->val && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
+            DW_TRY(validate(r, &p.val_loss));
+        DW_TRY(dw_metrics_write(r->ctx, r->metrics, &p, r->tokens_seen));
+        char *sample = NULL, *ckpt = NULL;
+        dw_status st = DW_OK;
+        if (o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last))
+            st = make_sample(r, &sample);
+        bool stop = dw_train_stop_requested(); /* also when it came during validation or sampling */
+        if (st == DW_OK && ((o->ckpt_every > 0 && r->step % o->ckpt_every == 0) || last || stop))
+            st = save_ckpt(r, &ckpt);
+        p.sample = sample;
+        p.checkpoint = ckpt;
+        if (st == DW_OK && o->progress) o->progress(&p, o->progress_user);
+        free(sample);
+        free(ckpt);
+        if (st != DW_OK) return st;
+        if (dw_train_stop_requested()) { /* also when it came during the progress callback */
+            if (r->ckpt_step != r->step) {
+                char *path = NULL;
+                DW_TRY(save_ckpt(r, &path));
+                DW_LOGI("checkpoint: %s", path);
+                free(path);
+            }
+            DW_LOGI("stopped on request after step %lld of %lld", (long long)r->step, (long long)o->steps);
+            break;
+        }
+    }
+    return DW_OK;
+}
+
+dw_status dw_train(dw_ctx *ctx, const dw_train_opts *o) {
+    stop_flag = 0;
+    DW_TRY(check_opts(ctx, o));
+    run r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    r.o = o;
+    dw_status st = setup(&r);
+    if (st == DW_OK) st = loop(&r);
+    if (r.metrics) fclose(r.metrics);
+    dw_data_free(r.train);
+    dw_data_free(r.val);
+    dw_optim_free(r.opt);
+    free(r.params);
+    dw_engine_free(r.eng);
+    free(r.x);
+    free(r.y);
+    return st;
+}

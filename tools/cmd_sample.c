@@ -1,0 +1,100 @@
+/* cmd_sample.c — `deepwell sample`: generate text from a checkpoint, a run directory, a model
+ * directory or a preset (byte-level text for byte-level models, token ids otherwise). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "train/model_open.h"
+
+static const char *CMD = "sample";
+
+static void help(void) {
+    printf("Usage: deepwell sample MODEL_OR_CKPT --prompt TEXT [-n N] [options]\n\n"
+           "Generates N tokens after the prompt and prints prompt + continuation. MODEL_OR_CKPT is a\n"
+           "checkpoint (DIR/ckpt-<step>), a run directory (its latest checkpoint), a model\n"
+           "directory (config.json + model.safetensors) or a preset (random weights: untrained).\n"
+           "Byte-level models (the built-in data, raw text; vocab 256) read and write text; others\n"
+           "read and write space-separated token ids.\n\n"
+           "  --prompt TEXT       the prompt (text, or token ids such as \"50256 464\")\n"
+           "  -n, --tokens N      tokens to generate (100)\n"
+           "  --temperature T     0 = greedy (default 0.8)\n"
+           "  --top-k K           sample among the K most likely tokens, 0 = all (0)\n"
+           "  --seed S            sampling seed (1337)\n"
+           "  --device D          cpu, cuda or auto (auto; cuda is not implemented yet)\n"
+           "  -h, --help          this help\n");
+}
+
+int cmd_sample(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"prompt", required_argument, 0, 'p'}, {"tokens", required_argument, 0, 'n'},
+        {"temperature", required_argument, 0, 't'}, {"top-k", required_argument, 0, 'k'},
+        {"seed", required_argument, 0, 's'}, {"device", required_argument, 0, 'd'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *prompt = NULL, *device = "auto";
+    long n = 100, top_k = 0, seed = 1337;
+    double temperature = 0.8;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "hn:", longopts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'h': help(); return DW_EXIT_OK;
+        case 'p': prompt = optarg; break;
+        case 'd': device = optarg; break;
+        case 'n': ok = cli_parse_int(CMD, "--tokens", optarg, 0, 1 << 20, &n); break;
+        case 'k': ok = cli_parse_int(CMD, "--top-k", optarg, 0, 1 << 30, &top_k); break;
+        case 's': ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &seed); break;
+        case 't':
+            ok = cli_parse_double(CMD, "--temperature", optarg, &temperature);
+            if (ok && temperature < 0) {
+                cli_error(CMD, "--temperature must be >= 0");
+                ok = false;
+            }
+            break;
+        default: return cli_usage_error(CMD);
+        }
+        if (!ok) return cli_usage_error(CMD);
+    }
+    if (optind != argc - 1 || !prompt) {
+        cli_error(CMD, "expected one MODEL_OR_CKPT and --prompt");
+        return cli_usage_error(CMD);
+    }
+    dw_ctx *ctx = NULL;
+    dw_status st = dw_train_ctx_create(device, &ctx);
+    if (st != DW_OK) return cli_fail(CMD, NULL, st);
+    dw_opened_model m;
+    st = dw_model_open(ctx, argv[optind], 0, (uint64_t)seed, &m);
+    int32_t *ids = NULL;
+    int64_t np = 0;
+    if (st == DW_OK)
+        st = dw_tokenize(ctx, m.tokenizer, prompt, dw_engine_config(m.engine)->vocab_size, &ids, &np);
+    if (st == DW_OK && np < 1) {
+        cli_error(CMD, "the prompt is empty");
+        free(ids);
+        dw_engine_free(m.engine);
+        dw_ctx_free(ctx);
+        return DW_EXIT_USAGE;
+    }
+    if (st == DW_OK && !m.trained) fprintf(stderr, "deepwell sample: %s is a preset: its weights are untrained\n", argv[optind]);
+    int32_t *all = st == DW_OK ? realloc(ids, (size_t)(np + n) * sizeof *all) : NULL;
+    if (st == DW_OK && !all) st = DW_ERR_NOMEM;
+    if (all) ids = all;
+    dw_rng rng = {(uint64_t)seed};
+    dw_sample_opts so = {.temperature = temperature, .top_k = (int)top_k};
+    if (st == DW_OK) st = dw_generate(ctx, m.engine, m.T, ids, np, n, &so, &rng);
+    if (st == DW_OK) {
+        char *text = dw_detokenize(m.tokenizer, ids, np + n);
+        if (text) {
+            fputs(text, stdout);
+            fputc('\n', stdout);
+        }
+        free(text);
+    }
+    int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
+    free(ids);
+    dw_engine_free(m.engine);
+    dw_ctx_free(ctx);
+    return rc;
+}

@@ -1,0 +1,207 @@
+/* cmd_train.c — `deepwell train`: flags → dw_train_opts, a live progress line on stderr, samples
+ * on stdout, SIGINT handling (first: finish the step, checkpoint, exit 130; second: abort). */
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "train/model_open.h"
+
+static const char *CMD = "train";
+
+static void help(void) {
+    printf(
+        "Usage: deepwell train --model MODEL --data PATTERN|builtin --out DIR [options]\n\n"
+        "Trains a model with AdamW and writes DIR/metrics.jsonl (one JSON object per step) and\n"
+        "checkpoints DIR/ckpt-<step>/ (config.json, model.safetensors, optimizer.safetensors,\n"
+        "state.json) with DIR/latest naming the newest.\n\n"
+        "  --model MODEL          preset (gpt2-tiny, llama-tiny, ...) or Hugging Face model directory\n"
+        "  --data PATTERN         llm.c token shards (*.bin, glob), text files (read as bytes), or\n"
+        "                         builtin (addition facts \"3+4=7\", a, b in 0..4; no file needed)\n"
+        "  --val PATTERN          validation data (default for builtin: its validation stream;\n"
+        "                         else none)\n"
+        "  --out DIR              run directory (created)\n"
+        "  --resume DIR           continue from a checkpoint or run directory (model from it)\n"
+        "  --steps N              total optimizer steps; a resumed run continues up to N (100)\n"
+        "  --batch B              micro-batch, sequences per forward/backward (8)\n"
+        "  --seq T                sequence length (64)\n"
+        "  --global-batch G       sequences per optimizer step, a multiple of B (default B):\n"
+        "                         gradients are accumulated over G/B micro-batches\n"
+        "  --lr LR                peak learning rate (1e-3)\n"
+        "  --min-lr LR            learning rate at the last step (1e-4, at most --lr)\n"
+        "  --warmup N             linear warmup steps (10)\n"
+        "  --schedule S           cosine, linear or constant after warmup (cosine)\n"
+        "  --weight-decay W       AdamW decay on matrices only (0.1)\n"
+        "  --clip C               global gradient-norm clipping, 0 = off (1.0)\n"
+        "  --beta1 B1, --beta2 B2 AdamW betas (0.9, 0.95)\n"
+        "  --eval-every K         validation loss every K steps and at the end, 0 = never (50)\n"
+        "  --eval-batches N       micro-batches per validation (8)\n"
+        "  --sample-every K       print a sample every K steps and at the end, 0 = never (0)\n"
+        "  --sample-tokens N      tokens per sample (64)\n"
+        "  --sample-temp T        sampling temperature, 0 = greedy (0.8)\n"
+        "  --sample-prompt TEXT   prompt (text for byte-level data, ids otherwise; default: the\n"
+        "                         first min(16, T/4) tokens of the step's first sequence)\n"
+        "  --ckpt-every K         checkpoint every K steps, 0 = only at the end (0)\n"
+        "  --keep K               keep the newest K checkpoints, 0 = all (3)\n"
+        "  --device D             cpu, cuda or auto (auto). The CUDA engine is not implemented\n"
+        "                         yet: cuda fails with a message; auto uses the CPU\n"
+        "  --seed S               weights, data order and sampling (1337; a resumed run keeps its own)\n"
+        "  --log-every K          progress line every K steps when stderr is not a terminal (1)\n"
+        "  -h, --help             this help\n\n"
+        "Ctrl-C (SIGINT) finishes the current step, writes a checkpoint and exits with status 130;\n"
+        "a second Ctrl-C aborts at once (the last complete checkpoint stays valid).\n");
+}
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    if (interrupted) { /* second Ctrl-C: die now; checkpoints are written atomically */
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    interrupted = 1;
+    dw_train_request_stop();
+    static const char msg[] = "\ndeepwell train: interrupted: finishing this step and writing a "
+                              "checkpoint (Ctrl-C again aborts)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+}
+
+typedef struct {
+    bool tty;
+    int64_t log_every;
+    bool open_line; /* a \r progress line is on the terminal */
+} printer;
+
+static void fmt_time(char *b, size_t n, double s) {
+    if (!isfinite(s) || s < 0) snprintf(b, n, "?");
+    else if (s < 60) snprintf(b, n, "%.0fs", s);
+    else if (s < 3600) snprintf(b, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+    else snprintf(b, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+}
+
+static void on_progress(const dw_train_progress *p, void *user) {
+    printer *pr = user;
+    char eta[32], val[48] = "";
+    fmt_time(eta, sizeof eta, p->eta_s);
+    if (!isnan(p->val_loss)) snprintf(val, sizeof val, " | val %.4f", p->val_loss);
+    bool event = !isnan(p->val_loss) || p->sample || p->checkpoint || p->step == p->total;
+    if (pr->tty || event || p->step % pr->log_every == 0 || p->step == 1) {
+        fprintf(stderr, "%sstep %lld/%lld | loss %.4f%s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s",
+                pr->tty ? "\r\033[K" : "", (long long)p->step, (long long)p->total, p->loss, val, p->lr,
+                p->grad_norm, p->tokens_per_s, eta, pr->tty && !event ? "" : "\n");
+        pr->open_line = pr->tty && !event;
+    }
+    if (p->checkpoint) fprintf(stderr, "checkpoint: %s\n", p->checkpoint);
+    if (p->sample) {
+        fflush(stderr);
+        printf("--- sample after step %lld ---\n%s\n---\n", (long long)p->step, p->sample);
+        fflush(stdout);
+    }
+}
+
+enum { O_MODEL = 256, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR, O_MINLR,
+       O_WARMUP, O_SCHED, O_WD, O_CLIP, O_B1, O_B2, O_EVAL, O_EVALB, O_SAMPLE, O_SAMPLEN, O_SAMPLET,
+       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY };
+
+int cmd_train(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
+        {"val", required_argument, 0, O_VAL}, {"out", required_argument, 0, O_OUT},
+        {"resume", required_argument, 0, O_RESUME}, {"steps", required_argument, 0, O_STEPS},
+        {"batch", required_argument, 0, O_BATCH}, {"seq", required_argument, 0, O_SEQ},
+        {"global-batch", required_argument, 0, O_GB}, {"lr", required_argument, 0, O_LR},
+        {"min-lr", required_argument, 0, O_MINLR}, {"warmup", required_argument, 0, O_WARMUP},
+        {"schedule", required_argument, 0, O_SCHED}, {"weight-decay", required_argument, 0, O_WD},
+        {"clip", required_argument, 0, O_CLIP}, {"beta1", required_argument, 0, O_B1},
+        {"beta2", required_argument, 0, O_B2}, {"eval-every", required_argument, 0, O_EVAL},
+        {"eval-batches", required_argument, 0, O_EVALB}, {"sample-every", required_argument, 0, O_SAMPLE},
+        {"sample-tokens", required_argument, 0, O_SAMPLEN}, {"sample-temp", required_argument, 0, O_SAMPLET},
+        {"sample-prompt", required_argument, 0, O_PROMPT}, {"ckpt-every", required_argument, 0, O_CKPT},
+        {"keep", required_argument, 0, O_KEEP}, {"device", required_argument, 0, O_DEVICE},
+        {"seed", required_argument, 0, O_SEED}, {"log-every", required_argument, 0, O_LOGEVERY},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    dw_train_opts o;
+    dw_train_opts_default(&o);
+    const char *device = "auto";
+    long v = 0, log_every = 1;
+    bool gb_set = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'h': help(); return DW_EXIT_OK;
+        case O_MODEL: o.model = optarg; break;
+        case O_DATA: o.data = optarg; break;
+        case O_VAL: o.val = optarg; break;
+        case O_OUT: o.out_dir = optarg; break;
+        case O_RESUME: o.resume = optarg; break;
+        case O_DEVICE: device = optarg; break;
+        case O_PROMPT: o.sample_prompt = optarg; break;
+        case O_SCHED: {
+            static const char *names[] = {"cosine", "linear", "constant"};
+            ok = false;
+            for (int i = 0; i < 3; i++)
+                if (!strcmp(optarg, names[i])) o.schedule = (dw_lr_schedule)i, ok = true;
+            if (!ok) cli_error(CMD, "--schedule must be cosine, linear or constant, got '%s'", optarg);
+            break;
+        }
+        case O_STEPS: ok = cli_parse_int(CMD, "--steps", optarg, 1, 1L << 40, &v); o.steps = v; break;
+        case O_BATCH: ok = cli_parse_int(CMD, "--batch", optarg, 1, 1 << 20, &v); o.batch = v; break;
+        case O_SEQ: ok = cli_parse_int(CMD, "--seq", optarg, 1, 1 << 24, &v); o.seq = v; break;
+        case O_GB: ok = cli_parse_int(CMD, "--global-batch", optarg, 1, 1 << 24, &v); o.global_batch = v; gb_set = true; break;
+        case O_WARMUP: ok = cli_parse_int(CMD, "--warmup", optarg, 0, 1L << 40, &v); o.warmup = v; break;
+        case O_EVAL: ok = cli_parse_int(CMD, "--eval-every", optarg, 0, 1L << 40, &v); o.eval_every = v; break;
+        case O_EVALB: ok = cli_parse_int(CMD, "--eval-batches", optarg, 1, 1 << 20, &v); o.eval_batches = v; break;
+        case O_SAMPLE: ok = cli_parse_int(CMD, "--sample-every", optarg, 0, 1L << 40, &v); o.sample_every = v; break;
+        case O_SAMPLEN: ok = cli_parse_int(CMD, "--sample-tokens", optarg, 0, 1 << 20, &v); o.sample_tokens = v; break;
+        case O_CKPT: ok = cli_parse_int(CMD, "--ckpt-every", optarg, 0, 1L << 40, &v); o.ckpt_every = v; break;
+        case O_KEEP: ok = cli_parse_int(CMD, "--keep", optarg, 0, 1 << 20, &v); o.keep = (int)v; break;
+        case O_LOGEVERY: ok = cli_parse_int(CMD, "--log-every", optarg, 1, 1L << 40, &log_every); break;
+        case O_SEED: ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &v); o.seed = (uint64_t)v; break;
+        case O_LR: ok = cli_parse_double(CMD, "--lr", optarg, &o.lr); break;
+        case O_MINLR: ok = cli_parse_double(CMD, "--min-lr", optarg, &o.min_lr); break;
+        case O_WD: ok = cli_parse_double(CMD, "--weight-decay", optarg, &o.weight_decay); break;
+        case O_CLIP: ok = cli_parse_double(CMD, "--clip", optarg, &o.clip); break;
+        case O_B1: ok = cli_parse_double(CMD, "--beta1", optarg, &o.beta1); break;
+        case O_B2: ok = cli_parse_double(CMD, "--beta2", optarg, &o.beta2); break;
+        case O_SAMPLET: ok = cli_parse_double(CMD, "--sample-temp", optarg, &o.sample_temperature); break;
+        default: return cli_usage_error(CMD);
+        }
+        if (!ok) return cli_usage_error(CMD);
+    }
+    if (optind < argc) {
+        cli_error(CMD, "unexpected argument '%s'", argv[optind]);
+        return cli_usage_error(CMD);
+    }
+    if (!gb_set) o.global_batch = o.batch;
+    if ((!o.model && !o.resume) || !o.data || !o.out_dir) {
+        cli_error(CMD, "--model (or --resume), --data and --out are required");
+        return cli_usage_error(CMD);
+    }
+    if (o.min_lr > o.lr) o.min_lr = o.lr; /* a small --lr alone lowers the floor with it */
+    dw_ctx *ctx = NULL;
+    dw_status st = dw_train_ctx_create(device, &ctx);
+    if (st != DW_OK) return cli_fail(CMD, NULL, st);
+    printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every};
+    o.progress = on_progress;
+    o.progress_user = &pr;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    st = dw_train(ctx, &o);
+    signal(SIGINT, SIG_DFL);
+    if (pr.open_line) fputc('\n', stderr);
+    int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
+    dw_ctx_free(ctx);
+    if (rc == DW_EXIT_OK && interrupted) return 130;
+    return rc;
+}
