@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "deepwell.h"
 #include "testutil.h"
 
 uint64_t dw_test_seed(void) {
@@ -73,4 +74,25 @@ int dw_test_write(const char *path, const void *data, size_t n) {
     if (!f) return -1;
     size_t w = fwrite(data, 1, n, f);
     return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+dw_ctx *dw_test_ctx;
+dw_test_rng dw_test_group_rng;
+
+int dw_test_group_setup(void **state) {
+    (void)state;
+    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
+    dw_test_rng_init(&dw_test_group_rng, dw_test_seed());
+    return dw_ctx_create(&o, &dw_test_ctx) == DW_OK ? 0 : -1;
+}
+
+int dw_test_group_teardown(void **state) {
+    (void)state;
+    dw_ctx_free(dw_test_ctx);
+    dw_test_ctx = NULL;
+    return 0;
+}
+
+int64_t dw_test_rnd(int64_t lo, int64_t hi) {
+    return lo + (int64_t)(dw_test_next(&dw_test_group_rng) % (uint64_t)(hi - lo + 1));
 }

@@ -25,4 +25,14 @@ char *dw_test_path(const char *dir, const char *name);
 /* Writes bytes to a file (non-atomically; for fixtures). Returns 0 on success. */
 int dw_test_write(const char *path, const void *data, size_t n);
 
+/* A cmocka group fixture shared by the tests that need a CPU context and a seeded generator:
+ * cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown). */
+struct dw_ctx;
+extern struct dw_ctx *dw_test_ctx;
+extern dw_test_rng dw_test_group_rng;
+int dw_test_group_setup(void **state);
+int dw_test_group_teardown(void **state);
+/* Uniform integer in [lo, hi] from dw_test_group_rng. */
+int64_t dw_test_rnd(int64_t lo, int64_t hi);
+
 #endif

@@ -15,22 +15,6 @@
 #include "deepwell.h"
 #include "testutil.h"
 
-static dw_ctx *g_ctx;
-static dw_test_rng g_rng;
-
-static int setup(void **state) {
-    (void)state;
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
-    dw_test_rng_init(&g_rng, dw_test_seed());
-    return dw_ctx_create(&o, &g_ctx) == DW_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    dw_ctx_free(g_ctx);
-    return 0;
-}
-
-static int64_t rnd(int64_t lo, int64_t hi) { return lo + (int64_t)(dw_test_next(&g_rng) % (uint64_t)(hi - lo + 1)); }
 
 /* Published parameter counts (transformers' num_parameters(), embeddings counted once). */
 static void test_preset_params(void **state) {
@@ -43,7 +27,7 @@ static void test_preset_params(void **state) {
                  {"llama-405b", 405853388800LL}, {"mixtral-8x7b", 46702792704LL}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         dw_model_config c;
-        assert_int_equal(dw_model_config_load(g_ctx, known[i].name, &c), DW_OK);
+        assert_int_equal(dw_model_config_load(dw_test_ctx, known[i].name, &c), DW_OK);
         if (dw_model_config_params(&c) != known[i].params)
             fail_msg("%s: %lld params, published %lld", known[i].name,
                      (long long)dw_model_config_params(&c), (long long)known[i].params);
@@ -53,7 +37,7 @@ static void test_preset_params(void **state) {
     bool seen_tiny = false;
     for (int i = 0; i < n; i++) {
         dw_model_config c;
-        assert_int_equal(dw_model_config_load(g_ctx, dw_model_preset_name(i), &c), DW_OK);
+        assert_int_equal(dw_model_config_load(dw_test_ctx, dw_model_preset_name(i), &c), DW_OK);
         bool planning = strstr("llama-8b llama-70b llama-405b mixtral-8x7b deepseek-v3",
                                dw_model_preset_name(i)) != NULL;
         assert_int_equal(c.planning_only, planning);
@@ -65,14 +49,14 @@ static void test_preset_params(void **state) {
     }
     assert_true(seen_tiny);
     dw_model_config ds;
-    assert_int_equal(dw_model_config_load(g_ctx, "deepseek-v3", &ds), DW_OK);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, "deepseek-v3", &ds), DW_OK);
     assert_int_equal(ds.n_experts, 256);
     assert_int_equal(ds.top_k, 8);
     assert_int_equal(ds.first_dense_layers, 3);
     assert_int_equal(ds.n_shared_experts, 1);
     assert_int_equal(ds.d_ff_expert, 2048);
     dw_model_config l1;
-    assert_int_equal(dw_model_config_load(g_ctx, "llama-1b", &l1), DW_OK);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, "llama-1b", &l1), DW_OK);
     assert_int_equal(l1.n_kv_heads, 8);
     assert_true(l1.tie_embeddings);
     assert_true(l1.rope_theta == 500000.0);
@@ -87,7 +71,7 @@ static char *write_config(const char *dir, const char *json) {
 static void test_parse_gpt2(void **state) {
     (void)state;
     char *dir = dw_test_tmpdir();
-    int64_t H = rnd(1, 8), d = H * rnd(1, 16) * 2, L = rnd(1, 30), V = rnd(10, 60000);
+    int64_t H = dw_test_rnd(1, 8), d = H * dw_test_rnd(1, 16) * 2, L = dw_test_rnd(1, 30), V = dw_test_rnd(10, 60000);
     char json[1024];
     snprintf(json, sizeof json,
              "{\"model_type\":\"gpt2\",\"vocab_size\":%lld,\"n_embd\":%lld,\"n_layer\":%lld,"
@@ -96,7 +80,7 @@ static void test_parse_gpt2(void **state) {
              (long long)V, (long long)d, (long long)L, (long long)H, 512);
     free(write_config(dir, json));
     dw_model_config c;
-    assert_int_equal(dw_model_config_load(g_ctx, dir, &c), DW_OK);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, dir, &c), DW_OK);
     assert_int_equal(c.arch, DW_ARCH_GPT2);
     assert_int_equal(c.d_model, d);
     assert_int_equal(c.n_layers, L);
@@ -119,9 +103,9 @@ static void test_parse_llama_family(void **state) {
     const char *types[] = {"llama", "mistral", "qwen2"};
     for (int t = 0; t < 3; t++) {
         char *dir = dw_test_tmpdir();
-        int64_t Hkv = rnd(1, 4), H = Hkv * rnd(1, 4), D = 2 * rnd(2, 32), d = rnd(8, 512);
-        int64_t F = rnd(8, 1000), L = rnd(1, 8), V = rnd(10, 1000);
-        int tie = (int)rnd(0, 1), bias = (int)rnd(0, 1);
+        int64_t Hkv = dw_test_rnd(1, 4), H = Hkv * dw_test_rnd(1, 4), D = 2 * dw_test_rnd(2, 32), d = dw_test_rnd(8, 512);
+        int64_t F = dw_test_rnd(8, 1000), L = dw_test_rnd(1, 8), V = dw_test_rnd(10, 1000);
+        int tie = (int)dw_test_rnd(0, 1), bias = (int)dw_test_rnd(0, 1);
         char json[2048];
         snprintf(json, sizeof json,
                  "{\"model_type\":\"%s\",\"vocab_size\":%lld,\"hidden_size\":%lld,"
@@ -134,7 +118,7 @@ static void test_parse_llama_family(void **state) {
                  (long long)D, (long long)F, tie ? "true" : "false", bias ? "true" : "false");
         free(write_config(dir, json));
         dw_model_config c;
-        assert_int_equal(dw_model_config_load(g_ctx, dir, &c), DW_OK);
+        assert_int_equal(dw_model_config_load(dw_test_ctx, dir, &c), DW_OK);
         assert_string_equal(c.model_type, types[t]);
         assert_int_equal(c.arch, t == 0 ? DW_ARCH_LLAMA : t == 1 ? DW_ARCH_MISTRAL : DW_ARCH_QWEN2);
         assert_int_equal(c.n_heads, H);
@@ -153,9 +137,9 @@ static void test_parse_llama_family(void **state) {
         assert_int_equal(dw_model_config_params(&c), want);
         /* save -> load gives the same config */
         char *p2 = dw_test_path(dir, "saved.json");
-        assert_int_equal(dw_model_config_save(g_ctx, &c, p2), DW_OK);
+        assert_int_equal(dw_model_config_save(dw_test_ctx, &c, p2), DW_OK);
         dw_model_config c2;
-        assert_int_equal(dw_model_config_load(g_ctx, p2, &c2), DW_OK);
+        assert_int_equal(dw_model_config_load(dw_test_ctx, p2, &c2), DW_OK);
         assert_memory_equal(&c, &c2, sizeof c);
         free(p2);
         dw_test_rmtree(dir);
@@ -170,9 +154,9 @@ static void test_save_load_presets(void **state) {
     char *p = dw_test_path(dir, "config.json");
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         dw_model_config a, b;
-        assert_int_equal(dw_model_config_load(g_ctx, names[i], &a), DW_OK);
-        assert_int_equal(dw_model_config_save(g_ctx, &a, p), DW_OK);
-        assert_int_equal(dw_model_config_load(g_ctx, dir, &b), DW_OK);
+        assert_int_equal(dw_model_config_load(dw_test_ctx, names[i], &a), DW_OK);
+        assert_int_equal(dw_model_config_save(dw_test_ctx, &a, p), DW_OK);
+        assert_int_equal(dw_model_config_load(dw_test_ctx, dir, &b), DW_OK);
         assert_memory_equal(&a, &b, sizeof a);
     }
     free(p);
@@ -186,10 +170,10 @@ static void expect_error(const char *json, dw_status want, const char *n1, const
     char *p = write_config(dir, json);
     dw_model_config c;
     c.d_model = 7;
-    dw_status s = dw_model_config_load(g_ctx, dir, &c);
-    if (s != want || !strstr(dw_errmsg(g_ctx), n1) || (n2 && !strstr(dw_errmsg(g_ctx), n2)) ||
-        !strstr(dw_errmsg(g_ctx), "config.json"))
-        fail_msg("json %s: status %s, message '%s'", json, dw_status_name(s), dw_errmsg(g_ctx));
+    dw_status s = dw_model_config_load(dw_test_ctx, dir, &c);
+    if (s != want || !strstr(dw_errmsg(dw_test_ctx), n1) || (n2 && !strstr(dw_errmsg(dw_test_ctx), n2)) ||
+        !strstr(dw_errmsg(dw_test_ctx), "config.json"))
+        fail_msg("json %s: status %s, message '%s'", json, dw_status_name(s), dw_errmsg(dw_test_ctx));
     assert_int_equal(c.d_model, 0); /* out-parameter cleared */
     free(p);
     dw_test_rmtree(dir);
@@ -224,8 +208,8 @@ static void test_errors(void **state) {
     expect_error("{\"model_type\": 3}", DW_ERR_FORMAT, "'model_type'", NULL);
     expect_error("{\"model_type\": \"llama\",", DW_ERR_FORMAT, ":1:", NULL); /* syntax error */
     dw_model_config c;
-    assert_int_equal(dw_model_config_load(g_ctx, "no-such-model", &c), DW_ERR_INVALID);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "gpt2-tiny"));
+    assert_int_equal(dw_model_config_load(dw_test_ctx, "no-such-model", &c), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "gpt2-tiny"));
 }
 
 int main(void) {
@@ -234,5 +218,5 @@ int main(void) {
         cmocka_unit_test(test_parse_llama_family), cmocka_unit_test(test_save_load_presets),
         cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

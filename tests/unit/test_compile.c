@@ -26,7 +26,7 @@ static dw_test_rng g_rng;
 static int setup(void **state) {
     (void)state;
     dw_ctx_opts o = {.device = DW_DEVICE_CPU};
-    dw_test_rng_init(&g_rng, dw_test_seed() ^ 0xC0Cull);
+    dw_test_rng_init(&g_rng, dw_test_seed() ^ 0xC0Cull); /* its own stream of the seed */
     return dw_ctx_create(&o, &g_ctx) == DW_OK ? 0 : -1;
 }
 static int teardown(void **state) {

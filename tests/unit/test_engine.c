@@ -19,50 +19,32 @@
 #include "deepwell.h"
 #include "testutil.h"
 
-static dw_ctx *g_ctx;
-static dw_test_rng g_rng;
-
-static int setup(void **state) {
-    (void)state;
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
-    dw_test_rng_init(&g_rng, dw_test_seed());
-    return dw_ctx_create(&o, &g_ctx) == DW_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    dw_ctx_free(g_ctx);
-    return 0;
-}
-
-static int64_t rnd(int64_t lo, int64_t hi) {
-    return lo + (int64_t)(dw_test_next(&g_rng) % (uint64_t)(hi - lo + 1));
-}
 
 /* A small model of the preset's family with random dimensions. */
 static dw_model_config small(const char *preset) {
     dw_model_config c;
-    assert_int_equal(dw_model_config_load(g_ctx, preset, &c), DW_OK);
-    c.n_layers = rnd(1, 2);
-    c.vocab_size = rnd(20, 60);
-    c.d_ff = rnd(8, 40);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, preset, &c), DW_OK);
+    c.n_layers = dw_test_rnd(1, 2);
+    c.vocab_size = dw_test_rnd(20, 60);
+    c.d_ff = dw_test_rnd(8, 40);
     c.max_seq = 32;
     if (c.arch == DW_ARCH_GPT2) {
-        c.n_heads = c.n_kv_heads = rnd(1, 3);
-        c.head_dim = 2 * rnd(1, 4);
+        c.n_heads = c.n_kv_heads = dw_test_rnd(1, 3);
+        c.head_dim = 2 * dw_test_rnd(1, 4);
         c.d_model = c.n_heads * c.head_dim;
     } else {
-        c.n_kv_heads = rnd(1, 2);
-        c.n_heads = c.n_kv_heads * rnd(1, 2);
-        c.head_dim = 2 * rnd(1, 4);
-        c.d_model = rnd(6, 24);
+        c.n_kv_heads = dw_test_rnd(1, 2);
+        c.n_heads = c.n_kv_heads * dw_test_rnd(1, 2);
+        c.head_dim = 2 * dw_test_rnd(1, 4);
+        c.d_model = dw_test_rnd(6, 24);
     }
-    c.tie_embeddings = rnd(0, 1);
+    c.tie_embeddings = dw_test_rnd(0, 1);
     return c;
 }
 
 static dw_engine *make(const dw_model_config *c, int64_t B, int64_t T) {
     dw_engine *e = NULL;
-    if (dw_engine_create_cpu(g_ctx, c, B, T, &e) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
+    if (dw_engine_create_cpu(dw_test_ctx, c, B, T, &e) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));
     return e;
 }
 
@@ -75,9 +57,9 @@ static dw_param *find(dw_engine *e, const char *name) {
 static void test_init(void **state) {
     (void)state;
     dw_model_config c;
-    assert_int_equal(dw_model_config_load(g_ctx, "gpt2-tiny", &c), DW_OK);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, "gpt2-tiny", &c), DW_OK);
     dw_engine *a = make(&c, 1, 8), *b = make(&c, 1, 8);
-    uint64_t seed = dw_test_next(&g_rng);
+    uint64_t seed = dw_test_next(&dw_test_group_rng);
     assert_int_equal(dw_engine_init_weights(a, seed), DW_OK);
     assert_int_equal(dw_engine_init_weights(b, seed), DW_OK);
     assert_int_equal(dw_engine_param_numel(a), dw_model_config_params(&c));
@@ -119,7 +101,7 @@ static void random_weights(dw_engine *e, float scale) {
         dw_param *p = dw_engine_param(e, i);
         for (int64_t k = 0; k < p->numel; k++)
             p->data[k] = (p->ndim == 1 && !strstr(p->name, ".bias") ? 1.0f : 0.0f) +
-                         scale * dw_test_normal(&g_rng);
+                         scale * dw_test_normal(&dw_test_group_rng);
     }
 }
 
@@ -138,7 +120,7 @@ static void test_save_load(void **state) {
             assert_memory_equal(dw_engine_param(a, i)->data, dw_engine_param(b, i)->data,
                                 (size_t)dw_engine_param(a, i)->numel * sizeof(float));
         dw_st_file *sf = NULL;
-        assert_int_equal(dw_st_open(g_ctx, path, &sf), DW_OK);
+        assert_int_equal(dw_st_open(dw_test_ctx, path, &sf), DW_OK);
         assert_int_equal(dw_st_count(sf), dw_engine_param_count(a));
         assert_true((dw_st_find(sf, "lm_head.weight") != NULL) == !c.tie_embeddings);
         if (f == 0) { /* GPT-2 Conv1D: stored in x out, i.e. the transpose */
@@ -148,28 +130,28 @@ static void test_save_load(void **state) {
             assert_int_equal(t->shape[1], c.d_ff);
             dw_param *p = find(a, "transformer.h.0.mlp.c_fc.weight"); /* (F, C) */
             float *hf = malloc((size_t)p->numel * sizeof(float));
-            assert_int_equal(dw_st_read_f32(g_ctx, sf, t, hf), DW_OK);
-            int64_t r = rnd(0, c.d_ff - 1), k = rnd(0, c.d_model - 1);
+            assert_int_equal(dw_st_read_f32(dw_test_ctx, sf, t, hf), DW_OK);
+            int64_t r = dw_test_rnd(0, c.d_ff - 1), k = dw_test_rnd(0, c.d_model - 1);
             assert_true(hf[k * c.d_ff + r] == p->data[r * c.d_model + k]);
             free(hf);
             /* original GPT-2 checkpoints: no "transformer." prefix, causal-mask buffers */
             dw_st_writer *w = NULL;
-            assert_int_equal(dw_st_writer_create(g_ctx, &w), DW_OK);
+            assert_int_equal(dw_st_writer_create(dw_test_ctx, &w), DW_OK);
             for (int i = 0; i < dw_st_count(sf); i++) {
                 const dw_st_tensor *x = dw_st_get(sf, i);
                 const char *nm = strncmp(x->name, "transformer.", 12) ? x->name : x->name + 12;
-                assert_int_equal(dw_st_writer_add(g_ctx, w, nm, x->dtype, x->ndim, x->shape, x->data,
+                assert_int_equal(dw_st_writer_add(dw_test_ctx, w, nm, x->dtype, x->ndim, x->shape, x->data,
                                                   x->nbytes), DW_OK);
             }
             static const float mask[4] = {1, 0, 1, 1};
             const int64_t mshape[4] = {1, 1, 2, 2};
-            assert_int_equal(dw_st_writer_add(g_ctx, w, "h.0.attn.bias", DW_DT_F32, 4, mshape, mask,
+            assert_int_equal(dw_st_writer_add(dw_test_ctx, w, "h.0.attn.bias", DW_DT_F32, 4, mshape, mask,
                                               sizeof mask), DW_OK);
             char *op = dw_test_path(dir, "orig.safetensors");
-            assert_int_equal(dw_st_writer_commit(g_ctx, w, op), DW_OK);
+            assert_int_equal(dw_st_writer_commit(dw_test_ctx, w, op), DW_OK);
             dw_st_writer_free(w);
             random_weights(b, 1.0f);
-            if (dw_engine_load_weights(b, op) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
+            if (dw_engine_load_weights(b, op) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));
             for (int i = 0; i < dw_engine_param_count(a); i++)
                 assert_memory_equal(dw_engine_param(a, i)->data, dw_engine_param(b, i)->data,
                                     (size_t)dw_engine_param(a, i)->numel * sizeof(float));
@@ -205,11 +187,11 @@ static void test_sharded(void **state) {
     dw_st_writer *w[2];
     char index[8192];
     size_t len = (size_t)snprintf(index, sizeof index, "{\"metadata\":{},\"weight_map\":{");
-    for (int s = 0; s < 2; s++) assert_int_equal(dw_st_writer_create(g_ctx, &w[s]), DW_OK);
+    for (int s = 0; s < 2; s++) assert_int_equal(dw_st_writer_create(dw_test_ctx, &w[s]), DW_OK);
     for (int i = 0; i < dw_engine_param_count(a); i++) {
         dw_param *p = dw_engine_param(a, i);
         int s = i % 2;
-        assert_int_equal(dw_st_writer_add(g_ctx, w[s], p->name, DW_DT_F32, p->ndim, p->shape, p->data,
+        assert_int_equal(dw_st_writer_add(dw_test_ctx, w[s], p->name, DW_DT_F32, p->ndim, p->shape, p->data,
                                           (size_t)p->numel * sizeof(float)), DW_OK);
         len += (size_t)snprintf(index + len, sizeof index - len, "%s\"%s\":\"model-%05d-of-00002.safetensors\"",
                                 i ? "," : "", p->name, s + 1);
@@ -219,13 +201,13 @@ static void test_sharded(void **state) {
         char name[64];
         snprintf(name, sizeof name, "model-%05d-of-00002.safetensors", s + 1);
         char *p = dw_test_path(dir, name);
-        assert_int_equal(dw_st_writer_commit(g_ctx, w[s], p), DW_OK);
+        assert_int_equal(dw_st_writer_commit(dw_test_ctx, w[s], p), DW_OK);
         dw_st_writer_free(w[s]);
         free(p);
     }
     char *ip = dw_test_path(dir, "model.safetensors.index.json");
     assert_int_equal(dw_test_write(ip, index, strlen(index)), 0);
-    if (dw_engine_load_weights(b, dir) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
+    if (dw_engine_load_weights(b, dir) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));
     for (int i = 0; i < dw_engine_param_count(a); i++)
         assert_memory_equal(dw_engine_param(a, i)->data, dw_engine_param(b, i)->data,
                             (size_t)dw_engine_param(a, i)->numel * sizeof(float));
@@ -237,7 +219,7 @@ static void test_sharded(void **state) {
 }
 
 static void random_tokens(int32_t *t, int64_t n, int64_t V) {
-    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)rnd(0, V - 1);
+    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)dw_test_rnd(0, V - 1);
 }
 
 /* (L(w + h) - L(w - h)) / 2h for one weight, restored afterwards. */
@@ -260,7 +242,7 @@ static void test_finite_differences(void **state) {
     const char *presets[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
     for (int f = 0; f < 3; f++) {
         dw_model_config c = small(presets[f]);
-        int64_t B = rnd(1, 2), T = rnd(2, 6);
+        int64_t B = dw_test_rnd(1, 2), T = dw_test_rnd(2, 6);
         dw_engine *e = make(&c, B, T);
         random_weights(e, 0.3f);
         int32_t tok[12], tgt[12];
@@ -273,7 +255,7 @@ static void test_finite_differences(void **state) {
         for (int i = 0; i < dw_engine_param_count(e); i++) {
             dw_param *p = dw_engine_param(e, i);
             for (int rep = 0; rep < 2; rep++) {
-                int64_t k = rnd(0, p->numel - 1);
+                int64_t k = dw_test_rnd(0, p->numel - 1);
                 /* Richardson-extrapolated central differences, (4 D(h/2) - D(h)) / 3: the O(h^2)
                  * term cancels. With random 0.3-scale weights the loss is curved enough that a
                  * plain central difference at h = 1e-2 can be 20% off a correct gradient. */
@@ -354,17 +336,17 @@ static void test_errors(void **state) {
     int32_t tok[8] = {0}, tgt[8] = {0};
     double loss;
     assert_int_equal(dw_engine_forward(e, tok, tgt, 3, 4, NULL, &loss), DW_ERR_INVALID);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "capacity"));
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "capacity"));
     tok[5] = (int32_t)c.vocab_size;
     assert_int_equal(dw_engine_forward(e, tok, tgt, 2, 4, NULL, &loss), DW_ERR_INVALID);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "position 5"));
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "position 5"));
     assert_int_equal(dw_engine_forward_backward(e, tok, NULL, 2, 4, 1.0, &loss), DW_ERR_INVALID);
     assert_int_equal(dw_engine_load_weights(e, "/nonexistent/w.safetensors"), DW_ERR_IO);
     dw_engine_free(e);
     dw_model_config big;
-    assert_int_equal(dw_model_config_load(g_ctx, "mixtral-8x7b", &big), DW_OK);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, "mixtral-8x7b", &big), DW_OK);
     e = (dw_engine *)1;
-    assert_int_equal(dw_engine_create_cpu(g_ctx, &big, 1, 4, &e), DW_ERR_UNSUPPORTED);
+    assert_int_equal(dw_engine_create_cpu(dw_test_ctx, &big, 1, 4, &e), DW_ERR_UNSUPPORTED);
     assert_null(e);
 }
 
@@ -374,5 +356,5 @@ int main(void) {
         cmocka_unit_test(test_sharded),       cmocka_unit_test(test_finite_differences),
         cmocka_unit_test(test_accumulate_and_shapes), cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

@@ -19,24 +19,6 @@
 #include "deepwell.h"
 #include "testutil.h"
 
-static dw_ctx *g_ctx;
-static dw_test_rng g_rng;
-
-static int setup(void **state) {
-    (void)state;
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
-    dw_test_rng_init(&g_rng, dw_test_seed());
-    return dw_ctx_create(&o, &g_ctx) == DW_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    dw_ctx_free(g_ctx);
-    return 0;
-}
-
-static int64_t rnd(int64_t lo, int64_t hi) {
-    return lo + (int64_t)(dw_test_next(&g_rng) % (uint64_t)(hi - lo + 1));
-}
 
 #define assert_close(a, b, tol)                                                             \
     do {                                                                                    \
@@ -65,20 +47,20 @@ static void test_op_tables(void **state) {
 static dw_model_config random_config(int family) {
     dw_model_config c;
     const char *preset[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
-    assert_int_equal(dw_model_config_load(g_ctx, preset[family], &c), DW_OK);
-    c.n_kv_heads = rnd(1, 3);
-    c.n_heads = family == 0 ? c.n_kv_heads : c.n_kv_heads * rnd(1, 3);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, preset[family], &c), DW_OK);
+    c.n_kv_heads = dw_test_rnd(1, 3);
+    c.n_heads = family == 0 ? c.n_kv_heads : c.n_kv_heads * dw_test_rnd(1, 3);
     if (family == 0) c.n_kv_heads = c.n_heads;
-    c.head_dim = 2 * rnd(1, 8);
-    c.d_model = family == 0 ? c.n_heads * c.head_dim : rnd(4, 40);
-    c.n_layers = rnd(1, 4);
-    c.d_ff = rnd(4, 70);
-    c.vocab_size = rnd(5, 300);
-    c.max_seq = rnd(8, 64);
-    c.tie_embeddings = rnd(0, 1);
+    c.head_dim = 2 * dw_test_rnd(1, 8);
+    c.d_model = family == 0 ? c.n_heads * c.head_dim : dw_test_rnd(4, 40);
+    c.n_layers = dw_test_rnd(1, 4);
+    c.d_ff = dw_test_rnd(4, 70);
+    c.vocab_size = dw_test_rnd(5, 300);
+    c.max_seq = dw_test_rnd(8, 64);
+    c.tie_embeddings = dw_test_rnd(0, 1);
     if (family == 1) {
-        c.qkv_bias = rnd(0, 1);
-        c.mlp_bias = rnd(0, 1);
+        c.qkv_bias = dw_test_rnd(0, 1);
+        c.mlp_bias = dw_test_rnd(0, 1);
     }
     return c;
 }
@@ -99,9 +81,9 @@ static void test_capture_random_configs(void **state) {
     (void)state;
     for (int it = 0; it < 30; it++) {
         dw_model_config c = random_config(it % 3);
-        int64_t B = rnd(1, 3), T = rnd(1, c.max_seq);
+        int64_t B = dw_test_rnd(1, 3), T = dw_test_rnd(1, c.max_seq);
         dw_graph *g = NULL;
-        if (dw_capture_config(g_ctx, &c, B, T, &g) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
+        if (dw_capture_config(dw_test_ctx, &c, B, T, &g) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));
         assert_int_equal(dw_graph_params(g), dw_model_config_params(&c));
         assert_int_equal(dw_graph_seq(g), T);
         /* every parameter is a distinct HF name; the tied head reuses the embedding */
@@ -141,11 +123,11 @@ static void test_json_round_trip(void **state) {
     const char *models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
     for (int i = 0; i < 3; i++) {
         dw_graph *g = NULL, *g2 = NULL;
-        assert_int_equal(dw_capture_hf_shape(g_ctx, models[i], rnd(1, 4), rnd(1, 256), &g), DW_OK);
+        assert_int_equal(dw_capture_hf_shape(dw_test_ctx, models[i], dw_test_rnd(1, 4), dw_test_rnd(1, 256), &g), DW_OK);
         char *a = NULL, *b = NULL;
-        assert_int_equal(dw_graph_to_json(g_ctx, g, i == 0, &a), DW_OK);
-        if (dw_graph_from_json(g_ctx, a, strlen(a), "a.json", &g2) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
-        assert_int_equal(dw_graph_to_json(g_ctx, g2, i == 0, &b), DW_OK);
+        assert_int_equal(dw_graph_to_json(dw_test_ctx, g, i == 0, &a), DW_OK);
+        if (dw_graph_from_json(dw_test_ctx, a, strlen(a), "a.json", &g2) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));
+        assert_int_equal(dw_graph_to_json(dw_test_ctx, g2, i == 0, &b), DW_OK);
         assert_string_equal(a, b);
         assert_int_equal(dw_graph_params(g2), dw_graph_params(g));
         assert_int_equal(dw_graph_node_count(g2), dw_graph_node_count(g));
@@ -156,7 +138,7 @@ static void test_json_round_trip(void **state) {
         assert_int_equal((int)json_array_size(json_object_get(j, "nodes")), dw_graph_node_count(g));
         json_decref(j);
         char *text = NULL;
-        assert_int_equal(dw_graph_print(g_ctx, g, &text), DW_OK);
+        assert_int_equal(dw_graph_print(dw_test_ctx, g, &text), DW_OK);
         assert_non_null(strstr(text, i == 0 ? "transformer.h.3.mlp.c_proj" : "model.layers.3.mlp.down_proj"));
         assert_non_null(strstr(text, "params:"));
         dw_free_string(text);
@@ -170,17 +152,17 @@ static void test_json_round_trip(void **state) {
 /* Applies `edit` to the JSON of llama-tiny and expects loading to fail with `needle`. */
 static void expect_load_error(void (*edit)(json_t *), const char *needle) {
     dw_graph *g = NULL;
-    assert_int_equal(dw_capture_hf_shape(g_ctx, "llama-tiny", 2, 16, &g), DW_OK);
+    assert_int_equal(dw_capture_hf_shape(dw_test_ctx, "llama-tiny", 2, 16, &g), DW_OK);
     json_t *j = dw_graph_json(g);
     dw_graph_free(g);
     edit(j);
     char *text = json_dumps(j, 0);
     json_decref(j);
     dw_graph *bad = (dw_graph *)1;
-    dw_status s = dw_graph_from_json(g_ctx, text, strlen(text), "g.json", &bad);
+    dw_status s = dw_graph_from_json(dw_test_ctx, text, strlen(text), "g.json", &bad);
     free(text);
-    if (s == DW_OK || !strstr(dw_errmsg(g_ctx), needle))
-        fail_msg("expected an error with '%s', got %s '%s'", needle, dw_status_name(s), dw_errmsg(g_ctx));
+    if (s == DW_OK || !strstr(dw_errmsg(dw_test_ctx), needle))
+        fail_msg("expected an error with '%s', got %s '%s'", needle, dw_status_name(s), dw_errmsg(dw_test_ctx));
     assert_null(bad);
 }
 
@@ -239,14 +221,14 @@ static void test_refusals(void **state) {
     const char *planning[] = {"llama-8b", "llama-70b", "llama-405b", "mixtral-8x7b", "deepseek-v3"};
     for (size_t i = 0; i < 5; i++) {
         dw_graph *g = (dw_graph *)1;
-        assert_int_equal(dw_capture_hf(g_ctx, planning[i], &g), DW_ERR_UNSUPPORTED);
+        assert_int_equal(dw_capture_hf(dw_test_ctx, planning[i], &g), DW_ERR_UNSUPPORTED);
         assert_null(g);
-        assert_non_null(strstr(dw_errmsg(g_ctx), "planning-only"));
+        assert_non_null(strstr(dw_errmsg(dw_test_ctx), "planning-only"));
     }
     dw_graph *g = NULL;
-    assert_int_equal(dw_capture_hf_shape(g_ctx, "gpt2-tiny", 1, 257, &g), DW_ERR_INVALID);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "256"));
-    assert_int_equal(dw_capture_hf(g_ctx, "llama-1b", &g), DW_OK); /* real shape, not allocated */
+    assert_int_equal(dw_capture_hf_shape(dw_test_ctx, "gpt2-tiny", 1, 257, &g), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "256"));
+    assert_int_equal(dw_capture_hf(dw_test_ctx, "llama-1b", &g), DW_OK); /* real shape, not allocated */
     assert_int_equal(dw_graph_params(g), 1235814400);
     assert_int_equal(dw_graph_seq(g), 2048);
     dw_graph_free(g);
@@ -259,5 +241,5 @@ int main(void) {
         cmocka_unit_test(test_json_round_trip), cmocka_unit_test(test_verify_errors),
         cmocka_unit_test(test_refusals),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
