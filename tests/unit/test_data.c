@@ -13,20 +13,7 @@
 #include "testutil.h"
 #include "train/data.h"
 
-static dw_ctx *ctx;
-static dw_test_rng rng;
 
-static int setup(void **state) {
-    (void)state;
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
-    dw_test_rng_init(&rng, dw_test_seed());
-    return dw_ctx_create(&o, &ctx) == DW_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    dw_ctx_free(ctx);
-    return 0;
-}
 
 /* Writes an llm.c shard: header (magic, version, n) + n tokens of es bytes; returns the tokens. */
 static uint32_t *write_shard(const char *path, int es, int64_t n, uint32_t vocab, uint32_t magic,
@@ -37,7 +24,7 @@ static uint32_t *write_shard(const char *path, int es, int64_t n, uint32_t vocab
     int32_t hdr[3] = {(int32_t)magic, (int32_t)version, (int32_t)claimed_n};
     memcpy(buf, hdr, sizeof hdr);
     for (int64_t i = 0; i < n; i++) {
-        tok[i] = (uint32_t)(dw_test_next(&rng) % vocab);
+        tok[i] = (uint32_t)(dw_test_next(&dw_test_group_rng) % vocab);
         if (es == 2) {
             uint16_t v = (uint16_t)tok[i];
             memcpy(buf + 1024 + i * 2, &v, 2);
@@ -89,24 +76,24 @@ static void test_shards_glob_epoch(void **state) {
     const int nf = 3;
     uint32_t *files[3];
     int64_t n[3];
-    int64_t T = 1 + (int64_t)(dw_test_next(&rng) % 9);
+    int64_t T = 1 + (int64_t)(dw_test_next(&dw_test_group_rng) % 9);
     uint32_t vocab = 70000;
     for (int f = 0; f < nf; f++) {
         char name[64];
         snprintf(name, sizeof name, "tok_%d.bin", f);
         char *p = dw_test_path(dir, name);
-        n[f] = 2 + (int64_t)(dw_test_next(&rng) % 300);
+        n[f] = 2 + (int64_t)(dw_test_next(&dw_test_group_rng) % 300);
         files[f] = write_shard(p, 4, n[f], vocab, DW_SHARD_MAGIC_U32, DW_SHARD_VERSION_U32, n[f]);
         free(p);
     }
     char *pat = dw_test_path(dir, "tok_*.bin");
     dw_data_opts o = {.pattern = pat, .T = T, .vocab_size = vocab, .shuffle = true,
-                      .seed = dw_test_next(&rng)};
+                      .seed = dw_test_next(&dw_test_group_rng)};
     dw_data *d = NULL;
-    dw_status st = dw_data_open(ctx, &o, &d);
+    dw_status st = dw_data_open(dw_test_ctx, &o, &d);
     if (st != DW_OK) { /* all files too short for one window: a legal outcome, then it must say so */
         assert_int_equal(st, DW_ERR_INVALID);
-        assert_non_null(strstr(dw_errmsg(ctx), "--seq"));
+        assert_non_null(strstr(dw_errmsg(dw_test_ctx), "--seq"));
     } else {
         assert_int_equal(dw_data_file_count(d), nf);
         assert_int_equal(dw_data_get_kind(d), DW_DATA_SHARDS);
@@ -127,17 +114,17 @@ static void test_shuffle_deterministic_and_seek(void **state) {
     char *p = dw_test_path(dir, "a.bin");
     int64_t n = 4000, T = 8, B = 3;
     uint32_t *tok = write_shard(p, 2, n, 50257, DW_SHARD_MAGIC_U16, DW_SHARD_VERSION_U16, n);
-    uint64_t seed = dw_test_next(&rng);
+    uint64_t seed = dw_test_next(&dw_test_group_rng);
     dw_data_opts o = {.pattern = p, .T = T, .vocab_size = 50257, .shuffle = true, .seed = seed};
     dw_data *a = NULL, *b = NULL, *c = NULL;
-    assert_int_equal(dw_data_open(ctx, &o, &a), DW_OK);
-    assert_int_equal(dw_data_open(ctx, &o, &b), DW_OK);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &a), DW_OK);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &b), DW_OK);
     o.seed = seed + 1;
-    assert_int_equal(dw_data_open(ctx, &o, &c), DW_OK);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &c), DW_OK);
     int64_t steps = 2 * dw_data_windows(a) / B + 5; /* crosses two epoch boundaries */
     int32_t *xa = malloc((size_t)(B * T) * 4), *ya = malloc((size_t)(B * T) * 4);
     int32_t *xb = malloc((size_t)(B * T) * 4), *yb = malloc((size_t)(B * T) * 4);
-    int64_t differ = 0, cut = (int64_t)(dw_test_next(&rng) % (uint64_t)steps);
+    int64_t differ = 0, cut = (int64_t)(dw_test_next(&dw_test_group_rng) % (uint64_t)steps);
     uint64_t cut_pos = 0;
     int32_t *saved = malloc((size_t)(B * T) * 4 * (size_t)steps);
     for (int64_t s = 0; s < steps; s++) {
@@ -155,7 +142,7 @@ static void test_shuffle_deterministic_and_seek(void **state) {
     /* seeking to a saved position replays the same batches (what resume relies on) */
     dw_data_free(b);
     o.seed = seed;
-    assert_int_equal(dw_data_open(ctx, &o, &b), DW_OK);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &b), DW_OK);
     dw_data_seek(b, cut_pos);
     for (int64_t s = cut; s < steps; s++) {
         dw_data_next(b, B, xb, yb);
@@ -164,7 +151,7 @@ static void test_shuffle_deterministic_and_seek(void **state) {
     /* no shuffle: windows in file order */
     o.shuffle = false;
     dw_data_free(c);
-    assert_int_equal(dw_data_open(ctx, &o, &c), DW_OK);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &c), DW_OK);
     for (int64_t w = 0; w < 10; w++) {
         dw_data_next(c, 1, xb, yb);
         for (int64_t t = 0; t < T; t++) assert_int_equal(xb[t], (int32_t)tok[w * T + t]);
@@ -181,9 +168,9 @@ static void expect_error(const char *pattern, int64_t vocab, dw_status want, con
                          const char *b) {
     dw_data_opts o = {.pattern = pattern, .T = 4, .vocab_size = vocab, .shuffle = true, .seed = 1};
     dw_data *d = (dw_data *)1;
-    assert_int_equal(dw_data_open(ctx, &o, &d), want);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &d), want);
     assert_null(d);
-    const char *msg = dw_errmsg(ctx);
+    const char *msg = dw_errmsg(dw_test_ctx);
     if (!strstr(msg, a) || (b && !strstr(msg, b))) fail_msg("message '%s' lacks '%s' / '%s'", msg, a, b ? b : "");
 }
 
@@ -199,7 +186,7 @@ static void test_bad_shards(void **state) {
     free(write_shard(p, 2, 100, 100, DW_SHARD_MAGIC_U16, 7, 100));
     expect_error(p, 100, DW_ERR_FORMAT, p, "byte offset 4");
     /* truncated: the header promises more tokens than the file has */
-    int64_t n = 50 + (int64_t)(dw_test_next(&rng) % 50);
+    int64_t n = 50 + (int64_t)(dw_test_next(&dw_test_group_rng) % 50);
     free(write_shard(p, 2, n, 100, DW_SHARD_MAGIC_U16, 1, n + 3));
     snprintf(off, sizeof off, "byte offset %lld", (long long)(1024 + 2 * n));
     expect_error(p, 100, DW_ERR_FORMAT, p, off);
@@ -208,9 +195,9 @@ static void test_bad_shards(void **state) {
     expect_error(p, 100, DW_ERR_FORMAT, p, "truncated");
     /* a token >= vocab, at a random index */
     uint32_t *tok = write_shard(p, 4, n, 100, DW_SHARD_MAGIC_U32, DW_SHARD_VERSION_U32, n);
-    int64_t bad = (int64_t)(dw_test_next(&rng) % (uint64_t)n);
+    int64_t bad = (int64_t)(dw_test_next(&dw_test_group_rng) % (uint64_t)n);
     FILE *f = fopen(p, "r+b");
-    uint32_t big = 100 + (uint32_t)(dw_test_next(&rng) % 1000);
+    uint32_t big = 100 + (uint32_t)(dw_test_next(&dw_test_group_rng) % 1000);
     fseek(f, 1024 + bad * 4, SEEK_SET);
     fwrite(&big, 4, 1, f);
     fclose(f);
@@ -236,13 +223,13 @@ static void test_raw_text(void **state) {
     (void)state;
     char *dir = dw_test_tmpdir();
     char *p = dw_test_path(dir, "t.txt");
-    int64_t n = 200 + (int64_t)(dw_test_next(&rng) % 200), T = 16;
+    int64_t n = 200 + (int64_t)(dw_test_next(&dw_test_group_rng) % 200), T = 16;
     unsigned char *bytes = malloc((size_t)n);
-    for (int64_t i = 0; i < n; i++) bytes[i] = (unsigned char)(dw_test_next(&rng) & 255);
+    for (int64_t i = 0; i < n; i++) bytes[i] = (unsigned char)(dw_test_next(&dw_test_group_rng) & 255);
     assert_int_equal(dw_test_write(p, bytes, (size_t)n), 0);
     dw_data_opts o = {.pattern = p, .T = T, .vocab_size = 256, .shuffle = false, .seed = 0};
     dw_data *d = NULL;
-    assert_int_equal(dw_data_open(ctx, &o, &d), DW_OK);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &d), DW_OK);
     assert_int_equal(dw_data_get_kind(d), DW_DATA_TEXT);
     assert_int_equal(dw_data_windows(d), (n - 1) / T);
     int32_t x[16], y[16];
@@ -292,13 +279,13 @@ static void test_builtin(void **state) {
     free(texts[1]);
     dw_data_opts o = {.pattern = "builtin", .T = 32, .vocab_size = 256, .shuffle = true, .seed = 3};
     dw_data *d = NULL;
-    assert_int_equal(dw_data_open(ctx, &o, &d), DW_OK);
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &d), DW_OK);
     assert_int_equal(dw_data_get_kind(d), DW_DATA_BUILTIN);
     assert_true(dw_data_windows(d) > 1000);
     dw_data_free(d);
     o.vocab_size = 50; /* '=' is 61: a byte beyond the vocab is refused */
-    assert_int_equal(dw_data_open(ctx, &o, &d), DW_ERR_FORMAT);
-    assert_non_null(strstr(dw_errmsg(ctx), "builtin"));
+    assert_int_equal(dw_data_open(dw_test_ctx, &o, &d), DW_ERR_FORMAT);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "builtin"));
 }
 
 int main(void) {
@@ -309,5 +296,5 @@ int main(void) {
         cmocka_unit_test(test_raw_text),
         cmocka_unit_test(test_builtin),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

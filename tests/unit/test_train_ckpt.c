@@ -17,20 +17,7 @@
 #include "testutil.h"
 #include "train/ckpt.h"
 
-static dw_ctx *ctx;
-static dw_test_rng rng;
 
-static int setup(void **state) {
-    (void)state;
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
-    dw_test_rng_init(&rng, dw_test_seed());
-    return dw_ctx_create(&o, &ctx) == DW_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    dw_ctx_free(ctx);
-    return 0;
-}
 
 typedef struct {
     int fail_at; /* -1: write all files; else stop with an error before file i */
@@ -41,9 +28,9 @@ static dw_status write_files(dw_ctx *c, const char *dir, void *user) {
     writer *w = user;
     for (int i = 0; i < DW_CKPT_NFILES; i++) {
         if (i == w->fail_at) return DW_ERR_IO;
-        w->sizes[i] = 1 + dw_test_next(&rng) % 5000;
+        w->sizes[i] = 1 + dw_test_next(&dw_test_group_rng) % 5000;
         unsigned char *b = malloc(w->sizes[i]);
-        for (size_t k = 0; k < w->sizes[i]; k++) b[k] = (unsigned char)dw_test_next(&rng);
+        for (size_t k = 0; k < w->sizes[i]; k++) b[k] = (unsigned char)dw_test_next(&dw_test_group_rng);
         char *p = dw_path_join(dir, dw_ckpt_files[i]);
         dw_status s = dw_write_file_atomic(c, p, b, w->sizes[i]);
         free(p);
@@ -57,15 +44,15 @@ static dw_ckpt_state random_state(int64_t step) {
     dw_ckpt_state s;
     memset(&s, 0, sizeof s);
     s.step = step;
-    s.total_steps = step + (int64_t)(dw_test_next(&rng) % 100);
-    s.tokens_seen = (int64_t)(dw_test_next(&rng) >> 20);
-    s.data_position = dw_test_next(&rng); /* full 64 bits: must survive JSON */
-    s.seed = dw_test_next(&rng);
-    s.rng_state = dw_test_next(&rng);
-    s.schedule = (dw_schedule){.kind = DW_SCHED_LINEAR, .lr = dw_test_uniform(&rng, 0, 1),
-                               .min_lr = dw_test_uniform(&rng, 0, 1e-3f), .warmup = 7, .total = s.total_steps};
+    s.total_steps = step + (int64_t)(dw_test_next(&dw_test_group_rng) % 100);
+    s.tokens_seen = (int64_t)(dw_test_next(&dw_test_group_rng) >> 20);
+    s.data_position = dw_test_next(&dw_test_group_rng); /* full 64 bits: must survive JSON */
+    s.seed = dw_test_next(&dw_test_group_rng);
+    s.rng_state = dw_test_next(&dw_test_group_rng);
+    s.schedule = (dw_schedule){.kind = DW_SCHED_LINEAR, .lr = dw_test_uniform(&dw_test_group_rng, 0, 1),
+                               .min_lr = dw_test_uniform(&dw_test_group_rng, 0, 1e-3f), .warmup = 7, .total = s.total_steps};
     s.beta1 = 0.9;
-    s.beta2 = dw_test_uniform(&rng, 0.9f, 1.0f);
+    s.beta2 = dw_test_uniform(&dw_test_group_rng, 0.9f, 1.0f);
     s.eps = 1e-8;
     s.weight_decay = 0.1;
     s.clip = 1.0 / 3.0;
@@ -105,7 +92,7 @@ static void test_crc32_check_value(void **state) {
     assert_int_equal(dw_test_write(p, "123456789", 9), 0);
     uint32_t crc = 0;
     int64_t size = 0;
-    assert_int_equal(dw_file_crc32(ctx, p, &crc, &size), DW_OK);
+    assert_int_equal(dw_file_crc32(dw_test_ctx, p, &crc, &size), DW_OK);
     assert_int_equal(crc, 0xCBF43926u);
     assert_int_equal(size, 9);
     free(p);
@@ -129,7 +116,7 @@ static void test_save_open_keep(void **state) {
     for (int k = 0; k < 4; k++) {
         saved[k] = random_state(10 * (k + 1));
         char *path = NULL;
-        assert_int_equal(dw_ckpt_save(ctx, dir, &saved[k], write_files, &w, 2, &path), DW_OK);
+        assert_int_equal(dw_ckpt_save(dw_test_ctx, dir, &saved[k], write_files, &w, 2, &path), DW_OK);
         assert_non_null(strstr(path, "ckpt-"));
         free(path);
     }
@@ -140,29 +127,29 @@ static void test_save_open_keep(void **state) {
     /* the run directory resolves through `latest` */
     dw_ckpt_state got;
     char *cdir = NULL;
-    assert_int_equal(dw_ckpt_open(ctx, dir, &cdir, &got), DW_OK);
+    assert_int_equal(dw_ckpt_open(dw_test_ctx, dir, &cdir, &got), DW_OK);
     assert_non_null(strstr(cdir, "ckpt-40"));
     assert_state_equal(&got, &saved[3]);
     free(cdir);
     char *c30 = dw_test_path(dir, "ckpt-30");
-    assert_int_equal(dw_ckpt_open(ctx, c30, &cdir, &got), DW_OK);
+    assert_int_equal(dw_ckpt_open(dw_test_ctx, c30, &cdir, &got), DW_OK);
     assert_state_equal(&got, &saved[2]);
     free(cdir);
     /* a save that fails half way leaves the previous checkpoints and `latest` as they were */
-    w.fail_at = (int)(dw_test_next(&rng) % DW_CKPT_NFILES);
+    w.fail_at = (int)(dw_test_next(&dw_test_group_rng) % DW_CKPT_NFILES);
     dw_ckpt_state s50 = random_state(50);
     char *path = (char *)1;
-    assert_int_not_equal(dw_ckpt_save(ctx, dir, &s50, write_files, &w, 2, &path), DW_OK);
+    assert_int_not_equal(dw_ckpt_save(dw_test_ctx, dir, &s50, write_files, &w, 2, &path), DW_OK);
     assert_null(path);
     assert_false(exists(dir, "ckpt-50"));
-    assert_int_equal(dw_ckpt_open(ctx, dir, &cdir, &got), DW_OK);
+    assert_int_equal(dw_ckpt_open(dw_test_ctx, dir, &cdir, &got), DW_OK);
     assert_state_equal(&got, &saved[3]);
     free(cdir);
     /* saving the same step again replaces it */
     w.fail_at = -1;
     saved[3].tokens_seen++;
-    assert_int_equal(dw_ckpt_save(ctx, dir, &saved[3], write_files, &w, 0, NULL), DW_OK);
-    assert_int_equal(dw_ckpt_open(ctx, dir, &cdir, &got), DW_OK);
+    assert_int_equal(dw_ckpt_save(dw_test_ctx, dir, &saved[3], write_files, &w, 0, NULL), DW_OK);
+    assert_int_equal(dw_ckpt_open(dw_test_ctx, dir, &cdir, &got), DW_OK);
     assert_state_equal(&got, &saved[3]);
     free(cdir);
     free(c30);
@@ -173,10 +160,10 @@ static void test_save_open_keep(void **state) {
 static void expect_refused(const char *dir, const char *name, const char *what) {
     dw_ckpt_state got;
     char *cdir = (char *)1;
-    dw_status s = dw_ckpt_open(ctx, dir, &cdir, &got);
+    dw_status s = dw_ckpt_open(dw_test_ctx, dir, &cdir, &got);
     assert_int_not_equal(s, DW_OK);
     assert_null(cdir);
-    const char *msg = dw_errmsg(ctx);
+    const char *msg = dw_errmsg(dw_test_ctx);
     if (!strstr(msg, name) || !strstr(msg, what)) fail_msg("message '%s' lacks '%s' or '%s'", msg, name, what);
 }
 
@@ -189,7 +176,7 @@ static void test_corrupt_refused(void **state) {
             writer w = {.fail_at = -1};
             dw_ckpt_state s = random_state(5);
             char *cdir = NULL;
-            assert_int_equal(dw_ckpt_save(ctx, dir, &s, write_files, &w, 1, &cdir), DW_OK);
+            assert_int_equal(dw_ckpt_save(dw_test_ctx, dir, &s, write_files, &w, 1, &cdir), DW_OK);
             char *p = dw_test_path(cdir, dw_ckpt_files[i]);
             if (damage == 0) {
                 assert_int_equal(unlink(p), 0);
@@ -199,11 +186,11 @@ static void test_corrupt_refused(void **state) {
                 expect_refused(dir, p, "bytes");
             } else {
                 FILE *f = fopen(p, "r+b");
-                long at = (long)(dw_test_next(&rng) % w.sizes[i]);
+                long at = (long)(dw_test_next(&dw_test_group_rng) % w.sizes[i]);
                 fseek(f, at, SEEK_SET);
                 int c = fgetc(f);
                 fseek(f, at, SEEK_SET);
-                fputc(c ^ (1 << (dw_test_next(&rng) % 8)), f);
+                fputc(c ^ (1 << (dw_test_next(&dw_test_group_rng) % 8)), f);
                 fclose(f);
                 expect_refused(dir, p, "CRC-32");
             }
@@ -218,11 +205,11 @@ static void test_corrupt_refused(void **state) {
     writer w = {.fail_at = -1};
     dw_ckpt_state s = random_state(5);
     char *cdir = NULL;
-    assert_int_equal(dw_ckpt_save(ctx, dir, &s, write_files, &w, 1, &cdir), DW_OK);
+    assert_int_equal(dw_ckpt_save(dw_test_ctx, dir, &s, write_files, &w, 1, &cdir), DW_OK);
     char *sp = dw_test_path(cdir, "state.json");
     char *text = NULL;
     size_t n = 0;
-    assert_int_equal(dw_read_file(ctx, sp, &text, &n), DW_OK);
+    assert_int_equal(dw_read_file(dw_test_ctx, sp, &text, &n), DW_OK);
     assert_int_equal(dw_test_write(sp, text, n / 2), 0);
     expect_refused(dir, sp, "invalid JSON");
     char *cut = strstr(text, "\"tokens_seen\"");
@@ -251,5 +238,5 @@ int main(void) {
         cmocka_unit_test(test_save_open_keep),
         cmocka_unit_test(test_corrupt_refused),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

@@ -15,24 +15,11 @@
 #include "testutil.h"
 #include "train/optstate.h"
 
-static dw_ctx *ctx;
-static dw_test_rng rng;
 enum { NP = 5 };
 static const char *names[NP] = {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
                                 "transformer.h.0.attn.c_attn.bias", "transformer.h.0.ln_1.weight",
                                 "lm_head.weight"};
 
-static int setup(void **state) {
-    (void)state;
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
-    dw_test_rng_init(&rng, dw_test_seed());
-    return dw_ctx_create(&o, &ctx) == DW_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    dw_ctx_free(ctx);
-    return 0;
-}
 
 static void make_params(dw_param *p, dw_param **ptrs, bool copy_from_first, const dw_param *src) {
     for (int i = 0; i < NP; i++) {
@@ -42,15 +29,15 @@ static void make_params(dw_param *p, dw_param **ptrs, bool copy_from_first, cons
             memset(&p[i], 0, sizeof p[i]);
             p[i].name = names[i];
             p[i].ndim = (i == 2 || i == 3) ? 1 : 2;
-            p[i].shape[0] = 1 + (int64_t)(dw_test_next(&rng) % 17);
-            p[i].shape[1] = p[i].ndim == 2 ? 1 + (int64_t)(dw_test_next(&rng) % 13) : 0;
+            p[i].shape[0] = 1 + (int64_t)(dw_test_next(&dw_test_group_rng) % 17);
+            p[i].shape[1] = p[i].ndim == 2 ? 1 + (int64_t)(dw_test_next(&dw_test_group_rng) % 13) : 0;
             p[i].numel = p[i].shape[0] * (p[i].ndim == 2 ? p[i].shape[1] : 1);
             p[i].decay = p[i].ndim == 2;
         }
         p[i].data = malloc((size_t)p[i].numel * 4);
         p[i].grad = malloc((size_t)p[i].numel * 4);
         for (int64_t k = 0; k < p[i].numel; k++)
-            p[i].data[k] = copy_from_first ? src[i].data[k] : dw_test_normal(&rng);
+            p[i].data[k] = copy_from_first ? src[i].data[k] : dw_test_normal(&dw_test_group_rng);
         ptrs[i] = &p[i];
     }
 }
@@ -64,7 +51,7 @@ static void free_params(dw_param *p) {
 
 static void random_grads(dw_param *a, dw_param *b) {
     for (int i = 0; i < NP; i++)
-        for (int64_t k = 0; k < a[i].numel; k++) a[i].grad[k] = b[i].grad[k] = dw_test_normal(&rng);
+        for (int64_t k = 0; k < a[i].numel; k++) a[i].grad[k] = b[i].grad[k] = dw_test_normal(&dw_test_group_rng);
 }
 
 static void test_round_trip_continues_bit_identical(void **state) {
@@ -73,7 +60,7 @@ static void test_round_trip_continues_bit_identical(void **state) {
     dw_param *pa[NP], *pb[NP];
     make_params(a, pa, false, NULL);
     dw_optim *oa = NULL, *ob = NULL;
-    assert_int_equal(dw_optim_create(ctx, pa, NP, &oa), DW_OK);
+    assert_int_equal(dw_optim_create(dw_test_ctx, pa, NP, &oa), DW_OK);
     dw_adamw_hparams h = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     int64_t t = 1;
     for (; t <= 3; t++) {
@@ -87,10 +74,10 @@ static void test_round_trip_continues_bit_identical(void **state) {
     }
     char *dir = dw_test_tmpdir();
     char *path = dw_test_path(dir, "optimizer.safetensors");
-    assert_int_equal(dw_optim_save(ctx, oa, path), DW_OK);
+    assert_int_equal(dw_optim_save(dw_test_ctx, oa, path), DW_OK);
     /* the file: two F32 tensors per parameter with HF names + suffixes and the parameter's shape */
     dw_st_file *f = NULL;
-    assert_int_equal(dw_st_open(ctx, path, &f), DW_OK);
+    assert_int_equal(dw_st_open(dw_test_ctx, path, &f), DW_OK);
     assert_int_equal(dw_st_count(f), 2 * NP);
     for (int i = 0; i < NP; i++) {
         char n[128];
@@ -105,8 +92,8 @@ static void test_round_trip_continues_bit_identical(void **state) {
     dw_st_close(f);
     /* a second optimizer over copies of the parameters, loaded from the file */
     make_params(b, pb, true, a);
-    assert_int_equal(dw_optim_create(ctx, pb, NP, &ob), DW_OK);
-    assert_int_equal(dw_optim_load(ctx, ob, path), DW_OK);
+    assert_int_equal(dw_optim_create(dw_test_ctx, pb, NP, &ob), DW_OK);
+    assert_int_equal(dw_optim_load(dw_test_ctx, ob, path), DW_OK);
     for (; t <= 6; t++) {
         random_grads(a, b);
         dw_optim_step(oa, &h, t, dw_clip_factor(dw_optim_grad_norm(oa), 1.0));
@@ -115,10 +102,10 @@ static void test_round_trip_continues_bit_identical(void **state) {
     for (int i = 0; i < NP; i++) assert_memory_equal(a[i].data, b[i].data, (size_t)a[i].numel * 4);
     /* a file saved for fewer parameters is refused, naming the missing tensor, and b is untouched */
     dw_optim *few = NULL;
-    assert_int_equal(dw_optim_create(ctx, pa, NP - 1, &few), DW_OK);
-    assert_int_equal(dw_optim_save(ctx, few, path), DW_OK);
-    assert_int_equal(dw_optim_load(ctx, ob, path), DW_ERR_FORMAT);
-    assert_non_null(strstr(dw_errmsg(ctx), path));
+    assert_int_equal(dw_optim_create(dw_test_ctx, pa, NP - 1, &few), DW_OK);
+    assert_int_equal(dw_optim_save(dw_test_ctx, few, path), DW_OK);
+    assert_int_equal(dw_optim_load(dw_test_ctx, ob, path), DW_ERR_FORMAT);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), path));
     /* a shape mismatch is refused too */
     dw_param c[NP];
     dw_param *pc[NP];
@@ -129,10 +116,10 @@ static void test_round_trip_continues_bit_identical(void **state) {
     c[NP - 1].grad = NULL;
     for (int i = 0; i < NP; i++) pc[i] = &c[i];
     dw_optim *other = NULL;
-    assert_int_equal(dw_optim_create(ctx, pc, NP, &other), DW_OK);
-    assert_int_equal(dw_optim_save(ctx, other, path), DW_OK);
-    assert_int_equal(dw_optim_load(ctx, ob, path), DW_ERR_FORMAT);
-    assert_non_null(strstr(dw_errmsg(ctx), "lm_head.weight"));
+    assert_int_equal(dw_optim_create(dw_test_ctx, pc, NP, &other), DW_OK);
+    assert_int_equal(dw_optim_save(dw_test_ctx, other, path), DW_OK);
+    assert_int_equal(dw_optim_load(dw_test_ctx, ob, path), DW_ERR_FORMAT);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "lm_head.weight"));
     /* nothing was changed by the refused loads: one more step keeps a and b identical */
     random_grads(a, b);
     dw_optim_step(oa, &h, t, 1.0);
@@ -154,5 +141,5 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_continues_bit_identical),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
