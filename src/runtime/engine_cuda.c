@@ -355,6 +355,49 @@ static dw_status read_loss(dw_engine *e, double *loss) {
     return DW_OK;
 }
 
+/* One eager training step with an event before every schedule step (engine_cuda.h). */
+dw_status dw_engine_cuda_profile_step(dw_engine *e, const int32_t *tokens, const int32_t *targets,
+                                      int64_t B, int64_t T, double grad_scale, dw_engine_prof *out,
+                                      int cap, int *n_nodes) {
+    const dw_graph *g = e->g;
+    const int n = g->n_nodes;
+    *n_nodes = n;
+    DW_TRY(put_batch(e, tokens, targets, B, T));
+    cudaEvent_t *ev = calloc((size_t)(2 * n + 1), sizeof *ev);
+    if (!ev) return dw_set_error(e->ctx, DW_ERR_NOMEM, "profile: out of memory");
+    dw_status s = DW_OK;
+    int made = 0;
+    for (; made < 2 * n + 1; made++)
+        if (cudaEventCreate(&ev[made]) != cudaSuccess) {
+            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: cudaEventCreate failed");
+            break;
+        }
+    for (int k = 0; s == DW_OK && k < 2 * n; k++) { /* step k: node k forward, then backward */
+        int i = k < n ? k : 2 * n - 1 - k;
+        cudaEventRecord(ev[k], CE->stream);
+        s = k < n ? fwd_node(e, i, true, grad_scale) : bwd_node(e, i);
+        if (s != DW_OK) s = dw_prefix_error(e->ctx, s, "profile: node '%s'", g->nodes[i].name);
+    }
+    if (s == DW_OK) {
+        cudaEventRecord(ev[2 * n], CE->stream);
+        if (cudaEventSynchronize(ev[2 * n]) != cudaSuccess)
+            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: step failed: %s", cudaGetErrorString(cudaGetLastError()));
+    }
+    for (int k = 0; s == DW_OK && k < 2 * n; k++) {
+        int i = k < n ? k : 2 * n - 1 - k;
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, ev[k], ev[k + 1]);
+        if (i >= cap) continue;
+        out[i].name = g->nodes[i].name;
+        out[i].op = (int)g->nodes[i].op;
+        if (k < n) out[i].fwd_ms = ms;
+        else out[i].bwd_ms = ms;
+    }
+    for (int k = 0; k < made; k++) cudaEventDestroy(ev[k]);
+    free(ev);
+    return s;
+}
+
 dw_status dw_engine_cuda_forward_backward(dw_engine *e, const int32_t *tokens, const int32_t *targets,
                                           int64_t B, int64_t T, double grad_scale, double *loss) {
     DW_TRY(put_batch(e, tokens, targets, B, T));
@@ -613,6 +656,13 @@ dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double bet
 const dw_compiled *dw_engine_cuda_plan(const dw_engine *e) {
     (void)e;
     return NULL;
+}
+dw_status dw_engine_cuda_profile_step(dw_engine *e, const int32_t *tokens, const int32_t *targets,
+                                      int64_t B, int64_t T, double grad_scale, dw_engine_prof *out,
+                                      int cap, int *n_nodes) {
+    (void)tokens, (void)targets, (void)B, (void)T, (void)grad_scale, (void)out, (void)cap;
+    *n_nodes = 0;
+    return no_cuda(e);
 }
 dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {
     (void)i, (void)m, (void)v, (void)to_device;

@@ -1,0 +1,377 @@
+/* attn_mma.cu — causal GQA attention on the tensor cores (mma.sync.m16n8k16 BF16 -> FP32), for
+ * BF16 activations and D = 64 or 128; FlashAttention-2 style tiles of 64 query rows x 64 keys,
+ * 4 warps of 16 rows, online softmax in FP32 registers, causal tiles above the diagonal skipped.
+ * The probability (and dS) operand of the second GEMM is split into two BF16 terms (hi + lo,
+ * ~16 bits) so results stay within the reference kernels' BF16 tolerance. Backward is two
+ * kernels without atomics (dQ over query tiles; dK, dV over key tiles looping over the group's
+ * heads): deterministic. Not the FP32 path or other D (ops_attention.cu keeps those). */
+#include <cuda_bf16.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/attn_mma.h"
+
+#define AM_ROWS 64 /* query rows (or keys) per block: 4 warps x 16 */
+#define AM_THREADS 128
+#define AM_LOG2E 1.4426950408889634f
+#define AM_LN2 0.6931471805599453f
+
+typedef __nv_bfloat16 am_bf16;
+
+/* ---- fragments ------------------------------------------------------------------------------- */
+static __device__ __forceinline__ void am_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* Four 8x8 b16 matrices, transposed: B fragments (k = stored row, n = stored column). */
+static __device__ __forceinline__ void am_ldsm_t(uint32_t r[4], const am_bf16 *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+static __device__ __forceinline__ uint32_t am_ld32(const am_bf16 *p) { return *(const uint32_t *)p; }
+static __device__ __forceinline__ uint32_t am_bits(__nv_bfloat162 v) { return *(uint32_t *)&v; }
+/* x0, x1 (consecutive columns) -> BF16 pair hi and the pair of remainders lo (hi + lo ~ x). */
+static __device__ __forceinline__ void am_split(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    hi = am_bits(h);
+    lo = am_bits(__floats2bfloat162_rn(x0 - hf.x, x1 - hf.y));
+}
+/* A fragment (16 rows x 16 cols, row-major smem, stride LD) at (r0, c0). */
+template <int LD>
+static __device__ __forceinline__ void am_frag_a(uint32_t a[4], const am_bf16 *s, int r0, int c0, int g, int t4) {
+    a[0] = am_ld32(s + (r0 + g) * LD + c0 + 2 * t4);
+    a[1] = am_ld32(s + (r0 + g + 8) * LD + c0 + 2 * t4);
+    a[2] = am_ld32(s + (r0 + g) * LD + c0 + 2 * t4 + 8);
+    a[3] = am_ld32(s + (r0 + g + 8) * LD + c0 + 2 * t4 + 8);
+}
+/* The C fragments of n-tiles 2kk, 2kk+1 (16 x 16) as A fragments, split into hi and lo. */
+static __device__ __forceinline__ void am_c_to_a(const float c0[4], const float c1[4], uint32_t hi[4], uint32_t lo[4]) {
+    am_split(c0[0], c0[1], hi[0], lo[0]);
+    am_split(c0[2], c0[3], hi[1], lo[1]);
+    am_split(c1[0], c1[1], hi[2], lo[2]);
+    am_split(c1[2], c1[3], hi[3], lo[3]);
+}
+
+/* Rows r0..r0+63 of head hd of a (B,T,heads,D) BF16 tensor into smem [64][LD]; rows >= T zero. */
+template <int D, int LD>
+static __device__ __forceinline__ void am_load_tile(am_bf16 *dst, const am_bf16 *src, int64_t b, int64_t r0,
+                                                    int64_t hd, int64_t T, int64_t heads) {
+    constexpr int VPR = D / 8; /* 16-byte vectors per row */
+    for (int e = threadIdx.x; e < AM_ROWS * VPR; e += AM_THREADS) {
+        const int rr = e / VPR, c = e % VPR;
+        const int64_t r = r0 + rr;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r < T) val = *(const uint4 *)(src + ((b * T + r) * heads + hd) * D + c * 8);
+        *(uint4 *)(dst + rr * LD + c * 8) = val;
+    }
+}
+
+/* acc[nt] (16 x 64 block, 8 n-tiles of 8) += A (16 x D from smem rows r0) . B^T where B's rows
+ * are the 64 stored rows of bs (k = d, n = stored row). */
+template <int D, int LD>
+static __device__ __forceinline__ void am_gemm_nt(float acc[8][4], const am_bf16 *as, int r0, const am_bf16 *bs,
+                                                  int g, int t4) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        am_frag_a<LD>(a, as, r0, kk * 16, g, t4);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            const am_bf16 *p = bs + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
+            am_mma(acc[nt], a, am_ld32(p), am_ld32(p + 8));
+        }
+    }
+}
+/* Backward's two score blocks from zero: s = a1 . b1^T, dp = a2 . b2^T (16 x 64 each). */
+template <int D, int LD>
+static __device__ __forceinline__ void am_scores(float s[8][4], float dp[8][4], const am_bf16 *a1, const am_bf16 *b1,
+                                                 const am_bf16 *a2, const am_bf16 *b2, int r0, int g, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+    am_gemm_nt<D, LD>(s, a1, r0, b1, g, t4);
+    am_gemm_nt<D, LD>(dp, a2, r0, b2, g, t4);
+}
+/* acc[D/8] (16 x D) += P (16 x 64, as C fragments p[8][4]) . S (64 stored rows x D), P split. */
+template <int D, int LD>
+static __device__ __forceinline__ void am_gemm_pv(float acc[D / 8][4], const float p[8][4], const am_bf16 *s,
+                                                  int lane) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t hi[4], lo[4];
+        am_c_to_a(p[2 * kk], p[2 * kk + 1], hi, lo);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            uint32_t r[4];
+            am_ldsm_t(r, s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+            am_mma(acc[2 * dp], hi, r[0], r[1]);
+            am_mma(acc[2 * dp], lo, r[0], r[1]);
+            am_mma(acc[2 * dp + 1], hi, r[2], r[3]);
+            am_mma(acc[2 * dp + 1], lo, r[2], r[3]);
+        }
+    }
+}
+/* Stores a 16 x D accumulator (rows row0 = r, r + 8) times mul into a (B,T,heads,D) tensor. */
+template <int D>
+static __device__ __forceinline__ void am_store(am_bf16 *dst, const float acc[D / 8][4], float mul0, float mul1,
+                                                int64_t b, int64_t rowA, int64_t hd, int64_t T, int64_t heads,
+                                                int t4) {
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        const int c = nt * 8 + 2 * t4;
+        if (rowA < T)
+            *(__nv_bfloat162 *)(dst + ((b * T + rowA) * heads + hd) * D + c) =
+                __floats2bfloat162_rn(acc[nt][0] * mul0, acc[nt][1] * mul0);
+        if (rowA + 8 < T)
+            *(__nv_bfloat162 *)(dst + ((b * T + rowA + 8) * heads + hd) * D + c) =
+                __floats2bfloat162_rn(acc[nt][2] * mul1, acc[nt][3] * mul1);
+    }
+}
+
+/* ---- forward: grid (nT, H, B), query tiles heaviest first -------------------------------------- */
+template <int D>
+static __global__ void __launch_bounds__(AM_THREADS)
+am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v, int64_t T,
+              int64_t H, int64_t Hkv, float sl2) {
+    constexpr int LD = D + 8;
+    extern __shared__ uint4 am_smem[];
+    am_bf16 *Qs = (am_bf16 *)am_smem, *Ks = Qs + AM_ROWS * LD, *Vs = Ks + AM_ROWS * LD;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
+    const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
+    const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
+    am_load_tile<D, LD>(Qs, q, b, i0, h, T, H);
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) am_frag_a<LD>(qf[kk], Qs, 16 * w, kk * 16, g, t4);
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
+    for (int64_t jt = 0; jt <= it; jt++) {
+        const int64_t j0 = jt * AM_ROWS;
+        __syncthreads(); /* the previous K, V tiles are consumed */
+        am_load_tile<D, LD>(Ks, k, b, j0, kvh, T, Hkv);
+        am_load_tile<D, LD>(Vs, v, b, j0, kvh, T, Hkv);
+        __syncthreads();
+        float s[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const am_bf16 *p = Ks + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
+                am_mma(s[nt], qf[kk], am_ld32(p), am_ld32(p + 8));
+            }
+        const bool diag = jt == it;
+        float xA = -INFINITY, xB = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t key = j0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? rowA : rowB;
+                float x = s[nt][e] * sl2;
+                if (diag && key > row) x = -INFINITY;
+                s[nt][e] = x;
+                if (e < 2) xA = fmaxf(xA, x);
+                else xB = fmaxf(xB, x);
+            }
+        xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 1));
+        xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 2));
+        xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 1));
+        xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 2));
+        const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB); /* finite: key j0 <= row */
+        const float aA = exp2f(mA - nA), aB = exp2f(mB - nB);
+        float sA = 0.0f, sB = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - nA), s[nt][1] = exp2f(s[nt][1] - nA);
+            s[nt][2] = exp2f(s[nt][2] - nB), s[nt][3] = exp2f(s[nt][3] - nB);
+            sA += s[nt][0] + s[nt][1];
+            sB += s[nt][2] + s[nt][3];
+        }
+        sA += __shfl_xor_sync(0xffffffffu, sA, 1);
+        sA += __shfl_xor_sync(0xffffffffu, sA, 2);
+        sB += __shfl_xor_sync(0xffffffffu, sB, 1);
+        sB += __shfl_xor_sync(0xffffffffu, sB, 2);
+        lA = lA * aA + sA, lB = lB * aB + sB;
+        mA = nA, mB = nB;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) o[i][0] *= aA, o[i][1] *= aA, o[i][2] *= aB, o[i][3] *= aB;
+        am_gemm_pv<D, LD>(o, s, Vs, lane);
+    }
+    am_store<D>(out, o, 1.0f / lA, 1.0f / lB, b, rowA, h, T, H, t4);
+    if (t4 == 0) {
+        if (rowA < T) lse[(b * H + h) * T + rowA] = (mA + log2f(lA)) * AM_LN2;
+        if (rowB < T) lse[(b * H + h) * T + rowB] = (mB + log2f(lB)) * AM_LN2;
+    }
+}
+
+/* ---- backward dQ: grid (nT, H, B) -------------------------------------------------------------
+ * per 16 x 64 block: s = q k^T, p = exp(s*scale - lse), dp = dout v^T, ds = p (dp - delta),
+ * dq += ds k; dq *= scale at the end. */
+template <int D>
+static __global__ void __launch_bounds__(AM_THREADS)
+am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v,
+                 const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv, float sl2, float scale) {
+    constexpr int LD = D + 8;
+    extern __shared__ uint4 am_smem[];
+    am_bf16 *Qs = (am_bf16 *)am_smem, *Gs = Qs + AM_ROWS * LD, *Ks = Gs + AM_ROWS * LD, *Vs = Ks + AM_ROWS * LD;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
+    const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
+    const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
+    am_load_tile<D, LD>(Qs, q, b, i0, h, T, H);
+    am_load_tile<D, LD>(Gs, dout, b, i0, h, T, H);
+    const float LA = rowA < T ? lse[(b * H + h) * T + rowA] * AM_LOG2E : 0.0f;
+    const float LB = rowB < T ? lse[(b * H + h) * T + rowB] * AM_LOG2E : 0.0f;
+    const float DA = rowA < T ? delta[(b * H + h) * T + rowA] : 0.0f;
+    const float DB = rowB < T ? delta[(b * H + h) * T + rowB] : 0.0f;
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int64_t jt = 0; jt <= it; jt++) {
+        const int64_t j0 = jt * AM_ROWS;
+        __syncthreads();
+        am_load_tile<D, LD>(Ks, k, b, j0, kvh, T, Hkv);
+        am_load_tile<D, LD>(Vs, v, b, j0, kvh, T, Hkv);
+        __syncthreads();
+        float s[8][4], dp[8][4];
+        am_scores<D, LD>(s, dp, Qs, Ks, Gs, Vs, 16 * w, g, t4);
+        const bool diag = jt == it;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t key = j0 + nt * 8 + 2 * t4 + (e & 1), row = e < 2 ? rowA : rowB;
+                const float p = diag && key > row ? 0.0f : exp2f(s[nt][e] * sl2 - (e < 2 ? LA : LB));
+                s[nt][e] = p * (dp[nt][e] - (e < 2 ? DA : DB));
+            }
+        am_gemm_pv<D, LD>(acc, s, Ks, lane);
+    }
+    am_store<D>(dq, acc, scale, scale, b, rowA, h, T, H, t4);
+}
+
+/* ---- backward dK, dV: grid (nT, Hkv, B), key tiles heaviest first ------------------------------
+ * per 16 keys x 64 queries: sT = k q^T, pT = exp(sT*scale - lse), dpT = v dout^T,
+ * dsT = pT (dpT - delta); dv += pT dout, dk += dsT q; summed over the group's heads. */
+template <int D>
+static __global__ void __launch_bounds__(AM_THREADS)
+am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k,
+                  const am_bf16 *v, const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv,
+                  float sl2, float scale) {
+    constexpr int LD = D + 8;
+    extern __shared__ uint4 am_smem[];
+    am_bf16 *Ks = (am_bf16 *)am_smem, *Vs = Ks + AM_ROWS * LD, *Qs = Vs + AM_ROWS * LD, *Gs = Qs + AM_ROWS * LD;
+    float *Ls = (float *)(Gs + AM_ROWS * LD), *Dl = Ls + AM_ROWS;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t b = blockIdx.z, kvh = blockIdx.y, group = H / Hkv, nT = gridDim.x;
+    const int64_t jt = blockIdx.x, j0 = jt * AM_ROWS;
+    const int64_t keyA = j0 + 16 * w + g, keyB = keyA + 8;
+    am_load_tile<D, LD>(Ks, k, b, j0, kvh, T, Hkv);
+    am_load_tile<D, LD>(Vs, v, b, j0, kvh, T, Hkv);
+    float ak[D / 8][4], av[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ak[i][e] = av[i][e] = 0.0f;
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+        for (int64_t it = jt; it < nT; it++) {
+            const int64_t i0 = it * AM_ROWS;
+            __syncthreads();
+            am_load_tile<D, LD>(Qs, q, b, i0, h, T, H);
+            am_load_tile<D, LD>(Gs, dout, b, i0, h, T, H);
+            if (threadIdx.x < AM_ROWS) {
+                const int64_t tq = i0 + threadIdx.x;
+                Ls[threadIdx.x] = tq < T ? lse[(b * H + h) * T + tq] * AM_LOG2E : 0.0f;
+                Dl[threadIdx.x] = tq < T ? delta[(b * H + h) * T + tq] : 0.0f;
+            }
+            __syncthreads();
+            float s[8][4], dp[8][4];
+            am_scores<D, LD>(s, dp, Ks, Qs, Vs, Gs, 16 * w, g, t4);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = nt * 8 + 2 * t4 + (e & 1);
+                    const int64_t tq = i0 + c, key = e < 2 ? keyA : keyB;
+                    const float p = tq >= key && tq < T ? exp2f(s[nt][e] * sl2 - Ls[c]) : 0.0f;
+                    s[nt][e] = p;
+                    dp[nt][e] = p * (dp[nt][e] - Dl[c]);
+                }
+            am_gemm_pv<D, LD>(av, s, Gs, lane);
+            am_gemm_pv<D, LD>(ak, dp, Qs, lane);
+        }
+    }
+    am_store<D>(dk, ak, scale, scale, b, keyA, kvh, T, Hkv, t4);
+    am_store<D>(dv, av, 1.0f, 1.0f, b, keyA, kvh, T, Hkv, t4);
+}
+
+/* ---- launchers --------------------------------------------------------------------------------- */
+template <int D>
+static cudaError_t am_fwd_launch(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
+                                 int64_t T, int64_t H, int64_t Hkv, cudaStream_t s) {
+    const size_t smem = 3 * AM_ROWS * (D + 8) * sizeof(am_bf16);
+    cudaError_t e = cudaFuncSetAttribute(am_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid((unsigned)((T + AM_ROWS - 1) / AM_ROWS), (unsigned)H, (unsigned)B);
+    const float sl2 = (float)(1.0 / sqrt((double)D)) * AM_LOG2E;
+    am_fwd_kernel<D><<<grid, AM_THREADS, smem, s>>>((am_bf16 *)out, lse, (const am_bf16 *)q, (const am_bf16 *)k,
+                                                    (const am_bf16 *)v, T, H, Hkv, sl2);
+    return cudaGetLastError();
+}
+
+template <int D>
+static cudaError_t am_bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                 const void *v, const float *lse, const float *delta, int64_t B, int64_t T,
+                                 int64_t H, int64_t Hkv, cudaStream_t s) {
+    const size_t smem_q = 4 * AM_ROWS * (D + 8) * sizeof(am_bf16), smem_kv = smem_q + 2 * AM_ROWS * sizeof(float);
+    cudaError_t e = cudaFuncSetAttribute(am_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(am_bwd_dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
+    if (e != cudaSuccess) return e;
+    const unsigned nT = (unsigned)((T + AM_ROWS - 1) / AM_ROWS);
+    const float scale = (float)(1.0 / sqrt((double)D)), sl2 = scale * AM_LOG2E;
+    am_bwd_dq_kernel<D><<<dim3(nT, (unsigned)H, (unsigned)B), AM_THREADS, smem_q, s>>>(
+        (am_bf16 *)dq, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k, (const am_bf16 *)v, lse, delta,
+        T, H, Hkv, sl2, scale);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    am_bwd_dkv_kernel<D><<<dim3(nT, (unsigned)Hkv, (unsigned)B), AM_THREADS, smem_kv, s>>>(
+        (am_bf16 *)dk, (am_bf16 *)dv, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k,
+        (const am_bf16 *)v, lse, delta, T, H, Hkv, sl2, scale);
+    return cudaGetLastError();
+}
+
+bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
+    static int off = -1;
+    if (off < 0) {
+        const char *env = getenv("DW_ATTN");
+        off = env && !strcmp(env, "ref");
+    }
+    if (off || (D != 64 && D != 128)) return false;
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)ptrs[i] % 16) return false;
+    return true;
+}
+
+cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
+                            int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t s) {
+    return D == 64 ? am_fwd_launch<64>(out, lse, q, k, v, B, T, H, Hkv, s)
+                   : am_fwd_launch<128>(out, lse, q, k, v, B, T, H, Hkv, s);
+}
+
+cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                            const void *v, const float *lse, const float *delta, int64_t B, int64_t T, int64_t H,
+                            int64_t Hkv, int64_t D, cudaStream_t s) {
+    return D == 64 ? am_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, s)
+                   : am_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, s);
+}
+
