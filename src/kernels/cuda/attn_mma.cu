@@ -57,7 +57,17 @@ static __device__ __forceinline__ void am_c_to_a(const float c0[4], const float 
     am_split(c1[2], c1[3], hi[3], lo[3]);
 }
 
-/* Rows r0..r0+63 of head hd of a (B,T,heads,D) BF16 tensor into smem [64][LD]; rows >= T zero. */
+/* cp.async: 16 bytes global -> shared (zero-filled when !valid; src is then not read). */
+static __device__ __forceinline__ void am_cp16(am_bf16 *dst, const am_bf16 *src, bool valid) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void am_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void am_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* Starts copying rows r0..r0+63 of head hd of a (B,T,heads,D) BF16 tensor into smem [64][LD]
+ * (rows >= T zero); complete after am_commit + am_wait + __syncthreads. */
 template <int D, int LD>
 static __device__ __forceinline__ void am_load_tile(am_bf16 *dst, const am_bf16 *src, int64_t b, int64_t r0,
                                                     int64_t hd, int64_t T, int64_t heads) {
@@ -65,10 +75,15 @@ static __device__ __forceinline__ void am_load_tile(am_bf16 *dst, const am_bf16 
     for (int e = threadIdx.x; e < AM_ROWS * VPR; e += AM_THREADS) {
         const int rr = e / VPR, c = e % VPR;
         const int64_t r = r0 + rr;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (r < T) val = *(const uint4 *)(src + ((b * T + r) * heads + hd) * D + c * 8);
-        *(uint4 *)(dst + rr * LD + c * 8) = val;
+        am_cp16(dst + rr * LD + c * 8, r < T ? src + ((b * T + r) * heads + hd) * D + c * 8 : src, r < T);
     }
+}
+/* Both tiles (K and V, or Q and dout) of one pipeline stage: dst [2][64][LD]. */
+template <int D, int LD>
+static __device__ __forceinline__ void am_load_pair(am_bf16 *dst, const am_bf16 *x, const am_bf16 *y, int64_t b,
+                                                    int64_t r0, int64_t hd, int64_t T, int64_t heads) {
+    am_load_tile<D, LD>(dst, x, b, r0, hd, T, heads);
+    am_load_tile<D, LD>(dst + AM_ROWS * LD, y, b, r0, hd, T, heads);
 }
 
 /* acc[nt] (16 x 64 block, 8 n-tiles of 8) += A (16 x D from smem rows r0) . B^T where B's rows
@@ -135,32 +150,40 @@ static __device__ __forceinline__ void am_store(am_bf16 *dst, const float acc[D 
 }
 
 /* ---- forward: grid (nT, H, B), query tiles heaviest first -------------------------------------- */
-template <int D>
+template <int D, bool PIPE>
 static __global__ void __launch_bounds__(AM_THREADS)
 am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v, int64_t T,
               int64_t H, int64_t Hkv, float sl2) {
     constexpr int LD = D + 8;
     extern __shared__ uint4 am_smem[];
-    am_bf16 *Qs = (am_bf16 *)am_smem, *Ks = Qs + AM_ROWS * LD, *Vs = Ks + AM_ROWS * LD;
+    constexpr int STAGE = 2 * AM_ROWS * LD; /* K and V tiles */
+    am_bf16 *Qs = (am_bf16 *)am_smem, *KV = Qs + AM_ROWS * LD;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
     const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
     const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
     am_load_tile<D, LD>(Qs, q, b, i0, h, T, H);
-    __syncthreads();
+    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, Hkv);
+    am_commit();
     uint32_t qf[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) am_frag_a<LD>(qf[kk], Qs, 16 * w, kk * 16, g, t4);
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
     for (int64_t jt = 0; jt <= it; jt++) {
         const int64_t j0 = jt * AM_ROWS;
-        __syncthreads(); /* the previous K, V tiles are consumed */
-        am_load_tile<D, LD>(Ks, k, b, j0, kvh, T, Hkv);
-        am_load_tile<D, LD>(Vs, v, b, j0, kvh, T, Hkv);
+        const am_bf16 *Ks = KV + (PIPE ? (jt & 1) : 0) * STAGE, *Vs = Ks + AM_ROWS * LD;
+        if (PIPE && jt < it) { /* the next tile's stage was consumed in iteration jt - 1 */
+            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_commit();
+            am_wait<1>();
+        } else {
+            am_wait<0>();
+        }
         __syncthreads();
+        if (jt == 0)
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) am_frag_a<LD>(qf[kk], Qs, 16 * w, kk * 16, g, t4);
         float s[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -207,6 +230,11 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
 #pragma unroll
         for (int i = 0; i < D / 8; i++) o[i][0] *= aA, o[i][1] *= aA, o[i][2] *= aB, o[i][3] *= aB;
         am_gemm_pv<D, LD>(o, s, Vs, lane);
+        __syncthreads(); /* this stage is consumed */
+        if (!PIPE && jt < it) {
+            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_commit();
+        }
     }
     am_store<D>(out, o, 1.0f / lA, 1.0f / lB, b, rowA, h, T, H, t4);
     if (t4 == 0) {
@@ -218,19 +246,21 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
 /* ---- backward dQ: grid (nT, H, B) -------------------------------------------------------------
  * per 16 x 64 block: s = q k^T, p = exp(s*scale - lse), dp = dout v^T, ds = p (dp - delta),
  * dq += ds k; dq *= scale at the end. */
-template <int D>
+template <int D, bool PIPE>
 static __global__ void __launch_bounds__(AM_THREADS)
 am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v,
                  const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv, float sl2, float scale) {
     constexpr int LD = D + 8;
     extern __shared__ uint4 am_smem[];
-    am_bf16 *Qs = (am_bf16 *)am_smem, *Gs = Qs + AM_ROWS * LD, *Ks = Gs + AM_ROWS * LD, *Vs = Ks + AM_ROWS * LD;
+    constexpr int STAGE = 2 * AM_ROWS * LD;
+    am_bf16 *Qs = (am_bf16 *)am_smem, *Gs = Qs + AM_ROWS * LD, *KV = Gs + AM_ROWS * LD;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
     const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
     const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
-    am_load_tile<D, LD>(Qs, q, b, i0, h, T, H);
-    am_load_tile<D, LD>(Gs, dout, b, i0, h, T, H);
+    am_load_pair<D, LD>(Qs, q, dout, b, i0, h, T, H); /* Qs, Gs */
+    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, Hkv);
+    am_commit();
     const float LA = rowA < T ? lse[(b * H + h) * T + rowA] * AM_LOG2E : 0.0f;
     const float LB = rowB < T ? lse[(b * H + h) * T + rowB] * AM_LOG2E : 0.0f;
     const float DA = rowA < T ? delta[(b * H + h) * T + rowA] : 0.0f;
@@ -240,9 +270,14 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
     for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     for (int64_t jt = 0; jt <= it; jt++) {
         const int64_t j0 = jt * AM_ROWS;
-        __syncthreads();
-        am_load_tile<D, LD>(Ks, k, b, j0, kvh, T, Hkv);
-        am_load_tile<D, LD>(Vs, v, b, j0, kvh, T, Hkv);
+        const am_bf16 *Ks = KV + (PIPE ? (jt & 1) : 0) * STAGE, *Vs = Ks + AM_ROWS * LD;
+        if (PIPE && jt < it) {
+            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_commit();
+            am_wait<1>();
+        } else {
+            am_wait<0>();
+        }
         __syncthreads();
         float s[8][4], dp[8][4];
         am_scores<D, LD>(s, dp, Qs, Ks, Gs, Vs, 16 * w, g, t4);
@@ -256,6 +291,11 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
                 s[nt][e] = p * (dp[nt][e] - (e < 2 ? DA : DB));
             }
         am_gemm_pv<D, LD>(acc, s, Ks, lane);
+        __syncthreads();
+        if (!PIPE && jt < it) {
+            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_commit();
+        }
     }
     am_store<D>(dq, acc, scale, scale, b, rowA, h, T, H, t4);
 }
@@ -263,36 +303,57 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
 /* ---- backward dK, dV: grid (nT, Hkv, B), key tiles heaviest first ------------------------------
  * per 16 keys x 64 queries: sT = k q^T, pT = exp(sT*scale - lse), dpT = v dout^T,
  * dsT = pT (dpT - delta); dv += pT dout, dk += dsT q; summed over the group's heads. */
-template <int D>
+/* Issues stage `st` of dkv's step n (query head and tile from n): Q, dout tiles, scaled lse, delta. */
+template <int D, int LD>
+static __device__ __forceinline__ void am_dkv_issue(am_bf16 *QG, float *LDl, int64_t n, int64_t cnt, int64_t jt,
+                                                    int64_t kvh, int64_t group, const am_bf16 *q,
+                                                    const am_bf16 *dout, const float *lse, const float *delta,
+                                                    int64_t b, int64_t T, int64_t H) {
+    const int64_t h = kvh * group + n / cnt, i0 = (jt + n % cnt) * AM_ROWS;
+    am_load_pair<D, LD>(QG, q, dout, b, i0, h, T, H);
+    am_commit();
+    if (threadIdx.x < AM_ROWS) {
+        const int64_t tq = i0 + threadIdx.x;
+        LDl[threadIdx.x] = tq < T ? lse[(b * H + h) * T + tq] * AM_LOG2E : 0.0f;
+        LDl[AM_ROWS + threadIdx.x] = tq < T ? delta[(b * H + h) * T + tq] : 0.0f;
+    }
+}
+
+template <int D, bool PIPE>
 static __global__ void __launch_bounds__(AM_THREADS)
 am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k,
                   const am_bf16 *v, const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv,
                   float sl2, float scale) {
     constexpr int LD = D + 8;
     extern __shared__ uint4 am_smem[];
-    am_bf16 *Ks = (am_bf16 *)am_smem, *Vs = Ks + AM_ROWS * LD, *Qs = Vs + AM_ROWS * LD, *Gs = Qs + AM_ROWS * LD;
-    float *Ls = (float *)(Gs + AM_ROWS * LD), *Dl = Ls + AM_ROWS;
+    constexpr int STAGE = 2 * AM_ROWS * LD;
+    am_bf16 *Ks = (am_bf16 *)am_smem, *Vs = Ks + AM_ROWS * LD, *QG = Vs + AM_ROWS * LD;
+    float *LDl = (float *)(QG + (PIPE ? 2 : 1) * STAGE); /* per stage: lse * log2(e) [64], delta [64] */
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t b = blockIdx.z, kvh = blockIdx.y, group = H / Hkv, nT = gridDim.x;
     const int64_t jt = blockIdx.x, j0 = jt * AM_ROWS;
     const int64_t keyA = j0 + 16 * w + g, keyB = keyA + 8;
-    am_load_tile<D, LD>(Ks, k, b, j0, kvh, T, Hkv);
-    am_load_tile<D, LD>(Vs, v, b, j0, kvh, T, Hkv);
+    const int64_t cnt = nT - jt, total = group * cnt; /* steps: (query head, query tile >= jt) */
+    am_load_pair<D, LD>(Ks, k, v, b, j0, kvh, T, Hkv); /* Ks, Vs */
+    am_dkv_issue<D, LD>(QG, LDl, 0, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H);
     float ak[D / 8][4], av[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) ak[i][e] = av[i][e] = 0.0f;
-    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-        for (int64_t it = jt; it < nT; it++) {
-            const int64_t i0 = it * AM_ROWS;
-            __syncthreads();
-            am_load_tile<D, LD>(Qs, q, b, i0, h, T, H);
-            am_load_tile<D, LD>(Gs, dout, b, i0, h, T, H);
-            if (threadIdx.x < AM_ROWS) {
-                const int64_t tq = i0 + threadIdx.x;
-                Ls[threadIdx.x] = tq < T ? lse[(b * H + h) * T + tq] * AM_LOG2E : 0.0f;
-                Dl[threadIdx.x] = tq < T ? delta[(b * H + h) * T + tq] : 0.0f;
+    for (int64_t n = 0; n < total; n++) {
+        {
+            const int64_t i0 = (jt + n % cnt) * AM_ROWS;
+            const int st = PIPE ? (int)(n & 1) : 0;
+            const am_bf16 *Qs = QG + st * STAGE, *Gs = Qs + AM_ROWS * LD;
+            const float *Ls = LDl + st * 2 * AM_ROWS, *Dl = Ls + AM_ROWS;
+            if (PIPE && n + 1 < total) {
+                const int ns = (int)((n + 1) & 1);
+                am_dkv_issue<D, LD>(QG + ns * STAGE, LDl + ns * 2 * AM_ROWS, n + 1, cnt, jt, kvh, group, q, dout,
+                                    lse, delta, b, T, H);
+                am_wait<1>();
+            } else {
+                am_wait<0>();
             }
             __syncthreads();
             float s[8][4], dp[8][4];
@@ -309,54 +370,63 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
                 }
             am_gemm_pv<D, LD>(av, s, Gs, lane);
             am_gemm_pv<D, LD>(ak, dp, Qs, lane);
+            __syncthreads(); /* this stage is consumed */
+            if (!PIPE && n + 1 < total)
+                am_dkv_issue<D, LD>(QG, LDl, n + 1, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H);
         }
     }
     am_store<D>(dk, ak, scale, scale, b, keyA, kvh, T, Hkv, t4);
     am_store<D>(dv, av, 1.0f, 1.0f, b, keyA, kvh, T, Hkv, t4);
 }
 
-/* ---- launchers --------------------------------------------------------------------------------- */
-template <int D>
+/* ---- launchers: PIPE = two-stage cp.async pipeline (default) or one stage (DW_ATTN=nopipe) ------ */
+static int am_mode(void) { /* 0 tensor cores, pipelined; 1 one stage; 2 reference kernels */
+    static int mode = -1;
+    if (mode < 0) {
+        const char *env = getenv("DW_ATTN");
+        mode = env && !strcmp(env, "ref") ? 2 : env && !strcmp(env, "nopipe") ? 1 : 0;
+    }
+    return mode;
+}
+
+template <int D, bool PIPE>
 static cudaError_t am_fwd_launch(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
                                  int64_t T, int64_t H, int64_t Hkv, cudaStream_t s) {
-    const size_t smem = 3 * AM_ROWS * (D + 8) * sizeof(am_bf16);
-    cudaError_t e = cudaFuncSetAttribute(am_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = (PIPE ? 5 : 3) * tile;
+    cudaError_t e = cudaFuncSetAttribute(am_fwd_kernel<D, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)((T + AM_ROWS - 1) / AM_ROWS), (unsigned)H, (unsigned)B);
     const float sl2 = (float)(1.0 / sqrt((double)D)) * AM_LOG2E;
-    am_fwd_kernel<D><<<grid, AM_THREADS, smem, s>>>((am_bf16 *)out, lse, (const am_bf16 *)q, (const am_bf16 *)k,
-                                                    (const am_bf16 *)v, T, H, Hkv, sl2);
+    am_fwd_kernel<D, PIPE><<<grid, AM_THREADS, smem, s>>>((am_bf16 *)out, lse, (const am_bf16 *)q,
+                                                          (const am_bf16 *)k, (const am_bf16 *)v, T, H, Hkv, sl2);
     return cudaGetLastError();
 }
 
-template <int D>
+template <int D, bool PIPE>
 static cudaError_t am_bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                  const void *v, const float *lse, const float *delta, int64_t B, int64_t T,
                                  int64_t H, int64_t Hkv, cudaStream_t s) {
-    const size_t smem_q = 4 * AM_ROWS * (D + 8) * sizeof(am_bf16), smem_kv = smem_q + 2 * AM_ROWS * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(am_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
+    const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem_q = (PIPE ? 6 : 4) * tile;
+    const size_t smem_kv = smem_q + (PIPE ? 2 : 1) * 2 * AM_ROWS * sizeof(float);
+    cudaError_t e =
+        cudaFuncSetAttribute(am_bwd_dq_kernel<D, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(am_bwd_dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
+        e = cudaFuncSetAttribute(am_bwd_dkv_kernel<D, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
     if (e != cudaSuccess) return e;
     const unsigned nT = (unsigned)((T + AM_ROWS - 1) / AM_ROWS);
     const float scale = (float)(1.0 / sqrt((double)D)), sl2 = scale * AM_LOG2E;
-    am_bwd_dq_kernel<D><<<dim3(nT, (unsigned)H, (unsigned)B), AM_THREADS, smem_q, s>>>(
+    am_bwd_dq_kernel<D, PIPE><<<dim3(nT, (unsigned)H, (unsigned)B), AM_THREADS, smem_q, s>>>(
         (am_bf16 *)dq, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k, (const am_bf16 *)v, lse, delta,
         T, H, Hkv, sl2, scale);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    am_bwd_dkv_kernel<D><<<dim3(nT, (unsigned)Hkv, (unsigned)B), AM_THREADS, smem_kv, s>>>(
+    am_bwd_dkv_kernel<D, PIPE><<<dim3(nT, (unsigned)Hkv, (unsigned)B), AM_THREADS, smem_kv, s>>>(
         (am_bf16 *)dk, (am_bf16 *)dv, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k,
         (const am_bf16 *)v, lse, delta, T, H, Hkv, sl2, scale);
     return cudaGetLastError();
 }
 
 bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
-    static int off = -1;
-    if (off < 0) {
-        const char *env = getenv("DW_ATTN");
-        off = env && !strcmp(env, "ref");
-    }
-    if (off || (D != 64 && D != 128)) return false;
+    if (am_mode() == 2 || (D != 64 && D != 128)) return false;
     for (int i = 0; i < n; i++)
         if ((uintptr_t)ptrs[i] % 16) return false;
     return true;
@@ -364,14 +434,18 @@ bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
 
 cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
                             int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t s) {
-    return D == 64 ? am_fwd_launch<64>(out, lse, q, k, v, B, T, H, Hkv, s)
-                   : am_fwd_launch<128>(out, lse, q, k, v, B, T, H, Hkv, s);
+    const bool pipe = am_mode() == 0;
+    return D == 64 ? (pipe ? am_fwd_launch<64, true> : am_fwd_launch<64, false>)(out, lse, q, k, v, B, T, H, Hkv, s)
+                   : (pipe ? am_fwd_launch<128, true> : am_fwd_launch<128, false>)(out, lse, q, k, v, B, T, H, Hkv, s);
 }
 
 cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                             const void *v, const float *lse, const float *delta, int64_t B, int64_t T, int64_t H,
                             int64_t Hkv, int64_t D, cudaStream_t s) {
-    return D == 64 ? am_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, s)
-                   : am_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, s);
+    const bool pipe = am_mode() == 0;
+    return D == 64 ? (pipe ? am_bwd_launch<64, true> : am_bwd_launch<64, false>)(dq, dk, dv, dout, q, k, v, lse,
+                                                                                 delta, B, T, H, Hkv, s)
+                   : (pipe ? am_bwd_launch<128, true> : am_bwd_launch<128, false>)(dq, dk, dv, dout, q, k, v, lse,
+                                                                                   delta, B, T, H, Hkv, s);
 }
 
