@@ -20,6 +20,8 @@ echo "TEST gpu_test_ops_cuda_attn DW_ATTN=nosplit rc=$? (an experiment: may miss
 args="gpt2-124m --vocab 50304 --batch ${BATCH:-16} --seq 1024"
 "$b/deepwell" bench step $args --profile --config-out "$out/gpt2/config.json" >"$out/step_mma.txt" 2>&1
 echo "STEP mma rc=$?"; head -3 "$out/step_mma.txt"; sed -n '/per_op/,/^$/p' "$out/step_mma.txt" | head -16
+"$b/deepwell" bench step $args --steps 5 --warmup 0 >"$out/step_short.txt" 2>&1
+echo "STEP default, 7 steps (compare the loss with ref's) rc=$?"; sed -n 3p "$out/step_short.txt"
 for v in ${VARIANTS:-nosplit ref}; do
   DW_ATTN=$v "$b/deepwell" bench step $args --steps 5 --warmup 0 --profile >"$out/step_$v.txt" 2>&1
   echo "STEP $v rc=$?"; head -3 "$out/step_$v.txt"; sed -n '/per_op/,/^$/p' "$out/step_$v.txt" | head -8

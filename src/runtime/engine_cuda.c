@@ -22,6 +22,7 @@
 
 #include "core/cuda_check.h"
 #include "kernels/cuda/adamw_cuda.h"
+#include "kernels/cuda/attn_packed.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/engine_cuda_kern.h"
 
@@ -152,9 +153,21 @@ static void attn_qkv(dw_engine *e, int ni, const void **q, const void **k, const
     }
 }
 
+/* A packed-qkv node whose kernels read q, k, v in place (attn_packed.h): no split in forward, no
+ * merge in backward. Decided from every pointer either direction touches, so both agree. */
+static bool attn_packed(dw_engine *e, int ni) {
+    const dw_ir_node *n = &e->g->nodes[ni];
+    void *dqkv = in_grad(e, ni, 0);
+    const void *ptrs[] = {act(e, n->in[0]), act(e, n->out), dact(e, n->out), dqkv};
+    return n->n_in == 1 && dqkv && dw_cuda_attention_packed_ok(CE->dt, n->attrs.head_dim, ptrs, 4);
+}
+
 static dw_status fwd_attention(dw_engine *e, int ni) {
     const dw_ir_node *n = &e->g->nodes[ni];
     const dw_ir_attrs *at = &n->attrs;
+    if (attn_packed(e, ni))
+        return dw_cuda_attention_fwd_packed(e->ctx, act(e, n->out), aux(e, ni, DW_AUX_STAT0), act(e, n->in[0]),
+                                            CE->b, CE->t, at->heads, at->kv_heads, at->head_dim, STREAM);
     if (n->n_in == 1)
         DW_CUDA_CHECK(e->ctx, (cudaError_t)dw_engine_cuda_qkv(
                                   act(e, n->in[0]), aux(e, ni, DW_AUX_Q), aux(e, ni, DW_AUX_K),
@@ -169,6 +182,12 @@ static dw_status fwd_attention(dw_engine *e, int ni) {
 static dw_status bwd_attention(dw_engine *e, int ni) {
     const dw_ir_node *n = &e->g->nodes[ni];
     const dw_ir_attrs *at = &n->attrs;
+    if (attn_packed(e, ni)) {
+        DW_TRY(dw_cuda_attention_bwd_packed(e->ctx, in_grad(e, ni, 0), dact(e, n->out), act(e, n->in[0]),
+                                            act(e, n->out), aux(e, ni, DW_AUX_STAT0), tmp(e, ni, DW_TMP_DELTA),
+                                            CE->b, CE->t, at->heads, at->kv_heads, at->head_dim, STREAM));
+        return in_grad_done(e, ni, 0);
+    }
     const void *q, *k, *v;
     attn_qkv(e, ni, &q, &k, &v);
     bool packed = n->n_in == 1;

@@ -66,24 +66,25 @@ static __device__ __forceinline__ void am_commit(void) { asm volatile("cp.async.
 template <int N>
 static __device__ __forceinline__ void am_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-/* Starts copying rows r0..r0+63 of head hd of a (B,T,heads,D) BF16 tensor into smem [64][LD]
- * (rows >= T zero); complete after am_commit + am_wait + __syncthreads. */
+/* Starts copying rows r0..r0+63 of head hd of a (B,T,heads,D) BF16 tensor whose token rows are rs
+ * elements apart (heads*D, or more inside a packed qkv row) into smem [64][LD] (rows >= T zero);
+ * complete after am_commit + am_wait + __syncthreads. */
 template <int D, int LD>
 static __device__ __forceinline__ void am_load_tile(am_bf16 *dst, const am_bf16 *src, int64_t b, int64_t r0,
-                                                    int64_t hd, int64_t T, int64_t heads) {
+                                                    int64_t hd, int64_t T, int64_t rs) {
     constexpr int VPR = D / 8; /* 16-byte vectors per row */
     for (int e = threadIdx.x; e < AM_ROWS * VPR; e += AM_THREADS) {
         const int rr = e / VPR, c = e % VPR;
         const int64_t r = r0 + rr;
-        am_cp16(dst + rr * LD + c * 8, r < T ? src + ((b * T + r) * heads + hd) * D + c * 8 : src, r < T);
+        am_cp16(dst + rr * LD + c * 8, r < T ? src + (b * T + r) * rs + hd * D + c * 8 : src, r < T);
     }
 }
 /* Both tiles (K and V, or Q and dout) of one pipeline stage: dst [2][64][LD]. */
 template <int D, int LD>
 static __device__ __forceinline__ void am_load_pair(am_bf16 *dst, const am_bf16 *x, const am_bf16 *y, int64_t b,
-                                                    int64_t r0, int64_t hd, int64_t T, int64_t heads) {
-    am_load_tile<D, LD>(dst, x, b, r0, hd, T, heads);
-    am_load_tile<D, LD>(dst + AM_ROWS * LD, y, b, r0, hd, T, heads);
+                                                    int64_t r0, int64_t hd, int64_t T, int64_t rx, int64_t ry) {
+    am_load_tile<D, LD>(dst, x, b, r0, hd, T, rx);
+    am_load_tile<D, LD>(dst + AM_ROWS * LD, y, b, r0, hd, T, ry);
 }
 
 /* acc[nt] (16 x 64 block, 8 n-tiles of 8) += A (16 x D from smem rows r0) . B^T where B's rows
@@ -134,19 +135,20 @@ static __device__ __forceinline__ void am_gemm_pv(float acc[D / 8][4], const flo
         }
     }
 }
-/* Stores a 16 x D accumulator (rows row0 = r, r + 8) times mul into a (B,T,heads,D) tensor. */
+/* Stores a 16 x D accumulator (rows rowA, rowA + 8) times mul into a (B,T,heads,D) tensor with
+ * token rows rs elements apart. */
 template <int D>
 static __device__ __forceinline__ void am_store(am_bf16 *dst, const float acc[D / 8][4], float mul0, float mul1,
-                                                int64_t b, int64_t rowA, int64_t hd, int64_t T, int64_t heads,
+                                                int64_t b, int64_t rowA, int64_t hd, int64_t T, int64_t rs,
                                                 int t4) {
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {
         const int c = nt * 8 + 2 * t4;
         if (rowA < T)
-            *(__nv_bfloat162 *)(dst + ((b * T + rowA) * heads + hd) * D + c) =
+            *(__nv_bfloat162 *)(dst + (b * T + rowA) * rs + hd * D + c) =
                 __floats2bfloat162_rn(acc[nt][0] * mul0, acc[nt][1] * mul0);
         if (rowA + 8 < T)
-            *(__nv_bfloat162 *)(dst + ((b * T + rowA + 8) * heads + hd) * D + c) =
+            *(__nv_bfloat162 *)(dst + (b * T + rowA + 8) * rs + hd * D + c) =
                 __floats2bfloat162_rn(acc[nt][2] * mul1, acc[nt][3] * mul1);
     }
 }
@@ -155,7 +157,7 @@ static __device__ __forceinline__ void am_store(am_bf16 *dst, const float acc[D 
 template <int D, bool SPLIT>
 static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? 4 : 1) /* D 64: <= 128 registers */
 am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v, int64_t T,
-              int64_t H, int64_t Hkv, float sl2) {
+              int64_t H, int64_t Hkv, int64_t rq, int64_t rk, float sl2) {
     constexpr int LD = D + 8;
     constexpr bool PIPE = true; /* false: one stage (measured no different; kept for experiments) */
     extern __shared__ uint4 am_smem[];
@@ -165,8 +167,8 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
     const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
     const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
-    am_load_tile<D, LD>(Qs, q, b, i0, h, T, H);
-    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, Hkv);
+    am_load_tile<D, LD>(Qs, q, b, i0, h, T, rq);
+    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, rk, rk);
     am_commit();
     uint32_t qf[D / 16][4];
     float o[D / 8][4];
@@ -177,7 +179,7 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
         const int64_t j0 = jt * AM_ROWS;
         const am_bf16 *Ks = KV + (PIPE ? (jt & 1) : 0) * STAGE, *Vs = Ks + AM_ROWS * LD;
         if (PIPE && jt < it) { /* the next tile's stage was consumed in iteration jt - 1 */
-            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
             am_wait<1>();
         } else {
@@ -236,11 +238,11 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
         am_gemm_pv<D, LD, SPLIT>(o, s, Vs, lane);
         __syncthreads(); /* this stage is consumed */
         if (!PIPE && jt < it) {
-            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
         }
     }
-    am_store<D>(out, o, 1.0f / lA, 1.0f / lB, b, rowA, h, T, H, t4);
+    am_store<D>(out, o, 1.0f / lA, 1.0f / lB, b, rowA, h, T, H * D, t4);
     if (t4 == 0) {
         if (rowA < T) lse[(b * H + h) * T + rowA] = (mA + log2f(lA)) * AM_LN2;
         if (rowB < T) lse[(b * H + h) * T + rowB] = (mB + log2f(lB)) * AM_LN2;
@@ -253,7 +255,8 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
 template <int D, bool SPLIT>
 static __global__ void __launch_bounds__(AM_THREADS)
 am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v,
-                 const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv, float sl2, float scale) {
+                 const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk,
+                 float sl2, float scale) {
     constexpr int LD = D + 8;
     constexpr bool PIPE = true; /* false: one stage (measured no different; kept for experiments) */
     extern __shared__ uint4 am_smem[];
@@ -263,8 +266,8 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
     const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
     const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
-    am_load_pair<D, LD>(Qs, q, dout, b, i0, h, T, H); /* Qs, Gs */
-    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, Hkv);
+    am_load_pair<D, LD>(Qs, q, dout, b, i0, h, T, rq, H * D); /* Qs, Gs */
+    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, rk, rk);
     am_commit();
     const float LA = rowA < T ? lse[(b * H + h) * T + rowA] * AM_LOG2E : 0.0f;
     const float LB = rowB < T ? lse[(b * H + h) * T + rowB] * AM_LOG2E : 0.0f;
@@ -277,7 +280,7 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
         const int64_t j0 = jt * AM_ROWS;
         const am_bf16 *Ks = KV + (PIPE ? (jt & 1) : 0) * STAGE, *Vs = Ks + AM_ROWS * LD;
         if (PIPE && jt < it) {
-            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
             am_wait<1>();
         } else {
@@ -298,11 +301,11 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
         am_gemm_pv<D, LD, SPLIT>(acc, s, Ks, lane);
         __syncthreads();
         if (!PIPE && jt < it) {
-            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, Hkv);
+            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
         }
     }
-    am_store<D>(dq, acc, scale, scale, b, rowA, h, T, H, t4);
+    am_store<D>(dq, acc, scale, scale, b, rowA, h, T, rq, t4);
 }
 
 /* ---- backward dK, dV: grid (nT, Hkv, B), key tiles heaviest first ------------------------------
@@ -313,9 +316,9 @@ template <int D, int LD>
 static __device__ __forceinline__ void am_dkv_issue(am_bf16 *QG, float *LDl, int64_t n, int64_t cnt, int64_t jt,
                                                     int64_t kvh, int64_t group, const am_bf16 *q,
                                                     const am_bf16 *dout, const float *lse, const float *delta,
-                                                    int64_t b, int64_t T, int64_t H) {
+                                                    int64_t b, int64_t T, int64_t H, int64_t rq) {
     const int64_t h = kvh * group + n / cnt, i0 = (jt + n % cnt) * AM_ROWS;
-    am_load_pair<D, LD>(QG, q, dout, b, i0, h, T, H);
+    am_load_pair<D, LD>(QG, q, dout, b, i0, h, T, rq, H * D);
     am_commit();
     if (threadIdx.x < AM_ROWS) {
         const int64_t tq = i0 + threadIdx.x;
@@ -328,7 +331,7 @@ template <int D, bool SPLIT>
 static __global__ void __launch_bounds__(AM_THREADS)
 am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k,
                   const am_bf16 *v, const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv,
-                  float sl2, float scale) {
+                  int64_t rq, int64_t rk, float sl2, float scale) {
     constexpr int LD = D + 8;
     constexpr bool PIPE = true; /* false: one stage (measured no different; kept for experiments) */
     extern __shared__ uint4 am_smem[];
@@ -340,8 +343,8 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
     const int64_t jt = blockIdx.x, j0 = jt * AM_ROWS;
     const int64_t keyA = j0 + 16 * w + g; /* this thread's rows: keyA, keyA + 8 */
     const int64_t cnt = nT - jt, total = group * cnt; /* steps: (query head, query tile >= jt) */
-    am_load_pair<D, LD>(Ks, k, v, b, j0, kvh, T, Hkv); /* Ks, Vs */
-    am_dkv_issue<D, LD>(QG, LDl, 0, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H);
+    am_load_pair<D, LD>(Ks, k, v, b, j0, kvh, T, rk, rk); /* Ks, Vs */
+    am_dkv_issue<D, LD>(QG, LDl, 0, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H, rq);
     float ak[D / 8][4], av[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++)
@@ -358,7 +361,7 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
             if (PIPE && n + 1 < total) {
                 const int ns = (int)((n + 1) & 1);
                 am_dkv_issue<D, LD>(QG + ns * STAGE, LDl + ns * 2 * AM_ROWS, n + 1, cnt, jt, kvh, group, q, dout,
-                                    lse, delta, b, T, H);
+                                    lse, delta, b, T, H, rq);
                 am_wait<1>();
             } else {
                 am_wait<0>();
@@ -381,11 +384,11 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
             am_gemm_pv<D, LD, SPLIT>(ak, dp, Qs, lane);
             __syncthreads(); /* this stage is consumed */
             if (!PIPE && n + 1 < total)
-                am_dkv_issue<D, LD>(QG, LDl, n + 1, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H);
+                am_dkv_issue<D, LD>(QG, LDl, n + 1, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H, rq);
         }
     }
-    am_store<D>(dk, ak, scale, scale, b, keyA, kvh, T, Hkv, t4);
-    am_store<D>(dv, av, 1.0f, 1.0f, b, keyA, kvh, T, Hkv, t4);
+    am_store<D>(dk, ak, scale, scale, b, keyA, kvh, T, rk, t4);
+    am_store<D>(dv, av, 1.0f, 1.0f, b, keyA, kvh, T, rk, t4);
 }
 
 /* ---- launchers: SPLIT = hi + lo BF16 probabilities (default) or one BF16 term (DW_ATTN=nosplit,
@@ -401,21 +404,22 @@ static int am_mode(void) { /* 0 tensor cores, split; 1 no split; 2 reference ker
 
 template <int D, bool SPLIT>
 static cudaError_t am_fwd_launch(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                                 int64_t T, int64_t H, int64_t Hkv, cudaStream_t s) {
+                                 int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
     const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = 5 * tile;
     cudaError_t e = cudaFuncSetAttribute(am_fwd_kernel<D, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)((T + AM_ROWS - 1) / AM_ROWS), (unsigned)H, (unsigned)B);
     const float sl2 = (float)(1.0 / sqrt((double)D)) * AM_LOG2E;
     am_fwd_kernel<D, SPLIT><<<grid, AM_THREADS, smem, s>>>((am_bf16 *)out, lse, (const am_bf16 *)q,
-                                                          (const am_bf16 *)k, (const am_bf16 *)v, T, H, Hkv, sl2);
+                                                          (const am_bf16 *)k, (const am_bf16 *)v, T, H, Hkv, rq, rk,
+                                                          sl2);
     return cudaGetLastError();
 }
 
 template <int D, bool SPLIT>
 static cudaError_t am_bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                  const void *v, const float *lse, const float *delta, int64_t B, int64_t T,
-                                 int64_t H, int64_t Hkv, cudaStream_t s) {
+                                 int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
     const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem_q = 6 * tile;
     const size_t smem_kv = smem_q + 2 * 2 * AM_ROWS * sizeof(float);
     cudaError_t e =
@@ -427,11 +431,11 @@ static cudaError_t am_bwd_launch(void *dq, void *dk, void *dv, const void *dout,
     const float scale = (float)(1.0 / sqrt((double)D)), sl2 = scale * AM_LOG2E;
     am_bwd_dq_kernel<D, SPLIT><<<dim3(nT, (unsigned)H, (unsigned)B), AM_THREADS, smem_q, s>>>(
         (am_bf16 *)dq, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k, (const am_bf16 *)v, lse, delta,
-        T, H, Hkv, sl2, scale);
+        T, H, Hkv, rq, rk, sl2, scale);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     am_bwd_dkv_kernel<D, SPLIT><<<dim3(nT, (unsigned)Hkv, (unsigned)B), AM_THREADS, smem_kv, s>>>(
         (am_bf16 *)dk, (am_bf16 *)dv, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k,
-        (const am_bf16 *)v, lse, delta, T, H, Hkv, sl2, scale);
+        (const am_bf16 *)v, lse, delta, T, H, Hkv, rq, rk, sl2, scale);
     return cudaGetLastError();
 }
 
@@ -443,19 +447,19 @@ bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
 }
 
 cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                            int64_t T, int64_t H, int64_t Hkv, int64_t D, cudaStream_t s) {
+                            int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
     const bool split = am_mode() == 0;
-    return D == 64 ? (split ? am_fwd_launch<64, true> : am_fwd_launch<64, false>)(out, lse, q, k, v, B, T, H, Hkv, s)
-                   : (split ? am_fwd_launch<128, true> : am_fwd_launch<128, false>)(out, lse, q, k, v, B, T, H, Hkv, s);
+    return D == 64 ? (split ? am_fwd_launch<64, true> : am_fwd_launch<64, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s)
+                   : (split ? am_fwd_launch<128, true> : am_fwd_launch<128, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
 }
 
 cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                             const void *v, const float *lse, const float *delta, int64_t B, int64_t T, int64_t H,
-                            int64_t Hkv, int64_t D, cudaStream_t s) {
+                            int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
     const bool split = am_mode() == 0;
     return D == 64 ? (split ? am_bwd_launch<64, true> : am_bwd_launch<64, false>)(dq, dk, dv, dout, q, k, v, lse,
-                                                                                 delta, B, T, H, Hkv, s)
+                                                                                 delta, B, T, H, Hkv, rq, rk, s)
                    : (split ? am_bwd_launch<128, true> : am_bwd_launch<128, false>)(dq, dk, dv, dout, q, k, v, lse,
-                                                                                   delta, B, T, H, Hkv, s);
+                                                                                   delta, B, T, H, Hkv, rq, rk, s);
 }
 
