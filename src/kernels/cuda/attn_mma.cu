@@ -32,7 +32,13 @@ static __device__ __forceinline__ void am_ldsm_t(uint32_t r[4], const am_bf16 *p
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
-static __device__ __forceinline__ uint32_t am_ld32(const am_bf16 *p) { return *(const uint32_t *)p; }
+/* Four 8x8 b16 matrices as stored: A fragments, or B fragments with n = stored row. */
+static __device__ __forceinline__ void am_ldsm(uint32_t r[4], const am_bf16 *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 static __device__ __forceinline__ uint32_t am_bits(__nv_bfloat162 v) { return *(uint32_t *)&v; }
 /* x0, x1 (consecutive columns) -> BF16 pair hi and the pair of remainders lo (hi + lo ~ x). */
 static __device__ __forceinline__ void am_split(float x0, float x1, uint32_t &hi, uint32_t &lo) {
@@ -41,13 +47,16 @@ static __device__ __forceinline__ void am_split(float x0, float x1, uint32_t &hi
     hi = am_bits(h);
     lo = am_bits(__floats2bfloat162_rn(x0 - hf.x, x1 - hf.y));
 }
-/* A fragment (16 rows x 16 cols, row-major smem, stride LD) at (r0, c0). */
+/* A fragment (16 rows x 16 cols, row-major smem, stride LD) at (r0, c0): one ldmatrix.x4. */
 template <int LD>
-static __device__ __forceinline__ void am_frag_a(uint32_t a[4], const am_bf16 *s, int r0, int c0, int g, int t4) {
-    a[0] = am_ld32(s + (r0 + g) * LD + c0 + 2 * t4);
-    a[1] = am_ld32(s + (r0 + g + 8) * LD + c0 + 2 * t4);
-    a[2] = am_ld32(s + (r0 + g) * LD + c0 + 2 * t4 + 8);
-    a[3] = am_ld32(s + (r0 + g + 8) * LD + c0 + 2 * t4 + 8);
+static __device__ __forceinline__ void am_frag_a(uint32_t a[4], const am_bf16 *s, int r0, int c0, int lane) {
+    am_ldsm(a, s + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + c0 + (lane >> 4) * 8);
+}
+/* B fragments of n-tiles n0 and n0 + 8 (k = stored column c0..c0+15, n = stored row):
+ * b[0], b[1] for n0; b[2], b[3] for n0 + 8. */
+template <int LD>
+static __device__ __forceinline__ void am_frag_b2(uint32_t b[4], const am_bf16 *s, int n0, int c0, int lane) {
+    am_ldsm(b, s + (n0 + (lane & 7) + ((lane >> 4) & 1) * 8) * LD + c0 + ((lane >> 3) & 1) * 8);
 }
 /* The C fragments of n-tiles 2kk, 2kk+1 (16 x 16) as A fragments, split into hi and lo. */
 static __device__ __forceinline__ void am_c_to_a(const float c0[4], const float c1[4], uint32_t hi[4], uint32_t lo[4]) {
@@ -91,28 +100,30 @@ static __device__ __forceinline__ void am_load_pair(am_bf16 *dst, const am_bf16 
  * are the 64 stored rows of bs (k = d, n = stored row). */
 template <int D, int LD>
 static __device__ __forceinline__ void am_gemm_nt(float acc[8][4], const am_bf16 *as, int r0, const am_bf16 *bs,
-                                                  int g, int t4) {
+                                                  int lane) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t a[4];
-        am_frag_a<LD>(a, as, r0, kk * 16, g, t4);
+        am_frag_a<LD>(a, as, r0, kk * 16, lane);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            const am_bf16 *p = bs + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
-            am_mma(acc[nt], a, am_ld32(p), am_ld32(p + 8));
+        for (int np = 0; np < 4; np++) {
+            uint32_t bb[4];
+            am_frag_b2<LD>(bb, bs, np * 16, kk * 16, lane);
+            am_mma(acc[2 * np], a, bb[0], bb[1]);
+            am_mma(acc[2 * np + 1], a, bb[2], bb[3]);
         }
     }
 }
 /* Backward's two score blocks from zero: s = a1 . b1^T, dp = a2 . b2^T (16 x 64 each). */
 template <int D, int LD>
 static __device__ __forceinline__ void am_scores(float s[8][4], float dp[8][4], const am_bf16 *a1, const am_bf16 *b1,
-                                                 const am_bf16 *a2, const am_bf16 *b2, int r0, int g, int t4) {
+                                                 const am_bf16 *a2, const am_bf16 *b2, int r0, int lane) {
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-    am_gemm_nt<D, LD>(s, a1, r0, b1, g, t4);
-    am_gemm_nt<D, LD>(dp, a2, r0, b2, g, t4);
+    am_gemm_nt<D, LD>(s, a1, r0, b1, lane);
+    am_gemm_nt<D, LD>(dp, a2, r0, b2, lane);
 }
 /* acc[D/8] (16 x D) += P (16 x 64, as C fragments p[8][4]) . S (64 stored rows x D), P split. */
 template <int D, int LD, bool SPLIT>
@@ -188,16 +199,18 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
         __syncthreads();
         if (jt == 0)
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) am_frag_a<LD>(qf[kk], Qs, 16 * w, kk * 16, g, t4);
+            for (int kk = 0; kk < D / 16; kk++) am_frag_a<LD>(qf[kk], Qs, 16 * w, kk * 16, lane);
         float s[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                const am_bf16 *p = Ks + (nt * 8 + g) * LD + kk * 16 + 2 * t4;
-                am_mma(s[nt], qf[kk], am_ld32(p), am_ld32(p + 8));
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                am_frag_b2<LD>(bb, Ks, np * 16, kk * 16, lane);
+                am_mma(s[2 * np], qf[kk], bb[0], bb[1]);
+                am_mma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
             }
         const bool diag = jt == it;
         float xA = -INFINITY, xB = -INFINITY;
@@ -288,7 +301,7 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
         }
         __syncthreads();
         float s[8][4], dp[8][4];
-        am_scores<D, LD>(s, dp, Qs, Ks, Gs, Vs, 16 * w, g, t4);
+        am_scores<D, LD>(s, dp, Qs, Ks, Gs, Vs, 16 * w, lane);
         const bool diag = jt == it;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -368,7 +381,7 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
             }
             __syncthreads();
             float s[8][4], dp[8][4];
-            am_scores<D, LD>(s, dp, Ks, Qs, Vs, Gs, 16 * w, g, t4);
+            am_scores<D, LD>(s, dp, Ks, Qs, Vs, Gs, 16 * w, lane);
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
