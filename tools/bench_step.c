@@ -54,6 +54,7 @@ static void help(void) {
            "Exit status: 0 measured, 2 bad arguments or model, 1 no GPU or a failure.\n");
 }
 
+#if DW_HAVE_CUDA /* the helpers below serve the measurement, which needs CUDA */
 /* PaLM-convention training FLOPs per token (bench/train_anchor.py's flops_per_token). */
 static double flops_per_token(const dw_model_config *c, int64_t T) {
     const double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
@@ -121,6 +122,8 @@ static void print_rows(const char *title, prof_row *rows, int n, double total, b
     printf("\n%s (eager step, CUDA events; %.2f ms in all):\n", title, total);
     for (int i = 0; i < n; i++) printf("  %-40s %9.3f ms %6.1f%%\n", rows[i].key, rows[i].ms, 100.0 * rows[i].ms / total);
 }
+
+#endif /* DW_HAVE_CUDA */
 
 int dw_bench_step(int argc, char **argv) {
     static const struct option opts[] = {{"batch", required_argument, 0, 'b'},
