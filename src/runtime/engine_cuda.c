@@ -22,6 +22,7 @@
 
 #include "core/cuda_check.h"
 #include "kernels/cuda/adamw_cuda.h"
+#include "kernels/cuda/attn_packed.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/engine_cuda_kern.h"
 
@@ -152,9 +153,21 @@ static void attn_qkv(dw_engine *e, int ni, const void **q, const void **k, const
     }
 }
 
+/* A packed-qkv node whose kernels read q, k, v in place (attn_packed.h): no split in forward, no
+ * merge in backward. Decided from every pointer either direction touches, so both agree. */
+static bool attn_packed(dw_engine *e, int ni) {
+    const dw_ir_node *n = &e->g->nodes[ni];
+    void *dqkv = in_grad(e, ni, 0);
+    const void *ptrs[] = {act(e, n->in[0]), act(e, n->out), dact(e, n->out), dqkv};
+    return n->n_in == 1 && dqkv && dw_cuda_attention_packed_ok(CE->dt, n->attrs.head_dim, ptrs, 4);
+}
+
 static dw_status fwd_attention(dw_engine *e, int ni) {
     const dw_ir_node *n = &e->g->nodes[ni];
     const dw_ir_attrs *at = &n->attrs;
+    if (attn_packed(e, ni))
+        return dw_cuda_attention_fwd_packed(e->ctx, act(e, n->out), aux(e, ni, DW_AUX_STAT0), act(e, n->in[0]),
+                                            CE->b, CE->t, at->heads, at->kv_heads, at->head_dim, STREAM);
     if (n->n_in == 1)
         DW_CUDA_CHECK(e->ctx, (cudaError_t)dw_engine_cuda_qkv(
                                   act(e, n->in[0]), aux(e, ni, DW_AUX_Q), aux(e, ni, DW_AUX_K),
@@ -169,6 +182,12 @@ static dw_status fwd_attention(dw_engine *e, int ni) {
 static dw_status bwd_attention(dw_engine *e, int ni) {
     const dw_ir_node *n = &e->g->nodes[ni];
     const dw_ir_attrs *at = &n->attrs;
+    if (attn_packed(e, ni)) {
+        DW_TRY(dw_cuda_attention_bwd_packed(e->ctx, in_grad(e, ni, 0), dact(e, n->out), act(e, n->in[0]),
+                                            act(e, n->out), aux(e, ni, DW_AUX_STAT0), tmp(e, ni, DW_TMP_DELTA),
+                                            CE->b, CE->t, at->heads, at->kv_heads, at->head_dim, STREAM));
+        return in_grad_done(e, ni, 0);
+    }
     const void *q, *k, *v;
     attn_qkv(e, ni, &q, &k, &v);
     bool packed = n->n_in == 1;
@@ -353,6 +372,49 @@ static dw_status read_loss(dw_engine *e, double *loss) {
     DW_CUDA_CHECK(e->ctx, cudaStreamSynchronize(CE->stream));
     *loss = (double)*CE->host_loss;
     return DW_OK;
+}
+
+/* One eager training step with an event before every schedule step (engine_cuda.h). */
+dw_status dw_engine_cuda_profile_step(dw_engine *e, const int32_t *tokens, const int32_t *targets,
+                                      int64_t B, int64_t T, double grad_scale, dw_engine_prof *out,
+                                      int cap, int *n_nodes) {
+    const dw_graph *g = e->g;
+    const int n = g->n_nodes;
+    *n_nodes = n;
+    DW_TRY(put_batch(e, tokens, targets, B, T));
+    cudaEvent_t *ev = calloc((size_t)(2 * n + 1), sizeof *ev);
+    if (!ev) return dw_set_error(e->ctx, DW_ERR_NOMEM, "profile: out of memory");
+    dw_status s = DW_OK;
+    int made = 0;
+    for (; made < 2 * n + 1; made++)
+        if (cudaEventCreate(&ev[made]) != cudaSuccess) {
+            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: cudaEventCreate failed");
+            break;
+        }
+    for (int k = 0; s == DW_OK && k < 2 * n; k++) { /* step k: node k forward, then backward */
+        int i = k < n ? k : 2 * n - 1 - k;
+        cudaEventRecord(ev[k], CE->stream);
+        s = k < n ? fwd_node(e, i, true, grad_scale) : bwd_node(e, i);
+        if (s != DW_OK) s = dw_prefix_error(e->ctx, s, "profile: node '%s'", g->nodes[i].name);
+    }
+    if (s == DW_OK) {
+        cudaEventRecord(ev[2 * n], CE->stream);
+        if (cudaEventSynchronize(ev[2 * n]) != cudaSuccess)
+            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: step failed: %s", cudaGetErrorString(cudaGetLastError()));
+    }
+    for (int k = 0; s == DW_OK && k < 2 * n; k++) {
+        int i = k < n ? k : 2 * n - 1 - k;
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, ev[k], ev[k + 1]);
+        if (i >= cap) continue;
+        out[i].name = g->nodes[i].name;
+        out[i].op = (int)g->nodes[i].op;
+        if (k < n) out[i].fwd_ms = ms;
+        else out[i].bwd_ms = ms;
+    }
+    for (int k = 0; k < made; k++) cudaEventDestroy(ev[k]);
+    free(ev);
+    return s;
 }
 
 dw_status dw_engine_cuda_forward_backward(dw_engine *e, const int32_t *tokens, const int32_t *targets,
@@ -613,6 +675,13 @@ dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double bet
 const dw_compiled *dw_engine_cuda_plan(const dw_engine *e) {
     (void)e;
     return NULL;
+}
+dw_status dw_engine_cuda_profile_step(dw_engine *e, const int32_t *tokens, const int32_t *targets,
+                                      int64_t B, int64_t T, double grad_scale, dw_engine_prof *out,
+                                      int cap, int *n_nodes) {
+    (void)tokens, (void)targets, (void)B, (void)T, (void)grad_scale, (void)out, (void)cap;
+    *n_nodes = 0;
+    return no_cuda(e);
 }
 dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {
     (void)i, (void)m, (void)v, (void)to_device;

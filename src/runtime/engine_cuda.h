@@ -24,4 +24,17 @@ dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double bet
 const dw_compiled *dw_engine_cuda_plan(const dw_engine *e);
 dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device);
 
+/* Profiling (`deepwell bench step --profile`): one training step run eagerly with a CUDA event
+ * around every schedule step; fills out[i] for node i (its name, op and forward / backward
+ * milliseconds; cross-entropy's backward is fused into its forward). *n_nodes: the node count;
+ * at most `cap` entries are written. A captured graph stays valid (same buffers). */
+typedef struct {
+    const char *name;
+    int op; /* dw_op */
+    float fwd_ms, bwd_ms;
+} dw_engine_prof;
+dw_status dw_engine_cuda_profile_step(dw_engine *e, const int32_t *tokens, const int32_t *targets,
+                                      int64_t B, int64_t T, double grad_scale, dw_engine_prof *out,
+                                      int cap, int *n_nodes);
+
 #endif /* DW_RUNTIME_ENGINE_CUDA_H */

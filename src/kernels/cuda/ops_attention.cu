@@ -2,8 +2,12 @@
  * tiles in shared memory, online softmax, no T x T matrix. Forward saves the log-sum-exp; backward
  * recomputes the probabilities from it in two kernels (dQ over query rows; dK, dV over key rows,
  * looping over the group's query heads), so every gradient is written once without atomics.
- * Correctness first: one warp per row, one lane per key of a tile; speed is a later issue.
+ * These are the reference kernels (one warp per row, one lane per key of a tile, FP32 FMA): FP32
+ * activations, BF16 with D other than 64 / 128, and DW_ATTN=ref. BF16 with D = 64 or 128 goes to
+ * the tensor-core kernels of attn_mma.cu.
  * Oracle: kernels/cpu/attention_cpu.c. Layouts: q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T). */
+#include "kernels/cuda/attn_mma.h"
+#include "kernels/cuda/attn_packed.h"
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_ATT_BR 8  /* rows (warps) per block */
@@ -282,6 +286,19 @@ static cudaError_t dw_att_bwd_launch(void *dq, void *dk, void *dv, const void *d
     return cudaGetLastError();
 }
 
+/* BF16 on the tensor cores (attn_mma.cu): delta with the reference kernel, then dQ and dK/dV. */
+static cudaError_t dw_att_bwd_mma(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                  const void *v, const void *out, const float *lse, float *delta, int64_t B,
+                                  int64_t T_, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk,
+                                  cudaStream_t s) {
+    const int64_t rows = B * H * T_;
+    dw_att_delta_kernel<dw_bf16><<<(unsigned)((rows + DW_ATT_BR - 1) / DW_ATT_BR), DW_ATT_THREADS, 0, s>>>(
+        delta, (const dw_bf16 *)dout, (const dw_bf16 *)out, T_, H, D, rows);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    return dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, lse, delta, B, T_, H, Hkv, D, rq, rk, s);
+}
+
 /* NR = registers per lane for one D-vector: 1, 2, 4 or 8 (D <= 32, 64, 128, 256) */
 #define DW_ATT_DISPATCH(T, D, call)                                                            \
     ((D) <= 32 ? call<T, 1> : (D) <= 64 ? call<T, 2> : (D) <= 128 ? call<T, 4> : call<T, 8>)
@@ -305,7 +322,10 @@ dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (out && lse && q && k && v));
     if (B * T == 0) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
-    cudaError_t e = dt == DW_ACT_F32
+    const void *ptrs[] = {out, q, k, v};
+    cudaError_t e = dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 4)
+                        ? dw_attn_mma_fwd(out, lse, q, k, v, B, T, H, Hkv, D, H * D, Hkv * D, s)
+                    : dt == DW_ACT_F32
                         ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, s)
                         : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, s);
     if (e != cudaSuccess)
@@ -324,8 +344,11 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (dq && dk && dv && dout && q && k && v && out && lse && delta));
     if (B * T == 0) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
+    const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
     cudaError_t e =
-        dt == DW_ACT_F32
+        dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 8)
+            ? dw_att_bwd_mma(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, H * D, Hkv * D, s)
+        : dt == DW_ACT_F32
             ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, s)
             : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, s);
     if (e != cudaSuccess)
@@ -333,6 +356,50 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
                             (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D,
                             cudaGetErrorString(e));
     return DW_OK;
+}
+
+/* ---- packed qkv (attn_packed.h): the tensor-core kernels reading q, k, v in place ---------------- */
+bool dw_cuda_attention_packed_ok(dw_act_dtype dt, int64_t D, const void *const *ptrs, int n) {
+    return dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, n);
+}
+
+static dw_status dw_att_packed_err(dw_ctx *ctx, const char *op, cudaError_t e, int64_t B, int64_t T, int64_t H,
+                                   int64_t Hkv, int64_t D) {
+    if (e == cudaSuccess) return DW_OK;
+    return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld): %s", op, (long long)B,
+                        (long long)T, (long long)H, (long long)Hkv, (long long)D, cudaGetErrorString(e));
+}
+
+dw_status dw_cuda_attention_fwd_packed(dw_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
+                                       int64_t H, int64_t Hkv, int64_t D, void *stream) {
+    const char *op = "attention_fwd_packed";
+    DW_TRY(dw_att_check(ctx, op, DW_ACT_BF16, B, T, H, Hkv, D));
+    const void *ptrs[] = {out, qkv};
+    DW_OPS_REQUIRE(ctx, op, B * T == 0 || (lse && dw_cuda_attention_packed_ok(DW_ACT_BF16, D, ptrs, 2)));
+    if (B * T == 0) return DW_OK;
+    const dw_bf16 *x = (const dw_bf16 *)qkv;
+    const int64_t rs = (H + 2 * Hkv) * D;
+    return dw_att_packed_err(ctx, op,
+                             dw_attn_mma_fwd(out, lse, x, x + H * D, x + (H + Hkv) * D, B, T, H, Hkv, D, rs, rs,
+                                             (cudaStream_t)stream),
+                             B, T, H, Hkv, D);
+}
+
+dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out,
+                                       const float *lse, float *delta, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                       int64_t D, void *stream) {
+    const char *op = "attention_bwd_packed";
+    DW_TRY(dw_att_check(ctx, op, DW_ACT_BF16, B, T, H, Hkv, D));
+    const void *ptrs[] = {dqkv, dout, qkv, out};
+    DW_OPS_REQUIRE(ctx, op, B * T == 0 || (lse && delta && dw_cuda_attention_packed_ok(DW_ACT_BF16, D, ptrs, 4)));
+    if (B * T == 0) return DW_OK;
+    const dw_bf16 *x = (const dw_bf16 *)qkv;
+    dw_bf16 *g = (dw_bf16 *)dqkv;
+    const int64_t rs = (H + 2 * Hkv) * D;
+    return dw_att_packed_err(ctx, op,
+                             dw_att_bwd_mma(g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
+                                            out, lse, delta, B, T, H, Hkv, D, rs, rs, (cudaStream_t)stream),
+                             B, T, H, Hkv, D);
 }
 
 } /* extern "C" */

@@ -1,0 +1,26 @@
+/* attn_mma.h — private to kernels/cuda/: tensor-core (mma.sync m16n8k16 BF16) causal attention
+ * for BF16 activations with D in {64, 128}, called by ops_attention.cu's entries when eligible.
+ * Same layouts and contract as dw_cuda_attention_{fwd,bwd} (ops_cuda.h); no validation here. */
+#ifndef DW_KERNELS_ATTN_MMA_H
+#define DW_KERNELS_ATTN_MMA_H
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* true when the tensor-core path can run: D 64 or 128, every pointer 16-byte aligned, and the
+ * environment does not ask for the reference kernels (DW_ATTN=ref). */
+bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n);
+/* rq: elements between consecutive tokens of q (and dq), rk: of k, v (and dk, dv): H*D and
+ * Hkv*D for separate tensors, (H + 2 Hkv)*D for views into a packed qkv row. out, dout, lse and
+ * delta always have their own (B,T,H,D) / (B,H,T) layouts. */
+cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
+                            int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq,
+                            int64_t rk, cudaStream_t s);
+/* delta (B,H,T) = rowsum(dout * out) must already be computed. */
+cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                            const void *k, const void *v, const float *lse, const float *delta,
+                            int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq,
+                            int64_t rk, cudaStream_t s);
+
+#endif /* DW_KERNELS_ATTN_MMA_H */

@@ -1,0 +1,33 @@
+/* attn_packed.h — causal GQA attention reading q, k, v in place from a packed qkv activation
+ * (B,T,(H + 2 Hkv) D), rows [q heads | k heads | v heads] (GPT-2's c_attn output), and writing
+ * dq, dk, dv into the packed gradient: no split / merge copies. BF16 tensor-core path only
+ * (kernels/cuda/attn_mma.cu); callers check dw_cuda_attention_packed_ok first and otherwise split
+ * and use dw_cuda_attention_{fwd,bwd} (ops_cuda.h). Same numerics and saved lse as those. */
+#ifndef DW_KERNELS_ATTN_PACKED_H
+#define DW_KERNELS_ATTN_PACKED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cuda/ops_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* true when the packed path runs for these pointers (BF16, D 64 or 128, 16-byte aligned, not
+ * DW_ATTN=ref). The same answer for a node's forward and backward when given all four pointers. */
+bool dw_cuda_attention_packed_ok(dw_act_dtype dt, int64_t D, const void *const *ptrs, int n);
+/* out (B,T,H,D), lse (B,H,T) FP32 from qkv (B,T,(H+2Hkv)D). */
+dw_status dw_cuda_attention_fwd_packed(dw_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B,
+                                       int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
+/* dqkv (B,T,(H+2Hkv)D) written (every element); delta (B,H,T) FP32 scratch. */
+dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout, const void *qkv,
+                                       const void *out, const float *lse, float *delta, int64_t B,
+                                       int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DW_KERNELS_ATTN_PACKED_H */

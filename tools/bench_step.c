@@ -1,0 +1,307 @@
+/* bench_step.c — `deepwell bench step`: times the CUDA engine's training step (zero_grad,
+ * forward_backward with the loss read back, AdamW with clipping) on a model at B x T, reports
+ * tokens/s, MFU (PaLM FLOP convention, as bench/train_anchor.py) and device memory, and with
+ * --profile a per-op breakdown of one eager step (CUDA events per schedule step). Not a test. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "capture/model_config.h"
+#include "cli.h"
+#include "core/ctx.h"
+#include "ir/ir.h"
+#include "runtime/engine.h"
+#include "runtime/engine_cuda.h"
+
+#if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+static const char *CMD = "bench step";
+
+int dw_bench_step(int argc, char **argv); /* dispatched by cmd_bench.c */
+
+static void help(void) {
+    printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision bf16|fp32] [--steps N]\n"
+           "                          [--warmup N] [--vocab V] [--json] [--profile] [--config-out FILE]\n"
+           "                          [--peak-tflops P]\n\n"
+           "Times the CUDA engine's training step on device 0: zero_grad, forward_backward (loss read\n"
+           "back: one host sync) and dw_engine_adamw_step (lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0:\n"
+           "one more sync), on random tokens. The first two steps are warm-up (eager, then the CUDA\n"
+           "graph capture); then N steps, each timed on the host clock (every step ends synchronised);\n"
+           "the median is reported as ms/step and tokens/s (B*T / median).\n\n"
+           "MFU = tokens/s * FLOPs per token / peak, FLOPs per token in the PaLM convention (as\n"
+           "bench/train_anchor.py): 6 x matmul parameters (LM head included) + 12 x layers x heads x\n"
+           "head_dim x T (causal masking not discounted).\n\n"
+           "MODEL is a directory holding a Hugging Face config.json, a config.json path, or a preset\n"
+           "name (see `deepwell capture --list-presets`).\n\n"
+           "  --batch B         sequences per step (default 16)\n"
+           "  --seq T           tokens per sequence (default 1024, at most the model's positions)\n"
+           "  --precision P     bf16 (default: BF16 activations, cuBLASLt BF16 GEMMs) or fp32\n"
+           "  --steps N         timed steps (default 20)\n"
+           "  --warmup N        extra untimed steps after the two warm-up steps (default 3)\n"
+           "  --vocab V         override the vocabulary size (e.g. 50304: GPT-2's padded vocabulary)\n"
+           "  --json            one JSON object instead of the text report\n"
+           "  --profile         also run 3 eager steps with a CUDA event around every schedule step and\n"
+           "                    print the last one's time per op type and direction and per node role\n"
+           "                    (node name with layer numbers as '#'), largest first\n"
+           "  --config-out FILE write the measured model's Hugging Face config.json (for\n"
+           "                    bench/train_anchor.py --config FILE) before timing\n"
+           "  --peak-tflops P   dense BF16 peak for MFU (default 989: H100/H200 SXM)\n"
+           "  -h, --help        this help\n\n"
+           "Exit status: 0 measured, 2 bad arguments or model, 1 no GPU or a failure.\n");
+}
+
+#if DW_HAVE_CUDA /* the helpers below serve the measurement, which needs CUDA */
+/* PaLM-convention training FLOPs per token (bench/train_anchor.py's flops_per_token). */
+static double flops_per_token(const dw_model_config *c, int64_t T) {
+    const double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
+    const double Hkv = (double)c->n_kv_heads, ff = (double)c->d_ff;
+    const bool glu = strcmp(c->model_type, "gpt2") != 0;
+    const double per_layer = d * H * hd + 2 * d * Hkv * hd + H * hd * d + (glu ? 3 : 2) * d * ff;
+    const double matmul = (double)c->n_layers * per_layer + (double)c->vocab_size * d;
+    return 6 * matmul + 12 * (double)c->n_layers * H * hd * (double)T;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    char key[96];
+    double ms;
+} prof_row;
+
+/* Adds ms to the row named key (linear search: a few hundred rows at most). */
+static void prof_add(prof_row *rows, int *n, int cap, const char *key, double ms) {
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(rows[i].key, key)) {
+            rows[i].ms += ms;
+            return;
+        }
+    if (*n >= cap) return;
+    snprintf(rows[*n].key, sizeof rows[*n].key, "%s", key);
+    rows[(*n)++].ms = ms;
+}
+static int cmp_row(const void *a, const void *b) {
+    double x = ((const prof_row *)a)->ms, y = ((const prof_row *)b)->ms;
+    return x > y ? -1 : x < y;
+}
+/* "h.11.attn.c_proj" -> "h.#.attn.c_proj" */
+static void role_of(const char *name, char *out, size_t cap) {
+    size_t o = 0;
+    for (const char *p = name; *p && o + 1 < cap; p++) {
+        if (*p >= '0' && *p <= '9') {
+            out[o++] = '#';
+            while (p[1] >= '0' && p[1] <= '9') p++;
+        } else {
+            out[o++] = *p;
+        }
+    }
+    out[o] = 0;
+}
+
+static void print_rows(const char *title, prof_row *rows, int n, double total, bool json, bool last) {
+    qsort(rows, (size_t)n, sizeof *rows, cmp_row);
+    if (json) {
+        printf("  \"%s\": [", title);
+        for (int i = 0; i < n; i++)
+            printf("%s{\"name\": \"%s\", \"ms\": %.4f, \"share\": %.4f}", i ? ", " : "", rows[i].key, rows[i].ms,
+                   rows[i].ms / total);
+        printf("]%s\n", last ? "" : ",");
+        return;
+    }
+    printf("\n%s (eager step, CUDA events; %.2f ms in all):\n", title, total);
+    for (int i = 0; i < n; i++) printf("  %-40s %9.3f ms %6.1f%%\n", rows[i].key, rows[i].ms, 100.0 * rows[i].ms / total);
+}
+
+#endif /* DW_HAVE_CUDA */
+
+int dw_bench_step(int argc, char **argv) {
+    static const struct option opts[] = {{"batch", required_argument, 0, 'b'},
+                                         {"seq", required_argument, 0, 's'},
+                                         {"precision", required_argument, 0, 'p'},
+                                         {"steps", required_argument, 0, 'n'},
+                                         {"warmup", required_argument, 0, 'w'},
+                                         {"vocab", required_argument, 0, 'V'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"profile", no_argument, 0, 'P'},
+                                         {"config-out", required_argument, 0, 'c'},
+                                         {"peak-tflops", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    long B = 16, T = 1024, steps = 20, warm = 3, V = 0;
+    double peak = 989.0;
+    const char *precision = "bf16", *config_out = NULL;
+    bool json = false, profile = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'b': if (!cli_parse_int(CMD, "--batch", optarg, 1, 1 << 16, &B)) return DW_EXIT_USAGE; break;
+        case 's': if (!cli_parse_int(CMD, "--seq", optarg, 1, 1 << 20, &T)) return DW_EXIT_USAGE; break;
+        case 'n': if (!cli_parse_int(CMD, "--steps", optarg, 1, 100000, &steps)) return DW_EXIT_USAGE; break;
+        case 'w': if (!cli_parse_int(CMD, "--warmup", optarg, 0, 100000, &warm)) return DW_EXIT_USAGE; break;
+        case 'V': if (!cli_parse_int(CMD, "--vocab", optarg, 1, 1 << 30, &V)) return DW_EXIT_USAGE; break;
+        case 'p': precision = optarg; break;
+        case 'j': json = true; break;
+        case 'P': profile = true; break;
+        case 'c': config_out = optarg; break;
+        case 't':
+            if (!cli_parse_double(CMD, "--peak-tflops", optarg, &peak)) return DW_EXIT_USAGE;
+            if (!(peak > 0)) {
+                cli_error(CMD, "--peak-tflops must be > 0");
+                return DW_EXIT_USAGE;
+            }
+            break;
+        case 'h': help(); return DW_EXIT_OK;
+        default: return cli_usage_error(CMD);
+        }
+    }
+    if (optind + 1 != argc) {
+        cli_error(CMD, "expected exactly one MODEL (a config.json directory, file or preset)");
+        return DW_EXIT_USAGE;
+    }
+    if (strcmp(precision, "bf16") && strcmp(precision, "fp32")) {
+        cli_error(CMD, "--precision must be bf16 or fp32, not '%s'", precision);
+        return DW_EXIT_USAGE;
+    }
+    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
+    dw_ctx *hctx = NULL;
+    if (dw_ctx_create(&co, &hctx) != DW_OK) {
+        cli_error(CMD, "%s", dw_errmsg(NULL));
+        return DW_EXIT_FAIL;
+    }
+    dw_model_config cfg;
+    dw_status s = dw_model_config_load(hctx, argv[optind], &cfg);
+    if (s != DW_OK) {
+        int rc = cli_fail(CMD, hctx, s);
+        dw_ctx_free(hctx);
+        return rc;
+    }
+    if (V) cfg.vocab_size = V;
+    if (T > cfg.max_seq) {
+        cli_error(CMD, "--seq %ld is more than the model's %lld positions", T, (long long)cfg.max_seq);
+        dw_ctx_free(hctx);
+        return DW_EXIT_USAGE;
+    }
+    if (config_out && (s = dw_model_config_save(hctx, &cfg, config_out)) != DW_OK) {
+        int rc = cli_fail(CMD, hctx, s);
+        dw_ctx_free(hctx);
+        return rc;
+    }
+    dw_ctx_free(hctx);
+#if !DW_HAVE_CUDA
+    (void)steps, (void)warm, (void)peak, (void)json, (void)profile;
+    cli_error(CMD, "this build has no CUDA (configure with -DDW_CUDA=ON)");
+    return DW_EXIT_FAIL;
+#else
+    dw_ctx_opts go = {.device = DW_DEVICE_CUDA};
+    dw_ctx *ctx = NULL;
+    if (dw_ctx_create(&go, &ctx) != DW_OK) {
+        cli_error(CMD, "no CUDA device: %s", dw_errmsg(NULL));
+        return DW_EXIT_FAIL;
+    }
+    size_t free0 = 0, total = 0, free1 = 0;
+    cudaMemGetInfo(&free0, &total);
+    dw_policy *pol = NULL;
+    dw_engine *e = NULL;
+    int32_t *tok = malloc((size_t)(B * T + 1) * sizeof *tok);
+    double *times = malloc((size_t)steps * sizeof *times), *fb = malloc((size_t)steps * sizeof *fb);
+    dw_engine_prof *prof = NULL;
+    int rc = DW_EXIT_OK;
+    if (!tok || !times || !fb) {
+        cli_error(CMD, "out of memory");
+        rc = DW_EXIT_FAIL;
+        goto done;
+    }
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i <= B * T; i++) { /* xorshift64 tokens; targets are the next tokens */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        tok[i] = (int32_t)(x % (uint64_t)cfg.vocab_size);
+    }
+    if (!strcmp(precision, "bf16")) s = dw_policy_from_precision(ctx, "bf16", false, &pol);
+    if (s == DW_OK) s = dw_engine_create_cuda(ctx, &cfg, B, T, pol, &e);
+    if (s == DW_OK) s = dw_engine_init_weights(e, 1234);
+    double loss0 = 0, loss = 0, norm = 0;
+    for (long i = 0; s == DW_OK && i < 2 + warm + steps; i++) {
+        double t0 = now_s();
+        dw_engine_zero_grad(e);
+        s = dw_engine_forward_backward(e, tok, tok + 1, B, T, 1.0, &loss);
+        double t1 = now_s();
+        if (s == DW_OK) s = dw_engine_adamw_step(e, 3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, i + 1, &norm);
+        double t2 = now_s();
+        if (i == 0) loss0 = loss;
+        if (i >= 2 + warm) times[i - 2 - warm] = t2 - t0, fb[i - 2 - warm] = t1 - t0;
+    }
+    if (s != DW_OK) {
+        rc = cli_fail(CMD, ctx, s);
+        goto done;
+    }
+    cudaMemGetInfo(&free1, &total);
+    qsort(times, (size_t)steps, sizeof *times, cmp_double);
+    qsort(fb, (size_t)steps, sizeof *fb, cmp_double);
+    const double med = times[steps / 2], fbmed = fb[steps / 2], tps = (double)(B * T) / med;
+    const double fpt = flops_per_token(&cfg, T), mfu = tps * fpt / (peak * 1e12);
+    const double mem_gib = (double)(free0 - free1) / 1073741824.0;
+    if (json) {
+        printf("{\"impl\": \"deepwell-%s\", \"model\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"vocab\": %lld,\n"
+               "  \"step_s_median\": %.6f, \"fwd_bwd_s_median\": %.6f, \"step_s_min\": %.6f, \"tokens_per_s\": %.1f,\n"
+               "  \"flops_per_token\": %.6g, \"mfu\": %.4f, \"device_mem_gib\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f%s\n",
+               precision, argv[optind], B, T, (long long)cfg.vocab_size, med, fbmed, times[0], tps, fpt, mfu, mem_gib,
+               loss0, loss, profile ? "," : "}");
+    } else {
+        printf("deepwell %s, %s, B=%ld T=%ld V=%lld: %.2f ms/step (median of %ld; fwd+bwd %.2f ms, min %.2f ms)\n"
+               "  %.0f tokens/s, MFU %.1f%% of %.0f TFLOP/s (%.4g FLOPs/token, PaLM convention)\n"
+               "  device memory used by the engine: %.2f GiB; loss %.4f -> %.4f\n",
+               precision, argv[optind], B, T, (long long)cfg.vocab_size, 1e3 * med, steps, 1e3 * fbmed,
+               1e3 * times[0], tps, 100 * mfu, peak, fpt, mem_gib, loss0, loss);
+    }
+    if (profile) {
+        int n = 0;
+        dw_engine_prof dummy;
+        s = dw_engine_cuda_profile_step(e, tok, tok + 1, B, T, 1.0, &dummy, 0, &n);
+        prof = calloc((size_t)(n ? n : 1), sizeof *prof);
+        for (int r = 0; s == DW_OK && prof && r < 3; r++) s = dw_engine_cuda_profile_step(e, tok, tok + 1, B, T, 1.0, prof, n, &n);
+        if (s != DW_OK || !prof) {
+            rc = s != DW_OK ? cli_fail(CMD, ctx, s) : DW_EXIT_FAIL;
+            goto done;
+        }
+        prof_row ops[64], roles[256];
+        int nops = 0, nroles = 0;
+        double sum = 0;
+        for (int i = 0; i < n; i++) {
+            char key[96], role[80];
+            role_of(prof[i].name, role, sizeof role);
+            const char *op = dw_op_name((dw_op)prof[i].op);
+            for (int d = 0; d < 2; d++) {
+                double ms = d ? prof[i].bwd_ms : prof[i].fwd_ms;
+                sum += ms;
+                snprintf(key, sizeof key, "%s %s", op, d ? "bwd" : "fwd");
+                prof_add(ops, &nops, 64, key, ms);
+                snprintf(key, sizeof key, "%s %s", role, d ? "bwd" : "fwd");
+                prof_add(roles, &nroles, 256, key, ms);
+            }
+        }
+        if (json) printf("  \"profile_eager_ms\": %.4f,\n", sum);
+        print_rows("per_op", ops, nops, sum, json, false);
+        print_rows("per_role", roles, nroles, sum, json, true);
+        if (json) printf("}\n");
+    }
+done:
+    free(prof);
+    dw_engine_free(e);
+    dw_policy_free(pol);
+    free(tok), free(times), free(fb);
+    dw_ctx_free(ctx);
+    return rc;
+#endif
+}
