@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [build|test]   (test adds the test-only packages)
 set -euo pipefail
 what=${1:-build}
-pkgs=(build-essential cmake ninja-build pkg-config libjansson-dev python3)
+pkgs=(build-essential cmake ninja-build libjansson-dev python3)
 if [ "$what" = test ]; then
   pkgs+=(libcmocka-dev clang python3-numpy python3-torch)
 fi
