@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# gpu-verify.sh — verification on the GPU machine, from source: builds there (Jansson and cmocka
+# headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
+# phases asked for. Logs go to $OUT (or out/); a summary is printed last.
+# Usage: scripts/gpu-verify.sh build|tests|bench ...   e.g. `scripts/gpu-verify.sh build tests`
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-out}
+mkdir -p "$out"
+deps=$PWD/.deps/root/usr
+export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+b=build-gpu
+summary=()
+record() { summary+=("$(printf '%-44s %s' "$1" "$2")"); echo "== $1: $2"; }
+
+for phase in "$@"; do
+  case $phase in
+  build)
+    s=$(date +%s)
+    cmake -S . -B $b -G Ninja -DDW_CUDA=ON -DCMAKE_PREFIX_PATH="$deps" >"$out/configure.log" 2>&1 &&
+      ninja -C $b -j "$(nproc)" >"$out/build.log" 2>&1
+    rc=$?
+    record "build ($(( $(date +%s) - s )) s)" "rc=$rc"
+    [ $rc -ne 0 ] && { tail -40 "$out/configure.log" "$out/build.log"; exit 1; }
+    ;;
+  tests)
+    "$b/deepwell" probe | tee "$out/probe.txt"
+    for t in "$b"/tests/gpu_test_* "$b"/tests/test_*; do
+      [ -x "$t" ] || continue
+      n=$(basename "$t"); s=$(date +%s)
+      timeout 300 "$t" >"$out/$n.log" 2>&1; rc=$?
+      record "$n ($(( $(date +%s) - s )) s)" "rc=$rc"
+      [ $rc -ne 0 ] && grep -E "FAIL|ERROR|MISMATCH|mismatch|error" "$out/$n.log" | head -12
+    done
+    bash tests/cli/test_probe.sh "$b/deepwell" >"$out/cli_probe.log" 2>&1; record cli_test_probe "rc=$?"
+    ;;
+  bench)
+    "$b/deepwell" bench quant >"$out/bench_quant.txt" 2>&1; record "bench quant" "rc=$?"; cat "$out/bench_quant.txt"
+    "$b/deepwell" bench gemm --json >"$out/bench_gemm.json" 2>"$out/bench_gemm.log"; record "bench gemm" "rc=$?"
+    "$b/deepwell" bench gemm 2>&1 | tail -30
+    timeout 200 python3 bench/gemm_anchor.py >"$out/gemm_anchor.json" 2>"$out/gemm_anchor.err"; record "gemm anchor (PyTorch)" "rc=$?"
+    head -c 3000 "$out/gemm_anchor.json"; echo
+    ;;
+  step)
+    mkdir -p "$out/gpt2"
+    args="gpt2-124m --vocab 50304 --batch 16 --seq 1024"
+    "$b/deepwell" bench step $args --profile --config-out "$out/gpt2/config.json" >"$out/step.txt" 2>&1
+    record "bench step gpt2-124m B16 T1024" "rc=$?"; cat "$out/step.txt" | head -40
+    timeout 240 python3 bench/train_anchor.py --config "$out/gpt2/config.json" --batch 16 --seq 1024 \
+      --modes eager,compile --steps 20 --warmup 5 2>"$out/anchor.err" | tee "$out/anchor.json"
+    record "train anchor (PyTorch eager, compile)" "rc=$?"
+    ;;
+  *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+done
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
