@@ -382,6 +382,8 @@ typedef struct {
     int64_t ckpt_every;     /* checkpoint every K steps; one is always written at the end */
     int keep;               /* checkpoints kept (newest); 0: all */
     uint64_t seed;          /* weights, shuffling and sampling */
+    const dw_policy *policy; /* CUDA engine: precision policy (borrowed); NULL = BF16. Must be
+                                NULL on the CPU (FP32 reference engine) */
     void (*progress)(const dw_train_progress *p, void *user); /* may be NULL */
     void *progress_user;
 } dw_train_opts;
@@ -392,7 +394,7 @@ typedef struct {
  * model, data, out_dir must still be set. */
 void dw_train_opts_default(dw_train_opts *opts);
 
-/* Trains on the context's device (CPU reference engine; CUDA: DW_ERR_UNSUPPORTED for now).
+/* Trains on the context's device (CPU reference engine, or the CUDA engine with opts->policy).
  * Writes out_dir/metrics.jsonl (one JSON object per step) and checkpoints. Returns DW_OK when
  * all steps ran or after a stop request (then a checkpoint of the last finished step exists). */
 dw_status dw_train(dw_ctx *ctx, const dw_train_opts *opts);

@@ -1,5 +1,6 @@
-/* cmd_train.c — `deepwell train`: flags → dw_train_opts, a live progress line on stderr, samples
- * on stdout, SIGINT handling (first: finish the step, checkpoint, exit 130; second: abort). */
+/* cmd_train.c — `deepwell train`: flags → dw_train_opts (device, precision policy), a live
+ * progress line on stderr, samples on stdout, SIGINT handling (first: finish the step,
+ * checkpoint, exit 130; second: abort). */
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -47,8 +48,17 @@ static void help(void) {
         "                         first min(16, T/4) tokens of the step's first sequence)\n"
         "  --ckpt-every K         checkpoint every K steps, 0 = only at the end (0)\n"
         "  --keep K               keep the newest K checkpoints, 0 = all (3)\n"
-        "  --device D             cpu, cuda or auto (auto). The CUDA engine is not implemented\n"
-        "                         yet: cuda fails with a message; auto uses the CPU\n"
+        "  --device D             cpu, cuda or auto (auto: cuda when a GPU is usable, else cpu).\n"
+        "                         cpu: the exact FP32 reference engine; cuda: the CUDA engine\n"
+        "                         (BF16 activations, AdamW on the GPU, same checkpoint format:\n"
+        "                         a run resumes on either device)\n"
+        "  --precision R          CUDA engine: default recipe of the linear layers: bf16\n"
+        "                         (default), fp8_block, mxfp8, nvfp4, ... (as `deepwell compile`);\n"
+        "                         recipes the engine cannot run are refused when it is built\n"
+        "  --policy FILE          CUDA engine: a precision policy JSON instead of --precision\n"
+        "  --fallback safe|none   with --precision: keep embeddings, the LM head and the first\n"
+        "                         and last block in BF16 (safe). The policy and every linear\n"
+        "                         node's recipe are recorded in the checkpoint's state.json\n"
         "  --seed S               weights, data order and sampling (1337; a resumed run keeps its own)\n"
         "  --log-every K          progress line every K steps when stderr is not a terminal (1)\n"
         "  -h, --help             this help\n\n"
@@ -107,7 +117,7 @@ static void on_progress(const dw_train_progress *p, void *user) {
 
 enum { O_MODEL = 256, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR, O_MINLR,
        O_WARMUP, O_SCHED, O_WD, O_CLIP, O_B1, O_B2, O_EVAL, O_EVALB, O_SAMPLE, O_SAMPLEN, O_SAMPLET,
-       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY };
+       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY, O_PRECISION, O_POLICY, O_FALLBACK };
 
 int cmd_train(int argc, char **argv) {
     static const struct option longopts[] = {
@@ -125,10 +135,12 @@ int cmd_train(int argc, char **argv) {
         {"sample-prompt", required_argument, 0, O_PROMPT}, {"ckpt-every", required_argument, 0, O_CKPT},
         {"keep", required_argument, 0, O_KEEP}, {"device", required_argument, 0, O_DEVICE},
         {"seed", required_argument, 0, O_SEED}, {"log-every", required_argument, 0, O_LOGEVERY},
+        {"precision", required_argument, 0, O_PRECISION}, {"policy", required_argument, 0, O_POLICY},
+        {"fallback", required_argument, 0, O_FALLBACK},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     dw_train_opts o;
     dw_train_opts_default(&o);
-    const char *device = "auto";
+    const char *device = "auto", *precision = NULL, *policy_path = NULL, *fallback = NULL;
     long v = 0, log_every = 1;
     bool gb_set = false;
     int c;
@@ -143,6 +155,9 @@ int cmd_train(int argc, char **argv) {
         case O_OUT: o.out_dir = optarg; break;
         case O_RESUME: o.resume = optarg; break;
         case O_DEVICE: device = optarg; break;
+        case O_PRECISION: precision = optarg; break;
+        case O_POLICY: policy_path = optarg; break;
+        case O_FALLBACK: fallback = optarg; break;
         case O_PROMPT: o.sample_prompt = optarg; break;
         case O_SCHED: {
             static const char *names[] = {"cosine", "linear", "constant"};
@@ -185,10 +200,36 @@ int cmd_train(int argc, char **argv) {
         cli_error(CMD, "--model (or --resume), --data and --out are required");
         return cli_usage_error(CMD);
     }
+    if (policy_path && (precision || fallback)) {
+        cli_error(CMD, "--policy FILE replaces --precision and --fallback; give one or the other");
+        return cli_usage_error(CMD);
+    }
+    if (fallback && strcmp(fallback, "safe") && strcmp(fallback, "none")) {
+        cli_error(CMD, "--fallback must be 'safe' or 'none', not '%s'", fallback);
+        return cli_usage_error(CMD);
+    }
     if (o.min_lr > o.lr) o.min_lr = o.lr; /* a small --lr alone lowers the floor with it */
     dw_ctx *ctx = NULL;
     dw_status st = dw_train_ctx_create(device, &ctx);
     if (st != DW_OK) return cli_fail(CMD, NULL, st);
+    dw_policy *pol = NULL;
+    if (policy_path || precision || fallback) {
+        if (dw_ctx_device(ctx) == DW_DEVICE_CPU) {
+            cli_error(CMD, "--precision, --policy and --fallback need the CUDA engine (--device %s resolved to "
+                      "the CPU, whose reference engine is FP32 only)", device);
+            dw_ctx_free(ctx);
+            return DW_EXIT_USAGE;
+        }
+        st = policy_path ? dw_policy_load(ctx, policy_path, &pol)
+                         : dw_policy_from_precision(ctx, precision ? precision : "bf16",
+                                                    fallback && !strcmp(fallback, "safe"), &pol);
+        if (st != DW_OK) {
+            int rc = cli_fail(CMD, ctx, st);
+            dw_ctx_free(ctx);
+            return rc;
+        }
+    }
+    o.policy = pol;
     printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every};
     o.progress = on_progress;
     o.progress_user = &pr;
@@ -201,6 +242,7 @@ int cmd_train(int argc, char **argv) {
     signal(SIGINT, SIG_DFL);
     if (pr.open_line) fputc('\n', stderr);
     int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
+    dw_policy_free(pol);
     dw_ctx_free(ctx);
     if (rc == DW_EXIT_OK && interrupted) return 130;
     return rc;

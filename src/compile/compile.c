@@ -18,6 +18,7 @@ static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 void dw_compiled_free(dw_compiled *c) {
     if (!c) return;
+    for (int i = 0; c->bind && i < c->g->n_nodes; i++) free(c->bind[i].note);
     free(c->bind);
     free(c->unsupported);
     free(c->param_tensor);
@@ -63,6 +64,54 @@ static void bind_other(dw_node_binding *b, dw_op op) {
     }
 }
 
+/* ---- quantised linear layers ------------------------------------------------------------- */
+bool dw_compile_quant_recipe(dw_recipe r) {
+    return r != DW_RECIPE_BF16 && r != DW_RECIPE_FP8_BLOCK2D && (int)r >= 0 && r < DW_RECIPE_COUNT;
+}
+
+void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k) {
+    switch (pass) {
+    case DW_QPASS_FPROP: *m = N, *n = M, *k = K; break; /* y [N,M] = x [N,K] . W^T */
+    case DW_QPASS_DGRAD: *m = N, *n = K, *k = M; break; /* dx [N,K] = dy [N,M] . W */
+    default: *m = M, *n = K, *k = N; break;             /* dW [M,K] = dy^T [M,N] . x */
+    }
+}
+
+bool dw_compile_quant_gemm_ok(dw_recipe r, dw_qpass pass, int64_t m, int64_t n, int64_t k, const char **why) {
+    *why = NULL;
+    bool fp8 = r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_FP8_ROW || r == DW_RECIPE_FP8_BLOCK;
+    if (!fp8) return true; /* MX / NVFP4 on sm_90: exact BF16 dequantisation, any shape */
+    if (k % 16) return *why = "cuBLASLt FP8 needs k % 16 == 0", false;
+    if (r == DW_RECIPE_FP8_BLOCK && (k % 128 || m % 16))
+        return *why = "cuBLASLt block scaling needs k % 128 == 0 and m % 16 == 0", false;
+    if ((n * (pass == DW_QPASS_WGRAD ? 4 : 2)) % 16)
+        return *why = "cuBLASLt FP8 needs 16-byte output rows", false;
+    return true;
+}
+
+/* Node i's note: per GEMM at the planned shape, quantised or the BF16 fallback and why. */
+static dw_status quant_note(dw_ctx *ctx, dw_compiled *c, int i) {
+    const dw_graph *g = c->g;
+    const dw_ir_node *n = &g->nodes[i];
+    const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
+    int64_t N = g->batch * g->seq, K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
+    static const char *names[DW_QPASS_COUNT] = {"fprop", "dgrad", "wgrad"};
+    char buf[512];
+    size_t used = 0;
+    for (int p = 0; p < DW_QPASS_COUNT; p++) {
+        int64_t m, nn, k;
+        const char *why = NULL;
+        dw_compile_quant_shape((dw_qpass)p, N, K, M, &m, &nn, &k);
+        bool ok = dw_compile_quant_gemm_ok(c->bind[i].recipe, (dw_qpass)p, m, nn, k, &why);
+        int w = snprintf(buf + used, sizeof buf - used, "%s%s %lldx%lldx%lld %s%s%s", p ? "; " : "", names[p],
+                         (long long)m, (long long)nn, (long long)k, ok ? "quantised" : "BF16 FALLBACK (",
+                         ok ? "" : why, ok ? "" : ")");
+        if (w > 0 && (size_t)w < sizeof buf - used) used += (size_t)w;
+    }
+    c->bind[i].note = strdup(buf);
+    return c->bind[i].note ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+}
+
 static dw_status bind_nodes(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) {
     const dw_graph *g = c->g;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -91,17 +140,25 @@ static dw_status bind_nodes(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy
             b->kernel_why = "BF16 operands (BF16 working copy of the weight), FP32 accumulation; "
                             "fprop x W^T, dgrad dy W, wgrad dy^T x accumulated into FP32 grads";
             b->supported = true;
+        } else if (dw_compile_quant_recipe(b->recipe)) {
+            b->kernel = "dw_quantize_cuda + dw_gemm (sm_90: cublaslt_fp8_sm90 for fp8_*, "
+                        "deepwell_mx_dequant_bf16 for mx*/nvfp4)";
+            b->kernel_why = "x and W quantised along K (fprop), dy along out and W^T (dgrad), dy^T and x^T "
+                            "along tokens (wgrad), scales from the current amax, dy in the node's recipe too; "
+                            "a GEMM whose shape the quantised kernel refuses runs in BF16";
+            b->supported = true;
+            DW_TRY(quant_note(ctx, c, i));
         } else {
             b->kernel = "none";
-            b->kernel_why = "quantised recipes are not wired into the CUDA engine yet (dw_gemm has "
-                            "the GEMMs; the engine lacks on-device quantisation of x, W, dy)";
+            b->kernel_why = "the CUDA engine does not run this recipe for all three operands (fp8_block2d "
+                            "pairs only with a 1x128 operand in cuBLASLt); use fp8_block for the layer";
             b->supported = false;
             if (!c->unsupported) {
                 size_t len = strlen(n->name) + 200;
                 c->unsupported = malloc(len);
                 if (!c->unsupported) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
                 snprintf(c->unsupported, len, "node '%s' resolves to recipe %s, which the CUDA "
-                         "engine cannot run yet (only bf16); use --precision bf16",
+                         "engine cannot run for x, W and dy alike; use another recipe for it",
                          n->name, dw_recipe_name(b->recipe));
             }
         }
@@ -316,6 +373,29 @@ done:
     return st;
 }
 
+/* The largest codes and scales of any quantised operand (x, x^T, W, W^T, dy, dy^T). */
+static void quant_sizes(const dw_compiled *c, int64_t *codes, int64_t *scales, int64_t *ws) {
+    const dw_graph *g = c->g;
+    const int64_t N = g->batch * g->seq;
+    *codes = *scales = *ws = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        dw_recipe r = c->bind[i].recipe;
+        if (n->op != DW_OP_LINEAR || !c->bf16 || !dw_compile_quant_recipe(r)) continue;
+        const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
+        int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
+        const int64_t dims[6][2] = {{N, K}, {K, N}, {M, K}, {K, M}, {N, M}, {M, N}};
+        for (int d = 0; d < 6; d++) {
+            int64_t R = dims[d][0], C = dims[d][1];
+            int64_t cb = R * dw_quant_row_bytes(r, C), sb = (int64_t)dw_quant_scales_bytes(r, R, C);
+            int64_t wb = (1 + R + C) * 4; /* quant.cu's amax scratch: at most fp8_row's (1 + R + C) words */
+            if (cb > *codes) *codes = cb;
+            if (sb > *scales) *scales = sb;
+            if (wb > *ws) *ws = wb;
+        }
+    }
+}
+
 static void layout_work(dw_compiled *c) {
     const int64_t N = c->g->batch * c->g->seq;
     dw_work_layout *w = &c->work;
@@ -325,6 +405,15 @@ static void layout_work(dw_compiled *c) {
     w->loss = o, o = align_up(o + 4, 256);
     w->norm = o, o = align_up(o + 8, 256);
     w->partials = o, o = align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
+    int64_t codes, scales, ws;
+    quant_sizes(c, &codes, &scales, &ws);
+    if (codes > 0) {
+        w->quant_scales = align_up(codes, 256);
+        w->quant_tscale = w->quant_scales + align_up(scales, 256);
+        w->quant_slot = w->quant_tscale + 256;
+        w->quant = o, o += DW_COMPILE_QUANT_SLOTS * w->quant_slot;
+        w->quant_ws = o, w->quant_ws_bytes = align_up(ws, 256), o += w->quant_ws_bytes;
+    }
     w->bytes = o;
 }
 

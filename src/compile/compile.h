@@ -48,7 +48,24 @@ typedef struct {
     const char *kernel;        /* static: the kernel(s) the engine runs for this node */
     const char *kernel_why;    /* static: why that kernel */
     bool supported;            /* the CUDA engine can run it (else the engine refuses) */
+    char *note;                /* owned, or NULL: quantised linear nodes: which of the three GEMMs
+                                  run quantised on sm_90 at the planned shape, which fall back to
+                                  BF16 and why */
 } dw_node_binding;
+
+/* Quantised linear layers (runtime/engine_cuda_quant.c): the three GEMMs of y = x W^T. */
+typedef enum { DW_QPASS_FPROP = 0, DW_QPASS_DGRAD, DW_QPASS_WGRAD, DW_QPASS_COUNT } dw_qpass;
+/* Whether the CUDA engine runs a linear layer's recipe quantised (fp8_tensor, fp8_row,
+ * fp8_block, mxfp8, mxfp8_e5m2, mxfp4, nvfp4; not fp8_block2d, whose only cuBLASLt pairing is with
+ * a 1x128 operand). */
+bool dw_compile_quant_recipe(dw_recipe r);
+/* Whether the sm_90 GEMM for recipe r accepts GEMM (m, n, k) of `pass` (output BF16 for fprop
+ * and dgrad, FP32 for wgrad; operands K-major): mirrors the registry's predicates (cuBLASLt FP8:
+ * k % 16, block scaling k % 128 and m % 16, 16-byte output rows; MX/NVFP4 through BF16
+ * dequantisation: any shape). false with *why when that GEMM must fall back to BF16. */
+bool dw_compile_quant_gemm_ok(dw_recipe r, dw_qpass pass, int64_t m, int64_t n, int64_t k, const char **why);
+/* The GEMM shape (m, n, k) of `pass` for a linear layer of N tokens, K inputs, M outputs. */
+void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k);
 
 /* Workspace pool layout (byte offsets). */
 typedef struct {
@@ -56,8 +73,15 @@ typedef struct {
     int64_t loss;              /* FP32 scalar */
     int64_t norm;              /* double: sum of squares of all gradients, then the norm */
     int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */
+    /* quantised linear layers: DW_COMPILE_QUANT_SLOTS slots of quant_slot bytes each (codes, then
+     * scales at quant_scales within a slot, then the NVFP4 tensor scale at quant_tscale), and the
+     * quantiser's scratch (amax) at quant_ws (quant_ws_bytes); all 0 when no node is quantised */
+    int64_t quant, quant_slot, quant_scales, quant_tscale, quant_ws, quant_ws_bytes;
     int64_t bytes;
 } dw_work_layout;
+/* Quantised operands live at once: fprop x (slot 0), W (1); backward dy (0) and dy^T (1) in one
+ * pass, W^T (2), x^T (3). Each slot fits the largest of the six for any quantised node. */
+#define DW_COMPILE_QUANT_SLOTS 4
 #define DW_COMPILE_NORM_BLOCKS 1024
 /* Bytes of cuBLASLt workspace the GEMM layer allocates on first use (gemm_cublaslt.c). */
 #define DW_COMPILE_LT_WORKSPACE ((int64_t)64 << 20)

@@ -39,6 +39,7 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "(%s)", dw_policy_reason_text(b->reason));
         fprintf(f, "\n     kernel %s%s: %s\n", b->kernel, b->supported ? "" : " [NOT SUPPORTED]",
                 b->kernel_why);
+        if (b->note) fprintf(f, "     on sm_90 at this shape: %s\n", b->note);
     }
     if (c->unsupported) fprintf(f, "\nthe CUDA engine cannot run this yet: %s\n", c->unsupported);
 

@@ -1,9 +1,9 @@
 /* engine_cuda.c — the CUDA engine: executes a dw_compiled (compile/compile.h) on one GPU. Five
  * device allocations made at creation (weights: FP32 master + BF16 working copy, grads, AdamW
  * m/v, the activation arena, workspace) and nothing allocated in a step; forward and backward
- * through the CUDA op kernels (kernels/cuda/ops_cuda.h) and dw_gemm (BF16) or the FP32 reference
- * GEMM; cross-entropy fused and in place; one host sync per step (the loss readback). A step
- * whose shape was seen before is captured into a CUDA graph and replayed (eager fallback with a
+ * through the CUDA op kernels (kernels/cuda/ops_cuda.h) and dw_gemm (BF16, or quantised operands
+ * from engine_cuda_quant.c) or the FP32 reference GEMM; cross-entropy fused and in place; one
+ * host sync per step (the loss readback). A step whose shape was seen before is captured into a CUDA graph and replayed (eager fallback with a
  * logged reason). The optimizer is kernels/cuda/adamw.cu. Stubs when built without CUDA. */
 #include <math.h>
 #include <stdlib.h>
@@ -25,6 +25,7 @@
 #include "kernels/cuda/attn_packed.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/engine_cuda_kern.h"
+#include "runtime/engine_cuda_quant.h"
 
 struct dw_engine_cuda {
     dw_compiled *cp;
@@ -46,7 +47,8 @@ struct dw_engine_cuda {
     int64_t key_b, key_t;
     double key_scale;
     int key_seen;           /* calls with this key: 1 = ran eagerly (warm-up), then captured */
-    bool graphs;            /* false: eager only (DW_CUDA_GRAPH=0 or a failed capture) */
+    bool graphs;            /* false: eager only (DW_CUDA_GRAPH=0, a failed capture, NVFP4 nodes) */
+    dw_qlin ql;             /* quantised linear layers: scratch in the workspace pool */
 };
 
 #define CE (e->cuda)
@@ -106,6 +108,13 @@ static dw_status fwd_linear(dw_engine *e, int ni) {
     if (!CE->cp->bf16)
         return dw_cuda_linear_fwd(e->ctx, act(e, n->out), act(e, n->in[0]), pval(e, n->in[1]),
                                   n->n_in == 3 ? pval(e, n->in[2]) : NULL, N, K, M, STREAM);
+    dw_recipe r = CE->cp->bind[ni].recipe;
+    if (dw_compile_quant_recipe(r)) { /* quantised; BF16 below when the shape is not eligible */
+        bool done = false;
+        DW_TRY(dw_qlin_fprop(&CE->ql, r, act(e, n->out), act(e, n->in[0]), pval(e, n->in[1]),
+                             n->n_in == 3 ? pbf16(e, n->in[2]) : NULL, N, K, M, &done));
+        if (done) return DW_OK;
+    }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K,
                       .a = bf16_op(act(e, n->in[0]), N, K, false),
                       .b = bf16_op(pbf16(e, n->in[1]), M, K, true),
@@ -126,18 +135,25 @@ static dw_status bwd_linear(dw_engine *e, int ni) {
         DW_TRY(dw_cuda_linear_bwd(e->ctx, dx, dw, db, dout, x, pval(e, n->in[1]), N, K, M, STREAM));
         return in_grad_done(e, ni, 0);
     }
-    if (dx) { /* dgrad: dx [N,K] = dout [N,M] W [M,K] */
+    bool dg_done = false, wg_done = false;
+    dw_recipe r = CE->cp->bind[ni].recipe;
+    if (dw_compile_quant_recipe(r)) { /* quantised; BF16 below for a GEMM whose shape is not eligible */
+        DW_TRY(dw_qlin_bwd(&CE->ql, r, dx, dw, dout, x, pval(e, n->in[1]), N, K, M, &dg_done, &wg_done));
+        if (dg_done) DW_TRY(in_grad_done(e, ni, 0));
+    }
+    if (dx && !dg_done) { /* dgrad: dx [N,K] = dout [N,M] W [M,K] */
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M,
                           .a = bf16_op(dout, N, M, false), .b = bf16_op(pbf16(e, n->in[1]), M, K, false),
                           .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         DW_TRY(dw_gemm(e->ctx, &a));
         DW_TRY(in_grad_done(e, ni, 0));
     }
-    /* wgrad: dW [M,K] += dout^T [M,N] x [N,K], FP32 output accumulated (beta = 1) */
-    dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N,
-                      .a = bf16_op(dout, N, M, true), .b = bf16_op(x, N, K, false),
-                      .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw, .out_type = DW_GEMM_OUT_F32};
-    DW_TRY(dw_gemm(e->ctx, &a));
+    if (!wg_done) { /* wgrad: dW [M,K] += dout^T [M,N] x [N,K], FP32 output accumulated (beta = 1) */
+        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N,
+                          .a = bf16_op(dout, N, M, true), .b = bf16_op(x, N, K, false),
+                          .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw, .out_type = DW_GEMM_OUT_F32};
+        DW_TRY(dw_gemm(e->ctx, &a));
+    }
     /* db [M] += column sums of dout (N,M): the positions kernel's fixed-order column sum */
     if (db) DW_TRY(dw_cuda_pos_bwd(e->ctx, CE->dt, NULL, db, dout, N, 1, M, STREAM));
     return DW_OK;
@@ -584,6 +600,12 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     CE->loss = (float *)(w + cp->work.loss);
     CE->norm = (double *)(w + cp->work.norm);
     CE->partials = (double *)(w + cp->work.partials);
+    CE->ql = (dw_qlin){.ctx = ctx, .stream = sp, .work = w, .lay = &cp->work};
+    for (int i = 0; i < e->g->n_nodes; i++) /* NVFP4 reads its tensor scales back: no graph capture */
+        if (e->g->nodes[i].op == DW_OP_LINEAR && cp->bind[i].recipe == DW_RECIPE_NVFP4 && CE->graphs) {
+            CE->graphs = false;
+            DW_LOGI("cuda engine: NVFP4 nodes read their tensor scales back to the host: no CUDA graphs");
+        }
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_loss, sizeof(float)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_norm, sizeof(double)));
     /* zero everything once: padding between parameters stays 0 through AdamW */

@@ -54,6 +54,10 @@ static json_t *state_to_json(const dw_ckpt_state *s, const int64_t *sizes, const
     json_object_set_new(j, "batch", json_pack("{s:I,s:I,s:I}", "micro", (json_int_t)s->batch, "seq",
                                               (json_int_t)s->seq, "global", (json_int_t)s->global_batch));
     json_object_set_new(j, "precision", json_string(s->precision));
+    json_t *pol = s->policy_json ? json_loads(s->policy_json, 0, NULL) : NULL;
+    json_t *rec = s->recipes_json ? json_loads(s->recipes_json, 0, NULL) : NULL;
+    json_object_set_new(j, "policy", pol ? pol : json_null());
+    json_object_set_new(j, "recipes", rec ? rec : json_null());
     json_object_set_new(j, "plan", json_null());
     json_object_set_new(j, "quant_scales", json_object());
     json_object_set_new(j, "files", files);

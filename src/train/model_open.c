@@ -6,31 +6,60 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "formats/formats.h"
+#include "precision/policy.h"
 #include "train/ckpt.h"
 #include "train/model_open.h"
 
+dw_status dw_train_engine_create_policy(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
+                                        const dw_policy *policy, dw_engine **out) {
+    *out = NULL;
+    if (dw_ctx_device(ctx) == DW_DEVICE_CPU) {
+        if (policy)
+            return dw_set_error(ctx, DW_ERR_INVALID,
+                                "a precision policy needs the CUDA engine (the CPU engine is FP32 only); "
+                                "use --device cuda or drop --precision/--policy");
+        return dw_engine_create_cpu(ctx, cfg, B, T, out);
+    }
+    if (policy) return dw_engine_create_cuda(ctx, cfg, B, T, policy, out);
+    dw_policy *bf16 = NULL;
+    DW_TRY(dw_policy_from_precision(ctx, "bf16", false, &bf16));
+    dw_status st = dw_engine_create_cuda(ctx, cfg, B, T, bf16, out);
+    dw_policy_free(bf16);
+    return st;
+}
+
 dw_status dw_train_engine_create(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
                            dw_engine **out) {
-    *out = NULL;
-    if (dw_ctx_device(ctx) == DW_DEVICE_CPU) return dw_engine_create_cpu(ctx, cfg, B, T, out);
-    return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
-                        "the CUDA engine is not implemented yet (it is a later stage); use --device cpu");
+    return dw_train_engine_create_policy(ctx, cfg, B, T, NULL, out);
 }
 
 dw_status dw_train_ctx_create(const char *device, dw_ctx **out) {
     *out = NULL;
-    if (!strcmp(device, "cuda"))
-        return dw_set_error(NULL, DW_ERR_UNSUPPORTED,
-                            "--device cuda: training and sampling on the GPU are not implemented yet "
-                            "(the CUDA engine is a later stage); use --device cpu");
-    if (strcmp(device, "cpu") && strcmp(device, "auto"))
+    dw_ctx_opts o = {.device = DW_DEVICE_AUTO};
+    if (!strcmp(device, "cpu")) o.device = DW_DEVICE_CPU;
+    else if (!strcmp(device, "cuda")) o.device = DW_DEVICE_CUDA;
+    else if (strcmp(device, "auto"))
         return dw_set_error(NULL, DW_ERR_INVALID, "--device must be cpu, cuda or auto, got '%s'", device);
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU}; /* auto: the CPU engine is the only one so far */
-    return dw_ctx_create(&o, out);
+    if (o.device == DW_DEVICE_CUDA) {
+        if (!dw_built_with_cuda())
+            return dw_set_error(NULL, DW_ERR_UNSUPPORTED,
+                                "--device cuda: this build has no CUDA (configure with -DDW_CUDA=ON); use --device cpu");
+        if (dw_ctx_create(&o, out) != DW_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", dw_errmsg(NULL));
+            return dw_set_error(NULL, DW_ERR_UNSUPPORTED, "--device cuda: no usable GPU (%s); use --device cpu", why);
+        }
+        return DW_OK;
+    }
+    return dw_ctx_create(&o, out); /* auto: CUDA device 0 when a GPU is usable, else the CPU */
 }
 
-const char *dw_train_precision_name(dw_ctx *ctx) {
-    return dw_ctx_device(ctx) == DW_DEVICE_CPU ? "fp32-cpu" : "bf16";
+const char *dw_train_precision_name(dw_ctx *ctx, const dw_policy *policy) {
+    if (dw_ctx_device(ctx) == DW_DEVICE_CPU) return "fp32-cpu";
+    if (!policy) return "bf16";
+    if (policy->n_rules > 0) return "policy";
+    return dw_recipe_name(policy->default_recipe);
 }
 
 static bool has_file(const char *dir, const char *name) {

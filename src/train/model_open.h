@@ -1,6 +1,6 @@
 /* model_open.h — private: the one place that picks an engine for the context's device (the CPU
- * reference engine now; the GPU engine slots in here later), and opening a model for inference
- * from a checkpoint, a run directory, a Hugging Face model directory or a preset. */
+ * reference engine or the CUDA engine with a precision policy), and opening a model for
+ * inference from a checkpoint, a run directory, a Hugging Face model directory or a preset. */
 #ifndef DW_TRAIN_MODEL_OPEN_H
 #define DW_TRAIN_MODEL_OPEN_H
 
@@ -11,15 +11,21 @@
 #include "runtime/engine.h"
 #include "train/sample.h"
 
-/* An engine for batches up to B x T on dw_ctx_device(ctx); CUDA: DW_ERR_UNSUPPORTED for now. */
+/* An engine for batches up to B x T on dw_ctx_device(ctx): the CPU reference engine, or the
+ * CUDA engine compiled with `policy` (NULL: the BF16 policy). A policy on a CPU context is
+ * refused (DW_ERR_INVALID: the CPU engine is FP32 only). */
+dw_status dw_train_engine_create_policy(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
+                                        const dw_policy *policy, dw_engine **out);
+/* The same with policy NULL. */
 dw_status dw_train_engine_create(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
                            dw_engine **out);
-/* A context for --device cpu|cuda|auto: cuda is refused (DW_ERR_UNSUPPORTED, "not implemented
- * yet") until the GPU engine exists; auto resolves to cpu for now. *out is NULL on error (the
- * message is then in dw_errmsg(NULL)). */
+/* A context for --device cpu|cuda|auto: cuda needs a CUDA build and a usable GPU (else
+ * DW_ERR_UNSUPPORTED naming why); auto is cuda when a GPU is usable, else cpu. *out is NULL on
+ * error (the message is then in dw_errmsg(NULL)). */
 dw_status dw_train_ctx_create(const char *device, dw_ctx **out);
-/* "fp32-cpu" or "bf16" (the GPU default): the precision a checkpoint records. */
-const char *dw_train_precision_name(dw_ctx *ctx);
+/* The precision a checkpoint records: "fp32-cpu" on the CPU; on CUDA the policy's default
+ * recipe ("bf16" when policy is NULL, "policy" for a policy with rules). */
+const char *dw_train_precision_name(dw_ctx *ctx, const dw_policy *policy);
 
 typedef struct {
     dw_engine *engine;

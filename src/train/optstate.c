@@ -54,6 +54,11 @@ void dw_optim_free(dw_optim *o) {
     free(o);
 }
 
+void dw_optim_moments(dw_optim *o, int i, float **m, float **v) {
+    *m = o->m[i];
+    *v = o->v[i];
+}
+
 double dw_optim_grad_norm(const dw_optim *o) {
     double s = 0.0;
     for (int i = 0; i < o->n; i++) s += dw_sumsq_cpu(o->params[i]->grad, o->params[i]->numel);

@@ -1,7 +1,7 @@
 /* optstate.h — private: AdamW state (first and second moments, FP32, one pair per parameter)
  * for a list of parameters, the optimizer step over all of them (global-norm clipping, decay on
- * dw_param.decay only), and its safetensors file. Host (CPU engine) memory; a GPU engine will
- * bring a device version of the same calls. */
+ * dw_param.decay only), and its safetensors file. Host memory: the CPU engine's optimizer; with
+ * the CUDA engine only the staging of the device's moments for checkpoints. */
 #ifndef DW_TRAIN_OPTSTATE_H
 #define DW_TRAIN_OPTSTATE_H
 
@@ -17,6 +17,9 @@ typedef struct dw_optim dw_optim;
 dw_status dw_optim_create(dw_ctx *ctx, dw_param *const *params, int n, dw_optim **out);
 void dw_optim_free(dw_optim *o);
 
+/* The host arrays of parameter i's moments (numel floats each): the CUDA trainer stages the
+ * device's moments here for checkpoints (dw_engine_adamw_moments). */
+void dw_optim_moments(dw_optim *o, int i, float **m, float **v);
 /* Global L2 norm of all gradients (double accumulation). */
 double dw_optim_grad_norm(const dw_optim *o);
 /* One AdamW step t (1-based) on every parameter with gradients multiplied by grad_scale (the

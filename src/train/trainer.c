@@ -2,7 +2,10 @@
  * state, data; then per optimizer step: G/B micro-batches of forward+backward (gradients
  * accumulated with scale B/G), global-norm clipping, the scheduled learning rate, AdamW, metrics,
  * validation, samples and checkpoints. Resuming restores weights, moments, step, data position
- * and RNG exactly, so on the CPU the losses continue bit for bit. Not the CLI (tools/cmd_train.c). */
+ * and RNG exactly, so on the CPU the losses continue bit for bit. On the CUDA engine the same
+ * loop runs with the device's AdamW (dw_engine_adamw_step) and the device's moments staged
+ * through train/optstate for checkpoints, so the checkpoint format is the same on both.
+ * Not the CLI (tools/cmd_train.c). */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -13,7 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "compile/compile.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "train/ckpt.h"
 #include "train/data.h"
@@ -72,6 +77,8 @@ typedef struct {
     int32_t *x, *y;   /* (B,T) */
     FILE *metrics;
     int64_t ckpt_step; /* step of the newest checkpoint written by this process, -1: none */
+    bool device;       /* the engine runs AdamW itself (CUDA); opt only stages its moments */
+    char *policy_json, *recipes_json; /* CUDA: for state.json */
 } run;
 
 static double now_s(void) {
@@ -123,12 +130,39 @@ static dw_status mkdirs(dw_ctx *ctx, const char *path) {
     return DW_OK;
 }
 
+/* CUDA engine: the device's AdamW moments to (to_device false) or from the host staging. */
+static dw_status moments(run *r, bool to_device) {
+    if (!r->device) return DW_OK;
+    for (int i = 0; i < r->nparams; i++) {
+        float *m, *v;
+        dw_optim_moments(r->opt, i, &m, &v);
+        DW_TRY(dw_engine_adamw_moments(r->eng, i, m, v, to_device));
+    }
+    return DW_OK;
+}
+
+/* CUDA engine: the policy document and {linear node: recipe} for state.json. */
+static dw_status describe_precision(run *r) {
+    if (!r->device) return DW_OK;
+    const dw_compiled *cp = dw_engine_compiled(r->eng);
+    json_t *rec = json_object();
+    for (int i = 0; rec && cp && i < cp->g->n_nodes; i++)
+        if (cp->g->nodes[i].op == DW_OP_LINEAR)
+            json_object_set_new(rec, cp->g->nodes[i].name, json_string(dw_recipe_name(cp->bind[i].recipe)));
+    r->recipes_json = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(rec);
+    if (!r->recipes_json) return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+    if (r->o->policy) DW_TRY(dw_policy_to_json(r->ctx, r->o->policy, &r->policy_json));
+    return DW_OK;
+}
+
 static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
     run *r = user;
     char *c = dw_path_join(dir, dw_ckpt_files[0]), *m = dw_path_join(dir, dw_ckpt_files[1]),
          *o = dw_path_join(dir, dw_ckpt_files[2]);
     dw_status st = (c && m && o) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     if (st == DW_OK) st = dw_model_config_save(ctx, &r->cfg, c);
+    if (st == DW_OK) st = moments(r, false);
     if (st == DW_OK) st = dw_engine_save_weights(r->eng, m);
     if (st == DW_OK) st = dw_optim_save(ctx, r->opt, o);
     free(c);
@@ -158,7 +192,9 @@ static dw_status save_ckpt(run *r, char **path_out) {
     s.global_batch = o->global_batch;
     snprintf(s.data, sizeof s.data, "%s", o->data);
     snprintf(s.tokenizer, sizeof s.tokenizer, "%s", dw_tokenizer_name(r->tok));
-    snprintf(s.precision, sizeof s.precision, "%s", dw_train_precision_name(r->ctx));
+    snprintf(s.precision, sizeof s.precision, "%s", dw_train_precision_name(r->ctx, o->policy));
+    s.policy_json = r->policy_json;
+    s.recipes_json = r->recipes_json;
     DW_TRY(dw_ckpt_save(r->ctx, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out));
     r->ckpt_step = r->step;
     return DW_OK;
@@ -256,7 +292,11 @@ static dw_status setup(run *r) {
     if (st == DW_OK && r->cfg.max_seq < o->seq)
         st = dw_set_error(ctx, DW_ERR_INVALID, "--seq %lld exceeds the model's max_seq %lld", (long long)o->seq,
                           (long long)r->cfg.max_seq);
-    if (st == DW_OK) st = dw_train_engine_create(ctx, &r->cfg, o->batch, o->seq, &r->eng);
+    if (st == DW_OK) st = dw_train_engine_create_policy(ctx, &r->cfg, o->batch, o->seq, o->policy, &r->eng);
+    if (st == DW_OK) {
+        r->device = dw_engine_on_device(r->eng);
+        st = describe_precision(r);
+    }
     if (st == DW_OK && cdir) {
         char *w = dw_path_join(cdir, dw_ckpt_files[1]);
         st = w ? dw_engine_load_weights(r->eng, w) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
@@ -275,6 +315,7 @@ static dw_status setup(run *r) {
         char *p = dw_path_join(cdir, dw_ckpt_files[2]);
         st = p ? dw_optim_load(ctx, r->opt, p) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
         free(p);
+        if (st == DW_OK) st = moments(r, true);
     }
     if (st == DW_OK) {
         dw_data_opts d = {.pattern = o->data, .T = o->seq, .vocab_size = r->cfg.vocab_size,
@@ -319,14 +360,24 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
         DW_TRY(dw_engine_forward_backward(r->eng, r->x, r->y, o->batch, o->seq, 1.0 / (double)r->accum, &loss));
         sum += loss;
     }
-    double loss = sum / (double)r->accum, norm = dw_optim_grad_norm(r->opt);
-    if (!isfinite(loss) || !isfinite(norm))
-        return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
-                            (long long)(r->step + 1), loss, norm);
-    double lr = dw_schedule_lr(&r->sched, r->step);
-    dw_adamw_hparams h = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
-                          .weight_decay = o->weight_decay};
-    dw_optim_step(r->opt, &h, r->step + 1, dw_clip_factor(norm, o->clip));
+    double loss = sum / (double)r->accum, lr = dw_schedule_lr(&r->sched, r->step), norm = NAN;
+    if (r->device) { /* norm, clipping and AdamW on the device; a non-finite norm changes nothing */
+        dw_status st = isfinite(loss) ? dw_engine_adamw_step(r->eng, lr, o->beta1, o->beta2, o->eps, o->weight_decay,
+                                                             o->clip, r->step + 1, &norm)
+                                      : DW_ERR_NUMERIC;
+        if (st == DW_ERR_NUMERIC)
+            return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
+                                (long long)(r->step + 1), loss, norm);
+        DW_TRY(st);
+    } else {
+        norm = dw_optim_grad_norm(r->opt);
+        if (!isfinite(loss) || !isfinite(norm))
+            return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
+                                (long long)(r->step + 1), loss, norm);
+        dw_adamw_hparams h = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                              .weight_decay = o->weight_decay};
+        dw_optim_step(r->opt, &h, r->step + 1, dw_clip_factor(norm, o->clip));
+    }
     r->step++;
     r->tokens_seen += o->global_batch * o->seq;
     *loss_out = loss;
@@ -394,6 +445,8 @@ dw_status dw_train(dw_ctx *ctx, const dw_train_opts *o) {
     dw_optim_free(r.opt);
     free(r.params);
     dw_engine_free(r.eng);
+    free(r.policy_json);
+    free(r.recipes_json);
     free(r.x);
     free(r.y);
     return st;

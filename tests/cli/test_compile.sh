@@ -49,8 +49,12 @@ grep -E "^ +[0-9]+ lm_head .*recipe bf16 +\(fallback safe" "$tmp/f" >/dev/null &
   { echo "FAIL: lm_head not bf16 by fallback"; fails=$((fails + 1)); }
 grep -E "model.layers.1.mlp.up_proj .*recipe fp8_block +\(default\)" "$tmp/f" >/dev/null && echo "ok: middle block fp8" ||
   { echo "FAIL: layers.1 up_proj not fp8_block by default"; fails=$((fails + 1)); }
-has "quantised recipe marked unsupported by the engine" "$tmp/f" "NOT SUPPORTED"
-has "says what the engine cannot run" "$tmp/f" "the CUDA engine cannot run this yet"
+hasnt "fp8_block runs on the engine" "$tmp/f" "NOT SUPPORTED"
+has "per-GEMM quantisation or fallback at this shape" "$tmp/f" "on sm_90 at this shape: fprop"
+"$dw" compile llama-tiny --precision fp8_block2d --seq $T --report >"$tmp/f2" 2>&1
+check "compile fp8_block2d" 0 $?
+has "fp8_block2d marked unsupported by the engine" "$tmp/f2" "NOT SUPPORTED"
+has "says what the engine cannot run" "$tmp/f2" "the CUDA engine cannot run this yet"
 
 cat >"$tmp/p.json" <<'J'
 {"default": "bf16", "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "mxfp8"}]}

@@ -204,8 +204,22 @@ check "no matching data" 2 $?; has "  ... names the pattern" "$tmp/err" "$tmp/no
 "$dw" train "${common[@]}" --global-batch 6 --steps 3 --out "$tmp/x5" >/dev/null 2>"$tmp/err"
 check "global batch not a multiple of batch" 2 $?; has "  ... says so" "$tmp/err" "--global-batch 6" "--batch 4"
 "$dw" train "${common[@]}" --device cuda --steps 3 --out "$tmp/x6" >/dev/null 2>"$tmp/err"
-rc=$?; [ $rc -ne 0 ] && ok "--device cuda fails (exit $rc)" || bad "--device cuda succeeded"
-has "  ... not implemented yet" "$tmp/err" "not implemented yet"
+rc=$?
+if [ $rc -eq 0 ]; then # a CUDA build on a machine with a GPU: it must have trained there
+  [ -f "$tmp/x6/latest" ] && grep -q '"recipes": {' "$tmp/x6/$(cat "$tmp/x6/latest")/state.json" &&
+    ok "--device cuda trained on the GPU (checkpoint with per-node recipes)" || bad "--device cuda: no GPU checkpoint"
+else
+  ok "--device cuda fails here (exit $rc)"
+  grep -Eq -- "--device cuda: (this build has no CUDA|no usable GPU)" "$tmp/err" && ok "  ... says why" ||
+      bad "  ... no reason in: $(cat "$tmp/err")"
+fi
+"$dw" train "${common[@]}" --precision fp8_block --steps 3 --out "$tmp/x8" >/dev/null 2>"$tmp/err"
+check "--precision on the CPU engine" 2 $?; has "  ... says it needs CUDA" "$tmp/err" "need the CUDA engine"
+"$dw" train "${common[@]}" --device auto --precision fp8_block --policy /dev/null --steps 3 --out "$tmp/x9" \
+    >/dev/null 2>"$tmp/err"
+check "--precision with --policy" 2 $?
+"$dw" train "${common[@]}" --device auto --fallback maybe --steps 3 --out "$tmp/x9" >/dev/null 2>"$tmp/err"
+check "--fallback maybe" 2 $?
 "$dw" train "${common[@]}" --schedule step --steps 3 --out "$tmp/x7" >/dev/null 2>"$tmp/err"
 check "unknown schedule" 2 $?
 "$dw" train --help | grep -q -- "--global-batch"; check "train --help" 0 $?

@@ -1,0 +1,133 @@
+/* engine_cuda_quant.c — the CUDA engine's quantised linear layers (see engine_cuda_quant.h).
+ * Every operand is quantised from the current values (scales from the current amax; no delayed
+ * scaling), all three in the node's recipe: fprop x and W along K; dgrad dy along M and W^T along
+ * M; wgrad dy^T and x^T along the tokens (dy and dy^T in one quantiser pass). Gradients dy use the
+ * node's element format too (E4M3 for fp8_*, as DeepSeek-V3's block recipe). NVFP4's tensor scale
+ * is a host float in dw_gemm, so it is read back after each quantisation (a host sync: such
+ * engines run eagerly, without CUDA graphs). Not the BF16 path, not the quantiser kernels. */
+#include <string.h>
+
+#include "core/error.h"
+#include "runtime/engine_cuda_quant.h"
+
+#if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
+#include "kernels/cuda/quant.h"
+
+/* One quantised operand in slot s of the workspace: device codes, scales, tensor scale. */
+typedef struct {
+    dw_quant_dev_out out;
+    float ts; /* NVFP4 tensor scale read back (1 otherwise) */
+} qslot;
+
+static qslot slot(const dw_qlin *q, int s) {
+    char *base = q->work + q->lay->quant + (int64_t)s * q->lay->quant_slot;
+    qslot o = {.out = {.codes = (uint8_t *)base, .scales = base + q->lay->quant_scales,
+                       .tensor_scale = (float *)(base + q->lay->quant_tscale)},
+               .ts = 1.0f};
+    return o;
+}
+
+/* Quantises x [rows, cols] into a (and x^T into t when not NULL). */
+static dw_status quant(const dw_qlin *q, dw_recipe r, dw_quant_in in, const void *x, int64_t rows, int64_t cols,
+                       qslot *a, qslot *t) {
+    dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
+    return dw_quantize_cuda(q->ctx, &o, in, x, rows, cols, &a->out, t ? &t->out : NULL,
+                            q->work + q->lay->quant_ws, q->stream);
+}
+
+/* NVFP4: the tensor scales of the given slots back to the host (one sync). */
+static dw_status read_ts(const dw_qlin *q, dw_recipe r, qslot *const *s, int n) {
+    if (r != DW_RECIPE_NVFP4) return DW_OK;
+    float h[4] = {1, 1, 1, 1};
+    for (int i = 0; i < n; i++)
+        DW_CUDA_CHECK(q->ctx, cudaMemcpyAsync(&h[i], s[i]->out.tensor_scale, sizeof(float), cudaMemcpyDeviceToHost,
+                                              (cudaStream_t)q->stream));
+    DW_CUDA_CHECK(q->ctx, cudaStreamSynchronize((cudaStream_t)q->stream));
+    for (int i = 0; i < n; i++) s[i]->ts = h[i];
+    return DW_OK;
+}
+
+static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
+    dw_gemm_operand o = {.recipe = r, .trans = trans, .rows = rows, .cols = cols, .data = s->out.codes,
+                         .scales = s->out.scales, .tensor_scale = s->ts};
+    return o;
+}
+
+static bool ok(dw_recipe r, dw_qpass p, int64_t N, int64_t K, int64_t M) {
+    int64_t m, n, k;
+    const char *why;
+    dw_compile_quant_shape(p, N, K, M, &m, &n, &k);
+    return dw_compile_quant_gemm_ok(r, p, m, n, k, &why);
+}
+
+dw_status dw_qlin_fprop(const dw_qlin *q, dw_recipe r, void *y, const void *x, const float *w, const void *bias,
+                        int64_t N, int64_t K, int64_t M, bool *done) {
+    *done = false;
+    if (!ok(r, DW_QPASS_FPROP, N, K, M)) return DW_OK;
+    qslot xs = slot(q, 0), ws = slot(q, 1);
+    DW_TRY(quant(q, r, DW_QUANT_IN_BF16, x, N, K, &xs, NULL));
+    DW_TRY(quant(q, r, DW_QUANT_IN_F32, w, M, K, &ws, NULL));
+    qslot *both[2] = {&xs, &ws};
+    DW_TRY(read_ts(q, r, both, 2));
+    dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(r, &xs, N, K, false),
+                      .b = op(r, &ws, M, K, true), .alpha = 1.0f, .d = y, .out_type = DW_GEMM_OUT_BF16};
+    if (bias) {
+        a.epilogue = DW_EPI_BIAS;
+        a.bias = bias;
+    }
+    DW_TRY(dw_gemm(q->ctx, &a));
+    *done = true;
+    return DW_OK;
+}
+
+dw_status dw_qlin_bwd(const dw_qlin *q, dw_recipe r, void *dx, float *dw, const void *dy, const void *x,
+                      const float *w, int64_t N, int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
+    *dgrad_done = *wgrad_done = false;
+    bool dg = dx && ok(r, DW_QPASS_DGRAD, N, K, M), wg = ok(r, DW_QPASS_WGRAD, N, K, M);
+    if (!dg && !wg) return DW_OK;
+    /* slots: dy 0, dy^T 1; dgrad: W^T 2 (W's row-wise copy 3, unused); wgrad after it (stream order):
+     * x^T 3 (x's row-wise copy 2, unused) */
+    qslot dys = slot(q, 0), dyt = slot(q, 1), s2 = slot(q, 2), s3 = slot(q, 3);
+    DW_TRY(quant(q, r, DW_QUANT_IN_BF16, dy, N, M, &dys, wg ? &dyt : NULL)); /* along M; dy^T along N */
+    if (dg) {
+        DW_TRY(quant(q, r, DW_QUANT_IN_F32, w, M, K, &s3, &s2)); /* W^T [K,M] along M */
+        qslot *ts[2] = {&dys, &s2};
+        DW_TRY(read_ts(q, r, ts, 2));
+        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(r, &dys, N, M, false),
+                          .b = op(r, &s2, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
+        DW_TRY(dw_gemm(q->ctx, &a));
+        *dgrad_done = true;
+    }
+    if (wg) {
+        s2 = slot(q, 2), s3 = slot(q, 3);
+        DW_TRY(quant(q, r, DW_QUANT_IN_BF16, x, N, K, &s2, &s3)); /* x^T [K,N] along N */
+        qslot *ts[2] = {&dyt, &s3};
+        DW_TRY(read_ts(q, r, ts, 2));
+        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(r, &dyt, M, N, false),
+                          .b = op(r, &s3, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
+                          .out_type = DW_GEMM_OUT_F32};
+        DW_TRY(dw_gemm(q->ctx, &a));
+        *wgrad_done = true;
+    }
+    return DW_OK;
+}
+
+#else /* !DW_HAVE_CUDA: the engine itself refuses to be created */
+
+dw_status dw_qlin_fprop(const dw_qlin *q, dw_recipe r, void *y, const void *x, const float *w, const void *bias,
+                        int64_t N, int64_t K, int64_t M, bool *done) {
+    (void)r, (void)y, (void)x, (void)w, (void)bias, (void)N, (void)K, (void)M;
+    *done = false;
+    return dw_set_error(q->ctx, DW_ERR_UNSUPPORTED, "quantised linear: this build has no CUDA");
+}
+dw_status dw_qlin_bwd(const dw_qlin *q, dw_recipe r, void *dx, float *dw, const void *dy, const void *x,
+                      const float *w, int64_t N, int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
+    (void)r, (void)dx, (void)dw, (void)dy, (void)x, (void)w, (void)N, (void)K, (void)M;
+    *dgrad_done = *wgrad_done = false;
+    return dw_set_error(q->ctx, DW_ERR_UNSUPPORTED, "quantised linear: this build has no CUDA");
+}
+
+#endif /* DW_HAVE_CUDA */

@@ -1,0 +1,243 @@
+/* test_train_cuda.c — dw_train on the CUDA engine (the trainer's one code path with the device's
+ * AdamW): (a) 50 BF16 steps of gpt2-tiny on the GPU follow the CPU engine's losses; (b) fp8_block,
+ * mxfp8 (quantised operands; MXFP8 through the exact BF16-dequantisation GEMM on Hopper) and nvfp4
+ * trained N steps against BF16 on the built-in data; (c) a GPU checkpoint resumes on the GPU and on
+ * the CPU, a CPU checkpoint on the GPU, with the losses continuing; state.json names the policy
+ * and every linear node's recipe. Needs a GPU. Prints every number it checks.
+ *
+ * Tolerances.
+ *   (a) per step |loss_gpu - loss_cpu| <= 3e-2 * loss_cpu: BF16 activations and GEMM operands
+ *       (2^-9 relative per rounding, loss ~6e-5 relative after one step in test_engine_cuda) and
+ *       the divergence of two trajectories that differ by rounding, through 50 AdamW steps.
+ *   (b) mean loss of the last 20 of N steps within 2% of BF16's (the issue's criterion), and not
+ *       identical to BF16's (the quantised path ran). nvfp4: reported, and only required to train
+ *       (last-20 mean below 60% of the first step's loss).
+ *   (c) GPU -> GPU: every resumed loss within 1e-5 relative of the straight run (the same kernels;
+ *       the step right after resume runs eagerly, later ones replay a CUDA graph). GPU -> CPU and
+ *       CPU -> GPU: within (a)'s 3e-2 of the straight run on the other device. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "deepwell.h"
+#include "testutil.h"
+
+#define MAXSTEPS 600
+
+static dw_ctx *g_cpu, *g_gpu;
+static uint64_t g_seed;
+
+typedef struct {
+    double loss[MAXSTEPS + 1]; /* loss[step], 1-based */
+    int64_t last;
+} trace;
+
+static void on_step(const dw_train_progress *p, void *user) {
+    trace *t = user;
+    if (p->step <= MAXSTEPS) t->loss[p->step] = p->loss;
+    t->last = p->step;
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_seed = dw_test_seed() % 100000;
+    dw_ctx_opts c = {.device = DW_DEVICE_CPU}, g = {.device = DW_DEVICE_CUDA};
+    if (dw_ctx_create(&c, &g_cpu) != DW_OK) return -1;
+    if (dw_ctx_create(&g, &g_gpu) != DW_OK) {
+        fprintf(stderr, "no CUDA device: %s\n", dw_errmsg(NULL));
+        return -1;
+    }
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    dw_ctx_free(g_gpu);
+    dw_ctx_free(g_cpu);
+    return 0;
+}
+
+static dw_train_opts opts(const char *out, int64_t steps, int64_t B, int64_t T, trace *t) {
+    dw_train_opts o;
+    dw_train_opts_default(&o);
+    o.model = "gpt2-tiny";
+    o.data = "builtin";
+    o.out_dir = out;
+    o.steps = steps;
+    o.batch = o.global_batch = B;
+    o.seq = T;
+    o.lr = 2e-3;
+    o.min_lr = 2e-4;
+    o.warmup = 10;
+    o.eval_every = 0;
+    o.keep = 0;
+    o.seed = g_seed;
+    o.progress = on_step;
+    o.progress_user = t;
+    memset(t, 0, sizeof *t);
+    return o;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void run(dw_ctx *ctx, const dw_train_opts *o, const char *what) {
+    double t0 = now_s();
+    dw_status st = dw_train(ctx, o);
+    if (st != DW_OK) fail_msg("%s: %s", what, dw_errmsg(ctx));
+    fprintf(stderr, "  %-44s %6.2f s\n", what, now_s() - t0);
+}
+
+static char *sub(const char *dir, const char *name) { return dw_test_path(dir, name); }
+
+/* max over steps lo..hi of |a - b| / b */
+static double max_rel(const trace *a, const trace *b, int64_t lo, int64_t hi, int64_t *at) {
+    double m = 0.0;
+    for (int64_t s = lo; s <= hi; s++) {
+        double d = fabs(a->loss[s] - b->loss[s]) / b->loss[s];
+        if (!(d <= m)) m = d, *at = s; /* NaN propagates */
+    }
+    return m;
+}
+
+static double tail_mean(const trace *t, int64_t steps, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = steps - n + 1; i <= steps; i++) s += t->loss[i];
+    return s / (double)n;
+}
+
+/* (a) BF16 on the GPU against the CPU engine, 50 steps. */
+static void test_bf16_follows_cpu(void **state) {
+    (void)state;
+    char *dir = dw_test_tmpdir(), *oc = sub(dir, "cpu"), *og = sub(dir, "gpu");
+    static trace tc, tg;
+    dw_train_opts o = opts(oc, 50, 4, 64, &tc);
+    run(g_cpu, &o, "(a) cpu fp32, 50 steps");
+    o = opts(og, 50, 4, 64, &tg);
+    run(g_gpu, &o, "(a) gpu bf16, 50 steps");
+    int64_t at = 0;
+    double d = max_rel(&tg, &tc, 1, 50, &at);
+    fprintf(stderr, "(a) loss cpu %.4f -> %.4f, gpu %.4f -> %.4f; max relative difference %.3g (step %lld)\n",
+            tc.loss[1], tc.loss[50], tg.loss[1], tg.loss[50], d, (long long)at);
+    assert_true(tc.loss[50] < 0.7 * tc.loss[1]); /* it trained */
+    assert_true(d <= 3e-2);
+    free(oc), free(og), free(dir);
+}
+
+/* (b) quantised recipes against BF16 on the GPU. */
+static void test_quantised_vs_bf16(void **state) {
+    (void)state;
+    const int64_t N = 500, B = 8, T = 64; /* 512 tokens: every GEMM of gpt2-tiny eligible for fp8_block */
+    char *dir = dw_test_tmpdir();
+    static trace tb, tq;
+    char *ob = sub(dir, "bf16");
+    dw_train_opts o = opts(ob, N, B, T, &tb);
+    run(g_gpu, &o, "(b) gpu bf16");
+    double ref = tail_mean(&tb, N, 20);
+    fprintf(stderr, "(b) bf16: loss %.4f -> last-20 mean %.4f after %lld steps\n", tb.loss[1], ref, (long long)N);
+    const char *recipes[] = {"fp8_block", "mxfp8", "nvfp4"};
+    for (int r = 0; r < 3; r++) {
+        dw_policy *p = NULL;
+        assert_int_equal(dw_policy_from_precision(g_gpu, recipes[r], false, &p), DW_OK);
+        char *oq = sub(dir, recipes[r]);
+        o = opts(oq, N, B, T, &tq);
+        o.policy = p;
+        char what[64];
+        snprintf(what, sizeof what, "(b) gpu %s", recipes[r]);
+        run(g_gpu, &o, what);
+        double q = tail_mean(&tq, N, 20), rel = fabs(q - ref) / ref;
+        int differ = 0;
+        for (int64_t s = 1; s <= N; s++) differ += tq.loss[s] != tb.loss[s];
+        fprintf(stderr, "(b) %s: loss %.4f -> last-20 mean %.4f, %+.2f%% vs bf16; %d of %lld step losses differ from bf16\n",
+                recipes[r], tq.loss[1], q, 100.0 * (q - ref) / ref, differ, (long long)N);
+        assert_true(differ > N / 2); /* the quantised path ran */
+        if (r < 2) assert_true(rel <= 0.02);
+        else assert_true(q < 0.6 * tq.loss[1]);
+        dw_policy_free(p);
+        free(oq);
+    }
+    free(ob), free(dir);
+}
+
+static bool file_has(const char *path, const char *text) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, text) != NULL;
+}
+
+/* (c) checkpoints across devices. */
+static void test_resume_across_devices(void **state) {
+    (void)state;
+    const int64_t S = 30, H = 15, B = 4, T = 64;
+    char *dir = dw_test_tmpdir(), *og = sub(dir, "g"), *oc = sub(dir, "c"), *r1 = sub(dir, "gg"), *r2 = sub(dir, "gc"),
+         *r3 = sub(dir, "cg");
+    static trace tg, tc, t1, t2, t3;
+    dw_policy *p = NULL;
+    assert_int_equal(dw_policy_from_precision(g_gpu, "bf16", false, &p), DW_OK);
+    dw_train_opts o = opts(og, S, B, T, &tg);
+    o.ckpt_every = H;
+    o.policy = p;
+    run(g_gpu, &o, "(c) gpu straight, checkpoint at 15");
+    o = opts(oc, S, B, T, &tc);
+    o.ckpt_every = H;
+    run(g_cpu, &o, "(c) cpu straight, checkpoint at 15");
+    char *ck = sub(og, "ckpt-15"), *ckc = sub(oc, "ckpt-15"), *st = sub(ck, "state.json");
+    assert_true(file_has(st, "\"recipes\""));
+    assert_true(file_has(st, "transformer.h.0.mlp.c_fc"));
+    assert_true(file_has(st, "\"precision\": \"bf16\""));
+    assert_true(file_has(st, "\"policy\": {"));
+    /* GPU -> GPU */
+    o = opts(r1, S, B, T, &t1);
+    o.resume = ck;
+    o.policy = p;
+    run(g_gpu, &o, "(c) gpu ckpt -> gpu");
+    int64_t at = 0;
+    double d1 = max_rel(&t1, &tg, H + 1, S, &at);
+    /* GPU -> CPU */
+    o = opts(r2, S, B, T, &t2);
+    o.resume = ck;
+    run(g_cpu, &o, "(c) gpu ckpt -> cpu");
+    int64_t at2 = 0;
+    double d2 = max_rel(&t2, &tc, H + 1, S, &at2);
+    /* CPU -> GPU */
+    o = opts(r3, S, B, T, &t3);
+    o.resume = ckc;
+    o.policy = p;
+    run(g_gpu, &o, "(c) cpu ckpt -> gpu");
+    int64_t at3 = 0;
+    double d3 = max_rel(&t3, &tg, H + 1, S, &at3);
+    fprintf(stderr, "(c) resumed steps 16..30: gpu->gpu max rel %.3g (step %lld), gpu->cpu vs cpu %.3g (step %lld), "
+            "cpu->gpu vs gpu %.3g (step %lld); losses at 30: gpu %.4f cpu %.4f gg %.4f gc %.4f cg %.4f\n",
+            d1, (long long)at, d2, (long long)at2, d3, (long long)at3, tg.loss[S], tc.loss[S], t1.loss[S],
+            t2.loss[S], t3.loss[S]);
+    assert_int_equal(t1.last, S);
+    assert_int_equal(t2.last, S);
+    assert_int_equal(t3.last, S);
+    assert_true(d1 <= 1e-5);
+    assert_true(d2 <= 3e-2);
+    assert_true(d3 <= 3e-2);
+    dw_policy_free(p);
+    free(st), free(ck), free(ckc), free(og), free(oc), free(r1), free(r2), free(r3), free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_follows_cpu),
+        cmocka_unit_test(test_quantised_vs_bf16),
+        cmocka_unit_test(test_resume_across_devices),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
