@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
 # run.sh — the main job: installs what is missing, builds Deepwell, trains the default model
-# (llama-tiny preset, 0.85M parameters) on the built-in arithmetic data ("3+4=7") on the CPU, then
-# samples from the trained checkpoint and asks it all 25 questions "a+b=".
-# Extra arguments go to `deepwell train` (e.g. --steps 600). DW_RUN_DIR sets the run directory.
+# (llama-tiny preset, 0.85M parameters) on the built-in arithmetic data ("3+4=7") on the GPU when
+# one is usable, else on the CPU, then samples from the trained checkpoint and asks it all 25
+# questions "a+b=". Extra arguments go to `deepwell train` (e.g. --steps 600). DW_RUN_DIR sets the
+# run directory, DW_DEVICE the device (auto|cpu|cuda), DW_BUILD_DIR an existing build to use
+# instead of installing and building (as on the GPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh build
-scripts/build.sh build
+build=${DW_BUILD_DIR:-}
+if [ -z "$build" ]; then
+  scripts/deps.sh build
+  scripts/build.sh build
+  build=build
+fi
+dw=./$build/deepwell
+device=${DW_DEVICE:-auto}
 out=${DW_RUN_DIR:-out/run-$(date +%Y%m%d-%H%M%S)}
-echo "== training llama-tiny on the built-in addition facts (CPU); run directory: $out =="
-./build/deepwell train --model llama-tiny --data builtin --device cpu --out "$out" \
+echo "== training llama-tiny on the built-in addition facts (device $device); run directory: $out =="
+$dw train --model llama-tiny --data builtin --device "$device" --out "$out" \
   --steps 160 --batch 8 --seq 64 --lr 3e-3 --min-lr 3e-4 --warmup 10 --eval-every 20 \
   --sample-every 80 --sample-tokens 48 --sample-temp 0.5 --ckpt-every 40 --log-every 10 "$@"
 echo "== the trained model writes facts (deepwell sample $out --prompt \$'1+1=2\\n' -n 72 --temperature 0.5) =="
-./build/deepwell sample "$out" --prompt $'1+1=2\n' -n 72 --temperature 0.5 --seed 7 | sed '$d'
+$dw sample "$out" --device "$device" --prompt $'1+1=2\n' -n 72 --temperature 0.5 --seed 7 | sed '$d'
 echo "== and answers every question a+b= (greedy) =="
 right=0
 answers=()
 for a in 0 1 2 3 4; do
   for b in 0 1 2 3 4; do
-    line=$(./build/deepwell sample "$out" --prompt $'\n'"$a+$b=" -n 1 --temperature 0 | tail -n 1)
+    line=$($dw sample "$out" --device "$device" --prompt $'\n'"$a+$b=" -n 1 --temperature 0 | tail -n 1)
     answers+=("$line")
     [ "$line" = "$a+$b=$((a + b))" ] && right=$((right + 1))
   done

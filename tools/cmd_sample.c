@@ -22,7 +22,7 @@ static void help(void) {
            "  --temperature T     0 = greedy (default 0.8)\n"
            "  --top-k K           sample among the K most likely tokens, 0 = all (0)\n"
            "  --seed S            sampling seed (1337)\n"
-           "  --device D          cpu, cuda or auto (auto; cuda is not implemented yet)\n"
+           "  --device D          cpu, cuda or auto (default auto: cuda when a GPU is usable)\n"
            "  -h, --help          this help\n");
 }
 
