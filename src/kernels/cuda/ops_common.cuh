@@ -4,6 +4,9 @@
 #ifndef DW_KERNELS_OPS_COMMON_CUH
 #define DW_KERNELS_OPS_COMMON_CUH
 
+#ifdef __CUDACC__
+#include <cooperative_groups.h>
+#endif
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -71,26 +74,50 @@ static inline unsigned dw_ew_blocks(int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
          i += (int64_t)gridDim.x * blockDim.x)
 
-/* Column sums over rows, accumulated (+=) into FP32 gradients, in a fixed order: thread (lane,
- * wy) of a 32 x DW_CS_ROWS block sums rows wy, wy + DW_CS_ROWS, ... of column c, then the
- * DW_CS_ROWS partial sums are added in ascending wy. Deterministic for any input.
+/* Column sums over rows, accumulated (+=) into FP32 gradients, in a fixed order. Launched as
+ * clusters of DW_CS_SPLIT blocks (sm_90 thread-block clusters) per 32 columns, so that the rows
+ * are spread over C/32 * DW_CS_SPLIT blocks instead of C/32 (24 for C = 768: latency-bound).
+ * Thread (lane, wy) of the cluster's block k sums rows k*DW_CS_ROWS + wy + j*DW_CS_SPLIT*DW_CS_ROWS
+ * (ascending j) of column c; each block adds its DW_CS_ROWS partials in ascending wy; block 0
+ * adds the DW_CS_SPLIT block partials in ascending k, read from the other blocks' shared memory
+ * (distributed shared memory), and adds the total to the gradient. No atomics, no workspace:
+ * deterministic (bit-identical reruns) for any input.
  *   DW_CS_PLAIN:  acc0[c] += sum_r dout[r,c]
  *   DW_CS_LN:     acc0[c] += sum_r dout*(x-mean[r])*rstd[r]; acc1[c] += sum_r dout (either NULL)
  *   DW_CS_RMS:    acc0[c] += sum_r dout*x*rstd[r]
  * dout, x (R,C) of activation type T. */
 enum { DW_CS_PLAIN = 0, DW_CS_LN, DW_CS_RMS };
 #define DW_CS_ROWS 32
+#ifdef __CUDACC__
+#define DW_CS_SPLIT 8 /* blocks per cluster (8: the portable cluster size) */
+#define DW_CS_CLUSTER __cluster_dims__(1, DW_CS_SPLIT, 1)
+#else /* host emulator (tests/common/cuda_emu): no clusters, one block per 32 columns */
+#define DW_CS_SPLIT 1
+#define DW_CS_CLUSTER
+#endif
 template <typename T, int MODE>
-static __global__ void __launch_bounds__(32 * DW_CS_ROWS)
+static __global__ void DW_CS_CLUSTER __launch_bounds__(32 * DW_CS_ROWS)
 dw_colsum_kernel(float *acc0, float *acc1, const T *dout, const T *x,
                  const float *mean, const float *rstd, int64_t R,
                  int64_t C) {
     __shared__ float s0[DW_CS_ROWS][33], s1[DW_CS_ROWS][33];
+    __shared__ float p0[32], p1[32]; /* this block's partial sums, read by the cluster's block 0 */
+#ifdef __CUDACC__
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    const int k = (int)cluster.block_rank(); /* 0 .. DW_CS_SPLIT-1, this block's row slice */
+#define DW_CS_SYNC() cluster.sync()
+#define DW_CS_PEER(p, j) cluster.map_shared_rank((p), (unsigned)(j))
+#else
+    const int k = 0;
+#define DW_CS_SYNC() __syncthreads()
+#define DW_CS_PEER(p, j) (p)
+#endif
     const int lane = threadIdx.x, wy = threadIdx.y;
     const int64_t c = (int64_t)blockIdx.x * 32 + lane;
     float a0 = 0.0f, a1 = 0.0f;
     if (c < C) {
-        for (int64_t r = wy; r < R; r += DW_CS_ROWS) {
+#pragma unroll 4
+        for (int64_t r = (int64_t)k * DW_CS_ROWS + wy; r < R; r += DW_CS_SPLIT * DW_CS_ROWS) {
             const float g = dw_ld(dout, r * C + c);
             if (MODE == DW_CS_PLAIN) {
                 a0 += g;
@@ -105,22 +132,35 @@ dw_colsum_kernel(float *acc0, float *acc1, const T *dout, const T *x,
     s0[wy][lane] = a0;
     s1[wy][lane] = a1;
     __syncthreads();
-    if (wy == 0 && c < C) {
+    if (wy == 0) {
         float t0 = 0.0f, t1 = 0.0f;
         for (int i = 0; i < DW_CS_ROWS; i++) {
             t0 += s0[i][lane];
             t1 += s1[i][lane];
         }
+        p0[lane] = t0;
+        p1[lane] = t1;
+    }
+    DW_CS_SYNC(); /* every block's p0/p1 written and visible to the cluster */
+    if (k == 0 && wy == 0 && c < C) {
+        float t0 = 0.0f, t1 = 0.0f;
+        for (int j = 0; j < DW_CS_SPLIT; j++) {
+            t0 += DW_CS_PEER(p0, j)[lane];
+            t1 += DW_CS_PEER(p1, j)[lane];
+        }
         if (acc0) acc0[c] += t0;
         if (MODE == DW_CS_LN && acc1) acc1[c] += t1;
     }
+    DW_CS_SYNC(); /* no block exits (freeing its shared memory) before block 0 has read it */
+#undef DW_CS_SYNC
+#undef DW_CS_PEER
 }
 
 template <typename T, int MODE>
 static void dw_colsum_launch(float *acc0, float *acc1, const T *dout, const T *x,
                              const float *mean, const float *rstd, int64_t R, int64_t C,
                              cudaStream_t s) {
-    const dim3 block(32, DW_CS_ROWS), grid((unsigned)((C + 31) / 32));
+    const dim3 block(32, DW_CS_ROWS), grid((unsigned)((C + 31) / 32), DW_CS_SPLIT);
     dw_colsum_kernel<T, MODE><<<grid, block, 0, s>>>(acc0, acc1, dout, x, mean, rstd, R, C);
 }
 
