@@ -85,11 +85,11 @@ static int64_t run_ew(int op, dw_act_dtype dt, int64_t n) {
 
 static void test_elementwise(void **state) {
     (void)state;
-    static const int64_t sizes[] = {1, 31, 1000003};
+    static const int64_t sizes[] = {1, 31, 4096, 1000003}; /* BF16: 8-wide kernel + scalar tail */
     int64_t bad = 0;
     for (int op = 0; op < 4; op++)
         for (int d = 0; d < 2; d++)
-            for (int i = 0; i < 3; i++) bad += run_ew(op, DTS[d], sizes[i]);
+            for (int i = 0; i < 4; i++) bad += run_ew(op, DTS[d], sizes[i]);
     assert_int_equal(bad, 0);
 }
 
