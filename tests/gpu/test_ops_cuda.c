@@ -240,7 +240,7 @@ static void test_embeddings(void **state) {
         bad += run_pos(DTS[d], 3, 19, 67, 23);
         bad += run_pos(DTS[d], 1, 1, 1, 1);
         bad += run_pos(DTS[d], 40, 33, 5, 33);
-        bad += run_pos(DTS[d], 300, 3, 11, 5); /* rows over several column-sum blocks */
+        bad += run_pos(DTS[d], 600, 3, 11, 5); /* >= 512 rows: the cluster column sum */
     }
     assert_int_equal(bad, 0);
 }
