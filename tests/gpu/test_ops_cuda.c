@@ -85,11 +85,11 @@ static int64_t run_ew(int op, dw_act_dtype dt, int64_t n) {
 
 static void test_elementwise(void **state) {
     (void)state;
-    static const int64_t sizes[] = {1, 31, 1000003};
+    static const int64_t sizes[] = {1, 31, 4096, 1000003}; /* BF16: 8-wide kernel + scalar tail */
     int64_t bad = 0;
     for (int op = 0; op < 4; op++)
         for (int d = 0; d < 2; d++)
-            for (int i = 0; i < 3; i++) bad += run_ew(op, DTS[d], sizes[i]);
+            for (int i = 0; i < 4; i++) bad += run_ew(op, DTS[d], sizes[i]);
     assert_int_equal(bad, 0);
 }
 
@@ -157,11 +157,16 @@ static int64_t run_norm(int rms, dw_act_dtype dt, int64_t N, int64_t C) {
 
 static void test_norms(void **state) {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 1}, {37, 7}, {53, 129}, {19, 777}, {5, 4099}};
+    /* the last two spread their rows over all 8 blocks of a column-sum cluster (256 rows each) */
+    /* C % 8 == 0, C <= 1024: BF16 takes the warp-per-row kernels */
+    static const int64_t shapes[][2] = {{1, 1},    {37, 7},    {53, 129},  {19, 777},
+                                        {5, 4099}, {2311, 45}, {700, 1031}, {9, 8},
+                                        {77, 768}, {530, 1024}, {3, 264}};
+    const int ns = (int)(sizeof shapes / sizeof shapes[0]);
     int64_t bad = 0;
     for (int rms = 0; rms < 2; rms++)
         for (int d = 0; d < 2; d++)
-            for (int i = 0; i < 5; i++) bad += run_norm(rms, DTS[d], shapes[i][0], shapes[i][1]);
+            for (int i = 0; i < ns; i++) bad += run_norm(rms, DTS[d], shapes[i][0], shapes[i][1]);
     assert_int_equal(bad, 0);
 }
 
@@ -233,9 +238,11 @@ static void test_embeddings(void **state) {
         bad += run_embedding(DTS[d], 97, 53, 67);
         bad += run_embedding(DTS[d], 3, 301, 129); /* V < buckets, many repeats */
         bad += run_embedding(DTS[d], 1031, 1200, 7);
+        bad += run_embedding(DTS[d], 2053, 777, 1100); /* > 1 column block and token chunk */
         bad += run_pos(DTS[d], 3, 19, 67, 23);
         bad += run_pos(DTS[d], 1, 1, 1, 1);
         bad += run_pos(DTS[d], 40, 33, 5, 33);
+        bad += run_pos(DTS[d], 600, 3, 11, 5); /* >= 512 rows: the cluster column sum */
     }
     assert_int_equal(bad, 0);
 }
@@ -322,6 +329,7 @@ static void test_linear(void **state) {
     bad += run_linear(1, 1, 1, 1);
     bad += run_linear(129, 17, 300, 1);
     bad += run_linear(16, 32, 48, 1);
+    bad += run_linear(601, 9, 70, 1); /* bias rows over several column-sum blocks */
     assert_int_equal(bad, 0);
 }
 

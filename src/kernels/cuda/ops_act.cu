@@ -13,59 +13,110 @@ static const char *const dw_ew_name[] = {"gelu", "silu", "swiglu", "add"};
 
 static __device__ __forceinline__ float dw_sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
+/* the per-element math, shared by the scalar and the 8-wide kernels (identical results) */
+template <int OP>
+static __device__ __forceinline__ float dw_ew_f(float x, float bv) {
+    if (OP == DW_EW_GELU) return 0.5f * x * (1.0f + tanhf(DW_GELU_K * (x + DW_GELU_A * x * x * x)));
+    if (OP == DW_EW_SILU) return x * dw_sigmoidf(x);
+    if (OP == DW_EW_SWIGLU) return x * dw_sigmoidf(x) * bv;
+    return x + bv;
+}
+/* da = dout * f'(a); swiglu also db = dout * silu(a) (a = gate, b = up: bv) */
+template <int OP>
+static __device__ __forceinline__ void dw_ew_df(float x, float g, float bv, float &da, float &db) {
+    if (OP == DW_EW_GELU) {
+        const float th = tanhf(DW_GELU_K * (x + DW_GELU_A * x * x * x));
+        const float d = 0.5f * (1.0f + th) +
+                        0.5f * x * (1.0f - th * th) * DW_GELU_K * (1.0f + 3.0f * DW_GELU_A * x * x);
+        da = g * d;
+        db = 0.0f;
+    } else {
+        const float s = dw_sigmoidf(x), ds = s * (1.0f + x * (1.0f - s));
+        da = OP == DW_EW_SILU ? g * ds : g * bv * ds;
+        db = g * x * s;
+    }
+}
+static __device__ __forceinline__ bool dw_ew_has_b(int op) { return op == DW_EW_SWIGLU || op == DW_EW_ADD; }
+
 /* out (n) = f(a) or f(a, b) */
 template <typename T, int OP>
 static __global__ void dw_ew_fwd_kernel(T *out, const T *a, const T *b, int64_t n) {
-    DW_GRID_STRIDE(i, n) {
-        const float x = dw_ld(a, i);
-        float y;
-        if (OP == DW_EW_GELU) {
-            y = 0.5f * x * (1.0f + tanhf(DW_GELU_K * (x + DW_GELU_A * x * x * x)));
-        } else if (OP == DW_EW_SILU) {
-            y = x * dw_sigmoidf(x);
-        } else if (OP == DW_EW_SWIGLU) {
-            y = x * dw_sigmoidf(x) * dw_ld(b, i);
-        } else {
-            y = x + dw_ld(b, i);
-        }
-        dw_st(out, i, y);
-    }
+    DW_GRID_STRIDE(i, n) dw_st(out, i, dw_ew_f<OP>(dw_ld(a, i), dw_ew_has_b(OP) ? dw_ld(b, i) : 0.0f));
 }
 
-/* da (n) = dout * f'(a); swiglu also db = dout * silu(a) (a = gate, b = up) */
+/* da (n) = dout * f'(a); swiglu also db = dout * silu(a). Everything of element i is read before
+ * it is written (dgate/dup may alias gate/up). */
 template <typename T, int OP>
 static __global__ void dw_ew_bwd_kernel(T *da, T *db, const T *dout, const T *a, const T *b,
                                         int64_t n) {
     DW_GRID_STRIDE(i, n) {
-        const float x = dw_ld(a, i), g = dw_ld(dout, i);
-        if (OP == DW_EW_GELU) {
-            const float th = tanhf(DW_GELU_K * (x + DW_GELU_A * x * x * x));
-            const float d = 0.5f * (1.0f + th) +
-                            0.5f * x * (1.0f - th * th) * DW_GELU_K * (1.0f + 3.0f * DW_GELU_A * x * x);
-            dw_st(da, i, g * d);
-        } else {
-            const float s = dw_sigmoidf(x), ds = s * (1.0f + x * (1.0f - s));
-            if (OP == DW_EW_SILU) {
-                dw_st(da, i, g * ds);
-            } else { /* swiglu: read up before writing (dgate/dup may alias gate/up) */
-                const float u = dw_ld(b, i);
-                dw_st(da, i, g * u * ds);
-                dw_st(db, i, g * x * s);
-            }
-        }
+        float d0, d1;
+        dw_ew_df<OP>(dw_ld(a, i), dw_ld(dout, i), OP == DW_EW_SWIGLU ? dw_ld(b, i) : 0.0f, d0, d1);
+        dw_st(da, i, d0);
+        if (OP == DW_EW_SWIGLU) dw_st(db, i, d1);
     }
 }
 
+/* BF16, 8 elements per thread with 16-byte accesses: elements [0, 8*n8); the launcher runs the
+ * scalar kernel on the remaining n % 8. */
+template <int OP>
+static __global__ void dw_ew_fwd_vec_kernel(dw_bf16 *out, const dw_bf16 *a, const dw_bf16 *b,
+                                            int64_t n8) {
+    DW_GRID_STRIDE(j, n8) {
+        float x[8], bv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        dw_ld8(a, 8 * j, x);
+        if (dw_ew_has_b(OP)) dw_ld8(b, 8 * j, bv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = dw_ew_f<OP>(x[k], bv[k]);
+        dw_st8(out, 8 * j, x);
+    }
+}
+template <int OP>
+static __global__ void dw_ew_bwd_vec_kernel(dw_bf16 *da, dw_bf16 *db, const dw_bf16 *dout,
+                                            const dw_bf16 *a, const dw_bf16 *b, int64_t n8) {
+    DW_GRID_STRIDE(j, n8) {
+        float x[8], g[8], bv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, d0[8], d1[8];
+        dw_ld8(a, 8 * j, x);
+        dw_ld8(dout, 8 * j, g);
+        if (OP == DW_EW_SWIGLU) dw_ld8(b, 8 * j, bv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) dw_ew_df<OP>(x[k], g[k], bv[k], d0[k], d1[k]);
+        dw_st8(da, 8 * j, d0);
+        if (OP == DW_EW_SWIGLU) dw_st8(db, 8 * j, d1);
+    }
+}
+
+/* offset of a possibly NULL pointer */
+template <typename T>
+static inline T *dw_ew_off(T *p, int64_t o) { return p ? p + o : p; }
+
 template <typename T, int OP>
 static void dw_ew_fwd_launch(void *out, const void *a, const void *b, int64_t n, cudaStream_t s) {
-    dw_ew_fwd_kernel<T, OP><<<dw_ew_blocks(n), DW_EW_THREADS, 0, s>>>((T *)out, (const T *)a,
-                                                                       (const T *)b, n);
+    int64_t head = 0; /* elements done by the 8-wide kernel */
+    if (sizeof(T) == 2 && n >= 8 && dw_aligned16(out) && dw_aligned16(a) && (!b || dw_aligned16(b))) {
+        head = n / 8 * 8;
+        dw_ew_fwd_vec_kernel<OP><<<dw_ew_blocks(n / 8), DW_EW_THREADS, 0, s>>>(
+            (dw_bf16 *)out, (const dw_bf16 *)a, (const dw_bf16 *)b, n / 8);
+    }
+    if (head < n)
+        dw_ew_fwd_kernel<T, OP><<<dw_ew_blocks(n - head), DW_EW_THREADS, 0, s>>>(
+            (T *)out + head, (const T *)a + head, dw_ew_off((const T *)b, head), n - head);
 }
 template <typename T, int OP>
 static void dw_ew_bwd_launch(void *da, void *db, const void *dout, const void *a, const void *b,
                              int64_t n, cudaStream_t s) {
-    dw_ew_bwd_kernel<T, OP><<<dw_ew_blocks(n), DW_EW_THREADS, 0, s>>>(
-        (T *)da, (T *)db, (const T *)dout, (const T *)a, (const T *)b, n);
+    int64_t head = 0;
+    if (sizeof(T) == 2 && n >= 8 && dw_aligned16(da) && dw_aligned16(dout) && dw_aligned16(a) &&
+        (!b || dw_aligned16(b)) && (!db || dw_aligned16(db))) {
+        head = n / 8 * 8;
+        dw_ew_bwd_vec_kernel<OP><<<dw_ew_blocks(n / 8), DW_EW_THREADS, 0, s>>>(
+            (dw_bf16 *)da, (dw_bf16 *)db, (const dw_bf16 *)dout, (const dw_bf16 *)a,
+            (const dw_bf16 *)b, n / 8);
+    }
+    if (head < n)
+        dw_ew_bwd_kernel<T, OP><<<dw_ew_blocks(n - head), DW_EW_THREADS, 0, s>>>(
+            (T *)da + head, dw_ew_off((T *)db, head), (const T *)dout + head, (const T *)a + head,
+            dw_ew_off((const T *)b, head), n - head);
 }
 
 template <int OP>

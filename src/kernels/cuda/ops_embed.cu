@@ -1,7 +1,7 @@
 /* ops_embed.cu — CUDA token embedding and learned positional embedding, forward and backward.
  * FP32 tables and table gradients, FP32 or BF16 activations. The embedding backward is
- * deterministic (no atomics): tokens are split into buckets by tok % NB and each (bucket,
- * column) thread owns its rows, summing in ascending n. Oracle: kernels/cpu/embed_cpu.c. */
+ * deterministic (no atomics): tokens are split into buckets by tok % NB; each bucket's block
+ * compacts its token positions in ascending n and its threads own columns, summing in that order. Oracle: kernels/cpu/embed_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 /* out (N,C) = wte[tok[n]] ; a token outside [0,V) gives NaN (no out-of-bounds read) */
@@ -15,19 +15,61 @@ static __global__ void dw_embed_fwd_kernel(T *out, const int32_t *tok, const flo
     }
 }
 
-/* grid (ceil(C/128), NB): thread (c, bucket) adds dout[n,c] into dwte[tok[n],c] for every n
- * (ascending) whose token falls in its bucket. */
-#define DW_EMB_THREADS 128
+/* grid (ceil(C/DW_EMB_COLS), NB): block (x, bucket) owns the rows dwte[t] with t % NB == bucket
+ * and the columns [x*DW_EMB_COLS, +DW_EMB_COLS). It walks the tokens in chunks of
+ * DW_EMB_THREADS, compacts the chunk's positions whose token is in its bucket into shared memory
+ * in ascending n (a shuffle scan of the flags), then adds those rows of dout, in that order, into
+ * dwte[t, c] (thread owns columns c = x*DW_EMB_COLS + tid + i*DW_EMB_THREADS). Each (t, c) is
+ * updated by one thread in ascending n: deterministic, no atomics. One pass over the tokens per
+ * block (NB * 4N bytes from L2) and one pass over dout, instead of NB token scans per column. */
+#define DW_EMB_THREADS 256
+#define DW_EMB_COLS 1024    /* columns per block: 4 per thread */
+#define DW_EMB_BUCKETS 1024 /* blocks along y (fewer when V is smaller) */
 template <typename T>
-static __global__ void dw_embed_bwd_kernel(float *dwte, const T *dout, const int32_t *tok,
-                                           int64_t N, int64_t C, int64_t V) {
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+static __global__ void __launch_bounds__(DW_EMB_THREADS)
+dw_embed_bwd_kernel(float *dwte, const T *dout, const int32_t *tok, int64_t N, int64_t C,
+                    int64_t V) {
+    __shared__ int s_off[DW_EMB_THREADS];     /* chunk-relative positions, ascending */
+    __shared__ int32_t s_tok[DW_EMB_THREADS]; /* their tokens */
+    __shared__ int s_wcount[DW_EMB_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int bucket = blockIdx.y, nb = gridDim.y;
-    if (c >= C) return;
-    for (int64_t n = 0; n < N; n++) {
-        const int32_t t = tok[n];
-        if (t < 0 || t >= V || t % nb != bucket) continue;
-        dwte[(int64_t)t * C + c] += dw_ld(dout, n * C + c);
+    const int64_t c0 = (int64_t)blockIdx.x * DW_EMB_COLS;
+    const int64_t c1 = c0 + DW_EMB_COLS < C ? c0 + DW_EMB_COLS : C;
+    for (int64_t base = 0; base < N; base += DW_EMB_THREADS) { /* uniform over the block */
+        const int64_t n = base + tid;
+        int32_t t = -1;
+        bool mine = false;
+        if (n < N) {
+            t = tok[n];
+            mine = t >= 0 && t < V && t % nb == bucket;
+        }
+        /* inclusive scan of the flags over the warp (shuffles), then over the warps' totals */
+        int incl = mine ? 1 : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_sync(0xffffffffu, incl, lane - o); /* lane - o < 0: unused */
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) s_wcount[w] = incl;
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int i = 0; i < DW_EMB_THREADS / 32; i++) {
+            const int k = s_wcount[i];
+            before += i < w ? k : 0;
+            total += k;
+        }
+        if (mine) {
+            const int pos = before + incl - 1;
+            s_off[pos] = tid;
+            s_tok[pos] = t;
+        }
+        __syncthreads();
+        for (int j = 0; j < total; j++) {
+            const T *g = dout + (base + s_off[j]) * C;
+            float *d = dwte + (int64_t)s_tok[j] * C;
+            for (int64_t c = c0 + tid; c < c1; c += DW_EMB_THREADS) d[c] += dw_ld(g, c);
+        }
+        __syncthreads(); /* the list is rewritten by the next chunk */
     }
 }
 
@@ -46,8 +88,8 @@ static void dw_embed_fwd_launch(void *out, const int32_t *tok, const float *wte,
 template <typename T>
 static void dw_embed_bwd_launch(float *dwte, const void *dout, const int32_t *tok, int64_t N,
                                 int64_t C, int64_t V, cudaStream_t s) {
-    const int64_t nb = V < 256 ? V : 256;
-    const dim3 grid((unsigned)((C + DW_EMB_THREADS - 1) / DW_EMB_THREADS), (unsigned)nb);
+    const int64_t nb = V < DW_EMB_BUCKETS ? V : DW_EMB_BUCKETS;
+    const dim3 grid((unsigned)((C + DW_EMB_COLS - 1) / DW_EMB_COLS), (unsigned)nb);
     dw_embed_bwd_kernel<T><<<grid, DW_EMB_THREADS, 0, s>>>(dwte, (const T *)dout, tok, N, C, V);
 }
 template <typename T>
@@ -79,7 +121,7 @@ dw_status dw_cuda_embedding_bwd(dw_ctx *ctx, dw_act_dtype dt, float *dwte, const
     const char *op = "embedding_bwd";
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, N >= 0 && C > 0 && V > 0 && V <= INT32_MAX);
-    DW_OPS_REQUIRE(ctx, op, (C + DW_EMB_THREADS - 1) / DW_EMB_THREADS <= INT32_MAX);
+    DW_OPS_REQUIRE(ctx, op, (C + DW_EMB_COLS - 1) / DW_EMB_COLS <= INT32_MAX);
     DW_OPS_REQUIRE(ctx, op, N == 0 || (dwte && dout && tok));
     if (N == 0) return DW_OK;
     if (dt == DW_ACT_F32)

@@ -1,7 +1,8 @@
 /* ops_norm.cu — CUDA layernorm and rmsnorm over the last dimension C, forward and backward;
  * FP32 or BF16 activations, FP32 weights, statistics and parameter gradients. One block per row
- * with deterministic block sums; parameter gradients by the fixed-order column sum
- * (ops_common.cuh). Oracle: kernels/cpu/norm_cpu.c. */
+ * with deterministic block sums (BF16 rows of C % 8 == 0, C <= 1024: one warp per row, 16-byte
+ * accesses); parameter gradients by the fixed-order column sum (ops_common.cuh).
+ * Oracle: kernels/cpu/norm_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_NORM_THREADS 256
@@ -59,9 +60,119 @@ static __global__ void dw_norm_bwd_dx_kernel(T *dx, const T *dout, const T *x, c
     }
 }
 
+/* BF16 rows with C % 8 == 0 and C <= DW_NW_MAXC, 16-byte aligned: one warp per row, the row held
+ * in registers (lane owns the 8-element groups lane, lane + 32, ...), warp sums only, 16-byte
+ * loads and stores; the same formulas as the block kernels above. */
+#define DW_NW_VPL 4                   /* 8-element groups per lane */
+#define DW_NW_MAXC (32 * 8 * DW_NW_VPL) /* 1024 */
+#define DW_NW_THREADS 256             /* 8 rows per block */
+template <bool RMS>
+static __global__ void __launch_bounds__(DW_NW_THREADS)
+dw_norm_fwd_warp_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x, const float *w,
+                        const float *b, int64_t N, int64_t C, float eps) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / 32) + (threadIdx.x >> 5);
+    if (row >= N) return; /* uniform over the warp */
+    const int64_t C8 = C / 8;
+    float v[DW_NW_VPL][8];
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < DW_NW_VPL; q++) {
+        const int64_t j = lane + 32 * q;
+        if (j < C8) {
+            dw_ld8(x, row * C + 8 * j, v[q]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) s += v[q][k];
+        }
+    }
+    const float m = RMS ? 0.0f : dw_warp_sum(s) / (float)C;
+    float var = 0.0f;
+#pragma unroll
+    for (int q = 0; q < DW_NW_VPL; q++) {
+        if (lane + 32 * q >= C8) continue;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float d = v[q][k] - m;
+            var += d * d;
+        }
+    }
+    const float rs = 1.0f / sqrtf(dw_warp_sum(var) / (float)C + eps);
+#pragma unroll
+    for (int q = 0; q < DW_NW_VPL; q++) {
+        const int64_t j = lane + 32 * q;
+        if (j < C8) {
+            float y[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                y[k] = (v[q][k] - m) * rs * w[8 * j + k];
+                if (!RMS && b) y[k] += b[8 * j + k];
+            }
+            dw_st8(out, row * C + 8 * j, y);
+        }
+    }
+    if (lane == 0) {
+        if (!RMS && mean) mean[row] = m;
+        if (rstd) rstd[row] = rs;
+    }
+}
+
+/* dx may be dout: every lane reads its groups before the warp sums, writes them after */
+template <bool RMS>
+static __global__ void __launch_bounds__(DW_NW_THREADS)
+dw_norm_bwd_dx_warp_kernel(dw_bf16 *dx, const dw_bf16 *dout, const dw_bf16 *x, const float *w,
+                           const float *mean, const float *rstd, int64_t N, int64_t C) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / 32) + (threadIdx.x >> 5);
+    if (row >= N) return; /* uniform over the warp */
+    const int64_t C8 = C / 8;
+    const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
+    float g[DW_NW_VPL][8], xh[DW_NW_VPL][8];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int q = 0; q < DW_NW_VPL; q++) {
+        const int64_t j = lane + 32 * q;
+        if (j < C8) {
+            dw_ld8(dout, row * C + 8 * j, g[q]);
+            dw_ld8(x, row * C + 8 * j, xh[q]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                g[q][k] *= w[8 * j + k];
+                xh[q][k] = (xh[q][k] - m) * rs;
+                sg += g[q][k];
+                sgx += g[q][k] * xh[q][k];
+            }
+        }
+    }
+    sg = RMS ? 0.0f : dw_warp_sum(sg) / (float)C;
+    sgx = dw_warp_sum(sgx) / (float)C;
+#pragma unroll
+    for (int q = 0; q < DW_NW_VPL; q++) {
+        const int64_t j = lane + 32 * q;
+        if (j < C8) {
+            float o[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) o[k] = rs * (g[q][k] - sg - xh[q][k] * sgx);
+            dw_st8(dx, row * C + 8 * j, o);
+        }
+    }
+}
+
+/* the warp kernels apply (BF16 only; the pointers' row starts 16-byte aligned) */
+static bool dw_norm_warp_ok(int64_t C, const void *a, const void *b, const void *c) {
+    return C % 8 == 0 && C <= DW_NW_MAXC && dw_aligned16(a) && dw_aligned16(b) && dw_aligned16(c);
+}
+static unsigned dw_norm_warp_blocks(int64_t N) {
+    return (unsigned)((N + DW_NW_THREADS / 32 - 1) / (DW_NW_THREADS / 32));
+}
+
 template <typename T, bool RMS>
 static void dw_norm_fwd_launch(void *out, float *mean, float *rstd, const void *x, const float *w,
                                const float *b, int64_t N, int64_t C, float eps, cudaStream_t s) {
+    if (sizeof(T) == 2 && dw_norm_warp_ok(C, out, x, x)) {
+        dw_norm_fwd_warp_kernel<RMS><<<dw_norm_warp_blocks(N), DW_NW_THREADS, 0, s>>>(
+            (dw_bf16 *)out, mean, rstd, (const dw_bf16 *)x, w, b, N, C, eps);
+        return;
+    }
     dw_norm_fwd_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
         (T *)out, mean, rstd, (const T *)x, w, b, C, eps);
 }
@@ -75,7 +186,10 @@ static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout,
         dw_colsum_launch<T, DW_CS_RMS>(dw, NULL, (const T *)dout, (const T *)x, NULL, rstd, N, C, s);
     if (!RMS && (dw || db))
         dw_colsum_launch<T, DW_CS_LN>(dw, db, (const T *)dout, (const T *)x, mean, rstd, N, C, s);
-    if (dx)
+    if (dx && sizeof(T) == 2 && dw_norm_warp_ok(C, dx, dout, x))
+        dw_norm_bwd_dx_warp_kernel<RMS><<<dw_norm_warp_blocks(N), DW_NW_THREADS, 0, s>>>(
+            (dw_bf16 *)dx, (const dw_bf16 *)dout, (const dw_bf16 *)x, w, mean, rstd, N, C);
+    else if (dx)
         dw_norm_bwd_dx_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
             (T *)dx, (const T *)dout, (const T *)x, w, mean, rstd, C);
 }

@@ -1,6 +1,6 @@
 /* ops_xent.cu — CUDA softmax cross-entropy, fused: one block per row makes one online pass over
  * V for (max, sum exp) and, when asked, a second pass that writes the gradient in place of or
- * beside the logits; probabilities are never stored. Mean over valid rows (target >= 0) with a
+ * beside the logits (BF16 rows with 16-byte accesses); probabilities are never stored. Mean over valid rows (target >= 0) with a
  * fixed-order reduction, so the loss is deterministic. Oracle: kernels/cpu/xent_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
@@ -31,6 +31,39 @@ dw_xent_count_kernel(int32_t *count, const int32_t *targets, int64_t N) {
     if (threadIdx.x == 0) count[0] = (int32_t)tot;
 }
 
+/* Visits the row x[0, V) over the block's threads: y = f(i, x[i]), and dx[i] = y when dx is not
+ * NULL (dx may be x: element i is read before it is written, by the same thread). BF16 rows go
+ * through 16-byte accesses of 8 elements on their 16-byte-aligned middle (when dx has x's
+ * alignment, or is NULL), the unaligned head and tail element by element. Each thread visits
+ * its elements in a fixed order, so the per-thread accumulations in f are deterministic. */
+template <typename T, typename F>
+static __device__ __forceinline__ void dw_xent_row_map(const T *x, T *dx, int64_t V, F f) {
+    int64_t h = V, m8 = 0; /* head elements, then m8 groups of 8 */
+    if (sizeof(T) == 2 && (!dx || (((uintptr_t)dx - (uintptr_t)x) & 15u) == 0)) {
+        const int64_t mis = (int64_t)(((uintptr_t)x >> 1) & 7u); /* elements past a 16-byte line */
+        h = mis ? 8 - mis : 0;
+        if (h > V) h = V;
+        m8 = (V - h) / 8;
+    }
+    for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
+        const float y = f(i, dw_ld(x, i));
+        if (dx) dw_st(dx, i, y);
+    }
+    const dw_bf16 *xm = (const dw_bf16 *)(x + h);
+    dw_bf16 *dxm = dx ? (dw_bf16 *)(dx + h) : NULL;
+    for (int64_t j = threadIdx.x; j < m8; j += blockDim.x) {
+        float v[8];
+        dw_ld8(xm, 8 * j, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = f(h + 8 * j + k, v[k]);
+        if (dxm) dw_st8(dxm, 8 * j, v);
+    }
+    for (int64_t i = h + 8 * m8 + threadIdx.x; i < V; i += blockDim.x) {
+        const float y = f(i, dw_ld(x, i));
+        if (dx) dw_st(dx, i, y);
+    }
+}
+
 /* grid N, one block per row. row_loss[n] = lse - x[target] (0 if ignored, NaN if target >= V);
  * if dlogits: dlogits[n,:] = (softmax - onehot) * dloss / count (0 if ignored). */
 template <typename T>
@@ -52,16 +85,16 @@ dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
     const bool tgt_ok = tgt < V;
     const float xt = tgt_ok ? dw_ld(x, tgt) : 0.0f; /* read before any in-place write */
     float m = -INFINITY, s = 0.0f;
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-        const float xi = dw_ld(x, i);
-        if (xi == -INFINITY) continue; /* masked logit: contributes exp(-inf) = 0 */
+    dw_xent_row_map(x, (T *)NULL, V, [&](int64_t, float xi) {
+        if (xi == -INFINITY) return 0.0f; /* masked logit: contributes exp(-inf) = 0 */
         if (xi > m) {
             s = (m == -INFINITY ? 0.0f : s * expf(m - xi)) + 1.0f;
             m = xi;
         } else {
             s += expf(xi - m); /* NaN xi falls here and poisons s: NaN in, NaN out */
         }
-    }
+        return 0.0f;
+    });
     /* block merge of (m, s): warps by butterfly, then across warps through shared memory */
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -81,10 +114,9 @@ dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
     if (!dx) return;
     const int32_t nv = count[0];
     const float scale = tgt_ok ? dloss / (float)(nv > 0 ? nv : 1) : __int_as_float(0x7fc00000);
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-        const float p = expf(dw_ld(x, i) - lse);
-        dw_st(dx, i, (p - (i == tgt ? 1.0f : 0.0f)) * scale);
-    }
+    dw_xent_row_map(x, dx, V, [&](int64_t i, float xi) {
+        return (expf(xi - lse) - (i == tgt ? 1.0f : 0.0f)) * scale;
+    });
 }
 
 /* one block: loss[0] = sum_n row_loss[n] / count (0 when count is 0), summed in double */
