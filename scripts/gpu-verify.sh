@@ -2,7 +2,7 @@
 # gpu-verify.sh — verification on the GPU machine, from source: builds there (Jansson and cmocka
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
-# Usage: scripts/gpu-verify.sh build|tests|bench ...   e.g. `scripts/gpu-verify.sh build tests`
+# Usage: scripts/gpu-verify.sh build|tests|bench|step|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -49,6 +49,12 @@ for phase in "$@"; do
     timeout 240 python3 bench/train_anchor.py --config "$out/gpt2/config.json" --batch 16 --seq 1024 \
       --modes eager,compile --steps 20 --warmup 5 2>"$out/anchor.err" | tee "$out/anchor.json"
     record "train anchor (PyTorch eager, compile)" "rc=$?"
+    ;;
+  mainjob)
+    s=$(date +%s)
+    DW_BUILD_DIR=$b DW_RUN_DIR=/tmp/dw-mainjob timeout 240 bash scripts/run.sh >"$out/mainjob.log" 2>&1
+    record "main job (scripts/run.sh, $(( $(date +%s) - s )) s)" "rc=$?"
+    grep -E "^== |step (1|80|160)/|device" "$out/mainjob.log" | head -20; tail -4 "$out/mainjob.log"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
   esac
