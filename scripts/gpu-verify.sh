@@ -21,7 +21,7 @@ for phase in "$@"; do
       ninja -C $b -j "$(nproc)" >"$out/build.log" 2>&1
     rc=$?
     record "build ($(( $(date +%s) - s )) s)" "rc=$rc"
-    [ $rc -ne 0 ] && { tail -40 "$out/configure.log" "$out/build.log"; exit 1; }
+    [ $rc -ne 0 ] && { tail -n 40 "$out/configure.log" "$out/build.log"; exit 1; }
     ;;
   tests)
     "$b/deepwell" probe | tee "$out/probe.txt"
