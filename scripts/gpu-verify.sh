@@ -2,7 +2,7 @@
 # gpu-verify.sh — verification on the GPU machine, from source: builds there (Jansson and cmocka
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
-# Usage: scripts/gpu-verify.sh build|tests|bench|step|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
+# Usage: scripts/gpu-verify.sh build|tests|quant|gemm|step|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -34,8 +34,10 @@ for phase in "$@"; do
     done
     bash tests/cli/test_probe.sh "$b/deepwell" >"$out/cli_probe.log" 2>&1; record cli_test_probe "rc=$?"
     ;;
-  bench)
+  quant)
     "$b/deepwell" bench quant >"$out/bench_quant.txt" 2>&1; record "bench quant" "rc=$?"; cat "$out/bench_quant.txt"
+    ;;
+  gemm)
     "$b/deepwell" bench gemm --json >"$out/bench_gemm.json" 2>"$out/bench_gemm.log"; record "bench gemm" "rc=$?"
     "$b/deepwell" bench gemm 2>&1 | tail -30
     timeout 200 python3 bench/gemm_anchor.py >"$out/gemm_anchor.json" 2>"$out/gemm_anchor.err"; record "gemm anchor (PyTorch)" "rc=$?"
