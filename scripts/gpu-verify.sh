@@ -2,7 +2,7 @@
 # gpu-verify.sh — verification on the GPU machine, from source: builds there (Jansson and cmocka
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
-# Usage: scripts/gpu-verify.sh build|tests|quant|gemm|step|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
+# Usage: scripts/gpu-verify.sh build|tests|quick|recipes|quant|gemm|step|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -51,6 +51,22 @@ for phase in "$@"; do
     timeout 240 python3 bench/train_anchor.py --config "$out/gpt2/config.json" --batch 16 --seq 1024 \
       --modes eager,compile --steps 20 --warmup 5 2>"$out/anchor.err" | tee "$out/anchor.json"
     record "train anchor (PyTorch eager, compile)" "rc=$?"
+    ;;
+  quick)  # the GEMM, engine and training GPU tests only
+    for n in gpu_test_gemm_gpu gpu_test_engine_cuda gpu_test_train_cuda; do
+      s=$(date +%s); timeout 300 "$b/tests/$n" >"$out/$n.log" 2>&1; rc=$?
+      record "$n ($(( $(date +%s) - s )) s)" "rc=$rc"
+      [ $rc -ne 0 ] && grep -E "FAIL|ERROR|error" "$out/$n.log" | head -12
+    done
+    ;;
+  recipes)  # deepwell train --device cuda under every recipe, a short run each
+    for r in bf16 fp8_tensor fp8_row fp8_block mxfp8 mxfp8_e5m2 mxfp4 nvfp4; do
+      rm -rf "/tmp/dw-rec-$r"
+      timeout 60 "$b/deepwell" train --model llama-tiny --data builtin --device cuda --precision $r \
+        --out "/tmp/dw-rec-$r" --steps 40 --batch 8 --seq 64 --lr 3e-3 --warmup 5 --log-every 40 \
+        >"$out/recipe_$r.log" 2>&1
+      record "train --device cuda --precision $r" "rc=$? $(grep -o 'step 40/40 | loss [0-9.]*' "$out/recipe_$r.log" | tail -1)"
+    done
     ;;
   mainjob)
     s=$(date +%s)

@@ -35,6 +35,8 @@ typedef struct {
     void *ws;        /* cuBLASLt workspace, LT_WORKSPACE bytes */
     void *scratch;   /* re-laid-out scales for both operands */
     size_t scratch_bytes;
+    void *dq;        /* BF16 copies of dequantised MX/NVFP4 operands (grow-only) */
+    size_t dq_bytes;
     algo_key keys[LT_CACHE];
     cublasLtMatmulAlgo_t algos[LT_CACHE];
     int ncache;
@@ -46,6 +48,7 @@ static void lt_destroy(void *p) {
     if (s->h) cublasLtDestroy(s->h);
     cudaFree(s->ws);
     cudaFree(s->scratch);
+    cudaFree(s->dq);
     free(s);
 }
 
@@ -286,17 +289,34 @@ static dw_status dq_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     void *sp = NULL;
     DW_TRY(dw_ctx_stream(ctx, &sp));
     cudaStream_t stream = sp;
+    void *hp = NULL;
+    DW_TRY(dw_ctx_handle(ctx, DW_HANDLE_CUBLASLT, lt_create, lt_destroy, &hp));
+    lt_state *st = hp;
     size_t na = (size_t)(a->a.rows * a->a.cols), nb = (size_t)(a->b.rows * a->b.cols);
-    uint16_t *buf = NULL;
-    DW_CUDA_CHECK(ctx, cudaMallocAsync((void **)&buf, (na + nb) * 2, stream));
+    /* The BF16 copies live in one grow-only buffer, so a training step allocates nothing once the
+     * first (eager) step has seen its largest GEMM; growing while a CUDA graph is being captured
+     * would break the capture, so that is refused with a message instead. */
+    if ((na + nb) * 2 > st->dq_bytes) {
+        enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(stream, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone)
+            return dw_set_error(ctx, DW_ERR_INVALID,
+                                "gemm: the MX/NVFP4 dequantisation buffer must grow to %zu bytes during "
+                                "CUDA graph capture; run the step once eagerly first",
+                                (na + nb) * 2);
+        DW_CUDA_CHECK(ctx, cudaStreamSynchronize(stream)); /* the old buffer may still be in use */
+        cudaFree(st->dq);
+        st->dq = NULL;
+        st->dq_bytes = 0;
+        DW_CUDA_CHECK(ctx, cudaMalloc(&st->dq, (na + nb) * 2));
+        st->dq_bytes = (na + nb) * 2;
+    }
+    uint16_t *buf = st->dq;
     dw_gemm_args g = *a;
     dw_status s = dq_operand(ctx, &a->a, buf, stream, &g.a);
     if (s == DW_OK) s = dq_operand(ctx, &a->b, buf + na, stream, &g.b);
     if (a->a.recipe == DW_RECIPE_NVFP4) g.alpha *= a->a.tensor_scale;
     if (a->b.recipe == DW_RECIPE_NVFP4) g.alpha *= a->b.tensor_scale;
     if (s == DW_OK) s = lt_run(ctx, &g, user);
-    cudaError_t fe = cudaFreeAsync(buf, stream);
-    if (s == DW_OK && fe != cudaSuccess) s = dw_set_error(ctx, DW_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(fe));
     return s;
 }
 
