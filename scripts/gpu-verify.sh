@@ -2,6 +2,7 @@
 # gpu-verify.sh — verification on the GPU machine, from source: builds there (Jansson and cmocka
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
+# Prepare .deps once with scripts/gpu-deps.sh and carry it.
 # Usage: scripts/gpu-verify.sh build|tests|quick|recipes|quant|gemm|step|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
 set -uo pipefail
 cd "$(dirname "$0")/.."
