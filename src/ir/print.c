@@ -1,77 +1,47 @@
 /* print.c — the graph as a readable listing: one line per node (index, name, op, output shape,
  * inputs), then parameter and FLOP totals. Not a serialisation (see graph_json.c). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/strbuf.h"
 #include "ir/ir.h"
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} strbuf;
-
-static void put(strbuf *b, const char *fmt, ...) DW_PRINTF(2, 3);
-static void put(strbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) return;
-        if (b->s && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t nc = (b->cap ? 2 * b->cap : 4096) + (size_t)n;
-        char *p = realloc(b->s, nc);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = nc;
-    }
-}
-
-static void shape(strbuf *b, const dw_ir_tensor *t) {
+static void shape(dw_strbuf *b, const dw_ir_tensor *t) {
     char s[96];
     size_t len = (size_t)snprintf(s, sizeof s, "(");
     for (int i = 0; i < t->ndim; i++)
         len += (size_t)snprintf(s + len, sizeof s - len, "%s%lld", i ? "," : "", (long long)t->shape[i]);
     snprintf(s + len, sizeof s - len, ")");
-    put(b, "%-18s ", s);
+    dw_strbuf_printf(b, "%-18s ", s);
 }
 
 dw_status dw_graph_print(dw_ctx *ctx, const dw_graph *g, char **out) {
-    strbuf b = {0};
+    dw_strbuf b = {0};
     const dw_model_config *c = &g->cfg;
-    put(&b, "model: %s, %lld layers, d_model %lld, %lld heads (%lld KV) x %lld, ffn %lld, vocab %lld%s\n",
+    dw_strbuf_printf(&b, "model: %s, %lld layers, d_model %lld, %lld heads (%lld KV) x %lld, ffn %lld, vocab %lld%s\n",
         c->model_type, (long long)c->n_layers, (long long)c->d_model, (long long)c->n_heads,
         (long long)c->n_kv_heads, (long long)c->head_dim, (long long)c->d_ff,
         (long long)c->vocab_size, c->tie_embeddings ? ", tied embeddings" : "");
-    put(&b, "shapes for batch %lld x seq %lld\n\n", (long long)g->batch, (long long)g->seq);
-    put(&b, "%-5s %-42s %-14s %-18s %s\n", "#", "node", "op", "output", "inputs");
+    dw_strbuf_printf(&b, "shapes for batch %lld x seq %lld\n\n", (long long)g->batch, (long long)g->seq);
+    dw_strbuf_printf(&b, "%-5s %-42s %-14s %-18s %s\n", "#", "node", "op", "output", "inputs");
     double fwd = 0, bwd = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        put(&b, "%-5d %-42s %-14s ", i, n->name, dw_op_name(n->op));
+        dw_strbuf_printf(&b, "%-5d %-42s %-14s ", i, n->name, dw_op_name(n->op));
         shape(&b, &g->tensors[n->out]);
-        for (int k = 0; k < n->n_in; k++) put(&b, "%s%s", k ? ", " : "", g->tensors[n->in[k]].name);
-        put(&b, "\n");
+        for (int k = 0; k < n->n_in; k++) dw_strbuf_printf(&b, "%s%s", k ? ", " : "", g->tensors[n->in[k]].name);
+        dw_strbuf_printf(&b, "\n");
         double f, bb;
         dw_ir_flops(g, n, &f, &bb);
         fwd += f;
         bwd += bb;
     }
     double tok = (double)(g->batch * g->seq);
-    put(&b, "\nparams: %lld (%.2f M; tied embeddings counted once)\n", (long long)dw_graph_params(g),
+    dw_strbuf_printf(&b, "\nparams: %lld (%.2f M; tied embeddings counted once)\n", (long long)dw_graph_params(g),
         (double)dw_graph_params(g) / 1e6);
-    put(&b, "training FLOPs per token: %.4g (forward %.4g + backward %.4g) at seq %lld\n",
+    dw_strbuf_printf(&b, "training FLOPs per token: %.4g (forward %.4g + backward %.4g) at seq %lld\n",
         (fwd + bwd) / tok, fwd / tok, bwd / tok, (long long)g->seq);
     if (b.oom || !b.s) {
         free(b.s);

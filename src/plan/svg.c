@@ -1,37 +1,14 @@
 /* svg.c — an SVG timeline of one simulated pipeline step: one row per pipeline rank, forward
  * (light) and backward (dark) blocks coloured by micro-batch, idle time (bubbles) left as the
  * grey row background. Written atomically. Pictures only; numbers come from the simulation. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/strbuf.h"
 #include "plan/plan.h"
-
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) DW_PRINTF(2, 3);
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->buf ? b->buf + b->len : NULL, b->buf ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) { b->oom = true; return; }
-        if (b->buf && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
-        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
-        char *nb = realloc(b->buf, cap);
-        if (!nb) { b->oom = true; return; }
-        b->buf = nb, b->cap = cap;
-    }
-}
 
 dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, const char *path) {
     int P = par->pp * par->vpp;
@@ -53,22 +30,22 @@ dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par
     if (s != DW_OK) return s;
     const double W = 1400, left = 70, row = 26, top = 50;
     double H = top + row * par->pp + 40, scale = (W - left - 20) / (so.makespan > 0 ? so.makespan : 1);
-    sbuf b = {0};
+    dw_strbuf b = {0};
     char title[200];
     dw_par_format(par, title, sizeof title);
     double busy = 0;
     for (int i = 0; i < par->pp; i++) busy += so.busy[i];
     double bubble = so.makespan > 0 ? 1 - busy / (so.makespan * par->pp) : 0;
-    sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+    dw_strbuf_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                   "font-family=\"sans-serif\" font-size=\"11\">\n", W, H);
-    sb_printf(&b, "<text x=\"10\" y=\"20\" font-size=\"14\">%s</text>\n", title);
-    sb_printf(&b, "<text x=\"10\" y=\"38\">one step: %.4g s of pipeline, idle (bubble) %.1f%% of rank time; "
+    dw_strbuf_printf(&b, "<text x=\"10\" y=\"20\" font-size=\"14\">%s</text>\n", title);
+    dw_strbuf_printf(&b, "<text x=\"10\" y=\"38\">one step: %.4g s of pipeline, idle (bubble) %.1f%% of rank time; "
                   "light = forward, dark = backward, colour = micro-batch</text>\n",
               so.makespan, 100 * bubble);
     for (int i = 0; i < par->pp; i++) {
         double y = top + row * i;
-        sb_printf(&b, "<text x=\"8\" y=\"%.1f\">stage %d</text>\n", y + row * 0.65, i);
-        sb_printf(&b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#e6e6e6\"/>\n", left,
+        dw_strbuf_printf(&b, "<text x=\"8\" y=\"%.1f\">stage %d</text>\n", y + row * 0.65, i);
+        dw_strbuf_printf(&b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#e6e6e6\"/>\n", left,
                   y + 2, so.makespan * scale, row - 4);
     }
     for (int64_t k = 0; k < so.n_ops; k++) {
@@ -76,23 +53,23 @@ dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par
         double x = left + op->start * scale, w = (op->end - op->start) * scale, y = top + row * op->stage;
         int hue = (int)((op->mb * 137.508) + 0.5) % 360;
         int light = op->kind == DW_OP_F ? 70 : 42;
-        sb_printf(&b, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"hsl(%d,65%%,%d%%)\" "
+        dw_strbuf_printf(&b, "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"hsl(%d,65%%,%d%%)\" "
                       "stroke=\"#fff\" stroke-width=\"0.5\"><title>%c mb %d chunk %d: %.4g-%.4g s</title></rect>\n",
                   x, y + 2, w > 0.3 ? w : 0.3, row - 4, hue, light, op->kind == DW_OP_F ? 'F' : 'B', op->mb,
                   op->chunk, op->start, op->end);
         if (w > 18)
-            sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">%c%d</text>\n", x + 2, y + row * 0.65,
+            dw_strbuf_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">%c%d</text>\n", x + 2, y + row * 0.65,
                       op->kind == DW_OP_F ? "#000" : "#fff", op->kind == DW_OP_F ? 'F' : 'B', op->mb);
     }
-    sb_printf(&b, "<text x=\"%.0f\" y=\"%.0f\">0 s</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.4g s</text>\n",
+    dw_strbuf_printf(&b, "<text x=\"%.0f\" y=\"%.0f\">0 s</text><text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.4g s</text>\n",
               left, H - 12, W - 20, H - 12, so.makespan);
-    sb_printf(&b, "</svg>\n");
+    dw_strbuf_printf(&b, "</svg>\n");
     dw_sim_out_free(&so);
     if (b.oom) {
-        free(b.buf);
+        free(b.s);
         return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory writing %s", path);
     }
-    s = dw_write_file_atomic(ctx, path, b.buf, b.len);
-    free(b.buf);
+    s = dw_write_file_atomic(ctx, path, b.s, b.len);
+    free(b.s);
     return s;
 }
