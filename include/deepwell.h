@@ -219,6 +219,9 @@ typedef struct {
     const void *data;     /* BF16 values or element codes (FP4: two per byte, even column low) */
     const void *scales;   /* the recipe's scales, row-major and unswizzled (NULL for bf16) */
     float tensor_scale;   /* NVFP4's FP32 s_t; ignored otherwise */
+    const float *tensor_scale_ptr; /* NVFP4: s_t read from memory (device pointer on CUDA) when the
+                                      GEMM runs instead of tensor_scale, so a quantiser's output
+                                      needs no host read-back (CUDA-graph safe); NULL: tensor_scale */
 } dw_gemm_operand;
 
 /* All pointers are device pointers on a CUDA context and host pointers on a CPU context. */

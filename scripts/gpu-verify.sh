@@ -60,13 +60,18 @@ for phase in "$@"; do
       [ $rc -ne 0 ] && grep -E "FAIL|ERROR|error" "$out/$n.log" | head -12
     done
     ;;
-  recipes)  # deepwell train --device cuda under every recipe, a short run each
-    for r in bf16 fp8_tensor fp8_row fp8_block mxfp8 mxfp8_e5m2 mxfp4 nvfp4; do
+  recipes)  # deepwell train --device cuda under every recipe: llama-tiny 40 steps, gpt2-124m 10 steps
+    for r in bf16 fp8_tensor fp8_row fp8_block fp8_block2d mxfp8 mxfp8_e5m2 mxfp4 nvfp4; do
       rm -rf "/tmp/dw-rec-$r"
       timeout 60 "$b/deepwell" train --model llama-tiny --data builtin --device cuda --precision $r \
         --out "/tmp/dw-rec-$r" --steps 40 --batch 8 --seq 64 --lr 3e-3 --warmup 5 --log-every 40 \
         >"$out/recipe_$r.log" 2>&1
-      record "train --device cuda --precision $r" "rc=$? $(grep -o 'step 40/40 | loss [0-9.]*' "$out/recipe_$r.log" | tail -1)"
+      record "train llama-tiny --precision $r" "rc=$? $(grep -o 'step 40/40 | loss [0-9.]*' "$out/recipe_$r.log" | tail -1)"
+      rm -rf "/tmp/dw-rec-$r"
+      timeout 90 "$b/deepwell" train --model gpt2-124m --data builtin --device cuda --precision $r \
+        --out "/tmp/dw-rec-$r" --steps 10 --batch 4 --seq 256 --lr 1e-3 --warmup 2 --log-every 10 \
+        >"$out/recipe_gpt2_$r.log" 2>&1
+      record "train gpt2-124m --precision $r" "rc=$? $(grep -o 'step 10/10 | loss [0-9.]*' "$out/recipe_gpt2_$r.log" | tail -1)"
     done
     ;;
   mainjob)

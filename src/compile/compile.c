@@ -65,9 +65,9 @@ static void bind_other(dw_node_binding *b, dw_op op) {
 }
 
 /* ---- quantised linear layers ------------------------------------------------------------- */
-bool dw_compile_quant_recipe(dw_recipe r) {
-    return r != DW_RECIPE_BF16 && r != DW_RECIPE_FP8_BLOCK2D && (int)r >= 0 && r < DW_RECIPE_COUNT;
-}
+bool dw_compile_quant_recipe(dw_recipe r) { return r != DW_RECIPE_BF16 && (int)r >= 0 && r < DW_RECIPE_COUNT; }
+
+dw_recipe dw_compile_quant_act_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK2D ? DW_RECIPE_FP8_BLOCK : r; }
 
 void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k) {
     switch (pass) {
@@ -79,10 +79,11 @@ void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int6
 
 bool dw_compile_quant_gemm_ok(dw_recipe r, dw_qpass pass, int64_t m, int64_t n, int64_t k, const char **why) {
     *why = NULL;
-    bool fp8 = r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_FP8_ROW || r == DW_RECIPE_FP8_BLOCK;
+    bool block = r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D;
+    bool fp8 = r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_FP8_ROW || block;
     if (!fp8) return true; /* MX / NVFP4 on sm_90: exact BF16 dequantisation, any shape */
     if (k % 16) return *why = "cuBLASLt FP8 needs k % 16 == 0", false;
-    if (r == DW_RECIPE_FP8_BLOCK && (k % 128 || m % 16))
+    if (block && (k % 128 || m % 16))
         return *why = "cuBLASLt block scaling needs k % 128 == 0 and m % 16 == 0", false;
     if ((n * (pass == DW_QPASS_WGRAD ? 4 : 2)) % 16)
         return *why = "cuBLASLt FP8 needs 16-byte output rows", false;
@@ -144,14 +145,14 @@ static dw_status bind_nodes(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy
             b->kernel = "dw_quantize_cuda + dw_gemm (sm_90: cublaslt_fp8_sm90 for fp8_*, "
                         "deepwell_mx_dequant_bf16 for mx*/nvfp4)";
             b->kernel_why = "x and W quantised along K (fprop), dy along out and W^T (dgrad), dy^T and x^T "
-                            "along tokens (wgrad), scales from the current amax, dy in the node's recipe too; "
-                            "a GEMM whose shape the quantised kernel refuses runs in BF16";
+                            "along tokens (wgrad), scales from the current amax, dy in the node's recipe too "
+                            "(fp8_block2d: W and W^T in 128x128 blocks, x and dy in 1x128); a GEMM whose shape "
+                            "the quantised kernel refuses runs in BF16";
             b->supported = true;
             DW_TRY(quant_note(ctx, c, i));
         } else {
             b->kernel = "none";
-            b->kernel_why = "the CUDA engine does not run this recipe for all three operands (fp8_block2d "
-                            "pairs only with a 1x128 operand in cuBLASLt); use fp8_block for the layer";
+            b->kernel_why = "no quantised linear layer for this recipe in the CUDA engine";
             b->supported = false;
             if (!c->unsupported) {
                 size_t len = strlen(n->name) + 200;
@@ -380,13 +381,14 @@ static void quant_sizes(const dw_compiled *c, int64_t *codes, int64_t *scales, i
     *codes = *scales = *ws = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        dw_recipe r = c->bind[i].recipe;
-        if (n->op != DW_OP_LINEAR || !c->bf16 || !dw_compile_quant_recipe(r)) continue;
+        dw_recipe rw = c->bind[i].recipe;
+        if (n->op != DW_OP_LINEAR || !c->bf16 || !dw_compile_quant_recipe(rw)) continue;
         const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
         int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
         const int64_t dims[6][2] = {{N, K}, {K, N}, {M, K}, {K, M}, {N, M}, {M, N}};
         for (int d = 0; d < 6; d++) {
             int64_t R = dims[d][0], C = dims[d][1];
+            dw_recipe r = d == 2 || d == 3 ? rw : dw_compile_quant_act_recipe(rw); /* W, W^T: the node's */
             int64_t cb = R * dw_quant_row_bytes(r, C), sb = (int64_t)dw_quant_scales_bytes(r, R, C);
             int64_t wb = (1 + R + C) * 4; /* quant.cu's amax scratch: at most fp8_row's (1 + R + C) words */
             if (cb > *codes) *codes = cb;

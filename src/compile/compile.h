@@ -55,10 +55,13 @@ typedef struct {
 
 /* Quantised linear layers (runtime/engine_cuda_quant.c): the three GEMMs of y = x W^T. */
 typedef enum { DW_QPASS_FPROP = 0, DW_QPASS_DGRAD, DW_QPASS_WGRAD, DW_QPASS_COUNT } dw_qpass;
-/* Whether the CUDA engine runs a linear layer's recipe quantised (fp8_tensor, fp8_row,
- * fp8_block, mxfp8, mxfp8_e5m2, mxfp4, nvfp4; not fp8_block2d, whose only cuBLASLt pairing is with
- * a 1x128 operand). */
+/* Whether the CUDA engine runs a linear layer's recipe quantised (every recipe but bf16). */
 bool dw_compile_quant_recipe(dw_recipe r);
+/* The recipe of a quantised layer's activations and gradients (x, x^T, dy, dy^T) under the node's
+ * recipe r: r itself, except fp8_block2d, which is DeepSeek-V3's recipe: 128x128 blocks for the
+ * weight (W, W^T) and 1x128 (fp8_block) for activations and gradients — cuBLASLt pairs block2d
+ * only with a 1x128 operand. */
+dw_recipe dw_compile_quant_act_recipe(dw_recipe r);
 /* Whether the sm_90 GEMM for recipe r accepts GEMM (m, n, k) of `pass` (output BF16 for fprop
  * and dgrad, FP32 for wgrad; operands K-major): mirrors the registry's predicates (cuBLASLt FP8:
  * k % 16, block scaling k % 128 and m % 16, 16-byte output rows; MX/NVFP4 through BF16

@@ -46,7 +46,8 @@ double dw_gemm_operand_at(const dw_gemm_operand *x, int64_t i, int64_t j) {
         uint8_t code = (c & 1) ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 15);
         if (x->recipe == DW_RECIPE_MXFP4)
             return (double)dw_decode_e2m1(code) * dw_decode_ue8m0(bs[r * sc + c / 32]);
-        return (double)dw_decode_e2m1(code) * dw_decode_ue4m3(bs[r * sc + c / 16]) * (double)x->tensor_scale;
+        return (double)dw_decode_e2m1(code) * dw_decode_ue4m3(bs[r * sc + c / 16]) *
+               (double)(x->tensor_scale_ptr ? *x->tensor_scale_ptr : x->tensor_scale);
     }
     default: return NAN;
     }

@@ -27,7 +27,7 @@
 typedef struct {
     int64_t m, n, k;
     int32_t ra, rb, out_type, epilogue;
-    bool ta, tb, beta0;
+    bool ta, tb, beta0, dev_alpha;
 } algo_key;
 
 typedef struct {
@@ -37,6 +37,7 @@ typedef struct {
     size_t scratch_bytes;
     void *dq;        /* BF16 copies of dequantised MX/NVFP4 operands (grow-only) */
     size_t dq_bytes;
+    float *alpha_beta; /* device [alpha, beta] when NVFP4 tensor scales are read on the device */
     algo_key keys[LT_CACHE];
     cublasLtMatmulAlgo_t algos[LT_CACHE];
     int ncache;
@@ -49,6 +50,7 @@ static void lt_destroy(void *p) {
     cudaFree(s->ws);
     cudaFree(s->scratch);
     cudaFree(s->dq);
+    cudaFree(s->alpha_beta);
     free(s);
 }
 
@@ -59,7 +61,7 @@ static dw_status lt_create(dw_ctx *ctx, void **out) {
         free(s);
         return dw_set_error(ctx, DW_ERR_CUDA, "cublasLtCreate failed");
     }
-    if (cudaMalloc(&s->ws, LT_WORKSPACE) != cudaSuccess) {
+    if (cudaMalloc(&s->ws, LT_WORKSPACE) != cudaSuccess || cudaMalloc((void **)&s->alpha_beta, 2 * sizeof(float))) {
         lt_destroy(s);
         return dw_set_error(ctx, DW_ERR_NOMEM, "cublaslt: cannot allocate the %u MiB workspace", LT_WORKSPACE >> 20);
     }
@@ -154,8 +156,18 @@ static dw_status set_scale(dw_ctx *ctx, cublasLtMatmulDesc_t desc, int which, co
     return DW_OK;
 }
 
-static dw_status lt_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
-    (void)user;
+/* NVFP4's tensor scale of operand x: the host value (*val) or, when it lives in memory, *ptr. */
+static void nvfp4_ts(const dw_gemm_operand *x, const float **ptr, float *val) {
+    bool nv = x && x->recipe == DW_RECIPE_NVFP4;
+    *ptr = nv ? x->tensor_scale_ptr : NULL;
+    *val = nv ? x->tensor_scale : 1.0f;
+}
+
+/* Runs the cuBLASLt GEMM of a; the NVFP4 tensor scales come from ts_a / ts_b (the original
+ * operands: the BF16 route passes its quantised inputs here), folded into alpha on the host or,
+ * when one lives in device memory, on the device (pointer mode DEVICE: nothing is read back). */
+static dw_status lt_run_scaled(dw_ctx *ctx, const dw_gemm_args *a, const dw_gemm_operand *ts_a,
+                               const dw_gemm_operand *ts_b) {
     void *sp = NULL, *hp = NULL;
     DW_TRY(dw_ctx_stream(ctx, &sp));
     DW_TRY(dw_ctx_handle(ctx, DW_HANDLE_CUBLASLT, lt_create, lt_destroy, &hp));
@@ -212,14 +224,28 @@ static dw_status lt_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
                                              a->a.cols));
     LT_CHECK(ctx, cublasLtMatrixLayoutCreate(&lc, dt, (uint64_t)a->n, (uint64_t)a->m, a->n));
 
-    float alpha = a->alpha, beta = a->beta;
-    if (a->a.recipe == DW_RECIPE_NVFP4) alpha *= a->a.tensor_scale;
-    if (a->b.recipe == DW_RECIPE_NVFP4) alpha *= a->b.tensor_scale;
+    float alpha = a->alpha, beta = a->beta, va, vb;
+    const float *pa, *pb;
+    nvfp4_ts(ts_a, &pa, &va);
+    nvfp4_ts(ts_b, &pb, &vb);
+    bool dev_alpha = pa || pb;
+    if (dev_alpha) {
+        cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+        LT_CHECK(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof pm));
+        int ce = dw_gemm_cuda_alpha_beta(alpha, beta, pa, va, pb, vb, s->alpha_beta, stream);
+        if (ce) {
+            status = dw_set_error(ctx, DW_ERR_CUDA, "gemm: launch of the alpha kernel failed: %s",
+                                  cudaGetErrorString((cudaError_t)ce));
+            goto done;
+        }
+    } else {
+        alpha = alpha * va * vb; /* the order of the device path */
+    }
 
     algo_key key;
     memset(&key, 0, sizeof key);
     key = (algo_key){a->m, a->n, a->k, a->a.recipe, a->b.recipe, a->out_type, a->epilogue, a->a.trans, a->b.trans,
-                     a->beta == 0.0f};
+                     a->beta == 0.0f, dev_alpha};
     int hit = -1;
     for (int i = 0; i < s->ncache; i++)
         if (!memcmp(&s->keys[i], &key, sizeof key)) hit = i;
@@ -244,7 +270,9 @@ static dw_status lt_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
         s->algos[hit] = res.algo;
     }
     const void *cptr = a->beta != 0.0f ? a->c : a->d;
-    LT_CHECK(ctx, cublasLtMatmul(s->h, desc, &alpha, a->b.data, la, a->a.data, lb, &beta, cptr, lc, a->d, lc,
+    const void *alpha_p = dev_alpha ? (const void *)s->alpha_beta : &alpha;
+    const void *beta_p = dev_alpha ? (const void *)(s->alpha_beta + 1) : &beta;
+    LT_CHECK(ctx, cublasLtMatmul(s->h, desc, alpha_p, a->b.data, la, a->a.data, lb, beta_p, cptr, lc, a->d, lc,
                                  &s->algos[hit], s->ws, LT_WORKSPACE, stream));
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -253,6 +281,11 @@ done:
     if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (desc) cublasLtMatmulDescDestroy(desc);
     return status;
+}
+
+static dw_status lt_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    (void)user;
+    return lt_run_scaled(ctx, a, &a->a, &a->b);
 }
 
 static bool bf16_eligible(const dw_gemm_args *a, void *user, const char **why);
@@ -314,9 +347,8 @@ static dw_status dq_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     dw_gemm_args g = *a;
     dw_status s = dq_operand(ctx, &a->a, buf, stream, &g.a);
     if (s == DW_OK) s = dq_operand(ctx, &a->b, buf + na, stream, &g.b);
-    if (a->a.recipe == DW_RECIPE_NVFP4) g.alpha *= a->a.tensor_scale;
-    if (a->b.recipe == DW_RECIPE_NVFP4) g.alpha *= a->b.tensor_scale;
-    if (s == DW_OK) s = lt_run(ctx, &g, user);
+    (void)user;
+    if (s == DW_OK) s = lt_run_scaled(ctx, &g, &a->a, &a->b);
     return s;
 }
 

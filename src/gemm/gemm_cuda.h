@@ -23,6 +23,11 @@ int dw_gemm_cuda_tile_scales(const uint8_t *src, int64_t rows, int64_t scols, ui
 int dw_gemm_cuda_dequant_bf16(int ekind, int skind, const uint8_t *codes, const uint8_t *scales, int64_t rows,
                               int64_t cols, int64_t row_bytes, int64_t scols, uint16_t *out, void *stream);
 
+/* out[0] = (alpha * ta) * tb with ta = pa ? *pa : va (tb likewise), out[1] = beta: cuBLASLt's alpha
+ * and beta in device pointer mode when NVFP4 tensor scales live on the device. One thread. */
+int dw_gemm_cuda_alpha_beta(float alpha, float beta, const float *pa, float va, const float *pb, float vb,
+                            float *out, void *stream);
+
 /* Deepwell's sm_90a MXFP8 GEMM (FP8 wgmma with per-32 UE8M0 promotion in FP32):
  *   D [m, n] = epi(alpha * sum_kb sa[i, kb] sb[j, kb] (A[i, kb*32:+32] . B[j, kb*32:+32]) + beta C)
  * A codes [m, k], B codes [n, k] (E4M3, or E5M2 when e5m2_a / e5m2_b), scales [m, k/32], [n, k/32]

@@ -62,6 +62,19 @@ extern "C" int dw_gemm_cuda_tile_scales(const uint8_t *src, int64_t rows, int64_
     return (int)cudaGetLastError();
 }
 
+// ---- alpha with NVFP4 tensor scales read on the device (same product order as the host path)
+static __global__ void alpha_beta_kernel(float alpha, float beta, const float *pa, float va, const float *pb,
+                                         float vb, float *out) {
+    out[0] = alpha * (pa ? *pa : va) * (pb ? *pb : vb);
+    out[1] = beta;
+}
+
+extern "C" int dw_gemm_cuda_alpha_beta(float alpha, float beta, const float *pa, float va, const float *pb, float vb,
+                                       float *out, void *stream) {
+    alpha_beta_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(alpha, beta, pa, va, pb, vb, out);
+    return (int)cudaGetLastError();
+}
+
 // ---- MX / NVFP4 operands dequantised exactly into BF16 (the Hopper route for block-scaled
 // recipes through BF16 tensor cores): every E4M3/E5M2/E2M1 code times its UE8M0/UE4M3 scale has
 // at most 6 significant bits and an 8-bit exponent, so it is a BF16 value (NVFP4's FP32 tensor

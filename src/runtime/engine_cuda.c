@@ -47,7 +47,7 @@ struct dw_engine_cuda {
     int64_t key_b, key_t;
     double key_scale;
     int key_seen;           /* calls with this key: 1 = ran eagerly (warm-up), then captured */
-    bool graphs;            /* false: eager only (DW_CUDA_GRAPH=0, a failed capture, NVFP4 nodes) */
+    bool graphs;            /* false: eager only (DW_CUDA_GRAPH=0 or a failed capture) */
     dw_qlin ql;             /* quantised linear layers: scratch in the workspace pool */
 };
 
@@ -601,11 +601,6 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     CE->norm = (double *)(w + cp->work.norm);
     CE->partials = (double *)(w + cp->work.partials);
     CE->ql = (dw_qlin){.ctx = ctx, .stream = sp, .work = w, .lay = &cp->work};
-    for (int i = 0; i < e->g->n_nodes; i++) /* NVFP4 reads its tensor scales back: no graph capture */
-        if (e->g->nodes[i].op == DW_OP_LINEAR && cp->bind[i].recipe == DW_RECIPE_NVFP4 && CE->graphs) {
-            CE->graphs = false;
-            DW_LOGI("cuda engine: NVFP4 nodes read their tensor scales back to the host: no CUDA graphs");
-        }
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_loss, sizeof(float)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_norm, sizeof(double)));
     /* zero everything once: padding between parameters stays 0 through AdamW */

@@ -1,10 +1,11 @@
 /* engine_cuda_quant.c — the CUDA engine's quantised linear layers (see engine_cuda_quant.h).
  * Every operand is quantised from the current values (scales from the current amax; no delayed
- * scaling), all three in the node's recipe: fprop x and W along K; dgrad dy along M and W^T along
+ * scaling), all three in the node's recipe (fp8_block2d: W, W^T in 128x128 blocks, x and dy in
+ * 1x128, DeepSeek-V3's recipe): fprop x and W along K; dgrad dy along M and W^T along
  * M; wgrad dy^T and x^T along the tokens (dy and dy^T in one quantiser pass). Gradients dy use the
  * node's element format too (E4M3 for fp8_*, as DeepSeek-V3's block recipe). NVFP4's tensor scale
- * is a host float in dw_gemm, so it is read back after each quantisation (a host sync: such
- * engines run eagerly, without CUDA graphs). Not the BF16 path, not the quantiser kernels. */
+ * stays on the device (dw_gemm_operand.tensor_scale_ptr): no host sync, CUDA-graph safe.
+ * Not the BF16 path, not the quantiser kernels. */
 #include <string.h>
 
 #include "core/error.h"
@@ -19,14 +20,12 @@
 /* One quantised operand in slot s of the workspace: device codes, scales, tensor scale. */
 typedef struct {
     dw_quant_dev_out out;
-    float ts; /* NVFP4 tensor scale read back (1 otherwise) */
 } qslot;
 
 static qslot slot(const dw_qlin *q, int s) {
     char *base = q->work + q->lay->quant + (int64_t)s * q->lay->quant_slot;
     qslot o = {.out = {.codes = (uint8_t *)base, .scales = base + q->lay->quant_scales,
-                       .tensor_scale = (float *)(base + q->lay->quant_tscale)},
-               .ts = 1.0f};
+                       .tensor_scale = (float *)(base + q->lay->quant_tscale)}};
     return o;
 }
 
@@ -38,23 +37,15 @@ static dw_status quant(const dw_qlin *q, dw_recipe r, dw_quant_in in, const void
                             q->work + q->lay->quant_ws, q->stream);
 }
 
-/* NVFP4: the tensor scales of the given slots back to the host (one sync). */
-static dw_status read_ts(const dw_qlin *q, dw_recipe r, qslot *const *s, int n) {
-    if (r != DW_RECIPE_NVFP4) return DW_OK;
-    float h[4] = {1, 1, 1, 1};
-    for (int i = 0; i < n; i++)
-        DW_CUDA_CHECK(q->ctx, cudaMemcpyAsync(&h[i], s[i]->out.tensor_scale, sizeof(float), cudaMemcpyDeviceToHost,
-                                              (cudaStream_t)q->stream));
-    DW_CUDA_CHECK(q->ctx, cudaStreamSynchronize((cudaStream_t)q->stream));
-    for (int i = 0; i < n; i++) s[i]->ts = h[i];
-    return DW_OK;
-}
-
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
     dw_gemm_operand o = {.recipe = r, .trans = trans, .rows = rows, .cols = cols, .data = s->out.codes,
-                         .scales = s->out.scales, .tensor_scale = s->ts};
+                         .scales = s->out.scales, .tensor_scale = 1.0f,
+                         .tensor_scale_ptr = r == DW_RECIPE_NVFP4 ? s->out.tensor_scale : NULL};
     return o;
 }
+
+/* The recipe of x and dy under the node's recipe r (fp8_block2d: 1x128 for them, 128x128 for W). */
+static dw_recipe act(dw_recipe r) { return dw_compile_quant_act_recipe(r); }
 
 static bool ok(dw_recipe r, dw_qpass p, int64_t N, int64_t K, int64_t M) {
     int64_t m, n, k;
@@ -68,11 +59,9 @@ dw_status dw_qlin_fprop(const dw_qlin *q, dw_recipe r, void *y, const void *x, c
     *done = false;
     if (!ok(r, DW_QPASS_FPROP, N, K, M)) return DW_OK;
     qslot xs = slot(q, 0), ws = slot(q, 1);
-    DW_TRY(quant(q, r, DW_QUANT_IN_BF16, x, N, K, &xs, NULL));
+    DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &xs, NULL));
     DW_TRY(quant(q, r, DW_QUANT_IN_F32, w, M, K, &ws, NULL));
-    qslot *both[2] = {&xs, &ws};
-    DW_TRY(read_ts(q, r, both, 2));
-    dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(r, &xs, N, K, false),
+    dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(act(r), &xs, N, K, false),
                       .b = op(r, &ws, M, K, true), .alpha = 1.0f, .d = y, .out_type = DW_GEMM_OUT_BF16};
     if (bias) {
         a.epilogue = DW_EPI_BIAS;
@@ -91,23 +80,19 @@ dw_status dw_qlin_bwd(const dw_qlin *q, dw_recipe r, void *dx, float *dw, const 
     /* slots: dy 0, dy^T 1; dgrad: W^T 2 (W's row-wise copy 3, unused); wgrad after it (stream order):
      * x^T 3 (x's row-wise copy 2, unused) */
     qslot dys = slot(q, 0), dyt = slot(q, 1), s2 = slot(q, 2), s3 = slot(q, 3);
-    DW_TRY(quant(q, r, DW_QUANT_IN_BF16, dy, N, M, &dys, wg ? &dyt : NULL)); /* along M; dy^T along N */
+    DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, dy, N, M, &dys, wg ? &dyt : NULL)); /* along M; dy^T along N */
     if (dg) {
         DW_TRY(quant(q, r, DW_QUANT_IN_F32, w, M, K, &s3, &s2)); /* W^T [K,M] along M */
-        qslot *ts[2] = {&dys, &s2};
-        DW_TRY(read_ts(q, r, ts, 2));
-        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(r, &dys, N, M, false),
+        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(act(r), &dys, N, M, false),
                           .b = op(r, &s2, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         DW_TRY(dw_gemm(q->ctx, &a));
         *dgrad_done = true;
     }
     if (wg) {
         s2 = slot(q, 2), s3 = slot(q, 3);
-        DW_TRY(quant(q, r, DW_QUANT_IN_BF16, x, N, K, &s2, &s3)); /* x^T [K,N] along N */
-        qslot *ts[2] = {&dyt, &s3};
-        DW_TRY(read_ts(q, r, ts, 2));
-        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(r, &dyt, M, N, false),
-                          .b = op(r, &s3, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
+        DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &s2, &s3)); /* x^T [K,N] along N */
+        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(act(r), &dyt, M, N, false),
+                          .b = op(act(r), &s3, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
                           .out_type = DW_GEMM_OUT_F32};
         DW_TRY(dw_gemm(q->ctx, &a));
         *wgrad_done = true;

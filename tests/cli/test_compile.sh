@@ -53,8 +53,8 @@ hasnt "fp8_block runs on the engine" "$tmp/f" "NOT SUPPORTED"
 has "per-GEMM quantisation or fallback at this shape" "$tmp/f" "on sm_90 at this shape: fprop"
 "$dw" compile llama-tiny --precision fp8_block2d --seq $T --report >"$tmp/f2" 2>&1
 check "compile fp8_block2d" 0 $?
-has "fp8_block2d marked unsupported by the engine" "$tmp/f2" "NOT SUPPORTED"
-has "says what the engine cannot run" "$tmp/f2" "the CUDA engine cannot run this yet"
+hasnt "fp8_block2d runs on the engine" "$tmp/f2" "NOT SUPPORTED"
+has "fp8_block2d: 128x128 weights, 1x128 activations" "$tmp/f2" "W and W^T in 128x128 blocks"
 
 cat >"$tmp/p.json" <<'J'
 {"default": "bf16", "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "mxfp8"}]}

@@ -21,6 +21,7 @@
 static dw_ctx *g_cpu, *g_gpu;
 static dw_test_rng g_rng;
 static int g_sm;
+static unsigned g_nvfp4_cases; /* NVFP4 cases cycle through host / device tensor scales of A and B */
 
 static int setup(void **state) {
     (void)state;
@@ -68,6 +69,16 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
     g.a.scales = oa.op.scales ? to_dev(oa.op.scales, oa.scale_bytes) : NULL;
     g.b.data = to_dev(ob.op.data, ob.data_bytes);
     g.b.scales = ob.op.scales ? to_dev(ob.op.scales, ob.scale_bytes) : NULL;
+    /* NVFP4 cases cycle: s_t of A / B on the host or through a device pointer (host field poisoned) */
+    float *dts[2] = {NULL, NULL};
+    dw_gemm_operand *gops[2] = {&g.a, &g.b};
+    unsigned pat = (ra == DW_RECIPE_NVFP4 || rb == DW_RECIPE_NVFP4) ? g_nvfp4_cases++ : 0;
+    for (int o = 0; o < 2; o++)
+        if (gops[o]->recipe == DW_RECIPE_NVFP4 && ((pat >> o) & 1)) {
+            dts[o] = to_dev(&gops[o]->tensor_scale, sizeof(float));
+            gops[o]->tensor_scale_ptr = dts[o];
+            gops[o]->tensor_scale = NAN;
+        }
     g.c = to_dev(c, dn);
     g.bias = to_dev(bias, (size_t)n * es);
     g.d = to_dev(NULL, dn);
@@ -102,9 +113,11 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
         double e2 = tg_rel_err(x, y, m);
         if (e2 > err) err = e2;
     }
-    printf("  %-28s A=%-11s%s B=%-11s%s out=%s epi=0x%x %5lldx%5lldx%5lld beta=%g: rel err %.3g\n", want,
+    printf("  %-28s A=%-11s%s B=%-11s%s out=%s epi=0x%x %5lldx%5lldx%5lld beta=%g%s: rel err %.3g\n", want,
            dw_recipe_name((dw_recipe)ra), ta ? "^T" : "  ", dw_recipe_name((dw_recipe)rb), tb ? "^T" : "  ",
-           out ? "bf16" : "f32 ", (unsigned)epi, (long long)m, (long long)n, (long long)k, beta, err);
+           out ? "bf16" : "f32 ", (unsigned)epi, (long long)m, (long long)n, (long long)k, beta,
+           dts[0] || dts[1] ? " (s_t on device)" : "", err);
+    cudaFree(dts[0]), cudaFree(dts[1]);
     cudaFree((void *)g.a.data), cudaFree((void *)g.a.scales), cudaFree((void *)g.b.data), cudaFree((void *)g.b.scales);
     cudaFree((void *)g.c), cudaFree((void *)g.bias), cudaFree(g.d), cudaFree(g.aux), cudaFree(g.bgrad);
     free(x), free(y), free(c), free(bias), free(cd), free(bd), free(hd), free(haux), free(hbg), free(rd), free(raux),
@@ -180,6 +193,9 @@ static void test_mx_dequant(void **state) {
     CHECK_ERR(gpu_case(k, DW_RECIPE_MXFP8, DW_RECIPE_NVFP4, false, true, DW_GEMM_OUT_BF16,
                        DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX, 256, 200, 512, 0),
               5e-3);
+    for (int c = 0; c < 4; c++) /* beta != 0 with alpha and beta on the device (s_t of A and B there at c = 3) */
+        CHECK_ERR(gpu_case(k, DW_RECIPE_NVFP4, DW_RECIPE_NVFP4, false, true, DW_GEMM_OUT_F32, 0, 130, 70, 96, 0.75f),
+                  1e-5);
     CHECK_ERR(gpu_case(k, DW_RECIPE_MXFP8, DW_RECIPE_MXFP8, true, false, DW_GEMM_OUT_F32, DW_EPI_BGRAD, 128, 96, 544, 0),
               1e-5);
     CHECK_ERR(gpu_case(k, DW_RECIPE_MXFP8, DW_RECIPE_MXFP8, false, true, DW_GEMM_OUT_F32, 0, 1024, 768, 2048, 0), 1e-5);

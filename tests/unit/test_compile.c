@@ -230,13 +230,26 @@ static void test_policy_binding(void **state) {
     assert_true(c->work.quant_slot > 0 && c->work.bytes >= c->work.quant + DW_COMPILE_QUANT_SLOTS * c->work.quant_slot);
     check(g, c);
     dw_compiled_free(c);
-    /* fp8_block2d for every operand is refused by the engine (planned, reported) */
+    /* fp8_block2d: W in 128x128 blocks, x and dy in 1x128 (fp8_block); the workspace slots hold the
+     * larger 1x128 scales of x [N, K] and dy [N, M] */
     dw_policy *p2 = NULL;
     assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block2d", true, &p2), DW_OK);
     assert_int_equal(dw_compile(g_ctx, g, NULL, p2, &c), DW_OK);
-    assert_false(c->bind[mid].supported);
-    assert_non_null(c->unsupported);
-    assert_non_null(strstr(c->unsupported, "fp8_block2d"));
+    assert_null(c->unsupported);
+    assert_true(c->bind[mid].supported);
+    assert_int_equal(c->bind[mid].recipe, DW_RECIPE_FP8_BLOCK2D);
+    assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_FP8_BLOCK2D), DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_MXFP8), DW_RECIPE_MXFP8);
+    {
+        const dw_ir_node *nm = &g->nodes[mid];
+        const dw_ir_tensor *xt = &g->tensors[nm->in[0]], *yt = &g->tensors[nm->out];
+        int64_t N = g->batch * g->seq, K = xt->shape[xt->ndim - 1], M = yt->shape[yt->ndim - 1];
+        int64_t room = c->work.quant_tscale - c->work.quant_scales;
+        assert_true(room >= (int64_t)dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK, N, K));
+        assert_true(room >= (int64_t)dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK, N, M));
+        assert_true(room >= (int64_t)dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK2D, M, K));
+    }
+    check(g, c);
     dw_compiled_free(c);
     dw_policy_free(p2);
     /* parallel plans are refused */

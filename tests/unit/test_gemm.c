@@ -320,6 +320,17 @@ static void test_scale_tiles_emulated_gemm(void **state) {
                           .out_type = DW_GEMM_OUT_F32};
         assert_int_equal(dw_gemm(ctx, &a), DW_OK);
         double ts = rec == DW_RECIPE_NVFP4 ? (double)oa.op.tensor_scale * ob.op.tensor_scale : 1.0;
+        if (rec == DW_RECIPE_NVFP4) { /* the same tensor scales read through tensor_scale_ptr */
+            float tsa = oa.op.tensor_scale, tsb = ob.op.tensor_scale, *d2 = malloc((size_t)(m * n) * 4);
+            dw_gemm_args a2 = a;
+            a2.a.tensor_scale = a2.b.tensor_scale = NAN; /* must not be read */
+            a2.a.tensor_scale_ptr = &tsa;
+            a2.b.tensor_scale_ptr = &tsb;
+            a2.d = d2;
+            assert_int_equal(dw_gemm(ctx, &a2), DW_OK);
+            assert_memory_equal(d, d2, (size_t)(m * n) * 4);
+            free(d2);
+        }
         double *got = malloc((size_t)(m * n) * sizeof(double)), *emu = malloc((size_t)(m * n) * sizeof(double));
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
