@@ -407,6 +407,7 @@ static void layout_work(dw_compiled *c) {
     w->loss = o, o = align_up(o + 4, 256);
     w->norm = o, o = align_up(o + 8, 256);
     w->partials = o, o = align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
+    w->adamw_args = o, o = align_up(o + DW_COMPILE_ADAMW_ARGS_BYTES, 256);
     int64_t codes, scales, ws;
     quant_sizes(c, &codes, &scales, &ws);
     if (codes > 0) {

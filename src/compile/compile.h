@@ -76,6 +76,8 @@ typedef struct {
     int64_t loss;              /* FP32 scalar */
     int64_t norm;              /* double: sum of squares of all gradients, then the norm */
     int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */
+    int64_t adamw_args;        /* DW_COMPILE_ADAMW_ARGS_BYTES: the optimizer's hyper-parameters for
+                                  this step, read by the kernel (so a CUDA graph replays it) */
     /* quantised linear layers: DW_COMPILE_QUANT_SLOTS slots of quant_slot bytes each (codes, then
      * scales at quant_scales within a slot, then the NVFP4 tensor scale at quant_tscale), and the
      * quantiser's scratch (amax) at quant_ws (quant_ws_bytes); all 0 when no node is quantised */
@@ -86,6 +88,7 @@ typedef struct {
  * pass, W^T (2), x^T (3). Each slot fits the largest of the six for any quantised node. */
 #define DW_COMPILE_QUANT_SLOTS 4
 #define DW_COMPILE_NORM_BLOCKS 1024
+#define DW_COMPILE_ADAMW_ARGS_BYTES 64 /* sizeof(dw_cuda_adamw_args): 8 doubles */
 /* Bytes of cuBLASLt workspace the GEMM layer allocates on first use (gemm_cublaslt.c). */
 #define DW_COMPILE_LT_WORKSPACE ((int64_t)64 << 20)
 

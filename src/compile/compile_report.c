@@ -61,7 +61,7 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "  arena of %d buffers (sum %lld B; live peak %lld B = lower bound)\n",
                     c->n_items, (long long)sizes, (long long)c->live_peak);
             break;
-        default: fprintf(f, "  tokens, targets, loss, gradient-norm partials\n"); break;
+        default: fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments\n"); break;
         }
         total += c->pool_bytes[p];
     }

@@ -3,8 +3,10 @@
  * m/v, the activation arena, workspace) and nothing allocated in a step; forward and backward
  * through the CUDA op kernels (kernels/cuda/ops_cuda.h) and dw_gemm (BF16, or quantised operands
  * from engine_cuda_quant.c) or the FP32 reference GEMM; cross-entropy fused and in place; one
- * host sync per step (the loss readback). A step whose shape was seen before is captured into a CUDA graph and replayed (eager fallback with a
- * logged reason). The optimizer is kernels/cuda/adamw.cu. Stubs when built without CUDA. */
+ * host sync per forward/backward (the loss readback) and one per optimizer step (the gradient
+ * norm). A step whose shape was seen before is captured into a CUDA graph and replayed, and so is
+ * the optimizer (kernels/cuda/adamw.cu) from its second call (eager fallback with a logged
+ * reason). Stubs when built without CUDA. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,8 @@
 #include "runtime/engine_cuda_kern.h"
 #include "runtime/engine_cuda_quant.h"
 
+_Static_assert(sizeof(dw_cuda_adamw_args) == DW_COMPILE_ADAMW_ARGS_BYTES, "workspace slot of the AdamW arguments");
+
 struct dw_engine_cuda {
     dw_compiled *cp;
     cudaStream_t stream;
@@ -39,6 +43,7 @@ struct dw_engine_cuda {
     double *norm, *partials;
     float *host_loss;       /* pinned readback */
     double *host_norm;
+    dw_cuda_adamw_args *adamw_args, *host_args; /* workspace / pinned staging copy */
     int *tparam;            /* (n_tensors) parameter index of a tensor, -1 otherwise */
     dw_act_dtype dt;
     int64_t b, t;           /* current batch */
@@ -48,6 +53,8 @@ struct dw_engine_cuda {
     double key_scale;
     int key_seen;           /* calls with this key: 1 = ran eagerly (warm-up), then captured */
     bool graphs;            /* false: eager only (DW_CUDA_GRAPH=0 or a failed capture) */
+    cudaGraphExec_t opt_exec; /* CUDA graph of the optimizer step (any shape), after one eager call */
+    int opt_calls;
     dw_qlin ql;             /* quantised linear layers: scratch in the workspace pool */
 };
 
@@ -335,8 +342,14 @@ static void drop_graph(dw_engine *e) {
     CE->exec = NULL;
 }
 
-/* Captures one training step; false (with the reason logged) when capture is not possible. */
-static bool capture(dw_engine *e, double dloss) {
+static dw_status launch_training_step(dw_engine *e, const void *dloss) {
+    return launch_step(e, true, true, *(const double *)dloss);
+}
+
+/* Captures what fn launches into *exec; false (with the reason logged) when capture is not
+ * possible. Nothing runs: the caller launches the graph. */
+static bool capture(dw_engine *e, dw_status (*fn)(dw_engine *, const void *), const void *arg, cudaGraphExec_t *exec,
+                    const char *what) {
     cudaGraph_t graph = NULL;
     cudaError_t ce = cudaStreamBeginCapture(CE->stream, cudaStreamCaptureModeThreadLocal);
     if (ce != cudaSuccess) {
@@ -344,7 +357,7 @@ static bool capture(dw_engine *e, double dloss) {
         (void)cudaGetLastError();
         return false;
     }
-    dw_status s = launch_step(e, true, true, dloss);
+    dw_status s = fn(e, arg);
     ce = cudaStreamEndCapture(CE->stream, &graph);
     if (s != DW_OK || ce != cudaSuccess) {
         DW_LOGW("cuda engine: CUDA graph capture failed (%s); running eagerly from now on",
@@ -353,17 +366,17 @@ static bool capture(dw_engine *e, double dloss) {
         (void)cudaGetLastError();
         return false;
     }
-    ce = cudaGraphInstantiate(&CE->exec, graph, 0);
+    ce = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
     if (ce != cudaSuccess) {
         DW_LOGW("cuda engine: CUDA graph instantiation failed (%s); running eagerly from now on",
                 cudaGetErrorString(ce));
-        CE->exec = NULL;
+        *exec = NULL;
         (void)cudaGetLastError();
         return false;
     }
-    DW_LOGD("cuda engine: captured a training step of %lld x %lld into a CUDA graph",
-            (long long)CE->b, (long long)CE->t);
+    DW_LOGD("cuda engine: captured %s into a CUDA graph (batch %lld x %lld)", what, (long long)CE->b,
+            (long long)CE->t);
     return true;
 }
 
@@ -442,7 +455,9 @@ dw_status dw_engine_cuda_forward_backward(dw_engine *e, const int32_t *tokens, c
         CE->key_b = B, CE->key_t = T, CE->key_scale = grad_scale, CE->key_seen = 0;
     }
     CE->key_seen++;
-    if (CE->graphs && !CE->exec && CE->key_seen >= 2 && !capture(e, grad_scale)) CE->graphs = false;
+    if (CE->graphs && !CE->exec && CE->key_seen >= 2 &&
+        !capture(e, launch_training_step, &grad_scale, &CE->exec, "a training step"))
+        CE->graphs = false;
     if (CE->exec)
         DW_CUDA_CHECK(e->ctx, cudaGraphLaunch(CE->exec, CE->stream));
     else /* eager: the first call of a shape (warms up cuBLASLt) or graphs off */
@@ -511,18 +526,35 @@ dw_status dw_engine_cuda_download(dw_engine *e, bool grads) {
     return DW_OK;
 }
 
+/* The optimizer's kernels: global gradient norm, AdamW (arguments from the workspace), BF16 copy. */
+static dw_status launch_optimizer(dw_engine *e, const void *unused) {
+    (void)unused;
+    const dw_compiled *cp = CE->cp;
+    DW_TRY(dw_cuda_grad_norm(e->ctx, CE->g, cp->param_floats, CE->partials, DW_COMPILE_NORM_BLOCKS, CE->norm, STREAM));
+    DW_TRY(dw_cuda_adamw(e->ctx, CE->w, CE->g, CE->m, CE->v, cp->param_floats, cp->decay_floats, CE->norm,
+                         CE->adamw_args, STREAM));
+    return refresh_bf16(e);
+}
+
 dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double beta2, double eps, double wd,
                                double clip, int64_t step, double *grad_norm) {
     if (step < 1 || !(eps > 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
         return dw_set_error(e->ctx, DW_ERR_INVALID, "adamw: step %lld, beta1 %g, beta2 %g, eps %g out of range",
                             (long long)step, beta1, beta2, eps);
-    const dw_compiled *cp = CE->cp;
-    dw_cuda_adamw_args a = {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd,
-                            .c1 = 1.0 - pow(beta1, (double)step), .c2 = 1.0 - pow(beta2, (double)step),
-                            .max_norm = clip};
-    DW_TRY(dw_cuda_grad_norm(e->ctx, CE->g, cp->param_floats, CE->partials, DW_COMPILE_NORM_BLOCKS, CE->norm, STREAM));
-    DW_TRY(dw_cuda_adamw(e->ctx, CE->w, CE->g, CE->m, CE->v, cp->param_floats, cp->decay_floats, CE->norm, &a, STREAM));
-    DW_TRY(refresh_bf16(e));
+    /* the arguments go to the workspace (from pinned memory, stream-ordered), the kernels read them
+     * there: the optimizer is one CUDA graph from its second call on, whatever the values */
+    *CE->host_args = (dw_cuda_adamw_args){.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd,
+                                          .c1 = 1.0 - pow(beta1, (double)step), .c2 = 1.0 - pow(beta2, (double)step),
+                                          .max_norm = clip};
+    DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(CE->adamw_args, CE->host_args, sizeof *CE->host_args,
+                                          cudaMemcpyHostToDevice, CE->stream));
+    if (CE->graphs && !CE->opt_exec && ++CE->opt_calls >= 2 &&
+        !capture(e, launch_optimizer, NULL, &CE->opt_exec, "the optimizer step"))
+        CE->graphs = false;
+    if (CE->opt_exec)
+        DW_CUDA_CHECK(e->ctx, cudaGraphLaunch(CE->opt_exec, CE->stream));
+    else
+        DW_TRY(launch_optimizer(e, NULL));
     DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(CE->host_norm, CE->norm, sizeof(double), cudaMemcpyDeviceToHost, CE->stream));
     DW_CUDA_CHECK(e->ctx, cudaStreamSynchronize(CE->stream));
     double norm = *CE->host_norm;
@@ -552,6 +584,8 @@ const dw_compiled *dw_engine_cuda_plan(const dw_engine *e) { return e->cuda->cp;
 void dw_engine_cuda_free(struct dw_engine_cuda *c) {
     if (!c) return;
     if (c->exec) cudaGraphExecDestroy(c->exec);
+    if (c->opt_exec) cudaGraphExecDestroy(c->opt_exec);
+    cudaFreeHost(c->host_args);
     for (int p = 0; p < DW_POOL_COUNT; p++) cudaFree(c->pool[p]);
     cudaFreeHost(c->host_loss);
     cudaFreeHost(c->host_norm);
@@ -603,6 +637,8 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     CE->ql = (dw_qlin){.ctx = ctx, .stream = sp, .work = w, .lay = &cp->work};
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_loss, sizeof(float)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_norm, sizeof(double)));
+    DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_args, sizeof *CE->host_args));
+    CE->adamw_args = (dw_cuda_adamw_args *)(w + cp->work.adamw_args);
     /* zero everything once: padding between parameters stays 0 through AdamW */
     for (int p = 0; p < DW_POOL_COUNT; p++)
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(CE->pool[p], 0, (size_t)cp->pool_bytes[p], CE->stream));

@@ -256,8 +256,9 @@ static void test_adamw(void **state) {
     float *p = malloc((size_t)all * 4), *g = malloc((size_t)all * 4), *m = calloc((size_t)all, 4),
           *v = calloc((size_t)all, 4);
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
-    const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    const double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
     const double clips[3] = {0.0, 1e9, 0.05}; /* off, not reached, clipping */
+    const double lrs[3] = {1e-3, 3e-3, 5e-4}; /* steps 2 and 3 replay the optimizer's CUDA graph: new values */
     int bad = 0;
     for (int step = 1; step <= 3; step++) {
         batch(x, y, N, c.vocab_size);
@@ -272,7 +273,7 @@ static void test_adamw(void **state) {
             memcpy(g + o, q->grad, (size_t)q->numel * 4);
             for (int64_t k = 0; k < q->numel; k++) ss += (double)q->grad[k] * q->grad[k];
         }
-        double norm = sqrt(ss), clip = clips[step - 1];
+        double norm = sqrt(ss), clip = clips[step - 1], lr = lrs[step - 1];
         double scale = (clip <= 0 || !(norm > clip)) ? 1.0 : clip / (norm + 1e-6);
         for (int i = 0, o = 0; i < np; o += (int)dw_engine_param(gpu, i)->numel, i++) {
             dw_param *q = dw_engine_param(gpu, i);

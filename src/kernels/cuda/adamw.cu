@@ -29,8 +29,9 @@ static __global__ void __launch_bounds__(AW_THREADS) aw_norm_kernel(const double
 }
 
 static __global__ void aw_step_kernel(float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
-                                      const double *norm, dw_cuda_adamw_args a) {
+                                      const double *norm, const dw_cuda_adamw_args *ap) {
     const double nrm = *norm;
+    const dw_cuda_adamw_args a = *ap;
     if (!isfinite(nrm)) return;
     const double scale = (a.max_norm > 0.0 && nrm > a.max_norm) ? a.max_norm / (nrm + 1e-6) : 1.0;
     const double b1 = a.beta1, b2 = a.beta2;
@@ -65,9 +66,8 @@ dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *
                         void *stream) {
     const char *op = "adamw";
     DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a);
-    DW_OPS_REQUIRE(ctx, op, a->c1 > 0 && a->c2 > 0 && a->eps > 0);
     if (n == 0) return DW_OK;
-    aw_step_kernel<<<dw_ew_blocks(n), DW_EW_THREADS, 0, (cudaStream_t)stream>>>(p, g, m, v, n, n_decay, norm, *a);
+    aw_step_kernel<<<dw_ew_blocks(n), DW_EW_THREADS, 0, (cudaStream_t)stream>>>(p, g, m, v, n, n_decay, norm, a);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

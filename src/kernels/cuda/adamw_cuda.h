@@ -28,7 +28,9 @@ typedef struct {
 /* For i < n (weight decay only for i < n_decay), in double as dw_adamw_step_cpu:
  *   g' = g * scale;  p -= lr*wd*p;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
  *   p -= lr * (m / c1) / (sqrt(v / c2) + eps)
- * scale comes from *norm (device). A non-finite *norm leaves p, m, v unchanged. */
+ * scale comes from *norm (device). A non-finite *norm leaves p, m, v unchanged. The arguments
+ * a are in device memory and read when the kernel runs (a CUDA graph replays the launch with the
+ * values of each step); the caller validates them (c1, c2, eps > 0). */
 dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
                         int64_t n_decay, const double *norm, const dw_cuda_adamw_args *a,
                         void *stream);
