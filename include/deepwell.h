@@ -387,6 +387,10 @@ typedef struct {
     uint64_t seed;          /* weights, shuffling and sampling */
     const dw_policy *policy; /* CUDA engine: precision policy (borrowed); NULL = BF16. Must be
                                 NULL on the CPU (FP32 reference engine) */
+    bool profile;           /* CUDA engine: after the last step, time 3 eager steps of the last
+                               micro-batch with a CUDA event around every op and write
+                               out_dir/profile.json (mean ms per op kind and per node role,
+                               forward and backward); refused on the CPU engine */
     void (*progress)(const dw_train_progress *p, void *user); /* may be NULL */
     void *progress_user;
 } dw_train_opts;

@@ -14,6 +14,7 @@
 #include "ir/ir.h"
 #include "runtime/engine.h"
 #include "runtime/engine_cuda.h"
+#include "runtime/profile.h"
 
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -45,7 +46,7 @@ static void help(void) {
            "  --vocab V         override the vocabulary size (e.g. 50304: GPT-2's padded vocabulary)\n"
            "  --json            one JSON object instead of the text report\n"
            "  --profile         also run 3 eager steps with a CUDA event around every schedule step and\n"
-           "                    print the last one's time per op type and direction and per node role\n"
+           "                    print their mean time per op type and direction and per node role\n"
            "                    (node name with layer numbers as '#'), largest first\n"
            "  --config-out FILE write the measured model's Hugging Face config.json (for\n"
            "                    bench/train_anchor.py --config FILE) before timing\n"
@@ -73,54 +74,6 @@ static double now_s(void) {
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-typedef struct {
-    char key[96];
-    double ms;
-} prof_row;
-
-/* Adds ms to the row named key (linear search: a few hundred rows at most). */
-static void prof_add(prof_row *rows, int *n, int cap, const char *key, double ms) {
-    for (int i = 0; i < *n; i++)
-        if (!strcmp(rows[i].key, key)) {
-            rows[i].ms += ms;
-            return;
-        }
-    if (*n >= cap) return;
-    snprintf(rows[*n].key, sizeof rows[*n].key, "%s", key);
-    rows[(*n)++].ms = ms;
-}
-static int cmp_row(const void *a, const void *b) {
-    double x = ((const prof_row *)a)->ms, y = ((const prof_row *)b)->ms;
-    return x > y ? -1 : x < y;
-}
-/* "h.11.attn.c_proj" -> "h.#.attn.c_proj" */
-static void role_of(const char *name, char *out, size_t cap) {
-    size_t o = 0;
-    for (const char *p = name; *p && o + 1 < cap; p++) {
-        if (*p >= '0' && *p <= '9') {
-            out[o++] = '#';
-            while (p[1] >= '0' && p[1] <= '9') p++;
-        } else {
-            out[o++] = *p;
-        }
-    }
-    out[o] = 0;
-}
-
-static void print_rows(const char *title, prof_row *rows, int n, double total, bool json, bool last) {
-    qsort(rows, (size_t)n, sizeof *rows, cmp_row);
-    if (json) {
-        printf("  \"%s\": [", title);
-        for (int i = 0; i < n; i++)
-            printf("%s{\"name\": \"%s\", \"ms\": %.4f, \"share\": %.4f}", i ? ", " : "", rows[i].key, rows[i].ms,
-                   rows[i].ms / total);
-        printf("]%s\n", last ? "" : ",");
-        return;
-    }
-    printf("\n%s (eager step, CUDA events; %.2f ms in all):\n", title, total);
-    for (int i = 0; i < n; i++) printf("  %-40s %9.3f ms %6.1f%%\n", rows[i].key, rows[i].ms, 100.0 * rows[i].ms / total);
 }
 
 #endif /* DW_HAVE_CUDA */
@@ -216,7 +169,6 @@ int dw_bench_step(int argc, char **argv) {
     dw_engine *e = NULL;
     int32_t *tok = malloc((size_t)(B * T + 1) * sizeof *tok);
     double *times = malloc((size_t)steps * sizeof *times), *fb = malloc((size_t)steps * sizeof *fb);
-    dw_engine_prof *prof = NULL;
     int rc = DW_EXIT_OK;
     if (!tok || !times || !fb) {
         cli_error(CMD, "out of memory");
@@ -266,38 +218,22 @@ int dw_bench_step(int argc, char **argv) {
                1e3 * times[0], tps, 100 * mfu, peak, fpt, mem_gib, loss0, loss);
     }
     if (profile) {
-        int n = 0;
-        dw_engine_prof dummy;
-        s = dw_engine_cuda_profile_step(e, tok, tok + 1, B, T, 1.0, &dummy, 0, &n);
-        prof = calloc((size_t)(n ? n : 1), sizeof *prof);
-        for (int r = 0; s == DW_OK && prof && r < 3; r++) s = dw_engine_cuda_profile_step(e, tok, tok + 1, B, T, 1.0, prof, n, &n);
-        if (s != DW_OK || !prof) {
-            rc = s != DW_OK ? cli_fail(CMD, ctx, s) : DW_EXIT_FAIL;
+        dw_prof_summary ps;
+        s = dw_prof_run(ctx, e, tok, tok + 1, B, T, 3, &ps);
+        if (s != DW_OK) {
+            rc = cli_fail(CMD, ctx, s);
             goto done;
         }
-        prof_row ops[64], roles[256];
-        int nops = 0, nroles = 0;
-        double sum = 0;
-        for (int i = 0; i < n; i++) {
-            char key[96], role[80];
-            role_of(prof[i].name, role, sizeof role);
-            const char *op = dw_op_name((dw_op)prof[i].op);
-            for (int d = 0; d < 2; d++) {
-                double ms = d ? prof[i].bwd_ms : prof[i].fwd_ms;
-                sum += ms;
-                snprintf(key, sizeof key, "%s %s", op, d ? "bwd" : "fwd");
-                prof_add(ops, &nops, 64, key, ms);
-                snprintf(key, sizeof key, "%s %s", role, d ? "bwd" : "fwd");
-                prof_add(roles, &nroles, 256, key, ms);
-            }
+        if (json) {
+            printf("  \"profile_eager_ms\": %.4f,\n", ps.total_ms);
+            dw_prof_print_json_fields(stdout, &ps);
+            printf("}\n");
+        } else {
+            dw_prof_print(stdout, &ps, 0);
         }
-        if (json) printf("  \"profile_eager_ms\": %.4f,\n", sum);
-        print_rows("per_op", ops, nops, sum, json, false);
-        print_rows("per_role", roles, nroles, sum, json, true);
-        if (json) printf("}\n");
+        dw_prof_free(&ps);
     }
 done:
-    free(prof);
     dw_engine_free(e);
     dw_policy_free(pol);
     free(tok), free(times), free(fb);

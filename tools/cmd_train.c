@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "runtime/profile.h"
 #include "train/model_open.h"
 
 static const char *CMD = "train";
@@ -61,6 +62,10 @@ static void help(void) {
         "                         node's recipe are recorded in the checkpoint's state.json\n"
         "  --seed S               weights, data order and sampling (1337; a resumed run keeps its own)\n"
         "  --log-every K          progress line every K steps when stderr is not a terminal (1)\n"
+        "  --profile              CUDA engine: after the last step, time 3 eager steps of the last\n"
+        "                         micro-batch with a CUDA event around every op; print the largest\n"
+        "                         rows per op kind and per node role (forward and backward apart)\n"
+        "                         and write them all to DIR/profile.json\n"
         "  -h, --help             this help\n\n"
         "Ctrl-C (SIGINT) finishes the current step, writes a checkpoint and exits with status 130;\n"
         "a second Ctrl-C aborts at once (the last complete checkpoint stays valid).\n");
@@ -115,9 +120,22 @@ static void on_progress(const dw_train_progress *p, void *user) {
     }
 }
 
+/* --profile: the table the trainer wrote to DIR/profile.json, largest rows first. */
+static int print_profile(dw_ctx *ctx, const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/profile.json", dir);
+    dw_prof_summary s;
+    dw_status st = dw_prof_read_json(ctx, path, &s);
+    if (st != DW_OK) return cli_fail(CMD, ctx, st);
+    dw_prof_print(stdout, &s, 15);
+    printf("(all rows: %s)\n", path);
+    dw_prof_free(&s);
+    return DW_EXIT_OK;
+}
+
 enum { O_MODEL = 256, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR, O_MINLR,
        O_WARMUP, O_SCHED, O_WD, O_CLIP, O_B1, O_B2, O_EVAL, O_EVALB, O_SAMPLE, O_SAMPLEN, O_SAMPLET,
-       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY, O_PRECISION, O_POLICY, O_FALLBACK };
+       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY, O_PRECISION, O_POLICY, O_FALLBACK, O_PROFILE };
 
 int cmd_train(int argc, char **argv) {
     static const struct option longopts[] = {
@@ -136,7 +154,7 @@ int cmd_train(int argc, char **argv) {
         {"keep", required_argument, 0, O_KEEP}, {"device", required_argument, 0, O_DEVICE},
         {"seed", required_argument, 0, O_SEED}, {"log-every", required_argument, 0, O_LOGEVERY},
         {"precision", required_argument, 0, O_PRECISION}, {"policy", required_argument, 0, O_POLICY},
-        {"fallback", required_argument, 0, O_FALLBACK},
+        {"fallback", required_argument, 0, O_FALLBACK}, {"profile", no_argument, 0, O_PROFILE},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     dw_train_opts o;
     dw_train_opts_default(&o);
@@ -156,6 +174,7 @@ int cmd_train(int argc, char **argv) {
         case O_RESUME: o.resume = optarg; break;
         case O_DEVICE: device = optarg; break;
         case O_PRECISION: precision = optarg; break;
+        case O_PROFILE: o.profile = true; break;
         case O_POLICY: policy_path = optarg; break;
         case O_FALLBACK: fallback = optarg; break;
         case O_PROMPT: o.sample_prompt = optarg; break;
@@ -229,6 +248,13 @@ int cmd_train(int argc, char **argv) {
             return rc;
         }
     }
+    if (o.profile && dw_ctx_device(ctx) == DW_DEVICE_CPU) {
+        cli_error(CMD, "--profile times CUDA kernels: it needs the CUDA engine (--device %s resolved to the CPU)",
+                  device);
+        dw_policy_free(pol);
+        dw_ctx_free(ctx);
+        return DW_EXIT_USAGE;
+    }
     o.policy = pol;
     printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every};
     o.progress = on_progress;
@@ -242,6 +268,7 @@ int cmd_train(int argc, char **argv) {
     signal(SIGINT, SIG_DFL);
     if (pr.open_line) fputc('\n', stderr);
     int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
+    if (rc == DW_EXIT_OK && o.profile && !interrupted) rc = print_profile(ctx, o.out_dir);
     dw_policy_free(pol);
     dw_ctx_free(ctx);
     if (rc == DW_EXIT_OK && interrupted) return 130;

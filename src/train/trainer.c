@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "compile/compile.h"
+#include "runtime/profile.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -90,6 +91,8 @@ static double now_s(void) {
 static dw_status check_opts(dw_ctx *ctx, const dw_train_opts *o) {
     if (!o->model && !o->resume) return dw_set_error(ctx, DW_ERR_INVALID, "no model given (--model)");
     if (!o->data) return dw_set_error(ctx, DW_ERR_INVALID, "no training data given (--data)");
+    if (o->profile && dw_ctx_device(ctx) != DW_DEVICE_CUDA)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--profile times CUDA kernels: it needs the CUDA engine (--device cuda)");
     if (!o->out_dir) return dw_set_error(ctx, DW_ERR_INVALID, "no output directory given (--out)");
     if (o->steps < 1 || o->batch < 1 || o->seq < 1 || o->global_batch < 1)
         return dw_set_error(ctx, DW_ERR_INVALID, "--steps, --batch, --seq and --global-batch must be >= 1");
@@ -386,6 +389,20 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
     return DW_OK;
 }
 
+/* --profile: the last micro-batch timed op by op (3 eager steps after a warm-up) into
+ * out_dir/profile.json. After the final checkpoint: the gradients it accumulates are never used. */
+static dw_status profile(run *r) {
+    const dw_train_opts *o = r->o;
+    dw_prof_summary s;
+    DW_TRY(dw_prof_run(r->ctx, r->eng, r->x, r->y, o->batch, o->seq, 3, &s));
+    char *path = dw_path_join(o->out_dir, "profile.json");
+    dw_status st = path ? dw_prof_write_json(r->ctx, &s, path) : dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK) DW_LOGI("profile: %s (one eager step: %.2f ms)", path, s.total_ms);
+    free(path);
+    dw_prof_free(&s);
+    return st;
+}
+
 static dw_status loop(run *r) {
     const dw_train_opts *o = r->o;
     const double t0 = now_s();
@@ -439,6 +456,7 @@ dw_status dw_train(dw_ctx *ctx, const dw_train_opts *o) {
     r.o = o;
     dw_status st = setup(&r);
     if (st == DW_OK) st = loop(&r);
+    if (st == DW_OK && o->profile && r.step == o->steps && !dw_train_stop_requested()) st = profile(&r);
     if (r.metrics) fclose(r.metrics);
     dw_data_free(r.train);
     dw_data_free(r.val);

@@ -215,6 +215,9 @@ else
 fi
 "$dw" train "${common[@]}" --precision fp8_block --steps 3 --out "$tmp/x8" >/dev/null 2>"$tmp/err"
 check "--precision on the CPU engine" 2 $?; has "  ... says it needs CUDA" "$tmp/err" "need the CUDA engine"
+"$dw" train "${common[@]}" --device cpu --profile --steps 3 --out "$tmp/xp" >/dev/null 2>"$tmp/err"
+check "--profile on the CPU engine" 2 $?; has "  ... says it needs CUDA" "$tmp/err" "needs the CUDA engine"
+[ -e "$tmp/xp" ] && bad "  ... but created the run directory" || ok "  ... nothing written"
 "$dw" train "${common[@]}" --device auto --precision fp8_block --policy /dev/null --steps 3 --out "$tmp/x9" \
     >/dev/null 2>"$tmp/err"
 check "--precision with --policy" 2 $?

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "deepwell.h"
+#include "runtime/profile.h"
 #include "testutil.h"
 
 #define MAXSTEPS 600
@@ -193,6 +194,31 @@ static bool file_has(const char *path, const char *text) {
 }
 
 /* (c) checkpoints across devices. */
+/* profile.json of a finished GPU run: 3 timed steps; each table sums to the step; the linear and
+ * attention ops appear forward and backward with positive times. */
+static void check_profile(const char *run_dir) {
+    char *path = dw_test_path(run_dir, "profile.json");
+    dw_prof_summary s;
+    if (dw_prof_read_json(g_gpu, path, &s) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+    double so = 0, sr = 0;
+    for (int i = 0; i < s.n_ops; i++) so += s.ops[i].ms;
+    for (int i = 0; i < s.n_roles; i++) sr += s.roles[i].ms;
+    const char *need[] = {"linear fwd", "linear bwd", "attention fwd", "attention bwd"};
+    int found = 0;
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < s.n_ops; i++)
+            if (!strcmp(s.ops[i].key, need[k]) && s.ops[i].ms > 0) found++;
+    fprintf(stderr, "  profile: %d ops, %d roles, step %.3f ms (ops sum %.3f, roles sum %.3f), largest %s %.3f ms\n",
+            s.n_ops, s.n_roles, s.total_ms, so, sr, s.n_ops ? s.ops[0].key : "-", s.n_ops ? s.ops[0].ms : 0.0);
+    assert_int_equal(s.steps, 3);
+    assert_true(s.total_ms > 0);
+    assert_true(fabs(so - s.total_ms) <= 1e-6 * s.total_ms && fabs(sr - s.total_ms) <= 1e-6 * s.total_ms);
+    assert_int_equal(found, 4);
+    for (int i = 1; i < s.n_ops; i++) assert_true(s.ops[i].ms <= s.ops[i - 1].ms);
+    dw_prof_free(&s);
+    free(path);
+}
+
 static void test_resume_across_devices(void **state) {
     (void)state;
     const int64_t S = 30, H = 15, B = 4, T = 64;
@@ -217,7 +243,9 @@ static void test_resume_across_devices(void **state) {
     o = opts(r1, S, B, T, &t1);
     o.resume = ck;
     o.policy = p;
-    run(g_gpu, &o, "(c) gpu ckpt -> gpu");
+    o.profile = true; /* after the last step: does not change the trace */
+    run(g_gpu, &o, "(c) gpu ckpt -> gpu, --profile");
+    check_profile(r1);
     int64_t at = 0;
     double d1 = max_rel(&t1, &tg, H + 1, S, &at);
     /* GPU -> CPU */

@@ -1,0 +1,45 @@
+/* profile.h — private: per-op time breakdown of a CUDA training step (`deepwell bench step
+ * --profile`, `deepwell train --profile`): eager steps with a CUDA event around every schedule
+ * step (engine_cuda.h), summed per op kind and per node role ("h.#.attn.c_proj"), forward and
+ * backward apart, sorted by time. Not a tracer: one aggregate table, no timeline. */
+#ifndef DW_RUNTIME_PROFILE_H
+#define DW_RUNTIME_PROFILE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "deepwell.h"
+#include "runtime/engine.h"
+
+typedef struct {
+    char key[96]; /* "attention bwd" (per op) or "h.#.attn.c_proj fwd" (per role) */
+    double ms;    /* mean over the timed steps */
+} dw_prof_row;
+
+typedef struct {
+    dw_prof_row *ops, *roles; /* sorted by ms, largest first */
+    int n_ops, n_roles;
+    double total_ms;          /* one eager step: the sum of all rows of either table */
+    int steps;                /* steps timed (after one untimed warm-up) */
+} dw_prof_summary;
+
+/* Runs 1 + steps eager training steps of (tokens, targets) [B, T] on a CUDA engine and fills s
+ * with the mean of the timed ones. Gradients accumulate into the engine's buffers (call it when
+ * they are not needed, or zero them after). DW_ERR_UNSUPPORTED on a CPU engine or build. */
+dw_status dw_prof_run(dw_ctx *ctx, dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
+                      int64_t T, int steps, dw_prof_summary *s);
+void dw_prof_free(dw_prof_summary *s);
+
+/* The two tables, at most `top` rows each (0: all), as aligned text. */
+void dw_prof_print(FILE *f, const dw_prof_summary *s, int top);
+/* Writes {"steps": n, "step_ms": t, "per_op": [{"name", "ms", "share"}...], "per_role": [...]}
+ * to path atomically. */
+dw_status dw_prof_write_json(dw_ctx *ctx, const dw_prof_summary *s, const char *path);
+/* Reads what dw_prof_write_json wrote (errors name the file and the field). */
+dw_status dw_prof_read_json(dw_ctx *ctx, const char *path, dw_prof_summary *s);
+/* The same two arrays as JSON text fragments ("per_op": [...], "per_role": [...]) on f, for
+ * callers that print a larger JSON object (bench step --json). */
+void dw_prof_print_json_fields(FILE *f, const dw_prof_summary *s);
+
+#endif /* DW_RUNTIME_PROFILE_H */
