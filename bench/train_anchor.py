@@ -77,7 +77,8 @@ def run(mode, args, torch, cfg_json):
     mfu = tps * flops_per_token(cfg_json, args.seq) / (args.peak_tflops * 1e12)
     return {"impl": "pytorch-" + mode, "batch": args.batch, "seq": args.seq,
             "step_s_median": med, "tokens_per_s": tps, "mfu": mfu,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": float(loss)}
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, "loss": float(loss)}
 
 
 def main():

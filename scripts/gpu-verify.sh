@@ -3,7 +3,7 @@
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
 # Prepare .deps once with scripts/gpu-deps.sh and carry it.
-# Usage: scripts/gpu-verify.sh build|tests|quick|recipes|quant|gemm|step|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
+# Usage: scripts/gpu-verify.sh build|tests|quick|recipes|quant|gemm|step|compare|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -52,6 +52,11 @@ for phase in "$@"; do
     timeout 240 python3 bench/train_anchor.py --config "$out/gpt2/config.json" --batch 16 --seq 1024 \
       --modes eager,compile --steps 20 --warmup 5 2>"$out/anchor.err" | tee "$out/anchor.json"
     record "train anchor (PyTorch eager, compile)" "rc=$?"
+    ;;
+  compare)  # issue 8's table: PyTorch eager/compile vs Deepwell bf16, fp8_block, mxfp8 (gpt2-124m, llama-1b)
+    s=$(date +%s)
+    OUT="$out" bash bench/train_compare.sh "$b" ${COMPARE_MODELS:-gpt2 llama} | tee "$out/compare.md"
+    record "bench/train_compare.sh ($(( $(date +%s) - s )) s)" "rc=$?"
     ;;
   quick)  # the GEMM, engine and training GPU tests only
     for n in gpu_test_gemm_gpu gpu_test_engine_cuda gpu_test_train_cuda; do

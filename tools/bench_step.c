@@ -11,6 +11,7 @@
 #include "capture/model_config.h"
 #include "cli.h"
 #include "core/ctx.h"
+#include "formats/formats.h"
 #include "ir/ir.h"
 #include "runtime/engine.h"
 #include "runtime/engine_cuda.h"
@@ -25,7 +26,8 @@ static const char *CMD = "bench step";
 int dw_bench_step(int argc, char **argv); /* dispatched by cmd_bench.c */
 
 static void help(void) {
-    printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision bf16|fp32] [--steps N]\n"
+    printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision R|fp32] [--fallback safe]\n"
+           "                          [--steps N]\n"
            "                          [--warmup N] [--vocab V] [--json] [--profile] [--config-out FILE]\n"
            "                          [--peak-tflops P]\n\n"
            "Times the CUDA engine's training step on device 0: zero_grad, forward_backward (loss read\n"
@@ -40,7 +42,10 @@ static void help(void) {
            "name (see `deepwell capture --list-presets`).\n\n"
            "  --batch B         sequences per step (default 16)\n"
            "  --seq T           tokens per sequence (default 1024, at most the model's positions)\n"
-           "  --precision P     bf16 (default: BF16 activations, cuBLASLt BF16 GEMMs) or fp32\n"
+           "  --precision R     bf16 (default: BF16 activations, cuBLASLt BF16 GEMMs), a recipe for\n"
+           "                    the linear layers (fp8_block, mxfp8, nvfp4, ...: as `deepwell train\n"
+           "                    --precision`) or fp32 (the FP32 reference GEMM)\n"
+           "  --fallback safe   with a recipe: embeddings, LM head, first and last block in BF16\n"
            "  --steps N         timed steps (default 20)\n"
            "  --warmup N        extra untimed steps after the two warm-up steps (default 3)\n"
            "  --vocab V         override the vocabulary size (e.g. 50304: GPT-2's padded vocabulary)\n"
@@ -82,6 +87,7 @@ int dw_bench_step(int argc, char **argv) {
     static const struct option opts[] = {{"batch", required_argument, 0, 'b'},
                                          {"seq", required_argument, 0, 's'},
                                          {"precision", required_argument, 0, 'p'},
+                                         {"fallback", required_argument, 0, 'f'},
                                          {"steps", required_argument, 0, 'n'},
                                          {"warmup", required_argument, 0, 'w'},
                                          {"vocab", required_argument, 0, 'V'},
@@ -94,6 +100,7 @@ int dw_bench_step(int argc, char **argv) {
     long B = 16, T = 1024, steps = 20, warm = 3, V = 0;
     double peak = 989.0;
     const char *precision = "bf16", *config_out = NULL;
+    bool safe = false;
     bool json = false, profile = false;
     int c;
     optind = 1;
@@ -105,6 +112,13 @@ int dw_bench_step(int argc, char **argv) {
         case 'w': if (!cli_parse_int(CMD, "--warmup", optarg, 0, 100000, &warm)) return DW_EXIT_USAGE; break;
         case 'V': if (!cli_parse_int(CMD, "--vocab", optarg, 1, 1 << 30, &V)) return DW_EXIT_USAGE; break;
         case 'p': precision = optarg; break;
+        case 'f':
+            if (strcmp(optarg, "safe") && strcmp(optarg, "none")) {
+                cli_error(CMD, "--fallback must be 'safe' or 'none', not '%s'", optarg);
+                return DW_EXIT_USAGE;
+            }
+            safe = !strcmp(optarg, "safe");
+            break;
         case 'j': json = true; break;
         case 'P': profile = true; break;
         case 'c': config_out = optarg; break;
@@ -123,8 +137,10 @@ int dw_bench_step(int argc, char **argv) {
         cli_error(CMD, "expected exactly one MODEL (a config.json directory, file or preset)");
         return DW_EXIT_USAGE;
     }
-    if (strcmp(precision, "bf16") && strcmp(precision, "fp32")) {
-        cli_error(CMD, "--precision must be bf16 or fp32, not '%s'", precision);
+    dw_recipe rec;
+    if (strcmp(precision, "bf16") && strcmp(precision, "fp32") && !dw_recipe_parse(precision, &rec)) {
+        cli_error(CMD, "--precision must be bf16, fp32 or a recipe (fp8_tensor, fp8_row, fp8_block, fp8_block2d, "
+                  "mxfp8, mxfp8_e5m2, mxfp4, nvfp4), not '%s'", precision);
         return DW_EXIT_USAGE;
     }
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
@@ -180,7 +196,7 @@ int dw_bench_step(int argc, char **argv) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         tok[i] = (int32_t)(x % (uint64_t)cfg.vocab_size);
     }
-    if (!strcmp(precision, "bf16")) s = dw_policy_from_precision(ctx, "bf16", false, &pol);
+    if (strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, safe, &pol);
     if (s == DW_OK) s = dw_engine_create_cuda(ctx, &cfg, B, T, pol, &e);
     if (s == DW_OK) s = dw_engine_init_weights(e, 1234);
     double loss0 = 0, loss = 0, norm = 0;
