@@ -206,8 +206,11 @@ typedef enum { DW_GEMM_OUT_F32 = 0, DW_GEMM_OUT_BF16 } dw_gemm_out_type;
  *   GELU:     GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
  *   GELU_AUX: with GELU, also write the pre-activation to aux [m, n] (output type)
  *   BGRAD:    bgrad[i] = sum_k op(A)[i, k], length m, output type (the bias gradient of wgrad,
- *             where op(A) = dy^T) */
-enum { DW_EPI_BIAS = 1, DW_EPI_GELU = 2, DW_EPI_GELU_AUX = 4, DW_EPI_BGRAD = 8 };
+ *             where op(A) = dy^T)
+ *   DGELU:    D[i, j] *= GELU'(aux[i, j]) with aux [m, n] (output type) an input: the
+ *             pre-activation GELU_AUX saved (the dgrad of the layer after a GELU then yields
+ *             the gradient of the GELU's input). Alone: not with BIAS, GELU, GELU_AUX, BGRAD. */
+enum { DW_EPI_BIAS = 1, DW_EPI_GELU = 2, DW_EPI_GELU_AUX = 4, DW_EPI_BGRAD = 8, DW_EPI_DGELU = 16 };
 
 /* One operand: a stored matrix [rows, cols] in a recipe (a dw_recipe value: see FORMATS.md;
  * 0 = bf16), used as op(X) = trans ? X^T : X. */

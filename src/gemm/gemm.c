@@ -58,6 +58,12 @@ double dw_gelu_tanh(double x) {
     return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
 }
 
+double dw_gelu_tanh_grad(double x) {
+    const double k = 0.7978845608028654; /* sqrt(2/pi) */
+    const double u = k * (x + 0.044715 * x * x * x), t = tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 int dw_gemm_ctx_sm(dw_ctx *ctx) {
     if (dw_ctx_device(ctx) != DW_DEVICE_CUDA) return 0;
 #if DW_HAVE_CUDA
@@ -107,7 +113,7 @@ dw_status dw_gemm_validate(dw_ctx *ctx, const dw_gemm_args *a) {
         return dw_set_error(ctx, DW_ERR_INVALID, "gemm: unknown out_type %d", (int)a->out_type);
     if (!a->d) return dw_set_error(ctx, DW_ERR_INVALID, "gemm: output d is NULL");
     if (a->beta != 0.0f && !a->c) return dw_set_error(ctx, DW_ERR_INVALID, "gemm: beta != 0 but c is NULL");
-    if (a->epilogue & ~(DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX | DW_EPI_BGRAD))
+    if (a->epilogue & ~(DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX | DW_EPI_BGRAD | DW_EPI_DGELU))
         return dw_set_error(ctx, DW_ERR_INVALID, "gemm: unknown epilogue flags 0x%x", (unsigned)a->epilogue);
     if ((a->epilogue & DW_EPI_BIAS) && !a->bias)
         return dw_set_error(ctx, DW_ERR_INVALID, "gemm: epilogue BIAS but bias is NULL");
@@ -117,6 +123,10 @@ dw_status dw_gemm_validate(dw_ctx *ctx, const dw_gemm_args *a) {
         return dw_set_error(ctx, DW_ERR_INVALID, "gemm: epilogue BGRAD but bgrad is NULL");
     if ((a->epilogue & DW_EPI_BGRAD) && (a->epilogue & (DW_EPI_BIAS | DW_EPI_GELU)))
         return dw_set_error(ctx, DW_ERR_INVALID, "gemm: epilogue BGRAD does not combine with BIAS or GELU");
+    if ((a->epilogue & DW_EPI_DGELU) && a->epilogue != DW_EPI_DGELU)
+        return dw_set_error(ctx, DW_ERR_INVALID, "gemm: epilogue DGELU does not combine with other epilogues");
+    if ((a->epilogue & DW_EPI_DGELU) && !a->aux)
+        return dw_set_error(ctx, DW_ERR_INVALID, "gemm: epilogue DGELU needs the pre-activation in aux");
     return DW_OK;
 }
 

@@ -21,6 +21,7 @@ size_t dw_gemm_operand_data_bytes(const dw_gemm_operand *x);
 size_t dw_gemm_operand_scale_bytes(const dw_gemm_operand *x);
 /* GELU, tanh approximation, in double. */
 double dw_gelu_tanh(double x);
+double dw_gelu_tanh_grad(double x); /* d/dx of dw_gelu_tanh */
 /* The compute capability x10 of the context's device (0 on a CPU context). */
 int dw_gemm_ctx_sm(dw_ctx *ctx);
 

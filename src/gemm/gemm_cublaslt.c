@@ -198,6 +198,7 @@ static dw_status lt_run_scaled(dw_ctx *ctx, const dw_gemm_args *a, const dw_gemm
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     int e = a->epilogue;
     if (e & DW_EPI_BGRAD) epi = CUBLASLT_EPILOGUE_BGRADB;
+    else if (e & DW_EPI_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     else if (e & DW_EPI_GELU_AUX) epi = (e & DW_EPI_BIAS) ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (e & DW_EPI_GELU) epi = (e & DW_EPI_BIAS) ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
     else if (e & DW_EPI_BIAS) epi = CUBLASLT_EPILOGUE_BIAS;
@@ -208,7 +209,7 @@ static dw_status lt_run_scaled(dw_ctx *ctx, const dw_gemm_args *a, const dw_gemm
         LT_CHECK(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
         LT_CHECK(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
-    if (e & DW_EPI_GELU_AUX) {
+    if (e & (DW_EPI_GELU_AUX | DW_EPI_DGELU)) { /* saved (GELU_AUX) or read (DGELU) pre-activation */
         int64_t ld = a->n;
         int32_t at = (int32_t)dt;
         LT_CHECK(ctx, cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &a->aux,
@@ -376,7 +377,8 @@ static bool fp8_eligible(const dw_gemm_args *a, void *user, const char **why) {
     if ((a->n * (a->out_type == DW_GEMM_OUT_BF16 ? 2 : 4)) % 16)
         return *why = "FP8 needs 16-byte output rows (n % 8 for BF16, n % 4 for FP32)", false;
     if (a->epilogue & DW_EPI_BGRAD) return *why = "cuBLASLt has no FP8 bias-gradient epilogue", false;
-    if (a->epilogue & DW_EPI_GELU) return *why = "cuBLASLt has no FP8 GELU epilogue on sm_90 (measured)", false;
+    if (a->epilogue & (DW_EPI_GELU | DW_EPI_DGELU))
+        return *why = "cuBLASLt has no FP8 GELU epilogue on sm_90 (measured)", false;
     if ((a->epilogue & DW_EPI_BIAS) && a->out_type == DW_GEMM_OUT_F32)
         return *why = "cuBLASLt FP8 with FP32 output takes only a BF16 bias; Deepwell's bias has the output type",
                false;
@@ -387,6 +389,7 @@ static bool fp8_eligible(const dw_gemm_args *a, void *user, const char **why) {
 static bool bf16_eligible(const dw_gemm_args *a, void *user, const char **why) {
     (void)user;
     if ((a->epilogue & DW_EPI_GELU_AUX) && a->n % 8) return *why = "GELU_AUX needs n % 8 == 0", false;
+    if ((a->epilogue & DW_EPI_DGELU) && a->n % 8) return *why = "DGELU needs n % 8 == 0 (aux rows)", false;
     return true;
 }
 
@@ -398,7 +401,8 @@ static bool mx_eligible(const dw_gemm_args *a, void *user, const char **why) {
         return *why = "A and B must both be mxfp8(_e5m2) or both nvfp4", false;
     if (a->a.trans || !a->b.trans) return *why = "block-scaled FP8/FP4 is TN only: A [m,k], B [n,k] (trans_b)", false;
     if (a->k % 32) return *why = "k must be a multiple of 32", false;
-    if (a->epilogue & DW_EPI_BGRAD) return *why = "no block-scaled bias-gradient epilogue", false;
+    if (a->epilogue & (DW_EPI_BGRAD | DW_EPI_DGELU))
+        return *why = "no block-scaled bias-gradient or GELU-gradient epilogue", false;
     return true;
 }
 #endif /* DW_HAVE_CUDA */

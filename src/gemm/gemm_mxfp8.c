@@ -19,7 +19,8 @@ static bool mx_sm90_eligible(const dw_gemm_args *a, void *user, const char **why
         return *why = "needs K-major operands: A stored [m,k], B stored [n,k] (trans_b)", false;
     if (a->k % 32) return *why = "k must be a multiple of 32 (one UE8M0 scale per 32)", false;
     if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return *why = "dimensions over 2^31", false;
-    if (a->epilogue & DW_EPI_BGRAD) return *why = "no bias-gradient epilogue in this kernel", false;
+    if (a->epilogue & (DW_EPI_BGRAD | DW_EPI_DGELU))
+        return *why = "no bias-gradient or GELU-gradient epilogue in this kernel", false;
     return true;
 }
 

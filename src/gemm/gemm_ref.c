@@ -47,6 +47,7 @@ dw_status dw_gemm_ref_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
             if (epi & DW_EPI_BIAS) v += load_out(a->bias, a->out_type, j);
             if (epi & DW_EPI_GELU_AUX) store_out(a->aux, a->out_type, i * n + j, v);
             if (epi & DW_EPI_GELU) v = dw_gelu_tanh(v);
+            if (epi & DW_EPI_DGELU) v *= dw_gelu_tanh_grad(load_out(a->aux, a->out_type, i * n + j));
             store_out(a->d, a->out_type, i * n + j, v);
         }
         if (epi & DW_EPI_BGRAD) {

@@ -59,6 +59,8 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
     tg_fill_out(&g_rng, bias, out, n, bd);
     void *hd = malloc(dn), *haux = malloc(dn), *hbg = malloc((size_t)m * es);
     void *rd = malloc(dn), *raux = malloc(dn), *rbg = malloc((size_t)m * es);
+    double *auxd = malloc((size_t)(m * n) * sizeof(double));
+    if (epi & DW_EPI_DGELU) tg_fill_out(&g_rng, raux, out, m * n, auxd); /* DGELU reads aux: an input */
     dw_gemm_args a = {.m = m, .n = n, .k = k, .a = oa.op, .b = ob.op, .alpha = dw_test_uniform(&g_rng, 0.5f, 1.5f),
                       .beta = beta, .c = c, .d = rd, .out_type = out, .epilogue = epi, .bias = bias, .aux = raux,
                       .bgrad = rbg};
@@ -82,10 +84,10 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
     g.c = to_dev(c, dn);
     g.bias = to_dev(bias, (size_t)n * es);
     g.d = to_dev(NULL, dn);
-    g.aux = to_dev(NULL, dn);
+    g.aux = to_dev(epi & DW_EPI_DGELU ? raux : NULL, dn);
     g.bgrad = to_dev(NULL, (size_t)m * es);
     assert_int_equal(cudaMemset(g.d, 0xff, dn), cudaSuccess); /* poison: NaN */
-    assert_int_equal(cudaMemset(g.aux, 0xff, dn), cudaSuccess);
+    if (!(epi & DW_EPI_DGELU)) assert_int_equal(cudaMemset(g.aux, 0xff, dn), cudaSuccess);
     assert_int_equal(cudaMemset(g.bgrad, 0xff, (size_t)m * es), cudaSuccess);
     if (!strncmp(want, "deepwell_mxfp8_wgmma", 20)) g.backend = want; /* ranked below the BF16 route */
     const char *name = NULL;
@@ -120,6 +122,7 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
     cudaFree(dts[0]), cudaFree(dts[1]);
     cudaFree((void *)g.a.data), cudaFree((void *)g.a.scales), cudaFree((void *)g.b.data), cudaFree((void *)g.b.scales);
     cudaFree((void *)g.c), cudaFree((void *)g.bias), cudaFree(g.d), cudaFree(g.aux), cudaFree(g.bgrad);
+    free(auxd);
     free(x), free(y), free(c), free(bias), free(cd), free(bd), free(hd), free(haux), free(hbg), free(rd), free(raux),
         free(rbg);
     tg_free(&oa);
@@ -135,9 +138,9 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
 
 static void test_bf16(void **state) {
     (void)state;
-    const int epis[] = {0, DW_EPI_BIAS, DW_EPI_GELU, DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX};
+    const int epis[] = {0, DW_EPI_BIAS, DW_EPI_GELU, DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX, DW_EPI_DGELU};
     for (int t = 0; t < 4; t++)
-        for (size_t e = 0; e < 4; e++)
+        for (size_t e = 0; e < 5; e++)
             for (int out = 0; out < 2; out++)
                 CHECK_ERR(gpu_case("cublaslt_bf16", DW_RECIPE_BF16, DW_RECIPE_BF16, t & 1, t >> 1, out, epis[e], 200,
                                    136, 328, e == 1 ? 0.75f : 0.0f),

@@ -37,7 +37,9 @@ static void run_case(dw_ctx *ctx, dw_test_rng *r, int32_t ra, int32_t rb, bool t
     tg_fill_out(r, c, out, m * n, cd);
     tg_fill_out(r, bias, out, n, bd);
     memset(d, 0xff, (size_t)(m * n) * es); /* poison: NaN in both output types */
-    memset(aux, 0xff, (size_t)(m * n) * es);
+    double *auxd = malloc((size_t)(m * n) * sizeof(double));
+    if (epi & DW_EPI_DGELU) tg_fill_out(r, aux, out, m * n, auxd); /* an input: the pre-activation */
+    else memset(aux, 0xff, (size_t)(m * n) * es);
     memset(bgrad, 0xff, (size_t)m * es);
     dw_gemm_args a = {.m = m, .n = n, .k = k, .a = oa.op, .b = ob.op, .alpha = dw_test_uniform(r, 0.5f, 1.5f),
                       .beta = beta, .c = c, .d = d, .out_type = out, .epilogue = epi, .bias = bias, .aux = aux,
@@ -49,7 +51,7 @@ static void run_case(dw_ctx *ctx, dw_test_rng *r, int32_t ra, int32_t rb, bool t
 
     double *ed = malloc((size_t)(m * n) * sizeof(double)), *eaux = malloc((size_t)(m * n) * sizeof(double));
     double *eb = malloc((size_t)m * sizeof(double)), *got = malloc((size_t)(m * n) * sizeof(double));
-    tg_expect(&a, &oa, &ob, cd, bd, ed, eaux, eb);
+    tg_expect(&a, &oa, &ob, cd, bd, auxd, ed, eaux, eb);
     /* the reference rounds once from double: FP32 output within 2^-24 relative, BF16 within 2^-8 */
     double tol = out == DW_GEMM_OUT_BF16 ? 4e-3 : 1e-6;
     tg_to_double(d, out, m * n, got);
@@ -68,7 +70,7 @@ static void run_case(dw_ctx *ctx, dw_test_rng *r, int32_t ra, int32_t rb, bool t
         tg_to_double(bgrad, out, m, got);
         assert_true(tg_rel_err(got, eb, m) <= tol);
     }
-    free(ed), free(eaux), free(eb), free(got), free(cd), free(bd);
+    free(ed), free(eaux), free(eb), free(got), free(cd), free(bd), free(auxd);
     free(d), free(c), free(bias), free(aux), free(bgrad);
     tg_free(&oa);
     tg_free(&ob);
@@ -97,7 +99,7 @@ static void test_reference_epilogues(void **state) {
     dw_test_rng r;
     dw_test_rng_init(&r, dw_test_seed() ^ 1);
     const int epis[] = {DW_EPI_BIAS, DW_EPI_GELU, DW_EPI_BIAS | DW_EPI_GELU, DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX,
-                        DW_EPI_BGRAD};
+                        DW_EPI_BGRAD, DW_EPI_DGELU};
     for (size_t e = 0; e < sizeof epis / sizeof epis[0]; e++)
         for (int out = 0; out < 2; out++) {
             run_case(ctx, &r, DW_RECIPE_BF16, DW_RECIPE_BF16, e == 4, false, out, epis[e], 45, 70, 50,
@@ -179,6 +181,13 @@ static void test_validation(void **state) {
     assert_int_equal(dw_gemm(ctx, &bad), DW_ERR_INVALID);
     bad = a;
     bad.epilogue = DW_EPI_GELU_AUX;
+    assert_int_equal(dw_gemm(ctx, &bad), DW_ERR_INVALID);
+    bad = a;
+    bad.epilogue = DW_EPI_DGELU; /* no aux */
+    assert_int_equal(dw_gemm(ctx, &bad), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(ctx), "DGELU"));
+    bad.aux = bad.d;
+    bad.epilogue = DW_EPI_DGELU | DW_EPI_BIAS;
     assert_int_equal(dw_gemm(ctx, &bad), DW_ERR_INVALID);
     bad = a;
     bad.a.recipe = DW_RECIPE_MXFP8; /* quantised without scales */

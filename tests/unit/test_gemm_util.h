@@ -115,11 +115,15 @@ static inline double *tg_dense(const tg_operand *o) {
 }
 
 static inline double tg_gelu(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+/* GELU' by a central difference of tg_gelu (independent of the library's closed form; error ~1e-10) */
+static inline double tg_gelu_grad(double x) { return (tg_gelu(x + 1e-5) - tg_gelu(x - 1e-5)) / 2e-5; }
 
 /* Independent expected result (pre-rounding, double) of args with host operands o_a, o_b;
- * fills exp_d [m, n], exp_aux [m, n] (may be NULL), exp_bgrad [m] (may be NULL). c/bias given in double. */
+ * fills exp_d [m, n], exp_aux [m, n] (may be NULL), exp_bgrad [m] (may be NULL). c/bias given in
+ * double; aux_in [m, n]: DGELU's pre-activation input, in double. */
 static inline void tg_expect(const dw_gemm_args *a, const tg_operand *oa, const tg_operand *ob, const double *c,
-                      const double *bias, double *exp_d, double *exp_aux, double *exp_bgrad) {
+                             const double *bias, const double *aux_in, double *exp_d, double *exp_aux,
+                             double *exp_bgrad) {
     double *A = tg_dense(oa), *B = tg_dense(ob); /* [m, k], [k, n] */
     for (int64_t i = 0; i < a->m; i++) {
         for (int64_t j = 0; j < a->n; j++) {
@@ -130,6 +134,7 @@ static inline void tg_expect(const dw_gemm_args *a, const tg_operand *oa, const 
             if (a->epilogue & DW_EPI_BIAS) v += bias[j];
             if (exp_aux) exp_aux[i * a->n + j] = v;
             if (a->epilogue & DW_EPI_GELU) v = tg_gelu(v);
+            if (a->epilogue & DW_EPI_DGELU) v *= tg_gelu_grad(aux_in[i * a->n + j]);
             exp_d[i * a->n + j] = v;
         }
         if (exp_bgrad) {
