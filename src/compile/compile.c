@@ -30,6 +30,9 @@ void dw_compiled_free(dw_compiled *c) {
     free(c->aux_off);
     free(c->tmp_off);
     free(c->grad_mode);
+    free(c->fused);
+    free(c->gelu_producer);
+    free(c->gelu_consumer);
     free(c);
 }
 
@@ -264,27 +267,16 @@ static int64_t parts_total(const int64_t *sizes, int count) {
     return t;
 }
 
-static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
+/* Gradient delivery: the first backward step to reach a tensor writes it, later ones add. */
+static dw_status plan_grad_modes(dw_ctx *ctx, dw_compiled *c) {
     const dw_graph *g = c->g;
-    const int nn = g->n_nodes, nt = g->n_tensors;
-    c->val_off = malloc((size_t)nt * sizeof *c->val_off);
-    c->grad_off = malloc((size_t)nt * sizeof *c->grad_off);
-    c->aux_off = malloc((size_t)nn * sizeof *c->aux_off);
-    c->tmp_off = malloc((size_t)nn * sizeof *c->tmp_off);
-    c->grad_mode = calloc((size_t)nn, sizeof *c->grad_mode);
-    int *vitem = malloc((size_t)nt * sizeof *vitem), *gitem = malloc((size_t)nt * sizeof *gitem);
-    int *aitem = malloc((size_t)nn * sizeof *aitem), *titem = malloc((size_t)nn * sizeof *titem);
-    int *fitem = malloc((size_t)nn * sizeof *fitem);
-    bool *written = calloc((size_t)nt, sizeof *written);
-    item_list l = {0};
-    dw_status st = DW_OK;
-    if (!c->val_off || !c->grad_off || !c->aux_off || !c->tmp_off || !c->grad_mode || !vitem ||
-        !gitem || !aitem || !titem || !fitem || !written) {
-        st = dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
-        goto done;
+    c->grad_mode = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *c->grad_mode);
+    bool *written = calloc((size_t)(g->n_tensors ? g->n_tensors : 1), sizeof *written);
+    if (!c->grad_mode || !written) {
+        free(written);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     }
-    /* gradient delivery: the first backward step to reach a tensor writes it, later ones add */
-    for (int i = nn - 1; i >= 0; i--) {
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
         const dw_ir_node *n = &g->nodes[i];
         for (int s = 0; s < n->n_in; s++) {
             int t = n->in[s];
@@ -293,6 +285,27 @@ static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
             written[t] = true;
         }
     }
+    free(written);
+    return DW_OK;
+}
+
+static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
+    const dw_graph *g = c->g;
+    const int nn = g->n_nodes, nt = g->n_tensors;
+    c->val_off = malloc((size_t)nt * sizeof *c->val_off);
+    c->grad_off = malloc((size_t)nt * sizeof *c->grad_off);
+    c->aux_off = malloc((size_t)nn * sizeof *c->aux_off);
+    c->tmp_off = malloc((size_t)nn * sizeof *c->tmp_off);
+    int *vitem = malloc((size_t)nt * sizeof *vitem), *gitem = malloc((size_t)nt * sizeof *gitem);
+    int *aitem = malloc((size_t)nn * sizeof *aitem), *titem = malloc((size_t)nn * sizeof *titem);
+    int *fitem = malloc((size_t)nn * sizeof *fitem);
+    item_list l = {0};
+    dw_status st = DW_OK;
+    if (!c->val_off || !c->grad_off || !c->aux_off || !c->tmp_off || !vitem || !gitem || !aitem || !titem ||
+        !fitem) {
+        st = dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+        goto done;
+    }
     const int logits = g->logits, last_step = c->n_steps - 1;
     for (int t = 0; t < nt; t++) {
         c->val_off[t] = c->grad_off[t] = -1;
@@ -300,7 +313,13 @@ static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
         const dw_ir_tensor *ten = &g->tensors[t];
         if (ten->kind != DW_TENSOR_ACT || t == g->loss) continue; /* the loss lives in workspace */
         int p = ten->producer;
-        int vlast = dw_compile_fwd_step(c, p), gfirst = last_step + 1;
+        int vfirst = dw_compile_fwd_step(c, p), vlast = vfirst, gfirst = last_step + 1;
+        /* fusion: a GELU computed by its linear's epilogue is written at that linear's step; the
+         * gradient of a GELU's input written by the next linear's dgrad (DGELU) at its step, and
+         * the GELU output's gradient then never exists */
+        const bool gelu = g->nodes[p].op == DW_OP_GELU;
+        if (gelu && (c->fused[p] & DW_FUSED_FWD)) vfirst = dw_compile_fwd_step(c, g->tensors[g->nodes[p].in[0]].producer);
+        bool no_grad = gelu && (c->fused[p] & DW_FUSED_BWD);
         if (g->nodes[p].op == DW_OP_ATTENTION) vlast = dw_compile_bwd_step(c, p); /* reads out */
         for (int i = p + 1; i < nn; i++) {
             const dw_ir_node *n = &g->nodes[i];
@@ -310,13 +329,17 @@ static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
                 if (f > vlast) vlast = f;
                 if (bwd_reads_inputs(n->op) && b > vlast) vlast = b;
                 if (b < gfirst) gfirst = b;
+                if (n->op == DW_OP_GELU && (c->fused[i] & DW_FUSED_BWD)) { /* written by the dgrad of */
+                    int f2 = dw_compile_bwd_step(c, c->gelu_consumer[i]); /* the linear after the GELU */
+                    if (f2 < gfirst) gfirst = f2;
+                }
             }
         }
         if (t == logits) vlast = dw_compile_bwd_step(c, p); /* dlogits in place, read by lm_head bwd */
         int64_t bytes = dw_ir_numel(ten) * c->act_size;
-        vitem[t] = add_item(&l, bytes, dw_compile_fwd_step(c, p), vlast, DW_BUF_VALUE, t);
+        vitem[t] = add_item(&l, bytes, vfirst, vlast, DW_BUF_VALUE, t);
         if (vitem[t] < 0) goto nomem;
-        if (t != logits && gfirst <= last_step) {
+        if (t != logits && gfirst <= last_step && !no_grad) {
             gitem[t] = add_item(&l, bytes, gfirst, dw_compile_bwd_step(c, p), DW_BUF_GRAD, t);
             if (gitem[t] < 0) goto nomem;
         }
@@ -370,7 +393,6 @@ done:
     free(aitem);
     free(titem);
     free(fitem);
-    free(written);
     return st;
 }
 
@@ -441,6 +463,8 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_
     dw_status st = c->bind ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     if (st == DW_OK) st = bind_nodes(ctx, c, policy);
     if (st == DW_OK) st = layout_params(ctx, c);
+    if (st == DW_OK) st = plan_grad_modes(ctx, c);
+    if (st == DW_OK) st = dw_compile_fuse(ctx, c);
     if (st == DW_OK) st = plan_arena(ctx, c);
     if (st != DW_OK) {
         dw_compiled_free(c);

@@ -116,11 +116,30 @@ struct dw_compiled {
     int64_t (*aux_off)[DW_AUX_COUNT]; /* (n_nodes) */
     int64_t (*tmp_off)[DW_TMP_COUNT]; /* (n_nodes) */
     uint8_t (*grad_mode)[DW_IR_MAX_INPUTS]; /* (n_nodes) dw_grad_mode per input slot */
+    /* fusion (compile/fuse.c): per GELU node, DW_FUSED_* and its linear neighbours */
+    uint8_t *fused;            /* (n_nodes) DW_FUSED_FWD / DW_FUSED_BWD bits, 0 for unfused nodes */
+    int *gelu_producer;        /* (n_nodes) for a GELU: the linear producing its input, else -1 */
+    int *gelu_consumer;        /* (n_nodes) for a GELU: the one linear reading its output, else -1 */
     int64_t arena_bytes, live_peak;
 
     dw_work_layout work;
     int64_t pool_bytes[DW_POOL_COUNT];
 };
+
+/* GEMM epilogue fusion (BF16 path, compile/fuse.c; DW_FUSE=0 turns it off):
+ *   DW_FUSED_FWD  GELU G whose input is the output of a BF16 linear L (width % 8 == 0): L's fprop
+ *                 writes G's output with the GELU_AUX epilogue (the pre-activation still goes to
+ *                 L's output, G's input); G's forward does nothing.
+ *   DW_FUSED_BWD  GELU G whose output only one BF16 linear P reads (as x) and whose input
+ *                 gradient G alone writes: P's dgrad applies GELU' (DGELU epilogue, aux = G's
+ *                 input) and writes G's input gradient; G's backward does nothing and G's output
+ *                 has no gradient buffer. */
+enum { DW_FUSED_FWD = 1, DW_FUSED_BWD = 2 };
+dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c);
+/* The GELU whose forward linear node i computes (-1 none), and the GELU whose backward linear
+ * node i's dgrad computes (-1 none). */
+int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear);
+int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
 
 /* Step numbers of node i. */
 static inline int dw_compile_fwd_step(const dw_compiled *c, int node) { (void)c; return node; }

@@ -37,9 +37,16 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "(rule %d)", b->rule);
         else
             fprintf(f, "(%s)", dw_policy_reason_text(b->reason));
-        fprintf(f, "\n     kernel %s%s: %s\n", b->kernel, b->supported ? "" : " [NOT SUPPORTED]",
-                b->kernel_why);
+        if (c->fused && c->fused[i] == (DW_FUSED_FWD | DW_FUSED_BWD))
+            fprintf(f, "\n     kernel none of its own: forward and backward run in GEMM epilogues\n");
+        else
+            fprintf(f, "\n     kernel %s%s: %s\n", b->kernel, b->supported ? "" : " [NOT SUPPORTED]",
+                    b->kernel_why);
         if (b->note) fprintf(f, "     on sm_90 at this shape: %s\n", b->note);
+        if (c->fused && (c->fused[i] & DW_FUSED_FWD))
+            fprintf(f, "     fused: forward in %s's GEMM epilogue (GELU_AUX)\n", g->nodes[c->gelu_producer[i]].name);
+        if (c->fused && (c->fused[i] & DW_FUSED_BWD))
+            fprintf(f, "     fused: backward in %s's dgrad epilogue (DGELU)\n", g->nodes[c->gelu_consumer[i]].name);
     }
     if (c->unsupported) fprintf(f, "\nthe CUDA engine cannot run this yet: %s\n", c->unsupported);
 

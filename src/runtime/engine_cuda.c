@@ -130,6 +130,12 @@ static dw_status fwd_linear(dw_engine *e, int ni) {
         a.epilogue = DW_EPI_BIAS;
         a.bias = pbf16(e, n->in[2]);
     }
+    int gelu = dw_compile_fused_gelu_fwd(CE->cp, ni); /* GELU in the epilogue: out = GELU, aux = ours */
+    if (gelu >= 0) {
+        a.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
+        a.aux = act(e, n->out);
+        a.d = act(e, e->g->nodes[gelu].out);
+    }
     return dw_gemm(e->ctx, &a);
 }
 
@@ -148,12 +154,18 @@ static dw_status bwd_linear(dw_engine *e, int ni) {
         DW_TRY(dw_qlin_bwd(&CE->ql, r, dx, dw, dout, x, pval(e, n->in[1]), N, K, M, &dg_done, &wg_done));
         if (dg_done) DW_TRY(in_grad_done(e, ni, 0));
     }
+    int gelu = dw_compile_fused_gelu_bwd(CE->cp, ni); /* x = GELU(h): dgrad writes dh = (dout W) GELU'(h) */
+    if (gelu >= 0) dx = in_grad(e, gelu, 0);
     if (dx && !dg_done) { /* dgrad: dx [N,K] = dout [N,M] W [M,K] */
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M,
                           .a = bf16_op(dout, N, M, false), .b = bf16_op(pbf16(e, n->in[1]), M, K, false),
                           .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
+        if (gelu >= 0) {
+            a.epilogue = DW_EPI_DGELU;
+            a.aux = act(e, e->g->nodes[gelu].in[0]);
+        }
         DW_TRY(dw_gemm(e->ctx, &a));
-        DW_TRY(in_grad_done(e, ni, 0));
+        DW_TRY(in_grad_done(e, gelu >= 0 ? gelu : ni, 0));
     }
     if (!wg_done) { /* wgrad: dW [M,K] += dout^T [M,N] x [N,K], FP32 output accumulated (beta = 1) */
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N,
@@ -251,7 +263,9 @@ static dw_status fwd_node(dw_engine *e, int ni, bool train, double dloss) {
                                      P(2), N, C, a->eps, s);
     case DW_OP_RMSNORM: return dw_cuda_rmsnorm_fwd(ctx, dt, out, aux(e, ni, DW_AUX_STAT0), X(0), P(1), N, C, a->eps, s);
     case DW_OP_LINEAR: return fwd_linear(e, ni);
-    case DW_OP_GELU: return dw_cuda_gelu_fwd(ctx, dt, out, X(0), N * C, s);
+    case DW_OP_GELU: /* or computed by the producing linear's epilogue */
+        if (CE->cp->fused[ni] & DW_FUSED_FWD) return DW_OK;
+        return dw_cuda_gelu_fwd(ctx, dt, out, X(0), N * C, s);
     case DW_OP_SILU: return dw_cuda_silu_fwd(ctx, dt, out, X(0), N * C, s);
     case DW_OP_SWIGLU: return dw_cuda_swiglu_fwd(ctx, dt, out, X(0), X(1), N * C, s);
     case DW_OP_ADD: return dw_cuda_add_fwd(ctx, dt, out, X(0), X(1), N * C, s);
@@ -290,7 +304,8 @@ static dw_status bwd_node(dw_engine *e, int ni) {
                                    C, s));
         return in_grad_done(e, ni, 0);
     case DW_OP_LINEAR: return bwd_linear(e, ni);
-    case DW_OP_GELU:
+    case DW_OP_GELU: /* or computed by the consuming linear's dgrad epilogue */
+        if (CE->cp->fused[ni] & DW_FUSED_BWD) return DW_OK;
         DW_TRY(dw_cuda_gelu_bwd(ctx, dt, in_grad(e, ni, 0), dout, X(0), N * C, s));
         return in_grad_done(e, ni, 0);
     case DW_OP_SILU:

@@ -51,6 +51,12 @@ grep -E "model.layers.1.mlp.up_proj .*recipe fp8_block +\(default\)" "$tmp/f" >/
   { echo "FAIL: layers.1 up_proj not fp8_block by default"; fails=$((fails + 1)); }
 hasnt "fp8_block runs on the engine" "$tmp/f" "NOT SUPPORTED"
 has "per-GEMM quantisation or fallback at this shape" "$tmp/f" "on sm_90 at this shape: fprop"
+"$dw" compile gpt2-tiny --precision bf16 --report >"$tmp/g" 2>&1
+check "compile gpt2-tiny bf16" 0 $?
+has "GELU forward fused into c_fc" "$tmp/g" "fused: forward in transformer.h.0.mlp.c_fc's GEMM epilogue (GELU_AUX)"
+has "GELU backward fused into c_proj's dgrad" "$tmp/g" "fused: backward in transformer.h.0.mlp.c_proj's dgrad epilogue (DGELU)"
+DW_FUSE=0 "$dw" compile gpt2-tiny --precision bf16 --report >"$tmp/g0" 2>&1
+hasnt "DW_FUSE=0 fuses nothing" "$tmp/g0" "fused:"
 "$dw" compile llama-tiny --precision fp8_block2d --seq $T --report >"$tmp/f2" 2>&1
 check "compile fp8_block2d" 0 $?
 hasnt "fp8_block2d runs on the engine" "$tmp/f2" "NOT SUPPORTED"

@@ -94,15 +94,35 @@ static void check(const dw_graph *g, const dw_compiled *c) {
         }
     }
     assert_true(c->arena_bytes >= c->live_peak && c->live_peak > 0 && c->arena_bytes <= sum);
-    /* 2. every access is to a live buffer */
+    /* 2. every access is to a live buffer (a fused GELU's accesses happen in its linear
+     * neighbours' steps: its output written by the producer's fprop, its input gradient written
+     * by the consumer's dgrad, which reads its input and no longer touches its output gradient) */
     char why[256];
     for (int ni = 0; ni < g->n_nodes; ni++) {
         const dw_ir_node *n = &g->nodes[ni];
         int f = ni, b = c->n_steps - 1 - ni;
+        const uint8_t fz = c->fused ? c->fused[ni] : 0;
         snprintf(why, sizeof why, "node %s forward", n->name);
         for (int s = 0; s < n->n_in; s++)
             if (g->tensors[n->in[s]].kind == DW_TENSOR_ACT) live_at(c, DW_BUF_VALUE, n->in[s], f, why);
         if (n->out != g->loss) live_at(c, DW_BUF_VALUE, n->out, f, why);
+        if (fz & DW_FUSED_FWD) {
+            int L = c->gelu_producer[ni];
+            assert_true(L >= 0 && g->nodes[L].op == DW_OP_LINEAR && g->nodes[L].out == n->in[0]);
+            snprintf(why, sizeof why, "GELU %s computed in %s's forward", n->name, g->nodes[L].name);
+            live_at(c, DW_BUF_VALUE, n->out, L, why);
+            live_at(c, DW_BUF_VALUE, n->in[0], L, why);
+        }
+        if (fz & DW_FUSED_BWD) {
+            int P = c->gelu_consumer[ni], bp = c->n_steps - 1 - P;
+            assert_true(P > ni && g->nodes[P].op == DW_OP_LINEAR && g->nodes[P].in[0] == n->out);
+            assert_int_equal(c->grad_off[n->out], -1); /* never materialised */
+            snprintf(why, sizeof why, "GELU %s backward in %s's dgrad", n->name, g->nodes[P].name);
+            live_at(c, DW_BUF_VALUE, n->in[0], bp, why);
+            live_at(c, DW_BUF_GRAD, n->in[0], bp, why);
+            live_at(c, DW_BUF_GRAD, n->in[0], b, why); /* and until the producer's backward reads it */
+            continue; /* G's own backward does nothing */
+        }
         snprintf(why, sizeof why, "node %s backward", n->name);
         if (n->op == DW_OP_CROSS_ENTROPY) { /* fused: dlogits written in place in the forward step */
             assert_int_equal(c->grad_off[n->in[0]], c->val_off[n->in[0]]);
@@ -115,7 +135,9 @@ static void check(const dw_graph *g, const dw_compiled *c) {
             int t = n->in[s];
             if (g->tensors[t].kind != DW_TENSOR_ACT) continue;
             if (reads_inputs_bwd(n->op)) live_at(c, DW_BUF_VALUE, t, b, why);
-            live_at(c, DW_BUF_GRAD, t, b, why);
+            int pg = g->tensors[t].producer; /* a linear after a backward-fused GELU: checked above */
+            if (!(s == 0 && g->nodes[pg].op == DW_OP_GELU && c->fused && (c->fused[pg] & DW_FUSED_BWD)))
+                live_at(c, DW_BUF_GRAD, t, b, why);
             if (c->grad_mode[ni][s] == DW_GRAD_ACCUM) assert_true(c->tmp_off[ni][DW_TMP_ACC0 + s] >= 0);
         }
         bool saves = n->op == DW_OP_LAYERNORM || n->op == DW_OP_RMSNORM || n->op == DW_OP_ATTENTION;
@@ -200,6 +222,59 @@ static void test_presets_reuse(void **state) { /* the arena is far below the sum
     for (int i = 0; i < c->n_items; i++) sum += c->items[i].size;
     assert_true(c->arena_bytes < sum / 2);
     dw_compiled_free(c);
+    dw_graph_free(g);
+}
+
+/* GELU fusion on GPT-2 shapes: every GELU of a BF16 model fused both ways (widths % 8 == 0),
+ * with its linear neighbours recorded; the plan stays valid and no larger; DW_FUSE=0 and the FP32
+ * mode fuse nothing; a quantised c_fc / c_proj keeps the GELU (no FP8 GELU epilogue). */
+static void test_gelu_fusion(void **state) {
+    (void)state;
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_hf_shape(g_ctx, "gpt2-tiny", 2, rnd(8, 64), &g), DW_OK);
+    dw_policy *p = NULL;
+    assert_int_equal(dw_policy_from_precision(g_ctx, "bf16", false, &p), DW_OK);
+    dw_compiled *c = NULL, *off = NULL, *fp32 = NULL;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
+    setenv("DW_FUSE", "0", 1);
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &off), DW_OK);
+    unsetenv("DW_FUSE");
+    assert_int_equal(dw_compile(g_ctx, g, NULL, NULL, &fp32), DW_OK);
+    int gelus = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        assert_int_equal(off->fused[i], 0);
+        assert_int_equal(fp32->fused[i], 0);
+        if (n->op != DW_OP_GELU) {
+            assert_int_equal(c->fused[i], 0);
+            continue;
+        }
+        gelus++;
+        assert_int_equal(c->fused[i], DW_FUSED_FWD | DW_FUSED_BWD);
+        int L = c->gelu_producer[i], P = c->gelu_consumer[i];
+        assert_true(strstr(g->nodes[L].name, "c_fc") && strstr(g->nodes[P].name, "c_proj"));
+        assert_int_equal(dw_compile_fused_gelu_fwd(c, L), i);
+        assert_int_equal(dw_compile_fused_gelu_bwd(c, P), i);
+        assert_int_equal(dw_compile_fused_gelu_fwd(c, P), -1);
+        assert_int_not_equal(off->grad_off[n->out], -1);
+    }
+    assert_int_equal(gelus, g->cfg.n_layers);
+    check(g, c);
+    check(g, off);
+    assert_true(c->arena_bytes <= off->arena_bytes);
+    dw_compiled_free(c), dw_compiled_free(off), dw_compiled_free(fp32);
+    dw_policy_free(p);
+    /* fp8_block with the safe fallback: only the BF16 first and last blocks fuse */
+    assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block", true, &p), DW_OK);
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i].op != DW_OP_GELU) continue;
+        bool bf16 = c->bind[g->tensors[g->nodes[i].in[0]].producer].recipe == DW_RECIPE_BF16;
+        assert_int_equal((c->fused[i] & DW_FUSED_FWD) != 0, bf16);
+    }
+    check(g, c);
+    dw_compiled_free(c);
+    dw_policy_free(p);
     dw_graph_free(g);
 }
 
@@ -288,6 +363,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_graphs),
         cmocka_unit_test(test_presets_reuse),
+        cmocka_unit_test(test_gelu_fusion),
         cmocka_unit_test(test_policy_binding),
         cmocka_unit_test(test_engine_dispatch),
     };
