@@ -257,11 +257,21 @@ int cmd_dryrun(int argc, char **argv) {
                100 * k->bubble_frac, k->pipeline, dw_sched_name(par.sched), (long long)par.grad_accum, par.vpp);
         printf("      predicted: %.4g s/step, %.4g tokens/s, MFU %.1f%%\n", k->step, k->tokens_per_s,
                100 * k->mfu);
+        dw_engine_time et;
+        if (dw_plan_engine_runnable(&st.in, &par, NULL, 0) &&
+            dw_plan_engine_time(ctx, &st.in, par.micro_batch, &et) == DW_OK) {
+            double ga = (double)par.grad_accum;
+            printf("      Deepwell engine, per step: GEMMs %.2f ms, attention %.2f ms, memory-bound kernels %.2f ms "
+                   "(%lld micro-batch(es)), AdamW %.2f ms\n", 1e3 * ga * et.gemm, 1e3 * ga * et.attn,
+                   1e3 * ga * et.mem, (long long)par.grad_accum, 1e3 * et.optimizer);
+        }
     }
     if (!run)
         printf("SKIP  gpu-run: not requested (--run executes a one-GPU plan with the CUDA engine and compares)\n");
+    else if (!formed && !dw_plan_engine_runnable(&st.in, &par, why, sizeof why))
+        not_run(why);
     else if (!formed)
-        not_run("the plan is not well-formed");
+        not_run("the plan is not well-formed (see constraints)");
     else
         ran = gpu_run(&st, &par, &e, steps, warm, &fails);
     printf("\n%s: %d check(s) failed%s\n", fails || (run && !ran) ? "FAIL" : "PASS", fails,

@@ -20,10 +20,13 @@ has "$tmp/o" "NOT RUN  gpu-run: the plan uses 8 GPUs"
 has "$tmp/o" "gpu-run NOT RUN"
 grep -q "^PASS:" "$tmp/o" && { echo "FAIL: a NOT RUN dryrun printed PASS"; fails=$((fails + 1)); }
 
-# one GPU, but recompute / ZeRO: the engine does not run the plan as it is
+# one GPU, but recompute / ZeRO: the engine does not run the plan as it is (on one GPU the planner
+# plans for the engine, so the checker rejects such plans too)
 echo '{"parallel": {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1}, "micro_batch": 8, "recompute": "selective", "zero": 0}' >"$tmp/rc.json"
 "$dw" dryrun gpt2-124m --hw h200 --gpus 1 --seq 1024 --global-batch $gb --plan "$tmp/rc.json" --run >"$tmp/o" 2>&1
 check "recompute plan --run" 1 $?
+has "$tmp/o" "FAIL  constraints"
+has "$tmp/o" "engine: one GPU runs Deepwell's engine"
 has "$tmp/o" "NOT RUN  gpu-run: recompute selective"
 echo '{"parallel": {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1}, "micro_batch": 8, "recompute": "none", "zero": 1}' >"$tmp/z.json"
 "$dw" dryrun gpt2-124m --hw h200 --gpus 1 --seq 1024 --global-batch $gb --plan "$tmp/z.json" --run >"$tmp/o" 2>&1
