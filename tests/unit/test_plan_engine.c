@@ -1,12 +1,13 @@
 /* test_plan_engine.c — the planner's one-GPU view of Deepwell's CUDA engine: memory of a plan the
  * engine runs equals the engine's compiled pools (dw_compile, computed here independently) plus
  * the cuBLASLt workspace and the context allowance, on random presets, micro-batches, sequences
- * and recipes; plans the engine cannot run say why and keep the analytical model. */
+ * and recipes; plans the engine cannot run say why; the engine's time against hand counts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,10 +134,69 @@ static void test_not_runnable_reasons(void **state) {
     dw_ctx_free(ctx);
 }
 
+/* The engine's time for GPT-2 (gpt2-tiny at a random micro-batch and sequence, BF16, analytical
+ * GEMM curve) against hand counts from the architecture: per block ln_1, c_attn (d -> 3d),
+ * attention, c_proj, add, ln_2, c_fc (d -> f), GELU, c_proj (f -> d), add, all linears biased;
+ * around them embedding, position, ln_f, the tied LM head (d -> V) and cross-entropy. */
+static void test_engine_time_hand_count(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = one_gpu(ctx);
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x77);
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, "gpt2-tiny", &cfg), DW_OK);
+    const double B = (double)(1 + dw_test_next(&rng) % 4), T = (double)(16 << (dw_test_next(&rng) % 4));
+    dw_job j = {.seq = (int64_t)T, .global_batch = (int64_t)B};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    dw_engine_time et;
+    assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, &et), DW_OK);
+    const double d = (double)cfg.d_model, f = (double)cfg.d_ff, V = (double)cfg.vocab_size, L = (double)cfg.n_layers;
+    const double H = (double)cfg.n_heads, D = (double)cfg.head_dim, N = B * T;
+    const double peak = hw->gpus[0].peak_bf16_tflops * 1e12, bw = hw->gpus[0].hbm_gbps * 1e9;
+    /* GEMMs: 3 per linear (fprop N x M x K, dgrad N x K x M, wgrad M x K x N) */
+    const double lin[5][2] = {{d, 3 * d}, {d, d}, {d, f}, {f, d}, {d, V}}; /* (K, M); the last is the head */
+    double flops = 0, tg = 0;
+    for (int i = 0; i < 5; i++) {
+        double K = lin[i][0], M = lin[i][1], reps = i < 4 ? L : 1, fl = 2 * N * K * M;
+        flops += reps * 3 * fl;
+        tg += reps * fl * (1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, N, M, K) + 1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, N, K, M) +
+                           1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, M, K, N));
+    }
+    /* attention: causal 4 B T (T/2) D H forward, 2.5x backward, at 0.145 / 0.11 of peak x T/(T+256) */
+    const double af = 4 * B * T * (T / 2) * D * H, shape = T / (T + 256);
+    const double ta = L * (af / (peak * 0.145 * shape) + 2.5 * af / (peak * 0.11 * shape));
+    flops += L * 3.5 * af;
+    /* memory-bound passes of 2-byte elements, forward / backward (docs/planner.md) */
+    const double fwd_el = 2 * d + 3 * d + L * (2 * (2 * d) + 2 * (3 * d) + 2 * f) + 2 * d + 3 * V;
+    const double bwd_el = 5 * d + 3 * d + L * (2 * (5 * d) + 2 * (4 * d) + 3 * f + (3 * d + d + f + d)) + 5 * d;
+    const double tm = N * 2 * (fwd_el + bwd_el) / (bw * 0.40);
+    print_message("gpt2-tiny B %.0f T %.0f: gemm %.4g s (hand %.4g), attention %.4g (%.4g), memory %.4g (%.4g)\n", B,
+                  T, et.gemm, tg, et.attn, ta, et.mem, tm);
+    assert_true(fabs(et.flops / flops - 1) < 1e-12);
+    assert_true(fabs(et.gemm / tg - 1) < 1e-12);
+    assert_true(fabs(et.attn / ta - 1) < 1e-12);
+    assert_true(fabs(et.mem / tm - 1) < 1e-12);
+    assert_true(fabs((et.fwd + et.bwd) / (et.gemm + et.attn + et.mem) - 1) < 1e-12);
+    /* AdamW: 34 bytes per padded parameter float at 0.75 of HBM bandwidth */
+    int64_t pools[DW_POOL_COUNT];
+    compiled_pools(ctx, &cfg, (int64_t)B, (int64_t)T, "bf16", pools);
+    assert_true(fabs(et.optimizer / ((double)pools[DW_POOL_GRADS] / 4 * 34 / (bw * 0.75)) - 1) < 1e-12);
+    /* the search's step for this one-GPU job: grad_accum x (fwd + bwd) + AdamW */
+    dw_par p = {.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = (int64_t)B, .grad_accum = 1};
+    dw_plan_entry e;
+    dw_plan_time(&in, &p, &e, NULL);
+    assert_true(fabs(e.cost.step / (et.fwd + et.bwd + et.optimizer) - 1) < 1e-9);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_equals_compiled_pools),
         cmocka_unit_test(test_not_runnable_reasons),
+        cmocka_unit_test(test_engine_time_hand_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
