@@ -146,6 +146,9 @@ int cmd_plan(int argc, char **argv) {
                "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
                "alpha-beta collectives, pipeline event simulation); nothing was run.\n",
                dw_plan_peak_flops(&st.hw->gpus[0], st.in.job.prec) / 1e12);
+        if (st.in.n_gpus == 1 && st.in.engine_model)
+            printf("One GPU: planned for Deepwell's CUDA engine (memory from its compiled pools, time from its\n"
+                   "graph at the engine's kernel rates; docs/planner.md). `deepwell dryrun --run` checks it.\n");
     }
     if (rc == DW_EXIT_OK && res.n_plans == 0) {
         cli_error("plan", "no configuration fits: see the rejection counts");
