@@ -192,11 +192,47 @@ static void test_engine_time_hand_count(void **state) {
     dw_ctx_free(ctx);
 }
 
+/* On one GPU the search plans for the engine: every returned plan is one it runs, the others are
+ * counted under their own reason, and the accounting still adds up. */
+static void test_search_plans_for_the_engine(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = one_gpu(ctx);
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x99);
+    static const char *const models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-124m"};
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, models[dw_test_next(&rng) % 4], &cfg), DW_OK);
+    dw_job j = {.seq = 64 << (dw_test_next(&rng) % 3), .global_batch = 1 + (int64_t)(dw_test_next(&rng) % 24),
+                .prec = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT)};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    dw_plan_result r;
+    assert_int_equal(dw_plan_search(ctx, &in, 5, &r), DW_OK);
+    assert_true(r.n_plans >= 1);
+    for (int i = 0; i < r.n_plans; i++) {
+        char why[300];
+        assert_true(dw_plan_engine_runnable(&in, &r.plans[i].par, why, sizeof why));
+        assert_int_equal(dw_plan_check(&in, &r.plans[i].par, NULL, 0), 0);
+        dw_engine_mem em;
+        assert_int_equal(dw_plan_engine_memory(ctx, &in, r.plans[i].par.micro_batch, &em), DW_OK);
+        assert_true(r.plans[i].mem.total == (double)em.total);
+    }
+    assert_true(r.rej.count[DW_REJECT_ENGINE] > 0);
+    int64_t rejected = 0;
+    for (int k = 0; k < DW_REJECT_COUNT; k++) rejected += r.rej.count[k];
+    assert_true(r.evaluated == rejected + r.feasible - r.rej.count[DW_REJECT_DOMINATED]);
+    dw_plan_result_free(&r);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_equals_compiled_pools),
         cmocka_unit_test(test_not_runnable_reasons),
         cmocka_unit_test(test_engine_time_hand_count),
+        cmocka_unit_test(test_search_plans_for_the_engine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
