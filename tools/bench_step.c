@@ -6,16 +6,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "capture/model_config.h"
 #include "cli.h"
 #include "core/ctx.h"
+#include "core/error.h"
 #include "formats/formats.h"
 #include "ir/ir.h"
 #include "runtime/engine.h"
 #include "runtime/engine_cuda.h"
 #include "runtime/profile.h"
+#include "step_run.h"
 
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -34,7 +35,9 @@ static void help(void) {
            "back: one host sync) and dw_engine_adamw_step (lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0:\n"
            "one more sync), on random tokens. The first two steps are warm-up (eager, then the CUDA\n"
            "graph capture); then N steps, each timed on the host clock (every step ends synchronised);\n"
-           "the median is reported as ms/step and tokens/s (B*T / median).\n\n"
+           "the median is reported as ms/step and tokens/s (B*T / median). Device memory used by the\n"
+           "engine: cudaMemGetInfo's free bytes before the engine is created minus the least free\n"
+           "bytes seen after creation and after every step (pools, cuBLASLt workspace, CUDA graph).\n\n"
            "MFU = tokens/s * FLOPs per token / peak, FLOPs per token in the PaLM convention (as\n"
            "bench/train_anchor.py): 6 x matmul parameters (LM head included) + 12 x layers x heads x\n"
            "head_dim x T (causal masking not discounted).\n\n"
@@ -69,16 +72,6 @@ static double flops_per_token(const dw_model_config *c, int64_t T) {
     const double per_layer = d * H * hd + 2 * d * Hkv * hd + H * hd * d + (glu ? 3 : 2) * d * ff;
     const double matmul = (double)c->n_layers * per_layer + (double)c->vocab_size * d;
     return 6 * matmul + 12 * (double)c->n_layers * H * hd * (double)T;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 #endif /* DW_HAVE_CUDA */
@@ -179,63 +172,40 @@ int dw_bench_step(int argc, char **argv) {
         cli_error(CMD, "no CUDA device: %s", dw_errmsg(NULL));
         return DW_EXIT_FAIL;
     }
-    size_t free0 = 0, total = 0, free1 = 0;
-    cudaMemGetInfo(&free0, &total);
     dw_policy *pol = NULL;
     dw_engine *e = NULL;
-    int32_t *tok = malloc((size_t)(B * T + 1) * sizeof *tok);
-    double *times = malloc((size_t)steps * sizeof *times), *fb = malloc((size_t)steps * sizeof *fb);
+    int32_t *tok = NULL;
+    dw_step_run_result run = {0};
     int rc = DW_EXIT_OK;
-    if (!tok || !times || !fb) {
-        cli_error(CMD, "out of memory");
-        rc = DW_EXIT_FAIL;
-        goto done;
-    }
-    uint64_t x = 0x9E3779B97F4A7C15ull;
-    for (int64_t i = 0; i <= B * T; i++) { /* xorshift64 tokens; targets are the next tokens */
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        tok[i] = (int32_t)(x % (uint64_t)cfg.vocab_size);
-    }
     if (strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, safe, &pol);
-    if (s == DW_OK) s = dw_engine_create_cuda(ctx, &cfg, B, T, pol, &e);
-    if (s == DW_OK) s = dw_engine_init_weights(e, 1234);
-    double loss0 = 0, loss = 0, norm = 0;
-    for (long i = 0; s == DW_OK && i < 2 + warm + steps; i++) {
-        double t0 = now_s();
-        dw_engine_zero_grad(e);
-        s = dw_engine_forward_backward(e, tok, tok + 1, B, T, 1.0, &loss);
-        double t1 = now_s();
-        if (s == DW_OK) s = dw_engine_adamw_step(e, 3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, i + 1, &norm);
-        double t2 = now_s();
-        if (i == 0) loss0 = loss;
-        if (i >= 2 + warm) times[i - 2 - warm] = t2 - t0, fb[i - 2 - warm] = t1 - t0;
-    }
+    dw_step_run_opts ro = {.micro_batch = B, .seq = T, .grad_accum = 1, .warmup = 2 + warm, .steps = steps,
+                           .policy = pol};
+    if (s == DW_OK) s = dw_step_run(ctx, &cfg, &ro, &run, &e);
     if (s != DW_OK) {
         rc = cli_fail(CMD, ctx, s);
         goto done;
     }
-    cudaMemGetInfo(&free1, &total);
-    qsort(times, (size_t)steps, sizeof *times, cmp_double);
-    qsort(fb, (size_t)steps, sizeof *fb, cmp_double);
-    const double med = times[steps / 2], fbmed = fb[steps / 2], tps = (double)(B * T) / med;
+    const double loss0 = run.loss_first, loss = run.loss_last;
+    const double med = run.median, fbmed = run.fb_median, tps = (double)(B * T) / med;
     const double fpt = flops_per_token(&cfg, T), mfu = tps * fpt / (peak * 1e12);
-    const double mem_gib = (double)(free0 - free1) / 1073741824.0;
+    const double mem_gib = (double)run.mem_engine / 1073741824.0;
     if (json) {
         printf("{\"impl\": \"deepwell-%s\", \"model\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"vocab\": %lld,\n"
                "  \"step_s_median\": %.6f, \"fwd_bwd_s_median\": %.6f, \"step_s_min\": %.6f, \"tokens_per_s\": %.1f,\n"
                "  \"flops_per_token\": %.6g, \"mfu\": %.4f, \"device_mem_gib\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f%s\n",
-               precision, argv[optind], B, T, (long long)cfg.vocab_size, med, fbmed, times[0], tps, fpt, mfu, mem_gib,
+               precision, argv[optind], B, T, (long long)cfg.vocab_size, med, fbmed, run.min, tps, fpt, mfu, mem_gib,
                loss0, loss, profile ? "," : "}");
     } else {
         printf("deepwell %s, %s, B=%ld T=%ld V=%lld: %.2f ms/step (median of %ld; fwd+bwd %.2f ms, min %.2f ms)\n"
                "  %.0f tokens/s, MFU %.1f%% of %.0f TFLOP/s (%.4g FLOPs/token, PaLM convention)\n"
                "  device memory used by the engine: %.2f GiB; loss %.4f -> %.4f\n",
                precision, argv[optind], B, T, (long long)cfg.vocab_size, 1e3 * med, steps, 1e3 * fbmed,
-               1e3 * times[0], tps, 100 * mfu, peak, fpt, mem_gib, loss0, loss);
+               1e3 * run.min, tps, 100 * mfu, peak, fpt, mem_gib, loss0, loss);
     }
     if (profile) {
         dw_prof_summary ps;
-        s = dw_prof_run(ctx, e, tok, tok + 1, B, T, 3, &ps);
+        tok = dw_step_run_tokens(B * T, cfg.vocab_size);
+        s = tok ? dw_prof_run(ctx, e, tok, tok + 1, B, T, 3, &ps) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
         if (s != DW_OK) {
             rc = cli_fail(CMD, ctx, s);
             goto done;
@@ -252,7 +222,8 @@ int dw_bench_step(int argc, char **argv) {
 done:
     dw_engine_free(e);
     dw_policy_free(pol);
-    free(tok), free(times), free(fb);
+    free(tok);
+    dw_step_run_result_free(&run);
     dw_ctx_free(ctx);
     return rc;
 #endif

@@ -10,19 +10,23 @@
 #include "cli.h"
 
 static void help(void) {
-    printf("Usage: deepwell plan MODEL --hw PRESET|FILE|probe [--nodes N] --seq S --global-batch G\n"
+    printf("Usage: deepwell plan MODEL --hw PRESET|FILE|probe [--nodes N] [--gpus N] --seq S --global-batch G\n"
            "                     [--precision R] [--moe experts=E,top_k=K,capacity=C]\n"
            "                     [--gemm-rates FILE] [--headroom F] [--json] [--svg FILE] [--top K]\n\n"
            "Searches data/tensor/pipeline/context/expert parallel degrees, micro-batch size, pipeline\n"
            "schedule (1F1B, interleaved with virtual stages), activation recompute (none, selective,\n"
            "full), ZeRO stage 0-3 and optimizer offload for training MODEL on the machine, and prints the\n"
            "fastest plans that fit in memory, with predicted step time, tokens/s, MFU and memory per GPU.\n"
-           "Predictions come from an analytical model (docs/planner.md); nothing is run.\n\n"
+           "Predictions come from an analytical model (docs/planner.md); nothing is run. A one-GPU plan\n"
+           "that Deepwell's CUDA engine runs as it is (no recompute, ZeRO or offload; a dense gpt2,\n"
+           "llama, mistral or qwen2 model) takes its memory from the engine's compiled memory plan\n"
+           "(`deepwell compile`) and its time from the engine's kernel rates.\n\n"
            "  MODEL              a model preset (gpt2-124m, llama-8b, llama-405b, mixtral-8x7b, ...)\n"
            "                     or a directory with a Hugging Face config.json\n"
            "  --hw PRESET|FILE   hardware preset (h100-sxm, h200, b200, b100, gb200-nvl72), a JSON\n"
            "                     file written by `deepwell probe --json`, or `probe` for this machine\n"
            "  --nodes N          number of identical nodes (default 1, or the file's / probe's count)\n"
+           "  --gpus N           use only the first N GPUs of each node (e.g. --hw h200 --gpus 1)\n"
            "  --seq S            tokens per sequence\n"
            "  --global-batch G   sequences per optimizer step\n"
            "  --precision R      GEMM recipe: bf16 (default), fp8_block, mxfp8, nvfp4\n"
@@ -75,7 +79,7 @@ int cmd_plan(int argc, char **argv) {
     int c, rc = DW_EXIT_OK;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c >= 0x100 && c <= 0x107) {
+        if (c >= DW_PLAN_ARG_FIRST && c <= DW_PLAN_ARG_LAST) {
             if ((s = dw_plan_args_opt(ctx, c, optarg, &a)) != DW_OK) {
                 rc = cli_fail("plan", ctx, s);
                 goto done;
@@ -142,6 +146,9 @@ int cmd_plan(int argc, char **argv) {
                "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
                "alpha-beta collectives, pipeline event simulation); nothing was run.\n",
                dw_plan_peak_flops(&st.hw->gpus[0], st.in.job.prec) / 1e12);
+        if (st.in.n_gpus == 1 && st.in.engine_model)
+            printf("One GPU: planned for Deepwell's CUDA engine (memory from its compiled pools, time from its\n"
+                   "graph at the engine's kernel rates; docs/planner.md). `deepwell dryrun --run` checks it.\n");
     }
     if (rc == DW_EXIT_OK && res.n_plans == 0) {
         cli_error("plan", "no configuration fits: see the rejection counts");

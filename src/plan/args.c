@@ -71,6 +71,7 @@ dw_status dw_plan_args_opt(dw_ctx *ctx, int c, const char *arg, dw_plan_args *a)
         return DW_OK;
     case 0x105: return dw_plan_parse_moe(ctx, arg, &a->job);
     case 0x106: a->gemm = arg; return DW_OK;
+    case 0x108: DW_TRY(parse_ll(ctx, "--gpus", arg, 1, 4096, &x)); a->gpus = (long)x; return DW_OK;
     case 0x107: {
         char *end = NULL;
         double h = strtod(arg, &end);
@@ -81,6 +82,29 @@ dw_status dw_plan_args_opt(dw_ctx *ctx, int c, const char *arg, dw_plan_args *a)
     }
     default: return dw_set_error(ctx, DW_ERR_INVALID, "internal: option %d is not a plan option", c);
     }
+}
+
+/* --gpus N: a node of the first N GPUs of the description (NVLink domain capped at N). */
+static dw_status keep_gpus(dw_ctx *ctx, long n, dw_hw **hwp) {
+    dw_hw *hw = *hwp;
+    if (n > hw->n_gpus)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--gpus %ld: the hardware description has %d GPUs per node", n,
+                            hw->n_gpus);
+    if (n == hw->n_gpus) return DW_OK;
+    dw_hw *k = dw_hw_alloc((int)n);
+    if (!k) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    dw_gpu_info *gpus = k->gpus;
+    dw_peer_link *peers = k->peers;
+    *k = *hw;
+    k->n_gpus = (int)n, k->gpus = gpus, k->peers = peers;
+    for (long i = 0; i < n; i++) {
+        gpus[i] = hw->gpus[i];
+        for (long j = 0; j < n; j++) peers[i * n + j] = hw->peers[i * hw->n_gpus + j];
+    }
+    if (k->nodes <= 1 && k->nvlink_domain > n) k->nvlink_domain = (int)n;
+    dw_hw_free(hw);
+    *hwp = k;
+    return DW_OK;
 }
 
 void dw_plan_setup_free(dw_plan_setup *s) {
@@ -109,6 +133,7 @@ dw_status dw_plan_setup_load(dw_ctx *ctx, const dw_plan_args *a, dw_plan_setup *
     } else {
         s = dw_hw_preset(ctx, a->hw, a->nodes > 0 ? (int)a->nodes : 1, &out->hw);
     }
+    if (s == DW_OK && a->gpus > 0) s = keep_gpus(ctx, a->gpus, &out->hw);
     if (s == DW_OK && a->gemm) s = dw_gemm_table_load(ctx, a->gemm, &out->gemm);
     if (s == DW_OK)
         s = dw_plan_in_init(ctx, &out->cfg, out->hw, &a->job, a->gemm ? &out->gemm : NULL, &out->in);

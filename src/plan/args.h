@@ -10,6 +10,7 @@
 typedef struct {
     const char *model, *hw, *gemm;
     long nodes;          /* 0: not given */
+    long gpus;           /* GPUs per node, at most the description's; 0: not given */
     dw_job job;
     bool seq_given, batch_given;
 } dw_plan_args;
@@ -19,9 +20,12 @@ typedef struct {
     {"hw", required_argument, 0, 0x100}, {"nodes", required_argument, 0, 0x101},              \
     {"seq", required_argument, 0, 0x102}, {"global-batch", required_argument, 0, 0x103},      \
     {"precision", required_argument, 0, 0x104}, {"moe", required_argument, 0, 0x105},         \
-    {"gemm-rates", required_argument, 0, 0x106}, {"headroom", required_argument, 0, 0x107}
+    {"gemm-rates", required_argument, 0, 0x106}, {"headroom", required_argument, 0, 0x107},   \
+    {"gpus", required_argument, 0, 0x108}
+#define DW_PLAN_ARG_FIRST 0x100
+#define DW_PLAN_ARG_LAST 0x108
 
-/* Handles one shared option (c in 0x100..0x107). DW_ERR_INVALID with a message naming the
+/* Handles one shared option (c in DW_PLAN_ARG_FIRST..DW_PLAN_ARG_LAST). DW_ERR_INVALID with a message naming the
  * flag for a bad value. */
 dw_status dw_plan_args_opt(dw_ctx *ctx, int c, const char *arg, dw_plan_args *a);
 /* Parses "experts=E,top_k=K,capacity=C" (any subset, any order) into the job. */

@@ -187,6 +187,9 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
     if (p->vpp > 1 && p->grad_accum % p->pp)
         FAIL(INTERLEAVE_MB, "%lld micro-batches %% pp %d != 0", (long long)p->grad_accum, p->pp);
     if (p->zero >= 2 && p->pp > 1) FAIL(ZERO_PP, "ZeRO-%d with pp %d", p->zero, p->pp);
+    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RC_NONE || p->zero || p->offload))
+        FAIL(ENGINE, "one GPU runs Deepwell's engine: recompute %s, ZeRO-%d%s", dw_recompute_name(p->recompute),
+             p->zero, p->offload ? ", offload" : "");
     /* the event simulation keeps two times per (micro-batch, virtual stage) */
     if (p->grad_accum * p->pp * p->vpp > DW_PLAN_SIM_LIMIT)
         FAIL(SIM_SIZE, "%lld micro-batches x %d virtual stages > %d", (long long)p->grad_accum, p->pp * p->vpp,
@@ -215,8 +218,17 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
     return dw_plan_time(in, par, out, NULL);
 }
 
-/* One micro-batch through each virtual stage: vt[vs] for vs in [0, pp*vpp). */
-static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt) {
+/* One micro-batch through each virtual stage: vt[vs] for vs in [0, pp*vpp). A plan Deepwell's
+ * engine runs as it is takes the engine's node-by-node time (engine.c); *engine_opt (may be
+ * NULL) then receives its AdamW time, else -1. */
+static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt, double *engine_opt) {
+    dw_engine_time et;
+    if (engine_opt) *engine_opt = -1;
+    if (dw_plan_engine_runnable(in, par, NULL, 0) && dw_plan_engine_time(NULL, in, par->micro_batch, &et) == DW_OK) {
+        vt[0] = (ltime){.fwd = et.fwd, .bwd = et.bwd, .flops = et.flops};
+        if (engine_opt) *engine_opt = et.optimizer;
+        return;
+    }
     ltime dense, moe;
     block_time(in, par, false, &dense);
     if (in->experts > 0) block_time(in, par, true, &moe);
@@ -248,7 +260,7 @@ void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, do
     int P = par->pp * par->vpp;
     ltime *vt = calloc((size_t)P, sizeof *vt);
     DW_ASSERT(vt);
-    vstage_times(in, par, vt);
+    vstage_times(in, par, vt, NULL);
     for (int vs = 0; vs < P; vs++) fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd;
     free(vt);
     *p2p = p2p_time(in, par);
@@ -261,7 +273,8 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
     double *busy = calloc((size_t)par->pp, sizeof *busy), *tpc = calloc((size_t)par->pp, sizeof *tpc);
     double *cpc = calloc((size_t)par->pp, sizeof *cpc), *epc = calloc((size_t)par->pp, sizeof *epc);
     DW_ASSERT(fw && bw && vt && busy && tpc && cpc && epc);
-    vstage_times(in, par, vt);
+    double engine_opt;
+    vstage_times(in, par, vt, &engine_opt);
     double p2p = p2p_time(in, par), exec = 0, stage_busy_max = 0;
     dw_cost *c = &out->cost;
     int slow = 0;
@@ -322,6 +335,7 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         double o = par->offload
                        ? shard * (4 + 2) / (PCIE_GBPS * 1e9) + shard / HOST_ADAM_PARAMS_PER_S
                        : hbm_time(in, shard * 32); /* read grad, m, v, master; write m, v, master, param */
+        if (engine_opt >= 0) o = engine_opt;
         if (exp_s + o > dp_exp + opt) dp_exp = exp_s, opt = o, dp_all = all_s;
     }
     c->dp_comm = dp_all, c->dp_exposed = dp_exp, c->optimizer = opt;

@@ -1,6 +1,7 @@
 /* memory.c — peak memory per GPU of a parallel configuration: weights (+ low-precision caches),
  * FP32 gradients, FP32 master + Adam moments by ZeRO stage and offload, activations by recompute
- * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales. */
+ * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales. A plan
+ * Deepwell's engine runs as it is (one GPU) takes the engine's compiled pools instead (engine.c). */
 #include <string.h>
 
 #include "plan/layout.h"
@@ -9,8 +10,29 @@
 /* CUDA context, cuBLAS(Lt) workspaces, NCCL channels, allocator slack: a fixed 1 GiB. */
 #define FIXED_WORKSPACE (1.0 * GIB)
 
+/* Deepwell's engine on one GPU: its pools as dw_compile plans them (engine.c). */
+static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
+    dw_engine_mem em;
+    if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory(NULL, in, par->micro_batch, &em) != DW_OK)
+        return false;
+    out->weights = (double)em.pool[0];     /* FP32 master + BF16 working copy */
+    out->grads = (double)em.pool[1];       /* FP32 */
+    out->optimizer = (double)em.pool[2];   /* AdamW m, v (FP32) */
+    out->activations = (double)em.pool[3]; /* the static arena */
+    out->workspace = (double)(em.pool[4] + em.cublaslt + em.context);
+    out->scales = 0;                       /* quantised operands live in the workspace slots */
+    out->total = (double)em.total;
+    out->inflight = 1;
+    return true;
+}
+
 void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     memset(out, 0, sizeof *out);
+    if (engine_memory(in, par, out)) {
+        out->hbm = (double)in->hw->gpus[0].hbm_bytes;
+        out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
+        return;
+    }
     const dw_model_config *c = in->cfg;
     const dw_gpu_info *g = &in->hw->gpus[0];
     int64_t m = par->grad_accum;

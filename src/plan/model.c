@@ -75,6 +75,7 @@ dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *
         if (fd > cfg->n_layers) fd = cfg->n_layers;
         out->moe_layers = cfg->n_layers - fd;
     }
+    dw_plan_engine_probe_model(out);
     return DW_OK;
 }
 

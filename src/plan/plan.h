@@ -83,6 +83,7 @@ typedef struct {
     X(CP_SEQ, "seq_not_divisible_by_2cp")                                              \
     X(INTERLEAVE_MB, "interleaved_needs_micro_batches_multiple_of_pp")                 \
     X(ZERO_PP, "zero2_3_with_pipeline")                                                \
+    X(ENGINE, "one_gpu_engine_has_no_recompute_zero_offload")                          \
     X(MEMORY, "memory_exceeds_hbm_minus_headroom")                                     \
     X(SIM_SIZE, "micro_batches_x_stages_over_simulation_limit")                        \
     X(DOMINATED, "slower_than_kept_plans")
@@ -134,6 +135,10 @@ typedef struct {
     int64_t experts, top_k;     /* effective MoE (0 experts: dense) */
     double capacity;
     int64_t moe_layers;         /* layers whose MLP is an MoE */
+    /* Deepwell's CUDA engine (engine.c): whether it can run this model and job on one GPU
+     * (a captured family, no MoE, seq within the positions); why not otherwise. */
+    bool engine_model;
+    char engine_why[200];
 } dw_plan_in;
 
 /* Fills defaults and validates the job against model and hardware (message names the field). */
@@ -182,6 +187,47 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
 void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p);
 /* Memory per GPU for a configuration (worst stage). */
 void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
+
+/* ---- Deepwell's own CUDA engine (engine.c) -------------------------------------------------- */
+/* A plan the engine runs as it is: one GPU (dp = tp = pp = cp = ep = 1, v = 1), no recompute,
+ * no ZeRO, no offload, and in->engine_model. Otherwise false with the first reason in `why`
+ * (may be NULL). The planner's memory and time for such plans describe the engine, and on a
+ * one-GPU machine with in->engine_model it plans for the engine alone: configurations with
+ * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
+bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
+/* The precision policy the engine runs the job's recipe with: "bf16"; a quantised recipe with
+ * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
+ * assumes. Caller dw_policy_free. */
+/* Sets in->engine_model and engine_why (dw_plan_in_init calls it). */
+void dw_plan_engine_probe_model(dw_plan_in *in);
+dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan_in *in, dw_policy **out);
+/* The engine's device memory for one GPU at micro-batch b: the five pools of dw_compile's
+ * static plan (weights, grads, optimizer, activations, workspace: the engine allocates exactly
+ * these), the GEMM layer's cuBLASLt workspace and a CUDA-context allowance. Computed by
+ * capturing and compiling the graph (no GPU). */
+typedef struct {
+    int64_t pool[5];            /* bytes per dw_pool_id */
+    int64_t cublaslt;           /* DW_COMPILE_LT_WORKSPACE */
+    int64_t context;            /* DW_PLAN_CUDA_CONTEXT */
+    int64_t total;              /* all of the above */
+} dw_engine_mem;
+/* CUDA context and kernel images resident before the engine allocates (an allowance, checked
+ * against cudaMemGetInfo by `deepwell dryrun --run`). */
+#define DW_PLAN_CUDA_CONTEXT ((int64_t)512 << 20)
+dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_mem *out);
+/* The engine's time for one micro-batch (forward, backward) and one AdamW step, walking the
+ * compiled graph node by node: each linear node's three GEMMs at their own shapes and recipes
+ * (a GEMM the quantised kernel refuses runs in BF16, as the engine does) through
+ * dw_plan_gemm_rate (so --gemm-rates applies), the quantisation of both operands of every
+ * quantised GEMM, attention at the engine kernel's rate, and every other op by the bytes its
+ * kernels move. Rates and byte counts: docs/planner.md ("Deepwell's engine"). */
+typedef struct {
+    double fwd, bwd;            /* seconds per micro-batch */
+    double gemm, attn, mem;     /* of fwd + bwd: GEMMs, attention, memory-bound kernels (incl. quantisation) */
+    double optimizer;           /* AdamW over the padded parameter pool, once per step */
+    double flops;               /* executed per micro-batch (GEMMs 3x forward, attention 3.5x) */
+} dw_engine_time;
+dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_time *out);
 
 /* ---- pipeline event simulation (pipesim.c) ---------------------------------------------------- */
 typedef enum { DW_OP_F = 0, DW_OP_B } dw_op_kind;

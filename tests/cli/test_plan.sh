@@ -89,7 +89,7 @@ grep -q "memory_exceeds_hbm" "$tmp/out" || { echo "FAIL: no memory rejection lis
 # dryrun: the plan from above passes; a broken one fails
 "$dw" dryrun llama-8b --hw h100-sxm --nodes $nodes --seq 4096 --global-batch $gb --plan "$tmp/plan.json" >"$tmp/dr" 2>&1
 check "dryrun of the planned best" 0 $?
-for w in "PASS  constraints" "PASS  memory" "overlap" "bubble" "NOT RUN" "does not exist yet"; do
+for w in "PASS  constraints" "PASS  memory" "overlap" "bubble" "SKIP  gpu-run: not requested"; do
   grep -q "$w" "$tmp/dr" || { echo "FAIL: dryrun output lacks '$w'"; fails=$((fails + 1)); }
 done
 grep -q "weights .* grads .* optimizer .* activations" "$tmp/dr" || { echo "FAIL: no breakdown"; fails=$((fails + 1)); }

@@ -1,0 +1,193 @@
+/* engine.c — the planner's view of Deepwell's own CUDA engine: which plans it runs as they are
+ * (one GPU, no recompute/ZeRO/offload) and its exact device memory, taken from dw_compile's
+ * static plan — the code the engine allocates from — so prediction and engine cannot drift.
+ * Planning only: captures and compiles a graph of shapes, touches no GPU. */
+#include <stdio.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "compile/compile.h"
+#include "core/error.h"
+#include "plan/layout.h"
+
+_Static_assert(DW_POOL_COUNT == 5, "dw_engine_mem.pool has one entry per pool");
+
+static bool say(char *why, int len, const char *what) {
+    if (why && len > 0) snprintf(why, (size_t)len, "%s", what);
+    return false;
+}
+
+bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len) {
+    char buf[320];
+    if (par->dp != 1 || par->tp != 1 || par->pp != 1 || par->cp != 1 || par->ep != 1 || par->vpp != 1) {
+        snprintf(buf, sizeof buf, "the plan uses %lld GPUs (dp %d tp %d pp %d cp %d ep %d); the engine runs "
+                 "on one GPU", (long long)par->dp * par->tp * par->pp * par->cp, par->dp, par->tp, par->pp,
+                 par->cp, par->ep);
+        return say(why, why_len, buf);
+    }
+    if (!in->engine_model) return say(why, why_len, in->engine_why);
+    if (par->recompute != DW_RC_NONE) {
+        snprintf(buf, sizeof buf, "recompute %s: the engine keeps every activation (no recomputation)",
+                 dw_recompute_name(par->recompute));
+        return say(why, why_len, buf);
+    }
+    if (par->zero != 0) {
+        snprintf(buf, sizeof buf, "ZeRO-%d: the engine has no optimizer-state sharding", par->zero);
+        return say(why, why_len, buf);
+    }
+    if (par->offload) return say(why, why_len, "offload: the engine keeps the optimizer on the GPU");
+    return true;
+}
+
+/* Sets in->engine_model / engine_why (called by dw_plan_in_init). */
+void dw_plan_engine_probe_model(dw_plan_in *in) {
+    in->engine_model = false;
+    in->engine_why[0] = 0;
+    if (in->experts > 0) {
+        snprintf(in->engine_why, sizeof in->engine_why, "mixture-of-experts layers: the engine runs dense "
+                 "models only");
+        return;
+    }
+    dw_graph *g = NULL;
+    if (dw_capture_config(NULL, in->cfg, 1, in->job.seq, &g) == DW_OK) in->engine_model = true;
+    else snprintf(in->engine_why, sizeof in->engine_why, "the engine cannot build this model: %s", dw_errmsg(NULL));
+    dw_graph_free(g);
+}
+
+dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan_in *in, dw_policy **out) {
+    dw_plan_prec p = in->job.prec;
+    return dw_policy_from_precision(ctx, dw_plan_prec_name(p), p != DW_PREC_BF16, out);
+}
+
+/* The engine's compiled plan for the job at micro-batch b (free with release()). */
+typedef struct {
+    dw_graph *g;
+    dw_policy *pol;
+    dw_compiled *c;
+} compiled_job;
+
+static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, compiled_job *j) {
+    memset(j, 0, sizeof *j);
+    DW_TRY(dw_capture_config(ctx, in->cfg, b, in->job.seq, &j->g));
+    DW_TRY(dw_plan_engine_policy(ctx, in, &j->pol));
+    return dw_compile(ctx, j->g, NULL, j->pol, &j->c);
+}
+
+static void release(compiled_job *j) {
+    dw_compiled_free(j->c);
+    dw_policy_free(j->pol);
+    dw_graph_free(j->g);
+}
+
+dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_mem *out) {
+    memset(out, 0, sizeof *out);
+    compiled_job j;
+    dw_status s = compile_job(ctx, in, micro_batch, &j);
+    if (s == DW_OK) {
+        for (int p = 0; p < DW_POOL_COUNT; p++) out->pool[p] = j.c->pool_bytes[p], out->total += j.c->pool_bytes[p];
+        out->cublaslt = DW_COMPILE_LT_WORKSPACE;
+        out->context = DW_PLAN_CUDA_CONTEXT;
+        out->total += out->cublaslt + out->context;
+    }
+    release(&j);
+    return s;
+}
+
+/* ---- time --------------------------------------------------------------------------------- */
+/* The engine's kernels (not a FlashAttention-3 class stack), as fractions of the GPU's datasheet
+ * BF16 peak and HBM bandwidth; derivations in docs/planner.md ("Deepwell's engine"):
+ * attention (mma.sync BF16 tiles, P and dS split in two BF16 terms) from kernel times measured
+ * on the H200 at GPT-2 B16 T1024 (ncu) and Llama-1B B8 T2048 (profile); memory-bound kernels
+ * from the Llama-1B profile's non-GEMM, non-attention time over the bytes counted below. */
+#define ENGINE_ATTN_FWD_EFF 0.145
+#define ENGINE_ATTN_BWD_EFF 0.11
+#define ENGINE_MEM_EFF 0.40
+#define ENGINE_ADAMW_EFF 0.75
+/* AdamW per parameter float: read weight, grad, m, v (16 B), write weight, m, v (12 B) and the
+ * BF16 working copy (2 B), plus the gradient-norm pass reading the grads (4 B). */
+#define ENGINE_ADAMW_BYTES 34.0
+
+static dw_plan_prec recipe_prec(int r) {
+    switch (r) {
+    case DW_RECIPE_BF16: return DW_PREC_BF16;
+    case DW_RECIPE_MXFP8: return DW_PREC_MXFP8;
+    case DW_RECIPE_NVFP4: return DW_PREC_NVFP4;
+    default: return DW_PREC_FP8_BLOCK; /* the other FP8 recipes run on FP8 tensor cores too */
+    }
+}
+
+/* Memory-bound passes over a node's activation-sized tensor (BF16 elements read or written),
+ * forward and backward, as the engine's kernels run them (kernels/cuda/ops_*.cu). */
+static void op_passes(dw_op op, double *f, double *b) {
+    *f = *b = 0;
+    switch (op) {
+    case DW_OP_EMBEDDING: *f = 2, *b = 5; break; /* gather; scatter-add into FP32 grads (read dy, RMW 4 B) */
+    case DW_OP_POSITION: *f = 3, *b = 3; break;  /* x + wpe; dx = dy and wpe's column sum */
+    case DW_OP_ROPE: *f = 2, *b = 2; break;
+    case DW_OP_LAYERNORM:
+    case DW_OP_RMSNORM: *f = 2, *b = 5; break; /* bwd: x, dy -> dx, then column sums over x, dy */
+    case DW_OP_GELU:
+    case DW_OP_SILU: *f = 2, *b = 3; break;
+    case DW_OP_SWIGLU: *f = 3, *b = 5; break; /* over the (B,T,F) output */
+    case DW_OP_ADD: *f = 3, *b = 4; break;    /* bwd: dy to both inputs (copy or accumulate) */
+    case DW_OP_CROSS_ENTROPY: *f = 3; break;  /* fused: logits read twice, dlogits written in place */
+    default: break;
+    }
+}
+
+dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_time *out) {
+    memset(out, 0, sizeof *out);
+    compiled_job j;
+    dw_status s = compile_job(ctx, in, micro_batch, &j);
+    if (s != DW_OK) goto done;
+    const dw_graph *g = j.g;
+    const dw_compiled *c = j.c;
+    const dw_gpu_info *gpu = &in->hw->gpus[0];
+    const double peak = gpu->peak_bf16_tflops * 1e12, bw = gpu->hbm_gbps * 1e9;
+    const double N = (double)(g->batch * g->seq), as = c->act_size;
+    double mem_f = 0, mem_b = 0; /* bytes */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        const dw_ir_tensor *y = &g->tensors[n->out];
+        if (n->op == DW_OP_LINEAR) {
+            const dw_ir_tensor *x = &g->tensors[n->in[0]];
+            int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
+            int r = c->bind[i].recipe;
+            bool qrec = c->bf16 && dw_compile_quant_recipe(r);
+            /* elements of the two operands each pass quantises: x, W | dy, W^T | dy^T, x^T */
+            const double opnd[DW_QPASS_COUNT] = {N * K + (double)M * K, N * M + (double)M * K, N * M + N * K};
+            for (int p = 0; p < DW_QPASS_COUNT; p++) {
+                int64_t m, nn, k;
+                const char *why = NULL;
+                dw_compile_quant_shape((dw_qpass)p, (int64_t)N, K, M, &m, &nn, &k);
+                bool q = qrec && dw_compile_quant_gemm_ok(r, (dw_qpass)p, m, nn, k, &why);
+                dw_plan_prec pr = q ? recipe_prec(r) : DW_PREC_BF16;
+                double f = 2.0 * (double)m * (double)nn * (double)k, t = f / dw_plan_gemm_rate(in, pr, m, nn, k);
+                double qb = q ? opnd[p] * (2 + dw_plan_operand_bytes(pr)) : 0; /* read BF16, write codes */
+                out->gemm += t, out->flops += f;
+                if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb;
+                else out->bwd += t, mem_b += qb;
+            }
+            if (n->n_in == 3) mem_b += N * (double)M * as; /* bias gradient: column sum of dy */
+        } else if (n->op == DW_OP_ATTENTION) {
+            double T = (double)g->seq, B = (double)g->batch, H = (double)n->attrs.heads, D = (double)n->attrs.head_dim;
+            double af = 4.0 * B * T * (T / 2) * D * H, shape = T / (T + 256);
+            double tf = af / (peak * ENGINE_ATTN_FWD_EFF * shape), tb = 2.5 * af / (peak * ENGINE_ATTN_BWD_EFF * shape);
+            out->fwd += tf, out->bwd += tb, out->attn += tf + tb, out->flops += 3.5 * af;
+        } else {
+            double pf, pb;
+            op_passes(n->op, &pf, &pb);
+            if (c->fused && (c->fused[i] & DW_FUSED_FWD)) pf = 0; /* in the GEMM epilogues (compile/fuse.c) */
+            if (c->fused && (c->fused[i] & DW_FUSED_BWD)) pb = 0;
+            const dw_ir_tensor *t = n->op == DW_OP_CROSS_ENTROPY ? &g->tensors[n->in[0]] : y;
+            double e = (double)dw_ir_numel(t) * as;
+            mem_f += pf * e, mem_b += pb * e;
+        }
+    }
+    double tf = mem_f / (bw * ENGINE_MEM_EFF), tb = mem_b / (bw * ENGINE_MEM_EFF);
+    out->fwd += tf, out->bwd += tb, out->mem = tf + tb;
+    out->optimizer = (double)c->param_floats * ENGINE_ADAMW_BYTES / (bw * ENGINE_ADAMW_EFF);
+done:
+    release(&j);
+    return s;
+}

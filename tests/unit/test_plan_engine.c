@@ -1,0 +1,239 @@
+/* test_plan_engine.c — the planner's one-GPU view of Deepwell's CUDA engine: memory of a plan the
+ * engine runs equals the engine's compiled pools (dw_compile, computed here independently) plus
+ * the cuBLASLt workspace and the context allowance, on random presets, micro-batches, sequences
+ * and recipes; plans the engine cannot run say why; the engine's time against hand counts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "compile/compile.h"
+#include "test_plan_common.h"
+#include "testutil.h"
+
+/* Pools of the engine for cfg at b x s under the planner's policy for prec (independent of
+ * src/plan: the policy is built here from the recipe name and the safe-fallback rule). */
+static int64_t compiled_pools(dw_ctx *ctx, const dw_model_config *cfg, int64_t b, int64_t s, const char *prec,
+                              int64_t pools[DW_POOL_COUNT]) {
+    dw_graph *g = NULL;
+    dw_policy *pol = NULL;
+    dw_compiled *c = NULL;
+    assert_int_equal(dw_capture_config(ctx, cfg, b, s, &g), DW_OK);
+    assert_int_equal(dw_policy_from_precision(ctx, prec, strcmp(prec, "bf16") != 0, &pol), DW_OK);
+    assert_int_equal(dw_compile(ctx, g, NULL, pol, &c), DW_OK);
+    int64_t t = 0;
+    for (int p = 0; p < DW_POOL_COUNT; p++) pools[p] = dw_compiled_pool_bytes(c, p), t += pools[p];
+    dw_compiled_free(c);
+    dw_policy_free(pol);
+    dw_graph_free(g);
+    return t;
+}
+
+static dw_hw *one_gpu(dw_ctx *ctx) {
+    dw_hw *hw = plan_preset(ctx, "h200", 1);
+    hw->n_gpus = 1; /* GPU 0 of the node alone (the planner reads gpus[0] and n_gpus) */
+    hw->nvlink_domain = 1;
+    return hw;
+}
+
+static void test_memory_equals_compiled_pools(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = one_gpu(ctx);
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed());
+    static const char *const models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-124m", "llama-1b"};
+    static const int64_t seqs[] = {64, 128, 256, 512, 1024};
+    for (int it = 0; it < 12; it++) {
+        const char *name = models[it < 5 ? it : (int)(dw_test_next(&rng) % 5)];
+        dw_model_config cfg;
+        assert_int_equal(dw_model_config_load(ctx, name, &cfg), DW_OK);
+        int64_t s = seqs[dw_test_next(&rng) % 5];
+        if (s > cfg.max_seq) s = cfg.max_seq;
+        int64_t mb = (int64_t)1 << (dw_test_next(&rng) % 4), ga = 1 + (int64_t)(dw_test_next(&rng) % 3);
+        dw_plan_prec pr = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT);
+        dw_job j = {.seq = s, .global_batch = mb * ga, .prec = pr};
+        dw_plan_in in;
+        assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+        assert_true(in.engine_model);
+        dw_par p = {.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = mb, .grad_accum = ga};
+        char why[300];
+        assert_true(dw_plan_engine_runnable(&in, &p, why, sizeof why));
+        int64_t pools[DW_POOL_COUNT];
+        int64_t sum = compiled_pools(ctx, &cfg, mb, s, dw_plan_prec_name(pr), pools);
+        dw_mem m;
+        dw_plan_memory(&in, &p, &m);
+        print_message("%s s=%lld mb=%lld %s: predicted %.0f B, compiled pools %lld B\n", name, (long long)s,
+                      (long long)mb, dw_plan_prec_name(pr), m.total, (long long)sum);
+        assert_true(m.total == (double)(sum + DW_COMPILE_LT_WORKSPACE + DW_PLAN_CUDA_CONTEXT));
+        assert_true(m.weights == (double)pools[DW_POOL_WEIGHTS]);
+        assert_true(m.grads == (double)pools[DW_POOL_GRADS]);
+        assert_true(m.optimizer == (double)pools[DW_POOL_OPTIM]);
+        assert_true(m.activations == (double)pools[DW_POOL_ACT]);
+        assert_true(m.workspace == (double)(pools[DW_POOL_WORK] + DW_COMPILE_LT_WORKSPACE + DW_PLAN_CUDA_CONTEXT));
+        /* the parts add up and the padded parameter pools hold 18 bytes per parameter at least */
+        assert_true(m.weights + m.grads + m.optimizer + m.activations + m.workspace + m.scales == m.total);
+        dw_param_counts pc;
+        dw_plan_params(&in, &pc);
+        assert_true(m.weights + m.grads + m.optimizer >= 18 * pc.total);
+        /* the dryrun check and the search see the same figure */
+        dw_plan_entry e;
+        dw_reject r;
+        char det[200];
+        assert_true(dw_plan_evaluate(&in, &p, false, &e, &r, det, sizeof det));
+        assert_true(e.mem.total == m.total);
+        /* plans the engine does not run: reason given, analytical memory */
+        dw_par q = p;
+        q.recompute = DW_RC_SELECTIVE;
+        assert_false(dw_plan_engine_runnable(&in, &q, why, sizeof why));
+        assert_non_null(strstr(why, "recompute"));
+        q = p, q.zero = 1;
+        assert_false(dw_plan_engine_runnable(&in, &q, why, sizeof why));
+        assert_non_null(strstr(why, "ZeRO"));
+        dw_plan_memory(&in, &q, &m);
+        assert_true(m.workspace >= 1024.0 * 1024 * 1024); /* the analytical model's fixed 1 GiB */
+    }
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+static void test_not_runnable_reasons(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw8 = plan_preset(ctx, "h200", 1);
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, "gpt2-124m", &cfg), DW_OK);
+    dw_job j = {.seq = 1024, .global_batch = 16};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw8, &j, NULL, &in), DW_OK);
+    dw_par p = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 2, .grad_accum = 1};
+    char why[300];
+    assert_false(dw_plan_engine_runnable(&in, &p, why, sizeof why));
+    assert_non_null(strstr(why, "8 GPUs"));
+    /* planning-only and MoE models: the engine cannot build them, whatever the plan */
+    dw_hw *hw = one_gpu(ctx);
+    assert_int_equal(dw_model_config_load(ctx, "llama-8b", &cfg), DW_OK);
+    j.seq = 2048, j.global_batch = 1;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    assert_false(in.engine_model);
+    p = (dw_par){.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1, .grad_accum = 1};
+    assert_false(dw_plan_engine_runnable(&in, &p, why, sizeof why));
+    assert_non_null(strstr(why, "planning-only"));
+    assert_int_equal(dw_model_config_load(ctx, "gpt2-124m", &cfg), DW_OK);
+    j.seq = 1024, j.moe_experts = 8, j.moe_top_k = 2;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    assert_false(dw_plan_engine_runnable(&in, &p, why, sizeof why));
+    assert_non_null(strstr(why, "mixture-of-experts"));
+    dw_hw_free(hw);
+    dw_hw_free(hw8);
+    dw_ctx_free(ctx);
+}
+
+/* The engine's time for GPT-2 (gpt2-tiny at a random micro-batch and sequence, BF16, analytical
+ * GEMM curve) against hand counts from the architecture: per block ln_1, c_attn (d -> 3d),
+ * attention, c_proj, add, ln_2, c_fc (d -> f), GELU, c_proj (f -> d), add, all linears biased;
+ * around them embedding, position, ln_f, the tied LM head (d -> V) and cross-entropy. */
+static void test_engine_time_hand_count(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = one_gpu(ctx);
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x77);
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, "gpt2-tiny", &cfg), DW_OK);
+    const double B = (double)(1 + dw_test_next(&rng) % 4), T = (double)(16 << (dw_test_next(&rng) % 4));
+    dw_job j = {.seq = (int64_t)T, .global_batch = (int64_t)B};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    dw_engine_time et;
+    assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, &et), DW_OK);
+    const double d = (double)cfg.d_model, f = (double)cfg.d_ff, V = (double)cfg.vocab_size, L = (double)cfg.n_layers;
+    const double H = (double)cfg.n_heads, D = (double)cfg.head_dim, N = B * T;
+    const double peak = hw->gpus[0].peak_bf16_tflops * 1e12, bw = hw->gpus[0].hbm_gbps * 1e9;
+    /* GEMMs: 3 per linear (fprop N x M x K, dgrad N x K x M, wgrad M x K x N) */
+    const double lin[5][2] = {{d, 3 * d}, {d, d}, {d, f}, {f, d}, {d, V}}; /* (K, M); the last is the head */
+    double flops = 0, tg = 0;
+    for (int i = 0; i < 5; i++) {
+        double K = lin[i][0], M = lin[i][1], reps = i < 4 ? L : 1, fl = 2 * N * K * M;
+        flops += reps * 3 * fl;
+        tg += reps * fl * (1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, N, M, K) + 1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, N, K, M) +
+                           1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, M, K, N));
+    }
+    /* attention: causal 4 B T (T/2) D H forward, 2.5x backward, at 0.145 / 0.11 of peak x T/(T+256) */
+    const double af = 4 * B * T * (T / 2) * D * H, shape = T / (T + 256);
+    const double ta = L * (af / (peak * 0.145 * shape) + 2.5 * af / (peak * 0.11 * shape));
+    flops += L * 3.5 * af;
+    /* memory-bound passes of 2-byte elements, forward / backward (docs/planner.md); the GELU
+     * costs none: it runs in c_fc's and c_proj's GEMM epilogues (compile/fuse.c) */
+    const double fwd_el = 2 * d + 3 * d + L * (2 * (2 * d) + 2 * (3 * d)) + 2 * d + 3 * V;
+    const double bwd_el = 5 * d + 3 * d + L * (2 * (5 * d) + 2 * (4 * d) + (3 * d + d + f + d)) + 5 * d;
+    const double tm = N * 2 * (fwd_el + bwd_el) / (bw * 0.40);
+    print_message("gpt2-tiny B %.0f T %.0f: gemm %.4g s (hand %.4g), attention %.4g (%.4g), memory %.4g (%.4g)\n", B,
+                  T, et.gemm, tg, et.attn, ta, et.mem, tm);
+    assert_true(fabs(et.flops / flops - 1) < 1e-12);
+    assert_true(fabs(et.gemm / tg - 1) < 1e-12);
+    assert_true(fabs(et.attn / ta - 1) < 1e-12);
+    assert_true(fabs(et.mem / tm - 1) < 1e-12);
+    assert_true(fabs((et.fwd + et.bwd) / (et.gemm + et.attn + et.mem) - 1) < 1e-12);
+    /* AdamW: 34 bytes per padded parameter float at 0.75 of HBM bandwidth */
+    int64_t pools[DW_POOL_COUNT];
+    compiled_pools(ctx, &cfg, (int64_t)B, (int64_t)T, "bf16", pools);
+    assert_true(fabs(et.optimizer / ((double)pools[DW_POOL_GRADS] / 4 * 34 / (bw * 0.75)) - 1) < 1e-12);
+    /* the search's step for this one-GPU job: grad_accum x (fwd + bwd) + AdamW */
+    dw_par p = {.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = (int64_t)B, .grad_accum = 1};
+    dw_plan_entry e;
+    dw_plan_time(&in, &p, &e, NULL);
+    assert_true(fabs(e.cost.step / (et.fwd + et.bwd + et.optimizer) - 1) < 1e-9);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+/* On one GPU the search plans for the engine: every returned plan is one it runs, the others are
+ * counted under their own reason, and the accounting still adds up. */
+static void test_search_plans_for_the_engine(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = one_gpu(ctx);
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x99);
+    static const char *const models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-124m"};
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, models[dw_test_next(&rng) % 4], &cfg), DW_OK);
+    dw_job j = {.seq = 64 << (dw_test_next(&rng) % 3), .global_batch = 1 + (int64_t)(dw_test_next(&rng) % 24),
+                .prec = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT)};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    dw_plan_result r;
+    assert_int_equal(dw_plan_search(ctx, &in, 5, &r), DW_OK);
+    assert_true(r.n_plans >= 1);
+    for (int i = 0; i < r.n_plans; i++) {
+        char why[300];
+        assert_true(dw_plan_engine_runnable(&in, &r.plans[i].par, why, sizeof why));
+        assert_int_equal(dw_plan_check(&in, &r.plans[i].par, NULL, 0), 0);
+        dw_engine_mem em;
+        assert_int_equal(dw_plan_engine_memory(ctx, &in, r.plans[i].par.micro_batch, &em), DW_OK);
+        assert_true(r.plans[i].mem.total == (double)em.total);
+    }
+    assert_true(r.rej.count[DW_REJECT_ENGINE] > 0);
+    int64_t rejected = 0;
+    for (int k = 0; k < DW_REJECT_COUNT; k++) rejected += r.rej.count[k];
+    assert_true(r.evaluated == rejected + r.feasible - r.rej.count[DW_REJECT_DOMINATED]);
+    dw_plan_result_free(&r);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_memory_equals_compiled_pools),
+        cmocka_unit_test(test_not_runnable_reasons),
+        cmocka_unit_test(test_engine_time_hand_count),
+        cmocka_unit_test(test_search_plans_for_the_engine),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
