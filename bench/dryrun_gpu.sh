@@ -17,7 +17,7 @@ cmake -S . -B $b -G Ninja -DDW_CUDA=ON -DCMAKE_PREFIX_PATH="$deps" >"$out/config
   ninja -C $b -j "$(nproc)" deepwell >"$out/build.log" 2>&1 || { tail -40 "$out/configure.log" "$out/build.log"; exit 1; }
 echo "== build $(( $(date +%s) - s )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total,memory.used,power.draw --format=csv >"$out/smi.txt"
-timeout 60 $D bench gemm --json --shapes gpt2,llama,square --recipes bf16,fp8_block >"$out/gemm.json" 2>"$out/gemm.err"
+timeout 60 $D bench gemm --json --shapes gpt2,llama,square,vocab --recipes bf16,fp8_block >"$out/gemm.json" 2>"$out/gemm.err"
 echo "== bench gemm rc=$?"
 mkdir -p "$out/gpt2v"
 timeout 60 $D bench step gpt2-124m --vocab 50304 --batch 16 --seq 1024 --steps 10 --profile --json \

@@ -28,7 +28,9 @@ static void help(void) {
            "  --explain        print every selection: each registered kernel, eligible or why not\n"
            "                   (on a machine without a GPU: explanations only, no timing)\n"
            "  --shapes LIST    comma list of: square (8192^3), gpt2 (m=16384, n,k in {768,2304,3072}),\n"
-           "                   llama (16384x14336x4096, 16384x4096x14336); default all\n"
+           "                   llama (16384x14336x4096, 16384x4096x14336), vocab (GPT-2's LM head at\n"
+           "                   its real vocabulary 50257: 16384x50257x768, 16384x768x50257,\n"
+           "                   50257x768x16384 — rows off 16-byte alignment); default all\n"
            "  --recipes LIST   comma list of: bf16, fp8_tensor, fp8_block (1x128 A, 128x128 B), mxfp8;\n"
            "                   default all\n"
            "  --iters N        calls per timed batch (default 20)\n"
@@ -129,8 +131,8 @@ int dw_bench_gemm(int argc, char **argv) {
         cli_error(CMD, "unexpected argument '%s'", argv[optind]);
         return DW_EXIT_USAGE;
     }
-    static const char *const shape_names[] = {"square", "gpt2", "llama"};
-    if ((shapes && !list_valid(shapes, shape_names, 3)) || (recipes && !list_valid(recipes, rname, R_COUNT)))
+    static const char *const shape_names[] = {"square", "gpt2", "llama", "vocab"};
+    if ((shapes && !list_valid(shapes, shape_names, 4)) || (recipes && !list_valid(recipes, rname, R_COUNT)))
         return DW_EXIT_USAGE;
 
     shape list[16];
@@ -144,6 +146,11 @@ int dw_bench_gemm(int argc, char **argv) {
     if (list_has(shapes, "llama")) {
         list[ns++] = (shape){16384, 14336, 4096};
         list[ns++] = (shape){16384, 4096, 14336};
+    }
+    if (list_has(shapes, "vocab")) { /* the three LM-head GEMMs of GPT-2 at V = 50257, N = 16384 tokens */
+        list[ns++] = (shape){16384, 50257, 768};
+        list[ns++] = (shape){16384, 768, 50257};
+        list[ns++] = (shape){50257, 768, 16384};
     }
 
     dw_ctx *ctx = NULL;

@@ -26,6 +26,16 @@
 #define HOPPER_NVFP4_FACTOR 0.50
 /* Fraction of HBM bandwidth a memory-bound GEMM or elementwise kernel reaches. */
 #define HBM_EFF 0.75
+/* A GEMM with a dimension that is not a multiple of 8 has rows off 16-byte alignment (BF16), and
+ * cuBLASLt falls back to much slower kernels. Measured on the H200 (docs/planner.md: GPT-2's LM
+ * head at vocabulary 50257 vs 50304 in the training step: ~125 vs ~700 TFLOP/s): 5.6x slower.
+ * Used when a rates file has no misaligned point (`deepwell bench gemm --shapes vocab` measures
+ * them); with one, the measurement decides. */
+#define MISALIGNED_SLOWDOWN 5.6
+
+static bool aligned8(double m, double n, double k) {
+    return fmod(m, 8.0) == 0 && fmod(n, 8.0) == 0 && fmod(k, 8.0) == 0;
+}
 
 static double peak_of(const dw_gpu_info *g, dw_plan_prec p, double *ceil) {
     bool blackwell = g->cc_major >= 10;
@@ -86,15 +96,17 @@ double dw_plan_peak_flops(const dw_gpu_info *g, dw_plan_prec prec) {
 double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k) {
     const dw_gpu_info *g = &in->hw->gpus[0];
     double r = model_rate(g, prec, m, n, k);
+    const bool al = aligned8(m, n, k);
     const dw_gemm_table *t = in->gemm;
-    if (!t || t->n == 0 || r <= 0) return r;
     /* Measured correction: inverse-square-distance weighting, in log2(m,n,k) space, of the ratio
-     * measured / modelled at each measured point of this precision. An exact hit returns the
-     * measurement; far from every point the correction tends to the points' mean ratio. */
+     * measured / modelled at each measured point of this precision and of the same 8-alignment
+     * class (a misaligned GEMM is corrected only by misaligned measurements). An exact hit
+     * returns the measurement; far from every point the correction tends to the points' mean
+     * ratio; no point of the class: the model (divided by the slowdown when misaligned). */
     double wsum = 0, rsum = 0;
-    for (int i = 0; i < t->n; i++) {
+    for (int i = 0; t && r > 0 && i < t->n; i++) {
         const dw_gemm_point *p = &t->pts[i];
-        if (p->prec != prec) continue;
+        if (p->prec != prec || aligned8((double)p->m, (double)p->n, (double)p->k) != al) continue;
         double dm = log2(m / (double)p->m), dn = log2(n / (double)p->n), dk = log2(k / (double)p->k);
         double d2 = dm * dm + dn * dn + dk * dk;
         double mr = model_rate(g, prec, (double)p->m, (double)p->n, (double)p->k);
@@ -104,7 +116,8 @@ double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, doub
         rsum += ratio / d2;
         wsum += 1.0 / d2;
     }
-    return wsum > 0 ? r * (rsum / wsum) : r;
+    if (wsum > 0) return r * (rsum / wsum);
+    return al ? r : r / MISALIGNED_SLOWDOWN;
 }
 
 void dw_gemm_table_free(dw_gemm_table *t) {

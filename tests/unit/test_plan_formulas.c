@@ -437,9 +437,25 @@ static void test_gemm_curve_and_table(void **state) {
                  (989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 2048, 2048, 2048));
     assert_true(mid >= fmin(r1, r2) - 1e-9 && mid <= fmax(r1, r2) + 1e-9);
     assert_true(fabs(mid - (r1 + r2) / 2) < 1e-9); /* equidistant in log space: the mean */
+    /* a misaligned GEMM (a dimension not a multiple of 8): no misaligned point in the table, so
+     * the model's rate / 5.6, untouched by the aligned points */
+    double mis = dw_plan_gemm_rate(&in, DW_PREC_BF16, 4096, 4097, 4096);
+    assert_true(fabs(mis - 989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 4096, 4097, 4096) / 5.6) < 1);
     /* FP8 has no measurements: the analytical curve */
     assert_true(dw_plan_gemm_rate(&in, DW_PREC_FP8_BLOCK, 4096, 4096, 4096) ==
                 1979e12 * dw_plan_gemm_eff(g, DW_PREC_FP8_BLOCK, 4096, 4096, 4096));
+    dw_gemm_table_free(&t);
+    /* with a misaligned measurement: misaligned queries use it (exact hit), aligned ones ignore it */
+    const char *doc2 = "[{\"m\":4096,\"n\":4096,\"k\":4096,\"recipe\":\"bf16\",\"tflops\":600},"
+                       "{\"m\":4096,\"n\":4097,\"k\":4096,\"recipe\":\"bf16\",\"tflops\":100}]";
+    assert_int_equal(dw_test_write(path, doc2, strlen(doc2)), 0);
+    assert_int_equal(dw_gemm_table_load(ctx, path, &t), DW_OK);
+    assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, &t, &in), DW_OK);
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 4096, 4097, 4096) - 100e12) < 1);
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 4096, 4096, 4096) - 600e12) < 1);
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 2048, 2048, 2048) /
+                         (989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 2048, 2048, 2048)) -
+                     r2) < 1e-9); /* only the aligned point corrects it */
     dw_gemm_table_free(&t);
     const char *bad = "{\"results\":[{\"m\":4096,\"n\":4096,\"recipe\":\"bf16\",\"tflops\":1}]}";
     assert_int_equal(dw_test_write(path, bad, strlen(bad)), 0);
