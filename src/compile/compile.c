@@ -430,6 +430,13 @@ static void layout_work(dw_compiled *c) {
     w->norm = o, o = align_up(o + 8, 256);
     w->partials = o, o = align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
     w->adamw_args = o, o = align_up(o + DW_COMPILE_ADAMW_ARGS_BYTES, 256);
+    int64_t widest = 0; /* biased linear layers' output width */
+    for (int i = 0; c->bf16 && i < c->g->n_nodes; i++) {
+        const dw_ir_node *n = &c->g->nodes[i];
+        const dw_ir_tensor *y = &c->g->tensors[n->out];
+        if (n->op == DW_OP_LINEAR && n->n_in == 3 && y->shape[y->ndim - 1] > widest) widest = y->shape[y->ndim - 1];
+    }
+    w->bgrad = widest ? o : -1, o = align_up(o + widest * 4, 256);
     int64_t codes, scales, ws;
     quant_sizes(c, &codes, &scales, &ws);
     if (codes > 0) {

@@ -78,6 +78,8 @@ typedef struct {
     int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */
     int64_t adamw_args;        /* DW_COMPILE_ADAMW_ARGS_BYTES: the optimizer's hyper-parameters for
                                   this step, read by the kernel (so a CUDA graph replays it) */
+    int64_t bgrad;             /* FP32 [widest biased linear output] (BF16 mode): the BF16 wgrad's
+                                  bias-gradient epilogue writes here, then it is added to db */
     /* quantised linear layers: DW_COMPILE_QUANT_SLOTS slots of quant_slot bytes each (codes, then
      * scales at quant_scales within a slot, then the NVFP4 tensor scale at quant_tscale), and the
      * quantiser's scratch (amax) at quant_ws (quant_ws_bytes); all 0 when no node is quantised */

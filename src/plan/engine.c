@@ -156,6 +156,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             bool qrec = c->bf16 && dw_compile_quant_recipe(r);
             /* elements of the two operands each pass quantises: x, W | dy, W^T | dy^T, x^T */
             const double opnd[DW_QPASS_COUNT] = {N * K + (double)M * K, N * M + (double)M * K, N * M + N * K};
+            bool wgrad_q = false;
             for (int p = 0; p < DW_QPASS_COUNT; p++) {
                 int64_t m, nn, k;
                 const char *why = NULL;
@@ -167,8 +168,10 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
                 out->gemm += t, out->flops += f;
                 if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb;
                 else out->bwd += t, mem_b += qb;
+                if (p == DW_QPASS_WGRAD) wgrad_q = q;
             }
-            if (n->n_in == 3) mem_b += N * (double)M * as; /* bias gradient: column sum of dy */
+            /* bias gradient: in the BF16 wgrad's epilogue, else a column sum of dy */
+            if (n->n_in == 3 && (wgrad_q || !c->bf16)) mem_b += N * (double)M * as;
         } else if (n->op == DW_OP_ATTENTION) {
             double T = (double)g->seq, B = (double)g->batch, H = (double)n->attrs.heads, D = (double)n->attrs.head_dim;
             double af = 4.0 * B * T * (T / 2) * D * H, shape = T / (T + 256);

@@ -40,6 +40,7 @@ struct dw_engine_cuda {
     char *arena;            /* activation arena */
     int32_t *tokens, *targets;
     float *loss;
+    float *bgrad;           /* workspace: the wgrad epilogue's bias gradient (BF16 mode) */
     double *norm, *partials;
     float *host_loss;       /* pinned readback */
     double *host_norm;
@@ -171,7 +172,12 @@ static dw_status bwd_linear(dw_engine *e, int ni) {
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N,
                           .a = bf16_op(dout, N, M, true), .b = bf16_op(x, N, K, false),
                           .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw, .out_type = DW_GEMM_OUT_F32};
+        if (db) { /* the bias gradient (sum of dout^T's rows) in the same GEMM, then db += it */
+            a.epilogue = DW_EPI_BGRAD;
+            a.bgrad = CE->bgrad;
+        }
         DW_TRY(dw_gemm(e->ctx, &a));
+        if (db) return dw_cuda_add_fwd(e->ctx, DW_ACT_F32, db, db, CE->bgrad, M, STREAM);
     }
     /* db [M] += column sums of dout (N,M): the positions kernel's fixed-order column sum */
     if (db) DW_TRY(dw_cuda_pos_bwd(e->ctx, CE->dt, NULL, db, dout, N, 1, M, STREAM));
@@ -654,6 +660,7 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_norm, sizeof(double)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_args, sizeof *CE->host_args));
     CE->adamw_args = (dw_cuda_adamw_args *)(w + cp->work.adamw_args);
+    CE->bgrad = cp->work.bgrad >= 0 ? (float *)(w + cp->work.bgrad) : NULL;
     /* zero everything once: padding between parameters stays 0 through AdamW */
     for (int p = 0; p < DW_POOL_COUNT; p++)
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(CE->pool[p], 0, (size_t)cp->pool_bytes[p], CE->stream));
