@@ -149,6 +149,10 @@ static void test_bf16(void **state) {
     CHECK_ERR(gpu_case("cublaslt_bf16", DW_RECIPE_BF16, DW_RECIPE_BF16, true, false, DW_GEMM_OUT_F32, DW_EPI_BGRAD, 96,
                        72, 520, 0),
               2e-5);
+    /* as the engine runs it: accumulating into dW (beta = 1) with the bias gradient alongside */
+    CHECK_ERR(gpu_case("cublaslt_bf16", DW_RECIPE_BF16, DW_RECIPE_BF16, true, false, DW_GEMM_OUT_F32, DW_EPI_BGRAD, 304,
+                       200, 1024, 1.0f),
+              2e-5);
 }
 
 /* cuBLASLt FP8 (TN). Bound 1e-3 for FP32 output: Hopper's FP8 tensor-core accumulation keeps
