@@ -86,6 +86,22 @@ int dw_test_group_setup(void **state) {
     return dw_ctx_create(&o, &dw_test_ctx) == DW_OK ? 0 : -1;
 }
 
+int dw_test_cpu_gpu_setup(dw_ctx **cpu, dw_ctx **gpu) {
+    dw_ctx_opts c = {.device = DW_DEVICE_CPU}, g = {.device = DW_DEVICE_CUDA};
+    *cpu = *gpu = NULL;
+    if (dw_ctx_create(&c, cpu) != DW_OK) return -1;
+    if (dw_ctx_create(&g, gpu) != DW_OK) {
+        fprintf(stderr, "no CUDA device: %s\n", dw_errmsg(NULL));
+        return -1;
+    }
+    return 0;
+}
+
+void dw_test_cpu_gpu_teardown(dw_ctx *cpu, dw_ctx *gpu) {
+    dw_ctx_free(gpu);
+    dw_ctx_free(cpu);
+}
+
 int dw_test_group_teardown(void **state) {
     (void)state;
     dw_ctx_free(dw_test_ctx);

@@ -32,6 +32,9 @@ extern struct dw_ctx *dw_test_ctx;
 extern dw_test_rng dw_test_group_rng;
 int dw_test_group_setup(void **state);
 int dw_test_group_teardown(void **state);
+/* The GPU tests' fixture: a CPU and a CUDA context (0), or -1 with the reason on stderr. */
+int dw_test_cpu_gpu_setup(struct dw_ctx **cpu, struct dw_ctx **gpu);
+void dw_test_cpu_gpu_teardown(struct dw_ctx *cpu, struct dw_ctx *gpu);
 /* Uniform integer in [lo, hi] from dw_test_group_rng. */
 int64_t dw_test_rnd(int64_t lo, int64_t hi);
 

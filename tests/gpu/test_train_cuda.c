@@ -49,18 +49,11 @@ static void on_step(const dw_train_progress *p, void *user) {
 static int setup(void **state) {
     (void)state;
     g_seed = dw_test_seed() % 100000;
-    dw_ctx_opts c = {.device = DW_DEVICE_CPU}, g = {.device = DW_DEVICE_CUDA};
-    if (dw_ctx_create(&c, &g_cpu) != DW_OK) return -1;
-    if (dw_ctx_create(&g, &g_gpu) != DW_OK) {
-        fprintf(stderr, "no CUDA device: %s\n", dw_errmsg(NULL));
-        return -1;
-    }
-    return 0;
+    return dw_test_cpu_gpu_setup(&g_cpu, &g_gpu);
 }
 static int teardown(void **state) {
     (void)state;
-    dw_ctx_free(g_gpu);
-    dw_ctx_free(g_cpu);
+    dw_test_cpu_gpu_teardown(g_cpu, g_gpu);
     return 0;
 }
 
