@@ -286,17 +286,12 @@ static cudaError_t dw_att_bwd_launch(void *dq, void *dk, void *dv, const void *d
     return cudaGetLastError();
 }
 
-/* BF16 on the tensor cores (attn_mma.cu): delta with the reference kernel, then dQ and dK/dV. */
+/* BF16 on the tensor cores (attn_mma.cu): delta is computed inside its dQ kernel. */
 static cudaError_t dw_att_bwd_mma(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                   const void *v, const void *out, const float *lse, float *delta, int64_t B,
                                   int64_t T_, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk,
                                   cudaStream_t s) {
-    const int64_t rows = B * H * T_;
-    dw_att_delta_kernel<dw_bf16><<<(unsigned)((rows + DW_ATT_BR - 1) / DW_ATT_BR), DW_ATT_THREADS, 0, s>>>(
-        delta, (const dw_bf16 *)dout, (const dw_bf16 *)out, T_, H, D, rows);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    return dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, lse, delta, B, T_, H, Hkv, D, rq, rk, s);
+    return dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T_, H, Hkv, D, rq, rk, s);
 }
 
 /* NR = registers per lane for one D-vector: 1, 2, 4 or 8 (D <= 32, 64, 128, 256) */
