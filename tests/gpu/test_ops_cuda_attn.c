@@ -8,7 +8,8 @@
  * rounding then gives ~1e-6 relative, so FP32 uses rtol 1e-4 and atol 1e-5 of the max (a wrong
  * mask, scale or head mapping is off by O(1)). lse: rtol 1e-5. BF16 activations: the same BF16
  * inputs on both sides and one BF16 rounding of the output: rtol 8e-3 (2 BF16 ulps), atol 1e-4.
- * Cross-entropy: the loss is a double mean of FP32 row losses, rtol 1e-5. */
+ * Cross-entropy: the loss is a double mean of FP32 row losses, rtol 1e-5.
+ * DW_ATTN_TILES=2,2,2 runs the same cases on attn_mma.cu's 128-row / 32-query-chunk variants. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -108,6 +109,13 @@ static void test_attention(void **state) {
                                  shapes[i][2], shapes[i][3], shapes[i][4], 1.5f);
     bad += run_attention(DW_ACT_F32, 2, 70, 4, 2, 24, 5.0f);
     bad += run_attention(DW_ACT_BF16, 1, 45, 2, 1, 64, 5.0f);
+    /* tensor-core tiles (attn_mma.cu, D = 64: 128-row forward / dQ blocks, dK/dV in 32-query
+     * chunks): several key tiles, a partial last 128-row block (T = 200: rows 128..199 of 256),
+     * T a multiple of 128, GQA groups of 4 and 1, peaked scores */
+    bad += run_attention(DW_ACT_BF16, 2, 200, 8, 2, 64, 1.5f);
+    bad += run_attention(DW_ACT_BF16, 1, 256, 2, 2, 64, 1.5f);
+    bad += run_attention(DW_ACT_BF16, 1, 161, 4, 1, 64, 5.0f);
+    bad += run_attention(DW_ACT_BF16, 1, 150, 2, 1, 128, 1.5f);
     assert_int_equal(bad, 0);
 }
 

@@ -1,11 +1,13 @@
 /* attn_mma.cu — causal GQA attention on the tensor cores (mma.sync.m16n8k16 BF16 -> FP32), for
  * BF16 activations and D = 64 or 128; FlashAttention-2 style tiles of 64 query rows x 64 keys,
- * 4 warps of 16 rows, online softmax in FP32 registers, causal tiles above the diagonal skipped.
- * The probability (and dS) operand of the second GEMM is split into two BF16 terms (hi + lo,
- * ~16 bits) so results stay within the reference kernels' BF16 tolerance. Backward is two
- * kernels without atomics (dQ over query tiles; dK, dV over key tiles looping over the group's
- * heads): deterministic. Not the FP32 path or other D (ops_attention.cu keeps those). */
+ * 4 warps of 16 rows, online softmax in FP32 registers (ex2.approx), causal tiles above the
+ * diagonal skipped. The probability (and dS) operand of the second GEMM is split into two BF16
+ * terms (hi + lo, ~16 bits) so results stay within the reference kernels' BF16 tolerance. Backward
+ * is two kernels without atomics (dQ over query tiles, computing delta = rowsum(dout * out) first;
+ * dK, dV over key tiles looping over the group's heads): deterministic. Not the FP32 path or other
+ * D (ops_attention.cu keeps those). */
 #include <cuda_bf16.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,7 +22,7 @@ typedef __nv_bfloat16 am_bf16;
 
 /* ---- fragments ------------------------------------------------------------------------------- */
 static __device__ __forceinline__ void am_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
                  "{%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -81,11 +83,14 @@ static __device__ __forceinline__ void am_wait(void) { asm volatile("cp.async.wa
 template <int D, int LD>
 static __device__ __forceinline__ void am_load_tile(am_bf16 *dst, const am_bf16 *src, int64_t b, int64_t r0,
                                                     int64_t hd, int64_t T, int64_t rs) {
-    constexpr int VPR = D / 8; /* 16-byte vectors per row */
-    for (int e = threadIdx.x; e < AM_ROWS * VPR; e += AM_THREADS) {
-        const int rr = e / VPR, c = e % VPR;
-        const int64_t r = r0 + rr;
-        am_cp16(dst + rr * LD + c * 8, r < T ? src + (b * T + r) * rs + hd * D + c * 8 : src, r < T);
+    constexpr int VPR = D / 8, RPP = AM_THREADS / VPR; /* 16-byte vectors per row, rows per pass */
+    const int rr = threadIdx.x / VPR, c = threadIdx.x % VPR;
+    const am_bf16 *p = src + (b * T + r0 + rr) * rs + hd * D + c * 8; /* read only where row < T */
+    am_bf16 *d = dst + rr * LD + c * 8;
+#pragma unroll
+    for (int i = 0; i < AM_ROWS / RPP; i++) {
+        const bool ok = r0 + rr + i * RPP < T;
+        am_cp16(d + i * RPP * LD, ok ? p + i * RPP * rs : src, ok);
     }
 }
 /* Both tiles (K and V, or Q and dout) of one pipeline stage: dst [2][64][LD]. */
@@ -96,53 +101,61 @@ static __device__ __forceinline__ void am_load_pair(am_bf16 *dst, const am_bf16 
     am_load_tile<D, LD>(dst + AM_ROWS * LD, y, b, r0, hd, T, ry);
 }
 
-/* acc[nt] (16 x 64 block, 8 n-tiles of 8) += A (16 x D from smem rows r0) . B^T where B's rows
- * are the 64 stored rows of bs (k = d, n = stored row). */
-template <int D, int LD>
-static __device__ __forceinline__ void am_gemm_nt(float acc[8][4], const am_bf16 *as, int r0, const am_bf16 *bs,
-                                                  int lane) {
+/* acc[u][nt] (SUB subtiles of 16 rows x NT n-tiles of 8) += A_u . B^T, where A_u is 16 x D from smem
+ * as at rows r0 + 64 u and B the NT*8 stored rows of bs from n0 (k = d). Each B fragment is loaded
+ * once for all SUB subtiles (fewer ldmatrix per mma as SUB grows). */
+template <int D, int LD, int SUB, int NT>
+static __device__ __forceinline__ void am_gemm_nt(float (*acc)[NT][4], const am_bf16 *as, int r0, const am_bf16 *bs,
+                                                  int n0, int lane) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t a[4];
-        am_frag_a<LD>(a, as, r0, kk * 16, lane);
+        uint32_t a[SUB][4];
 #pragma unroll
-        for (int np = 0; np < 4; np++) {
+        for (int u = 0; u < SUB; u++) am_frag_a<LD>(a[u], as, r0 + AM_ROWS * u, kk * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
             uint32_t bb[4];
-            am_frag_b2<LD>(bb, bs, np * 16, kk * 16, lane);
-            am_mma(acc[2 * np], a, bb[0], bb[1]);
-            am_mma(acc[2 * np + 1], a, bb[2], bb[3]);
+            am_frag_b2<LD>(bb, bs, n0 + np * 16, kk * 16, lane);
+#pragma unroll
+            for (int u = 0; u < SUB; u++) {
+                am_mma(acc[u][2 * np], a[u], bb[0], bb[1]);
+                am_mma(acc[u][2 * np + 1], a[u], bb[2], bb[3]);
+            }
         }
     }
 }
-/* Backward's two score blocks from zero: s = a1 . b1^T, dp = a2 . b2^T (16 x 64 each). */
-template <int D, int LD>
-static __device__ __forceinline__ void am_scores(float s[8][4], float dp[8][4], const am_bf16 *a1, const am_bf16 *b1,
-                                                 const am_bf16 *a2, const am_bf16 *b2, int r0, int lane) {
+template <int SUB, int NT>
+static __device__ __forceinline__ void am_zero(float (*acc)[NT][4]) {
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++)
+    for (int u = 0; u < SUB; u++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-    am_gemm_nt<D, LD>(s, a1, r0, b1, lane);
-    am_gemm_nt<D, LD>(dp, a2, r0, b2, lane);
+        for (int nt = 0; nt < NT; nt++) acc[u][nt][0] = acc[u][nt][1] = acc[u][nt][2] = acc[u][nt][3] = 0.0f;
 }
-/* acc[D/8] (16 x D) += P (16 x 64, as C fragments p[8][4]) . S (64 stored rows x D), P split. */
-template <int D, int LD, bool SPLIT>
-static __device__ __forceinline__ void am_gemm_pv(float acc[D / 8][4], const float p[8][4], const am_bf16 *s,
-                                                  int lane) {
+/* acc[u] (16 x D) += P_u (16 x 16 KT, C fragments p[u][2 KT][4]) . S (16 KT stored rows of s x D),
+ * P split into hi + lo BF16 when SPLIT. */
+template <int D, int LD, bool SPLIT, int SUB, int KT>
+static __device__ __forceinline__ void am_gemm_pv(float (*acc)[D / 8][4], const float (*p)[2 * KT][4],
+                                                  const am_bf16 *s, int lane) {
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-        uint32_t hi[4], lo[4];
-        am_c_to_a(p[2 * kk], p[2 * kk + 1], hi, lo);
+    for (int kk = 0; kk < KT; kk++) {
+        uint32_t hi[SUB][4], lo[SUB][4];
+#pragma unroll
+        for (int u = 0; u < SUB; u++) am_c_to_a(p[u][2 * kk], p[u][2 * kk + 1], hi[u], lo[u]);
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             uint32_t r[4];
             am_ldsm_t(r, s + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
-            am_mma(acc[2 * dp], hi, r[0], r[1]);
-            am_mma(acc[2 * dp + 1], hi, r[2], r[3]);
-            if (SPLIT) {
-                am_mma(acc[2 * dp], lo, r[0], r[1]);
-                am_mma(acc[2 * dp + 1], lo, r[2], r[3]);
+#pragma unroll
+            for (int u = 0; u < SUB; u++) {
+                am_mma(acc[u][2 * dp], hi[u], r[0], r[1]);
+                am_mma(acc[u][2 * dp + 1], hi[u], r[2], r[3]);
             }
+            if (SPLIT)
+#pragma unroll
+                for (int u = 0; u < SUB; u++) {
+                    am_mma(acc[u][2 * dp], lo[u], r[0], r[1]);
+                    am_mma(acc[u][2 * dp + 1], lo[u], r[2], r[3]);
+                }
         }
     }
 }
@@ -164,32 +177,50 @@ static __device__ __forceinline__ void am_store(am_bf16 *dst, const float acc[D 
     }
 }
 
-/* ---- forward: grid (nT, H, B), query tiles heaviest first -------------------------------------- */
-template <int D, bool SPLIT>
-static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? 4 : 1) /* D 64: <= 128 registers */
+/* 2^x on the special-function unit, subnormal results flushed to 0 (probabilities < 2^-126). */
+static __device__ __forceinline__ float am_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+/* Sets s to -inf where key j0 + kc > row rb + rc (rb: the subtile's first row; kc, rc as in the C
+ * fragment). Only called when the tile reaches past rb (j0 + 63 > rb). */
+template <int NT>
+static __device__ __forceinline__ void am_causal(float (*s)[4], int64_t j0, int64_t rb, int g, int t4) {
+    const int off = (int)(j0 - rb); /* in (-63, 128) when called */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (off + nt * 8 + 2 * t4 + (e & 1) > g + (e < 2 ? 0 : 8)) s[nt][e] = -INFINITY;
+}
+
+/* ---- forward: grid (ceil(T / 64 SUB), H, B), query tiles heaviest first -------------------------
+ * A block owns 64 SUB query rows; warp w's subtile u is rows 64 u + 16 w .. + 15, so every warp
+ * sees the same causal shape. Key tiles of 64 stream through a two-stage cp.async pipeline. */
+template <int D, bool SPLIT, int SUB>
+static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? (SUB == 1 ? 4 : 3) : 1)
 am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v, int64_t T,
               int64_t H, int64_t Hkv, int64_t rq, int64_t rk, float sl2) {
-    constexpr int LD = D + 8;
-    constexpr bool PIPE = true; /* false: one stage (measured no different; kept for experiments) */
+    constexpr int LD = D + 8, BM = AM_ROWS * SUB, STAGE = 2 * AM_ROWS * LD; /* K and V tiles */
     extern __shared__ uint4 am_smem[];
-    constexpr int STAGE = 2 * AM_ROWS * LD; /* K and V tiles */
-    am_bf16 *Qs = (am_bf16 *)am_smem, *KV = Qs + AM_ROWS * LD;
+    am_bf16 *Qs = (am_bf16 *)am_smem, *KV = Qs + BM * LD;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
-    const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
-    const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
-    am_load_tile<D, LD>(Qs, q, b, i0, h, T, rq);
+    const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;
+    const int64_t last = min((T - 1) / AM_ROWS, (i0 + BM - 1) / AM_ROWS); /* last key tile */
+#pragma unroll
+    for (int u = 0; u < SUB; u++) am_load_tile<D, LD>(Qs + u * AM_ROWS * LD, q, b, i0 + AM_ROWS * u, h, T, rq);
     am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, rk, rk);
     am_commit();
-    uint32_t qf[D / 16][4];
-    float o[D / 8][4];
+    float o[SUB][D / 8][4], m[SUB][2], l[SUB][2];
+    am_zero<SUB, D / 8>(o);
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
-    for (int64_t jt = 0; jt <= it; jt++) {
+    for (int u = 0; u < SUB; u++) m[u][0] = m[u][1] = -INFINITY, l[u][0] = l[u][1] = 0.0f;
+    for (int64_t jt = 0; jt <= last; jt++) {
         const int64_t j0 = jt * AM_ROWS;
-        const am_bf16 *Ks = KV + (PIPE ? (jt & 1) : 0) * STAGE, *Vs = Ks + AM_ROWS * LD;
-        if (PIPE && jt < it) { /* the next tile's stage was consumed in iteration jt - 1 */
+        const am_bf16 *Ks = KV + (jt & 1) * STAGE, *Vs = Ks + AM_ROWS * LD;
+        if (jt < last) { /* the next tile's stage was consumed in iteration jt - 1 */
             am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
             am_wait<1>();
@@ -197,102 +228,123 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
             am_wait<0>();
         }
         __syncthreads();
-        if (jt == 0)
+        float s[SUB][8][4];
+        am_zero<SUB, 8>(s);
+        am_gemm_nt<D, LD, SUB, 8>(s, Qs, 16 * w, Ks, 0, lane);
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) am_frag_a<LD>(qf[kk], Qs, 16 * w, kk * 16, lane);
-        float s[8][4];
+        for (int u = 0; u < SUB; u++) {
+            const int64_t rb = i0 + AM_ROWS * u + 16 * w;
+            if (j0 + AM_ROWS - 1 > rb) am_causal<8>(s[u], j0, rb, g, t4);
+            float xA = -INFINITY, xB = -INFINITY; /* raw score maxima (the scale is positive) */
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                am_frag_b2<LD>(bb, Ks, np * 16, kk * 16, lane);
-                am_mma(s[2 * np], qf[kk], bb[0], bb[1]);
-                am_mma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+            for (int nt = 0; nt < 8; nt++) {
+                xA = fmaxf(xA, fmaxf(s[u][nt][0], s[u][nt][1]));
+                xB = fmaxf(xB, fmaxf(s[u][nt][2], s[u][nt][3]));
             }
-        const bool diag = jt == it;
-        float xA = -INFINITY, xB = -INFINITY;
+            xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 1));
+            xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 2));
+            xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 1));
+            xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 2));
+            /* finite: tile 0 holds key 0 <= every row, and later tiles only raise the maximum */
+            const float nA = fmaxf(m[u][0], xA * sl2), nB = fmaxf(m[u][1], xB * sl2);
+            const float aA = am_exp2(m[u][0] - nA), aB = am_exp2(m[u][1] - nB);
+            float sA = 0.0f, sB = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                /* on the diagonal tile j0 == i0: key > row compares tile offsets */
-                const int kc = nt * 8 + 2 * t4 + (e & 1), rc = 16 * w + g + (e < 2 ? 0 : 8);
-                float x = s[nt][e] * sl2;
-                if (diag && kc > rc) x = -INFINITY;
-                s[nt][e] = x;
-                if (e < 2) xA = fmaxf(xA, x);
-                else xB = fmaxf(xB, x);
+            for (int nt = 0; nt < 8; nt++) {
+                s[u][nt][0] = am_exp2(fmaf(s[u][nt][0], sl2, -nA)), s[u][nt][1] = am_exp2(fmaf(s[u][nt][1], sl2, -nA));
+                s[u][nt][2] = am_exp2(fmaf(s[u][nt][2], sl2, -nB)), s[u][nt][3] = am_exp2(fmaf(s[u][nt][3], sl2, -nB));
+                sA += s[u][nt][0] + s[u][nt][1];
+                sB += s[u][nt][2] + s[u][nt][3];
             }
-        xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 1));
-        xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 2));
-        xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 1));
-        xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 2));
-        const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB); /* finite: key j0 <= row */
-        const float aA = exp2f(mA - nA), aB = exp2f(mB - nB);
-        float sA = 0.0f, sB = 0.0f;
+            sA += __shfl_xor_sync(0xffffffffu, sA, 1);
+            sA += __shfl_xor_sync(0xffffffffu, sA, 2);
+            sB += __shfl_xor_sync(0xffffffffu, sB, 1);
+            sB += __shfl_xor_sync(0xffffffffu, sB, 2);
+            l[u][0] = l[u][0] * aA + sA, l[u][1] = l[u][1] * aB + sB;
+            m[u][0] = nA, m[u][1] = nB;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - nA), s[nt][1] = exp2f(s[nt][1] - nA);
-            s[nt][2] = exp2f(s[nt][2] - nB), s[nt][3] = exp2f(s[nt][3] - nB);
-            sA += s[nt][0] + s[nt][1];
-            sB += s[nt][2] + s[nt][3];
+            for (int i = 0; i < D / 8; i++) o[u][i][0] *= aA, o[u][i][1] *= aA, o[u][i][2] *= aB, o[u][i][3] *= aB;
         }
-        sA += __shfl_xor_sync(0xffffffffu, sA, 1);
-        sA += __shfl_xor_sync(0xffffffffu, sA, 2);
-        sB += __shfl_xor_sync(0xffffffffu, sB, 1);
-        sB += __shfl_xor_sync(0xffffffffu, sB, 2);
-        lA = lA * aA + sA, lB = lB * aB + sB;
-        mA = nA, mB = nB;
-#pragma unroll
-        for (int i = 0; i < D / 8; i++) o[i][0] *= aA, o[i][1] *= aA, o[i][2] *= aB, o[i][3] *= aB;
-        am_gemm_pv<D, LD, SPLIT>(o, s, Vs, lane);
+        am_gemm_pv<D, LD, SPLIT, SUB, 4>(o, s, Vs, lane);
         __syncthreads(); /* this stage is consumed */
-        if (!PIPE && jt < it) {
-            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
-            am_commit();
-        }
     }
-    am_store<D>(out, o, 1.0f / lA, 1.0f / lB, b, rowA, h, T, H * D, t4);
-    if (t4 == 0) {
-        if (rowA < T) lse[(b * H + h) * T + rowA] = (mA + log2f(lA)) * AM_LN2;
-        if (rowB < T) lse[(b * H + h) * T + rowB] = (mB + log2f(lB)) * AM_LN2;
+#pragma unroll
+    for (int u = 0; u < SUB; u++) {
+        const int64_t rowA = i0 + AM_ROWS * u + 16 * w + g, rowB = rowA + 8;
+        am_store<D>(out, o[u], 1.0f / l[u][0], 1.0f / l[u][1], b, rowA, h, T, H * D, t4);
+        if (t4 == 0) {
+            if (rowA < T) lse[(b * H + h) * T + rowA] = (m[u][0] + log2f(l[u][0])) * AM_LN2;
+            if (rowB < T) lse[(b * H + h) * T + rowB] = (m[u][1] + log2f(l[u][1])) * AM_LN2;
+        }
     }
 }
 
-/* ---- backward dQ: grid (nT, H, B) -------------------------------------------------------------
- * per 16 x 64 block: s = q k^T, p = exp(s*scale - lse), dp = dout v^T, ds = p (dp - delta),
- * dq += ds k; dq *= scale at the end. */
-template <int D, bool SPLIT>
-static __global__ void __launch_bounds__(AM_THREADS)
-am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v,
-                 const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk,
-                 float sl2, float scale) {
-    constexpr int LD = D + 8;
-    constexpr bool PIPE = true; /* false: one stage (measured no different; kept for experiments) */
+/* ---- backward dQ: grid (ceil(T / 64 SUB), H, B), rows as in the forward -------------------------
+ * first delta = rowsum(dout * out) for the block's rows (written for the dK/dV kernel), then
+ * per 16 rows x 64/NH keys: s = q k^T, p = exp(s*scale - lse), dp = dout v^T, ds = p (dp - delta),
+ * dq += ds k; dq *= scale at the end. NH splits each 64-key tile into NH chunks (registers). */
+template <int D, bool SPLIT, int SUB, int NH>
+static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? (SUB == 1 ? 4 : 2) : 1)
+am_bwd_dq_kernel(am_bf16 *dq, float *delta, const am_bf16 *dout, const am_bf16 *o, const am_bf16 *q,
+                 const am_bf16 *k, const am_bf16 *v, const float *lse, int64_t T, int64_t H, int64_t Hkv, int64_t rq,
+                 int64_t rk, float sl2, float scale) {
+    constexpr int LD = D + 8, BM = AM_ROWS * SUB, STAGE = 2 * AM_ROWS * LD, NT = 8 / NH, VPR = D / 8;
     extern __shared__ uint4 am_smem[];
-    constexpr int STAGE = 2 * AM_ROWS * LD;
-    am_bf16 *Qs = (am_bf16 *)am_smem, *Gs = Qs + AM_ROWS * LD, *KV = Gs + AM_ROWS * LD;
+    am_bf16 *Qs = (am_bf16 *)am_smem, *Gs = Qs + BM * LD, *KV = Gs + BM * LD;
+    float *Ds = (float *)(KV + 2 * STAGE); /* [BM] delta of the block's rows */
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
-    const int64_t it = (int64_t)gridDim.x - 1 - blockIdx.x, i0 = it * AM_ROWS;
-    const int64_t rowA = i0 + 16 * w + g, rowB = rowA + 8;
-    am_load_pair<D, LD>(Qs, q, dout, b, i0, h, T, rq, H * D); /* Qs, Gs */
+    const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;
+    const int64_t last = min((T - 1) / AM_ROWS, (i0 + BM - 1) / AM_ROWS);
+#pragma unroll
+    for (int u = 0; u < SUB; u++) {
+        am_load_tile<D, LD>(Qs + u * AM_ROWS * LD, q, b, i0 + AM_ROWS * u, h, T, rq);
+        am_load_tile<D, LD>(Gs + u * AM_ROWS * LD, dout, b, i0 + AM_ROWS * u, h, T, H * D);
+    }
+    am_commit();
     am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, rk, rk);
     am_commit();
-    const float LA = rowA < T ? lse[(b * H + h) * T + rowA] * AM_LOG2E : 0.0f;
-    const float LB = rowB < T ? lse[(b * H + h) * T + rowB] * AM_LOG2E : 0.0f;
-    const float DA = rowA < T ? delta[(b * H + h) * T + rowA] : 0.0f;
-    const float DB = rowB < T ? delta[(b * H + h) * T + rowB] : 0.0f;
-    float acc[D / 8][4];
+    am_wait<1>(); /* Q and dout tiles */
+    __syncthreads();
+    /* delta: VPR consecutive threads share a row, one 16-byte vector of out and dout each */
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    for (int64_t jt = 0; jt <= it; jt++) {
+    for (int it = 0; it < BM * VPR / AM_THREADS; it++) {
+        const int e = it * AM_THREADS + threadIdx.x, rr = e / VPR, c = e % VPR;
+        const int64_t row = i0 + rr;
+        float acc = 0.0f;
+        if (row < T) {
+            const uint4 ov = *(const uint4 *)(o + (b * T + row) * H * D + h * D + c * 8);
+            const uint4 gv = *(const uint4 *)(Gs + rr * LD + c * 8);
+            const __nv_bfloat162 *op = (const __nv_bfloat162 *)&ov, *gp = (const __nv_bfloat162 *)&gv;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float2 of = __bfloat1622float2(op[i]), gf = __bfloat1622float2(gp[i]);
+                acc = fmaf(of.x, gf.x, acc);
+                acc = fmaf(of.y, gf.y, acc);
+            }
+        }
+#pragma unroll
+        for (int m = 1; m < VPR; m <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+        if (c == 0) {
+            Ds[rr] = acc;
+            if (row < T) delta[(b * H + h) * T + row] = acc;
+        }
+    }
+    __syncthreads();
+    float L[SUB][2], Dl[SUB][2], acc[SUB][D / 8][4];
+#pragma unroll
+    for (int u = 0; u < SUB; u++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int rr = AM_ROWS * u + 16 * w + g + 8 * r;
+            L[u][r] = i0 + rr < T ? lse[(b * H + h) * T + i0 + rr] * AM_LOG2E : 0.0f;
+            Dl[u][r] = Ds[rr];
+        }
+    am_zero<SUB, D / 8>(acc);
+    for (int64_t jt = 0; jt <= last; jt++) {
         const int64_t j0 = jt * AM_ROWS;
-        const am_bf16 *Ks = KV + (PIPE ? (jt & 1) : 0) * STAGE, *Vs = Ks + AM_ROWS * LD;
-        if (PIPE && jt < it) {
+        const am_bf16 *Ks = KV + (jt & 1) * STAGE, *Vs = Ks + AM_ROWS * LD;
+        if (jt < last) {
             am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
             am_wait<1>();
@@ -300,37 +352,46 @@ am_bwd_dq_kernel(am_bf16 *dq, const am_bf16 *dout, const am_bf16 *q, const am_bf
             am_wait<0>();
         }
         __syncthreads();
-        float s[8][4], dp[8][4];
-        am_scores<D, LD>(s, dp, Qs, Ks, Gs, Vs, 16 * w, lane);
-        const bool diag = jt == it;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int hh = 0; hh < NH; hh++) {
+            const int n0 = hh * 8 * NT; /* first key of this chunk in the tile */
+            float s[SUB][NT][4], dp[SUB][NT][4];
+            am_zero<SUB, NT>(s);
+            am_zero<SUB, NT>(dp);
+            am_gemm_nt<D, LD, SUB, NT>(s, Qs, 16 * w, Ks, n0, lane);
+            am_gemm_nt<D, LD, SUB, NT>(dp, Gs, 16 * w, Vs, n0, lane);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int kc = nt * 8 + 2 * t4 + (e & 1), rc = 16 * w + g + (e < 2 ? 0 : 8);
-                const float p = diag && kc > rc ? 0.0f : exp2f(s[nt][e] * sl2 - (e < 2 ? LA : LB));
-                s[nt][e] = p * (dp[nt][e] - (e < 2 ? DA : DB));
+            for (int u = 0; u < SUB; u++) {
+                const int64_t rb = i0 + AM_ROWS * u + 16 * w;
+                if (j0 + n0 + 8 * NT - 1 > rb) am_causal<NT>(s[u], j0 + n0, rb, g, t4);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1; /* exp2(-inf) = 0 where masked */
+                        const float p = am_exp2(fmaf(s[u][nt][e], sl2, -L[u][r]));
+                        s[u][nt][e] = p * (dp[u][nt][e] - Dl[u][r]);
+                    }
             }
-        am_gemm_pv<D, LD, SPLIT>(acc, s, Ks, lane);
-        __syncthreads();
-        if (!PIPE && jt < it) {
-            am_load_pair<D, LD>(KV, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
-            am_commit();
+            am_gemm_pv<D, LD, SPLIT, SUB, NT / 2>(acc, s, Ks + n0 * LD, lane);
         }
+        __syncthreads();
     }
-    am_store<D>(dq, acc, scale, scale, b, rowA, h, T, rq, t4);
+#pragma unroll
+    for (int u = 0; u < SUB; u++)
+        am_store<D>(dq, acc[u], scale, scale, b, i0 + AM_ROWS * u + 16 * w + g, h, T, rq, t4);
 }
 
 /* ---- backward dK, dV: grid (nT, Hkv, B), key tiles heaviest first ------------------------------
- * per 16 keys x 64 queries: sT = k q^T, pT = exp(sT*scale - lse), dpT = v dout^T,
- * dsT = pT (dpT - delta); dv += pT dout, dk += dsT q; summed over the group's heads. */
-/* Issues stage `st` of dkv's step n (query head and tile from n): Q, dout tiles, scaled lse, delta. */
+ * per 16 keys x 64/NH queries: sT = k q^T, pT = exp(sT*scale - lse), dpT = v dout^T,
+ * dsT = pT (dpT - delta); dv += pT dout, dk += dsT q; summed over the group's heads. NH = 2 halves
+ * the score registers so the kernel fits 128 registers (4 blocks per SM). */
+/* Issues one dK/dV step's stage: the Q and dout tiles of query head h at rows i0.., and their
+ * lse * log2(e) and delta. */
 template <int D, int LD>
-static __device__ __forceinline__ void am_dkv_issue(am_bf16 *QG, float *LDl, int64_t n, int64_t cnt, int64_t jt,
-                                                    int64_t kvh, int64_t group, const am_bf16 *q,
-                                                    const am_bf16 *dout, const float *lse, const float *delta,
-                                                    int64_t b, int64_t T, int64_t H, int64_t rq) {
-    const int64_t h = kvh * group + n / cnt, i0 = (jt + n % cnt) * AM_ROWS;
+static __device__ __forceinline__ void am_dkv_issue(am_bf16 *QG, float *LDl, int64_t h, int64_t i0,
+                                                    const am_bf16 *q, const am_bf16 *dout, const float *lse,
+                                                    const float *delta, int64_t b, int64_t T, int64_t H, int64_t rq) {
     am_load_pair<D, LD>(QG, q, dout, b, i0, h, T, rq, H * D);
     am_commit();
     if (threadIdx.x < AM_ROWS) {
@@ -340,73 +401,90 @@ static __device__ __forceinline__ void am_dkv_issue(am_bf16 *QG, float *LDl, int
     }
 }
 
-template <int D, bool SPLIT>
-static __global__ void __launch_bounds__(AM_THREADS)
+template <int D, bool SPLIT, int NH>
+static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? (NH == 1 ? 3 : 4) : 1)
 am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k,
                   const am_bf16 *v, const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv,
                   int64_t rq, int64_t rk, float sl2, float scale) {
-    constexpr int LD = D + 8;
-    constexpr bool PIPE = true; /* false: one stage (measured no different; kept for experiments) */
+    constexpr int LD = D + 8, STAGE = 2 * AM_ROWS * LD, NT = 8 / NH;
     extern __shared__ uint4 am_smem[];
-    constexpr int STAGE = 2 * AM_ROWS * LD;
     am_bf16 *Ks = (am_bf16 *)am_smem, *Vs = Ks + AM_ROWS * LD, *QG = Vs + AM_ROWS * LD;
-    float *LDl = (float *)(QG + (PIPE ? 2 : 1) * STAGE); /* per stage: lse * log2(e) [64], delta [64] */
+    float *LDl = (float *)(QG + 2 * STAGE); /* per stage: lse * log2(e) [64], delta [64] */
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t b = blockIdx.z, kvh = blockIdx.y, group = H / Hkv, nT = gridDim.x;
     const int64_t jt = blockIdx.x, j0 = jt * AM_ROWS;
     const int64_t keyA = j0 + 16 * w + g; /* this thread's rows: keyA, keyA + 8 */
     const int64_t cnt = nT - jt, total = group * cnt; /* steps: (query head, query tile >= jt) */
     am_load_pair<D, LD>(Ks, k, v, b, j0, kvh, T, rk, rk); /* Ks, Vs */
-    am_dkv_issue<D, LD>(QG, LDl, 0, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H, rq);
-    float ak[D / 8][4], av[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) ak[i][e] = av[i][e] = 0.0f;
+    /* step n = (query head h, query tile it >= jt), it fastest; (hn, itn) is step n + 1 */
+    int64_t h = kvh * group, it = jt, hn = it + 1 < nT ? h : h + 1, itn = it + 1 < nT ? it + 1 : jt;
+    am_dkv_issue<D, LD>(QG, LDl, h, j0, q, dout, lse, delta, b, T, H, rq);
+    float ak[1][D / 8][4], av[1][D / 8][4];
+    am_zero<1, D / 8>(ak);
+    am_zero<1, D / 8>(av);
     for (int64_t n = 0; n < total; n++) {
-        {
-            const int64_t i0 = (jt + n % cnt) * AM_ROWS;
-            const bool diag = i0 == j0;
-            const int lim = T - i0 < AM_ROWS ? (int)(T - i0) : AM_ROWS; /* queries < T */
-            const int st = PIPE ? (int)(n & 1) : 0;
-            const am_bf16 *Qs = QG + st * STAGE, *Gs = Qs + AM_ROWS * LD;
-            const float *Ls = LDl + st * 2 * AM_ROWS, *Dl = Ls + AM_ROWS;
-            if (PIPE && n + 1 < total) {
-                const int ns = (int)((n + 1) & 1);
-                am_dkv_issue<D, LD>(QG + ns * STAGE, LDl + ns * 2 * AM_ROWS, n + 1, cnt, jt, kvh, group, q, dout,
-                                    lse, delta, b, T, H, rq);
-                am_wait<1>();
-            } else {
-                am_wait<0>();
-            }
-            __syncthreads();
-            float s[8][4], dp[8][4];
-            am_scores<D, LD>(s, dp, Ks, Qs, Vs, Gs, 16 * w, lane);
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    /* query tq = i0 + c >= key: only the diagonal tile (i0 == j0) compares */
-                    const int c = nt * 8 + 2 * t4 + (e & 1), kc = 16 * w + g + (e < 2 ? 0 : 8);
-                    const bool ok = (!diag || c >= kc) && c < lim;
-                    const float p = ok ? exp2f(s[nt][e] * sl2 - Ls[c]) : 0.0f;
-                    s[nt][e] = p;
-                    dp[nt][e] = p * (dp[nt][e] - Dl[c]);
-                }
-            am_gemm_pv<D, LD, SPLIT>(av, s, Gs, lane);
-            am_gemm_pv<D, LD, SPLIT>(ak, dp, Qs, lane);
-            __syncthreads(); /* this stage is consumed */
-            if (!PIPE && n + 1 < total)
-                am_dkv_issue<D, LD>(QG, LDl, n + 1, cnt, jt, kvh, group, q, dout, lse, delta, b, T, H, rq);
+        const int64_t i0 = it * AM_ROWS;
+        const bool diag = it == jt;
+        const int lim = T - i0 < AM_ROWS ? (int)(T - i0) : AM_ROWS; /* queries < T */
+        const int st = (int)(n & 1);
+        const am_bf16 *Qs = QG + st * STAGE, *Gs = Qs + AM_ROWS * LD;
+        const float *Ls = LDl + st * 2 * AM_ROWS, *Dl = Ls + AM_ROWS;
+        if (n + 1 < total) {
+            const int ns = (int)((n + 1) & 1);
+            am_dkv_issue<D, LD>(QG + ns * STAGE, LDl + ns * 2 * AM_ROWS, hn, itn * AM_ROWS, q, dout, lse, delta, b,
+                                T, H, rq);
+            am_wait<1>();
+        } else {
+            am_wait<0>();
         }
+        __syncthreads();
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++) {
+            const int c0 = hh * 8 * NT; /* first query of this chunk in the tile */
+            if (diag && c0 + 8 * NT - 1 < 16 * w) continue; /* every query before this warp's keys */
+            float s[1][NT][4], dp[1][NT][4];
+            am_zero<1, NT>(s);
+            am_zero<1, NT>(dp);
+            am_gemm_nt<D, LD, 1, NT>(s, Ks, 16 * w, Qs, c0, lane);
+            am_gemm_nt<D, LD, 1, NT>(dp, Vs, 16 * w, Gs, c0, lane);
+            /* query tq = i0 + c >= key and tq < T: only the diagonal tile and the last one compare */
+            if (diag || lim < AM_ROWS)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int ce = c0 + nt * 8 + 2 * t4 + (e & 1), kc = 16 * w + g + (e < 2 ? 0 : 8);
+                        if ((diag && ce < kc) || ce >= lim) s[0][nt][e] = -INFINITY;
+                    }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int c = c0 + nt * 8 + 2 * t4;
+                const float2 lc = *(const float2 *)(Ls + c), dc = *(const float2 *)(Dl + c);
+#pragma unroll
+                for (int e = 0; e < 4; e++) { /* exp2(-inf) = 0 where masked */
+                    const float p = am_exp2(fmaf(s[0][nt][e], sl2, -(e & 1 ? lc.y : lc.x)));
+                    s[0][nt][e] = p;
+                    dp[0][nt][e] = p * (dp[0][nt][e] - (e & 1 ? dc.y : dc.x));
+                }
+            }
+            am_gemm_pv<D, LD, SPLIT, 1, NT / 2>(av, s, Gs + c0 * LD, lane);
+            am_gemm_pv<D, LD, SPLIT, 1, NT / 2>(ak, dp, Qs + c0 * LD, lane);
+        }
+        __syncthreads(); /* this stage is consumed */
+        h = hn, it = itn;
+        if (++itn == nT) itn = jt, hn++;
     }
-    am_store<D>(dk, ak, scale, scale, b, keyA, kvh, T, rk, t4);
-    am_store<D>(dv, av, 1.0f, 1.0f, b, keyA, kvh, T, rk, t4);
+    am_store<D>(dk, ak[0], scale, scale, b, keyA, kvh, T, rk, t4);
+    am_store<D>(dv, av[0], 1.0f, 1.0f, b, keyA, kvh, T, rk, t4);
 }
 
-/* ---- launchers: SPLIT = hi + lo BF16 probabilities (default) or one BF16 term (DW_ATTN=nosplit,
- * an experiment: it may miss the reference tolerance) -------------------------------------------- */
-static int am_mode(void) { /* 0 tensor cores, split; 1 no split; 2 reference kernels */
+/* ---- launchers --------------------------------------------------------------------------------
+ * am_mode: 0 tensor cores with P and dS split hi + lo (default); 1 one BF16 term (DW_ATTN=nosplit,
+ * an experiment that may miss the reference tolerance); 2 the reference kernels (DW_ATTN=ref).
+ * am_tiles: forward rows per block / 64 (SUB), dQ rows per block / 64, dK/dV query chunks per tile
+ * (NH), 1 or 2 each, D = 64 only, from DW_ATTN_TILES="F,Q,K" (an experiment knob; default 1,1,1,
+ * the fastest measured at the GPT-2 and llama-1b shapes: bench/RESULTS.md). */
+static int am_mode(void) {
     static int mode = -1;
     if (mode < 0) {
         const char *env = getenv("DW_ATTN");
@@ -414,42 +492,91 @@ static int am_mode(void) { /* 0 tensor cores, split; 1 no split; 2 reference ker
     }
     return mode;
 }
+static int am_tiles_cfg[3] = {0, 0, 0}; /* 0: not read yet */
+static const int *am_tiles(void) {
+    if (!am_tiles_cfg[0]) {
+        int f = 1, qd = 1, kv = 1;
+        const char *env = getenv("DW_ATTN_TILES");
+        if (env && sscanf(env, "%d,%d,%d", &f, &qd, &kv) != 3) f = qd = kv = 1;
+        am_tiles_cfg[0] = f == 2 ? 2 : 1, am_tiles_cfg[1] = qd == 2 ? 2 : 1, am_tiles_cfg[2] = kv == 2 ? 2 : 1;
+    }
+    return am_tiles_cfg;
+}
 
-template <int D, bool SPLIT>
+template <int D, bool SPLIT, int SUB>
 static cudaError_t am_fwd_launch(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
                                  int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
-    const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = 5 * tile;
-    cudaError_t e = cudaFuncSetAttribute(am_fwd_kernel<D, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = (SUB + 4) * tile;
+    cudaError_t e =
+        cudaFuncSetAttribute(am_fwd_kernel<D, SPLIT, SUB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    const dim3 grid((unsigned)((T + AM_ROWS - 1) / AM_ROWS), (unsigned)H, (unsigned)B);
+    const int64_t BM = AM_ROWS * SUB;
+    const dim3 grid((unsigned)((T + BM - 1) / BM), (unsigned)H, (unsigned)B);
     const float sl2 = (float)(1.0 / sqrt((double)D)) * AM_LOG2E;
-    am_fwd_kernel<D, SPLIT><<<grid, AM_THREADS, smem, s>>>((am_bf16 *)out, lse, (const am_bf16 *)q,
-                                                          (const am_bf16 *)k, (const am_bf16 *)v, T, H, Hkv, rq, rk,
-                                                          sl2);
+    am_fwd_kernel<D, SPLIT, SUB><<<grid, AM_THREADS, smem, s>>>((am_bf16 *)out, lse, (const am_bf16 *)q,
+                                                               (const am_bf16 *)k, (const am_bf16 *)v, T, H, Hkv,
+                                                               rq, rk, sl2);
     return cudaGetLastError();
 }
 
-template <int D, bool SPLIT>
-static cudaError_t am_bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                                 const void *v, const float *lse, const float *delta, int64_t B, int64_t T,
-                                 int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
-    const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem_q = 6 * tile;
-    const size_t smem_kv = smem_q + 2 * 2 * AM_ROWS * sizeof(float);
-    cudaError_t e =
-        cudaFuncSetAttribute(am_bwd_dq_kernel<D, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_q);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(am_bwd_dkv_kernel<D, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_kv);
+template <int D, bool SPLIT, int SUB, int NH>
+static cudaError_t am_bwd_dq_launch(void *dq, float *delta, const void *dout, const void *out, const void *q,
+                                    const void *k, const void *v, const float *lse, int64_t B, int64_t T, int64_t H,
+                                    int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+    const int64_t BM = AM_ROWS * SUB;
+    const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = (2 * SUB + 4) * tile + BM * sizeof(float);
+    cudaError_t e = cudaFuncSetAttribute(am_bwd_dq_kernel<D, SPLIT, SUB, NH>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    const unsigned nT = (unsigned)((T + AM_ROWS - 1) / AM_ROWS);
     const float scale = (float)(1.0 / sqrt((double)D)), sl2 = scale * AM_LOG2E;
-    am_bwd_dq_kernel<D, SPLIT><<<dim3(nT, (unsigned)H, (unsigned)B), AM_THREADS, smem_q, s>>>(
-        (am_bf16 *)dq, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k, (const am_bf16 *)v, lse, delta,
-        T, H, Hkv, rq, rk, sl2, scale);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    am_bwd_dkv_kernel<D, SPLIT><<<dim3(nT, (unsigned)Hkv, (unsigned)B), AM_THREADS, smem_kv, s>>>(
+    am_bwd_dq_kernel<D, SPLIT, SUB, NH><<<dim3((unsigned)((T + BM - 1) / BM), (unsigned)H, (unsigned)B),
+                                          AM_THREADS, smem, s>>>(
+        (am_bf16 *)dq, delta, (const am_bf16 *)dout, (const am_bf16 *)out, (const am_bf16 *)q, (const am_bf16 *)k,
+        (const am_bf16 *)v, lse, T, H, Hkv, rq, rk, sl2, scale);
+    return cudaGetLastError();
+}
+
+template <int D, bool SPLIT, int NH>
+static cudaError_t am_bwd_dkv_launch(void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                     const void *v, const float *lse, const float *delta, int64_t B, int64_t T,
+                                     int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+    const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = 6 * tile + 2 * 2 * AM_ROWS * sizeof(float);
+    cudaError_t e = cudaFuncSetAttribute(am_bwd_dkv_kernel<D, SPLIT, NH>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    const float scale = (float)(1.0 / sqrt((double)D)), sl2 = scale * AM_LOG2E;
+    am_bwd_dkv_kernel<D, SPLIT, NH><<<dim3((unsigned)((T + AM_ROWS - 1) / AM_ROWS), (unsigned)Hkv, (unsigned)B),
+                                      AM_THREADS, smem, s>>>(
         (am_bf16 *)dk, (am_bf16 *)dv, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k,
         (const am_bf16 *)v, lse, delta, T, H, Hkv, rq, rk, sl2, scale);
     return cudaGetLastError();
+}
+
+/* D = 128 keeps the 64-row, single-chunk kernels (its register budget has no room for more). */
+template <int D, bool SPLIT>
+static cudaError_t am_fwd_pick(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
+                               int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+    if constexpr (D == 64)
+        if (am_tiles()[0] == 2) return am_fwd_launch<D, SPLIT, 2>(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
+    return am_fwd_launch<D, SPLIT, 1>(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
+}
+template <int D, bool SPLIT>
+static cudaError_t am_bwd_pick(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                               const void *v, const void *out, const float *lse, float *delta, int64_t B, int64_t T,
+                               int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+    cudaError_t e = cudaSuccess;
+    if constexpr (D == 64) {
+        e = am_tiles()[1] == 2
+                ? am_bwd_dq_launch<D, SPLIT, 2, 2>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, s)
+                : am_bwd_dq_launch<D, SPLIT, 1, 1>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, s);
+        if (e != cudaSuccess) return e;
+        return am_tiles()[2] == 2
+                   ? am_bwd_dkv_launch<D, SPLIT, 2>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, s)
+                   : am_bwd_dkv_launch<D, SPLIT, 1>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, s);
+    }
+    e = am_bwd_dq_launch<D, SPLIT, 1, 1>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, s);
+    if (e != cudaSuccess) return e;
+    return am_bwd_dkv_launch<D, SPLIT, 1>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, s);
 }
 
 bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
@@ -462,17 +589,16 @@ bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
 cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
                             int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
     const bool split = am_mode() == 0;
-    return D == 64 ? (split ? am_fwd_launch<64, true> : am_fwd_launch<64, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s)
-                   : (split ? am_fwd_launch<128, true> : am_fwd_launch<128, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
+    return D == 64 ? (split ? am_fwd_pick<64, true> : am_fwd_pick<64, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s)
+                   : (split ? am_fwd_pick<128, true> : am_fwd_pick<128, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
 }
 
 cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                            const void *v, const float *lse, const float *delta, int64_t B, int64_t T, int64_t H,
-                            int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
+                            const void *v, const void *out, const float *lse, float *delta, int64_t B, int64_t T,
+                            int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
     const bool split = am_mode() == 0;
-    return D == 64 ? (split ? am_bwd_launch<64, true> : am_bwd_launch<64, false>)(dq, dk, dv, dout, q, k, v, lse,
-                                                                                 delta, B, T, H, Hkv, rq, rk, s)
-                   : (split ? am_bwd_launch<128, true> : am_bwd_launch<128, false>)(dq, dk, dv, dout, q, k, v, lse,
-                                                                                   delta, B, T, H, Hkv, rq, rk, s);
+    return D == 64 ? (split ? am_bwd_pick<64, true> : am_bwd_pick<64, false>)(dq, dk, dv, dout, q, k, v, out, lse,
+                                                                            delta, B, T, H, Hkv, rq, rk, s)
+                   : (split ? am_bwd_pick<128, true> : am_bwd_pick<128, false>)(dq, dk, dv, dout, q, k, v, out, lse,
+                                                                              delta, B, T, H, Hkv, rq, rk, s);
 }
-

@@ -17,10 +17,10 @@ bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n);
 cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
                             int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq,
                             int64_t rk, cudaStream_t s);
-/* delta (B,H,T) = rowsum(dout * out) must already be computed. */
-cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q,
-                            const void *k, const void *v, const float *lse, const float *delta,
-                            int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq,
-                            int64_t rk, cudaStream_t s);
+/* Writes delta (B,H,T) = rowsum(dout * out) (FP32 scratch, read back by the dK/dV kernel), then
+ * dq, dk, dv. out has the (B,T,H,D) layout of dout. */
+cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                            const void *v, const void *out, const float *lse, float *delta, int64_t B, int64_t T,
+                            int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s);
 
 #endif /* DW_KERNELS_ATTN_MMA_H */

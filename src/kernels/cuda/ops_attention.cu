@@ -4,7 +4,7 @@
  * looping over the group's query heads), so every gradient is written once without atomics.
  * These are the reference kernels (one warp per row, one lane per key of a tile, FP32 FMA): FP32
  * activations, BF16 with D other than 64 / 128, and DW_ATTN=ref. BF16 with D = 64 or 128 goes to
- * the tensor-core kernels of attn_mma.cu.
+ * the tensor-core kernels of attn_mma.cu (whose dQ kernel computes delta itself).
  * Oracle: kernels/cpu/attention_cpu.c. Layouts: q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T). */
 #include "kernels/cuda/attn_mma.h"
 #include "kernels/cuda/attn_packed.h"
@@ -286,19 +286,6 @@ static cudaError_t dw_att_bwd_launch(void *dq, void *dk, void *dv, const void *d
     return cudaGetLastError();
 }
 
-/* BF16 on the tensor cores (attn_mma.cu): delta with the reference kernel, then dQ and dK/dV. */
-static cudaError_t dw_att_bwd_mma(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                                  const void *v, const void *out, const float *lse, float *delta, int64_t B,
-                                  int64_t T_, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk,
-                                  cudaStream_t s) {
-    const int64_t rows = B * H * T_;
-    dw_att_delta_kernel<dw_bf16><<<(unsigned)((rows + DW_ATT_BR - 1) / DW_ATT_BR), DW_ATT_THREADS, 0, s>>>(
-        delta, (const dw_bf16 *)dout, (const dw_bf16 *)out, T_, H, D, rows);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    return dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, lse, delta, B, T_, H, Hkv, D, rq, rk, s);
-}
-
 /* NR = registers per lane for one D-vector: 1, 2, 4 or 8 (D <= 32, 64, 128, 256) */
 #define DW_ATT_DISPATCH(T, D, call)                                                            \
     ((D) <= 32 ? call<T, 1> : (D) <= 64 ? call<T, 2> : (D) <= 128 ? call<T, 4> : call<T, 8>)
@@ -347,7 +334,7 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
     cudaError_t e =
         dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 8)
-            ? dw_att_bwd_mma(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, H * D, Hkv * D, s)
+            ? dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, H * D, Hkv * D, s)
         : dt == DW_ACT_F32
             ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, s)
             : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, s);
@@ -397,8 +384,8 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
     dw_bf16 *g = (dw_bf16 *)dqkv;
     const int64_t rs = (H + 2 * Hkv) * D;
     return dw_att_packed_err(ctx, op,
-                             dw_att_bwd_mma(g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
-                                            out, lse, delta, B, T, H, Hkv, D, rs, rs, (cudaStream_t)stream),
+                             dw_attn_mma_bwd(g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
+                                             out, lse, delta, B, T, H, Hkv, D, rs, rs, (cudaStream_t)stream),
                              B, T, H, Hkv, D);
 }
 
