@@ -3,7 +3,7 @@
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
 # Prepare .deps once with scripts/gpu-deps.sh and carry it.
-# Usage: scripts/gpu-verify.sh build|tests|quick|recipes|quant|gemm|step|compare|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
+# Usage: scripts/gpu-verify.sh build|tests|quick|recipes|quant|gemm|step|compare|dryrun|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -57,6 +57,17 @@ for phase in "$@"; do
     s=$(date +%s)
     OUT="$out" bash bench/train_compare.sh "$b" ${COMPARE_MODELS:-gpt2 llama} | tee "$out/compare.md"
     record "bench/train_compare.sh ($(( $(date +%s) - s )) s)" "rc=$?"
+    ;;
+  dryrun)  # deepwell dryrun --run: predicted vs measured on this GPU (GEMM rates measured first)
+    "$b/deepwell" bench gemm --json --shapes gpt2,vocab --recipes bf16,fp8_block >"$out/rates.json" 2>"$out/rates.err"
+    record "bench gemm --shapes gpt2,vocab" "rc=$?"
+    for job in "gpt2-124m --seq 1024 --global-batch 16" "llama-1b --seq 2048 --global-batch 8"; do
+      n=$(echo "$job" | cut -d' ' -f1)
+      timeout 120 "$b/deepwell" dryrun $job --hw h200 --gpus 1 --gemm-rates "$out/rates.json" --run \
+        >"$out/dryrun_$n.txt" 2>&1
+      record "dryrun --run $n" "rc=$? $(grep -E '^(PASS|FAIL|NOT RUN) +gpu-run' "$out/dryrun_$n.txt" | tr '\n' ' ')"
+      grep -iE "memory|step" "$out/dryrun_$n.txt" | grep -iE "measured|predicted" | head -4
+    done
     ;;
   quick)  # the GEMM, engine and training GPU tests only
     for n in gpu_test_gemm_gpu gpu_test_engine_cuda gpu_test_train_cuda; do
