@@ -161,9 +161,10 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, const dw_quant_
     }
     if (json) {
         printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
-               "\"input\": \"bf16\", \"stages\": %d, \"ctas_per_sm\": %d, \"t_store\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, "
-               "\"variants\": [",
-               prop.name, (long long)rows, (long long)cols, iters, tune->stages, tune->ctas_per_sm, tune->t_store, copy_ms, copy_gbps);
+               "\"input\": \"bf16\", \"stages\": %d, \"ctas_per_sm\": %d, \"t_store\": %d, "
+               "\"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
+               prop.name, (long long)rows, (long long)cols, iters, tune->stages, tune->ctas_per_sm, tune->t_store,
+               copy_ms, copy_gbps);
         for (int k = 0; k < 4; k++)
             printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
                    "\"ratio_to_copy\": %.3f}", k ? ", " : "", dw_recipe_name(vs[k].recipe),
