@@ -11,7 +11,8 @@
 #include "formats/formats.h"
 
 static void help(void) {
-    printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N]\n\n"
+    printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--stages S]\n"
+           "                            [--ctas-per-sm K] [--t-store 1|2]\n\n"
            "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
            "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
            "with CUDA events: 5 warm-up runs, then the median of N timed runs. Reports GB/s counting\n"
@@ -22,6 +23,11 @@ static void help(void) {
            "  --rows R     rows (default 8192)\n"
            "  --cols C     columns (default 8192)\n"
            "  --iters N    timed runs per variant (default 50)\n"
+           "  --stages S   tuning: tile buffers (2..4) in the shared-memory ring of the tile kernel\n"
+           "               that writes the transposed copy (default 2)\n"
+           "  --ctas-per-sm K  tuning: at most K CTAs per SM for that kernel (default: as many as fit)\n"
+           "  --t-store M  tuning: that kernel stores the transposed codes 1 from registers (32 bytes\n"
+           "               per thread) or 2 through shared memory as full rows (default 2)\n"
            "  -h, --help   this help\n");
 }
 
@@ -98,7 +104,7 @@ static void fill_random_bf16(uint16_t *h, size_t n, uint64_t seed) {
     }
 }
 
-static int run(bool json, int64_t rows, int64_t cols, int iters) {
+static int run(bool json, int64_t rows, int64_t cols, int iters, const dw_quant_tuning *tune) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         cli_error("bench quant", "no CUDA GPU found: this benchmark needs one");
@@ -108,6 +114,10 @@ static int run(bool json, int64_t rows, int64_t cols, int iters) {
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
         cli_error("bench quant", "cannot read the properties of GPU 0");
         return DW_EXIT_FAIL;
+    }
+    if (dw_quantize_cuda_set_tuning(NULL, tune) != DW_OK) {
+        cli_error("bench quant", "%s", dw_errmsg(NULL));
+        return DW_EXIT_USAGE;
     }
     size_t n = (size_t)(rows * cols), in_bytes = n * 2;
     uint16_t *hx = malloc(in_bytes);
@@ -151,16 +161,19 @@ static int run(bool json, int64_t rows, int64_t cols, int iters) {
     }
     if (json) {
         printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
-               "\"input\": \"bf16\", \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
-               prop.name, (long long)rows, (long long)cols, iters, copy_ms, copy_gbps);
+               "\"input\": \"bf16\", \"stages\": %d, \"ctas_per_sm\": %d, \"t_store\": %d, "
+               "\"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
+               prop.name, (long long)rows, (long long)cols, iters, tune->stages, tune->ctas_per_sm, tune->t_store,
+               copy_ms, copy_gbps);
         for (int k = 0; k < 4; k++)
             printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
                    "\"ratio_to_copy\": %.3f}", k ? ", " : "", dw_recipe_name(vs[k].recipe),
                    vs[k].trans ? "true" : "false", vs[k].ms, vs[k].bytes, vs[k].gbps, vs[k].ratio);
         printf("]}\n");
     } else {
-        printf("quantise BF16 [%lld, %lld] on %s, median of %d runs (CUDA events)\n\n", (long long)rows,
-               (long long)cols, prop.name, iters);
+        printf("quantise BF16 [%lld, %lld] on %s, median of %d runs (CUDA events); tile kernel: stages %d, "
+               "CTAs/SM %d, t-store %d (0 = default)\n\n", (long long)rows, (long long)cols, prop.name, iters,
+               tune->stages, tune->ctas_per_sm, tune->t_store);
         printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
         printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy_ms, copy_gbps, "1.000");
         for (int k = 0; k < 4; k++) {
@@ -188,10 +201,13 @@ int bench_quant(int argc, char **argv) {
                                          {"rows", required_argument, 0, 'r'},
                                          {"cols", required_argument, 0, 'c'},
                                          {"iters", required_argument, 0, 'n'},
+                                         {"stages", required_argument, 0, 's'},
+                                         {"ctas-per-sm", required_argument, 0, 'k'},
+                                         {"t-store", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     bool json = false;
-    long rows = 8192, cols = 8192, iters = 50;
+    long rows = 8192, cols = 8192, iters = 50, stages = 0, ctas = 0, tstore = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -206,6 +222,15 @@ int bench_quant(int argc, char **argv) {
         case 'n':
             if (!cli_parse_int("bench quant", "--iters", optarg, 1, 100000, &iters)) return DW_EXIT_USAGE;
             break;
+        case 's':
+            if (!cli_parse_int("bench quant", "--stages", optarg, 2, 4, &stages)) return DW_EXIT_USAGE;
+            break;
+        case 'k':
+            if (!cli_parse_int("bench quant", "--ctas-per-sm", optarg, 1, 64, &ctas)) return DW_EXIT_USAGE;
+            break;
+        case 't':
+            if (!cli_parse_int("bench quant", "--t-store", optarg, 1, 2, &tstore)) return DW_EXIT_USAGE;
+            break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error("bench quant");
         }
@@ -219,9 +244,10 @@ int bench_quant(int argc, char **argv) {
         return DW_EXIT_USAGE;
     }
 #if DW_HAVE_CUDA
-    return run(json, rows, cols, (int)iters);
+    dw_quant_tuning tune = {.stages = (int)stages, .ctas_per_sm = (int)ctas, .t_store = (int)tstore};
+    return run(json, rows, cols, (int)iters, &tune);
 #else
-    (void)json;
+    (void)json, (void)stages, (void)ctas, (void)tstore;
     cli_error("bench quant", "this build has no CUDA (configured without nvcc): it needs a CUDA build and a GPU");
     return DW_EXIT_FAIL;
 #endif

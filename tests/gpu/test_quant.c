@@ -1,8 +1,10 @@
 /* test_quant.c — the CUDA quantisation kernels (kernels/cuda/quant.h) against the CPU reference
  * (formats.h), byte for byte: every recipe and scale-rounding option, FP32 and BF16 input, with and
  * without the transposed copy and the swizzled scales, ragged shapes, special values (NaN, Inf,
- * zero blocks, subnormals, exact ties), unaligned input; outputs poisoned first and guard bands
- * checked for stray writes. Needs a GPU (label gpu); fails without one. */
+ * zero blocks, subnormals, exact ties, values next to E4M3 rounding boundaries), unaligned input,
+ * several depths of the tile kernel's shared-memory ring and grids small enough that each CTA
+ * loops over many tiles; outputs poisoned first and guard bands checked for stray writes. Needs a
+ * GPU (label gpu); fails without one. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -52,8 +54,21 @@ static int compare(const char *label, const char *what, const uint8_t *got, cons
     return 0;
 }
 
-/* Test data: kind 0 wide-range normals, 1 with specials, 2 exact ties on small grids. */
+/* Kind 3's FP8 scale: fresh per case, never a power of two. */
+static float g_s0 = 1.0f;
+
+/* Test data: kind 0 wide-range normals, 1 with specials, 2 exact ties on small grids, 3 values
+ * within a few ulps of s0 times the midpoints between E4M3 codes, with +-448 s0 at every row and
+ * column multiple of 128 so that FP8 block scales come out near s0 (stresses x / s). */
 static float sample(dw_test_rng *rng, int kind, int64_t i, int64_t j) {
+    if (kind == 3) {
+        float sign = (dw_test_next(rng) & 1) ? -1.0f : 1.0f;
+        if (i % 128 == 0 || j % 128 == 0) return sign * 448.0f * g_s0;
+        int m = (int)(dw_test_next(rng) % 8), e = (int)(dw_test_next(rng) % 17) - 9;
+        float mid = ldexpf(1.0f + (float)(2 * m + 1) / 16.0f, e); /* halfway between two E4M3 codes */
+        if (e < -6) mid = ldexpf((float)(2 * (int)(dw_test_next(rng) % 8) + 1), -10); /* subnormal codes */
+        return sign * g_s0 * mid * (1.0f + ldexpf((float)((int)(dw_test_next(rng) % 9) - 4), -23));
+    }
     if (kind == 2) {
         int k = (int)(dw_test_next(rng) % 129) - 64;
         return ldexpf((float)k, (int)(dw_test_next(rng) % 9) - 6);
@@ -77,6 +92,7 @@ typedef struct {
     bool trans, swz, misalign;
     int64_t rows, cols;
     int kind;
+    dw_quant_tuning tune; /* ring depth and grid cap of the persistent tile kernel */
 } qcase;
 
 /* One output's device buffers and their CPU twins. */
@@ -144,10 +160,13 @@ static int run_case(dw_test_rng *rng, const qcase *c) {
     dw_recipe r = c->o.recipe;
     int64_t n = c->rows * c->cols;
     char label[160];
-    snprintf(label, sizeof label, "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s", dw_recipe_name(r),
+    snprintf(label, sizeof label, "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s stages=%d max_ctas=%d t_store=%d", dw_recipe_name(r),
              c->o.rounding == DW_SCALE_FLOOR ? "/floor" : "", c->o.pow2 ? "/pow2" : "",
              c->in == DW_QUANT_IN_BF16 ? "bf16" : "f32", (long long)c->rows, (long long)c->cols, c->kind,
-             c->trans ? " +T" : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "");
+             c->trans ? " +T" : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "", c->tune.stages,
+             c->tune.max_ctas, c->tune.t_store);
+    if (dw_quantize_cuda_set_tuning(NULL, &c->tune) != DW_OK) fail_msg("%s: set_tuning: %s", label, dw_errmsg(NULL));
+    g_s0 = ldexpf(1.0f + (float)(1 + dw_test_next(rng) % 0x7FFFFE) * 0x1p-23f, (int)(dw_test_next(rng) % 40) - 20);
     float *x = malloc((size_t)n * sizeof *x);
     uint16_t *xb = malloc((size_t)n * sizeof *xb);
     for (int64_t i = 0; i < c->rows; i++)
@@ -222,12 +241,18 @@ static void test_all_recipes_bit_identical(void **state) {
                            .swz = one_byte && ((variant >> 1) & 1) != (variant >> 2),
                            .misalign = si == 1 && (variant & 1),
                            .rows = rows, .cols = cols,
-                           .kind = (int)((si + variant) % 3)};
+                           .kind = (int)((si + variant) % 4)};
+                /* vary the tile ring's depth (2..4; 4 fits only BF16 tiles) and sometimes cap
+                 * the grid at 1..3 CTAs, so that each CTA wraps around its ring many times */
+                c.tune.stages = 2 + (int)(dw_test_next(&rng) % (c.in == DW_QUANT_IN_BF16 ? 3 : 2));
+                c.tune.max_ctas = (dw_test_next(&rng) % 2) ? 1 + (int)(dw_test_next(&rng) % 3) : 0;
+                c.tune.t_store = 1 + (int)(dw_test_next(&rng) % 2); /* both transposed-store paths */
                 bad += run_case(&rng, &c);
                 cases++;
             }
         }
     }
+    dw_quantize_cuda_set_tuning(NULL, NULL);
     fprintf(stderr, "test_quant: %d cases, %d mismatching\n", cases, bad);
     assert_int_equal(bad, 0);
 }
@@ -248,6 +273,9 @@ static void test_rejects_bad_arguments(void **state) {
     out.scales_swizzled = NULL;
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 16, &out, NULL, NULL, NULL),
                      DW_ERR_INVALID); /* no tensor_scale */
+    dw_quant_tuning bad_stages = {.stages = 5}, bad_ctas = {.max_ctas = -1};
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_stages), DW_ERR_INVALID);
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_ctas), DW_ERR_INVALID);
     o.recipe = DW_RECIPE_BF16;
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 4, &out, NULL, NULL, NULL),
                      DW_ERR_UNSUPPORTED);

@@ -1,10 +1,12 @@
 /* quant.cu — CUDA kernels of the quantisation recipes (API in quant.h). Row-wise only, when no
  * block straddles a row: a flat grid-stride kernel over 8-element chunks. Otherwise (transposed
- * copy, fp8_block2d, ragged shapes): one 128x128 tile per CTA, row-wise codes from registers, the
- * transposed copy from the tile staged in shared memory. Block scales also go to cuBLAS's 128x4
- * layout on request. Scale rules are formats/rules.h's (the CPU reference's own, plus a
- * division-free MX exponent proven equal); elements use the hardware conversions (E4M3/E5M2) or
- * exact comparisons (E2M1). fp8_tensor, fp8_row and nvfp4 run an amax pass first. */
+ * copy, fp8_block2d, ragged shapes): 128x128 tiles, streamed by cp.async through a ring of
+ * shared-memory buffers on a persistent grid (one tile per CTA from registers when rows are not
+ * 16-byte aligned); row-wise codes and the transposed copy both come from the staged tile. Block
+ * scales also go to cuBLAS's 128x4 layout on request. Scale rules are formats/rules.h's (the CPU
+ * reference's own, plus a division-free MX exponent proven equal); x / s is one FP32 rounding
+ * computed through the block's reciprocal (quot_q); elements use the hardware conversions
+ * (E4M3/E5M2) or exact comparisons (E2M1). fp8_tensor, fp8_row and nvfp4 run an amax pass first. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -49,6 +51,7 @@ struct Params {
     int64_t rows, cols, tiles_c;
     bool vec_in, vec_out, vec_out_t; /* 16-byte loads, 8/4-byte row-wise and 16-byte transposed code stores */
     bool pow2, floor_rule;
+    bool t_smem; /* tile kernel: transposed 8-bit codes of whole tiles leave through shared memory */
     OutDesc o, t;
 };
 
@@ -87,21 +90,36 @@ __device__ __forceinline__ float dec_ue4m3(uint32_t c) {
 }
 
 /* How one block's elements become element values: a constant code (non-finite or all-zero
- * blocks), x * f (f an exact power of two: same rounding as x / 2^-k), or x / f (IEEE division,
- * as the contract writes it). */
+ * blocks), x * f (f an exact power of two: same rounding as x / 2^-k), x / f computed without a
+ * division (mode 3, see quot_q), or x / f by IEEE division (mode 2, tiny divisors only). */
 struct Q {
-    float f;
-    int mode; /* 0 constant, 1 multiply, 2 divide */
+    float f, r; /* multiplier or divisor; r = RN(1/f) in mode 3 */
+    int mode;   /* 0 constant, 1 multiply, 2 divide, 3 divide through the reciprocal */
     uint32_t konst;
 };
 
-/* FP8 recipes: multiply by 1/s when s is a normal power of two (same rounding), else divide. */
+/* x / s for s > 0 finite, as one FP32 rounding. s a normal power of two: multiply by 2^-k (exact
+ * inverse, same rounding). s >= 2^-60: Markstein's correction with r = RN(1/s) — t = RN(x r) is
+ * within 2 ulp of x/s, the residual x - s t is exact in one FMA, and RN(t + (x - s t) r) = RN(x/s)
+ * (Markstein 1990; no underflow for |x/s| >= 2^-12, and below that E4M3/E5M2/E2M1 give a signed
+ * zero either way; the sign is copied from x so that -0 stays -0 whatever the compiler does with
+ * the negations). Tinier s: IEEE division. */
+__device__ __forceinline__ Q quot_q(float s) {
+    uint32_t u = __float_as_uint(s), e = u >> 23;
+    if ((u & 0x7FFFFFu) == 0 && e >= 1 && e <= 254) return Q{dw_rule_pow2f(127 - (int)e), 0.0f, 1, 0};
+    if (s >= 0x1p-60f) return Q{s, __frcp_rn(s), 3, 0};
+    return Q{s, 0.0f, 2, 0};
+}
+__device__ __forceinline__ float div_q3(float x, float s, float r) {
+    float t = x * r;
+    float e = fmaf(s, t, -x);
+    return copysignf(fmaf(-e, r, t), x);
+}
+
+/* FP8 recipes: the scale s (NaN for a non-finite block: constant NaN code). */
 __device__ __forceinline__ Q fp8_q(float s) {
-    uint32_t u = __float_as_uint(s);
-    if ((u & 0x7FFFFFFFu) > DW_F32_ABS_INF) return Q{0.0f, 0, 0x7Fu};
-    uint32_t e = u >> 23;
-    if ((u & 0x7FFFFFu) == 0 && e >= 1 && e <= 254) return Q{dw_rule_pow2f(127 - (int)e), 1, 0};
-    return Q{s, 2, 0};
+    if ((__float_as_uint(s) & 0x7FFFFFFFu) > DW_F32_ABS_INF) return Q{0.0f, 0.0f, 0, 0x7Fu};
+    return quot_q(s);
 }
 
 /* The MX scale code, as dw_rule_mx_scale_code, without its FP32 division where the quotient
@@ -134,24 +152,48 @@ template <int R> __device__ __forceinline__ Q block_q(uint32_t amax, float ext, 
     } else if constexpr (kind == K_MX) {
         uint32_t c = mx_code<fmt>(amax, p.floor_rule);
         *s8 = c;
-        if (c == 0xFFu) return Q{0.0f, 0, fmt == F_E2M1 ? 0u : 0x7Fu};
-        if (amax == 0) return Q{0.0f, 0, 0};
-        return Q{dw_rule_mx_inv_scale((uint8_t)c), 1, 0};
+        if (c == 0xFFu) return Q{0.0f, 0.0f, 0, fmt == F_E2M1 ? 0u : 0x7Fu};
+        if (amax == 0) return Q{0.0f, 0.0f, 0, 0};
+        return Q{dw_rule_mx_inv_scale((uint8_t)c), 0.0f, 1, 0};
     } else { /* NVFP4: ext = s_t */
         bool st_nan = (__float_as_uint(ext) & 0x7FFFFFFFu) > DW_F32_ABS_INF;
         uint32_t b = st_nan ? 0x7Fu : enc_ue4m3(__uint_as_float(amax) / (6.0f * ext));
         *s8 = b;
         float d = st_nan ? 0.0f : dec_ue4m3(b) * ext;
-        if (d == 0.0f) return Q{0.0f, 0, 0};
-        return Q{d, 2, 0};
+        if (d == 0.0f) return Q{0.0f, 0.0f, 0, 0};
+        return quot_q(d);
     }
 }
 
-/* Codes of a pair under block rule q (layout as enc_x2). */
-template <int FMT> __device__ __forceinline__ uint32_t encq_x2(const Q &q, float a, float b) {
-    if (q.mode == 0) return FMT == F_E2M1 ? q.konst * 0x11u : q.konst * 0x0101u;
-    if (q.mode == 1) return enc_x2<FMT>(a * q.f, b * q.f);
-    return enc_x2<FMT>(__fdiv_rn(a, q.f), __fdiv_rn(b, q.f));
+/* Codes of N consecutive elements under block rule q, one branch on the mode per group: N/4
+ * words of 8-bit codes, or (E2M1) N/8 words of nibbles, element 0 in the lowest bits. */
+template <int FMT, int N> __device__ __forceinline__ void encode_n(const Q &q, const float *v, uint32_t *w) {
+    float t[N];
+    if (q.mode == 3) {
+#pragma unroll
+        for (int i = 0; i < N; i++) t[i] = div_q3(v[i], q.f, q.r);
+    } else if (q.mode == 2) {
+#pragma unroll
+        for (int i = 0; i < N; i++) t[i] = __fdiv_rn(v[i], q.f);
+    } else { /* mode 1; mode 0 multiplies by 0 and is replaced below */
+#pragma unroll
+        for (int i = 0; i < N; i++) t[i] = v[i] * q.f;
+    }
+    if constexpr (FMT == F_E2M1) {
+#pragma unroll
+        for (int j = 0; j < N / 8; j++)
+            w[j] = enc_x2<FMT>(t[8 * j], t[8 * j + 1]) | enc_x2<FMT>(t[8 * j + 2], t[8 * j + 3]) << 8 |
+                   enc_x2<FMT>(t[8 * j + 4], t[8 * j + 5]) << 16 | enc_x2<FMT>(t[8 * j + 6], t[8 * j + 7]) << 24;
+    } else {
+#pragma unroll
+        for (int j = 0; j < N / 4; j++)
+            w[j] = enc_x2<FMT>(t[4 * j], t[4 * j + 1]) | enc_x2<FMT>(t[4 * j + 2], t[4 * j + 3]) << 16;
+    }
+    if (q.mode == 0) {
+        const uint32_t k = q.konst * (FMT == F_E2M1 ? 0x11111111u : 0x01010101u);
+#pragma unroll
+        for (int j = 0; j < (FMT == F_E2M1 ? N / 8 : N / 4); j++) w[j] = k;
+    }
 }
 
 template <int LANES> __device__ __forceinline__ uint32_t group_max(uint32_t v) {
@@ -172,14 +214,8 @@ template <int B> __device__ __forceinline__ uint32_t chunk_amax(const float v[8]
 
 /* Codes of 8 consecutive elements: 8 bytes in w[0..1], or (E2M1) 8 nibbles in w[0]. */
 template <int FMT> __device__ __forceinline__ void encode8(const Q &q, const float v[8], uint32_t w[2]) {
-    if constexpr (FMT == F_E2M1) {
-        w[0] = encq_x2<FMT>(q, v[0], v[1]) | encq_x2<FMT>(q, v[2], v[3]) << 8 |
-               encq_x2<FMT>(q, v[4], v[5]) << 16 | encq_x2<FMT>(q, v[6], v[7]) << 24;
-        w[1] = 0;
-    } else {
-        w[0] = encq_x2<FMT>(q, v[0], v[1]) | encq_x2<FMT>(q, v[2], v[3]) << 16;
-        w[1] = encq_x2<FMT>(q, v[4], v[5]) | encq_x2<FMT>(q, v[6], v[7]) << 16;
-    }
+    w[1] = 0;
+    encode_n<FMT, 8>(q, v, w);
 }
 
 /* ---- loads: 8 consecutive elements of a row, kept raw in registers ---------------------- */
@@ -231,9 +267,15 @@ template <> struct Smem<uint16_t> {
     __device__ static void put(void *s, int r, int chunk, const Raw<uint16_t> &v) {
         reinterpret_cast<uint4 *>(s)[r * (TILE / 8) + chunk] = v.w;
     }
+    __device__ static void get(const void *s, int r, int chunk, Raw<uint16_t> &v) {
+        v.w = reinterpret_cast<const uint4 *>(s)[r * (TILE / 8) + chunk];
+    }
     __device__ static void pair(const void *s, int r, int pair, float *c0, float *c1) {
         uint32_t w = reinterpret_cast<const uint32_t *>(s)[r * (TILE / 2) + pair];
         *c0 = __uint_as_float(w << 16), *c1 = __uint_as_float(w & 0xFFFF0000u);
+    }
+    __device__ static float elem(const void *s, int r, int col) {
+        return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(s)[r * TILE + col] << 16);
     }
 };
 template <> struct Smem<float> {
@@ -242,10 +284,15 @@ template <> struct Smem<float> {
         float4 *d = reinterpret_cast<float4 *>(s) + r * (TILE / 4) + 2 * chunk;
         d[0] = v.a, d[1] = v.b;
     }
+    __device__ static void get(const void *s, int r, int chunk, Raw<float> &v) {
+        const float4 *d = reinterpret_cast<const float4 *>(s) + r * (TILE / 4) + 2 * chunk;
+        v.a = d[0], v.b = d[1];
+    }
     __device__ static void pair(const void *s, int r, int pair, float *c0, float *c1) {
         float2 f = reinterpret_cast<const float2 *>(s)[r * (TILE / 2) + pair];
         *c0 = f.x, *c1 = f.y;
     }
+    __device__ static float elem(const void *s, int r, int col) { return reinterpret_cast<const float *>(s)[r * TILE + col]; }
 };
 
 /* ---- the quantisation kernel ------------------------------------------------------------ */
@@ -277,19 +324,22 @@ template <int FMT> __device__ __forceinline__ void store_row8(const OutDesc &o, 
     }
 }
 
-/* 32 transposed codes (one column of x, rows rb .. rb+31) under rules q0 (rows 0-15) and q1. */
+/* 32 transposed 8-bit codes (one column of x, rows 0-31 of v) under rules q0 (rows 0-15) and q1. */
+template <int FMT> __device__ __forceinline__ void col_codes32(const float v[32], const Q &q0, const Q &q1,
+                                                                uint32_t w[8]) {
+    encode_n<FMT, 16>(q0, v, w);
+    encode_n<FMT, 16>(q1, v + 16, w + 4);
+}
+
+/* The same codes (any format) stored straight to global memory: x^T's row cg, columns rb .. rb+31. */
 template <int FMT> __device__ __forceinline__ void store_col32(const OutDesc &t, const Params &p, int64_t cg,
                                                                 int64_t rb, const float v[32], const Q &q0,
                                                                 const Q &q1) {
     if (cg >= p.cols || rb >= p.rows) return;
     uint32_t w[8];
     if constexpr (FMT == F_E2M1) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const Q &q = i < 2 ? q0 : q1;
-            w[i] = encq_x2<FMT>(q, v[8 * i], v[8 * i + 1]) | encq_x2<FMT>(q, v[8 * i + 2], v[8 * i + 3]) << 8 |
-                   encq_x2<FMT>(q, v[8 * i + 4], v[8 * i + 5]) << 16 | encq_x2<FMT>(q, v[8 * i + 6], v[8 * i + 7]) << 24;
-        }
+        encode_n<FMT, 16>(q0, v, w);
+        encode_n<FMT, 16>(q1, v + 16, w + 2);
         uint8_t *dst = t.codes + cg * t.row_bytes + rb / 2;
         if (p.vec_out_t && rb + 32 <= p.rows) {
             *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -298,11 +348,7 @@ template <int FMT> __device__ __forceinline__ void store_col32(const OutDesc &t,
                 dst[i] = (uint8_t)((w[i / 4] >> (8 * (i & 3))) & (rb + 2 * i + 1 < p.rows ? 0xFFu : 0x0Fu));
         }
     } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const Q &q = i < 4 ? q0 : q1;
-            w[i] = encq_x2<FMT>(q, v[4 * i], v[4 * i + 1]) | encq_x2<FMT>(q, v[4 * i + 2], v[4 * i + 3]) << 16;
-        }
+        col_codes32<FMT>(v, q0, q1, w);
         uint8_t *dst = t.codes + cg * t.row_bytes + rb;
         if (p.vec_out_t && rb + 32 <= p.rows) {
             reinterpret_cast<uint4 *>(dst)[0] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -323,18 +369,28 @@ __device__ __forceinline__ void put_scale(const OutDesc &o, bool f32, int64_t sr
     }
 }
 
-/* One tile, already loaded into raw[] (each thread: rows r0 + 16 * pass + tid / 16, columns
- * c0 + 8 * (tid % 16) .. +7). */
-template <typename TIn, int R, bool TRANS>
-__device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const Raw<TIn> (&raw)[PASSES],
+/* One tile (each thread: rows r0 + 16 * pass + tid / 16, columns c0 + 8 * (tid % 16) .. +7),
+ * already loaded into raw[PASSES], or (STAGED) already in smem, row-major, raw unused. */
+template <typename TIn, int R, bool TRANS, bool STAGED>
+__device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const Raw<TIn> *raw,
                                            unsigned char *smem, uint32_t *red, uint32_t (*part)[TILE]) {
     constexpr int kind = Traits<R>::kind, B = Traits<R>::B, fmt = Traits<R>::fmt;
     constexpr bool f32s = kind == K_TENSOR || kind == K_ROW || kind == K_BLOCK || kind == K_BLOCK2D;
     const int tid = threadIdx.x, lane16 = tid & 15;
     const int64_t r0 = tile / p.tiles_c * TILE, c0 = tile % p.tiles_c * TILE;
     const int64_t c = c0 + lane16 * 8;
+    /* this thread's 8 elements of pass ps: from registers, or read from the staged tile when needed */
+    auto raw_at = [&](int ps) {
+        if constexpr (STAGED) {
+            Raw<TIn> v;
+            Smem<TIn>::get(smem, ps * ROWS_PER_PASS + (tid >> 4), lane16, v);
+            return v;
+        } else {
+            return raw[ps];
+        }
+    };
 
-    if constexpr (TRANS) {
+    if constexpr (TRANS && !STAGED) {
 #pragma unroll
         for (int ps = 0; ps < PASSES; ps++) Smem<TIn>::put(smem, ps * ROWS_PER_PASS + (tid >> 4), lane16, raw[ps]);
     }
@@ -346,7 +402,7 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
 #pragma unroll
         for (int ps = 0; ps < PASSES; ps++) {
             float v[8];
-            to_f32(raw[ps], v);
+            to_f32(raw_at(ps), v);
 #pragma unroll
             for (int i = 0; i < 8; i++) m = max(m, abs_bits(v[i]));
         }
@@ -373,7 +429,7 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
     for (int ps = 0; ps < PASSES; ps++) {
         const int64_t r = r0 + ps * ROWS_PER_PASS + (tid >> 4);
         float v[8];
-        to_f32(raw[ps], v);
+        to_f32(raw_at(ps), v);
         Q q;
         if constexpr (kind == K_BLOCK2D) {
             q = q2d;
@@ -392,23 +448,28 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
     }
 
     if constexpr (TRANS) {
-        __syncthreads();
+        if constexpr (!STAGED) __syncthreads();
         const int pp = tid & 63, qq = tid >> 6; /* column pair, 32-row quarter */
         const int64_t rb = r0 + 32 * qq;
-        float col[2][32];
+        uint32_t am[2][2] = {{0, 0}, {0, 0}}; /* [column][16-row half]; the values are read again below */
 #pragma unroll
-        for (int i = 0; i < 32; i++) Smem<TIn>::pair(smem, 32 * qq + i, pp, &col[0][i], &col[1][i]);
-        uint32_t am[2][2] = {{0, 0}, {0, 0}}; /* [column][16-row half] */
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int i = 0; i < 32; i++) am[k][i / 16] = max(am[k][i / 16], abs_bits(col[k][i]));
+        for (int i = 0; i < 32; i++) {
+            float a0, a1;
+            Smem<TIn>::pair(smem, 32 * qq + i, pp, &a0, &a1);
+            am[0][i / 16] = max(am[0][i / 16], abs_bits(a0));
+            am[1][i / 16] = max(am[1][i / 16], abs_bits(a1));
+        }
         if constexpr (B == 128) {
 #pragma unroll
             for (int k = 0; k < 2; k++) part[qq][2 * pp + k] = max(am[k][0], am[k][1]);
             __syncthreads();
         }
         const float ext_t = kind == K_TENSOR ? static_cast<const float *>(p.t.scales)[0] : ext;
+        /* 8-bit codes of whole tiles go through shared memory (the staged tile's own buffer, read
+         * by now) and leave as full 128-byte rows of x^T; others are stored from registers */
+        const bool via_smem = STAGED && fmt != F_E2M1 && p.t_smem && p.vec_out_t && r0 + TILE <= p.rows &&
+                              c0 + TILE <= p.cols;
+        uint32_t wk[2][8];
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             const int64_t cg = c0 + 2 * pp + k; /* a column of x = a row of x^T */
@@ -434,7 +495,30 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
                 q1 = block_q<R>(am[k][1], ext_t, p, &s32, &s8);
                 if (cg < p.cols && rb + 16 < p.rows) put_scale(p.t, f32s, cg, rb / 16 + 1, s32, s8);
             }
-            store_col32<fmt>(p.t, p, cg, rb, col[k], q0, q1);
+            float col[32];
+#pragma unroll
+            for (int i = 0; i < 32; i++) col[i] = Smem<TIn>::elem(smem, 32 * qq + i, 2 * pp + k);
+            if (via_smem) col_codes32<fmt>(col, q0, q1, wk[k]);
+            else store_col32<fmt>(p.t, p, cg, rb, col, q0, q1);
+        }
+        if constexpr (STAGED && fmt != F_E2M1) {
+            if (via_smem) { /* tile-uniform; x^T tile [128 cols of x][128 bytes], 16-byte pieces XOR-swizzled */
+                __syncthreads();
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const int cl = 2 * pp + k, sw = (cl >> 1) & 7;
+                    uint4 *row = reinterpret_cast<uint4 *>(smem + cl * TILE);
+                    row[(2 * qq) ^ sw] = make_uint4(wk[k][0], wk[k][1], wk[k][2], wk[k][3]);
+                    row[(2 * qq + 1) ^ sw] = make_uint4(wk[k][4], wk[k][5], wk[k][6], wk[k][7]);
+                }
+                __syncthreads();
+#pragma unroll
+                for (int i = 0; i < TILE * TILE / 16 / THREADS; i++) {
+                    const int idx = i * THREADS + tid, cl = idx >> 3, ch = idx & 7;
+                    const uint4 v = reinterpret_cast<const uint4 *>(smem + cl * TILE)[ch ^ ((cl >> 1) & 7)];
+                    *reinterpret_cast<uint4 *>(p.t.codes + (c0 + cl) * p.t.row_bytes + r0 + 16 * ch) = v;
+                }
+            }
         }
     }
 }
@@ -451,7 +535,57 @@ __global__ void __launch_bounds__(THREADS, sizeof(TIn) == 2 ? 3 : 2) quant_tile_
     Raw<TIn> raw[PASSES];
 #pragma unroll
     for (int ps = 0; ps < PASSES; ps++) load_raw(x, p, r0 + ps * ROWS_PER_PASS + (tid >> 4), c, raw[ps]);
-    quant_tile<TIn, R, TRANS>(p, tile, raw, smem, red, part);
+    quant_tile<TIn, R, TRANS, false>(p, tile, raw, smem, red, part);
+}
+
+/* The same tiles on a persistent grid with the input staged through a ring of `stages` tile
+ * buffers in shared memory by cp.async (16-byte pieces, zero-filled outside the tensor), so that
+ * the next tiles stream in while this one is quantised; needs 16-byte aligned rows (p.vec_in). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait(int pending) { /* the newest `pending` groups may still run */
+    if (pending >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+    else if (pending == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+template <typename TIn> __device__ __forceinline__ void stage_tile(const TIn *__restrict__ x, const Params &p,
+                                                                   int64_t tile, unsigned char *buf) {
+    constexpr int per_row = TILE * (int)sizeof(TIn) / 16, elems = 16 / (int)sizeof(TIn); /* 16-byte pieces */
+    const int64_t r0 = tile / p.tiles_c * TILE, c0 = tile % p.tiles_c * TILE;
+#pragma unroll
+    for (int k = 0; k < TILE * per_row / THREADS; k++) {
+        const int piece = k * THREADS + threadIdx.x, rr = piece / per_row, cc = piece % per_row * elems;
+        const bool ok = r0 + rr < p.rows && c0 + cc < p.cols;
+        cp_async16(buf + (size_t)piece * 16, ok ? x + (r0 + rr) * p.cols + c0 + cc : x, ok);
+    }
+}
+
+template <typename TIn, int R, bool TRANS>
+__global__ void __launch_bounds__(THREADS, sizeof(TIn) == 2 ? 3 : 1) quant_tile_pipe_kernel(const TIn *__restrict__ x, Params p,
+                                                                     int64_t ntiles, int stages) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ uint32_t red[THREADS / 32];
+    __shared__ uint32_t part[4][TILE];
+    int64_t next = blockIdx.x;
+    for (int s = 0; s < stages - 1; s++, next += gridDim.x) {
+        if (next < ntiles) stage_tile(x, p, next, smem + (size_t)s * Smem<TIn>::bytes);
+        cp_async_commit();
+    }
+    int cur = 0;
+    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, next += gridDim.x) {
+        cp_async_wait(stages - 2); /* this thread's pieces of `tile` have landed */
+        __syncthreads();           /* everyone's have, and the buffer refilled below is free */
+        const int fill = (cur + stages - 1) % stages;
+        if (next < ntiles) stage_tile(x, p, next, smem + (size_t)fill * Smem<TIn>::bytes);
+        cp_async_commit();
+        quant_tile<TIn, R, TRANS, true>(p, tile, nullptr, smem + (size_t)cur * Smem<TIn>::bytes, red, part);
+        cur = cur + 1 == stages ? 0 : cur + 1;
+    }
+    cp_async_wait(0);
 }
 
 /* Row-wise only, when blocks never straddle rows (cols % block == 0) and rows are 16-byte aligned:
@@ -589,6 +723,32 @@ __global__ void finalize_kernel(Params p, bool trans, const uint32_t *g_amax, co
 
 /* ---- launchers -------------------------------------------------------------------------- */
 
+/* Tuning of the persistent tile kernel (dw_quantize_cuda_set_tuning); 0 = built-in choice. */
+dw_quant_tuning g_tuning = {0, 0, 0, 0};
+
+template <typename TIn, int R>
+dw_status launch_pipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, int64_t tiles, cudaStream_t st) {
+    /* BF16: 2 x 32 KB per CTA, 3 CTAs per SM (80 registers); FP32: 3 x 64 KB, 1 CTA per SM */
+    const int stages = g_tuning.stages ? g_tuning.stages : sizeof(TIn) == 2 ? 2 : 3;
+    const size_t smem = (size_t)stages * Smem<TIn>::bytes;
+    auto k = trans ? quant_tile_pipe_kernel<TIn, R, true> : quant_tile_pipe_kernel<TIn, R, false>;
+    int dev = 0, sms = 0, per_sm = 0;
+    DW_CUDA_CHECK(ctx, cudaGetDevice(&dev));
+    DW_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    DW_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, THREADS, smem));
+    if (per_sm < 1)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: %d tile stages (%zu bytes) do not fit in shared memory",
+                            dw_recipe_name((dw_recipe)R), stages, smem);
+    if (g_tuning.ctas_per_sm > 0 && g_tuning.ctas_per_sm < per_sm) per_sm = g_tuning.ctas_per_sm;
+    int64_t grid = (int64_t)sms * per_sm;
+    if (g_tuning.max_ctas > 0 && g_tuning.max_ctas < grid) grid = g_tuning.max_ctas;
+    if (grid > tiles) grid = tiles;
+    k<<<(unsigned)grid, THREADS, smem, st>>>(x, p, tiles, stages);
+    return DW_OK;
+}
+
 template <typename TIn, int R>
 dw_status launch_recipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, uint32_t *ws,
                         cudaStream_t st) {
@@ -622,6 +782,8 @@ dw_status launch_recipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, 
         DW_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, THREADS, 0));
         int64_t grid = (int64_t)sms * (per_sm > 0 ? per_sm : 1), need = (nchunks + THREADS * UNROLL - 1) / (THREADS * UNROLL);
         k<<<(unsigned)(grid < need ? grid : need), THREADS, 0, st>>>(x, p, nchunks);
+    } else if (p.vec_in) {
+        DW_TRY((launch_pipe<TIn, R>(ctx, x, p, trans, tiles, st)));
     } else if (trans) {
         auto k = quant_tile_kernel<TIn, R, true>;
         DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Smem<TIn>::bytes));
@@ -680,6 +842,19 @@ OutDesc make_desc(dw_recipe r, const dw_quant_dev_out *o, int64_t R, int64_t C) 
 
 } /* namespace */
 
+extern "C" dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t) {
+    if (!t) {
+        g_tuning = dw_quant_tuning{0, 0, 0, 0};
+        return DW_OK;
+    }
+    if ((t->stages != 0 && (t->stages < 2 || t->stages > 4)) || t->ctas_per_sm < 0 || t->max_ctas < 0 ||
+        t->t_store < 0 || t->t_store > 2)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "quantize (cuda): tuning: stages must be 0 or 2..4, CTA counts >= 0, t_store 0..2");
+    g_tuning = *t;
+    return DW_OK;
+}
+
 extern "C" size_t dw_quantize_cuda_workspace_bytes(dw_recipe r, int64_t rows, int64_t cols) {
     if (r == DW_RECIPE_FP8_ROW) return (size_t)(1 + rows + cols) * sizeof(uint32_t);
     if (r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_NVFP4) return sizeof(uint32_t);
@@ -709,6 +884,7 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
     p.vec_in = cols % 8 == 0 && aligned(x, 16);
     p.vec_out = cols % 8 == 0 && aligned(out->codes, 8);
     p.vec_out_t = out_t && rows % (dw_recipe_elem_bits(r) == 4 ? 32 : 16) == 0 && aligned(out_t->codes, 16);
+    p.t_smem = g_tuning.t_store != 1;
     p.pow2 = o->pow2;
     p.floor_rule = o->rounding == DW_SCALE_FLOOR;
     p.o = make_desc(r, out, rows, cols);

@@ -32,6 +32,19 @@ typedef struct {
     float *tensor_scale;
 } dw_quant_dev_out;
 
+/* Tuning of the persistent tile kernel (transposed copy, fp8_block2d, ragged shapes with
+ * 16-byte aligned rows), for benchmarks and tests; 0 in a field = the built-in choice:
+ *   stages       tile buffers in the shared-memory ring, 2..4 (default 2 for BF16, 3 for FP32)
+ *   ctas_per_sm  at most this many CTAs per SM (default: as many as fit)
+ *   max_ctas     at most this many CTAs in all (tests use it to make each CTA loop over many tiles)
+ *   t_store      transposed 8-bit codes of whole tiles: 1 stored from registers (32 bytes per
+ *                thread), 2 (default) collected in shared memory and stored as full rows
+ * Process-wide, not thread-safe; NULL restores the defaults. DW_ERR_INVALID for values out of range. */
+typedef struct {
+    int stages, ctas_per_sm, max_ctas, t_store;
+} dw_quant_tuning;
+dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t);
+
 /* Device scratch the call needs (0 for the recipes whose scales are per block). */
 size_t dw_quantize_cuda_workspace_bytes(dw_recipe r, int64_t rows, int64_t cols);
 
