@@ -157,11 +157,14 @@ static int64_t run_norm(int rms, dw_act_dtype dt, int64_t N, int64_t C) {
 
 static void test_norms(void **state) {
     (void)state;
-    /* the last two spread their rows over all 8 blocks of a column-sum cluster (256 rows each) */
-    /* C % 8 == 0, C <= 1024: BF16 takes the warp-per-row kernels */
+    /* {2311, 45} and {700, 1031} spread their rows over all 8 blocks of a column-sum cluster;
+     * C % 8 == 0, C <= 8192: BF16 takes the row-in-registers kernels (1, 2, 4, 8 warps a row) */
     static const int64_t shapes[][2] = {{1, 1},    {37, 7},    {53, 129},  {19, 777},
                                         {5, 4099}, {2311, 45}, {700, 1031}, {9, 8},
-                                        {77, 768}, {530, 1024}, {3, 264}};
+                                        {77, 768}, {530, 1024}, {3, 264},
+                                        /* 2, 4, 8 warps per row (C <= 2048, 4096, 8192) */
+                                        {13, 2048}, {6, 1032}, {9, 4096}, {3, 2056},
+                                        {5, 8192}, {2, 6152}, {3, 8200}};
     const int ns = (int)(sizeof shapes / sizeof shapes[0]);
     int64_t bad = 0;
     for (int rms = 0; rms < 2; rms++)
@@ -282,6 +285,10 @@ static void test_rope(void **state) {
         bad += run_rope(DTS[d], 2, 5, 4, 6);
         bad += run_rope(DTS[d], 2, 37, 3, 10);
         bad += run_rope(DTS[d], 1, 301, 2, 128);
+        bad += run_rope(DTS[d], 3, 97, 8, 64);  /* 32 positions per block, the last block short */
+        bad += run_rope(DTS[d], 2, 50, 32, 64); /* the Llama q shape: 8 positions per block */
+        bad += run_rope(DTS[d], 2, 3, 5, 12);   /* D/2 = 6: BF16 element-wise, FP32 not 4-wide */
+        bad += run_rope(DTS[d], 1, 7, 2, 4100); /* D/2 > 1024: one thread per pair */
     }
     assert_int_equal(bad, 0);
 }

@@ -1,7 +1,8 @@
 /* ops_norm.cu — CUDA layernorm and rmsnorm over the last dimension C, forward and backward;
  * FP32 or BF16 activations, FP32 weights, statistics and parameter gradients. One block per row
- * with deterministic block sums (BF16 rows of C % 8 == 0, C <= 1024: one warp per row, 16-byte
- * accesses); parameter gradients by the fixed-order column sum (ops_common.cuh).
+ * with deterministic block sums (BF16 rows of C % 8 == 0, C <= 8192: one to eight warps per row,
+ * the row in registers, 16-byte accesses); parameter gradients by the fixed-order column sum
+ * (ops_common.cuh).
  * Oracle: kernels/cpu/norm_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
@@ -60,46 +61,65 @@ static __global__ void dw_norm_bwd_dx_kernel(T *dx, const T *dout, const T *x, c
     }
 }
 
-/* BF16 rows with C % 8 == 0 and C <= DW_NW_MAXC, 16-byte aligned: one warp per row, the row held
- * in registers (lane owns the 8-element groups lane, lane + 32, ...), warp sums only, 16-byte
- * loads and stores; the same formulas as the block kernels above. */
-#define DW_NW_VPL 4                   /* 8-element groups per lane */
-#define DW_NW_MAXC (32 * 8 * DW_NW_VPL) /* 1024 */
-#define DW_NW_THREADS 256             /* 8 rows per block */
-template <bool RMS>
+/* BF16 rows with C % 8 == 0 and C <= DW_NW_MAXC, 16-byte aligned: TPR threads per row (one to
+ * eight warps, DW_NW_THREADS / TPR rows per block), the row held in registers (thread tr owns the
+ * 8-element groups tr, tr + TPR, ...), 16-byte loads and stores, one read and one write of each
+ * element; the same formulas as the block kernels above. TPR = 32: warp sums only. */
+#define DW_NW_VPL 4                      /* 8-element groups per thread */
+#define DW_NW_THREADS 256                /* threads per block */
+#define DW_NW_MAXC (DW_NW_THREADS * 8 * DW_NW_VPL) /* 8192 */
+
+/* Sum over the TPR threads of this thread's row (all threads of the block call it). sh: one float
+ * per warp of the block. */
+template <int TPR>
+static __device__ __forceinline__ float dw_norm_row_sum(float v, float *sh) {
+    v = dw_warp_sum(v);
+    if (TPR == 32) return v;
+    __syncthreads(); /* a previous call's readers are done with sh */
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const int w0 = (int)(threadIdx.x / TPR) * (TPR / 32);
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < TPR / 32; i++) t += sh[w0 + i];
+    return t;
+}
+
+template <bool RMS, int TPR>
 static __global__ void __launch_bounds__(DW_NW_THREADS)
-dw_norm_fwd_warp_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x, const float *w,
+dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x, const float *w,
                         const float *b, int64_t N, int64_t C, float eps) {
-    const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / 32) + (threadIdx.x >> 5);
-    if (row >= N) return; /* uniform over the warp */
-    const int64_t C8 = C / 8;
+    __shared__ float sh[DW_NW_THREADS / 32];
+    const int tr = (int)(threadIdx.x % TPR);
+    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / TPR) + threadIdx.x / TPR;
+    if (TPR == 32 && row >= N) return; /* uniform over the warp; wider rows: no barrier skipped */
+    const int64_t C8 = row < N ? C / 8 : 0;
     float v[DW_NW_VPL][8];
     float s = 0.0f;
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
+        const int64_t j = tr + TPR * q;
         if (j < C8) {
             dw_ld8(x, row * C + 8 * j, v[q]);
 #pragma unroll
             for (int k = 0; k < 8; k++) s += v[q][k];
         }
     }
-    const float m = RMS ? 0.0f : dw_warp_sum(s) / (float)C;
+    const float m = RMS ? 0.0f : dw_norm_row_sum<TPR>(s, sh) / (float)C;
     float var = 0.0f;
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        if (lane + 32 * q >= C8) continue;
+        if (tr + TPR * q >= C8) continue;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             const float d = v[q][k] - m;
             var += d * d;
         }
     }
-    const float rs = 1.0f / sqrtf(dw_warp_sum(var) / (float)C + eps);
+    const float rs = 1.0f / sqrtf(dw_norm_row_sum<TPR>(var, sh) / (float)C + eps);
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
+        const int64_t j = tr + TPR * q;
         if (j < C8) {
             float y[8];
 #pragma unroll
@@ -110,27 +130,29 @@ dw_norm_fwd_warp_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x
             dw_st8(out, row * C + 8 * j, y);
         }
     }
-    if (lane == 0) {
+    if (tr == 0 && row < N) {
         if (!RMS && mean) mean[row] = m;
         if (rstd) rstd[row] = rs;
     }
 }
 
-/* dx may be dout: every lane reads its groups before the warp sums, writes them after */
-template <bool RMS>
+/* dx may be dout: every thread reads its groups before the row sums, writes them after */
+template <bool RMS, int TPR>
 static __global__ void __launch_bounds__(DW_NW_THREADS)
-dw_norm_bwd_dx_warp_kernel(dw_bf16 *dx, const dw_bf16 *dout, const dw_bf16 *x, const float *w,
+dw_norm_bwd_dx_rows_kernel(dw_bf16 *dx, const dw_bf16 *dout, const dw_bf16 *x, const float *w,
                            const float *mean, const float *rstd, int64_t N, int64_t C) {
-    const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / 32) + (threadIdx.x >> 5);
-    if (row >= N) return; /* uniform over the warp */
-    const int64_t C8 = C / 8;
-    const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
+    __shared__ float sh[DW_NW_THREADS / 32];
+    const int tr = (int)(threadIdx.x % TPR);
+    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / TPR) + threadIdx.x / TPR;
+    if (TPR == 32 && row >= N) return; /* uniform over the warp */
+    const bool ok = row < N;
+    const int64_t C8 = ok ? C / 8 : 0;
+    const float m = RMS || !ok ? 0.0f : mean[row], rs = ok ? rstd[row] : 0.0f;
     float g[DW_NW_VPL][8], xh[DW_NW_VPL][8];
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
+        const int64_t j = tr + TPR * q;
         if (j < C8) {
             dw_ld8(dout, row * C + 8 * j, g[q]);
             dw_ld8(x, row * C + 8 * j, xh[q]);
@@ -143,11 +165,11 @@ dw_norm_bwd_dx_warp_kernel(dw_bf16 *dx, const dw_bf16 *dout, const dw_bf16 *x, c
             }
         }
     }
-    sg = RMS ? 0.0f : dw_warp_sum(sg) / (float)C;
-    sgx = dw_warp_sum(sgx) / (float)C;
+    sg = RMS ? 0.0f : dw_norm_row_sum<TPR>(sg, sh) / (float)C;
+    sgx = dw_norm_row_sum<TPR>(sgx, sh) / (float)C;
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
+        const int64_t j = tr + TPR * q;
         if (j < C8) {
             float o[8];
 #pragma unroll
@@ -157,20 +179,33 @@ dw_norm_bwd_dx_warp_kernel(dw_bf16 *dx, const dw_bf16 *dout, const dw_bf16 *x, c
     }
 }
 
-/* the warp kernels apply (BF16 only; the pointers' row starts 16-byte aligned) */
-static bool dw_norm_warp_ok(int64_t C, const void *a, const void *b, const void *c) {
+/* the row kernels apply (BF16 only; the pointers' row starts 16-byte aligned) */
+static bool dw_norm_rows_ok(int64_t C, const void *a, const void *b, const void *c) {
     return C % 8 == 0 && C <= DW_NW_MAXC && dw_aligned16(a) && dw_aligned16(b) && dw_aligned16(c);
 }
-static unsigned dw_norm_warp_blocks(int64_t N) {
-    return (unsigned)((N + DW_NW_THREADS / 32 - 1) / (DW_NW_THREADS / 32));
+/* threads per row: the fewest (32, 64, 128, 256) that hold C in DW_NW_VPL groups each */
+static int dw_norm_tpr(int64_t C) {
+    int tpr = 32;
+    while ((int64_t)tpr * 8 * DW_NW_VPL < C) tpr *= 2;
+    return tpr;
 }
+#define DW_NW_LAUNCH(KERNEL, RMS, C, N, s, ...)                                                 \
+    do {                                                                                       \
+        const int tpr_ = dw_norm_tpr(C);                                                       \
+        const int rpb_ = DW_NW_THREADS / tpr_;                                                 \
+        const unsigned nb_ = (unsigned)(((N) + rpb_ - 1) / rpb_);                              \
+        if (tpr_ == 32) KERNEL<RMS, 32><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);            \
+        else if (tpr_ == 64) KERNEL<RMS, 64><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);       \
+        else if (tpr_ == 128) KERNEL<RMS, 128><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);     \
+        else KERNEL<RMS, 256><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);                      \
+    } while (0)
 
 template <typename T, bool RMS>
 static void dw_norm_fwd_launch(void *out, float *mean, float *rstd, const void *x, const float *w,
                                const float *b, int64_t N, int64_t C, float eps, cudaStream_t s) {
-    if (sizeof(T) == 2 && dw_norm_warp_ok(C, out, x, x)) {
-        dw_norm_fwd_warp_kernel<RMS><<<dw_norm_warp_blocks(N), DW_NW_THREADS, 0, s>>>(
-            (dw_bf16 *)out, mean, rstd, (const dw_bf16 *)x, w, b, N, C, eps);
+    if (sizeof(T) == 2 && dw_norm_rows_ok(C, out, x, x)) {
+        DW_NW_LAUNCH(dw_norm_fwd_rows_kernel, RMS, C, N, s, (dw_bf16 *)out, mean, rstd,
+                     (const dw_bf16 *)x, w, b, N, C, eps);
         return;
     }
     dw_norm_fwd_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
@@ -186,9 +221,9 @@ static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout,
         dw_colsum_launch<T, DW_CS_RMS>(dw, NULL, (const T *)dout, (const T *)x, NULL, rstd, N, C, s);
     if (!RMS && (dw || db))
         dw_colsum_launch<T, DW_CS_LN>(dw, db, (const T *)dout, (const T *)x, mean, rstd, N, C, s);
-    if (dx && sizeof(T) == 2 && dw_norm_warp_ok(C, dx, dout, x))
-        dw_norm_bwd_dx_warp_kernel<RMS><<<dw_norm_warp_blocks(N), DW_NW_THREADS, 0, s>>>(
-            (dw_bf16 *)dx, (const dw_bf16 *)dout, (const dw_bf16 *)x, w, mean, rstd, N, C);
+    if (dx && sizeof(T) == 2 && dw_norm_rows_ok(C, dx, dout, x))
+        DW_NW_LAUNCH(dw_norm_bwd_dx_rows_kernel, RMS, C, N, s, (dw_bf16 *)dx, (const dw_bf16 *)dout,
+                     (const dw_bf16 *)x, w, mean, rstd, N, C);
     else if (dx)
         dw_norm_bwd_dx_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
             (T *)dx, (const T *)dout, (const T *)x, w, mean, rstd, C);
