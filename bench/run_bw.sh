@@ -43,10 +43,10 @@ step llama_new $b/deepwell llama-1b --batch 8 --seq 2048 --steps 10
 [ -n "${BASE:-}" ] && step llama_base "$BASE/$b/deepwell" llama-1b --batch 8 --seq 2048 --steps 10
 step gpt2_new $b/deepwell gpt2-124m --vocab 50304 --batch 16 --seq 1024
 [ -n "${BASE:-}" ] && step gpt2_base "$BASE/$b/deepwell" gpt2-124m --vocab 50304 --batch 16 --seq 1024
+# summary: the op table(s) and the step lines; then the engine test (the slowest part)
+for f in "$out"/bw_new.log "$out"/bw_base.log; do [ -f "$f" ] && { echo "== $f"; grep "^BW" "$f"; }; done
+for f in "$out"/step_*.txt; do echo "== $f"; grep -iE "tok|ms/step" "$f" | head -3; done
 if [ "${ENGINE_TEST:-1}" = 1 ]; then
   s=$(date +%s); timeout 120 "$b/tests/gpu_test_engine_cuda" >"$out/engine.log" 2>&1
   echo "TEST gpu_test_engine_cuda rc=$? ($(( $(date +%s) - s )) s)"
 fi
-# summary last: the op table(s) and the step lines
-for f in "$out"/bw_new.log "$out"/bw_base.log; do [ -f "$f" ] && { echo "== $f"; grep "^BW" "$f"; }; done
-for f in "$out"/step_*.txt; do echo "== $f"; grep -iE "tok|ms/step" "$f" | head -3; done
