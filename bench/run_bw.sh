@@ -16,7 +16,7 @@ build() { # DIR TARGETS...
     ninja -C build-gpu -j "${JOBS:-16}" "$@" >build.log 2>&1) || { tail -30 "$d/build.log"; return 1; }
 }
 s=$(date +%s)
-build . deepwell tests/gpu_test_ops_cuda tests/gpu_test_ops_cuda_bw tests/gpu_test_engine_cuda &
+build . deepwell tests/gpu_test_ops_cuda tests/gpu_test_ops_cuda_bw tests/gpu_test_engine_cuda tests/gpu_test_train_cuda &
 p1=$!
 if [ -n "${BASE:-}" ]; then
   cp tests/gpu/test_ops_cuda_bw.c "$BASE/tests/gpu/" # the same microbenchmark over the old kernels
@@ -35,6 +35,12 @@ DW_BENCH_OPS=1 timeout 150 "$b/tests/gpu_test_ops_cuda_bw" >"$out/bw_new.log" 2>
 if [ -n "${BASE:-}" ]; then
   DW_BENCH_OPS=1 timeout 150 "$BASE/$b/tests/gpu_test_ops_cuda_bw" >"$out/bw_base.log" 2>&1; echo "BW base rc=$?"
 fi
+if [ "${NCU:-0}" = 1 ]; then # hardware counters of one launch of each op kernel (the check run)
+  timeout 200 ncu --clock-control none -k "regex:dw_norm_|dw_xent_row|dw_rope_kernel|dw_colsum" \
+    --launch-count "${NCU_COUNT:-14}" --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis "$b/tests/gpu_test_ops_cuda_bw" >"$out/ncu.txt" 2>&1
+  echo "NCU rc=$?"
+fi
 step() { # TAG DEEPWELL ARGS...
   local tag=$1 dwb=$2; shift 2
   timeout 120 "$dwb" bench step "$@" --profile >"$out/step_$tag.txt" 2>&1; echo "STEP $tag rc=$?"
@@ -45,8 +51,14 @@ step gpt2_new $b/deepwell gpt2-124m --vocab 50304 --batch 16 --seq 1024
 [ -n "${BASE:-}" ] && step gpt2_base "$BASE/$b/deepwell" gpt2-124m --vocab 50304 --batch 16 --seq 1024
 # summary: the op table(s) and the step lines; then the engine test (the slowest part)
 for f in "$out"/bw_new.log "$out"/bw_base.log; do [ -f "$f" ] && { echo "== $f"; grep "^BW" "$f"; }; done
-for f in "$out"/step_*.txt; do echo "== $f"; grep -iE "tok|ms/step" "$f" | head -3; done
+for f in "$out"/step_*.txt; do
+  echo "== $f"; grep -iE "tokens/s|ms/step" "$f" | head -2
+  grep -E "^  (rmsnorm|layernorm|rope|cross_entropy|swiglu|gelu|add|embedding|position) " "$f"
+done
+[ -f "$out/ncu.txt" ] && grep -E "^  dw_|^  void dw_|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Block Limit Reg|Block Limit Shared" "$out/ncu.txt" | sed 's/  */ /g' | cut -c1-110
 if [ "${ENGINE_TEST:-1}" = 1 ]; then
-  s=$(date +%s); timeout 120 "$b/tests/gpu_test_engine_cuda" >"$out/engine.log" 2>&1
-  echo "TEST gpu_test_engine_cuda rc=$? ($(( $(date +%s) - s )) s)"
+  for t in gpu_test_engine_cuda gpu_test_train_cuda; do
+    s=$(date +%s); timeout 120 "$b/tests/$t" >"$out/$t.log" 2>&1
+    echo "TEST $t rc=$? ($(( $(date +%s) - s )) s)"
+  done
 fi

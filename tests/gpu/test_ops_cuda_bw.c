@@ -45,27 +45,29 @@ typedef struct {
     const char *label;
     double bytes; /* the fewest bytes the op moves: each input read once, each output written once */
     int nt, nset;
-    unsigned char *t[6];
-    size_t tb[6];
+    unsigned char *t[8];
+    size_t tb[8];
     int64_t a, b, c, d; /* N, C (norms, embedding), B, T, H, D (rope), n (elementwise), N, V */
     int64_t e;
 } bw_case;
 
 static dw_status bw_launch(const bw_case *k, int set) {
-    void *p[6];
+    void *p[8];
     for (int i = 0; i < k->nt; i++) p[i] = k->t[i] + (size_t)set * k->tb[i];
     const dw_act_dtype bf = DW_ACT_BF16;
     void *s = dw_gc_stream;
     switch (k->op) {
     case BW_RMS_F: return dw_cuda_rmsnorm_fwd(NULL, bf, p[1], p[2], p[0], p[3], k->a, k->b, 1e-5, s);
-    case BW_RMS_B:
-        return dw_cuda_rmsnorm_bwd(NULL, bf, p[4], p[5], p[1], p[0], p[3], p[2], k->a, k->b, s);
+    case BW_RMS_B: /* as the engine runs it: one pass, dx added onto the other gradient of x */
+        return dw_cuda_rmsnorm_bwd_ws(NULL, bf, p[4], p[5], p[1], p[0], p[3], p[2], k->a, k->b, true,
+                                      p[6], k->tb[6], s);
     case BW_LN_F:
         return dw_cuda_layernorm_fwd(NULL, bf, p[1], p[2], (float *)p[2] + k->a, p[0], p[3],
                                      (float *)p[3] + k->b, k->a, k->b, 1e-5, s);
     case BW_LN_B:
-        return dw_cuda_layernorm_bwd(NULL, bf, p[4], p[5], (float *)p[5] + k->b, p[1], p[0], p[3],
-                                     p[2], (float *)p[2] + k->a, k->a, k->b, s);
+        return dw_cuda_layernorm_bwd_ws(NULL, bf, p[4], p[5], (float *)p[5] + k->b, p[1], p[0],
+                                        p[3], p[2], (float *)p[2] + k->a, k->a, k->b, true, p[6],
+                                        k->tb[6], s);
     case BW_ROPE_F: return dw_cuda_rope_fwd(NULL, bf, p[1], p[0], k->a, k->b, k->c, k->d, 500000.0, s);
     case BW_ROPE_B: return dw_cuda_rope_bwd(NULL, bf, p[1], p[0], k->a, k->b, k->c, k->d, 500000.0, s);
     case BW_SWIGLU_F: return dw_cuda_swiglu_fwd(NULL, bf, p[2], p[0], p[1], k->a, s);
@@ -176,8 +178,12 @@ static void bw_norm(int rms, int64_t N, int64_t C) {
     const int64_t n = N * C;
     int64_t bad = 0;
     dw_gt *x = dw_gt_rand(&g_rng, "x", n, dt, -2, 2), *g = dw_gt_rand(&g_rng, "dout", n, dt, -1, 1);
-    dw_gt *out = dw_gt_out("out", n, dt), *dx = dw_gt_out("dx", n, dt);
+    dw_gt *out = dw_gt_out("out", n, dt), *dx = dw_gt_rand(&g_rng, "dx_prior", n, dt, -1, 1);
     dw_gt *stat = dw_gt_out("mean_rstd", 2 * N, DW_ACT_F32);
+    const size_t wsb = dw_cuda_norm_bwd_ws_bytes(N, C);
+    dw_gt *ws = dw_gt_new("ws", (int64_t)(wsb / 4), DW_ACT_F32);
+    float *wdx = dw_oc_alloc(n);
+    memcpy(wdx, dx->host, sizeof(float) * (size_t)n); /* the prior dx, as stored */
     dw_gt *wb = dw_gt_rand(&g_rng, "w_b", 2 * C, DW_ACT_F32, 0.5f, 1.5f);
     dw_gt *dwb = dw_gt_new("dw_db", 2 * C, DW_ACT_F32);
     memset(dwb->host, 0, sizeof(float) * (size_t)(2 * C));
@@ -186,21 +192,23 @@ static void bw_norm(int rms, int64_t N, int64_t C) {
     f.t[0] = x->dev, f.t[1] = out->dev, f.t[2] = stat->dev, f.t[3] = wb->dev;
     f.nset = 1;
     DW_GC_OK(bad, name, bw_launch(&f, 0));
-    bw_case b = {.op = rms ? BW_RMS_B : BW_LN_B, .nt = 6, .a = N, .b = C};
+    bw_case b = {.op = rms ? BW_RMS_B : BW_LN_B, .nt = 7, .a = N, .b = C};
     for (int i = 0; i < 4; i++) b.t[i] = f.t[i];
-    b.t[1] = g->dev, b.t[4] = dx->dev, b.t[5] = dwb->dev, b.nset = 1;
+    b.t[1] = g->dev, b.t[4] = dx->dev, b.t[5] = dwb->dev, b.t[6] = ws->dev, b.nset = 1;
+    b.tb[6] = wsb;
     DW_GC_OK(bad, name, bw_launch(&b, 0));
     DW_GC_SYNC();
-    float *wout = dw_oc_alloc(n), *wdx = dw_oc_alloc(n), *wm = dw_oc_alloc(N), *wr = dw_oc_alloc(N);
+    float *wout = dw_oc_alloc(n), *tdxv = dw_oc_alloc(n), *wm = dw_oc_alloc(N), *wr = dw_oc_alloc(N);
     float *wdw = dw_oc_alloc(2 * C);
     memset(wdw, 0, sizeof(float) * (size_t)(2 * C));
     if (rms) {
         dw_cpu_rmsnorm_fwd(wout, wr, x->host, wb->host, N, C, 1e-5);
-        dw_cpu_rmsnorm_bwd(wdx, wdw, g->host, x->host, wb->host, wr, N, C);
+        dw_cpu_rmsnorm_bwd(tdxv, wdw, g->host, x->host, wb->host, wr, N, C);
     } else {
         dw_cpu_layernorm_fwd(wout, wm, wr, x->host, wb->host, wb->host + C, N, C, 1e-5);
-        dw_cpu_layernorm_bwd(wdx, wdw, wdw + C, g->host, x->host, wb->host, wm, wr, N, C);
+        dw_cpu_layernorm_bwd(tdxv, wdw, wdw + C, g->host, x->host, wb->host, wm, wr, N, C);
     }
+    for (int64_t i = 0; i < n; i++) wdx[i] += tdxv[i];
     dw_gc_tol tdx = DW_GC_TOL_BF16;
     for (int64_t i = 0; i < N; i++)
         if (1e-5 * 1.5 * wr[i] > tdx.abs) tdx.abs = 1e-5 * 1.5 * wr[i];
@@ -210,22 +218,22 @@ static void bw_norm(int rms, int64_t N, int64_t C) {
     DW_GC_CMP(bad, name, dwb, wdw, tparam);
     if (!dw_gc_guards_ok(name)) bad++;
     assert_int_equal(bad, 0);
-    /* timing: f reads x, writes out (+ stats); b reads dout, x, writes dx (+ dw, db) */
+    /* timing: f reads x, writes out (+ stats); b reads dout, x, dx, writes dx (+ dw, db) */
     const size_t ab = (size_t)n * 2;
     char lf[160], lb[160];
     snprintf(lf, sizeof lf, "%s fwd", name);
-    snprintf(lb, sizeof lb, "%s bwd (dx, dw%s)", name, rms ? "" : ", db");
+    snprintf(lb, sizeof lb, "%s bwd (dx +=, dw%s)", name, rms ? "" : ", db");
     f.label = lf, f.bytes = 2.0 * (double)ab;
     f.tb[0] = ab, f.tb[1] = ab, f.tb[2] = (size_t)(2 * N) * 4, f.tb[3] = (size_t)(2 * C) * 4;
     dw_gt *fs[4] = {x, out, stat, wb};
     bw_run(&f, fs);
-    b.label = lb, b.bytes = 3.0 * (double)ab;
+    b.label = lb, b.bytes = 4.0 * (double)ab;
     b.tb[0] = ab, b.tb[1] = ab, b.tb[2] = f.tb[2], b.tb[3] = f.tb[3], b.tb[4] = ab;
     b.tb[5] = (size_t)(2 * C) * 4;
-    dw_gt *bs[6] = {x, g, stat, wb, dx, dwb};
+    dw_gt *bs[7] = {x, g, stat, wb, dx, dwb, ws};
     bw_run(&b, bs);
     dw_gc_free_all();
-    free(wout), free(wdx), free(wm), free(wr), free(wdw);
+    free(wout), free(wdx), free(tdxv), free(wm), free(wr), free(wdw);
 }
 
 static void test_norms(void **state) {

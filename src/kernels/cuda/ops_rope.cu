@@ -2,12 +2,12 @@
  * and backward (the transposed rotation). Angles t * theta^(-2i/D) and the rotation itself are
  * computed in double, as the CPU oracle (kernels/cpu/rope_cpu.c); storage FP32 or BF16.
  * A block owns P consecutive positions (b, t): it computes their cos/sin table once in shared
- * memory (P * D/2 angles, not one per element pair of every head), then rotates all their heads
- * with 16-byte accesses (VW elements of each half per thread). Not here: q/k projections. */
+ * memory (D/2 powers and P * D/2 sincos, not one of each per element pair of every head), then
+ * rotates all their heads with 16-byte accesses (VW elements of each half per thread).
+ * Not here: q/k projections. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_ROPE_THREADS 256
-#define DW_ROPE_PAIRS_PER_BLOCK 8192 /* element pairs a block rotates (P positions' worth) */
 #define DW_ROPE_MAX_HALF 1024        /* larger D/2: the per-pair kernel (a table of >= 16 KB) */
 
 /* 16-byte vectors of VW elements: 8 BF16 or 4 FP32, converted to/from FP32 */
@@ -37,43 +37,73 @@ static __device__ __forceinline__ void dw_rope_stv(float *p, int64_t i, const fl
 }
 
 /* x, out (BT,H,D) with BT = B*T rows of positions t = row % T; block: positions
- * [blockIdx.x * P, + P). Shared table tab (P, D/2, 2) doubles: cos, sign * sin. Every element is
- * read before it is written, by the same thread: out may equal x. */
+ * [blockIdx.x * P, + P). Each thread first loads its (up to) DW_ROPE_GPT groups of VW pairs, so
+ * that the loads are in flight while the block builds the shared table (D/2 inverse
+ * frequencies, then (P, D/2) of (cos, sign * sin), in double as the oracle); then it rotates and
+ * stores them. Groups past DW_ROPE_GPT per thread (one position wider than the block): a loop.
+ * Every element is read before it is written, by the same thread: out may equal x. */
+#define DW_ROPE_GPT 4 /* groups per thread loaded ahead */
+template <int VW>
+static __device__ __forceinline__ void dw_rope_rot(const double *cs, float a[VW], float b[VW]) {
+#pragma unroll
+    for (int k = 0; k < VW; k++) {
+        const double c = cs[2 * k], s = cs[2 * k + 1], x1 = a[k], x2 = b[k];
+        a[k] = (float)(x1 * c - x2 * s);
+        b[k] = (float)(x2 * c + x1 * s);
+    }
+}
 template <typename T, int VW>
 static __global__ void __launch_bounds__(DW_ROPE_THREADS)
 dw_rope_kernel(T *out, const T *x, int64_t BT, int64_t T_, int H, int D, double theta,
                double sign, int P) {
-    extern __shared__ double dw_rope_tab[];
+    extern __shared__ double dw_rope_tab[]; /* (P, D/2, 2), then inv_freq (D/2) */
     const int half = D / 2;
     const int64_t pos0 = (int64_t)blockIdx.x * P;
     const int np = (int)(BT - pos0 < P ? BT - pos0 : P);
+    const int gph = half / VW;   /* VW-groups per head half */
+    const int ng = np * H * gph; /* groups of the block */
+    float a[DW_ROPE_GPT][VW], b[DW_ROPE_GPT][VW];
+#pragma unroll
+    for (int u = 0; u < DW_ROPE_GPT; u++) {
+        const int g = threadIdx.x + u * DW_ROPE_THREADS;
+        if (g < ng) {
+            const int64_t base = (pos0 * H + g / gph) * (int64_t)D + (g % gph) * VW;
+            dw_rope_ldv<VW>(x, base, a[u]);
+            dw_rope_ldv<VW>(x, base + half, b[u]);
+        }
+    }
+    double *inv = dw_rope_tab + 2 * (int64_t)P * half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        inv[i] = pow(theta, -2.0 * (double)i / (double)D);
+    __syncthreads();
     for (int k = threadIdx.x; k < np * half; k += blockDim.x) {
         const int p = k / half, i = k % half;
-        const double t = (double)((pos0 + p) % T_);
-        const double ang = t * pow(theta, -2.0 * (double)i / (double)D);
         double sn, cs;
-        sincos(ang, &sn, &cs);
+        sincos((double)((pos0 + p) % T_) * inv[i], &sn, &cs);
         dw_rope_tab[2 * k] = cs;
         dw_rope_tab[2 * k + 1] = sign * sn;
     }
     __syncthreads();
-    const int gph = half / VW;   /* VW-groups per head half */
-    const int ng = np * H * gph; /* groups of the block */
-    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
-        const int i0 = (g % gph) * VW, r = g / gph, p = r / H; /* r: (position, head) of block */
-        const int64_t base = (pos0 * H + r) * (int64_t)D;
-        float a[VW], b[VW];
-        dw_rope_ldv<VW>(x, base + i0, a);
-        dw_rope_ldv<VW>(x, base + half + i0, b);
-        const double *cs = dw_rope_tab + 2 * ((int64_t)p * half + i0);
 #pragma unroll
-        for (int k = 0; k < VW; k++) {
-            const double c = cs[2 * k], s = cs[2 * k + 1], x1 = a[k], x2 = b[k];
-            a[k] = (float)(x1 * c - x2 * s);
-            b[k] = (float)(x2 * c + x1 * s);
+    for (int u = 0; u < DW_ROPE_GPT; u++) {
+        const int g = threadIdx.x + u * DW_ROPE_THREADS;
+        if (g < ng) {
+            const int i0 = (g % gph) * VW, r = g / gph; /* r: (position, head) of the block */
+            const int64_t base = (pos0 * H + r) * (int64_t)D + i0;
+            dw_rope_rot<VW>(dw_rope_tab + 2 * ((int64_t)(r / H) * half + i0), a[u], b[u]);
+            dw_rope_stv<VW>(out, base, a[u]);
+            dw_rope_stv<VW>(out, base + half, b[u]);
         }
-        dw_rope_stv<VW>(out, base + i0, a);
-        dw_rope_stv<VW>(out, base + half + i0, b);
+    }
+    for (int g = threadIdx.x + DW_ROPE_GPT * DW_ROPE_THREADS; g < ng; g += blockDim.x) {
+        const int i0 = (g % gph) * VW, r = g / gph;
+        const int64_t base = (pos0 * H + r) * (int64_t)D + i0;
+        float c[VW], d[VW];
+        dw_rope_ldv<VW>(x, base, c);
+        dw_rope_ldv<VW>(x, base + half, d);
+        dw_rope_rot<VW>(dw_rope_tab + 2 * ((int64_t)(r / H) * half + i0), c, d);
+        dw_rope_stv<VW>(out, base, c);
+        dw_rope_stv<VW>(out, base + half, d);
     }
 }
 
@@ -100,12 +130,12 @@ template <typename T, int VW>
 static void dw_rope_tab_launch(void *out, const void *x, int64_t BT, int64_t T_, int64_t H,
                                int64_t D, double theta, double sign, cudaStream_t s) {
     const int64_t half = D / 2, per_pos = H * half;
-    int64_t P = (DW_ROPE_PAIRS_PER_BLOCK + per_pos - 1) / per_pos;
+    int64_t P = (int64_t)DW_ROPE_THREADS * DW_ROPE_GPT * VW / per_pos; /* all groups loaded ahead */
     if (P > BT) P = BT;
     if (P * half > 2 * DW_ROPE_MAX_HALF) P = 2 * DW_ROPE_MAX_HALF / half; /* table <= 32 KB */
     if (P < 1) P = 1;
     const int64_t blocks = (BT + P - 1) / P;
-    const size_t smem = (size_t)(P * half) * 2 * sizeof(double);
+    const size_t smem = (size_t)(2 * P * half + half) * sizeof(double);
     dw_rope_kernel<T, VW><<<(unsigned)blocks, DW_ROPE_THREADS, smem, s>>>(
         (T *)out, (const T *)x, BT, T_, (int)H, (int)D, theta, sign, (int)P);
 }
