@@ -126,11 +126,17 @@ dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x
     for (int q = 0; q < DW_NW_VPL; q++) {
         const int64_t j = tr + TPR * q;
         if (j < C8) {
-            float y[8];
+            float y[8], wv[8], bv[8];
+            dw_ld4(w, 8 * j, wv); /* 16-byte loads: 8x fewer L1 wavefronts than 8 scalar ones */
+            dw_ld4(w, 8 * j + 4, wv + 4);
+            if (!RMS && b) {
+                dw_ld4(b, 8 * j, bv);
+                dw_ld4(b, 8 * j + 4, bv + 4);
+            }
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                y[k] = (v[q][k] - m) * rs * w[8 * j + k];
-                if (!RMS && b) y[k] += b[8 * j + k];
+                y[k] = (v[q][k] - m) * rs * wv[k];
+                if (!RMS && b) y[k] += bv[k];
             }
             dw_st8(out, row * C + 8 * j, y);
         }
@@ -171,8 +177,11 @@ dw_norm_bwd_rows_kernel(dw_bf16 *dx, float *pdw, float *pdb, const dw_bf16 *dout
         for (int q = 0; q < VPL; q++) {
             const int64_t j = tr + TPR * q;
             if (j < C8) {
+                float wv[8];
                 dw_ld8(dout, row * C + 8 * j, g[q]);
                 dw_ld8(x, row * C + 8 * j, xh[q]);
+                dw_ld4(w, 8 * j, wv);
+                dw_ld4(w, 8 * j + 4, wv + 4);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     xh[q][k] = (xh[q][k] - m) * rs;
@@ -180,7 +189,7 @@ dw_norm_bwd_rows_kernel(dw_bf16 *dx, float *pdw, float *pdb, const dw_bf16 *dout
                         adw[q][k] += g[q][k] * xh[q][k];
                         adb[q][k] += g[q][k];
                     }
-                    g[q][k] *= w[8 * j + k];
+                    g[q][k] *= wv[k];
                     sg += g[q][k];
                     sgx += g[q][k] * xh[q][k];
                 }
@@ -231,9 +240,11 @@ dw_norm_bwd_rows_kernel(dw_bf16 *dx, float *pdw, float *pdb, const dw_bf16 *dout
     }
 }
 
-/* the row kernels apply (BF16 only; the pointers' row starts 16-byte aligned) */
-static bool dw_norm_rows_ok(int64_t C, const void *a, const void *b, const void *c) {
-    return C % 8 == 0 && C <= DW_NW_MAXC && dw_aligned16(a) && dw_aligned16(b) && dw_aligned16(c);
+/* the row kernels apply (BF16 only; the pointers' row starts, w and b 16-byte aligned) */
+static bool dw_norm_rows_ok(int64_t C, const void *a, const void *b, const void *c, const float *w,
+                            const float *bias) {
+    return C % 8 == 0 && C <= DW_NW_MAXC && dw_aligned16(a) && dw_aligned16(b) && dw_aligned16(c) &&
+           dw_aligned16(w) && (!bias || dw_aligned16(bias));
 }
 /* threads per row: the fewest (32, 64, 128, 256) that hold C in vpl groups each */
 static int dw_norm_tpr(int64_t C, int vpl) {
@@ -287,7 +298,7 @@ static int64_t dw_norm_bwd_rows_launch(int64_t blocks, dw_bf16 *dx, float *pdw, 
 template <typename T, bool RMS>
 static void dw_norm_fwd_launch(void *out, float *mean, float *rstd, const void *x, const float *w,
                                const float *b, int64_t N, int64_t C, float eps, cudaStream_t s) {
-    if (sizeof(T) == 2 && dw_norm_rows_ok(C, out, x, x)) {
+    if (sizeof(T) == 2 && dw_norm_rows_ok(C, out, x, x, w, b)) {
         DW_NW_LAUNCH(dw_norm_fwd_rows_kernel, RMS, C, N, s, (dw_bf16 *)out, mean, rstd,
                      (const dw_bf16 *)x, w, b, N, C, eps);
         return;
@@ -305,7 +316,7 @@ static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout,
                                const float *w, const float *mean, const float *rstd, int64_t N,
                                int64_t C, bool acc, float *ws, cudaStream_t s) {
     const bool params = RMS ? dw != NULL : (dw || db);
-    if (sizeof(T) == 2 && ws && dx && params && C <= DW_NF_MAXC && dw_norm_rows_ok(C, dx, dout, x)) {
+    if (sizeof(T) == 2 && ws && dx && params && C <= DW_NF_MAXC && dw_norm_rows_ok(C, dx, dout, x, w, NULL)) {
         const int64_t gmax = (int64_t)(dw_cuda_norm_bwd_ws_bytes(N, C) / (2 * sizeof(float) * (size_t)C));
         float *pdw = ws, *pdb = ws + gmax * C;
         const int64_t G = dw_norm_bwd_rows_launch<RMS, DW_NF_VPL, true>(
@@ -320,7 +331,7 @@ static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout,
         dw_colsum_launch<T, DW_CS_RMS>(dw, NULL, (const T *)dout, (const T *)x, NULL, rstd, N, C, s);
     if (!RMS && (dw || db))
         dw_colsum_launch<T, DW_CS_LN>(dw, db, (const T *)dout, (const T *)x, mean, rstd, N, C, s);
-    if (dx && sizeof(T) == 2 && dw_norm_rows_ok(C, dx, dout, x)) {
+    if (dx && sizeof(T) == 2 && dw_norm_rows_ok(C, dx, dout, x, w, NULL)) {
         const int rpb = DW_NW_THREADS / dw_norm_tpr(C, DW_NW_VPL);
         dw_norm_bwd_rows_launch<RMS, DW_NW_VPL, false>(
             (N + rpb - 1) / rpb, (dw_bf16 *)dx, NULL, NULL, (const dw_bf16 *)dout,
