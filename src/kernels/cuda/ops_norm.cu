@@ -2,8 +2,8 @@
  * FP32 or BF16 activations, FP32 weights, statistics and parameter gradients. One block per row
  * with deterministic block sums (BF16 rows of C % 8 == 0, C <= 8192: one to eight warps per row,
  * the row in registers, 16-byte accesses); parameter gradients by the fixed-order column sum
- * (ops_common.cuh).
- * Oracle: kernels/cpu/norm_cpu.c. */
+ * (ops_common.cuh), or, with a workspace (..._bwd_ws), in the same pass as dx from per-block
+ * partials. Oracle: kernels/cpu/norm_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_NORM_THREADS 256

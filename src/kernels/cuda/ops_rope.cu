@@ -5,8 +5,6 @@
  * memory (D/2 powers and P * D/2 sincos, not one of each per element pair of every head), then
  * rotates all their heads with 16-byte accesses (VW elements of each half per thread).
  * Not here: q/k projections. */
-#include <stdlib.h>
-
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_ROPE_THREADS 256
@@ -39,11 +37,10 @@ static __device__ __forceinline__ void dw_rope_stv(float *p, int64_t i, const fl
 }
 
 /* x, out (BT,H,D) with BT = B*T rows of positions t = row % T; block: positions
- * [blockIdx.x * P, + P). Each thread first loads its (up to) DW_ROPE_GPT groups of VW pairs, so
- * that the loads are in flight while the block builds the shared table (D/2 inverse
- * frequencies, then (P, D/2) of (cos, sign * sin), in double as the oracle); then it rotates and
- * stores them. Groups past DW_ROPE_GPT per thread (one position wider than the block): a loop.
- * Every element is read before it is written, by the same thread: out may equal x. */
+ * [blockIdx.x * P, + P). The block builds the shared table (D/2 inverse frequencies, then (P, D/2)
+ * of (cos, sign * sin), in double as the oracle), then rotates its groups of VW pairs. Every
+ * element is read before it is written, by the same thread: out may equal x. (Loading the groups
+ * ahead of the table, to overlap the two, measured slower: 109 registers, bench/RESULTS.md.) */
 template <int VW>
 static __device__ __forceinline__ void dw_rope_rot(const double *cs, float a[VW], float b[VW]) {
 #pragma unroll
@@ -53,27 +50,14 @@ static __device__ __forceinline__ void dw_rope_rot(const double *cs, float a[VW]
         b[k] = (float)(x2 * c + x1 * s);
     }
 }
-template <typename T, int VW, int GPT>
-static __global__ void __launch_bounds__(DW_ROPE_THREADS, GPT == 0 ? 4 : 2)
+template <typename T, int VW>
+static __global__ void __launch_bounds__(DW_ROPE_THREADS, 4)
 dw_rope_kernel(T *out, const T *x, int64_t BT, int64_t T_, int H, int D, double theta,
                double sign, int P) {
     extern __shared__ double dw_rope_tab[]; /* (P, D/2, 2), then inv_freq (D/2) */
     const int half = D / 2;
     const int64_t pos0 = (int64_t)blockIdx.x * P;
     const int np = (int)(BT - pos0 < P ? BT - pos0 : P);
-    const int gph = half / VW;   /* VW-groups per head half */
-    const int ng = np * H * gph; /* groups of the block */
-    constexpr int G = GPT > 0 ? GPT : 1;
-    float a[G][VW], b[G][VW];
-#pragma unroll
-    for (int u = 0; u < GPT; u++) {
-        const int g = threadIdx.x + u * DW_ROPE_THREADS;
-        if (g < ng) {
-            const int64_t base = (pos0 * H + g / gph) * (int64_t)D + (g % gph) * VW;
-            dw_rope_ldv<VW>(x, base, a[u]);
-            dw_rope_ldv<VW>(x, base + half, b[u]);
-        }
-    }
     double *inv = dw_rope_tab + 2 * (int64_t)P * half;
     for (int i = threadIdx.x; i < half; i += blockDim.x)
         inv[i] = pow(theta, -2.0 * (double)i / (double)D);
@@ -86,25 +70,17 @@ dw_rope_kernel(T *out, const T *x, int64_t BT, int64_t T_, int H, int D, double 
         dw_rope_tab[2 * k + 1] = sign * sn;
     }
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < GPT; u++) {
-        const int g = threadIdx.x + u * DW_ROPE_THREADS;
-        if (g < ng) {
-            const int i0 = (g % gph) * VW, r = g / gph; /* r: (position, head) of the block */
-            const int64_t base = (pos0 * H + r) * (int64_t)D + i0;
-            dw_rope_rot<VW>(dw_rope_tab + 2 * ((int64_t)(r / H) * half + i0), a[u], b[u]);
-            dw_rope_stv<VW>(out, base, a[u]);
-            dw_rope_stv<VW>(out, base + half, b[u]);
-        }
-    }
-    for (int g = threadIdx.x + GPT * DW_ROPE_THREADS; g < ng; g += blockDim.x) {
-        const int i0 = (g % gph) * VW, r = g / gph;
+    const int gph = half / VW;   /* VW-groups per head half */
+    const int ng = np * H * gph; /* groups of the block */
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        const int i0 = (g % gph) * VW, r = g / gph; /* r: (position, head) of the block */
         const int64_t base = (pos0 * H + r) * (int64_t)D + i0;
-        dw_rope_ldv<VW>(x, base, a[0]);
-        dw_rope_ldv<VW>(x, base + half, b[0]);
-        dw_rope_rot<VW>(dw_rope_tab + 2 * ((int64_t)(r / H) * half + i0), a[0], b[0]);
-        dw_rope_stv<VW>(out, base, a[0]);
-        dw_rope_stv<VW>(out, base + half, b[0]);
+        float a[VW], b[VW];
+        dw_rope_ldv<VW>(x, base, a);
+        dw_rope_ldv<VW>(x, base + half, b);
+        dw_rope_rot<VW>(dw_rope_tab + 2 * ((int64_t)(r / H) * half + i0), a, b);
+        dw_rope_stv<VW>(out, base, a);
+        dw_rope_stv<VW>(out, base + half, b);
     }
 }
 
@@ -127,35 +103,19 @@ static __global__ void dw_rope_pair_kernel(T *out, const T *x, int64_t T_, int64
     }
 }
 
-/* MEASUREMENT ONLY (to be removed): DW_ROPE_GPT = 0, 2 picks the groups loaded ahead */
-static int dw_rope_gpt(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DW_ROPE_GPT");
-        v = e ? atoi(e) : 0;
-        if (v != 0 && v != 2) v = 0;
-    }
-    return v;
-}
-template <typename T, int VW, int GPT>
+/* P positions a block: 4 groups of VW pairs per thread (8192 pairs for BF16) */
+template <typename T, int VW>
 static void dw_rope_tab_launch(void *out, const void *x, int64_t BT, int64_t T_, int64_t H,
                                int64_t D, double theta, double sign, cudaStream_t s) {
     const int64_t half = D / 2, per_pos = H * half;
-    int64_t P = (int64_t)DW_ROPE_THREADS * (GPT > 0 ? GPT : 4) * VW / per_pos;
+    int64_t P = (int64_t)DW_ROPE_THREADS * 4 * VW / per_pos;
     if (P > BT) P = BT;
     if (P * half > 2 * DW_ROPE_MAX_HALF) P = 2 * DW_ROPE_MAX_HALF / half; /* table <= 32 KB */
     if (P < 1) P = 1;
     const int64_t blocks = (BT + P - 1) / P;
     const size_t smem = (size_t)(2 * P * half + half) * sizeof(double);
-    dw_rope_kernel<T, VW, GPT><<<(unsigned)blocks, DW_ROPE_THREADS, smem, s>>>(
+    dw_rope_kernel<T, VW><<<(unsigned)blocks, DW_ROPE_THREADS, smem, s>>>(
         (T *)out, (const T *)x, BT, T_, (int)H, (int)D, theta, sign, (int)P);
-}
-template <typename T, int VW>
-static void dw_rope_tab_pick(void *out, const void *x, int64_t BT, int64_t T_, int64_t H,
-                             int64_t D, double theta, double sign, cudaStream_t s) {
-    const int g = dw_rope_gpt();
-    if (g == 2) dw_rope_tab_launch<T, VW, 2>(out, x, BT, T_, H, D, theta, sign, s);
-    else dw_rope_tab_launch<T, VW, 0>(out, x, BT, T_, H, D, theta, sign, s);
 }
 
 template <typename T>
@@ -168,10 +128,10 @@ static void dw_rope_launch(void *out, const void *x, int64_t B, int64_t T_, int6
         dw_rope_pair_kernel<T><<<dw_ew_blocks(npairs), DW_EW_THREADS, 0, s>>>(
             (T *)out, (const T *)x, T_, H, D, theta, sign, npairs);
     } else if (half % vw == 0 && dw_aligned16(out) && dw_aligned16(x)) {
-        if constexpr (sizeof(T) == 2) dw_rope_tab_pick<T, 8>(out, x, BT, T_, H, D, theta, sign, s);
-        else dw_rope_tab_pick<T, 4>(out, x, BT, T_, H, D, theta, sign, s);
+        if constexpr (sizeof(T) == 2) dw_rope_tab_launch<T, 8>(out, x, BT, T_, H, D, theta, sign, s);
+        else dw_rope_tab_launch<T, 4>(out, x, BT, T_, H, D, theta, sign, s);
     } else {
-        dw_rope_tab_pick<T, 1>(out, x, BT, T_, H, D, theta, sign, s);
+        dw_rope_tab_launch<T, 1>(out, x, BT, T_, H, D, theta, sign, s);
     }
 }
 
