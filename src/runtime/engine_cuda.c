@@ -280,7 +280,7 @@ static dw_status bwd_node(dw_engine *e, int ni) {
     case DW_OP_ROPE:
         DW_TRY(dw_cuda_rope_bwd(ctx, dt, in_grad(e, ni, 0), dout, CE->b, CE->t, a->heads, a->head_dim, a->theta, s));
         return in_grad_done(e, ni, 0);
-    case DW_OP_LAYERNORM: /* one pass; a second gradient of x is added in place (no ACC0 scratch) */
+    case DW_OP_LAYERNORM: /* one pass; a later gradient of x is added in place (ACC0 unused) */
         return dw_cuda_layernorm_bwd_ws(ctx, dt, norm_dx(e, ni), G(1), G(2), dout, X(0), P(1),
                                         aux(e, ni, DW_AUX_STAT0), aux(e, ni, DW_AUX_STAT1), N, C,
                                         norm_acc(e, ni), tmp(e, ni, DW_TMP_DELTA),
