@@ -2,7 +2,7 @@
 # run_bw.sh — one device call for the bandwidth-bound op kernels (bench/RESULTS.md "Bandwidth-bound
 # kernels"): builds this tree (and, when BASE names another staged tree, that one too, for the
 # before numbers), runs the CUDA op tests, times the ops against a device-to-device copy
-# (DW_BENCH_OPS=1 gpu_test_ops_cuda_bw) and profiles the Llama-1B and GPT-2 training steps.
+# (DW_BENCH_OPS=1 gpu_test_bw_ops) and profiles the Llama-1B and GPT-2 training steps.
 # Usage (on the GPU machine, from the staged dir, .deps carried): [BASE=DIR] bash bench/run_bw.sh
 set -u
 out=${OUT:-out}
@@ -16,29 +16,29 @@ build() { # DIR TARGETS...
     ninja -C build-gpu -j "${JOBS:-16}" "$@" >build.log 2>&1) || { tail -30 "$d/build.log"; return 1; }
 }
 s=$(date +%s)
-build . deepwell tests/gpu_test_ops_cuda tests/gpu_test_ops_cuda_bw tests/gpu_test_engine_cuda tests/gpu_test_train_cuda &
+build . deepwell tests/gpu_test_ops_cuda tests/gpu_test_bw_ops tests/gpu_test_engine_cuda tests/gpu_test_train_cuda &
 p1=$!
 if [ -n "${BASE:-}" ]; then
-  cp tests/gpu/test_ops_cuda_bw.c "$BASE/tests/gpu/" # the same microbenchmark over the old kernels
+  cp tests/gpu/test_bw_ops.c "$BASE/tests/gpu/" # the same microbenchmark over the old kernels
   ln -sfn "$PWD/.deps" "$BASE/.deps"
-  build "$BASE" deepwell tests/gpu_test_ops_cuda_bw & p2=$!
+  build "$BASE" deepwell tests/gpu_test_bw_ops & p2=$!
   wait $p2 || echo "BUILD base failed"
 fi
 wait $p1 || { echo "BUILD failed"; exit 1; }
 echo "BUILD $(( $(date +%s) - s )) s"
 b=build-gpu
-for t in gpu_test_ops_cuda gpu_test_ops_cuda_bw; do
+for t in gpu_test_ops_cuda gpu_test_bw_ops; do
   s=$(date +%s); timeout 150 "$b/tests/$t" >"$out/$t.log" 2>&1; rc=$?
   echo "TEST $t rc=$rc ($(( $(date +%s) - s )) s)"; [ $rc -ne 0 ] && grep -E "MISMATCH|FAIL|error" "$out/$t.log" | head -8
 done
-DW_BENCH_OPS=1 timeout 150 "$b/tests/gpu_test_ops_cuda_bw" >"$out/bw_new.log" 2>&1; echo "BW new rc=$?"
+DW_BENCH_OPS=1 timeout 150 "$b/tests/gpu_test_bw_ops" >"$out/bw_new.log" 2>&1; echo "BW new rc=$?"
 if [ -n "${BASE:-}" ]; then
-  DW_BENCH_OPS=1 timeout 150 "$BASE/$b/tests/gpu_test_ops_cuda_bw" >"$out/bw_base.log" 2>&1; echo "BW base rc=$?"
+  DW_BENCH_OPS=1 timeout 150 "$BASE/$b/tests/gpu_test_bw_ops" >"$out/bw_base.log" 2>&1; echo "BW base rc=$?"
 fi
 if [ "${NCU:-0}" = 1 ]; then # hardware counters of one launch of each op kernel (the check run)
   timeout 200 ncu --clock-control none -k "regex:dw_norm_|dw_xent_row|dw_rope_kernel|dw_colsum" \
     --launch-count "${NCU_COUNT:-14}" --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section MemoryWorkloadAnalysis "$b/tests/gpu_test_ops_cuda_bw" >"$out/ncu.txt" 2>&1
+    --section WarpStateStats --section MemoryWorkloadAnalysis "$b/tests/gpu_test_bw_ops" >"$out/ncu.txt" 2>&1
   echo "NCU rc=$?"
 fi
 step() { # TAG DEEPWELL ARGS...

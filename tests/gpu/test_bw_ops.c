@@ -1,10 +1,12 @@
-/* test_ops_cuda_bw.c — the bandwidth-bound CUDA ops (norms, rope, elementwise, embedding,
+/* test_bw_ops.c — the bandwidth-bound CUDA ops (norms, rope, elementwise, embedding,
  * cross-entropy) at the training shapes of GPT-2 124M and Llama-3.2-1B (B*T = 16384 rows, BF16):
  * each output checked against the CPU reference (tolerances as test_ops_cuda.c); with
  * DW_BENCH_OPS=1 also timed: median of CUDA-event-timed launches over rotating buffer sets (each
  * set of an op at least ~256 MB together, so L2 does not serve them), as GB/s of the fewest
  * bytes the op must move and as a ratio to a device-to-device cudaMemcpy timed in the same run.
- * Needs a GPU (ctest label "gpu"); not a substitute for the odd-size tests in test_ops_cuda.c. */
+ * Needs a GPU (ctest label "gpu"); not a substitute for the odd-size tests in test_ops_cuda.c.
+ * (Named outside test_ops_cuda*.c so that the host emulator, tests/common/cuda_emu/run.sh, does
+ * not run these full-size shapes.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
