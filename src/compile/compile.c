@@ -7,6 +7,7 @@
 
 #include "compile/compile.h"
 #include "core/error.h"
+#include "kernels/cuda/ops_cuda.h"
 
 const char *dw_pool_name(dw_pool_id p) {
     static const char *names[DW_POOL_COUNT] = {"weights", "grads", "optimizer", "activations",
@@ -215,8 +216,14 @@ static void node_parts(const dw_compiled *c, int ni, int64_t aux[DW_AUX_COUNT],
         if (c->grad_mode[ni][s] == DW_GRAD_ACCUM) tmp[DW_TMP_ACC0 + s] = dw_ir_numel(&g->tensors[n->in[s]]) * as;
     const dw_ir_attrs *a = &n->attrs;
     switch (n->op) {
-    case DW_OP_LAYERNORM: aux[DW_AUX_STAT0] = aux[DW_AUX_STAT1] = N * 4; break;
-    case DW_OP_RMSNORM: aux[DW_AUX_STAT0] = N * 4; break;
+    case DW_OP_LAYERNORM: /* DELTA: the one-pass backward's partial column sums */
+        aux[DW_AUX_STAT0] = aux[DW_AUX_STAT1] = N * 4;
+        tmp[DW_TMP_DELTA] = (int64_t)dw_cuda_norm_bwd_ws_bytes(N, dw_ir_numel(&g->tensors[n->out]) / N);
+        break;
+    case DW_OP_RMSNORM:
+        aux[DW_AUX_STAT0] = N * 4;
+        tmp[DW_TMP_DELTA] = (int64_t)dw_cuda_norm_bwd_ws_bytes(N, dw_ir_numel(&g->tensors[n->out]) / N);
+        break;
     case DW_OP_ATTENTION:
         aux[DW_AUX_STAT0] = N * a->heads * 4;
         tmp[DW_TMP_DELTA] = N * a->heads * 4;

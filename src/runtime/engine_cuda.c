@@ -103,6 +103,12 @@ static dw_status in_grad_done(dw_engine *e, int ni, int slot) {
                            CE->b * CE->t * width(e, t), STREAM);
 }
 
+/* A norm's backward adds a later gradient of its input straight into it (accumulate). */
+static bool norm_acc(dw_engine *e, int ni) { return CE->cp->grad_mode[ni][0] == DW_GRAD_ACCUM; }
+static void *norm_dx(dw_engine *e, int ni) {
+    return norm_acc(e, ni) ? dact(e, e->g->nodes[ni].in[0]) : in_grad(e, ni, 0);
+}
+
 /* ---- linear: FP32 reference GEMM or BF16 dw_gemm ------------------------------------------- */
 static dw_gemm_operand bf16_op(const void *data, int64_t rows, int64_t cols, bool trans) {
     dw_gemm_operand o = {.recipe = DW_RECIPE_BF16, .trans = trans, .rows = rows, .cols = cols,
@@ -301,14 +307,15 @@ static dw_status bwd_node(dw_engine *e, int ni) {
     case DW_OP_ROPE:
         DW_TRY(dw_cuda_rope_bwd(ctx, dt, in_grad(e, ni, 0), dout, CE->b, CE->t, a->heads, a->head_dim, a->theta, s));
         return in_grad_done(e, ni, 0);
-    case DW_OP_LAYERNORM:
-        DW_TRY(dw_cuda_layernorm_bwd(ctx, dt, in_grad(e, ni, 0), G(1), G(2), dout, X(0), P(1),
-                                     aux(e, ni, DW_AUX_STAT0), aux(e, ni, DW_AUX_STAT1), N, C, s));
-        return in_grad_done(e, ni, 0);
+    case DW_OP_LAYERNORM: /* one pass; a later gradient of x is added in place (ACC0 unused) */
+        return dw_cuda_layernorm_bwd_ws(ctx, dt, norm_dx(e, ni), G(1), G(2), dout, X(0), P(1),
+                                        aux(e, ni, DW_AUX_STAT0), aux(e, ni, DW_AUX_STAT1), N, C,
+                                        norm_acc(e, ni), tmp(e, ni, DW_TMP_DELTA),
+                                        dw_cuda_norm_bwd_ws_bytes(N, C), s);
     case DW_OP_RMSNORM:
-        DW_TRY(dw_cuda_rmsnorm_bwd(ctx, dt, in_grad(e, ni, 0), G(1), dout, X(0), P(1), aux(e, ni, DW_AUX_STAT0), N,
-                                   C, s));
-        return in_grad_done(e, ni, 0);
+        return dw_cuda_rmsnorm_bwd_ws(ctx, dt, norm_dx(e, ni), G(1), dout, X(0), P(1),
+                                      aux(e, ni, DW_AUX_STAT0), N, C, norm_acc(e, ni),
+                                      tmp(e, ni, DW_TMP_DELTA), dw_cuda_norm_bwd_ws_bytes(N, C), s);
     case DW_OP_LINEAR: return bwd_linear(e, ni);
     case DW_OP_GELU: /* or computed by the consuming linear's dgrad epilogue */
         if (CE->cp->fused[ni] & DW_FUSED_BWD) return DW_OK;

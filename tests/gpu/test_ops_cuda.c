@@ -149,19 +149,51 @@ static int64_t run_norm(int rms, dw_act_dtype dt, int64_t N, int64_t C) {
     DW_GC_CMP(bad, name, dx, wdx, tdx);
     DW_GC_CMP(bad, name, dw, wdw, tparam);
     DW_GC_CMP(bad, name, db, wdb, tparam); /* rmsnorm: db untouched, equal to its prior */
+    /* the one-pass form with its workspace, dx added onto a prior (BF16 rows with C % 8 == 0 and
+     * C <= 4096: the fused kernel; otherwise the two-pass form with an accumulating dx) */
+    float *wdx2 = dw_oc_alloc(N * C), *wdw2 = dw_oc_alloc(C), *wdb2 = dw_oc_alloc(C);
+    dw_oc_fill(&g_rng, wdx2, N * C, -1, 1);
+    dw_oc_fill(&g_rng, wdw2, C, -1, 1);
+    dw_oc_fill(&g_rng, wdb2, C, -1, 1);
+    dw_gt *dx2 = dw_gt_from("dx_acc", wdx2, N * C, dt);
+    memcpy(wdx2, dx2->host, sizeof(float) * (size_t)(N * C)); /* the prior as stored */
+    dw_gt *dw2 = dw_gt_from("dw_ws", wdw2, C, DW_ACT_F32), *db2 = dw_gt_from("db_ws", wdb2, C, DW_ACT_F32);
+    const size_t wsb = dw_cuda_norm_bwd_ws_bytes(N, C);
+    dw_gt *ws = dw_gt_new("ws", (int64_t)(wsb / 4), DW_ACT_F32);
+    if (rms) {
+        dw_cpu_rmsnorm_bwd(wdx, wdw2, g->host, x->host, w->host, wrstd, N, C);
+        DW_GC_OK(bad, name, dw_cuda_rmsnorm_bwd_ws(NULL, dt, dx2->dev, dw2->dev, g->dev, x->dev, w->dev,
+                                                 rstd_in->dev, N, C, true, ws->dev, wsb, s));
+    } else {
+        dw_cpu_layernorm_bwd(wdx, wdw2, wdb2, g->host, x->host, w->host, wmean, wrstd, N, C);
+        DW_GC_OK(bad, name, dw_cuda_layernorm_bwd_ws(NULL, dt, dx2->dev, dw2->dev, db2->dev, g->dev,
+                                                   x->dev, w->dev, mean_in->dev, rstd_in->dev, N, C,
+                                                   true, ws->dev, wsb, s));
+    }
+    for (int64_t i = 0; i < N * C; i++) wdx2[i] += wdx[i];
+    DW_GC_SYNC();
+    DW_GC_CMP(bad, name, dx2, wdx2, tdx);
+    DW_GC_CMP(bad, name, dw2, wdw2, tparam);
+    DW_GC_CMP(bad, name, db2, wdb2, tparam);
     if (!dw_gc_guards_ok(name)) bad++;
     dw_gc_free_all();
     free(wout), free(wmean), free(wrstd), free(wdx), free(wdw), free(wdb);
+    free(wdx2), free(wdw2), free(wdb2);
     return bad;
 }
 
 static void test_norms(void **state) {
     (void)state;
-    /* the last two spread their rows over all 8 blocks of a column-sum cluster (256 rows each) */
-    /* C % 8 == 0, C <= 1024: BF16 takes the warp-per-row kernels */
+    /* {2311, 45} and {700, 1031} spread their rows over all 8 blocks of a column-sum cluster;
+     * C % 8 == 0, C <= 8192: BF16 takes the row-in-registers kernels (1, 2, 4, 8 warps a row) */
     static const int64_t shapes[][2] = {{1, 1},    {37, 7},    {53, 129},  {19, 777},
                                         {5, 4099}, {2311, 45}, {700, 1031}, {9, 8},
-                                        {77, 768}, {530, 1024}, {3, 264}};
+                                        {77, 768}, {530, 1024}, {3, 264},
+                                        /* 2, 4, 8 warps per row (C <= 2048, 4096, 8192) */
+                                        {13, 2048}, {6, 1032}, {9, 4096}, {3, 2056},
+                                        {5, 8192}, {2, 6152}, {3, 8200},
+                                        /* one-pass backward: blocks over several row groups */
+                                        {4100, 16}, {1500, 520}};
     const int ns = (int)(sizeof shapes / sizeof shapes[0]);
     int64_t bad = 0;
     for (int rms = 0; rms < 2; rms++)
@@ -282,6 +314,10 @@ static void test_rope(void **state) {
         bad += run_rope(DTS[d], 2, 5, 4, 6);
         bad += run_rope(DTS[d], 2, 37, 3, 10);
         bad += run_rope(DTS[d], 1, 301, 2, 128);
+        bad += run_rope(DTS[d], 3, 97, 8, 64);  /* 32 positions per block, the last block short */
+        bad += run_rope(DTS[d], 2, 50, 32, 64); /* the Llama q shape: 8 positions per block */
+        bad += run_rope(DTS[d], 2, 3, 5, 12);   /* D/2 = 6: BF16 element-wise, FP32 not 4-wide */
+        bad += run_rope(DTS[d], 1, 7, 2, 4100); /* D/2 > 1024: one thread per pair */
     }
     assert_int_equal(bad, 0);
 }

@@ -46,6 +46,21 @@ static __device__ __forceinline__ void dw_st8(dw_bf16 *p, int64_t i, const float
     for (int k = 0; k < 8; k++) u.v[k] = __float2bfloat16_rn(f[k]);
     *reinterpret_cast<dw_bf16x8 *>(p + i) = u;
 }
+/* 16-byte accesses of 4 FP32 values (p + i 16-byte aligned). */
+struct alignas(16) dw_f32x4 {
+    float v[4];
+};
+static __device__ __forceinline__ void dw_ld4(const float *p, int64_t i, float f[4]) {
+    const dw_f32x4 u = *reinterpret_cast<const dw_f32x4 *>(p + i);
+#pragma unroll
+    for (int k = 0; k < 4; k++) f[k] = u.v[k];
+}
+static __device__ __forceinline__ void dw_st4(float *p, int64_t i, const float f[4]) {
+    dw_f32x4 u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) u.v[k] = f[k];
+    *reinterpret_cast<dw_f32x4 *>(p + i) = u;
+}
 static inline bool dw_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* Butterfly sums: every lane ends with the same value, computed in the same order each run. */

@@ -14,6 +14,8 @@
 #ifndef DW_KERNELS_OPS_CUDA_H
 #define DW_KERNELS_OPS_CUDA_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "deepwell.h"
@@ -63,6 +65,29 @@ dw_status dw_cuda_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rs
 dw_status dw_cuda_rmsnorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
                               const void *x, const float *w, const float *rstd, int64_t N,
                               int64_t C, void *stream);
+/* The same backward in one pass over dout and x (BF16 rows, C % 8 == 0, C <= 4096; other cases
+ * fall back to the two-pass form above): dx and per-block partial column sums of dw, db in ws,
+ * then fixed-order sums of those (deterministic). ws: device scratch of
+ * dw_cuda_norm_bwd_ws_bytes(N, C) bytes, 4-byte aligned (NULL: the two-pass form).
+ * accumulate: dx += the input gradient instead of dx = (dx must not be dout then). */
+dw_status dw_cuda_layernorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, float *db,
+                                   const void *dout, const void *x, const float *w,
+                                   const float *mean, const float *rstd, int64_t N, int64_t C,
+                                   bool accumulate, void *ws, size_t ws_bytes, void *stream);
+dw_status dw_cuda_rmsnorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw,
+                                 const void *dout, const void *x, const float *w,
+                                 const float *rstd, int64_t N, int64_t C, bool accumulate,
+                                 void *ws, size_t ws_bytes, void *stream);
+/* Bytes of that workspace: FP32 partial sums of dw and db, (C) each per block, for
+ * min(ceil(N / rows per block), 512) blocks; rows per block = 256 / threads per row, threads per
+ * row the fewest of 32..256 holding C in 16 elements each. Host code, no CUDA needed (the
+ * planner sizes the engine's scratch with it). */
+static inline size_t dw_cuda_norm_bwd_ws_bytes(int64_t N, int64_t C) {
+    int64_t tpr = 32;
+    while (tpr * 16 < C && tpr < 256) tpr *= 2;
+    const int64_t rpb = 256 / tpr, g = (N + rpb - 1) / rpb;
+    return (size_t)(2 * (g < 512 ? g : 512) * (C > 0 ? C : 0)) * sizeof(float);
+}
 
 /* ---- linear (FP32 reference GEMM), torch layout: x (N,K), W (M,K), b (M), out (N,M) ---------
  * fwd: out = x W^T + b (b may be NULL). bwd: dx = dout W (written; may be NULL),

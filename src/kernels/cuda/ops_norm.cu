@@ -1,8 +1,9 @@
 /* ops_norm.cu — CUDA layernorm and rmsnorm over the last dimension C, forward and backward;
  * FP32 or BF16 activations, FP32 weights, statistics and parameter gradients. One block per row
- * with deterministic block sums (BF16 rows of C % 8 == 0, C <= 1024: one warp per row, 16-byte
- * accesses); parameter gradients by the fixed-order column sum (ops_common.cuh).
- * Oracle: kernels/cpu/norm_cpu.c. */
+ * with deterministic block sums (BF16 rows of C % 8 == 0, C <= 8192: one to eight warps per row,
+ * the row in registers, 16-byte accesses); parameter gradients by the fixed-order column sum
+ * (ops_common.cuh), or, with a workspace (..._bwd_ws), in the same pass as dx from per-block
+ * partials. Oracle: kernels/cpu/norm_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_NORM_THREADS 256
@@ -38,10 +39,12 @@ static __global__ void dw_norm_fwd_kernel(T *out, float *mean, float *rstd, cons
     }
 }
 
-/* dx (N,C) = rstd * (g - mean_c(g) - xhat * mean_c(g*xhat)), g = dout*w (RMS: no mean_c(g)) */
+/* dx (N,C) = rstd * (g - mean_c(g) - xhat * mean_c(g*xhat)), g = dout*w (RMS: no mean_c(g));
+ * acc: dx += that instead (dx must not alias dout then) */
 template <typename T, bool RMS>
 static __global__ void dw_norm_bwd_dx_kernel(T *dx, const T *dout, const T *x, const float *w,
-                                             const float *mean, const float *rstd, int64_t C) {
+                                             const float *mean, const float *rstd, int64_t C,
+                                             bool acc) {
     __shared__ float sh[32];
     const int64_t row = blockIdx.x;
     const T *xr = x + row * C, *gr = dout + row * C;
@@ -56,142 +59,287 @@ static __global__ void dw_norm_bwd_dx_kernel(T *dx, const T *dout, const T *x, c
     sgx = dw_block_sum(sgx, sh) / (float)C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         const float g = dw_ld(gr, c) * w[c], xh = (dw_ld(xr, c) - m) * rs;
-        dw_st(dx, row * C + c, rs * (g - sg - xh * sgx));
+        const float o = rs * (g - sg - xh * sgx);
+        dw_st(dx, row * C + c, acc ? dw_ld(dx, row * C + c) + o : o);
     }
 }
 
-/* BF16 rows with C % 8 == 0 and C <= DW_NW_MAXC, 16-byte aligned: one warp per row, the row held
- * in registers (lane owns the 8-element groups lane, lane + 32, ...), warp sums only, 16-byte
- * loads and stores; the same formulas as the block kernels above. */
-#define DW_NW_VPL 4                   /* 8-element groups per lane */
-#define DW_NW_MAXC (32 * 8 * DW_NW_VPL) /* 1024 */
-#define DW_NW_THREADS 256             /* 8 rows per block */
-template <bool RMS>
+/* BF16 rows with C % 8 == 0 and C <= DW_NW_MAXC, 16-byte aligned: TPR threads per row (one to
+ * eight warps, DW_NW_THREADS / TPR rows per block), the row held in registers (thread tr owns the
+ * 8-element groups tr, tr + TPR, ...), 16-byte loads and stores, one read and one write of each
+ * element; the same formulas as the block kernels above. TPR = 32: warp sums only. */
+#define DW_NW_VPL 4                      /* 8-element groups per thread */
+#define DW_NW_THREADS 256                /* threads per block */
+#define DW_NW_MAXC (DW_NW_THREADS * 8 * DW_NW_VPL) /* 8192 */
+#define DW_NF_VPL 2                      /* the fused backward: groups per thread */
+#define DW_NF_MAXC (DW_NW_THREADS * 8 * DW_NF_VPL) /* 4096 */
+
+/* Sum over the TPR threads of this thread's row (all threads of the block call it). sh: one float
+ * per warp of the block. */
+template <int TPR>
+static __device__ __forceinline__ float dw_norm_row_sum(float v, float *sh) {
+    v = dw_warp_sum(v);
+    if (TPR == 32) return v;
+    __syncthreads(); /* a previous call's readers are done with sh */
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    const int w0 = (int)(threadIdx.x / TPR) * (TPR / 32);
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < TPR / 32; i++) t += sh[w0 + i];
+    return t;
+}
+
+template <bool RMS, int TPR>
 static __global__ void __launch_bounds__(DW_NW_THREADS)
-dw_norm_fwd_warp_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x, const float *w,
+dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x, const float *w,
                         const float *b, int64_t N, int64_t C, float eps) {
-    const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / 32) + (threadIdx.x >> 5);
-    if (row >= N) return; /* uniform over the warp */
-    const int64_t C8 = C / 8;
+    __shared__ float sh[DW_NW_THREADS / 32];
+    const int tr = (int)(threadIdx.x % TPR);
+    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / TPR) + threadIdx.x / TPR;
+    if (TPR == 32 && row >= N) return; /* uniform over the warp; wider rows: no barrier skipped */
+    const int64_t C8 = row < N ? C / 8 : 0;
     float v[DW_NW_VPL][8];
     float s = 0.0f;
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
+        const int64_t j = tr + TPR * q;
         if (j < C8) {
             dw_ld8(x, row * C + 8 * j, v[q]);
 #pragma unroll
             for (int k = 0; k < 8; k++) s += v[q][k];
         }
     }
-    const float m = RMS ? 0.0f : dw_warp_sum(s) / (float)C;
+    const float m = RMS ? 0.0f : dw_norm_row_sum<TPR>(s, sh) / (float)C;
     float var = 0.0f;
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        if (lane + 32 * q >= C8) continue;
+        if (tr + TPR * q >= C8) continue;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             const float d = v[q][k] - m;
             var += d * d;
         }
     }
-    const float rs = 1.0f / sqrtf(dw_warp_sum(var) / (float)C + eps);
+    const float rs = 1.0f / sqrtf(dw_norm_row_sum<TPR>(var, sh) / (float)C + eps);
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
+        const int64_t j = tr + TPR * q;
         if (j < C8) {
-            float y[8];
+            float y[8], wv[8], bv[8];
+            dw_ld4(w, 8 * j, wv); /* 16-byte loads: 8x fewer L1 wavefronts than 8 scalar ones */
+            dw_ld4(w, 8 * j + 4, wv + 4);
+            if (!RMS && b) {
+                dw_ld4(b, 8 * j, bv);
+                dw_ld4(b, 8 * j + 4, bv + 4);
+            }
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                y[k] = (v[q][k] - m) * rs * w[8 * j + k];
-                if (!RMS && b) y[k] += b[8 * j + k];
+                y[k] = (v[q][k] - m) * rs * wv[k];
+                if (!RMS && b) y[k] += bv[k];
             }
             dw_st8(out, row * C + 8 * j, y);
         }
     }
-    if (lane == 0) {
+    if (tr == 0 && row < N) {
         if (!RMS && mean) mean[row] = m;
         if (rstd) rstd[row] = rs;
     }
 }
 
-/* dx may be dout: every lane reads its groups before the warp sums, writes them after */
-template <bool RMS>
+/* dx as dw_norm_bwd_dx_kernel; the grid strides over groups of DW_NW_THREADS / TPR rows (one
+ * group per block without PART). dx may be dout unless acc: every thread reads its groups before
+ * the row sums, writes them after. PART (the fused backward): the block also sums dout * xhat
+ * (and dout) of its rows per column, in a fixed order (its rows in ascending group, then its row
+ * slots in ascending order), into pdw[blockIdx.x, :] (and pdb) (gridDim.x, C): the column sums
+ * over the blocks are left to the caller. VPL 8-element groups per thread. */
+template <bool RMS, int TPR, int VPL, bool PART>
 static __global__ void __launch_bounds__(DW_NW_THREADS)
-dw_norm_bwd_dx_warp_kernel(dw_bf16 *dx, const dw_bf16 *dout, const dw_bf16 *x, const float *w,
-                           const float *mean, const float *rstd, int64_t N, int64_t C) {
-    const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / 32) + (threadIdx.x >> 5);
-    if (row >= N) return; /* uniform over the warp */
-    const int64_t C8 = C / 8;
-    const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
-    float g[DW_NW_VPL][8], xh[DW_NW_VPL][8];
-    float sg = 0.0f, sgx = 0.0f;
+dw_norm_bwd_rows_kernel(dw_bf16 *dx, float *pdw, float *pdb, const dw_bf16 *dout, const dw_bf16 *x,
+                        const float *w, const float *mean, const float *rstd, int64_t N, int64_t C,
+                        bool acc) {
+    constexpr int RPB = DW_NW_THREADS / TPR; /* rows per group */
+    __shared__ float sh[DW_NW_THREADS / 32];
+    const int tr = (int)(threadIdx.x % TPR), slot = (int)(threadIdx.x / TPR);
+    float adw[PART ? VPL : 1][8], adb[PART ? VPL : 1][8];
+    if constexpr (PART)
+        for (int q = 0; q < VPL; q++)
+            for (int k = 0; k < 8; k++) adw[q][k] = adb[q][k] = 0.0f;
+    const int64_t ngroups = (N + RPB - 1) / RPB;
+    for (int64_t rg = blockIdx.x; rg < ngroups; rg += gridDim.x) { /* uniform over the block */
+        const int64_t row = rg * RPB + slot;
+        const bool ok = row < N;
+        const int64_t C8 = ok ? C / 8 : 0;
+        const float m = RMS || !ok ? 0.0f : mean[row], rs = ok ? rstd[row] : 0.0f;
+        float g[VPL][8], xh[VPL][8];
+        float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
-    for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
-        if (j < C8) {
-            dw_ld8(dout, row * C + 8 * j, g[q]);
-            dw_ld8(x, row * C + 8 * j, xh[q]);
+        for (int q = 0; q < VPL; q++) {
+            const int64_t j = tr + TPR * q;
+            if (j < C8) {
+                float wv[8];
+                dw_ld8(dout, row * C + 8 * j, g[q]);
+                dw_ld8(x, row * C + 8 * j, xh[q]);
+                dw_ld4(w, 8 * j, wv);
+                dw_ld4(w, 8 * j + 4, wv + 4);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                g[q][k] *= w[8 * j + k];
-                xh[q][k] = (xh[q][k] - m) * rs;
-                sg += g[q][k];
-                sgx += g[q][k] * xh[q][k];
+                for (int k = 0; k < 8; k++) {
+                    xh[q][k] = (xh[q][k] - m) * rs;
+                    if constexpr (PART) {
+                        adw[q][k] += g[q][k] * xh[q][k];
+                        adb[q][k] += g[q][k];
+                    }
+                    g[q][k] *= wv[k];
+                    sg += g[q][k];
+                    sgx += g[q][k] * xh[q][k];
+                }
+            }
+        }
+        sg = RMS ? 0.0f : dw_norm_row_sum<TPR>(sg, sh) / (float)C;
+        sgx = dw_norm_row_sum<TPR>(sgx, sh) / (float)C;
+#pragma unroll
+        for (int q = 0; q < VPL; q++) {
+            const int64_t j = tr + TPR * q;
+            if (j < C8) {
+                float o[8], old[8];
+                if (acc) dw_ld8(dx, row * C + 8 * j, old);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    o[k] = rs * (g[q][k] - sg - xh[q][k] * sgx);
+                    if (acc) o[k] += old[k];
+                }
+                dw_st8(dx, row * C + 8 * j, o);
             }
         }
     }
-    sg = RMS ? 0.0f : dw_warp_sum(sg) / (float)C;
-    sgx = dw_warp_sum(sgx) / (float)C;
+    if constexpr (PART) {
+        /* the block's column sums: slots in ascending order, through shared memory */
+        __shared__ float red[DW_NW_THREADS * VPL * 8];
+        for (int pass = 0; pass < (RMS ? 1 : 2); pass++) {
+            float *dst = pass ? pdb : pdw;
+            __syncthreads(); /* the previous pass's readers are done */
 #pragma unroll
-    for (int q = 0; q < DW_NW_VPL; q++) {
-        const int64_t j = lane + 32 * q;
-        if (j < C8) {
-            float o[8];
+            for (int q = 0; q < VPL; q++)
 #pragma unroll
-            for (int k = 0; k < 8; k++) o[k] = rs * (g[q][k] - sg - xh[q][k] * sgx);
-            dw_st8(dx, row * C + 8 * j, o);
+                for (int k = 0; k < 8; k++)
+                    red[(q * 8 + k) * DW_NW_THREADS + threadIdx.x] = pass ? adb[q][k] : adw[q][k];
+            __syncthreads();
+            if (slot == 0 && dst) {
+#pragma unroll
+                for (int q = 0; q < VPL; q++) {
+                    const int64_t j = tr + TPR * q;
+                    if (j >= C / 8) continue;
+                    for (int k = 0; k < 8; k++) {
+                        float t = 0.0f;
+                        for (int r = 0; r < RPB; r++) t += red[(q * 8 + k) * DW_NW_THREADS + r * TPR + tr];
+                        dst[(int64_t)blockIdx.x * C + 8 * j + k] = t;
+                    }
+                }
+            }
         }
     }
 }
 
-/* the warp kernels apply (BF16 only; the pointers' row starts 16-byte aligned) */
-static bool dw_norm_warp_ok(int64_t C, const void *a, const void *b, const void *c) {
-    return C % 8 == 0 && C <= DW_NW_MAXC && dw_aligned16(a) && dw_aligned16(b) && dw_aligned16(c);
+/* the row kernels apply (BF16 only; the pointers' row starts, w and b 16-byte aligned) */
+static bool dw_norm_rows_ok(int64_t C, const void *a, const void *b, const void *c, const float *w,
+                            const float *bias) {
+    return C % 8 == 0 && C <= DW_NW_MAXC && dw_aligned16(a) && dw_aligned16(b) && dw_aligned16(c) &&
+           dw_aligned16(w) && (!bias || dw_aligned16(bias));
 }
-static unsigned dw_norm_warp_blocks(int64_t N) {
-    return (unsigned)((N + DW_NW_THREADS / 32 - 1) / (DW_NW_THREADS / 32));
+/* threads per row: the fewest (32, 64, 128, 256) that hold C in vpl groups each */
+static int dw_norm_tpr(int64_t C, int vpl) {
+    int tpr = 32;
+    while ((int64_t)tpr * 8 * vpl < C) tpr *= 2;
+    return tpr;
+}
+#define DW_NW_LAUNCH(KERNEL, RMS, C, N, s, ...)                                                 \
+    do {                                                                                       \
+        const int tpr_ = dw_norm_tpr(C, DW_NW_VPL);                                            \
+        const int rpb_ = DW_NW_THREADS / tpr_;                                                 \
+        const unsigned nb_ = (unsigned)(((N) + rpb_ - 1) / rpb_);                              \
+        if (tpr_ == 32) KERNEL<RMS, 32><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);            \
+        else if (tpr_ == 64) KERNEL<RMS, 64><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);       \
+        else if (tpr_ == 128) KERNEL<RMS, 128><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);     \
+        else KERNEL<RMS, 256><<<nb_, DW_NW_THREADS, 0, s>>>(__VA_ARGS__);                      \
+    } while (0)
+
+/* dw_norm_bwd_rows_kernel with TPR from C and VPL on `blocks` blocks; PART: at most as many as
+ * are resident at once on the device (a second, partial wave of equal blocks would leave SMs
+ * idle). Returns the blocks launched. */
+template <bool RMS, int VPL, bool PART>
+static int64_t dw_norm_bwd_rows_launch(int64_t blocks, dw_bf16 *dx, float *pdw, float *pdb,
+                                       const dw_bf16 *dout, const dw_bf16 *x, const float *w,
+                                       const float *mean, const float *rstd, int64_t N, int64_t C,
+                                       bool acc, cudaStream_t s) {
+    void (*k)(dw_bf16 *, float *, float *, const dw_bf16 *, const dw_bf16 *, const float *,
+              const float *, const float *, int64_t, int64_t, bool);
+    switch (dw_norm_tpr(C, VPL)) {
+    case 32: k = dw_norm_bwd_rows_kernel<RMS, 32, VPL, PART>; break;
+    case 64: k = dw_norm_bwd_rows_kernel<RMS, 64, VPL, PART>; break;
+    case 128: k = dw_norm_bwd_rows_kernel<RMS, 128, VPL, PART>; break;
+    default: k = dw_norm_bwd_rows_kernel<RMS, 256, VPL, PART>; break;
+    }
+#ifdef __CUDACC__
+    if (PART) {
+        int dev = 0, sms = 0, per_sm = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DW_NW_THREADS, 0) == cudaSuccess) {
+            if ((int64_t)sms * per_sm > 0 && (int64_t)sms * per_sm < blocks) blocks = (int64_t)sms * per_sm;
+        } else {
+            (void)cudaGetLastError(); /* no query: all the blocks asked for */
+        }
+    }
+#endif
+    k<<<(unsigned)blocks, DW_NW_THREADS, 0, s>>>(dx, pdw, pdb, dout, x, w, mean, rstd, N, C, acc);
+    return blocks;
 }
 
 template <typename T, bool RMS>
 static void dw_norm_fwd_launch(void *out, float *mean, float *rstd, const void *x, const float *w,
                                const float *b, int64_t N, int64_t C, float eps, cudaStream_t s) {
-    if (sizeof(T) == 2 && dw_norm_warp_ok(C, out, x, x)) {
-        dw_norm_fwd_warp_kernel<RMS><<<dw_norm_warp_blocks(N), DW_NW_THREADS, 0, s>>>(
-            (dw_bf16 *)out, mean, rstd, (const dw_bf16 *)x, w, b, N, C, eps);
+    if (sizeof(T) == 2 && dw_norm_rows_ok(C, out, x, x, w, b)) {
+        DW_NW_LAUNCH(dw_norm_fwd_rows_kernel, RMS, C, N, s, (dw_bf16 *)out, mean, rstd,
+                     (const dw_bf16 *)x, w, b, N, C, eps);
         return;
     }
     dw_norm_fwd_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
         (T *)out, mean, rstd, (const T *)x, w, b, C, eps);
 }
 
+/* The fused backward (ws given, BF16 rows, C <= DW_NF_MAXC): one pass over dout and x writes (or
+ * adds to) dx and per-block partial column sums into ws, then two small fixed-order column sums
+ * over those blocks give dw, db. Otherwise: dw/db by the column-sum kernel over dout and x, then
+ * dx. Deterministic either way. */
 template <typename T, bool RMS>
 static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout, const void *x,
                                const float *w, const float *mean, const float *rstd, int64_t N,
-                               int64_t C, cudaStream_t s) {
+                               int64_t C, bool acc, float *ws, cudaStream_t s) {
+    const bool params = RMS ? dw != NULL : (dw || db);
+    if (sizeof(T) == 2 && ws && dx && params && C <= DW_NF_MAXC && dw_norm_rows_ok(C, dx, dout, x, w, NULL)) {
+        const int64_t gmax = (int64_t)(dw_cuda_norm_bwd_ws_bytes(N, C) / (2 * sizeof(float) * (size_t)C));
+        float *pdw = ws, *pdb = ws + gmax * C;
+        const int64_t G = dw_norm_bwd_rows_launch<RMS, DW_NF_VPL, true>(
+            gmax, (dw_bf16 *)dx, pdw, pdb, (const dw_bf16 *)dout, (const dw_bf16 *)x, w, mean, rstd,
+            N, C, acc, s);
+        if (dw) dw_colsum_launch<float, DW_CS_PLAIN>(dw, NULL, pdw, NULL, NULL, NULL, G, C, s);
+        if (!RMS && db) dw_colsum_launch<float, DW_CS_PLAIN>(db, NULL, pdb, NULL, NULL, NULL, G, C, s);
+        return;
+    }
     /* parameter gradients first, so that dx may overwrite dout (in place) */
     if (RMS && dw)
         dw_colsum_launch<T, DW_CS_RMS>(dw, NULL, (const T *)dout, (const T *)x, NULL, rstd, N, C, s);
     if (!RMS && (dw || db))
         dw_colsum_launch<T, DW_CS_LN>(dw, db, (const T *)dout, (const T *)x, mean, rstd, N, C, s);
-    if (dx && sizeof(T) == 2 && dw_norm_warp_ok(C, dx, dout, x))
-        dw_norm_bwd_dx_warp_kernel<RMS><<<dw_norm_warp_blocks(N), DW_NW_THREADS, 0, s>>>(
-            (dw_bf16 *)dx, (const dw_bf16 *)dout, (const dw_bf16 *)x, w, mean, rstd, N, C);
-    else if (dx)
+    if (dx && sizeof(T) == 2 && dw_norm_rows_ok(C, dx, dout, x, w, NULL)) {
+        const int rpb = DW_NW_THREADS / dw_norm_tpr(C, DW_NW_VPL);
+        dw_norm_bwd_rows_launch<RMS, DW_NW_VPL, false>(
+            (N + rpb - 1) / rpb, (dw_bf16 *)dx, NULL, NULL, (const dw_bf16 *)dout,
+            (const dw_bf16 *)x, w, mean, rstd, N, C, acc, s);
+    } else if (dx) {
         dw_norm_bwd_dx_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
-            (T *)dx, (const T *)dout, (const T *)x, w, mean, rstd, C);
+            (T *)dx, (const T *)dout, (const T *)x, w, mean, rstd, C, acc);
+    }
 }
 
 /* N is a grid dimension (one block per row): at most 2^31 - 1 rows. */
@@ -215,20 +363,42 @@ dw_status dw_cuda_layernorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *
     return DW_OK;
 }
 
+/* both norms' backward entries: arguments checked, then dw_norm_bwd_launch */
+static dw_status dw_norm_bwd(dw_ctx *ctx, const char *op, bool rms, dw_act_dtype dt, void *dx,
+                             float *dw, float *db, const void *dout, const void *x, const float *w,
+                             const float *mean, const float *rstd, int64_t N, int64_t C,
+                             bool accumulate, void *ws, size_t ws_bytes, void *stream) {
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && N <= DW_NORM_MAX_ROWS && C > 0);
+    DW_OPS_REQUIRE(ctx, op, N == 0 || (dout && x && w && (rms || mean) && rstd));
+    DW_OPS_REQUIRE(ctx, op, !accumulate || (dx && dx != dout));
+    DW_OPS_REQUIRE(ctx, op, !ws || (ws_bytes >= dw_cuda_norm_bwd_ws_bytes(N, C) && ((uintptr_t)ws & 3u) == 0));
+    if (N == 0) return DW_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dt == DW_ACT_F32 && rms)
+        dw_norm_bwd_launch<float, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, accumulate, (float *)ws, s);
+    else if (dt == DW_ACT_F32)
+        dw_norm_bwd_launch<float, false>(dx, dw, db, dout, x, w, mean, rstd, N, C, accumulate, (float *)ws, s);
+    else if (rms)
+        dw_norm_bwd_launch<dw_bf16, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, accumulate, (float *)ws, s);
+    else
+        dw_norm_bwd_launch<dw_bf16, false>(dx, dw, db, dout, x, w, mean, rstd, N, C, accumulate, (float *)ws, s);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
 dw_status dw_cuda_layernorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, float *db,
                                 const void *dout, const void *x, const float *w, const float *mean,
                                 const float *rstd, int64_t N, int64_t C, void *stream) {
-    const char *op = "layernorm_bwd";
-    DW_OPS_REQUIRE_DT(ctx, op, dt);
-    DW_OPS_REQUIRE(ctx, op, N >= 0 && N <= DW_NORM_MAX_ROWS && C > 0);
-    DW_OPS_REQUIRE(ctx, op, N == 0 || (dout && x && w && mean && rstd));
-    if (N == 0) return DW_OK;
-    if (dt == DW_ACT_F32)
-        dw_norm_bwd_launch<float, false>(dx, dw, db, dout, x, w, mean, rstd, N, C, (cudaStream_t)stream);
-    else
-        dw_norm_bwd_launch<dw_bf16, false>(dx, dw, db, dout, x, w, mean, rstd, N, C, (cudaStream_t)stream);
-    DW_CUDA_CHECK_LAUNCH(ctx, op);
-    return DW_OK;
+    return dw_norm_bwd(ctx, "layernorm_bwd", false, dt, dx, dw, db, dout, x, w, mean, rstd, N, C,
+                       false, NULL, 0, stream);
+}
+dw_status dw_cuda_layernorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, float *db,
+                                   const void *dout, const void *x, const float *w,
+                                   const float *mean, const float *rstd, int64_t N, int64_t C,
+                                   bool accumulate, void *ws, size_t ws_bytes, void *stream) {
+    return dw_norm_bwd(ctx, "layernorm_bwd", false, dt, dx, dw, db, dout, x, w, mean, rstd, N, C,
+                       accumulate, ws, ws_bytes, stream);
 }
 
 dw_status dw_cuda_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
@@ -249,17 +419,15 @@ dw_status dw_cuda_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rs
 dw_status dw_cuda_rmsnorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
                               const void *x, const float *w, const float *rstd, int64_t N,
                               int64_t C, void *stream) {
-    const char *op = "rmsnorm_bwd";
-    DW_OPS_REQUIRE_DT(ctx, op, dt);
-    DW_OPS_REQUIRE(ctx, op, N >= 0 && N <= DW_NORM_MAX_ROWS && C > 0);
-    DW_OPS_REQUIRE(ctx, op, N == 0 || (dout && x && w && rstd));
-    if (N == 0) return DW_OK;
-    if (dt == DW_ACT_F32)
-        dw_norm_bwd_launch<float, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, (cudaStream_t)stream);
-    else
-        dw_norm_bwd_launch<dw_bf16, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, (cudaStream_t)stream);
-    DW_CUDA_CHECK_LAUNCH(ctx, op);
-    return DW_OK;
+    return dw_norm_bwd(ctx, "rmsnorm_bwd", true, dt, dx, dw, NULL, dout, x, w, NULL, rstd, N, C,
+                       false, NULL, 0, stream);
+}
+dw_status dw_cuda_rmsnorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw,
+                                 const void *dout, const void *x, const float *w,
+                                 const float *rstd, int64_t N, int64_t C, bool accumulate,
+                                 void *ws, size_t ws_bytes, void *stream) {
+    return dw_norm_bwd(ctx, "rmsnorm_bwd", true, dt, dx, dw, NULL, dout, x, w, NULL, rstd, N, C,
+                       accumulate, ws, ws_bytes, stream);
 }
 
 } /* extern "C" */

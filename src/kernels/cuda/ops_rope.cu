@@ -1,12 +1,93 @@
 /* ops_rope.cu — CUDA rotary position embedding, Hugging Face llama rotate-half convention, forward
  * and backward (the transposed rotation). Angles t * theta^(-2i/D) and the rotation itself are
- * computed in double, as the CPU oracle (kernels/cpu/rope_cpu.c); storage FP32 or BF16. */
+ * computed in double, as the CPU oracle (kernels/cpu/rope_cpu.c); storage FP32 or BF16.
+ * A block owns P consecutive positions (b, t): it computes their cos/sin table once in shared
+ * memory (D/2 powers and P * D/2 sincos, not one of each per element pair of every head), then
+ * rotates all their heads with 16-byte accesses (VW elements of each half per thread).
+ * Not here: q/k projections. */
 #include "kernels/cuda/ops_common.cuh"
 
-/* x, out (B,T,H,D); one thread per pair (i, i + D/2) of one head vector; sign -1: transpose */
+#define DW_ROPE_THREADS 256
+#define DW_ROPE_MAX_HALF 1024        /* larger D/2: the per-pair kernel (a table of >= 16 KB) */
+
+/* 16-byte vectors of VW elements: 8 BF16 or 4 FP32, converted to/from FP32 */
+template <int VW>
+static __device__ __forceinline__ void dw_rope_ldv(const dw_bf16 *p, int64_t i, float f[VW]) {
+    if constexpr (VW == 8) dw_ld8(p, i, f);
+    else
+        for (int k = 0; k < VW; k++) f[k] = dw_ld(p, i + k);
+}
+template <int VW>
+static __device__ __forceinline__ void dw_rope_ldv(const float *p, int64_t i, float f[VW]) {
+    if constexpr (VW == 4) dw_ld4(p, i, f);
+    else
+        for (int k = 0; k < VW; k++) f[k] = p[i + k];
+}
+template <int VW>
+static __device__ __forceinline__ void dw_rope_stv(dw_bf16 *p, int64_t i, const float f[VW]) {
+    if constexpr (VW == 8) dw_st8(p, i, f);
+    else
+        for (int k = 0; k < VW; k++) dw_st(p, i + k, f[k]);
+}
+template <int VW>
+static __device__ __forceinline__ void dw_rope_stv(float *p, int64_t i, const float f[VW]) {
+    if constexpr (VW == 4) dw_st4(p, i, f);
+    else
+        for (int k = 0; k < VW; k++) p[i + k] = f[k];
+}
+
+/* x, out (BT,H,D) with BT = B*T rows of positions t = row % T; block: positions
+ * [blockIdx.x * P, + P). The block builds the shared table (D/2 inverse frequencies, then (P, D/2)
+ * of (cos, sign * sin), in double as the oracle), then rotates its groups of VW pairs. Every
+ * element is read before it is written, by the same thread: out may equal x. (Loading the groups
+ * ahead of the table, to overlap the two, measured slower: 109 registers, bench/RESULTS.md.) */
+template <int VW>
+static __device__ __forceinline__ void dw_rope_rot(const double *cs, float a[VW], float b[VW]) {
+#pragma unroll
+    for (int k = 0; k < VW; k++) {
+        const double c = cs[2 * k], s = cs[2 * k + 1], x1 = a[k], x2 = b[k];
+        a[k] = (float)(x1 * c - x2 * s);
+        b[k] = (float)(x2 * c + x1 * s);
+    }
+}
+template <typename T, int VW>
+static __global__ void __launch_bounds__(DW_ROPE_THREADS, 4)
+dw_rope_kernel(T *out, const T *x, int64_t BT, int64_t T_, int H, int D, double theta,
+               double sign, int P) {
+    extern __shared__ double dw_rope_tab[]; /* (P, D/2, 2), then inv_freq (D/2) */
+    const int half = D / 2;
+    const int64_t pos0 = (int64_t)blockIdx.x * P;
+    const int np = (int)(BT - pos0 < P ? BT - pos0 : P);
+    double *inv = dw_rope_tab + 2 * (int64_t)P * half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        inv[i] = pow(theta, -2.0 * (double)i / (double)D);
+    __syncthreads();
+    for (int k = threadIdx.x; k < np * half; k += blockDim.x) {
+        const int p = k / half, i = k % half;
+        double sn, cs;
+        sincos((double)((pos0 + p) % T_) * inv[i], &sn, &cs);
+        dw_rope_tab[2 * k] = cs;
+        dw_rope_tab[2 * k + 1] = sign * sn;
+    }
+    __syncthreads();
+    const int gph = half / VW;   /* VW-groups per head half */
+    const int ng = np * H * gph; /* groups of the block */
+    for (int g = threadIdx.x; g < ng; g += blockDim.x) {
+        const int i0 = (g % gph) * VW, r = g / gph; /* r: (position, head) of the block */
+        const int64_t base = (pos0 * H + r) * (int64_t)D + i0;
+        float a[VW], b[VW];
+        dw_rope_ldv<VW>(x, base, a);
+        dw_rope_ldv<VW>(x, base + half, b);
+        dw_rope_rot<VW>(dw_rope_tab + 2 * ((int64_t)(r / H) * half + i0), a, b);
+        dw_rope_stv<VW>(out, base, a);
+        dw_rope_stv<VW>(out, base + half, b);
+    }
+}
+
+/* D/2 > DW_ROPE_MAX_HALF: one thread per pair (i, i + D/2), its angle computed on the spot */
 template <typename T>
-static __global__ void dw_rope_kernel(T *out, const T *x, int64_t T_, int64_t H, int64_t D,
-                                      double theta, double sign, int64_t npairs) {
+static __global__ void dw_rope_pair_kernel(T *out, const T *x, int64_t T_, int64_t H, int64_t D,
+                                           double theta, double sign, int64_t npairs) {
     const int64_t half = D / 2;
     DW_GRID_STRIDE(p, npairs) {
         const int64_t i = p % half, row = p / half; /* row over (B,T,H) */
@@ -22,19 +103,47 @@ static __global__ void dw_rope_kernel(T *out, const T *x, int64_t T_, int64_t H,
     }
 }
 
+/* P positions a block: 4 groups of VW pairs per thread (8192 pairs for BF16) */
+template <typename T, int VW>
+static void dw_rope_tab_launch(void *out, const void *x, int64_t BT, int64_t T_, int64_t H,
+                               int64_t D, double theta, double sign, cudaStream_t s) {
+    const int64_t half = D / 2, per_pos = H * half;
+    int64_t P = (int64_t)DW_ROPE_THREADS * 4 * VW / per_pos;
+    if (P > BT) P = BT;
+    if (P * half > 2 * DW_ROPE_MAX_HALF) P = 2 * DW_ROPE_MAX_HALF / half; /* table <= 32 KB */
+    if (P < 1) P = 1;
+    const int64_t blocks = (BT + P - 1) / P;
+    const size_t smem = (size_t)(2 * P * half + half) * sizeof(double);
+    dw_rope_kernel<T, VW><<<(unsigned)blocks, DW_ROPE_THREADS, smem, s>>>(
+        (T *)out, (const T *)x, BT, T_, (int)H, (int)D, theta, sign, (int)P);
+}
+
 template <typename T>
 static void dw_rope_launch(void *out, const void *x, int64_t B, int64_t T_, int64_t H, int64_t D,
                            double theta, double sign, cudaStream_t s) {
-    const int64_t npairs = B * T_ * H * (D / 2);
-    dw_rope_kernel<T><<<dw_ew_blocks(npairs), DW_EW_THREADS, 0, s>>>((T *)out, (const T *)x, T_, H,
-                                                                      D, theta, sign, npairs);
+    const int64_t half = D / 2, BT = B * T_;
+    const int vw = sizeof(T) == 2 ? 8 : 4; /* 16 bytes */
+    if (half > DW_ROPE_MAX_HALF) {
+        const int64_t npairs = BT * H * half;
+        dw_rope_pair_kernel<T><<<dw_ew_blocks(npairs), DW_EW_THREADS, 0, s>>>(
+            (T *)out, (const T *)x, T_, H, D, theta, sign, npairs);
+    } else if (half % vw == 0 && dw_aligned16(out) && dw_aligned16(x)) {
+        if constexpr (sizeof(T) == 2) dw_rope_tab_launch<T, 8>(out, x, BT, T_, H, D, theta, sign, s);
+        else dw_rope_tab_launch<T, 4>(out, x, BT, T_, H, D, theta, sign, s);
+    } else {
+        dw_rope_tab_launch<T, 1>(out, x, BT, T_, H, D, theta, sign, s);
+    }
 }
+
+/* The per-block index arithmetic is 32-bit: one position's H * D/2 pairs at most 2^30. */
+#define DW_ROPE_MAX_PAIRS_PER_POS (1LL << 30)
 
 static dw_status dw_rope(dw_ctx *ctx, const char *op, dw_act_dtype dt, void *out, const void *x,
                          int64_t B, int64_t T, int64_t H, int64_t D, double theta, double sign,
                          void *stream) {
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, B >= 0 && T >= 0 && H > 0 && D > 0 && D % 2 == 0 && theta > 0.0);
+    DW_OPS_REQUIRE(ctx, op, H <= DW_ROPE_MAX_PAIRS_PER_POS / (D / 2 > 0 ? D / 2 : 1));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (out && x));
     if (B * T == 0) return DW_OK;
     if (dt == DW_ACT_F32)
