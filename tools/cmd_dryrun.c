@@ -264,8 +264,9 @@ int cmd_dryrun(int argc, char **argv) {
             dw_plan_engine_time(ctx, &st.in, par.micro_batch, &et) == DW_OK) {
             double ga = (double)par.grad_accum;
             printf("      Deepwell engine, per step: GEMMs %.2f ms, attention %.2f ms, memory-bound kernels %.2f ms "
-                   "(%lld micro-batch(es)), AdamW %.2f ms\n", 1e3 * ga * et.gemm, 1e3 * ga * et.attn,
-                   1e3 * ga * et.mem, (long long)par.grad_accum, 1e3 * et.optimizer);
+                   "(%lld micro-batch(es)), launch overhead %.2f ms (%.0f launches each), AdamW %.2f ms\n",
+                   1e3 * ga * et.gemm, 1e3 * ga * et.attn, 1e3 * ga * et.mem, (long long)par.grad_accum,
+                   1e3 * ga * et.overhead, et.launches, 1e3 * et.optimizer);
         }
     }
     if (!run)

@@ -99,13 +99,20 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
  * attention (mma.sync BF16 tiles, P and dS split in two BF16 terms) from kernel times measured
  * on the H200 at GPT-2 B16 T1024 (ncu) and Llama-1B B8 T2048 (profile); memory-bound kernels
  * from the Llama-1B profile's non-GEMM, non-attention time over the bytes counted below. */
-#define ENGINE_ATTN_FWD_EFF 0.145
-#define ENGINE_ATTN_BWD_EFF 0.11
+#define ENGINE_ATTN_FWD_EFF 0.18
+#define ENGINE_ATTN_BWD_EFF 0.144
 #define ENGINE_MEM_EFF 0.40
 #define ENGINE_ADAMW_EFF 0.75
 /* AdamW per parameter float: read weight, grad, m, v (16 B), write weight, m, v (12 B) and the
  * BF16 working copy (2 B), plus the gradient-norm pass reading the grads (4 B). */
 #define ENGINE_ADAMW_BYTES 34.0
+/* What a kernel launch costs beyond its work inside the replayed CUDA graph (the gap between
+ * kernels, ramp-up and tail of short grids), and what a micro-batch costs beyond its kernels
+ * (tokens copied in, the loss read back, a host sync, the graph launch). Fitted on the H200
+ * (docs/planner.md): gpt2-124m at micro-batch 1 x 16 accumulations measured 97.5 ms against
+ * 48.3 ms of modelled work over 16 x ~340 launches. */
+#define ENGINE_LAUNCH_S 6.0e-6
+#define ENGINE_MICROBATCH_S 50e-6
 
 static dw_plan_prec recipe_prec(int r) {
     switch (r) {
@@ -146,10 +153,12 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     const double peak = gpu->peak_bf16_tflops * 1e12, bw = gpu->hbm_gbps * 1e9;
     const double N = (double)(g->batch * g->seq), as = c->act_size;
     double mem_f = 0, mem_b = 0; /* bytes */
+    double kf = 0, kb = 0;       /* kernel launches, forward / backward */
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_ir_tensor *y = &g->tensors[n->out];
         if (n->op == DW_OP_LINEAR) {
+            kf += 1, kb += 2; /* fprop | dgrad, wgrad */
             const dw_ir_tensor *x = &g->tensors[n->in[0]];
             int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
             int r = c->bind[i].recipe;
@@ -166,17 +175,19 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
                 double f = 2.0 * (double)m * (double)nn * (double)k, t = f / dw_plan_gemm_rate(in, pr, m, nn, k);
                 double qb = q ? opnd[p] * (2 + dw_plan_operand_bytes(pr)) : 0; /* read BF16, write codes */
                 out->gemm += t, out->flops += f;
-                if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb;
-                else out->bwd += t, mem_b += qb;
+                if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb, kf += q ? 2 : 0;
+                else out->bwd += t, mem_b += qb, kb += q ? (p == DW_QPASS_DGRAD ? 2 : 1) : 0;
                 if (p == DW_QPASS_WGRAD) wgrad_q = q;
             }
-            /* bias gradient: in the BF16 wgrad's epilogue, else a column sum of dy */
+            /* bias gradient: in the BF16 wgrad's epilogue (then added to db), else a column sum of dy */
             if (n->n_in == 3 && (wgrad_q || !c->bf16)) mem_b += N * (double)M * as;
+            if (n->n_in == 3) kb += 1;
         } else if (n->op == DW_OP_ATTENTION) {
             double T = (double)g->seq, B = (double)g->batch, H = (double)n->attrs.heads, D = (double)n->attrs.head_dim;
             double af = 4.0 * B * T * (T / 2) * D * H, shape = T / (T + 256);
             double tf = af / (peak * ENGINE_ATTN_FWD_EFF * shape), tb = 2.5 * af / (peak * ENGINE_ATTN_BWD_EFF * shape);
             out->fwd += tf, out->bwd += tb, out->attn += tf + tb, out->flops += 3.5 * af;
+            kf += 1, kb += 2;
         } else {
             double pf, pb;
             op_passes(n->op, &pf, &pb);
@@ -185,8 +196,12 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             const dw_ir_tensor *t = n->op == DW_OP_CROSS_ENTROPY ? &g->tensors[n->in[0]] : y;
             double e = (double)dw_ir_numel(t) * as;
             mem_f += pf * e, mem_b += pb * e;
+            kf += pf > 0, kb += pb > 0;
         }
     }
+    out->launches = kf + kb;
+    out->overhead = (kf + kb) * ENGINE_LAUNCH_S + ENGINE_MICROBATCH_S;
+    out->fwd += kf * ENGINE_LAUNCH_S + ENGINE_MICROBATCH_S, out->bwd += kb * ENGINE_LAUNCH_S;
     double tf = mem_f / (bw * ENGINE_MEM_EFF), tb = mem_b / (bw * ENGINE_MEM_EFF);
     out->fwd += tf, out->bwd += tb, out->mem = tf + tb;
     out->optimizer = (double)c->param_floats * ENGINE_ADAMW_BYTES / (bw * ENGINE_ADAMW_EFF);

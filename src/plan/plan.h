@@ -224,6 +224,8 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
 typedef struct {
     double fwd, bwd;            /* seconds per micro-batch */
     double gemm, attn, mem;     /* of fwd + bwd: GEMMs, attention, memory-bound kernels (incl. quantisation) */
+    double overhead;            /* of fwd + bwd: launches x the per-launch cost + the per-micro-batch cost */
+    double launches;            /* kernel launches per micro-batch (forward + backward) */
     double optimizer;           /* AdamW over the padded parameter pool, once per step */
     double flops;               /* executed per micro-batch (GEMMs 3x forward, attention 3.5x) */
 } dw_engine_time;
