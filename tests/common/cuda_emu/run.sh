@@ -26,6 +26,9 @@ for cu in "$root"/src/kernels/cuda/ops_*.cu; do
   objs+=("$out/$name.o")
 done
 g++ -std=c++17 -O1 -g $san -Wall $inc -c "$emu/emu.cpp" -o "$out/emu.o"
+# attn_mma.cu is inline PTX: a stub makes its tensor-core path ineligible (reference kernels run)
+g++ -std=c++17 -O1 -g $san -Wall $inc -I"$root/src" -c "$emu/attn_stub.cpp" -o "$out/attn_stub.o"
+objs+=("$out/attn_stub.o")
 gcc -std=c11 -O1 -g $san -D_GNU_SOURCE $inc -c "$root/tests/common/testutil.c" -o "$out/testutil.o"
 rc=0
 for t in "$root"/tests/gpu/test_ops_cuda*.c; do
