@@ -18,14 +18,12 @@
 #include "kernels/cuda/quant.h"
 
 /* One quantised operand in slot s of the workspace: device codes, scales, tensor scale. */
-typedef struct {
-    dw_quant_dev_out out;
-} qslot;
+typedef dw_quant_dev_out qslot;
 
 static qslot slot(const dw_qlin *q, int s) {
     char *base = q->work + q->lay->quant + (int64_t)s * q->lay->quant_slot;
-    qslot o = {.out = {.codes = (uint8_t *)base, .scales = base + q->lay->quant_scales,
-                       .tensor_scale = (float *)(base + q->lay->quant_tscale)}};
+    qslot o = {.codes = (uint8_t *)base, .scales = base + q->lay->quant_scales,
+               .tensor_scale = (float *)(base + q->lay->quant_tscale)};
     return o;
 }
 
@@ -33,14 +31,14 @@ static qslot slot(const dw_qlin *q, int s) {
 static dw_status quant(const dw_qlin *q, dw_recipe r, dw_quant_in in, const void *x, int64_t rows, int64_t cols,
                        qslot *a, qslot *t) {
     dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
-    return dw_quantize_cuda(q->ctx, &o, in, x, rows, cols, &a->out, t ? &t->out : NULL,
+    return dw_quantize_cuda(q->ctx, &o, in, x, rows, cols, a, t,
                             q->work + q->lay->quant_ws, q->stream);
 }
 
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
-    dw_gemm_operand o = {.recipe = r, .trans = trans, .rows = rows, .cols = cols, .data = s->out.codes,
-                         .scales = s->out.scales, .tensor_scale = 1.0f,
-                         .tensor_scale_ptr = r == DW_RECIPE_NVFP4 ? s->out.tensor_scale : NULL};
+    dw_gemm_operand o = {.recipe = r, .trans = trans, .rows = rows, .cols = cols, .data = s->codes,
+                         .scales = s->scales, .tensor_scale = 1.0f,
+                         .tensor_scale_ptr = r == DW_RECIPE_NVFP4 ? s->tensor_scale : NULL};
     return o;
 }
 
