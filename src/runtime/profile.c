@@ -164,17 +164,15 @@ dw_status dw_prof_read_json(dw_ctx *ctx, const char *path, dw_prof_summary *s) {
     return DW_OK;
 }
 
-static void print_rows_json(FILE *f, const char *name, const dw_prof_row *rows, int n, double total) {
-    fprintf(f, "  \"%s\": [", name);
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s{\"name\": \"%s\", \"ms\": %.4f, \"share\": %.4f}", i ? ", " : "", rows[i].key, rows[i].ms,
-                total > 0 ? rows[i].ms / total : 0.0);
-    fprintf(f, "]");
-}
-
 void dw_prof_print_json_fields(FILE *f, const dw_prof_summary *s) {
-    print_rows_json(f, "per_op", s->ops, s->n_ops, s->total_ms);
-    fprintf(f, ",\n");
-    print_rows_json(f, "per_role", s->roles, s->n_roles, s->total_ms);
-    fprintf(f, "\n");
+    const char *names[2] = {"per_op", "per_role"};
+    const dw_prof_row *rows[2] = {s->ops, s->roles};
+    const int n[2] = {s->n_ops, s->n_roles};
+    for (int t = 0; t < 2; t++) { /* the same rows as profile.json, through the same serialiser */
+        json_t *a = rows_json(rows[t], n[t], s->total_ms);
+        char *text = a ? dw_json_dump(a, false) : NULL;
+        fprintf(f, "  \"%s\": %s%s\n", names[t], text ? text : "null", t ? "" : ",");
+        free(text);
+        json_decref(a);
+    }
 }
