@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/error.h"
 #include "runtime/profile.h"
+#include "train/ckpt.h"
 #include "train/model_open.h"
 
 static const char *CMD = "train";
@@ -122,15 +124,16 @@ static void on_progress(const dw_train_progress *p, void *user) {
 
 /* --profile: the table the trainer wrote to DIR/profile.json, largest rows first. */
 static int print_profile(dw_ctx *ctx, const char *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/profile.json", dir);
+    char *path = dw_path_join(dir, "profile.json"); /* where the trainer wrote it */
     dw_prof_summary s;
-    dw_status st = dw_prof_read_json(ctx, path, &s);
-    if (st != DW_OK) return cli_fail(CMD, ctx, st);
-    dw_prof_print(stdout, &s, 15);
-    printf("(all rows: %s)\n", path);
-    dw_prof_free(&s);
-    return DW_EXIT_OK;
+    dw_status st = path ? dw_prof_read_json(ctx, path, &s) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK) {
+        dw_prof_print(stdout, &s, 15);
+        printf("(all rows: %s)\n", path);
+        dw_prof_free(&s);
+    }
+    free(path);
+    return st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
 }
 
 enum { O_MODEL = 256, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR, O_MINLR,
