@@ -162,7 +162,7 @@ int dw_bench_step(int argc, char **argv) {
     }
     dw_ctx_free(hctx);
 #if !DW_HAVE_CUDA
-    (void)steps, (void)warm, (void)peak, (void)json, (void)profile;
+    (void)steps, (void)warm, (void)peak, (void)json, (void)profile, (void)safe;
     cli_error(CMD, "this build has no CUDA (configure with -DDW_CUDA=ON)");
     return DW_EXIT_FAIL;
 #else

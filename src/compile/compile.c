@@ -34,6 +34,7 @@ void dw_compiled_free(dw_compiled *c) {
     free(c->fused);
     free(c->gelu_producer);
     free(c->gelu_consumer);
+    free(c->wq);
     free(c);
 }
 
@@ -403,31 +404,73 @@ done:
     return st;
 }
 
-/* The largest codes and scales of any quantised operand (x, x^T, W, W^T, dy, dy^T). */
-static void quant_sizes(const dw_compiled *c, int64_t *codes, int64_t *scales, int64_t *ws) {
-    const dw_graph *g = c->g;
-    const int64_t N = g->batch * g->seq;
-    *codes = *scales = *ws = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const dw_ir_node *n = &g->nodes[i];
-        dw_recipe rw = c->bind[i].recipe;
-        if (n->op != DW_OP_LINEAR || !c->bf16 || !dw_compile_quant_recipe(rw)) continue;
-        const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
-        int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
-        const int64_t dims[6][2] = {{N, K}, {K, N}, {M, K}, {K, M}, {N, M}, {M, N}};
-        for (int d = 0; d < 6; d++) {
-            int64_t R = dims[d][0], C = dims[d][1];
-            dw_recipe r = d == 2 || d == 3 ? rw : dw_compile_quant_act_recipe(rw); /* W, W^T: the node's */
-            int64_t cb = R * dw_quant_row_bytes(r, C), sb = (int64_t)dw_quant_scales_bytes(r, R, C);
-            int64_t wb = (1 + R + C) * 4; /* quant.cu's amax scratch: at most fp8_row's (1 + R + C) words */
-            if (cb > *codes) *codes = cb;
-            if (sb > *scales) *scales = sb;
-            if (wb > *ws) *ws = wb;
-        }
-    }
+/* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */
+typedef struct {
+    int64_t codes, scales;
+} qsize;
+
+static void qsize_fit(qsize *s, dw_recipe r, int64_t R, int64_t C) {
+    int64_t cb = R * dw_quant_row_bytes(r, C), sb = (int64_t)dw_quant_scales_bytes(r, R, C);
+    if (cb > s->codes) s->codes = cb;
+    if (sb > s->scales) s->scales = sb;
 }
 
-static void layout_work(dw_compiled *c) {
+/* Places a slot of size s at *o (codes, scales, then the NVFP4 tensor scale); off -1 when empty. */
+static dw_qslot_layout qslot_place(qsize s, int64_t *o) {
+    dw_qslot_layout l = {.off = -1, .scales = 0, .tscale = 0, .bytes = 0};
+    if (s.codes == 0) return l;
+    l.off = *o;
+    l.scales = align_up(s.codes, 256);
+    l.tscale = l.scales + align_up(s.scales, 256);
+    l.bytes = l.tscale + 256;
+    *o += l.bytes;
+    return l;
+}
+
+static bool quantised_linear(const dw_compiled *c, int i) {
+    return c->g->nodes[i].op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(c->bind[i].recipe);
+}
+
+/* The per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch, and each quantised
+ * node's cached W and W^T. */
+static dw_status layout_quant(dw_ctx *ctx, dw_compiled *c, int64_t *o) {
+    const dw_graph *g = c->g;
+    const int64_t N = g->batch * g->seq;
+    dw_work_layout *w = &c->work;
+    qsize rows = {0, 0}, dyt = {0, 0}, xt = {0, 0};
+    int64_t ws = 0;
+    c->wq = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *c->wq);
+    if (!c->wq) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+    for (int i = 0; i < g->n_nodes; i++) {
+        c->wq[i][0].off = c->wq[i][1].off = -1;
+        if (!quantised_linear(c, i)) continue;
+        const dw_ir_node *n = &g->nodes[i];
+        const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
+        int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
+        dw_recipe rw = c->bind[i].recipe, ra = dw_compile_quant_act_recipe(rw); /* W's; x's and dy's */
+        qsize_fit(&rows, ra, N, K);
+        qsize_fit(&rows, ra, N, M);
+        qsize_fit(&dyt, ra, M, N);
+        qsize_fit(&xt, ra, K, N);
+        qsize wsz = {0, 0}, wtsz = {0, 0};
+        qsize_fit(&wsz, rw, M, K);
+        qsize_fit(&wtsz, rw, K, M);
+        c->wq[i][0] = qslot_place(wsz, o);
+        c->wq[i][1] = qslot_place(wtsz, o);
+        const int64_t dims[6][2] = {{N, K}, {K, N}, {M, K}, {K, M}, {N, M}, {M, N}};
+        for (int d = 0; d < 6; d++) { /* quant.cu's amax scratch: at most fp8_row's (1 + R + C) words */
+            int64_t b = (1 + dims[d][0] + dims[d][1]) * 4;
+            if (b > ws) ws = b;
+        }
+    }
+    w->q_rows = qslot_place(rows, o);
+    w->q_dyt = qslot_place(dyt, o);
+    w->q_xt = qslot_place(xt, o);
+    w->quant_ws = ws ? *o : -1, w->quant_ws_bytes = align_up(ws, 256), *o += w->quant_ws_bytes;
+    return DW_OK;
+}
+
+static dw_status layout_work(dw_ctx *ctx, dw_compiled *c) {
     const int64_t N = c->g->batch * c->g->seq;
     dw_work_layout *w = &c->work;
     int64_t o = 0;
@@ -444,16 +487,9 @@ static void layout_work(dw_compiled *c) {
         if (n->op == DW_OP_LINEAR && n->n_in == 3 && y->shape[y->ndim - 1] > widest) widest = y->shape[y->ndim - 1];
     }
     w->bgrad = widest ? o : -1, o = align_up(o + widest * 4, 256);
-    int64_t codes, scales, ws;
-    quant_sizes(c, &codes, &scales, &ws);
-    if (codes > 0) {
-        w->quant_scales = align_up(codes, 256);
-        w->quant_tscale = w->quant_scales + align_up(scales, 256);
-        w->quant_slot = w->quant_tscale + 256;
-        w->quant = o, o += DW_COMPILE_QUANT_SLOTS * w->quant_slot;
-        w->quant_ws = o, w->quant_ws_bytes = align_up(ws, 256), o += w->quant_ws_bytes;
-    }
+    DW_TRY(layout_quant(ctx, c, &o));
     w->bytes = o;
+    return DW_OK;
 }
 
 dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_policy *policy,
@@ -480,11 +516,11 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_
     if (st == DW_OK) st = plan_grad_modes(ctx, c);
     if (st == DW_OK) st = dw_compile_fuse(ctx, c);
     if (st == DW_OK) st = plan_arena(ctx, c);
+    if (st == DW_OK) st = layout_work(ctx, c);
     if (st != DW_OK) {
         dw_compiled_free(c);
         return st;
     }
-    layout_work(c);
     c->pool_bytes[DW_POOL_WEIGHTS] = c->param_floats * (4 + (c->bf16 ? 2 : 0));
     c->pool_bytes[DW_POOL_GRADS] = c->param_floats * 4;
     c->pool_bytes[DW_POOL_OPTIM] = c->param_floats * 8;

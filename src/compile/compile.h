@@ -70,6 +70,12 @@ bool dw_compile_quant_gemm_ok(dw_recipe r, dw_qpass pass, int64_t m, int64_t n, 
 /* The GEMM shape (m, n, k) of `pass` for a linear layer of N tokens, K inputs, M outputs. */
 void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k);
 
+/* One quantised operand's room in the workspace pool: codes at `off`, scales at off + scales, the
+ * NVFP4 tensor scale (one float) at off + tscale; `bytes` in all. off -1: no such slot. */
+typedef struct {
+    int64_t off, scales, tscale, bytes;
+} dw_qslot_layout;
+
 /* Workspace pool layout (byte offsets). */
 typedef struct {
     int64_t tokens, targets;   /* (cap N) int32 each */
@@ -80,15 +86,16 @@ typedef struct {
                                   this step, read by the kernel (so a CUDA graph replays it) */
     int64_t bgrad;             /* FP32 [widest biased linear output] (BF16 mode): the BF16 wgrad's
                                   bias-gradient epilogue writes here, then it is added to db */
-    /* quantised linear layers: DW_COMPILE_QUANT_SLOTS slots of quant_slot bytes each (codes, then
-     * scales at quant_scales within a slot, then the NVFP4 tensor scale at quant_tscale), and the
-     * quantiser's scratch (amax) at quant_ws (quant_ws_bytes); all 0 when no node is quantised */
-    int64_t quant, quant_slot, quant_scales, quant_tscale, quant_ws, quant_ws_bytes;
+    /* quantised linear layers (all off -1 when no node is quantised): the operands quantised per
+     * step, each role in its own slot sized for the largest of its operands over every quantised
+     * node; and the quantiser's scratch (amax) at quant_ws (quant_ws_bytes) */
+    dw_qslot_layout q_rows;    /* row-wise activations: fprop x [N,K]; backward dy [N,M]; then,
+                                  once dgrad has read dy, x's row-wise copy of the x^T pass */
+    dw_qslot_layout q_dyt;     /* dy^T [M,N] (in dy's pass) */
+    dw_qslot_layout q_xt;      /* x^T [K,N] */
+    int64_t quant_ws, quant_ws_bytes;
     int64_t bytes;
 } dw_work_layout;
-/* Quantised operands live at once: fprop x (slot 0), W (1); backward dy (0) and dy^T (1) in one
- * pass, W^T (2), x^T (3). Each slot fits the largest of the six for any quantised node. */
-#define DW_COMPILE_QUANT_SLOTS 4
 #define DW_COMPILE_NORM_BLOCKS 1024
 #define DW_COMPILE_ADAMW_ARGS_BYTES 64 /* sizeof(dw_cuda_adamw_args): 8 doubles */
 /* Bytes of cuBLASLt workspace the GEMM layer allocates on first use (gemm_cublaslt.c). */
@@ -125,6 +132,11 @@ struct dw_compiled {
     int64_t arena_bytes, live_peak;
 
     dw_work_layout work;
+    /* (n_nodes) a quantised linear node's weight quantised once per weight update (the engine's
+     * refresh after the optimizer step and uploads), in the workspace pool: [0] W [M,K] along K
+     * (fprop), [1] W^T [K,M] along M (dgrad), both from one quantiser pass over the FP32 master
+     * weight; off -1 for every other node */
+    dw_qslot_layout (*wq)[2];
     int64_t pool_bytes[DW_POOL_COUNT];
 };
 

@@ -154,6 +154,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     const double N = (double)(g->batch * g->seq), as = c->act_size;
     double mem_f = 0, mem_b = 0; /* bytes */
     double kf = 0, kb = 0;       /* kernel launches, forward / backward */
+    double wq_bytes = 0, wq_launches = 0; /* quantised weights' refresh after the optimizer step */
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_ir_tensor *y = &g->tensors[n->out];
@@ -163,8 +164,13 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
             int r = c->bind[i].recipe;
             bool qrec = c->bf16 && dw_compile_quant_recipe(r);
-            /* elements of the two operands each pass quantises: x, W | dy, W^T | dy^T, x^T */
-            const double opnd[DW_QPASS_COUNT] = {N * K + (double)M * K, N * M + (double)M * K, N * M + N * K};
+            /* elements each pass quantises: x | dy | dy^T, x^T (W and W^T: once per update, below) */
+            const double opnd[DW_QPASS_COUNT] = {N * K, N * M, N * M + N * K};
+            if (qrec) { /* the weight cache: FP32 W read, W and W^T codes written, after each update */
+                dw_plan_prec wp = recipe_prec(r);
+                wq_bytes += (double)M * K * (4 + 2 * dw_plan_operand_bytes(wp));
+                wq_launches += 1;
+            }
             bool wgrad_q = false;
             for (int p = 0; p < DW_QPASS_COUNT; p++) {
                 int64_t m, nn, k;
@@ -175,8 +181,8 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
                 double f = 2.0 * (double)m * (double)nn * (double)k, t = f / dw_plan_gemm_rate(in, pr, m, nn, k);
                 double qb = q ? opnd[p] * (2 + dw_plan_operand_bytes(pr)) : 0; /* read BF16, write codes */
                 out->gemm += t, out->flops += f;
-                if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb, kf += q ? 2 : 0;
-                else out->bwd += t, mem_b += qb, kb += q ? (p == DW_QPASS_DGRAD ? 2 : 1) : 0;
+                if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb, kf += q ? 1 : 0;
+                else out->bwd += t, mem_b += qb, kb += q ? 1 : 0;
                 if (p == DW_QPASS_WGRAD) wgrad_q = q;
             }
             /* bias gradient: in the BF16 wgrad's epilogue (then added to db), else a column sum of dy */
@@ -204,7 +210,8 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     out->fwd += kf * ENGINE_LAUNCH_S + ENGINE_MICROBATCH_S, out->bwd += kb * ENGINE_LAUNCH_S;
     double tf = mem_f / (bw * ENGINE_MEM_EFF), tb = mem_b / (bw * ENGINE_MEM_EFF);
     out->fwd += tf, out->bwd += tb, out->mem = tf + tb;
-    out->optimizer = (double)c->param_floats * ENGINE_ADAMW_BYTES / (bw * ENGINE_ADAMW_EFF);
+    out->optimizer = (double)c->param_floats * ENGINE_ADAMW_BYTES / (bw * ENGINE_ADAMW_EFF) +
+                     wq_bytes / (bw * ENGINE_MEM_EFF) + wq_launches * ENGINE_LAUNCH_S;
 done:
     release(&j);
     return s;

@@ -122,11 +122,10 @@ static dw_status fwd_linear(dw_engine *e, int ni) {
     if (!CE->cp->bf16)
         return dw_cuda_linear_fwd(e->ctx, act(e, n->out), act(e, n->in[0]), pval(e, n->in[1]),
                                   n->n_in == 3 ? pval(e, n->in[2]) : NULL, N, K, M, STREAM);
-    dw_recipe r = CE->cp->bind[ni].recipe;
-    if (dw_compile_quant_recipe(r)) { /* quantised; BF16 below when the shape is not eligible */
+    if (dw_compile_quant_recipe(CE->cp->bind[ni].recipe)) { /* quantised; BF16 below when not eligible */
         bool done = false;
-        DW_TRY(dw_qlin_fprop(&CE->ql, r, act(e, n->out), act(e, n->in[0]), pval(e, n->in[1]),
-                             n->n_in == 3 ? pbf16(e, n->in[2]) : NULL, N, K, M, &done));
+        DW_TRY(dw_qlin_fprop(&CE->ql, ni, act(e, n->out), act(e, n->in[0]), n->n_in == 3 ? pbf16(e, n->in[2]) : NULL,
+                             N, K, M, &done));
         if (done) return DW_OK;
     }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K,
@@ -156,9 +155,8 @@ static dw_status bwd_linear(dw_engine *e, int ni) {
         return in_grad_done(e, ni, 0);
     }
     bool dg_done = false, wg_done = false;
-    dw_recipe r = CE->cp->bind[ni].recipe;
-    if (dw_compile_quant_recipe(r)) { /* quantised; BF16 below for a GEMM whose shape is not eligible */
-        DW_TRY(dw_qlin_bwd(&CE->ql, r, dx, dw, dout, x, pval(e, n->in[1]), N, K, M, &dg_done, &wg_done));
+    if (dw_compile_quant_recipe(CE->cp->bind[ni].recipe)) { /* quantised; BF16 below for an ineligible GEMM */
+        DW_TRY(dw_qlin_bwd(&CE->ql, ni, dx, dw, dout, x, N, K, M, &dg_done, &wg_done));
         if (dg_done) DW_TRY(in_grad_done(e, ni, 0));
     }
     int gelu = dw_compile_fused_gelu_bwd(CE->cp, ni); /* x = GELU(h): dgrad writes dh = (dout W) GELU'(h) */
@@ -523,9 +521,17 @@ void dw_engine_cuda_zero_grad(dw_engine *e) {
     if (ce != cudaSuccess) DW_LOGE("cuda engine: zeroing gradients failed: %s", cudaGetErrorString(ce));
 }
 
-static dw_status refresh_bf16(dw_engine *e) {
+/* After every change of the master weights: the BF16 working copy, and the quantised linear
+ * layers' cached W and W^T (engine_cuda_quant.c). Stream-ordered; inside the optimizer's graph. */
+static dw_status refresh_weights(dw_engine *e) {
     if (!CE->wb) return DW_OK;
     DW_CUDA_CHECK(e->ctx, (cudaError_t)dw_engine_cuda_to_bf16(CE->wb, CE->w, CE->cp->param_floats, STREAM));
+    const dw_graph *g = e->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (CE->cp->wq[i][0].off < 0) continue;
+        const dw_ir_node *n = &g->nodes[i];
+        DW_TRY(dw_qlin_quantize_weight(&CE->ql, i, pval(e, n->in[1]), width(e, n->in[0]), width(e, n->out)));
+    }
     return DW_OK;
 }
 
@@ -535,7 +541,7 @@ dw_status dw_engine_cuda_upload(dw_engine *e) {
         DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(CE->w + CE->cp->param_off[i], p->data, (size_t)p->numel * sizeof(float),
                                               cudaMemcpyHostToDevice, CE->stream));
     }
-    DW_TRY(refresh_bf16(e));
+    DW_TRY(refresh_weights(e));
     DW_CUDA_CHECK(e->ctx, cudaStreamSynchronize(CE->stream)); /* host buffers may change next */
     return DW_OK;
 }
@@ -554,14 +560,15 @@ dw_status dw_engine_cuda_download(dw_engine *e, bool grads) {
     return DW_OK;
 }
 
-/* The optimizer's kernels: global gradient norm, AdamW (arguments from the workspace), BF16 copy. */
+/* The optimizer's kernels: global gradient norm, AdamW (arguments from the workspace), BF16 copy
+ * and quantised weights. */
 static dw_status launch_optimizer(dw_engine *e, const void *unused) {
     (void)unused;
     const dw_compiled *cp = CE->cp;
     DW_TRY(dw_cuda_grad_norm(e->ctx, CE->g, cp->param_floats, CE->partials, DW_COMPILE_NORM_BLOCKS, CE->norm, STREAM));
     DW_TRY(dw_cuda_adamw(e->ctx, CE->w, CE->g, CE->m, CE->v, cp->param_floats, cp->decay_floats, CE->norm,
                          CE->adamw_args, STREAM));
-    return refresh_bf16(e);
+    return refresh_weights(e);
 }
 
 dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double beta2, double eps, double wd,
@@ -662,7 +669,7 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     CE->loss = (float *)(w + cp->work.loss);
     CE->norm = (double *)(w + cp->work.norm);
     CE->partials = (double *)(w + cp->work.partials);
-    CE->ql = (dw_qlin){.ctx = ctx, .stream = sp, .work = w, .lay = &cp->work};
+    CE->ql = (dw_qlin){.ctx = ctx, .stream = sp, .work = w, .cp = cp};
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_loss, sizeof(float)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_norm, sizeof(double)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_args, sizeof *CE->host_args));

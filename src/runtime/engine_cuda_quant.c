@@ -2,7 +2,9 @@
  * Every operand is quantised from the current values (scales from the current amax; no delayed
  * scaling), all three in the node's recipe (fp8_block2d: W, W^T in 128x128 blocks, x and dy in
  * 1x128, DeepSeek-V3's recipe): fprop x and W along K; dgrad dy along M and W^T along
- * M; wgrad dy^T and x^T along the tokens (dy and dy^T in one quantiser pass). Gradients dy use the
+ * M; wgrad dy^T and x^T along the tokens (dy and dy^T in one quantiser pass). W and W^T are
+ * quantised once per weight update (dw_qlin_quantize_weight, in one pass) into the node's cache,
+ * not per GEMM: micro-batches and both passes read the same codes. Gradients dy use the
  * node's element format too (E4M3 for fp8_*, as DeepSeek-V3's block recipe). NVFP4's tensor scale
  * stays on the device (dw_gemm_operand.tensor_scale_ptr): no host sync, CUDA-graph safe.
  * Not the BF16 path, not the quantiser kernels. */
@@ -17,13 +19,12 @@
 #include "core/cuda_check.h"
 #include "kernels/cuda/quant.h"
 
-/* One quantised operand in slot s of the workspace: device codes, scales, tensor scale. */
+/* One quantised operand in a slot of the workspace: device codes, scales, tensor scale. */
 typedef dw_quant_dev_out qslot;
 
-static qslot slot(const dw_qlin *q, int s) {
-    char *base = q->work + q->lay->quant + (int64_t)s * q->lay->quant_slot;
-    qslot o = {.codes = (uint8_t *)base, .scales = base + q->lay->quant_scales,
-               .tensor_scale = (float *)(base + q->lay->quant_tscale)};
+static qslot slot(const dw_qlin *q, const dw_qslot_layout *l) {
+    char *base = q->work + l->off;
+    qslot o = {.codes = (uint8_t *)base, .scales = base + l->scales, .tensor_scale = (float *)(base + l->tscale)};
     return o;
 }
 
@@ -31,8 +32,7 @@ static qslot slot(const dw_qlin *q, int s) {
 static dw_status quant(const dw_qlin *q, dw_recipe r, dw_quant_in in, const void *x, int64_t rows, int64_t cols,
                        qslot *a, qslot *t) {
     dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
-    return dw_quantize_cuda(q->ctx, &o, in, x, rows, cols, a, t,
-                            q->work + q->lay->quant_ws, q->stream);
+    return dw_quantize_cuda(q->ctx, &o, in, x, rows, cols, a, t, q->work + q->cp->work.quant_ws, q->stream);
 }
 
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
@@ -52,13 +52,20 @@ static bool ok(dw_recipe r, dw_qpass p, int64_t N, int64_t K, int64_t M) {
     return dw_compile_quant_gemm_ok(r, p, m, n, k, &why);
 }
 
-dw_status dw_qlin_fprop(const dw_qlin *q, dw_recipe r, void *y, const void *x, const float *w, const void *bias,
-                        int64_t N, int64_t K, int64_t M, bool *done) {
+dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, int64_t K, int64_t M) {
+    const dw_qslot_layout *l = q->cp->wq[node];
+    if (l[0].off < 0) return DW_OK;
+    qslot ws = slot(q, &l[0]), wt = slot(q, &l[1]);
+    return quant(q, q->cp->bind[node].recipe, DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
+}
+
+dw_status dw_qlin_fprop(const dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
+                        int64_t M, bool *done) {
     *done = false;
+    const dw_recipe r = q->cp->bind[node].recipe;
     if (!ok(r, DW_QPASS_FPROP, N, K, M)) return DW_OK;
-    qslot xs = slot(q, 0), ws = slot(q, 1);
+    qslot xs = slot(q, &q->cp->work.q_rows), ws = slot(q, &q->cp->wq[node][0]);
     DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &xs, NULL));
-    DW_TRY(quant(q, r, DW_QUANT_IN_F32, w, M, K, &ws, NULL));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(act(r), &xs, N, K, false),
                       .b = op(r, &ws, M, K, true), .alpha = 1.0f, .d = y, .out_type = DW_GEMM_OUT_BF16};
     if (bias) {
@@ -70,27 +77,26 @@ dw_status dw_qlin_fprop(const dw_qlin *q, dw_recipe r, void *y, const void *x, c
     return DW_OK;
 }
 
-dw_status dw_qlin_bwd(const dw_qlin *q, dw_recipe r, void *dx, float *dw, const void *dy, const void *x,
-                      const float *w, int64_t N, int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
+dw_status dw_qlin_bwd(const dw_qlin *q, int node, void *dx, float *dw, const void *dy, const void *x, int64_t N,
+                      int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
     *dgrad_done = *wgrad_done = false;
+    const dw_recipe r = q->cp->bind[node].recipe;
     bool dg = dx && ok(r, DW_QPASS_DGRAD, N, K, M), wg = ok(r, DW_QPASS_WGRAD, N, K, M);
     if (!dg && !wg) return DW_OK;
-    /* slots: dy 0, dy^T 1; dgrad: W^T 2 (W's row-wise copy 3, unused); wgrad after it (stream order):
-     * x^T 3 (x's row-wise copy 2, unused) */
-    qslot dys = slot(q, 0), dyt = slot(q, 1), s2 = slot(q, 2), s3 = slot(q, 3);
-    DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, dy, N, M, &dys, wg ? &dyt : NULL)); /* along M; dy^T along N */
+    const dw_work_layout *l = &q->cp->work;
+    qslot rows = slot(q, &l->q_rows), dyt = slot(q, &l->q_dyt), xt = slot(q, &l->q_xt);
+    DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, dy, N, M, &rows, wg ? &dyt : NULL)); /* along M; dy^T along N */
     if (dg) {
-        DW_TRY(quant(q, r, DW_QUANT_IN_F32, w, M, K, &s3, &s2)); /* W^T [K,M] along M */
-        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(act(r), &dys, N, M, false),
-                          .b = op(r, &s2, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
+        qslot wt = slot(q, &q->cp->wq[node][1]); /* W^T [K,M] along M, from the last weight refresh */
+        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(act(r), &rows, N, M, false),
+                          .b = op(r, &wt, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         DW_TRY(dw_gemm(q->ctx, &a));
         *dgrad_done = true;
     }
-    if (wg) {
-        s2 = slot(q, 2), s3 = slot(q, 3);
-        DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &s2, &s3)); /* x^T [K,N] along N */
+    if (wg) { /* x^T [K,N] along N; x's row-wise copy goes where dy was (dgrad has read it, stream order) */
+        DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &rows, &xt));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(act(r), &dyt, M, N, false),
-                          .b = op(act(r), &s3, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
+                          .b = op(act(r), &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
                           .out_type = DW_GEMM_OUT_F32};
         DW_TRY(dw_gemm(q->ctx, &a));
         *wgrad_done = true;
@@ -100,17 +106,24 @@ dw_status dw_qlin_bwd(const dw_qlin *q, dw_recipe r, void *dx, float *dw, const 
 
 #else /* !DW_HAVE_CUDA: the engine itself refuses to be created */
 
-dw_status dw_qlin_fprop(const dw_qlin *q, dw_recipe r, void *y, const void *x, const float *w, const void *bias,
-                        int64_t N, int64_t K, int64_t M, bool *done) {
-    (void)r, (void)y, (void)x, (void)w, (void)bias, (void)N, (void)K, (void)M;
-    *done = false;
+static dw_status no_cuda(const dw_qlin *q) {
     return dw_set_error(q->ctx, DW_ERR_UNSUPPORTED, "quantised linear: this build has no CUDA");
 }
-dw_status dw_qlin_bwd(const dw_qlin *q, dw_recipe r, void *dx, float *dw, const void *dy, const void *x,
-                      const float *w, int64_t N, int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
-    (void)r, (void)dx, (void)dw, (void)dy, (void)x, (void)w, (void)N, (void)K, (void)M;
+dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, int64_t K, int64_t M) {
+    (void)node, (void)w, (void)K, (void)M;
+    return no_cuda(q);
+}
+dw_status dw_qlin_fprop(const dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
+                        int64_t M, bool *done) {
+    (void)node, (void)y, (void)x, (void)bias, (void)N, (void)K, (void)M;
+    *done = false;
+    return no_cuda(q);
+}
+dw_status dw_qlin_bwd(const dw_qlin *q, int node, void *dx, float *dw, const void *dy, const void *x, int64_t N,
+                      int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
+    (void)node, (void)dx, (void)dw, (void)dy, (void)x, (void)N, (void)K, (void)M;
     *dgrad_done = *wgrad_done = false;
-    return dw_set_error(q->ctx, DW_ERR_UNSUPPORTED, "quantised linear: this build has no CUDA");
+    return no_cuda(q);
 }
 
 #endif /* DW_HAVE_CUDA */

@@ -371,12 +371,14 @@ static void test_accumulate(void **state) {
     if (bad) fail_msg("accumulated gradients: %d tensors beyond 2e-5", bad);
 }
 
-/* Resume: weights and AdamW moments copied into a fresh engine continue bit-identically. */
-static void test_resume(void **state) {
-    (void)state;
+/* Resume: weights and AdamW moments copied into a fresh engine continue bit-identically — in BF16
+ * and in quantised recipes, whose engines read W and W^T from a cache refreshed after each
+ * update: a cache left stale by the optimizer step (engine a) or filled by the upload (engine b)
+ * would make the two second steps differ. */
+static void resume_one(const char *precision) {
     dw_model_config c = preset("gpt2-tiny");
     const int64_t B = 2, T = 24, N = B * T;
-    dw_engine *a = make_gpu(&c, B, T, "bf16"), *b = make_gpu(&c, B, T, "bf16");
+    dw_engine *a = make_gpu(&c, B, T, precision), *b = make_gpu(&c, B, T, precision);
     assert_int_equal(dw_engine_init_weights(a, dw_test_next(&g_rng)), DW_OK);
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
     double loss, gn;
@@ -410,12 +412,21 @@ static void test_resume(void **state) {
         dw_param *pa = dw_engine_param(a, i), *pb = dw_engine_param(b, i);
         diff += memcmp(pa->data, pb->data, (size_t)pa->numel * 4) != 0;
     }
-    printf("  resume: loss %.9g vs %.9g, grad norm %.12g vs %.12g, %lld tensors differ (want 0)\n", la, lb, ga, gb,
+    printf("  resume %s: loss %.9g vs %.9g, grad norm %.12g vs %.12g, %lld tensors differ (want 0)\n", precision, la, lb, ga, gb,
            (long long)diff);
     free(x), free(y);
     dw_engine_free(a);
     dw_engine_free(b);
-    if (diff || la != lb || ga != gb) fail_msg("resumed engine diverged");
+    if (diff || la != lb || ga != gb) fail_msg("%s: resumed engine diverged", precision);
+}
+
+static void test_resume(void **state) {
+    (void)state;
+    /* mxfp8, fp8_row: every GEMM of gpt2-tiny quantised (fp8_block would fall back to BF16 here) */
+    const char *prec[] = {"bf16", "mxfp8", "fp8_row"};
+    for (int i = 0; i < 3; i++) resume_one(prec[i]);
+    dw_model_config c = preset("gpt2-tiny");
+    double gn;
     /* the CPU engine has no device optimizer */
     dw_engine *cpu = make_cpu(&c, 1, 8);
     assert_int_equal(dw_engine_adamw_step(cpu, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 1, &gn), DW_ERR_UNSUPPORTED);

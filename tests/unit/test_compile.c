@@ -193,18 +193,81 @@ static void check(const dw_graph *g, const dw_compiled *c) {
     dw_free_string(text);
 }
 
+/* A slot holds (recipe, R, C): codes before the scales, scales before the tensor scale, inside. */
+static void slot_fits(const dw_qslot_layout *l, dw_recipe r, int64_t R, int64_t C, const char *what) {
+    if (l->off < 0) fail_msg("%s: no slot", what);
+    int64_t codes = R * dw_quant_row_bytes(r, C), scales = (int64_t)dw_quant_scales_bytes(r, R, C);
+    if (l->off % 256 || l->scales < codes || l->scales % 256 || l->tscale < l->scales + scales ||
+        l->tscale % 4 || l->bytes < l->tscale + 4)
+        fail_msg("%s [%lld, %lld] in %s does not fit its slot (codes %lld, scales at %lld, tscale at %lld, %lld bytes)",
+                 what, (long long)R, (long long)C, dw_recipe_name(r), (long long)codes, (long long)l->scales,
+                 (long long)l->tscale, (long long)l->bytes);
+}
+
+/* The quantised layers' workspace: every operand the engine quantises fits its slot (fprop x, W;
+ * backward dy, dy^T, W^T, x^T and x's row-wise copy), each quantised node has its own W and W^T
+ * cache, other nodes none, and no two regions of the workspace overlap. */
+static void check_quant_layout(const dw_graph *g, const dw_compiled *c) {
+    const dw_work_layout *w = &c->work;
+    const int64_t N = g->batch * g->seq;
+    int64_t lo[512], hi[512];
+    int nr = 0;
+#define REGION(o, b) (assert_true(nr < 512), lo[nr] = (o), hi[nr] = (o) + (b), nr++)
+    REGION(w->tokens, N * 4), REGION(w->targets, N * 4), REGION(w->loss, 4), REGION(w->norm, 8);
+    REGION(w->partials, DW_COMPILE_NORM_BLOCKS * 8), REGION(w->adamw_args, DW_COMPILE_ADAMW_ARGS_BYTES);
+    bool any = false;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        bool q = n->op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(c->bind[i].recipe);
+        if (!q) {
+            assert_true(c->wq[i][0].off < 0 && c->wq[i][1].off < 0);
+            continue;
+        }
+        any = true;
+        const dw_ir_tensor *xt = &g->tensors[n->in[0]], *yt = &g->tensors[n->out];
+        int64_t K = xt->shape[xt->ndim - 1], M = yt->shape[yt->ndim - 1];
+        dw_recipe r = c->bind[i].recipe, ra = dw_compile_quant_act_recipe(r);
+        slot_fits(&w->q_rows, ra, N, K, "x");
+        slot_fits(&w->q_rows, ra, N, M, "dy");
+        slot_fits(&w->q_dyt, ra, M, N, "dy^T");
+        slot_fits(&w->q_xt, ra, K, N, "x^T");
+        slot_fits(&c->wq[i][0], r, M, K, "W");
+        slot_fits(&c->wq[i][1], r, K, M, "W^T");
+        REGION(c->wq[i][0].off, c->wq[i][0].bytes), REGION(c->wq[i][1].off, c->wq[i][1].bytes);
+        assert_true(w->quant_ws >= 0 && w->quant_ws_bytes >= (1 + N + K) * 4 && w->quant_ws_bytes >= (1 + N + M) * 4);
+    }
+    if (any) {
+        REGION(w->q_rows.off, w->q_rows.bytes), REGION(w->q_dyt.off, w->q_dyt.bytes);
+        REGION(w->q_xt.off, w->q_xt.bytes), REGION(w->quant_ws, w->quant_ws_bytes);
+    } else {
+        assert_true(w->q_rows.off < 0 && w->q_dyt.off < 0 && w->q_xt.off < 0 && w->quant_ws < 0);
+    }
+#undef REGION
+    for (int a = 0; a < nr; a++) {
+        assert_true(lo[a] >= 0 && hi[a] <= w->bytes);
+        for (int b = a + 1; b < nr; b++)
+            if (lo[a] < hi[b] && lo[b] < hi[a]) fail_msg("workspace regions %d and %d overlap", a, b);
+    }
+    assert_int_equal(c->pool_bytes[DW_POOL_WORK], w->bytes);
+}
+
 static void test_random_graphs(void **state) {
     (void)state;
     const char *presets[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
+    /* FP32, BF16 and every quantised recipe (with and without the safe fallbacks) */
+    const char *prec[] = {"bf16", "fp8_tensor", "fp8_row", "fp8_block", "fp8_block2d", "mxfp8", "mxfp8_e5m2",
+                          "mxfp4", "nvfp4"};
     for (int trial = 0; trial < 24; trial++) {
         dw_graph *g = random_graph(presets[trial % 3]);
         dw_policy *p = NULL;
-        if (trial % 2) assert_int_equal(dw_policy_from_precision(g_ctx, "bf16", false, &p), DW_OK);
+        if (trial % 2)
+            assert_int_equal(dw_policy_from_precision(g_ctx, prec[rnd(0, 8)], rnd(0, 1), &p), DW_OK);
         dw_compiled *c = NULL;
         assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
         assert_int_equal(c->bf16, p != NULL);
         assert_null(c->unsupported);
         check(g, c);
+        check_quant_layout(g, c);
         dw_compiled_free(c);
         dw_policy_free(p);
         dw_graph_free(g);
@@ -302,11 +365,11 @@ static void test_policy_binding(void **state) {
     /* gpt2-tiny's widths are not multiples of 128: cuBLASLt block scaling refuses, BF16 fallback noted */
     assert_non_null(c->bind[mid].note);
     assert_non_null(strstr(c->bind[mid].note, "BF16 FALLBACK"));
-    assert_true(c->work.quant_slot > 0 && c->work.bytes >= c->work.quant + DW_COMPILE_QUANT_SLOTS * c->work.quant_slot);
+    assert_true(c->work.q_rows.off >= 0 && c->wq[mid][0].off >= 0);
+    check_quant_layout(g, c);
     check(g, c);
     dw_compiled_free(c);
-    /* fp8_block2d: W in 128x128 blocks, x and dy in 1x128 (fp8_block); the workspace slots hold the
-     * larger 1x128 scales of x [N, K] and dy [N, M] */
+    /* fp8_block2d: W in 128x128 blocks, x and dy in 1x128 (fp8_block): each slot fits its own */
     dw_policy *p2 = NULL;
     assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block2d", true, &p2), DW_OK);
     assert_int_equal(dw_compile(g_ctx, g, NULL, p2, &c), DW_OK);
@@ -315,15 +378,7 @@ static void test_policy_binding(void **state) {
     assert_int_equal(c->bind[mid].recipe, DW_RECIPE_FP8_BLOCK2D);
     assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_FP8_BLOCK2D), DW_RECIPE_FP8_BLOCK);
     assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_MXFP8), DW_RECIPE_MXFP8);
-    {
-        const dw_ir_node *nm = &g->nodes[mid];
-        const dw_ir_tensor *xt = &g->tensors[nm->in[0]], *yt = &g->tensors[nm->out];
-        int64_t N = g->batch * g->seq, K = xt->shape[xt->ndim - 1], M = yt->shape[yt->ndim - 1];
-        int64_t room = c->work.quant_tscale - c->work.quant_scales;
-        assert_true(room >= (int64_t)dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK, N, K));
-        assert_true(room >= (int64_t)dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK, N, M));
-        assert_true(room >= (int64_t)dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK2D, M, K));
-    }
+    check_quant_layout(g, c);
     check(g, c);
     dw_compiled_free(c);
     dw_policy_free(p2);
