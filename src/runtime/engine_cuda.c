@@ -258,6 +258,7 @@ static dw_status bwd_attention(dw_engine *e, int ni) {
 #define G(i) pgrad(e, n->in[i]) /* input i's FP32 gradient (a parameter) */
 static dw_status fwd_node(dw_engine *e, int ni, bool train, double dloss) {
     const dw_ir_node *n = &e->g->nodes[ni];
+    if (ni == 0) dw_qlin_reset(&CE->ql); /* a forward sweep starts: the quantisation slots hold nothing */
     dw_ctx *ctx = e->ctx;
     const dw_act_dtype dt = CE->dt;
     const int64_t N = CE->b * CE->t, C = width(e, n->out);
@@ -290,6 +291,7 @@ static dw_status fwd_node(dw_engine *e, int ni, bool train, double dloss) {
 
 /* ---- every op, backward -------------------------------------------------------------------- */
 static dw_status bwd_node(dw_engine *e, int ni) {
+    if (ni == e->g->n_nodes - 1) dw_qlin_reset(&CE->ql); /* a backward sweep starts */
     const dw_ir_node *n = &e->g->nodes[ni];
     dw_ctx *ctx = e->ctx;
     const dw_act_dtype dt = CE->dt;
@@ -669,7 +671,9 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     CE->loss = (float *)(w + cp->work.loss);
     CE->norm = (double *)(w + cp->work.norm);
     CE->partials = (double *)(w + cp->work.partials);
-    CE->ql = (dw_qlin){.ctx = ctx, .stream = sp, .work = w, .cp = cp};
+    const char *reuse = getenv("DW_QUANT_REUSE"); /* "0": quantise x at every use (tests compare) */
+    CE->ql = (dw_qlin){.ctx = ctx, .stream = sp, .work = w, .cp = cp, .rows_tensor = -1, .xt_tensor = -1,
+                       .reuse = !(reuse && !strcmp(reuse, "0"))};
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_loss, sizeof(float)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_norm, sizeof(double)));
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_args, sizeof *CE->host_args));

@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "runtime/engine_cuda_quant.h"
 
+void dw_qlin_reset(dw_qlin *q) { q->rows_tensor = q->xt_tensor = -1; }
+
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -59,13 +61,20 @@ dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, in
     return quant(q, q->cp->bind[node].recipe, DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
 }
 
-dw_status dw_qlin_fprop(const dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
+/* The graph tensor a linear node reads as x. */
+static int x_tensor(const dw_qlin *q, int node) { return q->cp->g->nodes[node].in[0]; }
+
+dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
                         int64_t M, bool *done) {
     *done = false;
     const dw_recipe r = q->cp->bind[node].recipe;
     if (!ok(r, DW_QPASS_FPROP, N, K, M)) return DW_OK;
     qslot xs = slot(q, &q->cp->work.q_rows), ws = slot(q, &q->cp->wq[node][0]);
-    DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &xs, NULL));
+    const int xt = x_tensor(q, node);
+    if (!q->reuse || q->rows_tensor != xt || q->rows_recipe != act(r)) { /* else a sibling quantised this x already */
+        DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &xs, NULL));
+        q->rows_tensor = xt, q->rows_recipe = act(r);
+    }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(act(r), &xs, N, K, false),
                       .b = op(r, &ws, M, K, true), .alpha = 1.0f, .d = y, .out_type = DW_GEMM_OUT_BF16};
     if (bias) {
@@ -77,7 +86,7 @@ dw_status dw_qlin_fprop(const dw_qlin *q, int node, void *y, const void *x, cons
     return DW_OK;
 }
 
-dw_status dw_qlin_bwd(const dw_qlin *q, int node, void *dx, float *dw, const void *dy, const void *x, int64_t N,
+dw_status dw_qlin_bwd(dw_qlin *q, int node, void *dx, float *dw, const void *dy, const void *x, int64_t N,
                       int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
     *dgrad_done = *wgrad_done = false;
     const dw_recipe r = q->cp->bind[node].recipe;
@@ -86,6 +95,7 @@ dw_status dw_qlin_bwd(const dw_qlin *q, int node, void *dx, float *dw, const voi
     const dw_work_layout *l = &q->cp->work;
     qslot rows = slot(q, &l->q_rows), dyt = slot(q, &l->q_dyt), xt = slot(q, &l->q_xt);
     DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, dy, N, M, &rows, wg ? &dyt : NULL)); /* along M; dy^T along N */
+    q->rows_tensor = -1;
     if (dg) {
         qslot wt = slot(q, &q->cp->wq[node][1]); /* W^T [K,M] along M, from the last weight refresh */
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(act(r), &rows, N, M, false),
@@ -94,7 +104,11 @@ dw_status dw_qlin_bwd(const dw_qlin *q, int node, void *dx, float *dw, const voi
         *dgrad_done = true;
     }
     if (wg) { /* x^T [K,N] along N; x's row-wise copy goes where dy was (dgrad has read it, stream order) */
-        DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &rows, &xt));
+        const int xi = x_tensor(q, node);
+        if (!q->reuse || q->xt_tensor != xi || q->xt_recipe != act(r)) { /* else a sibling's backward left it there */
+            DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &rows, &xt));
+            q->rows_tensor = q->xt_tensor = xi, q->rows_recipe = q->xt_recipe = act(r);
+        }
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(act(r), &dyt, M, N, false),
                           .b = op(act(r), &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
                           .out_type = DW_GEMM_OUT_F32};
@@ -113,13 +127,13 @@ dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, in
     (void)node, (void)w, (void)K, (void)M;
     return no_cuda(q);
 }
-dw_status dw_qlin_fprop(const dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
+dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
                         int64_t M, bool *done) {
     (void)node, (void)y, (void)x, (void)bias, (void)N, (void)K, (void)M;
     *done = false;
     return no_cuda(q);
 }
-dw_status dw_qlin_bwd(const dw_qlin *q, int node, void *dx, float *dw, const void *dy, const void *x, int64_t N,
+dw_status dw_qlin_bwd(dw_qlin *q, int node, void *dx, float *dw, const void *dy, const void *x, int64_t N,
                       int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
     (void)node, (void)dx, (void)dw, (void)dy, (void)x, (void)N, (void)K, (void)M;
     *dgrad_done = *wgrad_done = false;

@@ -433,6 +433,47 @@ static void test_resume(void **state) {
     dw_engine_free(cpu);
 }
 
+/* Linear nodes reading the same x (llama's q/k/v and gate/up) quantise it once per sweep: the
+ * step must be bit-identical to one that quantises x at every use (DW_QUANT_REUSE=0), for the
+ * loss, every gradient and the updated weights, over two steps (eager, then captured). */
+static void test_quant_reuse(void **state) {
+    (void)state;
+    dw_model_config c = preset("llama-tiny");
+    const int64_t B = 2, T = 32, N = B * T;
+    const uint64_t seed = dw_test_next(&g_rng);
+    dw_engine *e[2];
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("DW_QUANT_REUSE", "0", 1);
+        e[k] = make_gpu(&c, B, T, "mxfp8"); /* any shape runs quantised */
+        unsetenv("DW_QUANT_REUSE");
+        assert_int_equal(dw_engine_init_weights(e[k], seed), DW_OK);
+    }
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    for (int step = 1; step <= 2; step++) {
+        batch(x, y, N, c.vocab_size);
+        double loss[2], gn[2];
+        for (int k = 0; k < 2; k++) {
+            dw_engine_zero_grad(e[k]);
+            if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        }
+        int64_t gdiff = 0;
+        assert_int_equal(dw_engine_sync_to_host(e[0], true), DW_OK);
+        assert_int_equal(dw_engine_sync_to_host(e[1], true), DW_OK);
+        for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
+            dw_param *p0 = dw_engine_param(e[0], i), *p1 = dw_engine_param(e[1], i);
+            gdiff += memcmp(p0->grad, p1->grad, (size_t)p0->numel * 4) != 0;
+        }
+        for (int k = 0; k < 2; k++)
+            assert_int_equal(dw_engine_adamw_step(e[k], 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, step, &gn[k]), DW_OK);
+        printf("  quant reuse step %d: loss %.9g vs %.9g (every use), %lld gradient tensors differ (want 0)\n", step,
+               loss[0], loss[1], (long long)gdiff);
+        if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) fail_msg("reusing quantised x changed step %d", step);
+    }
+    free(x), free(y);
+    dw_engine_free(e[0]);
+    dw_engine_free(e[1]);
+}
+
 /* GPT-2 124M (vocabulary padded to 50304 as llm.c does) in BF16 at B=8, T=1024: one fixed batch,
  * 12 AdamW steps; the loss must fall by more than 1 nat (memorising the batch). Prints the step
  * time of steps 3..12 (CUDA graph replay + AdamW, one host sync each) for bench/RESULTS.md; the
@@ -522,6 +563,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_fp32), cmocka_unit_test(test_parity_bf16), cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_train_steps), cmocka_unit_test(test_accumulate), cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_quant_reuse),
         cmocka_unit_test(test_memory), cmocka_unit_test(test_gpt2_124m_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
