@@ -155,6 +155,8 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     double mem_f = 0, mem_b = 0; /* bytes */
     double kf = 0, kb = 0;       /* kernel launches, forward / backward */
     double wq_bytes = 0, wq_launches = 0; /* quantised weights' refresh after the optimizer step */
+    int prev_x = -1;                      /* x tensor of the last quantised linear node, its recipe */
+    dw_recipe prev_ra = DW_RECIPE_BF16;
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_ir_tensor *y = &g->tensors[n->out];
@@ -164,8 +166,13 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
             int r = c->bind[i].recipe;
             bool qrec = c->bf16 && dw_compile_quant_recipe(r);
-            /* elements each pass quantises: x | dy | dy^T, x^T (W and W^T: once per update, below) */
-            const double opnd[DW_QPASS_COUNT] = {N * K, N * M, N * M + N * K};
+            /* elements each pass quantises: x | dy | dy^T, x^T (W and W^T: once per update, below);
+             * a node reading the same x as the previous quantised one (q/k/v, gate/up) reuses its
+             * x and x^T codes, as the engine does (engine_cuda_quant.c) */
+            const bool same_x = qrec && n->in[0] == prev_x && dw_compile_quant_act_recipe(r) == prev_ra;
+            if (qrec) prev_x = n->in[0], prev_ra = dw_compile_quant_act_recipe(r);
+            const double xq = same_x ? 0 : N * K;
+            const double opnd[DW_QPASS_COUNT] = {xq, N * M, N * M + xq};
             if (qrec) { /* the weight cache: FP32 W read, W and W^T codes written, after each update */
                 dw_plan_prec wp = recipe_prec(r);
                 wq_bytes += (double)M * K * (4 + 2 * dw_plan_operand_bytes(wp));
@@ -181,8 +188,8 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
                 double f = 2.0 * (double)m * (double)nn * (double)k, t = f / dw_plan_gemm_rate(in, pr, m, nn, k);
                 double qb = q ? opnd[p] * (2 + dw_plan_operand_bytes(pr)) : 0; /* read BF16, write codes */
                 out->gemm += t, out->flops += f;
-                if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb, kf += q ? 1 : 0;
-                else out->bwd += t, mem_b += qb, kb += q ? 1 : 0;
+                if (p == DW_QPASS_FPROP) out->fwd += t, mem_f += qb, kf += q && !same_x ? 1 : 0;
+                else out->bwd += t, mem_b += qb, kb += q && !(p == DW_QPASS_WGRAD && same_x) ? 1 : 0;
                 if (p == DW_QPASS_WGRAD) wgrad_q = q;
             }
             /* bias gradient: in the BF16 wgrad's epilogue (then added to db), else a column sum of dy */

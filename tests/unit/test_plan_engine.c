@@ -138,6 +138,47 @@ static void test_not_runnable_reasons(void **state) {
  * GEMM curve) against hand counts from the architecture: per block ln_1, c_attn (d -> 3d),
  * attention, c_proj, add, ln_2, c_fc (d -> f), GELU, c_proj (f -> d), add, all linears biased;
  * around them embedding, position, ln_f, the tied LM head (d -> V) and cross-entropy. */
+/* Quantised nodes against BF16 on the same job (llama-tiny with 5 blocks: the safe fallback keeps
+ * the first and last block and the LM head in BF16, so 3 blocks run mxfp8): the extra memory
+ * time is exactly the activations' quantisation, 3 bytes per element (read BF16, write FP8),
+ * with q/k/v and gate/up quantising their shared x once (and x^T once); the extra launches are one
+ * per distinct x forward, one per dgrad (dy) and one per distinct x backward; the optimizer adds
+ * each quantised weight's cache refresh, 6 bytes per weight (FP32 read, W and W^T written) and one
+ * launch per node. */
+static void test_engine_time_quantised(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = one_gpu(ctx);
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x78);
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, "llama-tiny", &cfg), DW_OK);
+    cfg.n_layers = 5;
+    const double B = (double)(1 + dw_test_next(&rng) % 4), T = (double)(16 << (dw_test_next(&rng) % 4));
+    dw_engine_time et[2];
+    for (int k = 0; k < 2; k++) {
+        dw_job j = {.seq = (int64_t)T, .global_batch = (int64_t)B, .prec = k ? DW_PREC_MXFP8 : DW_PREC_BF16};
+        dw_plan_in in;
+        assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+        assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, &et[k]), DW_OK);
+    }
+    const double d = (double)cfg.d_model, f = (double)cfg.d_ff, q = (double)(cfg.n_heads * cfg.head_dim);
+    const double kv = (double)(cfg.n_kv_heads * cfg.head_dim), N = B * T, Lq = cfg.n_layers - 2;
+    const double bw = hw->gpus[0].hbm_gbps * 1e9;
+    const double x_el = N * (d + q + d + f);                       /* distinct x: attn in, o in, mlp in, down in */
+    const double dy_el = N * (q + 2 * kv + d + 2 * f + d);         /* q, k, v, o, gate, up, down outputs */
+    const double qbytes = Lq * 3 * (x_el + dy_el + dy_el + x_el);  /* fprop x; dgrad dy; wgrad dy^T and x^T */
+    const double wel = q * d + 2 * kv * d + d * q + 2 * f * d + d * f;
+    const double opt = Lq * (wel * 6 / (bw * 0.40) + 7 * 6e-6);
+    print_message("llama-tiny x5 B %.0f T %.0f mxfp8 vs bf16: memory +%.4g s (hand %.4g), launches +%.0f (hand %.0f), "
+                  "optimizer +%.4g s (hand %.4g)\n", B, T, et[1].mem - et[0].mem, qbytes / (bw * 0.40),
+                  et[1].launches - et[0].launches, Lq * 15, et[1].optimizer - et[0].optimizer, opt);
+    assert_true(fabs((et[1].mem - et[0].mem) / (qbytes / (bw * 0.40)) - 1) < 1e-9);
+    assert_true(et[1].launches - et[0].launches == Lq * (4 + 7 + 4));
+    assert_true(fabs((et[1].optimizer - et[0].optimizer) / opt - 1) < 1e-9);
+    dw_hw_free(hw);
+}
+
 static void test_engine_time_hand_count(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
@@ -241,6 +282,7 @@ int main(void) {
         cmocka_unit_test(test_memory_equals_compiled_pools),
         cmocka_unit_test(test_not_runnable_reasons),
         cmocka_unit_test(test_engine_time_hand_count),
+        cmocka_unit_test(test_engine_time_quantised),
         cmocka_unit_test(test_search_plans_for_the_engine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
