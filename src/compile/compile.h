@@ -155,6 +155,13 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c);
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear);
 int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
 
+/* Whether linear node i's dgrad adds dx into its input's gradient inside the BF16 GEMM (beta = 1,
+ * C = D = the gradient) instead of writing an ACC temporary that a separate kernel adds: BF16
+ * mode, the input's gradient is accumulated (a later reader wrote it first: llama's k/v after q,
+ * up after gate), and the dgrad runs the BF16 GEMM (not quantised, no fused GELU). The arena then
+ * has no ACC0 temporary for the node. */
+bool dw_compile_dgrad_accumulates(const dw_compiled *c, int i);
+
 /* Step numbers of node i. */
 static inline int dw_compile_fwd_step(const dw_compiled *c, int node) { (void)c; return node; }
 static inline int dw_compile_bwd_step(const dw_compiled *c, int node) { return c->n_steps - 1 - node; }

@@ -87,16 +87,21 @@ static int64_t width(const dw_engine *e, int tensor) {
 }
 
 /* Where node ni's backward writes the gradient of input `slot` (NULL: none needed). */
+/* (A linear's dgrad that accumulates in its GEMM gets the gradient itself: beta = 1.) */
+static bool gemm_accumulates(dw_engine *e, int ni, int slot) {
+    return slot == 0 && dw_compile_dgrad_accumulates(CE->cp, ni);
+}
 static void *in_grad(dw_engine *e, int ni, int slot) {
     switch (CE->cp->grad_mode[ni][slot]) {
     case DW_GRAD_WRITE: return dact(e, e->g->nodes[ni].in[slot]);
-    case DW_GRAD_ACCUM: return tmp(e, ni, DW_TMP_ACC0 + slot);
+    case DW_GRAD_ACCUM:
+        return gemm_accumulates(e, ni, slot) ? dact(e, e->g->nodes[ni].in[slot]) : tmp(e, ni, DW_TMP_ACC0 + slot);
     default: return NULL;
     }
 }
 /* Adds a gradient written to scratch into the tensor's gradient. */
 static dw_status in_grad_done(dw_engine *e, int ni, int slot) {
-    if (CE->cp->grad_mode[ni][slot] != DW_GRAD_ACCUM) return DW_OK;
+    if (CE->cp->grad_mode[ni][slot] != DW_GRAD_ACCUM || gemm_accumulates(e, ni, slot)) return DW_OK;
     int t = e->g->nodes[ni].in[slot];
     void *g = dact(e, t);
     return dw_cuda_add_fwd(e->ctx, CE->dt, g, g, tmp(e, ni, DW_TMP_ACC0 + slot),
@@ -168,6 +173,9 @@ static dw_status bwd_linear(dw_engine *e, int ni) {
         if (gelu >= 0) {
             a.epilogue = DW_EPI_DGELU;
             a.aux = act(e, e->g->nodes[gelu].in[0]);
+        } else if (gemm_accumulates(e, ni, 0)) { /* dx += dout W, into the gradient a sibling wrote */
+            a.beta = 1.0f;
+            a.c = dx;
         }
         DW_TRY(dw_gemm(e->ctx, &a));
         DW_TRY(in_grad_done(e, gelu >= 0 ? gelu : ni, 0));
