@@ -8,7 +8,8 @@
  * passes no row_loss) */
 #define DW_XENT_WS_HEAD 16
 
-/* (m, s) pairs of a running log-sum-exp: value = m + log(s). -inf m means "empty". */
+/* (m, s) pairs of a running log-sum-exp: value = m + log(s). -inf m means "empty". (s sums
+ * 2^((x - m) log2 e) = e^(x - m): the same quantity as the row kernel's base-2 sums.) */
 static __device__ __forceinline__ void dw_lse_merge(float &m, float &s, float m2, float s2) {
     if (m2 == -INFINITY) return;
     if (m == -INFINITY) {
@@ -64,8 +65,55 @@ static __device__ __forceinline__ void dw_xent_row_map(const T *x, T *dx, int64_
     }
 }
 
+/* 2^x on the SFU (ex2.approx.ftz: ~2 ulp; results below 2^-126 flush to 0, far below what a
+ * softmax sum or a BF16 gradient resolves). The row kernel works in base 2: exp(x - m) =
+ * 2^(x L - m L) with L = log2(e), one FFMA and one MUFU per element instead of expf's ~10
+ * instructions (the kernel was compute-bound: ncu 86% SM throughput at 0.46 of copy bandwidth). */
+static __device__ __forceinline__ float dw_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#define DW_XENT_L2E 1.4426950408889634f
+
+/* One logit into the running (m, s) of sum 2^((x - m) L): -inf contributes nothing; a NaN falls
+ * into the sum and poisons it (NaN in, NaN out); m only grows. */
+static __device__ __forceinline__ void dw_xent_add1(float &m, float &s, float xi) {
+    if (xi == -INFINITY) return;
+    if (xi > m) {
+        s = (m == -INFINITY ? 0.0f : s * dw_exp2((m - xi) * DW_XENT_L2E)) + 1.0f;
+        m = xi;
+    } else {
+        s += dw_exp2((xi - m) * DW_XENT_L2E);
+    }
+}
+
+/* Eight logits at once: the new maximum first, one rescale of s, then one FFMA + MUFU each. A
+ * group whose maximum is not finite (everything -inf so far, or a +inf) goes element by element. */
+static __device__ __forceinline__ void dw_xent_add8(float &m, float &s, const float v[8]) {
+    float c = fmaxf(fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3])), fmaxf(fmaxf(v[4], v[5]), fmaxf(v[6], v[7])));
+    const float mn = fmaxf(m, c);
+    if (!(mn > -INFINITY && mn < INFINITY)) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) dw_xent_add1(m, s, v[k]);
+        return;
+    }
+    if (mn > m) s = m == -INFINITY ? 0.0f : s * dw_exp2((m - mn) * DW_XENT_L2E);
+    m = mn;
+    const float ml = mn * DW_XENT_L2E;
+    float a = 0.0f, b = 0.0f; /* two chains, added in a fixed order */
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+        a += dw_exp2(fmaf(v[k], DW_XENT_L2E, -ml));
+        b += dw_exp2(fmaf(v[k + 1], DW_XENT_L2E, -ml));
+    }
+    s += a + b;
+}
+
 /* grid N, one block per row. row_loss[n] = lse - x[target] (0 if ignored, NaN if target >= V);
- * if dlogits: dlogits[n,:] = (softmax - onehot) * dloss / count (0 if ignored). */
+ * if dlogits: dlogits[n,:] = (softmax - onehot) * dloss / count (0 if ignored). The first pass
+ * keeps a running (max, sum) per thread (8 logits at a time on BF16 rows' aligned middle), the
+ * second writes the gradient; each thread visits its elements in a fixed order: deterministic. */
 template <typename T>
 static __global__ void __launch_bounds__(1024)
 dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
@@ -84,17 +132,21 @@ dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
     }
     const bool tgt_ok = tgt < V;
     const float xt = tgt_ok ? dw_ld(x, tgt) : 0.0f; /* read before any in-place write */
-    float m = -INFINITY, s = 0.0f;
-    dw_xent_row_map(x, (T *)NULL, V, [&](int64_t, float xi) {
-        if (xi == -INFINITY) return 0.0f; /* masked logit: contributes exp(-inf) = 0 */
-        if (xi > m) {
-            s = (m == -INFINITY ? 0.0f : s * expf(m - xi)) + 1.0f;
-            m = xi;
-        } else {
-            s += expf(xi - m); /* NaN xi falls here and poisons s: NaN in, NaN out */
+    float m = -INFINITY, s = 0.0f; /* sum of 2^((x - m) L) */
+    if (sizeof(T) == 2) {
+        const int64_t mis = (int64_t)(((uintptr_t)x >> 1) & 7u); /* elements before a 16-byte line */
+        const int64_t h = mis ? (8 - mis < V ? 8 - mis : V) : 0, m8 = (V - h) / 8;
+        for (int64_t i = threadIdx.x; i < h; i += blockDim.x) dw_xent_add1(m, s, dw_ld(x, i));
+        const dw_bf16 *xm = (const dw_bf16 *)(x + h);
+        for (int64_t j = threadIdx.x; j < m8; j += blockDim.x) {
+            float v[8];
+            dw_ld8(xm, 8 * j, v);
+            dw_xent_add8(m, s, v);
         }
-        return 0.0f;
-    });
+        for (int64_t i = h + 8 * m8 + threadIdx.x; i < V; i += blockDim.x) dw_xent_add1(m, s, dw_ld(x, i));
+    } else {
+        for (int64_t i = threadIdx.x; i < V; i += blockDim.x) dw_xent_add1(m, s, dw_ld(x, i));
+    }
     /* block merge of (m, s): warps by butterfly, then across warps through shared memory */
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -114,8 +166,9 @@ dw_xent_row_kernel(float *row_loss, T *dlogits, const T *logits,
     if (!dx) return;
     const int32_t nv = count[0];
     const float scale = tgt_ok ? dloss / (float)(nv > 0 ? nv : 1) : __int_as_float(0x7fc00000);
+    const float ll = lse * DW_XENT_L2E;
     dw_xent_row_map(x, dx, V, [&](int64_t i, float xi) {
-        return (expf(xi - lse) - (i == tgt ? 1.0f : 0.0f)) * scale;
+        return (dw_exp2(fmaf(xi, DW_XENT_L2E, -ll)) - (i == tgt ? 1.0f : 0.0f)) * scale;
     });
 }
 
