@@ -68,7 +68,19 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "  arena of %d buffers (sum %lld B; live peak %lld B = lower bound)\n",
                     c->n_items, (long long)sizes, (long long)c->live_peak);
             break;
-        default: fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments\n"); break;
+        default: {
+            fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments");
+            int64_t wq = 0, nq = 0;
+            for (int i = 0; i < c->g->n_nodes; i++)
+                if (c->wq[i][0].off >= 0) wq += c->wq[i][0].bytes + c->wq[i][1].bytes, nq++;
+            if (nq) {
+                int64_t act = c->work.q_rows.bytes + c->work.q_dyt.bytes + c->work.q_xt.bytes;
+                fprintf(f, ";\n%*squantised x, dy, dy^T, x^T slots %.3f MiB; W and W^T of %lld quantised nodes %.3f MiB",
+                        44, "", (double)act / 1048576.0, (long long)nq, (double)wq / 1048576.0);
+            }
+            fprintf(f, "\n");
+            break;
+        }
         }
         total += c->pool_bytes[p];
     }
