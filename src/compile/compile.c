@@ -28,6 +28,7 @@ void dw_compiled_free(dw_compiled *c) {
     free(c->info);
     free(c->val_off);
     free(c->grad_off);
+    free(c->grad_alias);
     free(c->aux_off);
     free(c->tmp_off);
     free(c->grad_mode);
@@ -312,6 +313,50 @@ static dw_status plan_grad_modes(dw_ctx *ctx, dw_compiled *c) {
     return DW_OK;
 }
 
+/* The root of t's alias chain. */
+static int grad_root(const dw_compiled *c, int t) {
+    while (c->grad_alias[t] != t) t = c->grad_alias[t];
+    return t;
+}
+
+/* Gradient buffers shared through residual adds (BF16 and FP32 modes alike). For y = a + b, an
+ * input whose gradient the add writes first (DW_GRAD_WRITE) can take y's gradient buffer: y's
+ * gradient is read by the add's backward alone, so it is dead afterwards and the input's gradient
+ * starts as the same values. Input a (slot 0) always may. Input b (slot 1) may too when the add is
+ * b's only reader (nothing else ever writes b's gradient) and, if a shares the buffer as well,
+ * every other reader of a comes before b's producer in the graph: their backward steps, which
+ * accumulate into a's gradient, run after b's producer has read b's gradient. Adds are visited
+ * from the last, so a residual stream's gradient is one buffer from the loss to the embedding. */
+static dw_status plan_grad_alias(dw_ctx *ctx, dw_compiled *c) {
+    const dw_graph *g = c->g;
+    c->grad_alias = malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *c->grad_alias);
+    if (!c->grad_alias) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+    for (int t = 0; t < g->n_tensors; t++) c->grad_alias[t] = t;
+    for (int p = g->n_nodes - 1; p >= 0; p--) {
+        const dw_ir_node *n = &g->nodes[p];
+        if (n->op != DW_OP_ADD || n->out == g->logits) continue;
+        const int a = n->in[0], b = n->in[1];
+        if (a == b || g->tensors[a].kind != DW_TENSOR_ACT || g->tensors[b].kind != DW_TENSOR_ACT) continue;
+        const bool wa = c->grad_mode[p][0] == DW_GRAD_WRITE, wb = c->grad_mode[p][1] == DW_GRAD_WRITE;
+        bool share_b = wb;
+        for (int i = 0; share_b && i < g->n_nodes; i++) { /* b read by this add alone */
+            const dw_ir_node *m = &g->nodes[i];
+            for (int s = 0; s < m->n_in; s++)
+                if (m->in[s] == b && i != p) share_b = false;
+        }
+        const int pb = g->tensors[b].producer;
+        for (int i = 0; share_b && wa && i < g->n_nodes; i++) { /* a's other readers before b's producer */
+            const dw_ir_node *m = &g->nodes[i];
+            for (int s = 0; s < m->n_in; s++)
+                if (m->in[s] == a && i != p && i >= pb) share_b = false;
+        }
+        const int root = grad_root(c, n->out);
+        if (wa) c->grad_alias[a] = root;
+        if (share_b) c->grad_alias[b] = root;
+    }
+    return DW_OK;
+}
+
 static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
     const dw_graph *g = c->g;
     const int nn = g->n_nodes, nt = g->n_tensors;
@@ -322,14 +367,17 @@ static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
     int *vitem = malloc((size_t)nt * sizeof *vitem), *gitem = malloc((size_t)nt * sizeof *gitem);
     int *aitem = malloc((size_t)nn * sizeof *aitem), *titem = malloc((size_t)nn * sizeof *titem);
     int *fitem = malloc((size_t)nn * sizeof *fitem);
+    int *gf = malloc((size_t)nt * sizeof *gf), *gl = malloc((size_t)nt * sizeof *gl);
+    int64_t *gb = calloc((size_t)(nt ? nt : 1), sizeof *gb); /* gradient lifetimes and bytes */
     item_list l = {0};
     dw_status st = DW_OK;
     if (!c->val_off || !c->grad_off || !c->aux_off || !c->tmp_off || !vitem || !gitem || !aitem || !titem ||
-        !fitem) {
+        !fitem || !gf || !gl || !gb) {
         st = dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
         goto done;
     }
     const int logits = g->logits, last_step = c->n_steps - 1;
+    for (int t = 0; t < nt; t++) gf[t] = last_step + 1, gl[t] = -1;
     for (int t = 0; t < nt; t++) {
         c->val_off[t] = c->grad_off[t] = -1;
         vitem[t] = gitem[t] = -1;
@@ -362,11 +410,21 @@ static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
         int64_t bytes = dw_ir_numel(ten) * c->act_size;
         vitem[t] = add_item(&l, bytes, vfirst, vlast, DW_BUF_VALUE, t);
         if (vitem[t] < 0) goto nomem;
-        if (t != logits && gfirst <= last_step && !no_grad) {
-            gitem[t] = add_item(&l, bytes, gfirst, dw_compile_bwd_step(c, p), DW_BUF_GRAD, t);
-            if (gitem[t] < 0) goto nomem;
+        if (t != logits && gfirst <= last_step && !no_grad) { /* lifetime; the item once per alias root */
+            const int r = grad_root(c, t), glast = dw_compile_bwd_step(c, p);
+            if (gfirst < gf[r]) gf[r] = gfirst;
+            if (glast > gl[r]) gl[r] = glast;
+            if (bytes > gb[r]) gb[r] = bytes;
+            if (bytes > gb[t]) gb[t] = bytes; /* t has a gradient */
         }
     }
+    for (int t = nt - 1; t >= 0; t--) { /* roots last in the chain: their members are final now */
+        if (gb[t] <= 0 || grad_root(c, t) != t) continue;
+        gitem[t] = add_item(&l, gb[t], gf[t], gl[t], DW_BUF_GRAD, t);
+        if (gitem[t] < 0) goto nomem;
+    }
+    for (int t = 0; t < nt; t++)
+        if (gb[t] > 0 && gitem[t] < 0) gitem[t] = gitem[grad_root(c, t)];
     for (int i = 0; i < nn; i++) {
         int64_t aux[DW_AUX_COUNT], tmp[DW_TMP_COUNT];
         node_parts(c, i, aux, tmp);
@@ -416,6 +474,9 @@ done:
     free(aitem);
     free(titem);
     free(fitem);
+    free(gf);
+    free(gl);
+    free(gb);
     return st;
 }
 
@@ -530,6 +591,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_
     if (st == DW_OK) st = layout_params(ctx, c);
     if (st == DW_OK) st = plan_grad_modes(ctx, c);
     if (st == DW_OK) st = dw_compile_fuse(ctx, c);
+    if (st == DW_OK) st = plan_grad_alias(ctx, c);
     if (st == DW_OK) st = plan_arena(ctx, c);
     if (st == DW_OK) st = layout_work(ctx, c);
     if (st != DW_OK) {

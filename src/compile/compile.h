@@ -122,6 +122,11 @@ struct dw_compiled {
     dw_mem_item *items;        /* (n_items) sizes, lifetimes, offsets */
     dw_buf_info *info;         /* (n_items) what each item is */
     int64_t *val_off, *grad_off;   /* (n_tensors) byte offsets, -1 none */
+    /* (n_tensors) the tensor whose gradient buffer t's gradient shares (t itself when it has its
+     * own): an add's backward passes dy through unchanged, so an input whose gradient the add
+     * writes first takes the output's gradient buffer instead of a copy (see compile.c,
+     * plan_grad_alias, for when both inputs may) */
+    int *grad_alias;
     int64_t (*aux_off)[DW_AUX_COUNT]; /* (n_nodes) */
     int64_t (*tmp_off)[DW_TMP_COUNT]; /* (n_nodes) */
     uint8_t (*grad_mode)[DW_IR_MAX_INPUTS]; /* (n_nodes) dw_grad_mode per input slot */

@@ -340,7 +340,7 @@ static dw_status bwd_node(dw_engine *e, int ni) {
         for (int k = 0; k < 2; k++) {
             int mode = CE->cp->grad_mode[ni][k];
             void *gk = mode == DW_GRAD_NONE ? NULL : dact(e, n->in[k]);
-            if (mode == DW_GRAD_WRITE)
+            if (mode == DW_GRAD_WRITE && gk != dout) /* same buffer: shared through the add (compile.h) */
                 DW_CUDA_CHECK(ctx, cudaMemcpyAsync(gk, dout, (size_t)(N * C * dw_act_size(dt)),
                                                    cudaMemcpyDeviceToDevice, CE->stream));
             else if (mode == DW_GRAD_ACCUM)

@@ -63,6 +63,8 @@ static int find_item(const dw_compiled *c, dw_buf_kind k, int index) {
 
 /* A value/gradient/aux buffer must exist and be live at step s. */
 static void live_at(const dw_compiled *c, dw_buf_kind k, int index, int s, const char *why) {
+    if (k == DW_BUF_GRAD) /* a gradient shared through a residual add lives in its root's buffer */
+        while (c->grad_alias[index] != index) index = c->grad_alias[index];
     int it = find_item(c, k, index);
     if (it < 0) fail_msg("%s: no buffer (kind %d, index %d)", why, (int)k, index);
     if (c->items[it].first > s || c->items[it].last < s)
@@ -173,6 +175,35 @@ static void check(const dw_graph *g, const dw_compiled *c) {
                 }
         assert_int_equal(writes, 1);
         assert_int_equal(writer, last);
+    }
+    /* 3b. shared gradient buffers: only through an add whose backward writes that input first
+     * (slot 1 also read by nothing else and, when slot 0 shares too, slot 0's other readers all
+     * before slot 1's producer), sharing the add output's buffer, at the same offset */
+    for (int t = 0; t < g->n_tensors; t++) {
+        int r = c->grad_alias[t];
+        if (r == t) continue;
+        assert_true(c->grad_off[t] >= 0 && c->grad_off[t] == c->grad_off[r]);
+        bool justified = false;
+        for (int p = 0; p < g->n_nodes && !justified; p++) {
+            const dw_ir_node *n = &g->nodes[p];
+            if (n->op != DW_OP_ADD || c->grad_off[n->out] != c->grad_off[t]) continue;
+            for (int s = 0; s < 2; s++) {
+                if (n->in[s] != t || c->grad_mode[p][s] != DW_GRAD_WRITE) continue;
+                if (s == 0) {
+                    justified = true;
+                    continue;
+                }
+                bool alone = true, before = true;
+                const int a = n->in[0], pb = g->tensors[t].producer;
+                for (int i = 0; i < g->n_nodes; i++)
+                    for (int q = 0; q < g->nodes[i].n_in; q++) {
+                        if (g->nodes[i].in[q] == t && i != p) alone = false;
+                        if (g->nodes[i].in[q] == a && i != p && i >= pb) before = false;
+                    }
+                if (alone && (c->grad_alias[a] == a || before)) justified = true;
+            }
+        }
+        if (!justified) fail_msg("gradient of tensor %d shares a buffer without a residual add that allows it", t);
     }
     /* 4. parameter pools: disjoint, inside, decay first */
     int64_t total = 0;
