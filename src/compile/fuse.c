@@ -1,6 +1,8 @@
-/* fuse.c — the compile pass that moves GELU into the GEMM epilogues around it (BF16 path): its
- * forward into the producing linear's fprop (GELU_AUX), its backward into the consuming linear's
- * dgrad (DGELU). Decides only; the memory plan (compile.c) and the engine read the result. */
+/* fuse.c — the compile pass that moves GELU into the GEMM epilogues around it: its forward into
+ * the producing linear's fprop (GELU_AUX; for a quantised linear the engine uses the epilogue when
+ * a kernel of the recipe has it and runs the GELU right after the GEMM otherwise), its backward
+ * into the consuming BF16 linear's dgrad (DGELU). Decides only; the memory plan (compile.c) and
+ * the engine read the result. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +26,7 @@ static int sole_consumer(const dw_graph *g, int t, int *slot) {
 static bool bf16_linear(const dw_compiled *c, int i) {
     return i >= 0 && c->g->nodes[i].op == DW_OP_LINEAR && c->bind[i].recipe == DW_RECIPE_BF16;
 }
+static bool any_linear(const dw_compiled *c, int i) { return i >= 0 && c->g->nodes[i].op == DW_OP_LINEAR; }
 
 dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
     const dw_graph *g = c->g;
@@ -41,7 +44,7 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
         if (!on || n->op != DW_OP_GELU) continue;
         const int in = n->in[0];
         const int L = g->tensors[in].producer;
-        if (bf16_linear(c, L) && width(g, in) % 8 == 0) {
+        if (any_linear(c, L) && width(g, in) % 8 == 0) { /* quantised too: fused or GELU after, per kernel */
             c->fused[i] |= DW_FUSED_FWD;
             c->gelu_producer[i] = L;
         }

@@ -127,10 +127,11 @@ static dw_status fwd_linear(dw_engine *e, int ni) {
     if (!CE->cp->bf16)
         return dw_cuda_linear_fwd(e->ctx, act(e, n->out), act(e, n->in[0]), pval(e, n->in[1]),
                                   n->n_in == 3 ? pval(e, n->in[2]) : NULL, N, K, M, STREAM);
+    int gelu = dw_compile_fused_gelu_fwd(CE->cp, ni); /* GELU in the epilogue: out = GELU, aux = ours */
     if (dw_compile_quant_recipe(CE->cp->bind[ni].recipe)) { /* quantised; BF16 below when not eligible */
         bool done = false;
-        DW_TRY(dw_qlin_fprop(&CE->ql, ni, act(e, n->out), act(e, n->in[0]), n->n_in == 3 ? pbf16(e, n->in[2]) : NULL,
-                             N, K, M, &done));
+        DW_TRY(dw_qlin_fprop(&CE->ql, ni, act(e, n->out), gelu >= 0 ? act(e, e->g->nodes[gelu].out) : NULL,
+                             act(e, n->in[0]), n->n_in == 3 ? pbf16(e, n->in[2]) : NULL, N, K, M, &done));
         if (done) return DW_OK;
     }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K,
@@ -141,7 +142,6 @@ static dw_status fwd_linear(dw_engine *e, int ni) {
         a.epilogue = DW_EPI_BIAS;
         a.bias = pbf16(e, n->in[2]);
     }
-    int gelu = dw_compile_fused_gelu_fwd(CE->cp, ni); /* GELU in the epilogue: out = GELU, aux = ours */
     if (gelu >= 0) {
         a.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
         a.aux = act(e, n->out);

@@ -19,6 +19,7 @@ void dw_qlin_reset(dw_qlin *q) { q->rows_tensor = q->xt_tensor = -1; }
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/quant.h"
 
 /* One quantised operand in a slot of the workspace: device codes, scales, tensor scale. */
@@ -64,8 +65,8 @@ dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, in
 /* The graph tensor a linear node reads as x. */
 static int x_tensor(const dw_qlin *q, int node) { return q->cp->g->nodes[node].in[0]; }
 
-dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
-                        int64_t M, bool *done) {
+dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, void *gelu_out, const void *x, const void *bias, int64_t N,
+                        int64_t K, int64_t M, bool *done) {
     *done = false;
     const dw_recipe r = q->cp->bind[node].recipe;
     if (!ok(r, DW_QPASS_FPROP, N, K, M)) return DW_OK;
@@ -81,7 +82,21 @@ dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, const void *x, const void
         a.epilogue = DW_EPI_BIAS;
         a.bias = bias;
     }
+    if (gelu_out) { /* GELU in the epilogue when a kernel of this recipe has it, else a GELU pass after */
+        dw_gemm_args g = a;
+        const char *name;
+        g.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
+        g.aux = y;
+        g.d = gelu_out;
+        if (dw_gemm_select(q->ctx, &g, &name) == DW_OK) {
+            DW_TRY(dw_gemm(q->ctx, &g));
+            *done = true;
+            return DW_OK;
+        }
+        dw_clear_error(q->ctx);
+    }
     DW_TRY(dw_gemm(q->ctx, &a));
+    if (gelu_out) DW_TRY(dw_cuda_gelu_fwd(q->ctx, DW_ACT_BF16, gelu_out, y, N * M, q->stream));
     *done = true;
     return DW_OK;
 }
@@ -127,9 +142,9 @@ dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, in
     (void)node, (void)w, (void)K, (void)M;
     return no_cuda(q);
 }
-dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, const void *x, const void *bias, int64_t N, int64_t K,
-                        int64_t M, bool *done) {
-    (void)node, (void)y, (void)x, (void)bias, (void)N, (void)K, (void)M;
+dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, void *gelu_out, const void *x, const void *bias, int64_t N,
+                        int64_t K, int64_t M, bool *done) {
+    (void)node, (void)y, (void)gelu_out, (void)x, (void)bias, (void)N, (void)K, (void)M;
     *done = false;
     return no_cuda(q);
 }
