@@ -82,13 +82,14 @@ dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, void *gelu_out, const voi
         a.epilogue = DW_EPI_BIAS;
         a.bias = bias;
     }
-    if (gelu_out) { /* GELU in the epilogue when a kernel of this recipe has it, else a GELU pass after */
+    if (gelu_out) { /* GELU in the epilogue when the kernel this GEMM gets anyway has it, else a pass after */
         dw_gemm_args g = a;
-        const char *name;
+        const char *plain = NULL, *fused = NULL;
         g.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
         g.aux = y;
         g.d = gelu_out;
-        if (dw_gemm_select(q->ctx, &g, &name) == DW_OK) {
+        if (dw_gemm_select(q->ctx, &a, &plain) == DW_OK && dw_gemm_select(q->ctx, &g, &fused) == DW_OK &&
+            !strcmp(plain, fused)) { /* (a slower kernel for the sake of the epilogue is not a fusion) */
             DW_TRY(dw_gemm(q->ctx, &g));
             *done = true;
             return DW_OK;

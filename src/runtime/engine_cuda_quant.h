@@ -36,8 +36,8 @@ void dw_qlin_reset(dw_qlin *q);
 dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, int64_t K, int64_t M);
 /* y [N,M] (BF16) = quant(x [N,K], BF16) . W_cached^T (+ bias [M], BF16), in node's recipe (x is
  * node's input tensor: its codes are reused when q_rows still holds them). gelu_out (NULL: none):
- * also GELU(y) there, in the GEMM's epilogue (GELU_AUX: y still written) when a kernel of the
- * recipe offers it on this device, else by a GELU pass after the GEMM.
+ * also GELU(y) there, in the GEMM's epilogue (GELU_AUX: y still written) when the kernel the
+ * registry picks for the plain GEMM offers it, else by a GELU pass after the GEMM.
  * *done false (nothing launched): the shape is not eligible; run it in BF16. */
 dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, void *gelu_out, const void *x, const void *bias, int64_t N,
                         int64_t K, int64_t M, bool *done);
