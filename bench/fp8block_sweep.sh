@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
 # default selection (cuBLASLt for fp8_block unless the registry ranks the own kernel higher) + BF16
 timeout 60 $b/deepwell bench gemm --shapes "$shapes" --recipes bf16,fp8_block 2>&1 | tee "$out/bench_default.txt"
 for k in "${backends[@]}"; do
-  timeout 40 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend "$k" 2>&1 | tail -n +2 | tee "$out/bench_$k.txt"
+  timeout 25 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend "$k" 2>&1 | tail -n +2 | tee "$out/bench_$k.txt"
 done
 # cuBLASLt once more at the end (drift of clocks over the run)
-timeout 40 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend cublaslt_fp8_sm90 2>&1 | tail -n +2
+timeout 25 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend cublaslt_fp8_sm90 2>&1 | tail -n +2
