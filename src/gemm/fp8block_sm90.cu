@@ -4,12 +4,12 @@
 //
 // Per 128 of K, the 4 m64n128k32 wgmmas of a warpgroup accumulate into one FP32 partial in the
 // tensor cores; the partial is then promoted once, acc += partial * (sa[row] * sb), in FP32
-// registers. CTA (warp-specialised): warpgroup 0 is the producer (one thread issues TMA loads of
-// A, B and, for per-column B scales, a K-block-major copy of them into a STAGES-deep ring guarded
-// by full/empty mbarriers; setmaxnreg gives its registers to the consumers); NC consumer
+// registers. CTA (warp-specialised, persistent): warpgroup 0 is the producer (one thread issues TMA
+// loads of A, B and, for per-column B scales, a K-block-major copy of them into a STAGES-deep ring
+// guarded by full/empty mbarriers; setmaxnreg gives its registers to the consumers); NC consumer
 // warpgroups own 64 rows each of a (64 NC)x128 tile and read their rows' A scales with ld.global
-// one K tile ahead. Persistent variants loop over tiles (the producer runs ahead into the next
-// tile while the consumers store the last one).
+// one K tile ahead. With CL = 2, two CTAs of a cluster take vertically adjacent tiles and each
+// loads half of the shared B tile, multicast to both (half the L2 reads of B).
 #include "gemm/gemm_cuda.h"
 #include "gemm/sm90_common.cuh"
 
@@ -18,8 +18,8 @@ namespace {
 constexpr int FB_BN = 128, FB_BK = 128;
 
 // NC consumer warpgroups (tile BM = 64 NC rows), SBCOL: B scales per column (staged by TMA) rather
-// than one scalar per 128x128 block (read from global memory).
-template <int NC, bool SBCOL> struct FbCfg {
+// than one scalar per 128x128 block (read from global memory); CL CTAs per cluster sharing B.
+template <int NC, bool SBCOL, int CL> struct FbCfg {
     static constexpr int BM = 64 * NC, THREADS = 128 * (NC + 1);
     static constexpr int STAGES = NC == 3 ? 5 : 6;
     static constexpr int A_BYTES = BM * FB_BK, B_BYTES = FB_BN * FB_BK, SB_BYTES = SBCOL ? FB_BN * 4 : 0;
@@ -29,6 +29,7 @@ template <int NC, bool SBCOL> struct FbCfg {
     static constexpr int PROD_REGS = NC == 3 ? 32 : 40, CONS_REGS = NC == 3 ? 152 : 232;
     static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
     static_assert(128 * PROD_REGS + 128 * NC * CONS_REGS <= 65536, "register file over the sm_90 limit");
+    static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs");
 };
 
 // Kernel parameters besides the tensor maps and the epilogue.
@@ -78,15 +79,46 @@ __device__ __forceinline__ void promote128(float *acc, float *part, float a0, fl
         }
     }
 }
+
+// Stores rows row0, row0 + 8, columns col0 + 8 j (+1): the plain case (alpha acc, even n) with
+// one paired store each, unrolled; the general one (beta C, bias, GELU, aux, odd n) from a local
+// copy in a rolled loop, so that its large code stays out of the instruction cache every tile.
+__device__ __forceinline__ void epilogue(const Epi &e, const float *acc, int64_t row0, int64_t col0) {
+    if (e.beta != 0.0f || e.bias || e.aux || e.gelu || (e.n & 1)) {
+        float t[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) t[i] = acc[i];
+#pragma unroll 1
+        for (int i = 0; i < 32; i++) {
+            const int h = i & 1, j = i >> 1;
+            const int64_t row = row0 + 8 * h;
+            if (row < e.m) epi_store_pair(e, row, col0 + 8 * j, t[4 * j + 2 * h], t[4 * j + 2 * h + 1]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t row = row0 + 8 * h;
+        if (row >= e.m) continue;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int64_t col = col0 + 8 * j;
+            if (col >= e.n) continue;
+            const float v0 = e.alpha * acc[4 * j + 2 * h], v1 = e.alpha * acc[4 * j + 2 * h + 1];
+            if (e.out_bf16)
+                *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)e.d + row * e.n + col) = __floats2bfloat162_rn(v0, v1);
+            else *reinterpret_cast<float2 *>((float *)e.d + row * e.n + col) = make_float2(v0, v1);
+        }
+    }
+}
 #endif // DW_SM90_BODY
 
-// DB: two partials, so that tile kt+1's wgmmas run while tile kt is promoted.
-template <int NC, bool SBCOL, bool DB>
-__global__ void __launch_bounds__(FbCfg<NC, SBCOL>::THREADS, 1)
+template <int NC, bool SBCOL, int CL>
+__global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL>::THREADS, 1)
     fp8block_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                     const __grid_constant__ CUtensorMap tSB, FbArgs p, Epi e) {
 #ifdef DW_SM90_BODY
-    using C = FbCfg<NC, SBCOL>;
+    using C = FbCfg<NC, SBCOL, CL>;
     constexpr int BM = C::BM, ST = C::STAGES;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -97,30 +129,38 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL>::THREADS, 1)
     uint64_t *empty = full + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const int64_t ntiles = p.tiles_m * p.tiles_n;
+    const uint32_t rank = CL > 1 ? cluster_rank() : 0;
+    // work units: CL vertically adjacent tiles (one per CTA of the cluster) sharing one B tile
+    const int64_t units_m = (p.tiles_m + CL - 1) / CL, units = units_m * p.tiles_n;
+    const int64_t u0 = blockIdx.x / CL, ustep = gridDim.x / CL;
     const int ktiles = (int)p.kb;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4 * NC); // one arrival per consumer warp
+            mbar_init(&empty[s], 4 * NC * CL); // one arrival per consumer warp of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CL > 1) cluster_sync();
+    else __syncthreads();
 
     if (wg == 0) { // producer
         regs_dec<C::PROD_REGS>();
         if (tid == 0) {
             int64_t it = 0; // K tiles issued so far by this CTA (ring position)
-            for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-                int64_t tm, tn;
-                tile_coords(t, p.tiles_m, p.tiles_n, FB_GROUP_M, &tm, &tn);
+            for (int64_t u = u0; u < units; u += ustep) {
+                int64_t um, tn;
+                tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
+                const int64_t tm = um * CL + rank; // may be past tiles_m: TMA fills zeros, nothing stored
                 for (int kt = 0; kt < ktiles; kt++, it++) {
                     const int s = (int)(it % ST);
                     if (it >= ST) mbar_wait(&empty[s], (uint32_t)((it / ST - 1) & 1));
                     mbar_expect_tx(&full[s], C::STAGE_TX);
                     tma_load_2d(sA + s * C::A_BYTES, &tA, &full[s], kt * FB_BK, (int)(tm * BM));
-                    tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], kt * FB_BK, (int)(tn * FB_BN));
+                    if constexpr (CL == 1) tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], kt * FB_BK, (int)(tn * FB_BN));
+                    else // this CTA's half of the B tile, into both CTAs
+                        tma_load_2d_mc(sB + s * C::B_BYTES + rank * (FB_BN / 2) * FB_BK, &tB, &full[s], kt * FB_BK,
+                                       (int)(tn * FB_BN + rank * (FB_BN / 2)), (uint16_t)3);
                     if constexpr (SBCOL) tma_load_2d(sSB + s * FB_BN, &tSB, &full[s], (int)(tn * FB_BN), kt);
                 }
             }
@@ -129,15 +169,23 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL>::THREADS, 1)
         regs_inc<C::CONS_REGS>();
         const int cw = wg - 1, lt = tid % 128, warp = lt / 32, lane = lt % 32;
         const int rl = 64 * cw + 16 * warp + lane / 4, q = lane % 4; // rows rl, rl + 8; cols 8 j + 2 q (+1)
-        float acc[64], p0[64], p1[DB ? 64 : 1];
+        float acc[64], part[64];
 #pragma unroll
-        for (int i = 0; i < 64; i++) p0[i] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < (DB ? 64 : 1); i++) p1[i] = 0.0f;
+        for (int i = 0; i < 64; i++) part[i] = 0.0f;
+        // frees ring slot s in every CTA of the cluster (their producers write into this CTA's slot)
+        auto release = [&](int s) {
+            __syncwarp();
+            if (lane == 0) {
+                if constexpr (CL == 1) mbar_arrive(&empty[s]);
+                else
+                    for (uint32_t r = 0; r < CL; r++) mbar_arrive_cluster(&empty[s], r);
+            }
+        };
         int64_t it = 0;
-        for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-            int64_t tm, tn;
-            tile_coords(t, p.tiles_m, p.tiles_n, FB_GROUP_M, &tm, &tn);
+        for (int64_t u = u0; u < units; u += ustep) {
+            int64_t um, tn;
+            tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
+            const int64_t tm = um * CL + rank;
             const int64_t row0 = tm * BM + rl, row1 = row0 + 8;
             // rows past m read no scale (their A codes are TMA zero fill; they are never stored)
             const float *pa0 = row0 < e.m ? p.sa + (row0 >> p.a_shift) * p.kb : nullptr;
@@ -146,74 +194,26 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL>::THREADS, 1)
             auto ldsa = [&](const float *pa, int kt) { return pa ? __ldg(pa + kt) : 0.0f; };
 #pragma unroll
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-            if constexpr (!DB) {
-                float na0 = ldsa(pa0, 0), na1 = ldsa(pa1, 0), nb = SBCOL ? 1.0f : __ldg(pb);
-                for (int kt = 0; kt < ktiles; kt++, it++) {
-                    const int s = (int)(it % ST);
-                    const float a0 = na0, a1 = na1, b = nb;
-                    if (kt + 1 < ktiles) { // the next tile's scales, one tile ahead
-                        na0 = ldsa(pa0, kt + 1), na1 = ldsa(pa1, kt + 1);
-                        if constexpr (!SBCOL) nb = __ldg(pb + kt + 1);
-                    }
-                    mbar_wait(&full[s], (uint32_t)((it / ST) & 1));
-                    wgmma_k128(p0, make_desc(sA + s * C::A_BYTES + cw * 64 * FB_BK), make_desc(sB + s * C::B_BYTES));
-                    wg_wait<0>();
-                    if constexpr (!SBCOL) { // the slot is free once the wgmmas are done
-                        __syncwarp();
-                        if (lane == 0) mbar_arrive(&empty[s]);
-                    }
-                    promote128<SBCOL>(acc, p0, a0, a1, b, sSB + s * FB_BN, q);
-                    if constexpr (SBCOL) { // after the promotion has read the slot's B scales
-                        __syncwarp();
-                        if (lane == 0) mbar_arrive(&empty[s]);
-                    }
+            float na0 = ldsa(pa0, 0), na1 = ldsa(pa1, 0), nb = SBCOL ? 1.0f : __ldg(pb);
+            for (int kt = 0; kt < ktiles; kt++, it++) {
+                const int s = (int)(it % ST);
+                const float a0 = na0, a1 = na1, b = nb;
+                if (kt + 1 < ktiles) { // the next tile's scales, one tile ahead
+                    na0 = ldsa(pa0, kt + 1), na1 = ldsa(pa1, kt + 1);
+                    if constexpr (!SBCOL) nb = __ldg(pb + kt + 1);
                 }
-            } else {
-                // tile kt is in flight in p0 (kt even) or p1 (kt odd); its scales in (a0, a1, b)[kt & 1]
-                float sa0[2] = {0.0f, 0.0f}, sa1[2] = {0.0f, 0.0f}, sb[2] = {1.0f, 1.0f};
-                auto finish = [&](float *part, int h, int64_t i) {
-                    const int s = (int)(i % ST);
-                    promote128<SBCOL>(acc, part, sa0[h], sa1[h], sb[h], sSB + s * FB_BN, q);
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&empty[s]);
-                };
-                // issues tile kt (ring position i; none past the end) into part, then waits for the one before
-                auto next = [&](float *part, int h, int kt, int64_t i) {
-                    if (kt >= ktiles) {
-                        wg_wait<0>();
-                        return;
-                    }
-                    sa0[h] = ldsa(pa0, kt), sa1[h] = ldsa(pa1, kt);
-                    if constexpr (!SBCOL) sb[h] = __ldg(pb + kt);
-                    const int s = (int)(i % ST);
-                    mbar_wait(&full[s], (uint32_t)((i / ST) & 1));
-                    wgmma_k128(part, make_desc(sA + s * C::A_BYTES + cw * 64 * FB_BK), make_desc(sB + s * C::B_BYTES));
-                    wg_wait<1>();
-                };
-                next(p0, 0, 0, it);
-                for (int kt = 0; kt < ktiles; kt += 2) {
-                    next(p1, 1, kt + 1, it + 1);
-                    finish(p0, 0, it);
-                    if (kt + 1 >= ktiles) {
-                        it += 1;
-                        break;
-                    }
-                    next(p0, 0, kt + 2, it + 2);
-                    finish(p1, 1, it + 1);
-                    it += 2;
-                }
+                mbar_wait(&full[s], (uint32_t)((it / ST) & 1));
+                wgmma_k128(part, make_desc(sA + s * C::A_BYTES + cw * 64 * FB_BK), make_desc(sB + s * C::B_BYTES));
+                wg_wait<0>();
+                if constexpr (!SBCOL) release(s); // the slot is free once the wgmmas are done
+                promote128<SBCOL>(acc, part, a0, a1, b, sSB + s * FB_BN, q);
+                if constexpr (SBCOL) release(s); // after the promotion has read the slot's B scales
             }
-            // epilogue: straight from registers (the producer already fills the ring for the next tile)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t row = h ? row1 : row0;
-                if (row >= e.m) continue;
-#pragma unroll
-                for (int j = 0; j < 16; j++)
-                    epi_store_pair(e, row, tn * FB_BN + 8 * j + 2 * q, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
+            // epilogue straight from registers (the producer already fills the ring for the next tile)
+            epilogue(e, acc, row0, tn * FB_BN + 2 * q);
         }
     }
+    if constexpr (CL > 1) cluster_sync(); // no CTA leaves while its peer may still signal or write into it
 #else
     __trap(); // selected only on sm_90 by the registry
 #endif
@@ -229,26 +229,48 @@ int sm_count() {
     return n;
 }
 
-template <int NC, bool SBCOL, bool DB>
+template <int NC, bool SBCOL, int CL>
 cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sb, const FbArgs &p, const Epi &e,
-                   bool persistent, cudaStream_t st) {
-    using C = FbCfg<NC, SBCOL>;
-    auto kern = fp8block_kernel<NC, SBCOL, DB>;
-    static bool attr = false;
-    if (!attr) {
+                   cudaStream_t st) {
+    using C = FbCfg<NC, SBCOL, CL>;
+    auto kern = fp8block_kernel<NC, SBCOL, CL>;
+    static int resident = 0; // CTAs that run at once (whole clusters)
+    if (!resident) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
         if (err != cudaSuccess) return err;
-        attr = true;
+        resident = sm_count();
+        if (CL > 1) {
+            if ((err = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 0)) != cudaSuccess)
+                return err;
+            cudaLaunchConfig_t q = {};
+            cudaLaunchAttribute at = {};
+            at.id = cudaLaunchAttributeClusterDimension;
+            at.val.clusterDim.x = CL, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+            q.gridDim = dim3((unsigned)resident), q.blockDim = dim3(C::THREADS), q.dynamicSmemBytes = C::SMEM;
+            q.attrs = &at, q.numAttrs = 1;
+            int clusters = 0;
+            if (cudaOccupancyMaxActiveClusters(&clusters, kern, &q) == cudaSuccess && clusters > 0)
+                resident = clusters * CL;
+            else
+                resident = resident / CL * CL;
+        }
     }
-    const int64_t tiles = p.tiles_m * p.tiles_n, grid = persistent && tiles > sm_count() ? sm_count() : tiles;
-    kern<<<(unsigned)grid, C::THREADS, C::SMEM, st>>>(a, b, sb, p, e);
-    return cudaGetLastError();
+    const int64_t units = (p.tiles_m + CL - 1) / CL * p.tiles_n;
+    const int64_t grid = (units * CL < resident ? units * CL : resident);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at = {};
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = CL, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3(C::THREADS), cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = st, cfg.attrs = &at, cfg.numAttrs = 1;
+    cudaError_t err = cudaLaunchKernelEx(&cfg, kern, a, b, sb, p, e);
+    return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-template <int NC, bool DB>
+template <int NC, int CL>
 cudaError_t launch_sb(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sb, const FbArgs &p,
-                      const Epi &e, bool sbcol, bool persistent, cudaStream_t st) {
-    return sbcol ? launch<NC, true, DB>(a, b, sb, p, e, persistent, st) : launch<NC, false, DB>(a, b, sb, p, e, persistent, st);
+                      const Epi &e, bool sbcol, cudaStream_t st) {
+    return sbcol ? launch<NC, true, CL>(a, b, sb, p, e, st) : launch<NC, false, CL>(a, b, sb, p, e, st);
 }
 
 } // namespace
@@ -257,7 +279,7 @@ extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void
     cudaStream_t st = (cudaStream_t)stream;
     if (p->k % FB_BK || p->m <= 0 || p->n <= 0 || p->k <= 0 || p->variant < 0 || p->variant > 3)
         return (int)cudaErrorInvalidValue;
-    const int nc = p->variant == 2 ? 3 : 2, bm = 64 * nc;
+    const int nc = p->variant & 1 ? 3 : 2, bm = 64 * nc, cl = p->variant & 2 ? 2 : 1;
     const int64_t kb = p->k / FB_BK, ldb = (p->n + 3) / 4 * 4;
     const bool sbcol = !p->b_2d;
     // per-column B scales: K-block-major copy [kb][ldb] for TMA (columns past n are 0)
@@ -273,7 +295,7 @@ extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void
     CUtensorMap ta, tb, tsb;
     bool ok = make_map(&ta, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, FB_BK, (uint32_t)bm,
                        CU_TENSOR_MAP_SWIZZLE_128B) &&
-              make_map(&tb, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, FB_BN,
+              make_map(&tb, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, (uint32_t)(FB_BN / cl),
                        CU_TENSOR_MAP_SWIZZLE_128B);
     if (ok && sbcol)
         ok = make_map(&tsb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->n, ldb, FB_BN, 1, CU_TENSOR_MAP_SWIZZLE_NONE);
@@ -286,10 +308,10 @@ extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void
     FbArgs fa{p->sa, p->sb, kb, p->a_2d ? 7 : 0, (p->m + bm - 1) / bm, (p->n + FB_BN - 1) / FB_BN};
     const Epi e = make_epi(p->epi, p->m, p->n);
     switch (p->variant) {
-    case 0: err = launch_sb<2, false>(ta, tb, tsb, fa, e, sbcol, true, st); break;
-    case 1: err = launch_sb<2, false>(ta, tb, tsb, fa, e, sbcol, false, st); break;
-    case 2: err = launch_sb<3, false>(ta, tb, tsb, fa, e, sbcol, true, st); break;
-    default: err = launch_sb<2, true>(ta, tb, tsb, fa, e, sbcol, true, st); break;
+    case 0: err = launch_sb<2, 1>(ta, tb, tsb, fa, e, sbcol, st); break;
+    case 1: err = launch_sb<3, 1>(ta, tb, tsb, fa, e, sbcol, st); break;
+    case 2: err = launch_sb<2, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
+    default: err = launch_sb<3, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
     }
     cudaError_t ferr = sbt ? cudaFreeAsync(sbt, st) : cudaSuccess;
     return (int)(err != cudaSuccess ? err : ferr);

@@ -70,8 +70,8 @@ typedef struct {
     int a_2d, b_2d;
     int64_t m, n, k;
     dw_sm90_epi epi;
-    int variant; /* 0: 2 consumer warpgroups (128x128 tile), persistent; 1: same, one CTA per tile;
-                    2: 3 consumer warpgroups (192x128), persistent; 3: as 0 with two partials */
+    int variant; /* bit 0: 3 consumer warpgroups (192x128 tile), else 2 (128x128); bit 1: clusters of
+                    2 CTAs sharing B through TMA multicast. Always persistent. */
 } dw_fp8block_sm90_args;
 int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream);
 

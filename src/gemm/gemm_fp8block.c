@@ -43,10 +43,10 @@ static dw_status fb_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
 void dw_gemm_fp8block_sm90_register(void) {
 #if DW_HAVE_CUDA
     static int variants[4] = {0, 1, 2, 3};
-    static const char *names[4] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_np", "deepwell_fp8block_sm90_3wg",
-                                   "deepwell_fp8block_sm90_db"};
+    static const char *names[4] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg", "deepwell_fp8block_sm90_mc",
+                                   "deepwell_fp8block_sm90_3wg_mc"};
     /* below cublaslt_fp8_sm90 (10) until measured faster (docs/gemm.md) */
-    static const int prio[4] = {8, 5, 7, 6};
+    static const int prio[4] = {5, 8, 6, 7};
     for (int i = 0; i < 4; i++) {
         dw_kernel_desc d = {.name = names[i], .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
                             .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = prio[i],

@@ -134,6 +134,32 @@ __device__ __forceinline__ void epi_store_pair(const Epi &e, int64_t r, int64_t 
     if (c + 1 < e.n) store_out(e.d, e.out_bf16, r * e.n + c + 1, epi_value(e, r, c + 1, a1, &aw));
 }
 
+// ---- clusters (TMA multicast between the CTAs of a cluster) ----
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// All threads of every CTA of the cluster (orders mbarrier inits and smem before remote use).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Arrives on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank) {
+    asm volatile("{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
+                 " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(smem_u32(bar)),
+                 "r"(rank)
+                 : "memory");
+}
+// TMA load of one box into the same offset of every CTA in `mask`, completing on each one's `bar`.
+__device__ __forceinline__ void tma_load_2d_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                               uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+                 : "memory");
+}
+
 // Tile t of a tiles_m x tiles_n grid in GROUP_M-tall column bands, so that the CTAs running at
 // once share their B tiles (and A tiles) in L2.
 __device__ __forceinline__ void tile_coords(int64_t t, int64_t tiles_m, int64_t tiles_n, int group_m, int64_t *tm,

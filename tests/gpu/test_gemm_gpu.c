@@ -258,8 +258,8 @@ static void test_fp8block_own(void **state) {
     const double tol = 1e-3, tol16 = 5e-3;
     const int32_t BLK = DW_RECIPE_FP8_BLOCK, BLK2 = DW_RECIPE_FP8_BLOCK2D;
     const int32_t F32 = DW_GEMM_OUT_F32, B16 = DW_GEMM_OUT_BF16;
-    const char *names[] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_np", "deepwell_fp8block_sm90_3wg",
-                           "deepwell_fp8block_sm90_db"};
+    const char *names[] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg", "deepwell_fp8block_sm90_mc",
+                           "deepwell_fp8block_sm90_3wg_mc"};
     double worst = 0, worst16 = 0;
     for (int v = 0; v < 4; v++) {
         const char *k = names[v];
