@@ -1,5 +1,5 @@
 /* gemm.h — private: the GEMM layer's internals: the registry table, the backends (CPU reference,
- * cuBLASLt, Deepwell's own sm_90a MXFP8 kernel) and the Blackwell scale-layout emulation.
+ * cuBLASLt, Deepwell's own sm_90a MXFP8 and FP8 block kernels) and the Blackwell scale-layout emulation.
  * Not public: users see dw_gemm / dw_kernel_register in deepwell.h. */
 #ifndef DW_GEMM_GEMM_H
 #define DW_GEMM_GEMM_H
