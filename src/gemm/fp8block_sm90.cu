@@ -151,12 +151,15 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL>::THREADS, 1)
             for (int64_t u = u0; u < units; u += ustep) {
                 int64_t um, tn;
                 tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
-                const int64_t tm = um * CL + rank; // may be past tiles_m: TMA fills zeros, nothing stored
+                // with CL = 2 the second tile may lie past tiles_m: no A for it (nothing of it is
+                // stored), but its B half still goes to the peer
+                const int64_t tm = um * CL + rank;
+                const bool a_in = tm < p.tiles_m;
                 for (int kt = 0; kt < ktiles; kt++, it++) {
                     const int s = (int)(it % ST);
                     if (it >= ST) mbar_wait(&empty[s], (uint32_t)((it / ST - 1) & 1));
-                    mbar_expect_tx(&full[s], C::STAGE_TX);
-                    tma_load_2d(sA + s * C::A_BYTES, &tA, &full[s], kt * FB_BK, (int)(tm * BM));
+                    mbar_expect_tx(&full[s], a_in ? C::STAGE_TX : C::STAGE_TX - C::A_BYTES);
+                    if (a_in) tma_load_2d(sA + s * C::A_BYTES, &tA, &full[s], kt * FB_BK, (int)(tm * BM));
                     if constexpr (CL == 1) tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], kt * FB_BK, (int)(tn * FB_BN));
                     else // this CTA's half of the B tile, into both CTAs
                         tma_load_2d_mc(sB + s * C::B_BYTES + rank * (FB_BN / 2) * FB_BK, &tB, &full[s], kt * FB_BK,
