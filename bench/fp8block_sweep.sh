@@ -26,7 +26,17 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
   done
   # cuBLASLt once more at the end (drift of clocks over the run)
   timeout 25 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend cublaslt_fp8_sm90 2>&1 | tail -n +2
-} | tee "$out/bench.txt"
+} >"$out/bench.txt"
+# one row per shape, one column per backend (TFLOP/s; a backend timed twice gets a second column)
+awk '$4 == "bf16" || $4 == "fp8_block" {
+       key = $1 "x" $2 "x" $3; col = $5; while ((key SUBSEP col) in v) col = col "+";
+       if (!(col in seen)) { seen[col] = 1; cols[++nc] = col }
+       if (!(key in kseen)) { kseen[key] = 1; keys[++nk] = key }
+       v[key, col] = $7 }
+     END { printf "%-18s", "shape"; for (c = 1; c <= nc; c++) printf " %s", cols[c]; print "";
+           for (k = 1; k <= nk; k++) { printf "%-18s", keys[k];
+             for (c = 1; c <= nc; c++) printf " %*s", length(cols[c]), ((keys[k], cols[c]) in v) ? v[keys[k], cols[c]] : "-";
+             print "" } }' "$out/bench.txt"
 # the test's outcome last, where the reply's tail shows it
 echo "gpu_test_gemm_gpu rc=$trc ($tt s)"
 grep -E "FAIL|ERROR|worst|PASSED|fp8block.*rel err|rel err [0-9.e-]+ over" "$out/test_gemm_gpu.log" | cut -c1-120 | tail -45
