@@ -14,7 +14,7 @@ bash scripts/gpu-verify.sh build || exit 1 # into build-gpu, logs under $OUT
 out=${OUT:-out} b=build-gpu
 export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 s=$(date +%s)
-timeout ${TEST_TIMEOUT:-150} $b/tests/gpu_test_gemm_gpu >"$out/test_gemm_gpu.log" 2>&1
+timeout ${TEST_TIMEOUT:-90} stdbuf -oL $b/tests/gpu_test_gemm_gpu >"$out/test_gemm_gpu.log" 2>&1
 trc=$?
 tt=$(( $(date +%s) - s ))
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
@@ -22,10 +22,10 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
 {
   timeout 60 $b/deepwell bench gemm --shapes "$shapes" --recipes bf16,fp8_block 2>&1
   for k in "${backends[@]}"; do
-    timeout 25 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend "$k" 2>&1 | tail -n +2
+    timeout 20 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend "$k" 2>&1 | tail -n +2
   done
   # cuBLASLt once more at the end (drift of clocks over the run)
-  timeout 25 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend cublaslt_fp8_sm90 2>&1 | tail -n +2
+  timeout 20 $b/deepwell bench gemm --shapes "$shapes" --recipes fp8_block --backend cublaslt_fp8_sm90 2>&1 | tail -n +2
 } >"$out/bench.txt"
 # one row per shape, one column per backend (TFLOP/s; a backend timed twice gets a second column)
 awk '$4 == "bf16" || $4 == "fp8_block" {
