@@ -89,10 +89,8 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
     assert_int_equal(cudaMemset(g.d, 0xff, dn), cudaSuccess); /* poison: NaN */
     if (!(epi & DW_EPI_DGELU)) assert_int_equal(cudaMemset(g.aux, 0xff, dn), cudaSuccess);
     assert_int_equal(cudaMemset(g.bgrad, 0xff, (size_t)m * es), cudaSuccess);
-    /* forced by name: ranked below the BF16 route (MXFP8), or competing with each other (FP8 block) */
-    if (!strncmp(want, "deepwell_mxfp8_wgmma", 20) || !strncmp(want, "deepwell_fp8block", 17) ||
-        !strcmp(want, "cublaslt_fp8_sm90"))
-        g.backend = want;
+    /* forced by name: ranked below the BF16 route (MXFP8) or below cuBLASLt (FP8 block) */
+    if (!strncmp(want, "deepwell_mxfp8_wgmma", 20) || !strncmp(want, "deepwell_fp8block", 17)) g.backend = want;
     const char *name = NULL;
     if (dw_gemm_select(g_gpu, &g, &name) != DW_OK) fail_msg("select: %s", dw_errmsg(g_gpu));
     if (strcmp(name, want)) fail_msg("selected %s, expected %s", name, want);
