@@ -265,7 +265,7 @@ cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap
     at.id = cudaLaunchAttributeClusterDimension;
     at.val.clusterDim.x = CL, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
     cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3(C::THREADS), cfg.dynamicSmemBytes = C::SMEM;
-    cfg.stream = st, cfg.attrs = &at, cfg.numAttrs = 1;
+    cfg.stream = st, cfg.attrs = &at, cfg.numAttrs = CL > 1 ? 1 : 0; // CL = 1: a plain launch
     cudaError_t err = cudaLaunchKernelEx(&cfg, kern, a, b, sb, p, e);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
