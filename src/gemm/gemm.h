@@ -1,5 +1,5 @@
 /* gemm.h — private: the GEMM layer's internals: the registry table, the backends (CPU reference,
- * cuBLASLt, Deepwell's own sm_90a MXFP8 kernel) and the Blackwell scale-layout emulation.
+ * cuBLASLt, Deepwell's own sm_90a MXFP8 and FP8 block kernels) and the Blackwell scale-layout emulation.
  * Not public: users see dw_gemm / dw_kernel_register in deepwell.h. */
 #ifndef DW_GEMM_GEMM_H
 #define DW_GEMM_GEMM_H
@@ -43,5 +43,9 @@ void dw_gemm_register_builtins(void);
 dw_status dw_gemm_ref_run(dw_ctx *ctx, const dw_gemm_args *args, void *user);
 void dw_gemm_cublaslt_register(void);   /* no-op without CUDA */
 void dw_gemm_mxfp8_sm90_register(void); /* no-op without CUDA */
+void dw_gemm_fp8block_sm90_register(void); /* no-op without CUDA */
+/* Shared checks of Deepwell's own sm_90a kernels (gemm_mxfp8.c): K-major operands (A [m,k],
+ * B [n,k]), k a multiple of kmul, dimensions under 2^31, no BGRAD / DGELU epilogue. */
+bool dw_gemm_sm90_own_eligible(const dw_gemm_args *a, int64_t kmul, const char **why);
 
 #endif /* DW_GEMM_GEMM_H */

@@ -1,9 +1,11 @@
 /* gemm_cuda.h — private: C-callable helpers of the CUDA GEMM backends (scale re-layout kernels,
- * the sm_90a MXFP8 kernel's launcher). Plain C types only; streams passed as void*. */
+ * the launchers of the sm_90a MXFP8 and FP8 block-scaled kernels). Plain C types only; streams passed as void*. */
 #ifndef DW_GEMM_GEMM_CUDA_H
 #define DW_GEMM_GEMM_CUDA_H
 
 #include <stdint.h>
+
+#include "deepwell.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,15 +30,9 @@ int dw_gemm_cuda_dequant_bf16(int ekind, int skind, const uint8_t *codes, const 
 int dw_gemm_cuda_alpha_beta(float alpha, float beta, const float *pa, float va, const float *pb, float vb,
                             float *out, void *stream);
 
-/* Deepwell's sm_90a MXFP8 GEMM (FP8 wgmma with per-32 UE8M0 promotion in FP32):
- *   D [m, n] = epi(alpha * sum_kb sa[i, kb] sb[j, kb] (A[i, kb*32:+32] . B[j, kb*32:+32]) + beta C)
- * A codes [m, k], B codes [n, k] (E4M3, or E5M2 when e5m2_a / e5m2_b), scales [m, k/32], [n, k/32]
- * UE8M0. out_bf16 selects BF16 (else FP32) for d, c, bias, aux. k % 32 == 0, k % 16 bytes.
- * Returns a cudaError_t (0 = launched). */
+/* The epilogue of Deepwell's own sm_90a kernels: D = GELU?(alpha acc + beta C + bias), the
+ * pre-activation to aux when set (NULL: none). out_bf16 selects BF16 (else FP32) for d, c, bias, aux. */
 typedef struct {
-    const uint8_t *a, *b, *sa, *sb;
-    int64_t m, n, k;
-    int e5m2_a, e5m2_b;
     float alpha, beta;
     const void *c;
     void *d;
@@ -44,10 +40,40 @@ typedef struct {
     const void *bias;
     void *aux;
     int gelu;
+} dw_sm90_epi;
+/* The epilogue fields of a GEMM call (gemm_mxfp8.c). */
+dw_sm90_epi dw_gemm_sm90_epi(const dw_gemm_args *a);
+
+/* Deepwell's sm_90a MXFP8 GEMM (FP8 wgmma with per-32 UE8M0 promotion in FP32):
+ *   D [m, n] = epi(alpha * sum_kb sa[i, kb] sb[j, kb] (A[i, kb*32:+32] . B[j, kb*32:+32]) + beta C)
+ * A codes [m, k], B codes [n, k] (E4M3, or E5M2 when e5m2_a / e5m2_b), scales [m, k/32], [n, k/32]
+ * UE8M0. k % 32 == 0, k % 16 bytes.
+ * Returns a cudaError_t (0 = launched). */
+typedef struct {
+    const uint8_t *a, *b, *sa, *sb;
+    int64_t m, n, k;
+    int e5m2_a, e5m2_b;
+    dw_sm90_epi epi;
     int variant; /* 0: 2 warpgroups (128x128 tile); 1: same with two partial accumulators (chunk c+1 in
                     flight during c's promotion); 2: 3 warpgroups (192x128 tile), one partial */
 } dw_mxfp8_sm90_args;
 int dw_gemm_mxfp8_sm90_launch(const dw_mxfp8_sm90_args *p, void *stream);
+
+/* Deepwell's sm_90a FP8 block-scaled GEMM (DeepSeek-V3 recipe; FP8 wgmma, promotion per 128 of K):
+ *   D [m, n] = epi(alpha * sum_kb sa(i, kb) sb(j, kb) (A[i, kb*128:+128] . B[j, kb*128:+128]) + beta C)
+ * A codes [m, k], B codes [n, k] (E4M3, 16-byte aligned). Scales FP32 as FORMATS.md stores them:
+ * 1x128 (x_2d = 0): [rows, k/128]; 128x128 (x_2d = 1): [ceil(rows/128), k/128]. k % 128 == 0;
+ * m, n any. Returns a cudaError_t. */
+typedef struct {
+    const uint8_t *a, *b;
+    const float *sa, *sb;
+    int a_2d, b_2d;
+    int64_t m, n, k;
+    dw_sm90_epi epi;
+    int variant; /* bit 0: 3 consumer warpgroups (192x128 tile), else 2 (128x128); bit 1: clusters of
+                    2 CTAs sharing B through TMA multicast. Always persistent. */
+} dw_fp8block_sm90_args;
+int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream);
 
 #ifdef __cplusplus
 }

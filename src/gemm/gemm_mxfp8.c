@@ -1,5 +1,7 @@
 /* gemm_mxfp8.c — registry entry and host-side checks of Deepwell's own sm_90a MXFP8 kernel
  * (mxfp8_sm90.cu): Blackwell MXFP8 numerics on Hopper's FP8 wgmma with per-32 promotion. */
+#include <stdio.h>
+
 #include "core/ctx.h"
 #include "core/error.h"
 #include "gemm/gemm.h"
@@ -15,13 +17,16 @@ static bool is_mx8(int32_t r) { return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MX
 static bool mx_sm90_eligible(const dw_gemm_args *a, void *user, const char **why) {
     (void)user;
     if (!is_mx8(a->a.recipe) || !is_mx8(a->b.recipe)) return *why = "A and B must be mxfp8 or mxfp8_e5m2", false;
-    if (a->a.trans || !a->b.trans)
-        return *why = "needs K-major operands: A stored [m,k], B stored [n,k] (trans_b)", false;
-    if (a->k % 32) return *why = "k must be a multiple of 32 (one UE8M0 scale per 32)", false;
-    if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return *why = "dimensions over 2^31", false;
-    if (a->epilogue & (DW_EPI_BGRAD | DW_EPI_DGELU))
-        return *why = "no bias-gradient or GELU-gradient epilogue in this kernel", false;
-    return true;
+    return dw_gemm_sm90_own_eligible(a, 32, why);
+}
+
+/* The epilogue fields of a, as the own kernels' launchers take them. */
+dw_sm90_epi dw_gemm_sm90_epi(const dw_gemm_args *a) {
+    return (dw_sm90_epi){.alpha = a->alpha, .beta = a->beta, .c = a->c, .d = a->d,
+                         .out_bf16 = a->out_type == DW_GEMM_OUT_BF16,
+                         .bias = (a->epilogue & DW_EPI_BIAS) ? a->bias : NULL,
+                         .aux = (a->epilogue & DW_EPI_GELU_AUX) ? a->aux : NULL,
+                         .gelu = (a->epilogue & DW_EPI_GELU) != 0};
 }
 
 static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
@@ -31,17 +36,28 @@ static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
         .a = a->a.data, .b = a->b.data, .sa = a->a.scales, .sb = a->b.scales,
         .m = a->m, .n = a->n, .k = a->k,
         .e5m2_a = a->a.recipe == DW_RECIPE_MXFP8_E5M2, .e5m2_b = a->b.recipe == DW_RECIPE_MXFP8_E5M2,
-        .alpha = a->alpha, .beta = a->beta, .c = a->c, .d = a->d,
-        .out_bf16 = a->out_type == DW_GEMM_OUT_BF16,
-        .bias = (a->epilogue & DW_EPI_BIAS) ? a->bias : NULL,
-        .aux = (a->epilogue & DW_EPI_GELU_AUX) ? a->aux : NULL,
-        .gelu = (a->epilogue & DW_EPI_GELU) != 0,
+        .epi = dw_gemm_sm90_epi(a),
         .variant = user ? *(const int *)user : 0,
     };
     DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_mxfp8_sm90_launch(&p, stream));
     return DW_OK;
 }
 #endif
+
+bool dw_gemm_sm90_own_eligible(const dw_gemm_args *a, int64_t kmul, const char **why) {
+    static char buf[64];
+    if (a->a.trans || !a->b.trans)
+        return *why = "needs K-major operands: A stored [m,k], B stored [n,k] (trans_b)", false;
+    if (a->k % kmul) {
+        snprintf(buf, sizeof buf, "k must be a multiple of %lld (one scale per %lld of K)", (long long)kmul,
+                 (long long)kmul);
+        return *why = buf, false;
+    }
+    if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX) return *why = "dimensions over 2^31", false;
+    if (a->epilogue & (DW_EPI_BGRAD | DW_EPI_DGELU))
+        return *why = "no bias-gradient or GELU-gradient epilogue in this kernel", false;
+    return true;
+}
 
 void dw_gemm_mxfp8_sm90_register(void) {
 #if DW_HAVE_CUDA

@@ -75,4 +75,5 @@ void dw_gemm_register_builtins(void) {
     DW_ASSERT(s == DW_OK);
     dw_gemm_cublaslt_register();
     dw_gemm_mxfp8_sm90_register();
+    dw_gemm_fp8block_sm90_register();
 }

@@ -7,13 +7,8 @@
 // the TMA copies (codes with 128B swizzle, and decoded FP32 scales) into a
 // STAGES-deep ring guarded by full/empty mbarriers. A pre-pass decodes the UE8M0 scales into
 // FP32, K-block-major ([k/32][m] and [k/32][n]), so that the producer can TMA them too.
-#include <cuda.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <cudaTypedefs.h>
-#include <stdint.h>
-
 #include "gemm/gemm_cuda.h"
+#include "gemm/sm90_common.cuh"
 
 namespace {
 
@@ -30,105 +25,8 @@ template <int NWG> struct Cfg {
     static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
 };
 
-// Epilogue parameters: D = epi(alpha acc + beta C + bias), pre-activation to aux when set.
-struct Epi {
-    float alpha, beta;
-    const void *c;
-    void *d;
-    const void *bias;
-    void *aux;
-    int gelu, out_bf16;
-    int64_t m, n;
-};
-
-// Device code exists for sm_90a only; the sm_100a pass sees an empty kernel (never selected there).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900
-#define DW_MX_SM90_BODY 1
+#ifdef DW_SM90_BODY
 constexpr int GROUP_M = 16;                    // tile raster: 16 M-tiles share the B tiles in L2
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-    asm volatile(
-        "{\n .reg .pred P1;\n WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-        " @P1 bra DONE_%=;\n bra WAIT_%=;\n DONE_%=:\n}" ::"r"(smem_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-            smem_u32(dst)),
-        "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-        : "memory");
-}
-
-// wgmma shared-memory descriptor: K-major tile, rows of 128 bytes, 128-byte swizzle, 8-row atoms
-// 1024 bytes apart.
-__device__ __forceinline__ uint64_t make_desc(const void *p) {
-    uint64_t a = smem_u32(p);
-    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Ties the accumulator registers to this point of the program (no reads move above a wait).
-__device__ __forceinline__ void reg_fence(float *d) {
-    asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
-}
-
-// D[64x128] = A[64x32] . B[128x32]^T, overwriting d (scale-d = 0). The operands are "+f" so that
-// the compiler keeps each partial in the same registers ("=f" let it rename them: spills).
-template <bool E5A, bool E5B>
-__device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db) {
-#define DW_WGMMA(TYPES)                                                                         \
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"                                  \
-                 " wgmma.mma_async.sync.aligned.m64n128k32.f32" TYPES " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}" \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                        \
-                 : "l"(da), "l"(db), "r"(0))
-    if constexpr (!E5A && !E5B) DW_WGMMA(".e4m3.e4m3");
-    else if constexpr (E5A && !E5B) DW_WGMMA(".e5m2.e4m3");
-    else if constexpr (!E5A && E5B) DW_WGMMA(".e4m3.e5m2");
-    else DW_WGMMA(".e5m2.e5m2");
-#undef DW_WGMMA
-}
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
-
-__device__ __forceinline__ float load_out(const void *p, int bf16, int64_t i) {
-    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
-}
-__device__ __forceinline__ void store_out(void *p, int bf16, int64_t i, float v) {
-    if (bf16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else ((float *)p)[i] = v;
-}
-
-__device__ __forceinline__ float epi_value(const Epi &e, int64_t r, int64_t c, float acc, bool *aux_written) {
-    float v = e.alpha * acc;
-    if (e.beta != 0.0f) v += e.beta * load_out(e.c, e.out_bf16, r * e.n + c);
-    if (e.bias) v += load_out(e.bias, e.out_bf16, c);
-    if (e.aux) store_out(e.aux, e.out_bf16, r * e.n + c, v);
-    (void)aux_written;
-    if (e.gelu) v = gelu_tanh(v);
-    return v;
-}
 
 // Promotion of one 32-K chunk: acc += sa[row] * (part * sb[col]). Both scales are powers of two,
 // so this equals (sa * sb) * part exactly; multiplying the partial first keeps the products from
@@ -146,14 +44,14 @@ __device__ __forceinline__ void promote(float *acc, float *part, const float *sa
     }
 }
 
-#endif // DW_MX_SM90_BODY
+#endif // DW_SM90_BODY
 
 template <bool E5A, bool E5B, bool DB, int NWG>
 __global__ void __launch_bounds__(Cfg<NWG>::THREADS, 1)
     mxfp8_gemm_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                       const __grid_constant__ CUtensorMap tSA, const __grid_constant__ CUtensorMap tSB, int64_t k,
                       Epi e) {
-#ifdef DW_MX_SM90_BODY
+#ifdef DW_SM90_BODY
     using C = Cfg<NWG>;
     constexpr int BM = C::BM, STAGES = C::STAGES;
     extern __shared__ uint8_t smem_raw[];
@@ -167,10 +65,8 @@ __global__ void __launch_bounds__(Cfg<NWG>::THREADS, 1)
 
     const int tid = threadIdx.x;
     const int64_t tiles_m = (e.m + BM - 1) / BM, tiles_n = (e.n + BN - 1) / BN;
-    const int64_t bid = blockIdx.x, per_group = (int64_t)GROUP_M * tiles_n;
-    const int64_t first_m = (bid / per_group) * GROUP_M;
-    const int64_t gm = min((int64_t)GROUP_M, tiles_m - first_m);
-    const int64_t tm = first_m + (bid % per_group) % gm, tn = (bid % per_group) / gm;
+    int64_t tm, tn;
+    tile_coords(blockIdx.x, tiles_m, tiles_n, GROUP_M, &tm, &tn);
     const int ktiles = (int)((k + BK - 1) / BK);
 
     if (tid == 0) {
@@ -283,32 +179,6 @@ __global__ void decode_scales_kernel(const uint8_t *src, int64_t rows, int64_t k
     dst[idx] = v;
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    if (!fn) {
-        cudaDriverEntryPointQueryResult q;
-        void *p = nullptr;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-    }
-    return fn;
-}
-
-// 2-D tensor map over row-major [rows, cols] elements of `esize` bytes, row stride `ld` elements.
-bool make_map(CUtensorMap *m, const void *base, CUtensorMapDataType t, int esize, int64_t rows, int64_t cols,
-              int64_t ld, uint32_t box_c, uint32_t box_r, CUtensorMapSwizzle sw) {
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    cuuint64_t strides[1] = {(cuuint64_t)(ld * esize)};
-    cuuint32_t box[2] = {box_c, box_r};
-    cuuint32_t es[2] = {1, 1};
-    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-    if (!fn) return false;
-    return fn(m, t, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <bool E5A, bool E5B, bool DB, int NWG>
 cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sa, const CUtensorMap &sb,
                    int64_t k, const Epi &e, cudaStream_t st) {
@@ -357,7 +227,7 @@ extern "C" int dw_gemm_mxfp8_sm90_launch(const dw_mxfp8_sm90_args *p, void *stre
         cudaFreeAsync(scales, st);
         return (int)cudaErrorInvalidValue;
     }
-    Epi e{p->alpha, p->beta, p->c, p->d, p->bias, p->aux, p->gelu, p->out_bf16, p->m, p->n};
+    const Epi e = make_epi(p->epi, p->m, p->n);
     if (p->variant == 1) err = launch_types<true, 2>(p, ta, tb, tsa, tsb, e, st);
     else if (p->variant == 2) err = launch_types<false, 3>(p, ta, tb, tsa, tsb, e, st);
     else err = launch_types<false, 2>(p, ta, tb, tsa, tsb, e, st);

@@ -89,7 +89,8 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
     assert_int_equal(cudaMemset(g.d, 0xff, dn), cudaSuccess); /* poison: NaN */
     if (!(epi & DW_EPI_DGELU)) assert_int_equal(cudaMemset(g.aux, 0xff, dn), cudaSuccess);
     assert_int_equal(cudaMemset(g.bgrad, 0xff, (size_t)m * es), cudaSuccess);
-    if (!strncmp(want, "deepwell_mxfp8_wgmma", 20)) g.backend = want; /* ranked below the BF16 route */
+    /* forced by name: ranked below the BF16 route (MXFP8) or below cuBLASLt (FP8 block) */
+    if (!strncmp(want, "deepwell_mxfp8_wgmma", 20) || !strncmp(want, "deepwell_fp8block", 17)) g.backend = want;
     const char *name = NULL;
     if (dw_gemm_select(g_gpu, &g, &name) != DW_OK) fail_msg("select: %s", dw_errmsg(g_gpu));
     if (strcmp(name, want)) fail_msg("selected %s, expected %s", name, want);
@@ -239,6 +240,59 @@ static void test_mxfp8_own(void **state) {
     }
 }
 
+/* Deepwell's FP8 block-scaled kernel (DeepSeek-V3 recipe), every variant, forced by name.
+ * Bound 1e-3 (FP32 output), from the mechanism: each 128-K tile's partial is summed by the FP8
+ * tensor cores, which align the products of a k32 step to the largest and keep ~13 fraction bits
+ * (2^-13 = 1.2e-4 of the largest term per step, 4 steps per tile, errors of independent tiles
+ * adding in quadrature, relative to a result of the same order as the terms); the promotion
+ * and the epilogue are FP32. The same bound as cuBLASLt's FP8 paths (test_fp8_cublaslt), which
+ * use the same tensor cores. BF16 output: 5e-3 (BF16 rounding, 2^-9). The worst error is printed. */
+static void fp8block_cases(const char *const *names, int nv) {
+    if (g_sm != 90) {
+        printf("  deepwell_fp8block_sm90*: not run (device is sm_%d)\n", g_sm);
+        return;
+    }
+    const double tol = 1e-3, tol16 = 5e-3;
+    const int32_t BLK = DW_RECIPE_FP8_BLOCK, BLK2 = DW_RECIPE_FP8_BLOCK2D;
+    const int32_t F32 = DW_GEMM_OUT_F32, B16 = DW_GEMM_OUT_BF16;
+    double worst = 0, worst16 = 0;
+    for (int v = 0; v < nv; v++) {
+        const char *k = names[v];
+        double e[7], f[2];
+        /* ragged m, n (off the 128 and 192 tiles, odd tile counts for the clusters), both B scale
+         * layouts, beta, bias, an odd n */
+        e[0] = gpu_case(k, BLK, BLK2, false, true, F32, 0, 300, 200, 384, 0);
+        e[1] = gpu_case(k, BLK, BLK, false, true, F32, DW_EPI_BIAS, 129, 257, 1024, 0.5f);
+        e[2] = gpu_case(k, BLK, BLK, false, true, F32, 0, 512, 768, 4096, 0);
+        e[3] = gpu_case(k, BLK2, BLK, false, true, F32, 0, 200, 136, 512, 1.0f); /* wgrad-like: beta = 1 */
+        e[4] = gpu_case(k, BLK, BLK2, false, true, F32, DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX, 256, 384, 640, 0);
+        e[5] = gpu_case(k, BLK, BLK, false, true, F32, 0, 130, 131, 128, 0.25f);
+        e[6] = gpu_case(k, BLK2, BLK2, false, true, F32, 0, 520, 392, 1152, 0);
+        f[0] = gpu_case(k, BLK, BLK2, false, true, B16, DW_EPI_BIAS | DW_EPI_GELU, 333, 222, 256, 0);
+        f[1] = gpu_case(k, BLK, BLK, false, true, B16, 0, 1024, 512, 2048, 0.5f);
+        for (int i = 0; i < 7; i++)
+            if (!(e[i] <= worst)) worst = e[i]; /* NaN-safe: NaN makes worst NaN */
+        for (int i = 0; i < 2; i++)
+            if (!(f[i] <= worst16)) worst16 = f[i];
+    }
+    printf("  %s..: worst rel err %.3g (f32, bound %.0e), %.3g (bf16, bound %.0e)\n", names[0], worst, tol, worst16,
+           tol16);
+    CHECK_ERR(worst, tol);
+    CHECK_ERR(worst16, tol16);
+}
+static void test_fp8block_own(void **state) {
+    (void)state;
+    const char *names[] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg"};
+    fp8block_cases(names, 2);
+}
+/* The cluster variants (TMA multicast of B between 2 CTAs) separately: a fault there leaves the
+ * verdict on the others standing. */
+static void test_fp8block_own_mc(void **state) {
+    (void)state;
+    const char *names[] = {"deepwell_fp8block_sm90_mc", "deepwell_fp8block_sm90_3wg_mc"};
+    fp8block_cases(names, 2);
+}
+
 /* Autotune: the first call times every eligible kernel and keeps the fastest; the result is still
  * right (bound of the least exact candidate, the FP8-wgmma kernel), and explain reports the choice. */
 static void test_autotune(void **state) {
@@ -275,12 +329,24 @@ static void test_refusals(void **state) {
     assert_int_equal(dw_gemm_select(g_gpu, &a, &name), DW_ERR_UNSUPPORTED);
     printf("%s\n", dw_errmsg(g_gpu));
     assert_non_null(strstr(dw_errmsg(g_gpu), "TN only"));
-    /* FP8 with GELU: cuBLASLt has none on sm_90, so no kernel; the message says why */
+    /* FP8 block with GELU: cuBLASLt has none on sm_90, Deepwell's block kernel has; the GELU
+     * gradient neither: no kernel, and the message says why */
     a.b = oc.op;
     assert_int_equal(dw_gemm_select(g_gpu, &a, &name), DW_OK);
     a.epilogue = DW_EPI_GELU;
+    assert_int_equal(dw_gemm_select(g_gpu, &a, &name), DW_OK);
+    assert_non_null(strstr(name, "deepwell_fp8block_sm90"));
+    a.epilogue = DW_EPI_DGELU;
+    a.aux = d;
     assert_int_equal(dw_gemm_select(g_gpu, &a, &name), DW_ERR_UNSUPPORTED);
-    assert_non_null(strstr(dw_errmsg(g_gpu), "GELU"));
+    assert_non_null(strstr(dw_errmsg(g_gpu), "GELU-gradient"));
+    /* k off the 128 grid: refused by the block kernel with its reason */
+    a.epilogue = 0;
+    a.backend = "deepwell_fp8block_sm90";
+    a.k = 96;
+    a.a.cols = a.b.cols = 96;
+    assert_int_equal(dw_gemm_select(g_gpu, &a, &name), DW_ERR_UNSUPPORTED);
+    assert_non_null(strstr(dw_errmsg(g_gpu), "multiple of 128"));
     cudaFree(d);
     tg_free(&oa);
     tg_free(&ob);
@@ -295,6 +361,8 @@ int main(void) {
         cmocka_unit_test(test_fp8_cublaslt),
         cmocka_unit_test(test_mx_dequant),
         cmocka_unit_test(test_mxfp8_own),
+        cmocka_unit_test(test_fp8block_own),
+        cmocka_unit_test(test_fp8block_own_mc),
         cmocka_unit_test(test_autotune),
         cmocka_unit_test(test_refusals),
     };

@@ -363,11 +363,54 @@ static void test_scale_tiles_emulated_gemm(void **state) {
     dw_ctx_free(ctx);
 }
 
+/* The shared eligibility checks of Deepwell's own sm_90a kernels (MXFP8: k % 32, FP8 block: k % 128):
+ * K-major operands only, k on the scale grid, dimensions under 2^31, no BGRAD / DGELU; random shapes. */
+static void test_sm90_own_checks(void **state) {
+    (void)state;
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 5);
+    const int64_t kmuls[2] = {32, 128};
+    for (int t = 0; t < 200; t++) {
+        const int64_t kmul = kmuls[t & 1];
+        int64_t m = 1 + (int64_t)(dw_test_next(&rng) % 5000), n = 1 + (int64_t)(dw_test_next(&rng) % 5000);
+        int64_t k = kmul * (1 + (int64_t)(dw_test_next(&rng) % 64));
+        dw_gemm_args a = {.m = m, .n = n, .k = k};
+        a.a = (dw_gemm_operand){.rows = m, .cols = k};
+        a.b = (dw_gemm_operand){.trans = true, .rows = n, .cols = k};
+        const char *why = NULL;
+        assert_true(dw_gemm_sm90_own_eligible(&a, kmul, &why));
+        a.epilogue = (int32_t)(dw_test_next(&rng) % 2 ? DW_EPI_BIAS : DW_EPI_BIAS | DW_EPI_GELU | DW_EPI_GELU_AUX);
+        assert_true(dw_gemm_sm90_own_eligible(&a, kmul, &why));
+        dw_gemm_args b = a; /* A stored [k, m] */
+        b.a.trans = true;
+        assert_false(dw_gemm_sm90_own_eligible(&b, kmul, &why));
+        assert_non_null(strstr(why, "K-major"));
+        b = a; /* B stored [k, n] */
+        b.b.trans = false;
+        assert_false(dw_gemm_sm90_own_eligible(&b, kmul, &why));
+        b = a; /* k off the scale grid */
+        b.k = k + 1 + (int64_t)(dw_test_next(&rng) % (uint64_t)(kmul - 1));
+        assert_false(dw_gemm_sm90_own_eligible(&b, kmul, &why));
+        char want[48];
+        snprintf(want, sizeof want, "multiple of %lld", (long long)kmul);
+        assert_non_null(strstr(why, want));
+        b = a;
+        b.epilogue = dw_test_next(&rng) % 2 ? DW_EPI_BGRAD : DW_EPI_DGELU;
+        assert_false(dw_gemm_sm90_own_eligible(&b, kmul, &why));
+        assert_non_null(strstr(why, "gradient"));
+        b = a;
+        b.m = (int64_t)INT32_MAX + 1 + (int64_t)(dw_test_next(&rng) % 1000);
+        assert_false(dw_gemm_sm90_own_eligible(&b, kmul, &why));
+        assert_non_null(strstr(why, "2^31"));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_all_recipes), cmocka_unit_test(test_reference_epilogues),
         cmocka_unit_test(test_reference_properties),  cmocka_unit_test(test_validation),
         cmocka_unit_test(test_registry),              cmocka_unit_test(test_scale_tiles_emulated_gemm),
+        cmocka_unit_test(test_sm90_own_checks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

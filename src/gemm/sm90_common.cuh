@@ -1,0 +1,201 @@
+// sm90_common.cuh — private device helpers shared by Deepwell's own sm_90a GEMM kernels
+// (mxfp8_sm90.cu, fp8block_sm90.cu): mbarriers, TMA loads and tensor maps, the wgmma descriptor and
+// the m64n128k32 FP8 wgmma, tile rasterisation, the scalar epilogue. CUDA C++; not a public header.
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#include "gemm/gemm_cuda.h"
+
+namespace {
+
+// Epilogue parameters: D = epi(alpha acc + beta C + bias), pre-activation to aux when set.
+struct Epi {
+    float alpha, beta;
+    const void *c;
+    void *d;
+    const void *bias;
+    void *aux;
+    int gelu, out_bf16;
+    int64_t m, n;
+};
+inline Epi make_epi(const dw_sm90_epi &x, int64_t m, int64_t n) {
+    return Epi{x.alpha, x.beta, x.c, x.d, x.bias, x.aux, x.gelu, x.out_bf16, m, n};
+}
+
+// Device code exists for sm_90a only; the sm_100a pass sees empty kernels (never selected there).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900
+#define DW_SM90_BODY 1
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n .reg .pred P1;\n WAIT_%=:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        " @P1 bra DONE_%=;\n bra WAIT_%=;\n DONE_%=:\n}" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+            smem_u32(dst)),
+        "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+// wgmma shared-memory descriptor: K-major tile, rows of 128 bytes, 128-byte swizzle, 8-row atoms
+// 1024 bytes apart.
+__device__ __forceinline__ uint64_t make_desc(const void *p) {
+    uint64_t a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Ties the accumulator registers to this point of the program (no reads move above a wait).
+__device__ __forceinline__ void reg_fence(float *d) {
+    asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
+}
+
+// D[64x128] = A[64x32] . B[128x32]^T (+ D when scale_d != 0, else overwriting d). The operands are "+f" so that
+// the compiler keeps each partial in the same registers ("=f" let it rename them: spills).
+template <bool E5A, bool E5B>
+__device__ __forceinline__ void wgmma_k32(float *d, uint64_t da, uint64_t db, int scale_d = 0) {
+#define DW_WGMMA(TYPES)                                                                         \
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"                                  \
+                 " wgmma.mma_async.sync.aligned.m64n128k32.f32" TYPES " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                        \
+                 : "l"(da), "l"(db), "r"(scale_d))
+    if constexpr (!E5A && !E5B) DW_WGMMA(".e4m3.e4m3");
+    else if constexpr (E5A && !E5B) DW_WGMMA(".e5m2.e4m3");
+    else if constexpr (!E5A && E5B) DW_WGMMA(".e4m3.e5m2");
+    else DW_WGMMA(".e5m2.e5m2");
+#undef DW_WGMMA
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f;
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+
+__device__ __forceinline__ float load_out(const void *p, int bf16, int64_t i) {
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+__device__ __forceinline__ void store_out(void *p, int bf16, int64_t i, float v) {
+    if (bf16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else ((float *)p)[i] = v;
+}
+
+__device__ __forceinline__ float epi_value(const Epi &e, int64_t r, int64_t c, float acc, bool *aux_written) {
+    float v = e.alpha * acc;
+    if (e.beta != 0.0f) v += e.beta * load_out(e.c, e.out_bf16, r * e.n + c);
+    if (e.bias) v += load_out(e.bias, e.out_bf16, c);
+    if (e.aux) store_out(e.aux, e.out_bf16, r * e.n + c, v);
+    (void)aux_written;
+    if (e.gelu) v = gelu_tanh(v);
+    return v;
+}
+
+// Register reallocation between warpgroups (needs a register cap at entry: __launch_bounds__(n, 1)).
+template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+
+// Stores the epilogue of D[r, c] and D[r, c + 1] (c even; c + 1 may be past n): one 4- or 8-byte
+// store when both lie inside a row of even length (aligned), else element by element.
+__device__ __forceinline__ void epi_store_pair(const Epi &e, int64_t r, int64_t c, float a0, float a1) {
+    bool aw = false;
+    if (c >= e.n) return;
+    float v0 = epi_value(e, r, c, a0, &aw);
+    if (c + 1 < e.n && !(e.n & 1)) {
+        float v1 = epi_value(e, r, c + 1, a1, &aw);
+        if (e.out_bf16) *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)e.d + r * e.n + c) = __floats2bfloat162_rn(v0, v1);
+        else *reinterpret_cast<float2 *>((float *)e.d + r * e.n + c) = make_float2(v0, v1);
+        return;
+    }
+    store_out(e.d, e.out_bf16, r * e.n + c, v0);
+    if (c + 1 < e.n) store_out(e.d, e.out_bf16, r * e.n + c + 1, epi_value(e, r, c + 1, a1, &aw));
+}
+
+// ---- clusters (TMA multicast between the CTAs of a cluster) ----
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// All threads of every CTA of the cluster (orders mbarrier inits and smem before remote use).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Arrives on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank) {
+    asm volatile("{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
+                 " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(smem_u32(bar)),
+                 "r"(rank)
+                 : "memory");
+}
+// TMA load of one box into the same offset of every CTA in `mask`, completing on each one's `bar`.
+__device__ __forceinline__ void tma_load_2d_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                               uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+                 : "memory");
+}
+
+// Tile t of a tiles_m x tiles_n grid in GROUP_M-tall column bands, so that the CTAs running at
+// once share their B tiles (and A tiles) in L2.
+__device__ __forceinline__ void tile_coords(int64_t t, int64_t tiles_m, int64_t tiles_n, int group_m, int64_t *tm,
+                                            int64_t *tn) {
+    const int64_t per_group = (int64_t)group_m * tiles_n, first_m = (t / per_group) * group_m;
+    const int64_t gm = min((int64_t)group_m, tiles_m - first_m);
+    *tm = first_m + (t % per_group) % gm;
+    *tn = (t % per_group) / gm;
+}
+
+#endif // DW_SM90_BODY
+
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (!fn) {
+        cudaDriverEntryPointQueryResult q;
+        void *p = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    return fn;
+}
+
+// 2-D tensor map over row-major [rows, cols] elements of `esize` bytes, row stride `ld` elements.
+inline bool make_map(CUtensorMap *m, const void *base, CUtensorMapDataType t, int esize, int64_t rows, int64_t cols,
+              int64_t ld, uint32_t box_c, uint32_t box_r, CUtensorMapSwizzle sw) {
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)(ld * esize)};
+    cuuint32_t box[2] = {box_c, box_r};
+    cuuint32_t es[2] = {1, 1};
+    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+    if (!fn) return false;
+    return fn(m, t, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+} // namespace
