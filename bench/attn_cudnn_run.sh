@@ -18,7 +18,8 @@ out=$(mktemp -d)
 deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 b=build-gpu
-sum="$out/summary.txt"
+mkdir -p "$dest"
+sum="$dest/summary.txt"  # written as it goes: a call that runs out of time still brings it back
 : >"$sum"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$sum"
 { echo "cudnn libs: $(ldconfig -p | grep -o 'libcudnn\.so\.[0-9]*[^ ]*' | sort -u | tr '\n' ' ')";
@@ -34,7 +35,7 @@ targets="gpu_test_attn_cudnn gpu_test_ops_cuda_attn gpu_test_train_cuda deepwell
 [ "${ALL:-0}" = 1 ] && targets=""  # everything: every GPU test runs below
 cmake -S . -B $b -G Ninja -DDW_CUDA=ON -DCMAKE_PREFIX_PATH="$deps" $inc >"$out/configure.log" 2>&1 &&
   ninja -C $b -j "$(nproc)" $targets >"$out/build.log" 2>&1 ||
-  { tail -30 "$out/configure.log" "$out/build.log"; mkdir -p "$dest"; cp "$out"/*.log "$dest/"; exit 1; }
+  { tail -30 "$out/configure.log" "$out/build.log"; cp "$out"/*.log "$dest/"; exit 1; }
 grep -i cudnn "$out/configure.log" | tee -a "$sum"
 echo "build $(( $(date +%s) - s )) s" | tee -a "$sum"
 
@@ -85,6 +86,6 @@ if [ "${STEP:-0}" = 1 ]; then
     grep -iE "^  att|cuDNN|warn" "$out/step_gpt2_$path.txt" | head -4 >>"$sum"
   done
 fi
-mkdir -p "$dest" && cp "$sum" "$dest/summary.txt" && tar czf "$dest/logs.tgz" -C "$out" .
+tar czf "$dest/logs.tgz" -C "$out" .
 echo "==== summary"
 cat "$sum"
