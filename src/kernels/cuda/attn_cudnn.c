@@ -3,8 +3,9 @@
  * scale, causal mask, softmax with stats, P·V; backward: dQ, dK, dV from Q, K, V, O, dO, stats).
  * libcudnn is loaded with dlopen (no link-time dependency). Plans are built once per shape and
  * direction, cached with their workspace, and never built during stream capture. Without the
- * cuDNN headers at build time this file is a stub that always declines. Not thread-safe across
- * concurrent first calls of one shape beyond the cache mutex. */
+ * cuDNN headers at build time this file is a stub that always declines. One cuDNN handle per
+ * process: the plan cache is mutex-guarded, but executes from several threads at once are not
+ * supported (cudnnSetStream then execute is not atomic). */
 #include "kernels/cuda/attn_cudnn.h"
 
 #include <stdio.h>
