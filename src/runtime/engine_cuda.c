@@ -696,6 +696,12 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
                           .d = (char *)CE->partials + 2048, .out_type = DW_GEMM_OUT_F32};
         DW_TRY(dw_gemm(ctx, &a));
     }
+    for (int ni = 0; ni < e->g->n_nodes; ni++) { /* attention's cuDNN plans now, not in a step */
+        const dw_ir_node *n = &e->g->nodes[ni];
+        if (n->op == DW_OP_ATTENTION)
+            DW_TRY(dw_cuda_attention_prepare(ctx, CE->dt, e->cap_b, e->cap_t, n->attrs.heads, n->attrs.kv_heads,
+                                             n->attrs.head_dim, attn_packed(e, ni)));
+    }
     DW_CUDA_CHECK(ctx, cudaStreamSynchronize(CE->stream));
     return DW_OK;
 }

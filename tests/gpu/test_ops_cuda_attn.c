@@ -9,7 +9,8 @@
  * mask, scale or head mapping is off by O(1)). lse: rtol 1e-5. BF16 activations: the same BF16
  * inputs on both sides and one BF16 rounding of the output: rtol 8e-3 (2 BF16 ulps), atol 1e-4.
  * Cross-entropy: the loss is a double mean of FP32 row losses, rtol 1e-5.
- * DW_ATTN_TILES=2,2,2 runs the same cases on attn_mma.cu's 128-row / 32-query-chunk variants. */
+ * DW_ATTN_TILES=2,2,2 runs the same cases on attn_mma.cu's 128-row / 32-query-chunk variants.
+ * Runs with DW_ATTN=mma unless the environment sets DW_ATTN (cuDNN: test_attn_cudnn.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -207,6 +208,9 @@ static void test_cross_entropy(void **state) {
 }
 
 int main(void) {
+    /* These tolerances and the determinism check are the mma / reference kernels'; cuDNN (the BF16
+     * default where it runs) has its own test, test_attn_cudnn.c. An outer DW_ATTN still wins. */
+    setenv("DW_ATTN", "mma", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_cross_entropy),

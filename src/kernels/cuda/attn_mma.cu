@@ -479,16 +479,20 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
 }
 
 /* ---- launchers --------------------------------------------------------------------------------
- * am_mode: 0 tensor cores with P and dS split hi + lo (default); 1 one BF16 term (DW_ATTN=nosplit,
- * an experiment that may miss the reference tolerance); 2 the reference kernels (DW_ATTN=ref).
- * am_tiles: forward rows per block / 64 (SUB), dQ rows per block / 64, dK/dV query chunks per tile
+ * dw_attn_mode (attn_mma.h) is the one reader of DW_ATTN. am_tiles: forward rows per block / 64 (SUB),
+ * dQ rows per block / 64, dK/dV query chunks per tile
  * (NH), 1 or 2 each, D = 64 only, from DW_ATTN_TILES="F,Q,K" (an experiment knob; default 1,1,1,
  * the fastest measured at the GPT-2 and llama-1b shapes: bench/RESULTS.md). */
-static int am_mode(void) {
+int dw_attn_mode(void) {
     static int mode = -1;
     if (mode < 0) {
         const char *env = getenv("DW_ATTN");
-        mode = env && !strcmp(env, "ref") ? 2 : env && !strcmp(env, "nosplit") ? 1 : 0;
+        mode = !env || !*env || !strcmp(env, "auto") ? DW_ATTN_AUTO
+               : !strcmp(env, "ref")                 ? DW_ATTN_REF
+               : !strcmp(env, "nosplit")             ? DW_ATTN_NOSPLIT
+               : !strcmp(env, "mma")                 ? DW_ATTN_MMA
+               : !strcmp(env, "cudnn")               ? DW_ATTN_CUDNN
+                                                     : DW_ATTN_AUTO;
     }
     return mode;
 }
@@ -580,7 +584,7 @@ static cudaError_t am_bwd_pick(void *dq, void *dk, void *dv, const void *dout, c
 }
 
 bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
-    if (am_mode() == 2 || (D != 64 && D != 128)) return false;
+    if (dw_attn_mode() == DW_ATTN_REF || (D != 64 && D != 128)) return false;
     for (int i = 0; i < n; i++)
         if ((uintptr_t)ptrs[i] % 16) return false;
     return true;
@@ -588,7 +592,7 @@ bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
 
 cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
                             int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
-    const bool split = am_mode() == 0;
+    const bool split = dw_attn_mode() != DW_ATTN_NOSPLIT;
     return D == 64 ? (split ? am_fwd_pick<64, true> : am_fwd_pick<64, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s)
                    : (split ? am_fwd_pick<128, true> : am_fwd_pick<128, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
 }
@@ -596,7 +600,7 @@ cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k,
 cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                             const void *v, const void *out, const float *lse, float *delta, int64_t B, int64_t T,
                             int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
-    const bool split = am_mode() == 0;
+    const bool split = dw_attn_mode() != DW_ATTN_NOSPLIT;
     return D == 64 ? (split ? am_bwd_pick<64, true> : am_bwd_pick<64, false>)(dq, dk, dv, dout, q, k, v, out, lse,
                                                                             delta, B, T, H, Hkv, rq, rk, s)
                    : (split ? am_bwd_pick<128, true> : am_bwd_pick<128, false>)(dq, dk, dv, dout, q, k, v, out, lse,

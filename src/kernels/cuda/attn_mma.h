@@ -8,6 +8,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The attention path DW_ATTN asks for (read once; the only reader of DW_ATTN): unset or "auto"
+ * the default choice (ops_attention.cu), "cudnn" cuDNN's fused graphs (an error where they cannot
+ * run), "mma" these tensor-core kernels (never cuDNN), "nosplit" these with P and dS in one BF16
+ * term (an experiment), "ref" the reference kernels. Unknown values mean auto. */
+enum { DW_ATTN_AUTO = 0, DW_ATTN_NOSPLIT = 1, DW_ATTN_REF = 2, DW_ATTN_MMA = 3, DW_ATTN_CUDNN = 4 };
+int dw_attn_mode(void);
 /* true when the tensor-core path can run: D 64 or 128, every pointer 16-byte aligned, and the
  * environment does not ask for the reference kernels (DW_ATTN=ref). */
 bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n);

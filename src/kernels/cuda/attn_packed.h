@@ -26,6 +26,14 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
                                        const void *out, const float *lse, float *delta, int64_t B,
                                        int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
 
+/* Builds, outside any step, what BF16 attention of this shape will need (cuDNN's plans and their
+ * workspaces, kernels/cuda/attn_cudnn.c), so that steps allocate nothing: engines call it at
+ * creation for each attention node. packed: q, k, v are views into a packed qkv row (the packed
+ * entries above), else separate tensors. DW_OK also when cuDNN is not selected or cannot run this
+ * shape (the step then takes another path, or reports why under DW_ATTN=cudnn). */
+dw_status dw_cuda_attention_prepare(dw_ctx *ctx, dw_act_dtype dt, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                    int64_t D, bool packed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,9 +3,13 @@
  * recomputes the probabilities from it in two kernels (dQ over query rows; dK, dV over key rows,
  * looping over the group's query heads), so every gradient is written once without atomics.
  * These are the reference kernels (one warp per row, one lane per key of a tile, FP32 FMA): FP32
- * activations, BF16 with D other than 64 / 128, and DW_ATTN=ref. BF16 with D = 64 or 128 goes to
- * the tensor-core kernels of attn_mma.cu (whose dQ kernel computes delta itself).
+ * activations, BF16 that neither faster path takes, and DW_ATTN=ref. BF16 with D <= 128 goes to
+ * cuDNN's fused flash attention (attn_cudnn.c) when DW_ATTN picks it (dw_att_use_cudnn) and its
+ * plan builds, else with D = 64 or 128 to the tensor-core kernels of attn_mma.cu (whose dQ kernel
+ * computes delta itself). All paths save the same lse, so forward and backward may differ.
  * Oracle: kernels/cpu/attention_cpu.c. Layouts: q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T). */
+#include "core/log.h"
+#include "kernels/cuda/attn_cudnn.h"
 #include "kernels/cuda/attn_mma.h"
 #include "kernels/cuda/attn_packed.h"
 #include "kernels/cuda/ops_common.cuh"
@@ -299,6 +303,24 @@ static dw_status dw_att_check(dw_ctx *ctx, const char *op, dw_act_dtype dt, int6
     return DW_OK;
 }
 
+/* Default path for BF16 when DW_ATTN is unset: 1 cuDNN, 0 the mma kernels. cuDNN is about twice
+ * as fast on the H200 (bench/RESULTS.md "Attention through cuDNN"), but its one-term BF16 P and dS
+ * make the small BF16-vs-CPU training test (gpu_test_train_cuda) miss its tolerance on some seeds;
+ * the lead decides when to flip this (docs/kernels.md). */
+#define DW_ATT_DEFAULT_CUDNN 0
+
+/* Whether BF16 attention tries cuDNN first, from DW_ATTN (attn_mma.h's dw_attn_mode). */
+static bool dw_att_use_cudnn(void) {
+    const int m = dw_attn_mode();
+    return m == DW_ATTN_CUDNN || (m == DW_ATTN_AUTO && DW_ATT_DEFAULT_CUDNN);
+}
+
+/* After a cuDNN attempt that did not run: DW_ATTN=cudnn makes it an error, else fall through. */
+static dw_status dw_att_cudnn_declined(dw_ctx *ctx, const char *op) {
+    if (dw_attn_mode() != DW_ATTN_CUDNN) return DW_OK;
+    return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: DW_ATTN=cudnn but %s", op, dw_attn_cudnn_why());
+}
+
 extern "C" {
 
 dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse,
@@ -308,6 +330,13 @@ dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *
     DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (out && lse && q && k && v));
     if (B * T == 0) return DW_OK;
+    if (dt == DW_ACT_BF16 && dw_att_use_cudnn()) {
+        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D};
+        bool ran = false;
+        DW_TRY(dw_attn_cudnn_fwd(ctx, &ran, out, lse, q, k, v, &sh, stream));
+        if (ran) return DW_OK;
+        DW_TRY(dw_att_cudnn_declined(ctx, op));
+    }
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {out, q, k, v};
     cudaError_t e = dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 4)
@@ -330,6 +359,13 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
     DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (dq && dk && dv && dout && q && k && v && out && lse && delta));
     if (B * T == 0) return DW_OK;
+    if (dt == DW_ACT_BF16 && dw_att_use_cudnn()) {
+        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D};
+        bool ran = false;
+        DW_TRY(dw_attn_cudnn_bwd(ctx, &ran, dq, dk, dv, dout, q, k, v, out, lse, delta, &sh, stream));
+        if (ran) return DW_OK;
+        DW_TRY(dw_att_cudnn_declined(ctx, op));
+    }
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
     cudaError_t e =
@@ -366,6 +402,13 @@ dw_status dw_cuda_attention_fwd_packed(dw_ctx *ctx, void *out, float *lse, const
     if (B * T == 0) return DW_OK;
     const dw_bf16 *x = (const dw_bf16 *)qkv;
     const int64_t rs = (H + 2 * Hkv) * D;
+    if (dw_att_use_cudnn()) {
+        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, rs, rs};
+        bool ran = false;
+        DW_TRY(dw_attn_cudnn_fwd(ctx, &ran, out, lse, x, x + H * D, x + (H + Hkv) * D, &sh, stream));
+        if (ran) return DW_OK;
+        DW_TRY(dw_att_cudnn_declined(ctx, op));
+    }
     return dw_att_packed_err(ctx, op,
                              dw_attn_mma_fwd(out, lse, x, x + H * D, x + (H + Hkv) * D, B, T, H, Hkv, D, rs, rs,
                                              (cudaStream_t)stream),
@@ -383,10 +426,28 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
     const dw_bf16 *x = (const dw_bf16 *)qkv;
     dw_bf16 *g = (dw_bf16 *)dqkv;
     const int64_t rs = (H + 2 * Hkv) * D;
+    if (dw_att_use_cudnn()) {
+        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, rs, rs};
+        bool ran = false;
+        DW_TRY(dw_attn_cudnn_bwd(ctx, &ran, g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
+                                 out, lse, delta, &sh, stream));
+        if (ran) return DW_OK;
+        DW_TRY(dw_att_cudnn_declined(ctx, op));
+    }
     return dw_att_packed_err(ctx, op,
                              dw_attn_mma_bwd(g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
                                              out, lse, delta, B, T, H, Hkv, D, rs, rs, (cudaStream_t)stream),
                              B, T, H, Hkv, D);
+}
+
+dw_status dw_cuda_attention_prepare(dw_ctx *ctx, dw_act_dtype dt, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                    int64_t D, bool packed) {
+    (void)ctx;
+    if (dt != DW_ACT_BF16 || !dw_att_use_cudnn() || B * T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv) return DW_OK;
+    const int64_t rs = (H + 2 * Hkv) * D;
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, packed ? rs : H * D, packed ? rs : Hkv * D};
+    if (!dw_attn_cudnn_prepare(&sh)) DW_LOGD("attention: no cuDNN plans prepared: %s", dw_attn_cudnn_why());
+    return DW_OK;
 }
 
 } /* extern "C" */

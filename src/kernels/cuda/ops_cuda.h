@@ -120,7 +120,8 @@ dw_status dw_cuda_add_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *a
  * q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T) saved (natural log of the sum of exp of the
  * scaled scores); scale 1/sqrt(D); query head h reads KV head h / (H/Hkv). D <= 256.
  * bwd recomputes the probabilities from lse; dq, dk, dv written (dk, dv summed over the query
- * heads of a group, without atomics: deterministic). delta (B,H,T) is FP32 scratch. */
+ * heads of a group; the mma and reference kernels without atomics: deterministic; BF16 through
+ * cuDNN, DW_ATTN=cudnn: docs/kernels.md). delta (B,H,T) is FP32 scratch. */
 #define DW_CUDA_ATTN_MAX_D 256
 dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse,
                                 const void *q, const void *k, const void *v, int64_t B, int64_t T,
