@@ -79,6 +79,12 @@ static void release(compiled_job *j) {
     dw_graph_free(j->g);
 }
 
+int64_t dw_plan_cudnn_attention_bytes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+    if (D % 8 || D > 128) return 0;
+    const int64_t dq = B * H * T * D * 4;
+    return dq + (Hkv < H ? dq : 0) + 512;
+}
+
 dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_mem *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
@@ -87,20 +93,28 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
         for (int p = 0; p < DW_POOL_COUNT; p++) out->pool[p] = j.c->pool_bytes[p], out->total += j.c->pool_bytes[p];
         out->cublaslt = DW_COMPILE_LT_WORKSPACE;
         out->context = DW_PLAN_CUDA_CONTEXT;
-        out->total += out->cublaslt + out->context;
+        const dw_graph *g = j.g;
+        for (int i = 0; j.c->bf16 && i < g->n_nodes; i++) { /* one cuDNN set per attention shape: the first */
+            const dw_ir_attrs *a = &g->nodes[i].attrs;
+            if (g->nodes[i].op != DW_OP_ATTENTION) continue;
+            out->attention = dw_plan_cudnn_attention_bytes(g->batch, g->seq, a->heads, a->kv_heads, a->head_dim);
+            break;
+        }
+        out->total += out->cublaslt + out->attention + out->context;
     }
     release(&j);
     return s;
 }
 
 /* ---- time --------------------------------------------------------------------------------- */
-/* The engine's kernels (not a FlashAttention-3 class stack), as fractions of the GPU's datasheet
- * BF16 peak and HBM bandwidth; derivations in docs/planner.md ("Deepwell's engine"):
- * attention (mma.sync BF16 tiles, P and dS split in two BF16 terms) from kernel times measured
- * on the H200 at GPT-2 B16 T1024 (ncu) and Llama-1B B8 T2048 (profile); memory-bound kernels
- * from the Llama-1B profile's non-GEMM, non-attention time over the bytes counted below. */
-#define ENGINE_ATTN_FWD_EFF 0.18
-#define ENGINE_ATTN_BWD_EFF 0.144
+/* The engine's kernels, as fractions of the GPU's datasheet BF16 peak and HBM bandwidth;
+ * derivations in docs/planner.md ("Deepwell's engine"): attention through cuDNN's fused flash
+ * attention (the BF16 default) from its times measured on the H200 at GPT-2 B16 T1024 and
+ * Llama-1B B8 T2048 (bench/RESULTS.md "Attention through cuDNN": 0.091 / 0.284 and 0.341 / 1.115
+ * ms per layer forward / backward; the fit is within 14% of each); memory-bound kernels from the
+ * Llama-1B profile's non-GEMM, non-attention time over the bytes counted below. */
+#define ENGINE_ATTN_FWD_EFF 0.40
+#define ENGINE_ATTN_BWD_EFF 0.32
 #define ENGINE_MEM_EFF 0.40
 #define ENGINE_ADAMW_EFF 0.75
 /* AdamW per parameter float: read weight, grad, m, v (16 B), write weight, m, v (12 B) and the

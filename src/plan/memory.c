@@ -19,7 +19,7 @@ static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) 
     out->grads = (double)em.pool[1];       /* FP32 */
     out->optimizer = (double)em.pool[2];   /* AdamW m, v (FP32) */
     out->activations = (double)em.pool[3]; /* the static arena */
-    out->workspace = (double)(em.pool[4] + em.cublaslt + em.context);
+    out->workspace = (double)(em.pool[4] + em.cublaslt + em.attention + em.context);
     out->scales = 0;                       /* quantised operands live in the workspace slots */
     out->total = (double)em.total;
     out->inflight = 1;

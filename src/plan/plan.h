@@ -203,14 +203,20 @@ void dw_plan_engine_probe_model(dw_plan_in *in);
 dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan_in *in, dw_policy **out);
 /* The engine's device memory for one GPU at micro-batch b: the five pools of dw_compile's
  * static plan (weights, grads, optimizer, activations, workspace: the engine allocates exactly
- * these), the GEMM layer's cuBLASLt workspace and a CUDA-context allowance. Computed by
- * capturing and compiling the graph (no GPU). */
+ * these), the GEMM layer's cuBLASLt workspace, cuDNN attention's buffers and a CUDA-context
+ * allowance. Computed by capturing and compiling the graph (no GPU). */
 typedef struct {
     int64_t pool[5];            /* bytes per dw_pool_id */
     int64_t cublaslt;           /* DW_COMPILE_LT_WORKSPACE */
+    int64_t attention;          /* dw_plan_cudnn_attention_bytes of the job's attention shape */
     int64_t context;            /* DW_PLAN_CUDA_CONTEXT */
     int64_t total;              /* all of the above */
 } dw_engine_mem;
+/* What BF16 attention through cuDNN (the engine's default, kernels/cuda/attn_cudnn.c) holds for
+ * one (B, T, H, Hkv, D) shape, shared by every layer of that shape: the backward's FP32 dQ
+ * accumulator B*H*T*D*4, as much again of workspace when K/V heads are grouped (Hkv < H), and
+ * 512 B of forward/backward workspace. 0 where cuDNN does not run it (D % 8 or D > 128). */
+int64_t dw_plan_cudnn_attention_bytes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
 /* CUDA context and kernel images resident before the engine allocates (an allowance, checked
  * against cudaMemGetInfo by `deepwell dryrun --run`). */
 #define DW_PLAN_CUDA_CONTEXT ((int64_t)512 << 20)

@@ -483,8 +483,10 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
  * dQ rows per block / 64, dK/dV query chunks per tile
  * (NH), 1 or 2 each, D = 64 only, from DW_ATTN_TILES="F,Q,K" (an experiment knob; default 1,1,1,
  * the fastest measured at the GPT-2 and llama-1b shapes: bench/RESULTS.md). */
+static int am_mode_cfg = -1; /* -1: not read yet */
+void dw_attn_mode_set(int mode) { am_mode_cfg = mode; }
 int dw_attn_mode(void) {
-    static int mode = -1;
+    int &mode = am_mode_cfg;
     if (mode < 0) {
         const char *env = getenv("DW_ATTN");
         mode = !env || !*env || !strcmp(env, "auto") ? DW_ATTN_AUTO

@@ -14,6 +14,9 @@
  * term (an experiment), "ref" the reference kernels. Unknown values mean auto. */
 enum { DW_ATTN_AUTO = 0, DW_ATTN_NOSPLIT = 1, DW_ATTN_REF = 2, DW_ATTN_MMA = 3, DW_ATTN_CUDNN = 4 };
 int dw_attn_mode(void);
+/* Overrides DW_ATTN for the process from now on (tests and benchmarks that compare paths; -1:
+ * read DW_ATTN again). Engines created before keep what their captured graphs recorded. */
+void dw_attn_mode_set(int mode);
 /* true when the tensor-core path can run: D 64 or 128, every pointer 16-byte aligned, and the
  * environment does not ask for the reference kernels (DW_ATTN=ref). */
 bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n);
