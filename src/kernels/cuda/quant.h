@@ -32,16 +32,20 @@ typedef struct {
     float *tensor_scale;
 } dw_quant_dev_out;
 
-/* Tuning of the persistent tile kernel (transposed copy, fp8_block2d, ragged shapes with
- * 16-byte aligned rows), for benchmarks and tests; 0 in a field = the built-in choice:
- *   stages       tile buffers in the shared-memory ring, 2..4 (default 2 for BF16, 3 for FP32)
- *   ctas_per_sm  at most this many CTAs per SM (default: as many as fit)
+/* Tuning of the tile kernels, for benchmarks and tests; 0 in a field = the built-in choice.
+ * Transposed copy of BF16 input in whole 128x128 tiles for mxfp8, mxfp8_e5m2 and fp8_block: the
+ * bulk-copy kernel (quant_bulk.cu); everything else that needs tiles (other transposed copies,
+ * fp8_block2d, ragged shapes): the cp.async tile kernel (quant.cu).
+ *   kernel       1: always the cp.async tile kernel (the bulk-copy kernel's predecessor, for A/B)
+ *   stages       tile buffers in the shared-memory ring, 2..6 (default: bulk kernel 4; cp.async
+ *                kernel 2 for BF16, 3 for FP32); a ring that does not fit is DW_ERR_UNSUPPORTED
+ *   ctas_per_sm  at most this many CTAs per SM (default: bulk kernel 1, else as many as fit)
  *   max_ctas     at most this many CTAs in all (tests use it to make each CTA loop over many tiles)
- *   t_store      transposed 8-bit codes of whole tiles: 1 stored from registers (32 bytes per
- *                thread), 2 (default) collected in shared memory and stored as full rows
+ *   t_store      cp.async kernel, transposed 8-bit codes of whole tiles: 1 stored from registers
+ *                (32 bytes per thread), 2 (default) collected in shared memory and stored as rows
  * Process-wide, not thread-safe; NULL restores the defaults. DW_ERR_INVALID for values out of range. */
 typedef struct {
-    int stages, ctas_per_sm, max_ctas, t_store;
+    int stages, ctas_per_sm, max_ctas, t_store, kernel;
 } dw_quant_tuning;
 dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t);
 
