@@ -696,9 +696,9 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(out_t->scales_swizzled, 0, dw_scale_swizzled_bytes(sr, sc), st));
     }
     uint32_t *ws = (uint32_t *)workspace;
-    if (in == DW_QUANT_IN_BF16 && out_t && g_tuning.kernel != 1 && bulk_eligible(r, p, x))
-        return launch_bulk(ctx, r, (const uint16_t *)x, p, g_tuning.stages ? g_tuning.stages : 4,
-                           g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 1, g_tuning.max_ctas, st);
+    if (in == DW_QUANT_IN_BF16 && g_tuning.kernel != 1 && bulk_eligible(r, p, x, out_t != nullptr))
+        return launch_bulk(ctx, r, (const uint16_t *)x, p, out_t != nullptr, g_tuning.stages ? g_tuning.stages : 3,
+                           g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 2, g_tuning.max_ctas, st);
     if (in == DW_QUANT_IN_BF16) return launch(ctx, r, (const uint16_t *)x, p, out_t != nullptr, ws, st);
     return launch(ctx, r, (const float *)x, p, out_t != nullptr, ws, st);
 }

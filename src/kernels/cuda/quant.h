@@ -32,14 +32,16 @@ typedef struct {
     float *tensor_scale;
 } dw_quant_dev_out;
 
-/* Tuning of the tile kernels, for benchmarks and tests; 0 in a field = the built-in choice.
- * Transposed copy of BF16 input in whole 128x128 tiles for mxfp8, mxfp8_e5m2 and fp8_block: the
- * bulk-copy kernel (quant_bulk.cu); everything else that needs tiles (other transposed copies,
- * fp8_block2d, ragged shapes): the cp.async tile kernel (quant.cu).
- *   kernel       1: always the cp.async tile kernel (the bulk-copy kernel's predecessor, for A/B)
- *   stages       tile buffers in the shared-memory ring, 2..6 (default: bulk kernel 4; cp.async
- *                kernel 2 for BF16, 3 for FP32); a ring that does not fit is DW_ERR_UNSUPPORTED
- *   ctas_per_sm  at most this many CTAs per SM (default: bulk kernel 1, else as many as fit)
+/* Tuning of the ring kernels, for benchmarks and tests; 0 in a field = the built-in choice.
+ * BF16 input quantised to mxfp8, mxfp8_e5m2 or fp8_block: the bulk-copy kernels (quant_bulk.cu),
+ * row-wise only when cols is a multiple of the block, with the transposed copy in whole 128x128
+ * tiles. Otherwise the transposed copy, fp8_block2d and ragged shapes take the cp.async tile
+ * kernel, and row-wise only the flat grid-stride kernel (quant.cu).
+ *   kernel       1: never the bulk-copy kernels (their predecessors, for A/B)
+ *   stages       32 KiB (bulk; cp.async: one tile) buffers in the shared-memory ring, 2..6 (default:
+ *                bulk 3; cp.async 2 for BF16, 3 for FP32); a ring that does not fit is
+ *                DW_ERR_UNSUPPORTED
+ *   ctas_per_sm  at most this many CTAs per SM (default: bulk 2, cp.async as many as fit)
  *   max_ctas     at most this many CTAs in all (tests use it to make each CTA loop over many tiles)
  *   t_store      cp.async kernel, transposed 8-bit codes of whole tiles: 1 stored from registers
  *                (32 bytes per thread), 2 (default) collected in shared memory and stored as rows

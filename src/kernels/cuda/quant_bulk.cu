@@ -67,9 +67,38 @@ __device__ __forceinline__ uint32_t pick4(const uint32_t a[4], int i) {
     const uint32_t lo = (i & 1) ? a[1] : a[0], hi = (i & 1) ? a[3] : a[2];
     return (i & 2) ? hi : lo;
 }
-/* the 16-bit amax of row `half` of a packed pair, as FP32 amax bits */
+/* the 16-bit amax of element `half` (0 low, 1 high) of a packed pair, as FP32 amax bits */
 __device__ __forceinline__ uint32_t amax_f32(uint32_t packed, int half) {
     return half ? (packed & 0xFFFF0000u) : (packed << 16);
+}
+
+/* amax bits of each of 8 groups of 8 BF16 (w[g]), packed in pairs: group 2i low, 2i + 1 high */
+__device__ __forceinline__ void pair_amax(const uint4 (&w)[8], uint32_t out[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t m[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint4 &v = w[2 * i + h];
+            m[h] = vmax2(vmax2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu), vmax2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu));
+        }
+        out[i] = vmax2(__byte_perm(m[0], m[1], 0x5410), __byte_perm(m[0], m[1], 0x7632));
+    }
+}
+
+/* The ring's barriers after `stages` 32 KiB buffers: full[s] (the producer's bytes landed) and
+ * empty[s] (each consumer warp is done with buffer s); initialised by thread 0, then a CTA barrier. */
+__device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)stages * BK_TILE);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&full[stages + s], BK_CONS / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    return full;
 }
 
 /* A block rule moved between lanes: f, r and mode | konst << 8 (MX blocks need no r). */
@@ -118,16 +147,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     const int tc = (lane & 7) + 8 * (cw & 1), tr = (lane >> 3) + 4 * (cw >> 1);
     /* amax: rows packed in pairs (row 2i low half, 2i+1 high), columns packed as in the data */
     uint32_t rm[4], cm[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        uint32_t m[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint4 &v = w[2 * i + h];
-            m[h] = vmax2(vmax2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu), vmax2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu));
-        }
-        rm[i] = vmax2(__byte_perm(m[0], m[1], 0x5410), __byte_perm(m[0], m[1], 0x7632));
-    }
+    pair_amax(w, rm);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         uint32_t m = word(w[0], j) & 0x7FFF7FFFu;
@@ -162,13 +182,16 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
      * lane / 8 takes columns 2 (lane / 8), +1. */
     constexpr int G = mx ? 4 : 8, RPL = 8 / G;
     const int gl = lane & (G - 1), q4 = lane >> 3;
+    /* packed amax pairs this lane rules (selects, not run-time indexing: that would go to local memory) */
+    const uint32_t rpk = pick4(rm, mx ? gl : gl >> 1), cpk = pick4(cm, q4);
+    const uint32_t orb = (uint32_t)p.o.row_bytes, trb = (uint32_t)p.t.row_bytes;
     Q qr[RPL], qc[2];
 #pragma unroll
     for (int s = 0; s < RPL; s++) {
         const int k = RPL * gl + s;
         float s32 = 0.0f;
         uint32_t s8 = 0;
-        qr[s] = block_q<R>(amax_f32(rm[k >> 1], k & 1), 0.0f, p, &s32, &s8);
+        qr[s] = block_q<R>(amax_f32(rpk, mx ? s : gl & 1), 0.0f, p, &s32, &s8);
         const int64_t r = r0 + 8 * tr + k;
         if constexpr (mx) put_scale8(p.o, r, (c0 >> 5) + (tc >> 2), s8);
         else if ((cw & 1) == 0) static_cast<float *>(p.o.scales)[r * p.o.scols + (c0 >> 7)] = s32;
@@ -178,28 +201,30 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         const int j = 2 * q4 + s;
         float s32 = 0.0f;
         uint32_t s8 = 0;
-        qc[s] = block_q<R>(amax_f32(cm[j >> 1], j & 1), 0.0f, p, &s32, &s8);
+        qc[s] = block_q<R>(amax_f32(cpk, s), 0.0f, p, &s32, &s8);
         const int64_t cg = c0 + 8 * tc + j;
         if constexpr (mx) put_scale8(p.t, cg, (r0 >> 5) + (tr >> 2), s8);
         else if ((cw >> 1) == 0) static_cast<float *>(p.t.scales)[cg * p.t.scols + (r0 >> 7)] = s32;
     }
     /* row-wise codes: row k, 8 bytes at column c0 + 8 tc */
+    uint8_t *const ob = p.o.codes + (r0 + 8 * tr) * p.o.row_bytes + c0 + 8 * tc;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         const Q q = shfl_q<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = elem(w[k], j);
-        __stcs(reinterpret_cast<uint2 *>(p.o.codes + (r0 + 8 * tr + k) * p.o.row_bytes + c0 + 8 * tc), enc8<R>(q, v));
+        __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v));
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
+    uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const Q q = shfl_q<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = elem(w[k], j);
-        __stcs(reinterpret_cast<uint2 *>(p.t.codes + (c0 + 8 * tc + j) * p.t.row_bytes + r0 + 8 * tr), enc8<R>(q, v));
+        __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v));
     }
 }
 
@@ -209,16 +234,8 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_
     extern __shared__ __align__(128) unsigned char smem[]; /* stages tiles, then 2 x stages mbarriers */
     __shared__ __align__(16) uint32_t part_r[2][2][TILE / 2]; /* [tile parity][warp % 2][row pair] */
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)stages * BK_TILE), *empty = full + stages;
+    uint64_t *const full = ring_init(smem, stages), *const empty = full + stages;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    if (tid == 0) {
-        for (int s = 0; s < stages; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], BK_CONS / 32);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
     const uint32_t tiles_c = (uint32_t)p.tiles_c; /* tile t is row block t / tiles_c, column block t % tiles_c */
     if (warp == BK_CONS / 32) { /* producer: the n-th tile goes to buffer n % stages once it is free */
         int s = 0;
@@ -258,43 +275,149 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_
     }
 }
 
-template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p, int stages, int ctas_per_sm,
-                                         int max_ctas, cudaStream_t st) {
-    const int64_t tiles = p.rows / TILE * p.tiles_c;
-    if (tiles > 0x7FFFFFFFLL)
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] has too many tiles",
-                            dw_recipe_name((dw_recipe)R), (long long)p.rows, (long long)p.cols);
+/* Row-wise only (cols a multiple of the block): the tensor as a flat run of 8-element chunks,
+ * BK_TILE bytes (2048 chunks) per ring stage; chunk g's codes at 8 g, its block's scale at 8 g / B.
+ * Consumer thread t takes chunks t + 256 i (i < 8) of each stage: B / 8 neighbouring lanes share
+ * a block; each block's rule is computed by one of them and broadcast. */
+constexpr int64_t BK_STAGE_CHUNKS = BK_TILE / 16;
+
+template <int R>
+__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const uint16_t *__restrict__ x, Params p,
+                                                                        int64_t nchunks, int stages) {
+    constexpr int B = Traits<R>::B, L = B / 8; /* lanes per block: 4 (MX) or 16 (fp8_block) */
+    constexpr bool mx = Traits<R>::kind == K_MX;
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint64_t *const full = ring_init(smem, stages), *const empty = full + stages;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t nstages = (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS;
+    if (warp == BK_CONS / 32) { /* producer: 4 lanes copy a quarter of the stage each */
+        int s = 0;
+        uint32_t ph = 0;
+        for (int64_t st = blockIdx.x, n = 0; st < nstages; st += gridDim.x, n++) {
+            if (n >= stages) {
+                if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
+                __syncwarp();
+            }
+            const int64_t g0 = st * BK_STAGE_CHUNKS, left = nchunks - g0;
+            const uint32_t bytes = (uint32_t)(left < BK_STAGE_CHUNKS ? left : BK_STAGE_CHUNKS) * 16u;
+            if (lane == 0) mbar_arrive_tx(&full[s], bytes);
+            __syncwarp();
+            const uint32_t q0 = (uint32_t)lane * (BK_TILE / 4);
+            if (lane < 4 && q0 < bytes) {
+                const uint32_t qb = bytes - q0 < BK_TILE / 4 ? bytes - q0 : BK_TILE / 4;
+                bulk_g2s(smem + (size_t)s * BK_TILE + q0, reinterpret_cast<const unsigned char *>(x + g0 * 8) + q0, qb,
+                         &full[s]);
+            }
+            if (++s == stages) s = 0, ph ^= 1u;
+        }
+        return;
+    }
+    int s = 0;
+    uint32_t ph = 0;
+    for (int64_t st = blockIdx.x; st < nstages; st += gridDim.x) {
+        mbar_wait(&full[s], ph);
+        const int64_t g0 = st * BK_STAGE_CHUNKS;
+        const uint4 *buf = reinterpret_cast<const uint4 *>(smem + (size_t)s * BK_TILE);
+        uint4 w[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = g0 + i * BK_CONS + tid < nchunks ? buf[i * BK_CONS + tid] : make_uint4(0, 0, 0, 0);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+        if (++s == stages) s = 0, ph ^= 1u;
+        /* amax of each chunk, two chunks per word (chunk 2h low, 2h + 1 high), then over the block */
+        uint32_t am[4];
+        pair_amax(w, am);
+#pragma unroll
+        for (int o = 1; o < L; o <<= 1)
+#pragma unroll
+            for (int h = 0; h < 4; h++) am[h] = vmax2(am[h], __shfl_xor_sync(0xFFFFFFFFu, am[h], o));
+        /* rules: MX, lane % 4 = q takes chunks 2q, 2q + 1; fp8_block, lane % 16 = i < 8 takes chunk i */
+        constexpr int CPL = mx ? 2 : 1;
+        const int gl = lane & (L - 1);
+        const uint32_t apk = pick4(am, mx ? gl : (gl >> 1) & 3);
+        Q qs[CPL];
+#pragma unroll
+        for (int c = 0; c < CPL; c++) {
+            const int i = mx ? 2 * gl + c : gl; /* chunk index of this stage's 8 (fp8_block: valid when gl < 8) */
+            float s32 = 0.0f;
+            uint32_t s8 = 0;
+            qs[c] = block_q<R>(amax_f32(apk, mx ? c : gl & 1), 0.0f, p, &s32, &s8);
+            const int64_t g = g0 + i * BK_CONS + tid;
+            if ((mx || gl < 8) && g < nchunks) {
+                const int64_t si = g * 8 / B;
+                if constexpr (mx) {
+                    static_cast<uint8_t *>(p.o.scales)[si] = (uint8_t)s8;
+                    if (p.o.swz) p.o.swz[dw_rule_swizzle_offset(si / p.o.scols, si % p.o.scols, p.o.scols)] = (uint8_t)s8;
+                } else {
+                    static_cast<float *>(p.o.scales)[si] = s32;
+                }
+            }
+        }
+        uint2 *codes = reinterpret_cast<uint2 *>(p.o.codes) + g0 + tid;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const Q q = shfl_q<R>(qs[i % CPL], (lane & ~(L - 1)) | (i / CPL));
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = elem(w[i], j);
+            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v));
+        }
+    }
+}
+
+/* Either ring kernel k over `work` units (tiles or stages; n is the kernel's count argument):
+ * a persistent grid of at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all. */
+using ring_kernel = void (*)(const uint16_t *, Params, int64_t, int);
+dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, const uint16_t *x,
+                      const Params &p, int64_t work, int64_t n, int stages, int ctas_per_sm, int max_ctas,
+                      cudaStream_t st) {
+    if (work > 0x7FFFFFFFLL)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
+                            (long long)p.rows, (long long)p.cols);
     const size_t smem = (size_t)stages * BK_TILE + 2 * (size_t)stages * sizeof(uint64_t);
-    auto k = quant_bulk_kernel<R>;
-    static std::atomic<uint64_t> cache[16];
     int sms = 0, per_sm = 0;
     DW_TRY(kernel_fit(ctx, (const void *)k, BK_THREADS, smem, cache, &sms, &per_sm));
     if (per_sm < 1)
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: %d bulk tile stages (%zu bytes) do not fit in shared memory",
-                            dw_recipe_name((dw_recipe)R), stages, smem);
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: %d bulk stages (%zu bytes) do not fit in shared memory",
+                            dw_recipe_name(r), stages, smem);
     if (ctas_per_sm > 0 && ctas_per_sm < per_sm) per_sm = ctas_per_sm;
     int64_t grid = (int64_t)sms * per_sm;
     if (max_ctas > 0 && max_ctas < grid) grid = max_ctas;
-    if (grid > tiles) grid = tiles;
-    k<<<(unsigned)grid, BK_THREADS, smem, st>>>(x, p, tiles, stages);
-    DW_CUDA_CHECK_LAUNCH(ctx, dw_recipe_name((dw_recipe)R));
+    if (grid > work) grid = work;
+    k<<<(unsigned)grid, BK_THREADS, smem, st>>>(x, p, n, stages);
+    DW_CUDA_CHECK_LAUNCH(ctx, dw_recipe_name(r));
     return DW_OK;
+}
+
+template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p, bool trans, int stages,
+                                         int ctas_per_sm, int max_ctas, cudaStream_t st) {
+    static std::atomic<uint64_t> cache_t[16], cache_r[16];
+    if (trans) {
+        const int64_t tiles = p.rows / TILE * p.tiles_c;
+        return launch_ring(ctx, quant_bulk_kernel<R>, cache_t, (dw_recipe)R, x, p, tiles, tiles, stages, ctas_per_sm,
+                           max_ctas, st);
+    }
+    const int64_t nchunks = p.rows * p.cols / 8;
+    return launch_ring(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, x, p,
+                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages, ctas_per_sm, max_ctas, st);
 }
 
 } /* namespace */
 
-bool bulk_eligible(dw_recipe r, const Params &p, const void *x) {
+bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans) {
     const bool recipe = r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2 || r == DW_RECIPE_FP8_BLOCK;
-    return recipe && p.rows % TILE == 0 && p.cols % TILE == 0 && (uintptr_t)x % 16 == 0 && p.t.codes &&
-           (uintptr_t)p.o.codes % 8 == 0 && (uintptr_t)p.t.codes % 8 == 0;
+    if (!recipe || (uintptr_t)x % 16 != 0 || (uintptr_t)p.o.codes % 8 != 0) return false;
+    if (!trans) return p.cols % (r == DW_RECIPE_FP8_BLOCK ? 128 : 32) == 0;
+    return p.rows % TILE == 0 && p.cols % TILE == 0 && p.t.codes && (uintptr_t)p.t.codes % 8 == 0;
 }
 
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, int stages, int ctas_per_sm,
-                      int max_ctas, cudaStream_t st) {
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int stages,
+                      int ctas_per_sm, int max_ctas, cudaStream_t st) {
     switch (r) {
-    case DW_RECIPE_MXFP8: return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, stages, ctas_per_sm, max_ctas, st);
-    case DW_RECIPE_MXFP8_E5M2: return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, stages, ctas_per_sm, max_ctas, st);
-    case DW_RECIPE_FP8_BLOCK: return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_MXFP8: return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_MXFP8_E5M2:
+        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_FP8_BLOCK: return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
     default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: no bulk-copy kernel", dw_recipe_name(r));
     }
 }

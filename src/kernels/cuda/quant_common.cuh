@@ -239,12 +239,13 @@ inline dw_status kernel_fit(dw_ctx *ctx, const void *k, int threads, size_t smem
     return DW_OK;
 }
 
-/* The bulk-copy transposing kernel (quant_bulk.cu): whether it takes this call (BF16 input is the
- * caller's check; transposed copy, mxfp8 / mxfp8_e5m2 / fp8_block, whole 128x128 tiles, aligned
- * buffers), and its launch (stages 2..6 tile buffers; CTA caps 0 = none). */
-bool bulk_eligible(dw_recipe r, const Params &p, const void *x);
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, int stages, int ctas_per_sm,
-                      int max_ctas, cudaStream_t st);
+/* The bulk-copy kernels (quant_bulk.cu), BF16 input only (the caller's check): whether they take
+ * this call (mxfp8 / mxfp8_e5m2 / fp8_block, aligned buffers; row-wise only: cols a multiple of
+ * the block; transposed: whole 128x128 tiles), and their launch (stages 2..6 ring buffers of
+ * 32 KiB; CTA caps 0 = none). */
+bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans);
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int stages,
+                      int ctas_per_sm, int max_ctas, cudaStream_t st);
 
 } /* namespace dwq */
 
