@@ -13,7 +13,7 @@
 
 static void help(void) {
     printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--batch B]\n"
-           "                            [--kernel bulk|cpasync] [--stages S] [--ctas-per-sm K]\n"
+           "                            [--kernel default|cpasync|bulk] [--stages S] [--ctas-per-sm K]\n"
            "                            [--t-store 1|2]\n\n"
            "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
            "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
@@ -28,14 +28,14 @@ static void help(void) {
            "  --cols C     columns (default 8192)\n"
            "  --iters N    timed batches per variant (default 50)\n"
            "  --batch B    calls per timed batch (default 10)\n"
-           "  --kernel K   tuning: bulk (default: the bulk-copy ring kernels, a producer warp feeding\n"
-           "               8 compute warps, for both row-wise and transposed variants) or cpasync (their\n"
-           "               predecessors: the flat grid-stride row-wise kernel and the cp.async tile\n"
-           "               kernel for the transposed copy)\n"
-           "  --stages S   tuning: buffers (2..6) in the shared-memory ring: bulk 32 KiB each (default\n"
-           "               3); cpasync one tile each, transposed variants only (default 2)\n"
-           "  --ctas-per-sm K  tuning: at most K CTAs per SM for the ring kernels (default: bulk 2,\n"
-           "               cpasync as many as fit)\n"
+           "  --kernel K   tuning: default (transposed variants: the bulk-copy tile kernel, a producer\n"
+           "               warp feeding 8 compute warps through a shared-memory ring; row-wise: the flat\n"
+           "               grid-stride kernel), cpasync (transposed: the older cp.async tile kernel) or\n"
+           "               bulk (row-wise too through the bulk-copy ring)\n"
+           "  --stages S   tuning: buffers (2..6) in the shared-memory ring: bulk-copy kernels 32 KiB\n"
+           "               each (default 2 transposed, 3 row-wise); cpasync one tile each (default 2)\n"
+           "  --ctas-per-sm K  tuning: at most K CTAs per SM for the ring kernels (default: bulk-copy\n"
+           "               kernels 2, cpasync as many as fit)\n"
            "  --t-store M  tuning, cpasync kernel: transposed codes stored 1 from registers (32 bytes\n"
            "               per thread) or 2 through shared memory as full rows (default 2)\n"
            "  -h, --help   this help\n");
@@ -43,6 +43,8 @@ static void help(void) {
 
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+static const char *kernel_name(int k) { return k == 1 ? "cpasync" : k == 2 ? "bulk" : "default"; }
 
 #include "kernels/cuda/quant.h"
 
@@ -175,7 +177,7 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, cons
         printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
                "\"batch\": %d, \"input\": \"bf16\", \"kernel\": \"%s\", \"stages\": %d, \"ctas_per_sm\": %d, "
                "\"t_store\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
-               prop.name, (long long)rows, (long long)cols, iters, batch, tune->kernel ? "cpasync" : "bulk",
+               prop.name, (long long)rows, (long long)cols, iters, batch, kernel_name(tune->kernel),
                tune->stages, tune->ctas_per_sm, tune->t_store, copy_ms, copy_gbps);
         for (int k = 0; k < 4; k++)
             printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
@@ -183,9 +185,9 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, cons
                    vs[k].trans ? "true" : "false", vs[k].ms, vs[k].bytes, vs[k].gbps, vs[k].ratio);
         printf("]}\n");
     } else {
-        printf("quantise BF16 [%lld, %lld] on %s, median of %d batches of %d calls (CUDA events); transposed "
-               "copy: %s kernel, stages %d, CTAs/SM %d, t-store %d (0 = default)\n\n", (long long)rows, (long long)cols,
-               prop.name, iters, batch, tune->kernel ? "cpasync" : "bulk", tune->stages, tune->ctas_per_sm,
+        printf("quantise BF16 [%lld, %lld] on %s, median of %d batches of %d calls (CUDA events); kernels "
+               "%s, stages %d, CTAs/SM %d, t-store %d (0 = default)\n\n", (long long)rows, (long long)cols,
+               prop.name, iters, batch, kernel_name(tune->kernel), tune->stages, tune->ctas_per_sm,
                tune->t_store);
         printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
         printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy_ms, copy_gbps, "1.000");
@@ -241,12 +243,14 @@ int bench_quant(int argc, char **argv) {
             if (!cli_parse_int("bench quant", "--batch", optarg, 1, 1000, &batch)) return DW_EXIT_USAGE;
             break;
         case 'K':
-            if (strcmp(optarg, "bulk") == 0) {
+            if (strcmp(optarg, "default") == 0) {
                 kernel = 0;
             } else if (strcmp(optarg, "cpasync") == 0) {
                 kernel = 1;
+            } else if (strcmp(optarg, "bulk") == 0) {
+                kernel = 2;
             } else {
-                cli_error("bench quant", "--kernel: '%s' is not bulk or cpasync", optarg);
+                cli_error("bench quant", "--kernel: '%s' is not default, cpasync or bulk", optarg);
                 return DW_EXIT_USAGE;
             }
             break;

@@ -646,9 +646,9 @@ extern "C" dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tun
         return DW_OK;
     }
     if ((t->stages != 0 && (t->stages < 2 || t->stages > 6)) || t->ctas_per_sm < 0 || t->max_ctas < 0 ||
-        t->t_store < 0 || t->t_store > 2 || t->kernel < 0 || t->kernel > 1)
+        t->t_store < 0 || t->t_store > 2 || t->kernel < 0 || t->kernel > 2)
         return dw_set_error(ctx, DW_ERR_INVALID,
-                            "quantize (cuda): tuning: stages must be 0 or 2..6, CTA counts >= 0, t_store 0..2, kernel 0..1");
+                            "quantize (cuda): tuning: stages must be 0 or 2..6, CTA counts >= 0, t_store 0..2, kernel 0..2");
     g_tuning = *t;
     return DW_OK;
 }
@@ -696,8 +696,10 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(out_t->scales_swizzled, 0, dw_scale_swizzled_bytes(sr, sc), st));
     }
     uint32_t *ws = (uint32_t *)workspace;
-    if (in == DW_QUANT_IN_BF16 && g_tuning.kernel != 1 && bulk_eligible(r, p, x, out_t != nullptr))
-        return launch_bulk(ctx, r, (const uint16_t *)x, p, out_t != nullptr, g_tuning.stages ? g_tuning.stages : 3,
+    /* the bulk-copy kernels: transposed copies by default, row-wise only on request (kernel 2) */
+    const bool trans = out_t != nullptr, bulk = trans ? g_tuning.kernel != 1 : g_tuning.kernel == 2;
+    if (in == DW_QUANT_IN_BF16 && bulk && bulk_eligible(r, p, x, trans))
+        return launch_bulk(ctx, r, (const uint16_t *)x, p, trans, g_tuning.stages ? g_tuning.stages : trans ? 2 : 3,
                            g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 2, g_tuning.max_ctas, st);
     if (in == DW_QUANT_IN_BF16) return launch(ctx, r, (const uint16_t *)x, p, out_t != nullptr, ws, st);
     return launch(ctx, r, (const float *)x, p, out_t != nullptr, ws, st);
