@@ -1,6 +1,8 @@
-/* quant.cu — CUDA kernels of the quantisation recipes (API in quant.h). Row-wise only, when no
- * block straddles a row: a flat grid-stride kernel over 8-element chunks. Otherwise (transposed
- * copy, fp8_block2d, ragged shapes): 128x128 tiles, streamed by cp.async through a ring of
+/* quant.cu — CUDA kernels of the quantisation recipes (API in quant.h) and the entry point; the
+ * bulk-copy kernels for BF16 mxfp8 / mxfp8_e5m2 / fp8_block are in quant_bulk.cu, the shared
+ * device pieces in quant_common.cuh. Row-wise only, when no block straddles a row: a flat
+ * grid-stride kernel over 8-element chunks. Otherwise (transposed copy, fp8_block2d, ragged
+ * shapes): 128x128 tiles, streamed by cp.async through a ring of
  * shared-memory buffers on a persistent grid (one tile per CTA from registers when rows are not
  * 16-byte aligned); row-wise codes and the transposed copy both come from the staged tile. Block
  * scales also go to cuBLAS's 128x4 layout on request. Scale rules are formats/rules.h's (the CPU

@@ -3,8 +3,10 @@
  * streams tiles into a ring of shared-memory buffers with bulk copies (cp.async.bulk, one 256-byte
  * row each, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per thread
  * into registers, free the buffer at once, and write row-wise and transposed codes and scales from
- * those registers. Same rules and encoders as quant.cu (quant_common.cuh): bit-identical to the
- * CPU reference. Not the other recipes, FP32 input or ragged shapes: quant.cu runs those. */
+ * those registers. The same ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only
+ * (quant_bulk_rows_kernel; cols a multiple of the block). Same rules and encoders as quant.cu
+ * (quant_common.cuh): bit-identical to the CPU reference. Not the other recipes, FP32 input or
+ * ragged tiles: quant.cu runs those. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
