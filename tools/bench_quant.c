@@ -1,7 +1,8 @@
 /* bench_quant.c — `deepwell bench quant`: times the CUDA quantisation kernels (kernels/cuda/quant.h)
  * on a BF16 [rows, cols] tensor — mxfp8 and fp8_block, with and without the transposed copy —
- * with CUDA events (warm-up, median of many), as GB/s (bytes read + written) and as a ratio to a
- * device-to-device cudaMemcpy of the input timed in the same run. Correctness is tests/gpu. */
+ * with CUDA events around batches of back-to-back calls (warm-up, median of many), as GB/s (bytes
+ * read + written) and as a ratio to a device-to-device cudaMemcpy of the input timed the same way
+ * in the same run. Correctness is tests/gpu. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,28 +12,39 @@
 #include "formats/formats.h"
 
 static void help(void) {
-    printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--stages S]\n"
-           "                            [--ctas-per-sm K] [--t-store 1|2]\n\n"
+    printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--batch B]\n"
+           "                            [--kernel default|cpasync|bulk] [--stages S] [--ctas-per-sm K]\n"
+           "                            [--t-store 1|2]\n\n"
            "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
            "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
-           "with CUDA events: 5 warm-up runs, then the median of N timed runs. Reports GB/s counting\n"
-           "bytes read plus bytes written (input, codes, scales) and the ratio to a device-to-device\n"
-           "cudaMemcpy of the input measured in the same run (its GB/s also counts read + write).\n"
+           "with CUDA events around a batch of B back-to-back calls on the same stream: 5 warm-up\n"
+           "batches, then the median of N timed batches, divided by B. Reports GB/s counting bytes\n"
+           "read plus bytes written (input, codes, scales) and the ratio to a device-to-device\n"
+           "cudaMemcpy of the input timed the same way in the same run (its GB/s also counts read +\n"
+           "write). With --batch 1 each call is timed alone, host launch time included.\n"
            "Without a CUDA build or a GPU it says so and exits 1.\n\n"
            "  --json       print one JSON object instead of the table\n"
            "  --rows R     rows (default 8192)\n"
            "  --cols C     columns (default 8192)\n"
-           "  --iters N    timed runs per variant (default 50)\n"
-           "  --stages S   tuning: tile buffers (2..4) in the shared-memory ring of the tile kernel\n"
-           "               that writes the transposed copy (default 2)\n"
-           "  --ctas-per-sm K  tuning: at most K CTAs per SM for that kernel (default: as many as fit)\n"
-           "  --t-store M  tuning: that kernel stores the transposed codes 1 from registers (32 bytes\n"
+           "  --iters N    timed batches per variant (default 50)\n"
+           "  --batch B    calls per timed batch (default 10)\n"
+           "  --kernel K   tuning: default (transposed variants: the bulk-copy tile kernel, a producer\n"
+           "               warp feeding 8 compute warps through a shared-memory ring; row-wise: the flat\n"
+           "               grid-stride kernel), cpasync (transposed: the older cp.async tile kernel) or\n"
+           "               bulk (row-wise too through the bulk-copy ring)\n"
+           "  --stages S   tuning: buffers (2..6) in the shared-memory ring: bulk-copy kernels 32 KiB\n"
+           "               each (default 2 transposed, 3 row-wise); cpasync one tile each (default 2)\n"
+           "  --ctas-per-sm K  tuning: at most K CTAs per SM for the ring kernels (default: bulk-copy\n"
+           "               kernels 2, cpasync as many as fit)\n"
+           "  --t-store M  tuning, cpasync kernel: transposed codes stored 1 from registers (32 bytes\n"
            "               per thread) or 2 through shared memory as full rows (default 2)\n"
            "  -h, --help   this help\n");
 }
 
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+static const char *kernel_name(int k) { return k == 1 ? "cpasync" : k == 2 ? "bulk" : "default"; }
 
 #include "kernels/cuda/quant.h"
 
@@ -67,27 +79,29 @@ typedef struct {
     void *ws;
 } job;
 
-static double time_job(const job *j, int iters) {
+static double time_job(const job *j, int iters, int batch) {
     cudaEvent_t ev[2];
     CK(cudaEventCreate(&ev[0]));
     CK(cudaEventCreate(&ev[1]));
     float *ms = malloc((size_t)iters * sizeof *ms);
     for (int i = -5; i < iters; i++) {
         CK(cudaEventRecord(ev[0], 0));
-        if (!j->o) {
-            CK(cudaMemcpyAsync(j->copy_dst, j->x, j->copy_bytes, cudaMemcpyDeviceToDevice, 0));
-        } else if (dw_quantize_cuda(NULL, j->o, DW_QUANT_IN_BF16, j->x, j->rows, j->cols, j->out, j->out_t,
-                                    j->ws, NULL) != DW_OK) {
-            cli_error("bench quant", "%s", dw_errmsg(NULL));
-            free(ms);
-            return -1.0;
+        for (int b = 0; b < batch; b++) {
+            if (!j->o) {
+                CK(cudaMemcpyAsync(j->copy_dst, j->x, j->copy_bytes, cudaMemcpyDeviceToDevice, 0));
+            } else if (dw_quantize_cuda(NULL, j->o, DW_QUANT_IN_BF16, j->x, j->rows, j->cols, j->out, j->out_t,
+                                        j->ws, NULL) != DW_OK) {
+                cli_error("bench quant", "%s", dw_errmsg(NULL));
+                free(ms);
+                return -1.0;
+            }
         }
         CK(cudaEventRecord(ev[1], 0));
         CK(cudaEventSynchronize(ev[1]));
         if (i >= 0) CK(cudaEventElapsedTime(&ms[i], ev[0], ev[1]));
     }
     qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
-    double med = ms[iters / 2];
+    double med = ms[iters / 2] / batch;
     free(ms);
     cudaEventDestroy(ev[0]);
     cudaEventDestroy(ev[1]);
@@ -104,7 +118,7 @@ static void fill_random_bf16(uint16_t *h, size_t n, uint64_t seed) {
     }
 }
 
-static int run(bool json, int64_t rows, int64_t cols, int iters, const dw_quant_tuning *tune) {
+static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, const dw_quant_tuning *tune) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         cli_error("bench quant", "no CUDA GPU found: this benchmark needs one");
@@ -139,7 +153,7 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, const dw_quant_
         goto done;
     }
     job copy = {.x = dx, .copy_dst = dcopy, .copy_bytes = in_bytes};
-    double copy_ms = time_job(&copy, iters);
+    double copy_ms = time_job(&copy, iters, batch);
     if (copy_ms < 0) goto done;
     double copy_gbps = 2.0 * (double)in_bytes / (copy_ms * 1e6);
     variant vs[4] = {{.recipe = DW_RECIPE_MXFP8}, {.recipe = DW_RECIPE_MXFP8, .trans = true},
@@ -149,7 +163,7 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, const dw_quant_
         dw_quant_dev_out out = {.codes = dcodes, .scales = dscales};
         dw_quant_dev_out out_t = {.codes = dcodes_t, .scales = dscales_t};
         job j = {.o = &o, .x = dx, .rows = rows, .cols = cols, .out = &out, .out_t = vs[k].trans ? &out_t : NULL};
-        vs[k].ms = time_job(&j, iters);
+        vs[k].ms = time_job(&j, iters, batch);
         if (vs[k].ms < 0) goto done;
         vs[k].bytes = (double)in_bytes + (double)dw_quant_codes_bytes(o.recipe, rows, cols) +
                       (double)dw_quant_scales_bytes(o.recipe, rows, cols);
@@ -161,19 +175,20 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, const dw_quant_
     }
     if (json) {
         printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
-               "\"input\": \"bf16\", \"stages\": %d, \"ctas_per_sm\": %d, \"t_store\": %d, "
-               "\"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
-               prop.name, (long long)rows, (long long)cols, iters, tune->stages, tune->ctas_per_sm, tune->t_store,
-               copy_ms, copy_gbps);
+               "\"batch\": %d, \"input\": \"bf16\", \"kernel\": \"%s\", \"stages\": %d, \"ctas_per_sm\": %d, "
+               "\"t_store\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
+               prop.name, (long long)rows, (long long)cols, iters, batch, kernel_name(tune->kernel),
+               tune->stages, tune->ctas_per_sm, tune->t_store, copy_ms, copy_gbps);
         for (int k = 0; k < 4; k++)
             printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
                    "\"ratio_to_copy\": %.3f}", k ? ", " : "", dw_recipe_name(vs[k].recipe),
                    vs[k].trans ? "true" : "false", vs[k].ms, vs[k].bytes, vs[k].gbps, vs[k].ratio);
         printf("]}\n");
     } else {
-        printf("quantise BF16 [%lld, %lld] on %s, median of %d runs (CUDA events); tile kernel: stages %d, "
-               "CTAs/SM %d, t-store %d (0 = default)\n\n", (long long)rows, (long long)cols, prop.name, iters,
-               tune->stages, tune->ctas_per_sm, tune->t_store);
+        printf("quantise BF16 [%lld, %lld] on %s, median of %d batches of %d calls (CUDA events); kernels "
+               "%s, stages %d, CTAs/SM %d, t-store %d (0 = default)\n\n", (long long)rows, (long long)cols,
+               prop.name, iters, batch, kernel_name(tune->kernel), tune->stages, tune->ctas_per_sm,
+               tune->t_store);
         printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
         printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy_ms, copy_gbps, "1.000");
         for (int k = 0; k < 4; k++) {
@@ -201,13 +216,15 @@ int bench_quant(int argc, char **argv) {
                                          {"rows", required_argument, 0, 'r'},
                                          {"cols", required_argument, 0, 'c'},
                                          {"iters", required_argument, 0, 'n'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"kernel", required_argument, 0, 'K'},
                                          {"stages", required_argument, 0, 's'},
                                          {"ctas-per-sm", required_argument, 0, 'k'},
                                          {"t-store", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     bool json = false;
-    long rows = 8192, cols = 8192, iters = 50, stages = 0, ctas = 0, tstore = 0;
+    long rows = 8192, cols = 8192, iters = 50, batch = 10, stages = 0, ctas = 0, tstore = 0, kernel = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -222,8 +239,23 @@ int bench_quant(int argc, char **argv) {
         case 'n':
             if (!cli_parse_int("bench quant", "--iters", optarg, 1, 100000, &iters)) return DW_EXIT_USAGE;
             break;
+        case 'b':
+            if (!cli_parse_int("bench quant", "--batch", optarg, 1, 1000, &batch)) return DW_EXIT_USAGE;
+            break;
+        case 'K':
+            if (strcmp(optarg, "default") == 0) {
+                kernel = 0;
+            } else if (strcmp(optarg, "cpasync") == 0) {
+                kernel = 1;
+            } else if (strcmp(optarg, "bulk") == 0) {
+                kernel = 2;
+            } else {
+                cli_error("bench quant", "--kernel: '%s' is not default, cpasync or bulk", optarg);
+                return DW_EXIT_USAGE;
+            }
+            break;
         case 's':
-            if (!cli_parse_int("bench quant", "--stages", optarg, 2, 4, &stages)) return DW_EXIT_USAGE;
+            if (!cli_parse_int("bench quant", "--stages", optarg, 2, 6, &stages)) return DW_EXIT_USAGE;
             break;
         case 'k':
             if (!cli_parse_int("bench quant", "--ctas-per-sm", optarg, 1, 64, &ctas)) return DW_EXIT_USAGE;
@@ -244,10 +276,10 @@ int bench_quant(int argc, char **argv) {
         return DW_EXIT_USAGE;
     }
 #if DW_HAVE_CUDA
-    dw_quant_tuning tune = {.stages = (int)stages, .ctas_per_sm = (int)ctas, .t_store = (int)tstore};
-    return run(json, rows, cols, (int)iters, &tune);
+    dw_quant_tuning tune = {.stages = (int)stages, .ctas_per_sm = (int)ctas, .t_store = (int)tstore, .kernel = (int)kernel};
+    return run(json, rows, cols, (int)iters, (int)batch, &tune);
 #else
-    (void)json, (void)stages, (void)ctas, (void)tstore;
+    (void)json, (void)stages, (void)ctas, (void)tstore, (void)batch, (void)kernel;
     cli_error("bench quant", "this build has no CUDA (configured without nvcc): it needs a CUDA build and a GPU");
     return DW_EXIT_FAIL;
 #endif

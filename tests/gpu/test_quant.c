@@ -159,12 +159,14 @@ static int check_out(const char *label, const char *which, const dev_out *o, con
 static int run_case(dw_test_rng *rng, const qcase *c) {
     dw_recipe r = c->o.recipe;
     int64_t n = c->rows * c->cols;
-    char label[160];
-    snprintf(label, sizeof label, "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s stages=%d max_ctas=%d t_store=%d", dw_recipe_name(r),
+    char label[224];
+    snprintf(label, sizeof label,
+             "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s stages=%d ctas/sm=%d max_ctas=%d t_store=%d kernel=%d",
+             dw_recipe_name(r),
              c->o.rounding == DW_SCALE_FLOOR ? "/floor" : "", c->o.pow2 ? "/pow2" : "",
              c->in == DW_QUANT_IN_BF16 ? "bf16" : "f32", (long long)c->rows, (long long)c->cols, c->kind,
              c->trans ? " +T" : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "", c->tune.stages,
-             c->tune.max_ctas, c->tune.t_store);
+             c->tune.ctas_per_sm, c->tune.max_ctas, c->tune.t_store, c->tune.kernel);
     if (dw_quantize_cuda_set_tuning(NULL, &c->tune) != DW_OK) fail_msg("%s: set_tuning: %s", label, dw_errmsg(NULL));
     g_s0 = ldexpf(1.0f + (float)(1 + dw_test_next(rng) % 0x7FFFFE) * 0x1p-23f, (int)(dw_test_next(rng) % 40) - 20);
     float *x = malloc((size_t)n * sizeof *x);
@@ -218,8 +220,13 @@ static void test_all_recipes_bit_identical(void **state) {
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) fail_msg("no CUDA GPU: this test needs one");
     dw_test_rng rng;
     dw_test_rng_init(&rng, dw_test_seed());
+    /* whole 128x128 tiles ({128,128}, {512,1024}, {1152,640}, {2304,2560}) take the bulk-copy
+     * kernel for BF16 transposed mxfp8 / mxfp8_e5m2 / fp8_block unless tune.kernel = 1; row-wise
+     * BF16 of those recipes takes the bulk-copy ring with tune.kernel = 2 (partial last stage:
+     * {300,96}) */
     const int64_t shapes[][2] = {{128, 128}, {256, 384}, {1, 33}, {130, 7}, {129, 257}, {300, 96},
-                                 {17, 1000}, {1000, 17}, {0, 0}, {0, 0}, {2304, 2560}};
+                                 {17, 1000}, {1000, 17}, {0, 0}, {0, 0}, {512, 1024}, {1152, 640},
+                                 {2304, 2560}};
     int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     int cases = 0, bad = 0;
     for (int ri = 1; ri < DW_RECIPE_COUNT; ri++) {
@@ -231,8 +238,11 @@ static void test_all_recipes_bit_identical(void **state) {
                 rows = 1 + (int64_t)(dw_test_next(&rng) % 400);
                 cols = 1 + (int64_t)(dw_test_next(&rng) % 400);
             }
-            /* the large shape runs the row-wise kernel's grid-stride loop more than once */
-            for (int variant = 0; variant < (rows * cols > 4000000 ? 2 : 8); variant++) {
+            /* the large shape runs the row-wise kernel's grid-stride loop more than once, and
+             * the bulk kernel over more tiles than CTAs (variants 0, 1, 5 only: F32, BF16, BF16 +T) */
+            const bool large = rows * cols > 4000000;
+            for (int variant = 0; variant < 8; variant++) {
+                if (large && variant != 0 && variant != 1 && variant != 5) continue;
                 qcase c = {.in = (variant & 1) ? DW_QUANT_IN_BF16 : DW_QUANT_IN_F32,
                            .o = {.recipe = r,
                                  .rounding = (variant & 2) ? DW_SCALE_FLOOR : DW_SCALE_RCEIL,
@@ -242,11 +252,14 @@ static void test_all_recipes_bit_identical(void **state) {
                            .misalign = si == 1 && (variant & 1),
                            .rows = rows, .cols = cols,
                            .kind = (int)((si + variant) % 4)};
-                /* vary the tile ring's depth (2..4; 4 fits only BF16 tiles) and sometimes cap
-                 * the grid at 1..3 CTAs, so that each CTA wraps around its ring many times */
-                c.tune.stages = 2 + (int)(dw_test_next(&rng) % (c.in == DW_QUANT_IN_BF16 ? 3 : 2));
+                /* vary the tile ring's depth (2..6 for BF16 tiles, 2..3 for FP32's twice larger
+                 * ones), CTAs per SM, and sometimes cap the grid at 1..3 CTAs, so that each CTA
+                 * wraps around its ring many times; both tile kernels where both apply */
+                c.tune.stages = 2 + (int)(dw_test_next(&rng) % (c.in == DW_QUANT_IN_BF16 ? 5 : 2));
+                c.tune.ctas_per_sm = (int)(dw_test_next(&rng) % 3);
                 c.tune.max_ctas = (dw_test_next(&rng) % 2) ? 1 + (int)(dw_test_next(&rng) % 3) : 0;
                 c.tune.t_store = 1 + (int)(dw_test_next(&rng) % 2); /* both transposed-store paths */
+                c.tune.kernel = (int)(dw_test_next(&rng) % 3);
                 bad += run_case(&rng, &c);
                 cases++;
             }
@@ -273,9 +286,10 @@ static void test_rejects_bad_arguments(void **state) {
     out.scales_swizzled = NULL;
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 16, &out, NULL, NULL, NULL),
                      DW_ERR_INVALID); /* no tensor_scale */
-    dw_quant_tuning bad_stages = {.stages = 5}, bad_ctas = {.max_ctas = -1};
+    dw_quant_tuning bad_stages = {.stages = 7}, bad_ctas = {.max_ctas = -1}, bad_kernel = {.kernel = 3};
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_stages), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_ctas), DW_ERR_INVALID);
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_kernel), DW_ERR_INVALID);
     o.recipe = DW_RECIPE_BF16;
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 4, &out, NULL, NULL, NULL),
                      DW_ERR_UNSUPPORTED);

@@ -32,16 +32,24 @@ typedef struct {
     float *tensor_scale;
 } dw_quant_dev_out;
 
-/* Tuning of the persistent tile kernel (transposed copy, fp8_block2d, ragged shapes with
- * 16-byte aligned rows), for benchmarks and tests; 0 in a field = the built-in choice:
- *   stages       tile buffers in the shared-memory ring, 2..4 (default 2 for BF16, 3 for FP32)
- *   ctas_per_sm  at most this many CTAs per SM (default: as many as fit)
+/* Tuning of the ring kernels, for benchmarks and tests; 0 in a field = the built-in choice.
+ * BF16 input quantised to mxfp8, mxfp8_e5m2 or fp8_block with the transposed copy, in whole
+ * 128x128 tiles: the bulk-copy tile kernel (quant_bulk.cu). Other transposed copies, fp8_block2d
+ * and ragged shapes: the cp.async tile kernel; row-wise only (cols a multiple of the block): the
+ * flat grid-stride kernel (quant.cu).
+ *   kernel       1: never the bulk-copy kernels (the cp.async tile kernel instead, for A/B);
+ *                2: also row-wise only through the bulk-copy ring (BF16 mxfp8, mxfp8_e5m2,
+ *                fp8_block with cols a multiple of the block) instead of the grid-stride kernel
+ *   stages       32 KiB (bulk; cp.async: one tile) buffers in the shared-memory ring, 2..6 (default:
+ *                bulk 2 transposed, 3 row-wise; cp.async 2 for BF16, 3 for FP32); a ring that does
+ *                not fit is DW_ERR_UNSUPPORTED
+ *   ctas_per_sm  at most this many CTAs per SM (default: bulk 2, cp.async as many as fit)
  *   max_ctas     at most this many CTAs in all (tests use it to make each CTA loop over many tiles)
- *   t_store      transposed 8-bit codes of whole tiles: 1 stored from registers (32 bytes per
- *                thread), 2 (default) collected in shared memory and stored as full rows
+ *   t_store      cp.async kernel, transposed 8-bit codes of whole tiles: 1 stored from registers
+ *                (32 bytes per thread), 2 (default) collected in shared memory and stored as rows
  * Process-wide, not thread-safe; NULL restores the defaults. DW_ERR_INVALID for values out of range. */
 typedef struct {
-    int stages, ctas_per_sm, max_ctas, t_store;
+    int stages, ctas_per_sm, max_ctas, t_store, kernel;
 } dw_quant_tuning;
 dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t);
 

@@ -1,0 +1,89 @@
+/* shim.h — host stand-ins, for the emulator run of quant_bulk.cu (run.sh), of what it uses beyond
+ * tests/common/cuda_emu: vector types and intrinsics, launch queries, and the PTX helpers that
+ * transform.py swaps in (mbarrier with its phase and byte count, bulk copy as memcpy, a named
+ * barrier of the consumer warps, max.u16x2, FP8 pair conversion through formats.h's encoders). */
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <algorithm>
+#include <map>
+#include "cuda_runtime.h"
+extern "C" {
+#include "formats/formats.h"
+}
+void dw_emu_yield(void);
+
+#define __align__(n) __attribute__((aligned(n)))
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
+static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline float __frcp_rn(float x) { volatile float one = 1.0f; return one / x; }
+static inline float __fdiv_rn(float a, float b) { volatile float q = a / b; return q; }
+static inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned)v); }
+static inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline uint32_t __byte_perm(uint32_t a, uint32_t b, uint32_t s) {
+    uint8_t by[8];
+    memcpy(by, &a, 4);
+    memcpy(by + 4, &b, 4);
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)by[(s >> (4 * i)) & 7] << (8 * i);
+    return r;
+}
+template <typename T> static inline void __stcs(T *p, T v) { *p = v; }
+template <typename T> static inline T __ldcs(const T *p) { return *p; }
+static inline uint32_t __cvta_generic_to_shared(const void *p) { return (uint32_t)(uintptr_t)p; }
+static inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)mask; dw_emu_exchange(0, dw_emu_lane()); }
+
+typedef enum { cudaDevAttrMultiProcessorCount = 16 } cudaDeviceAttr;
+enum { cudaFuncAttributePreferredSharedMemoryCarveout = 9 };
+static inline cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+extern int g_emu_sms;
+static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) { *v = g_emu_sms; return cudaSuccess; }
+static inline cudaError_t cudaFuncSetAttribute(const void *, int, int) { return cudaSuccess; }
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, int, size_t smem) {
+    *n = smem <= 113 * 1024 ? 2 : smem <= 227 * 1024 ? 1 : 0;
+    return cudaSuccess;
+}
+
+/* mbarrier emulation */
+struct EmuBar { int expected, pending; long tx; unsigned phase; };
+extern std::map<const void *, EmuBar> g_bars;
+static inline void emu_bar_check(EmuBar &b) {
+    if (b.pending == 0 && b.tx == 0) { b.phase++; b.pending = b.expected; }
+}
+static inline void emu_mbar_init(uint64_t *p, uint32_t count) { g_bars[p] = EmuBar{(int)count, (int)count, 0, 0}; }
+static inline void emu_mbar_arrive(uint64_t *p) { EmuBar &b = g_bars.at(p); if (--b.pending < 0) abort(); emu_bar_check(b); }
+static inline void emu_mbar_arrive_tx(uint64_t *p, uint32_t bytes) {
+    EmuBar &b = g_bars.at(p); b.tx += bytes; if (--b.pending < 0) abort(); emu_bar_check(b);
+}
+static inline void emu_mbar_wait(uint64_t *p, uint32_t parity) {
+    while ((g_bars.at(p).phase & 1u) == parity) dw_emu_yield();
+}
+static inline void emu_bulk(void *dst, const void *src, uint32_t bytes, uint64_t *p) {
+    if (bytes % 16 || (uintptr_t)dst % 16 || (uintptr_t)src % 16) { fprintf(stderr, "bulk misaligned\n"); abort(); }
+    memcpy(dst, src, bytes);
+    EmuBar &b = g_bars.at(p); b.tx -= bytes; if (b.tx < 0) { fprintf(stderr, "tx negative\n"); abort(); } emu_bar_check(b);
+}
+extern int g_emu_bar_count, g_emu_bar_gen;
+static inline void emu_named_bar(int n) {
+    int gen = g_emu_bar_gen;
+    if (++g_emu_bar_count == n) { g_emu_bar_count = 0; g_emu_bar_gen++; return; }
+    while (g_emu_bar_gen == gen) dw_emu_yield();
+}
+static inline uint32_t emu_vmax2(uint32_t a, uint32_t b) {
+    uint32_t lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);
+    return lo | hi << 16;
+}
+static inline uint32_t emu_e4m3x2(float lo, float hi) { return dw_encode_e4m3(lo) | (uint32_t)dw_encode_e4m3(hi) << 8; }
+static inline uint32_t emu_e5m2x2(float lo, float hi) {
+    return dw_encode_e5m2(lo, true) | (uint32_t)dw_encode_e5m2(hi, true) << 8;
+}

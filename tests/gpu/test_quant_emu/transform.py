@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""transform.py SRC_DIR OUT_DIR — copies quant_common.cuh and quant_bulk.cu for the host emulator:
+the bodies of the inline-PTX helpers become calls of shim.h's stand-ins, the dynamic shared-memory
+declaration a pointer to the launch's buffer, and launches go through the emulator's preprocess.py."""
+import os
+import subprocess
+import sys
+
+
+def replace_body(s, name, body):
+    i = s.index(' ' + name + '(')  # the definition comes before any use
+    j = s.index('{', i)
+    depth = 0
+    for k in range(j, len(s)):
+        if s[k] == '{':
+            depth += 1
+        elif s[k] == '}':
+            depth -= 1
+            if depth == 0:
+                return s[:j] + '{ ' + body + ' }' + s[k + 1:]
+    raise SystemExit('unbalanced braces after ' + name)
+
+
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.join(out, 'inc/kernels/cuda'), exist_ok=True)
+c = open(os.path.join(src, 'quant_common.cuh')).read()
+c = replace_body(c, 'cvt_e4m3x2', 'return emu_e4m3x2(lo, hi);')
+c = replace_body(c, 'cvt_e5m2x2', 'return emu_e5m2x2(lo, hi);')
+open(os.path.join(out, 'inc/kernels/cuda/quant_common.cuh'), 'w').write(c)
+b = open(os.path.join(src, 'quant_bulk.cu')).read()
+for name, body in [('mbar_init', 'emu_mbar_init(b, count);'), ('mbar_arrive', 'emu_mbar_arrive(b);'),
+                   ('mbar_arrive_tx', 'emu_mbar_arrive_tx(b, bytes);'), ('mbar_wait', 'emu_mbar_wait(b, parity);'),
+                   ('bulk_g2s', 'emu_bulk(dst, src, bytes, b);'), ('consumers_sync', 'emu_named_bar(BK_CONS);'),
+                   ('vmax2', 'return emu_vmax2(a, b);')]:
+    b = replace_body(b, name, body)
+b = b.replace('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', '')
+b = b.replace('extern __shared__ __align__(128) unsigned char smem[];',
+              'unsigned char *smem = (unsigned char *)dw_emu_dyn_smem;')
+if 'asm' in b:
+    raise SystemExit('inline asm left in quant_bulk.cu: add its stand-in to transform.py and shim.h')
+open(os.path.join(out, 'quant_bulk_pre.cu'), 'w').write(b)
+subprocess.check_call([sys.executable, os.path.join(out, 'emu/preprocess.py'), os.path.join(out, 'quant_bulk_pre.cu'),
+                       os.path.join(out, 'quant_bulk.cpp')])
