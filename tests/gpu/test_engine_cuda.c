@@ -38,6 +38,7 @@
 
 #include "capture/model_config.h"
 #include "compile/compile.h"
+#include "kernels/cuda/attn_packed.h"
 #include "runtime/engine.h"
 #include "testutil.h"
 
@@ -47,6 +48,7 @@ static dw_test_rng g_rng;
 static int setup(void **state) {
     (void)state;
     dw_test_rng_init(&g_rng, dw_test_seed() ^ 0xE61ull);
+    dw_cuda_attention_use("mma"); /* bit-exact comparisons need the deterministic kernels (test_memory: cuDNN) */
     return dw_test_cpu_gpu_setup(&g_cpu, &g_gpu);
 }
 static int teardown(void **state) {
@@ -512,6 +514,7 @@ static void test_gpt2_124m_steps(void **state) {
 /* ---- memory ------------------------------------------------------------------------------------- */
 static void test_memory(void **state) {
     (void)state;
+    dw_cuda_attention_use("auto"); /* the default path: cuDNN's plans are built at creation, not in a step */
     dw_model_config c = preset("llama-tiny");
     c.d_model = 512, c.n_heads = 8, c.n_kv_heads = 4, c.head_dim = 64, c.d_ff = 1536, c.n_layers = 4;
     c.vocab_size = 8192, c.max_seq = 512;
@@ -552,6 +555,7 @@ static void test_memory(void **state) {
            created, peak, tol, loss);
     dw_engine_free(e);
     free(x), free(y);
+    dw_cuda_attention_use("mma");
     if (f2 != f1) fail_msg("the steps allocated device memory: %.0f B free after creation, %.0f B after 3 steps",
                            (double)f1, (double)f2);
     if (!(fabs(created - (double)plan) <= tol) || !(fabs(peak - (double)plan) <= tol))

@@ -484,19 +484,18 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
  * (NH), 1 or 2 each, D = 64 only, from DW_ATTN_TILES="F,Q,K" (an experiment knob; default 1,1,1,
  * the fastest measured at the GPT-2 and llama-1b shapes: bench/RESULTS.md). */
 static int am_mode_cfg = -1; /* -1: not read yet */
+int dw_attn_mode_parse(const char *v) {
+    return !v || !*v || !strcmp(v, "auto") ? DW_ATTN_AUTO
+           : !strcmp(v, "ref")             ? DW_ATTN_REF
+           : !strcmp(v, "nosplit")         ? DW_ATTN_NOSPLIT
+           : !strcmp(v, "mma")             ? DW_ATTN_MMA
+           : !strcmp(v, "cudnn")           ? DW_ATTN_CUDNN
+                                           : DW_ATTN_AUTO;
+}
 void dw_attn_mode_set(int mode) { am_mode_cfg = mode; }
 int dw_attn_mode(void) {
-    int &mode = am_mode_cfg;
-    if (mode < 0) {
-        const char *env = getenv("DW_ATTN");
-        mode = !env || !*env || !strcmp(env, "auto") ? DW_ATTN_AUTO
-               : !strcmp(env, "ref")                 ? DW_ATTN_REF
-               : !strcmp(env, "nosplit")             ? DW_ATTN_NOSPLIT
-               : !strcmp(env, "mma")                 ? DW_ATTN_MMA
-               : !strcmp(env, "cudnn")               ? DW_ATTN_CUDNN
-                                                     : DW_ATTN_AUTO;
-    }
-    return mode;
+    if (am_mode_cfg < 0) am_mode_cfg = dw_attn_mode_parse(getenv("DW_ATTN"));
+    return am_mode_cfg;
 }
 static int am_tiles_cfg[3] = {0, 0, 0}; /* 0: not read yet */
 static const int *am_tiles(void) {

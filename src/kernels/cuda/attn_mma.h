@@ -14,8 +14,9 @@
  * term (an experiment), "ref" the reference kernels. Unknown values mean auto. */
 enum { DW_ATTN_AUTO = 0, DW_ATTN_NOSPLIT = 1, DW_ATTN_REF = 2, DW_ATTN_MMA = 3, DW_ATTN_CUDNN = 4 };
 int dw_attn_mode(void);
-/* Overrides DW_ATTN for the process from now on (tests and benchmarks that compare paths; -1:
- * read DW_ATTN again). Engines created before keep what their captured graphs recorded. */
+/* A DW_ATTN value as above; and an override of DW_ATTN for the process from now on (-1: read
+ * DW_ATTN again), behind attn_packed.h's dw_cuda_attention_use. */
+int dw_attn_mode_parse(const char *v);
 void dw_attn_mode_set(int mode);
 /* true when the tensor-core path can run: D 64 or 128, every pointer 16-byte aligned, and the
  * environment does not ask for the reference kernels (DW_ATTN=ref). */

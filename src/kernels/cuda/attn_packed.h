@@ -26,6 +26,12 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
                                        const void *out, const float *lse, float *delta, int64_t B,
                                        int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
 
+/* Chooses the attention path for the process from now on, with DW_ATTN's values ("auto",
+ * "cudnn", "mma", "ref", "nosplit"; NULL: DW_ATTN again): for tests and benchmarks that compare
+ * paths or need the deterministic kernels. Engines created before keep the path their captured
+ * step graphs recorded. */
+void dw_cuda_attention_use(const char *path);
+
 /* Builds, outside any step, what BF16 attention of this shape will need (cuDNN's plans and their
  * workspaces, kernels/cuda/attn_cudnn.c), so that steps allocate nothing: engines call it at
  * creation for each attention node. packed: q, k, v are views into a packed qkv row (the packed

@@ -440,6 +440,8 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
                              B, T, H, Hkv, D);
 }
 
+void dw_cuda_attention_use(const char *path) { dw_attn_mode_set(path ? dw_attn_mode_parse(path) : -1); }
+
 dw_status dw_cuda_attention_prepare(dw_ctx *ctx, dw_act_dtype dt, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                                     int64_t D, bool packed) {
     (void)ctx;

@@ -6,6 +6,7 @@
 bool dw_attn_mma_eligible(int64_t, const void *const *, int) { return false; }
 int dw_attn_mode(void) { return DW_ATTN_MMA; } // never cuDNN under the emulator
 void dw_attn_mode_set(int mode) { (void)mode; }
+int dw_attn_mode_parse(const char *v) { return (void)v, DW_ATTN_MMA; }
 
 cudaError_t dw_attn_mma_fwd(void *, float *, const void *, const void *, const void *, int64_t, int64_t, int64_t,
                             int64_t, int64_t, int64_t, int64_t, cudaStream_t) {
