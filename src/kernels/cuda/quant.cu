@@ -698,8 +698,8 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(out_t->scales_swizzled, 0, dw_scale_swizzled_bytes(sr, sc), st));
     }
     uint32_t *ws = (uint32_t *)workspace;
-    /* the bulk-copy kernels: transposed copies by default, row-wise only on request (kernel 2) */
-    const bool trans = out_t != nullptr, bulk = trans ? g_tuning.kernel != 1 : g_tuning.kernel == 2;
+    /* the bulk-copy ring kernels where eligible, both ways (kernel 1: the older kernels only) */
+    const bool trans = out_t != nullptr, bulk = g_tuning.kernel != 1;
     if (in == DW_QUANT_IN_BF16 && bulk && bulk_eligible(r, p, x, trans))
         return launch_bulk(ctx, r, (const uint16_t *)x, p, trans, g_tuning.stages ? g_tuning.stages : trans ? 2 : 3,
                            g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 2, g_tuning.max_ctas, st);

@@ -33,13 +33,13 @@ typedef struct {
 } dw_quant_dev_out;
 
 /* Tuning of the ring kernels, for benchmarks and tests; 0 in a field = the built-in choice.
- * BF16 input quantised to mxfp8, mxfp8_e5m2 or fp8_block with the transposed copy, in whole
- * 128x128 tiles: the bulk-copy tile kernel (quant_bulk.cu). Other transposed copies, fp8_block2d
- * and ragged shapes: the cp.async tile kernel; row-wise only (cols a multiple of the block): the
- * flat grid-stride kernel (quant.cu).
- *   kernel       1: never the bulk-copy kernels (the cp.async tile kernel instead, for A/B);
- *                2: also row-wise only through the bulk-copy ring (BF16 mxfp8, mxfp8_e5m2,
- *                fp8_block with cols a multiple of the block) instead of the grid-stride kernel
+ * BF16 input quantised to mxfp8, mxfp8_e5m2 or fp8_block: with the transposed copy, in whole
+ * 128x128 tiles, the bulk-copy tile kernel (quant_bulk.cu); row-wise only with cols a multiple of
+ * the block, the bulk-copy ring too (both measured faster on the H200: bench/RESULTS.md). Other
+ * transposed copies, fp8_block2d and ragged shapes: the cp.async tile kernel; other row-wise
+ * cases: the flat grid-stride kernel (quant.cu).
+ *   kernel       1: never the bulk-copy kernels (the older kernels instead, for A/B); 2: the
+ *                default (kept for scripts that name it)
  *   stages       32 KiB (bulk; cp.async: one tile) buffers in the shared-memory ring, 2..6 (default:
  *                bulk 2 transposed, 3 row-wise; cp.async 2 for BF16, 3 for FP32); a ring that does
  *                not fit is DW_ERR_UNSUPPORTED
