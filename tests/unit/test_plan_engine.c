@@ -183,6 +183,7 @@ static void test_engine_time_quantised(void **state) {
     assert_true(et[1].launches - et[0].launches == Lq * (4 + 7 + 4));
     assert_true(fabs((et[1].optimizer - et[0].optimizer) / opt - 1) < 1e-9);
     dw_hw_free(hw);
+    dw_ctx_free(ctx);
 }
 
 static void test_engine_time_hand_count(void **state) {
