@@ -45,8 +45,9 @@ void dw_gemm_fp8block_sm90_register(void) {
     static int variants[4] = {0, 1, 2, 3};
     static const char *names[4] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg", "deepwell_fp8block_sm90_mc",
                                    "deepwell_fp8block_sm90_3wg_mc"};
-    /* below cublaslt_fp8_sm90 (10) until measured faster (docs/gemm.md) */
-    static const int prio[4] = {5, 8, 6, 7};
+    /* below cublaslt_fp8_sm90 (10) until measured faster; among themselves in their measured order
+     * (H200, 8192^3: 3wg 1014, 2wg 933, 3wg_mc 569, mc 469 TFLOP/s; bench/RESULTS.md) */
+    static const int prio[4] = {7, 8, 5, 6};
     for (int i = 0; i < 4; i++) {
         dw_kernel_desc d = {.name = names[i], .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
                             .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = prio[i],
