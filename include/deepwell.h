@@ -390,6 +390,10 @@ typedef struct {
     uint64_t seed;          /* weights, shuffling and sampling */
     const dw_policy *policy; /* CUDA engine: precision policy (borrowed); NULL = BF16. Must be
                                 NULL on the CPU (FP32 reference engine) */
+    bool deterministic;     /* CUDA engine: bit-reproducible steps — attention through Deepwell's
+                               tensor-core kernels instead of cuDNN, whose backward accumulates
+                               dQ with atomics (for the whole process while dw_train runs; the
+                               CPU engine always is) */
     bool profile;           /* CUDA engine: after the last step, time 3 eager steps of the last
                                micro-batch with a CUDA event around every op and write
                                out_dir/profile.json (mean ms per op kind and per node role,

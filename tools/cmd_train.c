@@ -61,9 +61,13 @@ static void help(void) {
         "  --policy FILE          CUDA engine: a precision policy JSON instead of --precision\n"
         "  --fallback safe|none   with --precision: keep embeddings, the LM head and the first\n"
         "                         and last block in BF16 (safe). The policy and every linear\n"
-        "                         node's recipe are recorded in the checkpoint's state.json\n"
+        "                         node's recipe are recorded in the checkpoint's state.json\n");
+    printf( /* (two strings: C99 compilers need only support 4095 characters in one) */
         "  --seed S               weights, data order and sampling (1337; a resumed run keeps its own)\n"
         "  --log-every K          progress line every K steps when stderr is not a terminal (1)\n"
+        "  --deterministic        CUDA engine: bit-reproducible steps (attention through Deepwell's\n"
+        "                         tensor-core kernels instead of cuDNN, whose backward is not\n"
+        "                         reproducible; about 2x slower attention). The CPU engine always is\n"
         "  --profile              CUDA engine: after the last step, time 3 eager steps of the last\n"
         "                         micro-batch with a CUDA event around every op; print the largest\n"
         "                         rows per op kind and per node role (forward and backward apart)\n"
@@ -138,7 +142,8 @@ static int print_profile(dw_ctx *ctx, const char *dir) {
 
 enum { O_MODEL = 256, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR, O_MINLR,
        O_WARMUP, O_SCHED, O_WD, O_CLIP, O_B1, O_B2, O_EVAL, O_EVALB, O_SAMPLE, O_SAMPLEN, O_SAMPLET,
-       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY, O_PRECISION, O_POLICY, O_FALLBACK, O_PROFILE };
+       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY, O_PRECISION, O_POLICY, O_FALLBACK, O_PROFILE,
+       O_DETERMINISTIC };
 
 int cmd_train(int argc, char **argv) {
     static const struct option longopts[] = {
@@ -158,6 +163,7 @@ int cmd_train(int argc, char **argv) {
         {"seed", required_argument, 0, O_SEED}, {"log-every", required_argument, 0, O_LOGEVERY},
         {"precision", required_argument, 0, O_PRECISION}, {"policy", required_argument, 0, O_POLICY},
         {"fallback", required_argument, 0, O_FALLBACK}, {"profile", no_argument, 0, O_PROFILE},
+        {"deterministic", no_argument, 0, O_DETERMINISTIC},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     dw_train_opts o;
     dw_train_opts_default(&o);
@@ -178,6 +184,7 @@ int cmd_train(int argc, char **argv) {
         case O_DEVICE: device = optarg; break;
         case O_PRECISION: precision = optarg; break;
         case O_PROFILE: o.profile = true; break;
+        case O_DETERMINISTIC: o.deterministic = true; break;
         case O_POLICY: policy_path = optarg; break;
         case O_FALLBACK: fallback = optarg; break;
         case O_PROMPT: o.sample_prompt = optarg; break;

@@ -18,6 +18,9 @@
 
 #include "compile/compile.h"
 #include "runtime/profile.h"
+#if DW_HAVE_CUDA
+#include "kernels/cuda/attn_packed.h"
+#endif
 #include "core/error.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -454,6 +457,12 @@ dw_status dw_train(dw_ctx *ctx, const dw_train_opts *o) {
     memset(&r, 0, sizeof r);
     r.ctx = ctx;
     r.o = o;
+#if DW_HAVE_CUDA
+    if (o->deterministic && dw_ctx_device(ctx) == DW_DEVICE_CUDA) {
+        dw_cuda_attention_use("mma"); /* cuDNN's backward is not bit-reproducible */
+        DW_LOGI("deterministic: attention through the tensor-core kernels (DW_ATTN=mma)");
+    }
+#endif
     dw_status st = setup(&r);
     if (st == DW_OK) st = loop(&r);
     if (st == DW_OK && o->profile && r.step == o->steps && !dw_train_stop_requested()) st = profile(&r);
@@ -467,5 +476,8 @@ dw_status dw_train(dw_ctx *ctx, const dw_train_opts *o) {
     free(r.recipes_json);
     free(r.x);
     free(r.y);
+#if DW_HAVE_CUDA
+    if (o->deterministic && dw_ctx_device(ctx) == DW_DEVICE_CUDA) dw_cuda_attention_use(NULL); /* DW_ATTN again */
+#endif
     return st;
 }

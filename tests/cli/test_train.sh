@@ -85,6 +85,11 @@ check "resume to 12" 0 $?
 if [ "$(losses "$tmp/straight/metrics.jsonl")" = "$(losses "$tmp/halves/metrics.jsonl")" ] &&
    [ "$(losses "$tmp/straight/metrics.jsonl" | wc -l)" = 12 ]; then ok "resumed losses bit-identical (constant)"
 else bad "resumed losses differ (constant)"; diff <(losses "$tmp/straight/metrics.jsonl") <(losses "$tmp/halves/metrics.jsonl") | head; fi
+# --deterministic: accepted; the CPU engine is deterministic anyway, so the same 12 losses
+"$dw" train "${common[@]}" --schedule constant --steps 12 --deterministic --out "$tmp/det" >/dev/null 2>"$tmp/err"
+check "--deterministic on the CPU" 0 $?
+if [ "$(losses "$tmp/straight/metrics.jsonl")" = "$(losses "$tmp/det/metrics.jsonl")" ]; then ok "--deterministic: same losses"
+else bad "--deterministic changed the CPU losses"; fi
 # cosine: resume from the middle checkpoint of a 12-step run into a new directory
 "$dw" train "${common[@]}" --steps 12 --ckpt-every 6 --keep 0 --out "$tmp/cos" >/dev/null 2>&1
 check "12 cosine steps with a checkpoint at 6" 0 $?
@@ -226,6 +231,7 @@ check "--fallback maybe" 2 $?
 "$dw" train "${common[@]}" --schedule step --steps 3 --out "$tmp/x7" >/dev/null 2>"$tmp/err"
 check "unknown schedule" 2 $?
 "$dw" train --help | grep -q -- "--global-batch"; check "train --help" 0 $?
+"$dw" train --help | grep -q -- "--deterministic"; check "train --help lists --deterministic" 0 $?
 "$dw" sample --help | grep -q -- "--top-k"; check "sample --help" 0 $?
 "$dw" sample "$tmp/nothing" --prompt x >/dev/null 2>"$tmp/err"
 check "sample of a missing model" 2 $?

@@ -4,7 +4,8 @@
  * trained N steps against BF16 on the built-in data; (c) a GPU checkpoint resumes on the GPU and on
  * the CPU, a CPU checkpoint on the GPU, with the losses continuing; state.json names the policy
  * and every linear node's recipe; (d) BF16 training with cuDNN's attention (the default) learns
- * what it learns with the mma kernels. (a) and (c) pin the deterministic mma kernels. Needs a GPU.
+ * what it learns with the mma kernels; (e) --deterministic runs repeat bit for bit. (a) and (c)
+ * pin the deterministic mma kernels. Needs a GPU.
  * Prints every number it checks.
  *
  * Tolerances.
@@ -214,6 +215,28 @@ static void test_attention_paths(void **state) {
     free(dir);
 }
 
+/* (e) --deterministic: two GPU runs of the same job give bit-identical losses (attention through
+ * the mma kernels whatever DW_ATTN or the default says; cuDNN's backward is not reproducible). */
+static void test_deterministic(void **state) {
+    (void)state;
+    dw_cuda_attention_use("cudnn"); /* what --deterministic must override */
+    char *dir = dw_test_tmpdir();
+    static trace t[2];
+    for (int k = 0; k < 2; k++) {
+        char *o_dir = sub(dir, k ? "b" : "a");
+        dw_train_opts o = opts(o_dir, 30, 4, 64, &t[k]);
+        o.deterministic = true;
+        run(g_gpu, &o, k ? "(e) gpu bf16 deterministic, again" : "(e) gpu bf16 deterministic");
+        free(o_dir);
+    }
+    dw_cuda_attention_use(NULL);
+    int differ = 0;
+    for (int64_t s = 1; s <= 30; s++) differ += t[0].loss[s] != t[1].loss[s];
+    fprintf(stderr, "(e) deterministic: %d of 30 step losses differ between two runs (want 0)\n", differ);
+    assert_int_equal(differ, 0);
+    free(dir);
+}
+
 static bool file_has(const char *path, const char *text) {
     FILE *f = fopen(path, "rb");
     if (!f) return false;
@@ -313,6 +336,7 @@ int main(void) {
         cmocka_unit_test(test_quantised_vs_bf16),
         cmocka_unit_test(test_resume_across_devices),
         cmocka_unit_test(test_attention_paths),
+        cmocka_unit_test(test_deterministic),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
