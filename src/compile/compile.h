@@ -164,7 +164,8 @@ int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
  * C = D = the gradient) instead of writing an ACC temporary that a separate kernel adds: BF16
  * mode, the input's gradient is accumulated (a later reader wrote it first: llama's k/v after q,
  * up after gate), and the dgrad runs the BF16 GEMM (not quantised, no fused GELU). The arena then
- * has no ACC0 temporary for the node. */
+ * has no ACC0 temporary for the node. Decided at the planned capacity; the engine follows it at
+ * every batch (a quantised dgrad would overwrite the gradient instead of adding). */
 bool dw_compile_dgrad_accumulates(const dw_compiled *c, int i);
 
 /* Step numbers of node i. */

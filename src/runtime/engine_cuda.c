@@ -86,11 +86,11 @@ static int64_t width(const dw_engine *e, int tensor) {
     return t->shape[t->ndim - 1];
 }
 
-/* Where node ni's backward writes the gradient of input `slot` (NULL: none needed). */
-/* (A linear's dgrad that accumulates in its GEMM gets the gradient itself: beta = 1.) */
+/* A linear's dgrad that accumulates in its GEMM (beta = 1) gets the gradient itself. */
 static bool gemm_accumulates(dw_engine *e, int ni, int slot) {
     return slot == 0 && dw_compile_dgrad_accumulates(CE->cp, ni);
 }
+/* Where node ni's backward writes the gradient of input `slot` (NULL: none needed). */
 static void *in_grad(dw_engine *e, int ni, int slot) {
     switch (CE->cp->grad_mode[ni][slot]) {
     case DW_GRAD_WRITE: return dact(e, e->g->nodes[ni].in[slot]);

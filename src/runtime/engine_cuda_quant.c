@@ -106,7 +106,11 @@ dw_status dw_qlin_bwd(dw_qlin *q, int node, void *dx, float *dw, const void *dy,
                       int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
     *dgrad_done = *wgrad_done = false;
     const dw_recipe r = q->cp->bind[node].recipe;
-    bool dg = dx && ok(r, DW_QPASS_DGRAD, N, K, M), wg = ok(r, DW_QPASS_WGRAD, N, K, M);
+    /* the plan decided at capacity whether this dgrad adds into its input's gradient in a BF16
+     * GEMM (dx is then that gradient, no scratch): follow it even where a smaller batch would fit
+     * the quantised kernel, which overwrites */
+    bool dg = dx && !dw_compile_dgrad_accumulates(q->cp, node) && ok(r, DW_QPASS_DGRAD, N, K, M);
+    bool wg = ok(r, DW_QPASS_WGRAD, N, K, M);
     if (!dg && !wg) return DW_OK;
     const dw_work_layout *l = &q->cp->work;
     qslot rows = slot(q, &l->q_rows), dyt = slot(q, &l->q_dyt), xt = slot(q, &l->q_xt);
