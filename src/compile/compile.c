@@ -418,7 +418,7 @@ static dw_status plan_arena(dw_ctx *ctx, dw_compiled *c) {
             if (bytes > gb[t]) gb[t] = bytes; /* t has a gradient */
         }
     }
-    for (int t = nt - 1; t >= 0; t--) { /* roots last in the chain: their members are final now */
+    for (int t = nt - 1; t >= 0; t--) { /* one item per alias root, over its members' joint lifetime */
         if (gb[t] <= 0 || grad_root(c, t) != t) continue;
         gitem[t] = add_item(&l, gb[t], gf[t], gl[t], DW_BUF_GRAD, t);
         if (gitem[t] < 0) goto nomem;

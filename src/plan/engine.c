@@ -183,8 +183,9 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             /* elements each pass quantises: x | dy | dy^T, x^T (W and W^T: once per update, below);
              * a node reading the same x as the previous quantised one (q/k/v, gate/up) reuses its
              * x and x^T codes, as the engine does (engine_cuda_quant.c) */
-            const bool same_x = qrec && n->in[0] == prev_x && dw_compile_quant_act_recipe(r) == prev_ra;
-            if (qrec) prev_x = n->in[0], prev_ra = dw_compile_quant_act_recipe(r);
+            const dw_recipe ra = dw_compile_quant_act_recipe(r);
+            const bool same_x = qrec && n->in[0] == prev_x && ra == prev_ra;
+            if (qrec) prev_x = n->in[0], prev_ra = ra;
             const double xq = same_x ? 0 : N * K;
             const double opnd[DW_QPASS_COUNT] = {xq, N * M, N * M + xq};
             if (qrec) { /* the weight cache: FP32 W read, W and W^T codes written, after each update */

@@ -71,10 +71,10 @@ dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, void *gelu_out, const voi
     const dw_recipe r = q->cp->bind[node].recipe;
     if (!ok(r, DW_QPASS_FPROP, N, K, M)) return DW_OK;
     qslot xs = slot(q, &q->cp->work.q_rows), ws = slot(q, &q->cp->wq[node][0]);
-    const int xt = x_tensor(q, node);
-    if (!q->reuse || q->rows_tensor != xt || q->rows_recipe != act(r)) { /* else a sibling quantised this x already */
+    const int xi = x_tensor(q, node);
+    if (!q->reuse || q->rows_tensor != xi || q->rows_recipe != act(r)) { /* else a sibling quantised this x already */
         DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &xs, NULL));
-        q->rows_tensor = xt, q->rows_recipe = act(r);
+        q->rows_tensor = xi, q->rows_recipe = act(r);
     }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(act(r), &xs, N, K, false),
                       .b = op(r, &ws, M, K, true), .alpha = 1.0f, .d = y, .out_type = DW_GEMM_OUT_BF16};
