@@ -31,8 +31,9 @@ static void help(void) {
            "                   llama (16384x14336x4096, 16384x4096x14336), vocab (GPT-2's LM head at\n"
            "                   its real vocabulary 50257: 16384x50257x768, 16384x768x50257,\n"
            "                   50257x768x16384 — rows off 16-byte alignment); default all\n"
-           "  --recipes LIST   comma list of: bf16, fp8_tensor, fp8_block (1x128 A, 128x128 B), mxfp8;\n"
-           "                   default all\n"
+           "  --recipes LIST   comma list of: bf16, fp8_tensor, fp8_block (1x128 A, 128x128 B: the\n"
+           "                   engine's fp8_block2d), fp8_block_1x128 (1x128 A and B: the engine's\n"
+           "                   fp8_block), mxfp8; default all\n"
            "  --iters N        calls per timed batch (default 20)\n"
            "  --backend NAME   force this registered kernel (cases it cannot run are skipped)\n"
            "  --autotune       time every eligible kernel on the first call of each case and use the\n"
@@ -44,8 +45,8 @@ typedef struct {
     int64_t m, n, k;
 } shape;
 
-enum { R_BF16, R_FP8_TENSOR, R_FP8_BLOCK, R_MXFP8, R_COUNT };
-static const char *rname[R_COUNT] = {"bf16", "fp8_tensor", "fp8_block", "mxfp8"};
+enum { R_BF16, R_FP8_TENSOR, R_FP8_BLOCK, R_FP8_BLOCK_1X128, R_MXFP8, R_COUNT };
+static const char *rname[R_COUNT] = {"bf16", "fp8_tensor", "fp8_block", "fp8_block_1x128", "mxfp8"};
 
 typedef struct {
     dw_ctx *ctx;
@@ -96,6 +97,7 @@ static dw_gemm_operand operand(int rc, bool is_b, int64_t rows, int64_t k, const
     case R_BF16: o.recipe = DW_RECIPE_BF16, o.scales = NULL; break;
     case R_FP8_TENSOR: o.recipe = DW_RECIPE_FP8_TENSOR; break;
     case R_FP8_BLOCK: o.recipe = is_b ? DW_RECIPE_FP8_BLOCK2D : DW_RECIPE_FP8_BLOCK; break;
+    case R_FP8_BLOCK_1X128: o.recipe = DW_RECIPE_FP8_BLOCK; break;
     default: o.recipe = DW_RECIPE_MXFP8; break;
     }
     return o;

@@ -18,18 +18,28 @@ namespace {
 constexpr int FB_BN = 128, FB_BK = 128;
 
 // NC consumer warpgroups (tile BM = 64 NC rows), SBCOL: B scales per column (staged by TMA) rather
-// than one scalar per 128x128 block (read from global memory); CL CTAs per cluster sharing B.
-template <int NC, bool SBCOL, int CL> struct FbCfg {
+// than one scalar per 128x128 block (read from global memory); CL CTAs per cluster sharing B; PIPE
+// partial accumulators per consumer (2: the next K tile's wgmmas run during this one's promotion);
+// SSM: a producer warp stages each K tile's A scales (and a 128x128 B block's scalar) in shared
+// memory beside the codes, instead of the consumers loading them from global memory.
+template <int NC, bool SBCOL, int CL, int PIPE = 1, bool SSM = false> struct FbCfg {
     static constexpr int BM = 64 * NC, THREADS = 128 * (NC + 1);
     static constexpr int STAGES = NC == 3 ? 5 : 6;
     static constexpr int A_BYTES = BM * FB_BK, B_BYTES = FB_BN * FB_BK, SB_BYTES = SBCOL ? FB_BN * 4 : 0;
+    static constexpr int SA_FLOATS = SSM ? BM + 4 : 0; // [BM] A scales, then B's scalar
     static constexpr int STAGE_TX = A_BYTES + B_BYTES + SB_BYTES;
-    static constexpr int SMEM = STAGES * STAGE_TX + 2 * STAGES * 8 + 1024;
-    // registers per thread after setmaxnreg: producer / consumers (65536 per SM in all)
-    static constexpr int PROD_REGS = NC == 3 ? 32 : 40, CONS_REGS = NC == 3 ? 152 : 232;
+    static constexpr int SMEM = STAGES * (STAGE_TX + 4 * SA_FLOATS) + 2 * STAGES * 8 + 1024;
+    // registers per thread after setmaxnreg: producer / consumers. setmaxnreg only moves registers
+    // within what the CTA got at launch (THREADS x the per-thread count __launch_bounds__(THREADS, 1)
+    // yields: 65536 / THREADS rounded down to 8), so an increase beyond what the decrease freed
+    // waits forever.
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    static constexpr int PROD_REGS = NC == 3 ? 56 : 40, CONS_REGS = NC == 3 ? 152 : 232;
     static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
-    static_assert(128 * PROD_REGS + 128 * NC * CONS_REGS <= 65536, "register file over the sm_90 limit");
+    static_assert(128 * PROD_REGS + 128 * NC * CONS_REGS <= THREADS * LAUNCH_REGS,
+                  "setmaxnreg would ask for more registers than the CTA holds");
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs");
+    static_assert(PIPE == 1 || (PIPE == 2 && NC == 2), "two partials fit the registers of 2 consumer warpgroups only");
 };
 
 // Kernel parameters besides the tensor maps and the epilogue.
@@ -43,6 +53,16 @@ struct FbArgs {
 
 #ifdef DW_SM90_BODY
 constexpr int FB_GROUP_M = 16; // tile raster: 16 M-tiles share the B tiles in L2
+
+// 4 bytes global -> shared, asynchronously (zero fill when !valid); cp_async_arrive makes the
+// barrier's pending count drop once all of this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
 
 // The 4 k32 wgmmas of one 128-K tile: part = A[64x128] . B[128x128]^T (descriptors advance 32 B).
 __device__ __forceinline__ void wgmma_k128(float *part, uint64_t da, uint64_t db) {
@@ -113,19 +133,20 @@ __device__ __forceinline__ void epilogue(const Epi &e, const float *acc, int64_t
 }
 #endif // DW_SM90_BODY
 
-template <int NC, bool SBCOL, int CL>
-__global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL>::THREADS, 1)
+template <int NC, bool SBCOL, int CL, int PIPE, bool SSM>
+__global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, SSM>::THREADS, 1)
     fp8block_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                     const __grid_constant__ CUtensorMap tSB, FbArgs p, Epi e) {
 #ifdef DW_SM90_BODY
-    using C = FbCfg<NC, SBCOL, CL>;
+    using C = FbCfg<NC, SBCOL, CL, PIPE, SSM>;
     constexpr int BM = C::BM, ST = C::STAGES;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sA = smem;                                  // [ST][BM rows][128 B], 128B swizzle
     uint8_t *sB = sA + ST * C::A_BYTES;                  // [ST][128 rows][128 B]
     float *sSB = (float *)(sB + ST * C::B_BYTES);        // [ST][128] when SBCOL
-    uint64_t *full = (uint64_t *)((uint8_t *)sSB + ST * C::SB_BYTES);
+    float *sSA = sSB + ST * C::SB_BYTES / 4;             // [ST][BM + 4] when SSM
+    uint64_t *full = (uint64_t *)(sSA + ST * C::SA_FLOATS);
     uint64_t *empty = full + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
@@ -136,7 +157,7 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL>::THREADS, 1)
     const int ktiles = (int)p.kb;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], SSM ? 33 : 1); // the TMA thread (+ the scale warp's 32 lanes)
             mbar_init(&empty[s], 4 * NC * CL); // one arrival per consumer warp of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -167,14 +188,34 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL>::THREADS, 1)
                     if constexpr (SBCOL) tma_load_2d(sSB + s * FB_BN, &tSB, &full[s], (int)(tn * FB_BN), kt);
                 }
             }
+        } else if (SSM && tid / 32 == 1) { // the scale warp: A's row scales (+ B's scalar) per slot
+            // 4-byte cp.async copies, each lane's completing on the slot's full barrier (noinc: the
+            // barrier counts the 32 lanes), so the warp runs ahead of the consumers like the TMA thread
+            const int lane = tid % 32;
+            int64_t it = 0;
+            for (int64_t u = u0; u < units; u += ustep) {
+                int64_t um, tn;
+                tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
+                const int64_t r0 = (um * CL + rank) * BM;
+                for (int kt = 0; kt < ktiles; kt++, it++) {
+                    const int s = (int)(it % ST);
+                    if (it >= ST) mbar_wait(&empty[s], (uint32_t)((it / ST - 1) & 1));
+                    float *dst = sSA + s * C::SA_FLOATS;
+#pragma unroll
+                    for (int i = 0; i < BM / 32; i++) { // rows past m: zero fill (never stored)
+                        const int64_t row = r0 + 32 * i + lane;
+                        const bool in = row < e.m;
+                        cp_async4(dst + 32 * i + lane, in ? p.sa + (row >> p.a_shift) * p.kb + kt : p.sa, in);
+                    }
+                    if (!SBCOL && lane == 0) cp_async4(dst + BM, p.sb + tn * p.kb + kt, true);
+                    cp_async_arrive(&full[s]);
+                }
+            }
         }
     } else { // consumers: warpgroup wg owns rows [64 (wg-1), +64) of the tile
         regs_inc<C::CONS_REGS>();
         const int cw = wg - 1, lt = tid % 128, warp = lt / 32, lane = lt % 32;
         const int rl = 64 * cw + 16 * warp + lane / 4, q = lane % 4; // rows rl, rl + 8; cols 8 j + 2 q (+1)
-        float acc[64], part[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) part[i] = 0.0f;
         // frees ring slot s in every CTA of the cluster (their producers write into this CTA's slot)
         auto release = [&](int s) {
             __syncwarp();
@@ -184,36 +225,106 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL>::THREADS, 1)
                     for (uint32_t r = 0; r < CL; r++) mbar_arrive_cluster(&empty[s], r);
             }
         };
-        int64_t it = 0;
-        for (int64_t u = u0; u < units; u += ustep) {
+        auto ldsa = [&](const float *pa, int kt) { return pa ? __ldg(pa + kt) : 0.0f; };
+        // the tile of work unit u: B column block, first row of this thread, scale rows (rows past
+        // m read no scale: their A codes are TMA zero fill and they are never stored)
+        struct Tile {
+            int64_t tn, row0;
+            const float *pa0, *pa1, *pb;
+        };
+        auto open = [&](int64_t u) {
             int64_t um, tn;
             tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
-            const int64_t tm = um * CL + rank;
-            const int64_t row0 = tm * BM + rl, row1 = row0 + 8;
-            // rows past m read no scale (their A codes are TMA zero fill; they are never stored)
-            const float *pa0 = row0 < e.m ? p.sa + (row0 >> p.a_shift) * p.kb : nullptr;
-            const float *pa1 = row1 < e.m ? p.sa + (row1 >> p.a_shift) * p.kb : nullptr;
-            const float *pb = SBCOL ? nullptr : p.sb + tn * p.kb;
-            auto ldsa = [&](const float *pa, int kt) { return pa ? __ldg(pa + kt) : 0.0f; };
+            Tile t;
+            t.tn = tn, t.row0 = (um * CL + rank) * BM + rl;
+            t.pa0 = t.row0 < e.m ? p.sa + (t.row0 >> p.a_shift) * p.kb : nullptr;
+            t.pa1 = t.row0 + 8 < e.m ? p.sa + ((t.row0 + 8) >> p.a_shift) * p.kb : nullptr;
+            t.pb = SBCOL ? nullptr : p.sb + tn * p.kb;
+            return t;
+        };
+        // this thread's A scales (rows rl, rl + 8) and B's scalar, as the scale warp staged them in slot s
+        auto slot_scales = [&](int s, float *a0, float *a1, float *b) {
+            const float *v = sSA + s * C::SA_FLOATS;
+            *a0 = v[rl], *a1 = v[rl + 8], *b = SBCOL ? 1.0f : v[BM];
+        };
+        auto descs = [&](int s, uint64_t *da, uint64_t *db) {
+            *da = make_desc(sA + s * C::A_BYTES + cw * 64 * FB_BK), *db = make_desc(sB + s * C::B_BYTES);
+        };
+        float acc[64];
+        if constexpr (PIPE == 1) {
+            float part[64];
 #pragma unroll
-            for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-            float na0 = ldsa(pa0, 0), na1 = ldsa(pa1, 0), nb = SBCOL ? 1.0f : __ldg(pb);
-            for (int kt = 0; kt < ktiles; kt++, it++) {
-                const int s = (int)(it % ST);
-                const float a0 = na0, a1 = na1, b = nb;
-                if (kt + 1 < ktiles) { // the next tile's scales, one tile ahead
-                    na0 = ldsa(pa0, kt + 1), na1 = ldsa(pa1, kt + 1);
-                    if constexpr (!SBCOL) nb = __ldg(pb + kt + 1);
+            for (int i = 0; i < 64; i++) part[i] = 0.0f;
+            int64_t it = 0;
+            for (int64_t u = u0; u < units; u += ustep) {
+                const Tile t = open(u);
+#pragma unroll
+                for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+                float na0 = 0.0f, na1 = 0.0f, nb = 1.0f;
+                if constexpr (!SSM) na0 = ldsa(t.pa0, 0), na1 = ldsa(t.pa1, 0), nb = SBCOL ? 1.0f : __ldg(t.pb);
+                for (int kt = 0; kt < ktiles; kt++, it++) {
+                    const int s = (int)(it % ST);
+                    float a0 = na0, a1 = na1, b = nb;
+                    if (!SSM && kt + 1 < ktiles) { // the next tile's scales, one tile ahead
+                        na0 = ldsa(t.pa0, kt + 1), na1 = ldsa(t.pa1, kt + 1);
+                        if constexpr (!SBCOL) nb = __ldg(t.pb + kt + 1);
+                    }
+                    mbar_wait(&full[s], (uint32_t)((it / ST) & 1));
+                    if constexpr (SSM) slot_scales(s, &a0, &a1, &b);
+                    uint64_t da, db;
+                    descs(s, &da, &db);
+                    wgmma_k128(part, da, db);
+                    wg_wait<0>();
+                    if constexpr (!SBCOL) release(s); // the slot is free once the wgmmas are done
+                    promote128<SBCOL>(acc, part, a0, a1, b, sSB + s * FB_BN, q);
+                    if constexpr (SBCOL) release(s); // after the promotion has read the slot's B scales
                 }
-                mbar_wait(&full[s], (uint32_t)((it / ST) & 1));
-                wgmma_k128(part, make_desc(sA + s * C::A_BYTES + cw * 64 * FB_BK), make_desc(sB + s * C::B_BYTES));
-                wg_wait<0>();
-                if constexpr (!SBCOL) release(s); // the slot is free once the wgmmas are done
-                promote128<SBCOL>(acc, part, a0, a1, b, sSB + s * FB_BN, q);
-                if constexpr (SBCOL) release(s); // after the promotion has read the slot's B scales
+                // epilogue straight from registers (the producer already fills the ring for the next tile)
+                epilogue(e, acc, t.row0, t.tn * FB_BN + 2 * q);
             }
-            // epilogue straight from registers (the producer already fills the ring for the next tile)
-            epilogue(e, acc, row0, tn * FB_BN + 2 * q);
+        } else {
+            // Two partials, K tiles in pairs: tile kt+1's wgmmas run on the tensor cores while tile
+            // kt's partial is promoted. No wgmma group stays in flight across a loop iteration or
+            // inside a branch (ptxas would serialise them); with an odd count the last pair's
+            // second issue re-reads the first's slot into the spare partial, and is not promoted.
+            float p0[64], p1[64];
+#pragma unroll
+            for (int i = 0; i < 64; i++) p0[i] = p1[i] = 0.0f;
+            int64_t it = 0;
+            for (int64_t u = u0; u < units; u += ustep) {
+                const Tile t = open(u);
+#pragma unroll
+                for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+                for (int kt = 0; kt < ktiles; kt += 2) {
+                    const bool has_b = kt + 1 < ktiles;
+                    const int sa = (int)(it % ST), sb = has_b ? (int)((it + 1) % ST) : sa;
+                    float a0 = 0.0f, a1 = 0.0f, b = 1.0f, c0 = 0.0f, c1 = 0.0f, cb = 1.0f;
+                    if constexpr (!SSM) {
+                        a0 = ldsa(t.pa0, kt), a1 = ldsa(t.pa1, kt), b = SBCOL ? 1.0f : __ldg(t.pb + kt);
+                        c0 = has_b ? ldsa(t.pa0, kt + 1) : 0.0f, c1 = has_b ? ldsa(t.pa1, kt + 1) : 0.0f;
+                        cb = SBCOL || !has_b ? 1.0f : __ldg(t.pb + kt + 1);
+                    }
+                    uint64_t da, db;
+                    mbar_wait(&full[sa], (uint32_t)((it / ST) & 1));
+                    if constexpr (SSM) slot_scales(sa, &a0, &a1, &b);
+                    descs(sa, &da, &db);
+                    wgmma_k128(p0, da, db);
+                    if (has_b) {
+                        mbar_wait(&full[sb], (uint32_t)(((it + 1) / ST) & 1));
+                        if constexpr (SSM) slot_scales(sb, &c0, &c1, &cb);
+                    }
+                    descs(sb, &da, &db);
+                    wgmma_k128(p1, da, db);
+                    wg_wait<1>();
+                    promote128<SBCOL>(acc, p0, a0, a1, b, sSB + sa * FB_BN, q);
+                    wg_wait<0>();
+                    if (has_b) promote128<SBCOL>(acc, p1, c0, c1, cb, sSB + sb * FB_BN, q);
+                    release(sa);
+                    if (has_b) release(sb);
+                    it += has_b ? 2 : 1;
+                }
+                epilogue(e, acc, t.row0, t.tn * FB_BN + 2 * q);
+            }
         }
     }
     if constexpr (CL > 1) cluster_sync(); // no CTA leaves while its peer may still signal or write into it
@@ -232,11 +343,11 @@ int sm_count() {
     return n;
 }
 
-template <int NC, bool SBCOL, int CL>
+template <int NC, bool SBCOL, int CL, int PIPE, bool SSM>
 cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sb, const FbArgs &p, const Epi &e,
                    cudaStream_t st) {
-    using C = FbCfg<NC, SBCOL, CL>;
-    auto kern = fp8block_kernel<NC, SBCOL, CL>;
+    using C = FbCfg<NC, SBCOL, CL, PIPE, SSM>;
+    auto kern = fp8block_kernel<NC, SBCOL, CL, PIPE, SSM>;
     static int resident = 0; // CTAs that run at once (whole clusters)
     if (!resident) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -270,18 +381,20 @@ cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-template <int NC, int CL>
+template <int NC, int CL, int PIPE = 1, bool SSM = false>
 cudaError_t launch_sb(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sb, const FbArgs &p,
                       const Epi &e, bool sbcol, cudaStream_t st) {
-    return sbcol ? launch<NC, true, CL>(a, b, sb, p, e, st) : launch<NC, false, CL>(a, b, sb, p, e, st);
+    return sbcol ? launch<NC, true, CL, PIPE, SSM>(a, b, sb, p, e, st)
+                 : launch<NC, false, CL, PIPE, SSM>(a, b, sb, p, e, st);
 }
 
 } // namespace
 
 extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
-    if (p->k % FB_BK || p->m <= 0 || p->n <= 0 || p->k <= 0 || p->variant < 0 || p->variant > 3)
-        return (int)cudaErrorInvalidValue;
+    const int v = p->variant; // the instantiated combinations (gemm_cuda.h)
+    const bool known = v == 0 || v == 1 || v == 2 || v == 3 || v == 4 || v == 9 || v == 12;
+    if (p->k % FB_BK || p->m <= 0 || p->n <= 0 || p->k <= 0 || !known) return (int)cudaErrorInvalidValue;
     const int nc = p->variant & 1 ? 3 : 2, bm = 64 * nc, cl = p->variant & 2 ? 2 : 1;
     const int64_t kb = p->k / FB_BK, ldb = (p->n + 3) / 4 * 4;
     const bool sbcol = !p->b_2d;
@@ -314,7 +427,11 @@ extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void
     case 0: err = launch_sb<2, 1>(ta, tb, tsb, fa, e, sbcol, st); break;
     case 1: err = launch_sb<3, 1>(ta, tb, tsb, fa, e, sbcol, st); break;
     case 2: err = launch_sb<2, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
-    default: err = launch_sb<3, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
+    case 3: err = launch_sb<3, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
+    case 4: err = launch_sb<2, 1, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
+    case 9: err = launch_sb<3, 1, 1, true>(ta, tb, tsb, fa, e, sbcol, st); break;
+    case 12: err = launch_sb<2, 1, 2, true>(ta, tb, tsb, fa, e, sbcol, st); break;
+    default: err = cudaErrorInvalidValue; break; // other combinations are not instantiated
     }
     cudaError_t ferr = sbt ? cudaFreeAsync(sbt, st) : cudaSuccess;
     return (int)(err != cudaSuccess ? err : ferr);

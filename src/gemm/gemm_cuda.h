@@ -71,7 +71,11 @@ typedef struct {
     int64_t m, n, k;
     dw_sm90_epi epi;
     int variant; /* bit 0: 3 consumer warpgroups (192x128 tile), else 2 (128x128); bit 1: clusters of
-                    2 CTAs sharing B through TMA multicast. Always persistent. */
+                    2 CTAs sharing B through TMA multicast; bit 2 (2 warpgroups only): two partial
+                    accumulators, K tiles in pairs (the second's wgmmas in flight during the first's
+                    promotion); bit 3: a producer warp stages the A scales (and B's 128x128 scalar)
+                    in shared memory with cp.async. Built: 0, 1, 2, 3, 4, 9 (3 + staged scales),
+                    12 (pairs + staged scales). Always persistent. */
 } dw_fp8block_sm90_args;
 int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream);
 

@@ -42,13 +42,18 @@ static dw_status fb_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
 
 void dw_gemm_fp8block_sm90_register(void) {
 #if DW_HAVE_CUDA
-    static int variants[4] = {0, 1, 2, 3};
-    static const char *names[4] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg", "deepwell_fp8block_sm90_mc",
-                                   "deepwell_fp8block_sm90_3wg_mc"};
-    /* below cublaslt_fp8_sm90 (10) until measured faster; among themselves in their measured order
-     * (H200, 8192^3: 3wg 1014, 2wg 933, 3wg_mc 569, mc 469 TFLOP/s; bench/RESULTS.md) */
-    static const int prio[4] = {7, 8, 5, 6};
-    for (int i = 0; i < 4; i++) {
+    enum { NV = 7 };
+    static int variants[NV] = {0, 1, 2, 3, 4, 9, 12};
+    static const char *names[NV] = {"deepwell_fp8block_sm90",      "deepwell_fp8block_sm90_3wg",
+                                    "deepwell_fp8block_sm90_mc",   "deepwell_fp8block_sm90_3wg_mc",
+                                    "deepwell_fp8block_sm90_pipe", "deepwell_fp8block_sm90_3wg_ssm",
+                                    "deepwell_fp8block_sm90_pipe_ssm"};
+    /* all below cublaslt_fp8_sm90 (10), which measured faster at every shape (bench/RESULTS.md
+     * "Own FP8 block GEMM, session 4"); among themselves 3wg first (the longest-tested, within the
+     * run-to-run spread of the fastest at 8192^3), then the staged-scale and pipelined ones, the
+     * multicast ones last (about half the rate) */
+    static const int prio[NV] = {5, 8, 2, 3, 6, 7, 4};
+    for (int i = 0; i < NV; i++) {
         dw_kernel_desc d = {.name = names[i], .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
                             .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = prio[i],
                             .eligible = fb_eligible, .run = fb_run, .user = &variants[i]};
