@@ -14,7 +14,7 @@
 static void help(void) {
     printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--batch B]\n"
            "                            [--kernel default|cpasync|bulk] [--stages S] [--ctas-per-sm K]\n"
-           "                            [--t-store 1|2]\n\n"
+           "                            [--t-store 1|2|3]\n\n"
            "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
            "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
            "with CUDA events around a batch of B back-to-back calls on the same stream: 5 warm-up\n"
@@ -33,11 +33,16 @@ static void help(void) {
            "               older kernels: cp.async tiles transposed, the flat grid-stride kernel\n"
            "               row-wise) or bulk (the same as default)\n"
            "  --stages S   tuning: buffers (2..6) in the shared-memory ring: bulk-copy kernels 32 KiB\n"
-           "               each (default 2 transposed, 3 row-wise); cpasync one tile each (default 2)\n"
+           "               each (default 3; 2 transposed with --t-store 1); cpasync one tile each\n"
+           "               (default 2)\n"
            "  --ctas-per-sm K  tuning: at most K CTAs per SM for the ring kernels (default: bulk-copy\n"
            "               kernels 2, cpasync as many as fit)\n"
-           "  --t-store M  tuning, cpasync kernel: transposed codes stored 1 from registers (32 bytes\n"
-           "               per thread) or 2 through shared memory as full rows (default 2)\n"
+           "  --t-store M  tuning, how a transposing kernel's codes leave: cpasync kernel, transposed\n"
+           "               codes 1 from registers (32 bytes per thread), 2 or 3 through shared memory\n"
+           "               as full rows (default); bulk-copy kernel, both copies' codes and scales 1\n"
+           "               from registers (8 bytes per store), 2 staged in shared memory and written\n"
+           "               by bulk copies of whole rows (default), 3 staged and written by 16-byte\n"
+           "               stores\n"
            "  -h, --help   this help\n");
 }
 
@@ -261,7 +266,7 @@ int bench_quant(int argc, char **argv) {
             if (!cli_parse_int("bench quant", "--ctas-per-sm", optarg, 1, 64, &ctas)) return DW_EXIT_USAGE;
             break;
         case 't':
-            if (!cli_parse_int("bench quant", "--t-store", optarg, 1, 2, &tstore)) return DW_EXIT_USAGE;
+            if (!cli_parse_int("bench quant", "--t-store", optarg, 1, 3, &tstore)) return DW_EXIT_USAGE;
             break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error("bench quant");

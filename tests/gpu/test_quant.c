@@ -256,9 +256,11 @@ static void test_all_recipes_bit_identical(void **state) {
                  * ones), CTAs per SM, and sometimes cap the grid at 1..3 CTAs, so that each CTA
                  * wraps around its ring many times; both tile kernels where both apply */
                 c.tune.stages = 2 + (int)(dw_test_next(&rng) % (c.in == DW_QUANT_IN_BF16 ? 5 : 2));
-                c.tune.ctas_per_sm = (int)(dw_test_next(&rng) % 3);
+                c.tune.ctas_per_sm = (int)(dw_test_next(&rng) % 4); /* 3: the bulk kernel built for 3 */
                 c.tune.max_ctas = (dw_test_next(&rng) % 2) ? 1 + (int)(dw_test_next(&rng) % 3) : 0;
-                c.tune.t_store = 1 + (int)(dw_test_next(&rng) % 2); /* both transposed-store paths */
+                /* every transposed-store path: cp.async kernel 1, 2 (3 acts as 2); bulk kernel 1
+                 * registers, 2 staged + bulk copies, 3 staged + 16-byte stores; 0 the defaults */
+                c.tune.t_store = (int)(dw_test_next(&rng) % 4);
                 c.tune.kernel = (int)(dw_test_next(&rng) % 3);
                 bad += run_case(&rng, &c);
                 cases++;
@@ -286,7 +288,9 @@ static void test_rejects_bad_arguments(void **state) {
     out.scales_swizzled = NULL;
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 16, &out, NULL, NULL, NULL),
                      DW_ERR_INVALID); /* no tensor_scale */
-    dw_quant_tuning bad_stages = {.stages = 7}, bad_ctas = {.max_ctas = -1}, bad_kernel = {.kernel = 3};
+    dw_quant_tuning bad_stages = {.stages = 7}, bad_ctas = {.max_ctas = -1}, bad_kernel = {.kernel = 3},
+                    bad_store = {.t_store = 4};
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_store), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_stages), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_ctas), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_kernel), DW_ERR_INVALID);

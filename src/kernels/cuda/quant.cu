@@ -648,9 +648,9 @@ extern "C" dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tun
         return DW_OK;
     }
     if ((t->stages != 0 && (t->stages < 2 || t->stages > 6)) || t->ctas_per_sm < 0 || t->max_ctas < 0 ||
-        t->t_store < 0 || t->t_store > 2 || t->kernel < 0 || t->kernel > 2)
+        t->t_store < 0 || t->t_store > 3 || t->kernel < 0 || t->kernel > 2)
         return dw_set_error(ctx, DW_ERR_INVALID,
-                            "quantize (cuda): tuning: stages must be 0 or 2..6, CTA counts >= 0, t_store 0..2, kernel 0..2");
+                            "quantize (cuda): tuning: stages must be 0 or 2..6, CTA counts >= 0, t_store 0..3, kernel 0..2");
     g_tuning = *t;
     return DW_OK;
 }
@@ -701,7 +701,7 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
     /* the bulk-copy ring kernels where eligible, both ways (kernel 1: the older kernels only) */
     const bool trans = out_t != nullptr, bulk = g_tuning.kernel != 1;
     if (in == DW_QUANT_IN_BF16 && bulk && bulk_eligible(r, p, x, trans))
-        return launch_bulk(ctx, r, (const uint16_t *)x, p, trans, g_tuning.stages ? g_tuning.stages : trans ? 2 : 3,
+        return launch_bulk(ctx, r, (const uint16_t *)x, p, trans, g_tuning.t_store, g_tuning.stages,
                            g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 2, g_tuning.max_ctas, st);
     if (in == DW_QUANT_IN_BF16) return launch(ctx, r, (const uint16_t *)x, p, out_t != nullptr, ws, st);
     return launch(ctx, r, (const float *)x, p, out_t != nullptr, ws, st);

@@ -50,6 +50,19 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t by
                  : "memory");
 }
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(BK_CONS) : "memory"); }
+/* bytes (multiple of 16) from shared src to global dst (both 16-byte aligned), in this thread's
+ * current bulk group; commit closes the group; wait_read: this thread's groups have read their
+ * shared source (it may be reused); wait_all: and written global memory. */
+__device__ __forceinline__ void bulk_s2g(void *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+/* this thread's shared-memory writes, ordered before later bulk copies (async proxy) */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /* ---- packed BF16 helpers: |x| bit patterns compare as unsigned integers (NaN above Inf) ---- */
 
@@ -88,10 +101,11 @@ __device__ __forceinline__ void pair_amax(const uint4 (&w)[8], uint32_t out[4]) 
     }
 }
 
-/* The ring's barriers after `stages` 32 KiB buffers: full[s] (the producer's bytes landed) and
- * empty[s] (each consumer warp is done with buffer s); initialised by thread 0, then a CTA barrier. */
-__device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages) {
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)stages * BK_TILE);
+/* The ring's barriers after `stages` buffers of stage_bytes: full[s] (the producer's bytes landed)
+ * and empty[s] (each consumer warp is done with buffer s); initialised by thread 0, then a CTA
+ * barrier. */
+__device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages, uint32_t stage_bytes = BK_TILE) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)stages * stage_bytes);
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) {
             mbar_init(&full[s], 1);
@@ -136,16 +150,38 @@ __device__ __forceinline__ void put_scale8(const OutDesc &o, int64_t sr, int64_t
     if (o.swz) o.swz[dw_rule_swizzle_offset(sr, sc, o.scols)] = (uint8_t)s8;
 }
 
+/* Where a tile's codes go (dw_quant_tuning.t_store for this kernel): ST_REG straight from
+ * registers, 8 bytes per store (each warp store touches 4 rows, transposed 8 rows, of x's
+ * outputs; scales one byte or float at a time); ST_BULK and ST_V16 first into shared memory,
+ * written over the tile's own ring buffer once every consumer has read its piece (row-wise and
+ * transposed codes, 128 rows of 128 bytes each, and the tile's scales collected per row), then
+ * out as whole 128-byte rows: ST_BULK by bulk copies (one row per consumer thread; the buffer
+ * goes back to the producer when they have read it, checked at the next tile), ST_V16 by 16-byte
+ * stores (a warp writes 4 whole rows per store); scales 4 bytes per row (MX: the tile's 4 codes
+ * of a row; fp8_block: one float) and a 512-byte run of the swizzled copy. */
+enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3 };
+/* staged code rows: row r of a block at r * 128 + 32 (r / 8) (8-row groups shifted by 32 bytes,
+ * so that both the row-wise and the transposed 8-byte stores of a warp hit each bank twice, the
+ * least for 256 bytes); the transposed block follows the row-wise one */
+constexpr int OUT_BLOCK = TILE * 128 + 32 * (TILE / 8); /* 16896 bytes */
+constexpr int BK_STAGE_STAGED = 2 * OUT_BLOCK;          /* 33792: a ring buffer of the staged kernels */
+constexpr int BULK_STORE_DEFAULT = ST_BULK, BULK_STAGES_STAGED = 3; /* defaults (bench/RESULTS.md) */
+__device__ __forceinline__ uint32_t out_off(uint32_t r) { return r * 128u + 32u * (r >> 3); }
+
 /* One tile [r0 .. r0+128) x [c0 .. c0+128): this thread holds rows 8 tr .. 8 tr + 7, columns
  * 8 tc .. 8 tc + 7 of it in w[row] (8 BF16 each). Lanes: tc = lane % 8 + 8 (warp % 2), tr =
  * lane / 8 + 4 (warp / 2), so a warp covers 32 rows x 64 columns: an MX block of a row is 4
  * neighbouring lanes (xor 1, 2), an MX block of a column the 4 lanes lane % 8 (xor 8, 16).
- * fp8_block's 128-blocks add the partner warps through part_r / part_c (one consumer barrier). */
-template <int R>
+ * fp8_block's 128-blocks add the partner warps through part_r / part_c (one consumer barrier).
+ * Staged (ST != ST_REG): codes go to stg (the tile's ring buffer: every consumer must be past its
+ * loads, which the caller's or fp8_block's barrier ensures), scales to scs ([0, 128): row r's,
+ * [128, 256): transposed row r's; MX: byte b = block column b of the tile). */
+template <int R, int ST>
 __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c0, const uint4 (&w)[8], int lane,
-                                          int cw, uint32_t (*part_r)[TILE / 2], uint32_t (*part_c)[TILE / 2]) {
+                                          int cw, uint32_t (*part_r)[TILE / 2], uint32_t (*part_c)[TILE / 2],
+                                          unsigned char *stg, uint32_t *scs) {
     constexpr int kind = Traits<R>::kind;
-    constexpr bool mx = kind == K_MX;
+    constexpr bool mx = kind == K_MX, staged = ST != ST_REG;
     const int tc = (lane & 7) + 8 * (cw & 1), tr = (lane >> 3) + 4 * (cw >> 1);
     /* amax: rows packed in pairs (row 2i low half, 2i+1 high), columns packed as in the data */
     uint32_t rm[4], cm[4];
@@ -178,6 +214,8 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
             c.x = vmax2(c.x, d.x), c.y = vmax2(c.y, d.y), c.z = vmax2(c.z, d.z), c.w = vmax2(c.w, d.w);
         }
         cm[0] = c.x, cm[1] = c.y, cm[2] = c.z, cm[3] = c.w;
+    } else if constexpr (staged) {
+        consumers_sync(); /* every consumer has read its piece: the buffer takes the codes */
     }
     /* Block rules, each computed by one lane and broadcast. Rows: G lanes share 8 rows, lane
      * lane % G takes rows RPL (lane % G) .. +RPL-1. Columns: the 4 lanes lane % 8 share 8 columns,
@@ -194,9 +232,14 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qr[s] = block_q<R>(amax_f32(rpk, mx ? s : gl & 1), 0.0f, p, &s32, &s8);
-        const int64_t r = r0 + 8 * tr + k;
-        if constexpr (mx) put_scale8(p.o, r, (c0 >> 5) + (tc >> 2), s8);
-        else if ((cw & 1) == 0) static_cast<float *>(p.o.scales)[r * p.o.scols + (c0 >> 7)] = s32;
+        if constexpr (staged) {
+            if constexpr (mx) reinterpret_cast<uint8_t *>(scs)[4 * (8 * tr + k) + (tc >> 2)] = (uint8_t)s8;
+            else if ((cw & 1) == 0) reinterpret_cast<float *>(scs)[8 * tr + k] = s32;
+        } else {
+            const int64_t r = r0 + 8 * tr + k;
+            if constexpr (mx) put_scale8(p.o, r, (c0 >> 5) + (tc >> 2), s8);
+            else if ((cw & 1) == 0) static_cast<float *>(p.o.scales)[r * p.o.scols + (c0 >> 7)] = s32;
+        }
     }
 #pragma unroll
     for (int s = 0; s < 2; s++) {
@@ -204,39 +247,94 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qc[s] = block_q<R>(amax_f32(cpk, s), 0.0f, p, &s32, &s8);
-        const int64_t cg = c0 + 8 * tc + j;
-        if constexpr (mx) put_scale8(p.t, cg, (r0 >> 5) + (tr >> 2), s8);
-        else if ((cw >> 1) == 0) static_cast<float *>(p.t.scales)[cg * p.t.scols + (r0 >> 7)] = s32;
+        if constexpr (staged) {
+            if constexpr (mx) reinterpret_cast<uint8_t *>(scs + TILE)[4 * (8 * tc + j) + (tr >> 2)] = (uint8_t)s8;
+            else if ((cw >> 1) == 0) reinterpret_cast<float *>(scs)[TILE + 8 * tc + j] = s32;
+        } else {
+            const int64_t cg = c0 + 8 * tc + j;
+            if constexpr (mx) put_scale8(p.t, cg, (r0 >> 5) + (tr >> 2), s8);
+            else if ((cw >> 1) == 0) static_cast<float *>(p.t.scales)[cg * p.t.scols + (r0 >> 7)] = s32;
+        }
     }
     /* row-wise codes: row k, 8 bytes at column c0 + 8 tc */
     uint8_t *const ob = p.o.codes + (r0 + 8 * tr) * p.o.row_bytes + c0 + 8 * tc;
+    unsigned char *const sob = stg + out_off(8 * tr) + 8 * tc;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         const Q q = shfl_q<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = elem(w[k], j);
-        __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = enc8<R>(q, v);
+        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v));
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
     uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
+    unsigned char *const stb = stg + OUT_BLOCK + out_off(8 * tc) + 8 * tr;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const Q q = shfl_q<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = elem(w[k], j);
-        __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = enc8<R>(q, v);
+        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v));
     }
 }
 
-template <int R>
-__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_t *__restrict__ x, Params p,
+/* The staged tile out of shared memory (after the consumer barrier that follows bulk_tile):
+ * consumer thread tid takes row tid % 128 of the row-wise (tid < 128) or transposed block:
+ * ST_BULK: that row's 128 codes in one bulk copy (this thread's bulk group, committed);
+ * ST_V16: chunks tid + 256 i (i < 8) of the 2048 16-byte chunks of both blocks. Then the row's
+ * scales (4 bytes) and, MX with a swizzled copy, threads 0-31 / 128-159 one 16-byte piece of the
+ * tile's 512-byte run in cuBLAS's 128x4 layout. */
+template <int R, int ST>
+__device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t c0, const unsigned char *stg,
+                                           const uint32_t *scs, int tid) {
+    constexpr bool mx = Traits<R>::kind == K_MX;
+    const bool side = tid >= TILE; /* the transposed block */
+    const uint32_t u = (uint32_t)tid & (TILE - 1);
+    /* the output this thread's row belongs to (fields chosen one by one: a run-time choice of
+     * the whole descriptor would copy the parameters to local memory) */
+    uint8_t *const codes = side ? p.t.codes : p.o.codes;
+    void *const scales = side ? p.t.scales : p.o.scales;
+    uint8_t *const swz = side ? p.t.swz : p.o.swz;
+    const int64_t row_bytes = side ? p.t.row_bytes : p.o.row_bytes, scols = side ? p.t.scols : p.o.scols;
+    const int64_t rb = side ? c0 : r0, cb = side ? r0 : c0; /* the tile's origin in that output's [R, C] */
+    if constexpr (ST == ST_BULK) {
+        bulk_s2g(codes + (rb + u) * row_bytes + cb, stg + (side ? OUT_BLOCK : 0) + out_off(u), 128);
+        bulk_commit();
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) { /* chunk 256 (i % 4) + tid of block i / 4: row chunk / 8, bytes 16 (chunk % 8) */
+            const uint32_t c = (uint32_t)(256 * (i & 3) + tid), row = c >> 3, ch = c & 7u;
+            const uint4 v = *reinterpret_cast<const uint4 *>(stg + (i >> 2) * OUT_BLOCK + out_off(row) + 16 * ch);
+            uint8_t *dst = i < 4 ? p.o.codes + (r0 + row) * p.o.row_bytes + c0 : p.t.codes + (c0 + row) * p.t.row_bytes + r0;
+            __stcs(reinterpret_cast<uint4 *>(dst + 16 * ch), v);
+        }
+    }
+    if constexpr (mx) {
+        *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(scales) + (rb + u) * scols + (cb >> 5)) = scs[tid];
+        if (swz && u < 32) {
+            const uint32_t *sc = scs + (side ? TILE : 0);
+            *reinterpret_cast<uint4 *>(swz + dw_rule_swizzle_offset(rb, cb >> 5, scols) + 16 * u) =
+                make_uint4(sc[u], sc[u + 32], sc[u + 64], sc[u + 96]);
+        }
+    } else {
+        static_cast<float *>(scales)[(rb + u) * scols + (cb >> 7)] = reinterpret_cast<const float *>(scs)[tid];
+    }
+}
+
+template <int R, int ST, int MINB = 2> /* MINB CTAs per SM: 2, or 3 (72 registers, some spilled) */
+__global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const uint16_t *__restrict__ x, Params p,
                                                                    int64_t ntiles, int stages) {
-    extern __shared__ __align__(128) unsigned char smem[]; /* stages tiles, then 2 x stages mbarriers */
+    constexpr bool staged = ST != ST_REG;
+    constexpr uint32_t stage_bytes = staged ? BK_STAGE_STAGED : BK_TILE;
+    extern __shared__ __align__(128) unsigned char smem[]; /* stages buffers, then 2 x stages mbarriers */
     __shared__ __align__(16) uint32_t part_r[2][2][TILE / 2]; /* [tile parity][warp % 2][row pair] */
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
-    uint64_t *const full = ring_init(smem, stages), *const empty = full + stages;
+    __shared__ __align__(16) uint32_t scs[staged ? 2 * TILE : 1]; /* staged scales (bulk_tile) */
+    uint64_t *const full = ring_init(smem, stages, stage_bytes), *const empty = full + stages;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const uint32_t tiles_c = (uint32_t)p.tiles_c; /* tile t is row block t / tiles_c, column block t % tiles_c */
     if (warp == BK_CONS / 32) { /* producer: the n-th tile goes to buffer n % stages once it is free */
@@ -250,7 +348,7 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_
             if (lane == 0) mbar_arrive_tx(&full[s], BK_TILE);
             __syncwarp();
             const int64_t r0 = (int64_t)(tile / tiles_c) * TILE, c0 = (int64_t)(tile % tiles_c) * TILE;
-            unsigned char *buf = smem + (size_t)s * BK_TILE;
+            unsigned char *buf = smem + (size_t)s * stage_bytes;
 #pragma unroll
             for (int k = 0; k < TILE / 32; k++) {
                 const int rr = 32 * k + lane;
@@ -261,20 +359,40 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_
         return;
     }
     const int tc = (lane & 7) + 8 * (warp & 1), tr = (lane >> 3) + 4 * (warp >> 1);
-    int s = 0;
+    int s = 0, sp = 0; /* this tile's buffer, the previous tile's */
     uint32_t ph = 0;
     for (uint32_t tile = blockIdx.x, n = 0; tile < (uint32_t)ntiles; tile += gridDim.x, n++) {
         mbar_wait(&full[s], ph);
-        const unsigned char *buf = smem + (size_t)s * BK_TILE;
+        unsigned char *buf = smem + (size_t)s * stage_bytes;
         uint4 w[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) w[k] = *reinterpret_cast<const uint4 *>(buf + (8 * tr + k) * BK_ROW + 16 * tc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
-        if (++s == stages) s = 0, ph ^= 1u;
+        if constexpr (ST == ST_REG) { /* the buffer is free as soon as the warp has its pieces */
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+        } else if constexpr (ST == ST_BULK) { /* the previous tile's buffer, once its bulk copies read it */
+            if (n > 0) {
+                bulk_wait_read();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[sp]);
+            }
+        }
         const int64_t r0 = (int64_t)(tile / tiles_c) * TILE, c0 = (int64_t)(tile % tiles_c) * TILE;
-        bulk_tile<R>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1]);
+        bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, scs);
+        if constexpr (staged) {
+            if constexpr (ST == ST_BULK) fence_proxy_async(); /* the codes, before the bulk copies read them */
+            consumers_sync();
+            flush_tile<R, ST>(p, r0, c0, buf, scs, tid);
+            if constexpr (ST == ST_V16) { /* read back: the buffer is free (the producer writes it by bulk copy) */
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[s]);
+            }
+        }
+        sp = s;
+        if (++s == stages) s = 0, ph ^= 1u;
     }
+    if constexpr (ST == ST_BULK) bulk_wait_all(); /* the shared source must outlive the copies */
 }
 
 /* Row-wise only (cols a multiple of the block): the tensor as a flat run of 8-element chunks,
@@ -371,12 +489,12 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const ui
  * a persistent grid of at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all. */
 using ring_kernel = void (*)(const uint16_t *, Params, int64_t, int);
 dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, const uint16_t *x,
-                      const Params &p, int64_t work, int64_t n, int stages, int ctas_per_sm, int max_ctas,
-                      cudaStream_t st) {
+                      const Params &p, int64_t work, int64_t n, int stages, size_t stage_bytes, int ctas_per_sm,
+                      int max_ctas, cudaStream_t st) {
     if (work > 0x7FFFFFFFLL)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
                             (long long)p.rows, (long long)p.cols);
-    const size_t smem = (size_t)stages * BK_TILE + 2 * (size_t)stages * sizeof(uint64_t);
+    const size_t smem = (size_t)stages * stage_bytes + 2 * (size_t)stages * sizeof(uint64_t);
     int sms = 0, per_sm = 0;
     DW_TRY(kernel_fit(ctx, (const void *)k, BK_THREADS, smem, cache, &sms, &per_sm));
     if (per_sm < 1)
@@ -391,17 +509,37 @@ dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)
     return DW_OK;
 }
 
-template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p, bool trans, int stages,
-                                         int ctas_per_sm, int max_ctas, cudaStream_t st) {
-    static std::atomic<uint64_t> cache_t[16], cache_r[16];
+/* Whether the staged stores can write p's outputs: 16-byte aligned codes (and swizzled copies),
+ * 4-byte aligned scale rows. */
+bool staged_ok(const Params &p) {
+    const void *ptrs[] = {p.o.codes, p.t.codes, p.o.swz, p.t.swz};
+    for (const void *q : ptrs)
+        if ((uintptr_t)q % 16 != 0) return false;
+    return (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
+}
+
+template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p, bool trans, int store,
+                                         int stages, int ctas_per_sm, int max_ctas, cudaStream_t st) {
+    static std::atomic<uint64_t> cache_t[4][16], cache_r[16];
     if (trans) {
         const int64_t tiles = p.rows / TILE * p.tiles_c;
-        return launch_ring(ctx, quant_bulk_kernel<R>, cache_t, (dw_recipe)R, x, p, tiles, tiles, stages, ctas_per_sm,
-                           max_ctas, st);
+        if (store == 0) store = BULK_STORE_DEFAULT;
+        if (store != ST_REG && !staged_ok(p)) store = ST_REG;
+        /* 3 CTAs per SM asked for: bulk stores only, the kernel built for 3 (2 stages fit) */
+        const bool three = store == ST_BULK && ctas_per_sm >= 3;
+        if (stages == 0) stages = store == ST_REG || three ? 2 : BULK_STAGES_STAGED;
+        ring_kernel k = three               ? quant_bulk_kernel<R, ST_BULK, 3>
+                        : store == ST_BULK ? quant_bulk_kernel<R, ST_BULK>
+                        : store == ST_V16  ? quant_bulk_kernel<R, ST_V16>
+                                           : quant_bulk_kernel<R, ST_REG>;
+        if (three) store = 4; /* its own occupancy cache */
+        return launch_ring(ctx, k, cache_t[store - 1], (dw_recipe)R, x, p, tiles, tiles, stages,
+                           store == ST_REG ? BK_TILE : BK_STAGE_STAGED, ctas_per_sm, max_ctas, st);
     }
     const int64_t nchunks = p.rows * p.cols / 8;
     return launch_ring(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, x, p,
-                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages, ctas_per_sm, max_ctas, st);
+                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages ? stages : 3, BK_TILE,
+                       ctas_per_sm, max_ctas, st);
 }
 
 } /* namespace */
@@ -413,13 +551,18 @@ bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans) {
     return p.rows % TILE == 0 && p.cols % TILE == 0 && p.t.codes && (uintptr_t)p.t.codes % 8 == 0;
 }
 
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int stages,
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int store, int stages,
                       int ctas_per_sm, int max_ctas, cudaStream_t st) {
+    if (store < 0 || store > 3 || (stages != 0 && (stages < 2 || stages > 6)))
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s: bulk store %d or stages %d out of range", dw_recipe_name(r),
+                            store, stages);
     switch (r) {
-    case DW_RECIPE_MXFP8: return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_MXFP8:
+        return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, store, stages, ctas_per_sm, max_ctas, st);
     case DW_RECIPE_MXFP8_E5M2:
-        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
-    case DW_RECIPE_FP8_BLOCK: return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
+        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, store, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_FP8_BLOCK:
+        return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, store, stages, ctas_per_sm, max_ctas, st);
     default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: no bulk-copy kernel", dw_recipe_name(r));
     }
 }

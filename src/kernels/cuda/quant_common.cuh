@@ -241,10 +241,12 @@ inline dw_status kernel_fit(dw_ctx *ctx, const void *k, int threads, size_t smem
 
 /* The bulk-copy kernels (quant_bulk.cu), BF16 input only (the caller's check): whether they take
  * this call (mxfp8 / mxfp8_e5m2 / fp8_block, aligned buffers; row-wise only: cols a multiple of
- * the block; transposed: whole 128x128 tiles), and their launch (stages 2..6 ring buffers of
- * 32 KiB; CTA caps 0 = none). */
+ * the block; transposed: whole 128x128 tiles), and their launch: store, transposed only, how the
+ * codes leave (1 from registers, 2 staged in shared memory + bulk copies, 3 staged + 16-byte
+ * stores; 0 the default; 2 and 3 fall back to 1 for outputs not 16-byte aligned); stages 2..6
+ * ring buffers (32 KiB, staged 33 KiB; 0 the default); CTA caps 0 = none. */
 bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans);
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int stages,
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int store, int stages,
                       int ctas_per_sm, int max_ctas, cudaStream_t st);
 
 } /* namespace dwq */
