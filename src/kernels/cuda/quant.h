@@ -51,9 +51,13 @@ typedef struct {
  *                registers (8-byte stores, scales one at a time), 2 (default) staged in shared
  *                memory and written by bulk copies (one 128-byte row each), 3 staged and written
  *                by 16-byte stores; 2 and 3 need 16-byte aligned outputs (else 1)
+ *   load         bulk transposing kernel, how a tile arrives: 1 as 128 row copies, 2 (default) as
+ *                one tensor-map copy (row copies where the driver cannot make the map)
+ *   group        bulk transposing kernel, tile order: bands of `group` tile rows (1..64), taken
+ *                column by column within a band; 1 (default) is row by row
  * Process-wide, not thread-safe; NULL restores the defaults. DW_ERR_INVALID for values out of range. */
 typedef struct {
-    int stages, ctas_per_sm, max_ctas, t_store, kernel;
+    int stages, ctas_per_sm, max_ctas, t_store, kernel, load, group;
 } dw_quant_tuning;
 dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t);
 

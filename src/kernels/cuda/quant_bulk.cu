@@ -8,7 +8,9 @@
  * (quant_common.cuh): bit-identical to the CPU reference. Not the other recipes, FP32 input or
  * ragged tiles: quant.cu runs those. */
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h> /* CUtensorMap, the driver's tensor-map encoder type (no libcuda link) */
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/quant_common.cuh"
 
@@ -47,6 +49,22 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t by
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      smem_addr(dst)),
                  "l"(src), "r"(bytes), "r"(smem_addr(b))
+                 : "memory");
+}
+/* true in one lane of the (converged) warp; the compiler then keeps warp-uniform bulk-copy
+ * operands in uniform registers instead of looping over the lanes that issue copies */
+__device__ __forceinline__ bool elect_one() {
+    uint32_t pred = 0;
+    asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(pred));
+    return pred != 0;
+}
+/* the warp index, known to the compiler as warp-uniform (a broadcast from lane 0) */
+__device__ __forceinline__ int warp_uniform() { return __shfl_sync(0xFFFFFFFFu, (int)threadIdx.x >> 5, 0); }
+/* x's 128x128 box at column c0, row r0 (map: make_x_map) into shared dst (128-byte aligned, rows
+ * of 256 bytes), counted on b */
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int r0, uint64_t *b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(r0), "r"(smem_addr(b))
                  : "memory");
 }
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(BK_CONS) : "memory"); }
@@ -117,30 +135,87 @@ __device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages, 
     return full;
 }
 
-/* A block rule moved between lanes: f, r and mode | konst << 8 (MX blocks need no r). */
-template <int R> __device__ __forceinline__ Q shfl_q(const Q &q, int src) {
-    Q o;
-    o.f = __shfl_sync(0xFFFFFFFFu, q.f, src);
-    if constexpr (Traits<R>::kind != K_MX) o.r = __shfl_sync(0xFFFFFFFFu, q.r, src);
-    else o.r = 0.0f;
-    const uint32_t mk = __shfl_sync(0xFFFFFFFFu, (uint32_t)q.mode | q.konst << 8, src);
-    o.mode = (int)(mk & 0xFFu);
-    o.konst = mk >> 8;
+/* A block rule as it moves between lanes: one word for MX, two for fp8_block, the mode folded
+ * into the values so that the common case costs one comparison (block_q's Q, recoded):
+ *   MX         a = 2^-e > 0: codes of x a; a = +0: a zero block (codes +0); a = NaN: a non-finite
+ *              block (codes NaN);
+ *   fp8_block  b > 0: x / a through the reciprocal b (quot_q's mode 3); otherwise b < 0: x a
+ *              (mode 1, a power of two), b = 0: x / a by division (mode 2, tiny a), a = b = NaN:
+ *              a non-finite block (codes NaN). */
+struct Rule {
+    float a, b;
+};
+template <int R> __device__ __forceinline__ Rule rule_of(const Q &q) {
+    const float nan = __uint_as_float(0x7FFFFFFFu);
+    if constexpr (Traits<R>::kind == K_MX) return Rule{q.mode == 1 ? q.f : q.konst ? nan : 0.0f, 0.0f};
+    else return q.mode == 3 ? Rule{q.f, q.r} : q.mode == 1 ? Rule{q.f, -1.0f} : q.mode == 2 ? Rule{q.f, 0.0f} : Rule{nan, nan};
+}
+template <int R> __device__ __forceinline__ Rule shfl_rule(const Rule &q, int src) {
+    Rule o;
+    o.a = __shfl_sync(0xFFFFFFFFu, q.a, src);
+    if constexpr (Traits<R>::kind != K_MX) o.b = __shfl_sync(0xFFFFFFFFu, q.b, src);
+    else o.b = 0.0f;
     return o;
 }
 
-/* 8 codes of v[0..7] under q, as 2 words. MX rules only multiply (mode 1) or give a constant
- * (mode 0), so their path skips encode_n's division branches; the results are the same. */
-template <int R> __device__ __forceinline__ uint2 enc8(const Q &q, const float v[8]) {
+/* The rule (and scale: *s32 FP32, *s8 a 1-byte code) of a block with amax bits `amax`: block_q's,
+ * recoded. fp8_block without pow2 and with a finite amax takes s = RN(amax / 448) without the
+ * IEEE division: t = RN(amax r) with r = RN(1/448), then Markstein's correction t + (amax - 448 t) r
+ * (equal to the division for every finite BF16 amax: checked exhaustively, all 32640), the rule
+ * then as quot_q's. */
+template <int R> __device__ __forceinline__ Rule bulk_rule(uint32_t amax, const Params &p, float *s32, uint32_t *s8) {
+    if constexpr (Traits<R>::kind == K_BLOCK) {
+        if (!p.pow2 && !dw_rule_nonfinite(amax)) {
+            constexpr float r448 = 0x1.24924ap-9f; /* RN(1/448) */
+            const float a = __uint_as_float(amax), t = __fmul_rn(a, r448);
+            float sc = __fmaf_rn(__fmaf_rn(-448.0f, t, a), r448, t);
+            if (sc == 0.0f) sc = 1.0f; /* amax = 0 (no BF16 amax > 0 gives 0) */
+            *s32 = sc;
+            const Q q = quot_q(sc);
+            return q.mode == 3 ? Rule{q.f, q.r} : q.mode == 1 ? Rule{q.f, -1.0f} : Rule{q.f, 0.0f};
+        }
+    }
+    return rule_of<R>(block_q<R>(amax, 0.0f, p, s32, s8));
+}
+
+/* x / s of |x| (quot_q's mode 3, r = RN(1/s)): div_q3 without its sign, which the caller puts
+ * into the codes (the quotient of |x| is >= +0, and E4M3 is sign-magnitude) */
+__device__ __forceinline__ float div_abs(float x, float s, float r) {
+    const float a = fabsf(x), t = a * r;
+    return fmaf(-fmaf(s, t, -a), r, t);
+}
+/* bit 7 of each byte: the signs of the 4 BF16 in lo, hi (element 0 = lo's low half), in order */
+__device__ __forceinline__ uint32_t signs4(uint32_t lo, uint32_t hi) { return __byte_perm(lo, hi, 0x7531); }
+
+/* 8 codes of v[0..7] under q, as 2 words: the same codes as encode_n under block_q's Q. sg: the
+ * elements' signs, bit 7 of each byte (other bits ignored; fp8_block's common path). */
+template <int R> __device__ __forceinline__ uint2 enc8(const Rule &q, const float v[8], uint2 sg) {
     constexpr int fmt = Traits<R>::fmt;
     uint32_t w[2];
     if constexpr (Traits<R>::kind == K_MX) {
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            w[j] = enc_x2<fmt>(v[4 * j] * q.f, v[4 * j + 1] * q.f) | enc_x2<fmt>(v[4 * j + 2] * q.f, v[4 * j + 3] * q.f) << 16;
-        if (q.mode == 0) w[0] = w[1] = q.konst * 0x01010101u;
+            w[j] = enc_x2<fmt>(v[4 * j] * q.a, v[4 * j + 1] * q.a) | enc_x2<fmt>(v[4 * j + 2] * q.a, v[4 * j + 3] * q.a) << 16;
+        if (!(q.a > 0.0f)) w[0] = w[1] = q.a == q.a ? 0u : 0x7F7F7F7Fu;
     } else {
-        encode_n<fmt, 8>(q, v, w);
+        float t[8];
+        if (q.b > 0.0f) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) t[i] = div_abs(v[i], q.a, q.b);
+            const uint32_t c0 = enc_x2<fmt>(t[0], t[1]) | enc_x2<fmt>(t[2], t[3]) << 16,
+                           c1 = enc_x2<fmt>(t[4], t[5]) | enc_x2<fmt>(t[6], t[7]) << 16;
+            return make_uint2(c0 | (sg.x & 0x80808080u), c1 | (sg.y & 0x80808080u));
+        } else if (q.b < 0.0f) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) t[i] = v[i] * q.a;
+        } else { /* a non-finite block divides by NaN here; its codes are replaced below */
+#pragma unroll
+            for (int i = 0; i < 8; i++) t[i] = __fdiv_rn(v[i], q.a);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            w[j] = enc_x2<fmt>(t[4 * j], t[4 * j + 1]) | enc_x2<fmt>(t[4 * j + 2], t[4 * j + 3]) << 16;
+        if (q.a != q.a) w[0] = w[1] = 0x7F7F7F7Fu;
     }
     return make_uint2(w[0], w[1]);
 }
@@ -148,6 +223,16 @@ template <int R> __device__ __forceinline__ uint2 enc8(const Q &q, const float v
 __device__ __forceinline__ void put_scale8(const OutDesc &o, int64_t sr, int64_t sc, uint32_t s8) {
     static_cast<uint8_t *>(o.scales)[sr * o.scols + sc] = (uint8_t)s8;
     if (o.swz) o.swz[dw_rule_swizzle_offset(sr, sc, o.scols)] = (uint8_t)s8;
+}
+
+/* Tile t's origin: tiles go in bands of p.group tile rows (the last band may be lower), column
+ * by column within a band (group 1: row by row), so that the tiles in flight at once cover
+ * p.group x (CTAs / p.group) tiles: runs of that many tiles in x's rows and in x^T's rows. */
+__device__ __forceinline__ void tile_origin(uint32_t t, const Params &p, int64_t *r0, int64_t *c0) {
+    const uint32_t tc = (uint32_t)p.tiles_c, g = (uint32_t)p.group, per = g * tc, band = t / per, in = t - band * per;
+    const uint32_t left = (uint32_t)(p.rows / TILE) - band * g, gh = g < left ? g : left;
+    *r0 = (int64_t)(band * g + in % gh) * TILE;
+    *c0 = (int64_t)(in / gh) * TILE;
 }
 
 /* Where a tile's codes go (dw_quant_tuning.t_store for this kernel): ST_REG straight from
@@ -165,7 +250,7 @@ enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3 };
  * least for 256 bytes); the transposed block follows the row-wise one */
 constexpr int OUT_BLOCK = TILE * 128 + 32 * (TILE / 8); /* 16896 bytes */
 constexpr int BK_STAGE_STAGED = 2 * OUT_BLOCK;          /* 33792: a ring buffer of the staged kernels */
-constexpr int BULK_STORE_DEFAULT = ST_BULK, BULK_STAGES_STAGED = 3; /* defaults (bench/RESULTS.md) */
+constexpr int BULK_STORE_DEFAULT = ST_V16, BULK_STAGES_STAGED = 3, BULK_GROUP_DEFAULT = 1; /* bench/RESULTS.md */
 __device__ __forceinline__ uint32_t out_off(uint32_t r) { return r * 128u + 32u * (r >> 3); }
 
 /* One tile [r0 .. r0+128) x [c0 .. c0+128): this thread holds rows 8 tr .. 8 tr + 7, columns
@@ -225,13 +310,13 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     /* packed amax pairs this lane rules (selects, not run-time indexing: that would go to local memory) */
     const uint32_t rpk = pick4(rm, mx ? gl : gl >> 1), cpk = pick4(cm, q4);
     const uint32_t orb = (uint32_t)p.o.row_bytes, trb = (uint32_t)p.t.row_bytes;
-    Q qr[RPL], qc[2];
+    Rule qr[RPL], qc[2];
 #pragma unroll
     for (int s = 0; s < RPL; s++) {
         const int k = RPL * gl + s;
         float s32 = 0.0f;
         uint32_t s8 = 0;
-        qr[s] = block_q<R>(amax_f32(rpk, mx ? s : gl & 1), 0.0f, p, &s32, &s8);
+        qr[s] = bulk_rule<R>(amax_f32(rpk, mx ? s : gl & 1), p, &s32, &s8);
         if constexpr (staged) {
             if constexpr (mx) reinterpret_cast<uint8_t *>(scs)[4 * (8 * tr + k) + (tc >> 2)] = (uint8_t)s8;
             else if ((cw & 1) == 0) reinterpret_cast<float *>(scs)[8 * tr + k] = s32;
@@ -246,7 +331,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         const int j = 2 * q4 + s;
         float s32 = 0.0f;
         uint32_t s8 = 0;
-        qc[s] = block_q<R>(amax_f32(cpk, s), 0.0f, p, &s32, &s8);
+        qc[s] = bulk_rule<R>(amax_f32(cpk, s), p, &s32, &s8);
         if constexpr (staged) {
             if constexpr (mx) reinterpret_cast<uint8_t *>(scs + TILE)[4 * (8 * tc + j) + (tr >> 2)] = (uint8_t)s8;
             else if ((cw >> 1) == 0) reinterpret_cast<float *>(scs)[TILE + 8 * tc + j] = s32;
@@ -261,30 +346,37 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     unsigned char *const sob = stg + out_off(8 * tr) + 8 * tc;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        const Q q = shfl_q<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
+        const Rule q = shfl_rule<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = elem(w[k], j);
-        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = enc8<R>(q, v);
-        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v));
+        const uint2 sg = make_uint2(signs4(w[k].x, w[k].y), signs4(w[k].z, w[k].w));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = enc8<R>(q, v, sg);
+        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v, sg));
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
     uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
     unsigned char *const stb = stg + OUT_BLOCK + out_off(8 * tc) + 8 * tr;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const Q q = shfl_q<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
+        const Rule q = shfl_rule<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = elem(w[k], j);
-        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = enc8<R>(q, v);
-        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v));
+        /* signs of column j: pairs of rows' sign bytes of columns j & ~1, j | 1, then this column's */
+        uint32_t pr[4];
+#pragma unroll
+        for (int m = 0; m < 4; m++) pr[m] = signs4(word(w[2 * m], j >> 1), word(w[2 * m + 1], j >> 1));
+        const uint32_t sel = (j & 1) ? 0x7531u : 0x6420u;
+        const uint2 sg = make_uint2(__byte_perm(pr[0], pr[1], sel), __byte_perm(pr[2], pr[3], sel));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = enc8<R>(q, v, sg);
+        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v, sg));
     }
 }
 
 /* The staged tile out of shared memory (after the consumer barrier that follows bulk_tile):
  * consumer thread tid takes row tid % 128 of the row-wise (tid < 128) or transposed block:
- * ST_BULK: that row's 128 codes in one bulk copy (this thread's bulk group, committed);
+ * ST_BULK: one lane of each warp copies its warp's 32 rows (128 codes each) in one bulk group;
  * ST_V16: chunks tid + 256 i (i < 8) of the 2048 16-byte chunks of both blocks. Then the row's
  * scales (4 bytes) and, MX with a swizzled copy, threads 0-31 / 128-159 one 16-byte piece of the
  * tile's 512-byte run in cuBLAS's 128x4 layout. */
@@ -296,14 +388,23 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
     const uint32_t u = (uint32_t)tid & (TILE - 1);
     /* the output this thread's row belongs to (fields chosen one by one: a run-time choice of
      * the whole descriptor would copy the parameters to local memory) */
-    uint8_t *const codes = side ? p.t.codes : p.o.codes;
     void *const scales = side ? p.t.scales : p.o.scales;
     uint8_t *const swz = side ? p.t.swz : p.o.swz;
-    const int64_t row_bytes = side ? p.t.row_bytes : p.o.row_bytes, scols = side ? p.t.scols : p.o.scols;
+    const int64_t scols = side ? p.t.scols : p.o.scols;
     const int64_t rb = side ? c0 : r0, cb = side ? r0 : c0; /* the tile's origin in that output's [R, C] */
-    if constexpr (ST == ST_BULK) {
-        bulk_s2g(codes + (rb + u) * row_bytes + cb, stg + (side ? OUT_BLOCK : 0) + out_off(u), 128);
-        bulk_commit();
+    if constexpr (ST == ST_BULK) { /* warp w's 32 rows, issued by one lane with warp-uniform operands */
+        const int w = warp_uniform();
+        const bool wside = w >= 4;
+        const uint32_t u0 = 32u * (uint32_t)(w & 3);
+        if (elect_one()) {
+            uint8_t *const wcodes = wside ? p.t.codes : p.o.codes;
+            const int64_t wrb = wside ? c0 : r0, wcb = wside ? r0 : c0, wrow = wside ? p.t.row_bytes : p.o.row_bytes;
+            const unsigned char *src = stg + (wside ? OUT_BLOCK : 0);
+#pragma unroll 4
+            for (uint32_t i = u0; i < u0 + 32; i++) bulk_s2g(wcodes + (wrb + i) * wrow + wcb, src + out_off(i), 128);
+            bulk_commit();
+        }
+        __syncwarp();
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++) { /* chunk 256 (i % 4) + tid of block i / 4: row chunk / 8, bytes 16 (chunk % 8) */
@@ -326,17 +427,19 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
 }
 
 template <int R, int ST, int MINB = 2> /* MINB CTAs per SM: 2, or 3 (72 registers, some spilled) */
-__global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const uint16_t *__restrict__ x, Params p,
-                                                                   int64_t ntiles, int stages) {
+__global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __grid_constant__ CUtensorMap tx,
+                                                                      const uint16_t *__restrict__ x, Params p,
+                                                                      int64_t ntiles, int stages) {
     constexpr bool staged = ST != ST_REG;
     constexpr uint32_t stage_bytes = staged ? BK_STAGE_STAGED : BK_TILE;
-    extern __shared__ __align__(128) unsigned char smem[]; /* stages buffers, then 2 x stages mbarriers */
+    extern __shared__ __align__(128) unsigned char smem[];
+    /* stages buffers from the first 128-byte boundary (tensor copies need it), then 2 x stages mbarriers */
+    unsigned char *const ring = smem + ((128u - (smem_addr(smem) & 127u)) & 127u);
     __shared__ __align__(16) uint32_t part_r[2][2][TILE / 2]; /* [tile parity][warp % 2][row pair] */
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
     __shared__ __align__(16) uint32_t scs[staged ? 2 * TILE : 1]; /* staged scales (bulk_tile) */
-    uint64_t *const full = ring_init(smem, stages, stage_bytes), *const empty = full + stages;
+    uint64_t *const full = ring_init(ring, stages, stage_bytes), *const empty = full + stages;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const uint32_t tiles_c = (uint32_t)p.tiles_c; /* tile t is row block t / tiles_c, column block t % tiles_c */
     if (warp == BK_CONS / 32) { /* producer: the n-th tile goes to buffer n % stages once it is free */
         int s = 0;
         uint32_t ph = 0; /* parity of the ring's round */
@@ -345,15 +448,20 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const uint
                 if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
                 __syncwarp();
             }
-            if (lane == 0) mbar_arrive_tx(&full[s], BK_TILE);
-            __syncwarp();
-            const int64_t r0 = (int64_t)(tile / tiles_c) * TILE, c0 = (int64_t)(tile % tiles_c) * TILE;
-            unsigned char *buf = smem + (size_t)s * stage_bytes;
-#pragma unroll
-            for (int k = 0; k < TILE / 32; k++) {
-                const int rr = 32 * k + lane;
-                bulk_g2s(buf + rr * BK_ROW, x + (r0 + rr) * p.cols + c0, BK_ROW, &full[s]);
+            if (elect_one()) { /* one lane: the tile in one tensor copy, or 128 row copies */
+                mbar_arrive_tx(&full[s], BK_TILE);
+                int64_t r0, c0;
+                tile_origin(tile, p, &r0, &c0);
+                unsigned char *buf = ring + (size_t)s * stage_bytes;
+                if (p.tma_in) {
+                    tma_load_2d(buf, &tx, (int)c0, (int)r0, &full[s]);
+                } else {
+                    const uint16_t *src = x + r0 * p.cols + c0;
+#pragma unroll 4
+                    for (int rr = 0; rr < TILE; rr++) bulk_g2s(buf + rr * BK_ROW, src + rr * p.cols, BK_ROW, &full[s]);
+                }
             }
+            __syncwarp();
             if (++s == stages) s = 0, ph ^= 1u;
         }
         return;
@@ -363,7 +471,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const uint
     uint32_t ph = 0;
     for (uint32_t tile = blockIdx.x, n = 0; tile < (uint32_t)ntiles; tile += gridDim.x, n++) {
         mbar_wait(&full[s], ph);
-        unsigned char *buf = smem + (size_t)s * stage_bytes;
+        unsigned char *buf = ring + (size_t)s * stage_bytes;
         uint4 w[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) w[k] = *reinterpret_cast<const uint4 *>(buf + (8 * tr + k) * BK_ROW + 16 * tc);
@@ -377,7 +485,8 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const uint
                 if (lane == 0) mbar_arrive(&empty[sp]);
             }
         }
-        const int64_t r0 = (int64_t)(tile / tiles_c) * TILE, c0 = (int64_t)(tile % tiles_c) * TILE;
+        int64_t r0, c0;
+        tile_origin(tile, p, &r0, &c0);
         bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, scs);
         if constexpr (staged) {
             if constexpr (ST == ST_BULK) fence_proxy_async(); /* the codes, before the bulk copies read them */
@@ -402,7 +511,8 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const uint
 constexpr int64_t BK_STAGE_CHUNKS = BK_TILE / 16;
 
 template <int R>
-__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const uint16_t *__restrict__ x, Params p,
+__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __grid_constant__ CUtensorMap,
+                                                                        const uint16_t *__restrict__ x, Params p,
                                                                         int64_t nchunks, int stages) {
     constexpr int B = Traits<R>::B, L = B / 8; /* lanes per block: 4 (MX) or 16 (fp8_block) */
     constexpr bool mx = Traits<R>::kind == K_MX;
@@ -455,13 +565,13 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const ui
         constexpr int CPL = mx ? 2 : 1;
         const int gl = lane & (L - 1);
         const uint32_t apk = pick4(am, mx ? gl : (gl >> 1) & 3);
-        Q qs[CPL];
+        Rule qs[CPL];
 #pragma unroll
         for (int c = 0; c < CPL; c++) {
             const int i = mx ? 2 * gl + c : gl; /* chunk index of this stage's 8 (fp8_block: valid when gl < 8) */
             float s32 = 0.0f;
             uint32_t s8 = 0;
-            qs[c] = block_q<R>(amax_f32(apk, mx ? c : gl & 1), 0.0f, p, &s32, &s8);
+            qs[c] = bulk_rule<R>(amax_f32(apk, mx ? c : gl & 1), p, &s32, &s8);
             const int64_t g = g0 + i * BK_CONS + tid;
             if ((mx || gl < 8) && g < nchunks) {
                 const int64_t si = g * 8 / B;
@@ -476,25 +586,28 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const ui
         uint2 *codes = reinterpret_cast<uint2 *>(p.o.codes) + g0 + tid;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const Q q = shfl_q<R>(qs[i % CPL], (lane & ~(L - 1)) | (i / CPL));
+            const Rule q = shfl_rule<R>(qs[i % CPL], (lane & ~(L - 1)) | (i / CPL));
             float v[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) v[j] = elem(w[i], j);
-            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v));
+            const uint2 sg = make_uint2(signs4(w[i].x, w[i].y), signs4(w[i].z, w[i].w));
+            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v, sg));
         }
     }
 }
 
 /* Either ring kernel k over `work` units (tiles or stages; n is the kernel's count argument):
- * a persistent grid of at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all. */
-using ring_kernel = void (*)(const uint16_t *, Params, int64_t, int);
-dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, const uint16_t *x,
-                      const Params &p, int64_t work, int64_t n, int stages, size_t stage_bytes, int ctas_per_sm,
-                      int max_ctas, cudaStream_t st) {
+ * a persistent grid of at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all;
+ * dynamic shared memory: the ring, its barriers and `align` bytes of slack for the kernel to align
+ * the ring. */
+using ring_kernel = void (*)(const CUtensorMap, const uint16_t *, Params, int64_t, int);
+dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, const CUtensorMap &tx,
+                      const uint16_t *x, const Params &p, int64_t work, int64_t n, int stages, size_t stage_bytes,
+                      size_t align, int ctas_per_sm, int max_ctas, cudaStream_t st) {
     if (work > 0x7FFFFFFFLL)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
                             (long long)p.rows, (long long)p.cols);
-    const size_t smem = (size_t)stages * stage_bytes + 2 * (size_t)stages * sizeof(uint64_t);
+    const size_t smem = (size_t)stages * stage_bytes + 2 * (size_t)stages * sizeof(uint64_t) + align;
     int sms = 0, per_sm = 0;
     DW_TRY(kernel_fit(ctx, (const void *)k, BK_THREADS, smem, cache, &sms, &per_sm));
     if (per_sm < 1)
@@ -504,9 +617,32 @@ dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)
     int64_t grid = (int64_t)sms * per_sm;
     if (max_ctas > 0 && max_ctas < grid) grid = max_ctas;
     if (grid > work) grid = work;
-    k<<<(unsigned)grid, BK_THREADS, smem, st>>>(x, p, n, stages);
+    k<<<(unsigned)grid, BK_THREADS, smem, st>>>(tx, x, p, n, stages);
     DW_CUDA_CHECK_LAUNCH(ctx, dw_recipe_name(r));
     return DW_OK;
+}
+
+/* The tensor map of x [rows, cols] (16-bit elements, row-major, 16-byte aligned, cols a multiple
+ * of 8) in 128x128 boxes without swizzle: the producer's one-copy tile loads. False where the
+ * driver offers no encoder or refuses the map (the producer then copies row by row). */
+bool make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
+    static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> enc{nullptr};
+    PFN_cuTensorMapEncodeTiled_v12000 fn = enc.load(std::memory_order_relaxed);
+    if (!fn) {
+        void *q = nullptr;
+        cudaDriverEntryPointQueryResult res;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &q, 12000, cudaEnableDefault, &res) !=
+                cudaSuccess ||
+            res != cudaDriverEntryPointSuccess || !q)
+            return false;
+        fn = (PFN_cuTensorMapEncodeTiled_v12000)q;
+        enc.store(fn, std::memory_order_relaxed);
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
+    const cuuint32_t box[2] = {TILE, TILE}, es[2] = {1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)x, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+           CUDA_SUCCESS;
 }
 
 /* Whether the staged stores can write p's outputs: 16-byte aligned codes (and swizzled copies),
@@ -518,27 +654,32 @@ bool staged_ok(const Params &p) {
     return (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
 }
 
-template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p, bool trans, int store,
-                                         int stages, int ctas_per_sm, int max_ctas, cudaStream_t st) {
-    static std::atomic<uint64_t> cache_t[4][16], cache_r[16];
+template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p_in, bool trans, int store,
+                                         int load, int group, int stages, int ctas_per_sm, int max_ctas,
+                                         cudaStream_t st) {
+    static std::atomic<uint64_t> cache_t[2][3][16], cache_r[16]; /* [3 CTAs][store - 1] */
+    CUtensorMap tx;
+    memset(&tx, 0, sizeof tx);
+    Params p = p_in;
+    p.tma_in = false;
     if (trans) {
+        p.tma_in = load != 1 && make_x_map(&tx, x, p.rows, p.cols);
+        p.group = group ? group : BULK_GROUP_DEFAULT;
         const int64_t tiles = p.rows / TILE * p.tiles_c;
         if (store == 0) store = BULK_STORE_DEFAULT;
         if (store != ST_REG && !staged_ok(p)) store = ST_REG;
-        /* 3 CTAs per SM asked for: bulk stores only, the kernel built for 3 (2 stages fit) */
-        const bool three = store == ST_BULK && ctas_per_sm >= 3;
+        /* 3 or more CTAs per SM asked for: the kernels built for 3 (72 registers; 2 stages fit) */
+        const bool three = ctas_per_sm >= 3;
         if (stages == 0) stages = store == ST_REG || three ? 2 : BULK_STAGES_STAGED;
-        ring_kernel k = three               ? quant_bulk_kernel<R, ST_BULK, 3>
-                        : store == ST_BULK ? quant_bulk_kernel<R, ST_BULK>
-                        : store == ST_V16  ? quant_bulk_kernel<R, ST_V16>
-                                           : quant_bulk_kernel<R, ST_REG>;
-        if (three) store = 4; /* its own occupancy cache */
-        return launch_ring(ctx, k, cache_t[store - 1], (dw_recipe)R, x, p, tiles, tiles, stages,
-                           store == ST_REG ? BK_TILE : BK_STAGE_STAGED, ctas_per_sm, max_ctas, st);
+        static const ring_kernel ks[2][3] = {
+            {quant_bulk_kernel<R, ST_REG>, quant_bulk_kernel<R, ST_BULK>, quant_bulk_kernel<R, ST_V16>},
+            {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>}};
+        return launch_ring(ctx, ks[three][store - 1], cache_t[three][store - 1], (dw_recipe)R, tx, x, p, tiles, tiles,
+                           stages, store == ST_REG ? BK_TILE : BK_STAGE_STAGED, 128, ctas_per_sm, max_ctas, st);
     }
     const int64_t nchunks = p.rows * p.cols / 8;
-    return launch_ring(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, x, p,
-                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages ? stages : 3, BK_TILE,
+    return launch_ring(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, tx, x, p,
+                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages ? stages : 3, BK_TILE, 0,
                        ctas_per_sm, max_ctas, st);
 }
 
@@ -551,18 +692,19 @@ bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans) {
     return p.rows % TILE == 0 && p.cols % TILE == 0 && p.t.codes && (uintptr_t)p.t.codes % 8 == 0;
 }
 
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int store, int stages,
-                      int ctas_per_sm, int max_ctas, cudaStream_t st) {
-    if (store < 0 || store > 3 || (stages != 0 && (stages < 2 || stages > 6)))
-        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s: bulk store %d or stages %d out of range", dw_recipe_name(r),
-                            store, stages);
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int store, int load,
+                      int group, int stages, int ctas_per_sm, int max_ctas, cudaStream_t st) {
+    if (store < 0 || store > 3 || load < 0 || load > 2 || group < 0 || group > 64 ||
+        (stages != 0 && (stages < 2 || stages > 6)))
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s: bulk store %d, load %d, group %d or stages %d out of range",
+                            dw_recipe_name(r), store, load, group, stages);
     switch (r) {
     case DW_RECIPE_MXFP8:
-        return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, store, stages, ctas_per_sm, max_ctas, st);
+        return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
     case DW_RECIPE_MXFP8_E5M2:
-        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, store, stages, ctas_per_sm, max_ctas, st);
+        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
     case DW_RECIPE_FP8_BLOCK:
-        return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, store, stages, ctas_per_sm, max_ctas, st);
+        return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
     default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: no bulk-copy kernel", dw_recipe_name(r));
     }
 }

@@ -2,7 +2,8 @@
  * tests/common/cuda_emu: vector types and intrinsics, launch queries, and the PTX helpers that
  * transform.py swaps in (mbarrier with its phase and byte count, bulk copy as memcpy, a named
  * barrier of the consumer warps, max.u16x2, FP8 pair conversion through formats.h's encoders).
- * A bulk store (shared -> global) is only queued: it reads shared memory when its thread waits
+ * A tensor map is the emulator's own record of x's base and shape (make_x_map's stand-in), its
+ * box copy a loop of row copies. A bulk store (shared -> global) is only queued: it reads shared memory when its thread waits
  * for its groups, the latest a GPU may, so that a buffer reused before that wait is caught. */
 #pragma once
 #include <stdint.h>
@@ -30,6 +31,8 @@ static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4);
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float __frcp_rn(float x) { volatile float one = 1.0f; return one / x; }
 static inline float __fdiv_rn(float a, float b) { volatile float q = a / b; return q; }
+static inline float __fmul_rn(float a, float b) { volatile float q = a * b; return q; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned)v); }
 static inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
@@ -115,4 +118,21 @@ static inline size_t emu_bulk_pending(void) {
     size_t n = 0;
     for (auto &kv : g_pending) n += kv.second.size();
     return n;
+}
+
+/* tensor maps: x [rows, cols] of 16-bit elements in 128x128 boxes */
+#define __grid_constant__
+struct alignas(64) CUtensorMap { const uint16_t *base; int64_t rows, cols; char pad[104]; };
+static inline bool emu_make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
+    if ((uintptr_t)x % 16 || (cols * 2) % 16) return false;
+    m->base = x, m->rows = rows, m->cols = cols;
+    return true;
+}
+static inline void emu_tma_load_2d(void *dst, const CUtensorMap *m, int c0, int r0, uint64_t *p) {
+    if ((uintptr_t)dst % 128 || c0 + 128 > m->cols || r0 + 128 > m->rows || c0 < 0 || r0 < 0) {
+        fprintf(stderr, "tensor copy out of bounds or misaligned\n");
+        abort();
+    }
+    for (int r = 0; r < 128; r++) memcpy((char *)dst + 256 * r, m->base + (int64_t)(r0 + r) * m->cols + c0, 256);
+    EmuBar &b = g_bars.at(p); b.tx -= 128 * 256; if (b.tx < 0) { fprintf(stderr, "tx negative\n"); abort(); } emu_bar_check(b);
 }
