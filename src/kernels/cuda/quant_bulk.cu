@@ -250,7 +250,15 @@ enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3 };
  * least for 256 bytes); the transposed block follows the row-wise one */
 constexpr int OUT_BLOCK = TILE * 128 + 32 * (TILE / 8); /* 16896 bytes */
 constexpr int BK_STAGE_STAGED = 2 * OUT_BLOCK;          /* 33792: a ring buffer of the staged kernels */
-constexpr int BULK_STORE_DEFAULT = ST_V16, BULK_STAGES_STAGED = 3, BULK_GROUP_DEFAULT = 1; /* bench/RESULTS.md */
+/* Defaults of the transposing kernel, from the H200 measurements in bench/RESULTS.md (2026-11-23):
+ * MX codes leave through 16-byte stores from a 4-deep ring (one CTA per SM fits; 2 CTAs x 3
+ * stages was slower), fp8_block's from registers with a 2-deep ring (2 CTAs per SM; its staged
+ * variants were slower); tiles row by row (bands changed nothing measurable). */
+template <int R> constexpr int bulk_store_default() { return Traits<R>::kind == K_MX ? ST_V16 : ST_REG; }
+template <int R> constexpr int bulk_stages_default(int store, bool three) {
+    return store == ST_REG || three ? 2 : store == ST_V16 && Traits<R>::kind == K_MX ? 4 : 3;
+}
+constexpr int BULK_GROUP_DEFAULT = 1;
 __device__ __forceinline__ uint32_t out_off(uint32_t r) { return r * 128u + 32u * (r >> 3); }
 
 /* One tile [r0 .. r0+128) x [c0 .. c0+128): this thread holds rows 8 tr .. 8 tr + 7, columns
@@ -666,11 +674,11 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
         p.tma_in = load != 1 && make_x_map(&tx, x, p.rows, p.cols);
         p.group = group ? group : BULK_GROUP_DEFAULT;
         const int64_t tiles = p.rows / TILE * p.tiles_c;
-        if (store == 0) store = BULK_STORE_DEFAULT;
+        if (store == 0) store = bulk_store_default<R>();
         if (store != ST_REG && !staged_ok(p)) store = ST_REG;
         /* 3 or more CTAs per SM asked for: the kernels built for 3 (72 registers; 2 stages fit) */
         const bool three = ctas_per_sm >= 3;
-        if (stages == 0) stages = store == ST_REG || three ? 2 : BULK_STAGES_STAGED;
+        if (stages == 0) stages = bulk_stages_default<R>(store, three);
         static const ring_kernel ks[2][3] = {
             {quant_bulk_kernel<R, ST_REG>, quant_bulk_kernel<R, ST_BULK>, quant_bulk_kernel<R, ST_V16>},
             {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>}};
