@@ -1,12 +1,13 @@
 /* quant_bulk.cu — the transposing quantiser for BF16 input in whole 128x128 tiles (mxfp8,
  * mxfp8_e5m2, fp8_block; rows and cols multiples of 128): a persistent kernel whose producer warp
- * streams tiles into a ring of shared-memory buffers with bulk copies (cp.async.bulk, one 256-byte
- * row each, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per thread
- * into registers, free the buffer at once, and write row-wise and transposed codes and scales from
- * those registers. The same ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only
- * (quant_bulk_rows_kernel; cols a multiple of the block). Same rules and encoders as quant.cu
- * (quant_common.cuh): bit-identical to the CPU reference. Not the other recipes, FP32 input or
- * ragged tiles: quant.cu runs those. */
+ * streams tiles into a ring of shared-memory buffers (one lane issues a tensor-map copy per tile,
+ * or 128 row copies, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per
+ * thread into registers and compute row-wise and transposed codes and scales, which leave from
+ * registers or staged over the tile's buffer as whole rows (dw_quant_tuning.t_store). The same
+ * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
+ * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
+ * recoded here without divisions (bulk_rule, enc8): bit-identical to the CPU reference. Not the
+ * other recipes, FP32 input or ragged tiles: quant.cu runs those. */
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h> /* CUtensorMap, the driver's tensor-map encoder type (no libcuda link) */
 #include <stdint.h>
