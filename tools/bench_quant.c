@@ -14,7 +14,7 @@
 static void help(void) {
     printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--batch B]\n"
            "                            [--kernel default|cpasync|bulk] [--stages S] [--ctas-per-sm K]\n"
-           "                            [--t-store 1|2]\n\n"
+           "                            [--t-store 1|2|3] [--load 1|2] [--group G]\n\n"
            "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
            "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
            "with CUDA events around a batch of B back-to-back calls on the same stream: 5 warm-up\n"
@@ -33,11 +33,21 @@ static void help(void) {
            "               older kernels: cp.async tiles transposed, the flat grid-stride kernel\n"
            "               row-wise) or bulk (the same as default)\n"
            "  --stages S   tuning: buffers (2..6) in the shared-memory ring: bulk-copy kernels 32 KiB\n"
-           "               each (default 2 transposed, 3 row-wise); cpasync one tile each (default 2)\n"
+           "               each (default 3; transposed: 2 with --t-store 1 or 3 CTAs per SM, 4 for\n"
+           "               mxfp8 with --t-store 3); cpasync one tile each (default 2)\n"
            "  --ctas-per-sm K  tuning: at most K CTAs per SM for the ring kernels (default: bulk-copy\n"
-           "               kernels 2, cpasync as many as fit)\n"
-           "  --t-store M  tuning, cpasync kernel: transposed codes stored 1 from registers (32 bytes\n"
-           "               per thread) or 2 through shared memory as full rows (default 2)\n"
+           "               kernels 2, cpasync as many as fit); 3 or more: the bulk-copy transposing\n"
+           "               kernel built for 3 CTAs per SM\n"
+           "  --t-store M  tuning, how a transposing kernel's codes leave: cpasync kernel, transposed\n"
+           "               codes 1 from registers (32 bytes per thread), 2 or 3 through shared memory\n"
+           "               as full rows (default); bulk-copy kernel, both copies' codes and scales 1\n"
+           "               from registers (8 bytes per store; default for fp8_block), 2 staged in\n"
+           "               shared memory and written by bulk copies of whole rows, 3 staged and\n"
+           "               written by 16-byte stores (default for mxfp8)\n"
+           "  --load L     tuning, bulk-copy transposing kernel: a tile arrives 1 as 128 row copies or\n"
+           "               2 as one tensor-map copy (default)\n"
+           "  --group G    tuning, bulk-copy transposing kernel: tiles in bands of G tile rows (1..64),\n"
+           "               column by column within a band (default 1: row by row)\n"
            "  -h, --help   this help\n");
 }
 
@@ -176,9 +186,10 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, cons
     if (json) {
         printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
                "\"batch\": %d, \"input\": \"bf16\", \"kernel\": \"%s\", \"stages\": %d, \"ctas_per_sm\": %d, "
-               "\"t_store\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, \"variants\": [",
+               "\"t_store\": %d, \"load\": %d, \"group\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, "
+               "\"variants\": [",
                prop.name, (long long)rows, (long long)cols, iters, batch, kernel_name(tune->kernel),
-               tune->stages, tune->ctas_per_sm, tune->t_store, copy_ms, copy_gbps);
+               tune->stages, tune->ctas_per_sm, tune->t_store, tune->load, tune->group, copy_ms, copy_gbps);
         for (int k = 0; k < 4; k++)
             printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
                    "\"ratio_to_copy\": %.3f}", k ? ", " : "", dw_recipe_name(vs[k].recipe),
@@ -186,9 +197,9 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, cons
         printf("]}\n");
     } else {
         printf("quantise BF16 [%lld, %lld] on %s, median of %d batches of %d calls (CUDA events); kernels "
-               "%s, stages %d, CTAs/SM %d, t-store %d (0 = default)\n\n", (long long)rows, (long long)cols,
-               prop.name, iters, batch, kernel_name(tune->kernel), tune->stages, tune->ctas_per_sm,
-               tune->t_store);
+               "%s, stages %d, CTAs/SM %d, t-store %d, load %d, group %d (0 = default)\n\n", (long long)rows,
+               (long long)cols, prop.name, iters, batch, kernel_name(tune->kernel), tune->stages, tune->ctas_per_sm,
+               tune->t_store, tune->load, tune->group);
         printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
         printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy_ms, copy_gbps, "1.000");
         for (int k = 0; k < 4; k++) {
@@ -221,10 +232,12 @@ int bench_quant(int argc, char **argv) {
                                          {"stages", required_argument, 0, 's'},
                                          {"ctas-per-sm", required_argument, 0, 'k'},
                                          {"t-store", required_argument, 0, 't'},
+                                         {"load", required_argument, 0, 'L'},
+                                         {"group", required_argument, 0, 'G'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     bool json = false;
-    long rows = 8192, cols = 8192, iters = 50, batch = 10, stages = 0, ctas = 0, tstore = 0, kernel = 0;
+    long rows = 8192, cols = 8192, iters = 50, batch = 10, stages = 0, ctas = 0, tstore = 0, kernel = 0, load = 0, group = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -261,7 +274,13 @@ int bench_quant(int argc, char **argv) {
             if (!cli_parse_int("bench quant", "--ctas-per-sm", optarg, 1, 64, &ctas)) return DW_EXIT_USAGE;
             break;
         case 't':
-            if (!cli_parse_int("bench quant", "--t-store", optarg, 1, 2, &tstore)) return DW_EXIT_USAGE;
+            if (!cli_parse_int("bench quant", "--t-store", optarg, 1, 3, &tstore)) return DW_EXIT_USAGE;
+            break;
+        case 'L':
+            if (!cli_parse_int("bench quant", "--load", optarg, 1, 2, &load)) return DW_EXIT_USAGE;
+            break;
+        case 'G':
+            if (!cli_parse_int("bench quant", "--group", optarg, 1, 64, &group)) return DW_EXIT_USAGE;
             break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error("bench quant");
@@ -276,10 +295,11 @@ int bench_quant(int argc, char **argv) {
         return DW_EXIT_USAGE;
     }
 #if DW_HAVE_CUDA
-    dw_quant_tuning tune = {.stages = (int)stages, .ctas_per_sm = (int)ctas, .t_store = (int)tstore, .kernel = (int)kernel};
+    dw_quant_tuning tune = {.stages = (int)stages, .ctas_per_sm = (int)ctas, .t_store = (int)tstore, .kernel = (int)kernel,
+                            .load = (int)load, .group = (int)group};
     return run(json, rows, cols, (int)iters, (int)batch, &tune);
 #else
-    (void)json, (void)stages, (void)ctas, (void)tstore, (void)batch, (void)kernel;
+    (void)json, (void)stages, (void)ctas, (void)tstore, (void)batch, (void)kernel, (void)load, (void)group;
     cli_error("bench quant", "this build has no CUDA (configured without nvcc): it needs a CUDA build and a GPU");
     return DW_EXIT_FAIL;
 #endif

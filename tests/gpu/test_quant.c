@@ -159,14 +159,15 @@ static int check_out(const char *label, const char *which, const dev_out *o, con
 static int run_case(dw_test_rng *rng, const qcase *c) {
     dw_recipe r = c->o.recipe;
     int64_t n = c->rows * c->cols;
-    char label[224];
+    char label[256];
     snprintf(label, sizeof label,
-             "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s stages=%d ctas/sm=%d max_ctas=%d t_store=%d kernel=%d",
+             "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s stages=%d ctas/sm=%d max_ctas=%d t_store=%d kernel=%d load=%d "
+             "group=%d",
              dw_recipe_name(r),
              c->o.rounding == DW_SCALE_FLOOR ? "/floor" : "", c->o.pow2 ? "/pow2" : "",
              c->in == DW_QUANT_IN_BF16 ? "bf16" : "f32", (long long)c->rows, (long long)c->cols, c->kind,
              c->trans ? " +T" : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "", c->tune.stages,
-             c->tune.ctas_per_sm, c->tune.max_ctas, c->tune.t_store, c->tune.kernel);
+             c->tune.ctas_per_sm, c->tune.max_ctas, c->tune.t_store, c->tune.kernel, c->tune.load, c->tune.group);
     if (dw_quantize_cuda_set_tuning(NULL, &c->tune) != DW_OK) fail_msg("%s: set_tuning: %s", label, dw_errmsg(NULL));
     g_s0 = ldexpf(1.0f + (float)(1 + dw_test_next(rng) % 0x7FFFFE) * 0x1p-23f, (int)(dw_test_next(rng) % 40) - 20);
     float *x = malloc((size_t)n * sizeof *x);
@@ -256,9 +257,13 @@ static void test_all_recipes_bit_identical(void **state) {
                  * ones), CTAs per SM, and sometimes cap the grid at 1..3 CTAs, so that each CTA
                  * wraps around its ring many times; both tile kernels where both apply */
                 c.tune.stages = 2 + (int)(dw_test_next(&rng) % (c.in == DW_QUANT_IN_BF16 ? 5 : 2));
-                c.tune.ctas_per_sm = (int)(dw_test_next(&rng) % 3);
+                c.tune.ctas_per_sm = (int)(dw_test_next(&rng) % 4); /* 3: the bulk kernel built for 3 */
                 c.tune.max_ctas = (dw_test_next(&rng) % 2) ? 1 + (int)(dw_test_next(&rng) % 3) : 0;
-                c.tune.t_store = 1 + (int)(dw_test_next(&rng) % 2); /* both transposed-store paths */
+                /* every transposed-store path: cp.async kernel 1, 2 (3 acts as 2); bulk kernel 1
+                 * registers, 2 staged + bulk copies, 3 staged + 16-byte stores; 0 the defaults */
+                c.tune.t_store = (int)(dw_test_next(&rng) % 4);
+                c.tune.load = (int)(dw_test_next(&rng) % 3); /* bulk kernel: 1 row copies, 2/0 tensor map */
+                c.tune.group = (int)(dw_test_next(&rng) % 6); /* bulk kernel tile bands (0 the default) */
                 c.tune.kernel = (int)(dw_test_next(&rng) % 3);
                 bad += run_case(&rng, &c);
                 cases++;
@@ -286,7 +291,11 @@ static void test_rejects_bad_arguments(void **state) {
     out.scales_swizzled = NULL;
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 16, &out, NULL, NULL, NULL),
                      DW_ERR_INVALID); /* no tensor_scale */
-    dw_quant_tuning bad_stages = {.stages = 7}, bad_ctas = {.max_ctas = -1}, bad_kernel = {.kernel = 3};
+    dw_quant_tuning bad_stages = {.stages = 7}, bad_ctas = {.max_ctas = -1}, bad_kernel = {.kernel = 3},
+                    bad_store = {.t_store = 4}, bad_load = {.load = 3}, bad_group = {.group = 65};
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_group), DW_ERR_INVALID);
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_load), DW_ERR_INVALID);
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_store), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_stages), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_ctas), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_kernel), DW_ERR_INVALID);

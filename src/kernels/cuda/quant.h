@@ -40,16 +40,27 @@ typedef struct {
  * cases: the flat grid-stride kernel (quant.cu).
  *   kernel       1: never the bulk-copy kernels (the older kernels instead, for A/B); 2: the
  *                default (kept for scripts that name it)
- *   stages       32 KiB (bulk; cp.async: one tile) buffers in the shared-memory ring, 2..6 (default:
- *                bulk 2 transposed, 3 row-wise; cp.async 2 for BF16, 3 for FP32); a ring that does
- *                not fit is DW_ERR_UNSUPPORTED
- *   ctas_per_sm  at most this many CTAs per SM (default: bulk 2, cp.async as many as fit)
+ *   stages       buffers in the shared-memory ring, 2..6: bulk 32 KiB (33 KiB transposed with
+ *                staged stores; default 3 row-wise; transposed 2 with t_store 1 or 3 CTAs per SM,
+ *                4 for MX with t_store 3, else 3), cp.async one tile (default 2 for BF16, 3 for
+ *                FP32); a ring that does not fit is DW_ERR_UNSUPPORTED
+ *   ctas_per_sm  at most this many CTAs per SM (default: bulk 2, cp.async as many as fit); 3 or
+ *                more takes the bulk transposing kernel built for 3 (72 registers)
  *   max_ctas     at most this many CTAs in all (tests use it to make each CTA loop over many tiles)
- *   t_store      cp.async kernel, transposed 8-bit codes of whole tiles: 1 stored from registers
- *                (32 bytes per thread), 2 (default) collected in shared memory and stored as rows
+ *   t_store      how the codes of a transposing tile kernel leave. cp.async kernel, transposed
+ *                8-bit codes: 1 from registers (32 bytes per thread), 2 or 3 (default) through
+ *                shared memory as whole rows. Bulk kernel, both copies' codes and scales: 1 from
+ *                registers (8-byte stores, scales one at a time; default for fp8_block), 2 staged
+ *                in shared memory and written by bulk copies (one 128-byte row each), 3 staged
+ *                and written by 16-byte stores (default for MX); 2 and 3 need 16-byte aligned
+ *                outputs (else 1)
+ *   load         bulk transposing kernel, how a tile arrives: 1 as 128 row copies, 2 (default) as
+ *                one tensor-map copy (row copies where the driver cannot make the map)
+ *   group        bulk transposing kernel, tile order: bands of `group` tile rows (1..64), taken
+ *                column by column within a band; 1 (default) is row by row
  * Process-wide, not thread-safe; NULL restores the defaults. DW_ERR_INVALID for values out of range. */
 typedef struct {
-    int stages, ctas_per_sm, max_ctas, t_store, kernel;
+    int stages, ctas_per_sm, max_ctas, t_store, kernel, load, group;
 } dw_quant_tuning;
 dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t);
 

@@ -1,14 +1,17 @@
 /* quant_bulk.cu — the transposing quantiser for BF16 input in whole 128x128 tiles (mxfp8,
  * mxfp8_e5m2, fp8_block; rows and cols multiples of 128): a persistent kernel whose producer warp
- * streams tiles into a ring of shared-memory buffers with bulk copies (cp.async.bulk, one 256-byte
- * row each, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per thread
- * into registers, free the buffer at once, and write row-wise and transposed codes and scales from
- * those registers. The same ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only
- * (quant_bulk_rows_kernel; cols a multiple of the block). Same rules and encoders as quant.cu
- * (quant_common.cuh): bit-identical to the CPU reference. Not the other recipes, FP32 input or
- * ragged tiles: quant.cu runs those. */
+ * streams tiles into a ring of shared-memory buffers (one lane issues a tensor-map copy per tile,
+ * or 128 row copies, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per
+ * thread into registers and compute row-wise and transposed codes and scales, which leave from
+ * registers or staged over the tile's buffer as whole rows (dw_quant_tuning.t_store). The same
+ * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
+ * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
+ * recoded here without divisions (bulk_rule, enc8): bit-identical to the CPU reference. Not the
+ * other recipes, FP32 input or ragged tiles: quant.cu runs those. */
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h> /* CUtensorMap, the driver's tensor-map encoder type (no libcuda link) */
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/quant_common.cuh"
 
@@ -49,7 +52,36 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t by
                  "l"(src), "r"(bytes), "r"(smem_addr(b))
                  : "memory");
 }
+/* true in one lane of the (converged) warp; the compiler then keeps warp-uniform bulk-copy
+ * operands in uniform registers instead of looping over the lanes that issue copies */
+__device__ __forceinline__ bool elect_one() {
+    uint32_t pred = 0;
+    asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(pred));
+    return pred != 0;
+}
+/* the warp index, known to the compiler as warp-uniform (a broadcast from lane 0) */
+__device__ __forceinline__ int warp_uniform() { return __shfl_sync(0xFFFFFFFFu, (int)threadIdx.x >> 5, 0); }
+/* x's 128x128 box at column c0, row r0 (map: make_x_map) into shared dst (128-byte aligned, rows
+ * of 256 bytes), counted on b */
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int r0, uint64_t *b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(r0), "r"(smem_addr(b))
+                 : "memory");
+}
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(BK_CONS) : "memory"); }
+/* bytes (multiple of 16) from shared src to global dst (both 16-byte aligned), in this thread's
+ * current bulk group; commit closes the group; wait_read: this thread's groups have read their
+ * shared source (it may be reused); wait_all: and written global memory. */
+__device__ __forceinline__ void bulk_s2g(void *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+/* this thread's shared-memory writes, ordered before later bulk copies (async proxy) */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /* ---- packed BF16 helpers: |x| bit patterns compare as unsigned integers (NaN above Inf) ---- */
 
@@ -88,10 +120,11 @@ __device__ __forceinline__ void pair_amax(const uint4 (&w)[8], uint32_t out[4]) 
     }
 }
 
-/* The ring's barriers after `stages` 32 KiB buffers: full[s] (the producer's bytes landed) and
- * empty[s] (each consumer warp is done with buffer s); initialised by thread 0, then a CTA barrier. */
-__device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages) {
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)stages * BK_TILE);
+/* The ring's barriers after `stages` buffers of stage_bytes: full[s] (the producer's bytes landed)
+ * and empty[s] (each consumer warp is done with buffer s); initialised by thread 0, then a CTA
+ * barrier. */
+__device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages, uint32_t stage_bytes = BK_TILE) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + (size_t)stages * stage_bytes);
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) {
             mbar_init(&full[s], 1);
@@ -103,30 +136,87 @@ __device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages) 
     return full;
 }
 
-/* A block rule moved between lanes: f, r and mode | konst << 8 (MX blocks need no r). */
-template <int R> __device__ __forceinline__ Q shfl_q(const Q &q, int src) {
-    Q o;
-    o.f = __shfl_sync(0xFFFFFFFFu, q.f, src);
-    if constexpr (Traits<R>::kind != K_MX) o.r = __shfl_sync(0xFFFFFFFFu, q.r, src);
-    else o.r = 0.0f;
-    const uint32_t mk = __shfl_sync(0xFFFFFFFFu, (uint32_t)q.mode | q.konst << 8, src);
-    o.mode = (int)(mk & 0xFFu);
-    o.konst = mk >> 8;
+/* A block rule as it moves between lanes: one word for MX, two for fp8_block, the mode folded
+ * into the values so that the common case costs one comparison (block_q's Q, recoded):
+ *   MX         a = 2^-e > 0: codes of x a; a = +0: a zero block (codes +0); a = NaN: a non-finite
+ *              block (codes NaN);
+ *   fp8_block  b > 0: x / a through the reciprocal b (quot_q's mode 3); otherwise b < 0: x a
+ *              (mode 1, a power of two), b = 0: x / a by division (mode 2, tiny a), a = b = NaN:
+ *              a non-finite block (codes NaN). */
+struct Rule {
+    float a, b;
+};
+template <int R> __device__ __forceinline__ Rule rule_of(const Q &q) {
+    const float nan = __uint_as_float(0x7FFFFFFFu);
+    if constexpr (Traits<R>::kind == K_MX) return Rule{q.mode == 1 ? q.f : q.konst ? nan : 0.0f, 0.0f};
+    else return q.mode == 3 ? Rule{q.f, q.r} : q.mode == 1 ? Rule{q.f, -1.0f} : q.mode == 2 ? Rule{q.f, 0.0f} : Rule{nan, nan};
+}
+template <int R> __device__ __forceinline__ Rule shfl_rule(const Rule &q, int src) {
+    Rule o;
+    o.a = __shfl_sync(0xFFFFFFFFu, q.a, src);
+    if constexpr (Traits<R>::kind != K_MX) o.b = __shfl_sync(0xFFFFFFFFu, q.b, src);
+    else o.b = 0.0f;
     return o;
 }
 
-/* 8 codes of v[0..7] under q, as 2 words. MX rules only multiply (mode 1) or give a constant
- * (mode 0), so their path skips encode_n's division branches; the results are the same. */
-template <int R> __device__ __forceinline__ uint2 enc8(const Q &q, const float v[8]) {
+/* The rule (and scale: *s32 FP32, *s8 a 1-byte code) of a block with amax bits `amax`: block_q's,
+ * recoded. fp8_block without pow2 and with a finite amax takes s = RN(amax / 448) without the
+ * IEEE division: t = RN(amax r) with r = RN(1/448), then Markstein's correction t + (amax - 448 t) r
+ * (equal to the division for every finite BF16 amax: checked exhaustively, all 32640), the rule
+ * then as quot_q's. */
+template <int R> __device__ __forceinline__ Rule bulk_rule(uint32_t amax, const Params &p, float *s32, uint32_t *s8) {
+    if constexpr (Traits<R>::kind == K_BLOCK) {
+        if (!p.pow2 && !dw_rule_nonfinite(amax)) {
+            constexpr float r448 = 0x1.24924ap-9f; /* RN(1/448) */
+            const float a = __uint_as_float(amax), t = __fmul_rn(a, r448);
+            float sc = __fmaf_rn(__fmaf_rn(-448.0f, t, a), r448, t);
+            if (sc == 0.0f) sc = 1.0f; /* amax = 0 (no BF16 amax > 0 gives 0) */
+            *s32 = sc;
+            const Q q = quot_q(sc);
+            return q.mode == 3 ? Rule{q.f, q.r} : q.mode == 1 ? Rule{q.f, -1.0f} : Rule{q.f, 0.0f};
+        }
+    }
+    return rule_of<R>(block_q<R>(amax, 0.0f, p, s32, s8));
+}
+
+/* x / s of |x| (quot_q's mode 3, r = RN(1/s)): div_q3 without its sign, which the caller puts
+ * into the codes (the quotient of |x| is >= +0, and E4M3 is sign-magnitude) */
+__device__ __forceinline__ float div_abs(float x, float s, float r) {
+    const float a = fabsf(x), t = a * r;
+    return fmaf(-fmaf(s, t, -a), r, t);
+}
+/* bit 7 of each byte: the signs of the 4 BF16 in lo, hi (element 0 = lo's low half), in order */
+__device__ __forceinline__ uint32_t signs4(uint32_t lo, uint32_t hi) { return __byte_perm(lo, hi, 0x7531); }
+
+/* 8 codes of v[0..7] under q, as 2 words: the same codes as encode_n under block_q's Q. sg: the
+ * elements' signs, bit 7 of each byte (other bits ignored; fp8_block's common path). */
+template <int R> __device__ __forceinline__ uint2 enc8(const Rule &q, const float v[8], uint2 sg) {
     constexpr int fmt = Traits<R>::fmt;
     uint32_t w[2];
     if constexpr (Traits<R>::kind == K_MX) {
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            w[j] = enc_x2<fmt>(v[4 * j] * q.f, v[4 * j + 1] * q.f) | enc_x2<fmt>(v[4 * j + 2] * q.f, v[4 * j + 3] * q.f) << 16;
-        if (q.mode == 0) w[0] = w[1] = q.konst * 0x01010101u;
+            w[j] = enc_x2<fmt>(v[4 * j] * q.a, v[4 * j + 1] * q.a) | enc_x2<fmt>(v[4 * j + 2] * q.a, v[4 * j + 3] * q.a) << 16;
+        if (!(q.a > 0.0f)) w[0] = w[1] = q.a == q.a ? 0u : 0x7F7F7F7Fu;
     } else {
-        encode_n<fmt, 8>(q, v, w);
+        float t[8];
+        if (q.b > 0.0f) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) t[i] = div_abs(v[i], q.a, q.b);
+            const uint32_t c0 = enc_x2<fmt>(t[0], t[1]) | enc_x2<fmt>(t[2], t[3]) << 16,
+                           c1 = enc_x2<fmt>(t[4], t[5]) | enc_x2<fmt>(t[6], t[7]) << 16;
+            return make_uint2(c0 | (sg.x & 0x80808080u), c1 | (sg.y & 0x80808080u));
+        } else if (q.b < 0.0f) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) t[i] = v[i] * q.a;
+        } else { /* a non-finite block divides by NaN here; its codes are replaced below */
+#pragma unroll
+            for (int i = 0; i < 8; i++) t[i] = __fdiv_rn(v[i], q.a);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            w[j] = enc_x2<fmt>(t[4 * j], t[4 * j + 1]) | enc_x2<fmt>(t[4 * j + 2], t[4 * j + 3]) << 16;
+        if (q.a != q.a) w[0] = w[1] = 0x7F7F7F7Fu;
     }
     return make_uint2(w[0], w[1]);
 }
@@ -136,16 +226,56 @@ __device__ __forceinline__ void put_scale8(const OutDesc &o, int64_t sr, int64_t
     if (o.swz) o.swz[dw_rule_swizzle_offset(sr, sc, o.scols)] = (uint8_t)s8;
 }
 
+/* Tile t's origin: tiles go in bands of p.group tile rows (the last band may be lower), column
+ * by column within a band (group 1: row by row), so that the tiles in flight at once cover
+ * p.group x (CTAs / p.group) tiles: runs of that many tiles in x's rows and in x^T's rows. */
+__device__ __forceinline__ void tile_origin(uint32_t t, const Params &p, int64_t *r0, int64_t *c0) {
+    const uint32_t tc = (uint32_t)p.tiles_c, g = (uint32_t)p.group, per = g * tc, band = t / per, in = t - band * per;
+    const uint32_t left = (uint32_t)(p.rows / TILE) - band * g, gh = g < left ? g : left;
+    *r0 = (int64_t)(band * g + in % gh) * TILE;
+    *c0 = (int64_t)(in / gh) * TILE;
+}
+
+/* Where a tile's codes go (dw_quant_tuning.t_store for this kernel): ST_REG straight from
+ * registers, 8 bytes per store (each warp store touches 4 rows, transposed 8 rows, of x's
+ * outputs; scales one byte or float at a time); ST_BULK and ST_V16 first into shared memory,
+ * written over the tile's own ring buffer once every consumer has read its piece (row-wise and
+ * transposed codes, 128 rows of 128 bytes each, and the tile's scales collected per row), then
+ * out as whole 128-byte rows: ST_BULK by bulk copies (one row per consumer thread; the buffer
+ * goes back to the producer when they have read it, checked at the next tile), ST_V16 by 16-byte
+ * stores (a warp writes 4 whole rows per store); scales 4 bytes per row (MX: the tile's 4 codes
+ * of a row; fp8_block: one float) and a 512-byte run of the swizzled copy. */
+enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3 };
+/* staged code rows: row r of a block at r * 128 + 32 (r / 8) (8-row groups shifted by 32 bytes,
+ * so that both the row-wise and the transposed 8-byte stores of a warp hit each bank twice, the
+ * least for 256 bytes); the transposed block follows the row-wise one */
+constexpr int OUT_BLOCK = TILE * 128 + 32 * (TILE / 8); /* 16896 bytes */
+constexpr int BK_STAGE_STAGED = 2 * OUT_BLOCK;          /* 33792: a ring buffer of the staged kernels */
+/* Defaults of the transposing kernel, from the H200 measurements in bench/RESULTS.md (2026-11-23):
+ * MX codes leave through 16-byte stores from a 4-deep ring (one CTA per SM fits; 2 CTAs x 3
+ * stages was slower), fp8_block's from registers with a 2-deep ring (2 CTAs per SM; its staged
+ * variants were slower); tiles row by row (bands changed nothing measurable). */
+template <int R> constexpr int bulk_store_default() { return Traits<R>::kind == K_MX ? ST_V16 : ST_REG; }
+template <int R> constexpr int bulk_stages_default(int store, bool three) {
+    return store == ST_REG || three ? 2 : store == ST_V16 && Traits<R>::kind == K_MX ? 4 : 3;
+}
+constexpr int BULK_GROUP_DEFAULT = 1;
+__device__ __forceinline__ uint32_t out_off(uint32_t r) { return r * 128u + 32u * (r >> 3); }
+
 /* One tile [r0 .. r0+128) x [c0 .. c0+128): this thread holds rows 8 tr .. 8 tr + 7, columns
  * 8 tc .. 8 tc + 7 of it in w[row] (8 BF16 each). Lanes: tc = lane % 8 + 8 (warp % 2), tr =
  * lane / 8 + 4 (warp / 2), so a warp covers 32 rows x 64 columns: an MX block of a row is 4
  * neighbouring lanes (xor 1, 2), an MX block of a column the 4 lanes lane % 8 (xor 8, 16).
- * fp8_block's 128-blocks add the partner warps through part_r / part_c (one consumer barrier). */
-template <int R>
+ * fp8_block's 128-blocks add the partner warps through part_r / part_c (one consumer barrier).
+ * Staged (ST != ST_REG): codes go to stg (the tile's ring buffer: every consumer must be past its
+ * loads, which the caller's or fp8_block's barrier ensures), scales to scs ([0, 128): row r's,
+ * [128, 256): transposed row r's; MX: byte b = block column b of the tile). */
+template <int R, int ST>
 __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c0, const uint4 (&w)[8], int lane,
-                                          int cw, uint32_t (*part_r)[TILE / 2], uint32_t (*part_c)[TILE / 2]) {
+                                          int cw, uint32_t (*part_r)[TILE / 2], uint32_t (*part_c)[TILE / 2],
+                                          unsigned char *stg, uint32_t *scs) {
     constexpr int kind = Traits<R>::kind;
-    constexpr bool mx = kind == K_MX;
+    constexpr bool mx = kind == K_MX, staged = ST != ST_REG;
     const int tc = (lane & 7) + 8 * (cw & 1), tr = (lane >> 3) + 4 * (cw >> 1);
     /* amax: rows packed in pairs (row 2i low half, 2i+1 high), columns packed as in the data */
     uint32_t rm[4], cm[4];
@@ -178,6 +308,8 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
             c.x = vmax2(c.x, d.x), c.y = vmax2(c.y, d.y), c.z = vmax2(c.z, d.z), c.w = vmax2(c.w, d.w);
         }
         cm[0] = c.x, cm[1] = c.y, cm[2] = c.z, cm[3] = c.w;
+    } else if constexpr (staged) {
+        consumers_sync(); /* every consumer has read its piece: the buffer takes the codes */
     }
     /* Block rules, each computed by one lane and broadcast. Rows: G lanes share 8 rows, lane
      * lane % G takes rows RPL (lane % G) .. +RPL-1. Columns: the 4 lanes lane % 8 share 8 columns,
@@ -187,58 +319,136 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     /* packed amax pairs this lane rules (selects, not run-time indexing: that would go to local memory) */
     const uint32_t rpk = pick4(rm, mx ? gl : gl >> 1), cpk = pick4(cm, q4);
     const uint32_t orb = (uint32_t)p.o.row_bytes, trb = (uint32_t)p.t.row_bytes;
-    Q qr[RPL], qc[2];
+    Rule qr[RPL], qc[2];
 #pragma unroll
     for (int s = 0; s < RPL; s++) {
         const int k = RPL * gl + s;
         float s32 = 0.0f;
         uint32_t s8 = 0;
-        qr[s] = block_q<R>(amax_f32(rpk, mx ? s : gl & 1), 0.0f, p, &s32, &s8);
-        const int64_t r = r0 + 8 * tr + k;
-        if constexpr (mx) put_scale8(p.o, r, (c0 >> 5) + (tc >> 2), s8);
-        else if ((cw & 1) == 0) static_cast<float *>(p.o.scales)[r * p.o.scols + (c0 >> 7)] = s32;
+        qr[s] = bulk_rule<R>(amax_f32(rpk, mx ? s : gl & 1), p, &s32, &s8);
+        if constexpr (staged) {
+            if constexpr (mx) reinterpret_cast<uint8_t *>(scs)[4 * (8 * tr + k) + (tc >> 2)] = (uint8_t)s8;
+            else if ((cw & 1) == 0) reinterpret_cast<float *>(scs)[8 * tr + k] = s32;
+        } else {
+            const int64_t r = r0 + 8 * tr + k;
+            if constexpr (mx) put_scale8(p.o, r, (c0 >> 5) + (tc >> 2), s8);
+            else if ((cw & 1) == 0) static_cast<float *>(p.o.scales)[r * p.o.scols + (c0 >> 7)] = s32;
+        }
     }
 #pragma unroll
     for (int s = 0; s < 2; s++) {
         const int j = 2 * q4 + s;
         float s32 = 0.0f;
         uint32_t s8 = 0;
-        qc[s] = block_q<R>(amax_f32(cpk, s), 0.0f, p, &s32, &s8);
-        const int64_t cg = c0 + 8 * tc + j;
-        if constexpr (mx) put_scale8(p.t, cg, (r0 >> 5) + (tr >> 2), s8);
-        else if ((cw >> 1) == 0) static_cast<float *>(p.t.scales)[cg * p.t.scols + (r0 >> 7)] = s32;
+        qc[s] = bulk_rule<R>(amax_f32(cpk, s), p, &s32, &s8);
+        if constexpr (staged) {
+            if constexpr (mx) reinterpret_cast<uint8_t *>(scs + TILE)[4 * (8 * tc + j) + (tr >> 2)] = (uint8_t)s8;
+            else if ((cw >> 1) == 0) reinterpret_cast<float *>(scs)[TILE + 8 * tc + j] = s32;
+        } else {
+            const int64_t cg = c0 + 8 * tc + j;
+            if constexpr (mx) put_scale8(p.t, cg, (r0 >> 5) + (tr >> 2), s8);
+            else if ((cw >> 1) == 0) static_cast<float *>(p.t.scales)[cg * p.t.scols + (r0 >> 7)] = s32;
+        }
     }
     /* row-wise codes: row k, 8 bytes at column c0 + 8 tc */
     uint8_t *const ob = p.o.codes + (r0 + 8 * tr) * p.o.row_bytes + c0 + 8 * tc;
+    unsigned char *const sob = stg + out_off(8 * tr) + 8 * tc;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        const Q q = shfl_q<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
+        const Rule q = shfl_rule<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = elem(w[k], j);
-        __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v));
+        const uint2 sg = make_uint2(signs4(w[k].x, w[k].y), signs4(w[k].z, w[k].w));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = enc8<R>(q, v, sg);
+        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v, sg));
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
     uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
+    unsigned char *const stb = stg + OUT_BLOCK + out_off(8 * tc) + 8 * tr;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const Q q = shfl_q<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
+        const Rule q = shfl_rule<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = elem(w[k], j);
-        __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v));
+        /* signs of column j: pairs of rows' sign bytes of columns j & ~1, j | 1, then this column's */
+        uint32_t pr[4];
+#pragma unroll
+        for (int m = 0; m < 4; m++) pr[m] = signs4(word(w[2 * m], j >> 1), word(w[2 * m + 1], j >> 1));
+        const uint32_t sel = (j & 1) ? 0x7531u : 0x6420u;
+        const uint2 sg = make_uint2(__byte_perm(pr[0], pr[1], sel), __byte_perm(pr[2], pr[3], sel));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = enc8<R>(q, v, sg);
+        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v, sg));
     }
 }
 
-template <int R>
-__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_t *__restrict__ x, Params p,
-                                                                   int64_t ntiles, int stages) {
-    extern __shared__ __align__(128) unsigned char smem[]; /* stages tiles, then 2 x stages mbarriers */
+/* The staged tile out of shared memory (after the consumer barrier that follows bulk_tile):
+ * consumer thread tid takes row tid % 128 of the row-wise (tid < 128) or transposed block:
+ * ST_BULK: one lane of each warp copies its warp's 32 rows (128 codes each) in one bulk group;
+ * ST_V16: chunks tid + 256 i (i < 8) of the 2048 16-byte chunks of both blocks. Then the row's
+ * scales (4 bytes) and, MX with a swizzled copy, threads 0-31 / 128-159 one 16-byte piece of the
+ * tile's 512-byte run in cuBLAS's 128x4 layout. */
+template <int R, int ST>
+__device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t c0, const unsigned char *stg,
+                                           const uint32_t *scs, int tid) {
+    constexpr bool mx = Traits<R>::kind == K_MX;
+    const bool side = tid >= TILE; /* the transposed block */
+    const uint32_t u = (uint32_t)tid & (TILE - 1);
+    /* the output this thread's row belongs to (fields chosen one by one: a run-time choice of
+     * the whole descriptor would copy the parameters to local memory) */
+    void *const scales = side ? p.t.scales : p.o.scales;
+    uint8_t *const swz = side ? p.t.swz : p.o.swz;
+    const int64_t scols = side ? p.t.scols : p.o.scols;
+    const int64_t rb = side ? c0 : r0, cb = side ? r0 : c0; /* the tile's origin in that output's [R, C] */
+    if constexpr (ST == ST_BULK) { /* warp w's 32 rows, issued by one lane with warp-uniform operands */
+        const int w = warp_uniform();
+        const bool wside = w >= 4;
+        const uint32_t u0 = 32u * (uint32_t)(w & 3);
+        if (elect_one()) {
+            uint8_t *const wcodes = wside ? p.t.codes : p.o.codes;
+            const int64_t wrb = wside ? c0 : r0, wcb = wside ? r0 : c0, wrow = wside ? p.t.row_bytes : p.o.row_bytes;
+            const unsigned char *src = stg + (wside ? OUT_BLOCK : 0);
+#pragma unroll 4
+            for (uint32_t i = u0; i < u0 + 32; i++) bulk_s2g(wcodes + (wrb + i) * wrow + wcb, src + out_off(i), 128);
+            bulk_commit();
+        }
+        __syncwarp();
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) { /* chunk 256 (i % 4) + tid of block i / 4: row chunk / 8, bytes 16 (chunk % 8) */
+            const uint32_t c = (uint32_t)(256 * (i & 3) + tid), row = c >> 3, ch = c & 7u;
+            const uint4 v = *reinterpret_cast<const uint4 *>(stg + (i >> 2) * OUT_BLOCK + out_off(row) + 16 * ch);
+            uint8_t *dst = i < 4 ? p.o.codes + (r0 + row) * p.o.row_bytes + c0 : p.t.codes + (c0 + row) * p.t.row_bytes + r0;
+            __stcs(reinterpret_cast<uint4 *>(dst + 16 * ch), v);
+        }
+    }
+    if constexpr (mx) {
+        *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(scales) + (rb + u) * scols + (cb >> 5)) = scs[tid];
+        if (swz && u < 32) {
+            const uint32_t *sc = scs + (side ? TILE : 0);
+            *reinterpret_cast<uint4 *>(swz + dw_rule_swizzle_offset(rb, cb >> 5, scols) + 16 * u) =
+                make_uint4(sc[u], sc[u + 32], sc[u + 64], sc[u + 96]);
+        }
+    } else {
+        static_cast<float *>(scales)[(rb + u) * scols + (cb >> 7)] = reinterpret_cast<const float *>(scs)[tid];
+    }
+}
+
+template <int R, int ST, int MINB = 2> /* MINB CTAs per SM: 2, or 3 (72 registers, some spilled) */
+__global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __grid_constant__ CUtensorMap tx,
+                                                                      const uint16_t *__restrict__ x, Params p,
+                                                                      int64_t ntiles, int stages) {
+    constexpr bool staged = ST != ST_REG;
+    constexpr uint32_t stage_bytes = staged ? BK_STAGE_STAGED : BK_TILE;
+    extern __shared__ __align__(128) unsigned char smem[];
+    /* stages buffers from the first 128-byte boundary (tensor copies need it), then 2 x stages mbarriers */
+    unsigned char *const ring = smem + ((128u - (smem_addr(smem) & 127u)) & 127u);
     __shared__ __align__(16) uint32_t part_r[2][2][TILE / 2]; /* [tile parity][warp % 2][row pair] */
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
-    uint64_t *const full = ring_init(smem, stages), *const empty = full + stages;
+    __shared__ __align__(16) uint32_t scs[staged ? 2 * TILE : 1]; /* staged scales (bulk_tile) */
+    uint64_t *const full = ring_init(ring, stages, stage_bytes), *const empty = full + stages;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const uint32_t tiles_c = (uint32_t)p.tiles_c; /* tile t is row block t / tiles_c, column block t % tiles_c */
     if (warp == BK_CONS / 32) { /* producer: the n-th tile goes to buffer n % stages once it is free */
         int s = 0;
         uint32_t ph = 0; /* parity of the ring's round */
@@ -247,34 +457,60 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_
                 if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
                 __syncwarp();
             }
-            if (lane == 0) mbar_arrive_tx(&full[s], BK_TILE);
-            __syncwarp();
-            const int64_t r0 = (int64_t)(tile / tiles_c) * TILE, c0 = (int64_t)(tile % tiles_c) * TILE;
-            unsigned char *buf = smem + (size_t)s * BK_TILE;
-#pragma unroll
-            for (int k = 0; k < TILE / 32; k++) {
-                const int rr = 32 * k + lane;
-                bulk_g2s(buf + rr * BK_ROW, x + (r0 + rr) * p.cols + c0, BK_ROW, &full[s]);
+            if (elect_one()) { /* one lane: the tile in one tensor copy, or 128 row copies */
+                mbar_arrive_tx(&full[s], BK_TILE);
+                int64_t r0, c0;
+                tile_origin(tile, p, &r0, &c0);
+                unsigned char *buf = ring + (size_t)s * stage_bytes;
+                if (p.tma_in) {
+                    tma_load_2d(buf, &tx, (int)c0, (int)r0, &full[s]);
+                } else {
+                    const uint16_t *src = x + r0 * p.cols + c0;
+#pragma unroll 4
+                    for (int rr = 0; rr < TILE; rr++) bulk_g2s(buf + rr * BK_ROW, src + rr * p.cols, BK_ROW, &full[s]);
+                }
             }
+            __syncwarp();
             if (++s == stages) s = 0, ph ^= 1u;
         }
         return;
     }
     const int tc = (lane & 7) + 8 * (warp & 1), tr = (lane >> 3) + 4 * (warp >> 1);
-    int s = 0;
+    int s = 0, sp = 0; /* this tile's buffer, the previous tile's */
     uint32_t ph = 0;
     for (uint32_t tile = blockIdx.x, n = 0; tile < (uint32_t)ntiles; tile += gridDim.x, n++) {
         mbar_wait(&full[s], ph);
-        const unsigned char *buf = smem + (size_t)s * BK_TILE;
+        unsigned char *buf = ring + (size_t)s * stage_bytes;
         uint4 w[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) w[k] = *reinterpret_cast<const uint4 *>(buf + (8 * tr + k) * BK_ROW + 16 * tc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
+        if constexpr (ST == ST_REG) { /* the buffer is free as soon as the warp has its pieces */
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+        } else if constexpr (ST == ST_BULK) { /* the previous tile's buffer, once its bulk copies read it */
+            if (n > 0) {
+                bulk_wait_read();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[sp]);
+            }
+        }
+        int64_t r0, c0;
+        tile_origin(tile, p, &r0, &c0);
+        bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, scs);
+        if constexpr (staged) {
+            if constexpr (ST == ST_BULK) fence_proxy_async(); /* the codes, before the bulk copies read them */
+            consumers_sync();
+            flush_tile<R, ST>(p, r0, c0, buf, scs, tid);
+            if constexpr (ST == ST_V16) { /* read back: the buffer is free (the producer writes it by bulk copy) */
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[s]);
+            }
+        }
+        sp = s;
         if (++s == stages) s = 0, ph ^= 1u;
-        const int64_t r0 = (int64_t)(tile / tiles_c) * TILE, c0 = (int64_t)(tile % tiles_c) * TILE;
-        bulk_tile<R>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1]);
     }
+    if constexpr (ST == ST_BULK) bulk_wait_all(); /* the shared source must outlive the copies */
 }
 
 /* Row-wise only (cols a multiple of the block): the tensor as a flat run of 8-element chunks,
@@ -284,7 +520,8 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_kernel(const uint16_
 constexpr int64_t BK_STAGE_CHUNKS = BK_TILE / 16;
 
 template <int R>
-__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const uint16_t *__restrict__ x, Params p,
+__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __grid_constant__ CUtensorMap,
+                                                                        const uint16_t *__restrict__ x, Params p,
                                                                         int64_t nchunks, int stages) {
     constexpr int B = Traits<R>::B, L = B / 8; /* lanes per block: 4 (MX) or 16 (fp8_block) */
     constexpr bool mx = Traits<R>::kind == K_MX;
@@ -337,13 +574,13 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const ui
         constexpr int CPL = mx ? 2 : 1;
         const int gl = lane & (L - 1);
         const uint32_t apk = pick4(am, mx ? gl : (gl >> 1) & 3);
-        Q qs[CPL];
+        Rule qs[CPL];
 #pragma unroll
         for (int c = 0; c < CPL; c++) {
             const int i = mx ? 2 * gl + c : gl; /* chunk index of this stage's 8 (fp8_block: valid when gl < 8) */
             float s32 = 0.0f;
             uint32_t s8 = 0;
-            qs[c] = block_q<R>(amax_f32(apk, mx ? c : gl & 1), 0.0f, p, &s32, &s8);
+            qs[c] = bulk_rule<R>(amax_f32(apk, mx ? c : gl & 1), p, &s32, &s8);
             const int64_t g = g0 + i * BK_CONS + tid;
             if ((mx || gl < 8) && g < nchunks) {
                 const int64_t si = g * 8 / B;
@@ -358,25 +595,28 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const ui
         uint2 *codes = reinterpret_cast<uint2 *>(p.o.codes) + g0 + tid;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const Q q = shfl_q<R>(qs[i % CPL], (lane & ~(L - 1)) | (i / CPL));
+            const Rule q = shfl_rule<R>(qs[i % CPL], (lane & ~(L - 1)) | (i / CPL));
             float v[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) v[j] = elem(w[i], j);
-            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v));
+            const uint2 sg = make_uint2(signs4(w[i].x, w[i].y), signs4(w[i].z, w[i].w));
+            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v, sg));
         }
     }
 }
 
 /* Either ring kernel k over `work` units (tiles or stages; n is the kernel's count argument):
- * a persistent grid of at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all. */
-using ring_kernel = void (*)(const uint16_t *, Params, int64_t, int);
-dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, const uint16_t *x,
-                      const Params &p, int64_t work, int64_t n, int stages, int ctas_per_sm, int max_ctas,
-                      cudaStream_t st) {
+ * a persistent grid of at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all;
+ * dynamic shared memory: the ring, its barriers and `align` bytes of slack for the kernel to align
+ * the ring. */
+using ring_kernel = void (*)(const CUtensorMap, const uint16_t *, Params, int64_t, int);
+dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, const CUtensorMap &tx,
+                      const uint16_t *x, const Params &p, int64_t work, int64_t n, int stages, size_t stage_bytes,
+                      size_t align, int ctas_per_sm, int max_ctas, cudaStream_t st) {
     if (work > 0x7FFFFFFFLL)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
                             (long long)p.rows, (long long)p.cols);
-    const size_t smem = (size_t)stages * BK_TILE + 2 * (size_t)stages * sizeof(uint64_t);
+    const size_t smem = (size_t)stages * stage_bytes + 2 * (size_t)stages * sizeof(uint64_t) + align;
     int sms = 0, per_sm = 0;
     DW_TRY(kernel_fit(ctx, (const void *)k, BK_THREADS, smem, cache, &sms, &per_sm));
     if (per_sm < 1)
@@ -386,22 +626,70 @@ dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)
     int64_t grid = (int64_t)sms * per_sm;
     if (max_ctas > 0 && max_ctas < grid) grid = max_ctas;
     if (grid > work) grid = work;
-    k<<<(unsigned)grid, BK_THREADS, smem, st>>>(x, p, n, stages);
+    k<<<(unsigned)grid, BK_THREADS, smem, st>>>(tx, x, p, n, stages);
     DW_CUDA_CHECK_LAUNCH(ctx, dw_recipe_name(r));
     return DW_OK;
 }
 
-template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p, bool trans, int stages,
-                                         int ctas_per_sm, int max_ctas, cudaStream_t st) {
-    static std::atomic<uint64_t> cache_t[16], cache_r[16];
+/* The tensor map of x [rows, cols] (16-bit elements, row-major, 16-byte aligned, cols a multiple
+ * of 8) in 128x128 boxes without swizzle: the producer's one-copy tile loads. False where the
+ * driver offers no encoder or refuses the map (the producer then copies row by row). */
+bool make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
+    static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> enc{nullptr};
+    PFN_cuTensorMapEncodeTiled_v12000 fn = enc.load(std::memory_order_relaxed);
+    if (!fn) {
+        void *q = nullptr;
+        cudaDriverEntryPointQueryResult res;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &q, 12000, cudaEnableDefault, &res) !=
+                cudaSuccess ||
+            res != cudaDriverEntryPointSuccess || !q)
+            return false;
+        fn = (PFN_cuTensorMapEncodeTiled_v12000)q;
+        enc.store(fn, std::memory_order_relaxed);
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
+    const cuuint32_t box[2] = {TILE, TILE}, es[2] = {1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)x, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+           CUDA_SUCCESS;
+}
+
+/* Whether the staged stores can write p's outputs: 16-byte aligned codes (and swizzled copies),
+ * 4-byte aligned scale rows. */
+bool staged_ok(const Params &p) {
+    const void *ptrs[] = {p.o.codes, p.t.codes, p.o.swz, p.t.swz};
+    for (const void *q : ptrs)
+        if ((uintptr_t)q % 16 != 0) return false;
+    return (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
+}
+
+template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p_in, bool trans, int store,
+                                         int load, int group, int stages, int ctas_per_sm, int max_ctas,
+                                         cudaStream_t st) {
+    static std::atomic<uint64_t> cache_t[2][3][16], cache_r[16]; /* [3 CTAs][store - 1] */
+    CUtensorMap tx;
+    memset(&tx, 0, sizeof tx);
+    Params p = p_in;
+    p.tma_in = false;
     if (trans) {
+        p.tma_in = load != 1 && make_x_map(&tx, x, p.rows, p.cols);
+        p.group = group ? group : BULK_GROUP_DEFAULT;
         const int64_t tiles = p.rows / TILE * p.tiles_c;
-        return launch_ring(ctx, quant_bulk_kernel<R>, cache_t, (dw_recipe)R, x, p, tiles, tiles, stages, ctas_per_sm,
-                           max_ctas, st);
+        if (store == 0) store = bulk_store_default<R>();
+        if (store != ST_REG && !staged_ok(p)) store = ST_REG;
+        /* 3 or more CTAs per SM asked for: the kernels built for 3 (72 registers; 2 stages fit) */
+        const bool three = ctas_per_sm >= 3;
+        if (stages == 0) stages = bulk_stages_default<R>(store, three);
+        static const ring_kernel ks[2][3] = {
+            {quant_bulk_kernel<R, ST_REG>, quant_bulk_kernel<R, ST_BULK>, quant_bulk_kernel<R, ST_V16>},
+            {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>}};
+        return launch_ring(ctx, ks[three][store - 1], cache_t[three][store - 1], (dw_recipe)R, tx, x, p, tiles, tiles,
+                           stages, store == ST_REG ? BK_TILE : BK_STAGE_STAGED, 128, ctas_per_sm, max_ctas, st);
     }
     const int64_t nchunks = p.rows * p.cols / 8;
-    return launch_ring(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, x, p,
-                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages, ctas_per_sm, max_ctas, st);
+    return launch_ring(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, tx, x, p,
+                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages ? stages : 3, BK_TILE, 0,
+                       ctas_per_sm, max_ctas, st);
 }
 
 } /* namespace */
@@ -413,13 +701,19 @@ bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans) {
     return p.rows % TILE == 0 && p.cols % TILE == 0 && p.t.codes && (uintptr_t)p.t.codes % 8 == 0;
 }
 
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int stages,
-                      int ctas_per_sm, int max_ctas, cudaStream_t st) {
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int store, int load,
+                      int group, int stages, int ctas_per_sm, int max_ctas, cudaStream_t st) {
+    if (store < 0 || store > 3 || load < 0 || load > 2 || group < 0 || group > 64 ||
+        (stages != 0 && (stages < 2 || stages > 6)))
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s: bulk store %d, load %d, group %d or stages %d out of range",
+                            dw_recipe_name(r), store, load, group, stages);
     switch (r) {
-    case DW_RECIPE_MXFP8: return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_MXFP8:
+        return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
     case DW_RECIPE_MXFP8_E5M2:
-        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
-    case DW_RECIPE_FP8_BLOCK: return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, stages, ctas_per_sm, max_ctas, st);
+        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_FP8_BLOCK:
+        return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
     default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: no bulk-copy kernel", dw_recipe_name(r));
     }
 }

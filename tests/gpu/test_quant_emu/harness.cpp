@@ -1,7 +1,10 @@
 // harness.cpp — runs quant_bulk.cu's two ring kernels under the host CUDA emulator
 // (tests/common/cuda_emu, extended by run.sh) and compares every byte of codes, scales and swizzled
 // scales with the CPU reference: transposed tiles and row-wise runs, mxfp8 / mxfp8_e5m2 /
-// fp8_block, rceil and floor+pow2, specials, ragged last stages, ring depths 2..6, capped grids.
+// fp8_block, rceil and floor+pow2, specials, ragged last stages, ring depths 2..6, capped grids,
+// the transposed kernel's three ways out for the codes (registers, staged + bulk copies, staged +
+// 16-byte stores; bulk copies left unwaited at the end of a launch fail the case), tiles loaded by
+// row copies or by one tensor-map copy, tile orders in bands of 1..3 tile rows.
 // Checks indexing, ring and barrier logic off the GPU; not the PTX instructions themselves (the
 // shim stands in for them) and not speed. Fresh random data per run (DW_TEST_SEED replays).
 #include "shim.h"
@@ -16,6 +19,7 @@ extern "C" {
 
 int g_emu_sms = 2;
 std::map<const void *, EmuBar> g_bars;
+std::map<unsigned, std::vector<EmuPending>> g_pending;
 int g_emu_bar_count = 0, g_emu_bar_gen = 0;
 
 using namespace dwq;
@@ -58,12 +62,12 @@ static int cmp(const char *what, const uint8_t *a, const uint8_t *b, size_t n, c
     return 0;
 }
 
-static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool swz, bool pow2, int kind, int stages, int cps,
-               int maxc) {
-    char label[200];
-    snprintf(label, sizeof label, "%s [%lld,%lld]%s%s%s kind=%d stages=%d cps=%d max=%d", dw_recipe_name(r),
-             (long long)rows, (long long)cols, trans ? " +T" : "", swz ? " swz" : "", pow2 ? " pow2/floor" : "", kind,
-             stages, cps, maxc);
+static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool swz, bool pow2, int kind, int store,
+               int load, int group, int stages, int cps, int maxc) {
+    char label[220];
+    snprintf(label, sizeof label, "%s [%lld,%lld]%s%s%s kind=%d store=%d load=%d group=%d stages=%d cps=%d max=%d",
+             dw_recipe_name(r), (long long)rows, (long long)cols, trans ? " +T" : "", swz ? " swz" : "",
+             pow2 ? " pow2/floor" : "", kind, store, load, group, stages, cps, maxc);
     const int64_t n = rows * cols;
     std::vector<uint16_t> xb(n);
     std::vector<float> xf(n);
@@ -100,8 +104,9 @@ static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool swz, bo
     p.o = desc(r, dc, ds, dz, rows, cols);
     if (trans) p.t = desc(r, dtc, dts, dtz, cols, rows);
     if (!bulk_eligible(r, p, dx, trans)) { fprintf(stderr, "not eligible: %s\n", label); abort(); }
-    if (launch_bulk(NULL, r, dx, p, trans, stages, cps, maxc, NULL) != DW_OK) { fprintf(stderr, "launch: %s\n", dw_errmsg(NULL)); abort(); }
+    if (launch_bulk(NULL, r, dx, p, trans, store, load, group, stages, cps, maxc, NULL) != DW_OK) { fprintf(stderr, "launch: %s\n", dw_errmsg(NULL)); abort(); }
     int bad = 0;
+    if (emu_bulk_pending()) { fprintf(stderr, "bulk stores not waited for: %s\n", label); bad++; g_pending.clear(); }
     bad += cmp("codes", dc, qc.data(), cn, label);
     bad += cmp("scales", ds, qs.data(), sn, label);
     for (int i = 0; i < 64; i++) if (dc[cn + i] != 0xA5 || ds[sn + i] != 0xA5) { fprintf(stderr, "overrun %s\n", label); bad++; break; }
@@ -135,13 +140,18 @@ int main() {
         for (int v = 0; v < 4; v++) {
             for (auto &sh : tshapes) {
                 bool swz = r != DW_RECIPE_FP8_BLOCK && (v & 1);
-                bad += run(r, sh[0], sh[1], true, swz, v & 2, (v + (int)sh[0] / 128) % 3, 2 + (int)(rng() % 5),
-                           (int)(rng() % 3), (rng() % 2) ? 1 + (int)(rng() % 3) : 0);
-                cases++;
+                for (int store = 1; store <= 3; store++) {
+                    const int cps = (int)(rng() % 4); /* 3: the kernels built for 3 CTAs per SM */
+                    bad += run(r, sh[0], sh[1], true, swz, v & 2, (v + (int)sh[0] / 128) % 3, store, 1 + (int)(rng() % 2),
+                               (int)(rng() % 4),
+                               cps == 3 ? 2 : 2 + (int)(rng() % 5), cps,
+                               (rng() % 2) ? 1 + (int)(rng() % 3) : 0);
+                    cases++;
+                }
             }
             for (auto &sh : rshapes) {
                 bool swz = r != DW_RECIPE_FP8_BLOCK && (v & 1);
-                bad += run(r, sh[0], sh[1], false, swz, v & 2, (v + (int)sh[0]) % 3, 2 + (int)(rng() % 5),
+                bad += run(r, sh[0], sh[1], false, swz, v & 2, (v + (int)sh[0]) % 3, 0, 0, 0, 2 + (int)(rng() % 5),
                            (int)(rng() % 3), (rng() % 2) ? 1 + (int)(rng() % 3) : 0);
                 cases++;
             }

@@ -1,7 +1,10 @@
 /* shim.h — host stand-ins, for the emulator run of quant_bulk.cu (run.sh), of what it uses beyond
  * tests/common/cuda_emu: vector types and intrinsics, launch queries, and the PTX helpers that
  * transform.py swaps in (mbarrier with its phase and byte count, bulk copy as memcpy, a named
- * barrier of the consumer warps, max.u16x2, FP8 pair conversion through formats.h's encoders). */
+ * barrier of the consumer warps, max.u16x2, FP8 pair conversion through formats.h's encoders).
+ * A tensor map is the emulator's own record of x's base and shape (make_x_map's stand-in), its
+ * box copy a loop of row copies. A bulk store (shared -> global) is only queued: it reads shared memory when its thread waits
+ * for its groups, the latest a GPU may, so that a buffer reused before that wait is caught. */
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
@@ -10,6 +13,7 @@
 #include <math.h>
 #include <algorithm>
 #include <map>
+#include <vector>
 #include "cuda_runtime.h"
 extern "C" {
 #include "formats/formats.h"
@@ -27,6 +31,8 @@ static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4);
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float __frcp_rn(float x) { volatile float one = 1.0f; return one / x; }
 static inline float __fdiv_rn(float a, float b) { volatile float q = a / b; return q; }
+static inline float __fmul_rn(float a, float b) { volatile float q = a * b; return q; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned)v); }
 static inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
@@ -50,7 +56,7 @@ extern int g_emu_sms;
 static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) { *v = g_emu_sms; return cudaSuccess; }
 static inline cudaError_t cudaFuncSetAttribute(const void *, int, int) { return cudaSuccess; }
 static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, int, size_t smem) {
-    *n = smem <= 113 * 1024 ? 2 : smem <= 227 * 1024 ? 1 : 0;
+    *n = smem <= 72 * 1024 ? 3 : smem <= 113 * 1024 ? 2 : smem <= 227 * 1024 ? 1 : 0;
     return cudaSuccess;
 }
 
@@ -61,7 +67,14 @@ static inline void emu_bar_check(EmuBar &b) {
     if (b.pending == 0 && b.tx == 0) { b.phase++; b.pending = b.expected; }
 }
 static inline void emu_mbar_init(uint64_t *p, uint32_t count) { g_bars[p] = EmuBar{(int)count, (int)count, 0, 0}; }
-static inline void emu_mbar_arrive(uint64_t *p) { EmuBar &b = g_bars.at(p); if (--b.pending < 0) abort(); emu_bar_check(b); }
+/* an arrival lets the others run at once (a waiting producer refills the buffer before the
+ * arriving thread goes on: a buffer released too early is caught) */
+static inline void emu_mbar_arrive(uint64_t *p) {
+    EmuBar &b = g_bars.at(p);
+    if (--b.pending < 0) abort();
+    emu_bar_check(b);
+    dw_emu_yield();
+}
 static inline void emu_mbar_arrive_tx(uint64_t *p, uint32_t bytes) {
     EmuBar &b = g_bars.at(p); b.tx += bytes; if (--b.pending < 0) abort(); emu_bar_check(b);
 }
@@ -86,4 +99,40 @@ static inline uint32_t emu_vmax2(uint32_t a, uint32_t b) {
 static inline uint32_t emu_e4m3x2(float lo, float hi) { return dw_encode_e4m3(lo) | (uint32_t)dw_encode_e4m3(hi) << 8; }
 static inline uint32_t emu_e5m2x2(float lo, float hi) {
     return dw_encode_e5m2(lo, true) | (uint32_t)dw_encode_e5m2(hi, true) << 8;
+}
+
+/* bulk stores pending per thread of the running block (blocks run one after another) */
+struct EmuPending { void *dst; const void *src; uint32_t bytes; };
+extern std::map<unsigned, std::vector<EmuPending>> g_pending;
+static inline void emu_bulk_s2g(void *dst, const void *src, uint32_t bytes) {
+    if (bytes % 16 || (uintptr_t)dst % 16 || (uintptr_t)src % 16) { fprintf(stderr, "bulk store misaligned\n"); abort(); }
+    g_pending[threadIdx.x].push_back(EmuPending{dst, src, bytes});
+}
+static inline void emu_bulk_wait(void) {
+    for (int i = 0; i < 8 && !g_pending[threadIdx.x].empty(); i++) dw_emu_yield(); /* a slow copy engine */
+    std::vector<EmuPending> &q = g_pending[threadIdx.x];
+    for (const EmuPending &e : q) memcpy(e.dst, e.src, e.bytes);
+    q.clear();
+}
+static inline size_t emu_bulk_pending(void) {
+    size_t n = 0;
+    for (auto &kv : g_pending) n += kv.second.size();
+    return n;
+}
+
+/* tensor maps: x [rows, cols] of 16-bit elements in 128x128 boxes */
+#define __grid_constant__
+struct alignas(64) CUtensorMap { const uint16_t *base; int64_t rows, cols; char pad[104]; };
+static inline bool emu_make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
+    if ((uintptr_t)x % 16 || (cols * 2) % 16) return false;
+    m->base = x, m->rows = rows, m->cols = cols;
+    return true;
+}
+static inline void emu_tma_load_2d(void *dst, const CUtensorMap *m, int c0, int r0, uint64_t *p) {
+    if ((uintptr_t)dst % 128 || c0 + 128 > m->cols || r0 + 128 > m->rows || c0 < 0 || r0 < 0) {
+        fprintf(stderr, "tensor copy out of bounds or misaligned\n");
+        abort();
+    }
+    for (int r = 0; r < 128; r++) memcpy((char *)dst + 256 * r, m->base + (int64_t)(r0 + r) * m->cols + c0, 256);
+    EmuBar &b = g_bars.at(p); b.tx -= 128 * 256; if (b.tx < 0) { fprintf(stderr, "tx negative\n"); abort(); } emu_bar_check(b);
 }

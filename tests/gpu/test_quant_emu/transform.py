@@ -31,9 +31,14 @@ b = open(os.path.join(src, 'quant_bulk.cu')).read()
 for name, body in [('mbar_init', 'emu_mbar_init(b, count);'), ('mbar_arrive', 'emu_mbar_arrive(b);'),
                    ('mbar_arrive_tx', 'emu_mbar_arrive_tx(b, bytes);'), ('mbar_wait', 'emu_mbar_wait(b, parity);'),
                    ('bulk_g2s', 'emu_bulk(dst, src, bytes, b);'), ('consumers_sync', 'emu_named_bar(BK_CONS);'),
-                   ('vmax2', 'return emu_vmax2(a, b);')]:
+                   ('vmax2', 'return emu_vmax2(a, b);'), ('bulk_s2g', 'emu_bulk_s2g(dst, src, bytes);'),
+                   ('bulk_commit', ''), ('bulk_wait_read', 'emu_bulk_wait();'), ('bulk_wait_all', 'emu_bulk_wait();'),
+                   ('fence_proxy_async', ''), ('elect_one', 'return dw_emu_lane() == 0;'),
+                   ('tma_load_2d', 'emu_tma_load_2d(dst, map, c0, r0, b);'),
+                   ('make_x_map', 'return emu_make_x_map(m, x, rows, cols);')]:
     b = replace_body(b, name, body)
 b = b.replace('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', '')
+b = b.replace('#include <cudaTypedefs.h>', '')  # shim.h has the tensor-map type
 b = b.replace('extern __shared__ __align__(128) unsigned char smem[];',
               'unsigned char *smem = (unsigned char *)dw_emu_dyn_smem;')
 if 'asm' in b:
