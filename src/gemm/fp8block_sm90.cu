@@ -8,8 +8,10 @@
 // loads of A, B and, for per-column B scales, a K-block-major copy of them into a STAGES-deep ring
 // guarded by full/empty mbarriers; setmaxnreg gives its registers to the consumers); NC consumer
 // warpgroups own 64 rows each of a (64 NC)x128 tile and read their rows' A scales with ld.global
-// one K tile ahead. With CL = 2, two CTAs of a cluster take vertically adjacent tiles and each
-// loads half of the shared B tile, multicast to both (half the L2 reads of B).
+// one K tile ahead, or (SSM) from the slot, where a second producer warp copies them with cp.async.
+// With PIPE = 2 a consumer takes K tiles in pairs, the second's wgmmas running during the first's
+// promotion. With CL = 2, two CTAs of a cluster take vertically adjacent tiles and each loads half
+// of the shared B tile, multicast to both (half the L2 reads of B). docs/gemm.md has the numbers.
 #include "gemm/gemm_cuda.h"
 #include "gemm/sm90_common.cuh"
 
