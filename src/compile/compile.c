@@ -74,6 +74,7 @@ static void bind_other(dw_node_binding *b, dw_op op) {
 bool dw_compile_quant_recipe(dw_recipe r) { return r != DW_RECIPE_BF16 && (int)r >= 0 && r < DW_RECIPE_COUNT; }
 
 dw_recipe dw_compile_quant_act_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK2D ? DW_RECIPE_FP8_BLOCK : r; }
+dw_recipe dw_compile_quant_weight_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK ? DW_RECIPE_FP8_BLOCK2D : r; }
 
 void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k) {
     switch (pass) {
@@ -166,7 +167,7 @@ static dw_status bind_nodes(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy
                         "deepwell_mx_dequant_bf16 for mx*/nvfp4)";
             b->kernel_why = "x and W quantised along K (fprop), dy along out and W^T (dgrad), dy^T and x^T "
                             "along tokens (wgrad), scales from the current amax, dy in the node's recipe too "
-                            "(fp8_block2d: W and W^T in 128x128 blocks, x and dy in 1x128); a GEMM whose shape "
+                            "(fp8_block, fp8_block2d: W and W^T in 128x128 blocks, x and dy in 1x128); a GEMM whose shape "
                             "the quantised kernel refuses runs in BF16";
             b->supported = true;
             DW_TRY(quant_note(ctx, c, i));
@@ -523,7 +524,8 @@ static dw_status layout_quant(dw_ctx *ctx, dw_compiled *c, int64_t *o) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
         int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
-        dw_recipe rw = c->bind[i].recipe, ra = dw_compile_quant_act_recipe(rw); /* W's; x's and dy's */
+        const dw_recipe r = c->bind[i].recipe;
+        const dw_recipe rw = dw_compile_quant_weight_recipe(r), ra = dw_compile_quant_act_recipe(r); /* W's; x's, dy's */
         qsize_fit(&rows, ra, N, K);
         qsize_fit(&rows, ra, N, M);
         qsize_fit(&dyt, ra, M, N);

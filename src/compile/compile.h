@@ -57,11 +57,14 @@ typedef struct {
 typedef enum { DW_QPASS_FPROP = 0, DW_QPASS_DGRAD, DW_QPASS_WGRAD, DW_QPASS_COUNT } dw_qpass;
 /* Whether the CUDA engine runs a linear layer's recipe quantised (every recipe but bf16). */
 bool dw_compile_quant_recipe(dw_recipe r);
-/* The recipe of a quantised layer's activations and gradients (x, x^T, dy, dy^T) under the node's
- * recipe r: r itself, except fp8_block2d, which is DeepSeek-V3's recipe: 128x128 blocks for the
- * weight (W, W^T) and 1x128 (fp8_block) for activations and gradients — cuBLASLt pairs block2d
- * only with a 1x128 operand. */
+/* A quantised layer's recipes under the node's recipe r. fp8_block is DESIGN.md's block recipe
+ * (DeepSeek-V3's): 1x128 blocks (FORMATS.md's tensor recipe fp8_block) for the activations and
+ * gradients x, x^T, dy, dy^T, and 128x128 blocks (tensor recipe fp8_block2d) for the weight W, W^T;
+ * fp8_block2d as a node recipe names the same pairing. cuBLASLt pairs a 128x128 operand only with a
+ * 1x128 one, so fprop and dgrad run 1x128 x 128x128 and wgrad 1x128 x 1x128. Every other recipe
+ * quantises all four operands in r itself. */
 dw_recipe dw_compile_quant_act_recipe(dw_recipe r);
+dw_recipe dw_compile_quant_weight_recipe(dw_recipe r);
 /* Whether the sm_90 GEMM for recipe r accepts GEMM (m, n, k) of `pass` (output BF16 for fprop
  * and dgrad, FP32 for wgrad; operands K-major): mirrors the registry's predicates (cuBLASLt FP8:
  * k % 16, block scaling k % 128 and m % 16, 16-byte output rows; MX/NVFP4 through BF16

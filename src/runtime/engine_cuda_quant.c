@@ -1,7 +1,7 @@
 /* engine_cuda_quant.c — the CUDA engine's quantised linear layers (see engine_cuda_quant.h).
  * Every operand is quantised from the current values (scales from the current amax; no delayed
- * scaling), all three in the node's recipe (fp8_block2d: W, W^T in 128x128 blocks, x and dy in
- * 1x128, DeepSeek-V3's recipe): fprop x and W along K; dgrad dy along M and W^T along
+ * scaling), all three in the node's recipe (fp8_block and fp8_block2d: W, W^T in 128x128 blocks, x
+ * and dy in 1x128, DESIGN.md's block recipe, DeepSeek-V3's; compile.h): fprop x and W along K; dgrad dy along M and W^T along
  * M; wgrad dy^T and x^T along the tokens (dy and dy^T in one quantiser pass). W and W^T are
  * quantised once per weight update (dw_qlin_quantize_weight, in one pass) into the node's cache,
  * not per GEMM: micro-batches and both passes read the same codes. Gradients dy use the
@@ -45,8 +45,10 @@ static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t col
     return o;
 }
 
-/* The recipe of x and dy under the node's recipe r (fp8_block2d: 1x128 for them, 128x128 for W). */
+/* The recipes of x, dy and of W under the node's recipe r (fp8_block*: 1x128 for x and dy,
+ * 128x128 for W). */
 static dw_recipe act(dw_recipe r) { return dw_compile_quant_act_recipe(r); }
+static dw_recipe wrec(dw_recipe r) { return dw_compile_quant_weight_recipe(r); }
 
 static bool ok(dw_recipe r, dw_qpass p, int64_t N, int64_t K, int64_t M) {
     int64_t m, n, k;
@@ -59,7 +61,7 @@ dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, in
     const dw_qslot_layout *l = q->cp->wq[node];
     if (l[0].off < 0) return DW_OK;
     qslot ws = slot(q, &l[0]), wt = slot(q, &l[1]);
-    return quant(q, q->cp->bind[node].recipe, DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
+    return quant(q, wrec(q->cp->bind[node].recipe), DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
 }
 
 /* The graph tensor a linear node reads as x. */
@@ -77,7 +79,7 @@ dw_status dw_qlin_fprop(dw_qlin *q, int node, void *y, void *gelu_out, const voi
         q->rows_tensor = xi, q->rows_recipe = act(r);
     }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(act(r), &xs, N, K, false),
-                      .b = op(r, &ws, M, K, true), .alpha = 1.0f, .d = y, .out_type = DW_GEMM_OUT_BF16};
+                      .b = op(wrec(r), &ws, M, K, true), .alpha = 1.0f, .d = y, .out_type = DW_GEMM_OUT_BF16};
     if (bias) {
         a.epilogue = DW_EPI_BIAS;
         a.bias = bias;
@@ -119,7 +121,7 @@ dw_status dw_qlin_bwd(dw_qlin *q, int node, void *dx, float *dw, const void *dy,
     if (dg) {
         qslot wt = slot(q, &q->cp->wq[node][1]); /* W^T [K,M] along M, from the last weight refresh */
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(act(r), &rows, N, M, false),
-                          .b = op(r, &wt, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
+                          .b = op(wrec(r), &wt, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         DW_TRY(dw_gemm(q->ctx, &a));
         *dgrad_done = true;
     }

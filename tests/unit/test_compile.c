@@ -272,13 +272,23 @@ static void check_quant_layout(const dw_graph *g, const dw_compiled *c) {
         any = true;
         const dw_ir_tensor *xt = &g->tensors[n->in[0]], *yt = &g->tensors[n->out];
         int64_t K = xt->shape[xt->ndim - 1], M = yt->shape[yt->ndim - 1];
-        dw_recipe r = c->bind[i].recipe, ra = dw_compile_quant_act_recipe(r);
+        /* DESIGN.md's block recipe: 1x128 activations and gradients, 128x128 weights */
+        const dw_recipe r = c->bind[i].recipe;
+        const bool blk = r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D;
+        const dw_recipe ra = blk ? DW_RECIPE_FP8_BLOCK : r, rw = blk ? DW_RECIPE_FP8_BLOCK2D : r;
+        assert_int_equal(dw_compile_quant_act_recipe(r), ra);
+        assert_int_equal(dw_compile_quant_weight_recipe(r), rw);
         slot_fits(&w->q_rows, ra, N, K, "x");
         slot_fits(&w->q_rows, ra, N, M, "dy");
         slot_fits(&w->q_dyt, ra, M, N, "dy^T");
         slot_fits(&w->q_xt, ra, K, N, "x^T");
-        slot_fits(&c->wq[i][0], r, M, K, "W");
-        slot_fits(&c->wq[i][1], r, K, M, "W^T");
+        slot_fits(&c->wq[i][0], rw, M, K, "W");
+        slot_fits(&c->wq[i][1], rw, K, M, "W^T");
+        /* the weight cache is sized for W's own recipe, not a finer one (each node owns its cache) */
+        assert_int_equal(c->wq[i][0].tscale - c->wq[i][0].scales,
+                         (dw_quant_scales_bytes(rw, M, K) + 255) / 256 * 256);
+        assert_int_equal(c->wq[i][1].tscale - c->wq[i][1].scales,
+                         (dw_quant_scales_bytes(rw, K, M) + 255) / 256 * 256);
         REGION(c->wq[i][0].off, c->wq[i][0].bytes), REGION(c->wq[i][1].off, c->wq[i][1].bytes);
         assert_true(w->quant_ws >= 0 && w->quant_ws_bytes >= (1 + N + K) * 4 && w->quant_ws_bytes >= (1 + N + M) * 4);
     }
@@ -425,7 +435,7 @@ static void test_policy_binding(void **state) {
     check_quant_layout(g, c);
     check(g, c);
     dw_compiled_free(c);
-    /* fp8_block2d: W in 128x128 blocks, x and dy in 1x128 (fp8_block): each slot fits its own */
+    /* fp8_block2d names the same pairing: W in 128x128 blocks, x and dy in 1x128 */
     dw_policy *p2 = NULL;
     assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block2d", true, &p2), DW_OK);
     assert_int_equal(dw_compile(g_ctx, g, NULL, p2, &c), DW_OK);
@@ -433,7 +443,10 @@ static void test_policy_binding(void **state) {
     assert_true(c->bind[mid].supported);
     assert_int_equal(c->bind[mid].recipe, DW_RECIPE_FP8_BLOCK2D);
     assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_FP8_BLOCK2D), DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(dw_compile_quant_weight_recipe(DW_RECIPE_FP8_BLOCK), DW_RECIPE_FP8_BLOCK2D);
+    assert_int_equal(dw_compile_quant_weight_recipe(DW_RECIPE_FP8_BLOCK2D), DW_RECIPE_FP8_BLOCK2D);
     assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_MXFP8), DW_RECIPE_MXFP8);
+    assert_int_equal(dw_compile_quant_weight_recipe(DW_RECIPE_MXFP8), DW_RECIPE_MXFP8);
     check_quant_layout(g, c);
     check(g, c);
     dw_compiled_free(c);
