@@ -55,7 +55,9 @@ static void help(void) {
            "  --json            one JSON object instead of the text report\n"
            "  --profile         also run 3 eager steps with a CUDA event around every schedule step and\n"
            "                    print their mean time per op type and direction and per node role\n"
-           "                    (node name with layer numbers as '#'), largest first\n"
+           "                    (node name with layer numbers as '#'), largest first; then 3 eager\n"
+           "                    optimizer steps timed per phase (zero grad, grad norm, AdamW, BF16\n"
+           "                    copy, quantised weight cache)\n"
            "  --config-out FILE write the measured model's Hugging Face config.json (for\n"
            "                    bench/train_anchor.py --config FILE) before timing\n"
            "  --peak-tflops P   dense BF16 peak for MFU (default 989: H100/H200 SXM)\n"
@@ -210,12 +212,21 @@ int dw_bench_step(int argc, char **argv) {
             rc = cli_fail(CMD, ctx, s);
             goto done;
         }
+        dw_prof_opt po;
+        if ((s = dw_prof_optimizer(ctx, e, 3, &po)) != DW_OK) {
+            dw_prof_free(&ps);
+            rc = cli_fail(CMD, ctx, s);
+            goto done;
+        }
         if (json) {
             printf("  \"profile_eager_ms\": %.4f,\n", ps.total_ms);
             dw_prof_print_json_fields(stdout, &ps);
+            printf(",");
+            dw_prof_print_optimizer(stdout, &po, true);
             printf("}\n");
         } else {
             dw_prof_print(stdout, &ps, 0);
+            dw_prof_print_optimizer(stdout, &po, false);
         }
         dw_prof_free(&ps);
     }

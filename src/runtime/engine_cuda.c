@@ -19,6 +19,9 @@
 #include "runtime/engine_cpu.h"
 #include "runtime/engine_cuda.h"
 
+const char *const dw_opt_phase_names[DW_OPT_PHASES] = {"zero grad", "grad norm", "adamw", "bf16 copy",
+                                                        "weight cache"};
+
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -46,6 +49,9 @@ struct dw_engine_cuda {
     double *host_norm;
     dw_cuda_adamw_args *adamw_args, *host_args; /* workspace / pinned staging copy */
     int *tparam;            /* (n_tensors) parameter index of a tensor, -1 otherwise */
+    int64_t (*bf16_runs)[2]; /* ranges [begin, end) of floats the BF16 copy refreshes after an update: */
+    int n_bf16_runs;         /* the parameters a BF16 GEMM reads (bf16_copy_plan) */
+    bool *bf16_lazy;         /* (n_params) true: no standing BF16 copy; converted before each use */
     dw_act_dtype dt;
     int64_t b, t;           /* current batch */
     /* CUDA graph of one training step, keyed by its shape and grad_scale */
@@ -74,6 +80,18 @@ static float *pgrad(dw_engine *e, int tensor) {
 }
 static const uint16_t *pbf16(dw_engine *e, int tensor) {
     return CE->wb + CE->cp->param_off[CE->tparam[tensor]];
+}
+/* The BF16 copy of a linear layer's weight for a BF16 GEMM. A quantised layer keeps none standing
+ * (its GEMMs read the FP8 cache): where one of them falls back to BF16 (a call shape the FP8
+ * kernel refuses), the weight is converted here first, stream-ordered, every time (so a CUDA
+ * graph that captured it replays the conversion too). */
+static dw_status bf16_weight(dw_engine *e, int tensor, const uint16_t **out) {
+    const int p = CE->tparam[tensor];
+    *out = pbf16(e, tensor);
+    if (!CE->bf16_lazy || !CE->bf16_lazy[p]) return DW_OK;
+    const int64_t off = CE->cp->param_off[p];
+    DW_CUDA_CHECK(e->ctx, (cudaError_t)dw_engine_cuda_to_bf16(CE->wb + off, CE->w + off, e->params[p].numel, STREAM));
+    return DW_OK;
 }
 static void *dact(dw_engine *e, int tensor) { return CE->arena + CE->cp->grad_off[tensor]; }
 static float *aux(dw_engine *e, int node, int part) {
@@ -134,9 +152,10 @@ static dw_status fwd_linear(dw_engine *e, int ni) {
                              act(e, n->in[0]), n->n_in == 3 ? pbf16(e, n->in[2]) : NULL, N, K, M, &done));
         if (done) return DW_OK;
     }
+    const uint16_t *wb;
+    DW_TRY(bf16_weight(e, n->in[1], &wb));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K,
-                      .a = bf16_op(act(e, n->in[0]), N, K, false),
-                      .b = bf16_op(pbf16(e, n->in[1]), M, K, true),
+                      .a = bf16_op(act(e, n->in[0]), N, K, false), .b = bf16_op(wb, M, K, true),
                       .alpha = 1.0f, .d = act(e, n->out), .out_type = DW_GEMM_OUT_BF16};
     if (n->n_in == 3) {
         a.epilogue = DW_EPI_BIAS;
@@ -167,8 +186,10 @@ static dw_status bwd_linear(dw_engine *e, int ni) {
     int gelu = dw_compile_fused_gelu_bwd(CE->cp, ni); /* x = GELU(h): dgrad writes dh = (dout W) GELU'(h) */
     if (gelu >= 0) dx = in_grad(e, gelu, 0);
     if (dx && !dg_done) { /* dgrad: dx [N,K] = dout [N,M] W [M,K] */
+        const uint16_t *wb;
+        DW_TRY(bf16_weight(e, n->in[1], &wb));
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M,
-                          .a = bf16_op(dout, N, M, false), .b = bf16_op(pbf16(e, n->in[1]), M, K, false),
+                          .a = bf16_op(dout, N, M, false), .b = bf16_op(wb, M, K, false),
                           .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         if (gelu >= 0) {
             a.epilogue = DW_EPI_DGELU;
@@ -531,18 +552,77 @@ void dw_engine_cuda_zero_grad(dw_engine *e) {
     if (ce != cudaSuccess) DW_LOGE("cuda engine: zeroing gradients failed: %s", cudaGetErrorString(ce));
 }
 
+/* Which parameters keep a standing BF16 copy (BF16 mode): only linear layers read it (the other
+ * ops read the FP32 masters), so every parameter but the weight of a quantised layer whose fprop
+ * and dgrad both run quantised at the planned shape (those are converted on use: bf16_weight).
+ * llama-1b under fp8_block: no weight matrix at all, 1.2e9 floats not converted per update.
+ * Runs: consecutive kept parameters merged (the padding between them converted along). */
+static int by_begin(const void *a, const void *b) {
+    int64_t x = ((const int64_t *)a)[0], y = ((const int64_t *)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+static dw_status bf16_copy_plan(dw_engine *e) {
+    const dw_compiled *cp = CE->cp;
+    const dw_graph *g = e->g;
+    const int np = cp->n_params;
+    CE->bf16_lazy = calloc((size_t)(np ? np : 1), sizeof *CE->bf16_lazy);
+    CE->bf16_runs = malloc((size_t)(np ? np : 1) * sizeof *CE->bf16_runs);
+    if (!CE->bf16_lazy || !CE->bf16_runs) return dw_set_error(e->ctx, DW_ERR_NOMEM, "cuda engine: out of memory");
+    const int64_t N = g->batch * g->seq;
+    for (int i = 0; i < g->n_nodes; i++) { /* a weight read by another node than quantised linears stays */
+        const dw_ir_node *n = &g->nodes[i];
+        if (n->op != DW_OP_LINEAR || !dw_compile_quant_recipe(cp->bind[i].recipe)) continue;
+        const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
+        const int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
+        bool q = true;
+        for (int pass = DW_QPASS_FPROP; pass <= DW_QPASS_DGRAD; pass++) {
+            int64_t m, nn, k;
+            const char *why;
+            dw_compile_quant_shape((dw_qpass)pass, N, K, M, &m, &nn, &k);
+            q = q && dw_compile_quant_gemm_ok(cp->bind[i].recipe, (dw_qpass)pass, m, nn, k, &why);
+        }
+        if (q) CE->bf16_lazy[CE->tparam[n->in[1]]] = true;
+    }
+    for (int i = 0; i < g->n_nodes; i++) { /* ... unless a BF16 linear layer reads it too */
+        const dw_ir_node *n = &g->nodes[i];
+        if (n->op == DW_OP_LINEAR && !dw_compile_quant_recipe(cp->bind[i].recipe))
+            CE->bf16_lazy[CE->tparam[n->in[1]]] = false;
+    }
+    int n = 0; /* kept parameters by offset, then merged where only padding (< 64 floats) separates them */
+    for (int p = 0; p < np; p++)
+        if (!CE->bf16_lazy[p])
+            CE->bf16_runs[n][0] = cp->param_off[p], CE->bf16_runs[n++][1] = cp->param_off[p] + e->params[p].numel;
+    qsort(CE->bf16_runs, (size_t)n, sizeof *CE->bf16_runs, by_begin);
+    CE->n_bf16_runs = 0;
+    for (int r = 0; r < n; r++) {
+        int64_t *last = CE->n_bf16_runs ? CE->bf16_runs[CE->n_bf16_runs - 1] : NULL;
+        if (last && CE->bf16_runs[r][0] - last[1] < 64) last[1] = CE->bf16_runs[r][1];
+        else memmove(CE->bf16_runs[CE->n_bf16_runs++], CE->bf16_runs[r], sizeof *CE->bf16_runs);
+    }
+    return DW_OK;
+}
+
 /* After every change of the master weights: the BF16 working copy, and the quantised linear
  * layers' cached W and W^T (engine_cuda_quant.c). Stream-ordered; inside the optimizer's graph. */
-static dw_status refresh_weights(dw_engine *e) {
-    if (!CE->wb) return DW_OK;
-    DW_CUDA_CHECK(e->ctx, (cudaError_t)dw_engine_cuda_to_bf16(CE->wb, CE->w, CE->cp->param_floats, STREAM));
-    const dw_graph *g = e->g;
-    for (int i = 0; i < g->n_nodes; i++) {
+static dw_status refresh_bf16(dw_engine *e) {
+    for (int r = 0; CE->wb && r < CE->n_bf16_runs; r++) {
+        const int64_t b = CE->bf16_runs[r][0], n = CE->bf16_runs[r][1] - b;
+        DW_CUDA_CHECK(e->ctx, (cudaError_t)dw_engine_cuda_to_bf16(CE->wb + b, CE->w + b, n, STREAM));
+    }
+    return DW_OK;
+}
+static dw_status refresh_wcache(dw_engine *e) {
+    for (int i = 0; CE->wb && i < e->g->n_nodes; i++) {
         if (CE->cp->wq[i][0].off < 0) continue;
-        const dw_ir_node *n = &g->nodes[i];
+        const dw_ir_node *n = &e->g->nodes[i];
         DW_TRY(dw_qlin_quantize_weight(&CE->ql, i, pval(e, n->in[1]), width(e, n->in[0]), width(e, n->out)));
     }
     return DW_OK;
+}
+static dw_status refresh_weights(dw_engine *e) {
+    DW_TRY(refresh_bf16(e));
+    return refresh_wcache(e);
 }
 
 dw_status dw_engine_cuda_upload(dw_engine *e) {
@@ -571,14 +651,27 @@ dw_status dw_engine_cuda_download(dw_engine *e, bool grads) {
 }
 
 /* The optimizer's kernels: global gradient norm, AdamW (arguments from the workspace), BF16 copy
- * and quantised weights. */
-static dw_status launch_optimizer(dw_engine *e, const void *unused) {
-    (void)unused;
+ * and quantised weights; with ev (profiling), an event after each phase: ev[0] before, then
+ * ev[DW_OPT_PHASE_NORM ..]. */
+static dw_status optimizer_phases(dw_engine *e, cudaEvent_t *ev) {
     const dw_compiled *cp = CE->cp;
+    if (ev) cudaEventRecord(ev[DW_OPT_PHASE_ZERO + 1], CE->stream);
     DW_TRY(dw_cuda_grad_norm(e->ctx, CE->g, cp->param_floats, CE->partials, DW_COMPILE_NORM_BLOCKS, CE->norm, STREAM));
+    if (ev) cudaEventRecord(ev[DW_OPT_PHASE_NORM + 1], CE->stream);
     DW_TRY(dw_cuda_adamw(e->ctx, CE->w, CE->g, CE->m, CE->v, cp->param_floats, cp->decay_floats, CE->norm,
                          CE->adamw_args, STREAM));
-    return refresh_weights(e);
+    if (ev) cudaEventRecord(ev[DW_OPT_PHASE_ADAMW + 1], CE->stream);
+    if (!ev) return refresh_weights(e);
+    DW_TRY(refresh_bf16(e));
+    cudaEventRecord(ev[DW_OPT_PHASE_BF16 + 1], CE->stream);
+    DW_TRY(refresh_wcache(e));
+    cudaEventRecord(ev[DW_OPT_PHASE_WCACHE + 1], CE->stream);
+    return DW_OK;
+}
+
+static dw_status launch_optimizer(dw_engine *e, const void *unused) {
+    (void)unused;
+    return optimizer_phases(e, NULL);
 }
 
 dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double beta2, double eps, double wd,
@@ -610,6 +703,42 @@ dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double bet
     return DW_OK;
 }
 
+dw_status dw_engine_cuda_profile_optimizer(dw_engine *e, double lr, double beta1, double beta2, double eps,
+                                           double wd, double clip, int reps, double ms[DW_OPT_PHASES]) {
+    for (int k = 0; k < DW_OPT_PHASES; k++) ms[k] = 0;
+    cudaEvent_t ev[DW_OPT_PHASES + 1];
+    int made = 0;
+    dw_status s = DW_OK;
+    for (; made <= DW_OPT_PHASES; made++)
+        if (cudaEventCreate(&ev[made]) != cudaSuccess) {
+            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: cudaEventCreate failed");
+            break;
+        }
+    for (int r = 0; s == DW_OK && r < reps; r++) {
+        *CE->host_args = (dw_cuda_adamw_args){.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+                                              .weight_decay = wd, .c1 = 1.0 - pow(beta1, 1000.0 + r),
+                                              .c2 = 1.0 - pow(beta2, 1000.0 + r), .max_norm = clip};
+        if (cudaMemcpyAsync(CE->adamw_args, CE->host_args, sizeof *CE->host_args, cudaMemcpyHostToDevice,
+                            CE->stream) != cudaSuccess)
+            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: copying the AdamW arguments failed");
+        if (s == DW_OK) {
+            cudaEventRecord(ev[0], CE->stream);
+            dw_engine_cuda_zero_grad(e);
+            s = optimizer_phases(e, ev);
+        }
+        if (s == DW_OK && cudaEventSynchronize(ev[DW_OPT_PHASES]) != cudaSuccess)
+            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: optimizer step failed: %s",
+                             cudaGetErrorString(cudaGetLastError()));
+        for (int k = 0; s == DW_OK && k < DW_OPT_PHASES; k++) {
+            float t = 0;
+            cudaEventElapsedTime(&t, ev[k], ev[k + 1]);
+            ms[k] += t / reps;
+        }
+    }
+    for (int k = 0; k < made; k++) cudaEventDestroy(ev[k]);
+    return s;
+}
+
 dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {
     size_t bytes = (size_t)e->params[i].numel * sizeof(float);
     int64_t off = CE->cp->param_off[i];
@@ -635,6 +764,8 @@ void dw_engine_cuda_free(struct dw_engine_cuda *c) {
     cudaFreeHost(c->host_loss);
     cudaFreeHost(c->host_norm);
     free(c->tparam);
+    free(c->bf16_lazy);
+    free(c->bf16_runs);
     dw_compiled_free(c->cp);
     free(c);
 }
@@ -687,6 +818,7 @@ static dw_status build(dw_engine *e, const dw_policy *policy) {
     DW_CUDA_CHECK(ctx, cudaMallocHost((void **)&CE->host_args, sizeof *CE->host_args));
     CE->adamw_args = (dw_cuda_adamw_args *)(w + cp->work.adamw_args);
     CE->bgrad = cp->work.bgrad >= 0 ? (float *)(w + cp->work.bgrad) : NULL;
+    if (cp->bf16) DW_TRY(bf16_copy_plan(e));
     /* zero everything once: padding between parameters stays 0 through AdamW */
     for (int p = 0; p < DW_POOL_COUNT; p++)
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(CE->pool[p], 0, (size_t)cp->pool_bytes[p], CE->stream));
@@ -788,6 +920,11 @@ dw_status dw_engine_cuda_profile_step(dw_engine *e, const int32_t *tokens, const
                                       int cap, int *n_nodes) {
     (void)tokens, (void)targets, (void)B, (void)T, (void)grad_scale, (void)out, (void)cap;
     *n_nodes = 0;
+    return no_cuda(e);
+}
+dw_status dw_engine_cuda_profile_optimizer(dw_engine *e, double lr, double beta1, double beta2, double eps,
+                                           double wd, double clip, int reps, double ms[DW_OPT_PHASES]) {
+    (void)lr, (void)beta1, (void)beta2, (void)eps, (void)wd, (void)clip, (void)reps, (void)ms;
     return no_cuda(e);
 }
 dw_status dw_engine_cuda_moments(dw_engine *e, int i, float *m, float *v, bool to_device) {

@@ -37,4 +37,14 @@ dw_status dw_engine_cuda_profile_step(dw_engine *e, const int32_t *tokens, const
                                       int64_t B, int64_t T, double grad_scale, dw_engine_prof *out,
                                       int cap, int *n_nodes);
 
+/* The optimizer step's phases, timed (`deepwell bench step --profile`): `reps` eager optimizer
+ * steps with the given AdamW arguments (they change the weights and moments as real steps do),
+ * a CUDA event between phases; ms[] gets the mean of each: zero_grad's memset, the gradient norm,
+ * AdamW, the BF16 working copy, the quantised weights' cache. */
+enum { DW_OPT_PHASE_ZERO, DW_OPT_PHASE_NORM, DW_OPT_PHASE_ADAMW, DW_OPT_PHASE_BF16, DW_OPT_PHASE_WCACHE,
+       DW_OPT_PHASES };
+extern const char *const dw_opt_phase_names[DW_OPT_PHASES];
+dw_status dw_engine_cuda_profile_optimizer(dw_engine *e, double lr, double beta1, double beta2, double eps,
+                                           double wd, double clip, int reps, double ms[DW_OPT_PHASES]);
+
 #endif /* DW_RUNTIME_ENGINE_CUDA_H */

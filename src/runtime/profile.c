@@ -176,3 +176,26 @@ void dw_prof_print_json_fields(FILE *f, const dw_prof_summary *s) {
         json_decref(a);
     }
 }
+
+dw_status dw_prof_optimizer(dw_ctx *ctx, dw_engine *e, int reps, dw_prof_opt *o) {
+    memset(o, 0, sizeof *o);
+    if (reps < 1) return dw_set_error(ctx, DW_ERR_INVALID, "profile: reps must be >= 1");
+    if (!e->cuda) return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "profile: needs the CUDA engine (--device cuda)");
+    _Static_assert(DW_PROF_OPT_PHASES == DW_OPT_PHASES, "one row per optimizer phase");
+    DW_TRY(dw_engine_cuda_profile_optimizer(e, 3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, reps, o->ms));
+    for (int k = 0; k < DW_PROF_OPT_PHASES; k++) o->name[k] = dw_opt_phase_names[k], o->total_ms += o->ms[k];
+    return DW_OK;
+}
+
+void dw_prof_print_optimizer(FILE *f, const dw_prof_opt *o, bool json) {
+    if (json) {
+        fprintf(f, "  \"optimizer\": [");
+        for (int k = 0; k < DW_PROF_OPT_PHASES; k++)
+            fprintf(f, "%s{\"name\": \"%s\", \"ms\": %.4f}", k ? ", " : "", o->name[k], o->ms[k]);
+        fprintf(f, "]\n");
+        return;
+    }
+    fprintf(f, "\noptimizer step (eager, CUDA events between phases; %.2f ms in all):\n", o->total_ms);
+    for (int k = 0; k < DW_PROF_OPT_PHASES; k++)
+        fprintf(f, "  %-40s %9.3f ms %6.1f%%\n", o->name[k], o->ms[k], o->total_ms > 0 ? 100.0 * o->ms[k] / o->total_ms : 0.0);
+}

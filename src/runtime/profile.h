@@ -42,4 +42,18 @@ dw_status dw_prof_read_json(dw_ctx *ctx, const char *path, dw_prof_summary *s);
  * callers that print a larger JSON object (bench step --json). */
 void dw_prof_print_json_fields(FILE *f, const dw_prof_summary *s);
 
+/* The optimizer step outside the forward/backward: zero_grad's memset, the gradient norm, AdamW,
+ * the BF16 working copy, the quantised weights' cache (engine_cuda.h), each the mean of `reps`
+ * eager optimizer steps with CUDA events between them. The weights and moments change as in
+ * real steps (bench step runs it last). DW_ERR_UNSUPPORTED on a CPU engine or build. */
+#define DW_PROF_OPT_PHASES 5
+typedef struct {
+    const char *name[DW_PROF_OPT_PHASES];
+    double ms[DW_PROF_OPT_PHASES];
+    double total_ms;
+} dw_prof_opt;
+dw_status dw_prof_optimizer(dw_ctx *ctx, dw_engine *e, int reps, dw_prof_opt *o);
+/* Text: one table; JSON: the field "optimizer": [{"name", "ms"}...] (no trailing comma). */
+void dw_prof_print_optimizer(FILE *f, const dw_prof_opt *o, bool json);
+
 #endif /* DW_RUNTIME_PROFILE_H */

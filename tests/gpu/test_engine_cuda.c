@@ -38,6 +38,7 @@
 
 #include "capture/model_config.h"
 #include "compile/compile.h"
+#include "kernels/cuda/adamw_cuda.h"
 #include "kernels/cuda/attn_packed.h"
 #include "runtime/engine.h"
 #include "testutil.h"
@@ -299,6 +300,64 @@ static void test_adamw(void **state) {
     if (bad) fail_msg("adamw: %d steps mismatched", bad);
 }
 
+/* The AdamW kernel's two paths on one random pool of odd length (a vector tail) with the decay
+ * boundary inside a 16-byte group: 16-byte-aligned pools (vector loads) and the same data one
+ * float further (scalar loads) must give the same bits, and both the CPU formula within 2 ulp. */
+static void test_adamw_kernel_paths(void **state) {
+    (void)state;
+    const int64_t n = 262147, n_decay = 131073;
+    const double clip = 0.5, nrm = 3.25; /* clipping: scale = 0.5 / (3.25 + 1e-6) */
+    float *h[4], *out[2][3], *d[4] = {NULL};
+    for (int k = 0; k < 4; k++) h[k] = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        h[0][i] = dw_test_uniform(&g_rng, -1.0f, 1.0f);     /* p */
+        h[1][i] = dw_test_uniform(&g_rng, -1e-2f, 1e-2f);   /* g */
+        h[2][i] = dw_test_uniform(&g_rng, -1e-3f, 1e-3f);   /* m */
+        h[3][i] = dw_test_uniform(&g_rng, 0.0f, 1e-5f);     /* v >= 0 */
+    }
+    dw_cuda_adamw_args ha = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                             .c1 = 1.0 - pow(0.9, 7.0), .c2 = 1.0 - pow(0.95, 7.0), .max_norm = clip};
+    dw_cuda_adamw_args *da = NULL;
+    double *dn = NULL;
+    assert_int_equal(cudaMalloc((void **)&da, sizeof ha), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&dn, sizeof nrm), cudaSuccess);
+    assert_int_equal(cudaMemcpy(da, &ha, sizeof ha, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dn, &nrm, sizeof nrm, cudaMemcpyHostToDevice), cudaSuccess);
+    for (int k = 0; k < 4; k++) assert_int_equal(cudaMalloc((void **)&d[k], (size_t)(n + 4) * 4), cudaSuccess);
+    for (int path = 0; path < 2; path++) { /* 0: aligned, 1: one float in */
+        float *x[4];
+        for (int k = 0; k < 4; k++) {
+            x[k] = d[k] + path;
+            assert_int_equal(cudaMemcpy(x[k], h[k], (size_t)n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        }
+        assert_int_equal(dw_cuda_adamw(g_gpu, x[0], x[1], x[2], x[3], n, n_decay, dn, da, NULL), DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        for (int k = 0; k < 3; k++) {
+            out[path][k] = malloc((size_t)n * 4);
+            assert_int_equal(cudaMemcpy(out[path][k], x[k == 0 ? 0 : k + 1], (size_t)n * 4, cudaMemcpyDeviceToHost),
+                             cudaSuccess);
+        }
+    }
+    const double scale = clip / (nrm + 1e-6);
+    ref_adamw(h[0], h[1], h[2], h[3], n_decay, ha.lr, 0.9, 0.95, 1e-8, 0.1, 7, scale);
+    ref_adamw(h[0] + n_decay, h[1] + n_decay, h[2] + n_decay, h[3] + n_decay, n - n_decay, ha.lr, 0.9, 0.95, 1e-8, 0.0,
+              7, scale);
+    int64_t differ = 0, beyond = 0;
+    for (int k = 0; k < 3; k++)
+        for (int64_t i = 0; i < n; i++) {
+            differ += memcmp(&out[0][k][i], &out[1][k][i], 4) != 0;
+            beyond += !within_ulps(out[0][k][i], h[k == 0 ? 0 : k + 1][i], 2);
+        }
+    printf("  adamw kernel, n %lld (decay %lld): vector vs scalar path %lld of %lld values differ (want 0), "
+           "%lld beyond 2 ulp of the CPU formula (want 0)\n", (long long)n, (long long)n_decay, (long long)differ,
+           (long long)(3 * n), (long long)beyond);
+    for (int k = 0; k < 4; k++) cudaFree(d[k]), free(h[k]);
+    for (int path = 0; path < 2; path++)
+        for (int k = 0; k < 3; k++) free(out[path][k]);
+    cudaFree(da), cudaFree(dn);
+    if (differ || beyond) fail_msg("adamw kernel paths disagree");
+}
+
 /* A few training steps on both engines (FP32 mode): CPU reference AdamW on the CPU engine's
  * own gradients, engine AdamW on the GPU: the losses must agree. */
 static void test_train_steps(void **state) {
@@ -476,6 +535,51 @@ static void test_quant_reuse(void **state) {
     dw_engine_free(e[1]);
 }
 
+/* A quantised layer keeps no standing BF16 copy of its weight when its fprop and dgrad run
+ * quantised at the planned shape; a call at a shape the FP8 kernel refuses (N = 3: m % 16) runs
+ * every linear layer in BF16 from a copy converted on use. Oracle: a bf16 engine with the same
+ * FP32 weights runs the same kernels, so the logits agree bit for bit — before and after an AdamW
+ * step (a stale or missing copy would not), while the planned shape runs quantised (differs). */
+static void test_bf16_copy_on_use(void **state) {
+    (void)state;
+    dw_model_config c = preset("llama-tiny"); /* k/v dgrad (k = 64) falls back: their copy stays */
+    const int64_t B = 2, T = 32, N = B * T, n1 = 3, V = c.vocab_size;
+    dw_engine *q = make_gpu(&c, B, T, "fp8_block"), *b = make_gpu(&c, B, T, "bf16");
+    const uint64_t seed = dw_test_next(&g_rng);
+    assert_int_equal(dw_engine_init_weights(q, seed), DW_OK);
+    assert_int_equal(dw_engine_init_weights(b, seed), DW_OK);
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    float *lq = malloc(N * V * 4), *lb = malloc(N * V * 4);
+    for (int step = 0; step <= 2; step++) {
+        batch(x, y, N, V);
+        double loss_q, loss_b;
+        if (dw_engine_forward(q, x, y, B, T, NULL, &loss_q) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        if (dw_engine_forward(b, x, y, B, T, NULL, &loss_b) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        if (dw_engine_forward(q, x, NULL, 1, n1, lq, NULL) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        if (dw_engine_forward(b, x, NULL, 1, n1, lb, NULL) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        int64_t diff = 0;
+        for (int64_t i = 0; i < n1 * V; i++) diff += memcmp(&lq[i], &lb[i], 4) != 0;
+        printf("  bf16 copy on use, after %d steps: planned-shape loss %.7g (fp8_block) vs %.7g (bf16); "
+               "[1,%lld] logits: %lld of %lld differ (want 0)\n", step, loss_q, loss_b, (long long)n1, (long long)diff,
+               (long long)(n1 * V));
+        if (diff) fail_msg("the BF16 fallback of a quantised layer read a stale or missing weight copy");
+        if (loss_q == loss_b) fail_msg("the planned shape did not run quantised (equal losses)");
+        /* one step of the quantised engine, then the bf16 engine gets its weights */
+        dw_engine_zero_grad(q);
+        if (dw_engine_forward_backward(q, x, y, B, T, 1.0, &loss_q) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        assert_int_equal(dw_engine_adamw_step(q, 1e-2, 0.9, 0.95, 1e-8, 0.1, 1.0, step + 1, NULL), DW_OK);
+        assert_int_equal(dw_engine_sync_to_host(q, false), DW_OK);
+        for (int i = 0; i < dw_engine_param_count(q); i++) {
+            dw_param *pq = dw_engine_param(q, i), *pb = dw_engine_param(b, i);
+            memcpy(pb->data, pq->data, (size_t)pq->numel * 4);
+        }
+        assert_int_equal(dw_engine_sync_to_device(b), DW_OK);
+    }
+    free(x), free(y), free(lq), free(lb);
+    dw_engine_free(q);
+    dw_engine_free(b);
+}
+
 /* GPT-2 124M (vocabulary padded to 50304 as llm.c does) in BF16 at B=8, T=1024: one fixed batch,
  * 12 AdamW steps; the loss must fall by more than 1 nat (memorising the batch). Prints the step
  * time of steps 3..12 (CUDA graph replay + AdamW, one host sync each) for bench/RESULTS.md; the
@@ -566,8 +670,9 @@ static void test_memory(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_fp32), cmocka_unit_test(test_parity_bf16), cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_adamw_kernel_paths),
         cmocka_unit_test(test_train_steps), cmocka_unit_test(test_accumulate), cmocka_unit_test(test_resume),
-        cmocka_unit_test(test_quant_reuse),
+        cmocka_unit_test(test_quant_reuse), cmocka_unit_test(test_bf16_copy_on_use),
         cmocka_unit_test(test_memory), cmocka_unit_test(test_gpt2_124m_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
