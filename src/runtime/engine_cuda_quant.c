@@ -31,7 +31,7 @@ static qslot slot(const dw_qlin *q, const dw_qslot_layout *l) {
     return o;
 }
 
-/* Quantises x [rows, cols] into a (and x^T into t when not NULL). */
+/* Quantises x [rows, cols] into a (and x^T into t when not NULL; a NULL: x^T alone). */
 static dw_status quant(const dw_qlin *q, dw_recipe r, dw_quant_in in, const void *x, int64_t rows, int64_t cols,
                        qslot *a, qslot *t) {
     dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
@@ -125,11 +125,13 @@ dw_status dw_qlin_bwd(dw_qlin *q, int node, void *dx, float *dw, const void *dy,
         DW_TRY(dw_gemm(q->ctx, &a));
         *dgrad_done = true;
     }
-    if (wg) { /* x^T [K,N] along N; x's row-wise copy goes where dy was (dgrad has read it, stream order) */
+    if (wg) { /* x^T [K,N] along N, alone where the kernel allows (the wgrad reads nothing else), else
+               * with x's row-wise copy where dy was (dgrad has read it, stream order) */
         const int xi = x_tensor(q, node);
         if (!q->reuse || q->xt_tensor != xi || q->xt_recipe != act(r)) { /* else a sibling's backward left it there */
-            DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, &rows, &xt));
-            q->rows_tensor = q->xt_tensor = xi, q->rows_recipe = q->xt_recipe = act(r);
+            const bool alone = dw_quantize_cuda_transposed_only_ok(act(r), DW_QUANT_IN_BF16, N, K);
+            DW_TRY(quant(q, act(r), DW_QUANT_IN_BF16, x, N, K, alone ? NULL : &rows, &xt));
+            q->rows_tensor = alone ? -1 : xi, q->xt_tensor = xi, q->rows_recipe = q->xt_recipe = act(r);
         }
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(act(r), &dyt, M, N, false),
                           .b = op(act(r), &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,

@@ -90,6 +90,7 @@ typedef struct {
     dw_quant_in in;
     dw_quant_opts o;
     bool trans, swz, misalign;
+    bool t_only; /* the transposed copy alone (out NULL) where the kernel allows it */
     int64_t rows, cols;
     int kind;
     dw_quant_tuning tune; /* ring depth and grid cap of the persistent tile kernel */
@@ -166,7 +167,7 @@ static int run_case(dw_test_rng *rng, const qcase *c) {
              dw_recipe_name(r),
              c->o.rounding == DW_SCALE_FLOOR ? "/floor" : "", c->o.pow2 ? "/pow2" : "",
              c->in == DW_QUANT_IN_BF16 ? "bf16" : "f32", (long long)c->rows, (long long)c->cols, c->kind,
-             c->trans ? " +T" : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "", c->tune.stages,
+             c->trans ? (c->t_only ? " T only" : " +T") : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "", c->tune.stages,
              c->tune.ctas_per_sm, c->tune.max_ctas, c->tune.t_store, c->tune.kernel, c->tune.load, c->tune.group);
     if (dw_quantize_cuda_set_tuning(NULL, &c->tune) != DW_OK) fail_msg("%s: set_tuning: %s", label, dw_errmsg(NULL));
     g_s0 = ldexpf(1.0f + (float)(1 + dw_test_next(rng) % 0x7FFFFE) * 0x1p-23f, (int)(dw_test_next(rng) % 40) - 20);
@@ -196,11 +197,11 @@ static int run_case(dw_test_rng *rng, const qcase *c) {
     if (c->trans) t = alloc_out(r, c->cols, c->rows, c->swz);
     size_t wsn = dw_quantize_cuda_workspace_bytes(r, c->rows, c->cols);
     void *ws = wsn ? dev_poisoned(wsn) : NULL;
-    dw_status s = dw_quantize_cuda(NULL, &c->o, c->in, dx + off, c->rows, c->cols, &o.d, c->trans ? &t.d : NULL,
-                                   ws, NULL);
+    dw_status s = dw_quantize_cuda(NULL, &c->o, c->in, dx + off, c->rows, c->cols, c->t_only ? NULL : &o.d,
+                                   c->trans ? &t.d : NULL, ws, NULL);
     if (s != DW_OK) fail_msg("%s: dw_quantize_cuda: %s", label, dw_errmsg(NULL));
     cuda_ok(cudaDeviceSynchronize(), label);
-    int bad = check_out(label, "row-wise", &o, &q);
+    int bad = c->t_only ? 0 : check_out(label, "row-wise", &o, &q);
     if (c->trans) bad += check_out(label, "transposed", &t, &qt);
     free_out(&o);
     if (c->trans) free_out(&t);
@@ -229,7 +230,7 @@ static void test_all_recipes_bit_identical(void **state) {
                                  {17, 1000}, {1000, 17}, {0, 0}, {0, 0}, {512, 1024}, {1152, 640},
                                  {2304, 2560}};
     int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
-    int cases = 0, bad = 0;
+    int cases = 0, bad = 0, t_only = 0;
     for (int ri = 1; ri < DW_RECIPE_COUNT; ri++) {
         dw_recipe r = (dw_recipe)ri;
         bool one_byte = dw_recipe_scale_bytes(r) == 1;
@@ -265,13 +266,18 @@ static void test_all_recipes_bit_identical(void **state) {
                 c.tune.load = (int)(dw_test_next(&rng) % 3); /* bulk kernel: 1 row copies, 2/0 tensor map */
                 c.tune.group = (int)(dw_test_next(&rng) % 6); /* bulk kernel tile bands (0 the default) */
                 c.tune.kernel = (int)(dw_test_next(&rng) % 3);
+                /* half the transposed cases that allow it write x^T alone (a wgrad's x) */
+                c.t_only = c.trans && !c.misalign && c.tune.kernel != 1 &&
+                           dw_quantize_cuda_transposed_only_ok(r, c.in, rows, cols) && dw_test_next(&rng) % 2;
                 bad += run_case(&rng, &c);
+                t_only += c.t_only;
                 cases++;
             }
         }
     }
     dw_quantize_cuda_set_tuning(NULL, NULL);
-    fprintf(stderr, "test_quant: %d cases, %d mismatching\n", cases, bad);
+    fprintf(stderr, "test_quant: %d cases (%d with the transposed copy alone), %d mismatching\n", cases, t_only, bad);
+    if (t_only == 0) fail_msg("no case wrote the transposed copy alone");
     assert_int_equal(bad, 0);
 }
 
@@ -301,6 +307,17 @@ static void test_rejects_bad_arguments(void **state) {
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_kernel), DW_ERR_INVALID);
     o.recipe = DW_RECIPE_BF16;
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 4, &out, NULL, NULL, NULL),
+                     DW_ERR_UNSUPPORTED);
+    /* the transposed copy alone: not without any output, not from FP32, not for ragged tiles */
+    o.recipe = DW_RECIPE_FP8_BLOCK;
+    out.scales_swizzled = NULL;
+    assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_BF16, &dummy, 128, 128, NULL, NULL, NULL, NULL),
+                     DW_ERR_INVALID);
+    assert_false(dw_quantize_cuda_transposed_only_ok(DW_RECIPE_FP8_BLOCK, DW_QUANT_IN_F32, 128, 128));
+    assert_false(dw_quantize_cuda_transposed_only_ok(DW_RECIPE_FP8_BLOCK, DW_QUANT_IN_BF16, 128, 130));
+    assert_false(dw_quantize_cuda_transposed_only_ok(DW_RECIPE_FP8_BLOCK2D, DW_QUANT_IN_BF16, 128, 128));
+    assert_true(dw_quantize_cuda_transposed_only_ok(DW_RECIPE_FP8_BLOCK, DW_QUANT_IN_BF16, 256, 128));
+    assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 128, 128, NULL, &out, NULL, NULL),
                      DW_ERR_UNSUPPORTED);
 }
 

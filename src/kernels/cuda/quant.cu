@@ -662,6 +662,12 @@ extern "C" size_t dw_quantize_cuda_workspace_bytes(dw_recipe r, int64_t rows, in
     return 0;
 }
 
+extern "C" bool dw_quantize_cuda_transposed_only_ok(dw_recipe r, dw_quant_in in, int64_t rows, int64_t cols) {
+    const bool recipe = r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2 || r == DW_RECIPE_FP8_BLOCK;
+    return recipe && in == DW_QUANT_IN_BF16 && rows > 0 && cols > 0 && rows % TILE == 0 && cols % TILE == 0 &&
+           g_tuning.kernel != 1;
+}
+
 extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_quant_in in, const void *x,
                                       int64_t rows, int64_t cols, const dw_quant_dev_out *out,
                                       const dw_quant_dev_out *out_t, void *workspace, void *stream) {
@@ -670,10 +676,15 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
     dw_recipe r = o->recipe;
     if (r == DW_RECIPE_BF16)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize (cuda): bf16 is not a quantised recipe");
-    if (rows <= 0 || cols <= 0 || !x || !out || (in != DW_QUANT_IN_F32 && in != DW_QUANT_IN_BF16))
+    if (rows <= 0 || cols <= 0 || !x || (!out && !out_t) || (in != DW_QUANT_IN_F32 && in != DW_QUANT_IN_BF16))
         return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s (cuda): bad input [%lld, %lld]",
                             dw_recipe_name(r), (long long)rows, (long long)cols);
-    DW_TRY(check_out(ctx, r, out, "row-wise"));
+    if (!out && !dw_quantize_cuda_transposed_only_ok(r, in, rows, cols))
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "quantize %s (cuda): the transposed copy alone needs BF16 input, mxfp8, mxfp8_e5m2 "
+                            "or fp8_block, and whole 128x128 tiles ([%lld, %lld])",
+                            dw_recipe_name(r), (long long)rows, (long long)cols);
+    if (out) DW_TRY(check_out(ctx, r, out, "row-wise"));
     if (out_t) DW_TRY(check_out(ctx, r, out_t, "transposed"));
     if (dw_quantize_cuda_workspace_bytes(r, rows, cols) && !workspace)
         return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s (cuda): workspace required", dw_recipe_name(r));
@@ -683,7 +694,7 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
     p.cols = cols;
     p.tiles_c = (cols + TILE - 1) / TILE;
     p.vec_in = cols % 8 == 0 && aligned(x, 16);
-    p.vec_out = cols % 8 == 0 && aligned(out->codes, 8);
+    p.vec_out = out && cols % 8 == 0 && aligned(out->codes, 8);
     p.vec_out_t = out_t && rows % (dw_recipe_elem_bits(r) == 4 ? 32 : 16) == 0 && aligned(out_t->codes, 16);
     p.t_smem = g_tuning.t_store != 1;
     p.pow2 = o->pow2;
@@ -692,7 +703,7 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
     p.t = make_desc(r, out_t, cols, rows);
     int64_t sr, sc;
     dw_quant_scale_shape(r, rows, cols, &sr, &sc);
-    if (out->scales_swizzled)
+    if (out && out->scales_swizzled)
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(out->scales_swizzled, 0, dw_scale_swizzled_bytes(sr, sc), st));
     if (out_t && out_t->scales_swizzled) {
         dw_quant_scale_shape(r, cols, rows, &sr, &sc);
@@ -701,6 +712,9 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
     uint32_t *ws = (uint32_t *)workspace;
     /* the bulk-copy ring kernels where eligible, both ways (kernel 1: the older kernels only) */
     const bool trans = out_t != nullptr, bulk = g_tuning.kernel != 1;
+    if (!out && !(bulk && bulk_eligible(r, p, x, trans))) /* only the bulk kernel can leave the rows out */
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s (cuda): the transposed copy alone needs a "
+                            "16-byte aligned input and 8-byte aligned codes", dw_recipe_name(r));
     if (in == DW_QUANT_IN_BF16 && bulk && bulk_eligible(r, p, x, trans))
         return launch_bulk(ctx, r, (const uint16_t *)x, p, trans, g_tuning.t_store, g_tuning.load, g_tuning.group,
                            g_tuning.stages,

@@ -6,6 +6,7 @@
 #ifndef DW_KERNELS_CUDA_QUANT_H
 #define DW_KERNELS_CUDA_QUANT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,8 +68,15 @@ dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t);
 /* Device scratch the call needs (0 for the recipes whose scales are per block). */
 size_t dw_quantize_cuda_workspace_bytes(dw_recipe r, int64_t rows, int64_t cols);
 
+/* Whether dw_quantize_cuda can write the transposed copy alone (out NULL): BF16 input, mxfp8,
+ * mxfp8_e5m2 or fp8_block, whole 128x128 tiles, and the bulk-copy kernels not tuned away (a
+ * wgrad reads only x^T; the row-wise copy would be written for nobody). The call also needs a
+ * 16-byte aligned x and 8-byte aligned codes. */
+bool dw_quantize_cuda_transposed_only_ok(dw_recipe r, dw_quant_in in, int64_t rows, int64_t cols);
+
 /* Quantises x [rows, cols] (device, FP32 or BF16 codes, row-major) with o's recipe into `out`,
- * and, when out_t is not NULL, x^T [cols, rows] into out_t in the same pass. `workspace`: device
+ * and, when out_t is not NULL, x^T [cols, rows] into out_t in the same pass; out NULL: the
+ * transposed copy alone (dw_quantize_cuda_transposed_only_ok, else DW_ERR_UNSUPPORTED). `workspace`: device
  * memory of dw_quantize_cuda_workspace_bytes (may be NULL when that is 0). Asynchronous on
  * `stream` (a cudaStream_t; NULL = the legacy default stream). Errors: DW_ERR_INVALID for bad
  * arguments, DW_ERR_UNSUPPORTED for the BF16 recipe, DW_ERR_CUDA for launch failures. */

@@ -331,6 +331,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
             else if ((cw & 1) == 0) reinterpret_cast<float *>(scs)[8 * tr + k] = s32;
         } else {
             const int64_t r = r0 + 8 * tr + k;
+            if (!p.o.codes) continue; /* the transposed copy only */
             if constexpr (mx) put_scale8(p.o, r, (c0 >> 5) + (tc >> 2), s8);
             else if ((cw & 1) == 0) static_cast<float *>(p.o.scales)[r * p.o.scols + (c0 >> 7)] = s32;
         }
@@ -350,11 +351,12 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
             else if ((cw >> 1) == 0) static_cast<float *>(p.t.scales)[cg * p.t.scols + (r0 >> 7)] = s32;
         }
     }
-    /* row-wise codes: row k, 8 bytes at column c0 + 8 tc */
+    /* row-wise codes: row k, 8 bytes at column c0 + 8 tc (none for the transposed copy only: the
+     * condition is the same for the whole grid, so the shuffles below stay converged) */
     uint8_t *const ob = p.o.codes + (r0 + 8 * tr) * p.o.row_bytes + c0 + 8 * tc;
     unsigned char *const sob = stg + out_off(8 * tr) + 8 * tc;
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 8 && p.o.codes; k++) {
         const Rule q = shfl_rule<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
         float v[8];
 #pragma unroll
@@ -405,7 +407,7 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
         const int w = warp_uniform();
         const bool wside = w >= 4;
         const uint32_t u0 = 32u * (uint32_t)(w & 3);
-        if (elect_one()) {
+        if (elect_one() && (wside || p.o.codes)) {
             uint8_t *const wcodes = wside ? p.t.codes : p.o.codes;
             const int64_t wrb = wside ? c0 : r0, wcb = wside ? r0 : c0, wrow = wside ? p.t.row_bytes : p.o.row_bytes;
             const unsigned char *src = stg + (wside ? OUT_BLOCK : 0);
@@ -417,12 +419,14 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++) { /* chunk 256 (i % 4) + tid of block i / 4: row chunk / 8, bytes 16 (chunk % 8) */
+            if (i < 4 && !p.o.codes) continue; /* the transposed copy only */
             const uint32_t c = (uint32_t)(256 * (i & 3) + tid), row = c >> 3, ch = c & 7u;
             const uint4 v = *reinterpret_cast<const uint4 *>(stg + (i >> 2) * OUT_BLOCK + out_off(row) + 16 * ch);
             uint8_t *dst = i < 4 ? p.o.codes + (r0 + row) * p.o.row_bytes + c0 : p.t.codes + (c0 + row) * p.t.row_bytes + r0;
             __stcs(reinterpret_cast<uint4 *>(dst + 16 * ch), v);
         }
     }
+    if (!side && !p.o.codes) return; /* the transposed copy only: no row-wise scales */
     if constexpr (mx) {
         *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(scales) + (rb + u) * scols + (cb >> 5)) = scs[tid];
         if (swz && u < 32) {
