@@ -98,17 +98,9 @@ bool dw_compile_quant_gemm_ok(dw_recipe r, dw_qpass pass, int64_t m, int64_t n, 
 }
 
 bool dw_compile_dgrad_accumulates(const dw_compiled *c, int i) {
-    const dw_graph *g = c->g;
-    const dw_ir_node *n = &g->nodes[i];
+    const dw_ir_node *n = &c->g->nodes[i];
     if (!c->bf16 || n->op != DW_OP_LINEAR || c->grad_mode[i][0] != DW_GRAD_ACCUM) return false;
-    if (c->fused && dw_compile_fused_gelu_bwd(c, i) >= 0) return false;
-    if (!dw_compile_quant_recipe(c->bind[i].recipe)) return true;
-    const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
-    int64_t m, nn, k;
-    const char *why;
-    dw_compile_quant_shape(DW_QPASS_DGRAD, g->batch * g->seq, x->shape[x->ndim - 1], y->shape[y->ndim - 1], &m, &nn,
-                           &k);
-    return !dw_compile_quant_gemm_ok(c->bind[i].recipe, DW_QPASS_DGRAD, m, nn, k, &why); /* BF16 fallback */
+    return !(c->fused && dw_compile_fused_gelu_bwd(c, i) >= 0);
 }
 
 /* Node i's note: per GEMM at the planned shape, quantised or the BF16 fallback and why. */

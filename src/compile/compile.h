@@ -163,12 +163,12 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c);
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear);
 int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
 
-/* Whether linear node i's dgrad adds dx into its input's gradient inside the BF16 GEMM (beta = 1,
- * C = D = the gradient) instead of writing an ACC temporary that a separate kernel adds: BF16
- * mode, the input's gradient is accumulated (a later reader wrote it first: llama's k/v after q,
- * up after gate), and the dgrad runs the BF16 GEMM (not quantised, no fused GELU). The arena then
- * has no ACC0 temporary for the node. Decided at the planned capacity; the engine follows it at
- * every batch (a quantised dgrad would overwrite the gradient instead of adding). */
+/* Whether linear node i's dgrad adds dx into its input's gradient inside the GEMM (beta = 1,
+ * C = D = the gradient, BF16) instead of writing an ACC temporary that a separate kernel adds:
+ * BF16 mode, the input's gradient is accumulated (a later reader wrote it first: llama's k/v
+ * after q, up after gate), and no GELU is fused into the dgrad. Quantised or BF16 alike (every
+ * GEMM backend takes beta with a BF16 C), so the answer holds at every batch shape. The arena
+ * then has no ACC0 temporary for the node. */
 bool dw_compile_dgrad_accumulates(const dw_compiled *c, int i);
 
 /* Step numbers of node i. */

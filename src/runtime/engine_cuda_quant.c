@@ -108,10 +108,9 @@ dw_status dw_qlin_bwd(dw_qlin *q, int node, void *dx, float *dw, const void *dy,
                       int64_t K, int64_t M, bool *dgrad_done, bool *wgrad_done) {
     *dgrad_done = *wgrad_done = false;
     const dw_recipe r = q->cp->bind[node].recipe;
-    /* the plan decided at capacity whether this dgrad adds into its input's gradient in a BF16
-     * GEMM (dx is then that gradient, no scratch): follow it even where a smaller batch would fit
-     * the quantised kernel, which overwrites */
-    bool dg = dx && !dw_compile_dgrad_accumulates(q->cp, node) && ok(r, DW_QPASS_DGRAD, N, K, M);
+    /* where the plan has this dgrad add into its input's gradient (dx is then that gradient, no
+     * scratch), the quantised GEMM adds too (beta = 1) */
+    bool dg = dx && ok(r, DW_QPASS_DGRAD, N, K, M);
     bool wg = ok(r, DW_QPASS_WGRAD, N, K, M);
     if (!dg && !wg) return DW_OK;
     const dw_work_layout *l = &q->cp->work;
@@ -122,6 +121,7 @@ dw_status dw_qlin_bwd(dw_qlin *q, int node, void *dx, float *dw, const void *dy,
         qslot wt = slot(q, &q->cp->wq[node][1]); /* W^T [K,M] along M, from the last weight refresh */
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(act(r), &rows, N, M, false),
                           .b = op(wrec(r), &wt, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
+        if (dw_compile_dgrad_accumulates(q->cp, node)) a.beta = 1.0f, a.c = dx; /* dx += dy W: a sibling wrote it */
         DW_TRY(dw_gemm(q->ctx, &a));
         *dgrad_done = true;
     }

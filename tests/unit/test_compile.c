@@ -80,14 +80,6 @@ static bool reads_inputs_bwd(dw_op op) { /* restated from the op rules (engine_o
     }
 }
 
-/* A quantised node's note says its dgrad runs in BF16 ("dgrad MxNxK BF16 FALLBACK (...)"). */
-static bool dgrad_falls_back(const char *note) {
-    const char *d = note ? strstr(note, "dgrad ") : NULL;
-    if (!d) fail_msg("quantised node without a dgrad note: %s", note ? note : "(null)");
-    const char *end = strchr(d, ';'), *fb = strstr(d, "BF16 FALLBACK");
-    return fb && (!end || fb < end);
-}
-
 static void check(const dw_graph *g, const dw_compiled *c) {
     /* 1. no overlap among co-live buffers, alignment, inside the arena */
     int64_t sum = 0;
@@ -149,10 +141,9 @@ static void check(const dw_graph *g, const dw_compiled *c) {
             if (!(s == 0 && g->nodes[pg].op == DW_OP_GELU && c->fused && (c->fused[pg] & DW_FUSED_BWD)))
                 live_at(c, DW_BUF_GRAD, t, b, why);
             if (c->grad_mode[ni][s] == DW_GRAD_ACCUM) { /* a scratch to add from, or the GEMM adds (beta 1) */
-                bool in_gemm = dw_compile_dgrad_accumulates(c, ni);
-                bool bf16_dgrad = !dw_compile_quant_recipe(c->bind[ni].recipe) || dgrad_falls_back(c->bind[ni].note);
+                bool in_gemm = dw_compile_dgrad_accumulates(c, ni); /* quantised or BF16 GEMM alike */
                 bool fused = c->fused && dw_compile_fused_gelu_bwd(c, ni) >= 0;
-                assert_true(in_gemm == (s == 0 && n->op == DW_OP_LINEAR && c->bf16 && !fused && bf16_dgrad));
+                assert_true(in_gemm == (s == 0 && n->op == DW_OP_LINEAR && c->bf16 && !fused));
                 if (in_gemm) assert_int_equal(c->tmp_off[ni][DW_TMP_ACC0 + s], -1);
                 else assert_true(c->tmp_off[ni][DW_TMP_ACC0 + s] >= 0);
             }
