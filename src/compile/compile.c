@@ -97,6 +97,13 @@ bool dw_compile_quant_gemm_ok(dw_recipe r, dw_qpass pass, int64_t m, int64_t n, 
     return true;
 }
 
+bool dw_compile_quant_pass_ok(dw_recipe r, dw_qpass pass, int64_t N, int64_t K, int64_t M) {
+    int64_t m, n, k;
+    const char *why;
+    dw_compile_quant_shape(pass, N, K, M, &m, &n, &k);
+    return dw_compile_quant_gemm_ok(r, pass, m, n, k, &why);
+}
+
 bool dw_compile_dgrad_accumulates(const dw_compiled *c, int i) {
     const dw_ir_node *n = &c->g->nodes[i];
     if (!c->bf16 || n->op != DW_OP_LINEAR || c->grad_mode[i][0] != DW_GRAD_ACCUM) return false;

@@ -72,6 +72,8 @@ dw_recipe dw_compile_quant_weight_recipe(dw_recipe r);
 bool dw_compile_quant_gemm_ok(dw_recipe r, dw_qpass pass, int64_t m, int64_t n, int64_t k, const char **why);
 /* The GEMM shape (m, n, k) of `pass` for a linear layer of N tokens, K inputs, M outputs. */
 void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k);
+/* dw_compile_quant_gemm_ok at that layer's GEMM shape for `pass` (the reason dropped). */
+bool dw_compile_quant_pass_ok(dw_recipe r, dw_qpass pass, int64_t N, int64_t K, int64_t M);
 
 /* One quantised operand's room in the workspace pool: codes at `off`, scales at off + scales, the
  * NVFP4 tensor scale (one float) at off + tscale; `bytes` in all. off -1: no such slot. */

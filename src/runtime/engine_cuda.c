@@ -575,14 +575,9 @@ static dw_status bf16_copy_plan(dw_engine *e) {
         if (n->op != DW_OP_LINEAR || !dw_compile_quant_recipe(cp->bind[i].recipe)) continue;
         const dw_ir_tensor *x = &g->tensors[n->in[0]], *y = &g->tensors[n->out];
         const int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
-        bool q = true;
-        for (int pass = DW_QPASS_FPROP; pass <= DW_QPASS_DGRAD; pass++) {
-            int64_t m, nn, k;
-            const char *why;
-            dw_compile_quant_shape((dw_qpass)pass, N, K, M, &m, &nn, &k);
-            q = q && dw_compile_quant_gemm_ok(cp->bind[i].recipe, (dw_qpass)pass, m, nn, k, &why);
-        }
-        if (q) CE->bf16_lazy[CE->tparam[n->in[1]]] = true;
+        const dw_recipe r = cp->bind[i].recipe;
+        if (dw_compile_quant_pass_ok(r, DW_QPASS_FPROP, N, K, M) && dw_compile_quant_pass_ok(r, DW_QPASS_DGRAD, N, K, M))
+            CE->bf16_lazy[CE->tparam[n->in[1]]] = true;
     }
     for (int i = 0; i < g->n_nodes; i++) { /* ... unless a BF16 linear layer reads it too */
         const dw_ir_node *n = &g->nodes[i];
@@ -661,11 +656,22 @@ static dw_status optimizer_phases(dw_engine *e, cudaEvent_t *ev) {
     DW_TRY(dw_cuda_adamw(e->ctx, CE->w, CE->g, CE->m, CE->v, cp->param_floats, cp->decay_floats, CE->norm,
                          CE->adamw_args, STREAM));
     if (ev) cudaEventRecord(ev[DW_OPT_PHASE_ADAMW + 1], CE->stream);
-    if (!ev) return refresh_weights(e);
-    DW_TRY(refresh_bf16(e));
-    cudaEventRecord(ev[DW_OPT_PHASE_BF16 + 1], CE->stream);
+    DW_TRY(refresh_bf16(e)); /* refresh_weights, a phase at a time */
+    if (ev) cudaEventRecord(ev[DW_OPT_PHASE_BF16 + 1], CE->stream);
     DW_TRY(refresh_wcache(e));
-    cudaEventRecord(ev[DW_OPT_PHASE_WCACHE + 1], CE->stream);
+    if (ev) cudaEventRecord(ev[DW_OPT_PHASE_WCACHE + 1], CE->stream);
+    return DW_OK;
+}
+
+/* Step t's AdamW arguments to the workspace (from pinned memory, stream-ordered), where the
+ * kernels read them. */
+static dw_status stage_adamw_args(dw_engine *e, double lr, double beta1, double beta2, double eps, double wd,
+                                  double clip, int64_t step) {
+    *CE->host_args = (dw_cuda_adamw_args){.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd,
+                                          .c1 = 1.0 - pow(beta1, (double)step), .c2 = 1.0 - pow(beta2, (double)step),
+                                          .max_norm = clip};
+    DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(CE->adamw_args, CE->host_args, sizeof *CE->host_args,
+                                          cudaMemcpyHostToDevice, CE->stream));
     return DW_OK;
 }
 
@@ -679,13 +685,9 @@ dw_status dw_engine_cuda_adamw(dw_engine *e, double lr, double beta1, double bet
     if (step < 1 || !(eps > 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
         return dw_set_error(e->ctx, DW_ERR_INVALID, "adamw: step %lld, beta1 %g, beta2 %g, eps %g out of range",
                             (long long)step, beta1, beta2, eps);
-    /* the arguments go to the workspace (from pinned memory, stream-ordered), the kernels read them
-     * there: the optimizer is one CUDA graph from its second call on, whatever the values */
-    *CE->host_args = (dw_cuda_adamw_args){.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = wd,
-                                          .c1 = 1.0 - pow(beta1, (double)step), .c2 = 1.0 - pow(beta2, (double)step),
-                                          .max_norm = clip};
-    DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(CE->adamw_args, CE->host_args, sizeof *CE->host_args,
-                                          cudaMemcpyHostToDevice, CE->stream));
+    /* the kernels read the arguments from the workspace: the optimizer is one CUDA graph from its
+     * second call on, whatever the values */
+    DW_TRY(stage_adamw_args(e, lr, beta1, beta2, eps, wd, clip, step));
     if (CE->graphs && !CE->opt_exec && ++CE->opt_calls >= 2 &&
         !capture(e, launch_optimizer, NULL, &CE->opt_exec, "the optimizer step"))
         CE->graphs = false;
@@ -715,12 +717,7 @@ dw_status dw_engine_cuda_profile_optimizer(dw_engine *e, double lr, double beta1
             break;
         }
     for (int r = 0; s == DW_OK && r < reps; r++) {
-        *CE->host_args = (dw_cuda_adamw_args){.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
-                                              .weight_decay = wd, .c1 = 1.0 - pow(beta1, 1000.0 + r),
-                                              .c2 = 1.0 - pow(beta2, 1000.0 + r), .max_norm = clip};
-        if (cudaMemcpyAsync(CE->adamw_args, CE->host_args, sizeof *CE->host_args, cudaMemcpyHostToDevice,
-                            CE->stream) != cudaSuccess)
-            s = dw_set_error(e->ctx, DW_ERR_CUDA, "profile: copying the AdamW arguments failed");
+        s = stage_adamw_args(e, lr, beta1, beta2, eps, wd, clip, 1000 + r);
         if (s == DW_OK) {
             cudaEventRecord(ev[0], CE->stream);
             dw_engine_cuda_zero_grad(e);

@@ -1,8 +1,8 @@
 /* engine_cuda_quant.c — the CUDA engine's quantised linear layers (see engine_cuda_quant.h).
  * Every operand is quantised from the current values (scales from the current amax; no delayed
  * scaling), all three in the node's recipe (fp8_block and fp8_block2d: W, W^T in 128x128 blocks, x
- * and dy in 1x128, DESIGN.md's block recipe, DeepSeek-V3's; compile.h): fprop x and W along K; dgrad dy along M and W^T along
- * M; wgrad dy^T and x^T along the tokens (dy and dy^T in one quantiser pass). W and W^T are
+ * and dy in 1x128, DESIGN.md's block recipe, DeepSeek-V3's; compile.h): fprop x and W along K;
+ * dgrad dy along M and W^T along M; wgrad dy^T and x^T along the tokens (dy and dy^T in one quantiser pass). W and W^T are
  * quantised once per weight update (dw_qlin_quantize_weight, in one pass) into the node's cache,
  * not per GEMM: micro-batches and both passes read the same codes. Gradients dy use the
  * node's element format too (E4M3 for fp8_*, as DeepSeek-V3's block recipe). NVFP4's tensor scale
@@ -51,10 +51,7 @@ static dw_recipe act(dw_recipe r) { return dw_compile_quant_act_recipe(r); }
 static dw_recipe wrec(dw_recipe r) { return dw_compile_quant_weight_recipe(r); }
 
 static bool ok(dw_recipe r, dw_qpass p, int64_t N, int64_t K, int64_t M) {
-    int64_t m, n, k;
-    const char *why;
-    dw_compile_quant_shape(p, N, K, M, &m, &n, &k);
-    return dw_compile_quant_gemm_ok(r, p, m, n, k, &why);
+    return dw_compile_quant_pass_ok(r, p, N, K, M);
 }
 
 dw_status dw_qlin_quantize_weight(const dw_qlin *q, int node, const float *w, int64_t K, int64_t M) {
