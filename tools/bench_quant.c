@@ -14,7 +14,8 @@
 static void help(void) {
     printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--batch B]\n"
            "                            [--kernel default|cpasync|bulk] [--stages S] [--ctas-per-sm K]\n"
-           "                            [--t-store 1|2|3] [--load 1|2] [--group G]\n\n"
+           "                            [--t-store 1|2|3] [--load 1|2] [--group G]\n"
+           "                            [--tile-block 1|2|4]\n\n"
            "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
            "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
            "with CUDA events around a batch of B back-to-back calls on the same stream: 5 warm-up\n"
@@ -47,7 +48,10 @@ static void help(void) {
            "  --load L     tuning, bulk-copy transposing kernel: a tile arrives 1 as 128 row copies or\n"
            "               2 as one tensor-map copy (default)\n"
            "  --group G    tuning, bulk-copy transposing kernel: tiles in bands of G tile rows (1..64),\n"
-           "               column by column within a band (default 1: row by row)\n"
+           "               column by column within a band (default 1: row by row; with --tile-block 1)\n"
+           "  --tile-block T  tuning, bulk-copy transposing kernel: a CTA takes blocks of T x T tiles\n"
+           "               and writes their scales as runs of 4T bytes per row (default: the largest\n"
+           "               T that leaves no CTA more tiles than T = 1)\n"
            "  -h, --help   this help\n");
 }
 
@@ -186,10 +190,10 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, cons
     if (json) {
         printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
                "\"batch\": %d, \"input\": \"bf16\", \"kernel\": \"%s\", \"stages\": %d, \"ctas_per_sm\": %d, "
-               "\"t_store\": %d, \"load\": %d, \"group\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, "
+               "\"t_store\": %d, \"load\": %d, \"group\": %d, \"tile_block\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, "
                "\"variants\": [",
                prop.name, (long long)rows, (long long)cols, iters, batch, kernel_name(tune->kernel),
-               tune->stages, tune->ctas_per_sm, tune->t_store, tune->load, tune->group, copy_ms, copy_gbps);
+               tune->stages, tune->ctas_per_sm, tune->t_store, tune->load, tune->group, tune->tile_block, copy_ms, copy_gbps);
         for (int k = 0; k < 4; k++)
             printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
                    "\"ratio_to_copy\": %.3f}", k ? ", " : "", dw_recipe_name(vs[k].recipe),
@@ -197,9 +201,9 @@ static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, cons
         printf("]}\n");
     } else {
         printf("quantise BF16 [%lld, %lld] on %s, median of %d batches of %d calls (CUDA events); kernels "
-               "%s, stages %d, CTAs/SM %d, t-store %d, load %d, group %d (0 = default)\n\n", (long long)rows,
+               "%s, stages %d, CTAs/SM %d, t-store %d, load %d, group %d, tile block %d (0 = default)\n\n", (long long)rows,
                (long long)cols, prop.name, iters, batch, kernel_name(tune->kernel), tune->stages, tune->ctas_per_sm,
-               tune->t_store, tune->load, tune->group);
+               tune->t_store, tune->load, tune->group, tune->tile_block);
         printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
         printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy_ms, copy_gbps, "1.000");
         for (int k = 0; k < 4; k++) {
@@ -234,10 +238,12 @@ int bench_quant(int argc, char **argv) {
                                          {"t-store", required_argument, 0, 't'},
                                          {"load", required_argument, 0, 'L'},
                                          {"group", required_argument, 0, 'G'},
+                                         {"tile-block", required_argument, 0, 'T'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     bool json = false;
-    long rows = 8192, cols = 8192, iters = 50, batch = 10, stages = 0, ctas = 0, tstore = 0, kernel = 0, load = 0, group = 0;
+    long rows = 8192, cols = 8192, iters = 50, batch = 10, stages = 0, ctas = 0, tstore = 0, kernel = 0, load = 0, group = 0,
+         tblock = 0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -282,6 +288,13 @@ int bench_quant(int argc, char **argv) {
         case 'G':
             if (!cli_parse_int("bench quant", "--group", optarg, 1, 64, &group)) return DW_EXIT_USAGE;
             break;
+        case 'T':
+            if (!cli_parse_int("bench quant", "--tile-block", optarg, 1, 4, &tblock)) return DW_EXIT_USAGE;
+            if (tblock == 3) {
+                cli_error("bench quant", "--tile-block: 3 is not 1, 2 or 4");
+                return DW_EXIT_USAGE;
+            }
+            break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error("bench quant");
         }
@@ -296,10 +309,10 @@ int bench_quant(int argc, char **argv) {
     }
 #if DW_HAVE_CUDA
     dw_quant_tuning tune = {.stages = (int)stages, .ctas_per_sm = (int)ctas, .t_store = (int)tstore, .kernel = (int)kernel,
-                            .load = (int)load, .group = (int)group};
+                            .load = (int)load, .group = (int)group, .tile_block = (int)tblock};
     return run(json, rows, cols, (int)iters, (int)batch, &tune);
 #else
-    (void)json, (void)stages, (void)ctas, (void)tstore, (void)batch, (void)kernel, (void)load, (void)group;
+    (void)json, (void)stages, (void)ctas, (void)tstore, (void)batch, (void)kernel, (void)load, (void)group, (void)tblock;
     cli_error("bench quant", "this build has no CUDA (configured without nvcc): it needs a CUDA build and a GPU");
     return DW_EXIT_FAIL;
 #endif

@@ -163,12 +163,13 @@ static int run_case(dw_test_rng *rng, const qcase *c) {
     char label[256];
     snprintf(label, sizeof label,
              "%s%s%s in=%s [%lld,%lld] kind=%d%s%s%s stages=%d ctas/sm=%d max_ctas=%d t_store=%d kernel=%d load=%d "
-             "group=%d",
+             "group=%d tile_block=%d",
              dw_recipe_name(r),
              c->o.rounding == DW_SCALE_FLOOR ? "/floor" : "", c->o.pow2 ? "/pow2" : "",
              c->in == DW_QUANT_IN_BF16 ? "bf16" : "f32", (long long)c->rows, (long long)c->cols, c->kind,
              c->trans ? (c->t_only ? " T only" : " +T") : "", c->swz ? " +swz" : "", c->misalign ? " misaligned" : "", c->tune.stages,
-             c->tune.ctas_per_sm, c->tune.max_ctas, c->tune.t_store, c->tune.kernel, c->tune.load, c->tune.group);
+             c->tune.ctas_per_sm, c->tune.max_ctas, c->tune.t_store, c->tune.kernel, c->tune.load, c->tune.group,
+             c->tune.tile_block);
     if (dw_quantize_cuda_set_tuning(NULL, &c->tune) != DW_OK) fail_msg("%s: set_tuning: %s", label, dw_errmsg(NULL));
     g_s0 = ldexpf(1.0f + (float)(1 + dw_test_next(rng) % 0x7FFFFE) * 0x1p-23f, (int)(dw_test_next(rng) % 40) - 20);
     float *x = malloc((size_t)n * sizeof *x);
@@ -265,6 +266,9 @@ static void test_all_recipes_bit_identical(void **state) {
                 c.tune.t_store = (int)(dw_test_next(&rng) % 4);
                 c.tune.load = (int)(dw_test_next(&rng) % 3); /* bulk kernel: 1 row copies, 2/0 tensor map */
                 c.tune.group = (int)(dw_test_next(&rng) % 6); /* bulk kernel tile bands (0 the default) */
+                /* bulk kernel: units of 1, 2 or 4 tiles square with staged scale runs (0 the default;
+                 * {1152, 640} and {2304, 2560} leave partial units at the edges) */
+                c.tune.tile_block = (int[]){0, 1, 2, 4}[dw_test_next(&rng) % 4];
                 c.tune.kernel = (int)(dw_test_next(&rng) % 3);
                 /* transposed cases that allow it write x^T alone (a wgrad's x): all of variant 7,
                  * half of variant 5 (the other half keeps both copies) */
@@ -300,7 +304,9 @@ static void test_rejects_bad_arguments(void **state) {
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 16, &out, NULL, NULL, NULL),
                      DW_ERR_INVALID); /* no tensor_scale */
     dw_quant_tuning bad_stages = {.stages = 7}, bad_ctas = {.max_ctas = -1}, bad_kernel = {.kernel = 3},
-                    bad_store = {.t_store = 4}, bad_load = {.load = 3}, bad_group = {.group = 65};
+                    bad_store = {.t_store = 4}, bad_load = {.load = 3}, bad_group = {.group = 65},
+                    bad_tblock = {.tile_block = 3};
+    assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_tblock), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_group), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_load), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_store), DW_ERR_INVALID);

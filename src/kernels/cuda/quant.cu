@@ -528,7 +528,7 @@ __global__ void finalize_kernel(Params p, bool trans, const uint32_t *g_amax, co
 /* ---- launchers -------------------------------------------------------------------------- */
 
 /* Tuning of the persistent tile kernel (dw_quantize_cuda_set_tuning); 0 = built-in choice. */
-dw_quant_tuning g_tuning = {0, 0, 0, 0, 0, 0, 0};
+dw_quant_tuning g_tuning = {};
 
 template <typename TIn, int R>
 dw_status launch_pipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, int64_t tiles, cudaStream_t st) {
@@ -644,14 +644,14 @@ OutDesc make_desc(dw_recipe r, const dw_quant_dev_out *o, int64_t R, int64_t C) 
 
 extern "C" dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t) {
     if (!t) {
-        g_tuning = dw_quant_tuning{0, 0, 0, 0, 0, 0, 0};
+        g_tuning = dw_quant_tuning{};
         return DW_OK;
     }
     if ((t->stages != 0 && (t->stages < 2 || t->stages > 6)) || t->ctas_per_sm < 0 || t->max_ctas < 0 ||
         t->t_store < 0 || t->t_store > 3 || t->kernel < 0 || t->kernel > 2 || t->load < 0 || t->load > 2 ||
-        t->group < 0 || t->group > 64)
+        t->group < 0 || t->group > 64 || (t->tile_block != 0 && t->tile_block != 1 && t->tile_block != 2 && t->tile_block != 4))
         return dw_set_error(ctx, DW_ERR_INVALID, "quantize (cuda): tuning: stages must be 0 or 2..6, CTA counts >= 0, "
-                                                 "t_store 0..3, kernel 0..2, load 0..2, group 0..64");
+                                                 "t_store 0..3, kernel 0..2, load 0..2, group 0..64, tile_block 0, 1, 2 or 4");
     g_tuning = *t;
     return DW_OK;
 }
@@ -716,9 +716,10 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s (cuda): the transposed copy alone needs a "
                             "16-byte aligned input and 8-byte aligned codes", dw_recipe_name(r));
     if (in == DW_QUANT_IN_BF16 && bulk && bulk_eligible(r, p, x, trans))
-        return launch_bulk(ctx, r, (const uint16_t *)x, p, trans, g_tuning.t_store, g_tuning.load, g_tuning.group,
-                           g_tuning.stages,
-                           g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 2, g_tuning.max_ctas, st);
+        return launch_bulk(ctx, r, (const uint16_t *)x, p, trans,
+                           BulkTune{g_tuning.t_store, g_tuning.load, g_tuning.group, g_tuning.tile_block, g_tuning.stages,
+                                    g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 2, g_tuning.max_ctas},
+                           st);
     if (in == DW_QUANT_IN_BF16) return launch(ctx, r, (const uint16_t *)x, p, out_t != nullptr, ws, st);
     return launch(ctx, r, (const float *)x, p, out_t != nullptr, ws, st);
 }

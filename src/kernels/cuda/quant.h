@@ -57,11 +57,15 @@ typedef struct {
  *                outputs (else 1)
  *   load         bulk transposing kernel, how a tile arrives: 1 as 128 row copies, 2 (default) as
  *                one tensor-map copy (row copies where the driver cannot make the map)
- *   group        bulk transposing kernel, tile order: bands of `group` tile rows (1..64), taken
- *                column by column within a band; 1 (default) is row by row
+ *   group        bulk transposing kernel with tile blocks of 1, tile order: bands of `group` tile
+ *                rows (1..64), taken column by column within a band; 1 (default) is row by row
+ *   tile_block   bulk transposing kernel: a CTA takes blocks of tile_block x tile_block tiles
+ *                (1, 2 or 4) and writes their scales as runs of 4 tile_block bytes per row
+ *                instead of 4 bytes per tile; default the largest that leaves no CTA more tiles
+ *                than blocks of 1; always 1 with a swizzled scale copy
  * Process-wide, not thread-safe; NULL restores the defaults. DW_ERR_INVALID for values out of range. */
 typedef struct {
-    int stages, ctas_per_sm, max_ctas, t_store, kernel, load, group;
+    int stages, ctas_per_sm, max_ctas, t_store, kernel, load, group, tile_block;
 } dw_quant_tuning;
 dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tuning *t);
 

@@ -236,6 +236,29 @@ __device__ __forceinline__ void tile_origin(uint32_t t, const Params &p, int64_t
     *c0 = (int64_t)(in / gh) * TILE;
 }
 
+/* A CTA's unit of work in the transposing kernel: p.tblock x p.tblock tiles from (r0, c0), gh x gw
+ * of them at the tensor's edges, taken column by column (tile k at row k % gh, column k / gh of
+ * the unit); units go to the CTAs by grid stride, row by row. p.tblock 1: unit u is tile u in
+ * tile_origin's order. Several tiles per unit let their scales leave as runs of 4 p.tblock bytes
+ * per scale row (flush_scales) instead of 4 bytes per tile. */
+struct Unit {
+    int64_t r0, c0;
+    uint32_t gh, gw;
+};
+__device__ __forceinline__ Unit unit_of(uint32_t u, const Params &p) {
+    Unit t;
+    if (p.tblock == 1) {
+        tile_origin(u, p, &t.r0, &t.c0);
+        t.gh = t.gw = 1;
+        return t;
+    }
+    const uint32_t g = (uint32_t)p.tblock, tr = (uint32_t)(p.rows / TILE), tc = (uint32_t)p.tiles_c;
+    const uint32_t per_row = (tc + g - 1) / g, ur = u / per_row, uc = u - ur * per_row;
+    t.r0 = (int64_t)(ur * g) * TILE, t.c0 = (int64_t)(uc * g) * TILE;
+    t.gh = tr - ur * g < g ? tr - ur * g : g, t.gw = tc - uc * g < g ? tc - uc * g : g;
+    return t;
+}
+
 /* Where a tile's codes go (dw_quant_tuning.t_store for this kernel): ST_REG straight from
  * registers, 8 bytes per store (each warp store touches 4 rows, transposed 8 rows, of x's
  * outputs; scales one byte or float at a time); ST_BULK and ST_V16 first into shared memory,
@@ -262,18 +285,27 @@ template <int R> constexpr int bulk_stages_default(int store, bool three) {
 constexpr int BULK_GROUP_DEFAULT = 1;
 __device__ __forceinline__ uint32_t out_off(uint32_t r) { return r * 128u + 32u * (r >> 3); }
 
+/* Where bulk_tile puts a tile's scales: nowhere in shared memory (row == NULL: straight to the
+ * outputs), or 4 bytes per row of the tile (MX: its 4 codes, byte b = block column b; fp8_block:
+ * the float) at row[i * stride] for row i of x, col[j * stride] for row j of x^T: the tile's own
+ * staging (stride 1) or its place in the unit's (flush_scales). */
+struct ScaleSink {
+    uint32_t *row, *col;
+    uint32_t stride;
+};
+
 /* One tile [r0 .. r0+128) x [c0 .. c0+128): this thread holds rows 8 tr .. 8 tr + 7, columns
  * 8 tc .. 8 tc + 7 of it in w[row] (8 BF16 each). Lanes: tc = lane % 8 + 8 (warp % 2), tr =
  * lane / 8 + 4 (warp / 2), so a warp covers 32 rows x 64 columns: an MX block of a row is 4
  * neighbouring lanes (xor 1, 2), an MX block of a column the 4 lanes lane % 8 (xor 8, 16).
  * fp8_block's 128-blocks add the partner warps through part_r / part_c (one consumer barrier).
  * Staged (ST != ST_REG): codes go to stg (the tile's ring buffer: every consumer must be past its
- * loads, which the caller's or fp8_block's barrier ensures), scales to scs ([0, 128): row r's,
- * [128, 256): transposed row r's; MX: byte b = block column b of the tile). */
+ * loads, which the caller's or fp8_block's barrier ensures). Scales: to sk (after this function's
+ * barrier where it has one). */
 template <int R, int ST>
 __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c0, const uint4 (&w)[8], int lane,
                                           int cw, uint32_t (*part_r)[TILE / 2], uint32_t (*part_c)[TILE / 2],
-                                          unsigned char *stg, uint32_t *scs) {
+                                          unsigned char *stg, const ScaleSink &sk) {
     constexpr int kind = Traits<R>::kind;
     constexpr bool mx = kind == K_MX, staged = ST != ST_REG;
     const int tc = (lane & 7) + 8 * (cw & 1), tr = (lane >> 3) + 4 * (cw >> 1);
@@ -326,9 +358,10 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qr[s] = bulk_rule<R>(amax_f32(rpk, mx ? s : gl & 1), p, &s32, &s8);
-        if constexpr (staged) {
-            if constexpr (mx) reinterpret_cast<uint8_t *>(scs)[4 * (8 * tr + k) + (tc >> 2)] = (uint8_t)s8;
-            else if ((cw & 1) == 0) reinterpret_cast<float *>(scs)[8 * tr + k] = s32;
+        if (sk.row) {
+            uint32_t *const d = sk.row + (uint32_t)(8 * tr + k) * sk.stride;
+            if constexpr (mx) reinterpret_cast<uint8_t *>(d)[tc >> 2] = (uint8_t)s8;
+            else if ((cw & 1) == 0) *reinterpret_cast<float *>(d) = s32;
         } else {
             const int64_t r = r0 + 8 * tr + k;
             if (!p.o.codes) continue; /* the transposed copy only */
@@ -342,9 +375,10 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qc[s] = bulk_rule<R>(amax_f32(cpk, s), p, &s32, &s8);
-        if constexpr (staged) {
-            if constexpr (mx) reinterpret_cast<uint8_t *>(scs + TILE)[4 * (8 * tc + j) + (tr >> 2)] = (uint8_t)s8;
-            else if ((cw >> 1) == 0) reinterpret_cast<float *>(scs)[TILE + 8 * tc + j] = s32;
+        if (sk.col) {
+            uint32_t *const d = sk.col + (uint32_t)(8 * tc + j) * sk.stride;
+            if constexpr (mx) reinterpret_cast<uint8_t *>(d)[tr >> 2] = (uint8_t)s8;
+            else if ((cw >> 1) == 0) *reinterpret_cast<float *>(d) = s32;
         } else {
             const int64_t cg = c0 + 8 * tc + j;
             if constexpr (mx) put_scale8(p.t, cg, (r0 >> 5) + (tr >> 2), s8);
@@ -388,9 +422,9 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
 /* The staged tile out of shared memory (after the consumer barrier that follows bulk_tile):
  * consumer thread tid takes row tid % 128 of the row-wise (tid < 128) or transposed block:
  * ST_BULK: one lane of each warp copies its warp's 32 rows (128 codes each) in one bulk group;
- * ST_V16: chunks tid + 256 i (i < 8) of the 2048 16-byte chunks of both blocks. Then the row's
- * scales (4 bytes) and, MX with a swizzled copy, threads 0-31 / 128-159 one 16-byte piece of the
- * tile's 512-byte run in cuBLAS's 128x4 layout. */
+ * ST_V16: chunks tid + 256 i (i < 8) of the 2048 16-byte chunks of both blocks. Then, scs not
+ * NULL (the tile's own scale staging), the row's scales (4 bytes) and, MX with a swizzled copy,
+ * threads 0-31 / 128-159 one 16-byte piece of the tile's 512-byte run in cuBLAS's 128x4 layout. */
 template <int R, int ST>
 __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t c0, const unsigned char *stg,
                                            const uint32_t *scs, int tid) {
@@ -426,7 +460,7 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
             __stcs(reinterpret_cast<uint4 *>(dst + 16 * ch), v);
         }
     }
-    if (!side && !p.o.codes) return; /* the transposed copy only: no row-wise scales */
+    if (!scs || (!side && !p.o.codes)) return; /* scales staged per unit, or no row-wise copy */
     if constexpr (mx) {
         *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(scales) + (rb + u) * scols + (cb >> 5)) = scs[tid];
         if (swz && u < 32) {
@@ -439,10 +473,32 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
     }
 }
 
+/* A unit's staged scales out (after a consumer barrier that follows the last tile's scale
+ * writes): gs holds x's rows of the unit ([gh 128][tblock] words, word j = tile column j) and
+ * then x^T's ([gw 128][tblock]); each row leaves as one run of 4 gw (x^T: 4 gh) bytes, one
+ * 16- or 8-byte store where the run is whole and aligned. Both recipes have 4 scale bytes per
+ * tile and row (MX: 4 codes, fp8_block: one float); outputs 4-byte aligned (the launch's check). */
+template <int R>
+__device__ __forceinline__ void flush_scales(const Params &p, const uint32_t *gs, const Unit &un, int tid) {
+    constexpr uint32_t sb = Traits<R>::kind == K_MX ? 1 : 4; /* bytes per scale */
+    const uint32_t g = (uint32_t)p.tblock, nr = p.o.codes ? un.gh * TILE : 0, nt = un.gw * TILE;
+    for (uint32_t i = (uint32_t)tid; i < nr + nt; i += BK_CONS) {
+        const bool side = i >= nr;
+        const uint32_t row = side ? i - nr : i, n = side ? un.gh : un.gw;
+        const uint32_t *src = gs + (side ? g * g * TILE : 0) + row * g;
+        uint8_t *const dst = side ? static_cast<uint8_t *>(p.t.scales) + (un.c0 + row) * p.t.scols * sb + (un.r0 >> 7) * 4
+                                  : static_cast<uint8_t *>(p.o.scales) + (un.r0 + row) * p.o.scols * sb + (un.c0 >> 7) * 4;
+        if (n == 4 && ((uintptr_t)dst & 15u) == 0) __stcs(reinterpret_cast<uint4 *>(dst), *reinterpret_cast<const uint4 *>(src));
+        else if (n == 2 && ((uintptr_t)dst & 7u) == 0) __stcs(reinterpret_cast<uint2 *>(dst), *reinterpret_cast<const uint2 *>(src));
+        else
+            for (uint32_t j = 0; j < n; j++) reinterpret_cast<uint32_t *>(dst)[j] = src[j];
+    }
+}
+
 template <int R, int ST, int MINB = 2> /* MINB CTAs per SM: 2, or 3 (72 registers, some spilled) */
 __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __grid_constant__ CUtensorMap tx,
                                                                       const uint16_t *__restrict__ x, Params p,
-                                                                      int64_t ntiles, int stages) {
+                                                                      int64_t nunits, int stages) {
     constexpr bool staged = ST != ST_REG;
     constexpr uint32_t stage_bytes = staged ? BK_STAGE_STAGED : BK_TILE;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -452,67 +508,86 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
     __shared__ __align__(16) uint32_t scs[staged ? 2 * TILE : 1]; /* staged scales (bulk_tile) */
     uint64_t *const full = ring_init(ring, stages, stage_bytes), *const empty = full + stages;
+    /* after the barriers: the unit's scales, [tblock 128][tblock] words for x then for x^T (tblock > 1) */
+    uint32_t *const gs = reinterpret_cast<uint32_t *>(empty + stages);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (warp == BK_CONS / 32) { /* producer: the n-th tile goes to buffer n % stages once it is free */
         int s = 0;
-        uint32_t ph = 0; /* parity of the ring's round */
-        for (uint32_t tile = blockIdx.x, n = 0; tile < (uint32_t)ntiles; tile += gridDim.x, n++) {
-            if (n >= (uint32_t)stages) {
-                if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
-                __syncwarp();
-            }
-            if (elect_one()) { /* one lane: the tile in one tensor copy, or 128 row copies */
-                mbar_arrive_tx(&full[s], BK_TILE);
-                int64_t r0, c0;
-                tile_origin(tile, p, &r0, &c0);
-                unsigned char *buf = ring + (size_t)s * stage_bytes;
-                if (p.tma_in) {
-                    tma_load_2d(buf, &tx, (int)c0, (int)r0, &full[s]);
-                } else {
-                    const uint16_t *src = x + r0 * p.cols + c0;
-#pragma unroll 4
-                    for (int rr = 0; rr < TILE; rr++) bulk_g2s(buf + rr * BK_ROW, src + rr * p.cols, BK_ROW, &full[s]);
+        uint32_t ph = 0, n = 0; /* parity of the ring's round, tiles so far */
+        for (uint32_t u = blockIdx.x; u < (uint32_t)nunits; u += gridDim.x) {
+            const Unit un = unit_of(u, p);
+            for (uint32_t kt = 0; kt < un.gh * un.gw; kt++, n++) {
+                if (n >= (uint32_t)stages) {
+                    if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
+                    __syncwarp();
                 }
+                if (elect_one()) { /* one lane: the tile in one tensor copy, or 128 row copies */
+                    mbar_arrive_tx(&full[s], BK_TILE);
+                    const int64_t r0 = un.r0 + (int64_t)(kt % un.gh) * TILE, c0 = un.c0 + (int64_t)(kt / un.gh) * TILE;
+                    unsigned char *buf = ring + (size_t)s * stage_bytes;
+                    if (p.tma_in) {
+                        tma_load_2d(buf, &tx, (int)c0, (int)r0, &full[s]);
+                    } else {
+                        const uint16_t *src = x + r0 * p.cols + c0;
+#pragma unroll 4
+                        for (int rr = 0; rr < TILE; rr++) bulk_g2s(buf + rr * BK_ROW, src + rr * p.cols, BK_ROW, &full[s]);
+                    }
+                }
+                __syncwarp();
+                if (++s == stages) s = 0, ph ^= 1u;
             }
-            __syncwarp();
-            if (++s == stages) s = 0, ph ^= 1u;
         }
         return;
     }
     const int tc = (lane & 7) + 8 * (warp & 1), tr = (lane >> 3) + 4 * (warp >> 1);
+    const uint32_t g = (uint32_t)p.tblock;
     int s = 0, sp = 0; /* this tile's buffer, the previous tile's */
-    uint32_t ph = 0;
-    for (uint32_t tile = blockIdx.x, n = 0; tile < (uint32_t)ntiles; tile += gridDim.x, n++) {
-        mbar_wait(&full[s], ph);
-        unsigned char *buf = ring + (size_t)s * stage_bytes;
-        uint4 w[8];
+    uint32_t ph = 0, n = 0;
+    for (uint32_t u = blockIdx.x; u < (uint32_t)nunits; u += gridDim.x) {
+        const Unit un = unit_of(u, p);
+        const uint32_t cnt = un.gh * un.gw;
+        for (uint32_t kt = 0; kt < cnt; kt++, n++) {
+            mbar_wait(&full[s], ph);
+            unsigned char *buf = ring + (size_t)s * stage_bytes;
+            uint4 w[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) w[k] = *reinterpret_cast<const uint4 *>(buf + (8 * tr + k) * BK_ROW + 16 * tc);
-        if constexpr (ST == ST_REG) { /* the buffer is free as soon as the warp has its pieces */
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
-        } else if constexpr (ST == ST_BULK) { /* the previous tile's buffer, once its bulk copies read it */
-            if (n > 0) {
-                bulk_wait_read();
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&empty[sp]);
-            }
-        }
-        int64_t r0, c0;
-        tile_origin(tile, p, &r0, &c0);
-        bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, scs);
-        if constexpr (staged) {
-            if constexpr (ST == ST_BULK) fence_proxy_async(); /* the codes, before the bulk copies read them */
-            consumers_sync();
-            flush_tile<R, ST>(p, r0, c0, buf, scs, tid);
-            if constexpr (ST == ST_V16) { /* read back: the buffer is free (the producer writes it by bulk copy) */
-                fence_proxy_async();
+            for (int k = 0; k < 8; k++) w[k] = *reinterpret_cast<const uint4 *>(buf + (8 * tr + k) * BK_ROW + 16 * tc);
+            if constexpr (ST == ST_REG) { /* the buffer is free as soon as the warp has its pieces */
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&empty[s]);
+            } else if constexpr (ST == ST_BULK) { /* the previous tile's buffer, once its bulk copies read it */
+                if (n > 0) {
+                    bulk_wait_read();
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[sp]);
+                }
             }
+            const uint32_t ti = kt % un.gh, tj = kt / un.gh; /* the tile's place in the unit */
+            const int64_t r0 = un.r0 + (int64_t)ti * TILE, c0 = un.c0 + (int64_t)tj * TILE;
+            ScaleSink sk = {nullptr, nullptr, 1};
+            if (g > 1) sk = ScaleSink{gs + ti * TILE * g + tj, gs + g * g * TILE + tj * TILE * g + ti, g};
+            else if (staged) sk = ScaleSink{scs, scs + TILE, 1};
+            bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, sk);
+            if constexpr (staged) {
+                if constexpr (ST == ST_BULK) fence_proxy_async(); /* the codes, before the bulk copies read them */
+                consumers_sync();
+                flush_tile<R, ST>(p, r0, c0, buf, g > 1 ? nullptr : scs, tid);
+                if constexpr (ST == ST_V16) { /* read back: the buffer is free (the producer writes it by bulk copy) */
+                    fence_proxy_async();
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[s]);
+                }
+            }
+            if (g > 1 && kt + 1 == cnt) { /* the unit's scales, once every consumer has written its share */
+                if constexpr (!staged) consumers_sync();
+                flush_scales<R>(p, gs, un, tid);
+                /* the next unit's first scale writes must wait for these reads: bulk_tile has a barrier
+                 * before them except for MX from registers */
+                if constexpr (!staged && Traits<R>::kind == K_MX) consumers_sync();
+            }
+            sp = s;
+            if (++s == stages) s = 0, ph ^= 1u;
         }
-        sp = s;
-        if (++s == stages) s = 0, ph ^= 1u;
     }
     if constexpr (ST == ST_BULK) bulk_wait_all(); /* the shared source must outlive the copies */
 }
@@ -609,18 +684,18 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
     }
 }
 
-/* Either ring kernel k over `work` units (tiles or stages; n is the kernel's count argument):
- * a persistent grid of at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all;
- * dynamic shared memory: the ring, its barriers and `align` bytes of slack for the kernel to align
- * the ring. */
+/* A ring kernel's launch shape: dynamic shared memory (the ring, its barriers and `extra` bytes:
+ * slack for the kernel to align the ring, staging behind the barriers) and the persistent grid,
+ * at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all, before the cap by the
+ * work. */
 using ring_kernel = void (*)(const CUtensorMap, const uint16_t *, Params, int64_t, int);
-dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, const CUtensorMap &tx,
-                      const uint16_t *x, const Params &p, int64_t work, int64_t n, int stages, size_t stage_bytes,
-                      size_t align, int ctas_per_sm, int max_ctas, cudaStream_t st) {
-    if (work > 0x7FFFFFFFLL)
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
-                            (long long)p.rows, (long long)p.cols);
-    const size_t smem = (size_t)stages * stage_bytes + 2 * (size_t)stages * sizeof(uint64_t) + align;
+struct RingShape {
+    size_t smem;
+    int64_t grid;
+};
+dw_status ring_shape(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, int stages,
+                     size_t stage_bytes, size_t extra, int ctas_per_sm, int max_ctas, RingShape *out) {
+    const size_t smem = (size_t)stages * stage_bytes + 2 * (size_t)stages * sizeof(uint64_t) + extra;
     int sms = 0, per_sm = 0;
     DW_TRY(kernel_fit(ctx, (const void *)k, BK_THREADS, smem, cache, &sms, &per_sm));
     if (per_sm < 1)
@@ -629,8 +704,19 @@ dw_status launch_ring(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)
     if (ctas_per_sm > 0 && ctas_per_sm < per_sm) per_sm = ctas_per_sm;
     int64_t grid = (int64_t)sms * per_sm;
     if (max_ctas > 0 && max_ctas < grid) grid = max_ctas;
-    if (grid > work) grid = work;
-    k<<<(unsigned)grid, BK_THREADS, smem, st>>>(tx, x, p, n, stages);
+    *out = RingShape{smem, grid};
+    return DW_OK;
+}
+
+/* Ring kernel k over `work` units (tiles, units of tiles or stages; n is the kernel's count
+ * argument) in the launch shape sh. */
+dw_status launch_ring(dw_ctx *ctx, ring_kernel k, const RingShape &sh, dw_recipe r, const CUtensorMap &tx,
+                      const uint16_t *x, const Params &p, int64_t work, int64_t n, int stages, cudaStream_t st) {
+    if (work > 0x7FFFFFFFLL)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
+                            (long long)p.rows, (long long)p.cols);
+    const int64_t grid = sh.grid < work ? sh.grid : work;
+    k<<<(unsigned)grid, BK_THREADS, sh.smem, st>>>(tx, x, p, n, stages);
     DW_CUDA_CHECK_LAUNCH(ctx, dw_recipe_name(r));
     return DW_OK;
 }
@@ -667,33 +753,53 @@ bool staged_ok(const Params &p) {
     return (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
 }
 
-template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p_in, bool trans, int store,
-                                         int load, int group, int stages, int ctas_per_sm, int max_ctas,
+/* Units of g x g tiles over a grid of tr x tc tiles. */
+int64_t tile_units(int64_t tr, int64_t tc, int g) { return ((tr + g - 1) / g) * ((tc + g - 1) / g); }
+
+template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p_in, bool trans, BulkTune t,
                                          cudaStream_t st) {
-    static std::atomic<uint64_t> cache_t[2][3][16], cache_r[16]; /* [3 CTAs][store - 1] */
+    static std::atomic<uint64_t> cache_t[2][3][3][16], cache_r[16]; /* [3 CTAs][store - 1][log2 tblock] */
     CUtensorMap tx;
     memset(&tx, 0, sizeof tx);
     Params p = p_in;
     p.tma_in = false;
+    p.tblock = 1;
+    RingShape sh;
     if (trans) {
-        p.tma_in = load != 1 && make_x_map(&tx, x, p.rows, p.cols);
-        p.group = group ? group : BULK_GROUP_DEFAULT;
-        const int64_t tiles = p.rows / TILE * p.tiles_c;
-        if (store == 0) store = bulk_store_default<R>();
+        p.tma_in = t.load != 1 && make_x_map(&tx, x, p.rows, p.cols);
+        p.group = t.group ? t.group : BULK_GROUP_DEFAULT;
+        const int64_t tr = p.rows / TILE, tc = p.tiles_c;
+        int store = t.store ? t.store : bulk_store_default<R>();
         if (store != ST_REG && !staged_ok(p)) store = ST_REG;
         /* 3 or more CTAs per SM asked for: the kernels built for 3 (72 registers; 2 stages fit) */
-        const bool three = ctas_per_sm >= 3;
-        if (stages == 0) stages = bulk_stages_default<R>(store, three);
+        const bool three = t.ctas_per_sm >= 3;
+        const int stages = t.stages ? t.stages : bulk_stages_default<R>(store, three);
         static const ring_kernel ks[2][3] = {
             {quant_bulk_kernel<R, ST_REG>, quant_bulk_kernel<R, ST_BULK>, quant_bulk_kernel<R, ST_V16>},
             {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>}};
-        return launch_ring(ctx, ks[three][store - 1], cache_t[three][store - 1], (dw_recipe)R, tx, x, p, tiles, tiles,
-                           stages, store == ST_REG ? BK_TILE : BK_STAGE_STAGED, 128, ctas_per_sm, max_ctas, st);
+        const ring_kernel k = ks[three][store - 1];
+        const size_t stage_bytes = store == ST_REG ? BK_TILE : BK_STAGE_STAGED;
+        /* tile blocks: the runs need 4-byte aligned scales; the swizzled copies are written per tile */
+        const bool blocks_ok = !p.o.swz && !p.t.swz && (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
+        int64_t best = -1;
+        for (int gi = 2; gi >= 0; gi--) { /* the largest block whose busiest CTA takes no more tiles than 1 x 1 */
+            const int g = 1 << gi;
+            if (t.tblock ? g != (blocks_ok ? t.tblock : 1) : g > 1 && !blocks_ok) continue;
+            RingShape c;
+            DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], (dw_recipe)R, stages, stage_bytes,
+                              128 + (g > 1 ? (size_t)g * g * 2 * TILE * 4 : 0), t.ctas_per_sm, t.max_ctas, &c));
+            const int64_t units = tile_units(tr, tc, g), load = (units + c.grid - 1) / c.grid * g * g;
+            if (best < 0 || load < best) best = load, sh = c, p.tblock = g;
+        }
+        return launch_ring(ctx, k, sh, (dw_recipe)R, tx, x, p, tile_units(tr, tc, p.tblock), tile_units(tr, tc, p.tblock),
+                           stages, st);
     }
     const int64_t nchunks = p.rows * p.cols / 8;
-    return launch_ring(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, tx, x, p,
-                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages ? stages : 3, BK_TILE, 0,
-                       ctas_per_sm, max_ctas, st);
+    const int stages = t.stages ? t.stages : 3;
+    DW_TRY(ring_shape(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, stages, BK_TILE, 0, t.ctas_per_sm,
+                      t.max_ctas, &sh));
+    return launch_ring(ctx, quant_bulk_rows_kernel<R>, sh, (dw_recipe)R, tx, x, p,
+                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages, st);
 }
 
 } /* namespace */
@@ -705,19 +811,17 @@ bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans) {
     return p.rows % TILE == 0 && p.cols % TILE == 0 && p.t.codes && (uintptr_t)p.t.codes % 8 == 0;
 }
 
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int store, int load,
-                      int group, int stages, int ctas_per_sm, int max_ctas, cudaStream_t st) {
-    if (store < 0 || store > 3 || load < 0 || load > 2 || group < 0 || group > 64 ||
-        (stages != 0 && (stages < 2 || stages > 6)))
-        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s: bulk store %d, load %d, group %d or stages %d out of range",
-                            dw_recipe_name(r), store, load, group, stages);
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, const BulkTune &t,
+                      cudaStream_t st) {
+    if (t.store < 0 || t.store > 3 || t.load < 0 || t.load > 2 || t.group < 0 || t.group > 64 ||
+        (t.tblock != 0 && t.tblock != 1 && t.tblock != 2 && t.tblock != 4) || (t.stages != 0 && (t.stages < 2 || t.stages > 6)))
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "quantize %s: bulk store %d, load %d, group %d, tile block %d or stages %d out of range",
+                            dw_recipe_name(r), t.store, t.load, t.group, t.tblock, t.stages);
     switch (r) {
-    case DW_RECIPE_MXFP8:
-        return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
-    case DW_RECIPE_MXFP8_E5M2:
-        return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
-    case DW_RECIPE_FP8_BLOCK:
-        return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, store, load, group, stages, ctas_per_sm, max_ctas, st);
+    case DW_RECIPE_MXFP8: return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, t, st);
+    case DW_RECIPE_MXFP8_E5M2: return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, t, st);
+    case DW_RECIPE_FP8_BLOCK: return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, t, st);
     default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: no bulk-copy kernel", dw_recipe_name(r));
     }
 }

@@ -54,6 +54,7 @@ struct Params {
     bool t_smem; /* tile kernel: transposed 8-bit codes of whole tiles leave through shared memory */
     bool tma_in; /* bulk transposing kernel: tiles arrive by one tensor-map copy (else row by row) */
     int group;   /* bulk transposing kernel: tile order, bands of `group` tile rows (1: row by row) */
+    int tblock;  /* bulk transposing kernel: a CTA's unit of tblock x tblock tiles (1, 2, 4; set by launch_bulk) */
     OutDesc o, t;
 };
 
@@ -243,16 +244,25 @@ inline dw_status kernel_fit(dw_ctx *ctx, const void *k, int threads, size_t smem
 
 /* The bulk-copy kernels (quant_bulk.cu), BF16 input only (the caller's check): whether they take
  * this call (mxfp8 / mxfp8_e5m2 / fp8_block, aligned buffers; row-wise only: cols a multiple of
- * the block; transposed: whole 128x128 tiles), and their launch: store, transposed only, how the
- * codes leave (1 from registers, 2 staged in shared memory + bulk copies, 3 staged + 16-byte
- * stores; 0 the default; 2 and 3 fall back to 1 for outputs not 16-byte aligned), load,
- * transposed only, how tiles arrive (1 row by row, 2 or 0 one tensor-map copy where the driver
- * makes the map), group, transposed only, the tile order (bands of `group` tile rows taken column
- * by column, 1..64; 0 the default), stages 2..6 ring buffers (32 KiB, staged 33 KiB; 0 the
- * default); CTA caps 0 = none. */
+ * the block; transposed: whole 128x128 tiles), and their launch. Tuning, 0 = the default in each:
+ *   store   transposed only, how the codes leave (1 from registers, 2 staged in shared memory +
+ *           bulk copies, 3 staged + 16-byte stores; 2 and 3 fall back to 1 for outputs not
+ *           16-byte aligned)
+ *   load    transposed only, how tiles arrive (1 row by row, 2 one tensor-map copy where the
+ *           driver makes the map)
+ *   group   transposed, tile blocks of 1: the tile order (bands of `group` tile rows taken column
+ *           by column, 1..64)
+ *   tblock  transposed only, a CTA's unit of tblock x tblock tiles (1, 2 or 4) whose scales leave
+ *           as runs of 4 tblock bytes per row (default: the largest that keeps the grid as busy;
+ *           1 with swizzled scale copies or scales not 4-byte aligned)
+ *   stages  2..6 ring buffers (32 KiB, staged 33 KiB)
+ *   ctas_per_sm, max_ctas  CTA caps (0 = none) */
+struct BulkTune {
+    int store, load, group, tblock, stages, ctas_per_sm, max_ctas;
+};
 bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans);
-dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, int store, int load,
-                      int group, int stages, int ctas_per_sm, int max_ctas, cudaStream_t st);
+dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, const BulkTune &t,
+                      cudaStream_t st);
 
 } /* namespace dwq */
 

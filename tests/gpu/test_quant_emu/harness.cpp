@@ -4,7 +4,9 @@
 // fp8_block, rceil and floor+pow2, specials, ragged last stages, ring depths 2..6, capped grids,
 // the transposed kernel's three ways out for the codes (registers, staged + bulk copies, staged +
 // 16-byte stores; bulk copies left unwaited at the end of a launch fail the case), tiles loaded by
-// row copies or by one tensor-map copy, tile orders in bands of 1..3 tile rows.
+// row copies or by one tensor-map copy, tile orders in bands of 1..3 tile rows, units of 1, 2 or 4
+// tiles square with their scales staged (partial units at the edges), x^T alone (the row-wise
+// buffers must stay untouched).
 // Checks indexing, ring and barrier logic off the GPU; not the PTX instructions themselves (the
 // shim stands in for them) and not speed. Fresh random data per run (DW_TEST_SEED replays).
 #include "shim.h"
@@ -62,12 +64,13 @@ static int cmp(const char *what, const uint8_t *a, const uint8_t *b, size_t n, c
     return 0;
 }
 
-static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool swz, bool pow2, int kind, int store,
-               int load, int group, int stages, int cps, int maxc) {
-    char label[220];
-    snprintf(label, sizeof label, "%s [%lld,%lld]%s%s%s kind=%d store=%d load=%d group=%d stages=%d cps=%d max=%d",
-             dw_recipe_name(r), (long long)rows, (long long)cols, trans ? " +T" : "", swz ? " swz" : "",
-             pow2 ? " pow2/floor" : "", kind, store, load, group, stages, cps, maxc);
+static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool tonly, bool swz, bool pow2, int kind,
+               int store, int load, int group, int tblock, int stages, int cps, int maxc) {
+    char label[240];
+    snprintf(label, sizeof label,
+             "%s [%lld,%lld]%s%s%s kind=%d store=%d load=%d group=%d tblock=%d stages=%d cps=%d max=%d",
+             dw_recipe_name(r), (long long)rows, (long long)cols, tonly ? " T only" : trans ? " +T" : "",
+             swz ? " swz" : "", pow2 ? " pow2/floor" : "", kind, store, load, group, tblock, stages, cps, maxc);
     const int64_t n = rows * cols;
     std::vector<uint16_t> xb(n);
     std::vector<float> xf(n);
@@ -103,14 +106,21 @@ static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool swz, bo
     p.vec_in = true, p.vec_out = true, p.pow2 = pow2, p.floor_rule = pow2;
     p.o = desc(r, dc, ds, dz, rows, cols);
     if (trans) p.t = desc(r, dtc, dts, dtz, cols, rows);
+    if (tonly) p.o.codes = nullptr, p.o.scales = nullptr, p.o.swz = nullptr; /* x^T alone */
     if (!bulk_eligible(r, p, dx, trans)) { fprintf(stderr, "not eligible: %s\n", label); abort(); }
-    if (launch_bulk(NULL, r, dx, p, trans, store, load, group, stages, cps, maxc, NULL) != DW_OK) { fprintf(stderr, "launch: %s\n", dw_errmsg(NULL)); abort(); }
+    if (launch_bulk(NULL, r, dx, p, trans, BulkTune{store, load, group, tblock, stages, cps, maxc}, NULL) != DW_OK) { fprintf(stderr, "launch: %s\n", dw_errmsg(NULL)); abort(); }
     int bad = 0;
     if (emu_bulk_pending()) { fprintf(stderr, "bulk stores not waited for: %s\n", label); bad++; g_pending.clear(); }
-    bad += cmp("codes", dc, qc.data(), cn, label);
-    bad += cmp("scales", ds, qs.data(), sn, label);
+    if (tonly) { /* nothing written to the row-wise buffers */
+        std::vector<uint8_t> poison(cn > sn ? cn : sn, 0xA5);
+        bad += cmp("codes (none)", dc, poison.data(), cn, label);
+        bad += cmp("scales (none)", ds, poison.data(), sn, label);
+    } else {
+        bad += cmp("codes", dc, qc.data(), cn, label);
+        bad += cmp("scales", ds, qs.data(), sn, label);
+    }
     for (int i = 0; i < 64; i++) if (dc[cn + i] != 0xA5 || ds[sn + i] != 0xA5) { fprintf(stderr, "overrun %s\n", label); bad++; break; }
-    if (swz) {
+    if (swz && !tonly) {
         std::vector<uint8_t> want(zn);
         dw_scale_swizzle_cpu(qs.data(), sr, sc, want.data());
         bad += cmp("swz", dz, want.data(), zn, label);
@@ -142,8 +152,9 @@ int main() {
                 bool swz = r != DW_RECIPE_FP8_BLOCK && (v & 1);
                 for (int store = 1; store <= 3; store++) {
                     const int cps = (int)(rng() % 4); /* 3: the kernels built for 3 CTAs per SM */
-                    bad += run(r, sh[0], sh[1], true, swz, v & 2, (v + (int)sh[0] / 128) % 3, store, 1 + (int)(rng() % 2),
-                               (int)(rng() % 4),
+                    const int tblock = (int[]){0, 1, 2, 4}[rng() % 4];
+                    bad += run(r, sh[0], sh[1], true, rng() % 3 == 0, swz, v & 2, (v + (int)sh[0] / 128) % 3, store,
+                               1 + (int)(rng() % 2), (int)(rng() % 4), tblock,
                                cps == 3 ? 2 : 2 + (int)(rng() % 5), cps,
                                (rng() % 2) ? 1 + (int)(rng() % 3) : 0);
                     cases++;
@@ -151,7 +162,7 @@ int main() {
             }
             for (auto &sh : rshapes) {
                 bool swz = r != DW_RECIPE_FP8_BLOCK && (v & 1);
-                bad += run(r, sh[0], sh[1], false, swz, v & 2, (v + (int)sh[0]) % 3, 0, 0, 0, 2 + (int)(rng() % 5),
+                bad += run(r, sh[0], sh[1], false, false, swz, v & 2, (v + (int)sh[0]) % 3, 0, 0, 0, 0, 2 + (int)(rng() % 5),
                            (int)(rng() % 3), (rng() % 2) ? 1 + (int)(rng() % 3) : 0);
                 cases++;
             }
