@@ -687,20 +687,17 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
 /* A ring kernel's launch shape: dynamic shared memory (the ring, its barriers and `extra` bytes:
  * slack for the kernel to align the ring, staging behind the barriers) and the persistent grid,
  * at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all, before the cap by the
- * work. */
+ * work; grid 0 where no CTA fits (launch_ring refuses it). */
 using ring_kernel = void (*)(const CUtensorMap, const uint16_t *, Params, int64_t, int);
 struct RingShape {
     size_t smem;
     int64_t grid;
 };
-dw_status ring_shape(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], dw_recipe r, int stages,
-                     size_t stage_bytes, size_t extra, int ctas_per_sm, int max_ctas, RingShape *out) {
+dw_status ring_shape(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[16], int stages, size_t stage_bytes,
+                     size_t extra, int ctas_per_sm, int max_ctas, RingShape *out) {
     const size_t smem = (size_t)stages * stage_bytes + 2 * (size_t)stages * sizeof(uint64_t) + extra;
     int sms = 0, per_sm = 0;
     DW_TRY(kernel_fit(ctx, (const void *)k, BK_THREADS, smem, cache, &sms, &per_sm));
-    if (per_sm < 1)
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: %d bulk stages (%zu bytes) do not fit in shared memory",
-                            dw_recipe_name(r), stages, smem);
     if (ctas_per_sm > 0 && ctas_per_sm < per_sm) per_sm = ctas_per_sm;
     int64_t grid = (int64_t)sms * per_sm;
     if (max_ctas > 0 && max_ctas < grid) grid = max_ctas;
@@ -712,6 +709,9 @@ dw_status ring_shape(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[
  * argument) in the launch shape sh. */
 dw_status launch_ring(dw_ctx *ctx, ring_kernel k, const RingShape &sh, dw_recipe r, const CUtensorMap &tx,
                       const uint16_t *x, const Params &p, int64_t work, int64_t n, int stages, cudaStream_t st) {
+    if (sh.grid < 1)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: %d bulk stages (%zu bytes) do not fit in shared memory",
+                            dw_recipe_name(r), stages, sh.smem);
     if (work > 0x7FFFFFFFLL)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
                             (long long)p.rows, (long long)p.cols);
@@ -781,14 +781,16 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
         const size_t stage_bytes = store == ST_REG ? BK_TILE : BK_STAGE_STAGED;
         /* tile blocks: the runs need 4-byte aligned scales; the swizzled copies are written per tile */
         const bool blocks_ok = !p.o.swz && !p.t.swz && (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
+        /* the largest block whose busiest CTA takes the fewest tiles (a block whose staging does not
+         * fit takes none; where none fits, launch_ring says so) */
         int64_t best = -1;
-        for (int gi = 2; gi >= 0; gi--) { /* the largest block whose busiest CTA takes no more tiles than 1 x 1 */
+        for (int gi = 2; gi >= 0; gi--) {
             const int g = 1 << gi;
             if (t.tblock ? g != (blocks_ok ? t.tblock : 1) : g > 1 && !blocks_ok) continue;
             RingShape c;
-            DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], (dw_recipe)R, stages, stage_bytes,
+            DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], stages, stage_bytes,
                               128 + (g > 1 ? (size_t)g * g * 2 * TILE * 4 : 0), t.ctas_per_sm, t.max_ctas, &c));
-            const int64_t units = tile_units(tr, tc, g), load = (units + c.grid - 1) / c.grid * g * g;
+            const int64_t load = c.grid > 0 ? (tile_units(tr, tc, g) + c.grid - 1) / c.grid * g * g : INT64_MAX;
             if (best < 0 || load < best) best = load, sh = c, p.tblock = g;
         }
         return launch_ring(ctx, k, sh, (dw_recipe)R, tx, x, p, tile_units(tr, tc, p.tblock), tile_units(tr, tc, p.tblock),
@@ -796,8 +798,7 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
     }
     const int64_t nchunks = p.rows * p.cols / 8;
     const int stages = t.stages ? t.stages : 3;
-    DW_TRY(ring_shape(ctx, quant_bulk_rows_kernel<R>, cache_r, (dw_recipe)R, stages, BK_TILE, 0, t.ctas_per_sm,
-                      t.max_ctas, &sh));
+    DW_TRY(ring_shape(ctx, quant_bulk_rows_kernel<R>, cache_r, stages, BK_TILE, 0, t.ctas_per_sm, t.max_ctas, &sh));
     return launch_ring(ctx, quant_bulk_rows_kernel<R>, sh, (dw_recipe)R, tx, x, p,
                        (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages, st);
 }

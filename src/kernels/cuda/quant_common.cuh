@@ -222,8 +222,10 @@ template <int FMT> __device__ __forceinline__ void encode8(const Q &q, const flo
 }
 
 /* The SM count and how many CTAs of `threads` threads and `smem` dynamic bytes of kernel k fit
- * per SM (raising k's shared-memory limit first), cached per device in `cache` (one per kernel,
- * zero-initialised) so that repeated launches skip the runtime queries. */
+ * per SM, cached per device in `cache` (one per kernel and shared-memory size, zero-initialised)
+ * so that repeated launches skip the runtime queries. k's shared-memory limit is raised to the
+ * device's opt-in maximum, not to smem: a kernel launched with several sizes (the transposing
+ * kernel's tile blocks) must not have a later, smaller fit lower it under a cached larger one. */
 inline dw_status kernel_fit(dw_ctx *ctx, const void *k, int threads, size_t smem, std::atomic<uint64_t> (&cache)[16],
                             int *sms, int *per_sm) {
     int dev = 0;
@@ -234,7 +236,15 @@ inline dw_status kernel_fit(dw_ctx *ctx, const void *k, int threads, size_t smem
         return DW_OK;
     }
     DW_CUDA_CHECK(ctx, cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
-    if (smem > 48 * 1024) DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > 48 * 1024) {
+        int optin = 0;
+        DW_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if ((size_t)optin < smem) { /* more than a CTA may have: none fits (the callers say so) */
+            *per_sm = 0;
+            return DW_OK;
+        }
+        DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    }
     if (smem > 0) DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     DW_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, k, threads, smem));
     if (dev < 16 && *sms < 65536 && *per_sm < 256)

@@ -49,11 +49,14 @@ template <typename T> static inline T __ldcs(const T *p) { return *p; }
 static inline uint32_t __cvta_generic_to_shared(const void *p) { return (uint32_t)(uintptr_t)p; }
 static inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)mask; dw_emu_exchange(0, dw_emu_lane()); }
 
-typedef enum { cudaDevAttrMultiProcessorCount = 16 } cudaDeviceAttr;
+typedef enum { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 } cudaDeviceAttr;
 enum { cudaFuncAttributePreferredSharedMemoryCarveout = 9 };
 static inline cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 extern int g_emu_sms;
-static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) { *v = g_emu_sms; return cudaSuccess; }
+static inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) {
+    *v = a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 227 * 1024 : g_emu_sms; /* H200's opt-in limit */
+    return cudaSuccess;
+}
 static inline cudaError_t cudaFuncSetAttribute(const void *, int, int) { return cudaSuccess; }
 static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, int, size_t smem) {
     *n = smem <= 72 * 1024 ? 3 : smem <= 113 * 1024 ? 2 : smem <= 227 * 1024 ? 1 : 0;
