@@ -188,6 +188,20 @@ __device__ __forceinline__ float div_abs(float x, float s, float r) {
 /* bit 7 of each byte: the signs of the 4 BF16 in lo, hi (element 0 = lo's low half), in order */
 __device__ __forceinline__ uint32_t signs4(uint32_t lo, uint32_t hi) { return __byte_perm(lo, hi, 0x7531); }
 
+/* enc8's rare fp8_block cases, out of line: x / a by IEEE division (a tiny divisor), or NaN codes
+ * (a non-finite block, a = NaN). Inlined, the division's code and slow-path calls would be
+ * repeated in each of a tile's 16 encodes (and the kernel's code would outgrow the instruction
+ * cache). */
+template <int FMT>
+__device__ __noinline__ uint2 enc8_div(float a, float v0, float v1, float v2, float v3, float v4, float v5, float v6,
+                                       float v7) {
+    if (a != a) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
+    const float t[8] = {__fdiv_rn(v0, a), __fdiv_rn(v1, a), __fdiv_rn(v2, a), __fdiv_rn(v3, a),
+                        __fdiv_rn(v4, a), __fdiv_rn(v5, a), __fdiv_rn(v6, a), __fdiv_rn(v7, a)};
+    return make_uint2(enc_x2<FMT>(t[0], t[1]) | enc_x2<FMT>(t[2], t[3]) << 16,
+                      enc_x2<FMT>(t[4], t[5]) | enc_x2<FMT>(t[6], t[7]) << 16);
+}
+
 /* 8 codes of v[0..7] under q, as 2 words: the same codes as encode_n under block_q's Q. sg: the
  * elements' signs, bit 7 of each byte (other bits ignored; fp8_block's common path). */
 template <int R> __device__ __forceinline__ uint2 enc8(const Rule &q, const float v[8], uint2 sg) {
@@ -206,17 +220,13 @@ template <int R> __device__ __forceinline__ uint2 enc8(const Rule &q, const floa
             const uint32_t c0 = enc_x2<fmt>(t[0], t[1]) | enc_x2<fmt>(t[2], t[3]) << 16,
                            c1 = enc_x2<fmt>(t[4], t[5]) | enc_x2<fmt>(t[6], t[7]) << 16;
             return make_uint2(c0 | (sg.x & 0x80808080u), c1 | (sg.y & 0x80808080u));
-        } else if (q.b < 0.0f) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) t[i] = v[i] * q.a;
-        } else { /* a non-finite block divides by NaN here; its codes are replaced below */
-#pragma unroll
-            for (int i = 0; i < 8; i++) t[i] = __fdiv_rn(v[i], q.a);
         }
+        if (!(q.b < 0.0f)) return enc8_div<fmt>(q.a, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+#pragma unroll
+        for (int i = 0; i < 8; i++) t[i] = v[i] * q.a; /* a power of two */
 #pragma unroll
         for (int j = 0; j < 2; j++)
             w[j] = enc_x2<fmt>(t[4 * j], t[4 * j + 1]) | enc_x2<fmt>(t[4 * j + 2], t[4 * j + 3]) << 16;
-        if (q.a != q.a) w[0] = w[1] = 0x7F7F7F7Fu;
     }
     return make_uint2(w[0], w[1]);
 }
@@ -358,7 +368,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qr[s] = bulk_rule<R>(amax_f32(rpk, mx ? s : gl & 1), p, &s32, &s8);
-        if (sk.row) {
+        if (staged || sk.row) { /* staged kernels always have a sink */
             uint32_t *const d = sk.row + (uint32_t)(8 * tr + k) * sk.stride;
             if constexpr (mx) reinterpret_cast<uint8_t *>(d)[tc >> 2] = (uint8_t)s8;
             else if ((cw & 1) == 0) *reinterpret_cast<float *>(d) = s32;
@@ -375,7 +385,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qc[s] = bulk_rule<R>(amax_f32(cpk, s), p, &s32, &s8);
-        if (sk.col) {
+        if (staged || sk.col) {
             uint32_t *const d = sk.col + (uint32_t)(8 * tc + j) * sk.stride;
             if constexpr (mx) reinterpret_cast<uint8_t *>(d)[tr >> 2] = (uint8_t)s8;
             else if ((cw >> 1) == 0) *reinterpret_cast<float *>(d) = s32;
@@ -491,6 +501,7 @@ __device__ __forceinline__ void flush_scales(const Params &p, const uint32_t *gs
         if (n == 4 && ((uintptr_t)dst & 15u) == 0) __stcs(reinterpret_cast<uint4 *>(dst), *reinterpret_cast<const uint4 *>(src));
         else if (n == 2 && ((uintptr_t)dst & 7u) == 0) __stcs(reinterpret_cast<uint2 *>(dst), *reinterpret_cast<const uint2 *>(src));
         else
+#pragma unroll 1
             for (uint32_t j = 0; j < n; j++) reinterpret_cast<uint32_t *>(dst)[j] = src[j];
     }
 }
@@ -516,14 +527,14 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
         uint32_t ph = 0, n = 0; /* parity of the ring's round, tiles so far */
         for (uint32_t u = blockIdx.x; u < (uint32_t)nunits; u += gridDim.x) {
             const Unit un = unit_of(u, p);
-            for (uint32_t kt = 0; kt < un.gh * un.gw; kt++, n++) {
+            for (uint32_t ti = 0, tj = 0; tj < un.gw; n++) { /* tile (ti, tj) of the unit, column by column */
                 if (n >= (uint32_t)stages) {
                     if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
                     __syncwarp();
                 }
                 if (elect_one()) { /* one lane: the tile in one tensor copy, or 128 row copies */
                     mbar_arrive_tx(&full[s], BK_TILE);
-                    const int64_t r0 = un.r0 + (int64_t)(kt % un.gh) * TILE, c0 = un.c0 + (int64_t)(kt / un.gh) * TILE;
+                    const int64_t r0 = un.r0 + (int64_t)ti * TILE, c0 = un.c0 + (int64_t)tj * TILE;
                     unsigned char *buf = ring + (size_t)s * stage_bytes;
                     if (p.tma_in) {
                         tma_load_2d(buf, &tx, (int)c0, (int)r0, &full[s]);
@@ -535,6 +546,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
                 }
                 __syncwarp();
                 if (++s == stages) s = 0, ph ^= 1u;
+                if (++ti == un.gh) ti = 0, tj++;
             }
         }
         return;
@@ -545,8 +557,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
     uint32_t ph = 0, n = 0;
     for (uint32_t u = blockIdx.x; u < (uint32_t)nunits; u += gridDim.x) {
         const Unit un = unit_of(u, p);
-        const uint32_t cnt = un.gh * un.gw;
-        for (uint32_t kt = 0; kt < cnt; kt++, n++) {
+        for (uint32_t ti = 0, tj = 0; tj < un.gw; n++) { /* tile (ti, tj) of the unit, as the producer's */
             mbar_wait(&full[s], ph);
             unsigned char *buf = ring + (size_t)s * stage_bytes;
             uint4 w[8];
@@ -562,7 +573,6 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
                     if (lane == 0) mbar_arrive(&empty[sp]);
                 }
             }
-            const uint32_t ti = kt % un.gh, tj = kt / un.gh; /* the tile's place in the unit */
             const int64_t r0 = un.r0 + (int64_t)ti * TILE, c0 = un.c0 + (int64_t)tj * TILE;
             ScaleSink sk = {nullptr, nullptr, 1};
             if (g > 1) sk = ScaleSink{gs + ti * TILE * g + tj, gs + g * g * TILE + tj * TILE * g + ti, g};
@@ -578,7 +588,8 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
                     if (lane == 0) mbar_arrive(&empty[s]);
                 }
             }
-            if (g > 1 && kt + 1 == cnt) { /* the unit's scales, once every consumer has written its share */
+            if (++ti == un.gh) ti = 0, tj++;
+            if (g > 1 && tj == un.gw) { /* the unit's scales, once every consumer has written its share */
                 if constexpr (!staged) consumers_sync();
                 flush_scales<R>(p, gs, un, tid);
                 /* the next unit's first scale writes must wait for these reads: bulk_tile has a barrier

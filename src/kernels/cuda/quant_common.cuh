@@ -236,14 +236,17 @@ inline dw_status kernel_fit(dw_ctx *ctx, const void *k, int threads, size_t smem
         return DW_OK;
     }
     DW_CUDA_CHECK(ctx, cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
-    if (smem > 48 * 1024) {
+    if (smem > 48 * 1024) { /* the opt-in maximum less k's static shared memory */
         int optin = 0;
+        cudaFuncAttributes fa;
         DW_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if ((size_t)optin < smem) { /* more than a CTA may have: none fits (the callers say so) */
+        DW_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, k));
+        const size_t dyn_max = (size_t)optin > fa.sharedSizeBytes ? (size_t)optin - fa.sharedSizeBytes : 0;
+        if (dyn_max < smem) { /* more than a CTA may have: none fits (the callers say so) */
             *per_sm = 0;
             return DW_OK;
         }
-        DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+        DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn_max));
     }
     if (smem > 0) DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     DW_CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, k, threads, smem));
