@@ -271,21 +271,19 @@ __device__ __forceinline__ Unit unit_of(uint32_t u, const Params &p) {
 
 /* Where a tile's codes go (dw_quant_tuning.t_store for this kernel): ST_REG straight from
  * registers, 8 bytes per store (each warp store touches 4 rows, transposed 8 rows, of x's
- * outputs; scales one byte or float at a time); ST_BULK and ST_V16 first into shared memory
- * (row-wise and transposed codes, 128 rows of 128 bytes each, and the tile's scales collected
- * per row), then out as whole 128-byte rows: ST_BULK written over the tile's own ring buffer once
- * every consumer has read its piece, then by bulk copies (one row per consumer thread; the buffer
- * goes back to the producer when they have read it, checked at the next tile); ST_V16 into a
- * staging area of its own (the ring buffer goes back as soon as the warp has its piece, and no
- * proxy fence is needed: the staging is only touched by the consumers), then by 16-byte stores (a
- * warp writes 4 whole rows per store); scales 4 bytes per row (MX: the tile's 4 codes of a row;
- * fp8_block: one float) and a 512-byte run of the swizzled copy. */
+ * outputs; scales one byte or float at a time); ST_BULK and ST_V16 first into shared memory,
+ * written over the tile's own ring buffer once every consumer has read its piece (row-wise and
+ * transposed codes, 128 rows of 128 bytes each, and the tile's scales collected per row), then
+ * out as whole 128-byte rows: ST_BULK by bulk copies (one row per consumer thread; the buffer
+ * goes back to the producer when they have read it, checked at the next tile), ST_V16 by 16-byte
+ * stores (a warp writes 4 whole rows per store); scales 4 bytes per row (MX: the tile's 4 codes
+ * of a row; fp8_block: one float) and a 512-byte run of the swizzled copy. */
 enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3 };
 /* staged code rows: row r of a block at r * 128 + 32 (r / 8) (8-row groups shifted by 32 bytes,
  * so that both the row-wise and the transposed 8-byte stores of a warp hit each bank twice, the
  * least for 256 bytes); the transposed block follows the row-wise one */
 constexpr int OUT_BLOCK = TILE * 128 + 32 * (TILE / 8); /* 16896 bytes */
-constexpr int BK_STAGE_STAGED = 2 * OUT_BLOCK;          /* 33792: ST_BULK's ring buffer, ST_V16's staging */
+constexpr int BK_STAGE_STAGED = 2 * OUT_BLOCK;          /* 33792: a ring buffer of the staged kernels */
 /* Defaults of the transposing kernel, from the H200 measurements in bench/RESULTS.md (2026-11-23):
  * MX codes leave through 16-byte stores from a 4-deep ring (one CTA per SM fits; 2 CTAs x 3
  * stages was slower), fp8_block's from registers with a 2-deep ring (2 CTAs per SM; its staged
@@ -311,9 +309,9 @@ struct ScaleSink {
  * lane / 8 + 4 (warp / 2), so a warp covers 32 rows x 64 columns: an MX block of a row is 4
  * neighbouring lanes (xor 1, 2), an MX block of a column the 4 lanes lane % 8 (xor 8, 16).
  * fp8_block's 128-blocks add the partner warps through part_r / part_c (one consumer barrier).
- * Staged (ST != ST_REG): codes go to stg (ST_BULK: the tile's ring buffer; ST_V16: its own
- * staging), after this function's barrier: every consumer is past its loads and past the
- * previous tile's flush_tile. Scales: to sk (after the barrier where there is one). */
+ * Staged (ST != ST_REG): codes go to stg (the tile's ring buffer: every consumer must be past its
+ * loads, which the caller's or fp8_block's barrier ensures). Scales: to sk (after this function's
+ * barrier where it has one). */
 template <int R, int ST>
 __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c0, const uint4 (&w)[8], int lane,
                                           int cw, uint32_t (*part_r)[TILE / 2], uint32_t (*part_c)[TILE / 2],
@@ -353,9 +351,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         }
         cm[0] = c.x, cm[1] = c.y, cm[2] = c.z, cm[3] = c.w;
     } else if constexpr (staged) {
-        /* ST_BULK: every consumer has read its piece (the buffer takes the codes); both: every
-         * consumer has written the previous tile out of the staging (flush_tile) */
-        consumers_sync();
+        consumers_sync(); /* every consumer has read its piece: the buffer takes the codes */
     }
     /* Block rules, each computed by one lane and broadcast. Rows: G lanes share 8 rows, lane
      * lane % G takes rows RPL (lane % G) .. +RPL-1. Columns: the 4 lanes lane % 8 share 8 columns,
@@ -515,7 +511,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
                                                                       const uint16_t *__restrict__ x, Params p,
                                                                       int64_t nunits, int stages) {
     constexpr bool staged = ST != ST_REG;
-    constexpr uint32_t stage_bytes = ST == ST_BULK ? BK_STAGE_STAGED : BK_TILE;
+    constexpr uint32_t stage_bytes = staged ? BK_STAGE_STAGED : BK_TILE;
     extern __shared__ __align__(128) unsigned char smem[];
     /* stages buffers from the first 128-byte boundary (tensor copies need it), then 2 x stages mbarriers */
     unsigned char *const ring = smem + ((128u - (smem_addr(smem) & 127u)) & 127u);
@@ -523,10 +519,8 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
     __shared__ __align__(16) uint32_t scs[staged ? 2 * TILE : 1]; /* staged scales (bulk_tile) */
     uint64_t *const full = ring_init(ring, stages, stage_bytes), *const empty = full + stages;
-    /* after the barriers: the unit's scales, [tblock 128][tblock] words for x then for x^T (tblock > 1),
-     * then ST_V16's staging (BK_STAGE_STAGED bytes) */
+    /* after the barriers: the unit's scales, [tblock 128][tblock] words for x then for x^T (tblock > 1) */
     uint32_t *const gs = reinterpret_cast<uint32_t *>(empty + stages);
-    unsigned char *const out_stg = reinterpret_cast<unsigned char *>(gs + (p.tblock > 1 ? 2 * p.tblock * p.tblock * TILE : 0));
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (warp == BK_CONS / 32) { /* producer: the n-th tile goes to buffer n % stages once it is free */
         int s = 0;
@@ -569,7 +563,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             uint4 w[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) w[k] = *reinterpret_cast<const uint4 *>(buf + (8 * tr + k) * BK_ROW + 16 * tc);
-            if constexpr (ST != ST_BULK) { /* the buffer is free as soon as the warp has its pieces */
+            if constexpr (ST == ST_REG) { /* the buffer is free as soon as the warp has its pieces */
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&empty[s]);
             } else if constexpr (ST == ST_BULK) { /* the previous tile's buffer, once its bulk copies read it */
@@ -583,12 +577,16 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             ScaleSink sk = {nullptr, nullptr, 1};
             if (g > 1) sk = ScaleSink{gs + ti * TILE * g + tj, gs + g * g * TILE + tj * TILE * g + ti, g};
             else if (staged) sk = ScaleSink{scs, scs + TILE, 1};
-            unsigned char *const stg = ST == ST_V16 ? out_stg : buf;
-            bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], stg, sk);
+            bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, sk);
             if constexpr (staged) {
                 if constexpr (ST == ST_BULK) fence_proxy_async(); /* the codes, before the bulk copies read them */
                 consumers_sync();
-                flush_tile<R, ST>(p, r0, c0, stg, g > 1 ? nullptr : scs, tid);
+                flush_tile<R, ST>(p, r0, c0, buf, g > 1 ? nullptr : scs, tid);
+                if constexpr (ST == ST_V16) { /* read back: the buffer is free (the producer writes it by bulk copy) */
+                    fence_proxy_async();
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[s]);
+                }
             }
             if (++ti == un.gh) ti = 0, tj++;
             if (g > 1 && tj == un.gw) { /* the unit's scales, once every consumer has written its share */
@@ -791,7 +789,7 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
             {quant_bulk_kernel<R, ST_REG>, quant_bulk_kernel<R, ST_BULK>, quant_bulk_kernel<R, ST_V16>},
             {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>}};
         const ring_kernel k = ks[three][store - 1];
-        const size_t stage_bytes = store == ST_BULK ? BK_STAGE_STAGED : BK_TILE;
+        const size_t stage_bytes = store == ST_REG ? BK_TILE : BK_STAGE_STAGED;
         /* tile blocks: the runs need 4-byte aligned scales; the swizzled copies are written per tile */
         const bool blocks_ok = !p.o.swz && !p.t.swz && (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
         /* the largest block whose busiest CTA takes the fewest tiles (a block whose staging does not
@@ -801,9 +799,8 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
             const int g = 1 << gi;
             if (t.tblock ? g != (blocks_ok ? t.tblock : 1) : g > 1 && !blocks_ok) continue;
             RingShape c;
-            const size_t extra = 128 + (g > 1 ? (size_t)g * g * 2 * TILE * 4 : 0) + (store == ST_V16 ? BK_STAGE_STAGED : 0);
-            DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], stages, stage_bytes, extra, t.ctas_per_sm,
-                              t.max_ctas, &c));
+            DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], stages, stage_bytes,
+                              128 + (g > 1 ? (size_t)g * g * 2 * TILE * 4 : 0), t.ctas_per_sm, t.max_ctas, &c));
             const int64_t load = c.grid > 0 ? (tile_units(tr, tc, g) + c.grid - 1) / c.grid * g * g : INT64_MAX;
             if (best < 0 || load < best) best = load, sh = c, p.tblock = g;
         }
