@@ -3,7 +3,8 @@
  * streams tiles into a ring of shared-memory buffers (one lane issues a tensor-map copy per tile,
  * or 128 row copies, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per
  * thread into registers and compute row-wise and transposed codes and scales, which leave from
- * registers or staged over the tile's buffer as whole rows (dw_quant_tuning.t_store). The same
+ * registers or staged over the tile's buffer as whole rows (dw_quant_tuning.t_store); a CTA takes
+ * blocks of up to 4x4 tiles whose scales leave as one run per scale row (tile_block). The same
  * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
  * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
  * recoded here without divisions (bulk_rule, enc8): bit-identical to the CPU reference. Not the
