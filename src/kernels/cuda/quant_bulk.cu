@@ -805,8 +805,8 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
             const int64_t load = c.grid > 0 ? (tile_units(tr, tc, g) + c.grid - 1) / c.grid * g * g : INT64_MAX;
             if (best < 0 || load < best) best = load, sh = c, p.tblock = g;
         }
-        return launch_ring(ctx, k, sh, (dw_recipe)R, tx, x, p, tile_units(tr, tc, p.tblock), tile_units(tr, tc, p.tblock),
-                           stages, st);
+        const int64_t units = tile_units(tr, tc, p.tblock);
+        return launch_ring(ctx, k, sh, (dw_recipe)R, tx, x, p, units, units, stages, st);
     }
     const int64_t nchunks = p.rows * p.cols / 8;
     const int stages = t.stages ? t.stages : 3;
