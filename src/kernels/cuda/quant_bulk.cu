@@ -489,6 +489,10 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
  * then x^T's ([gw 128][tblock]); each row leaves as one run of 4 gw (x^T: 4 gh) bytes, one
  * 16- or 8-byte store where the run is whole and aligned. Both recipes have 4 scale bytes per
  * tile and row (MX: 4 codes, fp8_block: one float); outputs 4-byte aligned (the launch's check). */
+/* Words of a unit's scale staging per copy (x's rows, then x^T's at this offset): g 128 rows of g
+ * words; the launch reserves twice this (none for g = 1). */
+__host__ __device__ constexpr uint32_t unit_scale_words(uint32_t g) { return g * g * TILE; }
+
 template <int R>
 __device__ __forceinline__ void flush_scales(const Params &p, const uint32_t *gs, const Unit &un, int tid) {
     constexpr uint32_t sb = Traits<R>::kind == K_MX ? 1 : 4; /* bytes per scale */
@@ -496,7 +500,7 @@ __device__ __forceinline__ void flush_scales(const Params &p, const uint32_t *gs
     for (uint32_t i = (uint32_t)tid; i < nr + nt; i += BK_CONS) {
         const bool side = i >= nr;
         const uint32_t row = side ? i - nr : i, n = side ? un.gh : un.gw;
-        const uint32_t *src = gs + (side ? g * g * TILE : 0) + row * g;
+        const uint32_t *src = gs + (side ? unit_scale_words(g) : 0) + row * g;
         uint8_t *const dst = side ? static_cast<uint8_t *>(p.t.scales) + (un.c0 + row) * p.t.scols * sb + (un.r0 >> 7) * 4
                                   : static_cast<uint8_t *>(p.o.scales) + (un.r0 + row) * p.o.scols * sb + (un.c0 >> 7) * 4;
         if (n == 4 && ((uintptr_t)dst & 15u) == 0) __stcs(reinterpret_cast<uint4 *>(dst), *reinterpret_cast<const uint4 *>(src));
@@ -576,7 +580,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             }
             const int64_t r0 = un.r0 + (int64_t)ti * TILE, c0 = un.c0 + (int64_t)tj * TILE;
             ScaleSink sk = {nullptr, nullptr, 1};
-            if (g > 1) sk = ScaleSink{gs + ti * TILE * g + tj, gs + g * g * TILE + tj * TILE * g + ti, g};
+            if (g > 1) sk = ScaleSink{gs + ti * TILE * g + tj, gs + unit_scale_words(g) + tj * TILE * g + ti, g};
             else if (staged) sk = ScaleSink{scs, scs + TILE, 1};
             bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, sk);
             if constexpr (staged) {
@@ -801,7 +805,8 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
             if (t.tblock ? g != (blocks_ok ? t.tblock : 1) : g > 1 && !blocks_ok) continue;
             RingShape c;
             DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], stages, stage_bytes,
-                              128 + (g > 1 ? (size_t)g * g * 2 * TILE * 4 : 0), t.ctas_per_sm, t.max_ctas, &c));
+                              128 + (g > 1 ? 2 * sizeof(uint32_t) * unit_scale_words((uint32_t)g) : 0), t.ctas_per_sm,
+                              t.max_ctas, &c));
             const int64_t load = c.grid > 0 ? (tile_units(tr, tc, g) + c.grid - 1) / c.grid * g * g : INT64_MAX;
             if (best < 0 || load < best) best = load, sh = c, p.tblock = g;
         }
