@@ -4,14 +4,14 @@
 //
 // Per 128 of K, the 4 m64n128k32 wgmmas of a warpgroup accumulate into one FP32 partial in the
 // tensor cores; the partial is then promoted once, acc += partial * (sa[row] * sb), in FP32
-// registers. CTA (warp-specialised, persistent): warpgroup 0 is the producer (one thread issues TMA
-// loads of A, B and, for per-column B scales, a K-block-major copy of them into a STAGES-deep ring
-// guarded by full/empty mbarriers; setmaxnreg gives its registers to the consumers); NC consumer
-// warpgroups own 64 rows each of a (64 NC)x128 tile and read their rows' A scales with ld.global
-// one K tile ahead, or (SSM) from the slot, where a second producer warp copies them with cp.async.
-// With PIPE = 2 a consumer takes K tiles in pairs, the second's wgmmas running during the first's
-// promotion. With CL = 2, two CTAs of a cluster take vertically adjacent tiles and each loads half
-// of the shared B tile, multicast to both (half the L2 reads of B). docs/gemm.md has the numbers.
+// registers. CTA (warp-specialised, persistent): warpgroup 0 is the producer (one thread issues the
+// TMA loads of each K tile — A and B codes, A's row scales and B's scales, from K-block-major copies
+// of the scales made per call — into a STAGES-deep ring guarded by full/empty mbarriers; setmaxnreg
+// gives its registers to the consumers); NC consumer warpgroups own 64 rows each of a (64 NC)x128
+// tile and read everything of a K tile from its slot. With PIPE = 2 a consumer takes K tiles in
+// pairs, the second's wgmmas running during the first's promotion. With CL = 2, two CTAs of a
+// cluster take vertically adjacent tiles and each loads half of the shared B tile, multicast to
+// both (half the L2 reads of B). docs/gemm.md has the numbers.
 #include "gemm/gemm_cuda.h"
 #include "gemm/sm90_common.cuh"
 
@@ -19,18 +19,19 @@ namespace {
 
 constexpr int FB_BN = 128, FB_BK = 128;
 
-// NC consumer warpgroups (tile BM = 64 NC rows), SBCOL: B scales per column (staged by TMA) rather
-// than one scalar per 128x128 block (read from global memory); CL CTAs per cluster sharing B; PIPE
-// partial accumulators per consumer (2: the next K tile's wgmmas run during this one's promotion);
-// SSM: a producer warp stages each K tile's A scales (and a 128x128 B block's scalar) in shared
-// memory beside the codes, instead of the consumers loading them from global memory.
-template <int NC, bool SBCOL, int CL, int PIPE = 1, bool SSM = false> struct FbCfg {
+// NC consumer warpgroups (tile BM = 64 NC rows), SBCOL: B scales per column (128 per K tile)
+// rather than one scalar per 128x128 block; CL CTAs per cluster sharing B; PIPE partial
+// accumulators per consumer (2: the next K tile's wgmmas run during this one's promotion).
+template <int NC, bool SBCOL, int CL, int PIPE = 1> struct FbCfg {
     static constexpr int BM = 64 * NC, THREADS = 128 * (NC + 1);
     static constexpr int STAGES = NC == 3 ? 5 : 6;
-    static constexpr int A_BYTES = BM * FB_BK, B_BYTES = FB_BN * FB_BK, SB_BYTES = SBCOL ? FB_BN * 4 : 0;
-    static constexpr int SA_FLOATS = SSM ? BM + 4 : 0; // [BM] A scales, then B's scalar
-    static constexpr int STAGE_TX = A_BYTES + B_BYTES + SB_BYTES;
-    static constexpr int SMEM = STAGES * (STAGE_TX + 4 * SA_FLOATS) + 2 * STAGES * 8 + 1024;
+    static constexpr int A_BYTES = BM * FB_BK, B_BYTES = FB_BN * FB_BK;
+    // a slot's scales: A's BM row scales; B's 128 column scales, or its 128x128 block's scalar in
+    // a 4-float TMA box (16 bytes, the least TMA moves: the group of 4 blocks holding it) padded
+    // to 128 bytes (TMA's alignment)
+    static constexpr int SA_BYTES = BM * 4, SB_BYTES = SBCOL ? FB_BN * 4 : 128;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + SA_BYTES + SB_BYTES;
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
     // registers per thread after setmaxnreg: producer / consumers. setmaxnreg only moves registers
     // within what the CTA got at launch (THREADS x the per-thread count __launch_bounds__(THREADS, 1)
     // yields: 65536 / THREADS rounded down to 8), so an increase beyond what the decrease freed
@@ -42,29 +43,26 @@ template <int NC, bool SBCOL, int CL, int PIPE = 1, bool SSM = false> struct FbC
                   "setmaxnreg would ask for more registers than the CTA holds");
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs");
     static_assert(PIPE == 1 || (PIPE == 2 && NC == 2), "two partials fit the registers of 2 consumer warpgroups only");
+    static_assert(A_BYTES % 1024 == 0 && SA_BYTES % 128 == 0, "slot parts keep TMA's alignment");
 };
 
 // Kernel parameters besides the tensor maps and the epilogue.
 struct FbArgs {
-    const float *sa;  // A scales: [m, kb] (a_shift 0) or [ceil(m/128), kb] (a_shift 7)
-    const float *sb;  // B scales when !SBCOL: [ceil(n/128), kb]
-    int64_t kb;       // k / 128
-    int a_shift;
+    int64_t kb; // k / 128
     int64_t tiles_m, tiles_n;
 };
 
 #ifdef DW_SM90_BODY
 constexpr int FB_GROUP_M = 16; // tile raster: 16 M-tiles share the B tiles in L2
 
-// 4 bytes global -> shared, asynchronously (zero fill when !valid); cp_async_arrive makes the
-// barrier's pending count drop once all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
+// A ring position: slot and the parity of its current round (the mbarrier phase to wait for).
+struct Ring {
+    int slot = 0;
+    uint32_t phase = 0;
+    template <int ST> __device__ __forceinline__ void next() {
+        if (++slot == ST) slot = 0, phase ^= 1;
+    }
+};
 
 // The 4 k32 wgmmas of one 128-K tile: part = A[64x128] . B[128x128]^T (descriptors advance 32 B).
 __device__ __forceinline__ void wgmma_k128(float *part, uint64_t da, uint64_t db) {
@@ -74,31 +72,29 @@ __device__ __forceinline__ void wgmma_k128(float *part, uint64_t da, uint64_t db
     wg_commit();
 }
 
-// acc += part * (sa[row] * sb) for rows r0 (a0) and r0 + 8 (a1); sb a scalar, or per column from
-// shared memory (sbs [128], columns 8 j + 2 q, +1).
-template <bool SBCOL>
-__device__ __forceinline__ void promote128(float *acc, float *part, float a0, float a1, float b, const float *sbs,
-                                           int q) {
+// acc += part * s0 (row r0) and * s1 (row r0 + 8): s = sa[row] * sb, B's 128x128 block scalar.
+__device__ __forceinline__ void promote128(float *acc, float *part, float s0, float s1) {
     reg_fence(part);
-    if constexpr (!SBCOL) {
-        const float s0 = a0 * b, s1 = a1 * b;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-        }
-    } else {
-        (void)b;
+    for (int j = 0; j < 16; j++) {
+        acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+    }
+}
+
+// acc += part * (sa[row] * sb[col]) for rows r0 (a0), r0 + 8 (a1) and columns 8 j + 2 q (+1), whose
+// B scales (per column: 1x128 blocks) are bc(j), a float2 from registers or from the slot.
+template <class BC> __device__ __forceinline__ void promote128_col(float *acc, float *part, float a0, float a1, BC bc) {
+    reg_fence(part);
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            float2 bb = *reinterpret_cast<const float2 *>(sbs + 8 * j + 2 * q);
-            acc[4 * j + 0] = fmaf(part[4 * j + 0], a0 * bb.x, acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(part[4 * j + 1], a0 * bb.y, acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(part[4 * j + 2], a1 * bb.x, acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(part[4 * j + 3], a1 * bb.y, acc[4 * j + 3]);
-        }
+    for (int j = 0; j < 16; j++) {
+        const float2 bb = bc(j);
+        acc[4 * j + 0] = fmaf(part[4 * j + 0], a0 * bb.x, acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], a0 * bb.y, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], a1 * bb.x, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], a1 * bb.y, acc[4 * j + 3]);
     }
 }
 
@@ -135,20 +131,25 @@ __device__ __forceinline__ void epilogue(const Epi &e, const float *acc, int64_t
 }
 #endif // DW_SM90_BODY
 
-template <int NC, bool SBCOL, int CL, int PIPE, bool SSM>
-__global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, SSM>::THREADS, 1)
+template <int NC, bool SBCOL, int CL, int PIPE>
+__global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
     fp8block_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
-                    const __grid_constant__ CUtensorMap tSB, FbArgs p, Epi e) {
+                    const __grid_constant__ CUtensorMap tSA, const __grid_constant__ CUtensorMap tSB, FbArgs p,
+                    Epi e) {
 #ifdef DW_SM90_BODY
-    using C = FbCfg<NC, SBCOL, CL, PIPE, SSM>;
+    using C = FbCfg<NC, SBCOL, CL, PIPE>;
     constexpr int BM = C::BM, ST = C::STAGES;
+    // bytes a K tile's TMA loads bring: all, and A's part (codes and row scales)
+    constexpr int A_TX = C::A_BYTES + C::SA_BYTES, STAGE_TX = A_TX + C::B_BYTES + (SBCOL ? FB_BN * 4 : 16);
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sA = smem;                                  // [ST][BM rows][128 B], 128B swizzle
-    uint8_t *sB = sA + ST * C::A_BYTES;                  // [ST][128 rows][128 B]
-    float *sSB = (float *)(sB + ST * C::B_BYTES);        // [ST][128] when SBCOL
-    float *sSA = sSB + ST * C::SB_BYTES / 4;             // [ST][BM + 4] when SSM
-    uint64_t *full = (uint64_t *)(sSA + ST * C::SA_FLOATS);
+    // 1024-byte aligned (128B swizzle) by an offset into the shared array, so that the compiler keeps
+    // knowing these are shared-memory addresses (LDS, not generic loads)
+    uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    uint8_t *sA = smem;                                 // [ST][BM rows][128 B], 128B swizzle
+    uint8_t *sB = sA + ST * C::A_BYTES;                 // [ST][128 rows][128 B]
+    float *sSA = (float *)(sB + ST * C::B_BYTES);       // [ST][BM] A row scales
+    float *sSB = sSA + ST * C::SA_BYTES / 4;            // [ST][128] B column scales, or [ST][32] (scalar first)
+    uint64_t *full = (uint64_t *)(sSB + ST * C::SB_BYTES / 4);
     uint64_t *empty = full + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, SSM>::THREADS, 1)
     const int ktiles = (int)p.kb;
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(&full[s], SSM ? 33 : 1); // the TMA thread (+ the scale warp's 32 lanes)
+            mbar_init(&full[s], 1);            // the TMA thread
             mbar_init(&empty[s], 4 * NC * CL); // one arrival per consumer warp of the cluster
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -170,7 +171,8 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, SSM>::THREADS, 1)
     if (wg == 0) { // producer
         regs_dec<C::PROD_REGS>();
         if (tid == 0) {
-            int64_t it = 0; // K tiles issued so far by this CTA (ring position)
+            Ring r;
+            bool first_round = true;
             for (int64_t u = u0; u < units; u += ustep) {
                 int64_t um, tn;
                 tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
@@ -178,39 +180,23 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, SSM>::THREADS, 1)
                 // stored), but its B half still goes to the peer
                 const int64_t tm = um * CL + rank;
                 const bool a_in = tm < p.tiles_m;
-                for (int kt = 0; kt < ktiles; kt++, it++) {
-                    const int s = (int)(it % ST);
-                    if (it >= ST) mbar_wait(&empty[s], (uint32_t)((it / ST - 1) & 1));
-                    mbar_expect_tx(&full[s], a_in ? C::STAGE_TX : C::STAGE_TX - C::A_BYTES);
-                    if (a_in) tma_load_2d(sA + s * C::A_BYTES, &tA, &full[s], kt * FB_BK, (int)(tm * BM));
+                for (int kt = 0; kt < ktiles; kt++) {
+                    const int s = r.slot;
+                    if (!first_round) mbar_wait(&empty[s], r.phase ^ 1);
+                    mbar_expect_tx(&full[s], a_in ? STAGE_TX : STAGE_TX - A_TX);
+                    if (a_in) {
+                        tma_load_2d(sA + s * C::A_BYTES, &tA, &full[s], kt * FB_BK, (int)(tm * BM));
+                        tma_load_2d(sSA + s * BM, &tSA, &full[s], (int)(tm * BM), kt);
+                    }
                     if constexpr (CL == 1) tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], kt * FB_BK, (int)(tn * FB_BN));
                     else // this CTA's half of the B tile, into both CTAs
                         tma_load_2d_mc(sB + s * C::B_BYTES + rank * (FB_BN / 2) * FB_BK, &tB, &full[s], kt * FB_BK,
                                        (int)(tn * FB_BN + rank * (FB_BN / 2)), (uint16_t)3);
-                    if constexpr (SBCOL) tma_load_2d(sSB + s * FB_BN, &tSB, &full[s], (int)(tn * FB_BN), kt);
-                }
-            }
-        } else if (SSM && tid / 32 == 1) { // the scale warp: A's row scales (+ B's scalar) per slot
-            // 4-byte cp.async copies, each lane's completing on the slot's full barrier (noinc: the
-            // barrier counts the 32 lanes), so the warp runs ahead of the consumers like the TMA thread
-            const int lane = tid % 32;
-            int64_t it = 0;
-            for (int64_t u = u0; u < units; u += ustep) {
-                int64_t um, tn;
-                tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
-                const int64_t r0 = (um * CL + rank) * BM;
-                for (int kt = 0; kt < ktiles; kt++, it++) {
-                    const int s = (int)(it % ST);
-                    if (it >= ST) mbar_wait(&empty[s], (uint32_t)((it / ST - 1) & 1));
-                    float *dst = sSA + s * C::SA_FLOATS;
-#pragma unroll
-                    for (int i = 0; i < BM / 32; i++) { // rows past m: zero fill (never stored)
-                        const int64_t row = r0 + 32 * i + lane;
-                        const bool in = row < e.m;
-                        cp_async4(dst + 32 * i + lane, in ? p.sa + (row >> p.a_shift) * p.kb + kt : p.sa, in);
-                    }
-                    if (!SBCOL && lane == 0) cp_async4(dst + BM, p.sb + tn * p.kb + kt, true);
-                    cp_async_arrive(&full[s]);
+                    // (TMA's innermost coordinate must be a multiple of 16 bytes: the scalar's box
+                    // starts at the 4-block group holding tn)
+                    tma_load_2d(sSB + s * C::SB_BYTES / 4, &tSB, &full[s], (int)(SBCOL ? tn * FB_BN : tn & ~3ll), kt);
+                    r.next<ST>();
+                    if (r.slot == 0) first_round = false;
                 }
             }
         }
@@ -227,62 +213,73 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, SSM>::THREADS, 1)
                     for (uint32_t r = 0; r < CL; r++) mbar_arrive_cluster(&empty[s], r);
             }
         };
-        auto ldsa = [&](const float *pa, int kt) { return pa ? __ldg(pa + kt) : 0.0f; };
-        // the tile of work unit u: B column block, first row of this thread, scale rows (rows past
-        // m read no scale: their A codes are TMA zero fill and they are never stored)
-        struct Tile {
-            int64_t tn, row0;
-            const float *pa0, *pa1, *pb;
+        // slot s's scales for this thread: A's rows rl, rl + 8, and B's scalar or 16 column pairs.
+        // The column pairs are read before the wgmma wait (the slot is then released before the
+        // promotion) where their 32 registers fit, 2 warpgroups with one partial; else the
+        // promotion reads them from the slot, which is released after it.
+        constexpr bool BC_REGS = SBCOL && NC == 2 && PIPE == 1, LATE_RELEASE = SBCOL && !BC_REGS;
+        struct Scales {
+            float a0, a1, b;
+            float2 bc[BC_REGS ? 16 : 1];
+            const float *vb;
         };
-        auto open = [&](int64_t u) {
-            int64_t um, tn;
-            tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, &tn);
-            Tile t;
-            t.tn = tn, t.row0 = (um * CL + rank) * BM + rl;
-            t.pa0 = t.row0 < e.m ? p.sa + (t.row0 >> p.a_shift) * p.kb : nullptr;
-            t.pa1 = t.row0 + 8 < e.m ? p.sa + ((t.row0 + 8) >> p.a_shift) * p.kb : nullptr;
-            t.pb = SBCOL ? nullptr : p.sb + tn * p.kb;
-            return t;
+        auto scales = [&](int s, int64_t tn) {
+            Scales x;
+            const float *va = sSA + s * BM;
+            x.vb = sSB + s * C::SB_BYTES / 4;
+            x.a0 = va[rl], x.a1 = va[rl + 8], x.b = x.vb[SBCOL ? 0 : tn & 3];
+            if constexpr (BC_REGS)
+#pragma unroll
+                for (int j = 0; j < 16; j++) x.bc[j] = *reinterpret_cast<const float2 *>(x.vb + 8 * j + 2 * q);
+            return x;
         };
-        // this thread's A scales (rows rl, rl + 8) and B's scalar, as the scale warp staged them in slot s
-        auto slot_scales = [&](int s, float *a0, float *a1, float *b) {
-            const float *v = sSA + s * C::SA_FLOATS;
-            *a0 = v[rl], *a1 = v[rl + 8], *b = SBCOL ? 1.0f : v[BM];
-        };
+        // the slot's wgmma descriptors: this warpgroup's 64 rows of A, all of B (start addresses
+        // advance by s * bytes / 16 in the descriptor's address field)
+        const uint64_t da0 = make_desc(sA + cw * 64 * FB_BK), db0 = make_desc(sB);
         auto descs = [&](int s, uint64_t *da, uint64_t *db) {
-            *da = make_desc(sA + s * C::A_BYTES + cw * 64 * FB_BK), *db = make_desc(sB + s * C::B_BYTES);
+            *da = da0 + (uint64_t)(s * (C::A_BYTES >> 4)), *db = db0 + (uint64_t)(s * (C::B_BYTES >> 4));
+        };
+        auto promote = [&](float *acc, float *part, const Scales &x) {
+            if constexpr (BC_REGS) promote128_col(acc, part, x.a0, x.a1, [&](int j) { return x.bc[j]; });
+            else if constexpr (SBCOL)
+                promote128_col(acc, part, x.a0, x.a1,
+                               [&](int j) { return *reinterpret_cast<const float2 *>(x.vb + 8 * j + 2 * q); });
+            else promote128(acc, part, x.a0 * x.b, x.a1 * x.b);
+        };
+        // the tile of work unit u: B column block and the first row of this thread
+        auto open = [&](int64_t u, int64_t *tn, int64_t *row0) {
+            int64_t um;
+            tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, tn);
+            *row0 = (um * CL + rank) * BM + rl;
         };
         float acc[64];
+        Ring r;
         if constexpr (PIPE == 1) {
             float part[64];
 #pragma unroll
             for (int i = 0; i < 64; i++) part[i] = 0.0f;
-            int64_t it = 0;
             for (int64_t u = u0; u < units; u += ustep) {
-                const Tile t = open(u);
+                int64_t tn, row0;
+                open(u, &tn, &row0);
 #pragma unroll
                 for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-                float na0 = 0.0f, na1 = 0.0f, nb = 1.0f;
-                if constexpr (!SSM) na0 = ldsa(t.pa0, 0), na1 = ldsa(t.pa1, 0), nb = SBCOL ? 1.0f : __ldg(t.pb);
-                for (int kt = 0; kt < ktiles; kt++, it++) {
-                    const int s = (int)(it % ST);
-                    float a0 = na0, a1 = na1, b = nb;
-                    if (!SSM && kt + 1 < ktiles) { // the next tile's scales, one tile ahead
-                        na0 = ldsa(t.pa0, kt + 1), na1 = ldsa(t.pa1, kt + 1);
-                        if constexpr (!SBCOL) nb = __ldg(t.pb + kt + 1);
-                    }
-                    mbar_wait(&full[s], (uint32_t)((it / ST) & 1));
-                    if constexpr (SSM) slot_scales(s, &a0, &a1, &b);
+                for (int kt = 0; kt < ktiles; kt++) {
+                    const int s = r.slot;
+                    mbar_wait(&full[s], r.phase);
+                    // the scales first: read after the wgmmas, ptxas put their product, waiting
+                    // for the loads, before the last wgmma
+                    const Scales x = scales(s, tn);
                     uint64_t da, db;
                     descs(s, &da, &db);
                     wgmma_k128(part, da, db);
                     wg_wait<0>();
-                    if constexpr (!SBCOL) release(s); // the slot is free once the wgmmas are done
-                    promote128<SBCOL>(acc, part, a0, a1, b, sSB + s * FB_BN, q);
-                    if constexpr (SBCOL) release(s); // after the promotion has read the slot's B scales
+                    if constexpr (!LATE_RELEASE) release(s);
+                    promote(acc, part, x);
+                    if constexpr (LATE_RELEASE) release(s);
+                    r.next<ST>();
                 }
                 // epilogue straight from registers (the producer already fills the ring for the next tile)
-                epilogue(e, acc, t.row0, t.tn * FB_BN + 2 * q);
+                epilogue(e, acc, row0, tn * FB_BN + 2 * q);
             }
         } else {
             // Two partials, K tiles in pairs: tile kt+1's wgmmas run on the tensor cores while tile
@@ -292,40 +289,38 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, SSM>::THREADS, 1)
             float p0[64], p1[64];
 #pragma unroll
             for (int i = 0; i < 64; i++) p0[i] = p1[i] = 0.0f;
-            int64_t it = 0;
             for (int64_t u = u0; u < units; u += ustep) {
-                const Tile t = open(u);
+                int64_t tn, row0;
+                open(u, &tn, &row0);
 #pragma unroll
                 for (int i = 0; i < 64; i++) acc[i] = 0.0f;
                 for (int kt = 0; kt < ktiles; kt += 2) {
                     const bool has_b = kt + 1 < ktiles;
-                    const int sa = (int)(it % ST), sb = has_b ? (int)((it + 1) % ST) : sa;
-                    float a0 = 0.0f, a1 = 0.0f, b = 1.0f, c0 = 0.0f, c1 = 0.0f, cb = 1.0f;
-                    if constexpr (!SSM) {
-                        a0 = ldsa(t.pa0, kt), a1 = ldsa(t.pa1, kt), b = SBCOL ? 1.0f : __ldg(t.pb + kt);
-                        c0 = has_b ? ldsa(t.pa0, kt + 1) : 0.0f, c1 = has_b ? ldsa(t.pa1, kt + 1) : 0.0f;
-                        cb = SBCOL || !has_b ? 1.0f : __ldg(t.pb + kt + 1);
-                    }
+                    const int sa = r.slot;
+                    Ring r2 = r;
+                    r2.next<ST>();
+                    const int sb = has_b ? r2.slot : sa;
                     uint64_t da, db;
-                    mbar_wait(&full[sa], (uint32_t)((it / ST) & 1));
-                    if constexpr (SSM) slot_scales(sa, &a0, &a1, &b);
+                    mbar_wait(&full[sa], r.phase);
+                    const Scales x0 = scales(sa, tn);
                     descs(sa, &da, &db);
                     wgmma_k128(p0, da, db);
-                    if (has_b) {
-                        mbar_wait(&full[sb], (uint32_t)(((it + 1) / ST) & 1));
-                        if constexpr (SSM) slot_scales(sb, &c0, &c1, &cb);
-                    }
+                    if (has_b) mbar_wait(&full[sb], r2.phase);
+                    const Scales x1 = scales(sb, tn);
                     descs(sb, &da, &db);
                     wgmma_k128(p1, da, db);
                     wg_wait<1>();
-                    promote128<SBCOL>(acc, p0, a0, a1, b, sSB + sa * FB_BN, q);
+                    if (!LATE_RELEASE && has_b) release(sa); // (else the spare group still reads it)
+                    promote(acc, p0, x0);
                     wg_wait<0>();
-                    if (has_b) promote128<SBCOL>(acc, p1, c0, c1, cb, sSB + sb * FB_BN, q);
-                    release(sa);
-                    if (has_b) release(sb);
-                    it += has_b ? 2 : 1;
+                    if (LATE_RELEASE && has_b) release(sa);
+                    if constexpr (!LATE_RELEASE) release(sb);
+                    if (has_b) promote(acc, p1, x1);
+                    if constexpr (LATE_RELEASE) release(sb);
+                    r = r2;
+                    if (has_b) r.next<ST>();
                 }
-                epilogue(e, acc, t.row0, t.tn * FB_BN + 2 * q);
+                epilogue(e, acc, row0, tn * FB_BN + 2 * q);
             }
         }
     }
@@ -345,11 +340,15 @@ int sm_count() {
     return n;
 }
 
-template <int NC, bool SBCOL, int CL, int PIPE, bool SSM>
-cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sb, const FbArgs &p, const Epi &e,
-                   cudaStream_t st) {
-    using C = FbCfg<NC, SBCOL, CL, PIPE, SSM>;
-    auto kern = fp8block_kernel<NC, SBCOL, CL, PIPE, SSM>;
+// The four tensor maps of a launch.
+struct FbMaps {
+    CUtensorMap a, b, sa, sb;
+};
+
+template <int NC, bool SBCOL, int CL, int PIPE>
+cudaError_t launch(const FbMaps &m, const FbArgs &p, const Epi &e, cudaStream_t st) {
+    using C = FbCfg<NC, SBCOL, CL, PIPE>;
+    auto kern = fp8block_kernel<NC, SBCOL, CL, PIPE>;
     static int resident = 0; // CTAs that run at once (whole clusters)
     if (!resident) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -379,15 +378,13 @@ cudaError_t launch(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap
     at.val.clusterDim.x = CL, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
     cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3(C::THREADS), cfg.dynamicSmemBytes = C::SMEM;
     cfg.stream = st, cfg.attrs = &at, cfg.numAttrs = CL > 1 ? 1 : 0; // CL = 1: a plain launch
-    cudaError_t err = cudaLaunchKernelEx(&cfg, kern, a, b, sb, p, e);
+    cudaError_t err = cudaLaunchKernelEx(&cfg, kern, m.a, m.b, m.sa, m.sb, p, e);
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-template <int NC, int CL, int PIPE = 1, bool SSM = false>
-cudaError_t launch_sb(const CUtensorMap &a, const CUtensorMap &b, const CUtensorMap &sb, const FbArgs &p,
-                      const Epi &e, bool sbcol, cudaStream_t st) {
-    return sbcol ? launch<NC, true, CL, PIPE, SSM>(a, b, sb, p, e, st)
-                 : launch<NC, false, CL, PIPE, SSM>(a, b, sb, p, e, st);
+template <int NC, int CL, int PIPE = 1>
+cudaError_t launch_sb(const FbMaps &m, const FbArgs &p, const Epi &e, bool sbcol, cudaStream_t st) {
+    return sbcol ? launch<NC, true, CL, PIPE>(m, p, e, st) : launch<NC, false, CL, PIPE>(m, p, e, st);
 }
 
 } // namespace
@@ -395,46 +392,45 @@ cudaError_t launch_sb(const CUtensorMap &a, const CUtensorMap &b, const CUtensor
 extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     const int v = p->variant; // the instantiated combinations (gemm_cuda.h)
-    const bool known = v == 0 || v == 1 || v == 2 || v == 3 || v == 4 || v == 9 || v == 12;
-    if (p->k % FB_BK || p->m <= 0 || p->n <= 0 || p->k <= 0 || !known) return (int)cudaErrorInvalidValue;
-    const int nc = p->variant & 1 ? 3 : 2, bm = 64 * nc, cl = p->variant & 2 ? 2 : 1;
-    const int64_t kb = p->k / FB_BK, ldb = (p->n + 3) / 4 * 4;
+    if (p->k % FB_BK || p->m <= 0 || p->n <= 0 || p->k <= 0 || v < 0 || v > 4) return (int)cudaErrorInvalidValue;
+    const int nc = v & 1 ? 3 : 2, bm = 64 * nc, cl = v & 2 ? 2 : 1;
     const bool sbcol = !p->b_2d;
-    // per-column B scales: K-block-major copy [kb][ldb] for TMA (columns past n are 0)
-    float *sbt = nullptr;
-    cudaError_t err = cudaSuccess;
-    if (sbcol) {
-        if ((err = cudaMallocAsync((void **)&sbt, (size_t)(kb * ldb) * sizeof(float), st)) != cudaSuccess) return (int)err;
-        if ((err = (cudaError_t)dw_gemm_cuda_transpose_scales(p->sb, p->n, kb, ldb, sbt, st)) != cudaSuccess) {
-            cudaFreeAsync(sbt, st);
-            return (int)err;
-        }
-    }
-    CUtensorMap ta, tb, tsb;
-    bool ok = make_map(&ta, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, FB_BK, (uint32_t)bm,
-                       CU_TENSOR_MAP_SWIZZLE_128B) &&
-              make_map(&tb, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, (uint32_t)(FB_BN / cl),
-                       CU_TENSOR_MAP_SWIZZLE_128B);
-    if (ok && sbcol)
-        ok = make_map(&tsb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->n, ldb, FB_BN, 1, CU_TENSOR_MAP_SWIZZLE_NONE);
-    else
-        tsb = ta; // unused
+    // K-block-major copies of the scales, one row per K tile, for TMA: A's per row [kb][lda]
+    // (128x128 blocks expanded to their rows), B's per column [kb][ldb] or per 128-column block
+    // [kb][ldb]; rows padded with 0 to a multiple of 4 (16-byte TMA strides)
+    const int64_t kb = p->k / FB_BK, nblk = (p->n + 127) / 128;
+    const int64_t lda = (p->m + 3) / 4 * 4, ldb = ((sbcol ? p->n : nblk) + 3) / 4 * 4;
+    float *sat = nullptr;
+    cudaError_t err = cudaMallocAsync((void **)&sat, (size_t)(kb * (lda + ldb)) * sizeof(float), st);
+    if (err != cudaSuccess) return (int)err;
+    float *sbt = sat + kb * lda;
+    if ((err = (cudaError_t)dw_gemm_cuda_transpose_scales_rows(p->sa, p->m, p->a_2d ? 7 : 0, kb, lda, sat, st)) ==
+        cudaSuccess)
+        err = (cudaError_t)dw_gemm_cuda_transpose_scales_rows(p->sb, sbcol ? p->n : nblk, 0, kb, ldb, sbt, st);
+    FbMaps m;
+    const bool ok =
+        err == cudaSuccess &&
+        make_map(&m.a, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, FB_BK, (uint32_t)bm,
+                 CU_TENSOR_MAP_SWIZZLE_128B) &&
+        make_map(&m.b, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, (uint32_t)(FB_BN / cl),
+                 CU_TENSOR_MAP_SWIZZLE_128B) &&
+        make_map(&m.sa, sat, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, (uint32_t)bm, 1,
+                 CU_TENSOR_MAP_SWIZZLE_NONE) &&
+        make_map(&m.sb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sbcol ? p->n : nblk, ldb, sbcol ? FB_BN : 4, 1,
+                 CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!ok) {
-        if (sbt) cudaFreeAsync(sbt, st);
-        return (int)cudaErrorInvalidValue;
+        cudaFreeAsync(sat, st);
+        return (int)(err != cudaSuccess ? err : cudaErrorInvalidValue);
     }
-    FbArgs fa{p->sa, p->sb, kb, p->a_2d ? 7 : 0, (p->m + bm - 1) / bm, (p->n + FB_BN - 1) / FB_BN};
+    const FbArgs fa{kb, (p->m + bm - 1) / bm, (p->n + FB_BN - 1) / FB_BN};
     const Epi e = make_epi(p->epi, p->m, p->n);
-    switch (p->variant) {
-    case 0: err = launch_sb<2, 1>(ta, tb, tsb, fa, e, sbcol, st); break;
-    case 1: err = launch_sb<3, 1>(ta, tb, tsb, fa, e, sbcol, st); break;
-    case 2: err = launch_sb<2, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
-    case 3: err = launch_sb<3, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
-    case 4: err = launch_sb<2, 1, 2>(ta, tb, tsb, fa, e, sbcol, st); break;
-    case 9: err = launch_sb<3, 1, 1, true>(ta, tb, tsb, fa, e, sbcol, st); break;
-    case 12: err = launch_sb<2, 1, 2, true>(ta, tb, tsb, fa, e, sbcol, st); break;
-    default: err = cudaErrorInvalidValue; break; // other combinations are not instantiated
+    switch (v) {
+    case 0: err = launch_sb<2, 1>(m, fa, e, sbcol, st); break;
+    case 1: err = launch_sb<3, 1>(m, fa, e, sbcol, st); break;
+    case 2: err = launch_sb<2, 2>(m, fa, e, sbcol, st); break;
+    case 3: err = launch_sb<3, 2>(m, fa, e, sbcol, st); break;
+    default: err = launch_sb<2, 1, 2>(m, fa, e, sbcol, st); break; // 4
     }
-    cudaError_t ferr = sbt ? cudaFreeAsync(sbt, st) : cudaSuccess;
+    const cudaError_t ferr = cudaFreeAsync(sat, st);
     return (int)(err != cudaSuccess ? err : ferr);
 }

@@ -15,6 +15,10 @@ extern "C" {
  * VEC128_32F / BLK128x128_32F scale layout (outer dimension fastest). Returns a cudaError_t. */
 int dw_gemm_cuda_transpose_scales(const float *src, int64_t rows, int64_t cols, int64_t ld, float *dst,
                                   void *stream);
+/* Same, dst row r reading source row r >> shift (shift 7: one scale per 128 rows, expanded to every
+ * row; the source then has ceil(rows / 128) rows). */
+int dw_gemm_cuda_transpose_scales_rows(const float *src, int64_t rows, int shift, int64_t cols, int64_t ld,
+                                       float *dst, void *stream);
 /* dst [rows][ld] = src [rows, cols] (FP32), columns padded to ld with 0 (BLK128x128_32F layout). */
 int dw_gemm_cuda_pad_scales(const float *src, int64_t rows, int64_t cols, int64_t ld, float *dst, void *stream);
 /* dst = the 128x4-tiled layout of src [rows, scols] (bytes): see dw_scale_swizzle_offset (formats.h). */
@@ -73,9 +77,8 @@ typedef struct {
     int variant; /* bit 0: 3 consumer warpgroups (192x128 tile), else 2 (128x128); bit 1: clusters of
                     2 CTAs sharing B through TMA multicast; bit 2 (2 warpgroups only): two partial
                     accumulators, K tiles in pairs (the second's wgmmas in flight during the first's
-                    promotion); bit 3: a producer warp stages the A scales (and B's 128x128 scalar)
-                    in shared memory with cp.async. Built: 0, 1, 2, 3, 4, 9 (3 + staged scales),
-                    12 (pairs + staged scales). Always persistent. */
+                    promotion). Built: 0 to 4. Always persistent; every K tile's scales reach shared
+                    memory by TMA beside its codes (from K-block-major copies made per call). */
 } dw_fp8block_sm90_args;
 int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream);
 

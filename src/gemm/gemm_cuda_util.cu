@@ -7,13 +7,23 @@
 
 #include "gemm/gemm_cuda.h"
 
-// dst [cols][ld] <- src [rows, cols]; padding rows (rows..ld) get 0.
-static __global__ void transpose_scales_kernel(const float *src, int64_t rows, int64_t cols, int64_t ld,
+// dst [cols][ld] <- src [rows >> shift, cols], row r of dst's column reading source row r >> shift
+// (shift 7 expands one scale per 128 rows to every row); padding rows (rows..ld) get 0. 32x32
+// tiles through shared memory: both the reads (along cols) and the writes (along ld) coalesce.
+static __global__ void transpose_scales_kernel(const float *src, int64_t rows, int shift, int64_t cols, int64_t ld,
                                                float *dst) {
-    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= cols * ld) return;
-    int64_t c = idx / ld, r = idx % ld;
-    dst[idx] = r < rows ? src[r * cols + c] : 0.0f;
+    __shared__ float t[32][33];
+    const int64_t r0 = (int64_t)blockIdx.x * 32, c0 = (int64_t)blockIdx.y * 32;
+    const int tx = threadIdx.x, ty = threadIdx.y; // 32 x 8 threads
+    for (int i = ty; i < 32; i += 8) { // t[row][col]
+        const int64_t r = r0 + i, c = c0 + tx;
+        t[i][tx] = r < rows && c < cols ? src[(r >> shift) * cols + c] : 0.0f;
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {
+        const int64_t c = c0 + i, r = r0 + tx;
+        if (c < cols && r < ld) dst[c * ld + r] = t[tx][i];
+    }
 }
 
 // dst [rows][ld] <- src [rows, cols]; padding columns (cols..ld) get 0.
@@ -37,13 +47,17 @@ static __global__ void tile_scales_kernel(const uint8_t *src, int64_t rows, int6
     dst[idx] = (r < rows && c < scols) ? src[r * scols + c] : 0;
 }
 
+extern "C" int dw_gemm_cuda_transpose_scales_rows(const float *src, int64_t rows, int shift, int64_t cols, int64_t ld,
+                                                  float *dst, void *stream) {
+    if (cols == 0 || ld == 0) return 0;
+    const dim3 grid((unsigned)((ld + 31) / 32), (unsigned)((cols + 31) / 32)), block(32, 8);
+    transpose_scales_kernel<<<grid, block, 0, (cudaStream_t)stream>>>(src, rows, shift, cols, ld, dst);
+    return (int)cudaGetLastError();
+}
+
 extern "C" int dw_gemm_cuda_transpose_scales(const float *src, int64_t rows, int64_t cols, int64_t ld,
                                              float *dst, void *stream) {
-    int64_t total = cols * ld;
-    if (total == 0) return 0;
-    transpose_scales_kernel<<<(unsigned)((total + 255) / 256), 256, 0, (cudaStream_t)stream>>>(src, rows, cols,
-                                                                                                 ld, dst);
-    return (int)cudaGetLastError();
+    return dw_gemm_cuda_transpose_scales_rows(src, rows, 0, cols, ld, dst, stream);
 }
 
 extern "C" int dw_gemm_cuda_pad_scales(const float *src, int64_t rows, int64_t cols, int64_t ld, float *dst,

@@ -144,10 +144,13 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// Arrives on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster.
+// Arrives on the mbarrier at the same shared-memory offset in CTA `rank` of the cluster. Default
+// (CTA-scope) release semantics: what it orders are the arriving warp's wgmma reads of a ring slot,
+// complete at its wgmma wait; `.release.cluster` cost a full memory barrier per arrival (ERRBAR:
+// 39% of the multicast kernel's stall samples, half its speed).
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank) {
     asm volatile("{\n .reg .b32 ra;\n mapa.shared::cluster.u32 ra, %0, %1;\n"
-                 " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(smem_u32(bar)),
+                 " mbarrier.arrive.shared::cluster.b64 _, [ra];\n}" ::"r"(smem_u32(bar)),
                  "r"(rank)
                  : "memory");
 }
