@@ -17,19 +17,22 @@
 
 namespace {
 
-constexpr int FB_BN = 128, FB_BK = 128;
+constexpr int FB_BK = 128;
 
-// NC consumer warpgroups (tile BM = 64 NC rows), SBCOL: B scales per column (128 per K tile)
+// NC consumer warpgroups (tile BM = 64 NC rows), SBCOL: B scales per column (BN per K tile)
 // rather than one scalar per 128x128 block; CL CTAs per cluster sharing B; PIPE partial
-// accumulators per consumer (2: the next K tile's wgmmas run during this one's promotion).
-template <int NC, bool SBCOL, int CL, int PIPE = 1> struct FbCfg {
+// accumulators per consumer (2: the next K tile's wgmmas run during this one's promotion); BN
+// tile columns (128, or 192 with 2 warpgroups: 96 + 96 accumulator registers per thread).
+template <int NC, bool SBCOL, int CL, int PIPE = 1, int BN = 128> struct FbCfg {
     static constexpr int BM = 64 * NC, THREADS = 128 * (NC + 1);
-    static constexpr int STAGES = NC == 3 ? 5 : 6;
-    static constexpr int A_BYTES = BM * FB_BK, B_BYTES = FB_BN * FB_BK;
-    // a slot's scales: A's BM row scales; B's 128 column scales, or its 128x128 block's scalar in
-    // a 4-float TMA box (16 bytes, the least TMA moves: the group of 4 blocks holding it) padded
-    // to 128 bytes (TMA's alignment)
-    static constexpr int SA_BYTES = BM * 4, SB_BYTES = SBCOL ? FB_BN * 4 : 128;
+    static constexpr int STAGES = NC == 3 || BN == 192 ? 5 : 6;
+    static constexpr int A_BYTES = BM * FB_BK, B_BYTES = BN * FB_BK;
+    // a slot's scales: A's BM row scales; B's BN column scales, or its 128x128 blocks' scalars in
+    // a TMA box of 4 floats (16 bytes, the least TMA moves: the group of 4 blocks holding the
+    // tile's one block) or, BN = 192, of 8 (the two blocks the tile spans), padded to 128 bytes
+    // (TMA's alignment)
+    static constexpr int SB_BOX = SBCOL ? BN : BN == 128 ? 4 : 8;
+    static constexpr int SA_BYTES = BM * 4, SB_BYTES = SBCOL ? BN * 4 : 128;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + SA_BYTES + SB_BYTES;
     static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
     // registers per thread after setmaxnreg: producer / consumers. setmaxnreg only moves registers
@@ -42,7 +45,9 @@ template <int NC, bool SBCOL, int CL, int PIPE = 1> struct FbCfg {
     static_assert(128 * PROD_REGS + 128 * NC * CONS_REGS <= THREADS * LAUNCH_REGS,
                   "setmaxnreg would ask for more registers than the CTA holds");
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs");
-    static_assert(PIPE == 1 || (PIPE == 2 && NC == 2), "two partials fit the registers of 2 consumer warpgroups only");
+    static_assert(PIPE == 1 || (PIPE == 2 && NC == 2 && BN == 128),
+                  "two partials fit the registers of 2 consumer warpgroups only, 128-column tiles");
+    static_assert(BN == 128 || (BN == 192 && NC == 2), "192-column tiles: 2 consumer warpgroups");
     static_assert(A_BYTES % 1024 == 0 && SA_BYTES % 128 == 0, "slot parts keep TMA's alignment");
 };
 
@@ -64,15 +69,38 @@ struct Ring {
     }
 };
 
-// The 4 k32 wgmmas of one 128-K tile: part = A[64x128] . B[128x128]^T (descriptors advance 32 B).
-__device__ __forceinline__ void wgmma_k128(float *part, uint64_t da, uint64_t db) {
+// D[64x192] += A[64x32] . B[192x32]^T (scale_d 0: overwrite), E4M3 both.
+__device__ __forceinline__ void wgmma_n192_k32(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %98, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1;\n}"
+                 : "+f"(d[0]),"+f"(d[1]),"+f"(d[2]),"+f"(d[3]),"+f"(d[4]),"+f"(d[5]),"+f"(d[6]),"+f"(d[7]),"+f"(d[8]),"+f"(d[9]),"+f"(d[10]),"+f"(d[11]),"+f"(d[12]),"+f"(d[13]),"+f"(d[14]),"+f"(d[15]),"+f"(d[16]),"+f"(d[17]),"+f"(d[18]),"+f"(d[19]),"+f"(d[20]),"+f"(d[21]),"+f"(d[22]),"+f"(d[23]),"+f"(d[24]),"+f"(d[25]),"+f"(d[26]),"+f"(d[27]),"+f"(d[28]),"+f"(d[29]),"+f"(d[30]),"+f"(d[31]),"+f"(d[32]),"+f"(d[33]),"+f"(d[34]),"+f"(d[35]),"+f"(d[36]),"+f"(d[37]),"+f"(d[38]),"+f"(d[39]),"+f"(d[40]),"+f"(d[41]),"+f"(d[42]),"+f"(d[43]),"+f"(d[44]),"+f"(d[45]),"+f"(d[46]),"+f"(d[47]),"+f"(d[48]),"+f"(d[49]),"+f"(d[50]),"+f"(d[51]),"+f"(d[52]),"+f"(d[53]),"+f"(d[54]),"+f"(d[55]),"+f"(d[56]),"+f"(d[57]),"+f"(d[58]),"+f"(d[59]),"+f"(d[60]),"+f"(d[61]),"+f"(d[62]),"+f"(d[63]),"+f"(d[64]),"+f"(d[65]),"+f"(d[66]),"+f"(d[67]),"+f"(d[68]),"+f"(d[69]),"+f"(d[70]),"+f"(d[71]),"+f"(d[72]),"+f"(d[73]),"+f"(d[74]),"+f"(d[75]),"+f"(d[76]),"+f"(d[77]),"+f"(d[78]),"+f"(d[79]),"+f"(d[80]),"+f"(d[81]),"+f"(d[82]),"+f"(d[83]),"+f"(d[84]),"+f"(d[85]),"+f"(d[86]),"+f"(d[87]),"+f"(d[88]),"+f"(d[89]),"+f"(d[90]),"+f"(d[91]),"+f"(d[92]),"+f"(d[93]),"+f"(d[94]),"+f"(d[95])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Ties N accumulator registers to this point of the program (see reg_fence).
+template <int N> __device__ __forceinline__ void reg_fence_n(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The 4 k32 wgmmas of one 128-K tile: part = A[64x128] . B[BNx128]^T (descriptors advance 32 B).
+template <int BN> __device__ __forceinline__ void wgmma_k128(float *part, uint64_t da, uint64_t db) {
     wg_fence();
 #pragma unroll
-    for (int c = 0; c < 4; c++) wgmma_k32<false, false>(part, da + 2 * c, db + 2 * c, c);
+    for (int c = 0; c < 4; c++) {
+        if constexpr (BN == 128) wgmma_k32<false, false>(part, da + 2 * c, db + 2 * c, c);
+        else wgmma_n192_k32(part, da + 2 * c, db + 2 * c, c);
+    }
     wg_commit();
 }
 
-// acc += part * s0 (row r0) and * s1 (row r0 + 8): s = sa[row] * sb, B's 128x128 block scalar.
+template <int BN> __device__ __forceinline__ void fence_part(float *part) {
+    if constexpr (BN == 128) reg_fence(part);
+    else reg_fence_n<BN / 2>(part);
+}
+
+// acc += part * s0 (row r0) and * s1 (row r0 + 8): s = sa[row] * sb, B's 128x128 block scalar
+// (BN = 128: one block per tile).
 __device__ __forceinline__ void promote128(float *acc, float *part, float s0, float s1) {
     reg_fence(part);
 #pragma unroll
@@ -84,12 +112,28 @@ __device__ __forceinline__ void promote128(float *acc, float *part, float s0, fl
     }
 }
 
+// The same for a 192-column tile, which spans two 128-column B blocks: columns c = 8 j + 2 q (+1)
+// below `split` (64 for an odd tile, 128 for an even one) take lo = (sa0 sb_lo, sa1 sb_lo), the rest
+// hi. j < 8 is always below, j >= 16 always above.
+__device__ __forceinline__ void promote192(float *acc, float *part, float2 lo, float2 hi, bool odd) {
+    reg_fence_n<96>(part);
+#pragma unroll
+    for (int j = 0; j < 24; j++) {
+        const float2 sc = j < 8 ? lo : j >= 16 ? hi : odd ? hi : lo;
+        acc[4 * j + 0] = fmaf(part[4 * j + 0], sc.x, acc[4 * j + 0]);
+        acc[4 * j + 1] = fmaf(part[4 * j + 1], sc.x, acc[4 * j + 1]);
+        acc[4 * j + 2] = fmaf(part[4 * j + 2], sc.y, acc[4 * j + 2]);
+        acc[4 * j + 3] = fmaf(part[4 * j + 3], sc.y, acc[4 * j + 3]);
+    }
+}
+
 // acc += part * (sa[row] * sb[col]) for rows r0 (a0), r0 + 8 (a1) and columns 8 j + 2 q (+1), whose
 // B scales (per column: 1x128 blocks) are bc(j), a float2 from registers or from the slot.
-template <class BC> __device__ __forceinline__ void promote128_col(float *acc, float *part, float a0, float a1, BC bc) {
-    reg_fence(part);
+template <int BN, class BC>
+__device__ __forceinline__ void promote_col(float *acc, float *part, float a0, float a1, BC bc) {
+    fence_part<BN>(part);
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
+    for (int j = 0; j < BN / 8; j++) {
         const float2 bb = bc(j);
         acc[4 * j + 0] = fmaf(part[4 * j + 0], a0 * bb.x, acc[4 * j + 0]);
         acc[4 * j + 1] = fmaf(part[4 * j + 1], a0 * bb.y, acc[4 * j + 1]);
@@ -101,13 +145,13 @@ template <class BC> __device__ __forceinline__ void promote128_col(float *acc, f
 // Stores rows row0, row0 + 8, columns col0 + 8 j (+1): the plain case (alpha acc, even n) with
 // one paired store each, unrolled; the general one (beta C, bias, GELU, aux, odd n) from a local
 // copy in a rolled loop, so that its large code stays out of the instruction cache every tile.
-__device__ __forceinline__ void epilogue(const Epi &e, const float *acc, int64_t row0, int64_t col0) {
+template <int BN> __device__ __forceinline__ void epilogue(const Epi &e, const float *acc, int64_t row0, int64_t col0) {
     if (e.beta != 0.0f || e.bias || e.aux || e.gelu || (e.n & 1)) {
-        float t[64];
+        float t[BN / 2];
 #pragma unroll
-        for (int i = 0; i < 64; i++) t[i] = acc[i];
+        for (int i = 0; i < BN / 2; i++) t[i] = acc[i];
 #pragma unroll 1
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < BN / 4; i++) {
             const int h = i & 1, j = i >> 1;
             const int64_t row = row0 + 8 * h;
             if (row < e.m) epi_store_pair(e, row, col0 + 8 * j, t[4 * j + 2 * h], t[4 * j + 2 * h + 1]);
@@ -119,7 +163,7 @@ __device__ __forceinline__ void epilogue(const Epi &e, const float *acc, int64_t
         const int64_t row = row0 + 8 * h;
         if (row >= e.m) continue;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < BN / 8; j++) {
             const int64_t col = col0 + 8 * j;
             if (col >= e.n) continue;
             const float v0 = e.alpha * acc[4 * j + 2 * h], v1 = e.alpha * acc[4 * j + 2 * h + 1];
@@ -131,24 +175,24 @@ __device__ __forceinline__ void epilogue(const Epi &e, const float *acc, int64_t
 }
 #endif // DW_SM90_BODY
 
-template <int NC, bool SBCOL, int CL, int PIPE>
-__global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
+template <int NC, bool SBCOL, int CL, int PIPE, int BN>
+__global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, BN>::THREADS, 1)
     fp8block_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                     const __grid_constant__ CUtensorMap tSA, const __grid_constant__ CUtensorMap tSB, FbArgs p,
                     Epi e) {
 #ifdef DW_SM90_BODY
-    using C = FbCfg<NC, SBCOL, CL, PIPE>;
+    using C = FbCfg<NC, SBCOL, CL, PIPE, BN>;
     constexpr int BM = C::BM, ST = C::STAGES;
     // bytes a K tile's TMA loads bring: all, and A's part (codes and row scales)
-    constexpr int A_TX = C::A_BYTES + C::SA_BYTES, STAGE_TX = A_TX + C::B_BYTES + (SBCOL ? FB_BN * 4 : 16);
+    constexpr int A_TX = C::A_BYTES + C::SA_BYTES, STAGE_TX = A_TX + C::B_BYTES + 4 * C::SB_BOX;
     extern __shared__ uint8_t smem_raw[];
     // 1024-byte aligned (128B swizzle) by an offset into the shared array, so that the compiler keeps
     // knowing these are shared-memory addresses (LDS, not generic loads)
     uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     uint8_t *sA = smem;                                 // [ST][BM rows][128 B], 128B swizzle
-    uint8_t *sB = sA + ST * C::A_BYTES;                 // [ST][128 rows][128 B]
+    uint8_t *sB = sA + ST * C::A_BYTES;                 // [ST][BN rows][128 B]
     float *sSA = (float *)(sB + ST * C::B_BYTES);       // [ST][BM] A row scales
-    float *sSB = sSA + ST * C::SA_BYTES / 4;            // [ST][128] B column scales, or [ST][32] (scalar first)
+    float *sSB = sSA + ST * C::SA_BYTES / 4;            // [ST][BN] B column scales, or [ST][32] (block scalars)
     uint64_t *full = (uint64_t *)(sSB + ST * C::SB_BYTES / 4);
     uint64_t *empty = full + ST;
 
@@ -188,13 +232,14 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
                         tma_load_2d(sA + s * C::A_BYTES, &tA, &full[s], kt * FB_BK, (int)(tm * BM));
                         tma_load_2d(sSA + s * BM, &tSA, &full[s], (int)(tm * BM), kt);
                     }
-                    if constexpr (CL == 1) tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], kt * FB_BK, (int)(tn * FB_BN));
+                    if constexpr (CL == 1) tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], kt * FB_BK, (int)(tn * BN));
                     else // this CTA's half of the B tile, into both CTAs
-                        tma_load_2d_mc(sB + s * C::B_BYTES + rank * (FB_BN / 2) * FB_BK, &tB, &full[s], kt * FB_BK,
-                                       (int)(tn * FB_BN + rank * (FB_BN / 2)), (uint16_t)3);
-                    // (TMA's innermost coordinate must be a multiple of 16 bytes: the scalar's box
-                    // starts at the 4-block group holding tn)
-                    tma_load_2d(sSB + s * C::SB_BYTES / 4, &tSB, &full[s], (int)(SBCOL ? tn * FB_BN : tn & ~3ll), kt);
+                        tma_load_2d_mc(sB + s * C::B_BYTES + rank * (BN / 2) * FB_BK, &tB, &full[s], kt * FB_BK,
+                                       (int)(tn * BN + rank * (BN / 2)), (uint16_t)3);
+                    // (TMA's innermost coordinate must be a multiple of 16 bytes: the scalars' box
+                    // starts at the 4-block group holding the tile's first block)
+                    tma_load_2d(sSB + s * C::SB_BYTES / 4, &tSB, &full[s], (int)(SBCOL ? tn * BN : (tn * BN / 128) & ~3ll),
+                                kt);
                     r.next<ST>();
                     if (r.slot == 0) first_round = false;
                 }
@@ -217,9 +262,9 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
         // The column pairs are read before the wgmma wait (the slot is then released before the
         // promotion) where their 32 registers fit, 2 warpgroups with one partial; else the
         // promotion reads them from the slot, which is released after it.
-        constexpr bool BC_REGS = SBCOL && NC == 2 && PIPE == 1, LATE_RELEASE = SBCOL && !BC_REGS;
+        constexpr bool BC_REGS = SBCOL && NC == 2 && PIPE == 1 && BN == 128, LATE_RELEASE = SBCOL && !BC_REGS;
         struct Scales {
-            float a0, a1, b;
+            float a0, a1, b, b_hi; // b_hi: BN = 192, the second 128-column block's scalar
             float2 bc[BC_REGS ? 16 : 1];
             const float *vb;
         };
@@ -227,7 +272,8 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
             Scales x;
             const float *va = sSA + s * BM;
             x.vb = sSB + s * C::SB_BYTES / 4;
-            x.a0 = va[rl], x.a1 = va[rl + 8], x.b = x.vb[SBCOL ? 0 : tn & 3];
+            const int blk = SBCOL ? 0 : (int)((tn * BN / 128) & 3);
+            x.a0 = va[rl], x.a1 = va[rl + 8], x.b = x.vb[blk], x.b_hi = BN == 192 ? x.vb[blk + 1] : 0.0f;
             if constexpr (BC_REGS)
 #pragma unroll
                 for (int j = 0; j < 16; j++) x.bc[j] = *reinterpret_cast<const float2 *>(x.vb + 8 * j + 2 * q);
@@ -239,12 +285,15 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
         auto descs = [&](int s, uint64_t *da, uint64_t *db) {
             *da = da0 + (uint64_t)(s * (C::A_BYTES >> 4)), *db = db0 + (uint64_t)(s * (C::B_BYTES >> 4));
         };
-        auto promote = [&](float *acc, float *part, const Scales &x) {
-            if constexpr (BC_REGS) promote128_col(acc, part, x.a0, x.a1, [&](int j) { return x.bc[j]; });
+        auto promote = [&](float *acc, float *part, const Scales &x, int64_t tn) {
+            if constexpr (BC_REGS) promote_col<BN>(acc, part, x.a0, x.a1, [&](int j) { return x.bc[j]; });
             else if constexpr (SBCOL)
-                promote128_col(acc, part, x.a0, x.a1,
-                               [&](int j) { return *reinterpret_cast<const float2 *>(x.vb + 8 * j + 2 * q); });
-            else promote128(acc, part, x.a0 * x.b, x.a1 * x.b);
+                promote_col<BN>(acc, part, x.a0, x.a1,
+                                [&](int j) { return *reinterpret_cast<const float2 *>(x.vb + 8 * j + 2 * q); });
+            else if constexpr (BN == 128) promote128(acc, part, x.a0 * x.b, x.a1 * x.b);
+            else
+                promote192(acc, part, make_float2(x.a0 * x.b, x.a1 * x.b), make_float2(x.a0 * x.b_hi, x.a1 * x.b_hi),
+                           tn & 1);
         };
         // the tile of work unit u: B column block and the first row of this thread
         auto open = [&](int64_t u, int64_t *tn, int64_t *row0) {
@@ -252,17 +301,18 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
             tile_coords(u, units_m, p.tiles_n, FB_GROUP_M / CL, &um, tn);
             *row0 = (um * CL + rank) * BM + rl;
         };
-        float acc[64];
+        constexpr int NACC = BN / 2; // accumulators per thread
+        float acc[NACC];
         Ring r;
         if constexpr (PIPE == 1) {
-            float part[64];
+            float part[NACC];
 #pragma unroll
-            for (int i = 0; i < 64; i++) part[i] = 0.0f;
+            for (int i = 0; i < NACC; i++) part[i] = 0.0f;
             for (int64_t u = u0; u < units; u += ustep) {
                 int64_t tn, row0;
                 open(u, &tn, &row0);
 #pragma unroll
-                for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+                for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
                 for (int kt = 0; kt < ktiles; kt++) {
                     const int s = r.slot;
                     mbar_wait(&full[s], r.phase);
@@ -271,15 +321,15 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
                     const Scales x = scales(s, tn);
                     uint64_t da, db;
                     descs(s, &da, &db);
-                    wgmma_k128(part, da, db);
+                    wgmma_k128<BN>(part, da, db);
                     wg_wait<0>();
                     if constexpr (!LATE_RELEASE) release(s);
-                    promote(acc, part, x);
+                    promote(acc, part, x, tn);
                     if constexpr (LATE_RELEASE) release(s);
                     r.next<ST>();
                 }
                 // epilogue straight from registers (the producer already fills the ring for the next tile)
-                epilogue(e, acc, row0, tn * FB_BN + 2 * q);
+                epilogue<BN>(e, acc, row0, tn * BN + 2 * q);
             }
         } else {
             // Two partials, K tiles in pairs: tile kt+1's wgmmas run on the tensor cores while tile
@@ -304,23 +354,23 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE>::THREADS, 1)
                     mbar_wait(&full[sa], r.phase);
                     const Scales x0 = scales(sa, tn);
                     descs(sa, &da, &db);
-                    wgmma_k128(p0, da, db);
+                    wgmma_k128<BN>(p0, da, db);
                     if (has_b) mbar_wait(&full[sb], r2.phase);
                     const Scales x1 = scales(sb, tn);
                     descs(sb, &da, &db);
-                    wgmma_k128(p1, da, db);
+                    wgmma_k128<BN>(p1, da, db);
                     wg_wait<1>();
                     if (!LATE_RELEASE && has_b) release(sa); // (else the spare group still reads it)
-                    promote(acc, p0, x0);
+                    promote(acc, p0, x0, tn);
                     wg_wait<0>();
                     if (LATE_RELEASE && has_b) release(sa);
                     if constexpr (!LATE_RELEASE) release(sb);
-                    if (has_b) promote(acc, p1, x1);
+                    if (has_b) promote(acc, p1, x1, tn);
                     if constexpr (LATE_RELEASE) release(sb);
                     r = r2;
                     if (has_b) r.next<ST>();
                 }
-                epilogue(e, acc, row0, tn * FB_BN + 2 * q);
+                epilogue<BN>(e, acc, row0, tn * BN + 2 * q);
             }
         }
     }
@@ -345,10 +395,10 @@ struct FbMaps {
     CUtensorMap a, b, sa, sb;
 };
 
-template <int NC, bool SBCOL, int CL, int PIPE>
+template <int NC, bool SBCOL, int CL, int PIPE, int BN>
 cudaError_t launch(const FbMaps &m, const FbArgs &p, const Epi &e, cudaStream_t st) {
-    using C = FbCfg<NC, SBCOL, CL, PIPE>;
-    auto kern = fp8block_kernel<NC, SBCOL, CL, PIPE>;
+    using C = FbCfg<NC, SBCOL, CL, PIPE, BN>;
+    auto kern = fp8block_kernel<NC, SBCOL, CL, PIPE, BN>;
     static int resident = 0; // CTAs that run at once (whole clusters)
     if (!resident) {
         cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
@@ -382,9 +432,9 @@ cudaError_t launch(const FbMaps &m, const FbArgs &p, const Epi &e, cudaStream_t 
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-template <int NC, int CL, int PIPE = 1>
+template <int NC, int CL, int PIPE = 1, int BN = 128>
 cudaError_t launch_sb(const FbMaps &m, const FbArgs &p, const Epi &e, bool sbcol, cudaStream_t st) {
-    return sbcol ? launch<NC, true, CL, PIPE>(m, p, e, st) : launch<NC, false, CL, PIPE>(m, p, e, st);
+    return sbcol ? launch<NC, true, CL, PIPE, BN>(m, p, e, st) : launch<NC, false, CL, PIPE, BN>(m, p, e, st);
 }
 
 } // namespace
@@ -392,8 +442,10 @@ cudaError_t launch_sb(const FbMaps &m, const FbArgs &p, const Epi &e, bool sbcol
 extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     const int v = p->variant; // the instantiated combinations (gemm_cuda.h)
-    if (p->k % FB_BK || p->m <= 0 || p->n <= 0 || p->k <= 0 || v < 0 || v > 4) return (int)cudaErrorInvalidValue;
-    const int nc = v & 1 ? 3 : 2, bm = 64 * nc, cl = v & 2 ? 2 : 1;
+    if (p->k % FB_BK || p->m <= 0 || p->n <= 0 || p->k <= 0 || v < 0 || v > 6) return (int)cudaErrorInvalidValue;
+    // 0-4: bit 0 three warpgroups, bit 1 clusters, 4 pairs; 5, 6: 192-column tiles (6 with clusters)
+    const bool wide = v >= 5;
+    const int nc = !wide && (v & 1) ? 3 : 2, bm = 64 * nc, cl = v == 6 || (!wide && (v & 2)) ? 2 : 1, bn = wide ? 192 : 128;
     const bool sbcol = !p->b_2d;
     // K-block-major copies of the scales, one row per K tile, for TMA: A's per row [kb][lda]
     // (128x128 blocks expanded to their rows), B's per column [kb][ldb] or per 128-column block
@@ -412,24 +464,27 @@ extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void
         err == cudaSuccess &&
         make_map(&m.a, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, FB_BK, (uint32_t)bm,
                  CU_TENSOR_MAP_SWIZZLE_128B) &&
-        make_map(&m.b, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, (uint32_t)(FB_BN / cl),
+        make_map(&m.b, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, (uint32_t)(bn / cl),
                  CU_TENSOR_MAP_SWIZZLE_128B) &&
         make_map(&m.sa, sat, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, (uint32_t)bm, 1,
                  CU_TENSOR_MAP_SWIZZLE_NONE) &&
-        make_map(&m.sb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sbcol ? p->n : nblk, ldb, sbcol ? FB_BN : 4, 1,
+        make_map(&m.sb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sbcol ? p->n : nblk, ldb,
+                 (uint32_t)(sbcol ? bn : bn == 128 ? 4 : 8), 1,
                  CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!ok) {
         cudaFreeAsync(sat, st);
         return (int)(err != cudaSuccess ? err : cudaErrorInvalidValue);
     }
-    const FbArgs fa{kb, (p->m + bm - 1) / bm, (p->n + FB_BN - 1) / FB_BN};
+    const FbArgs fa{kb, (p->m + bm - 1) / bm, (p->n + bn - 1) / bn};
     const Epi e = make_epi(p->epi, p->m, p->n);
     switch (v) {
     case 0: err = launch_sb<2, 1>(m, fa, e, sbcol, st); break;
     case 1: err = launch_sb<3, 1>(m, fa, e, sbcol, st); break;
     case 2: err = launch_sb<2, 2>(m, fa, e, sbcol, st); break;
     case 3: err = launch_sb<3, 2>(m, fa, e, sbcol, st); break;
-    default: err = launch_sb<2, 1, 2>(m, fa, e, sbcol, st); break; // 4
+    case 4: err = launch_sb<2, 1, 2>(m, fa, e, sbcol, st); break;
+    case 5: err = launch_sb<2, 1, 1, 192>(m, fa, e, sbcol, st); break;
+    default: err = launch_sb<2, 2, 1, 192>(m, fa, e, sbcol, st); break; // 6
     }
     const cudaError_t ferr = cudaFreeAsync(sat, st);
     return (int)(err != cudaSuccess ? err : ferr);

@@ -77,7 +77,8 @@ typedef struct {
     int variant; /* bit 0: 3 consumer warpgroups (192x128 tile), else 2 (128x128); bit 1: clusters of
                     2 CTAs sharing B through TMA multicast; bit 2 (2 warpgroups only): two partial
                     accumulators, K tiles in pairs (the second's wgmmas in flight during the first's
-                    promotion). Built: 0 to 4. Always persistent; every K tile's scales reach shared
+                    promotion); 5: 2 warpgroups, 128x192 tiles; 6: the same with clusters of 2.
+                    Built: 0 to 6. Always persistent; every K tile's scales reach shared
                     memory by TMA beside its codes (from K-block-major copies made per call). */
 } dw_fp8block_sm90_args;
 int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void *stream);

@@ -42,14 +42,16 @@ static dw_status fb_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
 
 void dw_gemm_fp8block_sm90_register(void) {
 #if DW_HAVE_CUDA
-    enum { NV = 5 };
-    static int variants[NV] = {0, 1, 2, 3, 4};
-    static const char *names[NV] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg", "deepwell_fp8block_sm90_mc",
-                                    "deepwell_fp8block_sm90_3wg_mc", "deepwell_fp8block_sm90_pipe"};
+    enum { NV = 7 };
+    static int variants[NV] = {0, 1, 2, 3, 4, 5, 6};
+    static const char *names[NV] = {"deepwell_fp8block_sm90",      "deepwell_fp8block_sm90_3wg",
+                                    "deepwell_fp8block_sm90_mc",   "deepwell_fp8block_sm90_3wg_mc",
+                                    "deepwell_fp8block_sm90_pipe", "deepwell_fp8block_sm90_n192",
+                                    "deepwell_fp8block_sm90_n192_mc"};
     /* all below cublaslt_fp8_sm90 (10), which measured faster at every shape (bench/RESULTS.md
      * "Own FP8 block GEMM, session 4"); among themselves 3wg first (the longest-tested, within the
      * run-to-run spread of the fastest at 8192^3), then the pipelined one, the multicast ones last */
-    static const int prio[NV] = {5, 8, 2, 3, 6};
+    static const int prio[NV] = {5, 8, 2, 3, 6, 1, 0};
     for (int i = 0; i < NV; i++) {
         dw_kernel_desc d = {.name = names[i], .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
                             .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = prio[i],

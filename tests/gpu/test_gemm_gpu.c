@@ -283,15 +283,16 @@ static void fp8block_cases(const char *const *names, int nv) {
 }
 static void test_fp8block_own(void **state) {
     (void)state;
-    const char *names[] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg", "deepwell_fp8block_sm90_pipe"};
-    fp8block_cases(names, 3);
+    const char *names[] = {"deepwell_fp8block_sm90", "deepwell_fp8block_sm90_3wg", "deepwell_fp8block_sm90_pipe",
+                           "deepwell_fp8block_sm90_n192"};
+    fp8block_cases(names, 4);
 }
 /* The cluster variants (TMA multicast of B between 2 CTAs) separately: a fault there leaves the
  * verdict on the others standing. */
 static void test_fp8block_own_mc(void **state) {
     (void)state;
-    const char *names[] = {"deepwell_fp8block_sm90_mc", "deepwell_fp8block_sm90_3wg_mc"};
-    fp8block_cases(names, 2);
+    const char *names[] = {"deepwell_fp8block_sm90_mc", "deepwell_fp8block_sm90_3wg_mc", "deepwell_fp8block_sm90_n192_mc"};
+    fp8block_cases(names, 3);
 }
 
 /* Autotune: the first call times every eligible kernel and keeps the fastest; the result is still
