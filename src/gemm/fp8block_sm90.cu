@@ -99,27 +99,15 @@ template <int BN> __device__ __forceinline__ void fence_part(float *part) {
     else reg_fence_n<BN / 2>(part);
 }
 
-// acc += part * s0 (row r0) and * s1 (row r0 + 8): s = sa[row] * sb, B's 128x128 block scalar
-// (BN = 128: one block per tile).
-__device__ __forceinline__ void promote128(float *acc, float *part, float s0, float s1) {
-    reg_fence(part);
+// acc += part * s for rows r0 (s.x) and r0 + 8 (s.y), s = (sa[r0] sb, sa[r0 + 8] sb) with sb the
+// scalar of the 128x128 B block holding the column: a 128-column tile has one block (lo); a
+// 192-column tile spans two, columns c = 8 j + 2 q (+1) below `split` (64 for an odd tile, 128 for
+// an even one) taking lo, the rest hi (j < 8 always below, j >= 16 always above).
+template <int BN> __device__ __forceinline__ void promote_blk(float *acc, float *part, float2 lo, float2 hi, bool odd) {
+    fence_part<BN>(part);
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        acc[4 * j + 0] = fmaf(part[4 * j + 0], s0, acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-    }
-}
-
-// The same for a 192-column tile, which spans two 128-column B blocks: columns c = 8 j + 2 q (+1)
-// below `split` (64 for an odd tile, 128 for an even one) take lo = (sa0 sb_lo, sa1 sb_lo), the rest
-// hi. j < 8 is always below, j >= 16 always above.
-__device__ __forceinline__ void promote192(float *acc, float *part, float2 lo, float2 hi, bool odd) {
-    reg_fence_n<96>(part);
-#pragma unroll
-    for (int j = 0; j < 24; j++) {
-        const float2 sc = j < 8 ? lo : j >= 16 ? hi : odd ? hi : lo;
+    for (int j = 0; j < BN / 8; j++) {
+        const float2 sc = BN == 128 || j < 8 ? lo : j >= 16 ? hi : odd ? hi : lo;
         acc[4 * j + 0] = fmaf(part[4 * j + 0], sc.x, acc[4 * j + 0]);
         acc[4 * j + 1] = fmaf(part[4 * j + 1], sc.x, acc[4 * j + 1]);
         acc[4 * j + 2] = fmaf(part[4 * j + 2], sc.y, acc[4 * j + 2]);
@@ -290,10 +278,9 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, BN>::THREADS, 1)
             else if constexpr (SBCOL)
                 promote_col<BN>(acc, part, x.a0, x.a1,
                                 [&](int j) { return *reinterpret_cast<const float2 *>(x.vb + 8 * j + 2 * q); });
-            else if constexpr (BN == 128) promote128(acc, part, x.a0 * x.b, x.a1 * x.b);
             else
-                promote192(acc, part, make_float2(x.a0 * x.b, x.a1 * x.b), make_float2(x.a0 * x.b_hi, x.a1 * x.b_hi),
-                           tn & 1);
+                promote_blk<BN>(acc, part, make_float2(x.a0 * x.b, x.a1 * x.b),
+                                make_float2(x.a0 * x.b_hi, x.a1 * x.b_hi), tn & 1);
         };
         // the tile of work unit u: B column block and the first row of this thread
         auto open = [&](int64_t u, int64_t *tn, int64_t *row0) {
