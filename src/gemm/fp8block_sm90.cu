@@ -19,6 +19,11 @@ namespace {
 
 constexpr int FB_BK = 128;
 
+// Floats of B's scales a K tile's TMA box brings: the BN column scales, or the 128x128 blocks'
+// scalars as a box of 4 (16 bytes, the least TMA moves: the group of 4 blocks holding a 128-column
+// tile's block) or 8 (the two blocks a 192-column tile spans, from the group holding the first).
+__host__ __device__ constexpr int fb_sb_box(bool sbcol, int bn) { return sbcol ? bn : bn == 128 ? 4 : 8; }
+
 // NC consumer warpgroups (tile BM = 64 NC rows), SBCOL: B scales per column (BN per K tile)
 // rather than one scalar per 128x128 block; CL CTAs per cluster sharing B; PIPE partial
 // accumulators per consumer (2: the next K tile's wgmmas run during this one's promotion); BN
@@ -27,11 +32,8 @@ template <int NC, bool SBCOL, int CL, int PIPE = 1, int BN = 128> struct FbCfg {
     static constexpr int BM = 64 * NC, THREADS = 128 * (NC + 1);
     static constexpr int STAGES = NC == 3 || BN == 192 ? 5 : 6;
     static constexpr int A_BYTES = BM * FB_BK, B_BYTES = BN * FB_BK;
-    // a slot's scales: A's BM row scales; B's BN column scales, or its 128x128 blocks' scalars in
-    // a TMA box of 4 floats (16 bytes, the least TMA moves: the group of 4 blocks holding the
-    // tile's one block) or, BN = 192, of 8 (the two blocks the tile spans), padded to 128 bytes
+    // a slot's scales: A's BM row scales; B's box (fb_sb_box), its block scalars padded to 128 bytes
     // (TMA's alignment)
-    static constexpr int SB_BOX = SBCOL ? BN : BN == 128 ? 4 : 8;
     static constexpr int SA_BYTES = BM * 4, SB_BYTES = SBCOL ? BN * 4 : 128;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + SA_BYTES + SB_BYTES;
     static constexpr int SMEM = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
@@ -49,6 +51,7 @@ template <int NC, bool SBCOL, int CL, int PIPE = 1, int BN = 128> struct FbCfg {
                   "two partials fit the registers of 2 consumer warpgroups only, 128-column tiles");
     static_assert(BN == 128 || (BN == 192 && NC == 2), "192-column tiles: 2 consumer warpgroups");
     static_assert(A_BYTES % 1024 == 0 && SA_BYTES % 128 == 0, "slot parts keep TMA's alignment");
+    static_assert(4 * fb_sb_box(SBCOL, BN) <= SB_BYTES, "B's scale box fits its part of the slot");
 };
 
 // Kernel parameters besides the tensor maps and the epilogue.
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, BN>::THREADS, 1)
     using C = FbCfg<NC, SBCOL, CL, PIPE, BN>;
     constexpr int BM = C::BM, ST = C::STAGES;
     // bytes a K tile's TMA loads bring: all, and A's part (codes and row scales)
-    constexpr int A_TX = C::A_BYTES + C::SA_BYTES, STAGE_TX = A_TX + C::B_BYTES + 4 * C::SB_BOX;
+    constexpr int A_TX = C::A_BYTES + C::SA_BYTES, STAGE_TX = A_TX + C::B_BYTES + 4 * fb_sb_box(SBCOL, BN);
     extern __shared__ uint8_t smem_raw[];
     // 1024-byte aligned (128B swizzle) by an offset into the shared array, so that the compiler keeps
     // knowing these are shared-memory addresses (LDS, not generic loads)
@@ -456,7 +459,7 @@ extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void
         make_map(&m.sa, sat, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, (uint32_t)bm, 1,
                  CU_TENSOR_MAP_SWIZZLE_NONE) &&
         make_map(&m.sb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sbcol ? p->n : nblk, ldb,
-                 (uint32_t)(sbcol ? bn : bn == 128 ? 4 : 8), 1,
+                 (uint32_t)fb_sb_box(sbcol, bn), 1,
                  CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!ok) {
         cudaFreeAsync(sat, st);
