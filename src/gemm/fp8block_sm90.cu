@@ -63,15 +63,6 @@ struct FbArgs {
 #ifdef DW_SM90_BODY
 constexpr int FB_GROUP_M = 16; // tile raster: 16 M-tiles share the B tiles in L2
 
-// A ring position: slot and the parity of its current round (the mbarrier phase to wait for).
-struct Ring {
-    int slot = 0;
-    uint32_t phase = 0;
-    template <int ST> __device__ __forceinline__ void next() {
-        if (++slot == ST) slot = 0, phase ^= 1;
-    }
-};
-
 // D[64x192] += A[64x32] . B[192x32]^T (scale_d 0: overwrite), E4M3 both.
 __device__ __forceinline__ void wgmma_n192_k32(float *d, uint64_t da, uint64_t db, int scale_d) {
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %98, 0;\n"
@@ -177,9 +168,7 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, BN>::THREADS, 1)
     // bytes a K tile's TMA loads bring: all, and A's part (codes and row scales)
     constexpr int A_TX = C::A_BYTES + C::SA_BYTES, STAGE_TX = A_TX + C::B_BYTES + 4 * fb_sb_box(SBCOL, BN);
     extern __shared__ uint8_t smem_raw[];
-    // 1024-byte aligned (128B swizzle) by an offset into the shared array, so that the compiler keeps
-    // knowing these are shared-memory addresses (LDS, not generic loads)
-    uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    uint8_t *smem = smem_align_1024(smem_raw);
     uint8_t *sA = smem;                                 // [ST][BM rows][128 B], 128B swizzle
     uint8_t *sB = sA + ST * C::A_BYTES;                 // [ST][BN rows][128 B]
     float *sSA = (float *)(sB + ST * C::B_BYTES);       // [ST][BM] A row scales
@@ -187,7 +176,7 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, BN>::THREADS, 1)
     uint64_t *full = (uint64_t *)(sSB + ST * C::SB_BYTES / 4);
     uint64_t *empty = full + ST;
 
-    const int tid = threadIdx.x, wg = tid / 128;
+    const int tid = threadIdx.x, wg = warpgroup_index();
     const uint32_t rank = CL > 1 ? cluster_rank() : 0;
     // work units: CL vertically adjacent tiles (one per CTA of the cluster) sharing one B tile
     const int64_t units_m = (p.tiles_m + CL - 1) / CL, units = units_m * p.tiles_n;

@@ -32,6 +32,27 @@ inline Epi make_epi(const dw_sm90_epi &x, int64_t m, int64_t n) {
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+// 1024-byte aligned (128B swizzle) by an offset into the shared array, so that the compiler keeps
+// knowing these are shared-memory addresses (LDS; a round trip through uintptr_t makes generic loads)
+__device__ __forceinline__ uint8_t *smem_align_1024(uint8_t *raw) {
+    return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+}
+
+// threadIdx.x / 128, broadcast from lane 0 so that the compiler knows it is warp-uniform: values
+// derived from it (a warpgroup's wgmma descriptors, its rows' addresses) then live in uniform
+// registers instead of being computed per thread and moved over with R2UR before every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); }
+
+// A position in a ring of shared-memory slots: slot and the parity of its current round (the
+// mbarrier phase to wait for), advanced by counting, without a division per K tile.
+struct Ring {
+    int slot = 0;
+    uint32_t phase = 0;
+    template <int ST> __device__ __forceinline__ void next() {
+        if (++slot == ST) slot = 0, phase ^= 1;
+    }
+};
+
 __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
 }
