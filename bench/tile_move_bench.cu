@@ -9,7 +9,8 @@
 //                 the host), at 1..8 CTAs per SM — what `deepwell quantize` with the column-wise
 //                 copy writes, less the scales and the arithmetic per element.
 // Tells how much of the quantiser's ~0.78 of copy bandwidth (issue 3) the data movement costs.
-// Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o tile_move_bench bench/tile_move_bench.cu
+// Build: part of every CUDA build (target tile_move_bench), or alone:
+//        nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o tile_move_bench bench/tile_move_bench.cu
 // Run:   ./tile_move_bench [R C]   (default 8192 8192); prints us, GB/s (bytes read + written), ratio
 #include <cuda_runtime.h>
 #include <stdint.h>
