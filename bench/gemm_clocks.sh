@@ -38,7 +38,8 @@ for n in 20 "$iters"; do
     fi
     kill "$smi" 2>/dev/null
     wait "$smi" 2>/dev/null
-    # samples under load only (SM clock above idle and power above 200 W), to leave the start-up out
+    # samples under load only (power above 200 W), to leave the start-up out; the power reading lags
+    # the load by about a second, so a short run may have no such sample (clock and power then 0)
     awk -F', *' -v it="$n" -v be="$be" -v rc="$recipe" -v res="$res" '
       $2 + 0 > 200 { c += $1; if (!cm || $1 < cm) cm = $1; w += $2; if ($2 > wm) wm = $2; k++; t[$3] = 1 }
       END { th = ""; for (x in t) th = th x " "; if (!k) { c = w = 0; k = 1 }
