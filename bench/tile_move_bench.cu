@@ -8,6 +8,7 @@
 //                 8x8 piece, transposed with byte permutes and through shared memory; checked on
 //                 the host), at 1..8 CTAs per SM — what `deepwell quantize` with the column-wise
 //                 copy writes, less the scales and the arithmetic per element.
+//   ring move     quant move2's stores fed through a producer warp's ring of bulk row copies.
 // Tells how much of the quantiser's ~0.78 of copy bandwidth (issue 3) the data movement costs.
 // Build: part of every CUDA build (target tile_move_bench), or alone:
 //        nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o tile_move_bench bench/tile_move_bench.cu
@@ -99,6 +100,31 @@ __device__ __forceinline__ void transpose8x8(uint32_t (&lo)[8], uint32_t (&hi)[8
     }
 }
 
+// One tile's stores from its pieces v (this thread's 8x8 at rows 8 pr.., columns 8 pc..): the high
+// bytes row-wise from registers, transposed through the staging st; SYNC is the CTA's (or the
+// consumers') barrier.
+template <class Sync>
+__device__ __forceinline__ void move_tile(const uint4 (&v)[8], uint8_t *q, uint8_t *qt, uint8_t (*st)[128 + 16], int R, int C,
+                                          int r0, int c0, int pr, int pc, int tid, Sync sync) {
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        lo[j] = __byte_perm(v[j].x, v[j].y, 0x7531), hi[j] = __byte_perm(v[j].z, v[j].w, 0x7531);
+        __stcs(reinterpret_cast<uint2 *>(q + (size_t)(r0 + 8 * pr + j) * C + c0 + 8 * pc), make_uint2(lo[j], hi[j]));
+    }
+    transpose8x8(lo, hi);
+#pragma unroll
+    for (int i = 0; i < 8; i++) *reinterpret_cast<uint2 *>(&st[8 * pc + i][8 * pr]) = make_uint2(lo[i], hi[i]);
+    sync();
+#pragma unroll
+    for (int k = 0; k < 4; k++) { // 128 rows x 8 chunks of 16 bytes
+        const int p = k * THREADS + tid, row = p / 8, ch = p % 8;
+        __stcs(reinterpret_cast<uint4 *>(qt + (size_t)(c0 + row) * R + r0 + 16 * ch),
+               *reinterpret_cast<const uint4 *>(&st[row][16 * ch]));
+    }
+    sync();
+}
+
 template <int MINB>
 __global__ void __launch_bounds__(THREADS, MINB) tile_quant_move2(const uint16_t *x, uint8_t *q, uint8_t *qt, int R, int C) {
     __shared__ __align__(16) uint8_t st[128][128 + 16];
@@ -109,23 +135,80 @@ __global__ void __launch_bounds__(THREADS, MINB) tile_quant_move2(const uint16_t
         uint4 v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = *reinterpret_cast<const uint4 *>(x + (size_t)(r0 + 8 * pr + j) * C + c0 + 8 * pc);
-        uint32_t lo[8], hi[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            lo[j] = __byte_perm(v[j].x, v[j].y, 0x7531), hi[j] = __byte_perm(v[j].z, v[j].w, 0x7531);
-            __stcs(reinterpret_cast<uint2 *>(q + (size_t)(r0 + 8 * pr + j) * C + c0 + 8 * pc), make_uint2(lo[j], hi[j]));
+        move_tile(v, q, qt, st, R, C, r0, c0, pr, pc, threadIdx.x, [] { __syncthreads(); });
+    }
+}
+
+// quant move2's consumers fed by a producer warp through a ring of S shared-memory tiles (each
+// tile as 128 bulk row copies completing on an mbarrier; a buffer goes back to the producer as soon
+// as every consumer warp has its piece in registers), the transposed bytes staged in shared memory
+// of their own: the transposing quantiser's ring, with quant move2's stores.
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mb_init(uint64_t *b, uint32_t n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(b)) : "memory");
+}
+__device__ __forceinline__ void mb_expect(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint64_t *b, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(saddr(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void copy_row(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     saddr(dst)),
+                 "l"(src), "r"(bytes), "r"(saddr(b))
+                 : "memory");
+}
+constexpr int RING_TILE = 128 * 256, RING_STAGE_T = 128 * (128 + 16);
+template <int MINB>
+__global__ void __launch_bounds__(THREADS + 32, MINB) ring_quant_move(const uint16_t *x, uint8_t *q, uint8_t *qt, int R, int C,
+                                                                      int S) {
+    extern __shared__ __align__(128) unsigned char sm[];
+    uint8_t(*st)[128 + 16] = reinterpret_cast<uint8_t(*)[128 + 16]>(sm + (size_t)S * RING_TILE);
+    uint64_t *full = reinterpret_cast<uint64_t *>(sm + (size_t)S * RING_TILE + RING_STAGE_T), *empty = full + S;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < S; i++) mb_init(&full[i], 1), mb_init(&empty[i], THREADS / 32);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const int tiles_c = C / 128, tiles = (R / 128) * tiles_c, lane = threadIdx.x & 31;
+    if (threadIdx.x >= THREADS) { // producer warp: lane j copies rows j, j + 32, ...
+        int s = 0, n = 0;
+        uint32_t ph = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x, n++) {
+            if (n >= S) mb_wait(&empty[s], ph ^ 1u);
+            if (lane == 0) mb_expect(&full[s], RING_TILE);
+            __syncwarp();
+            const int r0 = t / tiles_c * 128, c0 = t % tiles_c * 128;
+            for (int rr = lane; rr < 128; rr += 32)
+                copy_row(sm + (size_t)s * RING_TILE + rr * 256, x + (size_t)(r0 + rr) * C + c0, 256, &full[s]);
+            if (++s == S) s = 0, ph ^= 1u;
         }
-        transpose8x8(lo, hi);
+        return;
+    }
+    const int pr = threadIdx.x / 16, pc = threadIdx.x % 16;
+    int s = 0;
+    uint32_t ph = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int r0 = t / tiles_c * 128, c0 = t % tiles_c * 128;
+        mb_wait(&full[s], ph);
+        uint4 v[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) *reinterpret_cast<uint2 *>(&st[8 * pc + i][8 * pr]) = make_uint2(lo[i], hi[i]);
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < 4; k++) { // 128 rows x 8 chunks of 16 bytes
-            const int p = k * THREADS + threadIdx.x, row = p / 8, ch = p % 8;
-            __stcs(reinterpret_cast<uint4 *>(qt + (size_t)(c0 + row) * R + r0 + 16 * ch),
-                   *reinterpret_cast<const uint4 *>(&st[row][16 * ch]));
-        }
-        __syncthreads();
+        for (int j = 0; j < 8; j++) v[j] = *reinterpret_cast<const uint4 *>(sm + (size_t)s * RING_TILE + (8 * pr + j) * 256 + 16 * pc);
+        __syncwarp();
+        if (lane == 0) mb_arrive(&empty[s]);
+        if (++s == S) s = 0, ph ^= 1u;
+        move_tile(v, q, qt, st, R, C, r0, c0, pr, pc, threadIdx.x, [] { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); });
     }
 }
 
@@ -199,11 +282,29 @@ int main(int argc, char **argv) {
         if (g <= 2) row(name, time_us([&] { tile_quant_move2<2><<<sms * g, THREADS>>>(x, q, qt, R, C); }), qbytes);
         else row(name, time_us([&] { tile_quant_move2<4><<<sms * g, THREADS>>>(x, q, qt, R, C); }), qbytes);
     }
+    for (int S = 2; S <= 5; S++) {
+        const size_t smem = (size_t)S * RING_TILE + RING_STAGE_T + 16 * S;
+        CK(cudaFuncSetAttribute(ring_quant_move<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CK(cudaFuncSetAttribute(ring_quant_move<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        for (int g = 1; g <= 2; g++) {
+            int fit = 0;
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, ring_quant_move<2>, THREADS + 32, smem));
+            if (fit < g) continue;
+            char name[64];
+            snprintf(name, sizeof name, "ring move, %d stages, %d CTA/SM", S, g);
+            if (g == 1) row(name, time_us([&] { ring_quant_move<1><<<sms, THREADS + 32, smem>>>(x, q, qt, R, C, S); }), qbytes);
+            else row(name, time_us([&] { ring_quant_move<2><<<sms * 2, THREADS + 32, smem>>>(x, q, qt, R, C, S); }), qbytes);
+        }
+    }
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     // check quant move2 on a pattern: q = high bytes of x, qt = their transpose
     fill<<<1024, 256>>>(x, n);
-    tile_quant_move2<2><<<sms * 2, THREADS>>>(x, q, qt, R, C);
+    const bool ring = argc > 3 && argv[3][0] == 'r'; // check the ring kernel instead
+    CK(cudaMemset(q, 0, n));
+    CK(cudaMemset(qt, 0, n));
+    if (ring) ring_quant_move<2><<<sms * 2, THREADS + 32, 3 * RING_TILE + RING_STAGE_T + 48>>>(x, q, qt, R, C, 3);
+    else tile_quant_move2<2><<<sms * 2, THREADS>>>(x, q, qt, R, C);
     CK(cudaDeviceSynchronize());
     uint16_t *hx = (uint16_t *)malloc(n * 2);
     uint8_t *hq = (uint8_t *)malloc(n), *hqt = (uint8_t *)malloc(n);
@@ -216,6 +317,6 @@ int main(int argc, char **argv) {
             const uint8_t h = (uint8_t)(hx[r * C + c] >> 8);
             bad += hq[r * C + c] != h || hqt[c * R + r] != h;
         }
-    printf("quant move2 check: %zu mismatching elements\n", bad);
+    printf("%s check: %zu mismatching elements\n", ring ? "ring move" : "quant move2", bad);
     return bad ? 1 : 0;
 }

@@ -14,7 +14,7 @@
 static void help(void) {
     printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--batch B]\n"
            "                            [--kernel default|cpasync|bulk] [--stages S] [--ctas-per-sm K]\n"
-           "                            [--t-store 1|2|3] [--load 1|2] [--group G]\n"
+           "                            [--t-store 1..5] [--load 1|2] [--group G]\n"
            "                            [--tile-block 1|2|4]\n\n"
            "Quantises a random BF16 [R, C] tensor on GPU 0 to mxfp8 and fp8_block, each without and\n"
            "with the transposed (column-wise) copy produced in the same pass, and times every variant\n"
@@ -42,9 +42,11 @@ static void help(void) {
            "  --t-store M  tuning, how a transposing kernel's codes leave: cpasync kernel, transposed\n"
            "               codes 1 from registers (32 bytes per thread), 2 or 3 through shared memory\n"
            "               as full rows (default); bulk-copy kernel, both copies' codes and scales 1\n"
-           "               from registers (8 bytes per store; default for fp8_block), 2 staged in\n"
-           "               shared memory and written by bulk copies of whole rows, 3 staged and\n"
-           "               written by 16-byte stores (default for mxfp8)\n"
+           "               from registers (8 bytes per store), 2 staged in shared memory and\n"
+           "               written by bulk copies of whole rows, 3 staged and written by 16-byte\n"
+           "               stores, 4 staged over the tile's ring buffer and written by tensor\n"
+           "               stores (default for fp8_block), 5 the same from a staging buffer of\n"
+           "               its own (default for mxfp8)\n"
            "  --load L     tuning, bulk-copy transposing kernel: a tile arrives 1 as 128 row copies or\n"
            "               2 as one tensor-map copy (default)\n"
            "  --group G    tuning, bulk-copy transposing kernel: tiles in bands of G tile rows (1..64),\n"
@@ -280,7 +282,7 @@ int bench_quant(int argc, char **argv) {
             if (!cli_parse_int("bench quant", "--ctas-per-sm", optarg, 1, 64, &ctas)) return DW_EXIT_USAGE;
             break;
         case 't':
-            if (!cli_parse_int("bench quant", "--t-store", optarg, 1, 3, &tstore)) return DW_EXIT_USAGE;
+            if (!cli_parse_int("bench quant", "--t-store", optarg, 1, 5, &tstore)) return DW_EXIT_USAGE;
             break;
         case 'L':
             if (!cli_parse_int("bench quant", "--load", optarg, 1, 2, &load)) return DW_EXIT_USAGE;

@@ -262,8 +262,10 @@ static void test_all_recipes_bit_identical(void **state) {
                 c.tune.ctas_per_sm = (int)(dw_test_next(&rng) % 4); /* 3: the bulk kernel built for 3 */
                 c.tune.max_ctas = (dw_test_next(&rng) % 2) ? 1 + (int)(dw_test_next(&rng) % 3) : 0;
                 /* every transposed-store path: cp.async kernel 1, 2 (3 acts as 2); bulk kernel 1
-                 * registers, 2 staged + bulk copies, 3 staged + 16-byte stores; 0 the defaults */
-                c.tune.t_store = (int)(dw_test_next(&rng) % 4);
+                 * registers, 2 staged + bulk copies, 3 staged + 16-byte stores, 4 staged + tensor
+                 * stores, 5 the same from a staging buffer of its own; 0 the defaults */
+                c.tune.t_store = (int)(dw_test_next(&rng) % 6);
+                if (c.tune.t_store == 5 && c.tune.stages > 5) c.tune.stages = 5; /* + its own 32 KiB staging */
                 c.tune.load = (int)(dw_test_next(&rng) % 3); /* bulk kernel: 1 row copies, 2/0 tensor map */
                 c.tune.group = (int)(dw_test_next(&rng) % 6); /* bulk kernel tile bands (0 the default) */
                 /* bulk kernel: units of 1, 2 or 4 tiles square with staged scale runs (0 the default;
@@ -304,7 +306,7 @@ static void test_rejects_bad_arguments(void **state) {
     assert_int_equal(dw_quantize_cuda(NULL, &o, DW_QUANT_IN_F32, &dummy, 4, 16, &out, NULL, NULL, NULL),
                      DW_ERR_INVALID); /* no tensor_scale */
     dw_quant_tuning bad_stages = {.stages = 7}, bad_ctas = {.max_ctas = -1}, bad_kernel = {.kernel = 3},
-                    bad_store = {.t_store = 4}, bad_load = {.load = 3}, bad_group = {.group = 65},
+                    bad_store = {.t_store = 6}, bad_load = {.load = 3}, bad_group = {.group = 65},
                     bad_tblock = {.tile_block = 3};
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_tblock), DW_ERR_INVALID);
     assert_int_equal(dw_quantize_cuda_set_tuning(NULL, &bad_group), DW_ERR_INVALID);

@@ -648,10 +648,10 @@ extern "C" dw_status dw_quantize_cuda_set_tuning(dw_ctx *ctx, const dw_quant_tun
         return DW_OK;
     }
     if ((t->stages != 0 && (t->stages < 2 || t->stages > 6)) || t->ctas_per_sm < 0 || t->max_ctas < 0 ||
-        t->t_store < 0 || t->t_store > 3 || t->kernel < 0 || t->kernel > 2 || t->load < 0 || t->load > 2 ||
+        t->t_store < 0 || t->t_store > 5 || t->kernel < 0 || t->kernel > 2 || t->load < 0 || t->load > 2 ||
         t->group < 0 || t->group > 64 || (t->tile_block != 0 && t->tile_block != 1 && t->tile_block != 2 && t->tile_block != 4))
         return dw_set_error(ctx, DW_ERR_INVALID, "quantize (cuda): tuning: stages must be 0 or 2..6, CTA counts >= 0, "
-                                                 "t_store 0..3, kernel 0..2, load 0..2, group 0..64, tile_block 0, 1, 2 or 4");
+                                                 "t_store 0..5, kernel 0..2, load 0..2, group 0..64, tile_block 0, 1, 2 or 4");
     g_tuning = *t;
     return DW_OK;
 }

@@ -42,8 +42,8 @@ typedef struct {
  *   kernel       1: never the bulk-copy kernels (the older kernels instead, for A/B); 2: the
  *                default (kept for scripts that name it)
  *   stages       buffers in the shared-memory ring, 2..6: bulk 32 KiB (33 KiB transposed with
- *                staged stores; default 3 row-wise; transposed 2 with t_store 1 or 3 CTAs per SM,
- *                4 for MX with t_store 3, else 3), cp.async one tile (default 2 for BF16, 3 for
+ *                staged in place; default 3 row-wise; transposed 2 with t_store 1 or 5, fp8_block
+ *                with 4, or 3 CTAs per SM; 4 for MX with t_store 3 or 4, else 3), cp.async one tile (default 2 for BF16, 3 for
  *                FP32); a ring that does not fit is DW_ERR_UNSUPPORTED
  *   ctas_per_sm  at most this many CTAs per SM (default: bulk 2, cp.async as many as fit); 3 or
  *                more takes the bulk transposing kernel built for 3 (72 registers)
@@ -51,10 +51,12 @@ typedef struct {
  *   t_store      how the codes of a transposing tile kernel leave. cp.async kernel, transposed
  *                8-bit codes: 1 from registers (32 bytes per thread), 2 or 3 (default) through
  *                shared memory as whole rows. Bulk kernel, both copies' codes and scales: 1 from
- *                registers (8-byte stores, scales one at a time; default for fp8_block), 2 staged
- *                in shared memory and written by bulk copies (one 128-byte row each), 3 staged
- *                and written by 16-byte stores (default for MX); 2 and 3 need 16-byte aligned
- *                outputs (else 1)
+ *                registers (8-byte stores, scales one at a time), 2 staged in shared memory and
+ *                written by bulk copies (one 128-byte row each), 3 staged and written by 16-byte
+ *                stores, 4 staged over the tile's ring buffer and written by tensor stores
+ *                (default for fp8_block), 5 the same from a staging buffer of the CTA's own
+ *                (default for MX, with tile_block 1); 2..5 need 16-byte aligned outputs (else
+ *                1), 4 and 5 a tensor map of the codes (else 3)
  *   load         bulk transposing kernel, how a tile arrives: 1 as 128 row copies, 2 (default) as
  *                one tensor-map copy (row copies where the driver cannot make the map)
  *   group        bulk transposing kernel with tile blocks of 1, tile order: bands of `group` tile

@@ -3,7 +3,8 @@
  * streams tiles into a ring of shared-memory buffers (one lane issues a tensor-map copy per tile,
  * or 128 row copies, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per
  * thread into registers and compute row-wise and transposed codes and scales, which leave from
- * registers or staged over the tile's buffer as whole rows (dw_quant_tuning.t_store); a CTA takes
+ * registers or staged in shared memory and out as whole rows, by tensor stores by default
+ * (dw_quant_tuning.t_store); a CTA takes
  * blocks of up to 4x4 tiles whose scales leave as one run per scale row (tile_block). The same
  * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
  * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
@@ -24,6 +25,12 @@ constexpr int BK_THREADS = BK_CONS + 32;   /* + the producer warp */
 constexpr int BK_ROW = TILE * 2;           /* bytes of one tile row in shared memory */
 constexpr int BK_TILE = TILE * BK_ROW;     /* 32 KiB */
 
+/* The transposing kernel's tensor maps (kernel parameters): x in 128x128 boxes (loads), and for
+ * tensor stores (ST_TMA) the row-wise and transposed codes in 32-row boxes of 128 bytes. */
+struct TileMaps {
+    CUtensorMap x, o, t;
+};
+
 /* ---- mbarrier and bulk copy (PTX, sm_90) ------------------------------------------------ */
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -36,14 +43,25 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
 __device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+/* wait for the phase of parity `parity` to complete. IDLE, for a thread with nothing else to do
+ * (the producer waiting for a free buffer): each try may suspend the thread until the phase
+ * completes (up to the hint, 1 ms) instead of returning at once to be re-polled, which would take
+ * issue slots from the consumer warps beside it. */
+template <bool IDLE = false> __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
     uint32_t done;
     do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_addr(b)), "r"(parity)
-                     : "memory");
+        if constexpr (IDLE)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done)
+                         : "r"(smem_addr(b)), "r"(parity), "r"(1000000u)
+                         : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         " selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done)
+                         : "r"(smem_addr(b)), "r"(parity)
+                         : "memory");
     } while (!done);
 }
 /* bytes (multiple of 16) from global src to shared dst (both 16-byte aligned), counted on b */
@@ -69,6 +87,13 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, i
                  ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(r0), "r"(smem_addr(b))
                  : "memory");
 }
+/* shared src (128-byte aligned, the box's rows dense) to map's box at column c0, row r0, in this
+ * thread's current bulk group (bulk_commit closes it; bulk_wait_read: src may be reused) */
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, int c0, int r0, const void *src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map), "r"(c0),
+                 "r"(r0), "r"(smem_addr(src))
+                 : "memory");
+}
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(BK_CONS) : "memory"); }
 /* bytes (multiple of 16) from shared src to global dst (both 16-byte aligned), in this thread's
  * current bulk group; commit closes the group; wait_read: this thread's groups have read their
@@ -83,6 +108,26 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 /* this thread's shared-memory writes, ordered before later bulk copies (async proxy) */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+/* Stores under an L2 policy that keeps their lines resident (evict_last). For the scales: their
+ * rows are written in 4- to 16-byte pieces by several CTAs; kept in L2 the pieces meet there as
+ * whole sectors, where streamed out (evict-first, as the codes are) they would leave in parts. */
+__device__ __forceinline__ uint64_t l2_keep_policy() {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+__device__ __forceinline__ void st_keep(void *d, uint32_t v, uint64_t pol) {
+    asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;" ::"l"(d), "r"(v), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void st_keep(void *d, uint2 v, uint64_t pol) {
+    asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;" ::"l"(d), "r"(v.x), "r"(v.y), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void st_keep(void *d, uint4 v, uint64_t pol) {
+    asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(d), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w), "l"(pol)
+                 : "memory");
+}
 
 /* ---- packed BF16 helpers: |x| bit patterns compare as unsigned integers (NaN above Inf) ---- */
 
@@ -277,24 +322,43 @@ __device__ __forceinline__ Unit unit_of(uint32_t u, const Params &p) {
  * transposed codes, 128 rows of 128 bytes each, and the tile's scales collected per row), then
  * out as whole 128-byte rows: ST_BULK by bulk copies (one row per consumer thread; the buffer
  * goes back to the producer when they have read it, checked at the next tile), ST_V16 by 16-byte
- * stores (a warp writes 4 whole rows per store); scales 4 bytes per row (MX: the tile's 4 codes
- * of a row; fp8_block: one float) and a 512-byte run of the swizzled copy. */
-enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3 };
-/* staged code rows: row r of a block at r * 128 + 32 (r / 8) (8-row groups shifted by 32 bytes,
- * so that both the row-wise and the transposed 8-byte stores of a warp hit each bank twice, the
- * least for 256 bytes); the transposed block follows the row-wise one */
-constexpr int OUT_BLOCK = TILE * 128 + 32 * (TILE / 8); /* 16896 bytes */
-constexpr int BK_STAGE_STAGED = 2 * OUT_BLOCK;          /* 33792: a ring buffer of the staged kernels */
-/* Defaults of the transposing kernel, from the H200 measurements in bench/RESULTS.md (2026-11-23):
- * MX codes leave through 16-byte stores from a 4-deep ring (one CTA per SM fits; 2 CTAs x 3
- * stages was slower), fp8_block's from registers with a 2-deep ring (2 CTAs per SM; its staged
- * variants were slower); tiles row by row (bands changed nothing measurable). */
-template <int R> constexpr int bulk_store_default() { return Traits<R>::kind == K_MX ? ST_V16 : ST_REG; }
-template <int R> constexpr int bulk_stages_default(int store, bool three) {
-    return store == ST_REG || three ? 2 : store == ST_V16 && Traits<R>::kind == K_MX ? 4 : 3;
+ * stores (a warp writes 4 whole rows per store); ST_TMA by tensor stores (each warp one box of
+ * 32 rows, released as ST_BULK's); ST_TMA_OWN the same from a staging buffer of the CTA's own
+ * (the ring buffer goes back as soon as the tile is in registers; the staging is written again
+ * once the previous tile's stores have read it). Scales 4 bytes per row (MX: the tile's 4 codes
+ * of a row; fp8_block: one float) and a 512-byte run of the swizzled copy, kept in L2 (st_keep)
+ * until the neighbouring tiles' pieces complete their sectors. */
+enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3, ST_TMA = 4, ST_TMA_OWN = 5 };
+/* ST_TMA and ST_TMA_OWN: tensor stores, from the tile's ring buffer or from a staging buffer of
+ * the CTA's own (the ring buffer then goes back to the producer as soon as the tile is read) */
+constexpr bool tensor_stores(int st) { return st == ST_TMA || st == ST_TMA_OWN; }
+/* staged code rows: ST_BULK, ST_V16: row r of a block at r * 128 + 32 (r / 8) (8-row groups
+ * shifted by 32 bytes, so that both the row-wise and the transposed 8-byte stores of a warp hit
+ * each bank twice, the least for 256 bytes); ST_TMA: dense rows (a tensor store's box; the
+ * transposed stores then hit each bank 8 times, the row-wise ones 4 times); the transposed block
+ * follows the row-wise one */
+template <int ST> constexpr int out_block() { return tensor_stores(ST) ? TILE * 128 : TILE * 128 + 32 * (TILE / 8); }
+template <int ST> __device__ __forceinline__ uint32_t out_off(uint32_t r) {
+    return tensor_stores(ST) ? r * 128u : r * 128u + 32u * (r >> 3);
 }
+/* a ring buffer: the tile (32768 bytes), staged in place 33792 (ST_BULK, ST_V16) */
+template <int ST> constexpr size_t stage_bytes_of() {
+    return ST == ST_REG || ST == ST_TMA_OWN ? (size_t)BK_TILE : 2 * (size_t)out_block<ST>();
+}
+/* Defaults of the transposing kernel, from the H200 medians in bench/RESULTS.md (session 9,
+ * 2026-11-23): MX codes leave by tensor stores from a staging buffer of the CTA's own, a 2-deep
+ * ring, one tile at a time (2 CTAs per SM: 0.82 of copy; 16-byte stores from a 4-deep ring 0.80),
+ * fp8_block's by tensor stores over the tile's ring buffer, 2-deep, blocks of 4x4 tiles (2 CTAs
+ * per SM: 0.77; from registers 0.75); tiles row by row (bands changed nothing measurable). */
+template <int R> constexpr int bulk_store_default() { return Traits<R>::kind == K_MX ? ST_TMA_OWN : ST_TMA; }
+template <int R> constexpr int bulk_stages_default(int store, bool three) {
+    constexpr bool mx = Traits<R>::kind == K_MX;
+    return store == ST_REG || store == ST_TMA_OWN || three || (store == ST_TMA && !mx) ? 2
+           : (store == ST_V16 || store == ST_TMA) && mx ? 4 : 3;
+}
+/* tile block asked for when the caller leaves it (0: the widest that keeps the grid as busy) */
+constexpr int bulk_tblock_default(int store) { return store == ST_TMA_OWN ? 1 : 0; }
 constexpr int BULK_GROUP_DEFAULT = 1;
-__device__ __forceinline__ uint32_t out_off(uint32_t r) { return r * 128u + 32u * (r >> 3); }
 
 /* Where bulk_tile puts a tile's scales: nowhere in shared memory (row == NULL: straight to the
  * outputs), or 4 bytes per row of the tile (MX: its 4 codes, byte b = block column b; fp8_block:
@@ -320,6 +384,10 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     constexpr int kind = Traits<R>::kind;
     constexpr bool mx = kind == K_MX, staged = ST != ST_REG;
     const int tc = (lane & 7) + 8 * (cw & 1), tr = (lane >> 3) + 4 * (cw >> 1);
+    if constexpr (ST == ST_TMA_OWN) { /* the staging's previous tensor stores have read it (the */
+        bulk_wait_read();             /* consumer barrier below, before any staging write, */
+        __syncwarp();                 /* extends this to every warp) */
+    }
     /* amax: rows packed in pairs (row 2i low half, 2i+1 high), columns packed as in the data */
     uint32_t rm[4], cm[4];
     pair_amax(w, rm);
@@ -399,7 +467,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     /* row-wise codes: row k, 8 bytes at column c0 + 8 tc (none for the transposed copy only: the
      * condition is the same for the whole grid, so the shuffles below stay converged) */
     uint8_t *const ob = p.o.codes + (r0 + 8 * tr) * p.o.row_bytes + c0 + 8 * tc;
-    unsigned char *const sob = stg + out_off(8 * tr) + 8 * tc;
+    unsigned char *const sob = stg + out_off<ST>(8 * tr) + 8 * tc;
 #pragma unroll
     for (int k = 0; k < 8 && p.o.codes; k++) {
         const Rule q = shfl_rule<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
@@ -412,7 +480,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
     uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
-    unsigned char *const stb = stg + OUT_BLOCK + out_off(8 * tc) + 8 * tr;
+    unsigned char *const stb = stg + out_block<ST>() + out_off<ST>(8 * tc) + 8 * tr;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const Rule q = shfl_rule<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
@@ -433,12 +501,13 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
 /* The staged tile out of shared memory (after the consumer barrier that follows bulk_tile):
  * consumer thread tid takes row tid % 128 of the row-wise (tid < 128) or transposed block:
  * ST_BULK: one lane of each warp copies its warp's 32 rows (128 codes each) in one bulk group;
- * ST_V16: chunks tid + 256 i (i < 8) of the 2048 16-byte chunks of both blocks. Then, scs not
+ * ST_TMA: the same 32 rows in one tensor store (maps m.o, m.t); ST_V16: chunks tid + 256 i (i < 8)
+ * of the 2048 16-byte chunks of both blocks. Then, scs not
  * NULL (the tile's own scale staging), the row's scales (4 bytes) and, MX with a swizzled copy,
  * threads 0-31 / 128-159 one 16-byte piece of the tile's 512-byte run in cuBLAS's 128x4 layout. */
 template <int R, int ST>
-__device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t c0, const unsigned char *stg,
-                                           const uint32_t *scs, int tid) {
+__device__ __forceinline__ void flush_tile(const Params &p, const TileMaps &m, int64_t r0, int64_t c0,
+                                           const unsigned char *stg, const uint32_t *scs, int tid) {
     constexpr bool mx = Traits<R>::kind == K_MX;
     const bool side = tid >= TILE; /* the transposed block */
     const uint32_t u = (uint32_t)tid & (TILE - 1);
@@ -455,9 +524,17 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
         if (elect_one() && (wside || p.o.codes)) {
             uint8_t *const wcodes = wside ? p.t.codes : p.o.codes;
             const int64_t wrb = wside ? c0 : r0, wcb = wside ? r0 : c0, wrow = wside ? p.t.row_bytes : p.o.row_bytes;
-            const unsigned char *src = stg + (wside ? OUT_BLOCK : 0);
+            const unsigned char *src = stg + (wside ? out_block<ST>() : 0);
 #pragma unroll 4
-            for (uint32_t i = u0; i < u0 + 32; i++) bulk_s2g(wcodes + (wrb + i) * wrow + wcb, src + out_off(i), 128);
+            for (uint32_t i = u0; i < u0 + 32; i++) bulk_s2g(wcodes + (wrb + i) * wrow + wcb, src + out_off<ST>(i), 128);
+            bulk_commit();
+        }
+        __syncwarp();
+    } else if constexpr (tensor_stores(ST)) { /* warp w's 32 rows, one box of 32 x 128 bytes */
+        const int w = warp_uniform(), u0 = 32 * (w & 3);
+        if (elect_one() && (w >= 4 || p.o.codes)) {
+            if (w >= 4) tma_store_2d(&m.t, (int)r0, (int)c0 + u0, stg + out_block<ST>() + u0 * 128);
+            else tma_store_2d(&m.o, (int)c0, (int)r0 + u0, stg + u0 * 128);
             bulk_commit();
         }
         __syncwarp();
@@ -466,21 +543,22 @@ __device__ __forceinline__ void flush_tile(const Params &p, int64_t r0, int64_t 
         for (int i = 0; i < 8; i++) { /* chunk 256 (i % 4) + tid of block i / 4: row chunk / 8, bytes 16 (chunk % 8) */
             if (i < 4 && !p.o.codes) continue; /* the transposed copy only */
             const uint32_t c = (uint32_t)(256 * (i & 3) + tid), row = c >> 3, ch = c & 7u;
-            const uint4 v = *reinterpret_cast<const uint4 *>(stg + (i >> 2) * OUT_BLOCK + out_off(row) + 16 * ch);
+            const uint4 v = *reinterpret_cast<const uint4 *>(stg + (i >> 2) * out_block<ST>() + out_off<ST>(row) + 16 * ch);
             uint8_t *dst = i < 4 ? p.o.codes + (r0 + row) * p.o.row_bytes + c0 : p.t.codes + (c0 + row) * p.t.row_bytes + r0;
             __stcs(reinterpret_cast<uint4 *>(dst + 16 * ch), v);
         }
     }
     if (!scs || (!side && !p.o.codes)) return; /* scales staged per unit, or no row-wise copy */
+    const uint64_t keep = l2_keep_policy();
     if constexpr (mx) {
-        *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(scales) + (rb + u) * scols + (cb >> 5)) = scs[tid];
+        st_keep(static_cast<uint8_t *>(scales) + (rb + u) * scols + (cb >> 5), scs[tid], keep);
         if (swz && u < 32) {
             const uint32_t *sc = scs + (side ? TILE : 0);
-            *reinterpret_cast<uint4 *>(swz + dw_rule_swizzle_offset(rb, cb >> 5, scols) + 16 * u) =
-                make_uint4(sc[u], sc[u + 32], sc[u + 64], sc[u + 96]);
+            st_keep(swz + dw_rule_swizzle_offset(rb, cb >> 5, scols) + 16 * u, make_uint4(sc[u], sc[u + 32], sc[u + 64], sc[u + 96]),
+                    keep);
         }
     } else {
-        static_cast<float *>(scales)[(rb + u) * scols + (cb >> 7)] = reinterpret_cast<const float *>(scs)[tid];
+        st_keep(static_cast<float *>(scales) + (rb + u) * scols + (cb >> 7), scs[tid], keep);
     }
 }
 
@@ -503,20 +581,21 @@ __device__ __forceinline__ void flush_scales(const Params &p, const uint32_t *gs
         const uint32_t *src = gs + (side ? unit_scale_words(g) : 0) + row * g;
         uint8_t *const dst = side ? static_cast<uint8_t *>(p.t.scales) + (un.c0 + row) * p.t.scols * sb + (un.r0 >> 7) * 4
                                   : static_cast<uint8_t *>(p.o.scales) + (un.r0 + row) * p.o.scols * sb + (un.c0 >> 7) * 4;
-        if (n == 4 && ((uintptr_t)dst & 15u) == 0) __stcs(reinterpret_cast<uint4 *>(dst), *reinterpret_cast<const uint4 *>(src));
-        else if (n == 2 && ((uintptr_t)dst & 7u) == 0) __stcs(reinterpret_cast<uint2 *>(dst), *reinterpret_cast<const uint2 *>(src));
+        const uint64_t keep = l2_keep_policy();
+        if (n == 4 && ((uintptr_t)dst & 15u) == 0) st_keep(dst, *reinterpret_cast<const uint4 *>(src), keep);
+        else if (n == 2 && ((uintptr_t)dst & 7u) == 0) st_keep(dst, *reinterpret_cast<const uint2 *>(src), keep);
         else
 #pragma unroll 1
-            for (uint32_t j = 0; j < n; j++) reinterpret_cast<uint32_t *>(dst)[j] = src[j];
+            for (uint32_t j = 0; j < n; j++) st_keep(dst + 4 * j, src[j], keep);
     }
 }
 
 template <int R, int ST, int MINB = 2> /* MINB CTAs per SM: 2, or 3 (72 registers, some spilled) */
-__global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __grid_constant__ CUtensorMap tx,
+__global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __grid_constant__ TileMaps m,
                                                                       const uint16_t *__restrict__ x, Params p,
                                                                       int64_t nunits, int stages) {
     constexpr bool staged = ST != ST_REG;
-    constexpr uint32_t stage_bytes = staged ? BK_STAGE_STAGED : BK_TILE;
+    constexpr uint32_t stage_bytes = (uint32_t)stage_bytes_of<ST>();
     extern __shared__ __align__(128) unsigned char smem[];
     /* stages buffers from the first 128-byte boundary (tensor copies need it), then 2 x stages mbarriers */
     unsigned char *const ring = smem + ((128u - (smem_addr(smem) & 127u)) & 127u);
@@ -524,8 +603,11 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
     __shared__ __align__(16) uint32_t scs[staged ? 2 * TILE : 1]; /* staged scales (bulk_tile) */
     uint64_t *const full = ring_init(ring, stages, stage_bytes), *const empty = full + stages;
-    /* after the barriers: the unit's scales, [tblock 128][tblock] words for x then for x^T (tblock > 1) */
+    /* after the barriers: the unit's scales, [tblock 128][tblock] words for x then for x^T (tblock > 1),
+     * then (ST_TMA_OWN) the staging, from a 128-byte boundary */
     uint32_t *const gs = reinterpret_cast<uint32_t *>(empty + stages);
+    unsigned char *const own = reinterpret_cast<unsigned char *>(
+        ((uintptr_t)(gs + (p.tblock > 1 ? 2 * unit_scale_words((uint32_t)p.tblock) : 0)) + 127) & ~(uintptr_t)127);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (warp == BK_CONS / 32) { /* producer: the n-th tile goes to buffer n % stages once it is free */
         int s = 0;
@@ -534,7 +616,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             const Unit un = unit_of(u, p);
             for (uint32_t ti = 0, tj = 0; tj < un.gw; n++) { /* tile (ti, tj) of the unit, column by column */
                 if (n >= (uint32_t)stages) {
-                    if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
+                    if (lane == 0) mbar_wait<true>(&empty[s], ph ^ 1u);
                     __syncwarp();
                 }
                 if (elect_one()) { /* one lane: the tile in one tensor copy, or 128 row copies */
@@ -542,7 +624,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
                     const int64_t r0 = un.r0 + (int64_t)ti * TILE, c0 = un.c0 + (int64_t)tj * TILE;
                     unsigned char *buf = ring + (size_t)s * stage_bytes;
                     if (p.tma_in) {
-                        tma_load_2d(buf, &tx, (int)c0, (int)r0, &full[s]);
+                        tma_load_2d(buf, &m.x, (int)c0, (int)r0, &full[s]);
                     } else {
                         const uint16_t *src = x + r0 * p.cols + c0;
 #pragma unroll 4
@@ -568,10 +650,10 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             uint4 w[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) w[k] = *reinterpret_cast<const uint4 *>(buf + (8 * tr + k) * BK_ROW + 16 * tc);
-            if constexpr (ST == ST_REG) { /* the buffer is free as soon as the warp has its pieces */
+            if constexpr (ST == ST_REG || ST == ST_TMA_OWN) { /* the buffer is free as soon as the warp has its pieces */
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&empty[s]);
-            } else if constexpr (ST == ST_BULK) { /* the previous tile's buffer, once its bulk copies read it */
+            } else if constexpr (ST == ST_BULK || ST == ST_TMA) { /* the previous tile's buffer, once its copies read it */
                 if (n > 0) {
                     bulk_wait_read();
                     __syncwarp();
@@ -582,13 +664,16 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             ScaleSink sk = {nullptr, nullptr, 1};
             if (g > 1) sk = ScaleSink{gs + ti * TILE * g + tj, gs + unit_scale_words(g) + tj * TILE * g + ti, g};
             else if (staged) sk = ScaleSink{scs, scs + TILE, 1};
-            bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], buf, sk);
+            unsigned char *const stg = ST == ST_TMA_OWN ? own : buf;
+            bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], stg, sk);
             if constexpr (staged) {
-                if constexpr (ST == ST_BULK) fence_proxy_async(); /* the codes, before the bulk copies read them */
+                /* the codes: ST_BULK's copies read them; ST_V16's buffer is next written by the
+                 * producer's tensor copy, which must land after them. Only reads follow, so the
+                 * fence stays ahead of the flush's global stores (it would wait for them). */
+                fence_proxy_async();
                 consumers_sync();
-                flush_tile<R, ST>(p, r0, c0, buf, g > 1 ? nullptr : scs, tid);
-                if constexpr (ST == ST_V16) { /* read back: the buffer is free (the producer writes it by bulk copy) */
-                    fence_proxy_async();
+                flush_tile<R, ST>(p, m, r0, c0, stg, g > 1 ? nullptr : scs, tid);
+                if constexpr (ST == ST_V16) { /* read back: the buffer is free */
                     __syncwarp();
                     if (lane == 0) mbar_arrive(&empty[s]);
                 }
@@ -605,7 +690,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             if (++s == stages) s = 0, ph ^= 1u;
         }
     }
-    if constexpr (ST == ST_BULK) bulk_wait_all(); /* the shared source must outlive the copies */
+    if constexpr (ST == ST_BULK || tensor_stores(ST)) bulk_wait_all(); /* the shared source must outlive the copies */
 }
 
 /* Row-wise only (cols a multiple of the block): the tensor as a flat run of 8-element chunks,
@@ -615,7 +700,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
 constexpr int64_t BK_STAGE_CHUNKS = BK_TILE / 16;
 
 template <int R>
-__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __grid_constant__ CUtensorMap,
+__global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __grid_constant__ TileMaps,
                                                                         const uint16_t *__restrict__ x, Params p,
                                                                         int64_t nchunks, int stages) {
     constexpr int B = Traits<R>::B, L = B / 8; /* lanes per block: 4 (MX) or 16 (fp8_block) */
@@ -629,7 +714,7 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
         uint32_t ph = 0;
         for (int64_t st = blockIdx.x, n = 0; st < nstages; st += gridDim.x, n++) {
             if (n >= stages) {
-                if (lane == 0) mbar_wait(&empty[s], ph ^ 1u);
+                if (lane == 0) mbar_wait<true>(&empty[s], ph ^ 1u);
                 __syncwarp();
             }
             const int64_t g0 = st * BK_STAGE_CHUNKS, left = nchunks - g0;
@@ -704,7 +789,7 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
  * slack for the kernel to align the ring, staging behind the barriers) and the persistent grid,
  * at most ctas_per_sm CTAs per SM (0 = as many as fit) and max_ctas in all, before the cap by the
  * work; grid 0 where no CTA fits (launch_ring refuses it). */
-using ring_kernel = void (*)(const CUtensorMap, const uint16_t *, Params, int64_t, int);
+using ring_kernel = void (*)(const TileMaps, const uint16_t *, Params, int64_t, int);
 struct RingShape {
     size_t smem;
     int64_t grid;
@@ -723,7 +808,7 @@ dw_status ring_shape(dw_ctx *ctx, ring_kernel k, std::atomic<uint64_t> (&cache)[
 
 /* Ring kernel k over `work` units (tiles, units of tiles or stages; n is the kernel's count
  * argument) in the launch shape sh. */
-dw_status launch_ring(dw_ctx *ctx, ring_kernel k, const RingShape &sh, dw_recipe r, const CUtensorMap &tx,
+dw_status launch_ring(dw_ctx *ctx, ring_kernel k, const RingShape &sh, dw_recipe r, const TileMaps &maps,
                       const uint16_t *x, const Params &p, int64_t work, int64_t n, int stages, cudaStream_t st) {
     if (sh.grid < 1)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: %d bulk stages (%zu bytes) do not fit in shared memory",
@@ -732,15 +817,16 @@ dw_status launch_ring(dw_ctx *ctx, ring_kernel k, const RingShape &sh, dw_recipe
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] is too large", dw_recipe_name(r),
                             (long long)p.rows, (long long)p.cols);
     const int64_t grid = sh.grid < work ? sh.grid : work;
-    k<<<(unsigned)grid, BK_THREADS, sh.smem, st>>>(tx, x, p, n, stages);
+    k<<<(unsigned)grid, BK_THREADS, sh.smem, st>>>(maps, x, p, n, stages);
     DW_CUDA_CHECK_LAUNCH(ctx, dw_recipe_name(r));
     return DW_OK;
 }
 
-/* The tensor map of x [rows, cols] (16-bit elements, row-major, 16-byte aligned, cols a multiple
- * of 8) in 128x128 boxes without swizzle: the producer's one-copy tile loads. False where the
- * driver offers no encoder or refuses the map (the producer then copies row by row). */
-bool make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
+/* A 2-D tensor map over [rows, cols] elements (row stride `stride` bytes, 16-byte aligned
+ * address and stride) in box_r x box_c boxes without swizzle. False where the driver offers no
+ * encoder or refuses the map. */
+bool make_map_2d(CUtensorMap *m, CUtensorMapDataType type, const void *base, int64_t rows, int64_t cols,
+                 int64_t stride, uint32_t box_r, uint32_t box_c) {
     static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> enc{nullptr};
     PFN_cuTensorMapEncodeTiled_v12000 fn = enc.load(std::memory_order_relaxed);
     if (!fn) {
@@ -753,11 +839,25 @@ bool make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
         fn = (PFN_cuTensorMapEncodeTiled_v12000)q;
         enc.store(fn, std::memory_order_relaxed);
     }
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 2};
-    const cuuint32_t box[2] = {TILE, TILE}, es[2] = {1, 1};
-    return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)x, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)stride};
+    const cuuint32_t box[2] = {box_c, box_r}, es[2] = {1, 1};
+    return fn(m, type, 2, const_cast<void *>(base), dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
               CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
            CUDA_SUCCESS;
+}
+
+/* The producer's one-copy tile loads: x [rows, cols] (BF16) in 128x128 boxes (else it copies
+ * row by row). */
+bool make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
+    return make_map_2d(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, rows, cols, cols * 2, TILE, TILE);
+}
+
+/* ST_TMA's stores: the 8-bit codes of x [rows, cols] and x^T [cols, rows] in 32-row boxes of 128
+ * bytes (a warp's share of a staged tile); o's map only where the row-wise copy is written. */
+bool make_code_maps(TileMaps *m, const Params &p) {
+    if (p.o.codes && !make_map_2d(&m->o, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.o.codes, p.rows, p.cols, p.o.row_bytes, 32, 128))
+        return false;
+    return make_map_2d(&m->t, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.t.codes, p.cols, p.rows, p.t.row_bytes, 32, 128);
 }
 
 /* Whether the staged stores can write p's outputs: 16-byte aligned codes (and swizzled copies),
@@ -774,49 +874,58 @@ int64_t tile_units(int64_t tr, int64_t tc, int g) { return ((tr + g - 1) / g) * 
 
 template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p_in, bool trans, BulkTune t,
                                          cudaStream_t st) {
-    static std::atomic<uint64_t> cache_t[2][3][3][16], cache_r[16]; /* [3 CTAs][store - 1][log2 tblock] */
-    CUtensorMap tx;
-    memset(&tx, 0, sizeof tx);
+    static std::atomic<uint64_t> cache_t[2][5][3][16], cache_r[16]; /* [3 CTAs][store - 1][log2 tblock] */
+    TileMaps maps;
+    memset(&maps, 0, sizeof maps);
     Params p = p_in;
     p.tma_in = false;
     p.tblock = 1;
     RingShape sh;
     if (trans) {
-        p.tma_in = t.load != 1 && make_x_map(&tx, x, p.rows, p.cols);
+        p.tma_in = t.load != 1 && make_x_map(&maps.x, x, p.rows, p.cols);
         p.group = t.group ? t.group : BULK_GROUP_DEFAULT;
         const int64_t tr = p.rows / TILE, tc = p.tiles_c;
         int store = t.store ? t.store : bulk_store_default<R>();
         if (store != ST_REG && !staged_ok(p)) store = ST_REG;
+        if (tensor_stores(store) && !make_code_maps(&maps, p)) store = ST_V16; /* no tensor stores: 16-byte stores */
         /* 3 or more CTAs per SM asked for: the kernels built for 3 (72 registers; 2 stages fit) */
         const bool three = t.ctas_per_sm >= 3;
         const int stages = t.stages ? t.stages : bulk_stages_default<R>(store, three);
-        static const ring_kernel ks[2][3] = {
-            {quant_bulk_kernel<R, ST_REG>, quant_bulk_kernel<R, ST_BULK>, quant_bulk_kernel<R, ST_V16>},
-            {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>}};
+        static const ring_kernel ks[2][5] = {
+            {quant_bulk_kernel<R, ST_REG>, quant_bulk_kernel<R, ST_BULK>, quant_bulk_kernel<R, ST_V16>,
+             quant_bulk_kernel<R, ST_TMA>, quant_bulk_kernel<R, ST_TMA_OWN>},
+            {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>,
+             quant_bulk_kernel<R, ST_TMA, 3>, quant_bulk_kernel<R, ST_TMA_OWN, 3>}};
+        static const size_t stage_bytes_by_store[5] = {stage_bytes_of<ST_REG>(), stage_bytes_of<ST_BULK>(),
+                                                       stage_bytes_of<ST_V16>(), stage_bytes_of<ST_TMA>(),
+                                                       stage_bytes_of<ST_TMA_OWN>()};
         const ring_kernel k = ks[three][store - 1];
-        const size_t stage_bytes = store == ST_REG ? BK_TILE : BK_STAGE_STAGED;
+        const size_t stage_bytes = stage_bytes_by_store[store - 1];
         /* tile blocks: the runs need 4-byte aligned scales; the swizzled copies are written per tile */
         const bool blocks_ok = !p.o.swz && !p.t.swz && (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
         /* the largest block whose busiest CTA takes the fewest tiles (a block whose staging does not
          * fit takes none; where none fits, launch_ring says so) */
+        const int tblock = t.tblock ? t.tblock : bulk_tblock_default(store);
         int64_t best = -1;
         for (int gi = 2; gi >= 0; gi--) {
             const int g = 1 << gi;
-            if (t.tblock ? g != (blocks_ok ? t.tblock : 1) : g > 1 && !blocks_ok) continue;
+            if (tblock ? g != (blocks_ok ? tblock : 1) : g > 1 && !blocks_ok) continue;
             RingShape c;
             DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], stages, stage_bytes,
-                              128 + (g > 1 ? 2 * sizeof(uint32_t) * unit_scale_words((uint32_t)g) : 0), t.ctas_per_sm,
+                              128 + (g > 1 ? 2 * sizeof(uint32_t) * unit_scale_words((uint32_t)g) : 0) +
+                                  (store == ST_TMA_OWN ? 128 + 2 * (size_t)out_block<ST_TMA_OWN>() : 0),
+                              t.ctas_per_sm,
                               t.max_ctas, &c));
             const int64_t load = c.grid > 0 ? (tile_units(tr, tc, g) + c.grid - 1) / c.grid * g * g : INT64_MAX;
             if (best < 0 || load < best) best = load, sh = c, p.tblock = g;
         }
         const int64_t units = tile_units(tr, tc, p.tblock);
-        return launch_ring(ctx, k, sh, (dw_recipe)R, tx, x, p, units, units, stages, st);
+        return launch_ring(ctx, k, sh, (dw_recipe)R, maps, x, p, units, units, stages, st);
     }
     const int64_t nchunks = p.rows * p.cols / 8;
     const int stages = t.stages ? t.stages : 3;
     DW_TRY(ring_shape(ctx, quant_bulk_rows_kernel<R>, cache_r, stages, BK_TILE, 0, t.ctas_per_sm, t.max_ctas, &sh));
-    return launch_ring(ctx, quant_bulk_rows_kernel<R>, sh, (dw_recipe)R, tx, x, p,
+    return launch_ring(ctx, quant_bulk_rows_kernel<R>, sh, (dw_recipe)R, maps, x, p,
                        (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages, st);
 }
 
@@ -831,7 +940,7 @@ bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans) {
 
 dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, const BulkTune &t,
                       cudaStream_t st) {
-    if (t.store < 0 || t.store > 3 || t.load < 0 || t.load > 2 || t.group < 0 || t.group > 64 ||
+    if (t.store < 0 || t.store > 5 || t.load < 0 || t.load > 2 || t.group < 0 || t.group > 64 ||
         (t.tblock != 0 && t.tblock != 1 && t.tblock != 2 && t.tblock != 4) || (t.stages != 0 && (t.stages < 2 || t.stages > 6)))
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "quantize %s: bulk store %d, load %d, group %d, tile block %d or stages %d out of range",

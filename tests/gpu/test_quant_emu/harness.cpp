@@ -2,8 +2,9 @@
 // (tests/common/cuda_emu, extended by run.sh) and compares every byte of codes, scales and swizzled
 // scales with the CPU reference: transposed tiles and row-wise runs, mxfp8 / mxfp8_e5m2 /
 // fp8_block, rceil and floor+pow2, specials, ragged last stages, ring depths 2..6, capped grids,
-// the transposed kernel's three ways out for the codes (registers, staged + bulk copies, staged +
-// 16-byte stores; bulk copies left unwaited at the end of a launch fail the case), tiles loaded by
+// the transposed kernel's five ways out for the codes (registers, staged + bulk copies, staged +
+// 16-byte stores, staged + tensor stores over the ring buffer or from a staging buffer of its own;
+// bulk and tensor stores left unwaited at the end of a launch fail the case), tiles loaded by
 // row copies or by one tensor-map copy, tile orders in bands of 1..3 tile rows, units of 1, 2 or 4
 // tiles square with their scales staged (partial units at the edges), x^T alone (the row-wise
 // buffers must stay untouched).
@@ -150,12 +151,12 @@ int main() {
         for (int v = 0; v < 4; v++) {
             for (auto &sh : tshapes) {
                 bool swz = r != DW_RECIPE_FP8_BLOCK && (v & 1);
-                for (int store = 1; store <= 3; store++) {
+                for (int store = 1; store <= 5; store++) {
                     const int cps = (int)(rng() % 4); /* 3: the kernels built for 3 CTAs per SM */
                     const int tblock = (int[]){0, 1, 2, 4}[rng() % 4];
                     bad += run(r, sh[0], sh[1], true, rng() % 3 == 0, swz, v & 2, (v + (int)sh[0] / 128) % 3, store,
                                1 + (int)(rng() % 2), (int)(rng() % 4), tblock,
-                               cps == 3 ? 2 : 2 + (int)(rng() % 5), cps,
+                               cps == 3 ? 2 : 2 + (int)(rng() % (store == 5 ? 4 : 5)), cps, /* 5: + 32 KiB */
                                (rng() % 2) ? 1 + (int)(rng() % 3) : 0);
                     cases++;
                 }

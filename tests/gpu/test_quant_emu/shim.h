@@ -132,19 +132,35 @@ static inline size_t emu_bulk_pending(void) {
     return n;
 }
 
-/* tensor maps: x [rows, cols] of 16-bit elements in 128x128 boxes */
+/* 2-D tensor maps: [rows, cols] elements of 1 or 2 bytes, row stride in bytes, box_r x box_c boxes,
+ * no swizzle: the box lies in shared memory as dense rows */
 #define __grid_constant__
-struct alignas(64) CUtensorMap { const uint16_t *base; int64_t rows, cols; char pad[104]; };
-static inline bool emu_make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
-    if ((uintptr_t)x % 16 || (cols * 2) % 16) return false;
-    m->base = x, m->rows = rows, m->cols = cols;
+enum CUtensorMapDataType { CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0, CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1 };
+struct alignas(64) CUtensorMap { unsigned char *base; int64_t rows, cols, stride; int esize, box_r, box_c; char pad[84]; };
+static inline bool emu_make_map_2d(CUtensorMap *m, CUtensorMapDataType type, const void *base, int64_t rows, int64_t cols,
+                                   int64_t stride, uint32_t box_r, uint32_t box_c) {
+    if ((uintptr_t)base % 16 || stride % 16) return false;
+    m->base = (unsigned char *)base, m->rows = rows, m->cols = cols, m->stride = stride;
+    m->esize = type == CU_TENSOR_MAP_DATA_TYPE_UINT16 ? 2 : 1, m->box_r = (int)box_r, m->box_c = (int)box_c;
     return true;
 }
-static inline void emu_tma_load_2d(void *dst, const CUtensorMap *m, int c0, int r0, uint64_t *p) {
-    if ((uintptr_t)dst % 128 || c0 + 128 > m->cols || r0 + 128 > m->rows || c0 < 0 || r0 < 0) {
+static inline void emu_box_check(const CUtensorMap *m, const void *s, int c0, int r0) {
+    if ((uintptr_t)s % 128 || c0 + m->box_c > m->cols || r0 + m->box_r > m->rows || c0 < 0 || r0 < 0) {
         fprintf(stderr, "tensor copy out of bounds or misaligned\n");
         abort();
     }
-    for (int r = 0; r < 128; r++) memcpy((char *)dst + 256 * r, m->base + (int64_t)(r0 + r) * m->cols + c0, 256);
-    EmuBar &b = g_bars.at(p); b.tx -= 128 * 256; if (b.tx < 0) { fprintf(stderr, "tx negative\n"); abort(); } emu_bar_check(b);
+}
+static inline void emu_tma_load_2d(void *dst, const CUtensorMap *m, int c0, int r0, uint64_t *p) {
+    emu_box_check(m, dst, c0, r0);
+    const int rb = m->box_c * m->esize;
+    for (int r = 0; r < m->box_r; r++) memcpy((char *)dst + rb * r, m->base + (int64_t)(r0 + r) * m->stride + (int64_t)c0 * m->esize, rb);
+    EmuBar &b = g_bars.at(p); b.tx -= m->box_r * rb; if (b.tx < 0) { fprintf(stderr, "tx negative\n"); abort(); } emu_bar_check(b);
+}
+/* a tensor store: pending, like a bulk store, until this thread's wait (then it reads shared memory) */
+static inline void emu_tma_store_2d(const CUtensorMap *m, int c0, int r0, const void *src) {
+    emu_box_check(m, src, c0, r0);
+    const int rb = m->box_c * m->esize;
+    for (int r = 0; r < m->box_r; r++)
+        g_pending[threadIdx.x].push_back(
+            EmuPending{m->base + (int64_t)(r0 + r) * m->stride + (int64_t)c0 * m->esize, (const char *)src + rb * r, (uint32_t)rb});
 }

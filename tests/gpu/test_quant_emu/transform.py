@@ -35,8 +35,17 @@ for name, body in [('mbar_init', 'emu_mbar_init(b, count);'), ('mbar_arrive', 'e
                    ('bulk_commit', ''), ('bulk_wait_read', 'emu_bulk_wait();'), ('bulk_wait_all', 'emu_bulk_wait();'),
                    ('fence_proxy_async', ''), ('elect_one', 'return dw_emu_lane() == 0;'),
                    ('tma_load_2d', 'emu_tma_load_2d(dst, map, c0, r0, b);'),
-                   ('make_x_map', 'return emu_make_x_map(m, x, rows, cols);')]:
+                   ('tma_store_2d', 'emu_tma_store_2d(map, c0, r0, src);'),
+                   ('l2_keep_policy', 'return 0;'),
+                   ('make_map_2d', 'return emu_make_map_2d(m, type, base, rows, cols, stride, box_r, box_c);')]:
     b = replace_body(b, name, body)
+# st_keep's overloads (b32, v2, v4): plain stores of v
+n = b.count('void st_keep(')
+i = 0
+for _ in range(n):
+    i = b.index('void st_keep(', i)
+    b = b[:i] + replace_body(b[i:], 'st_keep', '(void)pol; memcpy(d, &v, sizeof v);')
+    i += len('void st_keep(')
 b = b.replace('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', '')
 b = b.replace('#include <cudaTypedefs.h>', '')  # shim.h has the tensor-map type
 b = b.replace('extern __shared__ __align__(128) unsigned char smem[];',
