@@ -441,15 +441,15 @@ extern "C" int dw_gemm_fp8block_sm90_launch(const dw_fp8block_sm90_args *p, void
     FbMaps m;
     const bool ok =
         err == cudaSuccess &&
-        make_map(&m.a, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, FB_BK, (uint32_t)bm,
-                 CU_TENSOR_MAP_SWIZZLE_128B) &&
-        make_map(&m.b, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, (uint32_t)(bn / cl),
-                 CU_TENSOR_MAP_SWIZZLE_128B) &&
-        make_map(&m.sa, sat, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, (uint32_t)bm, 1,
-                 CU_TENSOR_MAP_SWIZZLE_NONE) &&
-        make_map(&m.sb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sbcol ? p->n : nblk, ldb,
-                 (uint32_t)fb_sb_box(sbcol, bn), 1,
-                 CU_TENSOR_MAP_SWIZZLE_NONE);
+        dw_make_map_2d(&m.a, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, FB_BK, (uint32_t)bm,
+                       CU_TENSOR_MAP_SWIZZLE_128B) &&
+        dw_make_map_2d(&m.b, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, FB_BK, (uint32_t)(bn / cl),
+                       CU_TENSOR_MAP_SWIZZLE_128B) &&
+        dw_make_map_2d(&m.sa, sat, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, (uint32_t)bm, 1,
+                       CU_TENSOR_MAP_SWIZZLE_NONE) &&
+        dw_make_map_2d(&m.sb, sbt, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, sbcol ? p->n : nblk, ldb,
+                       (uint32_t)fb_sb_box(sbcol, bn), 1,
+                       CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!ok) {
         cudaFreeAsync(sat, st);
         return (int)(err != cudaSuccess ? err : cudaErrorInvalidValue);

@@ -218,12 +218,12 @@ extern "C" int dw_gemm_mxfp8_sm90_launch(const dw_mxfp8_sm90_args *p, void *stre
     decode_scales_kernel<<<(unsigned)((kb * ldb + 255) / 256), 256, 0, st>>>(p->sb, p->n, kb, ldb, fb);
     CUtensorMap ta, tb, tsa, tsb;
     const uint32_t bm = p->variant == 2 ? Cfg<3>::BM : Cfg<2>::BM;
-    bool ok = make_map(&ta, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, BK, bm,
-                       CU_TENSOR_MAP_SWIZZLE_128B) &&
-              make_map(&tb, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, BK, BN,
-                       CU_TENSOR_MAP_SWIZZLE_128B) &&
-              make_map(&tsa, fa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, bm, 4, CU_TENSOR_MAP_SWIZZLE_NONE) &&
-              make_map(&tsb, fb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->n, ldb, BN, 4, CU_TENSOR_MAP_SWIZZLE_NONE);
+    bool ok = dw_make_map_2d(&ta, p->a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->m, p->k, p->k, BK, bm,
+                             CU_TENSOR_MAP_SWIZZLE_128B) &&
+              dw_make_map_2d(&tb, p->b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p->n, p->k, p->k, BK, BN,
+                             CU_TENSOR_MAP_SWIZZLE_128B) &&
+              dw_make_map_2d(&tsa, fa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->m, lda, bm, 4, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+              dw_make_map_2d(&tsb, fb, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, kb, p->n, ldb, BN, 4, CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!ok) {
         cudaFreeAsync(scales, st);
         return (int)cudaErrorInvalidValue;

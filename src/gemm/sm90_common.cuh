@@ -1,5 +1,5 @@
 // sm90_common.cuh — private device helpers shared by Deepwell's own sm_90a GEMM kernels
-// (mxfp8_sm90.cu, fp8block_sm90.cu): mbarriers, TMA loads and tensor maps, the wgmma descriptor and
+// (mxfp8_sm90.cu, fp8block_sm90.cu): mbarriers, TMA loads (maps: core/tensor_map.cuh), the wgmma descriptor and
 // the m64n128k32 FP8 wgmma, tile rasterisation, the scalar epilogue. CUDA C++; not a public header.
 #pragma once
 #include <cuda.h>
@@ -8,6 +8,7 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
+#include "core/tensor_map.cuh"
 #include "gemm/gemm_cuda.h"
 
 namespace {
@@ -195,31 +196,5 @@ __device__ __forceinline__ void tile_coords(int64_t t, int64_t tiles_m, int64_t 
 }
 
 #endif // DW_SM90_BODY
-
-inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    if (!fn) {
-        cudaDriverEntryPointQueryResult q;
-        void *p = nullptr;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-    }
-    return fn;
-}
-
-// 2-D tensor map over row-major [rows, cols] elements of `esize` bytes, row stride `ld` elements.
-inline bool make_map(CUtensorMap *m, const void *base, CUtensorMapDataType t, int esize, int64_t rows, int64_t cols,
-              int64_t ld, uint32_t box_c, uint32_t box_r, CUtensorMapSwizzle sw) {
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    cuuint64_t strides[1] = {(cuuint64_t)(ld * esize)};
-    cuuint32_t box[2] = {box_c, box_r};
-    cuuint32_t es[2] = {1, 1};
-    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-    if (!fn) return false;
-    return fn(m, t, 2, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 
 } // namespace

@@ -4,17 +4,18 @@
  * or 128 row copies, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per
  * thread into registers and compute row-wise and transposed codes and scales, which leave from
  * registers or staged in shared memory and out as whole rows, by tensor stores by default
- * (dw_quant_tuning.t_store); a CTA takes
- * blocks of up to 4x4 tiles whose scales leave as one run per scale row (tile_block). The same
+ * (dw_quant_tuning.t_store); a CTA takes blocks of up to 4x4 tiles whose scales leave as one run
+ * per scale row (tile_block). The same
  * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
  * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
  * recoded here without divisions (bulk_rule, enc8): bit-identical to the CPU reference. Not the
  * other recipes, FP32 input or ragged tiles: quant.cu runs those. */
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h> /* CUtensorMap, the driver's tensor-map encoder type (no libcuda link) */
+#include <cudaTypedefs.h> /* CUtensorMap */
 #include <stdint.h>
 #include <string.h>
 
+#include "core/tensor_map.cuh"
 #include "kernels/cuda/quant_common.cuh"
 
 namespace dwq {
@@ -331,19 +332,19 @@ __device__ __forceinline__ Unit unit_of(uint32_t u, const Params &p) {
 enum { ST_REG = 1, ST_BULK = 2, ST_V16 = 3, ST_TMA = 4, ST_TMA_OWN = 5 };
 /* ST_TMA and ST_TMA_OWN: tensor stores, from the tile's ring buffer or from a staging buffer of
  * the CTA's own (the ring buffer then goes back to the producer as soon as the tile is read) */
-constexpr bool tensor_stores(int st) { return st == ST_TMA || st == ST_TMA_OWN; }
+__host__ __device__ constexpr bool tensor_stores(int st) { return st == ST_TMA || st == ST_TMA_OWN; }
 /* staged code rows: ST_BULK, ST_V16: row r of a block at r * 128 + 32 (r / 8) (8-row groups
  * shifted by 32 bytes, so that both the row-wise and the transposed 8-byte stores of a warp hit
  * each bank twice, the least for 256 bytes); ST_TMA: dense rows (a tensor store's box; the
  * transposed stores then hit each bank 8 times, the row-wise ones 4 times); the transposed block
  * follows the row-wise one */
-template <int ST> constexpr int out_block() { return tensor_stores(ST) ? TILE * 128 : TILE * 128 + 32 * (TILE / 8); }
-template <int ST> __device__ __forceinline__ uint32_t out_off(uint32_t r) {
-    return tensor_stores(ST) ? r * 128u : r * 128u + 32u * (r >> 3);
+__host__ __device__ constexpr int out_block(int st) { return tensor_stores(st) ? TILE * 128 : TILE * 128 + 32 * (TILE / 8); }
+__device__ __forceinline__ uint32_t out_off(int st, uint32_t r) {
+    return tensor_stores(st) ? r * 128u : r * 128u + 32u * (r >> 3);
 }
 /* a ring buffer: the tile (32768 bytes), staged in place 33792 (ST_BULK, ST_V16) */
-template <int ST> constexpr size_t stage_bytes_of() {
-    return ST == ST_REG || ST == ST_TMA_OWN ? (size_t)BK_TILE : 2 * (size_t)out_block<ST>();
+__host__ __device__ constexpr size_t stage_bytes_of(int st) {
+    return st == ST_REG || st == ST_TMA_OWN ? (size_t)BK_TILE : 2 * (size_t)out_block(st);
 }
 /* Defaults of the transposing kernel, from the H200 medians in bench/RESULTS.md (session 9,
  * 2026-11-23): MX codes leave by tensor stores from a staging buffer of the CTA's own, a 2-deep
@@ -467,7 +468,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     /* row-wise codes: row k, 8 bytes at column c0 + 8 tc (none for the transposed copy only: the
      * condition is the same for the whole grid, so the shuffles below stay converged) */
     uint8_t *const ob = p.o.codes + (r0 + 8 * tr) * p.o.row_bytes + c0 + 8 * tc;
-    unsigned char *const sob = stg + out_off<ST>(8 * tr) + 8 * tc;
+    unsigned char *const sob = stg + out_off(ST, 8 * tr) + 8 * tc;
 #pragma unroll
     for (int k = 0; k < 8 && p.o.codes; k++) {
         const Rule q = shfl_rule<R>(qr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
@@ -480,7 +481,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
     uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
-    unsigned char *const stb = stg + out_block<ST>() + out_off<ST>(8 * tc) + 8 * tr;
+    unsigned char *const stb = stg + out_block(ST) + out_off(ST, 8 * tc) + 8 * tr;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const Rule q = shfl_rule<R>(qc[j & 1], (lane & 7) | ((j >> 1) << 3));
@@ -502,8 +503,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
  * consumer thread tid takes row tid % 128 of the row-wise (tid < 128) or transposed block:
  * ST_BULK: one lane of each warp copies its warp's 32 rows (128 codes each) in one bulk group;
  * ST_TMA: the same 32 rows in one tensor store (maps m.o, m.t); ST_V16: chunks tid + 256 i (i < 8)
- * of the 2048 16-byte chunks of both blocks. Then, scs not
- * NULL (the tile's own scale staging), the row's scales (4 bytes) and, MX with a swizzled copy,
+ * of the 2048 16-byte chunks of both blocks. Then, scs not NULL (the tile's own scale staging), the row's scales (4 bytes) and, MX with a swizzled copy,
  * threads 0-31 / 128-159 one 16-byte piece of the tile's 512-byte run in cuBLAS's 128x4 layout. */
 template <int R, int ST>
 __device__ __forceinline__ void flush_tile(const Params &p, const TileMaps &m, int64_t r0, int64_t c0,
@@ -524,16 +524,16 @@ __device__ __forceinline__ void flush_tile(const Params &p, const TileMaps &m, i
         if (elect_one() && (wside || p.o.codes)) {
             uint8_t *const wcodes = wside ? p.t.codes : p.o.codes;
             const int64_t wrb = wside ? c0 : r0, wcb = wside ? r0 : c0, wrow = wside ? p.t.row_bytes : p.o.row_bytes;
-            const unsigned char *src = stg + (wside ? out_block<ST>() : 0);
+            const unsigned char *src = stg + (wside ? out_block(ST) : 0);
 #pragma unroll 4
-            for (uint32_t i = u0; i < u0 + 32; i++) bulk_s2g(wcodes + (wrb + i) * wrow + wcb, src + out_off<ST>(i), 128);
+            for (uint32_t i = u0; i < u0 + 32; i++) bulk_s2g(wcodes + (wrb + i) * wrow + wcb, src + out_off(ST, i), 128);
             bulk_commit();
         }
         __syncwarp();
     } else if constexpr (tensor_stores(ST)) { /* warp w's 32 rows, one box of 32 x 128 bytes */
         const int w = warp_uniform(), u0 = 32 * (w & 3);
         if (elect_one() && (w >= 4 || p.o.codes)) {
-            if (w >= 4) tma_store_2d(&m.t, (int)r0, (int)c0 + u0, stg + out_block<ST>() + u0 * 128);
+            if (w >= 4) tma_store_2d(&m.t, (int)r0, (int)c0 + u0, stg + out_block(ST) + u0 * 128);
             else tma_store_2d(&m.o, (int)c0, (int)r0 + u0, stg + u0 * 128);
             bulk_commit();
         }
@@ -543,7 +543,7 @@ __device__ __forceinline__ void flush_tile(const Params &p, const TileMaps &m, i
         for (int i = 0; i < 8; i++) { /* chunk 256 (i % 4) + tid of block i / 4: row chunk / 8, bytes 16 (chunk % 8) */
             if (i < 4 && !p.o.codes) continue; /* the transposed copy only */
             const uint32_t c = (uint32_t)(256 * (i & 3) + tid), row = c >> 3, ch = c & 7u;
-            const uint4 v = *reinterpret_cast<const uint4 *>(stg + (i >> 2) * out_block<ST>() + out_off<ST>(row) + 16 * ch);
+            const uint4 v = *reinterpret_cast<const uint4 *>(stg + (i >> 2) * out_block(ST) + out_off(ST, row) + 16 * ch);
             uint8_t *dst = i < 4 ? p.o.codes + (r0 + row) * p.o.row_bytes + c0 : p.t.codes + (c0 + row) * p.t.row_bytes + r0;
             __stcs(reinterpret_cast<uint4 *>(dst + 16 * ch), v);
         }
@@ -575,13 +575,13 @@ template <int R>
 __device__ __forceinline__ void flush_scales(const Params &p, const uint32_t *gs, const Unit &un, int tid) {
     constexpr uint32_t sb = Traits<R>::kind == K_MX ? 1 : 4; /* bytes per scale */
     const uint32_t g = (uint32_t)p.tblock, nr = p.o.codes ? un.gh * TILE : 0, nt = un.gw * TILE;
+    const uint64_t keep = l2_keep_policy();
     for (uint32_t i = (uint32_t)tid; i < nr + nt; i += BK_CONS) {
         const bool side = i >= nr;
         const uint32_t row = side ? i - nr : i, n = side ? un.gh : un.gw;
         const uint32_t *src = gs + (side ? unit_scale_words(g) : 0) + row * g;
         uint8_t *const dst = side ? static_cast<uint8_t *>(p.t.scales) + (un.c0 + row) * p.t.scols * sb + (un.r0 >> 7) * 4
                                   : static_cast<uint8_t *>(p.o.scales) + (un.r0 + row) * p.o.scols * sb + (un.c0 >> 7) * 4;
-        const uint64_t keep = l2_keep_policy();
         if (n == 4 && ((uintptr_t)dst & 15u) == 0) st_keep(dst, *reinterpret_cast<const uint4 *>(src), keep);
         else if (n == 2 && ((uintptr_t)dst & 7u) == 0) st_keep(dst, *reinterpret_cast<const uint2 *>(src), keep);
         else
@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
                                                                       const uint16_t *__restrict__ x, Params p,
                                                                       int64_t nunits, int stages) {
     constexpr bool staged = ST != ST_REG;
-    constexpr uint32_t stage_bytes = (uint32_t)stage_bytes_of<ST>();
+    constexpr uint32_t stage_bytes = (uint32_t)stage_bytes_of(ST);
     extern __shared__ __align__(128) unsigned char smem[];
     /* stages buffers from the first 128-byte boundary (tensor copies need it), then 2 x stages mbarriers */
     unsigned char *const ring = smem + ((128u - (smem_addr(smem) & 127u)) & 127u);
@@ -822,42 +822,20 @@ dw_status launch_ring(dw_ctx *ctx, ring_kernel k, const RingShape &sh, dw_recipe
     return DW_OK;
 }
 
-/* A 2-D tensor map over [rows, cols] elements (row stride `stride` bytes, 16-byte aligned
- * address and stride) in box_r x box_c boxes without swizzle. False where the driver offers no
- * encoder or refuses the map. */
-bool make_map_2d(CUtensorMap *m, CUtensorMapDataType type, const void *base, int64_t rows, int64_t cols,
-                 int64_t stride, uint32_t box_r, uint32_t box_c) {
-    static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> enc{nullptr};
-    PFN_cuTensorMapEncodeTiled_v12000 fn = enc.load(std::memory_order_relaxed);
-    if (!fn) {
-        void *q = nullptr;
-        cudaDriverEntryPointQueryResult res;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &q, 12000, cudaEnableDefault, &res) !=
-                cudaSuccess ||
-            res != cudaDriverEntryPointSuccess || !q)
-            return false;
-        fn = (PFN_cuTensorMapEncodeTiled_v12000)q;
-        enc.store(fn, std::memory_order_relaxed);
-    }
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)stride};
-    const cuuint32_t box[2] = {box_c, box_r}, es[2] = {1, 1};
-    return fn(m, type, 2, const_cast<void *>(base), dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-           CUDA_SUCCESS;
-}
-
 /* The producer's one-copy tile loads: x [rows, cols] (BF16) in 128x128 boxes (else it copies
  * row by row). */
 bool make_x_map(CUtensorMap *m, const uint16_t *x, int64_t rows, int64_t cols) {
-    return make_map_2d(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, x, rows, cols, cols * 2, TILE, TILE);
+    return dw_make_map_2d(m, x, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, rows, cols, cols, TILE, TILE, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 /* ST_TMA's stores: the 8-bit codes of x [rows, cols] and x^T [cols, rows] in 32-row boxes of 128
  * bytes (a warp's share of a staged tile); o's map only where the row-wise copy is written. */
 bool make_code_maps(TileMaps *m, const Params &p) {
-    if (p.o.codes && !make_map_2d(&m->o, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.o.codes, p.rows, p.cols, p.o.row_bytes, 32, 128))
+    if (p.o.codes && !dw_make_map_2d(&m->o, p.o.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.rows, p.cols, p.o.row_bytes,
+                                     128, 32, CU_TENSOR_MAP_SWIZZLE_NONE))
         return false;
-    return make_map_2d(&m->t, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.t.codes, p.cols, p.rows, p.t.row_bytes, 32, 128);
+    return dw_make_map_2d(&m->t, p.t.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p.cols, p.rows, p.t.row_bytes, 128, 32,
+                          CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 /* Whether the staged stores can write p's outputs: 16-byte aligned codes (and swizzled copies),
@@ -896,11 +874,8 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
              quant_bulk_kernel<R, ST_TMA>, quant_bulk_kernel<R, ST_TMA_OWN>},
             {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>,
              quant_bulk_kernel<R, ST_TMA, 3>, quant_bulk_kernel<R, ST_TMA_OWN, 3>}};
-        static const size_t stage_bytes_by_store[5] = {stage_bytes_of<ST_REG>(), stage_bytes_of<ST_BULK>(),
-                                                       stage_bytes_of<ST_V16>(), stage_bytes_of<ST_TMA>(),
-                                                       stage_bytes_of<ST_TMA_OWN>()};
         const ring_kernel k = ks[three][store - 1];
-        const size_t stage_bytes = stage_bytes_by_store[store - 1];
+        const size_t stage_bytes = stage_bytes_of(store);
         /* tile blocks: the runs need 4-byte aligned scales; the swizzled copies are written per tile */
         const bool blocks_ok = !p.o.swz && !p.t.swz && (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
         /* the largest block whose busiest CTA takes the fewest tiles (a block whose staging does not
@@ -913,7 +888,7 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
             RingShape c;
             DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], stages, stage_bytes,
                               128 + (g > 1 ? 2 * sizeof(uint32_t) * unit_scale_words((uint32_t)g) : 0) +
-                                  (store == ST_TMA_OWN ? 128 + 2 * (size_t)out_block<ST_TMA_OWN>() : 0),
+                                  (store == ST_TMA_OWN ? 128 + 2 * (size_t)out_block(ST_TMA_OWN) : 0),
                               t.ctas_per_sm,
                               t.max_ctas, &c));
             const int64_t load = c.grid > 0 ? (tile_units(tr, tc, g) + c.grid - 1) / c.grid * g * g : INT64_MAX;

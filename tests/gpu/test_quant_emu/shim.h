@@ -136,6 +136,7 @@ static inline size_t emu_bulk_pending(void) {
  * no swizzle: the box lies in shared memory as dense rows */
 #define __grid_constant__
 enum CUtensorMapDataType { CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0, CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1 };
+enum CUtensorMapSwizzle { CU_TENSOR_MAP_SWIZZLE_NONE = 0 };
 struct alignas(64) CUtensorMap { unsigned char *base; int64_t rows, cols, stride; int esize, box_r, box_c; char pad[84]; };
 static inline bool emu_make_map_2d(CUtensorMap *m, CUtensorMapDataType type, const void *base, int64_t rows, int64_t cols,
                                    int64_t stride, uint32_t box_r, uint32_t box_c) {

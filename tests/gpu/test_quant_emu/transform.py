@@ -27,6 +27,13 @@ c = open(os.path.join(src, 'quant_common.cuh')).read()
 c = replace_body(c, 'cvt_e4m3x2', 'return emu_e4m3x2(lo, hi);')
 c = replace_body(c, 'cvt_e5m2x2', 'return emu_e5m2x2(lo, hi);')
 open(os.path.join(out, 'inc/kernels/cuda/quant_common.cuh'), 'w').write(c)
+# core/tensor_map.cuh needs the driver's types: its one function over shim.h's maps instead
+os.makedirs(os.path.join(out, 'inc/core'), exist_ok=True)
+open(os.path.join(out, 'inc/core/tensor_map.cuh'), 'w').write(
+    'inline bool dw_make_map_2d(CUtensorMap *m, const void *base, CUtensorMapDataType t, int esize, int64_t rows,\n'
+    '                           int64_t cols, int64_t ld, uint32_t box_c, uint32_t box_r, CUtensorMapSwizzle sw) {\n'
+    '    return sw == CU_TENSOR_MAP_SWIZZLE_NONE && emu_make_map_2d(m, t, base, rows, cols, ld * esize, box_r, box_c);\n'
+    '}\n')
 b = open(os.path.join(src, 'quant_bulk.cu')).read()
 for name, body in [('mbar_init', 'emu_mbar_init(b, count);'), ('mbar_arrive', 'emu_mbar_arrive(b);'),
                    ('mbar_arrive_tx', 'emu_mbar_arrive_tx(b, bytes);'), ('mbar_wait', 'emu_mbar_wait(b, parity);'),
@@ -36,8 +43,7 @@ for name, body in [('mbar_init', 'emu_mbar_init(b, count);'), ('mbar_arrive', 'e
                    ('fence_proxy_async', ''), ('elect_one', 'return dw_emu_lane() == 0;'),
                    ('tma_load_2d', 'emu_tma_load_2d(dst, map, c0, r0, b);'),
                    ('tma_store_2d', 'emu_tma_store_2d(map, c0, r0, src);'),
-                   ('l2_keep_policy', 'return 0;'),
-                   ('make_map_2d', 'return emu_make_map_2d(m, type, base, rows, cols, stride, box_r, box_c);')]:
+                   ('l2_keep_policy', 'return 0;')]:
     b = replace_body(b, name, body)
 # st_keep's overloads (b32, v2, v4): plain stores of v
 n = b.count('void st_keep(')
