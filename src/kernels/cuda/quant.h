@@ -42,9 +42,10 @@ typedef struct {
  *   kernel       1: never the bulk-copy kernels (the older kernels instead, for A/B); 2: the
  *                default (kept for scripts that name it)
  *   stages       buffers in the shared-memory ring, 2..6: bulk 32 KiB (33 KiB transposed with
- *                staged in place; default 3 row-wise; transposed 2 with t_store 1 or 5, fp8_block
- *                with 4, or 3 CTAs per SM; 4 for MX with t_store 3 or 4, else 3), cp.async one tile (default 2 for BF16, 3 for
- *                FP32); a ring that does not fit is DW_ERR_UNSUPPORTED
+ *                staged in place; default 3 row-wise; transposed 2 with t_store 1 or 5 (the
+ *                default), fp8_block with 4, or 3 CTAs per SM; 4 for MX with t_store 3 or 4,
+ *                else 3), cp.async one tile (default 2 for BF16, 3 for FP32); a ring that does
+ *                not fit is DW_ERR_UNSUPPORTED (t_store 5 with tile blocks of 2 or 4: 6 do not)
  *   ctas_per_sm  at most this many CTAs per SM (default: bulk 2, cp.async as many as fit); 3 or
  *                more takes the bulk transposing kernel built for 3 (72 registers)
  *   max_ctas     at most this many CTAs in all (tests use it to make each CTA loop over many tiles)
@@ -53,9 +54,9 @@ typedef struct {
  *                shared memory as whole rows. Bulk kernel, both copies' codes and scales: 1 from
  *                registers (8-byte stores, scales one at a time), 2 staged in shared memory and
  *                written by bulk copies (one 128-byte row each), 3 staged and written by 16-byte
- *                stores, 4 staged over the tile's ring buffer and written by tensor stores
- *                (default for fp8_block), 5 the same from a staging buffer of the CTA's own
- *                (default for MX, with tile_block 1); 2..5 need 16-byte aligned outputs (else
+ *                stores, 4 staged over the tile's ring buffer and written by tensor stores, 5
+ *                (default) the same from a staging buffer of the CTA's own (with tile_block 1
+ *                by default); 2..5 need 16-byte aligned outputs (else
  *                1), 4 and 5 a tensor map of the codes (else 3)
  *   load         bulk transposing kernel, how a tile arrives: 1 as 128 row copies, 2 (default) as
  *                one tensor-map copy (row copies where the driver cannot make the map)

@@ -4,11 +4,12 @@
  * or 128 row copies, completing on an mbarrier), while 8 consumer warps each take an 8x8 piece per
  * thread into registers and compute row-wise and transposed codes and scales, which leave from
  * registers or staged in shared memory and out as whole rows, by tensor stores by default
- * (dw_quant_tuning.t_store); a CTA takes blocks of up to 4x4 tiles whose scales leave as one run
- * per scale row (tile_block). The same
+ * (dw_quant_tuning.t_store) from a staging buffer of the CTA's own; a CTA may take blocks of up to
+ * 4x4 tiles whose scales leave as one run per scale row (tile_block). The same
  * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
  * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
- * recoded here without divisions (bulk_rule, enc8): bit-identical to the CPU reference. Not the
+ * recoded here without divisions (bulk_rule, enc8: fp8_block's quotient in two FP32 operations,
+ * formats/rules.h, exact on BF16 data): bit-identical to the CPU reference. Not the
  * other recipes, FP32 input or ragged tiles: quant.cu runs those. */
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h> /* CUtensorMap */
@@ -187,16 +188,22 @@ __device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages, 
  * into the values so that the common case costs one comparison (block_q's Q, recoded):
  *   MX         a = 2^-e > 0: codes of x a; a = +0: a zero block (codes +0); a = NaN: a non-finite
  *              block (codes NaN);
- *   fp8_block  b > 0: x / a through the reciprocal b (quot_q's mode 3); otherwise b < 0: x a
- *              (mode 1, a power of two), b = 0: x / a by division (mode 2, tiny a), a = b = NaN:
- *              a non-finite block (codes NaN). */
+ *   fp8_block  a not NaN: codes of RN(x a + RN(x b)) — quot_q's mode 3 as a = RD(1/s), b >= 0
+ *              the rest (dw_rule_recip_split; dw_rule_quot_split gives the codes of x / s on BF16
+ *              data), mode 1 as a = 2^-k, b = 0; a = NaN: x / b by division (mode 2, tiny b), or
+ *              b = NaN too: a non-finite block (codes NaN). */
 struct Rule {
     float a, b;
 };
 template <int R> __device__ __forceinline__ Rule rule_of(const Q &q) {
     const float nan = __uint_as_float(0x7FFFFFFFu);
     if constexpr (Traits<R>::kind == K_MX) return Rule{q.mode == 1 ? q.f : q.konst ? nan : 0.0f, 0.0f};
-    else return q.mode == 3 ? Rule{q.f, q.r} : q.mode == 1 ? Rule{q.f, -1.0f} : q.mode == 2 ? Rule{q.f, 0.0f} : Rule{nan, nan};
+    if (q.mode == 3) {
+        Rule o;
+        dw_rule_recip_split(q.f, &o.a, &o.b);
+        return o;
+    }
+    return q.mode == 1 ? Rule{q.f, 0.0f} : q.mode == 2 ? Rule{nan, q.f} : Rule{nan, nan};
 }
 template <int R> __device__ __forceinline__ Rule shfl_rule(const Rule &q, int src) {
     Rule o;
@@ -208,73 +215,51 @@ template <int R> __device__ __forceinline__ Rule shfl_rule(const Rule &q, int sr
 
 /* The rule (and scale: *s32 FP32, *s8 a 1-byte code) of a block with amax bits `amax`: block_q's,
  * recoded. fp8_block without pow2 and with a finite amax takes s = RN(amax / 448) without the
- * IEEE division: t = RN(amax r) with r = RN(1/448), then Markstein's correction t + (amax - 448 t) r
- * (equal to the division for every finite BF16 amax: checked exhaustively, all 32640), the rule
- * then as quot_q's. */
+ * IEEE division (dw_rule_fp8_scale_bf16, BF16 amax only). */
 template <int R> __device__ __forceinline__ Rule bulk_rule(uint32_t amax, const Params &p, float *s32, uint32_t *s8) {
     if constexpr (Traits<R>::kind == K_BLOCK) {
         if (!p.pow2 && !dw_rule_nonfinite(amax)) {
-            constexpr float r448 = 0x1.24924ap-9f; /* RN(1/448) */
-            const float a = __uint_as_float(amax), t = __fmul_rn(a, r448);
-            float sc = __fmaf_rn(__fmaf_rn(-448.0f, t, a), r448, t);
+            float sc = dw_rule_fp8_scale_bf16(amax);
             if (sc == 0.0f) sc = 1.0f; /* amax = 0 (no BF16 amax > 0 gives 0) */
             *s32 = sc;
-            const Q q = quot_q(sc);
-            return q.mode == 3 ? Rule{q.f, q.r} : q.mode == 1 ? Rule{q.f, -1.0f} : Rule{q.f, 0.0f};
+            return rule_of<R>(quot_q(sc));
         }
     }
     return rule_of<R>(block_q<R>(amax, 0.0f, p, s32, s8));
 }
 
-/* x / s of |x| (quot_q's mode 3, r = RN(1/s)): div_q3 without its sign, which the caller puts
- * into the codes (the quotient of |x| is >= +0, and E4M3 is sign-magnitude) */
-__device__ __forceinline__ float div_abs(float x, float s, float r) {
-    const float a = fabsf(x), t = a * r;
-    return fmaf(-fmaf(s, t, -a), r, t);
-}
-/* bit 7 of each byte: the signs of the 4 BF16 in lo, hi (element 0 = lo's low half), in order */
-__device__ __forceinline__ uint32_t signs4(uint32_t lo, uint32_t hi) { return __byte_perm(lo, hi, 0x7531); }
-
-/* enc8's rare fp8_block cases, out of line: x / a by IEEE division (a tiny divisor), or NaN codes
- * (a non-finite block, a = NaN). Inlined, the division's code and slow-path calls would be
+/* enc8's rare fp8_block cases, out of line: x / b by IEEE division (a tiny divisor), or NaN codes
+ * (a non-finite block, b = NaN). Inlined, the division's code and slow-path calls would be
  * repeated in each of a tile's 16 encodes (and the kernel's code would outgrow the instruction
  * cache). */
 template <int FMT>
-__device__ __noinline__ uint2 enc8_div(float a, float v0, float v1, float v2, float v3, float v4, float v5, float v6,
+__device__ __noinline__ uint2 enc8_div(float b, float v0, float v1, float v2, float v3, float v4, float v5, float v6,
                                        float v7) {
-    if (a != a) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
-    const float t[8] = {__fdiv_rn(v0, a), __fdiv_rn(v1, a), __fdiv_rn(v2, a), __fdiv_rn(v3, a),
-                        __fdiv_rn(v4, a), __fdiv_rn(v5, a), __fdiv_rn(v6, a), __fdiv_rn(v7, a)};
+    if (b != b) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
+    const float t[8] = {__fdiv_rn(v0, b), __fdiv_rn(v1, b), __fdiv_rn(v2, b), __fdiv_rn(v3, b),
+                        __fdiv_rn(v4, b), __fdiv_rn(v5, b), __fdiv_rn(v6, b), __fdiv_rn(v7, b)};
     return make_uint2(enc_x2<FMT>(t[0], t[1]) | enc_x2<FMT>(t[2], t[3]) << 16,
                       enc_x2<FMT>(t[4], t[5]) | enc_x2<FMT>(t[6], t[7]) << 16);
 }
 
-/* 8 codes of v[0..7] under q, as 2 words: the same codes as encode_n under block_q's Q. sg: the
- * elements' signs, bit 7 of each byte (other bits ignored; fp8_block's common path). */
-template <int R> __device__ __forceinline__ uint2 enc8(const Rule &q, const float v[8], uint2 sg) {
+/* 8 codes of the BF16 values v[0..7] under q, as 2 words: the same codes as encode_n under
+ * block_q's Q. */
+template <int R> __device__ __forceinline__ uint2 enc8(const Rule &q, const float v[8]) {
     constexpr int fmt = Traits<R>::fmt;
-    uint32_t w[2];
+    float t[8];
     if constexpr (Traits<R>::kind == K_MX) {
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            w[j] = enc_x2<fmt>(v[4 * j] * q.a, v[4 * j + 1] * q.a) | enc_x2<fmt>(v[4 * j + 2] * q.a, v[4 * j + 3] * q.a) << 16;
-        if (!(q.a > 0.0f)) w[0] = w[1] = q.a == q.a ? 0u : 0x7F7F7F7Fu;
+        for (int i = 0; i < 8; i++) t[i] = v[i] * q.a;
     } else {
-        float t[8];
-        if (q.b > 0.0f) {
+        if (q.a != q.a) return enc8_div<fmt>(q.b, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
 #pragma unroll
-            for (int i = 0; i < 8; i++) t[i] = div_abs(v[i], q.a, q.b);
-            const uint32_t c0 = enc_x2<fmt>(t[0], t[1]) | enc_x2<fmt>(t[2], t[3]) << 16,
-                           c1 = enc_x2<fmt>(t[4], t[5]) | enc_x2<fmt>(t[6], t[7]) << 16;
-            return make_uint2(c0 | (sg.x & 0x80808080u), c1 | (sg.y & 0x80808080u));
-        }
-        if (!(q.b < 0.0f)) return enc8_div<fmt>(q.a, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-#pragma unroll
-        for (int i = 0; i < 8; i++) t[i] = v[i] * q.a; /* a power of two */
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            w[j] = enc_x2<fmt>(t[4 * j], t[4 * j + 1]) | enc_x2<fmt>(t[4 * j + 2], t[4 * j + 3]) << 16;
+        for (int i = 0; i < 8; i++) t[i] = dw_rule_quot_split(v[i], q.a, q.b);
     }
+    uint32_t w[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) w[j] = enc_x2<fmt>(t[4 * j], t[4 * j + 1]) | enc_x2<fmt>(t[4 * j + 2], t[4 * j + 3]) << 16;
+    if constexpr (Traits<R>::kind == K_MX)
+        if (!(q.a > 0.0f)) w[0] = w[1] = q.a == q.a ? 0u : 0x7F7F7F7Fu;
     return make_uint2(w[0], w[1]);
 }
 
@@ -346,12 +331,13 @@ __device__ __forceinline__ uint32_t out_off(int st, uint32_t r) {
 __host__ __device__ constexpr size_t stage_bytes_of(int st) {
     return st == ST_REG || st == ST_TMA_OWN ? (size_t)BK_TILE : 2 * (size_t)out_block(st);
 }
-/* Defaults of the transposing kernel, from the H200 medians in bench/RESULTS.md (session 9,
- * 2026-11-23): MX codes leave by tensor stores from a staging buffer of the CTA's own, a 2-deep
- * ring, one tile at a time (2 CTAs per SM: 0.82 of copy; 16-byte stores from a 4-deep ring 0.80),
- * fp8_block's by tensor stores over the tile's ring buffer, 2-deep, blocks of 4x4 tiles (2 CTAs
- * per SM: 0.77; from registers 0.75); tiles row by row (bands changed nothing measurable). */
-template <int R> constexpr int bulk_store_default() { return Traits<R>::kind == K_MX ? ST_TMA_OWN : ST_TMA; }
+/* Defaults of the transposing kernel, from the H200 medians in bench/RESULTS.md (session 10,
+ * 2026-11-23; bench/quant_sweep.py): codes leave by tensor stores from a staging buffer of the
+ * CTA's own, a 2-deep ring, one tile at a time, 2 CTAs per SM (mxfp8 0.82 of copy, fp8_block
+ * 0.82 since its two-operation quotient; over the tile's ring buffer 0.77 / 3 stages 0.78,
+ * 16-byte stores 0.77, tile blocks of 2 or 4 0.78 / 0.67); tiles row by row (bands changed
+ * nothing measurable). */
+constexpr int BULK_STORE_DEFAULT = ST_TMA_OWN;
 template <int R> constexpr int bulk_stages_default(int store, bool three) {
     constexpr bool mx = Traits<R>::kind == K_MX;
     return store == ST_REG || store == ST_TMA_OWN || three || (store == ST_TMA && !mx) ? 2
@@ -475,9 +461,8 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = elem(w[k], j);
-        const uint2 sg = make_uint2(signs4(w[k].x, w[k].y), signs4(w[k].z, w[k].w));
-        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = enc8<R>(q, v, sg);
-        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v, sg));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = enc8<R>(q, v);
+        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v));
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
     uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
@@ -488,14 +473,8 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = elem(w[k], j);
-        /* signs of column j: pairs of rows' sign bytes of columns j & ~1, j | 1, then this column's */
-        uint32_t pr[4];
-#pragma unroll
-        for (int m = 0; m < 4; m++) pr[m] = signs4(word(w[2 * m], j >> 1), word(w[2 * m + 1], j >> 1));
-        const uint32_t sel = (j & 1) ? 0x7531u : 0x6420u;
-        const uint2 sg = make_uint2(__byte_perm(pr[0], pr[1], sel), __byte_perm(pr[2], pr[3], sel));
-        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = enc8<R>(q, v, sg);
-        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v, sg));
+        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = enc8<R>(q, v);
+        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v));
     }
 }
 
@@ -779,8 +758,7 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
             float v[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) v[j] = elem(w[i], j);
-            const uint2 sg = make_uint2(signs4(w[i].x, w[i].y), signs4(w[i].z, w[i].w));
-            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v, sg));
+            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v));
         }
     }
 }
@@ -863,7 +841,7 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
         p.tma_in = t.load != 1 && make_x_map(&maps.x, x, p.rows, p.cols);
         p.group = t.group ? t.group : BULK_GROUP_DEFAULT;
         const int64_t tr = p.rows / TILE, tc = p.tiles_c;
-        int store = t.store ? t.store : bulk_store_default<R>();
+        int store = t.store ? t.store : BULK_STORE_DEFAULT;
         if (store != ST_REG && !staged_ok(p)) store = ST_REG;
         if (tensor_stores(store) && !make_code_maps(&maps, p)) store = ST_V16; /* no tensor stores: 16-byte stores */
         /* 3 or more CTAs per SM asked for: the kernels built for 3 (72 registers; 2 stages fit) */
