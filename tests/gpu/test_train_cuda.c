@@ -11,14 +11,17 @@
  * Tolerances.
  *   (a) per step |loss_gpu - loss_cpu| <= 3e-2 * loss_cpu: BF16 activations and GEMM operands
  *       (2^-9 relative per rounding, loss ~6e-5 relative after one step in test_engine_cuda) and
- *       the divergence of two trajectories that differ by rounding, through 50 AdamW steps.
- *   (b) mean loss of the last 20 of N steps within 2% of BF16's (the issue's criterion), and not
- *       identical to BF16's (the quantised path ran). nvfp4: reported, and only required to train
- *       (last-20 mean below 60% of the first step's loss).
+ *       the divergence of two trajectories that differ by rounding, through 50 AdamW steps at a
+ *       peak learning rate where that divergence stays small (LR_FOLLOW).
+ *   (b) mean loss of the last 20 of N steps within 2% of BF16's (the issue's criterion) on
+ *       average over 5 seeds, paired (each seed's relative difference; one seed's is a draw from a
+ *       spread, see the test), and not identical to BF16's (the quantised path ran). nvfp4:
+ *       reported, and only required to train (last-20 mean below 60% of the first step's loss).
  *   (c) GPU -> GPU: every resumed loss within 1e-5 relative of the straight run (the same kernels;
  *       the step right after resume runs eagerly, later ones replay a CUDA graph). GPU -> CPU and
  *       CPU -> GPU: within (a)'s 3e-2 of the straight run on the other device.
- *   (d) mean loss of the last 20 of N steps within 2% between the two attention paths. */
+ *   (d) mean loss of the last 20 of N steps within 2% between the two attention paths, on
+ *       average over (b)'s paired seeds. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -62,7 +65,17 @@ static int teardown(void **state) {
     return 0;
 }
 
-static dw_train_opts opts(const char *out, int64_t steps, int64_t B, int64_t T, trace *t) {
+/* Peak learning rates. The per-step comparisons, (a) and (c), run at 1e-3: at 2e-3 the loss of
+ * gpt2-tiny on the built-in data falls through a chaotic stretch after the warmup, where the CPU
+ * engine against itself with the learning rate changed by 1e-4 (relative) differs by up to 5% in
+ * one step (seed 1735, step 18) and 7% in a 5-step mean (seed 12011): no two roundings follow
+ * each other there, whatever the engine. At 1e-3 the same perturbation moves single steps by at
+ * most 3e-4 and GPU BF16 follows the CPU within 3e-3 per step (steps 1-25) and 2e-2 per 5-step
+ * mean (26-50), 12 seeds (bench/RESULTS.md, session 10). The 500-step comparisons keep 2e-3. */
+#define LR_FOLLOW 1e-3
+#define LR_TRAIN 2e-3
+
+static dw_train_opts opts(const char *out, int64_t steps, int64_t B, int64_t T, double lr, trace *t) {
     dw_train_opts o;
     dw_train_opts_default(&o);
     o.model = "gpt2-tiny";
@@ -71,7 +84,7 @@ static dw_train_opts opts(const char *out, int64_t steps, int64_t B, int64_t T, 
     o.steps = steps;
     o.batch = o.global_batch = B;
     o.seq = T;
-    o.lr = 2e-3;
+    o.lr = lr;
     o.min_lr = 2e-4;
     o.warmup = 10;
     o.eval_every = 0;
@@ -120,9 +133,9 @@ static void test_bf16_follows_cpu(void **state) {
     dw_cuda_attention_use("mma"); /* the deterministic two-term kernels: the engine against the CPU */
     char *dir = dw_test_tmpdir(), *oc = sub(dir, "cpu"), *og = sub(dir, "gpu");
     static trace tc, tg;
-    dw_train_opts o = opts(oc, 50, 4, 64, &tc);
+    dw_train_opts o = opts(oc, 50, 4, 64, LR_FOLLOW, &tc);
     run(g_cpu, &o, "(a) cpu fp32, 50 steps");
-    o = opts(og, 50, 4, 64, &tg);
+    o = opts(og, 50, 4, 64, LR_FOLLOW, &tg);
     run(g_gpu, &o, "(a) gpu bf16, 50 steps");
     /* BF16 rounding makes the two runs drift apart, and once the loss falls fast (lr at its
      * peak) single steps can differ by more than the drift (one seed: 11% at step 44, yet 3% at
@@ -147,46 +160,71 @@ static void test_bf16_follows_cpu(void **state) {
     free(oc), free(og), free(dir);
 }
 
-/* (b) quantised recipes against BF16 on the GPU. */
+/* (b) quantised recipes against BF16 on the GPU, paired runs on B_SEEDS seeds (weights and data
+ * order): the loss after N steps of one seed is one draw from a spread — BF16 against itself with
+ * the learning rate changed by 1e-4 (relative) ends up to 0.9% apart over 10 seeds, and mxfp8 on
+ * one seed of 10 (19843) 4.5% behind BF16 while the others are within 1.2% (bench/RESULTS.md,
+ * session 10) — so the criterion is on the mean over the seeds of each seed's relative
+ * difference, and every seed's is printed. */
+#define B_SEEDS 5
 static void test_quantised_vs_bf16(void **state) {
     (void)state;
     dw_cuda_attention_use("auto"); /* the default path (cuDNN where it runs) for all four */
     const int64_t N = 500, B = 8, T = 64; /* 512 tokens: every GEMM of gpt2-tiny eligible for fp8_block */
     char *dir = dw_test_tmpdir();
-    static trace tb, tq;
-    char *ob = sub(dir, "bf16");
-    dw_train_opts o = opts(ob, N, B, T, &tb);
-    run(g_gpu, &o, "(b) gpu bf16");
-    double ref = tail_mean(&tb, N, 20);
-    fprintf(stderr, "(b) bf16: loss %.4f -> last-20 mean %.4f after %lld steps\n", tb.loss[1], ref, (long long)N);
+    static trace tb[B_SEEDS], tq;
+    double ref[B_SEEDS];
+    for (int k = 0; k < B_SEEDS; k++) {
+        char name[32], what[64];
+        snprintf(name, sizeof name, "bf16-%d", k);
+        snprintf(what, sizeof what, "(b) gpu bf16, seed %llu", (unsigned long long)(g_seed + k));
+        char *ob = sub(dir, name);
+        dw_train_opts o = opts(ob, N, B, T, LR_TRAIN, &tb[k]);
+        o.seed = g_seed + k;
+        run(g_gpu, &o, what);
+        ref[k] = tail_mean(&tb[k], N, 20);
+        fprintf(stderr, "(b) bf16 seed %llu: loss %.4f -> last-20 mean %.4f after %lld steps\n",
+                (unsigned long long)o.seed, tb[k].loss[1], ref[k], (long long)N);
+        free(ob);
+    }
     const char *recipes[] = {"fp8_block", "mxfp8", "nvfp4"};
     for (int r = 0; r < 3; r++) {
         dw_policy *p = NULL;
         assert_int_equal(dw_policy_from_precision(g_gpu, recipes[r], false, &p), DW_OK);
-        char *oq = sub(dir, recipes[r]);
-        o = opts(oq, N, B, T, &tq);
-        o.policy = p;
-        char what[64];
-        snprintf(what, sizeof what, "(b) gpu %s", recipes[r]);
-        run(g_gpu, &o, what);
-        double q = tail_mean(&tq, N, 20), rel = fabs(q - ref) / ref;
-        int differ = 0;
-        for (int64_t s = 1; s <= N; s++) differ += tq.loss[s] != tb.loss[s];
-        fprintf(stderr, "(b) %s: loss %.4f -> last-20 mean %.4f, %+.2f%% vs bf16; %d of %lld step losses differ from bf16\n",
-                recipes[r], tq.loss[1], q, 100.0 * (q - ref) / ref, differ, (long long)N);
-        assert_true(differ > N / 2); /* the quantised path ran */
-        if (r < 2) assert_true(rel <= 0.02);
-        else assert_true(q < 0.6 * tq.loss[1]);
+        double mean = 0.0;
+        for (int k = 0; k < B_SEEDS; k++) {
+            char name[64], what[64];
+            snprintf(name, sizeof name, "%s-%d", recipes[r], k);
+            snprintf(what, sizeof what, "(b) gpu %s, seed %llu", recipes[r], (unsigned long long)(g_seed + k));
+            char *oq = sub(dir, name);
+            dw_train_opts o = opts(oq, N, B, T, LR_TRAIN, &tq);
+            o.seed = g_seed + k;
+            o.policy = p;
+            run(g_gpu, &o, what);
+            const double q = tail_mean(&tq, N, 20), d = (q - ref[k]) / ref[k];
+            mean += d / B_SEEDS;
+            int differ = 0;
+            for (int64_t s = 1; s <= N; s++) differ += tq.loss[s] != tb[k].loss[s];
+            fprintf(stderr, "(b) %s seed %llu: loss %.4f -> last-20 mean %.4f, %+.2f%% vs bf16; %d of %lld step losses "
+                    "differ from bf16\n", recipes[r], (unsigned long long)o.seed, tq.loss[1], q, 100.0 * d, differ,
+                    (long long)N);
+            assert_true(differ > N / 2); /* the quantised path ran */
+            if (r == 2) assert_true(q < 0.6 * tq.loss[1]);
+            free(oq);
+        }
+        fprintf(stderr, "(b) %s: mean over %d seeds %+.2f%% vs bf16\n", recipes[r], B_SEEDS, 100.0 * mean);
+        if (r < 2) assert_true(fabs(mean) <= 0.02);
         dw_policy_free(p);
-        free(oq);
     }
-    free(ob), free(dir);
+    free(dir);
 }
 
 /* (d) the attention path does not change what BF16 training learns: cuDNN's fused attention
  * (P and dS in one BF16 term, as torch SDPA; the default) against the two-term mma kernels over N
- * steps, by issue 7's criterion for recipes: the mean loss of the last 20 steps within 2%. (Per-step
- * trajectories of two roundings drift apart; test (a) holds the engine itself to the CPU.) */
+ * steps, by (b)'s criterion: the mean loss of the last 20 steps within 2%, on average over
+ * B_SEEDS paired seeds (one seed measured +1.9%, where BF16 against itself with the learning rate
+ * changed by 1e-4 spreads by up to 0.9%). (Per-step trajectories of two roundings drift apart;
+ * test (a) holds the engine itself to the CPU.) */
 static void test_attention_paths(void **state) {
     (void)state;
     const int64_t N = 500, B = 8, T = 64;
@@ -194,24 +232,31 @@ static void test_attention_paths(void **state) {
     static trace tm, tc;
     const char *paths[2] = {"mma", "cudnn"};
     trace *tr[2] = {&tm, &tc};
-    for (int k = 0; k < 2; k++) {
-        dw_cuda_attention_use(paths[k]);
-        char *o_dir = sub(dir, paths[k]);
-        dw_train_opts o = opts(o_dir, N, B, T, tr[k]);
-        char what[64];
-        snprintf(what, sizeof what, "(d) gpu bf16, attention %s", paths[k]);
-        run(g_gpu, &o, what);
-        free(o_dir);
+    double mean = 0.0;
+    for (int k = 0; k < B_SEEDS; k++) {
+        for (int a = 0; a < 2; a++) {
+            dw_cuda_attention_use(paths[a]);
+            char name[32], what[64];
+            snprintf(name, sizeof name, "%s-%d", paths[a], k);
+            snprintf(what, sizeof what, "(d) gpu bf16, attention %s, seed %llu", paths[a], (unsigned long long)(g_seed + k));
+            char *o_dir = sub(dir, name);
+            dw_train_opts o = opts(o_dir, N, B, T, LR_TRAIN, tr[a]);
+            o.seed = g_seed + k;
+            run(g_gpu, &o, what);
+            free(o_dir);
+        }
+        const double m = tail_mean(&tm, N, 20), c = tail_mean(&tc, N, 20);
+        mean += (c - m) / m / B_SEEDS;
+        int differ = 0;
+        for (int64_t s = 1; s <= N; s++) differ += tc.loss[s] != tm.loss[s];
+        fprintf(stderr, "(d) seed %llu: bf16 last-20 mean: mma %.4f, cudnn %.4f (%+.2f%%); %d of %lld step losses differ\n",
+                (unsigned long long)(g_seed + k), m, c, 100.0 * (c - m) / m, differ, (long long)N);
+        assert_true(tc.loss[N] < 0.6 * tc.loss[1]); /* it trained */
+        assert_true(differ > N / 2);                /* cuDNN ran (else the two runs are identical) */
     }
     dw_cuda_attention_use(NULL);
-    double m = tail_mean(&tm, N, 20), c = tail_mean(&tc, N, 20), rel = fabs(c - m) / m;
-    int differ = 0;
-    for (int64_t s = 1; s <= N; s++) differ += tc.loss[s] != tm.loss[s];
-    fprintf(stderr, "(d) bf16 last-20 mean: mma %.4f, cudnn %.4f (%+.2f%%); %d of %lld step losses differ\n", m, c,
-            100.0 * (c - m) / m, differ, (long long)N);
-    assert_true(tc.loss[N] < 0.6 * tc.loss[1]); /* it trained */
-    assert_true(differ > N / 2);                /* cuDNN ran (else the two runs are identical) */
-    assert_true(rel <= 0.02);
+    fprintf(stderr, "(d) cudnn vs mma: mean over %d seeds %+.2f%%\n", B_SEEDS, 100.0 * mean);
+    assert_true(fabs(mean) <= 0.02);
     free(dir);
 }
 
@@ -224,7 +269,7 @@ static void test_deterministic(void **state) {
     static trace t[2];
     for (int k = 0; k < 2; k++) {
         char *o_dir = sub(dir, k ? "b" : "a");
-        dw_train_opts o = opts(o_dir, 30, 4, 64, &t[k]);
+        dw_train_opts o = opts(o_dir, 30, 4, 64, LR_TRAIN, &t[k]);
         o.deterministic = true;
         run(g_gpu, &o, k ? "(e) gpu bf16 deterministic, again" : "(e) gpu bf16 deterministic");
         free(o_dir);
@@ -282,11 +327,11 @@ static void test_resume_across_devices(void **state) {
     static trace tg, tc, t1, t2, t3;
     dw_policy *p = NULL;
     assert_int_equal(dw_policy_from_precision(g_gpu, "bf16", false, &p), DW_OK);
-    dw_train_opts o = opts(og, S, B, T, &tg);
+    dw_train_opts o = opts(og, S, B, T, LR_FOLLOW, &tg);
     o.ckpt_every = H;
     o.policy = p;
     run(g_gpu, &o, "(c) gpu straight, checkpoint at 15");
-    o = opts(oc, S, B, T, &tc);
+    o = opts(oc, S, B, T, LR_FOLLOW, &tc);
     o.ckpt_every = H;
     run(g_cpu, &o, "(c) cpu straight, checkpoint at 15");
     char *ck = sub(og, "ckpt-15"), *ckc = sub(oc, "ckpt-15"), *st = sub(ck, "state.json");
@@ -295,7 +340,7 @@ static void test_resume_across_devices(void **state) {
     assert_true(file_has(st, "\"precision\": \"bf16\""));
     assert_true(file_has(st, "\"policy\": {"));
     /* GPU -> GPU */
-    o = opts(r1, S, B, T, &t1);
+    o = opts(r1, S, B, T, LR_FOLLOW, &t1);
     o.resume = ck;
     o.policy = p;
     o.profile = true; /* after the last step: does not change the trace */
@@ -304,13 +349,13 @@ static void test_resume_across_devices(void **state) {
     int64_t at = 0;
     double d1 = max_rel(&t1, &tg, H + 1, S, &at);
     /* GPU -> CPU */
-    o = opts(r2, S, B, T, &t2);
+    o = opts(r2, S, B, T, LR_FOLLOW, &t2);
     o.resume = ck;
     run(g_cpu, &o, "(c) gpu ckpt -> cpu");
     int64_t at2 = 0;
     double d2 = max_rel(&t2, &tc, H + 1, S, &at2);
     /* CPU -> GPU */
-    o = opts(r3, S, B, T, &t3);
+    o = opts(r3, S, B, T, LR_FOLLOW, &t3);
     o.resume = ckc;
     o.policy = p;
     run(g_gpu, &o, "(c) cpu ckpt -> gpu");
