@@ -9,7 +9,7 @@
 //                 the host), at 1..8 CTAs per SM — what `deepwell quantize` with the column-wise
 //                 copy writes, less the scales and the arithmetic per element.
 //   ring move     quant move2's stores fed through a producer warp's ring of bulk row copies.
-// Tells how much of the quantiser's ~0.78 of copy bandwidth (issue 3) the data movement costs.
+// Tells how much of the quantiser's ~0.82 of copy bandwidth (issue 3) the data movement costs.
 // Build: part of every CUDA build (target tile_move_bench), or alone:
 //        nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o tile_move_bench bench/tile_move_bench.cu
 // Run:   ./tile_move_bench [R C]   (default 8192 8192); prints us, GB/s (bytes read + written), ratio
@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "../src/core/async_copy.cuh" /* mbarriers, bulk copies: the quantiser's own */
 
 #define CK(x)                                                                                      \
     do {                                                                                           \
@@ -143,32 +145,6 @@ __global__ void __launch_bounds__(THREADS, MINB) tile_quant_move2(const uint16_t
 // tile as 128 bulk row copies completing on an mbarrier; a buffer goes back to the producer as soon
 // as every consumer warp has its piece in registers), the transposed bytes staged in shared memory
 // of their own: the transposing quantiser's ring, with quant move2's stores.
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mb_init(uint64_t *b, uint32_t n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void mb_expect(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mb_wait(uint64_t *b, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(saddr(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void copy_row(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     saddr(dst)),
-                 "l"(src), "r"(bytes), "r"(saddr(b))
-                 : "memory");
-}
 constexpr int RING_TILE = 128 * 256, RING_STAGE_T = 128 * (128 + 16);
 template <int MINB>
 __global__ void __launch_bounds__(THREADS + 32, MINB) ring_quant_move(const uint16_t *x, uint8_t *q, uint8_t *qt, int R, int C,
@@ -177,8 +153,8 @@ __global__ void __launch_bounds__(THREADS + 32, MINB) ring_quant_move(const uint
     uint8_t(*st)[128 + 16] = reinterpret_cast<uint8_t(*)[128 + 16]>(sm + (size_t)S * RING_TILE);
     uint64_t *full = reinterpret_cast<uint64_t *>(sm + (size_t)S * RING_TILE + RING_STAGE_T), *empty = full + S;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < S; i++) mb_init(&full[i], 1), mb_init(&empty[i], THREADS / 32);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int i = 0; i < S; i++) mbar_init(&full[i], 1), mbar_init(&empty[i], THREADS / 32);
+        mbar_init_fence();
     }
     __syncthreads();
     const int tiles_c = C / 128, tiles = (R / 128) * tiles_c, lane = threadIdx.x & 31;
@@ -186,12 +162,12 @@ __global__ void __launch_bounds__(THREADS + 32, MINB) ring_quant_move(const uint
         int s = 0, n = 0;
         uint32_t ph = 0;
         for (int t = blockIdx.x; t < tiles; t += gridDim.x, n++) {
-            if (n >= S) mb_wait(&empty[s], ph ^ 1u);
-            if (lane == 0) mb_expect(&full[s], RING_TILE);
+            if (n >= S) mbar_wait(&empty[s], ph ^ 1u);
+            if (lane == 0) mbar_expect_tx(&full[s], RING_TILE);
             __syncwarp();
             const int r0 = t / tiles_c * 128, c0 = t % tiles_c * 128;
             for (int rr = lane; rr < 128; rr += 32)
-                copy_row(sm + (size_t)s * RING_TILE + rr * 256, x + (size_t)(r0 + rr) * C + c0, 256, &full[s]);
+                bulk_g2s(sm + (size_t)s * RING_TILE + rr * 256, x + (size_t)(r0 + rr) * C + c0, 256, &full[s]);
             if (++s == S) s = 0, ph ^= 1u;
         }
         return;
@@ -201,12 +177,12 @@ __global__ void __launch_bounds__(THREADS + 32, MINB) ring_quant_move(const uint
     uint32_t ph = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         const int r0 = t / tiles_c * 128, c0 = t % tiles_c * 128;
-        mb_wait(&full[s], ph);
+        mbar_wait(&full[s], ph);
         uint4 v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = *reinterpret_cast<const uint4 *>(sm + (size_t)s * RING_TILE + (8 * pr + j) * 256 + 16 * pc);
         __syncwarp();
-        if (lane == 0) mb_arrive(&empty[s]);
+        if (lane == 0) mbar_arrive(&empty[s]);
         if (++s == S) s = 0, ph ^= 1u;
         move_tile(v, q, qt, st, R, C, r0, c0, pr, pc, threadIdx.x, [] { asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory"); });
     }

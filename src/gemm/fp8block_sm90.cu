@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(FbCfg<NC, SBCOL, CL, PIPE, BN>::THREADS, 1)
             mbar_init(&full[s], 1);            // the TMA thread
             mbar_init(&empty[s], 4 * NC * CL); // one arrival per consumer warp of the cluster
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     if constexpr (CL > 1) cluster_sync();
     else __syncthreads();

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Cfg<NWG>::THREADS, 1)
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], C::THREADS);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
 

@@ -1,6 +1,7 @@
 // sm90_common.cuh — private device helpers shared by Deepwell's own sm_90a GEMM kernels
-// (mxfp8_sm90.cu, fp8block_sm90.cu): mbarriers, TMA loads (maps: core/tensor_map.cuh), the wgmma descriptor and
-// the m64n128k32 FP8 wgmma, tile rasterisation, the scalar epilogue. CUDA C++; not a public header.
+// (mxfp8_sm90.cu, fp8block_sm90.cu): the wgmma descriptor and the m64n128k32 FP8 wgmma, cluster
+// multicast, tile rasterisation, the scalar epilogue; mbarriers and TMA loads are core/async_copy.cuh's
+// (maps: core/tensor_map.cuh). CUDA C++; not a public header.
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -8,6 +9,7 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
+#include "core/async_copy.cuh"
 #include "core/tensor_map.cuh"
 #include "gemm/gemm_cuda.h"
 
@@ -31,8 +33,6 @@ inline Epi make_epi(const dw_sm90_epi &x, int64_t m, int64_t n) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900
 #define DW_SM90_BODY 1
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 // 1024-byte aligned (128B swizzle) by an offset into the shared array, so that the compiler keeps
 // knowing these are shared-memory addresses (LDS; a round trip through uintptr_t makes generic loads)
 __device__ __forceinline__ uint8_t *smem_align_1024(uint8_t *raw) {
@@ -53,31 +53,6 @@ struct Ring {
         if (++slot == ST) slot = 0, phase ^= 1;
     }
 };
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-    asm volatile(
-        "{\n .reg .pred P1;\n WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-        " @P1 bra DONE_%=;\n bra WAIT_%=;\n DONE_%=:\n}" ::"r"(smem_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-            smem_u32(dst)),
-        "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-        : "memory");
-}
 
 // wgmma shared-memory descriptor: K-major tile, rows of 128 bytes, 128-byte swizzle, 8-row atoms
 // 1024 bytes apart.

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/async_copy.cuh"
 #include "core/tensor_map.cuh"
 #include "kernels/cuda/quant_common.cuh"
 
@@ -33,83 +34,9 @@ struct TileMaps {
     CUtensorMap x, o, t;
 };
 
-/* ---- mbarrier and bulk copy (PTX, sm_90) ------------------------------------------------ */
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
-}
-/* wait for the phase of parity `parity` to complete. IDLE, for a thread with nothing else to do
- * (the producer waiting for a free buffer): each try may suspend the thread until the phase
- * completes (up to the hint, 1 ms) instead of returning at once to be re-polled, which would take
- * issue slots from the consumer warps beside it. */
-template <bool IDLE = false> __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    uint32_t done;
-    do {
-        if constexpr (IDLE)
-            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-                         " selp.u32 %0, 1, 0, p;\n}"
-                         : "=r"(done)
-                         : "r"(smem_addr(b)), "r"(parity), "r"(1000000u)
-                         : "memory");
-        else
-            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                         " selp.u32 %0, 1, 0, p;\n}"
-                         : "=r"(done)
-                         : "r"(smem_addr(b)), "r"(parity)
-                         : "memory");
-    } while (!done);
-}
-/* bytes (multiple of 16) from global src to shared dst (both 16-byte aligned), counted on b */
-__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(b))
-                 : "memory");
-}
-/* true in one lane of the (converged) warp; the compiler then keeps warp-uniform bulk-copy
- * operands in uniform registers instead of looping over the lanes that issue copies */
-__device__ __forceinline__ bool elect_one() {
-    uint32_t pred = 0;
-    asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(pred));
-    return pred != 0;
-}
 /* the warp index, known to the compiler as warp-uniform (a broadcast from lane 0) */
 __device__ __forceinline__ int warp_uniform() { return __shfl_sync(0xFFFFFFFFu, (int)threadIdx.x >> 5, 0); }
-/* x's 128x128 box at column c0, row r0 (map: make_x_map) into shared dst (128-byte aligned, rows
- * of 256 bytes), counted on b */
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int c0, int r0, uint64_t *b) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(r0), "r"(smem_addr(b))
-                 : "memory");
-}
-/* shared src (128-byte aligned, the box's rows dense) to map's box at column c0, row r0, in this
- * thread's current bulk group (bulk_commit closes it; bulk_wait_read: src may be reused) */
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, int c0, int r0, const void *src) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(map), "r"(c0),
-                 "r"(r0), "r"(smem_addr(src))
-                 : "memory");
-}
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(BK_CONS) : "memory"); }
-/* bytes (multiple of 16) from shared src to global dst (both 16-byte aligned), in this thread's
- * current bulk group; commit closes the group; wait_read: this thread's groups have read their
- * shared source (it may be reused); wait_all: and written global memory. */
-__device__ __forceinline__ void bulk_s2g(void *dst, const void *src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
-                 "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-/* this thread's shared-memory writes, ordered before later bulk copies (async proxy) */
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 /* Stores under an L2 policy that keeps their lines resident (evict_last). For the scales: their
  * rows are written in 4- to 16-byte pieces by several CTAs; kept in L2 the pieces meet there as
@@ -178,7 +105,7 @@ __device__ __forceinline__ uint64_t *ring_init(unsigned char *smem, int stages, 
             mbar_init(&full[s], 1);
             mbar_init(&full[stages + s], BK_CONS / 32);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     return full;
@@ -577,7 +504,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
     constexpr uint32_t stage_bytes = (uint32_t)stage_bytes_of(ST);
     extern __shared__ __align__(128) unsigned char smem[];
     /* stages buffers from the first 128-byte boundary (tensor copies need it), then 2 x stages mbarriers */
-    unsigned char *const ring = smem + ((128u - (smem_addr(smem) & 127u)) & 127u);
+    unsigned char *const ring = smem + ((128u - (smem_u32(smem) & 127u)) & 127u);
     __shared__ __align__(16) uint32_t part_r[2][2][TILE / 2]; /* [tile parity][warp % 2][row pair] */
     __shared__ __align__(16) uint32_t part_c[2][4][TILE / 2]; /* [tile parity][warp / 2][column pair] */
     __shared__ __align__(16) uint32_t scs[staged ? 2 * TILE : 1]; /* staged scales (bulk_tile) */
@@ -599,11 +526,11 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
                     __syncwarp();
                 }
                 if (elect_one()) { /* one lane: the tile in one tensor copy, or 128 row copies */
-                    mbar_arrive_tx(&full[s], BK_TILE);
+                    mbar_expect_tx(&full[s], BK_TILE);
                     const int64_t r0 = un.r0 + (int64_t)ti * TILE, c0 = un.c0 + (int64_t)tj * TILE;
                     unsigned char *buf = ring + (size_t)s * stage_bytes;
                     if (p.tma_in) {
-                        tma_load_2d(buf, &m.x, (int)c0, (int)r0, &full[s]);
+                        tma_load_2d(buf, &m.x, &full[s], (int)c0, (int)r0);
                     } else {
                         const uint16_t *src = x + r0 * p.cols + c0;
 #pragma unroll 4
@@ -698,7 +625,7 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
             }
             const int64_t g0 = st * BK_STAGE_CHUNKS, left = nchunks - g0;
             const uint32_t bytes = (uint32_t)(left < BK_STAGE_CHUNKS ? left : BK_STAGE_CHUNKS) * 16u;
-            if (lane == 0) mbar_arrive_tx(&full[s], bytes);
+            if (lane == 0) mbar_expect_tx(&full[s], bytes);
             __syncwarp();
             const uint32_t q0 = (uint32_t)lane * (BK_TILE / 4);
             if (lane < 4 && q0 < bytes) {

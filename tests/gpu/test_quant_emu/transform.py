@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""transform.py SRC_DIR OUT_DIR — copies quant_common.cuh and quant_bulk.cu for the host emulator:
-the bodies of the inline-PTX helpers become calls of shim.h's stand-ins, the dynamic shared-memory
-declaration a pointer to the launch's buffer, and launches go through the emulator's preprocess.py."""
+"""transform.py SRC_DIR OUT_DIR — copies quant_common.cuh, quant_bulk.cu and ../../core/async_copy.cuh
+(SRC_DIR is src/kernels/cuda) for the host emulator: the bodies of the inline-PTX helpers become calls
+of shim.h's stand-ins, the dynamic shared-memory declaration a pointer to the launch's buffer, and
+launches go through the emulator's preprocess.py."""
 import os
 import subprocess
 import sys
@@ -34,15 +35,22 @@ open(os.path.join(out, 'inc/core/tensor_map.cuh'), 'w').write(
     '                           int64_t cols, int64_t ld, uint32_t box_c, uint32_t box_r, CUtensorMapSwizzle sw) {\n'
     '    return sw == CU_TENSOR_MAP_SWIZZLE_NONE && emu_make_map_2d(m, t, base, rows, cols, ld * esize, box_r, box_c);\n'
     '}\n')
+# core/async_copy.cuh's PTX primitives: their bodies become shim.h's stand-ins
+a = open(os.path.join(src, '../../core/async_copy.cuh')).read()
+for name, body in [('mbar_init', 'emu_mbar_init(bar, count);'), ('mbar_init_fence', ''),
+                   ('mbar_expect_tx', 'emu_mbar_arrive_tx(bar, bytes);'), ('mbar_arrive', 'emu_mbar_arrive(bar);'),
+                   ('mbar_wait', 'emu_mbar_wait(bar, parity);'), ('tma_load_2d', 'emu_tma_load_2d(dst, map, c0, c1, bar);'),
+                   ('bulk_g2s', 'emu_bulk(dst, src, bytes, bar);'), ('tma_store_2d', 'emu_tma_store_2d(map, c0, c1, src);'),
+                   ('bulk_s2g', 'emu_bulk_s2g(dst, src, bytes);'), ('bulk_commit', ''),
+                   ('bulk_wait_read', 'emu_bulk_wait();'), ('bulk_wait_all', 'emu_bulk_wait();'),
+                   ('fence_proxy_async', ''), ('elect_one', 'return dw_emu_lane() == 0;')]:
+    a = replace_body(a, name, body)
+a = a.replace('#include <cudaTypedefs.h>', '')  # shim.h has the tensor-map type
+if 'asm' in a:
+    raise SystemExit('inline asm left in core/async_copy.cuh: add its stand-in to transform.py and shim.h')
+open(os.path.join(out, 'inc/core/async_copy.cuh'), 'w').write(a)
 b = open(os.path.join(src, 'quant_bulk.cu')).read()
-for name, body in [('mbar_init', 'emu_mbar_init(b, count);'), ('mbar_arrive', 'emu_mbar_arrive(b);'),
-                   ('mbar_arrive_tx', 'emu_mbar_arrive_tx(b, bytes);'), ('mbar_wait', 'emu_mbar_wait(b, parity);'),
-                   ('bulk_g2s', 'emu_bulk(dst, src, bytes, b);'), ('consumers_sync', 'emu_named_bar(BK_CONS);'),
-                   ('vmax2', 'return emu_vmax2(a, b);'), ('bulk_s2g', 'emu_bulk_s2g(dst, src, bytes);'),
-                   ('bulk_commit', ''), ('bulk_wait_read', 'emu_bulk_wait();'), ('bulk_wait_all', 'emu_bulk_wait();'),
-                   ('fence_proxy_async', ''), ('elect_one', 'return dw_emu_lane() == 0;'),
-                   ('tma_load_2d', 'emu_tma_load_2d(dst, map, c0, r0, b);'),
-                   ('tma_store_2d', 'emu_tma_store_2d(map, c0, r0, src);'),
+for name, body in [('consumers_sync', 'emu_named_bar(BK_CONS);'), ('vmax2', 'return emu_vmax2(a, b);'),
                    ('l2_keep_policy', 'return 0;')]:
     b = replace_body(b, name, body)
 # st_keep's overloads (b32, v2, v4): plain stores of v
@@ -52,7 +60,6 @@ for _ in range(n):
     i = b.index('void st_keep(', i)
     b = b[:i] + replace_body(b[i:], 'st_keep', '(void)pol; memcpy(d, &v, sizeof v);')
     i += len('void st_keep(')
-b = b.replace('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', '')
 b = b.replace('#include <cudaTypedefs.h>', '')  # shim.h has the tensor-map type
 b = b.replace('extern __shared__ __align__(128) unsigned char smem[];',
               'unsigned char *smem = (unsigned char *)dw_emu_dyn_smem;')
