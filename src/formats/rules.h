@@ -85,9 +85,9 @@ DW_RULE float dw_rule_fp8_scale(uint32_t amax_bits, bool pow2) {
  *  - dw_rule_fp8_scale_bf16: RN(amax / 448) for a finite BF16 amax > 0 (an FP32 whose low 16
  *    bits are 0): t = RN(amax r), r = RN(1/448), corrected by Markstein's step
  *    RN(t + RN(amax - 448 t) r) — the division's result for all 32639 such amax.
- *  - dw_rule_recip_split, dw_rule_quot_split: x / s as RN(x hi + RN(x lo)) with hi = RD(1/s),
- *    lo = RN(RN(1 - s hi) hi) >= 0 (1 - s hi is exact in one FMA): two operations per element
- *    where a correctly rounded quotient takes three. Not always RN(x / s) in FP32, but for s =
+ *  - dw_rule_recip_split (from s and RN(1/s), which the caller has), dw_rule_quot_split: x / s
+ *    as RN(x hi + RN(x lo)) with hi = RD(1/s), lo = RN(RN(1 - s hi) hi) >= 0 (1 - s hi is exact
+ *    in one FMA): two operations per element where a correctly rounded quotient takes three. Not always RN(x / s) in FP32, but for s =
  *    RN(amax / 448) of a finite BF16 amax (s not a power of two, s >= 2^-60) and every BF16 x with
  *    |x| <= amax, its E4M3 code is the code of RN(x / s); lo >= 0 keeps the sign of x = -0 (with
  *    lo < 0, RN(-0 + +0) would be +0). A power-of-two s is hi = 1/s, lo = 0: x hi, exact as the
@@ -104,12 +104,7 @@ DW_RULE float dw_rule_fp8_scale_bf16(uint32_t amax_bits) {
     const float a = dw_rule_u2f(amax_bits), t = dw_rule_mul(a, r448);
     return fmaf(fmaf(-448.0f, t, a), r448, t);
 }
-DW_RULE void dw_rule_recip_split(float s, float *hi, float *lo) {
-#ifdef __CUDA_ARCH__
-    float r = __frcp_rn(s);
-#else
-    float r = 1.0f / s;
-#endif
+DW_RULE void dw_rule_recip_split(float s, float r, float *hi, float *lo) { /* r = RN(1/s) */
     float e = fmaf(-s, r, 1.0f);
     if (e < 0.0f) { /* RN(1/s) above 1/s: its predecessor, so that lo >= 0 */
         r = dw_rule_u2f(dw_rule_f2u(r) - 1u);

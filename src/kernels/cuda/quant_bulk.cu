@@ -127,7 +127,7 @@ template <int R> __device__ __forceinline__ Rule rule_of(const Q &q) {
     if constexpr (Traits<R>::kind == K_MX) return Rule{q.mode == 1 ? q.f : q.konst ? nan : 0.0f, 0.0f};
     if (q.mode == 3) {
         Rule o;
-        dw_rule_recip_split(q.f, &o.a, &o.b);
+        dw_rule_recip_split(q.f, q.r, &o.a, &o.b); /* q.r = RN(1/s) */
         return o;
     }
     return q.mode == 1 ? Rule{q.f, 0.0f} : q.mode == 2 ? Rule{nan, q.f} : Rule{nan, nan};
