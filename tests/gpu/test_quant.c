@@ -271,9 +271,8 @@ static void test_all_recipes_bit_identical(void **state) {
                  * {1152, 640} and {2304, 2560} leave partial units at the edges) */
                 c.tune.tile_block = (int[]){0, 1, 2, 4}[dw_test_next(&rng) % 4];
                 /* t_store 5 (0: the bulk kernel's default) keeps a 32 KiB staging beside the ring:
-                 * 6 stages leave no room for the scale staging of tile blocks of 2 or 4 */
-                if ((c.tune.t_store == 5 || c.tune.t_store == 0) && c.tune.tile_block > 1 && c.tune.stages > 5)
-                    c.tune.stages = 5;
+                 * 6 stages do not fit beside it and the kernel's static shared memory */
+                if ((c.tune.t_store == 5 || c.tune.t_store == 0) && c.tune.stages > 5) c.tune.stages = 5;
                 c.tune.kernel = (int)(dw_test_next(&rng) % 3);
                 /* transposed cases that allow it write x^T alone (a wgrad's x): all of variant 7,
                  * half of variant 5 (the other half keeps both copies) */

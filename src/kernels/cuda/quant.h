@@ -45,7 +45,7 @@ typedef struct {
  *                staged in place; default 3 row-wise; transposed 2 with t_store 1 or 5 (the
  *                default), fp8_block with 4, or 3 CTAs per SM; 4 for MX with t_store 3 or 4,
  *                else 3), cp.async one tile (default 2 for BF16, 3 for FP32); a ring that does
- *                not fit is DW_ERR_UNSUPPORTED (t_store 5 with tile blocks of 2 or 4: 6 do not)
+ *                not fit is DW_ERR_UNSUPPORTED (t_store 5, the default: at most 5)
  *   ctas_per_sm  at most this many CTAs per SM (default: bulk 2, cp.async as many as fit); 3 or
  *                more takes the bulk transposing kernel built for 3 (72 registers)
  *   max_ctas     at most this many CTAs in all (tests use it to make each CTA loop over many tiles)
