@@ -23,6 +23,17 @@
 extern "C" {
 #endif
 
+/* DW_API marks the published functions: the shared library exports these and nothing else (the
+ * build compiles everything else with hidden visibility; the static library keeps every symbol
+ * for the tests). */
+#if defined(_WIN32)
+#define DW_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define DW_API __attribute__((visibility("default")))
+#else
+#define DW_API
+#endif
+
 #define DW_VERSION_MAJOR 0
 #define DW_VERSION_MINOR 1
 #define DW_VERSION_PATCH 0
@@ -44,16 +55,16 @@ typedef enum {
 } dw_status;
 
 /* Static name of a status ("DW_ERR_IO"), never NULL. */
-const char *dw_status_name(dw_status s);
+DW_API const char *dw_status_name(dw_status s);
 
 typedef enum { DW_LOG_DEBUG = 0, DW_LOG_INFO, DW_LOG_WARN, DW_LOG_ERROR, DW_LOG_OFF } dw_log_level;
 
 /* The process-wide log level. Initialised from the environment variable
  * DW_LOG=debug|info|warn|error|off (default info) on first use. */
-dw_log_level dw_log_get_level(void);
-void dw_log_set_level(dw_log_level level);
+DW_API dw_log_level dw_log_get_level(void);
+DW_API void dw_log_set_level(dw_log_level level);
 /* Parse "debug" / "info" / ... ; returns false for an unknown name. */
-bool dw_log_parse_level(const char *name, dw_log_level *out);
+DW_API bool dw_log_parse_level(const char *name, dw_log_level *out);
 
 /* A context: the chosen device, its streams, lazily created library handles (cuBLASLt, ...),
  * and the last error message. One context per thread of use; not thread-safe. */
@@ -73,22 +84,32 @@ typedef struct {
 /* Creates a context. CUDA state (streams, handles) is created on first use, not here, except that
  * DW_DEVICE_CUDA checks that the device exists. *out is NULL on error; the message is then in
  * dw_errmsg(NULL) (a thread-local fallback). */
-dw_status dw_ctx_create(const dw_ctx_opts *opts, dw_ctx **out);
-void dw_ctx_free(dw_ctx *ctx);
+DW_API dw_status dw_ctx_create(const dw_ctx_opts *opts, dw_ctx **out);
+DW_API void dw_ctx_free(dw_ctx *ctx);
 /* The device the context resolved to (never DW_DEVICE_AUTO). */
-dw_device_kind dw_ctx_device(const dw_ctx *ctx);
-int dw_ctx_device_index(const dw_ctx *ctx);
+DW_API dw_device_kind dw_ctx_device(const dw_ctx *ctx);
+DW_API int dw_ctx_device_index(const dw_ctx *ctx);
 
 /* The last error's message for this context ("" when none). Valid until the next call on ctx.
  * With ctx == NULL: the thread's last message from a call that had no context. */
-const char *dw_errmsg(const dw_ctx *ctx);
+DW_API const char *dw_errmsg(const dw_ctx *ctx);
 
 /* True when this build contains CUDA code (compiled with nvcc for sm_90a and sm_100a). */
-bool dw_built_with_cuda(void);
+DW_API bool dw_built_with_cuda(void);
 /* "0.1.0 (cuda: sm_90a,sm_100a)" or "0.1.0 (cpu-only build)"; static storage. */
-const char *dw_version_string(void);
+DW_API const char *dw_version_string(void);
 
-void dw_free_string(char *s);
+DW_API void dw_free_string(char *s);
+
+/* Programmer errors (a violated precondition inside the library: a shape that inference should
+ * have refused, an index out of range) call the assert handler with the failed expression, the
+ * source file and line, and an optional message (may be NULL); the default prints them to stderr
+ * and calls abort(). A replacement may log, longjmp or abort itself; if it returns, abort() is
+ * called anyway, since execution cannot continue past a broken invariant. The library never
+ * calls exit(). Process-wide; set it before other threads use the library (not synchronised).
+ * Returns the previous handler; NULL restores the default. */
+typedef void (*dw_assert_handler)(const char *expr, const char *file, int line, const char *msg);
+DW_API dw_assert_handler dw_set_assert_handler(dw_assert_handler handler);
 
 /* ======================================================================================
  * Probe: the hardware (measured, loaded from JSON, or a datasheet preset)
@@ -99,24 +120,24 @@ typedef struct dw_hw dw_hw;
 /* Detects GPUs through the CUDA runtime (and NVLink state through NVML, loaded with dlopen when
  * present). No GPU or no driver is not an error: the result has zero GPUs and
  * dw_hw_notice(hw) says why. */
-dw_status dw_probe(dw_ctx *ctx, dw_hw **out);
+DW_API dw_status dw_probe(dw_ctx *ctx, dw_hw **out);
 /* A datasheet preset ("h100-sxm", "h200", "b200", "b100", "gb200-nvl72") for `nodes` nodes. */
-dw_status dw_hw_preset(dw_ctx *ctx, const char *name, int nodes, dw_hw **out);
+DW_API dw_status dw_hw_preset(dw_ctx *ctx, const char *name, int nodes, dw_hw **out);
 /* Loads a hardware JSON file in the schema `deepwell probe --json` writes. */
-dw_status dw_hw_load(dw_ctx *ctx, const char *path, dw_hw **out);
-void dw_hw_free(dw_hw *hw);
+DW_API dw_status dw_hw_load(dw_ctx *ctx, const char *path, dw_hw **out);
+DW_API void dw_hw_free(dw_hw *hw);
 
 /* Number of presets and the i-th preset's name and one-line description (static storage). */
-int dw_hw_preset_count(void);
-const char *dw_hw_preset_name(int i);
-const char *dw_hw_preset_description(int i);
+DW_API int dw_hw_preset_count(void);
+DW_API const char *dw_hw_preset_name(int i);
+DW_API const char *dw_hw_preset_description(int i);
 
-int dw_hw_gpu_count(const dw_hw *hw);
+DW_API int dw_hw_gpu_count(const dw_hw *hw);
 /* Why there are no GPUs ("no CUDA driver found", ...), or NULL. Valid while hw lives. */
-const char *dw_hw_notice(const dw_hw *hw);
+DW_API const char *dw_hw_notice(const dw_hw *hw);
 /* The JSON document (`deepwell probe --json` schema), indented when pretty. Caller frees with
  * dw_free_string. */
-dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char **out);
+DW_API dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char **out);
 
 /* ======================================================================================
  * Formats and quantisation (see shared/FORMATS.md)          [section: formats]
@@ -139,31 +160,31 @@ typedef struct dw_graph dw_graph;
  * "llama-1b", ...; see `deepwell capture --list-presets`). Shapes are for batch 1 and sequence
  * min(max_position_embeddings, 2048). Planning-only presets (llama-8b, mixtral-8x7b, ...) are
  * refused with DW_ERR_UNSUPPORTED. *out is NULL on error. */
-dw_status dw_capture_hf(dw_ctx *ctx, const char *model_dir_or_preset, dw_graph **out);
+DW_API dw_status dw_capture_hf(dw_ctx *ctx, const char *model_dir_or_preset, dw_graph **out);
 /* Same, for `batch` sequences of length `seq` (1 <= seq <= max_position_embeddings; 0: the
  * default above). */
-dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model_dir_or_preset, int64_t batch,
+DW_API dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model_dir_or_preset, int64_t batch,
                               int64_t seq, dw_graph **out);
-void dw_graph_free(dw_graph *g);
+DW_API void dw_graph_free(dw_graph *g);
 
 /* The graph as JSON (schema in docs/ir.md): top-level "params", "flops_per_token", "config",
  * "tensors", "nodes". Caller frees *out with dw_free_string. */
-dw_status dw_graph_to_json(dw_ctx *ctx, const dw_graph *g, bool pretty, char **out);
+DW_API dw_status dw_graph_to_json(dw_ctx *ctx, const dw_graph *g, bool pretty, char **out);
 /* Loads a graph written by dw_graph_to_json and verifies it (shape/dtype inference; errors name
  * the node). `what` names the source in messages (may be NULL). */
-dw_status dw_graph_from_json(dw_ctx *ctx, const char *text, size_t len, const char *what,
+DW_API dw_status dw_graph_from_json(dw_ctx *ctx, const char *text, size_t len, const char *what,
                              dw_graph **out);
 /* A readable listing: one line per node (name, op, inputs, output shape), then totals. Caller
  * frees *out with dw_free_string. */
-dw_status dw_graph_print(dw_ctx *ctx, const dw_graph *g, char **out);
+DW_API dw_status dw_graph_print(dw_ctx *ctx, const dw_graph *g, char **out);
 
 /* Trainable parameters, tied embeddings counted once. */
-int64_t dw_graph_params(const dw_graph *g);
+DW_API int64_t dw_graph_params(const dw_graph *g);
 /* Training FLOPs (forward + backward) per token at the graph's sequence length, causal attention
  * counted as computed (docs/ir.md). */
-double dw_graph_flops_per_token(const dw_graph *g);
-int dw_graph_node_count(const dw_graph *g);
-int64_t dw_graph_seq(const dw_graph *g);
+DW_API double dw_graph_flops_per_token(const dw_graph *g);
+DW_API int dw_graph_node_count(const dw_graph *g);
+DW_API int64_t dw_graph_seq(const dw_graph *g);
 
 /* ======================================================================================
  * Precision policy                                           [section: precision]
@@ -176,13 +197,13 @@ typedef struct dw_policy dw_policy;
 /* Loads a policy JSON file: {"default":"fp8_block","fallback":"safe",
  * "rules":[{"match":"*.self_attn.*","op":"linear","recipe":"bf16"}]}. Errors name the file and
  * the field (unknown recipe names list the known ones). */
-dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out);
+DW_API dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out);
 /* A policy with only a default recipe ("bf16", "fp8_block", "mxfp8", "nvfp4", ...). */
-dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallback_safe,
+DW_API dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallback_safe,
                                    dw_policy **out);
 /* The policy as JSON (the same schema); caller frees with dw_free_string. */
-dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out);
-void dw_policy_free(dw_policy *p);
+DW_API dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out);
+DW_API void dw_policy_free(dw_policy *p);
 
 /* ======================================================================================
  * GEMM layer and kernel registry                             [section: gemm]
@@ -245,13 +266,13 @@ typedef struct {
 
 /* Runs the GEMM on the context's device (stream-ordered on CUDA; returns before the GPU is done)
  * with the kernel the registry selects. DW_ERR_UNSUPPORTED names every rejected candidate. */
-dw_status dw_gemm(dw_ctx *ctx, const dw_gemm_args *args);
+DW_API dw_status dw_gemm(dw_ctx *ctx, const dw_gemm_args *args);
 
 /* The kernel that dw_gemm would run (static name, valid while registered), or an error. */
-dw_status dw_gemm_select(dw_ctx *ctx, const dw_gemm_args *args, const char **name);
+DW_API dw_status dw_gemm_select(dw_ctx *ctx, const dw_gemm_args *args, const char **name);
 /* A readable account of the selection: every registered kernel, eligible or not and why, and
  * the winner. Caller frees with dw_free_string. */
-dw_status dw_gemm_explain(dw_ctx *ctx, const dw_gemm_args *args, char **out);
+DW_API dw_status dw_gemm_explain(dw_ctx *ctx, const dw_gemm_args *args, char **out);
 
 /* ---- kernel registry ----------------------------------------------------------------------
  * Entries: op, recipes, device and arch range, a shape/alignment predicate, a priority and the
@@ -279,9 +300,9 @@ typedef struct {
 
 /* Adds (or, for an existing name, replaces) a kernel. DW_ERR_INVALID for a missing name or run,
  * DW_ERR_NOMEM when the table is full (256 entries). */
-dw_status dw_kernel_register(const dw_kernel_desc *k);
+DW_API dw_status dw_kernel_register(const dw_kernel_desc *k);
 /* Removes a kernel by name; false when none has that name. */
-bool dw_kernel_unregister(const char *name);
+DW_API bool dw_kernel_unregister(const char *name);
 
 /* Autotune cache (off by default; the environment variable DW_GEMM_AUTOTUNE=1 turns it on too).
  * When on, the first dw_gemm of a problem (device, m, n, k, recipes, layouts, output type,
@@ -290,7 +311,7 @@ bool dw_kernel_unregister(const char *name);
  * fastest for the process; dw_gemm_select and dw_gemm_explain report the remembered choice.
  * It picks by time only: on sm_90 the FP8-wgmma MXFP8 kernels (~1e-4 relative error) can then
  * replace the exact BF16 route (~1e-6) for small problems. */
-void dw_gemm_set_autotune(bool on);
+DW_API void dw_gemm_set_autotune(bool on);
 
 /* ======================================================================================
  * Compile: schedule, kernel binding, memory plan             [section: compile]
@@ -306,15 +327,15 @@ typedef struct dw_compiled dw_compiled;
  * reference GEMM: for parity with the CPU engine); else BF16 activations and each linear
  * node's recipe from the policy. A recipe the engine cannot run yet is recorded (see the
  * report), not an error here. *out is NULL on error. */
-dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_policy *policy,
+DW_API dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_policy *policy,
                      dw_compiled **out);
-void dw_compiled_free(dw_compiled *c);
+DW_API void dw_compiled_free(dw_compiled *c);
 /* Planned bytes of pool 0 weights, 1 grads, 2 optimizer, 3 activations, 4 workspace (0 for
  * other values). */
-int64_t dw_compiled_pool_bytes(const dw_compiled *c, int pool);
+DW_API int64_t dw_compiled_pool_bytes(const dw_compiled *c, int pool);
 /* The readable report: per node the recipe and why, the kernel and why; per pool the planned
  * bytes; the activation arena's peak. Caller frees with dw_free_string. */
-dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out);
+DW_API dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out);
 
 /* ======================================================================================
  * Autoplan and dryrun                                        [section: plan]
@@ -336,7 +357,7 @@ typedef struct {
  * returns the `deepwell plan --json` document (schema: docs/planner.md) with the `top_k` fastest
  * plans; "best" is null when nothing fits. Analytical: runs no kernel and needs no GPU.
  * *json_out is caller-owned (dw_free_string); NULL on error. */
-dw_status dw_autoplan_json(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
+DW_API dw_status dw_autoplan_json(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
                            int top_k, char **json_out);
 
 /* ======================================================================================
@@ -406,18 +427,18 @@ typedef struct {
  * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
  * sample every 0 (64 tokens at temperature 0.8), checkpoint at the end only, keep 3, seed 1337.
  * model, data, out_dir must still be set. */
-void dw_train_opts_default(dw_train_opts *opts);
+DW_API void dw_train_opts_default(dw_train_opts *opts);
 
 /* Trains on the context's device (CPU reference engine, or the CUDA engine with opts->policy).
  * Writes out_dir/metrics.jsonl (one JSON object per step) and checkpoints. Returns DW_OK when
  * all steps ran or after a stop request (then a checkpoint of the last finished step exists). */
-dw_status dw_train(dw_ctx *ctx, const dw_train_opts *opts);
+DW_API dw_status dw_train(dw_ctx *ctx, const dw_train_opts *opts);
 
 /* Asks a running dw_train to stop after the current step (it writes a checkpoint first).
  * Async-signal-safe: meant to be called from a SIGINT handler. */
-void dw_train_request_stop(void);
+DW_API void dw_train_request_stop(void);
 /* Whether a stop was requested (and not yet cleared by the start of the next dw_train). */
-bool dw_train_stop_requested(void);
+DW_API bool dw_train_stop_requested(void);
 
 
 #ifdef __cplusplus

@@ -23,9 +23,7 @@ dw_status dw_set_error(dw_ctx *ctx, dw_status status, const char *fmt, ...) DW_P
 dw_status dw_prefix_error(dw_ctx *ctx, dw_status status, const char *fmt, ...) DW_PRINTF(3, 4);
 void dw_clear_error(dw_ctx *ctx);
 
-/* Assertion failure hook: by default prints and abort()s. Tests may replace it. */
-typedef void (*dw_assert_handler)(const char *expr, const char *file, int line, const char *msg);
-dw_assert_handler dw_set_assert_handler(dw_assert_handler handler);
+/* Calls the assert handler (deepwell.h: dw_set_assert_handler), then abort(). */
 void dw_assert_fail(const char *expr, const char *file, int line, const char *msg);
 
 #define DW_ASSERT(cond)                                                                     \
