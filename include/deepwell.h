@@ -11,6 +11,13 @@
  *   - Strings returned as `char *` are owned by the caller (free with dw_free_string);
  *     `const char *` results are owned by the library and stay valid as the comment says.
  *   - Programmer errors (violated preconditions) abort through DW_ASSERT's hook, never exit().
+ *   - Options structs that may grow begin with `size_t size`: call dw_<x>_opts_init(&o, sizeof o)
+ *     (it sets size and every default), then change fields. The library reads only the first
+ *     `size` bytes, taking defaults for fields a caller built against an older header lacks.
+ *   - Threads: a dw_ctx and everything created from it (graphs, programs, engines) belong to one
+ *     thread at a time. Process-wide state (the kernel registry, the GEMM autotune cache, the log
+ *     level, the assert handler, the stop request) is written by the setters below, which are not
+ *     synchronised: call them before other threads use the library.
  */
 #ifndef DEEPWELL_H
 #define DEEPWELL_H
