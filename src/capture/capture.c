@@ -1,13 +1,17 @@
-/* capture.c — model config -> graph IR: GPT-2 (learned positions, LayerNorm, packed c_attn,
- * GELU MLP) and the Llama family (RoPE, RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP).
- * Parameter tensors carry the Hugging Face weight names; nodes the HF module names. */
+/* capture.c — model config -> graph IR, one block_<family> template per family of archs.def:
+ * GPT-2 (learned positions, LayerNorm, packed c_attn, GELU MLP) and the Llama family (RoPE,
+ * RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP). Parameter tensors carry the Hugging Face
+ * weight names and the reference initialisation; nodes the HF module names and their block. */
+#include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "capture/capture.h"
 #include "capture/model_config_impl.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "deepwell.h"
 
 typedef struct {
@@ -27,9 +31,21 @@ static int param(builder *b, int64_t d0, int64_t d1, const char *fmt, ...) {
     va_end(ap);
     int64_t shape[2] = {d0, d1};
     int t = dw_graph_add_tensor(b->g, name, DW_TENSOR_PARAM, DW_IR_F32, d1 ? 2 : 1, shape);
-    if (t < 0 && b->st == DW_OK) {
-        b->st = DW_ERR_NOMEM;
-        dw_set_error(b->ctx, DW_ERR_NOMEM, "capture: out of memory adding '%s'", name);
+    if (t < 0) {
+        if (b->st == DW_OK) b->st = dw_set_error(b->ctx, DW_ERR_NOMEM, "capture: out of memory adding '%s'", name);
+        return t;
+    }
+    /* as the Hugging Face reference initialises: matrices normal(0, initializer_range), GPT-2's
+     * residual projections (c_proj) scaled by 1/sqrt(2 n_layer); norm weights 1, biases 0 */
+    dw_ir_tensor *p = &b->g->tensors[t];
+    size_t len = strlen(name);
+    if (d1) {
+        p->init = DW_INIT_NORMAL;
+        p->init_std = b->c->init_std;
+        if (b->c->arch == DW_ARCH_GPT2 && len >= 13 && !strcmp(name + len - 13, "c_proj.weight"))
+            p->init_std /= sqrt(2.0 * (double)b->c->n_layers);
+    } else {
+        p->init = len >= 5 && !strcmp(name + len - 5, ".bias") ? DW_INIT_ZEROS : DW_INIT_ONES;
     }
     return t;
 }
@@ -63,7 +79,7 @@ static int norm(builder *b, const char *name, int x) {
     return node(b, DW_OP_LAYERNORM, name, x, w, bi, &a);
 }
 
-static void gpt2_block(builder *b, int i, int *x) {
+static void block_gpt2(builder *b, int i, int *x) {
     const dw_model_config *c = b->c;
     int64_t C = c->d_model;
     char p[64], nm[128];
@@ -82,7 +98,7 @@ static void gpt2_block(builder *b, int i, int *x) {
     *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
 }
 
-static void llama_block(builder *b, int i, int *x) {
+static void block_llama(builder *b, int i, int *x) {
     const dw_model_config *c = b->c;
     int64_t C = c->d_model, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
     char p[64], nm[128];
@@ -108,6 +124,33 @@ static void llama_block(builder *b, int i, int *x) {
 #undef NAME
 }
 
+/* Each architecture's block template (archs.def's family column). */
+typedef void (*block_fn)(builder *b, int i, int *x);
+static const block_fn blocks[DW_ARCH_COUNT] = {
+#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable) block_##fam,
+#include "capture/archs.def"
+#undef DW_ARCH
+};
+
+/* The graph's model facts: type, a readable summary, blocks, vocabulary, the config as text. */
+static dw_status model_facts(dw_ctx *ctx, const dw_model_config *c, dw_graph_model *m) {
+    memset(m, 0, sizeof *m);
+    snprintf(m->model_type, sizeof m->model_type, "%s", c->model_type);
+    snprintf(m->summary, sizeof m->summary,
+             "%lld layers, d_model %lld, %lld heads (%lld KV) x %lld, ffn %lld, vocab %lld%s",
+             (long long)c->n_layers, (long long)c->d_model, (long long)c->n_heads, (long long)c->n_kv_heads,
+             (long long)c->head_dim, (long long)c->d_ff, (long long)c->vocab_size,
+             c->tie_embeddings ? ", tied embeddings" : "");
+    m->n_blocks = c->n_layers;
+    m->vocab = c->vocab_size;
+    m->max_seq = c->max_seq;
+    m->tied_embeddings = c->tie_embeddings;
+    json_t *j = dw_model_config_to_json(c);
+    m->config_json = j ? dw_json_dump(j, true) : NULL;
+    json_decref(j);
+    return m->config_json ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "capture: out of memory");
+}
+
 dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch, int64_t seq,
                             dw_graph **out) {
     *out = NULL;
@@ -117,10 +160,13 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
                             "the planner sizes it, but capture, eval and training refuse it",
                             c->model_type, (double)dw_model_config_params(c) / 1e9,
                             c->n_experts ? " in mixture-of-experts layers" : "");
-    if (c->arch != DW_ARCH_GPT2 && c->arch != DW_ARCH_LLAMA && c->arch != DW_ARCH_MISTRAL &&
-        c->arch != DW_ARCH_QWEN2)
+    const dw_hf_arch *arch = dw_hf_arch_get(c->arch);
+    if (!arch || !arch->trains) {
+        char list[256];
+        dw_hf_arch_list(list, sizeof list);
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "model_type '%s' is not supported yet "
-                            "(supported: gpt2, llama, mistral, qwen2)", c->model_type);
+                            "(supported: %s)", c->model_type, list);
+    }
     if (c->n_experts)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "model '%s': mixture-of-experts layers are "
                             "not supported yet", c->model_type);
@@ -129,7 +175,10 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
         return dw_set_error(ctx, DW_ERR_INVALID, "capture: batch %lld, sequence %lld: need batch "
                             ">= 1 and 1 <= sequence <= %lld (max positions)", (long long)batch,
                             (long long)seq, (long long)c->max_seq);
-    dw_graph *g = dw_graph_new(c, batch, seq);
+    dw_graph_model m;
+    DW_TRY(model_facts(ctx, c, &m));
+    dw_graph *g = dw_graph_new(&m, batch, seq);
+    free(m.config_json);
     if (!g) return dw_set_error(ctx, DW_ERR_NOMEM, "capture: out of memory");
     builder b = {ctx, g, c, DW_OK};
     bool gpt2 = c->arch == DW_ARCH_GPT2;
@@ -145,9 +194,10 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
         x = node(&b, DW_OP_POSITION, "transformer.wpe", x, wpe, -1, NULL);
     }
     for (int i = 0; i < c->n_layers && b.st == DW_OK; i++) {
-        if (gpt2) gpt2_block(&b, i, &x);
-        else llama_block(&b, i, &x);
+        dw_graph_set_block(g, i);
+        blocks[c->arch](&b, i, &x);
     }
+    dw_graph_set_block(g, -1);
     x = norm(&b, gpt2 ? "transformer.ln_f" : "model.norm", x);
     int head = c->tie_embeddings ? wte : param(&b, c->vocab_size, c->d_model, "lm_head.weight");
     g->logits = node(&b, DW_OP_LINEAR, "lm_head", x, head, -1, NULL);

@@ -1,6 +1,6 @@
-/* model_config.c — Hugging Face config.json <-> dw_model_config for gpt2, llama, mistral and
- * qwen2, plus the closed-form parameter count. Presets live in model_presets.c; the graph built
- * from a config lives in capture.c. */
+/* model_config.c — Hugging Face config.json <-> dw_model_config, one parse_<family> and
+ * write_<family> pair per family of capture/archs.def, plus the closed-form parameter count.
+ * Presets live in model_presets.c; the graph built from a config lives in capture.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +11,6 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/log.h"
-
-static const char *const supported_types = "gpt2, llama, mistral, qwen2";
 
 /* Reads an integer field into an int64_t (required, or optional keeping *out's default). */
 static dw_status get_i64(dw_ctx *ctx, const json_t *j, const char *key, const char *what,
@@ -25,6 +23,7 @@ static dw_status get_i64(dw_ctx *ctx, const json_t *j, const char *key, const ch
 }
 
 static dw_status parse_gpt2(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    dw_model_preset_find("gpt2-tiny", c); /* the family's defaults; the shape is read below */
     DW_TRY(get_i64(ctx, j, "vocab_size", what, true, &c->vocab_size));
     DW_TRY(get_i64(ctx, j, "n_embd", what, true, &c->d_model));
     DW_TRY(get_i64(ctx, j, "n_layer", what, true, &c->n_layers));
@@ -76,6 +75,13 @@ static dw_status parse_rope_scaling(dw_ctx *ctx, const json_t *j, const char *wh
 }
 
 static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    const dw_arch arch = c->arch;
+    dw_model_preset_find(arch == DW_ARCH_QWEN2 ? "qwen2-tiny" : "llama-tiny", c); /* family defaults */
+    c->arch = arch;
+    snprintf(c->model_type, sizeof c->model_type, "%s", dw_hf_arch_get(arch)->model_type);
+    c->rope_theta = 10000.0;
+    c->tie_embeddings = false;
+    c->qkv_bias = false;
     DW_TRY(get_i64(ctx, j, "vocab_size", what, true, &c->vocab_size));
     DW_TRY(get_i64(ctx, j, "hidden_size", what, true, &c->d_model));
     DW_TRY(get_i64(ctx, j, "num_hidden_layers", what, true, &c->n_layers));
@@ -140,6 +146,19 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
     return DW_OK;
 }
 
+static void write_gpt2(json_t *j, const dw_model_config *c);
+static void write_llama(json_t *j, const dw_model_config *c);
+
+/* Each architecture's family functions (archs.def's family column). */
+static const struct {
+    dw_status (*parse)(dw_ctx *, const json_t *, const char *, dw_model_config *);
+    void (*write)(json_t *, const dw_model_config *);
+} families[DW_ARCH_COUNT] = {
+#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable) {parse_##fam, write_##fam},
+#include "capture/archs.def"
+#undef DW_ARCH
+};
+
 dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *what,
                                     dw_model_config *out) {
     memset(out, 0, sizeof *out);
@@ -147,24 +166,15 @@ dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *wh
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: expected a JSON object", what);
     const char *type = NULL;
     DW_TRY(dw_json_get_str(ctx, j, "model_type", what, &type));
-    dw_model_config c;
-    if (!strcmp(type, "gpt2")) {
-        dw_model_preset_find("gpt2-tiny", &c);
-        DW_TRY(parse_gpt2(ctx, j, what, &c));
-    } else if (!strcmp(type, "llama") || !strcmp(type, "mistral") || !strcmp(type, "qwen2")) {
-        dw_model_preset_find(!strcmp(type, "qwen2") ? "qwen2-tiny" : "llama-tiny", &c);
-        snprintf(c.model_type, sizeof c.model_type, "%s", type);
-        c.arch = !strcmp(type, "llama") ? DW_ARCH_LLAMA
-                 : !strcmp(type, "mistral") ? DW_ARCH_MISTRAL : DW_ARCH_QWEN2;
-        c.rope_theta = 10000.0;
-        c.tie_embeddings = false;
-        c.qkv_bias = false;
-        DW_TRY(parse_llama(ctx, j, what, &c));
-    } else {
+    const dw_hf_arch *a = dw_hf_arch_find(type);
+    if (!a || !a->reads_config) {
+        char list[256];
+        dw_hf_arch_list(list, sizeof list);
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
-                            "%s: model_type '%s' is not supported yet (supported: %s)", what, type,
-                            supported_types);
+                            "%s: model_type '%s' is not supported yet (supported: %s)", what, type, list);
     }
+    dw_model_config c = {.arch = a->id};
+    DW_TRY(families[a->id].parse(ctx, j, what, &c));
     c.planning_only = false;
     DW_TRY(dw_model_config_check(ctx, &c, what));
     *out = c;
@@ -200,44 +210,31 @@ static void set_str(json_t *j, const char *k, const char *v) {
     json_object_set_new(j, k, json_string(v));
 }
 
-static const char *architecture(dw_arch a) {
-    static const char *const names[DW_ARCH_COUNT] = {
-        "GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-        "MixtralForCausalLM", "DeepseekV3ForCausalLM"};
-    return names[a];
+static void write_gpt2(json_t *j, const dw_model_config *c) {
+    set_int(j, "n_embd", c->d_model);
+    set_int(j, "n_layer", c->n_layers);
+    set_int(j, "n_head", c->n_heads);
+    set_int(j, "n_inner", c->d_ff);
+    set_int(j, "n_positions", c->max_seq);
+    set_int(j, "n_ctx", c->max_seq);
+    set_num(j, "layer_norm_epsilon", c->norm_eps);
+    set_str(j, "activation_function", "gelu_new");
 }
 
-json_t *dw_model_config_to_json(const dw_model_config *c) {
-    json_t *j = json_object();
-    json_t *arch = json_array();
-    json_array_append_new(arch, json_string(architecture(c->arch)));
-    json_object_set_new(j, "architectures", arch);
-    set_str(j, "model_type", c->model_type);
-    set_int(j, "vocab_size", c->vocab_size);
-    if (c->arch == DW_ARCH_GPT2) {
-        set_int(j, "n_embd", c->d_model);
-        set_int(j, "n_layer", c->n_layers);
-        set_int(j, "n_head", c->n_heads);
-        set_int(j, "n_inner", c->d_ff);
-        set_int(j, "n_positions", c->max_seq);
-        set_int(j, "n_ctx", c->max_seq);
-        set_num(j, "layer_norm_epsilon", c->norm_eps);
-        set_str(j, "activation_function", "gelu_new");
-    } else {
-        set_int(j, "hidden_size", c->d_model);
-        set_int(j, "num_hidden_layers", c->n_layers);
-        set_int(j, "num_attention_heads", c->n_heads);
-        set_int(j, "num_key_value_heads", c->n_kv_heads);
-        set_int(j, "head_dim", c->head_dim);
-        set_int(j, "intermediate_size", c->d_ff);
-        set_int(j, "max_position_embeddings", c->max_seq);
-        set_num(j, "rms_norm_eps", c->norm_eps);
-        set_num(j, "rope_theta", c->rope_theta);
-        set_str(j, "hidden_act", "silu");
-        if (c->arch != DW_ARCH_QWEN2) set_bool(j, "attention_bias", c->qkv_bias);
-        set_bool(j, "mlp_bias", c->mlp_bias);
-        json_object_set_new(j, "rope_scaling", json_null());
-    }
+static void write_llama(json_t *j, const dw_model_config *c) {
+    set_int(j, "hidden_size", c->d_model);
+    set_int(j, "num_hidden_layers", c->n_layers);
+    set_int(j, "num_attention_heads", c->n_heads);
+    set_int(j, "num_key_value_heads", c->n_kv_heads);
+    set_int(j, "head_dim", c->head_dim);
+    set_int(j, "intermediate_size", c->d_ff);
+    set_int(j, "max_position_embeddings", c->max_seq);
+    set_num(j, "rms_norm_eps", c->norm_eps);
+    set_num(j, "rope_theta", c->rope_theta);
+    set_str(j, "hidden_act", "silu");
+    if (c->arch != DW_ARCH_QWEN2) set_bool(j, "attention_bias", c->qkv_bias);
+    set_bool(j, "mlp_bias", c->mlp_bias);
+    json_object_set_new(j, "rope_scaling", json_null());
     if (c->arch == DW_ARCH_MIXTRAL) {
         set_int(j, "num_local_experts", c->n_experts);
         set_int(j, "num_experts_per_tok", c->top_k);
@@ -248,6 +245,16 @@ json_t *dw_model_config_to_json(const dw_model_config *c) {
         set_int(j, "n_shared_experts", c->n_shared_experts);
         set_int(j, "first_k_dense_replace", c->first_dense_layers);
     }
+}
+
+json_t *dw_model_config_to_json(const dw_model_config *c) {
+    json_t *j = json_object();
+    json_t *arch = json_array();
+    json_array_append_new(arch, json_string(dw_hf_arch_get(c->arch)->hf_class));
+    json_object_set_new(j, "architectures", arch);
+    set_str(j, "model_type", c->model_type);
+    set_int(j, "vocab_size", c->vocab_size);
+    families[c->arch].write(j, c);
     set_num(j, "initializer_range", c->init_std);
     set_bool(j, "tie_word_embeddings", c->tie_embeddings);
     set_str(j, "torch_dtype", "float32");

@@ -7,17 +7,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "capture/arch.h"
 #include "deepwell.h"
 
-typedef enum { DW_ARCH_GPT2 = 0, DW_ARCH_LLAMA, DW_ARCH_MISTRAL, DW_ARCH_QWEN2, DW_ARCH_MIXTRAL,
-               DW_ARCH_DEEPSEEK_V3, DW_ARCH_COUNT } dw_arch;
 typedef enum { DW_ACT_GELU_TANH = 0, DW_ACT_SILU_GLU /* SwiGLU */, DW_ACT_GELU_GLU } dw_activation;
 typedef enum { DW_NORM_LAYERNORM = 0, DW_NORM_RMSNORM } dw_norm_kind;
 typedef enum { DW_POS_LEARNED = 0, DW_POS_ROPE } dw_pos_kind;
 
 typedef struct {
     char model_type[32];   /* as in config.json: "gpt2", "llama", ... */
-    dw_arch arch;
+    dw_arch arch;          /* its row of capture/archs.def */
     int64_t vocab_size;
     int64_t d_model;       /* hidden_size / n_embd */
     int64_t n_layers;

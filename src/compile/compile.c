@@ -142,7 +142,7 @@ static dw_status bind_nodes(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy
         b->recipe = DW_RECIPE_BF16;
         b->reason = DW_POLICY_NOT_GEMM;
         if (policy)
-            b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->cfg.n_layers,
+            b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks,
                                           &b->reason, &b->rule);
         if (n->op != DW_OP_LINEAR) {
             b->recipe = DW_RECIPE_BF16;

@@ -19,7 +19,7 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
     if (!f) return dw_set_error(ctx, DW_ERR_NOMEM, "compile report: out of memory");
     const dw_graph *g = c->g;
     fprintf(f, "model %s, batch %lld x seq %lld, precision %s (%s activations)\n",
-            g->cfg.model_type, (long long)g->batch, (long long)g->seq, c->precision,
+            g->model.model_type, (long long)g->batch, (long long)g->seq, c->precision,
             c->bf16 ? "BF16" : "FP32");
     fprintf(f, "schedule: %d steps (%d nodes forward, then backward in reverse); single GPU\n",
             c->n_steps, g->n_nodes);

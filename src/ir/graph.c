@@ -8,12 +8,20 @@
 #include "ir/ir.h"
 
 static const char *const op_names[] = {
-#define DW_OP(ID, name, min_in, max_in, summary) #name,
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) #name,
 #include "ir/ops.def"
 #undef DW_OP
 };
 static const char *const op_summaries[] = {
-#define DW_OP(ID, name, min_in, max_in, summary) summary,
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) summary,
+#include "ir/ops.def"
+#undef DW_OP
+};
+static const struct {
+    int flags;
+    bool cpu, cuda;
+} op_facts[] = {
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {flags, cpu, cuda},
 #include "ir/ops.def"
 #undef DW_OP
 };
@@ -22,6 +30,11 @@ _Static_assert(DW_OP_COUNT == 12, "ops.def changed: update the op tests and docs
 
 const char *dw_op_name(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_names[op] : "?"; }
 const char *dw_op_summary(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_summaries[op] : "?"; }
+int dw_op_flags(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_facts[op].flags : 0; }
+bool dw_op_on_backend(dw_op op, int device) {
+    if ((unsigned)op >= DW_OP_COUNT) return false;
+    return device == DW_DEVICE_CPU ? op_facts[op].cpu : device == DW_DEVICE_CUDA ? op_facts[op].cuda : false;
+}
 
 bool dw_op_parse(const char *name, dw_op *out) {
     for (int i = 0; i < DW_OP_COUNT; i++)
@@ -45,23 +58,45 @@ bool dw_ir_dtype_parse(const char *name, dw_ir_dtype *out) {
     return false;
 }
 
+static const char *const init_names[] = {"normal", "ones", "zeros"};
+const char *dw_init_name(dw_init_kind k) { return (unsigned)k <= DW_INIT_ZEROS ? init_names[k] : "?"; }
+bool dw_init_parse(const char *name, dw_init_kind *out) {
+    for (int i = 0; i <= DW_INIT_ZEROS; i++)
+        if (!strcmp(init_names[i], name)) {
+            *out = (dw_init_kind)i;
+            return true;
+        }
+    return false;
+}
+
 static const char *const kind_names[DW_TENSOR_KIND_COUNT] = {"input", "param", "act"};
 const char *dw_tensor_kind_name(dw_tensor_kind k) {
     return (unsigned)k < DW_TENSOR_KIND_COUNT ? kind_names[k] : "?";
 }
 
-dw_graph *dw_graph_new(const dw_model_config *cfg, int64_t batch, int64_t seq) {
+dw_graph *dw_graph_new(const dw_graph_model *model, int64_t batch, int64_t seq) {
     dw_graph *g = calloc(1, sizeof *g);
     if (!g) return NULL;
-    if (cfg) g->cfg = *cfg;
+    if (model) {
+        g->model = *model;
+        g->model.config_json = NULL;
+        if (model->config_json && !(g->model.config_json = strdup(model->config_json))) {
+            free(g);
+            return NULL;
+        }
+    }
     g->batch = batch;
     g->seq = seq;
+    g->cur_block = -1;
     g->tokens = g->targets = g->logits = g->loss = -1;
     return g;
 }
 
+void dw_graph_set_block(dw_graph *g, int b) { g->cur_block = b; }
+
 void dw_graph_free(dw_graph *g) {
     if (!g) return;
+    free(g->model.config_json);
     for (int i = 0; i < g->n_tensors; i++) free(g->tensors[i].name);
     for (int i = 0; i < g->n_nodes; i++) free(g->nodes[i].name);
     free(g->tensors);
@@ -95,6 +130,8 @@ int dw_graph_add_tensor(dw_graph *g, const char *name, dw_tensor_kind kind, dw_i
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     t->producer = -1;
     t->decay = kind == DW_TENSOR_PARAM && ndim >= 2;
+    t->init = ndim >= 2 ? DW_INIT_NORMAL : DW_INIT_ONES;
+    t->init_std = 0.02;
     return g->n_tensors++;
 }
 
@@ -106,7 +143,7 @@ int dw_graph_add_node(dw_ctx *ctx, dw_graph *g, dw_op op, const char *name, cons
         dw_set_error(ctx, DW_ERR_NOMEM, "graph: out of memory adding node '%s'", name);
         return -1;
     }
-    dw_ir_node n = {.op = op, .n_in = n_in, .out = -1};
+    dw_ir_node n = {.op = op, .n_in = n_in, .out = -1, .block = g->cur_block};
     for (int i = 0; i < n_in; i++) n.in[i] = in[i];
     if (attrs) n.attrs = *attrs;
     n.name = (char *)name; /* borrowed for inference messages */

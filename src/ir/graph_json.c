@@ -1,10 +1,10 @@
 /* graph_json.c — the graph's JSON form (schema in docs/ir.md) and loading it back: inputs and
  * parameters are listed as tensors, activations as node outputs; loading re-runs shape
  * inference on every node and compares with the recorded shapes. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "capture/model_config_impl.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "ir/ir.h"
@@ -28,13 +28,21 @@ static json_t *attrs_json(const dw_ir_node *n) {
 json_t *dw_graph_json(const dw_graph *g) {
     json_t *j = json_object();
     json_object_set_new(j, "format", json_string("deepwell-graph"));
-    json_object_set_new(j, "version", json_integer(1));
-    json_object_set_new(j, "model_type", json_string(g->cfg.model_type));
+    json_object_set_new(j, "version", json_integer(2));
+    json_object_set_new(j, "model_type", json_string(g->model.model_type));
     json_object_set_new(j, "batch", json_integer(g->batch));
     json_object_set_new(j, "seq", json_integer(g->seq));
     json_object_set_new(j, "params", json_integer(dw_graph_params(g)));
     json_object_set_new(j, "flops_per_token", json_real(dw_graph_flops_per_token(g)));
-    json_object_set_new(j, "config", dw_model_config_to_json(&g->cfg));
+    json_t *m = json_object();
+    json_object_set_new(m, "summary", json_string(g->model.summary));
+    json_object_set_new(m, "blocks", json_integer(g->model.n_blocks));
+    json_object_set_new(m, "vocab", json_integer(g->model.vocab));
+    json_object_set_new(m, "max_seq", json_integer(g->model.max_seq));
+    json_object_set_new(m, "tied_embeddings", json_boolean(g->model.tied_embeddings));
+    json_object_set_new(j, "model", m);
+    json_t *cfg = g->model.config_json ? json_loads(g->model.config_json, 0, NULL) : NULL;
+    json_object_set_new(j, "config", cfg ? cfg : json_null());
     json_t *roles = json_object();
     const struct {
         const char *k;
@@ -53,6 +61,11 @@ json_t *dw_graph_json(const dw_graph *g) {
         json_object_set_new(o, "dtype", json_string(dw_ir_dtype_name(t->dtype)));
         json_object_set_new(o, "shape", shape_json(t));
         if (t->hf_transposed) json_object_set_new(o, "hf_transposed", json_true());
+        if (t->kind == DW_TENSOR_PARAM) {
+            json_object_set_new(o, "init", json_string(dw_init_name(t->init)));
+            if (t->init == DW_INIT_NORMAL) json_object_set_new(o, "init_std", json_real(t->init_std));
+            json_object_set_new(o, "decay", json_boolean(t->decay));
+        }
         json_array_append_new(ts, o);
     }
     json_object_set_new(j, "tensors", ts);
@@ -63,6 +76,7 @@ json_t *dw_graph_json(const dw_graph *g) {
         json_t *jn = json_object(), *in = json_array();
         json_object_set_new(jn, "name", json_string(n->name));
         json_object_set_new(jn, "op", json_string(dw_op_name(n->op)));
+        if (n->block >= 0) json_object_set_new(jn, "block", json_integer(n->block));
         for (int k = 0; k < n->n_in; k++) json_array_append_new(in, json_string(g->tensors[n->in[k]].name));
         json_object_set_new(jn, "inputs", in);
         json_object_set_new(jn, "output", json_string(o->name));
@@ -117,7 +131,19 @@ static dw_status read_tensors(dw_ctx *ctx, dw_graph *g, const json_t *ts, const 
         DW_TRY(dw_json_get_bool_opt(ctx, o, "hf_transposed", what, &tr));
         int t = dw_graph_add_tensor(g, name, k, dt, ndim, shape);
         if (t < 0) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", what);
-        g->tensors[t].hf_transposed = tr;
+        dw_ir_tensor *it = &g->tensors[t];
+        it->hf_transposed = tr;
+        if (k != DW_TENSOR_PARAM) continue;
+        const char *init = dw_init_name(it->init);
+        DW_TRY(dw_json_get_str_opt(ctx, o, "init", what, &init));
+        if (!dw_init_parse(init, &it->init))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s': field 'init': '%s' is not normal, "
+                                "ones or zeros", what, name, init);
+        DW_TRY(dw_json_get_num_opt(ctx, o, "init_std", what, &it->init_std));
+        DW_TRY(dw_json_get_bool_opt(ctx, o, "decay", what, &it->decay));
+        if (it->init == DW_INIT_NORMAL && !(it->init_std > 0))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s': field 'init_std' must be positive",
+                                what, name);
     }
     return DW_OK;
 }
@@ -159,6 +185,12 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     if (dw_graph_find_tensor(g, out) >= 0)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': output name '%s' is already used",
                             what, name, out);
+    long long block = -1;
+    DW_TRY(dw_json_get_int_opt(ctx, o, "block", what, &block));
+    if (block < -1 || block >= g->model.n_blocks)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': field 'block': %lld is not in [-1, %lld)",
+                            what, name, block, (long long)g->model.n_blocks);
+    dw_graph_set_block(g, (int)block);
     int t = dw_graph_add_node(ctx, g, op, name, idx, (int)json_array_size(in), &a, out);
     if (t < 0) return dw_prefix_error(ctx, DW_ERR_FORMAT, "%s", what);
     int ndim;
@@ -173,6 +205,34 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     return DW_OK;
 }
 
+/* "model_type", "model" {summary, blocks, vocab, max_seq, tied_embeddings} and "config" (an object
+ * kept as text, or null). */
+static dw_status read_model(dw_ctx *ctx, const json_t *j, const char *what, dw_graph_model *m) {
+    const char *type, *summary = "";
+    DW_TRY(dw_json_get_str(ctx, j, "model_type", what, &type));
+    const json_t *o = json_object_get(j, "model");
+    if (!json_is_object(o)) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'model': expected an object", what);
+    long long blocks, vocab, max_seq;
+    DW_TRY(dw_json_get_int(ctx, o, "blocks", what, &blocks));
+    DW_TRY(dw_json_get_int(ctx, o, "vocab", what, &vocab));
+    DW_TRY(dw_json_get_int(ctx, o, "max_seq", what, &max_seq));
+    DW_TRY(dw_json_get_str_opt(ctx, o, "summary", what, &summary));
+    DW_TRY(dw_json_get_bool_opt(ctx, o, "tied_embeddings", what, &m->tied_embeddings));
+    if (blocks < 0 || vocab < 1 || max_seq < 1)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'model': blocks %lld, vocab %lld, max_seq %lld "
+                            "out of range", what, blocks, vocab, max_seq);
+    snprintf(m->model_type, sizeof m->model_type, "%s", type);
+    snprintf(m->summary, sizeof m->summary, "%s", summary);
+    m->n_blocks = blocks, m->vocab = vocab, m->max_seq = max_seq;
+    const json_t *cfg = json_object_get(j, "config");
+    if (cfg && !json_is_null(cfg)) {
+        if (!json_is_object(cfg)) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'config': expected an object", what);
+        m->config_json = json_dumps(cfg, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (!m->config_json) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", what);
+    }
+    return DW_OK;
+}
+
 static dw_status read_graph(dw_ctx *ctx, const json_t *j, const char *what, dw_graph **out) {
     const char *format;
     DW_TRY(dw_json_get_str(ctx, j, "format", what, &format));
@@ -181,13 +241,14 @@ static dw_status read_graph(dw_ctx *ctx, const json_t *j, const char *what, dw_g
                             what, format);
     long long version, batch, seq;
     DW_TRY(dw_json_get_int(ctx, j, "version", what, &version));
-    if (version != 1)
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'version': %lld is not 1", what, version);
+    if (version != 2)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'version': %lld is not 2", what, version);
     DW_TRY(dw_json_get_int(ctx, j, "batch", what, &batch));
     DW_TRY(dw_json_get_int(ctx, j, "seq", what, &seq));
-    dw_model_config cfg;
-    DW_TRY(dw_model_config_from_json(ctx, json_object_get(j, "config"), what, &cfg));
-    dw_graph *g = *out = dw_graph_new(&cfg, batch, seq);
+    dw_graph_model m = {0};
+    DW_TRY(read_model(ctx, j, what, &m));
+    dw_graph *g = *out = dw_graph_new(&m, batch, seq);
+    free(m.config_json);
     if (!g) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", what);
     DW_TRY(read_tensors(ctx, g, json_object_get(j, "tensors"), what));
     const json_t *ns = json_object_get(j, "nodes");

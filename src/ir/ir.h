@@ -1,20 +1,38 @@
 /* ir.h — private: the graph IR. Tensors (inputs, parameters, activations) with names, shapes and
  * dtypes; nodes (one op each, one output) in topological order, named after the Hugging Face
- * module they stand for. Building, verification (shape/dtype inference), FLOPs, JSON, printing.
- * Not the executor (runtime/) and not the config -> graph translation (capture/). */
+ * module they stand for, each in a transformer block or outside them; the model facts the later
+ * stages need (type, block count, vocabulary, each parameter's initialisation). Building,
+ * verification (shape/dtype inference), the FLOP and byte model, JSON, printing.
+ * Not the executor (runtime/) and not the config -> graph translation (capture/): the graph holds
+ * the captured config.json only as opaque text. */
 #ifndef DW_IR_IR_H
 #define DW_IR_IR_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
 
-#include "capture/model_config.h"
 #include "deepwell.h"
 
+/* Op flags (ops.def's flags column). */
+enum {
+    DW_OPF_READS_IN0 = 1 << 0,    /* backward reads input 0's value (so it lives until then) */
+    DW_OPF_READS_IN1 = 1 << 1,
+    DW_OPF_READS_IN2 = 1 << 2,
+    DW_OPF_READS_OUT = 1 << 3,    /* backward reads the output value */
+    DW_OPF_ACC_IN0 = 1 << 4,      /* backward can add into input 0's gradient instead of writing */
+    DW_OPF_ACC_IN1 = 1 << 5,
+    DW_OPF_ACC_IN2 = 1 << 6,
+    DW_OPF_DX0_OVER_X0 = 1 << 7,  /* backward writes input 0's gradient over its value */
+    DW_OPF_BWD_IN_FWD = 1 << 8,   /* a training step's forward does the backward too */
+};
+#define DW_OPF_READS_IN(s) (DW_OPF_READS_IN0 << (s))
+#define DW_OPF_ACC_IN(s) (DW_OPF_ACC_IN0 << (s))
+
 typedef enum {
-#define DW_OP(ID, name, min_in, max_in, summary) DW_OP_##ID,
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) DW_OP_##ID,
 #include "ir/ops.def"
 #undef DW_OP
     DW_OP_COUNT
@@ -23,6 +41,9 @@ typedef enum {
 const char *dw_op_name(dw_op op);         /* "linear"; "?" out of range */
 bool dw_op_parse(const char *name, dw_op *out);
 const char *dw_op_summary(dw_op op);
+int dw_op_flags(dw_op op);               /* DW_OPF_* */
+/* Whether a backend implements op (ops.def's cpu / cuda columns); device is a dw_device_kind. */
+bool dw_op_on_backend(dw_op op, int device);
 
 typedef enum { DW_IR_F32 = 0, DW_IR_BF16, DW_IR_I32, DW_IR_DTYPE_COUNT } dw_ir_dtype;
 const char *dw_ir_dtype_name(dw_ir_dtype t); /* "f32", "bf16", "i32" */
@@ -34,6 +55,11 @@ const char *dw_tensor_kind_name(dw_tensor_kind k); /* "input", "param", "act" */
 #define DW_IR_MAX_DIMS 4
 #define DW_IR_MAX_INPUTS 3
 
+/* How a parameter starts (the architecture's reference initialisation, set by capture). */
+typedef enum { DW_INIT_NORMAL = 0, DW_INIT_ONES, DW_INIT_ZEROS } dw_init_kind;
+const char *dw_init_name(dw_init_kind k); /* "normal", "ones", "zeros" */
+bool dw_init_parse(const char *name, dw_init_kind *out);
+
 typedef struct {
     char *name;          /* params: HF weight name ("model.layers.0.mlp.up_proj.weight") */
     dw_tensor_kind kind;
@@ -43,6 +69,8 @@ typedef struct {
     int producer;        /* node index, -1 for inputs and params */
     bool hf_transposed;  /* HF stores the transpose (GPT-2 Conv1D weights) */
     bool decay;          /* params: weight decay applies (matrices) */
+    dw_init_kind init;   /* params: normal(0, init_std), ones or zeros */
+    double init_std;     /* params, DW_INIT_NORMAL */
 } dw_ir_tensor;
 
 typedef struct {
@@ -57,23 +85,39 @@ typedef struct {
     int n_in;
     int in[DW_IR_MAX_INPUTS]; /* tensor indices */
     int out;                  /* tensor index */
+    int block;                /* transformer block (0..n_blocks-1), -1 outside the blocks */
     dw_ir_attrs attrs;
 } dw_ir_node;
 
+/* What the graph knows of the model it was captured from. */
+typedef struct {
+    char model_type[32];       /* Hugging Face model_type ("gpt2", "llama"): names capture's row */
+    char summary[192];         /* one readable line: layers, width, heads, ffn, vocabulary */
+    int64_t n_blocks;          /* transformer blocks */
+    int64_t vocab;             /* token embedding rows (tokens must be below) */
+    int64_t max_seq;           /* positions the model takes */
+    bool tied_embeddings;      /* the LM head reads the token embedding */
+    char *config_json;         /* owned: the config.json text it was captured from (NULL: none) */
+} dw_graph_model;
+
 struct dw_graph {
-    dw_model_config cfg;
+    dw_graph_model model;
     int64_t batch, seq;        /* shapes below are for this B x T */
     dw_ir_tensor *tensors;
     int n_tensors, cap_tensors;
     dw_ir_node *nodes;
     int n_nodes, cap_nodes;
+    int cur_block;             /* block of nodes being added (dw_graph_set_block) */
     int tokens, targets;       /* input tensors */
     int logits, loss;          /* activations */
 };
 
-/* Building (capture, JSON load). Names are copied. Returns the tensor index, or -1 when out of
- * memory (the graph is then unusable; dw_graph_verify reports it). */
-dw_graph *dw_graph_new(const dw_model_config *cfg, int64_t batch, int64_t seq);
+/* Building (capture, JSON load). Names and the model's config text are copied. Returns the
+ * tensor index, or -1 when out of memory (the graph is then unusable; dw_graph_verify reports
+ * it). New nodes are outside the blocks (block -1) until dw_graph_set_block. */
+dw_graph *dw_graph_new(const dw_graph_model *model, int64_t batch, int64_t seq);
+/* Nodes added from now on belong to block b (-1: outside the blocks). */
+void dw_graph_set_block(dw_graph *g, int b);
 int dw_graph_add_tensor(dw_graph *g, const char *name, dw_tensor_kind kind, dw_ir_dtype dtype,
                         int ndim, const int64_t *shape);
 /* Adds a node computing a new activation `out_name` from `in`; its shape comes from inference.
@@ -82,13 +126,25 @@ int dw_graph_add_node(dw_ctx *ctx, dw_graph *g, dw_op op, const char *name, cons
                       int n_in, const dw_ir_attrs *attrs, const char *out_name);
 int dw_graph_find_tensor(const dw_graph *g, const char *name); /* -1 if absent */
 
+/* Records "node 'NAME' (op): message" as a DW_ERR_FORMAT error on ctx and returns it. */
+dw_status dw_ir_node_error(dw_ctx *ctx, const dw_ir_node *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "(2,64,768)" into buf. */
+void dw_ir_shape_str(const dw_ir_tensor *t, char *buf, size_t cap);
 /* Shape/dtype inference of one node's output from its inputs and attributes. */
 dw_status dw_ir_infer(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *out);
 /* Checks the whole graph: indices, topological order, every node's inferred output equals the
  * stored one, unique names. Errors name the node or tensor. */
 dw_status dw_graph_verify(dw_ctx *ctx, const dw_graph *g);
-/* FLOPs of one node (forward, backward: input and parameter gradients). */
+/* FLOPs of one node (forward, backward: input and parameter gradients) at the graph's shape;
+ * causal attention counted as computed (the pairs at or below the diagonal). The planner, the
+ * reports and the MFU of `bench step` all read this model (ir/op_cost.c). */
 void dw_ir_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd);
+/* Memory passes of one node over its activation-sized tensor (elements read or written per
+ * element of the output, or of the logits for cross-entropy), forward and backward, as the
+ * engine's kernels run them; linear and attention count 0 here (their time is the GEMM's and
+ * the attention kernel's). */
+void dw_ir_passes(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd);
 int64_t dw_ir_numel(const dw_ir_tensor *t);
 
 /* JSON form (docs/ir.md): to a new object, and back (verified). */

@@ -19,11 +19,7 @@ static void shape(dw_strbuf *b, const dw_ir_tensor *t) {
 
 dw_status dw_graph_print(dw_ctx *ctx, const dw_graph *g, char **out) {
     dw_strbuf b = {0};
-    const dw_model_config *c = &g->cfg;
-    dw_strbuf_printf(&b, "model: %s, %lld layers, d_model %lld, %lld heads (%lld KV) x %lld, ffn %lld, vocab %lld%s\n",
-        c->model_type, (long long)c->n_layers, (long long)c->d_model, (long long)c->n_heads,
-        (long long)c->n_kv_heads, (long long)c->head_dim, (long long)c->d_ff,
-        (long long)c->vocab_size, c->tie_embeddings ? ", tied embeddings" : "");
+    dw_strbuf_printf(&b, "model: %s, %s\n", g->model.model_type, g->model.summary);
     dw_strbuf_printf(&b, "shapes for batch %lld x seq %lld\n\n", (long long)g->batch, (long long)g->seq);
     dw_strbuf_printf(&b, "%-5s %-42s %-14s %-18s %s\n", "#", "node", "op", "output", "inputs");
     double fwd = 0, bwd = 0;

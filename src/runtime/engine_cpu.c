@@ -96,6 +96,7 @@ dw_status dw_engine_create_cpu(dw_ctx *ctx, const dw_model_config *cfg, int64_t 
     dw_engine *e = calloc(1, sizeof *e);
     if (!e) return dw_set_error(ctx, DW_ERR_NOMEM, "engine: out of memory");
     e->ctx = ctx;
+    e->cfg = *cfg;
     dw_status s = dw_capture_config(ctx, cfg, B, T, &e->g);
     if (s != DW_OK) {
         dw_engine_free(e);
@@ -112,7 +113,7 @@ dw_status dw_engine_create_cpu(dw_ctx *ctx, const dw_model_config *cfg, int64_t 
     return DW_OK;
 }
 
-const dw_model_config *dw_engine_config(const dw_engine *e) { return &e->g->cfg; }
+const dw_model_config *dw_engine_config(const dw_engine *e) { return &e->cfg; }
 int dw_engine_param_count(const dw_engine *e) { return e->n_params; }
 dw_param *dw_engine_param(dw_engine *e, int i) {
     DW_ASSERT(i >= 0 && i < e->n_params);
@@ -136,7 +137,7 @@ dw_status dw_engine_begin(dw_engine *e, const int32_t *tokens, const int32_t *ta
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: batch %lld x %lld exceeds the engine's "
                             "capacity %lld x %lld", (long long)B, (long long)T,
                             (long long)e->cap_b, (long long)e->cap_t);
-    int64_t V = e->g->cfg.vocab_size;
+    int64_t V = e->g->model.vocab;
     for (int64_t i = 0; i < B * T; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
             return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: token %lld at position %lld is "
@@ -169,7 +170,7 @@ dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *
     DW_TRY(dw_engine_begin(e, tokens, targets, B, T));
     run_forward(e, targets != NULL);
     if (logits)
-        memcpy(logits, e->val[e->g->logits], (size_t)(B * T * e->g->cfg.vocab_size) * sizeof(float));
+        memcpy(logits, e->val[e->g->logits], (size_t)(B * T * e->g->model.vocab) * sizeof(float));
     if (loss && targets) *loss = e->loss;
     e->tokens = e->targets = NULL;
     return DW_OK;

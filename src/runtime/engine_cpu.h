@@ -11,6 +11,7 @@
 struct dw_engine {
     dw_ctx *ctx;
     dw_graph *g;               /* captured at the capacity B x T */
+    dw_model_config cfg;       /* what it was captured from */
     int64_t cap_b, cap_t;      /* capacity */
     int64_t b, t;              /* shape of the current batch (<= capacity) */
     float **val;               /* per tensor: values (NULL for the int32 inputs) */

@@ -295,7 +295,7 @@ static dw_status fwd_node(dw_engine *e, int ni, bool train, double dloss) {
     const dw_ir_attrs *a = &n->attrs;
     switch (n->op) {
     case DW_OP_EMBEDDING:
-        return dw_cuda_embedding_fwd(ctx, dt, out, CE->tokens, P(1), N, C, e->g->cfg.vocab_size, s);
+        return dw_cuda_embedding_fwd(ctx, dt, out, CE->tokens, P(1), N, C, e->g->model.vocab, s);
     case DW_OP_POSITION: return dw_cuda_pos_fwd(ctx, dt, out, X(0), P(1), CE->b, CE->t, C, s);
     case DW_OP_ROPE: return dw_cuda_rope_fwd(ctx, dt, out, X(0), CE->b, CE->t, a->heads, a->head_dim, a->theta, s);
     case DW_OP_LAYERNORM:
@@ -329,7 +329,7 @@ static dw_status bwd_node(dw_engine *e, int ni) {
     const dw_ir_attrs *a = &n->attrs;
     switch (n->op) {
     case DW_OP_EMBEDDING:
-        return dw_cuda_embedding_bwd(ctx, dt, G(1), dout, CE->tokens, N, C, e->g->cfg.vocab_size, s);
+        return dw_cuda_embedding_bwd(ctx, dt, G(1), dout, CE->tokens, N, C, e->g->model.vocab, s);
     case DW_OP_POSITION:
         DW_TRY(dw_cuda_pos_bwd(ctx, dt, in_grad(e, ni, 0), G(1), dout, CE->b, CE->t, C, s));
         return in_grad_done(e, ni, 0);
@@ -527,7 +527,7 @@ dw_status dw_engine_cuda_forward(dw_engine *e, const int32_t *tokens, const int3
     DW_TRY(put_batch(e, tokens, targets, B, T));
     DW_TRY(launch_step(e, false, targets != NULL, 1.0));
     if (logits) {
-        int64_t n = B * T * e->g->cfg.vocab_size;
+        int64_t n = B * T * e->g->model.vocab;
         if (CE->dt == DW_ACT_F32) {
             DW_CUDA_CHECK(e->ctx, cudaMemcpyAsync(logits, act(e, e->g->logits), (size_t)n * sizeof(float),
                                                   cudaMemcpyDeviceToHost, CE->stream));
@@ -843,6 +843,7 @@ dw_status dw_engine_create_cuda(dw_ctx *ctx, const dw_model_config *cfg, int64_t
     dw_engine *e = calloc(1, sizeof *e);
     if (!e) return dw_set_error(ctx, DW_ERR_NOMEM, "engine: out of memory");
     e->ctx = ctx;
+    e->cfg = *cfg;
     dw_status s = dw_capture_config(ctx, cfg, B, T, &e->g);
     if (s == DW_OK) {
         e->cap_b = e->b = B;

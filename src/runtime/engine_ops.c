@@ -205,7 +205,7 @@ static const struct {
     fwd_fn fwd;
     bwd_fn bwd;
 } rules[] = {
-#define DW_OP(ID, name, min_in, max_in, summary) {fwd_##name, bwd_##name},
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {fwd_##name, bwd_##name},
 #include "ir/ops.def"
 #undef DW_OP
 };

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "capture/arch.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -30,24 +31,16 @@ static uint64_t hash_name(const char *s) { /* FNV-1a */
     return h;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed) {
-    const dw_model_config *c = &e->g->cfg;
     for (int i = 0; i < e->n_params; i++) {
         dw_param *p = &e->params[i];
-        if (p->ndim == 1) { /* norm weights 1, biases 0 */
-            float v = ends_with(p->name, ".bias") ? 0.0f : 1.0f;
+        const dw_ir_tensor *t = &e->g->tensors[dw_graph_find_tensor(e->g, p->name)];
+        if (t->init != DW_INIT_NORMAL) { /* norm weights 1, biases 0 */
+            float v = t->init == DW_INIT_ZEROS ? 0.0f : 1.0f;
             for (int64_t k = 0; k < p->numel; k++) p->data[k] = v;
             continue;
         }
-        double std = c->init_std;
-        /* GPT-2: residual projections scaled by 1/sqrt(2 n_layer) (HF GPT2PreTrainedModel) */
-        if (c->arch == DW_ARCH_GPT2 && ends_with(p->name, "c_proj.weight"))
-            std /= sqrt(2.0 * (double)c->n_layers);
+        double std = t->init_std;
         uint64_t s = seed ^ hash_name(p->name);
         for (int64_t k = 0; k < p->numel; k += 2) { /* Box-Muller: two normals per pair */
             double u1 = ((double)(splitmix64(&s) >> 11) + 1.0) / 9007199254740993.0;
@@ -122,7 +115,7 @@ static dw_status write_params(dw_engine *e, const char *path, bool grads, const 
                              (size_t)p->numel * sizeof(float));
     }
     if (s == DW_OK && logits) {
-        int64_t shape[3] = {B, T, e->g->cfg.vocab_size};
+        int64_t shape[3] = {B, T, e->g->model.vocab};
         s = dw_st_writer_add(ctx, w, "logits", DW_DT_F32, 3, shape, logits,
                              (size_t)(B * T * shape[2]) * sizeof(float));
     }
@@ -222,26 +215,28 @@ static const dw_st_tensor *shards_find(const shard_set *s, const char *name, con
     return NULL;
 }
 
-/* Finds p's tensor under its name or, for GPT-2, without the "transformer." prefix (the layout
- * of the original checkpoints). */
-static const dw_st_tensor *find_param(const shard_set *s, const char *name, const dw_st_file **in) {
+/* Finds p's tensor under its name or under the name the architecture's original checkpoints use
+ * (capture/archs.def: GPT-2's without "transformer."). */
+static const dw_st_tensor *find_param(const dw_engine *e, const shard_set *s, const char *name,
+                                      const dw_st_file **in) {
     const dw_st_tensor *t = shards_find(s, name, in);
-    if (!t && !strncmp(name, "transformer.", 12)) t = shards_find(s, name + 12, in);
+    const dw_hf_arch *a = dw_hf_arch_find(e->g->model.model_type);
+    size_t p = a ? strlen(a->ckpt_prefix) : 0;
+    if (!t && p && !strncmp(name, a->ckpt_prefix, p)) t = shards_find(s, name + p, in);
     return t;
 }
 
-/* Tensors in checkpoints that are not parameters: attention masks and rope caches. */
+/* Tensors in checkpoints that are not parameters (capture/archs.def: attention masks, rope
+ * caches, a tied LM head). */
 static bool ignorable(const dw_engine *e, const char *name) {
-    return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-           ends_with(name, ".rotary_emb.inv_freq") ||
-           (e->g->cfg.tie_embeddings && !strcmp(name, "lm_head.weight"));
+    const dw_hf_arch *a = dw_hf_arch_find(e->g->model.model_type);
+    return a && dw_hf_ignorable(a, name, e->g->model.tied_embeddings);
 }
 
 static bool is_param_name(const dw_engine *e, const char *name) {
-    for (int i = 0; i < e->n_params; i++) {
-        const char *p = e->params[i].name;
-        if (!strcmp(p, name) || (!strncmp(p, "transformer.", 12) && !strcmp(p + 12, name))) return true;
-    }
+    const dw_hf_arch *a = dw_hf_arch_find(e->g->model.model_type);
+    for (int i = 0; i < e->n_params; i++)
+        if (a ? dw_hf_name_matches(a, e->params[i].name, name) : !strcmp(e->params[i].name, name)) return true;
     return false;
 }
 
@@ -257,7 +252,7 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
     for (int i = 0; i < e->n_params; i++) {
         const dw_param *p = &e->params[i];
         const dw_st_file *f;
-        const dw_st_tensor *t = find_param(s, p->name, &f);
+        const dw_st_tensor *t = find_param(e, s, p->name, &f);
         if (!t) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing tensor '%s'", path, p->name);
         int64_t want[DW_IR_MAX_DIMS];
         const dw_ir_tensor *it = param_tensor(e, p);
@@ -282,7 +277,7 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
             if (!is_param_name(e, name) && !ignorable(e, name))
                 return dw_set_error(ctx, DW_ERR_FORMAT, "%s: unexpected tensor '%s' (not a "
                                     "parameter of this %s model)", dw_st_path(s->files[k]), name,
-                                    e->g->cfg.model_type);
+                                    e->g->model.model_type);
         }
     return DW_OK;
 }
@@ -297,7 +292,7 @@ dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
         dw_param *p = &e->params[i];
         const dw_ir_tensor *it = param_tensor(e, p);
         const dw_st_file *f;
-        const dw_st_tensor *t = find_param(&s, p->name, &f);
+        const dw_st_tensor *t = find_param(e, &s, p->name, &f);
         if (!it->hf_transposed) {
             r = dw_st_read_f32(ctx, f, t, p->data);
             continue;

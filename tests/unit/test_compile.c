@@ -368,7 +368,7 @@ static void test_gelu_fusion(void **state) {
         assert_int_equal(dw_compile_fused_gelu_fwd(c, P), -1);
         assert_int_not_equal(off->grad_off[n->out], -1);
     }
-    assert_int_equal(gelus, g->cfg.n_layers);
+    assert_int_equal(gelus, g->model.n_blocks);
     check(g, c);
     check(g, off);
     assert_true(c->arena_bytes <= off->arena_bytes);

@@ -1,0 +1,110 @@
+/* op_cost.c — the one cost model of every op, wired by ops.def: FLOPs (flops_<name>: matmul
+ * FLOPs exact, 2 per multiply-add; elementwise ones nominal per-element costs, docs/ir.md) and
+ * memory passes (passes_<name>: elements read or written per element of the node's activation,
+ * as the engine's kernels run them; the planner's time model reads them). */
+#include "ir/ir.h"
+
+#define IN(i) (&g->tensors[n->in[(i)]])
+
+static int64_t rows(const dw_ir_tensor *t) { return t->shape[0] * t->shape[1]; }
+static int64_t last(const dw_ir_tensor *t) { return t->shape[t->ndim - 1]; }
+
+/* ---- per-op FLOPs (forward; backward = input and parameter gradients) ---------------------- */
+
+static void flops_embedding(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 0;
+    *b = (double)rows(IN(0)) * (double)IN(1)->shape[1]; /* scatter-add into dwte */
+}
+static void flops_position(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = *b = (double)dw_ir_numel(IN(0));
+}
+static void flops_rope(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = *b = 3.0 * (double)dw_ir_numel(IN(0));
+}
+static void flops_layernorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 7.0 * (double)dw_ir_numel(IN(0));
+    *b = 12.0 * (double)dw_ir_numel(IN(0));
+}
+static void flops_rmsnorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 4.0 * (double)dw_ir_numel(IN(0));
+    *b = 8.0 * (double)dw_ir_numel(IN(0));
+}
+static void flops_linear(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    double N = (double)rows(IN(0)), K = (double)last(IN(0)), M = (double)IN(1)->shape[0];
+    *f = 2 * N * K * M + (n->n_in == 3 ? N * M : 0);
+    *b = 4 * N * K * M + (n->n_in == 3 ? N * M : 0); /* dx and dW; db */
+}
+static void flops_gelu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 8.0 * (double)dw_ir_numel(IN(0));
+    *b = 16.0 * (double)dw_ir_numel(IN(0));
+}
+static void flops_silu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 4.0 * (double)dw_ir_numel(IN(0));
+    *b = 8.0 * (double)dw_ir_numel(IN(0));
+}
+static void flops_swiglu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 5.0 * (double)dw_ir_numel(IN(0));
+    *b = 10.0 * (double)dw_ir_numel(IN(0));
+}
+static void flops_add(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = (double)dw_ir_numel(IN(0));
+    *b = 0;
+}
+/* Causal: only the T(T+1)/2 query-key pairs at or below the diagonal are computed. Forward:
+ * q k^T and p v (2 FLOPs per pair per channel each) + softmax (5 per pair); backward: dv, dp,
+ * dq, dk (4 matmuls) + the softmax gradient. */
+static void flops_attention(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    double B = (double)IN(0)->shape[0], T = (double)IN(0)->shape[1];
+    double H = (double)n->attrs.heads, D = (double)n->attrs.head_dim;
+    double pairs = B * H * T * (T + 1) / 2;
+    *f = 4 * pairs * D + 5 * pairs;
+    *b = 8 * pairs * D + 5 * pairs;
+}
+static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 4.0 * (double)dw_ir_numel(IN(0));
+    *b = 3.0 * (double)dw_ir_numel(IN(0));
+}
+
+/* ---- memory passes (per element of the node's activation; linear, attention: 0) ------------ */
+static void passes_embedding(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 2, *b = 5; /* gather; scatter-add into FP32 grads (read dy, read-modify-write 4 B) */
+}
+static void passes_position(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 3, *b = 3; /* x + wpe; dx = dy and wpe's column sum */
+}
+static void passes_rope(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 2; }
+static void passes_layernorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 2, *b = 5; /* bwd: x, dy -> dx, then column sums over x, dy */
+}
+static void passes_rmsnorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 5; }
+static void passes_linear(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = *b = 0; }
+static void passes_gelu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 3; }
+static void passes_silu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 3; }
+static void passes_swiglu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 3, *b = 5; /* over the (B,T,F) output */
+}
+static void passes_add(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 3, *b = 4; /* bwd: dy to both inputs (copy or accumulate) */
+}
+static void passes_attention(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = *b = 0; }
+static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    *f = 3, *b = 0; /* fused: logits read twice, dlogits written in place */
+}
+
+typedef void (*cost_fn)(const dw_graph *, const dw_ir_node *, double *, double *);
+static const struct {
+    cost_fn flops, passes;
+} ops[] = {
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {flops_##name, passes_##name},
+#include "ir/ops.def"
+#undef DW_OP
+};
+_Static_assert(sizeof ops / sizeof ops[0] == DW_OP_COUNT, "cost table vs ops.def");
+
+void dw_ir_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd) {
+    ops[n->op].flops(g, n, fwd, bwd);
+}
+
+void dw_ir_passes(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd) {
+    ops[n->op].passes(g, n, fwd, bwd);
+}

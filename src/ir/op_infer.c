@@ -1,0 +1,212 @@
+/* op_infer.c — shape and dtype inference for every op, one infer_<name> function per ops.def
+ * row, and the dispatch dw_ir_infer. Every error names the node and its op. Whole-graph checks
+ * are in verify.c; FLOPs and memory passes in op_cost.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "ir/ir.h"
+
+#define IN(i) (&g->tensors[n->in[(i)]])
+
+dw_status dw_ir_node_error(dw_ctx *ctx, const dw_ir_node *n, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return dw_set_error(ctx, DW_ERR_FORMAT, "node '%s' (%s): %s", n->name, dw_op_name(n->op), msg);
+}
+
+void dw_ir_shape_str(const dw_ir_tensor *t, char *buf, size_t cap) {
+    size_t len = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < t->ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+    if (len < cap) snprintf(buf + len, cap - len, ")");
+}
+
+/* Input i must be an activation-like (B,T,...) tensor of rank `ndim` and dtype `dt`. */
+static dw_status want(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, int i, int ndim,
+                      dw_ir_dtype dt) {
+    const dw_ir_tensor *t = IN(i);
+    char s[96];
+    dw_ir_shape_str(t, s, sizeof s);
+    if (t->ndim != ndim || t->dtype != dt)
+        return dw_ir_node_error(ctx, n, "input %d '%s' is %s %s; expected rank %d %s", i, t->name,
+                   dw_ir_dtype_name(t->dtype), s, ndim, dw_ir_dtype_name(dt));
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] <= 0) return dw_ir_node_error(ctx, n, "input %d '%s' has shape %s", i, t->name, s);
+    return DW_OK;
+}
+
+static dw_status same_as(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, int i, int j) {
+    const dw_ir_tensor *a = IN(i), *b = IN(j);
+    bool same = a->ndim == b->ndim && a->dtype == b->dtype;
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+    if (same) return DW_OK;
+    char sa[96], sb[96];
+    dw_ir_shape_str(a, sa, sizeof sa);
+    dw_ir_shape_str(b, sb, sizeof sb);
+    return dw_ir_node_error(ctx, n, "inputs '%s' %s and '%s' %s differ in shape or dtype", a->name, sa, b->name, sb);
+}
+
+/* out = copy of input i's shape and dtype */
+static void like(const dw_graph *g, const dw_ir_node *n, int i, dw_ir_tensor *out) {
+    *out = *IN(i);
+    out->kind = DW_TENSOR_ACT;
+}
+
+static int64_t last(const dw_ir_tensor *t) { return t->shape[t->ndim - 1]; }
+
+/* ---- per-op inference ---------------------------------------------------------------------- */
+
+static dw_status infer_embedding(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 2, DW_IR_I32));
+    DW_TRY(want(ctx, g, n, 1, 2, DW_IR_F32));
+    like(g, n, 0, o);
+    o->ndim = 3;
+    o->dtype = DW_IR_F32;
+    o->shape[2] = IN(1)->shape[1];
+    return DW_OK;
+}
+
+static dw_status infer_position(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 2, DW_IR_F32));
+    if (IN(1)->shape[1] != last(IN(0)) || IN(1)->shape[0] < IN(0)->shape[1])
+        return dw_ir_node_error(ctx, n, "position table '%s' (%lld,%lld) does not cover T=%lld, C=%lld",
+                   IN(1)->name, (long long)IN(1)->shape[0], (long long)IN(1)->shape[1],
+                   (long long)IN(0)->shape[1], (long long)last(IN(0)));
+    like(g, n, 0, o);
+    return DW_OK;
+}
+
+static dw_status infer_rope(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    const dw_ir_attrs *a = &n->attrs;
+    if (a->heads <= 0 || a->head_dim <= 0 || a->head_dim % 2 || !(a->theta > 0) ||
+        a->heads * a->head_dim != last(IN(0)))
+        return dw_ir_node_error(ctx, n, "heads %lld x head_dim %lld (even) must equal the width %lld, theta %g > 0",
+                   (long long)a->heads, (long long)a->head_dim, (long long)last(IN(0)), a->theta);
+    like(g, n, 0, o);
+    return DW_OK;
+}
+
+static dw_status check_vec(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, int i, int64_t C) {
+    DW_TRY(want(ctx, g, n, i, 1, DW_IR_F32));
+    if (IN(i)->shape[0] != C)
+        return dw_ir_node_error(ctx, n, "'%s' has %lld elements; expected %lld", IN(i)->name,
+                   (long long)IN(i)->shape[0], (long long)C);
+    return DW_OK;
+}
+
+static dw_status infer_layernorm(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(check_vec(ctx, g, n, 1, last(IN(0))));
+    DW_TRY(check_vec(ctx, g, n, 2, last(IN(0))));
+    if (!(n->attrs.eps > 0)) return dw_ir_node_error(ctx, n, "eps %g must be positive", n->attrs.eps);
+    like(g, n, 0, o);
+    return DW_OK;
+}
+
+static dw_status infer_rmsnorm(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(check_vec(ctx, g, n, 1, last(IN(0))));
+    if (!(n->attrs.eps > 0)) return dw_ir_node_error(ctx, n, "eps %g must be positive", n->attrs.eps);
+    like(g, n, 0, o);
+    return DW_OK;
+}
+
+static dw_status infer_linear(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 2, DW_IR_F32));
+    if (IN(1)->shape[1] != last(IN(0)))
+        return dw_ir_node_error(ctx, n, "weight '%s' (%lld,%lld) does not take input width %lld", IN(1)->name,
+                   (long long)IN(1)->shape[0], (long long)IN(1)->shape[1], (long long)last(IN(0)));
+    if (n->n_in == 3) DW_TRY(check_vec(ctx, g, n, 2, IN(1)->shape[0]));
+    like(g, n, 0, o);
+    o->shape[2] = IN(1)->shape[0];
+    return DW_OK;
+}
+
+static dw_status infer_unary(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    like(g, n, 0, o);
+    return DW_OK;
+}
+static dw_status infer_gelu(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    return infer_unary(ctx, g, n, o);
+}
+static dw_status infer_silu(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    return infer_unary(ctx, g, n, o);
+}
+
+static dw_status infer_binary(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(same_as(ctx, g, n, 0, 1));
+    like(g, n, 0, o);
+    return DW_OK;
+}
+static dw_status infer_swiglu(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    return infer_binary(ctx, g, n, o);
+}
+static dw_status infer_add(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    return infer_binary(ctx, g, n, o);
+}
+
+static dw_status infer_attention(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    const dw_ir_attrs *a = &n->attrs;
+    if (a->heads <= 0 || a->kv_heads <= 0 || a->head_dim <= 0 || a->heads % a->kv_heads)
+        return dw_ir_node_error(ctx, n, "heads %lld must be a positive multiple of kv_heads %lld (head_dim %lld)",
+                   (long long)a->heads, (long long)a->kv_heads, (long long)a->head_dim);
+    if (n->n_in == 2) return dw_ir_node_error(ctx, n, "takes q, k, v or one packed qkv, not 2 inputs");
+    int64_t q = a->heads * a->head_dim, kv = a->kv_heads * a->head_dim;
+    for (int i = 0; i < n->n_in; i++) {
+        DW_TRY(want(ctx, g, n, i, 3, DW_IR_F32));
+        int64_t w = n->n_in == 1 ? q + 2 * kv : i == 0 ? q : kv;
+        if (last(IN(i)) != w)
+            return dw_ir_node_error(ctx, n, "input '%s' has width %lld; expected %lld", IN(i)->name,
+                       (long long)last(IN(i)), (long long)w);
+        if (i) DW_TRY(IN(i)->shape[0] == IN(0)->shape[0] && IN(i)->shape[1] == IN(0)->shape[1]
+                          ? DW_OK : dw_ir_node_error(ctx, n, "q, k and v differ in batch or sequence"));
+    }
+    like(g, n, 0, o);
+    o->shape[2] = q;
+    return DW_OK;
+}
+
+static dw_status infer_cross_entropy(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n,
+                                     dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 2, DW_IR_I32));
+    if (IN(1)->shape[0] != IN(0)->shape[0] || IN(1)->shape[1] != IN(0)->shape[1])
+        return dw_ir_node_error(ctx, n, "targets '%s' do not match the logits' batch and sequence", IN(1)->name);
+    like(g, n, 0, o);
+    o->ndim = 0;
+    return DW_OK;
+}
+
+typedef dw_status (*infer_fn)(dw_ctx *, const dw_graph *, const dw_ir_node *, dw_ir_tensor *);
+static const struct {
+    infer_fn infer;
+    int min_in, max_in;
+} ops[] = {
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {infer_##name, min_in, max_in},
+#include "ir/ops.def"
+#undef DW_OP
+};
+_Static_assert(sizeof ops / sizeof ops[0] == DW_OP_COUNT, "op table vs ops.def");
+
+dw_status dw_ir_infer(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *out) {
+    memset(out, 0, sizeof *out);
+    if ((unsigned)n->op >= DW_OP_COUNT) return dw_ir_node_error(ctx, n, "unknown op %d", (int)n->op);
+    if (n->n_in < ops[n->op].min_in || n->n_in > ops[n->op].max_in)
+        return dw_ir_node_error(ctx, n, "has %d inputs; takes %d to %d", n->n_in, ops[n->op].min_in,
+                   ops[n->op].max_in);
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] < 0 || n->in[i] >= g->n_tensors)
+            return dw_ir_node_error(ctx, n, "input %d refers to tensor %d of %d", i, n->in[i], g->n_tensors);
+    return ops[n->op].infer(ctx, g, n, out);
+}
+
