@@ -30,6 +30,11 @@ int dw_gemm_ctx_sm(dw_ctx *ctx);
  * autotuning on and `tune`, a new problem on a CUDA context is timed first (autotune.c). */
 dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *args, bool tune, const dw_kernel_desc **out);
 
+/* The kernel the registry would select for a on `device` with compute capability sm x10 (0 on
+ * the CPU), by priority (no autotuning, no context needed: the compiler plans with it), or NULL
+ * when no kernel is eligible. Pointers in a are only checked for alignment. */
+const char *dw_gemm_registry_pick(dw_device_kind device, int sm, const dw_gemm_args *a);
+
 /* ---- autotune cache (autotune.c) ---------------------------------------------------------- */
 bool dw_gemm_autotune_enabled(void);
 /* The remembered winner for args (NULL when none); *ms its time per call. */

@@ -11,6 +11,72 @@
 #include "core/error.h"
 #include "gemm/gemm.h"
 
+/* ---- eligibility: host code in every build (the compiler plans with it on any machine) ---- */
+static bool bf16_eligible(const dw_gemm_args *a, void *user, const char **why) {
+    (void)user;
+    if ((a->epilogue & DW_EPI_GELU_AUX) && a->n % 8) return *why = "GELU_AUX needs n % 8 == 0", false;
+    if ((a->epilogue & DW_EPI_DGELU) && a->n % 8) return *why = "DGELU needs n % 8 == 0 (aux rows)", false;
+    return true;
+}
+
+/* block-scaled recipes on sm_80/sm_90 through exact BF16 dequantisation */
+static bool is_blockscaled(int32_t r) {
+    return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2 || r == DW_RECIPE_MXFP4 || r == DW_RECIPE_NVFP4;
+}
+
+static bool dq_eligible(const dw_gemm_args *a, void *user, const char **why) {
+    (void)user;
+    if (!is_blockscaled(a->a.recipe) || !is_blockscaled(a->b.recipe))
+        return *why = "A and B must be mxfp8, mxfp8_e5m2, mxfp4 or nvfp4", false;
+    return bf16_eligible(a, user, why);
+}
+
+static bool is_fp8_hopper(int32_t r) {
+    return r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_FP8_ROW || r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D;
+}
+
+static bool fp8_eligible(const dw_gemm_args *a, void *user, const char **why) {
+    (void)user;
+    int32_t ra = a->a.recipe, rb = a->b.recipe;
+    if (!is_fp8_hopper(ra) || !is_fp8_hopper(rb)) return *why = "A and B must be fp8_tensor/row/block/block2d", false;
+    bool ok = (ra == DW_RECIPE_FP8_TENSOR && rb == DW_RECIPE_FP8_TENSOR) ||
+              (ra == DW_RECIPE_FP8_ROW && rb == DW_RECIPE_FP8_ROW) ||
+              ((ra == DW_RECIPE_FP8_BLOCK || ra == DW_RECIPE_FP8_BLOCK2D) &&
+               (rb == DW_RECIPE_FP8_BLOCK || rb == DW_RECIPE_FP8_BLOCK2D) &&
+               !(ra == DW_RECIPE_FP8_BLOCK2D && rb == DW_RECIPE_FP8_BLOCK2D));
+    if (!ok) return *why = "cuBLASLt pairs: tensor x tensor, row x row, block x block/block2d", false;
+    if (a->a.trans || !a->b.trans)
+        return *why = "FP8 on Hopper is TN only: A stored [m,k] and B stored [n,k] (trans_b); use the "
+                      "quantiser's transposed copy",
+               false;
+    if (a->k % 16) return *why = "FP8 needs k % 16 == 0 (16-byte rows)", false;
+    if ((ra == DW_RECIPE_FP8_BLOCK || ra == DW_RECIPE_FP8_BLOCK2D) && (a->k % 128 || a->m % 16))
+        return *why = "cuBLASLt block scaling needs k % 128 == 0 and m % 16 == 0 (no algorithm otherwise)", false;
+    if ((a->n * (a->out_type == DW_GEMM_OUT_BF16 ? 2 : 4)) % 16)
+        return *why = "FP8 needs 16-byte output rows (n % 8 for BF16, n % 4 for FP32)", false;
+    if (a->epilogue & DW_EPI_BGRAD) return *why = "cuBLASLt has no FP8 bias-gradient epilogue", false;
+    if (a->epilogue & (DW_EPI_GELU | DW_EPI_DGELU))
+        return *why = "cuBLASLt has no FP8 GELU epilogue on sm_90 (measured)", false;
+    if ((a->epilogue & DW_EPI_BIAS) && a->out_type == DW_GEMM_OUT_F32)
+        return *why = "cuBLASLt FP8 with FP32 output takes only a BF16 bias; Deepwell's bias has the output type",
+               false;
+    if ((a->epilogue & DW_EPI_GELU_AUX) && a->n % 8) return *why = "GELU_AUX needs n % 8 == 0", false;
+    return true;
+}
+
+static bool mx_eligible(const dw_gemm_args *a, void *user, const char **why) {
+    (void)user;
+    int32_t ra = a->a.recipe, rb = a->b.recipe;
+    bool mx8 = (ra == DW_RECIPE_MXFP8 || ra == DW_RECIPE_MXFP8_E5M2) && (rb == DW_RECIPE_MXFP8 || rb == DW_RECIPE_MXFP8_E5M2);
+    if (!mx8 && !(ra == DW_RECIPE_NVFP4 && rb == DW_RECIPE_NVFP4))
+        return *why = "A and B must both be mxfp8(_e5m2) or both nvfp4", false;
+    if (a->a.trans || !a->b.trans) return *why = "block-scaled FP8/FP4 is TN only: A [m,k], B [n,k] (trans_b)", false;
+    if (a->k % 32) return *why = "k must be a multiple of 32", false;
+    if (a->epilogue & (DW_EPI_BGRAD | DW_EPI_DGELU))
+        return *why = "no block-scaled bias-gradient or GELU-gradient epilogue", false;
+    return true;
+}
+
 #if DW_HAVE_CUDA
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes" /* cublasLt.h declares f() */
@@ -289,19 +355,8 @@ static dw_status lt_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     return lt_run_scaled(ctx, a, &a->a, &a->b);
 }
 
-static bool bf16_eligible(const dw_gemm_args *a, void *user, const char **why);
 
-/* ---- block-scaled recipes on sm_80/sm_90 through exact BF16 dequantisation ------------------ */
-static bool is_blockscaled(int32_t r) {
-    return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2 || r == DW_RECIPE_MXFP4 || r == DW_RECIPE_NVFP4;
-}
 
-static bool dq_eligible(const dw_gemm_args *a, void *user, const char **why) {
-    (void)user;
-    if (!is_blockscaled(a->a.recipe) || !is_blockscaled(a->b.recipe))
-        return *why = "A and B must be mxfp8, mxfp8_e5m2, mxfp4 or nvfp4", false;
-    return bf16_eligible(a, user, why);
-}
 
 /* Dequantises x into a BF16 copy at dst (device) and describes it in out. */
 static dw_status dq_operand(dw_ctx *ctx, const dw_gemm_operand *x, uint16_t *dst, void *stream, dw_gemm_operand *out) {
@@ -353,62 +408,21 @@ static dw_status dq_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     return s;
 }
 
-static bool is_fp8_hopper(int32_t r) {
-    return r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_FP8_ROW || r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D;
-}
 
-static bool fp8_eligible(const dw_gemm_args *a, void *user, const char **why) {
-    (void)user;
-    int32_t ra = a->a.recipe, rb = a->b.recipe;
-    if (!is_fp8_hopper(ra) || !is_fp8_hopper(rb)) return *why = "A and B must be fp8_tensor/row/block/block2d", false;
-    bool ok = (ra == DW_RECIPE_FP8_TENSOR && rb == DW_RECIPE_FP8_TENSOR) ||
-              (ra == DW_RECIPE_FP8_ROW && rb == DW_RECIPE_FP8_ROW) ||
-              ((ra == DW_RECIPE_FP8_BLOCK || ra == DW_RECIPE_FP8_BLOCK2D) &&
-               (rb == DW_RECIPE_FP8_BLOCK || rb == DW_RECIPE_FP8_BLOCK2D) &&
-               !(ra == DW_RECIPE_FP8_BLOCK2D && rb == DW_RECIPE_FP8_BLOCK2D));
-    if (!ok) return *why = "cuBLASLt pairs: tensor x tensor, row x row, block x block/block2d", false;
-    if (a->a.trans || !a->b.trans)
-        return *why = "FP8 on Hopper is TN only: A stored [m,k] and B stored [n,k] (trans_b); use the "
-                      "quantiser's transposed copy",
-               false;
-    if (a->k % 16) return *why = "FP8 needs k % 16 == 0 (16-byte rows)", false;
-    if ((ra == DW_RECIPE_FP8_BLOCK || ra == DW_RECIPE_FP8_BLOCK2D) && (a->k % 128 || a->m % 16))
-        return *why = "cuBLASLt block scaling needs k % 128 == 0 and m % 16 == 0 (no algorithm otherwise)", false;
-    if ((a->n * (a->out_type == DW_GEMM_OUT_BF16 ? 2 : 4)) % 16)
-        return *why = "FP8 needs 16-byte output rows (n % 8 for BF16, n % 4 for FP32)", false;
-    if (a->epilogue & DW_EPI_BGRAD) return *why = "cuBLASLt has no FP8 bias-gradient epilogue", false;
-    if (a->epilogue & (DW_EPI_GELU | DW_EPI_DGELU))
-        return *why = "cuBLASLt has no FP8 GELU epilogue on sm_90 (measured)", false;
-    if ((a->epilogue & DW_EPI_BIAS) && a->out_type == DW_GEMM_OUT_F32)
-        return *why = "cuBLASLt FP8 with FP32 output takes only a BF16 bias; Deepwell's bias has the output type",
-               false;
-    if ((a->epilogue & DW_EPI_GELU_AUX) && a->n % 8) return *why = "GELU_AUX needs n % 8 == 0", false;
-    return true;
-}
 
-static bool bf16_eligible(const dw_gemm_args *a, void *user, const char **why) {
-    (void)user;
-    if ((a->epilogue & DW_EPI_GELU_AUX) && a->n % 8) return *why = "GELU_AUX needs n % 8 == 0", false;
-    if ((a->epilogue & DW_EPI_DGELU) && a->n % 8) return *why = "DGELU needs n % 8 == 0 (aux rows)", false;
-    return true;
-}
 
-static bool mx_eligible(const dw_gemm_args *a, void *user, const char **why) {
-    (void)user;
-    int32_t ra = a->a.recipe, rb = a->b.recipe;
-    bool mx8 = (ra == DW_RECIPE_MXFP8 || ra == DW_RECIPE_MXFP8_E5M2) && (rb == DW_RECIPE_MXFP8 || rb == DW_RECIPE_MXFP8_E5M2);
-    if (!mx8 && !(ra == DW_RECIPE_NVFP4 && rb == DW_RECIPE_NVFP4))
-        return *why = "A and B must both be mxfp8(_e5m2) or both nvfp4", false;
-    if (a->a.trans || !a->b.trans) return *why = "block-scaled FP8/FP4 is TN only: A [m,k], B [n,k] (trans_b)", false;
-    if (a->k % 32) return *why = "k must be a multiple of 32", false;
-    if (a->epilogue & (DW_EPI_BGRAD | DW_EPI_DGELU))
-        return *why = "no block-scaled bias-gradient or GELU-gradient epilogue", false;
-    return true;
+#else
+static dw_status no_cuda_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    (void)a, (void)user;
+    return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "gemm: this build has no CUDA");
 }
+#define lt_run no_cuda_run
+#define dq_run no_cuda_run
 #endif /* DW_HAVE_CUDA */
 
+/* Registered in every build, so a CPU-only build plans CUDA programs with the same rules; their
+ * run functions exist only with CUDA (a CPU context never selects them). */
 void dw_gemm_cublaslt_register(void) {
-#if DW_HAVE_CUDA
     dw_kernel_desc d = {.op = DW_KOP_GEMM, .device = DW_DEVICE_CUDA, .run = lt_run};
     d.name = "cublaslt_bf16";
     d.recipe_a = d.recipe_b = DW_RECIPE_BF16;
@@ -431,5 +445,4 @@ void dw_gemm_cublaslt_register(void) {
     d.name = "cublaslt_blockscaled_sm100";
     d.sm_min = 100, d.sm_max = 109, d.priority = 20, d.eligible = mx_eligible;
     DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-#endif
 }

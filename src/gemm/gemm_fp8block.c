@@ -7,12 +7,6 @@
 #include "core/error.h"
 #include "gemm/gemm.h"
 
-#if DW_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "core/cuda_check.h"
-#include "gemm/gemm_cuda.h"
-
 static bool is_blk(int32_t r) { return r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D; }
 
 static bool fb_eligible(const dw_gemm_args *a, void *user, const char **why) {
@@ -24,6 +18,12 @@ static bool fb_eligible(const dw_gemm_args *a, void *user, const char **why) {
         return *why = "D must be aligned to two output elements (paired stores)", false;
     return true;
 }
+
+#if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
+#include "gemm/gemm_cuda.h"
 
 static dw_status fb_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     void *stream = NULL;
@@ -38,10 +38,15 @@ static dw_status fb_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_fp8block_sm90_launch(&p, stream));
     return DW_OK;
 }
+#else
+static dw_status fb_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    (void)a, (void)user;
+    return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "gemm: this build has no CUDA");
+}
 #endif
 
+/* Registered in every build (the compiler plans CUDA programs with the predicates anywhere). */
 void dw_gemm_fp8block_sm90_register(void) {
-#if DW_HAVE_CUDA
     enum { NV = 7 };
     static int variants[NV] = {0, 1, 2, 3, 4, 5, 6};
     static const char *names[NV] = {"deepwell_fp8block_sm90",      "deepwell_fp8block_sm90_3wg",
@@ -58,5 +63,4 @@ void dw_gemm_fp8block_sm90_register(void) {
                             .eligible = fb_eligible, .run = fb_run, .user = &variants[i]};
         DW_ASSERT(dw_kernel_register(&d) == DW_OK);
     }
-#endif
 }

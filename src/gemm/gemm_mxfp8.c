@@ -6,12 +6,6 @@
 #include "core/error.h"
 #include "gemm/gemm.h"
 
-#if DW_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "core/cuda_check.h"
-#include "gemm/gemm_cuda.h"
-
 static bool is_mx8(int32_t r) { return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2; }
 
 static bool mx_sm90_eligible(const dw_gemm_args *a, void *user, const char **why) {
@@ -19,6 +13,12 @@ static bool mx_sm90_eligible(const dw_gemm_args *a, void *user, const char **why
     if (!is_mx8(a->a.recipe) || !is_mx8(a->b.recipe)) return *why = "A and B must be mxfp8 or mxfp8_e5m2", false;
     return dw_gemm_sm90_own_eligible(a, 32, why);
 }
+
+#if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
+#include "gemm/gemm_cuda.h"
 
 /* The epilogue fields of a, as the own kernels' launchers take them. */
 dw_sm90_epi dw_gemm_sm90_epi(const dw_gemm_args *a) {
@@ -42,6 +42,11 @@ static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     DW_CUDA_CHECK(ctx, (cudaError_t)dw_gemm_mxfp8_sm90_launch(&p, stream));
     return DW_OK;
 }
+#else
+static dw_status mx_sm90_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    (void)a, (void)user;
+    return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "gemm: this build has no CUDA");
+}
 #endif
 
 bool dw_gemm_sm90_own_eligible(const dw_gemm_args *a, int64_t kmul, const char **why) {
@@ -59,8 +64,8 @@ bool dw_gemm_sm90_own_eligible(const dw_gemm_args *a, int64_t kmul, const char *
     return true;
 }
 
+/* Registered in every build (the compiler plans CUDA programs with the predicates anywhere). */
 void dw_gemm_mxfp8_sm90_register(void) {
-#if DW_HAVE_CUDA
     dw_kernel_desc d = {.name = "deepwell_mxfp8_wgmma_sm90", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
                         .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = 30,
                         .eligible = mx_sm90_eligible, .run = mx_sm90_run};
@@ -75,5 +80,4 @@ void dw_gemm_mxfp8_sm90_register(void) {
     d.priority = 31;
     d.user = &v2;
     DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-#endif
 }

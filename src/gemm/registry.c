@@ -91,11 +91,9 @@ static const char *reject_reason(const entry *e, const dw_gemm_args *a, dw_devic
     return NULL;
 }
 
-/* Selection; appends the account to `log` (may be NULL). */
-static const entry *select_entry(dw_ctx *ctx, const dw_gemm_args *a, char *log, size_t logn) {
+/* Selection for a device and compute capability; appends the account to `log` (may be NULL). */
+static const entry *select_on(dw_device_kind dev, int sm, const dw_gemm_args *a, char *log, size_t logn) {
     ensure_builtins();
-    dw_device_kind dev = dw_ctx_device(ctx);
-    int sm = dw_gemm_ctx_sm(ctx);
     const entry *best = NULL;
     size_t used = log ? strlen(log) : 0;
     for (int i = 0; i < g_count; i++) {
@@ -110,6 +108,15 @@ static const entry *select_entry(dw_ctx *ctx, const dw_gemm_args *a, char *log, 
         }
     }
     return best;
+}
+
+static const entry *select_entry(dw_ctx *ctx, const dw_gemm_args *a, char *log, size_t logn) {
+    return select_on(dw_ctx_device(ctx), dw_gemm_ctx_sm(ctx), a, log, logn);
+}
+
+const char *dw_gemm_registry_pick(dw_device_kind device, int sm, const dw_gemm_args *a) {
+    const entry *e = select_on(device, sm, a, NULL, 0);
+    return e ? e->name : NULL;
 }
 
 /* The eligible entries for a on ctx (at most cap), highest priority first. */
