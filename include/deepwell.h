@@ -101,6 +101,10 @@ DW_API int dw_ctx_device_index(const dw_ctx *ctx);
  * With ctx == NULL: the thread's last message from a call that had no context. */
 DW_API const char *dw_errmsg(const dw_ctx *ctx);
 
+/* Device memory of a CUDA context's GPU: free and total bytes now (DW_ERR_UNSUPPORTED on a CPU
+ * context). */
+DW_API dw_status dw_ctx_mem_info(dw_ctx *ctx, int64_t *free_bytes, int64_t *total_bytes);
+
 /* True when this build contains CUDA code (compiled with nvcc for sm_90a and sm_100a). */
 DW_API bool dw_built_with_cuda(void);
 /* "0.1.0 (cuda: sm_90a,sm_100a)" or "0.1.0 (cpu-only build)"; static storage. */
@@ -172,6 +176,16 @@ DW_API dw_status dw_capture_hf(dw_ctx *ctx, const char *model_dir_or_preset, dw_
  * default above). */
 DW_API dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model_dir_or_preset, int64_t batch,
                               int64_t seq, dw_graph **out);
+/* The same with options (NULL: defaults): the shape, and overrides of the model's config. */
+typedef struct {
+    size_t size;     /* sizeof(dw_capture_opts), set by dw_capture_opts_init */
+    int64_t batch;   /* default 1 */
+    int64_t seq;     /* default 0: min(max_position_embeddings, 2048) */
+    int64_t vocab;   /* default 0: the config's vocab_size; else this many rows (e.g. GPT-2's
+                        50257 padded to 50304), the captured config.json saying so too */
+} dw_capture_opts;
+DW_API void dw_capture_opts_init(dw_capture_opts *o, size_t size);
+DW_API dw_status dw_capture(dw_ctx *ctx, const char *model_dir_or_preset, const dw_capture_opts *opts, dw_graph **out);
 DW_API void dw_graph_free(dw_graph *g);
 
 /* The graph as JSON (schema in docs/ir.md): top-level "params", "flops_per_token", "config",
@@ -190,8 +204,19 @@ DW_API int64_t dw_graph_params(const dw_graph *g);
 /* Training FLOPs (forward + backward) per token at the graph's sequence length, causal attention
  * counted as computed (docs/ir.md). */
 DW_API double dw_graph_flops_per_token(const dw_graph *g);
+/* The same in PaLM's model-FLOPs convention, the one MFU is quoted in (bench/train_anchor.py):
+ * 6 per matmul weight element per token (the LM head included; no biases, no elementwise ops)
+ * plus 12 x layers x heads x head_dim x T for attention (the full square). */
+DW_API double dw_graph_model_flops_per_token(const dw_graph *g);
 DW_API int dw_graph_node_count(const dw_graph *g);
 DW_API int64_t dw_graph_seq(const dw_graph *g);
+/* Sequences the graph's shapes are for, and the vocabulary (token embedding rows). */
+DW_API int64_t dw_graph_batch(const dw_graph *g);
+DW_API int64_t dw_graph_vocab(const dw_graph *g);
+/* The model's Hugging Face model_type ("llama") and its config.json text as captured (NULL when the
+ * graph was built without one); valid while g lives. */
+DW_API const char *dw_graph_model_type(const dw_graph *g);
+DW_API const char *dw_graph_config_json(const dw_graph *g);
 
 /* ======================================================================================
  * Precision policy                                           [section: precision]
@@ -324,18 +349,33 @@ DW_API void dw_gemm_set_autotune(bool on);
  * Compile: schedule, kernel binding, memory plan             [section: compile]
  * ====================================================================================== */
 
-/* A graph compiled for the CUDA engine: the schedule (forward, then backward in reverse), the
- * recipe and kernel of every node, and the static memory plan (pools: weights, grads,
- * optimizer, activations, workspace). Planning only: needs no GPU. */
+/* A compiled program: the one thing engines execute. Its steps (every node's forward, then the
+ * backward in reverse, then the optimizer), the recipe and kernels of every node, and the static
+ * memory plan (pools: weights, grads, optimizer, activations, workspace), for a target backend.
+ * Planning only: compiling needs no GPU, and a CPU engine runs a program compiled for CUDA (as
+ * its exact oracle: the same steps and recipes, the reference kernels). */
 typedef struct dw_compiled dw_compiled;
+/* A parallel plan (section [plan]). */
+typedef struct dw_plan dw_plan;
 
-/* Compiles g (which must outlive the result). plan: NULL (one GPU; parallel plans are refused
- * with DW_ERR_UNSUPPORTED for now). policy: NULL = FP32 mode (FP32 activations, the FP32
- * reference GEMM: for parity with the CPU engine); else BF16 activations and each linear
- * node's recipe from the policy. A recipe the engine cannot run yet is recorded (see the
- * report), not an error here. *out is NULL on error. */
-DW_API dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const char *plan, const dw_policy *policy,
-                     dw_compiled **out);
+typedef struct {
+    size_t size;          /* sizeof(dw_compile_opts), set by dw_compile_opts_init */
+    dw_device_kind device; /* the target: DW_DEVICE_AUTO (default) = the context's device */
+    int sm;               /* CUDA target: compute capability x10 the kernels are chosen for; 0
+                             (default) = the context's GPU, or 90 on a CPU context */
+    bool fuse;            /* GELU into the neighbouring GEMMs' epilogues in BF16 programs (default
+                             true; the environment variable DW_FUSE=0 makes the default false) */
+} dw_compile_opts;
+DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
+
+/* Compiles g (which must outlive the result) for batches up to g's batch x seq. plan: NULL (one
+ * device) or a plan whose world size is 1 (a multi-rank plan is refused with DW_ERR_UNSUPPORTED
+ * until the multi-GPU runtime exists). policy: NULL = FP32 mode (FP32 activations, each backend's
+ * FP32 reference linear: parity with PyTorch in FP32); else BF16 activations and each linear
+ * node's recipe from the policy. opts may be NULL (defaults). An op the target backend lacks is
+ * recorded in the report and refused by dw_engine_create, naming the op. *out is NULL on error. */
+DW_API dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const dw_policy *policy,
+                            const dw_compile_opts *opts, dw_compiled **out);
 DW_API void dw_compiled_free(dw_compiled *c);
 /* Planned bytes of pool 0 weights, 1 grads, 2 optimizer, 3 activations, 4 workspace (0 for
  * other values). */
@@ -343,6 +383,91 @@ DW_API int64_t dw_compiled_pool_bytes(const dw_compiled *c, int pool);
 /* The readable report: per node the recipe and why, the kernel and why; per pool the planned
  * bytes; the activation arena's peak. Caller frees with dw_free_string. */
 DW_API dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out);
+
+/* ======================================================================================
+ * Engine: a compiled program on a device                     [section: engine]
+ * ====================================================================================== */
+
+/* An engine executes a dw_compiled on its context's device: the CPU (the exact reference backend,
+ * which runs any program, including one compiled for CUDA, with the same steps and recipes) or
+ * one CUDA GPU. It owns the program's pools (weights, gradients, optimizer state, activations,
+ * workspace), allocated once at creation; no step allocates. Belongs to its context's thread. */
+typedef struct dw_engine dw_engine;
+
+typedef struct {
+    size_t size;       /* sizeof(dw_engine_opts), set by dw_engine_opts_init */
+    bool record;       /* replay recorded steps (CUDA graphs) from a shape's second call (default
+                          true; the environment variable DW_CUDA_GRAPH=0 makes the default false) */
+    bool quant_reuse;  /* quantised layers reading the same x (q/k/v, gate/up) quantise it once
+                          per sweep (default true; DW_QUANT_REUSE=0 makes the default false) */
+} dw_engine_opts;
+DW_API void dw_engine_opts_init(dw_engine_opts *o, size_t size);
+
+/* Creates an engine for c on ctx's device; c (and its graph) must outlive it. Parameters start
+ * at zero: call dw_engine_init_weights or dw_engine_load_weights. Refuses (DW_ERR_UNSUPPORTED) a
+ * program that needs an op the backend lacks, naming the op, and a CUDA engine for a program
+ * compiled for another target. opts may be NULL. *out is NULL on error. */
+DW_API dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_opts *opts, dw_engine **out);
+DW_API void dw_engine_free(dw_engine *e);
+/* The program and graph it runs (valid while it lives). */
+DW_API const dw_compiled *dw_engine_program(const dw_engine *e);
+DW_API const dw_graph *dw_engine_graph(const dw_engine *e);
+/* "cpu" or "cuda". */
+DW_API const char *dw_engine_backend(const dw_engine *e);
+
+/* Initialises the parameters as the architecture's reference implementation does (normal(0,
+ * std) matrices, GPT-2's scaled residual projections, ones/zeros for norms and biases),
+ * deterministically from seed (the same values on every backend). */
+DW_API dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed);
+/* Hugging Face safetensors with the model's tensor names and layouts: path is a .safetensors
+ * file, or a directory with model.safetensors or a sharded model.safetensors.index.json. Loading
+ * checks every tensor (present, shape, floating dtype, nothing unexpected) before changing any;
+ * errors name the file and tensor. Saving writes FP32 atomically (path: a file, or a directory
+ * that gets model.safetensors). */
+DW_API dw_status dw_engine_load_weights(dw_engine *e, const char *path);
+DW_API dw_status dw_engine_save_weights(dw_engine *e, const char *path);
+/* The AdamW moments as NAME.exp_avg and NAME.exp_avg_sq (FP32, Deepwell's layout) in one
+ * safetensors file; loading checks every tensor before changing any. */
+DW_API dw_status dw_engine_save_optimizer(dw_engine *e, const char *path);
+DW_API dw_status dw_engine_load_optimizer(dw_engine *e, const char *path);
+
+/* Forward on B x T tokens (int32, row-major; B and T at most the program's). targets (may be
+ * NULL) below 0 are ignored; *loss (may be NULL) gets the mean cross-entropy; logits (may be
+ * NULL) gets (B,T,V) FP32. Tokens and targets outside the vocabulary are refused. */
+DW_API dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                                   float *logits, double *loss);
+/* Forward and backward: gradients of loss * grad_scale are ADDED to the parameters' gradients
+ * (grad_scale = 1 / accumulation steps). *loss (may be NULL: then nothing waits for the device)
+ * gets the mean cross-entropy. */
+DW_API dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
+                                            int64_t T, double grad_scale, double *loss);
+DW_API dw_status dw_engine_zero_grad(dw_engine *e);
+
+typedef struct {
+    size_t size;            /* sizeof(dw_adamw_opts), set by dw_adamw_opts_init */
+    double lr;              /* default 1e-3 */
+    double beta1, beta2;    /* 0.9, 0.95 */
+    double eps;             /* 1e-8 */
+    double weight_decay;    /* 0.1, on matrices only (the graph's decay flag) */
+    double clip;            /* global gradient-norm clipping, 1.0; 0 disables */
+} dw_adamw_opts;
+DW_API void dw_adamw_opts_init(dw_adamw_opts *o, size_t size);
+/* One AdamW step number `step` (1-based: bias correction 1 - beta^step) over every parameter:
+ * norm = global L2 norm of the gradients (*grad_norm, before clipping); gradients scaled by
+ * clip / (norm + 1e-6) when clip > 0 and norm > clip; p -= lr * wd * p for decay parameters;
+ * m, v updated; p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps). A non-finite norm
+ * leaves every parameter and moment unchanged and returns DW_ERR_NUMERIC. */
+DW_API dw_status dw_engine_step(dw_engine *e, const dw_adamw_opts *o, int64_t step, double *grad_norm);
+
+/* Parameters, in the graph's order (tied embeddings once): name (static while e lives), shape
+ * (returns ndim, shape in Deepwell's layout: linear weights out x in), and their FP32 values and
+ * gradients copied out (numel floats) or in (writing refreshes the BF16 and quantised copies). */
+DW_API int dw_engine_param_count(const dw_engine *e);
+DW_API const char *dw_engine_param_name(const dw_engine *e, int i);
+DW_API int dw_engine_param_shape(const dw_engine *e, int i, int64_t shape[4]);
+DW_API dw_status dw_engine_param_read(dw_engine *e, int i, float *values);
+DW_API dw_status dw_engine_param_write(dw_engine *e, int i, const float *values);
+DW_API dw_status dw_engine_grad_read(dw_engine *e, int i, float *grads);
 
 /* ======================================================================================
  * Autoplan and dryrun                                        [section: plan]
@@ -389,16 +514,16 @@ typedef struct {
 } dw_train_progress;
 
 typedef struct {
-    const char *model;      /* preset name or Hugging Face model directory (config.json); with
-                               `resume` the checkpoint's config.json is used instead */
+    size_t size;            /* sizeof(dw_train_opts), set by dw_train_opts_init */
     const char *data;       /* glob of llm.c token shards (*.bin) or of text files, or "builtin" */
     const char *val;        /* validation data (same forms), or NULL; "builtin" data has its own
                                validation stream (the same facts, other orders), used when NULL */
     const char *out_dir;    /* run directory: metrics.jsonl, ckpt-<step>/, latest (created) */
-    const char *resume;     /* checkpoint or run directory to continue from, or NULL */
+    const char *resume;     /* checkpoint or run directory to continue from, or NULL: its weights,
+                               optimizer state, step, data position and RNG replace the engine's */
     int64_t steps;          /* total optimizer steps (a resumed run continues up to it) */
-    int64_t batch;          /* micro-batch B (sequences per forward/backward) */
-    int64_t seq;            /* sequence length T */
+    int64_t batch;          /* micro-batch B (sequences per forward/backward), at most the program's */
+    int64_t seq;            /* sequence length T, at most the program's */
     int64_t global_batch;   /* sequences per optimizer step; a multiple of batch */
     double lr, min_lr;
     int64_t warmup;
@@ -415,17 +540,13 @@ typedef struct {
                                   min(16, seq/4) tokens of the step's first sequence */
     int64_t ckpt_every;     /* checkpoint every K steps; one is always written at the end */
     int keep;               /* checkpoints kept (newest); 0: all */
-    uint64_t seed;          /* weights, shuffling and sampling */
-    const dw_policy *policy; /* CUDA engine: precision policy (borrowed); NULL = BF16. Must be
-                                NULL on the CPU (FP32 reference engine) */
-    bool deterministic;     /* CUDA engine: bit-reproducible steps — attention through Deepwell's
+    uint64_t seed;          /* shuffling and sampling (weights are the engine's already) */
+    bool deterministic;     /* CUDA: bit-reproducible steps — attention through Deepwell's
                                tensor-core kernels instead of cuDNN, whose backward accumulates
                                dQ with atomics (for the whole process while dw_train runs; the
-                               CPU engine always is) */
-    bool profile;           /* CUDA engine: after the last step, time 3 eager steps of the last
-                               micro-batch with a CUDA event around every op and write
-                               out_dir/profile.json (mean ms per op kind and per node role,
-                               forward and backward); refused on the CPU engine */
+                               CPU backend always is) */
+    bool profile;           /* after the last step, time 3 eager steps of the last micro-batch
+                               step by step and write out_dir/profile.json (dw_profile_save) */
     void (*progress)(const dw_train_progress *p, void *user); /* may be NULL */
     void *progress_user;
 } dw_train_opts;
@@ -433,19 +554,101 @@ typedef struct {
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,
  * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
  * sample every 0 (64 tokens at temperature 0.8), checkpoint at the end only, keep 3, seed 1337.
- * model, data, out_dir must still be set. */
-DW_API void dw_train_opts_default(dw_train_opts *opts);
+ * data and out_dir must still be set. */
+DW_API void dw_train_opts_init(dw_train_opts *opts, size_t size);
 
-/* Trains on the context's device (CPU reference engine, or the CUDA engine with opts->policy).
- * Writes out_dir/metrics.jsonl (one JSON object per step) and checkpoints. Returns DW_OK when
- * all steps ran or after a stop request (then a checkpoint of the last finished step exists). */
-DW_API dw_status dw_train(dw_ctx *ctx, const dw_train_opts *opts);
+/* Trains the engine's model: per optimizer step global_batch/batch micro-batches of forward and
+ * backward, gradient clipping, the scheduled learning rate, AdamW (dw_engine_step); validation,
+ * samples and checkpoints (config.json: the graph's captured config; model.safetensors;
+ * optimizer.safetensors; state.json with the step, data position, RNG, schedule and the program's
+ * precision). Writes out_dir/metrics.jsonl (one JSON object per step). Returns DW_OK when all
+ * steps ran or after a stop request (then a checkpoint of the last finished step exists). */
+DW_API dw_status dw_train(dw_engine *e, const dw_train_opts *opts);
 
 /* Asks a running dw_train to stop after the current step (it writes a checkpoint first).
  * Async-signal-safe: meant to be called from a SIGINT handler. */
 DW_API void dw_train_request_stop(void);
 /* Whether a stop was requested (and not yet cleared by the start of the next dw_train). */
 DW_API bool dw_train_stop_requested(void);
+
+/* ======================================================================================
+ * Opening a model end to end                                 [section: model]
+ * ====================================================================================== */
+
+/* The pipeline in one call, for tools and quick starts: capture -> compile -> engine -> weights.
+ * A dw_model owns its graph, program and engine. */
+typedef struct dw_model dw_model;
+
+typedef enum {
+    DW_WEIGHTS_AUTO = 0, /* a checkpoint's or model directory's weights when it has them, else random */
+    DW_WEIGHTS_RANDOM,   /* the architecture's initialisation from seed */
+    DW_WEIGHTS_FILE,     /* the weights of `what` (an error when it has none) */
+    DW_WEIGHTS_NONE      /* parameters left at zero: the caller loads them (dw_train's resume) */
+} dw_weights_from;
+
+typedef struct {
+    size_t size;               /* sizeof(dw_model_opts), set by dw_model_opts_init */
+    int64_t batch;             /* capacity B (default 1) */
+    int64_t seq;               /* capacity T (default 0: the model's positions, at most 1024) */
+    const dw_policy *policy;   /* borrowed; NULL: FP32 on a CPU context, BF16 on CUDA */
+    dw_weights_from weights;   /* default DW_WEIGHTS_AUTO */
+    uint64_t seed;             /* random initialisation (default 1337) */
+} dw_model_opts;
+DW_API void dw_model_opts_init(dw_model_opts *o, size_t size);
+
+/* `what`: a checkpoint or run directory (validated first; its config.json and weights), a
+ * directory with config.json (and model.safetensors or a sharded index), a config.json path, or
+ * a preset name. The graph is captured for batch x seq and compiled for ctx's device. *out is
+ * NULL on error. */
+DW_API dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts, dw_model **out);
+DW_API void dw_model_free(dw_model *m);
+DW_API dw_engine *dw_model_engine(const dw_model *m);
+DW_API const dw_graph *dw_model_graph(const dw_model *m);
+/* Whether the weights came from a file (false: initialised from seed). */
+DW_API bool dw_model_trained(const dw_model *m);
+/* The tokenizer its text goes through: "bytes" (byte-level, vocabulary 256) or "ids" (text is
+ * space-separated token ids); a checkpoint says which its data used. Static string. */
+DW_API const char *dw_model_tokenizer(const dw_model *m);
+
+/* Text <-> tokens with a tokenizer named as above. dw_tokenize: *ids (free()) and *n; ids outside
+ * [0, vocab) are refused naming the word. dw_detokenize: a malloc'd NUL-terminated string (bytes:
+ * ids above 255 as "<id>"; ids: space-separated), NULL when out of memory. */
+DW_API dw_status dw_tokenize(dw_ctx *ctx, const char *tokenizer, const char *text, int64_t vocab, int32_t **ids,
+                             int64_t *n);
+DW_API char *dw_detokenize(const char *tokenizer, const int32_t *ids, int64_t n);
+
+/* Appends n tokens to tokens[0..np) (np >= 1; room for np + n) from the engine's model, each
+ * from the last min(length, the program's T) tokens, with temperature (0: greedy) and top-k (0:
+ * the whole vocabulary), drawing from *rng_state (advanced; any value seeds a stream). */
+DW_API dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, int64_t n, double temperature,
+                                    int top_k, uint64_t *rng_state);
+
+/* ======================================================================================
+ * Profiles                                                    [section: profile]
+ * ====================================================================================== */
+
+/* Where a training step's time goes: eager steps timed step by step (CUDA events on a GPU, the
+ * host clock on the CPU), summed per op kind and direction and per node role ("h.#.attn.c_proj
+ * fwd"), largest first; and the optimizer step's parts. */
+typedef struct dw_profile dw_profile;
+/* Times 1 + steps eager training steps of (tokens, targets) [B, T] (the first untimed) and, with
+ * optimizer, 3 eager optimizer steps; the weights, moments and gradients change as in real steps. */
+DW_API dw_status dw_engine_profile(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                                   int steps, bool optimizer, dw_profile **out);
+DW_API void dw_profile_free(dw_profile *p);
+/* The tables as aligned text (at most top rows each; 0: all), or as JSON fields ("profile_eager_ms",
+ * "per_op", "per_role"[, "optimizer"]) for a larger object; caller frees with dw_free_string. */
+DW_API char *dw_profile_text(const dw_profile *p, int top);
+DW_API char *dw_profile_json_fields(const dw_profile *p);
+/* One eager step's milliseconds (the sum of the per-op table). */
+DW_API double dw_profile_step_ms(const dw_profile *p);
+/* profile.json: written atomically; read back with errors naming the file and field. */
+DW_API dw_status dw_profile_save(dw_ctx *ctx, const dw_profile *p, const char *path);
+DW_API dw_status dw_profile_load(dw_ctx *ctx, const char *path, dw_profile **out);
+
+/* Debugging and parity: the logits (B,T,V) of the last forward given here, the loss and every
+ * parameter's gradient under its Hugging Face name and layout, in one safetensors file. */
+DW_API dw_status dw_engine_dump(dw_engine *e, const char *path, const float *logits, int64_t B, int64_t T, double loss);
 
 
 #ifdef __cplusplus

@@ -1,26 +1,15 @@
 /* bench_step.c — `deepwell bench step`: times the CUDA engine's training step (zero_grad,
  * forward_backward with the loss read back, AdamW with clipping) on a model at B x T, reports
- * tokens/s, MFU (PaLM FLOP convention, as bench/train_anchor.py) and device memory, and with
- * --profile a per-op breakdown of one eager step (CUDA events per schedule step). Not a test. */
+ * tokens/s, MFU (the graph's PaLM-convention model FLOPs, as bench/train_anchor.py) and device
+ * memory, and with --profile a per-op breakdown of one eager step (CUDA events per program step).
+ * Not a test. Public API only. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "capture/model_config.h"
 #include "cli.h"
-#include "core/ctx.h"
-#include "core/error.h"
-#include "formats/formats.h"
-#include "ir/ir.h"
-#include "runtime/engine.h"
-#include "runtime/engine_cuda.h"
-#include "runtime/profile.h"
 #include "step_run.h"
-
-#if DW_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 static const char *CMD = "bench step";
 
@@ -64,19 +53,6 @@ static void help(void) {
            "  -h, --help        this help\n\n"
            "Exit status: 0 measured, 2 bad arguments or model, 1 no GPU or a failure.\n");
 }
-
-#if DW_HAVE_CUDA /* the helpers below serve the measurement, which needs CUDA */
-/* PaLM-convention training FLOPs per token (bench/train_anchor.py's flops_per_token). */
-static double flops_per_token(const dw_model_config *c, int64_t T) {
-    const double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
-    const double Hkv = (double)c->n_kv_heads, ff = (double)c->d_ff;
-    const bool glu = strcmp(c->model_type, "gpt2") != 0;
-    const double per_layer = d * H * hd + 2 * d * Hkv * hd + H * hd * d + (glu ? 3 : 2) * d * ff;
-    const double matmul = (double)c->n_layers * per_layer + (double)c->vocab_size * d;
-    return 6 * matmul + 12 * (double)c->n_layers * H * hd * (double)T;
-}
-
-#endif /* DW_HAVE_CUDA */
 
 int dw_bench_step(int argc, char **argv) {
     static const struct option opts[] = {{"batch", required_argument, 0, 'b'},
@@ -132,110 +108,98 @@ int dw_bench_step(int argc, char **argv) {
         cli_error(CMD, "expected exactly one MODEL (a config.json directory, file or preset)");
         return DW_EXIT_USAGE;
     }
-    dw_recipe rec;
-    if (strcmp(precision, "bf16") && strcmp(precision, "fp32") && !dw_recipe_parse(precision, &rec)) {
-        cli_error(CMD, "--precision must be bf16, fp32 or a recipe (fp8_tensor, fp8_row, fp8_block, fp8_block2d, "
-                  "mxfp8, mxfp8_e5m2, mxfp4, nvfp4), not '%s'", precision);
-        return DW_EXIT_USAGE;
-    }
-    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
-    dw_ctx *hctx = NULL;
-    if (dw_ctx_create(&co, &hctx) != DW_OK) {
+    /* the model and the precision first, on a CPU context: bad input is a usage error, GPU or not */
+    dw_ctx_opts ho = {.device = DW_DEVICE_CPU};
+    dw_ctx *ctx = NULL;
+    if (dw_ctx_create(&ho, &ctx) != DW_OK) {
         cli_error(CMD, "%s", dw_errmsg(NULL));
         return DW_EXIT_FAIL;
     }
-    dw_model_config cfg;
-    dw_status s = dw_model_config_load(hctx, argv[optind], &cfg);
-    if (s != DW_OK) {
-        int rc = cli_fail(CMD, hctx, s);
-        dw_ctx_free(hctx);
-        return rc;
-    }
-    if (V) cfg.vocab_size = V;
-    if (T > cfg.max_seq) {
-        cli_error(CMD, "--seq %ld is more than the model's %lld positions", T, (long long)cfg.max_seq);
-        dw_ctx_free(hctx);
-        return DW_EXIT_USAGE;
-    }
-    if (config_out && (s = dw_model_config_save(hctx, &cfg, config_out)) != DW_OK) {
-        int rc = cli_fail(CMD, hctx, s);
-        dw_ctx_free(hctx);
-        return rc;
-    }
-    dw_ctx_free(hctx);
-#if !DW_HAVE_CUDA
-    (void)steps, (void)warm, (void)peak, (void)json, (void)profile, (void)safe;
-    cli_error(CMD, "this build has no CUDA (configure with -DDW_CUDA=ON)");
-    return DW_EXIT_FAIL;
-#else
-    dw_ctx_opts go = {.device = DW_DEVICE_CUDA};
-    dw_ctx *ctx = NULL;
-    if (dw_ctx_create(&go, &ctx) != DW_OK) {
-        cli_error(CMD, "no CUDA device: %s", dw_errmsg(NULL));
-        return DW_EXIT_FAIL;
-    }
     dw_policy *pol = NULL;
+    dw_graph *g = NULL;
+    dw_compiled *cp = NULL;
     dw_engine *e = NULL;
     int32_t *tok = NULL;
     dw_step_run_result run = {0};
     int rc = DW_EXIT_OK;
-    if (strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, safe, &pol);
-    dw_step_run_opts ro = {.micro_batch = B, .seq = T, .grad_accum = 1, .warmup = 2 + warm, .steps = steps,
-                           .policy = pol};
-    if (s == DW_OK) s = dw_step_run(ctx, &cfg, &ro, &run, &e);
+    dw_capture_opts co;
+    dw_capture_opts_init(&co, sizeof co);
+    co.batch = B, co.seq = T, co.vocab = V;
+    dw_status s = dw_capture(ctx, argv[optind], &co, &g);
+    if (s == DW_OK && strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, safe, &pol);
     if (s != DW_OK) {
         rc = cli_fail(CMD, ctx, s);
         goto done;
     }
+    if (config_out) { /* the measured model's config.json, for bench/train_anchor.py --config */
+        const char *text = dw_graph_config_json(g);
+        FILE *f = fopen(config_out, "w");
+        bool ok = f && text && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+        if (f && fclose(f) != 0) ok = false;
+        if (!ok) {
+            cli_error(CMD, "%s: cannot write the config", config_out);
+            rc = DW_EXIT_FAIL;
+            goto done;
+        }
+    }
+    dw_ctx_free(ctx);
+    ctx = NULL;
+    dw_ctx_opts go = {.device = DW_DEVICE_CUDA};
+    if (!dw_built_with_cuda() || dw_ctx_create(&go, &ctx) != DW_OK) {
+        cli_error(CMD, "%s", dw_built_with_cuda() ? dw_errmsg(NULL) : "this build has no CUDA (configure with -DDW_CUDA=ON)");
+        rc = DW_EXIT_FAIL;
+        goto done;
+    }
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, NULL, &cp);
+    dw_step_run_opts ro = {.micro_batch = B, .seq = T, .grad_accum = 1, .warmup = 2 + warm, .steps = steps};
+    if (s == DW_OK) s = dw_step_run(ctx, cp, &ro, &run, &e);
+    if (s != DW_OK) {
+        if (run.why) cli_error(CMD, "%s", run.why), rc = DW_EXIT_FAIL;
+        else rc = cli_fail(CMD, ctx, s);
+        goto done;
+    }
     const double loss0 = run.loss_first, loss = run.loss_last;
     const double med = run.median, fbmed = run.fb_median, tps = (double)(B * T) / med;
-    const double fpt = flops_per_token(&cfg, T), mfu = tps * fpt / (peak * 1e12);
+    const double fpt = dw_graph_model_flops_per_token(g), mfu = tps * fpt / (peak * 1e12);
     const double mem_gib = (double)run.mem_engine / 1073741824.0;
+    const long long vocab = (long long)dw_graph_vocab(g);
     if (json) {
         printf("{\"impl\": \"deepwell-%s\", \"model\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"vocab\": %lld,\n"
                "  \"step_s_median\": %.6f, \"fwd_bwd_s_median\": %.6f, \"step_s_min\": %.6f, \"tokens_per_s\": %.1f,\n"
                "  \"flops_per_token\": %.6g, \"mfu\": %.4f, \"device_mem_gib\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f%s\n",
-               precision, argv[optind], B, T, (long long)cfg.vocab_size, med, fbmed, run.min, tps, fpt, mfu, mem_gib,
+               precision, argv[optind], B, T, vocab, med, fbmed, run.min, tps, fpt, mfu, mem_gib,
                loss0, loss, profile ? "," : "}");
     } else {
         printf("deepwell %s, %s, B=%ld T=%ld V=%lld: %.2f ms/step (median of %ld; fwd+bwd %.2f ms, min %.2f ms)\n"
                "  %.0f tokens/s, MFU %.1f%% of %.0f TFLOP/s (%.4g FLOPs/token, PaLM convention)\n"
                "  device memory used by the engine: %.2f GiB; loss %.4f -> %.4f\n",
-               precision, argv[optind], B, T, (long long)cfg.vocab_size, 1e3 * med, steps, 1e3 * fbmed,
+               precision, argv[optind], B, T, vocab, 1e3 * med, steps, 1e3 * fbmed,
                1e3 * run.min, tps, 100 * mfu, peak, fpt, mem_gib, loss0, loss);
     }
     if (profile) {
-        dw_prof_summary ps;
-        tok = dw_step_run_tokens(B * T, cfg.vocab_size);
-        s = tok ? dw_prof_run(ctx, e, tok, tok + 1, B, T, 3, &ps) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-        if (s != DW_OK) {
+        dw_profile *pr = NULL;
+        tok = dw_step_run_tokens(B * T, dw_graph_vocab(g));
+        if (!tok) {
+            cli_error(CMD, "out of host memory");
+            rc = DW_EXIT_FAIL;
+            goto done;
+        }
+        if ((s = dw_engine_profile(e, tok, tok + 1, B, T, 3, true, &pr)) != DW_OK) {
             rc = cli_fail(CMD, ctx, s);
             goto done;
         }
-        dw_prof_opt po;
-        if ((s = dw_prof_optimizer(ctx, e, 3, &po)) != DW_OK) {
-            dw_prof_free(&ps);
-            rc = cli_fail(CMD, ctx, s);
-            goto done;
-        }
-        if (json) {
-            printf("  \"profile_eager_ms\": %.4f,\n", ps.total_ms);
-            dw_prof_print_json_fields(stdout, &ps);
-            printf(",");
-            dw_prof_print_optimizer(stdout, &po, true);
-            printf("}\n");
-        } else {
-            dw_prof_print(stdout, &ps, 0);
-            dw_prof_print_optimizer(stdout, &po, false);
-        }
-        dw_prof_free(&ps);
+        char *text = json ? dw_profile_json_fields(pr) : dw_profile_text(pr, 0);
+        if (text) printf("%s%s", text, json ? "}\n" : "");
+        dw_free_string(text);
+        dw_profile_free(pr);
     }
 done:
     dw_engine_free(e);
+    dw_compiled_free(cp);
+    dw_graph_free(g);
     dw_policy_free(pol);
     free(tok);
     dw_step_run_result_free(&run);
     dw_ctx_free(ctx);
     return rc;
-#endif
 }

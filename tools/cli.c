@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
 
@@ -59,4 +60,27 @@ bool cli_parse_double(const char *cmd, const char *flag, const char *text, doubl
 int cli_usage_error(const char *cmd) {
     fprintf(stderr, "Try 'deepwell %s --help'.\n", cmd);
     return DW_EXIT_USAGE;
+}
+
+dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out) {
+    *out = NULL;
+    dw_ctx_opts o = {.device = DW_DEVICE_AUTO};
+    if (!strcmp(device, "cpu")) o.device = DW_DEVICE_CPU;
+    else if (!strcmp(device, "cuda")) o.device = DW_DEVICE_CUDA;
+    else if (strcmp(device, "auto")) {
+        cli_error(cmd, "--device must be cpu, cuda or auto, got '%s'", device);
+        return DW_ERR_INVALID;
+    }
+    if (o.device == DW_DEVICE_CUDA && !dw_built_with_cuda()) {
+        cli_error(cmd, "--device cuda: this build has no CUDA (configure with -DDW_CUDA=ON); use --device cpu");
+        return DW_ERR_UNSUPPORTED;
+    }
+    dw_status s = dw_ctx_create(&o, out);
+    if (s == DW_OK) return DW_OK;
+    if (o.device == DW_DEVICE_CUDA) {
+        cli_error(cmd, "--device cuda: no usable GPU (%s); use --device cpu", dw_errmsg(NULL));
+        return DW_ERR_UNSUPPORTED;
+    }
+    cli_error(cmd, "%s", dw_errmsg(NULL));
+    return s;
 }

@@ -21,6 +21,10 @@ int cli_fail(const char *cmd, const dw_ctx *ctx, dw_status s);
 /* Strict integer parsing of a flag value: the whole string, within [lo, hi]. */
 bool cli_parse_int(const char *cmd, const char *flag, const char *text, long lo, long hi, long *out);
 bool cli_parse_double(const char *cmd, const char *flag, const char *text, double *out);
+/* A context for --device cpu|cuda|auto: cuda needs a CUDA build and a usable GPU; auto is cuda
+ * when a GPU is usable, else cpu. On failure the reason is printed (as "deepwell CMD: ...") and
+ * *out is NULL. */
+dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out);
 /* getopt_long's "unknown option"/"missing argument" message already printed: add the hint. */
 int cli_usage_error(const char *cmd);
 

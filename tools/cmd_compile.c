@@ -1,6 +1,6 @@
-/* cmd_compile.c — `deepwell compile`: compiles a model's graph for the CUDA engine under a
- * precision policy and prints the plan: per node the recipe and why, the kernel and why, and the
- * planned memory per pool. Planning only: runs on a machine without a GPU. */
+/* cmd_compile.c — `deepwell compile`: compiles a model's graph into the program a backend runs
+ * (the CUDA one by default) under a precision policy and prints it: the steps, per node the recipe
+ * and why and the kernels, and the planned memory per pool. Planning only: needs no GPU. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,24 +10,27 @@
 
 static void help(void) {
     printf("Usage: deepwell compile MODEL [--precision R | --policy FILE] [--fallback safe]\n"
-           "                        [--batch B] [--seq T] [--report]\n\n"
-           "Compiles MODEL's training graph for the CUDA engine (schedule, kernel binding, static\n"
-           "memory plan) and prints the planned bytes of each memory pool (weights, grads,\n"
+           "                        [--batch B] [--seq T] [--target cuda|cpu] [--sm N] [--report]\n\n"
+           "Compiles MODEL's training graph into the program an engine runs (steps, kernel binding,\n"
+           "static memory plan) and prints the planned bytes of each memory pool (weights, grads,\n"
            "optimizer, activations, workspace). Needs no GPU.\n\n"
            "MODEL is a directory holding a Hugging Face config.json, a config.json path, or a preset\n"
            "name (see `deepwell capture --list-presets`).\n\n"
            "  --precision R    default recipe of the linear layers: bf16 (default), fp8_tensor,\n"
            "                   fp8_row, fp8_block, fp8_block2d, mxfp8, mxfp8_e5m2, mxfp4, nvfp4;\n"
            "                   or fp32: FP32 activations and the FP32 reference GEMM (the mode the\n"
-           "                   engine's parity tests use). The CUDA engine runs every recipe but\n"
-           "                   fp8_block2d (reported NOT SUPPORTED); --report shows per quantised\n"
-           "                   node which GEMMs fall back to BF16 at this shape on sm_90\n"
+           "                   engine's parity tests use). --report shows per quantised node which\n"
+           "                   GEMMs run quantised and which fall back to BF16 at this shape on the\n"
+           "                   target, with the kernel the GEMM registry picks and why\n"
            "  --policy FILE    a precision policy JSON ({\"default\": ..., \"fallback\": ...,\n"
            "                   \"rules\": [...]}) instead of --precision\n"
            "  --fallback safe  keep embeddings, the LM head, routers and the first and last block\n"
            "                   in BF16 (with --precision)\n"
            "  --batch B        sequences per step (default 1)\n"
            "  --seq T          tokens per sequence (default min(max positions, 2048))\n"
+           "  --target D       the backend the program is for: cuda (default) or cpu (the reference,\n"
+           "                   which runs any program; its GEMMs are all quantised)\n"
+           "  --sm N           CUDA target: compute capability x10 the kernels are chosen for (90)\n"
            "  --report         also list every node: recipe and why, kernel and why\n"
            "  -h, --help       this help\n\n"
            "Exit status: 0 planned, 2 bad arguments or model, 1 other failures.\n");
@@ -40,11 +43,14 @@ int cmd_compile(int argc, char **argv) {
                                          {"batch", required_argument, 0, 'b'},
                                          {"seq", required_argument, 0, 's'},
                                          {"report", no_argument, 0, 'r'},
+                                         {"target", required_argument, 0, 't'},
+                                         {"sm", required_argument, 0, 'm'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *precision = NULL, *policy_path = NULL, *fallback = NULL;
-    long B = 1, T = 0;
+    long B = 1, T = 0, sm = 90;
     bool report = false;
+    dw_device_kind target = DW_DEVICE_CUDA;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -59,6 +65,16 @@ int cmd_compile(int argc, char **argv) {
             if (!cli_parse_int("compile", "--seq", optarg, 1, 1 << 24, &T)) return DW_EXIT_USAGE;
             break;
         case 'r': report = true; break;
+        case 't':
+            if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) {
+                cli_error("compile", "--target must be cuda or cpu, not '%s'", optarg);
+                return DW_EXIT_USAGE;
+            }
+            target = strcmp(optarg, "cuda") ? DW_DEVICE_CPU : DW_DEVICE_CUDA;
+            break;
+        case 'm':
+            if (!cli_parse_int("compile", "--sm", optarg, 50, 200, &sm)) return DW_EXIT_USAGE;
+            break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error("compile");
         }
@@ -95,7 +111,11 @@ int cmd_compile(int argc, char **argv) {
     else if (s == DW_OK && !fp32)
         s = dw_policy_from_precision(ctx, precision ? precision : "bf16",
                                      fallback && !strcmp(fallback, "safe"), &pol);
-    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cp);
+    dw_compile_opts co2;
+    dw_compile_opts_init(&co2, sizeof co2);
+    co2.device = target;
+    co2.sm = target == DW_DEVICE_CUDA ? (int)sm : 0;
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &co2, &cp);
     if (s == DW_OK) s = dw_compiled_report(ctx, cp, &text);
     int rc = DW_EXIT_OK;
     if (s != DW_OK) {
@@ -105,8 +125,9 @@ int cmd_compile(int argc, char **argv) {
     } else { /* the header and the memory plan only */
         const char *nodes = strstr(text, "\nnodes ("), *mem = strstr(text, "\nmemory plan");
         fwrite(text, 1, nodes ? (size_t)(nodes - text) + 1 : strlen(text), stdout);
-        const char *uns = strstr(text, "\nthe CUDA engine cannot run");
-        if (uns) fwrite(uns, 1, (size_t)(strchr(uns + 1, '\n') - uns) + 1, stdout);
+        const char *uns = strstr(text, " backend cannot run this: "); /* its line, from the "\nthe" before it */
+        while (uns && uns > text && uns[-1] != '\n') uns--;
+        if (uns) fwrite(uns - 1, 1, (size_t)(strchr(uns, '\n') - uns) + 2, stdout);
         if (mem) fputs(mem, stdout);
     }
     dw_free_string(text);

@@ -72,8 +72,8 @@ static void not_run(const char *why) {
 
 /* The gpu-run check of a well-formed plan whose prediction is in e. Returns true when the run
  * happened (its verdicts are added to *fails); false when it could not run (reason printed). */
-static bool gpu_run(dw_plan_setup *st, const dw_par *par, const dw_plan_entry *e, long steps, long warm,
-                    int *fails) {
+static bool gpu_run(const char *model, dw_plan_setup *st, const dw_par *par, const dw_plan_entry *e, long steps,
+                    long warm, int *fails) {
     char why[400];
     if (!dw_plan_engine_runnable(&st->in, par, why, sizeof why)) {
         not_run(why);
@@ -96,14 +96,22 @@ static bool gpu_run(dw_plan_setup *st, const dw_par *par, const dw_plan_entry *e
                here->gpus[0].name);
     dw_hw_free(here);
     dw_policy *pol = NULL;
+    dw_graph *g = NULL;
+    dw_compiled *cp = NULL;
     dw_step_run_result r = {0};
     dw_step_run_opts o = {.micro_batch = par->micro_batch, .seq = st->in.job.seq, .grad_accum = par->grad_accum,
                           .warmup = warm, .steps = steps};
+    dw_capture_opts co;
+    dw_capture_opts_init(&co, sizeof co);
+    co.batch = par->micro_batch, co.seq = st->in.job.seq;
     dw_status s = dw_plan_engine_policy(ctx, &st->in, &pol);
-    o.policy = pol;
-    if (s == DW_OK) s = dw_step_run(ctx, &st->cfg, &o, &r, NULL);
+    if (s == DW_OK) s = dw_capture(ctx, model, &co, &g);
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, NULL, &cp);
+    if (s == DW_OK) s = dw_step_run(ctx, cp, &o, &r, NULL);
+    dw_compiled_free(cp);
+    dw_graph_free(g);
     if (s != DW_OK) {
-        snprintf(why, sizeof why, "the engine failed: %s", dw_errmsg(ctx));
+        snprintf(why, sizeof why, "the engine failed: %s", r.why ? r.why : dw_errmsg(ctx));
         not_run(why);
         dw_policy_free(pol);
         dw_ctx_free(ctx);
@@ -276,7 +284,7 @@ int cmd_dryrun(int argc, char **argv) {
     else if (!formed)
         not_run("the plan is not well-formed (see constraints)");
     else
-        ran = gpu_run(&st, &par, &e, steps, warm, &fails);
+        ran = gpu_run(a.model, &st, &par, &e, steps, warm, &fails);
     printf("\n%s: %d check(s) failed%s\n", fails || (run && !ran) ? "FAIL" : "PASS", fails,
            run && !ran ? "; gpu-run NOT RUN" : "");
     if (run && !ran) fails++;

@@ -1,16 +1,13 @@
 /* cmd_eval.c — `deepwell eval`: the mean cross-entropy of a model on one batch of tokens from a
- * raw byte file or an llm.c token shard, on the CPU reference engine. The minimal batch reader
- * here is a stop-gap until the trainer's data loader (src/train/) lands. */
+ * raw byte file or an llm.c token shard, on the CPU reference backend (FP32). The minimal batch
+ * reader here is a stop-gap until the trainer's data loader (src/train/) is public. */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#include "core/error.h"
-#include "core/fileio.h"
-#include "runtime/engine_cpu.h"
 #include "cli.h"
 
 static void help(void) {
@@ -35,26 +32,53 @@ static void help(void) {
            "  -h, --help       this help\n");
 }
 
-/* Reads B*T+1 tokens from `path` into tokens[]; llm.c shards by magic, else raw bytes. */
-static dw_status read_tokens(dw_ctx *ctx, const char *path, int64_t need, int32_t *tokens) {
-    char *data = NULL;
-    size_t size = 0;
-    DW_TRY(dw_read_file(ctx, path, &data, &size));
+/* Reads B*T+1 tokens from `path` into tokens[]; llm.c shards by magic, else raw bytes. false (the
+ * reason printed) when the file cannot give them: *rc is then the exit status. */
+static bool read_tokens(const char *path, int64_t need, int32_t *tokens, int *rc) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        cli_error("eval", "%s: cannot open: %s", path, strerror(errno));
+        *rc = DW_EXIT_USAGE;
+        return false;
+    }
+    unsigned char *data = NULL;
+    size_t size = 0, cap = 0, got;
+    do {
+        if (size == cap) {
+            unsigned char *d = realloc(data, cap = cap ? 2 * cap : 1 << 16);
+            if (!d) {
+                free(data), fclose(f);
+                cli_error("eval", "%s: out of memory", path);
+                *rc = DW_EXIT_FAIL;
+                return false;
+            }
+            data = d;
+        }
+        got = fread(data + size, 1, cap - size, f);
+        size += got;
+    } while (got > 0);
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(data);
+        cli_error("eval", "%s: read error", path);
+        *rc = DW_EXIT_USAGE;
+        return false;
+    }
     int32_t hdr[3] = {0, 0, 0};
     if (size >= 1024) memcpy(hdr, data, sizeof hdr);
-    dw_status s = DW_OK;
+    bool ok = true;
     if (hdr[0] == 20240520 || hdr[0] == 20240801) {
         size_t width = hdr[0] == 20240520 ? 2 : 4;
         int64_t n = hdr[2];
         if (hdr[1] != 1 && hdr[1] != 7)
-            s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: llm.c shard version %d is not supported", path, hdr[1]);
+            ok = false, cli_error("eval", "%s: llm.c shard version %d is not supported", path, hdr[1]);
         else if (n < 0 || (size - 1024) / width < (size_t)n)
-            s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: header says %lld tokens, the file holds %zu",
-                             path, (long long)n, (size - 1024) / width);
+            ok = false, cli_error("eval", "%s: header says %lld tokens, the file holds %zu", path, (long long)n,
+                                  (size - 1024) / width);
         else if (n < need)
-            s = dw_set_error(ctx, DW_ERR_INVALID, "%s: %lld tokens; one batch needs %lld", path,
-                             (long long)n, (long long)need);
-        for (int64_t i = 0; s == DW_OK && i < need; i++) {
+            ok = false, cli_error("eval", "%s: %lld tokens; one batch needs %lld", path, (long long)n, (long long)need);
+        for (int64_t i = 0; ok && i < need; i++) {
             uint32_t v = 0;
             if (width == 2) {
                 uint16_t h;
@@ -63,27 +87,17 @@ static dw_status read_tokens(dw_ctx *ctx, const char *path, int64_t need, int32_
             } else {
                 memcpy(&v, data + 1024 + i * 4, 4);
             }
-            if (v > INT32_MAX) s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: token %lld is %u", path, (long long)i, v);
+            if (v > INT32_MAX) ok = false, cli_error("eval", "%s: token %lld is %u", path, (long long)i, v);
             tokens[i] = (int32_t)v;
         }
     } else if ((int64_t)size < need) {
-        s = dw_set_error(ctx, DW_ERR_INVALID, "%s: %zu bytes; one batch of byte tokens needs %lld",
-                         path, size, (long long)need);
+        ok = false, cli_error("eval", "%s: %zu bytes; one batch of byte tokens needs %lld", path, size, (long long)need);
     } else {
-        for (int64_t i = 0; i < need; i++) tokens[i] = (unsigned char)data[i];
+        for (int64_t i = 0; i < need; i++) tokens[i] = data[i];
     }
     free(data);
-    return s;
-}
-
-static bool has_weights(const char *model) {
-    struct stat st;
-    char p[4096];
-    if (stat(model, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
-    snprintf(p, sizeof p, "%s/model.safetensors", model);
-    if (stat(p, &st) == 0) return true;
-    snprintf(p, sizeof p, "%s/model.safetensors.index.json", model);
-    return stat(p, &st) == 0;
+    if (!ok) *rc = DW_EXIT_USAGE;
+    return ok;
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -127,46 +141,49 @@ int cmd_eval(int argc, char **argv) {
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
     dw_status s = dw_ctx_create(&co, &ctx);
     if (s != DW_OK) return cli_fail("eval", NULL, s);
-    dw_model_config cfg;
-    dw_engine *e = NULL;
+    dw_graph *probe = NULL; /* the model's positions bound the default sequence */
+    s = dw_capture_hf(ctx, model, &probe);
+    if (s == DW_OK && T == 0) T = dw_graph_seq(probe) < 128 ? (long)dw_graph_seq(probe) : 128;
+    dw_graph_free(probe);
+    dw_model_opts mo;
+    dw_model_opts_init(&mo, sizeof mo);
+    mo.batch = B, mo.seq = T, mo.seed = (uint64_t)seed;
+    mo.weights = weights ? DW_WEIGHTS_NONE : DW_WEIGHTS_AUTO;
+    dw_model *m = NULL;
+    if (s == DW_OK) s = dw_model_open(ctx, model, &mo, &m);
+    dw_engine *e = s == DW_OK ? dw_model_engine(m) : NULL;
+    if (s == DW_OK && weights) s = dw_engine_load_weights(e, weights);
+    else if (s == DW_OK && !dw_model_trained(m))
+        fprintf(stderr, "deepwell eval: no weights given: initialised from seed %ld\n", seed);
     int32_t *tok = NULL;
     float *logits = NULL;
     double loss = 0;
-    s = dw_model_config_load(ctx, model, &cfg);
-    if (s == DW_OK && T == 0) T = cfg.max_seq < 128 ? (long)cfg.max_seq : 128;
-    if (s == DW_OK) s = dw_engine_create_cpu(ctx, &cfg, B, T, &e);
-    if (s == DW_OK && !(tok = malloc((size_t)(B * T + 1) * sizeof *tok)))
-        s = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory for %ld x %ld tokens", B, T);
-    if (s == DW_OK) s = read_tokens(ctx, data, B * T + 1, tok);
-    if (s == DW_OK) {
-        if (!weights && has_weights(model)) weights = model;
-        if (weights) s = dw_engine_load_weights(e, weights);
-        else {
-            fprintf(stderr, "deepwell eval: no weights given: initialised from seed %ld\n", seed);
-            s = dw_engine_init_weights(e, (uint64_t)seed);
-        }
+    int rc = DW_EXIT_OK;
+    if (s == DW_OK && !(tok = malloc((size_t)(B * T + 1) * sizeof *tok))) {
+        cli_error("eval", "out of memory for %ld x %ld tokens", B, T);
+        rc = DW_EXIT_FAIL;
     }
-    if (s == DW_OK && dump) {
-        logits = malloc((size_t)(B * T * cfg.vocab_size) * sizeof *logits);
-        if (!logits) s = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory for the logits");
-        if (s == DW_OK) s = dw_engine_forward(e, tok, tok + 1, B, T, logits, NULL);
-        if (s == DW_OK) {
-            dw_engine_zero_grad(e);
-            s = dw_engine_forward_backward(e, tok, tok + 1, B, T, 1.0, &loss);
+    if (s == DW_OK && rc == DW_EXIT_OK && !read_tokens(data, B * T + 1, tok, &rc)) goto done;
+    if (s == DW_OK && rc == DW_EXIT_OK && dump) {
+        logits = malloc((size_t)(B * T * dw_graph_vocab(dw_model_graph(m))) * sizeof *logits);
+        if (!logits) {
+            cli_error("eval", "out of memory for the logits");
+            rc = DW_EXIT_FAIL;
+            goto done;
         }
-        if (s == DW_OK) s = dw_engine_dump_grads(e, dump, logits, B, T, loss);
-    } else if (s == DW_OK) {
+        s = dw_engine_forward(e, tok, tok + 1, B, T, logits, NULL);
+        if (s == DW_OK) s = dw_engine_zero_grad(e);
+        if (s == DW_OK) s = dw_engine_forward_backward(e, tok, tok + 1, B, T, 1.0, &loss);
+        if (s == DW_OK) s = dw_engine_dump(e, dump, logits, B, T, loss);
+    } else if (s == DW_OK && rc == DW_EXIT_OK) {
         s = dw_engine_forward(e, tok, tok + 1, B, T, NULL, &loss);
     }
-    int rc = DW_EXIT_OK;
-    if (s == DW_OK) {
-        printf("loss %.6f  (perplexity %.4g; %ld x %ld tokens of %s)\n", loss, exp(loss), B, T, data);
-    } else {
-        rc = cli_fail("eval", ctx, s);
-    }
+    if (s != DW_OK) rc = cli_fail("eval", ctx, s);
+    else if (rc == DW_EXIT_OK) printf("loss %.6f  (perplexity %.4g; %ld x %ld tokens of %s)\n", loss, exp(loss), B, T, data);
+done:
     free(logits);
     free(tok);
-    dw_engine_free(e);
+    dw_model_free(m);
     dw_ctx_free(ctx);
     return rc;
 }

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "train/model_open.h"
 
 static const char *CMD = "sample";
 
@@ -62,30 +61,33 @@ int cmd_sample(int argc, char **argv) {
         return cli_usage_error(CMD);
     }
     dw_ctx *ctx = NULL;
-    dw_status st = dw_train_ctx_create(device, &ctx);
-    if (st != DW_OK) return cli_fail(CMD, NULL, st);
-    dw_opened_model m;
-    st = dw_model_open(ctx, argv[optind], 0, (uint64_t)seed, &m);
+    dw_status st = cli_ctx_create(CMD, device, &ctx);
+    if (st != DW_OK) return cli_exit_for(st);
+    dw_model_opts mo;
+    dw_model_opts_init(&mo, sizeof mo);
+    mo.seed = (uint64_t)seed;
+    dw_model *m = NULL;
+    st = dw_model_open(ctx, argv[optind], &mo, &m);
+    dw_engine *e = st == DW_OK ? dw_model_engine(m) : NULL;
     int32_t *ids = NULL;
     int64_t np = 0;
-    if (st == DW_OK)
-        st = dw_tokenize(ctx, m.tokenizer, prompt, dw_engine_config(m.engine)->vocab_size, &ids, &np);
+    if (st == DW_OK) st = dw_tokenize(ctx, dw_model_tokenizer(m), prompt, dw_graph_vocab(dw_model_graph(m)), &ids, &np);
     if (st == DW_OK && np < 1) {
         cli_error(CMD, "the prompt is empty");
         free(ids);
-        dw_engine_free(m.engine);
+        dw_model_free(m);
         dw_ctx_free(ctx);
         return DW_EXIT_USAGE;
     }
-    if (st == DW_OK && !m.trained) fprintf(stderr, "deepwell sample: %s is a preset: its weights are untrained\n", argv[optind]);
+    if (st == DW_OK && !dw_model_trained(m))
+        fprintf(stderr, "deepwell sample: %s is a preset: its weights are untrained\n", argv[optind]);
     int32_t *all = st == DW_OK ? realloc(ids, (size_t)(np + n) * sizeof *all) : NULL;
     if (st == DW_OK && !all) st = DW_ERR_NOMEM;
     if (all) ids = all;
-    dw_rng rng = {(uint64_t)seed};
-    dw_sample_opts so = {.temperature = temperature, .top_k = (int)top_k};
-    if (st == DW_OK) st = dw_generate(ctx, m.engine, m.T, ids, np, n, &so, &rng);
+    uint64_t rng = (uint64_t)seed;
+    if (st == DW_OK) st = dw_engine_generate(e, ids, np, n, temperature, (int)top_k, &rng);
     if (st == DW_OK) {
-        char *text = dw_detokenize(m.tokenizer, ids, np + n);
+        char *text = dw_detokenize(dw_model_tokenizer(m), ids, np + n);
         if (text) {
             fputs(text, stdout);
             fputc('\n', stdout);
@@ -94,7 +96,7 @@ int cmd_sample(int argc, char **argv) {
     }
     int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
     free(ids);
-    dw_engine_free(m.engine);
+    dw_model_free(m);
     dw_ctx_free(ctx);
     return rc;
 }

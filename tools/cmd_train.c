@@ -1,6 +1,6 @@
-/* cmd_train.c — `deepwell train`: flags → dw_train_opts (device, precision policy), a live
- * progress line on stderr, samples on stdout, SIGINT handling (first: finish the step,
- * checkpoint, exit 130; second: abort). */
+/* cmd_train.c — `deepwell train`: flags -> a model opened for the device and precision
+ * (dw_model_open: capture, compile, engine) and dw_train_opts; a live progress line on stderr,
+ * samples on stdout, SIGINT handling (first: finish the step, checkpoint, exit 130; second: abort). */
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -10,10 +10,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "core/error.h"
-#include "runtime/profile.h"
-#include "train/ckpt.h"
-#include "train/model_open.h"
 
 static const char *CMD = "train";
 
@@ -52,26 +48,27 @@ static void help(void) {
         "  --ckpt-every K         checkpoint every K steps, 0 = only at the end (0)\n"
         "  --keep K               keep the newest K checkpoints, 0 = all (3)\n"
         "  --device D             cpu, cuda or auto (auto: cuda when a GPU is usable, else cpu).\n"
-        "                         cpu: the exact FP32 reference engine; cuda: the CUDA engine\n"
-        "                         (BF16 activations, AdamW on the GPU, same checkpoint format:\n"
-        "                         a run resumes on either device)\n"
-        "  --precision R          CUDA engine: default recipe of the linear layers: bf16\n"
-        "                         (default), fp8_block, mxfp8, nvfp4, ... (as `deepwell compile`);\n"
-        "                         recipes the engine cannot run are refused when it is built\n"
-        "  --policy FILE          CUDA engine: a precision policy JSON instead of --precision\n"
+        "                         cpu: the exact reference backend; cuda: the GPU. Both run the\n"
+        "                         same compiled program and write the same checkpoint format: a\n"
+        "                         run resumes on either device\n"
+        "  --precision R          default recipe of the linear layers: bf16, fp8_block, mxfp8,\n"
+        "                         nvfp4, ... (as `deepwell compile`); default bf16 on CUDA and\n"
+        "                         FP32 (no policy: FP32 activations) on the CPU, which runs every\n"
+        "                         recipe exactly (FORMATS.md quantisation, the reference GEMM)\n"
+        "  --policy FILE          a precision policy JSON instead of --precision\n"
         "  --fallback safe|none   with --precision: keep embeddings, the LM head and the first\n"
         "                         and last block in BF16 (safe). The policy and every linear\n"
         "                         node's recipe are recorded in the checkpoint's state.json\n");
     printf( /* (two strings: C99 compilers need only support 4095 characters in one) */
         "  --seed S               weights, data order and sampling (1337; a resumed run keeps its own)\n"
         "  --log-every K          progress line every K steps when stderr is not a terminal (1)\n"
-        "  --deterministic        CUDA engine: bit-reproducible steps (attention through Deepwell's\n"
+        "  --deterministic        CUDA: bit-reproducible steps (attention through Deepwell's\n"
         "                         tensor-core kernels instead of cuDNN, whose backward is not\n"
-        "                         reproducible; about 2x slower attention). The CPU engine always is\n"
-        "  --profile              CUDA engine: after the last step, time 3 eager steps of the last\n"
-        "                         micro-batch with a CUDA event around every op; print the largest\n"
-        "                         rows per op kind and per node role (forward and backward apart)\n"
-        "                         and write them all to DIR/profile.json\n"
+        "                         reproducible; about 2x slower attention). The CPU always is\n"
+        "  --profile              after the last step, time 3 eager steps of the last micro-batch\n"
+        "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
+        "                         print the largest rows per op kind and per node role (forward\n"
+        "                         and backward apart) and write them all to DIR/profile.json\n"
         "  -h, --help             this help\n\n"
         "Ctrl-C (SIGINT) finishes the current step, writes a checkpoint and exits with status 130;\n"
         "a second Ctrl-C aborts at once (the last complete checkpoint stays valid).\n");
@@ -128,16 +125,16 @@ static void on_progress(const dw_train_progress *p, void *user) {
 
 /* --profile: the table the trainer wrote to DIR/profile.json, largest rows first. */
 static int print_profile(dw_ctx *ctx, const char *dir) {
-    char *path = dw_path_join(dir, "profile.json"); /* where the trainer wrote it */
-    dw_prof_summary s;
-    dw_status st = path ? dw_prof_read_json(ctx, path, &s) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-    if (st == DW_OK) {
-        dw_prof_print(stdout, &s, 15);
-        printf("(all rows: %s)\n", path);
-        dw_prof_free(&s);
-    }
-    free(path);
-    return st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/profile.json", dir); /* where the trainer wrote it */
+    dw_profile *p = NULL;
+    dw_status st = dw_profile_load(ctx, path, &p);
+    if (st != DW_OK) return cli_fail(CMD, ctx, st);
+    char *text = dw_profile_text(p, 15);
+    if (text) printf("%s(all rows: %s)\n", text, path);
+    dw_free_string(text);
+    dw_profile_free(p);
+    return text ? DW_EXIT_OK : DW_EXIT_FAIL;
 }
 
 enum { O_MODEL = 256, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR, O_MINLR,
@@ -166,8 +163,8 @@ int cmd_train(int argc, char **argv) {
         {"deterministic", no_argument, 0, O_DETERMINISTIC},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     dw_train_opts o;
-    dw_train_opts_default(&o);
-    const char *device = "auto", *precision = NULL, *policy_path = NULL, *fallback = NULL;
+    dw_train_opts_init(&o, sizeof o);
+    const char *device = "auto", *precision = NULL, *policy_path = NULL, *fallback = NULL, *model = NULL;
     long v = 0, log_every = 1;
     bool gb_set = false;
     int c;
@@ -176,7 +173,7 @@ int cmd_train(int argc, char **argv) {
         bool ok = true;
         switch (c) {
         case 'h': help(); return DW_EXIT_OK;
-        case O_MODEL: o.model = optarg; break;
+        case O_MODEL: model = optarg; break;
         case O_DATA: o.data = optarg; break;
         case O_VAL: o.val = optarg; break;
         case O_OUT: o.out_dir = optarg; break;
@@ -225,7 +222,7 @@ int cmd_train(int argc, char **argv) {
         return cli_usage_error(CMD);
     }
     if (!gb_set) o.global_batch = o.batch;
-    if ((!o.model && !o.resume) || !o.data || !o.out_dir) {
+    if ((!model && !o.resume) || !o.data || !o.out_dir) {
         cli_error(CMD, "--model (or --resume), --data and --out are required");
         return cli_usage_error(CMD);
     }
@@ -239,16 +236,10 @@ int cmd_train(int argc, char **argv) {
     }
     if (o.min_lr > o.lr) o.min_lr = o.lr; /* a small --lr alone lowers the floor with it */
     dw_ctx *ctx = NULL;
-    dw_status st = dw_train_ctx_create(device, &ctx);
-    if (st != DW_OK) return cli_fail(CMD, NULL, st);
+    dw_status st = cli_ctx_create(CMD, device, &ctx);
+    if (st != DW_OK) return cli_exit_for(st);
     dw_policy *pol = NULL;
     if (policy_path || precision || fallback) {
-        if (dw_ctx_device(ctx) == DW_DEVICE_CPU) {
-            cli_error(CMD, "--precision, --policy and --fallback need the CUDA engine (--device %s resolved to "
-                      "the CPU, whose reference engine is FP32 only)", device);
-            dw_ctx_free(ctx);
-            return DW_EXIT_USAGE;
-        }
         st = policy_path ? dw_policy_load(ctx, policy_path, &pol)
                          : dw_policy_from_precision(ctx, precision ? precision : "bf16",
                                                     fallback && !strcmp(fallback, "safe"), &pol);
@@ -258,14 +249,20 @@ int cmd_train(int argc, char **argv) {
             return rc;
         }
     }
-    if (o.profile && dw_ctx_device(ctx) == DW_DEVICE_CPU) {
-        cli_error(CMD, "--profile times CUDA kernels: it needs the CUDA engine (--device %s resolved to the CPU)",
-                  device);
+    /* the model from the checkpoint being resumed (its weights loaded by dw_train), else MODEL
+     * with weights from the seed */
+    dw_model_opts mo;
+    dw_model_opts_init(&mo, sizeof mo);
+    mo.batch = o.batch, mo.seq = o.seq, mo.policy = pol, mo.seed = o.seed;
+    mo.weights = o.resume ? DW_WEIGHTS_NONE : DW_WEIGHTS_RANDOM;
+    dw_model *m = NULL;
+    st = dw_model_open(ctx, o.resume ? o.resume : model, &mo, &m);
+    if (st != DW_OK) {
+        int rc = cli_fail(CMD, ctx, st);
         dw_policy_free(pol);
         dw_ctx_free(ctx);
-        return DW_EXIT_USAGE;
+        return rc;
     }
-    o.policy = pol;
     printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every};
     o.progress = on_progress;
     o.progress_user = &pr;
@@ -274,11 +271,12 @@ int cmd_train(int argc, char **argv) {
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
-    st = dw_train(ctx, &o);
+    st = dw_train(dw_model_engine(m), &o);
     signal(SIGINT, SIG_DFL);
     if (pr.open_line) fputc('\n', stderr);
     int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
     if (rc == DW_EXIT_OK && o.profile && !interrupted) rc = print_profile(ctx, o.out_dir);
+    dw_model_free(m);
     dw_policy_free(pol);
     dw_ctx_free(ctx);
     if (rc == DW_EXIT_OK && interrupted) return 130;

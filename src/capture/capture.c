@@ -213,13 +213,31 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
     return DW_OK;
 }
 
-dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model, int64_t batch, int64_t seq,
-                              dw_graph **out) {
+void dw_capture_opts_init(dw_capture_opts *o, size_t size) {
+    dw_capture_opts d = {.size = sizeof d, .batch = 1, .seq = 0, .vocab = 0};
+    memset(o, 0, size);
+    memcpy(o, &d, size < sizeof d ? size : sizeof d);
+    o->size = size;
+}
+
+dw_status dw_capture(dw_ctx *ctx, const char *model, const dw_capture_opts *opts, dw_graph **out) {
     *out = NULL;
+    dw_capture_opts o;
+    dw_capture_opts_init(&o, sizeof o);
+    if (opts) memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
+    if (o.vocab < 0) return dw_set_error(ctx, DW_ERR_INVALID, "capture: vocabulary %lld", (long long)o.vocab);
     dw_model_config c;
     DW_TRY(dw_model_config_load(ctx, model, &c));
-    if (seq <= 0) seq = c.max_seq < 2048 ? c.max_seq : 2048;
-    return dw_capture_config(ctx, &c, batch, seq, out);
+    if (o.vocab) c.vocab_size = o.vocab;
+    int64_t seq = o.seq > 0 ? o.seq : c.max_seq < 2048 ? c.max_seq : 2048;
+    return dw_capture_config(ctx, &c, o.batch, seq, out);
+}
+
+dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model, int64_t batch, int64_t seq, dw_graph **out) {
+    dw_capture_opts o;
+    dw_capture_opts_init(&o, sizeof o);
+    o.batch = batch, o.seq = seq;
+    return dw_capture(ctx, model, &o, out);
 }
 
 dw_status dw_capture_hf(dw_ctx *ctx, const char *model, dw_graph **out) {

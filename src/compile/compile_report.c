@@ -1,6 +1,7 @@
-/* compile_report.c — the text of `deepwell compile --report`: per node the recipe and why (the
- * policy's reason), the kernel and why; per pool the planned bytes; the activation arena's size
- * against the live-buffer lower bound. Not the planning itself (compile.c). */
+/* compile_report.c — the text of `deepwell compile --report`: the target and steps; per node the
+ * recipe and why (the policy's reason) and what runs it (the backend's op entry; for linear
+ * layers the registry's kernel per GEMM, quantised or the BF16 fallback and why); per pool the
+ * planned bytes; the activation arena's size against the live-buffer lower bound. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -21,12 +22,19 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
     fprintf(f, "model %s, batch %lld x seq %lld, precision %s (%s activations)\n",
             g->model.model_type, (long long)g->batch, (long long)g->seq, c->precision,
             c->bf16 ? "BF16" : "FP32");
-    fprintf(f, "schedule: %d steps (%d nodes forward, then backward in reverse); single GPU\n",
-            c->n_steps, g->n_nodes);
-    fprintf(f, "\nnodes (recipe: why | kernel: why)\n");
+    const char *dev = c->target.device == DW_DEVICE_CUDA ? "cuda" : "cpu";
+    if (c->target.device == DW_DEVICE_CUDA) fprintf(f, "target: cuda, kernels chosen for sm_%d\n", c->target.sm);
+    else fprintf(f, "target: cpu (the reference kernels)\n");
+    fprintf(f, "program: %d steps (%d forward, %d backward, %d optimizer and weight refresh); one device\n",
+            c->n_steps, c->phase[DW_PHASE_FORWARD][1] - c->phase[DW_PHASE_FORWARD][0],
+            c->phase[DW_PHASE_BACKWARD][1] - c->phase[DW_PHASE_BACKWARD][0],
+            c->phase[DW_PHASE_OPTIMIZER][1] - c->phase[DW_PHASE_OPTIMIZER][0]);
+    fprintf(f, "\nnodes (recipe: why | kernel)\n");
+    static const char *const pass_names[DW_QPASS_COUNT] = {"fprop", "dgrad", "wgrad"};
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        const dw_node_binding *b = &c->bind[i];
+        const dw_prog_node *pn = &c->node[i];
+        const dw_node_binding *b = &pn->bind;
         const char *recipe = n->op != DW_OP_LINEAR ? (c->bf16 ? "bf16" : "fp32")
                              : c->bf16             ? dw_recipe_name(b->recipe)
                                                    : "fp32";
@@ -37,18 +45,34 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "(rule %d)", b->rule);
         else
             fprintf(f, "(%s)", dw_policy_reason_text(b->reason));
-        if (c->fused && c->fused[i] == (DW_FUSED_FWD | DW_FUSED_BWD))
+        const bool on_backend = dw_op_on_backend(n->op, c->target.device);
+        if (pn->fused == (DW_FUSED_FWD | DW_FUSED_BWD))
             fprintf(f, "\n     kernel none of its own: forward and backward run in GEMM epilogues\n");
-        else
-            fprintf(f, "\n     kernel %s%s: %s\n", b->kernel, b->supported ? "" : " [NOT SUPPORTED]",
-                    b->kernel_why);
-        if (b->note) fprintf(f, "     on sm_90 at this shape: %s\n", b->note);
-        if (c->fused && (c->fused[i] & DW_FUSED_FWD))
-            fprintf(f, "     fused: forward in %s's GEMM epilogue (GELU_AUX)\n", g->nodes[c->gelu_producer[i]].name);
-        if (c->fused && (c->fused[i] & DW_FUSED_BWD))
-            fprintf(f, "     fused: backward in %s's dgrad epilogue (DGELU)\n", g->nodes[c->gelu_consumer[i]].name);
+        else if (n->op != DW_OP_LINEAR || !c->bf16)
+            fprintf(f, "\n     kernel dw_%s_op_%s_fwd/bwd%s%s\n", dev, dw_op_name(n->op),
+                    n->op == DW_OP_LINEAR ? " (the FP32 reference GEMM)" : "", on_backend ? "" : " [NOT ON THIS BACKEND]");
+        else {
+            fprintf(f, "\n     kernel");
+            for (int p = 0; p < DW_QPASS_COUNT; p++)
+                fprintf(f, "%s %s %s%s", p ? "," : "", pass_names[p], b->kernel[p] ? b->kernel[p] : "(none)",
+                        dw_compile_quant_recipe(b->recipe) && !b->quantised[p] ? " (BF16 fallback)" : "");
+            fprintf(f, "\n");
+        }
+        if (n->op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(b->recipe)) {
+            const dw_recipe ra = dw_compile_quant_act_recipe(b->recipe), rw = dw_compile_quant_weight_recipe(b->recipe);
+            int br, bc;
+            dw_recipe_block(rw, &br, &bc);
+            fprintf(f, "     operands: x, dy, dy^T, x^T %s; W and W^T %s", dw_recipe_name(ra), dw_recipe_name(rw));
+            if (br > 1 && bc > 1) fprintf(f, " (W and W^T in %dx%d blocks)", br, bc);
+            fprintf(f, "; quantised on the device, scales from the current amax\n");
+        }
+        if (b->note) fprintf(f, "     at this shape: %s\n", b->note);
+        if (pn->fused & DW_FUSED_FWD)
+            fprintf(f, "     fused: forward in %s's GEMM epilogue (GELU_AUX)\n", g->nodes[pn->partner_fwd].name);
+        if (pn->fused & DW_FUSED_BWD)
+            fprintf(f, "     fused: backward in %s's dgrad epilogue (DGELU)\n", g->nodes[pn->partner_bwd].name);
     }
-    if (c->unsupported) fprintf(f, "\nthe CUDA engine cannot run this yet: %s\n", c->unsupported);
+    if (c->unsupported) fprintf(f, "\nthe %s backend cannot run this: %s\n", dev, c->unsupported);
 
     int64_t sizes = 0;
     for (int i = 0; i < c->n_items; i++) sizes += c->items[i].size;
@@ -72,7 +96,7 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments");
             int64_t wq = 0, nq = 0;
             for (int i = 0; i < c->g->n_nodes; i++)
-                if (c->wq[i][0].off >= 0) wq += c->wq[i][0].bytes + c->wq[i][1].bytes, nq++;
+                if (c->node[i].wq[0].off >= 0) wq += c->node[i].wq[0].bytes + c->node[i].wq[1].bytes, nq++;
             if (nq) {
                 int64_t act = c->work.q_rows.bytes + c->work.q_dyt.bytes + c->work.q_xt.bytes;
                 fprintf(f, ";\n%*squantised x, dy, dy^T, x^T slots %.3f MiB; W and W^T of %lld quantised nodes %.3f MiB",
@@ -87,7 +111,7 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
     fprintf(f, "  %-12s", "total");
     mib(f, total);
     fprintf(f, "\n");
-    if (c->bf16)
+    if (c->bf16 && c->target.device == DW_DEVICE_CUDA)
         fprintf(f, "  plus %lld MiB cuBLASLt workspace owned by the GEMM layer (once per context, "
                 "allocated when the first engine is created)\n", (long long)(DW_COMPILE_LT_WORKSPACE >> 20));
     if (fclose(f) != 0 || !buf) {

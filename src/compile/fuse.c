@@ -1,8 +1,8 @@
 /* fuse.c — the compile pass that moves GELU into the GEMM epilogues around it: its forward into
- * the producing linear's fprop (GELU_AUX; for a quantised linear the engine uses the epilogue when
- * a kernel of the recipe has it and runs the GELU right after the GEMM otherwise), its backward
- * into the consuming BF16 linear's dgrad (DGELU). Decides only; the memory plan (compile.c) and
- * the engine read the result. */
+ * the producing linear's fprop (GELU_AUX; for a quantised linear the backends use the epilogue
+ * when a kernel of the recipe has it and run the GELU right after the GEMM otherwise), its
+ * backward into the consuming BF16 linear's dgrad (DGELU). Decides only (program.h: fused,
+ * partner_fwd, partner_bwd); the arena, the steps and the backends read the result. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,48 +24,40 @@ static int sole_consumer(const dw_graph *g, int t, int *slot) {
 }
 
 static bool bf16_linear(const dw_compiled *c, int i) {
-    return i >= 0 && c->g->nodes[i].op == DW_OP_LINEAR && c->bind[i].recipe == DW_RECIPE_BF16;
+    return i >= 0 && c->g->nodes[i].op == DW_OP_LINEAR && c->node[i].bind.recipe == DW_RECIPE_BF16;
 }
 static bool any_linear(const dw_compiled *c, int i) { return i >= 0 && c->g->nodes[i].op == DW_OP_LINEAR; }
 
 dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
+    (void)ctx;
     const dw_graph *g = c->g;
-    const int nn = g->n_nodes;
-    c->fused = calloc((size_t)(nn ? nn : 1), sizeof *c->fused);
-    c->gelu_producer = malloc((size_t)(nn ? nn : 1) * sizeof *c->gelu_producer);
-    c->gelu_consumer = malloc((size_t)(nn ? nn : 1) * sizeof *c->gelu_consumer);
-    if (!c->fused || !c->gelu_producer || !c->gelu_consumer)
-        return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
-    const char *env = getenv("DW_FUSE");
-    const bool on = c->bf16 && !(env && !strcmp(env, "0"));
-    for (int i = 0; i < nn; i++) {
-        c->gelu_producer[i] = c->gelu_consumer[i] = -1;
+    const bool on = c->bf16 && c->fuse;
+    for (int i = 0; i < g->n_nodes; i++) c->node[i].partner_fwd = c->node[i].partner_bwd = -1;
+    for (int i = 0; on && i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        if (!on || n->op != DW_OP_GELU) continue;
+        if (n->op != DW_OP_GELU) continue;
         const int in = n->in[0];
         const int L = g->tensors[in].producer;
         if (any_linear(c, L) && width(g, in) % 8 == 0) { /* quantised too: fused or GELU after, per kernel */
-            c->fused[i] |= DW_FUSED_FWD;
-            c->gelu_producer[i] = L;
+            c->node[i].fused |= DW_FUSED_FWD;
+            c->node[i].partner_fwd = L;
+            c->node[L].partner_fwd = i;
         }
         int slot = -1, P = sole_consumer(g, n->out, &slot);
-        if (bf16_linear(c, P) && slot == 0 && c->grad_mode[P][0] == DW_GRAD_WRITE &&
-            c->grad_mode[i][0] == DW_GRAD_WRITE && width(g, in) % 8 == 0) {
-            c->fused[i] |= DW_FUSED_BWD;
-            c->gelu_consumer[i] = P;
+        if (bf16_linear(c, P) && slot == 0 && c->node[P].grad_mode[0] == DW_GRAD_WRITE &&
+            c->node[i].grad_mode[0] == DW_GRAD_WRITE && width(g, in) % 8 == 0) {
+            c->node[i].fused |= DW_FUSED_BWD;
+            c->node[i].partner_bwd = P;
+            c->node[P].partner_bwd = i;
         }
     }
     return DW_OK;
 }
 
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear) {
-    for (int i = 0; c->fused && i < c->g->n_nodes; i++)
-        if ((c->fused[i] & DW_FUSED_FWD) && c->gelu_producer[i] == linear) return i;
-    return -1;
+    return c->g->nodes[linear].op == DW_OP_LINEAR ? c->node[linear].partner_fwd : -1;
 }
 
 int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear) {
-    for (int i = 0; c->fused && i < c->g->n_nodes; i++)
-        if ((c->fused[i] & DW_FUSED_BWD) && c->gelu_consumer[i] == linear) return i;
-    return -1;
+    return c->g->nodes[linear].op == DW_OP_LINEAR ? c->node[linear].partner_bwd : -1;
 }

@@ -85,6 +85,20 @@ void dw_ctx_free(dw_ctx *ctx) {
 }
 
 dw_device_kind dw_ctx_device(const dw_ctx *ctx) { return ctx->device; }
+
+dw_status dw_ctx_mem_info(dw_ctx *ctx, int64_t *free_bytes, int64_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    if (ctx->device != DW_DEVICE_CUDA)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "device memory: the context is on the CPU");
+#if DW_HAVE_CUDA
+    size_t f = 0, t = 0;
+    DW_CUDA_CHECK(ctx, cudaMemGetInfo(&f, &t));
+    *free_bytes = (int64_t)f, *total_bytes = (int64_t)t;
+    return DW_OK;
+#else
+    return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "device memory: this build has no CUDA");
+#endif
+}
 int dw_ctx_device_index(const dw_ctx *ctx) { return ctx->device_index; }
 
 dw_status dw_ctx_stream(dw_ctx *ctx, void **stream_out) {

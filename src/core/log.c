@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/log.h"
 
 static int current_level = -1; /* -1: not read from the environment yet */
@@ -22,8 +23,8 @@ bool dw_log_parse_level(const char *name, dw_log_level *out) {
 dw_log_level dw_log_get_level(void) {
     if (current_level < 0) {
         dw_log_level level = DW_LOG_INFO;
-        const char *env = getenv("DW_LOG");
-        if (env && *env && !dw_log_parse_level(env, &level)) {
+        const char *env = dw_env("DW_LOG");
+        if (env && !dw_log_parse_level(env, &level)) {
             fprintf(stderr, "deepwell: warning: DW_LOG=%s is not one of debug|info|warn|error|off; "
                             "using info\n", env);
         }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/ctx.h"
 #include "core/error.h"
 #include "gemm/gemm.h"
@@ -34,8 +35,8 @@ void dw_gemm_set_autotune(bool on) { g_enabled = on ? 1 : 0; }
 
 bool dw_gemm_autotune_enabled(void) {
     if (g_enabled < 0) {
-        const char *e = getenv("DW_GEMM_AUTOTUNE");
-        g_enabled = e && e[0] && strcmp(e, "0") != 0;
+        const char *e = dw_env("DW_GEMM_AUTOTUNE"); /* any value but 0 turns it on */
+        g_enabled = e && strcmp(e, "0") != 0;
     }
     return g_enabled == 1;
 }

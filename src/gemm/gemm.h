@@ -32,8 +32,9 @@ dw_status dw_gemm_registry_select(dw_ctx *ctx, const dw_gemm_args *args, bool tu
 
 /* The kernel the registry would select for a on `device` with compute capability sm x10 (0 on
  * the CPU), by priority (no autotuning, no context needed: the compiler plans with it), or NULL
- * when no kernel is eligible. Pointers in a are only checked for alignment. */
-const char *dw_gemm_registry_pick(dw_device_kind device, int sm, const dw_gemm_args *a);
+ * when no kernel is eligible; then why (may be NULL) names the nearest kernel and its reason.
+ * Pointers in a are only checked for alignment. */
+const char *dw_gemm_registry_pick(dw_device_kind device, int sm, const dw_gemm_args *a, char *why, size_t why_len);
 
 /* ---- autotune cache (autotune.c) ---------------------------------------------------------- */
 bool dw_gemm_autotune_enabled(void);

@@ -114,9 +114,30 @@ static const entry *select_entry(dw_ctx *ctx, const dw_gemm_args *a, char *log, 
     return select_on(dw_ctx_device(ctx), dw_gemm_ctx_sm(ctx), a, log, logn);
 }
 
-const char *dw_gemm_registry_pick(dw_device_kind device, int sm, const dw_gemm_args *a) {
+const char *dw_gemm_registry_pick(dw_device_kind device, int sm, const dw_gemm_args *a, char *why, size_t why_len) {
     const entry *e = select_on(device, sm, a, NULL, 0);
-    return e ? e->name : NULL;
+    if (why && why_len) why[0] = '\0';
+    if (e || !why || !why_len) return e ? e->name : NULL;
+    /* every kernel of this device and sm whose predicate refused, in registration order, each
+     * distinct reason once: the kernels' own rules say why (no guess at which one "should" run) */
+    size_t used = 0;
+    for (int i = 0; i < g_count; i++) {
+        const dw_kernel_desc *d = &g_table[i].d;
+        const bool here = d->device == (int)device && (!(d->sm_min || d->sm_max) || (sm >= d->sm_min && sm <= d->sm_max));
+        const bool fields = (d->recipe_a < 0 || d->recipe_a == a->a.recipe) && (d->recipe_b < 0 || d->recipe_b == a->b.recipe);
+        const char *w = NULL;
+        if (!here || !fields || !d->eligible || d->eligible(a, d->user, &w) || !w || strstr(why, w)) continue;
+        int n = snprintf(why + used, why_len - used, "%s%s: %s", used ? "; " : "", g_table[i].name, w);
+        if (n < 0 || (size_t)n >= why_len - used) { /* cut: say so */
+            if (why_len > 4) memcpy(why + why_len - 4, "...", 4);
+            return NULL;
+        }
+        used += (size_t)n;
+    }
+    if (!used)
+        snprintf(why, why_len, "no kernel takes A=%s B=%s on %s sm_%d", dw_recipe_name((dw_recipe)a->a.recipe),
+                 dw_recipe_name((dw_recipe)a->b.recipe), device == DW_DEVICE_CUDA ? "cuda" : "cpu", sm);
+    return NULL;
 }
 
 /* The eligible entries for a on ctx (at most cap), highest priority first. */

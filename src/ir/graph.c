@@ -181,15 +181,22 @@ int64_t dw_graph_params(const dw_graph *g) {
     return p;
 }
 
-double dw_graph_flops_per_token(const dw_graph *g) {
+static double per_token(const dw_graph *g, void (*fn)(const dw_graph *, const dw_ir_node *, double *, double *)) {
     double total = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         double f, b;
-        dw_ir_flops(g, &g->nodes[i], &f, &b);
+        fn(g, &g->nodes[i], &f, &b);
         total += f + b;
     }
     return total / (double)(g->batch * g->seq);
 }
 
+double dw_graph_flops_per_token(const dw_graph *g) { return per_token(g, dw_ir_flops); }
+double dw_graph_model_flops_per_token(const dw_graph *g) { return per_token(g, dw_ir_model_flops); }
+
 int dw_graph_node_count(const dw_graph *g) { return g->n_nodes; }
 int64_t dw_graph_seq(const dw_graph *g) { return g->seq; }
+int64_t dw_graph_batch(const dw_graph *g) { return g->batch; }
+int64_t dw_graph_vocab(const dw_graph *g) { return g->model.vocab; }
+const char *dw_graph_model_type(const dw_graph *g) { return g->model.model_type; }
+const char *dw_graph_config_json(const dw_graph *g) { return g->model.config_json; }

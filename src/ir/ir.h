@@ -140,6 +140,9 @@ dw_status dw_graph_verify(dw_ctx *ctx, const dw_graph *g);
  * causal attention counted as computed (the pairs at or below the diagonal). The planner, the
  * reports and the MFU of `bench step` all read this model (ir/op_cost.c). */
 void dw_ir_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd);
+/* The same node in PaLM's model-FLOPs convention (MFU): matmuls only, no biases, attention over
+ * the full T x T square. */
+void dw_ir_model_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd);
 /* Memory passes of one node over its activation-sized tensor (elements read or written per
  * element of the output, or of the logits for cross-entropy), forward and backward, as the
  * engine's kernels run them; linear and attention count 0 here (their time is the GEMM's and

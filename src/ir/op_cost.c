@@ -2,6 +2,8 @@
  * FLOPs exact, 2 per multiply-add; elementwise ones nominal per-element costs, docs/ir.md) and
  * memory passes (passes_<name>: elements read or written per element of the node's activation,
  * as the engine's kernels run them; the planner's time model reads them). */
+#include <stdbool.h>
+
 #include "ir/ir.h"
 
 #define IN(i) (&g->tensors[n->in[(i)]])
@@ -9,60 +11,62 @@
 static int64_t rows(const dw_ir_tensor *t) { return t->shape[0] * t->shape[1]; }
 static int64_t last(const dw_ir_tensor *t) { return t->shape[t->ndim - 1]; }
 
-/* ---- per-op FLOPs (forward; backward = input and parameter gradients) ---------------------- */
+/* ---- per-op FLOPs (forward; backward = input and parameter gradients) ----------------------
+ * Two conventions: as executed (palm false: every op, causal attention counted over the pairs at
+ * or below the diagonal) and PaLM's model FLOPs (palm true: the MFU convention of bench/ and the
+ * anchors: 6 per weight element per token for matmuls, no biases or elementwise ops, attention
+ * over the full T x T square: 12 H D T per layer per token). */
+#define ELEMENTWISE(fwd, bwd, numel)                                                                 \
+    do {                                                                                             \
+        const double e_ = palm ? 0.0 : (double)(numel);                                              \
+        *f = (fwd) * e_, *b = (bwd) * e_;                                                            \
+    } while (0)
 
-static void flops_embedding(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 0;
-    *b = (double)rows(IN(0)) * (double)IN(1)->shape[1]; /* scatter-add into dwte */
+static void flops_embedding(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(0, 1, rows(IN(0)) * IN(1)->shape[1]); /* scatter-add into dwte */
 }
-static void flops_position(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = *b = (double)dw_ir_numel(IN(0));
+static void flops_position(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(1, 1, dw_ir_numel(IN(0)));
 }
-static void flops_rope(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = *b = 3.0 * (double)dw_ir_numel(IN(0));
+static void flops_rope(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(3, 3, dw_ir_numel(IN(0)));
 }
-static void flops_layernorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 7.0 * (double)dw_ir_numel(IN(0));
-    *b = 12.0 * (double)dw_ir_numel(IN(0));
+static void flops_layernorm(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(7, 12, dw_ir_numel(IN(0)));
 }
-static void flops_rmsnorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 4.0 * (double)dw_ir_numel(IN(0));
-    *b = 8.0 * (double)dw_ir_numel(IN(0));
+static void flops_rmsnorm(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(4, 8, dw_ir_numel(IN(0)));
 }
-static void flops_linear(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+static void flops_linear(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     double N = (double)rows(IN(0)), K = (double)last(IN(0)), M = (double)IN(1)->shape[0];
-    *f = 2 * N * K * M + (n->n_in == 3 ? N * M : 0);
-    *b = 4 * N * K * M + (n->n_in == 3 ? N * M : 0); /* dx and dW; db */
+    const double bias = n->n_in == 3 && !palm ? N * M : 0;
+    *f = 2 * N * K * M + bias;
+    *b = 4 * N * K * M + bias; /* dx and dW; db */
 }
-static void flops_gelu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 8.0 * (double)dw_ir_numel(IN(0));
-    *b = 16.0 * (double)dw_ir_numel(IN(0));
+static void flops_gelu(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(8, 16, dw_ir_numel(IN(0)));
 }
-static void flops_silu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 4.0 * (double)dw_ir_numel(IN(0));
-    *b = 8.0 * (double)dw_ir_numel(IN(0));
+static void flops_silu(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(4, 8, dw_ir_numel(IN(0)));
 }
-static void flops_swiglu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 5.0 * (double)dw_ir_numel(IN(0));
-    *b = 10.0 * (double)dw_ir_numel(IN(0));
+static void flops_swiglu(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(5, 10, dw_ir_numel(IN(0)));
 }
-static void flops_add(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = (double)dw_ir_numel(IN(0));
-    *b = 0;
+static void flops_add(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(1, 0, dw_ir_numel(IN(0)));
 }
-/* Causal: only the T(T+1)/2 query-key pairs at or below the diagonal are computed. Forward:
- * q k^T and p v (2 FLOPs per pair per channel each) + softmax (5 per pair); backward: dv, dp,
- * dq, dk (4 matmuls) + the softmax gradient. */
-static void flops_attention(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+/* Executed: the T(T+1)/2 query-key pairs at or below the diagonal. Forward: q k^T and p v (2
+ * FLOPs per pair per channel each) + softmax (5 per pair); backward: dv, dp, dq, dk (4 matmuls) +
+ * the softmax gradient. PaLM: the T^2 square, matmuls only. */
+static void flops_attention(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     double B = (double)IN(0)->shape[0], T = (double)IN(0)->shape[1];
     double H = (double)n->attrs.heads, D = (double)n->attrs.head_dim;
-    double pairs = B * H * T * (T + 1) / 2;
-    *f = 4 * pairs * D + 5 * pairs;
-    *b = 8 * pairs * D + 5 * pairs;
+    double pairs = palm ? B * H * T * T : B * H * T * (T + 1) / 2, soft = palm ? 0 : 5 * pairs;
+    *f = 4 * pairs * D + soft;
+    *b = 8 * pairs * D + soft;
 }
-static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 4.0 * (double)dw_ir_numel(IN(0));
-    *b = 3.0 * (double)dw_ir_numel(IN(0));
+static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(4, 3, dw_ir_numel(IN(0)));
 }
 
 /* ---- memory passes (per element of the node's activation; linear, attention: 0) ------------ */
@@ -91,9 +95,11 @@ static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double 
     *f = 3, *b = 0; /* fused: logits read twice, dlogits written in place */
 }
 
-typedef void (*cost_fn)(const dw_graph *, const dw_ir_node *, double *, double *);
+typedef void (*flops_fn)(const dw_graph *, const dw_ir_node *, bool, double *, double *);
+typedef void (*passes_fn)(const dw_graph *, const dw_ir_node *, double *, double *);
 static const struct {
-    cost_fn flops, passes;
+    flops_fn flops;
+    passes_fn passes;
 } ops[] = {
 #define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {flops_##name, passes_##name},
 #include "ir/ops.def"
@@ -102,7 +108,11 @@ static const struct {
 _Static_assert(sizeof ops / sizeof ops[0] == DW_OP_COUNT, "cost table vs ops.def");
 
 void dw_ir_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd) {
-    ops[n->op].flops(g, n, fwd, bwd);
+    ops[n->op].flops(g, n, false, fwd, bwd);
+}
+
+void dw_ir_model_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd) {
+    ops[n->op].flops(g, n, true, fwd, bwd);
 }
 
 void dw_ir_passes(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd) {

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "capture/capture.h"
-#include "compile/compile.h"
+#include "compile/program.h"
 #include "core/error.h"
 #include "plan/layout.h"
 
@@ -70,7 +70,11 @@ static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, compi
     memset(j, 0, sizeof *j);
     DW_TRY(dw_capture_config(ctx, in->cfg, b, in->job.seq, &j->g));
     DW_TRY(dw_plan_engine_policy(ctx, in, &j->pol));
-    return dw_compile(ctx, j->g, NULL, j->pol, &j->c);
+    dw_compile_opts o; /* the engine's program for the planned GPU, whatever this machine is */
+    dw_compile_opts_init(&o, sizeof o);
+    o.device = DW_DEVICE_CUDA;
+    o.sm = 90;
+    return dw_compile(ctx, j->g, NULL, j->pol, &o, &j->c);
 }
 
 static void release(compiled_job *j) {
@@ -137,25 +141,6 @@ static dw_plan_prec recipe_prec(int r) {
     }
 }
 
-/* Memory-bound passes over a node's activation-sized tensor (BF16 elements read or written),
- * forward and backward, as the engine's kernels run them (kernels/cuda/ops_*.cu). */
-static void op_passes(dw_op op, double *f, double *b) {
-    *f = *b = 0;
-    switch (op) {
-    case DW_OP_EMBEDDING: *f = 2, *b = 5; break; /* gather; scatter-add into FP32 grads (read dy, RMW 4 B) */
-    case DW_OP_POSITION: *f = 3, *b = 3; break;  /* x + wpe; dx = dy and wpe's column sum */
-    case DW_OP_ROPE: *f = 2, *b = 2; break;
-    case DW_OP_LAYERNORM:
-    case DW_OP_RMSNORM: *f = 2, *b = 5; break; /* bwd: x, dy -> dx, then column sums over x, dy */
-    case DW_OP_GELU:
-    case DW_OP_SILU: *f = 2, *b = 3; break;
-    case DW_OP_SWIGLU: *f = 3, *b = 5; break; /* over the (B,T,F) output */
-    case DW_OP_ADD: *f = 3, *b = 4; break;    /* bwd: dy to both inputs (copy or accumulate) */
-    case DW_OP_CROSS_ENTROPY: *f = 3; break;  /* fused: logits read twice, dlogits written in place */
-    default: break;
-    }
-}
-
 dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_time *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
@@ -178,7 +163,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             kf += 1, kb += 2; /* fprop | dgrad, wgrad */
             const dw_ir_tensor *x = &g->tensors[n->in[0]];
             int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
-            int r = c->bind[i].recipe;
+            int r = c->node[i].bind.recipe;
             bool qrec = c->bf16 && dw_compile_quant_recipe(r);
             /* elements each pass quantises: x | dy | dy^T, x^T (W and W^T: once per update, below);
              * a node reading the same x as the previous quantised one (q/k/v, gate/up) reuses its
@@ -196,9 +181,8 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             bool wgrad_q = false;
             for (int p = 0; p < DW_QPASS_COUNT; p++) {
                 int64_t m, nn, k;
-                const char *why = NULL;
                 dw_compile_quant_shape((dw_qpass)p, (int64_t)N, K, M, &m, &nn, &k);
-                bool q = qrec && dw_compile_quant_gemm_ok(r, (dw_qpass)p, m, nn, k, &why);
+                bool q = qrec && c->node[i].bind.quantised[p]; /* the registry's answer at the planned shape */
                 dw_plan_prec pr = q ? recipe_prec(r) : DW_PREC_BF16;
                 double f = 2.0 * (double)m * (double)nn * (double)k, t = f / dw_plan_gemm_rate(in, pr, m, nn, k);
                 double qb = q ? opnd[p] * (2 + dw_plan_operand_bytes(pr)) : 0; /* read BF16, write codes */
@@ -218,9 +202,9 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             kf += 1, kb += 2;
         } else {
             double pf, pb;
-            op_passes(n->op, &pf, &pb);
-            if (c->fused && (c->fused[i] & DW_FUSED_FWD)) pf = 0; /* in the GEMM epilogues (compile/fuse.c) */
-            if (c->fused && (c->fused[i] & DW_FUSED_BWD)) pb = 0;
+            dw_ir_passes(g, n, &pf, &pb);
+            if (c->node[i].fused & DW_FUSED_FWD) pf = 0; /* in the GEMM epilogues (compile/fuse.c) */
+            if (c->node[i].fused & DW_FUSED_BWD) pb = 0;
             const dw_ir_tensor *t = n->op == DW_OP_CROSS_ENTROPY ? &g->tensors[n->in[0]] : y;
             double e = (double)dw_ir_numel(t) * as;
             mem_f += pf * e, mem_b += pb * e;

@@ -1,6 +1,6 @@
-/* profile.c — per-op time breakdown of a CUDA training step (see profile.h): runs the engine's
- * event-timed eager step, sums node times per op kind and per node role, sorts, prints and
- * writes JSON. */
+/* profile.c — per-op time breakdown of a training step (see profile.h): runs the engine's timed
+ * eager steps (a timer between every step of the program), sums step times per op kind and per
+ * node role, sorts, prints and writes JSON; and the optimizer's steps, summed per step kind. */
 #include "runtime/profile.h"
 
 #include <stdlib.h>
@@ -10,8 +10,7 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "ir/ir.h"
-#include "runtime/engine_cpu.h"
-#include "runtime/engine_cuda.h"
+#include "runtime/engine.h"
 
 /* Adds ms to the row named key (linear search: a few hundred rows at most). */
 static void add_row(dw_prof_row *rows, int *n, int cap, const char *key, double ms) {
@@ -48,34 +47,31 @@ dw_status dw_prof_run(dw_ctx *ctx, dw_engine *e, const int32_t *tokens, const in
                       int64_t T, int steps, dw_prof_summary *s) {
     memset(s, 0, sizeof *s);
     if (steps < 1) return dw_set_error(ctx, DW_ERR_INVALID, "profile: steps must be >= 1");
-    if (!e->cuda) return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "profile: needs the CUDA engine (--device cuda)");
-    int n = 0;
-    dw_engine_prof probe;
-    DW_TRY(dw_engine_cuda_profile_step(e, tokens, targets, B, T, 1.0, &probe, 0, &n)); /* warm-up, node count */
-    dw_engine_prof *p = calloc((size_t)(n ? n : 1), sizeof *p);
-    double *fwd = calloc((size_t)(n ? n : 1), sizeof *fwd), *bwd = calloc((size_t)(n ? n : 1), sizeof *bwd);
-    s->ops = calloc((size_t)(2 * n + 1), sizeof *s->ops);
-    s->roles = calloc((size_t)(2 * n + 1), sizeof *s->roles);
-    dw_status st = p && fwd && bwd && s->ops && s->roles ? DW_OK
-                                                          : dw_set_error(ctx, DW_ERR_NOMEM, "profile: out of memory");
+    const dw_compiled *p = dw_engine_program(e);
+    const int first = p->phase[DW_PHASE_FORWARD][0], last = p->phase[DW_PHASE_BACKWARD][1], n = last - first;
+    double *ms = calloc((size_t)p->n_steps + 1, sizeof *ms), *sum = calloc((size_t)p->n_steps + 1, sizeof *sum);
+    s->ops = calloc((size_t)(n + 1), sizeof *s->ops);
+    s->roles = calloc((size_t)(n + 1), sizeof *s->roles);
+    dw_status st = ms && sum && s->ops && s->roles ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "profile: out of memory");
+    if (st == DW_OK) st = dw_engine_time_steps(e, tokens, targets, B, T, 1.0, ms); /* warm-up */
     for (int r = 0; st == DW_OK && r < steps; r++) {
-        st = dw_engine_cuda_profile_step(e, tokens, targets, B, T, 1.0, p, n, &n);
-        for (int i = 0; st == DW_OK && i < n; i++) fwd[i] += p[i].fwd_ms, bwd[i] += p[i].bwd_ms;
+        st = dw_engine_time_steps(e, tokens, targets, B, T, 1.0, ms);
+        for (int k = first; st == DW_OK && k < last; k++) sum[k] += ms[k];
     }
-    for (int i = 0; st == DW_OK && i < n; i++) {
+    for (int k = first; st == DW_OK && k < last; k++) {
+        const dw_step *step = &p->steps[k];
+        const dw_ir_node *node = &p->g->nodes[step->node];
+        const char *dir = step->kind == DW_STEP_FWD ? "fwd" : "bwd";
         char key[96], role[80];
-        role_of(p[i].name, role, sizeof role);
-        const char *op = dw_op_name((dw_op)p[i].op);
-        for (int d = 0; d < 2; d++) {
-            double ms = (d ? bwd[i] : fwd[i]) / steps;
-            s->total_ms += ms;
-            snprintf(key, sizeof key, "%s %s", op, d ? "bwd" : "fwd");
-            add_row(s->ops, &s->n_ops, 2 * n, key, ms);
-            snprintf(key, sizeof key, "%s %s", role, d ? "bwd" : "fwd");
-            add_row(s->roles, &s->n_roles, 2 * n, key, ms);
-        }
+        role_of(node->name, role, sizeof role);
+        const double t = sum[k] / steps;
+        s->total_ms += t;
+        snprintf(key, sizeof key, "%s %s", dw_op_name(node->op), dir);
+        add_row(s->ops, &s->n_ops, n, key, t);
+        snprintf(key, sizeof key, "%s %s", role, dir);
+        add_row(s->roles, &s->n_roles, n, key, t);
     }
-    free(p), free(fwd), free(bwd);
+    free(ms), free(sum);
     if (st != DW_OK) {
         dw_prof_free(s);
         return st;
@@ -96,7 +92,7 @@ static void print_table(FILE *f, const char *title, const dw_prof_row *rows, int
     int shown = top > 0 && top < n ? top : n;
     double rest = 0;
     for (int i = shown; i < n; i++) rest += rows[i].ms;
-    fprintf(f, "\n%s (eager step, CUDA events, mean of the timed steps; %.2f ms in all):\n", title, total);
+    fprintf(f, "\n%s (eager step, timers between steps, mean of the timed steps; %.2f ms in all):\n", title, total);
     for (int i = 0; i < shown; i++)
         fprintf(f, "  %-40s %9.3f ms %6.1f%%\n", rows[i].key, rows[i].ms, 100.0 * rows[i].ms / total);
     if (shown < n) fprintf(f, "  %-40s %9.3f ms %6.1f%%\n", "(the other rows)", rest, 100.0 * rest / total);
@@ -180,22 +176,121 @@ void dw_prof_print_json_fields(FILE *f, const dw_prof_summary *s) {
 dw_status dw_prof_optimizer(dw_ctx *ctx, dw_engine *e, int reps, dw_prof_opt *o) {
     memset(o, 0, sizeof *o);
     if (reps < 1) return dw_set_error(ctx, DW_ERR_INVALID, "profile: reps must be >= 1");
-    if (!e->cuda) return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "profile: needs the CUDA engine (--device cuda)");
-    _Static_assert(DW_PROF_OPT_PHASES == DW_OPT_PHASES, "one row per optimizer phase");
-    DW_TRY(dw_engine_cuda_profile_optimizer(e, 3e-4, 0.9, 0.95, 1e-8, 0.1, 1.0, reps, o->ms));
-    for (int k = 0; k < DW_PROF_OPT_PHASES; k++) o->name[k] = dw_opt_phase_names[k], o->total_ms += o->ms[k];
-    return DW_OK;
+    const dw_compiled *p = dw_engine_program(e);
+    const int first = p->phase[DW_PHASE_OPTIMIZER][0], last = p->phase[DW_PHASE_OPTIMIZER][1];
+    double *ms = calloc((size_t)p->n_steps + 1, sizeof *ms);
+    if (!ms) return dw_set_error(ctx, DW_ERR_NOMEM, "profile: out of memory");
+    dw_adamw_opts ao;
+    dw_adamw_opts_init(&ao, sizeof ao);
+    ao.lr = 3e-4;
+    /* rows: zeroing the gradients, then one per optimizer step kind in program order */
+    o->name[0] = "zero grad";
+    o->n = 1;
+    dw_status st = DW_OK;
+    for (int r = 0; st == DW_OK && r < reps; r++) {
+        double zero = 0;
+        st = dw_engine_time_optimizer(e, &ao, 1000 + r, ms, &zero);
+        o->ms[0] += zero / reps;
+        for (int k = first; st == DW_OK && k < last; k++) {
+            const char *name = dw_step_kind_name((dw_step_kind)p->steps[k].kind);
+            int row = 1;
+            while (row < o->n && strcmp(o->name[row], name)) row++;
+            if (row == o->n && o->n < DW_PROF_OPT_ROWS) o->name[o->n++] = name;
+            if (row < o->n) o->ms[row] += ms[k] / reps;
+        }
+    }
+    free(ms);
+    for (int k = 0; k < o->n; k++) o->total_ms += o->ms[k];
+    return st;
 }
 
 void dw_prof_print_optimizer(FILE *f, const dw_prof_opt *o, bool json) {
     if (json) {
         fprintf(f, "  \"optimizer\": [");
-        for (int k = 0; k < DW_PROF_OPT_PHASES; k++)
+        for (int k = 0; k < o->n; k++)
             fprintf(f, "%s{\"name\": \"%s\", \"ms\": %.4f}", k ? ", " : "", o->name[k], o->ms[k]);
         fprintf(f, "]\n");
         return;
     }
-    fprintf(f, "\noptimizer step (eager, CUDA events between phases; %.2f ms in all):\n", o->total_ms);
-    for (int k = 0; k < DW_PROF_OPT_PHASES; k++)
+    fprintf(f, "\noptimizer step (eager, timers between its steps; %.2f ms in all):\n", o->total_ms);
+    for (int k = 0; k < o->n; k++)
         fprintf(f, "  %-40s %9.3f ms %6.1f%%\n", o->name[k], o->ms[k], o->total_ms > 0 ? 100.0 * o->ms[k] / o->total_ms : 0.0);
+}
+
+/* ---- the public profile (deepwell.h): a summary and, optionally, the optimizer's rows ---------- */
+struct dw_profile {
+    dw_prof_summary s;
+    dw_prof_opt o;
+    bool has_opt;
+};
+
+dw_status dw_engine_profile(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                            int steps, bool optimizer, dw_profile **out) {
+    *out = NULL;
+    dw_ctx *ctx = e->ctx;
+    dw_profile *p = calloc(1, sizeof *p);
+    if (!p) return dw_set_error(ctx, DW_ERR_NOMEM, "profile: out of memory");
+    dw_status st = dw_prof_run(ctx, e, tokens, targets, B, T, steps, &p->s);
+    if (st == DW_OK && optimizer) st = dw_prof_optimizer(ctx, e, 3, &p->o), p->has_opt = st == DW_OK;
+    if (st != DW_OK) {
+        dw_profile_free(p);
+        return st;
+    }
+    *out = p;
+    return DW_OK;
+}
+
+void dw_profile_free(dw_profile *p) {
+    if (!p) return;
+    dw_prof_free(&p->s);
+    free(p);
+}
+
+double dw_profile_step_ms(const dw_profile *p) { return p->s.total_ms; }
+
+/* What f-printing code writes, as a malloc'd string (NULL when out of memory). */
+static char *to_string(void (*fn)(FILE *, const dw_profile *, int), const dw_profile *p, int top) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    fn(f, p, top);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static void text(FILE *f, const dw_profile *p, int top) {
+    dw_prof_print(f, &p->s, top);
+    if (p->has_opt) dw_prof_print_optimizer(f, &p->o, false);
+}
+
+static void json_fields(FILE *f, const dw_profile *p, int top) {
+    (void)top;
+    fprintf(f, "  \"profile_eager_ms\": %.4f,\n", p->s.total_ms);
+    dw_prof_print_json_fields(f, &p->s);
+    if (p->has_opt) {
+        fprintf(f, ",");
+        dw_prof_print_optimizer(f, &p->o, true);
+    }
+}
+
+char *dw_profile_text(const dw_profile *p, int top) { return to_string(text, p, top); }
+char *dw_profile_json_fields(const dw_profile *p) { return to_string(json_fields, p, 0); }
+
+dw_status dw_profile_save(dw_ctx *ctx, const dw_profile *p, const char *path) { return dw_prof_write_json(ctx, &p->s, path); }
+
+dw_status dw_profile_load(dw_ctx *ctx, const char *path, dw_profile **out) {
+    *out = NULL;
+    dw_profile *p = calloc(1, sizeof *p);
+    if (!p) return dw_set_error(ctx, DW_ERR_NOMEM, "profile: out of memory");
+    dw_status st = dw_prof_read_json(ctx, path, &p->s);
+    if (st != DW_OK) {
+        free(p);
+        return st;
+    }
+    *out = p;
+    return DW_OK;
 }

@@ -29,7 +29,7 @@ typedef struct {
     int64_t batch, seq, global_batch;
     char data[1024];       /* the --data pattern */
     char tokenizer[16];    /* "bytes" (builtin, raw text) or "ids" (token shards) */
-    char precision[16];    /* "fp32-cpu" (CPU engine), or the CUDA policy's default recipe
+    char precision[32];    /* "fp32" (no policy), or the program policy's default recipe
                               ("bf16", "fp8_block", ...; "policy" when it has rules) */
     /* Written only (not read back): JSON texts stored as state.json's "policy" (the policy
      * document, dw_policy_to_json) and "recipes" ({node name: recipe}); NULL writes null. */

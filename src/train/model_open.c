@@ -1,66 +1,48 @@
-/* model_open.c — engine choice per device and opening models for inference (see model_open.h). */
+/* model_open.c — dw_model (deepwell.h): the pipeline in one call for tools and quick starts. A
+ * checkpoint or run directory (validated by train/ckpt.c), a model directory, a config.json or a
+ * preset -> the graph at batch x seq -> a program for the context's device (FP32 on the CPU, BF16
+ * on CUDA unless a policy says otherwise) -> an engine with the weights of `what` or from a seed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "capture/capture.h"
 #include "core/error.h"
-#include "formats/formats.h"
-#include "precision/policy.h"
 #include "train/ckpt.h"
-#include "train/model_open.h"
+#include "train/sample.h"
 
-dw_status dw_train_engine_create_policy(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
-                                        const dw_policy *policy, dw_engine **out) {
-    *out = NULL;
-    if (dw_ctx_device(ctx) == DW_DEVICE_CPU) {
-        if (policy)
-            return dw_set_error(ctx, DW_ERR_INVALID,
-                                "a precision policy needs the CUDA engine (the CPU engine is FP32 only); "
-                                "use --device cuda or drop --precision/--policy");
-        return dw_engine_create_cpu(ctx, cfg, B, T, out);
-    }
-    if (policy) return dw_engine_create_cuda(ctx, cfg, B, T, policy, out);
-    dw_policy *bf16 = NULL;
-    DW_TRY(dw_policy_from_precision(ctx, "bf16", false, &bf16));
-    dw_status st = dw_engine_create_cuda(ctx, cfg, B, T, bf16, out);
-    dw_policy_free(bf16);
-    return st;
+struct dw_model {
+    dw_graph *g;
+    dw_compiled *c;
+    dw_policy *own_policy; /* the BF16 policy made for a CUDA context without one */
+    dw_engine *e;
+    bool trained;
+    dw_tokenizer tok;
+};
+
+void dw_model_opts_init(dw_model_opts *o, size_t size) {
+    dw_model_opts d = {.size = sizeof d, .batch = 1, .seq = 0, .policy = NULL, .weights = DW_WEIGHTS_AUTO,
+                       .seed = 1337};
+    memset(o, 0, size);
+    memcpy(o, &d, size < sizeof d ? size : sizeof d);
+    o->size = size;
 }
 
-dw_status dw_train_engine_create(dw_ctx *ctx, const dw_model_config *cfg, int64_t B, int64_t T,
-                           dw_engine **out) {
-    return dw_train_engine_create_policy(ctx, cfg, B, T, NULL, out);
+void dw_model_free(dw_model *m) {
+    if (!m) return;
+    dw_engine_free(m->e);
+    dw_compiled_free(m->c);
+    dw_policy_free(m->own_policy);
+    dw_graph_free(m->g);
+    free(m);
 }
 
-dw_status dw_train_ctx_create(const char *device, dw_ctx **out) {
-    *out = NULL;
-    dw_ctx_opts o = {.device = DW_DEVICE_AUTO};
-    if (!strcmp(device, "cpu")) o.device = DW_DEVICE_CPU;
-    else if (!strcmp(device, "cuda")) o.device = DW_DEVICE_CUDA;
-    else if (strcmp(device, "auto"))
-        return dw_set_error(NULL, DW_ERR_INVALID, "--device must be cpu, cuda or auto, got '%s'", device);
-    if (o.device == DW_DEVICE_CUDA) {
-        if (!dw_built_with_cuda())
-            return dw_set_error(NULL, DW_ERR_UNSUPPORTED,
-                                "--device cuda: this build has no CUDA (configure with -DDW_CUDA=ON); use --device cpu");
-        if (dw_ctx_create(&o, out) != DW_OK) {
-            char why[256];
-            snprintf(why, sizeof why, "%s", dw_errmsg(NULL));
-            return dw_set_error(NULL, DW_ERR_UNSUPPORTED, "--device cuda: no usable GPU (%s); use --device cpu", why);
-        }
-        return DW_OK;
-    }
-    return dw_ctx_create(&o, out); /* auto: CUDA device 0 when a GPU is usable, else the CPU */
-}
-
-const char *dw_train_precision_name(dw_ctx *ctx, const dw_policy *policy) {
-    if (dw_ctx_device(ctx) == DW_DEVICE_CPU) return "fp32-cpu";
-    if (!policy) return "bf16";
-    if (policy->n_rules > 0) return "policy";
-    return dw_recipe_name(policy->default_recipe);
-}
+dw_engine *dw_model_engine(const dw_model *m) { return m->e; }
+const dw_graph *dw_model_graph(const dw_model *m) { return m->g; }
+bool dw_model_trained(const dw_model *m) { return m->trained; }
+const char *dw_model_tokenizer(const dw_model *m) { return dw_tokenizer_name(m->tok); }
 
 static bool has_file(const char *dir, const char *name) {
     char *p = dw_path_join(dir, name);
@@ -69,38 +51,62 @@ static bool has_file(const char *dir, const char *name) {
     return ok;
 }
 
-dw_status dw_model_open(dw_ctx *ctx, const char *what, int64_t max_T, uint64_t seed,
-                        dw_opened_model *out) {
-    memset(out, 0, sizeof *out);
+/* Whether dir holds Hugging Face weights (model.safetensors or a sharded index). */
+static bool has_weights(const char *dir) {
+    return has_file(dir, "model.safetensors") || has_file(dir, "model.safetensors.index.json");
+}
+
+dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts, dw_model **out) {
+    *out = NULL;
+    if (!what || !*what) return dw_set_error(ctx, DW_ERR_INVALID, "no model given");
+    dw_model_opts o;
+    dw_model_opts_init(&o, sizeof o);
+    if (opts) memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
+    if (o.batch < 1 || o.seq < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "model: batch %lld, seq %lld out of range", (long long)o.batch,
+                            (long long)o.seq);
     struct stat sb;
-    bool is_dir = stat(what, &sb) == 0 && S_ISDIR(sb.st_mode);
-    bool is_ckpt = is_dir && (has_file(what, "state.json") || has_file(what, "latest"));
+    const bool is_dir = stat(what, &sb) == 0 && S_ISDIR(sb.st_mode);
+    const bool is_ckpt = is_dir && (has_file(what, "state.json") || has_file(what, "latest"));
     char *cdir = NULL;
     dw_ckpt_state state;
-    dw_model_config cfg;
     if (is_ckpt) DW_TRY(dw_ckpt_open(ctx, what, &cdir, &state));
     const char *dir = is_ckpt ? cdir : what;
-    dw_status st = dw_model_config_load(ctx, dir, &cfg);
-    int64_t T = cfg.max_seq < max_T || max_T <= 0 ? cfg.max_seq : max_T;
-    if (st == DW_OK) st = dw_train_engine_create(ctx, &cfg, 1, T, &out->engine);
-    if (st == DW_OK && is_dir) {
-        char *w = dw_path_join(dir, "model.safetensors");
-        st = w ? dw_engine_load_weights(out->engine, w) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-        if (st == DW_OK) out->trained = true;
-        free(w);
-    } else if (st == DW_OK) {
-        st = dw_engine_init_weights(out->engine, seed);
-    }
+    dw_model *m = calloc(1, sizeof *m);
+    dw_status st = m ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK) st = dw_capture_hf_shape(ctx, dir, 1, 0, &m->g); /* to learn the model's positions */
     if (st == DW_OK) {
-        out->T = T;
-        out->tokenizer = cfg.vocab_size == 256 ? DW_TOK_BYTES : DW_TOK_IDS;
-        if (is_ckpt && !dw_tokenizer_parse(state.tokenizer, &out->tokenizer))
-            st = dw_set_error(ctx, DW_ERR_FORMAT, "%s/state.json: unknown tokenizer '%s'", cdir, state.tokenizer);
+        int64_t T = o.seq ? o.seq : m->g->model.max_seq < 1024 ? m->g->model.max_seq : 1024;
+        m->tok = m->g->model.vocab == 256 ? DW_TOK_BYTES : DW_TOK_IDS;
+        dw_graph_free(m->g);
+        m->g = NULL;
+        st = dw_capture_hf_shape(ctx, dir, o.batch, T, &m->g);
     }
-    if (st != DW_OK) {
-        dw_engine_free(out->engine);
-        memset(out, 0, sizeof *out);
+    const dw_policy *pol = o.policy;
+    if (st == DW_OK && !pol && dw_ctx_device(ctx) == DW_DEVICE_CUDA) {
+        st = dw_policy_from_precision(ctx, "bf16", false, &m->own_policy);
+        pol = m->own_policy;
     }
+    if (st == DW_OK) st = dw_compile(ctx, m->g, NULL, pol, NULL, &m->c);
+    if (st == DW_OK) st = dw_engine_create(ctx, m->c, NULL, &m->e);
+    const bool file = is_dir && has_weights(dir);
+    if (st == DW_OK && o.weights == DW_WEIGHTS_FILE && !file)
+        st = dw_set_error(ctx, DW_ERR_IO, "%s: no weights (model.safetensors or model.safetensors.index.json)", dir);
+    if (st == DW_OK && o.weights == DW_WEIGHTS_NONE) {
+        /* left at zero for the caller */
+    } else if (st == DW_OK && file && o.weights != DW_WEIGHTS_RANDOM) {
+        st = dw_engine_load_weights(m->e, dir);
+        m->trained = st == DW_OK;
+    } else if (st == DW_OK) {
+        st = dw_engine_init_weights(m->e, o.seed);
+    }
+    if (st == DW_OK && is_ckpt && !dw_tokenizer_parse(state.tokenizer, &m->tok))
+        st = dw_set_error(ctx, DW_ERR_FORMAT, "%s/state.json: unknown tokenizer '%s'", cdir, state.tokenizer);
     free(cdir);
-    return st;
+    if (st != DW_OK) {
+        dw_model_free(m);
+        return st;
+    }
+    *out = m;
+    return DW_OK;
 }

@@ -1,4 +1,5 @@
-/* sample.c — generation (temperature, top-k) and the byte / id tokenizers (see sample.h). */
+/* sample.c — generation (temperature, top-k) on any engine and the byte / id tokenizers (see
+ * sample.h; dw_engine_generate, dw_tokenize and dw_detokenize are public in deepwell.h). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -6,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "runtime/engine.h"
 #include "train/sample.h"
 
 int32_t dw_sample_logits(const float *logits, int64_t V, const dw_sample_opts *o, dw_rng *rng,
@@ -39,10 +41,14 @@ int32_t dw_sample_logits(const float *logits, int64_t V, const dw_sample_opts *o
     return (int32_t)best; /* rounding at the very end of the CDF */
 }
 
-dw_status dw_generate(dw_ctx *ctx, dw_engine *e, int64_t T, int32_t *tokens, int64_t np, int64_t n,
-                      const dw_sample_opts *o, dw_rng *rng) {
+dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, int64_t n, double temperature, int top_k,
+                             uint64_t *rng_state) {
+    dw_ctx *ctx = e->ctx;
     if (np < 1) return dw_set_error(ctx, DW_ERR_INVALID, "generation needs a prompt of at least one token");
-    const int64_t V = dw_engine_config(e)->vocab_size;
+    if (n < 0 || top_k < 0) return dw_set_error(ctx, DW_ERR_INVALID, "generation: %lld tokens, top-k %d", (long long)n, top_k);
+    const int64_t V = e->g->model.vocab, T = e->g->seq;
+    const dw_sample_opts so = {.temperature = temperature, .top_k = top_k}, *o = &so;
+    dw_rng r = {*rng_state}, *rng = &r;
     float *logits = malloc((size_t)(T * V) * sizeof(float));
     double *work = malloc((size_t)V * sizeof(double));
     dw_status st = (logits && work) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
@@ -53,6 +59,7 @@ dw_status dw_generate(dw_ctx *ctx, dw_engine *e, int64_t T, int32_t *tokens, int
     }
     free(logits);
     free(work);
+    *rng_state = r.s;
     return st;
 }
 
@@ -65,10 +72,13 @@ bool dw_tokenizer_parse(const char *name, dw_tokenizer *out) {
     return true;
 }
 
-dw_status dw_tokenize(dw_ctx *ctx, dw_tokenizer t, const char *text, int64_t vocab, int32_t **ids_out,
+dw_status dw_tokenize(dw_ctx *ctx, const char *tokenizer, const char *text, int64_t vocab, int32_t **ids_out,
                       int64_t *n_out) {
     *ids_out = NULL;
     *n_out = 0;
+    dw_tokenizer t;
+    if (!tokenizer || !dw_tokenizer_parse(tokenizer, &t))
+        return dw_set_error(ctx, DW_ERR_INVALID, "unknown tokenizer '%s' (bytes or ids)", tokenizer ? tokenizer : "(null)");
     size_t len = strlen(text);
     int32_t *ids = malloc((len + 1) * sizeof *ids);
     if (!ids) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
@@ -104,7 +114,9 @@ dw_status dw_tokenize(dw_ctx *ctx, dw_tokenizer t, const char *text, int64_t voc
     return DW_OK;
 }
 
-char *dw_detokenize(dw_tokenizer t, const int32_t *ids, int64_t n) {
+char *dw_detokenize(const char *tokenizer, const int32_t *ids, int64_t n) {
+    dw_tokenizer t;
+    if (!tokenizer || !dw_tokenizer_parse(tokenizer, &t)) return NULL;
     size_t cap = (size_t)n * 13 + 1, len = 0;
     char *s = malloc(cap);
     if (!s) return NULL;

@@ -1,11 +1,8 @@
-/* trainer.c — dw_train: the training loop. Builds an engine for the context's device, AdamW
- * state, data; then per optimizer step: G/B micro-batches of forward+backward (gradients
- * accumulated with scale B/G), global-norm clipping, the scheduled learning rate, AdamW, metrics,
- * validation, samples and checkpoints. Resuming restores weights, moments, step, data position
- * and RNG exactly, so on the CPU the losses continue bit for bit. On the CUDA engine the same
- * loop runs with the device's AdamW (dw_engine_adamw_step) and the device's moments staged
- * through train/optstate for checkpoints, so the checkpoint format is the same on both.
- * Not the CLI (tools/cmd_train.c). */
+/* trainer.c — dw_train: the training loop over an engine (any backend). Data; then per optimizer
+ * step: G/B micro-batches of forward+backward (gradients accumulated with scale B/G), the
+ * engine's AdamW step (global-norm clipping, the scheduled learning rate), metrics, validation,
+ * samples and checkpoints. Resuming restores weights, moments, step, data position and RNG
+ * exactly, so on the CPU the losses continue bit for bit. Not the CLI (tools/cmd_train.c). */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -16,19 +13,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "compile/compile.h"
+#include "compile/program.h"
+#include "runtime/engine.h"
 #include "runtime/profile.h"
 #if DW_HAVE_CUDA
 #include "kernels/cuda/attn_packed.h"
 #endif
 #include "core/error.h"
+#include "core/fileio.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "train/ckpt.h"
 #include "train/data.h"
 #include "train/metrics.h"
-#include "train/model_open.h"
-#include "train/optstate.h"
+#include "train/optim.h"
 #include "train/sample.h"
 
 _Static_assert((int)DW_LR_COSINE == (int)DW_SCHED_COSINE && (int)DW_LR_LINEAR == (int)DW_SCHED_LINEAR &&
@@ -39,8 +37,10 @@ static volatile sig_atomic_t stop_flag;
 void dw_train_request_stop(void) { stop_flag = 1; }
 bool dw_train_stop_requested(void) { return stop_flag != 0; }
 
-void dw_train_opts_default(dw_train_opts *o) {
+void dw_train_opts_init(dw_train_opts *opts, size_t size) {
+    dw_train_opts d, *o = &d;
     memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
     o->steps = 100;
     o->batch = 8;
     o->seq = 64;
@@ -60,16 +60,16 @@ void dw_train_opts_default(dw_train_opts *o) {
     o->sample_temperature = 0.8;
     o->keep = 3;
     o->seed = 1337;
+    memset(opts, 0, size);
+    memcpy(opts, o, size < sizeof *o ? size : sizeof *o);
+    opts->size = size;
 }
 
 typedef struct {
     dw_ctx *ctx;
     const dw_train_opts *o;
-    dw_model_config cfg;
     dw_engine *eng;
-    dw_param **params;
-    int nparams;
-    dw_optim *opt;
+    const dw_graph *g;
     dw_data *train, *val;
     dw_tokenizer tok;
     dw_rng rng;       /* sampling */
@@ -81,8 +81,7 @@ typedef struct {
     int32_t *x, *y;   /* (B,T) */
     FILE *metrics;
     int64_t ckpt_step; /* step of the newest checkpoint written by this process, -1: none */
-    bool device;       /* the engine runs AdamW itself (CUDA); opt only stages its moments */
-    char *policy_json, *recipes_json; /* CUDA: for state.json */
+    char *recipes_json; /* {linear node: recipe} for state.json (BF16 programs) */
 } run;
 
 static double now_s(void) {
@@ -91,11 +90,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static dw_status check_opts(dw_ctx *ctx, const dw_train_opts *o) {
-    if (!o->model && !o->resume) return dw_set_error(ctx, DW_ERR_INVALID, "no model given (--model)");
+static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts *o) {
     if (!o->data) return dw_set_error(ctx, DW_ERR_INVALID, "no training data given (--data)");
-    if (o->profile && dw_ctx_device(ctx) != DW_DEVICE_CUDA)
-        return dw_set_error(ctx, DW_ERR_INVALID, "--profile times CUDA kernels: it needs the CUDA engine (--device cuda)");
     if (!o->out_dir) return dw_set_error(ctx, DW_ERR_INVALID, "no output directory given (--out)");
     if (o->steps < 1 || o->batch < 1 || o->seq < 1 || o->global_batch < 1)
         return dw_set_error(ctx, DW_ERR_INVALID, "--steps, --batch, --seq and --global-batch must be >= 1");
@@ -110,6 +106,11 @@ static dw_status check_opts(dw_ctx *ctx, const dw_train_opts *o) {
     if (!(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1))
         return dw_set_error(ctx, DW_ERR_INVALID, "--beta1 and --beta2 must be in [0, 1)");
     if ((unsigned)o->schedule > DW_LR_CONSTANT) return dw_set_error(ctx, DW_ERR_INVALID, "unknown schedule");
+    if (o->batch > g->batch || o->seq > g->seq)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--batch %lld --seq %lld exceed the engine's capacity %lld x %lld",
+                            (long long)o->batch, (long long)o->seq, (long long)g->batch, (long long)g->seq);
+    if (!g->model.config_json)
+        return dw_set_error(ctx, DW_ERR_INVALID, "the engine's graph carries no config.json to write into checkpoints");
     if (o->eval_every < 0 || o->sample_every < 0 || o->ckpt_every < 0 || o->keep < 0 ||
         o->eval_batches < 1 || o->sample_tokens < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "--eval-every, --sample-every, --ckpt-every, --keep must be >= 0");
@@ -136,30 +137,30 @@ static dw_status mkdirs(dw_ctx *ctx, const char *path) {
     return DW_OK;
 }
 
-/* CUDA engine: the device's AdamW moments to (to_device false) or from the host staging. */
-static dw_status moments(run *r, bool to_device) {
-    if (!r->device) return DW_OK;
-    for (int i = 0; i < r->nparams; i++) {
-        float *m, *v;
-        dw_optim_moments(r->opt, i, &m, &v);
-        DW_TRY(dw_engine_adamw_moments(r->eng, i, m, v, to_device));
-    }
-    return DW_OK;
-}
-
-/* CUDA engine: the policy document and {linear node: recipe} for state.json. */
-static dw_status describe_precision(run *r) {
-    if (!r->device) return DW_OK;
-    const dw_compiled *cp = dw_engine_compiled(r->eng);
+/* {linear node: recipe} of a BF16 program, for state.json. */
+static dw_status describe_recipes(run *r) {
+    const dw_compiled *cp = dw_engine_program(r->eng);
+    if (!cp->bf16) return DW_OK;
     json_t *rec = json_object();
-    for (int i = 0; rec && cp && i < cp->g->n_nodes; i++)
+    for (int i = 0; rec && i < cp->g->n_nodes; i++)
         if (cp->g->nodes[i].op == DW_OP_LINEAR)
-            json_object_set_new(rec, cp->g->nodes[i].name, json_string(dw_recipe_name(cp->bind[i].recipe)));
+            json_object_set_new(rec, cp->g->nodes[i].name, json_string(dw_recipe_name(cp->node[i].bind.recipe)));
     r->recipes_json = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(rec);
-    if (!r->recipes_json) return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
-    if (r->o->policy) DW_TRY(dw_policy_to_json(r->ctx, r->o->policy, &r->policy_json));
-    return DW_OK;
+    return r->recipes_json ? DW_OK : dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+}
+
+/* config.json: the text the graph was captured from, ending in a newline. */
+static dw_status write_config(dw_ctx *ctx, const dw_graph *g, const char *path) {
+    const char *text = g->model.config_json;
+    size_t n = strlen(text);
+    char *line = malloc(n + 2);
+    if (!line) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
+    memcpy(line, text, n);
+    if (!n || line[n - 1] != '\n') line[n++] = '\n';
+    dw_status s = dw_write_file_atomic(ctx, path, line, n);
+    free(line);
+    return s;
 }
 
 static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
@@ -167,10 +168,9 @@ static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
     char *c = dw_path_join(dir, dw_ckpt_files[0]), *m = dw_path_join(dir, dw_ckpt_files[1]),
          *o = dw_path_join(dir, dw_ckpt_files[2]);
     dw_status st = (c && m && o) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-    if (st == DW_OK) st = dw_model_config_save(ctx, &r->cfg, c);
-    if (st == DW_OK) st = moments(r, false);
+    if (st == DW_OK) st = write_config(ctx, r->g, c);
     if (st == DW_OK) st = dw_engine_save_weights(r->eng, m);
-    if (st == DW_OK) st = dw_optim_save(ctx, r->opt, o);
+    if (st == DW_OK) st = dw_engine_save_optimizer(r->eng, o);
     free(c);
     free(m);
     free(o);
@@ -198,8 +198,9 @@ static dw_status save_ckpt(run *r, char **path_out) {
     s.global_batch = o->global_batch;
     snprintf(s.data, sizeof s.data, "%s", o->data);
     snprintf(s.tokenizer, sizeof s.tokenizer, "%s", dw_tokenizer_name(r->tok));
-    snprintf(s.precision, sizeof s.precision, "%s", dw_train_precision_name(r->ctx, o->policy));
-    s.policy_json = r->policy_json;
+    const dw_compiled *cp = dw_engine_program(r->eng);
+    snprintf(s.precision, sizeof s.precision, "%s", cp->precision);
+    s.policy_json = cp->policy_json;
     s.recipes_json = r->recipes_json;
     DW_TRY(dw_ckpt_save(r->ctx, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out));
     r->ckpt_step = r->step;
@@ -230,7 +231,7 @@ static dw_status make_sample(run *r, char **text_out) {
     int32_t *ids = NULL;
     int64_t np = 0;
     if (o->sample_prompt) {
-        DW_TRY(dw_tokenize(r->ctx, r->tok, o->sample_prompt, r->cfg.vocab_size, &ids, &np));
+        DW_TRY(dw_tokenize(r->ctx, dw_tokenizer_name(r->tok), o->sample_prompt, r->g->model.vocab, &ids, &np));
     } else { /* the start of the last batch's first sequence: a context like the data's */
         np = o->seq / 4 < 16 ? (o->seq / 4 > 0 ? o->seq / 4 : 1) : 16;
         ids = malloc((size_t)np * sizeof *ids);
@@ -246,17 +247,24 @@ static dw_status make_sample(run *r, char **text_out) {
         free(ids);
         return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
     }
-    dw_sample_opts so = {.temperature = o->sample_temperature, .top_k = 0};
-    dw_status st = dw_generate(r->ctx, r->eng, o->seq, all, np, o->sample_tokens, &so, &r->rng);
+    dw_status st = dw_engine_generate(r->eng, all, np, o->sample_tokens, o->sample_temperature, 0, &r->rng.s);
     if (st == DW_OK) {
-        *text_out = dw_detokenize(r->tok, all, np + o->sample_tokens);
+        *text_out = dw_detokenize(dw_tokenizer_name(r->tok), all, np + o->sample_tokens);
         if (!*text_out) st = dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
     }
     free(all);
     return st;
 }
 
-/* Everything before the first step: resume state, model, engine, optimizer, data, metrics. */
+/* A checkpoint file's path inside cdir, loaded by fn into the engine. */
+static dw_status load_into(run *r, const char *cdir, int file, dw_status (*fn)(dw_engine *, const char *)) {
+    char *p = dw_path_join(cdir, dw_ckpt_files[file]);
+    dw_status st = p ? fn(r->eng, p) : dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+    free(p);
+    return st;
+}
+
+/* Everything before the first step: resume state (weights, moments, position, RNG), data, metrics. */
 static dw_status setup(run *r) {
     dw_ctx *ctx = r->ctx;
     const dw_train_opts *o = r->o;
@@ -276,6 +284,8 @@ static dw_status setup(run *r) {
         else if (state.step > o->steps)
             st = dw_set_error(ctx, DW_ERR_INVALID, "%s is at step %lld, beyond --steps %lld", cdir,
                               (long long)state.step, (long long)o->steps);
+        if (st == DW_OK) st = load_into(r, cdir, 1, dw_engine_load_weights);
+        if (st == DW_OK) st = load_into(r, cdir, 2, dw_engine_load_optimizer);
         if (st != DW_OK) {
             free(cdir);
             return st;
@@ -294,37 +304,9 @@ static dw_status setup(run *r) {
                                 "%s already holds a run (it has a `latest` checkpoint): resume it with --resume %s or choose another --out",
                                 o->out_dir, o->out_dir);
     }
-    dw_status st = dw_model_config_load(ctx, cdir ? cdir : o->model, &r->cfg);
-    if (st == DW_OK && r->cfg.max_seq < o->seq)
-        st = dw_set_error(ctx, DW_ERR_INVALID, "--seq %lld exceeds the model's max_seq %lld", (long long)o->seq,
-                          (long long)r->cfg.max_seq);
-    if (st == DW_OK) st = dw_train_engine_create_policy(ctx, &r->cfg, o->batch, o->seq, o->policy, &r->eng);
+    dw_status st = describe_recipes(r);
     if (st == DW_OK) {
-        r->device = dw_engine_on_device(r->eng);
-        st = describe_precision(r);
-    }
-    if (st == DW_OK && cdir) {
-        char *w = dw_path_join(cdir, dw_ckpt_files[1]);
-        st = w ? dw_engine_load_weights(r->eng, w) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-        free(w);
-    } else if (st == DW_OK) {
-        st = dw_engine_init_weights(r->eng, r->seed);
-    }
-    if (st == DW_OK) {
-        r->nparams = dw_engine_param_count(r->eng);
-        r->params = malloc((size_t)(r->nparams ? r->nparams : 1) * sizeof *r->params);
-        if (!r->params) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-        for (int i = 0; st == DW_OK && i < r->nparams; i++) r->params[i] = dw_engine_param(r->eng, i);
-    }
-    if (st == DW_OK) st = dw_optim_create(ctx, r->params, r->nparams, &r->opt);
-    if (st == DW_OK && cdir) {
-        char *p = dw_path_join(cdir, dw_ckpt_files[2]);
-        st = p ? dw_optim_load(ctx, r->opt, p) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-        free(p);
-        if (st == DW_OK) st = moments(r, true);
-    }
-    if (st == DW_OK) {
-        dw_data_opts d = {.pattern = o->data, .T = o->seq, .vocab_size = r->cfg.vocab_size,
+        dw_data_opts d = {.pattern = o->data, .T = o->seq, .vocab_size = r->g->model.vocab,
                           .shuffle = true, .seed = dw_rng_derive(r->seed, 1, 0)};
         st = dw_data_open(ctx, &d, &r->train);
         if (st == DW_OK && cdir) dw_data_seek(r->train, state.data_position);
@@ -334,7 +316,7 @@ static dw_status setup(run *r) {
         const char *vp = o->val ? o->val : builtin ? "builtin" : NULL;
         if (vp) {
             dw_data_opts d = {.pattern = vp, .val_split = !strcmp(vp, "builtin"), .T = o->seq,
-                              .vocab_size = r->cfg.vocab_size, .shuffle = false, .seed = 0};
+                              .vocab_size = r->g->model.vocab, .shuffle = false, .seed = 0};
             st = dw_data_open(ctx, &d, &r->val);
         }
         r->tok = dw_data_get_kind(r->train) == DW_DATA_SHARDS ? DW_TOK_IDS : DW_TOK_BYTES;
@@ -358,7 +340,7 @@ static dw_status setup(run *r) {
 /* One optimizer step: accumulation over G/B micro-batches, clipping, AdamW. */
 static dw_status train_step(run *r, double *loss_out, double *norm_out, double *lr_out) {
     const dw_train_opts *o = r->o;
-    dw_engine_zero_grad(r->eng);
+    DW_TRY(dw_engine_zero_grad(r->eng));
     double sum = 0.0;
     for (int64_t a = 0; a < r->accum; a++) {
         double loss = 0.0;
@@ -367,23 +349,14 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
         sum += loss;
     }
     double loss = sum / (double)r->accum, lr = dw_schedule_lr(&r->sched, r->step), norm = NAN;
-    if (r->device) { /* norm, clipping and AdamW on the device; a non-finite norm changes nothing */
-        dw_status st = isfinite(loss) ? dw_engine_adamw_step(r->eng, lr, o->beta1, o->beta2, o->eps, o->weight_decay,
-                                                             o->clip, r->step + 1, &norm)
-                                      : DW_ERR_NUMERIC;
-        if (st == DW_ERR_NUMERIC)
-            return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
-                                (long long)(r->step + 1), loss, norm);
-        DW_TRY(st);
-    } else {
-        norm = dw_optim_grad_norm(r->opt);
-        if (!isfinite(loss) || !isfinite(norm))
-            return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
-                                (long long)(r->step + 1), loss, norm);
-        dw_adamw_hparams h = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
-                              .weight_decay = o->weight_decay};
-        dw_optim_step(r->opt, &h, r->step + 1, dw_clip_factor(norm, o->clip));
-    }
+    dw_adamw_opts ao = {.size = sizeof ao, .lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                        .weight_decay = o->weight_decay, .clip = o->clip};
+    /* norm, clipping and AdamW on the engine's device; a non-finite norm changes nothing */
+    dw_status st = isfinite(loss) ? dw_engine_step(r->eng, &ao, r->step + 1, &norm) : DW_ERR_NUMERIC;
+    if (st == DW_ERR_NUMERIC)
+        return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
+                            (long long)(r->step + 1), loss, norm);
+    DW_TRY(st);
     r->step++;
     r->tokens_seen += o->global_batch * o->seq;
     *loss_out = loss;
@@ -450,34 +423,37 @@ static dw_status loop(run *r) {
     return DW_OK;
 }
 
-dw_status dw_train(dw_ctx *ctx, const dw_train_opts *o) {
+dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     stop_flag = 0;
-    DW_TRY(check_opts(ctx, o));
+    dw_ctx *ctx = e->ctx;
+    dw_train_opts o;
+    dw_train_opts_init(&o, sizeof o);
+    if (!opts) return dw_set_error(ctx, DW_ERR_INVALID, "train: no options");
+    memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
+    DW_TRY(check_opts(ctx, e->g, &o));
     run r;
     memset(&r, 0, sizeof r);
     r.ctx = ctx;
-    r.o = o;
+    r.o = &o;
+    r.eng = e;
+    r.g = e->g;
 #if DW_HAVE_CUDA
-    if (o->deterministic && dw_ctx_device(ctx) == DW_DEVICE_CUDA) {
+    if (o.deterministic && dw_ctx_device(ctx) == DW_DEVICE_CUDA) {
         dw_cuda_attention_use("mma"); /* cuDNN's backward is not bit-reproducible */
         DW_LOGI("deterministic: attention through the tensor-core kernels (DW_ATTN=mma)");
     }
 #endif
     dw_status st = setup(&r);
     if (st == DW_OK) st = loop(&r);
-    if (st == DW_OK && o->profile && r.step == o->steps && !dw_train_stop_requested()) st = profile(&r);
+    if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested()) st = profile(&r);
     if (r.metrics) fclose(r.metrics);
     dw_data_free(r.train);
     dw_data_free(r.val);
-    dw_optim_free(r.opt);
-    free(r.params);
-    dw_engine_free(r.eng);
-    free(r.policy_json);
     free(r.recipes_json);
     free(r.x);
     free(r.y);
 #if DW_HAVE_CUDA
-    if (o->deterministic && dw_ctx_device(ctx) == DW_DEVICE_CUDA) dw_cuda_attention_use(NULL); /* DW_ATTN again */
+    if (o.deterministic && dw_ctx_device(ctx) == DW_DEVICE_CUDA) dw_cuda_attention_use(NULL); /* DW_ATTN again */
 #endif
     return st;
 }

@@ -33,7 +33,7 @@ has "help names --report" "$tmp/h" "--report"
 has "report lists HF modules" "$tmp/r" "transformer.h.0.attn.c_attn"
 has "report names the GEMM kernel" "$tmp/r" "cublaslt_bf16"
 has "report gives the policy reason" "$tmp/r" "(default)"
-has "report names attention's kernel" "$tmp/r" "dw_cuda_attention_fwd/bwd"
+has "report names attention's backend entry" "$tmp/r" "dw_cuda_op_attention_fwd/bwd"
 has "report has the shape" "$tmp/r" "batch $B x seq $T"
 sums "gpt2 bf16 pools add up" "$tmp/r"
 hasnt "bf16 runs on the engine" "$tmp/r" "NOT SUPPORTED"
@@ -50,7 +50,8 @@ grep -E "^ +[0-9]+ lm_head .*recipe bf16 +\(fallback safe" "$tmp/f" >/dev/null &
 grep -E "model.layers.1.mlp.up_proj .*recipe fp8_block +\(default\)" "$tmp/f" >/dev/null && echo "ok: middle block fp8" ||
   { echo "FAIL: layers.1 up_proj not fp8_block by default"; fails=$((fails + 1)); }
 hasnt "fp8_block runs on the engine" "$tmp/f" "NOT SUPPORTED"
-has "per-GEMM quantisation or fallback at this shape" "$tmp/f" "on sm_90 at this shape: fprop"
+has "per-GEMM quantisation or fallback at this shape" "$tmp/f" "at this shape: fprop"
+has "the target is sm_90" "$tmp/f" "kernels chosen for sm_90"
 "$dw" compile gpt2-tiny --precision bf16 --report >"$tmp/g" 2>&1
 check "compile gpt2-tiny bf16" 0 $?
 has "GELU forward fused into c_fc" "$tmp/g" "fused: forward in transformer.h.0.mlp.c_fc's GEMM epilogue (GELU_AUX)"
@@ -70,7 +71,7 @@ grep -E "self_attn.q_proj .*recipe mxfp8 +\(rule 0\)" "$tmp/p" >/dev/null && ech
   { echo "FAIL: rule not shown"; cat "$tmp/p"; fails=$((fails + 1)); }
 
 "$dw" compile llama-tiny --precision fp32 --report >"$tmp/x" 2>&1; check "compile --precision fp32" 0 $?
-has "fp32 mode uses the reference GEMM" "$tmp/x" "dw_cuda_linear_fwd/bwd"
+has "fp32 mode uses the reference GEMM" "$tmp/x" "dw_cuda_op_linear_fwd/bwd (the FP32 reference GEMM)"
 hasnt "fp32 mode has no BF16 copy" "$tmp/x" "BF16 working copy"
 sums "fp32 pools add up" "$tmp/x"
 

@@ -59,7 +59,7 @@ import json, os, sys, zlib
 d = sys.argv[1]
 s = json.load(open(os.path.join(d, "state.json")))
 assert s["step"] == 40 and s["total_steps"] == 40 and s["tokens_seen"] == 40 * 8 * 32, s
-assert s["precision"] == "fp32-cpu" and s["plan"] is None and s["quant_scales"] == {}
+assert s["precision"] == "fp32" and s["plan"] is None and s["quant_scales"] == {}
 assert s["data"]["tokenizer"] == "bytes" and s["schedule"]["kind"] == "cosine"
 for name, f in s["files"].items():
     b = open(os.path.join(d, name), "rb").read()
@@ -112,7 +112,7 @@ check "3 steps of 2 x 4 accumulated" 0 $?
 python3 - "$tmp/acc1/metrics.jsonl" "$tmp/acc2/metrics.jsonl" <<'PY' && ok "accumulated steps match the big batch" || bad "accumulation"
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
-assert abs(a[0] - b[0]) <= 1e-12 * a[0], (a, b)          # same windows, mean of equal-size means
+assert abs(a[0] - b[0]) <= 2.4e-7 * a[0], (a, b)          # same windows, mean of equal-size means (each an FP32 loss)
 assert all(abs(x - y) <= 1e-5 * x for x, y in zip(a, b)), (a, b)  # summation order differs after
 assert a[2] < a[0]
 PY
@@ -218,11 +218,15 @@ else
   grep -Eq -- "--device cuda: (this build has no CUDA|no usable GPU)" "$tmp/err" && ok "  ... says why" ||
       bad "  ... no reason in: $(cat "$tmp/err")"
 fi
+# the CPU backend runs every recipe (FORMATS.md quantisation, the reference GEMM) and profiles
 "$dw" train "${common[@]}" --precision fp8_block --steps 3 --out "$tmp/x8" >/dev/null 2>"$tmp/err"
-check "--precision on the CPU engine" 2 $?; has "  ... says it needs CUDA" "$tmp/err" "need the CUDA engine"
-"$dw" train "${common[@]}" --device cpu --profile --steps 3 --out "$tmp/xp" >/dev/null 2>"$tmp/err"
-check "--profile on the CPU engine" 2 $?; has "  ... says it needs CUDA" "$tmp/err" "needs the CUDA engine"
-[ -e "$tmp/xp" ] && bad "  ... but created the run directory" || ok "  ... nothing written"
+check "--precision fp8_block on the CPU" 0 $?
+python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['precision'] == 'fp8_block' and s['recipes'], s" \
+  "$tmp/x8/ckpt-3/state.json" && ok "  ... state.json records fp8_block" || bad "  ... state.json lacks the recipe"
+"$dw" train "${common[@]}" --device cpu --profile --steps 3 --out "$tmp/xp" >"$tmp/out" 2>"$tmp/err"
+check "--profile on the CPU" 0 $?
+has "  ... prints the per-op table" "$tmp/out" "per op" "linear fwd" "attention bwd"
+[ -s "$tmp/xp/profile.json" ] && ok "  ... writes profile.json" || bad "  ... no profile.json"
 "$dw" train "${common[@]}" --device auto --precision fp8_block --policy /dev/null --steps 3 --out "$tmp/x9" \
     >/dev/null 2>"$tmp/err"
 check "--precision with --policy" 2 $?

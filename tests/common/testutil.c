@@ -6,7 +6,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "capture/capture.h"
+#include "compile/program.h"
+#include "ir/ir.h"
 #include "deepwell.h"
+#include "kernels/cpu/ops_cpu.h"
 #include "testutil.h"
 
 uint64_t dw_test_seed(void) {
@@ -112,3 +116,183 @@ int dw_test_group_teardown(void **state) {
 int64_t dw_test_rnd(int64_t lo, int64_t hi) {
     return lo + (int64_t)(dw_test_next(&dw_test_group_rng) % (uint64_t)(hi - lo + 1));
 }
+
+/* ---- a model built by hand, the optimizer mirror -------------------------------------------- */
+static int64_t rnd_in(dw_test_rng *r, int64_t lo, int64_t hi) {
+    return lo + (int64_t)(dw_test_next(r) % (uint64_t)(hi - lo + 1));
+}
+
+dw_graph *dw_test_small_graph(dw_ctx *ctx, const char *preset, int64_t batch, int64_t seq, dw_test_rng *r) {
+    dw_model_config c;
+    dw_graph *g = NULL;
+    if (dw_model_config_load(ctx, preset, &c) != DW_OK) {
+        fprintf(stderr, "dw_test_small_graph: %s\n", dw_errmsg(ctx));
+        return NULL;
+    }
+    c.n_layers = rnd_in(r, 1, 2);
+    c.vocab_size = rnd_in(r, 20, 60);
+    c.d_ff = rnd_in(r, 8, 40);
+    c.max_seq = 32;
+    if (c.arch == DW_ARCH_GPT2) {
+        c.n_heads = c.n_kv_heads = rnd_in(r, 1, 3);
+        c.head_dim = 2 * rnd_in(r, 1, 4);
+        c.d_model = c.n_heads * c.head_dim;
+    } else {
+        c.n_kv_heads = rnd_in(r, 1, 2);
+        c.n_heads = c.n_kv_heads * rnd_in(r, 1, 2);
+        c.head_dim = 2 * rnd_in(r, 1, 4);
+        c.d_model = rnd_in(r, 6, 24);
+    }
+    c.tie_embeddings = rnd_in(r, 0, 1);
+    if (dw_capture_config(ctx, &c, batch, seq, &g) != DW_OK)
+        fprintf(stderr, "dw_test_small_graph: %s\n", dw_errmsg(ctx));
+    return g;
+}
+
+dw_graph *dw_test_shared_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r, int *node_gelu,
+                               int *node_swiglu) {
+    const int64_t C = 2 * rnd_in(r, 2, 6), V = rnd_in(r, 10, 30);
+    dw_graph_model model = {.model_type = "custom", .n_blocks = 1, .vocab = V, .max_seq = seq};
+    snprintf(model.summary, sizeof model.summary, "shared reads, width %lld, vocabulary %lld", (long long)C,
+             (long long)V);
+    dw_graph *g = dw_graph_new(&model, batch, seq);
+    if (!g) return NULL;
+    const int64_t bt[2] = {batch, seq}, vc[2] = {V, C}, cc[2] = {C, C}, c1[1] = {C};
+    g->tokens = dw_graph_add_tensor(g, "tokens", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    g->targets = dw_graph_add_tensor(g, "targets", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    const int wte = dw_graph_add_tensor(g, "wte.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, vc);
+    const int w1 = dw_graph_add_tensor(g, "w1.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, cc);
+    const int gw = dw_graph_add_tensor(g, "norm.weight", DW_TENSOR_PARAM, DW_IR_F32, 1, c1);
+    const int head = dw_graph_add_tensor(g, "head.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, vc);
+    const dw_ir_attrs norm = {.eps = 1e-5};
+    int in[3] = {g->tokens, wte};
+    const int x = dw_graph_add_node(ctx, g, DW_OP_EMBEDDING, "emb", in, 2, NULL, "x");
+    in[0] = x;
+    if (node_gelu) *node_gelu = g->n_nodes;
+    const int h = dw_graph_add_node(ctx, g, DW_OP_GELU, "gelu", in, 1, NULL, "h");
+    in[1] = x;
+    if (node_swiglu) *node_swiglu = g->n_nodes;
+    const int sw = dw_graph_add_node(ctx, g, DW_OP_SWIGLU, "swiglu", in, 2, NULL, "sw");
+    in[1] = w1;
+    const int y = dw_graph_add_node(ctx, g, DW_OP_LINEAR, "lin", in, 2, NULL, "y");
+    in[0] = h, in[1] = sw;
+    const int a = dw_graph_add_node(ctx, g, DW_OP_ADD, "add0", in, 2, NULL, "a");
+    in[0] = a, in[1] = y;
+    const int s = dw_graph_add_node(ctx, g, DW_OP_ADD, "add1", in, 2, NULL, "s");
+    in[0] = s, in[1] = gw;
+    const int z = dw_graph_add_node(ctx, g, DW_OP_RMSNORM, "norm", in, 2, &norm, "z");
+    in[0] = z, in[1] = head;
+    g->logits = dw_graph_add_node(ctx, g, DW_OP_LINEAR, "head", in, 2, NULL, "logits");
+    in[0] = g->logits, in[1] = g->targets;
+    g->loss = dw_graph_add_node(ctx, g, DW_OP_CROSS_ENTROPY, "loss", in, 2, NULL, "loss");
+    if (x < 0 || h < 0 || sw < 0 || y < 0 || a < 0 || s < 0 || z < 0 || g->logits < 0 || g->loss < 0 ||
+        dw_graph_verify(ctx, g) != DW_OK) {
+        fprintf(stderr, "dw_test_shared_graph: %s\n", dw_errmsg(ctx));
+        dw_graph_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq) {
+    dw_graph *h = NULL;
+    char *dir = dw_test_tmpdir(), *cfg = dir ? dw_test_path(dir, "config.json") : NULL;
+    const char *text = dw_graph_config_json(g);
+    if (cfg && text && dw_test_write(cfg, text, strlen(text)) == 0 &&
+        dw_capture_hf_shape(ctx, dir, batch ? batch : dw_graph_batch(g), seq ? seq : dw_graph_seq(g), &h) != DW_OK)
+        fprintf(stderr, "dw_test_same_graph: %s\n", dw_errmsg(ctx));
+    dw_test_rmtree(dir);
+    free(cfg), free(dir);
+    return h;
+}
+
+void dw_test_model_free(dw_test_model *m) {
+    dw_engine_free(m->e);
+    dw_compiled_free(m->c);
+    dw_policy_free(m->pol);
+    dw_graph_free(m->g);
+    memset(m, 0, sizeof *m);
+}
+
+dw_status dw_test_model_build(dw_ctx *ctx, dw_graph *g, const char *precision, dw_device_kind target,
+                              dw_test_model *m) {
+    memset(m, 0, sizeof *m);
+    m->g = g;
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    o.device = target;
+    if (target == DW_DEVICE_CUDA) o.sm = 90;
+    dw_status s = g ? DW_OK : DW_ERR_INVALID;
+    if (s == DW_OK && precision) s = dw_policy_from_precision(ctx, precision, false, &m->pol);
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, m->pol, &o, &m->c);
+    if (s == DW_OK) s = dw_engine_create(ctx, m->c, NULL, &m->e);
+    if (s != DW_OK) {
+        fprintf(stderr, "dw_test_model_build (%s): %s\n", precision ? precision : "fp32", dw_errmsg(ctx));
+        dw_test_model_free(m);
+    }
+    return s;
+}
+
+struct dw_test_optref {
+    int n;
+    int64_t *numel;
+    float **val[3]; /* values, m, v per parameter */
+};
+
+void dw_test_optref_free(dw_test_optref *r) {
+    if (!r) return;
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; r->val[k] && i < r->n; i++) free(r->val[k][i]);
+        free(r->val[k]);
+    }
+    free(r->numel);
+    free(r);
+}
+
+dw_test_optref *dw_test_optref_create(dw_engine *e) {
+    dw_test_optref *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->n = dw_engine_param_count(e);
+    r->numel = calloc((size_t)r->n + 1, sizeof *r->numel);
+    for (int k = 0; k < 3; k++) r->val[k] = calloc((size_t)r->n + 1, sizeof *r->val[k]);
+    bool ok = r->numel && r->val[0] && r->val[1] && r->val[2];
+    for (int i = 0; ok && i < r->n; i++) {
+        int64_t shape[4];
+        int nd = dw_engine_param_shape(e, i, shape);
+        r->numel[i] = 1;
+        for (int d = 0; d < nd; d++) r->numel[i] *= shape[d];
+        for (int k = 0; k < 3 && ok; k++) ok = (r->val[k][i] = calloc((size_t)r->numel[i], sizeof(float))) != NULL;
+        ok = ok && dw_engine_param_read(e, i, r->val[0][i]) == DW_OK;
+    }
+    if (!ok) {
+        dw_test_optref_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+double dw_test_optref_step(dw_test_optref *r, dw_engine *e, const dw_adamw_opts *o, int64_t step) {
+    const dw_compiled *c = dw_engine_program(e);
+    const dw_graph *g = dw_engine_graph(e);
+    /* the engine's gradient pool: parameters at their offsets, zeros between them */
+    float *pool = calloc((size_t)c->param_floats, sizeof(float));
+    if (!pool) return NAN;
+    for (int i = 0; i < r->n; i++)
+        if (dw_engine_grad_read(e, i, pool + c->param_off[i]) != DW_OK) {
+            free(pool);
+            return NAN;
+        }
+    const double norm = sqrt(dw_cpu_sumsq(pool, c->param_floats));
+    const dw_adamw_args a = {.lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
+                             .weight_decay = o->weight_decay, .c1 = 1.0 - pow(o->beta1, (double)step),
+                             .c2 = 1.0 - pow(o->beta2, (double)step), .max_norm = o->clip};
+    for (int i = 0; i < r->n; i++) {
+        const bool decay = g->tensors[c->param_tensor[i]].decay;
+        dw_cpu_adamw(r->val[0][i], pool + c->param_off[i], r->val[1][i], r->val[2][i], r->numel[i],
+                     decay ? r->numel[i] : 0, norm, &a);
+    }
+    free(pool);
+    return norm;
+}
+
+const float *dw_test_optref_get(const dw_test_optref *r, int i, int what) { return r->val[what][i]; }

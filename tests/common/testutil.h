@@ -1,11 +1,14 @@
 /* testutil.h — helpers shared by the tests: fresh random seeds, temporary directories,
- * reading expected data paths. Every test draws new random inputs per run and prints the seed
- * so a failure can be replayed with DW_TEST_SEED=<seed>. */
+ * reading expected data paths, a hand-built model pipeline (graph -> program -> engine) and a host
+ * mirror of the engine's optimizer. Every test draws new random inputs per run and prints the
+ * seed so a failure can be replayed with DW_TEST_SEED=<seed>. */
 #ifndef DW_TESTUTIL_H
 #define DW_TESTUTIL_H
 
 #include <stdint.h>
 #include <stddef.h>
+
+#include "deepwell.h"
 
 /* The run's seed: DW_TEST_SEED if set, else from the clock and pid; printed once. */
 uint64_t dw_test_seed(void);
@@ -37,5 +40,51 @@ int dw_test_cpu_gpu_setup(struct dw_ctx **cpu, struct dw_ctx **gpu);
 void dw_test_cpu_gpu_teardown(struct dw_ctx *cpu, struct dw_ctx *gpu);
 /* Uniform integer in [lo, hi] from dw_test_group_rng. */
 int64_t dw_test_rnd(int64_t lo, int64_t hi);
+
+
+/* A graph of the preset's family ("gpt2-tiny", "llama-tiny", "qwen2-tiny") with random small
+ * dimensions drawn from r (1-2 blocks, vocabulary 20-60, width 6-24, 1-4 heads, 32 positions,
+ * tied embeddings or not) for batch x seq; NULL with the message printed on failure. */
+dw_graph *dw_test_small_graph(dw_ctx *ctx, const char *preset, int64_t batch, int64_t seq, dw_test_rng *r);
+
+/* A hand-built graph in which one activation x = embedding(tokens) is read by four input slots of
+ * ops without and with ACC_IN flags, so that its gradient is written by the linear (the first
+ * backward to reach it) and added in through ACC temporaries by the others:
+ *   x = emb(tokens, wte); h = gelu(x); sw = swiglu(x, x); y = linear(x, w1);
+ *   s = (h + sw) + y; logits = linear(rmsnorm(s, g), head); loss = cross_entropy(logits, targets)
+ * with random small widths from r, for batch x seq. *node_gelu / *node_swiglu (may be NULL) get
+ * the two nodes' indices. NULL with the message printed on failure. */
+dw_graph *dw_test_shared_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r, int *node_gelu,
+                               int *node_swiglu);
+
+/* A second graph of g's configuration (captured again from its config.json) at batch x seq (0:
+ * g's). NULL with the message printed on failure. */
+dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq);
+
+/* A model built by hand: a graph (owned from the call on, freed with the model even on error),
+ * its program and an engine on ctx's device. precision: NULL = the FP32 program (no policy), else
+ * dw_policy_from_precision(precision, no safe fallback). target: DW_DEVICE_AUTO (the context's
+ * device) or DW_DEVICE_CUDA (a program compiled for sm_90). Parameters start at zero. Returns the
+ * first failing call's status with its message printed to stderr; m is then all NULL. */
+typedef struct {
+    dw_graph *g;
+    dw_policy *pol;
+    dw_compiled *c;
+    dw_engine *e;
+} dw_test_model;
+dw_status dw_test_model_build(dw_ctx *ctx, dw_graph *g, const char *precision, dw_device_kind target, dw_test_model *m);
+void dw_test_model_free(dw_test_model *m);
+
+/* A host mirror of an engine's AdamW for checking dw_engine_step bit for bit: a copy of every
+ * parameter (read back at creation) and its moments (zero at creation: create it before the
+ * engine's first step). dw_test_optref_step applies what dw_engine_step(e, o, step) must do, with
+ * the engine's gradients read back: the global norm over the gradient pool in the program's order
+ * (dw_cpu_sumsq), then dw_cpu_adamw per parameter (decay per the graph's flag). Returns the norm. */
+typedef struct dw_test_optref dw_test_optref;
+dw_test_optref *dw_test_optref_create(dw_engine *e);
+double dw_test_optref_step(dw_test_optref *r, dw_engine *e, const dw_adamw_opts *o, int64_t step);
+/* Parameter i's mirrored values (what 0), m (1) or v (2): numel floats. */
+const float *dw_test_optref_get(const dw_test_optref *r, int i, int what);
+void dw_test_optref_free(dw_test_optref *r);
 
 #endif

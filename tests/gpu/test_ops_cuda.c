@@ -344,7 +344,7 @@ static int64_t run_linear(int64_t N, int64_t K, int64_t M, int with_bias) {
     dw_cpu_linear_bwd(wdx, wdw, with_bias ? wdb : NULL, g->host, x->host, w->host, N, K, M);
     DW_GC_OK(bad, name, dw_cuda_linear_fwd(NULL, out->dev, x->dev, w->dev, with_bias ? b->dev : NULL,
                                          N, K, M, dw_gc_stream));
-    DW_GC_OK(bad, name, dw_cuda_linear_bwd(NULL, dx->dev, dw->dev, with_bias ? db->dev : NULL, g->dev,
+    DW_GC_OK(bad, name, dw_cuda_linear_bwd(NULL, dx->dev, false, dw->dev, with_bias ? db->dev : NULL, g->dev,
                                          x->dev, w->dev, N, K, M, dw_gc_stream));
     DW_GC_SYNC();
     DW_GC_CMP(bad, name, out, wout, tl);

@@ -77,8 +77,7 @@ static int teardown(void **state) {
 
 static dw_train_opts opts(const char *out, int64_t steps, int64_t B, int64_t T, double lr, trace *t) {
     dw_train_opts o;
-    dw_train_opts_default(&o);
-    o.model = "gpt2-tiny";
+    dw_train_opts_init(&o, sizeof o);
     o.data = "builtin";
     o.out_dir = out;
     o.steps = steps;
@@ -102,10 +101,19 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void run(dw_ctx *ctx, const dw_train_opts *o, const char *what) {
+/* gpt2-tiny (or the checkpoint o resumes) opened on ctx's device with policy (NULL: FP32 on the
+ * CPU, BF16 on CUDA), weights from o's seed, then dw_train. */
+static void run(dw_ctx *ctx, const dw_train_opts *o, const dw_policy *policy, const char *what) {
     double t0 = now_s();
-    dw_status st = dw_train(ctx, o);
+    dw_model_opts mo;
+    dw_model_opts_init(&mo, sizeof mo);
+    mo.batch = o->batch, mo.seq = o->seq, mo.policy = policy, mo.seed = o->seed;
+    mo.weights = o->resume ? DW_WEIGHTS_NONE : DW_WEIGHTS_RANDOM;
+    dw_model *m = NULL;
+    dw_status st = dw_model_open(ctx, o->resume ? o->resume : "gpt2-tiny", &mo, &m);
+    if (st == DW_OK) st = dw_train(dw_model_engine(m), o);
     if (st != DW_OK) fail_msg("%s: %s", what, dw_errmsg(ctx));
+    dw_model_free(m);
     fprintf(stderr, "  %-44s %6.2f s\n", what, now_s() - t0);
 }
 
@@ -134,9 +142,9 @@ static void test_bf16_follows_cpu(void **state) {
     char *dir = dw_test_tmpdir(), *oc = sub(dir, "cpu"), *og = sub(dir, "gpu");
     static trace tc, tg;
     dw_train_opts o = opts(oc, 50, 4, 64, LR_FOLLOW, &tc);
-    run(g_cpu, &o, "(a) cpu fp32, 50 steps");
+    run(g_cpu, &o, NULL, "(a) cpu fp32, 50 steps");
     o = opts(og, 50, 4, 64, LR_FOLLOW, &tg);
-    run(g_gpu, &o, "(a) gpu bf16, 50 steps");
+    run(g_gpu, &o, NULL, "(a) gpu bf16, 50 steps");
     /* BF16 rounding makes the two runs drift apart, and once the loss falls fast (lr at its
      * peak) single steps can differ by more than the drift (one seed: 11% at step 44, yet 3% at
      * step 50). So: every step of the first 25 within 3e-2; after that, means over windows of
@@ -181,7 +189,7 @@ static void test_quantised_vs_bf16(void **state) {
         char *ob = sub(dir, name);
         dw_train_opts o = opts(ob, N, B, T, LR_TRAIN, &tb[k]);
         o.seed = g_seed + k;
-        run(g_gpu, &o, what);
+        run(g_gpu, &o, NULL, what);
         ref[k] = tail_mean(&tb[k], N, 20);
         fprintf(stderr, "(b) bf16 seed %llu: loss %.4f -> last-20 mean %.4f after %lld steps\n",
                 (unsigned long long)o.seed, tb[k].loss[1], ref[k], (long long)N);
@@ -199,8 +207,7 @@ static void test_quantised_vs_bf16(void **state) {
             char *oq = sub(dir, name);
             dw_train_opts o = opts(oq, N, B, T, LR_TRAIN, &tq);
             o.seed = g_seed + k;
-            o.policy = p;
-            run(g_gpu, &o, what);
+            run(g_gpu, &o, p, what);
             const double q = tail_mean(&tq, N, 20), d = (q - ref[k]) / ref[k];
             mean += d / B_SEEDS;
             int differ = 0;
@@ -242,7 +249,7 @@ static void test_attention_paths(void **state) {
             char *o_dir = sub(dir, name);
             dw_train_opts o = opts(o_dir, N, B, T, LR_TRAIN, tr[a]);
             o.seed = g_seed + k;
-            run(g_gpu, &o, what);
+            run(g_gpu, &o, NULL, what);
             free(o_dir);
         }
         const double m = tail_mean(&tm, N, 20), c = tail_mean(&tc, N, 20);
@@ -271,7 +278,7 @@ static void test_deterministic(void **state) {
         char *o_dir = sub(dir, k ? "b" : "a");
         dw_train_opts o = opts(o_dir, 30, 4, 64, LR_TRAIN, &t[k]);
         o.deterministic = true;
-        run(g_gpu, &o, k ? "(e) gpu bf16 deterministic, again" : "(e) gpu bf16 deterministic");
+        run(g_gpu, &o, NULL, k ? "(e) gpu bf16 deterministic, again" : "(e) gpu bf16 deterministic");
         free(o_dir);
     }
     dw_cuda_attention_use(NULL);
@@ -329,11 +336,10 @@ static void test_resume_across_devices(void **state) {
     assert_int_equal(dw_policy_from_precision(g_gpu, "bf16", false, &p), DW_OK);
     dw_train_opts o = opts(og, S, B, T, LR_FOLLOW, &tg);
     o.ckpt_every = H;
-    o.policy = p;
-    run(g_gpu, &o, "(c) gpu straight, checkpoint at 15");
+    run(g_gpu, &o, p, "(c) gpu straight, checkpoint at 15");
     o = opts(oc, S, B, T, LR_FOLLOW, &tc);
     o.ckpt_every = H;
-    run(g_cpu, &o, "(c) cpu straight, checkpoint at 15");
+    run(g_cpu, &o, NULL, "(c) cpu straight, checkpoint at 15");
     char *ck = sub(og, "ckpt-15"), *ckc = sub(oc, "ckpt-15"), *st = sub(ck, "state.json");
     assert_true(file_has(st, "\"recipes\""));
     assert_true(file_has(st, "transformer.h.0.mlp.c_fc"));
@@ -342,23 +348,21 @@ static void test_resume_across_devices(void **state) {
     /* GPU -> GPU */
     o = opts(r1, S, B, T, LR_FOLLOW, &t1);
     o.resume = ck;
-    o.policy = p;
     o.profile = true; /* after the last step: does not change the trace */
-    run(g_gpu, &o, "(c) gpu ckpt -> gpu, --profile");
+    run(g_gpu, &o, p, "(c) gpu ckpt -> gpu, --profile");
     check_profile(r1);
     int64_t at = 0;
     double d1 = max_rel(&t1, &tg, H + 1, S, &at);
     /* GPU -> CPU */
     o = opts(r2, S, B, T, LR_FOLLOW, &t2);
     o.resume = ck;
-    run(g_cpu, &o, "(c) gpu ckpt -> cpu");
+    run(g_cpu, &o, NULL, "(c) gpu ckpt -> cpu");
     int64_t at2 = 0;
     double d2 = max_rel(&t2, &tc, H + 1, S, &at2);
     /* CPU -> GPU */
     o = opts(r3, S, B, T, LR_FOLLOW, &t3);
     o.resume = ckc;
-    o.policy = p;
-    run(g_gpu, &o, "(c) cpu ckpt -> gpu");
+    run(g_gpu, &o, p, "(c) cpu ckpt -> gpu");
     int64_t at3 = 0;
     double d3 = max_rel(&t3, &tg, H + 1, S, &at3);
     fprintf(stderr, "(c) resumed steps 16..30: gpu->gpu max rel %.3g (step %lld), gpu->cpu vs cpu %.3g (step %lld), "

@@ -1,10 +1,15 @@
-/* test_compile.c — dw_compile on real captured graphs (random gpt2/llama/qwen2 shapes and
- * batches, FP32 and BF16 modes): arena buffers live at the same time never overlap; every buffer a
- * step reads or writes is live at that step (an oracle restating which values, gradients and
- * saved statistics each op's forward and backward touch); gradient delivery (exactly one writer,
- * the first in backward order); parameter pools (disjoint, decay first) and pool totals; policy
- * binding (rules, safe fallback, unsupported recipes); refusals; the engine functions' backend
- * dispatch without a GPU. */
+/* test_compile.c — dw_compile's program (compile/program.h) on real captured graphs (random
+ * gpt2/llama/qwen2 shapes and batches, FP32, BF16 and every quantised recipe, CPU and CUDA
+ * targets): the steps and phases (forward in graph order but for epilogue-fused GELUs, backward in
+ * reverse but for ops.def's BWD_IN_FWD rows and backward-fused GELUs, the optimizer's norm, AdamW
+ * and refresh of BF16 runs and weight caches); the activation arena (buffers live at the same
+ * time never overlap, every offset aligned and inside, every buffer a step touches live at that
+ * step: an oracle restating each op's accesses); gradient delivery (one writer, the first in
+ * backward order; later readers add in through the op when its row has ACC_IN<s>, else through an
+ * ACC<s> temporary); shared gradient buffers; parameter pools (aligned, decay first) and BF16
+ * copies; the workspace and quantised slots; per-linear decisions against the GEMM registry
+ * (dw_compile_linear_quantised; the CPU reference takes every shape; a registered kernel is
+ * chosen by name); unsupported ops per target; refusals; engines for either target's program. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,8 +21,8 @@
 
 #include "capture/capture.h"
 #include "compile/compile.h"
+#include "gemm/gemm.h"
 #include "precision/policy.h"
-#include "runtime/engine.h"
 #include "testutil.h"
 
 static dw_ctx *g_ctx;
@@ -54,6 +59,33 @@ static dw_graph *random_graph(const char *preset) {
     return g;
 }
 
+/* Compiles g for a target (DW_DEVICE_AUTO: the context's, the CPU), fusion as fuse says (-1: the
+ * default). */
+static dw_compiled *compile_fused(const dw_graph *g, const dw_policy *p, dw_device_kind dev, int sm, int fuse) {
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    o.device = dev;
+    o.sm = sm;
+    if (fuse >= 0) o.fuse = fuse;
+    dw_compiled *c = NULL;
+    if (dw_compile(g_ctx, g, NULL, p, &o, &c) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
+    assert_non_null(c);
+    assert_int_equal(c->target.device, dev == DW_DEVICE_AUTO ? DW_DEVICE_CPU : dev);
+    assert_int_equal(c->target.sm, dev == DW_DEVICE_CUDA ? (sm ? sm : 90) : 0);
+    assert_int_equal(c->fuse, o.fuse);
+    return c;
+}
+
+static dw_compiled *compile_for(const dw_graph *g, const dw_policy *p, dw_device_kind dev, int sm) {
+    return compile_fused(g, p, dev, sm, -1);
+}
+
+static int64_t numel(const dw_graph *g, int t) { return dw_ir_numel(&g->tensors[t]); }
+static int64_t width(const dw_graph *g, int t) { return g->tensors[t].shape[g->tensors[t].ndim - 1]; }
+static bool quant_linear(const dw_compiled *c, int i) {
+    return c->g->nodes[i].op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(c->node[i].bind.recipe);
+}
+
 /* The item of (kind, index), or -1. */
 static int find_item(const dw_compiled *c, dw_buf_kind k, int index) {
     for (int i = 0; i < c->n_items; i++)
@@ -61,18 +93,18 @@ static int find_item(const dw_compiled *c, dw_buf_kind k, int index) {
     return -1;
 }
 
-/* A value/gradient/aux buffer must exist and be live at step s. */
+/* A value/gradient/aux buffer must exist and be live at logical time s. */
 static void live_at(const dw_compiled *c, dw_buf_kind k, int index, int s, const char *why) {
     if (k == DW_BUF_GRAD) /* a gradient shared through a residual add lives in its root's buffer */
-        while (c->grad_alias[index] != index) index = c->grad_alias[index];
+        while (c->tensor[index].grad_alias != index) index = c->tensor[index].grad_alias;
     int it = find_item(c, k, index);
     if (it < 0) fail_msg("%s: no buffer (kind %d, index %d)", why, (int)k, index);
     if (c->items[it].first > s || c->items[it].last < s)
-        fail_msg("%s: buffer (kind %d, index %d) live [%d, %d], needed at step %d", why, (int)k, index,
+        fail_msg("%s: buffer (kind %d, index %d) live [%d, %d], needed at time %d", why, (int)k, index,
                  c->items[it].first, c->items[it].last, s);
 }
 
-static bool reads_inputs_bwd(dw_op op) { /* restated from the op rules (engine_ops.c) */
+static bool reads_inputs_bwd(dw_op op) { /* restated from the ops' backward rules */
     switch (op) {
     case DW_OP_LAYERNORM: case DW_OP_RMSNORM: case DW_OP_LINEAR: case DW_OP_GELU: case DW_OP_SILU:
     case DW_OP_SWIGLU: case DW_OP_ATTENTION: return true;
@@ -80,81 +112,228 @@ static bool reads_inputs_bwd(dw_op op) { /* restated from the op rules (engine_o
     }
 }
 
-static void check(const dw_graph *g, const dw_compiled *c) {
-    /* 1. no overlap among co-live buffers, alignment, inside the arena */
+/* 1. The steps and phases. */
+static void check_steps(const dw_graph *g, const dw_compiled *c) {
+    const int nn = g->n_nodes;
+    assert_int_equal(c->n_times, 2 * nn);
+    for (int i = 0; i < nn; i++) {
+        assert_int_equal(dw_compile_fwd_time(c, i), i);
+        assert_int_equal(dw_compile_bwd_time(c, i), 2 * nn - 1 - i);
+    }
+    const int (*ph)[2] = c->phase;
+    assert_int_equal(ph[DW_PHASE_FORWARD][0], 0);
+    assert_int_equal(ph[DW_PHASE_FORWARD][1], ph[DW_PHASE_BACKWARD][0]);
+    assert_int_equal(ph[DW_PHASE_BACKWARD][1], ph[DW_PHASE_OPTIMIZER][0]);
+    assert_int_equal(ph[DW_PHASE_OPTIMIZER][1], c->n_steps);
+    assert_int_equal(ph[DW_PHASE_REFRESH][0], ph[DW_PHASE_OPTIMIZER][0] + 2);
+    assert_int_equal(ph[DW_PHASE_REFRESH][1], c->n_steps);
+    /* forward: every node in graph order, but a GELU whose forward a linear's epilogue does */
+    int s = ph[DW_PHASE_FORWARD][0];
+    for (int i = 0; i < nn; i++) {
+        if (c->node[i].fused & DW_FUSED_FWD) {
+            const int L = c->node[i].partner_fwd;
+            assert_int_equal(g->nodes[i].op, DW_OP_GELU);
+            assert_true(L >= 0 && L < i && g->nodes[L].op == DW_OP_LINEAR && g->nodes[L].out == g->nodes[i].in[0]);
+            assert_int_equal(c->node[L].partner_fwd, i);
+            continue;
+        }
+        assert_true(s < ph[DW_PHASE_FORWARD][1]);
+        assert_int_equal(c->steps[s].kind, DW_STEP_FWD);
+        assert_int_equal(c->steps[s].node, i);
+        s++;
+    }
+    assert_int_equal(s, ph[DW_PHASE_FORWARD][1]);
+    /* backward: reverse order, none where the forward does it (ops.def BWD_IN_FWD: cross-entropy)
+     * or where a dgrad epilogue does it (a backward-fused GELU) */
+    for (int i = nn - 1; i >= 0; i--) {
+        const bool in_fwd = (dw_op_flags(g->nodes[i].op) & DW_OPF_BWD_IN_FWD) != 0;
+        assert_int_equal(in_fwd, g->nodes[i].op == DW_OP_CROSS_ENTROPY);
+        if (in_fwd || (c->node[i].fused & DW_FUSED_BWD)) continue;
+        assert_true(s < ph[DW_PHASE_BACKWARD][1]);
+        assert_int_equal(c->steps[s].kind, DW_STEP_BWD);
+        assert_int_equal(c->steps[s].node, i);
+        s++;
+    }
+    assert_int_equal(s, ph[DW_PHASE_BACKWARD][1]);
+    /* optimizer: the gradient norm, AdamW, then the refresh: one BF16 copy per run, one weight
+     * cache per quantised node */
+    assert_int_equal(c->steps[s].kind, DW_STEP_GRAD_NORM);
+    assert_int_equal(c->steps[s++].node, -1);
+    assert_int_equal(c->steps[s].kind, DW_STEP_ADAMW);
+    assert_int_equal(c->steps[s++].node, -1);
+    for (int r = 0; r < c->n_bf16_runs; r++, s++) {
+        assert_int_equal(c->steps[s].kind, DW_STEP_CAST_BF16);
+        assert_int_equal(c->steps[s].node, -1);
+        assert_int_equal(c->steps[s].arg, r);
+    }
+    for (int i = 0; i < nn; i++) {
+        const bool q = quant_linear(c, i);
+        assert_int_equal(c->node[i].wq[0].off >= 0, q);
+        assert_int_equal(c->node[i].wq[1].off >= 0, q);
+        if (!q) continue;
+        assert_int_equal(c->steps[s].kind, DW_STEP_QUANT_W);
+        assert_int_equal(c->steps[s++].node, i);
+    }
+    assert_int_equal(s, c->n_steps);
+    if (c->bf16) assert_true(c->n_bf16_runs >= 1); /* norm weights at least */
+    else assert_int_equal(c->n_bf16_runs, 0);
+}
+
+/* 2. The arena: no overlap among co-live buffers, alignment, inside; every item at its tensor's or
+ * node's offsets; every activation's value and gradient inside the pool and aligned. */
+static void check_arena(const dw_graph *g, const dw_compiled *c) {
     int64_t sum = 0;
     for (int i = 0; i < c->n_items; i++) {
         const dw_mem_item *a = &c->items[i];
         sum += (a->size + 255) / 256 * 256; /* each buffer starts 256-byte aligned */
         assert_int_equal(a->offset % 256, 0);
-        assert_true(a->offset >= 0 && a->offset + a->size <= c->arena_bytes);
+        assert_true(a->offset >= 0 && a->size > 0 && a->offset + a->size <= c->arena_bytes);
+        assert_true(a->first >= 0 && a->first <= a->last && a->last < c->n_times);
         for (int j = i + 1; j < c->n_items; j++) {
             const dw_mem_item *b = &c->items[j];
             bool together = !(a->last < b->first || b->last < a->first);
             bool overlap = a->offset < b->offset + b->size && b->offset < a->offset + a->size;
             if (together && overlap) fail_msg("arena buffers %d and %d are live together and overlap", i, j);
         }
+        const int x = c->info[i].index;
+        switch (c->info[i].kind) {
+        case DW_BUF_VALUE:
+            assert_int_equal(c->tensor[x].val_off, a->offset);
+            assert_int_equal(a->size, numel(g, x) * c->act_size);
+            break;
+        case DW_BUF_GRAD:
+            assert_int_equal(c->tensor[x].grad_alias, x); /* one item per alias root */
+            assert_int_equal(c->tensor[x].grad_off, a->offset);
+            break;
+        case DW_BUF_AUX: case DW_BUF_BTMP: case DW_BUF_FTMP: {
+            int64_t lo = INT64_MAX;
+            const int64_t *offs = c->info[i].kind == DW_BUF_AUX ? c->node[x].aux_off : c->node[x].tmp_off;
+            const int n = c->info[i].kind == DW_BUF_AUX ? DW_AUX_COUNT : DW_TMP_COUNT;
+            for (int k = 0; k < n; k++) {
+                const bool xent = c->info[i].kind != DW_BUF_AUX && k == DW_TMP_XENT;
+                if (offs[k] < 0 || xent != (c->info[i].kind == DW_BUF_FTMP)) continue;
+                assert_true(offs[k] >= a->offset && offs[k] < a->offset + a->size && offs[k] % 256 == 0);
+                if (offs[k] < lo) lo = offs[k];
+            }
+            assert_int_equal(lo, a->offset);
+            break;
+        }
+        default: fail_msg("item %d: unknown kind %d", i, (int)c->info[i].kind);
+        }
     }
     assert_true(c->arena_bytes >= c->live_peak && c->live_peak > 0 && c->arena_bytes <= sum);
-    /* 2. every access is to a live buffer (a fused GELU's accesses happen in its linear
-     * neighbours' steps: its output written by the producer's fprop, its input gradient written
-     * by the consumer's dgrad, which reads its input and no longer touches its output gradient) */
+    for (int t = 0; t < g->n_tensors; t++) {
+        const dw_ir_tensor *x = &g->tensors[t];
+        const dw_prog_tensor *pt = &c->tensor[t];
+        const bool act = x->kind == DW_TENSOR_ACT && t != g->loss;
+        const int64_t bytes = numel(g, t) * c->act_size;
+        assert_int_equal(pt->val_off >= 0, act); /* parameters and inputs live elsewhere, the loss in the workspace */
+        if (act) assert_true(pt->val_off % 256 == 0 && pt->val_off + bytes <= c->arena_bytes);
+        if (pt->grad_off >= 0) {
+            assert_true(act);
+            assert_true(pt->grad_off % 256 == 0 && pt->grad_off + bytes <= c->arena_bytes);
+        }
+        assert_int_equal(pt->param >= 0, x->kind == DW_TENSOR_PARAM);
+        if (pt->param >= 0) assert_int_equal(c->param_tensor[pt->param], t);
+        assert_int_equal(pt->count_off, -1); /* no data-dependent rows without MoE */
+        if (x->kind == DW_TENSOR_ACT && x->ndim == 3) {
+            assert_int_equal(pt->rows_cap, g->batch * g->seq);
+            assert_int_equal(pt->width, width(g, t));
+        }
+    }
+    /* the logits' gradient is written over them (ops.def DX0_OVER_X0) */
+    assert_int_equal(c->tensor[g->logits].grad_off, c->tensor[g->logits].val_off);
+}
+
+/* 3. Every access of a step is to a live buffer (a fused GELU's accesses happen in its linear
+ * neighbours' steps: its output written by the producer's fprop, its input gradient written by
+ * the consumer's dgrad, which reads its input and no longer touches its output gradient). */
+static void check_liveness(const dw_graph *g, const dw_compiled *c) {
     char why[256];
     for (int ni = 0; ni < g->n_nodes; ni++) {
         const dw_ir_node *n = &g->nodes[ni];
-        int f = ni, b = c->n_steps - 1 - ni;
-        const uint8_t fz = c->fused ? c->fused[ni] : 0;
+        const int f = dw_compile_fwd_time(c, ni), b = dw_compile_bwd_time(c, ni);
+        const uint8_t fz = c->node[ni].fused;
         snprintf(why, sizeof why, "node %s forward", n->name);
         for (int s = 0; s < n->n_in; s++)
             if (g->tensors[n->in[s]].kind == DW_TENSOR_ACT) live_at(c, DW_BUF_VALUE, n->in[s], f, why);
         if (n->out != g->loss) live_at(c, DW_BUF_VALUE, n->out, f, why);
         if (fz & DW_FUSED_FWD) {
-            int L = c->gelu_producer[ni];
-            assert_true(L >= 0 && g->nodes[L].op == DW_OP_LINEAR && g->nodes[L].out == n->in[0]);
+            const int L = c->node[ni].partner_fwd, fl = dw_compile_fwd_time(c, L);
             snprintf(why, sizeof why, "GELU %s computed in %s's forward", n->name, g->nodes[L].name);
-            live_at(c, DW_BUF_VALUE, n->out, L, why);
-            live_at(c, DW_BUF_VALUE, n->in[0], L, why);
+            live_at(c, DW_BUF_VALUE, n->out, fl, why);
+            live_at(c, DW_BUF_VALUE, n->in[0], fl, why);
         }
         if (fz & DW_FUSED_BWD) {
-            int P = c->gelu_consumer[ni], bp = c->n_steps - 1 - P;
+            const int P = c->node[ni].partner_bwd, bp = dw_compile_bwd_time(c, P);
             assert_true(P > ni && g->nodes[P].op == DW_OP_LINEAR && g->nodes[P].in[0] == n->out);
-            assert_int_equal(c->grad_off[n->out], -1); /* never materialised */
+            assert_int_equal(c->node[P].partner_bwd, ni);
+            assert_int_equal(c->node[P].bind.recipe, DW_RECIPE_BF16); /* no quantised DGELU epilogue */
+            assert_int_equal(c->tensor[n->out].grad_off, -1);         /* never materialised */
             snprintf(why, sizeof why, "GELU %s backward in %s's dgrad", n->name, g->nodes[P].name);
             live_at(c, DW_BUF_VALUE, n->in[0], bp, why);
             live_at(c, DW_BUF_GRAD, n->in[0], bp, why);
             live_at(c, DW_BUF_GRAD, n->in[0], b, why); /* and until the producer's backward reads it */
             continue; /* G's own backward does nothing */
         }
-        snprintf(why, sizeof why, "node %s backward", n->name);
-        if (n->op == DW_OP_CROSS_ENTROPY) { /* fused: dlogits written in place in the forward step */
-            assert_int_equal(c->grad_off[n->in[0]], c->val_off[n->in[0]]);
+        if (n->op == DW_OP_CROSS_ENTROPY) { /* dlogits written over the logits in the forward step */
+            assert_true(c->node[ni].tmp_off[DW_TMP_XENT] >= 0);
+            live_at(c, DW_BUF_FTMP, ni, f, "cross-entropy workspace");
             continue;
         }
+        snprintf(why, sizeof why, "node %s backward", n->name);
         if (n->out == g->logits) live_at(c, DW_BUF_VALUE, n->out, b, "dlogits (in place) read by the LM head");
         else live_at(c, DW_BUF_GRAD, n->out, b, why);
         if (n->op == DW_OP_ATTENTION) live_at(c, DW_BUF_VALUE, n->out, b, why);
         for (int s = 0; s < n->n_in; s++) {
-            int t = n->in[s];
+            const int t = n->in[s];
             if (g->tensors[t].kind != DW_TENSOR_ACT) continue;
             if (reads_inputs_bwd(n->op)) live_at(c, DW_BUF_VALUE, t, b, why);
-            int pg = g->tensors[t].producer; /* a linear after a backward-fused GELU: checked above */
-            if (!(s == 0 && g->nodes[pg].op == DW_OP_GELU && c->fused && (c->fused[pg] & DW_FUSED_BWD)))
+            const int pg = g->tensors[t].producer; /* a linear after a backward-fused GELU: checked above */
+            if (!(s == 0 && g->nodes[pg].op == DW_OP_GELU && (c->node[pg].fused & DW_FUSED_BWD)))
                 live_at(c, DW_BUF_GRAD, t, b, why);
-            if (c->grad_mode[ni][s] == DW_GRAD_ACCUM) { /* a scratch to add from, or the GEMM adds (beta 1) */
-                bool in_gemm = dw_compile_dgrad_accumulates(c, ni); /* quantised or BF16 GEMM alike */
-                bool fused = c->fused && dw_compile_fused_gelu_bwd(c, ni) >= 0;
-                assert_true(in_gemm == (s == 0 && n->op == DW_OP_LINEAR && c->bf16 && !fused));
-                if (in_gemm) assert_int_equal(c->tmp_off[ni][DW_TMP_ACC0 + s], -1);
-                else assert_true(c->tmp_off[ni][DW_TMP_ACC0 + s] >= 0);
-            }
+            if (c->node[ni].grad_mode[s] == DW_GRAD_ACCUM_TMP) live_at(c, DW_BUF_BTMP, ni, b, why);
         }
-        bool saves = n->op == DW_OP_LAYERNORM || n->op == DW_OP_RMSNORM || n->op == DW_OP_ATTENTION;
+        const bool saves = n->op == DW_OP_LAYERNORM || n->op == DW_OP_RMSNORM || n->op == DW_OP_ATTENTION;
         if (saves) {
             live_at(c, DW_BUF_AUX, ni, f, why);
             live_at(c, DW_BUF_AUX, ni, b, why);
         }
     }
-    /* 3. gradient delivery: per activation exactly one WRITE, by its last consumer */
+}
+
+/* 4. Gradient modes: per activation one WRITE, by its last reader (the first backward to reach it);
+ * the later ones ACCUM where the op's row has ACC_IN<s> (no temporary), else ACCUM_TMP with the
+ * ACC<s> temporary planned in the node's backward scratch; NONE for tokens and parameters. */
+static void check_grad_modes(const dw_graph *g, const dw_compiled *c) {
+    for (int ni = 0; ni < g->n_nodes; ni++) {
+        const dw_ir_node *n = &g->nodes[ni];
+        const dw_prog_node *pn = &c->node[ni];
+        const int flags = dw_op_flags(n->op);
+        for (int s = 0; s < DW_IR_MAX_INPUTS; s++) {
+            const int64_t acc = pn->tmp_off[DW_TMP_ACC0 + s];
+            if (s >= n->n_in || g->tensors[n->in[s]].kind != DW_TENSOR_ACT) {
+                assert_int_equal(pn->grad_mode[s], DW_GRAD_NONE);
+                assert_int_equal(acc, -1);
+                continue;
+            }
+            switch ((dw_grad_mode)pn->grad_mode[s]) {
+            case DW_GRAD_WRITE: assert_int_equal(acc, -1); break;
+            case DW_GRAD_ACCUM:
+                assert_true(flags & DW_OPF_ACC_IN(s));
+                assert_int_equal(acc, -1);
+                break;
+            case DW_GRAD_ACCUM_TMP: {
+                assert_false(flags & DW_OPF_ACC_IN(s));
+                const int it = find_item(c, DW_BUF_BTMP, ni);
+                assert_true(acc >= 0 && it >= 0);
+                assert_true(acc + numel(g, n->in[s]) * c->act_size <= c->items[it].offset + c->items[it].size);
+                break;
+            }
+            default: fail_msg("node %s slot %d: gradient mode %d for an activation", n->name, s, pn->grad_mode[s]);
+            }
+        }
+    }
     for (int t = 0; t < g->n_tensors; t++) {
         if (g->tensors[t].kind != DW_TENSOR_ACT || t == g->loss) continue;
         int writes = 0, last = -1, writer = -1;
@@ -162,24 +341,27 @@ static void check(const dw_graph *g, const dw_compiled *c) {
             for (int s = 0; s < g->nodes[ni].n_in; s++)
                 if (g->nodes[ni].in[s] == t) {
                     last = ni;
-                    if (c->grad_mode[ni][s] == DW_GRAD_WRITE) writes++, writer = ni;
+                    if (c->node[ni].grad_mode[s] == DW_GRAD_WRITE) writes++, writer = ni;
                 }
         assert_int_equal(writes, 1);
         assert_int_equal(writer, last);
     }
-    /* 3b. shared gradient buffers: only through an add whose backward writes that input first
-     * (slot 1 also read by nothing else and, when slot 0 shares too, slot 0's other readers all
-     * before slot 1's producer), sharing the add output's buffer, at the same offset */
+}
+
+/* 5. Shared gradient buffers: only through an add whose backward writes that input first (slot 1
+ * also read by nothing else and, when slot 0 shares too, slot 0's other readers all before slot
+ * 1's producer), sharing the add output's buffer, at the same offset. */
+static void check_grad_alias(const dw_graph *g, const dw_compiled *c) {
     for (int t = 0; t < g->n_tensors; t++) {
-        int r = c->grad_alias[t];
+        const int r = c->tensor[t].grad_alias;
         if (r == t) continue;
-        assert_true(c->grad_off[t] >= 0 && c->grad_off[t] == c->grad_off[r]);
+        assert_true(c->tensor[t].grad_off >= 0 && c->tensor[t].grad_off == c->tensor[r].grad_off);
         bool justified = false;
         for (int p = 0; p < g->n_nodes && !justified; p++) {
             const dw_ir_node *n = &g->nodes[p];
-            if (n->op != DW_OP_ADD || c->grad_off[n->out] != c->grad_off[t]) continue;
+            if (n->op != DW_OP_ADD || c->tensor[n->out].grad_off != c->tensor[t].grad_off) continue;
             for (int s = 0; s < 2; s++) {
-                if (n->in[s] != t || c->grad_mode[p][s] != DW_GRAD_WRITE) continue;
+                if (n->in[s] != t || c->node[p].grad_mode[s] != DW_GRAD_WRITE) continue;
                 if (s == 0) {
                     justified = true;
                     continue;
@@ -191,25 +373,60 @@ static void check(const dw_graph *g, const dw_compiled *c) {
                         if (g->nodes[i].in[q] == t && i != p) alone = false;
                         if (g->nodes[i].in[q] == a && i != p && i >= pb) before = false;
                     }
-                if (alone && (c->grad_alias[a] == a || before)) justified = true;
+                if (alone && (c->tensor[a].grad_alias == a || before)) justified = true;
             }
         }
         if (!justified) fail_msg("gradient of tensor %d shares a buffer without a residual add that allows it", t);
     }
-    /* 4. parameter pools: disjoint, inside, decay first */
+}
+
+/* 6. Parameter pools (disjoint, inside, 64-float aligned, decay first), the BF16 copies (a
+ * parameter is converted on use only when quantised GEMMs alone read it; runs cover the others
+ * and nothing else), pool totals, the report's total. */
+static void check_params_and_pools(const dw_graph *g, const dw_compiled *c) {
     int64_t total = 0;
+    int n_param_tensors = 0;
+    for (int t = 0; t < g->n_tensors; t++) n_param_tensors += g->tensors[t].kind == DW_TENSOR_PARAM;
+    assert_int_equal(c->n_params, n_param_tensors);
     for (int p = 0; p < c->n_params; p++) {
         const dw_ir_tensor *t = &g->tensors[c->param_tensor[p]];
+        assert_int_equal(t->kind, DW_TENSOR_PARAM);
+        assert_int_equal(c->tensor[c->param_tensor[p]].param, p);
+        if (p) assert_true(c->param_tensor[p] > c->param_tensor[p - 1]); /* graph order */
         int64_t lo = c->param_off[p], hi = lo + dw_ir_numel(t);
         total += dw_ir_numel(t);
         assert_int_equal(lo % 64, 0);
-        assert_true(hi <= c->param_floats);
+        assert_true(lo >= 0 && hi <= c->param_floats);
         if (t->decay) assert_true(hi <= c->decay_floats);
         else assert_true(lo >= c->decay_floats);
         for (int q = p + 1; q < c->n_params; q++) {
             int64_t lo2 = c->param_off[q], hi2 = lo2 + dw_ir_numel(&g->tensors[c->param_tensor[q]]);
             assert_false(lo < hi2 && lo2 < hi);
         }
+        /* BF16 copies */
+        bool by_quant = false, by_bf16 = false;
+        for (int i = 0; c->bf16 && i < g->n_nodes; i++) {
+            const dw_ir_node *n = &g->nodes[i];
+            if (n->op != DW_OP_LINEAR || n->in[1] != c->param_tensor[p]) continue;
+            const dw_node_binding *b = &c->node[i].bind;
+            if (!dw_compile_quant_recipe(b->recipe)) by_bf16 = true;
+            else if (b->quantised[DW_QPASS_FPROP] && b->quantised[DW_QPASS_DGRAD]) by_quant = true;
+        }
+        assert_int_equal(c->bf16_lazy[p], by_quant && !by_bf16);
+        int covering = 0;
+        for (int r = 0; r < c->n_bf16_runs; r++) {
+            const int64_t b0 = c->bf16_runs[r][0], b1 = c->bf16_runs[r][1];
+            if (lo < b1 && b0 < hi) {
+                assert_true(b0 <= lo && hi <= b1); /* inside one run, never cut */
+                covering++;
+            }
+        }
+        assert_int_equal(covering, c->bf16 && !c->bf16_lazy[p] ? 1 : 0);
+    }
+    for (int r = 0; r < c->n_bf16_runs; r++) {
+        assert_true(c->bf16_runs[r][0] >= 0 && c->bf16_runs[r][0] < c->bf16_runs[r][1]);
+        assert_true(c->bf16_runs[r][1] <= c->param_floats);
+        if (r) assert_true(c->bf16_runs[r][0] >= c->bf16_runs[r - 1][1] + 64); /* closer runs are merged */
     }
     assert_int_equal(total, dw_graph_params(g));
     assert_int_equal(c->pool_bytes[DW_POOL_WEIGHTS], c->param_floats * (c->bf16 ? 6 : 4));
@@ -217,9 +434,17 @@ static void check(const dw_graph *g, const dw_compiled *c) {
     assert_int_equal(c->pool_bytes[DW_POOL_OPTIM], c->param_floats * 8);
     assert_int_equal(c->pool_bytes[DW_POOL_ACT], c->arena_bytes);
     assert_true(c->pool_bytes[DW_POOL_WORK] >= 2 * 4 * g->batch * g->seq);
-    /* 5. the report's total is the sum of the pools */
+    for (int p = 0; p < DW_POOL_COUNT; p++) assert_int_equal(dw_compiled_pool_bytes(c, p), c->pool_bytes[p]);
+    assert_int_equal(dw_compiled_pool_bytes(c, DW_POOL_COUNT), 0);
+    assert_int_equal(dw_compiled_pool_bytes(c, -1), 0);
+    /* the report: the target, and a total that is the sum of the pools */
     char *text = NULL;
     assert_int_equal(dw_compiled_report(g_ctx, c, &text), DW_OK);
+    char want[64];
+    if (c->target.device == DW_DEVICE_CUDA)
+        snprintf(want, sizeof want, "target: cuda, kernels chosen for sm_%d", c->target.sm);
+    else snprintf(want, sizeof want, "target: cpu");
+    assert_non_null(strstr(text, want));
     const char *tl = strstr(text, "  total");
     assert_non_null(tl);
     long long reported = 0;
@@ -228,6 +453,73 @@ static void check(const dw_graph *g, const dw_compiled *c) {
     for (int p = 0; p < DW_POOL_COUNT; p++) pools += dw_compiled_pool_bytes(c, p);
     assert_int_equal(reported, pools);
     dw_free_string(text);
+}
+
+/* 7. Decisions per node: non-linear ops run in the activation type; FP32 linears use each
+ * backend's FP32 reference; a BF16 program's linear passes agree with the registry's answer at the
+ * planned rows (recomputed: dw_compile_linear_quantised with a reason buffer), a quantised pass
+ * names its kernel, a fallback says why; on the CPU target every quantised GEMM is quantised at any
+ * shape. Unsupported ops are exactly those ops.def says the target lacks. */
+static void check_bind(const dw_graph *g, const dw_compiled *c) {
+    const bool cpu = c->target.device == DW_DEVICE_CPU;
+    const char *lacking = NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!lacking && !dw_op_on_backend(g->nodes[i].op, c->target.device)) lacking = dw_op_name(g->nodes[i].op);
+    if (lacking) assert_true(c->unsupported && strstr(c->unsupported, lacking));
+    else assert_null(c->unsupported);
+    if (!c->policy_json) assert_string_equal(c->precision, "fp32");
+    assert_int_equal(c->policy_json != NULL, c->bf16);
+    assert_int_equal(c->act_size, c->bf16 ? 2 : 4);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        const dw_node_binding *b = &c->node[i].bind;
+        if (n->op != DW_OP_LINEAR || !c->bf16) {
+            if (n->op != DW_OP_LINEAR) {
+                assert_int_equal(b->recipe, DW_RECIPE_BF16);
+                assert_int_equal(b->reason, DW_POLICY_NOT_GEMM);
+                assert_int_equal(b->rule, -1);
+            }
+            for (int p = 0; p < DW_QPASS_COUNT; p++) assert_true(!b->quantised[p] && !b->kernel[p]);
+            assert_null(b->note);
+            continue;
+        }
+        int64_t N, K, M;
+        dw_compile_linear_dims(c, i, &N, &K, &M);
+        assert_int_equal(N, g->batch * g->seq);
+        assert_int_equal(K, width(g, n->in[0]));
+        assert_int_equal(M, width(g, n->out));
+        const bool qr = dw_compile_quant_recipe(b->recipe);
+        bool fallback = false;
+        for (int p = 0; p < DW_QPASS_COUNT; p++) {
+            const char *k = (const char *)b; /* must be overwritten */
+            char why[256] = "x";
+            const bool q = dw_compile_linear_quantised(c, i, (dw_qpass)p, N, &k, why, sizeof why);
+            if (q != b->quantised[p])
+                fail_msg("%s pass %d: bound %d, the registry now says %d (%s)", n->name, p, b->quantised[p], q, why);
+            if (q) {
+                assert_true(qr);
+                assert_non_null(k);
+                assert_non_null(b->kernel[p]);
+                assert_string_equal(k, b->kernel[p]);
+                assert_string_equal(why, "");
+            } else {
+                assert_null(k);
+                assert_true(why[0] != '\0'); /* the reason (the node's recipe, or the nearest kernel's) */
+                fallback = fallback || qr;
+            }
+            if (cpu) assert_non_null(b->kernel[p]); /* the reference runs BF16 and quantised GEMMs alike */
+            if (cpu && qr) { /* at every shape */
+                assert_true(q);
+                assert_true(dw_compile_linear_quantised(c, i, (dw_qpass)p, 1 + rnd(0, N - 1), NULL, NULL, 0));
+            }
+        }
+        if (qr) {
+            assert_non_null(b->note);
+            assert_int_equal(strstr(b->note, "BF16 FALLBACK") != NULL, fallback);
+        } else {
+            assert_null(b->note);
+        }
+    }
 }
 
 /* A slot holds (recipe, R, C): codes before the scales, scales before the tensor scale, inside. */
@@ -241,10 +533,11 @@ static void slot_fits(const dw_qslot_layout *l, dw_recipe r, int64_t R, int64_t 
                  (long long)l->tscale, (long long)l->bytes);
 }
 
-/* The quantised layers' workspace: every operand the engine quantises fits its slot (fprop x, W;
- * backward dy, dy^T, W^T, x^T and x's row-wise copy), each quantised node has its own W and W^T
- * cache, other nodes none, and no two regions of the workspace overlap. */
-static void check_quant_layout(const dw_graph *g, const dw_compiled *c) {
+/* 8. The workspace: tokens, targets, loss, norm, partials, AdamW arguments, the bias-gradient row;
+ * for quantised layers every operand the engine quantises fits its slot (fprop x, W; backward dy,
+ * dy^T, W^T, x^T and x's row-wise copy), each quantised node has its own W and W^T cache, other
+ * nodes none; no two regions overlap. */
+static void check_workspace(const dw_graph *g, const dw_compiled *c) {
     const dw_work_layout *w = &c->work;
     const int64_t N = g->batch * g->seq;
     int64_t lo[512], hi[512];
@@ -252,19 +545,24 @@ static void check_quant_layout(const dw_graph *g, const dw_compiled *c) {
 #define REGION(o, b) (assert_true(nr < 512), lo[nr] = (o), hi[nr] = (o) + (b), nr++)
     REGION(w->tokens, N * 4), REGION(w->targets, N * 4), REGION(w->loss, 4), REGION(w->norm, 8);
     REGION(w->partials, DW_COMPILE_NORM_BLOCKS * 8), REGION(w->adamw_args, DW_COMPILE_ADAMW_ARGS_BYTES);
+    int64_t widest = 0;
+    for (int i = 0; c->bf16 && i < g->n_nodes; i++)
+        if (g->nodes[i].op == DW_OP_LINEAR && g->nodes[i].n_in == 3 && width(g, g->nodes[i].out) > widest)
+            widest = width(g, g->nodes[i].out);
+    if (widest) REGION(w->bgrad, widest * 4);
+    else assert_int_equal(w->bgrad, -1);
     bool any = false;
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        bool q = n->op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(c->bind[i].recipe);
-        if (!q) {
-            assert_true(c->wq[i][0].off < 0 && c->wq[i][1].off < 0);
+        const dw_prog_node *pn = &c->node[i];
+        if (!quant_linear(c, i)) {
+            assert_true(pn->wq[0].off < 0 && pn->wq[1].off < 0);
             continue;
         }
         any = true;
-        const dw_ir_tensor *xt = &g->tensors[n->in[0]], *yt = &g->tensors[n->out];
-        int64_t K = xt->shape[xt->ndim - 1], M = yt->shape[yt->ndim - 1];
+        const int64_t K = width(g, n->in[0]), M = width(g, n->out);
         /* DESIGN.md's block recipe: 1x128 activations and gradients, 128x128 weights */
-        const dw_recipe r = c->bind[i].recipe;
+        const dw_recipe r = pn->bind.recipe;
         const bool blk = r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D;
         const dw_recipe ra = blk ? DW_RECIPE_FP8_BLOCK : r, rw = blk ? DW_RECIPE_FP8_BLOCK2D : r;
         assert_int_equal(dw_compile_quant_act_recipe(r), ra);
@@ -273,14 +571,12 @@ static void check_quant_layout(const dw_graph *g, const dw_compiled *c) {
         slot_fits(&w->q_rows, ra, N, M, "dy");
         slot_fits(&w->q_dyt, ra, M, N, "dy^T");
         slot_fits(&w->q_xt, ra, K, N, "x^T");
-        slot_fits(&c->wq[i][0], rw, M, K, "W");
-        slot_fits(&c->wq[i][1], rw, K, M, "W^T");
+        slot_fits(&pn->wq[0], rw, M, K, "W");
+        slot_fits(&pn->wq[1], rw, K, M, "W^T");
         /* the weight cache is sized for W's own recipe, not a finer one (each node owns its cache) */
-        assert_int_equal(c->wq[i][0].tscale - c->wq[i][0].scales,
-                         (dw_quant_scales_bytes(rw, M, K) + 255) / 256 * 256);
-        assert_int_equal(c->wq[i][1].tscale - c->wq[i][1].scales,
-                         (dw_quant_scales_bytes(rw, K, M) + 255) / 256 * 256);
-        REGION(c->wq[i][0].off, c->wq[i][0].bytes), REGION(c->wq[i][1].off, c->wq[i][1].bytes);
+        assert_int_equal(pn->wq[0].tscale - pn->wq[0].scales, (dw_quant_scales_bytes(rw, M, K) + 255) / 256 * 256);
+        assert_int_equal(pn->wq[1].tscale - pn->wq[1].scales, (dw_quant_scales_bytes(rw, K, M) + 255) / 256 * 256);
+        REGION(pn->wq[0].off, pn->wq[0].bytes), REGION(pn->wq[1].off, pn->wq[1].bytes);
         assert_true(w->quant_ws >= 0 && w->quant_ws_bytes >= (1 + N + K) * 4 && w->quant_ws_bytes >= (1 + N + M) * 4);
     }
     if (any) {
@@ -291,11 +587,23 @@ static void check_quant_layout(const dw_graph *g, const dw_compiled *c) {
     }
 #undef REGION
     for (int a = 0; a < nr; a++) {
-        assert_true(lo[a] >= 0 && hi[a] <= w->bytes);
+        assert_true(lo[a] >= 0 && lo[a] % 256 == 0 && hi[a] <= w->bytes);
         for (int b = a + 1; b < nr; b++)
             if (lo[a] < hi[b] && lo[b] < hi[a]) fail_msg("workspace regions %d and %d overlap", a, b);
     }
     assert_int_equal(c->pool_bytes[DW_POOL_WORK], w->bytes);
+}
+
+static void check(const dw_graph *g, const dw_compiled *c) {
+    assert_true(c->g == g);
+    check_steps(g, c);
+    check_arena(g, c);
+    check_liveness(g, c);
+    check_grad_modes(g, c);
+    check_grad_alias(g, c);
+    check_params_and_pools(g, c);
+    check_bind(g, c);
+    check_workspace(g, c);
 }
 
 static void test_random_graphs(void **state) {
@@ -304,21 +612,57 @@ static void test_random_graphs(void **state) {
     /* FP32, BF16 and every quantised recipe (with and without the safe fallbacks) */
     const char *prec[] = {"bf16", "fp8_tensor", "fp8_row", "fp8_block", "fp8_block2d", "mxfp8", "mxfp8_e5m2",
                           "mxfp4", "nvfp4"};
+    const int sms[] = {90, 100};
     for (int trial = 0; trial < 24; trial++) {
         dw_graph *g = random_graph(presets[trial % 3]);
         dw_policy *p = NULL;
-        if (trial % 2)
-            assert_int_equal(dw_policy_from_precision(g_ctx, prec[rnd(0, 8)], rnd(0, 1), &p), DW_OK);
-        dw_compiled *c = NULL;
-        assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
-        assert_int_equal(c->bf16, p != NULL);
-        assert_null(c->unsupported);
-        check(g, c);
-        check_quant_layout(g, c);
-        dw_compiled_free(c);
+        const char *pname = trial % 3 ? prec[rnd(0, 8)] : NULL;
+        if (pname) assert_int_equal(dw_policy_from_precision(g_ctx, pname, rnd(0, 1), &p), DW_OK);
+        /* the same graph and policy for the CPU (the context's device) and a CUDA GPU */
+        dw_compiled *cpu = compile_for(g, p, rnd(0, 1) ? DW_DEVICE_AUTO : DW_DEVICE_CPU, 0);
+        dw_compiled *gpu = compile_for(g, p, DW_DEVICE_CUDA, sms[rnd(0, 1)]);
+        for (int k = 0; k < 2; k++) {
+            const dw_compiled *c = k ? gpu : cpu;
+            assert_int_equal(c->bf16, p != NULL);
+            assert_string_equal(c->precision, pname ? pname : "fp32");
+            check(g, c);
+        }
+        /* one program for both: the same layout; only kernel choices (and so BF16 copies) differ */
+        for (int q = 0; q < DW_POOL_COUNT; q++) assert_int_equal(cpu->pool_bytes[q], gpu->pool_bytes[q]);
+        assert_int_equal(cpu->phase[DW_PHASE_BACKWARD][1], gpu->phase[DW_PHASE_BACKWARD][1]);
+        for (int k = 0; k < cpu->phase[DW_PHASE_BACKWARD][1]; k++)
+            assert_true(cpu->steps[k].kind == gpu->steps[k].kind && cpu->steps[k].node == gpu->steps[k].node);
+        assert_memory_equal(cpu->param_off, gpu->param_off, (size_t)cpu->n_params * sizeof *cpu->param_off);
+        dw_compiled_free(cpu);
+        dw_compiled_free(gpu);
         dw_policy_free(p);
         dw_graph_free(g);
     }
+}
+
+/* A tensor read by ops that cannot add into its gradient (testutil's shared graph): ACCUM_TMP with
+ * ACC temporaries, in every mode and for both targets. */
+static void test_shared_reads(void **state) {
+    (void)state;
+    int ng = -1, ns = -1;
+    dw_graph *g = dw_test_shared_graph(g_ctx, rnd(1, 4), rnd(1, 32), &g_rng, &ng, &ns);
+    assert_non_null(g);
+    const char *prec[3] = {NULL, "bf16", "mxfp8"};
+    for (int k = 0; k < 6; k++) {
+        dw_policy *p = NULL;
+        if (prec[k % 3]) assert_int_equal(dw_policy_from_precision(g_ctx, prec[k % 3], false, &p), DW_OK);
+        dw_compiled *c = k < 3 ? compile_for(g, p, DW_DEVICE_AUTO, 0) : compile_for(g, p, DW_DEVICE_CUDA, 90);
+        check(g, c);
+        assert_int_equal(c->node[ng].grad_mode[0], DW_GRAD_ACCUM_TMP);
+        assert_int_equal(c->node[ns].grad_mode[0], DW_GRAD_ACCUM_TMP);
+        assert_int_equal(c->node[ns].grad_mode[1], DW_GRAD_ACCUM_TMP);
+        assert_true(c->node[ns].tmp_off[DW_TMP_ACC0] >= 0 && c->node[ns].tmp_off[DW_TMP_ACC1] >= 0);
+        assert_true(c->node[ns].tmp_off[DW_TMP_ACC0] != c->node[ns].tmp_off[DW_TMP_ACC1]);
+        assert_int_equal(c->node[ns + 1].grad_mode[0], DW_GRAD_WRITE);
+        dw_compiled_free(c);
+        dw_policy_free(p);
+    }
+    dw_graph_free(g);
 }
 
 static void test_presets_reuse(void **state) { /* the arena is far below the sum of all buffers */
@@ -326,7 +670,8 @@ static void test_presets_reuse(void **state) { /* the arena is far below the sum
     dw_graph *g = NULL;
     assert_int_equal(dw_capture_hf_shape(g_ctx, "llama-tiny", 2, 128, &g), DW_OK);
     dw_compiled *c = NULL;
-    assert_int_equal(dw_compile(g_ctx, g, NULL, NULL, &c), DW_OK);
+    assert_int_equal(dw_compile(g_ctx, g, NULL, NULL, NULL, &c), DW_OK); /* opts NULL: the context's device */
+    assert_int_equal(c->target.device, DW_DEVICE_CPU);
     check(g, c);
     int64_t sum = 0;
     for (int i = 0; i < c->n_items; i++) sum += c->items[i].size;
@@ -335,67 +680,89 @@ static void test_presets_reuse(void **state) { /* the arena is far below the sum
     dw_graph_free(g);
 }
 
-/* GELU fusion on GPT-2 shapes: every GELU of a BF16 model fused both ways (widths % 8 == 0),
- * with its linear neighbours recorded; the plan stays valid and no larger; DW_FUSE=0 and the FP32
- * mode fuse nothing; a quantised c_fc / c_proj keeps the GELU (no FP8 GELU epilogue). */
+/* GELU fusion on GPT-2 shapes: every GELU of a BF16 model fused both ways (widths % 8 == 0), with
+ * its linear neighbours recorded; the plan stays valid and no larger; fuse off (the option, whose
+ * default DW_FUSE=0 turns off) and the FP32 mode fuse nothing; a quantised c_proj keeps the GELU's
+ * backward (no quantised DGELU epilogue). */
 static void test_gelu_fusion(void **state) {
     (void)state;
     dw_graph *g = NULL;
     assert_int_equal(dw_capture_hf_shape(g_ctx, "gpt2-tiny", 2, rnd(8, 64), &g), DW_OK);
     dw_policy *p = NULL;
     assert_int_equal(dw_policy_from_precision(g_ctx, "bf16", false, &p), DW_OK);
-    dw_compiled *c = NULL, *off = NULL, *fp32 = NULL;
-    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
+    dw_compiled *c = compile_fused(g, p, DW_DEVICE_CUDA, 90, 1), *fp32 = compile_fused(g, NULL, DW_DEVICE_CUDA, 90, 1);
+    dw_compiled *off = compile_fused(g, p, DW_DEVICE_CUDA, 90, 0);
+    /* the option's default: on, unless the environment says DW_FUSE=0 */
+    const char *env = getenv("DW_FUSE");
+    char *saved = env ? strdup(env) : NULL;
+    dw_compile_opts o;
     setenv("DW_FUSE", "0", 1);
-    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &off), DW_OK);
+    dw_compile_opts_init(&o, sizeof o);
+    assert_false(o.fuse);
     unsetenv("DW_FUSE");
-    assert_int_equal(dw_compile(g_ctx, g, NULL, NULL, &fp32), DW_OK);
+    dw_compile_opts_init(&o, sizeof o);
+    assert_true(o.fuse);
+    if (saved) setenv("DW_FUSE", saved, 1);
+    free(saved);
     int gelus = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        assert_int_equal(off->fused[i], 0);
-        assert_int_equal(fp32->fused[i], 0);
+        assert_int_equal(off->node[i].fused, 0);
+        assert_int_equal(fp32->node[i].fused, 0);
         if (n->op != DW_OP_GELU) {
-            assert_int_equal(c->fused[i], 0);
+            assert_int_equal(c->node[i].fused, 0);
             continue;
         }
         gelus++;
-        assert_int_equal(c->fused[i], DW_FUSED_FWD | DW_FUSED_BWD);
-        int L = c->gelu_producer[i], P = c->gelu_consumer[i];
+        assert_int_equal(c->node[i].fused, DW_FUSED_FWD | DW_FUSED_BWD);
+        int L = c->node[i].partner_fwd, P = c->node[i].partner_bwd;
         assert_true(strstr(g->nodes[L].name, "c_fc") && strstr(g->nodes[P].name, "c_proj"));
         assert_int_equal(dw_compile_fused_gelu_fwd(c, L), i);
         assert_int_equal(dw_compile_fused_gelu_bwd(c, P), i);
         assert_int_equal(dw_compile_fused_gelu_fwd(c, P), -1);
-        assert_int_not_equal(off->grad_off[n->out], -1);
+        assert_int_equal(dw_compile_fused_gelu_bwd(c, L), -1);
+        assert_int_not_equal(off->tensor[n->out].grad_off, -1);
     }
     assert_int_equal(gelus, g->model.n_blocks);
     check(g, c);
     check(g, off);
+    check(g, fp32);
     assert_true(c->arena_bytes <= off->arena_bytes);
+    /* fused GELUs have neither step */
+    assert_int_equal(off->n_steps - c->n_steps, 2 * gelus);
     dw_compiled_free(c), dw_compiled_free(off), dw_compiled_free(fp32);
     dw_policy_free(p);
     /* fp8_block with the safe fallback: every GELU's forward moves to its producing linear (the
-     * engine runs it in a quantised GEMM's epilogue when a kernel has one, else right after it);
-     * its backward only into a BF16 consumer's dgrad (no quantised DGELU epilogue) */
+     * backends run it in a quantised GEMM's epilogue when a kernel has one, else right after it);
+     * its backward only into a BF16 consumer's dgrad */
     assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block", true, &p), DW_OK);
-    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
-    int quantised = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        if (g->nodes[i].op != DW_OP_GELU) continue;
-        assert_true(c->fused[i] & DW_FUSED_FWD);
-        int P = -1;
-        for (int j = 0; j < g->n_nodes; j++)
-            if (g->nodes[j].op == DW_OP_LINEAR && g->nodes[j].in[0] == g->nodes[i].out) P = j;
-        assert_true(P >= 0);
-        bool bf16 = c->bind[P].recipe == DW_RECIPE_BF16;
-        quantised += !bf16;
-        assert_int_equal((c->fused[i] & DW_FUSED_BWD) != 0, bf16);
+    for (int k = 0; k < 2; k++) {
+        c = k ? compile_fused(g, p, DW_DEVICE_CUDA, 90, 1) : compile_fused(g, p, DW_DEVICE_AUTO, 0, 1);
+        int quantised = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            if (g->nodes[i].op != DW_OP_GELU) continue;
+            assert_true(c->node[i].fused & DW_FUSED_FWD);
+            int P = -1;
+            for (int j = 0; j < g->n_nodes; j++)
+                if (g->nodes[j].op == DW_OP_LINEAR && g->nodes[j].in[0] == g->nodes[i].out) P = j;
+            assert_true(P >= 0);
+            bool bf16 = c->node[P].bind.recipe == DW_RECIPE_BF16;
+            quantised += !bf16;
+            assert_int_equal((c->node[i].fused & DW_FUSED_BWD) != 0, bf16);
+        }
+        assert_true(quantised > 0);
+        check(g, c);
+        dw_compiled_free(c);
     }
-    assert_true(quantised > 0);
-    check(g, c);
-    dw_compiled_free(c);
     dw_policy_free(p);
     dw_graph_free(g);
+}
+
+static int node_named(const dw_graph *g, const char *name) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!strcmp(g->nodes[i].name, name)) return i;
+    fail_msg("no node %s", name);
+    return -1;
 }
 
 static void test_policy_binding(void **state) {
@@ -404,83 +771,226 @@ static void test_policy_binding(void **state) {
     assert_int_equal(dw_capture_hf_shape(g_ctx, "gpt2-tiny", 1, 16, &g), DW_OK);
     dw_policy *p = NULL;
     assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block", true, &p), DW_OK);
-    dw_compiled *c = NULL;
-    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &c), DW_OK);
-    assert_null(c->unsupported); /* fp8_block: quantised linear layers run on the engine */
-    int lm = -1, mid = -1;
-    for (int i = 0; i < g->n_nodes; i++) {
-        if (!strcmp(g->nodes[i].name, "lm_head")) lm = i;
-        if (!strcmp(g->nodes[i].name, "transformer.h.1.mlp.c_fc")) mid = i;
+    const int lm = node_named(g, "lm_head"), mid = node_named(g, "transformer.h.1.mlp.c_fc");
+    for (int k = 0; k < 2; k++) {
+        dw_compiled *c = k ? compile_for(g, p, DW_DEVICE_CUDA, 90) : compile_for(g, p, DW_DEVICE_AUTO, 0);
+        assert_null(c->unsupported);
+        assert_string_equal(c->precision, "fp8_block");
+        assert_int_equal(c->node[lm].bind.recipe, DW_RECIPE_BF16);
+        assert_int_equal(c->node[lm].bind.reason, DW_POLICY_BY_SAFE);
+        assert_int_equal(c->node[mid].bind.recipe, DW_RECIPE_FP8_BLOCK);
+        assert_int_equal(c->node[mid].bind.reason, DW_POLICY_BY_DEFAULT);
+        assert_non_null(c->node[mid].bind.note);
+        if (k) { /* sm_90 at 16 tokens: wgrad's K (the tokens) is no multiple of 128: BF16, noted */
+            assert_false(c->node[mid].bind.quantised[DW_QPASS_WGRAD]);
+            assert_non_null(strstr(c->node[mid].bind.note, "BF16 FALLBACK"));
+        } else { /* the CPU reference quantises every pass */
+            for (int q = 0; q < DW_QPASS_COUNT; q++) assert_true(c->node[mid].bind.quantised[q]);
+            assert_null(strstr(c->node[mid].bind.note, "BF16 FALLBACK"));
+        }
+        assert_true(c->work.q_rows.off >= 0 && c->node[mid].wq[0].off >= 0);
+        check(g, c);
+        dw_compiled_free(c);
     }
-    assert_true(lm >= 0 && mid >= 0);
-    assert_int_equal(c->bind[lm].recipe, DW_RECIPE_BF16);
-    assert_int_equal(c->bind[lm].reason, DW_POLICY_BY_SAFE);
-    assert_true(c->bind[lm].supported);
-    assert_int_equal(c->bind[mid].recipe, DW_RECIPE_FP8_BLOCK);
-    assert_int_equal(c->bind[mid].reason, DW_POLICY_BY_DEFAULT);
-    assert_true(c->bind[mid].supported);
-    /* gpt2-tiny's widths are not multiples of 128: cuBLASLt block scaling refuses, BF16 fallback noted */
-    assert_non_null(c->bind[mid].note);
-    assert_non_null(strstr(c->bind[mid].note, "BF16 FALLBACK"));
-    assert_true(c->work.q_rows.off >= 0 && c->wq[mid][0].off >= 0);
-    check_quant_layout(g, c);
-    check(g, c);
-    dw_compiled_free(c);
     /* fp8_block2d names the same pairing: W in 128x128 blocks, x and dy in 1x128 */
     dw_policy *p2 = NULL;
     assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block2d", true, &p2), DW_OK);
-    assert_int_equal(dw_compile(g_ctx, g, NULL, p2, &c), DW_OK);
+    dw_compiled *c = compile_for(g, p2, DW_DEVICE_CUDA, 90);
     assert_null(c->unsupported);
-    assert_true(c->bind[mid].supported);
-    assert_int_equal(c->bind[mid].recipe, DW_RECIPE_FP8_BLOCK2D);
+    assert_int_equal(c->node[mid].bind.recipe, DW_RECIPE_FP8_BLOCK2D);
     assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_FP8_BLOCK2D), DW_RECIPE_FP8_BLOCK);
     assert_int_equal(dw_compile_quant_weight_recipe(DW_RECIPE_FP8_BLOCK), DW_RECIPE_FP8_BLOCK2D);
     assert_int_equal(dw_compile_quant_weight_recipe(DW_RECIPE_FP8_BLOCK2D), DW_RECIPE_FP8_BLOCK2D);
     assert_int_equal(dw_compile_quant_act_recipe(DW_RECIPE_MXFP8), DW_RECIPE_MXFP8);
     assert_int_equal(dw_compile_quant_weight_recipe(DW_RECIPE_MXFP8), DW_RECIPE_MXFP8);
-    check_quant_layout(g, c);
+    assert_false(dw_compile_quant_recipe(DW_RECIPE_BF16));
+    assert_true(dw_compile_quant_recipe(DW_RECIPE_NVFP4));
     check(g, c);
     dw_compiled_free(c);
     dw_policy_free(p2);
-    /* parallel plans are refused */
-    assert_int_equal(dw_compile(g_ctx, g, "plan.json", p, &c), DW_ERR_UNSUPPORTED);
+    /* refusals: a parallel plan (for now, any), a target that is no device, a GPU that is none */
+    const dw_plan *plan = (const dw_plan *)&g_rng; /* opaque: never read when refused */
+    c = (dw_compiled *)g;
+    assert_int_equal(dw_compile(g_ctx, g, plan, p, NULL, &c), DW_ERR_UNSUPPORTED);
     assert_null(c);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "plan.json"));
+    assert_non_null(strstr(dw_errmsg(g_ctx), "plan"));
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    assert_int_equal(o.device, DW_DEVICE_AUTO);
+    assert_int_equal(o.sm, 0);
+    o.device = (dw_device_kind)7;
+    c = (dw_compiled *)g;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &o, &c), DW_ERR_INVALID);
+    assert_null(c);
+    o.device = DW_DEVICE_CUDA;
+    o.sm = 7;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &o, &c), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(g_ctx), "compute capability"));
+    assert_int_equal(dw_compile(g_ctx, NULL, NULL, p, NULL, &c), DW_ERR_INVALID);
+    /* options from an older header (only `size`): the fields beyond it take their defaults */
+    o.size = offsetof(dw_compile_opts, device);
+    c = NULL;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &o, &c), DW_OK);
+    assert_int_equal(c->target.device, DW_DEVICE_CPU);
+    dw_compiled_free(c);
+    /* a CUDA target without sm on a CPU context: sm_90 */
+    dw_compile_opts_init(&o, sizeof o);
+    o.device = DW_DEVICE_CUDA;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, &o, &c), DW_OK);
+    assert_int_equal(c->target.sm, 90);
+    dw_compiled_free(c);
+    dw_compiled_free(NULL);
     dw_policy_free(p);
     dw_graph_free(g);
 }
 
-/* The engine functions dispatch on the backend: on a CPU context (or a CPU-only build) the CUDA
- * engine is refused with a message, and the CPU engine answers the CUDA-only calls plainly. */
-static void test_engine_dispatch(void **state) {
+/* Per-linear decisions on shapes where sm_90's quantised kernels apply (widths and token counts
+ * multiples of 128) and where they do not, for several recipes; and a kernel registered by a user
+ * is what the program names (the compiler asks the registry). */
+static dw_graph *llama_graph(int64_t d, int64_t f, int64_t B, int64_t T) {
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(g_ctx, "llama-tiny", &cfg), DW_OK);
+    cfg.n_layers = 2, cfg.d_model = d, cfg.d_ff = f, cfg.vocab_size = 256, cfg.max_seq = 256;
+    cfg.n_heads = 2, cfg.n_kv_heads = 1, cfg.head_dim = 64;
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(g_ctx, &cfg, B, T, &g), DW_OK);
+    return g;
+}
+
+static bool any_run(const dw_gemm_args *a, void *user, const char **why) {
+    (void)a, (void)user, (void)why;
+    return true;
+}
+static dw_status no_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
+    (void)ctx, (void)a, (void)user;
+    return DW_ERR_UNSUPPORTED;
+}
+
+static void test_linear_decisions(void **state) {
     (void)state;
-    dw_model_config c;
-    assert_int_equal(dw_model_config_load(g_ctx, "llama-tiny", &c), DW_OK);
-    dw_engine *e = (dw_engine *)&c; /* must be overwritten with NULL */
-    dw_status s = dw_engine_create_cuda(g_ctx, &c, 1, 8, NULL, &e);
-    assert_int_equal(s, dw_built_with_cuda() ? DW_ERR_INVALID : DW_ERR_UNSUPPORTED);
+    const char *prec[] = {"fp8_block", "mxfp8", "nvfp4", "fp8_tensor"};
+    int quantised = 0, fallback = 0;
+    for (int trial = 0; trial < 6; trial++) {
+        const bool aligned = trial % 2 == 0;
+        const int64_t d = aligned ? 128 * rnd(1, 2) : 96, f = aligned ? 128 * rnd(1, 3) : 200;
+        const int64_t B = rnd(1, 2), T = aligned ? 128 : rnd(4, 40);
+        dw_graph *g = llama_graph(d, f, B, T);
+        dw_policy *p = NULL;
+        const char *pn = aligned ? prec[rnd(0, 3)] : "fp8_block"; /* fp8_block needs multiples of 128 */
+        assert_int_equal(dw_policy_from_precision(g_ctx, pn, false, &p), DW_OK);
+        dw_compiled *c = compile_for(g, p, DW_DEVICE_CUDA, 90);
+        check(g, c);
+        int qq[3] = {0};
+        for (int i = 0; i < g->n_nodes; i++)
+            for (int q = 0; q < DW_QPASS_COUNT && g->nodes[i].op == DW_OP_LINEAR; q++)
+                qq[q] += c->node[i].bind.quantised[q];
+        print_message("%s d %lld f %lld N %lld: quantised fprop %d dgrad %d wgrad %d\n", pn, (long long)d,
+                      (long long)f, (long long)(B * T), qq[0], qq[1], qq[2]);
+        for (int i = 0; i < g->n_nodes; i++)
+            for (int q = 0; q < DW_QPASS_COUNT && g->nodes[i].op == DW_OP_LINEAR; q++) {
+                quantised += c->node[i].bind.quantised[q];
+                fallback += !c->node[i].bind.quantised[q];
+                /* at other row counts the answer exists too (a quantised pass names its kernel);
+                 * at the planned rows it is the binding's */
+                const char *k = NULL;
+                const int64_t rows = 1 + rnd(0, B * T - 1);
+                const bool at = dw_compile_linear_quantised(c, i, (dw_qpass)q, rows, &k, NULL, 0);
+                if (at) assert_non_null(k);
+                if (rows < B * T) assert_int_equal(at, k != NULL);
+                else assert_int_equal(at, c->node[i].bind.quantised[q]);
+            }
+        dw_compiled_free(c);
+        dw_policy_free(p);
+        dw_graph_free(g);
+    }
+    assert_true(quantised > 0 && fallback > 0);
+    /* a user kernel for sm_90 that takes everything, at the highest priority: every pass of every
+     * quantised layer names it; gone again once unregistered */
+    dw_kernel_desc kd = {.name = "test_compile_any_sm90", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
+                         .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = 1 << 20,
+                         .eligible = any_run, .run = no_run};
+    assert_int_equal(dw_kernel_register(&kd), DW_OK);
+    dw_graph *g = llama_graph(96, 200, 1, rnd(4, 40));
+    dw_policy *p = NULL;
+    assert_int_equal(dw_policy_from_precision(g_ctx, "mxfp8", false, &p), DW_OK);
+    dw_compiled *c = compile_for(g, p, DW_DEVICE_CUDA, 90);
+    dw_compiled *other = compile_for(g, p, DW_DEVICE_CUDA, 100); /* not its arch */
+    const bool removed = dw_kernel_unregister("test_compile_any_sm90");
+    int named = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int q = 0; q < DW_QPASS_COUNT && g->nodes[i].op == DW_OP_LINEAR; q++) {
+            assert_true(c->node[i].bind.quantised[q]);
+            assert_string_equal(c->node[i].bind.kernel[q], "test_compile_any_sm90");
+            const char *k = other->node[i].bind.kernel[q];
+            assert_true(!k || strcmp(k, "test_compile_any_sm90"));
+            named++;
+        }
+    assert_true(removed && named > 0);
+    dw_compiled_free(c);
+    dw_compiled_free(other);
+    c = compile_for(g, p, DW_DEVICE_CUDA, 90);
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int q = 0; q < DW_QPASS_COUNT && g->nodes[i].op == DW_OP_LINEAR; q++)
+            assert_true(!c->node[i].bind.kernel[q] || strcmp(c->node[i].bind.kernel[q], "test_compile_any_sm90"));
+    check(g, c);
+    dw_compiled_free(c);
+    dw_policy_free(p);
+    dw_graph_free(g);
+}
+
+/* Engines for either target's program: the CPU engine runs a program compiled for CUDA (its exact
+ * oracle) as well as its own; a missing program is refused; a CUDA engine (where a GPU is usable)
+ * refuses a program compiled for the CPU or for another compute capability. */
+static void test_engine_targets(void **state) {
+    (void)state;
+    dw_graph *g = random_graph("llama-tiny");
+    dw_policy *p = NULL;
+    assert_int_equal(dw_policy_from_precision(g_ctx, "fp8_block", false, &p), DW_OK);
+    dw_compiled *cpu = compile_for(g, p, DW_DEVICE_AUTO, 0), *gpu = compile_for(g, p, DW_DEVICE_CUDA, 90);
+    for (int k = 0; k < 2; k++) {
+        dw_engine *e = NULL;
+        assert_int_equal(dw_engine_create(g_ctx, k ? gpu : cpu, NULL, &e), DW_OK);
+        assert_string_equal(dw_engine_backend(e), "cpu");
+        assert_true(dw_engine_program(e) == (k ? gpu : cpu));
+        assert_true(dw_engine_graph(e) == g);
+        dw_engine_free(e);
+    }
+    dw_engine *e = (dw_engine *)g;
+    assert_int_equal(dw_engine_create(g_ctx, NULL, NULL, &e), DW_ERR_INVALID);
     assert_null(e);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "cuda engine"));
-    assert_int_equal(dw_engine_create_cpu(g_ctx, &c, 1, 8, &e), DW_OK);
-    assert_false(dw_engine_on_device(e));
-    assert_null(dw_engine_compiled(e));
-    assert_int_equal(dw_engine_sync_to_host(e, true), DW_OK);
-    assert_int_equal(dw_engine_sync_to_device(e), DW_OK);
-    double gn = 1;
-    assert_int_equal(dw_engine_adamw_step(e, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 1, &gn), DW_ERR_UNSUPPORTED);
-    assert_true(gn == 0.0);
-    float m = 0, v = 0;
-    assert_int_equal(dw_engine_adamw_moments(e, 0, &m, &v, false), DW_ERR_UNSUPPORTED);
-    dw_engine_free(e);
+    dw_engine_free(NULL);
+    dw_ctx *cuda = NULL;
+    dw_ctx_opts co = {.device = DW_DEVICE_CUDA};
+    if (dw_ctx_create(&co, &cuda) == DW_OK) {
+        e = (dw_engine *)g;
+        assert_int_equal(dw_engine_create(cuda, cpu, NULL, &e), DW_ERR_UNSUPPORTED);
+        assert_null(e);
+        const int sm = dw_gemm_ctx_sm(cuda) == 90 ? 100 : 90; /* another GPU's program */
+        dw_compiled *wrong = compile_for(g, p, DW_DEVICE_CUDA, sm);
+        char want[16];
+        snprintf(want, sizeof want, "sm_%d", sm);
+        assert_int_equal(dw_engine_create(cuda, wrong, NULL, &e), DW_ERR_UNSUPPORTED);
+        assert_non_null(strstr(dw_errmsg(cuda), want));
+        dw_compiled_free(wrong);
+        dw_ctx_free(cuda);
+    } else {
+        assert_null(cuda);
+    }
+    dw_compiled_free(cpu);
+    dw_compiled_free(gpu);
+    dw_policy_free(p);
+    dw_graph_free(g);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_graphs),
+        cmocka_unit_test(test_shared_reads),
         cmocka_unit_test(test_presets_reuse),
         cmocka_unit_test(test_gelu_fusion),
         cmocka_unit_test(test_policy_binding),
-        cmocka_unit_test(test_engine_dispatch),
+        cmocka_unit_test(test_linear_decisions),
+        cmocka_unit_test(test_engine_targets),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

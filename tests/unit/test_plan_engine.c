@@ -16,8 +16,9 @@
 #include "test_plan_common.h"
 #include "testutil.h"
 
-/* Pools of the engine for cfg at b x s under the planner's policy for prec (independent of
- * src/plan: the policy is built here from the recipe name and the safe-fallback rule). */
+/* Pools of the CUDA engine (a program compiled for sm_90, as the planner's GPU) for cfg at b x s
+ * under the planner's policy for prec (independent of src/plan: the policy is built here from the
+ * recipe name and the safe-fallback rule). */
 static int64_t compiled_pools(dw_ctx *ctx, const dw_model_config *cfg, int64_t b, int64_t s, const char *prec,
                               int64_t pools[DW_POOL_COUNT]) {
     dw_graph *g = NULL;
@@ -25,7 +26,13 @@ static int64_t compiled_pools(dw_ctx *ctx, const dw_model_config *cfg, int64_t b
     dw_compiled *c = NULL;
     assert_int_equal(dw_capture_config(ctx, cfg, b, s, &g), DW_OK);
     assert_int_equal(dw_policy_from_precision(ctx, prec, strcmp(prec, "bf16") != 0, &pol), DW_OK);
-    assert_int_equal(dw_compile(ctx, g, NULL, pol, &c), DW_OK);
+    dw_compile_opts o; /* the planner plans for the CUDA engine: the program for sm_90 */
+    dw_compile_opts_init(&o, sizeof o);
+    o.device = DW_DEVICE_CUDA;
+    o.sm = 90;
+    assert_int_equal(dw_compile(ctx, g, NULL, pol, &o, &c), DW_OK);
+    assert_int_equal(c->target.device, DW_DEVICE_CUDA);
+    assert_int_equal(c->target.sm, 90);
     int64_t t = 0;
     for (int p = 0; p < DW_POOL_COUNT; p++) pools[p] = dw_compiled_pool_bytes(c, p), t += pools[p];
     dw_compiled_free(c);

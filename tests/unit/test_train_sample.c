@@ -1,6 +1,8 @@
 /* test_train_sample.c — sampling: greedy and top-1 pick the argmax, draws follow softmax(l/T)
- * (restricted to the top k), greedy generation agrees with one causal forward pass over the
- * result, and the byte / id tokenizers round-trip. */
+ * (restricted to the top k); dw_engine_generate: greedy generation agrees with causal forward
+ * passes over the result (the whole sequence, and the sliding window of the program's T beyond
+ * it), a sampled generation is reproducible from its RNG state; the tokenizers by name ("bytes",
+ * "ids") round-trip and refuse what they cannot encode. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture/capture.h"
 #include "testutil.h"
 #include "train/sample.h"
 
@@ -91,32 +94,62 @@ static void test_tokenizers(void **state) {
     text[n] = '\0';
     int32_t *ids = NULL;
     int64_t m = 0;
-    assert_int_equal(dw_tokenize(ctx, DW_TOK_BYTES, text, 256, &ids, &m), DW_OK);
+    assert_int_equal(dw_tokenize(ctx, "bytes", text, 256, &ids, &m), DW_OK);
     assert_int_equal(m, n);
-    char *back = dw_detokenize(DW_TOK_BYTES, ids, m);
+    for (int i = 0; i < n; i++) assert_int_equal(ids[i], (unsigned char)text[i]);
+    char *back = dw_detokenize("bytes", ids, m);
     assert_string_equal(back, text);
     free(back);
     free(ids);
-    assert_int_equal(dw_tokenize(ctx, DW_TOK_IDS, " 5 17,3\n0 ", 20, &ids, &m), DW_OK);
+    assert_int_equal(dw_tokenize(ctx, "ids", " 5 17,3\n0 ", 20, &ids, &m), DW_OK);
     assert_int_equal(m, 4);
     assert_true(ids[0] == 5 && ids[1] == 17 && ids[2] == 3 && ids[3] == 0);
-    back = dw_detokenize(DW_TOK_IDS, ids, m);
+    back = dw_detokenize("ids", ids, m);
     assert_string_equal(back, "5 17 3 0");
     free(back);
     free(ids);
-    assert_int_equal(dw_tokenize(ctx, DW_TOK_IDS, "5 20", 20, &ids, &m), DW_ERR_INVALID);
+    /* random ids round-trip through the text */
+    int32_t want[50];
+    const int64_t V = 2 + (int64_t)(dw_test_next(&trng) % 100000);
+    for (int i = 0; i < 50; i++) want[i] = (int32_t)(dw_test_next(&trng) % (uint64_t)V);
+    back = dw_detokenize("ids", want, 50);
+    assert_int_equal(dw_tokenize(ctx, "ids", back, V, &ids, &m), DW_OK);
+    assert_int_equal(m, 50);
+    assert_memory_equal(ids, want, sizeof want);
+    free(back);
+    free(ids);
+    /* refusals: out of the vocabulary (naming it), not a number, a byte above the vocabulary, an
+     * unknown tokenizer; the outputs are cleared */
+    ids = (int32_t *)text, m = 7;
+    assert_int_equal(dw_tokenize(ctx, "ids", "5 20", 20, &ids, &m), DW_ERR_INVALID);
     assert_non_null(strstr(dw_errmsg(ctx), "20"));
-    assert_int_equal(dw_tokenize(ctx, DW_TOK_IDS, "5 x", 20, &ids, &m), DW_ERR_INVALID);
-    assert_int_equal(dw_tokenize(ctx, DW_TOK_BYTES, "a", 90, &ids, &m), DW_ERR_INVALID); /* 'a' = 97 */
+    assert_null(ids);
+    assert_int_equal(m, 0);
+    assert_int_equal(dw_tokenize(ctx, "ids", "5 x", 20, &ids, &m), DW_ERR_INVALID);
+    assert_int_equal(dw_tokenize(ctx, "ids", "-1", 20, &ids, &m), DW_ERR_INVALID);
+    assert_int_equal(dw_tokenize(ctx, "bytes", "a", 90, &ids, &m), DW_ERR_INVALID); /* 'a' = 97 */
+    assert_int_equal(dw_tokenize(ctx, "words", "a", 90, &ids, &m), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(ctx), "words"));
+    assert_null(ids);
+    assert_null(dw_detokenize("words", want, 3));
     int32_t big[2] = {65, 300};
-    back = dw_detokenize(DW_TOK_BYTES, big, 2);
+    back = dw_detokenize("bytes", big, 2);
     assert_string_equal(back, "A<300>");
+    free(back);
+    back = dw_detokenize("ids", big, 0);
+    assert_string_equal(back, "");
     free(back);
 }
 
-/* Greedy generation, token by token, equals the argmax of one forward pass over the result. */
-static void test_generate_matches_forward(void **state) {
-    (void)state;
+static int64_t numel(dw_engine *e, int i) {
+    int64_t shape[4], n = 1;
+    for (int d = dw_engine_param_shape(e, i, shape); d > 0; d--) n *= shape[d - 1];
+    return n;
+}
+
+/* A CPU engine for a one-block model of random family at batch 1 x T, initialised from a random
+ * seed and sharpened (matrices x 20) so that argmaxes are distinct. */
+static dw_test_model sharp_model(int64_t T) {
     dw_model_config cfg;
     assert_int_equal(dw_model_config_load(ctx, dw_test_next(&trng) & 1 ? "gpt2-tiny" : "llama-tiny", &cfg), DW_OK);
     cfg.d_model = 32;
@@ -124,24 +157,69 @@ static void test_generate_matches_forward(void **state) {
     cfg.n_heads = cfg.n_kv_heads = 2;
     cfg.head_dim = 16;
     cfg.d_ff = 64;
-    const int64_t T = 24, V = cfg.vocab_size, np = 3, n = T - np;
-    dw_engine *e = NULL;
-    assert_int_equal(dw_engine_create_cpu(ctx, &cfg, 1, T, &e), DW_OK);
-    assert_int_equal(dw_engine_init_weights(e, dw_test_next(&trng)), DW_OK);
-    for (int i = 0; i < dw_engine_param_count(e); i++) { /* sharpen: distinct argmaxes */
-        dw_param *p = dw_engine_param(e, i);
-        for (int64_t k = 0; p->ndim == 2 && k < p->numel; k++) p->data[k] *= 20;
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(ctx, &cfg, 1, T, &g), DW_OK);
+    dw_test_model m;
+    assert_int_equal(dw_test_model_build(ctx, g, NULL, DW_DEVICE_AUTO, &m), DW_OK);
+    assert_int_equal(dw_engine_init_weights(m.e, dw_test_next(&trng)), DW_OK);
+    for (int i = 0; i < dw_engine_param_count(m.e); i++) {
+        int64_t shape[4];
+        if (dw_engine_param_shape(m.e, i, shape) != 2) continue;
+        const int64_t n = numel(m.e, i);
+        float *p = malloc((size_t)n * sizeof *p);
+        assert_int_equal(dw_engine_param_read(m.e, i, p), DW_OK);
+        for (int64_t k = 0; k < n; k++) p[k] *= 20;
+        assert_int_equal(dw_engine_param_write(m.e, i, p), DW_OK);
+        free(p);
     }
-    int32_t tok[24];
+    return m;
+}
+
+/* Greedy generation, token by token, equals the argmax of one forward pass over the result; past
+ * the program's T, each token is the argmax of the forward over the last T tokens. */
+static void test_generate_matches_forward(void **state) {
+    (void)state;
+    const int64_t T = 24, np = 1 + (int64_t)(dw_test_next(&trng) % 4), n = T - np, extra = 8;
+    dw_test_model m = sharp_model(T);
+    const int64_t V = dw_graph_vocab(m.g);
+    int32_t tok[24 + 8];
     for (int i = 0; i < np; i++) tok[i] = (int32_t)(dw_test_next(&trng) % (uint64_t)V);
-    dw_sample_opts greedy = {.temperature = 0};
-    dw_rng r = {1};
-    assert_int_equal(dw_generate(ctx, e, T, tok, np, n, &greedy, &r), DW_OK);
+    uint64_t r = dw_test_next(&trng);
+    assert_int_equal(dw_engine_generate(m.e, tok, np, n + extra, 0.0, 0, &r), DW_OK);
     float *logits = malloc((size_t)(T * V) * sizeof *logits);
-    assert_int_equal(dw_engine_forward(e, tok, NULL, 1, T, logits, NULL), DW_OK);
+    assert_int_equal(dw_engine_forward(m.e, tok, NULL, 1, T, logits, NULL), DW_OK);
     for (int64_t i = np; i < T; i++) assert_int_equal(tok[i], argmax(logits + (i - 1) * V, V));
+    for (int64_t i = T; i < T + extra; i++) { /* the window [i - T, i) */
+        assert_int_equal(dw_engine_forward(m.e, tok + i - T, NULL, 1, T, logits, NULL), DW_OK);
+        assert_int_equal(tok[i], argmax(logits + (T - 1) * V, V));
+    }
+    for (int64_t i = 0; i < T + extra; i++) assert_true(tok[i] >= 0 && tok[i] < V);
     free(logits);
-    dw_engine_free(e);
+    dw_test_model_free(&m);
+}
+
+/* Sampling at a temperature: the same RNG state gives the same tokens and the same advanced
+ * state; the state advances; a bad request is refused. */
+static void test_generate_sampled(void **state) {
+    (void)state;
+    const int64_t T = 16;
+    dw_test_model m = sharp_model(T);
+    const int64_t V = dw_graph_vocab(m.g);
+    int32_t a[40], b[40];
+    a[0] = b[0] = (int32_t)(dw_test_next(&trng) % (uint64_t)V);
+    uint64_t ra = dw_test_next(&trng), rb = ra, r0 = ra;
+    const double temp = dw_test_uniform(&trng, 0.5f, 2.0f);
+    const int top_k = (int)(dw_test_next(&trng) % 5);
+    assert_int_equal(dw_engine_generate(m.e, a, 1, 30, temp, top_k, &ra), DW_OK);
+    assert_int_equal(dw_engine_generate(m.e, b, 1, 30, temp, top_k, &rb), DW_OK);
+    assert_memory_equal(a, b, 31 * sizeof *a);
+    assert_true(ra == rb && ra != r0);
+    for (int i = 0; i < 31; i++) assert_true(a[i] >= 0 && a[i] < V);
+    uint64_t r = 1;
+    assert_int_equal(dw_engine_generate(m.e, a, 0, 3, 0.0, 0, &r), DW_ERR_INVALID);
+    assert_int_equal(dw_engine_generate(m.e, a, 1, -1, 0.0, 0, &r), DW_ERR_INVALID);
+    assert_int_equal(dw_engine_generate(m.e, a, 1, 3, 1.0, -2, &r), DW_ERR_INVALID);
+    dw_test_model_free(&m);
 }
 
 int main(void) {
@@ -150,6 +228,7 @@ int main(void) {
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_tokenizers),
         cmocka_unit_test(test_generate_matches_forward),
+        cmocka_unit_test(test_generate_sampled),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

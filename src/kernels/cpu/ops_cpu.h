@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "kernels/adamw_args.h"
+
 /* embedding: out[n,:] = wte[tok[n],:]                     wte (V,C), tok (N), out (N,C) */
 void dw_cpu_embedding_fwd(float *out, const int32_t *tok, const float *wte, int64_t N, int64_t C);
 void dw_cpu_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, int64_t N, int64_t C);
@@ -73,5 +75,13 @@ double dw_cpu_cross_entropy_fwd(const float *logits, const int32_t *targets, int
 /* dlogits = (softmax - onehot) / n_valid, scaled by dloss */
 void dw_cpu_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t *targets,
                               int64_t N, int64_t V, double dloss);
+
+/* ---- optimizer over flat FP32 pools (the contract of kernels/adamw_args.h) ------------------- */
+/* sum of g[i]^2 (n) in double, in ascending order */
+double dw_cpu_sumsq(const float *g, int64_t n);
+/* One AdamW step over n elements (weight decay for i < n_decay) with the gradient norm `norm`
+ * (clipping) and the arguments a; a non-finite norm changes nothing. */
+void dw_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, double norm,
+                  const dw_adamw_args *a);
 
 #endif /* DW_KERNELS_OPS_CPU_H */

@@ -31,7 +31,7 @@ static __global__ void __launch_bounds__(AW_THREADS) aw_norm_kernel(const double
 
 /* One element, in the CPU reference's order (dw_adamw_step_cpu). */
 static __device__ __forceinline__ void aw_one(float &p, float g, float &m, float &v, double wd, double scale,
-                                              const dw_cuda_adamw_args &a) {
+                                              const dw_adamw_args &a) {
     const double gi = (double)g * scale;
     double pi = (double)p;
     pi -= a.lr * wd * pi;
@@ -49,9 +49,9 @@ static __device__ __forceinline__ void aw_one(float &p, float g, float &m, float
 template <bool VEC>
 static __global__ void __launch_bounds__(AW_THREADS) aw_step_kernel(float *p, const float *g, float *m, float *v,
                                                                     int64_t n, int64_t n_decay, const double *norm,
-                                                                    const dw_cuda_adamw_args *ap) {
+                                                                    const dw_adamw_args *ap) {
     const double nrm = *norm;
-    const dw_cuda_adamw_args a = *ap;
+    const dw_adamw_args a = *ap;
     if (!isfinite(nrm)) return;
     const double scale = (a.max_norm > 0.0 && nrm > a.max_norm) ? a.max_norm / (nrm + 1e-6) : 1.0;
     const int64_t n4 = VEC ? n / 4 : 0;
@@ -89,7 +89,7 @@ dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *part
 }
 
 dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
-                        int64_t n_decay, const double *norm, const dw_cuda_adamw_args *a,
+                        int64_t n_decay, const double *norm, const dw_adamw_args *a,
                         void *stream) {
     const char *op = "adamw";
     DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "deepwell.h"
+#include "kernels/adamw_args.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,12 +20,6 @@ extern "C" {
 dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *partials, int nblk,
                             double *norm, void *stream);
 
-typedef struct {
-    double lr, beta1, beta2, eps, weight_decay;
-    double c1, c2;   /* bias corrections 1 - beta1^t, 1 - beta2^t (computed by the caller) */
-    double max_norm; /* clipping: scale = max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm */
-} dw_cuda_adamw_args;
-
 /* For i < n (weight decay only for i < n_decay), in double as dw_adamw_step_cpu:
  *   g' = g * scale;  p -= lr*wd*p;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
  *   p -= lr * (m / c1) / (sqrt(v / c2) + eps)
@@ -32,7 +27,7 @@ typedef struct {
  * a are in device memory and read when the kernel runs (a CUDA graph replays the launch with the
  * values of each step); the caller validates them (c1, c2, eps > 0). */
 dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
-                        int64_t n_decay, const double *norm, const dw_cuda_adamw_args *a,
+                        int64_t n_decay, const double *norm, const dw_adamw_args *a,
                         void *stream);
 
 #ifdef __cplusplus

@@ -6,6 +6,7 @@
  * cuDNN headers at build time this file is a stub that always declines. One cuDNN handle per
  * process: the plan cache is mutex-guarded, but executes from several threads at once are not
  * supported (cudnnSetStream then execute is not atomic). */
+#include "core/env.h"
 #include "kernels/cuda/attn_cudnn.h"
 
 #include <stdio.h>
@@ -391,7 +392,7 @@ enum { DN_MAX_PLANS = 64 }; /* no eviction: a captured CUDA graph may hold a pla
 static dn_plan dn_plans[DN_MAX_PLANS];
 
 static bool dn_direct_dq(void) {
-    const char *env = getenv("DW_ATTN_CUDNN_DQ");
+    const char *env = dw_env("DW_ATTN_CUDNN_DQ");
     return env && !strcmp(env, "direct");
 }
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "kernels/cuda/attn_mma.h"
 
 #define AM_ROWS 64 /* query rows (or keys) per block: 4 warps x 16 */
@@ -494,14 +495,14 @@ int dw_attn_mode_parse(const char *v) {
 }
 void dw_attn_mode_set(int mode) { am_mode_cfg = mode; }
 int dw_attn_mode(void) {
-    if (am_mode_cfg < 0) am_mode_cfg = dw_attn_mode_parse(getenv("DW_ATTN"));
+    if (am_mode_cfg < 0) am_mode_cfg = dw_attn_mode_parse(dw_env("DW_ATTN"));
     return am_mode_cfg;
 }
 static int am_tiles_cfg[3] = {0, 0, 0}; /* 0: not read yet */
 static const int *am_tiles(void) {
     if (!am_tiles_cfg[0]) {
         int f = 1, qd = 1, kv = 1;
-        const char *env = getenv("DW_ATTN_TILES");
+        const char *env = dw_env("DW_ATTN_TILES");
         if (env && sscanf(env, "%d,%d,%d", &f, &qd, &kv) != 3) f = qd = kv = 1;
         am_tiles_cfg[0] = f == 2 ? 2 : 1, am_tiles_cfg[1] = qd == 2 ? 2 : 1, am_tiles_cfg[2] = kv == 2 ? 2 : 1;
     }

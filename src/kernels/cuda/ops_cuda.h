@@ -90,11 +90,11 @@ static inline size_t dw_cuda_norm_bwd_ws_bytes(int64_t N, int64_t C) {
 }
 
 /* ---- linear (FP32 reference GEMM), torch layout: x (N,K), W (M,K), b (M), out (N,M) ---------
- * fwd: out = x W^T + b (b may be NULL). bwd: dx = dout W (written; may be NULL),
- * dW += dout^T x (may be NULL), db += sum_n dout (may be NULL). */
+ * fwd: out = x W^T + b (b may be NULL). bwd: dx = dout W (written, or added with dx_acc; dx may
+ * be NULL), dW += dout^T x (may be NULL), db += sum_n dout (may be NULL). */
 dw_status dw_cuda_linear_fwd(dw_ctx *ctx, float *out, const float *x, const float *w,
                              const float *b, int64_t N, int64_t K, int64_t M, void *stream);
-dw_status dw_cuda_linear_bwd(dw_ctx *ctx, float *dx, float *dw, float *db, const float *dout,
+dw_status dw_cuda_linear_bwd(dw_ctx *ctx, float *dx, bool dx_acc, float *dw, float *db, const float *dout,
                              const float *x, const float *w, int64_t N, int64_t K, int64_t M,
                              void *stream);
 

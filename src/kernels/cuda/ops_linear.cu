@@ -61,9 +61,10 @@ dw_status dw_cuda_linear_fwd(dw_ctx *ctx, float *out, const float *x, const floa
 }
 
 /* dx (N,K) = dout (N,M) W (M,K):     A = dout (i=n, l=m),  Bm(l=m, j=k) = W[m*K + k]
+ * (or dx += with dx_acc)
  * dW (M,K) += dout^T x:             A(i=m, l=n) = dout[n*M + m],  Bm(l=n, j=k) = x[n*K + k]
  * db (M) += column sums of dout (fixed order) */
-dw_status dw_cuda_linear_bwd(dw_ctx *ctx, float *dx, float *dw, float *db, const float *dout,
+dw_status dw_cuda_linear_bwd(dw_ctx *ctx, float *dx, bool dx_acc, float *dw, float *db, const float *dout,
                              const float *x, const float *w, int64_t N, int64_t K, int64_t M,
                              void *stream) {
     const char *op = "linear_bwd";
@@ -74,7 +75,8 @@ dw_status dw_cuda_linear_bwd(dw_ctx *ctx, float *dx, float *dw, float *db, const
     if (N == 0) return DW_OK;
     if (dw) dw_gemm_ref_launch<true>(dw, K, dout, 1, M, x, K, 1, NULL, M, K, N, s);
     if (db) dw_colsum_launch<float, DW_CS_PLAIN>(db, NULL, dout, NULL, NULL, NULL, N, M, s);
-    if (dx) dw_gemm_ref_launch<false>(dx, K, dout, M, 1, w, K, 1, NULL, N, K, M, s);
+    if (dx && dx_acc) dw_gemm_ref_launch<true>(dx, K, dout, M, 1, w, K, 1, NULL, N, K, M, s);
+    else if (dx) dw_gemm_ref_launch<false>(dx, K, dout, M, 1, w, K, 1, NULL, N, K, M, s);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

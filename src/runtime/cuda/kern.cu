@@ -1,12 +1,12 @@
-/* engine_cuda_kern.cu — the CUDA engine's glue kernels: the BF16 working copy of the FP32 master
- * weights, and splitting a packed qkv activation (GPT-2's c_attn output) into the (B,T,H,D) q,
- * k, v the attention kernels take, and merging their gradients back. Not op kernels
- * (kernels/cuda/ops_*.cu) and not the optimizer (kernels/cuda/adamw.cu). */
+/* kern.cu — the CUDA backend's glue kernels: the BF16 working copy of the FP32 master weights,
+ * and splitting a packed qkv activation (GPT-2's c_attn output) into the (B,T,H,D) q, k, v the
+ * attention kernels take, and merging their gradients back. Not op kernels (kernels/cuda/ops_*.cu)
+ * and not the optimizer (kernels/cuda/adamw.cu). */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "runtime/engine_cuda_kern.h"
+#include "runtime/cuda/kern.h"
 
 #define EK_THREADS 256
 
@@ -40,13 +40,13 @@ static __global__ void ek_qkv_kernel(E *x, E *q, E *k, E *v, int64_t N, int64_t 
 
 extern "C" {
 
-int dw_engine_cuda_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream) {
+int dw_cuda_be_to_bf16(uint16_t *dst, const float *src, int64_t n, void *stream) {
     if (n <= 0) return (int)cudaSuccess;
     ek_to_bf16_kernel<<<ek_blocks(n), EK_THREADS, 0, (cudaStream_t)stream>>>((__nv_bfloat16 *)dst, src, n);
     return (int)cudaGetLastError();
 }
 
-int dw_engine_cuda_qkv(void *x, void *q, void *k, void *v, int64_t N, int64_t wq, int64_t wkv,
+int dw_cuda_be_qkv(void *x, void *q, void *k, void *v, int64_t N, int64_t wq, int64_t wkv,
                        int esize, bool merge, void *stream) {
     const int64_t n = N * (wq + 2 * wkv);
     if (n <= 0) return (int)cudaSuccess;

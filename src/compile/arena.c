@@ -1,0 +1,188 @@
+/* arena.c — the activation pool: every activation's value and gradient and every node's saved
+ * and temporary parts, each with its lifetime over the logical times (forward of node i at i,
+ * backward at 2n-1-i), placed by dw_memplan_assign so that buffers alive together never overlap.
+ * Reads the gradient modes and aliases (grads.c), the fusion (fuse.c) and each op's flags. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/compile.h"
+#include "core/error.h"
+
+typedef struct {
+    dw_mem_item *items;
+    dw_buf_info *info;
+    int n, cap;
+} item_list;
+
+static int add_item(item_list *l, int64_t size, int first, int last, dw_buf_kind kind, int index) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        dw_mem_item *it = realloc(l->items, (size_t)cap * sizeof *it);
+        if (!it) return -1;
+        l->items = it;
+        dw_buf_info *in = realloc(l->info, (size_t)cap * sizeof *in);
+        if (!in) return -1;
+        l->info = in;
+        l->cap = cap;
+    }
+    l->items[l->n] = (dw_mem_item){.size = size, .first = first, .last = last, .align = 256};
+    l->info[l->n] = (dw_buf_info){kind, index};
+    return l->n++;
+}
+
+static void place_parts(const int64_t *sizes, int count, int64_t base, int64_t *offs) {
+    int64_t o = base;
+    for (int k = 0; k < count; k++) {
+        offs[k] = sizes[k] ? o : -1;
+        o += dw_align_up(sizes[k], 256);
+    }
+}
+
+static int64_t parts_total(const int64_t *sizes, int count) {
+    int64_t t = 0;
+    for (int k = 0; k < count; k++) t += dw_align_up(sizes[k], 256);
+    return t;
+}
+
+static int grad_root(const dw_compiled *c, int t) {
+    while (c->tensor[t].grad_alias != t) t = c->tensor[t].grad_alias;
+    return t;
+}
+
+/* Lifetime of activation t's value and the first backward time that writes its gradient. */
+static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int *gfirst, bool *no_grad) {
+    const dw_graph *g = c->g;
+    const int p = g->tensors[t].producer, nn = g->n_nodes;
+    *vfirst = *vlast = dw_compile_fwd_time(c, p);
+    *gfirst = c->n_times;
+    /* fusion: a GELU computed by its linear's epilogue is written at that linear's time; the
+     * gradient of a GELU's input written by the next linear's dgrad (DGELU) at its time, and
+     * the GELU output's gradient then never exists */
+    const bool gelu = g->nodes[p].op == DW_OP_GELU;
+    if (gelu && (c->node[p].fused & DW_FUSED_FWD))
+        *vfirst = dw_compile_fwd_time(c, g->tensors[g->nodes[p].in[0]].producer);
+    *no_grad = gelu && (c->node[p].fused & DW_FUSED_BWD);
+    if (dw_op_flags(g->nodes[p].op) & DW_OPF_READS_OUT) *vlast = dw_compile_bwd_time(c, p);
+    for (int i = p + 1; i < nn; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        const int flags = dw_op_flags(n->op);
+        for (int s = 0; s < n->n_in; s++) {
+            if (n->in[s] != t) continue;
+            int f = dw_compile_fwd_time(c, i), b = dw_compile_bwd_time(c, i);
+            if (f > *vlast) *vlast = f;
+            if ((flags & DW_OPF_READS_IN(s)) && b > *vlast) *vlast = b;
+            /* a gradient written over this value (dlogits over the logits) keeps it to then */
+            if (s == 0 && (flags & DW_OPF_DX0_OVER_X0)) {
+                int last_reader = dw_compile_bwd_time(c, p); /* the producer's backward reads it */
+                if (last_reader > *vlast) *vlast = last_reader;
+            }
+            if (b < *gfirst) *gfirst = b;
+            if (n->op == DW_OP_GELU && (c->node[i].fused & DW_FUSED_BWD)) { /* written by the dgrad */
+                int f2 = dw_compile_bwd_time(c, c->node[i].partner_bwd);
+                if (f2 < *gfirst) *gfirst = f2;
+            }
+        }
+    }
+}
+
+/* Whether t's gradient is written over its value (ops.def DX0_OVER_X0: the logits). */
+static bool grad_over_value(const dw_compiled *c, int t) {
+    const dw_graph *g = c->g;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].in[0] == t && (dw_op_flags(g->nodes[i].op) & DW_OPF_DX0_OVER_X0)) return true;
+    return false;
+}
+
+dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
+    const dw_graph *g = c->g;
+    const int nn = g->n_nodes, nt = g->n_tensors;
+    int *vitem = malloc((size_t)nt * sizeof *vitem), *gitem = malloc((size_t)nt * sizeof *gitem);
+    int *aitem = malloc((size_t)nn * sizeof *aitem), *titem = malloc((size_t)nn * sizeof *titem);
+    int *fitem = malloc((size_t)nn * sizeof *fitem);
+    int *gf = malloc((size_t)nt * sizeof *gf), *gl = malloc((size_t)nt * sizeof *gl);
+    int64_t *gb = calloc((size_t)(nt ? nt : 1), sizeof *gb); /* gradient lifetimes and bytes */
+    item_list l = {0};
+    dw_status st = DW_OK;
+    if (!vitem || !gitem || !aitem || !titem || !fitem || !gf || !gl || !gb) goto nomem;
+    const int last_time = c->n_times - 1;
+    for (int t = 0; t < nt; t++) gf[t] = last_time + 1, gl[t] = -1;
+    for (int t = 0; t < nt; t++) {
+        c->tensor[t].val_off = c->tensor[t].grad_off = -1;
+        vitem[t] = gitem[t] = -1;
+        const dw_ir_tensor *ten = &g->tensors[t];
+        if (ten->kind != DW_TENSOR_ACT || t == g->loss) continue; /* the loss lives in workspace */
+        int vfirst, vlast, gfirst;
+        bool no_grad, over = grad_over_value(c, t);
+        value_life(c, t, &vfirst, &vlast, &gfirst, &no_grad);
+        int64_t bytes = dw_ir_numel(ten) * c->act_size;
+        vitem[t] = add_item(&l, bytes, vfirst, vlast, DW_BUF_VALUE, t);
+        if (vitem[t] < 0) goto nomem;
+        if (!over && gfirst <= last_time && !no_grad) { /* lifetime; the item once per alias root */
+            const int r = grad_root(c, t), glast = dw_compile_bwd_time(c, ten->producer);
+            if (gfirst < gf[r]) gf[r] = gfirst;
+            if (glast > gl[r]) gl[r] = glast;
+            if (bytes > gb[r]) gb[r] = bytes;
+            if (bytes > gb[t]) gb[t] = bytes; /* t has a gradient */
+        }
+    }
+    for (int t = nt - 1; t >= 0; t--) { /* one item per alias root, over its members' joint lifetime */
+        if (gb[t] <= 0 || grad_root(c, t) != t) continue;
+        gitem[t] = add_item(&l, gb[t], gf[t], gl[t], DW_BUF_GRAD, t);
+        if (gitem[t] < 0) goto nomem;
+    }
+    for (int t = 0; t < nt; t++)
+        if (gb[t] > 0 && gitem[t] < 0) gitem[t] = gitem[grad_root(c, t)];
+    for (int i = 0; i < nn; i++) {
+        int64_t aux[DW_AUX_COUNT], tmp[DW_TMP_COUNT];
+        dw_compile_node_parts(c, i, aux, tmp);
+        int64_t a = parts_total(aux, DW_AUX_COUNT), ft = tmp[DW_TMP_XENT];
+        int64_t bt = parts_total(tmp, DW_TMP_COUNT) - dw_align_up(ft, 256);
+        aitem[i] = titem[i] = fitem[i] = -1;
+        if (a && (aitem[i] = add_item(&l, a, dw_compile_fwd_time(c, i), dw_compile_bwd_time(c, i),
+                                      DW_BUF_AUX, i)) < 0)
+            goto nomem;
+        if (ft && (fitem[i] = add_item(&l, ft, dw_compile_fwd_time(c, i), dw_compile_fwd_time(c, i),
+                                       DW_BUF_FTMP, i)) < 0)
+            goto nomem;
+        if (bt && (titem[i] = add_item(&l, bt, dw_compile_bwd_time(c, i), dw_compile_bwd_time(c, i),
+                                       DW_BUF_BTMP, i)) < 0)
+            goto nomem;
+    }
+    st = dw_memplan_assign(ctx, l.items, l.n, &c->arena_bytes);
+    if (st != DW_OK) goto done;
+    c->live_peak = dw_memplan_live_peak(l.items, l.n);
+    for (int t = 0; t < nt; t++) {
+        if (vitem[t] >= 0) c->tensor[t].val_off = l.items[vitem[t]].offset;
+        if (gitem[t] >= 0) c->tensor[t].grad_off = l.items[gitem[t]].offset;
+        if (vitem[t] >= 0 && grad_over_value(c, t)) c->tensor[t].grad_off = c->tensor[t].val_off;
+    }
+    for (int i = 0; i < nn; i++) {
+        int64_t aux[DW_AUX_COUNT], tmp[DW_TMP_COUNT];
+        dw_compile_node_parts(c, i, aux, tmp);
+        place_parts(aux, DW_AUX_COUNT, aitem[i] >= 0 ? l.items[aitem[i]].offset : 0, c->node[i].aux_off);
+        int64_t xent = tmp[DW_TMP_XENT];
+        tmp[DW_TMP_XENT] = 0;
+        place_parts(tmp, DW_TMP_COUNT, titem[i] >= 0 ? l.items[titem[i]].offset : 0, c->node[i].tmp_off);
+        c->node[i].tmp_off[DW_TMP_XENT] = fitem[i] >= 0 && xent ? l.items[fitem[i]].offset : -1;
+    }
+    c->items = l.items;
+    c->info = l.info;
+    c->n_items = l.n;
+    l.items = NULL;
+    l.info = NULL;
+    goto done;
+nomem:
+    st = dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+done:
+    free(l.items);
+    free(l.info);
+    free(vitem);
+    free(gitem);
+    free(aitem);
+    free(titem);
+    free(fitem);
+    free(gf);
+    free(gl);
+    free(gb);
+    return st;
+}

@@ -1,0 +1,148 @@
+/* bind.c — the decisions per node: its recipe from the precision policy (linear layers; every
+ * other op runs in the activation type), and for linear layers which of the three GEMMs run
+ * quantised on the target and with which kernel — asked of the GEMM registry, the one home of
+ * the kernels' rules — with a readable note. Refuses nothing itself: an op the target's backend
+ * lacks is recorded in c->unsupported (the engine refuses it by name). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/compile.h"
+#include "core/error.h"
+#include "gemm/gemm.h"
+
+bool dw_compile_quant_recipe(dw_recipe r) { return r != DW_RECIPE_BF16 && (int)r >= 0 && r < DW_RECIPE_COUNT; }
+dw_recipe dw_compile_quant_act_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK2D ? DW_RECIPE_FP8_BLOCK : r; }
+dw_recipe dw_compile_quant_weight_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK ? DW_RECIPE_FP8_BLOCK2D : r; }
+
+void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k) {
+    switch (pass) {
+    case DW_QPASS_FPROP: *m = N, *n = M, *k = K; break; /* y [N,M] = x [N,K] . W^T */
+    case DW_QPASS_DGRAD: *m = N, *n = K, *k = M; break; /* dx [N,K] = dy [N,M] . W */
+    default: *m = M, *n = K, *k = N; break;             /* dW [M,K] = dy^T [M,N] . x */
+    }
+}
+
+void dw_compile_linear_dims(const dw_compiled *c, int i, int64_t *N, int64_t *K, int64_t *M) {
+    const dw_ir_node *n = &c->g->nodes[i];
+    const dw_ir_tensor *x = &c->g->tensors[n->in[0]], *y = &c->g->tensors[n->out];
+    *N = c->g->batch * c->g->seq;
+    *K = x->shape[x->ndim - 1];
+    *M = y->shape[y->ndim - 1];
+}
+
+const char *dw_compile_target_pick(const dw_compiled *c, const dw_gemm_args *args) {
+    return dw_gemm_registry_pick((dw_device_kind)c->target.device, c->target.sm, args, NULL, 0);
+}
+
+/* The GEMM of `pass` as the engine issues it: quantised operands K-major (A stored [m,k], B
+ * stored [n,k]); BF16 ones as the BF16 path lays them out. Pointers are placeholders (aligned). */
+static dw_gemm_args pass_args(const dw_compiled *c, int i, dw_qpass pass, int64_t rows, bool quant) {
+    int64_t N = rows, K, M, m, n, k, cap;
+    dw_compile_linear_dims(c, i, &cap, &K, &M);
+    dw_compile_quant_shape(pass, N, K, M, &m, &n, &k);
+    const dw_recipe r = c->node[i].bind.recipe;
+    const dw_recipe ra = quant ? dw_compile_quant_act_recipe(r) : DW_RECIPE_BF16;
+    const dw_recipe rb = quant && pass != DW_QPASS_WGRAD ? dw_compile_quant_weight_recipe(r) : ra;
+    const void *p = (const void *)(uintptr_t)4096;
+    dw_gemm_args a = {.pass = (int32_t)pass, .m = m, .n = n, .k = k, .alpha = 1.0f, .d = (void *)(uintptr_t)4096,
+                      .out_type = pass == DW_QPASS_WGRAD ? DW_GEMM_OUT_F32 : DW_GEMM_OUT_BF16};
+    a.a = (dw_gemm_operand){.recipe = ra, .rows = m, .cols = k, .data = p, .scales = quant ? p : NULL,
+                            .tensor_scale = 1.0f};
+    a.b = (dw_gemm_operand){.recipe = rb, .trans = true, .rows = n, .cols = k, .data = p, .scales = quant ? p : NULL,
+                            .tensor_scale = 1.0f};
+    if (!quant && pass == DW_QPASS_DGRAD) a.b = (dw_gemm_operand){.recipe = rb, .rows = k, .cols = n, .data = p,
+                                                                   .tensor_scale = 1.0f}; /* W [M,K] as stored */
+    if (!quant && pass == DW_QPASS_WGRAD) { /* dy^T [M,N] from dy [N,M]; x [N,K] as stored */
+        a.a = (dw_gemm_operand){.recipe = ra, .trans = true, .rows = k, .cols = m, .data = p, .tensor_scale = 1.0f};
+        a.b = (dw_gemm_operand){.recipe = rb, .rows = k, .cols = n, .data = p, .tensor_scale = 1.0f};
+    }
+    if (pass == DW_QPASS_WGRAD) a.beta = 1.0f, a.c = p; /* accumulated into the FP32 gradient */
+    return a;
+}
+
+bool dw_compile_linear_quantised(const dw_compiled *c, int i, dw_qpass pass, int64_t rows, const char **kernel,
+                                 char *why, size_t why_len) {
+    const dw_node_binding *b = &c->node[i].bind;
+    if (kernel) *kernel = NULL;
+    if (why && why_len) why[0] = '\0';
+    if (!c->bf16 || !dw_compile_quant_recipe(b->recipe)) {
+        if (why && why_len) snprintf(why, why_len, "the node's recipe is %s", c->bf16 ? "bf16" : "fp32");
+        return false;
+    }
+    int64_t cap, K, M;
+    dw_compile_linear_dims(c, i, &cap, &K, &M);
+    if (rows == cap && b->kernel[pass] && !why) { /* decided at compile time */
+        if (kernel && b->quantised[pass]) *kernel = b->kernel[pass];
+        return b->quantised[pass];
+    }
+    dw_gemm_args a = pass_args(c, i, pass, rows, true);
+    const char *k = dw_gemm_registry_pick((dw_device_kind)c->target.device, c->target.sm, &a, why, why_len);
+    if (kernel) *kernel = k;
+    return k != NULL;
+}
+
+/* Node i's note: per GEMM at the planned shape, quantised or the BF16 fallback and why. */
+static dw_status linear_note(dw_ctx *ctx, dw_compiled *c, int i, char why[DW_QPASS_COUNT][768]) {
+    int64_t N, K, M;
+    dw_compile_linear_dims(c, i, &N, &K, &M);
+    static const char *names[DW_QPASS_COUNT] = {"fprop", "dgrad", "wgrad"};
+    const dw_node_binding *b = &c->node[i].bind;
+    char buf[3072];
+    size_t used = 0;
+    for (int p = 0; p < DW_QPASS_COUNT; p++) {
+        int64_t m, nn, k;
+        dw_compile_quant_shape((dw_qpass)p, N, K, M, &m, &nn, &k);
+        int w = snprintf(buf + used, sizeof buf - used, "%s%s %lldx%lldx%lld %s%s%s (%s)", p ? "; " : "", names[p],
+                         (long long)m, (long long)nn, (long long)k, b->quantised[p] ? "quantised" : "BF16 FALLBACK: ",
+                         b->quantised[p] ? "" : why[p], "", b->kernel[p] ? b->kernel[p] : "no kernel");
+        if (w > 0 && (size_t)w < sizeof buf - used) used += (size_t)w;
+    }
+    c->node[i].bind.note = strdup(buf);
+    return c->node[i].bind.note ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+}
+
+static dw_status bind_linear(dw_ctx *ctx, dw_compiled *c, int i) {
+    dw_node_binding *b = &c->node[i].bind;
+    if (!c->bf16) return DW_OK; /* FP32 mode: the FP32 reference linear of each backend */
+    int64_t N, K, M;
+    dw_compile_linear_dims(c, i, &N, &K, &M);
+    char why[DW_QPASS_COUNT][768];
+    for (int p = 0; p < DW_QPASS_COUNT; p++) {
+        why[p][0] = '\0';
+        b->quantised[p] = dw_compile_linear_quantised(c, i, (dw_qpass)p, N, &b->kernel[p], why[p], sizeof why[p]);
+        if (!b->quantised[p]) { /* BF16: the kernel the registry picks for the BF16 GEMM */
+            dw_gemm_args a = pass_args(c, i, (dw_qpass)p, N, false);
+            b->kernel[p] = dw_compile_target_pick(c, &a);
+        }
+    }
+    return dw_compile_quant_recipe(b->recipe) ? linear_note(ctx, c, i, why) : DW_OK;
+}
+
+static dw_status unsupported(dw_ctx *ctx, dw_compiled *c, const char *fmt, const char *a, const char *b) {
+    if (c->unsupported) return DW_OK;
+    size_t len = strlen(fmt) + strlen(a) + strlen(b) + 1;
+    if (!(c->unsupported = malloc(len))) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+    snprintf(c->unsupported, len, fmt, a, b);
+    return DW_OK;
+}
+
+dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) {
+    const dw_graph *g = c->g;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const dw_ir_node *n = &g->nodes[i];
+        dw_node_binding *b = &c->node[i].bind;
+        b->rule = -1;
+        b->recipe = DW_RECIPE_BF16;
+        b->reason = DW_POLICY_NOT_GEMM;
+        if (!dw_op_on_backend(n->op, c->target.device))
+            DW_TRY(unsupported(ctx, c, "op %s (node '%s') has no implementation on this backend", dw_op_name(n->op),
+                               n->name));
+        if (n->op != DW_OP_LINEAR) continue;
+        if (policy)
+            b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);
+        DW_TRY(bind_linear(ctx, c, i));
+    }
+    return DW_OK;
+}

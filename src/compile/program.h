@@ -1,0 +1,240 @@
+/* program.h — private: dw_compiled, the one executable program. What runs, in order (steps: op
+ * forward and backward, optimizer phases; room for collectives and stream waits), where every
+ * tensor lives (pools -> byte offsets, each tensor with its row extent), how each node's
+ * backward delivers input gradients, and what was decided per node (recipe, kernels, fusion,
+ * quantised operand slots). Made by dw_compile (compile.c) for a target (device, compute
+ * capability); executed by runtime/exec.c on any backend — the same program on the CPU and on
+ * CUDA. Pure data: no device memory, no backend code.
+ * Byte offsets are into the pool named beside them; -1 means "none". Shapes are at capacity (the
+ * graph's B x T); a call may run fewer rows (runtime: b x t), never more. */
+#ifndef DW_COMPILE_PROGRAM_H
+#define DW_COMPILE_PROGRAM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "compile/memplan.h"
+#include "formats/formats.h"
+#include "ir/ir.h"
+#include "precision/policy.h"
+
+/* ---- steps ----------------------------------------------------------------------------------- */
+typedef enum {
+    DW_STEP_FWD = 0,     /* node's forward (its backward too for DW_OPF_BWD_IN_FWD ops in training) */
+    DW_STEP_BWD,         /* node's backward */
+    DW_STEP_GRAD_NORM,   /* global L2 norm of every parameter gradient (workspace: norm) */
+    DW_STEP_ADAMW,       /* AdamW over every parameter (arguments from workspace: adamw_args) */
+    DW_STEP_CAST_BF16,   /* BF16 working copy of the FP32 masters over run `arg` (bf16_runs) */
+    DW_STEP_QUANT_W,     /* node's weight cache: W and W^T quantised from the FP32 master */
+    DW_STEP_COLLECTIVE,  /* a collective on the comm stream (multi-rank programs; none yet) */
+    DW_STEP_WAIT,        /* a stream waits for another (multi-rank programs; none yet) */
+    DW_STEP_KIND_COUNT
+} dw_step_kind;
+const char *dw_step_kind_name(dw_step_kind k);
+
+typedef struct {
+    uint8_t kind;  /* dw_step_kind */
+    int32_t node;  /* FWD, BWD, QUANT_W: the node; else -1 */
+    int32_t arg;   /* CAST_BF16: the run; else 0 */
+} dw_step;
+
+/* Ranges of steps [begin, end): a training micro-batch runs FORWARD then BACKWARD; an
+ * optimizer step runs OPTIMIZER, which ends with REFRESH (the BF16 copies and the quantised
+ * weights); loading weights runs REFRESH alone. */
+typedef enum { DW_PHASE_FORWARD = 0, DW_PHASE_BACKWARD, DW_PHASE_OPTIMIZER, DW_PHASE_REFRESH, DW_PHASE_COUNT } dw_phase;
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+typedef enum { DW_POOL_WEIGHTS = 0, DW_POOL_GRADS, DW_POOL_OPTIM, DW_POOL_ACT, DW_POOL_WORK,
+               DW_POOL_COUNT } dw_pool_id;
+const char *dw_pool_name(dw_pool_id p); /* "weights", ... */
+
+/* Activation storage (kernels/cuda/ops_cuda.h's dw_act_dtype has the same values). */
+typedef enum { DW_DT_ACT_F32 = 0, DW_DT_ACT_BF16 = 1 } dw_act_type;
+
+/* One graph tensor in the program. Activations live in the activation pool; parameters in the
+ * parameter pools at param_off (floats); inputs in the workspace (tokens, targets). */
+typedef struct {
+    int64_t val_off;     /* activations: value, bytes into DW_POOL_ACT */
+    int64_t grad_off;    /* activations: gradient (shared through grad_alias), bytes into DW_POOL_ACT */
+    int grad_alias;      /* the tensor whose gradient buffer this one's shares (itself when own) */
+    int param;           /* parameters: index into param_off, else -1 */
+    /* extent: rows of `width` elements; rows_cap at capacity. Rows follow the call's b x t
+     * unless count_off >= 0: then an int32 row count the device writes at that workspace offset
+     * (data-dependent rows, e.g. MoE dispatch), never above rows_cap */
+    int64_t rows_cap, width;
+    int64_t count_off;
+} dw_prog_tensor;
+
+/* Per-node parts of the activation pool (byte offsets; -1: none).
+ * Saved for backward (aux): STAT0 = layernorm mean / rmsnorm rstd / attention lse (FP32),
+ * STAT1 = layernorm rstd, Q/K/V = a packed qkv unpacked to (B,T,H,D), (B,T,Hkv,D) (act dtype).
+ * Temporaries of the backward step (btmp): ACC0..2 = an input gradient to be added into an
+ * already written one (act dtype, the input's size), DELTA = norm backward partial sums /
+ * attention's (B,H,T) FP32 scratch, GQ/GK/GV = packed attention's unpacked gradients.
+ * Temporary of the forward step (ftmp): XENT = cross-entropy workspace. */
+enum { DW_AUX_STAT0 = 0, DW_AUX_STAT1, DW_AUX_Q, DW_AUX_K, DW_AUX_V, DW_AUX_COUNT };
+enum { DW_TMP_ACC0 = 0, DW_TMP_ACC1, DW_TMP_ACC2, DW_TMP_DELTA, DW_TMP_GQ, DW_TMP_GK, DW_TMP_GV,
+       DW_TMP_XENT, DW_TMP_COUNT };
+
+/* How a node's backward delivers the gradient of input slot s: not at all (a token input or a
+ * parameter, whose gradient the op accumulates itself), written (first writer in the backward
+ * order), added in by the op itself (the op's DW_OPF_ACC_IN flag), or written to the ACC<s>
+ * temporary and added in by the executor after the op (a tensor read by several nodes). */
+typedef enum { DW_GRAD_NONE = 0, DW_GRAD_WRITE, DW_GRAD_ACCUM, DW_GRAD_ACCUM_TMP } dw_grad_mode;
+
+/* Arena buffer kinds (for reports and tests). */
+typedef enum { DW_BUF_VALUE = 0, DW_BUF_GRAD, DW_BUF_AUX, DW_BUF_FTMP, DW_BUF_BTMP } dw_buf_kind;
+typedef struct {
+    dw_buf_kind kind;
+    int index; /* tensor (value, grad) or node (aux, ftmp, btmp) */
+} dw_buf_info;
+
+/* One quantised operand's room in the workspace pool: codes at `off`, scales at off + scales, the
+ * NVFP4 tensor scale (one float) at off + tscale; `bytes` in all. off -1: no such slot. */
+typedef struct {
+    int64_t off, scales, tscale, bytes;
+} dw_qslot_layout;
+
+/* Workspace pool layout (byte offsets). */
+typedef struct {
+    int64_t tokens, targets;   /* (cap N) int32 each */
+    int64_t loss;              /* FP32 scalar */
+    int64_t norm;              /* double: sum of squares of all gradients, then the norm */
+    int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */
+    int64_t adamw_args;        /* DW_COMPILE_ADAMW_ARGS_BYTES: the optimizer's hyper-parameters for
+                                  this step, read by the kernel (so a CUDA graph replays it) */
+    int64_t bgrad;             /* FP32 [widest biased linear output] (BF16 mode): the BF16 wgrad's
+                                  bias-gradient epilogue writes here, then it is added to db */
+    /* quantised linear layers (all off -1 when no node is quantised): the operands quantised per
+     * step, each role in its own slot sized for the largest of its operands over every quantised
+     * node; and the quantiser's scratch (amax) at quant_ws (quant_ws_bytes) */
+    dw_qslot_layout q_rows;    /* row-wise activations: fprop x [N,K]; backward dy [N,M]; then,
+                                  once dgrad has read dy, x's row-wise copy of the x^T pass */
+    dw_qslot_layout q_dyt;     /* dy^T [M,N] (in dy's pass) */
+    dw_qslot_layout q_xt;      /* x^T [K,N] */
+    int64_t quant_ws, quant_ws_bytes;
+    int64_t bytes;
+} dw_work_layout;
+#define DW_COMPILE_NORM_BLOCKS 1024
+#define DW_COMPILE_ADAMW_ARGS_BYTES 64 /* sizeof(dw_cuda_adamw_args): 8 doubles */
+/* Bytes of cuBLASLt workspace the GEMM layer allocates on first use (gemm_cublaslt.c). */
+#define DW_COMPILE_LT_WORKSPACE ((int64_t)64 << 20)
+
+/* ---- decisions per node ------------------------------------------------------------------------ */
+/* The three GEMMs of a linear layer y = x W^T: fprop y = x W^T, dgrad dx = dy W, wgrad
+ * dW += dy^T x. */
+typedef enum { DW_QPASS_FPROP = 0, DW_QPASS_DGRAD, DW_QPASS_WGRAD, DW_QPASS_COUNT } dw_qpass;
+
+typedef struct {
+    dw_recipe recipe;          /* linear: from the policy; other ops: BF16 (or FP32 mode) */
+    dw_policy_reason reason;
+    int rule;                  /* policy rule index for DW_POLICY_BY_RULE, else -1 */
+    /* linear, per pass at the planned shape: quantised in the node's recipe, or BF16 (the
+     * fallback; `why` says why), with the kernel the registry selects for the target */
+    bool quantised[DW_QPASS_COUNT];
+    const char *kernel[DW_QPASS_COUNT]; /* static registry names ("cublaslt_fp8_sm90") or NULL */
+    char *note;                /* owned, or NULL: the readable account of the three GEMMs */
+} dw_node_binding;
+
+/* GEMM epilogue fusion (BF16 path, compile/fuse.c; DW_FUSE=0 turns it off):
+ *   DW_FUSED_FWD  GELU G whose input is the output of a linear L (width % 8 == 0): L's fprop
+ *                 writes G's output with the GELU_AUX epilogue (the pre-activation still goes to
+ *                 L's output, G's input); G has no forward step.
+ *   DW_FUSED_BWD  GELU G whose output only one BF16 linear P reads (as x) and whose input
+ *                 gradient G alone writes: P's dgrad applies GELU' (DGELU epilogue, aux = G's
+ *                 input) and writes G's input gradient; G has no backward step and G's output
+ *                 has no gradient buffer. */
+enum { DW_FUSED_FWD = 1, DW_FUSED_BWD = 2 };
+
+typedef struct {
+    dw_node_binding bind;
+    int64_t aux_off[DW_AUX_COUNT];
+    int64_t tmp_off[DW_TMP_COUNT];
+    uint8_t grad_mode[DW_IR_MAX_INPUTS]; /* dw_grad_mode per input slot */
+    uint8_t fused;            /* DW_FUSED_* (GELU nodes) */
+    int partner_fwd;          /* fusion partner: for a linear, the GELU whose forward it does; for */
+    int partner_bwd;          /* a fused GELU, the linear doing its forward / backward; -1 none */
+    dw_qslot_layout wq[2];    /* quantised linear: W [M,K] along K and W^T [K,M] along M, in the
+                                 workspace, refreshed after every weight update (DW_STEP_QUANT_W) */
+} dw_prog_node;
+
+/* What the program was compiled for: the kernel choices are the registry's for this device. */
+typedef struct {
+    int device;               /* dw_device_kind: CPU or CUDA */
+    int sm;                   /* compute capability x10 (90 = sm_90); 0 on the CPU */
+} dw_compile_target;
+
+struct dw_compiled {
+    const dw_graph *g;         /* borrowed: must outlive the dw_compiled */
+    dw_compile_target target;
+    bool bf16;                 /* BF16 activations + BF16 GEMMs; false: FP32 reference mode */
+    bool fuse;                 /* GELU into GEMM epilogues (dw_compile_opts.fuse; fuse.c) */
+    int act_size;              /* bytes per activation element (4 or 2) */
+    char precision[32];        /* "fp32" (no policy), the policy's default recipe, or "policy"
+                                  (a policy with rules): reports and checkpoints */
+    char *policy_json;         /* the policy (dw_policy_to_json), or NULL in FP32 mode */
+    char *unsupported;         /* why the target cannot run this (NULL: it can) */
+
+    dw_step *steps;
+    int n_steps;
+    int phase[DW_PHASE_COUNT][2]; /* [begin, end) into steps */
+    int n_times;               /* logical times of the memory plan: 2 * n_nodes */
+
+    dw_prog_tensor *tensor;    /* (n_tensors) */
+    dw_prog_node *node;        /* (n_nodes) */
+
+    /* parameters: FP32 master, grads, m, v at the same float offsets; decay params first */
+    int n_params;
+    int *param_tensor;         /* (n_params) graph tensor of each parameter, in graph order */
+    int64_t *param_off;        /* (n_params) offset in floats, 64-float (256-byte) aligned */
+    int64_t param_floats;      /* floats of one parameter-shaped pool, padding included */
+    int64_t decay_floats;      /* [0, decay_floats) holds the decay parameters */
+    /* BF16 working copies (BF16 mode): in the weights pool after the FP32 masters, at the same
+     * element offsets. A parameter keeps one standing unless only quantised linear layers read it
+     * and both their fprop and dgrad run quantised (bf16_lazy: a BF16 GEMM falling back at a
+     * smaller call shape converts it first); runs are the ranges the copy refreshes */
+    bool *bf16_lazy;           /* (n_params) */
+    int64_t (*bf16_runs)[2];   /* [begin, end) in floats */
+    int n_bf16_runs;
+
+    /* activation arena */
+    int n_items;
+    dw_mem_item *items;        /* (n_items) sizes, lifetimes, offsets */
+    dw_buf_info *info;         /* (n_items) what each item is */
+    int64_t arena_bytes, live_peak;
+
+    dw_work_layout work;
+    int64_t pool_bytes[DW_POOL_COUNT];
+};
+
+/* ---- queries (compile.c) ------------------------------------------------------------------------ */
+/* Logical times of node i (the memory plan's lifetimes). */
+static inline int dw_compile_fwd_time(const dw_compiled *c, int node) { (void)c; return node; }
+static inline int dw_compile_bwd_time(const dw_compiled *c, int node) { return c->n_times - 1 - node; }
+
+/* Whether the program runs linear layers quantised in recipe r (every recipe but bf16). */
+bool dw_compile_quant_recipe(dw_recipe r);
+/* A quantised layer's recipes under the node's recipe r. fp8_block is DESIGN.md's block recipe
+ * (DeepSeek-V3's): 1x128 blocks (FORMATS.md's tensor recipe fp8_block) for the activations and
+ * gradients x, x^T, dy, dy^T, and 128x128 blocks (fp8_block2d) for the weight W, W^T; fp8_block2d
+ * as a node recipe names the same pairing. Every other recipe quantises all four operands in r. */
+dw_recipe dw_compile_quant_act_recipe(dw_recipe r);
+dw_recipe dw_compile_quant_weight_recipe(dw_recipe r);
+/* The GEMM shape (m, n, k) of `pass` for a linear layer of N tokens, K inputs, M outputs. */
+void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k);
+/* Whether linear node i's GEMM `pass` runs quantised at `rows` tokens on the program's target:
+ * the GEMM registry has a kernel for it there (operands K-major, output BF16 for fprop and dgrad,
+ * FP32 for wgrad, no epilogue); false: it runs in BF16. The same answer on every backend, so the
+ * CPU mirrors what the target does. *kernel (may be NULL): the registry's name (static); why
+ * (may be NULL): the reason it cannot, or "". At the planned rows the answer is the binding's. */
+bool dw_compile_linear_quantised(const dw_compiled *c, int i, dw_qpass pass, int64_t rows, const char **kernel,
+                                 char *why, size_t why_len);
+/* The GEMM registry's choice for args on the program's target (NULL: none eligible). */
+const char *dw_compile_target_pick(const dw_compiled *c, const dw_gemm_args *args);
+/* The fused GELU of linear node i (forward / backward), -1 none. */
+int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear);
+int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
+/* The linear node's dims: N rows at capacity, K inputs, M outputs. */
+void dw_compile_linear_dims(const dw_compiled *c, int i, int64_t *N, int64_t *K, int64_t *M);
+
+#endif /* DW_COMPILE_PROGRAM_H */

@@ -1,0 +1,91 @@
+/* workspace.c — the workspace pool: the step's inputs (tokens, targets), the loss, the optimizer's
+ * reductions and arguments, the BF16 wgrad's bias-gradient row, and for quantised linear layers
+ * the per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch and each node's cached
+ * W and W^T. Sizes at capacity; byte offsets 256-aligned. */
+#include "compile/compile.h"
+#include "core/error.h"
+
+/* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */
+typedef struct {
+    int64_t codes, scales;
+} qsize;
+
+static void qsize_fit(qsize *s, dw_recipe r, int64_t R, int64_t C) {
+    int64_t cb = R * dw_quant_row_bytes(r, C), sb = (int64_t)dw_quant_scales_bytes(r, R, C);
+    if (cb > s->codes) s->codes = cb;
+    if (sb > s->scales) s->scales = sb;
+}
+
+/* Places a slot of size s at *o (codes, scales, then the NVFP4 tensor scale); off -1 when empty. */
+static dw_qslot_layout qslot_place(qsize s, int64_t *o) {
+    dw_qslot_layout l = {.off = -1, .scales = 0, .tscale = 0, .bytes = 0};
+    if (s.codes == 0) return l;
+    l.off = *o;
+    l.scales = dw_align_up(s.codes, 256);
+    l.tscale = l.scales + dw_align_up(s.scales, 256);
+    l.bytes = l.tscale + 256;
+    *o += l.bytes;
+    return l;
+}
+
+static bool quantised_linear(const dw_compiled *c, int i) {
+    return c->g->nodes[i].op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(c->node[i].bind.recipe);
+}
+
+/* The per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch, and each quantised
+ * node's cached W and W^T. */
+static void layout_quant(dw_compiled *c, int64_t *o) {
+    const dw_graph *g = c->g;
+    dw_work_layout *w = &c->work;
+    qsize rows = {0, 0}, dyt = {0, 0}, xt = {0, 0};
+    int64_t ws = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        c->node[i].wq[0].off = c->node[i].wq[1].off = -1;
+        if (!quantised_linear(c, i)) continue;
+        int64_t N, K, M;
+        dw_compile_linear_dims(c, i, &N, &K, &M);
+        const dw_recipe r = c->node[i].bind.recipe;
+        const dw_recipe rw = dw_compile_quant_weight_recipe(r), ra = dw_compile_quant_act_recipe(r); /* W's; x's, dy's */
+        qsize_fit(&rows, ra, N, K);
+        qsize_fit(&rows, ra, N, M);
+        qsize_fit(&dyt, ra, M, N);
+        qsize_fit(&xt, ra, K, N);
+        qsize wsz = {0, 0}, wtsz = {0, 0};
+        qsize_fit(&wsz, rw, M, K);
+        qsize_fit(&wtsz, rw, K, M);
+        c->node[i].wq[0] = qslot_place(wsz, o);
+        c->node[i].wq[1] = qslot_place(wtsz, o);
+        const int64_t dims[6][2] = {{N, K}, {K, N}, {M, K}, {K, M}, {N, M}, {M, N}};
+        for (int d = 0; d < 6; d++) { /* the quantiser's amax scratch: at most fp8_row's (1 + R + C) words */
+            int64_t b = (1 + dims[d][0] + dims[d][1]) * 4;
+            if (b > ws) ws = b;
+        }
+    }
+    w->q_rows = qslot_place(rows, o);
+    w->q_dyt = qslot_place(dyt, o);
+    w->q_xt = qslot_place(xt, o);
+    w->quant_ws = ws ? *o : -1, w->quant_ws_bytes = dw_align_up(ws, 256), *o += w->quant_ws_bytes;
+}
+
+dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
+    (void)ctx;
+    const int64_t N = c->g->batch * c->g->seq;
+    dw_work_layout *w = &c->work;
+    int64_t o = 0;
+    w->tokens = o, o = dw_align_up(o + N * 4, 256);
+    w->targets = o, o = dw_align_up(o + N * 4, 256);
+    w->loss = o, o = dw_align_up(o + 4, 256);
+    w->norm = o, o = dw_align_up(o + 8, 256);
+    w->partials = o, o = dw_align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
+    w->adamw_args = o, o = dw_align_up(o + DW_COMPILE_ADAMW_ARGS_BYTES, 256);
+    int64_t widest = 0; /* biased linear layers' output width */
+    for (int i = 0; c->bf16 && i < c->g->n_nodes; i++) {
+        const dw_ir_node *n = &c->g->nodes[i];
+        const dw_ir_tensor *y = &c->g->tensors[n->out];
+        if (n->op == DW_OP_LINEAR && n->n_in == 3 && y->shape[y->ndim - 1] > widest) widest = y->shape[y->ndim - 1];
+    }
+    w->bgrad = widest ? o : -1, o = dw_align_up(o + widest * 4, 256);
+    layout_quant(c, &o);
+    w->bytes = o;
+    return DW_OK;
+}

@@ -1,0 +1,32 @@
+/* env.h — private: the one reader of Deepwell's environment variables. Each is a documented
+ * override of an option that callers set through the API (deepwell.h); the library reads the
+ * environment only here, when an options struct takes its defaults or a process-wide setting is
+ * first used:
+ *   DW_LOG=debug|info|warn|error|off   log level (core/log.c)
+ *   DW_CUDA_GRAPH=0                    dw_engine_opts.record defaults to false
+ *   DW_QUANT_REUSE=0                   dw_engine_opts.quant_reuse defaults to false
+ *   DW_FUSE=0                          dw_compile_opts.fuse defaults to false
+ *   DW_GEMM_AUTOTUNE=1                 the GEMM autotune cache starts on (dw_gemm_set_autotune)
+ *   DW_ATTN=auto|cudnn|mma|nosplit|ref the CUDA attention path (kernels/cuda/attn_mma.cu)
+ *   DW_ATTN_TILES=F,Q,K                tile shapes of the tensor-core attention (an experiment)
+ *   DW_ATTN_CUDNN_DQ=...               cuDNN attention's dQ variant (an experiment)
+ * docs/environment.md is the same list for users. */
+#ifndef DW_CORE_ENV_H
+#define DW_CORE_ENV_H
+
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The variable's value, or NULL when unset or empty. */
+const char *dw_env(const char *name);
+/* A switch: "0" is false, "1" is true, anything else (or unset) is dflt. */
+bool dw_env_flag(const char *name, bool dflt);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DW_CORE_ENV_H */

@@ -1,0 +1,29 @@
+/* steps_cpu.c — the CPU backend's optimizer steps over the program's pools: the gradient norm
+ * into the workspace (double), AdamW with the workspace's arguments (kernels/cpu/optim_cpu.c), and
+ * the BF16 working copies of the masters (round to nearest even). */
+#include <math.h>
+
+#include "formats/formats.h"
+#include "kernels/cpu/ops_cpu.h"
+#include "runtime/cpu/cpu.h"
+
+dw_status dw_cpu_step_grad_norm(dw_backend *be, const dw_exec *x) {
+    (void)be;
+    *(double *)(x->work + x->p->work.norm) = sqrt(dw_cpu_sumsq(x->grad, x->p->param_floats));
+    return DW_OK;
+}
+
+dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x) {
+    (void)be;
+    const dw_compiled *p = x->p;
+    const dw_adamw_args *a = (const dw_adamw_args *)(x->work + p->work.adamw_args);
+    dw_cpu_adamw(x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, *(const double *)(x->work + p->work.norm), a);
+    return DW_OK;
+}
+
+dw_status dw_cpu_step_cast_bf16(dw_backend *be, const dw_exec *x, int64_t begin, int64_t end) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = begin; i < end; i++) x->wb[i] = dw_encode_bf16(x->w[i]);
+    return DW_OK;
+}

@@ -1,0 +1,60 @@
+/* cuda.h — private to runtime/cuda/: the CUDA backend's state and what its files share. One
+ * stream (the context's); pools in device memory; op entries that launch the kernels of
+ * kernels/cuda/ and dw_gemm (BF16, or operands quantised on the device into the workspace's slots:
+ * qlinear_cuda.c); the optimizer kernels; CUDA graphs for recording; events for timers. Nothing
+ * synchronises but download and sync. Compiled with CUDA only (backend_cuda.c says so otherwise). */
+#ifndef DW_RUNTIME_CUDA_CUDA_H
+#define DW_RUNTIME_CUDA_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/backend.h"
+#include "runtime/exec.h"
+
+typedef struct {
+    void *stream;            /* cudaStream_t: the context's */
+    /* quantised linear layers: what the activation slots hold while a sweep is issued: the graph
+     * tensor whose x codes are in q_rows / whose x^T codes are in q_xt (-1: none or a gradient),
+     * and in which recipe. Linear nodes reading the same x (llama's q/k/v, gate/up) quantise it
+     * once (with dw_exec.quant_reuse) */
+    int rows_tensor, xt_tensor;
+    int rows_recipe, xt_recipe;
+    void **events;           /* timers: cudaEvent_t */
+    int n_events;
+} dw_cuda_state;
+
+#define DW_CUDA_ST(be) ((dw_cuda_state *)(be)->impl)
+#define DW_CUDA_STREAM(be) (DW_CUDA_ST(be)->stream)
+
+/* The op entries (ops_cuda_*.c), declared from ops.def. */
+#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary)                                   \
+    dw_status dw_cuda_op_##name##_fwd(dw_backend *be, const dw_op_call *c);                         \
+    dw_status dw_cuda_op_##name##_bwd(dw_backend *be, const dw_op_call *c);
+#include "ir/ops.def"
+#undef DW_OP
+
+/* The optimizer steps (steps_cuda.c) and the weight cache's refresh (qlinear_cuda.c). */
+dw_status dw_cuda_step_grad_norm(dw_backend *be, const dw_exec *x);
+dw_status dw_cuda_step_adamw(dw_backend *be, const dw_exec *x);
+dw_status dw_cuda_step_cast_bf16(dw_backend *be, const dw_exec *x, int64_t begin, int64_t end);
+dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node);
+
+/* Quantised linear layers (qlinear_cuda.c). fprop: y = quant(x) quant(W)^T (+ bias), GELU into
+ * c->fuse_out too when set; *done false (nothing launched): the target runs this GEMM in BF16. */
+dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done);
+/* dgrad into dx (when dx is not NULL; added when c->dx_acc[0]) and wgrad into dW, each where the
+ * target runs it quantised; *dg / *wg say which ran. */
+dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *dg, bool *wg);
+/* Forgets what the activation slots hold (a sweep starts). */
+void dw_cuda_qlin_reset(dw_backend *be);
+
+/* Width (last dimension) of graph tensor t. */
+static inline int64_t dw_cuda_width(const dw_op_call *c, int t) {
+    const dw_ir_tensor *x = &c->x->g->tensors[t];
+    return x->shape[x->ndim - 1];
+}
+/* The activation dtype of the program (kernels/cuda/ops_cuda.h's dw_act_dtype values). */
+static inline int dw_cuda_dt(const dw_op_call *c) { return c->x->p->bf16 ? 1 : 0; }
+
+#endif /* DW_RUNTIME_CUDA_CUDA_H */

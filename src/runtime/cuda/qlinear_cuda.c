@@ -1,0 +1,127 @@
+/* qlinear_cuda.c — the CUDA backend's quantised linear layers (cuda.h). Every operand is
+ * quantised on the device (dw_quantize_cuda) from the current values (scales from the current
+ * amax; no delayed scaling) into the workspace's slots, in the node's recipe (fp8_block and
+ * fp8_block2d: W, W^T in 128x128 blocks, x and dy in 1x128, DESIGN.md's block recipe): fprop x
+ * and W along K; dgrad dy along M and W^T along M; wgrad dy^T and x^T along the tokens (dy and
+ * dy^T in one quantiser pass). W and W^T come from the node's weight cache, quantised once per
+ * weight update (DW_STEP_QUANT_W), not per GEMM. NVFP4's tensor scale stays on the device
+ * (dw_gemm_operand.tensor_scale_ptr): no host sync, recordable. Which GEMMs run quantised is the
+ * program's (dw_compile_linear_quantised), the same answer the CPU backend mirrors. */
+#include <string.h>
+
+#include "core/error.h"
+#include "runtime/backend.h"
+
+#if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/quant.h"
+#include "runtime/cuda/cuda.h"
+
+typedef dw_quant_dev_out qslot;
+
+void dw_cuda_qlin_reset(dw_backend *be) { DW_CUDA_ST(be)->rows_tensor = DW_CUDA_ST(be)->xt_tensor = -1; }
+
+static qslot slot(const dw_exec *x, const dw_qslot_layout *l) {
+    char *base = x->work + l->off;
+    qslot o = {.codes = (uint8_t *)base, .scales = base + l->scales, .tensor_scale = (float *)(base + l->tscale)};
+    return o;
+}
+
+/* Quantises v [rows, cols] into a (and v^T into t when not NULL; a NULL: v^T alone). */
+static dw_status quant(dw_backend *be, const dw_exec *x, dw_recipe r, dw_quant_in in, const void *v, int64_t rows,
+                       int64_t cols, qslot *a, qslot *t) {
+    dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
+    return dw_quantize_cuda(be->ctx, &o, in, v, rows, cols, a, t, x->work + x->p->work.quant_ws, DW_CUDA_STREAM(be));
+}
+
+static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
+    dw_gemm_operand o = {.recipe = r, .trans = trans, .rows = rows, .cols = cols, .data = s->codes,
+                         .scales = s->scales, .tensor_scale = 1.0f,
+                         .tensor_scale_ptr = r == DW_RECIPE_NVFP4 ? s->tensor_scale : NULL};
+    return o;
+}
+
+static bool quantised(const dw_op_call *c, dw_qpass pass) {
+    return dw_compile_linear_quantised(c->x->p, c->node, pass, c->rows, NULL, NULL, 0);
+}
+
+dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
+    const dw_prog_node *pn = &x->p->node[node];
+    if (pn->wq[0].off < 0) return DW_OK;
+    int64_t N, K, M;
+    dw_compile_linear_dims(x->p, node, &N, &K, &M);
+    const float *w = x->w + x->p->param_off[x->p->tensor[x->g->nodes[node].in[1]].param];
+    qslot ws = slot(x, &pn->wq[0]), wt = slot(x, &pn->wq[1]);
+    return quant(be, x, dw_compile_quant_weight_recipe(pn->bind.recipe), DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
+}
+
+dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
+    *done = false;
+    if (!quantised(c, DW_QPASS_FPROP)) return DW_OK;
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    const dw_exec *x = c->x;
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out);
+    const dw_prog_node *pn = &x->p->node[c->node];
+    const dw_recipe ra = dw_compile_quant_act_recipe(pn->bind.recipe), rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
+    qslot xs = slot(x, &x->p->work.q_rows), ws = slot(x, &pn->wq[0]);
+    const int xi = c->n->in[0];
+    if (!x->quant_reuse || st->rows_tensor != xi || st->rows_recipe != (int)ra) { /* else a sibling quantised it */
+        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL));
+        st->rows_tensor = xi, st->rows_recipe = (int)ra;
+    }
+    dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(ra, &xs, N, K, false),
+                      .b = op(rw, &ws, M, K, true), .alpha = 1.0f, .d = c->out, .out_type = DW_GEMM_OUT_BF16};
+    if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
+    *done = true;
+    if (c->fuse_out) { /* GELU in the epilogue when the kernel this GEMM gets anyway has it, else a pass after */
+        dw_gemm_args g = a;
+        g.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
+        g.aux = c->out;
+        g.d = c->fuse_out;
+        const char *plain = dw_compile_target_pick(x->p, &a), *fused = dw_compile_target_pick(x->p, &g);
+        if (plain && fused && !strcmp(plain, fused)) return dw_gemm(be->ctx, &g); /* (a slower kernel for the
+                                                                                      epilogue is no fusion) */
+    }
+    DW_TRY(dw_gemm(be->ctx, &a));
+    return c->fuse_out ? dw_cuda_gelu_fwd(be->ctx, DW_ACT_BF16, c->fuse_out, c->out, N * M, DW_CUDA_STREAM(be)) : DW_OK;
+}
+
+dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *dg, bool *wg) {
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    const dw_exec *x = c->x;
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out);
+    const dw_prog_node *pn = &x->p->node[c->node];
+    const dw_recipe ra = dw_compile_quant_act_recipe(pn->bind.recipe), rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
+    *dg = dx && quantised(c, DW_QPASS_DGRAD);
+    *wg = quantised(c, DW_QPASS_WGRAD);
+    if (!*dg && !*wg) return DW_OK;
+    const dw_work_layout *l = &x->p->work;
+    qslot rows = slot(x, &l->q_rows), dyt = slot(x, &l->q_dyt), xt = slot(x, &l->q_xt);
+    DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout, N, M, &rows, *wg ? &dyt : NULL)); /* along M; dy^T along N */
+    st->rows_tensor = -1;
+    if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
+        qslot wt = slot(x, &pn->wq[1]);
+        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(ra, &rows, N, M, false),
+                          .b = op(rw, &wt, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
+        if (c->dx_acc[0]) a.beta = 1.0f, a.c = dx;
+        DW_TRY(dw_gemm(be->ctx, &a));
+    }
+    if (*wg) { /* x^T [K,N] along N, alone where the kernel allows (the wgrad reads nothing else), else
+                * with x's row-wise copy where dy was (dgrad has read it, stream order) */
+        const int xi = c->n->in[0];
+        if (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra) { /* else a sibling left it */
+            const bool alone = dw_quantize_cuda_transposed_only_ok(ra, DW_QUANT_IN_BF16, N, K);
+            DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt));
+            st->rows_tensor = alone ? -1 : xi, st->xt_tensor = xi, st->rows_recipe = st->xt_recipe = (int)ra;
+        }
+        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(ra, &dyt, M, N, false),
+                          .b = op(ra, &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1],
+                          .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
+        DW_TRY(dw_gemm(be->ctx, &a));
+    }
+    return DW_OK;
+}
+#endif /* DW_HAVE_CUDA */

@@ -1,0 +1,261 @@
+/* engine.c — the public engine (deepwell.h dw_engine_*): a backend for the context's device, the
+ * executor over the program (exec.c), batch checks, the loss and logits read back, the AdamW step
+ * with its gradient-norm read back, parameter access, and the profiler's timed steps. No device
+ * knowledge: everything device-specific is behind the backend table. Weights I/O is weights.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "formats/formats.h"
+#include "runtime/engine.h"
+
+void dw_engine_opts_init(dw_engine_opts *o, size_t size) {
+    dw_engine_opts d = {.size = sizeof d, .record = dw_env_flag("DW_CUDA_GRAPH", true),
+                        .quant_reuse = dw_env_flag("DW_QUANT_REUSE", true)};
+    memset(o, 0, size);
+    memcpy(o, &d, size < sizeof d ? size : sizeof d);
+    o->size = size;
+}
+
+void dw_adamw_opts_init(dw_adamw_opts *o, size_t size) {
+    dw_adamw_opts d = {.size = sizeof d, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                       .clip = 1.0};
+    memset(o, 0, size);
+    memcpy(o, &d, size < sizeof d ? size : sizeof d);
+    o->size = size;
+}
+
+/* The backend the context's device has. */
+static dw_status backend_for(dw_ctx *ctx, dw_backend **be) {
+    return dw_ctx_device(ctx) == DW_DEVICE_CUDA ? dw_backend_cuda_create(ctx, be) : dw_backend_cpu_create(ctx, be);
+}
+
+/* Whether backend be can run program c: every op has its entry; CUDA runs programs made for it. */
+static dw_status check_program(dw_ctx *ctx, const dw_compiled *c, const dw_backend *be) {
+    const dw_graph *g = c->g;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!dw_op_on_backend(g->nodes[i].op, be->device))
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s engine: op %s (node '%s') has no %s implementation",
+                                be->i->name, dw_op_name(g->nodes[i].op), g->nodes[i].name, be->i->name);
+    if (be->device == DW_DEVICE_CPU) return DW_OK; /* the reference runs any target's program */
+    if (c->target.device != be->device)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s engine: the program was compiled for the %s (compile it for "
+                            "this device)", be->i->name, c->target.device == DW_DEVICE_CPU ? "CPU" : "other device");
+    if (c->target.sm != be->sm)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s engine: the program's kernels were chosen for sm_%d, the "
+                            "device is sm_%d (compile it for this device)", be->i->name, c->target.sm, be->sm);
+    if (c->unsupported) return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s engine: %s", be->i->name, c->unsupported);
+    return DW_OK;
+}
+
+dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_opts *opts, dw_engine **out) {
+    *out = NULL;
+    if (!c) return dw_set_error(ctx, DW_ERR_INVALID, "engine: no program");
+    dw_engine *e = calloc(1, sizeof *e);
+    if (!e) return dw_set_error(ctx, DW_ERR_NOMEM, "engine: out of memory");
+    e->ctx = ctx, e->p = c, e->g = c->g;
+    dw_engine_opts_init(&e->opts, sizeof e->opts);
+    if (opts) memcpy(&e->opts, opts, opts->size < sizeof e->opts ? opts->size : sizeof e->opts);
+    e->opts.size = sizeof e->opts;
+    dw_status s = backend_for(ctx, &e->be);
+    if (s == DW_OK) s = check_program(ctx, c, e->be);
+    if (s == DW_OK) s = dw_exec_create(c, e->be, e->opts.record, e->opts.quant_reuse, &e->x);
+    if (s != DW_OK) {
+        dw_engine_free(e);
+        return s;
+    }
+    *out = e;
+    return DW_OK;
+}
+
+void dw_engine_free(dw_engine *e) {
+    if (!e) return;
+    dw_exec_free(e->x);
+    dw_backend_free(e->be);
+    free(e);
+}
+
+const dw_compiled *dw_engine_program(const dw_engine *e) { return e->p; }
+const dw_graph *dw_engine_graph(const dw_engine *e) { return e->g; }
+const char *dw_engine_backend(const dw_engine *e) { return e->be->i->name; }
+
+dw_status dw_engine_refresh(dw_engine *e) {
+    DW_TRY(dw_exec_phase(e->x, DW_PHASE_REFRESH, false, 1.0));
+    return e->be->i->sync(e->be);
+}
+
+dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T) {
+    const dw_graph *g = e->g;
+    if (!tokens) return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: no tokens");
+    if (B < 1 || T < 1 || B > g->batch || T > g->seq)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: batch %lld x %lld exceeds the engine's capacity %lld x %lld",
+                            (long long)B, (long long)T, (long long)g->batch, (long long)g->seq);
+    const int64_t V = g->model.vocab;
+    for (int64_t i = 0; i < B * T; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: token %lld at position %lld is outside the "
+                                "vocabulary [0, %lld)", (long long)tokens[i], (long long)i, (long long)V);
+        if (targets && targets[i] >= V)
+            return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: target %lld at position %lld is outside the "
+                                "vocabulary [0, %lld)", (long long)targets[i], (long long)i, (long long)V);
+    }
+    return DW_OK;
+}
+
+static dw_status read_loss(dw_engine *e, double *loss) {
+    float l = 0;
+    DW_TRY(e->be->i->download(e->be, &l, e->x->work + e->p->work.loss, sizeof l));
+    *loss = (double)l;
+    return DW_OK;
+}
+
+dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                            float *logits, double *loss) {
+    if (loss) *loss = 0;
+    DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
+    DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
+    DW_TRY(dw_exec_phase(e->x, DW_PHASE_FORWARD, false, 1.0));
+    if (logits) {
+        const int64_t n = B * T * e->g->model.vocab;
+        const void *src = e->x->act + e->p->tensor[e->g->logits].val_off;
+        if (!e->p->bf16) {
+            DW_TRY(e->be->i->download(e->be, logits, src, (size_t)n * sizeof(float)));
+        } else { /* BF16 codes into the upper halves, then widened in place from the end */
+            uint16_t *h = (uint16_t *)logits + n;
+            DW_TRY(e->be->i->download(e->be, h, src, (size_t)n * 2));
+            for (int64_t i = 0; i < n; i++) logits[i] = dw_decode_bf16(h[i]);
+        }
+    }
+    if (targets && loss) return read_loss(e, loss);
+    return e->be->i->sync(e->be);
+}
+
+dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
+                                     int64_t T, double grad_scale, double *loss) {
+    if (loss) *loss = 0;
+    if (!targets) return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: backward needs targets");
+    DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
+    DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
+    DW_TRY(dw_exec_train_step(e->x, grad_scale));
+    return loss ? read_loss(e, loss) : DW_OK;
+}
+
+dw_status dw_engine_zero_grad(dw_engine *e) {
+    return e->be->i->zero(e->be, e->x->grad, (size_t)e->p->param_floats * sizeof(float));
+}
+
+static dw_status adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t step, dw_adamw_args *a) {
+    dw_adamw_opts o;
+    dw_adamw_opts_init(&o, sizeof o);
+    if (opts) memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
+    if (step < 1 || !(o.eps > 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) ||
+        !(o.lr >= 0) || !(o.weight_decay >= 0) || !(o.clip >= 0))
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "adamw: step %lld, lr %g, betas %g/%g, eps %g, weight decay %g, "
+                            "clip %g out of range", (long long)step, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip);
+    *a = (dw_adamw_args){.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+                         .c1 = 1.0 - pow(o.beta1, (double)step), .c2 = 1.0 - pow(o.beta2, (double)step),
+                         .max_norm = o.clip};
+    return DW_OK;
+}
+
+dw_status dw_engine_step(dw_engine *e, const dw_adamw_opts *opts, int64_t step, double *grad_norm) {
+    if (grad_norm) *grad_norm = 0;
+    dw_adamw_args a;
+    DW_TRY(adamw_args(e, opts, step, &a));
+    DW_TRY(dw_exec_optimizer(e->x, &a));
+    double norm = 0;
+    DW_TRY(e->be->i->download(e->be, &norm, e->x->work + e->p->work.norm, sizeof norm));
+    if (grad_norm) *grad_norm = norm;
+    if (!isfinite(norm))
+        return dw_set_error(e->ctx, DW_ERR_NUMERIC, "adamw step %lld: gradient norm %g is not finite; parameters "
+                            "left unchanged", (long long)step, norm);
+    return DW_OK;
+}
+
+/* ---- parameters ---------------------------------------------------------------------------- */
+static const dw_ir_tensor *param_tensor(const dw_engine *e, int i) { return &e->g->tensors[e->p->param_tensor[i]]; }
+
+int dw_engine_param_count(const dw_engine *e) { return e->p->n_params; }
+const char *dw_engine_param_name(const dw_engine *e, int i) {
+    return i >= 0 && i < e->p->n_params ? param_tensor(e, i)->name : NULL;
+}
+int dw_engine_param_shape(const dw_engine *e, int i, int64_t shape[4]) {
+    if (i < 0 || i >= e->p->n_params) return -1;
+    const dw_ir_tensor *t = param_tensor(e, i);
+    for (int d = 0; d < 4; d++) shape[d] = d < t->ndim ? t->shape[d] : 1;
+    return t->ndim;
+}
+
+static dw_status param_copy(dw_engine *e, int i, float *base, float *host, bool in) {
+    if (i < 0 || i >= e->p->n_params)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: parameter %d of %d", i, e->p->n_params);
+    float *dev = base + e->p->param_off[i];
+    const size_t bytes = (size_t)dw_ir_numel(param_tensor(e, i)) * sizeof(float);
+    return in ? e->be->i->upload(e->be, dev, host, bytes) : e->be->i->download(e->be, host, dev, bytes);
+}
+
+dw_status dw_engine_param_read(dw_engine *e, int i, float *values) { return param_copy(e, i, e->x->w, values, false); }
+dw_status dw_engine_grad_read(dw_engine *e, int i, float *grads) { return param_copy(e, i, e->x->grad, grads, false); }
+dw_status dw_engine_param_write(dw_engine *e, int i, const float *values) {
+    DW_TRY(param_copy(e, i, e->x->w, (float *)values, true));
+    return dw_engine_refresh(e);
+}
+
+dw_status dw_engine_read_value(dw_engine *e, int t, float *out) {
+    const dw_prog_tensor *pt = &e->p->tensor[t];
+    if (t < 0 || t >= e->g->n_tensors || pt->val_off < 0)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: tensor %d has no value in the program", t);
+    const int64_t n = e->x->b * e->x->t * pt->width;
+    const void *src = e->x->act + pt->val_off;
+    if (!e->p->bf16) return e->be->i->download(e->be, out, src, (size_t)n * sizeof(float));
+    uint16_t *h = (uint16_t *)out + n; /* BF16 codes into the upper halves, widened from the start */
+    DW_TRY(e->be->i->download(e->be, h, src, (size_t)n * 2));
+    for (int64_t i = 0; i < n; i++) out[i] = dw_decode_bf16(h[i]);
+    return DW_OK;
+}
+
+/* ---- profiling ------------------------------------------------------------------------------- */
+dw_status dw_engine_time_steps(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                               double grad_scale, double *ms) {
+    const dw_backend_i *bi = e->be->i;
+    if (!bi->timers) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s engine: no timers", bi->name);
+    DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
+    DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
+    const int first = e->p->phase[DW_PHASE_FORWARD][0], last = e->p->phase[DW_PHASE_BACKWARD][1];
+    DW_TRY(bi->timers(e->be, last - first + 1));
+    for (int ph = DW_PHASE_FORWARD; ph <= DW_PHASE_BACKWARD; ph++) {
+        dw_exec_begin_phase(e->x, (dw_phase)ph);
+        for (int s = e->p->phase[ph][0]; s < e->p->phase[ph][1]; s++) {
+            bi->mark(e->be, s - first);
+            DW_TRY(dw_exec_step(e->x, s, true, grad_scale));
+        }
+    }
+    bi->mark(e->be, last - first);
+    DW_TRY(bi->sync(e->be));
+    for (int s = first; s < last; s++) ms[s] = bi->elapsed_ms(e->be, s - first, s - first + 1);
+    return DW_OK;
+}
+
+dw_status dw_engine_time_optimizer(dw_engine *e, const dw_adamw_opts *o, int64_t step, double *ms, double *ms_zero) {
+    const dw_backend_i *bi = e->be->i;
+    if (!bi->timers) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s engine: no timers", bi->name);
+    dw_adamw_args a;
+    DW_TRY(adamw_args(e, o, step, &a));
+    DW_TRY(bi->upload(e->be, e->x->work + e->p->work.adamw_args, &a, sizeof a));
+    const int first = e->p->phase[DW_PHASE_OPTIMIZER][0], last = e->p->phase[DW_PHASE_OPTIMIZER][1];
+    DW_TRY(bi->timers(e->be, last - first + 2));
+    bi->mark(e->be, 0);
+    DW_TRY(dw_engine_zero_grad(e));
+    dw_exec_begin_phase(e->x, DW_PHASE_OPTIMIZER);
+    for (int s = first; s < last; s++) {
+        bi->mark(e->be, s - first + 1);
+        DW_TRY(dw_exec_step(e->x, s, false, 1.0));
+    }
+    bi->mark(e->be, last - first + 1);
+    DW_TRY(bi->sync(e->be));
+    *ms_zero = bi->elapsed_ms(e->be, 0, 1);
+    for (int s = first; s < last; s++) ms[s] = bi->elapsed_ms(e->be, s - first + 1, s - first + 2);
+    return DW_OK;
+}

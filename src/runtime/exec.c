@@ -1,0 +1,238 @@
+/* exec.c — the executor (exec.h): one walk of a program's steps for every backend. A step names
+ * an op of ops.def and a node; the executor resolves the node's tensors to pointers in the pools
+ * (program.h offsets), calls the backend's entry for the op, and adds gradients delivered
+ * through ACC temporaries. Recording: a training step whose (b, t, dloss) was seen before is
+ * recorded once and replayed, and so is the optimizer from its second call; a failed recording
+ * is logged and the executor issues steps from then on. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/exec.h"
+
+dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out) {
+    *out = NULL;
+    dw_exec *x = calloc(1, sizeof *x);
+    if (!x) return dw_set_error(be->ctx, DW_ERR_NOMEM, "executor: out of memory");
+    x->p = p;
+    x->g = p->g;
+    x->be = be;
+    x->record = record && be->i->record_begin;
+    x->quant_reuse = quant_reuse;
+    for (int k = 0; k < DW_POOL_COUNT; k++) {
+        void *mem = NULL;
+        dw_status s = be->i->alloc(be, p->pool_bytes[k], &mem);
+        if (s == DW_OK) s = be->i->zero(be, mem, (size_t)p->pool_bytes[k]); /* padding stays 0 through AdamW */
+        x->pool[k] = mem;
+        if (s != DW_OK) {
+            dw_exec_free(x);
+            return dw_prefix_error(be->ctx, s, "%s backend: the %s pool (%lld bytes)", be->i->name,
+                                   dw_pool_name((dw_pool_id)k), (long long)p->pool_bytes[k]);
+        }
+    }
+    const int64_t pf = p->param_floats;
+    x->w = (float *)x->pool[DW_POOL_WEIGHTS];
+    x->wb = p->bf16 ? (uint16_t *)(x->w + pf) : NULL;
+    x->grad = (float *)x->pool[DW_POOL_GRADS];
+    x->m = (float *)x->pool[DW_POOL_OPTIM];
+    x->v = x->m + pf;
+    x->act = x->pool[DW_POOL_ACT];
+    x->work = x->pool[DW_POOL_WORK];
+    x->b = p->g->batch, x->t = p->g->seq;
+    dw_status s = be->i->prepare ? be->i->prepare(be, x) : DW_OK;
+    if (s == DW_OK) s = be->i->sync(be);
+    if (s != DW_OK) {
+        dw_exec_free(x);
+        return s;
+    }
+    *out = x;
+    return DW_OK;
+}
+
+static void drop(dw_exec *x, void **rec) {
+    if (*rec) x->be->i->drop(x->be, *rec);
+    *rec = NULL;
+}
+
+void dw_exec_free(dw_exec *x) {
+    if (!x) return;
+    drop(x, &x->rec_step);
+    drop(x, &x->rec_opt);
+    for (int k = 0; k < DW_POOL_COUNT; k++)
+        if (x->pool[k]) x->be->i->release(x->be, x->pool[k]);
+    free(x);
+}
+
+dw_status dw_exec_set_batch(dw_exec *x, const int32_t *tokens, const int32_t *targets, int64_t b, int64_t t) {
+    dw_backend *be = x->be;
+    const size_t bytes = (size_t)(b * t) * sizeof(int32_t);
+    x->b = b, x->t = t;
+    x->has_targets = targets != NULL;
+    DW_TRY(be->i->upload(be, x->work + x->p->work.tokens, tokens, bytes));
+    if (targets) DW_TRY(be->i->upload(be, x->work + x->p->work.targets, targets, bytes));
+    return DW_OK;
+}
+
+/* ---- one op step: its tensors as pointers ------------------------------------------------ */
+static void *at(char *base, int64_t off) { return off >= 0 ? base + off : NULL; }
+
+/* The gradient buffer of activation t (NULL: it has none). */
+static void *grad_of(const dw_exec *x, int t) { return at(x->act, x->p->tensor[t].grad_off); }
+
+static void resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_call *c) {
+    const dw_compiled *p = x->p;
+    const dw_graph *g = x->g;
+    const dw_ir_node *n = &g->nodes[node];
+    const dw_prog_node *pn = &p->node[node];
+    memset(c, 0, sizeof *c);
+    c->x = x, c->node = node, c->n = n, c->train = train, c->dloss = dloss;
+    c->b = x->b, c->t = x->t, c->rows = x->b * x->t;
+    for (int s = 0; s < n->n_in; s++) {
+        const int t = n->in[s];
+        const dw_ir_tensor *ten = &g->tensors[t];
+        if (ten->kind == DW_TENSOR_INPUT) {
+            c->in[s] = x->work + (t == g->tokens ? p->work.tokens : p->work.targets);
+        } else if (ten->kind == DW_TENSOR_PARAM) {
+            const int64_t off = p->param_off[p->tensor[t].param];
+            c->in[s] = x->w + off;
+            c->in_bf16[s] = x->wb ? x->wb + off : NULL;
+            c->pgrad[s] = x->grad + off;
+        } else {
+            c->in[s] = at(x->act, p->tensor[t].val_off);
+            switch ((dw_grad_mode)pn->grad_mode[s]) {
+            case DW_GRAD_WRITE: c->dx[s] = grad_of(x, t); break;
+            case DW_GRAD_ACCUM: c->dx[s] = grad_of(x, t), c->dx_acc[s] = true; break;
+            case DW_GRAD_ACCUM_TMP: c->dx[s] = at(x->act, pn->tmp_off[DW_TMP_ACC0 + s]); break;
+            default: break;
+            }
+        }
+    }
+    c->out = n->out == g->loss ? x->work + p->work.loss : at(x->act, p->tensor[n->out].val_off);
+    c->dout = grad_of(x, n->out);
+    for (int k = 0; k < DW_AUX_COUNT; k++) c->aux[k] = at(x->act, pn->aux_off[k]);
+    for (int k = 0; k < DW_TMP_COUNT; k++) c->tmp[k] = at(x->act, pn->tmp_off[k]);
+    if (n->op == DW_OP_LINEAR && pn->partner_fwd >= 0)
+        c->fuse_out = at(x->act, p->tensor[g->nodes[pn->partner_fwd].out].val_off);
+    if (n->op == DW_OP_LINEAR && pn->partner_bwd >= 0) {
+        const int pre = g->nodes[pn->partner_bwd].in[0]; /* the GELU's input */
+        c->fuse_x = at(x->act, p->tensor[pre].val_off);
+        c->fuse_dx = grad_of(x, pre);
+    }
+}
+
+/* After a backward: gradients written to ACC<s> are added into the tensor's gradient. */
+static dw_status deliver(dw_exec *x, const dw_op_call *c) {
+    const dw_prog_node *pn = &x->p->node[c->node];
+    for (int s = 0; s < c->n->n_in; s++) {
+        if (pn->grad_mode[s] != DW_GRAD_ACCUM_TMP) continue;
+        const int t = c->n->in[s];
+        DW_TRY(x->be->i->add(x->be, x->p->bf16 ? DW_DT_ACT_BF16 : DW_DT_ACT_F32, grad_of(x, t), c->dx[s],
+                             c->rows * x->p->tensor[t].width));
+    }
+    return DW_OK;
+}
+
+/* Whether node reads the targets (the loss): skipped by a forward without targets. */
+static bool reads_targets(const dw_exec *x, int node) {
+    const dw_ir_node *n = &x->g->nodes[node];
+    for (int s = 0; s < n->n_in; s++)
+        if (n->in[s] == x->g->targets) return true;
+    return false;
+}
+
+dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
+    const dw_step *st = &x->p->steps[step];
+    dw_backend *be = x->be;
+    const dw_backend_i *bi = be->i;
+    switch ((dw_step_kind)st->kind) {
+    case DW_STEP_FWD:
+    case DW_STEP_BWD: {
+        const dw_ir_node *n = &x->g->nodes[st->node];
+        const dw_op_fn fn = st->kind == DW_STEP_FWD ? bi->ops[n->op].fwd : bi->ops[n->op].bwd;
+        if (!fn)
+            return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED, "%s backend: op %s has no %s entry (node '%s')",
+                                bi->name, dw_op_name(n->op), st->kind == DW_STEP_FWD ? "forward" : "backward", n->name);
+        if (st->kind == DW_STEP_FWD && !x->has_targets && reads_targets(x, st->node)) return DW_OK;
+        dw_op_call c;
+        resolve(x, st->node, train, dloss, &c);
+        dw_status s = fn(be, &c);
+        if (s == DW_OK && st->kind == DW_STEP_BWD) s = deliver(x, &c);
+        if (s == DW_OK && st->kind == DW_STEP_FWD && train && (dw_op_flags(n->op) & DW_OPF_BWD_IN_FWD))
+            s = deliver(x, &c);
+        if (s != DW_OK)
+            return dw_prefix_error(be->ctx, s, "%s of node '%s'", st->kind == DW_STEP_FWD ? "forward" : "backward",
+                                   n->name);
+        return DW_OK;
+    }
+    case DW_STEP_GRAD_NORM: return bi->grad_norm(be, x);
+    case DW_STEP_ADAMW: return bi->adamw(be, x);
+    case DW_STEP_CAST_BF16: return bi->cast_bf16(be, x, x->p->bf16_runs[st->arg][0], x->p->bf16_runs[st->arg][1]);
+    case DW_STEP_QUANT_W: return bi->quant_weight(be, x, st->node);
+    default:
+        return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED, "%s backend: %s steps need the multi-rank runtime",
+                            bi->name, dw_step_kind_name((dw_step_kind)st->kind));
+    }
+}
+
+void dw_exec_begin_phase(dw_exec *x, dw_phase phase) {
+    if (x->be->i->begin_phase) x->be->i->begin_phase(x->be, x, phase);
+}
+
+dw_status dw_exec_phase(dw_exec *x, dw_phase phase, bool train, double dloss) {
+    dw_exec_begin_phase(x, phase);
+    for (int s = x->p->phase[phase][0]; s < x->p->phase[phase][1]; s++) DW_TRY(dw_exec_step(x, s, train, dloss));
+    return DW_OK;
+}
+
+static dw_status issue_train_step(dw_exec *x, double dloss) {
+    DW_TRY(dw_exec_phase(x, DW_PHASE_FORWARD, true, dloss));
+    return dw_exec_phase(x, DW_PHASE_BACKWARD, true, dloss);
+}
+
+/* Records what issue() issues into *rec; false (with the reason logged) when it cannot, and the
+ * executor stops recording. Nothing runs: the caller replays. */
+static bool record(dw_exec *x, void **rec, dw_status (*issue)(dw_exec *, const void *), const void *arg,
+                   const char *what) {
+    dw_backend *be = x->be;
+    if (be->i->record_begin(be) != DW_OK) {
+        DW_LOGW("%s backend: recording unavailable (%s); issuing steps", be->i->name, dw_errmsg(be->ctx));
+        return x->record = false;
+    }
+    dw_status s = issue(x, arg);
+    dw_status e = be->i->record_end(be, rec);
+    if (s != DW_OK || e != DW_OK) {
+        DW_LOGW("%s backend: recording %s failed (%s); issuing steps from now on", be->i->name, what,
+                dw_errmsg(be->ctx));
+        drop(x, rec);
+        return x->record = false;
+    }
+    DW_LOGD("%s backend: recorded %s (batch %lld x %lld)", be->i->name, what, (long long)x->b, (long long)x->t);
+    return true;
+}
+
+static dw_status issue_train(dw_exec *x, const void *dloss) { return issue_train_step(x, *(const double *)dloss); }
+
+dw_status dw_exec_train_step(dw_exec *x, double dloss) {
+    if (!(x->key_b == x->b && x->key_t == x->t && x->key_scale == dloss)) {
+        drop(x, &x->rec_step);
+        x->key_b = x->b, x->key_t = x->t, x->key_scale = dloss, x->key_seen = 0;
+    }
+    x->key_seen++;
+    if (x->record && !x->rec_step && x->key_seen >= 2) record(x, &x->rec_step, issue_train, &dloss, "a training step");
+    if (x->rec_step) return x->be->i->replay(x->be, x->rec_step);
+    return issue_train_step(x, dloss); /* the first call of a shape warms up the libraries */
+}
+
+static dw_status issue_optimizer(dw_exec *x, const void *unused) {
+    (void)unused;
+    return dw_exec_phase(x, DW_PHASE_OPTIMIZER, false, 1.0);
+}
+
+dw_status dw_exec_optimizer(dw_exec *x, const dw_adamw_args *a) {
+    /* the steps read the arguments from the workspace: one recording serves every step */
+    DW_TRY(x->be->i->upload(x->be, x->work + x->p->work.adamw_args, a, sizeof *a));
+    if (x->record && !x->rec_opt && ++x->opt_calls >= 2) record(x, &x->rec_opt, issue_optimizer, NULL, "the optimizer step");
+    if (x->rec_opt) return x->be->i->replay(x->be, x->rec_opt);
+    return issue_optimizer(x, NULL);
+}

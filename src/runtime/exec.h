@@ -1,0 +1,61 @@
+/* exec.h — private: the executor. Allocates a program's pools on a backend, takes a batch, and
+ * runs the program's phases step by step through the backend's table (backend.h): it resolves
+ * every step's tensors to pointers, delivers gradients that go through ACC temporaries, and,
+ * where the backend can record, replays a recorded training step and optimizer step instead of
+ * issuing them again. The same code for every backend; no device knowledge here. Not the public
+ * engine (engine.c), which adds weights, the loss read-back and checks. */
+#ifndef DW_RUNTIME_EXEC_H
+#define DW_RUNTIME_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/backend.h"
+
+struct dw_exec {
+    const dw_compiled *p;
+    const dw_graph *g;
+    dw_backend *be;
+    char *pool[DW_POOL_COUNT];  /* backend memory, one block per pool */
+    float *w, *grad, *m, *v;    /* (param_floats) each: FP32 masters, gradients, AdamW moments */
+    uint16_t *wb;               /* (param_floats) BF16 working copies (BF16 mode), else NULL */
+    char *act, *work;           /* the activation arena, the workspace */
+    int64_t b, t;               /* the current batch */
+    bool has_targets;           /* the current batch has targets (the loss can run) */
+    bool quant_reuse;           /* quantised layers reading the same x quantise it once per sweep */
+    /* recorded replays (backends with record): one training step per (b, t, dloss), the optimizer */
+    bool record;                /* false: always issue (DW_CUDA_GRAPH=0, or a recording failed) */
+    void *rec_step;
+    int64_t key_b, key_t;
+    double key_scale;
+    int key_seen;               /* calls with this key: the first runs eagerly (warm-up), then record */
+    void *rec_opt;
+    int opt_calls;
+};
+
+/* Allocates the pools of p on be (zeroed) and lets the backend prepare (handles, plans). record:
+ * replay recorded steps where the backend can; quant_reuse: as dw_engine_opts. p must outlive it. */
+dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out);
+void dw_exec_free(dw_exec *x);
+
+/* Makes (b, t) current and copies tokens and targets (b x t int32; targets may be NULL) to the
+ * workspace. The caller has checked shapes and token ranges. */
+dw_status dw_exec_set_batch(dw_exec *x, const int32_t *tokens, const int32_t *targets, int64_t b, int64_t t);
+
+/* Tells the backend a phase starts (dw_exec_phase does; callers issuing single steps do it first). */
+void dw_exec_begin_phase(dw_exec *x, dw_phase phase);
+/* Issues one step of the program (the profiler times them one by one). */
+dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss);
+/* Issues the steps of a phase, in order (forward without targets skips the loss). */
+dw_status dw_exec_phase(dw_exec *x, dw_phase phase, bool train, double dloss);
+/* Forward and backward of the current batch, gradients accumulated (+=) with scale dloss;
+ * replayed from a recording from the second call with the same (b, t, dloss). */
+dw_status dw_exec_train_step(dw_exec *x, double dloss);
+/* The optimizer phase with these arguments (staged to the workspace first); replayed from a
+ * recording from the second call. Issued only: the caller reads the norm back. */
+dw_status dw_exec_optimizer(dw_exec *x, const dw_adamw_args *a);
+
+/* The parameter pools' pointers of parameter k (FP32 master, gradient, m, v). */
+static inline int64_t dw_exec_param_off(const dw_exec *x, int k) { return x->p->param_off[k]; }
+
+#endif /* DW_RUNTIME_EXEC_H */

@@ -1,0 +1,405 @@
+/* weights.c — an engine's parameters and optimizer state in files and from seeds: initialisation
+ * as the reference implementations do it (the graph's per-parameter rule, seeded per tensor so
+ * the values do not depend on order or backend), Hugging Face safetensors load/save (names and
+ * layouts from the graph and capture/archs.def: GPT-2's Conv1D weights transposed, optional
+ * checkpoint prefixes, ignorable tensors, sharded index files), the AdamW moments' file, and the
+ * parity dump of gradients. Values travel through host staging buffers; the engine refreshes
+ * what derives from the masters afterwards. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "capture/arch.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "io/safetensors.h"
+#include "runtime/engine.h"
+
+static const dw_ir_tensor *ptensor(const dw_engine *e, int i) { return &e->g->tensors[e->p->param_tensor[i]]; }
+static int64_t pnumel(const dw_engine *e, int i) { return dw_ir_numel(ptensor(e, i)); }
+
+/* Host buffers for every parameter (one block; freed by the caller), at the host offsets off[]. */
+static float *host_block(dw_engine *e, int64_t **off) {
+    const int n = e->p->n_params;
+    *off = malloc((size_t)(n + 1) * sizeof **off);
+    if (!*off) return NULL;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) (*off)[i] = total, total += pnumel(e, i);
+    (*off)[n] = total;
+    float *b = malloc((size_t)(total ? total : 1) * sizeof(float));
+    if (!b) free(*off), *off = NULL;
+    return b;
+}
+
+/* ---- initialisation ---------------------------------------------------------------------------- */
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_name(const char *s) { /* FNV-1a */
+    uint64_t h = 1469598103934665603ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* Parameter t's initial values (numel floats) from seed. */
+static void init_values(const dw_ir_tensor *t, uint64_t seed, float *v) {
+    const int64_t n = dw_ir_numel(t);
+    if (t->init != DW_INIT_NORMAL) { /* norm weights 1, biases 0 */
+        const float c = t->init == DW_INIT_ZEROS ? 0.0f : 1.0f;
+        for (int64_t k = 0; k < n; k++) v[k] = c;
+        return;
+    }
+    uint64_t s = seed ^ hash_name(t->name);
+    for (int64_t k = 0; k < n; k += 2) { /* Box-Muller: two normals per pair */
+        double u1 = ((double)(splitmix64(&s) >> 11) + 1.0) / 9007199254740993.0;
+        double u2 = (double)(splitmix64(&s) >> 11) / 9007199254740992.0;
+        double r = sqrt(-2.0 * log(u1));
+        v[k] = (float)(t->init_std * r * cos(2.0 * M_PI * u2));
+        if (k + 1 < n) v[k + 1] = (float)(t->init_std * r * sin(2.0 * M_PI * u2));
+    }
+}
+
+dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed) {
+    int64_t *off;
+    float *h = host_block(e, &off);
+    if (!h) return dw_set_error(e->ctx, DW_ERR_NOMEM, "engine: out of host memory initialising the weights");
+    dw_status s = DW_OK;
+    for (int i = 0; s == DW_OK && i < e->p->n_params; i++) {
+        init_values(ptensor(e, i), seed, h + off[i]);
+        s = e->be->i->upload(e->be, e->x->w + e->p->param_off[i], h + off[i], (size_t)pnumel(e, i) * sizeof(float));
+    }
+    if (s == DW_OK) s = dw_engine_refresh(e); /* also: the uploads are done before h is freed */
+    free(h), free(off);
+    return s;
+}
+
+/* ---- Hugging Face layout ---------------------------------------------------------------------- */
+/* The shape as stored in the HF file (transposed for GPT-2's Conv1D). */
+static void hf_shape(const dw_ir_tensor *t, int64_t *shape) {
+    for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
+    if (t->hf_transposed) shape[0] = t->shape[1], shape[1] = t->shape[0];
+}
+
+/* dst (cols x rows) = transpose of src (rows x cols) */
+static void transpose(float *dst, const float *src, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+}
+
+static void out_path(const char *path, char *buf, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(buf, n, "%s/model.safetensors", path);
+    else snprintf(buf, n, "%s", path);
+}
+
+/* Writes every parameter (values, or gradients when `grads`) in HF names and layouts, plus the
+ * optional logits/loss tensors of a parity dump. */
+static dw_status write_params(dw_engine *e, const char *path, bool grads, const float *logits, int64_t B, int64_t T,
+                              const float *loss) {
+    dw_ctx *ctx = e->ctx;
+    char file[4096];
+    out_path(path, file, sizeof file);
+    int64_t *off;
+    float *h = host_block(e, &off), *tmp = NULL;
+    if (!h) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of host memory", file);
+    dw_st_writer *w = NULL;
+    dw_status s = dw_st_writer_create(ctx, &w);
+    if (s == DW_OK) s = dw_st_writer_set_metadata(ctx, w, "format", "pt");
+    for (int i = 0; s == DW_OK && i < e->p->n_params; i++) {
+        const dw_ir_tensor *t = ptensor(e, i);
+        const int64_t n = pnumel(e, i);
+        float *dst = h + off[i];
+        s = e->be->i->download(e->be, dst, (grads ? e->x->grad : e->x->w) + e->p->param_off[i], (size_t)n * sizeof(float));
+        if (s == DW_OK && t->hf_transposed) {
+            float *nt = realloc(tmp, (size_t)n * sizeof(float));
+            if (!nt) {
+                s = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", file);
+                break;
+            }
+            tmp = nt;
+            transpose(tmp, dst, t->shape[0], t->shape[1]);
+            memcpy(dst, tmp, (size_t)n * sizeof(float));
+        }
+        int64_t shape[DW_IR_MAX_DIMS];
+        hf_shape(t, shape);
+        if (s == DW_OK) s = dw_st_writer_add(ctx, w, t->name, DW_DT_F32, t->ndim, shape, dst, (size_t)n * sizeof(float));
+    }
+    if (s == DW_OK && logits) {
+        int64_t shape[3] = {B, T, e->g->model.vocab};
+        s = dw_st_writer_add(ctx, w, "logits", DW_DT_F32, 3, shape, logits, (size_t)(B * T * shape[2]) * sizeof(float));
+    }
+    if (s == DW_OK && loss) s = dw_st_writer_add(ctx, w, "loss", DW_DT_F32, 0, NULL, loss, sizeof(float));
+    if (s == DW_OK) s = dw_st_writer_commit(ctx, w, file);
+    dw_st_writer_free(w);
+    free(tmp), free(h), free(off);
+    return s;
+}
+
+dw_status dw_engine_save_weights(dw_engine *e, const char *path) { return write_params(e, path, false, NULL, 0, 0, NULL); }
+
+dw_status dw_engine_dump(dw_engine *e, const char *path, const float *logits, int64_t B, int64_t T, double loss) {
+    float l = (float)loss;
+    return write_params(e, path, true, logits, B, T, &l);
+}
+
+/* ---- load ------------------------------------------------------------------------------------- */
+typedef struct {
+    dw_st_file **files;
+    int n;
+} shard_set;
+
+static void shards_close(shard_set *s) {
+    for (int i = 0; i < s->n; i++) dw_st_close(s->files[i]);
+    free(s->files);
+    s->files = NULL;
+    s->n = 0;
+}
+
+static dw_status shards_add(dw_ctx *ctx, shard_set *s, const char *path) {
+    dw_st_file **f = realloc(s->files, (size_t)(s->n + 1) * sizeof *f);
+    if (!f) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
+    s->files = f;
+    DW_TRY(dw_st_open(ctx, path, &s->files[s->n]));
+    s->n++;
+    return DW_OK;
+}
+
+/* path: a .safetensors file, or a directory with model.safetensors or a sharded index. */
+static dw_status shards_open(dw_ctx *ctx, const char *path, shard_set *s) {
+    struct stat st;
+    if (stat(path, &st) != 0) return dw_set_error(ctx, DW_ERR_IO, "%s: no such file or directory", path);
+    if (!S_ISDIR(st.st_mode)) return shards_add(ctx, s, path);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model.safetensors", path);
+    if (stat(p, &st) == 0) return shards_add(ctx, s, p);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
+    if (stat(p, &st) != 0)
+        return dw_set_error(ctx, DW_ERR_IO, "%s: neither model.safetensors nor model.safetensors.index.json found", path);
+    json_t *j = NULL;
+    DW_TRY(dw_json_load_file(ctx, p, &j));
+    const json_t *map = json_object_get(j, "weight_map");
+    dw_status r = json_is_object(map) ? DW_OK
+                                      : dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'weight_map': expected an object", p);
+    const char *key;
+    const json_t *v;
+    char seen[64][256];
+    int n_seen = 0;
+    json_object_foreach((json_t *)map, key, v) {
+        if (r != DW_OK) break;
+        const char *file = json_string_value(v);
+        if (!file || strchr(file, '/')) {
+            r = dw_set_error(ctx, DW_ERR_FORMAT, "%s: weight_map['%s']: expected a file name", p, key);
+            break;
+        }
+        bool dup = false;
+        for (int i = 0; i < n_seen && !dup; i++) dup = !strcmp(seen[i], file);
+        if (dup) continue;
+        if (n_seen == 64) {
+            r = dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: more than 64 shards", p);
+            break;
+        }
+        snprintf(seen[n_seen++], sizeof seen[0], "%s", file);
+        char fp[4096 + 256];
+        snprintf(fp, sizeof fp, "%s/%s", path, file);
+        r = shards_add(ctx, s, fp);
+    }
+    json_decref(j);
+    return r;
+}
+
+static const dw_st_tensor *shards_find(const shard_set *s, const char *name, const dw_st_file **in) {
+    for (int i = 0; i < s->n; i++) {
+        const dw_st_tensor *t = dw_st_find(s->files[i], name);
+        if (t) {
+            *in = s->files[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static const dw_hf_arch *arch(const dw_engine *e) { return dw_hf_arch_find(e->g->model.model_type); }
+
+/* Finds a parameter's tensor under its name or under the name the architecture's original
+ * checkpoints use (capture/archs.def: GPT-2's without "transformer."). */
+static const dw_st_tensor *find_param(const dw_engine *e, const shard_set *s, const char *name, const dw_st_file **in) {
+    const dw_st_tensor *t = shards_find(s, name, in);
+    const dw_hf_arch *a = arch(e);
+    size_t p = a ? strlen(a->ckpt_prefix) : 0;
+    if (!t && p && !strncmp(name, a->ckpt_prefix, p)) t = shards_find(s, name + p, in);
+    return t;
+}
+
+static bool is_param_name(const dw_engine *e, const char *name) {
+    const dw_hf_arch *a = arch(e);
+    for (int i = 0; i < e->p->n_params; i++) {
+        const char *p = ptensor(e, i)->name;
+        if (a ? dw_hf_name_matches(a, p, name) : !strcmp(p, name)) return true;
+    }
+    return false;
+}
+
+static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && len < n; d++) len += (size_t)snprintf(buf + len, n - len, "%s%lld", d ? "," : "", (long long)shape[d]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+}
+
+/* Every parameter present with its shape and a floating dtype, and no tensor unaccounted for. */
+static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
+    dw_ctx *ctx = e->ctx;
+    for (int i = 0; i < e->p->n_params; i++) {
+        const dw_ir_tensor *it = ptensor(e, i);
+        const dw_st_file *f;
+        const dw_st_tensor *t = find_param(e, s, it->name, &f);
+        if (!t) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing tensor '%s'", path, it->name);
+        int64_t want[DW_IR_MAX_DIMS];
+        hf_shape(it, want);
+        bool same = t->ndim == it->ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == want[d];
+        if (!same) {
+            char got[128], exp[128];
+            fmt_shape(got, sizeof got, t->ndim, t->shape);
+            fmt_shape(exp, sizeof exp, it->ndim, want);
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s%s", dw_st_path(f),
+                                t->name, got, exp, it->hf_transposed ? " (Hugging Face Conv1D layout: in x out)" : "");
+        }
+        if (!dw_dtype_is_float(t->dtype) || t->dtype == DW_DT_F8_E4M3 || t->dtype == DW_DT_F8_E5M2)
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, F16, BF16 or F64 expected)",
+                                dw_st_path(f), t->name, dw_dtype_name(t->dtype));
+    }
+    const dw_hf_arch *a = arch(e);
+    for (int k = 0; k < s->n; k++)
+        for (int i = 0; i < dw_st_count(s->files[k]); i++) {
+            const char *name = dw_st_get(s->files[k], i)->name;
+            if (!is_param_name(e, name) && !(a && dw_hf_ignorable(a, name, e->g->model.tied_embeddings)))
+                return dw_set_error(ctx, DW_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of this %s model)",
+                                    dw_st_path(s->files[k]), name, e->g->model.model_type);
+        }
+    return DW_OK;
+}
+
+dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
+    dw_ctx *ctx = e->ctx;
+    shard_set s = {0};
+    dw_status r = shards_open(ctx, path, &s);
+    if (r == DW_OK && s.n == 0) r = dw_set_error(ctx, DW_ERR_FORMAT, "%s: the index names no shard", path);
+    if (r == DW_OK) r = check_all(e, &s, path); /* nothing is overwritten unless all is well */
+    int64_t *off = NULL;
+    float *h = r == DW_OK ? host_block(e, &off) : NULL, *tmp = NULL;
+    if (r == DW_OK && !h) r = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of host memory", path);
+    for (int i = 0; r == DW_OK && i < e->p->n_params; i++) {
+        const dw_ir_tensor *it = ptensor(e, i);
+        const int64_t n = pnumel(e, i);
+        const dw_st_file *f;
+        const dw_st_tensor *t = find_param(e, &s, it->name, &f);
+        float *dst = h + off[i];
+        if (!it->hf_transposed) {
+            r = dw_st_read_f32(ctx, f, t, dst);
+        } else {
+            float *nt = realloc(tmp, (size_t)n * sizeof(float));
+            if (!nt) r = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
+            else tmp = nt, r = dw_st_read_f32(ctx, f, t, tmp);
+            if (r == DW_OK) transpose(dst, tmp, it->shape[1], it->shape[0]);
+        }
+    }
+    for (int i = 0; r == DW_OK && i < e->p->n_params; i++)
+        r = e->be->i->upload(e->be, e->x->w + e->p->param_off[i], h + off[i], (size_t)pnumel(e, i) * sizeof(float));
+    if (r == DW_OK) r = dw_engine_refresh(e);
+    free(tmp), free(h), free(off);
+    shards_close(&s);
+    return r;
+}
+
+/* ---- the AdamW moments: NAME.exp_avg and NAME.exp_avg_sq ------------------------------------- */
+#define M_SUFFIX ".exp_avg"
+#define V_SUFFIX ".exp_avg_sq"
+
+static char *suffixed(const char *name, const char *suffix) {
+    size_t n = strlen(name) + strlen(suffix) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s%s", name, suffix);
+    return s;
+}
+
+dw_status dw_engine_save_optimizer(dw_engine *e, const char *path) {
+    dw_ctx *ctx = e->ctx;
+    int64_t *off;
+    float *h = host_block(e, &off), *h2 = h ? malloc((size_t)(off[e->p->n_params] + 1) * sizeof(float)) : NULL;
+    if (!h || !h2) {
+        free(h), free(h2), free(off);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of host memory", path);
+    }
+    dw_st_writer *w = NULL;
+    dw_status st = dw_st_writer_create(ctx, &w);
+    if (st == DW_OK) st = dw_st_writer_set_metadata(ctx, w, "deepwell.optimizer", "adamw");
+    if (st == DW_OK)
+        st = dw_st_writer_set_metadata(ctx, w, "deepwell.layout", "Deepwell's (torch.nn.Linear out x in for every linear)");
+    for (int i = 0; i < e->p->n_params && st == DW_OK; i++) {
+        const dw_ir_tensor *t = ptensor(e, i);
+        const size_t bytes = (size_t)pnumel(e, i) * sizeof(float);
+        for (int k = 0; k < 2 && st == DW_OK; k++) {
+            float *dst = (k ? h2 : h) + off[i];
+            st = e->be->i->download(e->be, dst, (k ? e->x->v : e->x->m) + e->p->param_off[i], bytes);
+            char *name = st == DW_OK ? suffixed(t->name, k ? V_SUFFIX : M_SUFFIX) : NULL;
+            if (st == DW_OK && !name) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+            if (st == DW_OK) st = dw_st_writer_add(ctx, w, name, DW_DT_F32, t->ndim, t->shape, dst, bytes);
+            free(name);
+        }
+    }
+    if (st == DW_OK) st = dw_st_writer_commit(ctx, w, path);
+    dw_st_writer_free(w);
+    free(h), free(h2), free(off);
+    return st;
+}
+
+/* The tensor NAME+suffix of f, checked to be F32 with t's shape. */
+static dw_status find_checked(dw_ctx *ctx, const dw_st_file *f, const char *path, const dw_ir_tensor *p,
+                              const char *suffix, const dw_st_tensor **out) {
+    char *name = suffixed(p->name, suffix);
+    if (!name) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    const dw_st_tensor *t = dw_st_find(f, name);
+    dw_status st = DW_OK;
+    if (!t) {
+        st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
+    } else if (t->dtype != DW_DT_F32) {
+        st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' is %s, expected F32", path, name, dw_dtype_name(t->dtype));
+    } else {
+        bool same = t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same) st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' has a shape other than the model's parameter",
+                                     path, name);
+    }
+    free(name);
+    *out = t;
+    return st;
+}
+
+dw_status dw_engine_load_optimizer(dw_engine *e, const char *path) {
+    dw_ctx *ctx = e->ctx;
+    dw_st_file *f = NULL;
+    DW_TRY(dw_st_open(ctx, path, &f));
+    const int n = e->p->n_params;
+    dw_status st = DW_OK;
+    if (dw_st_count(f) != 2 * n)
+        st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: %d tensors, expected %d (two per parameter)", path, dw_st_count(f), 2 * n);
+    const dw_st_tensor *t;
+    for (int i = 0; i < n && st == DW_OK; i++) { /* all checked before anything changes */
+        st = find_checked(ctx, f, path, ptensor(e, i), M_SUFFIX, &t);
+        if (st == DW_OK) st = find_checked(ctx, f, path, ptensor(e, i), V_SUFFIX, &t);
+    }
+    for (int i = 0; i < n && st == DW_OK; i++)
+        for (int k = 0; k < 2 && st == DW_OK; k++) {
+            st = find_checked(ctx, f, path, ptensor(e, i), k ? V_SUFFIX : M_SUFFIX, &t);
+            if (st == DW_OK) st = e->be->i->upload(e->be, (k ? e->x->v : e->x->m) + e->p->param_off[i], t->data, t->nbytes);
+        }
+    if (st == DW_OK) st = e->be->i->sync(e->be); /* the file's pages are read before it is closed */
+    dw_st_close(f);
+    return st;
+}
