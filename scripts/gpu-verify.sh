@@ -3,7 +3,11 @@
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
 # Prepare .deps once with scripts/gpu-deps.sh and carry it.
-# Usage: scripts/gpu-verify.sh build|tests|quick|recipes|quant|gemm|step|compare|dryrun|mainjob ...   e.g. `scripts/gpu-verify.sh build tests`
+# Usage: scripts/gpu-verify.sh build|base|tests|quick|recipes|quant|gemm|step|ab|compare|dryrun|mainjob ...
+#   e.g. `scripts/gpu-verify.sh build tests`. DW_CUDA_ARCHS (env, default 90a) narrows the build to
+#   the GPU at hand. `base` builds the tree in .base/ (a git-ignored snapshot of an earlier commit,
+#   `git archive COMMIT | tar -x -C .base`) into build-base/ and `ab` times it against build-gpu/
+#   (bench/step_ab.sh): the "within 2% of before" check of a refactoring.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -18,11 +22,25 @@ for phase in "$@"; do
   case $phase in
   build)
     s=$(date +%s)
-    cmake -S . -B $b -G Ninja -DDW_CUDA=ON -DCMAKE_PREFIX_PATH="$deps" >"$out/configure.log" 2>&1 &&
-      ninja -C $b -j "$(nproc)" >"$out/build.log" 2>&1
+    cmake -S . -B $b -G Ninja -DDW_CUDA=ON -DDW_CUDA_ARCHS="${DW_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
+      >"$out/configure.log" 2>&1 && ninja -C $b -j "$(nproc)" >"$out/build.log" 2>&1
     rc=$?
     record "build ($(( $(date +%s) - s )) s)" "rc=$rc"
     [ $rc -ne 0 ] && { tail -n 40 "$out/configure.log" "$out/build.log"; exit 1; }
+    ;;
+  base)
+    s=$(date +%s)
+    cmake -S .base -B build-base -G Ninja -DDW_CUDA=ON -DDW_CUDA_ARCHS="${DW_CUDA_ARCHS:-90a}" -DDW_TESTS=OFF \
+      -DCMAKE_PREFIX_PATH="$deps" >"$out/configure-base.log" 2>&1 && ninja -C build-base -j "$(nproc)" deepwell \
+      >"$out/build-base.log" 2>&1
+    rc=$?
+    record "build .base ($(( $(date +%s) - s )) s)" "rc=$rc"
+    [ $rc -ne 0 ] && tail -n 20 "$out/configure-base.log" "$out/build-base.log"
+    ;;
+  ab)
+    s=$(date +%s)
+    bash bench/step_ab.sh build-base/deepwell "$b/deepwell" "${AB_ROUNDS:-2}" | tee "$out/step_ab.txt"
+    record "bench/step_ab.sh base vs this tree ($(( $(date +%s) - s )) s)" "rc=$?"
     ;;
   tests)
     "$b/deepwell" probe | tee "$out/probe.txt"
