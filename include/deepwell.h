@@ -150,9 +150,140 @@ DW_API dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char *
  * Formats and quantisation (see shared/FORMATS.md)          [section: formats]
  * ====================================================================================== */
 
+/* Growable result structs: like options, structs the library fills for the caller begin with
+ * `size_t size`. Set it to sizeof the struct before the call; the library writes at most that
+ * many bytes (and refuses a size of 0 with DW_ERR_INVALID). */
+
+/* Quantisation recipes (bit-level definitions in shared/FORMATS.md). The values are stable: they
+ * are stored in dw_gemm_operand.recipe, dw_plan_job.recipe and dw_plan_layout.recipe. */
+typedef enum {
+    DW_RECIPE_BF16 = 0,   /* no quantisation (BF16 operands) */
+    DW_RECIPE_FP8_TENSOR, /* E4M3, one FP32 scale per tensor */
+    DW_RECIPE_FP8_ROW,    /* E4M3, one FP32 scale per row */
+    DW_RECIPE_FP8_BLOCK,  /* E4M3, FP32 scale per 1x128 block (activations, gradients) */
+    DW_RECIPE_FP8_BLOCK2D,/* E4M3, FP32 scale per 128x128 block (weights) */
+    DW_RECIPE_MXFP8,      /* E4M3, UE8M0 scale per 1x32 */
+    DW_RECIPE_MXFP8_E5M2, /* E5M2, UE8M0 scale per 1x32 */
+    DW_RECIPE_MXFP4,      /* E2M1, UE8M0 scale per 1x32 */
+    DW_RECIPE_NVFP4,      /* E2M1, UE4M3 scale per 1x16 + FP32 tensor scale */
+    DW_RECIPE_COUNT
+} dw_recipe;
+
+/* The recipe's name ("mxfp8"), static storage; "unknown" for a value out of range. */
+DW_API const char *dw_recipe_name(dw_recipe r);
+/* The recipe called `name`; false (and *out untouched) for NULL or an unknown name. */
+DW_API bool dw_recipe_parse(const char *name, dw_recipe *out);
+/* True for mxfp8, mxfp8_e5m2 and mxfp4 (UE8M0 scales, the MX rule; see dw_scale_rounding). */
+DW_API bool dw_recipe_is_mx(dw_recipe r);
+/* Bytes per scale: 4 (FP32: the fp8_* recipes), 1 (UE8M0 / UE4M3), 0 (bf16). r must be a
+ * recipe (a value below DW_RECIPE_COUNT; others hit DW_ASSERT). */
+DW_API int dw_recipe_scale_bytes(dw_recipe r);
+
+/* How an MX block scale is chosen from the block's amax: rceil (cuBLAS, Transformer Engine:
+ * never clips) or floor (the OCP rule: may clip). Ignored by the other recipes. */
+typedef enum { DW_SCALE_RCEIL = 0, DW_SCALE_FLOOR } dw_scale_rounding;
+/* "rceil" / "floor" (static storage; "unknown" out of range) and back (false for other text). */
+DW_API const char *dw_scale_rounding_name(dw_scale_rounding r);
+DW_API bool dw_scale_rounding_parse(const char *text, dw_scale_rounding *out);
+
+/* How to quantise (options struct: dw_quantize_opts_init sets size and the defaults). */
+typedef struct {
+    size_t size;
+    int32_t recipe;   /* dw_recipe other than bf16; default DW_RECIPE_COUNT = none: must be set */
+    int32_t rounding; /* dw_scale_rounding of the MX recipes; default rceil */
+    bool pow2;        /* fp8_* recipes: round every FP32 scale up to a power of two; default false */
+} dw_quantize_opts;
+DW_API void dw_quantize_opts_init(dw_quantize_opts *o, size_t size);
+
+/* The error of y = dequantise(quantise(x)) against x, as sums that add up over tensors (a
+ * result struct: set size first). */
+typedef struct {
+    size_t size;
+    int64_t n;          /* elements */
+    double sum_x2;      /* sum x^2 over the finite elements */
+    double sum_e2;      /* sum (x - y)^2 over the finite elements */
+    double max_abs;     /* max |x - y|; NaN when any x or y is NaN or infinite */
+    int64_t saturated;  /* clipped: the largest code, and |x| beyond the rounding boundary above
+                           the largest value (464 x scale for E4M3, 61440 for E5M2, 7 for E2M1) */
+    int64_t flushed;    /* x != 0 but y == 0 */
+    int64_t nonfinite;  /* x or y NaN or infinite */
+} dw_quant_stats;
+
+/* Quantises x [rows, cols] (host, row-major FP32) with o on the CPU reference (the codes and
+ * scales `deepwell quantize` writes; a last block the shape cuts short is quantised as it is),
+ * dequantises it and writes the error into *out (sums from zero). DW_ERR_INVALID for bf16, an
+ * unknown recipe or rounding, NULL pointers, rows or cols < 1; DW_ERR_NOMEM. Thread-safe for
+ * distinct contexts. */
+DW_API dw_status dw_quant_error(dw_ctx *ctx, const dw_quantize_opts *o, const float *x, int64_t rows,
+                                int64_t cols, dw_quant_stats *out);
+/* Adds the sums of s to *into (both set up by the caller: size set). A NaN max_abs stays NaN. */
+DW_API void dw_quant_stats_merge(dw_quant_stats *into, const dw_quant_stats *s);
+/* SQNR = 10 log10(sum_x2 / sum_e2) dB: +Inf when exact, NaN when x is all zero. */
+DW_API double dw_quant_stats_sqnr_db(const dw_quant_stats *s);
+/* Relative error ||x - y|| / ||x|| = sqrt(sum_e2 / sum_x2) (0 when exact; +Inf for a zero x
+ * with an error). */
+DW_API double dw_quant_stats_rel_err(const dw_quant_stats *s);
+
 /* ======================================================================================
  * safetensors                                                [section: safetensors]
  * ====================================================================================== */
+
+/* One tensor of a safetensors file, as a callback sees it (library-owned; valid during the call). */
+typedef struct {
+    const char *name;      /* "model.layers.0.mlp.down_proj.weight" */
+    const char *dtype;     /* the safetensors spelling: "F32", "BF16", "F8_E4M3", "I64", ... */
+    int ndim;              /* 0..8 */
+    const int64_t *shape;  /* [ndim] */
+} dw_st_tensor_info;
+
+/* Called once per tensor of the input, in file order: why == NULL when the tensor was quantised,
+ * else why it was copied unchanged ("not floating-point", "columns not a multiple of 32", ...;
+ * static text). */
+typedef void (*dw_quantize_notify)(void *user, const dw_st_tensor_info *t, const char *why);
+
+/* What dw_quantize_file did (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    int quantized, copied;        /* tensors */
+    uint64_t in_bytes, out_bytes; /* tensor data, before and after */
+} dw_quantize_summary;
+
+/* Quantises the safetensors checkpoint `in` with o and writes `out` in FORMATS.md's layout:
+ * every tensor that qualifies (F32, BF16 or F16; 2-D [R, C] or 1-D [C] seen as [1, C];
+ * non-empty; C a multiple of the recipe's block columns, R of 128 for fp8_block2d) becomes NAME
+ * (codes), NAME.scale (scales, row-major, unswizzled) and, for nvfp4, NAME.scale_2 (the FP32
+ * tensor scale); the others are copied unchanged. __metadata__ keeps the input's entries and
+ * records deepwell.recipe, deepwell.scale_rounding and deepwell.pow2. `out` is written
+ * atomically (temporary, fsync, rename): on error an existing `out` is untouched.
+ * notify (may be NULL) hears about every tensor; summary may be NULL.
+ * Errors: DW_ERR_INVALID (options), DW_ERR_IO naming the file, DW_ERR_FORMAT for a malformed
+ * input, for one already quantised (deepwell.recipe metadata) and for a NAME.scale or
+ * NAME.scale_2 already present next to a qualifying NAME; DW_ERR_NOMEM. */
+DW_API dw_status dw_quantize_file(dw_ctx *ctx, const char *in, const char *out, const dw_quantize_opts *o,
+                                  dw_quantize_notify notify, void *user, dw_quantize_summary *summary);
+
+/* `deepwell quant-report`: options (dw_quant_report_opts_init sets size and the defaults). */
+typedef struct {
+    size_t size;
+    const int32_t *recipes; /* dw_recipe values to measure, in this order (repeats are dropped);
+                               NULL: all eight quantised recipes, fp8_tensor .. nvfp4 (default) */
+    int n_recipes;          /* entries of recipes */
+    int32_t rounding;       /* dw_scale_rounding for the MX recipes (default rceil) */
+    bool pow2;              /* the fp8_* recipes with power-of-two scales (default false) */
+    bool json;              /* the JSON document instead of the table (default false) */
+} dw_quant_report_opts;
+DW_API void dw_quant_report_opts_init(dw_quant_report_opts *o, size_t size);
+
+/* Quantises every tensor of the safetensors file at `path` with each recipe on the CPU reference
+ * (the rules of dw_quantize_file), dequantises it, and reports the error against the original
+ * (dw_quant_stats: SQNR, max abs and relative error, saturated and flushed percentages) per
+ * tensor and recipe, then per recipe, element-weighted over the tensors it applies to; tensors a
+ * recipe does not apply to are listed with the reason. *out is the report: the table `deepwell
+ * quant-report` prints, or with o->json its JSON document {file, options, recipes, tensors[],
+ * summary} (sqnr_db null when exact or all zero); caller frees with dw_free_string. Measures
+ * only: writes nothing. Errors as dw_quantize_file's reading; DW_ERR_INVALID for bf16 or an
+ * unknown recipe in o->recipes. */
+DW_API dw_status dw_quant_report(dw_ctx *ctx, const char *path, const dw_quant_report_opts *o, char **out);
 
 /* ======================================================================================
  * Graph IR and capture                                       [section: ir]
