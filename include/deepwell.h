@@ -146,6 +146,74 @@ DW_API const char *dw_hw_notice(const dw_hw *hw);
  * dw_free_string. */
 DW_API dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char **out);
 
+/* The machine as a whole (a result struct: set size first). Unknown counts are negative. */
+typedef struct {
+    size_t size;
+    char source[16];        /* "probe", "preset" or "file" */
+    char preset[32];        /* the preset's name; "" otherwise */
+    char label[160];        /* e.g. "datasheet figures (dense), not measured: ..."; may be "" */
+    int nodes;              /* identical nodes */
+    int gpus;               /* GPUs per node (dw_hw_gpu_count) */
+    int host_cpus;          /* -1: unknown */
+    int64_t host_ram_bytes; /* -1: unknown */
+    double nvlink_gbps;     /* per GPU, one direction, GB/s; 0: unknown */
+    int nvlink_domain;      /* GPUs reachable over NVLink (8 for HGX, 72 for NVL72); 1 if none */
+    double internode_gbps;  /* per GPU, one direction, GB/s; 0: unknown */
+    char notice[256];       /* why there are no GPUs; "" otherwise */
+} dw_hw_info;
+/* DW_ERR_INVALID (message in dw_errmsg(NULL)) for NULL or an unset size. */
+DW_API dw_status dw_hw_get_info(const dw_hw *hw, dw_hw_info *out);
+
+/* One GPU of a node (a result struct: set size first). Unknown values are negative (counts) or
+ * zero (rates); the peak rates are datasheet figures for presets and derived from SMs x clock x
+ * architecture for probed GPUs (not measured). */
+typedef struct {
+    size_t size;
+    int index;                 /* 0-based within the node */
+    char name[256];            /* "NVIDIA H200" */
+    int cc_major, cc_minor;    /* compute capability */
+    int sms;
+    uint64_t hbm_bytes;
+    int64_t hbm_free_bytes;    /* -1: unknown (presets) */
+    int sm_clock_mhz;          /* peak; 0: unknown */
+    int mem_clock_mhz;         /* peak; 0: unknown */
+    int mem_bus_bits;          /* 0: unknown */
+    uint64_t l2_bytes;
+    uint64_t smem_optin_bytes; /* opt-in shared memory per block */
+    char pci_bus_id[32];       /* "" for presets */
+    bool wgmma;                /* sm_90 warpgroup MMA */
+    bool fp8;                  /* FP8 E4M3/E5M2 tensor cores (sm_89+) */
+    bool tcgen05;              /* sm_100 5th-generation tensor core instructions */
+    bool tmem;                 /* sm_100 tensor memory */
+    bool mx_block_scaling;     /* hardware MX block-scaled MMA (sm_100+) */
+    bool fp4;                  /* FP4 E2M1 tensor cores (sm_100+) */
+    int nvlink_links;          /* links NVML reports; -1: NVML unavailable */
+    int nvlink_active;         /* of those, active; -1: unknown */
+    double peak_bf16_tflops, peak_fp8_tflops, peak_fp4_tflops; /* dense; 0: none or unknown */
+    double hbm_gbps;           /* GB/s; 0: unknown */
+} dw_gpu_info;
+/* GPU i (0 <= i < dw_hw_gpu_count) of each node. DW_ERR_INVALID (message in dw_errmsg(NULL))
+ * for NULL, an unset size or i out of range. */
+DW_API dw_status dw_hw_get_gpu(const dw_hw *hw, int i, dw_gpu_info *out);
+
+/* How GPU i reaches GPU j (a result struct: set size first), as the CUDA runtime reports it. */
+typedef struct {
+    size_t size;
+    bool access;          /* peer access supported (cudaDevP2PAttrAccessSupported) */
+    int perf_rank;        /* cudaDevP2PAttrPerformanceRank: lower is better */
+    bool native_atomics;  /* cudaDevP2PAttrNativeAtomicSupported */
+} dw_peer_link;
+/* For i != j, both in [0, dw_hw_gpu_count); DW_ERR_INVALID (dw_errmsg(NULL)) otherwise. */
+DW_API dw_status dw_hw_get_peer(const dw_hw *hw, int i, int j, dw_peer_link *out);
+
+/* Sets the number of identical nodes (1..1000000) of a probed or loaded description
+ * (dw_hw_preset takes it as an argument). DW_ERR_INVALID for a value out of range. */
+DW_API dw_status dw_hw_set_nodes(dw_ctx *ctx, dw_hw *hw, int nodes);
+/* Keeps only the first n GPUs of each node (e.g. plan one GPU of an 8-GPU preset); the NVLink
+ * domain of a single node shrinks to n with them. DW_ERR_INVALID when n < 1 or the node has fewer
+ * than n GPUs (the message names both counts); DW_ERR_NOMEM. */
+DW_API dw_status dw_hw_keep_gpus(dw_ctx *ctx, dw_hw *hw, int n);
+
 /* ======================================================================================
  * Formats and quantisation (see shared/FORMATS.md)          [section: formats]
  * ====================================================================================== */

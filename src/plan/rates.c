@@ -45,11 +45,11 @@ static double peak_of(const dw_gpu_info *g, dw_plan_prec p, double *ceil) {
         *ceil = blackwell ? EFF_LOWP_BLACKWELL : EFF_FP8_HOPPER;
         return g->peak_fp8_tflops;
     case DW_PREC_MXFP8:
-        if (g->features.mx_block_scaling) { *ceil = EFF_LOWP_BLACKWELL; return g->peak_fp8_tflops; }
+        if (g->mx_block_scaling) { *ceil = EFF_LOWP_BLACKWELL; return g->peak_fp8_tflops; }
         *ceil = EFF_FP8_HOPPER * HOPPER_MXFP8_FACTOR;
         return g->peak_fp8_tflops;
     case DW_PREC_NVFP4:
-        if (g->features.fp4 && g->peak_fp4_tflops > 0) {
+        if (g->fp4 && g->peak_fp4_tflops > 0) {
             *ceil = EFF_FP4_BLACKWELL;
             return g->peak_fp4_tflops;
         }
