@@ -547,6 +547,27 @@ DW_API dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **ou
  * Autoplan and dryrun                                        [section: plan]
  * ====================================================================================== */
 
+/* ---- models the planner (and capture) read: presets and Hugging Face config.json ----------
+ * Declared here for the CLI; they describe capture's model configs (see [section: ir]). */
+
+/* Number of model presets and the i-th preset's name (static storage; NULL out of range). */
+DW_API int dw_model_preset_count(void);
+DW_API const char *dw_model_preset_name(int i);
+
+/* A model's architecture as the planner and capture see it (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    char model_type[32];   /* as in config.json: "gpt2", "llama", "mixtral", ... */
+    int64_t vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, max_seq;
+    int64_t n_experts, top_k; /* 0 experts: dense */
+    int64_t params;        /* trainable parameters, tied embeddings counted once (closed form) */
+    bool planning_only;    /* a shape for the planner; capture and training refuse it */
+} dw_model_info;
+/* The architecture of `model`: a preset name, a directory holding config.json, or a path to a
+ * config.json. Errors name the file and field; DW_ERR_INVALID for an unknown preset (the message
+ * lists the presets) or NULL arguments. */
+DW_API dw_status dw_model_info_load(dw_ctx *ctx, const char *model, dw_model_info *out);
+
 /* A training job for the planner. Zero fields take defaults: moe_* from the model config
  * (capacity 1.0), mem_headroom 0.10 of HBM; precision NULL means "bf16". */
 typedef struct {
