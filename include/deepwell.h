@@ -568,6 +568,10 @@ typedef struct {
  * lists the presets) or NULL arguments. */
 DW_API dw_status dw_model_info_load(dw_ctx *ctx, const char *model, dw_model_info *out);
 
+/* Whether the planner models `recipe` (a dw_recipe): bf16, fp8_block, mxfp8 and nvfp4 (its GEMM
+ * rates, memory, and the CUDA engine's policy); the others are refused by dw_autoplan. */
+DW_API bool dw_plan_supports_recipe(int32_t recipe);
+
 /* A training job for the planner. Zero fields take defaults: moe_* from the model config
  * (capacity 1.0), mem_headroom 0.10 of HBM; precision NULL means "bf16". */
 typedef struct {

@@ -220,7 +220,7 @@ int cmd_dryrun(int argc, char **argv) {
     dw_par_format(&par, buf, sizeof buf);
     printf("dryrun %s on %d x %s, seq %lld, global batch %lld, %s\nplan: %s%s%s\n\n", a.model,
            (int)st.in.n_gpus, st.hw->gpus[0].name, (long long)st.in.job.seq,
-           (long long)st.in.job.global_batch, dw_plan_prec_name(st.in.job.prec), buf,
+           (long long)st.in.job.global_batch, dw_recipe_name(st.in.job.recipe), buf,
            plan_path ? " from " : " (planner's best)", plan_path ? plan_path : "");
     int fails = 0;
     bool formed = false, ran = false;

@@ -129,7 +129,7 @@ int cmd_plan(int argc, char **argv) {
                st.in.experts ? " (MoE)" : "", st.hw->gpus[0].name, (int)st.in.n_gpus, st.hw->nodes,
                st.hw->nvlink_domain, st.hw->source);
         printf("job: seq %lld, global batch %lld sequences, %s; searched %lld configurations, %lld feasible\n\n",
-               (long long)st.in.job.seq, (long long)st.in.job.global_batch, dw_plan_prec_name(st.in.job.prec),
+               (long long)st.in.job.seq, (long long)st.in.job.global_batch, dw_recipe_name(st.in.job.recipe),
                (long long)res.evaluated, (long long)res.feasible);
         for (int i = 0; i < res.n_plans; i++) {
             char label[16];
@@ -145,7 +145,7 @@ int cmd_plan(int argc, char **argv) {
         printf("\nMFU/HFU are relative to the dense datasheet peak of the recipe's GEMMs (%.0f TFLOP/s per GPU).\n"
                "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
                "alpha-beta collectives, pipeline event simulation); nothing was run.\n",
-               dw_plan_peak_flops(&st.hw->gpus[0], st.in.job.prec) / 1e12);
+               dw_plan_peak_flops(&st.hw->gpus[0], st.in.job.recipe) / 1e12);
         if (st.in.n_gpus == 1 && st.in.engine_model)
             printf("One GPU: planned for Deepwell's CUDA engine (memory from its compiled pools, time from its\n"
                    "graph at the engine's kernel rates; docs/planner.md). `deepwell dryrun --run` checks it.\n");

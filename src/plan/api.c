@@ -15,7 +15,7 @@ dw_status dw_autoplan_json(dw_ctx *ctx, const char *model, const dw_hw *hw, cons
     DW_TRY(dw_model_config_load(ctx, model, &cfg));
     dw_job j = {.seq = job->seq, .global_batch = job->global_batch, .moe_experts = job->moe_experts,
                 .moe_top_k = job->moe_top_k, .moe_capacity = job->moe_capacity, .mem_headroom = job->mem_headroom};
-    if (job->precision && !dw_plan_prec_parse(job->precision, &j.prec))
+    if (job->precision && (!dw_recipe_parse(job->precision, &j.recipe) || !dw_plan_supports_recipe(j.recipe)))
         return dw_set_error(ctx, DW_ERR_INVALID, "unknown precision recipe '%s' (bf16, fp8_block, mxfp8, nvfp4)",
                             job->precision);
     dw_plan_in in;

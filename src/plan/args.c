@@ -65,7 +65,7 @@ dw_status dw_plan_args_opt(dw_ctx *ctx, int c, const char *arg, dw_plan_args *a)
         a->job.global_batch = x, a->batch_given = true;
         return DW_OK;
     case 0x104:
-        if (!dw_plan_prec_parse(arg, &a->job.prec))
+        if (!dw_recipe_parse(arg, &a->job.recipe) || !dw_plan_supports_recipe(a->job.recipe))
             return dw_set_error(ctx, DW_ERR_INVALID,
                                 "--precision: unknown recipe '%s' (bf16, fp8_block, mxfp8, nvfp4)", arg);
         return DW_OK;

@@ -13,14 +13,15 @@
 #include "probe/hw.h"
 
 /* ---- job ------------------------------------------------------------------------------------ */
-typedef enum { DW_PREC_BF16 = 0, DW_PREC_FP8_BLOCK, DW_PREC_MXFP8, DW_PREC_NVFP4, DW_PREC_COUNT } dw_plan_prec;
-const char *dw_plan_prec_name(dw_plan_prec p);
-bool dw_plan_prec_parse(const char *name, dw_plan_prec *out);
+/* The recipes the planner models (GEMM rates, memory, the engine's policy), in this order:
+ * bf16, fp8_block, mxfp8, nvfp4 (dw_plan_supports_recipe in deepwell.h says the same). */
+#define DW_PLAN_RECIPES 4
+extern const dw_recipe dw_plan_recipes[DW_PLAN_RECIPES];
 
 typedef struct {
     int64_t seq;            /* tokens per sequence */
     int64_t global_batch;   /* sequences per optimizer step */
-    dw_plan_prec prec;
+    dw_recipe recipe;       /* one of dw_plan_recipes */
     /* MoE overrides; 0 = take from the model config (experts, top_k), capacity 0 → 1.0 */
     int64_t moe_experts, moe_top_k;
     double moe_capacity;
@@ -114,7 +115,7 @@ typedef struct {
  * of the same objects is accepted too). */
 typedef struct {
     int64_t m, n, k;
-    dw_plan_prec prec;
+    dw_recipe recipe;
     double tflops;
 } dw_gemm_point;
 typedef struct {
@@ -161,12 +162,12 @@ double dw_plan_model_flops_per_token(const dw_plan_in *in);
 
 /* ---- pieces of the cost model (cost.c, comm.c, memory.c) -------------------------------------- */
 /* Achievable dense GEMM rate (FLOP/s) for C[m,n] = A[m,k] B[k,n] under a precision. */
-double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k);
+double dw_plan_gemm_rate(const dw_plan_in *in, dw_recipe prec, double m, double n, double k);
 /* Dense datasheet peak (FLOP/s) the precision's GEMMs run at: BF16, FP8 (fp8_block, mxfp8, and
  * nvfp4 emulated on Hopper), FP4 (nvfp4 on Blackwell). The basis of MFU and HFU. */
-double dw_plan_peak_flops(const dw_gpu_info *g, dw_plan_prec prec);
+double dw_plan_peak_flops(const dw_gpu_info *g, dw_recipe prec);
 /* Analytical efficiency (fraction of the precision's datasheet peak). */
-double dw_plan_gemm_eff(const dw_gpu_info *g, dw_plan_prec prec, double m, double n, double k);
+double dw_plan_gemm_eff(const dw_gpu_info *g, dw_recipe prec, double m, double n, double k);
 
 typedef enum { DW_COLL_ALLREDUCE = 0, DW_COLL_ALLGATHER, DW_COLL_REDUCESCATTER, DW_COLL_ALLTOALL,
                DW_COLL_P2P } dw_coll;

@@ -76,7 +76,7 @@ json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
     json_object_set_new(o, "hardware", hw);
     set_int(job, "seq", in->job.seq);
     set_int(job, "global_batch", in->job.global_batch);
-    json_object_set_new(job, "precision", json_string(dw_plan_prec_name(in->job.prec)));
+    json_object_set_new(job, "precision", json_string(dw_recipe_name(in->job.recipe)));
     set_num(job, "memory_headroom", in->job.mem_headroom);
     if (in->experts) set_num(job, "moe_capacity", in->capacity);
     json_object_set_new(o, "job", job);

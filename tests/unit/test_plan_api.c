@@ -31,7 +31,7 @@ static void test_autoplan_json(void **state) {
     /* the same plan as the private API */
     dw_model_config cfg;
     assert_int_equal(dw_model_config_load(ctx, "llama-8b", &cfg), DW_OK);
-    dw_job j = {.seq = job.seq, .global_batch = job.global_batch, .prec = DW_PREC_FP8_BLOCK};
+    dw_job j = {.seq = job.seq, .global_batch = job.global_batch, .recipe = DW_RECIPE_FP8_BLOCK};
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
     dw_plan_result r;
