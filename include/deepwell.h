@@ -572,24 +572,231 @@ DW_API dw_status dw_model_info_load(dw_ctx *ctx, const char *model, dw_model_inf
  * rates, memory, and the CUDA engine's policy); the others are refused by dw_autoplan. */
 DW_API bool dw_plan_supports_recipe(int32_t recipe);
 
-/* A training job for the planner. Zero fields take defaults: moe_* from the model config
- * (capacity 1.0), mem_headroom 0.10 of HBM; precision NULL means "bf16". */
+/* A training job for the planner (options struct: dw_plan_job_init sets size and defaults). */
 typedef struct {
-    int64_t seq;          /* tokens per sequence */
-    int64_t global_batch; /* sequences per optimizer step */
-    const char *precision; /* "bf16", "fp8_block", "mxfp8", "nvfp4" */
-    int64_t moe_experts, moe_top_k;
-    double moe_capacity;
-    double mem_headroom;
+    size_t size;
+    int64_t seq;            /* tokens per sequence (required: >= 1) */
+    int64_t global_batch;   /* sequences per optimizer step (required: >= 1) */
+    int32_t recipe;         /* dw_recipe of the GEMMs (dw_plan_supports_recipe); default bf16 */
+    int64_t moe_experts, moe_top_k; /* 0: the model config's (default) */
+    double moe_capacity;    /* >= 1; 0: 1.0 (default) */
+    double mem_headroom;    /* fraction of HBM kept free, below 0.9; 0: 0.10 (default) */
+    const char *gemm_rates; /* measured GEMM rates, a `deepwell bench gemm --json` file
+                               ({"results":[{m,n,k,recipe,tflops}]}), replacing the analytical
+                               curve where it has points; NULL: none (default) */
+    int top_k;              /* candidates dw_autoplan_search keeps, 1..1000; default 5 */
 } dw_plan_job;
+DW_API void dw_plan_job_init(dw_plan_job *job, size_t size);
 
-/* Searches parallel plans (DP/TP/PP/CP/EP, micro-batch, pipeline schedule, recompute, ZeRO,
- * offload) for training `model` (a preset name or a directory with config.json) on `hw`, and
- * returns the `deepwell plan --json` document (schema: docs/planner.md) with the `top_k` fastest
- * plans; "best" is null when nothing fits. Analytical: runs no kernel and needs no GPU.
+/* Activation recompute of a plan. */
+typedef enum { DW_RECOMPUTE_NONE = 0, DW_RECOMPUTE_SELECTIVE, DW_RECOMPUTE_FULL, DW_RECOMPUTE_COUNT } dw_recompute;
+/* "none", "selective", "full" (static storage; "?" out of range). */
+DW_API const char *dw_recompute_name(dw_recompute r);
+
+/* One parallel plan: a layout (the degrees, micro-batch, recompute, ZeRO, offload) for a model,
+ * a machine and a job, with the planner's predictions (memory per GPU, step time) and its checks.
+ * Immutable once made: reading it from several threads is safe; the calls that take a ctx use
+ * that ctx's thread. Free with dw_plan_free. */
+typedef struct dw_plan dw_plan;
+/* The record of a search: its candidates, best first, and why the other configurations were
+ * rejected. Immutable; free with dw_plan_set_free. */
+typedef struct dw_plan_set dw_plan_set;
+
+/* Searches parallel plans (DP/TP/PP/CP/EP degrees, micro-batch, pipeline schedule, recompute,
+ * ZeRO stage, offload) for training `model` (a preset name or a directory with config.json; see
+ * dw_model_info_load) on `hw` (copied: it may be freed after the call) and keeps job->top_k
+ * candidates. Analytical: runs no kernel and needs no GPU. Nothing fitting is not an error here:
+ * the set then has no candidate and its rejections say why. Errors: DW_ERR_INVALID for a bad job
+ * (the message names the field), an unknown model, a machine without GPUs or without the rates
+ * planning needs; DW_ERR_UNSUPPORTED for a recipe the GPUs lack; DW_ERR_IO / DW_ERR_FORMAT for
+ * the gemm_rates file. *out is NULL on error. */
+DW_API dw_status dw_autoplan_search(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
+                                    dw_plan_set **out);
+/* The best plan of dw_autoplan_search; DW_ERR_UNSUPPORTED ("no configuration fits", with the
+ * number searched) when nothing fits. */
+DW_API dw_status dw_autoplan(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
+                             dw_plan **out);
+/* dw_autoplan_search's set as the `deepwell plan --json` document (schema: docs/planner.md),
+ * compact, keeping `top_k` candidates (overrides job->top_k); "best" is null when nothing fits.
  * *json_out is caller-owned (dw_free_string); NULL on error. */
 DW_API dw_status dw_autoplan_json(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
-                           int top_k, char **json_out);
+                                  int top_k, char **json_out);
+
+DW_API void dw_plan_set_free(dw_plan_set *s);
+/* Candidates kept, best (fastest predicted step) first; 0 when nothing fits. */
+DW_API int dw_plan_set_count(const dw_plan_set *s);
+/* Candidate i (0 = best) as a plan of its own (caller dw_plan_free). DW_ERR_INVALID for i out
+ * of range. */
+DW_API dw_status dw_plan_set_get(dw_ctx *ctx, const dw_plan_set *s, int i, dw_plan **out);
+/* Configurations the search considered, and of those the ones that passed every constraint
+ * (either pointer may be NULL). */
+DW_API void dw_plan_set_stats(const dw_plan_set *s, int64_t *evaluated, int64_t *feasible);
+/* The `deepwell plan --json` document of the set (indented when pretty); dw_free_string. */
+DW_API dw_status dw_plan_set_to_json(dw_ctx *ctx, const dw_plan_set *s, bool pretty, char **out);
+
+/* Rejection reasons, 0 <= reason < dw_plan_reject_reasons(): their names
+ * ("heads_not_divisible_by_tp", "memory_exceeds_hbm_minus_headroom", ...; static storage, NULL
+ * out of range), how many configurations each rejected in a search, and up to three examples
+ * ("dp8 tp16 ...: tp 16 > NVLink domain 8"; valid while s lives; NULL out of range). */
+DW_API int dw_plan_reject_reasons(void);
+DW_API const char *dw_plan_reject_name(int reason);
+DW_API int64_t dw_plan_set_rejected(const dw_plan_set *s, int reason, int *examples);
+DW_API const char *dw_plan_set_reject_example(const dw_plan_set *s, int reason, int i);
+
+/* A one-GPU plan without the planner: dp = tp = pp = cp = ep = vpp = 1, no recompute, ZeRO or
+ * offload, global batch = micro_batch (one micro-batch per step), bf16. It carries no model or
+ * machine, so it has a layout but no predictions or checks (those getters refuse it).
+ * DW_ERR_INVALID for micro_batch or seq < 1. */
+DW_API dw_status dw_plan_single(dw_ctx *ctx, int64_t micro_batch, int64_t seq, dw_plan **out);
+/* A plan read from JSON: a `deepwell plan --json` document (its "best") or one plan object
+ * ({"parallel":{dp,tp,pp,ep,cp}, "micro_batch", "grad_accum", "virtual_stages", "recompute",
+ * "zero", "offload"}; only "parallel" is required; a missing grad_accum is global_batch /
+ * (dp x micro_batch) when that divides), checked and predicted for model, hw and job as
+ * dw_autoplan_search would. `what` names the text in messages (may be NULL). A plan that breaks
+ * constraints is still made (dw_plan_get_checks says which); DW_ERR_FORMAT for malformed JSON or
+ * fields (the message names the field), and dw_autoplan_search's errors. */
+DW_API dw_status dw_plan_from_json(dw_ctx *ctx, const char *text, size_t len, const char *what, const char *model,
+                                   const dw_hw *hw, const dw_plan_job *job, dw_plan **out);
+/* Same from a file (DW_ERR_IO naming it when unreadable). */
+DW_API dw_status dw_plan_load(dw_ctx *ctx, const char *path, const char *model, const dw_hw *hw,
+                              const dw_plan_job *job, dw_plan **out);
+/* The plan as one JSON object: "summary", the layout fields dw_plan_from_json reads, the
+ * predictions when it has them ("step_time_s", "tokens_per_s", "mfu", "hfu",
+ * "peak_memory_bytes", "memory", "time") and "job" {seq, global_batch, precision}. */
+DW_API dw_status dw_plan_to_json(dw_ctx *ctx, const dw_plan *p, bool pretty, char **out);
+DW_API void dw_plan_free(dw_plan *p);
+
+/* The layout the compiler reads (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    int dp, tp, pp, cp, ep;   /* data, tensor, pipeline, context, expert parallel degrees; EP
+                                 splits the DP ranks' experts (ep divides dp) */
+    int vpp;                  /* virtual stages per pipeline rank (1: plain 1F1B, else interleaved) */
+    int zero;                 /* ZeRO stage 0..3 (3 = FSDP) */
+    int recompute;            /* dw_recompute: 0 none */
+    bool offload;             /* optimizer state and step on the host */
+    int64_t micro_batch;      /* sequences per micro-batch per DP rank; micro-batches per step per
+                                 DP rank = global_batch / (dp x micro_batch) */
+    int64_t seq, global_batch;
+    int32_t recipe;           /* dw_recipe of the GEMMs */
+} dw_plan_layout;
+DW_API dw_status dw_plan_get_layout(const dw_plan *p, dw_plan_layout *out);
+/* GPUs the plan runs on: dp x tp x pp x cp (0 for NULL). */
+DW_API int dw_plan_world_size(const dw_plan *p);
+/* "dp8 tp8 pp16 v1 cp1 ep1 mb1 ga16 1f1b rc=none zero1" (valid while p lives; "" for NULL). */
+DW_API const char *dw_plan_summary(const dw_plan *p);
+/* The pipeline schedule: "1f1b" or "interleaved_1f1b" (static storage). */
+DW_API const char *dw_plan_schedule(const dw_plan *p);
+
+/* What a plan was made for (a result struct: set size first). Strings are valid while p lives
+ * (NULL for a plan from dw_plan_single, whose numbers beyond the job are 0). */
+typedef struct {
+    size_t size;
+    const char *model;          /* as given */
+    const char *model_type;     /* "llama", ... */
+    double params;              /* trainable parameters, tied embeddings once */
+    double model_flops_per_token; /* 6 x active matmul params + attention (the MFU numerator) */
+    int64_t experts, top_k;     /* effective MoE (0 experts: dense) */
+    double moe_capacity;
+    const char *gpu;            /* GPU 0's name */
+    const char *hw_source;      /* "probe", "preset" or "file" */
+    int nodes, gpus_per_node, nvlink_domain;
+    int64_t gpus;               /* nodes x GPUs per node */
+    int64_t seq, global_batch;
+    int32_t recipe;             /* dw_recipe */
+    double mem_headroom;        /* the fraction of HBM kept free */
+    double peak_flops;          /* dense datasheet FLOP/s per GPU of the recipe's GEMMs: the MFU basis */
+    bool engine;                /* one GPU and a model Deepwell's CUDA engine builds: planned for
+                                   the engine (its compiled memory, its kernel rates) */
+} dw_plan_info;
+DW_API dw_status dw_plan_get_info(const dw_plan *p, dw_plan_info *out);
+/* The same for the set's model, machine and job (a set that kept no plan has one too). */
+DW_API dw_status dw_plan_set_get_info(const dw_plan_set *s, dw_plan_info *out);
+
+/* Predicted memory per GPU on the plan's worst pipeline stage, in bytes (a result struct). */
+typedef struct {
+    size_t size;
+    double weights, grads, optimizer, activations, workspace, scales;
+    double total;               /* the sum of the above */
+    double hbm, limit;          /* HBM per GPU, and (1 - headroom) x HBM */
+    int worst_stage;            /* the pipeline stage of the peak */
+    double inflight;            /* micro-batches whose activations that stage holds at the peak */
+} dw_plan_mem;
+/* Predicted time of one optimizer step, in seconds (a result struct). Communication figures are
+ * the parts the schedule cannot hide, on the slowest stage. */
+typedef struct {
+    size_t size;
+    double step;                /* predicted seconds per optimizer step */
+    double pipeline;            /* simulated pipeline makespan (compute, TP/CP/EP, p2p, bubbles) */
+    double compute;             /* busy time of the slowest stage (no bubbles) */
+    double bubble_frac;         /* idle fraction of that stage inside `pipeline` */
+    double tp_comm, cp_comm, ep_comm, pp_comm;
+    double dp_comm, dp_exposed; /* DP/ZeRO traffic time, and the part not hidden by backward */
+    double optimizer;           /* the optimizer step (GPU, or host when offloaded) */
+    double tokens_per_s, mfu, hfu; /* against dw_plan_info.peak_flops */
+    double model_flops;         /* per step, whole machine (the MFU numerator, PaLM convention) */
+} dw_plan_cost;
+/* DW_ERR_INVALID (message in dw_errmsg(NULL)) for a plan without predictions: one from
+ * dw_plan_single, or one whose constraints fail (see dw_plan_get_checks). */
+DW_API dw_status dw_plan_get_memory(const dw_plan *p, dw_plan_mem *out);
+DW_API dw_status dw_plan_get_cost(const dw_plan *p, dw_plan_cost *out);
+
+/* `deepwell dryrun`'s checks of a plan, re-derived independently of the search (a result
+ * struct). The memory, overlap and bubble checks are made only for a well-formed plan. */
+typedef struct {
+    size_t size;
+    int violations;             /* structural constraints broken (divisibility, NVLink domain,
+                                   schedule, ZeRO, engine limits); memory not counted */
+    const char *why;            /* one line per violation ("tp: tp 16 exceeds the NVLink domain
+                                   8\n"); "" when none; valid while the plan lives */
+    bool constraints_ok;        /* violations == 0: well-formed */
+    bool memory_ok;             /* peak memory per GPU within HBM minus the headroom */
+    double overlap;             /* non-overlapped communication / step time */
+    bool overlap_ok;            /* overlap <= 0.5 */
+    bool bubble_ok;             /* pipeline idle fraction <= 0.5 */
+} dw_plan_checks;
+/* DW_ERR_INVALID (dw_errmsg(NULL)) for a plan from dw_plan_single. */
+DW_API dw_status dw_plan_get_checks(const dw_plan *p, dw_plan_checks *out);
+
+/* Whether Deepwell's CUDA engine runs the plan as it is: one GPU (every degree 1), no
+ * recompute, ZeRO or offload, and a model the engine builds (dense gpt2/llama/mistral/qwen2).
+ * Otherwise false with the first reason in *why (valid while p lives; why may be NULL). */
+DW_API bool dw_plan_runs_on_engine(const dw_plan *p, const char **why);
+/* The precision policy the engine runs the plan's recipe with: bf16, or a quantised recipe with
+ * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
+ * assumes. Caller dw_policy_free. */
+DW_API dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan *p, dw_policy **out);
+/* The engine's device memory for the plan's micro-batch on one GPU, in bytes (a result struct):
+ * the five pools of its compiled memory plan, the GEMM layer's cuBLASLt workspace, cuDNN
+ * attention's buffers and a CUDA-context allowance. Captures and compiles; needs no GPU. */
+typedef struct {
+    size_t size;
+    int64_t pool[5];            /* weights, grads, optimizer, activations, workspace */
+    int64_t cublaslt;           /* the GEMM layer's workspace */
+    int64_t attention;          /* cuDNN attention's buffers for the model's attention shape */
+    int64_t context;            /* CUDA context and kernel images (an allowance) */
+    int64_t total;              /* all of the above */
+} dw_plan_engine_mem;
+/* The engine's time, in seconds (a result struct): each linear node's three GEMMs at their
+ * shapes and recipes, quantisation, attention at the engine kernel's rate, other kernels by
+ * the bytes they move, launch overheads and AdamW (docs/planner.md, "Deepwell's engine"). */
+typedef struct {
+    size_t size;
+    double fwd, bwd;            /* per micro-batch */
+    double gemm, attn, mem;     /* of fwd + bwd: GEMMs, attention, memory-bound kernels */
+    double overhead;            /* of fwd + bwd: launches and per-micro-batch costs */
+    double launches;            /* kernel launches per micro-batch */
+    double optimizer;           /* AdamW, once per step */
+    double flops;               /* executed per micro-batch */
+} dw_plan_engine_cost;
+/* DW_ERR_UNSUPPORTED (the reason of dw_plan_runs_on_engine) for a plan the engine does not run. */
+DW_API dw_status dw_plan_get_engine_memory(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_mem *out);
+DW_API dw_status dw_plan_get_engine_cost(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_cost *out);
+
+/* Writes an SVG timeline of one simulated step of the plan's pipeline (one row per pipeline
+ * rank, forward and backward blocks by micro-batch, bubbles left grey), atomically.
+ * DW_ERR_UNSUPPORTED for steps too large to draw (over 40000 blocks); DW_ERR_IO. */
+DW_API dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan *p, const char *path);
 
 /* ======================================================================================
  * Training                                                   [section: train]

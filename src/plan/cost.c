@@ -118,8 +118,8 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
     t->fwd = gm.fwd + attn_f + elem_f + fwd_comm;
     t->bwd = gm.bwd + attn_b + 2 * elem_f + (t->tp + t->cp + t->ep - fwd_comm);
     t->flops = gm.flops;
-    if (par->recompute == DW_RC_SELECTIVE) t->bwd += hbm_time(in, T * rc_elem / tp);
-    if (par->recompute == DW_RC_FULL) {
+    if (par->recompute == DW_RECOMPUTE_SELECTIVE) t->bwd += hbm_time(in, T * rc_elem / tp);
+    if (par->recompute == DW_RECOMPUTE_FULL) {
         t->bwd += t->fwd;
         t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += ep_fwd;
         t->flops += (gm.flops - 3.5 * af) / 3 + af; /* one more forward: GEMMs + attention */
@@ -146,8 +146,8 @@ static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *
     }
 }
 
-static const char *const rc_names[DW_RC_COUNT] = {"none", "selective", "full"};
-const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RC_COUNT) ? rc_names[r] : "?"; }
+static const char *const rc_names[DW_RECOMPUTE_COUNT] = {"none", "selective", "full"};
+const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RECOMPUTE_COUNT) ? rc_names[r] : "?"; }
 const char *dw_sched_name(dw_sched s) { return s == DW_SCHED_INTERLEAVED ? "interleaved_1f1b" : "1f1b"; }
 
 static const char *const reject_names[DW_REJECT_COUNT] = {
@@ -187,7 +187,7 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
     if (p->vpp > 1 && p->grad_accum % p->pp)
         FAIL(INTERLEAVE_MB, "%lld micro-batches %% pp %d != 0", (long long)p->grad_accum, p->pp);
     if (p->zero >= 2 && p->pp > 1) FAIL(ZERO_PP, "ZeRO-%d with pp %d", p->zero, p->pp);
-    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RC_NONE || p->zero || p->offload))
+    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RECOMPUTE_NONE || p->zero || p->offload))
         FAIL(ENGINE, "one GPU runs Deepwell's engine: recompute %s, ZeRO-%d%s", dw_recompute_name(p->recompute),
              p->zero, p->offload ? ", offload" : "");
     /* the event simulation keeps two times per (micro-batch, virtual stage) */

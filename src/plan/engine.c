@@ -26,7 +26,7 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
         return say(why, why_len, buf);
     }
     if (!in->engine_model) return say(why, why_len, in->engine_why);
-    if (par->recompute != DW_RC_NONE) {
+    if (par->recompute != DW_RECOMPUTE_NONE) {
         snprintf(buf, sizeof buf, "recompute %s: the engine keeps every activation (no recomputation)",
                  dw_recompute_name(par->recompute));
         return say(why, why_len, buf);
@@ -54,9 +54,8 @@ void dw_plan_engine_probe_model(dw_plan_in *in) {
     dw_graph_free(g);
 }
 
-dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan_in *in, dw_policy **out) {
-    dw_recipe p = in->job.recipe;
-    return dw_policy_from_precision(ctx, dw_recipe_name(p), p != DW_RECIPE_BF16, out);
+dw_status dw_plan_recipe_policy(dw_ctx *ctx, dw_recipe r, dw_policy **out) {
+    return dw_policy_from_precision(ctx, dw_recipe_name(r), r != DW_RECIPE_BF16, out);
 }
 
 /* The engine's compiled plan for the job at micro-batch b (free with release()). */
@@ -69,7 +68,7 @@ typedef struct {
 static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, compiled_job *j) {
     memset(j, 0, sizeof *j);
     DW_TRY(dw_capture_config(ctx, in->cfg, b, in->job.seq, &j->g));
-    DW_TRY(dw_plan_engine_policy(ctx, in, &j->pol));
+    DW_TRY(dw_plan_recipe_policy(ctx, in->job.recipe, &j->pol));
     return dw_compile(ctx, j->g, NULL, j->pol, &j->c);
 }
 

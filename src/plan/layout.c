@@ -56,7 +56,7 @@ static double attn_bytes(const dw_plan_in *in, dw_recompute rc) {
     double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
     double Hkv = (double)c->n_kv_heads, a = dw_plan_operand_bytes(in->job.recipe);
     double b = 2 * d + 2 * (H + 2 * Hkv) * hd + 2 * H * hd + 4 * H + 2 * d;
-    if (rc == DW_RC_NONE) b += a * d + (a < 2 ? a * H * hd : 0);
+    if (rc == DW_RECOMPUTE_NONE) b += a * d + (a < 2 ? a * H * hd : 0);
     return b;
 }
 
@@ -65,17 +65,17 @@ static double attn_bytes(const dw_plan_in *in, dw_recompute rc) {
 static double mlp_bytes(const dw_plan_in *in, dw_recompute rc, double ff, double mult) {
     double d = (double)in->cfg->d_model, a = dw_plan_operand_bytes(in->job.recipe);
     double b = 2 * (glu(in) ? 2 : 1) * ff;
-    if (rc == DW_RC_NONE) b += a * d + a * ff;
+    if (rc == DW_RECOMPUTE_NONE) b += a * d + a * ff;
     return b * mult;
 }
 
 double dw_plan_act_bytes_dense(const dw_plan_in *in, dw_recompute rc) {
-    if (rc == DW_RC_FULL) return 2.0 * (double)in->cfg->d_model; /* block input only */
+    if (rc == DW_RECOMPUTE_FULL) return 2.0 * (double)in->cfg->d_model; /* block input only */
     return attn_bytes(in, rc) + mlp_bytes(in, rc, (double)in->cfg->d_ff, 1);
 }
 
 double dw_plan_act_bytes_moe(const dw_plan_in *in, dw_recompute rc) {
-    if (rc == DW_RC_FULL) return 2.0 * (double)in->cfg->d_model;
+    if (rc == DW_RECOMPUTE_FULL) return 2.0 * (double)in->cfg->d_model;
     const dw_model_config *c = in->cfg;
     double fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : (double)c->d_ff;
     double shared = c->n_shared_experts > 0 ? (double)c->n_shared_experts : 0;

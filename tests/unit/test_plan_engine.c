@@ -95,7 +95,7 @@ static void test_memory_equals_compiled_pools(void **state) {
         assert_true(e.mem.total == m.total);
         /* plans the engine does not run: reason given, analytical memory */
         dw_par q = p;
-        q.recompute = DW_RC_SELECTIVE;
+        q.recompute = DW_RECOMPUTE_SELECTIVE;
         assert_false(dw_plan_engine_runnable(&in, &q, why, sizeof why));
         assert_non_null(strstr(why, "recompute"));
         q = p, q.zero = 1;

@@ -106,9 +106,9 @@ static void test_activation_bytes(void **state) {
      *   full keeps the block input: 2*768 = 1,536 */
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
     dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 8, DW_RECIPE_BF16);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_NONE) == 24624.0);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_SELECTIVE) == 15408.0);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_FULL) == 1536.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_NONE) == 24624.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_SELECTIVE) == 15408.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_FULL) == 1536.0);
     /* Llama-8B, FP8 (a = 1 byte for saved GEMM inputs):
      *   attention: 2*4096 + 2*(32+16)*128 + 2*4096 + 4*32 + 2*4096 + QKV in 1*4096 + O copy 1*4096
      *            = 8192 + 12288 + 8192 + 128 + 8192 + 4096 + 4096 = 45,184
@@ -116,8 +116,8 @@ static void test_activation_bytes(void **state) {
      *   selective: 120,960 - 4096 - 4096 - 4096 - 14336 = 94,336 */
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
     in = mk_in(ctx, &l8, hw, 8192, 8, DW_RECIPE_FP8_BLOCK);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_NONE) == 120960.0);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_SELECTIVE) == 94336.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_NONE) == 120960.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_SELECTIVE) == 94336.0);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }
@@ -136,8 +136,8 @@ static void test_moe_shares(void **state) {
      *   routed copies top_k x capacity = 2 x 1.25 = 2.5, each: expert input 2*4096 + SwiGLU
      *   inputs 2*2*14336 + down input 2*14336 = 94,208 → 235,520; routing 8*top_k = 16
      *   → 280,720 */
-    assert_true(dw_plan_act_bytes_moe(&in, DW_RC_NONE) == 280720.0);
-    assert_true(dw_plan_act_bytes_moe(&in, DW_RC_FULL) == 8192.0);
+    assert_true(dw_plan_act_bytes_moe(&in, DW_RECOMPUTE_NONE) == 280720.0);
+    assert_true(dw_plan_act_bytes_moe(&in, DW_RECOMPUTE_FULL) == 8192.0);
     /* tp 2, ep 4, pp 1: experts 32 x 8 x 3*4096*14336 / (ep 4 x tp 2) = 5,637,144,576;
      *   the rest: 32 x (attention 41,943,040 / 2 + router 32,768 + norms 8,192) = 672,399,360
      *   + embedding and LM head 2 x 32000*4096/2 = 131,072,000 + final norm 4,096
@@ -254,14 +254,14 @@ static void test_memory_hand_case(void **state) {
     assert_true(m.optimizer == 0);
     /* full recompute: 12 block inputs 4096 x 1536 x 12 = 75,497,472 + one block's working set
      * 4096 x 24,624 = 100,859,904 + logits 1,235,116,032 */
-    p.offload = false, p.zero = 0, p.recompute = DW_RC_FULL;
+    p.offload = false, p.zero = 0, p.recompute = DW_RECOMPUTE_FULL;
     dw_plan_memory(&in, &p, &m);
     assert_true(m.activations == 75497472.0 + 100859904.0 + 1235116032.0);
     /* FP8 block-scaled: weights 2P + two FP8 copies of the matmul weights; 12 x 7,077,888
      * = 84,934,656 matmul params → weights 248,879,616 + 169,869,312; weight scales
      * 2 x 84,934,656 x 4/16384 = 41,472 */
     dw_plan_in in8 = mk_in(ctx, &g2, hw, 1024, 64, DW_RECIPE_FP8_BLOCK);
-    p.recompute = DW_RC_NONE;
+    p.recompute = DW_RECOMPUTE_NONE;
     dw_plan_memory(&in8, &p, &m);
     assert_true(m.weights == 248879616.0 + 169869312.0);
     /* activation scales: 4096 tokens x 12 blocks x (2*768 + 768 + 3072 quantised inputs)
@@ -295,7 +295,7 @@ static void test_executed_flops(void **state) {
      * attention) = 773,094,113,280 per micro-batch; x 2 micro-batches x 8 ranks
      * = 12,369,505,812,480 */
     dw_par pf = p;
-    pf.recompute = DW_RC_FULL;
+    pf.recompute = DW_RECOMPUTE_FULL;
     dw_plan_entry ef;
     assert_true(dw_plan_evaluate(&in, &pf, true, &ef, &why, det, sizeof det));
     double exec_full = ef.cost.hfu * ef.cost.step * 8 * 989e12;
@@ -350,7 +350,7 @@ static void test_tp_cp_traffic(void **state) {
     assert_true(fabs(e.cost.tp_comm - 322 * ag_tp) < 1e-12);
     assert_true(fabs(e.cost.cp_comm - 32 * 3 * ag_cp) < 1e-12);
     /* full recompute repeats the forward's 4 TP and 1 CP collectives per block */
-    p.recompute = DW_RC_FULL;
+    p.recompute = DW_RECOMPUTE_FULL;
     dw_plan_time(&in, &p, &e, NULL);
     assert_true(fabs(e.cost.tp_comm - (322 + 32 * 4) * ag_tp) < 1e-12);
     assert_true(fabs(e.cost.cp_comm - 32 * 4 * ag_cp) < 1e-12);

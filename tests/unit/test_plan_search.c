@@ -280,7 +280,7 @@ static void test_checker_catches_violations(void **state) {
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, NULL, &in), DW_OK);
     dw_par ok = {.dp = 8, .tp = 2, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1, .grad_accum = 8,
-                 .recompute = DW_RC_FULL, .zero = 1};
+                 .recompute = DW_RECOMPUTE_FULL, .zero = 1};
     char why[1024];
     assert_int_equal(dw_plan_check(&in, &ok, why, sizeof why), 0);
     struct { dw_par p; const char *needle; } bad[] = {
@@ -297,7 +297,7 @@ static void test_checker_catches_violations(void **state) {
         if (!strstr(why, bad[i].needle)) fail_msg("case %zu: '%s' not in: %s", i, bad[i].needle, why);
     }
     dw_par big = ok;
-    big.recompute = DW_RC_NONE, big.micro_batch = 8, big.grad_accum = 1, big.zero = 0;
+    big.recompute = DW_RECOMPUTE_NONE, big.micro_batch = 8, big.grad_accum = 1, big.zero = 0;
     assert_int_equal(dw_plan_check(&in, &big, why, sizeof why), 1);
     assert_non_null(strstr(why, "memory"));
     dw_hw_free(hw);
