@@ -799,6 +799,90 @@ DW_API dw_status dw_plan_get_engine_cost(dw_ctx *ctx, const dw_plan *p, dw_plan_
 DW_API dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan *p, const char *path);
 
 /* ======================================================================================
+ * Benchmarks (GPU micro-benchmarks behind `deepwell bench`)  [section: bench]
+ * ====================================================================================== */
+
+/* Timing: CUDA events around batches of back-to-back calls on one stream, after warm-up; the
+ * median batch. Each benchmark measures an anchor in the same run (a device-to-device copy, the
+ * registry's own choice) so results compare across machines and clocks. The benchmarks set
+ * process-wide state while they run (the quantiser's tuning, the GEMM autotuner's cache): call
+ * them with no other thread using the library. */
+
+/* `deepwell bench quant` (options struct: dw_bench_quant_opts_init sets size and defaults). */
+typedef struct {
+    size_t size;
+    int64_t rows, cols;  /* the BF16 input [rows, cols]; default 8192 x 8192; at most 4e9 elements */
+    int iters;           /* timed batches per variant (default 50) */
+    int batch;           /* calls per timed batch (default 10; 1 times each call alone, launch included) */
+    /* Tuning of the quantisation kernels, 0 = the built-in choice (the meaning of each value:
+     * `deepwell bench quant --help`): kernel 1 = the older cp.async kernels, 2 = the bulk-copy
+     * kernels (the default); stages 2..6; ctas_per_sm 1..64; t_store 1..5; load 1..2; group
+     * 1..64; tile_block 1, 2 or 4. Applied for the call only. */
+    int kernel, stages, ctas_per_sm, t_store, load, group, tile_block;
+} dw_bench_quant_opts;
+DW_API void dw_bench_quant_opts_init(dw_bench_quant_opts *o, size_t size);
+
+/* One measurement (library-owned, valid during the callback). */
+typedef struct {
+    const char *device;   /* the GPU's name */
+    int32_t recipe;       /* dw_recipe quantised to; -1 for the anchor, a device-to-device copy of
+                             the input */
+    bool transposed;      /* the transposed (column-wise) copy written in the same pass */
+    double ms;            /* per call */
+    double bytes;         /* read + written: input, codes, scales (the copy: input twice) */
+    double gbps;          /* bytes / time, GB/s */
+    double ratio_to_copy; /* gbps / the anchor's (1 for the anchor) */
+} dw_bench_quant_row;
+typedef void (*dw_bench_quant_fn)(const dw_bench_quant_row *r, void *user);
+
+/* Quantises a random BF16 [rows, cols] tensor on the context's GPU (the legacy default stream)
+ * to mxfp8 and fp8_block, each without and with the transposed copy, after timing the anchor:
+ * fn hears the anchor first, then the four variants. Correctness is tests/gpu's, not this.
+ * Errors: DW_ERR_UNSUPPORTED in a build without CUDA or on a CPU context (the message says which);
+ * DW_ERR_INVALID for bad options or tuning; DW_ERR_NOMEM; DW_ERR_CUDA. */
+DW_API dw_status dw_bench_quant(dw_ctx *ctx, const dw_bench_quant_opts *o, dw_bench_quant_fn fn, void *user);
+
+/* `deepwell bench gemm`: the shapes and recipes it knows, by index (static storage; NULL past
+ * the end). Shapes: square (8192^3), gpt2 (m = 16384, n, k in {768, 2304, 3072}), llama
+ * (16384x14336x4096, 16384x4096x14336), vocab (GPT-2's LM head GEMMs at vocabulary 50257: rows off
+ * 16-byte alignment). Recipes: bf16, fp8_tensor, fp8_block (1x128 A, 128x128 B: the engine's
+ * fp8_block2d weights), fp8_block_1x128 (1x128 both), mxfp8. */
+DW_API const char *dw_bench_gemm_shape_name(int i);
+DW_API const char *dw_bench_gemm_recipe_name(int i);
+
+/* Options (dw_bench_gemm_opts_init sets size and defaults). */
+typedef struct {
+    size_t size;
+    const char *shapes;   /* comma list of shape names; NULL: all (default) */
+    const char *recipes;  /* comma list of recipe names; NULL: all (default) */
+    int iters;            /* calls per timed batch (default 20) */
+    const char *backend;  /* force this registered kernel (cases it cannot run are skipped); NULL */
+    bool explain;         /* give each case dw_gemm_explain's account of the selection */
+} dw_bench_gemm_opts;
+DW_API void dw_bench_gemm_opts_init(dw_bench_gemm_opts *o, size_t size);
+
+/* One case, D = A B^T with A [m, k], B [n, k], BF16 output (library-owned, valid during the
+ * callback). */
+typedef struct {
+    int64_t m, n, k;
+    const char *recipe;   /* a dw_bench_gemm_recipe_name */
+    const char *explain;  /* with opts.explain: the selection's account; else NULL */
+    const char *skipped;  /* why the case was not timed (no kernel can run it); else NULL */
+    bool timed;           /* backend, ms and tflops are set */
+    const char *backend;  /* the kernel that ran (the autotuned winner when autotuning is on) */
+    double ms;            /* per call: the median of 5 batches of iters calls, after 3 warm-up calls */
+    double tflops;        /* 2 m n k / time */
+} dw_bench_gemm_case;
+typedef void (*dw_bench_gemm_fn)(const dw_bench_gemm_case *c, void *user);
+
+/* Times dw_gemm on the context's device for every chosen shape and recipe with the kernel the
+ * registry selects, on random valid codes and scales rotated among up to 4 copies in device
+ * memory; fn hears each case as it is done. On a CPU context only opts.explain is possible (no
+ * timing: cases come with their explanation only); without it DW_ERR_UNSUPPORTED. Errors:
+ * DW_ERR_INVALID for an unknown name in a list (named) or iters < 1; DW_ERR_NOMEM; DW_ERR_CUDA. */
+DW_API dw_status dw_bench_gemm(dw_ctx *ctx, const dw_bench_gemm_opts *o, dw_bench_gemm_fn fn, void *user);
+
+/* ======================================================================================
  * Training                                                   [section: train]
  * ====================================================================================== */
 
