@@ -146,6 +146,10 @@ DW_API const char *dw_hw_notice(const dw_hw *hw);
  * dw_free_string. */
 DW_API dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char **out);
 
+/* Growable result structs: like options, structs the library fills for the caller begin with
+ * `size_t size`. Set it to sizeof the struct before the call; the library writes at most that
+ * many bytes (and refuses a size of 0 with DW_ERR_INVALID). */
+
 /* The machine as a whole (a result struct: set size first). Unknown counts are negative. */
 typedef struct {
     size_t size;
@@ -217,10 +221,6 @@ DW_API dw_status dw_hw_keep_gpus(dw_ctx *ctx, dw_hw *hw, int n);
 /* ======================================================================================
  * Formats and quantisation (see shared/FORMATS.md)          [section: formats]
  * ====================================================================================== */
-
-/* Growable result structs: like options, structs the library fills for the caller begin with
- * `size_t size`. Set it to sizeof the struct before the call; the library writes at most that
- * many bytes (and refuses a size of 0 with DW_ERR_INVALID). */
 
 /* Quantisation recipes (bit-level definitions in shared/FORMATS.md). The values are stable: they
  * are stored in dw_gemm_operand.recipe, dw_plan_job.recipe and dw_plan_layout.recipe. */

@@ -32,6 +32,15 @@ static inline bool dw_sized_write(void *dst, const void *src, size_t n) {
     return true;
 }
 
+/* Zeroes the caller's result struct `dst` (NULL allowed) past its size field, at most dst->size
+ * bytes: what a getter leaves on error. */
+static inline void dw_sized_clear(void *dst) {
+    size_t want;
+    if (!dst) return;
+    memcpy(&want, dst, sizeof want);
+    if (want > sizeof(size_t)) memset((char *)dst + sizeof(size_t), 0, want - sizeof(size_t));
+}
+
 /* Fills the caller's options struct `dst` of `size` bytes with the defaults in `defaults` (n
  * bytes): what dw_<x>_opts_init does. */
 static inline void dw_sized_init(void *dst, size_t size, const void *defaults, size_t n) {

@@ -142,12 +142,12 @@ dw_status dw_stq_quantize(dw_ctx *ctx, const dw_quant_opts *o, const float *x, i
 
 dw_status dw_quant_error(dw_ctx *ctx, const dw_quantize_opts *opts, const float *x, int64_t rows,
                          int64_t cols, dw_quant_stats *out) {
-    dw_quant_opts o;
-    DW_TRY(dw_quant_opts_from_public(ctx, opts, &o));
     dw_quant_stats st = {.size = sizeof st};
     if (!x || !out) return dw_set_error(ctx, DW_ERR_INVALID, "dw_quant_error: NULL argument");
     if (!dw_sized_write(out, &st, sizeof st))
         return dw_set_error(ctx, DW_ERR_INVALID, "dw_quant_error: out->size is 0 (set it to sizeof the struct)");
+    dw_quant_opts o;
+    DW_TRY(dw_quant_opts_from_public(ctx, opts, &o));
     if (rows < 1 || cols < 1 || rows > (INT64_MAX / 8) / cols)
         return dw_set_error(ctx, DW_ERR_INVALID, "dw_quant_error: bad shape [%lld, %lld]", (long long)rows,
                             (long long)cols);

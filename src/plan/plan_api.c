@@ -410,16 +410,18 @@ static dw_status predicted(const char *fn, const dw_plan *p) {
 }
 
 dw_status dw_plan_get_memory(const dw_plan *p, dw_plan_mem *out) {
-    DW_TRY(predicted("dw_plan_get_memory", p));
     if (!out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_memory: NULL out");
+    dw_sized_clear(out);
+    DW_TRY(predicted("dw_plan_get_memory", p));
     dw_plan_mem m = p->e.mem;
     m.size = sizeof m;
     return WRITE_OUT("dw_plan_get_memory", out, m);
 }
 
 dw_status dw_plan_get_cost(const dw_plan *p, dw_plan_cost *out) {
-    DW_TRY(predicted("dw_plan_get_cost", p));
     if (!out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_cost: NULL out");
+    dw_sized_clear(out);
+    DW_TRY(predicted("dw_plan_get_cost", p));
     dw_plan_cost c = p->e.cost;
     c.size = sizeof c;
     return WRITE_OUT("dw_plan_get_cost", out, c);
@@ -432,6 +434,7 @@ dw_status dw_plan_get_cost(const dw_plan *p, dw_plan_cost *out) {
 
 dw_status dw_plan_get_checks(const dw_plan *p, dw_plan_checks *out) {
     if (!p || !out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_checks: NULL argument");
+    dw_sized_clear(out);
     if (!p->bound)
         return dw_set_error(NULL, DW_ERR_INVALID,
                             "dw_plan_get_checks: the plan has no model or machine (dw_plan_single)");
@@ -462,8 +465,9 @@ dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan *p, dw_policy **out) 
     return dw_plan_recipe_policy(ctx, p->recipe, out);
 }
 
-static dw_status engine_runs(dw_ctx *ctx, const char *fn, const dw_plan *p, const void *out) {
+static dw_status engine_runs(dw_ctx *ctx, const char *fn, const dw_plan *p, void *out) {
     if (!p || !out) return dw_set_error(ctx, DW_ERR_INVALID, "%s: NULL argument", fn);
+    dw_sized_clear(out);
     if (!dw_plan_runs_on_engine(p, NULL))
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the engine does not run this plan: %s", fn, p->engine_why);
     return DW_OK;

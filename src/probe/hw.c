@@ -100,6 +100,7 @@ dw_status dw_hw_get_info(const dw_hw *hw, dw_hw_info *out) {
 
 dw_status dw_hw_get_gpu(const dw_hw *hw, int i, dw_gpu_info *out) {
     if (!hw || !out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_hw_get_gpu: NULL argument");
+    dw_sized_clear(out);
     if (i < 0 || i >= hw->n_gpus)
         return dw_set_error(NULL, DW_ERR_INVALID, "dw_hw_get_gpu: GPU %d of %d", i, hw->n_gpus);
     dw_gpu_info g = hw->gpus[i];
@@ -111,6 +112,7 @@ dw_status dw_hw_get_gpu(const dw_hw *hw, int i, dw_gpu_info *out) {
 
 dw_status dw_hw_get_peer(const dw_hw *hw, int i, int j, dw_peer_link *out) {
     if (!hw || !out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_hw_get_peer: NULL argument");
+    dw_sized_clear(out);
     if (i < 0 || j < 0 || i >= hw->n_gpus || j >= hw->n_gpus || i == j)
         return dw_set_error(NULL, DW_ERR_INVALID, "dw_hw_get_peer: no link %d -> %d among %d GPUs", i, j,
                             hw->n_gpus);

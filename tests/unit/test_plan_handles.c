@@ -295,10 +295,11 @@ static void test_broken_plans(void **state) {
     assert_int_equal(dw_plan_get_layout(p, &l), DW_OK);
     assert_int_equal(l.tp, 16);
     assert_int_equal(l.global_batch / (l.dp * l.micro_batch), 64); /* grad_accum filled from the job */
-    dw_plan_mem m = {.size = sizeof m};
-    dw_plan_cost c = {.size = sizeof c};
+    dw_plan_mem m = {.size = sizeof m, .total = 5, .worst_stage = 3};
+    dw_plan_cost c = {.size = sizeof c, .step = 7};
     expect_error(dw_plan_get_memory(p, &m), DW_ERR_INVALID, dw_errmsg(NULL), "constraint");
     expect_error(dw_plan_get_cost(p, &c), DW_ERR_INVALID, dw_errmsg(NULL), "NVLink domain");
+    assert_true(m.size == sizeof m && m.total == 0 && m.worst_stage == 0 && c.step == 0); /* zeroed on error */
     expect_error(dw_plan_write_svg(CTX, p, "/tmp/never.svg"), DW_ERR_INVALID, dw_errmsg(CTX), "constraint");
     char *text = NULL;
     assert_int_equal(dw_plan_to_json(CTX, p, false, &text), DW_OK); /* layout, no predictions */

@@ -78,8 +78,10 @@ static void test_bad_args(void **state) {
     dw_hw_info unset = {0};
     assert_int_equal(dw_hw_get_info(hw, &unset), DW_ERR_INVALID);
     assert_non_null(strstr(dw_errmsg(NULL), "size"));
+    assert_int_equal(dw_hw_get_gpu(hw, 0, &g), DW_OK);
     assert_int_equal(dw_hw_get_gpu(hw, 8, &g), DW_ERR_INVALID);
     assert_non_null(strstr(dw_errmsg(NULL), "GPU 8 of 8"));
+    assert_true(g.size == sizeof g && g.name[0] == 0 && g.sms == 0); /* zeroed on error */
     assert_int_equal(dw_hw_get_gpu(hw, -1, &g), DW_ERR_INVALID);
     assert_int_equal(dw_hw_get_gpu(NULL, 0, &g), DW_ERR_INVALID);
     assert_int_equal(dw_hw_get_peer(hw, 0, 8, &l), DW_ERR_INVALID);
