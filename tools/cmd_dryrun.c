@@ -123,9 +123,10 @@ static bool gpu_run(const dw_plan *plan, long steps, long warm, int *fails) {
     dw_plan_engine_mem em = {.size = sizeof em};
     dw_hw *here = NULL;
     char name[256];
-    if (dw_probe(ctx, &here) == DW_OK && dw_hw_gpu_count(here) > 0 && (gpu0_name(here, name, sizeof name), 1) &&
-        strcmp(name, in->gpu))
-        printf("      note: the prediction is for %s, this machine's GPU 0 is %s\n", in->gpu, name);
+    if (dw_probe(ctx, &here) == DW_OK && dw_hw_gpu_count(here) > 0) {
+        gpu0_name(here, name, sizeof name);
+        if (strcmp(name, in->gpu)) printf("      note: the prediction is for %s, this machine's GPU 0 is %s\n", in->gpu, name);
+    }
     dw_hw_free(here);
     dw_policy *pol = NULL;
     dw_step_run_result r = {0};
