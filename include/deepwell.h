@@ -150,13 +150,212 @@ DW_API const char *dw_hw_notice(const dw_hw *hw);
  * dw_free_string. */
 DW_API dw_status dw_hw_to_json(dw_ctx *ctx, const dw_hw *hw, bool pretty, char **out);
 
+/* Growable result structs: like options, structs the library fills for the caller begin with
+ * `size_t size`. Set it to sizeof the struct before the call; the library writes at most that
+ * many bytes (and refuses a size of 0 with DW_ERR_INVALID). */
+
+/* The machine as a whole (a result struct: set size first). Unknown counts are negative. */
+typedef struct {
+    size_t size;
+    char source[16];        /* "probe", "preset" or "file" */
+    char preset[32];        /* the preset's name; "" otherwise */
+    char label[160];        /* e.g. "datasheet figures (dense), not measured: ..."; may be "" */
+    int nodes;              /* identical nodes */
+    int gpus;               /* GPUs per node (dw_hw_gpu_count) */
+    int host_cpus;          /* -1: unknown */
+    int64_t host_ram_bytes; /* -1: unknown */
+    double nvlink_gbps;     /* per GPU, one direction, GB/s; 0: unknown */
+    int nvlink_domain;      /* GPUs reachable over NVLink (8 for HGX, 72 for NVL72); 1 if none */
+    double internode_gbps;  /* per GPU, one direction, GB/s; 0: unknown */
+    char notice[256];       /* why there are no GPUs; "" otherwise */
+} dw_hw_info;
+/* DW_ERR_INVALID (message in dw_errmsg(NULL)) for NULL or an unset size. */
+DW_API dw_status dw_hw_get_info(const dw_hw *hw, dw_hw_info *out);
+
+/* One GPU of a node (a result struct: set size first). Unknown values are negative (counts) or
+ * zero (rates); the peak rates are datasheet figures for presets and derived from SMs x clock x
+ * architecture for probed GPUs (not measured). */
+typedef struct {
+    size_t size;
+    int index;                 /* 0-based within the node */
+    char name[256];            /* "NVIDIA H200" */
+    int cc_major, cc_minor;    /* compute capability */
+    int sms;
+    uint64_t hbm_bytes;
+    int64_t hbm_free_bytes;    /* -1: unknown (presets) */
+    int sm_clock_mhz;          /* peak; 0: unknown */
+    int mem_clock_mhz;         /* peak; 0: unknown */
+    int mem_bus_bits;          /* 0: unknown */
+    uint64_t l2_bytes;
+    uint64_t smem_optin_bytes; /* opt-in shared memory per block */
+    char pci_bus_id[32];       /* "" for presets */
+    bool wgmma;                /* sm_90 warpgroup MMA */
+    bool fp8;                  /* FP8 E4M3/E5M2 tensor cores (sm_89+) */
+    bool tcgen05;              /* sm_100 5th-generation tensor core instructions */
+    bool tmem;                 /* sm_100 tensor memory */
+    bool mx_block_scaling;     /* hardware MX block-scaled MMA (sm_100+) */
+    bool fp4;                  /* FP4 E2M1 tensor cores (sm_100+) */
+    int nvlink_links;          /* links NVML reports; -1: NVML unavailable */
+    int nvlink_active;         /* of those, active; -1: unknown */
+    double peak_bf16_tflops, peak_fp8_tflops, peak_fp4_tflops; /* dense; 0: none or unknown */
+    double hbm_gbps;           /* GB/s; 0: unknown */
+} dw_gpu_info;
+/* GPU i (0 <= i < dw_hw_gpu_count) of each node. DW_ERR_INVALID (message in dw_errmsg(NULL))
+ * for NULL, an unset size or i out of range. */
+DW_API dw_status dw_hw_get_gpu(const dw_hw *hw, int i, dw_gpu_info *out);
+
+/* How GPU i reaches GPU j (a result struct: set size first), as the CUDA runtime reports it. */
+typedef struct {
+    size_t size;
+    bool access;          /* peer access supported (cudaDevP2PAttrAccessSupported) */
+    int perf_rank;        /* cudaDevP2PAttrPerformanceRank: lower is better */
+    bool native_atomics;  /* cudaDevP2PAttrNativeAtomicSupported */
+} dw_peer_link;
+/* For i != j, both in [0, dw_hw_gpu_count); DW_ERR_INVALID (dw_errmsg(NULL)) otherwise. */
+DW_API dw_status dw_hw_get_peer(const dw_hw *hw, int i, int j, dw_peer_link *out);
+
+/* Sets the number of identical nodes (1..1000000) of a probed or loaded description
+ * (dw_hw_preset takes it as an argument). DW_ERR_INVALID for a value out of range. */
+DW_API dw_status dw_hw_set_nodes(dw_ctx *ctx, dw_hw *hw, int nodes);
+/* Keeps only the first n GPUs of each node (e.g. plan one GPU of an 8-GPU preset); the NVLink
+ * domain of a single node shrinks to n with them. DW_ERR_INVALID when n < 1 or the node has fewer
+ * than n GPUs (the message names both counts); DW_ERR_NOMEM. */
+DW_API dw_status dw_hw_keep_gpus(dw_ctx *ctx, dw_hw *hw, int n);
+
 /* ======================================================================================
  * Formats and quantisation (see shared/FORMATS.md)          [section: formats]
  * ====================================================================================== */
 
+/* Quantisation recipes (bit-level definitions in shared/FORMATS.md). The values are stable: they
+ * are stored in dw_gemm_operand.recipe, dw_plan_job.recipe and dw_plan_layout.recipe. */
+typedef enum {
+    DW_RECIPE_BF16 = 0,   /* no quantisation (BF16 operands) */
+    DW_RECIPE_FP8_TENSOR, /* E4M3, one FP32 scale per tensor */
+    DW_RECIPE_FP8_ROW,    /* E4M3, one FP32 scale per row */
+    DW_RECIPE_FP8_BLOCK,  /* E4M3, FP32 scale per 1x128 block (activations, gradients) */
+    DW_RECIPE_FP8_BLOCK2D,/* E4M3, FP32 scale per 128x128 block (weights) */
+    DW_RECIPE_MXFP8,      /* E4M3, UE8M0 scale per 1x32 */
+    DW_RECIPE_MXFP8_E5M2, /* E5M2, UE8M0 scale per 1x32 */
+    DW_RECIPE_MXFP4,      /* E2M1, UE8M0 scale per 1x32 */
+    DW_RECIPE_NVFP4,      /* E2M1, UE4M3 scale per 1x16 + FP32 tensor scale */
+    DW_RECIPE_COUNT
+} dw_recipe;
+
+/* The recipe's name ("mxfp8"), static storage; "unknown" for a value out of range. */
+DW_API const char *dw_recipe_name(dw_recipe r);
+/* The recipe called `name`; false (and *out untouched) for NULL or an unknown name. */
+DW_API bool dw_recipe_parse(const char *name, dw_recipe *out);
+/* True for mxfp8, mxfp8_e5m2 and mxfp4 (UE8M0 scales, the MX rule; see dw_scale_rounding). */
+DW_API bool dw_recipe_is_mx(dw_recipe r);
+/* Bytes per scale: 4 (FP32: the fp8_* recipes), 1 (UE8M0 / UE4M3), 0 (bf16). r must be a
+ * recipe (a value below DW_RECIPE_COUNT; others hit DW_ASSERT). */
+DW_API int dw_recipe_scale_bytes(dw_recipe r);
+
+/* How an MX block scale is chosen from the block's amax: rceil (cuBLAS, Transformer Engine:
+ * never clips) or floor (the OCP rule: may clip). Ignored by the other recipes. */
+typedef enum { DW_SCALE_RCEIL = 0, DW_SCALE_FLOOR } dw_scale_rounding;
+/* "rceil" / "floor" (static storage; "unknown" out of range) and back (false for other text). */
+DW_API const char *dw_scale_rounding_name(dw_scale_rounding r);
+DW_API bool dw_scale_rounding_parse(const char *text, dw_scale_rounding *out);
+
+/* How to quantise (options struct: dw_quantize_opts_init sets size and the defaults). */
+typedef struct {
+    size_t size;
+    int32_t recipe;   /* dw_recipe other than bf16; default DW_RECIPE_COUNT = none: must be set */
+    int32_t rounding; /* dw_scale_rounding of the MX recipes; default rceil */
+    bool pow2;        /* fp8_* recipes: round every FP32 scale up to a power of two; default false */
+} dw_quantize_opts;
+DW_API void dw_quantize_opts_init(dw_quantize_opts *o, size_t size);
+
+/* The error of y = dequantise(quantise(x)) against x, as sums that add up over tensors (a
+ * result struct: set size first). */
+typedef struct {
+    size_t size;
+    int64_t n;          /* elements */
+    double sum_x2;      /* sum x^2 over the finite elements */
+    double sum_e2;      /* sum (x - y)^2 over the finite elements */
+    double max_abs;     /* max |x - y|; NaN when any x or y is NaN or infinite */
+    int64_t saturated;  /* clipped: the largest code, and |x| beyond the rounding boundary above
+                           the largest value (464 x scale for E4M3, 61440 for E5M2, 7 for E2M1) */
+    int64_t flushed;    /* x != 0 but y == 0 */
+    int64_t nonfinite;  /* x or y NaN or infinite */
+} dw_quant_stats;
+
+/* Quantises x [rows, cols] (host, row-major FP32) with o on the CPU reference (the codes and
+ * scales `deepwell quantize` writes; a last block the shape cuts short is quantised as it is),
+ * dequantises it and writes the error into *out (sums from zero). DW_ERR_INVALID for bf16, an
+ * unknown recipe or rounding, NULL pointers, rows or cols < 1; DW_ERR_NOMEM. Thread-safe for
+ * distinct contexts. */
+DW_API dw_status dw_quant_error(dw_ctx *ctx, const dw_quantize_opts *o, const float *x, int64_t rows,
+                                int64_t cols, dw_quant_stats *out);
+/* Adds the sums of s to *into (both set up by the caller: size set). A NaN max_abs stays NaN. */
+DW_API void dw_quant_stats_merge(dw_quant_stats *into, const dw_quant_stats *s);
+/* SQNR = 10 log10(sum_x2 / sum_e2) dB: +Inf when exact, NaN when x is all zero. */
+DW_API double dw_quant_stats_sqnr_db(const dw_quant_stats *s);
+/* Relative error ||x - y|| / ||x|| = sqrt(sum_e2 / sum_x2) (0 when exact; +Inf for a zero x
+ * with an error). */
+DW_API double dw_quant_stats_rel_err(const dw_quant_stats *s);
+
 /* ======================================================================================
  * safetensors                                                [section: safetensors]
  * ====================================================================================== */
+
+/* One tensor of a safetensors file, as a callback sees it (library-owned; valid during the call). */
+typedef struct {
+    const char *name;      /* "model.layers.0.mlp.down_proj.weight" */
+    const char *dtype;     /* the safetensors spelling: "F32", "BF16", "F8_E4M3", "I64", ... */
+    int ndim;              /* 0..8 */
+    const int64_t *shape;  /* [ndim] */
+} dw_st_tensor_info;
+
+/* Called once per tensor of the input, in file order: why == NULL when the tensor was quantised,
+ * else why it was copied unchanged ("not floating-point", "columns not a multiple of 32", ...;
+ * static text). */
+typedef void (*dw_quantize_notify)(void *user, const dw_st_tensor_info *t, const char *why);
+
+/* What dw_quantize_file did (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    int quantized, copied;        /* tensors */
+    uint64_t in_bytes, out_bytes; /* tensor data, before and after */
+} dw_quantize_summary;
+
+/* Quantises the safetensors checkpoint `in` with o and writes `out` in FORMATS.md's layout:
+ * every tensor that qualifies (F32, BF16 or F16; 2-D [R, C] or 1-D [C] seen as [1, C];
+ * non-empty; C a multiple of the recipe's block columns, R of 128 for fp8_block2d) becomes NAME
+ * (codes), NAME.scale (scales, row-major, unswizzled) and, for nvfp4, NAME.scale_2 (the FP32
+ * tensor scale); the others are copied unchanged. __metadata__ keeps the input's entries and
+ * records deepwell.recipe, deepwell.scale_rounding and deepwell.pow2. `out` is written
+ * atomically (temporary, fsync, rename): on error an existing `out` is untouched.
+ * notify (may be NULL) hears about every tensor; summary may be NULL.
+ * Errors: DW_ERR_INVALID (options), DW_ERR_IO naming the file, DW_ERR_FORMAT for a malformed
+ * input, for one already quantised (deepwell.recipe metadata) and for a NAME.scale or
+ * NAME.scale_2 already present next to a qualifying NAME; DW_ERR_NOMEM. */
+DW_API dw_status dw_quantize_file(dw_ctx *ctx, const char *in, const char *out, const dw_quantize_opts *o,
+                                  dw_quantize_notify notify, void *user, dw_quantize_summary *summary);
+
+/* `deepwell quant-report`: options (dw_quant_report_opts_init sets size and the defaults). */
+typedef struct {
+    size_t size;
+    const int32_t *recipes; /* dw_recipe values to measure, in this order (repeats are dropped);
+                               NULL: all eight quantised recipes, fp8_tensor .. nvfp4 (default) */
+    int n_recipes;          /* entries of recipes */
+    int32_t rounding;       /* dw_scale_rounding for the MX recipes (default rceil) */
+    bool pow2;              /* the fp8_* recipes with power-of-two scales (default false) */
+    bool json;              /* the JSON document instead of the table (default false) */
+} dw_quant_report_opts;
+DW_API void dw_quant_report_opts_init(dw_quant_report_opts *o, size_t size);
+
+/* Quantises every tensor of the safetensors file at `path` with each recipe on the CPU reference
+ * (the rules of dw_quantize_file), dequantises it, and reports the error against the original
+ * (dw_quant_stats: SQNR, max abs and relative error, saturated and flushed percentages) per
+ * tensor and recipe, then per recipe, element-weighted over the tensors it applies to; tensors a
+ * recipe does not apply to are listed with the reason. *out is the report: the table `deepwell
+ * quant-report` prints, or with o->json its JSON document {file, options, recipes, tensors[],
+ * summary} (sqnr_db null when exact or all zero); caller frees with dw_free_string. Measures
+ * only: writes nothing. Errors as dw_quantize_file's reading; DW_ERR_INVALID for bf16 or an
+ * unknown recipe in o->recipes. */
+DW_API dw_status dw_quant_report(dw_ctx *ctx, const char *path, const dw_quant_report_opts *o, char **out);
 
 /* ======================================================================================
  * Graph IR and capture                                       [section: ir]
@@ -473,24 +672,340 @@ DW_API dw_status dw_engine_grad_read(dw_engine *e, int i, float *grads);
  * Autoplan and dryrun                                        [section: plan]
  * ====================================================================================== */
 
-/* A training job for the planner. Zero fields take defaults: moe_* from the model config
- * (capacity 1.0), mem_headroom 0.10 of HBM; precision NULL means "bf16". */
-typedef struct {
-    int64_t seq;          /* tokens per sequence */
-    int64_t global_batch; /* sequences per optimizer step */
-    const char *precision; /* "bf16", "fp8_block", "mxfp8", "nvfp4" */
-    int64_t moe_experts, moe_top_k;
-    double moe_capacity;
-    double mem_headroom;
-} dw_plan_job;
+/* ---- models the planner (and capture) read: presets and Hugging Face config.json ----------
+ * Declared here for the CLI; they describe capture's model configs (see [section: ir]). */
 
-/* Searches parallel plans (DP/TP/PP/CP/EP, micro-batch, pipeline schedule, recompute, ZeRO,
- * offload) for training `model` (a preset name or a directory with config.json) on `hw`, and
- * returns the `deepwell plan --json` document (schema: docs/planner.md) with the `top_k` fastest
- * plans; "best" is null when nothing fits. Analytical: runs no kernel and needs no GPU.
+/* Number of model presets and the i-th preset's name (static storage; NULL out of range). */
+DW_API int dw_model_preset_count(void);
+DW_API const char *dw_model_preset_name(int i);
+
+/* A model's architecture as the planner and capture see it (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    char model_type[32];   /* as in config.json: "gpt2", "llama", "mixtral", ... */
+    int64_t vocab_size, d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, max_seq;
+    int64_t n_experts, top_k; /* 0 experts: dense */
+    int64_t params;        /* trainable parameters, tied embeddings counted once (closed form) */
+    bool planning_only;    /* a shape for the planner; capture and training refuse it */
+} dw_model_info;
+/* The architecture of `model`: a preset name, a directory holding config.json, or a path to a
+ * config.json. Errors name the file and field; DW_ERR_INVALID for an unknown preset (the message
+ * lists the presets) or NULL arguments. */
+DW_API dw_status dw_model_info_load(dw_ctx *ctx, const char *model, dw_model_info *out);
+
+/* Whether the planner models `recipe` (a dw_recipe): bf16, fp8_block, mxfp8 and nvfp4 (its GEMM
+ * rates, memory, and the CUDA engine's policy); the others are refused by dw_autoplan. */
+DW_API bool dw_plan_supports_recipe(int32_t recipe);
+
+/* A training job for the planner (options struct: dw_plan_job_init sets size and defaults). */
+typedef struct {
+    size_t size;
+    int64_t seq;            /* tokens per sequence (required: >= 1) */
+    int64_t global_batch;   /* sequences per optimizer step (required: >= 1) */
+    int32_t recipe;         /* dw_recipe of the GEMMs (dw_plan_supports_recipe); default bf16 */
+    int64_t moe_experts, moe_top_k; /* 0: the model config's (default) */
+    double moe_capacity;    /* >= 1; 0: 1.0 (default) */
+    double mem_headroom;    /* fraction of HBM kept free, below 0.9; 0: 0.10 (default) */
+    const char *gemm_rates; /* measured GEMM rates, a `deepwell bench gemm --json` file
+                               ({"results":[{m,n,k,recipe,tflops}]}), replacing the analytical
+                               curve where it has points; NULL: none (default) */
+    int top_k;              /* candidates dw_autoplan_search keeps, 1..1000; default 5 */
+} dw_plan_job;
+DW_API void dw_plan_job_init(dw_plan_job *job, size_t size);
+
+/* Activation recompute of a plan. */
+typedef enum { DW_RECOMPUTE_NONE = 0, DW_RECOMPUTE_SELECTIVE, DW_RECOMPUTE_FULL, DW_RECOMPUTE_COUNT } dw_recompute;
+/* "none", "selective", "full" (static storage; "?" out of range). */
+DW_API const char *dw_recompute_name(dw_recompute r);
+
+/* One parallel plan: a layout (the degrees, micro-batch, recompute, ZeRO, offload) for a model,
+ * a machine and a job, with the planner's predictions (memory per GPU, step time) and its checks.
+ * Immutable once made: reading it from several threads is safe; the calls that take a ctx use
+ * that ctx's thread. Free with dw_plan_free. */
+typedef struct dw_plan dw_plan;
+/* The record of a search: its candidates, best first, and why the other configurations were
+ * rejected. Immutable; free with dw_plan_set_free. */
+typedef struct dw_plan_set dw_plan_set;
+
+/* Searches parallel plans (DP/TP/PP/CP/EP degrees, micro-batch, pipeline schedule, recompute,
+ * ZeRO stage, offload) for training `model` (a preset name or a directory with config.json; see
+ * dw_model_info_load) on `hw` (copied: it may be freed after the call) and keeps job->top_k
+ * candidates. Analytical: runs no kernel and needs no GPU. Nothing fitting is not an error here:
+ * the set then has no candidate and its rejections say why. Errors: DW_ERR_INVALID for a bad job
+ * (the message names the field), an unknown model, a machine without GPUs or without the rates
+ * planning needs; DW_ERR_UNSUPPORTED for a recipe the GPUs lack; DW_ERR_IO / DW_ERR_FORMAT for
+ * the gemm_rates file. *out is NULL on error. */
+DW_API dw_status dw_autoplan_search(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
+                                    dw_plan_set **out);
+/* The best plan of dw_autoplan_search; DW_ERR_UNSUPPORTED ("no configuration fits", with the
+ * number searched) when nothing fits. */
+DW_API dw_status dw_autoplan(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
+                             dw_plan **out);
+/* dw_autoplan_search's set as the `deepwell plan --json` document (schema: docs/planner.md),
+ * compact, keeping `top_k` candidates (overrides job->top_k); "best" is null when nothing fits.
  * *json_out is caller-owned (dw_free_string); NULL on error. */
 DW_API dw_status dw_autoplan_json(dw_ctx *ctx, const char *model, const dw_hw *hw, const dw_plan_job *job,
-                           int top_k, char **json_out);
+                                  int top_k, char **json_out);
+
+DW_API void dw_plan_set_free(dw_plan_set *s);
+/* Candidates kept, best (fastest predicted step) first; 0 when nothing fits. */
+DW_API int dw_plan_set_count(const dw_plan_set *s);
+/* Candidate i (0 = best) as a plan of its own (caller dw_plan_free). DW_ERR_INVALID for i out
+ * of range. */
+DW_API dw_status dw_plan_set_get(dw_ctx *ctx, const dw_plan_set *s, int i, dw_plan **out);
+/* Configurations the search considered, and of those the ones that passed every constraint
+ * (either pointer may be NULL). */
+DW_API void dw_plan_set_stats(const dw_plan_set *s, int64_t *evaluated, int64_t *feasible);
+/* The `deepwell plan --json` document of the set (indented when pretty); dw_free_string. */
+DW_API dw_status dw_plan_set_to_json(dw_ctx *ctx, const dw_plan_set *s, bool pretty, char **out);
+
+/* Rejection reasons, 0 <= reason < dw_plan_reject_reasons(): their names
+ * ("heads_not_divisible_by_tp", "memory_exceeds_hbm_minus_headroom", ...; static storage, NULL
+ * out of range), how many configurations each rejected in a search, and up to three examples
+ * ("dp8 tp16 ...: tp 16 > NVLink domain 8"; valid while s lives; NULL out of range). */
+DW_API int dw_plan_reject_reasons(void);
+DW_API const char *dw_plan_reject_name(int reason);
+DW_API int64_t dw_plan_set_rejected(const dw_plan_set *s, int reason, int *examples);
+DW_API const char *dw_plan_set_reject_example(const dw_plan_set *s, int reason, int i);
+
+/* A one-GPU plan without the planner: dp = tp = pp = cp = ep = vpp = 1, no recompute, ZeRO or
+ * offload, global batch = micro_batch (one micro-batch per step), bf16. It carries no model or
+ * machine, so it has a layout but no predictions or checks (those getters refuse it).
+ * DW_ERR_INVALID for micro_batch or seq < 1. */
+DW_API dw_status dw_plan_single(dw_ctx *ctx, int64_t micro_batch, int64_t seq, dw_plan **out);
+/* A plan read from JSON: a `deepwell plan --json` document (its "best") or one plan object
+ * ({"parallel":{dp,tp,pp,ep,cp}, "micro_batch", "grad_accum", "virtual_stages", "recompute",
+ * "zero", "offload"}; only "parallel" is required; a missing grad_accum is global_batch /
+ * (dp x micro_batch) when that divides), checked and predicted for model, hw and job as
+ * dw_autoplan_search would. `what` names the text in messages (may be NULL). A plan that breaks
+ * constraints is still made (dw_plan_get_checks says which); DW_ERR_FORMAT for malformed JSON or
+ * fields (the message names the field), and dw_autoplan_search's errors. */
+DW_API dw_status dw_plan_from_json(dw_ctx *ctx, const char *text, size_t len, const char *what, const char *model,
+                                   const dw_hw *hw, const dw_plan_job *job, dw_plan **out);
+/* Same from a file (DW_ERR_IO naming it when unreadable). */
+DW_API dw_status dw_plan_load(dw_ctx *ctx, const char *path, const char *model, const dw_hw *hw,
+                              const dw_plan_job *job, dw_plan **out);
+/* The plan as one JSON object: "summary", the layout fields dw_plan_from_json reads, the
+ * predictions when it has them ("step_time_s", "tokens_per_s", "mfu", "hfu",
+ * "peak_memory_bytes", "memory", "time") and "job" {seq, global_batch, precision}. */
+DW_API dw_status dw_plan_to_json(dw_ctx *ctx, const dw_plan *p, bool pretty, char **out);
+DW_API void dw_plan_free(dw_plan *p);
+
+/* The layout the compiler reads (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    int dp, tp, pp, cp, ep;   /* data, tensor, pipeline, context, expert parallel degrees; EP
+                                 splits the DP ranks' experts (ep divides dp) */
+    int vpp;                  /* virtual stages per pipeline rank (1: plain 1F1B, else interleaved) */
+    int zero;                 /* ZeRO stage 0..3 (3 = FSDP) */
+    int recompute;            /* dw_recompute: 0 none */
+    bool offload;             /* optimizer state and step on the host */
+    int64_t micro_batch;      /* sequences per micro-batch per DP rank; micro-batches per step per
+                                 DP rank = global_batch / (dp x micro_batch) */
+    int64_t seq, global_batch;
+    int32_t recipe;           /* dw_recipe of the GEMMs */
+} dw_plan_layout;
+DW_API dw_status dw_plan_get_layout(const dw_plan *p, dw_plan_layout *out);
+/* GPUs the plan runs on: dp x tp x pp x cp (0 for NULL). */
+DW_API int dw_plan_world_size(const dw_plan *p);
+/* "dp8 tp8 pp16 v1 cp1 ep1 mb1 ga16 1f1b rc=none zero1" (valid while p lives; "" for NULL). */
+DW_API const char *dw_plan_summary(const dw_plan *p);
+/* The pipeline schedule: "1f1b" or "interleaved_1f1b" (static storage). */
+DW_API const char *dw_plan_schedule(const dw_plan *p);
+
+/* What a plan was made for (a result struct: set size first). Strings are valid while p lives
+ * (NULL for a plan from dw_plan_single, whose numbers beyond the job are 0). */
+typedef struct {
+    size_t size;
+    const char *model;          /* as given */
+    const char *model_type;     /* "llama", ... */
+    double params;              /* trainable parameters, tied embeddings once */
+    double model_flops_per_token; /* 6 x active matmul params + attention (the MFU numerator) */
+    int64_t experts, top_k;     /* effective MoE (0 experts: dense) */
+    double moe_capacity;
+    const char *gpu;            /* GPU 0's name */
+    const char *hw_source;      /* "probe", "preset" or "file" */
+    int nodes, gpus_per_node, nvlink_domain;
+    int64_t gpus;               /* nodes x GPUs per node */
+    int64_t seq, global_batch;
+    int32_t recipe;             /* dw_recipe */
+    double mem_headroom;        /* the fraction of HBM kept free */
+    double peak_flops;          /* dense datasheet FLOP/s per GPU of the recipe's GEMMs: the MFU basis */
+    bool engine;                /* one GPU and a model Deepwell's CUDA engine builds: planned for
+                                   the engine (its compiled memory, its kernel rates) */
+} dw_plan_info;
+DW_API dw_status dw_plan_get_info(const dw_plan *p, dw_plan_info *out);
+/* The same for the set's model, machine and job (a set that kept no plan has one too). */
+DW_API dw_status dw_plan_set_get_info(const dw_plan_set *s, dw_plan_info *out);
+
+/* Predicted memory per GPU on the plan's worst pipeline stage, in bytes (a result struct). */
+typedef struct {
+    size_t size;
+    double weights, grads, optimizer, activations, workspace, scales;
+    double total;               /* the sum of the above */
+    double hbm, limit;          /* HBM per GPU, and (1 - headroom) x HBM */
+    int worst_stage;            /* the pipeline stage of the peak */
+    double inflight;            /* micro-batches whose activations that stage holds at the peak */
+} dw_plan_mem;
+/* Predicted time of one optimizer step, in seconds (a result struct). Communication figures are
+ * the parts the schedule cannot hide, on the slowest stage. */
+typedef struct {
+    size_t size;
+    double step;                /* predicted seconds per optimizer step */
+    double pipeline;            /* simulated pipeline makespan (compute, TP/CP/EP, p2p, bubbles) */
+    double compute;             /* busy time of the slowest stage (no bubbles) */
+    double bubble_frac;         /* idle fraction of that stage inside `pipeline` */
+    double tp_comm, cp_comm, ep_comm, pp_comm;
+    double dp_comm, dp_exposed; /* DP/ZeRO traffic time, and the part not hidden by backward */
+    double optimizer;           /* the optimizer step (GPU, or host when offloaded) */
+    double tokens_per_s, mfu, hfu; /* against dw_plan_info.peak_flops */
+    double model_flops;         /* per step, whole machine (the MFU numerator, PaLM convention) */
+} dw_plan_cost;
+/* DW_ERR_INVALID (message in dw_errmsg(NULL)) for a plan without predictions: one from
+ * dw_plan_single, or one whose constraints fail (see dw_plan_get_checks). */
+DW_API dw_status dw_plan_get_memory(const dw_plan *p, dw_plan_mem *out);
+DW_API dw_status dw_plan_get_cost(const dw_plan *p, dw_plan_cost *out);
+
+/* `deepwell dryrun`'s checks of a plan, re-derived independently of the search (a result
+ * struct). The memory, overlap and bubble checks are made only for a well-formed plan. */
+typedef struct {
+    size_t size;
+    int violations;             /* structural constraints broken (divisibility, NVLink domain,
+                                   schedule, ZeRO, engine limits); memory not counted */
+    const char *why;            /* one line per violation ("tp: tp 16 exceeds the NVLink domain
+                                   8\n"); "" when none; valid while the plan lives */
+    bool constraints_ok;        /* violations == 0: well-formed */
+    bool memory_ok;             /* peak memory per GPU within HBM minus the headroom */
+    double overlap;             /* non-overlapped communication / step time */
+    bool overlap_ok;            /* overlap <= 0.5 */
+    bool bubble_ok;             /* pipeline idle fraction <= 0.5 */
+} dw_plan_checks;
+/* DW_ERR_INVALID (dw_errmsg(NULL)) for a plan from dw_plan_single. */
+DW_API dw_status dw_plan_get_checks(const dw_plan *p, dw_plan_checks *out);
+
+/* Whether Deepwell's CUDA engine runs the plan as it is: one GPU (every degree 1), no
+ * recompute, ZeRO or offload, and a model the engine builds (dense gpt2/llama/mistral/qwen2).
+ * Otherwise false with the first reason in *why (valid while p lives; why may be NULL). */
+DW_API bool dw_plan_runs_on_engine(const dw_plan *p, const char **why);
+/* The precision policy the engine runs the plan's recipe with: bf16, or a quantised recipe with
+ * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
+ * assumes. Caller dw_policy_free. */
+DW_API dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan *p, dw_policy **out);
+/* The engine's device memory for the plan's micro-batch on one GPU, in bytes (a result struct):
+ * the five pools of its compiled memory plan, the GEMM layer's cuBLASLt workspace, cuDNN
+ * attention's buffers and a CUDA-context allowance. Captures and compiles; needs no GPU. */
+typedef struct {
+    size_t size;
+    int64_t pool[5];            /* weights, grads, optimizer, activations, workspace */
+    int64_t cublaslt;           /* the GEMM layer's workspace */
+    int64_t attention;          /* cuDNN attention's buffers for the model's attention shape */
+    int64_t context;            /* CUDA context and kernel images (an allowance) */
+    int64_t total;              /* all of the above */
+} dw_plan_engine_mem;
+/* The engine's time, in seconds (a result struct): each linear node's three GEMMs at their
+ * shapes and recipes, quantisation, attention at the engine kernel's rate, other kernels by
+ * the bytes they move, launch overheads and AdamW (docs/planner.md, "Deepwell's engine"). */
+typedef struct {
+    size_t size;
+    double fwd, bwd;            /* per micro-batch */
+    double gemm, attn, mem;     /* of fwd + bwd: GEMMs, attention, memory-bound kernels */
+    double overhead;            /* of fwd + bwd: launches and per-micro-batch costs */
+    double launches;            /* kernel launches per micro-batch */
+    double optimizer;           /* AdamW, once per step */
+    double flops;               /* executed per micro-batch */
+} dw_plan_engine_cost;
+/* DW_ERR_UNSUPPORTED (the reason of dw_plan_runs_on_engine) for a plan the engine does not run. */
+DW_API dw_status dw_plan_get_engine_memory(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_mem *out);
+DW_API dw_status dw_plan_get_engine_cost(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_cost *out);
+
+/* Writes an SVG timeline of one simulated step of the plan's pipeline (one row per pipeline
+ * rank, forward and backward blocks by micro-batch, bubbles left grey), atomically.
+ * DW_ERR_UNSUPPORTED for steps too large to draw (over 40000 blocks); DW_ERR_IO. */
+DW_API dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan *p, const char *path);
+
+/* ======================================================================================
+ * Benchmarks (GPU micro-benchmarks behind `deepwell bench`)  [section: bench]
+ * ====================================================================================== */
+
+/* Timing: CUDA events around batches of back-to-back calls on one stream, after warm-up; the
+ * median batch. Each benchmark measures an anchor in the same run (a device-to-device copy, the
+ * registry's own choice) so results compare across machines and clocks. The benchmarks set
+ * process-wide state while they run (the quantiser's tuning, the GEMM autotuner's cache): call
+ * them with no other thread using the library. */
+
+/* `deepwell bench quant` (options struct: dw_bench_quant_opts_init sets size and defaults). */
+typedef struct {
+    size_t size;
+    int64_t rows, cols;  /* the BF16 input [rows, cols]; default 8192 x 8192; at most 4e9 elements */
+    int iters;           /* timed batches per variant (default 50) */
+    int batch;           /* calls per timed batch (default 10; 1 times each call alone, launch included) */
+    /* Tuning of the quantisation kernels, 0 = the built-in choice (the meaning of each value:
+     * `deepwell bench quant --help`): kernel 1 = the older cp.async kernels, 2 = the bulk-copy
+     * kernels (the default); stages 2..6; ctas_per_sm 1..64; t_store 1..5; load 1..2; group
+     * 1..64; tile_block 1, 2 or 4. Applied for the call only. */
+    int kernel, stages, ctas_per_sm, t_store, load, group, tile_block;
+} dw_bench_quant_opts;
+DW_API void dw_bench_quant_opts_init(dw_bench_quant_opts *o, size_t size);
+
+/* One measurement (library-owned, valid during the callback). */
+typedef struct {
+    const char *device;   /* the GPU's name */
+    int32_t recipe;       /* dw_recipe quantised to; -1 for the anchor, a device-to-device copy of
+                             the input */
+    bool transposed;      /* the transposed (column-wise) copy written in the same pass */
+    double ms;            /* per call */
+    double bytes;         /* read + written: input, codes, scales (the copy: input twice) */
+    double gbps;          /* bytes / time, GB/s */
+    double ratio_to_copy; /* gbps / the anchor's (1 for the anchor) */
+} dw_bench_quant_row;
+typedef void (*dw_bench_quant_fn)(const dw_bench_quant_row *r, void *user);
+
+/* Quantises a random BF16 [rows, cols] tensor on the context's GPU (the legacy default stream)
+ * to mxfp8 and fp8_block, each without and with the transposed copy, after timing the anchor:
+ * fn hears the anchor first, then the four variants. Correctness is tests/gpu's, not this.
+ * Errors: DW_ERR_UNSUPPORTED in a build without CUDA or on a CPU context (the message says which);
+ * DW_ERR_INVALID for bad options or tuning; DW_ERR_NOMEM; DW_ERR_CUDA. */
+DW_API dw_status dw_bench_quant(dw_ctx *ctx, const dw_bench_quant_opts *o, dw_bench_quant_fn fn, void *user);
+
+/* `deepwell bench gemm`: the shapes and recipes it knows, by index (static storage; NULL past
+ * the end). Shapes: square (8192^3), gpt2 (m = 16384, n, k in {768, 2304, 3072}), llama
+ * (16384x14336x4096, 16384x4096x14336), vocab (GPT-2's LM head GEMMs at vocabulary 50257: rows off
+ * 16-byte alignment). Recipes: bf16, fp8_tensor, fp8_block (1x128 A, 128x128 B: the engine's
+ * fp8_block2d weights), fp8_block_1x128 (1x128 both), mxfp8. */
+DW_API const char *dw_bench_gemm_shape_name(int i);
+DW_API const char *dw_bench_gemm_recipe_name(int i);
+
+/* Options (dw_bench_gemm_opts_init sets size and defaults). */
+typedef struct {
+    size_t size;
+    const char *shapes;   /* comma list of shape names; NULL: all (default) */
+    const char *recipes;  /* comma list of recipe names; NULL: all (default) */
+    int iters;            /* calls per timed batch (default 20) */
+    const char *backend;  /* force this registered kernel (cases it cannot run are skipped); NULL */
+    bool explain;         /* give each case dw_gemm_explain's account of the selection */
+} dw_bench_gemm_opts;
+DW_API void dw_bench_gemm_opts_init(dw_bench_gemm_opts *o, size_t size);
+
+/* One case, D = A B^T with A [m, k], B [n, k], BF16 output (library-owned, valid during the
+ * callback). */
+typedef struct {
+    int64_t m, n, k;
+    const char *recipe;   /* a dw_bench_gemm_recipe_name */
+    const char *explain;  /* with opts.explain: the selection's account; else NULL */
+    const char *skipped;  /* why the case was not timed (no kernel can run it); else NULL */
+    bool timed;           /* backend, ms and tflops are set */
+    const char *backend;  /* the kernel that ran (the autotuned winner when autotuning is on) */
+    double ms;            /* per call: the median of 5 batches of iters calls, after 3 warm-up calls */
+    double tflops;        /* 2 m n k / time */
+} dw_bench_gemm_case;
+typedef void (*dw_bench_gemm_fn)(const dw_bench_gemm_case *c, void *user);
+
+/* Times dw_gemm on the context's device for every chosen shape and recipe with the kernel the
+ * registry selects, on random valid codes and scales rotated among up to 4 copies in device
+ * memory; fn hears each case as it is done. On a CPU context only opts.explain is possible (no
+ * timing: cases come with their explanation only); without it DW_ERR_UNSUPPORTED. Errors:
+ * DW_ERR_INVALID for an unknown name in a list (named) or iters < 1; DW_ERR_NOMEM; DW_ERR_CUDA. */
+DW_API dw_status dw_bench_gemm(dw_ctx *ctx, const dw_bench_gemm_opts *o, dw_bench_gemm_fn fn, void *user);
 
 /* ======================================================================================
  * Training                                                   [section: train]

@@ -1,15 +1,13 @@
-/* bench_quant.c — `deepwell bench quant`: times the CUDA quantisation kernels (kernels/cuda/quant.h)
- * on a BF16 [rows, cols] tensor — mxfp8 and fp8_block, with and without the transposed copy —
- * with CUDA events around batches of back-to-back calls (warm-up, median of many), as GB/s (bytes
- * read + written) and as a ratio to a device-to-device cudaMemcpy of the input timed the same way
- * in the same run. Correctness is tests/gpu. */
+/* bench_quant.c — `deepwell bench quant`: flags, help and printing of dw_bench_quant (src/bench/
+ * quant.c), which times the CUDA quantisation kernels on a BF16 [rows, cols] tensor — mxfp8 and
+ * fp8_block, with and without the transposed copy — against a device-to-device copy of the input
+ * timed the same way in the same run. Correctness is tests/gpu. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-#include "formats/formats.h"
 
 static void help(void) {
     printf("Usage: deepwell bench quant [--json] [--rows R] [--cols C] [--iters N] [--batch B]\n"
@@ -57,176 +55,54 @@ static void help(void) {
            "  -h, --help   this help\n");
 }
 
-#if DW_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
 static const char *kernel_name(int k) { return k == 1 ? "cpasync" : k == 2 ? "bulk" : "default"; }
 
-#include "kernels/cuda/quant.h"
-
+/* The rows as they come: the anchor first, then the four variants. */
 typedef struct {
-    dw_recipe recipe;
-    bool trans;
-    double ms, gbps, ratio, bytes;
-} variant;
+    dw_bench_quant_row rows[5];
+    char device[256];
+    int n;
+} collected;
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
+static void collect(const dw_bench_quant_row *r, void *user) {
+    collected *c = user;
+    if (c->n == 0) snprintf(c->device, sizeof c->device, "%s", r->device);
+    if (c->n < 5) c->rows[c->n++] = *r;
 }
 
-#define CK(stmt)                                                                                 \
-    do {                                                                                         \
-        cudaError_t e_ = (stmt);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            cli_error("bench quant", "%s failed: %s", #stmt, cudaGetErrorString(e_));            \
-            return -1.0;                                                                         \
-        }                                                                                        \
-    } while (0)
-
-/* Median milliseconds of `iters` runs of either a copy (q == NULL) or a quantisation. */
-typedef struct {
-    const dw_quant_opts *o;
-    const void *x;
-    void *copy_dst;
-    size_t copy_bytes;
-    int64_t rows, cols;
-    const dw_quant_dev_out *out, *out_t;
-    void *ws;
-} job;
-
-static double time_job(const job *j, int iters, int batch) {
-    cudaEvent_t ev[2];
-    CK(cudaEventCreate(&ev[0]));
-    CK(cudaEventCreate(&ev[1]));
-    float *ms = malloc((size_t)iters * sizeof *ms);
-    for (int i = -5; i < iters; i++) {
-        CK(cudaEventRecord(ev[0], 0));
-        for (int b = 0; b < batch; b++) {
-            if (!j->o) {
-                CK(cudaMemcpyAsync(j->copy_dst, j->x, j->copy_bytes, cudaMemcpyDeviceToDevice, 0));
-            } else if (dw_quantize_cuda(NULL, j->o, DW_QUANT_IN_BF16, j->x, j->rows, j->cols, j->out, j->out_t,
-                                        j->ws, NULL) != DW_OK) {
-                cli_error("bench quant", "%s", dw_errmsg(NULL));
-                free(ms);
-                return -1.0;
-            }
-        }
-        CK(cudaEventRecord(ev[1], 0));
-        CK(cudaEventSynchronize(ev[1]));
-        if (i >= 0) CK(cudaEventElapsedTime(&ms[i], ev[0], ev[1]));
+static void print_json(const dw_bench_quant_opts *o, const collected *c) {
+    const dw_bench_quant_row *copy = &c->rows[0];
+    printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
+           "\"batch\": %d, \"input\": \"bf16\", \"kernel\": \"%s\", \"stages\": %d, \"ctas_per_sm\": %d, "
+           "\"t_store\": %d, \"load\": %d, \"group\": %d, \"tile_block\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, "
+           "\"variants\": [",
+           c->device, (long long)o->rows, (long long)o->cols, o->iters, o->batch, kernel_name(o->kernel), o->stages,
+           o->ctas_per_sm, o->t_store, o->load, o->group, o->tile_block, copy->ms, copy->gbps);
+    for (int k = 1; k < c->n; k++) {
+        const dw_bench_quant_row *v = &c->rows[k];
+        printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
+               "\"ratio_to_copy\": %.3f}", k > 1 ? ", " : "", dw_recipe_name((dw_recipe)v->recipe),
+               v->transposed ? "true" : "false", v->ms, v->bytes, v->gbps, v->ratio_to_copy);
     }
-    qsort(ms, (size_t)iters, sizeof *ms, cmp_float);
-    double med = ms[iters / 2] / batch;
-    free(ms);
-    cudaEventDestroy(ev[0]);
-    cudaEventDestroy(ev[1]);
-    return med;
+    printf("]}\n");
 }
 
-/* Random BF16 codes: random sign, exponents spread over 2^-8 .. 2^7, random mantissa (no NaN/Inf). */
-static void fill_random_bf16(uint16_t *h, size_t n, uint64_t seed) {
-    uint64_t s = seed | 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        unsigned sign = (unsigned)(s >> 63), e = 119 + (unsigned)((s >> 40) % 16), m = (unsigned)(s & 0x7F);
-        h[i] = (uint16_t)(sign << 15 | e << 7 | m);
+static void print_table(const dw_bench_quant_opts *o, const collected *c) {
+    const dw_bench_quant_row *copy = &c->rows[0];
+    printf("quantise BF16 [%lld, %lld] on %s, median of %d batches of %d calls (CUDA events); kernels "
+           "%s, stages %d, CTAs/SM %d, t-store %d, load %d, group %d, tile block %d (0 = default)\n\n", (long long)o->rows,
+           (long long)o->cols, c->device, o->iters, o->batch, kernel_name(o->kernel), o->stages, o->ctas_per_sm,
+           o->t_store, o->load, o->group, o->tile_block);
+    printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
+    printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy->ms, copy->gbps, "1.000");
+    for (int k = 1; k < c->n; k++) {
+        const dw_bench_quant_row *v = &c->rows[k];
+        char name[64];
+        snprintf(name, sizeof name, "%s%s", dw_recipe_name((dw_recipe)v->recipe), v->transposed ? " + transposed" : "");
+        printf("%-26s %10.4f %10.1f %8.3f\n", name, v->ms, v->gbps, v->ratio_to_copy);
     }
+    printf("\nGB/s counts bytes read + written (input, codes, scales).\n");
 }
-
-static int run(bool json, int64_t rows, int64_t cols, int iters, int batch, const dw_quant_tuning *tune) {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        cli_error("bench quant", "no CUDA GPU found: this benchmark needs one");
-        return DW_EXIT_FAIL;
-    }
-    struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-        cli_error("bench quant", "cannot read the properties of GPU 0");
-        return DW_EXIT_FAIL;
-    }
-    if (dw_quantize_cuda_set_tuning(NULL, tune) != DW_OK) {
-        cli_error("bench quant", "%s", dw_errmsg(NULL));
-        return DW_EXIT_USAGE;
-    }
-    size_t n = (size_t)(rows * cols), in_bytes = n * 2;
-    uint16_t *hx = malloc(in_bytes);
-    if (!hx) {
-        cli_error("bench quant", "out of host memory for [%lld, %lld]", (long long)rows, (long long)cols);
-        return DW_EXIT_FAIL;
-    }
-    fill_random_bf16(hx, n, 0x9E3779B97F4A7C15ull ^ (uint64_t)rows << 32 ^ (uint64_t)cols);
-    void *dx = NULL, *dcopy = NULL, *dcodes = NULL, *dscales = NULL, *dcodes_t = NULL, *dscales_t = NULL;
-    size_t scale_max = dw_quant_scales_bytes(DW_RECIPE_MXFP8, rows, cols) +
-                       dw_quant_scales_bytes(DW_RECIPE_FP8_BLOCK, cols, rows);
-    int rc = DW_EXIT_FAIL;
-    if (cudaMalloc(&dx, in_bytes) != cudaSuccess || cudaMalloc(&dcopy, in_bytes) != cudaSuccess ||
-        cudaMalloc(&dcodes, n) != cudaSuccess || cudaMalloc(&dcodes_t, n) != cudaSuccess ||
-        cudaMalloc(&dscales, scale_max) != cudaSuccess || cudaMalloc(&dscales_t, scale_max) != cudaSuccess ||
-        cudaMemcpy(dx, hx, in_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-        cli_error("bench quant", "device allocation or upload failed for [%lld, %lld]", (long long)rows,
-                  (long long)cols);
-        goto done;
-    }
-    job copy = {.x = dx, .copy_dst = dcopy, .copy_bytes = in_bytes};
-    double copy_ms = time_job(&copy, iters, batch);
-    if (copy_ms < 0) goto done;
-    double copy_gbps = 2.0 * (double)in_bytes / (copy_ms * 1e6);
-    variant vs[4] = {{.recipe = DW_RECIPE_MXFP8}, {.recipe = DW_RECIPE_MXFP8, .trans = true},
-                     {.recipe = DW_RECIPE_FP8_BLOCK}, {.recipe = DW_RECIPE_FP8_BLOCK, .trans = true}};
-    for (int k = 0; k < 4; k++) {
-        dw_quant_opts o = {.recipe = vs[k].recipe};
-        dw_quant_dev_out out = {.codes = dcodes, .scales = dscales};
-        dw_quant_dev_out out_t = {.codes = dcodes_t, .scales = dscales_t};
-        job j = {.o = &o, .x = dx, .rows = rows, .cols = cols, .out = &out, .out_t = vs[k].trans ? &out_t : NULL};
-        vs[k].ms = time_job(&j, iters, batch);
-        if (vs[k].ms < 0) goto done;
-        vs[k].bytes = (double)in_bytes + (double)dw_quant_codes_bytes(o.recipe, rows, cols) +
-                      (double)dw_quant_scales_bytes(o.recipe, rows, cols);
-        if (vs[k].trans)
-            vs[k].bytes += (double)dw_quant_codes_bytes(o.recipe, cols, rows) +
-                           (double)dw_quant_scales_bytes(o.recipe, cols, rows);
-        vs[k].gbps = vs[k].bytes / (vs[k].ms * 1e6);
-        vs[k].ratio = vs[k].gbps / copy_gbps;
-    }
-    if (json) {
-        printf("{\"bench\": \"quant\", \"device\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"iters\": %d, "
-               "\"batch\": %d, \"input\": \"bf16\", \"kernel\": \"%s\", \"stages\": %d, \"ctas_per_sm\": %d, "
-               "\"t_store\": %d, \"load\": %d, \"group\": %d, \"tile_block\": %d, \"copy\": {\"ms\": %.5f, \"gbps\": %.1f}, "
-               "\"variants\": [",
-               prop.name, (long long)rows, (long long)cols, iters, batch, kernel_name(tune->kernel),
-               tune->stages, tune->ctas_per_sm, tune->t_store, tune->load, tune->group, tune->tile_block, copy_ms, copy_gbps);
-        for (int k = 0; k < 4; k++)
-            printf("%s{\"recipe\": \"%s\", \"transposed\": %s, \"ms\": %.5f, \"bytes\": %.0f, \"gbps\": %.1f, "
-                   "\"ratio_to_copy\": %.3f}", k ? ", " : "", dw_recipe_name(vs[k].recipe),
-                   vs[k].trans ? "true" : "false", vs[k].ms, vs[k].bytes, vs[k].gbps, vs[k].ratio);
-        printf("]}\n");
-    } else {
-        printf("quantise BF16 [%lld, %lld] on %s, median of %d batches of %d calls (CUDA events); kernels "
-               "%s, stages %d, CTAs/SM %d, t-store %d, load %d, group %d, tile block %d (0 = default)\n\n", (long long)rows,
-               (long long)cols, prop.name, iters, batch, kernel_name(tune->kernel), tune->stages, tune->ctas_per_sm,
-               tune->t_store, tune->load, tune->group, tune->tile_block);
-        printf("%-26s %10s %10s %8s\n", "variant", "ms", "GB/s", "vs copy");
-        printf("%-26s %10.4f %10.1f %8s\n", "cudaMemcpy D2D (anchor)", copy_ms, copy_gbps, "1.000");
-        for (int k = 0; k < 4; k++) {
-            char name[64];
-            snprintf(name, sizeof name, "%s%s", dw_recipe_name(vs[k].recipe), vs[k].trans ? " + transposed" : "");
-            printf("%-26s %10.4f %10.1f %8.3f\n", name, vs[k].ms, vs[k].gbps, vs[k].ratio);
-        }
-        printf("\nGB/s counts bytes read + written (input, codes, scales).\n");
-    }
-    rc = DW_EXIT_OK;
-done:
-    cudaFree(dx);
-    cudaFree(dcopy);
-    cudaFree(dcodes);
-    cudaFree(dcodes_t);
-    cudaFree(dscales);
-    cudaFree(dscales_t);
-    free(hx);
-    return rc;
-}
-#endif
 
 int bench_quant(int argc, char **argv) {
     static const struct option opts[] = {{"json", no_argument, 0, 'j'},
@@ -309,13 +185,21 @@ int bench_quant(int argc, char **argv) {
         cli_error("bench quant", "[%ld, %ld] is too large (at most 4e9 elements)", rows, cols);
         return DW_EXIT_USAGE;
     }
-#if DW_HAVE_CUDA
-    dw_quant_tuning tune = {.stages = (int)stages, .ctas_per_sm = (int)ctas, .t_store = (int)tstore, .kernel = (int)kernel,
-                            .load = (int)load, .group = (int)group, .tile_block = (int)tblock};
-    return run(json, rows, cols, (int)iters, (int)batch, &tune);
-#else
-    (void)json, (void)stages, (void)ctas, (void)tstore, (void)batch, (void)kernel, (void)load, (void)group, (void)tblock;
-    cli_error("bench quant", "this build has no CUDA (configured without nvcc): it needs a CUDA build and a GPU");
-    return DW_EXIT_FAIL;
-#endif
+    dw_bench_quant_opts o;
+    dw_bench_quant_opts_init(&o, sizeof o);
+    o.rows = rows, o.cols = cols, o.iters = (int)iters, o.batch = (int)batch;
+    o.kernel = (int)kernel, o.stages = (int)stages, o.ctas_per_sm = (int)ctas, o.t_store = (int)tstore;
+    o.load = (int)load, o.group = (int)group, o.tile_block = (int)tblock;
+    dw_ctx *ctx = NULL;
+    dw_ctx_opts co = {.device = DW_DEVICE_AUTO};
+    dw_status s = dw_ctx_create(&co, &ctx);
+    if (s != DW_OK) return cli_fail("bench quant", NULL, s);
+    collected got = {.n = 0};
+    s = dw_bench_quant(ctx, &o, collect, &got);
+    int rc = DW_EXIT_OK;
+    if (s != DW_OK) rc = cli_fail("bench quant", ctx, s);
+    else if (json) print_json(&o, &got);
+    else print_table(&o, &got);
+    dw_ctx_free(ctx);
+    return rc;
 }

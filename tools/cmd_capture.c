@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "capture/model_config.h"
 #include "cli.h"
 
 static void help(void) {
@@ -30,12 +29,12 @@ static int list_presets(void) {
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
     if (dw_ctx_create(&co, &ctx) != DW_OK) return cli_fail("capture", NULL, DW_ERR_NOMEM);
     for (int i = 0; i < dw_model_preset_count(); i++) {
-        dw_model_config c;
-        if (dw_model_config_load(ctx, dw_model_preset_name(i), &c) != DW_OK) continue;
+        dw_model_info c = {.size = sizeof c};
+        if (dw_model_info_load(ctx, dw_model_preset_name(i), &c) != DW_OK) continue;
         printf("%-14s %-12s %3lld layers, d %5lld, heads %3lld/%-3lld kv, ffn %5lld, vocab %6lld, "
                "%8.1f M params%s\n", dw_model_preset_name(i), c.model_type, (long long)c.n_layers,
                (long long)c.d_model, (long long)c.n_heads, (long long)c.n_kv_heads,
-               (long long)c.d_ff, (long long)c.vocab_size, (double)dw_model_config_params(&c) / 1e6,
+               (long long)c.d_ff, (long long)c.vocab_size, (double)c.params / 1e6,
                c.planning_only ? "  (planning only)" : "");
     }
     dw_ctx_free(ctx);

@@ -9,12 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/json.h"
-#include "plan/args.h"
 #include "cli.h"
-#include "compile/compile.h"
-#include "probe/hw.h"
+#include "plan_args.h"
 #include "step_run.h"
 
 static void help(void) {
@@ -70,13 +66,41 @@ static void not_run(const char *why) {
     printf("NOT RUN  gpu-run: %s\n", why);
 }
 
-/* The gpu-run check of a well-formed plan whose prediction is in e. Returns true when the run
+/* What the checks print of a plan: every getter's result, and the micro-batches per step. */
+typedef struct {
+    dw_plan_info in;
+    dw_plan_layout l;
+    dw_plan_mem m;
+    dw_plan_cost k;
+    int64_t ga;
+} plan_view;
+
+static void view_of(const dw_plan *plan, plan_view *v) {
+    v->in = (dw_plan_info){.size = sizeof v->in};
+    v->l = (dw_plan_layout){.size = sizeof v->l};
+    v->m = (dw_plan_mem){.size = sizeof v->m};
+    v->k = (dw_plan_cost){.size = sizeof v->k};
+    dw_plan_get_info(plan, &v->in);
+    dw_plan_get_layout(plan, &v->l);
+    dw_plan_get_memory(plan, &v->m);
+    dw_plan_get_cost(plan, &v->k);
+    v->ga = v->l.global_batch / ((int64_t)v->l.dp * v->l.micro_batch);
+}
+
+/* The name of GPU 0 of hw ("" when it has none). */
+static void gpu0_name(const dw_hw *hw, char *buf, size_t n) {
+    dw_gpu_info g = {.size = sizeof g};
+    snprintf(buf, n, "%s", dw_hw_get_gpu(hw, 0, &g) == DW_OK ? g.name : "");
+}
+
+/* The gpu-run check of a well-formed plan (--run): captures the model at the plan's shape,
+ * compiles it for this GPU and runs it with the CUDA engine through step_run.h. Returns true when the run
  * happened (its verdicts are added to *fails); false when it could not run (reason printed). */
-static bool gpu_run(const char *model, dw_plan_setup *st, const dw_par *par, const dw_plan_entry *e, long steps,
-                    long warm, int *fails) {
+static bool gpu_run(const dw_plan *plan, long steps, long warm, int *fails) {
     char why[400];
-    if (!dw_plan_engine_runnable(&st->in, par, why, sizeof why)) {
-        not_run(why);
+    const char *reason = NULL;
+    if (!dw_plan_runs_on_engine(plan, &reason)) {
+        not_run(reason);
         return false;
     }
     if (!dw_built_with_cuda()) {
@@ -90,22 +114,32 @@ static bool gpu_run(const char *model, dw_plan_setup *st, const dw_par *par, con
         not_run(why);
         return false;
     }
+    plan_view v;
+    view_of(plan, &v);
+    const dw_plan_info *in = &v.in;
+    const dw_plan_layout *l = &v.l;
+    const dw_plan_mem *m = &v.m;
+    const dw_plan_cost *k = &v.k;
+    dw_plan_engine_mem em = {.size = sizeof em};
     dw_hw *here = NULL;
-    if (dw_probe(ctx, &here) == DW_OK && here->n_gpus > 0 && strcmp(here->gpus[0].name, st->hw->gpus[0].name))
-        printf("      note: the prediction is for %s, this machine's GPU 0 is %s\n", st->hw->gpus[0].name,
-               here->gpus[0].name);
+    char name[256];
+    if (dw_probe(ctx, &here) == DW_OK && dw_hw_gpu_count(here) > 0) {
+        gpu0_name(here, name, sizeof name);
+        if (strcmp(name, in->gpu)) printf("      note: the prediction is for %s, this machine's GPU 0 is %s\n", in->gpu, name);
+    }
     dw_hw_free(here);
     dw_policy *pol = NULL;
     dw_graph *g = NULL;
     dw_compiled *cp = NULL;
     dw_step_run_result r = {0};
-    dw_step_run_opts o = {.micro_batch = par->micro_batch, .seq = st->in.job.seq, .grad_accum = par->grad_accum,
-                          .warmup = warm, .steps = steps};
+    dw_step_run_opts o = {.micro_batch = l->micro_batch, .seq = l->seq, .grad_accum = v.ga, .warmup = warm,
+                          .steps = steps};
     dw_capture_opts co;
     dw_capture_opts_init(&co, sizeof co);
-    co.batch = par->micro_batch, co.seq = st->in.job.seq;
-    dw_status s = dw_plan_engine_policy(ctx, &st->in, &pol);
-    if (s == DW_OK) s = dw_capture(ctx, model, &co, &g);
+    co.batch = l->micro_batch, co.seq = l->seq;
+    dw_status s = dw_plan_engine_policy(ctx, plan, &pol);
+    if (s == DW_OK) s = dw_plan_get_engine_memory(ctx, plan, &em);
+    if (s == DW_OK) s = dw_capture(ctx, in->model, &co, &g);
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, NULL, &cp);
     if (s == DW_OK) s = dw_step_run(ctx, cp, &o, &r, NULL);
     dw_compiled_free(cp);
@@ -117,41 +151,109 @@ static bool gpu_run(const char *model, dw_plan_setup *st, const dw_par *par, con
         dw_ctx_free(ctx);
         return false;
     }
-    const dw_mem *m = &e->mem;
     double used = (double)(r.mem_context + r.mem_engine), mr = used / m->total;
-    double ctx_pred = (double)DW_PLAN_CUDA_CONTEXT, eng_pred = m->total - ctx_pred;
+    double ctx_pred = (double)em.context, eng_pred = m->total - ctx_pred;
     verdict(fabs(mr - 1) <= 0.10, "gpu-run memory (within 10%)", fails);
     printf("      peak device memory measured %.3f GiB, predicted %.3f GiB: ratio %.3f\n", gib(used), gib(m->total), mr);
     printf("        engine (free before creation - least free after it and after every step): measured %.3f "
            "GiB, predicted %.3f GiB (compiled pools %.3f + cuBLASLt %.3f): ratio %.3f\n",
            gib((double)r.mem_engine), gib(eng_pred), gib((double)r.pools),
-           gib((double)DW_COMPILE_LT_WORKSPACE), (double)r.mem_engine / eng_pred);
+           gib((double)em.cublaslt), (double)r.mem_engine / eng_pred);
     printf("        CUDA context before the engine (total - free): measured %.3f GiB, allowance %.3f GiB\n",
            gib((double)r.mem_context), gib(ctx_pred));
-    double tr = r.mean / e->cost.step;
+    double tr = r.mean / k->step;
     verdict(fabs(tr - 1) <= 0.20, "gpu-run step time (within 20%)", fails);
     printf("      mean step measured %.4g s (median %.4g, min %.4g; %ld steps after %ld warm-up; %lld x "
            "forward_backward of %lld x %lld tokens + AdamW), predicted %.4g s: ratio %.3f\n",
-           r.mean, r.median, r.min, steps, warm, (long long)par->grad_accum, (long long)par->micro_batch,
-           (long long)st->in.job.seq, e->cost.step, tr);
+           r.mean, r.median, r.min, steps, warm, (long long)v.ga, (long long)l->micro_batch, (long long)l->seq,
+           k->step, tr);
     printf("      measured %.4g tokens/s, predicted %.4g; loss %.4f -> %.4f\n",
-           (double)st->in.job.global_batch * (double)st->in.job.seq / r.mean, e->cost.tokens_per_s, r.loss_first,
-           r.loss_last);
+           (double)l->global_batch * (double)l->seq / r.mean, k->tokens_per_s, r.loss_first, r.loss_last);
     dw_step_run_result_free(&r);
     dw_policy_free(pol);
     dw_ctx_free(ctx);
     return true;
 }
 
+/* The plan of --plan FILE, or the planner's best; on failure the message is printed and the
+ * exit code returned. */
+static int choose_plan(dw_ctx *ctx, const plan_args *a, const dw_hw *hw, const char *plan_path, dw_plan **out) {
+    dw_status s;
+    if (plan_path) {
+        s = dw_plan_load(ctx, plan_path, a->model, hw, &a->job, out);
+        return s == DW_OK ? DW_EXIT_OK : cli_fail("dryrun", ctx, s);
+    }
+    dw_plan_job job = a->job;
+    job.top_k = 1;
+    dw_plan_set *set = NULL;
+    s = dw_autoplan_search(ctx, a->model, hw, &job, &set);
+    int rc = s == DW_OK ? DW_EXIT_OK : cli_fail("dryrun", ctx, s);
+    if (rc == DW_EXIT_OK && dw_plan_set_count(set) == 0) {
+        cli_error("dryrun", "the planner found no configuration that fits; run `deepwell plan` for the "
+                  "rejection counts");
+        rc = DW_EXIT_FAIL; /* no plan is a failed check */
+    }
+    if (rc == DW_EXIT_OK && (s = dw_plan_set_get(ctx, set, 0, out)) != DW_OK) rc = cli_fail("dryrun", ctx, s);
+    dw_plan_set_free(set);
+    return rc;
+}
+
+/* The constraints, memory, overlap and bubble checks; returns whether the plan is well-formed. */
+static bool check(dw_ctx *ctx, const dw_plan *plan, int *fails) {
+    dw_plan_checks ck = {.size = sizeof ck};
+    dw_plan_get_checks(plan, &ck);
+    verdict(ck.constraints_ok, "constraints", fails);
+    if (!ck.constraints_ok) {
+        const char *line = ck.why;
+        for (size_t n; *line; line += n + (line[n] == '\n')) {
+            n = strcspn(line, "\n");
+            if (n) printf("      %.*s\n", (int)n, line);
+        }
+        printf("SKIP  memory, overlap, bubble (the plan is not well-formed)\n");
+        return false;
+    }
+    plan_view v;
+    view_of(plan, &v);
+    const dw_plan_mem m = v.m;
+    const dw_plan_cost k = v.k;
+    const int64_t ga = v.ga;
+    verdict(ck.memory_ok, "memory", fails);
+    printf("      peak %.2f GiB per GPU on stage %d; limit %.2f GiB = %.0f%% of %.2f GiB HBM\n", gib(m.total),
+           m.worst_stage, gib(m.limit), 100 * (1 - v.in.mem_headroom), gib(m.hbm));
+    printf("      weights %.2f | grads %.2f | optimizer %.2f | activations %.2f (%.2f micro-batches in "
+           "flight) | workspace %.2f | scales %.3f GiB\n",
+           gib(m.weights), gib(m.grads), gib(m.optimizer), gib(m.activations), m.inflight, gib(m.workspace),
+           gib(m.scales));
+    double hidden = ck.overlap * k.step;
+    verdict(ck.overlap_ok, "overlap", fails);
+    printf("      non-overlapped communication %.3g s = %.1f%% of the %.4g s step (TP %.3g, CP %.3g, EP "
+           "%.3g, p2p %.3g, DP exposed %.3g); DP traffic %.3g s, %.0f%% hidden under backward/forward\n",
+           hidden, 100 * ck.overlap, k.step, k.tp_comm, k.cp_comm, k.ep_comm, k.pp_comm, k.dp_exposed, k.dp_comm,
+           k.dp_comm > 0 ? 100 * (1 - k.dp_exposed / k.dp_comm) : 100.0);
+    verdict(ck.bubble_ok, "bubble", fails);
+    printf("      pipeline idle %.1f%% of the busiest stage's %.4g s (event simulation of %s, %lld "
+           "micro-batches, %d virtual stages)\n",
+           100 * k.bubble_frac, k.pipeline, dw_plan_schedule(plan), (long long)ga, v.l.vpp);
+    printf("      predicted: %.4g s/step, %.4g tokens/s, MFU %.1f%%\n", k.step, k.tokens_per_s, 100 * k.mfu);
+    dw_plan_engine_cost et = {.size = sizeof et};
+    if (dw_plan_runs_on_engine(plan, NULL) && dw_plan_get_engine_cost(ctx, plan, &et) == DW_OK)
+        printf("      Deepwell engine, per step: GEMMs %.2f ms, attention %.2f ms, memory-bound kernels %.2f ms "
+               "(%lld micro-batch(es)), launch overhead %.2f ms (%.0f launches each), AdamW %.2f ms\n",
+               1e3 * ga * et.gemm, 1e3 * ga * et.attn, 1e3 * ga * et.mem, (long long)ga, 1e3 * ga * et.overhead,
+               et.launches, 1e3 * et.optimizer);
+    return true;
+}
+
 int cmd_dryrun(int argc, char **argv) {
-    static const struct option opts[] = {DW_PLAN_ARG_OPTIONS,
+    static const struct option opts[] = {PLAN_ARG_OPTIONS,
                                          {"plan", required_argument, 0, 'p'},
                                          {"run", no_argument, 0, 'r'},
                                          {"steps", required_argument, 0, 'n'},
                                          {"warmup", required_argument, 0, 'w'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    dw_plan_args a = {0};
+    plan_args a;
+    plan_args_init(&a);
     const char *plan_path = NULL;
     bool run = false;
     long steps = 10, warm = 3;
@@ -162,9 +264,9 @@ int cmd_dryrun(int argc, char **argv) {
     int c, rc = DW_EXIT_OK;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c >= DW_PLAN_ARG_FIRST && c <= DW_PLAN_ARG_LAST) {
-            if ((s = dw_plan_args_opt(ctx, c, optarg, &a)) != DW_OK) {
-                rc = cli_fail("dryrun", ctx, s);
+        if (c >= PLAN_ARG_FIRST && c <= PLAN_ARG_LAST) {
+            if (!plan_args_opt("dryrun", c, optarg, &a)) {
+                rc = DW_EXIT_USAGE;
                 goto done;
             }
             continue;
@@ -194,102 +296,33 @@ int cmd_dryrun(int argc, char **argv) {
         rc = cli_usage_error("dryrun");
         goto done;
     }
-    dw_plan_setup st;
-    if ((s = dw_plan_setup_load(ctx, &a, &st)) != DW_OK) {
-        rc = cli_fail("dryrun", ctx, s);
-        goto done;
-    }
-    dw_par par;
-    if (plan_path) {
-        json_t *j = NULL;
-        s = dw_json_load_file(ctx, plan_path, &j);
-        if (s == DW_OK) s = dw_par_from_json(ctx, j, plan_path, &par);
-        json_decref(j);
-        if (s == DW_OK && par.grad_accum == 0) {
-            int64_t per = (int64_t)par.dp * par.micro_batch;
-            par.grad_accum = per > 0 && st.in.job.global_batch % per == 0 ? st.in.job.global_batch / per : 0;
-        }
-    } else {
-        dw_plan_result res;
-        s = dw_plan_search(ctx, &st.in, 1, &res);
-        if (s == DW_OK && res.n_plans == 0)
-            s = dw_set_error(ctx, DW_ERR_INVALID, "the planner found no configuration that fits; "
-                                                  "run `deepwell plan` for the rejection counts");
-        if (s == DW_OK) par = res.plans[0].par;
-        dw_plan_result_free(&res);
-        if (s == DW_ERR_INVALID) s = DW_ERR_UNSUPPORTED; /* no plan is a failed check, exit 1 */
-    }
-    if (s != DW_OK) {
-        rc = cli_fail("dryrun", ctx, s);
-        dw_plan_setup_free(&st);
-        goto done;
-    }
-    char buf[200], why[2048];
-    dw_par_format(&par, buf, sizeof buf);
-    printf("dryrun %s on %d x %s, seq %lld, global batch %lld, %s\nplan: %s%s%s\n\n", a.model,
-           (int)st.in.n_gpus, st.hw->gpus[0].name, (long long)st.in.job.seq,
-           (long long)st.in.job.global_batch, dw_plan_prec_name(st.in.job.prec), buf,
+    dw_hw *hw = NULL;
+    if ((rc = plan_args_load_hw("dryrun", ctx, &a, &hw)) != DW_EXIT_OK) goto done;
+    dw_plan *plan = NULL;
+    rc = choose_plan(ctx, &a, hw, plan_path, &plan);
+    dw_hw_free(hw);
+    if (rc != DW_EXIT_OK) goto done;
+    dw_plan_info in = {.size = sizeof in};
+    dw_plan_get_info(plan, &in);
+    printf("dryrun %s on %d x %s, seq %lld, global batch %lld, %s\nplan: %s%s%s\n\n", a.model, (int)in.gpus, in.gpu,
+           (long long)in.seq, (long long)in.global_batch, dw_recipe_name((dw_recipe)in.recipe), dw_plan_summary(plan),
            plan_path ? " from " : " (planner's best)", plan_path ? plan_path : "");
     int fails = 0;
-    bool formed = false, ran = false;
-    dw_plan_entry e;
-    /* 1. structure: independent checker (memory is reported separately below) */
-    int bad = dw_plan_check(&st.in, &par, why, sizeof why);
-    bool mem_only = bad == 1 && strncmp(why, "memory:", 7) == 0;
-    verdict(bad == 0 || mem_only, "constraints", &fails);
-    if (bad && !mem_only) {
-        for (char *line = strtok(why, "\n"); line; line = strtok(NULL, "\n")) printf("      %s\n", line);
-        printf("SKIP  memory, overlap, bubble (the plan is not well-formed)\n");
-    } else {
-        formed = true;
-        dw_plan_memory(&st.in, &par, &e.mem);
-        e.par = par;
-        const dw_mem *m = &e.mem;
-        verdict(m->total <= m->limit, "memory", &fails);
-        printf("      peak %.2f GiB per GPU on stage %d; limit %.2f GiB = %.0f%% of %.2f GiB HBM\n",
-               gib(m->total), m->worst_stage, gib(m->limit), 100 * (1 - st.in.job.mem_headroom), gib(m->hbm));
-        printf("      weights %.2f | grads %.2f | optimizer %.2f | activations %.2f (%.2f micro-batches in "
-               "flight) | workspace %.2f | scales %.3f GiB\n",
-               gib(m->weights), gib(m->grads), gib(m->optimizer), gib(m->activations), m->inflight,
-               gib(m->workspace), gib(m->scales));
-        dw_plan_time(&st.in, &par, &e, NULL);
-        const dw_cost *k = &e.cost;
-        double hidden = k->tp_comm + k->cp_comm + k->ep_comm + k->pp_comm + k->dp_exposed;
-        double frac = k->step > 0 ? hidden / k->step : 0;
-        verdict(frac <= 0.5, "overlap", &fails);
-        printf("      non-overlapped communication %.3g s = %.1f%% of the %.4g s step (TP %.3g, CP %.3g, EP "
-               "%.3g, p2p %.3g, DP exposed %.3g); DP traffic %.3g s, %.0f%% hidden under backward/forward\n",
-               hidden, 100 * frac, k->step, k->tp_comm, k->cp_comm, k->ep_comm, k->pp_comm, k->dp_exposed,
-               k->dp_comm, k->dp_comm > 0 ? 100 * (1 - k->dp_exposed / k->dp_comm) : 100.0);
-        verdict(k->bubble_frac <= 0.5, "bubble", &fails);
-        printf("      pipeline idle %.1f%% of the busiest stage's %.4g s (event simulation of %s, %lld "
-               "micro-batches, %d virtual stages)\n",
-               100 * k->bubble_frac, k->pipeline, dw_sched_name(par.sched), (long long)par.grad_accum, par.vpp);
-        printf("      predicted: %.4g s/step, %.4g tokens/s, MFU %.1f%%\n", k->step, k->tokens_per_s,
-               100 * k->mfu);
-        dw_engine_time et;
-        if (dw_plan_engine_runnable(&st.in, &par, NULL, 0) &&
-            dw_plan_engine_time(ctx, &st.in, par.micro_batch, &et) == DW_OK) {
-            double ga = (double)par.grad_accum;
-            printf("      Deepwell engine, per step: GEMMs %.2f ms, attention %.2f ms, memory-bound kernels %.2f ms "
-                   "(%lld micro-batch(es)), launch overhead %.2f ms (%.0f launches each), AdamW %.2f ms\n",
-                   1e3 * ga * et.gemm, 1e3 * ga * et.attn, 1e3 * ga * et.mem, (long long)par.grad_accum,
-                   1e3 * ga * et.overhead, et.launches, 1e3 * et.optimizer);
-        }
-    }
+    bool formed = check(ctx, plan, &fails), ran = false;
+    const char *why = NULL;
     if (!run)
         printf("SKIP  gpu-run: not requested (--run executes a one-GPU plan with the CUDA engine and compares)\n");
-    else if (!formed && !dw_plan_engine_runnable(&st.in, &par, why, sizeof why))
+    else if (!formed && !dw_plan_runs_on_engine(plan, &why))
         not_run(why);
     else if (!formed)
         not_run("the plan is not well-formed (see constraints)");
     else
-        ran = gpu_run(a.model, &st, &par, &e, steps, warm, &fails);
+        ran = gpu_run(plan, steps, warm, &fails);
     printf("\n%s: %d check(s) failed%s\n", fails || (run && !ran) ? "FAIL" : "PASS", fails,
            run && !ran ? "; gpu-run NOT RUN" : "");
     if (run && !ran) fails++;
     rc = fails ? DW_EXIT_FAIL : DW_EXIT_OK;
-    dw_plan_setup_free(&st);
+    dw_plan_free(plan);
 done:
     dw_ctx_free(ctx);
     return rc;

@@ -5,9 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/json.h"
-#include "plan/args.h"
 #include "cli.h"
+#include "plan_args.h"
 
 static void help(void) {
     printf("Usage: deepwell plan MODEL --hw PRESET|FILE|probe [--nodes N] [--gpus N] --seq S --global-batch G\n"
@@ -43,32 +42,80 @@ static void help(void) {
 
 static double gib(double b) { return b / (1024.0 * 1024 * 1024); }
 
-static void print_entry(const char *label, const dw_plan_entry *e) {
-    char buf[200];
-    dw_par_format(&e->par, buf, sizeof buf);
-    const dw_mem *m = &e->mem;
-    const dw_cost *c = &e->cost;
-    printf("%s %s\n", label, buf);
-    printf("    step %.4g s   %.4g tokens/s   MFU %.1f%%   HFU %.1f%%\n", c->step, c->tokens_per_s,
-           100 * c->mfu, 100 * c->hfu);
+static void print_entry(const char *label, const dw_plan *p) {
+    dw_plan_mem m = {.size = sizeof m};
+    dw_plan_cost c = {.size = sizeof c};
+    dw_plan_get_memory(p, &m);
+    dw_plan_get_cost(p, &c);
+    printf("%s %s\n", label, dw_plan_summary(p));
+    printf("    step %.4g s   %.4g tokens/s   MFU %.1f%%   HFU %.1f%%\n", c.step, c.tokens_per_s, 100 * c.mfu,
+           100 * c.hfu);
     printf("    memory/GPU %.1f GiB of %.1f GiB (limit %.1f): weights %.2f, grads %.2f, optimizer %.2f, "
            "activations %.2f, workspace %.2f, scales %.3f  [stage %d, %.2f micro-batches in flight]\n",
-           gib(m->total), gib(m->hbm), gib(m->limit), gib(m->weights), gib(m->grads), gib(m->optimizer),
-           gib(m->activations), gib(m->workspace), gib(m->scales), m->worst_stage, m->inflight);
+           gib(m.total), gib(m.hbm), gib(m.limit), gib(m.weights), gib(m.grads), gib(m.optimizer),
+           gib(m.activations), gib(m.workspace), gib(m.scales), m.worst_stage, m.inflight);
     printf("    time: pipeline %.4g s (busy %.4g, bubble %.1f%%), TP %.3g, CP %.3g, EP %.3g, p2p %.3g, "
            "DP %.3g (exposed %.3g), optimizer %.3g\n",
-           c->pipeline, c->compute, 100 * c->bubble_frac, c->tp_comm, c->cp_comm, c->ep_comm, c->pp_comm,
-           c->dp_comm, c->dp_exposed, c->optimizer);
+           c.pipeline, c.compute, 100 * c.bubble_frac, c.tp_comm, c.cp_comm, c.ep_comm, c.pp_comm, c.dp_comm,
+           c.dp_exposed, c.optimizer);
+}
+
+static dw_status print_table(dw_ctx *ctx, const char *model, const dw_plan_set *set) {
+    dw_plan_info in = {.size = sizeof in};
+    dw_plan_set_get_info(set, &in);
+    int64_t evaluated, feasible;
+    dw_plan_set_stats(set, &evaluated, &feasible);
+    printf("model %s: %.4g params%s; %s x %d GPUs (%d nodes, NVLink domain %d; %s)\n", model, in.params,
+           in.experts ? " (MoE)" : "", in.gpu, (int)in.gpus, in.nodes, in.nvlink_domain, in.hw_source);
+    printf("job: seq %lld, global batch %lld sequences, %s; searched %lld configurations, %lld feasible\n\n",
+           (long long)in.seq, (long long)in.global_batch, dw_recipe_name((dw_recipe)in.recipe), (long long)evaluated,
+           (long long)feasible);
+    for (int i = 0; i < dw_plan_set_count(set); i++) {
+        dw_plan *p = NULL;
+        dw_status s = dw_plan_set_get(ctx, set, i, &p);
+        if (s != DW_OK) return s;
+        char label[16];
+        snprintf(label, sizeof label, i == 0 ? "best:" : "#%d:", i + 1);
+        print_entry(label, p);
+        dw_plan_free(p);
+    }
+    printf("\nrejected (configurations, examples):\n");
+    for (int k = 0; k < dw_plan_reject_reasons(); k++) {
+        int examples = 0;
+        int64_t n = dw_plan_set_rejected(set, k, &examples);
+        if (!n) continue;
+        printf("  %-48s %10lld\n", dw_plan_reject_name(k), (long long)n);
+        for (int i = 0; i < examples; i++) printf("      e.g. %s\n", dw_plan_set_reject_example(set, k, i));
+    }
+    printf("\nMFU/HFU are relative to the dense datasheet peak of the recipe's GEMMs (%.0f TFLOP/s per GPU).\n"
+           "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
+           "alpha-beta collectives, pipeline event simulation); nothing was run.\n",
+           in.peak_flops / 1e12);
+    if (in.engine)
+        printf("One GPU: planned for Deepwell's CUDA engine (memory from its compiled pools, time from its\n"
+               "graph at the engine's kernel rates; docs/planner.md). `deepwell dryrun --run` checks it.\n");
+    return DW_OK;
+}
+
+/* The SVG of the best plan, when there is one. */
+static dw_status write_svg(dw_ctx *ctx, const dw_plan_set *set, const char *path) {
+    if (dw_plan_set_count(set) == 0) return DW_OK;
+    dw_plan *best = NULL;
+    dw_status s = dw_plan_set_get(ctx, set, 0, &best);
+    if (s == DW_OK) s = dw_plan_write_svg(ctx, best, path);
+    dw_plan_free(best);
+    return s;
 }
 
 int cmd_plan(int argc, char **argv) {
-    static const struct option opts[] = {DW_PLAN_ARG_OPTIONS,
+    static const struct option opts[] = {PLAN_ARG_OPTIONS,
                                          {"json", no_argument, 0, 'j'},
                                          {"svg", required_argument, 0, 's'},
                                          {"top", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    dw_plan_args a = {0};
+    plan_args a;
+    plan_args_init(&a);
     bool json = false;
     const char *svg = NULL;
     long top = 5;
@@ -79,9 +126,9 @@ int cmd_plan(int argc, char **argv) {
     int c, rc = DW_EXIT_OK;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c >= DW_PLAN_ARG_FIRST && c <= DW_PLAN_ARG_LAST) {
-            if ((s = dw_plan_args_opt(ctx, c, optarg, &a)) != DW_OK) {
-                rc = cli_fail("plan", ctx, s);
+        if (c >= PLAN_ARG_FIRST && c <= PLAN_ARG_LAST) {
+            if (!plan_args_opt("plan", c, optarg, &a)) {
+                rc = DW_EXIT_USAGE;
                 goto done;
             }
             continue;
@@ -102,60 +149,32 @@ int cmd_plan(int argc, char **argv) {
         rc = cli_usage_error("plan");
         goto done;
     }
-    dw_plan_setup st;
-    if ((s = dw_plan_setup_load(ctx, &a, &st)) != DW_OK) {
-        rc = cli_fail("plan", ctx, s);
-        goto done;
-    }
-    dw_plan_result res;
-    s = dw_plan_search(ctx, &st.in, (int)top, &res);
+    dw_hw *hw = NULL;
+    if ((rc = plan_args_load_hw("plan", ctx, &a, &hw)) != DW_EXIT_OK) goto done;
+    a.job.top_k = (int)top;
+    dw_plan_set *set = NULL;
+    s = dw_autoplan_search(ctx, a.model, hw, &a.job, &set);
+    dw_hw_free(hw);
     if (s != DW_OK) {
         rc = cli_fail("plan", ctx, s);
-        dw_plan_setup_free(&st);
         goto done;
     }
-    if (svg && res.n_plans > 0 && (s = dw_plan_write_svg(ctx, &st.in, &res.plans[0].par, svg)) != DW_OK) {
+    if (svg && (s = write_svg(ctx, set, svg)) != DW_OK) {
         rc = cli_fail("plan", ctx, s);
     } else if (json) {
-        json_t *j = dw_plan_result_json(&st.in, &res);
-        char *text = dw_json_dump(j, true);
-        printf("%s\n", text);
-        free(text);
-        json_decref(j);
-    } else {
-        dw_param_counts pc;
-        dw_plan_params(&st.in, &pc);
-        printf("model %s: %.4g params%s; %s x %d GPUs (%d nodes, NVLink domain %d; %s)\n", a.model, pc.total,
-               st.in.experts ? " (MoE)" : "", st.hw->gpus[0].name, (int)st.in.n_gpus, st.hw->nodes,
-               st.hw->nvlink_domain, st.hw->source);
-        printf("job: seq %lld, global batch %lld sequences, %s; searched %lld configurations, %lld feasible\n\n",
-               (long long)st.in.job.seq, (long long)st.in.job.global_batch, dw_plan_prec_name(st.in.job.prec),
-               (long long)res.evaluated, (long long)res.feasible);
-        for (int i = 0; i < res.n_plans; i++) {
-            char label[16];
-            snprintf(label, sizeof label, i == 0 ? "best:" : "#%d:", i + 1);
-            print_entry(label, &res.plans[i]);
-        }
-        printf("\nrejected (configurations, examples):\n");
-        for (int k = 0; k < DW_REJECT_COUNT; k++) {
-            if (!res.rej.count[k]) continue;
-            printf("  %-48s %10lld\n", dw_reject_name((dw_reject)k), (long long)res.rej.count[k]);
-            for (int i = 0; i < res.rej.n_examples[k]; i++) printf("      e.g. %s\n", res.rej.example[k][i]);
-        }
-        printf("\nMFU/HFU are relative to the dense datasheet peak of the recipe's GEMMs (%.0f TFLOP/s per GPU).\n"
-               "Predicted by the analytical model in docs/planner.md (datasheet peaks x efficiency curves,\n"
-               "alpha-beta collectives, pipeline event simulation); nothing was run.\n",
-               dw_plan_peak_flops(&st.hw->gpus[0], st.in.job.prec) / 1e12);
-        if (st.in.n_gpus == 1 && st.in.engine_model)
-            printf("One GPU: planned for Deepwell's CUDA engine (memory from its compiled pools, time from its\n"
-                   "graph at the engine's kernel rates; docs/planner.md). `deepwell dryrun --run` checks it.\n");
+        char *text = NULL;
+        s = dw_plan_set_to_json(ctx, set, true, &text);
+        if (s == DW_OK) printf("%s\n", text);
+        else rc = cli_fail("plan", ctx, s);
+        dw_free_string(text);
+    } else if ((s = print_table(ctx, a.model, set)) != DW_OK) {
+        rc = cli_fail("plan", ctx, s);
     }
-    if (rc == DW_EXIT_OK && res.n_plans == 0) {
+    if (rc == DW_EXIT_OK && dw_plan_set_count(set) == 0) {
         cli_error("plan", "no configuration fits: see the rejection counts");
         rc = DW_EXIT_FAIL;
     }
-    dw_plan_result_free(&res);
-    dw_plan_setup_free(&st);
+    dw_plan_set_free(set);
 done:
     dw_ctx_free(ctx);
     return rc;

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "probe/hw.h"
 #include "cli.h"
 
 static void help(void) {
@@ -25,67 +24,75 @@ static void print_bytes(char *buf, size_t n, double bytes) {
     else snprintf(buf, n, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
 }
 
-static void print_table(const dw_hw *hw) {
-    printf("source: %s%s%s\n", hw->source, hw->preset[0] ? " " : "", hw->preset);
-    if (hw->label[0]) printf("note:   %s\n", hw->label);
-    char ram[32];
-    print_bytes(ram, sizeof ram, (double)hw->host_ram_bytes);
-    if (hw->host_cpus > 0) printf("host:   %d CPUs, %s RAM\n", hw->host_cpus, ram);
-    printf("nodes:  %d x %d GPU(s); NVLink domain %d", hw->nodes, hw->n_gpus, hw->nvlink_domain);
-    if (hw->nvlink_gbps > 0) printf(", NVLink %.0f GB/s/dir", hw->nvlink_gbps);
-    if (hw->internode_gbps > 0) printf(", inter-node %.0f GB/s/GPU", hw->internode_gbps);
-    printf("\n");
-    if (hw->n_gpus == 0) {
-        printf("gpus:   none (%s)\n", hw->notice[0] ? hw->notice : "no GPU");
-        return;
-    }
+static void print_gpus(const dw_hw *hw, const dw_hw_info *m) {
     printf("\n%-3s %-26s %-4s %4s %10s %10s %6s %6s %7s %7s %-s\n", "#", "name", "cc", "SMs", "HBM",
            "free", "SM MHz", "memMHz", "L2", "smem", "features");
-    for (int i = 0; i < hw->n_gpus; i++) {
-        const dw_gpu_info *g = &hw->gpus[i];
+    for (int i = 0; i < m->gpus; i++) {
+        dw_gpu_info g = {.size = sizeof g};
+        dw_hw_get_gpu(hw, i, &g);
         char hbm[32], fr[32], feat[128] = "";
-        print_bytes(hbm, sizeof hbm, (double)g->hbm_bytes);
-        print_bytes(fr, sizeof fr, (double)g->hbm_free_bytes);
+        print_bytes(hbm, sizeof hbm, (double)g.hbm_bytes);
+        print_bytes(fr, sizeof fr, (double)g.hbm_free_bytes);
         const struct { bool on; const char *name; } fs[] = {
-            {g->features.wgmma, "wgmma"},     {g->features.fp8, "fp8"},
-            {g->features.tcgen05, "tcgen05"}, {g->features.tmem, "tmem"},
-            {g->features.mx_block_scaling, "mx"}, {g->features.fp4, "fp4"}};
+            {g.wgmma, "wgmma"}, {g.fp8, "fp8"}, {g.tcgen05, "tcgen05"},
+            {g.tmem, "tmem"},   {g.mx_block_scaling, "mx"}, {g.fp4, "fp4"}};
         for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++)
             if (fs[k].on) {
                 strncat(feat, feat[0] ? "," : "", sizeof feat - strlen(feat) - 1);
                 strncat(feat, fs[k].name, sizeof feat - strlen(feat) - 1);
             }
-        printf("%-3d %-26.26s %d.%-2d %4d %10s %10s %6d %6d %5.0fMB %5lluKB %s\n", g->index, g->name,
-               g->cc_major, g->cc_minor, g->sms, hbm, fr, g->sm_clock_mhz, g->mem_clock_mhz,
-               g->l2_bytes / 1e6, (unsigned long long)(g->smem_optin_bytes / 1024), feat);
+        printf("%-3d %-26.26s %d.%-2d %4d %10s %10s %6d %6d %5.0fMB %5lluKB %s\n", g.index, g.name,
+               g.cc_major, g.cc_minor, g.sms, hbm, fr, g.sm_clock_mhz, g.mem_clock_mhz,
+               g.l2_bytes / 1e6, (unsigned long long)(g.smem_optin_bytes / 1024), feat);
     }
     printf("\n%-3s %-9s %-9s %-9s %-9s %-s\n", "#", "BF16 TF", "FP8 TF", "FP4 TF", "HBM GB/s",
            "NVLink (links/active)");
-    for (int i = 0; i < hw->n_gpus; i++) {
-        const dw_gpu_info *g = &hw->gpus[i];
+    for (int i = 0; i < m->gpus; i++) {
+        dw_gpu_info g = {.size = sizeof g};
+        dw_hw_get_gpu(hw, i, &g);
         char nv[32];
-        if (g->nvlink_links < 0) snprintf(nv, sizeof nv, "unknown (no NVML)");
-        else snprintf(nv, sizeof nv, "%d/%d", g->nvlink_links, g->nvlink_active);
-        printf("%-3d %-9.0f %-9.0f %-9.0f %-9.0f %s\n", g->index, g->peak_bf16_tflops,
-               g->peak_fp8_tflops, g->peak_fp4_tflops, g->hbm_gbps, nv);
+        if (g.nvlink_links < 0) snprintf(nv, sizeof nv, "unknown (no NVML)");
+        else snprintf(nv, sizeof nv, "%d/%d", g.nvlink_links, g.nvlink_active);
+        printf("%-3d %-9.0f %-9.0f %-9.0f %-9.0f %s\n", g.index, g.peak_bf16_tflops, g.peak_fp8_tflops,
+               g.peak_fp4_tflops, g.hbm_gbps, nv);
     }
-    if (!strcmp(hw->source, "probe"))
-        printf("(peak rates derived from SMs x clock x architecture, not measured)\n");
-    if (hw->n_gpus > 1) {
-        printf("\npeer access (rank):\n    ");
-        for (int j = 0; j < hw->n_gpus; j++) printf(" %5d", j);
-        printf("\n");
-        for (int i = 0; i < hw->n_gpus; i++) {
-            printf("%3d ", i);
-            for (int j = 0; j < hw->n_gpus; j++) {
-                const dw_peer_link *l = &hw->peers[i * hw->n_gpus + j];
-                if (i == j) printf(" %5s", "-");
-                else if (l->access) printf("   Y(%d)", l->perf_rank);
-                else printf(" %5s", "N");
-            }
-            printf("\n");
+}
+
+static void print_peers(const dw_hw *hw, int n) {
+    printf("\npeer access (rank):\n    ");
+    for (int j = 0; j < n; j++) printf(" %5d", j);
+    printf("\n");
+    for (int i = 0; i < n; i++) {
+        printf("%3d ", i);
+        for (int j = 0; j < n; j++) {
+            dw_peer_link l = {.size = sizeof l};
+            if (i == j) printf(" %5s", "-");
+            else if (dw_hw_get_peer(hw, i, j, &l) == DW_OK && l.access) printf("   Y(%d)", l.perf_rank);
+            else printf(" %5s", "N");
         }
+        printf("\n");
     }
+}
+
+static void print_table(const dw_hw *hw) {
+    dw_hw_info m = {.size = sizeof m};
+    dw_hw_get_info(hw, &m);
+    printf("source: %s%s%s\n", m.source, m.preset[0] ? " " : "", m.preset);
+    if (m.label[0]) printf("note:   %s\n", m.label);
+    char ram[32];
+    print_bytes(ram, sizeof ram, (double)m.host_ram_bytes);
+    if (m.host_cpus > 0) printf("host:   %d CPUs, %s RAM\n", m.host_cpus, ram);
+    printf("nodes:  %d x %d GPU(s); NVLink domain %d", m.nodes, m.gpus, m.nvlink_domain);
+    if (m.nvlink_gbps > 0) printf(", NVLink %.0f GB/s/dir", m.nvlink_gbps);
+    if (m.internode_gbps > 0) printf(", inter-node %.0f GB/s/GPU", m.internode_gbps);
+    printf("\n");
+    if (m.gpus == 0) {
+        printf("gpus:   none (%s)\n", m.notice[0] ? m.notice : "no GPU");
+        return;
+    }
+    print_gpus(hw, &m);
+    if (!strcmp(m.source, "probe")) printf("(peak rates derived from SMs x clock x architecture, not measured)\n");
+    if (m.gpus > 1) print_peers(hw, m.gpus);
 }
 
 int cmd_probe(int argc, char **argv) {
@@ -146,8 +153,8 @@ int cmd_probe(int argc, char **argv) {
         dw_ctx_free(ctx);
         return rc;
     }
-    if (!preset && !file && hw->n_gpus == 0)
-        fprintf(stderr, "deepwell probe: no GPUs: %s\n", hw->notice[0] ? hw->notice : "none found");
+    if (!preset && !file && dw_hw_gpu_count(hw) == 0)
+        fprintf(stderr, "deepwell probe: no GPUs: %s\n", dw_hw_notice(hw) ? dw_hw_notice(hw) : "none found");
     int rc = DW_EXIT_OK;
     if (json) {
         char *text = NULL;

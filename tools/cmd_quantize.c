@@ -1,10 +1,9 @@
 /* cmd_quantize.c — `deepwell quantize`: rewrites a safetensors checkpoint with one recipe in the
- * on-disk layout of shared/FORMATS.md (the work is in io/safetensors_quant.c). */
+ * on-disk layout of shared/FORMATS.md (the work is dw_quantize_file's). */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "io/safetensors_quant.h"
 #include "cli.h"
 
 static void help(void) {
@@ -32,11 +31,11 @@ static void help(void) {
            "Exit status: 0 written, 2 bad arguments or unreadable/malformed input, 1 other failures.\n");
 }
 
-static void notify(void *user, const dw_st_tensor *t, const char *why) {
+static void notify(void *user, const dw_st_tensor_info *t, const char *why) {
     (void)user;
     if (why)
-        fprintf(stderr, "deepwell quantize: copied unchanged: %s (%s, %d-D): %s\n", t->name,
-                dw_dtype_name(t->dtype), t->ndim, why);
+        fprintf(stderr, "deepwell quantize: copied unchanged: %s (%s, %d-D): %s\n", t->name, t->dtype, t->ndim,
+                why);
 }
 
 int cmd_quantize(int argc, char **argv) {
@@ -45,21 +44,24 @@ int cmd_quantize(int argc, char **argv) {
                                          {"pow2", no_argument, 0, 'p'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    dw_quant_opts o = {.recipe = DW_RECIPE_COUNT, .rounding = DW_SCALE_RCEIL, .pow2 = false};
+    dw_quantize_opts o;
+    dw_quantize_opts_init(&o, sizeof o);
+    dw_recipe recipe = DW_RECIPE_COUNT;
+    dw_scale_rounding rounding = DW_SCALE_RCEIL;
     bool rounding_given = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'r':
-            if (!dw_recipe_parse(optarg, &o.recipe) || o.recipe == DW_RECIPE_BF16) {
+            if (!dw_recipe_parse(optarg, &recipe) || recipe == DW_RECIPE_BF16) {
                 cli_error("quantize", "unknown recipe '%s' (fp8_tensor, fp8_row, fp8_block, "
                           "fp8_block2d, mxfp8, mxfp8_e5m2, mxfp4, nvfp4)", optarg);
                 return DW_EXIT_USAGE;
             }
             break;
         case 's':
-            if (!dw_stq_parse_rounding(optarg, &o.rounding)) {
+            if (!dw_scale_rounding_parse(optarg, &rounding)) {
                 cli_error("quantize", "--scale-rounding expects rceil or floor, got '%s'", optarg);
                 return DW_EXIT_USAGE;
             }
@@ -70,7 +72,7 @@ int cmd_quantize(int argc, char **argv) {
         default: return cli_usage_error("quantize");
         }
     }
-    if (o.recipe == DW_RECIPE_COUNT) {
+    if (recipe == DW_RECIPE_COUNT) {
         cli_error("quantize", "--recipe is required");
         return cli_usage_error("quantize");
     }
@@ -78,28 +80,30 @@ int cmd_quantize(int argc, char **argv) {
         cli_error("quantize", "expected IN.safetensors OUT.safetensors, got %d argument(s)", argc - optind);
         return cli_usage_error("quantize");
     }
-    if (rounding_given && !dw_recipe_is_mx(o.recipe)) {
+    if (rounding_given && !dw_recipe_is_mx(recipe)) {
         cli_error("quantize", "--scale-rounding applies to the MX recipes (mxfp8, mxfp8_e5m2, mxfp4), not %s",
-                  dw_recipe_name(o.recipe));
+                  dw_recipe_name(recipe));
         return DW_EXIT_USAGE;
     }
-    if (o.pow2 && dw_recipe_scale_bytes(o.recipe) != 4) {
+    if (o.pow2 && dw_recipe_scale_bytes(recipe) != 4) {
         cli_error("quantize", "--pow2 applies to the FP8 recipes with FP32 scales (fp8_*), not %s",
-                  dw_recipe_name(o.recipe));
+                  dw_recipe_name(recipe));
         return DW_EXIT_USAGE;
     }
+    o.recipe = recipe;
+    o.rounding = rounding;
     const char *in = argv[optind], *out = argv[optind + 1];
     dw_ctx *ctx = NULL;
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
     dw_status s = dw_ctx_create(&co, &ctx);
     if (s != DW_OK) return cli_fail("quantize", NULL, s);
-    dw_stq_file_summary sum;
-    s = dw_stq_quantize_file(ctx, in, out, &o, notify, NULL, &sum);
+    dw_quantize_summary sum = {.size = sizeof sum};
+    s = dw_quantize_file(ctx, in, out, &o, notify, NULL, &sum);
     int rc = DW_EXIT_OK;
     if (s != DW_OK) rc = cli_fail("quantize", ctx, s);
     else
         printf("%s: %s: %d tensor(s) quantised, %d copied unchanged; tensor data %.3f MB -> %.3f MB\n",
-               out, dw_recipe_name(o.recipe), sum.quantized, sum.copied, sum.in_bytes / 1e6,
+               out, dw_recipe_name(recipe), sum.quantized, sum.copied, sum.in_bytes / 1e6,
                sum.out_bytes / 1e6);
     dw_ctx_free(ctx);
     return rc;

@@ -42,24 +42,8 @@ float dw_decode_ue8m0(uint8_t c); /* 2^(c-127); NaN for 0xFF; c=0 gives 2^-127 *
 float dw_decode_ue4m3(uint8_t c);
 float dw_decode_bf16(uint16_t c);
 
-/* ---- recipes ---------------------------------------------------------------------------- */
-typedef enum {
-    DW_RECIPE_BF16 = 0,   /* no quantisation (BF16 operands) */
-    DW_RECIPE_FP8_TENSOR, /* E4M3, one FP32 scale per tensor */
-    DW_RECIPE_FP8_ROW,    /* E4M3, one FP32 scale per row */
-    DW_RECIPE_FP8_BLOCK,  /* E4M3, FP32 scale per 1x128 block (activations, gradients) */
-    DW_RECIPE_FP8_BLOCK2D,/* E4M3, FP32 scale per 128x128 block (weights) */
-    DW_RECIPE_MXFP8,      /* E4M3, UE8M0 scale per 1x32 */
-    DW_RECIPE_MXFP8_E5M2, /* E5M2, UE8M0 scale per 1x32 */
-    DW_RECIPE_MXFP4,      /* E2M1, UE8M0 scale per 1x32 */
-    DW_RECIPE_NVFP4,      /* E2M1, UE4M3 scale per 1x16 + FP32 tensor scale */
-    DW_RECIPE_COUNT
-} dw_recipe;
-
-const char *dw_recipe_name(dw_recipe r);             /* "mxfp8" */
-bool dw_recipe_parse(const char *name, dw_recipe *out); /* false for unknown names */
-
-typedef enum { DW_SCALE_RCEIL = 0, DW_SCALE_FLOOR } dw_scale_rounding; /* MX recipes */
+/* ---- recipes ----------------------------------------------------------------------------
+ * dw_recipe, dw_scale_rounding and the recipe names are public (deepwell.h, [section: formats]). */
 
 typedef struct {
     dw_recipe recipe;
@@ -67,12 +51,15 @@ typedef struct {
     bool pow2;                  /* FP8 recipes: round FP32 scales up to a power of two */
 } dw_quant_opts;
 
+/* The private options of a valid public dw_quantize_opts (DW_ERR_INVALID naming the bad field:
+ * size never set, bf16, an unknown recipe or rounding). */
+dw_status dw_quant_opts_from_public(dw_ctx *ctx, const dw_quantize_opts *pub, dw_quant_opts *out);
+
 /* Block geometry of a recipe: block_rows x block_cols elements share one scale
  * (fp8_tensor: 0 x 0 meaning whole tensor; fp8_row: 1 x 0 meaning whole row). */
 void dw_recipe_block(dw_recipe r, int *block_rows, int *block_cols);
 /* Element bits (8 or 4) and scale bytes (4 for FP32, 1 for UE8M0/UE4M3). */
 int dw_recipe_elem_bits(dw_recipe r);
-int dw_recipe_scale_bytes(dw_recipe r);
 
 /* A quantised 2-D tensor [rows, cols] (row-major), the layout FORMATS.md writes to disk:
  *   codes:  rows x dw_quant_row_bytes(recipe, cols): cols bytes (8-bit), ceil(cols/2) (FP4, even
@@ -96,8 +83,6 @@ size_t dw_quant_scales_bytes(dw_recipe r, int64_t rows, int64_t cols);
 /* Bytes of one row of codes: cols (8-bit), ceil(cols/2) (FP4: an odd last column leaves the high
  * nibble 0), 2*cols (BF16). Rows are contiguous: codes bytes = rows * row bytes. */
 int64_t dw_quant_row_bytes(dw_recipe r, int64_t cols);
-/* True for mxfp8, mxfp8_e5m2, mxfp4 (UE8M0 scales, MX rule). */
-bool dw_recipe_is_mx(dw_recipe r);
 
 /* CPU reference quantisation of x [rows, cols] (FP32) into q (buffers sized by the functions
  * above, caller-owned). Exact, simple, single-threaded per block; the oracle for the CUDA kernels. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/sized.h"
 #include "formats/formats.h"
 #include "formats/rules.h"
 
@@ -59,6 +60,42 @@ int dw_recipe_scale_bytes(dw_recipe r) {
 
 bool dw_recipe_is_mx(dw_recipe r) {
     return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2 || r == DW_RECIPE_MXFP4;
+}
+
+const char *dw_scale_rounding_name(dw_scale_rounding r) {
+    return r == DW_SCALE_RCEIL ? "rceil" : r == DW_SCALE_FLOOR ? "floor" : "unknown";
+}
+
+bool dw_scale_rounding_parse(const char *text, dw_scale_rounding *out) {
+    if (!text) return false;
+    if (!strcmp(text, "rceil")) *out = DW_SCALE_RCEIL;
+    else if (!strcmp(text, "floor")) *out = DW_SCALE_FLOOR;
+    else return false;
+    return true;
+}
+
+static const dw_quantize_opts QUANTIZE_DEFAULTS = {
+    .size = sizeof(dw_quantize_opts), .recipe = DW_RECIPE_COUNT, .rounding = DW_SCALE_RCEIL};
+
+void dw_quantize_opts_init(dw_quantize_opts *o, size_t size) {
+    if (o) dw_sized_init(o, size, &QUANTIZE_DEFAULTS, sizeof QUANTIZE_DEFAULTS);
+}
+
+dw_status dw_quant_opts_from_public(dw_ctx *ctx, const dw_quantize_opts *pub, dw_quant_opts *out) {
+    dw_quantize_opts o = QUANTIZE_DEFAULTS;
+    if (!pub) return dw_set_error(ctx, DW_ERR_INVALID, "quantize: NULL options");
+    if (!dw_sized_read(&o, sizeof o, pub))
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize: options size is 0 (call dw_quantize_opts_init)");
+    if (o.recipe == DW_RECIPE_COUNT)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize: no recipe chosen (options field 'recipe')");
+    if (!valid_recipe((dw_recipe)o.recipe) || o.recipe == DW_RECIPE_BF16)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize: recipe %d is not a quantised recipe (fp8_tensor, "
+                            "fp8_row, fp8_block, fp8_block2d, mxfp8, mxfp8_e5m2, mxfp4, nvfp4)", (int)o.recipe);
+    if (o.rounding != DW_SCALE_RCEIL && o.rounding != DW_SCALE_FLOOR)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize: scale rounding %d is not rceil (0) or floor (1)",
+                            (int)o.rounding);
+    *out = (dw_quant_opts){.recipe = (dw_recipe)o.recipe, .rounding = (dw_scale_rounding)o.rounding, .pow2 = o.pow2};
+    return DW_OK;
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/sized.h"
 #include "io/safetensors_quant.h"
 
 bool dw_stq_qualifies(const dw_st_tensor *t, dw_recipe r, int64_t *rows, int64_t *cols,
@@ -41,13 +42,6 @@ bool dw_stq_qualifies(const dw_st_tensor *t, dw_recipe r, int64_t *rows, int64_t
     return true;
 }
 
-bool dw_stq_parse_rounding(const char *text, dw_scale_rounding *out) {
-    if (!strcmp(text, "rceil")) *out = DW_SCALE_RCEIL;
-    else if (!strcmp(text, "floor")) *out = DW_SCALE_FLOOR;
-    else return false;
-    return true;
-}
-
 /* Saturation test per element format: the largest magnitude code (sign bit clear), the mask of
  * the magnitude bits, and the ratio between the rounding boundary above the largest value (the
  * midpoint to the next value the format would have were its range wider) and that value:
@@ -60,11 +54,12 @@ static void max_code(dw_recipe r, unsigned *mag_mask, unsigned *max, double *rat
     else *mag_mask = 0x7F, *max = 0x7E, *ratio = 464.0 / 448.0;
 }
 
-void dw_stq_stats_add(dw_stq_stats *s, const dw_qtensor *q, const float *x, const float *y) {
+void dw_stq_stats_add(dw_quant_stats *s, const dw_qtensor *q, const float *x, const float *y) {
     unsigned mask, top;
     double ratio;
     max_code(q->recipe, &mask, &top, &ratio);
     bool fp4 = dw_recipe_elem_bits(q->recipe) == 4;
+    int64_t row_bytes = dw_quant_row_bytes(q->recipe, q->cols);
     for (int64_t r = 0; r < q->rows; r++)
         for (int64_t c = 0; c < q->cols; c++) {
             int64_t i = r * q->cols + c;
@@ -79,13 +74,13 @@ void dw_stq_stats_add(dw_stq_stats *s, const dw_qtensor *q, const float *x, cons
             s->sum_e2 += e * e;
             if (fabs(e) > s->max_abs) s->max_abs = fabs(e); /* stays NaN once NaN */
             if (xv != 0 && yv == 0) s->flushed++;
-            unsigned code = fp4 ? (q->codes[r * (q->cols / 2) + c / 2] >> (4 * (c & 1))) & 0xF
+            unsigned code = fp4 ? (q->codes[r * row_bytes + c / 2] >> (4 * (c & 1))) & 0xF
                                 : q->codes[i];
             if ((code & mask) == top && fabs(xv) > fabs(yv) * ratio) s->saturated++;
         }
 }
 
-void dw_stq_stats_merge(dw_stq_stats *into, const dw_stq_stats *s) {
+static void stats_merge(dw_quant_stats *into, const dw_quant_stats *s) {
     into->n += s->n;
     into->sum_x2 += s->sum_x2;
     into->sum_e2 += s->sum_e2;
@@ -95,13 +90,22 @@ void dw_stq_stats_merge(dw_stq_stats *into, const dw_stq_stats *s) {
     into->nonfinite += s->nonfinite;
 }
 
-double dw_stq_sqnr_db(const dw_stq_stats *s) {
+void dw_quant_stats_merge(dw_quant_stats *into, const dw_quant_stats *s) {
+    dw_quant_stats a = {.size = sizeof a}, b = {.size = sizeof b};
+    if (!into || !s || !dw_sized_read(&a, sizeof a, into) || !dw_sized_read(&b, sizeof b, s)) return;
+    stats_merge(&a, &b);
+    dw_sized_write(into, &a, sizeof a);
+}
+
+double dw_quant_stats_sqnr_db(const dw_quant_stats *s) {
+    if (!s) return NAN;
     if (s->sum_x2 == 0) return NAN;
     if (s->sum_e2 == 0) return INFINITY;
     return 10.0 * log10(s->sum_x2 / s->sum_e2);
 }
 
-double dw_stq_rel_err(const dw_stq_stats *s) {
+double dw_quant_stats_rel_err(const dw_quant_stats *s) {
+    if (!s) return NAN;
     return s->sum_x2 == 0 ? (s->sum_e2 == 0 ? 0.0 : INFINITY) : sqrt(s->sum_e2 / s->sum_x2);
 }
 
@@ -134,6 +138,35 @@ dw_status dw_stq_quantize(dw_ctx *ctx, const dw_quant_opts *o, const float *x, i
     }
     if (y) dw_dequantize_cpu(q, y);
     return DW_OK;
+}
+
+dw_status dw_quant_error(dw_ctx *ctx, const dw_quantize_opts *opts, const float *x, int64_t rows,
+                         int64_t cols, dw_quant_stats *out) {
+    dw_quant_stats st = {.size = sizeof st};
+    if (!x || !out) return dw_set_error(ctx, DW_ERR_INVALID, "dw_quant_error: NULL argument");
+    if (!dw_sized_write(out, &st, sizeof st))
+        return dw_set_error(ctx, DW_ERR_INVALID, "dw_quant_error: out->size is 0 (set it to sizeof the struct)");
+    dw_quant_opts o;
+    DW_TRY(dw_quant_opts_from_public(ctx, opts, &o));
+    if (rows < 1 || cols < 1 || rows > (INT64_MAX / 8) / cols)
+        return dw_set_error(ctx, DW_ERR_INVALID, "dw_quant_error: bad shape [%lld, %lld]", (long long)rows,
+                            (long long)cols);
+    float *y = malloc((size_t)(rows * cols) * sizeof *y);
+    if (!y) return dw_set_error(ctx, DW_ERR_NOMEM, "dw_quant_error: out of memory for [%lld, %lld]",
+                                (long long)rows, (long long)cols);
+    dw_qtensor q;
+    dw_status s = dw_stq_quantize(ctx, &o, x, rows, cols, &q, y);
+    if (s == DW_OK) {
+        dw_stq_stats_add(&st, &q, x, y);
+        dw_stq_free(&q);
+        dw_sized_write(out, &st, sizeof st);
+    }
+    free(y);
+    return s;
+}
+
+dw_st_tensor_info dw_stq_tensor_info(const dw_st_tensor *t) {
+    return (dw_st_tensor_info){.name = t->name, .dtype = dw_dtype_name(t->dtype), .ndim = t->ndim, .shape = t->shape};
 }
 
 /* ---- whole files ---------------------------------------------------------------------------- */
@@ -173,8 +206,8 @@ static char *concat(const char *a, const char *b) {
 }
 
 static dw_status quantize_all(dw_ctx *ctx, const dw_st_file *f, dw_st_writer *w, const char *out,
-                              const dw_quant_opts *o, qitem *items, dw_stq_notify notify, void *user,
-                              dw_stq_file_summary *sum) {
+                              const dw_quant_opts *o, qitem *items, dw_quantize_notify notify, void *user,
+                              dw_quantize_summary *sum) {
     const char *in = dw_st_path(f);
     for (int i = 0; i < dw_st_count(f); i++) {
         const dw_st_tensor *t = dw_st_get(f, i);
@@ -186,7 +219,10 @@ static dw_status quantize_all(dw_ctx *ctx, const dw_st_file *f, dw_st_writer *w,
             if (s != DW_OK) return dw_prefix_error(ctx, s, "%s", out);
             sum->copied++;
             sum->out_bytes += t->nbytes;
-            if (notify) notify(user, t, why);
+            if (notify) {
+                dw_st_tensor_info ti = dw_stq_tensor_info(t);
+                notify(user, &ti, why);
+            }
             continue;
         }
         qitem *it = &items[i];
@@ -208,15 +244,23 @@ static dw_status quantize_all(dw_ctx *ctx, const dw_st_file *f, dw_st_writer *w,
         sum->quantized++;
         sum->out_bytes += dw_quant_codes_bytes(o->recipe, R, C) + dw_quant_scales_bytes(o->recipe, R, C) +
                           (o->recipe == DW_RECIPE_NVFP4 ? 4 : 0);
-        if (notify) notify(user, t, NULL);
+        if (notify) {
+            dw_st_tensor_info ti = dw_stq_tensor_info(t);
+            notify(user, &ti, NULL);
+        }
     }
     return DW_OK;
 }
 
-dw_status dw_stq_quantize_file(dw_ctx *ctx, const char *in, const char *out, const dw_quant_opts *o,
-                               dw_stq_notify notify, void *user, dw_stq_file_summary *summary) {
-    dw_stq_file_summary sum = {0};
-    if (summary) *summary = sum;
+dw_status dw_quantize_file(dw_ctx *ctx, const char *in, const char *out, const dw_quantize_opts *opts,
+                           dw_quantize_notify notify, void *user, dw_quantize_summary *summary) {
+    dw_quantize_summary sum = {.size = sizeof sum};
+    if (summary && !dw_sized_write(summary, &sum, sizeof sum))
+        return dw_set_error(ctx, DW_ERR_INVALID, "dw_quantize_file: summary->size is 0 (set it to sizeof the struct)");
+    if (!in || !out) return dw_set_error(ctx, DW_ERR_INVALID, "dw_quantize_file: NULL path");
+    dw_quant_opts oo;
+    DW_TRY(dw_quant_opts_from_public(ctx, opts, &oo));
+    const dw_quant_opts *o = &oo;
     dw_st_file *f = NULL;
     DW_TRY(dw_st_open(ctx, in, &f));
     const char *prev = dw_st_metadata(f, "deepwell.recipe");
@@ -237,7 +281,7 @@ dw_status dw_stq_quantize_file(dw_ctx *ctx, const char *in, const char *out, con
     if (s == DW_OK) s = dw_st_writer_set_metadata(ctx, w, "deepwell.recipe", dw_recipe_name(o->recipe));
     if (s == DW_OK)
         s = dw_st_writer_set_metadata(ctx, w, "deepwell.scale_rounding",
-                                      o->rounding == DW_SCALE_FLOOR ? "floor" : "rceil");
+                                      dw_scale_rounding_name(o->rounding));
     if (s == DW_OK) s = dw_st_writer_set_metadata(ctx, w, "deepwell.pow2", o->pow2 ? "true" : "false");
     if (s == DW_OK) s = quantize_all(ctx, f, w, out, o, items, notify, user, &sum);
     if (s == DW_OK) s = dw_st_writer_commit(ctx, w, out);
@@ -249,6 +293,6 @@ dw_status dw_stq_quantize_file(dw_ctx *ctx, const char *in, const char *out, con
     }
     free(items);
     dw_st_close(f);
-    if (s == DW_OK && summary) *summary = sum;
+    if (s == DW_OK && summary) dw_sized_write(summary, &sum, sizeof sum);
     return s;
 }

@@ -59,7 +59,7 @@ int dw_plan_check(const dw_plan_in *in, const dw_par *p, char *why, int why_len)
         note(why, why_len, &n, "%s: schedule does not match v = %lld\n", "schedule", (long long)p->vpp);
     if (p->zero >= 2 && p->pp > 1)
         note(why, why_len, &n, "%s: ZeRO-%lld cannot be combined with pp %lld\n", "zero", (long long)p->zero, (long long)p->pp);
-    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RC_NONE || p->zero != 0 || p->offload))
+    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RECOMPUTE_NONE || p->zero != 0 || p->offload))
         note(why, why_len, &n, "%s: one GPU runs Deepwell's engine, which has no recompute, ZeRO or offload "
              "(plan: recompute %s, ZeRO-%lld%s)\n", "engine", dw_recompute_name(p->recompute), (long long)p->zero,
              p->offload ? ", offload" : "");

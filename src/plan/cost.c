@@ -23,7 +23,7 @@ typedef struct {
     double fwd, bwd, tp, cp, ep, flops;
 } ltime;
 
-static void gemm(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k, ltime *t) {
+static void gemm(const dw_plan_in *in, dw_recipe prec, double m, double n, double k, ltime *t) {
     if (m <= 0 || n <= 0 || k <= 0) return;
     double f = 2 * m * n * k;
     t->fwd += f / dw_plan_gemm_rate(in, prec, m, n, k);
@@ -42,7 +42,7 @@ static bool glu(const dw_plan_in *in) { return in->cfg->act != DW_ACT_GELU_TANH;
 static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime *t) {
     const dw_model_config *c = in->cfg;
     const dw_gpu_info *g = &in->hw->gpus[0];
-    dw_plan_prec pr = in->job.prec;
+    dw_recipe pr = in->job.recipe;
     double tp = par->tp, cp = par->cp, s = (double)in->job.seq;
     double T = (double)par->micro_batch * s / cp;
     double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
@@ -72,7 +72,7 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
     } else {
         double E = (double)in->experts, fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
         double ep = par->ep, routed = (double)in->top_k * in->capacity;
-        gemm(in, DW_PREC_BF16, T, E, d, &gm); /* router stays BF16 */
+        gemm(in, DW_RECIPE_BF16, T, E, d, &gm); /* router stays BF16 */
         double me = T * routed * ep / E;        /* tokens per local expert */
         ltime ex = {0};
         gemm(in, pr, me, mult * fe / tp, d, &ex);
@@ -101,7 +101,7 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
             ep_fwd = a2a_q + a2a;
         }
     }
-    if (pr != DW_PREC_BF16) elem += qin * (2 + a), rc_elem += qin * (2 + a);
+    if (pr != DW_RECIPE_BF16) elem += qin * (2 + a), rc_elem += qin * (2 + a);
     double elem_f = hbm_time(in, T * elem / tp);
     if (par->tp > 1) {
         double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, par->tp, 1, T * d * 2);
@@ -118,8 +118,8 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
     t->fwd = gm.fwd + attn_f + elem_f + fwd_comm;
     t->bwd = gm.bwd + attn_b + 2 * elem_f + (t->tp + t->cp + t->ep - fwd_comm);
     t->flops = gm.flops;
-    if (par->recompute == DW_RC_SELECTIVE) t->bwd += hbm_time(in, T * rc_elem / tp);
-    if (par->recompute == DW_RC_FULL) {
+    if (par->recompute == DW_RECOMPUTE_SELECTIVE) t->bwd += hbm_time(in, T * rc_elem / tp);
+    if (par->recompute == DW_RECOMPUTE_FULL) {
         t->bwd += t->fwd;
         t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += ep_fwd;
         t->flops += (gm.flops - 3.5 * af) / 3 + af; /* one more forward: GEMMs + attention */
@@ -136,7 +136,7 @@ static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *
         t->bwd += hbm_time(in, T * d * 2 * 3 / tp);
     }
     if (st->head) {
-        gemm(in, DW_PREC_BF16, T, V / tp, d, t); /* LM head kept in BF16 */
+        gemm(in, DW_RECIPE_BF16, T, V / tp, d, t); /* LM head kept in BF16 */
         t->fwd += hbm_time(in, T * (V / tp * 4 + 4 * d / tp));
         t->bwd += hbm_time(in, T * (V / tp * 4 + 6 * d / tp));
         if (par->tp > 1) {
@@ -146,8 +146,8 @@ static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *
     }
 }
 
-static const char *const rc_names[DW_RC_COUNT] = {"none", "selective", "full"};
-const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RC_COUNT) ? rc_names[r] : "?"; }
+static const char *const rc_names[DW_RECOMPUTE_COUNT] = {"none", "selective", "full"};
+const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RECOMPUTE_COUNT) ? rc_names[r] : "?"; }
 const char *dw_sched_name(dw_sched s) { return s == DW_SCHED_INTERLEAVED ? "interleaved_1f1b" : "1f1b"; }
 
 static const char *const reject_names[DW_REJECT_COUNT] = {
@@ -187,7 +187,7 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
     if (p->vpp > 1 && p->grad_accum % p->pp)
         FAIL(INTERLEAVE_MB, "%lld micro-batches %% pp %d != 0", (long long)p->grad_accum, p->pp);
     if (p->zero >= 2 && p->pp > 1) FAIL(ZERO_PP, "ZeRO-%d with pp %d", p->zero, p->pp);
-    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RC_NONE || p->zero || p->offload))
+    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RECOMPUTE_NONE || p->zero || p->offload))
         FAIL(ENGINE, "one GPU runs Deepwell's engine: recompute %s, ZeRO-%d%s", dw_recompute_name(p->recompute),
              p->zero, p->offload ? ", offload" : "");
     /* the event simulation keeps two times per (micro-batch, virtual stage) */
@@ -356,7 +356,7 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         c->step = c->pipeline + dp_exp + opt;
     }
     double G = (double)in->job.global_batch, seq = (double)in->job.seq;
-    double peak = dw_plan_peak_flops(&in->hw->gpus[0], in->job.prec) * (double)in->n_gpus;
+    double peak = dw_plan_peak_flops(&in->hw->gpus[0], in->job.recipe) * (double)in->n_gpus;
     c->tokens_per_s = G * seq / c->step;
     c->model_flops = dw_plan_model_flops_per_token(in) * G * seq;
     c->mfu = c->model_flops / (c->step * peak);

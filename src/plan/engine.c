@@ -26,7 +26,7 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
         return say(why, why_len, buf);
     }
     if (!in->engine_model) return say(why, why_len, in->engine_why);
-    if (par->recompute != DW_RC_NONE) {
+    if (par->recompute != DW_RECOMPUTE_NONE) {
         snprintf(buf, sizeof buf, "recompute %s: the engine keeps every activation (no recomputation)",
                  dw_recompute_name(par->recompute));
         return say(why, why_len, buf);
@@ -54,9 +54,8 @@ void dw_plan_engine_probe_model(dw_plan_in *in) {
     dw_graph_free(g);
 }
 
-dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan_in *in, dw_policy **out) {
-    dw_plan_prec p = in->job.prec;
-    return dw_policy_from_precision(ctx, dw_plan_prec_name(p), p != DW_PREC_BF16, out);
+dw_status dw_plan_recipe_policy(dw_ctx *ctx, dw_recipe r, dw_policy **out) {
+    return dw_policy_from_precision(ctx, dw_recipe_name(r), r != DW_RECIPE_BF16, out);
 }
 
 /* The engine's compiled plan for the job at micro-batch b (free with release()). */
@@ -69,7 +68,7 @@ typedef struct {
 static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, compiled_job *j) {
     memset(j, 0, sizeof *j);
     DW_TRY(dw_capture_config(ctx, in->cfg, b, in->job.seq, &j->g));
-    DW_TRY(dw_plan_engine_policy(ctx, in, &j->pol));
+    DW_TRY(dw_plan_recipe_policy(ctx, in->job.recipe, &j->pol));
     dw_compile_opts o; /* the engine's program for the planned GPU, whatever this machine is */
     dw_compile_opts_init(&o, sizeof o);
     o.device = DW_DEVICE_CUDA;
@@ -132,12 +131,13 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
 #define ENGINE_LAUNCH_S 6.0e-6
 #define ENGINE_MICROBATCH_S 50e-6
 
-static dw_plan_prec recipe_prec(int r) {
+/* The planned recipe whose GEMM rate a node's recipe runs at. */
+static dw_recipe rate_recipe(int r) {
     switch (r) {
-    case DW_RECIPE_BF16: return DW_PREC_BF16;
-    case DW_RECIPE_MXFP8: return DW_PREC_MXFP8;
-    case DW_RECIPE_NVFP4: return DW_PREC_NVFP4;
-    default: return DW_PREC_FP8_BLOCK; /* the other FP8 recipes run on FP8 tensor cores too */
+    case DW_RECIPE_BF16: return DW_RECIPE_BF16;
+    case DW_RECIPE_MXFP8: return DW_RECIPE_MXFP8;
+    case DW_RECIPE_NVFP4: return DW_RECIPE_NVFP4;
+    default: return DW_RECIPE_FP8_BLOCK; /* the other FP8 recipes run on FP8 tensor cores too */
     }
 }
 
@@ -174,7 +174,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             const double xq = same_x ? 0 : N * K;
             const double opnd[DW_QPASS_COUNT] = {xq, N * M, N * M + xq};
             if (qrec) { /* the weight cache: FP32 W read, W and W^T codes written, after each update */
-                dw_plan_prec wp = recipe_prec(r);
+                dw_recipe wp = rate_recipe(r);
                 wq_bytes += (double)M * K * (4 + 2 * dw_plan_operand_bytes(wp));
                 wq_launches += 1;
             }
@@ -183,7 +183,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
                 int64_t m, nn, k;
                 dw_compile_quant_shape((dw_qpass)p, (int64_t)N, K, M, &m, &nn, &k);
                 bool q = qrec && c->node[i].bind.quantised[p]; /* the registry's answer at the planned shape */
-                dw_plan_prec pr = q ? recipe_prec(r) : DW_PREC_BF16;
+                dw_recipe pr = q ? rate_recipe(r) : DW_RECIPE_BF16;
                 double f = 2.0 * (double)m * (double)nn * (double)k, t = f / dw_plan_gemm_rate(in, pr, m, nn, k);
                 double qb = q ? opnd[p] * (2 + dw_plan_operand_bytes(pr)) : 0; /* read BF16, write codes */
                 out->gemm += t, out->flops += f;

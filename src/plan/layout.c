@@ -28,21 +28,21 @@ bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out)
     return true;
 }
 
-double dw_plan_operand_bytes(dw_plan_prec p) {
-    return p == DW_PREC_BF16 ? 2.0 : p == DW_PREC_NVFP4 ? 0.5 : 1.0;
+double dw_plan_operand_bytes(dw_recipe p) {
+    return p == DW_RECIPE_BF16 ? 2.0 : p == DW_RECIPE_NVFP4 ? 0.5 : 1.0;
 }
 
-double dw_plan_act_scale_bytes(dw_plan_prec p) {
+double dw_plan_act_scale_bytes(dw_recipe p) {
     switch (p) {
-    case DW_PREC_FP8_BLOCK: return 4.0 / 128; /* FP32 per 1x128 */
-    case DW_PREC_MXFP8: return 1.0 / 32;      /* UE8M0 per 1x32 */
-    case DW_PREC_NVFP4: return 1.0 / 16;      /* UE4M3 per 1x16 */
+    case DW_RECIPE_FP8_BLOCK: return 4.0 / 128; /* FP32 per 1x128 */
+    case DW_RECIPE_MXFP8: return 1.0 / 32;      /* UE8M0 per 1x32 */
+    case DW_RECIPE_NVFP4: return 1.0 / 16;      /* UE4M3 per 1x16 */
     default: return 0;
     }
 }
 
-double dw_plan_weight_scale_bytes(dw_plan_prec p) {
-    return p == DW_PREC_FP8_BLOCK ? 4.0 / (128 * 128) : dw_plan_act_scale_bytes(p);
+double dw_plan_weight_scale_bytes(dw_recipe p) {
+    return p == DW_RECIPE_FP8_BLOCK ? 4.0 / (128 * 128) : dw_plan_act_scale_bytes(p);
 }
 
 static bool glu(const dw_plan_in *in) { return in->cfg->act != DW_ACT_GELU_TANH; }
@@ -54,28 +54,28 @@ static bool glu(const dw_plan_in *in) { return in->cfg->act != DW_ACT_GELU_TANH;
 static double attn_bytes(const dw_plan_in *in, dw_recompute rc) {
     const dw_model_config *c = in->cfg;
     double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
-    double Hkv = (double)c->n_kv_heads, a = dw_plan_operand_bytes(in->job.prec);
+    double Hkv = (double)c->n_kv_heads, a = dw_plan_operand_bytes(in->job.recipe);
     double b = 2 * d + 2 * (H + 2 * Hkv) * hd + 2 * H * hd + 4 * H + 2 * d;
-    if (rc == DW_RC_NONE) b += a * d + (a < 2 ? a * H * hd : 0);
+    if (rc == DW_RECOMPUTE_NONE) b += a * d + (a < 2 ? a * H * hd : 0);
     return b;
 }
 
 /* MLP of width ff seen by `tokens_mult` copies of each token:
  *   GEMM input a*d | activation input 2*ff (GELU) or 2*2ff (gate, up) | down input a*ff. */
 static double mlp_bytes(const dw_plan_in *in, dw_recompute rc, double ff, double mult) {
-    double d = (double)in->cfg->d_model, a = dw_plan_operand_bytes(in->job.prec);
+    double d = (double)in->cfg->d_model, a = dw_plan_operand_bytes(in->job.recipe);
     double b = 2 * (glu(in) ? 2 : 1) * ff;
-    if (rc == DW_RC_NONE) b += a * d + a * ff;
+    if (rc == DW_RECOMPUTE_NONE) b += a * d + a * ff;
     return b * mult;
 }
 
 double dw_plan_act_bytes_dense(const dw_plan_in *in, dw_recompute rc) {
-    if (rc == DW_RC_FULL) return 2.0 * (double)in->cfg->d_model; /* block input only */
+    if (rc == DW_RECOMPUTE_FULL) return 2.0 * (double)in->cfg->d_model; /* block input only */
     return attn_bytes(in, rc) + mlp_bytes(in, rc, (double)in->cfg->d_ff, 1);
 }
 
 double dw_plan_act_bytes_moe(const dw_plan_in *in, dw_recompute rc) {
-    if (rc == DW_RC_FULL) return 2.0 * (double)in->cfg->d_model;
+    if (rc == DW_RECOMPUTE_FULL) return 2.0 * (double)in->cfg->d_model;
     const dw_model_config *c = in->cfg;
     double fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : (double)c->d_ff;
     double shared = c->n_shared_experts > 0 ? (double)c->n_shared_experts : 0;

@@ -20,10 +20,10 @@ bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out)
 double dw_plan_act_bytes_dense(const dw_plan_in *in, dw_recompute rc);
 double dw_plan_act_bytes_moe(const dw_plan_in *in, dw_recompute rc);
 /* Bytes per element of quantised GEMM operands: 2 (bf16), 1 (fp8), 0.5 (fp4). */
-double dw_plan_operand_bytes(dw_plan_prec p);
+double dw_plan_operand_bytes(dw_recipe p);
 /* Scale bytes per quantised element: activations/gradients (1-D blocks), weights. */
-double dw_plan_act_scale_bytes(dw_plan_prec p);
-double dw_plan_weight_scale_bytes(dw_plan_prec p);
+double dw_plan_act_scale_bytes(dw_recipe p);
+double dw_plan_weight_scale_bytes(dw_recipe p);
 
 /* Local parameter counts of one rank for a virtual stage. */
 typedef struct {

@@ -39,19 +39,19 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     double T = (double)par->micro_batch * (double)in->job.seq / par->cp; /* tokens per rank */
     double tp = par->tp, d = (double)c->d_model;
     double dpn = (double)par->dp * par->cp, dpn_e = dpn / par->ep;
-    double a = dw_plan_operand_bytes(in->job.prec);
-    bool lowp = in->job.prec != DW_PREC_BF16;
+    double a = dw_plan_operand_bytes(in->job.recipe);
+    bool lowp = in->job.recipe != DW_RECIPE_BF16;
     /* low-precision weight cache: row-wise and column-wise (transposed) copies for fprop/dgrad */
-    double cache_b = lowp ? 2 * a : 0, cache_s = lowp ? 2 * dw_plan_weight_scale_bytes(in->job.prec) : 0;
+    double cache_b = lowp ? 2 * a : 0, cache_s = lowp ? 2 * dw_plan_weight_scale_bytes(in->job.recipe) : 0;
     double act_d = dw_plan_act_bytes_dense(in, par->recompute) / tp;
     double act_m = dw_plan_act_bytes_moe(in, par->recompute) / tp;
-    double act_full_d = dw_plan_act_bytes_dense(in, DW_RC_NONE) / tp;
-    double act_full_m = dw_plan_act_bytes_moe(in, DW_RC_NONE) / tp;
+    double act_full_d = dw_plan_act_bytes_dense(in, DW_RECOMPUTE_NONE) / tp;
+    double act_full_m = dw_plan_act_bytes_moe(in, DW_RECOMPUTE_NONE) / tp;
     /* quantised GEMM inputs saved per token per block (their scales ride along): QKV and
      * out-projection inputs, then the MLP's (dense) or each routed copy's and the shared
      * experts' (MoE) input and down-projection input */
     double q_dense = 0, q_moe = 0;
-    if (lowp && par->recompute == DW_RC_NONE) {
+    if (lowp && par->recompute == DW_RECOMPUTE_NONE) {
         double ff = (double)c->d_ff, hd = (double)c->head_dim * (double)c->n_heads;
         double fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
         double fs = c->n_shared_experts > 0 ? fe * (double)c->n_shared_experts : 0;
@@ -95,8 +95,8 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
         int inflight = dw_pipe_inflight(par->pp, par->vpp, (int)m, s);
         mm.activations = inflight * chunk_act;
         /* full recompute re-materialises one block's activations during its backward */
-        if (par->recompute == DW_RC_FULL) mm.activations += chunk_work;
-        mm.scales += inflight * q_chunk * dw_plan_act_scale_bytes(in->job.prec);
+        if (par->recompute == DW_RECOMPUTE_FULL) mm.activations += chunk_work;
+        mm.scales += inflight * q_chunk * dw_plan_act_scale_bytes(in->job.recipe);
         /* logits on the last stage: BF16 logits + FP32 gradient of one micro-batch's tokens */
         if (head) mm.activations += T * (double)c->vocab_size / tp * (2 + 4);
         /* workspace: fixed + two sequence-parallel all-gather buffers of a block input */

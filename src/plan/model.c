@@ -6,18 +6,12 @@
 #include "core/error.h"
 #include "plan/plan.h"
 
-static const char *const prec_names[DW_PREC_COUNT] = {"bf16", "fp8_block", "mxfp8", "nvfp4"};
+const dw_recipe dw_plan_recipes[DW_PLAN_RECIPES] = {DW_RECIPE_BF16, DW_RECIPE_FP8_BLOCK, DW_RECIPE_MXFP8,
+                                                     DW_RECIPE_NVFP4};
 
-const char *dw_plan_prec_name(dw_plan_prec p) {
-    return (p >= 0 && p < DW_PREC_COUNT) ? prec_names[p] : "?";
-}
-
-bool dw_plan_prec_parse(const char *name, dw_plan_prec *out) {
-    for (int i = 0; i < DW_PREC_COUNT; i++)
-        if (name && !strcmp(name, prec_names[i])) {
-            *out = (dw_plan_prec)i;
-            return true;
-        }
+bool dw_plan_supports_recipe(int32_t recipe) {
+    for (int i = 0; i < DW_PLAN_RECIPES; i++)
+        if (recipe == (int32_t)dw_plan_recipes[i]) return true;
     return false;
 }
 
@@ -46,12 +40,13 @@ dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *
     if (job->seq < 1) return dw_set_error(ctx, DW_ERR_INVALID, "--seq must be positive");
     if (job->global_batch < 1)
         return dw_set_error(ctx, DW_ERR_INVALID, "--global-batch must be positive");
-    if (job->prec < 0 || job->prec >= DW_PREC_COUNT)
-        return dw_set_error(ctx, DW_ERR_INVALID, "unknown precision recipe");
-    if ((job->prec == DW_PREC_FP8_BLOCK || job->prec == DW_PREC_MXFP8) && g->peak_fp8_tflops <= 0)
+    if (!dw_plan_supports_recipe(job->recipe))
+        return dw_set_error(ctx, DW_ERR_INVALID, "unknown precision recipe '%s' (bf16, fp8_block, mxfp8, nvfp4)",
+                            dw_recipe_name(job->recipe));
+    if ((job->recipe == DW_RECIPE_FP8_BLOCK || job->recipe == DW_RECIPE_MXFP8) && g->peak_fp8_tflops <= 0)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "precision %s needs FP8 tensor cores; %s has none",
-                            dw_plan_prec_name(job->prec), g->name);
-    if (job->prec == DW_PREC_NVFP4 && g->peak_fp4_tflops <= 0 && g->peak_fp8_tflops <= 0)
+                            dw_recipe_name(job->recipe), g->name);
+    if (job->recipe == DW_RECIPE_NVFP4 && g->peak_fp4_tflops <= 0 && g->peak_fp8_tflops <= 0)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "precision nvfp4 needs FP4 or FP8 tensor cores");
     out->cfg = cfg;
     out->hw = hw;

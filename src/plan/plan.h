@@ -13,14 +13,15 @@
 #include "probe/hw.h"
 
 /* ---- job ------------------------------------------------------------------------------------ */
-typedef enum { DW_PREC_BF16 = 0, DW_PREC_FP8_BLOCK, DW_PREC_MXFP8, DW_PREC_NVFP4, DW_PREC_COUNT } dw_plan_prec;
-const char *dw_plan_prec_name(dw_plan_prec p);
-bool dw_plan_prec_parse(const char *name, dw_plan_prec *out);
+/* The recipes the planner models (GEMM rates, memory, the engine's policy), in this order:
+ * bf16, fp8_block, mxfp8, nvfp4 (dw_plan_supports_recipe in deepwell.h says the same). */
+#define DW_PLAN_RECIPES 4
+extern const dw_recipe dw_plan_recipes[DW_PLAN_RECIPES];
 
 typedef struct {
     int64_t seq;            /* tokens per sequence */
     int64_t global_batch;   /* sequences per optimizer step */
-    dw_plan_prec prec;
+    dw_recipe recipe;       /* one of dw_plan_recipes */
     /* MoE overrides; 0 = take from the model config (experts, top_k), capacity 0 → 1.0 */
     int64_t moe_experts, moe_top_k;
     double moe_capacity;
@@ -28,9 +29,8 @@ typedef struct {
 } dw_job;
 
 /* ---- a plan --------------------------------------------------------------------------------- */
-typedef enum { DW_RC_NONE = 0, DW_RC_SELECTIVE, DW_RC_FULL, DW_RC_COUNT } dw_recompute;
+/* dw_recompute and its names are public (deepwell.h). */
 typedef enum { DW_SCHED_1F1B = 0, DW_SCHED_INTERLEAVED } dw_sched;
-const char *dw_recompute_name(dw_recompute r);
 const char *dw_sched_name(dw_sched s);
 
 typedef struct {
@@ -44,26 +44,9 @@ typedef struct {
     bool offload;           /* optimizer state + step on the host */
 } dw_par;
 
-/* Memory per GPU (bytes) on the worst pipeline stage. */
-typedef struct {
-    double weights, grads, optimizer, activations, workspace, scales;
-    double total;           /* sum of the above */
-    double hbm, limit;      /* HBM per GPU and (1 - headroom) * HBM */
-    int worst_stage;
-    double inflight;        /* micro-batch activations in flight on that stage (in stage units) */
-} dw_mem;
-
-typedef struct {
-    double step;            /* predicted seconds per optimizer step */
-    double pipeline;        /* simulated pipeline makespan (compute + TP/CP/EP + p2p + bubbles) */
-    double compute;         /* per-stage busy time of the slowest stage (no bubbles) */
-    double bubble_frac;     /* idle fraction of the slowest stage inside `pipeline` */
-    double tp_comm, cp_comm, ep_comm, pp_comm; /* per step, non-overlapped, slowest stage */
-    double dp_comm, dp_exposed;                /* DP/ZeRO traffic time and its exposed part */
-    double optimizer;       /* optimizer step (GPU, or host when offloaded) */
-    double tokens_per_s, mfu, hfu; /* against dw_plan_peak_flops of the job's recipe */
-    double model_flops;     /* per step, whole machine (MFU numerator, PaLM convention) */
-} dw_cost;
+/* Memory per GPU and step time: the public result structs (deepwell.h) are the planner's own. */
+typedef dw_plan_mem dw_mem;
+typedef dw_plan_cost dw_cost;
 
 typedef struct {
     dw_par par;
@@ -114,7 +97,7 @@ typedef struct {
  * of the same objects is accepted too). */
 typedef struct {
     int64_t m, n, k;
-    dw_plan_prec prec;
+    dw_recipe recipe;
     double tflops;
 } dw_gemm_point;
 typedef struct {
@@ -161,12 +144,12 @@ double dw_plan_model_flops_per_token(const dw_plan_in *in);
 
 /* ---- pieces of the cost model (cost.c, comm.c, memory.c) -------------------------------------- */
 /* Achievable dense GEMM rate (FLOP/s) for C[m,n] = A[m,k] B[k,n] under a precision. */
-double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k);
+double dw_plan_gemm_rate(const dw_plan_in *in, dw_recipe prec, double m, double n, double k);
 /* Dense datasheet peak (FLOP/s) the precision's GEMMs run at: BF16, FP8 (fp8_block, mxfp8, and
  * nvfp4 emulated on Hopper), FP4 (nvfp4 on Blackwell). The basis of MFU and HFU. */
-double dw_plan_peak_flops(const dw_gpu_info *g, dw_plan_prec prec);
+double dw_plan_peak_flops(const dw_gpu_info *g, dw_recipe prec);
 /* Analytical efficiency (fraction of the precision's datasheet peak). */
-double dw_plan_gemm_eff(const dw_gpu_info *g, dw_plan_prec prec, double m, double n, double k);
+double dw_plan_gemm_eff(const dw_gpu_info *g, dw_recipe prec, double m, double n, double k);
 
 typedef enum { DW_COLL_ALLREDUCE = 0, DW_COLL_ALLGATHER, DW_COLL_REDUCESCATTER, DW_COLL_ALLTOALL,
                DW_COLL_P2P } dw_coll;
@@ -195,23 +178,17 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
  * one-GPU machine with in->engine_model it plans for the engine alone: configurations with
  * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
-/* The precision policy the engine runs the job's recipe with: "bf16"; a quantised recipe with
- * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
- * assumes. Caller dw_policy_free. */
 /* Sets in->engine_model and engine_why (dw_plan_in_init calls it). */
 void dw_plan_engine_probe_model(dw_plan_in *in);
-dw_status dw_plan_engine_policy(dw_ctx *ctx, const dw_plan_in *in, dw_policy **out);
+/* The precision policy the engine runs a planned recipe with: "bf16"; a quantised recipe with
+ * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
+ * assumes. Caller dw_policy_free. */
+dw_status dw_plan_recipe_policy(dw_ctx *ctx, dw_recipe r, dw_policy **out);
 /* The engine's device memory for one GPU at micro-batch b: the five pools of dw_compile's
  * static plan (weights, grads, optimizer, activations, workspace: the engine allocates exactly
  * these), the GEMM layer's cuBLASLt workspace, cuDNN attention's buffers and a CUDA-context
  * allowance. Computed by capturing and compiling the graph (no GPU). */
-typedef struct {
-    int64_t pool[5];            /* bytes per dw_pool_id */
-    int64_t cublaslt;           /* DW_COMPILE_LT_WORKSPACE */
-    int64_t attention;          /* dw_plan_cudnn_attention_bytes of the job's attention shape */
-    int64_t context;            /* DW_PLAN_CUDA_CONTEXT */
-    int64_t total;              /* all of the above */
-} dw_engine_mem;
+typedef dw_plan_engine_mem dw_engine_mem; /* the public result struct (deepwell.h) */
 /* What BF16 attention through cuDNN (the engine's default, kernels/cuda/attn_cudnn.c) holds for
  * one (B, T, H, Hkv, D) shape, shared by every layer of that shape: the backward's FP32 dQ
  * accumulator B*H*T*D*4, as much again of workspace when K/V heads are grouped (Hkv < H), and
@@ -227,14 +204,7 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
  * dw_plan_gemm_rate (so --gemm-rates applies), the quantisation of both operands of every
  * quantised GEMM, attention at the engine kernel's rate, and every other op by the bytes its
  * kernels move. Rates and byte counts: docs/planner.md ("Deepwell's engine"). */
-typedef struct {
-    double fwd, bwd;            /* seconds per micro-batch */
-    double gemm, attn, mem;     /* of fwd + bwd: GEMMs, attention, memory-bound kernels (incl. quantisation) */
-    double overhead;            /* of fwd + bwd: launches x the per-launch cost + the per-micro-batch cost */
-    double launches;            /* kernel launches per micro-batch (forward + backward) */
-    double optimizer;           /* AdamW over the padded parameter pool, once per step */
-    double flops;               /* executed per micro-batch (GEMMs 3x forward, attention 3.5x) */
-} dw_engine_time;
+typedef dw_plan_engine_cost dw_engine_time; /* the public result struct (deepwell.h) */
 dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_time *out);
 
 /* ---- pipeline event simulation (pipesim.c) ---------------------------------------------------- */
@@ -288,12 +258,15 @@ void dw_par_format(const dw_par *p, char *buf, int len);
 /* JSON of a plan entry / whole result (jansson objects; caller json_decref). */
 struct json_t;
 struct json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e);
+/* The layout fields of a plan object ("summary" .. "offload"), and the predictions added to one. */
+struct json_t *dw_par_json(const dw_par *p);
+void dw_plan_entry_add_predictions(struct json_t *o, const dw_plan_entry *e);
 struct json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r);
 /* Reads a plan's parallel settings from a JSON object (the "best" object, an alternative, or a
  * whole `deepwell plan --json` document, whose "best" is taken). */
 dw_status dw_par_from_json(dw_ctx *ctx, const struct json_t *j, const char *what, dw_par *out);
 
-/* SVG timeline of one step of the plan's pipeline, written atomically. */
-dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, const char *path);
+/* SVG timeline of one step of the plan's pipeline, written atomically (dw_plan_write_svg). */
+dw_status dw_pipe_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, const char *path);
 
 #endif /* DW_PLAN_PLAN_H */

@@ -9,10 +9,8 @@
 static void set_num(json_t *o, const char *k, double v) { json_object_set_new(o, k, json_real(v)); }
 static void set_int(json_t *o, const char *k, long long v) { json_object_set_new(o, k, json_integer(v)); }
 
-json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
-    (void)in;
-    const dw_par *p = &e->par;
-    json_t *o = json_object(), *par = json_object(), *mem = json_object(), *t = json_object();
+json_t *dw_par_json(const dw_par *p) {
+    json_t *o = json_object(), *par = json_object();
     char buf[200];
     dw_par_format(p, buf, sizeof buf);
     json_object_set_new(o, "summary", json_string(buf));
@@ -26,6 +24,11 @@ json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
     json_object_set_new(o, "recompute", json_string(dw_recompute_name(p->recompute)));
     set_int(o, "zero", p->zero);
     json_object_set_new(o, "offload", json_boolean(p->offload));
+    return o;
+}
+
+void dw_plan_entry_add_predictions(json_t *o, const dw_plan_entry *e) {
+    json_t *mem = json_object(), *t = json_object();
     set_num(o, "step_time_s", e->cost.step);
     set_num(o, "tokens_per_s", e->cost.tokens_per_s);
     set_num(o, "mfu", e->cost.mfu);
@@ -54,6 +57,12 @@ json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
     set_num(t, "dp_exposed_s", e->cost.dp_exposed);
     set_num(t, "optimizer_s", e->cost.optimizer);
     json_object_set_new(o, "time", t);
+}
+
+json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
+    (void)in;
+    json_t *o = dw_par_json(&e->par);
+    dw_plan_entry_add_predictions(o, e);
     return o;
 }
 
@@ -76,7 +85,7 @@ json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
     json_object_set_new(o, "hardware", hw);
     set_int(job, "seq", in->job.seq);
     set_int(job, "global_batch", in->job.global_batch);
-    json_object_set_new(job, "precision", json_string(dw_plan_prec_name(in->job.prec)));
+    json_object_set_new(job, "precision", json_string(dw_recipe_name(in->job.recipe)));
     set_num(job, "memory_headroom", in->job.mem_headroom);
     if (in->experts) set_num(job, "moe_capacity", in->capacity);
     json_object_set_new(o, "job", job);
@@ -151,11 +160,11 @@ dw_status dw_par_from_json(dw_ctx *ctx, const json_t *j, const char *what, dw_pa
     out->sched = vpp > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B;
     const char *rc = NULL;
     DW_TRY(dw_json_get_str_opt(ctx, j, "recompute", what, &rc));
-    out->recompute = DW_RC_NONE;
+    out->recompute = DW_RECOMPUTE_NONE;
     if (rc) {
         int k = 0;
-        while (k < DW_RC_COUNT && strcmp(rc, dw_recompute_name((dw_recompute)k))) k++;
-        if (k == DW_RC_COUNT)
+        while (k < DW_RECOMPUTE_COUNT && strcmp(rc, dw_recompute_name((dw_recompute)k))) k++;
+        if (k == DW_RECOMPUTE_COUNT)
             return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'recompute' = '%s' (expected none, selective, full)",
                                 what, rc);
         out->recompute = (dw_recompute)k;

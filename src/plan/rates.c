@@ -37,19 +37,19 @@ static bool aligned8(double m, double n, double k) {
     return fmod(m, 8.0) == 0 && fmod(n, 8.0) == 0 && fmod(k, 8.0) == 0;
 }
 
-static double peak_of(const dw_gpu_info *g, dw_plan_prec p, double *ceil) {
+static double peak_of(const dw_gpu_info *g, dw_recipe p, double *ceil) {
     bool blackwell = g->cc_major >= 10;
     switch (p) {
-    case DW_PREC_BF16: *ceil = EFF_BF16; return g->peak_bf16_tflops;
-    case DW_PREC_FP8_BLOCK:
+    case DW_RECIPE_BF16: *ceil = EFF_BF16; return g->peak_bf16_tflops;
+    case DW_RECIPE_FP8_BLOCK:
         *ceil = blackwell ? EFF_LOWP_BLACKWELL : EFF_FP8_HOPPER;
         return g->peak_fp8_tflops;
-    case DW_PREC_MXFP8:
-        if (g->features.mx_block_scaling) { *ceil = EFF_LOWP_BLACKWELL; return g->peak_fp8_tflops; }
+    case DW_RECIPE_MXFP8:
+        if (g->mx_block_scaling) { *ceil = EFF_LOWP_BLACKWELL; return g->peak_fp8_tflops; }
         *ceil = EFF_FP8_HOPPER * HOPPER_MXFP8_FACTOR;
         return g->peak_fp8_tflops;
-    case DW_PREC_NVFP4:
-        if (g->features.fp4 && g->peak_fp4_tflops > 0) {
+    case DW_RECIPE_NVFP4:
+        if (g->fp4 && g->peak_fp4_tflops > 0) {
             *ceil = EFF_FP4_BLACKWELL;
             return g->peak_fp4_tflops;
         }
@@ -60,15 +60,15 @@ static double peak_of(const dw_gpu_info *g, dw_plan_prec p, double *ceil) {
 }
 
 /* Bytes per operand element (codes only; scales are small). */
-static double elem_bytes(dw_plan_prec p) {
-    return p == DW_PREC_BF16 ? 2.0 : p == DW_PREC_NVFP4 ? 0.5 : 1.0;
+static double elem_bytes(dw_recipe p) {
+    return p == DW_RECIPE_BF16 ? 2.0 : p == DW_RECIPE_NVFP4 ? 0.5 : 1.0;
 }
 
 /* Tile-quantisation knee: a dimension x reaches x/(x+x0) of the ceiling. Lower precisions use
  * bigger tiles for the same arithmetic intensity, so their knee is further out. */
-static double knee(dw_plan_prec p) { return p == DW_PREC_BF16 ? 64 : p == DW_PREC_NVFP4 ? 256 : 128; }
+static double knee(dw_recipe p) { return p == DW_RECIPE_BF16 ? 64 : p == DW_RECIPE_NVFP4 ? 256 : 128; }
 
-double dw_plan_gemm_eff(const dw_gpu_info *g, dw_plan_prec prec, double m, double n, double k) {
+double dw_plan_gemm_eff(const dw_gpu_info *g, dw_recipe prec, double m, double n, double k) {
     double ceil = 0, peak = peak_of(g, prec, &ceil);
     if (peak <= 0 || m <= 0 || n <= 0 || k <= 0) return 0;
     double x0 = knee(prec);
@@ -83,17 +83,17 @@ double dw_plan_gemm_eff(const dw_gpu_info *g, dw_plan_prec prec, double m, doubl
     return eff;
 }
 
-static double model_rate(const dw_gpu_info *g, dw_plan_prec prec, double m, double n, double k) {
+static double model_rate(const dw_gpu_info *g, dw_recipe prec, double m, double n, double k) {
     double ceil = 0, peak = peak_of(g, prec, &ceil);
     return peak * 1e12 * dw_plan_gemm_eff(g, prec, m, n, k);
 }
 
-double dw_plan_peak_flops(const dw_gpu_info *g, dw_plan_prec prec) {
+double dw_plan_peak_flops(const dw_gpu_info *g, dw_recipe prec) {
     double ceil = 0;
     return peak_of(g, prec, &ceil) * 1e12;
 }
 
-double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, double n, double k) {
+double dw_plan_gemm_rate(const dw_plan_in *in, dw_recipe prec, double m, double n, double k) {
     const dw_gpu_info *g = &in->hw->gpus[0];
     double r = model_rate(g, prec, m, n, k);
     const bool al = aligned8(m, n, k);
@@ -106,7 +106,7 @@ double dw_plan_gemm_rate(const dw_plan_in *in, dw_plan_prec prec, double m, doub
     double wsum = 0, rsum = 0;
     for (int i = 0; t && r > 0 && i < t->n; i++) {
         const dw_gemm_point *p = &t->pts[i];
-        if (p->prec != prec || aligned8((double)p->m, (double)p->n, (double)p->k) != al) continue;
+        if (p->recipe != prec || aligned8((double)p->m, (double)p->n, (double)p->k) != al) continue;
         double dm = log2(m / (double)p->m), dn = log2(n / (double)p->n), dk = log2(k / (double)p->k);
         double d2 = dm * dm + dn * dn + dk * dk;
         double mr = model_rate(g, prec, (double)p->m, (double)p->n, (double)p->k);
@@ -166,7 +166,8 @@ dw_status dw_gemm_table_load(dw_ctx *ctx, const char *path, dw_gemm_table *out) 
             s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: m, n, k and tflops must be positive", what);
             break;
         }
-        if (!dw_plan_prec_parse(rec, &p->prec)) continue; /* recipes the planner does not model */
+        if (!dw_recipe_parse(rec, &p->recipe) || !dw_plan_supports_recipe(p->recipe))
+            continue; /* recipes the planner does not model */
         p->m = m;
         p->n = nn;
         p->k = k;

@@ -85,7 +85,7 @@ void dw_plan_result_free(dw_plan_result *r) {
 dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_result *out) {
     memset(out, 0, sizeof *out);
     if (top_k < 1 || top_k > 1000)
-        return dw_set_error(ctx, DW_ERR_INVALID, "--top must be between 1 and 1000, got %d", top_k);
+        return dw_set_error(ctx, DW_ERR_INVALID, "top_k must be between 1 and 1000, got %d", top_k);
     out->plans = calloc((size_t)top_k, sizeof *out->plans);
     if (!out->plans) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     searcher S = {.r = out, .top_k = top_k, .in = in};
@@ -126,7 +126,7 @@ dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_r
                             if ((G / dp) % mb) continue;
                             p.micro_batch = mb;
                             p.grad_accum = G / (dp * mb);
-                            for (int rc = 0; rc < DW_RC_COUNT; rc++)
+                            for (int rc = 0; rc < DW_RECOMPUTE_COUNT; rc++)
                                 for (size_t zi = 0; zi < sizeof zs / sizeof zs[0]; zi++) {
                                     p.recompute = (dw_recompute)rc;
                                     p.zero = zs[zi].zero;

@@ -10,7 +10,7 @@
 #include "core/strbuf.h"
 #include "plan/plan.h"
 
-dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, const char *path) {
+dw_status dw_pipe_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, const char *path) {
     int P = par->pp * par->vpp;
     int64_t ops = 2 * par->grad_accum * P;
     if (ops > 40000)

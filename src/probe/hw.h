@@ -8,41 +8,7 @@
 
 #include "deepwell.h"
 
-typedef struct {
-    bool wgmma;            /* sm_90 warpgroup MMA */
-    bool fp8;              /* FP8 E4M3/E5M2 tensor cores (sm_89+) */
-    bool tcgen05;          /* sm_100 5th-generation tensor core instructions */
-    bool tmem;             /* sm_100 tensor memory */
-    bool mx_block_scaling; /* hardware MX block-scaled MMA (sm_100+) */
-    bool fp4;              /* FP4 E2M1 tensor cores (sm_100+) */
-} dw_gpu_features;
-
-typedef struct {
-    int index;
-    char name[256];
-    int cc_major, cc_minor;
-    int sms;
-    uint64_t hbm_bytes;
-    int64_t hbm_free_bytes;    /* -1: unknown (presets) */
-    int sm_clock_mhz;          /* peak */
-    int mem_clock_mhz;         /* peak */
-    int mem_bus_bits;          /* 0: unknown */
-    uint64_t l2_bytes;
-    uint64_t smem_optin_bytes; /* opt-in shared memory per block */
-    char pci_bus_id[32];       /* "" for presets */
-    dw_gpu_features features;
-    int nvlink_links;          /* links NVML reports; -1: NVML unavailable (JSON null) */
-    int nvlink_active;         /* of those, active; -1: unknown */
-    /* Peak dense rates: datasheet for presets, derived from SMs x clock for probed GPUs. */
-    double peak_bf16_tflops, peak_fp8_tflops, peak_fp4_tflops; /* 0: not supported/unknown */
-    double hbm_gbps;                                          /* GB/s, 0: unknown */
-} dw_gpu_info;
-
-typedef struct {
-    bool access;      /* cudaDevP2PAttrAccessSupported */
-    int perf_rank;    /* cudaDevP2PAttrPerformanceRank (lower is better) */
-    bool native_atomics;
-} dw_peer_link;
+/* dw_gpu_info and dw_peer_link are public (deepwell.h, [section: probe]). */
 
 struct dw_hw {
     char source[16];   /* "probe", "preset" or "file" */
@@ -63,6 +29,8 @@ struct dw_hw {
 
 /* Allocates a dw_hw for n GPUs (zeroed, unknowns set). */
 dw_hw *dw_hw_alloc(int n_gpus);
+/* A deep copy (NULL when out of memory). */
+dw_hw *dw_hw_dup(const dw_hw *hw);
 /* Fills features from the compute capability. */
 void dw_gpu_derive_features(dw_gpu_info *g);
 /* Derived dense peak rates for a probed GPU from SMs, clock and architecture. */

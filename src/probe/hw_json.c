@@ -20,10 +20,10 @@ static json_t *num_or_null(double v) { return v <= 0 ? json_null() : json_real(v
 static json_t *gpu_to_json(const dw_gpu_info *g) {
     char cc[16];
     snprintf(cc, sizeof cc, "%d.%d", g->cc_major, g->cc_minor);
-    json_t *f = json_pack("{s:b,s:b,s:b,s:b,s:b,s:b}", "wgmma", g->features.wgmma, "fp8",
-                          g->features.fp8, "tcgen05", g->features.tcgen05, "tmem",
-                          g->features.tmem, "mx_block_scaling", g->features.mx_block_scaling,
-                          "fp4", g->features.fp4);
+    json_t *f = json_pack("{s:b,s:b,s:b,s:b,s:b,s:b}", "wgmma", g->wgmma, "fp8",
+                          g->fp8, "tcgen05", g->tcgen05, "tmem",
+                          g->tmem, "mx_block_scaling", g->mx_block_scaling,
+                          "fp4", g->fp4);
     json_t *nv = json_pack("{s:o,s:o}", "links", int_or_null(g->nvlink_links), "active",
                            int_or_null(g->nvlink_active));
     json_t *peak = json_pack("{s:o,s:o,s:o,s:o}", "bf16_tflops", num_or_null(g->peak_bf16_tflops),

@@ -114,8 +114,8 @@ static void test_probe_gpu_fields(void **state) {
         assert_true(g->hbm_free_bytes > 0 && (uint64_t)g->hbm_free_bytes <= g->hbm_bytes);
         assert_true(g->sm_clock_mhz > 500 && g->mem_clock_mhz > 500);
         assert_true(g->l2_bytes > 0 && g->smem_optin_bytes >= 48 * 1024);
-        assert_int_equal(g->features.wgmma, p.major == 9);
-        assert_int_equal(g->features.tcgen05, p.major == 10);
+        assert_int_equal(g->wgmma, p.major == 9);
+        assert_int_equal(g->tcgen05, p.major == 10);
     }
     dw_hw_free(hw);
     dw_ctx_free(ctx);

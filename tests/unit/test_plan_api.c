@@ -20,8 +20,11 @@ static void test_autoplan_json(void **state) {
     dw_test_rng_init(&rng, dw_test_seed());
     int nodes = 1 << (int)(dw_test_next(&rng) % 3); /* 1, 2, 4: 24 GPUs cannot split llama-8b */
     dw_hw *hw = plan_preset(ctx, "h200", nodes);
-    dw_plan_job job = {.seq = 2048, .global_batch = 32 * (1 + (int64_t)(dw_test_next(&rng) % 8)),
-                       .precision = "fp8_block"};
+    dw_plan_job job;
+    dw_plan_job_init(&job, sizeof job);
+    job.seq = 2048;
+    job.global_batch = 32 * (1 + (int64_t)(dw_test_next(&rng) % 8));
+    job.recipe = DW_RECIPE_FP8_BLOCK;
     char *text = (char *)1;
     assert_int_equal(dw_autoplan_json(ctx, "llama-8b", hw, &job, 3, &text), DW_OK);
     json_t *doc = NULL;
@@ -31,7 +34,7 @@ static void test_autoplan_json(void **state) {
     /* the same plan as the private API */
     dw_model_config cfg;
     assert_int_equal(dw_model_config_load(ctx, "llama-8b", &cfg), DW_OK);
-    dw_job j = {.seq = job.seq, .global_batch = job.global_batch, .prec = DW_PREC_FP8_BLOCK};
+    dw_job j = {.seq = job.seq, .global_batch = job.global_batch, .recipe = DW_RECIPE_FP8_BLOCK};
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
     dw_plan_result r;
@@ -43,11 +46,11 @@ static void test_autoplan_json(void **state) {
     dw_plan_result_free(&r);
     json_decref(doc);
     dw_free_string(text);
-    job.precision = "fp16";
+    job.recipe = DW_RECIPE_FP8_TENSOR; /* a recipe the planner does not model */
     assert_int_equal(dw_autoplan_json(ctx, "llama-8b", hw, &job, 3, &text), DW_ERR_INVALID);
     assert_null(text);
-    assert_non_null(strstr(dw_errmsg(ctx), "fp16"));
-    job.precision = NULL;
+    assert_non_null(strstr(dw_errmsg(ctx), "fp8_tensor"));
+    job.recipe = DW_RECIPE_BF16;
     assert_int_equal(dw_autoplan_json(ctx, "no-such-model", hw, &job, 3, &text), DW_ERR_INVALID);
     assert_non_null(strstr(dw_errmsg(ctx), "no-such-model"));
     dw_hw_free(hw);

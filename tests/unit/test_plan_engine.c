@@ -63,8 +63,8 @@ static void test_memory_equals_compiled_pools(void **state) {
         int64_t s = seqs[dw_test_next(&rng) % 5];
         if (s > cfg.max_seq) s = cfg.max_seq;
         int64_t mb = (int64_t)1 << (dw_test_next(&rng) % 4), ga = 1 + (int64_t)(dw_test_next(&rng) % 3);
-        dw_plan_prec pr = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT);
-        dw_job j = {.seq = s, .global_batch = mb * ga, .prec = pr};
+        dw_recipe pr = dw_plan_recipes[dw_test_next(&rng) % DW_PLAN_RECIPES];
+        dw_job j = {.seq = s, .global_batch = mb * ga, .recipe = pr};
         dw_plan_in in;
         assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
         assert_true(in.engine_model);
@@ -72,11 +72,11 @@ static void test_memory_equals_compiled_pools(void **state) {
         char why[300];
         assert_true(dw_plan_engine_runnable(&in, &p, why, sizeof why));
         int64_t pools[DW_POOL_COUNT];
-        int64_t sum = compiled_pools(ctx, &cfg, mb, s, dw_plan_prec_name(pr), pools);
+        int64_t sum = compiled_pools(ctx, &cfg, mb, s, dw_recipe_name(pr), pools);
         dw_mem m;
         dw_plan_memory(&in, &p, &m);
         print_message("%s s=%lld mb=%lld %s: predicted %.0f B, compiled pools %lld B\n", name, (long long)s,
-                      (long long)mb, dw_plan_prec_name(pr), m.total, (long long)sum);
+                      (long long)mb, dw_recipe_name(pr), m.total, (long long)sum);
         /* cuDNN attention (BF16): the FP32 dQ accumulator, as much again for grouped K/V, 512 B */
         int64_t att = 0;
         if (cfg.head_dim % 8 == 0 && cfg.head_dim <= 128) { /* every planner precision runs BF16 attention */
@@ -102,7 +102,7 @@ static void test_memory_equals_compiled_pools(void **state) {
         assert_true(e.mem.total == m.total);
         /* plans the engine does not run: reason given, analytical memory */
         dw_par q = p;
-        q.recompute = DW_RC_SELECTIVE;
+        q.recompute = DW_RECOMPUTE_SELECTIVE;
         assert_false(dw_plan_engine_runnable(&in, &q, why, sizeof why));
         assert_non_null(strstr(why, "recompute"));
         q = p, q.zero = 1;
@@ -170,7 +170,7 @@ static void test_engine_time_quantised(void **state) {
     const double B = (double)(1 + dw_test_next(&rng) % 4), T = (double)(16 << (dw_test_next(&rng) % 4));
     dw_engine_time et[2];
     for (int k = 0; k < 2; k++) {
-        dw_job j = {.seq = (int64_t)T, .global_batch = (int64_t)B, .prec = k ? DW_PREC_MXFP8 : DW_PREC_BF16};
+        dw_job j = {.seq = (int64_t)T, .global_batch = (int64_t)B, .recipe = k ? DW_RECIPE_MXFP8 : DW_RECIPE_BF16};
         dw_plan_in in;
         assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
         assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, &et[k]), DW_OK);
@@ -216,8 +216,8 @@ static void test_engine_time_hand_count(void **state) {
     for (int i = 0; i < 5; i++) {
         double K = lin[i][0], M = lin[i][1], reps = i < 4 ? L : 1, fl = 2 * N * K * M;
         flops += reps * 3 * fl;
-        tg += reps * fl * (1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, N, M, K) + 1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, N, K, M) +
-                           1 / dw_plan_gemm_rate(&in, DW_PREC_BF16, M, K, N));
+        tg += reps * fl * (1 / dw_plan_gemm_rate(&in, DW_RECIPE_BF16, N, M, K) + 1 / dw_plan_gemm_rate(&in, DW_RECIPE_BF16, N, K, M) +
+                           1 / dw_plan_gemm_rate(&in, DW_RECIPE_BF16, M, K, N));
     }
     /* attention: causal 4 B T (T/2) D H forward, 2.5x backward, at 0.40 / 0.32 of peak x T/(T+256) */
     const double af = 4 * B * T * (T / 2) * D * H, shape = T / (T + 256);
@@ -268,7 +268,7 @@ static void test_search_plans_for_the_engine(void **state) {
     dw_model_config cfg;
     assert_int_equal(dw_model_config_load(ctx, models[dw_test_next(&rng) % 4], &cfg), DW_OK);
     dw_job j = {.seq = 64 << (dw_test_next(&rng) % 3), .global_batch = 1 + (int64_t)(dw_test_next(&rng) % 24),
-                .prec = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT)};
+                .recipe = dw_plan_recipes[dw_test_next(&rng) % DW_PLAN_RECIPES]};
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
     dw_plan_result r;

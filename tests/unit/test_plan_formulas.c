@@ -17,8 +17,8 @@
 #include "testutil.h"
 
 static dw_plan_in mk_in(dw_ctx *ctx, const dw_model_config *c, const dw_hw *hw, int64_t seq, int64_t G,
-                        dw_plan_prec prec) {
-    dw_job j = {.seq = seq, .global_batch = G, .prec = prec};
+                        dw_recipe prec) {
+    dw_job j = {.seq = seq, .global_batch = G, .recipe = prec};
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, c, hw, &j, NULL, &in), DW_OK);
     return in;
@@ -36,7 +36,7 @@ static void test_param_counts(void **state) {
      *          = 2,360,064 → 7,087,872; x 12 = 85,054,464
      *   ln_f 1,536 → total 38,597,376 + 786,432 + 85,054,464 + 1,536 = 124,439,808 */
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
-    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 8, DW_PREC_BF16);
+    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 8, DW_RECIPE_BF16);
     dw_plan_params(&in, &pc);
     assert_true(pc.total == 124439808.0);
     assert_true(pc.attn + pc.mlp + pc.norms == 7087872.0);
@@ -46,7 +46,7 @@ static void test_param_counts(void **state) {
      *          = 6,979,584,000; final norm 4,096 → 1,050,673,152 + 6,979,584,000 + 4,096
      *          = 8,030,261,248 (the published 8.03B) */
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
-    in = mk_in(ctx, &l8, hw, 8192, 8, DW_PREC_BF16);
+    in = mk_in(ctx, &l8, hw, 8192, 8, DW_RECIPE_BF16);
     dw_plan_params(&in, &pc);
     assert_true(pc.total == 8030261248.0);
     /* Mixtral-8x7B: block attn 41,943,040 + experts 8*3*4096*14336 = 1,409,286,144 + router
@@ -54,7 +54,7 @@ static void test_param_counts(void **state) {
      *   2*32000*4096 = 262,144,000; final norm 4,096 → 46,702,792,704 (published 46.7B) */
     dw_model_config mx = plan_llama(32000, 4096, 32, 32, 8, 14336);
     mx.n_experts = 8, mx.top_k = 2, mx.d_ff_expert = 14336;
-    in = mk_in(ctx, &mx, hw, 4096, 8, DW_PREC_BF16);
+    in = mk_in(ctx, &mx, hw, 4096, 8, DW_RECIPE_BF16);
     dw_plan_params(&in, &pc);
     assert_true(pc.total == 46702792704.0);
     /* active: 32*(attn 41,943,040 + 2 experts 352,321,536 + router 32,768) + head 131,072,000 */
@@ -63,7 +63,7 @@ static void test_param_counts(void **state) {
     for (int i = 0; i < dw_model_preset_count(); i++) {
         dw_model_config c;
         assert_int_equal(dw_model_config_load(ctx, dw_model_preset_name(i), &c), DW_OK);
-        in = mk_in(ctx, &c, hw, 256, 8, DW_PREC_BF16);
+        in = mk_in(ctx, &c, hw, 256, 8, DW_RECIPE_BF16);
         dw_plan_params(&in, &pc);
         if (pc.total != (double)dw_model_config_params(&c))
             fail_msg("preset %s: planner %.0f vs capture %lld params", dw_model_preset_name(i), pc.total,
@@ -82,12 +82,12 @@ static void test_model_flops(void **state) {
      *   6 x = 741,192,192; attention 12*L*H*hd*s = 12*12*12*64*1024 = 113,246,208
      *   → 854,438,400 FLOPs per token */
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
-    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 8, DW_PREC_BF16);
+    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 8, DW_RECIPE_BF16);
     assert_true(dw_plan_model_flops_per_token(&in) == 854438400.0);
     /* Llama-3.1-8B at 8192: 6*(32*218,103,808 + 525,336,576) = 45,027,950,592;
      *   attention 12*32*32*128*8192 = 12,884,901,888 → 57,912,852,480 */
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
-    in = mk_in(ctx, &l8, hw, 8192, 8, DW_PREC_BF16);
+    in = mk_in(ctx, &l8, hw, 8192, 8, DW_RECIPE_BF16);
     assert_true(dw_plan_model_flops_per_token(&in) == 57912852480.0);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
@@ -105,19 +105,19 @@ static void test_activation_bytes(void **state) {
      *   selective drops QKV in, fc in, proj in: 24,624 - 1536 - 1536 - 6144 = 15,408
      *   full keeps the block input: 2*768 = 1,536 */
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
-    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 8, DW_PREC_BF16);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_NONE) == 24624.0);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_SELECTIVE) == 15408.0);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_FULL) == 1536.0);
+    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 8, DW_RECIPE_BF16);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_NONE) == 24624.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_SELECTIVE) == 15408.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_FULL) == 1536.0);
     /* Llama-8B, FP8 (a = 1 byte for saved GEMM inputs):
      *   attention: 2*4096 + 2*(32+16)*128 + 2*4096 + 4*32 + 2*4096 + QKV in 1*4096 + O copy 1*4096
      *            = 8192 + 12288 + 8192 + 128 + 8192 + 4096 + 4096 = 45,184
      *   MLP: gate+up in 1*4096 + SwiGLU in 2*2*14336 + down in 1*14336 = 75,776 → 120,960
      *   selective: 120,960 - 4096 - 4096 - 4096 - 14336 = 94,336 */
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
-    in = mk_in(ctx, &l8, hw, 8192, 8, DW_PREC_FP8_BLOCK);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_NONE) == 120960.0);
-    assert_true(dw_plan_act_bytes_dense(&in, DW_RC_SELECTIVE) == 94336.0);
+    in = mk_in(ctx, &l8, hw, 8192, 8, DW_RECIPE_FP8_BLOCK);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_NONE) == 120960.0);
+    assert_true(dw_plan_act_bytes_dense(&in, DW_RECOMPUTE_SELECTIVE) == 94336.0);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }
@@ -136,8 +136,8 @@ static void test_moe_shares(void **state) {
      *   routed copies top_k x capacity = 2 x 1.25 = 2.5, each: expert input 2*4096 + SwiGLU
      *   inputs 2*2*14336 + down input 2*14336 = 94,208 → 235,520; routing 8*top_k = 16
      *   → 280,720 */
-    assert_true(dw_plan_act_bytes_moe(&in, DW_RC_NONE) == 280720.0);
-    assert_true(dw_plan_act_bytes_moe(&in, DW_RC_FULL) == 8192.0);
+    assert_true(dw_plan_act_bytes_moe(&in, DW_RECOMPUTE_NONE) == 280720.0);
+    assert_true(dw_plan_act_bytes_moe(&in, DW_RECOMPUTE_FULL) == 8192.0);
     /* tp 2, ep 4, pp 1: experts 32 x 8 x 3*4096*14336 / (ep 4 x tp 2) = 5,637,144,576;
      *   the rest: 32 x (attention 41,943,040 / 2 + router 32,768 + norms 8,192) = 672,399,360
      *   + embedding and LM head 2 x 32000*4096/2 = 131,072,000 + final norm 4,096
@@ -166,7 +166,7 @@ static void test_moe_shares(void **state) {
     assert_true(fabs(e.cost.ep_comm - 32 * 4 * a2a) < 1e-12);
     /* FP8: the forward dispatch carries 1-byte codes */
     dw_job j8 = j;
-    j8.prec = DW_PREC_FP8_BLOCK;
+    j8.recipe = DW_RECIPE_FP8_BLOCK;
     dw_plan_in in8;
     assert_int_equal(dw_plan_in_init(ctx, &mx, hw, &j8, NULL, &in8), DW_OK);
     dw_plan_time(&in8, &pe, &e, NULL);
@@ -180,7 +180,7 @@ static void test_local_params_and_layout(void **state) {
     dw_ctx *ctx = plan_ctx();
     dw_hw *hw = plan_preset(ctx, "h100-sxm", 2);
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
-    dw_plan_in in = mk_in(ctx, &l8, hw, 8192, 8, DW_PREC_BF16);
+    dw_plan_in in = mk_in(ctx, &l8, hw, 8192, 8, DW_RECIPE_BF16);
     dw_par p = {.dp = 4, .tp = 2, .pp = 2, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1, .grad_accum = 2};
     dw_vstage st;
     dw_local_params lp;
@@ -198,7 +198,7 @@ static void test_local_params_and_layout(void **state) {
     /* Llama-3 405B layout: 126 blocks over pp 16 → (126 + 2)/16 = 8 slots; first and last
      * stage hold 7 blocks (room for embedding / LM head), the 14 others 8: 7 + 14*8 + 7 = 126 */
     dw_model_config l405 = plan_llama(128256, 16384, 126, 128, 8, 53248);
-    in = mk_in(ctx, &l405, hw, 8192, 16, DW_PREC_BF16);
+    in = mk_in(ctx, &l405, hw, 8192, 16, DW_RECIPE_BF16);
     int64_t sum = 0;
     for (int vs = 0; vs < 16; vs++) {
         assert_true(dw_plan_vstage(&in, 16, 1, vs, &st));
@@ -210,7 +210,7 @@ static void test_local_params_and_layout(void **state) {
     /* DeepSeek-V3-like: 61 blocks, first 3 dense; pp 1 holds 58 MoE blocks */
     dw_model_config ds = plan_llama(129280, 7168, 61, 128, 128, 18432);
     ds.n_experts = 256, ds.top_k = 8, ds.d_ff_expert = 2048, ds.n_shared_experts = 1, ds.first_dense_layers = 3;
-    in = mk_in(ctx, &ds, hw, 4096, 16, DW_PREC_BF16);
+    in = mk_in(ctx, &ds, hw, 4096, 16, DW_RECIPE_BF16);
     assert_true(dw_plan_vstage(&in, 1, 1, 0, &st));
     assert_int_equal(st.moe_layers, 58);
     dw_hw_free(hw);
@@ -222,7 +222,7 @@ static void test_memory_hand_case(void **state) {
     dw_ctx *ctx = plan_ctx();
     dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
-    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 64, DW_PREC_BF16);
+    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 64, DW_RECIPE_BF16);
     dw_par p = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 4, .grad_accum = 2};
     dw_mem m;
     dw_plan_memory(&in, &p, &m);
@@ -254,14 +254,14 @@ static void test_memory_hand_case(void **state) {
     assert_true(m.optimizer == 0);
     /* full recompute: 12 block inputs 4096 x 1536 x 12 = 75,497,472 + one block's working set
      * 4096 x 24,624 = 100,859,904 + logits 1,235,116,032 */
-    p.offload = false, p.zero = 0, p.recompute = DW_RC_FULL;
+    p.offload = false, p.zero = 0, p.recompute = DW_RECOMPUTE_FULL;
     dw_plan_memory(&in, &p, &m);
     assert_true(m.activations == 75497472.0 + 100859904.0 + 1235116032.0);
     /* FP8 block-scaled: weights 2P + two FP8 copies of the matmul weights; 12 x 7,077,888
      * = 84,934,656 matmul params → weights 248,879,616 + 169,869,312; weight scales
      * 2 x 84,934,656 x 4/16384 = 41,472 */
-    dw_plan_in in8 = mk_in(ctx, &g2, hw, 1024, 64, DW_PREC_FP8_BLOCK);
-    p.recompute = DW_RC_NONE;
+    dw_plan_in in8 = mk_in(ctx, &g2, hw, 1024, 64, DW_RECIPE_FP8_BLOCK);
+    p.recompute = DW_RECOMPUTE_NONE;
     dw_plan_memory(&in8, &p, &m);
     assert_true(m.weights == 248879616.0 + 169869312.0);
     /* activation scales: 4096 tokens x 12 blocks x (2*768 + 768 + 3072 quantised inputs)
@@ -276,7 +276,7 @@ static void test_executed_flops(void **state) {
     dw_ctx *ctx = plan_ctx();
     dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     dw_model_config g2 = plan_gpt(50257, 768, 12, 12, 1024);
-    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 64, DW_PREC_BF16);
+    dw_plan_in in = mk_in(ctx, &g2, hw, 1024, 64, DW_RECIPE_BF16);
     dw_par p = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 4, .grad_accum = 2};
     dw_plan_entry e;
     dw_reject why;
@@ -295,7 +295,7 @@ static void test_executed_flops(void **state) {
      * attention) = 773,094,113,280 per micro-batch; x 2 micro-batches x 8 ranks
      * = 12,369,505,812,480 */
     dw_par pf = p;
-    pf.recompute = DW_RC_FULL;
+    pf.recompute = DW_RECOMPUTE_FULL;
     dw_plan_entry ef;
     assert_true(dw_plan_evaluate(&in, &pf, true, &ef, &why, det, sizeof det));
     double exec_full = ef.cost.hfu * ef.cost.step * 8 * 989e12;
@@ -350,7 +350,7 @@ static void test_tp_cp_traffic(void **state) {
     assert_true(fabs(e.cost.tp_comm - 322 * ag_tp) < 1e-12);
     assert_true(fabs(e.cost.cp_comm - 32 * 3 * ag_cp) < 1e-12);
     /* full recompute repeats the forward's 4 TP and 1 CP collectives per block */
-    p.recompute = DW_RC_FULL;
+    p.recompute = DW_RECOMPUTE_FULL;
     dw_plan_time(&in, &p, &e, NULL);
     assert_true(fabs(e.cost.tp_comm - (322 + 32 * 4) * ag_tp) < 1e-12);
     assert_true(fabs(e.cost.cp_comm - 32 * 4 * ag_cp) < 1e-12);
@@ -398,22 +398,22 @@ static void test_gemm_curve_and_table(void **state) {
     dw_test_rng_init(&rng, dw_test_seed());
     dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
     const dw_gpu_info *g = &hw->gpus[0];
-    for (int p = 0; p < DW_PREC_COUNT; p++)
+    for (int p = 0; p < DW_PLAN_RECIPES; p++)
         for (int i = 0; i < 200; i++) {
             double m = 1 + (double)(dw_test_next(&rng) % 16384), n = 1 + (double)(dw_test_next(&rng) % 16384);
             double k = 1 + (double)(dw_test_next(&rng) % 16384);
-            double e = dw_plan_gemm_eff(g, (dw_plan_prec)p, m, n, k);
+            double e = dw_plan_gemm_eff(g, dw_plan_recipes[p], m, n, k);
             assert_true(e > 0 && e <= 0.75);
             /* small K / N lowers efficiency: halving any dimension never helps */
-            assert_true(dw_plan_gemm_eff(g, (dw_plan_prec)p, m, n, k / 2) <= e + 1e-15);
-            assert_true(dw_plan_gemm_eff(g, (dw_plan_prec)p, m, n / 2, k) <= e + 1e-15);
-            assert_true(dw_plan_gemm_eff(g, (dw_plan_prec)p, m / 2, n, k) <= e + 1e-15);
+            assert_true(dw_plan_gemm_eff(g, dw_plan_recipes[p], m, n, k / 2) <= e + 1e-15);
+            assert_true(dw_plan_gemm_eff(g, dw_plan_recipes[p], m, n / 2, k) <= e + 1e-15);
+            assert_true(dw_plan_gemm_eff(g, dw_plan_recipes[p], m / 2, n, k) <= e + 1e-15);
         }
     /* big square BF16 GEMM: 0.75 x (8192/8256)^3 = 0.7327 of 989 TFLOP/s */
-    double e = dw_plan_gemm_eff(g, DW_PREC_BF16, 8192, 8192, 8192);
+    double e = dw_plan_gemm_eff(g, DW_RECIPE_BF16, 8192, 8192, 8192);
     assert_true(fabs(e - 0.75 * pow(8192.0 / 8256.0, 3)) < 1e-12);
     /* a GEMV-like shape is memory bound: m = 1 → at most 2 x HBM bandwidth x 0.75 / 2 bytes */
-    e = dw_plan_gemm_eff(g, DW_PREC_BF16, 1, 8192, 8192);
+    e = dw_plan_gemm_eff(g, DW_RECIPE_BF16, 1, 8192, 8192);
     assert_true(e * 989e12 <= 3350e9 * 0.75 * 2 * 8192.0 * 8192.0 / (2.0 * (8192.0 * 8192 + 8192 + 8192)) + 1);
     /* measured table: exact hits return the measurement; a point between two measurements gets
      * a correction between theirs; the file format errors name the field */
@@ -429,21 +429,21 @@ static void test_gemm_curve_and_table(void **state) {
     dw_job j = {.seq = 1024, .global_batch = 8};
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, &t, &in), DW_OK);
-    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 4096, 4096, 4096) - 600e12) < 1);
-    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 1024, 1024, 1024) - 300e12) < 1);
-    double r1 = 300e12 / (989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 1024, 1024, 1024));
-    double r2 = 600e12 / (989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 4096, 4096, 4096));
-    double mid = dw_plan_gemm_rate(&in, DW_PREC_BF16, 2048, 2048, 2048) /
-                 (989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 2048, 2048, 2048));
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_RECIPE_BF16, 4096, 4096, 4096) - 600e12) < 1);
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_RECIPE_BF16, 1024, 1024, 1024) - 300e12) < 1);
+    double r1 = 300e12 / (989e12 * dw_plan_gemm_eff(g, DW_RECIPE_BF16, 1024, 1024, 1024));
+    double r2 = 600e12 / (989e12 * dw_plan_gemm_eff(g, DW_RECIPE_BF16, 4096, 4096, 4096));
+    double mid = dw_plan_gemm_rate(&in, DW_RECIPE_BF16, 2048, 2048, 2048) /
+                 (989e12 * dw_plan_gemm_eff(g, DW_RECIPE_BF16, 2048, 2048, 2048));
     assert_true(mid >= fmin(r1, r2) - 1e-9 && mid <= fmax(r1, r2) + 1e-9);
     assert_true(fabs(mid - (r1 + r2) / 2) < 1e-9); /* equidistant in log space: the mean */
     /* a misaligned GEMM (a dimension not a multiple of 8): no misaligned point in the table, so
      * the model's rate / 5.6, untouched by the aligned points */
-    double mis = dw_plan_gemm_rate(&in, DW_PREC_BF16, 4096, 4097, 4096);
-    assert_true(fabs(mis - 989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 4096, 4097, 4096) / 5.6) < 1);
+    double mis = dw_plan_gemm_rate(&in, DW_RECIPE_BF16, 4096, 4097, 4096);
+    assert_true(fabs(mis - 989e12 * dw_plan_gemm_eff(g, DW_RECIPE_BF16, 4096, 4097, 4096) / 5.6) < 1);
     /* FP8 has no measurements: the analytical curve */
-    assert_true(dw_plan_gemm_rate(&in, DW_PREC_FP8_BLOCK, 4096, 4096, 4096) ==
-                1979e12 * dw_plan_gemm_eff(g, DW_PREC_FP8_BLOCK, 4096, 4096, 4096));
+    assert_true(dw_plan_gemm_rate(&in, DW_RECIPE_FP8_BLOCK, 4096, 4096, 4096) ==
+                1979e12 * dw_plan_gemm_eff(g, DW_RECIPE_FP8_BLOCK, 4096, 4096, 4096));
     dw_gemm_table_free(&t);
     /* with a misaligned measurement: misaligned queries use it (exact hit), aligned ones ignore it */
     const char *doc2 = "[{\"m\":4096,\"n\":4096,\"k\":4096,\"recipe\":\"bf16\",\"tflops\":600},"
@@ -451,10 +451,10 @@ static void test_gemm_curve_and_table(void **state) {
     assert_int_equal(dw_test_write(path, doc2, strlen(doc2)), 0);
     assert_int_equal(dw_gemm_table_load(ctx, path, &t), DW_OK);
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, &t, &in), DW_OK);
-    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 4096, 4097, 4096) - 100e12) < 1);
-    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 4096, 4096, 4096) - 600e12) < 1);
-    assert_true(fabs(dw_plan_gemm_rate(&in, DW_PREC_BF16, 2048, 2048, 2048) /
-                         (989e12 * dw_plan_gemm_eff(g, DW_PREC_BF16, 2048, 2048, 2048)) -
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_RECIPE_BF16, 4096, 4097, 4096) - 100e12) < 1);
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_RECIPE_BF16, 4096, 4096, 4096) - 600e12) < 1);
+    assert_true(fabs(dw_plan_gemm_rate(&in, DW_RECIPE_BF16, 2048, 2048, 2048) /
+                         (989e12 * dw_plan_gemm_eff(g, DW_RECIPE_BF16, 2048, 2048, 2048)) -
                      r2) < 1e-9); /* only the aligned point corrects it */
     dw_gemm_table_free(&t);
     const char *bad = "{\"results\":[{\"m\":4096,\"n\":4096,\"recipe\":\"bf16\",\"tflops\":1}]}";

@@ -73,7 +73,7 @@ static void test_megatron_2021_table(void **state) {
         int dp = rows[i].gpus / (rows[i].tp * rows[i].pp);
         dw_plan_entry e;
         /* published runs recompute every layer: compare like with like */
-        assert_true(best_completion(&in, rows[i].tp, rows[i].pp, 1, dp, DW_RC_FULL, &e));
+        assert_true(best_completion(&in, rows[i].tp, rows[i].pp, 1, dp, DW_RECOMPUTE_FULL, &e));
         assert_int_equal(dw_plan_check(&in, &e.par, NULL, 0), 0);
         /* the published parallelism with recompute left to the model, for the parallelism
          * comparison against the planner's own choice */

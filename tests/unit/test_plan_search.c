@@ -77,7 +77,7 @@ static void test_random_jobs(void **state) {
         assert_int_equal(dw_hw_preset(ctx, dw_hw_preset_name(pi), nodes, &hw), DW_OK);
         static const int64_t seqs[] = {512, 1024, 2048, 4096, 8192};
         dw_job j = {.seq = pick(&rng, seqs, 5), .global_batch = 1 + (int64_t)(dw_test_next(&rng) % 512),
-                    .prec = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT)};
+                    .recipe = dw_plan_recipes[dw_test_next(&rng) % DW_PLAN_RECIPES]};
         if (dw_test_next(&rng) % 2) j.global_batch = 64 * (1 + (int64_t)(dw_test_next(&rng) % 8));
         if (c.n_experts) j.moe_capacity = 1.0 + (double)(dw_test_next(&rng) % 4) * 0.25;
         dw_plan_in in;
@@ -210,7 +210,7 @@ static void test_monotone_properties(void **state) {
         int nodes = 1 << (int)(dw_test_next(&rng) % 3);
         assert_int_equal(dw_hw_preset(ctx, dw_hw_preset_name((int)(dw_test_next(&rng) % 4)), nodes, &hw), DW_OK);
         dw_job j = {.seq = 2048, .global_batch = 64 * (1 + (int64_t)(dw_test_next(&rng) % 4)),
-                    .prec = (dw_plan_prec)(dw_test_next(&rng) % DW_PREC_COUNT)};
+                    .recipe = dw_plan_recipes[dw_test_next(&rng) % DW_PLAN_RECIPES]};
         int64_t f1 = 0, f2 = 0;
         double base = best_step(ctx, &c, hw, &j, &f1);
         dw_job tight = j;
@@ -280,7 +280,7 @@ static void test_checker_catches_violations(void **state) {
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, NULL, &in), DW_OK);
     dw_par ok = {.dp = 8, .tp = 2, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1, .grad_accum = 8,
-                 .recompute = DW_RC_FULL, .zero = 1};
+                 .recompute = DW_RECOMPUTE_FULL, .zero = 1};
     char why[1024];
     assert_int_equal(dw_plan_check(&in, &ok, why, sizeof why), 0);
     struct { dw_par p; const char *needle; } bad[] = {
@@ -297,7 +297,7 @@ static void test_checker_catches_violations(void **state) {
         if (!strstr(why, bad[i].needle)) fail_msg("case %zu: '%s' not in: %s", i, bad[i].needle, why);
     }
     dw_par big = ok;
-    big.recompute = DW_RC_NONE, big.micro_batch = 8, big.grad_accum = 1, big.zero = 0;
+    big.recompute = DW_RECOMPUTE_NONE, big.micro_batch = 8, big.grad_accum = 1, big.zero = 0;
     assert_int_equal(dw_plan_check(&in, &big, why, sizeof why), 1);
     assert_non_null(strstr(why, "memory"));
     dw_hw_free(hw);

@@ -40,12 +40,12 @@ static void test_presets_have_datasheet_fields(void **state) {
         assert_true(fabs(g->peak_fp8_tflops - 2 * g->peak_bf16_tflops) < 0.01 * g->peak_fp8_tflops);
         assert_true(g->hbm_gbps > 1000);
         bool blackwell = g->cc_major == 10;
-        assert_int_equal(g->features.tcgen05, blackwell);
-        assert_int_equal(g->features.tmem, blackwell);
-        assert_int_equal(g->features.mx_block_scaling, blackwell);
-        assert_int_equal(g->features.fp4, blackwell);
-        assert_int_equal(g->features.wgmma, !blackwell);
-        assert_true(g->features.fp8);
+        assert_int_equal(g->tcgen05, blackwell);
+        assert_int_equal(g->tmem, blackwell);
+        assert_int_equal(g->mx_block_scaling, blackwell);
+        assert_int_equal(g->fp4, blackwell);
+        assert_int_equal(g->wgmma, !blackwell);
+        assert_true(g->fp8);
         assert_true(blackwell ? g->peak_fp4_tflops > 0 : g->peak_fp4_tflops == 0);
         dw_hw_free(hw);
     }
@@ -78,11 +78,11 @@ static void test_feature_derivation(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         dw_gpu_info g = {.cc_major = cases[i].maj, .cc_minor = cases[i].min};
         dw_gpu_derive_features(&g);
-        assert_int_equal(g.features.wgmma, cases[i].wgmma);
-        assert_int_equal(g.features.fp8, cases[i].fp8);
-        assert_int_equal(g.features.tcgen05, cases[i].tc5);
-        assert_int_equal(g.features.mx_block_scaling, cases[i].mx);
-        assert_int_equal(g.features.fp4, cases[i].fp4);
+        assert_int_equal(g.wgmma, cases[i].wgmma);
+        assert_int_equal(g.fp8, cases[i].fp8);
+        assert_int_equal(g.tcgen05, cases[i].tc5);
+        assert_int_equal(g.mx_block_scaling, cases[i].mx);
+        assert_int_equal(g.fp4, cases[i].fp4);
     }
     /* H100 SXM: 132 SMs at 1830 MHz → 989 TFLOP/s dense BF16 (datasheet); HBM3 2619 MHz x 5120 bit. */
     dw_gpu_info h = {.cc_major = 9, .sms = 132, .sm_clock_mhz = 1830, .mem_clock_mhz = 2619,
