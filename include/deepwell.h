@@ -568,8 +568,10 @@ typedef struct {
 DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
 
 /* Compiles g (which must outlive the result) for batches up to g's batch x seq. plan: NULL (one
- * device) or a plan whose world size is 1 (a multi-rank plan is refused with DW_ERR_UNSUPPORTED
- * until the multi-GPU runtime exists). policy: NULL = FP32 mode (FP32 activations, each backend's
+ * device) or a plan (dw_autoplan, dw_plan_single, dw_plan_load) of world size 1 without
+ * recompute, ZeRO or offload whose micro-batch x seq fits g's batch x seq (DW_ERR_INVALID
+ * otherwise); a multi-rank plan is refused with DW_ERR_UNSUPPORTED until the multi-GPU runtime
+ * exists. policy: NULL = FP32 mode (FP32 activations, each backend's
  * FP32 reference linear: parity with PyTorch in FP32); else BF16 activations and each linear
  * node's recipe from the policy. opts may be NULL (defaults). An op the target backend lacks is
  * recorded in the report and refused by dw_engine_create, naming the op. *out is NULL on error. */

@@ -66,13 +66,35 @@ static dw_status target_of(dw_ctx *ctx, const dw_compile_opts *o, dw_compile_tar
     return DW_OK;
 }
 
+/* A plan the one-device executor runs as it is: world size 1, no recompute, ZeRO or offload
+ * (the executor has none yet), and a micro-batch of at most the graph's batch x seq. */
+static dw_status check_plan(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan) {
+    dw_plan_layout l;
+    l.size = sizeof l;
+    DW_TRY(dw_plan_get_layout(plan, &l));
+    const int world = dw_plan_world_size(plan);
+    if (world != 1)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "compile: plan '%s' spans %d GPUs; the executor runs one device for now (pass a "
+                            "one-GPU plan or none)", dw_plan_summary(plan), world);
+    if (l.recompute || l.zero || l.offload)
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "compile: plan '%s' asks for%s%s%s; the executor has none of these yet",
+                            dw_plan_summary(plan), l.recompute ? " recompute" : "", l.zero ? " ZeRO" : "",
+                            l.offload ? " offload" : "");
+    if (l.micro_batch > g->batch || l.seq > g->seq)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "compile: plan '%s' runs micro-batches of %lld x %lld tokens but the graph was captured "
+                            "at %lld x %lld (capture at the plan's micro-batch and seq)", dw_plan_summary(plan),
+                            (long long)l.micro_batch, (long long)l.seq, (long long)g->batch, (long long)g->seq);
+    return DW_OK;
+}
+
 dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const dw_policy *policy,
                      const dw_compile_opts *opts, dw_compiled **out) {
     *out = NULL;
     if (!g) return dw_set_error(ctx, DW_ERR_INVALID, "compile: no graph");
-    if (plan)
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "compile: a parallel plan: the engine runs on one GPU only for "
-                            "now (pass no plan)");
+    if (plan) DW_TRY(check_plan(ctx, g, plan));
     if (g->logits < 0 || g->loss < 0 || g->tokens < 0 || g->targets < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "compile: the graph has no tokens/targets/logits/loss roles");
     const dw_compile_opts o = read_opts(opts);

@@ -808,12 +808,45 @@ static void test_policy_binding(void **state) {
     check(g, c);
     dw_compiled_free(c);
     dw_policy_free(p2);
-    /* refusals: a parallel plan (for now, any), a target that is no device, a GPU that is none */
-    const dw_plan *plan = (const dw_plan *)&g_rng; /* opaque: never read when refused */
+    /* plans: a one-GPU plan that fits the graph compiles to the same program as none; a larger
+     * micro-batch, a multi-rank plan and a one-GPU plan with recompute are refused */
+    dw_plan *plan = NULL;
+    assert_int_equal(dw_plan_single(g_ctx, g->batch, g->seq, &plan), DW_OK);
+    c = NULL;
+    assert_int_equal(dw_compile(g_ctx, g, plan, p, NULL, &c), DW_OK);
+    dw_compiled *c0 = NULL;
+    assert_int_equal(dw_compile(g_ctx, g, NULL, p, NULL, &c0), DW_OK);
+    assert_int_equal(c->n_steps, c0->n_steps);
+    for (int k = 0; k < DW_POOL_COUNT; k++) assert_int_equal(c->pool_bytes[k], c0->pool_bytes[k]);
+    dw_compiled_free(c0);
+    dw_compiled_free(c);
+    dw_plan_free(plan);
+    assert_int_equal(dw_plan_single(g_ctx, g->batch + 1, g->seq, &plan), DW_OK);
+    c = (dw_compiled *)g;
+    assert_int_equal(dw_compile(g_ctx, g, plan, p, NULL, &c), DW_ERR_INVALID);
+    assert_null(c);
+    assert_non_null(strstr(dw_errmsg(g_ctx), "capture at the plan's micro-batch"));
+    dw_plan_free(plan);
+    dw_hw *hw = NULL;
+    assert_int_equal(dw_hw_preset(g_ctx, "h100-sxm", 1, &hw), DW_OK);
+    dw_plan_job j;
+    dw_plan_job_init(&j, sizeof j);
+    j.seq = g->seq, j.global_batch = 8;
+    const char *dp2 = "{\"parallel\": {\"dp\": 2, \"tp\": 1, \"pp\": 1, \"ep\": 1, \"cp\": 1}, \"micro_batch\": 1}";
+    assert_int_equal(dw_plan_from_json(g_ctx, dp2, strlen(dp2), "dp2", "gpt2-tiny", hw, &j, &plan), DW_OK);
     c = (dw_compiled *)g;
     assert_int_equal(dw_compile(g_ctx, g, plan, p, NULL, &c), DW_ERR_UNSUPPORTED);
     assert_null(c);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "plan"));
+    assert_non_null(strstr(dw_errmsg(g_ctx), "spans 2 GPUs"));
+    dw_plan_free(plan);
+    const char *rc = "{\"parallel\": {\"dp\": 1, \"tp\": 1, \"pp\": 1, \"ep\": 1, \"cp\": 1}, \"micro_batch\": 1, "
+                     "\"recompute\": \"full\"}";
+    assert_int_equal(dw_plan_from_json(g_ctx, rc, strlen(rc), "rc", "gpt2-tiny", hw, &j, &plan), DW_OK);
+    assert_int_equal(dw_compile(g_ctx, g, plan, p, NULL, &c), DW_ERR_UNSUPPORTED);
+    assert_non_null(strstr(dw_errmsg(g_ctx), "recompute"));
+    dw_plan_free(plan);
+    dw_hw_free(hw);
+    /* refusals: a target that is no device, a GPU that is none */
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
     assert_int_equal(o.device, DW_DEVICE_AUTO);
