@@ -58,7 +58,7 @@ static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int
     /* fusion: a GELU computed by its linear's epilogue is written at that linear's time; the
      * gradient of a GELU's input written by the next linear's dgrad (DGELU) at its time, and
      * the GELU output's gradient then never exists */
-    const bool gelu = g->nodes[p].op == DW_OP_GELU;
+    const bool gelu = DW_OP_IS(&g->nodes[p], DW_OPF_EPILOGUE);
     if (gelu && (c->node[p].fused & DW_FUSED_FWD))
         *vfirst = dw_compile_fwd_time(c, g->tensors[g->nodes[p].in[0]].producer);
     *no_grad = gelu && (c->node[p].fused & DW_FUSED_BWD);
@@ -77,7 +77,7 @@ static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int
                 if (last_reader > *vlast) *vlast = last_reader;
             }
             if (b < *gfirst) *gfirst = b;
-            if (n->op == DW_OP_GELU && (c->node[i].fused & DW_FUSED_BWD)) { /* written by the dgrad */
+            if (DW_OP_IS(n, DW_OPF_EPILOGUE) && (c->node[i].fused & DW_FUSED_BWD)) { /* written by the dgrad */
                 int f2 = dw_compile_bwd_time(c, c->node[i].partner_bwd);
                 if (f2 < *gfirst) *gfirst = f2;
             }

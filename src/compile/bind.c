@@ -139,7 +139,7 @@ dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) 
         if (!dw_op_on_backend(n->op, c->target.device))
             DW_TRY(unsupported(ctx, c, "op %s (node '%s') has no implementation on this backend", dw_op_name(n->op),
                                n->name));
-        if (n->op != DW_OP_LINEAR) continue;
+        if (!DW_OP_IS(n, DW_OPF_GEMM)) continue;
         if (policy)
             b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);
         DW_TRY(bind_linear(ctx, c, i));

@@ -35,11 +35,12 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_prog_node *pn = &c->node[i];
         const dw_node_binding *b = &pn->bind;
-        const char *recipe = n->op != DW_OP_LINEAR ? (c->bf16 ? "bf16" : "fp32")
+        const bool gemm = DW_OP_IS(n, DW_OPF_GEMM);
+        const char *recipe = !gemm ? (c->bf16 ? "bf16" : "fp32")
                              : c->bf16             ? dw_recipe_name(b->recipe)
                                                    : "fp32";
         fprintf(f, "%4d %-44s %-13s recipe %-10s ", i, n->name, dw_op_name(n->op), recipe);
-        if (!c->bf16 && n->op == DW_OP_LINEAR)
+        if (!c->bf16 && gemm)
             fprintf(f, "(no policy: FP32 mode)");
         else if (b->reason == DW_POLICY_BY_RULE)
             fprintf(f, "(rule %d)", b->rule);
@@ -48,9 +49,9 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         const bool on_backend = dw_op_on_backend(n->op, c->target.device);
         if (pn->fused == (DW_FUSED_FWD | DW_FUSED_BWD))
             fprintf(f, "\n     kernel none of its own: forward and backward run in GEMM epilogues\n");
-        else if (n->op != DW_OP_LINEAR || !c->bf16)
+        else if (!gemm || !c->bf16)
             fprintf(f, "\n     kernel dw_%s_op_%s_fwd/bwd%s%s\n", dev, dw_op_name(n->op),
-                    n->op == DW_OP_LINEAR ? " (the FP32 reference GEMM)" : "", on_backend ? "" : " [NOT ON THIS BACKEND]");
+                    gemm ? " (the FP32 reference GEMM)" : "", on_backend ? "" : " [NOT ON THIS BACKEND]");
         else {
             fprintf(f, "\n     kernel");
             for (int p = 0; p < DW_QPASS_COUNT; p++)
@@ -58,7 +59,7 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
                         dw_compile_quant_recipe(b->recipe) && !b->quantised[p] ? " (BF16 fallback)" : "");
             fprintf(f, "\n");
         }
-        if (n->op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(b->recipe)) {
+        if (gemm && c->bf16 && dw_compile_quant_recipe(b->recipe)) {
             const dw_recipe ra = dw_compile_quant_act_recipe(b->recipe), rw = dw_compile_quant_weight_recipe(b->recipe);
             int br, bc;
             dw_recipe_block(rw, &br, &bc);

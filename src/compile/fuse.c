@@ -23,10 +23,10 @@ static int sole_consumer(const dw_graph *g, int t, int *slot) {
     return found;
 }
 
+static bool any_linear(const dw_compiled *c, int i) { return i >= 0 && DW_OP_IS(&c->g->nodes[i], DW_OPF_GEMM); }
 static bool bf16_linear(const dw_compiled *c, int i) {
-    return i >= 0 && c->g->nodes[i].op == DW_OP_LINEAR && c->node[i].bind.recipe == DW_RECIPE_BF16;
+    return any_linear(c, i) && c->node[i].bind.recipe == DW_RECIPE_BF16;
 }
-static bool any_linear(const dw_compiled *c, int i) { return i >= 0 && c->g->nodes[i].op == DW_OP_LINEAR; }
 
 dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
     (void)ctx;
@@ -35,7 +35,7 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
     for (int i = 0; i < g->n_nodes; i++) c->node[i].partner_fwd = c->node[i].partner_bwd = -1;
     for (int i = 0; on && i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        if (n->op != DW_OP_GELU) continue;
+        if (!DW_OP_IS(n, DW_OPF_EPILOGUE)) continue;
         const int in = n->in[0];
         const int L = g->tensors[in].producer;
         if (any_linear(c, L) && width(g, in) % 8 == 0) { /* quantised too: fused or GELU after, per kernel */
@@ -55,9 +55,9 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
 }
 
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear) {
-    return c->g->nodes[linear].op == DW_OP_LINEAR ? c->node[linear].partner_fwd : -1;
+    return any_linear(c, linear) ? c->node[linear].partner_fwd : -1;
 }
 
 int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear) {
-    return c->g->nodes[linear].op == DW_OP_LINEAR ? c->node[linear].partner_bwd : -1;
+    return any_linear(c, linear) ? c->node[linear].partner_bwd : -1;
 }

@@ -48,7 +48,7 @@ dw_status dw_compile_grad_alias(dw_ctx *ctx, dw_compiled *c) {
     for (int t = 0; t < g->n_tensors; t++) c->tensor[t].grad_alias = t;
     for (int p = g->n_nodes - 1; p >= 0; p--) {
         const dw_ir_node *n = &g->nodes[p];
-        if (n->op != DW_OP_ADD || n->out == g->logits) continue;
+        if (!DW_OP_IS(n, DW_OPF_GRAD_COPY) || n->n_in != 2 || n->out == g->logits) continue;
         const int a = n->in[0], b = n->in[1];
         if (a == b || g->tensors[a].kind != DW_TENSOR_ACT || g->tensors[b].kind != DW_TENSOR_ACT) continue;
         const bool wa = c->node[p].grad_mode[0] == DW_GRAD_WRITE, wb = c->node[p].grad_mode[1] == DW_GRAD_WRITE;

@@ -56,13 +56,13 @@ dw_status dw_compile_bf16_copies(dw_ctx *ctx, dw_compiled *c) {
     for (int i = 0; i < g->n_nodes; i++) { /* a weight read by another node than quantised linears stays */
         const dw_ir_node *n = &g->nodes[i];
         const dw_node_binding *b = &c->node[i].bind;
-        if (n->op != DW_OP_LINEAR || !dw_compile_quant_recipe(b->recipe)) continue;
+        if (!DW_OP_IS(n, DW_OPF_GEMM) || !dw_compile_quant_recipe(b->recipe)) continue;
         if (b->quantised[DW_QPASS_FPROP] && b->quantised[DW_QPASS_DGRAD])
             c->bf16_lazy[c->tensor[n->in[1]].param] = true;
     }
     for (int i = 0; i < g->n_nodes; i++) { /* ... unless a BF16 linear layer reads it too */
         const dw_ir_node *n = &g->nodes[i];
-        if (n->op == DW_OP_LINEAR && !dw_compile_quant_recipe(c->node[i].bind.recipe))
+        if (DW_OP_IS(n, DW_OPF_GEMM) && !dw_compile_quant_recipe(c->node[i].bind.recipe))
             c->bf16_lazy[c->tensor[n->in[1]].param] = false;
     }
     int n = 0;

@@ -29,7 +29,7 @@ static dw_qslot_layout qslot_place(qsize s, int64_t *o) {
 }
 
 static bool quantised_linear(const dw_compiled *c, int i) {
-    return c->g->nodes[i].op == DW_OP_LINEAR && c->bf16 && dw_compile_quant_recipe(c->node[i].bind.recipe);
+    return DW_OP_IS(&c->g->nodes[i], DW_OPF_GEMM) && c->bf16 && dw_compile_quant_recipe(c->node[i].bind.recipe);
 }
 
 /* The per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch, and each quantised
@@ -82,7 +82,7 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
     for (int i = 0; c->bf16 && i < c->g->n_nodes; i++) {
         const dw_ir_node *n = &c->g->nodes[i];
         const dw_ir_tensor *y = &c->g->tensors[n->out];
-        if (n->op == DW_OP_LINEAR && n->n_in == 3 && y->shape[y->ndim - 1] > widest) widest = y->shape[y->ndim - 1];
+        if (DW_OP_IS(n, DW_OPF_GEMM) && n->n_in == 3 && y->shape[y->ndim - 1] > widest) widest = y->shape[y->ndim - 1];
     }
     w->bgrad = widest ? o : -1, o = dw_align_up(o + widest * 4, 256);
     layout_quant(c, &o);

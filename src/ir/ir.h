@@ -27,7 +27,13 @@ enum {
     DW_OPF_ACC_IN2 = 1 << 6,
     DW_OPF_DX0_OVER_X0 = 1 << 7,  /* backward writes input 0's gradient over its value */
     DW_OPF_BWD_IN_FWD = 1 << 8,   /* a training step's forward does the backward too */
+    DW_OPF_GEMM = 1 << 9,         /* a GEMM the policy binds a recipe to; input 1: weight (M,K) */
+    DW_OPF_EPILOGUE = 1 << 10,    /* elementwise, applied by the GEMM epilogues GELU_AUX / DGELU */
+    DW_OPF_GRAD_COPY = 1 << 11,   /* backward hands dy unchanged to every input */
+    DW_OPF_FLASH = 1 << 12,       /* fused compute-bound kernel with library state per shape */
 };
+/* Whether node n's op has flag f. */
+#define DW_OP_IS(n, f) ((dw_op_flags((n)->op) & (f)) != 0)
 #define DW_OPF_READS_IN(s) (DW_OPF_READS_IN0 << (s))
 #define DW_OPF_ACC_IN(s) (DW_OPF_ACC_IN0 << (s))
 
@@ -143,11 +149,10 @@ void dw_ir_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bw
 /* The same node in PaLM's model-FLOPs convention (MFU): matmuls only, no biases, attention over
  * the full T x T square. */
 void dw_ir_model_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd);
-/* Memory passes of one node over its activation-sized tensor (elements read or written per
- * element of the output, or of the logits for cross-entropy), forward and backward, as the
- * engine's kernels run them; linear and attention count 0 here (their time is the GEMM's and
+/* Memory traffic of one node: activation elements read or written, forward and backward, as the
+ * engine's kernels run them; GEMMs and flash kernels count 0 here (their time is the GEMM's and
  * the attention kernel's). */
-void dw_ir_passes(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd);
+void dw_ir_traffic(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd);
 int64_t dw_ir_numel(const dw_ir_tensor *t);
 
 /* JSON form (docs/ir.md): to a new object, and back (verified). */

@@ -1,7 +1,7 @@
 /* op_cost.c — the one cost model of every op, wired by ops.def: FLOPs (flops_<name>: matmul
  * FLOPs exact, 2 per multiply-add; elementwise ones nominal per-element costs, docs/ir.md) and
- * memory passes (passes_<name>: elements read or written per element of the node's activation,
- * as the engine's kernels run them; the planner's time model reads them). */
+ * memory traffic (passes_<name>: activation elements read or written, as the engine's kernels
+ * run them; the planner's time model reads them). */
 #include <stdbool.h>
 
 #include "ir/ir.h"
@@ -69,30 +69,46 @@ static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, bool pal
     ELEMENTWISE(4, 3, dw_ir_numel(IN(0)));
 }
 
-/* ---- memory passes (per element of the node's activation; linear, attention: 0) ------------ */
+/* ---- memory traffic: activation elements read or written, forward / backward, as the engine's
+ * kernels run them (linear, attention: 0, their traffic is the planner's GEMM and flash models) */
+#define OUT (&g->tensors[n->out])
+#define PASSES(fwd, bwd, numel)                                                                      \
+    do {                                                                                             \
+        const double e_ = (double)(numel);                                                           \
+        *f = (fwd) * e_, *b = (bwd) * e_;                                                            \
+    } while (0)
+
 static void passes_embedding(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 2, *b = 5; /* gather; scatter-add into FP32 grads (read dy, read-modify-write 4 B) */
+    PASSES(2, 5, dw_ir_numel(OUT)); /* gather; scatter-add into FP32 grads (read dy, read-modify-write 4 B) */
 }
 static void passes_position(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 3, *b = 3; /* x + wpe; dx = dy and wpe's column sum */
+    PASSES(3, 3, dw_ir_numel(OUT)); /* x + wpe; dx = dy and wpe's column sum */
 }
-static void passes_rope(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 2; }
+static void passes_rope(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 2, dw_ir_numel(OUT));
+}
 static void passes_layernorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 2, *b = 5; /* bwd: x, dy -> dx, then column sums over x, dy */
+    PASSES(2, 5, dw_ir_numel(OUT)); /* bwd: x, dy -> dx, then column sums over x, dy */
 }
-static void passes_rmsnorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 5; }
-static void passes_linear(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = *b = 0; }
-static void passes_gelu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 3; }
-static void passes_silu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = 2, *b = 3; }
+static void passes_rmsnorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 5, dw_ir_numel(OUT));
+}
+static void passes_linear(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { PASSES(0, 0, 0); }
+static void passes_gelu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 3, dw_ir_numel(OUT));
+}
+static void passes_silu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 3, dw_ir_numel(OUT));
+}
 static void passes_swiglu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 3, *b = 5; /* over the (B,T,F) output */
+    PASSES(3, 5, dw_ir_numel(OUT)); /* over the (B,T,F) output */
 }
 static void passes_add(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 3, *b = 4; /* bwd: dy to both inputs (copy or accumulate) */
+    PASSES(3, 4, dw_ir_numel(OUT)); /* bwd: dy to both inputs (copy or accumulate) */
 }
-static void passes_attention(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = *b = 0; }
+static void passes_attention(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { PASSES(0, 0, 0); }
 static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
-    *f = 3, *b = 0; /* fused: logits read twice, dlogits written in place */
+    PASSES(3, 0, dw_ir_numel(IN(0))); /* fused: logits read twice, dlogits written in place */
 }
 
 typedef void (*flops_fn)(const dw_graph *, const dw_ir_node *, bool, double *, double *);
@@ -115,6 +131,6 @@ void dw_ir_model_flops(const dw_graph *g, const dw_ir_node *n, double *fwd, doub
     ops[n->op].flops(g, n, true, fwd, bwd);
 }
 
-void dw_ir_passes(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd) {
+void dw_ir_traffic(const dw_graph *g, const dw_ir_node *n, double *fwd, double *bwd) {
     ops[n->op].passes(g, n, fwd, bwd);
 }

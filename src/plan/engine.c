@@ -99,7 +99,7 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
         const dw_graph *g = j.g;
         for (int i = 0; j.c->bf16 && i < g->n_nodes; i++) { /* one cuDNN set per attention shape: the first */
             const dw_ir_attrs *a = &g->nodes[i].attrs;
-            if (g->nodes[i].op != DW_OP_ATTENTION) continue;
+            if (!DW_OP_IS(&g->nodes[i], DW_OPF_FLASH)) continue;
             out->attention = dw_plan_cudnn_attention_bytes(g->batch, g->seq, a->heads, a->kv_heads, a->head_dim);
             break;
         }
@@ -159,7 +159,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_ir_tensor *y = &g->tensors[n->out];
-        if (n->op == DW_OP_LINEAR) {
+        if (DW_OP_IS(n, DW_OPF_GEMM)) {
             kf += 1, kb += 2; /* fprop | dgrad, wgrad */
             const dw_ir_tensor *x = &g->tensors[n->in[0]];
             int64_t K = x->shape[x->ndim - 1], M = y->shape[y->ndim - 1];
@@ -167,7 +167,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             bool qrec = c->bf16 && dw_compile_quant_recipe(r);
             /* elements each pass quantises: x | dy | dy^T, x^T (W and W^T: once per update, below);
              * a node reading the same x as the previous quantised one (q/k/v, gate/up) reuses its
-             * x and x^T codes, as the engine does (engine_cuda_quant.c) */
+             * x and x^T codes, as the engine does (runtime/cuda/qlinear_cuda.c) */
             const dw_recipe ra = dw_compile_quant_act_recipe(r);
             const bool same_x = qrec && n->in[0] == prev_x && ra == prev_ra;
             if (qrec) prev_x = n->in[0], prev_ra = ra;
@@ -194,21 +194,21 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             /* bias gradient: in the BF16 wgrad's epilogue (then added to db), else a column sum of dy */
             if (n->n_in == 3 && (wgrad_q || !c->bf16)) mem_b += N * (double)M * as;
             if (n->n_in == 3) kb += 1;
-        } else if (n->op == DW_OP_ATTENTION) {
-            double T = (double)g->seq, B = (double)g->batch, H = (double)n->attrs.heads, D = (double)n->attrs.head_dim;
-            double af = 4.0 * B * T * (T / 2) * D * H, shape = T / (T + 256);
+        } else if (DW_OP_IS(n, DW_OPF_FLASH)) {
+            /* af: the causal half of the forward matmuls (PaLM's full-square count / 2) */
+            double pf, pb, T = (double)g->seq;
+            dw_ir_model_flops(g, n, &pf, &pb);
+            double af = pf / 2, shape = T / (T + 256);
             double tf = af / (peak * ENGINE_ATTN_FWD_EFF * shape), tb = 2.5 * af / (peak * ENGINE_ATTN_BWD_EFF * shape);
             out->fwd += tf, out->bwd += tb, out->attn += tf + tb, out->flops += 3.5 * af;
             kf += 1, kb += 2;
         } else {
-            double pf, pb;
-            dw_ir_passes(g, n, &pf, &pb);
-            if (c->node[i].fused & DW_FUSED_FWD) pf = 0; /* in the GEMM epilogues (compile/fuse.c) */
-            if (c->node[i].fused & DW_FUSED_BWD) pb = 0;
-            const dw_ir_tensor *t = n->op == DW_OP_CROSS_ENTROPY ? &g->tensors[n->in[0]] : y;
-            double e = (double)dw_ir_numel(t) * as;
-            mem_f += pf * e, mem_b += pb * e;
-            kf += pf > 0, kb += pb > 0;
+            double ef, eb; /* elements moved */
+            dw_ir_traffic(g, n, &ef, &eb);
+            if (c->node[i].fused & DW_FUSED_FWD) ef = 0; /* in the GEMM epilogues (compile/fuse.c) */
+            if (c->node[i].fused & DW_FUSED_BWD) eb = 0;
+            mem_f += ef * as, mem_b += eb * as;
+            kf += ef > 0, kb += eb > 0;
         }
     }
     out->launches = kf + kb;

@@ -56,6 +56,7 @@ typedef dw_status (*dw_op_fn)(dw_backend *be, const dw_op_call *call);
 
 typedef struct {
     dw_op_fn fwd, bwd;
+    dw_op_fn prepare; /* optional: once per node when the engine is made (library plans, handles) */
 } dw_op_entry;
 
 typedef struct {

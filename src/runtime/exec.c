@@ -11,6 +11,8 @@
 #include "core/log.h"
 #include "runtime/exec.h"
 
+static void resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_call *c);
+
 dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out) {
     *out = NULL;
     dw_exec *x = calloc(1, sizeof *x);
@@ -41,6 +43,15 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->work = x->pool[DW_POOL_WORK];
     x->b = p->g->batch, x->t = p->g->seq;
     dw_status s = be->i->prepare ? be->i->prepare(be, x) : DW_OK;
+    for (int i = 0; s == DW_OK && i < x->g->n_nodes; i++) { /* the ops' prepare entries */
+        const dw_ir_node *n = &x->g->nodes[i];
+        const dw_op_fn prep = be->i->ops[n->op].prepare;
+        if (!prep) continue;
+        dw_op_call c;
+        resolve(x, i, true, 0.0, &c);
+        s = prep(be, &c);
+        if (s != DW_OK) s = dw_prefix_error(be->ctx, s, "%s backend: preparing node '%s'", be->i->name, n->name);
+    }
     if (s == DW_OK) s = be->i->sync(be);
     if (s != DW_OK) {
         dw_exec_free(x);
@@ -112,9 +123,10 @@ static void resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_
     c->dout = grad_of(x, n->out);
     for (int k = 0; k < DW_AUX_COUNT; k++) c->aux[k] = at(x->act, pn->aux_off[k]);
     for (int k = 0; k < DW_TMP_COUNT; k++) c->tmp[k] = at(x->act, pn->tmp_off[k]);
-    if (n->op == DW_OP_LINEAR && pn->partner_fwd >= 0)
+    const bool gemm = DW_OP_IS(n, DW_OPF_GEMM); /* its partners: the epilogue ops (compile/fuse.c) */
+    if (gemm && pn->partner_fwd >= 0)
         c->fuse_out = at(x->act, p->tensor[g->nodes[pn->partner_fwd].out].val_off);
-    if (n->op == DW_OP_LINEAR && pn->partner_bwd >= 0) {
+    if (gemm && pn->partner_bwd >= 0) {
         const int pre = g->nodes[pn->partner_bwd].in[0]; /* the GELU's input */
         c->fuse_x = at(x->act, p->tensor[pre].val_off);
         c->fuse_dx = grad_of(x, pre);

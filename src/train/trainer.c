@@ -143,7 +143,7 @@ static dw_status describe_recipes(run *r) {
     if (!cp->bf16) return DW_OK;
     json_t *rec = json_object();
     for (int i = 0; rec && i < cp->g->n_nodes; i++)
-        if (cp->g->nodes[i].op == DW_OP_LINEAR)
+        if (DW_OP_IS(&cp->g->nodes[i], DW_OPF_GEMM))
             json_object_set_new(rec, cp->g->nodes[i].name, json_string(dw_recipe_name(cp->node[i].bind.recipe)));
     r->recipes_json = rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(rec);

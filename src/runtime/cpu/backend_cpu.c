@@ -121,8 +121,9 @@ static void cpu_destroy(dw_backend *be) {
 }
 
 /* The op table: an entry where ops.def's cpu column is 1, NULL where it is 0. */
-#define CPU_ENTRY_1(name) {dw_cpu_op_##name##_fwd, dw_cpu_op_##name##_bwd}
-#define CPU_ENTRY_0(name) {NULL, NULL}
+#define CPU_ENTRY_2(name) {dw_cpu_op_##name##_fwd, dw_cpu_op_##name##_bwd, dw_cpu_op_##name##_prepare}
+#define CPU_ENTRY_1(name) {dw_cpu_op_##name##_fwd, dw_cpu_op_##name##_bwd, NULL}
+#define CPU_ENTRY_0(name) {NULL, NULL, NULL}
 #define CPU_ENTRY(flag, name) CPU_ENTRY_##flag(name)
 static const dw_op_entry cpu_ops[DW_OP_COUNT] = {
 #define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) CPU_ENTRY(cpu, name),

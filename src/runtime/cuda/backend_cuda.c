@@ -50,11 +50,10 @@ static dw_status cu_sync(dw_backend *be) {
     return DW_OK;
 }
 
-/* cuBLASLt's handle and workspace by one tiny GEMM on zeroed scratch, and cuDNN's attention plans
- * for every attention node, now rather than inside a (recorded) step. */
+/* cuBLASLt's handle and workspace by one tiny GEMM on zeroed scratch, now rather than inside a
+ * (recorded) step; the ops' own prepare entries (cuDNN attention plans) follow, from the executor. */
 static dw_status cu_prepare(dw_backend *be, const dw_exec *x) {
     const dw_compiled *p = x->p;
-    const dw_graph *g = x->g;
     if (p->bf16) {
         void *scratch = x->work + p->work.partials; /* zeroed: 8 KiB */
         dw_gemm_args a = {.m = 16, .n = 16, .k = 16, .alpha = 1.0f, .d = (char *)scratch + 2048,
@@ -62,20 +61,6 @@ static dw_status cu_prepare(dw_backend *be, const dw_exec *x) {
         a.a = (dw_gemm_operand){.recipe = DW_RECIPE_BF16, .rows = 16, .cols = 16, .data = scratch, .tensor_scale = 1.0f};
         a.b = a.a, a.b.trans = true;
         DW_TRY(dw_gemm(be->ctx, &a));
-    }
-    for (int i = 0; i < g->n_nodes; i++) {
-        const dw_ir_node *n = &g->nodes[i];
-        if (n->op != DW_OP_ATTENTION) continue;
-        /* the packed path's decision needs the node's pointers (ops_cuda_attention.c decides the same way) */
-        const dw_prog_node *pn = &p->node[i];
-        void *dqkv = pn->grad_mode[0] == DW_GRAD_ACCUM_TMP ? x->act + pn->tmp_off[DW_TMP_ACC0]
-                                                           : x->act + p->tensor[n->in[0]].grad_off;
-        const void *ptrs[] = {x->act + p->tensor[n->in[0]].val_off, x->act + p->tensor[n->out].val_off,
-                              x->act + p->tensor[n->out].grad_off, dqkv};
-        const bool packed = n->n_in == 1 && pn->grad_mode[0] != DW_GRAD_NONE && p->tensor[n->in[0]].grad_off >= 0 &&
-                            dw_cuda_attention_packed_ok(p->bf16 ? DW_ACT_BF16 : DW_ACT_F32, n->attrs.head_dim, ptrs, 4);
-        DW_TRY(dw_cuda_attention_prepare(be->ctx, p->bf16 ? DW_ACT_BF16 : DW_ACT_F32, g->batch, g->seq, n->attrs.heads,
-                                         n->attrs.kv_heads, n->attrs.head_dim, packed));
     }
     return DW_OK;
 }
@@ -150,8 +135,9 @@ static void cu_destroy(dw_backend *be) {
     free(s);
 }
 
-#define CUDA_ENTRY_1(name) {dw_cuda_op_##name##_fwd, dw_cuda_op_##name##_bwd}
-#define CUDA_ENTRY_0(name) {NULL, NULL}
+#define CUDA_ENTRY_2(name) {dw_cuda_op_##name##_fwd, dw_cuda_op_##name##_bwd, dw_cuda_op_##name##_prepare}
+#define CUDA_ENTRY_1(name) {dw_cuda_op_##name##_fwd, dw_cuda_op_##name##_bwd, NULL}
+#define CUDA_ENTRY_0(name) {NULL, NULL, NULL}
 #define CUDA_ENTRY(flag, name) CUDA_ENTRY_##flag(name)
 static const dw_op_entry cuda_ops[DW_OP_COUNT] = {
 #define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) CUDA_ENTRY(cuda, name),

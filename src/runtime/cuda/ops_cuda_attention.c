@@ -15,7 +15,7 @@
 #include "runtime/cuda/kern.h"
 
 /* Whether a packed-qkv node runs in place: decided from every pointer either direction touches
- * (the same call in both, and at creation: backend_cuda.c's prepare). */
+ * (the same call in both, and at creation: the prepare entry). */
 static bool packed(const dw_op_call *c) {
     const void *ptrs[] = {c->in[0], c->out, c->dout, c->dx[0]};
     return c->n->n_in == 1 && c->dx[0] &&
@@ -25,6 +25,14 @@ static bool packed(const dw_op_call *c) {
 static void qkv(const dw_op_call *c, const void **q, const void **k, const void **v) {
     if (c->n->n_in == 3) *q = c->in[0], *k = c->in[1], *v = c->in[2];
     else *q = c->aux[DW_AUX_Q], *k = c->aux[DW_AUX_K], *v = c->aux[DW_AUX_V];
+}
+
+/* At engine creation: the cuDNN plans (and their buffers) for the node's shape, built outside any
+ * recorded step. */
+dw_status dw_cuda_op_attention_prepare(dw_backend *be, const dw_op_call *c) {
+    const dw_ir_attrs *a = &c->n->attrs;
+    return dw_cuda_attention_prepare(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->b, c->t, a->heads, a->kv_heads,
+                                     a->head_dim, packed(c));
 }
 
 dw_status dw_cuda_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
