@@ -117,6 +117,10 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
 }
 
 double dw_plan_model_flops_per_token(const dw_plan_in *in) {
+    return in->graph_flops_per_token > 0 ? in->graph_flops_per_token : dw_plan_formula_flops_per_token(in);
+}
+
+double dw_plan_formula_flops_per_token(const dw_plan_in *in) {
     dw_param_counts pc;
     dw_plan_params(in, &pc);
     const dw_model_config *c = in->cfg;

@@ -89,6 +89,23 @@ static void test_model_flops(void **state) {
     dw_model_config l8 = plan_llama(128256, 4096, 32, 32, 8, 14336);
     in = mk_in(ctx, &l8, hw, 8192, 8, DW_RECIPE_BF16);
     assert_true(dw_plan_model_flops_per_token(&in) == 57912852480.0);
+    /* one FLOP model: the closed form equals the op table's count over the captured graph for
+     * every preset capture builds, at a random seq within its positions */
+    int compared = 0;
+    for (int i = 0; i < dw_model_preset_count(); i++) {
+        dw_model_config c;
+        assert_int_equal(dw_model_config_load(ctx, dw_model_preset_name(i), &c), DW_OK);
+        const int64_t seq = 1 + (int64_t)(dw_test_next(&dw_test_group_rng) % (uint64_t)(c.max_seq < 4096 ? c.max_seq : 4096));
+        in = mk_in(ctx, &c, hw, seq, 8, DW_RECIPE_BF16);
+        if (!in.engine_model) continue;
+        const double graph = in.graph_flops_per_token, formula = dw_plan_formula_flops_per_token(&in);
+        assert_true(graph > 0 && dw_plan_model_flops_per_token(&in) == graph);
+        if (fabs(graph - formula) > 1e-12 * formula)
+            fail_msg("preset %s at seq %lld: op table %.0f vs closed form %.0f FLOPs per token", dw_model_preset_name(i),
+                     (long long)seq, graph, formula);
+        compared++;
+    }
+    assert_true(compared >= 4);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }
