@@ -806,13 +806,15 @@ static run_result train_fixed(dw_engine *e, uint64_t seed, const int32_t *tok, c
     return r;
 }
 
-/* A BF16 program and quantised programs train on the CPU engine: a few steps on one fixed batch
- * lower the loss, every loss finite, two runs from the same seed bit-identical; the trained
- * weights saved and loaded into a fresh engine give the same loss. */
+/* A BF16 program and a program of every quantised recipe train on the CPU engine: a few steps on
+ * one fixed batch lower the loss, every loss finite, two runs from the same seed bit-identical;
+ * the trained weights saved and loaded into a fresh engine give the same loss. */
 static void test_low_precision_training(void **state) {
     (void)state;
-    const char *precs[4] = {"bf16", "fp8_block", "mxfp8", "nvfp4"};
-    for (int k = 0; k < 4; k++) {
+    const char *precs[DW_RECIPE_COUNT];
+    for (int k = 0; k < DW_RECIPE_COUNT; k++) precs[k] = dw_recipe_name((dw_recipe)k);
+    assert_string_equal(precs[0], "bf16");
+    for (int k = 0; k < DW_RECIPE_COUNT; k++) {
         const int64_t B = dw_test_rnd(1, 2), T = dw_test_rnd(4, 8);
         const char *preset = presets[dw_test_rnd(0, 2)];
         dw_graph *g = dw_test_small_graph(dw_test_ctx, preset, B, T, &dw_test_group_rng);
@@ -820,7 +822,7 @@ static void test_low_precision_training(void **state) {
         dw_test_model a = build(g, precs[k]), b = build(dw_test_same_graph(dw_test_ctx, g, 0, 0), precs[k]);
         int quantised_linears = 0;
         for (int i = 0; i < a.g->n_nodes; i++)
-            quantised_linears += a.g->nodes[i].op == DW_OP_LINEAR && a.c->node[i].bind.quantised[DW_QPASS_FPROP];
+            quantised_linears += DW_OP_IS(&a.g->nodes[i], DW_OPF_GEMM) && a.c->node[i].bind.quantised[DW_QPASS_FPROP];
         assert_int_equal(quantised_linears > 0, k > 0);
         int32_t tok[16], tgt[16];
         random_tokens(tok, B * T, dw_graph_vocab(g));
