@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/error.h"
 
 typedef struct {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/error.h"
 #include "gemm/gemm.h"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "gemm/gemm.h"

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/error.h"
 
 static void mib(FILE *f, int64_t bytes) {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/error.h"
 
 static int64_t width(const dw_graph *g, int t) { return g->tensors[t].shape[g->tensors[t].ndim - 1]; }

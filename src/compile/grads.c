@@ -4,7 +4,7 @@
  * adds. Decides only; the arena (arena.c) and the executor read the result. */
 #include <stdlib.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/error.h"
 
 /* The first backward step to reach a tensor writes its gradient, later ones add. */

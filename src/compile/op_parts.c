@@ -4,7 +4,7 @@
  * a backend may leave a part unused. The ACC temporaries come from the gradient modes, not here. */
 #include <string.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "kernels/cuda/ops_cuda.h"
 
 typedef int64_t parts[DW_AUX_COUNT + DW_TMP_COUNT];

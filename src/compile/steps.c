@@ -4,7 +4,7 @@
  * the refresh of what derives from the FP32 masters (BF16 copies, quantised weight caches). */
 #include <stdlib.h>
 
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/error.h"
 
 const char *dw_step_kind_name(dw_step_kind k) {

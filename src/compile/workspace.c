@@ -2,7 +2,7 @@
  * reductions and arguments, the BF16 wgrad's bias-gradient row, and for quantised linear layers
  * the per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch and each node's cached
  * W and W^T. Sizes at capacity; byte offsets 256-aligned. */
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "core/error.h"
 
 /* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */

@@ -1,5 +1,5 @@
-/* safetensors_dtype.c — the safetensors dtype table, the name rule, and the alignment-safe
- * conversion of floating-point tensors to FP32. Not the reader or the writer. */
+/* safetensors_dtype.c — the safetensors dtype table, the tensor-name rule, element counts and
+ * alignment. Not the reader, the writer or the FP32 conversion (safetensors_convert.c). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -87,50 +87,4 @@ int64_t dw_st_numel(const dw_st_tensor *t) {
 bool dw_st_is_aligned(const dw_st_tensor *t) {
     size_t a = dw_dtype_size(t->dtype);
     return a != 0 && (uintptr_t)t->data % a == 0;
-}
-
-/* IEEE binary16 → binary32, exact (every half is a float). */
-static float half_to_float(uint16_t h) {
-    int e = (h >> 10) & 0x1F;
-    int m = h & 0x3FF;
-    float v;
-    if (e == 0) v = ldexpf((float)m, -24);
-    else if (e == 31) v = m ? NAN : INFINITY;
-    else v = ldexpf((float)(m | 0x400), e - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-dw_status dw_st_read_f32(dw_ctx *ctx, const dw_st_file *f, const dw_st_tensor *t, float *out) {
-    const unsigned char *p = t->data;
-    int64_t n = dw_st_numel(t);
-    switch (t->dtype) {
-    case DW_DT_F32: memcpy(out, p, (size_t)n * 4); break;
-    case DW_DT_F64:
-        for (int64_t i = 0; i < n; i++) {
-            double d;
-            memcpy(&d, p + 8 * i, 8);
-            out[i] = (float)d;
-        }
-        break;
-    case DW_DT_F16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            out[i] = half_to_float(h);
-        }
-        break;
-    case DW_DT_BF16:
-        for (int64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
-            uint32_t bits = (uint32_t)h << 16;
-            memcpy(&out[i], &bits, 4);
-        }
-        break;
-    default:
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
-                            "%s: tensor '%s': dtype %s cannot be read as F32 (F32, F16, BF16, F64 can)",
-                            dw_st_path(f), t->name, dw_dtype_name(t->dtype));
-    }
-    return DW_OK;
 }

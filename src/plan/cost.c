@@ -23,7 +23,7 @@ typedef struct {
     double fwd, bwd, tp, cp, ep, flops;
 } ltime;
 
-static void gemm(const dw_plan_in *in, dw_recipe prec, double m, double n, double k, ltime *t) {
+static void gemm_time(const dw_plan_in *in, dw_recipe prec, double m, double n, double k, ltime *t) {
     if (m <= 0 || n <= 0 || k <= 0) return;
     double f = 2 * m * n * k;
     t->fwd += f / dw_plan_gemm_rate(in, prec, m, n, k);
@@ -51,8 +51,8 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
     memset(t, 0, sizeof *t);
     ltime gm = {0};
     /* attention projections */
-    gemm(in, pr, T, (H + 2 * Hkv) * hd / tp, d, &gm);
-    gemm(in, pr, T, d, H * hd / tp, &gm);
+    gemm_time(in, pr, T, (H + 2 * Hkv) * hd / tp, d, &gm);
+    gemm_time(in, pr, T, d, H * hd / tp, &gm);
     /* flash attention, causal: each of the s/cp local queries sees s/2 keys on average */
     double sl = s / cp;
     double af = 4.0 * (double)par->micro_batch * sl * (s / 2) * hd * H / tp;
@@ -64,25 +64,25 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
     double qin = 2 * d + H * hd;               /* GEMM inputs that get quantised */
     double rc_elem = 8 * d;                    /* selective recompute: the norms */
     if (!moe) {
-        gemm(in, pr, T, mult * ff / tp, d, &gm);
-        gemm(in, pr, T, d, ff / tp, &gm);
+        gemm_time(in, pr, T, mult * ff / tp, d, &gm);
+        gemm_time(in, pr, T, d, ff / tp, &gm);
         elem += (mult + 1) * 2 * ff;
         rc_elem += (mult + 1) * 2 * ff;
         qin += ff;
     } else {
         double E = (double)in->experts, fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
         double ep = par->ep, routed = (double)in->top_k * in->capacity;
-        gemm(in, DW_RECIPE_BF16, T, E, d, &gm); /* router stays BF16 */
+        gemm_time(in, DW_RECIPE_BF16, T, E, d, &gm); /* router stays BF16 */
         double me = T * routed * ep / E;        /* tokens per local expert */
         ltime ex = {0};
-        gemm(in, pr, me, mult * fe / tp, d, &ex);
-        gemm(in, pr, me, d, fe / tp, &ex);
+        gemm_time(in, pr, me, mult * fe / tp, d, &ex);
+        gemm_time(in, pr, me, d, fe / tp, &ex);
         double local = E / ep;
         gm.fwd += local * ex.fwd, gm.bwd += local * ex.bwd, gm.flops += local * ex.flops;
         if (c->n_shared_experts > 0) {
             double fs = fe * (double)c->n_shared_experts;
-            gemm(in, pr, T, mult * fs / tp, d, &gm);
-            gemm(in, pr, T, d, fs / tp, &gm);
+            gemm_time(in, pr, T, mult * fs / tp, d, &gm);
+            gemm_time(in, pr, T, d, fs / tp, &gm);
             elem += (mult + 1) * 2 * fs;
             qin += fs;
         }
@@ -136,7 +136,7 @@ static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *
         t->bwd += hbm_time(in, T * d * 2 * 3 / tp);
     }
     if (st->head) {
-        gemm(in, DW_RECIPE_BF16, T, V / tp, d, t); /* LM head kept in BF16 */
+        gemm_time(in, DW_RECIPE_BF16, T, V / tp, d, t); /* LM head kept in BF16 */
         t->fwd += hbm_time(in, T * (V / tp * 4 + 4 * d / tp));
         t->bwd += hbm_time(in, T * (V / tp * 4 + 6 * d / tp));
         if (par->tp > 1) {
@@ -146,9 +146,6 @@ static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *
     }
 }
 
-static const char *const rc_names[DW_RECOMPUTE_COUNT] = {"none", "selective", "full"};
-const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RECOMPUTE_COUNT) ? rc_names[r] : "?"; }
-const char *dw_sched_name(dw_sched s) { return s == DW_SCHED_INTERLEAVED ? "interleaved_1f1b" : "1f1b"; }
 
 static const char *const reject_names[DW_REJECT_COUNT] = {
 #define X(id, name) name,

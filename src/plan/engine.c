@@ -39,24 +39,6 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
     return true;
 }
 
-/* Sets in->engine_model / engine_why / graph_flops_per_token (called by dw_plan_in_init). */
-void dw_plan_engine_probe_model(dw_plan_in *in) {
-    in->engine_model = false;
-    in->engine_why[0] = 0;
-    in->graph_flops_per_token = 0;
-    if (in->experts > 0) {
-        snprintf(in->engine_why, sizeof in->engine_why, "mixture-of-experts layers: the engine runs dense "
-                 "models only");
-        return;
-    }
-    dw_graph *g = NULL;
-    if (dw_capture_config(NULL, in->cfg, 1, in->job.seq, &g) == DW_OK) {
-        in->engine_model = true;
-        in->graph_flops_per_token = dw_graph_model_flops_per_token(g);
-    } else snprintf(in->engine_why, sizeof in->engine_why, "the engine cannot build this model: %s", dw_errmsg(NULL));
-    dw_graph_free(g);
-}
-
 dw_status dw_plan_recipe_policy(dw_ctx *ctx, dw_recipe r, dw_policy **out) {
     return dw_policy_from_precision(ctx, dw_recipe_name(r), r != DW_RECIPE_BF16, out);
 }

@@ -1,5 +1,6 @@
 /* layout.c — layers → virtual pipeline stages, per-rank parameter shares and per-token
- * activation bytes (the memory side of the planner's model; formulas in docs/planner.md). */
+ * activation bytes (the memory side of the planner's model; formulas in docs/planner.md), and the
+ * names of a layout's recompute and schedule choices. */
 #include <string.h>
 
 #include "plan/layout.h"
@@ -112,3 +113,7 @@ void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vsta
         if (c->tie_embeddings && par->pp > 1) o->dense += pc.embed / tp;
     }
 }
+
+static const char *const rc_names[DW_RECOMPUTE_COUNT] = {"none", "selective", "full"};
+const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RECOMPUTE_COUNT) ? rc_names[r] : "?"; }
+const char *dw_sched_name(dw_sched s) { return s == DW_SCHED_INTERLEAVED ? "interleaved_1f1b" : "1f1b"; }

@@ -1,8 +1,11 @@
-/* model.c — parameter counts and model FLOPs of a transformer from its config, for the planner.
- * Closed forms over dw_model_config (dense or MoE); not a graph walk. Also job validation. */
+/* model.c — the planner's view of the model: job validation, parameter counts (closed forms over
+ * dw_model_config, dense or MoE) and model FLOPs per token (the captured graph's, from the op
+ * table, where capture builds the model; the closed form otherwise). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "capture/capture.h"
 #include "core/error.h"
 #include "plan/plan.h"
 
@@ -16,6 +19,25 @@ bool dw_plan_supports_recipe(int32_t recipe) {
 }
 
 static bool is_glu(const dw_model_config *c) { return c->act != DW_ACT_GELU_TANH; }
+
+/* Sets in->engine_model / engine_why / graph_flops_per_token: whether capture builds the model
+ * (then Deepwell's engine can run it on one GPU) and its FLOPs from the op table. */
+static void probe_engine_model(dw_plan_in *in) {
+    in->engine_model = false;
+    in->engine_why[0] = 0;
+    in->graph_flops_per_token = 0;
+    if (in->experts > 0) {
+        snprintf(in->engine_why, sizeof in->engine_why, "mixture-of-experts layers: the engine runs dense "
+                 "models only");
+        return;
+    }
+    dw_graph *g = NULL;
+    if (dw_capture_config(NULL, in->cfg, 1, in->job.seq, &g) == DW_OK) {
+        in->engine_model = true;
+        in->graph_flops_per_token = dw_graph_model_flops_per_token(g);
+    } else snprintf(in->engine_why, sizeof in->engine_why, "the engine cannot build this model: %s", dw_errmsg(NULL));
+    dw_graph_free(g);
+}
 
 dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *hw,
                           const dw_job *job, const dw_gemm_table *gemm, dw_plan_in *out) {
@@ -70,7 +92,7 @@ dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *
         if (fd > cfg->n_layers) fd = cfg->n_layers;
         out->moe_layers = cfg->n_layers - fd;
     }
-    dw_plan_engine_probe_model(out);
+    probe_engine_model(out);
     return DW_OK;
 }
 

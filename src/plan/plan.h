@@ -186,8 +186,6 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
  * one-GPU machine with in->engine_model it plans for the engine alone: configurations with
  * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
-/* Sets in->engine_model and engine_why (dw_plan_in_init calls it). */
-void dw_plan_engine_probe_model(dw_plan_in *in);
 /* The precision policy the engine runs a planned recipe with: "bf16"; a quantised recipe with
  * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
  * assumes. Caller dw_policy_free. */

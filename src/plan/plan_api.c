@@ -10,36 +10,7 @@
 #include "core/json.h"
 #include "core/sized.h"
 #include "plan/plan.h"
-
-/* What predictions are computed against. `in` points at cfg, hw and gemm of the same struct,
- * so an env is built in place and never moved. */
-typedef struct {
-    char *model;
-    dw_model_config cfg;
-    dw_hw *hw;
-    dw_gemm_table gemm;
-    bool has_gemm;
-    dw_plan_in in;
-} plan_env;
-
-struct dw_plan {
-    bool bound;          /* false: dw_plan_single's layout only, no env */
-    plan_env env;
-    dw_par par;
-    int64_t seq, global_batch;
-    dw_recipe recipe;
-    char summary[200];
-    int violations;      /* structural constraints broken (memory not counted) */
-    char why[2048];      /* one line each */
-    dw_plan_entry e;     /* memory and cost, when violations == 0 */
-    bool engine_ok;
-    char engine_why[400];
-};
-
-struct dw_plan_set {
-    plan_env env;
-    dw_plan_result r;
-};
+#include "plan/plan_handle.h"
 
 static const dw_plan_job JOB_DEFAULTS = {.size = sizeof(dw_plan_job), .recipe = DW_RECIPE_BF16, .top_k = 5};
 
@@ -345,20 +316,6 @@ static dw_status write_out(dw_ctx *ctx, const char *fn, void *out, const void *f
                                         : dw_set_error(ctx, DW_ERR_INVALID, "%s: out->size is 0 (set it to sizeof the struct)", fn);
 }
 #define WRITE_OUT(fn, out, full) write_out(NULL, fn, out, &(full), sizeof(full))
-
-dw_status dw_plan_get_layout(const dw_plan *p, dw_plan_layout *out) {
-    if (!p || !out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_layout: NULL argument");
-    const dw_par *q = &p->par;
-    dw_plan_layout l = {.size = sizeof l, .dp = q->dp, .tp = q->tp, .pp = q->pp, .cp = q->cp, .ep = q->ep,
-                        .vpp = q->vpp, .zero = q->zero, .recompute = (int)q->recompute, .offload = q->offload,
-                        .micro_batch = q->micro_batch, .seq = p->seq, .global_batch = p->global_batch,
-                        .recipe = (int32_t)p->recipe};
-    return WRITE_OUT("dw_plan_get_layout", out, l);
-}
-
-int dw_plan_world_size(const dw_plan *p) { return p ? p->par.dp * p->par.tp * p->par.pp * p->par.cp : 0; }
-
-const char *dw_plan_summary(const dw_plan *p) { return p ? p->summary : ""; }
 
 const char *dw_plan_schedule(const dw_plan *p) { return dw_sched_name(p ? p->par.sched : DW_SCHED_1F1B); }
 

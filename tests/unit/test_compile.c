@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "capture/capture.h"
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "gemm/gemm.h"
 #include "precision/policy.h"
 #include "testutil.h"

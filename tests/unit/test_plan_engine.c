@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "capture/capture.h"
-#include "compile/compile.h"
+#include "compile/passes.h"
 #include "test_plan_common.h"
 #include "testutil.h"
 

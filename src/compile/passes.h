@@ -1,10 +1,10 @@
-/* compile.h — private to compile/: the passes dw_compile runs, in order, each filling part of the
+/* passes.h — private to compile/: the passes dw_compile runs, in order, each filling part of the
  * program (program.h). bind.c: recipe and kernels per node; grads.c: how gradients are delivered
  * and shared; fuse.c: GELU into GEMM epilogues; params.c: parameter pools and BF16 copies;
  * op_parts.c: per-op saved and temporary sizes; arena.c: the activation arena; workspace.c: the
  * workspace pool; steps.c: the step list. Callers outside compile/ read program.h. */
-#ifndef DW_COMPILE_COMPILE_H
-#define DW_COMPILE_COMPILE_H
+#ifndef DW_COMPILE_PASSES_H
+#define DW_COMPILE_PASSES_H
 
 #include "compile/program.h"
 #include "deepwell.h"
@@ -25,4 +25,4 @@ void dw_compile_node_parts(const dw_compiled *c, int i, int64_t aux[DW_AUX_COUNT
 
 static inline int64_t dw_align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-#endif /* DW_COMPILE_COMPILE_H */
+#endif /* DW_COMPILE_PASSES_H */

@@ -1,0 +1,22 @@
+/* plan_handle.c — a plan's layout as deepwell.h hands it out: the degrees, micro-batch and
+ * memory options (dw_plan_get_layout), the GPUs it spans, its one-line summary. What dw_compile
+ * reads of a plan; nothing here predicts or checks (plan_api.c). */
+#include "core/error.h"
+#include "core/sized.h"
+#include "plan/plan_handle.h"
+
+dw_status dw_plan_get_layout(const dw_plan *p, dw_plan_layout *out) {
+    if (!p || !out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_layout: NULL argument");
+    const dw_par *q = &p->par;
+    dw_plan_layout l = {.size = sizeof l, .dp = q->dp, .tp = q->tp, .pp = q->pp, .cp = q->cp, .ep = q->ep,
+                        .vpp = q->vpp, .zero = q->zero, .recompute = (int)q->recompute, .offload = q->offload,
+                        .micro_batch = q->micro_batch, .seq = p->seq, .global_batch = p->global_batch,
+                        .recipe = (int32_t)p->recipe};
+    if (!dw_sized_write(out, &l, sizeof l))
+        return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_layout: out->size is 0 (set it to sizeof the struct)");
+    return DW_OK;
+}
+
+int dw_plan_world_size(const dw_plan *p) { return p ? p->par.dp * p->par.tp * p->par.pp * p->par.cp : 0; }
+
+const char *dw_plan_summary(const dw_plan *p) { return p ? p->summary : ""; }
