@@ -15,9 +15,18 @@
  *     (it sets size and every default), then change fields. The library reads only the first
  *     `size` bytes, taking defaults for fields a caller built against an older header lacks.
  *   - Threads: a dw_ctx and everything created from it (graphs, programs, engines) belong to one
- *     thread at a time. Process-wide state (the kernel registry, the GEMM autotune cache, the log
- *     level, the assert handler, the stop request) is written by the setters below, which are not
- *     synchronised: call them before other threads use the library.
+ *     thread at a time. Process-wide state, and who may touch it:
+ *       the GEMM kernel registry and autotune cache, the log level, the assert handler, the stop
+ *         request: written by the setters below (and the benchmarks), not synchronised: set them
+ *         before other threads use the library;
+ *       the CUDA attention path (DW_ATTN, read once): dw_train with `deterministic` switches it
+ *         to the deterministic kernels for the run's duration, so don't train deterministically
+ *         while another thread creates CUDA engines; engines keep the path they were created with
+ *         inside their recorded steps;
+ *       cuDNN (the library handle and its per-shape plans): created lazily behind a mutex, safe
+ *         from any thread; a plan is built at engine creation, never inside a step;
+ *       the environment (docs/environment.md): read (never written) where an option takes its
+ *         default, as in the _opts_init calls; don't change it while another thread does so.
  */
 #ifndef DEEPWELL_H
 #define DEEPWELL_H
