@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 build=${DW_BUILD_DIR:-}
 if [ -z "$build" ]; then
   scripts/deps.sh build
-  scripts/build.sh build
+  scripts/build.sh build -DDW_TESTS=OFF # the tests need cmocka, which only scripts/test.sh installs
   build=build
 fi
 dw=./$build/deepwell
