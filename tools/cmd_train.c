@@ -1,6 +1,7 @@
 /* cmd_train.c — `deepwell train`: flags -> a model opened for the device and precision
  * (dw_model_open: capture, compile, engine) and dw_train_opts; a live progress line on stderr,
- * samples on stdout, SIGINT handling (first: finish the step, checkpoint, exit 130; second: abort). */
+ * samples on stdout, stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1; first: finish the step,
+ * checkpoint, exit 128 + signal; second: abort). */
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -70,24 +71,36 @@ static void help(void) {
         "                         print the largest rows per op kind and per node role (forward\n"
         "                         and backward apart) and write them all to DIR/profile.json\n"
         "  -h, --help             this help\n\n"
-        "Ctrl-C (SIGINT) finishes the current step, writes a checkpoint and exits with status 130;\n"
-        "a second Ctrl-C aborts at once (the last complete checkpoint stays valid).\n");
+        "Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGUSR1 (Slurm's pre-emption warning) finish the\n"
+        "current step, write a checkpoint and exit with status 128 + the signal (130, 143, 129,\n"
+        "138); a second signal aborts at once (the last complete checkpoint stays valid).\n");
 }
 
+/* The signal that asked training to stop (0: none). SIGINT (Ctrl-C), SIGTERM (Slurm, Kubernetes,
+ * systemd, docker stop), SIGHUP (the terminal went away) and SIGUSR1 (Slurm's pre-emption
+ * warning) all finish the step, checkpoint and exit 128 + the signal; a second one aborts. */
 static volatile sig_atomic_t interrupted;
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
-static void on_sigint(int sig) {
-    if (interrupted) { /* second Ctrl-C: die now; checkpoints are written atomically */
+static void say(const char *msg, size_t n) { /* async-signal-safe */
+    ssize_t w = write(STDERR_FILENO, msg, n);
+    (void)w;
+}
+
+static void on_stop_signal(int sig) {
+    if (interrupted) { /* a second signal: die now; checkpoints are written atomically */
         signal(sig, SIG_DFL);
         raise(sig);
         return;
     }
-    interrupted = 1;
+    interrupted = sig;
     dw_train_request_stop();
-    static const char msg[] = "\ndeepwell train: interrupted: finishing this step and writing a "
-                              "checkpoint (Ctrl-C again aborts)\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)w;
+    static const char head[] = "\ndeepwell train: ", tail[] = ": interrupted: finishing this step and writing a "
+                                                             "checkpoint (a second signal aborts)\n";
+    const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "SIGUSR1";
+    say(head, sizeof head - 1);
+    say(name, strlen(name));
+    say(tail, sizeof tail - 1);
 }
 
 typedef struct {
@@ -268,17 +281,17 @@ int cmd_train(int argc, char **argv) {
     o.progress_user = &pr;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    for (size_t k = 0; k < sizeof stop_signals / sizeof stop_signals[0]; k++) sigaction(stop_signals[k], &sa, NULL);
     st = dw_train(dw_model_engine(m), &o);
-    signal(SIGINT, SIG_DFL);
+    for (size_t k = 0; k < sizeof stop_signals / sizeof stop_signals[0]; k++) signal(stop_signals[k], SIG_DFL);
     if (pr.open_line) fputc('\n', stderr);
     int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
     if (rc == DW_EXIT_OK && o.profile && !interrupted) rc = print_profile(ctx, o.out_dir);
     dw_model_free(m);
     dw_policy_free(pol);
     dw_ctx_free(ctx);
-    if (rc == DW_EXIT_OK && interrupted) return 130;
+    if (rc == DW_EXIT_OK && interrupted) return 128 + interrupted;
     return rc;
 }

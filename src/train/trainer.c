@@ -27,6 +27,7 @@
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/optim.h"
+#include "train/run_lock.h"
 #include "train/sample.h"
 
 _Static_assert((int)DW_LR_COSINE == (int)DW_SCHED_COSINE && (int)DW_LR_LINEAR == (int)DW_SCHED_LINEAR &&
@@ -329,7 +330,6 @@ static dw_status setup(run *r) {
         r->y = malloc((size_t)(o->batch * o->seq) * sizeof *r->y);
         if (!r->x || !r->y) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
-    if (st == DW_OK) st = mkdirs(ctx, o->out_dir);
     if (st == DW_OK) st = dw_metrics_open(ctx, o->out_dir, r->step, &r->metrics);
     if (st == DW_OK && cdir)
         DW_LOGI("resumed from %s at step %lld of %lld", cdir, (long long)r->step, (long long)o->steps);
@@ -443,7 +443,10 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
         DW_LOGI("deterministic: attention through the tensor-core kernels (DW_ATTN=mma)");
     }
 #endif
-    dw_status st = setup(&r);
+    int lock = -1; /* one run per directory, taken before anything in it is read or written */
+    dw_status st = mkdirs(ctx, o.out_dir);
+    if (st == DW_OK) st = dw_run_lock(ctx, o.out_dir, &lock);
+    if (st == DW_OK) st = setup(&r);
     if (st == DW_OK) st = loop(&r);
     if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested()) st = profile(&r);
     if (r.metrics) fclose(r.metrics);
@@ -452,6 +455,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     free(r.recipes_json);
     free(r.x);
     free(r.y);
+    dw_run_unlock(o.out_dir, lock);
 #if DW_HAVE_CUDA
     if (o.deterministic && dw_ctx_device(ctx) == DW_DEVICE_CUDA) dw_cuda_attention_use(NULL); /* DW_ATTN again */
 #endif

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_train.sh DEEPWELL — `deepwell train` / `deepwell sample` end to end on the CPU engine with a
 # small model: loss falls; resuming is bit-identical to an uninterrupted run (constant and cosine
-# schedules); SIGINT checkpoints and exits 130, a second SIGINT aborts without harming the last
-# checkpoint; damaged checkpoints and bad data are refused naming the file; flag errors;
+# schedules); SIGINT checkpoints and exits 130 (SIGTERM, SIGHUP, SIGUSR1: 128 + signal), a second
+# SIGINT aborts without harming the last checkpoint; one run per directory (a lock naming its
+# holder; a dead holder's lock taken over); damaged checkpoints and bad data are refused naming the file; flag errors;
 # checkpoints load as Hugging Face models (tests/python/train_ckpt_hf.py, needs python3-torch).
 set -u
 dw=$1
@@ -132,6 +133,48 @@ n=$(wc -l <"$tmp/int/metrics.jsonl")
 has "  ... message" "$tmp/err" "interrupted"
 "$dw" train "${common[@]}" --steps $((n + 2)) --resume "$tmp/int" --out "$tmp/int" >/dev/null 2>&1
 check "resume after SIGINT" 0 $?
+# SIGTERM (what Slurm, Kubernetes, systemd and docker stop send), SIGHUP and SIGUSR1 (Slurm's
+# pre-emption warning) do the same: finish the step, checkpoint, exit 128 + signal
+for sig in TERM:143 HUP:129 USR1:138; do
+  name=${sig%:*} want=${sig#*:}
+  rm -rf "$tmp/sig"
+  "$dw" train "${common[@]}" --steps 100000 --out "$tmp/sig" >/dev/null 2>"$tmp/err" &
+  pid=$!
+  wait_steps "$tmp/sig/metrics.jsonl" 2 || bad "training did not start ($name)"
+  kill -$name $pid
+  wait $pid; rc=$?
+  check "SIG$name: checkpoint and exit $want" $want $rc
+  m=$(wc -l <"$tmp/sig/metrics.jsonl")
+  [ "$(cat "$tmp/sig/latest" 2>/dev/null)" = "ckpt-$m" ] && ok "  ... checkpoint at the last finished step ($m)" ||
+    bad "SIG$name: latest '$(cat "$tmp/sig/latest" 2>/dev/null)' vs $m steps"
+  has "  ... message names SIG$name" "$tmp/err" "SIG$name: interrupted"
+done
+# --- one run per directory -------------------------------------------------------------------------
+rm -rf "$tmp/lock"
+"$dw" train "${common[@]}" --steps 100000 --out "$tmp/lock" >/dev/null 2>"$tmp/err1" &
+pid=$!
+wait_steps "$tmp/lock/metrics.jsonl" 2 || bad "training did not start (lock)"
+"$dw" train "${common[@]}" --steps 10 --out "$tmp/lock" >/dev/null 2>"$tmp/err"
+rc=$?
+[ $rc -ne 0 ] && ok "a second run into a busy --out is refused (exit $rc)" || bad "a second run into a busy --out: exit 0"
+has "  ... naming the holder" "$tmp/err" "in use by another training run" "pid $pid on host"
+"$dw" train "${common[@]}" --steps 100000 --resume "$tmp/lock" --out "$tmp/lock" >/dev/null 2>"$tmp/err"
+[ $? -ne 0 ] && ok "  ... and so is resuming it" || bad "resuming a busy run: exit 0"
+kill -INT $pid; wait $pid
+check "the first run was not disturbed" 130 $?
+[ ! -e "$tmp/lock/.deepwell.lock" ] && ok "its lock is gone when it ends" || bad "lock file left after the run"
+# a lock left by a process that has ended (kill -9: no cleanup) is taken over with a notice
+"$dw" train "${common[@]}" --steps 100000 --resume "$tmp/lock" --out "$tmp/lock" >/dev/null 2>&1 &
+pid=$!
+n=$(wc -l <"$tmp/lock/metrics.jsonl")
+wait_steps "$tmp/lock/metrics.jsonl" $((n + 1)) || bad "resumed training did not run (lock)"
+kill -KILL $pid; wait $pid 2>/dev/null
+[ -e "$tmp/lock/.deepwell.lock" ] && ok "kill -9 leaves the lock file" || bad "no lock file after kill -9"
+m=$(cat "$tmp/lock/latest"); m=${m#ckpt-}
+"$dw" train "${common[@]}" --steps $((m + 1)) --resume "$tmp/lock" --out "$tmp/lock" >/dev/null 2>"$tmp/err"
+check "a stale lock does not block the next run" 0 $?
+has "  ... which says it took it over" "$tmp/err" "taking over the run lock" "pid $pid on host"
+
 # a second SIGINT aborts at once; the last complete checkpoint stays loadable
 "$dw" train "${common[@]}" --steps 100000 --ckpt-every 1 --keep 2 --resume "$tmp/int" --out "$tmp/int" >/dev/null 2>&1 &
 pid=$!
