@@ -21,7 +21,7 @@ static void help(void) {
            "                          [--warmup N] [--vocab V] [--json] [--profile] [--config-out FILE]\n"
            "                          [--peak-tflops P]\n\n"
            "Times the CUDA engine's training step on device 0: zero_grad, forward_backward (loss read\n"
-           "back: one host sync) and dw_engine_adamw_step (lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0:\n"
+           "back: one host sync) and dw_engine_step (AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0:\n"
            "one more sync), on random tokens. The first two steps are warm-up (eager, then the CUDA\n"
            "graph capture); then N steps, each timed on the host clock (every step ends synchronised);\n"
            "the median is reported as ms/step and tokens/s (B*T / median). Device memory used by the\n"

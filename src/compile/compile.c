@@ -1,7 +1,8 @@
-/* compile.c — dw_compile: a graph, an optional plan and a precision policy become the program
- * (program.h) for a target: decisions per node (bind.c), gradient delivery (grads.c), fusion
- * (fuse.c), parameter pools (params.c), the activation arena (arena.c), the workspace
- * (workspace.c) and the step list (steps.c), in that order. Planning only: nothing here touches
+/* compile.c — dw_compile: a graph, an optional one-GPU plan and a precision policy become the
+ * program (program.h) for a target, in this order: decisions per node (bind.c), parameter pools
+ * (params.c), gradient delivery (grads.c), fusion (fuse.c), shared gradients (grads.c), BF16
+ * copies (params.c), the activation arena (arena.c), the workspace (workspace.c) and the step
+ * list (steps.c). Planning only: nothing here touches
  * a device, so a machine without a GPU compiles CUDA programs. The report is compile_report.c. */
 #include <stdio.h>
 #include <stdlib.h>
