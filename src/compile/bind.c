@@ -10,7 +10,7 @@
 
 #include "compile/passes.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "gemm/registry.h"
 
 bool dw_compile_quant_recipe(dw_recipe r) { return r != DW_RECIPE_BF16 && (int)r >= 0 && r < DW_RECIPE_COUNT; }
 dw_recipe dw_compile_quant_act_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK2D ? DW_RECIPE_FP8_BLOCK : r; }

@@ -11,7 +11,7 @@
 #include "compile/passes.h"
 #include "core/env.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "gemm/compute_capability.h"
 
 const char *dw_pool_name(dw_pool_id p) {
     static const char *names[DW_POOL_COUNT] = {"weights", "grads", "optimizer", "activations", "workspace"};

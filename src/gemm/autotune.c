@@ -9,7 +9,8 @@
 #include "core/env.h"
 #include "core/ctx.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "gemm/autotune.h"
+#include "gemm/compute_capability.h"
 #include "gemm/gemm_dev.h"
 
 #define TUNE_CAP 256

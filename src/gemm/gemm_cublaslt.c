@@ -9,7 +9,8 @@
 
 #include "core/ctx.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "formats/formats.h"
+#include "gemm/kernels.h"
 
 /* ---- eligibility: host code in every build (the compiler plans with it on any machine) ---- */
 static bool bf16_eligible(const dw_gemm_args *a, void *user, const char **why) {
@@ -420,29 +421,24 @@ static dw_status no_cuda_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
 #define dq_run no_cuda_run
 #endif /* DW_HAVE_CUDA */
 
-/* Registered in every build, so a CPU-only build plans CUDA programs with the same rules; their
- * run functions exist only with CUDA (a CPU context never selects them). */
-void dw_gemm_cublaslt_register(void) {
-    dw_kernel_desc d = {.op = DW_KOP_GEMM, .device = DW_DEVICE_CUDA, .run = lt_run};
-    d.name = "cublaslt_bf16";
-    d.recipe_a = d.recipe_b = DW_RECIPE_BF16;
-    d.sm_min = 80, d.sm_max = 129, d.priority = 10, d.eligible = bf16_eligible;
-    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-    d.name = "cublaslt_fp8_sm90";
-    d.recipe_a = d.recipe_b = -1;
-    d.sm_min = 90, d.sm_max = 90, d.priority = 10, d.eligible = fp8_eligible;
-    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-    /* Blackwell block scaling: compiled and selected on sm_100 only; never run on this project's
-     * H200s, so unverified on hardware (the 128x4 scale tiling is unit-tested on the CPU). */
+/* The same entries in every build, so a CPU-only build plans CUDA programs with the same rules;
+ * their run functions exist only with CUDA (a CPU context never selects them). */
+static const dw_kernel_desc lt_kernels[] = {
+    {.name = "cublaslt_bf16", .op = DW_KOP_GEMM, .recipe_a = DW_RECIPE_BF16, .recipe_b = DW_RECIPE_BF16,
+     .device = DW_DEVICE_CUDA, .sm_min = 80, .sm_max = 129, .priority = 10, .eligible = bf16_eligible, .run = lt_run},
+    {.name = "cublaslt_fp8_sm90", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
+     .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = 10, .eligible = fp8_eligible, .run = lt_run},
     /* Hopper (and Ampere): MX / NVFP4 numerics exactly through BF16 tensor cores; preferred on sm_90
      * over Deepwell's FP8-wgmma MXFP8 kernel, which is slower and whose FP8 accumulation keeps
      * only ~2^-13 relative precision per 32-chunk (docs/gemm.md has the measurements). */
-    d.name = "deepwell_mx_dequant_bf16";
-    d.run = dq_run;
-    d.sm_min = 80, d.sm_max = 99, d.priority = 40, d.eligible = dq_eligible;
-    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-    d.run = lt_run;
-    d.name = "cublaslt_blockscaled_sm100";
-    d.sm_min = 100, d.sm_max = 109, d.priority = 20, d.eligible = mx_eligible;
-    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
+    {.name = "deepwell_mx_dequant_bf16", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
+     .device = DW_DEVICE_CUDA, .sm_min = 80, .sm_max = 99, .priority = 40, .eligible = dq_eligible, .run = dq_run},
+    /* Blackwell block scaling: compiled and selected on sm_100 only; never run on this project's
+     * H200s, so unverified on hardware (the 128x4 scale tiling is unit-tested on the CPU). */
+    {.name = "cublaslt_blockscaled_sm100", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
+     .device = DW_DEVICE_CUDA, .sm_min = 100, .sm_max = 109, .priority = 20, .eligible = mx_eligible, .run = lt_run},
+};
+
+dw_kernel_table dw_gemm_cublaslt_kernels(void) {
+    return (dw_kernel_table){lt_kernels, (int)(sizeof lt_kernels / sizeof lt_kernels[0])};
 }

@@ -1,11 +1,12 @@
-/* gemm_fp8block.c — registry entries and host-side checks of Deepwell's own sm_90a FP8
- * block-scaled kernel (fp8block_sm90.cu): fp8_block / fp8_block2d operands, K-major, k % 128 == 0.
- * The variants (tile, persistence, partial buffers) are separate entries; docs/gemm.md ranks them. */
+/* gemm_fp8block.c — registry entries (a table, see kernels.h) and host-side checks of Deepwell's
+ * own sm_90a FP8 block-scaled kernel (fp8block_sm90.cu): fp8_block / fp8_block2d operands,
+ * K-major, k % 128 == 0. The variants (tile, persistence, partial buffers) are separate entries;
+ * docs/gemm.md ranks them. */
 #include <stdint.h>
 
 #include "core/ctx.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "gemm/kernels.h"
 
 static bool is_blk(int32_t r) { return r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D; }
 
@@ -45,22 +46,26 @@ static dw_status fb_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
 }
 #endif
 
-/* Registered in every build (the compiler plans CUDA programs with the predicates anywhere). */
-void dw_gemm_fp8block_sm90_register(void) {
-    enum { NV = 7 };
-    static int variants[NV] = {0, 1, 2, 3, 4, 5, 6};
-    static const char *names[NV] = {"deepwell_fp8block_sm90",      "deepwell_fp8block_sm90_3wg",
-                                    "deepwell_fp8block_sm90_mc",   "deepwell_fp8block_sm90_3wg_mc",
-                                    "deepwell_fp8block_sm90_pipe", "deepwell_fp8block_sm90_n192",
-                                    "deepwell_fp8block_sm90_n192_mc"};
-    /* all below cublaslt_fp8_sm90 (10), which measured faster at every shape (bench/RESULTS.md
-     * "Own FP8 block GEMM, session 4"); among themselves 3wg first (the longest-tested, within the
-     * run-to-run spread of the fastest at 8192^3), then the pipelined one, the multicast ones last */
-    static const int prio[NV] = {5, 8, 2, 3, 6, 1, 0};
-    for (int i = 0; i < NV; i++) {
-        dw_kernel_desc d = {.name = names[i], .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
-                            .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = prio[i],
-                            .eligible = fb_eligible, .run = fb_run, .user = &variants[i]};
-        DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-    }
+/* The same entries in every build (the compiler plans CUDA programs with the predicates anywhere);
+ * each variant passes its number (see gemm_cuda.h) in user.
+ * All below cublaslt_fp8_sm90 (10), which measured faster at every shape (bench/RESULTS.md
+ * "Own FP8 block GEMM, session 4"); among themselves 3wg first (the longest-tested, within the
+ * run-to-run spread of the fastest at 8192^3), then the pipelined one, the multicast ones last. */
+static int variants[] = {0, 1, 2, 3, 4, 5, 6};
+#define FB_SM90(nm, prio, var)                                                                              \
+    {.name = nm, .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1, .device = DW_DEVICE_CUDA, .sm_min = 90, \
+     .sm_max = 90, .priority = prio, .eligible = fb_eligible, .run = fb_run, .user = &variants[var]}
+static const dw_kernel_desc fb_kernels[] = {
+    FB_SM90("deepwell_fp8block_sm90", 5, 0),
+    FB_SM90("deepwell_fp8block_sm90_3wg", 8, 1),
+    FB_SM90("deepwell_fp8block_sm90_mc", 2, 2),
+    FB_SM90("deepwell_fp8block_sm90_3wg_mc", 3, 3),
+    FB_SM90("deepwell_fp8block_sm90_pipe", 6, 4),
+    FB_SM90("deepwell_fp8block_sm90_n192", 1, 5),
+    FB_SM90("deepwell_fp8block_sm90_n192_mc", 0, 6),
+};
+#undef FB_SM90
+
+dw_kernel_table dw_gemm_fp8block_sm90_kernels(void) {
+    return (dw_kernel_table){fb_kernels, (int)(sizeof fb_kernels / sizeof fb_kernels[0])};
 }

@@ -1,10 +1,11 @@
-/* gemm_mxfp8.c — registry entry and host-side checks of Deepwell's own sm_90a MXFP8 kernel
- * (mxfp8_sm90.cu): Blackwell MXFP8 numerics on Hopper's FP8 wgmma with per-32 promotion. */
+/* gemm_mxfp8.c — registry entries (a table, see kernels.h) and host-side checks of Deepwell's own
+ * sm_90a MXFP8 kernel (mxfp8_sm90.cu): Blackwell MXFP8 numerics on Hopper's FP8 wgmma with per-32
+ * promotion. Its K-major checks and epilogue fields are shared with gemm_fp8block.c. */
 #include <stdio.h>
 
 #include "core/ctx.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "gemm/kernels.h"
 
 static bool is_mx8(int32_t r) { return r == DW_RECIPE_MXFP8 || r == DW_RECIPE_MXFP8_E5M2; }
 
@@ -64,20 +65,19 @@ bool dw_gemm_sm90_own_eligible(const dw_gemm_args *a, int64_t kmul, const char *
     return true;
 }
 
-/* Registered in every build (the compiler plans CUDA programs with the predicates anywhere). */
-void dw_gemm_mxfp8_sm90_register(void) {
-    dw_kernel_desc d = {.name = "deepwell_mxfp8_wgmma_sm90", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
-                        .device = DW_DEVICE_CUDA, .sm_min = 90, .sm_max = 90, .priority = 30,
-                        .eligible = mx_sm90_eligible, .run = mx_sm90_run};
-    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-    /* variants (see gemm_cuda.h; docs/gemm.md has their measured speeds) */
-    static int v1 = 1, v2 = 2;
-    d.name = "deepwell_mxfp8_wgmma_sm90_db";
-    d.priority = 29;
-    d.user = &v1;
-    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
-    d.name = "deepwell_mxfp8_wgmma_sm90_3wg"; /* fastest of the three (docs/gemm.md) */
-    d.priority = 31;
-    d.user = &v2;
-    DW_ASSERT(dw_kernel_register(&d) == DW_OK);
+/* The same entries in every build (the compiler plans CUDA programs with the predicates anywhere);
+ * variants (see gemm_cuda.h; docs/gemm.md has their measured speeds) pass theirs in user. */
+static int variant_db = 1, variant_3wg = 2;
+#define MX_SM90(nm, prio, var)                                                                              \
+    {.name = nm, .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1, .device = DW_DEVICE_CUDA, .sm_min = 90, \
+     .sm_max = 90, .priority = prio, .eligible = mx_sm90_eligible, .run = mx_sm90_run, .user = var}
+static const dw_kernel_desc mx_kernels[] = {
+    MX_SM90("deepwell_mxfp8_wgmma_sm90", 30, NULL),
+    MX_SM90("deepwell_mxfp8_wgmma_sm90_db", 29, &variant_db),
+    MX_SM90("deepwell_mxfp8_wgmma_sm90_3wg", 31, &variant_3wg), /* fastest of the three (docs/gemm.md) */
+};
+#undef MX_SM90
+
+dw_kernel_table dw_gemm_mxfp8_sm90_kernels(void) {
+    return (dw_kernel_table){mx_kernels, (int)(sizeof mx_kernels / sizeof mx_kernels[0])};
 }

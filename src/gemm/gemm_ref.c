@@ -5,7 +5,22 @@
 #include <stdlib.h>
 
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "formats/formats.h"
+#include "gemm/gemm_args.h"
+#include "gemm/kernels.h"
+
+/* GELU, tanh approximation, in double. */
+static double gelu_tanh(double x) {
+    const double k = 0.7978845608028654; /* sqrt(2/pi) */
+    return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+/* d/dx of gelu_tanh. */
+static double gelu_tanh_grad(double x) {
+    const double k = 0.7978845608028654; /* sqrt(2/pi) */
+    const double u = k * (x + 0.044715 * x * x * x), t = tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
 
 static double load_out(const void *p, int32_t type, int64_t i) {
     if (type == DW_GEMM_OUT_BF16) return dw_decode_bf16(((const uint16_t *)p)[i]);
@@ -46,8 +61,8 @@ dw_status dw_gemm_ref_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
             if (a->beta != 0.0f) v += (double)a->beta * load_out(a->c, a->out_type, i * n + j);
             if (epi & DW_EPI_BIAS) v += load_out(a->bias, a->out_type, j);
             if (epi & DW_EPI_GELU_AUX) store_out(a->aux, a->out_type, i * n + j, v);
-            if (epi & DW_EPI_GELU) v = dw_gelu_tanh(v);
-            if (epi & DW_EPI_DGELU) v *= dw_gelu_tanh_grad(load_out(a->aux, a->out_type, i * n + j));
+            if (epi & DW_EPI_GELU) v = gelu_tanh(v);
+            if (epi & DW_EPI_DGELU) v *= gelu_tanh_grad(load_out(a->aux, a->out_type, i * n + j));
             store_out(a->d, a->out_type, i * n + j, v);
         }
         if (epi & DW_EPI_BGRAD) {
@@ -61,19 +76,11 @@ dw_status dw_gemm_ref_run(dw_ctx *ctx, const dw_gemm_args *a, void *user) {
     return DW_OK;
 }
 
-void dw_gemm_register_builtins(void) {
-    dw_kernel_desc d = {
-        .name = "cpu_reference",
-        .op = DW_KOP_GEMM,
-        .recipe_a = -1,
-        .recipe_b = -1,
-        .device = DW_DEVICE_CPU,
-        .priority = 0,
-        .run = dw_gemm_ref_run,
-    };
-    dw_status s = dw_kernel_register(&d);
-    DW_ASSERT(s == DW_OK);
-    dw_gemm_cublaslt_register();
-    dw_gemm_mxfp8_sm90_register();
-    dw_gemm_fp8block_sm90_register();
+static const dw_kernel_desc ref_kernels[] = {
+    {.name = "cpu_reference", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1, .device = DW_DEVICE_CPU,
+     .priority = 0, .run = dw_gemm_ref_run},
+};
+
+dw_kernel_table dw_gemm_ref_kernels(void) {
+    return (dw_kernel_table){ref_kernels, (int)(sizeof ref_kernels / sizeof ref_kernels[0])};
 }

@@ -7,7 +7,11 @@
 
 #include "core/ctx.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
+#include "gemm/autotune.h"
+#include "gemm/builtins.h"
+#include "gemm/compute_capability.h"
+#include "gemm/gemm_args.h"
+#include "gemm/registry.h"
 
 #define DW_REGISTRY_CAP 256
 #define DW_KNAME_CAP 64
@@ -21,10 +25,16 @@ static entry g_table[DW_REGISTRY_CAP];
 static int g_count;
 static bool g_builtins;
 
+/* Adds the built-in kernels (builtins.c) before the first use of the table. */
 static void ensure_builtins(void) {
     if (g_builtins) return;
     g_builtins = true;
-    dw_gemm_register_builtins();
+    const dw_kernel_desc *builtin[DW_REGISTRY_CAP];
+    int n = dw_gemm_builtin_kernels(builtin, DW_REGISTRY_CAP);
+    for (int i = 0; i < n; i++) {
+        dw_status s = dw_kernel_register(builtin[i]);
+        DW_ASSERT(s == DW_OK);
+    }
 }
 
 static int find(const char *name) {

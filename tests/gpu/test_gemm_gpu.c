@@ -14,7 +14,8 @@
 #include <string.h>
 
 #include "deepwell.h"
-#include "gemm/gemm.h"
+#include "gemm/compute_capability.h"
+#include "gemm/gemm_args.h"
 #include "../unit/test_gemm_util.h"
 #include "testutil.h"
 

@@ -21,7 +21,7 @@
 
 #include "capture/capture.h"
 #include "compile/passes.h"
-#include "gemm/gemm.h"
+#include "gemm/compute_capability.h"
 #include "precision/policy.h"
 #include "testutil.h"
 

@@ -13,7 +13,8 @@
 #include <string.h>
 
 #include "deepwell.h"
-#include "gemm/gemm.h"
+#include "gemm/gemm_args.h"
+#include "gemm/kernels.h"
 #include "test_gemm_util.h"
 #include "testutil.h"
 

@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_check.h"
-#include "gemm/gemm.h"
+#include "gemm/compute_capability.h"
 #include "kernels/cuda/attn_packed.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
