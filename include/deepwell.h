@@ -517,8 +517,8 @@ DW_API dw_status dw_gemm_explain(dw_ctx *ctx, const dw_gemm_args *args, char **o
 /* ---- kernel registry ----------------------------------------------------------------------
  * Entries: op, recipes, device and arch range, a shape/alignment predicate, a priority and the
  * function. Selection keeps the entries whose fields match and whose predicate accepts, then
- * takes the highest priority (ties: the earliest registered). Built-in kernels register
- * themselves; users add theirs with dw_kernel_register. */
+ * takes the highest priority (ties: the earliest registered). The built-in kernels are registered
+ * on first use (src/gemm/builtins.c lists them); users add theirs with dw_kernel_register. */
 typedef enum { DW_KOP_GEMM = 0 } dw_kernel_op;
 
 /* Returns true when the kernel can run args; otherwise false and *why (static text). */

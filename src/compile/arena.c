@@ -65,7 +65,7 @@ static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int
     if (dw_op_flags(g->nodes[p].op) & DW_OPF_READS_OUT) *vlast = dw_compile_bwd_time(c, p);
     for (int i = p + 1; i < nn; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        const int flags = dw_op_flags(n->op);
+        const unsigned flags = dw_op_flags(n->op);
         for (int s = 0; s < n->n_in; s++) {
             if (n->in[s] != t) continue;
             int f = dw_compile_fwd_time(c, i), b = dw_compile_bwd_time(c, i);
@@ -114,10 +114,10 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
         int vfirst, vlast, gfirst;
         bool no_grad, over = grad_over_value(c, t);
         value_life(c, t, &vfirst, &vlast, &gfirst, &no_grad);
-        int64_t bytes = dw_ir_numel(ten) * c->act_size;
+        int64_t bytes = dw_ir_numel(ten) * dw_compile_elem_bytes(c, t);
         vitem[t] = add_item(&l, bytes, vfirst, vlast, DW_BUF_VALUE, t);
         if (vitem[t] < 0) goto nomem;
-        if (!over && gfirst <= last_time && !no_grad) { /* lifetime; the item once per alias root */
+        if (!over && gfirst <= last_time && !no_grad && dw_compile_has_grad(g, t)) { /* lifetime; the item once per alias root */
             const int r = grad_root(c, t), glast = dw_compile_bwd_time(c, ten->producer);
             if (gfirst < gf[r]) gf[r] = gfirst;
             if (glast > gl[r]) gl[r] = glast;

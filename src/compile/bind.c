@@ -26,7 +26,7 @@ void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int6
 
 void dw_compile_linear_dims(const dw_compiled *c, int i, int64_t *N, int64_t *K, int64_t *M) {
     const dw_ir_node *n = &c->g->nodes[i];
-    const dw_ir_tensor *x = &c->g->tensors[n->in[0]], *y = &c->g->tensors[n->out];
+    const dw_ir_tensor *x = &c->g->tensors[n->in[0]], *y = &c->g->tensors[n->out[0]];
     *N = c->g->batch * c->g->seq;
     *K = x->shape[x->ndim - 1];
     *M = y->shape[y->ndim - 1];

@@ -43,7 +43,7 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
             c->node[i].partner_fwd = L;
             c->node[L].partner_fwd = i;
         }
-        int slot = -1, P = sole_consumer(g, n->out, &slot);
+        int slot = -1, P = sole_consumer(g, n->out[0], &slot);
         if (bf16_linear(c, P) && slot == 0 && c->node[P].grad_mode[0] == DW_GRAD_WRITE &&
             c->node[i].grad_mode[0] == DW_GRAD_WRITE && width(g, in) % 8 == 0) {
             c->node[i].fused |= DW_FUSED_BWD;

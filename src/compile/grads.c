@@ -14,10 +14,10 @@ dw_status dw_compile_grad_modes(dw_ctx *ctx, dw_compiled *c) {
     if (!written) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         const dw_ir_node *n = &g->nodes[i];
-        const int flags = dw_op_flags(n->op);
+        const unsigned flags = dw_op_flags(n->op);
         for (int s = 0; s < n->n_in; s++) {
             int t = n->in[s];
-            if (g->tensors[t].kind != DW_TENSOR_ACT) continue;
+            if (g->tensors[t].kind != DW_TENSOR_ACT || !dw_compile_has_grad(g, t)) continue;
             c->node[i].grad_mode[s] = !written[t]                   ? DW_GRAD_WRITE
                                       : (flags & DW_OPF_ACC_IN(s)) ? DW_GRAD_ACCUM
                                                                     : DW_GRAD_ACCUM_TMP;
@@ -48,7 +48,7 @@ dw_status dw_compile_grad_alias(dw_ctx *ctx, dw_compiled *c) {
     for (int t = 0; t < g->n_tensors; t++) c->tensor[t].grad_alias = t;
     for (int p = g->n_nodes - 1; p >= 0; p--) {
         const dw_ir_node *n = &g->nodes[p];
-        if (!DW_OP_IS(n, DW_OPF_GRAD_COPY) || n->n_in != 2 || n->out == g->logits) continue;
+        if (!DW_OP_IS(n, DW_OPF_GRAD_COPY) || n->n_in != 2 || n->out[0] == g->logits) continue;
         const int a = n->in[0], b = n->in[1];
         if (a == b || g->tensors[a].kind != DW_TENSOR_ACT || g->tensors[b].kind != DW_TENSOR_ACT) continue;
         const bool wa = c->node[p].grad_mode[0] == DW_GRAD_WRITE, wb = c->node[p].grad_mode[1] == DW_GRAD_WRITE;
@@ -64,7 +64,7 @@ dw_status dw_compile_grad_alias(dw_ctx *ctx, dw_compiled *c) {
             for (int s = 0; s < m->n_in; s++)
                 if (m->in[s] == a && i != p && i >= pb) share_b = false;
         }
-        const int root = grad_root(c, n->out);
+        const int root = grad_root(c, n->out[0]);
         if (wa) c->tensor[a].grad_alias = root;
         if (share_b) c->tensor[b].grad_alias = root;
     }

@@ -21,13 +21,13 @@ static void parts_rope(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_layernorm(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     const int64_t N = rows_of(c->g);
     AUX(DW_AUX_STAT0) = AUX(DW_AUX_STAT1) = N * 4;
-    TMP(DW_TMP_DELTA) = (int64_t)dw_cuda_norm_bwd_ws_bytes(N, width_of(c->g, n->out));
+    TMP(DW_TMP_DELTA) = (int64_t)dw_cuda_norm_bwd_ws_bytes(N, width_of(c->g, n->out[0]));
 }
 /* rmsnorm: rstd (N) FP32; DELTA as layernorm */
 static void parts_rmsnorm(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     const int64_t N = rows_of(c->g);
     AUX(DW_AUX_STAT0) = N * 4;
-    TMP(DW_TMP_DELTA) = (int64_t)dw_cuda_norm_bwd_ws_bytes(N, width_of(c->g, n->out));
+    TMP(DW_TMP_DELTA) = (int64_t)dw_cuda_norm_bwd_ws_bytes(N, width_of(c->g, n->out[0]));
 }
 static void parts_linear(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_gelu(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
@@ -46,6 +46,7 @@ static void parts_attention(const dw_compiled *c, const dw_ir_node *n, int64_t *
         AUX(DW_AUX_K) = AUX(DW_AUX_V) = TMP(DW_TMP_GK) = TMP(DW_TMP_GV) = N * a->kv_heads * a->head_dim * as;
     }
 }
+static void parts_moe_router(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {} /* recomputes scores */
 /* cross-entropy: the loss reduction's scratch (dw_cuda_cross_entropy_ws_bytes: 16 + N * 4) */
 static void parts_cross_entropy(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     TMP(DW_TMP_XENT) = 16 + rows_of(c->g) * 4;
@@ -53,7 +54,7 @@ static void parts_cross_entropy(const dw_compiled *c, const dw_ir_node *n, int64
 
 typedef void (*parts_fn)(const dw_compiled *, const dw_ir_node *, int64_t *);
 static const parts_fn rules[] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) parts_##name,
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) parts_##name,
 #include "ir/ops.def"
 #undef DW_OP
 };

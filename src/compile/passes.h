@@ -25,4 +25,13 @@ void dw_compile_node_parts(const dw_compiled *c, int i, int64_t aux[DW_AUX_COUNT
 
 static inline int64_t dw_align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
+/* Whether tensor t can have a gradient: floating point (indices, counts and tokens have none). */
+static inline bool dw_compile_has_grad(const dw_graph *g, int t) { return g->tensors[t].dtype != DW_IR_I32; }
+
+/* Bytes of one element of activation t in program c: int32 data 4, floating point the program's
+ * activation size (FP32 or BF16). */
+static inline int64_t dw_compile_elem_bytes(const dw_compiled *c, int t) {
+    return c->g->tensors[t].dtype == DW_IR_I32 ? 4 : c->act_size;
+}
+
 #endif /* DW_COMPILE_PASSES_H */

@@ -68,13 +68,13 @@ typedef struct {
 /* Per-node parts of the activation pool (byte offsets; -1: none).
  * Saved for backward (aux): STAT0 = layernorm mean / rmsnorm rstd / attention lse (FP32),
  * STAT1 = layernorm rstd, Q/K/V = a packed qkv unpacked to (B,T,H,D), (B,T,Hkv,D) (act dtype).
- * Temporaries of the backward step (btmp): ACC0..2 = an input gradient to be added into an
+ * Temporaries of the backward step (btmp): ACC<s> = input s's gradient to be added into an
  * already written one (act dtype, the input's size), DELTA = norm backward partial sums /
  * attention's (B,H,T) FP32 scratch, GQ/GK/GV = packed attention's unpacked gradients.
  * Temporary of the forward step (ftmp): XENT = cross-entropy workspace. */
 enum { DW_AUX_STAT0 = 0, DW_AUX_STAT1, DW_AUX_Q, DW_AUX_K, DW_AUX_V, DW_AUX_COUNT };
-enum { DW_TMP_ACC0 = 0, DW_TMP_ACC1, DW_TMP_ACC2, DW_TMP_DELTA, DW_TMP_GQ, DW_TMP_GK, DW_TMP_GV,
-       DW_TMP_XENT, DW_TMP_COUNT };
+enum { DW_TMP_ACC0 = 0, /* ACC<s> = DW_TMP_ACC0 + s, one per input slot */
+       DW_TMP_DELTA = DW_TMP_ACC0 + DW_IR_MAX_INPUTS, DW_TMP_GQ, DW_TMP_GK, DW_TMP_GV, DW_TMP_XENT, DW_TMP_COUNT };
 
 /* How a node's backward delivers the gradient of input slot s: not at all (a token input or a
  * parameter, whose gradient the op accumulates itself), written (first writer in the backward

@@ -81,7 +81,7 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
     int64_t widest = 0; /* biased linear layers' output width */
     for (int i = 0; c->bf16 && i < c->g->n_nodes; i++) {
         const dw_ir_node *n = &c->g->nodes[i];
-        const dw_ir_tensor *y = &c->g->tensors[n->out];
+        const dw_ir_tensor *y = &c->g->tensors[n->out[0]];
         if (DW_OP_IS(n, DW_OPF_GEMM) && n->n_in == 3 && y->shape[y->ndim - 1] > widest) widest = y->shape[y->ndim - 1];
     }
     w->bgrad = widest ? o : -1, o = dw_align_up(o + widest * 4, 256);

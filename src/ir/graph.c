@@ -73,31 +73,53 @@ int dw_graph_add_tensor(dw_graph *g, const char *name, dw_tensor_kind kind, dw_i
     return g->n_tensors++;
 }
 
-int dw_graph_add_node(dw_ctx *ctx, dw_graph *g, dw_op op, const char *name, const int *in,
-                      int n_in, const dw_ir_attrs *attrs, const char *out_name) {
+dw_status dw_graph_add_node_outs(dw_ctx *ctx, dw_graph *g, dw_op op, const char *name, const int *in, int n_in,
+                                 const dw_ir_attrs *attrs, const char *const *out_names, int *outs) {
     DW_ASSERT(n_in >= 0 && n_in <= DW_IR_MAX_INPUTS);
-    if (!grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes, sizeof *g->nodes) ||
-        !grow((void **)&g->tensors, &g->cap_tensors, g->n_tensors, sizeof *g->tensors)) {
-        dw_set_error(ctx, DW_ERR_NOMEM, "graph: out of memory adding node '%s'", name);
-        return -1;
-    }
-    dw_ir_node n = {.op = op, .n_in = n_in, .out = -1, .block = g->cur_block};
+    const int n_out = dw_op_outputs(op);
+    if (n_out < 1 || n_out > DW_IR_MAX_OUTPUTS)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "graph: node '%s': unknown op %d", name, (int)op);
+    if (!grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes, sizeof *g->nodes))
+        return dw_set_error(ctx, DW_ERR_NOMEM, "graph: out of memory adding node '%s'", name);
+    dw_ir_node n = {.op = op, .n_in = n_in, .n_out = n_out, .block = g->cur_block};
     for (int i = 0; i < n_in; i++) n.in[i] = in[i];
+    for (int k = 0; k < DW_IR_MAX_OUTPUTS; k++) n.out[k] = -1;
     if (attrs) n.attrs = *attrs;
     n.name = (char *)name; /* borrowed for inference messages */
-    dw_ir_tensor out;
-    if (dw_ir_infer(ctx, g, &n, &out) != DW_OK) return -1;
-    int t = dw_graph_add_tensor(g, out_name, DW_TENSOR_ACT, out.dtype, out.ndim, out.shape);
+    dw_ir_tensor o[DW_IR_MAX_OUTPUTS];
+    DW_TRY(dw_ir_infer(ctx, g, &n, o));
+    for (int k = 0; k < n_out; k++) { /* every name new, before anything is added */
+        if (!out_names[k] || dw_graph_find_tensor(g, out_names[k]) >= 0)
+            return dw_ir_node_error(ctx, &n, "output name '%s' is %s", out_names[k] ? out_names[k] : "(null)",
+                                    out_names[k] ? "already used" : "missing");
+        for (int j = 0; j < k; j++)
+            if (!strcmp(out_names[j], out_names[k]))
+                return dw_ir_node_error(ctx, &n, "output name '%s' is given twice", out_names[k]);
+    }
     n.name = strdup(name);
-    if (t < 0 || !n.name) {
-        free(n.name);
-        dw_set_error(ctx, DW_ERR_NOMEM, "graph: out of memory adding node '%s'", name);
+    if (!n.name) return dw_set_error(ctx, DW_ERR_NOMEM, "graph: out of memory adding node '%s'", name);
+    for (int k = 0; k < n_out; k++) {
+        const int t = dw_graph_add_tensor(g, out_names[k], DW_TENSOR_ACT, o[k].dtype, o[k].ndim, o[k].shape);
+        if (t < 0) {
+            free(n.name);
+            return dw_set_error(ctx, DW_ERR_NOMEM, "graph: out of memory adding node '%s'", name);
+        }
+        g->tensors[t].producer = g->n_nodes;
+        n.out[k] = outs[k] = t;
+    }
+    g->nodes[g->n_nodes++] = n;
+    return DW_OK;
+}
+
+int dw_graph_add_node(dw_ctx *ctx, dw_graph *g, dw_op op, const char *name, const int *in,
+                      int n_in, const dw_ir_attrs *attrs, const char *out_name) {
+    if (dw_op_outputs(op) != 1) {
+        dw_set_error(ctx, DW_ERR_FORMAT, "graph: node '%s': op %s has %d outputs (dw_graph_add_node_outs)", name,
+                     dw_op_name(op), dw_op_outputs(op));
         return -1;
     }
-    g->tensors[t].producer = g->n_nodes;
-    n.out = t;
-    g->nodes[g->n_nodes++] = n;
-    return t;
+    int t = -1;
+    return dw_graph_add_node_outs(ctx, g, op, name, in, n_in, attrs, &out_name, &t) == DW_OK ? t : -1;
 }
 
 int dw_graph_find_tensor(const dw_graph *g, const char *name) {

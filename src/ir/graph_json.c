@@ -22,6 +22,11 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.head_dim) json_object_set_new(a, "head_dim", json_integer(n->attrs.head_dim));
     if (n->attrs.eps) json_object_set_new(a, "eps", json_real(n->attrs.eps));
     if (n->attrs.theta) json_object_set_new(a, "theta", json_real(n->attrs.theta));
+    if (n->attrs.top_k) {
+        json_object_set_new(a, "top_k", json_integer(n->attrs.top_k));
+        json_object_set_new(a, "score", json_string(n->attrs.score == DW_ROUTER_SIGMOID ? "sigmoid" : "softmax"));
+        json_object_set_new(a, "norm_topk", json_boolean(n->attrs.norm_topk));
+    }
     return a;
 }
 
@@ -72,16 +77,29 @@ json_t *dw_graph_json(const dw_graph *g) {
     json_t *ns = json_array();
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        const dw_ir_tensor *o = &g->tensors[n->out];
+        const dw_ir_tensor *o = &g->tensors[n->out[0]];
         json_t *jn = json_object(), *in = json_array();
         json_object_set_new(jn, "name", json_string(n->name));
         json_object_set_new(jn, "op", json_string(dw_op_name(n->op)));
         if (n->block >= 0) json_object_set_new(jn, "block", json_integer(n->block));
         for (int k = 0; k < n->n_in; k++) json_array_append_new(in, json_string(g->tensors[n->in[k]].name));
         json_object_set_new(jn, "inputs", in);
-        json_object_set_new(jn, "output", json_string(o->name));
-        json_object_set_new(jn, "dtype", json_string(dw_ir_dtype_name(o->dtype)));
-        json_object_set_new(jn, "shape", shape_json(o));
+        if (n->n_out == 1) { /* the common case: "output", "dtype", "shape" */
+            json_object_set_new(jn, "output", json_string(o->name));
+            json_object_set_new(jn, "dtype", json_string(dw_ir_dtype_name(o->dtype)));
+            json_object_set_new(jn, "shape", shape_json(o));
+        } else { /* "outputs": [{name, dtype, shape}, ...] */
+            json_t *outs = json_array();
+            for (int k = 0; k < n->n_out; k++) {
+                const dw_ir_tensor *ok = &g->tensors[n->out[k]];
+                json_t *jo = json_object();
+                json_object_set_new(jo, "name", json_string(ok->name));
+                json_object_set_new(jo, "dtype", json_string(dw_ir_dtype_name(ok->dtype)));
+                json_object_set_new(jo, "shape", shape_json(ok));
+                json_array_append_new(outs, jo);
+            }
+            json_object_set_new(jn, "outputs", outs);
+        }
         json_object_set_new(jn, "attrs", attrs_json(n));
         double f, b;
         dw_ir_flops(g, n, &f, &b);
@@ -148,14 +166,39 @@ static dw_status read_tensors(dw_ctx *ctx, dw_graph *g, const json_t *ts, const 
     return DW_OK;
 }
 
+/* A node's outputs: "output" with "shape" (one-output ops) or "outputs": [{name, shape}, ...]
+ * (as many as the op has); names into names[], the shape objects into shapes[]. */
+static dw_status read_outputs(dw_ctx *ctx, const json_t *o, const char *what, const char *name, dw_op op,
+                              const char **names, const json_t **shapes) {
+    const int n_out = dw_op_outputs(op);
+    const json_t *outs = json_object_get(o, "outputs");
+    if (n_out == 1 && !outs) {
+        DW_TRY(dw_json_get_str(ctx, o, "output", what, &names[0]));
+        shapes[0] = o;
+        return DW_OK;
+    }
+    if (!json_is_array(outs) || json_array_size(outs) != (size_t)n_out)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': field 'outputs': expected an array of %d objects (op %s)",
+                            what, name, n_out, dw_op_name(op));
+    for (int k = 0; k < n_out; k++) {
+        const json_t *jo = json_array_get(outs, (size_t)k);
+        if (!json_is_object(jo))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': outputs[%d]: expected an object", what, name, k);
+        DW_TRY(dw_json_get_str(ctx, jo, "name", what, &names[k]));
+        shapes[k] = jo;
+    }
+    return DW_OK;
+}
+
 static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char *what) {
-    const char *name, *opname, *out;
+    const char *name, *opname, *out[DW_IR_MAX_OUTPUTS];
+    const json_t *shape_of[DW_IR_MAX_OUTPUTS];
     DW_TRY(dw_json_get_str(ctx, o, "name", what, &name));
     DW_TRY(dw_json_get_str(ctx, o, "op", what, &opname));
-    DW_TRY(dw_json_get_str(ctx, o, "output", what, &out));
     dw_op op;
     if (!dw_op_parse(opname, &op))
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': unknown op '%s'", what, name, opname);
+    DW_TRY(read_outputs(ctx, o, what, name, op, out, shape_of));
     const json_t *in = json_object_get(o, "inputs");
     if (!json_is_array(in) || json_array_size(in) > DW_IR_MAX_INPUTS)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': field 'inputs': expected an array "
@@ -174,7 +217,7 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     const struct {
         const char *k;
         int64_t *dst;
-    } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}};
+    } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}, {"top_k", &a.top_k}};
     for (size_t k = 0; ja && k < sizeof ints / sizeof ints[0]; k++) {
         v = 0;
         DW_TRY(dw_json_get_int_opt(ctx, ja, ints[k].k, what, &v));
@@ -182,26 +225,37 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     }
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "eps", what, &a.eps));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "theta", what, &a.theta));
-    if (dw_graph_find_tensor(g, out) >= 0)
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': output name '%s' is already used",
-                            what, name, out);
+    if (ja) DW_TRY(dw_json_get_bool_opt(ctx, ja, "norm_topk", what, &a.norm_topk));
+    const char *score = "softmax";
+    if (ja) DW_TRY(dw_json_get_str_opt(ctx, ja, "score", what, &score));
+    if (strcmp(score, "softmax") && strcmp(score, "sigmoid"))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.score '%s' is neither softmax nor sigmoid",
+                            what, name, score);
+    a.score = strcmp(score, "sigmoid") ? DW_ROUTER_SOFTMAX : DW_ROUTER_SIGMOID;
+    for (int k = 0; k < dw_op_outputs(op); k++)
+        if (dw_graph_find_tensor(g, out[k]) >= 0)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': output name '%s' is already used",
+                                what, name, out[k]);
     long long block = -1;
     DW_TRY(dw_json_get_int_opt(ctx, o, "block", what, &block));
     if (block < -1 || block >= g->model.n_blocks)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': field 'block': %lld is not in [-1, %lld)",
                             what, name, block, (long long)g->model.n_blocks);
     dw_graph_set_block(g, (int)block);
-    int t = dw_graph_add_node(ctx, g, op, name, idx, (int)json_array_size(in), &a, out);
-    if (t < 0) return dw_prefix_error(ctx, DW_ERR_FORMAT, "%s", what);
-    int ndim;
-    int64_t shape[DW_IR_MAX_DIMS];
-    DW_TRY(read_shape(ctx, o, what, name, &ndim, shape));
-    const dw_ir_tensor *ot = &g->tensors[t];
-    bool same = ndim == ot->ndim;
-    for (int d = 0; same && d < ndim; d++) same = shape[d] == ot->shape[d];
-    if (!same)
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s' (%s): recorded output shape differs "
-                            "from the one its inputs give", what, name, opname);
+    int t[DW_IR_MAX_OUTPUTS];
+    if (dw_graph_add_node_outs(ctx, g, op, name, idx, (int)json_array_size(in), &a, out, t) != DW_OK)
+        return dw_prefix_error(ctx, DW_ERR_FORMAT, "%s", what);
+    for (int k = 0; k < dw_op_outputs(op); k++) {
+        int ndim;
+        int64_t shape[DW_IR_MAX_DIMS];
+        DW_TRY(read_shape(ctx, shape_of[k], what, name, &ndim, shape));
+        const dw_ir_tensor *ot = &g->tensors[t[k]];
+        bool same = ndim == ot->ndim;
+        for (int d = 0; same && d < ndim; d++) same = shape[d] == ot->shape[d];
+        if (!same)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s' (%s): recorded shape of output '%s' differs "
+                                "from the one its inputs give", what, name, opname, out[k]);
+    }
     return DW_OK;
 }
 

@@ -16,29 +16,31 @@
 
 #include "deepwell.h"
 
-/* Op flags (ops.def's flags column). */
+/* Op flags (ops.def's flags column). Per input slot s (s < DW_IR_MAX_INPUTS): READS_IN(s), the
+ * backward reads input s's value (so it lives until then); ACC_IN(s), the backward can add into
+ * input s's gradient instead of writing it. */
+#define DW_OPF_READS_IN(s) (1u << (s))
+#define DW_OPF_ACC_IN(s) (1u << (8 + (s)))
 enum {
-    DW_OPF_READS_IN0 = 1 << 0,    /* backward reads input 0's value (so it lives until then) */
-    DW_OPF_READS_IN1 = 1 << 1,
-    DW_OPF_READS_IN2 = 1 << 2,
-    DW_OPF_READS_OUT = 1 << 3,    /* backward reads the output value */
-    DW_OPF_ACC_IN0 = 1 << 4,      /* backward can add into input 0's gradient instead of writing */
-    DW_OPF_ACC_IN1 = 1 << 5,
-    DW_OPF_ACC_IN2 = 1 << 6,
-    DW_OPF_DX0_OVER_X0 = 1 << 7,  /* backward writes input 0's gradient over its value */
-    DW_OPF_BWD_IN_FWD = 1 << 8,   /* a training step's forward does the backward too */
-    DW_OPF_GEMM = 1 << 9,         /* a GEMM the policy binds a recipe to; input 1: weight (M,K) */
-    DW_OPF_EPILOGUE = 1 << 10,    /* elementwise, applied by the GEMM epilogues GELU_AUX / DGELU */
-    DW_OPF_GRAD_COPY = 1 << 11,   /* backward hands dy unchanged to every input */
-    DW_OPF_FLASH = 1 << 12,       /* fused compute-bound kernel with library state per shape */
+    DW_OPF_READS_IN0 = DW_OPF_READS_IN(0),
+    DW_OPF_READS_IN1 = DW_OPF_READS_IN(1),
+    DW_OPF_READS_IN2 = DW_OPF_READS_IN(2),
+    DW_OPF_ACC_IN0 = DW_OPF_ACC_IN(0),
+    DW_OPF_ACC_IN1 = DW_OPF_ACC_IN(1),
+    DW_OPF_ACC_IN2 = DW_OPF_ACC_IN(2),
+    DW_OPF_READS_OUT = 1u << 16,  /* backward reads the output values (every output) */
+    DW_OPF_DX0_OVER_X0 = 1u << 17, /* backward writes input 0's gradient over its value */
+    DW_OPF_BWD_IN_FWD = 1u << 18, /* a training step's forward does the backward too */
+    DW_OPF_GEMM = 1u << 19,       /* a GEMM the policy binds a recipe to; input 1: weight (M,K) */
+    DW_OPF_EPILOGUE = 1u << 20,   /* elementwise, applied by the GEMM epilogues GELU_AUX / DGELU */
+    DW_OPF_GRAD_COPY = 1u << 21,  /* backward hands dy unchanged to every input */
+    DW_OPF_FLASH = 1u << 22,      /* fused compute-bound kernel with library state per shape */
 };
 /* Whether node n's op has flag f. */
 #define DW_OP_IS(n, f) ((dw_op_flags((n)->op) & (f)) != 0)
-#define DW_OPF_READS_IN(s) (DW_OPF_READS_IN0 << (s))
-#define DW_OPF_ACC_IN(s) (DW_OPF_ACC_IN0 << (s))
 
 typedef enum {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) DW_OP_##ID,
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) DW_OP_##ID,
 #include "ir/ops.def"
 #undef DW_OP
     DW_OP_COUNT
@@ -47,7 +49,8 @@ typedef enum {
 const char *dw_op_name(dw_op op);         /* "linear"; "?" out of range */
 bool dw_op_parse(const char *name, dw_op *out);
 const char *dw_op_summary(dw_op op);
-int dw_op_flags(dw_op op);               /* DW_OPF_* */
+unsigned dw_op_flags(dw_op op);          /* DW_OPF_* */
+int dw_op_outputs(dw_op op);             /* outputs of every node of the op (ops.def's outs) */
 /* Whether a backend implements op (ops.def's cpu / cuda columns); device is a dw_device_kind. */
 bool dw_op_on_backend(dw_op op, int device);
 
@@ -59,7 +62,8 @@ typedef enum { DW_TENSOR_INPUT = 0, DW_TENSOR_PARAM, DW_TENSOR_ACT, DW_TENSOR_KI
 const char *dw_tensor_kind_name(dw_tensor_kind k); /* "input", "param", "act" */
 
 #define DW_IR_MAX_DIMS 4
-#define DW_IR_MAX_INPUTS 3
+#define DW_IR_MAX_INPUTS 8  /* the flags hold 8 slots */
+#define DW_IR_MAX_OUTPUTS 4
 
 /* How a parameter starts (the architecture's reference initialisation, set by capture). */
 typedef enum { DW_INIT_NORMAL = 0, DW_INIT_ONES, DW_INIT_ZEROS } dw_init_kind;
@@ -83,14 +87,21 @@ typedef struct {
     int64_t heads, kv_heads, head_dim; /* rope, attention */
     double eps;                        /* layernorm, rmsnorm */
     double theta;                      /* rope */
+    int64_t top_k;                     /* moe_router: experts per token */
+    int32_t score;                     /* moe_router: dw_router_score */
+    bool norm_topk;                    /* moe_router: the K weights renormalised to sum 1 */
 } dw_ir_attrs;
+
+/* How a router scores experts (attrs.score). */
+typedef enum { DW_ROUTER_SOFTMAX = 0, DW_ROUTER_SIGMOID = 1 } dw_router_score;
+#define DW_ROUTER_MAX_EXPERTS 4096 /* beyond any released model (DeepSeek-V3: 256) */
 
 typedef struct {
     dw_op op;
     char *name;           /* "model.layers.3.mlp.down_proj", "transformer.h.0.attn" */
-    int n_in;
-    int in[DW_IR_MAX_INPUTS]; /* tensor indices */
-    int out;                  /* tensor index */
+    int n_in, n_out;
+    int in[DW_IR_MAX_INPUTS];   /* tensor indices */
+    int out[DW_IR_MAX_OUTPUTS]; /* tensor indices; out[0] the main output (the one most ops have) */
     int block;                /* transformer block (0..n_blocks-1), -1 outside the blocks */
     dw_ir_attrs attrs;
 } dw_ir_node;
@@ -126,10 +137,14 @@ dw_graph *dw_graph_new(const dw_graph_model *model, int64_t batch, int64_t seq);
 void dw_graph_set_block(dw_graph *g, int b);
 int dw_graph_add_tensor(dw_graph *g, const char *name, dw_tensor_kind kind, dw_ir_dtype dtype,
                         int ndim, const int64_t *shape);
-/* Adds a node computing a new activation `out_name` from `in`; its shape comes from inference.
- * Returns the output tensor index or -1 (message on ctx naming the node). */
+/* Adds a node of a one-output op computing a new activation `out_name` from `in`; its shape
+ * comes from inference. Returns the output tensor index or -1 (message on ctx naming the node). */
 int dw_graph_add_node(dw_ctx *ctx, dw_graph *g, dw_op op, const char *name, const int *in,
                       int n_in, const dw_ir_attrs *attrs, const char *out_name);
+/* The same for any op: dw_op_outputs(op) new activations named out_names[k], their indices in
+ * outs[k]. */
+dw_status dw_graph_add_node_outs(dw_ctx *ctx, dw_graph *g, dw_op op, const char *name, const int *in, int n_in,
+                                 const dw_ir_attrs *attrs, const char *const *out_names, int *outs);
 int dw_graph_find_tensor(const dw_graph *g, const char *name); /* -1 if absent */
 
 /* Records "node 'NAME' (op): message" as a DW_ERR_FORMAT error on ctx and returns it. */
@@ -137,7 +152,8 @@ dw_status dw_ir_node_error(dw_ctx *ctx, const dw_ir_node *n, const char *fmt, ..
     __attribute__((format(printf, 3, 4)));
 /* "(2,64,768)" into buf. */
 void dw_ir_shape_str(const dw_ir_tensor *t, char *buf, size_t cap);
-/* Shape/dtype inference of one node's output from its inputs and attributes. */
+/* Shape/dtype inference of one node's outputs (out[0..dw_op_outputs(op))) from its inputs and
+ * attributes. */
 dw_status dw_ir_infer(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *out);
 /* Checks the whole graph: indices, topological order, every node's inferred output equals the
  * stored one, unique names. Errors name the node or tensor. */

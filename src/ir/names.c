@@ -6,29 +6,31 @@
 #include "ir/ir.h"
 
 static const char *const op_names[] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) #name,
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) #name,
 #include "ir/ops.def"
 #undef DW_OP
 };
 static const char *const op_summaries[] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) summary,
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) summary,
 #include "ir/ops.def"
 #undef DW_OP
 };
 static const struct {
-    int flags;
+    unsigned flags;
+    int outs;
     bool cpu, cuda;
 } op_facts[] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {flags, cpu, cuda},
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) {flags, outs, cpu, cuda},
 #include "ir/ops.def"
 #undef DW_OP
 };
 _Static_assert(sizeof op_names / sizeof op_names[0] == DW_OP_COUNT, "op name table vs ops.def");
-_Static_assert(DW_OP_COUNT == 12, "ops.def changed: update the op tests and docs/ir.md");
+_Static_assert(DW_OP_COUNT == 13, "ops.def changed: update the op tests and docs/ir.md");
 
 const char *dw_op_name(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_names[op] : "?"; }
 const char *dw_op_summary(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_summaries[op] : "?"; }
-int dw_op_flags(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_facts[op].flags : 0; }
+unsigned dw_op_flags(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_facts[op].flags : 0; }
+int dw_op_outputs(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_facts[op].outs : 0; }
 bool dw_op_on_backend(dw_op op, int device) {
     if ((unsigned)op >= DW_OP_COUNT) return false;
     return device == DW_DEVICE_CPU ? op_facts[op].cpu : device == DW_DEVICE_CUDA ? op_facts[op].cuda : false;

@@ -65,13 +65,19 @@ static void flops_attention(const dw_graph *g, const dw_ir_node *n, bool palm, d
     *f = 4 * pairs * D + soft;
     *b = 8 * pairs * D + soft;
 }
+/* moe_router: scores (exp, sum, divide), K selection passes over E, the weights; backward the
+ * score gradient. Elementwise in PaLM's convention (0). */
+static void flops_moe_router(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    const double K = (double)n->attrs.top_k;
+    ELEMENTWISE(4 + K, 6, dw_ir_numel(IN(0)));
+}
 static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(4, 3, dw_ir_numel(IN(0)));
 }
 
 /* ---- memory traffic: activation elements read or written, forward / backward, as the engine's
  * kernels run them (linear, attention: 0, their traffic is the planner's GEMM and flash models) */
-#define OUT (&g->tensors[n->out])
+#define OUT (&g->tensors[n->out[0]])
 #define PASSES(fwd, bwd, numel)                                                                      \
     do {                                                                                             \
         const double e_ = (double)(numel);                                                           \
@@ -107,6 +113,11 @@ static void passes_add(const dw_graph *g, const dw_ir_node *n, double *f, double
     PASSES(3, 4, dw_ir_numel(OUT)); /* bwd: dy to both inputs (copy or accumulate) */
 }
 static void passes_attention(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { PASSES(0, 0, 0); }
+static void passes_moe_router(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    const double NE = (double)dw_ir_numel(IN(0)), NK = (double)dw_ir_numel(OUT);
+    *f = NE + 2 * NK; /* logits in; weights, experts out */
+    *b = 2 * NE + 2 * NK; /* logits, experts, dweights in; dlogits out */
+}
 static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     PASSES(3, 0, dw_ir_numel(IN(0))); /* fused: logits read twice, dlogits written in place */
 }
@@ -117,7 +128,7 @@ static const struct {
     flops_fn flops;
     passes_fn passes;
 } ops[] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {flops_##name, passes_##name},
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) {flops_##name, passes_##name},
 #include "ir/ops.def"
 #undef DW_OP
 };

@@ -176,6 +176,25 @@ static dw_status infer_attention(dw_ctx *ctx, const dw_graph *g, const dw_ir_nod
     return DW_OK;
 }
 
+/* moe_router: logits (B,T,E) -> weights (B,T,K) and experts (B,T,K) i32 */
+static dw_status infer_moe_router(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    const dw_ir_attrs *a = &n->attrs;
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    const int64_t E = last(IN(0));
+    if (E > DW_ROUTER_MAX_EXPERTS)
+        return dw_ir_node_error(ctx, n, "%lld experts; at most %d", (long long)E, DW_ROUTER_MAX_EXPERTS);
+    if (a->top_k < 1 || a->top_k > E)
+        return dw_ir_node_error(ctx, n, "top_k %lld must be in [1, %lld] (the experts)", (long long)a->top_k,
+                                (long long)E);
+    if (a->score != DW_ROUTER_SOFTMAX && a->score != DW_ROUTER_SIGMOID)
+        return dw_ir_node_error(ctx, n, "score %d is neither softmax (0) nor sigmoid (1)", (int)a->score);
+    like(g, n, 0, &o[0]);
+    o[0].shape[2] = a->top_k;
+    o[1] = o[0];
+    o[1].dtype = DW_IR_I32;
+    return DW_OK;
+}
+
 static dw_status infer_cross_entropy(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n,
                                      dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
@@ -187,20 +206,21 @@ static dw_status infer_cross_entropy(dw_ctx *ctx, const dw_graph *g, const dw_ir
     return DW_OK;
 }
 
+/* infer_<name> fills out[0 .. the op's outputs). */
 typedef dw_status (*infer_fn)(dw_ctx *, const dw_graph *, const dw_ir_node *, dw_ir_tensor *);
 static const struct {
     infer_fn infer;
     int min_in, max_in;
 } ops[] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) {infer_##name, min_in, max_in},
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) {infer_##name, min_in, max_in},
 #include "ir/ops.def"
 #undef DW_OP
 };
 _Static_assert(sizeof ops / sizeof ops[0] == DW_OP_COUNT, "op table vs ops.def");
 
 dw_status dw_ir_infer(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *out) {
-    memset(out, 0, sizeof *out);
     if ((unsigned)n->op >= DW_OP_COUNT) return dw_ir_node_error(ctx, n, "unknown op %d", (int)n->op);
+    memset(out, 0, (size_t)dw_op_outputs(n->op) * sizeof *out);
     if (n->n_in < ops[n->op].min_in || n->n_in > ops[n->op].max_in)
         return dw_ir_node_error(ctx, n, "has %d inputs; takes %d to %d", n->n_in, ops[n->op].min_in,
                    ops[n->op].max_in);
@@ -209,4 +229,3 @@ dw_status dw_ir_infer(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir
             return dw_ir_node_error(ctx, n, "input %d refers to tensor %d of %d", i, n->in[i], g->n_tensors);
     return ops[n->op].infer(ctx, g, n, out);
 }
-

@@ -26,7 +26,8 @@ dw_status dw_graph_print(dw_ctx *ctx, const dw_graph *g, char **out) {
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
         dw_strbuf_printf(&b, "%-5d %-42s %-14s ", i, n->name, dw_op_name(n->op));
-        shape(&b, &g->tensors[n->out]);
+        shape(&b, &g->tensors[n->out[0]]);
+        for (int k = 1; k < n->n_out; k++) dw_strbuf_printf(&b, "+ %s ", g->tensors[n->out[k]].name);
         for (int k = 0; k < n->n_in; k++) dw_strbuf_printf(&b, "%s%s", k ? ", " : "", g->tensors[n->in[k]].name);
         dw_strbuf_printf(&b, "\n");
         double f, bb;

@@ -143,7 +143,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     dw_recipe prev_ra = DW_RECIPE_BF16;
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
-        const dw_ir_tensor *y = &g->tensors[n->out];
+        const dw_ir_tensor *y = &g->tensors[n->out[0]];
         if (DW_OP_IS(n, DW_OPF_GEMM)) {
             kf += 1, kb += 2; /* fprop | dgrad, wgrad */
             const dw_ir_tensor *x = &g->tensors[n->in[0]];

@@ -42,7 +42,8 @@ typedef struct {
     float *pgrad[DW_IR_MAX_INPUTS]; /* parameters: the FP32 gradient (ops accumulate into it) */
     void *dx[DW_IR_MAX_INPUTS];   /* activations: where the input gradient goes; NULL: not needed */
     bool dx_acc[DW_IR_MAX_INPUTS]; /* add into dx instead of writing it */
-    void *out, *dout;             /* the output value and its gradient (NULL when it has none) */
+    void *out[DW_IR_MAX_OUTPUTS];  /* the output values (out[0] the main one; the node's n_out) */
+    void *dout[DW_IR_MAX_OUTPUTS]; /* their gradients (NULL when one has none) */
     void *aux[DW_AUX_COUNT];      /* saved for backward (NULL: none) */
     void *tmp[DW_TMP_COUNT];      /* scratch of this step (NULL: none) */
     /* fusion (program.h DW_FUSED_*): a linear doing a GELU's forward writes GELU(y) to fuse_out;

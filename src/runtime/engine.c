@@ -209,6 +209,15 @@ dw_status dw_engine_read_value(dw_engine *e, int t, float *out) {
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: tensor %d has no value in the program", t);
     const int64_t n = e->x->b * e->x->t * pt->width;
     const void *src = e->x->act + pt->val_off;
+    if (e->g->tensors[t].dtype == DW_IR_I32) { /* int32 data (router experts), exact as floats below 2^24 */
+        DW_TRY(e->be->i->download(e->be, out, src, (size_t)n * 4));
+        for (int64_t i = 0; i < n; i++) {
+            int32_t v;
+            memcpy(&v, &out[i], 4);
+            out[i] = (float)v;
+        }
+        return DW_OK;
+    }
     if (!e->p->bf16) return e->be->i->download(e->be, out, src, (size_t)n * sizeof(float));
     uint16_t *h = (uint16_t *)out + n; /* BF16 codes into the upper halves, widened from the start */
     DW_TRY(e->be->i->download(e->be, h, src, (size_t)n * 2));

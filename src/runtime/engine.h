@@ -26,8 +26,8 @@ dw_status dw_engine_refresh(dw_engine *e);
 dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T);
 
 /* Tests and debugging: activation tensor t's value (rows b x t of the current batch) as FP32 into
- * out (rows * width floats); DW_ERR_INVALID when the program keeps no value for t. Valid right
- * after the step that wrote it (the arena reuses memory). */
+ * out (rows * width floats; int32 tensors converted); DW_ERR_INVALID when the program keeps no
+ * value for t. Valid right after the step that wrote it (the arena reuses memory). */
 dw_status dw_engine_read_value(dw_engine *e, int t, float *out);
 
 /* Profiling: one eager training step of (tokens, targets) with a timer between every step of the

@@ -119,13 +119,16 @@ static void resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_
             }
         }
     }
-    c->out = n->out == g->loss ? x->work + p->work.loss : at(x->act, p->tensor[n->out].val_off);
-    c->dout = grad_of(x, n->out);
+    for (int k = 0; k < n->n_out; k++) { /* the loss lives in the workspace */
+        const int t = n->out[k];
+        c->out[k] = t == g->loss ? x->work + p->work.loss : at(x->act, p->tensor[t].val_off);
+        c->dout[k] = grad_of(x, t);
+    }
     for (int k = 0; k < DW_AUX_COUNT; k++) c->aux[k] = at(x->act, pn->aux_off[k]);
     for (int k = 0; k < DW_TMP_COUNT; k++) c->tmp[k] = at(x->act, pn->tmp_off[k]);
     const bool gemm = DW_OP_IS(n, DW_OPF_GEMM); /* its partners: the epilogue ops (compile/fuse.c) */
     if (gemm && pn->partner_fwd >= 0)
-        c->fuse_out = at(x->act, p->tensor[g->nodes[pn->partner_fwd].out].val_off);
+        c->fuse_out = at(x->act, p->tensor[g->nodes[pn->partner_fwd].out[0]].val_off);
     if (gemm && pn->partner_bwd >= 0) {
         const int pre = g->nodes[pn->partner_bwd].in[0]; /* the GELU's input */
         c->fuse_x = at(x->act, p->tensor[pre].val_off);

@@ -194,6 +194,48 @@ dw_graph *dw_test_shared_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_
     return g;
 }
 
+dw_graph *dw_test_router_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r, int score, bool renorm,
+                               bool gemm_sizes, int *node_router) {
+    int64_t C = 2 * rnd_in(r, 2, 6), V = rnd_in(r, 10, 30), E = rnd_in(r, 3, 9), K = rnd_in(r, 1, E);
+    if (gemm_sizes) C = 8 * rnd_in(r, 1, 3), V = 8 * rnd_in(r, 2, 5), E = 8 * rnd_in(r, 2, 3), K = 8;
+    dw_graph_model model = {.model_type = "custom", .n_blocks = 1, .vocab = V, .max_seq = seq};
+    snprintf(model.summary, sizeof model.summary, "router: width %lld, %lld experts, top %lld", (long long)C,
+             (long long)E, (long long)K);
+    dw_graph *g = dw_graph_new(&model, batch, seq);
+    if (!g) return NULL;
+    const int64_t bt[2] = {batch, seq}, vc[2] = {V, C}, ec[2] = {E, C}, ck[2] = {C, K};
+    g->tokens = dw_graph_add_tensor(g, "tokens", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    g->targets = dw_graph_add_tensor(g, "targets", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    const int wte = dw_graph_add_tensor(g, "wte.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, vc);
+    const int gate = dw_graph_add_tensor(g, "gate.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, ec);
+    const int up = dw_graph_add_tensor(g, "up.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, ck);
+    const int head = dw_graph_add_tensor(g, "head.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, vc);
+    const dw_ir_attrs ra = {.top_k = K, .score = score, .norm_topk = renorm};
+    int in[2] = {g->tokens, wte}, ro[2] = {-1, -1};
+    const int x = dw_graph_add_node(ctx, g, DW_OP_EMBEDDING, "emb", in, 2, NULL, "x");
+    in[0] = x, in[1] = gate;
+    const int z = dw_graph_add_node(ctx, g, DW_OP_LINEAR, "gate", in, 2, NULL, "z");
+    if (node_router) *node_router = g->n_nodes;
+    in[0] = z;
+    const char *const names[2] = {"w", "experts"};
+    dw_status st = z < 0 ? DW_ERR_INVALID : dw_graph_add_node_outs(ctx, g, DW_OP_MOE_ROUTER, "router", in, 1, &ra,
+                                                                    names, ro);
+    in[0] = ro[0], in[1] = up;
+    const int y = st == DW_OK ? dw_graph_add_node(ctx, g, DW_OP_LINEAR, "up", in, 2, NULL, "y") : -1;
+    in[0] = x, in[1] = y;
+    const int s = y < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_ADD, "add", in, 2, NULL, "s");
+    in[0] = s, in[1] = head;
+    g->logits = s < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_LINEAR, "head", in, 2, NULL, "logits");
+    in[0] = g->logits, in[1] = g->targets;
+    g->loss = g->logits < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_CROSS_ENTROPY, "loss", in, 2, NULL, "loss");
+    if (x < 0 || g->loss < 0 || dw_graph_verify(ctx, g) != DW_OK) {
+        fprintf(stderr, "dw_test_router_graph: %s\n", dw_errmsg(ctx));
+        dw_graph_free(g);
+        return NULL;
+    }
+    return g;
+}
+
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq) {
     dw_graph *h = NULL;
     char *dir = dw_test_tmpdir(), *cfg = dir ? dw_test_path(dir, "config.json") : NULL;

@@ -57,6 +57,16 @@ dw_graph *dw_test_small_graph(dw_ctx *ctx, const char *preset, int64_t batch, in
 dw_graph *dw_test_shared_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r, int *node_gelu,
                                int *node_swiglu);
 
+/* A hand-built graph around a two-output node, the MoE router (E experts, top K):
+ *   x = emb(tokens, wte); z = linear(x, gate); (w, experts) = moe_router(z);
+ *   s = x + linear(w, up); logits = linear(s, head); loss = cross_entropy(logits, targets)
+ * with random small sizes from r (C even, E 3..9, K 1..E; with gemm_sizes, sizes cuBLASLt's BF16
+ * GEMMs take: C, V multiples of 8, E 16 or 24, K 8), score 0 softmax / 1 sigmoid, renorm as given,
+ * for batch x seq; the experts (int32) have no reader. *node_router (may be NULL) gets the
+ * router's node index. NULL with the message printed on failure. */
+dw_graph *dw_test_router_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r, int score, bool renorm,
+                               bool gemm_sizes, int *node_router);
+
 /* A second graph of g's configuration (captured again from its config.json) at batch x seq (0:
  * g's). NULL with the message printed on failure. */
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq);

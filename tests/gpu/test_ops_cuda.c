@@ -1,5 +1,5 @@
 /* test_ops_cuda.c — CUDA ops against the CPU reference (kernels/cpu): elementwise, norms,
- * embeddings, positions, rope, linear, argument validation. Fresh random inputs, odd sizes,
+ * embeddings, positions, rope, linear, the MoE router, argument validation. Fresh random inputs, odd sizes,
  * outputs poisoned with NaN, guard bands around every buffer, FP32 and BF16 activations.
  * Attention and cross-entropy: test_ops_cuda_attn.c. Needs a GPU (ctest label "gpu").
  *
@@ -370,6 +370,68 @@ static void test_linear(void **state) {
 }
 
 /* ---- argument validation: bad shapes are refused with DW_ERR_INVALID, nothing launched ------ */
+/* ---- MoE router -------------------------------------------------------------------------------
+ * The experts must equal the CPU's exactly (both select by the stored logits; ties in BF16 go to
+ * the lower expert on both sides); weights and dlogits within the elementwise tolerances. */
+static int64_t run_router(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, int score, int renorm, bool ties) {
+    char name[128];
+    snprintf(name, sizeof name, "moe_router[%s %s%s N=%lld E=%lld K=%lld]", dw_gc_dtname(dt),
+             score ? "sigmoid" : "softmax", renorm ? " renorm" : "", (long long)N, (long long)E, (long long)K);
+    int64_t bad = 0;
+    dw_gt *z = dw_gt_new("logits", N * E, dt);
+    dw_oc_fill(&g_rng, z->host, N * E, -4, 4);
+    if (ties)
+        for (int64_t n = 0; n < N && E > 1; n++) z->host[n * E + E - 1] = z->host[n * E + (n % (E - 1))];
+    dw_gt_upload(z);
+    dw_gt *g = dw_gt_rand(&g_rng, "dweights", N * K, dt, -1, 1);
+    dw_gt *w = dw_gt_out("weights", N * K, dt), *ix = dw_gt_out("experts", N * K, DW_ACT_F32);
+    dw_gt *dz = dw_gt_out("dlogits", N * E, dt), *dz0 = dw_gt_out("dlogits(no dw)", N * E, dt);
+    float *ww = dw_oc_alloc(N * K), *wdz = dw_oc_alloc(N * E), *zeros = dw_oc_alloc(N * E);
+    int32_t *widx = malloc((size_t)(N * K) * 4), *gidx = malloc((size_t)(N * K) * 4);
+    dw_cpu_moe_router_fwd(ww, widx, z->host, N, E, K, score, renorm);
+    dw_cpu_moe_router_bwd(wdz, g->host, z->host, widx, N, E, K, score, renorm);
+    for (int64_t i = 0; i < N * E; i++) zeros[i] = 0.0f;
+    DW_GC_OK(bad, name, dw_cuda_moe_router_fwd(NULL, dt, w->dev, (int32_t *)ix->dev, z->dev, N, E, K, score, renorm, dw_gc_stream));
+    DW_GC_OK(bad, name, dw_cuda_moe_router_bwd(NULL, dt, dz->dev, g->dev, z->dev, (const int32_t *)ix->dev, N, E, K, score, renorm,
+                                               dw_gc_stream));
+    DW_GC_OK(bad, name, dw_cuda_moe_router_bwd(NULL, dt, dz0->dev, NULL, z->dev, (const int32_t *)ix->dev, N, E, K, score, renorm,
+                                               dw_gc_stream));
+    DW_GC_SYNC();
+    DW_GC_CUDA(cudaMemcpy(gidx, ix->dev, (size_t)(N * K) * 4, cudaMemcpyDeviceToHost));
+    if (memcmp(gidx, widx, (size_t)(N * K) * 4)) {
+        bad++;
+        for (int64_t i = 0; i < N * K; i++)
+            if (gidx[i] != widx[i]) {
+                printf("MISMATCH %s experts[%lld]: gpu %d cpu %d\n", name, (long long)i, gidx[i], widx[i]);
+                break;
+            }
+    }
+    const dw_gc_tol t = dw_gc_pick(dt, 1e-6, 1e-5);
+    DW_GC_CMP(bad, name, w, ww, t);
+    DW_GC_CMP(bad, name, dz, wdz, dw_gc_pick(dt, 1e-5, 1e-4));
+    const dw_gc_tol exact = {0, 0, 0};
+    DW_GC_CMP(bad, name, dz0, zeros, exact);
+    if (!dw_gc_guards_ok(name)) bad++;
+    dw_gc_free_all();
+    free(ww), free(wdz), free(zeros), free(widx), free(gidx);
+    return bad;
+}
+
+static void test_router(void **state) {
+    (void)state;
+    int64_t bad = 0;
+    for (int d = 0; d < 2; d++)
+        for (int score = 0; score < 2; score++)
+            for (int renorm = 0; renorm < 2; renorm++) {
+                bad += run_router(DTS[d], 1 + (int64_t)(dw_test_next(&g_rng) % 300), 8, 2, score, renorm, false);
+                bad += run_router(DTS[d], 37, 64, 8, score, renorm, true);   /* 64 experts over two lane passes */
+                bad += run_router(DTS[d], 5, 3, 3, score, renorm, false);    /* every expert */
+                bad += run_router(DTS[d], 9, 1, 1, score, renorm, false);
+                bad += run_router(DTS[d], 3, 257, 40, score, renorm, true);  /* odd E, large K */
+            }
+    assert_int_equal(bad, 0);
+}
+
 static void test_validation(void **state) {
     (void)state;
     float *p = NULL;
@@ -395,7 +457,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_norms),
         cmocka_unit_test(test_embeddings),  cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_linear),      cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_linear),      cmocka_unit_test(test_router),
+        cmocka_unit_test(test_validation),
     };
     return cmocka_run_group_tests(tests, setup, dw_gc_fini);
 }

@@ -133,7 +133,7 @@ static void check_steps(const dw_graph *g, const dw_compiled *c) {
         if (c->node[i].fused & DW_FUSED_FWD) {
             const int L = c->node[i].partner_fwd;
             assert_int_equal(g->nodes[i].op, DW_OP_GELU);
-            assert_true(L >= 0 && L < i && g->nodes[L].op == DW_OP_LINEAR && g->nodes[L].out == g->nodes[i].in[0]);
+            assert_true(L >= 0 && L < i && g->nodes[L].op == DW_OP_LINEAR && g->nodes[L].out[0] == g->nodes[i].in[0]);
             assert_int_equal(c->node[L].partner_fwd, i);
             continue;
         }
@@ -257,19 +257,19 @@ static void check_liveness(const dw_graph *g, const dw_compiled *c) {
         snprintf(why, sizeof why, "node %s forward", n->name);
         for (int s = 0; s < n->n_in; s++)
             if (g->tensors[n->in[s]].kind == DW_TENSOR_ACT) live_at(c, DW_BUF_VALUE, n->in[s], f, why);
-        if (n->out != g->loss) live_at(c, DW_BUF_VALUE, n->out, f, why);
+        if (n->out[0] != g->loss) live_at(c, DW_BUF_VALUE, n->out[0], f, why);
         if (fz & DW_FUSED_FWD) {
             const int L = c->node[ni].partner_fwd, fl = dw_compile_fwd_time(c, L);
             snprintf(why, sizeof why, "GELU %s computed in %s's forward", n->name, g->nodes[L].name);
-            live_at(c, DW_BUF_VALUE, n->out, fl, why);
+            live_at(c, DW_BUF_VALUE, n->out[0], fl, why);
             live_at(c, DW_BUF_VALUE, n->in[0], fl, why);
         }
         if (fz & DW_FUSED_BWD) {
             const int P = c->node[ni].partner_bwd, bp = dw_compile_bwd_time(c, P);
-            assert_true(P > ni && g->nodes[P].op == DW_OP_LINEAR && g->nodes[P].in[0] == n->out);
+            assert_true(P > ni && g->nodes[P].op == DW_OP_LINEAR && g->nodes[P].in[0] == n->out[0]);
             assert_int_equal(c->node[P].partner_bwd, ni);
             assert_int_equal(c->node[P].bind.recipe, DW_RECIPE_BF16); /* no quantised DGELU epilogue */
-            assert_int_equal(c->tensor[n->out].grad_off, -1);         /* never materialised */
+            assert_int_equal(c->tensor[n->out[0]].grad_off, -1);         /* never materialised */
             snprintf(why, sizeof why, "GELU %s backward in %s's dgrad", n->name, g->nodes[P].name);
             live_at(c, DW_BUF_VALUE, n->in[0], bp, why);
             live_at(c, DW_BUF_GRAD, n->in[0], bp, why);
@@ -282,9 +282,9 @@ static void check_liveness(const dw_graph *g, const dw_compiled *c) {
             continue;
         }
         snprintf(why, sizeof why, "node %s backward", n->name);
-        if (n->out == g->logits) live_at(c, DW_BUF_VALUE, n->out, b, "dlogits (in place) read by the LM head");
-        else live_at(c, DW_BUF_GRAD, n->out, b, why);
-        if (n->op == DW_OP_ATTENTION) live_at(c, DW_BUF_VALUE, n->out, b, why);
+        if (n->out[0] == g->logits) live_at(c, DW_BUF_VALUE, n->out[0], b, "dlogits (in place) read by the LM head");
+        else live_at(c, DW_BUF_GRAD, n->out[0], b, why);
+        if (n->op == DW_OP_ATTENTION) live_at(c, DW_BUF_VALUE, n->out[0], b, why);
         for (int s = 0; s < n->n_in; s++) {
             const int t = n->in[s];
             if (g->tensors[t].kind != DW_TENSOR_ACT) continue;
@@ -359,7 +359,7 @@ static void check_grad_alias(const dw_graph *g, const dw_compiled *c) {
         bool justified = false;
         for (int p = 0; p < g->n_nodes && !justified; p++) {
             const dw_ir_node *n = &g->nodes[p];
-            if (n->op != DW_OP_ADD || c->tensor[n->out].grad_off != c->tensor[t].grad_off) continue;
+            if (n->op != DW_OP_ADD || c->tensor[n->out[0]].grad_off != c->tensor[t].grad_off) continue;
             for (int s = 0; s < 2; s++) {
                 if (n->in[s] != t || c->node[p].grad_mode[s] != DW_GRAD_WRITE) continue;
                 if (s == 0) {
@@ -487,7 +487,7 @@ static void check_bind(const dw_graph *g, const dw_compiled *c) {
         dw_compile_linear_dims(c, i, &N, &K, &M);
         assert_int_equal(N, g->batch * g->seq);
         assert_int_equal(K, width(g, n->in[0]));
-        assert_int_equal(M, width(g, n->out));
+        assert_int_equal(M, width(g, n->out[0]));
         const bool qr = dw_compile_quant_recipe(b->recipe);
         bool fallback = false;
         for (int p = 0; p < DW_QPASS_COUNT; p++) {
@@ -547,8 +547,8 @@ static void check_workspace(const dw_graph *g, const dw_compiled *c) {
     REGION(w->partials, DW_COMPILE_NORM_BLOCKS * 8), REGION(w->adamw_args, DW_COMPILE_ADAMW_ARGS_BYTES);
     int64_t widest = 0;
     for (int i = 0; c->bf16 && i < g->n_nodes; i++)
-        if (g->nodes[i].op == DW_OP_LINEAR && g->nodes[i].n_in == 3 && width(g, g->nodes[i].out) > widest)
-            widest = width(g, g->nodes[i].out);
+        if (g->nodes[i].op == DW_OP_LINEAR && g->nodes[i].n_in == 3 && width(g, g->nodes[i].out[0]) > widest)
+            widest = width(g, g->nodes[i].out[0]);
     if (widest) REGION(w->bgrad, widest * 4);
     else assert_int_equal(w->bgrad, -1);
     bool any = false;
@@ -560,7 +560,7 @@ static void check_workspace(const dw_graph *g, const dw_compiled *c) {
             continue;
         }
         any = true;
-        const int64_t K = width(g, n->in[0]), M = width(g, n->out);
+        const int64_t K = width(g, n->in[0]), M = width(g, n->out[0]);
         /* DESIGN.md's block recipe: 1x128 activations and gradients, 128x128 weights */
         const dw_recipe r = pn->bind.recipe;
         const bool blk = r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D;
@@ -656,8 +656,8 @@ static void test_shared_reads(void **state) {
         assert_int_equal(c->node[ng].grad_mode[0], DW_GRAD_ACCUM_TMP);
         assert_int_equal(c->node[ns].grad_mode[0], DW_GRAD_ACCUM_TMP);
         assert_int_equal(c->node[ns].grad_mode[1], DW_GRAD_ACCUM_TMP);
-        assert_true(c->node[ns].tmp_off[DW_TMP_ACC0] >= 0 && c->node[ns].tmp_off[DW_TMP_ACC1] >= 0);
-        assert_true(c->node[ns].tmp_off[DW_TMP_ACC0] != c->node[ns].tmp_off[DW_TMP_ACC1]);
+        assert_true(c->node[ns].tmp_off[DW_TMP_ACC0] >= 0 && c->node[ns].tmp_off[(DW_TMP_ACC0 + 1)] >= 0);
+        assert_true(c->node[ns].tmp_off[DW_TMP_ACC0] != c->node[ns].tmp_off[(DW_TMP_ACC0 + 1)]);
         assert_int_equal(c->node[ns + 1].grad_mode[0], DW_GRAD_WRITE);
         dw_compiled_free(c);
         dw_policy_free(p);
@@ -721,7 +721,7 @@ static void test_gelu_fusion(void **state) {
         assert_int_equal(dw_compile_fused_gelu_bwd(c, P), i);
         assert_int_equal(dw_compile_fused_gelu_fwd(c, P), -1);
         assert_int_equal(dw_compile_fused_gelu_bwd(c, L), -1);
-        assert_int_not_equal(off->tensor[n->out].grad_off, -1);
+        assert_int_not_equal(off->tensor[n->out[0]].grad_off, -1);
     }
     assert_int_equal(gelus, g->model.n_blocks);
     check(g, c);
@@ -744,7 +744,7 @@ static void test_gelu_fusion(void **state) {
             assert_true(c->node[i].fused & DW_FUSED_FWD);
             int P = -1;
             for (int j = 0; j < g->n_nodes; j++)
-                if (g->nodes[j].op == DW_OP_LINEAR && g->nodes[j].in[0] == g->nodes[i].out) P = j;
+                if (g->nodes[j].op == DW_OP_LINEAR && g->nodes[j].in[0] == g->nodes[i].out[0]) P = j;
             assert_true(P >= 0);
             bool bf16 = c->node[P].bind.recipe == DW_RECIPE_BF16;
             quantised += !bf16;

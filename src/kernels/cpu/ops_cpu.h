@@ -76,6 +76,16 @@ double dw_cpu_cross_entropy_fwd(const float *logits, const int32_t *targets, int
 void dw_cpu_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t *targets,
                               int64_t N, int64_t V, double dloss);
 
+/* MoE router over E experts per row: scores p = softmax(z) (score 0) or sigmoid(z) (score 1);
+ * the K largest scores, largest first (by the logits: ties, the lower expert; a NaN logit is never
+ * chosen, and a row with fewer than K others gets expert -1 and weight NaN), their experts in idx
+ * (N,K) and their weights in w (N,K): p itself, or p / (sum of the K) when renorm. */
+void dw_cpu_moe_router_fwd(float *w, int32_t *idx, const float *z, int64_t N, int64_t E, int64_t K, int score,
+                           int renorm);
+/* dz (N,E) written from dw (N,K; NULL: zeros) through the experts idx the forward chose. */
+void dw_cpu_moe_router_bwd(float *dz, const float *dw, const float *z, const int32_t *idx, int64_t N, int64_t E,
+                           int64_t K, int score, int renorm);
+
 /* ---- optimizer over flat FP32 pools (the contract of kernels/adamw_args.h) ------------------- */
 /* sum of g[i]^2 (n) in double, in ascending order */
 double dw_cpu_sumsq(const float *g, int64_t n);

@@ -142,6 +142,17 @@ dw_status dw_cuda_cross_entropy(dw_ctx *ctx, dw_act_dtype dt, float *loss, float
                                 void *dlogits, const void *logits, const int32_t *targets,
                                 int64_t N, int64_t V, float dloss, void *ws, void *stream);
 
+/* ---- MoE router (oracle: kernels/cpu/router_cpu.c), one warp per row ---------------------------
+ * logits z (N,E) -> weights w (N,K) (act dtype) and experts idx (N,K) int32: scores softmax
+ * (score 0) or sigmoid (1), the K largest by the logits (ties: the lower expert; NaN never: a row
+ * short of candidates gets -1 and NaN), weights the scores or renormalised to sum 1. Backward:
+ * dz (N,E) written from dw (N,K; NULL: zeros) and the chosen experts. E <= 4096. */
+dw_status dw_cuda_moe_router_fwd(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx, const void *z, int64_t N,
+                                 int64_t E, int64_t K, int score, int renorm, void *stream);
+dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *dw, const void *z,
+                                 const int32_t *idx, int64_t N, int64_t E, int64_t K, int score, int renorm,
+                                 void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -126,7 +126,7 @@ static void cpu_destroy(dw_backend *be) {
 #define CPU_ENTRY_0(name) {NULL, NULL, NULL}
 #define CPU_ENTRY(flag, name) CPU_ENTRY_##flag(name)
 static const dw_op_entry cpu_ops[DW_OP_COUNT] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) CPU_ENTRY(cpu, name),
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) CPU_ENTRY(cpu, name),
 #include "ir/ops.def"
 #undef DW_OP
 };

@@ -45,7 +45,7 @@ void dw_cpu_put(const dw_op_call *c, void *v, const float *r, int64_t n, bool ac
 void dw_cpu_deliver(const dw_op_call *c, int s, const float *g, int64_t n);
 
 /* The op entries (ops_cpu_*.c), declared from ops.def (_prepare exists where its column is 2). */
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary)                                   \
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary)                                   \
     dw_status dw_cpu_op_##name##_fwd(dw_backend *be, const dw_op_call *c);                          \
     dw_status dw_cpu_op_##name##_bwd(dw_backend *be, const dw_op_call *c);                         \
     dw_status dw_cpu_op_##name##_prepare(dw_backend *be, const dw_op_call *c);

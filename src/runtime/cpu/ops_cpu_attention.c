@@ -37,9 +37,9 @@ dw_status dw_cpu_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, dq = a->heads * a->head_dim;
     const float *q, *k, *v;
     float *y;
-    if (!qkv(be, c, &q, &k, &v) || !(y = dw_cpu_out(be, c, c->out, N * dq, CPU_S_OUT))) return DW_ERR_NOMEM;
+    if (!qkv(be, c, &q, &k, &v) || !(y = dw_cpu_out(be, c, c->out[0], N * dq, CPU_S_OUT))) return DW_ERR_NOMEM;
     dw_cpu_attention_fwd(y, c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads, a->kv_heads, a->head_dim);
-    dw_cpu_put(c, c->out, y, N * dq, false);
+    dw_cpu_put(c, c->out[0], y, N * dq, false);
     return DW_OK;
 }
 
@@ -48,8 +48,8 @@ dw_status dw_cpu_op_attention_bwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, dq = a->heads * a->head_dim, dkv = a->kv_heads * a->head_dim;
     const float *q, *k, *v, *y, *dy;
     if (!qkv(be, c, &q, &k, &v)) return DW_ERR_NOMEM;
-    y = dw_cpu_in(be, c, c->out, N * dq, CPU_S_OUT);
-    dy = dw_cpu_in(be, c, c->dout, N * dq, CPU_S_DOUT);
+    y = dw_cpu_in(be, c, c->out[0], N * dq, CPU_S_OUT);
+    dy = dw_cpu_in(be, c, c->dout[0], N * dq, CPU_S_DOUT);
     float *gq = dw_cpu_scratch(be, CPU_S_DX0, N * dq), *gk = dw_cpu_scratch(be, CPU_S_DX1, N * dkv);
     float *gv = dw_cpu_scratch(be, CPU_S_DX2, N * dkv);
     if (!y || !dy || !gq || !gk || !gv) return DW_ERR_NOMEM;

@@ -13,21 +13,21 @@
 
 /* N rows of node n's output width C. */
 #define DIMS                                                                                         \
-    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out);                                       \
+    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out[0]);                                       \
     (void)N, (void)C
 
 /* ---- embedding: out (N,C) = wte[tokens] ------------------------------------------------------ */
 dw_status dw_cpu_op_embedding_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(y);
     dw_cpu_embedding_fwd(y, c->in[0], c->in[1], N, C);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_embedding_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     CHECK(dy);
     dw_cpu_embedding_bwd(c->pgrad[1], dy, c->in[0], N, C);
     return DW_OK;
@@ -37,15 +37,15 @@ dw_status dw_cpu_op_embedding_bwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cpu_op_position_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(x && y);
     dw_cpu_pos_fwd(y, x, c->in[1], c->b, c->t, C);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_position_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
     CHECK(dy && dx);
     dw_cpu_pos_bwd(dx, c->pgrad[1], dy, c->b, c->t, C);
@@ -58,17 +58,17 @@ dw_status dw_cpu_op_rope_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const dw_ir_attrs *a = &c->n->attrs;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(x && y);
     dw_cpu_rope_fwd(y, x, c->b, c->t, a->heads, a->head_dim, a->theta);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_rope_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     if (!c->dx[0]) return DW_OK;
     const dw_ir_attrs *a = &c->n->attrs;
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
     CHECK(dy && dx);
     dw_cpu_rope_bwd(dx, dy, c->b, c->t, a->heads, a->head_dim, a->theta);
@@ -80,16 +80,16 @@ dw_status dw_cpu_op_rope_bwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cpu_op_layernorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(x && y);
     dw_cpu_layernorm_fwd(y, c->aux[DW_AUX_STAT0], c->aux[DW_AUX_STAT1], x, c->in[1], c->in[2], N, C, c->n->attrs.eps);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_layernorm_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
     CHECK(x && dy && dx);
     dw_cpu_layernorm_bwd(dx, c->pgrad[1], c->pgrad[2], dy, x, c->in[1], c->aux[DW_AUX_STAT0], c->aux[DW_AUX_STAT1],
@@ -100,16 +100,16 @@ dw_status dw_cpu_op_layernorm_bwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cpu_op_rmsnorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(x && y);
     dw_cpu_rmsnorm_fwd(y, c->aux[DW_AUX_STAT0], x, c->in[1], N, C, c->n->attrs.eps);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
     CHECK(x && dy && dx);
     dw_cpu_rmsnorm_bwd(dx, c->pgrad[1], dy, x, c->in[1], c->aux[DW_AUX_STAT0], N, C);
@@ -124,16 +124,16 @@ typedef void (*unary_bwd)(float *dx, const float *dout, const float *x, int64_t 
 static dw_status unary_f(dw_backend *be, const dw_op_call *c, unary_fwd f) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(x && y);
     f(y, x, N * C);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 static dw_status unary_b(dw_backend *be, const dw_op_call *c, unary_bwd f) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
     CHECK(x && dy && dx);
     f(dx, dy, x, N * C);
@@ -148,16 +148,16 @@ dw_status dw_cpu_op_silu_bwd(dw_backend *be, const dw_op_call *c) { return unary
 dw_status dw_cpu_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *g = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *u = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(g && u && y);
     dw_cpu_swiglu_fwd(y, g, u, N * C);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *g = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *u = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dg = dw_cpu_scratch(be, CPU_S_DX0, N * C), *du = dw_cpu_scratch(be, CPU_S_DX1, N * C);
     CHECK(g && u && dy && dg && du);
     dw_cpu_swiglu_bwd(dg, du, dy, g, u, N * C);
@@ -171,18 +171,18 @@ dw_status dw_cpu_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cpu_op_add_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *a = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *b = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
-    float *y = dw_cpu_out(be, c, c->out, N * C, CPU_S_OUT);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(a && b && y);
     dw_cpu_add_fwd(y, a, b, N * C);
-    dw_cpu_put(c, c->out, y, N * C, false);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_add_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    const float *dy = dw_cpu_in(be, c, c->dout, N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     CHECK(dy);
     for (int s = 0; s < 2; s++) {
-        if (!c->dx[s] || (c->dx[s] == c->dout && !c->dx_acc[s])) continue; /* shared buffer: already there */
+        if (!c->dx[s] || (c->dx[s] == c->dout[0] && !c->dx_acc[s])) continue; /* shared buffer: already there */
         dw_cpu_deliver(c, s, dy, N * C);
     }
     return DW_OK;

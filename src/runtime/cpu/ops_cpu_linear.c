@@ -83,19 +83,19 @@ static dw_status fprop_quantised(dw_backend *be, const dw_op_call *c, int64_t N,
     dw_qtensor qx, qw = slot(x, &pn->wq[0], rw, M, K);
     DW_TRY(quant(be, x, &x->p->work.q_rows, ra, xf, N, K, false, &qx));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = qop(&qx, false), .b = qop(&qw, true),
-                      .alpha = 1.0f, .d = c->out, .out_type = DW_GEMM_OUT_BF16};
+                      .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
     if (c->fuse_out) { /* GELU in the epilogue when the target's kernel for this GEMM has it, else a pass */
         dw_gemm_args g = a;
         g.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
-        g.aux = c->out;
+        g.aux = c->out[0];
         g.d = c->fuse_out;
         const char *plain = dw_compile_target_pick(x->p, &a), *fused = dw_compile_target_pick(x->p, &g);
         if (plain && fused && !strcmp(plain, fused)) return dw_gemm(be->ctx, &g);
     }
     DW_TRY(dw_gemm(be->ctx, &a));
     if (!c->fuse_out) return DW_OK;
-    const float *y = dw_cpu_in(be, c, c->out, N * M, CPU_S_OUT);
+    const float *y = dw_cpu_in(be, c, c->out[0], N * M, CPU_S_OUT);
     float *gy = dw_cpu_scratch(be, CPU_S_DX0, N * M);
     if (!y || !gy) return DW_ERR_NOMEM;
     dw_cpu_gelu_fwd(gy, y, N * M);
@@ -104,21 +104,21 @@ static dw_status fprop_quantised(dw_backend *be, const dw_op_call *c, int64_t N,
 }
 
 dw_status dw_cpu_op_linear_fwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t N = c->rows, K = dw_cpu_width(c, c->n->in[0]), M = dw_cpu_width(c, c->n->out);
+    const int64_t N = c->rows, K = dw_cpu_width(c, c->n->in[0]), M = dw_cpu_width(c, c->n->out[0]);
     const bool bias = c->n->n_in == 3;
     if (!dw_cpu_bf16(c)) { /* FP32 program: the FP32 reference linear */
-        dw_cpu_linear_fwd(c->out, c->in[0], c->in[1], bias ? c->in[2] : NULL, N, K, M);
+        dw_cpu_linear_fwd(c->out[0], c->in[0], c->in[1], bias ? c->in[2] : NULL, N, K, M);
         return DW_OK;
     }
     if (quantised(c, DW_QPASS_FPROP)) return fprop_quantised(be, c, N, K, M);
     const uint16_t *w = weight_bf16(be, c, 1);
     if (!w) return DW_ERR_NOMEM;
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = bf16_op(c->in[0], N, K, false),
-                      .b = bf16_op(w, M, K, true), .alpha = 1.0f, .d = c->out, .out_type = DW_GEMM_OUT_BF16};
+                      .b = bf16_op(w, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (bias) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
     if (c->fuse_out) { /* GELU in the epilogue: out = the pre-activation (aux), fuse_out = GELU of it */
         a.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
-        a.aux = c->out;
+        a.aux = c->out[0];
         a.d = c->fuse_out;
     }
     return dw_gemm(be->ctx, &a);
@@ -127,7 +127,7 @@ dw_status dw_cpu_op_linear_fwd(dw_backend *be, const dw_op_call *c) {
 /* ---- backward --------------------------------------------------------------------------------- */
 /* db [M] += column sums of dy (N,M), in double, row order. */
 static dw_status bias_colsum(dw_backend *be, const dw_op_call *c, float *db, int64_t N, int64_t M) {
-    const float *dy = dw_cpu_in(be, c, c->dout, N * M, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * M, CPU_S_DOUT);
     if (!dy) return DW_ERR_NOMEM;
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < M; j++) {
@@ -141,7 +141,7 @@ static dw_status bias_colsum(dw_backend *be, const dw_op_call *c, float *db, int
 static dw_status bwd_fp32(dw_backend *be, const dw_op_call *c, int64_t N, int64_t K, int64_t M) {
     float *dx = c->dx[0] ? dw_cpu_scratch(be, CPU_S_DX0, N * K) : NULL;
     if (c->dx[0] && !dx) return DW_ERR_NOMEM;
-    dw_cpu_linear_bwd(dx, c->pgrad[1], c->n->n_in == 3 ? c->pgrad[2] : NULL, c->dout, c->in[0], c->in[1], N, K, M);
+    dw_cpu_linear_bwd(dx, c->pgrad[1], c->n->n_in == 3 ? c->pgrad[2] : NULL, c->dout[0], c->in[0], c->in[1], N, K, M);
     if (dx) dw_cpu_deliver(c, 0, dx, N * K);
     return DW_OK;
 }
@@ -155,7 +155,7 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
     *dg = c->dx[0] && quantised(c, DW_QPASS_DGRAD);
     *wg = quantised(c, DW_QPASS_WGRAD);
     if (!*dg && !*wg) return DW_OK;
-    const float *dy = dw_cpu_in(be, c, c->dout, N * M, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * M, CPU_S_DOUT);
     if (!dy) return DW_ERR_NOMEM;
     if (*dg) { /* dx [N,K] (+)= quant(dy) [N,M] . quant(W^T)^T, W^T [K,M] from the weight cache */
         dw_qtensor qdy, qwt = slot(x, &pn->wq[1], rw, K, M);
@@ -179,7 +179,7 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
 }
 
 dw_status dw_cpu_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t N = c->rows, K = dw_cpu_width(c, c->n->in[0]), M = dw_cpu_width(c, c->n->out);
+    const int64_t N = c->rows, K = dw_cpu_width(c, c->n->in[0]), M = dw_cpu_width(c, c->n->out[0]);
     if (!dw_cpu_bf16(c)) return bwd_fp32(be, c, N, K, M);
     float *db = c->n->n_in == 3 ? c->pgrad[2] : NULL;
     bool dg = false, wg = false;
@@ -188,14 +188,14 @@ dw_status dw_cpu_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
     if (dx && !dg) { /* dgrad: dx [N,K] = dy [N,M] W [M,K] */
         const uint16_t *w = weight_bf16(be, c, 1);
         if (!w) return DW_ERR_NOMEM;
-        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = bf16_op(c->dout, N, M, false),
+        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = bf16_op(c->dout[0], N, M, false),
                           .b = bf16_op(w, M, K, false), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         if (c->fuse_dx) a.epilogue = DW_EPI_DGELU, a.aux = c->fuse_x;
         else if (c->dx_acc[0]) a.beta = 1.0f, a.c = dx; /* dx += dy W, into the gradient a sibling wrote */
         DW_TRY(dw_gemm(be->ctx, &a));
     }
     if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K] in FP32; the bias gradient in the same GEMM */
-        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = bf16_op(c->dout, N, M, true),
+        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = bf16_op(c->dout[0], N, M, true),
                           .b = bf16_op(c->in[0], N, K, false), .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1],
                           .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
         float *bgrad = db ? (float *)(c->x->work + c->x->p->work.bgrad) : NULL;

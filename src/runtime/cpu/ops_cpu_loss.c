@@ -9,7 +9,7 @@ dw_status dw_cpu_op_cross_entropy_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, V = dw_cpu_width(c, c->n->in[0]);
     const float *logits = dw_cpu_in(be, c, c->in[0], N * V, CPU_S_IN0);
     if (!logits) return DW_ERR_NOMEM;
-    *(float *)c->out = (float)dw_cpu_cross_entropy_fwd(logits, c->in[1], N, V);
+    *(float *)c->out[0] = (float)dw_cpu_cross_entropy_fwd(logits, c->in[1], N, V);
     if (!c->train || !c->dx[0]) return DW_OK;
     float *d = dw_cpu_scratch(be, CPU_S_DX0, N * V);
     if (!d) return DW_ERR_NOMEM;

@@ -140,7 +140,7 @@ static void cu_destroy(dw_backend *be) {
 #define CUDA_ENTRY_0(name) {NULL, NULL, NULL}
 #define CUDA_ENTRY(flag, name) CUDA_ENTRY_##flag(name)
 static const dw_op_entry cuda_ops[DW_OP_COUNT] = {
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary) CUDA_ENTRY(cuda, name),
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary) CUDA_ENTRY(cuda, name),
 #include "ir/ops.def"
 #undef DW_OP
 };

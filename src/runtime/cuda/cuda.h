@@ -28,7 +28,7 @@ typedef struct {
 #define DW_CUDA_STREAM(be) (DW_CUDA_ST(be)->stream)
 
 /* The op entries (ops_cuda_*.c), declared from ops.def (_prepare exists where its column is 2). */
-#define DW_OP(ID, name, min_in, max_in, flags, cpu, cuda, summary)                                   \
+#define DW_OP(ID, name, min_in, max_in, outs, flags, cpu, cuda, summary)                                   \
     dw_status dw_cuda_op_##name##_fwd(dw_backend *be, const dw_op_call *c);                         \
     dw_status dw_cuda_op_##name##_bwd(dw_backend *be, const dw_op_call *c);                         \
     dw_status dw_cuda_op_##name##_prepare(dw_backend *be, const dw_op_call *c);

@@ -17,7 +17,7 @@
 /* Whether a packed-qkv node runs in place: decided from every pointer either direction touches
  * (the same call in both, and at creation: the prepare entry). */
 static bool packed(const dw_op_call *c) {
-    const void *ptrs[] = {c->in[0], c->out, c->dout, c->dx[0]};
+    const void *ptrs[] = {c->in[0], c->out[0], c->dout[0], c->dx[0]};
     return c->n->n_in == 1 && c->dx[0] &&
            dw_cuda_attention_packed_ok((dw_act_dtype)dw_cuda_dt(c), c->n->attrs.head_dim, ptrs, 4);
 }
@@ -40,7 +40,7 @@ dw_status dw_cuda_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);
     void *s = DW_CUDA_STREAM(be);
     if (packed(c))
-        return dw_cuda_attention_fwd_packed(be->ctx, c->out, c->aux[DW_AUX_STAT0], c->in[0], c->b, c->t, a->heads,
+        return dw_cuda_attention_fwd_packed(be->ctx, c->out[0], c->aux[DW_AUX_STAT0], c->in[0], c->b, c->t, a->heads,
                                             a->kv_heads, a->head_dim, s);
     if (c->n->n_in == 1)
         DW_CUDA_CHECK(be->ctx, (cudaError_t)dw_cuda_be_qkv(c->in[0], c->aux[DW_AUX_Q], c->aux[DW_AUX_K], c->aux[DW_AUX_V],
@@ -48,7 +48,7 @@ dw_status dw_cuda_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
                                                            dw_act_size(dt), false, s));
     const void *q, *k, *v;
     qkv(c, &q, &k, &v);
-    return dw_cuda_attention_fwd(be->ctx, dt, c->out, c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads, a->kv_heads,
+    return dw_cuda_attention_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads, a->kv_heads,
                                  a->head_dim, s);
 }
 
@@ -57,14 +57,14 @@ dw_status dw_cuda_op_attention_bwd(dw_backend *be, const dw_op_call *c) {
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);
     void *s = DW_CUDA_STREAM(be);
     if (packed(c))
-        return dw_cuda_attention_bwd_packed(be->ctx, c->dx[0], c->dout, c->in[0], c->out, c->aux[DW_AUX_STAT0],
+        return dw_cuda_attention_bwd_packed(be->ctx, c->dx[0], c->dout[0], c->in[0], c->out[0], c->aux[DW_AUX_STAT0],
                                             c->tmp[DW_TMP_DELTA], c->b, c->t, a->heads, a->kv_heads, a->head_dim, s);
     const void *q, *k, *v;
     qkv(c, &q, &k, &v);
     const bool pk = c->n->n_in == 1;
     void *dq = pk ? c->tmp[DW_TMP_GQ] : c->dx[0], *dk = pk ? c->tmp[DW_TMP_GK] : c->dx[1];
     void *dv = pk ? c->tmp[DW_TMP_GV] : c->dx[2];
-    DW_TRY(dw_cuda_attention_bwd(be->ctx, dt, dq, dk, dv, c->dout, q, k, v, c->out, c->aux[DW_AUX_STAT0],
+    DW_TRY(dw_cuda_attention_bwd(be->ctx, dt, dq, dk, dv, c->dout[0], q, k, v, c->out[0], c->aux[DW_AUX_STAT0],
                                  c->tmp[DW_TMP_DELTA], c->b, c->t, a->heads, a->kv_heads, a->head_dim, s));
     if (!pk || !c->dx[0]) return DW_OK;
     DW_CUDA_CHECK(be->ctx, (cudaError_t)dw_cuda_be_qkv(c->dx[0], dq, dk, dv, c->rows, a->heads * a->head_dim,

@@ -14,7 +14,7 @@
 #include "runtime/cuda/cuda.h"
 
 #define DIMS                                                                                         \
-    const int64_t N = c->rows, C = dw_cuda_width(c, c->n->out);                                      \
+    const int64_t N = c->rows, C = dw_cuda_width(c, c->n->out[0]);                                      \
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);                                              \
     void *s = DW_CUDA_STREAM(be);                                                                    \
     (void)N, (void)C, (void)dt, (void)s
@@ -23,97 +23,97 @@
 dw_status dw_cuda_op_embedding_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const int64_t V = c->x->g->tensors[c->n->in[1]].shape[0];
-    return dw_cuda_embedding_fwd(be->ctx, dt, c->out, c->in[0], c->in[1], N, C, V, s);
+    return dw_cuda_embedding_fwd(be->ctx, dt, c->out[0], c->in[0], c->in[1], N, C, V, s);
 }
 dw_status dw_cuda_op_embedding_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const int64_t V = c->x->g->tensors[c->n->in[1]].shape[0];
-    return dw_cuda_embedding_bwd(be->ctx, dt, c->pgrad[1], c->dout, c->in[0], N, C, V, s);
+    return dw_cuda_embedding_bwd(be->ctx, dt, c->pgrad[1], c->dout[0], c->in[0], N, C, V, s);
 }
 dw_status dw_cuda_op_position_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_pos_fwd(be->ctx, dt, c->out, c->in[0], c->in[1], c->b, c->t, C, s);
+    return dw_cuda_pos_fwd(be->ctx, dt, c->out[0], c->in[0], c->in[1], c->b, c->t, C, s);
 }
 dw_status dw_cuda_op_position_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_pos_bwd(be->ctx, dt, c->dx[0], c->pgrad[1], c->dout, c->b, c->t, C, s);
+    return dw_cuda_pos_bwd(be->ctx, dt, c->dx[0], c->pgrad[1], c->dout[0], c->b, c->t, C, s);
 }
 
 /* ---- rope ------------------------------------------------------------------------------------- */
 dw_status dw_cuda_op_rope_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const dw_ir_attrs *a = &c->n->attrs;
-    return dw_cuda_rope_fwd(be->ctx, dt, c->out, c->in[0], c->b, c->t, a->heads, a->head_dim, a->theta, s);
+    return dw_cuda_rope_fwd(be->ctx, dt, c->out[0], c->in[0], c->b, c->t, a->heads, a->head_dim, a->theta, s);
 }
 dw_status dw_cuda_op_rope_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const dw_ir_attrs *a = &c->n->attrs;
     if (!c->dx[0]) return DW_OK;
-    return dw_cuda_rope_bwd(be->ctx, dt, c->dx[0], c->dout, c->b, c->t, a->heads, a->head_dim, a->theta, s);
+    return dw_cuda_rope_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->b, c->t, a->heads, a->head_dim, a->theta, s);
 }
 
 /* ---- norms: one-pass backward with DELTA's partial sums; a later gradient of x added in place - */
 dw_status dw_cuda_op_layernorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_layernorm_fwd(be->ctx, dt, c->out, c->aux[DW_AUX_STAT0], c->aux[DW_AUX_STAT1], c->in[0], c->in[1],
+    return dw_cuda_layernorm_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], c->aux[DW_AUX_STAT1], c->in[0], c->in[1],
                                  c->in[2], N, C, c->n->attrs.eps, s);
 }
 dw_status dw_cuda_op_layernorm_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_layernorm_bwd_ws(be->ctx, dt, c->dx[0], c->pgrad[1], c->pgrad[2], c->dout, c->in[0], c->in[1],
+    return dw_cuda_layernorm_bwd_ws(be->ctx, dt, c->dx[0], c->pgrad[1], c->pgrad[2], c->dout[0], c->in[0], c->in[1],
                                     c->aux[DW_AUX_STAT0], c->aux[DW_AUX_STAT1], N, C, c->dx_acc[0], c->tmp[DW_TMP_DELTA],
                                     dw_cuda_norm_bwd_ws_bytes(N, C), s);
 }
 dw_status dw_cuda_op_rmsnorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_rmsnorm_fwd(be->ctx, dt, c->out, c->aux[DW_AUX_STAT0], c->in[0], c->in[1], N, C, c->n->attrs.eps, s);
+    return dw_cuda_rmsnorm_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], c->in[0], c->in[1], N, C, c->n->attrs.eps, s);
 }
 dw_status dw_cuda_op_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_rmsnorm_bwd_ws(be->ctx, dt, c->dx[0], c->pgrad[1], c->dout, c->in[0], c->in[1], c->aux[DW_AUX_STAT0],
+    return dw_cuda_rmsnorm_bwd_ws(be->ctx, dt, c->dx[0], c->pgrad[1], c->dout[0], c->in[0], c->in[1], c->aux[DW_AUX_STAT0],
                                   N, C, c->dx_acc[0], c->tmp[DW_TMP_DELTA], dw_cuda_norm_bwd_ws_bytes(N, C), s);
 }
 
 /* ---- elementwise ------------------------------------------------------------------------------ */
 dw_status dw_cuda_op_gelu_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_gelu_fwd(be->ctx, dt, c->out, c->in[0], N * C, s);
+    return dw_cuda_gelu_fwd(be->ctx, dt, c->out[0], c->in[0], N * C, s);
 }
 dw_status dw_cuda_op_gelu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_gelu_bwd(be->ctx, dt, c->dx[0], c->dout, c->in[0], N * C, s);
+    return dw_cuda_gelu_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->in[0], N * C, s);
 }
 dw_status dw_cuda_op_silu_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_silu_fwd(be->ctx, dt, c->out, c->in[0], N * C, s);
+    return dw_cuda_silu_fwd(be->ctx, dt, c->out[0], c->in[0], N * C, s);
 }
 dw_status dw_cuda_op_silu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_silu_bwd(be->ctx, dt, c->dx[0], c->dout, c->in[0], N * C, s);
+    return dw_cuda_silu_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->in[0], N * C, s);
 }
 dw_status dw_cuda_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_swiglu_fwd(be->ctx, dt, c->out, c->in[0], c->in[1], N * C, s);
+    return dw_cuda_swiglu_fwd(be->ctx, dt, c->out[0], c->in[0], c->in[1], N * C, s);
 }
 dw_status dw_cuda_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_swiglu_bwd(be->ctx, dt, c->dx[0], c->dx[1], c->dout, c->in[0], c->in[1], N * C, s);
+    return dw_cuda_swiglu_bwd(be->ctx, dt, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1], N * C, s);
 }
 
 /* ---- add: identity to both inputs: copied into a first gradient (nothing to do where it shares
  * the output's gradient buffer), added into a later one --------------------------------------- */
 dw_status dw_cuda_op_add_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_add_fwd(be->ctx, dt, c->out, c->in[0], c->in[1], N * C, s);
+    return dw_cuda_add_fwd(be->ctx, dt, c->out[0], c->in[0], c->in[1], N * C, s);
 }
 dw_status dw_cuda_op_add_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     for (int k = 0; k < 2; k++) {
         void *g = c->dx[k];
         if (!g) continue;
-        if (c->dx_acc[k]) DW_TRY(dw_cuda_add_fwd(be->ctx, dt, g, g, c->dout, N * C, s));
-        else if (g != c->dout)
-            DW_CUDA_CHECK(be->ctx, cudaMemcpyAsync(g, c->dout, (size_t)(N * C * dw_act_size(dt)), cudaMemcpyDeviceToDevice,
+        if (c->dx_acc[k]) DW_TRY(dw_cuda_add_fwd(be->ctx, dt, g, g, c->dout[0], N * C, s));
+        else if (g != c->dout[0])
+            DW_CUDA_CHECK(be->ctx, cudaMemcpyAsync(g, c->dout[0], (size_t)(N * C * dw_act_size(dt)), cudaMemcpyDeviceToDevice,
                                                    (cudaStream_t)s));
     }
     return DW_OK;

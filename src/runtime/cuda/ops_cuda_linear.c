@@ -33,10 +33,10 @@ static dw_status weight_bf16(dw_backend *be, const dw_op_call *c, const uint16_t
 }
 
 dw_status dw_cuda_op_linear_fwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out);
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out[0]);
     const bool bias = c->n->n_in == 3;
     if (!c->x->p->bf16)
-        return dw_cuda_linear_fwd(be->ctx, c->out, c->in[0], c->in[1], bias ? c->in[2] : NULL, N, K, M, DW_CUDA_STREAM(be));
+        return dw_cuda_linear_fwd(be->ctx, c->out[0], c->in[0], c->in[1], bias ? c->in[2] : NULL, N, K, M, DW_CUDA_STREAM(be));
     if (dw_compile_quant_recipe(c->x->p->node[c->node].bind.recipe)) { /* quantised; BF16 below when not run so */
         bool done = false;
         DW_TRY(dw_cuda_qlin_fprop(be, c, &done));
@@ -45,22 +45,22 @@ dw_status dw_cuda_op_linear_fwd(dw_backend *be, const dw_op_call *c) {
     const uint16_t *wb;
     DW_TRY(weight_bf16(be, c, &wb));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = bf16_op(c->in[0], N, K, false),
-                      .b = bf16_op(wb, M, K, true), .alpha = 1.0f, .d = c->out, .out_type = DW_GEMM_OUT_BF16};
+                      .b = bf16_op(wb, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (bias) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
     if (c->fuse_out) { /* GELU in the epilogue: out = the pre-activation (aux), fuse_out = GELU of it */
         a.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
-        a.aux = c->out;
+        a.aux = c->out[0];
         a.d = c->fuse_out;
     }
     return dw_gemm(be->ctx, &a);
 }
 
 dw_status dw_cuda_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out);
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out[0]);
     void *s = DW_CUDA_STREAM(be);
     float *dw = c->pgrad[1], *db = c->n->n_in == 3 ? c->pgrad[2] : NULL;
     if (!c->x->p->bf16)
-        return dw_cuda_linear_bwd(be->ctx, c->dx[0], c->dx_acc[0], dw, db, c->dout, c->in[0], c->in[1], N, K, M, s);
+        return dw_cuda_linear_bwd(be->ctx, c->dx[0], c->dx_acc[0], dw, db, c->dout[0], c->in[0], c->in[1], N, K, M, s);
     void *dx = c->fuse_dx ? c->fuse_dx : c->dx[0]; /* x = GELU(h): the dgrad writes dh = (dy W) GELU'(h) */
     bool dg = false, wg = false;
     if (dw_compile_quant_recipe(c->x->p->node[c->node].bind.recipe)) /* quantised; BF16 below for the others */
@@ -68,14 +68,14 @@ dw_status dw_cuda_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
     if (dx && !dg) { /* dgrad: dx [N,K] = dy [N,M] W [M,K] */
         const uint16_t *wb;
         DW_TRY(weight_bf16(be, c, &wb));
-        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = bf16_op(c->dout, N, M, false),
+        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = bf16_op(c->dout[0], N, M, false),
                           .b = bf16_op(wb, M, K, false), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         if (c->fuse_dx) a.epilogue = DW_EPI_DGELU, a.aux = c->fuse_x;
         else if (c->dx_acc[0]) a.beta = 1.0f, a.c = dx; /* dx += dy W, into the gradient a sibling wrote */
         DW_TRY(dw_gemm(be->ctx, &a));
     }
     if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K], FP32 output accumulated (beta = 1) */
-        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = bf16_op(c->dout, N, M, true),
+        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = bf16_op(c->dout[0], N, M, true),
                           .b = bf16_op(c->in[0], N, K, false), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
                           .out_type = DW_GEMM_OUT_F32};
         float *bgrad = db ? (float *)(c->x->work + c->x->p->work.bgrad) : NULL;
@@ -84,6 +84,6 @@ dw_status dw_cuda_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
         return db ? dw_cuda_add_fwd(be->ctx, DW_ACT_F32, db, db, bgrad, M, s) : DW_OK;
     }
     /* db [M] += column sums of dy (N,M): the positions kernel's fixed-order column sum */
-    return db ? dw_cuda_pos_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), NULL, db, c->dout, N, 1, M, s) : DW_OK;
+    return db ? dw_cuda_pos_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), NULL, db, c->dout[0], N, 1, M, s) : DW_OK;
 }
 #endif /* DW_HAVE_CUDA */

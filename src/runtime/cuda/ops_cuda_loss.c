@@ -10,7 +10,7 @@
 
 dw_status dw_cuda_op_cross_entropy_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t V = dw_cuda_width(c, c->n->in[0]);
-    return dw_cuda_cross_entropy(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out, NULL, c->train ? c->dx[0] : NULL,
+    return dw_cuda_cross_entropy(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], NULL, c->train ? c->dx[0] : NULL,
                                  c->in[0], c->in[1], c->rows, V, (float)c->dloss, c->tmp[DW_TMP_XENT],
                                  DW_CUDA_STREAM(be));
 }

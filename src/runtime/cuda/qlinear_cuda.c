@@ -63,7 +63,7 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
     if (!quantised(c, DW_QPASS_FPROP)) return DW_OK;
     dw_cuda_state *st = DW_CUDA_ST(be);
     const dw_exec *x = c->x;
-    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out);
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out[0]);
     const dw_prog_node *pn = &x->p->node[c->node];
     const dw_recipe ra = dw_compile_quant_act_recipe(pn->bind.recipe), rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
     qslot xs = slot(x, &x->p->work.q_rows), ws = slot(x, &pn->wq[0]);
@@ -73,26 +73,26 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
         st->rows_tensor = xi, st->rows_recipe = (int)ra;
     }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(ra, &xs, N, K, false),
-                      .b = op(rw, &ws, M, K, true), .alpha = 1.0f, .d = c->out, .out_type = DW_GEMM_OUT_BF16};
+                      .b = op(rw, &ws, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
     *done = true;
     if (c->fuse_out) { /* GELU in the epilogue when the kernel this GEMM gets anyway has it, else a pass after */
         dw_gemm_args g = a;
         g.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
-        g.aux = c->out;
+        g.aux = c->out[0];
         g.d = c->fuse_out;
         const char *plain = dw_compile_target_pick(x->p, &a), *fused = dw_compile_target_pick(x->p, &g);
         if (plain && fused && !strcmp(plain, fused)) return dw_gemm(be->ctx, &g); /* (a slower kernel for the
                                                                                       epilogue is no fusion) */
     }
     DW_TRY(dw_gemm(be->ctx, &a));
-    return c->fuse_out ? dw_cuda_gelu_fwd(be->ctx, DW_ACT_BF16, c->fuse_out, c->out, N * M, DW_CUDA_STREAM(be)) : DW_OK;
+    return c->fuse_out ? dw_cuda_gelu_fwd(be->ctx, DW_ACT_BF16, c->fuse_out, c->out[0], N * M, DW_CUDA_STREAM(be)) : DW_OK;
 }
 
 dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *dg, bool *wg) {
     dw_cuda_state *st = DW_CUDA_ST(be);
     const dw_exec *x = c->x;
-    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out);
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out[0]);
     const dw_prog_node *pn = &x->p->node[c->node];
     const dw_recipe ra = dw_compile_quant_act_recipe(pn->bind.recipe), rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
     *dg = dx && quantised(c, DW_QPASS_DGRAD);
@@ -100,7 +100,7 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     if (!*dg && !*wg) return DW_OK;
     const dw_work_layout *l = &x->p->work;
     qslot rows = slot(x, &l->q_rows), dyt = slot(x, &l->q_dyt), xt = slot(x, &l->q_xt);
-    DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout, N, M, &rows, *wg ? &dyt : NULL)); /* along M; dy^T along N */
+    DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL)); /* along M; dy^T along N */
     st->rows_tensor = -1;
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
         qslot wt = slot(x, &pn->wq[1]);

@@ -1,0 +1,158 @@
+/* ops_moe.cu — CUDA MoE router: softmax or sigmoid scores, top-k by the logits, weights (optionally
+ * renormalised), forward and backward; FP32 or BF16 storage, FP32 math. One warp per row, lanes
+ * striding over the experts; selection is K warp-wide arg-max rounds, each over the experts that
+ * rank below the previous pick in the order (logit descending, expert ascending), so no per-row
+ * state is kept. Oracle: kernels/cpu/router_cpu.c (which selects the same way). */
+#include "kernels/cuda/ops_common.cuh"
+
+#define DW_ROUTER_WARPS 4 /* rows per block */
+
+/* Whether expert a (logit za) ranks before expert b (logit zb): larger logit, then lower index;
+ * a NaN logit ranks after everything. */
+static __device__ __forceinline__ bool dw_rt_before(float za, int a, float zb, int b) {
+    if (za != za) return false;
+    if (zb != zb) return true;
+    return za > zb || (za == zb && a < b);
+}
+
+/* The row's max logit and softmax denominator (sum of exp(z - max)); every lane gets both. */
+template <typename T>
+static __device__ __forceinline__ void dw_rt_softmax_stats(const T *zr, int64_t E, int lane, float &m, float &s) {
+    m = -INFINITY;
+    for (int64_t e = lane; e < E; e += 32) m = fmaxf(m, dw_ld(zr, e));
+    m = dw_warp_max(m);
+    s = 0.0f;
+    for (int64_t e = lane; e < E; e += 32) s += expf(dw_ld(zr, e) - m);
+    s = dw_warp_sum(s);
+}
+
+static __device__ __forceinline__ float dw_rt_score(float z, int score, float m, float s) {
+    return score ? 1.0f / (1.0f + expf(-z)) : expf(z - m) / s;
+}
+
+template <typename T>
+static __global__ void dw_router_fwd_kernel(T *w, int32_t *idx, const T *z, int64_t N, int64_t E, int64_t K,
+                                            int score, int renorm) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * DW_ROUTER_WARPS + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const T *zr = z + row * E;
+    float m = 0.0f, s = 1.0f;
+    if (!score) dw_rt_softmax_stats(zr, E, lane, m, s);
+    float prev_z = INFINITY, sum = 0.0f;
+    int prev = -1;
+    for (int64_t k = 0; k < K; k++) {
+        float bz = NAN;
+        int be = -1;
+        for (int64_t e = lane; e < E; e += 32) {
+            const float ze = dw_ld(zr, e);
+            const bool eligible = prev < 0 || dw_rt_before(prev_z, prev, ze, (int)e);
+            if (eligible && ze == ze && (be < 0 || dw_rt_before(ze, (int)e, bz, be))) bz = ze, be = (int)e;
+        }
+        for (int o = 16; o > 0; o >>= 1) { /* warp arg-max in the same order */
+            const float oz = __shfl_xor_sync(0xffffffffu, bz, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || dw_rt_before(oz, oe, bz, be))) bz = oz, be = oe;
+        }
+        const float p = be >= 0 ? dw_rt_score(bz, score, m, s) : NAN;
+        if (lane == 0) {
+            idx[row * K + k] = be;
+            dw_st(w, row * K + k, p); /* renormalised below */
+        }
+        sum += p;
+        if (be >= 0) prev = be, prev_z = bz;
+        else prev_z = -INFINITY; /* nothing ranks below: the rest stay -1 */
+    }
+    if (!renorm) return;
+    __syncwarp();
+    for (int64_t k = lane; k < K; k += 32) { /* each lane re-derives its pick's score: no re-read of w */
+        const int e = idx[row * K + k];
+        dw_st(w, row * K + k, e >= 0 ? dw_rt_score(dw_ld(zr, e), score, m, s) / sum : NAN);
+    }
+}
+
+template <typename T>
+static __global__ void dw_router_bwd_kernel(T *dz, const T *dw, const T *z, const int32_t *idx, int64_t N,
+                                            int64_t E, int64_t K, int score, int renorm) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * DW_ROUTER_WARPS + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const T *zr = z + row * E;
+    const int32_t *ix = idx + row * K;
+    float m = 0.0f, s = 1.0f;
+    if (!score) dw_rt_softmax_stats(zr, E, lane, m, s);
+    /* s_k = sum of the chosen scores, dot = sum_k dw_k w_k (w_k = p_k / s_k) */
+    float ssum = 0.0f, dwp = 0.0f;
+    for (int64_t k = lane; k < K; k += 32) {
+        const int e = ix[k];
+        const float p = e >= 0 ? dw_rt_score(dw_ld(zr, e), score, m, s) : NAN;
+        ssum += p;
+        dwp += e >= 0 ? (dw ? dw_ld(dw, row * K + k) : 0.0f) * p : 0.0f;
+    }
+    ssum = dw_warp_sum(ssum);
+    const float dot = dw_warp_sum(dwp) / ssum;
+    /* dp of chosen expert e: (dw_k - dot) / ssum with renorm, else dw_k; pdp = sum_k p_k dp_k */
+    float pdp = 0.0f;
+    for (int64_t k = lane; k < K; k += 32) {
+        const int e = ix[k];
+        if (e < 0) continue;
+        const float g = dw ? dw_ld(dw, row * K + k) : 0.0f, p = dw_rt_score(dw_ld(zr, e), score, m, s);
+        pdp += p * (renorm ? (g - dot) / ssum : g);
+    }
+    pdp = dw_warp_sum(pdp);
+    for (int64_t e = lane; e < E; e += 32) {
+        float dp = 0.0f;
+        for (int64_t k = 0; k < K; k++)
+            if (ix[k] == (int)e) {
+                const float g = dw ? dw_ld(dw, row * K + k) : 0.0f;
+                dp = renorm ? (g - dot) / ssum : g;
+            }
+        const float p = dw_rt_score(dw_ld(zr, e), score, m, s);
+        dw_st(dz, row * E + e, score ? dp * p * (1.0f - p) : p * (dp - pdp));
+    }
+}
+
+static dw_status dw_router_check(dw_ctx *ctx, const char *op, dw_act_dtype dt, int64_t N, int64_t E, int64_t K,
+                                 int score) {
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && E >= 1 && E <= 4096 && K >= 1 && K <= E);
+    DW_OPS_REQUIRE(ctx, op, score == 0 || score == 1);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_router_fwd(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx, const void *z,
+                                            int64_t N, int64_t E, int64_t K, int score, int renorm, void *stream) {
+    const char *op = "moe_router";
+    DW_TRY(dw_router_check(ctx, op, dt, N, E, K, score));
+    DW_OPS_REQUIRE(ctx, op, N == 0 || (w && idx && z));
+    if (N == 0) return DW_OK;
+    const unsigned blocks = (unsigned)((N + DW_ROUTER_WARPS - 1) / DW_ROUTER_WARPS);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dt == DW_ACT_F32)
+        dw_router_fwd_kernel<float><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>((float *)w, idx, (const float *)z, N, E,
+                                                                             K, score, renorm);
+    else
+        dw_router_fwd_kernel<dw_bf16><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>((dw_bf16 *)w, idx, (const dw_bf16 *)z,
+                                                                               N, E, K, score, renorm);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *dw, const void *z,
+                                            const int32_t *idx, int64_t N, int64_t E, int64_t K, int score,
+                                            int renorm, void *stream) {
+    const char *op = "moe_router backward";
+    DW_TRY(dw_router_check(ctx, op, dt, N, E, K, score));
+    DW_OPS_REQUIRE(ctx, op, N == 0 || (dz && z && idx));
+    if (N == 0) return DW_OK;
+    const unsigned blocks = (unsigned)((N + DW_ROUTER_WARPS - 1) / DW_ROUTER_WARPS);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dt == DW_ACT_F32)
+        dw_router_bwd_kernel<float><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>(
+            (float *)dz, (const float *)dw, (const float *)z, idx, N, E, K, score, renorm);
+    else
+        dw_router_bwd_kernel<dw_bf16><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>(
+            (dw_bf16 *)dz, (const dw_bf16 *)dw, (const dw_bf16 *)z, idx, N, E, K, score, renorm);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
