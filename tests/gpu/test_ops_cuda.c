@@ -408,7 +408,11 @@ static int64_t run_router(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, int 
     }
     const dw_gc_tol t = dw_gc_pick(dt, 1e-6, 1e-5);
     DW_GC_CMP(bad, name, w, ww, t);
-    DW_GC_CMP(bad, name, dz, wdz, dw_gc_pick(dt, 1e-5, 1e-4));
+    /* dz cancels where the weights cannot move (one renormalised expert weighs 1): the error then
+     * scales with the terms, a few FP32 ulps of |dw| */
+    dw_gc_tol tz = dw_gc_pick(dt, 1e-5, 1e-4);
+    tz.abs = 4e-7;
+    DW_GC_CMP(bad, name, dz, wdz, tz);
     const dw_gc_tol exact = {0, 0, 0};
     DW_GC_CMP(bad, name, dz0, zeros, exact);
     if (!dw_gc_guards_ok(name)) bad++;
