@@ -583,7 +583,7 @@ DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
  * exists. policy: NULL = FP32 mode (FP32 activations, each backend's
  * FP32 reference linear: parity with PyTorch in FP32); else BF16 activations and each linear
  * node's recipe from the policy. opts may be NULL (defaults). An op the target backend lacks is
- * recorded in the report and refused by dw_engine_create, naming the op. *out is NULL on error. */
+ * refused with DW_ERR_UNSUPPORTED naming the op, the node and the backend. *out is NULL on error. */
 DW_API dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const dw_policy *policy,
                             const dw_compile_opts *opts, dw_compiled **out);
 DW_API void dw_compiled_free(dw_compiled *c);
@@ -615,8 +615,9 @@ DW_API void dw_engine_opts_init(dw_engine_opts *o, size_t size);
 
 /* Creates an engine for c on ctx's device; c (and its graph) must outlive it. Parameters start
  * at zero: call dw_engine_init_weights or dw_engine_load_weights. Refuses (DW_ERR_UNSUPPORTED) a
- * program that needs an op the backend lacks, naming the op, and a CUDA engine for a program
- * compiled for another target. opts may be NULL. *out is NULL on error. */
+ * program that needs an op the backend lacks, naming the op (a CUDA program on a CPU engine, whose
+ * ops the CPU may lack), and a CUDA engine for a program compiled for another target. opts may be
+ * NULL. *out is NULL on error. */
 DW_API dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_opts *opts, dw_engine **out);
 DW_API void dw_engine_free(dw_engine *e);
 /* The program and graph it runs (valid while it lives). */

@@ -1,8 +1,8 @@
 /* bind.c — the decisions per node: its recipe from the precision policy (linear layers; every
  * other op runs in the activation type), and for linear layers which of the three GEMMs run
  * quantised on the target and with which kernel — asked of the GEMM registry, the one home of
- * the kernels' rules — with a readable note. Refuses nothing itself: an op the target's backend
- * lacks is recorded in c->unsupported (the engine refuses it by name). */
+ * the kernels' rules — with a readable note. An op the target's backend lacks (ops.def's column
+ * 0) is refused here, naming the op, the node and the backend. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,14 +120,6 @@ static dw_status bind_linear(dw_ctx *ctx, dw_compiled *c, int i) {
     return dw_compile_quant_recipe(b->recipe) ? linear_note(ctx, c, i, why) : DW_OK;
 }
 
-static dw_status unsupported(dw_ctx *ctx, dw_compiled *c, const char *fmt, const char *a, const char *b) {
-    if (c->unsupported) return DW_OK;
-    size_t len = strlen(fmt) + strlen(a) + strlen(b) + 1;
-    if (!(c->unsupported = malloc(len))) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
-    snprintf(c->unsupported, len, fmt, a, b);
-    return DW_OK;
-}
-
 dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) {
     const dw_graph *g = c->g;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -136,9 +128,13 @@ dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) 
         b->rule = -1;
         b->recipe = DW_RECIPE_BF16;
         b->reason = DW_POLICY_NOT_GEMM;
-        if (!dw_op_on_backend(n->op, c->target.device))
-            DW_TRY(unsupported(ctx, c, "op %s (node '%s') has no implementation on this backend", dw_op_name(n->op),
-                               n->name));
+        if (!dw_op_on_backend(n->op, c->target.device)) {
+            const bool cuda = c->target.device == DW_DEVICE_CUDA;
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                                "compile: op %s (node '%s') has no %s implementation yet (ops.def's %s column is 0); "
+                                "compile for the %s", dw_op_name(n->op), n->name, cuda ? "CUDA" : "CPU",
+                                cuda ? "cuda" : "cpu", cuda ? "CPU (--device cpu)" : "GPU");
+        }
         if (!DW_OP_IS(n, DW_OPF_GEMM)) continue;
         if (policy)
             b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);

@@ -31,7 +31,6 @@ void dw_compiled_free(dw_compiled *c) {
     free(c->node);
     free(c->tensor);
     free(c->steps);
-    free(c->unsupported);
     free(c->policy_json);
     free(c->param_tensor);
     free(c->param_off);

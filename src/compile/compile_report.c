@@ -46,12 +46,11 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "(rule %d)", b->rule);
         else
             fprintf(f, "(%s)", dw_policy_reason_text(b->reason));
-        const bool on_backend = dw_op_on_backend(n->op, c->target.device);
         if (pn->fused == (DW_FUSED_FWD | DW_FUSED_BWD))
             fprintf(f, "\n     kernel none of its own: forward and backward run in GEMM epilogues\n");
         else if (!gemm || !c->bf16)
-            fprintf(f, "\n     kernel dw_%s_op_%s_fwd/bwd%s%s\n", dev, dw_op_name(n->op),
-                    gemm ? " (the FP32 reference GEMM)" : "", on_backend ? "" : " [NOT ON THIS BACKEND]");
+            fprintf(f, "\n     kernel dw_%s_op_%s_fwd/bwd%s\n", dev, dw_op_name(n->op),
+                    gemm ? " (the FP32 reference GEMM)" : "");
         else {
             fprintf(f, "\n     kernel");
             for (int p = 0; p < DW_QPASS_COUNT; p++)
@@ -73,7 +72,6 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         if (pn->fused & DW_FUSED_BWD)
             fprintf(f, "     fused: backward in %s's dgrad epilogue (DGELU)\n", g->nodes[pn->partner_bwd].name);
     }
-    if (c->unsupported) fprintf(f, "\nthe %s backend cannot run this: %s\n", dev, c->unsupported);
 
     int64_t sizes = 0;
     for (int i = 0; i < c->n_items; i++) sizes += c->items[i].size;

@@ -173,7 +173,6 @@ struct dw_compiled {
     char precision[32];        /* "fp32" (no policy), the policy's default recipe, or "policy"
                                   (a policy with rules): reports and checkpoints */
     char *policy_json;         /* the policy (dw_policy_to_json), or NULL in FP32 mode */
-    char *unsupported;         /* why the target cannot run this (NULL: it can) */
 
     dw_step *steps;
     int n_steps;

@@ -46,7 +46,6 @@ static dw_status check_program(dw_ctx *ctx, const dw_compiled *c, const dw_backe
     if (c->target.sm != be->sm)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s engine: the program's kernels were chosen for sm_%d, the "
                             "device is sm_%d (compile it for this device)", be->i->name, c->target.sm, be->sm);
-    if (c->unsupported) return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s engine: %s", be->i->name, c->unsupported);
     return DW_OK;
 }
 
