@@ -47,6 +47,9 @@ static void parts_attention(const dw_compiled *c, const dw_ir_node *n, int64_t *
     }
 }
 static void parts_moe_router(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {} /* recomputes scores */
+static void parts_moe_dispatch(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
+static void parts_moe_linear(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
+static void parts_moe_combine(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 /* cross-entropy: the loss reduction's scratch (dw_cuda_cross_entropy_ws_bytes: 16 + N * 4) */
 static void parts_cross_entropy(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     TMP(DW_TMP_XENT) = 16 + rows_of(c->g) * 4;

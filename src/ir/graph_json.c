@@ -22,6 +22,7 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.head_dim) json_object_set_new(a, "head_dim", json_integer(n->attrs.head_dim));
     if (n->attrs.eps) json_object_set_new(a, "eps", json_real(n->attrs.eps));
     if (n->attrs.theta) json_object_set_new(a, "theta", json_real(n->attrs.theta));
+    if (n->attrs.experts) json_object_set_new(a, "experts", json_integer(n->attrs.experts));
     if (n->attrs.top_k) {
         json_object_set_new(a, "top_k", json_integer(n->attrs.top_k));
         json_object_set_new(a, "score", json_string(n->attrs.score == DW_ROUTER_SIGMOID ? "sigmoid" : "softmax"));
@@ -217,7 +218,7 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     const struct {
         const char *k;
         int64_t *dst;
-    } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}, {"top_k", &a.top_k}};
+    } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}, {"top_k", &a.top_k}, {"experts", &a.experts}};
     for (size_t k = 0; ja && k < sizeof ints / sizeof ints[0]; k++) {
         v = 0;
         DW_TRY(dw_json_get_int_opt(ctx, ja, ints[k].k, what, &v));

@@ -88,6 +88,7 @@ typedef struct {
     double eps;                        /* layernorm, rmsnorm */
     double theta;                      /* rope */
     int64_t top_k;                     /* moe_router: experts per token */
+    int64_t experts;                   /* moe_dispatch: experts (E) the indices refer to */
     int32_t score;                     /* moe_router: dw_router_score */
     bool norm_topk;                    /* moe_router: the K weights renormalised to sum 1 */
 } dw_ir_attrs;

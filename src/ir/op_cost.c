@@ -71,6 +71,21 @@ static void flops_moe_router(const dw_graph *g, const dw_ir_node *n, bool palm, 
     const double K = (double)n->attrs.top_k;
     ELEMENTWISE(4 + K, 6, dw_ir_numel(IN(0)));
 }
+/* moe_dispatch: copies; the backward sums each token's K row gradients */
+static void flops_moe_dispatch(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(0, 1, dw_ir_numel(&g->tensors[n->out[0]]));
+}
+/* moe_linear: a matmul per expert group: R rows x K x M in all (R = tokens x top_k), the active
+ * expert weights in PaLM's convention */
+static void flops_moe_linear(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    const double R = (double)rows(IN(0)), K = (double)last(IN(0)), M = (double)IN(1)->shape[1];
+    *f = 2 * R * K * M;
+    *b = 4 * R * K * M;
+}
+/* moe_combine: a multiply-add per row element; backward the row gradients and the weights' dots */
+static void flops_moe_combine(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(2, 4, dw_ir_numel(IN(0)));
+}
 static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(4, 3, dw_ir_numel(IN(0)));
 }
@@ -117,6 +132,18 @@ static void passes_moe_router(const dw_graph *g, const dw_ir_node *n, double *f,
     const double NE = (double)dw_ir_numel(IN(0)), NK = (double)dw_ir_numel(OUT);
     *f = NE + 2 * NK; /* logits in; weights, experts out */
     *b = 2 * NE + 2 * NK; /* logits, experts, dweights in; dlogits out */
+}
+static void passes_moe_dispatch(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    const double NC = (double)dw_ir_numel(IN(0)), R = (double)dw_ir_numel(&g->tensors[n->out[0]]);
+    *f = NC + R, *b = R + NC; /* x in, rows out; row gradients in, dx out */
+}
+static void passes_moe_linear(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    const double X = (double)dw_ir_numel(IN(0)), Y = (double)dw_ir_numel(OUT);
+    *f = X + Y, *b = 2 * X + Y; /* x in, y out; dy, x in, dx out (the weights: parameter traffic) */
+}
+static void passes_moe_combine(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    const double R = (double)dw_ir_numel(IN(0)), Y = (double)dw_ir_numel(OUT);
+    *f = R + Y, *b = Y + 2 * R; /* rows in, out; dout and rows in, row gradients out */
 }
 static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     PASSES(3, 0, dw_ir_numel(IN(0))); /* fused: logits read twice, dlogits written in place */

@@ -195,6 +195,58 @@ static dw_status infer_moe_router(dw_ctx *ctx, const dw_graph *g, const dw_ir_no
     return DW_OK;
 }
 
+/* moe_dispatch: x (B,T,C), experts (B,T,K) i32 -> rows (B,T*K,C), offsets (E+1) i32, rows of
+ * (token, k) (B,T,K) i32 */
+static dw_status infer_moe_dispatch(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 3, DW_IR_I32));
+    if (IN(1)->shape[0] != IN(0)->shape[0] || IN(1)->shape[1] != IN(0)->shape[1])
+        return dw_ir_node_error(ctx, n, "experts '%s' do not match x's batch and sequence", IN(1)->name);
+    const int64_t E = n->attrs.experts, K = last(IN(1));
+    if (E < 1 || E > DW_ROUTER_MAX_EXPERTS || K > E)
+        return dw_ir_node_error(ctx, n, "experts %lld must be in [top_k %lld, %d]", (long long)E, (long long)K,
+                                DW_ROUTER_MAX_EXPERTS);
+    like(g, n, 0, &o[0]);
+    o[0].shape[1] = IN(0)->shape[1] * K;
+    o[1] = (dw_ir_tensor){.kind = DW_TENSOR_ACT, .dtype = DW_IR_I32, .ndim = 1, .shape = {E + 1}};
+    like(g, n, 1, &o[2]);
+    return DW_OK;
+}
+
+/* moe_linear: rows (B,R,K), weights (E,M,K), offsets (E+1) i32 -> (B,R,M) */
+static dw_status infer_moe_linear(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 2, 1, DW_IR_I32));
+    const dw_ir_tensor *w = IN(1);
+    if (w->shape[2] != last(IN(0)))
+        return dw_ir_node_error(ctx, n, "weights '%s' take width %lld; the rows are %lld wide", w->name,
+                                (long long)w->shape[2], (long long)last(IN(0)));
+    if (IN(2)->shape[0] != w->shape[0] + 1)
+        return dw_ir_node_error(ctx, n, "offsets '%s' have %lld entries; %lld experts need %lld", IN(2)->name,
+                                (long long)IN(2)->shape[0], (long long)w->shape[0], (long long)w->shape[0] + 1);
+    like(g, n, 0, o);
+    o->shape[2] = w->shape[1];
+    return DW_OK;
+}
+
+/* moe_combine: rows (B,T*K,C), weights (B,T,K), rows of (token, k) (B,T,K) i32 -> (B,T,C) */
+static dw_status infer_moe_combine(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 2, 3, DW_IR_I32));
+    const dw_ir_tensor *y = IN(0), *w = IN(1), *p = IN(2);
+    for (int d = 0; d < 3; d++)
+        if (p->shape[d] != w->shape[d])
+            return dw_ir_node_error(ctx, n, "rows '%s' and weights '%s' differ in shape", p->name, w->name);
+    if (y->shape[0] != w->shape[0] || y->shape[1] != w->shape[1] * w->shape[2])
+        return dw_ir_node_error(ctx, n, "expert rows '%s' are not batch x (sequence x top_k %lld)", y->name,
+                                (long long)w->shape[2]);
+    like(g, n, 1, o);
+    o->shape[2] = last(y);
+    return DW_OK;
+}
+
 static dw_status infer_cross_entropy(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n,
                                      dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));

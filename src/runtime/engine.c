@@ -206,7 +206,7 @@ dw_status dw_engine_read_value(dw_engine *e, int t, float *out) {
     const dw_prog_tensor *pt = &e->p->tensor[t];
     if (t < 0 || t >= e->g->n_tensors || pt->val_off < 0)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: tensor %d has no value in the program", t);
-    const int64_t n = e->x->b * e->x->t * pt->width;
+    const int64_t n = dw_exec_rows(e->x, t) * pt->width;
     const void *src = e->x->act + pt->val_off;
     if (e->g->tensors[t].dtype == DW_IR_I32) { /* int32 data (router experts), exact as floats below 2^24 */
         DW_TRY(e->be->i->download(e->be, out, src, (size_t)n * 4));

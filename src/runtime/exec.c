@@ -143,7 +143,7 @@ static dw_status deliver(dw_exec *x, const dw_op_call *c) {
         if (pn->grad_mode[s] != DW_GRAD_ACCUM_TMP) continue;
         const int t = c->n->in[s];
         DW_TRY(x->be->i->add(x->be, x->p->bf16 ? DW_DT_ACT_BF16 : DW_DT_ACT_F32, grad_of(x, t), c->dx[s],
-                             c->rows * x->p->tensor[t].width));
+                             dw_exec_rows(x, t) * x->p->tensor[t].width));
     }
     return DW_OK;
 }

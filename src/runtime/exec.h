@@ -55,6 +55,14 @@ dw_status dw_exec_train_step(dw_exec *x, double dloss);
  * recording from the second call. Issued only: the caller reads the norm back. */
 dw_status dw_exec_optimizer(dw_exec *x, const dw_adamw_args *a);
 
+/* Rows of tensor t in the current batch: its capacity rows (shape[0] x shape[1]) scaled to (b, t):
+ * b x t for (B,T,...) tensors, b x t x K for the (B,T*K,...) rows MoE dispatch makes; 1 for a
+ * tensor of rank below 2 (the per-expert offsets, the loss). */
+static inline int64_t dw_exec_rows(const dw_exec *x, int t) {
+    const dw_ir_tensor *ten = &x->g->tensors[t];
+    return ten->ndim < 2 ? 1 : x->b * x->t * (ten->shape[1] / x->g->seq);
+}
+
 /* The parameter pools' pointers of parameter k (FP32 master, gradient, m, v). */
 static inline int64_t dw_exec_param_off(const dw_exec *x, int k) { return x->p->param_off[k]; }
 

@@ -236,6 +236,57 @@ dw_graph *dw_test_router_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_
     return g;
 }
 
+dw_graph *dw_test_moe_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r) {
+    const int64_t C = 2 * rnd_in(r, 2, 6), F = rnd_in(r, 2, 9), E = rnd_in(r, 2, 6), K = rnd_in(r, 1, E);
+    const int64_t V = rnd_in(r, 10, 30);
+    dw_graph_model model = {.model_type = "custom", .n_blocks = 1, .vocab = V, .max_seq = seq};
+    snprintf(model.summary, sizeof model.summary, "moe: width %lld, %lld experts of %lld, top %lld", (long long)C,
+             (long long)E, (long long)F, (long long)K);
+    dw_graph *g = dw_graph_new(&model, batch, seq);
+    if (!g) return NULL;
+    const int64_t bt[2] = {batch, seq}, vc[2] = {V, C}, ec[2] = {E, C}, efc[3] = {E, F, C}, ecf[3] = {E, C, F};
+    g->tokens = dw_graph_add_tensor(g, "tokens", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    g->targets = dw_graph_add_tensor(g, "targets", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
+    const int wte = dw_graph_add_tensor(g, "wte.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, vc);
+    const int gate = dw_graph_add_tensor(g, "gate.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, ec);
+    const int w1 = dw_graph_add_tensor(g, "experts.w1", DW_TENSOR_PARAM, DW_IR_F32, 3, efc);
+    const int w3 = dw_graph_add_tensor(g, "experts.w3", DW_TENSOR_PARAM, DW_IR_F32, 3, efc);
+    const int w2 = dw_graph_add_tensor(g, "experts.w2", DW_TENSOR_PARAM, DW_IR_F32, 3, ecf);
+    const int head = dw_graph_add_tensor(g, "head.weight", DW_TENSOR_PARAM, DW_IR_F32, 2, vc);
+    const dw_ir_attrs ra = {.top_k = K, .score = 0, .norm_topk = true}, da = {.experts = E};
+    int in[3] = {g->tokens, wte}, ro[2] = {-1, -1}, dout[3] = {-1, -1, -1};
+    dw_status st = DW_OK;
+    const int x = dw_graph_add_node(ctx, g, DW_OP_EMBEDDING, "emb", in, 2, NULL, "x");
+    in[0] = x, in[1] = gate;
+    const int z = x < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_LINEAR, "gate", in, 2, NULL, "z");
+    const char *const rn[2] = {"w", "experts"}, *const dn[3] = {"xs", "offsets", "rows"};
+    in[0] = z;
+    if (z < 0 || (st = dw_graph_add_node_outs(ctx, g, DW_OP_MOE_ROUTER, "router", in, 1, &ra, rn, ro)) != DW_OK) goto fail;
+    in[0] = x, in[1] = ro[1];
+    if ((st = dw_graph_add_node_outs(ctx, g, DW_OP_MOE_DISPATCH, "dispatch", in, 2, &da, dn, dout)) != DW_OK) goto fail;
+    in[0] = dout[0], in[1] = w1, in[2] = dout[1];
+    const int gg = dw_graph_add_node(ctx, g, DW_OP_MOE_LINEAR, "experts.w1", in, 3, NULL, "g");
+    in[1] = w3;
+    const int u = dw_graph_add_node(ctx, g, DW_OP_MOE_LINEAR, "experts.w3", in, 3, NULL, "u");
+    in[0] = gg, in[1] = u;
+    const int a = gg < 0 || u < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_SWIGLU, "swiglu", in, 2, NULL, "a");
+    in[0] = a, in[1] = w2, in[2] = dout[1];
+    const int y = a < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_MOE_LINEAR, "experts.w2", in, 3, NULL, "y");
+    in[0] = y, in[1] = ro[0], in[2] = dout[2];
+    const int o = y < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_MOE_COMBINE, "combine", in, 3, NULL, "o");
+    in[0] = x, in[1] = o;
+    const int s = o < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_ADD, "add", in, 2, NULL, "s");
+    in[0] = s, in[1] = head;
+    g->logits = s < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_LINEAR, "head", in, 2, NULL, "logits");
+    in[0] = g->logits, in[1] = g->targets;
+    g->loss = g->logits < 0 ? -1 : dw_graph_add_node(ctx, g, DW_OP_CROSS_ENTROPY, "loss", in, 2, NULL, "loss");
+    if (g->loss >= 0 && dw_graph_verify(ctx, g) == DW_OK) return g;
+fail:
+    fprintf(stderr, "dw_test_moe_graph: %s\n", dw_errmsg(ctx));
+    dw_graph_free(g);
+    return NULL;
+}
+
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq) {
     dw_graph *h = NULL;
     char *dir = dw_test_tmpdir(), *cfg = dir ? dw_test_path(dir, "config.json") : NULL;

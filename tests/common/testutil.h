@@ -67,6 +67,15 @@ dw_graph *dw_test_shared_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_
 dw_graph *dw_test_router_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r, int score, bool renorm,
                                bool gemm_sizes, int *node_router);
 
+/* A hand-built mixture-of-experts feed-forward around the MoE ops (E experts, top K, SwiGLU of
+ * width F, dropless):
+ *   x = emb(tokens, wte); (w, experts) = moe_router(linear(x, gate)) (softmax, renormalised);
+ *   (xs, offsets, rows) = moe_dispatch(x, experts); a = swiglu(moe_linear(xs, w1), moe_linear(xs, w3));
+ *   s = x + moe_combine(moe_linear(a, w2), w, rows); logits = linear(s, head); loss
+ * with random small sizes from r (C 4..12, F 2..9, E 2..6, K 1..E, V 10..30), for batch x seq.
+ * NULL with the message printed on failure. */
+dw_graph *dw_test_moe_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r);
+
 /* A second graph of g's configuration (captured again from its config.json) at batch x seq (0:
  * g's). NULL with the message printed on failure. */
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq);

@@ -1,4 +1,7 @@
-/* test_ops_cpu_moe.c — the CPU reference MoE router (kernels/cpu/router_cpu.c): forward against an
+/* test_ops_cpu_moe.c — the CPU reference MoE kernels. Dispatch, grouped linear and combine
+ * (kernels/cpu/moe_cpu.c): the dispatch's grouping checked property by property, the others
+ * against naive formulas and central differences, with skewed routing (half the assignments to
+ * one expert), an empty expert and an invalid assignment. The router (kernels/cpu/router_cpu.c): forward against an
  * independent double formula written here (selection by sorting, not by the kernel's repeated
  * arg-max), backward against double central differences of that formula with the experts held
  * at the forward's choice; softmax and sigmoid scores, renormalised or not, on fresh random sizes
@@ -134,7 +137,172 @@ static void test_router_nan(void **state) {
     assert_true(isnan(w[3]) && isfinite(w[0]));
 }
 
+/* ---- dispatch, grouped linear, combine --------------------------------------------------------- */
+static int32_t *random_experts(int64_t N, int64_t K, int64_t E, bool invalid) {
+    int32_t *idx = malloc((size_t)(N * K) * sizeof *idx);
+    for (int64_t a = 0; a < N * K; a++) /* skewed: half the assignments to expert 0 */
+        idx[a] = dw_test_next(&g_rng) % 2 ? 0 : (int32_t)(dw_test_next(&g_rng) % (uint64_t)E);
+    if (invalid) idx[N * K / 2] = -1; /* a router row short of candidates */
+    return idx;
+}
+
+/* Dispatch: offsets are the prefix counts, every valid assignment has its own row holding its
+ * token, rows within a group keep (token, k) order, unused rows are 0; the backward sums rows. */
+static int64_t run_dispatch(int64_t N, int64_t C, int64_t K, int64_t E, bool invalid) {
+    int64_t bad = 0;
+    float *x = dw_oc_alloc(N * C), *xs = dw_oc_alloc(N * K * C), *dxs = dw_oc_alloc(N * K * C), *dx = dw_oc_alloc(N * C);
+    int32_t *idx = random_experts(N, K, E, invalid), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)(N * K) * 4);
+    dw_oc_fill(&g_rng, x, N * C, -1, 1);
+    dw_oc_fill(&g_rng, dxs, N * K * C, -1, 1);
+    for (int64_t i = 0; i < N * K * C; i++) xs[i] = NAN;
+    dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, N, C, K, E);
+    int64_t valid = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t count = 0, last = -1;
+        for (int64_t a = 0; a < N * K; a++)
+            if (idx[a] == e) {
+                count++;
+                bad += pos[a] < off[e] || pos[a] >= off[e + 1] || pos[a] <= last; /* in its group, in order */
+                last = pos[a];
+                bad += memcmp(xs + (int64_t)pos[a] * C, x + (a / K) * C, (size_t)C * 4) != 0;
+            }
+        bad += off[e] != valid || off[e + 1] - off[e] != count;
+        valid += count;
+    }
+    bad += off[E] != valid;
+    for (int64_t a = 0; a < N * K; a++) bad += (idx[a] < 0) != (pos[a] < 0);
+    for (int64_t i = valid * C; i < N * K * C; i++) bad += xs[i] != 0.0f;
+    dw_cpu_moe_dispatch_bwd(dx, dxs, pos, N, C, K);
+    double *want = dw_oc_dalloc(N * C);
+    for (int64_t a = 0; a < N * K; a++)
+        for (int64_t c = 0; pos[a] >= 0 && c < C; c++) want[(a / K) * C + c] += dxs[(int64_t)pos[a] * C + c];
+    bad += dw_oc_fwd_check("moe_dispatch", "dx", dx, want, N * C);
+    if (bad) fprintf(stderr, "moe_dispatch N=%lld C=%lld K=%lld E=%lld: %lld bad\n", (long long)N, (long long)C,
+                     (long long)K, (long long)E, (long long)bad);
+    free(x), free(xs), free(dxs), free(dx), free(idx), free(off), free(pos), free(want);
+    return bad;
+}
+
+typedef struct {
+    double *x, *w, *g;
+    const int32_t *off;
+    int64_t R, E, K, M;
+} glin_st;
+static double glin_obj(void *p) { /* sum g . y */
+    glin_st *o = p;
+    double L = 0.0;
+    for (int64_t e = 0; e < o->E; e++)
+        for (int64_t r = o->off[e]; r < o->off[e + 1]; r++)
+            for (int64_t m = 0; m < o->M; m++) {
+                double y = 0.0;
+                for (int64_t k = 0; k < o->K; k++) y += o->x[r * o->K + k] * o->w[(e * o->M + m) * o->K + k];
+                L += o->g[r * o->M + m] * y;
+            }
+    return L;
+}
+
+/* Grouped linear: forward against the per-group formula; dx and dw against differences of
+ * sum g . y (an empty group included; unused rows give 0). */
+static int64_t run_glinear(int64_t N, int64_t K0, int64_t E, int64_t Kin, int64_t M) {
+    int64_t bad = 0;
+    const int64_t R = N * K0;
+    int32_t *idx = random_experts(N, K0, E, false), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)R * 4);
+    idx[0] = (int32_t)(E - 1); /* expert E-2 may be empty: fine */
+    float *dummy = dw_oc_alloc(N), *xsd = dw_oc_alloc(R);
+    for (int64_t i = 0; i < N; i++) dummy[i] = 0.0f;
+    dw_cpu_moe_dispatch_fwd(xsd, off, pos, dummy, idx, N, 1, K0, E); /* only the offsets are needed */
+    float *x = dw_oc_alloc(R * Kin), *w = dw_oc_alloc(E * M * Kin), *y = dw_oc_alloc(R * M), *g = dw_oc_alloc(R * M);
+    float *dx = dw_oc_alloc(R * Kin), *dw = dw_oc_alloc(E * M * Kin), *prior = dw_oc_alloc(E * M * Kin);
+    dw_oc_fill(&g_rng, x, R * Kin, -1, 1);
+    dw_oc_fill(&g_rng, w, E * M * Kin, -1, 1);
+    dw_oc_fill(&g_rng, g, R * M, -1, 1);
+    dw_oc_fill(&g_rng, prior, E * M * Kin, -1, 1);
+    memcpy(dw, prior, (size_t)(E * M * Kin) * 4);
+    dw_cpu_moe_linear_fwd(y, x, w, off, R, E, Kin, M);
+    dw_cpu_moe_linear_bwd(dx, dw, g, x, w, off, R, E, Kin, M);
+    glin_st o = {.x = dw_oc_to_double(x, R * Kin), .w = dw_oc_to_double(w, E * M * Kin), .g = dw_oc_to_double(g, R * M),
+                 .off = off, .R = R, .E = E, .K = Kin, .M = M};
+    double *want = dw_oc_dalloc(R * M), *fdx = dw_oc_dalloc(R * Kin), *fdw = dw_oc_dalloc(E * M * Kin);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t r = off[e]; r < off[e + 1]; r++)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t k = 0; k < Kin; k++) want[r * M + m] += o.x[r * Kin + k] * o.w[(e * M + m) * Kin + k];
+    bad += dw_oc_fwd_check("moe_linear", "y", y, want, R * M);
+    dw_oc_fd(glin_obj, &o, o.x, R * Kin, DW_OC_FD_H, fdx);
+    dw_oc_fd(glin_obj, &o, o.w, E * M * Kin, DW_OC_FD_H, fdw);
+    bad += dw_oc_grad_check("moe_linear", "dx", dx, fdx, NULL, R * Kin);
+    bad += dw_oc_grad_check("moe_linear", "dw", dw, fdw, prior, E * M * Kin);
+    free(idx), free(off), free(pos), free(dummy), free(xsd), free(x), free(w), free(y), free(g), free(dx), free(dw);
+    free(prior), free(o.x), free(o.w), free(o.g), free(want), free(fdx), free(fdw);
+    return bad;
+}
+
+typedef struct {
+    double *ys, *wt, *g;
+    const int32_t *pos;
+    int64_t N, C, K;
+} comb_st;
+static double comb_obj(void *p) {
+    comb_st *o = p;
+    double L = 0.0;
+    for (int64_t n = 0; n < o->N; n++)
+        for (int64_t k = 0; k < o->K; k++) {
+            const int32_t r = o->pos[n * o->K + k];
+            for (int64_t c = 0; r >= 0 && c < o->C; c++)
+                L += o->g[n * o->C + c] * o->wt[n * o->K + k] * o->ys[(int64_t)r * o->C + c];
+        }
+    return L;
+}
+
+/* Combine: forward against the weighted sums; dys and dwt against differences of sum g . out. */
+static int64_t run_combine(int64_t N, int64_t C, int64_t K, int64_t E) {
+    int64_t bad = 0;
+    const int64_t R = N * K;
+    int32_t *idx = random_experts(N, K, E, true), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)R * 4);
+    float *dummy = dw_oc_alloc(N), *xsd = dw_oc_alloc(R);
+    for (int64_t i = 0; i < N; i++) dummy[i] = 0.0f;
+    dw_cpu_moe_dispatch_fwd(xsd, off, pos, dummy, idx, N, 1, K, E);
+    float *ys = dw_oc_alloc(R * C), *wt = dw_oc_alloc(N * K), *g = dw_oc_alloc(N * C), *out = dw_oc_alloc(N * C);
+    float *dys = dw_oc_alloc(R * C), *dwt = dw_oc_alloc(N * K);
+    dw_oc_fill(&g_rng, ys, R * C, -1, 1);
+    dw_oc_fill(&g_rng, wt, N * K, 0, 1);
+    dw_oc_fill(&g_rng, g, N * C, -1, 1);
+    dw_cpu_moe_combine_fwd(out, ys, wt, pos, N, C, K);
+    dw_cpu_moe_combine_bwd(dys, dwt, g, ys, wt, pos, N, C, K, R);
+    comb_st o = {.ys = dw_oc_to_double(ys, R * C), .wt = dw_oc_to_double(wt, N * K), .g = dw_oc_to_double(g, N * C),
+                 .pos = pos, .N = N, .C = C, .K = K};
+    double *want = dw_oc_dalloc(N * C), *fdy = dw_oc_dalloc(R * C), *fdw = dw_oc_dalloc(N * K);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t c = 0; pos[n * K + k] >= 0 && c < C; c++)
+                want[n * C + c] += o.wt[n * K + k] * o.ys[(int64_t)pos[n * K + k] * C + c];
+    bad += dw_oc_fwd_check("moe_combine", "out", out, want, N * C);
+    dw_oc_fd(comb_obj, &o, o.ys, R * C, DW_OC_FD_H, fdy);
+    dw_oc_fd(comb_obj, &o, o.wt, N * K, DW_OC_FD_H, fdw);
+    bad += dw_oc_grad_check("moe_combine", "dys", dys, fdy, NULL, R * C);
+    bad += dw_oc_grad_check("moe_combine", "dweights", dwt, fdw, NULL, N * K);
+    free(idx), free(off), free(pos), free(dummy), free(xsd), free(ys), free(wt), free(g), free(out), free(dys);
+    free(dwt), free(o.ys), free(o.wt), free(o.g), free(want), free(fdy), free(fdw);
+    return bad;
+}
+
+static void test_dispatch_linear_combine(void **state) {
+    (void)state;
+    int64_t bad = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        const int64_t E = 2 + (int64_t)(dw_test_next(&g_rng) % 7), K = 1 + (int64_t)(dw_test_next(&g_rng) % E);
+        const int64_t N = 1 + (int64_t)(dw_test_next(&g_rng) % 11), C = 1 + (int64_t)(dw_test_next(&g_rng) % 9);
+        bad += run_dispatch(N, C, K, E, false);
+        bad += run_dispatch(N, C, K, E, true);
+        bad += run_glinear(N, K, E, C, 1 + (int64_t)(dw_test_next(&g_rng) % 7));
+        bad += run_combine(N, C, K, E);
+    }
+    bad += run_dispatch(1, 3, 1, 1, false); /* one token, one expert */
+    assert_int_equal(bad, 0);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_router), cmocka_unit_test(test_router_nan)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_router), cmocka_unit_test(test_router_nan),
+                                       cmocka_unit_test(test_dispatch_linear_combine)};
     return cmocka_run_group_tests(tests, setup, NULL);
 }

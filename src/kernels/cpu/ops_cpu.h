@@ -86,6 +86,29 @@ void dw_cpu_moe_router_fwd(float *w, int32_t *idx, const float *z, int64_t N, in
 void dw_cpu_moe_router_bwd(float *dz, const float *dw, const float *z, const int32_t *idx, int64_t N, int64_t E,
                            int64_t K, int score, int renorm);
 
+/* MoE dispatch: the N*K (token, k) assignments grouped by expert (a counting sort: groups in
+ * expert order, each in (token, k) order). xs (N*K, C) gets x's row n for each assignment of n,
+ * offsets (E+1) the group starts (offsets[E] = the assignments with a valid expert), pos (N,K)
+ * each assignment's row (-1 for an expert outside [0, E): no row). Rows past offsets[E] are 0. */
+void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const float *x, const int32_t *idx,
+                             int64_t N, int64_t C, int64_t K, int64_t E);
+/* dx (N,C) written: each token's sum of its K rows' gradients */
+void dw_cpu_moe_dispatch_bwd(float *dx, const float *dxs, const int32_t *pos, int64_t N, int64_t C, int64_t K);
+/* Grouped linear: rows [offsets[e], offsets[e+1]) of x (R,K) times w[e]^T (w (E,M,K)) into y
+ * (R,M); rows past offsets[E] are 0. */
+void dw_cpu_moe_linear_fwd(float *y, const float *x, const float *w, const int32_t *offsets, int64_t R, int64_t E,
+                           int64_t K, int64_t M);
+/* dx (R,K) written (NULL: not needed; rows past offsets[E] are 0); dw[e] += dy_e^T x_e */
+void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                           const int32_t *offsets, int64_t R, int64_t E, int64_t K, int64_t M);
+/* MoE combine: out[n] = sum_k wt[n,k] * ys[pos[n,k]] (pos -1: nothing)     ys (R,C), wt, pos (N,K) */
+void dw_cpu_moe_combine_fwd(float *out, const float *ys, const float *wt, const int32_t *pos, int64_t N, int64_t C,
+                            int64_t K);
+/* dys (R,C) written: wt[n,k] * dout[n] at row pos[n,k], 0 in rows no assignment names; dwt (N,K)
+ * written: dout[n] . ys[pos[n,k]] (0 for pos -1). Either may be NULL. */
+void dw_cpu_moe_combine_bwd(float *dys, float *dwt, const float *dout, const float *ys, const float *wt,
+                            const int32_t *pos, int64_t N, int64_t C, int64_t K, int64_t R);
+
 /* ---- optimizer over flat FP32 pools (the contract of kernels/adamw_args.h) ------------------- */
 /* sum of g[i]^2 (n) in double, in ascending order */
 double dw_cpu_sumsq(const float *g, int64_t n);

@@ -13,7 +13,7 @@
 
 /* N rows of node n's output width C. */
 #define DIMS                                                                                         \
-    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out[0]);                                       \
+    const int64_t N = dw_exec_rows(c->x, c->n->out[0]), C = dw_cpu_width(c, c->n->out[0]);           \
     (void)N, (void)C
 
 /* ---- embedding: out (N,C) = wte[tokens] ------------------------------------------------------ */

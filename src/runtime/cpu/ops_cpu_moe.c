@@ -1,8 +1,12 @@
 /* ops_cpu_moe.c — the CPU backend's mixture-of-experts entries: the router (logits -> top-k
- * weights, stored in the program's activation dtype, and int32 experts). Its backward recomputes
- * the scores from the logits and reads the experts the forward chose (ops.def READS_IN0,
- * READS_OUT); weights without a gradient (no consumer sent one) count as zeros. */
+ * weights in the program's activation dtype and int32 experts; its backward recomputes the scores
+ * and reads the experts the forward chose), dispatch, the grouped expert linear layer (BF16
+ * programs read the BF16 weight copies, as the dense linear does) and combine. An output gradient
+ * no consumer sent (dout NULL) counts as zeros. */
+#include <string.h>
+
 #include "core/error.h"
+#include "formats/formats.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/cpu/cpu.h"
 
@@ -27,5 +31,94 @@ dw_status dw_cpu_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
     if (!z || !dz || (c->dout[0] && !dw)) return DW_ERR_NOMEM;
     dw_cpu_moe_router_bwd(dz, dw, z, (const int32_t *)c->out[1], N, E, K, a->score, a->norm_topk);
     dw_cpu_deliver(c, 0, dz, N * E);
+    return DW_OK;
+}
+
+/* ---- dispatch: x's rows grouped by expert, the offsets, each (token, k)'s row ------------------ */
+dw_status dw_cpu_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
+    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->in[0]), K = dw_cpu_width(c, c->n->in[1]);
+    const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
+    float *xs = dw_cpu_out(be, c, c->out[0], N * K * C, CPU_S_OUT);
+    if (!x || !xs) return DW_ERR_NOMEM;
+    dw_cpu_moe_dispatch_fwd(xs, (int32_t *)c->out[1], (int32_t *)c->out[2], x, (const int32_t *)c->in[1], N, C, K,
+                            c->n->attrs.experts);
+    dw_cpu_put(c, c->out[0], xs, N * K * C, false); /* copies of BF16 values: exact */
+    return DW_OK;
+}
+dw_status dw_cpu_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
+    if (!c->dx[0]) return DW_OK;
+    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->in[0]), K = dw_cpu_width(c, c->n->in[1]);
+    float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
+    const float *dxs = c->dout[0] ? dw_cpu_in(be, c, c->dout[0], N * K * C, CPU_S_DOUT) : NULL;
+    if (!dx || (c->dout[0] && !dxs)) return DW_ERR_NOMEM;
+    if (dxs) dw_cpu_moe_dispatch_bwd(dx, dxs, (const int32_t *)c->out[2], N, C, K);
+    else memset(dx, 0, (size_t)(N * C) * sizeof *dx);
+    dw_cpu_deliver(c, 0, dx, N * C);
+    return DW_OK;
+}
+
+/* ---- grouped linear: each expert's rows times its weight^T ------------------------------------ */
+/* The weights as the GEMM reads them: the FP32 masters, or in a BF16 program the BF16 copy widened. */
+static const float *expert_weights(dw_backend *be, const dw_op_call *c, int64_t n) {
+    if (!c->in_bf16[1]) return c->in[1];
+    float *w = dw_cpu_scratch(be, CPU_S_W, n);
+    if (w)
+        for (int64_t i = 0; i < n; i++) w[i] = dw_decode_bf16(c->in_bf16[1][i]);
+    return w;
+}
+
+dw_status dw_cpu_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
+    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
+    const int64_t R = dw_exec_rows(c->x, c->n->in[0]), E = wt->shape[0], M = wt->shape[1], K = wt->shape[2];
+    const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0), *w = expert_weights(be, c, E * M * K);
+    float *y = dw_cpu_out(be, c, c->out[0], R * M, CPU_S_OUT);
+    if (!x || !w || !y) return DW_ERR_NOMEM;
+    dw_cpu_moe_linear_fwd(y, x, w, (const int32_t *)c->in[2], R, E, K, M);
+    dw_cpu_put(c, c->out[0], y, R * M, false);
+    return DW_OK;
+}
+dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
+    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
+    const int64_t R = dw_exec_rows(c->x, c->n->in[0]), E = wt->shape[0], M = wt->shape[1], K = wt->shape[2];
+    float *dx = c->dx[0] ? dw_cpu_scratch(be, CPU_S_DX0, R * K) : NULL;
+    if (c->dx[0] && !dx) return DW_ERR_NOMEM;
+    if (!c->dout[0]) { /* no gradient reached y: none leaves */
+        if (dx) memset(dx, 0, (size_t)(R * K) * sizeof *dx), dw_cpu_deliver(c, 0, dx, R * K);
+        return DW_OK;
+    }
+    const float *dy = dw_cpu_in(be, c, c->dout[0], R * M, CPU_S_DOUT);
+    const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0), *w = expert_weights(be, c, E * M * K);
+    if (!dy || !x || !w) return DW_ERR_NOMEM;
+    dw_cpu_moe_linear_bwd(dx, c->pgrad[1], dy, x, w, (const int32_t *)c->in[2], R, E, K, M);
+    if (dx) dw_cpu_deliver(c, 0, dx, R * K);
+    return DW_OK;
+}
+
+/* ---- combine: each token's weighted sum of its K expert rows ---------------------------------- */
+dw_status dw_cpu_op_moe_combine_fwd(dw_backend *be, const dw_op_call *c) {
+    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out[0]), K = dw_cpu_width(c, c->n->in[1]);
+    const float *ys = dw_cpu_in(be, c, c->in[0], N * K * C, CPU_S_IN0), *wt = dw_cpu_in(be, c, c->in[1], N * K, CPU_S_IN1);
+    float *out = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
+    if (!ys || !wt || !out) return DW_ERR_NOMEM;
+    dw_cpu_moe_combine_fwd(out, ys, wt, (const int32_t *)c->in[2], N, C, K);
+    dw_cpu_put(c, c->out[0], out, N * C, false);
+    return DW_OK;
+}
+dw_status dw_cpu_op_moe_combine_bwd(dw_backend *be, const dw_op_call *c) {
+    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out[0]), K = dw_cpu_width(c, c->n->in[1]), R = N * K;
+    float *dys = c->dx[0] ? dw_cpu_scratch(be, CPU_S_DX0, R * C) : NULL;
+    float *dwt = c->dx[1] ? dw_cpu_scratch(be, CPU_S_DX1, N * K) : NULL;
+    if ((c->dx[0] && !dys) || (c->dx[1] && !dwt)) return DW_ERR_NOMEM;
+    if (c->dout[0]) {
+        const float *dout = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
+        const float *ys = dw_cpu_in(be, c, c->in[0], R * C, CPU_S_IN0), *wt = dw_cpu_in(be, c, c->in[1], N * K, CPU_S_IN1);
+        if (!dout || !ys || !wt) return DW_ERR_NOMEM;
+        dw_cpu_moe_combine_bwd(dys, dwt, dout, ys, wt, (const int32_t *)c->in[2], N, C, K, R);
+    } else { /* no gradient reached the output */
+        if (dys) memset(dys, 0, (size_t)(R * C) * sizeof *dys);
+        if (dwt) memset(dwt, 0, (size_t)(N * K) * sizeof *dwt);
+    }
+    if (dys) dw_cpu_deliver(c, 0, dys, R * C);
+    if (dwt) dw_cpu_deliver(c, 1, dwt, N * K);
     return DW_OK;
 }

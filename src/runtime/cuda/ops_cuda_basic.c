@@ -14,7 +14,7 @@
 #include "runtime/cuda/cuda.h"
 
 #define DIMS                                                                                         \
-    const int64_t N = c->rows, C = dw_cuda_width(c, c->n->out[0]);                                      \
+    const int64_t N = dw_exec_rows(c->x, c->n->out[0]), C = dw_cuda_width(c, c->n->out[0]);          \
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);                                              \
     void *s = DW_CUDA_STREAM(be);                                                                    \
     (void)N, (void)C, (void)dt, (void)s

@@ -1,0 +1,120 @@
+/* moe_cpu.c — CPU reference for the MoE data movement and expert GEMMs (ops_cpu.h): dispatch (a
+ * counting sort of the (token, k) assignments by expert, and its gradient gather), the grouped
+ * linear layer, and the weighted combine; forward and backward, sums in double, one rounding per
+ * output. Threads split independent rows or experts, so they cannot change results. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/cpu/ops_cpu.h"
+
+void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const float *x, const int32_t *idx,
+                             int64_t N, int64_t C, int64_t K, int64_t E) {
+    DW_ASSERT(N >= 0 && C >= 1 && K >= 1 && E >= 1);
+    int64_t *cursor = calloc((size_t)E + 1, sizeof *cursor);
+    DW_ASSERT(cursor);
+    for (int64_t a = 0; a < N * K; a++)
+        if (idx[a] >= 0 && idx[a] < E) cursor[idx[a] + 1]++;
+    for (int64_t e = 0; e < E; e++) cursor[e + 1] += cursor[e]; /* group starts */
+    for (int64_t e = 0; e <= E; e++) offsets[e] = (int32_t)cursor[e];
+    for (int64_t a = 0; a < N * K; a++) { /* (token, k) order within each group */
+        const int32_t e = idx[a];
+        pos[a] = e >= 0 && e < E ? (int32_t)cursor[e]++ : -1;
+    }
+    free(cursor);
+#pragma omp parallel for schedule(static)
+    for (int64_t a = 0; a < N * K; a++)
+        if (pos[a] >= 0) memcpy(xs + (int64_t)pos[a] * C, x + (a / K) * C, (size_t)C * sizeof *x);
+    const int64_t used = offsets[E];
+    memset(xs + used * C, 0, (size_t)((N * K - used) * C) * sizeof *xs);
+}
+
+void dw_cpu_moe_dispatch_bwd(float *dx, const float *dxs, const int32_t *pos, int64_t N, int64_t C, int64_t K) {
+    DW_ASSERT(N >= 0 && C >= 1 && K >= 1);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const int32_t r = pos[n * K + k];
+                if (r >= 0) s += dxs[(int64_t)r * C + c];
+            }
+            dx[n * C + c] = (float)s;
+        }
+}
+
+void dw_cpu_moe_linear_fwd(float *y, const float *x, const float *w, const int32_t *offsets, int64_t R, int64_t E,
+                           int64_t K, int64_t M) {
+    DW_ASSERT(R >= 0 && E >= 1 && K >= 1 && M >= 1 && offsets[E] <= R);
+    for (int64_t e = 0; e < E; e++) {
+        const float *we = w + e * M * K;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int64_t m = 0; m < M; m++) {
+                double s = 0.0;
+                for (int64_t k = 0; k < K; k++) s += (double)x[r * K + k] * we[m * K + k];
+                y[r * M + m] = (float)s;
+            }
+    }
+    memset(y + (int64_t)offsets[E] * M, 0, (size_t)((R - offsets[E]) * M) * sizeof *y);
+}
+
+void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                           const int32_t *offsets, int64_t R, int64_t E, int64_t K, int64_t M) {
+    DW_ASSERT(R >= 0 && E >= 1 && K >= 1 && M >= 1 && offsets[E] <= R);
+    for (int64_t e = 0; e < E; e++) {
+        const float *we = w + e * M * K;
+        const int64_t r0 = offsets[e], r1 = offsets[e + 1];
+        if (dx) {
+#pragma omp parallel for schedule(static)
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t k = 0; k < K; k++) {
+                    double s = 0.0;
+                    for (int64_t m = 0; m < M; m++) s += (double)dy[r * M + m] * we[m * K + k];
+                    dx[r * K + k] = (float)s;
+                }
+        }
+        float *dwe = dw + e * M * K;
+#pragma omp parallel for schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++) {
+                double s = 0.0;
+                for (int64_t r = r0; r < r1; r++) s += (double)dy[r * M + m] * x[r * K + k];
+                dwe[m * K + k] = (float)((double)dwe[m * K + k] + s);
+            }
+    }
+    if (dx) memset(dx + (int64_t)offsets[E] * K, 0, (size_t)((R - offsets[E]) * K) * sizeof *dx);
+}
+
+void dw_cpu_moe_combine_fwd(float *out, const float *ys, const float *wt, const int32_t *pos, int64_t N, int64_t C,
+                            int64_t K) {
+    DW_ASSERT(N >= 0 && C >= 1 && K >= 1);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const int32_t r = pos[n * K + k];
+                if (r >= 0) s += (double)wt[n * K + k] * ys[(int64_t)r * C + c];
+            }
+            out[n * C + c] = (float)s;
+        }
+}
+
+void dw_cpu_moe_combine_bwd(float *dys, float *dwt, const float *dout, const float *ys, const float *wt,
+                            const int32_t *pos, int64_t N, int64_t C, int64_t K, int64_t R) {
+    DW_ASSERT(N >= 0 && C >= 1 && K >= 1);
+    if (dys) memset(dys, 0, (size_t)(R * C) * sizeof *dys);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) {
+            const int32_t r = pos[n * K + k];
+            double dot = 0.0;
+            for (int64_t c = 0; c < C; c++) {
+                if (r < 0) break;
+                dot += (double)dout[n * C + c] * ys[(int64_t)r * C + c];
+                if (dys) dys[(int64_t)r * C + c] = (float)((double)wt[n * K + k] * dout[n * C + c]);
+            }
+            if (dwt) dwt[n * K + k] = (float)dot;
+        }
+}
