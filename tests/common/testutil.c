@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "capture/capture.h"
+#include "core/error.h"
 #include "compile/program.h"
 #include "ir/ir.h"
 #include "deepwell.h"
@@ -285,6 +286,46 @@ fail:
     fprintf(stderr, "dw_test_moe_graph: %s\n", dw_errmsg(ctx));
     dw_graph_free(g);
     return NULL;
+}
+
+int64_t dw_test_param_numel(dw_engine *e, int i) {
+    int64_t s[4], n = 1;
+    const int nd = dw_engine_param_shape(e, i, s);
+    for (int d = 0; d < nd; d++) n *= s[d];
+    return n;
+}
+
+void dw_test_random_params(dw_engine *e, dw_test_rng *r, float sd, const char *wide, float sd_wide) {
+    for (int i = 0; i < dw_engine_param_count(e); i++) {
+        const int64_t n = dw_test_param_numel(e, i);
+        const float s = wide && !strcmp(dw_engine_param_name(e, i), wide) ? sd_wide : sd;
+        float *v = malloc((size_t)n * sizeof *v);
+        if (!v) abort();
+        for (int64_t k = 0; k < n; k++) v[k] = s * dw_test_normal(r);
+        if (dw_engine_param_write(e, i, v) != DW_OK) abort();
+        free(v);
+    }
+}
+
+void dw_test_random_tokens(int32_t *t, int64_t n, int64_t V, dw_test_rng *r) {
+    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(dw_test_next(r) % (uint64_t)V);
+}
+
+dw_status dw_test_train_fixed(dw_engine *e, const int32_t *x, const int32_t *y, int64_t B, int64_t T, int steps,
+                              double lr, double *first, double *last) {
+    dw_adamw_opts o;
+    dw_adamw_opts_init(&o, sizeof o);
+    o.lr = lr;
+    for (int s = 1; s <= steps; s++) {
+        double loss = 0, norm = 0;
+        DW_TRY(dw_engine_zero_grad(e));
+        DW_TRY(dw_engine_forward_backward(e, x, y, B, T, 1.0, &loss));
+        DW_TRY(dw_engine_step(e, &o, s, &norm));
+        if (!isfinite(loss) || !isfinite(norm)) return DW_ERR_NUMERIC;
+        if (s == 1) *first = loss;
+        *last = loss;
+    }
+    return DW_OK;
 }
 
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq) {

@@ -76,6 +76,18 @@ dw_graph *dw_test_router_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_
  * NULL with the message printed on failure. */
 dw_graph *dw_test_moe_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng *r);
 
+/* Elements of engine parameter i. */
+int64_t dw_test_param_numel(dw_engine *e, int i);
+/* Every parameter of e drawn normal(0, sd) from r, the one named `wide` (may be NULL) with sd_wide. */
+void dw_test_random_params(dw_engine *e, dw_test_rng *r, float sd, const char *wide, float sd_wide);
+/* n tokens uniform in [0, V) from r. */
+void dw_test_random_tokens(int32_t *t, int64_t n, int64_t V, dw_test_rng *r);
+/* steps AdamW steps (lr, the other options default) on one fixed batch; the first and last loss.
+ * The first failing call's status (message on the engine's context); a non-finite loss or norm
+ * is DW_ERR_NUMERIC. */
+dw_status dw_test_train_fixed(dw_engine *e, const int32_t *x, const int32_t *y, int64_t B, int64_t T, int steps,
+                              double lr, double *first, double *last);
+
 /* A second graph of g's configuration (captured again from its config.json) at batch x seq (0:
  * g's). NULL with the message printed on failure. */
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq);

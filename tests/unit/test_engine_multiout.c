@@ -23,35 +23,11 @@
 #define CTX dw_test_ctx
 #define RNG (&dw_test_group_rng)
 
-static void tokens(int32_t *t, int64_t n, int64_t V) {
-    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(dw_test_next(RNG) % (uint64_t)V);
-}
-
 static int param_named(dw_engine *e, const char *name) {
     for (int i = 0; i < dw_engine_param_count(e); i++)
         if (!strcmp(dw_engine_param_name(e, i), name)) return i;
     fail_msg("no parameter %s", name);
     return -1;
-}
-
-static int64_t numel(dw_engine *e, int i) {
-    int64_t s[4], n = 1;
-    const int nd = dw_engine_param_shape(e, i, s);
-    for (int d = 0; d < nd; d++) n *= s[d];
-    return n;
-}
-
-/* Random parameters (normal, sd 0.5; the gate sd 2, so that the router's logits are spread and
- * rarely near a rank swap). */
-static void randomise(dw_engine *e) {
-    for (int i = 0; i < dw_engine_param_count(e); i++) {
-        const int64_t n = numel(e, i);
-        const float sd = strcmp(dw_engine_param_name(e, i), "gate.weight") ? 0.5f : 2.0f;
-        float *v = malloc((size_t)n * sizeof *v);
-        for (int64_t k = 0; k < n; k++) v[k] = sd * dw_test_normal(RNG);
-        assert_int_equal(dw_engine_param_write(e, i, v), DW_OK);
-        free(v);
-    }
 }
 
 static void test_json_round_trip(void **state) {
@@ -117,12 +93,12 @@ static void test_forward(void **state) {
             assert_non_null(g);
             dw_test_model m;
             assert_int_equal(dw_test_model_build(CTX, g, bf16 ? "bf16" : NULL, DW_DEVICE_AUTO, &m), DW_OK);
-            randomise(m.e);
+            dw_test_random_params(m.e, RNG, 0.5f, "gate.weight", 2.0f); /* wide logits: rare ties */
             const dw_ir_node *n = &g->nodes[r];
             const int64_t N = B * T, E = g->tensors[n->in[0]].shape[2], K = n->attrs.top_k;
             int32_t x[14], y[14];
-            tokens(x, N, dw_graph_vocab(g));
-            tokens(y, N, dw_graph_vocab(g));
+            dw_test_random_tokens(x, N, dw_graph_vocab(g), RNG);
+            dw_test_random_tokens(y, N, dw_graph_vocab(g), RNG);
             /* step by step so that the router's tensors are read right after it ran */
             const dw_compiled *c = m.c;
             assert_int_equal(dw_exec_set_batch(m.e->x, x, y, B, T), DW_OK);
@@ -166,10 +142,10 @@ static void test_gradients(void **state) {
             assert_non_null(g);
             dw_test_model m;
             assert_int_equal(dw_test_model_build(CTX, g, NULL, DW_DEVICE_AUTO, &m), DW_OK);
-            randomise(m.e);
+            dw_test_random_params(m.e, RNG, 0.5f, "gate.weight", 2.0f); /* wide logits: rare ties */
             int32_t x[10], y[10];
-            tokens(x, B * T, dw_graph_vocab(g));
-            tokens(y, B * T, dw_graph_vocab(g));
+            dw_test_random_tokens(x, B * T, dw_graph_vocab(g), RNG);
+            dw_test_random_tokens(y, B * T, dw_graph_vocab(g), RNG);
             const int ex = g->nodes[r].out[1];
             const int64_t nk = B * T * g->nodes[r].attrs.top_k;
             float *ex0 = malloc((size_t)nk * 4), *ex1 = malloc((size_t)nk * 4);
@@ -181,7 +157,7 @@ static void test_gradients(void **state) {
             const char *names[2] = {"gate.weight", "up.weight"};
             for (int k = 0; k < 2; k++) {
                 const int p = param_named(m.e, names[k]);
-                const int64_t n = numel(m.e, p);
+                const int64_t n = dw_test_param_numel(m.e, p);
                 float *v = malloc((size_t)n * 4), *gr = malloc((size_t)n * 4);
                 assert_int_equal(dw_engine_param_read(m.e, p, v), DW_OK);
                 assert_int_equal(dw_engine_grad_read(m.e, p, gr), DW_OK);
@@ -236,21 +212,10 @@ static void test_training(void **state) {
         assert_int_equal(dw_test_model_build(CTX, g, bf16 ? "bf16" : NULL, DW_DEVICE_AUTO, &m), DW_OK);
         assert_int_equal(dw_engine_init_weights(m.e, dw_test_next(RNG)), DW_OK);
         int32_t x[16], y[16];
-        tokens(x, B * T, dw_graph_vocab(g));
-        tokens(y, B * T, dw_graph_vocab(g));
-        dw_adamw_opts o;
-        dw_adamw_opts_init(&o, sizeof o);
-        o.lr = 3e-2;
+        dw_test_random_tokens(x, B * T, dw_graph_vocab(g), RNG);
+        dw_test_random_tokens(y, B * T, dw_graph_vocab(g), RNG);
         double first = 0, last = 0;
-        for (int s = 1; s <= 30; s++) {
-            double loss, norm;
-            assert_int_equal(dw_engine_zero_grad(m.e), DW_OK);
-            assert_int_equal(dw_engine_forward_backward(m.e, x, y, B, T, 1.0, &loss), DW_OK);
-            assert_int_equal(dw_engine_step(m.e, &o, s, &norm), DW_OK);
-            assert_true(isfinite(loss) && isfinite(norm));
-            if (s == 1) first = loss;
-            last = loss;
-        }
+        assert_int_equal(dw_test_train_fixed(m.e, x, y, B, T, 30, 3e-2, &first, &last), DW_OK);
         if (!(last < first - 0.3)) fail_msg("%s: loss %.5f -> %.5f did not fall", bf16 ? "bf16" : "fp32", first, last);
         dw_test_model_free(&m);
     }
