@@ -633,10 +633,18 @@ DW_API dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed);
 /* Hugging Face safetensors with the model's tensor names and layouts: path is a .safetensors
  * file, or a directory with model.safetensors or a sharded model.safetensors.index.json. Loading
  * checks every tensor (present, shape, floating dtype, nothing unexpected) before changing any;
- * errors name the file and tensor. Saving writes FP32 atomically (path: a file, or a directory
- * that gets model.safetensors). */
+ * errors name the file and tensor. Mixture-of-experts weights load from either layout below (one
+ * per file; both mixed are refused). Saving writes FP32 atomically (path: a file, or a directory
+ * that gets model.safetensors), in the layout the weights were loaded in (fused when none). */
+typedef enum {
+    DW_WEIGHTS_LAYOUT_AS_LOADED = 0,
+    DW_WEIGHTS_LAYOUT_FUSED,       /* transformers 5: mlp.experts.gate_up_proj [E,2F,C], down_proj [E,C,F] */
+    DW_WEIGHTS_LAYOUT_PER_EXPERT,  /* block_sparse_moe.experts.{e}.w1/w3 [F,C], w2 [C,F], router .gate */
+} dw_weights_layout;
 DW_API dw_status dw_engine_load_weights(dw_engine *e, const char *path);
 DW_API dw_status dw_engine_save_weights(dw_engine *e, const char *path);
+/* The same in a chosen layout (dense models: the same file either way). */
+DW_API dw_status dw_engine_save_weights_layout(dw_engine *e, const char *path, dw_weights_layout layout);
 /* The AdamW moments as NAME.exp_avg and NAME.exp_avg_sq (FP32, Deepwell's layout) in one
  * safetensors file; loading checks every tensor before changing any. */
 DW_API dw_status dw_engine_save_optimizer(dw_engine *e, const char *path);

@@ -1,6 +1,7 @@
 /* capture.c — model config -> graph IR, one block_<family> template per family of archs.def:
- * GPT-2 (learned positions, LayerNorm, packed c_attn, GELU MLP) and the Llama family (RoPE,
- * RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP). Parameter tensors carry the Hugging Face
+ * GPT-2 (learned positions, LayerNorm, packed c_attn, GELU MLP), the Llama family (RoPE,
+ * RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP) and Mixtral (the Llama attention with a
+ * mixture of SwiGLU experts). Parameter tensors carry the Hugging Face
  * weight names and the reference initialisation; nodes the HF module names and their block. */
 #include <math.h>
 #include <stdarg.h>
@@ -48,6 +49,34 @@ static int param(builder *b, int64_t d0, int64_t d1, const char *fmt, ...) {
         p->init = len >= 5 && !strcmp(name + len - 5, ".bias") ? DW_INIT_ZEROS : DW_INIT_ONES;
     }
     return t;
+}
+
+/* A stack of E matrices (E, d0, d1) named `name`, initialised as the model's matrices (the expert
+ * weights: gate and up (E, F, C), down (E, C, F)). */
+static int param3(builder *b, int64_t E, int64_t d0, int64_t d1, const char *name) {
+    const int64_t shape[3] = {E, d0, d1};
+    int t = dw_graph_add_tensor(b->g, name, DW_TENSOR_PARAM, DW_IR_F32, 3, shape);
+    if (t < 0) {
+        if (b->st == DW_OK) b->st = dw_set_error(b->ctx, DW_ERR_NOMEM, "capture: out of memory adding '%s'", name);
+        return t;
+    }
+    b->g->tensors[t].init = DW_INIT_NORMAL;
+    b->g->tensors[t].init_std = b->c->init_std;
+    return t;
+}
+
+/* A node of several outputs named `name` + suffixes[k]; their indices into outs. */
+static void node_outs(builder *b, dw_op op, const char *name, const int *in, int n_in, const dw_ir_attrs *attrs,
+                      const char *const *suffixes, int *outs) {
+    char names[DW_IR_MAX_OUTPUTS][160];
+    const char *np[DW_IR_MAX_OUTPUTS];
+    for (int k = 0; k < dw_op_outputs(op); k++) {
+        snprintf(names[k], sizeof names[k], "%s%s", name, suffixes[k]);
+        np[k] = names[k];
+        outs[k] = -1;
+    }
+    if (b->st != DW_OK) return;
+    b->st = dw_graph_add_node_outs(b->ctx, b->g, op, name, in, n_in, attrs, np, outs);
 }
 
 /* A node named `name` (its output activation has the same name). */
@@ -98,11 +127,12 @@ static void block_gpt2(builder *b, int i, int *x) {
     *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
 }
 
-static void block_llama(builder *b, int i, int *x) {
+/* The Llama family's attention sub-block: x += o_proj(attention(rope(q), rope(k), v)) of the
+ * input-normed x. p: "model.layers.<i>". */
+static void attention_llama(builder *b, const char *p, int *x) {
     const dw_model_config *c = b->c;
     int64_t C = c->d_model, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
-    char p[64], nm[128];
-    snprintf(p, sizeof p, "model.layers.%d", i);
+    char nm[128];
     dw_ir_attrs aq = {.heads = c->n_heads, .head_dim = c->head_dim, .theta = c->rope_theta};
     dw_ir_attrs ak = {.heads = c->n_kv_heads, .head_dim = c->head_dim, .theta = c->rope_theta};
     dw_ir_attrs at = {.heads = c->n_heads, .kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
@@ -115,14 +145,53 @@ static void block_llama(builder *b, int i, int *x) {
     h = node(b, DW_OP_ATTENTION, NAME("self_attn.sdpa"), hq, hk, hv, &at);
     h = linear(b, NAME("self_attn.o_proj"), h, q, C, dw_model_config_o_bias(c), false);
     *x = node(b, DW_OP_ADD, NAME("attn_residual"), *x, h, -1, NULL);
-    h = norm(b, NAME("post_attention_layernorm"), *x);
+}
+
+static void block_llama(builder *b, int i, int *x) {
+    const dw_model_config *c = b->c;
+    int64_t C = c->d_model;
+    char p[64], nm[128];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    attention_llama(b, p, x);
+    int h = norm(b, NAME("post_attention_layernorm"), *x);
     int gate = linear(b, NAME("mlp.gate_proj"), h, C, c->d_ff, c->mlp_bias, false);
     int up = linear(b, NAME("mlp.up_proj"), h, C, c->d_ff, c->mlp_bias, false);
     h = node(b, DW_OP_SWIGLU, NAME("mlp.act"), gate, up, -1, NULL);
     h = linear(b, NAME("mlp.down_proj"), h, c->d_ff, C, c->mlp_bias, false);
     *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
-#undef NAME
 }
+
+/* Mixtral: the Llama attention, then a mixture of SwiGLU experts in the MLP's place (transformers
+ * 5's module names, "mlp.*"): router logits mlp.gate (E x C), top-k with renormalised softmax
+ * weights, dispatch by expert, the experts' gate/up/down GEMMs over their rows (parameters
+ * mlp.experts.{gate,up,down}_proj, (E,F,C) and (E,C,F)), the weighted combine. */
+static void block_mixtral(builder *b, int i, int *x) {
+    const dw_model_config *c = b->c;
+    const int64_t C = c->d_model, E = c->n_experts, F = c->d_ff_expert;
+    char p[64], nm[128];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    attention_llama(b, p, x);
+    int h = norm(b, NAME("post_attention_layernorm"), *x);
+    const int z = linear(b, NAME("mlp.gate"), h, C, E, false, false);
+    const dw_ir_attrs ra = {.top_k = c->top_k, .score = DW_ROUTER_SOFTMAX, .norm_topk = c->norm_topk};
+    const dw_ir_attrs da = {.experts = E};
+    static const char *const router_out[2] = {".weights", ".experts"}, *const dispatch_out[3] = {".rows", ".offsets",
+                                                                                                ".positions"};
+    int in[3] = {z}, r[2], d[3];
+    node_outs(b, DW_OP_MOE_ROUTER, NAME("mlp.router"), in, 1, &ra, router_out, r);
+    in[0] = h, in[1] = r[1];
+    node_outs(b, DW_OP_MOE_DISPATCH, NAME("mlp.dispatch"), in, 2, &da, dispatch_out, d);
+    const int wg = param3(b, E, F, C, NAME("mlp.experts.gate_proj"));
+    const int wu = param3(b, E, F, C, NAME("mlp.experts.up_proj"));
+    const int wd = param3(b, E, C, F, NAME("mlp.experts.down_proj"));
+    const int g = node(b, DW_OP_MOE_LINEAR, NAME("mlp.experts.gate"), d[0], wg, d[1], NULL);
+    const int u = node(b, DW_OP_MOE_LINEAR, NAME("mlp.experts.up"), d[0], wu, d[1], NULL);
+    const int a = node(b, DW_OP_SWIGLU, NAME("mlp.experts.act"), g, u, -1, NULL);
+    const int y = node(b, DW_OP_MOE_LINEAR, NAME("mlp.experts.down"), a, wd, d[1], NULL);
+    h = node(b, DW_OP_MOE_COMBINE, NAME("mlp.combine"), y, r[0], d[2], NULL);
+    *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
+}
+#undef NAME
 
 /* Each architecture's block template (archs.def's family column). */
 typedef void (*block_fn)(builder *b, int i, int *x);
@@ -141,6 +210,11 @@ static dw_status model_facts(dw_ctx *ctx, const dw_model_config *c, dw_graph_mod
              (long long)c->n_layers, (long long)c->d_model, (long long)c->n_heads, (long long)c->n_kv_heads,
              (long long)c->head_dim, (long long)c->d_ff, (long long)c->vocab_size,
              c->tie_embeddings ? ", tied embeddings" : "");
+    if (c->n_experts) {
+        const size_t len = strlen(m->summary);
+        snprintf(m->summary + len, sizeof m->summary - len, ", %lld experts of %lld (top %lld)", (long long)c->n_experts,
+                 (long long)c->d_ff_expert, (long long)c->top_k);
+    }
     m->n_blocks = c->n_layers;
     m->vocab = c->vocab_size;
     m->max_seq = c->max_seq;
@@ -167,9 +241,6 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "model_type '%s' is not supported yet "
                             "(supported: %s)", c->model_type, list);
     }
-    if (c->n_experts)
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "model '%s': mixture-of-experts layers are "
-                            "not supported yet", c->model_type);
     DW_TRY(dw_model_config_check(ctx, c, c->model_type));
     if (batch < 1 || seq < 1 || seq > c->max_seq)
         return dw_set_error(ctx, DW_ERR_INVALID, "capture: batch %lld, sequence %lld: need batch "

@@ -117,6 +117,24 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
     return DW_OK;
 }
 
+/* Mixtral: the llama fields, then the experts (every layer's MLP is a mixture of
+ * num_local_experts SwiGLU experts of width intermediate_size, top num_experts_per_tok,
+ * renormalised softmax weights). */
+static dw_status parse_mixtral(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    DW_TRY(parse_llama(ctx, j, what, c));
+    c->top_k = 2, c->router_aux_loss_coef = 0.001, c->norm_topk = true;
+    DW_TRY(get_i64(ctx, j, "num_local_experts", what, true, &c->n_experts));
+    DW_TRY(get_i64(ctx, j, "num_experts_per_tok", what, false, &c->top_k));
+    DW_TRY(dw_json_get_num_opt(ctx, j, "router_aux_loss_coef", what, &c->router_aux_loss_coef));
+    c->d_ff_expert = c->d_ff;
+    double jitter = 0.0;
+    DW_TRY(dw_json_get_num_opt(ctx, j, "router_jitter_noise", what, &jitter));
+    if (jitter > 0)
+        DW_LOGW("%s: router_jitter_noise %g noted: Deepwell's router adds no noise (as transformers in eval)", what,
+                jitter);
+    return DW_OK;
+}
+
 dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const char *what) {
     static const char *const hf[2][8] = {
         {"vocab_size", "n_embd", "n_layer", "n_head", "n_head", "head_dim", "n_inner", "n_positions"},
@@ -140,6 +158,11 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "%s: rope needs an even head_dim (%lld) and rope_theta > 0 (%g)", what,
                             (long long)c->head_dim, c->rope_theta);
+    if (c->n_experts && (c->n_experts > 4096 || c->top_k < 1 || c->top_k > c->n_experts || c->d_ff_expert < 1))
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "%s: experts %lld, top-k %lld, expert width %lld: need 1 <= num_experts_per_tok <= "
+                            "num_local_experts <= 4096 and a positive width", what, (long long)c->n_experts,
+                            (long long)c->top_k, (long long)c->d_ff_expert);
     if (!(c->norm_eps > 0) || !(c->init_std > 0))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: norm epsilon (%g) and initializer_range (%g) "
                             "must be positive", what, c->norm_eps, c->init_std);
@@ -148,6 +171,7 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
 
 static void write_gpt2(json_t *j, const dw_model_config *c);
 static void write_llama(json_t *j, const dw_model_config *c);
+static void write_mixtral(json_t *j, const dw_model_config *c);
 
 /* Each architecture's family functions (archs.def's family column). */
 static const struct {
@@ -235,16 +259,23 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     if (c->arch != DW_ARCH_QWEN2) set_bool(j, "attention_bias", c->qkv_bias);
     set_bool(j, "mlp_bias", c->mlp_bias);
     json_object_set_new(j, "rope_scaling", json_null());
-    if (c->arch == DW_ARCH_MIXTRAL) {
-        set_int(j, "num_local_experts", c->n_experts);
-        set_int(j, "num_experts_per_tok", c->top_k);
-    } else if (c->arch == DW_ARCH_DEEPSEEK_V3) {
+    if (c->arch == DW_ARCH_DEEPSEEK_V3) {
         set_int(j, "n_routed_experts", c->n_experts);
         set_int(j, "num_experts_per_tok", c->top_k);
         set_int(j, "moe_intermediate_size", c->d_ff_expert);
         set_int(j, "n_shared_experts", c->n_shared_experts);
         set_int(j, "first_k_dense_replace", c->first_dense_layers);
     }
+}
+
+static void write_mixtral(json_t *j, const dw_model_config *c) {
+    write_llama(j, c);
+    set_int(j, "intermediate_size", c->d_ff_expert); /* Mixtral's: the experts' width */
+    set_int(j, "num_local_experts", c->n_experts);
+    set_int(j, "num_experts_per_tok", c->top_k);
+    set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
+    set_bool(j, "output_router_logits", false);
+    set_num(j, "router_jitter_noise", 0.0);
 }
 
 json_t *dw_model_config_to_json(const dw_model_config *c) {

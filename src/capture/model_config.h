@@ -35,9 +35,11 @@ typedef struct {
     bool linear_bias;      /* gpt2: every linear has a bias */
     bool mlp_bias;
     double init_std;       /* initializer_range (0.02) */
-    /* mixture of experts (planning-only until MoE training exists) */
+    /* mixture of experts */
     int64_t n_experts;     /* 0: dense */
     int64_t top_k;
+    bool norm_topk;        /* the top-k weights renormalised to sum 1 (Mixtral: always) */
+    double router_aux_loss_coef; /* transformers' load-balancing loss weight (config.json) */
     int64_t d_ff_expert;   /* expert intermediate size */
     int64_t n_shared_experts;
     int64_t first_dense_layers; /* DeepSeek-V3: first k layers dense */

@@ -104,14 +104,31 @@ static dw_model_config p_llama_405b(void) { /* Llama-3.1-405B */
     c.planning_only = true;
     return c;
 }
-static dw_model_config p_mixtral_8x7b(void) { /* Mixtral-8x7B-v0.1: every layer is MoE */
+static dw_model_config mixtral_base(int64_t E, int64_t K) {
     dw_model_config c = llama_base("mixtral", DW_ARCH_MIXTRAL);
+    c.n_experts = E, c.top_k = K, c.norm_topk = true, c.router_aux_loss_coef = 0.001;
+    return c;
+}
+static dw_model_config p_mixtral_8x7b(void) { /* Mixtral-8x7B-v0.1: every layer is MoE */
+    dw_model_config c = mixtral_base(8, 2);
     shape(&c, 32000, 4096, 32, 32, 8, 14336, 32768);
     c.rope_theta = 1000000.0;
-    c.n_experts = 8;
-    c.top_k = 2;
     c.d_ff_expert = 14336;
     c.planning_only = true;
+    return c;
+}
+/* A tiny Mixtral that trains on the built-in data on a CPU: 4 experts of 128, top 2. */
+static dw_model_config p_mixtral_tiny(void) {
+    dw_model_config c = mixtral_base(4, 2);
+    shape(&c, 256, 64, 2, 4, 2, 128, 256);
+    c.d_ff_expert = 128;
+    return c;
+}
+/* moe-e8, Mixtral-like, for benchmarks: 8 experts of 5632, top 2, 2,446,493,696 parameters. */
+static dw_model_config p_moe_e8(void) {
+    dw_model_config c = mixtral_base(8, 2);
+    shape(&c, 32000, 2048, 8, 16, 8, 5632, 4096);
+    c.d_ff_expert = 5632;
     return c;
 }
 /* DeepSeek-V3: multi-head latent attention is approximated as standard MHA with head_dim 128
@@ -137,6 +154,7 @@ static const struct {
     {"gpt2-tiny", p_gpt2_tiny},       {"gpt2-124m", p_gpt2_124m},     {"llama-tiny", p_llama_tiny},
     {"llama-1b", p_llama_1b},         {"qwen2-tiny", p_qwen2_tiny},   {"llama-8b", p_llama_8b},
     {"llama-70b", p_llama_70b},       {"llama-405b", p_llama_405b},   {"mixtral-8x7b", p_mixtral_8x7b},
+    {"mixtral-tiny", p_mixtral_tiny}, {"moe-e8", p_moe_e8},
     {"deepseek-v3", p_deepseek_v3},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))

@@ -58,6 +58,7 @@ dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_op
     dw_engine_opts_init(&e->opts, sizeof e->opts);
     if (opts) memcpy(&e->opts, opts, opts->size < sizeof e->opts ? opts->size : sizeof e->opts);
     e->opts.size = sizeof e->opts;
+    e->layout = DW_WEIGHTS_LAYOUT_FUSED;
     dw_status s = backend_for(ctx, &e->be);
     if (s == DW_OK) s = check_program(ctx, c, e->be);
     if (s == DW_OK) s = dw_exec_create(c, e->be, e->opts.record, e->opts.quant_reuse, &e->x);

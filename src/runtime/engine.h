@@ -17,6 +17,7 @@ struct dw_engine {
     dw_backend *be;
     dw_exec *x;
     dw_engine_opts opts;
+    dw_weights_layout layout; /* of the last loaded weights (FUSED when none) */
 };
 
 /* Re-derives what comes from the FP32 masters (BF16 copies, quantised weight caches) after they

@@ -1,8 +1,9 @@
 /* weights.c — an engine's parameters and optimizer state in files and from seeds: initialisation
  * as the reference implementations do it (the graph's per-parameter rule, seeded per tensor so
  * the values do not depend on order or backend), Hugging Face safetensors load/save (names and
- * layouts from the graph and capture/archs.def: GPT-2's Conv1D weights transposed, optional
- * checkpoint prefixes, ignorable tensors, sharded index files), the AdamW moments' file, and the
+ * layouts from the graph, capture/archs.def and weights_layout.c: GPT-2's Conv1D weights
+ * transposed, expert weights fused or per expert, optional checkpoint prefixes, ignorable tensors,
+ * sharded index files), the AdamW moments' file, and the
  * parity dump of gradients. Values travel through host staging buffers; the engine refreshes
  * what derives from the masters afterwards. */
 #include <math.h>
@@ -16,6 +17,7 @@
 #include "core/json.h"
 #include "io/safetensors.h"
 #include "runtime/engine.h"
+#include "runtime/weights_layout.h"
 
 static const dw_ir_tensor *ptensor(const dw_engine *e, int i) { return &e->g->tensors[e->p->param_tensor[i]]; }
 static int64_t pnumel(const dw_engine *e, int i) { return dw_ir_numel(ptensor(e, i)); }
@@ -79,13 +81,7 @@ dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed) {
     return s;
 }
 
-/* ---- Hugging Face layout ---------------------------------------------------------------------- */
-/* The shape as stored in the HF file (transposed for GPT-2's Conv1D). */
-static void hf_shape(const dw_ir_tensor *t, int64_t *shape) {
-    for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
-    if (t->hf_transposed) shape[0] = t->shape[1], shape[1] = t->shape[0];
-}
-
+/* ---- Hugging Face layout: every parameter as pieces of stored tensors (weights_layout.h) ---- */
 /* dst (cols x rows) = transpose of src (rows x cols) */
 static void transpose(float *dst, const float *src, int64_t rows, int64_t cols) {
     for (int64_t r = 0; r < rows; r++)
@@ -98,37 +94,118 @@ static void out_path(const char *path, char *buf, size_t n) {
     else snprintf(buf, n, "%s", path);
 }
 
-/* Writes every parameter (values, or gradients when `grads`) in HF names and layouts, plus the
+/* Stored names -> their index (open addressing over FNV-1a; the names are borrowed). */
+typedef struct {
+    const char **key;
+    int *val;
+    size_t cap;
+} name_map;
+
+static bool map_init(name_map *m, size_t n) {
+    m->cap = 16;
+    while (m->cap < 2 * n + 1) m->cap <<= 1;
+    m->key = calloc(m->cap, sizeof *m->key);
+    m->val = malloc(m->cap * sizeof *m->val);
+    return m->key && m->val;
+}
+static int map_get(const name_map *m, const char *k) {
+    for (size_t i = hash_name(k) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->key[i]) return -1;
+        if (!strcmp(m->key[i], k)) return m->val[i];
+    }
+}
+static void map_put(name_map *m, const char *k, int v) {
+    size_t i = hash_name(k) & (m->cap - 1);
+    while (m->key[i] && strcmp(m->key[i], k)) i = (i + 1) & (m->cap - 1);
+    m->key[i] = k, m->val[i] = v;
+}
+static void map_free(name_map *m) { free(m->key), free(m->val); }
+
+/* Every parameter's pieces in one layout, and the distinct stored tensors they name (each known by
+ * its first piece). */
+typedef struct {
+    dw_hf_piece **pc;
+    int *npc;
+    int n_params, n_stored;
+    const dw_hf_piece **stored; /* (n_stored) */
+    name_map map;
+} hf_layout;
+
+static void layout_free(hf_layout *h) {
+    for (int i = 0; h->pc && i < h->n_params; i++) dw_hf_pieces_free(h->pc[i], h->npc[i]);
+    free(h->pc), free(h->npc), free(h->stored);
+    map_free(&h->map);
+    memset(h, 0, sizeof *h);
+}
+
+static dw_status layout_build(dw_engine *e, dw_weights_layout L, hf_layout *h) {
+    memset(h, 0, sizeof *h);
+    const int n = e->p->n_params;
+    h->n_params = n;
+    h->pc = calloc((size_t)(n ? n : 1), sizeof *h->pc);
+    h->npc = calloc((size_t)(n ? n : 1), sizeof *h->npc);
+    size_t total = 0;
+    for (int i = 0; h->pc && h->npc && i < n; i++) {
+        if (!(h->pc[i] = dw_hf_pieces(ptensor(e, i), L, &h->npc[i]))) break;
+        total += (size_t)h->npc[i];
+    }
+    bool ok = h->pc && h->npc && (n == 0 || h->pc[n - 1]) && map_init(&h->map, total);
+    h->stored = ok ? malloc((total ? total : 1) * sizeof *h->stored) : NULL;
+    if (!h->stored) {
+        layout_free(h);
+        return dw_set_error(e->ctx, DW_ERR_NOMEM, "engine: out of memory laying out the weights");
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < h->npc[i]; k++)
+            if (map_get(&h->map, h->pc[i][k].stored) < 0) {
+                map_put(&h->map, h->pc[i][k].stored, h->n_stored);
+                h->stored[h->n_stored++] = &h->pc[i][k];
+            }
+    return DW_OK;
+}
+
+static int64_t piece_numel(const dw_hf_piece *q) {
+    int64_t n = 1;
+    for (int d = 0; d < q->ndim; d++) n *= q->shape[d];
+    return n;
+}
+
+/* Writes every parameter (values, or gradients when `grads`) in HF names and the layout, plus the
  * optional logits/loss tensors of a parity dump. */
 static dw_status write_params(dw_engine *e, const char *path, bool grads, const float *logits, int64_t B, int64_t T,
-                              const float *loss) {
+                              const float *loss, dw_weights_layout L) {
     dw_ctx *ctx = e->ctx;
     char file[4096];
     out_path(path, file, sizeof file);
-    int64_t *off;
-    float *h = host_block(e, &off), *tmp = NULL;
-    if (!h) return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of host memory", file);
-    dw_st_writer *w = NULL;
-    dw_status s = dw_st_writer_create(ctx, &w);
-    if (s == DW_OK) s = dw_st_writer_set_metadata(ctx, w, "format", "pt");
+    hf_layout hl;
+    DW_TRY(layout_build(e, L, &hl));
+    int64_t *off, *soff = malloc((size_t)(hl.n_stored + 1) * sizeof *soff);
+    float *h = host_block(e, &off), *out = NULL;
+    if (soff) {
+        soff[0] = 0;
+        for (int s = 0; s < hl.n_stored; s++) soff[s + 1] = soff[s] + piece_numel(hl.stored[s]);
+        out = malloc((size_t)(soff[hl.n_stored] ? soff[hl.n_stored] : 1) * sizeof *out);
+    }
+    dw_status s = h && out ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of host memory", file);
     for (int i = 0; s == DW_OK && i < e->p->n_params; i++) {
         const dw_ir_tensor *t = ptensor(e, i);
-        const int64_t n = pnumel(e, i);
-        float *dst = h + off[i];
-        s = e->be->i->download(e->be, dst, (grads ? e->x->grad : e->x->w) + e->p->param_off[i], (size_t)n * sizeof(float));
-        if (s == DW_OK && t->hf_transposed) {
-            float *nt = realloc(tmp, (size_t)n * sizeof(float));
-            if (!nt) {
-                s = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", file);
-                break;
-            }
-            tmp = nt;
-            transpose(tmp, dst, t->shape[0], t->shape[1]);
-            memcpy(dst, tmp, (size_t)n * sizeof(float));
+        float *src = h + off[i];
+        s = e->be->i->download(e->be, src, (grads ? e->x->grad : e->x->w) + e->p->param_off[i],
+                               (size_t)pnumel(e, i) * sizeof(float));
+        for (int k = 0; s == DW_OK && k < hl.npc[i]; k++) {
+            const dw_hf_piece *q = &hl.pc[i][k];
+            float *dst = out + soff[map_get(&hl.map, q->stored)];
+            if (q->transposed) transpose(dst, src, t->shape[0], t->shape[1]);
+            else memcpy(dst + q->stored_off, src + q->param_off, (size_t)q->count * sizeof(float));
         }
-        int64_t shape[DW_IR_MAX_DIMS];
-        hf_shape(t, shape);
-        if (s == DW_OK) s = dw_st_writer_add(ctx, w, t->name, DW_DT_F32, t->ndim, shape, dst, (size_t)n * sizeof(float));
+    }
+    dw_st_writer *w = NULL;
+    if (s == DW_OK) s = dw_st_writer_create(ctx, &w);
+    if (s == DW_OK) s = dw_st_writer_set_metadata(ctx, w, "format", "pt");
+    for (int k = 0; s == DW_OK && k < hl.n_stored; k++) {
+        const dw_hf_piece *q = hl.stored[k];
+        s = dw_st_writer_add(ctx, w, q->stored, DW_DT_F32, q->ndim, q->shape, out + soff[k],
+                             (size_t)piece_numel(q) * sizeof(float));
     }
     if (s == DW_OK && logits) {
         int64_t shape[3] = {B, T, e->g->model.vocab};
@@ -137,15 +214,25 @@ static dw_status write_params(dw_engine *e, const char *path, bool grads, const 
     if (s == DW_OK && loss) s = dw_st_writer_add(ctx, w, "loss", DW_DT_F32, 0, NULL, loss, sizeof(float));
     if (s == DW_OK) s = dw_st_writer_commit(ctx, w, file);
     dw_st_writer_free(w);
-    free(tmp), free(h), free(off);
+    layout_free(&hl);
+    free(out), free(soff), free(h), free(off);
     return s;
 }
 
-dw_status dw_engine_save_weights(dw_engine *e, const char *path) { return write_params(e, path, false, NULL, 0, 0, NULL); }
+dw_status dw_engine_save_weights_layout(dw_engine *e, const char *path, dw_weights_layout layout) {
+    if (layout != DW_WEIGHTS_LAYOUT_AS_LOADED && layout != DW_WEIGHTS_LAYOUT_FUSED &&
+        layout != DW_WEIGHTS_LAYOUT_PER_EXPERT)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "%s: unknown weights layout %d", path, (int)layout);
+    return write_params(e, path, false, NULL, 0, 0, NULL, layout == DW_WEIGHTS_LAYOUT_AS_LOADED ? e->layout : layout);
+}
+
+dw_status dw_engine_save_weights(dw_engine *e, const char *path) {
+    return dw_engine_save_weights_layout(e, path, DW_WEIGHTS_LAYOUT_AS_LOADED);
+}
 
 dw_status dw_engine_dump(dw_engine *e, const char *path, const float *logits, int64_t B, int64_t T, double loss) {
     float l = (float)loss;
-    return write_params(e, path, true, logits, B, T, &l);
+    return write_params(e, path, true, logits, B, T, &l, e->layout);
 }
 
 /* ---- load ------------------------------------------------------------------------------------- */
@@ -226,9 +313,9 @@ static const dw_st_tensor *shards_find(const shard_set *s, const char *name, con
 
 static const dw_hf_arch *arch(const dw_engine *e) { return dw_hf_arch_find(e->g->model.model_type); }
 
-/* Finds a parameter's tensor under its name or under the name the architecture's original
- * checkpoints use (capture/archs.def: GPT-2's without "transformer."). */
-static const dw_st_tensor *find_param(const dw_engine *e, const shard_set *s, const char *name, const dw_st_file **in) {
+/* A stored tensor under its name or under the name the architecture's original checkpoints use
+ * (capture/archs.def: GPT-2's without "transformer."). */
+static const dw_st_tensor *find_stored(const dw_engine *e, const shard_set *s, const char *name, const dw_st_file **in) {
     const dw_st_tensor *t = shards_find(s, name, in);
     const dw_hf_arch *a = arch(e);
     size_t p = a ? strlen(a->ckpt_prefix) : 0;
@@ -236,13 +323,14 @@ static const dw_st_tensor *find_param(const dw_engine *e, const shard_set *s, co
     return t;
 }
 
-static bool is_param_name(const dw_engine *e, const char *name) {
+/* Whether a file's tensor is one the layout names (or it without the checkpoint prefix). */
+static bool in_layout(const dw_engine *e, const hf_layout *hl, const char *stored) {
+    if (map_get(&hl->map, stored) >= 0) return true;
     const dw_hf_arch *a = arch(e);
-    for (int i = 0; i < e->p->n_params; i++) {
-        const char *p = ptensor(e, i)->name;
-        if (a ? dw_hf_name_matches(a, p, name) : !strcmp(p, name)) return true;
-    }
-    return false;
+    if (!a || !*a->ckpt_prefix) return false;
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", a->ckpt_prefix, stored);
+    return map_get(&hl->map, full) >= 0;
 }
 
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
@@ -251,24 +339,39 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (len < n) snprintf(buf + len, n - len, "]");
 }
 
-/* Every parameter present with its shape and a floating dtype, and no tensor unaccounted for. */
-static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
+/* The layout of the checkpoint's expert weights: per-expert when it has block_sparse_moe tensors,
+ * else fused; both in one checkpoint are refused, naming a tensor of each. */
+static dw_status detect_layout(dw_ctx *ctx, const shard_set *s, const char *path, dw_weights_layout *L) {
+    const char *per = NULL, *fused = NULL;
+    for (int k = 0; k < s->n; k++)
+        for (int i = 0; i < dw_st_count(s->files[k]); i++) {
+            const char *name = dw_st_get(s->files[k], i)->name;
+            if (dw_hf_per_expert_name(name)) per = name;
+            if (strstr(name, ".mlp.experts.")) fused = name;
+        }
+    if (per && fused)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: mixes the per-expert layout ('%s') with the fused one ('%s')", path,
+                            per, fused);
+    *L = per ? DW_WEIGHTS_LAYOUT_PER_EXPERT : DW_WEIGHTS_LAYOUT_FUSED;
+    return DW_OK;
+}
+
+/* Every stored tensor present with its shape and a floating dtype, and no tensor unaccounted for. */
+static dw_status check_all(dw_engine *e, const shard_set *s, const hf_layout *hl, const char *path) {
     dw_ctx *ctx = e->ctx;
-    for (int i = 0; i < e->p->n_params; i++) {
-        const dw_ir_tensor *it = ptensor(e, i);
-        const dw_st_file *f;
-        const dw_st_tensor *t = find_param(e, s, it->name, &f);
-        if (!t) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing tensor '%s'", path, it->name);
-        int64_t want[DW_IR_MAX_DIMS];
-        hf_shape(it, want);
-        bool same = t->ndim == it->ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == want[d];
+    for (int k = 0; k < hl->n_stored; k++) {
+        const dw_hf_piece *q = hl->stored[k];
+        const dw_st_file *f = NULL;
+        const dw_st_tensor *t = find_stored(e, s, q->stored, &f);
+        if (!t) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing tensor '%s'", path, q->stored);
+        bool same = t->ndim == q->ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == q->shape[d];
         if (!same) {
             char got[128], exp[128];
             fmt_shape(got, sizeof got, t->ndim, t->shape);
-            fmt_shape(exp, sizeof exp, it->ndim, want);
+            fmt_shape(exp, sizeof exp, q->ndim, q->shape);
             return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s%s", dw_st_path(f),
-                                t->name, got, exp, it->hf_transposed ? " (Hugging Face Conv1D layout: in x out)" : "");
+                                t->name, got, exp, q->transposed ? " (Hugging Face Conv1D layout: in x out)" : "");
         }
         if (!dw_dtype_is_float(t->dtype) || t->dtype == DW_DT_F8_E4M3 || t->dtype == DW_DT_F8_E5M2)
             return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, F16, BF16 or F64 expected)",
@@ -278,7 +381,7 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
     for (int k = 0; k < s->n; k++)
         for (int i = 0; i < dw_st_count(s->files[k]); i++) {
             const char *name = dw_st_get(s->files[k], i)->name;
-            if (!is_param_name(e, name) && !(a && dw_hf_ignorable(a, name, e->g->model.tied_embeddings)))
+            if (!in_layout(e, hl, name) && !(a && dw_hf_ignorable(a, name, e->g->model.tied_embeddings)))
                 return dw_set_error(ctx, DW_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of this %s model)",
                                     dw_st_path(s->files[k]), name, e->g->model.model_type);
         }
@@ -288,30 +391,47 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const char *path) {
 dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
     dw_ctx *ctx = e->ctx;
     shard_set s = {0};
+    hf_layout hl = {0};
+    dw_weights_layout L = DW_WEIGHTS_LAYOUT_FUSED;
     dw_status r = shards_open(ctx, path, &s);
     if (r == DW_OK && s.n == 0) r = dw_set_error(ctx, DW_ERR_FORMAT, "%s: the index names no shard", path);
-    if (r == DW_OK) r = check_all(e, &s, path); /* nothing is overwritten unless all is well */
-    int64_t *off = NULL;
+    if (r == DW_OK) r = detect_layout(ctx, &s, path, &L);
+    if (r == DW_OK) r = layout_build(e, L, &hl);
+    if (r == DW_OK) r = check_all(e, &s, &hl, path); /* nothing is overwritten unless all is well */
+    int64_t *off = NULL, cap = 0;
     float *h = r == DW_OK ? host_block(e, &off) : NULL, *tmp = NULL;
     if (r == DW_OK && !h) r = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of host memory", path);
+    const dw_st_tensor *cached = NULL; /* the stored tensor tmp holds */
     for (int i = 0; r == DW_OK && i < e->p->n_params; i++) {
         const dw_ir_tensor *it = ptensor(e, i);
-        const int64_t n = pnumel(e, i);
-        const dw_st_file *f;
-        const dw_st_tensor *t = find_param(e, &s, it->name, &f);
         float *dst = h + off[i];
-        if (!it->hf_transposed) {
-            r = dw_st_read_f32(ctx, f, t, dst);
-        } else {
-            float *nt = realloc(tmp, (size_t)n * sizeof(float));
-            if (!nt) r = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
-            else tmp = nt, r = dw_st_read_f32(ctx, f, t, tmp);
-            if (r == DW_OK) transpose(dst, tmp, it->shape[1], it->shape[0]);
+        for (int k = 0; r == DW_OK && k < hl.npc[i]; k++) {
+            const dw_hf_piece *q = &hl.pc[i][k];
+            const dw_st_file *f;
+            const dw_st_tensor *t = find_stored(e, &s, q->stored, &f);
+            const int64_t n = piece_numel(q);
+            if (t != cached) {
+                if (n > cap) {
+                    float *nt = realloc(tmp, (size_t)n * sizeof(float));
+                    if (!nt) {
+                        r = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
+                        break;
+                    }
+                    tmp = nt, cap = n;
+                }
+                r = dw_st_read_f32(ctx, f, t, tmp);
+                cached = r == DW_OK ? t : NULL;
+            }
+            if (r != DW_OK) break;
+            if (q->transposed) transpose(dst, tmp, it->shape[1], it->shape[0]);
+            else memcpy(dst + q->param_off, tmp + q->stored_off, (size_t)q->count * sizeof(float));
         }
     }
     for (int i = 0; r == DW_OK && i < e->p->n_params; i++)
         r = e->be->i->upload(e->be, e->x->w + e->p->param_off[i], h + off[i], (size_t)pnumel(e, i) * sizeof(float));
     if (r == DW_OK) r = dw_engine_refresh(e);
+    if (r == DW_OK) e->layout = L;
+    layout_free(&hl);
     free(tmp), free(h), free(off);
     shards_close(&s);
     return r;

@@ -24,7 +24,8 @@ static void test_preset_params(void **state) {
         int64_t params;
     } known[] = {{"gpt2-124m", 124439808},       {"llama-1b", 1235814400},
                  {"llama-8b", 8030261248LL},     {"llama-70b", 70553706496LL},
-                 {"llama-405b", 405853388800LL}, {"mixtral-8x7b", 46702792704LL}};
+                 {"llama-405b", 405853388800LL}, {"mixtral-8x7b", 46702792704LL},
+                 {"moe-e8", 2446493696LL}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         dw_model_config c;
         assert_int_equal(dw_model_config_load(dw_test_ctx, known[i].name, &c), DW_OK);
@@ -182,9 +183,16 @@ static void expect_error(const char *json, dw_status want, const char *n1, const
 
 static void test_errors(void **state) {
     (void)state;
-    expect_error("{\"model_type\":\"mixtral\",\"hidden_size\":8}", DW_ERR_UNSUPPORTED,
-                 "model_type 'mixtral' is not supported yet (supported: gpt2, llama, mistral, qwen2)",
+    expect_error("{\"model_type\":\"deepseek_v3\",\"hidden_size\":8}", DW_ERR_UNSUPPORTED,
+                 "model_type 'deepseek_v3' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral)",
                  NULL);
+    expect_error("{\"model_type\":\"mixtral\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+                 "\"num_attention_heads\":2,\"intermediate_size\":8,\"max_position_embeddings\":8}",
+                 DW_ERR_FORMAT, "'num_local_experts'", "missing");
+    expect_error("{\"model_type\":\"mixtral\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+                 "\"num_attention_heads\":2,\"intermediate_size\":8,\"max_position_embeddings\":8,"
+                 "\"num_local_experts\":4,\"num_experts_per_tok\":5}",
+                 DW_ERR_INVALID, "num_experts_per_tok <= num_local_experts", NULL);
     expect_error("{\"model_type\":\"gpt2\",\"vocab_size\":10,\"n_embd\":8,\"n_layer\":1,"
                  "\"n_positions\":8}", DW_ERR_FORMAT, "'n_head'", "missing");
     expect_error("{\"model_type\":\"gpt2\",\"vocab_size\":10,\"n_embd\":\"8\",\"n_layer\":1,"

@@ -48,8 +48,13 @@ static void test_op_tables(void **state) {
 /* A random small config of the given family. */
 static dw_model_config random_config(int family) {
     dw_model_config c;
-    const char *preset[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
+    const char *preset[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny"};
     assert_int_equal(dw_model_config_load(dw_test_ctx, preset[family], &c), DW_OK);
+    if (c.n_experts) {
+        c.n_experts = dw_test_rnd(1, 6);
+        c.top_k = dw_test_rnd(1, c.n_experts);
+        c.d_ff_expert = dw_test_rnd(2, 40);
+    }
     c.n_kv_heads = dw_test_rnd(1, 3);
     c.n_heads = family == 0 ? c.n_kv_heads : c.n_kv_heads * dw_test_rnd(1, 3);
     if (family == 0) c.n_kv_heads = c.n_heads;
@@ -64,6 +69,7 @@ static dw_model_config random_config(int family) {
         c.qkv_bias = dw_test_rnd(0, 1);
         c.mlp_bias = dw_test_rnd(0, 1);
     }
+    if (c.n_experts) c.d_ff = c.d_ff_expert; /* Mixtral's intermediate_size is the experts' */
     return c;
 }
 
@@ -74,6 +80,8 @@ static void matmul_params(const dw_model_config *c, double *mm, double *bias) {
            kv = (double)(c->n_kv_heads * c->head_dim), F = (double)c->d_ff, L = (double)c->n_layers;
     bool glu = c->arch != DW_ARCH_GPT2;
     *mm = L * (d * q + 2 * d * kv + q * d + (glu ? 3 : 2) * d * F) + (double)c->vocab_size * d;
+    if (c->n_experts) /* the router, and the top-k experts a token passes through (moe_linear) */
+        *mm = L * (d * q + 2 * d * kv + q * d + d * (double)c->n_experts) + (double)c->vocab_size * d;
     bool ob = c->arch == DW_ARCH_GPT2 || (c->arch == DW_ARCH_LLAMA && c->qkv_bias);
     *bias = L * ((c->qkv_bias ? q + 2 * kv : 0) + (ob ? d : 0) +
                  (c->arch == DW_ARCH_GPT2 ? F + d : c->mlp_bias ? 2 * F + d : 0));
@@ -81,8 +89,8 @@ static void matmul_params(const dw_model_config *c, double *mm, double *bias) {
 
 static void test_capture_random_configs(void **state) {
     (void)state;
-    for (int it = 0; it < 30; it++) {
-        dw_model_config c = random_config(it % 3);
+    for (int it = 0; it < 40; it++) {
+        dw_model_config c = random_config(it % 4);
         int64_t B = dw_test_rnd(1, 3), T = dw_test_rnd(1, c.max_seq);
         dw_graph *g = NULL;
         if (dw_capture_config(dw_test_ctx, &c, B, T, &g) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));
@@ -100,22 +108,25 @@ static void test_capture_random_configs(void **state) {
         assert_int_equal(heads, 1);
         /* FLOPs: linear nodes = 6 per matmul parameter per token + 2 per bias; attention as
          * counted causally; the rest (elementwise) is small but present. */
-        double lin = 0, attn = 0, total = 0;
+        double lin = 0, attn = 0, total = 0, moe = 0;
         for (int i = 0; i < g->n_nodes; i++) {
             double f, b;
             dw_ir_flops(g, &g->nodes[i], &f, &b);
             total += f + b;
             if (g->nodes[i].op == DW_OP_LINEAR) lin += f + b;
+            if (g->nodes[i].op == DW_OP_MOE_LINEAR) moe += f + b;
             if (g->nodes[i].op == DW_OP_ATTENTION) attn += f + b;
         }
         double mm, bias, N = (double)(B * T);
         matmul_params(&c, &mm, &bias);
         assert_close(lin, 6 * mm * N + 2 * bias * N, 1e-6 * lin);
+        const double active = (double)c.top_k * 3 * (double)c.d_model * (double)c.d_ff_expert * (double)c.n_layers;
+        assert_close(moe, c.n_experts ? 6 * active * N : 0.0, 1e-9 * moe);
         double pairs = (double)B * (double)c.n_heads * (double)T * (double)(T + 1) / 2;
         assert_close(attn, (double)c.n_layers * (12.0 * (double)c.head_dim + 10) * pairs,
                             1e-9 * attn);
         assert_close(dw_graph_flops_per_token(g), total / N, 1e-9 * total);
-        assert_true(total > lin + attn && total < 1.5 * (lin + attn) + 100 * N * (double)c.d_model * 40);
+        assert_true(total > lin + attn + moe && total < 1.5 * (lin + attn + moe) + 100 * N * (double)c.d_model * 40);
         dw_graph_free(g);
     }
 }

@@ -1,0 +1,84 @@
+/* weights_layout.c — the Hugging Face pieces of each parameter (weights_layout.h): one piece under
+ * the parameter's own name, or the expert weights and router of a mixture-of-experts layer in the
+ * fused or the per-expert layout. Names only: no file is read here. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/weights_layout.h"
+
+/* Whether s ends with suffix; then *stem_len is the length before it. */
+static bool ends_with(const char *s, const char *suffix, size_t *stem_len) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    if (n < k || strcmp(s + n - k, suffix)) return false;
+    *stem_len = n - k;
+    return true;
+}
+
+static char *name_of(const char *stem, size_t stem_len, const char *rest) {
+    const size_t n = stem_len + strlen(rest) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%.*s%s", (int)stem_len, stem, rest);
+    return s;
+}
+
+void dw_hf_pieces_free(dw_hf_piece *pc, int n) {
+    for (int i = 0; pc && i < n; i++) free(pc[i].stored);
+    free(pc);
+}
+
+bool dw_hf_per_expert_name(const char *stored) { return strstr(stored, ".block_sparse_moe.") != NULL; }
+
+/* Expert weight kinds: gate (w1), up (w3), down (w2). */
+enum { GATE = 0, UP, DOWN };
+
+dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, int *n) {
+    size_t stem = 0;
+    int kind = -1;
+    if (p->ndim == 3 && ends_with(p->name, ".mlp.experts.gate_proj", &stem)) kind = GATE;
+    else if (p->ndim == 3 && ends_with(p->name, ".mlp.experts.up_proj", &stem)) kind = UP;
+    else if (p->ndim == 3 && ends_with(p->name, ".mlp.experts.down_proj", &stem)) kind = DOWN;
+    const bool router = p->ndim == 2 && ends_with(p->name, ".mlp.gate.weight", &stem);
+    const bool per_expert = layout == DW_WEIGHTS_LAYOUT_PER_EXPERT;
+    const int64_t E = p->ndim == 3 ? p->shape[0] : 1, block = p->ndim == 3 ? p->shape[1] * p->shape[2] : 0;
+    *n = kind < 0 || (kind == DOWN && !per_expert) ? 1 : (int)E;
+    dw_hf_piece *pc = calloc((size_t)*n, sizeof *pc);
+    if (!pc) return NULL;
+    bool ok = true;
+    if (*n == 1 && kind < 0) { /* one piece: the parameter itself, renamed for a per-expert router */
+        pc->stored = router && per_expert ? name_of(p->name, stem, ".block_sparse_moe.gate.weight") : strdup(p->name);
+        pc->ndim = p->ndim;
+        for (int d = 0; d < p->ndim; d++) pc->shape[d] = p->shape[d];
+        if (p->hf_transposed) pc->shape[0] = p->shape[1], pc->shape[1] = p->shape[0], pc->transposed = true;
+        pc->count = dw_ir_numel(p);
+        ok = pc->stored != NULL;
+    } else if (*n == 1) { /* fused down_proj: Deepwell's (E,C,F) as it is */
+        pc->stored = strdup(p->name);
+        pc->ndim = 3;
+        for (int d = 0; d < 3; d++) pc->shape[d] = p->shape[d];
+        pc->count = dw_ir_numel(p);
+        ok = pc->stored != NULL;
+    } else {
+        static const char *const w[3] = {"w1", "w3", "w2"};
+        for (int64_t e = 0; ok && e < E; e++) {
+            dw_hf_piece *q = &pc[e];
+            q->param_off = e * block, q->count = block;
+            if (per_expert) { /* one 2-D tensor per expert */
+                char rest[96];
+                snprintf(rest, sizeof rest, ".block_sparse_moe.experts.%lld.%s.weight", (long long)e, w[kind]);
+                q->stored = name_of(p->name, stem, rest);
+                q->ndim = 2, q->shape[0] = p->shape[1], q->shape[1] = p->shape[2];
+            } else { /* gate or up: half of each expert's fused gate_up rows */
+                q->stored = name_of(p->name, stem, ".mlp.experts.gate_up_proj");
+                q->ndim = 3, q->shape[0] = E, q->shape[1] = 2 * p->shape[1], q->shape[2] = p->shape[2];
+                q->stored_off = e * 2 * block + (kind == UP ? block : 0);
+            }
+            ok = q->stored != NULL;
+        }
+    }
+    if (!ok) {
+        dw_hf_pieces_free(pc, *n);
+        return NULL;
+    }
+    return pc;
+}

@@ -1,0 +1,33 @@
+/* weights_layout.h — private to runtime/: where each parameter lives in a Hugging Face checkpoint,
+ * as pieces (a block of a stored tensor <-> a block of the parameter). Most parameters are one
+ * piece under their own name (GPT-2's Conv1D weights stored transposed). Mixture-of-experts
+ * weights have two layouts: transformers 5's, fused (mlp.experts.gate_up_proj [E,2F,C], gate rows
+ * first; mlp.experts.down_proj [E,C,F]; router mlp.gate.weight), and the per-expert one of earlier
+ * checkpoints (block_sparse_moe.experts.{e}.w1 / w3 [F,C], w2 [C,F]; router
+ * block_sparse_moe.gate.weight). Deepwell keeps gate and up as separate (E,F,C) parameters. */
+#ifndef DW_RUNTIME_WEIGHTS_LAYOUT_H
+#define DW_RUNTIME_WEIGHTS_LAYOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "deepwell.h"
+#include "ir/ir.h"
+
+typedef struct {
+    char *stored;                     /* the tensor's name in the file (owned) */
+    int ndim;
+    int64_t shape[DW_IR_MAX_DIMS];    /* the stored tensor's shape */
+    int64_t stored_off, param_off;    /* first element of the block in each */
+    int64_t count;                    /* elements of the block */
+    bool transposed;                  /* the stored tensor is the whole parameter transposed */
+} dw_hf_piece;
+
+/* The pieces of parameter p in the layout (DW_WEIGHTS_LAYOUT_FUSED or _PER_EXPERT), *n of them;
+ * NULL when out of memory. Free with dw_hf_pieces_free. */
+dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, int *n);
+void dw_hf_pieces_free(dw_hf_piece *pc, int n);
+/* Whether a stored name belongs to the per-expert layout (".block_sparse_moe."). */
+bool dw_hf_per_expert_name(const char *stored);
+
+#endif /* DW_RUNTIME_WEIGHTS_LAYOUT_H */
