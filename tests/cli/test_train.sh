@@ -4,7 +4,8 @@
 # schedules); SIGINT checkpoints and exits 130 (SIGTERM, SIGHUP, SIGUSR1: 128 + signal), a second
 # SIGINT aborts without harming the last checkpoint; one run per directory (a lock naming its
 # holder; a dead holder's lock taken over); damaged checkpoints and bad data are refused naming the file; flag errors;
-# checkpoints load as Hugging Face models (tests/python/train_ckpt_hf.py, needs python3-torch).
+# checkpoints load as Hugging Face models (tests/python/train_ckpt_hf.py, needs python3-torch);
+# mixtral-tiny trains, resumes bit-identically and checkpoints its experts in the fused layout.
 set -u
 dw=$1
 fails=0
@@ -117,6 +118,33 @@ assert abs(a[0] - b[0]) <= 2.4e-7 * a[0], (a, b)          # same windows, mean o
 assert all(abs(x - y) <= 1e-5 * x for x, y in zip(a, b)), (a, b)  # summation order differs after
 assert a[2] < a[0]
 PY
+
+# --- a mixture of experts: mixtral-tiny trains, resumes bit-identically, checkpoints in HF layout --
+mix=(--model mixtral-tiny --data builtin --batch 4 --seq 32 --lr 3e-3 --warmup 2 --seed $((seed % 100000)))
+"$dw" train "${mix[@]}" --steps 30 --out "$tmp/mix" >/dev/null 2>"$tmp/err"
+check "mixtral-tiny trains" 0 $?
+python3 - "$tmp/mix/metrics.jsonl" <<'PY' && ok "  ... its loss falls" || bad "mixtral-tiny loss did not fall"
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1])]
+assert len(l) == 30 and sum(l[-5:]) / 5 < sum(l[:5]) / 5 - 0.5, (l[:5], l[-5:])
+PY
+"$dw" train "${mix[@]}" --steps 12 --ckpt-every 6 --keep 0 --out "$tmp/mixa" >/dev/null 2>&1
+"$dw" train "${mix[@]}" --steps 12 --resume "$tmp/mixa/ckpt-6" --out "$tmp/mixb" >/dev/null 2>&1
+check "mixtral-tiny resumes from ckpt-6" 0 $?
+if [ "$(losses "$tmp/mixa/metrics.jsonl" | tail -6)" = "$(losses "$tmp/mixb/metrics.jsonl")" ]; then ok "  ... bit-identical losses"
+else bad "mixtral-tiny resumed losses differ"; fi
+cmp -s "$tmp/mixa/ckpt-12/model.safetensors" "$tmp/mixb/ckpt-12/model.safetensors" && ok "  ... identical final weights" ||
+  bad "mixtral-tiny final weights differ"
+python3 - "$tmp/mixa/ckpt-12/model.safetensors" <<'PY' && ok "  ... checkpoint in transformers 5's fused layout" || bad "mixtral checkpoint layout"
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+assert h["model.layers.0.mlp.experts.gate_up_proj"]["shape"] == [4, 256, 64], h["model.layers.0.mlp.experts.gate_up_proj"]
+assert h["model.layers.1.mlp.experts.down_proj"]["shape"] == [4, 64, 128]
+assert h["model.layers.0.mlp.gate.weight"]["shape"] == [4, 64]
+assert not any("gate_proj" in k for k in h), [k for k in h if "gate_proj" in k]
+PY
+"$dw" train "${mix[@]}" --steps 2 --device cuda --out "$tmp/mixc" >/dev/null 2>"$tmp/err"
+[ $? -ne 0 ] && ok "mixtral on --device cuda refused here" || bad "mixtral on --device cuda: exit 0"
 
 # --- SIGINT ---------------------------------------------------------------------------------------
 wait_steps() { # wait_steps FILE N: until FILE has N lines (max 60 s)

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """parity.py DEEPWELL — whole-model parity of Deepwell's CPU engine with PyTorch.
 
-For random tiny GPT-2, Llama (GQA, optional attention/MLP biases) and Qwen2 (q/k/v biases)
-configs: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
+For random tiny GPT-2, Llama (GQA, optional attention/MLP biases), Qwen2 (q/k/v biases) and
+Mixtral (softmax top-k router, SwiGLU experts; weights in transformers 5's fused or the per-expert
+layout) configs: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
 weights as in x out), a token shard, runs `deepwell eval --dump`, and compares logits, loss and
 every parameter's gradient with a float64 PyTorch reference written here from the architectures'
 definitions (plain torch, no transformers). Per-tensor abs+rel tolerances; any mismatch fails.
@@ -102,6 +103,36 @@ def rope(x, theta):
     return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
 
+def expert_weights(c, w, p, e):
+    """Expert e's gate, up (F,C) and down (C,F) weights of layer prefix p, from either layout."""
+    F = c["intermediate_size"]
+    if p + "mlp.experts.gate_up_proj" in w:  # transformers 5: fused, the gate rows first
+        gu = w[p + "mlp.experts.gate_up_proj"][e]
+        return gu[:F], gu[F:], w[p + "mlp.experts.down_proj"][e]
+    q = p + f"block_sparse_moe.experts.{e}."
+    return w[q + "w1.weight"], w[q + "w3.weight"], w[q + "w2.weight"]
+
+
+def mixtral_moe(c, w, p, h):
+    """Mixtral's sparse MoE block: softmax router, top-k renormalised, SwiGLU experts."""
+    B, T, C = h.shape
+    x = h.reshape(B * T, C)
+    router = w[p + "mlp.gate.weight"] if p + "mlp.gate.weight" in w else w[p + "block_sparse_moe.gate.weight"]
+    probs = torch.softmax(x @ router.T, dim=-1)
+    top, idx = torch.topk(probs, c["num_experts_per_tok"], dim=-1)
+    top = top / top.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(c["num_local_experts"]):
+        rows, slot = torch.where(idx == e)
+        if rows.numel() == 0:
+            continue
+        g, u, d = expert_weights(c, w, p, e)
+        xe = x[rows]
+        y = (torch.nn.functional.silu(xe @ g.T) * (xe @ u.T)) @ d.T
+        out = out.index_add(0, rows, y * top[rows, slot][:, None])
+    return out.view(B, T, C)
+
+
 def llama_forward(c, w, tok):
     B, T = tok.shape
     H, Hkv, D, L = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_hidden_layers"]
@@ -130,6 +161,9 @@ def llama_forward(c, w, tok):
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
         x = x + lin(y, p + "self_attn.o_proj", o_bias)
         h = rms(x, p + "post_attention_layernorm")
+        if c["model_type"] == "mixtral":
+            x = x + mixtral_moe(c, w, p, h)
+            continue
         g = lin(h, p + "mlp.gate_proj", mlp_bias)
         x = x + lin(torch.nn.functional.silu(g) * lin(h, p + "mlp.up_proj", mlp_bias), p + "mlp.down_proj", mlp_bias)
     x = rms(x, "model.norm")
@@ -157,6 +191,10 @@ def random_config(family, rng):
     if family == "llama":
         c["attention_bias"] = rng.random() < 0.5
         c["mlp_bias"] = rng.random() < 0.5
+    if family == "mixtral":
+        c["num_local_experts"] = E = rng.randint(2, 6)
+        c["num_experts_per_tok"] = rng.randint(1, E)
+        c["layout"] = rng.choice(["fused", "per_expert"])  # of the weights file (not a config key)
     return c
 
 
@@ -196,6 +234,18 @@ def param_shapes(c):
         if not qwen and c.get("attention_bias", False):
             s[p + "self_attn.o_proj.bias"] = (C,)
         s[p + "post_attention_layernorm.weight"] = (C,)
+        if c["model_type"] == "mixtral":
+            E = c["num_local_experts"]
+            if c["layout"] == "fused":
+                s[p + "mlp.gate.weight"] = (E, C)
+                s[p + "mlp.experts.gate_up_proj"] = (E, 2 * F, C)
+                s[p + "mlp.experts.down_proj"] = (E, C, F)
+            else:
+                s[p + "block_sparse_moe.gate.weight"] = (E, C)
+                for e in range(E):
+                    for n, shp in [("w1", (F, C)), ("w2", (C, F)), ("w3", (F, C))]:
+                        s[p + f"block_sparse_moe.experts.{e}.{n}.weight"] = shp
+            continue
         for n, shp in [("gate_proj", (F, C)), ("up_proj", (F, C)), ("down_proj", (C, F))]:
             s[p + f"mlp.{n}.weight"] = shp
             if c.get("mlp_bias", False):
@@ -250,16 +300,15 @@ def run(cmd):
 
 def parity_case(dw, family, rng, gen, tmp):
     c = random_config(family, rng)
-    d = os.path.join(tmp, family)
-    os.makedirs(d)
-    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    d = tempfile.mkdtemp(prefix=family + "-", dir=tmp)
+    json.dump({k: v for k, v in c.items() if k != "layout"}, open(os.path.join(d, "config.json"), "w"))
     w = random_weights(c, gen)
     st_write(os.path.join(d, "model.safetensors"), w)
     B, T = rng.randint(1, 3), rng.randint(2, 48)
     stream = [rng.randrange(c["vocab_size"]) for _ in range(B * T + 1 + rng.randint(0, 50))]
-    write_shard(os.path.join(tmp, family + ".bin"), stream)
-    dump = os.path.join(tmp, family + ".dump.safetensors")
-    r = run([dw, "eval", d, "--data", os.path.join(tmp, family + ".bin"), "--batch", str(B),
+    write_shard(os.path.join(d, "tokens.bin"), stream)
+    dump = os.path.join(d, "dump.safetensors")
+    r = run([dw, "eval", d, "--data", os.path.join(d, "tokens.bin"), "--batch", str(B),
              "--seq", str(T), "--dump", dump])
     if r.returncode != 0:
         return [f"{family}: deepwell eval failed ({r.returncode}): {r.stderr.strip()}"]
@@ -287,7 +336,8 @@ def parity_case(dw, family, rng, gen, tmp):
         failures.append(f"{family}: unexpected tensor '{name}' in the dump")
     desc = ", ".join(f"{k}={v}" for k, v in c.items() if k in (
         "n_layer", "n_head", "n_embd", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias"))
+        "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias",
+        "num_local_experts", "num_experts_per_tok", "layout"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")
@@ -301,7 +351,7 @@ def weight_errors(dw, rng, gen, tmp):
     c["tie_word_embeddings"] = False
     d = os.path.join(tmp, "bad")
     os.makedirs(d)
-    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    json.dump({k: v for k, v in c.items() if k != "layout"}, open(os.path.join(d, "config.json"), "w"))
     write_shard(os.path.join(tmp, "bad.bin"), [1] * 200)
     good = random_weights(c, gen)
     cases = []
@@ -329,7 +379,7 @@ def main():
     gen = torch.Generator().manual_seed(seed)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ["gpt2", "llama", "qwen2"]:
+        for family in ["gpt2", "llama", "qwen2", "mixtral", "mixtral"]:
             failures += parity_case(dw, family, rng, gen, tmp)
         failures += weight_errors(dw, rng, gen, tmp)
     for f in failures:
