@@ -15,19 +15,21 @@ if [ -z "$build" ]; then
 fi
 dw=./$build/deepwell
 device=${DW_DEVICE:-auto}
+# sampling a few tokens from the tiny model is quick anywhere: on the CPU unless a device is named
+sample_device=$device; [ "$sample_device" = auto ] && sample_device=cpu
 out=${DW_RUN_DIR:-out/run-$(date +%Y%m%d-%H%M%S)}
 echo "== training llama-tiny on the built-in addition facts (device $device); run directory: $out =="
 $dw train --model llama-tiny --data builtin --device "$device" --out "$out" \
   --steps 160 --batch 8 --seq 64 --lr 3e-3 --min-lr 3e-4 --warmup 10 --eval-every 20 \
   --sample-every 80 --sample-tokens 48 --sample-temp 0.5 --ckpt-every 40 --log-every 10 "$@"
 echo "== the trained model writes facts (deepwell sample $out --prompt \$'1+1=2\\n' -n 72 --temperature 0.5) =="
-$dw sample "$out" --device "$device" --prompt $'1+1=2\n' -n 72 --temperature 0.5 --seed 7 | sed '$d'
+$dw sample "$out" --device "$sample_device" --prompt $'1+1=2\n' -n 72 --temperature 0.5 --seed 7 | sed '$d'
 echo "== and answers every question a+b= (greedy) =="
 right=0
 answers=()
 for a in 0 1 2 3 4; do
   for b in 0 1 2 3 4; do
-    line=$($dw sample "$out" --device "$device" --prompt $'\n'"$a+$b=" -n 1 --temperature 0 | tail -n 1)
+    line=$($dw sample "$out" --device "$sample_device" --prompt $'\n'"$a+$b=" -n 1 --temperature 0 | tail -n 1)
     answers+=("$line")
     [ "$line" = "$a+$b=$((a + b))" ] && right=$((right + 1))
   done

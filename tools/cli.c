@@ -76,6 +76,19 @@ dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out) {
         return DW_ERR_UNSUPPORTED;
     }
     dw_status s = dw_ctx_create(&o, out);
+    if (s == DW_OK && o.device == DW_DEVICE_AUTO) { /* say which device auto chose, and why */
+        if (dw_ctx_device(*out) == DW_DEVICE_CUDA) {
+            dw_hw *hw = NULL;
+            dw_gpu_info g = {.size = sizeof g};
+            const bool named = dw_probe(*out, &hw) == DW_OK && dw_hw_get_gpu(hw, dw_ctx_device_index(*out), &g) == DW_OK;
+            fprintf(stderr, "deepwell %s: --device auto: cuda:%d (%s)\n", cmd, dw_ctx_device_index(*out),
+                    named ? g.name : "a usable GPU");
+            dw_hw_free(hw);
+        } else {
+            fprintf(stderr, "deepwell %s: --device auto: cpu (%s)\n", cmd,
+                    dw_built_with_cuda() ? "no usable GPU found" : "this build has no CUDA");
+        }
+    }
     if (s == DW_OK) return DW_OK;
     if (o.device == DW_DEVICE_CUDA) {
         cli_error(cmd, "--device cuda: no usable GPU (%s); use --device cpu", dw_errmsg(NULL));

@@ -289,6 +289,11 @@ else
   grep -Eq -- "--device cuda: (this build has no CUDA|no usable GPU)" "$tmp/err" && ok "  ... says why" ||
       bad "  ... no reason in: $(cat "$tmp/err")"
 fi
+# --device auto says in one line which device it chose and why
+"$dw" train "${common[@]}" --device auto --steps 1 --out "$tmp/x7" >/dev/null 2>"$tmp/err"
+check "--device auto" 0 $?
+grep -Eq -- "^deepwell train: --device auto: (cpu \((this build has no CUDA|no usable GPU found)\)|cuda:[0-9]+ \(.+\))$" "$tmp/err" &&
+  ok "  ... names the device and why" || bad "  ... no device line in: $(head -c 300 "$tmp/err")"
 # the CPU backend runs every recipe (FORMATS.md quantisation, the reference GEMM) and profiles
 "$dw" train "${common[@]}" --precision fp8_block --steps 3 --out "$tmp/x8" >/dev/null 2>"$tmp/err"
 check "--precision fp8_block on the CPU" 0 $?
