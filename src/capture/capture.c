@@ -99,14 +99,16 @@ static int linear(builder *b, const char *name, int x, int64_t in, int64_t out, 
     return node(b, DW_OP_LINEAR, name, x, w, bi, NULL);
 }
 
-static int norm(builder *b, const char *name, int x) {
+/* The model's norm over the last dimension of x, width wide (the residual stream's: d_model). */
+static int norm_w(builder *b, const char *name, int x, int64_t width) {
     const dw_model_config *c = b->c;
     dw_ir_attrs a = {.eps = c->norm_eps};
-    int w = param(b, c->d_model, 0, "%s.weight", name);
+    int w = param(b, width, 0, "%s.weight", name);
     if (c->norm == DW_NORM_RMSNORM) return node(b, DW_OP_RMSNORM, name, x, w, -1, &a);
-    int bi = param(b, c->d_model, 0, "%s.bias", name);
+    int bi = param(b, width, 0, "%s.bias", name);
     return node(b, DW_OP_LAYERNORM, name, x, w, bi, &a);
 }
+static int norm(builder *b, const char *name, int x) { return norm_w(b, name, x, b->c->d_model); }
 
 static void block_gpt2(builder *b, int i, int *x) {
     const dw_model_config *c = b->c;
@@ -140,6 +142,10 @@ static void attention_llama(builder *b, const char *p, int *x) {
     int hq = linear(b, NAME("self_attn.q_proj"), h, C, q, c->qkv_bias, false);
     int hk = linear(b, NAME("self_attn.k_proj"), h, C, kv, c->qkv_bias, false);
     int hv = linear(b, NAME("self_attn.v_proj"), h, C, kv, c->qkv_bias, false);
+    if (c->qk_norm) { /* OLMoE: over the whole projections, before RoPE */
+        hq = norm_w(b, NAME("self_attn.q_norm"), hq, q);
+        hk = norm_w(b, NAME("self_attn.k_norm"), hk, kv);
+    }
     hq = node(b, DW_OP_ROPE, NAME("self_attn.rope_q"), hq, -1, -1, &aq);
     hk = node(b, DW_OP_ROPE, NAME("self_attn.rope_k"), hk, -1, -1, &ak);
     h = node(b, DW_OP_ATTENTION, NAME("self_attn.sdpa"), hq, hk, hv, &at);
@@ -161,16 +167,14 @@ static void block_llama(builder *b, int i, int *x) {
     *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
 }
 
-/* Mixtral: the Llama attention, then a mixture of SwiGLU experts in the MLP's place (transformers
- * 5's module names, "mlp.*"): router logits mlp.gate (E x C), top-k with renormalised softmax
- * weights, dispatch by expert, the experts' gate/up/down GEMMs over their rows (parameters
- * mlp.experts.{gate,up,down}_proj, (E,F,C) and (E,C,F)), the weighted combine. */
-static void block_mixtral(builder *b, int i, int *x) {
+/* A mixture of SwiGLU experts in the MLP's place (transformers 5's module names, "mlp.*"): router
+ * logits mlp.gate (E x C), top-k with softmax weights (renormalised as the config says), dispatch by
+ * expert, the experts' gate/up/down GEMMs over their rows (parameters mlp.experts.{gate,up,down}_proj,
+ * (E,F,C) and (E,C,F)), the weighted combine; x += the result. p: "model.layers.<i>". */
+static void moe_mlp(builder *b, const char *p, int *x) {
     const dw_model_config *c = b->c;
     const int64_t C = c->d_model, E = c->n_experts, F = c->d_ff_expert;
-    char p[64], nm[128];
-    snprintf(p, sizeof p, "model.layers.%d", i);
-    attention_llama(b, p, x);
+    char nm[128];
     int h = norm(b, NAME("post_attention_layernorm"), *x);
     const int z = linear(b, NAME("mlp.gate"), h, C, E, false, false);
     const dw_ir_attrs ra = {.top_k = c->top_k, .score = DW_ROUTER_SOFTMAX, .norm_topk = c->norm_topk};
@@ -191,12 +195,23 @@ static void block_mixtral(builder *b, int i, int *x) {
     h = node(b, DW_OP_MOE_COMBINE, NAME("mlp.combine"), y, r[0], d[2], NULL);
     *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
 }
+
+/* Mixtral: the Llama attention, then the mixture of experts (renormalised top-k). */
+static void block_mixtral(builder *b, int i, int *x) {
+    char p[64];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    attention_llama(b, p, x);
+    moe_mlp(b, p, x);
+}
+
+/* OLMoE: the Llama attention with q/k norms (config qk_norm), then the mixture of experts. */
+static void block_olmoe(builder *b, int i, int *x) { block_mixtral(b, i, x); }
 #undef NAME
 
 /* Each architecture's block template (archs.def's family column). */
 typedef void (*block_fn)(builder *b, int i, int *x);
 static const block_fn blocks[DW_ARCH_COUNT] = {
-#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable) block_##fam,
+#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts) block_##fam,
 #include "capture/archs.def"
 #undef DW_ARCH
 };

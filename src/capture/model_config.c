@@ -135,6 +135,26 @@ static dw_status parse_mixtral(dw_ctx *ctx, const json_t *j, const char *what, d
     return DW_OK;
 }
 
+/* OLMoE: the llama fields, RMSNorm over the whole q and k projections, and num_experts SwiGLU
+ * experts of width intermediate_size, top num_experts_per_tok, renormalised only with
+ * norm_topk_prob. */
+static dw_status parse_olmoe(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    DW_TRY(parse_llama(ctx, j, what, c));
+    c->norm_eps = 1e-5;
+    DW_TRY(dw_json_get_num_opt(ctx, j, "rms_norm_eps", what, &c->norm_eps));
+    c->qk_norm = true, c->top_k = 8, c->norm_topk = false, c->router_aux_loss_coef = 0.01;
+    DW_TRY(get_i64(ctx, j, "num_experts", what, true, &c->n_experts));
+    DW_TRY(get_i64(ctx, j, "num_experts_per_tok", what, false, &c->top_k));
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "norm_topk_prob", what, &c->norm_topk));
+    DW_TRY(dw_json_get_num_opt(ctx, j, "router_aux_loss_coef", what, &c->router_aux_loss_coef));
+    const json_t *clip = json_object_get(j, "clip_qkv");
+    if (clip && !json_is_null(clip))
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: field 'clip_qkv': clamping q, k, v is not supported (null only)",
+                            what);
+    c->d_ff_expert = c->d_ff;
+    return DW_OK;
+}
+
 dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const char *what) {
     static const char *const hf[2][8] = {
         {"vocab_size", "n_embd", "n_layer", "n_head", "n_head", "head_dim", "n_inner", "n_positions"},
@@ -172,13 +192,14 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
 static void write_gpt2(json_t *j, const dw_model_config *c);
 static void write_llama(json_t *j, const dw_model_config *c);
 static void write_mixtral(json_t *j, const dw_model_config *c);
+static void write_olmoe(json_t *j, const dw_model_config *c);
 
 /* Each architecture's family functions (archs.def's family column). */
 static const struct {
     dw_status (*parse)(dw_ctx *, const json_t *, const char *, dw_model_config *);
     void (*write)(json_t *, const dw_model_config *);
 } families[DW_ARCH_COUNT] = {
-#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable) {parse_##fam, write_##fam},
+#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts) {parse_##fam, write_##fam},
 #include "capture/archs.def"
 #undef DW_ARCH
 };
@@ -278,6 +299,17 @@ static void write_mixtral(json_t *j, const dw_model_config *c) {
     set_num(j, "router_jitter_noise", 0.0);
 }
 
+static void write_olmoe(json_t *j, const dw_model_config *c) {
+    write_llama(j, c);
+    set_int(j, "intermediate_size", c->d_ff_expert); /* OLMoE's: the experts' width */
+    set_int(j, "num_experts", c->n_experts);
+    set_int(j, "num_experts_per_tok", c->top_k);
+    set_bool(j, "norm_topk_prob", c->norm_topk);
+    set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
+    set_bool(j, "output_router_logits", false);
+    json_object_set_new(j, "clip_qkv", json_null());
+}
+
 json_t *dw_model_config_to_json(const dw_model_config *c) {
     json_t *j = json_object();
     json_t *arch = json_array();
@@ -335,6 +367,7 @@ int64_t dw_model_config_params(const dw_model_config *c) {
     int64_t attn = d * q + 2 * d * kv + q * d;
     if (c->linear_bias || c->qkv_bias) attn += q + 2 * kv;
     if (dw_model_config_o_bias(c)) attn += d; /* output projection bias */
+    if (c->qk_norm) attn += q + kv; /* OLMoE: RMSNorm weights over the q and k projections */
     int64_t p = V * d + (c->pos == DW_POS_LEARNED ? c->max_seq * d : 0);
     for (int64_t l = 0; l < c->n_layers; l++)
         p += 2 * norm + attn + mlp_params(c, c->n_experts > 0 && l >= c->first_dense_layers);

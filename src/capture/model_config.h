@@ -34,6 +34,7 @@ typedef struct {
     bool qkv_bias;         /* qwen2: true; gpt2: biases everywhere (see `linear_bias`) */
     bool linear_bias;      /* gpt2: every linear has a bias */
     bool mlp_bias;
+    bool qk_norm;          /* OLMoE: RMSNorm over the whole q and k projections before RoPE */
     double init_std;       /* initializer_range (0.02) */
     /* mixture of experts */
     int64_t n_experts;     /* 0: dense */

@@ -124,6 +124,14 @@ static dw_model_config p_mixtral_tiny(void) {
     c.d_ff_expert = 128;
     return c;
 }
+/* A tiny fine-grained OLMoE for CI: 8 experts of 32, top 4, not renormalised, q/k norms. */
+static dw_model_config p_olmoe_tiny(void) {
+    dw_model_config c = llama_base("olmoe", DW_ARCH_OLMOE);
+    shape(&c, 256, 64, 2, 4, 4, 32, 256);
+    c.n_experts = 8, c.top_k = 4, c.d_ff_expert = 32, c.norm_topk = false, c.qk_norm = true;
+    c.router_aux_loss_coef = 0.01;
+    return c;
+}
 /* moe-e8, Mixtral-like, for benchmarks: 8 experts of 5632, top 2, 2,446,493,696 parameters. */
 static dw_model_config p_moe_e8(void) {
     dw_model_config c = mixtral_base(8, 2);
@@ -154,7 +162,7 @@ static const struct {
     {"gpt2-tiny", p_gpt2_tiny},       {"gpt2-124m", p_gpt2_124m},     {"llama-tiny", p_llama_tiny},
     {"llama-1b", p_llama_1b},         {"qwen2-tiny", p_qwen2_tiny},   {"llama-8b", p_llama_8b},
     {"llama-70b", p_llama_70b},       {"llama-405b", p_llama_405b},   {"mixtral-8x7b", p_mixtral_8x7b},
-    {"mixtral-tiny", p_mixtral_tiny}, {"moe-e8", p_moe_e8},
+    {"mixtral-tiny", p_mixtral_tiny}, {"moe-e8", p_moe_e8},   {"olmoe-tiny", p_olmoe_tiny},
     {"deepseek-v3", p_deepseek_v3},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))

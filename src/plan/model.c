@@ -111,6 +111,7 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     o->attn = d * qkv + H * hd * d;
     if (c->linear_bias) o->attn += qkv + d;
     else if (c->qkv_bias) o->attn += qkv;
+    if (c->qk_norm) o->attn += (H + Hkv) * hd; /* OLMoE's q/k norm weights */
     /* MLP: GLU has gate+up [d, ff] and down [ff, d]; GELU has fc [d, ff] and proj [ff, d] */
     o->mlp = mats * d * ff;
     if (c->linear_bias || c->mlp_bias) o->mlp += (mats - 1) * ff + d;

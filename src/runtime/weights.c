@@ -21,6 +21,7 @@
 
 static const dw_ir_tensor *ptensor(const dw_engine *e, int i) { return &e->g->tensors[e->p->param_tensor[i]]; }
 static int64_t pnumel(const dw_engine *e, int i) { return dw_ir_numel(ptensor(e, i)); }
+static const dw_hf_arch *arch(const dw_engine *e) { return dw_hf_arch_find(e->g->model.model_type); }
 
 /* Host buffers for every parameter (one block; freed by the caller), at the host offsets off[]. */
 static float *host_block(dw_engine *e, int64_t **off) {
@@ -146,7 +147,7 @@ static dw_status layout_build(dw_engine *e, dw_weights_layout L, hf_layout *h) {
     h->npc = calloc((size_t)(n ? n : 1), sizeof *h->npc);
     size_t total = 0;
     for (int i = 0; h->pc && h->npc && i < n; i++) {
-        if (!(h->pc[i] = dw_hf_pieces(ptensor(e, i), L, &h->npc[i]))) break;
+        if (!(h->pc[i] = dw_hf_pieces(ptensor(e, i), L, arch(e), &h->npc[i]))) break;
         total += (size_t)h->npc[i];
     }
     bool ok = h->pc && h->npc && (n == 0 || h->pc[n - 1]) && map_init(&h->map, total);
@@ -311,7 +312,6 @@ static const dw_st_tensor *shards_find(const shard_set *s, const char *name, con
     return NULL;
 }
 
-static const dw_hf_arch *arch(const dw_engine *e) { return dw_hf_arch_find(e->g->model.model_type); }
 
 /* A stored tensor under its name or under the name the architecture's original checkpoints use
  * (capture/archs.def: GPT-2's without "transformer."). */
@@ -339,15 +339,15 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (len < n) snprintf(buf + len, n - len, "]");
 }
 
-/* The layout of the checkpoint's expert weights: per-expert when it has block_sparse_moe tensors,
- * else fused; both in one checkpoint are refused, naming a tensor of each. */
+/* The layout of the checkpoint's expert weights: per-expert when it has experts.<e>. tensors, else
+ * fused; both in one checkpoint are refused, naming a tensor of each. */
 static dw_status detect_layout(dw_ctx *ctx, const shard_set *s, const char *path, dw_weights_layout *L) {
     const char *per = NULL, *fused = NULL;
     for (int k = 0; k < s->n; k++)
         for (int i = 0; i < dw_st_count(s->files[k]); i++) {
             const char *name = dw_st_get(s->files[k], i)->name;
             if (dw_hf_per_expert_name(name)) per = name;
-            if (strstr(name, ".mlp.experts.")) fused = name;
+            if (dw_hf_fused_expert_name(name)) fused = name;
         }
     if (per && fused)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: mixes the per-expert layout ('%s') with the fused one ('%s')", path,

@@ -27,12 +27,35 @@ void dw_hf_pieces_free(dw_hf_piece *pc, int n) {
     free(pc);
 }
 
-bool dw_hf_per_expert_name(const char *stored) { return strstr(stored, ".block_sparse_moe.") != NULL; }
+bool dw_hf_per_expert_name(const char *stored) {
+    for (const char *s = strstr(stored, ".experts."); s; s = strstr(s + 1, ".experts."))
+        if (s[9] >= '0' && s[9] <= '9') return true;
+    return false;
+}
+
+bool dw_hf_fused_expert_name(const char *stored) {
+    size_t stem;
+    return ends_with(stored, ".experts.gate_up_proj", &stem) || ends_with(stored, ".experts.down_proj", &stem);
+}
+
+/* The architecture's per-expert names: module, and the gate, up, down weights ("|"-separated in
+ * archs.def); Mixtral's when the architecture has none. */
+static void expert_names(const dw_hf_arch *a, char names[4][32]) {
+    const char *src = a && *a->experts ? a->experts : "block_sparse_moe|w1|w3|w2";
+    for (int k = 0; k < 4; k++) {
+        const char *bar = strchr(src, '|');
+        const size_t len = bar ? (size_t)(bar - src) : strlen(src);
+        snprintf(names[k], sizeof names[k], "%.*s", (int)len, src);
+        src = bar ? bar + 1 : src + len;
+    }
+}
 
 /* Expert weight kinds: gate (w1), up (w3), down (w2). */
 enum { GATE = 0, UP, DOWN };
 
-dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, int *n) {
+dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, const dw_hf_arch *a, int *n) {
+    char en[4][32]; /* module, gate, up, down */
+    expert_names(a, en);
     size_t stem = 0;
     int kind = -1;
     if (p->ndim == 3 && ends_with(p->name, ".mlp.experts.gate_proj", &stem)) kind = GATE;
@@ -46,7 +69,9 @@ dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, int *
     if (!pc) return NULL;
     bool ok = true;
     if (*n == 1 && kind < 0) { /* one piece: the parameter itself, renamed for a per-expert router */
-        pc->stored = router && per_expert ? name_of(p->name, stem, ".block_sparse_moe.gate.weight") : strdup(p->name);
+        char rest[64];
+        snprintf(rest, sizeof rest, ".%s.gate.weight", en[0]);
+        pc->stored = router && per_expert ? name_of(p->name, stem, rest) : strdup(p->name);
         pc->ndim = p->ndim;
         for (int d = 0; d < p->ndim; d++) pc->shape[d] = p->shape[d];
         if (p->hf_transposed) pc->shape[0] = p->shape[1], pc->shape[1] = p->shape[0], pc->transposed = true;
@@ -59,13 +84,12 @@ dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, int *
         pc->count = dw_ir_numel(p);
         ok = pc->stored != NULL;
     } else {
-        static const char *const w[3] = {"w1", "w3", "w2"};
         for (int64_t e = 0; ok && e < E; e++) {
             dw_hf_piece *q = &pc[e];
             q->param_off = e * block, q->count = block;
             if (per_expert) { /* one 2-D tensor per expert */
                 char rest[96];
-                snprintf(rest, sizeof rest, ".block_sparse_moe.experts.%lld.%s.weight", (long long)e, w[kind]);
+                snprintf(rest, sizeof rest, ".%s.experts.%lld.%s.weight", en[0], (long long)e, en[1 + kind]);
                 q->stored = name_of(p->name, stem, rest);
                 q->ndim = 2, q->shape[0] = p->shape[1], q->shape[1] = p->shape[2];
             } else { /* gate or up: half of each expert's fused gate_up rows */

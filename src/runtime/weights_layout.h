@@ -3,14 +3,17 @@
  * piece under their own name (GPT-2's Conv1D weights stored transposed). Mixture-of-experts
  * weights have two layouts: transformers 5's, fused (mlp.experts.gate_up_proj [E,2F,C], gate rows
  * first; mlp.experts.down_proj [E,C,F]; router mlp.gate.weight), and the per-expert one of earlier
- * checkpoints (block_sparse_moe.experts.{e}.w1 / w3 [F,C], w2 [C,F]; router
- * block_sparse_moe.gate.weight). Deepwell keeps gate and up as separate (E,F,C) parameters. */
+ * checkpoints, named by the architecture (capture/archs.def's experts column: Mixtral's
+ * block_sparse_moe.experts.{e}.w1 / w3 [F,C], w2 [C,F] with the router block_sparse_moe.gate.weight;
+ * OLMoE's mlp.experts.{e}.gate_proj / up_proj / down_proj). Deepwell keeps gate and up as separate
+ * (E,F,C) parameters. */
 #ifndef DW_RUNTIME_WEIGHTS_LAYOUT_H
 #define DW_RUNTIME_WEIGHTS_LAYOUT_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "capture/arch.h"
 #include "deepwell.h"
 #include "ir/ir.h"
 
@@ -23,11 +26,14 @@ typedef struct {
     bool transposed;                  /* the stored tensor is the whole parameter transposed */
 } dw_hf_piece;
 
-/* The pieces of parameter p in the layout (DW_WEIGHTS_LAYOUT_FUSED or _PER_EXPERT), *n of them;
- * NULL when out of memory. Free with dw_hf_pieces_free. */
-dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, int *n);
+/* The pieces of parameter p of architecture a (may be NULL: no per-expert names) in the layout
+ * (DW_WEIGHTS_LAYOUT_FUSED or _PER_EXPERT), *n of them; NULL when out of memory. Free with
+ * dw_hf_pieces_free. */
+dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, const dw_hf_arch *a, int *n);
 void dw_hf_pieces_free(dw_hf_piece *pc, int n);
-/* Whether a stored name belongs to the per-expert layout (".block_sparse_moe."). */
+/* Whether a stored name belongs to the per-expert layout (".experts.<number>."), or to the fused
+ * one (".experts.gate_up_proj", ".experts.down_proj"). */
 bool dw_hf_per_expert_name(const char *stored);
+bool dw_hf_fused_expert_name(const char *stored);
 
 #endif /* DW_RUNTIME_WEIGHTS_LAYOUT_H */

@@ -2,8 +2,8 @@
 """parity.py DEEPWELL — whole-model parity of Deepwell's CPU engine with PyTorch.
 
 For random tiny GPT-2, Llama (GQA, optional attention/MLP biases), Qwen2 (q/k/v biases) and
-Mixtral (softmax top-k router, SwiGLU experts; weights in transformers 5's fused or the per-expert
-layout) configs: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
+Mixtral and OLMoE (softmax top-k router, renormalised or not, SwiGLU experts, OLMoE's q/k norms;
+weights in transformers 5's fused or the per-expert layout) configs: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
 weights as in x out), a token shard, runs `deepwell eval --dump`, and compares logits, loss and
 every parameter's gradient with a float64 PyTorch reference written here from the architectures'
 definitions (plain torch, no transformers). Per-tensor abs+rel tolerances; any mismatch fails.
@@ -109,20 +109,25 @@ def expert_weights(c, w, p, e):
     if p + "mlp.experts.gate_up_proj" in w:  # transformers 5: fused, the gate rows first
         gu = w[p + "mlp.experts.gate_up_proj"][e]
         return gu[:F], gu[F:], w[p + "mlp.experts.down_proj"][e]
+    if c["model_type"] == "olmoe":
+        q = p + f"mlp.experts.{e}."
+        return w[q + "gate_proj.weight"], w[q + "up_proj.weight"], w[q + "down_proj.weight"]
     q = p + f"block_sparse_moe.experts.{e}."
     return w[q + "w1.weight"], w[q + "w3.weight"], w[q + "w2.weight"]
 
 
-def mixtral_moe(c, w, p, h):
-    """Mixtral's sparse MoE block: softmax router, top-k renormalised, SwiGLU experts."""
+def moe_block(c, w, p, h):
+    """Mixtral's / OLMoE's sparse MoE block: softmax router, top-k (Mixtral: renormalised; OLMoE:
+    when norm_topk_prob), SwiGLU experts."""
     B, T, C = h.shape
     x = h.reshape(B * T, C)
     router = w[p + "mlp.gate.weight"] if p + "mlp.gate.weight" in w else w[p + "block_sparse_moe.gate.weight"]
     probs = torch.softmax(x @ router.T, dim=-1)
     top, idx = torch.topk(probs, c["num_experts_per_tok"], dim=-1)
-    top = top / top.sum(-1, keepdim=True)
+    if c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
+        top = top / top.sum(-1, keepdim=True)
     out = torch.zeros_like(x)
-    for e in range(c["num_local_experts"]):
+    for e in range(c.get("num_local_experts", c.get("num_experts"))):
         rows, slot = torch.where(idx == e)
         if rows.numel() == 0:
             continue
@@ -152,8 +157,11 @@ def llama_forward(c, w, tok):
     for l in range(L):
         p = f"model.layers.{l}."
         h = rms(x, p + "input_layernorm")
-        q = lin(h, p + "self_attn.q_proj", qkv_bias).view(B, T, H, D).transpose(1, 2)
-        k = lin(h, p + "self_attn.k_proj", qkv_bias).view(B, T, Hkv, D).transpose(1, 2)
+        q, k = lin(h, p + "self_attn.q_proj", qkv_bias), lin(h, p + "self_attn.k_proj", qkv_bias)
+        if c["model_type"] == "olmoe":  # RMSNorm over the whole projections, before RoPE
+            q, k = rms(q, p + "self_attn.q_norm"), rms(k, p + "self_attn.k_norm")
+        q = q.view(B, T, H, D).transpose(1, 2)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)
         v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, Hkv, D).transpose(1, 2)
         q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
         k = k.repeat_interleave(H // Hkv, dim=1)  # HF repeat_kv: query head h uses kv head h // rep
@@ -161,8 +169,8 @@ def llama_forward(c, w, tok):
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
         x = x + lin(y, p + "self_attn.o_proj", o_bias)
         h = rms(x, p + "post_attention_layernorm")
-        if c["model_type"] == "mixtral":
-            x = x + mixtral_moe(c, w, p, h)
+        if c["model_type"] in ("mixtral", "olmoe"):
+            x = x + moe_block(c, w, p, h)
             continue
         g = lin(h, p + "mlp.gate_proj", mlp_bias)
         x = x + lin(torch.nn.functional.silu(g) * lin(h, p + "mlp.up_proj", mlp_bias), p + "mlp.down_proj", mlp_bias)
@@ -195,6 +203,12 @@ def random_config(family, rng):
         c["num_local_experts"] = E = rng.randint(2, 6)
         c["num_experts_per_tok"] = rng.randint(1, E)
         c["layout"] = rng.choice(["fused", "per_expert"])  # of the weights file (not a config key)
+    if family == "olmoe":
+        c["num_experts"] = E = rng.randint(2, 8)
+        c["num_experts_per_tok"] = rng.randint(1, E)
+        c["norm_topk_prob"] = rng.random() < 0.5
+        c["rms_norm_eps"] = 1e-5
+        c["layout"] = rng.choice(["fused", "per_expert"])
     return c
 
 
@@ -234,17 +248,22 @@ def param_shapes(c):
         if not qwen and c.get("attention_bias", False):
             s[p + "self_attn.o_proj.bias"] = (C,)
         s[p + "post_attention_layernorm.weight"] = (C,)
-        if c["model_type"] == "mixtral":
-            E = c["num_local_experts"]
+        if c["model_type"] == "olmoe":
+            s[p + "self_attn.q_norm.weight"] = (q,)
+            s[p + "self_attn.k_norm.weight"] = (kv,)
+        if c["model_type"] in ("mixtral", "olmoe"):
+            E = c.get("num_local_experts", c.get("num_experts"))
+            mod, names = ("block_sparse_moe", ("w1", "w2", "w3")) if c["model_type"] == "mixtral" else \
+                ("mlp", ("gate_proj", "down_proj", "up_proj"))
             if c["layout"] == "fused":
                 s[p + "mlp.gate.weight"] = (E, C)
                 s[p + "mlp.experts.gate_up_proj"] = (E, 2 * F, C)
                 s[p + "mlp.experts.down_proj"] = (E, C, F)
             else:
-                s[p + "block_sparse_moe.gate.weight"] = (E, C)
+                s[p + f"{mod}.gate.weight"] = (E, C)
                 for e in range(E):
-                    for n, shp in [("w1", (F, C)), ("w2", (C, F)), ("w3", (F, C))]:
-                        s[p + f"block_sparse_moe.experts.{e}.{n}.weight"] = shp
+                    for n, shp in zip(names, [(F, C), (C, F), (F, C)]):
+                        s[p + f"{mod}.experts.{e}.{n}.weight"] = shp
             continue
         for n, shp in [("gate_proj", (F, C)), ("up_proj", (F, C)), ("down_proj", (C, F))]:
             s[p + f"mlp.{n}.weight"] = shp
@@ -331,13 +350,14 @@ def parity_case(dw, family, rng, gen, tmp):
         if name not in got:
             failures.append(f"{family}: no gradient for '{name}' in the dump")
             continue
-        g_worst = max(g_worst, compare(f"{family} grad {name}", got.pop(name), p.grad, 2e-4, 2e-5, failures))
+        ref = p.grad if p.grad is not None else torch.zeros_like(p)  # an expert no token chose
+        g_worst = max(g_worst, compare(f"{family} grad {name}", got.pop(name), ref, 2e-4, 2e-5, failures))
     for name in got:
         failures.append(f"{family}: unexpected tensor '{name}' in the dump")
     desc = ", ".join(f"{k}={v}" for k, v in c.items() if k in (
         "n_layer", "n_head", "n_embd", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias",
-        "num_local_experts", "num_experts_per_tok", "layout"))
+        "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "layout"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")
@@ -379,7 +399,7 @@ def main():
     gen = torch.Generator().manual_seed(seed)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ["gpt2", "llama", "qwen2", "mixtral", "mixtral"]:
+        for family in ["gpt2", "llama", "qwen2", "mixtral", "mixtral", "olmoe", "olmoe"]:
             failures += parity_case(dw, family, rng, gen, tmp)
         failures += weight_errors(dw, rng, gen, tmp)
     for f in failures:

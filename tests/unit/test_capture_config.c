@@ -184,7 +184,7 @@ static void expect_error(const char *json, dw_status want, const char *n1, const
 static void test_errors(void **state) {
     (void)state;
     expect_error("{\"model_type\":\"deepseek_v3\",\"hidden_size\":8}", DW_ERR_UNSUPPORTED,
-                 "model_type 'deepseek_v3' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral)",
+                 "model_type 'deepseek_v3' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral, olmoe)",
                  NULL);
     expect_error("{\"model_type\":\"mixtral\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
                  "\"num_attention_heads\":2,\"intermediate_size\":8,\"max_position_embeddings\":8}",

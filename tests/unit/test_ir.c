@@ -48,7 +48,7 @@ static void test_op_tables(void **state) {
 /* A random small config of the given family. */
 static dw_model_config random_config(int family) {
     dw_model_config c;
-    const char *preset[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny"};
+    const char *preset[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny", "olmoe-tiny"};
     assert_int_equal(dw_model_config_load(dw_test_ctx, preset[family], &c), DW_OK);
     if (c.n_experts) {
         c.n_experts = dw_test_rnd(1, 6);
@@ -89,8 +89,8 @@ static void matmul_params(const dw_model_config *c, double *mm, double *bias) {
 
 static void test_capture_random_configs(void **state) {
     (void)state;
-    for (int it = 0; it < 40; it++) {
-        dw_model_config c = random_config(it % 4);
+    for (int it = 0; it < 50; it++) {
+        dw_model_config c = random_config(it % 5);
         int64_t B = dw_test_rnd(1, 3), T = dw_test_rnd(1, c.max_seq);
         dw_graph *g = NULL;
         if (dw_capture_config(dw_test_ctx, &c, B, T, &g) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));

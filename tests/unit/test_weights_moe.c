@@ -2,7 +2,8 @@
  * a Mixtral's experts saved fused (transformers 5: mlp.experts.gate_up_proj [E,2F,C] with the gate
  * rows first, down_proj [E,C,F], router mlp.gate.weight) and per expert (block_sparse_moe.experts.
  * {e}.w1/w3 [F,C], w2 [C,F], router block_sparse_moe.gate.weight), each tensor checked against the
- * parameters it holds; both load back bit-exact and save again in the layout they came in; broken
+ * parameters it holds, and OLMoE's per-expert names (mlp.experts.{e}.gate_proj/up_proj/down_proj);
+ * both load back bit-exact and save again in the layout they came in; broken
  * files (layouts mixed, an expert missing, one expert too many, a wrong shape) are refused naming
  * the file and the tensor, the engine's weights untouched. */
 #include <setjmp.h>
@@ -213,11 +214,41 @@ static void test_refusals(void **state) {
     dw_test_model_free(&x.m), dw_test_model_free(&y.m);
 }
 
+/* OLMoE's per-expert names: mlp.experts.{e}.gate_proj / up_proj / down_proj, router mlp.gate. */
+static void test_olmoe_names(void **state) {
+    (void)state;
+    dw_graph *g = NULL;
+    dw_test_model a, b;
+    assert_int_equal(dw_capture_hf_shape(CTX, "olmoe-tiny", 1, 8, &g), DW_OK);
+    assert_int_equal(dw_test_model_build(CTX, g, NULL, DW_DEVICE_AUTO, &a), DW_OK);
+    assert_int_equal(dw_capture_hf_shape(CTX, "olmoe-tiny", 1, 8, &g), DW_OK);
+    assert_int_equal(dw_test_model_build(CTX, g, NULL, DW_DEVICE_AUTO, &b), DW_OK);
+    dw_test_random_params(a.e, RNG, 1.0f, NULL, 0.0f);
+    char *dir = dw_test_tmpdir(), *path = dw_test_path(dir, "olmoe.safetensors");
+    assert_int_equal(dw_engine_save_weights_layout(a.e, path, DW_WEIGHTS_LAYOUT_PER_EXPERT), DW_OK);
+    dw_st_file *f = NULL;
+    assert_int_equal(dw_st_open(CTX, path, &f), DW_OK);
+    const int64_t fc[2] = {32, 64}, cf[2] = {64, 32}, rt[2] = {8, 64}, qn[1] = {64};
+    expect_tensor(f, "model.layers.1.mlp.experts.7.gate_proj.weight", 2, fc);
+    expect_tensor(f, "model.layers.1.mlp.experts.7.up_proj.weight", 2, fc);
+    expect_tensor(f, "model.layers.0.mlp.experts.0.down_proj.weight", 2, cf);
+    expect_tensor(f, "model.layers.0.mlp.gate.weight", 2, rt);
+    expect_tensor(f, "model.layers.0.self_attn.q_norm.weight", 1, qn);
+    assert_null(dw_st_find(f, "model.layers.0.block_sparse_moe.gate.weight"));
+    dw_st_close(f);
+    assert_int_equal(dw_engine_load_weights(b.e, path), DW_OK);
+    same_params(a.e, b.e);
+    dw_test_rmtree(dir);
+    free(path), free(dir);
+    dw_test_model_free(&a), dw_test_model_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused),
         cmocka_unit_test(test_per_expert),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_olmoe_names),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
