@@ -162,10 +162,22 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
          "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"}};
     const int64_t v[8] = {c->vocab_size, c->d_model, c->n_layers, c->n_heads,
                           c->n_kv_heads, c->head_dim, c->d_ff, c->max_seq};
-    for (int i = 0; i < 8; i++)
-        if (v[i] <= 0 || v[i] > ((int64_t)1 << 40))
+    /* bounds beyond any released model, so that every size product below fits in 64 bits and a
+     * typo (1e12 layers) is refused at once instead of exhausting memory */
+    static const int64_t limit[8] = {(int64_t)1 << 24, (int64_t)1 << 20, 10000, (int64_t)1 << 16,
+                                     (int64_t)1 << 16, (int64_t)1 << 16, (int64_t)1 << 24, (int64_t)1 << 24};
+    for (int i = 0; i < 8; i++) {
+        if (v[i] <= 0)
             return dw_set_error(ctx, DW_ERR_INVALID, "%s: field '%s' = %lld: must be a positive size",
                                 what, hf[c->arch != DW_ARCH_GPT2][i], (long long)v[i]);
+        if (v[i] > limit[i])
+            return dw_set_error(ctx, DW_ERR_INVALID, "%s: field '%s' = %lld is beyond %lld, larger than any model "
+                                "Deepwell trains or plans", what, hf[c->arch != DW_ARCH_GPT2][i], (long long)v[i],
+                                (long long)limit[i]);
+    }
+    if (c->d_ff_expert > ((int64_t)1 << 24))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: expert width %lld is beyond %lld", what, (long long)c->d_ff_expert,
+                            (long long)1 << 24);
     if (c->n_heads % c->n_kv_heads)
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "%s: num_attention_heads (%lld) is not a multiple of "
@@ -183,6 +195,13 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
                             "%s: experts %lld, top-k %lld, expert width %lld: need 1 <= num_experts_per_tok <= "
                             "num_local_experts <= 4096 and a positive width", what, (long long)c->n_experts,
                             (long long)c->top_k, (long long)c->d_ff_expert);
+    /* the parameter count in floating point first: within 2^48 (280 T), the integer count is exact */
+    const double d = (double)c->d_model, q = (double)(c->n_heads * c->head_dim), kv = (double)(c->n_kv_heads * c->head_dim);
+    const double mlp = 3.0 * d * (double)c->d_ff + (c->n_experts ? (double)c->n_experts * 3.0 * d * (double)c->d_ff_expert : 0);
+    const double approx = 2.0 * (double)c->vocab_size * d + (double)c->n_layers * (2 * d * q + 2 * d * kv + mlp);
+    if (approx > 281474976710656.0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: about %.3g parameters, beyond 2^48: no such model can be planned "
+                            "or trained", what, approx);
     if (!(c->norm_eps > 0) || !(c->init_std > 0))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: norm epsilon (%g) and initializer_range (%g) "
                             "must be positive", what, c->norm_eps, c->init_std);

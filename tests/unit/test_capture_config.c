@@ -186,6 +186,17 @@ static void test_errors(void **state) {
     expect_error("{\"model_type\":\"deepseek_v3\",\"hidden_size\":8}", DW_ERR_UNSUPPORTED,
                  "model_type 'deepseek_v3' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral, olmoe)",
                  NULL);
+    /* sizes beyond any model are refused at once, before any product can overflow (issue 32) */
+    expect_error("{\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":64,\"num_hidden_layers\":1000000000000,"
+                 "\"num_attention_heads\":4,\"intermediate_size\":128,\"max_position_embeddings\":64}",
+                 DW_ERR_INVALID, "'num_hidden_layers' = 1000000000000 is beyond 10000", NULL);
+    expect_error("{\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":1000000000000,\"num_hidden_layers\":2,"
+                 "\"num_attention_heads\":4,\"intermediate_size\":128,\"max_position_embeddings\":64}",
+                 DW_ERR_INVALID, "'hidden_size' = 1000000000000 is beyond", NULL);
+    expect_error("{\"model_type\":\"llama\",\"vocab_size\":16000000,\"hidden_size\":1000000,\"num_hidden_layers\":9000,"
+                 "\"num_attention_heads\":15625,\"head_dim\":64,\"intermediate_size\":128,"
+                 "\"max_position_embeddings\":64}",
+                 DW_ERR_INVALID, "parameters, beyond 2^48", NULL);
     expect_error("{\"model_type\":\"mixtral\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
                  "\"num_attention_heads\":2,\"intermediate_size\":8,\"max_position_embeddings\":8}",
                  DW_ERR_FORMAT, "'num_local_experts'", "missing");
