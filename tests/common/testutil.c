@@ -12,6 +12,7 @@
 #include "ir/ir.h"
 #include "deepwell.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "runtime/engine.h"
 #include "testutil.h"
 
 uint64_t dw_test_seed(void) {
@@ -305,6 +306,56 @@ void dw_test_random_params(dw_engine *e, dw_test_rng *r, float sd, const char *w
         if (dw_engine_param_write(e, i, v) != DW_OK) abort();
         free(v);
     }
+}
+
+float *dw_test_param_read(dw_engine *e, const char *name, int *index) {
+    for (int i = 0; i < dw_engine_param_count(e); i++)
+        if (!strcmp(dw_engine_param_name(e, i), name)) {
+            float *v = malloc((size_t)dw_test_param_numel(e, i) * sizeof *v);
+            if (!v || dw_engine_param_read(e, i, v) != DW_OK) abort();
+            if (index) *index = i;
+            return v;
+        }
+    return NULL;
+}
+
+int64_t dw_test_fd_param(dw_engine *e, const char *name, const int32_t *x, const int32_t *y, int64_t B, int64_t T,
+                         int watch, float h, double atol, double rel, double *gmax, int64_t *compared) {
+    int p = -1;
+    float *v = dw_test_param_read(e, name, &p);
+    if (!v) return -1;
+    const int64_t n = dw_test_param_numel(e, p);
+    const int64_t nw = watch >= 0 ? dw_ir_numel(&dw_engine_graph(e)->tensors[watch]) : 1;
+    float *gr = malloc((size_t)n * sizeof *gr), *w0 = calloc((size_t)nw, sizeof *w0), *w1 = calloc((size_t)nw, sizeof *w1);
+    if (!gr || !w0 || !w1) abort();
+    int64_t bad = 0;
+    double loss, lp = 0, lm = 0;
+    *compared = 0, *gmax = 0;
+    if (dw_engine_grad_read(e, p, gr) != DW_OK || dw_engine_forward(e, x, y, B, T, NULL, &loss) != DW_OK ||
+        (watch >= 0 && dw_engine_read_value(e, watch, w0) != DW_OK))
+        bad = -1;
+    for (int64_t i = 0; bad >= 0 && i < n; i++) *gmax = fmax(*gmax, fabs(gr[i]));
+    for (int64_t i = 0; bad >= 0 && i < n; i++) {
+        const float v0 = v[i];
+        bool same = true;
+        for (int sgn = 1; bad >= 0 && sgn >= -1; sgn -= 2) {
+            v[i] = v0 + (float)sgn * h;
+            if (dw_engine_param_write(e, p, v) != DW_OK || dw_engine_forward(e, x, y, B, T, NULL, sgn > 0 ? &lp : &lm) != DW_OK ||
+                (watch >= 0 && dw_engine_read_value(e, watch, w1) != DW_OK))
+                bad = -1;
+            else if (watch >= 0) same &= !memcmp(w0, w1, (size_t)nw * sizeof *w0);
+        }
+        v[i] = v0;
+        if (bad < 0 || !same) continue;
+        ++*compared;
+        const double fd = (lp - lm) / (2.0 * (double)h);
+        if (fabs(fd - gr[i]) > atol + rel * *gmax && bad++ == 0)
+            fprintf(stderr, "%s[%lld]: engine %.6g, differences %.6g (max |grad| %.3g)\n", name, (long long)i, gr[i], fd,
+                    *gmax);
+    }
+    if (dw_engine_param_write(e, p, v) != DW_OK) bad = -1;
+    free(v), free(gr), free(w0), free(w1);
+    return bad;
 }
 
 void dw_test_random_tokens(int32_t *t, int64_t n, int64_t V, dw_test_rng *r) {

@@ -80,6 +80,16 @@ dw_graph *dw_test_moe_graph(dw_ctx *ctx, int64_t batch, int64_t seq, dw_test_rng
 int64_t dw_test_param_numel(dw_engine *e, int i);
 /* Every parameter of e drawn normal(0, sd) from r, the one named `wide` (may be NULL) with sd_wide. */
 void dw_test_random_params(dw_engine *e, dw_test_rng *r, float sd, const char *wide, float sd_wide);
+/* Parameter `name` of e read back into a new array (free it); its index into *index (may be
+ * NULL). NULL when e has no such parameter. */
+float *dw_test_param_read(dw_engine *e, const char *name, int *index);
+/* Central differences, step h, of e's loss on (x, y) for every element of parameter `name`,
+ * against the gradient e holds (run forward_backward first). An element whose +-h forwards change
+ * int32 tensor `watch` (-1: none; a router's experts) sits at a kink and is not compared. Fills
+ * *gmax (max |gradient|) and *compared; returns the elements off by more than atol + rel * gmax
+ * (the first printed to stderr), or -1 when an engine call fails (message on its context). */
+int64_t dw_test_fd_param(dw_engine *e, const char *name, const int32_t *x, const int32_t *y, int64_t B, int64_t T,
+                         int watch, float h, double atol, double rel, double *gmax, int64_t *compared);
 /* n tokens uniform in [0, V) from r. */
 void dw_test_random_tokens(int32_t *t, int64_t n, int64_t V, dw_test_rng *r);
 /* steps AdamW steps (lr, the other options default) on one fixed batch; the first and last loss.

@@ -37,17 +37,6 @@ static mix make(void) {
     return x;
 }
 
-static float *param(dw_engine *e, const char *name) {
-    for (int i = 0; i < dw_engine_param_count(e); i++)
-        if (!strcmp(dw_engine_param_name(e, i), name)) {
-            float *v = malloc((size_t)dw_test_param_numel(e, i) * 4);
-            assert_int_equal(dw_engine_param_read(e, i, v), DW_OK);
-            return v;
-        }
-    fail_msg("no parameter %s", name);
-    return NULL;
-}
-
 static void expect_tensor(const dw_st_file *f, const char *name, int ndim, const int64_t *shape) {
     const dw_st_tensor *t = dw_st_find(f, name);
     if (!t) fail_msg("%s: no tensor %s", dw_st_path(f), name);
@@ -67,7 +56,9 @@ static float *read_tensor(const dw_st_file *f, const char *name) {
 static void same_params(dw_engine *a, dw_engine *b) {
     assert_int_equal(dw_engine_param_count(a), dw_engine_param_count(b));
     for (int i = 0; i < dw_engine_param_count(a); i++) {
-        float *x = param(a, dw_engine_param_name(a, i)), *y = param(b, dw_engine_param_name(a, i));
+        float *x = dw_test_param_read(a, dw_engine_param_name(a, i), NULL);
+        float *y = dw_test_param_read(b, dw_engine_param_name(a, i), NULL);
+        assert_true(x && y);
         assert_memory_equal(x, y, (size_t)dw_test_param_numel(a, i) * 4);
         free(x), free(y);
     }
@@ -88,7 +79,8 @@ static void test_fused(void **state) {
         float *fused = read_tensor(f, n);
         snprintf(gname, sizeof gname, "model.layers.%d.mlp.experts.gate_proj", l);
         snprintf(uname, sizeof uname, "model.layers.%d.mlp.experts.up_proj", l);
-        float *g = param(x.m.e, gname), *u = param(x.m.e, uname);
+        float *g = dw_test_param_read(x.m.e, gname, NULL), *u = dw_test_param_read(x.m.e, uname, NULL);
+        assert_true(g && u);
         for (int64_t e = 0; e < x.E; e++) { /* each expert: its gate rows, then its up rows */
             assert_memory_equal(fused + e * 2 * x.F * x.C, g + e * x.F * x.C, (size_t)(x.F * x.C) * 4);
             assert_memory_equal(fused + e * 2 * x.F * x.C + x.F * x.C, u + e * x.F * x.C, (size_t)(x.F * x.C) * 4);
@@ -121,7 +113,8 @@ static void test_per_expert(void **state) {
     for (int l = 0; l < x.L; l++) {
         char n[160], pn[128];
         snprintf(pn, sizeof pn, "model.layers.%d.mlp.experts.down_proj", l);
-        float *down = param(x.m.e, pn);
+        float *down = dw_test_param_read(x.m.e, pn, NULL);
+        assert_non_null(down);
         for (int64_t e = 0; e < x.E; e++) {
             snprintf(n, sizeof n, "model.layers.%d.block_sparse_moe.experts.%lld.w1.weight", l, (long long)e);
             expect_tensor(f, n, 2, fc);
@@ -178,11 +171,13 @@ static void rewrite(const char *src, const char *dst, const char *drop, const ch
 }
 
 static void expect_refused(mix *y, const char *path, const char *n1, const char *n2) {
-    float *before = param(y->m.e, "model.layers.0.mlp.experts.up_proj");
+    float *before = dw_test_param_read(y->m.e, "model.layers.0.mlp.experts.up_proj", NULL);
+    assert_non_null(before);
     assert_int_equal(dw_engine_load_weights(y->m.e, path), DW_ERR_FORMAT);
     const char *msg = dw_errmsg(CTX);
     if (!strstr(msg, path) || !strstr(msg, n1) || (n2 && !strstr(msg, n2))) fail_msg("message: %s", msg);
-    float *after = param(y->m.e, "model.layers.0.mlp.experts.up_proj");
+    float *after = dw_test_param_read(y->m.e, "model.layers.0.mlp.experts.up_proj", NULL);
+    assert_non_null(after);
     assert_memory_equal(before, after, (size_t)(y->E * y->F * y->C) * 4); /* nothing half-loaded */
     free(before), free(after);
 }
