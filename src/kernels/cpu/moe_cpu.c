@@ -29,18 +29,9 @@ void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const fl
     memset(xs + used * C, 0, (size_t)((N * K - used) * C) * sizeof *xs);
 }
 
+/* Each token's sum of its rows' gradients: the combine with every weight 1. */
 void dw_cpu_moe_dispatch_bwd(float *dx, const float *dxs, const int32_t *pos, int64_t N, int64_t C, int64_t K) {
-    DW_ASSERT(N >= 0 && C >= 1 && K >= 1);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++) {
-            double s = 0.0;
-            for (int64_t k = 0; k < K; k++) {
-                const int32_t r = pos[n * K + k];
-                if (r >= 0) s += dxs[(int64_t)r * C + c];
-            }
-            dx[n * C + c] = (float)s;
-        }
+    dw_cpu_moe_combine_fwd(dx, dxs, NULL, pos, N, C, K);
 }
 
 void dw_cpu_moe_linear_fwd(float *y, const float *x, const float *w, const int32_t *offsets, int64_t R, int64_t E,
@@ -95,7 +86,7 @@ void dw_cpu_moe_combine_fwd(float *out, const float *ys, const float *wt, const 
             double s = 0.0;
             for (int64_t k = 0; k < K; k++) {
                 const int32_t r = pos[n * K + k];
-                if (r >= 0) s += (double)wt[n * K + k] * ys[(int64_t)r * C + c];
+                if (r >= 0) s += (wt ? (double)wt[n * K + k] : 1.0) * ys[(int64_t)r * C + c];
             }
             out[n * C + c] = (float)s;
         }

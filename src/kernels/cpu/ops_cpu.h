@@ -101,7 +101,8 @@ void dw_cpu_moe_linear_fwd(float *y, const float *x, const float *w, const int32
 /* dx (R,K) written (NULL: not needed; rows past offsets[E] are 0); dw[e] += dy_e^T x_e */
 void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                            const int32_t *offsets, int64_t R, int64_t E, int64_t K, int64_t M);
-/* MoE combine: out[n] = sum_k wt[n,k] * ys[pos[n,k]] (pos -1: nothing)     ys (R,C), wt, pos (N,K) */
+/* MoE combine: out[n] = sum_k wt[n,k] * ys[pos[n,k]] (pos -1: nothing; wt NULL: weights 1)
+ * ys (R,C), wt, pos (N,K) */
 void dw_cpu_moe_combine_fwd(float *out, const float *ys, const float *wt, const int32_t *pos, int64_t N, int64_t C,
                             int64_t K);
 /* dys (R,C) written: wt[n,k] * dout[n] at row pos[n,k], 0 in rows no assignment names; dwt (N,K)
