@@ -145,15 +145,19 @@ dw_status dw_cpu_op_gelu_bwd(dw_backend *be, const dw_op_call *c) { return unary
 dw_status dw_cpu_op_silu_fwd(dw_backend *be, const dw_op_call *c) { return unary_f(be, c, dw_cpu_silu_fwd); }
 dw_status dw_cpu_op_silu_bwd(dw_backend *be, const dw_op_call *c) { return unary_b(be, c, dw_cpu_silu_bwd); }
 
-dw_status dw_cpu_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) {
+/* out = f(a, b) elementwise over two inputs of the output's shape (swiglu, add) */
+typedef void (*binary_fwd)(float *, const float *, const float *, int64_t);
+static dw_status binary_f(dw_backend *be, const dw_op_call *c, binary_fwd f) {
     DIMS;
-    const float *g = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *u = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
+    const float *a = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *b = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
     float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
-    CHECK(g && u && y);
-    dw_cpu_swiglu_fwd(y, g, u, N * C);
+    CHECK(a && b && y);
+    f(y, a, b, N * C);
     dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
+
+dw_status dw_cpu_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) { return binary_f(be, c, dw_cpu_swiglu_fwd); }
 dw_status dw_cpu_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *g = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *u = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
@@ -168,15 +172,7 @@ dw_status dw_cpu_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
 
 /* ---- add: the residual stream; backward hands dy to both inputs (in place where a gradient
  * buffer is shared with the output's) ------------------------------------------------------------ */
-dw_status dw_cpu_op_add_fwd(dw_backend *be, const dw_op_call *c) {
-    DIMS;
-    const float *a = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *b = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
-    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
-    CHECK(a && b && y);
-    dw_cpu_add_fwd(y, a, b, N * C);
-    dw_cpu_put(c, c->out[0], y, N * C, false);
-    return DW_OK;
-}
+dw_status dw_cpu_op_add_fwd(dw_backend *be, const dw_op_call *c) { return binary_f(be, c, dw_cpu_add_fwd); }
 dw_status dw_cpu_op_add_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/cpu/cpu.h"
+#include "runtime/linear_args.h"
 
 /* ---- quantised operands in the workspace's slots ------------------------------------------------ */
 static dw_qtensor slot(const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, int64_t rows, int64_t cols) {
@@ -36,11 +37,6 @@ static dw_status quant(dw_backend *be, const dw_exec *x, const dw_qslot_layout *
 static dw_gemm_operand qop(const dw_qtensor *q, bool trans) {
     return (dw_gemm_operand){.recipe = q->recipe, .trans = trans, .rows = q->rows, .cols = q->cols,
                              .data = q->codes, .scales = q->scales, .tensor_scale = q->tensor_scale};
-}
-
-static dw_gemm_operand bf16_op(const void *data, int64_t rows, int64_t cols, bool trans) {
-    return (dw_gemm_operand){.recipe = DW_RECIPE_BF16, .trans = trans, .rows = rows, .cols = cols, .data = data,
-                             .tensor_scale = 1.0f};
 }
 
 dw_status dw_cpu_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
@@ -113,14 +109,7 @@ dw_status dw_cpu_op_linear_fwd(dw_backend *be, const dw_op_call *c) {
     if (quantised(c, DW_QPASS_FPROP)) return fprop_quantised(be, c, N, K, M);
     const uint16_t *w = weight_bf16(be, c, 1);
     if (!w) return DW_ERR_NOMEM;
-    dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = bf16_op(c->in[0], N, K, false),
-                      .b = bf16_op(w, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
-    if (bias) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
-    if (c->fuse_out) { /* GELU in the epilogue: out = the pre-activation (aux), fuse_out = GELU of it */
-        a.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
-        a.aux = c->out[0];
-        a.d = c->fuse_out;
-    }
+    const dw_gemm_args a = dw_linear_fprop_args(c, w, N, K, M);
     return dw_gemm(be->ctx, &a);
 }
 
@@ -188,18 +177,12 @@ dw_status dw_cpu_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
     if (dx && !dg) { /* dgrad: dx [N,K] = dy [N,M] W [M,K] */
         const uint16_t *w = weight_bf16(be, c, 1);
         if (!w) return DW_ERR_NOMEM;
-        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = bf16_op(c->dout[0], N, M, false),
-                          .b = bf16_op(w, M, K, false), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
-        if (c->fuse_dx) a.epilogue = DW_EPI_DGELU, a.aux = c->fuse_x;
-        else if (c->dx_acc[0]) a.beta = 1.0f, a.c = dx; /* dx += dy W, into the gradient a sibling wrote */
+        const dw_gemm_args a = dw_linear_dgrad_args(c, w, dx, N, K, M);
         DW_TRY(dw_gemm(be->ctx, &a));
     }
     if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K] in FP32; the bias gradient in the same GEMM */
-        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = bf16_op(c->dout[0], N, M, true),
-                          .b = bf16_op(c->in[0], N, K, false), .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1],
-                          .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
         float *bgrad = db ? (float *)(c->x->work + c->x->p->work.bgrad) : NULL;
-        if (db) a.epilogue = DW_EPI_BGRAD, a.bgrad = bgrad;
+        const dw_gemm_args a = dw_linear_wgrad_args(c, bgrad, N, K, M);
         DW_TRY(dw_gemm(be->ctx, &a));
         for (int64_t j = 0; db && j < M; j++) db[j] += bgrad[j];
         return DW_OK;

@@ -14,12 +14,7 @@
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
 #include "runtime/cuda/kern.h"
-
-static dw_gemm_operand bf16_op(const void *data, int64_t rows, int64_t cols, bool trans) {
-    dw_gemm_operand o = {.recipe = DW_RECIPE_BF16, .trans = trans, .rows = rows, .cols = cols, .data = data,
-                         .tensor_scale = 1.0f};
-    return o;
-}
+#include "runtime/linear_args.h"
 
 /* The BF16 copy of the weight (slot 1): the standing one, or converted now where none stands. */
 static dw_status weight_bf16(dw_backend *be, const dw_op_call *c, const uint16_t **out) {
@@ -44,14 +39,7 @@ dw_status dw_cuda_op_linear_fwd(dw_backend *be, const dw_op_call *c) {
     }
     const uint16_t *wb;
     DW_TRY(weight_bf16(be, c, &wb));
-    dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = bf16_op(c->in[0], N, K, false),
-                      .b = bf16_op(wb, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
-    if (bias) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
-    if (c->fuse_out) { /* GELU in the epilogue: out = the pre-activation (aux), fuse_out = GELU of it */
-        a.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
-        a.aux = c->out[0];
-        a.d = c->fuse_out;
-    }
+    const dw_gemm_args a = dw_linear_fprop_args(c, wb, N, K, M);
     return dw_gemm(be->ctx, &a);
 }
 
@@ -68,18 +56,12 @@ dw_status dw_cuda_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
     if (dx && !dg) { /* dgrad: dx [N,K] = dy [N,M] W [M,K] */
         const uint16_t *wb;
         DW_TRY(weight_bf16(be, c, &wb));
-        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = bf16_op(c->dout[0], N, M, false),
-                          .b = bf16_op(wb, M, K, false), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
-        if (c->fuse_dx) a.epilogue = DW_EPI_DGELU, a.aux = c->fuse_x;
-        else if (c->dx_acc[0]) a.beta = 1.0f, a.c = dx; /* dx += dy W, into the gradient a sibling wrote */
+        const dw_gemm_args a = dw_linear_dgrad_args(c, wb, dx, N, K, M);
         DW_TRY(dw_gemm(be->ctx, &a));
     }
     if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K], FP32 output accumulated (beta = 1) */
-        dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = bf16_op(c->dout[0], N, M, true),
-                          .b = bf16_op(c->in[0], N, K, false), .alpha = 1.0f, .beta = 1.0f, .c = dw, .d = dw,
-                          .out_type = DW_GEMM_OUT_F32};
-        float *bgrad = db ? (float *)(c->x->work + c->x->p->work.bgrad) : NULL;
-        if (db) a.epilogue = DW_EPI_BGRAD, a.bgrad = bgrad; /* the bias gradient in the same GEMM, then db += it */
+        float *bgrad = db ? (float *)(c->x->work + c->x->p->work.bgrad) : NULL; /* then db += it */
+        const dw_gemm_args a = dw_linear_wgrad_args(c, bgrad, N, K, M);
         DW_TRY(dw_gemm(be->ctx, &a));
         return db ? dw_cuda_add_fwd(be->ctx, DW_ACT_F32, db, db, bgrad, M, s) : DW_OK;
     }
