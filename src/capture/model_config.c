@@ -117,16 +117,25 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
     return DW_OK;
 }
 
+/* The fields every mixture-of-experts family shares, after the llama ones: the expert count
+ * (required, under the family's key), num_experts_per_tok and router_aux_loss_coef (defaults as
+ * set by the caller), the experts' width (intermediate_size). */
+static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const char *experts_key,
+                           dw_model_config *c) {
+    DW_TRY(get_i64(ctx, j, experts_key, what, true, &c->n_experts));
+    DW_TRY(get_i64(ctx, j, "num_experts_per_tok", what, false, &c->top_k));
+    DW_TRY(dw_json_get_num_opt(ctx, j, "router_aux_loss_coef", what, &c->router_aux_loss_coef));
+    c->d_ff_expert = c->d_ff;
+    return DW_OK;
+}
+
 /* Mixtral: the llama fields, then the experts (every layer's MLP is a mixture of
  * num_local_experts SwiGLU experts of width intermediate_size, top num_experts_per_tok,
  * renormalised softmax weights). */
 static dw_status parse_mixtral(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
     DW_TRY(parse_llama(ctx, j, what, c));
     c->top_k = 2, c->router_aux_loss_coef = 0.001, c->norm_topk = true;
-    DW_TRY(get_i64(ctx, j, "num_local_experts", what, true, &c->n_experts));
-    DW_TRY(get_i64(ctx, j, "num_experts_per_tok", what, false, &c->top_k));
-    DW_TRY(dw_json_get_num_opt(ctx, j, "router_aux_loss_coef", what, &c->router_aux_loss_coef));
-    c->d_ff_expert = c->d_ff;
+    DW_TRY(parse_moe(ctx, j, what, "num_local_experts", c));
     double jitter = 0.0;
     DW_TRY(dw_json_get_num_opt(ctx, j, "router_jitter_noise", what, &jitter));
     if (jitter > 0)
@@ -143,15 +152,12 @@ static dw_status parse_olmoe(dw_ctx *ctx, const json_t *j, const char *what, dw_
     c->norm_eps = 1e-5;
     DW_TRY(dw_json_get_num_opt(ctx, j, "rms_norm_eps", what, &c->norm_eps));
     c->qk_norm = true, c->top_k = 8, c->norm_topk = false, c->router_aux_loss_coef = 0.01;
-    DW_TRY(get_i64(ctx, j, "num_experts", what, true, &c->n_experts));
-    DW_TRY(get_i64(ctx, j, "num_experts_per_tok", what, false, &c->top_k));
+    DW_TRY(parse_moe(ctx, j, what, "num_experts", c));
     DW_TRY(dw_json_get_bool_opt(ctx, j, "norm_topk_prob", what, &c->norm_topk));
-    DW_TRY(dw_json_get_num_opt(ctx, j, "router_aux_loss_coef", what, &c->router_aux_loss_coef));
     const json_t *clip = json_object_get(j, "clip_qkv");
     if (clip && !json_is_null(clip))
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: field 'clip_qkv': clamping q, k, v is not supported (null only)",
                             what);
-    c->d_ff_expert = c->d_ff;
     return DW_OK;
 }
 
@@ -308,24 +314,25 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     }
 }
 
-static void write_mixtral(json_t *j, const dw_model_config *c) {
+/* The keys every mixture-of-experts family writes after the llama ones (the experts' width as
+ * intermediate_size, the count under the family's key). */
+static void write_moe(json_t *j, const dw_model_config *c, const char *experts_key) {
     write_llama(j, c);
-    set_int(j, "intermediate_size", c->d_ff_expert); /* Mixtral's: the experts' width */
-    set_int(j, "num_local_experts", c->n_experts);
+    set_int(j, "intermediate_size", c->d_ff_expert);
+    set_int(j, experts_key, c->n_experts);
     set_int(j, "num_experts_per_tok", c->top_k);
     set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
     set_bool(j, "output_router_logits", false);
+}
+
+static void write_mixtral(json_t *j, const dw_model_config *c) {
+    write_moe(j, c, "num_local_experts");
     set_num(j, "router_jitter_noise", 0.0);
 }
 
 static void write_olmoe(json_t *j, const dw_model_config *c) {
-    write_llama(j, c);
-    set_int(j, "intermediate_size", c->d_ff_expert); /* OLMoE's: the experts' width */
-    set_int(j, "num_experts", c->n_experts);
-    set_int(j, "num_experts_per_tok", c->top_k);
+    write_moe(j, c, "num_experts");
     set_bool(j, "norm_topk_prob", c->norm_topk);
-    set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
-    set_bool(j, "output_router_logits", false);
     json_object_set_new(j, "clip_qkv", json_null());
 }
 
