@@ -30,12 +30,6 @@ void dw_hf_arch_list(char *buf, size_t n) {
     }
 }
 
-bool dw_hf_name_matches(const dw_hf_arch *a, const char *param, const char *stored) {
-    if (!strcmp(param, stored)) return true;
-    size_t p = strlen(a->ckpt_prefix);
-    return p && !strncmp(param, a->ckpt_prefix, p) && !strcmp(param + p, stored);
-}
-
 bool dw_hf_ignorable(const dw_hf_arch *a, const char *stored, bool tied_embeddings) {
     if (tied_embeddings && !strcmp(stored, "lm_head.weight")) return true;
     size_t len = strlen(stored);

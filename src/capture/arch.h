@@ -1,6 +1,6 @@
 /* arch.h — private: the Hugging Face architecture table (archs.def) as data: one dw_hf_arch per
- * model_type, and the checkpoint-name rules weight I/O needs (which stored name holds a
- * parameter, which stored tensors are not parameters). Not the config parser (model_config.c) nor
+ * model_type (its checkpoint prefix and per-expert names, which runtime/weights.c and
+ * weights_layout.c read), and which stored tensors are not parameters. Not the config parser (model_config.c) nor
  * the graph builder (capture.c). */
 #ifndef DW_CAPTURE_ARCH_H
 #define DW_CAPTURE_ARCH_H
@@ -29,12 +29,9 @@ typedef struct {
 const dw_hf_arch *dw_hf_arch_get(dw_arch a);
 /* The row of a model_type, or NULL. */
 const dw_hf_arch *dw_hf_arch_find(const char *model_type);
-/* "gpt2, llama, mistral, qwen2": the types whose config.json is read, into buf. */
+/* "gpt2, llama, mistral, qwen2, mixtral, olmoe": the types whose config.json is read, into buf. */
 void dw_hf_arch_list(char *buf, size_t n);
 
-/* Whether checkpoint tensor `stored` holds parameter `param` (the same name, or the name without
- * the architecture's ckpt_prefix). */
-bool dw_hf_name_matches(const dw_hf_arch *a, const char *param, const char *stored);
 /* Whether checkpoint tensor `stored` is one the architecture keeps that is no parameter (an
  * ignorable suffix, or "lm_head.weight" of a model with tied embeddings). */
 bool dw_hf_ignorable(const dw_hf_arch *a, const char *stored, bool tied_embeddings);
