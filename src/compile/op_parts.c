@@ -50,6 +50,13 @@ static void parts_moe_router(const dw_compiled *c, const dw_ir_node *n, int64_t 
 static void parts_moe_dispatch(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_moe_linear(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_moe_combine(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
+/* head_rmsnorm: rstd per head (N*H) FP32; DELTA as rmsnorm over N*H rows of D */
+static void parts_head_rmsnorm(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
+    const int64_t D = n->attrs.head_dim, NH = rows_of(c->g) * (width_of(c->g, n->out[0]) / D);
+    AUX(DW_AUX_STAT0) = NH * 4;
+    TMP(DW_TMP_DELTA) = (int64_t)dw_cuda_norm_bwd_ws_bytes(NH, D);
+}
+static void parts_sigmoid_gate(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 /* cross-entropy: the loss reduction's scratch (dw_cuda_cross_entropy_ws_bytes: 16 + N * 4) */
 static void parts_cross_entropy(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     TMP(DW_TMP_XENT) = 16 + rows_of(c->g) * 4;

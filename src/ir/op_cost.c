@@ -86,6 +86,14 @@ static void flops_moe_linear(const dw_graph *g, const dw_ir_node *n, bool palm, 
 static void flops_moe_combine(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(2, 4, dw_ir_numel(IN(0)));
 }
+static void flops_head_rmsnorm(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(4, 8, dw_ir_numel(IN(0)));
+}
+/* sigmoid_gate: a multiply per element (the sigmoid per token is negligible); backward dx and the
+ * gate's dot product */
+static void flops_sigmoid_gate(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(1, 3, dw_ir_numel(IN(0)));
+}
 static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(4, 3, dw_ir_numel(IN(0)));
 }
@@ -144,6 +152,12 @@ static void passes_moe_linear(const dw_graph *g, const dw_ir_node *n, double *f,
 static void passes_moe_combine(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     const double R = (double)dw_ir_numel(IN(0)), Y = (double)dw_ir_numel(OUT);
     *f = R + Y, *b = Y + 2 * R; /* rows in, out; dout and rows in, row gradients out */
+}
+static void passes_head_rmsnorm(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 5, dw_ir_numel(OUT));
+}
+static void passes_sigmoid_gate(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 3, dw_ir_numel(OUT)); /* x in, y out; dy, x in, dx out (the gate: a value per token) */
 }
 static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     PASSES(3, 0, dw_ir_numel(IN(0))); /* fused: logits read twice, dlogits written in place */

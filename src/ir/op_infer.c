@@ -118,6 +118,31 @@ static dw_status infer_rmsnorm(dw_ctx *ctx, const dw_graph *g, const dw_ir_node 
     return DW_OK;
 }
 
+/* head_rmsnorm: x (B,T,H*D), weight (D) with D = attrs.head_dim dividing the width */
+static dw_status infer_head_rmsnorm(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    const int64_t D = n->attrs.head_dim;
+    if (D < 1 || last(IN(0)) % D)
+        return dw_ir_node_error(ctx, n, "head_dim %lld must divide the width %lld", (long long)D,
+                                (long long)last(IN(0)));
+    DW_TRY(check_vec(ctx, g, n, 1, D));
+    if (!(n->attrs.eps > 0)) return dw_ir_node_error(ctx, n, "eps %g must be positive", n->attrs.eps);
+    like(g, n, 0, o);
+    return DW_OK;
+}
+
+/* sigmoid_gate: x (B,T,C), gate logits (B,T,1) -> (B,T,C) */
+static dw_status infer_sigmoid_gate(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 3, DW_IR_F32));
+    const dw_ir_tensor *x = IN(0), *gt = IN(1);
+    if (gt->shape[0] != x->shape[0] || gt->shape[1] != x->shape[1] || gt->shape[2] != 1)
+        return dw_ir_node_error(ctx, n, "gate '%s' must be (%lld,%lld,1): one logit per token of '%s'", gt->name,
+                                (long long)x->shape[0], (long long)x->shape[1], x->name);
+    like(g, n, 0, o);
+    return DW_OK;
+}
+
 static dw_status infer_linear(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
     DW_TRY(want(ctx, g, n, 1, 2, DW_IR_F32));

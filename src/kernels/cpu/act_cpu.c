@@ -1,6 +1,7 @@
 /* act_cpu.c — CPU reference for the elementwise ops: gelu (tanh approximation, GPT-2 / HF
- * "gelu_new"), silu, swiglu and add, forward and backward. Each element is computed in double
- * and rounded once; every output element is independent, so threads cannot change results. */
+ * "gelu_new"), silu, swiglu, add and the per-token sigmoid gate, forward and backward. Each element
+ * is computed in double and rounded once; every output element (and the gate's per-row sum) is
+ * independent, so threads cannot change results. */
 #include <math.h>
 
 #include "core/error.h"
@@ -70,6 +71,32 @@ void dw_cpu_swiglu_bwd(float *dgate, float *dup, const float *dout, const float 
         const double dg = d * u * s * (1.0 + g * (1.0 - s)), du = d * g * s;
         dgate[i] = (float)dg;
         dup[i] = (float)du;
+    }
+}
+
+void dw_cpu_sigmoid_gate_fwd(float *out, const float *x, const float *g, int64_t N, int64_t C) {
+    DW_ASSERT(N >= 0 && C >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const double s = dw_sigmoid(g[n]);
+        for (int64_t c = 0; c < C; c++) out[n * C + c] = (float)(s * (double)x[n * C + c]);
+    }
+}
+
+/* dx = s dout, dg = s (1 - s) sum_c dout x,  s = sigmoid(g) */
+void dw_cpu_sigmoid_gate_bwd(float *dx, float *dg, const float *dout, const float *x, const float *g, int64_t N,
+                             int64_t C) {
+    DW_ASSERT(N >= 0 && C >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const double s = dw_sigmoid(g[n]);
+        double dot = 0.0;
+        for (int64_t c = 0; c < C; c++) {
+            const double d = dout[n * C + c];
+            dot += d * (double)x[n * C + c];
+            if (dx) dx[n * C + c] = (float)(s * d);
+        }
+        if (dg) dg[n] = (float)(s * (1.0 - s) * dot);
     }
 }
 

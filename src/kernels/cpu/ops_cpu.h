@@ -34,7 +34,7 @@ void dw_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, 
 void dw_cpu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x,
                           const float *w, const float *mean, const float *rstd, int64_t N, int64_t C);
 
-/* rmsnorm over C: out = x*rstd*w; saves rstd (N) */
+/* rmsnorm over C: out = x*rstd*w; saves rstd (N). Per head (head_rmsnorm): N*H rows of D. */
 void dw_cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t N,
                         int64_t C, double eps);
 void dw_cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
@@ -57,6 +57,12 @@ void dw_cpu_silu_bwd(float *dx, const float *dout, const float *x, int64_t n);
 void dw_cpu_swiglu_fwd(float *out, const float *gate, const float *up, int64_t n);
 void dw_cpu_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
                        const float *up, int64_t n);
+/* sigmoid gate: out[n,:] = sigmoid(g[n]) * x[n,:]     x, out (N,C), g (N) */
+void dw_cpu_sigmoid_gate_fwd(float *out, const float *x, const float *g, int64_t N, int64_t C);
+/* dx (N,C) = sigmoid(g) * dout, dg (N) = sigmoid'(g) * (dout[n,:] . x[n,:]) (both written; either
+ * may be NULL) */
+void dw_cpu_sigmoid_gate_bwd(float *dx, float *dg, const float *dout, const float *x, const float *g, int64_t N,
+                             int64_t C);
 /* add: out = a + b; backward is identity to both (callers copy/accumulate) */
 void dw_cpu_add_fwd(float *out, const float *a, const float *b, int64_t n);
 

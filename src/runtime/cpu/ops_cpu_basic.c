@@ -1,7 +1,7 @@
 /* ops_cpu_basic.c — the CPU backend's entries for the row-wise and elementwise ops: embedding,
- * positions, rope, layernorm, rmsnorm, gelu, silu, swiglu, add. Each widens what it reads
- * (cpu.h), runs the reference kernel (kernels/cpu/ops_cpu.h) and stores or delivers the result as
- * the program says. Parameters are FP32 masters; their gradients are accumulated by the kernels. */
+ * positions, rope, layernorm, rmsnorm (also per head), gelu, silu, swiglu, add, the sigmoid gate.
+ * Each widens what it reads (cpu.h), runs the reference kernel (kernels/cpu/ops_cpu.h) and stores
+ * or delivers the result as the program says. Parameters are FP32 masters; their gradients are accumulated by the kernels. */
 #include "core/error.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/cpu/cpu.h"
@@ -117,6 +117,29 @@ dw_status dw_cpu_op_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
     return DW_OK;
 }
 
+/* ---- head_rmsnorm: rmsnorm over each head's D channels, N*H rows; aux STAT0 = rstd (N*H) ---------- */
+dw_status dw_cpu_op_head_rmsnorm_fwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    const int64_t D = c->n->attrs.head_dim;
+    const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
+    CHECK(x && y);
+    dw_cpu_rmsnorm_fwd(y, c->aux[DW_AUX_STAT0], x, c->in[1], N * (C / D), D, c->n->attrs.eps);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
+    return DW_OK;
+}
+dw_status dw_cpu_op_head_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    const int64_t D = c->n->attrs.head_dim;
+    const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
+    float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
+    CHECK(x && dy && dx);
+    dw_cpu_rmsnorm_bwd(dx, c->pgrad[1], dy, x, c->in[1], c->aux[DW_AUX_STAT0], N * (C / D), D);
+    dw_cpu_deliver(c, 0, dx, N * C);
+    return DW_OK;
+}
+
 /* ---- elementwise ------------------------------------------------------------------------------ */
 typedef void (*unary_fwd)(float *out, const float *x, int64_t n);
 typedef void (*unary_bwd)(float *dx, const float *dout, const float *x, int64_t n);
@@ -181,5 +204,28 @@ dw_status dw_cpu_op_add_bwd(dw_backend *be, const dw_op_call *c) {
         if (!c->dx[s] || (c->dx[s] == c->dout[0] && !c->dx_acc[s])) continue; /* shared buffer: already there */
         dw_cpu_deliver(c, s, dy, N * C);
     }
+    return DW_OK;
+}
+
+/* ---- sigmoid_gate: out (N,C) = sigmoid(g (N,1)) * x ------------------------------------------ */
+dw_status dw_cpu_op_sigmoid_gate_fwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *g = dw_cpu_in(be, c, c->in[1], N, CPU_S_IN1);
+    float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
+    CHECK(x && g && y);
+    dw_cpu_sigmoid_gate_fwd(y, x, g, N, C);
+    dw_cpu_put(c, c->out[0], y, N * C, false);
+    return DW_OK;
+}
+dw_status dw_cpu_op_sigmoid_gate_bwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    if (!c->dx[0] && !c->dx[1]) return DW_OK;
+    const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *g = dw_cpu_in(be, c, c->in[1], N, CPU_S_IN1);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
+    float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C), *dg = dw_cpu_scratch(be, CPU_S_DX1, N);
+    CHECK(x && g && dy && dx && dg);
+    dw_cpu_sigmoid_gate_bwd(dx, dg, dy, x, g, N, C);
+    dw_cpu_deliver(c, 0, dx, N * C);
+    dw_cpu_deliver(c, 1, dg, N);
     return DW_OK;
 }
