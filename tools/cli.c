@@ -17,6 +17,26 @@ void cli_error(const char *cmd, const char *fmt, ...) {
     va_end(ap);
 }
 
+void cli_escape(const char *s, size_t n, char *out, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char piece[8];
+        if (c == '"' || c == '\\') snprintf(piece, sizeof piece, "\\%c", c);
+        else if (c >= 0x20 && c < 0x7f) snprintf(piece, sizeof piece, "%c", c);
+        else snprintf(piece, sizeof piece, "\\x%02x", c);
+        size_t k = strlen(piece);
+        if (o + k + 4 > cap) { /* room for "..." and the NUL */
+            memcpy(out + o, "...", 3);
+            o += 3;
+            break;
+        }
+        memcpy(out + o, piece, k);
+        o += k;
+    }
+    out[o] = '\0';
+}
+
 int cli_exit_for(dw_status s) {
     switch (s) {
     case DW_OK: return DW_EXIT_OK;

@@ -3,6 +3,7 @@
 #define DW_TOOLS_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "deepwell.h"
 
@@ -18,6 +19,9 @@ void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 int cli_exit_for(dw_status s);
 /* Reports dw_errmsg(ctx) for a failed call and returns cli_exit_for(s). */
 int cli_fail(const char *cmd, const dw_ctx *ctx, dw_status s);
+/* Bytes from a file, fit to echo in a message: printable ASCII as is, quotes and backslashes and
+ * every other byte as \", \\, \xNN; cut with "..." to fit cap (at least 8). */
+void cli_escape(const char *s, size_t n, char *out, size_t cap);
 /* Strict integer parsing of a flag value: the whole string, within [lo, hi]. */
 bool cli_parse_int(const char *cmd, const char *flag, const char *text, long lo, long hi, long *out);
 bool cli_parse_double(const char *cmd, const char *flag, const char *text, double *out);

@@ -11,12 +11,15 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "run_record.h"
+#include "train_resume.h"
 
 static const char *CMD = "train";
 
 static void help(void) {
     printf(
-        "Usage: deepwell train --model MODEL --data PATTERN|builtin --out DIR [options]\n\n"
+        "Usage: deepwell train --model MODEL --data PATTERN|builtin --out DIR [options]\n"
+        "       deepwell train --resume RUN [--steps N] [options that may change]\n\n"
         "Trains a model with AdamW and writes DIR/metrics.jsonl (one JSON object per step) and\n"
         "checkpoints DIR/ckpt-<step>/ (config.json, model.safetensors, optimizer.safetensors,\n"
         "state.json) with DIR/latest naming the newest.\n\n"
@@ -26,14 +29,21 @@ static void help(void) {
         "  --val PATTERN          validation data (default for builtin: its validation stream;\n"
         "                         else none)\n"
         "  --out DIR              run directory (created)\n"
-        "  --resume DIR           continue from a checkpoint or run directory (model from it)\n"
-        "  --steps N              total optimizer steps; a resumed run continues up to N (100)\n"
+        "  --resume RUN           continue a run (its directory or a checkpoint) with everything it\n"
+        "                         recorded: model, data, val, batch, seq, schedule, optimizer,\n"
+        "                         precision, eval and checkpoint cadence, keep, seed, device, and\n"
+        "                         --out RUN; it prints them. A flag contradicting the record is\n"
+        "                         refused; --steps, --keep, --device, --out, sampling and logging\n"
+        "                         may change\n"
+        "  --steps N              total optimizer steps (100); a resumed run continues up to N (its\n"
+        "                         recorded total); beyond it the schedule keeps its end step and\n"
+        "                         the extra steps run at --min-lr\n"
         "  --batch B              micro-batch, sequences per forward/backward (8)\n"
         "  --seq T                sequence length (64)\n"
         "  --global-batch G       sequences per optimizer step, a multiple of B (default B):\n"
         "                         gradients are accumulated over G/B micro-batches\n"
         "  --lr LR                peak learning rate (1e-3)\n"
-        "  --min-lr LR            learning rate at the last step (1e-4, at most --lr)\n"
+        "  --min-lr LR            learning rate at the last step (1e-4; above --lr is refused)\n"
         "  --warmup N             linear warmup steps (10)\n"
         "  --schedule S           cosine, linear or constant after warmup (cosine)\n"
         "  --weight-decay W       AdamW decay on matrices only (0.1)\n"
@@ -107,7 +117,18 @@ typedef struct {
     bool tty;
     int64_t log_every;
     bool open_line; /* a \r progress line is on the terminal */
+    const run_record *rec; /* a resumed run's record, summarised before its first step, then NULL */
+    const bool *given;
+    const dw_train_opts *opts;
+    const char *device;
 } printer;
+
+/* What a resumed run continues with, once dw_train accepted it (before its first step). */
+static void resume_summary(printer *pr) {
+    if (!pr->rec) return;
+    train_resume_print(CMD, pr->rec, pr->given, pr->opts, pr->device);
+    pr->rec = NULL;
+}
 
 static void fmt_time(char *b, size_t n, double s) {
     if (!isfinite(s) || s < 0) snprintf(b, n, "?");
@@ -118,6 +139,7 @@ static void fmt_time(char *b, size_t n, double s) {
 
 static void on_progress(const dw_train_progress *p, void *user) {
     printer *pr = user;
+    resume_summary(pr);
     char eta[32], val[48] = "";
     fmt_time(eta, sizeof eta, p->eta_s);
     if (!isnan(p->val_loss)) snprintf(val, sizeof val, " | val %.4f", p->val_loss);
@@ -150,10 +172,9 @@ static int print_profile(dw_ctx *ctx, const char *dir) {
     return text ? DW_EXIT_OK : DW_EXIT_FAIL;
 }
 
-enum { O_MODEL = 256, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR, O_MINLR,
-       O_WARMUP, O_SCHED, O_WD, O_CLIP, O_B1, O_B2, O_EVAL, O_EVALB, O_SAMPLE, O_SAMPLEN, O_SAMPLET,
-       O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY, O_PRECISION, O_POLICY, O_FALLBACK, O_PROFILE,
-       O_DETERMINISTIC };
+static int train_run(dw_train_opts *po, const run_record *rec, const bool *given, const char *model,
+                     const char *device, const char *precision, const char *policy_path, const char *fallback,
+                     long log_every);
 
 int cmd_train(int argc, char **argv) {
     static const struct option longopts[] = {
@@ -179,11 +200,12 @@ int cmd_train(int argc, char **argv) {
     dw_train_opts_init(&o, sizeof o);
     const char *device = "auto", *precision = NULL, *policy_path = NULL, *fallback = NULL, *model = NULL;
     long v = 0, log_every = 1;
-    bool gb_set = false;
+    bool given[O_LAST - O_FIRST] = {false};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         bool ok = true;
+        if (c >= O_FIRST && c < O_LAST) given[c - O_FIRST] = true;
         switch (c) {
         case 'h': help(); return DW_EXIT_OK;
         case O_MODEL: model = optarg; break;
@@ -209,7 +231,7 @@ int cmd_train(int argc, char **argv) {
         case O_STEPS: ok = cli_parse_int(CMD, "--steps", optarg, 1, 1L << 40, &v); o.steps = v; break;
         case O_BATCH: ok = cli_parse_int(CMD, "--batch", optarg, 1, 1 << 20, &v); o.batch = v; break;
         case O_SEQ: ok = cli_parse_int(CMD, "--seq", optarg, 1, 1 << 24, &v); o.seq = v; break;
-        case O_GB: ok = cli_parse_int(CMD, "--global-batch", optarg, 1, 1 << 24, &v); o.global_batch = v; gb_set = true; break;
+        case O_GB: ok = cli_parse_int(CMD, "--global-batch", optarg, 1, 1 << 24, &v); o.global_batch = v; break;
         case O_WARMUP: ok = cli_parse_int(CMD, "--warmup", optarg, 0, 1L << 40, &v); o.warmup = v; break;
         case O_EVAL: ok = cli_parse_int(CMD, "--eval-every", optarg, 0, 1L << 40, &v); o.eval_every = v; break;
         case O_EVALB: ok = cli_parse_int(CMD, "--eval-batches", optarg, 1, 1 << 20, &v); o.eval_batches = v; break;
@@ -234,9 +256,22 @@ int cmd_train(int argc, char **argv) {
         cli_error(CMD, "unexpected argument '%s'", argv[optind]);
         return cli_usage_error(CMD);
     }
-    if (!gb_set) o.global_batch = o.batch;
+    run_record rec = {0};
+    if (o.resume && !run_record_read(CMD, o.resume, &rec)) return DW_EXIT_USAGE;
+    int rc = train_run(&o, &rec, given, model, device, precision, policy_path, fallback, log_every);
+    run_record_free(&rec);
+    return rc;
+}
+
+/* After the flags (and the record of a resumed run) are read: checks, the model, training. */
+static int train_run(dw_train_opts *po, const run_record *rec, const bool *given, const char *model,
+                     const char *device, const char *precision, const char *policy_path, const char *fallback,
+                     long log_every) {
+    dw_train_opts o = *po;
+    if (o.resume && !train_resume_merge(CMD, rec, given, &o, &device)) return DW_EXIT_USAGE;
+    if (!o.resume && !given[O_GB - O_FIRST]) o.global_batch = o.batch;
     if ((!model && !o.resume) || !o.data || !o.out_dir) {
-        cli_error(CMD, "--model (or --resume), --data and --out are required");
+        cli_error(CMD, "--model, --data and --out are required (or --resume RUN alone)");
         return cli_usage_error(CMD);
     }
     if (policy_path && (precision || fallback)) {
@@ -247,7 +282,12 @@ int cmd_train(int argc, char **argv) {
         cli_error(CMD, "--fallback must be 'safe' or 'none', not '%s'", fallback);
         return cli_usage_error(CMD);
     }
-    if (o.min_lr > o.lr) o.min_lr = o.lr; /* a small --lr alone lowers the floor with it */
+    if (given[O_MINLR - O_FIRST] && o.min_lr > o.lr) {
+        cli_error(CMD, "--min-lr %g is above --lr %g: the schedule would rise; give --min-lr at most --lr", o.min_lr,
+                  o.lr);
+        return cli_usage_error(CMD);
+    }
+    if (!o.resume && o.min_lr > o.lr) o.min_lr = o.lr; /* a small --lr alone lowers the floor with it */
     dw_ctx *ctx = NULL;
     dw_status st = cli_ctx_create(CMD, device, &ctx);
     if (st != DW_OK) return cli_exit_for(st);
@@ -261,6 +301,15 @@ int cmd_train(int argc, char **argv) {
             dw_ctx_free(ctx);
             return rc;
         }
+    }
+    char flags[4200];
+    snprintf(flags, sizeof flags, "%s%s%s%s%s%s", policy_path ? "--policy " : "", policy_path ? policy_path : "",
+             precision ? "--precision " : "", precision ? precision : "", fallback ? " --fallback " : "",
+             fallback ? fallback : "");
+    if (o.resume && !train_resume_policy(CMD, ctx, rec, given, flags, &pol)) {
+        dw_policy_free(pol);
+        dw_ctx_free(ctx);
+        return DW_EXIT_USAGE;
     }
     /* the model from the checkpoint being resumed (its weights loaded by dw_train), else MODEL
      * with weights from the seed */
@@ -276,7 +325,8 @@ int cmd_train(int argc, char **argv) {
         dw_ctx_free(ctx);
         return rc;
     }
-    printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every};
+    printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every, .rec = o.resume ? rec : NULL,
+                  .given = given, .opts = &o, .device = dw_ctx_device(ctx) == DW_DEVICE_CUDA ? "cuda" : "cpu"};
     o.progress = on_progress;
     o.progress_user = &pr;
     struct sigaction sa;
@@ -286,6 +336,7 @@ int cmd_train(int argc, char **argv) {
     for (size_t k = 0; k < sizeof stop_signals / sizeof stop_signals[0]; k++) sigaction(stop_signals[k], &sa, NULL);
     st = dw_train(dw_model_engine(m), &o);
     for (size_t k = 0; k < sizeof stop_signals / sizeof stop_signals[0]; k++) signal(stop_signals[k], SIG_DFL);
+    if (st == DW_OK) resume_summary(&pr); /* no step ran: it was there already */
     if (pr.open_line) fputc('\n', stderr);
     int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
     if (rc == DW_EXIT_OK && o.profile && !interrupted) rc = print_profile(ctx, o.out_dir);

@@ -54,6 +54,12 @@ static json_t *state_to_json(const dw_ckpt_state *s, const int64_t *sizes, const
     json_object_set_new(j, "batch", json_pack("{s:I,s:I,s:I}", "micro", (json_int_t)s->batch, "seq",
                                               (json_int_t)s->seq, "global", (json_int_t)s->global_batch));
     json_object_set_new(j, "precision", json_string(s->precision));
+    if (s->has_run)
+        json_object_set_new(j, "run", json_pack("{s:s,s:I,s:I,s:I,s:I,s:s}", "val", s->val, "eval_every",
+                                                (json_int_t)s->eval_every, "eval_batches",
+                                                (json_int_t)s->eval_batches, "ckpt_every",
+                                                (json_int_t)s->ckpt_every, "keep", (json_int_t)s->keep,
+                                                "device", s->device));
     json_t *pol = s->policy_json ? json_loads(s->policy_json, 0, NULL) : NULL;
     json_t *rec = s->recipes_json ? json_loads(s->recipes_json, 0, NULL) : NULL;
     json_object_set_new(j, "policy", pol ? pol : json_null());
@@ -141,6 +147,16 @@ static dw_status state_from_json(dw_ctx *ctx, const json_t *j, const char *what,
     DW_TRY(get_i64(ctx, o, "seq", what, &s->seq));
     DW_TRY(get_i64(ctx, o, "global", what, &s->global_batch));
     DW_TRY(copy_str(ctx, j, "precision", what, s->precision, sizeof s->precision));
+    if (json_object_get(j, "run")) { /* absent before the run record existed: still readable */
+        DW_TRY(get_obj(ctx, j, "run", what, &o));
+        DW_TRY(copy_str(ctx, o, "val", what, s->val, sizeof s->val));
+        DW_TRY(get_i64(ctx, o, "eval_every", what, &s->eval_every));
+        DW_TRY(get_i64(ctx, o, "eval_batches", what, &s->eval_batches));
+        DW_TRY(get_i64(ctx, o, "ckpt_every", what, &s->ckpt_every));
+        DW_TRY(get_i64(ctx, o, "keep", what, &s->keep));
+        DW_TRY(copy_str(ctx, o, "device", what, s->device, sizeof s->device));
+        s->has_run = true;
+    }
     json_t *files = NULL;
     DW_TRY(get_obj(ctx, j, "files", what, &files));
     for (int i = 0; i < DW_CKPT_NFILES; i++) {

@@ -7,6 +7,7 @@
 #ifndef DW_TRAIN_CKPT_H
 #define DW_TRAIN_CKPT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "deepwell.h"
@@ -24,13 +25,20 @@ typedef struct {
     uint64_t data_position; /* windows consumed (data.h) */
     uint64_t seed;
     uint64_t rng_state;    /* the trainer's sampling RNG */
-    dw_schedule schedule;
+    dw_schedule schedule;  /* .total: the horizon the run began with; a resume that extends
+                              --steps keeps it (the steps beyond run at min_lr) */
     double beta1, beta2, eps, weight_decay, clip;
     int64_t batch, seq, global_batch;
     char data[1024];       /* the --data pattern */
     char tokenizer[16];    /* "bytes" (builtin, raw text) or "ids" (token shards) */
     char precision[32];    /* "fp32" (no policy), or the program policy's default recipe
                               ("bf16", "fp8_block", ...; "policy" when it has rules) */
+    /* The run's own settings, state.json's "run" (absent from checkpoints written before it:
+     * has_run false and these fields zero; a resume then takes them from its options). */
+    bool has_run;
+    char val[1024];        /* the validation pattern in effect ("builtin", a glob), "" none */
+    int64_t eval_every, eval_batches, ckpt_every, keep;
+    char device[8];        /* "cpu" or "cuda": where the run trained */
     /* Written only (not read back): JSON texts stored as state.json's "policy" (the policy
      * document, dw_policy_to_json) and "recipes" ({node name: recipe}); NULL writes null. */
     const char *policy_json, *recipes_json;
@@ -55,5 +63,8 @@ dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_
 dw_status dw_rmtree(dw_ctx *ctx, const char *path);
 /* malloc'd "a/b". */
 char *dw_path_join(const char *a, const char *b);
+/* malloc'd: a data pattern made absolute against the working directory ("builtin" and absolute
+ * patterns as given), so that a run resumed from elsewhere reads the same files. NULL: no memory. */
+char *dw_abs_pattern(const char *pattern);
 
 #endif /* DW_TRAIN_CKPT_H */

@@ -1,5 +1,5 @@
 /* ckpt_fs.c — file-system helpers for checkpoints: CRC-32 of a file, recursive removal, path
- * joining, fsync of a file or directory by name. */
+ * joining (and absolute data patterns), fsync of a file or directory by name. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -18,6 +18,15 @@ char *dw_path_join(const char *a, const char *b) {
     char *p = malloc(n);
     if (p) snprintf(p, n, "%s/%s", a, b);
     return p;
+}
+
+char *dw_abs_pattern(const char *pattern) {
+    if (!strcmp(pattern, "builtin") || pattern[0] == '/' || !pattern[0]) return strdup(pattern);
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd)) return strdup(pattern);
+    const char *p = pattern;
+    while (p[0] == '.' && p[1] == '/') p += 2; /* "./x" -> "cwd/x" */
+    return dw_path_join(cwd, p);
 }
 
 dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_t *size_out) {

@@ -27,6 +27,7 @@
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/optim.h"
+#include "train/resume_check.h"
 #include "train/run_lock.h"
 #include "train/sample.h"
 
@@ -83,6 +84,7 @@ typedef struct {
     FILE *metrics;
     int64_t ckpt_step; /* step of the newest checkpoint written by this process, -1: none */
     char *recipes_json; /* {linear node: recipe} for state.json (BF16 programs) */
+    char *data_abs, *val_abs; /* the patterns made absolute (dw_abs_pattern); val_abs "" for none */
 } run;
 
 static double now_s(void) {
@@ -197,7 +199,14 @@ static dw_status save_ckpt(run *r, char **path_out) {
     s.batch = o->batch;
     s.seq = o->seq;
     s.global_batch = o->global_batch;
-    snprintf(s.data, sizeof s.data, "%s", o->data);
+    snprintf(s.data, sizeof s.data, "%s", r->data_abs);
+    s.has_run = true;
+    snprintf(s.val, sizeof s.val, "%s", r->val_abs);
+    s.eval_every = o->eval_every;
+    s.eval_batches = o->eval_batches;
+    s.ckpt_every = o->ckpt_every;
+    s.keep = o->keep;
+    snprintf(s.device, sizeof s.device, "%s", dw_ctx_device(r->ctx) == DW_DEVICE_CUDA ? "cuda" : "cpu");
     snprintf(s.tokenizer, sizeof s.tokenizer, "%s", dw_tokenizer_name(r->tok));
     const dw_compiled *cp = dw_engine_program(r->eng);
     snprintf(s.precision, sizeof s.precision, "%s", cp->precision);
@@ -273,16 +282,14 @@ static dw_status setup(run *r) {
     char *cdir = NULL;
     r->seed = o->seed;
     r->ckpt_step = -1;
+    const char *vp = o->val ? o->val : !strcmp(o->data, "builtin") ? "builtin" : "";
+    r->data_abs = dw_abs_pattern(o->data);
+    r->val_abs = dw_abs_pattern(vp);
+    if (!r->data_abs || !r->val_abs) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     if (o->resume) {
         DW_TRY(dw_ckpt_open(ctx, o->resume, &cdir, &state));
-        dw_status st = DW_OK;
-        if (state.batch != o->batch || state.seq != o->seq || state.global_batch != o->global_batch)
-            st = dw_set_error(ctx, DW_ERR_INVALID,
-                              "%s was trained with --batch %lld --seq %lld --global-batch %lld; resume with the same",
-                              cdir, (long long)state.batch, (long long)state.seq, (long long)state.global_batch);
-        else if (strcmp(state.data, o->data) != 0)
-            st = dw_set_error(ctx, DW_ERR_INVALID, "%s was trained on --data %s, not %s", cdir, state.data, o->data);
-        else if (state.step > o->steps)
+        dw_status st = dw_resume_check(ctx, cdir, &state, o, r->data_abs, r->val_abs);
+        if (st == DW_OK && state.step > o->steps)
             st = dw_set_error(ctx, DW_ERR_INVALID, "%s is at step %lld, beyond --steps %lld", cdir,
                               (long long)state.step, (long long)o->steps);
         if (st == DW_OK) st = load_into(r, cdir, 1, dw_engine_load_weights);
@@ -313,9 +320,7 @@ static dw_status setup(run *r) {
         if (st == DW_OK && cdir) dw_data_seek(r->train, state.data_position);
     }
     if (st == DW_OK) {
-        bool builtin = !strcmp(o->data, "builtin");
-        const char *vp = o->val ? o->val : builtin ? "builtin" : NULL;
-        if (vp) {
+        if (*vp) {
             dw_data_opts d = {.pattern = vp, .val_split = !strcmp(vp, "builtin"), .T = o->seq,
                               .vocab_size = r->g->model.vocab, .shuffle = false, .seed = 0};
             st = dw_data_open(ctx, &d, &r->val);
@@ -324,8 +329,10 @@ static dw_status setup(run *r) {
     }
     if (st == DW_OK) {
         r->accum = o->global_batch / o->batch;
-        r->sched = (dw_schedule){.kind = (dw_schedule_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr,
-                                 .warmup = o->warmup, .total = o->steps};
+        /* a resumed run keeps its schedule's horizon: --steps beyond it run at min_lr */
+        r->sched = cdir ? state.schedule
+                        : (dw_schedule){.kind = (dw_schedule_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr,
+                                        .warmup = o->warmup, .total = o->steps};
         r->x = malloc((size_t)(o->batch * o->seq) * sizeof *r->x);
         r->y = malloc((size_t)(o->batch * o->seq) * sizeof *r->y);
         if (!r->x || !r->y) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
@@ -453,6 +460,8 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     dw_data_free(r.train);
     dw_data_free(r.val);
     free(r.recipes_json);
+    free(r.data_abs);
+    free(r.val_abs);
     free(r.x);
     free(r.y);
     dw_run_unlock(o.out_dir, lock);

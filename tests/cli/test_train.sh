@@ -5,7 +5,8 @@
 # SIGINT aborts without harming the last checkpoint; one run per directory (a lock naming its
 # holder; a dead holder's lock taken over); damaged checkpoints and bad data are refused naming the file; flag errors;
 # checkpoints load as Hugging Face models (tests/python/train_ckpt_hf.py, needs python3-torch);
-# mixtral-tiny trains, resumes bit-identically and checkpoints its experts in the fused layout.
+# mixtral-tiny trains, resumes bit-identically and checkpoints its experts in the fused layout;
+# qwen2-moe-tiny and qwen3-moe-tiny train and checkpoint under transformers' names.
 set -u
 dw=$1
 fails=0
@@ -82,7 +83,7 @@ cmp -s "$tmp/s3" "$tmp/s4" && ok "seeded samples repeat" || bad "seeded samples 
 check "12 steps straight" 0 $?
 "$dw" train "${common[@]}" --schedule constant --steps 6 --out "$tmp/halves" >/dev/null 2>&1
 check "first 6 steps" 0 $?
-"$dw" train "${common[@]}" --schedule constant --steps 12 --out "$tmp/halves" --resume "$tmp/halves" >/dev/null 2>"$tmp/err"
+"$dw" train --resume "$tmp/halves" --steps 12 >/dev/null 2>"$tmp/err" # the rest from its record
 check "resume to 12" 0 $?
 if [ "$(losses "$tmp/straight/metrics.jsonl")" = "$(losses "$tmp/halves/metrics.jsonl")" ] &&
    [ "$(losses "$tmp/straight/metrics.jsonl" | wc -l)" = 12 ]; then ok "resumed losses bit-identical (constant)"
@@ -95,7 +96,7 @@ else bad "--deterministic changed the CPU losses"; fi
 # cosine: resume from the middle checkpoint of a 12-step run into a new directory
 "$dw" train "${common[@]}" --steps 12 --ckpt-every 6 --keep 0 --out "$tmp/cos" >/dev/null 2>&1
 check "12 cosine steps with a checkpoint at 6" 0 $?
-"$dw" train "${common[@]}" --steps 12 --resume "$tmp/cos/ckpt-6" --out "$tmp/cos2" >/dev/null 2>&1
+"$dw" train --resume "$tmp/cos/ckpt-6" --out "$tmp/cos2" >/dev/null 2>&1
 check "resume cosine from ckpt-6" 0 $?
 if [ "$(losses "$tmp/cos/metrics.jsonl" | tail -6)" = "$(losses "$tmp/cos2/metrics.jsonl")" ]; then ok "resumed losses bit-identical (cosine)"
 else bad "resumed losses differ (cosine)"; fi
@@ -103,8 +104,9 @@ cmp -s "$tmp/cos/ckpt-12/model.safetensors" "$tmp/cos2/ckpt-12/model.safetensors
 "$dw" train "${common[@]}" --steps 12 --out "$tmp/cos" >/dev/null 2>"$tmp/err"
 check "a fresh run into a used directory is refused" 2 $?
 has "  ... and says to resume" "$tmp/err" "--resume"
-"$dw" train "${common[@]}" --batch 2 --steps 12 --resume "$tmp/cos/ckpt-6" --out "$tmp/cos3" >/dev/null 2>"$tmp/err"
+"$dw" train --batch 2 --resume "$tmp/cos/ckpt-6" --out "$tmp/cos3" >/dev/null 2>"$tmp/err"
 check "resume with another batch is refused" 2 $?
+has "  ... naming both values" "$tmp/err" "trained with --batch 4; --batch 2 contradicts it"
 
 # --- gradient accumulation: 2 x 4 sequences per step = one batch of 8 ---------------------------
 "$dw" train "${common[@]}" --batch 8 --global-batch 8 --steps 3 --out "$tmp/acc1" >/dev/null 2>&1
@@ -129,7 +131,7 @@ l = [json.loads(x)["loss"] for x in open(sys.argv[1])]
 assert len(l) == 30 and sum(l[-5:]) / 5 < sum(l[:5]) / 5 - 0.5, (l[:5], l[-5:])
 PY
 "$dw" train "${mix[@]}" --steps 12 --ckpt-every 6 --keep 0 --out "$tmp/mixa" >/dev/null 2>&1
-"$dw" train "${mix[@]}" --steps 12 --resume "$tmp/mixa/ckpt-6" --out "$tmp/mixb" >/dev/null 2>&1
+"$dw" train --resume "$tmp/mixa/ckpt-6" --out "$tmp/mixb" >/dev/null 2>&1
 check "mixtral-tiny resumes from ckpt-6" 0 $?
 if [ "$(losses "$tmp/mixa/metrics.jsonl" | tail -6)" = "$(losses "$tmp/mixb/metrics.jsonl")" ]; then ok "  ... bit-identical losses"
 else bad "mixtral-tiny resumed losses differ"; fi
@@ -146,6 +148,36 @@ PY
 "$dw" train "${mix[@]}" --steps 2 --device cuda --out "$tmp/mixc" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "mixtral on --device cuda refused here" || bad "mixtral on --device cuda: exit 0"
 
+# --- the Qwen MoE families train on the CPU: qwen2-moe-tiny (a dense layer among MoE ones, the
+# sigmoid-gated shared expert), qwen3-moe-tiny (per-head q/k norms, decoder_sparse_step 2) ---------
+for m in qwen2-moe-tiny qwen3-moe-tiny; do
+  "$dw" train --model $m --data builtin --batch 4 --seq 32 --lr 3e-3 --warmup 2 --seed $((seed % 100000)) \
+    --steps 30 --device cpu --out "$tmp/$m" >/dev/null 2>"$tmp/err"
+  check "$m trains" 0 $?
+  python3 - "$tmp/$m/metrics.jsonl" <<'PY' && ok "  ... its loss falls" || bad "$m loss did not fall"
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1])]
+assert len(l) == 30 and sum(l[-5:]) / 5 < sum(l[:5]) / 5 - 0.5, (l[:5], l[-5:])
+PY
+done
+python3 - "$tmp/qwen2-moe-tiny/ckpt-30" "$tmp/qwen3-moe-tiny/ckpt-30" <<'PY' && ok "  ... checkpoints with transformers' names, dense and MoE layers where the configs say" || bad "Qwen MoE checkpoints"
+import json, struct, sys
+def header(d):
+    f = open(d + "/model.safetensors", "rb"); n = struct.unpack("<Q", f.read(8))[0]
+    return {k: v["shape"] for k, v in json.loads(f.read(n)).items() if k != "__metadata__"}
+q2, q3 = header(sys.argv[1]), header(sys.argv[2])
+c2, c3 = json.load(open(sys.argv[1] + "/config.json")), json.load(open(sys.argv[2] + "/config.json"))
+assert c2["mlp_only_layers"] == [1] and c2["shared_expert_intermediate_size"] == 48, c2
+assert q2["model.layers.0.mlp.shared_expert_gate.weight"] == [1, 64]
+assert q2["model.layers.2.mlp.shared_expert.down_proj.weight"] == [64, 48]
+assert q2["model.layers.0.mlp.experts.gate_up_proj"] == [8, 64, 64] and q2["model.layers.0.self_attn.q_proj.bias"] == [64]
+assert q2["model.layers.1.mlp.gate_proj.weight"] == [96, 64] and "model.layers.1.mlp.gate.weight" not in q2
+assert c3["decoder_sparse_step"] == 2 and c3["head_dim"] == 24, c3
+assert q3["model.layers.0.self_attn.q_norm.weight"] == [24] and q3["model.layers.1.self_attn.k_norm.weight"] == [24]
+assert q3["model.layers.0.mlp.down_proj.weight"] == [64, 96] and q3["model.layers.1.mlp.experts.down_proj"] == [8, 64, 32]
+assert not any("shared_expert" in k or k.endswith(".bias") for k in q3), q3
+PY
+
 # --- SIGINT ---------------------------------------------------------------------------------------
 wait_steps() { # wait_steps FILE N: until FILE has N lines (max 60 s)
   for _ in $(seq 600); do [ -f "$1" ] && [ "$(wc -l <"$1")" -ge "$2" ] && return 0; sleep 0.1; done; return 1
@@ -159,7 +191,7 @@ check "SIGINT: checkpoint and exit 130" 130 $rc
 n=$(wc -l <"$tmp/int/metrics.jsonl")
 [ "$(cat "$tmp/int/latest")" = "ckpt-$n" ] && ok "checkpoint at the last finished step ($n)" || bad "latest $(cat "$tmp/int/latest") vs $n steps"
 has "  ... message" "$tmp/err" "interrupted"
-"$dw" train "${common[@]}" --steps $((n + 2)) --resume "$tmp/int" --out "$tmp/int" >/dev/null 2>&1
+"$dw" train --steps $((n + 2)) --resume "$tmp/int" >/dev/null 2>&1
 check "resume after SIGINT" 0 $?
 # SIGTERM (what Slurm, Kubernetes, systemd and docker stop send), SIGHUP and SIGUSR1 (Slurm's
 # pre-emption warning) do the same: finish the step, checkpoint, exit 128 + signal
@@ -186,33 +218,33 @@ wait_steps "$tmp/lock/metrics.jsonl" 2 || bad "training did not start (lock)"
 rc=$?
 [ $rc -ne 0 ] && ok "a second run into a busy --out is refused (exit $rc)" || bad "a second run into a busy --out: exit 0"
 has "  ... naming the holder" "$tmp/err" "in use by another training run" "pid $pid on host"
-"$dw" train "${common[@]}" --steps 100000 --resume "$tmp/lock" --out "$tmp/lock" >/dev/null 2>"$tmp/err"
+"$dw" train --steps 100000 --resume "$tmp/lock" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "  ... and so is resuming it" || bad "resuming a busy run: exit 0"
 kill -INT $pid; wait $pid
 check "the first run was not disturbed" 130 $?
 [ ! -e "$tmp/lock/.deepwell.lock" ] && ok "its lock is gone when it ends" || bad "lock file left after the run"
 # a lock left by a process that has ended (kill -9: no cleanup) is taken over with a notice
-"$dw" train "${common[@]}" --steps 100000 --resume "$tmp/lock" --out "$tmp/lock" >/dev/null 2>&1 &
+"$dw" train --steps 100000 --resume "$tmp/lock" >/dev/null 2>&1 &
 pid=$!
 n=$(wc -l <"$tmp/lock/metrics.jsonl")
 wait_steps "$tmp/lock/metrics.jsonl" $((n + 1)) || bad "resumed training did not run (lock)"
 kill -KILL $pid; wait $pid 2>/dev/null
 [ -e "$tmp/lock/.deepwell.lock" ] && ok "kill -9 leaves the lock file" || bad "no lock file after kill -9"
 m=$(cat "$tmp/lock/latest"); m=${m#ckpt-}
-"$dw" train "${common[@]}" --steps $((m + 1)) --resume "$tmp/lock" --out "$tmp/lock" >/dev/null 2>"$tmp/err"
+"$dw" train --steps $((m + 1)) --resume "$tmp/lock" >/dev/null 2>"$tmp/err"
 check "a stale lock does not block the next run" 0 $?
 has "  ... which says it took it over" "$tmp/err" "taking over the run lock" "pid $pid on host"
 
 # a second SIGINT aborts at once; the last complete checkpoint stays loadable
-"$dw" train "${common[@]}" --steps 100000 --ckpt-every 1 --keep 2 --resume "$tmp/int" --out "$tmp/int" >/dev/null 2>&1 &
+"$dw" train "${common[@]}" --steps 100000 --ckpt-every 1 --keep 2 --out "$tmp/abort" >/dev/null 2>&1 &
 pid=$!
-wait_steps "$tmp/int/metrics.jsonl" $((n + 5)) || bad "resumed training did not run"
+wait_steps "$tmp/abort/metrics.jsonl" 5 || bad "training did not run (abort)"
 kill -INT $pid; kill -INT $pid
 wait $pid; rc=$?
 [ $rc -ne 0 ] && ok "double SIGINT ends the process (exit $rc)" || bad "double SIGINT: exit 0"
-"$dw" sample "$tmp/int" --prompt "1" -n 4 >/dev/null 2>"$tmp/err"
+"$dw" sample "$tmp/abort" --prompt "1" -n 4 >/dev/null 2>"$tmp/err"
 check "the latest checkpoint is intact after an abort" 0 $?
-"$dw" train "${common[@]}" --steps $(( $(wc -l <"$tmp/int/metrics.jsonl") + 1 )) --resume "$tmp/int" --out "$tmp/int" >/dev/null 2>"$tmp/err"
+"$dw" train --steps $(( $(wc -l <"$tmp/abort/metrics.jsonl") + 1 )) --resume "$tmp/abort" >/dev/null 2>"$tmp/err"
 check "and training resumes from it" 0 $?
 
 # --- damaged checkpoints are refused, naming the file ---------------------------------------------
@@ -229,7 +261,7 @@ PY
     ;;
     json) printf '{"step": 12, ' >"$tmp/dmg/$1" ;;
   esac
-  "$dw" train "${common[@]}" --steps 13 --resume "$tmp/dmg" --out "$tmp/dmgout" >/dev/null 2>"$tmp/err"
+  "$dw" train --steps 13 --resume "$tmp/dmg" --out "$tmp/dmgout" >/dev/null 2>"$tmp/err"
   check "resume refuses $1 ($2)" 2 $?
   has "  ... naming $1" "$tmp/err" "$tmp/dmg/$1"
   [ ! -e "$tmp/dmgout/metrics.jsonl" ] && ok "  ... before writing anything" || bad "  ... wrote metrics"
