@@ -29,7 +29,7 @@ typedef struct {
 const dw_hf_arch *dw_hf_arch_get(dw_arch a);
 /* The row of a model_type, or NULL. */
 const dw_hf_arch *dw_hf_arch_find(const char *model_type);
-/* "gpt2, llama, mistral, qwen2, mixtral, olmoe": the types whose config.json is read, into buf. */
+/* "gpt2, llama, mistral, qwen2, mixtral, olmoe, ...": the types whose config.json is read, into buf. */
 void dw_hf_arch_list(char *buf, size_t n);
 
 /* Whether checkpoint tensor `stored` is one the architecture keeps that is no parameter (an

@@ -1,7 +1,8 @@
 /* capture.c — model config -> graph IR, one block_<family> template per family of archs.def:
  * GPT-2 (learned positions, LayerNorm, packed c_attn, GELU MLP), the Llama family (RoPE,
- * RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP) and Mixtral (the Llama attention with a
- * mixture of SwiGLU experts). Parameter tensors carry the Hugging Face
+ * RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP), Mixtral and OLMoE (the Llama attention with a
+ * mixture of SwiGLU experts) and Qwen2-/Qwen3-MoE (MoE or dense layers, a gated shared expert,
+ * per-head q/k norms). Parameter tensors carry the Hugging Face
  * weight names and the reference initialisation; nodes the HF module names and their block. */
 #include <math.h>
 #include <stdarg.h>
@@ -146,6 +147,13 @@ static void attention_llama(builder *b, const char *p, int *x) {
         hq = norm_w(b, NAME("self_attn.q_norm"), hq, q);
         hk = norm_w(b, NAME("self_attn.k_norm"), hk, kv);
     }
+    if (c->qk_norm_heads) { /* Qwen3: over each head's head_dim channels, one weight for all heads */
+        const dw_ir_attrs hn = {.eps = c->norm_eps, .head_dim = c->head_dim};
+        int wq = param(b, c->head_dim, 0, "%s.self_attn.q_norm.weight", p);
+        hq = node(b, DW_OP_HEAD_RMSNORM, NAME("self_attn.q_norm"), hq, wq, -1, &hn);
+        int wk = param(b, c->head_dim, 0, "%s.self_attn.k_norm.weight", p);
+        hk = node(b, DW_OP_HEAD_RMSNORM, NAME("self_attn.k_norm"), hk, wk, -1, &hn);
+    }
     hq = node(b, DW_OP_ROPE, NAME("self_attn.rope_q"), hq, -1, -1, &aq);
     hk = node(b, DW_OP_ROPE, NAME("self_attn.rope_k"), hk, -1, -1, &ak);
     h = node(b, DW_OP_ATTENTION, NAME("self_attn.sdpa"), hq, hk, hv, &at);
@@ -153,18 +161,32 @@ static void attention_llama(builder *b, const char *p, int *x) {
     *x = node(b, DW_OP_ADD, NAME("attn_residual"), *x, h, -1, NULL);
 }
 
-static void block_llama(builder *b, int i, int *x) {
+/* A SwiGLU MLP of width F over h: down_proj(silu(gate_proj(h)) * up_proj(h)). p: its module
+ * ("model.layers.<i>.mlp", "....mlp.shared_expert"). */
+static int swiglu_mlp(builder *b, const char *p, int h, int64_t F) {
     const dw_model_config *c = b->c;
-    int64_t C = c->d_model;
-    char p[64], nm[128];
+    const int64_t C = c->d_model;
+    char nm[160];
+    int gate = linear(b, NAME("gate_proj"), h, C, F, c->mlp_bias, false);
+    int up = linear(b, NAME("up_proj"), h, C, F, c->mlp_bias, false);
+    h = node(b, DW_OP_SWIGLU, NAME("act"), gate, up, -1, NULL);
+    return linear(b, NAME("down_proj"), h, F, C, c->mlp_bias, false);
+}
+
+/* The dense SwiGLU MLP of width d_ff: x += mlp(post_attention_layernorm(x)). p: "model.layers.<i>". */
+static void dense_mlp(builder *b, const char *p, int *x) {
+    char nm[128], m[96];
+    int h = norm(b, NAME("post_attention_layernorm"), *x);
+    snprintf(m, sizeof m, "%s.mlp", p);
+    h = swiglu_mlp(b, m, h, b->c->d_ff);
+    *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
+}
+
+static void block_llama(builder *b, int i, int *x) {
+    char p[64];
     snprintf(p, sizeof p, "model.layers.%d", i);
     attention_llama(b, p, x);
-    int h = norm(b, NAME("post_attention_layernorm"), *x);
-    int gate = linear(b, NAME("mlp.gate_proj"), h, C, c->d_ff, c->mlp_bias, false);
-    int up = linear(b, NAME("mlp.up_proj"), h, C, c->d_ff, c->mlp_bias, false);
-    h = node(b, DW_OP_SWIGLU, NAME("mlp.act"), gate, up, -1, NULL);
-    h = linear(b, NAME("mlp.down_proj"), h, c->d_ff, C, c->mlp_bias, false);
-    *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
+    dense_mlp(b, p, x);
 }
 
 /* A mixture of SwiGLU experts in the MLP's place (transformers 5's module names, "mlp.*"): router
@@ -192,8 +214,19 @@ static void moe_mlp(builder *b, const char *p, int *x) {
     const int u = node(b, DW_OP_MOE_LINEAR, NAME("mlp.experts.up"), d[0], wu, d[1], NULL);
     const int a = node(b, DW_OP_SWIGLU, NAME("mlp.experts.act"), g, u, -1, NULL);
     const int y = node(b, DW_OP_MOE_LINEAR, NAME("mlp.experts.down"), a, wd, d[1], NULL);
-    h = node(b, DW_OP_MOE_COMBINE, NAME("mlp.combine"), y, r[0], d[2], NULL);
-    *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
+    const int routed = node(b, DW_OP_MOE_COMBINE, NAME("mlp.combine"), y, r[0], d[2], NULL);
+    int out = routed;
+    if (c->d_ff_shared) { /* Qwen2-MoE: + a shared SwiGLU expert, gated per token by sigmoid(C -> 1) */
+        char m[96];
+        snprintf(m, sizeof m, "%s.mlp.shared_expert", p);
+        int s = swiglu_mlp(b, m, h, c->d_ff_shared);
+        if (c->shared_gate) {
+            const int gl = linear(b, NAME("mlp.shared_expert_gate"), h, C, 1, false, false);
+            s = node(b, DW_OP_SIGMOID_GATE, NAME("mlp.shared_expert_gated"), s, gl, -1, NULL);
+        }
+        out = node(b, DW_OP_ADD, NAME("mlp.shared_add"), routed, s, -1, NULL);
+    }
+    *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, out, -1, NULL);
 }
 
 /* Mixtral: the Llama attention, then the mixture of experts (renormalised top-k). */
@@ -206,6 +239,20 @@ static void block_mixtral(builder *b, int i, int *x) {
 
 /* OLMoE: the Llama attention with q/k norms (config qk_norm), then the mixture of experts. */
 static void block_olmoe(builder *b, int i, int *x) { block_mixtral(b, i, x); }
+
+/* Qwen2-MoE: the Llama attention (q, k, v biases), then the mixture of experts with its gated
+ * shared expert, or a dense MLP in the layers decoder_sparse_step and mlp_only_layers leave dense. */
+static void block_qwen2_moe(builder *b, int i, int *x) {
+    char p[64];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    attention_llama(b, p, x);
+    if (dw_model_config_moe_layer(b->c, i)) moe_mlp(b, p, x);
+    else dense_mlp(b, p, x);
+}
+
+/* Qwen3-MoE: the Llama attention with per-head q/k norms (config qk_norm_heads), then as Qwen2-MoE
+ * (no shared expert: d_ff_shared 0). */
+static void block_qwen3_moe(builder *b, int i, int *x) { block_qwen2_moe(b, i, x); }
 #undef NAME
 
 /* Each architecture's block template (archs.def's family column). */
@@ -227,8 +274,9 @@ static dw_status model_facts(dw_ctx *ctx, const dw_model_config *c, dw_graph_mod
              c->tie_embeddings ? ", tied embeddings" : "");
     if (c->n_experts) {
         const size_t len = strlen(m->summary);
-        snprintf(m->summary + len, sizeof m->summary - len, ", %lld experts of %lld (top %lld)", (long long)c->n_experts,
-                 (long long)c->d_ff_expert, (long long)c->top_k);
+        snprintf(m->summary + len, sizeof m->summary - len, ", %lld experts of %lld (top %lld)%s",
+                 (long long)c->n_experts, (long long)c->d_ff_expert, (long long)c->top_k,
+                 c->d_ff_shared ? " + a shared expert" : "");
     }
     m->n_blocks = c->n_layers;
     m->vocab = c->vocab_size;

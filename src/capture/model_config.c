@@ -161,6 +161,75 @@ static dw_status parse_olmoe(dw_ctx *ctx, const json_t *j, const char *what, dw_
     return DW_OK;
 }
 
+/* mlp_only_layers: null or a list of layer indices in [0, num_hidden_layers), into the bitmap. */
+static dw_status parse_mlp_only(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    memset(c->mlp_only, 0, sizeof c->mlp_only);
+    const json_t *a = json_object_get(j, "mlp_only_layers");
+    if (!a || json_is_null(a)) return DW_OK;
+    if (!json_is_array(a))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'mlp_only_layers': expected a list of layer indices or null",
+                            what);
+    const int64_t L = c->n_layers < DW_MODEL_MAX_LAYERS ? c->n_layers : DW_MODEL_MAX_LAYERS;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(a, i, v) {
+        if (!json_is_integer(v))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'mlp_only_layers': entry %zu is not an integer", what,
+                                i);
+        const json_int_t l = json_integer_value(v);
+        if (l < 0 || l >= L)
+            return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'mlp_only_layers': entry %zu = %lld is not a layer "
+                                "(num_hidden_layers %lld: 0 to %lld)", what, i, (long long)l, (long long)c->n_layers,
+                                (long long)c->n_layers - 1);
+        c->mlp_only[l / 64] |= (uint64_t)1 << (l % 64);
+    }
+    return DW_OK;
+}
+
+/* The Qwen mixture-of-experts families, after the llama fields: num_experts routed experts of
+ * width moe_intermediate_size, top num_experts_per_tok, renormalised with norm_topk_prob; MoE
+ * layers chosen by decoder_sparse_step and mlp_only_layers, the others dense MLPs of width
+ * intermediate_size. Defaults as transformers' configs. */
+static dw_status parse_qwen_moe(dw_ctx *ctx, const json_t *j, const char *what, bool qwen3, dw_model_config *c) {
+    DW_TRY(parse_llama(ctx, j, what, c));
+    c->top_k = qwen3 ? 8 : 4, c->norm_topk = false, c->router_aux_loss_coef = 0.001;
+    DW_TRY(parse_moe(ctx, j, what, "num_experts", c));
+    c->d_ff_expert = qwen3 ? 768 : 1408;
+    DW_TRY(get_i64(ctx, j, "moe_intermediate_size", what, false, &c->d_ff_expert));
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "norm_topk_prob", what, &c->norm_topk));
+    c->sparse_step = 1;
+    DW_TRY(get_i64(ctx, j, "decoder_sparse_step", what, false, &c->sparse_step));
+    if (c->sparse_step < 1 || c->sparse_step > DW_MODEL_MAX_LAYERS)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'decoder_sparse_step' = %lld: must be 1 (every layer) to "
+                            "%d", what, (long long)c->sparse_step, DW_MODEL_MAX_LAYERS);
+    DW_TRY(parse_mlp_only(ctx, j, what, c));
+    if (qwen3) {
+        c->qk_norm_heads = true;
+        return DW_OK;
+    }
+    c->qkv_bias = true; /* Qwen2-MoE biases q, k, v (transformers 5: qkv_bias), never o */
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "qkv_bias", what, &c->qkv_bias));
+    c->d_ff_shared = 5632, c->shared_gate = true;
+    DW_TRY(get_i64(ctx, j, "shared_expert_intermediate_size", what, false, &c->d_ff_shared));
+    if (c->n_experts > 0 && c->d_ff_shared < 1)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'shared_expert_intermediate_size' = %lld: every Qwen2-MoE "
+                            "layer has a shared expert and its gate (shared_expert_gate), so the width must be "
+                            "positive", what, (long long)c->d_ff_shared);
+    return DW_OK;
+}
+
+/* Qwen2-MoE: the Qwen MoE layers plus a shared SwiGLU expert of width
+ * shared_expert_intermediate_size, gated per token by sigmoid(shared_expert_gate(x)); q, k, v biases. */
+static dw_status parse_qwen2_moe(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    return parse_qwen_moe(ctx, j, what, false, c);
+}
+
+/* Qwen3-MoE: the Qwen MoE layers, RMSNorm over each head of q and k (q_norm, k_norm of width
+ * head_dim) before RoPE, no shared expert, biases only with attention_bias (then o too). */
+static dw_status parse_qwen3_moe(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    return parse_qwen_moe(ctx, j, what, true, c);
+}
+
 dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const char *what) {
     static const char *const hf[2][8] = {
         {"vocab_size", "n_embd", "n_layer", "n_head", "n_head", "head_dim", "n_inner", "n_positions"},
@@ -170,7 +239,7 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
                           c->n_kv_heads, c->head_dim, c->d_ff, c->max_seq};
     /* bounds beyond any released model, so that every size product below fits in 64 bits and a
      * typo (1e12 layers) is refused at once instead of exhausting memory */
-    static const int64_t limit[8] = {(int64_t)1 << 24, (int64_t)1 << 20, 10000, (int64_t)1 << 16,
+    static const int64_t limit[8] = {(int64_t)1 << 24, (int64_t)1 << 20, DW_MODEL_MAX_LAYERS, (int64_t)1 << 16,
                                      (int64_t)1 << 16, (int64_t)1 << 16, (int64_t)1 << 24, (int64_t)1 << 24};
     for (int i = 0; i < 8; i++) {
         if (v[i] <= 0)
@@ -183,6 +252,11 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
     }
     if (c->d_ff_expert > ((int64_t)1 << 24))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: expert width %lld is beyond %lld", what, (long long)c->d_ff_expert,
+                            (long long)1 << 24);
+    if (c->d_ff_shared < 0 || c->d_ff_shared > ((int64_t)1 << 24) ||
+        (c->shared_gate && c->n_experts && c->d_ff_shared < 1))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: shared expert width (shared_expert_intermediate_size) %lld: need "
+                            "1 to %lld for a gated shared expert, 0 for none", what, (long long)c->d_ff_shared,
                             (long long)1 << 24);
     if (c->n_heads % c->n_kv_heads)
         return dw_set_error(ctx, DW_ERR_INVALID,
@@ -203,7 +277,8 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
                             (long long)c->top_k, (long long)c->d_ff_expert);
     /* the parameter count in floating point first: within 2^48 (280 T), the integer count is exact */
     const double d = (double)c->d_model, q = (double)(c->n_heads * c->head_dim), kv = (double)(c->n_kv_heads * c->head_dim);
-    const double mlp = 3.0 * d * (double)c->d_ff + (c->n_experts ? (double)c->n_experts * 3.0 * d * (double)c->d_ff_expert : 0);
+    const double mlp = 3.0 * d * (double)c->d_ff + 3.0 * d * (double)c->d_ff_shared +
+                       (c->n_experts ? (double)c->n_experts * 3.0 * d * (double)c->d_ff_expert : 0);
     const double approx = 2.0 * (double)c->vocab_size * d + (double)c->n_layers * (2 * d * q + 2 * d * kv + mlp);
     if (approx > 281474976710656.0)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: about %.3g parameters, beyond 2^48: no such model can be planned "
@@ -218,6 +293,8 @@ static void write_gpt2(json_t *j, const dw_model_config *c);
 static void write_llama(json_t *j, const dw_model_config *c);
 static void write_mixtral(json_t *j, const dw_model_config *c);
 static void write_olmoe(json_t *j, const dw_model_config *c);
+static void write_qwen2_moe(json_t *j, const dw_model_config *c);
+static void write_qwen3_moe(json_t *j, const dw_model_config *c);
 
 /* Each architecture's family functions (archs.def's family column). */
 static const struct {
@@ -302,7 +379,7 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     set_num(j, "rms_norm_eps", c->norm_eps);
     set_num(j, "rope_theta", c->rope_theta);
     set_str(j, "hidden_act", "silu");
-    if (c->arch != DW_ARCH_QWEN2) set_bool(j, "attention_bias", c->qkv_bias);
+    if (c->arch != DW_ARCH_QWEN2 && c->arch != DW_ARCH_QWEN2_MOE) set_bool(j, "attention_bias", c->qkv_bias);
     set_bool(j, "mlp_bias", c->mlp_bias);
     json_object_set_new(j, "rope_scaling", json_null());
     if (c->arch == DW_ARCH_DEEPSEEK_V3) {
@@ -335,6 +412,31 @@ static void write_olmoe(json_t *j, const dw_model_config *c) {
     set_bool(j, "norm_topk_prob", c->norm_topk);
     json_object_set_new(j, "clip_qkv", json_null());
 }
+
+/* The Qwen MoE keys: the dense width stays intermediate_size, the experts' is moe_intermediate_size. */
+static void write_qwen_moe(json_t *j, const dw_model_config *c) {
+    write_llama(j, c);
+    set_int(j, "num_experts", c->n_experts);
+    set_int(j, "num_experts_per_tok", c->top_k);
+    set_int(j, "moe_intermediate_size", c->d_ff_expert);
+    set_bool(j, "norm_topk_prob", c->norm_topk);
+    set_int(j, "decoder_sparse_step", c->sparse_step > 0 ? c->sparse_step : 1);
+    json_t *only = json_array();
+    for (int64_t l = 0; l < c->n_layers && l < DW_MODEL_MAX_LAYERS; l++)
+        if (c->mlp_only[l / 64] >> (l % 64) & 1) json_array_append_new(only, json_integer(l));
+    json_object_set_new(j, "mlp_only_layers", only);
+    set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
+    set_bool(j, "output_router_logits", false);
+    set_bool(j, "use_sliding_window", false);
+}
+
+static void write_qwen2_moe(json_t *j, const dw_model_config *c) {
+    write_qwen_moe(j, c);
+    set_bool(j, "qkv_bias", c->qkv_bias);
+    set_int(j, "shared_expert_intermediate_size", c->d_ff_shared);
+}
+
+static void write_qwen3_moe(json_t *j, const dw_model_config *c) { write_qwen_moe(j, c); }
 
 json_t *dw_model_config_to_json(const dw_model_config *c) {
     json_t *j = json_object();
@@ -369,7 +471,13 @@ dw_status dw_model_config_save(dw_ctx *ctx, const dw_model_config *cfg, const ch
 }
 
 bool dw_model_config_o_bias(const dw_model_config *c) {
-    return c->linear_bias || (c->qkv_bias && c->arch == DW_ARCH_LLAMA);
+    return c->linear_bias || (c->qkv_bias && (c->arch == DW_ARCH_LLAMA || c->arch == DW_ARCH_QWEN3_MOE));
+}
+
+bool dw_model_config_moe_layer(const dw_model_config *c, int64_t l) {
+    if (c->n_experts <= 0 || l < c->first_dense_layers) return false;
+    if (l >= 0 && l < DW_MODEL_MAX_LAYERS && (c->mlp_only[l / 64] >> (l % 64) & 1)) return false;
+    return c->sparse_step <= 1 || (l + 1) % c->sparse_step == 0;
 }
 
 /* One decoder layer's MLP parameters (dense or MoE). */
@@ -378,7 +486,8 @@ static int64_t mlp_params(const dw_model_config *c, bool moe) {
     bool glu = c->act != DW_ACT_GELU_TANH;
     if (moe) {
         int64_t expert = 3 * d * c->d_ff_expert;
-        return (c->n_experts + c->n_shared_experts) * expert + d * c->n_experts /* router */;
+        int64_t shared = 3 * d * c->d_ff_shared + (c->shared_gate && c->d_ff_shared ? d : 0); /* Qwen2-MoE */
+        return (c->n_experts + c->n_shared_experts) * expert + shared + d * c->n_experts /* router */;
     }
     int64_t F = c->d_ff;
     int64_t p = (glu ? 3 : 2) * d * F;
@@ -394,9 +503,10 @@ int64_t dw_model_config_params(const dw_model_config *c) {
     if (c->linear_bias || c->qkv_bias) attn += q + 2 * kv;
     if (dw_model_config_o_bias(c)) attn += d; /* output projection bias */
     if (c->qk_norm) attn += q + kv; /* OLMoE: RMSNorm weights over the q and k projections */
+    if (c->qk_norm_heads) attn += 2 * c->head_dim; /* Qwen3: one RMSNorm weight per head_dim for q, k */
     int64_t p = V * d + (c->pos == DW_POS_LEARNED ? c->max_seq * d : 0);
     for (int64_t l = 0; l < c->n_layers; l++)
-        p += 2 * norm + attn + mlp_params(c, c->n_experts > 0 && l >= c->first_dense_layers);
+        p += 2 * norm + attn + mlp_params(c, dw_model_config_moe_layer(c, l));
     p += norm;
     if (!c->tie_embeddings) p += V * d;
     return p;

@@ -14,6 +14,8 @@ typedef enum { DW_ACT_GELU_TANH = 0, DW_ACT_SILU_GLU /* SwiGLU */, DW_ACT_GELU_G
 typedef enum { DW_NORM_LAYERNORM = 0, DW_NORM_RMSNORM } dw_norm_kind;
 typedef enum { DW_POS_LEARNED = 0, DW_POS_ROPE } dw_pos_kind;
 
+#define DW_MODEL_MAX_LAYERS 10000 /* beyond any released model (dw_model_config_check's bound) */
+
 typedef struct {
     char model_type[32];   /* as in config.json: "gpt2", "llama", ... */
     dw_arch arch;          /* its row of capture/archs.def */
@@ -35,6 +37,7 @@ typedef struct {
     bool linear_bias;      /* gpt2: every linear has a bias */
     bool mlp_bias;
     bool qk_norm;          /* OLMoE: RMSNorm over the whole q and k projections before RoPE */
+    bool qk_norm_heads;    /* Qwen3: RMSNorm over each head's head_dim channels of q and k before RoPE */
     double init_std;       /* initializer_range (0.02) */
     /* mixture of experts */
     int64_t n_experts;     /* 0: dense */
@@ -44,6 +47,10 @@ typedef struct {
     int64_t d_ff_expert;   /* expert intermediate size */
     int64_t n_shared_experts;
     int64_t first_dense_layers; /* DeepSeek-V3: first k layers dense */
+    int64_t d_ff_shared;   /* Qwen2-MoE: the shared expert's width (shared_expert_intermediate_size; 0: none) */
+    bool shared_gate;      /* Qwen2-MoE: the shared expert scaled by sigmoid(shared_expert_gate(x)) per token */
+    int64_t sparse_step;   /* Qwen-MoE decoder_sparse_step: layer l is MoE when (l+1) % step == 0 (0, 1: all) */
+    uint64_t mlp_only[DW_MODEL_MAX_LAYERS / 64 + 1]; /* Qwen-MoE mlp_only_layers: bit l set = layer l dense */
     bool planning_only;    /* a shape for the planner; capture/train refuse it */
 } dw_model_config;
 
@@ -57,5 +64,9 @@ const char *dw_model_preset_name(int i);
 /* Parameter count (embeddings counted once when tied) and training FLOPs per token are derived
  * from the graph in capture; the planner uses these closed forms: */
 int64_t dw_model_config_params(const dw_model_config *cfg);
+/* Whether decoder layer l's MLP is the mixture of experts (else the dense MLP of width d_ff): the
+ * model has experts, l is past first_dense_layers, not in mlp_only, and (l+1) a multiple of
+ * sparse_step (transformers' Qwen2-MoE / Qwen3-MoE rule). */
+bool dw_model_config_moe_layer(const dw_model_config *cfg, int64_t l);
 
 #endif /* DW_CAPTURE_MODEL_CONFIG_H */

@@ -132,6 +132,32 @@ static dw_model_config p_olmoe_tiny(void) {
     c.router_aux_loss_coef = 0.01;
     return c;
 }
+/* The Qwen MoE families' tiny shape for CI: vocab 256, d 64, L layers, 4 heads (2 KV), dense MLPs
+ * of 96, 8 experts of 32, top K, renormalised or not, every step-th layer MoE. */
+static dw_model_config qwen_moe_tiny(const char *type, dw_arch arch, int64_t L, int64_t K, bool norm_topk,
+                                     int64_t step) {
+    dw_model_config c = llama_base(type, arch);
+    shape(&c, 256, 64, L, 4, 2, 96, 256);
+    c.norm_eps = 1e-6;
+    c.n_experts = 8, c.top_k = K, c.d_ff_expert = 32, c.norm_topk = norm_topk, c.router_aux_loss_coef = 0.001;
+    c.sparse_step = step;
+    return c;
+}
+/* A tiny Qwen2-MoE: 3 layers, layer 1 dense (mlp_only_layers [1]), the others top 4 not
+ * renormalised with a gated shared expert of 48; q, k, v biases. */
+static dw_model_config p_qwen2_moe_tiny(void) {
+    dw_model_config c = qwen_moe_tiny("qwen2_moe", DW_ARCH_QWEN2_MOE, 3, 4, false, 1);
+    c.d_ff_shared = 48, c.shared_gate = true, c.qkv_bias = true;
+    c.mlp_only[0] = (uint64_t)1 << 1;
+    return c;
+}
+/* A tiny Qwen3-MoE for CI: 2 layers, decoder_sparse_step 2 (layer 0 dense of 96, layer 1 8 experts
+ * of 32, top 2 renormalised), explicit head_dim 24 (4 x 24 != 64), per-head q/k norms. */
+static dw_model_config p_qwen3_moe_tiny(void) {
+    dw_model_config c = qwen_moe_tiny("qwen3_moe", DW_ARCH_QWEN3_MOE, 2, 2, true, 2);
+    c.head_dim = 24, c.qk_norm_heads = true;
+    return c;
+}
 /* moe-e8, Mixtral-like, for benchmarks: 8 experts of 5632, top 2, 2,446,493,696 parameters. */
 static dw_model_config p_moe_e8(void) {
     dw_model_config c = mixtral_base(8, 2);
@@ -163,7 +189,7 @@ static const struct {
     {"llama-1b", p_llama_1b},         {"qwen2-tiny", p_qwen2_tiny},   {"llama-8b", p_llama_8b},
     {"llama-70b", p_llama_70b},       {"llama-405b", p_llama_405b},   {"mixtral-8x7b", p_mixtral_8x7b},
     {"mixtral-tiny", p_mixtral_tiny}, {"moe-e8", p_moe_e8},   {"olmoe-tiny", p_olmoe_tiny},
-    {"deepseek-v3", p_deepseek_v3},
+    {"qwen2-moe-tiny", p_qwen2_moe_tiny}, {"qwen3-moe-tiny", p_qwen3_moe_tiny}, {"deepseek-v3", p_deepseek_v3},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 

@@ -5,7 +5,8 @@
 # SIGINT aborts without harming the last checkpoint; one run per directory (a lock naming its
 # holder; a dead holder's lock taken over); damaged checkpoints and bad data are refused naming the file; flag errors;
 # checkpoints load as Hugging Face models (tests/python/train_ckpt_hf.py, needs python3-torch);
-# mixtral-tiny trains, resumes bit-identically and checkpoints its experts in the fused layout.
+# mixtral-tiny trains, resumes bit-identically and checkpoints its experts in the fused layout;
+# qwen2-moe-tiny and qwen3-moe-tiny train and checkpoint under transformers' names.
 set -u
 dw=$1
 fails=0
@@ -146,6 +147,36 @@ assert not any("gate_proj" in k for k in h), [k for k in h if "gate_proj" in k]
 PY
 "$dw" train "${mix[@]}" --steps 2 --device cuda --out "$tmp/mixc" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "mixtral on --device cuda refused here" || bad "mixtral on --device cuda: exit 0"
+
+# --- the Qwen MoE families train on the CPU: qwen2-moe-tiny (a dense layer among MoE ones, the
+# sigmoid-gated shared expert), qwen3-moe-tiny (per-head q/k norms, decoder_sparse_step 2) ---------
+for m in qwen2-moe-tiny qwen3-moe-tiny; do
+  "$dw" train --model $m --data builtin --batch 4 --seq 32 --lr 3e-3 --warmup 2 --seed $((seed % 100000)) \
+    --steps 30 --device cpu --out "$tmp/$m" >/dev/null 2>"$tmp/err"
+  check "$m trains" 0 $?
+  python3 - "$tmp/$m/metrics.jsonl" <<'PY' && ok "  ... its loss falls" || bad "$m loss did not fall"
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1])]
+assert len(l) == 30 and sum(l[-5:]) / 5 < sum(l[:5]) / 5 - 0.5, (l[:5], l[-5:])
+PY
+done
+python3 - "$tmp/qwen2-moe-tiny/ckpt-30" "$tmp/qwen3-moe-tiny/ckpt-30" <<'PY' && ok "  ... checkpoints with transformers' names, dense and MoE layers where the configs say" || bad "Qwen MoE checkpoints"
+import json, struct, sys
+def header(d):
+    f = open(d + "/model.safetensors", "rb"); n = struct.unpack("<Q", f.read(8))[0]
+    return {k: v["shape"] for k, v in json.loads(f.read(n)).items() if k != "__metadata__"}
+q2, q3 = header(sys.argv[1]), header(sys.argv[2])
+c2, c3 = json.load(open(sys.argv[1] + "/config.json")), json.load(open(sys.argv[2] + "/config.json"))
+assert c2["mlp_only_layers"] == [1] and c2["shared_expert_intermediate_size"] == 48, c2
+assert q2["model.layers.0.mlp.shared_expert_gate.weight"] == [1, 64]
+assert q2["model.layers.2.mlp.shared_expert.down_proj.weight"] == [64, 48]
+assert q2["model.layers.0.mlp.experts.gate_up_proj"] == [8, 64, 64] and q2["model.layers.0.self_attn.q_proj.bias"] == [64]
+assert q2["model.layers.1.mlp.gate_proj.weight"] == [96, 64] and "model.layers.1.mlp.gate.weight" not in q2
+assert c3["decoder_sparse_step"] == 2 and c3["head_dim"] == 24, c3
+assert q3["model.layers.0.self_attn.q_norm.weight"] == [24] and q3["model.layers.1.self_attn.k_norm.weight"] == [24]
+assert q3["model.layers.0.mlp.down_proj.weight"] == [64, 96] and q3["model.layers.1.mlp.experts.down_proj"] == [8, 64, 32]
+assert not any("shared_expert" in k or k.endswith(".bias") for k in q3), q3
+PY
 
 # --- SIGINT ---------------------------------------------------------------------------------------
 wait_steps() { # wait_steps FILE N: until FILE has N lines (max 60 s)

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """parity.py DEEPWELL — whole-model parity of Deepwell's CPU engine with PyTorch.
 
-For random tiny GPT-2, Llama (GQA, optional attention/MLP biases), Qwen2 (q/k/v biases) and
-Mixtral and OLMoE (softmax top-k router, renormalised or not, SwiGLU experts, OLMoE's q/k norms;
-weights in transformers 5's fused or the per-expert layout) configs: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
+For random tiny GPT-2, Llama (GQA, optional attention/MLP biases), Qwen2 (q/k/v biases),
+Mixtral and OLMoE (softmax top-k router, renormalised or not, SwiGLU experts, OLMoE's q/k norms)
+and Qwen2-MoE / Qwen3-MoE (dense layers by decoder_sparse_step and mlp_only_layers, Qwen2-MoE's
+sigmoid-gated shared expert, Qwen3-MoE's per-head q/k norms) configs, the experts' weights in
+transformers 5's fused or the per-expert layout: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
 weights as in x out), a token shard, runs `deepwell eval --dump`, and compares logits, loss and
 every parameter's gradient with a float64 PyTorch reference written here from the architectures'
 definitions (plain torch, no transformers). Per-tensor abs+rel tolerances; any mismatch fails.
@@ -103,13 +105,25 @@ def rope(x, theta):
     return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
 
+QWEN_MOE = ("qwen2_moe", "qwen3_moe")
+
+
+def moe_layer(c, l):
+    """Whether layer l is a mixture of experts: every layer of Mixtral and OLMoE; for the Qwen
+    families, when not in mlp_only_layers and (l + 1) is a multiple of decoder_sparse_step."""
+    if c["model_type"] not in QWEN_MOE:
+        return c["model_type"] in ("mixtral", "olmoe")
+    return l not in c.get("mlp_only_layers", []) and c["num_experts"] > 0 and \
+        (l + 1) % c.get("decoder_sparse_step", 1) == 0
+
+
 def expert_weights(c, w, p, e):
     """Expert e's gate, up (F,C) and down (C,F) weights of layer prefix p, from either layout."""
-    F = c["intermediate_size"]
+    F = c["moe_intermediate_size"] if c["model_type"] in QWEN_MOE else c["intermediate_size"]
     if p + "mlp.experts.gate_up_proj" in w:  # transformers 5: fused, the gate rows first
         gu = w[p + "mlp.experts.gate_up_proj"][e]
         return gu[:F], gu[F:], w[p + "mlp.experts.down_proj"][e]
-    if c["model_type"] == "olmoe":
+    if c["model_type"] != "mixtral":
         q = p + f"mlp.experts.{e}."
         return w[q + "gate_proj.weight"], w[q + "up_proj.weight"], w[q + "down_proj.weight"]
     q = p + f"block_sparse_moe.experts.{e}."
@@ -117,8 +131,8 @@ def expert_weights(c, w, p, e):
 
 
 def moe_block(c, w, p, h):
-    """Mixtral's / OLMoE's sparse MoE block: softmax router, top-k (Mixtral: renormalised; OLMoE:
-    when norm_topk_prob), SwiGLU experts."""
+    """The sparse MoE block: softmax router, top-k (Mixtral: renormalised; the others when
+    norm_topk_prob), SwiGLU experts; Qwen2-MoE adds its shared expert times sigmoid(shared_expert_gate)."""
     B, T, C = h.shape
     x = h.reshape(B * T, C)
     router = w[p + "mlp.gate.weight"] if p + "mlp.gate.weight" in w else w[p + "block_sparse_moe.gate.weight"]
@@ -135,14 +149,19 @@ def moe_block(c, w, p, h):
         xe = x[rows]
         y = (torch.nn.functional.silu(xe @ g.T) * (xe @ u.T)) @ d.T
         out = out.index_add(0, rows, y * top[rows, slot][:, None])
+    if c["model_type"] == "qwen2_moe":
+        q = p + "mlp.shared_expert."
+        y = (torch.nn.functional.silu(x @ w[q + "gate_proj.weight"].T) * (x @ w[q + "up_proj.weight"].T)) \
+            @ w[q + "down_proj.weight"].T
+        out = out + torch.sigmoid(x @ w[p + "mlp.shared_expert_gate.weight"].T) * y
     return out.view(B, T, C)
 
 
 def llama_forward(c, w, tok):
     B, T = tok.shape
     H, Hkv, D, L = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_hidden_layers"]
-    qwen = c["model_type"] == "qwen2"
-    qkv_bias = qwen or c.get("attention_bias", False)
+    qwen = c["model_type"] in ("qwen2", "qwen2_moe")  # q, k, v biased, o never
+    qkv_bias = c.get("qkv_bias", True) if qwen else c.get("attention_bias", False)
     o_bias = (not qwen) and c.get("attention_bias", False)
     mlp_bias = c.get("mlp_bias", False)
 
@@ -160,8 +179,10 @@ def llama_forward(c, w, tok):
         q, k = lin(h, p + "self_attn.q_proj", qkv_bias), lin(h, p + "self_attn.k_proj", qkv_bias)
         if c["model_type"] == "olmoe":  # RMSNorm over the whole projections, before RoPE
             q, k = rms(q, p + "self_attn.q_norm"), rms(k, p + "self_attn.k_norm")
-        q = q.view(B, T, H, D).transpose(1, 2)
-        k = k.view(B, T, Hkv, D).transpose(1, 2)
+        q, k = q.view(B, T, H, D), k.view(B, T, Hkv, D)
+        if c["model_type"] == "qwen3_moe":  # RMSNorm over each head's D channels, before RoPE
+            q, k = rms(q, p + "self_attn.q_norm"), rms(k, p + "self_attn.k_norm")
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, Hkv, D).transpose(1, 2)
         q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
         k = k.repeat_interleave(H // Hkv, dim=1)  # HF repeat_kv: query head h uses kv head h // rep
@@ -169,7 +190,7 @@ def llama_forward(c, w, tok):
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
         x = x + lin(y, p + "self_attn.o_proj", o_bias)
         h = rms(x, p + "post_attention_layernorm")
-        if c["model_type"] in ("mixtral", "olmoe"):
+        if moe_layer(c, l):
             x = x + moe_block(c, w, p, h)
             continue
         g = lin(h, p + "mlp.gate_proj", mlp_bias)
@@ -182,7 +203,7 @@ def llama_forward(c, w, tok):
 # ---- random configs and weights ---------------------------------------------------------------
 
 
-def random_config(family, rng):
+def random_config(family, rng, layout=None):
     V, L = rng.randint(40, 300), rng.randint(1, 3)
     if family == "gpt2":
         H = rng.randint(1, 4)
@@ -209,6 +230,21 @@ def random_config(family, rng):
         c["norm_topk_prob"] = rng.random() < 0.5
         c["rms_norm_eps"] = 1e-5
         c["layout"] = rng.choice(["fused", "per_expert"])
+    if family in QWEN_MOE:
+        c["num_hidden_layers"] = L = rng.randint(2, 4)
+        c["num_experts"] = E = rng.randint(2, 6)
+        c["num_experts_per_tok"] = rng.randint(1, E)
+        c["norm_topk_prob"] = rng.random() < 0.5
+        c["moe_intermediate_size"] = rng.randint(4, 40)
+        c["decoder_sparse_step"] = rng.choice([1, 1, 2])
+        c["mlp_only_layers"] = sorted(rng.sample(range(L), rng.randint(0, L - 1)))
+        c["layout"] = layout or rng.choice(["fused", "per_expert"])
+        if family == "qwen2_moe":
+            c["shared_expert_intermediate_size"] = rng.randint(4, 40)
+            if rng.random() < 0.3:
+                c["qkv_bias"] = False
+        else:
+            c["attention_bias"] = rng.random() < 0.3
     return c
 
 
@@ -234,8 +270,8 @@ def param_shapes(c):
         return s
     C, F, D = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
-    qwen = c["model_type"] == "qwen2"
-    qkv_bias = qwen or c.get("attention_bias", False)
+    qwen = c["model_type"] in ("qwen2", "qwen2_moe")
+    qkv_bias = c.get("qkv_bias", True) if qwen else c.get("attention_bias", False)
     s["model.embed_tokens.weight"] = (c["vocab_size"], C)
     for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}."
@@ -251,8 +287,18 @@ def param_shapes(c):
         if c["model_type"] == "olmoe":
             s[p + "self_attn.q_norm.weight"] = (q,)
             s[p + "self_attn.k_norm.weight"] = (kv,)
-        if c["model_type"] in ("mixtral", "olmoe"):
+        if c["model_type"] == "qwen3_moe":
+            s[p + "self_attn.q_norm.weight"] = (D,)
+            s[p + "self_attn.k_norm.weight"] = (D,)
+        if moe_layer(c, l):
             E = c.get("num_local_experts", c.get("num_experts"))
+            if c["model_type"] in QWEN_MOE:
+                F = c["moe_intermediate_size"]
+            if c["model_type"] == "qwen2_moe":
+                Fs = c["shared_expert_intermediate_size"]
+                for n, shp in [("gate_proj", (Fs, C)), ("up_proj", (Fs, C)), ("down_proj", (C, Fs))]:
+                    s[p + f"mlp.shared_expert.{n}.weight"] = shp
+                s[p + "mlp.shared_expert_gate.weight"] = (1, C)
             mod, names = ("block_sparse_moe", ("w1", "w2", "w3")) if c["model_type"] == "mixtral" else \
                 ("mlp", ("gate_proj", "down_proj", "up_proj"))
             if c["layout"] == "fused":
@@ -264,6 +310,7 @@ def param_shapes(c):
                 for e in range(E):
                     for n, shp in zip(names, [(F, C), (C, F), (F, C)]):
                         s[p + f"{mod}.experts.{e}.{n}.weight"] = shp
+            F = c["intermediate_size"]
             continue
         for n, shp in [("gate_proj", (F, C)), ("up_proj", (F, C)), ("down_proj", (C, F))]:
             s[p + f"mlp.{n}.weight"] = shp
@@ -317,8 +364,8 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def parity_case(dw, family, rng, gen, tmp):
-    c = random_config(family, rng)
+def parity_case(dw, family, rng, gen, tmp, layout=None):
+    c = random_config(family, rng, layout)
     d = tempfile.mkdtemp(prefix=family + "-", dir=tmp)
     json.dump({k: v for k, v in c.items() if k != "layout"}, open(os.path.join(d, "config.json"), "w"))
     w = random_weights(c, gen)
@@ -357,7 +404,8 @@ def parity_case(dw, family, rng, gen, tmp):
     desc = ", ".join(f"{k}={v}" for k, v in c.items() if k in (
         "n_layer", "n_head", "n_embd", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias",
-        "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "layout"))
+        "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
+        "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "layout"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")
@@ -401,6 +449,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for family in ["gpt2", "llama", "qwen2", "mixtral", "mixtral", "olmoe", "olmoe"]:
             failures += parity_case(dw, family, rng, gen, tmp)
+        for family in QWEN_MOE:  # each in both expert layouts
+            for layout in ("fused", "per_expert"):
+                failures += parity_case(dw, family, rng, gen, tmp, layout)
         failures += weight_errors(dw, rng, gen, tmp)
     for f in failures:
         print("FAIL:", f)

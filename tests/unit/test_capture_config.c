@@ -1,6 +1,7 @@
 /* test_capture_config.c — model configs: presets (parameter counts against the published
  * figures), HF config.json parsing for each supported model_type, errors that name the file and
- * field, refusal of unsupported types and rope scalings, save -> load round trips. */
+ * field, refusal of unsupported types and rope scalings, save -> load round trips; the Qwen MoE
+ * families' layer rule (decoder_sparse_step, mlp_only_layers) and published parameter counts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -150,7 +151,8 @@ static void test_parse_llama_family(void **state) {
 
 static void test_save_load_presets(void **state) {
     (void)state;
-    const char *names[] = {"gpt2-tiny", "gpt2-124m", "llama-tiny", "llama-1b", "qwen2-tiny"};
+    const char *names[] = {"gpt2-tiny", "gpt2-124m", "llama-tiny", "llama-1b", "qwen2-tiny", "qwen2-moe-tiny",
+                           "qwen3-moe-tiny"};
     char *dir = dw_test_tmpdir();
     char *p = dw_test_path(dir, "config.json");
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -161,6 +163,115 @@ static void test_save_load_presets(void **state) {
         assert_memory_equal(&a, &b, sizeof a);
     }
     free(p);
+    dw_test_rmtree(dir);
+    free(dir);
+}
+
+/* Qwen1.5-MoE-A2.7B's and Qwen3-30B-A3B's config.json (the keys that matter). Parameters by hand:
+ * Qwen1.5-MoE-A2.7B, per layer: q, k, v, o 4 x 2048^2 = 16,777,216 + q/k/v biases 6,144; 60 experts
+ *   x 3 x 2048 x 1408 = 519,045,120; shared expert 3 x 2048 x 5632 = 34,603,008 + its gate 2,048;
+ *   router 2048 x 60 = 122,880; norms 4,096 -> 570,560,512; x 24 = 13,693,452,288; embeddings and
+ *   head 2 x 151936 x 2048 = 622,329,856; final norm 2,048 -> 14,315,784,192 (published 14.3B).
+ * Qwen3-30B-A3B, per layer: q 2048 x 4096 + k, v 2 x 2048 x 512 + o 4096 x 2048 = 18,874,368 + q/k
+ *   norms 2 x 128; 128 experts x 3 x 2048 x 768 = 603,979,776; router 262,144; norms 4,096 ->
+ *   623,120,640; x 48 = 29,909,790,720; + 622,329,856 + 2,048 -> 30,532,122,624 (published 30.5B). */
+static const char qwen15_moe[] =
+    "{\"model_type\":\"qwen2_moe\",\"architectures\":[\"Qwen2MoeForCausalLM\"],\"vocab_size\":151936,"
+    "\"hidden_size\":2048,\"intermediate_size\":5632,\"num_attention_heads\":16,"
+    "\"num_key_value_heads\":16,\"max_position_embeddings\":8192,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000.0,"
+    "\"tie_word_embeddings\":false,\"hidden_act\":\"silu\",\"moe_intermediate_size\":1408,"
+    "\"num_experts\":60,\"norm_topk_prob\":false,\"output_router_logits\":false,\"router_aux_loss_coef\":0.001,"
+    "\"use_sliding_window\":false,\"sliding_window\":32768,\"max_window_layers\":21}";
+static const char qwen3_30b[] =
+    "{\"model_type\":\"qwen3_moe\",\"architectures\":[\"Qwen3MoeForCausalLM\"],\"vocab_size\":151936,"
+    "\"hidden_size\":2048,\"intermediate_size\":6144,\"num_attention_heads\":32,"
+    "\"num_key_value_heads\":4,\"head_dim\":128,\"max_position_embeddings\":40960,\"rms_norm_eps\":1e-06,"
+    "\"rope_theta\":1000000.0,\"rope_scaling\":null,\"tie_word_embeddings\":false,\"hidden_act\":\"silu\","
+    "\"attention_bias\":false,\"moe_intermediate_size\":768,"
+    "\"num_experts\":128,\"norm_topk_prob\":true,\"router_aux_loss_coef\":0.001,"
+    "\"use_sliding_window\":false,\"sliding_window\":null}";
+
+/* Qwen1.5-MoE-A2.7B's (qwen3 false) or Qwen3-30B-A3B's config.json text into buf with the keys
+ * `extra` ("\"k\":v,..." or ""); the keys that vary take the model's values unless extra has them. */
+static void qwen_config(char *buf, size_t n, bool qwen3, const char *extra) {
+    const char *base = qwen3 ? qwen3_30b : qwen15_moe;
+    const char *keys[4][3] = {{"num_hidden_layers", "24", "48"}, {"decoder_sparse_step", "1", "1"},
+                              {"mlp_only_layers", "[]", "[]"}, {"num_experts_per_tok", "4", "8"}};
+    int len = snprintf(buf, n, "%.*s", (int)strlen(base) - 1, base);
+    for (int k = 0; k < 4; k++) {
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "\"%s\"", keys[k][0]);
+        if (!strstr(extra, quoted)) len += snprintf(buf + len, n - (size_t)len, ",%s:%s", quoted, keys[k][qwen3 ? 2 : 1]);
+    }
+    if (!qwen3 && !strstr(extra, "shared_expert_intermediate_size"))
+        len += snprintf(buf + len, n - (size_t)len, ",\"shared_expert_intermediate_size\":5632");
+    snprintf(buf + len, n - (size_t)len, "%s%s}", *extra ? "," : "", extra);
+}
+
+/* Loads qwen_config(qwen3, extra) from dir/config.json into *c, then checks that saving it and
+ * loading the saved file gives the same config. */
+static void load_qwen(const char *dir, bool qwen3, const char *extra, dw_model_config *c) {
+    char json[2048];
+    qwen_config(json, sizeof json, qwen3, extra);
+    free(write_config(dir, json));
+    assert_int_equal(dw_model_config_load(dw_test_ctx, dir, c), DW_OK);
+    char *saved = dw_test_path(dir, "saved.json");
+    dw_model_config c2;
+    assert_int_equal(dw_model_config_save(dw_test_ctx, c, saved), DW_OK);
+    assert_int_equal(dw_model_config_load(dw_test_ctx, saved, &c2), DW_OK);
+    assert_memory_equal(c, &c2, sizeof c2);
+    free(saved);
+}
+
+static void test_parse_qwen_moe(void **state) {
+    (void)state;
+    char *dir = dw_test_tmpdir();
+    dw_model_config c;
+    load_qwen(dir, false, "", &c);
+    assert_int_equal(c.arch, DW_ARCH_QWEN2_MOE);
+    assert_int_equal(c.n_experts, 60);
+    assert_int_equal(c.top_k, 4);
+    assert_int_equal(c.d_ff, 5632);
+    assert_int_equal(c.d_ff_expert, 1408);
+    assert_int_equal(c.d_ff_shared, 5632);
+    assert_true(c.shared_gate && c.qkv_bias && !c.norm_topk && !c.qk_norm_heads);
+    assert_int_equal(dw_model_config_params(&c), 14315784192LL);
+
+    load_qwen(dir, true, "", &c);
+    assert_int_equal(c.arch, DW_ARCH_QWEN3_MOE);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.n_experts, 128);
+    assert_int_equal(c.top_k, 8);
+    assert_int_equal(c.d_ff_expert, 768);
+    assert_true(c.norm_topk && c.qk_norm_heads && !c.qk_norm && !c.qkv_bias && !c.d_ff_shared && !c.shared_gate);
+    assert_int_equal(dw_model_config_params(&c), 30532122624LL);
+
+    /* which layers are MoE: transformers' rule, (l not in mlp_only_layers) and (l + 1) % step == 0 */
+    for (int rep = 0; rep < 20; rep++) {
+        const int64_t L = dw_test_rnd(1, 12), step = dw_test_rnd(1, 4);
+        char only[256] = "", extra[512];
+        bool dense[12] = {false};
+        for (int64_t l = 0, len = 0; l < L; l++)
+            if (dw_test_rnd(0, 2) == 0) {
+                dense[l] = true;
+                len += snprintf(only + len, sizeof only - (size_t)len, "%s%lld", len ? "," : "", (long long)l);
+            }
+        snprintf(extra, sizeof extra, "\"num_hidden_layers\":%lld,\"decoder_sparse_step\":%lld,\"mlp_only_layers\":[%s]",
+                 (long long)L, (long long)step, only);
+        load_qwen(dir, rep % 2, extra, &c);
+        int64_t moe = 0;
+        for (int64_t l = 0; l < L; l++) {
+            const bool want = !dense[l] && (l + 1) % step == 0;
+            if (dw_model_config_moe_layer(&c, l) != want)
+                fail_msg("L %lld, step %lld, mlp_only [%s]: layer %lld", (long long)L, (long long)step, only, (long long)l);
+            moe += want;
+        }
+        /* the dense layers cost their MLP of width intermediate_size, the MoE ones their experts */
+        const int64_t per_dense = 3 * 2048 * c.d_ff, per_moe = rep % 2 ? 603979776LL + 262144 : 519045120LL + 34603008 +
+                                                                                               2048 + 122880;
+        const int64_t attn = rep % 2 ? 18874368 + 256 + 4096 : 16777216 + 6144 + 4096;
+        assert_int_equal(dw_model_config_params(&c), 622329856LL + 2048 + L * attn + moe * per_moe + (L - moe) * per_dense);
+    }
     dw_test_rmtree(dir);
     free(dir);
 }
@@ -184,7 +295,8 @@ static void expect_error(const char *json, dw_status want, const char *n1, const
 static void test_errors(void **state) {
     (void)state;
     expect_error("{\"model_type\":\"deepseek_v3\",\"hidden_size\":8}", DW_ERR_UNSUPPORTED,
-                 "model_type 'deepseek_v3' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral, olmoe)",
+                 "model_type 'deepseek_v3' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral, "
+                 "olmoe, qwen2_moe, qwen3_moe)",
                  NULL);
     /* sizes beyond any model are refused at once, before any product can overflow (issue 32) */
     expect_error("{\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":64,\"num_hidden_layers\":1000000000000,"
@@ -214,7 +326,7 @@ static void test_errors(void **state) {
     const char *llama = "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,"
                         "\"num_hidden_layers\":1,\"num_attention_heads\":2,"
                         "\"intermediate_size\":16,\"max_position_embeddings\":64";
-    char buf[1024];
+    char buf[2048];
     snprintf(buf, sizeof buf, "%s,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":32}}", llama);
     expect_error(buf, DW_ERR_UNSUPPORTED, "'rope_scaling'", "llama3");
     snprintf(buf, sizeof buf, "%s,\"num_key_value_heads\":3}", llama);
@@ -224,6 +336,24 @@ static void test_errors(void **state) {
     expect_error("{\"model_type\":\"qwen2\",\"vocab_size\":10,\"hidden_size\":8,"
                  "\"num_hidden_layers\":0,\"num_attention_heads\":2,\"intermediate_size\":16,"
                  "\"max_position_embeddings\":64}", DW_ERR_INVALID, "'num_hidden_layers'", NULL);
+    /* the Qwen MoE keys: layers out of range, a zero step or shared expert, a missing expert count */
+    qwen_config(buf, sizeof buf, false, "\"mlp_only_layers\":[0,24]");
+    expect_error(buf, DW_ERR_INVALID, "field 'mlp_only_layers': entry 1 = 24 is not a layer", "0 to 23");
+    qwen_config(buf, sizeof buf, true, "\"mlp_only_layers\":[-1]");
+    expect_error(buf, DW_ERR_INVALID, "'mlp_only_layers': entry 0 = -1", NULL);
+    qwen_config(buf, sizeof buf, true, "\"mlp_only_layers\":[\"3\"]");
+    expect_error(buf, DW_ERR_FORMAT, "'mlp_only_layers': entry 0 is not an integer", NULL);
+    qwen_config(buf, sizeof buf, true, "\"mlp_only_layers\":3");
+    expect_error(buf, DW_ERR_FORMAT, "'mlp_only_layers': expected a list", NULL);
+    qwen_config(buf, sizeof buf, true, "\"decoder_sparse_step\":0");
+    expect_error(buf, DW_ERR_INVALID, "field 'decoder_sparse_step' = 0", NULL);
+    qwen_config(buf, sizeof buf, false, "\"shared_expert_intermediate_size\":0");
+    expect_error(buf, DW_ERR_INVALID, "field 'shared_expert_intermediate_size' = 0", "shared_expert_gate");
+    qwen_config(buf, sizeof buf, false, "\"num_experts_per_tok\":61");
+    expect_error(buf, DW_ERR_INVALID, "num_experts_per_tok", NULL);
+    expect_error("{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,"
+                 "\"num_attention_heads\":2,\"intermediate_size\":8,\"max_position_embeddings\":8}",
+                 DW_ERR_FORMAT, "'num_experts'", "missing");
     expect_error("{\"model_type\": 3}", DW_ERR_FORMAT, "'model_type'", NULL);
     expect_error("{\"model_type\": \"llama\",", DW_ERR_FORMAT, ":1:", NULL); /* syntax error */
     dw_model_config c;
@@ -235,7 +365,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_params),     cmocka_unit_test(test_parse_gpt2),
         cmocka_unit_test(test_parse_llama_family), cmocka_unit_test(test_save_load_presets),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_parse_qwen_moe),    cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
