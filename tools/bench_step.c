@@ -138,7 +138,7 @@ int dw_bench_step(int argc, char **argv) {
         if (f && fclose(f) != 0) ok = false;
         if (!ok) {
             cli_error(CMD, "%s: cannot write the config", config_out);
-            rc = DW_EXIT_FAIL;
+            rc = DW_EXIT_IO;
             goto done;
         }
     }

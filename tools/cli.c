@@ -37,12 +37,32 @@ void cli_escape(const char *s, size_t n, char *out, size_t cap) {
     out[o] = '\0';
 }
 
+const char cli_exit_table[] =
+    "Exit status (every command):\n"
+    "  0        success\n"
+    "  1        runtime failure (out of memory, CUDA, non-finite numbers, unsupported here)\n"
+    "  2        usage or bad input (a flag, a value, a malformed file)\n"
+    "  3        I/O failure: a file or stream cannot be opened, read or written (missing,\n"
+    "           permissions, a full disk, standard output)\n"
+    "  128 + N  interrupted by signal N (train: 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1,\n"
+    "           after a checkpoint)\n";
+
+int cli_finish(const char *cmd, int rc) {
+    errno = 0;
+    const bool flushed = fflush(stdout) == 0;
+    const int err = errno;
+    if (flushed && !ferror(stdout)) return rc;
+    cli_error(cmd, "cannot write standard output: %s; the output is incomplete",
+              err ? strerror(err) : "a write failed");
+    return rc == DW_EXIT_OK ? DW_EXIT_IO : rc;
+}
+
 int cli_exit_for(dw_status s) {
     switch (s) {
     case DW_OK: return DW_EXIT_OK;
     case DW_ERR_INVALID:
-    case DW_ERR_FORMAT:
-    case DW_ERR_IO: return DW_EXIT_USAGE;
+    case DW_ERR_FORMAT: return DW_EXIT_USAGE;
+    case DW_ERR_IO: return DW_EXIT_IO;
     default: return DW_EXIT_FAIL;
     }
 }

@@ -7,7 +7,13 @@
 
 #include "deepwell.h"
 
-enum { DW_EXIT_OK = 0, DW_EXIT_FAIL = 1, DW_EXIT_USAGE = 2 };
+/* Exit status of every command (docs/cli.md; `deepwell --help`): 0 success; 1 a runtime failure
+ * (out of memory, CUDA, numerics, unsupported here); 2 usage or bad input (a flag, a value, a
+ * malformed file); 3 an I/O failure (a file or stream that cannot be opened, read or written:
+ * missing, permissions, a full disk, standard output); 128 + N interrupted by signal N. */
+enum { DW_EXIT_OK = 0, DW_EXIT_FAIL = 1, DW_EXIT_USAGE = 2, DW_EXIT_IO = 3 };
+/* The table above as `--help` prints it. */
+extern const char cli_exit_table[];
 
 #define DW_COMMAND(name, fn, summary) int fn(int argc, char **argv);
 #include "commands.h"
@@ -15,7 +21,7 @@ enum { DW_EXIT_OK = 0, DW_EXIT_FAIL = 1, DW_EXIT_USAGE = 2 };
 
 /* Prints "deepwell <cmd>: <message>" to stderr. */
 void cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Maps a failed status to an exit code: bad input (invalid, format, io) → 2, otherwise 1. */
+/* Maps a failed status to an exit code: bad input (invalid, format) → 2, io → 3, otherwise 1. */
 int cli_exit_for(dw_status s);
 /* Reports dw_errmsg(ctx) for a failed call and returns cli_exit_for(s). */
 int cli_fail(const char *cmd, const dw_ctx *ctx, dw_status s);
@@ -29,6 +35,9 @@ bool cli_parse_double(const char *cmd, const char *flag, const char *text, doubl
  * when a GPU is usable, else cpu. On failure the reason is printed (as "deepwell CMD: ...") and
  * *out is NULL. */
 dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out);
+/* After a command: flushes standard output and checks that everything written to it arrived; if
+ * not, says so and turns a success into DW_EXIT_IO. Returns the exit status. */
+int cli_finish(const char *cmd, int rc);
 /* getopt_long's "unknown option"/"missing argument" message already printed: add the hint. */
 int cli_usage_error(const char *cmd);
 

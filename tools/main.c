@@ -1,4 +1,5 @@
-/* main.c — the `deepwell` command-line tool: dispatches to one subcommand per file. */
+/* main.c — the `deepwell` command-line tool: dispatches to one subcommand per file and checks,
+ * after each, that its standard output was written (cli_finish). */
 #include <stdio.h>
 #include <string.h>
 
@@ -24,7 +25,8 @@ static void usage(FILE *out) {
             dw_version_string());
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].summary);
-    fprintf(out, "\nEnvironment: DW_LOG=debug|info|warn|error|off sets the log level (default info).\n");
+    fprintf(out, "\nEnvironment: DW_LOG=debug|info|warn|error|off sets the log level (default info).\n\n%s",
+            cli_exit_table);
 }
 
 int main(int argc, char **argv) {
@@ -35,14 +37,14 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
-        return DW_EXIT_OK;
+        return cli_finish("--help", DW_EXIT_OK);
     }
     if (!strcmp(cmd, "--version")) {
         printf("deepwell %s\n", dw_version_string());
-        return DW_EXIT_OK;
+        return cli_finish("--version", DW_EXIT_OK);
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) /* every command's output checked */
+        if (!strcmp(cmd, commands[i].name)) return cli_finish(cmd, commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "deepwell: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return DW_EXIT_USAGE;

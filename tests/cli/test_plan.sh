@@ -114,7 +114,7 @@ grep -q "nosuchmodel" "$tmp/err" || { echo "FAIL: message does not name the mode
 grep -q "fp16" "$tmp/err" || { echo "FAIL: message does not name the recipe"; fails=$((fails + 1)); }
 "$dw" plan llama-8b --hw h100-sxm --seq 4096 --global-batch 8 --moe experts=8,topk=2 2>"$tmp/err"; check "bad --moe" 2 $?
 grep -q "topk" "$tmp/err" || { echo "FAIL: message does not name the key"; fails=$((fails + 1)); }
-"$dw" plan llama-8b --hw /nonexistent.json --seq 4096 --global-batch 8 2>"$tmp/err"; check "missing hw file" 2 $?
+"$dw" plan llama-8b --hw /nonexistent.json --seq 4096 --global-batch 8 2>"$tmp/err"; check "missing hw file (I/O: exit 3)" 3 $?
 "$dw" probe --preset h100-sxm --json | python3 -c "
 import json, sys
 d = json.load(sys.stdin)

@@ -45,7 +45,7 @@ cmp -s "$tmp/b.json" "$tmp/b2.json" || { echo "FAIL: preset JSON does not round-
 
 "$dw" probe --preset a100 2>"$tmp/err"; check "unknown preset exits 2" 2 $?
 grep -q "a100" "$tmp/err" || { echo "FAIL: message does not name the preset"; fails=$((fails + 1)); }
-"$dw" probe --hw /nonexistent.json 2>"$tmp/err"; check "missing file exits 2" 2 $?
+"$dw" probe --hw /nonexistent.json 2>"$tmp/err"; check "missing file exits 3 (I/O)" 3 $?
 grep -q "/nonexistent.json" "$tmp/err" || { echo "FAIL: message does not name the file"; fails=$((fails + 1)); }
 echo '{"gpus": [' >"$tmp/bad.json"
 "$dw" probe --hw "$tmp/bad.json" 2>"$tmp/err"; check "malformed JSON exits 2" 2 $?

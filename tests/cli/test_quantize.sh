@@ -307,7 +307,7 @@ grep -q "model.ids .*not quantised: not floating-point" "$tmp/r.txt" || { echo "
 
 # ---- bad input: exit 2, the file named, OUT untouched, nothing left behind ------------------------
 echo keep >"$tmp/out.safetensors"
-"$dw" quantize --recipe mxfp8 "$tmp/missing.safetensors" "$tmp/out.safetensors" 2>"$tmp/err"; check "missing input exits 2" 2 $?
+"$dw" quantize --recipe mxfp8 "$tmp/missing.safetensors" "$tmp/out.safetensors" 2>"$tmp/err"; check "missing input exits 3 (I/O)" 3 $?
 grep -q "missing.safetensors" "$tmp/err" || { echo "FAIL: message does not name the file"; fails=$((fails + 1)); }
 head -c 100 "$tmp/in.safetensors" >"$tmp/corrupt.safetensors"
 "$dw" quantize --recipe mxfp8 "$tmp/corrupt.safetensors" "$tmp/out.safetensors" 2>"$tmp/err"; check "corrupt input exits 2" 2 $?
@@ -323,11 +323,11 @@ grep -q "mxfp9" "$tmp/err" || { echo "FAIL: message does not name the recipe"; f
 "$dw" quantize --recipe mxfp8 --pow2 "$tmp/in.safetensors" "$tmp/out.safetensors" 2>/dev/null; check "--pow2 on an MX recipe exits 2" 2 $?
 "$dw" quantize --recipe mxfp8 "$tmp/in.safetensors" 2>/dev/null; check "missing OUT exits 2" 2 $?
 "$dw" quantize "$tmp/in.safetensors" "$tmp/out.safetensors" 2>/dev/null; check "missing --recipe exits 2" 2 $?
-"$dw" quantize --recipe mxfp8 "$tmp/in.safetensors" "$tmp/nodir/out.safetensors" 2>"$tmp/err"; check "unwritable OUT exits 2" 2 $?
+"$dw" quantize --recipe mxfp8 "$tmp/in.safetensors" "$tmp/nodir/out.safetensors" 2>"$tmp/err"; check "unwritable OUT exits 3 (I/O)" 3 $?
 grep -q "nodir/out.safetensors" "$tmp/err" || { echo "FAIL: message does not name OUT"; fails=$((fails + 1)); }
 [ "$(cat "$tmp/out.safetensors")" = keep ] || { echo "FAIL: a failed run clobbered OUT"; fails=$((fails + 1)); }
 ls "$tmp" | grep -q '\.tmp\.' && { echo "FAIL: temporaries left behind"; fails=$((fails + 1)); }
-"$dw" quant-report "$tmp/missing.safetensors" 2>"$tmp/err"; check "report: missing file exits 2" 2 $?
+"$dw" quant-report "$tmp/missing.safetensors" 2>"$tmp/err"; check "report: missing file exits 3 (I/O)" 3 $?
 grep -q "missing.safetensors" "$tmp/err" || { echo "FAIL: report: message does not name the file"; fails=$((fails + 1)); }
 "$dw" quant-report "$tmp/corrupt.safetensors" 2>"$tmp/err"; check "report: corrupt file exits 2" 2 $?
 "$dw" quant-report "$tmp/in.safetensors" --recipes mxfp8,nope 2>"$tmp/err"; check "report: unknown recipe exits 2" 2 $?

@@ -6,16 +6,7 @@
 # before the run record still resume, with a note (issue 32, finding 2).
 set -u
 dw=$1
-fails=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
-check() { if [ "$2" != "$3" ]; then bad "$1 (exit $3, expected $2)"; else ok "$1"; fi; }
-has() {
-  local d=$1 f=$2; shift 2
-  for t in "$@"; do grep -qF -- "$t" "$f" || { bad "$d: '$t' not in: $(head -c 600 "$f")"; return; }; done
-  ok "$d"
-}
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/checks.sh"
 export OMP_NUM_THREADS=1
 mkdir -p "$tmp/model"
 cat >"$tmp/model/config.json" <<'JSON'

@@ -9,18 +9,7 @@
 # qwen2-moe-tiny and qwen3-moe-tiny train and checkpoint under transformers' names.
 set -u
 dw=$1
-fails=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
-check() { # check DESCRIPTION EXPECTED_RC ACTUAL_RC
-  if [ "$2" != "$3" ]; then bad "$1 (exit $3, expected $2)"; else ok "$1"; fi
-}
-has() { # has DESCRIPTION FILE TEXT...: FILE contains every TEXT
-  local d=$1 f=$2; shift 2
-  for t in "$@"; do grep -qF -- "$t" "$f" || { bad "$d: '$t' not in: $(head -c 400 "$f")"; return; }; done
-  ok "$d"
-}
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/checks.sh" # ok, bad, check, has; $tmp
 # The model is tiny: one thread avoids OpenMP barriers stalling on a loaded CI machine (results
 # do not depend on the thread count; the kernel tests check that).
 export OMP_NUM_THREADS=1
@@ -306,7 +295,7 @@ check "truncated shard" 2 $?; has "  ... names file and offset" "$tmp/err" "$tmp
 "$dw" train "${common[@]}" --data "$tmp/vocab.bin" --steps 3 --out "$tmp/x3" >/dev/null 2>"$tmp/err"
 check "token >= vocab" 2 $?; has "  ... names file and offset" "$tmp/err" "$tmp/vocab.bin" "byte offset 1098" "token 300"
 "$dw" train "${common[@]}" --data "$tmp/none_*.bin" --steps 3 --out "$tmp/x4" >/dev/null 2>"$tmp/err"
-check "no matching data" 2 $?; has "  ... names the pattern" "$tmp/err" "$tmp/none_*.bin"
+check "no matching data (I/O: exit 3)" 3 $?; has "  ... names the pattern" "$tmp/err" "$tmp/none_*.bin"
 
 # --- flags ----------------------------------------------------------------------------------------
 "$dw" train "${common[@]}" --global-batch 6 --steps 3 --out "$tmp/x5" >/dev/null 2>"$tmp/err"

@@ -1,0 +1,14 @@
+# checks.sh — sourced by tests/cli/test_*.sh: ok/bad/check/has, counting failures in $fails, and a
+# temporary directory $tmp removed on exit. Not a test itself (ctest runs test_*.sh).
+fails=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
+check() { # check DESCRIPTION EXPECTED_RC ACTUAL_RC
+  if [ "$2" != "$3" ]; then bad "$1 (exit $3, expected $2)"; else ok "$1"; fi
+}
+has() { # has DESCRIPTION FILE TEXT...: FILE contains every TEXT
+  local d=$1 f=$2; shift 2
+  for t in "$@"; do grep -qF -- "$t" "$f" || { bad "$d: '$t' not in: $(head -c 600 "$f")"; return; }; done
+  ok "$d"
+}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
