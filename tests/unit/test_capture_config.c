@@ -1,7 +1,7 @@
 /* test_capture_config.c — model configs: presets (parameter counts against the published
  * figures), HF config.json parsing for each supported model_type, errors that name the file and
  * field, refusal of unsupported types and rope scalings, save -> load round trips; the Qwen MoE
- * families' layer rule (decoder_sparse_step, mlp_only_layers) and published parameter counts. */
+ * families' layer rule (decoder_sparse_step, mlp_only_layers), published parameter counts and graphs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "capture/capture.h"
 #include "capture/model_config.h"
 #include "deepwell.h"
 #include "testutil.h"
@@ -276,6 +277,45 @@ static void test_parse_qwen_moe(void **state) {
     free(dir);
 }
 
+/* Random small Qwen MoE configs captured: the graph's parameters equal the closed form, and each
+ * layer has the nodes its kind says (a router per MoE layer, a sigmoid-gated shared expert per
+ * Qwen2-MoE MoE layer, per-head q/k norms in every Qwen3-MoE layer, a dense MLP elsewhere). */
+static void test_capture_qwen_moe(void **state) {
+    (void)state;
+    for (int rep = 0; rep < 30; rep++) {
+        const bool qwen3 = rep % 2;
+        dw_model_config c;
+        assert_int_equal(dw_model_config_load(dw_test_ctx, qwen3 ? "qwen3-moe-tiny" : "qwen2-moe-tiny", &c), DW_OK);
+        c.n_layers = dw_test_rnd(1, 5), c.sparse_step = dw_test_rnd(1, 3);
+        memset(c.mlp_only, 0, sizeof c.mlp_only);
+        for (int64_t l = 0; l < c.n_layers; l++)
+            if (dw_test_rnd(0, 3) == 0) c.mlp_only[0] |= (uint64_t)1 << l;
+        c.n_experts = dw_test_rnd(1, 6), c.top_k = dw_test_rnd(1, c.n_experts), c.d_ff_expert = dw_test_rnd(2, 20);
+        c.n_kv_heads = dw_test_rnd(1, 2), c.n_heads = c.n_kv_heads * dw_test_rnd(1, 3), c.head_dim = 2 * dw_test_rnd(1, 6);
+        c.d_model = dw_test_rnd(4, 30), c.d_ff = dw_test_rnd(4, 40), c.tie_embeddings = dw_test_rnd(0, 1);
+        if (qwen3) c.qkv_bias = dw_test_rnd(0, 1); /* attention_bias: q, k, v and o */
+        else c.d_ff_shared = dw_test_rnd(1, 20), c.qkv_bias = dw_test_rnd(0, 1);
+        dw_graph *g = NULL;
+        if (dw_capture_config(dw_test_ctx, &c, 1, 4, &g) != DW_OK) fail_msg("%s", dw_errmsg(dw_test_ctx));
+        assert_int_equal(dw_graph_params(g), dw_model_config_params(&c));
+        int64_t routers = 0, gates = 0, head_norms = 0, dense = 0, moe = 0, o_bias = 0;
+        for (int64_t l = 0; l < c.n_layers; l++) moe += dw_model_config_moe_layer(&c, l);
+        for (int i = 0; i < g->n_nodes; i++) {
+            const dw_ir_node *n = &g->nodes[i];
+            routers += n->op == DW_OP_MOE_ROUTER, gates += n->op == DW_OP_SIGMOID_GATE;
+            head_norms += n->op == DW_OP_HEAD_RMSNORM;
+            dense += n->op == DW_OP_SWIGLU && !strstr(n->name, "experts") && !strstr(n->name, "shared_expert");
+            o_bias += strstr(n->name, "o_proj") && n->n_in == 3;
+        }
+        assert_int_equal(routers, moe);
+        assert_int_equal(gates, qwen3 ? 0 : moe);
+        assert_int_equal(head_norms, qwen3 ? 2 * c.n_layers : 0);
+        assert_int_equal(dense, c.n_layers - moe);
+        assert_int_equal(o_bias, qwen3 && c.qkv_bias ? c.n_layers : 0);
+        dw_graph_free(g);
+    }
+}
+
 /* Loads `json` and expects failure with every `needles` string in the message. */
 static void expect_error(const char *json, dw_status want, const char *n1, const char *n2) {
     char *dir = dw_test_tmpdir();
@@ -365,7 +405,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_params),     cmocka_unit_test(test_parse_gpt2),
         cmocka_unit_test(test_parse_llama_family), cmocka_unit_test(test_save_load_presets),
-        cmocka_unit_test(test_parse_qwen_moe),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_parse_qwen_moe),    cmocka_unit_test(test_capture_qwen_moe),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

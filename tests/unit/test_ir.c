@@ -1,6 +1,7 @@
 /* test_ir.c — graph IR and capture: op tables, graphs of random configs (params against the
  * closed form, FLOPs against independently derived matmul/attention counts), JSON round trips,
- * verification errors that name the node, refusal of planning-only shapes. */
+ * verification errors that name the node, refusal of planning-only shapes, inference of the
+ * Qwen MoE ops (head_rmsnorm, sigmoid_gate). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -229,6 +230,45 @@ static void test_verify_errors(void **state) {
     expect_load_error(edit_format, "'format'");
 }
 
+/* head_rmsnorm and sigmoid_gate: inference accepts the shapes the Qwen MoE blocks give them and
+ * refuses others, naming the node. */
+static void test_infer_gate_ops(void **state) {
+    (void)state;
+    dw_graph_model model = {.n_blocks = 1, .vocab = 8, .max_seq = 8};
+    dw_graph *g = dw_graph_new(&model, 2, 3);
+    assert_non_null(g);
+    const int64_t x12[3] = {2, 3, 12}, g1[3] = {2, 3, 1}, g2[3] = {2, 3, 2}, g4[3] = {2, 4, 1}, w4[1] = {4}, w5[1] = {5};
+    const int x = dw_graph_add_tensor(g, "x", DW_TENSOR_INPUT, DW_IR_F32, 3, x12);
+    const int gl = dw_graph_add_tensor(g, "g", DW_TENSOR_INPUT, DW_IR_F32, 3, g1);
+    const int gw = dw_graph_add_tensor(g, "g2", DW_TENSOR_INPUT, DW_IR_F32, 3, g2);
+    const int gt = dw_graph_add_tensor(g, "g4", DW_TENSOR_INPUT, DW_IR_F32, 3, g4);
+    const int n4 = dw_graph_add_tensor(g, "n4.weight", DW_TENSOR_PARAM, DW_IR_F32, 1, w4);
+    const int n5 = dw_graph_add_tensor(g, "n5.weight", DW_TENSOR_PARAM, DW_IR_F32, 1, w5);
+    const dw_ir_attrs h4 = {.eps = 1e-6, .head_dim = 4}, h5 = {.eps = 1e-6, .head_dim = 5}, h0 = {.head_dim = 4};
+    int in[2] = {x, n4};
+    assert_true(dw_graph_add_node(dw_test_ctx, g, DW_OP_HEAD_RMSNORM, "q_norm", in, 2, &h4, "qn") >= 0);
+    in[1] = n5;
+    assert_true(dw_graph_add_node(dw_test_ctx, g, DW_OP_HEAD_RMSNORM, "bad_norm", in, 2, &h5, "b1") < 0);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "node 'bad_norm' (head_rmsnorm): head_dim 5 must divide the width 12"));
+    assert_true(dw_graph_add_node(dw_test_ctx, g, DW_OP_HEAD_RMSNORM, "bad_w", in, 2, &h4, "b2") < 0);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "'n5.weight' has 5 elements; expected 4"));
+    in[1] = n4;
+    assert_true(dw_graph_add_node(dw_test_ctx, g, DW_OP_HEAD_RMSNORM, "bad_eps", in, 2, &h0, "b3") < 0);
+    assert_non_null(strstr(dw_errmsg(dw_test_ctx), "eps"));
+    in[1] = gl;
+    assert_true(dw_graph_add_node(dw_test_ctx, g, DW_OP_SIGMOID_GATE, "gated", in, 2, NULL, "y") >= 0);
+    const int bad_gates[2] = {gw, gt};
+    for (int k = 0; k < 2; k++) {
+        in[1] = bad_gates[k];
+        char name[16];
+        snprintf(name, sizeof name, "bad_gate%d", k);
+        assert_true(dw_graph_add_node(dw_test_ctx, g, DW_OP_SIGMOID_GATE, name, in, 2, NULL, name) < 0);
+        assert_non_null(strstr(dw_errmsg(dw_test_ctx), "(sigmoid_gate): gate"));
+        assert_non_null(strstr(dw_errmsg(dw_test_ctx), "must be (2,3,1)"));
+    }
+    dw_graph_free(g);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     const char *planning[] = {"llama-8b", "llama-70b", "llama-405b", "mixtral-8x7b", "deepseek-v3"};
@@ -252,7 +292,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_tables),       cmocka_unit_test(test_capture_random_configs),
         cmocka_unit_test(test_json_round_trip), cmocka_unit_test(test_verify_errors),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_refusals),        cmocka_unit_test(test_infer_gate_ops),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
