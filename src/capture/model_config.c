@@ -58,6 +58,22 @@ static dw_status parse_gpt2(dw_ctx *ctx, const json_t *j, const char *what, dw_m
     return DW_OK;
 }
 
+/* transformers 5 writes RoPE as rope_parameters {"rope_type", "rope_theta"} (over rope_theta and
+ * rope_scaling): the default type only, its theta into *theta. */
+static dw_status parse_rope_parameters(dw_ctx *ctx, const json_t *j, const char *what, double *theta) {
+    const json_t *rp = json_object_get(j, "rope_parameters");
+    if (!rp || json_is_null(rp)) return DW_OK;
+    if (!json_is_object(rp))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'rope_parameters': expected an object or null", what);
+    const char *type = "default";
+    DW_TRY(dw_json_get_str_opt(ctx, rp, "rope_type", what, &type));
+    if (strcmp(type, "default"))
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
+                            "%s: field 'rope_parameters': rope type '%s' is not supported (Deepwell implements "
+                            "plain RoPE only)", what, type);
+    return dw_json_get_num_opt(ctx, rp, "rope_theta", what, theta);
+}
+
 static dw_status parse_rope_scaling(dw_ctx *ctx, const json_t *j, const char *what) {
     const json_t *rs = json_object_get(j, "rope_scaling");
     if (!rs || json_is_null(rs)) return DW_OK;
@@ -107,6 +123,7 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
                             "%s: field 'hidden_act': '%s' is not supported (supported: silu)", what,
                             act);
     DW_TRY(parse_rope_scaling(ctx, j, what));
+    DW_TRY(parse_rope_parameters(ctx, j, what, &c->rope_theta));
     long long window = 0;
     bool use_window = c->arch == DW_ARCH_MISTRAL;
     DW_TRY(dw_json_get_bool_opt(ctx, j, "use_sliding_window", what, &use_window));
@@ -122,7 +139,10 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
  * set by the caller), the experts' width (intermediate_size). */
 static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const char *experts_key,
                            dw_model_config *c) {
-    DW_TRY(get_i64(ctx, j, experts_key, what, true, &c->n_experts));
+    /* transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (its attribute map) */
+    const bool alias = !strcmp(experts_key, "num_experts") && !json_object_get(j, "num_experts") &&
+                       json_object_get(j, "num_local_experts");
+    DW_TRY(get_i64(ctx, j, alias ? "num_local_experts" : experts_key, what, true, &c->n_experts));
     DW_TRY(get_i64(ctx, j, "num_experts_per_tok", what, false, &c->top_k));
     DW_TRY(dw_json_get_num_opt(ctx, j, "router_aux_loss_coef", what, &c->router_aux_loss_coef));
     c->d_ff_expert = c->d_ff;

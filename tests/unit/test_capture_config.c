@@ -247,6 +247,15 @@ static void test_parse_qwen_moe(void **state) {
     assert_true(c.norm_topk && c.qk_norm_heads && !c.qk_norm && !c.qkv_bias && !c.d_ff_shared && !c.shared_gate);
     assert_int_equal(dw_model_config_params(&c), 30532122624LL);
 
+    /* as transformers 5.17's save_pretrained writes Qwen3-MoE: num_local_experts, rope_parameters */
+    free(write_config(dir, "{\"model_type\":\"qwen3_moe\",\"vocab_size\":97,\"hidden_size\":48,\"intermediate_size\":40,"
+                           "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"
+                           "\"max_position_embeddings\":64,\"num_local_experts\":5,\"num_experts_per_tok\":2,"
+                           "\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"default\"}}"));
+    assert_int_equal(dw_model_config_load(dw_test_ctx, dir, &c), DW_OK);
+    assert_int_equal(c.n_experts, 5);
+    assert_true(c.rope_theta == 500000.0);
+
     /* which layers are MoE: transformers' rule, (l not in mlp_only_layers) and (l + 1) % step == 0 */
     for (int rep = 0; rep < 20; rep++) {
         const int64_t L = dw_test_rnd(1, 12), step = dw_test_rnd(1, 4);
@@ -369,6 +378,8 @@ static void test_errors(void **state) {
     char buf[2048];
     snprintf(buf, sizeof buf, "%s,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":32}}", llama);
     expect_error(buf, DW_ERR_UNSUPPORTED, "'rope_scaling'", "llama3");
+    snprintf(buf, sizeof buf, "%s,\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":1e6}}", llama);
+    expect_error(buf, DW_ERR_UNSUPPORTED, "'rope_parameters'", "yarn");
     snprintf(buf, sizeof buf, "%s,\"num_key_value_heads\":3}", llama);
     expect_error(buf, DW_ERR_INVALID, "num_key_value_heads", NULL);
     snprintf(buf, sizeof buf, "%s,\"hidden_act\":\"gelu\"}", llama);
