@@ -1,13 +1,15 @@
 /* cmd_quantize.c — `deepwell quantize`: rewrites a safetensors checkpoint with one recipe in the
  * on-disk layout of shared/FORMATS.md (the work is dw_quantize_file's). */
 #include <getopt.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
 
 static void help(void) {
-    printf("Usage: deepwell quantize --recipe R [--scale-rounding rceil|floor] [--pow2] IN.safetensors OUT.safetensors\n\n"
+    printf("Usage: deepwell quantize --recipe R [--scale-rounding rceil|floor] [--pow2] [--in-place] IN.safetensors\n"
+           "                         OUT.safetensors\n\n"
            "Quantises every qualifying tensor of IN with recipe R (exact CPU reference) and writes OUT\n"
            "atomically (temporary file, fsync, rename: a failed run leaves an existing OUT untouched).\n"
            "A tensor NAME qualifies when it is F32, BF16 or F16, 2-D [R, C] or 1-D [C] (written as\n"
@@ -27,8 +29,11 @@ static void help(void) {
            "  --scale-rounding MODE   MX recipes: rceil (default; cuBLAS/Transformer Engine) or floor\n"
            "                          (the OCP rule)\n"
            "  --pow2                  FP8 recipes (fp8_*): round every FP32 scale up to a power of two\n"
+           "  --in-place              allow OUT to be IN (the same file, by any path): IN is replaced\n"
+           "                          by its quantised version; without it that is refused\n"
            "  -h, --help              this help\n\n"
-           "Exit status: 0 written, 2 bad arguments or unreadable/malformed input, 1 other failures.\n");
+           "Exit status: 0 written, 2 bad arguments or malformed input, 3 I/O (IN unreadable, OUT not\n"
+           "writable, a full disk), 1 other failures (deepwell --help has the table).\n");
 }
 
 static void notify(void *user, const dw_st_tensor_info *t, const char *why) {
@@ -42,13 +47,14 @@ int cmd_quantize(int argc, char **argv) {
     static const struct option opts[] = {{"recipe", required_argument, 0, 'r'},
                                          {"scale-rounding", required_argument, 0, 's'},
                                          {"pow2", no_argument, 0, 'p'},
+                                         {"in-place", no_argument, 0, 'i'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     dw_quantize_opts o;
     dw_quantize_opts_init(&o, sizeof o);
     dw_recipe recipe = DW_RECIPE_COUNT;
     dw_scale_rounding rounding = DW_SCALE_RCEIL;
-    bool rounding_given = false;
+    bool rounding_given = false, in_place = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -68,6 +74,7 @@ int cmd_quantize(int argc, char **argv) {
             rounding_given = true;
             break;
         case 'p': o.pow2 = true; break;
+        case 'i': in_place = true; break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error("quantize");
         }
@@ -93,6 +100,12 @@ int cmd_quantize(int argc, char **argv) {
     o.recipe = recipe;
     o.rounding = rounding;
     const char *in = argv[optind], *out = argv[optind + 1];
+    struct stat si, so;
+    if (!in_place && stat(in, &si) == 0 && stat(out, &so) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        cli_error("quantize", "%s and %s are the same file: OUT would replace the checkpoint being quantised "
+                  "(give --in-place to do that on purpose)", in, out);
+        return DW_EXIT_USAGE;
+    }
     dw_ctx *ctx = NULL;
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
     dw_status s = dw_ctx_create(&co, &ctx);

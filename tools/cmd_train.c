@@ -176,6 +176,8 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
                      const char *device, const char *precision, const char *policy_path, const char *fallback,
                      long log_every);
 
+static int unreadable_record(const char *run, const char *err);
+
 int cmd_train(int argc, char **argv) {
     static const struct option longopts[] = {
         {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
@@ -247,7 +249,13 @@ int cmd_train(int argc, char **argv) {
         case O_CLIP: ok = cli_parse_double(CMD, "--clip", optarg, &o.clip); break;
         case O_B1: ok = cli_parse_double(CMD, "--beta1", optarg, &o.beta1); break;
         case O_B2: ok = cli_parse_double(CMD, "--beta2", optarg, &o.beta2); break;
-        case O_SAMPLET: ok = cli_parse_double(CMD, "--sample-temp", optarg, &o.sample_temperature); break;
+        case O_SAMPLET:
+            ok = cli_parse_double(CMD, "--sample-temp", optarg, &o.sample_temperature);
+            if (ok && o.sample_temperature < 0) {
+                cli_error(CMD, "--sample-temp must be >= 0 (0 = greedy), got %s", optarg);
+                ok = false;
+            }
+            break;
         default: return cli_usage_error(CMD);
         }
         if (!ok) return cli_usage_error(CMD);
@@ -257,13 +265,31 @@ int cmd_train(int argc, char **argv) {
         return cli_usage_error(CMD);
     }
     run_record rec = {0};
-    if (o.resume && !run_record_read(CMD, o.resume, &rec)) return DW_EXIT_USAGE;
+    char err[2048];
+    if (o.resume && !run_record_read(o.resume, &rec, err, sizeof err)) return unreadable_record(o.resume, err);
     int rc = train_run(&o, &rec, given, model, device, precision, policy_path, fallback, log_every);
     run_record_free(&rec);
     return rc;
 }
 
 /* After the flags (and the record of a resumed run) are read: checks, the model, training. */
+/* The record of --resume RUN could not be read: the library's diagnosis when it has one (it names
+ * the newest good checkpoint of a run whose `latest` is damaged), else the reader's. */
+static int unreadable_record(const char *run, const char *err) {
+    dw_ctx *ctx = NULL;
+    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
+    dw_model_opts mo;
+    dw_model_opts_init(&mo, sizeof mo);
+    mo.weights = DW_WEIGHTS_NONE;
+    dw_model *m = NULL;
+    dw_status st = dw_ctx_create(&co, &ctx);
+    if (st == DW_OK) st = dw_model_open(ctx, run, &mo, &m);
+    int rc = st != DW_OK && ctx ? cli_fail(CMD, ctx, st) : (cli_error(CMD, "%s", err), DW_EXIT_USAGE);
+    dw_model_free(m);
+    dw_ctx_free(ctx);
+    return rc;
+}
+
 static int train_run(dw_train_opts *po, const run_record *rec, const bool *given, const char *model,
                      const char *device, const char *precision, const char *policy_path, const char *fallback,
                      long log_every) {

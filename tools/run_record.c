@@ -24,7 +24,7 @@ static bool is_file(const char *p) {
 }
 
 /* The checkpoint name in DIR/latest ("ckpt-<step>"), or NULL with a message. */
-static char *read_latest(const char *cmd, const char *dir) {
+static char *read_latest(const char *dir, char *err, size_t cap) {
     char *path = join(dir, "latest"), buf[256] = "";
     FILE *f = path ? fopen(path, "rb") : NULL;
     size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
@@ -34,11 +34,11 @@ static char *read_latest(const char *cmd, const char *dir) {
     size_t digits = strspn(buf + (n > 5 ? 5 : n), "0123456789");
     char *name = NULL;
     if (!f) {
-        cli_error(cmd, "%s: cannot read: %s", path ? path : dir, strerror(errno));
+        snprintf(err, cap, "%s: cannot read: %s", path ? path : dir, strerror(errno));
     } else if (strncmp(buf, "ckpt-", 5) || n <= 5 || 5 + digits != n || strlen(buf) != n) {
         char shown[1024];
         cli_escape(buf, n, shown, sizeof shown);
-        cli_error(cmd, "%s: expected a checkpoint name like ckpt-100, got \"%s\"", path, shown);
+        snprintf(err, cap, "%s: expected a checkpoint name like ckpt-100, got \"%s\"", path, shown);
     } else {
         name = strdup(buf);
     }
@@ -46,38 +46,39 @@ static char *read_latest(const char *cmd, const char *dir) {
     return name;
 }
 
-static bool resolve(const char *cmd, const char *run, run_record *r) {
+static bool resolve(const char *run, run_record *r, char *err, size_t cap) {
     char *state = join(run, "state.json"), *latest = join(run, "latest");
     bool ok = state && latest;
     if (ok && is_file(state)) { /* a checkpoint: its run directory when that one's latest names it */
         r->ckpt_dir = strdup(run);
         char *parent = join(run, ".."), *base = strrchr(r->ckpt_dir, '/');
         char *pl = parent ? join(parent, "latest") : NULL, *name = NULL;
-        if (pl && is_file(pl) && (name = read_latest(cmd, parent)) && !strcmp(name, base ? base + 1 : run))
+        if (pl && is_file(pl) && (name = read_latest(parent, err, cap)) && !strcmp(name, base ? base + 1 : run))
             r->run_dir = strdup(parent);
         free(parent), free(pl), free(name);
     } else if (ok && is_file(latest)) {
-        char *name = read_latest(cmd, run);
+        char *name = read_latest(run, err, cap);
         r->ckpt_dir = name ? join(run, name) : NULL;
         r->run_dir = name ? strdup(run) : NULL;
         ok = name != NULL;
         free(name);
     } else if (ok) {
-        cli_error(cmd, "%s: not a checkpoint (%s: missing) or run directory (%s: missing)", run, state, latest);
+        snprintf(err, cap, "%s: not a checkpoint (%s: missing) or run directory (%s: missing)", run, state, latest);
         ok = false;
     }
     free(state), free(latest);
     return ok && r->ckpt_dir;
 }
 
-bool run_record_read(const char *cmd, const char *run, run_record *r) {
+bool run_record_read(const char *run, run_record *r, char *err, size_t cap) {
     memset(r, 0, sizeof *r);
-    if (!resolve(cmd, run, r)) return false;
+    *err = '\0';
+    if (!resolve(run, r, err, cap)) return false;
     char *path = join(r->ckpt_dir, "state.json");
     json_error_t e;
     json_t *j = path ? json_load_file(path, JSON_REJECT_DUPLICATES, &e) : NULL;
     if (!j) {
-        cli_error(cmd, "%s:%d:%d: %s", path ? path : r->ckpt_dir, e.line, e.column, e.text);
+        snprintf(err, cap, "%s:%d:%d: %s", path ? path : r->ckpt_dir, e.line, e.column, e.text);
         free(path);
         return false;
     }
@@ -99,7 +100,7 @@ bool run_record_read(const char *cmd, const char *run, run_record *r) {
     char *end = NULL;
     if (!bad) r->seed = strtoull(seed, &end, 16);
     if (bad || !end || *end) {
-        cli_error(cmd, "%s: %s", path, bad ? e.text : "rng.seed is not a hex number");
+        snprintf(err, cap, "%s: %s", path, bad ? e.text : "rng.seed is not a hex number");
         json_decref(j);
         free(path);
         run_record_free(r);

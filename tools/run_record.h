@@ -6,6 +6,7 @@
 #define DW_TOOLS_RUN_RECORD_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -25,8 +26,8 @@ typedef struct {
     char *device;          /* "cpu" or "cuda" */
 } run_record;
 
-/* Reads RUN's record; on failure prints "deepwell CMD: <file>: <what is wrong>" and returns false. */
-bool run_record_read(const char *cmd, const char *run, run_record *r);
+/* Reads RUN's record; on failure writes "<file>: <what is wrong>" into err and returns false. */
+bool run_record_read(const char *run, run_record *r, char *err, size_t cap);
 void run_record_free(run_record *r);
 
 #endif /* DW_TOOLS_RUN_RECORD_H */

@@ -35,7 +35,6 @@ bool train_resume_merge(const char *cmd, const run_record *r, const bool *given,
         return false;
     }
     o->seed = r->seed;
-    o->resume = r->ckpt_dir; /* the checkpoint read here, whatever `latest` says later */
     if (!GIVEN(O_OUT)) o->out_dir = r->run_dir;
     if (!GIVEN(O_DATA)) o->data = r->data;
     if (!GIVEN(O_STEPS)) o->steps = r->total_steps;

@@ -11,9 +11,23 @@
 #include "core/error.h"
 #include "core/fileio.h"
 
+dw_status dw_check_regular(dw_ctx *ctx, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (S_ISREG(st.st_mode)) return DW_OK;
+    const char *what = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
+                       : S_ISDIR(st.st_mode) ? "a directory"
+                       : S_ISCHR(st.st_mode) ? "a character device"
+                       : S_ISBLK(st.st_mode) ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a file";
+    return dw_set_error(ctx, DW_ERR_INVALID, "%s: %s, not a regular file: give a file (it is read whole)", path, what);
+}
+
 dw_status dw_read_file(dw_ctx *ctx, const char *path, char **data_out, size_t *size_out) {
     *data_out = NULL;
     if (size_out) *size_out = 0;
+    DW_TRY(dw_check_regular(ctx, path));
     FILE *fp = fopen(path, "rb");
     if (!fp) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;

@@ -10,7 +10,11 @@
 extern "C" {
 #endif
 
-/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+/* DW_OK when path is a regular file (after symbolic links); else DW_ERR_INVALID naming what it is
+ * (a FIFO, a directory, a device, a socket), DW_ERR_IO when it cannot be examined. Asked before
+ * opening: opening a FIFO would wait for a writer. */
+dw_status dw_check_regular(dw_ctx *ctx, const char *path);
+/* Reads a whole regular file into a NUL-terminated malloc'd buffer. */
 dw_status dw_read_file(dw_ctx *ctx, const char *path, char **data_out, size_t *size_out);
 
 /* Writes `size` bytes to `path` atomically: writes "<path>.tmp.<pid>", fsyncs it, renames it over

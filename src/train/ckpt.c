@@ -322,9 +322,12 @@ static dw_status resolve(dw_ctx *ctx, const char *dir, char **out) {
         if (st == DW_OK) {
             while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == ' ')) text[--n] = '\0';
             int64_t step;
-            if (!ckpt_step_of(text, &step))
+            if (!ckpt_step_of(text, &step) || strlen(text) != n) {
+                char shown[256];
+                dw_escape_bytes(text, n, shown, sizeof shown);
                 st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: expected a checkpoint name like ckpt-100, got \"%s\"",
-                                  latest, text);
+                                  latest, shown);
+            }
             else if (!(*out = dw_path_join(dir, text)))
                 st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
         }
@@ -337,11 +340,60 @@ static dw_status resolve(dw_ctx *ctx, const char *dir, char **out) {
     return st;
 }
 
+/* The newest checkpoint of run_dir other than `skip` that validates, or NULL (free()). */
+static char *newest_good(const char *run_dir, int64_t skip) {
+    DIR *d = opendir(run_dir);
+    if (!d) return NULL;
+    int64_t best = -1, s;
+    char *found = NULL;
+    for (;;) { /* descending: each pass takes the newest step below the last one tried */
+        rewinddir(d);
+        int64_t next = -1;
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (ckpt_step_of(e->d_name, &s) && s != skip && (best < 0 || s < best) && s > next) next = s;
+        if (next < 0) break;
+        best = next;
+        char name[40];
+        snprintf(name, sizeof name, "ckpt-%lld", (long long)next);
+        char *p = dw_path_join(run_dir, name), *cdir = NULL;
+        dw_ckpt_state st;
+        dw_ctx *quiet = NULL; /* the caller's message stays; this one goes to the thread's slot */
+        if (p && dw_ckpt_open(quiet, p, &cdir, &st) == DW_OK) {
+            free(cdir);
+            found = p;
+            break;
+        }
+        free(p);
+    }
+    closedir(d);
+    return found;
+}
+
+/* A run directory's `latest` that cannot be used: the message names the newest good checkpoint. */
+static dw_status name_good(dw_ctx *ctx, dw_status st, const char *run_dir, const char *bad_cdir) {
+    int64_t skip = -1;
+    const char *base = bad_cdir ? strrchr(bad_cdir, '/') : NULL;
+    if (base) ckpt_step_of(base + 1, &skip);
+    char *msg = strdup(dw_errmsg(ctx)), *good = newest_good(run_dir, skip);
+    if (msg && good)
+        st = dw_set_error(ctx, st, "%s; the newest good checkpoint is %s: resume from it with "
+                                   "`deepwell train --resume %s --out %s`",
+                          msg, good, good, run_dir);
+    else if (msg)
+        st = dw_set_error(ctx, st, "%s; %s has no other complete checkpoint", msg, run_dir);
+    free(msg);
+    free(good);
+    return st;
+}
+
 dw_status dw_ckpt_open(dw_ctx *ctx, const char *dir, char **ckpt_dir_out, dw_ckpt_state *out) {
     *ckpt_dir_out = NULL;
     memset(out, 0, sizeof *out);
     char *cdir = NULL;
-    DW_TRY(resolve(ctx, dir, &cdir));
+    dw_status rs = resolve(ctx, dir, &cdir);
+    if (rs == DW_ERR_FORMAT) return name_good(ctx, rs, dir, NULL); /* `latest` is garbage */
+    DW_TRY(rs);
     char *state_path = dw_path_join(cdir, "state.json");
     dw_status st = state_path ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     if (st == DW_OK && access(state_path, F_OK) != 0)
@@ -375,6 +427,7 @@ dw_status dw_ckpt_open(dw_ctx *ctx, const char *dir, char **ckpt_dir_out, dw_ckp
     free(state_path);
     if (st != DW_OK) {
         memset(out, 0, sizeof *out);
+        if (strcmp(cdir, dir) != 0 && st != DW_ERR_NOMEM) st = name_good(ctx, st, dir, cdir); /* via `latest` */
         free(cdir);
         return st;
     }

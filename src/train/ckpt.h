@@ -63,6 +63,9 @@ dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_
 dw_status dw_rmtree(dw_ctx *ctx, const char *path);
 /* malloc'd "a/b". */
 char *dw_path_join(const char *a, const char *b);
+/* n bytes from a file, fit to echo in a message: printable ASCII as is, \" \\ and \xNN for the
+ * rest, cut with "..." to fit cap (at least 16). */
+void dw_escape_bytes(const char *s, size_t n, char *out, size_t cap);
 /* malloc'd: a data pattern made absolute against the working directory ("builtin" and absolute
  * patterns as given), so that a run resumed from elsewhere reads the same files. NULL: no memory. */
 char *dw_abs_pattern(const char *pattern);

@@ -20,6 +20,19 @@ char *dw_path_join(const char *a, const char *b) {
     return p;
 }
 
+void dw_escape_bytes(const char *s, size_t n, char *out, size_t cap) {
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 8 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') out[o++] = '\\', out[o++] = (char)c;
+        else if (c >= 0x20 && c < 0x7f) out[o++] = (char)c;
+        else out[o++] = '\\', out[o++] = 'x', out[o++] = hex[c >> 4], out[o++] = hex[c & 15];
+        if (i + 1 < n && o + 8 >= cap) out[o++] = '.', out[o++] = '.', out[o++] = '.';
+    }
+    out[o] = '\0';
+}
+
 char *dw_abs_pattern(const char *pattern) {
     if (!strcmp(pattern, "builtin") || pattern[0] == '/' || !pattern[0]) return strdup(pattern);
     char cwd[4096];

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "train/data.h"
 #include "train/rng.h"
 
@@ -67,7 +68,8 @@ static uint32_t token_at(const dw_source *s, int64_t i) {
 }
 
 static dw_status map_file(dw_ctx *ctx, dw_source *s) {
-    int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+    DW_TRY(dw_check_regular(ctx, s->path)); /* a FIFO would block open() */
+    int fd = open(s->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", s->path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

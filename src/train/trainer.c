@@ -115,8 +115,8 @@ static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts 
     if (!g->model.config_json)
         return dw_set_error(ctx, DW_ERR_INVALID, "the engine's graph carries no config.json to write into checkpoints");
     if (o->eval_every < 0 || o->sample_every < 0 || o->ckpt_every < 0 || o->keep < 0 ||
-        o->eval_batches < 1 || o->sample_tokens < 0)
-        return dw_set_error(ctx, DW_ERR_INVALID, "--eval-every, --sample-every, --ckpt-every, --keep must be >= 0");
+        o->eval_batches < 1 || o->sample_tokens < 0 || !(o->sample_temperature >= 0))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--eval-every, --sample-every, --ckpt-every, --keep, --sample-temp must be >= 0");
     return DW_OK;
 }
 
