@@ -199,9 +199,10 @@ static void build_preset(const char *preset, int64_t B, int64_t T, const char *p
     assert_int_equal(dw_test_model_build(CTX, g, precision, DW_DEVICE_AUTO, m), DW_OK);
 }
 
-/* FP32 gradients of the parameters next to the new ops against central differences of the engine's
- * loss: Qwen2-MoE's shared expert, its gate and the router of the last layer, Qwen3-MoE's per-head
- * q/k norm weights (watching the last MoE layer's router for rank swaps; no router follows it). */
+/* FP32 gradients of small parameters next to the new ops against central differences of the engine's
+ * loss: in Qwen2-MoE's last layer the shared expert's gate, the norm feeding router, experts, shared
+ * expert and gate, and a q bias; Qwen3-MoE's per-head q/k norm weights (watching the last MoE
+ * layer's router for rank swaps; no router follows it). Vectors only: one element, two forwards. */
 static void test_qwen_gradients(void **state) {
     (void)state;
     static const struct {
@@ -209,8 +210,8 @@ static void test_qwen_gradients(void **state) {
     } cases[] = {
         {"qwen2-moe-tiny",
          "model.layers.2.mlp.router.experts",
-         {"model.layers.2.mlp.shared_expert_gate.weight", "model.layers.2.mlp.shared_expert.down_proj.weight",
-          "model.layers.2.mlp.gate.weight"}},
+         {"model.layers.2.mlp.shared_expert_gate.weight", "model.layers.2.post_attention_layernorm.weight",
+          "model.layers.2.self_attn.q_proj.bias"}},
         {"qwen3-moe-tiny",
          "model.layers.1.mlp.router.experts",
          {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
