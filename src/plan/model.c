@@ -87,10 +87,10 @@ dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *
                             (long long)out->top_k, (long long)out->experts);
     if (out->capacity < 1.0 && job->moe_capacity > 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "--moe: capacity %.3g must be >= 1", out->capacity);
-    if (out->experts > 0) {
-        int64_t fd = cfg->first_dense_layers > 0 ? cfg->first_dense_layers : 0;
-        if (fd > cfg->n_layers) fd = cfg->n_layers;
-        out->moe_layers = cfg->n_layers - fd;
+    if (out->experts > 0 && cfg->n_experts > 0) { /* the config's rule (first dense layers, Qwen's sparse step) */
+        for (int64_t l = 0; l < cfg->n_layers; l++) out->moe_layers += dw_model_config_moe_layer(cfg, l);
+    } else if (out->experts > 0) { /* a dense model turned MoE by --moe: every layer */
+        out->moe_layers = cfg->n_layers;
     }
     probe_engine_model(out);
     return DW_OK;
@@ -112,6 +112,7 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     if (c->linear_bias) o->attn += qkv + d;
     else if (c->qkv_bias) o->attn += qkv;
     if (c->qk_norm) o->attn += (H + Hkv) * hd; /* OLMoE's q/k norm weights */
+    if (c->qk_norm_heads) o->attn += 2 * hd;   /* Qwen3's per-head q/k norm weights */
     /* MLP: GLU has gate+up [d, ff] and down [ff, d]; GELU has fc [d, ff] and proj [ff, d] */
     o->mlp = mats * d * ff;
     if (c->linear_bias || c->mlp_bias) o->mlp += (mats - 1) * ff + d;
@@ -120,7 +121,8 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     if (in->experts > 0) {
         double fe = expert_ff(in);
         o->moe_experts = (double)in->experts * mats * d * fe;
-        o->moe_shared = (double)(c->n_shared_experts > 0 ? c->n_shared_experts : 0) * mats * d * fe;
+        o->moe_shared = (double)(c->n_shared_experts > 0 ? c->n_shared_experts : 0) * mats * d * fe +
+                        mats * d * (double)c->d_ff_shared + (c->shared_gate && c->d_ff_shared ? d : 0);
         o->router = d * (double)in->experts;
     }
     o->embed = V * d;
@@ -135,7 +137,7 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     if (in->experts > 0)
         active_moe = ((double)in->top_k + (c->n_shared_experts > 0 ? (double)c->n_shared_experts : 0)) *
                          mats * d * expert_ff(in) +
-                     o->router;
+                     mats * d * (double)c->d_ff_shared + o->router;
     o->active_per_token = L * attn_w + (L - Lm) * mlp_w + Lm * active_moe + V * d;
 }
 
