@@ -153,6 +153,42 @@ dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const v
                                  const int32_t *idx, int64_t N, int64_t E, int64_t K, int score, int renorm,
                                  void *stream);
 
+/* ---- MoE dispatch and combine (ops_moe_dispatch.cu; oracle: kernels/cpu/moe_cpu.c) ------------
+ * dispatch: x (N,C), experts idx (N,K) int32 -> xs (N*K,C) x's rows grouped by expert, each group in
+ * (token, k) order, rows past the assigned ones zero; offsets (E+1) int32 group starts; pos (N,K)
+ * int32 each assignment's row (-1: an expert outside [0,E)). All on the device. E <= 4096.
+ * combine: out (N,C) = sum_k wt[n,k] ys[pos[n,k]] (wt NULL: weights 1, dispatch's backward; ys
+ * NULL: zeros). combine backward: dys (R,C) (rows no assignment names: zero) and dwt (N,K), either
+ * NULL; dout NULL: zeros. zero_tail: rows [offsets[E], R) of y (R,C) set to zero. */
+dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void *xs, int32_t *offsets, int32_t *pos,
+                                   const void *x, const int32_t *idx, int64_t N, int64_t C, int64_t K, int64_t E,
+                                   void *stream);
+dw_status dw_cuda_moe_combine_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *ys, const void *wt,
+                                  const int32_t *pos, int64_t N, int64_t C, int64_t K, void *stream);
+dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dys, void *dwt, const void *dout,
+                                  const void *ys, const void *wt, const int32_t *pos, int64_t N, int64_t C, int64_t K,
+                                  int64_t R, void *stream);
+dw_status dw_cuda_moe_zero_tail(dw_ctx *ctx, dw_act_dtype dt, void *y, const int32_t *offsets, int64_t E, int64_t R,
+                                int64_t C, void *stream);
+
+/* ---- Grouped expert GEMMs (ops_moe_gemm.cu, moe_gemm_tc.cu; oracle: kernels/cpu/moe_cpu.c) ------
+ * x (R,K) rows grouped by expert (offsets (E+1) on the device), W (E,M,K), y and dy (R,M):
+ *   fprop  out = y (R,M):  y_e = x_e W_e^T, rows past offsets[E] zero
+ *   dgrad  out = dx (R,K): dx_e = dy_e W_e, rows past offsets[E] zero
+ *   wgrad  out = dW (E,M,K) FP32: dW_e += dy_e^T x_e
+ * x, W, dy in the activation dtype (a BF16 program passes its BF16 weight copy). BF16 runs on the
+ * tensor cores (mma.sync) unless simt is set: then, as FP32 always, FP32 FMA tiles. */
+typedef enum { DW_MOE_FPROP = 0, DW_MOE_DGRAD = 1, DW_MOE_WGRAD = 2 } dw_moe_pass;
+typedef struct {
+    dw_moe_pass pass;
+    const void *x, *w, *dy;
+    void *out;
+    const int32_t *offsets;
+    int64_t R, E, K, M;
+    int simt;
+} dw_moe_gemm_args;
+dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe_gemm_args *a, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

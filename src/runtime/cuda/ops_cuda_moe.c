@@ -1,10 +1,18 @@
 /* ops_cuda_moe.c — the CUDA backend's mixture-of-experts entries: the router (logits -> top-k
- * weights in the program's activation dtype and int32 experts; kernels/cuda/ops_moe.cu). Its
- * backward recomputes the scores from the logits and reads the experts the forward chose. */
+ * weights in the program's activation dtype and int32 experts; kernels/cuda/ops_moe.cu; its
+ * backward recomputes the scores from the logits and reads the experts the forward chose),
+ * dispatch and combine (kernels/cuda/ops_moe_dispatch.cu: counts, offsets and rows computed on the
+ * device) and the grouped expert linear layer (kernels/cuda/ops_moe_gemm.cu; a BF16 program reads
+ * the standing BF16 weight copy, which expert weights always have). No host synchronisation: a
+ * recorded step replays whatever the routing. An output gradient no consumer sent (dout NULL)
+ * counts as zeros; no MoE op adds into an input gradient (ops.def gives them no ACC flag). */
 #include "core/error.h"
 #include "runtime/backend.h"
 
 #if DW_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
 
@@ -21,5 +29,66 @@ dw_status dw_cuda_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
     return dw_cuda_moe_router_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dout[0], c->in[0],
                                   (const int32_t *)c->out[1], c->rows, dw_cuda_width(c, c->n->in[0]), a->top_k,
                                   a->score, a->norm_topk, DW_CUDA_STREAM(be));
+}
+
+/* ---- dispatch: x's rows grouped by expert, the offsets, each (token, k)'s row ------------------ */
+dw_status dw_cuda_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
+    return dw_cuda_moe_dispatch_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1],
+                                    (int32_t *)c->out[2], c->in[0], (const int32_t *)c->in[1], c->rows,
+                                    dw_cuda_width(c, c->n->in[0]), dw_cuda_width(c, c->n->in[1]), c->n->attrs.experts,
+                                    DW_CUDA_STREAM(be));
+}
+/* Each token's sum of its rows' gradients: the combine with unit weights. */
+dw_status dw_cuda_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
+    if (!c->dx[0]) return DW_OK;
+    return dw_cuda_moe_combine_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dout[0], NULL,
+                                   (const int32_t *)c->out[2], c->rows, dw_cuda_width(c, c->n->in[0]),
+                                   dw_cuda_width(c, c->n->in[1]), DW_CUDA_STREAM(be));
+}
+
+/* ---- grouped linear: each expert's rows times its weight^T ------------------------------------ */
+static dw_moe_gemm_args moe_gemm_args(const dw_op_call *c, dw_moe_pass pass) {
+    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
+    return (dw_moe_gemm_args){.pass = pass, .x = c->in[0], .w = c->x->p->bf16 ? (const void *)c->in_bf16[1] : c->in[1],
+                              .offsets = (const int32_t *)c->in[2], .R = dw_exec_rows(c->x, c->n->in[0]),
+                              .E = wt->shape[0], .M = wt->shape[1], .K = wt->shape[2]};
+}
+
+dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
+    dw_moe_gemm_args a = moe_gemm_args(c, DW_MOE_FPROP);
+    a.out = c->out[0];
+    return dw_cuda_moe_gemm(be->ctx, (dw_act_dtype)dw_cuda_dt(c), &a, DW_CUDA_STREAM(be));
+}
+
+dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
+    const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);
+    dw_moe_gemm_args a = moe_gemm_args(c, DW_MOE_DGRAD);
+    a.dy = c->dout[0];
+    if (!c->dout[0]) { /* no gradient reached y: none leaves */
+        if (c->dx[0])
+            DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(c->dx[0], 0, (size_t)(a.R * a.K) * (size_t)dw_act_size(dt),
+                                                   DW_CUDA_STREAM(be)));
+        return DW_OK;
+    }
+    if (c->dx[0]) { /* dx_e = dy_e W_e */
+        a.out = c->dx[0];
+        DW_TRY(dw_cuda_moe_gemm(be->ctx, dt, &a, DW_CUDA_STREAM(be)));
+    }
+    if (!c->pgrad[1]) return DW_OK;
+    a.pass = DW_MOE_WGRAD, a.out = c->pgrad[1]; /* dW_e += dy_e^T x_e, FP32 */
+    return dw_cuda_moe_gemm(be->ctx, dt, &a, DW_CUDA_STREAM(be));
+}
+
+/* ---- combine: each token's weighted sum of its K expert rows ---------------------------------- */
+dw_status dw_cuda_op_moe_combine_fwd(dw_backend *be, const dw_op_call *c) {
+    return dw_cuda_moe_combine_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], c->in[0], c->in[1],
+                                   (const int32_t *)c->in[2], c->rows, dw_cuda_width(c, c->n->out[0]),
+                                   dw_cuda_width(c, c->n->in[1]), DW_CUDA_STREAM(be));
+}
+dw_status dw_cuda_op_moe_combine_bwd(dw_backend *be, const dw_op_call *c) {
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]);
+    return dw_cuda_moe_combine_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dx[1], c->dout[0], c->in[0],
+                                   c->in[1], (const int32_t *)c->in[2], N, dw_cuda_width(c, c->n->out[0]), K, N * K,
+                                   DW_CUDA_STREAM(be));
 }
 #endif /* DW_HAVE_CUDA */

@@ -66,6 +66,14 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
     (void)mask;
     return dw_emu_shfl(v, dw_emu_lane() ^ o);
 }
+/* a warp barrier: every lane exchanges, so none runs ahead (orders shared-memory accesses) */
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    (void)dw_emu_exchange(0, dw_emu_lane());
+}
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
 static inline float __int_as_float(int i) {
     float f;
     memcpy(&f, &i, 4);

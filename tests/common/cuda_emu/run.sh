@@ -29,11 +29,14 @@ g++ -std=c++17 -O1 -g $san -Wall $inc -c "$emu/emu.cpp" -o "$out/emu.o"
 # attn_mma.cu is inline PTX: a stub makes its tensor-core path ineligible (reference kernels run)
 g++ -std=c++17 -O1 -g $san -Wall $inc -I"$root/src" -c "$emu/attn_stub.cpp" -o "$out/attn_stub.o"
 objs+=("$out/attn_stub.o")
+# moe_gemm_tc.cu likewise (mma.sync): the stand-in fails; the MoE test runs BF16 on the FMA tiles here
+g++ -std=c++17 -O1 -g $san -Wall $inc -c "$emu/moe_gemm_stub.cpp" -o "$out/moe_gemm_stub.o"
+objs+=("$out/moe_gemm_stub.o")
 gcc -std=c11 -O1 -g $san -D_GNU_SOURCE $inc -c "$root/tests/common/testutil.c" -o "$out/testutil.o"
 rc=0
 for t in "$root"/tests/gpu/test_ops_cuda*.c; do
   name=$(basename "$t" .c)
-  gcc -std=c11 -O1 -g $san -fopenmp -D_GNU_SOURCE -Wall $inc -c "$t" -o "$out/$name.o"
+  gcc -std=c11 -O1 -g $san -fopenmp -D_GNU_SOURCE -DDW_CUDA_EMU=1 -Wall $inc -c "$t" -o "$out/$name.o"
   g++ $san -fopenmp -o "$out/$name" "$out/$name.o" "${objs[@]}" "$out/emu.o" "$out/testutil.o" \
       "$build/libdeepwell.a" -lcmocka -ljansson -lm
   echo "== $name (emulated GPU)"

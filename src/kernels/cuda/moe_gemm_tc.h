@@ -1,0 +1,14 @@
+/* moe_gemm_tc.h — private to kernels/cuda: the BF16 tensor-core grouped expert GEMM
+ * (moe_gemm_tc.cu), launched by ops_moe_gemm.cu's entry after its checks. Inline PTX: the host
+ * emulator (tests/common/cuda_emu) links a stand-in instead and never calls it for BF16 there. */
+#ifndef DW_KERNELS_MOE_GEMM_TC_H
+#define DW_KERNELS_MOE_GEMM_TC_H
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/ops_cuda.h"
+
+/* One pass of a checked dw_moe_gemm_args with BF16 x, W, dy (and y, dx); the launch's error. */
+cudaError_t dw_moe_gemm_tc(const dw_moe_gemm_args *a, cudaStream_t stream);
+
+#endif /* DW_KERNELS_MOE_GEMM_TC_H */

@@ -1,0 +1,252 @@
+/* ops_moe_dispatch.cu — CUDA MoE data movement: dispatch (the (token, k) assignments sorted by
+ * expert on the device: counts, group offsets and each assignment's row, then the gather of x's
+ * rows) and combine (each token's weighted sum of its K expert rows), forward and backward; FP32
+ * or BF16 storage, FP32 sums in a fixed order. No host synchronisation: the offsets stay on the
+ * device for the grouped GEMMs (ops_moe_gemm.cu), so a recorded step replays with any routing.
+ * Oracle: kernels/cpu/moe_cpu.c, which orders each group by (token, k) as the index kernel does.
+ *
+ * The index kernel is one block: its warps take contiguous segments of the assignments; pass 1
+ * counts each segment's experts, a scan over (expert, segment) gives each segment's first row per
+ * expert, and pass 2 hands out rows 32 assignments at a time, a lane's rank among the earlier
+ * lanes with its expert found by shuffles (no atomics: stable and deterministic). */
+#include "kernels/cuda/ops_common.cuh"
+
+#define DW_MOE_IDX_THREADS 1024
+#define DW_MOE_IDX_SMEM_INTS 11264 /* 44 KiB: segments x experts counts, then the expert totals */
+#define DW_MOE_ROW_THREADS 256
+
+/* Assignment a's expert e (-1: none, or past the end A); of the 32 lanes' experts, how many lanes
+ * before this one hold the same value, and how many in all: the lane's rank within its expert in
+ * this chunk and the chunk's count of it. */
+static __device__ __forceinline__ int dw_moe_rank(const int32_t *idx, int64_t a, int64_t A, int E, int lane,
+                                                  int &before, int &total) {
+    int e = a < A ? idx[a] : -1;
+    if (e < 0 || e >= E) e = -1;
+    before = 0, total = 0;
+    for (int j = 0; j < 32; j++) {
+        const int ej = __shfl_sync(0xffffffffu, e, j);
+        if (ej == e) total++, before += j < lane;
+    }
+    return e;
+}
+
+static __global__ void __launch_bounds__(DW_MOE_IDX_THREADS)
+dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t A, int E, int S) {
+    __shared__ int32_t sh[DW_MOE_IDX_SMEM_INTS];
+    int32_t *seg = sh, *tot = sh + (int64_t)S * E; /* seg[s*E + e]: segment s's count, then first row */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t L = ((A + S - 1) / S + 31) / 32 * 32; /* segment length, whole chunks */
+    for (int i = threadIdx.x; i < S * E; i += blockDim.x) seg[i] = 0;
+    __syncthreads();
+    if (w < S) /* pass 1: counts */
+        for (int64_t base = w * L; base < A && base < (w + 1) * L; base += 32) {
+            const int64_t a = base + lane;
+            int before, total;
+            const int e = dw_moe_rank(idx, a, A, E, lane, before, total);
+            if (e >= 0 && before == 0) seg[w * E + e] += total; /* one leader per expert and chunk */
+            __syncwarp();
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { /* each segment's start within its expert */
+        int32_t run = 0;
+        for (int s = 0; s < S; s++) {
+            const int32_t c = seg[s * E + e];
+            seg[s * E + e] = run;
+            run += c;
+        }
+        tot[e] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* group offsets: exclusive scan of the totals */
+        int32_t run = 0;
+        for (int e = 0; e < E; e++) {
+            offsets[e] = run;
+            const int32_t c = tot[e];
+            tot[e] = run;
+            run += c;
+        }
+        offsets[E] = run;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < S * E; i += blockDim.x) seg[i] += tot[i % E];
+    __syncthreads();
+    if (w < S) /* pass 2: rows, in (token, k) order within each expert */
+        for (int64_t base = w * L; base < A && base < (w + 1) * L; base += 32) {
+            const int64_t a = base + lane;
+            int before, total;
+            const int e = dw_moe_rank(idx, a, A, E, lane, before, total);
+            const int32_t first = e >= 0 ? seg[w * E + e] : 0;
+            if (a < A) pos[a] = e >= 0 ? first + before : -1;
+            __syncwarp();
+            if (e >= 0 && before == 0) seg[w * E + e] = first + total;
+            __syncwarp();
+        }
+}
+
+/* One row of C values, 16 bytes at a time where both rows allow it. */
+template <typename T>
+static __device__ __forceinline__ void dw_moe_copy_row(T *dst, const T *src, int64_t C) {
+    if (((uintptr_t)dst & 15u) == 0 && ((uintptr_t)src & 15u) == 0 && (C * (int64_t)sizeof(T)) % 16 == 0) {
+        const int64_t nv = C * (int64_t)sizeof(T) / 16;
+        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x)
+            reinterpret_cast<uint4 *>(dst)[v] = reinterpret_cast<const uint4 *>(src)[v];
+    } else {
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
+    }
+}
+
+/* xs[pos[a]] = x[a / K], a block per assignment. */
+template <typename T>
+static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
+dw_moe_gather_kernel(T *xs, const T *x, const int32_t *pos, int64_t A, int64_t C, int64_t K) {
+    for (int64_t a = blockIdx.x; a < A; a += gridDim.x) {
+        const int32_t r = pos[a];
+        if (r >= 0) dw_moe_copy_row(xs + (int64_t)r * C, x + (a / K) * C, C);
+    }
+}
+
+/* Rows [offsets[E], R) of y set to zero: the capacity beyond the assigned rows. */
+template <typename T>
+static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
+dw_moe_zero_tail_kernel(T *y, const int32_t *offsets, int E, int64_t R, int64_t C) {
+    const int64_t used = offsets[E];
+    for (int64_t r = used + blockIdx.x; r < R; r += gridDim.x)
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dw_st(y, r * C + c, 0.0f);
+}
+
+/* out[n] = sum_k w[n,k] ys[pos[n,k]] (w NULL: weights 1), k ascending; a block per token. */
+template <typename T>
+static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
+dw_moe_combine_kernel(T *out, const T *ys, const T *wt, const int32_t *pos, int64_t N, int64_t C, int64_t K) {
+    for (int64_t n = blockIdx.x; n < N; n += gridDim.x)
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const int32_t r = pos[n * K + k];
+                if (r >= 0) s += (wt ? dw_ld(wt, n * K + k) : 1.0f) * dw_ld(ys, (int64_t)r * C + c);
+            }
+            dw_st(out, n * C + c, s);
+        }
+}
+
+/* dys[pos[n,k]] = w[n,k] dout[n] and dw[n,k] = dout[n] . ys[pos[n,k]] (either output may be NULL);
+ * a block per token, the dot a fixed-order block sum. */
+template <typename T>
+static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
+dw_moe_combine_bwd_kernel(T *dys, T *dwt, const T *dout, const T *ys, const T *wt, const int32_t *pos, int64_t N,
+                          int64_t C, int64_t K) {
+    __shared__ float red[32];
+    for (int64_t n = blockIdx.x; n < N; n += gridDim.x)
+        for (int64_t k = 0; k < K; k++) {
+            const int32_t r = pos[n * K + k];
+            if (r < 0) {
+                if (dwt && threadIdx.x == 0) dw_st(dwt, n * K + k, 0.0f);
+                continue;
+            }
+            const float wk = dw_ld(wt, n * K + k);
+            float dot = 0.0f;
+            for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+                const float g = dw_ld(dout, n * C + c);
+                if (dwt) dot += g * dw_ld(ys, (int64_t)r * C + c);
+                if (dys) dw_st(dys, (int64_t)r * C + c, wk * g);
+            }
+            if (dwt) {
+                dot = dw_block_sum(dot, red);
+                if (threadIdx.x == 0) dw_st(dwt, n * K + k, dot);
+            }
+        }
+}
+
+static unsigned dw_moe_blocks(int64_t n) { return (unsigned)(n < 1 ? 1 : n > (1 << 20) ? (1 << 20) : n); }
+
+extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void *xs, int32_t *offsets, int32_t *pos,
+                                              const void *x, const int32_t *idx, int64_t N, int64_t C, int64_t K,
+                                              int64_t E, void *stream) {
+    const char *op = "moe_dispatch";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 1 && K >= 1 && E >= 1 && E <= 4096 && N * K <= INT32_MAX);
+    DW_OPS_REQUIRE(ctx, op, xs && offsets && pos && (N == 0 || (x && idx)));
+    cudaStream_t s = (cudaStream_t)stream;
+    const int64_t A = N * K;
+    int S = (int)((DW_MOE_IDX_SMEM_INTS - E) / E);
+    if (S > 32) S = 32;
+    dw_moe_index_kernel<<<1, DW_MOE_IDX_THREADS, 0, s>>>(offsets, pos, idx, A, (int)E, S);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    if (A == 0) return DW_OK;
+    if (dt == DW_ACT_F32) {
+        dw_moe_gather_kernel<float><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, (const float *)x, pos,
+                                                                                   A, C, K);
+        dw_moe_zero_tail_kernel<float><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, offsets, (int)E, A, C);
+    } else {
+        dw_moe_gather_kernel<dw_bf16><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, (const dw_bf16 *)x,
+                                                                                     pos, A, C, K);
+        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, offsets, (int)E,
+                                                                                       A, C);
+    }
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_zero_tail(dw_ctx *ctx, dw_act_dtype dt, void *y, const int32_t *offsets, int64_t E,
+                                           int64_t R, int64_t C, void *stream) {
+    const char *op = "moe zero tail";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, R >= 0 && C >= 1 && E >= 1 && (R == 0 || (y && offsets)));
+    if (R == 0) return DW_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dt == DW_ACT_F32)
+        dw_moe_zero_tail_kernel<float><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((float *)y, offsets, (int)E, R, C);
+    else
+        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)y, offsets, (int)E,
+                                                                                       R, C);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_combine_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *ys, const void *wt,
+                                             const int32_t *pos, int64_t N, int64_t C, int64_t K, void *stream) {
+    const char *op = wt ? "moe_combine" : "moe_dispatch backward";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 1 && K >= 1 && (N == 0 || (out && pos)));
+    if (N == 0) return DW_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (!ys) { /* no gradient reached the rows: none leaves */
+        DW_CUDA_CHECK(ctx, cudaMemsetAsync(out, 0, (size_t)(N * C) * (size_t)dw_act_size(dt), s));
+        return DW_OK;
+    }
+    if (dt == DW_ACT_F32)
+        dw_moe_combine_kernel<float><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
+            (float *)out, (const float *)ys, (const float *)wt, pos, N, C, K);
+    else
+        dw_moe_combine_kernel<dw_bf16><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
+            (dw_bf16 *)out, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N, C, K);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dys, void *dwt, const void *dout,
+                                             const void *ys, const void *wt, const int32_t *pos, int64_t N, int64_t C,
+                                             int64_t K, int64_t R, void *stream) {
+    const char *op = "moe_combine backward";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 1 && K >= 1 && R >= 0);
+    DW_OPS_REQUIRE(ctx, op, !dout || N == 0 || (ys && wt && pos));
+    cudaStream_t s = (cudaStream_t)stream;
+    const size_t es = (size_t)dw_act_size(dt);
+    /* rows no assignment points at (a dropped or invalid one) get zeros */
+    if (dys && R > 0) DW_CUDA_CHECK(ctx, cudaMemsetAsync(dys, 0, (size_t)(R * C) * es, s));
+    if (!dout || N == 0) {
+        if (dwt && N > 0) DW_CUDA_CHECK(ctx, cudaMemsetAsync(dwt, 0, (size_t)(N * K) * es, s));
+        return DW_OK;
+    }
+    if (!dys && !dwt) return DW_OK;
+    if (dt == DW_ACT_F32)
+        dw_moe_combine_bwd_kernel<float><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
+            (float *)dys, (float *)dwt, (const float *)dout, (const float *)ys, (const float *)wt, pos, N, C, K);
+    else
+        dw_moe_combine_bwd_kernel<dw_bf16><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
+            (dw_bf16 *)dys, (dw_bf16 *)dwt, (const dw_bf16 *)dout, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N,
+            C, K);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}

@@ -1,0 +1,91 @@
+/* ops_moe_gemm.cu — the grouped expert GEMMs of the MoE linear layer (fprop, dgrad, wgrad; the
+ * products of moe_gemm.cuh): the entry that checks and launches, and the FP32-FMA tile kernel that
+ * runs FP32 programs (and BF16 ones when asked: the tensor-core kernel's own check, and the host
+ * emulator's path). BF16 goes to moe_gemm_tc.cu's tensor-core kernel. Counts and offsets stay on
+ * the device. Each output element is one CTA's: no atomics, deterministic. */
+#include "kernels/cuda/moe_gemm.cuh"
+#include "kernels/cuda/moe_gemm_tc.h"
+#include "kernels/cuda/ops_common.cuh"
+
+#define DW_MG_BM 64
+#define DW_MG_BN 64
+#define DW_MG_BK 16
+#define DW_MG_THREADS 256 /* 16 x 16 threads, 4 x 4 outputs each */
+
+/* One BM x BK (or BN x BK) tile of an operand, X(i,l) = p[i*si + l*sl], into s[l][i] as FP32;
+ * outside [0,I) x [0,L): zero. Consecutive threads walk the operand's unit-stride dimension. */
+template <typename T, int BI>
+static __device__ __forceinline__ void dw_mg_load(float (*s)[BI + 1], const T *p, int64_t si, int64_t sl, int64_t i0,
+                                                  int64_t I, int64_t l0, int64_t L) {
+    for (int v = threadIdx.x; v < BI * DW_MG_BK; v += DW_MG_THREADS) {
+        int i, l;
+        if (sl == 1) i = v / DW_MG_BK, l = v % DW_MG_BK;
+        else l = v / BI, i = v % BI;
+        const int64_t gi = i0 + i, gl = l0 + l;
+        s[l][i] = gi < I && gl < L ? dw_ld(p, gi * si + gl * sl) : 0.0f;
+    }
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(DW_MG_THREADS) dw_moe_gemm_simt_kernel(dw_moe_gemm_args g) {
+    __shared__ float As[DW_MG_BK][DW_MG_BM + 1], Bs[DW_MG_BK][DW_MG_BN + 1];
+    int64_t e, g0, cnt, i0;
+    if (!dw_moe_tile(g, DW_MG_BM, e, g0, cnt, i0)) return;
+    const dw_moe_prob<T> p = dw_moe_problem<T>(g, e, g0, cnt);
+    const int64_t j0 = (int64_t)blockIdx.y * DW_MG_BN;
+    if (j0 >= p.J) return;
+    const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+    float acc[4][4] = {};
+    for (int64_t l0 = 0; l0 < p.L; l0 += DW_MG_BK) {
+        dw_mg_load<T, DW_MG_BM>(As, p.a, p.sai, p.sal, i0, p.I, l0, p.L);
+        dw_mg_load<T, DW_MG_BN>(Bs, p.b, p.sbj, p.sbl, j0, p.J, l0, p.L);
+        __syncthreads();
+        for (int l = 0; l < DW_MG_BK; l++) {
+            float av[4], bv[4];
+            for (int u = 0; u < 4; u++) av[u] = As[l][ty * 4 + u], bv[u] = Bs[l][tx * 4 + u];
+            for (int u = 0; u < 4; u++)
+                for (int v = 0; v < 4; v++) acc[u][v] += av[u] * bv[v];
+        }
+        __syncthreads();
+    }
+    for (int u = 0; u < 4; u++)
+        for (int v = 0; v < 4; v++) {
+            const int64_t i = i0 + ty * 4 + u, j = j0 + tx * 4 + v;
+            if (i >= p.I || j >= p.J) continue;
+            if (g.pass == DW_MOE_WGRAD) ((float *)p.c)[i * p.ldc + j] += acc[u][v];
+            else dw_st((T *)p.c, i * p.ldc + j, acc[u][v]);
+        }
+}
+
+static const char *dw_moe_pass_name(dw_moe_pass pass) {
+    return pass == DW_MOE_FPROP ? "moe_linear" : pass == DW_MOE_DGRAD ? "moe_linear dgrad" : "moe_linear wgrad";
+}
+
+extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe_gemm_args *a, void *stream) {
+    const char *op = a ? dw_moe_pass_name(a->pass) : "moe_linear";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, a && (a->pass == DW_MOE_FPROP || a->pass == DW_MOE_DGRAD || a->pass == DW_MOE_WGRAD));
+    DW_OPS_REQUIRE(ctx, op, a->R >= 0 && a->E >= 1 && a->E <= 65535 && a->K >= 1 && a->M >= 1);
+    DW_OPS_REQUIRE(ctx, op, a->out && a->offsets && (a->pass == DW_MOE_FPROP || a->dy));
+    DW_OPS_REQUIRE(ctx, op, (a->pass == DW_MOE_WGRAD || a->w) && (a->pass == DW_MOE_DGRAD || a->x));
+    cudaStream_t s = (cudaStream_t)stream;
+    const int64_t R = a->R, J = a->pass == DW_MOE_FPROP ? a->M : a->K;
+    if (a->pass != DW_MOE_WGRAD) /* rows past the assigned ones: zero, whatever the kernel covers */
+        DW_TRY(dw_cuda_moe_zero_tail(ctx, dt, a->out, a->offsets, a->E, R, J, stream));
+    if (R == 0) return DW_OK;
+    if (dt == DW_ACT_BF16 && !a->simt) {
+        DW_CUDA_CHECK(ctx, dw_moe_gemm_tc(a, s));
+        return DW_OK;
+    }
+    dim3 grid;
+    if (a->pass == DW_MOE_WGRAD)
+        grid = dim3((unsigned)((a->M + DW_MG_BM - 1) / DW_MG_BM), (unsigned)((a->K + DW_MG_BN - 1) / DW_MG_BN),
+                    (unsigned)a->E);
+    else
+        grid = dim3((unsigned)((R + DW_MG_BM - 1) / DW_MG_BM + a->E), (unsigned)((J + DW_MG_BN - 1) / DW_MG_BN), 1);
+    DW_OPS_REQUIRE(ctx, op, grid.y <= 65535);
+    if (dt == DW_ACT_F32) dw_moe_gemm_simt_kernel<float><<<grid, DW_MG_THREADS, 0, s>>>(*a);
+    else dw_moe_gemm_simt_kernel<dw_bf16><<<grid, DW_MG_THREADS, 0, s>>>(*a);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}

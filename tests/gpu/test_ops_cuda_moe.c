@@ -1,0 +1,191 @@
+/* test_ops_cuda_moe.c — the CUDA MoE data movement and grouped expert GEMMs against the CPU
+ * reference (kernels/cpu/moe_cpu.c): dispatch (offsets and rows equal exactly, gathered rows bit
+ * for bit), its backward, the grouped linear layer's fprop, dgrad and wgrad (FP32 programs; BF16 on
+ * the tensor cores and on the FP32-FMA tiles), combine and its backward. Routings: uniform, every
+ * token to the same experts (the rest empty), one token, many experts with empty ones, assignments
+ * outside [0,E) (rows past the assigned ones must come out zero); odd widths take the scalar paths.
+ * Fresh random inputs, outputs poisoned with NaN, guard bands. Needs a GPU (ctest label "gpu"); the
+ * host emulator (tests/common/cuda_emu/run.sh) runs it too, BF16 on the FMA tiles only.
+ *
+ * Tolerances as test_ops_cuda.c: BF16 outputs 2 BF16 ulps; FP32 sums of L terms differ from the
+ * double oracle by FP32 rounding, within 1e-5 of the largest value + 1e-4 relative. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpucheck.h"
+#include "kernels/cpu/ops_cpu.h"
+#include "opcheck.h"
+#include "testutil.h"
+
+static dw_test_rng g_rng;
+
+static int setup(void **state) {
+    dw_test_rng_init(&g_rng, dw_test_seed() ^ 0x30E5ull);
+    return dw_gc_init(state);
+}
+
+enum { ROUTE_UNIFORM, ROUTE_SAME, ROUTE_INVALID };
+
+/* Experts of N tokens, K each (distinct within a token, as a router gives them): uniform; every
+ * token the experts 0..K-1; or uniform with about one in five set outside [0,E). */
+static void route(int32_t *idx, int64_t N, int64_t K, int64_t E, int mode) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) {
+            int32_t e;
+            if (mode == ROUTE_SAME) {
+                e = (int32_t)k;
+            } else {
+                bool dup;
+                do { /* distinct within the token */
+                    e = (int32_t)(dw_test_next(&g_rng) % (uint64_t)E);
+                    dup = false;
+                    for (int64_t j = 0; j < k; j++) dup |= idx[n * K + j] == e;
+                } while (dup);
+            }
+            if (mode == ROUTE_INVALID && dw_test_next(&g_rng) % 5 == 0) e = dw_test_next(&g_rng) % 2 ? -1 : (int32_t)E;
+            idx[n * K + k] = e;
+        }
+}
+
+static int64_t cmp_ints(const char *name, const char *what, const void *dev, const int32_t *want, int64_t n) {
+    int32_t *got = malloc((size_t)(n > 0 ? n : 1) * 4);
+    if (!got) abort();
+    DW_GC_CUDA(cudaMemcpy(got, dev, (size_t)n * 4, cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            if (!bad) printf("MISMATCH %s %s[%lld]: gpu %d cpu %d\n", name, what, (long long)i, got[i], want[i]);
+            bad++;
+        }
+    free(got);
+    return bad;
+}
+
+static int64_t run_moe(dw_act_dtype dt, int simt, int64_t N, int64_t C, int64_t K, int64_t E, int64_t M, int mode) {
+    char name[160];
+    snprintf(name, sizeof name, "moe[%s%s N=%lld C=%lld K=%lld E=%lld M=%lld route=%d]", dw_gc_dtname(dt),
+             simt ? " simt" : "", (long long)N, (long long)C, (long long)K, (long long)E, (long long)M, mode);
+    int64_t bad = 0;
+    const int64_t R = N * K;
+    int32_t *idx = malloc((size_t)R * 4), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)R * 4);
+    route(idx, N, K, E, mode);
+
+    /* dispatch */
+    dw_gt *x = dw_gt_rand(&g_rng, "x", N * C, dt, -1, 1), *ix = dw_gt_ints("experts", idx, R);
+    dw_gt *xs = dw_gt_out("xs", R * C, dt), *goff = dw_gt_out("offsets", E + 1, DW_ACT_F32);
+    dw_gt *gpos = dw_gt_out("pos", R, DW_ACT_F32);
+    float *xs_ref = dw_oc_alloc(R * C);
+    dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, N, C, K, E);
+    DW_GC_OK(bad, name, dw_cuda_moe_dispatch_fwd(NULL, dt, xs->dev, (int32_t *)goff->dev, (int32_t *)gpos->dev, x->dev,
+                                                 (const int32_t *)ix->dev, N, C, K, E, dw_gc_stream));
+    DW_GC_SYNC();
+    bad += cmp_ints(name, "offsets", goff->dev, off, E + 1);
+    bad += cmp_ints(name, "pos", gpos->dev, pos, R);
+    const dw_gc_tol exact = {0, 0, 0};
+    DW_GC_CMP(bad, name, xs, xs_ref, exact);
+    /* the kernels below read the oracle's xs (equal to the device's when the above passed) */
+    dw_gt *xsr = dw_gt_from("xs(cpu)", xs_ref, R * C, dt);
+
+    /* dispatch backward: each token's sum of its rows' gradients */
+    dw_gt *dxs = dw_gt_rand(&g_rng, "dxs", R * C, dt, -1, 1), *dx = dw_gt_out("dx", N * C, dt);
+    float *dx_ref = dw_oc_alloc(N * C);
+    dw_cpu_moe_dispatch_bwd(dx_ref, dxs->host, pos, N, C, K);
+    DW_GC_OK(bad, name, dw_cuda_moe_combine_fwd(NULL, dt, dx->dev, dxs->dev, NULL, (const int32_t *)gpos->dev, N, C, K,
+                                                dw_gc_stream));
+
+    /* grouped linear: fprop, dgrad, wgrad */
+    dw_gt *w = dw_gt_rand(&g_rng, "W", E * M * C, dt, -1, 1), *y = dw_gt_out("y", R * M, dt);
+    dw_gt *dy = dw_gt_rand(&g_rng, "dy", R * M, dt, -1, 1), *dxl = dw_gt_out("dx(linear)", R * C, dt);
+    dw_gt *dW = dw_gt_rand(&g_rng, "dW", E * M * C, DW_ACT_F32, -1, 1); /* accumulated into */
+    float *y_ref = dw_oc_alloc(R * M), *dxl_ref = dw_oc_alloc(R * C), *dW_ref = dw_oc_alloc(E * M * C);
+    memcpy(dW_ref, dW->host, (size_t)(E * M * C) * sizeof(float));
+    dw_cpu_moe_linear_fwd(y_ref, xsr->host, w->host, off, R, E, C, M);
+    dw_cpu_moe_linear_bwd(dxl_ref, dW_ref, dy->host, xsr->host, w->host, off, R, E, C, M);
+    dw_moe_gemm_args a = {.pass = DW_MOE_FPROP, .x = xsr->dev, .w = w->dev, .out = y->dev,
+                          .offsets = (const int32_t *)goff->dev, .R = R, .E = E, .K = C, .M = M, .simt = simt};
+    DW_GC_OK(bad, name, dw_cuda_moe_gemm(NULL, dt, &a, dw_gc_stream));
+    a.pass = DW_MOE_DGRAD, a.dy = dy->dev, a.out = dxl->dev;
+    DW_GC_OK(bad, name, dw_cuda_moe_gemm(NULL, dt, &a, dw_gc_stream));
+    a.pass = DW_MOE_WGRAD, a.out = dW->dev;
+    DW_GC_OK(bad, name, dw_cuda_moe_gemm(NULL, dt, &a, dw_gc_stream));
+
+    /* combine and its backward, over rows of width M */
+    dw_gt *ys = dw_gt_rand(&g_rng, "ys", R * M, dt, -1, 1), *wt = dw_gt_rand(&g_rng, "wt", R, dt, 0, 1);
+    dw_gt *out = dw_gt_out("out", N * M, dt), *dout = dw_gt_rand(&g_rng, "dout", N * M, dt, -1, 1);
+    dw_gt *dys = dw_gt_out("dys", R * M, dt), *dwt = dw_gt_out("dwt", R, dt);
+    float *out_ref = dw_oc_alloc(N * M), *dys_ref = dw_oc_alloc(R * M), *dwt_ref = dw_oc_alloc(R);
+    dw_cpu_moe_combine_fwd(out_ref, ys->host, wt->host, pos, N, M, K);
+    dw_cpu_moe_combine_bwd(dys_ref, dwt_ref, dout->host, ys->host, wt->host, pos, N, M, K, R);
+    DW_GC_OK(bad, name, dw_cuda_moe_combine_fwd(NULL, dt, out->dev, ys->dev, wt->dev, (const int32_t *)gpos->dev, N, M,
+                                                K, dw_gc_stream));
+    DW_GC_OK(bad, name, dw_cuda_moe_combine_bwd(NULL, dt, dys->dev, dwt->dev, dout->dev, ys->dev, wt->dev,
+                                                (const int32_t *)gpos->dev, N, M, K, R, dw_gc_stream));
+    DW_GC_SYNC();
+
+    const dw_gc_tol t = dw_gc_pick(dt, 1e-5, 1e-4), tf = {1e-5, 1e-4, 0.0};
+    DW_GC_CMP(bad, name, dx, dx_ref, t);
+    DW_GC_CMP(bad, name, y, y_ref, t);
+    DW_GC_CMP(bad, name, dxl, dxl_ref, t);
+    DW_GC_CMP(bad, name, dW, dW_ref, tf); /* FP32 output either way */
+    DW_GC_CMP(bad, name, out, out_ref, t);
+    DW_GC_CMP(bad, name, dys, dys_ref, t);
+    DW_GC_CMP(bad, name, dwt, dwt_ref, t);
+    if (!dw_gc_guards_ok(name)) bad++;
+    dw_gc_free_all();
+    free(idx), free(off), free(pos), free(xs_ref), free(dx_ref), free(y_ref), free(dxl_ref), free(dW_ref);
+    free(out_ref), free(dys_ref), free(dwt_ref);
+    return bad;
+}
+
+static void test_moe_ops(void **state) {
+    (void)state;
+    int64_t bad = 0;
+    const struct {
+        dw_act_dtype dt;
+        int simt;
+    } modes[] = {{DW_ACT_F32, 1}, {DW_ACT_BF16, 0}, {DW_ACT_BF16, 1}};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        const dw_act_dtype dt = modes[m].dt;
+        const int simt = modes[m].simt;
+#ifdef DW_CUDA_EMU /* the host emulator cannot run the tensor-core kernel's PTX */
+        if (!simt) continue;
+#endif
+        bad += run_moe(dt, simt, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 72, 2, 8, 40, ROUTE_UNIFORM);
+        bad += run_moe(dt, simt, 37, 33, 3, 5, 19, ROUTE_SAME);       /* skewed, odd widths: scalar paths */
+        bad += run_moe(dt, simt, 1, 64, 1, 4, 64, ROUTE_UNIFORM);     /* a single token */
+        bad += run_moe(dt, simt, 200, 256, 8, 64, 136, ROUTE_UNIFORM); /* many experts, some empty */
+        bad += run_moe(dt, simt, 300, 384, 2, 4, 320, ROUTE_UNIFORM);  /* several 128-tiles and K tiles */
+        bad += run_moe(dt, simt, 90, 48, 2, 6, 24, ROUTE_INVALID);     /* tails past the assigned rows */
+    }
+    assert_int_equal(bad, 0);
+}
+
+static void test_moe_validation(void **state) {
+    (void)state;
+    float *p = NULL;
+    DW_GC_CUDA(cudaMalloc((void **)&p, 1024));
+    dw_moe_gemm_args a = {.pass = DW_MOE_FPROP, .x = p, .w = p, .out = p, .offsets = (const int32_t *)p, .R = 4,
+                          .E = 0, .K = 4, .M = 4};
+    assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_F32, &a, dw_gc_stream), DW_ERR_INVALID); /* no experts */
+    assert_non_null(strstr(dw_errmsg(NULL), "moe_linear"));
+    a.E = 2, a.pass = DW_MOE_DGRAD; /* dgrad without dy */
+    assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_F32, &a, dw_gc_stream), DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_moe_dispatch_fwd(NULL, DW_ACT_F32, p, (int32_t *)p, (int32_t *)p, p, (const int32_t *)p, 2,
+                                              4, 1, 5000, dw_gc_stream),
+                     DW_ERR_INVALID); /* E > 4096 */
+    assert_int_equal(dw_cuda_moe_combine_fwd(NULL, (dw_act_dtype)3, p, p, p, (const int32_t *)p, 1, 1, 1, dw_gc_stream),
+                     DW_ERR_INVALID);
+    cudaFree(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_ops), cmocka_unit_test(test_moe_validation)};
+    return cmocka_run_group_tests(tests, setup, dw_gc_fini);
+}
