@@ -36,6 +36,8 @@ python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/ok.json" && ok 
 # missing input: I/O (3); malformed input: bad input (2)
 "$dw" quant-report "$tmp/none.safetensors" >/dev/null 2>&1; check "quant-report of a missing file: I/O" 3 $?
 "$dw" probe --hw "$tmp/none.json" >/dev/null 2>&1; check "probe --hw of a missing file: I/O" 3 $?
+"$dw" quantize --recipe mxfp8 "$tmp/none.safetensors" "$tmp/o.safetensors" >/dev/null 2>&1
+check "quantize of a missing file: I/O" 3 $?
 echo '{"model_type": "gpt2", "n_layer": ' >"$tmp/bad.json"
 "$dw" capture "$tmp/bad.json" >/dev/null 2>&1; check "capture of malformed JSON: bad input" 2 $?
 
@@ -51,5 +53,18 @@ check "quantize onto a full disk: I/O failure" 3 $?
 (trap '' XFSZ; ulimit -f 16; exec "$dw" train --resume "$tmp/run" --steps 2) >/dev/null 2>"$tmp/err"
 check "train checkpointing onto a full disk: I/O failure" 3 $?
 [ "$(cat "$tmp/run/latest")" = ckpt-1 ] && ok "  ... latest still names the good checkpoint" || bad "  ... latest: $(cat "$tmp/run/latest")"
+# the docs agree: no sentence of docs/ or README.md gives an unreadable or missing file exit 2
+src=${DW_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+python3 - "$src" >"$tmp/stale" <<'PY'
+import glob, os, re, sys
+root = sys.argv[1]
+for p in sorted(glob.glob(os.path.join(root, "docs", "*.md")) + [os.path.join(root, "README.md")]):
+    text = re.sub(r"\s+", " ", open(p, encoding="utf-8").read())
+    for sent in re.split(r"(?<=[.;])\s", text):
+        if re.search(r"unreadable|cannot be (opened|read)|missing (input )?file", sent) and \
+           re.search(r"exits? (with )?(status )?2\b|exit 2\b", sent):
+            print(f"{os.path.relpath(p, root)}: {sent.strip()[:200]}")
+PY
+[ ! -s "$tmp/stale" ] && ok "the docs give unreadable input exit 3, never 2" || bad "stale exit status in the docs: $(cat "$tmp/stale")"
 echo "$fails failed"
 [ $fails -eq 0 ]
