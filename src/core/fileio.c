@@ -11,31 +11,58 @@
 #include "core/error.h"
 #include "core/fileio.h"
 
+static dw_status refuse_kind(dw_ctx *ctx, const char *path, mode_t mode) {
+    const char *what = S_ISFIFO(mode)   ? "a FIFO (named pipe)"
+                       : S_ISDIR(mode)  ? "a directory"
+                       : S_ISCHR(mode)  ? "a character device"
+                       : S_ISBLK(mode)  ? "a block device"
+                       : S_ISSOCK(mode) ? "a socket"
+                                        : "not a file";
+    return dw_set_error(ctx, DW_ERR_INVALID, "%s: %s, not a regular file: give a file (it is read whole)", path, what);
+}
+
 dw_status dw_check_regular(dw_ctx *ctx, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISREG(st.st_mode)) return DW_OK;
-    const char *what = S_ISFIFO(st.st_mode)  ? "a FIFO (named pipe)"
-                       : S_ISDIR(st.st_mode) ? "a directory"
-                       : S_ISCHR(st.st_mode) ? "a character device"
-                       : S_ISBLK(st.st_mode) ? "a block device"
-                       : S_ISSOCK(st.st_mode) ? "a socket"
-                                              : "not a file";
-    return dw_set_error(ctx, DW_ERR_INVALID, "%s: %s, not a regular file: give a file (it is read whole)", path, what);
+    return S_ISREG(st.st_mode) ? DW_OK : refuse_kind(ctx, path, st.st_mode);
+}
+
+dw_status dw_open_regular(dw_ctx *ctx, const char *path, int *fd_out, size_t *size_out) {
+    *fd_out = -1;
+    if (size_out) *size_out = 0;
+    DW_TRY(dw_check_regular(ctx, path)); /* a device is never opened at all */
+    /* O_NONBLOCK: a FIFO put in its place since the stat() cannot make open() wait. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        dw_status s = dw_set_error(ctx, DW_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return s;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return refuse_kind(ctx, path, st.st_mode);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    *fd_out = fd;
+    if (size_out) *size_out = (size_t)st.st_size;
+    return DW_OK;
 }
 
 dw_status dw_read_file(dw_ctx *ctx, const char *path, char **data_out, size_t *size_out) {
     *data_out = NULL;
     if (size_out) *size_out = 0;
-    DW_TRY(dw_check_regular(ctx, path));
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return dw_set_error(ctx, DW_ERR_IO, "%s: not a regular file", path);
+    int fd;
+    size_t size;
+    DW_TRY(dw_open_regular(ctx, path, &fd, &size));
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        dw_status s = dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+        return s;
     }
-    size_t size = (size_t)st.st_size;
     char *buf = malloc(size + 1);
     if (!buf) {
         fclose(fp);

@@ -14,6 +14,10 @@ extern "C" {
  * (a FIFO, a directory, a device, a socket), DW_ERR_IO when it cannot be examined. Asked before
  * opening: opening a FIFO would wait for a writer. */
 dw_status dw_check_regular(dw_ctx *ctx, const char *path);
+/* Opens a regular file for reading, refusing anything else by name before open() (as
+ * dw_check_regular) and again after it (fstat); *fd_out is -1 on error, else owned by the caller.
+ * *size_out (may be NULL) is its size. Every reader of a named file opens through this. */
+dw_status dw_open_regular(dw_ctx *ctx, const char *path, int *fd_out, size_t *size_out);
 /* Reads a whole regular file into a NUL-terminated malloc'd buffer. */
 dw_status dw_read_file(dw_ctx *ctx, const char *path, char **data_out, size_t *size_out);
 

@@ -3,20 +3,19 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "core/json.h"
 
 dw_status dw_json_load_file(dw_ctx *ctx, const char *path, json_t **out) {
     *out = NULL;
-    json_error_t e;
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
-    if (!j) {
-        /* Jansson reports unreadable files with line -1. */
-        if (e.line < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: %s", path, e.text);
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", path, e.line,
-                            e.column, e.text);
-    }
-    *out = j;
-    return DW_OK;
+    /* Read through dw_read_file, not json_load_file: a FIFO, device or directory is refused by
+     * name instead of read (or waited on) forever. */
+    char *text;
+    size_t n;
+    DW_TRY(dw_read_file(ctx, path, &text, &n));
+    dw_status s = dw_json_load_string(ctx, text, n, path, out);
+    free(text);
+    return s;
 }
 
 dw_status dw_json_load_string(dw_ctx *ctx, const char *text, size_t len, const char *what,

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "io/safetensors.h"
 #include "io/safetensors_priv.h"
 
@@ -289,20 +290,16 @@ dw_status dw_st_open_memory(dw_ctx *ctx, const void *buf, size_t len, const char
 
 dw_status dw_st_open(dw_ctx *ctx, const char *path, dw_st_file **out) {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return dw_set_error(ctx, DW_ERR_IO, "%s: not a regular file", path);
-    }
+    int fd;
+    size_t size;
+    DW_TRY(dw_open_regular(ctx, path, &fd, &size)); /* a FIFO or device refused by name, never waited on */
     dw_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
         close(fd);
         return dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
     }
-    f->size = (size_t)st.st_size;
+    f->size = size;
     if (f->size > 0) { /* mmap of length 0 fails; parse() reports the short file */
         void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "train/ckpt.h"
 #include "train/ckpt_fs.h"
 
@@ -49,8 +50,8 @@ dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_
         for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
         table[i] = c;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    DW_TRY(dw_open_regular(ctx, path, &fd, NULL));
     enum { CHUNK = 1 << 20 };
     unsigned char *buf = malloc(CHUNK);
     if (!buf) {

@@ -68,23 +68,18 @@ static uint32_t token_at(const dw_source *s, int64_t i) {
 }
 
 static dw_status map_file(dw_ctx *ctx, dw_source *s) {
-    DW_TRY(dw_check_regular(ctx, s->path)); /* a FIFO would block open() */
-    int fd = open(s->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return dw_set_error(ctx, DW_ERR_IO, "%s: cannot open: %s", s->path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return dw_set_error(ctx, DW_ERR_IO, "%s: not a regular file", s->path);
-    }
-    if (st.st_size == 0) {
+    int fd;
+    size_t size;
+    DW_TRY(dw_open_regular(ctx, s->path, &fd, &size)); /* a FIFO would block open() */
+    if (size == 0) {
         close(fd);
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: empty file", s->path);
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED) return dw_set_error(ctx, DW_ERR_IO, "%s: mmap failed: %s", s->path, strerror(errno));
     s->map = m;
-    s->map_len = (size_t)st.st_size;
+    s->map_len = size;
     return DW_OK;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_refusals.sh DEEPWELL — inputs refused before harm (issue 32, finding 8): `quantize X X`
 # (the same file by any path) unless --in-place; --min-lr above --lr and --sample-temp -1; a FIFO
-# or other non-regular file as --data, refused at once instead of hanging; garbage bytes from a
+# or other non-regular file as --data, --policy, config.json, --hw, a safetensors file or shard,
+# refused at once by name instead of hanging; garbage bytes from a
 # `latest` file echoed escaped; a damaged latest checkpoint names the newest good one and how to
 # resume from it.
 set -u
@@ -54,6 +55,33 @@ check "a FIFO as --val is refused (no hang)" 2 $?
 timeout 20 "$dw" train "${common[@]}" --data /dev/null --steps 1 --out "$tmp/x6" >/dev/null 2>"$tmp/err"
 check "a character device as --data is refused" 2 $?
 has "  ... naming it" "$tmp/err" "/dev/null: a character device"
+
+# --- every other file read by name: JSON (policy, config, hardware, shard index), safetensors, shards
+mkdir -p "$tmp/pdir" "$tmp/fcfg" "$tmp/fst" "$tmp/fsh"
+mkfifo "$tmp/fcfg/config.json"
+cp "$tmp/model/config.json" "$tmp/fst/" && mkfifo "$tmp/fst/model.safetensors"
+cp "$tmp/model/config.json" "$tmp/fsh/" && mkfifo "$tmp/fsh/model-00001-of-00001.safetensors"
+echo '{"weight_map": {"wte.weight": "model-00001-of-00001.safetensors"}}' >"$tmp/fsh/model.safetensors.index.json"
+refused() { # refused DESCRIPTION NAMED-TEXT COMMAND...: exit 2 within the timeout, naming the file
+  local d=$1 t=$2; shift 2
+  timeout 20 "$@" >/dev/null 2>"$tmp/err"
+  check "$d is refused (no hang)" 2 $?
+  has "  ... naming it" "$tmp/err" "$t"
+}
+refused "a FIFO as --policy" "$tmp/fifo: a FIFO (named pipe), not a regular file" \
+  "$dw" train "${common[@]}" --policy "$tmp/fifo" --steps 1 --out "$tmp/x7"
+refused "a directory as --policy" "$tmp/pdir: a directory, not a regular file" \
+  "$dw" train "${common[@]}" --policy "$tmp/pdir" --steps 1 --out "$tmp/x8"
+refused "a FIFO as config.json" "$tmp/fcfg/config.json: a FIFO (named pipe)" "$dw" capture "$tmp/fcfg"
+refused "a FIFO as --hw" "$tmp/fifo: a FIFO (named pipe)" "$dw" probe --hw "$tmp/fifo"
+refused "/dev/zero as --hw (endless)" "/dev/zero: a character device" "$dw" probe --hw /dev/zero
+refused "a FIFO to quant-report" "$tmp/fifo: a FIFO (named pipe)" "$dw" quant-report "$tmp/fifo"
+refused "a FIFO to quantize" "$tmp/fifo: a FIFO (named pipe)" \
+  "$dw" quantize --recipe mxfp8 "$tmp/fifo" "$tmp/q.safetensors"
+refused "a FIFO as model.safetensors" "$tmp/fst/model.safetensors: a FIFO (named pipe)" \
+  "$dw" sample "$tmp/fst" --prompt a -n 2 --device cpu
+refused "a FIFO as a weight shard" "$tmp/fsh/model-00001-of-00001.safetensors: a FIFO (named pipe)" \
+  "$dw" sample "$tmp/fsh" --prompt a -n 2 --device cpu
 
 # --- a damaged `latest`: escaped bytes, and the newest good checkpoint named -------------------------
 cp -r "$tmp/run" "$tmp/g"

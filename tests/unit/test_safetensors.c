@@ -320,7 +320,7 @@ static void test_validation_errors(void **state) {
     assert_int_equal(dw_st_open(ctx, missing, &f), DW_ERR_IO);
     assert_null(f);
     assert_non_null(strstr(dw_errmsg(ctx), missing));
-    assert_int_equal(dw_st_open(ctx, dir, &f), DW_ERR_IO);
+    assert_int_equal(dw_st_open(ctx, dir, &f), DW_ERR_INVALID); /* a directory is bad input, refused before open */
     assert_non_null(strstr(dw_errmsg(ctx), "not a regular file"));
     free(missing);
     free(path);
