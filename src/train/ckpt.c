@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/log.h"
 #include "train/ckpt.h"
 #include "train/ckpt_fs.h"
 
@@ -67,7 +68,47 @@ static json_t *state_to_json(const dw_ckpt_state *s, const int64_t *sizes, const
     json_object_set_new(j, "plan", json_null());
     json_object_set_new(j, "quant_scales", json_object());
     json_object_set_new(j, "files", files);
+    json_object_set_new(j, DW_CKPT_SELF_CRC, json_string("00000000")); /* last: filled in after dumping */
     return j;
+}
+
+/* The 8 hex digits of state.json's own "state_crc32" in text: its last occurrence (the top-level
+ * member, written last; the quote marks of a key never occur unescaped inside a string), or NULL. */
+static char *self_crc_digits(char *text) {
+    const char *key = "\"" DW_CKPT_SELF_CRC "\": \"";
+    char *found = NULL;
+    for (char *p = strstr(text, key); p; p = strstr(p + 1, key)) found = p;
+    if (!found) return NULL;
+    char *d = found + strlen(key);
+    for (int i = 0; i < 8; i++)
+        if (!d[i] || !strchr("0123456789abcdefABCDEF", d[i])) return NULL;
+    return d[8] == '"' ? d : NULL;
+}
+
+/* Checks state.json's "state_crc32" (format_version 2): the CRC-32 of the file's bytes with those 8
+ * digits read as zeros. A format_version 1 file (written before the field) is accepted with a note. */
+static dw_status check_self_crc(dw_ctx *ctx, const char *path, const json_t *j, char *text, size_t n) {
+    json_int_t ver = json_integer_value(json_object_get(j, "format_version"));
+    json_t *field = json_object_get(j, DW_CKPT_SELF_CRC);
+    if (ver < 2 && !field) {
+        DW_LOGW("%s: format_version %lld has no \"%s\" of its own to check (written before it existed); "
+                "its files' sizes and CRC-32s are still checked", path, (long long)ver, DW_CKPT_SELF_CRC);
+        return DW_OK;
+    }
+    char *d = self_crc_digits(text);
+    if (!json_is_string(field) || !d || strncmp(json_string_value(field), d, 8) || strlen(json_string_value(field)) != 8)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: no \"%s\" of 8 hex digits: damaged (format_version %lld records one)",
+                            path, DW_CKPT_SELF_CRC, (long long)ver);
+    char rec[9];
+    memcpy(rec, d, 8);
+    rec[8] = '\0';
+    memcpy(d, "00000000", 8);
+    uint32_t crc = dw_crc32(text, n);
+    memcpy(d, rec, 8);
+    if (strtoul(rec, NULL, 16) != crc)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: CRC-32 %08" PRIx32 ", but its \"%s\" records %s: corrupt "
+                            "(the file was changed after it was written)", path, crc, DW_CKPT_SELF_CRC, rec);
+    return DW_OK;
 }
 
 static dw_status get_hex64(dw_ctx *ctx, const json_t *o, const char *key, const char *what,
@@ -113,8 +154,8 @@ static dw_status state_from_json(dw_ctx *ctx, const json_t *j, const char *what,
     if (!json_is_object(j)) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: not a JSON object", what);
     int64_t ver = 0;
     DW_TRY(get_i64(ctx, j, "format_version", what, &ver));
-    if (ver != DW_CKPT_FORMAT_VERSION)
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: format_version %lld, this build reads %d", what,
+    if (ver < 1 || ver > DW_CKPT_FORMAT_VERSION)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: format_version %lld, this build reads 1 to %d", what,
                             (long long)ver, DW_CKPT_FORMAT_VERSION);
     DW_TRY(get_i64(ctx, j, "step", what, &s->step));
     DW_TRY(get_i64(ctx, j, "total_steps", what, &s->total_steps));
@@ -268,8 +309,14 @@ dw_status dw_ckpt_save(dw_ctx *ctx, const char *run_dir, const dw_ckpt_state *st
         /* 17 significant digits: every double in state.json reads back exactly */
         char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
         json_decref(j);
-        st = text ? dw_write_file_atomic(ctx, state_path, text, strlen(text))
-                  : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        char *digits = text ? self_crc_digits(text) : NULL;
+        if (digits) { /* the CRC-32 of the text with its own digits as zeros, written over them */
+            char hex[9];
+            snprintf(hex, sizeof hex, "%08" PRIx32, dw_crc32(text, strlen(text)));
+            memcpy(digits, hex, 8);
+        }
+        st = digits ? dw_write_file_atomic(ctx, state_path, text, strlen(text))
+                    : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
         free(text);
     }
     if (st == DW_OK) st = dw_fsync_path(ctx, tmp, true);
@@ -399,11 +446,16 @@ dw_status dw_ckpt_open(dw_ctx *ctx, const char *dir, char **ckpt_dir_out, dw_ckp
     if (st == DW_OK && access(state_path, F_OK) != 0)
         st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing: %s is not a complete checkpoint", state_path, cdir);
     json_t *j = NULL;
-    if (st == DW_OK) st = dw_json_load_file(ctx, state_path, &j);
+    char *text = NULL;
+    size_t n = 0;
+    if (st == DW_OK) st = dw_read_file(ctx, state_path, &text, &n);
+    if (st == DW_OK) st = dw_json_load_string(ctx, text, n, state_path, &j);
     int64_t sizes[DW_CKPT_NFILES];
     uint32_t crcs[DW_CKPT_NFILES];
     if (st == DW_OK) st = state_from_json(ctx, j, state_path, out, sizes, crcs);
+    if (st == DW_OK) st = check_self_crc(ctx, state_path, j, text, n);
     json_decref(j);
+    free(text);
     for (int i = 0; i < DW_CKPT_NFILES && st == DW_OK; i++) {
         char *p = dw_path_join(cdir, dw_ckpt_files[i]);
         if (!p) {

@@ -43,13 +43,23 @@ char *dw_abs_pattern(const char *pattern) {
     return dw_path_join(cwd, p);
 }
 
-dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_t *size_out) {
+/* Continues a CRC-32 (pre- and post-inverted by the callers) over n bytes. */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
     uint32_t table[256];
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
         table[i] = c;
     }
+    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return crc;
+}
+
+uint32_t dw_crc32(const void *data, size_t n) {
+    return crc32_update(0xFFFFFFFFu, data, n) ^ 0xFFFFFFFFu;
+}
+
+dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_t *size_out) {
     int fd;
     DW_TRY(dw_open_regular(ctx, path, &fd, NULL));
     enum { CHUNK = 1 << 20 };
@@ -70,7 +80,7 @@ dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_
             return s;
         }
         if (got == 0) break;
-        for (ssize_t i = 0; i < got; i++) crc = table[(crc ^ buf[i]) & 0xFF] ^ (crc >> 8);
+        crc = crc32_update(crc, buf, (size_t)got);
         size += got;
     }
     free(buf);

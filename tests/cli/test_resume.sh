@@ -3,7 +3,8 @@
 # recorded (data, validation, schedule, optimizer, batch shape, precision, eval and checkpoint
 # cadence, seed, device) and says so; a contradicting flag is refused naming both values; --steps
 # extends with the schedule's horizon kept (the steps beyond it at min-lr); records written
-# before the run record still resume, with a note (issue 32, finding 2).
+# before the run record still resume, with a note (issue 32, finding 2); state.json carries its own
+# CRC-32, and a flipped bit is refused naming the file (finding 8).
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -95,11 +96,40 @@ has "  ... says how to extend it" "$tmp/err" "nothing to run" "--steps N"
 
 # a record written before runs recorded validation and cadence still resumes, with a note
 cp -r "$tmp/a/ckpt-11" "$tmp/old"
-python3 -c 'import json,sys; p=sys.argv[1]; s=json.load(open(p)); del s["run"]; json.dump(s, open(p, "w"), indent=2)' \
-  "$tmp/old/state.json"
+python3 -c 'import json,sys; p=sys.argv[1]; s=json.load(open(p)); del s["run"], s["state_crc32"]
+s["format_version"] = 1; json.dump(s, open(p, "w"), indent=2)' "$tmp/old/state.json"
 "$dw" train --resume "$tmp/old" --steps 12 --out "$tmp/oldrun" --eval-every 0 >/dev/null 2>"$tmp/err"
 check "an older record (no \"run\") resumes" 0 $?
 has "  ... with a note" "$tmp/err" "written before runs recorded validation" "come from this command line"
+has "  ... and a note that its state.json has no checksum of its own" "$tmp/err" \
+  "$tmp/old/state.json: format_version 1 has no \"state_crc32\""
+
+# state.json checks itself: its "state_crc32" is the CRC-32 of its bytes with those digits as zeros
+python3 - "$tmp/a/ckpt-11/state.json" <<'PY' && ok "state.json's state_crc32 is its own CRC-32" || bad "state_crc32"
+import json, re, sys, zlib
+b = open(sys.argv[1], "rb").read(); s = json.loads(b)
+assert s["format_version"] == 2 and list(s)[-1] == "state_crc32", s
+z = re.sub(rb'"state_crc32": "[0-9a-f]{8}"', b'"state_crc32": "00000000"', b)
+assert "%08x" % zlib.crc32(z) == s["state_crc32"], (s["state_crc32"], "%08x" % zlib.crc32(z))
+PY
+# one flipped bit anywhere (a number, a key, the checksum itself, the format version) is refused by name
+n=$(wc -c <"$tmp/a/ckpt-11/state.json")
+for at in value:'"lr": ' value:'"position": "0x' value:'"step": ' key:'"state_crc32"' value:'"state_crc32": "' \
+          value:'"format_version": ' key:'"files"' end:$((n - 3)) end:20; do
+  rm -rf "$tmp/flip" && cp -r "$tmp/a/ckpt-11" "$tmp/flip"
+  python3 - "$tmp/flip/state.json" "$at" <<'PY'
+import sys
+p, at = sys.argv[1], sys.argv[2]; b = bytearray(open(p, "rb").read())
+kind, what = at.split(":", 1)
+i = int(what) if kind == "end" else b.index(what.encode()) + (len(what) if kind == "value" else 3)
+b[i] ^= 0x01 if chr(b[i]) not in "0123456789" else 0x02  # a digit stays a digit where it can
+open(p, "wb").write(b)
+PY
+  "$dw" train --resume "$tmp/flip" --steps 12 --out "$tmp/flipout" >/dev/null 2>"$tmp/err"
+  check "state.json with one bit flipped at $at is refused" 2 $?
+  has "  ... naming it" "$tmp/err" "$tmp/flip/state.json"
+  case $at in value:'"lr": ') has "  ... by its own CRC-32" "$tmp/err" "but its \"state_crc32\" records" "corrupt" ;; esac
+done
 # garbage in `latest` is refused with its bytes escaped
 mkdir -p "$tmp/junk" && printf 'ckpt-\001\033[2J\xff' >"$tmp/junk/latest"
 "$dw" train --resume "$tmp/junk" >/dev/null 2>"$tmp/err"
