@@ -414,7 +414,9 @@ static void test_parity_moe(void **state) {
     (void)state;
     const struct {
         const char *model, *precision;
-    } cases[] = {{"mixtral-tiny", NULL}, {"olmoe-tiny", NULL}, {"mixtral-tiny", "bf16"}, {"olmoe-tiny", "bf16"}};
+    } cases[] = {{"mixtral-tiny", NULL},     {"olmoe-tiny", NULL},     {"qwen2-moe-tiny", NULL},
+                 {"qwen3-moe-tiny", NULL},   {"mixtral-tiny", "bf16"}, {"olmoe-tiny", "bf16"},
+                 {"qwen2-moe-tiny", "bf16"}, {"qwen3-moe-tiny", "bf16"}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const int64_t T = 48 + (int64_t)(dw_test_next(&g_rng) % 17);
         parity_prog(make_prog(cases[k].model, 2, T, cases[k].precision, 0), cases[k].model, cases[k].precision,

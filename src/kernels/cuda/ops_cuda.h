@@ -189,6 +189,27 @@ typedef struct {
 } dw_moe_gemm_args;
 dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe_gemm_args *a, void *stream);
 
+/* ---- per-head RMSNorm (ops_norm.cu; oracle: dw_cpu_rmsnorm_* over N*H rows of D) ---------------
+ * x, out (N,H*D); one weight w (D) for every head; rstd (N*H) saved. The rmsnorm entries over N*H
+ * rows of D: bwd writes dx (or adds with accumulate; dx may be NULL), accumulates dw (D) summed over
+ * every row and head; ws as dw_cuda_rmsnorm_bwd_ws with dw_cuda_norm_bwd_ws_bytes(N*H, D) (NULL:
+ * the two-pass form). Deterministic. */
+dw_status dw_cuda_head_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
+                                   const float *w, int64_t N, int64_t H, int64_t D, double eps, void *stream);
+dw_status dw_cuda_head_rmsnorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
+                                   const void *x, const float *w, const float *rstd, int64_t N, int64_t H,
+                                   int64_t D, bool accumulate, void *ws, size_t ws_bytes, void *stream);
+
+/* ---- sigmoid gate (ops_gate.cu; oracle: dw_cpu_sigmoid_gate_*) -----------------------------------
+ * x, y (N,C), gate logits g (N), all in the activation dtype: y = sigmoid(g[n]) * x[n,:] (y may
+ * equal x). bwd: dx (N,C) = sigmoid(g) * dout, written or added (accumulate; dx then neither dout
+ * nor x), dg (N) = sigmoid'(g) * (dout[n,:] . x[n,:]) written; either may be NULL. dx may equal dout
+ * or x when written. Deterministic (fixed-order sums, no atomics). */
+dw_status dw_cuda_sigmoid_gate_fwd(dw_ctx *ctx, dw_act_dtype dt, void *y, const void *x, const void *g, int64_t N,
+                                   int64_t C, void *stream);
+dw_status dw_cuda_sigmoid_gate_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, void *dg, const void *dout, const void *x,
+                                   const void *g, int64_t N, int64_t C, bool accumulate, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,9 +1,9 @@
-/* ops_norm.cu — CUDA layernorm and rmsnorm over the last dimension C, forward and backward;
- * FP32 or BF16 activations, FP32 weights, statistics and parameter gradients. One block per row
- * with deterministic block sums (BF16 rows of C % 8 == 0, C <= 8192: one to eight warps per row,
- * the row in registers, 16-byte accesses); parameter gradients by the fixed-order column sum
- * (ops_common.cuh), or, with a workspace (..._bwd_ws), in the same pass as dx from per-block
- * partials. Oracle: kernels/cpu/norm_cpu.c. */
+/* ops_norm.cu — CUDA layernorm and rmsnorm over the last dimension C (head_rmsnorm: rmsnorm over
+ * each head's D channels), forward and backward; FP32 or BF16 activations, FP32 weights,
+ * statistics and parameter gradients. One block per row with deterministic block sums (BF16 rows
+ * of C % 8 == 0, C <= 8192: one to eight warps per row, the row in registers, 16-byte accesses);
+ * parameter gradients by the fixed-order column sum (ops_common.cuh), or, with a workspace
+ * (..._bwd_ws), in the same pass as dx from per-block partials. Oracle: kernels/cpu/norm_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_NORM_THREADS 256
@@ -428,6 +428,31 @@ dw_status dw_cuda_rmsnorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *
                                  void *ws, size_t ws_bytes, void *stream) {
     return dw_norm_bwd(ctx, "rmsnorm_bwd", true, dt, dx, dw, NULL, dout, x, w, NULL, rstd, N, C,
                        accumulate, ws, ws_bytes, stream);
+}
+
+/* head_rmsnorm: the rmsnorm above over N*H rows of D (each head's channels are contiguous); the
+ * weight's column sums run over all N*H rows, so dw sums every head's contribution. */
+dw_status dw_cuda_head_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
+                                   const float *w, int64_t N, int64_t H, int64_t D, double eps, void *stream) {
+    const char *op = "head_rmsnorm_fwd";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && H > 0 && D > 0 && N <= DW_NORM_MAX_ROWS / H && eps >= 0.0);
+    DW_OPS_REQUIRE(ctx, op, N == 0 || (out && x && w));
+    if (N == 0) return DW_OK;
+    if (dt == DW_ACT_F32)
+        dw_norm_fwd_launch<float, true>(out, NULL, rstd, x, w, NULL, N * H, D, (float)eps, (cudaStream_t)stream);
+    else
+        dw_norm_fwd_launch<dw_bf16, true>(out, NULL, rstd, x, w, NULL, N * H, D, (float)eps, (cudaStream_t)stream);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+dw_status dw_cuda_head_rmsnorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
+                                   const void *x, const float *w, const float *rstd, int64_t N, int64_t H,
+                                   int64_t D, bool accumulate, void *ws, size_t ws_bytes, void *stream) {
+    const char *op = "head_rmsnorm_bwd";
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && H > 0 && N <= DW_NORM_MAX_ROWS / H);
+    return dw_norm_bwd(ctx, op, true, dt, dx, dw, NULL, dout, x, w, NULL, rstd, N * H, D, accumulate, ws,
+                       ws_bytes, stream);
 }
 
 } /* extern "C" */

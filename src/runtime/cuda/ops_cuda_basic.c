@@ -1,8 +1,8 @@
 /* ops_cuda_basic.c — the CUDA backend's entries for the row-wise and elementwise ops: embedding,
- * positions, rope, layernorm, rmsnorm, gelu, silu, swiglu, add: one launch each of the kernels in
- * kernels/cuda/ops_cuda.h on the backend's stream. Activations in the program's dtype; parameters
- * are FP32 masters, their gradients accumulated by the kernels; input gradients written or, where
- * the program says (dx_acc), added by the kernel itself. */
+ * positions, rope, layernorm, rmsnorm (also per head), gelu, silu, swiglu, add, the sigmoid gate:
+ * one launch each of the kernels in kernels/cuda/ops_cuda.h on the backend's stream. Activations in
+ * the program's dtype; parameters are FP32 masters, their gradients accumulated by the kernels;
+ * input gradients written or, where the program says (dx_acc), added by the kernel itself. */
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -74,6 +74,22 @@ dw_status dw_cuda_op_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
                                   N, C, c->dx_acc[0], c->tmp[DW_TMP_DELTA], dw_cuda_norm_bwd_ws_bytes(N, C), s);
 }
 
+/* ---- head_rmsnorm: rmsnorm over each head's D channels (N*H rows), one weight for all heads; aux
+ * STAT0 = rstd (N*H), DELTA sized for N*H rows of D --------------------------------------------- */
+dw_status dw_cuda_op_head_rmsnorm_fwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    const int64_t D = c->n->attrs.head_dim;
+    return dw_cuda_head_rmsnorm_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], c->in[0], c->in[1], N, C / D, D,
+                                    c->n->attrs.eps, s);
+}
+dw_status dw_cuda_op_head_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    const int64_t D = c->n->attrs.head_dim;
+    return dw_cuda_head_rmsnorm_bwd(be->ctx, dt, c->dx[0], c->pgrad[1], c->dout[0], c->in[0], c->in[1],
+                                    c->aux[DW_AUX_STAT0], N, C / D, D, c->dx_acc[0], c->tmp[DW_TMP_DELTA],
+                                    dw_cuda_norm_bwd_ws_bytes(N * (C / D), D), s);
+}
+
 /* ---- elementwise ------------------------------------------------------------------------------ */
 dw_status dw_cuda_op_gelu_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
@@ -117,5 +133,17 @@ dw_status dw_cuda_op_add_bwd(dw_backend *be, const dw_op_call *c) {
                                                    (cudaStream_t)s));
     }
     return DW_OK;
+}
+
+/* ---- sigmoid_gate: out (N,C) = sigmoid(g (N,1)) * x; backward adds into x's gradient where the
+ * program says, writes the gate's -------------------------------------------------------------- */
+dw_status dw_cuda_op_sigmoid_gate_fwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_sigmoid_gate_fwd(be->ctx, dt, c->out[0], c->in[0], c->in[1], N, C, s);
+}
+dw_status dw_cuda_op_sigmoid_gate_bwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_sigmoid_gate_bwd(be->ctx, dt, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1], N, C,
+                                    c->dx_acc[0], s);
 }
 #endif /* DW_HAVE_CUDA */
