@@ -150,9 +150,13 @@ static long layer_index(const char *name) {
 }
 
 bool dw_policy_is_fragile(const char *name, int64_t n_layers) {
+    /* MoE routers (Mixtral's block_sparse_moe.gate, mlp.gate as transformers 5 and Qwen/OLMoE name
+     * it) and Qwen2-MoE's per-token shared_expert_gate: small GEMMs whose outputs pick experts or
+     * scale a whole branch, where a quantisation error changes the routing */
     static const char *const globs[] = {"*wte*", "*wpe*", "*embed_tokens*", "*lm_head*",
                                         "*.mlp.gate", "*.mlp.gate.*", "*.block_sparse_moe.gate",
-                                        "*.block_sparse_moe.gate.*", "*.router", "*.router.*"};
+                                        "*.block_sparse_moe.gate.*", "*.router", "*.router.*",
+                                        "*.shared_expert_gate", "*.shared_expert_gate.*"};
     for (size_t i = 0; i < sizeof globs / sizeof globs[0]; i++)
         if (fnmatch(globs[i], name, 0) == 0) return true;
     long l = layer_index(name);
@@ -185,7 +189,7 @@ dw_recipe dw_policy_resolve(const dw_policy *p, const char *name, const char *op
 const char *dw_policy_reason_text(dw_policy_reason r) {
     switch (r) {
     case DW_POLICY_BY_RULE: return "rule";
-    case DW_POLICY_BY_SAFE: return "fallback safe (embedding, LM head, router, first or last block)";
+    case DW_POLICY_BY_SAFE: return "fallback safe (embedding, LM head, MoE gate, first or last block)";
     case DW_POLICY_BY_DEFAULT: return "default";
     case DW_POLICY_NOT_GEMM: return "not a GEMM (BF16/FP32)";
     }

@@ -1,5 +1,5 @@
-/* test_policy.c — precision policies: JSON load/save, rule order, the "safe" fallback, errors
- * that name the file and field. */
+/* test_policy.c — precision policies: JSON load/save, rule order, the "safe" fallback (also on the
+ * MoE presets' routers and shared-expert gates as captured), errors that name the file and field. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture/capture.h"
+#include "capture/model_config.h"
+#include "ir/ir.h"
 #include "precision/policy.h"
 #include "testutil.h"
 
@@ -95,6 +98,9 @@ static void test_safe_fallback(void **state) {
         {"model.layers.7.mlp.gate_proj", 16, false}, /* SwiGLU gate is not a router */
         {"model.layers.7.mlp.gate", 16, true},       /* DeepSeek-style router */
         {"model.layers.7.block_sparse_moe.gate", 32, true}, /* Mixtral router */
+        {"model.layers.7.mlp.shared_expert_gate", 16, true}, /* Qwen2-MoE's shared-expert gate */
+        {"model.layers.7.mlp.shared_expert.gate_proj", 16, false}, /* the shared expert's SwiGLU gate */
+        {"model.layers.7.mlp.experts.gate_proj", 16, false},
         {"model.layers.10.self_attn.k_proj", 16, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -106,6 +112,49 @@ static void test_safe_fallback(void **state) {
         assert_int_equal(why, cases[i].fragile ? DW_POLICY_BY_SAFE : DW_POLICY_BY_DEFAULT);
     }
     dw_policy_free(p);
+}
+
+static bool ends_with(const char *s, const char *tail) {
+    const size_t n = strlen(s), k = strlen(tail);
+    return n >= k && !strcmp(s + n - k, tail);
+}
+
+/* The MoE presets as captured: under "safe" every router (mlp.gate) and Qwen2-MoE's
+ * shared_expert_gate stays BF16 by the fallback in any block (n_layers large: the last-block rule
+ * covers none of them), every other GEMM but the LM head and block 0's takes the default; without
+ * "safe" the gates take the default too. */
+static void test_safe_keeps_moe_gates(void **state) {
+    (void)state;
+    static const char *const presets[] = {"mixtral-tiny", "olmoe-tiny", "qwen2-moe-tiny", "qwen3-moe-tiny"};
+    dw_policy *safe = NULL, *none = NULL;
+    assert_int_equal(dw_policy_from_precision(NULL, "mxfp8", true, &safe), DW_OK);
+    assert_int_equal(dw_policy_from_precision(NULL, "mxfp8", false, &none), DW_OK);
+    for (size_t k = 0; k < sizeof presets / sizeof presets[0]; k++) {
+        dw_model_config c;
+        assert_int_equal(dw_model_config_load(NULL, presets[k], &c), DW_OK);
+        dw_graph *g = NULL;
+        assert_int_equal(dw_capture_config(NULL, &c, 1, 4, &g), DW_OK);
+        int routers = 0, shared = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const char *name = g->nodes[i].name;
+            if (g->nodes[i].op != DW_OP_LINEAR) continue;
+            const bool is_shared = ends_with(name, ".mlp.shared_expert_gate");
+            const bool gate = is_shared || ends_with(name, ".mlp.gate") || ends_with(name, ".block_sparse_moe.gate");
+            routers += gate && !is_shared, shared += is_shared;
+            dw_policy_reason why;
+            const dw_recipe r = dw_policy_resolve(safe, name, "linear", 1000, &why, NULL);
+            if (gate && (r != DW_RECIPE_BF16 || why != DW_POLICY_BY_SAFE))
+                fail_msg("%s %s: %s under safe, want bf16", presets[k], name, dw_recipe_name(r));
+            if (!gate && !strstr(name, "lm_head") && !strstr(name, ".layers.0.") && r != DW_RECIPE_MXFP8)
+                fail_msg("%s %s: %s under safe, want the default", presets[k], name, dw_recipe_name(r));
+            if (gate) assert_int_equal(dw_policy_resolve(none, name, "linear", 1000, NULL, NULL), DW_RECIPE_MXFP8);
+        }
+        if (routers < 1 || (!strcmp(presets[k], "qwen2-moe-tiny") && shared < 1))
+            fail_msg("%s: %d routers, %d shared-expert gates found among the linear nodes", presets[k], routers, shared);
+        dw_graph_free(g);
+    }
+    dw_policy_free(safe);
+    dw_policy_free(none);
 }
 
 static void test_bad_policies(void **state) {
@@ -137,6 +186,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rules_in_order),
         cmocka_unit_test(test_safe_fallback),
+        cmocka_unit_test(test_safe_keeps_moe_gates),
         cmocka_unit_test(test_bad_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
