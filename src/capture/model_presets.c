@@ -165,6 +165,15 @@ static dw_model_config p_moe_e8(void) {
     c.d_ff_expert = 5632;
     return c;
 }
+/* moe-e64, OLMoE-like (fine-grained) for benchmarks: 6 layers of 2048, 16 heads, 64 experts of 1024,
+ * top 8 not renormalised, untied, without OLMoE's q/k norms: 2,723,440,640 parameters. OLMoE's
+ * config.json has no key for leaving the norms out: this shape is a preset, not a Hugging Face model. */
+static dw_model_config p_moe_e64(void) {
+    dw_model_config c = llama_base("olmoe", DW_ARCH_OLMOE);
+    shape(&c, 50304, 2048, 6, 16, 16, 1024, 4096);
+    c.n_experts = 64, c.top_k = 8, c.d_ff_expert = 1024, c.norm_topk = false, c.router_aux_loss_coef = 0.01;
+    return c;
+}
 /* DeepSeek-V3: multi-head latent attention is approximated as standard MHA with head_dim 128
  * (see docs/capture.md); 3 dense layers then 256 routed experts (top 8) + 1 shared expert. */
 static dw_model_config p_deepseek_v3(void) {
@@ -188,8 +197,9 @@ static const struct {
     {"gpt2-tiny", p_gpt2_tiny},       {"gpt2-124m", p_gpt2_124m},     {"llama-tiny", p_llama_tiny},
     {"llama-1b", p_llama_1b},         {"qwen2-tiny", p_qwen2_tiny},   {"llama-8b", p_llama_8b},
     {"llama-70b", p_llama_70b},       {"llama-405b", p_llama_405b},   {"mixtral-8x7b", p_mixtral_8x7b},
-    {"mixtral-tiny", p_mixtral_tiny}, {"moe-e8", p_moe_e8},   {"olmoe-tiny", p_olmoe_tiny},
-    {"qwen2-moe-tiny", p_qwen2_moe_tiny}, {"qwen3-moe-tiny", p_qwen3_moe_tiny}, {"deepseek-v3", p_deepseek_v3},
+    {"mixtral-tiny", p_mixtral_tiny}, {"moe-e8", p_moe_e8},         {"moe-e64", p_moe_e64},
+    {"olmoe-tiny", p_olmoe_tiny},     {"qwen2-moe-tiny", p_qwen2_moe_tiny}, {"qwen3-moe-tiny", p_qwen3_moe_tiny},
+    {"deepseek-v3", p_deepseek_v3},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 

@@ -27,7 +27,7 @@ static void test_preset_params(void **state) {
     } known[] = {{"gpt2-124m", 124439808},       {"llama-1b", 1235814400},
                  {"llama-8b", 8030261248LL},     {"llama-70b", 70553706496LL},
                  {"llama-405b", 405853388800LL}, {"mixtral-8x7b", 46702792704LL},
-                 {"moe-e8", 2446493696LL}};
+                 {"moe-e8", 2446493696LL},       {"moe-e64", 2723440640LL}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         dw_model_config c;
         assert_int_equal(dw_model_config_load(dw_test_ctx, known[i].name, &c), DW_OK);
