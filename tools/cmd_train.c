@@ -140,13 +140,14 @@ static void fmt_time(char *b, size_t n, double s) {
 static void on_progress(const dw_train_progress *p, void *user) {
     printer *pr = user;
     resume_summary(pr);
-    char eta[32], val[48] = "";
+    char eta[32], val[48] = "", moe[64] = "";
     fmt_time(eta, sizeof eta, p->eta_s);
     if (!isnan(p->val_loss)) snprintf(val, sizeof val, " | val %.4f", p->val_loss);
+    if (!isnan(p->moe_aux_loss)) snprintf(moe, sizeof moe, " | aux %.4f | load %.2f", p->moe_aux_loss, p->expert_load);
     bool event = !isnan(p->val_loss) || p->sample || p->checkpoint || p->step == p->total;
     if (pr->tty || event || p->step % pr->log_every == 0 || p->step == 1) {
-        fprintf(stderr, "%sstep %lld/%lld | loss %.4f%s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s",
-                pr->tty ? "\r\033[K" : "", (long long)p->step, (long long)p->total, p->loss, val, p->lr,
+        fprintf(stderr, "%sstep %lld/%lld | loss %.4f%s%s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s",
+                pr->tty ? "\r\033[K" : "", (long long)p->step, (long long)p->total, p->loss, val, moe, p->lr,
                 p->grad_norm, p->tokens_per_s, eta, pr->tty && !event ? "" : "\n");
         pr->open_line = pr->tty && !event;
     }

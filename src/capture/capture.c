@@ -21,6 +21,7 @@ typedef struct {
     dw_graph *g;
     const dw_model_config *c;
     dw_status st; /* first failure */
+    int aux_sums, aux_counts; /* the load-balancing statistics of the MoE layers so far (-1: none yet) */
 } builder;
 
 /* A parameter tensor named printf-style; shape (d0[, d1]). */
@@ -205,6 +206,12 @@ static void moe_mlp(builder *b, const char *p, int *x) {
                                                                                                 ".positions"};
     int in[3] = {z}, r[2], d[3];
     node_outs(b, DW_OP_MOE_ROUTER, NAME("mlp.router"), in, 1, &ra, router_out, r);
+    if (c->aux_loss) { /* the load-balancing statistics: this layer's added to the layers' before */
+        static const char *const stats_out[2] = {".sums", ".counts"};
+        int si[4] = {z, r[1], b->aux_sums, b->aux_counts}, so[2];
+        node_outs(b, DW_OP_MOE_AUX_STATS, NAME("mlp.aux_stats"), si, b->aux_sums >= 0 ? 4 : 2, NULL, stats_out, so);
+        b->aux_sums = so[0], b->aux_counts = so[1];
+    }
     in[0] = h, in[1] = r[1];
     node_outs(b, DW_OP_MOE_DISPATCH, NAME("mlp.dispatch"), in, 2, &da, dispatch_out, d);
     const int wg = param3(b, E, F, C, NAME("mlp.experts.gate_proj"));
@@ -314,7 +321,7 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
     dw_graph *g = dw_graph_new(&m, batch, seq);
     free(m.config_json);
     if (!g) return dw_set_error(ctx, DW_ERR_NOMEM, "capture: out of memory");
-    builder b = {ctx, g, c, DW_OK};
+    builder b = {ctx, g, c, DW_OK, -1, -1};
     bool gpt2 = c->arch == DW_ARCH_GPT2;
     int64_t bt[2] = {batch, seq};
     g->tokens = dw_graph_add_tensor(g, "tokens", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
@@ -336,6 +343,10 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
     int head = c->tie_embeddings ? wte : param(&b, c->vocab_size, c->d_model, "lm_head.weight");
     g->logits = node(&b, DW_OP_LINEAR, "lm_head", x, head, -1, NULL);
     g->loss = node(&b, DW_OP_CROSS_ENTROPY, "loss", g->logits, g->targets, -1, NULL);
+    if (b.aux_sums >= 0) { /* transformers' load-balancing loss over all MoE layers, after the loss it joins */
+        const dw_ir_attrs la = {.top_k = c->top_k, .coef = c->router_aux_loss_coef};
+        node(&b, DW_OP_MOE_AUX_LOSS, "moe_aux_loss", b.aux_sums, b.aux_counts, -1, &la);
+    }
     if ((g->tokens < 0 || g->targets < 0) && b.st == DW_OK)
         b.st = dw_set_error(ctx, DW_ERR_NOMEM, "capture: out of memory");
     dw_status s = b.st != DW_OK ? b.st : dw_graph_verify(ctx, g);

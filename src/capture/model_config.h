@@ -44,6 +44,7 @@ typedef struct {
     int64_t top_k;
     bool norm_topk;        /* the top-k weights renormalised to sum 1 (Mixtral: always) */
     double router_aux_loss_coef; /* transformers' load-balancing loss weight (config.json) */
+    bool aux_loss;         /* the load-balancing loss joins the training loss (output_router_logits) */
     int64_t d_ff_expert;   /* expert intermediate size */
     int64_t n_shared_experts;
     int64_t first_dense_layers; /* DeepSeek-V3: first k layers dense */

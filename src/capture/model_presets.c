@@ -107,6 +107,7 @@ static dw_model_config p_llama_405b(void) { /* Llama-3.1-405B */
 static dw_model_config mixtral_base(int64_t E, int64_t K) {
     dw_model_config c = llama_base("mixtral", DW_ARCH_MIXTRAL);
     c.n_experts = E, c.top_k = K, c.norm_topk = true, c.router_aux_loss_coef = 0.001;
+    c.aux_loss = true; /* trained as transformers trains it: output_router_logits */
     return c;
 }
 static dw_model_config p_mixtral_8x7b(void) { /* Mixtral-8x7B-v0.1: every layer is MoE */
@@ -129,7 +130,7 @@ static dw_model_config p_olmoe_tiny(void) {
     dw_model_config c = llama_base("olmoe", DW_ARCH_OLMOE);
     shape(&c, 256, 64, 2, 4, 4, 32, 256);
     c.n_experts = 8, c.top_k = 4, c.d_ff_expert = 32, c.norm_topk = false, c.qk_norm = true;
-    c.router_aux_loss_coef = 0.01;
+    c.router_aux_loss_coef = 0.01, c.aux_loss = true;
     return c;
 }
 /* The Qwen MoE families' tiny shape for CI: vocab 256, d 64, L layers, 4 heads (2 KV), dense MLPs
@@ -140,6 +141,7 @@ static dw_model_config qwen_moe_tiny(const char *type, dw_arch arch, int64_t L, 
     shape(&c, 256, 64, L, 4, 2, 96, 256);
     c.norm_eps = 1e-6;
     c.n_experts = 8, c.top_k = K, c.d_ff_expert = 32, c.norm_topk = norm_topk, c.router_aux_loss_coef = 0.001;
+    c.aux_loss = true;
     c.sparse_step = step;
     return c;
 }
@@ -172,6 +174,7 @@ static dw_model_config p_moe_e64(void) {
     dw_model_config c = llama_base("olmoe", DW_ARCH_OLMOE);
     shape(&c, 50304, 2048, 6, 16, 16, 1024, 4096);
     c.n_experts = 64, c.top_k = 8, c.d_ff_expert = 1024, c.norm_topk = false, c.router_aux_loss_coef = 0.01;
+    c.aux_loss = true;
     return c;
 }
 /* DeepSeek-V3: multi-head latent attention is approximated as standard MHA with head_dim 128

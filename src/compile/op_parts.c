@@ -50,6 +50,8 @@ static void parts_moe_router(const dw_compiled *c, const dw_ir_node *n, int64_t 
 static void parts_moe_dispatch(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_moe_linear(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_moe_combine(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
+static void parts_moe_aux_stats(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {} /* recomputes scores */
+static void parts_moe_aux_loss(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 /* head_rmsnorm: rstd per head (N*H) FP32; DELTA as rmsnorm over N*H rows of D */
 static void parts_head_rmsnorm(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     const int64_t D = n->attrs.head_dim, NH = rows_of(c->g) * (width_of(c->g, n->out[0]) / D);

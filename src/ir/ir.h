@@ -35,6 +35,7 @@ enum {
     DW_OPF_EPILOGUE = 1u << 20,   /* elementwise, applied by the GEMM epilogues GELU_AUX / DGELU */
     DW_OPF_GRAD_COPY = 1u << 21,  /* backward hands dy unchanged to every input */
     DW_OPF_FLASH = 1u << 22,      /* fused compute-bound kernel with library state per shape */
+    DW_OPF_SIDE_LOSS = 1u << 23,  /* a loss of its own, added into the step's loss; backward starts its gradient */
 };
 /* Whether node n's op has flag f. */
 #define DW_OP_IS(n, f) ((dw_op_flags((n)->op) & (f)) != 0)
@@ -91,6 +92,7 @@ typedef struct {
     int64_t experts;                   /* moe_dispatch: experts (E) the indices refer to */
     int32_t score;                     /* moe_router: dw_router_score */
     bool norm_topk;                    /* moe_router: the K weights renormalised to sum 1 */
+    double coef;                       /* moe_aux_loss: the loss's coefficient */
 } dw_ir_attrs;
 
 /* How a router scores experts (attrs.score). */

@@ -82,6 +82,14 @@ static void flops_moe_linear(const dw_graph *g, const dw_ir_node *n, bool palm, 
     *f = 2 * R * K * M;
     *b = 4 * R * K * M;
 }
+/* moe_aux_stats: each row's softmax (exp, sum, divide) and its sum; backward a dot and a scale */
+static void flops_moe_aux_stats(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(5, 4, dw_ir_numel(IN(0)));
+}
+/* moe_aux_loss: E products */
+static void flops_moe_aux_loss(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(2, 1, dw_ir_numel(IN(0)));
+}
 /* moe_combine: a multiply-add per row element; backward the row gradients and the weights' dots */
 static void flops_moe_combine(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(2, 4, dw_ir_numel(IN(0)));
@@ -149,6 +157,11 @@ static void passes_moe_linear(const dw_graph *g, const dw_ir_node *n, double *f,
     const double X = (double)dw_ir_numel(IN(0)), Y = (double)dw_ir_numel(OUT);
     *f = X + Y, *b = 2 * X + Y; /* x in, y out; dy, x in, dx out (the weights: parameter traffic) */
 }
+static void passes_moe_aux_stats(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    const double NE = (double)dw_ir_numel(IN(0)), NK = (double)dw_ir_numel(IN(1));
+    *f = NE + NK, *b = 2 * NE; /* logits and experts in; logits in, dlogits out */
+}
+static void passes_moe_aux_loss(const dw_graph *g, const dw_ir_node *n, double *f, double *b) { *f = *b = 0; }
 static void passes_moe_combine(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     const double R = (double)dw_ir_numel(IN(0)), Y = (double)dw_ir_numel(OUT);
     *f = R + Y, *b = Y + 2 * R; /* rows in, out; dout and rows in, row gradients out */

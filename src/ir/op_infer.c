@@ -272,6 +272,43 @@ static dw_status infer_moe_combine(dw_ctx *ctx, const dw_graph *g, const dw_ir_n
     return DW_OK;
 }
 
+/* moe_aux_stats: logits (B,T,E), experts (B,T,K) i32[, sums (E), counts (E) i32] -> sums (E),
+ * counts (E) i32 */
+static dw_status infer_moe_aux_stats(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 3, DW_IR_I32));
+    const int64_t E = last(IN(0));
+    if (IN(1)->shape[0] != IN(0)->shape[0] || IN(1)->shape[1] != IN(0)->shape[1] || last(IN(1)) > E)
+        return dw_ir_node_error(ctx, n, "experts '%s' do not match the logits' batch, sequence and experts", IN(1)->name);
+    if (n->n_in == 3) return dw_ir_node_error(ctx, n, "the sums of the layers before come with their counts");
+    if (n->n_in == 4) {
+        DW_TRY(want(ctx, g, n, 2, 1, DW_IR_F32));
+        DW_TRY(want(ctx, g, n, 3, 1, DW_IR_I32));
+        if (IN(2)->shape[0] != E || IN(3)->shape[0] != E)
+            return dw_ir_node_error(ctx, n, "sums '%s' and counts '%s' must have the %lld experts", IN(2)->name,
+                                    IN(3)->name, (long long)E);
+    }
+    like(g, n, 0, &o[0]);
+    o[0].ndim = 1, o[0].shape[0] = E, o[0].shape[1] = o[0].shape[2] = 0;
+    o[1] = o[0];
+    o[1].dtype = DW_IR_I32;
+    return DW_OK;
+}
+
+/* moe_aux_loss: sums (E), counts (E) i32 -> () */
+static dw_status infer_moe_aux_loss(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 1, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 1, DW_IR_I32));
+    if (IN(0)->shape[0] != IN(1)->shape[0])
+        return dw_ir_node_error(ctx, n, "sums '%s' and counts '%s' differ in experts", IN(0)->name, IN(1)->name);
+    if (n->attrs.top_k < 1 || !(n->attrs.coef > 0))
+        return dw_ir_node_error(ctx, n, "top_k %lld and coef %g must be positive", (long long)n->attrs.top_k,
+                                n->attrs.coef);
+    like(g, n, 0, o);
+    o->ndim = 0, o->shape[0] = 0;
+    return DW_OK;
+}
+
 static dw_status infer_cross_entropy(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n,
                                      dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));

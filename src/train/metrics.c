@@ -53,18 +53,20 @@ static void num(char *buf, size_t cap, double v) {
 }
 
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
-    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32];
+    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[96] = "";
     num(loss, sizeof loss, p->loss);
     num(lr, sizeof lr, p->lr);
     num(gn, sizeof gn, p->grad_norm);
     num(tps, sizeof tps, p->tokens_per_s);
     num(el, sizeof el, p->elapsed_s);
     num(vl, sizeof vl, p->val_loss);
+    if (!isnan(p->moe_aux_loss)) /* a mixture of experts with its load-balancing loss */
+        snprintf(moe, sizeof moe, ", \"moe_aux_loss\": %.17g, \"expert_load\": %.17g", p->moe_aux_loss, p->expert_load);
     int rc = fprintf(f,
                      "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"tokens_per_s\": %s, "
-                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s}\n",
+                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s}\n",
                      (long long)p->step, loss, lr, gn, tps, el, (long long)tokens_seen,
-                     isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl);
+                     isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl, moe);
     if (rc < 0 || fflush(f) != 0) return dw_set_error(ctx, DW_ERR_IO, "metrics.jsonl: write failed: %s", strerror(errno));
     return DW_OK;
 }

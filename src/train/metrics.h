@@ -11,7 +11,8 @@
 /* Opens dir/metrics.jsonl for appending; keeps only lines with "step" <= keep_upto (a fresh run
  * passes 0: the file starts empty). The rewrite is atomic. */
 dw_status dw_metrics_open(dw_ctx *ctx, const char *dir, int64_t keep_upto, FILE **out);
-/* {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "tokens"[, "val_loss"]};
+/* {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "tokens"[, "val_loss"][,
+ * "moe_aux_loss", "expert_load"]};
  * floating-point values with 17 significant digits (exact round trip). */
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen);
 

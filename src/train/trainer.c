@@ -386,6 +386,22 @@ static dw_status profile(run *r) {
     return st;
 }
 
+/* The step's load-balancing loss and expert load: the most loaded expert's assignments over the
+ * mean (NaN both for models without that loss). */
+static dw_status moe_stats(run *r, dw_train_progress *p) {
+    p->moe_aux_loss = p->expert_load = NAN;
+    const int64_t E = dw_engine_moe_experts(r->eng);
+    if (!E) return DW_OK;
+    int64_t *counts = malloc((size_t)E * sizeof *counts);
+    if (!counts) return dw_set_error(r->ctx, DW_ERR_NOMEM, "train: out of memory");
+    dw_status st = dw_engine_moe_stats(r->eng, &p->moe_aux_loss, counts);
+    int64_t max = 0, sum = 0;
+    for (int64_t e = 0; st == DW_OK && e < E; e++) max = counts[e] > max ? counts[e] : max, sum += counts[e];
+    if (sum > 0) p->expert_load = (double)max * (double)E / (double)sum;
+    free(counts);
+    return st;
+}
+
 static dw_status loop(run *r) {
     const dw_train_opts *o = r->o;
     const double t0 = now_s();
@@ -400,6 +416,7 @@ static dw_status loop(run *r) {
                                .tokens_per_s = (double)(o->global_batch * o->seq) / (t1 - ts),
                                .elapsed_s = t1 - t0};
         p.eta_s = (t1 - t0) / (double)(r->step - first) * (double)(o->steps - r->step);
+        DW_TRY(moe_stats(r, &p));
         if (r->val && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
             DW_TRY(validate(r, &p.val_loss));
         DW_TRY(dw_metrics_write(r->ctx, r->metrics, &p, r->tokens_seen));

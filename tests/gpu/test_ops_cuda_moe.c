@@ -1,7 +1,8 @@
 /* test_ops_cuda_moe.c — the CUDA MoE data movement and grouped expert GEMMs against the CPU
  * reference (kernels/cpu/moe_cpu.c): dispatch (offsets and rows equal exactly, gathered rows bit
  * for bit), its backward, the grouped linear layer's fprop, dgrad and wgrad (FP32 programs; BF16 on
- * the tensor cores and on the FP32-FMA tiles), combine and its backward. Routings: uniform, every
+ * the tensor cores and on the FP32-FMA tiles), combine and its backward; the load-balancing
+ * statistics of two chained layers and the loss (kernels/cpu/moe_aux_cpu.c). Routings: uniform, every
  * token to the same experts (the rest empty), one token, many experts with empty ones, assignments
  * outside [0,E) (rows past the assigned ones must come out zero); odd widths take the scalar paths.
  * Fresh random inputs, outputs poisoned with NaN, guard bands. Needs a GPU (ctest label "gpu"); the
@@ -167,6 +168,77 @@ static void test_moe_ops(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* The load-balancing statistics of two chained layers and the loss, forward and backward. */
+static int64_t run_aux(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, double coef) {
+    char name[128];
+    snprintf(name, sizeof name, "moe_aux[%s N=%lld E=%lld K=%lld]", dw_gc_dtname(dt), (long long)N, (long long)E,
+             (long long)K);
+    int64_t bad = 0;
+    int32_t *idx0 = malloc((size_t)(N * K) * 4), *idx1 = malloc((size_t)(N * K) * 4);
+    int32_t *c0 = malloc((size_t)E * 4), *c1 = malloc((size_t)E * 4);
+    route(idx0, N, K, E, ROUTE_UNIFORM);
+    route(idx1, N, K, E, ROUTE_SAME);
+    dw_gt *z0 = dw_gt_rand(&g_rng, "z0", N * E, dt, -3, 3), *z1 = dw_gt_rand(&g_rng, "z1", N * E, dt, -3, 3);
+    dw_gt *i0 = dw_gt_ints("idx0", idx0, N * K), *i1 = dw_gt_ints("idx1", idx1, N * K);
+    dw_gt *s0 = dw_gt_out("sums0", E, dt), *s1 = dw_gt_out("sums1", E, dt);
+    dw_gt *n0 = dw_gt_out("counts0", E, DW_ACT_F32), *n1 = dw_gt_out("counts1", E, DW_ACT_F32);
+    dw_gt *out = dw_gt_out("aux", 1, dt), *loss = dw_gt_from("loss", (float[]){1.5f}, 1, DW_ACT_F32);
+    dw_gt *kept = dw_gt_out("kept", 1 + E, DW_ACT_F32), *ds = dw_gt_out("dsums", E, dt);
+    dw_gt *g = dw_gt_rand(&g_rng, "g", E, dt, -1, 1), *dz = dw_gt_out("dz", N * E, dt);
+    float *s0r = dw_oc_alloc(E), *s1r = dw_oc_alloc(E), *dsr = dw_oc_alloc(E), *dzr = dw_oc_alloc(N * E);
+    dw_cpu_moe_aux_stats_fwd(s0r, c0, z0->host, idx0, NULL, NULL, N, E, K);
+    dw_gt *s0in = dw_gt_from("sums0(cpu)", s0r, E, dt); /* the second layer reads the oracle's sums */
+    dw_cpu_moe_aux_stats_fwd(s1r, c1, z1->host, idx1, s0in->host, c0, N, E, K);
+    dw_gt *s1in = dw_gt_from("sums1(cpu)", s1r, E, dt);
+    const double aux = dw_cpu_moe_aux_loss(s1in->host, c1, E, K, coef);
+    const float auxr = (float)aux, lossr = 1.5f + (float)aux;
+    dw_cpu_moe_aux_loss_bwd(dsr, c1, E, K, coef, 0.75);
+    dw_cpu_moe_aux_stats_bwd(dzr, g->host, z1->host, N, E);
+    dw_gt *c0in = dw_gt_ints("counts0(cpu)", c0, E), *c1in = dw_gt_ints("counts1(cpu)", c1, E);
+    DW_GC_OK(bad, name, dw_cuda_moe_aux_stats_fwd(NULL, dt, s0->dev, (int32_t *)n0->dev, z0->dev,
+                                                  (const int32_t *)i0->dev, NULL, NULL, N, E, K, dw_gc_stream));
+    DW_GC_OK(bad, name, dw_cuda_moe_aux_stats_fwd(NULL, dt, s1->dev, (int32_t *)n1->dev, z1->dev,
+                                                  (const int32_t *)i1->dev, s0in->dev, (const int32_t *)c0in->dev, N,
+                                                  E, K, dw_gc_stream));
+    DW_GC_OK(bad, name, dw_cuda_moe_aux_loss(NULL, dt, out->dev, (float *)loss->dev, (float *)kept->dev, NULL,
+                                             s1in->dev, (const int32_t *)c1in->dev, E, K, coef, 0.0, dw_gc_stream));
+    DW_GC_OK(bad, name, dw_cuda_moe_aux_loss(NULL, dt, NULL, NULL, NULL, ds->dev, NULL, (const int32_t *)c1in->dev, E,
+                                             K, coef, 0.75, dw_gc_stream));
+    DW_GC_OK(bad, name, dw_cuda_moe_aux_stats_bwd(NULL, dt, dz->dev, g->dev, z1->dev, N, E, dw_gc_stream));
+    DW_GC_SYNC();
+    bad += cmp_ints(name, "counts0", n0->dev, c0, E);
+    bad += cmp_ints(name, "counts1", n1->dev, c1, E);
+    int32_t *kc = malloc((size_t)(1 + E) * 4);
+    DW_GC_CUDA(cudaMemcpy(kc, kept->dev, (size_t)(1 + E) * 4, cudaMemcpyDeviceToHost));
+    bad += memcmp(kc + 1, c1, (size_t)E * 4) != 0;
+    float kaux;
+    memcpy(&kaux, kc, 4);
+    const dw_gc_tol t = dw_gc_pick(dt, 1e-5, 1e-4), tf = {1e-6, 1e-5, 0.0};
+    if (!(fabs(kaux - aux) <= 1e-5 * fabs(aux))) bad++, printf("MISMATCH %s kept aux %g vs %g\n", name, kaux, aux);
+    DW_GC_CMP(bad, name, s0, s0r, t);
+    DW_GC_CMP(bad, name, s1, s1r, t);
+    DW_GC_CMP(bad, name, out, &auxr, t);
+    DW_GC_CMP(bad, name, loss, &lossr, tf);
+    DW_GC_CMP(bad, name, ds, dsr, t);
+    DW_GC_CMP(bad, name, dz, dzr, t);
+    if (!dw_gc_guards_ok(name)) bad++;
+    dw_gc_free_all();
+    free(idx0), free(idx1), free(c0), free(c1), free(kc), free(s0r), free(s1r), free(dsr), free(dzr);
+    return bad;
+}
+
+static void test_moe_aux(void **state) {
+    (void)state;
+    int64_t bad = 0;
+    for (int d = 0; d < 2; d++) {
+        const dw_act_dtype dt = d ? DW_ACT_BF16 : DW_ACT_F32;
+        bad += run_aux(dt, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 8, 2, 0.01);
+        bad += run_aux(dt, 77, 64, 8, 0.5);
+        bad += run_aux(dt, 5, 3, 3, 0.001);
+    }
+    assert_int_equal(bad, 0);
+}
+
 static void test_moe_validation(void **state) {
     (void)state;
     float *p = NULL;
@@ -186,6 +258,7 @@ static void test_moe_validation(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_ops), cmocka_unit_test(test_moe_validation)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_ops), cmocka_unit_test(test_moe_aux),
+                                       cmocka_unit_test(test_moe_validation)};
     return cmocka_run_group_tests(tests, setup, dw_gc_fini);
 }

@@ -130,13 +130,15 @@ def expert_weights(c, w, p, e):
     return w[q + "w1.weight"], w[q + "w3.weight"], w[q + "w2.weight"]
 
 
-def moe_block(c, w, p, h):
+def moe_block(c, w, p, h, router_logits):
     """The sparse MoE block: softmax router, top-k (Mixtral: renormalised; the others when
-    norm_topk_prob), SwiGLU experts; Qwen2-MoE adds its shared expert times sigmoid(shared_expert_gate)."""
+    norm_topk_prob), SwiGLU experts; Qwen2-MoE adds its shared expert times sigmoid(shared_expert_gate).
+    Appends the router logits (B*T, E) to router_logits."""
     B, T, C = h.shape
     x = h.reshape(B * T, C)
     router = w[p + "mlp.gate.weight"] if p + "mlp.gate.weight" in w else w[p + "block_sparse_moe.gate.weight"]
-    probs = torch.softmax(x @ router.T, dim=-1)
+    router_logits.append(x @ router.T)
+    probs = torch.softmax(router_logits[-1], dim=-1)
     top, idx = torch.topk(probs, c["num_experts_per_tok"], dim=-1)
     if c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
         top = top / top.sum(-1, keepdim=True)
@@ -157,8 +159,18 @@ def moe_block(c, w, p, h):
     return out.view(B, T, C)
 
 
-def llama_forward(c, w, tok):
+def load_balancing(c, router_logits):
+    """The load-balancing loss over all MoE layers' rows at once: E x sum over (k, e) of the fraction
+    of rows whose k-th choice is e times expert e's mean probability."""
+    E = c.get("num_local_experts", c.get("num_experts"))
+    p = torch.softmax(torch.cat(router_logits, 0), dim=-1)
+    chosen = torch.nn.functional.one_hot(torch.topk(p, c["num_experts_per_tok"], dim=-1)[1], E).to(p.dtype)
+    return E * (chosen.mean(0) * p.mean(0)[None]).sum()
+
+
+def llama_forward(c, w, tok, router_logits=None):
     B, T = tok.shape
+    router_logits = [] if router_logits is None else router_logits
     H, Hkv, D, L = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_hidden_layers"]
     qwen = c["model_type"] in ("qwen2", "qwen2_moe")  # q, k, v biased, o never
     qkv_bias = c.get("qkv_bias", True) if qwen else c.get("attention_bias", False)
@@ -191,7 +203,7 @@ def llama_forward(c, w, tok):
         x = x + lin(y, p + "self_attn.o_proj", o_bias)
         h = rms(x, p + "post_attention_layernorm")
         if moe_layer(c, l):
-            x = x + moe_block(c, w, p, h)
+            x = x + moe_block(c, w, p, h, router_logits)
             continue
         g = lin(h, p + "mlp.gate_proj", mlp_bias)
         x = x + lin(torch.nn.functional.silu(g) * lin(h, p + "mlp.up_proj", mlp_bias), p + "mlp.down_proj", mlp_bias)
@@ -239,6 +251,10 @@ def random_config(family, rng, layout=None):
         c["decoder_sparse_step"] = rng.choice([1, 1, 2])
         c["mlp_only_layers"] = sorted(rng.sample(range(L), rng.randint(0, L - 1)))
         c["layout"] = layout or rng.choice(["fused", "per_expert"])
+    if family in ("mixtral", "olmoe") + QWEN_MOE and rng.random() < 0.5:  # trained with the load-balancing loss
+        c["output_router_logits"] = True
+        c["router_aux_loss_coef"] = rng.choice([0.001, 0.02, 0.5])  # large ones make its gradient show
+    if family in QWEN_MOE:
         if family == "qwen2_moe":
             c["shared_expert_intermediate_size"] = rng.randint(4, 40)
             if rng.random() < 0.3:
@@ -383,9 +399,11 @@ def parity_case(dw, family, rng, gen, tmp, layout=None):
     params = {k: v.clone().requires_grad_(True) for k, v in w.items()}
     tok = torch.tensor(stream[:B * T]).view(B, T)
     tgt = torch.tensor(stream[1:B * T + 1]).view(B, T)
-    fwd = gpt2_forward if family == "gpt2" else llama_forward
-    logits = fwd(c, params, tok)
+    router_logits = []
+    logits = gpt2_forward(c, params, tok) if family == "gpt2" else llama_forward(c, params, tok, router_logits)
     loss = torch.nn.functional.cross_entropy(logits.view(B * T, -1), tgt.view(-1))
+    if c.get("output_router_logits", False) and router_logits:
+        loss = loss + c["router_aux_loss_coef"] * load_balancing(c, router_logits)
     loss.backward()
 
     failures = []
@@ -405,7 +423,8 @@ def parity_case(dw, family, rng, gen, tmp, layout=None):
         "n_layer", "n_head", "n_embd", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias",
         "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
-        "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "layout"))
+        "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "layout",
+        "router_aux_loss_coef"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")

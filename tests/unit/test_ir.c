@@ -31,7 +31,8 @@ static void test_op_tables(void **state) {
     (void)state;
     const char *want[] = {"embedding", "position", "rope", "layernorm", "rmsnorm", "linear", "gelu",
                           "silu", "swiglu", "add", "attention", "cross_entropy", "moe_router", "moe_dispatch",
-                          "moe_linear", "moe_combine", "head_rmsnorm", "sigmoid_gate"};
+                          "moe_linear", "moe_combine", "moe_aux_stats", "moe_aux_loss", "head_rmsnorm",
+                          "sigmoid_gate"};
     assert_int_equal(DW_OP_COUNT, sizeof want / sizeof want[0]);
     for (int i = 0; i < DW_OP_COUNT; i++) {
         assert_string_equal(dw_op_name((dw_op)i), want[i]);
@@ -39,7 +40,8 @@ static void test_op_tables(void **state) {
         assert_true(dw_op_parse(want[i], &op));
         assert_int_equal(op, i);
         assert_true(strlen(dw_op_summary((dw_op)i)) > 10);
-        assert_int_equal(dw_op_outputs((dw_op)i), i == DW_OP_MOE_ROUTER ? 2 : i == DW_OP_MOE_DISPATCH ? 3 : 1);
+        assert_int_equal(dw_op_outputs((dw_op)i),
+                         i == DW_OP_MOE_ROUTER || i == DW_OP_MOE_AUX_STATS ? 2 : i == DW_OP_MOE_DISPATCH ? 3 : 1);
     }
     dw_op op;
     assert_false(dw_op_parse("moe", &op));
