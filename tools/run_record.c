@@ -80,6 +80,7 @@ bool run_record_read(const char *run, run_record *r, char *err, size_t cap) {
     if (!j) {
         snprintf(err, cap, "%s:%d:%d: %s", path ? path : r->ckpt_dir, e.line, e.column, e.text);
         free(path);
+        run_record_free(r); /* what resolve() found */
         return false;
     }
     const char *data = NULL, *sched = NULL, *seed = NULL, *prec = NULL, *val = NULL, *dev = NULL;
