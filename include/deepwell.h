@@ -1096,11 +1096,15 @@ typedef struct {
                                step by step and write out_dir/profile.json (dw_profile_save) */
     void (*progress)(const dw_train_progress *p, void *user); /* may be NULL */
     void *progress_user;
+    double ckpt_minutes;    /* also checkpoint once this many minutes of wall time have passed
+                               since the last checkpoint (or the start), so that a crash loses at
+                               most about that much work; fractions allowed; 0: by steps only */
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,
  * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
- * sample every 0 (64 tokens at temperature 0.8), checkpoint at the end only, keep 3, seed 1337.
+ * sample every 0 (64 tokens at temperature 0.8), checkpoint every 30 minutes and at the end,
+ * keep 3, seed 1337.
  * data and out_dir must still be set. */
 DW_API void dw_train_opts_init(dw_train_opts *opts, size_t size);
 
@@ -1117,6 +1121,20 @@ DW_API dw_status dw_train(dw_engine *e, const dw_train_opts *opts);
 DW_API void dw_train_request_stop(void);
 /* Whether a stop was requested (and not yet cleared by the start of the next dw_train). */
 DW_API bool dw_train_stop_requested(void);
+
+/* Token data read exactly as dw_train reads dw_train_opts.data, for other readers (`deepwell
+ * eval`): a file or glob(3) pattern of llm.c token shards (names ending in .bin: magic, version
+ * and size checked), of other files read as bytes (vocab 256), or "builtin"; every token checked
+ * below vocab; a FIFO or other non-regular file refused. Windows of seq + 1 tokens in file order
+ * (window w of a file starts at its token w x seq). Errors name the file and byte offset. */
+typedef struct dw_data dw_data;
+DW_API dw_status dw_data_open_pattern(dw_ctx *ctx, const char *pattern, int64_t seq, int64_t vocab,
+                                      dw_data **out);
+/* Windows in all files (B up to this many are read before the data repeats). */
+DW_API int64_t dw_data_windows(const dw_data *d);
+/* The next B windows: tokens and targets (B, seq), targets the tokens shifted by one. */
+DW_API void dw_data_next(dw_data *d, int64_t B, int32_t *tokens, int32_t *targets);
+DW_API void dw_data_free(dw_data *d); /* NULL is harmless */
 
 /* ======================================================================================
  * Opening a model end to end                                 [section: model]

@@ -1,7 +1,6 @@
 /* cmd_eval.c — `deepwell eval`: the mean cross-entropy of a model on one batch of tokens from a
- * raw byte file or an llm.c token shard, on the CPU reference backend (FP32). The minimal batch
- * reader here is a stop-gap until the trainer's data loader (src/train/) is public. */
-#include <errno.h>
+ * raw byte file or an llm.c token shard, read by the trainer's reader (dw_data_open_pattern), on
+ * the CPU reference backend (FP32). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,9 +17,11 @@ static void help(void) {
            "name. Weights come from --weights, else from MODEL's directory when it has\n"
            "model.safetensors (or a sharded index), else they are initialised from --seed as the\n"
            "reference implementation does (a notice says so).\n\n"
-           "  --data FILE      an llm.c token shard (.bin: 256 x int32 header, magic 20240520 with\n"
-           "                   uint16 tokens or 20240801 with uint32 tokens), or any other file,\n"
-           "                   read as raw bytes (byte-level tokens 0..255)\n"
+           "  --data FILE      read as `deepwell train --data` reads it: a file or glob of llm.c\n"
+           "                   token shards (.bin: 256 x int32 header, magic 20240520 with uint16\n"
+           "                   tokens or 20240801 with uint32 tokens; checked), of other files read\n"
+           "                   as raw bytes (byte-level tokens 0..255), or builtin; the batch is\n"
+           "                   its first B windows of T+1 tokens in file order\n"
            "  --batch B        sequences in the batch (default 4)\n"
            "  --seq T          tokens per sequence (default min(max positions, 128))\n"
            "  --weights W      a .safetensors file or a directory (model.safetensors or\n"
@@ -32,72 +33,27 @@ static void help(void) {
            "  -h, --help       this help\n");
 }
 
-/* Reads B*T+1 tokens from `path` into tokens[]; llm.c shards by magic, else raw bytes. false (the
- * reason printed) when the file cannot give them: *rc is then the exit status. */
-static bool read_tokens(const char *path, int64_t need, int32_t *tokens, int *rc) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        cli_error("eval", "%s: cannot open: %s", path, strerror(errno));
-        *rc = DW_EXIT_USAGE;
+/* The first B windows of T+1 tokens of `data`, read as `deepwell train --data` reads it (one
+ * reader: a bad shard is refused the same way). false (the reason printed) when it cannot give
+ * them: *rc is then the exit status. */
+static bool read_tokens(dw_ctx *ctx, const char *data, int64_t vocab, int64_t B, int64_t T, int32_t *tokens,
+                        int32_t *targets, int *rc) {
+    dw_data *d = NULL;
+    dw_status s = dw_data_open_pattern(ctx, data, T, vocab, &d);
+    if (s != DW_OK) {
+        *rc = cli_fail("eval", ctx, s);
         return false;
     }
-    unsigned char *data = NULL;
-    size_t size = 0, cap = 0, got;
-    do {
-        if (size == cap) {
-            unsigned char *d = realloc(data, cap = cap ? 2 * cap : 1 << 16);
-            if (!d) {
-                free(data), fclose(f);
-                cli_error("eval", "%s: out of memory", path);
-                *rc = DW_EXIT_FAIL;
-                return false;
-            }
-            data = d;
-        }
-        got = fread(data + size, 1, cap - size, f);
-        size += got;
-    } while (got > 0);
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(data);
-        cli_error("eval", "%s: read error", path);
+    int64_t have = dw_data_windows(d);
+    if (have < B) {
+        cli_error("eval", "%s: %lld window(s) of --seq %lld + 1 tokens; --batch %lld needs %lld", data,
+                  (long long)have, (long long)T, (long long)B, (long long)B);
         *rc = DW_EXIT_USAGE;
-        return false;
-    }
-    int32_t hdr[3] = {0, 0, 0};
-    if (size >= 1024) memcpy(hdr, data, sizeof hdr);
-    bool ok = true;
-    if (hdr[0] == 20240520 || hdr[0] == 20240801) {
-        size_t width = hdr[0] == 20240520 ? 2 : 4;
-        int64_t n = hdr[2];
-        if (hdr[1] != 1 && hdr[1] != 7)
-            ok = false, cli_error("eval", "%s: llm.c shard version %d is not supported", path, hdr[1]);
-        else if (n < 0 || (size - 1024) / width < (size_t)n)
-            ok = false, cli_error("eval", "%s: header says %lld tokens, the file holds %zu", path, (long long)n,
-                                  (size - 1024) / width);
-        else if (n < need)
-            ok = false, cli_error("eval", "%s: %lld tokens; one batch needs %lld", path, (long long)n, (long long)need);
-        for (int64_t i = 0; ok && i < need; i++) {
-            uint32_t v = 0;
-            if (width == 2) {
-                uint16_t h;
-                memcpy(&h, data + 1024 + i * 2, 2);
-                v = h;
-            } else {
-                memcpy(&v, data + 1024 + i * 4, 4);
-            }
-            if (v > INT32_MAX) ok = false, cli_error("eval", "%s: token %lld is %u", path, (long long)i, v);
-            tokens[i] = (int32_t)v;
-        }
-    } else if ((int64_t)size < need) {
-        ok = false, cli_error("eval", "%s: %zu bytes; one batch of byte tokens needs %lld", path, size, (long long)need);
     } else {
-        for (int64_t i = 0; i < need; i++) tokens[i] = data[i];
+        dw_data_next(d, B, tokens, targets);
     }
-    free(data);
-    if (!ok) *rc = DW_EXIT_USAGE;
-    return ok;
+    dw_data_free(d);
+    return have >= B;
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -155,15 +111,17 @@ int cmd_eval(int argc, char **argv) {
     if (s == DW_OK && weights) s = dw_engine_load_weights(e, weights);
     else if (s == DW_OK && !dw_model_trained(m))
         fprintf(stderr, "deepwell eval: no weights given: initialised from seed %ld\n", seed);
-    int32_t *tok = NULL;
+    int32_t *tok = NULL, *tgt = NULL;
     float *logits = NULL;
     double loss = 0;
     int rc = DW_EXIT_OK;
-    if (s == DW_OK && !(tok = malloc((size_t)(B * T + 1) * sizeof *tok))) {
+    if (s == DW_OK && (!(tok = malloc((size_t)(B * T) * sizeof *tok)) || !(tgt = malloc((size_t)(B * T) * sizeof *tgt)))) {
         cli_error("eval", "out of memory for %ld x %ld tokens", B, T);
         rc = DW_EXIT_FAIL;
     }
-    if (s == DW_OK && rc == DW_EXIT_OK && !read_tokens(data, B * T + 1, tok, &rc)) goto done;
+    if (s == DW_OK && rc == DW_EXIT_OK &&
+        !read_tokens(ctx, data, dw_graph_vocab(dw_model_graph(m)), B, T, tok, tgt, &rc))
+        goto done;
     if (s == DW_OK && rc == DW_EXIT_OK && dump) {
         logits = malloc((size_t)(B * T * dw_graph_vocab(dw_model_graph(m))) * sizeof *logits);
         if (!logits) {
@@ -171,18 +129,19 @@ int cmd_eval(int argc, char **argv) {
             rc = DW_EXIT_FAIL;
             goto done;
         }
-        s = dw_engine_forward(e, tok, tok + 1, B, T, logits, NULL);
+        s = dw_engine_forward(e, tok, tgt, B, T, logits, NULL);
         if (s == DW_OK) s = dw_engine_zero_grad(e);
-        if (s == DW_OK) s = dw_engine_forward_backward(e, tok, tok + 1, B, T, 1.0, &loss);
+        if (s == DW_OK) s = dw_engine_forward_backward(e, tok, tgt, B, T, 1.0, &loss);
         if (s == DW_OK) s = dw_engine_dump(e, dump, logits, B, T, loss);
     } else if (s == DW_OK && rc == DW_EXIT_OK) {
-        s = dw_engine_forward(e, tok, tok + 1, B, T, NULL, &loss);
+        s = dw_engine_forward(e, tok, tgt, B, T, NULL, &loss);
     }
     if (s != DW_OK) rc = cli_fail("eval", ctx, s);
     else if (rc == DW_EXIT_OK) printf("loss %.6f  (perplexity %.4g; %ld x %ld tokens of %s)\n", loss, exp(loss), B, T, data);
 done:
     free(logits);
     free(tok);
+    free(tgt);
     dw_model_free(m);
     dw_ctx_free(ctx);
     return rc;

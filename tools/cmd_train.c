@@ -57,6 +57,8 @@ static void help(void) {
         "  --sample-prompt TEXT   prompt (text for byte-level data, ids otherwise; default: the\n"
         "                         first min(16, T/4) tokens of the step's first sequence)\n"
         "  --ckpt-every K         checkpoint every K steps, 0 = only at the end (0)\n"
+        "  --ckpt-minutes M       also checkpoint every M minutes of wall time (fractions allowed),\n"
+        "                         so a crash loses at most that much work; 0 = by steps only (30)\n"
         "  --keep K               keep the newest K checkpoints, 0 = all (3)\n"
         "  --device D             cpu, cuda or auto (auto: cuda when a GPU is usable, else cpu).\n"
         "                         cpu: the exact reference backend; cuda: the GPU. Both run the\n"
@@ -197,7 +199,7 @@ int cmd_train(int argc, char **argv) {
         {"seed", required_argument, 0, O_SEED}, {"log-every", required_argument, 0, O_LOGEVERY},
         {"precision", required_argument, 0, O_PRECISION}, {"policy", required_argument, 0, O_POLICY},
         {"fallback", required_argument, 0, O_FALLBACK}, {"profile", no_argument, 0, O_PROFILE},
-        {"deterministic", no_argument, 0, O_DETERMINISTIC},
+        {"deterministic", no_argument, 0, O_DETERMINISTIC}, {"ckpt-minutes", required_argument, 0, O_CKPTMIN},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     dw_train_opts o;
     dw_train_opts_init(&o, sizeof o);
@@ -241,6 +243,13 @@ int cmd_train(int argc, char **argv) {
         case O_SAMPLE: ok = cli_parse_int(CMD, "--sample-every", optarg, 0, 1L << 40, &v); o.sample_every = v; break;
         case O_SAMPLEN: ok = cli_parse_int(CMD, "--sample-tokens", optarg, 0, 1 << 20, &v); o.sample_tokens = v; break;
         case O_CKPT: ok = cli_parse_int(CMD, "--ckpt-every", optarg, 0, 1L << 40, &v); o.ckpt_every = v; break;
+        case O_CKPTMIN:
+            ok = cli_parse_double(CMD, "--ckpt-minutes", optarg, &o.ckpt_minutes);
+            if (ok && !(o.ckpt_minutes >= 0 && o.ckpt_minutes <= 1e7)) {
+                cli_error(CMD, "--ckpt-minutes must be in [0, 1e7] (0: by steps only), got %s", optarg);
+                ok = false;
+            }
+            break;
         case O_KEEP: ok = cli_parse_int(CMD, "--keep", optarg, 0, 1 << 20, &v); o.keep = (int)v; break;
         case O_LOGEVERY: ok = cli_parse_int(CMD, "--log-every", optarg, 1, 1L << 40, &log_every); break;
         case O_SEED: ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &v); o.seed = (uint64_t)v; break;

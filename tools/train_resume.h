@@ -14,7 +14,7 @@
 enum { O_FIRST = 256, O_MODEL = O_FIRST, O_DATA, O_VAL, O_OUT, O_RESUME, O_STEPS, O_BATCH, O_SEQ, O_GB, O_LR,
        O_MINLR, O_WARMUP, O_SCHED, O_WD, O_CLIP, O_B1, O_B2, O_EVAL, O_EVALB, O_SAMPLE, O_SAMPLEN, O_SAMPLET,
        O_PROMPT, O_CKPT, O_KEEP, O_DEVICE, O_SEED, O_LOGEVERY, O_PRECISION, O_POLICY, O_FALLBACK, O_PROFILE,
-       O_DETERMINISTIC, O_LAST };
+       O_DETERMINISTIC, O_CKPTMIN, O_LAST };
 
 /* Before the context exists: o and *device from the record where not given; out_dir defaults to
  * the run directory. False (message printed) when a given option contradicts the record. */

@@ -238,6 +238,11 @@ dw_status dw_data_open(dw_ctx *ctx, const dw_data_opts *o, dw_data **out) {
     return DW_OK;
 }
 
+dw_status dw_data_open_pattern(dw_ctx *ctx, const char *pattern, int64_t seq, int64_t vocab, dw_data **out) {
+    dw_data_opts o = {.pattern = pattern, .T = seq, .vocab_size = vocab, .shuffle = false};
+    return dw_data_open(ctx, &o, out);
+}
+
 void dw_data_free(dw_data *d) {
     if (!d) return;
     for (int i = 0; i < d->nsrc; i++) {

@@ -33,18 +33,15 @@ typedef struct {
 
 /* Opens every file matching the pattern (sorted), validates all of them (header, size, every
  * token < vocab) and counts windows. Files ending in ".bin" are token shards, other files raw
- * text; a mix is an error. Errors name the file and byte offset. */
+ * text; a mix is an error. Errors name the file and byte offset. dw_data_open_pattern (public,
+ * deepwell.h) is this in file order; dw_data_windows, dw_data_next and dw_data_free are public. */
 dw_status dw_data_open(dw_ctx *ctx, const dw_data_opts *opts, dw_data **out);
-void dw_data_free(dw_data *d);
 
 dw_data_kind dw_data_get_kind(const dw_data *d);
 int dw_data_file_count(const dw_data *d);
-int64_t dw_data_tokens(const dw_data *d);  /* tokens in all files */
-int64_t dw_data_windows(const dw_data *d); /* windows per epoch */
-
-/* Fills tokens and targets (B,T) with the next B windows (targets = tokens shifted by one) and
- * advances the position by B. Wraps into the next epoch (a new shuffle) at the end. */
-void dw_data_next(dw_data *d, int64_t B, int32_t *tokens, int32_t *targets);
+int64_t dw_data_tokens(const dw_data *d); /* tokens in all files */
+/* dw_data_next (deepwell.h) advances the position by B and wraps into the next epoch (a new
+ * shuffle) at the end. */
 uint64_t dw_data_position(const dw_data *d); /* windows consumed since the start */
 void dw_data_seek(dw_data *d, uint64_t position);
 

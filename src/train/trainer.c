@@ -62,6 +62,7 @@ void dw_train_opts_init(dw_train_opts *opts, size_t size) {
     o->sample_temperature = 0.8;
     o->keep = 3;
     o->seed = 1337;
+    o->ckpt_minutes = 30;
     memset(opts, 0, size);
     memcpy(opts, o, size < sizeof *o ? size : sizeof *o);
     opts->size = size;
@@ -117,6 +118,9 @@ static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts 
     if (o->eval_every < 0 || o->sample_every < 0 || o->ckpt_every < 0 || o->keep < 0 ||
         o->eval_batches < 1 || o->sample_tokens < 0 || !(o->sample_temperature >= 0))
         return dw_set_error(ctx, DW_ERR_INVALID, "--eval-every, --sample-every, --ckpt-every, --keep, --sample-temp must be >= 0");
+    if (!(o->ckpt_minutes >= 0 && o->ckpt_minutes <= 1e7))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--ckpt-minutes must be in [0, 1e7] (0: by steps only), got %g",
+                            o->ckpt_minutes);
     return DW_OK;
 }
 
@@ -405,6 +409,7 @@ static dw_status moe_stats(run *r, dw_train_progress *p) {
 static dw_status loop(run *r) {
     const dw_train_opts *o = r->o;
     const double t0 = now_s();
+    double t_ckpt = t0; /* the end of the last checkpoint written (or the start) */
     const int64_t first = r->step;
     while (r->step < o->steps) {
         double ts = now_s(), loss = 0, norm = 0, lr = 0;
@@ -425,8 +430,11 @@ static dw_status loop(run *r) {
         if (o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last))
             st = make_sample(r, &sample);
         bool stop = dw_train_stop_requested(); /* also when it came during validation or sampling */
-        if (st == DW_OK && ((o->ckpt_every > 0 && r->step % o->ckpt_every == 0) || last || stop))
+        bool due = o->ckpt_minutes > 0 && now_s() - t_ckpt >= o->ckpt_minutes * 60;
+        if (st == DW_OK && ((o->ckpt_every > 0 && r->step % o->ckpt_every == 0) || last || stop || due)) {
             st = save_ckpt(r, &ckpt);
+            t_ckpt = now_s();
+        }
         p.sample = sample;
         p.checkpoint = ckpt;
         if (st == DW_OK && o->progress) o->progress(&p, o->progress_user);

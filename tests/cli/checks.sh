@@ -12,3 +12,8 @@ has() { # has DESCRIPTION FILE TEXT...: FILE contains every TEXT
   ok "$d"
 }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# A tiny GPT-2 (vocab 256, 2 layers of 64) as a model directory DIR/config.json, for CLI tests.
+tiny_gpt2() {
+  mkdir -p "$1"
+  echo '{"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 64}' >"$1/config.json"
+}

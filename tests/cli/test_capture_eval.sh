@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_capture_eval.sh DEEPWELL — `deepwell eval` end to end: raw bytes and llm.c shards (both
 # token widths) give the same loss for the same tokens, --weights with an all-zero model gives
-# exactly ln(V), and bad input exits 2 with a message.
+# exactly ln(V), and bad input exits 2 with a message (a missing file 3). eval reads --data with
+# train's reader: a bad-magic .bin is refused the same way (issue 32, finding 8).
 set -u
 dw=$1
 src=${DW_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -21,8 +22,8 @@ $py - "$tmp" <<'PY'
 import sys, numpy as np
 d = sys.argv[1]
 b = np.frombuffer(open(d + "/raw", "rb").read(), dtype=np.uint8)
-for magic, dt, name in [(20240520, np.uint16, "s16.bin"), (20240801, np.uint32, "s32.bin")]:
-    h = np.zeros(256, np.int32); h[0], h[1], h[2] = magic, 1, len(b)
+for magic, ver, dt, name in [(20240520, 1, np.uint16, "s16.bin"), (20240801, 7, np.uint32, "s32.bin")]:
+    h = np.zeros(256, np.int32); h[0], h[1], h[2] = magic, ver, len(b)
     open(d + "/" + name, "wb").write(h.tobytes() + b.astype(dt).tobytes())
 PY
 for m in gpt2-tiny llama-tiny qwen2-tiny; do
@@ -55,14 +56,32 @@ $py -c "import math,sys; l=float('$(loss "$tmp/o")'); sys.exit(0 if abs(l - math
 
 head -c 50 /dev/urandom >"$tmp/short"
 "$dw" eval gpt2-tiny --data "$tmp/short" --batch 2 --seq 32 >"$tmp/o" 2>"$tmp/err"; check "data too short" 2 $?
-has "short data message" "$tmp/err" "one batch of byte tokens needs 65"
+has "short data message" "$tmp/err" "1 window(s) of --seq 32 + 1 tokens; --batch 2 needs 2"
 "$dw" eval "$tmp/small" --data "$tmp/s16.bin" --batch 4 --seq 60 >"$tmp/o" 2>"$tmp/err"; check "token beyond vocab" 2 $?
-has "vocab message" "$tmp/err" "outside the vocabulary [0, 200)"
+has "vocab message" "$tmp/err" "is >= the model's vocab_size 200"
 "$dw" eval gpt2-tiny --batch 2 >"$tmp/o" 2>"$tmp/err"; check "missing --data" 2 $?
 "$dw" eval --data "$tmp/raw" >"$tmp/o" 2>"$tmp/err"; check "missing MODEL" 2 $?
 "$dw" eval gpt2-tiny --data "$tmp/raw" --batch 0 >"$tmp/o" 2>"$tmp/err"; check "bad --batch" 2 $?
 "$dw" eval gpt2-tiny --data "$tmp/raw" --seq 257 >"$tmp/o" 2>"$tmp/err"; check "seq beyond positions" 2 $?
-"$dw" eval gpt2-tiny --data "$tmp/nope" >"$tmp/o" 2>"$tmp/err"; check "missing data file" 2 $?
+"$dw" eval gpt2-tiny --data "$tmp/nope" >"$tmp/o" 2>"$tmp/err"; check "missing data file: I/O" 3 $?
+has "  ... named" "$tmp/err" "$tmp/nope: no file matches"
+
+# one reader with train: a .bin without a shard's magic is refused the same way by both, not read
+# as raw bytes; a FIFO is refused by name; a glob and builtin work as they do for train
+cp "$tmp/raw" "$tmp/junk.bin"
+"$dw" eval gpt2-tiny --data "$tmp/junk.bin" --batch 2 --seq 32 >"$tmp/o" 2>"$tmp/err"; check "eval: a bad-magic .bin" 2 $?
+grep -o "junk.bin: byte offset 0: bad magic.*" "$tmp/err" >"$tmp/eval_msg"
+has "  ... refused as a shard" "$tmp/eval_msg" "bad magic"
+"$dw" train --model gpt2-tiny --data "$tmp/junk.bin" --batch 2 --seq 32 --steps 1 --device cpu --out "$tmp/tr" \
+  >/dev/null 2>"$tmp/err"; check "train: the same .bin" 2 $?
+grep -o "junk.bin: byte offset 0: bad magic.*" "$tmp/err" >"$tmp/train_msg"
+cmp -s "$tmp/eval_msg" "$tmp/train_msg" && echo "ok:   ... with the same message" ||
+  { echo "FAIL: eval and train say different things: $(cat "$tmp/eval_msg") / $(cat "$tmp/train_msg")"; fails=$((fails + 1)); }
+mkfifo "$tmp/fifo"
+timeout 20 "$dw" eval gpt2-tiny --data "$tmp/fifo" --batch 2 --seq 32 >"$tmp/o" 2>"$tmp/err"; check "eval: a FIFO (no hang)" 2 $?
+has "  ... named" "$tmp/err" "$tmp/fifo: a FIFO (named pipe)"
+"$dw" eval gpt2-tiny --data "$tmp/s*.bin" --batch 2 --seq 32 >"$tmp/o" 2>"$tmp/err"; check "eval: a glob of shards" 0 $?
+"$dw" eval gpt2-tiny --data builtin --batch 2 --seq 32 >"$tmp/o" 2>"$tmp/err"; check "eval: builtin" 0 $?
 "$dw" eval gpt2-tiny --data "$tmp/raw" --weights "$tmp/zero/zeros.safetensors" >"$tmp/o" 2>"$tmp/err"; check "weights of another shape" 2 $?
 has "shape message names the tensor" "$tmp/err" "transformer.wte.weight"
 "$dw" eval llama-8b --data "$tmp/raw" >"$tmp/o" 2>"$tmp/err"; rc=$?

@@ -42,8 +42,7 @@ echo '{"model_type": "gpt2", "n_layer": ' >"$tmp/bad.json"
 "$dw" capture "$tmp/bad.json" >/dev/null 2>&1; check "capture of malformed JSON: bad input" 2 $?
 
 # a full disk while writing a file (a file-size limit: writes fail with EFBIG): I/O, not usage
-mkdir -p "$tmp/model"
-echo '{"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 64}' >"$tmp/model/config.json"
+tiny_gpt2 "$tmp/model"
 "$dw" train --model "$tmp/model" --data builtin --batch 2 --seq 16 --steps 1 --device cpu --out "$tmp/run" >/dev/null 2>&1
 check "a tiny checkpoint" 0 $?
 (trap '' XFSZ; ulimit -f 64; exec "$dw" quantize --recipe mxfp8 "$tmp/run/ckpt-1/model.safetensors" "$tmp/q.safetensors") \

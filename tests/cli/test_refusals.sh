@@ -9,8 +9,7 @@ set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
 export OMP_NUM_THREADS=1
-mkdir -p "$tmp/model"
-echo '{"model_type": "gpt2", "vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 64}' >"$tmp/model/config.json"
+tiny_gpt2 "$tmp/model"
 common=(--model "$tmp/model" --data builtin --batch 2 --seq 16 --device cpu)
 "$dw" train "${common[@]}" --steps 4 --ckpt-every 2 --out "$tmp/run" >/dev/null 2>&1
 check "a run with checkpoints at 2 and 4" 0 $?
