@@ -5,7 +5,7 @@ set -euo pipefail
 what=${1:-build}
 pkgs=(build-essential cmake ninja-build libjansson-dev python3)
 if [ "$what" = test ]; then
-  pkgs+=(libcmocka-dev clang python3-numpy python3-torch)
+  pkgs+=(libcmocka-dev clang python3-numpy python3-torch pkgconf)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -179,6 +179,8 @@ static dw_status parse_olmoe(dw_ctx *ctx, const json_t *j, const char *what, dw_
     c->qk_norm = true, c->top_k = 8, c->norm_topk = false, c->router_aux_loss_coef = 0.01;
     DW_TRY(parse_moe(ctx, j, what, "num_experts", c));
     DW_TRY(dw_json_get_bool_opt(ctx, j, "norm_topk_prob", what, &c->norm_topk));
+    /* not a transformers key: Deepwell's own OLMoE-like shapes without q/k norms (moe-e64) say so */
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "deepwell_qk_norm", what, &c->qk_norm));
     const json_t *clip = json_object_get(j, "clip_qkv");
     if (clip && !json_is_null(clip))
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: field 'clip_qkv': clamping q, k, v is not supported (null only)",
@@ -435,6 +437,7 @@ static void write_mixtral(json_t *j, const dw_model_config *c) {
 static void write_olmoe(json_t *j, const dw_model_config *c) {
     write_moe(j, c, "num_experts");
     set_bool(j, "norm_topk_prob", c->norm_topk);
+    if (!c->qk_norm) set_bool(j, "deepwell_qk_norm", false); /* transformers' OLMoE always has them */
     json_object_set_new(j, "clip_qkv", json_null());
 }
 

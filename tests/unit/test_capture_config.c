@@ -152,8 +152,8 @@ static void test_parse_llama_family(void **state) {
 
 static void test_save_load_presets(void **state) {
     (void)state;
-    const char *names[] = {"gpt2-tiny", "gpt2-124m", "llama-tiny", "llama-1b", "qwen2-tiny", "qwen2-moe-tiny",
-                           "qwen3-moe-tiny"};
+    const char *names[] = {"gpt2-tiny", "gpt2-124m", "llama-tiny",     "llama-1b",       "qwen2-tiny",
+                           "qwen2-moe-tiny", "qwen3-moe-tiny", "mixtral-tiny", "olmoe-tiny", "moe-e8", "moe-e64"};
     char *dir = dw_test_tmpdir();
     char *p = dw_test_path(dir, "config.json");
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
