@@ -31,8 +31,9 @@ typedef enum {
 } dw_policy_reason;
 
 /* Which node names are fragile under "safe": embeddings (wte, wpe, embed_tokens), the LM head
- * (lm_head), MoE routers (*.mlp.gate, *.router), and every node of the first and last block
- * (layer index from "...h.N." or "...layers.N."). n_layers is the model's block count. */
+ * (lm_head), MoE routers (*.mlp.gate, *.router), Qwen2-MoE's *.shared_expert_gate, and every node
+ * of the first and last block (layer index from "...h.N." or "...layers.N."). n_layers is the
+ * model's block count. */
 bool dw_policy_is_fragile(const char *node_name, int64_t n_layers);
 
 /* The recipe for a node. op_name is the IR op's name ("linear", "rmsnorm", ...). */
