@@ -1,11 +1,11 @@
 // moe_gemm_tc.cu — the BF16 grouped expert GEMM on the tensor cores (mma.sync m16n8k16, FP32
 // accumulation), one kernel for the three passes of moe_gemm.cuh. A CTA of 8 warps computes a
 // 128x128 tile of one expert's product, each warp 64x32 (4 x 4 mma tiles); K tiles of 32 are staged
-// through registers into a double-buffered shared tile stored [i][l] (l contiguous, rows padded to
-// 40 values: the fragment loads are free of bank conflicts). Operands whose unit stride runs along
-// l (fprop's x and W, dgrad's dy) move 16 bytes at a time; the others (dgrad's W, wgrad's dy and
-// x) are transposed on the way into shared memory. Rows outside the expert's group and columns
-// past the edges load as zero. A first version for correctness and the CUDA path of the MoE
+// through registers into double-buffered shared tiles, 16 bytes at a time, in the operand's own
+// layout: [i][l] for operands whose unit stride runs along l (fprop's x and W, dgrad's dy; rows
+// padded to 40 values, fragments read with 32-bit loads), [l][i] for the others (dgrad's W, wgrad's
+// dy and x; rows padded to 136 values, fragments transposed by ldmatrix.trans). Both are free of
+// bank conflicts. Rows outside the expert's group and columns past the edges load as zero. A first version for correctness and the CUDA path of the MoE
 // layer; the wgmma/TMA grouped GEMM of the MoE speed work replaces it.
 #include <cuda_bf16.h>
 
@@ -15,7 +15,13 @@
 namespace {
 
 typedef __nv_bfloat16 bf16;
-constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, THREADS = 256;
+
+__device__ __forceinline__ uint32_t lds32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+constexpr int BM = 128, BN = 128, BK = 32, THREADS = 256;
+constexpr int LDS = BK + 8;  // [i][l] tiles: row length
+constexpr int LDT = BM + 8;  // [l][i] tiles: row length
+constexpr int TILE = BM * LDS > BK * LDT ? BM * LDS : BK * LDT; // values of one buffer, either layout
+static_assert(BM == BN, "one tile size for both operands");
 
 // This thread's 2 of the 512 eight-value pieces of a 128 x 32 tile, X(i,l) = p[i*si + l*sl], into
 // registers. LC: l is the unit-stride dimension (pieces run along l), else i is.
@@ -42,23 +48,57 @@ __device__ __forceinline__ void tc_fetch(uint4 (&r)[2], const bf16 *p, int64_t s
     }
 }
 
-// The pieces tc_fetch loaded, into the shared tile s[i][l].
-template <bool LC> __device__ __forceinline__ void tc_store(bf16 (*s)[LDS], const uint4 (&r)[2]) {
+// The pieces tc_fetch loaded, into the shared tile: s[i*LDS + l] (LC) or s[l*LDT + i].
+template <bool LC> __device__ __forceinline__ void tc_store(bf16 *s, const uint4 (&r)[2]) {
 #pragma unroll
     for (int q = 0; q < 2; q++) {
         const int v = threadIdx.x + THREADS * q;
         const int i = LC ? v / 4 : (v % 16) * 8, l = LC ? (v % 4) * 8 : v / 16;
-        if (LC) {
-            *reinterpret_cast<uint4 *>(&s[i][l]) = r[q];
-        } else {
-            const bf16 *t = reinterpret_cast<const bf16 *>(&r[q]);
-#pragma unroll
-            for (int u = 0; u < 8; u++) s[i + u][l] = t[u];
-        }
+        *reinterpret_cast<uint4 *>(s + (LC ? i * LDS + l : l * LDT + i)) = r[q];
     }
 }
 
-__device__ __forceinline__ uint32_t lds32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+// Four 8x8 BF16 matrices from shared memory, each transposed: lane L gives the address of row L % 8
+// of matrix L / 8; register q gets matrix q.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16 *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+// The A fragments (16 x 16 at rows i0, reduction ks) of a tile: a0 (i, l), a1 (i+8, l), a2 (i, l+8),
+// a3 (i+8, l+8) with i = lane/4, l = 2 (lane%4).
+template <bool LC> __device__ __forceinline__ void tc_frag_a(uint32_t (&a)[4], const bf16 *s, int i0, int ks, int lane) {
+    if (LC) {
+        const bf16 *r0 = s + (i0 + lane / 4) * LDS + ks + 2 * (lane % 4);
+        a[0] = lds32(r0), a[1] = lds32(r0 + 8 * LDS), a[2] = lds32(r0 + 8), a[3] = lds32(r0 + 8 * LDS + 8);
+    } else { // matrix q: reduction rows ks + 8 (q / 2) + lane % 8, columns i0 + 8 (q % 2)
+        const int q = lane / 8;
+        ldsm_x4_trans(a, s + (ks + 8 * (q / 2) + lane % 8) * LDT + i0 + 8 * (q % 2));
+    }
+}
+
+// The B fragments of two 8-column tiles at j0 and j0 + 8: b[n][0] (l, j), b[n][1] (l+8, j) with
+// j = lane/4, l = 2 (lane%4).
+template <bool LC>
+__device__ __forceinline__ void tc_frag_b2(uint32_t (&b)[4][2], int n, const bf16 *s, int j0, int ks, int lane) {
+    if (LC) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const bf16 *c0 = s + (j0 + 8 * h + lane / 4) * LDS + ks + 2 * (lane % 4);
+            b[n + h][0] = lds32(c0), b[n + h][1] = lds32(c0 + 8);
+        }
+    } else { // matrix q: reduction rows ks + 8 (q % 2) + lane % 8, columns j0 + 8 (q / 2)
+        const int q = lane / 8;
+        uint32_t r[4];
+        ldsm_x4_trans(r, s + (ks + 8 * (q % 2) + lane % 8) * LDT + j0 + 8 * (q / 2));
+        b[n][0] = r[0], b[n][1] = r[1], b[n + 1][0] = r[2], b[n + 1][1] = r[3];
+    }
+}
+
 
 // c (16x8 FP32) += a (16x16 BF16, row) . b (16x8 BF16, col)
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -71,8 +111,8 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 template <bool ALC, bool BLC> __global__ void __launch_bounds__(THREADS) moe_gemm_tc_kernel(dw_moe_gemm_args g, int vec) {
-    __shared__ alignas(16) bf16 As[2][BM][LDS];
-    __shared__ alignas(16) bf16 Bs[2][BN][LDS];
+    __shared__ alignas(16) bf16 As[2][TILE];
+    __shared__ alignas(16) bf16 Bs[2][TILE];
     int64_t e, g0, cnt, i0;
     if (!dw_moe_tile(g, BM, e, g0, cnt, i0)) return;
     const dw_moe_prob<bf16> p = dw_moe_problem<bf16>(g, e, g0, cnt);
@@ -106,16 +146,9 @@ template <bool ALC, bool BLC> __global__ void __launch_bounds__(THREADS) moe_gem
         for (int ks = 0; ks < BK; ks += 16) {
             uint32_t af[4][4], bfr[4][2];
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                const bf16 *r0 = &As[cur][wi * 64 + m * 16 + gq][ks + 2 * tq];
-                af[m][0] = lds32(r0), af[m][1] = lds32(r0 + 8 * LDS);
-                af[m][2] = lds32(r0 + 8), af[m][3] = lds32(r0 + 8 * LDS + 8);
-            }
+            for (int m = 0; m < 4; m++) tc_frag_a<ALC>(af[m], As[cur], wi * 64 + m * 16, ks, lane);
 #pragma unroll
-            for (int n = 0; n < 4; n++) {
-                const bf16 *c0 = &Bs[cur][wj * 32 + n * 8 + gq][ks + 2 * tq];
-                bfr[n][0] = lds32(c0), bfr[n][1] = lds32(c0 + 8);
-            }
+            for (int n = 0; n < 4; n += 2) tc_frag_b2<BLC>(bfr, n, Bs[cur], wj * 32 + n * 8, ks, lane);
 #pragma unroll
             for (int m = 0; m < 4; m++)
 #pragma unroll
