@@ -26,9 +26,9 @@ static void probe_engine_model(dw_plan_in *in) {
     in->engine_model = false;
     in->engine_why[0] = 0;
     in->graph_flops_per_token = 0;
-    if (in->experts > 0) {
-        snprintf(in->engine_why, sizeof in->engine_why, "mixture-of-experts layers: the engine runs dense "
-                 "models only");
+    if (in->experts != in->cfg->n_experts || (in->experts > 0 && in->top_k != in->cfg->top_k)) {
+        snprintf(in->engine_why, sizeof in->engine_why, "--moe makes a mixture-of-experts the config does not "
+                 "describe: the engine runs the model its config describes");
         return;
     }
     dw_graph *g = NULL;
@@ -137,7 +137,7 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     if (in->experts > 0)
         active_moe = ((double)in->top_k + (c->n_shared_experts > 0 ? (double)c->n_shared_experts : 0)) *
                          mats * d * expert_ff(in) +
-                     mats * d * (double)c->d_ff_shared + o->router;
+                     mats * d * (double)c->d_ff_shared + (c->shared_gate && c->d_ff_shared ? d : 0) + o->router;
     o->active_per_token = L * attn_w + (L - Lm) * mlp_w + Lm * active_moe + V * d;
 }
 
