@@ -654,7 +654,8 @@ DW_API dw_status dw_engine_load_optimizer(dw_engine *e, const char *path);
  * NULL) below 0 are ignored; *loss (may be NULL) gets the mean cross-entropy; logits (may be
  * NULL) gets (B,T,V) FP32. Tokens and targets outside the vocabulary are refused. A mixture of
  * experts trained with transformers' load-balancing loss (config output_router_logits) adds it:
- * the loss is cross-entropy + router_aux_loss_coef x that loss (dw_engine_moe_stats tells it). */
+ * the loss is cross-entropy + router_aux_loss_coef x that loss (+ router_z_loss_coef x the router
+ * z-loss when configured; dw_engine_moe_stats tells both). */
 DW_API dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                                    float *logits, double *loss);
 /* Forward and backward: gradients of loss * grad_scale are ADDED to the parameters' gradients
@@ -663,13 +664,14 @@ DW_API dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const in
 DW_API dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
                                             int64_t T, double grad_scale, double *loss);
 DW_API dw_status dw_engine_zero_grad(dw_engine *e);
-/* Experts the load-balancing loss of this engine's model counts (0: the model has no such loss). */
+/* Experts the router losses of this engine's model count (0: the model has no router loss). */
 DW_API int64_t dw_engine_moe_experts(const dw_engine *e);
-/* The last forward's load-balancing statistics: *aux_loss the weighted loss it added to the loss
- * (router_aux_loss_coef x transformers' load_balancing_loss_func), counts (dw_engine_moe_experts
- * entries; may be NULL) the (token, k) assignments each expert received, summed over the MoE
- * layers. Waits for the device. DW_ERR_UNSUPPORTED when the model has no such loss. */
-DW_API dw_status dw_engine_moe_stats(dw_engine *e, double *aux_loss, int64_t *counts);
+/* The last forward's router losses, each already part of the loss: *aux_loss router_aux_loss_coef x
+ * transformers' load_balancing_loss_func (NaN without output_router_logits), *z_loss
+ * router_z_loss_coef x the router z-loss (NaN without it); counts (dw_engine_moe_experts entries) the
+ * (token, k) assignments each expert received, summed over the MoE layers. Any pointer may be
+ * NULL. Waits for the device. DW_ERR_UNSUPPORTED when the model has no router loss. */
+DW_API dw_status dw_engine_moe_stats(dw_engine *e, double *aux_loss, double *z_loss, int64_t *counts);
 
 typedef struct {
     size_t size;            /* sizeof(dw_adamw_opts), set by dw_adamw_opts_init */
@@ -1055,9 +1057,10 @@ typedef struct {
     double eta_s;          /* estimated time to the last step */
     const char *sample;    /* NULL, or generated text (valid during the callback) */
     const char *checkpoint; /* NULL, or the directory of a checkpoint written after this step */
-    /* a mixture of experts with a load-balancing loss (else NaN), from the step's last micro-batch:
-     * that loss (part of `loss`) and the most loaded expert's assignments over the mean */
-    double moe_aux_loss, expert_load;
+    /* a mixture of experts with router losses (else NaN), from the step's last micro-batch: the
+     * load-balancing loss and the z-loss (parts of `loss`; NaN when not configured) and the most
+     * loaded expert's assignments over the mean */
+    double moe_aux_loss, moe_z_loss, expert_load;
 } dw_train_progress;
 
 typedef struct {

@@ -142,10 +142,15 @@ static void fmt_time(char *b, size_t n, double s) {
 static void on_progress(const dw_train_progress *p, void *user) {
     printer *pr = user;
     resume_summary(pr);
-    char eta[32], val[48] = "", moe[64] = "";
+    char eta[32], val[48] = "", moe[96] = "";
     fmt_time(eta, sizeof eta, p->eta_s);
     if (!isnan(p->val_loss)) snprintf(val, sizeof val, " | val %.4f", p->val_loss);
-    if (!isnan(p->moe_aux_loss)) snprintf(moe, sizeof moe, " | aux %.4f | load %.2f", p->moe_aux_loss, p->expert_load);
+    if (!isnan(p->expert_load)) { /* a mixture of experts with router losses */
+        int k = 0;
+        if (!isnan(p->moe_aux_loss)) k += snprintf(moe + k, sizeof moe - (size_t)k, " | aux %.4f", p->moe_aux_loss);
+        if (!isnan(p->moe_z_loss)) k += snprintf(moe + k, sizeof moe - (size_t)k, " | z %.4f", p->moe_z_loss);
+        snprintf(moe + k, sizeof moe - (size_t)k, " | load %.2f", p->expert_load);
+    }
     bool event = !isnan(p->val_loss) || p->sample || p->checkpoint || p->step == p->total;
     if (pr->tty || event || p->step % pr->log_every == 0 || p->step == 1) {
         fprintf(stderr, "%sstep %lld/%lld | loss %.4f%s%s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s",

@@ -206,7 +206,7 @@ static void moe_mlp(builder *b, const char *p, int *x) {
                                                                                                 ".positions"};
     int in[3] = {z}, r[2], d[3];
     node_outs(b, DW_OP_MOE_ROUTER, NAME("mlp.router"), in, 1, &ra, router_out, r);
-    if (c->aux_loss) { /* the load-balancing statistics: this layer's added to the layers' before */
+    if (c->aux_loss || c->router_z_loss_coef > 0) { /* the router losses' statistics, added to the layers' before */
         static const char *const stats_out[2] = {".sums", ".counts"};
         int si[4] = {z, r[1], b->aux_sums, b->aux_counts}, so[2];
         node_outs(b, DW_OP_MOE_AUX_STATS, NAME("mlp.aux_stats"), si, b->aux_sums >= 0 ? 4 : 2, NULL, stats_out, so);
@@ -343,8 +343,9 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
     int head = c->tie_embeddings ? wte : param(&b, c->vocab_size, c->d_model, "lm_head.weight");
     g->logits = node(&b, DW_OP_LINEAR, "lm_head", x, head, -1, NULL);
     g->loss = node(&b, DW_OP_CROSS_ENTROPY, "loss", g->logits, g->targets, -1, NULL);
-    if (b.aux_sums >= 0) { /* transformers' load-balancing loss over all MoE layers, after the loss it joins */
-        const dw_ir_attrs la = {.top_k = c->top_k, .coef = c->router_aux_loss_coef};
+    if (b.aux_sums >= 0) { /* transformers' load-balancing loss and the router z-loss over all MoE layers */
+        const dw_ir_attrs la = {.top_k = c->top_k, .coef = c->aux_loss ? c->router_aux_loss_coef : 0,
+                                .zcoef = c->router_z_loss_coef};
         node(&b, DW_OP_MOE_AUX_LOSS, "moe_aux_loss", b.aux_sums, b.aux_counts, -1, &la);
     }
     if ((g->tokens < 0 || g->targets < 0) && b.st == DW_OK)

@@ -99,9 +99,9 @@ typedef struct {
 typedef struct {
     int64_t tokens, targets;   /* (cap N) int32 each */
     int64_t loss;              /* FP32 scalar */
-    int64_t moe_aux;           /* the MoE load-balancing loss's last values (-1: no such loss): FP32 aux
-                                  loss (already in `loss`), then int32 assignments per expert summed over
-                                  the MoE layers (moe_experts of them) */
+    int64_t moe_aux;           /* the MoE router losses' last values (-1: none): FP32 load-balancing loss
+                                  and FP32 z-loss (both already in `loss`; NaN: not configured), then int32 assignments per
+                                  expert summed over the MoE layers (moe_experts of them) */
     int64_t moe_experts;
     int64_t norm;              /* double: sum of squares of all gradients, then the norm */
     int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */

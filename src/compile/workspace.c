@@ -78,8 +78,8 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
     w->moe_aux = -1, w->moe_experts = 0;
     for (int i = 0; i < c->g->n_nodes; i++) /* the load-balancing loss: at most one node */
         if (DW_OP_IS(&c->g->nodes[i], DW_OPF_SIDE_LOSS)) {
-            w->moe_experts = c->g->tensors[c->g->nodes[i].in[0]].shape[0];
-            w->moe_aux = o, o = dw_align_up(o + 4 + 4 * w->moe_experts, 256);
+            w->moe_experts = c->g->tensors[c->g->nodes[i].in[1]].shape[0];
+            w->moe_aux = o, o = dw_align_up(o + 8 + 4 * w->moe_experts, 256);
         }
     w->norm = o, o = dw_align_up(o + 8, 256);
     w->partials = o, o = dw_align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);

@@ -24,6 +24,7 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.theta) json_object_set_new(a, "theta", json_real(n->attrs.theta));
     if (n->attrs.experts) json_object_set_new(a, "experts", json_integer(n->attrs.experts));
     if (n->attrs.coef) json_object_set_new(a, "coef", json_real(n->attrs.coef));
+    if (n->attrs.zcoef) json_object_set_new(a, "zcoef", json_real(n->attrs.zcoef));
     if (n->attrs.top_k) {
         json_object_set_new(a, "top_k", json_integer(n->attrs.top_k));
         json_object_set_new(a, "score", json_string(n->attrs.score == DW_ROUTER_SIGMOID ? "sigmoid" : "softmax"));
@@ -228,6 +229,7 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "eps", what, &a.eps));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "theta", what, &a.theta));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "coef", what, &a.coef));
+    if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "zcoef", what, &a.zcoef));
     if (ja) DW_TRY(dw_json_get_bool_opt(ctx, ja, "norm_topk", what, &a.norm_topk));
     const char *score = "softmax";
     if (ja) DW_TRY(dw_json_get_str_opt(ctx, ja, "score", what, &score));

@@ -92,7 +92,7 @@ typedef struct {
     int64_t experts;                   /* moe_dispatch: experts (E) the indices refer to */
     int32_t score;                     /* moe_router: dw_router_score */
     bool norm_topk;                    /* moe_router: the K weights renormalised to sum 1 */
-    double coef;                       /* moe_aux_loss: the loss's coefficient */
+    double coef, zcoef;                /* moe_aux_loss: the load-balancing and z-loss coefficients */
 } dw_ir_attrs;
 
 /* How a router scores experts (attrs.score). */

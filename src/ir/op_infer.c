@@ -272,7 +272,7 @@ static dw_status infer_moe_combine(dw_ctx *ctx, const dw_graph *g, const dw_ir_n
     return DW_OK;
 }
 
-/* moe_aux_stats: logits (B,T,E), experts (B,T,K) i32[, sums (E), counts (E) i32] -> sums (E),
+/* moe_aux_stats: logits (B,T,E), experts (B,T,K) i32[, sums (E+1), counts (E) i32] -> sums (E+1),
  * counts (E) i32 */
 static dw_status infer_moe_aux_stats(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
@@ -284,26 +284,28 @@ static dw_status infer_moe_aux_stats(dw_ctx *ctx, const dw_graph *g, const dw_ir
     if (n->n_in == 4) {
         DW_TRY(want(ctx, g, n, 2, 1, DW_IR_F32));
         DW_TRY(want(ctx, g, n, 3, 1, DW_IR_I32));
-        if (IN(2)->shape[0] != E || IN(3)->shape[0] != E)
-            return dw_ir_node_error(ctx, n, "sums '%s' and counts '%s' must have the %lld experts", IN(2)->name,
-                                    IN(3)->name, (long long)E);
+        if (IN(2)->shape[0] != E + 1 || IN(3)->shape[0] != E)
+            return dw_ir_node_error(ctx, n, "sums '%s' and counts '%s' must have the %lld experts (+1 sums)",
+                                    IN(2)->name, IN(3)->name, (long long)E);
     }
     like(g, n, 0, &o[0]);
-    o[0].ndim = 1, o[0].shape[0] = E, o[0].shape[1] = o[0].shape[2] = 0;
+    o[0].ndim = 1, o[0].shape[0] = E + 1, o[0].shape[1] = o[0].shape[2] = 0;
     o[1] = o[0];
-    o[1].dtype = DW_IR_I32;
+    o[1].shape[0] = E, o[1].dtype = DW_IR_I32;
     return DW_OK;
 }
 
-/* moe_aux_loss: sums (E), counts (E) i32 -> () */
+/* moe_aux_loss: sums (E+1), counts (E) i32 -> () */
 static dw_status infer_moe_aux_loss(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 1, DW_IR_F32));
     DW_TRY(want(ctx, g, n, 1, 1, DW_IR_I32));
-    if (IN(0)->shape[0] != IN(1)->shape[0])
-        return dw_ir_node_error(ctx, n, "sums '%s' and counts '%s' differ in experts", IN(0)->name, IN(1)->name);
-    if (n->attrs.top_k < 1 || !(n->attrs.coef > 0))
-        return dw_ir_node_error(ctx, n, "top_k %lld and coef %g must be positive", (long long)n->attrs.top_k,
-                                n->attrs.coef);
+    if (IN(0)->shape[0] != IN(1)->shape[0] + 1)
+        return dw_ir_node_error(ctx, n, "sums '%s' must have one more entry than counts '%s'", IN(0)->name,
+                                IN(1)->name);
+    const dw_ir_attrs *a = &n->attrs;
+    if (a->top_k < 1 || !(a->coef >= 0) || !(a->zcoef >= 0) || !(a->coef + a->zcoef > 0))
+        return dw_ir_node_error(ctx, n, "top_k %lld must be positive, coef %g and zcoef %g not negative, one of "
+                                "them positive", (long long)a->top_k, a->coef, a->zcoef);
     like(g, n, 0, o);
     o->ndim = 0, o->shape[0] = 0;
     return DW_OK;

@@ -228,17 +228,18 @@ dw_status dw_engine_read_value(dw_engine *e, int t, float *out) {
 /* ---- mixture-of-experts statistics ------------------------------------------------------------- */
 int64_t dw_engine_moe_experts(const dw_engine *e) { return e && e->p->work.moe_aux >= 0 ? e->p->work.moe_experts : 0; }
 
-dw_status dw_engine_moe_stats(dw_engine *e, double *aux_loss, int64_t *counts) {
+dw_status dw_engine_moe_stats(dw_engine *e, double *aux_loss, double *z_loss, int64_t *counts) {
     const int64_t E = dw_engine_moe_experts(e);
-    if (!E) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the model has no load-balancing loss");
-    float *kept = malloc((size_t)(1 + E) * 4); /* the aux loss, then E int32 counts (program.h) */
+    if (!E) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the model has no router loss");
+    float *kept = malloc((size_t)(2 + E) * 4); /* the two losses, then E int32 counts (program.h) */
     if (!kept) return dw_set_error(e->ctx, DW_ERR_NOMEM, "engine: out of memory");
-    dw_status st = e->be->i->download(e->be, kept, e->x->work + e->p->work.moe_aux, (size_t)(1 + E) * 4);
+    dw_status st = e->be->i->download(e->be, kept, e->x->work + e->p->work.moe_aux, (size_t)(2 + E) * 4);
     if (st == DW_OK) {
         if (aux_loss) *aux_loss = kept[0];
+        if (z_loss) *z_loss = kept[1];
         for (int64_t i = 0; counts && i < E; i++) {
             int32_t v;
-            memcpy(&v, &kept[1 + i], 4);
+            memcpy(&v, &kept[2 + i], 4);
             counts[i] = v;
         }
     }

@@ -53,15 +53,20 @@ static void num(char *buf, size_t cap, double v) {
 }
 
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
-    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[96] = "";
+    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[160] = "";
     num(loss, sizeof loss, p->loss);
     num(lr, sizeof lr, p->lr);
     num(gn, sizeof gn, p->grad_norm);
     num(tps, sizeof tps, p->tokens_per_s);
     num(el, sizeof el, p->elapsed_s);
     num(vl, sizeof vl, p->val_loss);
-    if (!isnan(p->moe_aux_loss)) /* a mixture of experts with its load-balancing loss */
-        snprintf(moe, sizeof moe, ", \"moe_aux_loss\": %.17g, \"expert_load\": %.17g", p->moe_aux_loss, p->expert_load);
+    if (!isnan(p->expert_load)) { /* a mixture of experts with router losses */
+        char al[32], zl[32];
+        num(al, sizeof al, p->moe_aux_loss);
+        num(zl, sizeof zl, p->moe_z_loss);
+        snprintf(moe, sizeof moe, ", \"moe_aux_loss\": %s, \"moe_z_loss\": %s, \"expert_load\": %.17g", al, zl,
+                 p->expert_load);
+    }
     int rc = fprintf(f,
                      "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"tokens_per_s\": %s, "
                      "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s}\n",

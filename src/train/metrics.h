@@ -12,7 +12,7 @@
  * passes 0: the file starts empty). The rewrite is atomic. */
 dw_status dw_metrics_open(dw_ctx *ctx, const char *dir, int64_t keep_upto, FILE **out);
 /* {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "tokens"[, "val_loss"][,
- * "moe_aux_loss", "expert_load"]};
+ * "moe_aux_loss", "moe_z_loss" (null: not configured), "expert_load"]};
  * floating-point values with 17 significant digits (exact round trip). */
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen);
 

@@ -390,15 +390,15 @@ static dw_status profile(run *r) {
     return st;
 }
 
-/* The step's load-balancing loss and expert load: the most loaded expert's assignments over the
- * mean (NaN both for models without that loss). */
+/* The step's router losses and expert load: the most loaded expert's assignments over the mean
+ * (NaN for models without router losses; each loss NaN when not configured). */
 static dw_status moe_stats(run *r, dw_train_progress *p) {
-    p->moe_aux_loss = p->expert_load = NAN;
+    p->moe_aux_loss = p->moe_z_loss = p->expert_load = NAN;
     const int64_t E = dw_engine_moe_experts(r->eng);
     if (!E) return DW_OK;
     int64_t *counts = malloc((size_t)E * sizeof *counts);
     if (!counts) return dw_set_error(r->ctx, DW_ERR_NOMEM, "train: out of memory");
-    dw_status st = dw_engine_moe_stats(r->eng, &p->moe_aux_loss, counts);
+    dw_status st = dw_engine_moe_stats(r->eng, &p->moe_aux_loss, &p->moe_z_loss, counts);
     int64_t max = 0, sum = 0;
     for (int64_t e = 0; st == DW_OK && e < E; e++) max = counts[e] > max ? counts[e] : max, sum += counts[e];
     if (sum > 0) p->expert_load = (double)max * (double)E / (double)sum;

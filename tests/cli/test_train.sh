@@ -119,6 +119,15 @@ import json, sys
 l = [json.loads(x)["loss"] for x in open(sys.argv[1])]
 assert len(l) == 30 and sum(l[-5:]) / 5 < sum(l[:5]) / 5 - 0.5, (l[:5], l[-5:])
 PY
+python3 - "$tmp/mix/metrics.jsonl" <<'PY' && ok "  ... load-balancing loss and expert load logged" || bad "mixtral-tiny MoE metrics"
+import json, sys
+for x in open(sys.argv[1]):
+    m = json.loads(x)
+    # 4 experts top 2 at coef 0.001: transformers' loss is >= K = 2 (balanced), the load max/mean >= 1
+    assert 0.002 - 1e-6 <= m["moe_aux_loss"] < 0.004 and m["moe_z_loss"] is None and 1 <= m["expert_load"] <= 2, m
+PY
+grep -q "| aux 0.00[0-9]* | load [0-9.]* |" "$tmp/err" && ok "  ... and shown in the progress line" ||
+  bad "mixtral-tiny progress line lacks aux/load: $(tail -2 "$tmp/err")"
 "$dw" train "${mix[@]}" --steps 12 --ckpt-every 6 --keep 0 --out "$tmp/mixa" >/dev/null 2>&1
 "$dw" train --resume "$tmp/mixa/ckpt-6" --out "$tmp/mixb" >/dev/null 2>&1
 check "mixtral-tiny resumes from ckpt-6" 0 $?

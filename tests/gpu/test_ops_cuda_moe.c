@@ -168,31 +168,34 @@ static void test_moe_ops(void **state) {
     assert_int_equal(bad, 0);
 }
 
-/* The load-balancing statistics of two chained layers and the loss, forward and backward. */
-static int64_t run_aux(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, double coef) {
+/* The router-loss statistics of two chained layers and the losses (load-balancing coef, z-loss
+ * zcoef; either may be 0), forward and backward. */
+static int64_t run_aux(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, double coef, double zcoef) {
     char name[128];
-    snprintf(name, sizeof name, "moe_aux[%s N=%lld E=%lld K=%lld]", dw_gc_dtname(dt), (long long)N, (long long)E,
-             (long long)K);
+    snprintf(name, sizeof name, "moe_aux[%s N=%lld E=%lld K=%lld coef=%g zcoef=%g]", dw_gc_dtname(dt), (long long)N,
+             (long long)E, (long long)K, coef, zcoef);
     int64_t bad = 0;
+    const int64_t S = E + 1; /* the sums: E softmax sums, then the squared log-sum-exps */
     int32_t *idx0 = malloc((size_t)(N * K) * 4), *idx1 = malloc((size_t)(N * K) * 4);
     int32_t *c0 = malloc((size_t)E * 4), *c1 = malloc((size_t)E * 4);
     route(idx0, N, K, E, ROUTE_UNIFORM);
     route(idx1, N, K, E, ROUTE_SAME);
     dw_gt *z0 = dw_gt_rand(&g_rng, "z0", N * E, dt, -3, 3), *z1 = dw_gt_rand(&g_rng, "z1", N * E, dt, -3, 3);
     dw_gt *i0 = dw_gt_ints("idx0", idx0, N * K), *i1 = dw_gt_ints("idx1", idx1, N * K);
-    dw_gt *s0 = dw_gt_out("sums0", E, dt), *s1 = dw_gt_out("sums1", E, dt);
+    dw_gt *s0 = dw_gt_out("sums0", S, dt), *s1 = dw_gt_out("sums1", S, dt);
     dw_gt *n0 = dw_gt_out("counts0", E, DW_ACT_F32), *n1 = dw_gt_out("counts1", E, DW_ACT_F32);
     dw_gt *out = dw_gt_out("aux", 1, dt), *loss = dw_gt_from("loss", (float[]){1.5f}, 1, DW_ACT_F32);
-    dw_gt *kept = dw_gt_out("kept", 1 + E, DW_ACT_F32), *ds = dw_gt_out("dsums", E, dt);
-    dw_gt *g = dw_gt_rand(&g_rng, "g", E, dt, -1, 1), *dz = dw_gt_out("dz", N * E, dt);
-    float *s0r = dw_oc_alloc(E), *s1r = dw_oc_alloc(E), *dsr = dw_oc_alloc(E), *dzr = dw_oc_alloc(N * E);
+    dw_gt *kept = dw_gt_out("kept", 2 + E, DW_ACT_F32), *ds = dw_gt_out("dsums", S, dt);
+    dw_gt *g = dw_gt_rand(&g_rng, "g", S, dt, -1, 1), *dz = dw_gt_out("dz", N * E, dt);
+    float *s0r = dw_oc_alloc(S), *s1r = dw_oc_alloc(S), *dsr = dw_oc_alloc(S), *dzr = dw_oc_alloc(N * E);
     dw_cpu_moe_aux_stats_fwd(s0r, c0, z0->host, idx0, NULL, NULL, N, E, K);
-    dw_gt *s0in = dw_gt_from("sums0(cpu)", s0r, E, dt); /* the second layer reads the oracle's sums */
+    dw_gt *s0in = dw_gt_from("sums0(cpu)", s0r, S, dt); /* the second layer reads the oracle's sums */
     dw_cpu_moe_aux_stats_fwd(s1r, c1, z1->host, idx1, s0in->host, c0, N, E, K);
-    dw_gt *s1in = dw_gt_from("sums1(cpu)", s1r, E, dt);
-    const double aux = dw_cpu_moe_aux_loss(s1in->host, c1, E, K, coef);
-    const float auxr = (float)aux, lossr = 1.5f + (float)aux;
-    dw_cpu_moe_aux_loss_bwd(dsr, c1, E, K, coef, 0.75);
+    dw_gt *s1in = dw_gt_from("sums1(cpu)", s1r, S, dt);
+    double zl = 0.0;
+    const double aux = dw_cpu_moe_aux_loss(s1in->host, c1, E, K, N, coef, zcoef, &zl);
+    const float outr = (float)(aux + zl), lossr = 1.5f + (float)(aux + zl);
+    dw_cpu_moe_aux_loss_bwd(dsr, c1, E, K, N, coef, zcoef, 0.75);
     dw_cpu_moe_aux_stats_bwd(dzr, g->host, z1->host, N, E);
     dw_gt *c0in = dw_gt_ints("counts0(cpu)", c0, E), *c1in = dw_gt_ints("counts1(cpu)", c1, E);
     DW_GC_OK(bad, name, dw_cuda_moe_aux_stats_fwd(NULL, dt, s0->dev, (int32_t *)n0->dev, z0->dev,
@@ -201,23 +204,27 @@ static int64_t run_aux(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, double 
                                                   (const int32_t *)i1->dev, s0in->dev, (const int32_t *)c0in->dev, N,
                                                   E, K, dw_gc_stream));
     DW_GC_OK(bad, name, dw_cuda_moe_aux_loss(NULL, dt, out->dev, (float *)loss->dev, (float *)kept->dev, NULL,
-                                             s1in->dev, (const int32_t *)c1in->dev, E, K, coef, 0.0, dw_gc_stream));
+                                             s1in->dev, (const int32_t *)c1in->dev, E, K, N, coef, zcoef, 0.0,
+                                             dw_gc_stream));
     DW_GC_OK(bad, name, dw_cuda_moe_aux_loss(NULL, dt, NULL, NULL, NULL, ds->dev, NULL, (const int32_t *)c1in->dev, E,
-                                             K, coef, 0.75, dw_gc_stream));
+                                             K, N, coef, zcoef, 0.75, dw_gc_stream));
     DW_GC_OK(bad, name, dw_cuda_moe_aux_stats_bwd(NULL, dt, dz->dev, g->dev, z1->dev, N, E, dw_gc_stream));
     DW_GC_SYNC();
     bad += cmp_ints(name, "counts0", n0->dev, c0, E);
     bad += cmp_ints(name, "counts1", n1->dev, c1, E);
-    int32_t *kc = malloc((size_t)(1 + E) * 4);
-    DW_GC_CUDA(cudaMemcpy(kc, kept->dev, (size_t)(1 + E) * 4, cudaMemcpyDeviceToHost));
-    bad += memcmp(kc + 1, c1, (size_t)E * 4) != 0;
-    float kaux;
-    memcpy(&kaux, kc, 4);
+    int32_t *kc = malloc((size_t)(2 + E) * 4);
+    DW_GC_CUDA(cudaMemcpy(kc, kept->dev, (size_t)(2 + E) * 4, cudaMemcpyDeviceToHost));
+    bad += memcmp(kc + 2, c1, (size_t)E * 4) != 0;
+    float kl[2];
+    memcpy(kl, kc, 8);
+    const double want[2] = {aux, zl}, cf[2] = {coef, zcoef};
+    for (int k = 0; k < 2; k++) /* each loss kept, or NaN when its coefficient is 0 */
+        if (cf[k] > 0 ? !(fabs(kl[k] - want[k]) <= 1e-5 * fabs(want[k])) : !isnan(kl[k]))
+            bad++, printf("MISMATCH %s kept loss %d: %g vs %g\n", name, k, kl[k], want[k]);
     const dw_gc_tol t = dw_gc_pick(dt, 1e-5, 1e-4), tf = {1e-6, 1e-5, 0.0};
-    if (!(fabs(kaux - aux) <= 1e-5 * fabs(aux))) bad++, printf("MISMATCH %s kept aux %g vs %g\n", name, kaux, aux);
     DW_GC_CMP(bad, name, s0, s0r, t);
     DW_GC_CMP(bad, name, s1, s1r, t);
-    DW_GC_CMP(bad, name, out, &auxr, t);
+    DW_GC_CMP(bad, name, out, &outr, t);
     DW_GC_CMP(bad, name, loss, &lossr, tf);
     DW_GC_CMP(bad, name, ds, dsr, t);
     DW_GC_CMP(bad, name, dz, dzr, t);
@@ -232,9 +239,9 @@ static void test_moe_aux(void **state) {
     int64_t bad = 0;
     for (int d = 0; d < 2; d++) {
         const dw_act_dtype dt = d ? DW_ACT_BF16 : DW_ACT_F32;
-        bad += run_aux(dt, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 8, 2, 0.01);
-        bad += run_aux(dt, 77, 64, 8, 0.5);
-        bad += run_aux(dt, 5, 3, 3, 0.001);
+        bad += run_aux(dt, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 8, 2, 0.01, 0.0);
+        bad += run_aux(dt, 77, 64, 8, 0.5, 1e-3);
+        bad += run_aux(dt, 5, 3, 3, 0.0, 0.1);
     }
     assert_int_equal(bad, 0);
 }

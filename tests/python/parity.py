@@ -254,6 +254,8 @@ def random_config(family, rng, layout=None):
     if family in ("mixtral", "olmoe") + QWEN_MOE and rng.random() < 0.5:  # trained with the load-balancing loss
         c["output_router_logits"] = True
         c["router_aux_loss_coef"] = rng.choice([0.001, 0.02, 0.5])  # large ones make its gradient show
+    if family in ("mixtral", "olmoe") + QWEN_MOE and rng.random() < 0.4:  # Deepwell's router z-loss option
+        c["router_z_loss_coef"] = rng.choice([0.001, 0.1])
     if family in QWEN_MOE:
         if family == "qwen2_moe":
             c["shared_expert_intermediate_size"] = rng.randint(4, 40)
@@ -404,6 +406,8 @@ def parity_case(dw, family, rng, gen, tmp, layout=None):
     loss = torch.nn.functional.cross_entropy(logits.view(B * T, -1), tgt.view(-1))
     if c.get("output_router_logits", False) and router_logits:
         loss = loss + c["router_aux_loss_coef"] * load_balancing(c, router_logits)
+    if c.get("router_z_loss_coef", 0) > 0 and router_logits:  # ST-MoE: each layer's mean lse^2, summed
+        loss = loss + c["router_z_loss_coef"] * sum(torch.logsumexp(z, -1).pow(2).mean() for z in router_logits)
     loss.backward()
 
     failures = []
@@ -424,7 +428,7 @@ def parity_case(dw, family, rng, gen, tmp, layout=None):
         "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias",
         "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
         "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "layout",
-        "router_aux_loss_coef"))
+        "router_aux_loss_coef", "router_z_loss_coef"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")

@@ -6,7 +6,10 @@
  * arg-max), backward against double central differences of that formula with the experts held
  * at the forward's choice; softmax and sigmoid scores, renormalised or not, on fresh random sizes
  * including K = E and E = 1; ties go to the lower expert, a NaN logit is never chosen, and a
- * missing weight gradient counts as zeros. Tolerances: opcheck.h's (test_ops_cpu.c says why). */
+ * missing weight gradient counts as zeros. The router losses (kernels/cpu/moe_aux_cpu.c): the
+ * load-balancing loss and the z-loss of two chained layers against a double formula written here,
+ * both layers' logit gradients against its central differences. Tolerances: opcheck.h's
+ * (test_ops_cpu.c says why). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -301,8 +304,81 @@ static void test_dispatch_linear_combine(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* Router losses over two chained layers, restated in double: coef E sum_e C_e (S0_e + S1_e) / (LN)^2
+ * + zcoef (sum_n lse0_n^2 + sum_n lse1_n^2) / N, with the counts C of both layers' fixed experts. */
+typedef struct {
+    double *z[2];
+    const int32_t *counts;
+    int64_t N, E, K;
+    double coef, zcoef;
+} aux_st;
+static double aux_obj(void *p) {
+    aux_st *o = p;
+    double LN = 0.0, dot = 0.0, zs = 0.0;
+    for (int64_t e = 0; e < o->E; e++) LN += o->counts[e];
+    LN /= (double)o->K;
+    for (int l = 0; l < 2; l++)
+        for (int64_t n = 0; n < o->N; n++) {
+            const double *r = o->z[l] + n * o->E;
+            double m = -INFINITY, s = 0.0;
+            for (int64_t e = 0; e < o->E; e++) m = r[e] > m ? r[e] : m;
+            for (int64_t e = 0; e < o->E; e++) s += exp(r[e] - m);
+            for (int64_t e = 0; e < o->E; e++) dot += o->counts[e] * exp(r[e] - m) / s;
+            zs += (m + log(s)) * (m + log(s));
+        }
+    return o->coef * (double)o->E * dot / (LN * LN) + o->zcoef * zs / (double)o->N;
+}
+
+/* The statistics chain and the losses: values against aux_obj, both layers' dz against its
+ * differences (the loss's gradient handed back through the chain unchanged). */
+static int64_t run_aux(int64_t N, int64_t E, int64_t K, double coef, double zcoef) {
+    int64_t bad = 0;
+    int32_t *idx0 = random_experts(N, K, E, false), *idx1 = random_experts(N, K, E, false);
+    int32_t *c0 = malloc((size_t)E * 4), *c1 = malloc((size_t)E * 4);
+    float *z0 = dw_oc_alloc(N * E), *z1 = dw_oc_alloc(N * E), *s0 = dw_oc_alloc(E + 1), *s1 = dw_oc_alloc(E + 1);
+    float *ds = dw_oc_alloc(E + 1), *dz0 = dw_oc_alloc(N * E), *dz1 = dw_oc_alloc(N * E);
+    dw_oc_fill(&g_rng, z0, N * E, -3, 3);
+    dw_oc_fill(&g_rng, z1, N * E, -3, 3);
+    dw_cpu_moe_aux_stats_fwd(s0, c0, z0, idx0, NULL, NULL, N, E, K);
+    dw_cpu_moe_aux_stats_fwd(s1, c1, z1, idx1, s0, c0, N, E, K);
+    double zl = 0.0;
+    const double aux = dw_cpu_moe_aux_loss(s1, c1, E, K, N, coef, zcoef, &zl);
+    dw_cpu_moe_aux_loss_bwd(ds, c1, E, K, N, coef, zcoef, 1.0);
+    dw_cpu_moe_aux_stats_bwd(dz1, ds, z1, N, E);
+    dw_cpu_moe_aux_stats_bwd(dz0, ds, z0, N, E);
+    aux_st o = {.z = {dw_oc_to_double(z0, N * E), dw_oc_to_double(z1, N * E)}, .counts = c1, .N = N, .E = E, .K = K,
+                .coef = coef, .zcoef = zcoef};
+    const double want = aux_obj(&o);
+    if (!(fabs(aux + zl - want) <= 1e-6 * fabs(want) + 1e-9)) {
+        printf("MISMATCH moe_aux_loss value %.9g + %.9g vs %.9g\n", aux, zl, want);
+        bad++;
+    }
+    double *fd0 = dw_oc_dalloc(N * E), *fd1 = dw_oc_dalloc(N * E);
+    dw_oc_fd(aux_obj, &o, o.z[0], N * E, DW_OC_FD_H, fd0);
+    dw_oc_fd(aux_obj, &o, o.z[1], N * E, DW_OC_FD_H, fd1);
+    bad += dw_oc_grad_check("moe_aux", "dz layer 0", dz0, fd0, NULL, N * E);
+    bad += dw_oc_grad_check("moe_aux", "dz layer 1", dz1, fd1, NULL, N * E);
+    free(idx0), free(idx1), free(c0), free(c1), free(z0), free(z1), free(s0), free(s1), free(ds), free(dz0);
+    free(dz1), free(o.z[0]), free(o.z[1]), free(fd0), free(fd1);
+    return bad;
+}
+
+static void test_router_losses(void **state) {
+    (void)state;
+    int64_t bad = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        const int64_t E = 2 + (int64_t)(dw_test_next(&g_rng) % 7), K = 1 + (int64_t)(dw_test_next(&g_rng) % E);
+        const int64_t N = 1 + (int64_t)(dw_test_next(&g_rng) % 9);
+        bad += run_aux(N, E, K, 0.5, 0.0);
+        bad += run_aux(N, E, K, 0.0, 0.3);
+        bad += run_aux(N, E, K, 0.01, 0.1);
+    }
+    assert_int_equal(bad, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_router), cmocka_unit_test(test_router_nan),
-                                       cmocka_unit_test(test_dispatch_linear_combine)};
+                                       cmocka_unit_test(test_dispatch_linear_combine),
+                                       cmocka_unit_test(test_router_losses)};
     return cmocka_run_group_tests(tests, setup, NULL);
 }

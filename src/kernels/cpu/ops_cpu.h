@@ -116,15 +116,18 @@ void dw_cpu_moe_combine_fwd(float *out, const float *ys, const float *wt, const 
 void dw_cpu_moe_combine_bwd(float *dys, float *dwt, const float *dout, const float *ys, const float *wt,
                             const int32_t *pos, int64_t N, int64_t C, int64_t K, int64_t R);
 
-/* MoE load-balancing statistics (moe_aux_cpu.c): sums (E) = prev_sums + each row's softmax of z
- * (N,E) summed; counts (E) = prev_counts + the assignments idx (N,K) per expert (prev NULL: 0).
- * Backward: dz (N,E) written from the sums' gradient g (E). The loss coef E sum_e counts_e
- * sums_e / (L N)^2 with L N = sum counts / K, and its gradient dsums = dloss coef E counts / (L N)^2. */
+/* MoE load-balancing statistics (moe_aux_cpu.c): sums (E + 1) = prev_sums + each row's softmax
+ * of z (N,E) summed, then its squared log-sum-exp summed; counts (E) = prev_counts + the
+ * assignments idx (N,K) per expert (prev NULL: 0). Backward: dz (N,E) written from the sums'
+ * gradient g (E + 1). The losses: returns coef E sum_e counts_e sums_e / (L N)^2 with L N = sum
+ * counts / K, *z_loss = zcoef sums_E / N (N tokens); the gradient dsums of their sum times dloss. */
 void dw_cpu_moe_aux_stats_fwd(float *sums, int32_t *counts, const float *z, const int32_t *idx, const float *prev_sums,
                               const int32_t *prev_counts, int64_t N, int64_t E, int64_t K);
 void dw_cpu_moe_aux_stats_bwd(float *dz, const float *g, const float *z, int64_t N, int64_t E);
-double dw_cpu_moe_aux_loss(const float *sums, const int32_t *counts, int64_t E, int64_t K, double coef);
-void dw_cpu_moe_aux_loss_bwd(float *dsums, const int32_t *counts, int64_t E, int64_t K, double coef, double dloss);
+double dw_cpu_moe_aux_loss(const float *sums, const int32_t *counts, int64_t E, int64_t K, int64_t N, double coef,
+                           double zcoef, double *z_loss);
+void dw_cpu_moe_aux_loss_bwd(float *dsums, const int32_t *counts, int64_t E, int64_t K, int64_t N, double coef,
+                             double zcoef, double dloss);
 
 /* ---- optimizer over flat FP32 pools (the contract of kernels/adamw_args.h) ------------------- */
 /* sum of g[i]^2 (n) in double, in ascending order */

@@ -210,20 +210,22 @@ dw_status dw_cuda_sigmoid_gate_fwd(dw_ctx *ctx, dw_act_dtype dt, void *y, const 
 dw_status dw_cuda_sigmoid_gate_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, void *dg, const void *dout, const void *x,
                                    const void *g, int64_t N, int64_t C, bool accumulate, void *stream);
 
-/* ---- MoE load-balancing loss (ops_moe_aux.cu; oracle: kernels/cpu/moe_aux_cpu.c) ---------------
- * stats: sums (E) = prev_sums + each row's softmax of z (N,E) summed, counts (E) int32 = prev_counts
- * + the assignments idx (N,K) per expert (prev both NULL: 0); N K < 2^24. Backward: dz (N,E) from
- * the sums' gradient g (E; NULL: zeros). loss (dsums NULL): out (scalar) = coef E sum_e counts_e
- * sums_e / (L N)^2 with L N = sum counts / K, added into *loss (FP32), kept[0] = it, kept[1..E] the
- * counts (int32); with dsums: its gradient dsums = dloss coef E counts / (L N)^2 only. */
+/* ---- MoE router losses (ops_moe_aux.cu; oracle: kernels/cpu/moe_aux_cpu.c) ---------------------
+ * stats: sums (E+1) = prev_sums + each row's softmax of z (N,E) summed, then the rows' squared
+ * log-sum-exp summed; counts (E) int32 = prev_counts + the assignments idx (N,K) per expert (prev
+ * both NULL: 0); N K < 2^24. Backward: dz (N,E) from the sums' gradient g (E+1; NULL: zeros).
+ * loss (dsums NULL): aux = coef E sum_e counts_e sums_e / (L N)^2 with L N = sum counts / K, z =
+ * zcoef sums_E / N (N tokens); out (scalar) = aux + z, also added into *loss (FP32); kept[0] = aux,
+ * kept[1] = z (NaN where the coefficient is 0), kept[2..] the counts (int32); with dsums: the
+ * gradient dsums = dloss d(aux + z)/dsums only. */
 dw_status dw_cuda_moe_aux_stats_fwd(dw_ctx *ctx, dw_act_dtype dt, void *sums, int32_t *counts, const void *z,
                                     const int32_t *idx, const void *prev_sums, const int32_t *prev_counts, int64_t N,
                                     int64_t E, int64_t K, void *stream);
 dw_status dw_cuda_moe_aux_stats_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *g, const void *z, int64_t N,
                                     int64_t E, void *stream);
 dw_status dw_cuda_moe_aux_loss(dw_ctx *ctx, dw_act_dtype dt, void *out, float *loss, float *kept, void *dsums,
-                               const void *sums, const int32_t *counts, int64_t E, int64_t K, double coef,
-                               double dloss, void *stream);
+                               const void *sums, const int32_t *counts, int64_t E, int64_t K, int64_t N, double coef,
+                               double zcoef, double dloss, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,10 @@
-/* ops_moe_aux.cu — CUDA MoE load-balancing loss (transformers' load_balancing_loss_func over all
- * MoE layers): the per-layer statistics (softmax rows summed per expert, assignments counted per
- * expert, added to the layers before), their backward, and the loss with its gradient; FP32 or
- * BF16 storage, FP32 math, fixed-order block sums (deterministic). The statistics take a block
- * per expert, each recomputing the rows' softmax denominators: N E^2 exponentials, small beside
- * the expert GEMMs for the expert counts routers use. Oracle: kernels/cpu/moe_aux_cpu.c. */
+/* ops_moe_aux.cu — CUDA MoE router losses: transformers' load-balancing loss (load_balancing_loss_func
+ * over all MoE layers) and the router z-loss: the per-layer statistics (softmax rows summed per
+ * expert, then the rows' squared log-sum-exp; assignments counted per expert; added to the layers
+ * before), their backward, and the losses with their gradient; FP32 or BF16 storage, FP32 math,
+ * fixed-order block sums (deterministic). The statistics take a block per expert (and one for the
+ * z sum), each recomputing the rows' softmax denominators: N E^2 exponentials, small beside the
+ * expert GEMMs for the expert counts routers use. Oracle: kernels/cpu/moe_aux_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_AUX_THREADS 256
@@ -17,7 +18,8 @@ static __device__ __forceinline__ void dw_aux_row_stats(const T *z, int64_t E, f
     for (int64_t e = 0; e < E; e++) s += expf(dw_ld(z, e) - m);
 }
 
-/* block e: sums[e] = prev + sum_n p[n,e]; counts[e] = prev + #{(n,k): idx = e} */
+/* block e < E: sums[e] = prev + sum_n p[n,e]; counts[e] = prev + #{(n,k): idx = e};
+ * block E: sums[E] = prev + sum_n lse_n^2 */
 template <typename T>
 static __global__ void __launch_bounds__(DW_AUX_THREADS)
 dw_aux_stats_kernel(T *sums, int32_t *counts, const T *z, const int32_t *idx, const T *prev_sums,
@@ -28,6 +30,11 @@ dw_aux_stats_kernel(T *sums, int32_t *counts, const T *z, const int32_t *idx, co
     for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
         float m, s;
         dw_aux_row_stats(z + n * E, E, m, s);
+        if (e == E) {
+            const float lse = m + logf(s);
+            acc += lse * lse;
+            continue;
+        }
         acc += expf(dw_ld(z, n * E + e) - m) / s;
         for (int64_t k = 0; k < K; k++) cnt += idx[n * K + k] == (int32_t)e;
     }
@@ -35,11 +42,11 @@ dw_aux_stats_kernel(T *sums, int32_t *counts, const T *z, const int32_t *idx, co
     cnt = dw_block_sum(cnt, red); /* whole numbers below 2^24: exact */
     if (threadIdx.x == 0) {
         dw_st(sums, e, (prev_sums ? dw_ld(prev_sums, e) : 0.0f) + acc);
-        counts[e] = (prev_counts ? prev_counts[e] : 0) + (int32_t)cnt;
+        if (e < E) counts[e] = (prev_counts ? prev_counts[e] : 0) + (int32_t)cnt;
     }
 }
 
-/* a warp per row: dz[n,j] = p_j (g_j - sum_e g_e p_e) */
+/* a warp per row: dz[n,j] = p_j (g_j - sum_e g_e p_e + 2 g_E lse_n) */
 template <typename T>
 static __global__ void __launch_bounds__(DW_AUX_THREADS)
 dw_aux_stats_bwd_kernel(T *dz, const T *g, const T *z, int64_t N, int64_t E) {
@@ -56,18 +63,20 @@ dw_aux_stats_bwd_kernel(T *dz, const T *g, const T *z, int64_t N, int64_t E) {
     float dot = 0.0f;
     for (int64_t e = lane; e < E; e += 32) dot += (g ? dw_ld(g, e) : 0.0f) * (expf(dw_ld(zr, e) - m) / s);
     dot = dw_warp_sum(dot);
+    const float zterm = g ? 2.0f * dw_ld(g, E) * (m + logf(s)) : 0.0f;
     for (int64_t j = lane; j < E; j += 32) {
         const float p = expf(dw_ld(zr, j) - m) / s;
-        dw_st(dz, n * E + j, p * ((g ? dw_ld(g, j) : 0.0f) - dot));
+        dw_st(dz, n * E + j, p * ((g ? dw_ld(g, j) : 0.0f) - dot + zterm));
     }
 }
 
-/* one block: L N = sum counts / K; aux = coef E sum_e counts_e sums_e / (L N)^2 into out, += loss,
- * and kept (aux, then the counts); backward: dsums_e = dloss coef E counts_e / (L N)^2 */
+/* one block: L N = sum counts / K; aux = coef E sum_e counts_e sums_e / (L N)^2, z = zcoef sums_E / N;
+ * aux + z into out and += loss, kept (aux, z — NaN where the coefficient is 0 — then the counts);
+ * backward: dsums_e = dloss coef E counts_e / (L N)^2, dsums_E = dloss zcoef / N */
 template <typename T>
 static __global__ void __launch_bounds__(DW_AUX_THREADS)
 dw_aux_loss_kernel(T *out, float *loss, float *kept, T *dsums, const T *sums, const int32_t *counts, int64_t E,
-                   int64_t K, float coef, float dloss) {
+                   int64_t K, int64_t N, float coef, float zcoef, float dloss) {
     __shared__ float red[32];
     float total = 0.0f, dot = 0.0f;
     for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
@@ -78,16 +87,17 @@ dw_aux_loss_kernel(T *out, float *loss, float *kept, T *dsums, const T *sums, co
     const float LN = total / (float)K, scale = LN > 0 ? coef * (float)E / (LN * LN) : 0.0f;
     if (dsums) {
         for (int64_t e = threadIdx.x; e < E; e += blockDim.x) dw_st(dsums, e, dloss * scale * (float)counts[e]);
+        if (threadIdx.x == 0) dw_st(dsums, E, N > 0 ? dloss * zcoef / (float)N : 0.0f);
         return;
     }
     dot = dw_block_sum(dot, red);
-    const float aux = scale * dot;
+    const float aux = scale * dot, z = N > 0 ? zcoef * dw_ld(sums, E) / (float)N : 0.0f;
     if (threadIdx.x == 0) {
-        dw_st(out, 0, aux);
-        *loss += aux;
-        kept[0] = aux;
+        dw_st(out, 0, aux + z);
+        *loss += aux + z;
+        kept[0] = coef > 0 ? aux : NAN, kept[1] = zcoef > 0 ? z : NAN; /* NaN: not configured */
     }
-    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) reinterpret_cast<int32_t *>(kept)[1 + e] = counts[e];
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) reinterpret_cast<int32_t *>(kept)[2 + e] = counts[e];
 }
 
 extern "C" dw_status dw_cuda_moe_aux_stats_fwd(dw_ctx *ctx, dw_act_dtype dt, void *sums, int32_t *counts, const void *z,
@@ -99,10 +109,10 @@ extern "C" dw_status dw_cuda_moe_aux_stats_fwd(dw_ctx *ctx, dw_act_dtype dt, voi
     DW_OPS_REQUIRE(ctx, op, sums && counts && (N == 0 || (z && idx)) && !prev_sums == !prev_counts);
     cudaStream_t s = (cudaStream_t)stream;
     if (dt == DW_ACT_F32)
-        dw_aux_stats_kernel<float><<<(unsigned)E, DW_AUX_THREADS, 0, s>>>(
+        dw_aux_stats_kernel<float><<<(unsigned)E + 1, DW_AUX_THREADS, 0, s>>>(
             (float *)sums, counts, (const float *)z, idx, (const float *)prev_sums, prev_counts, N, E, K);
     else
-        dw_aux_stats_kernel<dw_bf16><<<(unsigned)E, DW_AUX_THREADS, 0, s>>>(
+        dw_aux_stats_kernel<dw_bf16><<<(unsigned)E + 1, DW_AUX_THREADS, 0, s>>>(
             (dw_bf16 *)sums, counts, (const dw_bf16 *)z, idx, (const dw_bf16 *)prev_sums, prev_counts, N, E, K);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
@@ -128,19 +138,20 @@ extern "C" dw_status dw_cuda_moe_aux_stats_bwd(dw_ctx *ctx, dw_act_dtype dt, voi
 
 extern "C" dw_status dw_cuda_moe_aux_loss(dw_ctx *ctx, dw_act_dtype dt, void *out, float *loss, float *kept,
                                           void *dsums, const void *sums, const int32_t *counts, int64_t E, int64_t K,
-                                          double coef, double dloss, void *stream) {
+                                          int64_t N, double coef, double zcoef, double dloss, void *stream) {
     const char *op = dsums ? "moe_aux_loss backward" : "moe_aux_loss";
     DW_OPS_REQUIRE_DT(ctx, op, dt);
-    DW_OPS_REQUIRE(ctx, op, E >= 1 && K >= 1 && counts && (dsums || (out && loss && kept && sums)));
+    DW_OPS_REQUIRE(ctx, op, E >= 1 && K >= 1 && N >= 0 && coef >= 0 && zcoef >= 0);
+    DW_OPS_REQUIRE(ctx, op, counts && (dsums || (out && loss && kept && sums)));
     cudaStream_t s = (cudaStream_t)stream;
     if (dt == DW_ACT_F32)
         dw_aux_loss_kernel<float><<<1, DW_AUX_THREADS, 0, s>>>((float *)out, loss, kept, (float *)dsums,
-                                                               (const float *)sums, counts, E, K, (float)coef,
-                                                               (float)dloss);
+                                                               (const float *)sums, counts, E, K, N, (float)coef,
+                                                               (float)zcoef, (float)dloss);
     else
         dw_aux_loss_kernel<dw_bf16><<<1, DW_AUX_THREADS, 0, s>>>((dw_bf16 *)out, loss, kept, (dw_bf16 *)dsums,
-                                                                 (const dw_bf16 *)sums, counts, E, K, (float)coef,
-                                                                 (float)dloss);
+                                                                 (const dw_bf16 *)sums, counts, E, K, N,
+                                                                 (float)coef, (float)zcoef, (float)dloss);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

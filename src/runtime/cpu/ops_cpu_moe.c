@@ -3,6 +3,7 @@
  * and reads the experts the forward chose), dispatch, the grouped expert linear layer (BF16
  * programs read the BF16 weight copies, as the dense linear does) and combine. An output gradient
  * no consumer sent (dout NULL) counts as zeros. */
+#include <math.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -128,21 +129,21 @@ dw_status dw_cpu_op_moe_aux_stats_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, E = dw_cpu_width(c, c->n->in[0]), K = dw_cpu_width(c, c->n->in[1]);
     const bool chained = c->n->n_in == 4;
     const float *z = dw_cpu_in(be, c, c->in[0], N * E, CPU_S_IN0);
-    const float *ps = chained ? dw_cpu_in(be, c, c->in[2], E, CPU_S_IN2) : NULL;
-    float *s = dw_cpu_out(be, c, c->out[0], E, CPU_S_OUT);
+    const float *ps = chained ? dw_cpu_in(be, c, c->in[2], E + 1, CPU_S_IN2) : NULL;
+    float *s = dw_cpu_out(be, c, c->out[0], E + 1, CPU_S_OUT);
     if (!z || !s || (chained && !ps)) return DW_ERR_NOMEM;
     dw_cpu_moe_aux_stats_fwd(s, (int32_t *)c->out[1], z, (const int32_t *)c->in[1], ps,
                              chained ? (const int32_t *)c->in[3] : NULL, N, E, K);
-    dw_cpu_put(c, c->out[0], s, E, false);
+    dw_cpu_put(c, c->out[0], s, E + 1, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_moe_aux_stats_bwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, E = dw_cpu_width(c, c->n->in[0]);
-    const float *g = c->dout[0] ? dw_cpu_in(be, c, c->dout[0], E, CPU_S_DOUT) : NULL;
+    const float *g = c->dout[0] ? dw_cpu_in(be, c, c->dout[0], E + 1, CPU_S_DOUT) : NULL;
     float *zero = NULL;
     if (!g) { /* no gradient reached the sums */
-        if (!(zero = dw_cpu_scratch(be, CPU_S_DX1, E))) return DW_ERR_NOMEM;
-        memset(zero, 0, (size_t)E * sizeof *zero);
+        if (!(zero = dw_cpu_scratch(be, CPU_S_DX1, E + 1))) return DW_ERR_NOMEM;
+        memset(zero, 0, (size_t)(E + 1) * sizeof *zero);
         g = zero;
     }
     if (c->dx[0]) {
@@ -152,31 +153,34 @@ dw_status dw_cpu_op_moe_aux_stats_bwd(dw_backend *be, const dw_op_call *c) {
         dw_cpu_moe_aux_stats_bwd(dz, g, z, N, E);
         dw_cpu_deliver(c, 0, dz, N * E);
     }
-    if (c->n->n_in == 4) dw_cpu_deliver(c, 2, g, E); /* the layers before: the same gradient */
+    if (c->n->n_in == 4) dw_cpu_deliver(c, 2, g, E + 1); /* the layers before: the same gradient */
     return DW_OK;
 }
 
 dw_status dw_cpu_op_moe_aux_loss_fwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t E = dw_cpu_width(c, c->n->in[0]);
-    const float *s = dw_cpu_in(be, c, c->in[0], E, CPU_S_IN0);
+    const int64_t E = dw_cpu_width(c, c->n->in[1]);
+    const dw_ir_attrs *a = &c->n->attrs;
+    const float *s = dw_cpu_in(be, c, c->in[0], E + 1, CPU_S_IN0);
     float *out = dw_cpu_out(be, c, c->out[0], 1, CPU_S_OUT);
     if (!s || !out) return DW_ERR_NOMEM;
     const int32_t *counts = (const int32_t *)c->in[1];
-    const double aux = dw_cpu_moe_aux_loss(s, counts, E, c->n->attrs.top_k, c->n->attrs.coef);
-    out[0] = (float)aux;
+    double z = 0.0;
+    const double aux = dw_cpu_moe_aux_loss(s, counts, E, a->top_k, c->rows, a->coef, a->zcoef, &z);
+    out[0] = (float)(aux + z);
     dw_cpu_put(c, c->out[0], out, 1, false);
     const dw_work_layout *w = &c->x->p->work;
     float *loss = (float *)(c->x->work + w->loss), *kept = (float *)(c->x->work + w->moe_aux);
-    *loss = (float)((double)*loss + aux); /* the cross-entropy wrote the loss before */
-    kept[0] = (float)aux;
-    memcpy(kept + 1, counts, (size_t)E * sizeof *counts);
+    *loss = (float)((double)*loss + aux + z); /* the cross-entropy wrote the loss before */
+    kept[0] = a->coef > 0 ? (float)aux : NAN, kept[1] = a->zcoef > 0 ? (float)z : NAN; /* NaN: not configured */
+    memcpy(kept + 2, counts, (size_t)E * sizeof *counts);
     return DW_OK;
 }
 dw_status dw_cpu_op_moe_aux_loss_bwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t E = dw_cpu_width(c, c->n->in[0]);
-    float *ds = dw_cpu_scratch(be, CPU_S_DX0, E);
+    const int64_t E = dw_cpu_width(c, c->n->in[1]);
+    const dw_ir_attrs *a = &c->n->attrs;
+    float *ds = dw_cpu_scratch(be, CPU_S_DX0, E + 1);
     if (!ds) return DW_ERR_NOMEM;
-    dw_cpu_moe_aux_loss_bwd(ds, (const int32_t *)c->in[1], E, c->n->attrs.top_k, c->n->attrs.coef, c->dloss);
-    dw_cpu_deliver(c, 0, ds, E);
+    dw_cpu_moe_aux_loss_bwd(ds, (const int32_t *)c->in[1], E, a->top_k, c->rows, a->coef, a->zcoef, c->dloss);
+    dw_cpu_deliver(c, 0, ds, E + 1);
     return DW_OK;
 }

@@ -106,7 +106,7 @@ dw_status dw_cuda_op_moe_aux_stats_bwd(dw_backend *be, const dw_op_call *c) {
     if (c->dx[0])
         DW_TRY(dw_cuda_moe_aux_stats_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->in[0], c->rows, E, DW_CUDA_STREAM(be)));
     if (c->n->n_in == 4 && c->dx[2]) { /* the layers before: the same gradient */
-        const size_t bytes = (size_t)E * (size_t)dw_act_size(dt);
+        const size_t bytes = (size_t)(E + 1) * (size_t)dw_act_size(dt);
         if (c->dout[0])
             DW_CUDA_CHECK(be->ctx, cudaMemcpyAsync(c->dx[2], c->dout[0], bytes, cudaMemcpyDeviceToDevice,
                                                    DW_CUDA_STREAM(be)));
@@ -117,15 +117,17 @@ dw_status dw_cuda_op_moe_aux_stats_bwd(dw_backend *be, const dw_op_call *c) {
 
 dw_status dw_cuda_op_moe_aux_loss_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_work_layout *w = &c->x->p->work;
+    const dw_ir_attrs *a = &c->n->attrs;
     return dw_cuda_moe_aux_loss(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (float *)(c->x->work + w->loss),
                                 (float *)(c->x->work + w->moe_aux), NULL, c->in[0], (const int32_t *)c->in[1],
-                                dw_cuda_width(c, c->n->in[0]), c->n->attrs.top_k, c->n->attrs.coef, 0.0,
+                                dw_cuda_width(c, c->n->in[1]), a->top_k, c->rows, a->coef, a->zcoef, 0.0,
                                 DW_CUDA_STREAM(be));
 }
 dw_status dw_cuda_op_moe_aux_loss_bwd(dw_backend *be, const dw_op_call *c) {
     if (!c->dx[0]) return DW_OK;
+    const dw_ir_attrs *a = &c->n->attrs;
     return dw_cuda_moe_aux_loss(be->ctx, (dw_act_dtype)dw_cuda_dt(c), NULL, NULL, NULL, c->dx[0], NULL,
-                                (const int32_t *)c->in[1], dw_cuda_width(c, c->n->in[0]), c->n->attrs.top_k,
-                                c->n->attrs.coef, c->dloss, DW_CUDA_STREAM(be));
+                                (const int32_t *)c->in[1], dw_cuda_width(c, c->n->in[1]), a->top_k, c->rows, a->coef,
+                                a->zcoef, c->dloss, DW_CUDA_STREAM(be));
 }
 #endif /* DW_HAVE_CUDA */
