@@ -123,8 +123,9 @@ python3 - "$tmp/mix/metrics.jsonl" <<'PY' && ok "  ... load-balancing loss and e
 import json, sys
 for x in open(sys.argv[1]):
     m = json.loads(x)
-    # 4 experts top 2 at coef 0.001: transformers' loss is >= K = 2 (balanced), the load max/mean >= 1
-    assert 0.002 - 1e-6 <= m["moe_aux_loss"] < 0.004 and m["moe_z_loss"] is None and 1 <= m["expert_load"] <= 2, m
+    # 4 experts top 2 at coef 0.001: transformers' loss is K = 2 when balanced, near it while the
+    # router learns (below it when loads and probabilities anti-correlate); the load max/mean >= 1
+    assert 0.0015 <= m["moe_aux_loss"] < 0.004 and m["moe_z_loss"] is None and 1 <= m["expert_load"] <= 2, m
 PY
 grep -q "| aux 0.00[0-9]* | load [0-9.]* |" "$tmp/err" && ok "  ... and shown in the progress line" ||
   bad "mixtral-tiny progress line lacks aux/load: $(tail -2 "$tmp/err")"
