@@ -12,7 +12,9 @@
 static void help(void) {
     printf("Usage: deepwell eval MODEL --data FILE [--batch B] [--seq T] [--weights W] [--seed S]\n\n"
            "Computes the mean next-token cross-entropy of MODEL on the first B x T tokens of FILE\n"
-           "(targets are the tokens shifted by one) on the CPU reference engine, and prints it.\n\n"
+           "(targets are the tokens shifted by one) on the CPU reference engine, and prints it;\n"
+           "a mixture of experts configured with router losses (output_router_logits,\n"
+           "router_z_loss_coef) adds them, as transformers' loss does.\n\n"
            "MODEL is a directory holding a Hugging Face config.json, a config.json path, or a preset\n"
            "name. Weights come from --weights, else from MODEL's directory when it has\n"
            "model.safetensors (or a sharded index), else they are initialised from --seed as the\n"

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""hf_parity_moe.py DEEPWELL — Deepwell's CPU eval against transformers itself for the Qwen MoE families.
+"""hf_parity_moe.py DEEPWELL — Deepwell's CPU eval against transformers itself for the MoE families.
 
 Not run by ctest (CI has no transformers): run where transformers 5 is installed (the GPU
-machine). For qwen2_moe and qwen3_moe, each with dense and MoE layers (mlp_only_layers,
-decoder_sparse_step), builds a random transformers model, writes it with save_pretrained (the
+machine). For mixtral, olmoe, qwen2_moe and qwen3_moe (the Qwen ones with dense and MoE layers:
+mlp_only_layers, decoder_sparse_step; mixtral, olmoe and qwen2_moe trained with the load-balancing
+loss, output_router_logits, so the loss is transformers' cross-entropy + coef x its aux_loss),
+builds a random transformers model, writes it with save_pretrained (the
 layout transformers writes) and again with the experts in the other layout (per-expert 2-D
 tensors or the fused 3-D ones, converted here), runs `deepwell eval --dump` on each, and compares
 the loss and every parameter's gradient with transformers' own float64 forward and backward. Then
@@ -25,13 +27,22 @@ from parity import compare, write_shard  # noqa: E402  (the same shard format an
 
 
 def tiny_config(family):
+    if family in ("mixtral", "olmoe"):
+        base = dict(vocab_size=97, hidden_size=48, intermediate_size=40, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    rope_theta=10000.0, num_experts_per_tok=2, tie_word_embeddings=False, hidden_act="silu",
+                    output_router_logits=True, router_aux_loss_coef=0.3)
+        if family == "mixtral":
+            return transformers.MixtralConfig(**base, rms_norm_eps=1e-6, num_local_experts=5)
+        return transformers.OlmoeConfig(**base, rms_norm_eps=1e-5, num_experts=5, norm_topk_prob=False)
     common = dict(vocab_size=97, hidden_size=48, intermediate_size=40, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   rms_norm_eps=1e-6, rope_theta=10000.0, num_experts=5, num_experts_per_tok=2,
                   moe_intermediate_size=24, tie_word_embeddings=False, hidden_act="silu")
     if family == "qwen2_moe":  # layers 0, 2, 3 MoE (1 dense), not renormalised, a shared expert
         return transformers.Qwen2MoeConfig(**common, decoder_sparse_step=1, mlp_only_layers=[1],
-                                           norm_topk_prob=False, shared_expert_intermediate_size=20)
+                                           norm_topk_prob=False, shared_expert_intermediate_size=20,
+                                           output_router_logits=True, router_aux_loss_coef=0.1)
     # layers 1, 3 MoE (sparse step 2), renormalised, explicit head_dim (4 x 16 != 48)
     return transformers.Qwen3MoeConfig(**common, decoder_sparse_step=2, mlp_only_layers=[],
                                        norm_topk_prob=True, head_dim=16)
@@ -81,13 +92,38 @@ def fused(tensors, E):
     return out
 
 
+def mixtral_names(tensors):
+    """Generic per-expert names as Mixtral's own per-expert checkpoints name them."""
+    out = {}
+    for k, v in tensors.items():
+        k = k.replace(".mlp.gate.weight", ".block_sparse_moe.gate.weight")
+        for a, b in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+            if ".mlp.experts." in k and k.endswith(f".{a}.weight"):
+                k = k.replace(".mlp.experts.", ".block_sparse_moe.experts.").replace(f".{a}.weight", f".{b}.weight")
+        out[k] = v
+    return out
+
+
+def n_experts(cfg):
+    return getattr(cfg, "num_local_experts", None) or cfg.num_experts
+
+
+def hf_loss_of(model, cfg, tok, tgt):
+    """Transformers' training loss: cross-entropy, + coef x aux_loss when output_router_logits."""
+    out = model(input_ids=tok, output_router_logits=bool(getattr(cfg, "output_router_logits", False)))
+    loss = torch.nn.functional.cross_entropy(out.logits.reshape(tgt.numel(), -1), tgt.reshape(-1))
+    if getattr(cfg, "output_router_logits", False):
+        loss = loss + cfg.router_aux_loss_coef * out.aux_loss
+    return out.logits, loss
+
+
 def main():
     dw = sys.argv[1]
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     failures = []
     gen = torch.Generator().manual_seed(1234)
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ("qwen2_moe", "qwen3_moe"):
+        for family in ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe"):
             cfg = tiny_config(family)
             try:  # the plain loop over experts: grouped_mm takes no float64
                 model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
@@ -95,13 +131,12 @@ def main():
             except (TypeError, ValueError):
                 model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").double()
             randomise(model, gen)
-            E, B, T = cfg.num_experts, 2, 13
+            E, B, T = n_experts(cfg), 2, 13
             stream = torch.randint(0, cfg.vocab_size, (B * T + 1,), generator=gen).tolist()
             tok = torch.tensor(stream[:B * T]).view(B, T)
             tgt = torch.tensor(stream[1:B * T + 1]).view(B, T)
             model.zero_grad()
-            logits = model(input_ids=tok).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), tgt.reshape(-1))
+            logits, loss = hf_loss_of(model, cfg, tok, tgt)
             loss.backward()
             ref = per_expert({n: p.grad if p.grad is not None else torch.zeros_like(p)
                               for n, p in model.named_parameters()}, E)
@@ -111,6 +146,8 @@ def main():
             layout = "fused" if any(k.endswith("gate_up_proj") for k in saved) else "per_expert"
             print(f"{family}: save_pretrained wrote the {layout} layout, {len(saved)} tensors")
             other = per_expert(saved, E) if layout == "fused" else fused(saved, E)
+            if family == "mixtral" and layout == "fused":
+                other = mixtral_names(other)
             d1 = d0 + "-other"
             os.makedirs(d1)
             subprocess.run(["cp", os.path.join(d0, "config.json"), d1], check=True)
@@ -137,7 +174,7 @@ def main():
                 failures += [f"{family} {lay}: unexpected '{n}' in the dump" for n in got]
                 print(f"{family} {lay}: loss transformers {float(loss):.8f}, relative error {worst:.2e}; "
                       f"worst gradient error {g_worst:.2e} over {len(ref)} tensors")
-        for preset in ("qwen2-moe-tiny", "qwen3-moe-tiny"):
+        for preset in ("mixtral-tiny", "olmoe-tiny", "qwen2-moe-tiny", "qwen3-moe-tiny"):
             out = os.path.join(tmp, "run-" + preset)
             r = subprocess.run([dw, "train", "--model", preset, "--data", "builtin", "--steps", "3", "--batch", "2",
                                 "--seq", "16", "--device", "cpu", "--out", out], capture_output=True, text=True)
@@ -159,9 +196,9 @@ def main():
                                                                        experts_implementation="eager").double()
             except (TypeError, ValueError):
                 hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager").double()
-            with torch.no_grad():
-                lg = hf(input_ids=torch.tensor(stream[:32]).view(2, 16)).logits
-                hf_loss = float(torch.nn.functional.cross_entropy(lg.reshape(32, -1), torch.tensor(stream[1:33])))
+            with torch.no_grad():  # the presets train with the load-balancing loss: it is in both losses
+                hf_loss = float(hf_loss_of(hf, hf.config, torch.tensor(stream[:32]).view(2, 16),
+                                           torch.tensor(stream[1:33]).view(2, 16))[1])
             ok = abs(hf_loss - dw_loss) <= 1e-5 * abs(hf_loss)
             print(f"{preset}: deepwell's checkpoint in transformers: loss {hf_loss:.7f}, deepwell eval {dw_loss:.7f}"
                   f" ({'ok' if ok else 'MISMATCH'})")
