@@ -149,16 +149,21 @@ static long layer_index(const char *name) {
     return -1;
 }
 
-bool dw_policy_is_fragile(const char *name, int64_t n_layers) {
-    /* MoE routers (Mixtral's block_sparse_moe.gate, mlp.gate as transformers 5 and Qwen/OLMoE name
-     * it) and Qwen2-MoE's per-token shared_expert_gate: small GEMMs whose outputs pick experts or
-     * scale a whole branch, where a quantisation error changes the routing */
-    static const char *const globs[] = {"*wte*", "*wpe*", "*embed_tokens*", "*lm_head*",
-                                        "*.mlp.gate", "*.mlp.gate.*", "*.block_sparse_moe.gate",
+bool dw_policy_is_moe_gate(const char *name) {
+    /* Mixtral's block_sparse_moe.gate, mlp.gate as transformers 5 and Qwen/OLMoE name it */
+    static const char *const globs[] = {"*.mlp.gate", "*.mlp.gate.*", "*.block_sparse_moe.gate",
                                         "*.block_sparse_moe.gate.*", "*.router", "*.router.*",
                                         "*.shared_expert_gate", "*.shared_expert_gate.*"};
     for (size_t i = 0; i < sizeof globs / sizeof globs[0]; i++)
         if (fnmatch(globs[i], name, 0) == 0) return true;
+    return false;
+}
+
+bool dw_policy_is_fragile(const char *name, int64_t n_layers) {
+    static const char *const globs[] = {"*wte*", "*wpe*", "*embed_tokens*", "*lm_head*"};
+    for (size_t i = 0; i < sizeof globs / sizeof globs[0]; i++)
+        if (fnmatch(globs[i], name, 0) == 0) return true;
+    if (dw_policy_is_moe_gate(name)) return true;
     long l = layer_index(name);
     return l >= 0 && (l == 0 || l == n_layers - 1);
 }
@@ -168,6 +173,10 @@ dw_recipe dw_policy_resolve(const dw_policy *p, const char *name, const char *op
     if (rule_index) *rule_index = -1;
     if (strcmp(op, "linear") != 0) { /* only GEMMs have low-precision forms */
         if (reason) *reason = DW_POLICY_NOT_GEMM;
+        return DW_RECIPE_BF16;
+    }
+    if (dw_policy_is_moe_gate(name)) { /* before any rule: issue-level guarantee, not a default */
+        if (reason) *reason = DW_POLICY_MOE_GATE;
         return DW_RECIPE_BF16;
     }
     for (int i = 0; i < p->n_rules; i++) {
@@ -192,6 +201,7 @@ const char *dw_policy_reason_text(dw_policy_reason r) {
     case DW_POLICY_BY_SAFE: return "fallback safe (embedding, LM head, MoE gate, first or last block)";
     case DW_POLICY_BY_DEFAULT: return "default";
     case DW_POLICY_NOT_GEMM: return "not a GEMM (BF16/FP32)";
+    case DW_POLICY_MOE_GATE: return "MoE router or shared-expert gate (BF16 under every policy)";
     }
     return "?";
 }

@@ -27,14 +27,18 @@ typedef enum {
     DW_POLICY_BY_RULE = 0, /* an explicit rule matched (index in *rule_index) */
     DW_POLICY_BY_SAFE,     /* fallback "safe": embeddings, LM head, routers, first/last block */
     DW_POLICY_BY_DEFAULT,  /* nothing else applied */
-    DW_POLICY_NOT_GEMM     /* the op has no low-precision form: computed in BF16/FP32 */
+    DW_POLICY_NOT_GEMM,    /* the op has no low-precision form: computed in BF16/FP32 */
+    DW_POLICY_MOE_GATE     /* a MoE router or shared-expert gate: BF16 under every policy */
 } dw_policy_reason;
 
 /* Which node names are fragile under "safe": embeddings (wte, wpe, embed_tokens), the LM head
- * (lm_head), MoE routers (*.mlp.gate, *.router), Qwen2-MoE's *.shared_expert_gate, and every node
- * of the first and last block (layer index from "...h.N." or "...layers.N."). n_layers is the
- * model's block count. */
+ * (lm_head), the MoE gates (below), and every node of the first and last block (layer index from
+ * "...h.N." or "...layers.N."). n_layers is the model's block count. */
 bool dw_policy_is_fragile(const char *node_name, int64_t n_layers);
+/* Whether a node is a MoE router (*.mlp.gate, *.block_sparse_moe.gate, *.router) or Qwen2-MoE's
+ * *.shared_expert_gate: small GEMMs whose outputs pick experts or scale a whole branch, where a
+ * quantisation error changes the routing; dw_policy_resolve keeps them BF16 under every policy. */
+bool dw_policy_is_moe_gate(const char *node_name);
 
 /* The recipe for a node. op_name is the IR op's name ("linear", "rmsnorm", ...). */
 dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const char *op_name,

@@ -109,7 +109,10 @@ static void test_safe_fallback(void **state) {
         if ((r == DW_RECIPE_BF16) != cases[i].fragile || dw_policy_is_fragile(cases[i].name, cases[i].layers) != cases[i].fragile)
             fail_msg("%s: recipe %s, expected %s", cases[i].name, dw_recipe_name(r),
                      cases[i].fragile ? "bf16 (safe)" : "mxfp8");
-        assert_int_equal(why, cases[i].fragile ? DW_POLICY_BY_SAFE : DW_POLICY_BY_DEFAULT);
+        const dw_policy_reason want = !cases[i].fragile                   ? DW_POLICY_BY_DEFAULT
+                                      : dw_policy_is_moe_gate(cases[i].name) ? DW_POLICY_MOE_GATE
+                                                                              : DW_POLICY_BY_SAFE;
+        assert_int_equal(why, want);
     }
     dw_policy_free(p);
 }
@@ -119,16 +122,27 @@ static bool ends_with(const char *s, const char *tail) {
     return n >= k && !strcmp(s + n - k, tail);
 }
 
-/* The MoE presets as captured: under "safe" every router (mlp.gate) and Qwen2-MoE's
- * shared_expert_gate stays BF16 by the fallback in any block (n_layers large: the last-block rule
- * covers none of them), every other GEMM but the LM head and block 0's takes the default; without
- * "safe" the gates take the default too. */
+/* The MoE presets as captured: every router (mlp.gate) and Qwen2-MoE's shared_expert_gate stays
+ * BF16 in any block (n_layers large: the last-block rule covers none of them) under every policy —
+ * with "safe", without it, and against an explicit rule asking for MXFP8 — while every other GEMM
+ * but the LM head and block 0's takes the default. */
 static void test_safe_keeps_moe_gates(void **state) {
     (void)state;
     static const char *const presets[] = {"mixtral-tiny", "olmoe-tiny", "qwen2-moe-tiny", "qwen3-moe-tiny"};
     dw_policy *safe = NULL, *none = NULL;
     assert_int_equal(dw_policy_from_precision(NULL, "mxfp8", true, &safe), DW_OK);
     assert_int_equal(dw_policy_from_precision(NULL, "mxfp8", false, &none), DW_OK);
+    dw_policy *rule = NULL; /* a rule asking for every linear layer in MXFP8: the gates still stay BF16 */
+    {
+        char *dir = dw_test_tmpdir(), *f = dw_test_path(dir, "p.json");
+        FILE *fp = fopen(f, "w");
+        assert_non_null(fp);
+        fputs("{\"default\": \"bf16\", \"rules\": [{\"match\": \"*\", \"recipe\": \"mxfp8\"}]}", fp);
+        fclose(fp);
+        assert_int_equal(dw_policy_load(NULL, f, &rule), DW_OK);
+        dw_test_rmtree(dir);
+        free(f), free(dir);
+    }
     for (size_t k = 0; k < sizeof presets / sizeof presets[0]; k++) {
         dw_model_config c;
         assert_int_equal(dw_model_config_load(NULL, presets[k], &c), DW_OK);
@@ -143,11 +157,12 @@ static void test_safe_keeps_moe_gates(void **state) {
             routers += gate && !is_shared, shared += is_shared;
             dw_policy_reason why;
             const dw_recipe r = dw_policy_resolve(safe, name, "linear", 1000, &why, NULL);
-            if (gate && (r != DW_RECIPE_BF16 || why != DW_POLICY_BY_SAFE))
+            if (gate && (r != DW_RECIPE_BF16 || why != DW_POLICY_MOE_GATE))
                 fail_msg("%s %s: %s under safe, want bf16", presets[k], name, dw_recipe_name(r));
             if (!gate && !strstr(name, "lm_head") && !strstr(name, ".layers.0.") && r != DW_RECIPE_MXFP8)
                 fail_msg("%s %s: %s under safe, want the default", presets[k], name, dw_recipe_name(r));
-            if (gate) assert_int_equal(dw_policy_resolve(none, name, "linear", 1000, NULL, NULL), DW_RECIPE_MXFP8);
+            if (gate) assert_int_equal(dw_policy_resolve(none, name, "linear", 1000, NULL, NULL), DW_RECIPE_BF16);
+            if (gate) assert_int_equal(dw_policy_resolve(rule, name, "linear", 1000, NULL, NULL), DW_RECIPE_BF16);
         }
         if (routers < 1 || (!strcmp(presets[k], "qwen2-moe-tiny") && shared < 1))
             fail_msg("%s: %d routers, %d shared-expert gates found among the linear nodes", presets[k], routers, shared);
@@ -155,6 +170,7 @@ static void test_safe_keeps_moe_gates(void **state) {
     }
     dw_policy_free(safe);
     dw_policy_free(none);
+    dw_policy_free(rule);
 }
 
 static void test_bad_policies(void **state) {
