@@ -8,7 +8,7 @@ set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
 export OMP_NUM_THREADS=1
-cmds="probe quantize quant-report capture eval plan dryrun bench compile train sample"
+cmds="probe quantize quant-report capture eval plan dryrun bench compile train sample report"
 
 "$dw" --help >"$tmp/help"; check "deepwell --help" 0 $?
 has "  ... prints the exit-status table" "$tmp/help" "Exit status" "usage or bad input" "I/O failure" "128 + N"
