@@ -5,20 +5,10 @@
  * E + 1 sums; the assignments counted per expert; all added to the layers before), the losses
  * coef E sum_e counts_e sums_e / (L N)^2 + zcoef sums_E / N and the gradients.
  * Sums in double, one rounding per output; rows in ascending order (deterministic). */
-#include <math.h>
 #include <stdlib.h>
 
 #include "core/error.h"
 #include "kernels/cpu/ops_cpu.h"
-
-/* softmax of row z (E) into p, in double; returns the row's log-sum-exp */
-static double softmax_row(double *p, const float *z, int64_t E) {
-    double m = -INFINITY, s = 0.0;
-    for (int64_t e = 0; e < E; e++) m = z[e] > m ? z[e] : m;
-    for (int64_t e = 0; e < E; e++) s += p[e] = exp((double)z[e] - m);
-    for (int64_t e = 0; e < E; e++) p[e] /= s;
-    return m + log(s);
-}
 
 void dw_cpu_moe_aux_stats_fwd(float *sums, int32_t *counts, const float *z, const int32_t *idx, const float *prev_sums,
                               const int32_t *prev_counts, int64_t N, int64_t E, int64_t K) {
@@ -27,7 +17,7 @@ void dw_cpu_moe_aux_stats_fwd(float *sums, int32_t *counts, const float *z, cons
     DW_ASSERT(acc && p);
     for (int64_t e = 0; e < E; e++) counts[e] = prev_counts ? prev_counts[e] : 0;
     for (int64_t n = 0; n < N; n++) {
-        const double lse = softmax_row(p, z + n * E, E);
+        const double lse = dw_cpu_softmax_row(p, z + n * E, E);
         for (int64_t e = 0; e < E; e++) acc[e] += p[e];
         acc[E] += lse * lse;
         for (int64_t k = 0; k < K; k++)
@@ -48,7 +38,7 @@ void dw_cpu_moe_aux_stats_bwd(float *dz, const float *g, const float *z, int64_t
         DW_ASSERT(p);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
-            const double lse = softmax_row(p, z + n * E, E);
+            const double lse = dw_cpu_softmax_row(p, z + n * E, E);
             double dot = 0.0;
             for (int64_t e = 0; e < E; e++) dot += (double)g[e] * p[e];
             const double zterm = 2.0 * (double)g[E] * lse;

@@ -116,6 +116,9 @@ void dw_cpu_moe_combine_fwd(float *out, const float *ys, const float *wt, const 
 void dw_cpu_moe_combine_bwd(float *dys, float *dwt, const float *dout, const float *ys, const float *wt,
                             const int32_t *pos, int64_t N, int64_t C, int64_t K, int64_t R);
 
+/* Softmax of one row z (E) into p (max-subtracted, in double; router_cpu.c); returns the row's
+ * log-sum-exp. */
+double dw_cpu_softmax_row(double *p, const float *z, int64_t E);
 /* MoE load-balancing statistics (moe_aux_cpu.c): sums (E + 1) = prev_sums + each row's softmax
  * of z (N,E) summed, then its squared log-sum-exp summed; counts (E) = prev_counts + the
  * assignments idx (N,K) per expert (prev NULL: 0). Backward: dz (N,E) written from the sums'

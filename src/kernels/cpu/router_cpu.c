@@ -7,16 +7,21 @@
 #include "core/error.h"
 #include "kernels/cpu/ops_cpu.h"
 
+double dw_cpu_softmax_row(double *p, const float *z, int64_t E) {
+    double m = z[0], s = 0.0;
+    for (int64_t e = 1; e < E; e++) m = z[e] > m ? z[e] : m;
+    for (int64_t e = 0; e < E; e++) s += (p[e] = exp((double)z[e] - m));
+    for (int64_t e = 0; e < E; e++) p[e] /= s;
+    return m + log(s);
+}
+
 /* Scores of one row: softmax (max-subtracted) or elementwise sigmoid. */
 static void scores(double *p, const float *z, int64_t E, int score) {
     if (score == 1) {
         for (int64_t e = 0; e < E; e++) p[e] = 1.0 / (1.0 + exp(-(double)z[e]));
         return;
     }
-    double m = z[0], s = 0.0;
-    for (int64_t e = 1; e < E; e++) m = z[e] > m ? z[e] : m;
-    for (int64_t e = 0; e < E; e++) s += (p[e] = exp((double)z[e] - m));
-    for (int64_t e = 0; e < E; e++) p[e] /= s;
+    dw_cpu_softmax_row(p, z, E);
 }
 
 void dw_cpu_moe_router_fwd(float *w, int32_t *idx, const float *z, int64_t N, int64_t E, int64_t K, int score,
