@@ -77,6 +77,18 @@ static __device__ __forceinline__ float dw_warp_max(float v) {
     return v;
 }
 
+/* A row zr (E) of logits read by one warp: its max and softmax denominator (sum of exp(z - max));
+ * every lane gets both. */
+template <typename T>
+static __device__ __forceinline__ void dw_warp_softmax_stats(const T *zr, int64_t E, int lane, float &m, float &s) {
+    m = -INFINITY;
+    for (int64_t e = lane; e < E; e += 32) m = fmaxf(m, dw_ld(zr, e));
+    m = dw_warp_max(m);
+    s = 0.0f;
+    for (int64_t e = lane; e < E; e += 32) s += expf(dw_ld(zr, e) - m);
+    s = dw_warp_sum(s);
+}
+
 /* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the total.
  * sh: 32 floats of shared memory, reusable right after the call returns. */
 static __device__ __forceinline__ float dw_block_sum(float v, float *sh) {

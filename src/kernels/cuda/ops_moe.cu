@@ -15,17 +15,6 @@ static __device__ __forceinline__ bool dw_rt_before(float za, int a, float zb, i
     return za > zb || (za == zb && a < b);
 }
 
-/* The row's max logit and softmax denominator (sum of exp(z - max)); every lane gets both. */
-template <typename T>
-static __device__ __forceinline__ void dw_rt_softmax_stats(const T *zr, int64_t E, int lane, float &m, float &s) {
-    m = -INFINITY;
-    for (int64_t e = lane; e < E; e += 32) m = fmaxf(m, dw_ld(zr, e));
-    m = dw_warp_max(m);
-    s = 0.0f;
-    for (int64_t e = lane; e < E; e += 32) s += expf(dw_ld(zr, e) - m);
-    s = dw_warp_sum(s);
-}
-
 static __device__ __forceinline__ float dw_rt_score(float z, int score, float m, float s) {
     return score ? 1.0f / (1.0f + expf(-z)) : expf(z - m) / s;
 }
@@ -38,7 +27,7 @@ static __global__ void dw_router_fwd_kernel(T *w, int32_t *idx, const T *z, int6
     if (row >= N) return;
     const T *zr = z + row * E;
     float m = 0.0f, s = 1.0f;
-    if (!score) dw_rt_softmax_stats(zr, E, lane, m, s);
+    if (!score) dw_warp_softmax_stats(zr, E, lane, m, s);
     float prev_z = INFINITY, sum = 0.0f;
     int prev = -1;
     for (int64_t k = 0; k < K; k++) {
@@ -80,7 +69,7 @@ static __global__ void dw_router_bwd_kernel(T *dz, const T *dw, const T *z, cons
     const T *zr = z + row * E;
     const int32_t *ix = idx + row * K;
     float m = 0.0f, s = 1.0f;
-    if (!score) dw_rt_softmax_stats(zr, E, lane, m, s);
+    if (!score) dw_warp_softmax_stats(zr, E, lane, m, s);
     /* s_k = sum of the chosen scores, dot = sum_k dw_k w_k (w_k = p_k / s_k) */
     float ssum = 0.0f, dwp = 0.0f;
     for (int64_t k = lane; k < K; k += 32) {

@@ -54,12 +54,8 @@ dw_aux_stats_bwd_kernel(T *dz, const T *g, const T *z, int64_t N, int64_t E) {
     const int64_t n = (int64_t)blockIdx.x * (DW_AUX_THREADS / 32) + (threadIdx.x >> 5);
     if (n >= N) return;
     const T *zr = z + n * E;
-    float m = -INFINITY;
-    for (int64_t e = lane; e < E; e += 32) m = fmaxf(m, dw_ld(zr, e));
-    m = dw_warp_max(m);
-    float s = 0.0f;
-    for (int64_t e = lane; e < E; e += 32) s += expf(dw_ld(zr, e) - m);
-    s = dw_warp_sum(s);
+    float m, s;
+    dw_warp_softmax_stats(zr, E, lane, m, s);
     float dot = 0.0f;
     for (int64_t e = lane; e < E; e += 32) dot += (g ? dw_ld(g, e) : 0.0f) * (expf(dw_ld(zr, e) - m) / s);
     dot = dw_warp_sum(dot);
