@@ -379,6 +379,16 @@ dw_status dw_test_train_fixed(dw_engine *e, const int32_t *x, const int32_t *y, 
     return DW_OK;
 }
 
+dw_status dw_test_model_train_random(dw_test_model *m, int64_t B, int64_t T, int steps, double lr, dw_test_rng *r,
+                                     double *first, double *last) {
+    DW_TRY(dw_engine_init_weights(m->e, dw_test_next(r)));
+    int32_t x[4096], y[4096];
+    if (B * T > 4096) return DW_ERR_INVALID;
+    dw_test_random_tokens(x, B * T, dw_graph_vocab(m->g), r);
+    dw_test_random_tokens(y, B * T, dw_graph_vocab(m->g), r);
+    return dw_test_train_fixed(m->e, x, y, B, T, steps, lr, first, last);
+}
+
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq) {
     dw_graph *h = NULL;
     char *dir = dw_test_tmpdir(), *cfg = dir ? dw_test_path(dir, "config.json") : NULL;

@@ -115,6 +115,10 @@ typedef struct {
 } dw_test_model;
 dw_status dw_test_model_build(dw_ctx *ctx, dw_graph *g, const char *precision, dw_device_kind target, dw_test_model *m);
 void dw_test_model_free(dw_test_model *m);
+/* m's engine from weights drawn from r, then dw_test_train_fixed on one batch of B x T tokens
+ * drawn from r (B*T <= 4096): the first and last loss. */
+dw_status dw_test_model_train_random(dw_test_model *m, int64_t B, int64_t T, int steps, double lr, dw_test_rng *r,
+                                     double *first, double *last);
 
 /* A host mirror of an engine's AdamW for checking dw_engine_step bit for bit: a copy of every
  * parameter (read back at creation) and its moments (zero at creation: create it before the

@@ -153,12 +153,8 @@ static void test_training(void **state) {
         assert_non_null(g);
         dw_test_model m;
         assert_int_equal(dw_test_model_build(CTX, g, bf16 ? "bf16" : NULL, DW_DEVICE_AUTO, &m), DW_OK);
-        assert_int_equal(dw_engine_init_weights(m.e, dw_test_next(RNG)), DW_OK);
-        int32_t x[16], y[16];
-        dw_test_random_tokens(x, B * T, dw_graph_vocab(g), RNG);
-        dw_test_random_tokens(y, B * T, dw_graph_vocab(g), RNG);
         double first = 0, last = 0;
-        assert_int_equal(dw_test_train_fixed(m.e, x, y, B, T, 30, 3e-2, &first, &last), DW_OK);
+        assert_int_equal(dw_test_model_train_random(&m, B, T, 30, 3e-2, RNG, &first, &last), DW_OK);
         if (!(last < first - 0.3)) fail_msg("%s: loss %.5f -> %.5f did not fall", bf16 ? "bf16" : "fp32", first, last);
         dw_test_model_free(&m);
     }
@@ -244,12 +240,8 @@ static void test_qwen_training(void **state) {
         const int64_t B = 2, T = 8;
         dw_test_model m;
         build_preset(presets[k / 2], B, T, k % 2 ? "bf16" : NULL, &m);
-        assert_int_equal(dw_engine_init_weights(m.e, dw_test_next(RNG)), DW_OK);
-        int32_t x[16], y[16];
-        dw_test_random_tokens(x, B * T, dw_graph_vocab(m.g), RNG);
-        dw_test_random_tokens(y, B * T, dw_graph_vocab(m.g), RNG);
         double first = 0, last = 0;
-        assert_int_equal(dw_test_train_fixed(m.e, x, y, B, T, 30, 3e-2, &first, &last), DW_OK);
+        assert_int_equal(dw_test_model_train_random(&m, B, T, 30, 3e-2, RNG, &first, &last), DW_OK);
         if (!(last < first - 0.3))
             fail_msg("%s %s: loss %.5f -> %.5f did not fall", presets[k / 2], k % 2 ? "bf16" : "fp32", first, last);
         dw_test_model_free(&m);
