@@ -225,6 +225,25 @@ dw_status dw_engine_read_value(dw_engine *e, int t, float *out) {
     return DW_OK;
 }
 
+dw_status dw_engine_write_value(dw_engine *e, int t, const float *in) {
+    const dw_prog_tensor *pt = &e->p->tensor[t];
+    if (t < 0 || t >= e->g->n_tensors || pt->val_off < 0)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: tensor %d has no value in the program", t);
+    const int64_t n = dw_exec_rows(e->x, t) * pt->width;
+    void *dst = e->x->act + pt->val_off;
+    const bool i32 = e->g->tensors[t].dtype == DW_IR_I32, bf16 = !i32 && e->p->bf16;
+    void *h = malloc((size_t)n * (bf16 ? 2 : 4));
+    if (!h) return dw_set_error(e->ctx, DW_ERR_NOMEM, "engine: out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        if (i32) ((int32_t *)h)[i] = (int32_t)in[i];
+        else if (bf16) ((uint16_t *)h)[i] = dw_encode_bf16(in[i]);
+        else ((float *)h)[i] = in[i];
+    }
+    dw_status st = e->be->i->upload(e->be, dst, h, (size_t)n * (bf16 ? 2 : 4));
+    free(h);
+    return st;
+}
+
 /* ---- mixture-of-experts statistics ------------------------------------------------------------- */
 int64_t dw_engine_moe_experts(const dw_engine *e) { return e && e->p->work.moe_aux >= 0 ? e->p->work.moe_experts : 0; }
 

@@ -30,6 +30,9 @@ dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32
  * out (rows * width floats; int32 tensors converted); DW_ERR_INVALID when the program keeps no
  * value for t. Valid right after the step that wrote it (the arena reuses memory). */
 dw_status dw_engine_read_value(dw_engine *e, int t, float *out);
+/* Tests: the inverse, in's rows * width floats written as tensor t's value (int32 tensors from
+ * whole floats, BF16 programs' tensors rounded to BF16), e.g. to give two engines the same routing. */
+dw_status dw_engine_write_value(dw_engine *e, int t, const float *in);
 
 /* Profiling: one eager training step of (tokens, targets) with a timer between every step of the
  * forward and backward phases; ms[s] gets step s's milliseconds (program step numbering; steps of
