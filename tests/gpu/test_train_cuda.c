@@ -347,6 +347,7 @@ static void test_resume_across_devices(void **state) {
     assert_true(file_has(st, "\"policy\": {"));
     /* GPU -> GPU */
     o = opts(r1, S, B, T, LR_FOLLOW, &t1);
+    o.ckpt_every = H; /* the recorded cadence (a resumed run keeps it) */
     o.resume = ck;
     o.profile = true; /* after the last step: does not change the trace */
     run(g_gpu, &o, p, "(c) gpu ckpt -> gpu, --profile");
@@ -355,12 +356,14 @@ static void test_resume_across_devices(void **state) {
     double d1 = max_rel(&t1, &tg, H + 1, S, &at);
     /* GPU -> CPU */
     o = opts(r2, S, B, T, LR_FOLLOW, &t2);
+    o.ckpt_every = H; /* the recorded cadence (a resumed run keeps it) */
     o.resume = ck;
     run(g_cpu, &o, NULL, "(c) gpu ckpt -> cpu");
     int64_t at2 = 0;
     double d2 = max_rel(&t2, &tc, H + 1, S, &at2);
     /* CPU -> GPU */
     o = opts(r3, S, B, T, LR_FOLLOW, &t3);
+    o.ckpt_every = H; /* the recorded cadence (a resumed run keeps it) */
     o.resume = ckc;
     run(g_gpu, &o, p, "(c) cpu ckpt -> gpu");
     int64_t at3 = 0;
