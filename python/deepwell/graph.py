@@ -1,0 +1,135 @@
+"""graph.py — dw.capture(): a model (preset name, Hugging Face directory or config.json, config
+dict, transformers model or recognised torch module) -> a Graph (dw_graph) at batch x seq.
+
+A Graph remembers where it came from (`source`: what the planner reads, a preset name or a
+directory with config.json) and which weights belong to it (`weights`: a directory or
+.safetensors file, or None), so that dw.compile can give the engine those weights. Dicts and
+modules are written to a temporary directory the Graph owns (config.json, model.safetensors).
+"""
+import ctypes
+import json
+import os
+import shutil
+import tempfile
+import weakref
+
+from . import _structs as S
+from ._core import Handle, JsonDoc, ctx_of
+from ._lib import cstr, lib, text
+
+
+class Graph(JsonDoc, Handle):
+    """A captured model (dw_graph): ops whose nodes carry the Hugging Face module names."""
+
+    _free, _to_json = "dw_graph_free", "dw_graph_to_json"
+
+    def __init__(self, h, ctx, source=None, weights=None, tmpdir=None):
+        super().__init__(h, ctx)
+        self.source = source
+        self.weights = weights
+        # a temporary directory holding source/weights: removed with the graph (or at exit)
+        self._tmp_done = weakref.finalize(self, shutil.rmtree, tmpdir, True) if tmpdir else None
+
+    params = property(lambda self: lib().dw_graph_params(self._handle()), doc="trainable parameters")
+    flops_per_token = property(lambda self: lib().dw_graph_flops_per_token(self._handle()))
+    model_flops_per_token = property(lambda self: lib().dw_graph_model_flops_per_token(self._handle()))
+    node_count = property(lambda self: lib().dw_graph_node_count(self._handle()))
+    seq = property(lambda self: lib().dw_graph_seq(self._handle()))
+    batch = property(lambda self: lib().dw_graph_batch(self._handle()))
+    vocab = property(lambda self: lib().dw_graph_vocab(self._handle()))
+    model_type = property(lambda self: text(lib().dw_graph_model_type(self._handle())))
+
+    @property
+    def config(self):
+        """The model's config.json as captured (a dict), or None."""
+        c = text(lib().dw_graph_config_json(self._handle()))
+        return json.loads(c) if c else None
+
+    def listing(self):
+        """One line per node (name, op, inputs, output shape), then totals."""
+        return self._string("dw_graph_print")
+
+    def __repr__(self):
+        if self.closed:
+            return "Graph(closed)"
+        return (f"Graph(model_type={self.model_type!r}, params={self.params}, batch={self.batch}, seq={self.seq}, "
+                f"nodes={self.node_count})")
+
+    def close(self):
+        super().close()
+        if getattr(self, "_tmp_done", None) is not None:
+            self._tmp_done()
+
+
+def graph_from_json(text_, ctx=None, what=None):
+    """A Graph from dw_graph_to_json's document (verified on load)."""
+    ctx = ctx_of(ctx)
+    b = text_.encode() if isinstance(text_, str) else text_
+    h = ctypes.c_void_p()
+    ctx.check(lib().dw_graph_from_json(ctx._h, b, len(b), cstr(what), ctypes.byref(h)))
+    return Graph(h.value, ctx)
+
+
+def _has_weights(d):
+    return any(os.path.exists(os.path.join(d, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
+
+
+def _capture_path(ctx, what, batch, seq, vocab):
+    o = S.CaptureOpts.new()
+    lib().dw_capture_opts_init(ctypes.byref(o), ctypes.sizeof(o))
+    o.batch, o.seq, o.vocab = int(batch), int(seq or 0), int(vocab or 0)
+    h = ctypes.c_void_p()
+    ctx.check(lib().dw_capture(ctx._h, cstr(what), ctypes.byref(o), ctypes.byref(h)))
+    return h.value
+
+
+def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
+    """The training graph of `model` for `batch` sequences of `seq_len` tokens (None: the
+    model's positions, at most 2048). model: a preset name ("gpt2-tiny", "llama-1b", ...), a
+    directory with config.json (its model.safetensors become the engine's weights), a
+    config.json path, a config dict, a transformers PreTrainedModel, or a torch.nn.Module of an
+    architecture dw.torch_capture recognises (others are refused, naming what is supported).
+    vocab: pad the embedding to this many rows."""
+    ctx = ctx_of(ctx)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"capture: batch must be a positive int, got {batch!r}")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
+        raise ValueError(f"capture: seq_len must be a positive int or None, got {seq_len!r}")
+    tmp, weights = None, None
+    try:
+        if isinstance(model, (str, os.PathLike)):
+            source = os.fspath(model)
+            if os.path.isdir(source) and _has_weights(source):
+                weights = source
+        elif isinstance(model, dict):
+            tmp = tempfile.mkdtemp(prefix="deepwell-config-")
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(model, f)
+            source = tmp
+        else:
+            from . import torch_capture  # imports torch only when a module is given
+
+            tmp = tempfile.mkdtemp(prefix="deepwell-module-")
+            torch_capture.write_model_dir(model, tmp)
+            source = weights = tmp
+        h = _capture_path(ctx, source, batch, seq_len, vocab)
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, True)
+        raise
+    return Graph(h, ctx, source=source, weights=weights, tmpdir=tmp)
+
+
+def model_presets():
+    """The model presets' names (`deepwell capture --list-presets`)."""
+    L = lib()
+    return [text(L.dw_model_preset_name(i)) for i in range(L.dw_model_preset_count())]
+
+
+def model_info(model, ctx=None):
+    """The architecture of a preset name, model directory or config.json path, as the planner
+    sees it (dw_model_info): model_type, sizes, experts, params, planning_only."""
+    ctx = ctx_of(ctx)
+    o = S.ModelInfo.new()
+    ctx.check(lib().dw_model_info_load(ctx._h, cstr(os.fspath(model)), ctypes.byref(o)))
+    return o.as_dict()
