@@ -11,6 +11,8 @@ build=${DW_BUILD_DIR:-}
 if [ -z "$build" ]; then
   scripts/deps.sh build
   scripts/build.sh build -DDW_TESTS=OFF # the tests need cmocka, which only scripts/test.sh installs
+  /usr/bin/python3 -m pip install --quiet --no-build-isolation --no-deps --no-index --break-system-packages \
+    --root-user-action=ignore $([ "$(id -u)" -ne 0 ] && echo --user) ./python # import deepwell (docs/python.md)
   build=build
 fi
 dw=./$build/deepwell

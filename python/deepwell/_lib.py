@@ -202,6 +202,10 @@ def lib():
             except OSError as e:
                 tried.append(f"{c} ({e})")
                 continue
+            missing = [n for n in PROTOTYPES if not hasattr(handle, n)]
+            if missing:  # an older build: try the next one
+                tried.append(f"{c} (an older build: lacks {', '.join(missing[:3])})")
+                continue
             for name, (res, args) in PROTOTYPES.items():
                 f = getattr(handle, name)
                 f.restype, f.argtypes = res, args

@@ -194,6 +194,11 @@ class Engine(Handle):
         lv = loss.value if y is not None else None
         return (lv, out) if logits else lv
 
+    def __call__(self, x):
+        """The logits [B, T, V] of tokens x, as a torch tensor when x is one, else NumPy."""
+        _, out = self.forward(x, logits=True)
+        return _to_torch(out) if hasattr(x, "detach") else out
+
     def forward_backward(self, x, y, grad_scale=1.0):
         """Forward and backward; gradients of loss x grad_scale are added to the parameters'.
         Returns the loss."""

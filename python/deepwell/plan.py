@@ -119,18 +119,24 @@ def _job(seq_len, global_batch, precision, moe, mem_headroom, gemm_rates, top_k=
     return j, keep
 
 
+ARCH_PRESETS = {"hopper": "h100-sxm", "blackwell": "b200"}
+
+
 def autoplan(ir, hw=None, seq_len=None, global_batch=None, precision="bf16", moe=None, mem_headroom=None,
-             gemm_rates=None, ctx=None):
+             gemm_rates=None, arch=None, ctx=None):
     """The planner's best plan for training `ir` (a Graph, preset name or model directory) on
     `hw` (a Hardware; None: dw.probe()) at seq_len tokens (default: the graph's) and
     global_batch sequences per step (default: the graph's batch). moe: {"experts", "top_k",
-    "capacity_factor"} overriding the config's. Raises UnsupportedError when nothing fits."""
-    from .hardware import probe
+    "capacity_factor"} overriding the config's; arch ("hopper", "blackwell") without hw plans for
+    one node of that preset (h100-sxm, b200). Raises UnsupportedError when nothing fits."""
+    from .hardware import hardware, probe
 
     ctx = ctx_of(ctx)
     model = _model_source(ir)
+    if arch is not None and arch not in ARCH_PRESETS:
+        raise ValueError(f"arch must be one of {', '.join(ARCH_PRESETS)}, got {arch!r}")
     if hw is None:
-        hw = probe(ctx)
+        hw = hardware(ARCH_PRESETS[arch], ctx=ctx) if arch else probe(ctx)
     if seq_len is None or global_batch is None:
         if not isinstance(ir, Graph):
             raise ValueError("autoplan: seq_len and global_batch are required when the model is not a dw.Graph")

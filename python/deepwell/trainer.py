@@ -83,8 +83,9 @@ class Trainer:
                  sample_prompt=None, deterministic=False, callbacks=(), progress=True, log_every=1):
         if not isinstance(engine, Engine):
             raise TypeError(f"Trainer needs a dw.Engine (dw.compile), not {type(engine).__name__}")
-        if optimizer != "adamw":
-            raise ValueError(f"optimizer must be 'adamw' (the engine's), got {optimizer!r}")
+        if optimizer not in ("adamw", "adamw_dw"):
+            raise ValueError(f"optimizer must be 'adamw' (the engine's AdamW; 'adamw_dw' names it too), got "
+                             f"{optimizer!r}")
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         if not isinstance(steps, int) or steps < 1:
@@ -281,7 +282,11 @@ class Trainer:
         with _StopSignal() as stop:
             if isinstance(dl, (Data, str, os.PathLike)):
                 pattern = dl.pattern if isinstance(dl, Data) else os.fspath(dl)
-                val = self.val if isinstance(self.val, str) else (dl.val if isinstance(dl, Data) else None)
+                val = self.val.pattern if isinstance(self.val, Data) else self.val
+                if val is None and isinstance(dl, Data):
+                    val = dl.val
+                if val is not None and not isinstance(val, (str, os.PathLike)):
+                    raise TypeError("val: with data the C trainer reads, give a pattern or dw.data(...) too")
                 self._fit_c(pattern, val, stop)
             else:
                 self._fit_py(stop)
@@ -311,10 +316,13 @@ def _rmtree(d):
     shutil.rmtree(d, ignore_errors=True)
 
 
-def export(what, out, format="hf", layout="as_loaded"):
+def export(what, out=None, format="hf", layout="as_loaded", path=None):
     """Writes a Hugging Face model directory: out/config.json (the captured config) and
     out/model.safetensors (FP32, HF names and layouts; MoE experts in `layout`: as_loaded, fused
     or per_expert). what: a Trainer (its engine after training) or an Engine."""
+    out = out if out is not None else path  # dw.export(engine, path=...) as the origin documents write it
+    if out is None:
+        raise ValueError("export: give the output directory")
     if format != "hf":
         raise ValueError(f"export: format must be 'hf', got {format!r}")
     e = what.engine if isinstance(what, Trainer) else what

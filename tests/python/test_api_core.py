@@ -148,6 +148,13 @@ class Planning(unittest.TestCase):
             dw.autoplan(g, hw=dw.hardware("h100-sxm"), precision="fp9")
         self.assertIn("bf16", str(e.exception))
 
+    def test_autoplan_for_an_architecture(self):
+        p = dw.autoplan("gpt2-124m", arch="blackwell", seq_len=1024, global_batch=32)
+        self.assertIn("B200", p.info["gpu"])
+        with self.assertRaises(ValueError) as e:
+            dw.autoplan("gpt2-124m", arch="ampere", seq_len=1024, global_batch=32)
+        self.assertIn("blackwell", str(e.exception))
+
     def test_autoplan_without_gpus_is_refused_by_c(self):
         hw = dw.probe()
         if hw.gpu_count:
@@ -180,6 +187,7 @@ class EngineCalls(unittest.TestCase):
         ref = np.mean(lse - np.take_along_axis(z, self.y[..., None], -1)[..., 0])
         self.assertAlmostEqual(loss, ref, delta=1e-5)
         self.assertIsNone(e.forward(self.x))
+        np.testing.assert_array_equal(e(self.x), logits)  # the engine is callable: logits
         e.close()
         self.assertTrue(e.closed)
 

@@ -95,6 +95,10 @@ class TorchCapture(unittest.TestCase):
                 e = dw.compile(g)
                 ref = loss_of(m, x, y)
                 self.assertAlmostEqual(e.forward(x, y), ref, delta=1e-5 * max(1.0, abs(ref)))
+                out = e(torch.from_numpy(x))  # called like the module: its logits, as torch
+                with torch.no_grad():
+                    want = m(torch.from_numpy(x).long())
+                self.assertTrue(torch.allclose(out.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max()))
                 with tempfile.TemporaryDirectory() as d:
                     dw.export(e, d)  # module -> engine -> file: the module's tensors, bit for bit
                     st = safetensors.read(os.path.join(d, "model.safetensors"))

@@ -132,6 +132,8 @@ class TrainerTests(unittest.TestCase):
         self.assertEqual(again.forward(x, y), e.forward(x, y))
         with self.assertRaises(ValueError):
             dw.export(t, os.path.join(self.d, "x"), format="gguf")
+        dw.export(e, path=os.path.join(self.d, "p"))  # the origin documents' spelling
+        self.assertTrue(os.path.isfile(os.path.join(self.d, "p", "model.safetensors")))
 
     def test_bad_arguments(self):
         e = dw.compile(self.graph)
