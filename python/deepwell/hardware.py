@@ -9,8 +9,19 @@ from ._lib import cstr, lib, text
 FEATURES = ("wgmma", "fp8", "tcgen05", "tmem", "mx_block_scaling", "fp4")
 
 
+class Record(dict):
+    """A dict whose keys also read as attributes (hw.gpus[0].name)."""
+
+    def __getattr__(self, k):
+        try:
+            return self[k]
+        except KeyError:
+            raise AttributeError(k) from None
+
+
 class Hardware(JsonDoc, Handle):
-    """A dw_hw. .gpus: one dict per GPU of a node (name, sm, hbm, features, rates, ...); .info: the
+    """A dw_hw. .gpus: one dict per GPU of a node (name, sm, hbm, features, is_hopper,
+    is_blackwell, rates, ...; keys read as attributes too); .info: the
     machine; .peers: the peer-access matrix; .to_json(): the `deepwell probe --json` document."""
 
     _free, _to_json = "dw_hw_free", "dw_hw_to_json"
@@ -35,7 +46,8 @@ class Hardware(JsonDoc, Handle):
             d["sm"] = 10 * g.cc_major + g.cc_minor
             d["hbm"] = g.hbm_bytes
             d["features"] = [f for f in FEATURES if d[f]]
-            out.append(d)
+            d["is_hopper"], d["is_blackwell"] = g.cc_major == 9, g.cc_major >= 10
+            out.append(Record(d))
         return out
 
     @property

@@ -35,6 +35,8 @@ class Probe(unittest.TestCase):
         h = dw.hardware("h100-sxm")
         g = h.gpus[0]
         self.assertEqual((g["sm"], h.gpu_count), (90, 8))
+        self.assertEqual((g.name, g.is_hopper, g.is_blackwell), (g["name"], True, False))
+        self.assertTrue(dw.hardware("b200").gpus[0].is_blackwell)
         self.assertIn("fp8", h.features)
         self.assertNotIn("tcgen05", h.features)
         self.assertIn("tcgen05", dw.hardware("b200").features)
