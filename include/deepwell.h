@@ -1125,6 +1125,25 @@ DW_API void dw_train_request_stop(void);
 /* Whether a stop was requested (and not yet cleared by the start of the next dw_train). */
 DW_API bool dw_train_stop_requested(void);
 
+/* Several processes (docs/multi-gpu.md). A process started by mpirun, torchrun, Slurm's srun or
+ * `deepwell launch` is one rank of a job: dw_train then trains data-parallel with the others
+ * (batch is per rank, global_batch across all ranks; rank 0 alone calls progress and writes
+ * metrics and checkpoints; the losses reported are the global means). Read from the launcher's
+ * variables, no communication; a world of one when none is set. DW_ERR_INVALID naming a
+ * malformed variable (message in dw_errmsg(NULL); *out is then one rank). When the world has
+ * several ranks, every later log line carries "rank R/N". */
+typedef struct {
+    int rank, world_size;              /* this process among the job's */
+    int local_rank, local_world_size;  /* among this node's: the GPU a CUDA rank should use */
+    const char *launcher;              /* "none", "mpirun", "torchrun", "srun" (static) */
+} dw_dist_env;
+DW_API dw_status dw_dist_env_get(dw_dist_env *out);
+/* Ends this process's part in the job, once, before it exits (harmless when it had none):
+ * ok: every rank is finishing (a barrier, then MPI_Finalize / closing the connections); !ok:
+ * this rank failed, and leaves without waiting, so that the launcher stops the others (mpirun)
+ * or they see the connection close (tcp). Not thread-safe. */
+DW_API void dw_dist_shutdown(bool ok);
+
 /* Token data read exactly as dw_train reads dw_train_opts.data, for other readers (`deepwell
  * eval`): a file or glob(3) pattern of llm.c token shards (names ending in .bin: magic, version
  * and size checked), of other files read as bytes (vocab 256), or "builtin"; every token checked

@@ -8,6 +8,12 @@
 #include "core/log.h"
 
 static int current_level = -1; /* -1: not read from the environment yet */
+static char rank_tag[32];      /* " rank R/N" in a job of several processes (comm/), else "" */
+
+void dw_log_set_rank(int rank, int world) {
+    if (world > 1) snprintf(rank_tag, sizeof rank_tag, " rank %d/%d", rank, world);
+    else rank_tag[0] = '\0';
+}
 
 bool dw_log_parse_level(const char *name, dw_log_level *out) {
     static const char *const names[] = {"debug", "info", "warn", "error", "off"};
@@ -43,5 +49,5 @@ void dw_log(dw_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "[deepwell %s] %s\n", tags[level], line);
+    fprintf(stderr, "[deepwell %s%s] %s\n", tags[level], rank_tag, line);
 }

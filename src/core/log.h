@@ -9,6 +9,9 @@ extern "C" {
 #endif
 
 void dw_log(dw_log_level level, const char *fmt, ...) DW_PRINTF(2, 3);
+/* Tags every later line with " rank R/N" when world > 1 (set by comm/ for a job of several
+ * processes; process-wide, set before other threads log). */
+void dw_log_set_rank(int rank, int world);
 
 #define DW_LOGD(...) dw_log(DW_LOG_DEBUG, __VA_ARGS__)
 #define DW_LOGI(...) dw_log(DW_LOG_INFO, __VA_ARGS__)

@@ -326,3 +326,10 @@ void dw_data_next(dw_data *d, int64_t B, int32_t *tokens, int32_t *targets) {
         }
     }
 }
+
+void dw_data_next_rank(dw_data *d, int64_t B, int rank, int world, int32_t *tokens, int32_t *targets) {
+    const uint64_t start = d->pos;
+    d->pos = start + (uint64_t)rank * (uint64_t)B;
+    dw_data_next(d, B, tokens, targets);
+    d->pos = start + (uint64_t)world * (uint64_t)B;
+}

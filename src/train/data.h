@@ -43,6 +43,11 @@ int64_t dw_data_tokens(const dw_data *d); /* tokens in all files */
 /* dw_data_next (deepwell.h) advances the position by B and wraps into the next epoch (a new
  * shuffle) at the end. */
 uint64_t dw_data_position(const dw_data *d); /* windows consumed since the start */
+/* Data parallelism: rank's part of a micro-batch of world x B windows. Rank r reads the windows
+ * at positions [pos + r B, pos + (r + 1) B), and every rank's position moves to pos + world B, so
+ * the ranks together read exactly what one process reading world x B at a time reads, in the same
+ * order (a world of one is dw_data_next). */
+void dw_data_next_rank(dw_data *d, int64_t B, int rank, int world, int32_t *tokens, int32_t *targets);
 void dw_data_seek(dw_data *d, uint64_t position);
 
 /* The built-in data set as text: every "a+b=c\n" fact (0 <= a, b < DW_SYNTH_MAX) once per round,

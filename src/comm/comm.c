@@ -1,0 +1,125 @@
+/* comm.c — the checked entry points of the communicator (comm.h), the host reductions the CPU
+ * backends share, and the "self" backend of a one-rank job (every collective the identity). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "core/error.h"
+
+int dw_comm_type_size(dw_comm_type t) {
+    static const int size[DW_COMM_TYPE_COUNT] = {4, 8, 8, 1};
+    DW_ASSERT((unsigned)t < DW_COMM_TYPE_COUNT);
+    return size[t];
+}
+
+void dw_comm_reduce_host(void *dst, const void *src, int64_t n, dw_comm_type t) {
+    switch (t) {
+    case DW_COMM_F32: {
+        float *d = dst;
+        const float *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+        break;
+    }
+    case DW_COMM_F64: {
+        double *d = dst;
+        const double *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+        break;
+    }
+    case DW_COMM_I64: {
+        int64_t *d = dst;
+        const int64_t *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+        break;
+    }
+    default: { /* bytes add modulo 256 */
+        unsigned char *d = dst;
+        const unsigned char *s = src;
+        for (int64_t i = 0; i < n; i++) d[i] = (unsigned char)(d[i] + s[i]);
+    }
+    }
+}
+
+void dw_comm_divide_host(void *buf, int64_t n, dw_comm_type t, int divide_by) {
+    DW_ASSERT(t == DW_COMM_F32 || t == DW_COMM_F64);
+    if (t == DW_COMM_F32) {
+        float *b = buf;
+        for (int64_t i = 0; i < n; i++) b[i] /= (float)divide_by;
+    } else {
+        double *b = buf;
+        for (int64_t i = 0; i < n; i++) b[i] /= (double)divide_by;
+    }
+}
+
+static dw_status check(dw_ctx *ctx, const dw_comm *c, const char *what, int64_t n, dw_comm_type t, dw_comm_op op) {
+    if (n < 0 || (unsigned)t >= DW_COMM_TYPE_COUNT || (op != DW_COMM_SUM && op != DW_COMM_AVG))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s %s: count %lld, type %d, op %d", c->i->name, what, (long long)n,
+                            (int)t, (int)op);
+    if (op == DW_COMM_AVG && t != DW_COMM_F32 && t != DW_COMM_F64)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s %s: an average needs a floating type", c->i->name, what);
+    return DW_OK;
+}
+
+dw_status dw_comm_all_reduce(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, dw_comm_type t, dw_comm_op op) {
+    DW_TRY(check(ctx, c, "all-reduce", n, t, op));
+    return c->world == 1 || n == 0 ? DW_OK : c->i->all_reduce(ctx, c, buf, n, t, op);
+}
+
+dw_status dw_comm_reduce_scatter(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n_each, dw_comm_type t, dw_comm_op op) {
+    DW_TRY(check(ctx, c, "reduce-scatter", n_each, t, op));
+    return c->world == 1 || n_each == 0 ? DW_OK : c->i->reduce_scatter(ctx, c, buf, n_each, t, op);
+}
+
+dw_status dw_comm_all_gather(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n_each, dw_comm_type t) {
+    DW_TRY(check(ctx, c, "all-gather", n_each, t, DW_COMM_SUM));
+    return c->world == 1 || n_each == 0 ? DW_OK : c->i->all_gather(ctx, c, buf, n_each, t);
+}
+
+dw_status dw_comm_broadcast(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, dw_comm_type t, int root) {
+    DW_TRY(check(ctx, c, "broadcast", n, t, DW_COMM_SUM));
+    if (root < 0 || root >= c->world)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s broadcast: root %d of %d ranks", c->i->name, root, c->world);
+    return c->world == 1 || n == 0 ? DW_OK : c->i->broadcast(ctx, c, buf, n, t, root);
+}
+
+dw_status dw_comm_barrier(dw_ctx *ctx, dw_comm *c) { return c->world == 1 ? DW_OK : c->i->barrier(ctx, c); }
+
+dw_status dw_comm_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                             const int64_t *recv_counts, dw_comm_type t) {
+    DW_TRY(check(ctx, c, "all-to-all", 0, t, DW_COMM_SUM));
+    for (int r = 0; r < c->world; r++)
+        if (send_counts[r] < 0 || recv_counts[r] < 0)
+            return dw_set_error(ctx, DW_ERR_INVALID, "%s all-to-all: negative count for rank %d", c->i->name, r);
+    if (c->world == 1 && !c->i->device_memory) { /* one rank sends to itself */
+        if (send_counts[0] != recv_counts[0])
+            return dw_set_error(ctx, DW_ERR_INVALID, "all-to-all: sends %lld elements to itself but expects %lld",
+                                (long long)send_counts[0], (long long)recv_counts[0]);
+        if (recv != send) memmove(recv, send, (size_t)send_counts[0] * (size_t)dw_comm_type_size(t));
+        return DW_OK;
+    }
+    return c->i->all_to_all(ctx, c, send, send_counts, recv, recv_counts, t);
+}
+
+void dw_comm_free(dw_comm *c, bool orderly) {
+    if (!c) return;
+    dw_comm *host = c->host != c ? c->host : NULL;
+    c->i->destroy(c, orderly);
+    dw_comm_free(host, orderly);
+}
+
+/* ---- self: one rank ------------------------------------------------------------------------- */
+static void self_destroy(dw_comm *c, bool orderly) {
+    (void)orderly;
+    free(c);
+}
+
+static const dw_comm_i self_i = {.name = "self", .destroy = self_destroy}; /* world 1: never called */
+
+dw_status dw_comm_self_create(dw_ctx *ctx, dw_comm **out) {
+    *out = NULL;
+    dw_comm *c = calloc(1, sizeof *c);
+    if (!c) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    *c = (dw_comm){.i = &self_i, .rank = 0, .world = 1, .local_rank = 0, .host = c};
+    *out = c;
+    return DW_OK;
+}
