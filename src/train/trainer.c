@@ -1,8 +1,11 @@
 /* trainer.c — dw_train: the training loop over an engine (any backend). Data; then per optimizer
- * step: G/B micro-batches of forward+backward (gradients accumulated with scale B/G), the
- * engine's AdamW step (global-norm clipping, the scheduled learning rate), metrics, validation,
- * samples and checkpoints. Resuming restores weights, moments, step, data position and RNG
- * exactly, so on the CPU the losses continue bit for bit. Not the CLI (tools/cmd_train.c). */
+ * step: G/(B N) micro-batches of forward+backward on each of N ranks (gradients accumulated with
+ * scale B N/G, then averaged over the ranks: train/dp.c), the AdamW step (global-norm clipping,
+ * the scheduled learning rate), metrics, validation, samples and checkpoints. Resuming restores
+ * weights, moments, step, data position and RNG exactly, so on the CPU the losses continue bit
+ * for bit. With several ranks, rank 0 alone writes (metrics, checkpoints, the run lock), samples
+ * and reports progress; every decision that changes what the ranks do next (stop, checkpoint) is
+ * agreed by all. Not the CLI (tools/cmd_train.c). */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -25,6 +28,7 @@
 #include "core/log.h"
 #include "train/ckpt.h"
 #include "train/data.h"
+#include "train/dp.h"
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/resume_check.h"
@@ -86,6 +90,7 @@ typedef struct {
     int64_t ckpt_step; /* step of the newest checkpoint written by this process, -1: none */
     char *recipes_json; /* {linear node: recipe} for state.json (BF16 programs) */
     char *data_abs, *val_abs; /* the patterns made absolute (dw_abs_pattern); val_abs "" for none */
+    dw_dp dp;         /* the ranks of a data-parallel job (one rank: the single-process path) */
 } run;
 
 static double now_s(void) {
@@ -94,15 +99,20 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts *o) {
+static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts *o, int world) {
     if (!o->data) return dw_set_error(ctx, DW_ERR_INVALID, "no training data given (--data)");
     if (!o->out_dir) return dw_set_error(ctx, DW_ERR_INVALID, "no output directory given (--out)");
     if (o->steps < 1 || o->batch < 1 || o->seq < 1 || o->global_batch < 1)
         return dw_set_error(ctx, DW_ERR_INVALID, "--steps, --batch, --seq and --global-batch must be >= 1");
-    if (o->global_batch % o->batch != 0)
+    if (world == 1 && o->global_batch % o->batch != 0)
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "--global-batch %lld is not a multiple of --batch %lld (accumulation = G/B must be whole)",
                             (long long)o->global_batch, (long long)o->batch);
+    if (o->global_batch % (o->batch * world) != 0)
+        return dw_set_error(ctx, DW_ERR_INVALID,
+                            "--global-batch %lld is not a multiple of --batch %lld x %d ranks (each rank's "
+                            "accumulation G/(B x ranks) must be whole)",
+                            (long long)o->global_batch, (long long)o->batch, world);
     if (!(o->lr > 0) || o->min_lr < 0 || o->min_lr > o->lr)
         return dw_set_error(ctx, DW_ERR_INVALID, "--lr must be > 0 and --min-lr in [0, lr]");
     if (o->warmup < 0 || o->weight_decay < 0 || o->clip < 0 || !(o->eps > 0))
@@ -185,6 +195,13 @@ static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
 }
 
 static dw_status save_ckpt(run *r, char **path_out) {
+    *path_out = NULL;
+    DW_TRY(dw_dp_gather_optimizer(&r->dp)); /* every rank: the moments whole, the weights one */
+    DW_TRY(dw_dp_check_weights(&r->dp, r->step));
+    if (r->dp.rank != 0) {
+        r->ckpt_step = r->step;
+        return DW_OK;
+    }
     dw_ckpt_state s;
     memset(&s, 0, sizeof s);
     const dw_train_opts *o = r->o;
@@ -221,21 +238,24 @@ static dw_status save_ckpt(run *r, char **path_out) {
     return DW_OK;
 }
 
-/* Mean loss over eval_batches micro-batches of the validation data, from its start. */
+/* Mean loss over eval_batches micro-batches of the validation data, from its start (each of
+ * B x ranks windows, every rank its part; the mean over the ranks). */
 static dw_status validate(run *r, double *out) {
     const int64_t B = r->o->batch, T = r->o->seq;
-    int64_t nb = dw_data_windows(r->val) / B;
+    int64_t nb = dw_data_windows(r->val) / (B * r->dp.world);
     if (nb > r->o->eval_batches) nb = r->o->eval_batches;
     if (nb < 1) nb = 1;
     dw_data_seek(r->val, 0);
     double sum = 0.0;
     for (int64_t i = 0; i < nb; i++) {
         double loss = 0.0;
-        dw_data_next(r->val, B, r->x, r->y);
+        dw_data_next_rank(r->val, B, r->dp.rank, r->dp.world, r->x, r->y);
         DW_TRY(dw_engine_forward(r->eng, r->x, r->y, B, T, NULL, &loss));
         sum += loss;
     }
-    *out = sum / (double)nb;
+    sum /= (double)nb;
+    DW_TRY(dw_comm_all_reduce(r->ctx, r->dp.host, &sum, 1, DW_COMM_F64, DW_COMM_AVG));
+    *out = sum;
     return DW_OK;
 }
 
@@ -309,7 +329,7 @@ static dw_status setup(run *r) {
     } else {
         r->rng.s = dw_rng_derive(r->seed, 2, 0);
         char *latest = dw_path_join(o->out_dir, "latest");
-        bool taken = latest && access(latest, F_OK) == 0;
+        bool taken = r->dp.rank == 0 && latest && access(latest, F_OK) == 0;
         free(latest);
         if (taken)
             return dw_set_error(ctx, DW_ERR_INVALID,
@@ -331,8 +351,9 @@ static dw_status setup(run *r) {
         }
         r->tok = dw_data_get_kind(r->train) == DW_DATA_SHARDS ? DW_TOK_IDS : DW_TOK_BYTES;
     }
+    if (st == DW_OK) st = dw_dp_broadcast_weights(&r->dp); /* the ranks start identical */
     if (st == DW_OK) {
-        r->accum = o->global_batch / o->batch;
+        r->accum = o->global_batch / (o->batch * r->dp.world);
         /* a resumed run keeps its schedule's horizon: --steps beyond it run at min_lr */
         r->sched = cdir ? state.schedule
                         : (dw_schedule){.kind = (dw_schedule_kind)o->schedule, .lr = o->lr, .min_lr = o->min_lr,
@@ -341,29 +362,32 @@ static dw_status setup(run *r) {
         r->y = malloc((size_t)(o->batch * o->seq) * sizeof *r->y);
         if (!r->x || !r->y) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
-    if (st == DW_OK) st = dw_metrics_open(ctx, o->out_dir, r->step, &r->metrics);
+    if (st == DW_OK && r->dp.rank == 0) st = dw_metrics_open(ctx, o->out_dir, r->step, &r->metrics);
     if (st == DW_OK && cdir)
         DW_LOGI("resumed from %s at step %lld of %lld", cdir, (long long)r->step, (long long)o->steps);
     free(cdir);
     return st;
 }
 
-/* One optimizer step: accumulation over G/B micro-batches, clipping, AdamW. */
+/* One optimizer step: accumulation over G/(B x ranks) micro-batches, the gradients averaged over
+ * the ranks, clipping, AdamW. The loss is the mean over the ranks (all saw as many tokens). */
 static dw_status train_step(run *r, double *loss_out, double *norm_out, double *lr_out) {
     const dw_train_opts *o = r->o;
     DW_TRY(dw_engine_zero_grad(r->eng));
     double sum = 0.0;
     for (int64_t a = 0; a < r->accum; a++) {
         double loss = 0.0;
-        dw_data_next(r->train, o->batch, r->x, r->y);
+        dw_data_next_rank(r->train, o->batch, r->dp.rank, r->dp.world, r->x, r->y);
         DW_TRY(dw_engine_forward_backward(r->eng, r->x, r->y, o->batch, o->seq, 1.0 / (double)r->accum, &loss));
         sum += loss;
     }
     double loss = sum / (double)r->accum, lr = dw_schedule_lr(&r->sched, r->step), norm = NAN;
+    DW_TRY(dw_comm_all_reduce(r->ctx, r->dp.host, &loss, 1, DW_COMM_F64, DW_COMM_AVG));
     dw_adamw_opts ao = {.size = sizeof ao, .lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
                         .weight_decay = o->weight_decay, .clip = o->clip};
-    /* norm, clipping and AdamW on the engine's device; a non-finite norm changes nothing */
-    dw_status st = isfinite(loss) ? dw_engine_step(r->eng, &ao, r->step + 1, &norm) : DW_ERR_NUMERIC;
+    /* gradients averaged, norm, clipping and AdamW on the engine's device; a non-finite norm
+     * changes nothing */
+    dw_status st = isfinite(loss) ? dw_dp_step(&r->dp, &ao, r->step + 1, &norm) : DW_ERR_NUMERIC;
     if (st == DW_ERR_NUMERIC)
         return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
                             (long long)(r->step + 1), loss, norm);
@@ -406,6 +430,15 @@ static dw_status moe_stats(run *r, dw_train_progress *p) {
     return st;
 }
 
+/* Stop and checkpoint-by-time, agreed by every rank (a signal may reach only some; the clock is
+ * rank 0's), so that all of them take the same path. */
+static dw_status agree(run *r, bool *stop, bool *due) {
+    double f[2] = {*stop ? 1 : 0, *due && r->dp.rank == 0 ? 1 : 0};
+    DW_TRY(dw_comm_all_reduce(r->ctx, r->dp.host, f, 2, DW_COMM_F64, DW_COMM_SUM));
+    *stop = f[0] > 0, *due = f[1] > 0;
+    return DW_OK;
+}
+
 static dw_status loop(run *r) {
     const dw_train_opts *o = r->o;
     const double t0 = now_s();
@@ -424,28 +457,32 @@ static dw_status loop(run *r) {
         DW_TRY(moe_stats(r, &p));
         if (r->val && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
             DW_TRY(validate(r, &p.val_loss));
-        DW_TRY(dw_metrics_write(r->ctx, r->metrics, &p, r->tokens_seen));
+        const bool lead = r->dp.rank == 0; /* writes, samples and reports */
+        if (lead) DW_TRY(dw_metrics_write(r->ctx, r->metrics, &p, r->tokens_seen));
         char *sample = NULL, *ckpt = NULL;
         dw_status st = DW_OK;
-        if (o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last))
+        if (lead && o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last))
             st = make_sample(r, &sample);
         bool stop = dw_train_stop_requested(); /* also when it came during validation or sampling */
         bool due = o->ckpt_minutes > 0 && now_s() - t_ckpt >= o->ckpt_minutes * 60;
+        if (st == DW_OK) st = agree(r, &stop, &due);
         if (st == DW_OK && ((o->ckpt_every > 0 && r->step % o->ckpt_every == 0) || last || stop || due)) {
             st = save_ckpt(r, &ckpt);
             t_ckpt = now_s();
         }
         p.sample = sample;
         p.checkpoint = ckpt;
-        if (st == DW_OK && o->progress) o->progress(&p, o->progress_user);
+        if (st == DW_OK && lead && o->progress) o->progress(&p, o->progress_user);
         free(sample);
         free(ckpt);
         if (st != DW_OK) return st;
-        if (dw_train_stop_requested()) { /* also when it came during the progress callback */
+        /* one rank: also a request that came during the progress callback (several: the next step's
+         * agreement takes it) */
+        if (stop || (r->dp.world == 1 && dw_train_stop_requested())) {
             if (r->ckpt_step != r->step) {
                 char *path = NULL;
                 DW_TRY(save_ckpt(r, &path));
-                DW_LOGI("checkpoint: %s", path);
+                if (path) DW_LOGI("checkpoint: %s", path);
                 free(path);
             }
             DW_LOGI("stopped on request after step %lld of %lld", (long long)r->step, (long long)o->steps);
@@ -462,9 +499,10 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     dw_train_opts_init(&o, sizeof o);
     if (!opts) return dw_set_error(ctx, DW_ERR_INVALID, "train: no options");
     memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
-    DW_TRY(check_opts(ctx, e->g, &o));
     run r;
     memset(&r, 0, sizeof r);
+    DW_TRY(dw_dp_init(&r.dp, e, o.zero)); /* the job's ranks (one: a plain run) */
+    DW_TRY(check_opts(ctx, e->g, &o, r.dp.world));
     r.ctx = ctx;
     r.o = &o;
     r.eng = e;
@@ -475,12 +513,13 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
         DW_LOGI("deterministic: attention through the tensor-core kernels (DW_ATTN=mma)");
     }
 #endif
-    int lock = -1; /* one run per directory, taken before anything in it is read or written */
-    dw_status st = mkdirs(ctx, o.out_dir);
-    if (st == DW_OK) st = dw_run_lock(ctx, o.out_dir, &lock);
+    int lock = -1; /* one run per directory, taken (by rank 0) before anything in it is read or written */
+    dw_status st = r.dp.rank == 0 ? mkdirs(ctx, o.out_dir) : DW_OK;
+    if (st == DW_OK && r.dp.rank == 0) st = dw_run_lock(ctx, o.out_dir, &lock);
     if (st == DW_OK) st = setup(&r);
     if (st == DW_OK) st = loop(&r);
-    if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested()) st = profile(&r);
+    if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested() && r.dp.rank == 0)
+        st = profile(&r);
     if (r.metrics) fclose(r.metrics);
     dw_data_free(r.train);
     dw_data_free(r.val);

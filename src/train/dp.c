@@ -1,0 +1,203 @@
+/* dp.c — data parallelism over an engine's flat FP32 pools (dp.h): the weights broadcast from
+ * rank 0, the gradients averaged (ZeRO-0: all-reduce in buckets; ZeRO-1: reduce-scatter, a shard's
+ * AdamW, all-gather of the weights), the moments gathered for checkpoints, and the check that
+ * every rank holds the same weights. Pointers are the engine's (host on the CPU, device memory on
+ * a GPU, where the communicator is NCCL). The buckets run after the whole backward: overlapping
+ * them with it needs collective steps in the compiled program (program.h DW_STEP_COLLECTIVE). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/program.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/adamw_args.h"
+#include "kernels/cpu/ops_cpu.h"
+#include "runtime/engine.h"
+#include "train/dp.h"
+#if DW_HAVE_CUDA
+#include "core/ctx.h"
+#include "kernels/cuda/adamw_cuda.h"
+#endif
+
+enum { DP_BUCKET_FLOATS = 4 << 20, DP_ALIGN = 64 }; /* 16 MiB buckets; shard blocks of 256 bytes */
+
+dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero) {
+    memset(d, 0, sizeof *d);
+    d->ctx = e->ctx;
+    d->eng = e;
+    if (zero < 0 || zero > 3)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "--zero %d: the ZeRO stage is 0, 1, 2 or 3", zero);
+    if (zero > 1)
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "--zero %d (%s) is not built yet: use --zero 0 (gradients "
+                            "all-reduced) or --zero 1 (optimizer state sharded)", zero,
+                            zero == 2 ? "ZeRO-2, gradients sharded" : "ZeRO-3 / FSDP, parameters sharded");
+    DW_TRY(dw_comm_world(e->ctx, &d->comm));
+    d->host = d->comm->host;
+    d->rank = d->comm->rank;
+    d->world = d->comm->world;
+    d->zero = zero;
+    d->floats = e->p->param_floats;
+    d->block = d->floats / ((int64_t)d->world * DP_ALIGN) * DP_ALIGN;
+    d->lo = (int64_t)d->rank * d->block;
+    d->hi = d->rank == d->world - 1 ? d->floats : d->lo + d->block;
+    return DW_OK;
+}
+
+dw_status dw_dp_broadcast_weights(dw_dp *d) {
+    if (d->world == 1) return DW_OK;
+    DW_TRY(dw_comm_broadcast(d->ctx, d->comm, d->eng->x->w, d->floats, DW_COMM_F32, 0));
+    return dw_engine_refresh(d->eng);
+}
+
+/* ZeRO-0: the gradients averaged over the ranks, bucket by bucket from the last parameters (the
+ * ones a backward finishes first) to the first. */
+static dw_status all_reduce_grads(dw_dp *d) {
+    float *g = d->eng->x->grad;
+    for (int64_t end = d->floats; end > 0; end -= DP_BUCKET_FLOATS) {
+        const int64_t begin = end > DP_BUCKET_FLOATS ? end - DP_BUCKET_FLOATS : 0;
+        DW_TRY(dw_comm_all_reduce(d->ctx, d->comm, g + begin, end - begin, DW_COMM_F32, DW_COMM_AVG));
+    }
+    return DW_OK;
+}
+
+/* What dw_engine_step hands its optimizer (kernels/adamw_args.h), for the shard's own step. */
+static dw_status adamw_args(dw_dp *d, const dw_adamw_opts *opts, int64_t step, dw_adamw_args *a) {
+    dw_adamw_opts o;
+    dw_adamw_opts_init(&o, sizeof o);
+    if (opts) memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
+    if (step < 1 || !(o.eps > 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.lr >= 0) ||
+        !(o.weight_decay >= 0) || !(o.clip >= 0))
+        return dw_set_error(d->ctx, DW_ERR_INVALID, "zero-1 adamw: step %lld or hyper-parameters out of range",
+                            (long long)step);
+    *a = (dw_adamw_args){.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+                         .c1 = 1.0 - pow(o.beta1, (double)step), .c2 = 1.0 - pow(o.beta2, (double)step),
+                         .max_norm = o.clip};
+    return DW_OK;
+}
+
+/* Sum of squares of the shard's gradients (this rank's part of the global norm). */
+static dw_status shard_sumsq(dw_dp *d, double *out) {
+    dw_exec *x = d->eng->x;
+    if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
+        *out = dw_cpu_sumsq(x->grad + d->lo, d->hi - d->lo);
+        return DW_OK;
+    }
+#if DW_HAVE_CUDA
+    const dw_compiled *p = d->eng->p;
+    void *stream = NULL;
+    double norm = 0;
+    double *dnorm = (double *)(x->work + p->work.norm);
+    DW_TRY(dw_ctx_stream(d->ctx, &stream));
+    DW_TRY(dw_cuda_grad_norm(d->ctx, x->grad + d->lo, d->hi - d->lo, (double *)(x->work + p->work.partials),
+                             DW_COMPILE_NORM_BLOCKS, dnorm, stream));
+    DW_TRY(d->eng->be->i->download(d->eng->be, &norm, dnorm, sizeof norm));
+    *out = norm * norm;
+    return DW_OK;
+#else
+    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "zero-1: a CUDA context in a build without CUDA");
+#endif
+}
+
+/* AdamW over the shard [lo, hi) with the global norm (decay parameters come first in the pools). */
+static dw_status shard_adamw(dw_dp *d, const dw_adamw_args *a, double norm) {
+    dw_exec *x = d->eng->x;
+    const int64_t lo = d->lo, n = d->hi - d->lo, decay = d->eng->p->decay_floats;
+    const int64_t n_decay = decay <= lo ? 0 : decay - lo < n ? decay - lo : n;
+    if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
+        dw_cpu_adamw(x->w + lo, x->grad + lo, x->m + lo, x->v + lo, n, n_decay, norm, a);
+        return DW_OK;
+    }
+#if DW_HAVE_CUDA
+    const dw_compiled *p = d->eng->p;
+    dw_backend *be = d->eng->be;
+    void *stream = NULL;
+    DW_TRY(dw_ctx_stream(d->ctx, &stream));
+    DW_TRY(be->i->upload(be, x->work + p->work.norm, &norm, sizeof norm));
+    DW_TRY(be->i->upload(be, x->work + p->work.adamw_args, a, sizeof *a));
+    return dw_cuda_adamw(d->ctx, x->w + lo, x->grad + lo, x->m + lo, x->v + lo, n, n_decay,
+                         (const double *)(x->work + p->work.norm), (const dw_adamw_args *)(x->work + p->work.adamw_args),
+                         stream);
+#else
+    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "zero-1: a CUDA context in a build without CUDA");
+#endif
+}
+
+/* Every rank's blocks of a pool to every rank: the blocks by all-gather, the tail from the last rank. */
+static dw_status gather_pool(dw_dp *d, float *pool) {
+    const int64_t full = d->block * d->world;
+    DW_TRY(dw_comm_all_gather(d->ctx, d->comm, pool, d->block, DW_COMM_F32));
+    return dw_comm_broadcast(d->ctx, d->comm, pool + full, d->floats - full, DW_COMM_F32, d->world - 1);
+}
+
+static dw_status zero1_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm_out) {
+    dw_adamw_args a;
+    DW_TRY(adamw_args(d, o, step, &a));
+    float *g = d->eng->x->grad;
+    const int64_t full = d->block * d->world;
+    DW_TRY(dw_comm_reduce_scatter(d->ctx, d->comm, g, d->block, DW_COMM_F32, DW_COMM_AVG));
+    DW_TRY(dw_comm_all_reduce(d->ctx, d->comm, g + full, d->floats - full, DW_COMM_F32, DW_COMM_AVG));
+    double sumsq = 0;
+    DW_TRY(shard_sumsq(d, &sumsq));
+    DW_TRY(dw_comm_all_reduce(d->ctx, d->host, &sumsq, 1, DW_COMM_F64, DW_COMM_SUM));
+    const double norm = sqrt(sumsq);
+    *norm_out = norm;
+    if (!isfinite(norm))
+        return dw_set_error(d->ctx, DW_ERR_NUMERIC, "adamw step %lld: gradient norm %g is not finite; parameters "
+                            "left unchanged", (long long)step, norm);
+    DW_TRY(shard_adamw(d, &a, norm));
+    DW_TRY(gather_pool(d, d->eng->x->w));
+    return dw_engine_refresh(d->eng); /* BF16 copies and quantised weights from the gathered masters */
+}
+
+dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm) {
+    *norm = 0;
+    if (d->world == 1) return dw_engine_step(d->eng, o, step, norm);
+    if (d->zero == 1) return zero1_step(d, o, step, norm);
+    DW_TRY(all_reduce_grads(d));
+    return dw_engine_step(d->eng, o, step, norm);
+}
+
+dw_status dw_dp_gather_optimizer(dw_dp *d) {
+    if (d->world == 1 || d->zero == 0) return DW_OK;
+    DW_TRY(gather_pool(d, d->eng->x->m));
+    return gather_pool(d, d->eng->x->v);
+}
+
+/* FNV-1a over the bytes of the masters. */
+static uint64_t fnv1a(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+dw_status dw_dp_check_weights(dw_dp *d, int64_t step) {
+    if (d->world == 1) return DW_OK;
+    const size_t bytes = (size_t)d->floats * sizeof(float);
+    float *w = d->eng->x->w;
+    float *host = NULL;
+    if (d->comm->i->device_memory) { /* the masters live on the GPU */
+        if (!(host = malloc(bytes))) return dw_set_error(d->ctx, DW_ERR_NOMEM, "weight check: out of memory");
+        dw_status st = d->eng->be->i->download(d->eng->be, host, w, bytes);
+        if (st != DW_OK) {
+            free(host);
+            return st;
+        }
+        w = host;
+    }
+    int64_t *hashes = calloc((size_t)d->world, sizeof *hashes);
+    dw_status st = hashes ? DW_OK : dw_set_error(d->ctx, DW_ERR_NOMEM, "weight check: out of memory");
+    if (st == DW_OK) {
+        uint64_t h = fnv1a(w, bytes);
+        memcpy(&hashes[d->rank], &h, sizeof h);
+        st = dw_comm_all_gather(d->ctx, d->host, hashes, 1, DW_COMM_I64);
+    }
+    for (int r = 1; st == DW_OK && r < d->world; r++)
+        if (hashes[r] != hashes[0])
+            st = dw_set_error(d->ctx, DW_ERR_NUMERIC, "after step %lld rank %d's weights differ from rank 0's: the ranks "
+                              "no longer train one model", (long long)step, r);
+    free(hashes);
+    free(host);
+    return st;
+}
