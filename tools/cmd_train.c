@@ -2,6 +2,7 @@
  * (dw_model_open: capture, compile, engine) and dw_train_opts; a live progress line on stderr,
  * samples on stdout, stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1; first: finish the step,
  * checkpoint, exit 128 + signal; second: abort). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -14,7 +15,11 @@
 #include "run_record.h"
 #include "train_resume.h"
 
-static const char *CMD = "train";
+static const char *CMD = "train"; /* "train (rank R/N)" in a job of several ranks */
+
+/* This process's place in a job of several (mpirun, torchrun, srun, `deepwell launch`). */
+static dw_dist_env dist = {.world_size = 1, .local_world_size = 1, .launcher = "none"};
+enum { O_ZERO = O_LAST + 1 }; /* not in the resume record: any stage resumes any checkpoint */
 
 static void help(void) {
     printf(
@@ -78,6 +83,12 @@ static void help(void) {
         "  --deterministic        CUDA: bit-reproducible steps (attention through Deepwell's\n"
         "                         tensor-core kernels instead of cuDNN, whose backward is not\n"
         "                         reproducible; about 2x slower attention). The CPU always is\n"
+        "  --zero S               several ranks: ZeRO stage 0 (gradients all-reduced) or 1 (optimizer\n"
+        "                         state sharded: reduce-scatter, a shard's AdamW, all-gather); 2 and\n"
+        "                         3 are refused until built (0). Started by mpirun, torchrun, srun or\n"
+        "                         `deepwell launch -n N -- train ...`, each rank trains --batch\n"
+        "                         sequences per micro-batch and --global-batch counts all ranks'\n"
+        "                         (default: B x ranks); rank 0 prints and writes (docs/multi-gpu.md)\n"
         "  --profile              after the last step, time 3 eager steps of the last micro-batch\n"
         "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
         "                         print the largest rows per op kind and per node role (forward\n"
@@ -205,7 +216,16 @@ int cmd_train(int argc, char **argv) {
         {"precision", required_argument, 0, O_PRECISION}, {"policy", required_argument, 0, O_POLICY},
         {"fallback", required_argument, 0, O_FALLBACK}, {"profile", no_argument, 0, O_PROFILE},
         {"deterministic", no_argument, 0, O_DETERMINISTIC}, {"ckpt-minutes", required_argument, 0, O_CKPTMIN},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"zero", required_argument, 0, O_ZERO}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static char rank_cmd[48];
+    if (dw_dist_env_get(&dist) != DW_OK) {
+        cli_error(CMD, "%s", dw_errmsg(NULL));
+        return DW_EXIT_USAGE;
+    }
+    if (dist.world_size > 1) { /* every message of this rank names it */
+        snprintf(rank_cmd, sizeof rank_cmd, "train (rank %d/%d)", dist.rank, dist.world_size);
+        CMD = rank_cmd;
+    }
     dw_train_opts o;
     dw_train_opts_init(&o, sizeof o);
     const char *device = "auto", *precision = NULL, *policy_path = NULL, *fallback = NULL, *model = NULL;
@@ -256,6 +276,7 @@ int cmd_train(int argc, char **argv) {
             }
             break;
         case O_KEEP: ok = cli_parse_int(CMD, "--keep", optarg, 0, 1 << 20, &v); o.keep = (int)v; break;
+        case O_ZERO: ok = cli_parse_int(CMD, "--zero", optarg, 0, 3, &v); o.zero = (int)v; break;
         case O_LOGEVERY: ok = cli_parse_int(CMD, "--log-every", optarg, 1, 1L << 40, &log_every); break;
         case O_SEED: ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &v); o.seed = (uint64_t)v; break;
         case O_LR: ok = cli_parse_double(CMD, "--lr", optarg, &o.lr); break;
@@ -287,6 +308,22 @@ int cmd_train(int argc, char **argv) {
     return rc;
 }
 
+/* One process per GPU: a rank of several uses the GPU of its local rank, as device 0 of a
+ * CUDA_VISIBLE_DEVICES narrowed to it (a launcher that already gave each rank one GPU is kept). */
+static void pin_gpu(void) {
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    char pick[64] = "";
+    if (!vis) {
+        snprintf(pick, sizeof pick, "%d", dist.local_rank);
+    } else if (strchr(vis, ',')) { /* the local rank's entry of the list */
+        const char *p = vis;
+        for (int k = 0; p && k < dist.local_rank; k++) p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
+        size_t n = p ? strcspn(p, ",") : 0;
+        if (n > 0 && n < sizeof pick) memcpy(pick, p, n), pick[n] = '\0';
+    }
+    if (*pick) setenv("CUDA_VISIBLE_DEVICES", pick, 1);
+}
+
 /* After the flags (and the record of a resumed run) are read: checks, the model, training. */
 /* The record of --resume RUN could not be read: the library's diagnosis when it has one (it names
  * the newest good checkpoint of a run whose `latest` is damaged), else the reader's. */
@@ -310,7 +347,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
                      long log_every) {
     dw_train_opts o = *po;
     if (o.resume && !train_resume_merge(CMD, rec, given, &o, &device)) return DW_EXIT_USAGE;
-    if (!o.resume && !given[O_GB - O_FIRST]) o.global_batch = o.batch;
+    if (!o.resume && !given[O_GB - O_FIRST]) o.global_batch = o.batch * dist.world_size;
     if ((!model && !o.resume) || !o.data || !o.out_dir) {
         cli_error(CMD, "--model, --data and --out are required (or --resume RUN alone)");
         return cli_usage_error(CMD);
@@ -329,6 +366,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
         return cli_usage_error(CMD);
     }
     if (!o.resume && o.min_lr > o.lr) o.min_lr = o.lr; /* a small --lr alone lowers the floor with it */
+    if (dist.world_size > 1 && strcmp(device, "cpu")) pin_gpu();
     dw_ctx *ctx = NULL;
     dw_status st = cli_ctx_create(CMD, device, &ctx);
     if (st != DW_OK) return cli_exit_for(st);
@@ -376,6 +414,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
     sigemptyset(&sa.sa_mask);
     for (size_t k = 0; k < sizeof stop_signals / sizeof stop_signals[0]; k++) sigaction(stop_signals[k], &sa, NULL);
     st = dw_train(dw_model_engine(m), &o);
+    dw_dist_shutdown(st == DW_OK); /* a failed rank leaves at once: the launcher stops the others */
     for (size_t k = 0; k < sizeof stop_signals / sizeof stop_signals[0]; k++) signal(stop_signals[k], SIG_DFL);
     if (st == DW_OK) resume_summary(&pr); /* no step ran: it was there already */
     if (pr.open_line) fputc('\n', stderr);

@@ -11,5 +11,6 @@ DW_COMMAND(dryrun, cmd_dryrun, "check a plan: constraints, memory per GPU, comm 
 DW_COMMAND(bench, cmd_bench, "GPU micro-benchmarks: bench quant, bench gemm (see deepwell bench --help)")
 DW_COMMAND(compile, cmd_compile, "compile a model for the CUDA engine: per-node recipe and kernel, memory plan per pool")
 DW_COMMAND(train, cmd_train, "train a model (AdamW, schedules, checkpoints, resume) on token shards, text or builtin data")
+DW_COMMAND(launch, cmd_launch, "run a command as N ranks of one job on this node (deepwell launch -n 2 -- train ...)")
 DW_COMMAND(sample, cmd_sample, "generate text from a checkpoint, model directory or preset")
 DW_COMMAND(report, cmd_report, "one self-contained HTML page of a training run: summary and plots of metrics.jsonl")
