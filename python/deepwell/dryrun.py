@@ -62,9 +62,9 @@ def _plan_report(plan):
 
 
 def dryrun(what, hw=None, steps=0):
-    """A Report for an Engine (hw: a Hardware to predict for, default this machine's first GPU;
-    steps: also time this many forward+backward passes on the engine) or for a Plan (its
-    predictions and checks)."""
+    """A Report for an Engine (hw: a Hardware to predict for on one of its GPUs, default this
+    machine's; steps: also time this many forward+backward passes on the engine) or for a Plan
+    (its predictions and checks)."""
     if isinstance(what, Plan):
         r = Report(backend="plan", precision=what.info["recipe"], checks=what.checks)
         m = what.memory
@@ -90,7 +90,7 @@ def dryrun(what, hw=None, steps=0):
     else:
         recipe = e.precision if e.precision in PLANNED_RECIPES else "bf16"
         try:
-            plan = _one_gpu_plan(e, hw, recipe)
+            plan = _one_gpu_plan(e, hw if hw.gpu_count == 1 and hw.info["nodes"] == 1 else hw.one_gpu(), recipe)
             r["checks"] = plan.checks
             r["predicted"] = _plan_report(plan)
             if recipe != e.precision:

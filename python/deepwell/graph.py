@@ -74,6 +74,15 @@ def _has_weights(d):
     return any(os.path.exists(os.path.join(d, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
 
 
+def _resolve_run(path):
+    """A training run directory (with `latest`, no config.json) -> its newest checkpoint."""
+    latest = os.path.join(path, "latest")
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")) and os.path.isfile(latest):
+        with open(latest) as f:
+            return os.path.join(path, f.read().strip())
+    return path
+
+
 def _capture_path(ctx, what, batch, seq, vocab):
     o = S.CaptureOpts.new()
     lib().dw_capture_opts_init(ctypes.byref(o), ctypes.sizeof(o))
@@ -86,7 +95,8 @@ def _capture_path(ctx, what, batch, seq, vocab):
 def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
     """The training graph of `model` for `batch` sequences of `seq_len` tokens (None: the
     model's positions, at most 2048). model: a preset name ("gpt2-tiny", "llama-1b", ...), a
-    directory with config.json (its model.safetensors become the engine's weights), a
+    directory with config.json (its model.safetensors become the engine's weights; a training
+    run's directory stands for its newest checkpoint), a
     config.json path, a config dict, a transformers PreTrainedModel, or a torch.nn.Module of an
     architecture dw.torch_capture recognises (others are refused, naming what is supported).
     vocab: pad the embedding to this many rows."""
@@ -98,7 +108,7 @@ def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
     tmp, weights = None, None
     try:
         if isinstance(model, (str, os.PathLike)):
-            source = os.fspath(model)
+            source = _resolve_run(os.fspath(model))
             if os.path.isdir(source) and _has_weights(source):
                 weights = source
         elif isinstance(model, dict):

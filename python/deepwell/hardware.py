@@ -1,6 +1,8 @@
 """hardware.py — dw.probe(), dw.hardware(): the machine as dw_hw sees it (probed, a datasheet preset
 or a `deepwell probe --json` file), with its GPUs, features and peer (NVLink) matrix."""
 import ctypes
+import os
+import tempfile
 
 from . import _structs as S
 from ._core import Handle, JsonDoc, ctx_of, raise_for
@@ -72,6 +74,20 @@ class Hardware(JsonDoc, Handle):
     @property
     def notice(self):
         return text(lib().dw_hw_notice(self._handle()))
+
+    def copy(self):
+        """An independent copy (through the `deepwell probe --json` document)."""
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="deepwell-hw-", delete=False) as f:
+            f.write(self.to_json())
+        try:
+            return _make(lib().dw_hw_load, self._ctx, cstr(f.name))
+        finally:
+            os.unlink(f.name)
+
+    def one_gpu(self):
+        """A copy reduced to one node of one GPU (as a single engine sees the machine)."""
+        hw = self.copy()
+        return hw.set_nodes(1).keep_gpus(1)
 
     def set_nodes(self, nodes):
         self._ctx.check(lib().dw_hw_set_nodes(self._ctx._h, self._handle(), int(nodes)))

@@ -275,6 +275,8 @@ class Dryrun(unittest.TestCase):
         self.assertTrue(r["checks"]["memory_ok"])
         self.assertGreater(r["measured"]["step_time_s"], 0)
         self.assertIn("predicted on one", str(r))
+        whole = dw.dryrun(e, hw=dw.hardware("h100-sxm", nodes=2))  # predicted for one of its GPUs
+        self.assertEqual(whole["predicted"]["step_time_s"], p["step_time_s"])
         plan = dw.autoplan(g, hw=dw.hardware("h100-sxm", gpus=1))
         rp = dw.dryrun(plan)
         self.assertEqual(rp["total_bytes"], plan.memory["total"])

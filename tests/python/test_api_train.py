@@ -59,6 +59,8 @@ class TrainerTests(unittest.TestCase):
         self.assertAlmostEqual(cli_eval_loss(ckpt, self.shard, B, T), mine, delta=2e-6)
         with open(os.path.join(self.d, "run", "metrics.jsonl")) as f:
             self.assertEqual(len(f.readlines()), 16)
+        again = dw.compile(dw.capture(os.path.join(self.d, "run"), seq_len=T, batch=B))  # the run: its newest
+        self.assertEqual(again.forward(x, y), mine)
 
     def test_ctrl_c_checkpoints_raises_and_resumes_bit_identically(self):
         whole = self.trainer("whole", 8)
