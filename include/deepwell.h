@@ -1103,8 +1103,8 @@ typedef struct {
                                since the last checkpoint (or the start), so that a crash loses at
                                most about that much work; fractions allowed; 0: by steps only */
     int zero;               /* several ranks (dw_dist_env_get): the ZeRO stage, 0 (gradients
-                               all-reduced) or 1 (optimizer state sharded); 2 and 3 are refused
-                               (DW_ERR_UNSUPPORTED) until built. Default 0 */
+                               all-reduced), 1 (optimizer state sharded) or 2 (gradients sharded
+                               too); 3 is refused (DW_ERR_UNSUPPORTED) until built. Default 0 */
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,

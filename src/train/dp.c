@@ -1,6 +1,6 @@
 /* dp.c — data parallelism over an engine's flat FP32 pools (dp.h): the weights broadcast from
  * rank 0, the gradients averaged (ZeRO-0: all-reduce in buckets; ZeRO-1: reduce-scatter, a shard's
- * AdamW, all-gather of the weights), the moments gathered for checkpoints, and the check that
+ * AdamW, all-gather of the weights; ZeRO-2: the reduce-scatter after every micro-batch), the moments gathered for checkpoints, and the check that
  * every rank holds the same weights. Pointers are the engine's (host on the CPU, device memory on
  * a GPU, where the communicator is NCCL). The buckets run after the whole backward: overlapping
  * them with it needs collective steps in the compiled program (program.h DW_STEP_COLLECTIVE). */
@@ -28,10 +28,10 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero) {
     d->eng = e;
     if (zero < 0 || zero > 3)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "--zero %d: the ZeRO stage is 0, 1, 2 or 3", zero);
-    if (zero > 1)
-        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "--zero %d (%s) is not built yet: use --zero 0 (gradients "
-                            "all-reduced) or --zero 1 (optimizer state sharded)", zero,
-                            zero == 2 ? "ZeRO-2, gradients sharded" : "ZeRO-3 / FSDP, parameters sharded");
+    if (zero > 2)
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "--zero 3 (ZeRO-3 / FSDP, parameters sharded) is not built "
+                            "yet: use --zero 0 (gradients all-reduced), 1 (optimizer state sharded) or 2 "
+                            "(gradients sharded too)");
     DW_TRY(dw_comm_world(e->ctx, &d->comm));
     d->host = d->comm->host;
     d->rank = d->comm->rank;
@@ -68,7 +68,7 @@ static dw_status adamw_args(dw_dp *d, const dw_adamw_opts *opts, int64_t step, d
     if (opts) memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
     if (step < 1 || !(o.eps > 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.lr >= 0) ||
         !(o.weight_decay >= 0) || !(o.clip >= 0))
-        return dw_set_error(d->ctx, DW_ERR_INVALID, "zero-1 adamw: step %lld or hyper-parameters out of range",
+        return dw_set_error(d->ctx, DW_ERR_INVALID, "sharded adamw: step %lld or hyper-parameters out of range",
                             (long long)step);
     *a = (dw_adamw_args){.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
                          .c1 = 1.0 - pow(o.beta1, (double)step), .c2 = 1.0 - pow(o.beta2, (double)step),
@@ -95,7 +95,7 @@ static dw_status shard_sumsq(dw_dp *d, double *out) {
     *out = norm * norm;
     return DW_OK;
 #else
-    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "zero-1: a CUDA context in a build without CUDA");
+    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "sharded adamw: a CUDA context in a build without CUDA");
 #endif
 }
 
@@ -119,7 +119,7 @@ static dw_status shard_adamw(dw_dp *d, const dw_adamw_args *a, double norm) {
                          (const double *)(x->work + p->work.norm), (const dw_adamw_args *)(x->work + p->work.adamw_args),
                          stream);
 #else
-    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "zero-1: a CUDA context in a build without CUDA");
+    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "sharded adamw: a CUDA context in a build without CUDA");
 #endif
 }
 
@@ -130,13 +130,33 @@ static dw_status gather_pool(dw_dp *d, float *pool) {
     return dw_comm_broadcast(d->ctx, d->comm, pool + full, d->floats - full, DW_COMM_F32, d->world - 1);
 }
 
-static dw_status zero1_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm_out) {
-    dw_adamw_args a;
-    DW_TRY(adamw_args(d, o, step, &a));
+/* The gradients reduced into each rank's shard: the blocks reduce-scattered, the tail all-reduced. */
+static dw_status reduce_to_shards(dw_dp *d, dw_comm_op op) {
     float *g = d->eng->x->grad;
     const int64_t full = d->block * d->world;
-    DW_TRY(dw_comm_reduce_scatter(d->ctx, d->comm, g, d->block, DW_COMM_F32, DW_COMM_AVG));
-    DW_TRY(dw_comm_all_reduce(d->ctx, d->comm, g + full, d->floats - full, DW_COMM_F32, DW_COMM_AVG));
+    DW_TRY(dw_comm_reduce_scatter(d->ctx, d->comm, g, d->block, DW_COMM_F32, op));
+    return dw_comm_all_reduce(d->ctx, d->comm, g + full, d->floats - full, DW_COMM_F32, op);
+}
+
+double dw_dp_grad_scale(const dw_dp *d, int64_t accum) {
+    return 1.0 / (double)(d->zero == 2 ? accum * d->world : accum);
+}
+
+dw_status dw_dp_after_backward(dw_dp *d) {
+    if (d->world == 1 || d->zero != 2) return DW_OK;
+    /* every rank's gradients carry 1/ranks: the sum is the mean, added to what the shard holds */
+    DW_TRY(reduce_to_shards(d, DW_COMM_SUM));
+    dw_backend *be = d->eng->be;
+    float *g = d->eng->x->grad;
+    DW_TRY(be->i->zero(be, g, (size_t)d->lo * sizeof *g)); /* the next micro-batch adds only its own */
+    return be->i->zero(be, g + d->hi, (size_t)(d->floats - d->hi) * sizeof *g);
+}
+
+/* ZeRO-1/2: the shard's step. The gradients already in the shards for ZeRO-2, reduced here for 1. */
+static dw_status shard_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm_out) {
+    dw_adamw_args a;
+    DW_TRY(adamw_args(d, o, step, &a));
+    if (d->zero == 1) DW_TRY(reduce_to_shards(d, DW_COMM_AVG));
     double sumsq = 0;
     DW_TRY(shard_sumsq(d, &sumsq));
     DW_TRY(dw_comm_all_reduce(d->ctx, d->host, &sumsq, 1, DW_COMM_F64, DW_COMM_SUM));
@@ -153,7 +173,7 @@ static dw_status zero1_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, doub
 dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm) {
     *norm = 0;
     if (d->world == 1) return dw_engine_step(d->eng, o, step, norm);
-    if (d->zero == 1) return zero1_step(d, o, step, norm);
+    if (d->zero > 0) return shard_step(d, o, step, norm);
     DW_TRY(all_reduce_grads(d));
     return dw_engine_step(d->eng, o, step, norm);
 }

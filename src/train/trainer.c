@@ -378,7 +378,9 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
     for (int64_t a = 0; a < r->accum; a++) {
         double loss = 0.0;
         dw_data_next_rank(r->train, o->batch, r->dp.rank, r->dp.world, r->x, r->y);
-        DW_TRY(dw_engine_forward_backward(r->eng, r->x, r->y, o->batch, o->seq, 1.0 / (double)r->accum, &loss));
+        DW_TRY(dw_engine_forward_backward(r->eng, r->x, r->y, o->batch, o->seq, dw_dp_grad_scale(&r->dp, r->accum),
+                                          &loss));
+        DW_TRY(dw_dp_after_backward(&r->dp)); /* ZeRO-2: into the shards */
         sum += loss;
     }
     double loss = sum / (double)r->accum, lr = dw_schedule_lr(&r->sched, r->step), norm = NAN;

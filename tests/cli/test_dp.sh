@@ -5,10 +5,10 @@
 # average two FP32 partial sums, so the gradients differ in their last bits and AdamW carries that
 # on: measured below 1e-7 relative over these 6 steps, asserted at 2e-6); `deepwell launch -n 2` (the
 # TCP transport) gives exactly the mpirun losses (both add the two ranks' values, a + b); ZeRO-1
-# gives ZeRO-0's losses, and without clipping (whose global norm ZeRO-1 sums in another order) the
-# very same checkpoint bytes; a 2-rank checkpoint resumes on 1 rank with the same losses; rank 0
-# alone writes; a failing rank stops the job with a clear error instead of a hang; --zero 2 is
-# refused by name.
+# gives ZeRO-0's losses, and without clipping (whose global norm ZeRO-1 sums in another order)
+# ZeRO-1 and ZeRO-2 give the very same checkpoint bytes; ZeRO-2 with accumulation the same losses;
+# a 2-rank checkpoint resumes on 1 rank with the same losses; rank 0 alone writes; a failing rank
+# stops the job with a clear error instead of a hang; --zero 3 is refused by name.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -59,14 +59,30 @@ assert sum("val_loss" in x for x in m["mpi"]) == 2
 assert m["mpi"][-1]["tokens"] == m["one"][-1]["tokens"] == 6 * 4 * 32, m["mpi"][-1]
 PY
 
-# ZeRO-1 without clipping: every element's AdamW is the same arithmetic as ZeRO-0's
+# Without clipping: every element's AdamW is the same arithmetic in ZeRO-0, -1 and -2; ZeRO-2's
+# loss gradients carry 1/2 (exact: a power of two) and the halves are summed, a/2 + b/2 = (a + b)/2
 "${mpi[@]}" "$dw" "${run[@]}" --batch 2 --clip 0 --out "$tmp/c0" >/dev/null 2>&1 &&
-  "${mpi[@]}" "$dw" "${run[@]}" --batch 2 --clip 0 --zero 1 --out "$tmp/c1" >/dev/null 2>&1
-check "ZeRO-0 and ZeRO-1 without clipping" 0 $?
-cmp -s "$tmp/c0/ckpt-6/model.safetensors" "$tmp/c1/ckpt-6/model.safetensors" &&
-  cmp -s "$tmp/c0/ckpt-6/optimizer.safetensors" "$tmp/c1/ckpt-6/optimizer.safetensors" &&
-  ok "  ... the same weights and moments, byte for byte (ZeRO-1's moments gathered whole)" ||
-  bad "  ... ZeRO-1's checkpoint differs from ZeRO-0's"
+  "${mpi[@]}" "$dw" "${run[@]}" --batch 2 --clip 0 --zero 1 --out "$tmp/c1" >/dev/null 2>&1 &&
+  "${mpi[@]}" "$dw" "${run[@]}" --batch 2 --clip 0 --zero 2 --out "$tmp/c2" >/dev/null 2>&1
+check "ZeRO-0, -1 and -2 without clipping" 0 $?
+for z in 1 2; do
+  cmp -s "$tmp/c0/ckpt-6/model.safetensors" "$tmp/c$z/ckpt-6/model.safetensors" &&
+    cmp -s "$tmp/c0/ckpt-6/optimizer.safetensors" "$tmp/c$z/ckpt-6/optimizer.safetensors" &&
+    ok "  ... ZeRO-$z: the same weights and moments, byte for byte (moments gathered whole)" ||
+    bad "  ... ZeRO-$z's checkpoint differs from ZeRO-0's"
+done
+# ZeRO-2 with accumulation (2 micro-batches per rank) sums the shards per micro-batch: 1e-6
+"${mpi[@]}" "$dw" "${run[@]}" --batch 2 --global-batch 8 --out "$tmp/a0" >/dev/null 2>&1 &&
+  "${mpi[@]}" "$dw" "${run[@]}" --batch 2 --global-batch 8 --zero 2 --out "$tmp/a2" >/dev/null 2>&1
+check "ZeRO-0 and ZeRO-2 with accumulation 2" 0 $?
+python3 - "$tmp/a0/metrics.jsonl" "$tmp/a2/metrics.jsonl" <<'PY' && ok "  ... the same losses and norms (1e-6)" || bad "  ... ZeRO-2 with accumulation"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(a) == len(b) == 6
+for x, y in zip(a, b):
+    for k in ("loss", "val_loss", "grad_norm"):
+        assert (k in x) == (k in y) and (k not in x or abs(x[k] - y[k]) <= 1e-6 * abs(x[k])), (k, x, y)
+PY
 
 # a 2-rank checkpoint resumes on one rank (batch 2, accumulation 2: the same windows per step)
 "$dw" train --resume "$tmp/mpi/ckpt-3" --out "$tmp/res" >/dev/null 2>"$tmp/err5"
@@ -81,9 +97,9 @@ for x, y in zip(a, b):
 PY
 
 # refusals
-"$dw" "${run[@]}" --batch 2 --zero 2 --out "$tmp/z2" >/dev/null 2>"$tmp/err"
-check "--zero 2 refused (unsupported)" 1 $?
-has "  ... by name" "$tmp/err" "--zero 2 (ZeRO-2, gradients sharded) is not built yet"
+"$dw" "${run[@]}" --batch 2 --zero 3 --out "$tmp/z3" >/dev/null 2>"$tmp/err"
+check "--zero 3 refused (unsupported)" 1 $?
+has "  ... by name" "$tmp/err" "--zero 3 (ZeRO-3 / FSDP, parameters sharded) is not built yet"
 "${mpi[@]}" "$dw" "${run[@]}" --batch 3 --global-batch 4 --out "$tmp/g" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "a global batch the ranks cannot split is refused" || bad "--global-batch 4 over 2 x 3 ran"
 has "  ... saying why, on every rank" "$tmp/err" "train (rank 1/2): " "--global-batch 4 is not a multiple of --batch 3 x 2 ranks"
