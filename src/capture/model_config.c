@@ -353,8 +353,11 @@ dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *wh
                             "%s: model_type '%s' is not supported yet (supported: %s)", what, type, list);
     }
     dw_model_config c = {.arch = a->id};
-    DW_TRY(families[a->id].parse(ctx, j, what, &c));
-    c.planning_only = false;
+    if (a->id == DW_ARCH_DEEPSEEK_V3) DW_TRY(dw_model_config_mla_parse(ctx, j, what, &c)); /* planning only */
+    else {
+        DW_TRY(families[a->id].parse(ctx, j, what, &c));
+        c.planning_only = false;
+    }
     DW_TRY(dw_model_config_check(ctx, &c, what));
     *out = c;
     return DW_OK;
@@ -414,13 +417,7 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     if (c->arch != DW_ARCH_QWEN2 && c->arch != DW_ARCH_QWEN2_MOE) set_bool(j, "attention_bias", c->qkv_bias);
     set_bool(j, "mlp_bias", c->mlp_bias);
     json_object_set_new(j, "rope_scaling", json_null());
-    if (c->arch == DW_ARCH_DEEPSEEK_V3) {
-        set_int(j, "n_routed_experts", c->n_experts);
-        set_int(j, "num_experts_per_tok", c->top_k);
-        set_int(j, "moe_intermediate_size", c->d_ff_expert);
-        set_int(j, "n_shared_experts", c->n_shared_experts);
-        set_int(j, "first_k_dense_replace", c->first_dense_layers);
-    }
+    if (c->arch == DW_ARCH_DEEPSEEK_V3) dw_model_config_mla_write(j, c); /* model_config_mla.c */
 }
 
 /* The keys every mixture-of-experts family writes after the llama ones (the experts' width as
@@ -522,7 +519,8 @@ static int64_t mlp_params(const dw_model_config *c, bool moe) {
     if (moe) {
         int64_t expert = 3 * d * c->d_ff_expert;
         int64_t shared = 3 * d * c->d_ff_shared + (c->shared_gate && c->d_ff_shared ? d : 0); /* Qwen2-MoE */
-        return (c->n_experts + c->n_shared_experts) * expert + shared + d * c->n_experts /* router */;
+        return (c->n_experts + c->n_shared_experts) * expert + shared + d * c->n_experts /* router */ +
+               (c->route.expert_bias ? c->n_experts : 0);
     }
     int64_t F = c->d_ff;
     int64_t p = (glu ? 3 : 2) * d * F;
@@ -539,6 +537,7 @@ int64_t dw_model_config_params(const dw_model_config *c) {
     if (dw_model_config_o_bias(c)) attn += d; /* output projection bias */
     if (c->qk_norm) attn += q + kv; /* OLMoE: RMSNorm weights over the q and k projections */
     if (c->qk_norm_heads) attn += 2 * c->head_dim; /* Qwen3: one RMSNorm weight per head_dim for q, k */
+    if (c->mla.kv_lora_rank > 0) attn = dw_mla_attn_params(c); /* DeepSeek's latent attention */
     int64_t p = V * d + (c->pos == DW_POS_LEARNED ? c->max_seq * d : 0);
     for (int64_t l = 0; l < c->n_layers; l++)
         p += 2 * norm + attn + mlp_params(c, dw_model_config_moe_layer(c, l));

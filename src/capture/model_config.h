@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "capture/arch.h"
+#include "capture/model_config_mla.h"
 #include "deepwell.h"
 
 typedef enum { DW_ACT_GELU_TANH = 0, DW_ACT_SILU_GLU /* SwiGLU */, DW_ACT_GELU_GLU } dw_activation;
@@ -16,7 +17,7 @@ typedef enum { DW_POS_LEARNED = 0, DW_POS_ROPE } dw_pos_kind;
 
 #define DW_MODEL_MAX_LAYERS 10000 /* beyond any released model (dw_model_config_check's bound) */
 
-typedef struct {
+typedef struct dw_model_config_s {
     char model_type[32];   /* as in config.json: "gpt2", "llama", ... */
     dw_arch arch;          /* its row of capture/archs.def */
     int64_t vocab_size;
@@ -53,6 +54,8 @@ typedef struct {
     bool shared_gate;      /* Qwen2-MoE: the shared expert scaled by sigmoid(shared_expert_gate(x)) per token */
     int64_t sparse_step;   /* Qwen-MoE decoder_sparse_step: layer l is MoE when (l+1) % step == 0 (0, 1: all) */
     uint64_t mlp_only[DW_MODEL_MAX_LAYERS / 64 + 1]; /* Qwen-MoE mlp_only_layers: bit l set = layer l dense */
+    dw_mla_dims mla;       /* DeepSeek-V3: multi-head latent attention (kv_lora_rank 0: none) */
+    dw_group_routing route; /* DeepSeek-V3: group-limited routing, router bias, MTP modules */
     bool planning_only;    /* a shape for the planner; capture/train refuse it */
 } dw_model_config;
 

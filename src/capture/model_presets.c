@@ -177,12 +177,18 @@ static dw_model_config p_moe_e64(void) {
     c.aux_loss = true;
     return c;
 }
-/* DeepSeek-V3: multi-head latent attention is approximated as standard MHA with head_dim 128
- * (see docs/capture.md); 3 dense layers then 256 routed experts (top 8) + 1 shared expert. */
+/* DeepSeek-V3 (its config.json; src/capture/model_config_mla.c reads one): multi-head latent
+ * attention (q rank 1536, kv rank 512, heads of 128 + 64 RoPE channels, values of 128); 3 dense
+ * layers then 256 routed experts (top 8 of 4 groups out of 8, router bias) + 1 shared expert;
+ * 671,026,419,200 parameters without the multi-token-prediction module. */
 static dw_model_config p_deepseek_v3(void) {
     dw_model_config c = llama_base("deepseek_v3", DW_ARCH_DEEPSEEK_V3);
     shape(&c, 129280, 7168, 61, 128, 128, 18432, 163840);
-    c.head_dim = 128;
+    c.head_dim = 192;
+    c.mla = (dw_mla_dims){.q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_head_dim = 128,
+                          .qk_rope_head_dim = 64, .v_head_dim = 128};
+    c.route = (dw_group_routing){.n_group = 8, .topk_group = 4, .expert_bias = true, .n_mtp_layers = 1};
+    c.norm_topk = true;
     c.norm_eps = 1e-6;
     c.n_experts = 256;
     c.top_k = 8;

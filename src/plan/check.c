@@ -39,8 +39,11 @@ int dw_plan_check(const dw_plan_in *in, const dw_par *p, char *why, int why_len)
         note(why, why_len, &n, "%s: %lld heads not divisible by tp %lld\n", "heads", (long long)c->n_heads, (long long)p->tp);
     if (c->n_kv_heads % p->tp)
         note(why, why_len, &n, "%s: %lld kv heads not divisible by tp %lld\n", "kv_heads", (long long)c->n_kv_heads, (long long)p->tp);
-    long long slots = (long long)p->pp * p->vpp;
-    bool layers_ok = c->n_layers % slots == 0 || ((c->n_layers + 2) % slots == 0 && (c->n_layers + 2) / slots >= 2);
+    /* the stack splits evenly, or the first and last stage hold fewer blocks: with n blocks on
+     * every middle stage, the two ends together give up slots * n - L blocks, the last keeping one */
+    long long slots = (long long)p->pp * p->vpp, per = (c->n_layers + slots - 1) / slots;
+    long long short_by = per * slots - c->n_layers;
+    bool layers_ok = short_by == 0 || (slots >= 2 && short_by <= 2 * per - 1);
     if (!layers_ok)
         note(why, why_len, &n, "%s: %lld layers do not split over pp*v = %lld\n", "layers", (long long)c->n_layers, slots);
     long long E = in->experts;
@@ -57,6 +60,11 @@ int dw_plan_check(const dw_plan_in *in, const dw_par *p, char *why, int why_len)
              "schedule", (long long)p->grad_accum, (long long)p->pp);
     if ((p->vpp > 1) != (p->sched == DW_SCHED_INTERLEAVED))
         note(why, why_len, &n, "%s: schedule does not match v = %lld\n", "schedule", (long long)p->vpp);
+    if (p->a2a_overlap && p->ep == 1)
+        note(why, why_len, &n, "%s: all-to-all overlap without expert parallelism\n", "schedule");
+    if (p->sched == DW_SCHED_DUALPIPE && (!p->a2a_overlap || p->ep == 1 || p->pp % 2 || p->grad_accum % 2))
+        note(why, why_len, &n, "%s: DualPipe needs expert parallelism with overlap, an even pp (%lld) and an even "
+             "number of micro-batches (%lld)\n", "schedule", (long long)p->pp, (long long)p->grad_accum);
     if (p->zero >= 2 && p->pp > 1)
         note(why, why_len, &n, "%s: ZeRO-%lld cannot be combined with pp %lld\n", "zero", (long long)p->zero, (long long)p->pp);
     if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RECOMPUTE_NONE || p->zero != 0 || p->offload))

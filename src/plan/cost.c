@@ -21,6 +21,8 @@
 
 typedef struct {
     double fwd, bwd, tp, cp, ep, flops;
+    double epf, epb;            /* of fwd and bwd, the EP all-to-all an overlapping schedule hides */
+    double rc;                  /* of bwd, recomputation (forward again, or the re-derived inputs) */
 } ltime;
 
 static void gemm_time(const dw_plan_in *in, dw_recipe prec, double m, double n, double k, ltime *t) {
@@ -38,6 +40,35 @@ static double hbm_time(const dw_plan_in *in, double bytes) {
 
 static bool glu(const dw_plan_in *in) { return in->cfg->act != DW_ACT_GELU_TANH; }
 
+/* The attention block's GEMMs (attn.c's shape) for T tokens under TP; *up (may be NULL) receives
+ * the forward time of MLA's up-projections, which selective recomputation runs again. */
+static void attn_gemms(const dw_plan_in *in, const dw_attn_shape *as, double T, double tp, ltime *gm, double *up) {
+    for (int i = 0; i < as->n_gemm; i++) {
+        const dw_attn_gemm *g = &as->gemm[i];
+        ltime one = {0};
+        gemm_time(in, in->job.recipe, T, g->shard == DW_SHARD_N ? g->n / tp : g->n,
+                  g->shard == DW_SHARD_K ? g->k / tp : g->k, &one);
+        gm->fwd += one.fwd, gm->bwd += one.bwd, gm->flops += one.flops;
+        bool is_up = as->up_first >= 0 && g->shard == DW_SHARD_N && i >= as->up_first;
+        if (up && is_up) *up += one.fwd;
+    }
+}
+
+/* EP dispatch + combine of one micro-batch: forward and backward seconds. */
+static void ep_time(const dw_plan_in *in, const dw_par *par, double tokens, double *fwd, double *bwd) {
+    *fwd = *bwd = 0;
+    if (par->ep <= 1) return;
+    double d = (double)in->cfg->d_model, a = dw_plan_operand_bytes(in->job.recipe);
+    double routed = (double)in->top_k * in->capacity;
+    int64_t stride = (int64_t)par->tp * par->cp;
+    int64_t limit = dw_plan_node_limit(in, par->ep, stride);
+    /* forward dispatch sends the quantised expert inputs (a bytes), the forward combine and both
+     * backward all-to-alls send BF16 */
+    double q = dw_plan_moe_a2a_time(in->hw, par->ep, stride, tokens, routed, a * d, limit);
+    double h = dw_plan_moe_a2a_time(in->hw, par->ep, stride, tokens, routed, 2 * d, limit);
+    *fwd = q + h, *bwd = 2 * h;
+}
+
 /* One block (dense or MoE) for one micro-batch on one rank. */
 static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime *t) {
     const dw_model_config *c = in->cfg;
@@ -45,24 +76,25 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
     dw_recipe pr = in->job.recipe;
     double tp = par->tp, cp = par->cp, s = (double)in->job.seq;
     double T = (double)par->micro_batch * s / cp;
-    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
-    double Hkv = (double)c->n_kv_heads, ff = (double)c->d_ff, mult = glu(in) ? 2 : 1;
-    double a = dw_plan_operand_bytes(pr), ep_fwd = 0;
+    double d = (double)c->d_model, ff = (double)c->d_ff, mult = glu(in) ? 2 : 1;
+    double a = dw_plan_operand_bytes(pr);
+    dw_attn_shape as;
+    dw_plan_attn_shape(in, &as);
     memset(t, 0, sizeof *t);
     ltime gm = {0};
-    /* attention projections */
-    gemm_time(in, pr, T, (H + 2 * Hkv) * hd / tp, d, &gm);
-    gemm_time(in, pr, T, d, H * hd / tp, &gm);
-    /* flash attention, causal: each of the s/cp local queries sees s/2 keys on average */
+    double up_fwd = 0; /* MLA's up-projections: re-run by selective recompute */
+    attn_gemms(in, &as, T, tp, &gm, &up_fwd);
+    /* flash attention, causal: each of the s/cp local queries sees s/2 keys on average; scores
+     * over dqk channels, values over dv (dqk = dv = head_dim but for MLA) */
     double sl = s / cp;
-    double af = 4.0 * (double)par->micro_batch * sl * (s / 2) * hd * H / tp;
+    double af = 2.0 * (double)par->micro_batch * sl * (s / 2) * (as.dqk + as.dv) * as.H / tp;
     double shape = sl / (sl + 256);
     double attn_f = af / (g->peak_bf16_tflops * 1e12 * ATTN_FWD_EFF * shape);
     double attn_b = 2.5 * af / (g->peak_bf16_tflops * 1e12 * ATTN_BWD_EFF * shape);
     gm.flops += 3.5 * af;
-    double elem = 20 * d + 4 * (H + Hkv) * hd; /* norms, residual adds, RoPE (bytes/token) */
-    double qin = 2 * d + H * hd;               /* GEMM inputs that get quantised */
-    double rc_elem = 8 * d;                    /* selective recompute: the norms */
+    double elem = 20 * d + as.elem; /* norms, residual adds, RoPE (bytes/token) */
+    double qin = d + as.qin;        /* GEMM inputs that get quantised */
+    double rc_elem = 8 * d;         /* selective recompute: the norms */
     if (!moe) {
         gemm_time(in, pr, T, mult * ff / tp, d, &gm);
         gemm_time(in, pr, T, d, ff / tp, &gm);
@@ -90,16 +122,8 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
         elem += routed * (8 * d + (mult + 1) * 2 * fe);
         rc_elem += routed * (mult + 1) * 2 * fe;
         qin += routed * (d + fe);
-        if (par->ep > 1) {
-            /* forward dispatch sends the quantised expert inputs (a bytes), the forward combine
-             * and both backward all-to-alls send BF16 */
-            double bytes = T * routed * d / tp;
-            int64_t stride = (int64_t)par->tp * par->cp;
-            double a2a = dw_plan_coll_time(in->hw, DW_COLL_ALLTOALL, par->ep, stride, 2 * bytes);
-            double a2a_q = dw_plan_coll_time(in->hw, DW_COLL_ALLTOALL, par->ep, stride, a * bytes);
-            t->ep = a2a_q + 3 * a2a;
-            ep_fwd = a2a_q + a2a;
-        }
+        ep_time(in, par, T / tp, &t->epf, &t->epb);
+        t->ep = t->epf + t->epb;
     }
     if (pr != DW_RECIPE_BF16) elem += qin * (2 + a), rc_elem += qin * (2 + a);
     double elem_f = hbm_time(in, T * elem / tp);
@@ -110,18 +134,24 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
         t->tp = 4 * ag + 6 * ag;
     }
     if (par->cp > 1) {
-        double kv = (double)par->micro_batch * s * 2 * Hkv * hd / tp * 2;
+        /* K and V of every local head; MLA gathers its per-head K (dqk) and V (dv) too */
+        double kv = (double)par->micro_batch * s * (as.mla ? as.H * (as.dqk + as.dv) / 2 : as.kv_heads * as.dqk) * 2 / tp * 2;
         double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, par->cp, par->tp, kv);
         t->cp = ag + 2 * ag; /* Llama-3 style all-gather of K,V; backward: AG + RS of dK,dV */
     }
-    double fwd_comm = (par->tp > 1 ? 0.4 * t->tp : 0) + t->cp / 3 + ep_fwd;
+    double fwd_comm = (par->tp > 1 ? 0.4 * t->tp : 0) + t->cp / 3 + t->epf;
     t->fwd = gm.fwd + attn_f + elem_f + fwd_comm;
     t->bwd = gm.bwd + attn_b + 2 * elem_f + (t->tp + t->cp + t->ep - fwd_comm);
     t->flops = gm.flops;
-    if (par->recompute == DW_RECOMPUTE_SELECTIVE) t->bwd += hbm_time(in, T * rc_elem / tp);
+    if (par->recompute == DW_RECOMPUTE_SELECTIVE) {
+        /* the re-derived GEMM inputs; MLA also re-runs its up-projections from the kept latents */
+        t->rc = hbm_time(in, T * rc_elem / tp) + up_fwd;
+        t->bwd += t->rc;
+    }
     if (par->recompute == DW_RECOMPUTE_FULL) {
+        t->rc = t->fwd;
         t->bwd += t->fwd;
-        t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += ep_fwd;
+        t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += t->epf, t->epb += t->epf;
         t->flops += (gm.flops - 3.5 * af) / 3 + af; /* one more forward: GEMMs + attention */
     }
 }
@@ -155,10 +185,10 @@ static const char *const reject_names[DW_REJECT_COUNT] = {
 const char *dw_reject_name(dw_reject r) { return (r >= 0 && r < DW_REJECT_COUNT) ? reject_names[r] : "?"; }
 
 void dw_par_format(const dw_par *p, char *buf, int len) {
-    snprintf(buf, (size_t)len, "dp%d tp%d pp%d v%d cp%d ep%d mb%lld ga%lld %s rc=%s zero%d%s", p->dp,
+    snprintf(buf, (size_t)len, "dp%d tp%d pp%d v%d cp%d ep%d mb%lld ga%lld %s%s rc=%s zero%d%s", p->dp,
              p->tp, p->pp, p->vpp, p->cp, p->ep, (long long)p->micro_batch, (long long)p->grad_accum,
-             dw_sched_name(p->sched), dw_recompute_name(p->recompute), p->zero,
-             p->offload ? " offload" : "");
+             dw_sched_name(p->sched), p->a2a_overlap && p->sched != DW_SCHED_DUALPIPE ? "+a2a_overlap" : "",
+             dw_recompute_name(p->recompute), p->zero, p->offload ? " offload" : "");
 }
 
 /* Structural constraints, in a fixed order; the first violated one is reported. */
@@ -184,6 +214,11 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
     if (p->vpp > 1 && p->grad_accum % p->pp)
         FAIL(INTERLEAVE_MB, "%lld micro-batches %% pp %d != 0", (long long)p->grad_accum, p->pp);
     if (p->zero >= 2 && p->pp > 1) FAIL(ZERO_PP, "ZeRO-%d with pp %d", p->zero, p->pp);
+    if (p->a2a_overlap && p->ep < 2) FAIL(SCHEDULE, "all-to-all overlap with ep %d (no all-to-all)", p->ep);
+    if (p->sched == DW_SCHED_DUALPIPE &&
+        (p->ep < 2 || !p->a2a_overlap || p->vpp != 1 || p->pp < 2 || p->pp % 2 || p->grad_accum % 2))
+        FAIL(SCHEDULE, "DualPipe needs ep > 1 with overlap, v 1, even pp (%d) and even micro-batches (%lld)", p->pp,
+             (long long)p->grad_accum);
     if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RECOMPUTE_NONE || p->zero || p->offload))
         FAIL(ENGINE, "one GPU runs Deepwell's engine: recompute %s, ZeRO-%d%s", dw_recompute_name(p->recompute),
              p->zero, p->offload ? ", offload" : "");
@@ -240,7 +275,8 @@ static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt, dou
                          .bwd = dl * dense.bwd + ml * moe.bwd + e.bwd,
                          .tp = dl * dense.tp + ml * moe.tp + e.tp,
                          .cp = dl * dense.cp + ml * moe.cp,
-                         .ep = ml * moe.ep,
+                         .ep = ml * moe.ep, .epf = ml * moe.epf, .epb = ml * moe.epb,
+                         .rc = dl * dense.rc + ml * moe.rc,
                          .flops = dl * dense.flops + ml * moe.flops + e.flops};
     }
 }
@@ -253,51 +289,74 @@ static double p2p_time(const dw_plan_in *in, const dw_par *par) {
     return par->pp > 1 ? dw_plan_coll_time(in->hw, DW_COLL_P2P, 2, stride, bytes) : 0;
 }
 
-void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p) {
+static void sim_input(const dw_plan_in *in, const dw_par *par, const ltime *vt, double *fw, double *bw, double *fc,
+                      double *bc, dw_sim_in *si) {
+    for (int vs = 0; vs < par->pp * par->vpp; vs++)
+        fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd, fc[vs] = vt[vs].epf, bc[vs] = vt[vs].epb;
+    *si = (dw_sim_in){.p = par->pp, .v = par->vpp, .m = (int)par->grad_accum, .fwd = fw, .bwd = bw,
+                      .p2p = p2p_time(in, par), .fcomm = fc, .bcomm = bc,
+                      .overlap = par->a2a_overlap && par->sched != DW_SCHED_DUALPIPE,
+                      .dual = par->sched == DW_SCHED_DUALPIPE};
+}
+
+void dw_plan_sim_input(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *fc, double *bc,
+                       dw_sim_in *si) {
     int P = par->pp * par->vpp;
     ltime *vt = calloc((size_t)P, sizeof *vt);
     DW_ASSERT(vt);
     vstage_times(in, par, vt, NULL);
-    for (int vs = 0; vs < P; vs++) fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd;
+    sim_input(in, par, vt, fw, bw, fc, bc, si);
     free(vt);
-    *p2p = p2p_time(in, par);
 }
 
 bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above) {
-    int P = par->pp * par->vpp, m = (int)par->grad_accum;
+    int P = par->pp * par->vpp, m = (int)par->grad_accum, chunks = dw_plan_chunks(par);
     double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw);
+    double *fc = calloc((size_t)P, sizeof *fc), *bc = calloc((size_t)P, sizeof *bc);
     ltime *vt = calloc((size_t)P, sizeof *vt);
-    double *busy = calloc((size_t)par->pp, sizeof *busy), *tpc = calloc((size_t)par->pp, sizeof *tpc);
-    double *cpc = calloc((size_t)par->pp, sizeof *cpc), *epc = calloc((size_t)par->pp, sizeof *epc);
-    DW_ASSERT(fw && bw && vt && busy && tpc && cpc && epc);
+    double *busy = calloc((size_t)par->pp, sizeof *busy), *lb = calloc((size_t)par->pp, sizeof *lb);
+    ltime *rank = calloc((size_t)par->pp, sizeof *rank);
+    DW_ASSERT(fw && bw && fc && bc && vt && busy && lb && rank);
     double engine_opt;
     vstage_times(in, par, vt, &engine_opt);
-    double p2p = p2p_time(in, par), exec = 0, stage_busy_max = 0;
+    dw_sim_in si;
+    sim_input(in, par, vt, fw, bw, fc, bc, &si);
+    double exec = 0, stage_busy_max = 0, lower_max = 0;
+    bool hides = si.overlap || si.dual;
     dw_cost *c = &out->cost;
     int slow = 0;
-    for (int vs = 0; vs < P; vs++) {
-        int s = vs % par->pp;
-        fw[vs] = vt[vs].fwd, bw[vs] = vt[vs].bwd;
-        busy[s] += m * (fw[vs] + bw[vs]);
-        tpc[s] += m * vt[vs].tp, cpc[s] += m * vt[vs].cp, epc[s] += m * vt[vs].ep;
-        exec += m * vt[vs].flops;
-    }
+    /* each rank's work: its chunks' stages, m micro-batches each (DualPipe: m/2 through each) */
+    double per = par->sched == DW_SCHED_DUALPIPE ? m / 2.0 : (double)m;
     for (int s = 0; s < par->pp; s++)
+        for (int ch = 0; ch < chunks; ch++) {
+            const ltime *v = &vt[dw_plan_chunk_stage(par, s, ch)];
+            busy[s] += per * (v->fwd + v->bwd);
+            /* a lower bound on the rank's time: overlap can hide at most its all-to-all */
+            lb[s] += per * (v->fwd + v->bwd - (hides ? v->epf + v->epb : 0));
+            rank[s].tp += per * v->tp, rank[s].cp += per * v->cp, rank[s].ep += per * v->ep;
+            rank[s].rc += per * v->rc;
+            exec += per * v->flops;
+        }
+    for (int s = 0; s < par->pp; s++) {
         if (busy[s] > stage_busy_max) stage_busy_max = busy[s], slow = s;
+        if (lb[s] > lower_max) lower_max = lb[s];
+    }
     c->compute = stage_busy_max;
-    c->tp_comm = tpc[slow], c->cp_comm = cpc[slow], c->ep_comm = epc[slow];
+    c->tp_comm = rank[slow].tp, c->cp_comm = rank[slow].cp, c->ep_comm = rank[slow].ep;
+    out->x.recompute = rank[slow].rc;
     /* DP / ZeRO traffic and optimizer, per pipeline rank; the worst rank counts. */
     double dpn = (double)par->dp * par->cp, dpn_e = dpn / par->ep, opt = 0, dp_exp = 0, dp_all = 0;
     for (int s = 0; s < par->pp; s++) {
         double pd = 0, pe = 0, maxl = 0, win_f = 0, win_b = 0;
-        for (int ch = 0; ch < par->vpp; ch++) {
+        for (int ch = 0; ch < chunks; ch++) {
+            int vs = dw_plan_chunk_stage(par, s, ch);
             dw_vstage st;
-            dw_plan_vstage(in, par->pp, par->vpp, ch * par->pp + s, &st);
+            dw_plan_vstage(in, par->pp, par->vpp, vs, &st);
             dw_local_params lp;
             dw_plan_local_params(in, par, &st, &lp);
             pd += lp.dense, pe += lp.expert;
             if (lp.max_layer > maxl) maxl = lp.max_layer;
-            win_f += fw[ch * par->pp + s], win_b += bw[ch * par->pp + s];
+            win_f += fw[vs], win_b += bw[vs];
         }
         int64_t sd = par->tp, se = (int64_t)par->tp * par->ep;
         double rs = 0, ag = 0, ar = 0;
@@ -336,18 +395,26 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         if (exp_s + o > dp_exp + opt) dp_exp = exp_s, opt = o, dp_all = all_s;
     }
     c->dp_comm = dp_all, c->dp_exposed = dp_exp, c->optimizer = opt;
-    c->pp_comm = par->pp > 1 ? 2.0 * m * p2p * par->vpp : 0;
+    c->pp_comm = par->pp > 1 ? 2.0 * m * si.p2p * par->vpp : 0;
     bool ok = true;
-    double lower = stage_busy_max + dp_exp + opt;
+    double lower = lower_max + dp_exp + opt;
     if (prune_above && lower > *prune_above * (1 + 1e-9)) {
         c->step = lower;
         ok = false;
     } else {
-        dw_sim_in si = {.p = par->pp, .v = par->vpp, .m = m, .fwd = fw, .bwd = bw, .p2p = p2p};
         dw_sim_out so;
         dw_status st = dw_pipe_simulate(NULL, &si, false, &so);
         DW_ASSERT(st == DW_OK);
         c->pipeline = so.makespan;
+        if (hides) { /* the simulation knows what the overlap hid */
+            slow = 0;
+            for (int s = 1; s < par->pp; s++)
+                if (so.busy[s] > so.busy[slow]) slow = s;
+            c->compute = so.busy[slow];
+            c->ep_comm = so.comm_exposed[slow];
+            out->x.ep_hidden = so.comm_hidden[slow];
+            c->tp_comm = rank[slow].tp, c->cp_comm = rank[slow].cp, out->x.recompute = rank[slow].rc;
+        }
         c->bubble_frac = so.makespan > 0 ? 1.0 - so.busy[slow] / so.makespan : 0;
         dw_sim_out_free(&so);
         c->step = c->pipeline + dp_exp + opt;
@@ -360,6 +427,6 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
     /* executed FLOPs: every rank of a stage does the same; sum over the machine */
     exec *= (double)par->dp * par->tp * par->cp;
     c->hfu = exec / (c->step * peak);
-    free(fw), free(bw), free(vt), free(busy), free(tpc), free(cpc), free(epc);
+    free(fw), free(bw), free(fc), free(bc), free(vt), free(busy), free(lb), free(rank);
     return ok;
 }

@@ -9,13 +9,17 @@ bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out)
     memset(out, 0, sizeof *out);
     int64_t L = in->cfg->n_layers, P = (int64_t)pp * v, start, count;
     if (P < 1 || vs < 0 || vs >= P) return false;
-    if (L % P == 0) {
-        count = L / P;
-        start = vs * count;
-    } else if ((L + 2) % P == 0 && (L + 2) / P >= 2) {
-        int64_t n = (L + 2) / P;
-        count = (vs == 0 || vs == P - 1) ? n - 1 : n;
-        start = vs == 0 ? 0 : (n - 1) + (vs - 1) * n;
+    int64_t n = (L + P - 1) / P, short_by = n * P - L; /* blocks per middle stage; slots left empty */
+    if (short_by == 0) {
+        count = n;
+        start = vs * n;
+    } else if (P >= 2 && short_by <= 2 * n - 1) {
+        /* the first stage gives up ceil(short_by / 2) blocks (it holds the embedding, and may hold
+         * nothing else), the last the rest (it holds the LM head and at least one block): Llama
+         * 3's layout is short_by = 2 */
+        int64_t first = n - (short_by + 1) / 2, last = n - short_by / 2;
+        count = vs == 0 ? first : vs == P - 1 ? last : n;
+        start = vs == 0 ? 0 : first + (vs - 1) * n;
     } else {
         return false;
     }
@@ -48,17 +52,11 @@ double dw_plan_weight_scale_bytes(dw_recipe p) {
 
 static bool glu(const dw_plan_in *in) { return in->cfg->act != DW_ACT_GELU_TANH; }
 
-/* Attention half of a block plus the second norm's input: per token, bytes.
- *   norm1 input 2d | QKV GEMM input a*d | Q,K,V (after RoPE) 2(H+2Hkv)hd | attention output
- *   2*H*hd (+ a*H*hd quantised copy for the out-projection when a < 2) | softmax LSE 4H |
- *   norm2 input 2d.  Selective recompute drops the GEMM inputs re-derived from norm inputs. */
+/* Attention half of a block plus both norms' inputs: per token, bytes (attn.c's shape). */
 static double attn_bytes(const dw_plan_in *in, dw_recompute rc) {
-    const dw_model_config *c = in->cfg;
-    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
-    double Hkv = (double)c->n_kv_heads, a = dw_plan_operand_bytes(in->job.recipe);
-    double b = 2 * d + 2 * (H + 2 * Hkv) * hd + 2 * H * hd + 4 * H + 2 * d;
-    if (rc == DW_RECOMPUTE_NONE) b += a * d + (a < 2 ? a * H * hd : 0);
-    return b;
+    dw_attn_shape a;
+    dw_plan_attn_shape(in, &a);
+    return dw_plan_attn_saved(&a, (double)in->cfg->d_model, dw_plan_operand_bytes(in->job.recipe), rc);
 }
 
 /* MLP of width ff seen by `tokens_mult` copies of each token:
@@ -92,18 +90,22 @@ void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vsta
     dw_plan_params(in, &pc);
     const dw_model_config *c = in->cfg;
     double tp = par->tp, ep = par->ep;
-    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
-    double attn_w = d * (H + 2 * (double)c->n_kv_heads) * hd + H * hd * d;
+    dw_attn_shape as;
+    dw_plan_attn_shape(in, &as);
+    double d = (double)c->d_model;
     double mats = glu(in) ? 3 : 2, mlp_w = mats * d * (double)c->d_ff;
     double dense_layers = (double)(st->layers - st->moe_layers), moe = (double)st->moe_layers;
     memset(o, 0, sizeof *o);
-    /* TP shards every matrix (and the biases with them); norms are replicated. */
-    o->dense = dense_layers * ((pc.attn + pc.mlp) / tp + pc.norms) +
-               moe * ((pc.attn + pc.moe_shared) / tp + pc.router + pc.norms);
+    /* TP shards every matrix (and the biases with them) but MLA's down-projections; norms are
+     * replicated. */
+    double attn = (pc.attn - as.replicated) / tp + as.replicated;
+    double attn_w = (as.matmul - as.replicated) / tp + as.replicated;
+    o->dense = dense_layers * (attn + pc.mlp / tp + pc.norms) +
+               moe * (attn + pc.moe_shared / tp + pc.router + pc.norms);
     o->expert = moe * pc.moe_experts / (ep * tp);
-    o->matmul = dense_layers * (attn_w + mlp_w) / tp + moe * (attn_w + pc.moe_shared) / tp + o->expert;
-    double dense_block = (pc.attn + pc.mlp) / tp + pc.norms;
-    double moe_block = (pc.attn + pc.moe_shared) / tp + pc.router + pc.norms + pc.moe_experts / (ep * tp);
+    o->matmul = dense_layers * (attn_w + mlp_w / tp) + moe * (attn_w + pc.moe_shared / tp) + o->expert;
+    double dense_block = attn + pc.mlp / tp + pc.norms;
+    double moe_block = attn + pc.moe_shared / tp + pc.router + pc.norms + pc.moe_experts / (ep * tp);
     o->max_layer = st->moe_layers > 0 ? moe_block : 0;
     if (dense_layers > 0 && dense_block > o->max_layer) o->max_layer = dense_block;
     if (st->embed) o->dense += (pc.embed + pc.pos) / tp;
@@ -116,4 +118,13 @@ void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vsta
 
 static const char *const rc_names[DW_RECOMPUTE_COUNT] = {"none", "selective", "full"};
 const char *dw_recompute_name(dw_recompute r) { return (r >= 0 && r < DW_RECOMPUTE_COUNT) ? rc_names[r] : "?"; }
-const char *dw_sched_name(dw_sched s) { return s == DW_SCHED_INTERLEAVED ? "interleaved_1f1b" : "1f1b"; }
+const char *dw_sched_name(dw_sched s) {
+    return s == DW_SCHED_INTERLEAVED ? "interleaved_1f1b" : s == DW_SCHED_DUALPIPE ? "dualpipe" : "1f1b";
+}
+
+int dw_plan_chunks(const dw_par *p) { return p->sched == DW_SCHED_DUALPIPE ? 2 : p->vpp; }
+
+int dw_plan_chunk_stage(const dw_par *p, int s, int ch) {
+    if (p->sched == DW_SCHED_DUALPIPE) return ch == 0 ? s : p->pp - 1 - s;
+    return ch * p->pp + s;
+}

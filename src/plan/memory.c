@@ -52,18 +52,20 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
      * experts' (MoE) input and down-projection input */
     double q_dense = 0, q_moe = 0;
     if (lowp && par->recompute == DW_RECOMPUTE_NONE) {
-        double ff = (double)c->d_ff, hd = (double)c->head_dim * (double)c->n_heads;
+        dw_attn_shape as;
+        dw_plan_attn_shape(in, &as);
+        double ff = (double)c->d_ff;
         double fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
         double fs = c->n_shared_experts > 0 ? fe * (double)c->n_shared_experts : 0;
-        q_dense = (2 * d + hd + ff) / tp;
-        q_moe = (d + hd + (double)in->top_k * in->capacity * (d + fe) + (fs > 0 ? d + fs : 0)) / tp;
+        q_dense = (as.qin + d + ff) / tp;
+        q_moe = (as.qin + (double)in->top_k * in->capacity * (d + fe) + (fs > 0 ? d + fs : 0)) / tp;
     }
     for (int s = 0; s < par->pp; s++) {
         double pd = 0, pe = 0, pm = 0, maxl = 0, chunk_act = 0, chunk_work = 0, q_chunk = 0;
         bool head = false;
-        for (int ch = 0; ch < par->vpp; ch++) {
+        for (int ch = 0; ch < dw_plan_chunks(par); ch++) {
             dw_vstage st;
-            if (!dw_plan_vstage(in, par->pp, par->vpp, ch * par->pp + s, &st)) return;
+            if (!dw_plan_vstage(in, par->pp, par->vpp, dw_plan_chunk_stage(par, s, ch), &st)) return;
             dw_local_params lp;
             dw_plan_local_params(in, par, &st, &lp);
             pd += lp.dense, pe += lp.expert, pm += lp.matmul;
@@ -92,7 +94,10 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
         mm.grads = par->zero >= 2 ? 4 * (pd / dpn + pe / dpn_e) + 4 * maxl : 4 * p_all;
         /* optimizer: FP32 master + Adam m + v = 12 bytes/param; ZeRO>=1 shards; offload: host */
         if (!par->offload) mm.optimizer = par->zero >= 1 ? 12 * (pd / dpn + pe / dpn_e) : 12 * p_all;
-        int inflight = dw_pipe_inflight(par->pp, par->vpp, (int)m, s);
+        /* DualPipe: p - s micro-batches in flight one way, s + 1 the other (p + 1 in all), each a
+         * chunk's activations; the chunk counted is the larger one */
+        int inflight = par->sched == DW_SCHED_DUALPIPE ? (int)(m < par->pp + 1 ? m : par->pp + 1)
+                                                       : dw_pipe_inflight(par->pp, par->vpp, (int)m, s);
         mm.activations = inflight * chunk_act;
         /* full recompute re-materialises one block's activations during its backward */
         if (par->recompute == DW_RECOMPUTE_FULL) mm.activations += chunk_work;
@@ -101,7 +106,7 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
         if (head) mm.activations += T * (double)c->vocab_size / tp * (2 + 4);
         /* workspace: fixed + two sequence-parallel all-gather buffers of a block input */
         mm.workspace = FIXED_WORKSPACE + (tp > 1 ? 2 * T * d * 2 : 0);
-        mm.inflight = (double)inflight / par->vpp;
+        mm.inflight = (double)inflight / (par->sched == DW_SCHED_DUALPIPE ? 1 : par->vpp);
         mm.total = mm.weights + mm.grads + mm.optimizer + mm.activations + mm.workspace + mm.scales;
         if (s == 0 || mm.total > out->total) {
             *out = mm;

@@ -7,7 +7,7 @@
 
 #include "capture/capture.h"
 #include "core/error.h"
-#include "plan/plan.h"
+#include "plan/layout.h"
 
 const dw_recipe dw_plan_recipes[DW_PLAN_RECIPES] = {DW_RECIPE_BF16, DW_RECIPE_FP8_BLOCK, DW_RECIPE_MXFP8,
                                                      DW_RECIPE_NVFP4};
@@ -103,16 +103,14 @@ static double expert_ff(const dw_plan_in *in) {
 
 void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     const dw_model_config *c = in->cfg;
-    double d = (double)c->d_model, hd = (double)c->head_dim, H = (double)c->n_heads;
-    double Hkv = (double)c->n_kv_heads, ff = (double)c->d_ff, V = (double)c->vocab_size;
-    double qkv = (H + 2 * Hkv) * hd, mats = is_glu(c) ? 3 : 2;
+    double d = (double)c->d_model, ff = (double)c->d_ff, V = (double)c->vocab_size;
+    double mats = is_glu(c) ? 3 : 2;
     memset(o, 0, sizeof *o);
-    /* attention: W_qkv [d, (H+2Hkv)hd] + W_o [H hd, d] (+ biases) */
-    o->attn = d * qkv + H * hd * d;
-    if (c->linear_bias) o->attn += qkv + d;
-    else if (c->qkv_bias) o->attn += qkv;
-    if (c->qk_norm) o->attn += (H + Hkv) * hd; /* OLMoE's q/k norm weights */
-    if (c->qk_norm_heads) o->attn += 2 * hd;   /* Qwen3's per-head q/k norm weights */
+    /* attention: W_qkv [d, (H+2Hkv)hd] + W_o [H hd, d] (+ biases, q/k norms), or MLA's
+     * projections and latent norms (attn.c) */
+    dw_attn_shape as;
+    dw_plan_attn_shape(in, &as);
+    o->attn = as.params;
     /* MLP: GLU has gate+up [d, ff] and down [ff, d]; GELU has fc [d, ff] and proj [ff, d] */
     o->mlp = mats * d * ff;
     if (c->linear_bias || c->mlp_bias) o->mlp += (mats - 1) * ff + d;
@@ -123,7 +121,7 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
         o->moe_experts = (double)in->experts * mats * d * fe;
         o->moe_shared = (double)(c->n_shared_experts > 0 ? c->n_shared_experts : 0) * mats * d * fe +
                         mats * d * (double)c->d_ff_shared + (c->shared_gate && c->d_ff_shared ? d : 0);
-        o->router = d * (double)in->experts;
+        o->router = d * (double)in->experts + (c->route.expert_bias ? (double)in->experts : 0);
     }
     o->embed = V * d;
     o->pos = c->pos == DW_POS_LEARNED ? (double)c->max_seq * d : 0;
@@ -133,11 +131,12 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     o->total = o->embed + o->pos + o->final_norm + o->lm_head + L * (o->attn + o->norms) +
                (L - Lm) * o->mlp + Lm * (o->moe_experts + o->moe_shared + o->router);
     /* Matmul weights a token passes through (biases and norms excluded): */
-    double attn_w = d * qkv + H * hd * d, mlp_w = mats * d * ff, active_moe = 0;
+    double attn_w = as.matmul, mlp_w = mats * d * ff, active_moe = 0;
     if (in->experts > 0)
         active_moe = ((double)in->top_k + (c->n_shared_experts > 0 ? (double)c->n_shared_experts : 0)) *
                          mats * d * expert_ff(in) +
-                     mats * d * (double)c->d_ff_shared + (c->shared_gate && c->d_ff_shared ? d : 0) + o->router;
+                     mats * d * (double)c->d_ff_shared + (c->shared_gate && c->d_ff_shared ? d : 0) +
+                     d * (double)in->experts;
     o->active_per_token = L * attn_w + (L - Lm) * mlp_w + Lm * active_moe + V * d;
 }
 
@@ -148,7 +147,8 @@ double dw_plan_model_flops_per_token(const dw_plan_in *in) {
 double dw_plan_formula_flops_per_token(const dw_plan_in *in) {
     dw_param_counts pc;
     dw_plan_params(in, &pc);
-    const dw_model_config *c = in->cfg;
-    return 6.0 * pc.active_per_token +
-           12.0 * (double)c->n_layers * (double)c->n_heads * (double)c->head_dim * (double)in->job.seq;
+    dw_attn_shape as;
+    dw_plan_attn_shape(in, &as);
+    /* attention scores and values, non-causal: 2 (dqk + dv) per head per key, x3 for training */
+    return 6.0 * pc.active_per_token + 6.0 * (double)in->cfg->n_layers * as.H * (as.dqk + as.dv) * (double)in->job.seq;
 }

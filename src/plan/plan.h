@@ -30,7 +30,10 @@ typedef struct {
 
 /* ---- a plan --------------------------------------------------------------------------------- */
 /* dw_recompute and its names are public (deepwell.h). */
-typedef enum { DW_SCHED_1F1B = 0, DW_SCHED_INTERLEAVED } dw_sched;
+/* 1F1B (PipeDream-Flush), interleaved 1F1B with virtual stages (Megatron-LM), and DualPipe
+ * (DeepSeek-V3: a bidirectional pipeline, micro-batches fed from both ends, rank s holding
+ * stages s and pp-1-s; always with all-to-all overlap). */
+typedef enum { DW_SCHED_1F1B = 0, DW_SCHED_INTERLEAVED, DW_SCHED_DUALPIPE } dw_sched;
 const char *dw_sched_name(dw_sched s);
 
 typedef struct {
@@ -39,6 +42,10 @@ typedef struct {
     int64_t micro_batch;    /* sequences per micro-batch per DP rank */
     int64_t grad_accum;     /* micro-batches per step per DP rank = G / (dp * micro_batch) */
     dw_sched sched;
+    /* EP all-to-all of one micro-batch overlapped with another's compute in the steady phase
+     * (a backward merged with the next forward: Megatron-Core's 1F1B A2A overlap; DualPipe's
+     * F&B chunks); only with ep > 1 */
+    bool a2a_overlap;
     dw_recompute recompute;
     int zero;               /* 0..3 (3 = FSDP) */
     bool offload;           /* optimizer state + step on the host */
@@ -48,10 +55,17 @@ typedef struct {
 typedef dw_plan_mem dw_mem;
 typedef dw_plan_cost dw_cost;
 
+/* What the public cost struct does not carry (plan_json.c prints it). */
+typedef struct {
+    double ep_hidden;           /* EP all-to-all hidden under other compute (slowest stage) */
+    double recompute;           /* recomputation inside the slowest stage's backward */
+} dw_cost_extra;
+
 typedef struct {
     dw_par par;
     dw_mem mem;
     dw_cost cost;
+    dw_cost_extra x;
 } dw_plan_entry;
 
 /* ---- rejection reasons ---------------------------------------------------------------------- */
@@ -66,6 +80,7 @@ typedef struct {
     X(CP_SEQ, "seq_not_divisible_by_2cp")                                              \
     X(INTERLEAVE_MB, "interleaved_needs_micro_batches_multiple_of_pp")                 \
     X(ZERO_PP, "zero2_3_with_pipeline")                                                \
+    X(SCHEDULE, "schedule_needs_moe_or_even_stages")                                   \
     X(ENGINE, "one_gpu_engine_has_no_recompute_zero_offload")                          \
     X(MEMORY, "memory_exceeds_hbm_minus_headroom")                                     \
     X(SIM_SIZE, "micro_batches_x_stages_over_simulation_limit")                        \
@@ -108,7 +123,7 @@ dw_status dw_gemm_table_load(dw_ctx *ctx, const char *path, dw_gemm_table *out);
 void dw_gemm_table_free(dw_gemm_table *t);
 
 /* ---- the context every cost function reads -------------------------------------------------- */
-typedef struct {
+typedef struct dw_plan_in_s {
     const dw_model_config *cfg;
     const dw_hw *hw;
     dw_job job;                 /* with defaults filled in */
@@ -164,6 +179,15 @@ typedef enum { DW_COLL_ALLREDUCE = 0, DW_COLL_ALLGATHER, DW_COLL_REDUCESCATTER, 
 /* Seconds for a collective over `n` ranks spaced `stride` GPUs apart; `bytes` is the full
  * (gathered) buffer per rank for AG/RS/AR, the bytes each rank sends for all-to-all and p2p. */
 double dw_plan_coll_time(const dw_hw *hw, dw_coll c, int64_t n, int64_t stride, double bytes);
+/* MoE dispatch or combine: seconds for each of `ep` ranks (`stride` GPUs apart) to send `tokens`
+ * tokens to top_k experts each, `row_bytes` per copy. max_nodes 0: a plain all-to-all (every copy
+ * sent on its own); > 0: node-limited routing (a token reaches at most max_nodes nodes, crosses
+ * the network once per remote node and is forwarded over NVLink inside it). */
+double dw_plan_moe_a2a_time(const dw_hw *hw, int64_t ep, int64_t stride, double tokens, double top_k,
+                            double row_bytes, int64_t max_nodes);
+/* The node limit of the model's group-limited routing for an EP group (0: none): topk_group
+ * groups, each spanning max(1, nodes / n_group) of the nodes the group covers. */
+int64_t dw_plan_node_limit(const struct dw_plan_in_s *in, int64_t ep, int64_t stride);
 
 /* Evaluates one parallel configuration: memory, then (when `simulate`) timing. Returns false
  * and the reason when it violates a constraint (reason DW_REJECT_COUNT when valid). */
@@ -173,9 +197,17 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
  * the simulation and returns false when the lower bound (busiest stage, no bubbles) is already
  * >= *prune_above (out->cost.step then holds that bound). */
 bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, const double *prune_above);
-/* Forward/backward seconds of one micro-batch on each virtual stage, fw/bw[pp*vpp] indexed by
- * vs = chunk*pp + stage, and the p2p hop time: the event simulation's input. */
-void dw_plan_stage_times(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *p2p);
+/* The event simulation's input for a plan (si points into the caller's arrays fw, bw, fc, bc of
+ * pp*vpp model stages: forward/backward seconds of one micro-batch, and of them the EP
+ * all-to-all; the p2p hop time; the schedule's overlap and DualPipe flags). */
+struct dw_sim_in_s;
+void dw_plan_sim_input(const dw_plan_in *in, const dw_par *par, double *fw, double *bw, double *fc, double *bc,
+                       struct dw_sim_in_s *si);
+/* The chunks a pipeline rank holds (vpp; DualPipe: 2) and the model stage (of pp*vpp pieces of
+ * the layer stack, dw_plan_vstage's index) chunk ch of rank s holds: ch*pp + s; DualPipe: s for
+ * chunk 0, pp-1-s for chunk 1. */
+int dw_plan_chunks(const dw_par *p);
+int dw_plan_chunk_stage(const dw_par *p, int s, int ch);
 /* Memory per GPU for a configuration (worst stage). */
 void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
 
@@ -220,23 +252,41 @@ typedef struct {
     dw_op_kind kind;
     double start, end;
 } dw_sim_op;
-typedef struct {
+typedef struct dw_sim_in_s {
     int p, v, m;
-    /* durations [p*v] indexed by virtual stage vs = chunk * p + stage */
+    /* durations [p*v] indexed by virtual stage vs = chunk * p + stage (DualPipe: [p] by model
+     * stage; rank s runs stage s for the first m/2 micro-batches, stage p-1-s for the others) */
     const double *fwd, *bwd;
     double p2p;                 /* seconds per activation/gradient hop between ranks */
+    /* of fwd/bwd, the EP all-to-all that overlap can hide ([p*v]; NULL: none) */
+    const double *fcomm, *bcomm;
+    bool overlap;               /* merge a backward with the next forward (1F1B, interleaved) */
+    bool dual;                  /* DualPipe (v == 1, p and m even; always overlapped) */
 } dw_sim_in;
+/* While hidden all-to-all runs, its kernels hold this share of the SMs (DeepSeek-V3: 20 of
+ * 132), so the overlapped compute stretches by this fraction of the hidden time. */
+#define DW_PLAN_A2A_SM_SHARE (20.0 / 132.0)
 typedef struct {
     double makespan;
     double *busy;               /* [p] busy seconds per stage */
+    double *comm_exposed;       /* [p] all-to-all seconds not hidden (in busy) */
+    double *comm_hidden;        /* [p] all-to-all seconds hidden under other compute */
     int *max_inflight;          /* [p] max forward chunks outstanding (F done, B not) */
     dw_sim_op *ops;             /* [2*m*v*p] when kept; each stage's ops appear in its schedule order */
     int64_t n_ops;
 } dw_sim_out;
-/* Simulates one step of 1F1B (v == 1) or interleaved 1F1B (v > 1, needs m % p == 0).
+/* Simulates one step of 1F1B (v == 1), interleaved 1F1B (v > 1, needs m % p == 0), either with
+ * all-to-all overlap, or DualPipe (pipesim_dual.c).
  * Returns DW_ERR_INVALID for bad shapes, DW_ERR_NOMEM on allocation failure. */
 dw_status dw_pipe_simulate(dw_ctx *ctx, const dw_sim_in *in, bool keep_ops, dw_sim_out *out);
 void dw_sim_out_free(dw_sim_out *o);
+/* DualPipe's event simulation (pipesim_dual.c); dw_pipe_simulate calls it for in->dual. */
+dw_status dw_pipe_simulate_dual(dw_ctx *ctx, const dw_sim_in *in, bool keep_ops, dw_sim_out *out);
+/* Allocates out's per-rank arrays (and ops when keep_ops) for p ranks and n ops. */
+dw_status dw_sim_out_alloc(dw_ctx *ctx, int p, int64_t n_ops, bool keep_ops, dw_sim_out *out);
+/* Seconds of a backward merged with a forward: both compute parts, the all-to-all neither hides,
+ * and the SM share of the hidden part; *exposed and *hidden receive the two all-to-all parts. */
+double dw_pipe_merged(double f, double fc, double b, double bc, double *exposed, double *hidden);
 /* Schedule shape (closed forms of the op order, used by memory before any simulation):
  * forward chunks a rank runs before its first backward, and the most forward chunks it holds
  * (activations in flight). 1F1B: min(p - s, m); interleaved: min(2(p-s-1) + (v-1)p + 1, m v). */

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
-#include "plan/plan.h"
+#include "plan/layout.h"
 
 static void set_num(json_t *o, const char *k, double v) { json_object_set_new(o, k, json_real(v)); }
 static void set_int(json_t *o, const char *k, long long v) { json_object_set_new(o, k, json_integer(v)); }
@@ -19,6 +19,7 @@ json_t *dw_par_json(const dw_par *p) {
     json_object_set_new(o, "parallel", par);
     set_int(o, "virtual_stages", p->vpp);
     json_object_set_new(o, "schedule", json_string(dw_sched_name(p->sched)));
+    json_object_set_new(o, "a2a_overlap", json_boolean(p->a2a_overlap));
     set_int(o, "micro_batch", p->micro_batch);
     set_int(o, "grad_accum", p->grad_accum);
     json_object_set_new(o, "recompute", json_string(dw_recompute_name(p->recompute)));
@@ -52,6 +53,8 @@ void dw_plan_entry_add_predictions(json_t *o, const dw_plan_entry *e) {
     set_num(t, "tp_comm_s", e->cost.tp_comm);
     set_num(t, "cp_comm_s", e->cost.cp_comm);
     set_num(t, "ep_comm_s", e->cost.ep_comm);
+    set_num(t, "ep_hidden_s", e->x.ep_hidden);
+    set_num(t, "recompute_s", e->x.recompute);
     set_num(t, "pp_p2p_s", e->cost.pp_comm);
     set_num(t, "dp_comm_s", e->cost.dp_comm);
     set_num(t, "dp_exposed_s", e->cost.dp_exposed);
@@ -60,9 +63,23 @@ void dw_plan_entry_add_predictions(json_t *o, const dw_plan_entry *e) {
 }
 
 json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
-    (void)in;
     json_t *o = dw_par_json(&e->par);
     dw_plan_entry_add_predictions(o, e);
+    /* the layer layout: blocks (of them dense) per pipeline rank and chunk */
+    json_t *lay = json_array();
+    for (int s = 0; s < e->par.pp; s++) {
+        json_t *rank = json_array();
+        for (int ch = 0; ch < dw_plan_chunks(&e->par); ch++) {
+            dw_vstage st;
+            if (!dw_plan_vstage(in, e->par.pp, e->par.vpp, dw_plan_chunk_stage(&e->par, s, ch), &st)) continue;
+            json_array_append_new(rank, json_pack("{s:I,s:I,s:I,s:b,s:b}", "stage",
+                                                  (json_int_t)dw_plan_chunk_stage(&e->par, s, ch), "layers",
+                                                  (json_int_t)st.layers, "dense", (json_int_t)(st.layers - st.moe_layers),
+                                                  "embedding", st.embed, "lm_head", st.head));
+        }
+        json_array_append_new(lay, rank);
+    }
+    json_object_set_new(o, "layout", lay);
     return o;
 }
 
@@ -107,7 +124,7 @@ json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
     set_int(o, "evaluated", r->evaluated);
     set_int(o, "feasible", r->feasible);
     json_object_set_new(o, "mfu_basis",
-                        json_string("model FLOPs (6 x active matmul params + 12 L H hd s attention, "
+                        json_string("model FLOPs (6 x active matmul params + 6 L H (dqk + dv) s attention, "
                                     "non-causal) / (step time x GPUs x dense datasheet peak of the recipe's GEMMs: BF16 for bf16, "
                                     "FP8 for fp8_block and mxfp8, FP4 for nvfp4 (FP8 where FP4 is emulated)); hfu: executed "
                                     "FLOPs (causal attention, recompute) on the same basis"));
@@ -158,6 +175,16 @@ dw_status dw_par_from_json(dw_ctx *ctx, const json_t *j, const char *what, dw_pa
     DW_TRY(get_opt_int(ctx, j, "zero", what, 0, 3, &zero));
     out->vpp = (int)vpp, out->micro_batch = mb, out->grad_accum = ga, out->zero = (int)zero;
     out->sched = vpp > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B;
+    const char *sched = NULL;
+    DW_TRY(dw_json_get_str_opt(ctx, j, "schedule", what, &sched));
+    if (sched && strcmp(sched, dw_sched_name(out->sched))) {
+        if (strcmp(sched, "dualpipe") || vpp != 1)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'schedule' = '%s' does not match virtual_stages %lld "
+                                "(expected 1f1b, interleaved_1f1b with v > 1, or dualpipe with v 1)", what, sched,
+                                (long long)vpp);
+        out->sched = DW_SCHED_DUALPIPE;
+    }
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "a2a_overlap", what, &out->a2a_overlap));
     const char *rc = NULL;
     DW_TRY(dw_json_get_str_opt(ctx, j, "recompute", what, &rc));
     out->recompute = DW_RECOMPUTE_NONE;

@@ -106,12 +106,17 @@ dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_r
                 /* ep over the divisors of the expert count (1 for dense models) */
                 for (int64_t ep = 1; ep <= (in->experts > 0 ? in->experts : 1); ep++) {
                     if (in->experts > 0 && in->experts % ep) continue;
-                    for (size_t vi = 0; vi < sizeof vpps / sizeof vpps[0]; vi++) {
-                        int v = vpps[vi];
+                    /* schedules: 1F1B or interleaved by v; with EP also their all-to-all
+                     * overlap, and DualPipe (v 1, even pp) */
+                    int n_sched = ep > 1 ? (int)(sizeof vpps / sizeof vpps[0]) * 2 + 1 : (int)(sizeof vpps / sizeof vpps[0]);
+                    for (int si = 0; si < n_sched; si++) {
+                        bool dual = si == n_sched - 1 && ep > 1, ovl = ep > 1 && (dual || si % 2 == 1);
+                        int v = dual ? 1 : vpps[ep > 1 ? si / 2 : si];
                         if (v > 1 && pp == 1) continue;
+                        if (dual && (pp < 2 || pp % 2)) continue;
                         dw_par p = {.dp = (int)dp, .tp = (int)tp, .pp = (int)pp, .ep = (int)ep,
-                                    .cp = (int)cp, .vpp = v,
-                                    .sched = v > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B};
+                                    .cp = (int)cp, .vpp = v, .a2a_overlap = ovl,
+                                    .sched = dual ? DW_SCHED_DUALPIPE : v > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B};
                         if (G % dp) { /* no micro-batch size can work */
                             p.micro_batch = 1;
                             p.grad_accum = 0;

@@ -17,31 +17,33 @@ dw_status dw_pipe_write_svg(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
                             "%s: the step has %lld forward/backward blocks, too many to draw (limit 40000)",
                             path, (long long)ops);
-    double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw), p2p = 0;
-    if (!fw || !bw) {
-        free(fw), free(bw);
+    double *fw = calloc((size_t)P, sizeof *fw), *bw = calloc((size_t)P, sizeof *bw);
+    double *fc = calloc((size_t)P, sizeof *fc), *bc = calloc((size_t)P, sizeof *bc);
+    if (!fw || !bw || !fc || !bc) {
+        free(fw), free(bw), free(fc), free(bc);
         return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
-    dw_plan_stage_times(in, par, fw, bw, &p2p);
-    dw_sim_in si = {.p = par->pp, .v = par->vpp, .m = (int)par->grad_accum, .fwd = fw, .bwd = bw, .p2p = p2p};
+    dw_sim_in si;
+    dw_plan_sim_input(in, par, fw, bw, fc, bc, &si);
     dw_sim_out so;
     dw_status s = dw_pipe_simulate(ctx, &si, true, &so);
-    free(fw), free(bw);
+    free(fw), free(bw), free(fc), free(bc);
     if (s != DW_OK) return s;
     const double W = 1400, left = 70, row = 26, top = 50;
     double H = top + row * par->pp + 40, scale = (W - left - 20) / (so.makespan > 0 ? so.makespan : 1);
     dw_strbuf b = {0};
     char title[200];
     dw_par_format(par, title, sizeof title);
-    double busy = 0;
-    for (int i = 0; i < par->pp; i++) busy += so.busy[i];
+    double busy = 0, ep_exposed = 0, ep_hidden = 0;
+    for (int i = 0; i < par->pp; i++) busy += so.busy[i], ep_exposed += so.comm_exposed[i], ep_hidden += so.comm_hidden[i];
     double bubble = so.makespan > 0 ? 1 - busy / (so.makespan * par->pp) : 0;
     dw_strbuf_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
                   "font-family=\"sans-serif\" font-size=\"11\">\n", W, H);
     dw_strbuf_printf(&b, "<text x=\"10\" y=\"20\" font-size=\"14\">%s</text>\n", title);
     dw_strbuf_printf(&b, "<text x=\"10\" y=\"38\">one step: %.4g s of pipeline, idle (bubble) %.1f%% of rank time; "
+                  "EP all-to-all per rank %.4g s exposed, %.4g s hidden; "
                   "light = forward, dark = backward, colour = micro-batch</text>\n",
-              so.makespan, 100 * bubble);
+              so.makespan, 100 * bubble, ep_exposed / par->pp, ep_hidden / par->pp);
     for (int i = 0; i < par->pp; i++) {
         double y = top + row * i;
         dw_strbuf_printf(&b, "<text x=\"8\" y=\"%.1f\">stage %d</text>\n", y + row * 0.65, i);

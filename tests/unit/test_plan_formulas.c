@@ -223,13 +223,30 @@ static void test_local_params_and_layout(void **state) {
         sum += st.layers;
     }
     assert_int_equal(sum, 126);
-    assert_false(dw_plan_vstage(&in, 10, 1, 0, &st)); /* neither 126 nor 128 divides by 10 */
+    /* uneven: 126 over 10 → 13 per middle stage, the ends give up 130 - 126 = 4: 11 + 8*13 + 11 */
+    for (int vs = 0; vs < 10; vs++) {
+        assert_true(dw_plan_vstage(&in, 10, 1, vs, &st));
+        assert_int_equal(st.layers, (vs == 0 || vs == 9) ? 11 : 13);
+    }
+    /* 126 over 100 → 2 per middle stage, 74 missing: the ends cannot give up more than 3 */
+    assert_false(dw_plan_vstage(&in, 100, 1, 0, &st));
     /* DeepSeek-V3-like: 61 blocks, first 3 dense; pp 1 holds 58 MoE blocks */
     dw_model_config ds = plan_llama(129280, 7168, 61, 128, 128, 18432);
     ds.n_experts = 256, ds.top_k = 8, ds.d_ff_expert = 2048, ds.n_shared_experts = 1, ds.first_dense_layers = 3;
     in = mk_in(ctx, &ds, hw, 4096, 16, DW_RECIPE_BF16);
     assert_true(dw_plan_vstage(&in, 1, 1, 0, &st));
     assert_int_equal(st.moe_layers, 58);
+    /* pp 16 (DeepSeek-V3's): 4 per middle stage, 3 missing → stage 0 holds 2 (both dense), stage
+     * 1 layers 2-5 (one dense, 3 MoE), the last 3 */
+    int64_t moe_sum = 0, all = 0;
+    for (int vs = 0; vs < 16; vs++) {
+        assert_true(dw_plan_vstage(&in, 16, 1, vs, &st));
+        assert_int_equal(st.layers, vs == 0 ? 2 : vs == 15 ? 3 : 4);
+        assert_int_equal(st.moe_layers, vs == 0 ? 0 : vs == 1 ? 3 : st.layers);
+        moe_sum += st.moe_layers, all += st.layers;
+    }
+    assert_int_equal(all, 61);
+    assert_int_equal(moe_sum, 58);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }

@@ -44,8 +44,14 @@ static void own_check(const dw_plan_in *in, const dw_plan_entry *e) {
     assert_true(p->tp <= in->hw->nvlink_domain);
     assert_int_equal(c->n_heads % p->tp, 0);
     assert_int_equal(c->n_kv_heads % p->tp, 0);
-    int64_t slots = (int64_t)p->pp * p->vpp;
-    assert_true(c->n_layers % slots == 0 || ((c->n_layers + 2) % slots == 0 && (c->n_layers + 2) / slots >= 2));
+    /* layers: an even split, or first and last stage short of the middle stages' count (the
+     * first may be left with none, the last with one) */
+    int64_t slots = (int64_t)p->pp * p->vpp, per = c->n_layers / slots + (c->n_layers % slots != 0);
+    assert_true(c->n_layers % slots == 0 || (slots >= 2 && per * slots - c->n_layers <= 2 * per - 1));
+    if (p->a2a_overlap) assert_true(p->ep > 1);
+    if (p->sched == DW_SCHED_DUALPIPE)
+        assert_true(p->a2a_overlap && p->vpp == 1 && p->pp % 2 == 0 && p->grad_accum % 2 == 0);
+    else assert_int_equal(p->sched, p->vpp > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B);
     int64_t E = in->job.moe_experts ? in->job.moe_experts : c->n_experts;
     if (E) assert_int_equal(E % p->ep, 0);
     else assert_int_equal(p->ep, 1);
@@ -130,18 +136,24 @@ static double brute_force(const dw_plan_in *in) {
                 if (N % ((int64_t)tp * cp * pp)) continue;
                 int dp = (int)(N / ((int64_t)tp * cp * pp));
                 for (int ep = 1; ep <= dp; ep++)
-                    for (int vi = 0; vi < 6; vi++)
+                    /* schedules: by v, each with and without all-to-all overlap, and DualPipe (7) */
+                    for (int vi = 0; vi < 7 * 2; vi++)
                         for (int64_t mb = 1; mb <= 32; mb++) {
+                            bool ovl = vi % 2, dual = vi / 2 == 6;
+                            int v = dual ? 1 : vs[vi / 2];
                             if (in->job.global_batch % (dp * mb)) continue;
-                            if (vs[vi] > 1 && pp == 1) continue;
+                            if (v > 1 && pp == 1) continue;
+                            if ((ovl || dual) && ep == 1) continue;
+                            if (dual && (!ovl || pp % 2)) continue;
                             for (int rc = 0; rc < 3; rc++)
                                 for (int z = 0; z < 4; z++)
                                     for (int off = 0; off < 2; off++) {
                                         if (off && !z) continue;
                                         dw_par p = {.dp = dp, .tp = tp, .pp = pp, .ep = ep, .cp = cp,
-                                                    .vpp = vs[vi], .micro_batch = mb,
+                                                    .vpp = v, .micro_batch = mb, .a2a_overlap = ovl,
                                                     .grad_accum = in->job.global_batch / (dp * mb),
-                                                    .sched = vs[vi] > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B,
+                                                    .sched = dual ? DW_SCHED_DUALPIPE
+                                                             : v > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B,
                                                     .recompute = (dw_recompute)rc, .zero = z, .offload = off};
                                         if (pp > in->cfg->n_layers + 2) continue;
                                         dw_plan_entry e;
