@@ -120,7 +120,7 @@ def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
             from . import torch_capture  # imports torch only when a module is given
 
             tmp = tempfile.mkdtemp(prefix="deepwell-module-")
-            torch_capture.write_model_dir(model, tmp)
+            torch_capture.write_model_dir(model, tmp, seq_len)
             source = weights = tmp
         h = _capture_path(ctx, source, batch, seq_len, vocab)
     except BaseException:

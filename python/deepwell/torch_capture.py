@@ -3,8 +3,9 @@ and model.safetensors in Hugging Face names and layouts.
 
 Recognised: a transformers PreTrainedModel (or any module like one: a `config` with to_dict()
 and a model_type, and a state_dict() in that architecture's Hugging Face names) whose model_type
-the library trains (SUPPORTED). Other nn.Modules are refused with a message naming what is
-supported: capture through torch.fx is not implemented.
+the library trains (SUPPORTED); a module without such a config goes to fx_capture (GPT-2 and
+Llama decoders read from their torch.fx graph). Anything else is refused with a message naming
+what is supported.
 """
 import json
 import os
@@ -31,16 +32,23 @@ def refuse(module, why):
         f"dw.capture: cannot capture {type(module).__module__}.{type(module).__name__}: {why}. Supported: a "
         f"preset name, a Hugging Face model directory or config.json path, a config dict, or a transformers "
         f"PreTrainedModel (a module with .config.to_dict() and .state_dict() in Hugging Face names) of "
-        f"model_type {', '.join(SUPPORTED)}; capturing other torch.nn.Modules through torch.fx is not implemented")
+        f"model_type {', '.join(SUPPORTED)}, or a plain torch.nn.Module that torch.fx reads as a GPT-2 or Llama "
+        f"decoder (docs/python.md)")
 
 
-def write_model_dir(module, out):
+def write_model_dir(module, out, seq_len=None):
     """Writes out/config.json and out/model.safetensors for a recognised module."""
     if not hasattr(module, "state_dict"):
         refuse(module, "it is not a torch.nn.Module")
     cfg = _config_dict(module)
-    if cfg is None:
-        refuse(module, "it has no transformers-style .config")
+    if cfg is None:  # a plain module: read its structure through torch.fx
+        from . import fx_capture
+
+        try:
+            fx_capture.write_model_dir(module, out, seq_len)
+        except fx_capture.CaptureError as e:
+            refuse(module, str(e))
+        return
     mt = cfg.get("model_type")
     if mt not in SUPPORTED:
         refuse(module, f"its config's model_type is {mt!r}")
