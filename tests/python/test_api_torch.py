@@ -73,7 +73,7 @@ def loss_of(module, x, y):
 # ---- plain modules, captured through torch.fx -------------------------------------------------
 
 
-def make(kind, V=97, C=32, L=2, NH=4, NKV=2, FF=48, T=16, tie=True, theta=500000.0, act="gelu", causal=True):
+def make(kind, V=97, C=32, L=2, NH=4, NKV=2, FF=48, T=16, tie=True, theta=500000.0, act="gelu", causal=True, P=None):
     """anchor_train.py's nanoGPT-style GPT-2 and Llama modules, small, for torch 1.13 (no SDPA)."""
     HD = C // NH
     class RMS(nn.Module):
@@ -122,7 +122,7 @@ def make(kind, V=97, C=32, L=2, NH=4, NKV=2, FF=48, T=16, tie=True, theta=500000
         def __init__(s):
             super().__init__()
             s.emb = nn.Embedding(V, C)
-            s.pos = nn.Embedding(T, C) if kind == "gpt2" else None
+            s.pos = nn.Embedding(P or T, C) if kind == "gpt2" else None
             blk = GPTBlock if kind == "gpt2" else LlamaBlock
             s.layers = nn.ModuleList([blk() for _ in range(L)])
             s.nf = nn.LayerNorm(C) if kind == "gpt2" else RMS()
@@ -168,6 +168,17 @@ class FxCapture(unittest.TestCase):
                     self.assertAlmostEqual(got, float(ref), delta=2e-5 * max(1.0, float(ref)), msg=f"step {step}")
                     losses.append(got)
                 self.assertEqual(len(set(losses)), 4)  # the weights moved
+
+    def test_preset_shapes_give_the_presets_graphs(self):
+        for kind, preset, shape in [("gpt2", "gpt2-tiny", dict(V=256, C=128, L=4, NH=4, NKV=4, FF=512, P=256)),
+                                    ("llama", "llama-tiny", dict(V=256, C=128, L=4, NH=4, NKV=2, FF=384,
+                                                                 tie=False, theta=10000.0))]:
+            with self.subTest(kind=kind):
+                g = dw.capture(make(kind, **shape), seq_len=16)
+                ref = dw.capture(preset, seq_len=16)
+                self.assertEqual(g.params, ref.params)
+                strip = lambda d: [(n["name"], n["op"]) for n in d["nodes"]]  # noqa: E731
+                self.assertEqual(strip(g.to_dict()), strip(ref.to_dict()))
 
     def test_unmapped_ops_and_other_functions_are_refused(self):
         with self.assertRaises(TypeError) as e:
