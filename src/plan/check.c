@@ -41,9 +41,11 @@ int dw_plan_check(const dw_plan_in *in, const dw_par *p, char *why, int why_len)
         note(why, why_len, &n, "%s: %lld kv heads not divisible by tp %lld\n", "kv_heads", (long long)c->n_kv_heads, (long long)p->tp);
     /* the stack splits evenly, or the first and last stage hold fewer blocks: with n blocks on
      * every middle stage, the two ends together give up slots * n - L blocks, the last keeping one */
-    long long slots = (long long)p->pp * p->vpp, per = (c->n_layers + slots - 1) / slots;
-    long long short_by = per * slots - c->n_layers;
-    bool layers_ok = short_by == 0 || (slots >= 2 && short_by <= 2 * per - 1);
+    long long mtp = in->experts == c->n_experts ? c->route.n_mtp_layers : 0, L = c->n_layers + mtp;
+    long long slots = (long long)p->pp * p->vpp, per = (L + slots - 1) / slots;
+    long long short_by = per * slots - L;
+    bool layers_ok = (short_by == 0 || (slots >= 2 && short_by <= 2 * per - 1)) &&
+                     (slots == 1 ? L : per - short_by / 2) >= mtp; /* the last stage has room for the MTP */
     if (!layers_ok)
         note(why, why_len, &n, "%s: %lld layers do not split over pp*v = %lld\n", "layers", (long long)c->n_layers, slots);
     long long E = in->experts;

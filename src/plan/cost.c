@@ -165,7 +165,9 @@ static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *
         t->fwd += hbm_time(in, T * d * 2 * 2 / tp);
         t->bwd += hbm_time(in, T * d * 2 * 3 / tp);
     }
-    if (st->head) {
+    /* the LM head, and once more for each multi-token-prediction module (with its projection
+     * of [h; embedding] from 2d to d) */
+    for (int64_t k = 0; st->head && k <= st->mtp; k++) {
         gemm_time(in, DW_RECIPE_BF16, T, V / tp, d, t); /* LM head kept in BF16 */
         t->fwd += hbm_time(in, T * (V / tp * 4 + 4 * d / tp));
         t->bwd += hbm_time(in, T * (V / tp * 4 + 6 * d / tp));
@@ -173,6 +175,7 @@ static void ends_time(const dw_plan_in *in, const dw_par *par, const dw_vstage *
             double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, par->tp, 1, T * d * 2);
             t->fwd += ag, t->bwd += ag, t->tp += 2 * ag;
         }
+        if (k > 0) gemm_time(in, in->job.recipe, T, d / tp, 2 * d, t);
     }
 }
 
@@ -270,7 +273,10 @@ static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt, dou
         DW_ASSERT(dw_plan_vstage(in, par->pp, par->vpp, vs, &st));
         ltime e;
         ends_time(in, par, &st, &e);
+        /* multi-token prediction on the last stage: its blocks (MoE like the model's last) */
         double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
+        if (in->experts > 0) ml += (double)st.mtp;
+        else dl += (double)st.mtp;
         vt[vs] = (ltime){.fwd = dl * dense.fwd + ml * moe.fwd + e.fwd,
                          .bwd = dl * dense.bwd + ml * moe.bwd + e.bwd,
                          .tp = dl * dense.tp + ml * moe.tp + e.tp,

@@ -7,7 +7,9 @@
 
 bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out) {
     memset(out, 0, sizeof *out);
-    int64_t L = in->cfg->n_layers, P = (int64_t)pp * v, start, count;
+    /* DeepSeek-V3's multi-token-prediction modules take slots of the last stage, as a block does */
+    int64_t mtp = in->experts == in->cfg->n_experts ? in->cfg->route.n_mtp_layers : 0;
+    int64_t L = in->cfg->n_layers + mtp, P = (int64_t)pp * v, start, count;
     if (P < 1 || vs < 0 || vs >= P) return false;
     int64_t n = (L + P - 1) / P, short_by = n * P - L; /* blocks per middle stage; slots left empty */
     if (short_by == 0) {
@@ -23,9 +25,11 @@ bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out)
     } else {
         return false;
     }
-    out->layers = count;
     out->embed = vs == 0;
     out->head = vs == P - 1;
+    if (out->head) out->mtp = mtp, count -= mtp;
+    if (count < 0) return false;
+    out->layers = count;
     if (in->experts > 0) {
         int64_t first_moe = in->cfg->n_layers - in->moe_layers, lo = start > first_moe ? start : first_moe;
         out->moe_layers = start + count > lo ? start + count - lo : 0;
@@ -109,6 +113,14 @@ void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vsta
     o->max_layer = st->moe_layers > 0 ? moe_block : 0;
     if (dense_layers > 0 && dense_block > o->max_layer) o->max_layer = dense_block;
     if (st->embed) o->dense += (pc.embed + pc.pos) / tp;
+    if (st->mtp > 0) { /* each module: a block like the last, eh_proj [2d, d], enorm, hnorm, its norm */
+        double k = (double)st->mtp;
+        bool last_moe = in->experts > 0;
+        o->dense += k * (last_moe ? attn + pc.moe_shared / tp + pc.router + pc.norms : attn + pc.mlp / tp + pc.norms) +
+                    k * (2 * d * d / tp + 3 * d);
+        o->expert += last_moe ? k * pc.moe_experts / (ep * tp) : 0;
+        o->matmul += k * (attn_w + (last_moe ? pc.moe_shared / tp + pc.moe_experts / (ep * tp) : mlp_w / tp) + 2 * d * d / tp);
+    }
     if (st->head) {
         o->dense += pc.lm_head / tp + pc.final_norm;
         /* tied embeddings on a different pipeline rank need their own copy of the matrix */

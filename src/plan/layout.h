@@ -8,14 +8,17 @@
 typedef struct {
     int64_t layers, moe_layers; /* transformer blocks on this virtual stage, of which MoE */
     bool embed, head;           /* holds the embedding (first) / final norm + LM head (last) */
+    int64_t mtp;                /* the last stage: multi-token-prediction modules (DeepSeek-V3),
+                                   each a block like the model's last (MoE) + a projection of
+                                   [h; embedding] and the shared LM head once more */
 } dw_vstage;
 
 /* Layers over P = pp*v model stages (index vs; which rank holds which: dw_plan_chunk_stage):
  * uniform when P divides L; otherwise every middle stage holds n = ceil(L / P) blocks and the
  * first and last stage, which hold the embedding and the LM head, give up the nP - L missing
  * ones (the first ceil of half, the last the rest; the first may keep only the embedding, the
- * last keeps a block) (Llama 3: one fewer each; DeepSeek-V3's 61 over 16: 2, 14 x 4, 3; over 32:
- * 0, 30 x 2, 1). Dense and MoE blocks keep their places in the
+ * last keeps a block) (Llama 3: one fewer each). A multi-token-prediction module takes a slot of
+ * the last stage (DeepSeek-V3's 61 + 1 over 16: 3, 14 x 4, 2 + MTP; over 32: 1, 30 x 2, MTP). Dense and MoE blocks keep their places in the
  * stack (a config's first dense layers land on the first stages). False when no split exists. */
 bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out);
 

@@ -63,6 +63,7 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     for (int s = 0; s < par->pp; s++) {
         double pd = 0, pe = 0, pm = 0, maxl = 0, chunk_act = 0, chunk_work = 0, q_chunk = 0;
         bool head = false;
+        int64_t mtp = 0;
         for (int ch = 0; ch < dw_plan_chunks(par); ch++) {
             dw_vstage st;
             if (!dw_plan_vstage(in, par->pp, par->vpp, dw_plan_chunk_stage(par, s, ch), &st)) return;
@@ -71,6 +72,9 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
             pd += lp.dense, pe += lp.expert, pm += lp.matmul;
             if (lp.max_layer > maxl) maxl = lp.max_layer;
             double dl = (double)(st.layers - st.moe_layers), ml = (double)st.moe_layers;
+            if (in->experts > 0) ml += (double)st.mtp; /* multi-token prediction's blocks */
+            else dl += (double)st.mtp;
+            mtp = mtp > st.mtp ? mtp : st.mtp;
             double ca = T * (dl * act_d + ml * act_m);
             if (ca > chunk_act) chunk_act = ca;
             double work = T * (ml > 0 ? act_full_m : act_full_d);
@@ -102,8 +106,9 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
         /* full recompute re-materialises one block's activations during its backward */
         if (par->recompute == DW_RECOMPUTE_FULL) mm.activations += chunk_work;
         mm.scales += inflight * q_chunk * dw_plan_act_scale_bytes(in->job.recipe);
-        /* logits on the last stage: BF16 logits + FP32 gradient of one micro-batch's tokens */
-        if (head) mm.activations += T * (double)c->vocab_size / tp * (2 + 4);
+        /* logits on the last stage: BF16 logits + FP32 gradient of one micro-batch's tokens (once
+         * more per multi-token-prediction module) */
+        if (head) mm.activations += (double)(1 + mtp) * T * (double)c->vocab_size / tp * (2 + 4);
         /* workspace: fixed + two sequence-parallel all-gather buffers of a block input */
         mm.workspace = FIXED_WORKSPACE + (tp > 1 ? 2 * T * d * 2 : 0);
         mm.inflight = (double)inflight / (par->sched == DW_SCHED_DUALPIPE ? 1 : par->vpp);

@@ -72,10 +72,10 @@ json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
         for (int ch = 0; ch < dw_plan_chunks(&e->par); ch++) {
             dw_vstage st;
             if (!dw_plan_vstage(in, e->par.pp, e->par.vpp, dw_plan_chunk_stage(&e->par, s, ch), &st)) continue;
-            json_array_append_new(rank, json_pack("{s:I,s:I,s:I,s:b,s:b}", "stage",
+            json_array_append_new(rank, json_pack("{s:I,s:I,s:I,s:b,s:b,s:I}", "stage",
                                                   (json_int_t)dw_plan_chunk_stage(&e->par, s, ch), "layers",
                                                   (json_int_t)st.layers, "dense", (json_int_t)(st.layers - st.moe_layers),
-                                                  "embedding", st.embed, "lm_head", st.head));
+                                                  "embedding", st.embed, "lm_head", st.head, "mtp", (json_int_t)st.mtp));
         }
         json_array_append_new(lay, rank);
     }

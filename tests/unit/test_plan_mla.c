@@ -12,6 +12,7 @@
 
 #include "capture/capture.h"
 #include "capture/model_config_impl.h"
+#include "plan/layout.h"
 #include "test_plan_common.h"
 #include "testutil.h"
 
@@ -66,6 +67,27 @@ static void test_config(void **state) {
     assert_true(fabs(pc.active_per_token - 36624596992.0) < 0.5);
     /* model FLOPs: 6 x active + 6 L H (192 + 128) s */
     assert_true(fabs(dw_plan_formula_flops_per_token(&in) - (6 * 36624596992.0 + 6.0 * 61 * 128 * 320 * 4096)) < 1);
+    /* layout: the MTP module takes a slot of the last stage. 62 slots over 16: 3, 14 x 4, 2 + MTP;
+     * over 32 (PP8 x v4): 1, 30 x 2, the MTP alone; the first 3 layers (dense) on the first stages */
+    dw_vstage st;
+    int64_t all = 0, moe = 0;
+    for (int vs = 0; vs < 16; vs++) {
+        assert_true(dw_plan_vstage(&in, 16, 1, vs, &st));
+        assert_int_equal(st.layers, vs == 0 ? 3 : vs == 15 ? 2 : 4);
+        assert_int_equal(st.mtp, vs == 15 ? 1 : 0);
+        all += st.layers, moe += st.moe_layers;
+    }
+    assert_true(all == 61 && moe == 58);
+    assert_true(dw_plan_vstage(&in, 8, 4, 0, &st) && st.layers == 1 && st.moe_layers == 0);
+    assert_true(dw_plan_vstage(&in, 8, 4, 31, &st) && st.layers == 0 && st.mtp == 1 && st.head);
+    /* the last stage's parameters carry the module: a MoE block + eh_proj 2d^2 + 3 norms (tp 1,
+     * ep 1: all of it) on top of the LM head and final norm */
+    dw_par par = {.dp = 1, .tp = 1, .pp = 8, .ep = 1, .cp = 1, .vpp = 4, .micro_batch = 1, .grad_accum = 8,
+                  .sched = DW_SCHED_INTERLEAVED};
+    dw_local_params lp;
+    dw_plan_local_params(&in, &par, &st, &lp);
+    double block = 187107328.0 + 2 * 7168 + 11320164608.0, mtp = block + 2.0 * 7168 * 7168 + 3 * 7168;
+    assert_true(fabs(lp.dense + lp.expert - (mtp + 129280.0 * 7168 + 7168)) < 1);
     dw_hw_free(hw);
     /* save -> load is the identity on what the planner reads */
     char *dir = dw_test_tmpdir(), path[512];
