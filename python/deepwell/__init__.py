@@ -18,7 +18,7 @@ from ._core import (Context, CudaError, DeepwellError, FormatError, InvalidError
 from ._lib import library_path, lib
 from .data import Data, Reader, data, read_shard, write_shard
 from .dryrun import Report, dryrun
-from .engine import Engine, Policy, compile, detokenize, make_policy, tokenize
+from .engine import Engine, Policy, compile, detokenize, make_policy, optimize, tokenize
 from .graph import Graph, capture, graph_from_json, model_info, model_presets
 from .hardware import Hardware, hardware, presets, probe
 from .plan import Plan, autoplan, load_plan, single_plan
@@ -27,7 +27,7 @@ from .trainer import Trainer, export, schedule_lr
 __all__ = ["Context", "CudaError", "DeepwellError", "FormatError", "InvalidError", "IOFailure", "NoMemoryError",
            "NumericError", "UnsupportedError", "default_context", "library_path", "Data", "Reader", "data",
            "read_shard", "write_shard", "Report", "dryrun", "Engine", "Policy", "compile", "detokenize",
-           "make_policy", "tokenize", "Graph", "capture", "graph_from_json", "model_info", "model_presets",
+           "make_policy", "optimize", "tokenize", "Graph", "capture", "graph_from_json", "model_info", "model_presets",
            "Hardware", "hardware", "presets", "probe", "Plan", "autoplan", "load_plan", "single_plan", "Trainer",
            "export", "schedule_lr", "version", "built_with_cuda"]
 

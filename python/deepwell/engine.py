@@ -324,3 +324,11 @@ def detokenize(ids, tokenizer="bytes"):
         return ctypes.string_at(p).decode("utf-8", "replace")
     finally:
         c_free(p)
+
+
+def optimize(model, precision=None, batch_size=1, seq_len=None, fallback=None, device=None):
+    """The origin README's quick start: dw.capture(model, seq_len, batch_size) then dw.compile with
+    `precision` (None: FP32 on the CPU, BF16 on CUDA) — an Engine called like the model,
+    engine(tokens) -> logits. Only models dw.capture takes (decoder LMs), not arbitrary networks."""
+    return compile(capture(model, seq_len=seq_len, batch=batch_size, ctx=device), precision=precision,
+                   fallback=fallback)

@@ -244,6 +244,18 @@ class TorchCapture(unittest.TestCase):
                 self.assertLess(trained, ref)
                 self.assertAlmostEqual(loss_of(m, x, y), trained, delta=1e-5 * max(1.0, abs(trained)))
 
+    def test_optimize_is_called_like_the_module(self):
+        c, m = self.case("llama")
+        fast = dw.optimize(m, batch_size=2, seq_len=12)
+        x = torch.randint(0, c["vocab_size"], (2, 12))
+        with torch.no_grad():
+            want = m(x)
+        got = fast(x)
+        self.assertIsInstance(got, torch.Tensor)
+        self.assertTrue(torch.allclose(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max()))
+        with self.assertRaises(TypeError):
+            dw.optimize(nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)), batch_size=2, seq_len=4)
+
     def test_engine_state_dict_layouts(self):
         c, m = self.case("gpt2")
         e = dw.compile(dw.capture(m, seq_len=8))
