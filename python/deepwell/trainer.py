@@ -260,7 +260,9 @@ class Trainer:
                 metrics.write(json.dumps({k: v for k, v in m.items() if k not in ("sample",)}) + "\n")
                 metrics.flush()
                 self._report(m)
-                if stop.hit:
+                if stop.hit:  # (also when it came during the callbacks)
+                    if not m["checkpoint"]:
+                        self.checkpoint = self._save_py(step)
                     break
         finally:
             metrics.close()

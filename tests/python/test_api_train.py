@@ -81,6 +81,22 @@ class TrainerTests(unittest.TestCase):
         got = [m["loss"] for m in cut.history + rest.history]
         self.assertEqual(got, [m["loss"] for m in whole.history])
 
+    def test_ctrl_c_in_the_python_loop(self):
+        r = dw.data(self.shard, seq=T, vocab=256).reader()
+        batches = [r.next(B) for _ in range(4)]
+
+        def interrupt(m):
+            if m["step"] == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        t = self.trainer("pyc", 10, dataloader=batches, callbacks=[interrupt])
+        with self.assertRaises(KeyboardInterrupt):
+            t.fit()
+        self.assertEqual(t.checkpoint, os.path.join(self.d, "pyc", "step-3"))
+        self.assertEqual(len(t.history), 3)
+        with open(os.path.join(t.checkpoint, "trainer.json")) as f:
+            self.assertEqual(json.load(f)["step"], 3)
+
     def test_callback_errors_stop_training_and_propagate(self):
         def boom(m):
             if m["step"] == 2:
