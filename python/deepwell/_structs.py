@@ -150,7 +150,7 @@ class TrainOpts(Sized):
                 ("beta2", dbl), ("eps", dbl), ("eval_every", i64), ("eval_batches", i64), ("sample_every", i64),
                 ("sample_tokens", i64), ("sample_temperature", dbl), ("sample_prompt", cstr), ("ckpt_every", i64),
                 ("keep", cint), ("seed", u64), ("deterministic", flag), ("profile", flag),
-                ("progress", PROGRESS_FN), ("progress_user", ptr), ("ckpt_minutes", dbl)]
+                ("progress", PROGRESS_FN), ("progress_user", ptr), ("ckpt_minutes", dbl), ("zero", cint)]
 
 
 # Every mirrored struct with its C name (the ABI test walks this).
