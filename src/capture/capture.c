@@ -137,8 +137,8 @@ static void attention_llama(builder *b, const char *p, int *x) {
     const dw_model_config *c = b->c;
     int64_t C = c->d_model, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
     char nm[128];
-    dw_ir_attrs aq = {.heads = c->n_heads, .head_dim = c->head_dim, .theta = c->rope_theta};
-    dw_ir_attrs ak = {.heads = c->n_kv_heads, .head_dim = c->head_dim, .theta = c->rope_theta};
+    dw_ir_attrs aq = {.heads = c->n_heads, .head_dim = c->head_dim, .theta = c->rope_theta, .rope = c->rope_scaling};
+    dw_ir_attrs ak = {.heads = c->n_kv_heads, .head_dim = c->head_dim, .theta = c->rope_theta, .rope = c->rope_scaling};
     dw_ir_attrs at = {.heads = c->n_heads, .kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
     int h = norm(b, NAME("input_layernorm"), *x);
     int hq = linear(b, NAME("self_attn.q_proj"), h, C, q, c->qkv_bias, false);

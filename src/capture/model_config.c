@@ -58,38 +58,6 @@ static dw_status parse_gpt2(dw_ctx *ctx, const json_t *j, const char *what, dw_m
     return DW_OK;
 }
 
-/* transformers 5 writes RoPE as rope_parameters {"rope_type", "rope_theta"} (over rope_theta and
- * rope_scaling): the default type only, its theta into *theta. */
-static dw_status parse_rope_parameters(dw_ctx *ctx, const json_t *j, const char *what, double *theta) {
-    const json_t *rp = json_object_get(j, "rope_parameters");
-    if (!rp || json_is_null(rp)) return DW_OK;
-    if (!json_is_object(rp))
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'rope_parameters': expected an object or null", what);
-    const char *type = "default";
-    DW_TRY(dw_json_get_str_opt(ctx, rp, "rope_type", what, &type));
-    if (strcmp(type, "default"))
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
-                            "%s: field 'rope_parameters': rope type '%s' is not supported (Deepwell implements "
-                            "plain RoPE only)", what, type);
-    return dw_json_get_num_opt(ctx, rp, "rope_theta", what, theta);
-}
-
-static dw_status parse_rope_scaling(dw_ctx *ctx, const json_t *j, const char *what) {
-    const json_t *rs = json_object_get(j, "rope_scaling");
-    if (!rs || json_is_null(rs)) return DW_OK;
-    if (!json_is_object(rs))
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'rope_scaling': expected an object or null",
-                            what);
-    const char *type = NULL;
-    DW_TRY(dw_json_get_str_opt(ctx, rs, "rope_type", what, &type));
-    if (!type) DW_TRY(dw_json_get_str_opt(ctx, rs, "type", what, &type));
-    if (type && !strcmp(type, "default")) return DW_OK;
-    return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
-                        "%s: field 'rope_scaling': rope type '%s' is not supported (Deepwell "
-                        "implements plain RoPE only: remove rope_scaling or set it to null)",
-                        what, type ? type : "(unnamed)");
-}
-
 static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
     const dw_arch arch = c->arch;
     dw_model_preset_find(arch == DW_ARCH_QWEN2 ? "qwen2-tiny" : "llama-tiny", c); /* family defaults */
@@ -110,7 +78,6 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
     DW_TRY(get_i64(ctx, j, "head_dim", what, false, &c->head_dim));
     c->norm_eps = 1e-6; /* transformers' default for these configs */
     DW_TRY(dw_json_get_num_opt(ctx, j, "rms_norm_eps", what, &c->norm_eps));
-    DW_TRY(dw_json_get_num_opt(ctx, j, "rope_theta", what, &c->rope_theta));
     DW_TRY(dw_json_get_num_opt(ctx, j, "initializer_range", what, &c->init_std));
     DW_TRY(dw_json_get_bool_opt(ctx, j, "tie_word_embeddings", what, &c->tie_embeddings));
     DW_TRY(dw_json_get_bool_opt(ctx, j, "attention_bias", what, &c->qkv_bias));
@@ -122,8 +89,7 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
                             "%s: field 'hidden_act': '%s' is not supported (supported: silu)", what,
                             act);
-    DW_TRY(parse_rope_scaling(ctx, j, what));
-    DW_TRY(parse_rope_parameters(ctx, j, what, &c->rope_theta));
+    DW_TRY(dw_model_config_parse_rope(ctx, j, what, c)); /* model_config_rope.c */
     long long window = 0;
     bool use_window = c->arch == DW_ARCH_MISTRAL;
     DW_TRY(dw_json_get_bool_opt(ctx, j, "use_sliding_window", what, &use_window));
@@ -302,6 +268,11 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "%s: rope needs an even head_dim (%lld) and rope_theta > 0 (%g)", what,
                             (long long)c->head_dim, c->rope_theta);
+    const char *rope_bad = c->pos == DW_POS_ROPE ? dw_rope_scaling_problem(&c->rope_scaling, c->rope_theta) : NULL;
+    if (rope_bad)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: rope type '%s': %s", what,
+                            dw_rope_type_name(c->rope_scaling.type) ? dw_rope_type_name(c->rope_scaling.type) : "?",
+                            rope_bad);
     if (c->n_experts && (c->n_experts > 4096 || c->top_k < 1 || c->top_k > c->n_experts || c->d_ff_expert < 1))
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "%s: experts %lld, top-k %lld, expert width %lld: need 1 <= num_experts_per_tok <= "
@@ -412,11 +383,10 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     set_int(j, "intermediate_size", c->d_ff);
     set_int(j, "max_position_embeddings", c->max_seq);
     set_num(j, "rms_norm_eps", c->norm_eps);
-    set_num(j, "rope_theta", c->rope_theta);
     set_str(j, "hidden_act", "silu");
     if (c->arch != DW_ARCH_QWEN2 && c->arch != DW_ARCH_QWEN2_MOE) set_bool(j, "attention_bias", c->qkv_bias);
     set_bool(j, "mlp_bias", c->mlp_bias);
-    json_object_set_new(j, "rope_scaling", json_null());
+    dw_model_config_write_rope(j, c); /* rope_theta, rope_scaling */
     if (c->arch == DW_ARCH_DEEPSEEK_V3) dw_model_config_mla_write(j, c); /* model_config_mla.c */
 }
 

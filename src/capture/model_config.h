@@ -10,6 +10,7 @@
 #include "capture/arch.h"
 #include "capture/model_config_mla.h"
 #include "deepwell.h"
+#include "kernels/rope_freq.h"
 
 typedef enum { DW_ACT_GELU_TANH = 0, DW_ACT_SILU_GLU /* SwiGLU */, DW_ACT_GELU_GLU } dw_activation;
 typedef enum { DW_NORM_LAYERNORM = 0, DW_NORM_RMSNORM } dw_norm_kind;
@@ -33,6 +34,7 @@ typedef struct dw_model_config_s {
     dw_pos_kind pos;
     double norm_eps;
     double rope_theta;
+    dw_rope_scaling rope_scaling; /* the rope type of rope_scaling / rope_parameters (all zero: default) */
     bool tie_embeddings;
     bool qkv_bias;         /* qwen2: true; gpt2: biases everywhere (see `linear_bias`) */
     bool linear_bias;      /* gpt2: every linear has a bias */

@@ -17,6 +17,12 @@ void dw_model_preset_list(char *buf, size_t n);
 /* Parses a Hugging Face config object; `what` (the file name) prefixes every error. */
 dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *what,
                                     dw_model_config *out);
+/* RoPE (model_config_rope.c): rope_theta, partial_rotary_factor (1 only) and the rope type of
+ * rope_scaling / rope_parameters into c->rope_theta and c->rope_scaling (c->max_seq read first:
+ * yarn's default original positions); refuses unsupported types by name. Writes them back as
+ * rope_theta and rope_scaling (null for the default type). */
+dw_status dw_model_config_parse_rope(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c);
+void dw_model_config_write_rope(json_t *j, const dw_model_config *c);
 /* The Hugging Face config.json object for cfg (new reference). */
 json_t *dw_model_config_to_json(const dw_model_config *cfg);
 /* Checks the fields' consistency (positive sizes, heads divide, ...); `what` names the source. */

@@ -67,10 +67,12 @@ static dw_model_config p_llama_tiny(void) {
     shape(&c, 256, 128, 4, 4, 2, 384, 256);
     return c;
 }
-static dw_model_config p_llama_1b(void) { /* Llama-3.2-1B (its llama3 rope_scaling omitted) */
+static dw_model_config p_llama_1b(void) { /* Llama-3.2-1B, with its llama3 rope_scaling */
     dw_model_config c = llama_base("llama", DW_ARCH_LLAMA);
     shape(&c, 128256, 2048, 16, 32, 8, 8192, 131072);
     c.rope_theta = 500000.0;
+    c.rope_scaling = (dw_rope_scaling){.type = DW_ROPE_LLAMA3, .factor = 32.0, .low_freq_factor = 1.0,
+                                       .high_freq_factor = 4.0, .original_max = 8192};
     c.tie_embeddings = true;
     return c;
 }

@@ -15,6 +15,46 @@ static json_t *shape_json(const dw_ir_tensor *t) {
     return a;
 }
 
+/* A rope node's frequency type beyond the default: {"type", "factor", ...}, the fields its type uses. */
+static json_t *rope_json(const dw_rope_scaling *r) {
+    json_t *o = json_object();
+    json_object_set_new(o, "type", json_string(dw_rope_type_name(r->type)));
+    json_object_set_new(o, "factor", json_real(r->factor));
+    if (r->type == DW_ROPE_LINEAR) return o;
+    json_object_set_new(o, "original_max_position_embeddings", json_real(r->original_max));
+    if (r->type == DW_ROPE_LLAMA3) {
+        json_object_set_new(o, "low_freq_factor", json_real(r->low_freq_factor));
+        json_object_set_new(o, "high_freq_factor", json_real(r->high_freq_factor));
+        return o;
+    }
+    json_object_set_new(o, "beta_fast", json_real(r->beta_fast));
+    json_object_set_new(o, "beta_slow", json_real(r->beta_slow));
+    json_object_set_new(o, "attention_factor", json_real(r->attention_factor));
+    json_object_set_new(o, "truncate", json_boolean(r->truncate));
+    return o;
+}
+
+static dw_status rope_parse(dw_ctx *ctx, const json_t *o, const char *what, const char *node, dw_rope_scaling *r) {
+    if (!json_is_object(o))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope is not an object", what, node);
+    const char *type = NULL;
+    DW_TRY(dw_json_get_str(ctx, o, "type", what, &type));
+    r->type = -1;
+    for (int32_t t = 0; t < DW_ROPE_TYPE_COUNT; t++)
+        if (!strcmp(type, dw_rope_type_name(t))) r->type = t;
+    if (r->type < 0)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope.type '%s' is not default, linear, llama3 "
+                            "or yarn", what, node, type);
+    DW_TRY(dw_json_get_num_opt(ctx, o, "factor", what, &r->factor));
+    DW_TRY(dw_json_get_num_opt(ctx, o, "original_max_position_embeddings", what, &r->original_max));
+    DW_TRY(dw_json_get_num_opt(ctx, o, "low_freq_factor", what, &r->low_freq_factor));
+    DW_TRY(dw_json_get_num_opt(ctx, o, "high_freq_factor", what, &r->high_freq_factor));
+    DW_TRY(dw_json_get_num_opt(ctx, o, "beta_fast", what, &r->beta_fast));
+    DW_TRY(dw_json_get_num_opt(ctx, o, "beta_slow", what, &r->beta_slow));
+    DW_TRY(dw_json_get_num_opt(ctx, o, "attention_factor", what, &r->attention_factor));
+    return dw_json_get_bool_opt(ctx, o, "truncate", what, &r->truncate);
+}
+
 static json_t *attrs_json(const dw_ir_node *n) {
     json_t *a = json_object();
     if (n->attrs.heads) json_object_set_new(a, "heads", json_integer(n->attrs.heads));
@@ -22,6 +62,7 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.head_dim) json_object_set_new(a, "head_dim", json_integer(n->attrs.head_dim));
     if (n->attrs.eps) json_object_set_new(a, "eps", json_real(n->attrs.eps));
     if (n->attrs.theta) json_object_set_new(a, "theta", json_real(n->attrs.theta));
+    if (n->attrs.rope.type != DW_ROPE_DEFAULT) json_object_set_new(a, "rope", rope_json(&n->attrs.rope));
     if (n->attrs.experts) json_object_set_new(a, "experts", json_integer(n->attrs.experts));
     if (n->attrs.coef) json_object_set_new(a, "coef", json_real(n->attrs.coef));
     if (n->attrs.zcoef) json_object_set_new(a, "zcoef", json_real(n->attrs.zcoef));
@@ -228,6 +269,8 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     }
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "eps", what, &a.eps));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "theta", what, &a.theta));
+    const json_t *jr = ja ? json_object_get(ja, "rope") : NULL;
+    if (jr) DW_TRY(rope_parse(ctx, jr, what, name, &a.rope));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "coef", what, &a.coef));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "zcoef", what, &a.zcoef));
     if (ja) DW_TRY(dw_json_get_bool_opt(ctx, ja, "norm_topk", what, &a.norm_topk));

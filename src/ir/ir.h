@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "deepwell.h"
+#include "kernels/rope_freq.h"
 
 /* Op flags (ops.def's flags column). Per input slot s (s < DW_IR_MAX_INPUTS): READS_IN(s), the
  * backward reads input s's value (so it lives until then); ACC_IN(s), the backward can add into
@@ -88,6 +89,7 @@ typedef struct {
     int64_t heads, kv_heads, head_dim; /* rope, attention */
     double eps;                        /* layernorm, rmsnorm */
     double theta;                      /* rope */
+    dw_rope_scaling rope;              /* rope: the frequencies' type (kernels/rope_freq.h) */
     int64_t top_k;                     /* moe_router: experts per token */
     int64_t experts;                   /* moe_dispatch: experts (E) the indices refer to */
     int32_t score;                     /* moe_router: dw_router_score */

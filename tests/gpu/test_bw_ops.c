@@ -70,8 +70,8 @@ static dw_status bw_launch(const bw_case *k, int set) {
         return dw_cuda_layernorm_bwd_ws(NULL, bf, p[4], p[5], (float *)p[5] + k->b, p[1], p[0],
                                         p[3], p[2], (float *)p[2] + k->a, k->a, k->b, true, p[6],
                                         k->tb[6], s);
-    case BW_ROPE_F: return dw_cuda_rope_fwd(NULL, bf, p[1], p[0], k->a, k->b, k->c, k->d, 500000.0, s);
-    case BW_ROPE_B: return dw_cuda_rope_bwd(NULL, bf, p[1], p[0], k->a, k->b, k->c, k->d, 500000.0, s);
+    case BW_ROPE_F: return dw_cuda_rope_fwd(NULL, bf, p[1], p[0], k->a, k->b, k->c, k->d, 500000.0, NULL, s);
+    case BW_ROPE_B: return dw_cuda_rope_bwd(NULL, bf, p[1], p[0], k->a, k->b, k->c, k->d, 500000.0, NULL, s);
     case BW_SWIGLU_F: return dw_cuda_swiglu_fwd(NULL, bf, p[2], p[0], p[1], k->a, s);
     case BW_SWIGLU_B: return dw_cuda_swiglu_bwd(NULL, bf, p[3], p[4], p[2], p[0], p[1], k->a, s);
     case BW_SILU_F: return dw_cuda_silu_fwd(NULL, bf, p[1], p[0], k->a, s);
@@ -262,8 +262,8 @@ static void bw_rope(int64_t B, int64_t T, int64_t H, int64_t D) {
     DW_GC_OK(bad, name, bw_launch(&b, 0));
     DW_GC_SYNC();
     float *wout = dw_oc_alloc(n), *wdx = dw_oc_alloc(n);
-    dw_cpu_rope_fwd(wout, x->host, B, T, H, D, 500000.0);
-    dw_cpu_rope_bwd(wdx, g->host, B, T, H, D, 500000.0);
+    dw_cpu_rope_fwd(wout, x->host, B, T, H, D, 500000.0, NULL);
+    dw_cpu_rope_bwd(wdx, g->host, B, T, H, D, 500000.0, NULL);
     DW_GC_CMP(bad, name, out, wout, DW_GC_TOL_BF16);
     DW_GC_CMP(bad, name, dx, wdx, DW_GC_TOL_BF16);
     if (!dw_gc_guards_ok(name)) bad++;

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """parity.py DEEPWELL — whole-model parity of Deepwell's CPU engine with PyTorch.
 
-For random tiny GPT-2, Llama (GQA, optional attention/MLP biases), Qwen2 (q/k/v biases),
+For random tiny GPT-2, Llama (GQA, optional attention/MLP biases; RoPE of the types default,
+linear, llama3 and yarn under rope_scaling or rope_parameters), Qwen2 (q/k/v biases),
 Mixtral and OLMoE (softmax top-k router, renormalised or not, SwiGLU experts, OLMoE's q/k norms)
 and Qwen2-MoE / Qwen3-MoE (dense layers by decoder_sparse_step and mlp_only_layers, Qwen2-MoE's
 sigmoid-gated shared expert, Qwen3-MoE's per-head q/k norms) configs, the experts' weights in
@@ -95,14 +96,51 @@ def gpt2_forward(c, w, tok):
     return x @ head.T
 
 
-def rope(x, theta):
-    """x (B,H,T,D), rotate-half convention (HF Llama)"""
-    D, T = x.shape[-1], x.shape[-2]
+def rope_inv_freq(c, D):
+    """The inverse frequencies (D/2) of c's rope type, transformers' formulas over whole tables:
+    default, linear, llama3 and yarn (then also its attention factor), rope_parameters over
+    rope_scaling."""
+    r = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    kind = r.get("rope_type", r.get("type", "default"))
+    theta = r.get("rope_theta", c["rope_theta"])
     inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / r["factor"], 1.0
+    if kind == "llama3":
+        f, lo, hi, old = r["factor"], r["low_freq_factor"], r["high_freq_factor"], r["original_max_position_embeddings"]
+        wl = 2 * math.pi / inv
+        lla = torch.where(wl > old / lo, inv / f, inv)
+        smooth = (old / wl - lo) / (hi - lo)
+        medium = ~(wl < old / hi) * ~(wl > old / lo)
+        return torch.where(medium, (1 - smooth) * lla / f + smooth * lla, lla), 1.0
+    assert kind == "yarn", kind
+    old = r.get("original_max_position_embeddings", c["max_position_embeddings"])
+    f = r.get("factor") or c["max_position_embeddings"] / old
+    att = r.get("attention_factor")
+    if att is None:
+        att = 1.0 if f <= 1 else 0.1 * math.log(f) + 1.0
+
+    def corr(rot):
+        return D * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(theta))
+    lo, hi = corr(r.get("beta_fast") or 32), corr(r.get("beta_slow") or 1)
+    if r.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, D - 1)
+    hi = hi + 0.001 if lo == hi else hi
+    ramp = ((torch.arange(D // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    return inv / f * ramp + inv * (1 - ramp), att
+
+
+def rope(x, c):
+    """x (B,H,T,D), rotate-half convention (HF Llama), c's rope type"""
+    D, T = x.shape[-1], x.shape[-2]
+    inv, att = rope_inv_freq(c, D)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
     emb = torch.cat([ang, ang], dim=-1)
     x1, x2 = x[..., :D // 2], x[..., D // 2:]
-    return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
+    return (x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()) * att
 
 
 QWEN_MOE = ("qwen2_moe", "qwen3_moe")
@@ -196,7 +234,7 @@ def llama_forward(c, w, tok, router_logits=None):
             q, k = rms(q, p + "self_attn.q_norm"), rms(k, p + "self_attn.k_norm")
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, Hkv, D).transpose(1, 2)
-        q, k = rope(q, c["rope_theta"]), rope(k, c["rope_theta"])
+        q, k = rope(q, c), rope(k, c)
         k = k.repeat_interleave(H // Hkv, dim=1)  # HF repeat_kv: query head h uses kv head h // rep
         v = v.repeat_interleave(H // Hkv, dim=1)
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
@@ -215,7 +253,7 @@ def llama_forward(c, w, tok, router_logits=None):
 # ---- random configs and weights ---------------------------------------------------------------
 
 
-def random_config(family, rng, layout=None):
+def random_config(family, rng, layout=None, rope_kind=None):
     V, L = rng.randint(40, 300), rng.randint(1, 3)
     if family == "gpt2":
         H = rng.randint(1, 4)
@@ -232,6 +270,8 @@ def random_config(family, rng, layout=None):
     if family == "llama":
         c["attention_bias"] = rng.random() < 0.5
         c["mlp_bias"] = rng.random() < 0.5
+    if rope_kind or (family in ("llama", "qwen2") and rng.random() < 0.6):  # a scaled RoPE, either spelling
+        c.update(random_rope(rng, c["rope_theta"], rope_kind))
     if family == "mixtral":
         c["num_local_experts"] = E = rng.randint(2, 6)
         c["num_experts_per_tok"] = rng.randint(1, E)
@@ -264,6 +304,26 @@ def random_config(family, rng, layout=None):
         else:
             c["attention_bias"] = rng.random() < 0.3
     return c
+
+
+def random_rope(rng, theta, kind=None):
+    """rope_scaling (transformers 4) or rope_parameters (5) of a random type, its bands inside the
+    tiny heads (original positions 8..64)."""
+    kind = kind or rng.choice(["linear", "llama3", "yarn"])
+    r = {"rope_type": kind, "factor": rng.choice([2.0, 4.0, 8.0, 32.0])}
+    if kind == "llama3":
+        r.update(low_freq_factor=1.0, high_freq_factor=rng.choice([2.0, 4.0]),
+                 original_max_position_embeddings=rng.choice([8, 16, 64]))
+    if kind == "yarn":
+        r.update(original_max_position_embeddings=rng.choice([8, 16, 64]), beta_fast=rng.choice([4, 32]),
+                 beta_slow=rng.choice([0.5, 1]), truncate=rng.random() < 0.5)
+        if rng.random() < 0.3:
+            r["attention_factor"] = 1.3
+    if rng.random() < 0.5:
+        return {"rope_parameters": dict(r, rope_theta=theta)}
+    if rng.random() < 0.3:
+        r["type"] = r.pop("rope_type")  # the old key
+    return {"rope_scaling": r}
 
 
 def param_shapes(c):
@@ -382,8 +442,8 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def parity_case(dw, family, rng, gen, tmp, layout=None):
-    c = random_config(family, rng, layout)
+def parity_case(dw, family, rng, gen, tmp, layout=None, rope_kind=None):
+    c = random_config(family, rng, layout, rope_kind)
     d = tempfile.mkdtemp(prefix=family + "-", dir=tmp)
     json.dump({k: v for k, v in c.items() if k != "layout"}, open(os.path.join(d, "config.json"), "w"))
     w = random_weights(c, gen)
@@ -428,7 +488,7 @@ def parity_case(dw, family, rng, gen, tmp, layout=None):
         "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias",
         "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
         "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "layout",
-        "router_aux_loss_coef", "router_z_loss_coef"))
+        "router_aux_loss_coef", "router_z_loss_coef", "rope_scaling", "rope_parameters"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")
@@ -472,6 +532,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for family in ["gpt2", "llama", "qwen2", "mixtral", "mixtral", "olmoe", "olmoe"]:
             failures += parity_case(dw, family, rng, gen, tmp)
+        for kind in ("llama3", "yarn"):  # each scaled RoPE at least once
+            failures += parity_case(dw, "llama", rng, gen, tmp, rope_kind=kind)
         for family in QWEN_MOE:  # each in both expert layouts
             for layout in ("fused", "per_expert"):
                 failures += parity_case(dw, family, rng, gen, tmp, layout)

@@ -155,14 +155,14 @@ static void test_rope(void **state) {
     dw_oc_fill(&g_rng, x, n, -1, 1);
     dw_oc_fill(&g_rng, g, n, -1, 1);
     for (int64_t i = 0; i < n; i++) out[i] = dx[i] = NAN;
-    dw_cpu_rope_fwd(out, x, B, T, H, D, theta);
+    dw_cpu_rope_fwd(out, x, B, T, H, D, theta, NULL);
     rope_st s = {B, T, H, D, theta, dw_oc_to_double(x, n), dw_oc_to_double(g, n), dw_oc_dalloc(n)};
     rope_naive(&s);
     assert_int_equal(dw_oc_fwd_check("rope", "out", out, s.y, n), 0);
     /* position 0 is the identity */
     for (int64_t b = 0; b < B; b++)
         assert_memory_equal(out + b * T * H * D, x + b * T * H * D, (size_t)(H * D) * sizeof(float));
-    dw_cpu_rope_bwd(dx, g, B, T, H, D, theta);
+    dw_cpu_rope_bwd(dx, g, B, T, H, D, theta, NULL);
     double *fd = dw_oc_dalloc(n);
     dw_oc_fd(rope_obj, &s, s.x, n, DW_OC_FD_H, fd);
     assert_int_equal(dw_oc_grad_check("rope", "dx", dx, fd, NULL, n), 0);
@@ -181,9 +181,9 @@ static void test_rope_relative_position(void **state) {
     double qn = 0.0, kn = 0.0;
     for (int64_t d = 0; d < D; d++) qn += (double)q[d] * q[d], kn += (double)k[d] * k[d];
     for (int64_t t = 0; t < T; t++) memcpy(x + t * D, q, sizeof q);
-    dw_cpu_rope_fwd(qr, x, 1, T, 1, D, 10000.0);
+    dw_cpu_rope_fwd(qr, x, 1, T, 1, D, 10000.0, NULL);
     for (int64_t t = 0; t < T; t++) memcpy(x + t * D, k, sizeof k);
-    dw_cpu_rope_fwd(kr, x, 1, T, 1, D, 10000.0);
+    dw_cpu_rope_fwd(kr, x, 1, T, 1, D, 10000.0, NULL);
     for (int64_t t = 0; t + shift < T; t++)
         for (int64_t s = 0; s + shift < T; s++) {
             double a = 0.0, b = 0.0;

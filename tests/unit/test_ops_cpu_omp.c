@@ -53,8 +53,8 @@ static void run_all(const inputs *in, outputs *o) {
     dw_cpu_embedding_bwd(o->dwte, in->gx, in->tok, N, C);
     dw_cpu_pos_fwd(o->pos, in->x, in->wpe, B, T, C);
     dw_cpu_pos_bwd(o->pdx, o->dwpe, in->gx, B, T, C);
-    dw_cpu_rope_fwd(o->rope, in->q, B, T, H, D, 10000.0);
-    dw_cpu_rope_bwd(o->drope, in->gq, B, T, H, D, 10000.0);
+    dw_cpu_rope_fwd(o->rope, in->q, B, T, H, D, 10000.0, NULL);
+    dw_cpu_rope_bwd(o->drope, in->gq, B, T, H, D, 10000.0, NULL);
     dw_cpu_linear_fwd(o->lin, in->x, in->wl, in->bl, N, C, M);
     dw_cpu_linear_bwd(o->ldx, o->ldw, o->ldb, in->gl, in->x, in->wl, N, C, M);
     dw_cpu_gelu_fwd(o->gelu, in->x, N * C);

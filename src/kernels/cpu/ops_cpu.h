@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kernels/adamw_args.h"
+#include "kernels/rope_freq.h"
 
 /* embedding: out[n,:] = wte[tok[n],:]                     wte (V,C), tok (N), out (N,C) */
 void dw_cpu_embedding_fwd(float *out, const int32_t *tok, const float *wte, int64_t N, int64_t C);
@@ -22,11 +23,12 @@ void dw_cpu_pos_fwd(float *out, const float *x, const float *wpe, int64_t B, int
 void dw_cpu_pos_bwd(float *dx, float *dwpe, const float *dout, int64_t B, int64_t T, int64_t C);
 
 /* rope (rotate-half convention of HF llama): x (B,T,H,D) in place-free form
- * out = x*cos + rotate_half(x)*sin, angles t * theta^(-2i/D), positions 0..T-1 */
-void dw_cpu_rope_fwd(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                     double theta);
-void dw_cpu_rope_bwd(float *dx, const float *dout, int64_t B, int64_t T, int64_t H, int64_t D,
-                     double theta);
+ * out = m (x*cos + rotate_half(x)*sin), angles t * inv_freq[i], positions 0..T-1, inv_freq and m
+ * of the rope type rs (kernels/rope_freq.h; NULL: default, theta^(-2i/D) and m = 1) */
+void dw_cpu_rope_fwd(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                     const dw_rope_scaling *rs);
+void dw_cpu_rope_bwd(float *dx, const float *dout, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                     const dw_rope_scaling *rs);
 
 /* layernorm over C: out = (x-mean)*rstd*w + b; saves mean, rstd (N)     w,b (C) */
 void dw_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w,

@@ -1,23 +1,27 @@
 /* rope_cpu.c — CPU reference for rotary position embeddings in the rotate-half convention of
  * Hugging Face llama (cos/sin over the first and second halves of D), forward and backward.
- * Angles are computed in double: t * theta^(-2i/D), i in [0, D/2), positions 0..T-1. */
+ * Angles are computed in double: t * inv_freq[i], i in [0, D/2), positions 0..T-1, the inverse
+ * frequencies of the rope type (kernels/rope_freq.h: default theta^(-2i/D), linear, llama3, yarn),
+ * cos and sin multiplied by the type's attention factor (yarn; else 1). */
 #include <math.h>
 
 #include "core/error.h"
 #include "kernels/cpu/ops_cpu.h"
 
 /* Rotates every head vector of x (B,T,H,D) by the position angle; sign = +1 forward, -1 for the
- * transpose (backward: the rotation is orthogonal, so dx = R^T dout). */
+ * transpose (backward: the map is a rotation times the attention factor, so dx = m R^T dout). */
 static void dw_rope_apply(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                          double theta, double sign) {
+                          double theta, const dw_rope_scaling *rs, double sign) {
     DW_ASSERT(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && theta > 0.0);
+    DW_ASSERT(!dw_rope_scaling_problem(rs, theta));
     const int64_t half = D / 2;
+    const double m = dw_rope_attention(rs);
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const double t = (double)(bt % T);
         for (int64_t i = 0; i < half; i++) {
-            const double inv_freq = pow(theta, -2.0 * (double)i / (double)D);
-            const double c = cos(t * inv_freq), s = sign * sin(t * inv_freq);
+            const double inv = dw_rope_inv_freq(rs, theta, D, i);
+            const double c = m * cos(t * inv), s = m * sign * sin(t * inv);
             for (int64_t h = 0; h < H; h++) {
                 const int64_t base = (bt * H + h) * D;
                 const double x1 = x[base + i], x2 = x[base + i + half];
@@ -28,12 +32,12 @@ static void dw_rope_apply(float *out, const float *x, int64_t B, int64_t T, int6
     }
 }
 
-void dw_cpu_rope_fwd(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                     double theta) {
-    dw_rope_apply(out, x, B, T, H, D, theta, 1.0);
+void dw_cpu_rope_fwd(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                     const dw_rope_scaling *rs) {
+    dw_rope_apply(out, x, B, T, H, D, theta, rs, 1.0);
 }
 
-void dw_cpu_rope_bwd(float *dx, const float *dout, int64_t B, int64_t T, int64_t H, int64_t D,
-                     double theta) {
-    dw_rope_apply(dx, dout, B, T, H, D, theta, -1.0);
+void dw_cpu_rope_bwd(float *dx, const float *dout, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                     const dw_rope_scaling *rs) {
+    dw_rope_apply(dx, dout, B, T, H, D, theta, rs, -1.0);
 }

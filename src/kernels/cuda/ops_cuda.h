@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "deepwell.h"
+#include "kernels/rope_freq.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,12 +45,13 @@ dw_status dw_cuda_pos_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x
 dw_status dw_cuda_pos_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dwpe, const void *dout,
                           int64_t B, int64_t T, int64_t C, void *stream);
 
-/* ---- rope, HF llama rotate-half, x (B,T,H,D), D even, angles t*theta^(-2i/D) in double -----
- * out may equal x (in place). bwd applies the transposed rotation. */
+/* ---- rope, HF llama rotate-half, x (B,T,H,D), D even, angles t*inv_freq[i] in double, cos and
+ * sin times the attention factor: the rope type rs (kernels/rope_freq.h; NULL: default, angles
+ * t*theta^(-2i/D), factor 1) ---- out may equal x (in place). bwd applies the transposed map. */
 dw_status dw_cuda_rope_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t B,
-                           int64_t T, int64_t H, int64_t D, double theta, void *stream);
+                           int64_t T, int64_t H, int64_t D, double theta, const dw_rope_scaling *rs, void *stream);
 dw_status dw_cuda_rope_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, int64_t B,
-                           int64_t T, int64_t H, int64_t D, double theta, void *stream);
+                           int64_t T, int64_t H, int64_t D, double theta, const dw_rope_scaling *rs, void *stream);
 
 /* ---- norms over C: x, out (N,C); w, b (C); mean, rstd (N) saved -----------------------------
  * layernorm: b may be NULL; mean/rstd may be NULL in fwd (inference). bwd: dx written (may be

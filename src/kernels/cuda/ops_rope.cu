@@ -1,6 +1,7 @@
 /* ops_rope.cu — CUDA rotary position embedding, Hugging Face llama rotate-half convention, forward
- * and backward (the transposed rotation). Angles t * theta^(-2i/D) and the rotation itself are
- * computed in double, as the CPU oracle (kernels/cpu/rope_cpu.c); storage FP32 or BF16.
+ * and backward (the transposed rotation). Angles t * inv_freq[i] (the rope type's inverse
+ * frequencies, kernels/rope_freq.h), cos and sin times its attention factor, and the rotation
+ * itself are computed in double, as the CPU oracle (kernels/cpu/rope_cpu.c); storage FP32 or BF16.
  * A block owns P consecutive positions (b, t): it computes their cos/sin table once in shared
  * memory (D/2 powers and P * D/2 sincos, not one of each per element pair of every head), then
  * rotates all their heads with 16-byte accesses (VW elements of each half per thread).
@@ -53,21 +54,22 @@ static __device__ __forceinline__ void dw_rope_rot(const double *cs, float a[VW]
 template <typename T, int VW>
 static __global__ void __launch_bounds__(DW_ROPE_THREADS, 4)
 dw_rope_kernel(T *out, const T *x, int64_t BT, int64_t T_, int H, int D, double theta,
-               double sign, int P) {
+               dw_rope_scaling rs, double sign, int P) {
     extern __shared__ double dw_rope_tab[]; /* (P, D/2, 2), then inv_freq (D/2) */
     const int half = D / 2;
     const int64_t pos0 = (int64_t)blockIdx.x * P;
     const int np = (int)(BT - pos0 < P ? BT - pos0 : P);
     double *inv = dw_rope_tab + 2 * (int64_t)P * half;
     for (int i = threadIdx.x; i < half; i += blockDim.x)
-        inv[i] = pow(theta, -2.0 * (double)i / (double)D);
+        inv[i] = dw_rope_inv_freq(&rs, theta, D, i);
+    const double m = dw_rope_attention(&rs);
     __syncthreads();
     for (int k = threadIdx.x; k < np * half; k += blockDim.x) {
         const int p = k / half, i = k % half;
         double sn, cs;
         sincos((double)((pos0 + p) % T_) * inv[i], &sn, &cs);
-        dw_rope_tab[2 * k] = cs;
-        dw_rope_tab[2 * k + 1] = sign * sn;
+        dw_rope_tab[2 * k] = m * cs;
+        dw_rope_tab[2 * k + 1] = m * sign * sn;
     }
     __syncthreads();
     const int gph = half / VW;   /* VW-groups per head half */
@@ -87,15 +89,17 @@ dw_rope_kernel(T *out, const T *x, int64_t BT, int64_t T_, int H, int D, double 
 /* D/2 > DW_ROPE_MAX_HALF: one thread per pair (i, i + D/2), its angle computed on the spot */
 template <typename T>
 static __global__ void dw_rope_pair_kernel(T *out, const T *x, int64_t T_, int64_t H, int64_t D,
-                                           double theta, double sign, int64_t npairs) {
+                                           double theta, dw_rope_scaling rs, double sign, int64_t npairs) {
     const int64_t half = D / 2;
+    const double m = dw_rope_attention(&rs);
     DW_GRID_STRIDE(p, npairs) {
         const int64_t i = p % half, row = p / half; /* row over (B,T,H) */
         const double t = (double)((row / H) % T_);
-        const double ang = t * pow(theta, -2.0 * (double)i / (double)D);
+        const double ang = t * dw_rope_inv_freq(&rs, theta, D, i);
         double sn, cs;
         sincos(ang, &sn, &cs);
-        sn *= sign;
+        cs *= m;
+        sn *= m * sign;
         const int64_t base = row * D;
         const double x1 = dw_ld(x, base + i), x2 = dw_ld(x, base + i + half);
         dw_st(out, base + i, (float)(x1 * cs - x2 * sn));
@@ -106,7 +110,7 @@ static __global__ void dw_rope_pair_kernel(T *out, const T *x, int64_t T_, int64
 /* P positions a block: 4 groups of VW pairs per thread (8192 pairs for BF16) */
 template <typename T, int VW>
 static void dw_rope_tab_launch(void *out, const void *x, int64_t BT, int64_t T_, int64_t H,
-                               int64_t D, double theta, double sign, cudaStream_t s) {
+                               int64_t D, double theta, const dw_rope_scaling &rs, double sign, cudaStream_t s) {
     const int64_t half = D / 2, per_pos = H * half;
     int64_t P = (int64_t)DW_ROPE_THREADS * 4 * VW / per_pos;
     if (P > BT) P = BT;
@@ -115,23 +119,23 @@ static void dw_rope_tab_launch(void *out, const void *x, int64_t BT, int64_t T_,
     const int64_t blocks = (BT + P - 1) / P;
     const size_t smem = (size_t)(2 * P * half + half) * sizeof(double);
     dw_rope_kernel<T, VW><<<(unsigned)blocks, DW_ROPE_THREADS, smem, s>>>(
-        (T *)out, (const T *)x, BT, T_, (int)H, (int)D, theta, sign, (int)P);
+        (T *)out, (const T *)x, BT, T_, (int)H, (int)D, theta, rs, sign, (int)P);
 }
 
 template <typename T>
 static void dw_rope_launch(void *out, const void *x, int64_t B, int64_t T_, int64_t H, int64_t D,
-                           double theta, double sign, cudaStream_t s) {
+                           double theta, const dw_rope_scaling &rs, double sign, cudaStream_t s) {
     const int64_t half = D / 2, BT = B * T_;
     const int vw = sizeof(T) == 2 ? 8 : 4; /* 16 bytes */
     if (half > DW_ROPE_MAX_HALF) {
         const int64_t npairs = BT * H * half;
         dw_rope_pair_kernel<T><<<dw_ew_blocks(npairs), DW_EW_THREADS, 0, s>>>(
-            (T *)out, (const T *)x, T_, H, D, theta, sign, npairs);
+            (T *)out, (const T *)x, T_, H, D, theta, rs, sign, npairs);
     } else if (half % vw == 0 && dw_aligned16(out) && dw_aligned16(x)) {
-        if constexpr (sizeof(T) == 2) dw_rope_tab_launch<T, 8>(out, x, BT, T_, H, D, theta, sign, s);
-        else dw_rope_tab_launch<T, 4>(out, x, BT, T_, H, D, theta, sign, s);
+        if constexpr (sizeof(T) == 2) dw_rope_tab_launch<T, 8>(out, x, BT, T_, H, D, theta, rs, sign, s);
+        else dw_rope_tab_launch<T, 4>(out, x, BT, T_, H, D, theta, rs, sign, s);
     } else {
-        dw_rope_tab_launch<T, 1>(out, x, BT, T_, H, D, theta, sign, s);
+        dw_rope_tab_launch<T, 1>(out, x, BT, T_, H, D, theta, rs, sign, s);
     }
 }
 
@@ -139,17 +143,19 @@ static void dw_rope_launch(void *out, const void *x, int64_t B, int64_t T_, int6
 #define DW_ROPE_MAX_PAIRS_PER_POS (1LL << 30)
 
 static dw_status dw_rope(dw_ctx *ctx, const char *op, dw_act_dtype dt, void *out, const void *x,
-                         int64_t B, int64_t T, int64_t H, int64_t D, double theta, double sign,
-                         void *stream) {
+                         int64_t B, int64_t T, int64_t H, int64_t D, double theta,
+                         const dw_rope_scaling *scaling, double sign, void *stream) {
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, B >= 0 && T >= 0 && H > 0 && D > 0 && D % 2 == 0 && theta > 0.0);
+    DW_OPS_REQUIRE(ctx, op, !dw_rope_scaling_problem(scaling, theta));
+    const dw_rope_scaling rs = scaling ? *scaling : dw_rope_scaling{};
     DW_OPS_REQUIRE(ctx, op, H <= DW_ROPE_MAX_PAIRS_PER_POS / (D / 2 > 0 ? D / 2 : 1));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (out && x));
     if (B * T == 0) return DW_OK;
     if (dt == DW_ACT_F32)
-        dw_rope_launch<float>(out, x, B, T, H, D, theta, sign, (cudaStream_t)stream);
+        dw_rope_launch<float>(out, x, B, T, H, D, theta, rs, sign, (cudaStream_t)stream);
     else
-        dw_rope_launch<dw_bf16>(out, x, B, T, H, D, theta, sign, (cudaStream_t)stream);
+        dw_rope_launch<dw_bf16>(out, x, B, T, H, D, theta, rs, sign, (cudaStream_t)stream);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }
@@ -157,12 +163,12 @@ static dw_status dw_rope(dw_ctx *ctx, const char *op, dw_act_dtype dt, void *out
 extern "C" {
 
 dw_status dw_cuda_rope_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t B,
-                           int64_t T, int64_t H, int64_t D, double theta, void *stream) {
-    return dw_rope(ctx, "rope_fwd", dt, out, x, B, T, H, D, theta, 1.0, stream);
+                           int64_t T, int64_t H, int64_t D, double theta, const dw_rope_scaling *rs, void *stream) {
+    return dw_rope(ctx, "rope_fwd", dt, out, x, B, T, H, D, theta, rs, 1.0, stream);
 }
 dw_status dw_cuda_rope_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, int64_t B,
-                           int64_t T, int64_t H, int64_t D, double theta, void *stream) {
-    return dw_rope(ctx, "rope_bwd", dt, dx, dout, B, T, H, D, theta, -1.0, stream);
+                           int64_t T, int64_t H, int64_t D, double theta, const dw_rope_scaling *rs, void *stream) {
+    return dw_rope(ctx, "rope_bwd", dt, dx, dout, B, T, H, D, theta, rs, -1.0, stream);
 }
 
 } /* extern "C" */

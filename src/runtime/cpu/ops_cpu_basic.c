@@ -60,7 +60,7 @@ dw_status dw_cpu_op_rope_fwd(dw_backend *be, const dw_op_call *c) {
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
     float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     CHECK(x && y);
-    dw_cpu_rope_fwd(y, x, c->b, c->t, a->heads, a->head_dim, a->theta);
+    dw_cpu_rope_fwd(y, x, c->b, c->t, a->heads, a->head_dim, a->theta, &a->rope);
     dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
@@ -71,7 +71,7 @@ dw_status dw_cpu_op_rope_bwd(dw_backend *be, const dw_op_call *c) {
     const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
     CHECK(dy && dx);
-    dw_cpu_rope_bwd(dx, dy, c->b, c->t, a->heads, a->head_dim, a->theta);
+    dw_cpu_rope_bwd(dx, dy, c->b, c->t, a->heads, a->head_dim, a->theta, &a->rope);
     dw_cpu_deliver(c, 0, dx, N * C);
     return DW_OK;
 }

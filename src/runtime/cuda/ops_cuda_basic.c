@@ -43,13 +43,13 @@ dw_status dw_cuda_op_position_bwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cuda_op_rope_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const dw_ir_attrs *a = &c->n->attrs;
-    return dw_cuda_rope_fwd(be->ctx, dt, c->out[0], c->in[0], c->b, c->t, a->heads, a->head_dim, a->theta, s);
+    return dw_cuda_rope_fwd(be->ctx, dt, c->out[0], c->in[0], c->b, c->t, a->heads, a->head_dim, a->theta, &a->rope, s);
 }
 dw_status dw_cuda_op_rope_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const dw_ir_attrs *a = &c->n->attrs;
     if (!c->dx[0]) return DW_OK;
-    return dw_cuda_rope_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->b, c->t, a->heads, a->head_dim, a->theta, s);
+    return dw_cuda_rope_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->b, c->t, a->heads, a->head_dim, a->theta, &a->rope, s);
 }
 
 /* ---- norms: one-pass backward with DELTA's partial sums; a later gradient of x added in place - */
