@@ -149,7 +149,7 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
         t->bwd += t->rc;
     }
     if (par->recompute == DW_RECOMPUTE_FULL) {
-        t->rc = t->fwd;
+        t->rc = t->fwd - fwd_comm; /* its communication counts under TP, CP and EP below */
         t->bwd += t->fwd;
         t->tp += 0.4 * t->tp, t->cp += t->cp / 3, t->ep += t->epf, t->epb += t->epf;
         t->flops += (gm.flops - 3.5 * af) / 3 + af; /* one more forward: GEMMs + attention */

@@ -26,11 +26,13 @@ static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) 
     return true;
 }
 
-void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
+/* The worst pipeline rank into *out, and every rank into ranks[pp] when not NULL. */
+static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, dw_mem *ranks) {
     memset(out, 0, sizeof *out);
     if (engine_memory(in, par, out)) {
         out->hbm = (double)in->hw->gpus[0].hbm_bytes;
         out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
+        if (ranks) ranks[0] = *out;
         return;
     }
     const dw_model_config *c = in->cfg;
@@ -113,6 +115,10 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
         mm.workspace = FIXED_WORKSPACE + (tp > 1 ? 2 * T * d * 2 : 0);
         mm.inflight = (double)inflight / (par->sched == DW_SCHED_DUALPIPE ? 1 : par->vpp);
         mm.total = mm.weights + mm.grads + mm.optimizer + mm.activations + mm.workspace + mm.scales;
+        mm.worst_stage = s;
+        mm.hbm = (double)g->hbm_bytes;
+        mm.limit = (1.0 - in->job.mem_headroom) * mm.hbm;
+        if (ranks) ranks[s] = mm;
         if (s == 0 || mm.total > out->total) {
             *out = mm;
             out->worst_stage = s;
@@ -120,4 +126,11 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     }
     out->hbm = (double)g->hbm_bytes;
     out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
+}
+
+void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) { memory_ranks(in, par, out, NULL); }
+
+void dw_plan_memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *ranks) {
+    dw_mem worst;
+    memory_ranks(in, par, &worst, ranks);
 }

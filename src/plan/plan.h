@@ -210,6 +210,8 @@ int dw_plan_chunks(const dw_par *p);
 int dw_plan_chunk_stage(const dw_par *p, int s, int ch);
 /* Memory per GPU for a configuration (worst stage). */
 void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
+/* The same for every pipeline rank: ranks[pp] (worst_stage holds the rank's own index). */
+void dw_plan_memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *ranks);
 
 /* ---- Deepwell's own CUDA engine (engine.c) -------------------------------------------------- */
 /* A plan the engine runs as it is: one GPU (dp = tp = pp = cp = ep = 1, v = 1), no recompute,

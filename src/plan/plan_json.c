@@ -1,5 +1,6 @@
 /* plan_json.c — plans to JSON (the `deepwell plan --json` document) and back to parallel
  * settings (for `deepwell dryrun --plan`). Schema in docs/planner.md. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -83,6 +84,60 @@ json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
     return o;
 }
 
+/* A step's time split into terms that add up to it: compute (the slowest rank's busy time less
+ * the communication and recomputation inside it), exposed TP, CP, EP, recomputation, bubble and
+ * p2p waits (pipeline - busy), exposed DP/ZeRO, optimizer. */
+#define EXPLAIN_TERMS 8
+static const char *const term_names[EXPLAIN_TERMS] = {"compute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
+                                                      "recompute_s", "bubble_s", "dp_exposed_s", "optimizer_s"};
+static void time_terms(const dw_plan_entry *e, double t[EXPLAIN_TERMS]) {
+    const dw_cost *c = &e->cost;
+    t[1] = c->tp_comm, t[2] = c->cp_comm, t[3] = c->ep_comm, t[4] = e->x.recompute;
+    t[0] = c->compute - t[1] - t[2] - t[3] - t[4];
+    t[5] = c->pipeline - c->compute, t[6] = c->dp_exposed, t[7] = c->optimizer;
+}
+
+/* The best plan's time split and memory per pipeline rank (`deepwell plan --json`'s "explain"). */
+static json_t *explain_best(const dw_plan_in *in, const dw_plan_entry *e) {
+    json_t *o = json_object(), *t = json_object(), *ranks = json_array();
+    double v[EXPLAIN_TERMS];
+    time_terms(e, v);
+    for (int k = 0; k < EXPLAIN_TERMS; k++) set_num(t, term_names[k], v[k]);
+    set_num(t, "ep_hidden_s", e->x.ep_hidden);
+    set_num(t, "step_s", e->cost.step);
+    json_object_set_new(o, "time", t);
+    dw_mem *m = calloc((size_t)e->par.pp, sizeof *m);
+    if (m) {
+        dw_plan_memory_ranks(in, &e->par, m);
+        for (int s = 0; s < e->par.pp; s++)
+            json_array_append_new(ranks, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", s, "weights_bytes",
+                                                   (json_int_t)m[s].weights, "grads_bytes", (json_int_t)m[s].grads,
+                                                   "optimizer_bytes", (json_int_t)m[s].optimizer, "activations_bytes",
+                                                   (json_int_t)m[s].activations, "other_bytes",
+                                                   (json_int_t)(m[s].workspace + m[s].scales), "total_bytes",
+                                                   (json_int_t)m[s].total));
+        free(m);
+    }
+    json_object_set_new(o, "memory_per_rank", ranks);
+    return o;
+}
+
+/* Why an alternative lost to the best: each term's excess over the best's, and the largest. */
+static json_t *versus_best(const dw_plan_entry *best, const dw_plan_entry *e) {
+    json_t *o = json_object();
+    double a[EXPLAIN_TERMS], b[EXPLAIN_TERMS];
+    time_terms(best, a);
+    time_terms(e, b);
+    int worst = 0;
+    for (int k = 0; k < EXPLAIN_TERMS; k++) {
+        set_num(o, term_names[k], b[k] - a[k]);
+        if (b[k] - a[k] > b[worst] - a[worst]) worst = k;
+    }
+    set_num(o, "step_s", e->cost.step - best->cost.step);
+    json_object_set_new(o, "largest", json_string(term_names[worst]));
+    return o;
+}
+
 json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
     json_t *o = json_object(), *job = json_object(), *alts = json_array(), *rej = json_array();
     json_t *model = json_object(), *hw = json_object();
@@ -106,8 +161,14 @@ json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
     set_num(job, "memory_headroom", in->job.mem_headroom);
     if (in->experts) set_num(job, "moe_capacity", in->capacity);
     json_object_set_new(o, "job", job);
-    json_object_set_new(o, "best", r->n_plans ? dw_plan_entry_json(in, &r->plans[0]) : json_null());
-    for (int i = 1; i < r->n_plans; i++) json_array_append_new(alts, dw_plan_entry_json(in, &r->plans[i]));
+    json_t *best = r->n_plans ? dw_plan_entry_json(in, &r->plans[0]) : json_null();
+    if (r->n_plans) json_object_set_new(best, "explain", explain_best(in, &r->plans[0]));
+    json_object_set_new(o, "best", best);
+    for (int i = 1; i < r->n_plans; i++) {
+        json_t *alt = dw_plan_entry_json(in, &r->plans[i]);
+        json_object_set_new(alt, "vs_best", versus_best(&r->plans[0], &r->plans[i]));
+        json_array_append_new(alts, alt);
+    }
     json_object_set_new(o, "alternatives", alts);
     for (int k = 0; k < DW_REJECT_COUNT; k++) {
         if (!r->rej.count[k]) continue;

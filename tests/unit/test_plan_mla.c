@@ -216,11 +216,53 @@ static void test_overlap_and_dualpipe(void **state) {
     assert_int_equal(dw_pipe_simulate(NULL, &bad, false, &o), DW_ERR_INVALID);
 }
 
+/* `deepwell plan --json`'s explanation: the best plan's terms add up to its step, memory per rank
+ * peaks at the reported worst rank, and each alternative says by how much, and where, it lost. */
+static void test_explain(void **state) {
+    (void)state;
+    dw_model_config c;
+    assert_int_equal(dw_model_config_load(dw_test_ctx, "mixtral-8x7b", &c), DW_OK);
+    dw_hw *hw = plan_preset(dw_test_ctx, "h100-sxm", 4);
+    dw_job j = {.seq = 4096, .global_batch = 128};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(dw_test_ctx, &c, hw, &j, NULL, &in), DW_OK);
+    dw_plan_result r;
+    assert_int_equal(dw_plan_search(dw_test_ctx, &in, 4, &r), DW_OK);
+    assert_true(r.n_plans >= 2);
+    json_t *o = dw_plan_result_json(&in, &r);
+    json_t *best = json_object_get(o, "best"), *ex = json_object_get(best, "explain");
+    json_t *t = json_object_get(ex, "time"), *ranks = json_object_get(ex, "memory_per_rank");
+    static const char *const terms[] = {"compute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s", "recompute_s",
+                                        "bubble_s", "dp_exposed_s", "optimizer_s"};
+    double sum = 0;
+    for (int k = 0; k < 8; k++) {
+        double v = json_real_value(json_object_get(t, terms[k]));
+        assert_true(v >= -1e-9 * r.plans[0].cost.step);
+        sum += v;
+    }
+    assert_true(fabs(sum - r.plans[0].cost.step) <= 1e-9 * r.plans[0].cost.step);
+    assert_int_equal((int)json_array_size(ranks), r.plans[0].par.pp);
+    double peak = 0;
+    for (size_t s = 0; s < json_array_size(ranks); s++) {
+        double tot = (double)json_integer_value(json_object_get(json_array_get(ranks, s), "total_bytes"));
+        if (tot > peak) peak = tot;
+    }
+    assert_true(fabs(peak - r.plans[0].mem.total) <= 1.0 + 1e-12 * peak);
+    json_t *alt = json_array_get(json_object_get(o, "alternatives"), 0), *vs = json_object_get(alt, "vs_best");
+    assert_true(fabs(json_real_value(json_object_get(vs, "step_s")) - (r.plans[1].cost.step - r.plans[0].cost.step)) <=
+                1e-9 * r.plans[0].cost.step);
+    assert_non_null(json_string_value(json_object_get(vs, "largest")));
+    json_decref(o);
+    dw_plan_result_free(&r);
+    dw_hw_free(hw);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_node_limited_a2a),
         cmocka_unit_test(test_overlap_and_dualpipe),
+        cmocka_unit_test(test_explain),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
