@@ -51,6 +51,10 @@ void dw_comm_divide_host(void *buf, int64_t n, dw_comm_type t, int divide_by) {
     }
 }
 
+/* One host rank: every collective is the identity, done here. A device communicator of one rank
+ * (NCCL on one GPU) still runs its library, which keeps that path testable on one GPU. */
+static bool solo(const dw_comm *c) { return c->world == 1 && !c->i->device_memory; }
+
 static dw_status check(dw_ctx *ctx, const dw_comm *c, const char *what, int64_t n, dw_comm_type t, dw_comm_op op) {
     if (n < 0 || (unsigned)t >= DW_COMM_TYPE_COUNT || (op != DW_COMM_SUM && op != DW_COMM_AVG))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s %s: count %lld, type %d, op %d", c->i->name, what, (long long)n,
@@ -62,27 +66,27 @@ static dw_status check(dw_ctx *ctx, const dw_comm *c, const char *what, int64_t 
 
 dw_status dw_comm_all_reduce(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, dw_comm_type t, dw_comm_op op) {
     DW_TRY(check(ctx, c, "all-reduce", n, t, op));
-    return c->world == 1 || n == 0 ? DW_OK : c->i->all_reduce(ctx, c, buf, n, t, op);
+    return solo(c) || n == 0 ? DW_OK : c->i->all_reduce(ctx, c, buf, n, t, op);
 }
 
 dw_status dw_comm_reduce_scatter(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n_each, dw_comm_type t, dw_comm_op op) {
     DW_TRY(check(ctx, c, "reduce-scatter", n_each, t, op));
-    return c->world == 1 || n_each == 0 ? DW_OK : c->i->reduce_scatter(ctx, c, buf, n_each, t, op);
+    return solo(c) || n_each == 0 ? DW_OK : c->i->reduce_scatter(ctx, c, buf, n_each, t, op);
 }
 
 dw_status dw_comm_all_gather(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n_each, dw_comm_type t) {
     DW_TRY(check(ctx, c, "all-gather", n_each, t, DW_COMM_SUM));
-    return c->world == 1 || n_each == 0 ? DW_OK : c->i->all_gather(ctx, c, buf, n_each, t);
+    return solo(c) || n_each == 0 ? DW_OK : c->i->all_gather(ctx, c, buf, n_each, t);
 }
 
 dw_status dw_comm_broadcast(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, dw_comm_type t, int root) {
     DW_TRY(check(ctx, c, "broadcast", n, t, DW_COMM_SUM));
     if (root < 0 || root >= c->world)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s broadcast: root %d of %d ranks", c->i->name, root, c->world);
-    return c->world == 1 || n == 0 ? DW_OK : c->i->broadcast(ctx, c, buf, n, t, root);
+    return solo(c) || n == 0 ? DW_OK : c->i->broadcast(ctx, c, buf, n, t, root);
 }
 
-dw_status dw_comm_barrier(dw_ctx *ctx, dw_comm *c) { return c->world == 1 ? DW_OK : c->i->barrier(ctx, c); }
+dw_status dw_comm_barrier(dw_ctx *ctx, dw_comm *c) { return solo(c) ? DW_OK : c->i->barrier(ctx, c); }
 
 dw_status dw_comm_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const int64_t *send_counts, void *recv,
                              const int64_t *recv_counts, dw_comm_type t) {
@@ -90,7 +94,7 @@ dw_status dw_comm_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const in
     for (int r = 0; r < c->world; r++)
         if (send_counts[r] < 0 || recv_counts[r] < 0)
             return dw_set_error(ctx, DW_ERR_INVALID, "%s all-to-all: negative count for rank %d", c->i->name, r);
-    if (c->world == 1 && !c->i->device_memory) { /* one rank sends to itself */
+    if (solo(c)) { /* one rank sends to itself */
         if (send_counts[0] != recv_counts[0])
             return dw_set_error(ctx, DW_ERR_INVALID, "all-to-all: sends %lld elements to itself but expects %lld",
                                 (long long)send_counts[0], (long long)recv_counts[0]);

@@ -59,7 +59,7 @@ struct dw_comm {
 int dw_comm_type_size(dw_comm_type t);
 
 /* The collectives, checked (counts >= 0, root in range, AVG only on floating types) and passed to
- * the backend; a world of one returns at once. */
+ * the backend; a host world of one returns at once (a device one still calls its library). */
 dw_status dw_comm_all_reduce(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, dw_comm_type t, dw_comm_op op);
 dw_status dw_comm_reduce_scatter(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n_each, dw_comm_type t, dw_comm_op op);
 dw_status dw_comm_all_gather(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n_each, dw_comm_type t);
