@@ -1183,6 +1183,12 @@ typedef struct {
     const dw_policy *policy;   /* borrowed; NULL: FP32 on a CPU context, BF16 on CUDA */
     dw_weights_from weights;   /* default DW_WEIGHTS_AUTO */
     uint64_t seed;             /* random initialisation (default 1337) */
+    const char *weights_from;  /* NULL: `what`'s own weights as `weights` says; else (with AUTO or
+                                  FILE) the weights of this source instead: a checkpoint or run
+                                  directory (validated; its newest checkpoint), a directory with
+                                  model.safetensors or model.safetensors.index.json, or a
+                                  .safetensors file. Every tensor must match the graph (errors name
+                                  the tensor and both shapes) */
 } dw_model_opts;
 DW_API void dw_model_opts_init(dw_model_opts *o, size_t size);
 
@@ -1196,6 +1202,9 @@ DW_API dw_engine *dw_model_engine(const dw_model *m);
 DW_API const dw_graph *dw_model_graph(const dw_model *m);
 /* Whether the weights came from a file (false: initialised from seed). */
 DW_API bool dw_model_trained(const dw_model *m);
+/* The checkpoint directory, model directory or file the weights were loaded from; NULL when they
+ * were initialised from seed or left at zero. Owned by m. */
+DW_API const char *dw_model_weights_source(const dw_model *m);
 /* The tokenizer its text goes through: "bytes" (byte-level, vocabulary 256) or "ids" (text is
  * space-separated token ids); a checkpoint says which its data used. Static string. */
 DW_API const char *dw_model_tokenizer(const dw_model *m);

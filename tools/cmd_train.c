@@ -20,6 +20,15 @@ static const char *CMD = "train"; /* "train (rank R/N)" in a job of several rank
 /* This process's place in a job of several (mpirun, torchrun, srun, `deepwell launch`). */
 static dw_dist_env dist = {.world_size = 1, .local_world_size = 1, .launcher = "none"};
 enum { O_ZERO = O_LAST + 1 }; /* not in the resume record: any stage resumes any checkpoint */
+/* --init, --init-from: not in the resume record either (a resumed run's weights are its checkpoint's) */
+enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
+
+/* Where a new run's weights come from: MODEL's own when it has them (else the seed), the seed
+ * (--init random), or another source (--init-from). */
+typedef struct {
+    bool random;
+    const char *from;
+} train_init;
 
 static void help(void) {
     printf(
@@ -28,7 +37,16 @@ static void help(void) {
         "Trains a model with AdamW and writes DIR/metrics.jsonl (one JSON object per step) and\n"
         "checkpoints DIR/ckpt-<step>/ (config.json, model.safetensors, optimizer.safetensors,\n"
         "state.json) with DIR/latest naming the newest.\n\n"
-        "  --model MODEL          preset (gpt2-tiny, llama-tiny, ...) or Hugging Face model directory\n"
+        "  --model MODEL          preset (gpt2-tiny, llama-tiny, ...) or Hugging Face model directory;\n"
+        "                         training starts from the directory's weights when it has them\n"
+        "                         (model.safetensors or a sharded model.safetensors.index.json;\n"
+        "                         F32, F16 or BF16), else from a random initialisation\n"
+        "  --init auto|random     auto: as above (default); random: initialise from --seed even\n"
+        "                         when MODEL has weights\n"
+        "  --init-from SRC        start from the weights of SRC instead: a model directory, a\n"
+        "                         checkpoint or run directory (its newest checkpoint) or a\n"
+        "                         .safetensors file; each tensor must have MODEL's shape\n");
+    printf( /* (split: C99 compilers need only support 4095 characters in one string) */
         "  --data PATTERN         llm.c token shards (*.bin, glob), text files (read as bytes), or\n"
         "                         builtin (addition facts \"3+4=7\", a, b in 0..4; no file needed)\n"
         "  --val PATTERN          validation data (default for builtin: its validation stream;\n"
@@ -193,8 +211,8 @@ static int print_profile(dw_ctx *ctx, const char *dir) {
 }
 
 static int train_run(dw_train_opts *po, const run_record *rec, const bool *given, const char *model,
-                     const char *device, const char *precision, const char *policy_path, const char *fallback,
-                     long log_every);
+                     const train_init *init, const char *device, const char *precision, const char *policy_path,
+                     const char *fallback, long log_every);
 
 static int unreadable_record(const char *run, const char *err);
 
@@ -217,7 +235,8 @@ int cmd_train(int argc, char **argv) {
         {"precision", required_argument, 0, O_PRECISION}, {"policy", required_argument, 0, O_POLICY},
         {"fallback", required_argument, 0, O_FALLBACK}, {"profile", no_argument, 0, O_PROFILE},
         {"deterministic", no_argument, 0, O_DETERMINISTIC}, {"ckpt-minutes", required_argument, 0, O_CKPTMIN},
-        {"zero", required_argument, 0, O_ZERO}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"zero", required_argument, 0, O_ZERO}, {"init", required_argument, 0, O_INIT},
+        {"init-from", required_argument, 0, O_INIT_FROM}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
         cli_error(CMD, "%s", dw_errmsg(NULL));
@@ -230,6 +249,7 @@ int cmd_train(int argc, char **argv) {
     dw_train_opts o;
     dw_train_opts_init(&o, sizeof o);
     const char *device = "auto", *precision = NULL, *policy_path = NULL, *fallback = NULL, *model = NULL;
+    train_init init = {.random = false, .from = NULL};
     long v = 0, log_every = 1;
     bool given[O_LAST - O_FIRST] = {false};
     int c;
@@ -250,6 +270,12 @@ int cmd_train(int argc, char **argv) {
         case O_DETERMINISTIC: o.deterministic = true; break;
         case O_POLICY: policy_path = optarg; break;
         case O_FALLBACK: fallback = optarg; break;
+        case O_INIT:
+            ok = !strcmp(optarg, "auto") || !strcmp(optarg, "random");
+            if (!ok) cli_error(CMD, "--init must be auto or random, got '%s'", optarg);
+            init.random = ok && !strcmp(optarg, "random");
+            break;
+        case O_INIT_FROM: init.from = optarg; break;
         case O_PROMPT: o.sample_prompt = optarg; break;
         case O_SCHED: {
             static const char *names[] = {"cosine", "linear", "constant"};
@@ -304,7 +330,7 @@ int cmd_train(int argc, char **argv) {
     run_record rec = {0};
     char err[2048];
     if (o.resume && !run_record_read(o.resume, &rec, err, sizeof err)) return unreadable_record(o.resume, err);
-    int rc = train_run(&o, &rec, given, model, device, precision, policy_path, fallback, log_every);
+    int rc = train_run(&o, &rec, given, model, &init, device, precision, policy_path, fallback, log_every);
     run_record_free(&rec);
     return rc;
 }
@@ -343,10 +369,30 @@ static int unreadable_record(const char *run, const char *err) {
     return rc;
 }
 
+/* What the run starts from, said once before the first step (rank 0 of several). */
+static void print_weights(const dw_model *m, const train_init *init, uint64_t seed) {
+    if (dist.rank != 0) return;
+    if (dw_model_weights_source(m))
+        fprintf(stderr, "deepwell %s: weights from %s%s\n", CMD, dw_model_weights_source(m),
+                init->from ? " (--init-from)" : "");
+    else
+        fprintf(stderr, "deepwell %s: weights initialised from seed %llu%s\n", CMD, (unsigned long long)seed,
+                init->random ? " (--init random)" : "");
+}
+
 static int train_run(dw_train_opts *po, const run_record *rec, const bool *given, const char *model,
-                     const char *device, const char *precision, const char *policy_path, const char *fallback,
-                     long log_every) {
+                     const train_init *init, const char *device, const char *precision, const char *policy_path,
+                     const char *fallback, long log_every) {
     dw_train_opts o = *po;
+    if (o.resume && (init->random || init->from)) {
+        cli_error(CMD, "--init and --init-from start a new run; a resumed run takes its weights from its "
+                  "checkpoint (%s)", o.resume);
+        return cli_usage_error(CMD);
+    }
+    if (init->random && init->from) {
+        cli_error(CMD, "--init random and --init-from %s contradict each other; give one", init->from);
+        return cli_usage_error(CMD);
+    }
     if (o.resume && !train_resume_merge(CMD, rec, given, &o, &device)) return DW_EXIT_USAGE;
     if (!o.resume && !given[O_GB - O_FIRST]) o.global_batch = o.batch * dist.world_size;
     if ((!model && !o.resume) || !o.data || !o.out_dir) {
@@ -392,11 +438,12 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
         return DW_EXIT_USAGE;
     }
     /* the model from the checkpoint being resumed (its weights loaded by dw_train), else MODEL
-     * with weights from the seed */
+     * with its own weights, those of --init-from, or weights from the seed */
     dw_model_opts mo;
     dw_model_opts_init(&mo, sizeof mo);
     mo.batch = o.batch, mo.seq = o.seq, mo.policy = pol, mo.seed = o.seed;
-    mo.weights = o.resume ? DW_WEIGHTS_NONE : DW_WEIGHTS_RANDOM;
+    mo.weights = o.resume ? DW_WEIGHTS_NONE : init->random ? DW_WEIGHTS_RANDOM : DW_WEIGHTS_AUTO;
+    mo.weights_from = o.resume ? NULL : init->from;
     dw_model *m = NULL;
     st = dw_model_open(ctx, o.resume ? o.resume : model, &mo, &m);
     if (st != DW_OK) {
@@ -405,6 +452,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
         dw_ctx_free(ctx);
         return rc;
     }
+    if (!o.resume) print_weights(m, init, o.seed);
     printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every, .rec = o.resume ? rec : NULL,
                   .given = given, .opts = &o, .device = dw_ctx_device(ctx) == DW_DEVICE_CUDA ? "cuda" : "cpu"};
     o.progress = on_progress;

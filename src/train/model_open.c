@@ -1,7 +1,8 @@
 /* model_open.c — dw_model (deepwell.h): the pipeline in one call for tools and quick starts. A
  * checkpoint or run directory (validated by train/ckpt.c), a model directory, a config.json or a
  * preset -> the graph at batch x seq -> a program for the context's device (FP32 on the CPU, BF16
- * on CUDA unless a policy says otherwise) -> an engine with the weights of `what` or from a seed. */
+ * on CUDA unless a policy says otherwise) -> an engine with the weights of `what`, of another
+ * source (opts.weights_from: fine-tuning from a model directory or checkpoint) or from a seed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@ struct dw_model {
     dw_policy *own_policy; /* the BF16 policy made for a CUDA context without one */
     dw_engine *e;
     bool trained;
+    char *source; /* where the weights came from (NULL: seed or zero) */
     dw_tokenizer tok;
 };
 
@@ -36,12 +38,14 @@ void dw_model_free(dw_model *m) {
     dw_compiled_free(m->c);
     dw_policy_free(m->own_policy);
     dw_graph_free(m->g);
+    free(m->source);
     free(m);
 }
 
 dw_engine *dw_model_engine(const dw_model *m) { return m->e; }
 const dw_graph *dw_model_graph(const dw_model *m) { return m->g; }
 bool dw_model_trained(const dw_model *m) { return m->trained; }
+const char *dw_model_weights_source(const dw_model *m) { return m->source; }
 const char *dw_model_tokenizer(const dw_model *m) { return dw_tokenizer_name(m->tok); }
 
 static bool has_file(const char *dir, const char *name) {
@@ -54,6 +58,25 @@ static bool has_file(const char *dir, const char *name) {
 /* Whether dir holds Hugging Face weights (model.safetensors or a sharded index). */
 static bool has_weights(const char *dir) {
     return has_file(dir, "model.safetensors") || has_file(dir, "model.safetensors.index.json");
+}
+
+/* opts.weights_from resolved into what dw_engine_load_weights reads (*path, free()): a checkpoint
+ * or run directory (validated; its newest checkpoint), a directory with weights, or a file. */
+static dw_status weights_source(dw_ctx *ctx, const char *from, char **path) {
+    *path = NULL;
+    struct stat sb;
+    if (!*from || stat(from, &sb) != 0)
+        return dw_set_error(ctx, DW_ERR_IO, "weights '%s': no such file or directory", from);
+    const bool dir = S_ISDIR(sb.st_mode);
+    if (dir && (has_file(from, "state.json") || has_file(from, "latest"))) {
+        dw_ckpt_state state;
+        return dw_ckpt_open(ctx, from, path, &state);
+    }
+    if (dir && !has_weights(from))
+        return dw_set_error(ctx, DW_ERR_IO, "weights '%s': a directory without model.safetensors or "
+                            "model.safetensors.index.json (nor a checkpoint's state.json)", from);
+    *path = strdup(from);
+    return *path ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
 }
 
 dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts, dw_model **out) {
@@ -90,12 +113,15 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
     if (st == DW_OK) st = dw_compile(ctx, m->g, NULL, pol, NULL, &m->c);
     if (st == DW_OK) st = dw_engine_create(ctx, m->c, NULL, &m->e);
     const bool file = is_dir && has_weights(dir);
-    if (st == DW_OK && o.weights == DW_WEIGHTS_FILE && !file)
+    const bool other = o.weights_from && (o.weights == DW_WEIGHTS_AUTO || o.weights == DW_WEIGHTS_FILE);
+    if (st == DW_OK && o.weights == DW_WEIGHTS_FILE && !file && !other)
         st = dw_set_error(ctx, DW_ERR_IO, "%s: no weights (model.safetensors or model.safetensors.index.json)", dir);
     if (st == DW_OK && o.weights == DW_WEIGHTS_NONE) {
         /* left at zero for the caller */
-    } else if (st == DW_OK && file && o.weights != DW_WEIGHTS_RANDOM) {
-        st = dw_engine_load_weights(m->e, dir);
+    } else if (st == DW_OK && (other || (file && o.weights != DW_WEIGHTS_RANDOM))) {
+        if (other) st = weights_source(ctx, o.weights_from, &m->source);
+        else if (!(m->source = strdup(dir))) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        if (st == DW_OK) st = dw_engine_load_weights(m->e, m->source);
         m->trained = st == DW_OK;
     } else if (st == DW_OK) {
         st = dw_engine_init_weights(m->e, o.seed);
