@@ -51,7 +51,12 @@ int dw_plan_check(const dw_plan_in *in, const dw_par *p, char *why, int why_len)
     long long E = in->experts;
     if ((E == 0 && p->ep != 1) || (E > 0 && E % p->ep))
         note(why, why_len, &n, "%s: %lld experts not divisible by ep %lld\n", "experts", (long long)E, (long long)p->ep);
-    if (p->dp % p->ep) note(why, why_len, &n, "%s: ep %lld does not divide dp %lld\n", "ep", (long long)p->ep, (long long)p->dp);
+    long long etp = p->etp > 0 ? p->etp : p->tp;
+    if (etp != p->tp && (etp != 1 || E == 0))
+        note(why, why_len, &n, "%s: expert tp %lld must be tp %lld, or 1 for a MoE model\n", "etp", etp, (long long)p->tp);
+    else if (((long long)p->dp * (p->tp / etp)) % p->ep)
+        note(why, why_len, &n, "%s: ep %lld does not divide dp %lld x tp/etp %lld\n", "ep", (long long)p->ep,
+             (long long)p->dp, (long long)(p->tp / etp));
     if ((long long)p->dp * p->micro_batch * p->grad_accum != in->job.global_batch)
         note(why, why_len, &n, "%s: dp*micro_batch*grad_accum != global batch %lld (dp %lld)\n", "batch",
              (long long)in->job.global_batch, (long long)p->dp);

@@ -60,7 +60,8 @@ static void ep_time(const dw_plan_in *in, const dw_par *par, double tokens, doub
     if (par->ep <= 1) return;
     double d = (double)in->cfg->d_model, a = dw_plan_operand_bytes(in->job.recipe);
     double routed = (double)in->top_k * in->capacity;
-    int64_t stride = (int64_t)par->tp * par->cp;
+    /* EP ranks sit outside the expert-TP group: tp cp apart, or etp cp apart when folded */
+    int64_t stride = (int64_t)dw_par_etp(par) * par->cp;
     int64_t limit = dw_plan_node_limit(in, par->ep, stride);
     /* forward dispatch sends the quantised expert inputs (a bytes), the forward combine and both
      * backward all-to-alls send BF16 */
@@ -103,12 +104,14 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
         qin += ff;
     } else {
         double E = (double)in->experts, fe = c->d_ff_expert > 0 ? (double)c->d_ff_expert : ff;
-        double ep = par->ep, routed = (double)in->top_k * in->capacity;
+        double ep = par->ep, routed = (double)in->top_k * in->capacity, etp = dw_par_etp(par);
         gemm_time(in, DW_RECIPE_BF16, T, E, d, &gm); /* router stays BF16 */
-        double me = T * routed * ep / E;        /* tokens per local expert */
+        /* tokens per local expert: the rank's sequence-parallel shard T/tp gathered over the
+         * expert-TP group, routed to E/ep local experts of the EP group */
+        double me = T * etp / tp * routed * ep / E;
         ltime ex = {0};
-        gemm_time(in, pr, me, mult * fe / tp, d, &ex);
-        gemm_time(in, pr, me, d, fe / tp, &ex);
+        gemm_time(in, pr, me, mult * fe / etp, d, &ex);
+        gemm_time(in, pr, me, d, fe / etp, &ex);
         double local = E / ep;
         gm.fwd += local * ex.fwd, gm.bwd += local * ex.bwd, gm.flops += local * ex.flops;
         if (c->n_shared_experts > 0) {
@@ -188,8 +191,10 @@ static const char *const reject_names[DW_REJECT_COUNT] = {
 const char *dw_reject_name(dw_reject r) { return (r >= 0 && r < DW_REJECT_COUNT) ? reject_names[r] : "?"; }
 
 void dw_par_format(const dw_par *p, char *buf, int len) {
-    snprintf(buf, (size_t)len, "dp%d tp%d pp%d v%d cp%d ep%d mb%lld ga%lld %s%s rc=%s zero%d%s", p->dp,
-             p->tp, p->pp, p->vpp, p->cp, p->ep, (long long)p->micro_batch, (long long)p->grad_accum,
+    char etp[16] = "";
+    if (dw_par_etp(p) != p->tp) snprintf(etp, sizeof etp, " etp%d", dw_par_etp(p));
+    snprintf(buf, (size_t)len, "dp%d tp%d pp%d v%d cp%d ep%d%s mb%lld ga%lld %s%s rc=%s zero%d%s", p->dp,
+             p->tp, p->pp, p->vpp, p->cp, p->ep, etp, (long long)p->micro_batch, (long long)p->grad_accum,
              dw_sched_name(p->sched), p->a2a_overlap && p->sched != DW_SCHED_DUALPIPE ? "+a2a_overlap" : "",
              dw_recompute_name(p->recompute), p->zero, p->offload ? " offload" : "");
 }
@@ -209,7 +214,10 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
              (long long)c->n_layers, p->pp, p->vpp);
     if (in->experts > 0 ? in->experts % p->ep != 0 : p->ep != 1)
         FAIL(EP_EXPERTS, "%lld experts %% ep %d != 0", (long long)in->experts, p->ep);
-    if (p->dp % p->ep) FAIL(EP_DP, "dp %d %% ep %d != 0", p->dp, p->ep);
+    if (dw_par_etp(p) != p->tp && (dw_par_etp(p) != 1 || in->experts == 0))
+        FAIL(EP_DP, "expert tp %d: 1 (folded) or tp %d, with experts", dw_par_etp(p), p->tp);
+    if (((int64_t)p->dp * (p->tp / dw_par_etp(p))) % p->ep)
+        FAIL(EP_DP, "dp %d x tp/etp %d %% ep %d != 0", p->dp, p->tp / dw_par_etp(p), p->ep);
     if (in->job.global_batch % ((int64_t)p->dp * p->micro_batch) ||
         p->grad_accum * p->dp * p->micro_batch != in->job.global_batch)
         FAIL(BATCH, "global batch %lld %% (dp %d * mb %lld) != 0", (long long)in->job.global_batch,
@@ -351,7 +359,7 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
     c->tp_comm = rank[slow].tp, c->cp_comm = rank[slow].cp, c->ep_comm = rank[slow].ep;
     out->x.recompute = rank[slow].rc;
     /* DP / ZeRO traffic and optimizer, per pipeline rank; the worst rank counts. */
-    double dpn = (double)par->dp * par->cp, dpn_e = dpn / par->ep, opt = 0, dp_exp = 0, dp_all = 0;
+    double dpn = (double)par->dp * par->cp, dpn_e = dw_par_expert_dp(par), opt = 0, dp_exp = 0, dp_all = 0;
     for (int s = 0; s < par->pp; s++) {
         double pd = 0, pe = 0, maxl = 0, win_f = 0, win_b = 0;
         for (int ch = 0; ch < chunks; ch++) {
@@ -364,7 +372,7 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
             if (lp.max_layer > maxl) maxl = lp.max_layer;
             win_f += fw[vs], win_b += bw[vs];
         }
-        int64_t sd = par->tp, se = (int64_t)par->tp * par->ep;
+        int64_t sd = par->tp, se = (int64_t)dw_par_etp(par) * par->ep;
         double rs = 0, ag = 0, ar = 0;
         if (dpn > 1) {
             rs += dw_plan_coll_time(in->hw, DW_COLL_REDUCESCATTER, (int64_t)dpn, sd, 4 * pd);

@@ -93,7 +93,7 @@ void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vsta
     dw_param_counts pc;
     dw_plan_params(in, &pc);
     const dw_model_config *c = in->cfg;
-    double tp = par->tp, ep = par->ep;
+    double tp = par->tp, ep = par->ep, etp = dw_par_etp(par);
     dw_attn_shape as;
     dw_plan_attn_shape(in, &as);
     double d = (double)c->d_model;
@@ -106,10 +106,10 @@ void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vsta
     double attn_w = (as.matmul - as.replicated) / tp + as.replicated;
     o->dense = dense_layers * (attn + pc.mlp / tp + pc.norms) +
                moe * (attn + pc.moe_shared / tp + pc.router + pc.norms);
-    o->expert = moe * pc.moe_experts / (ep * tp);
+    o->expert = moe * pc.moe_experts / (ep * etp);
     o->matmul = dense_layers * (attn_w + mlp_w / tp) + moe * (attn_w + pc.moe_shared / tp) + o->expert;
     double dense_block = attn + pc.mlp / tp + pc.norms;
-    double moe_block = attn + pc.moe_shared / tp + pc.router + pc.norms + pc.moe_experts / (ep * tp);
+    double moe_block = attn + pc.moe_shared / tp + pc.router + pc.norms + pc.moe_experts / (ep * etp);
     o->max_layer = st->moe_layers > 0 ? moe_block : 0;
     if (dense_layers > 0 && dense_block > o->max_layer) o->max_layer = dense_block;
     if (st->embed) o->dense += (pc.embed + pc.pos) / tp;
@@ -118,8 +118,8 @@ void dw_plan_local_params(const dw_plan_in *in, const dw_par *par, const dw_vsta
         bool last_moe = in->experts > 0;
         o->dense += k * (last_moe ? attn + pc.moe_shared / tp + pc.router + pc.norms : attn + pc.mlp / tp + pc.norms) +
                     k * (2 * d * d / tp + 3 * d);
-        o->expert += last_moe ? k * pc.moe_experts / (ep * tp) : 0;
-        o->matmul += k * (attn_w + (last_moe ? pc.moe_shared / tp + pc.moe_experts / (ep * tp) : mlp_w / tp) + 2 * d * d / tp);
+        o->expert += last_moe ? k * pc.moe_experts / (ep * etp) : 0;
+        o->matmul += k * (attn_w + (last_moe ? pc.moe_shared / tp + pc.moe_experts / (ep * etp) : mlp_w / tp) + 2 * d * d / tp);
     }
     if (st->head) {
         o->dense += pc.lm_head / tp + pc.final_norm;

@@ -40,7 +40,7 @@ static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, d
     int64_t m = par->grad_accum;
     double T = (double)par->micro_batch * (double)in->job.seq / par->cp; /* tokens per rank */
     double tp = par->tp, d = (double)c->d_model;
-    double dpn = (double)par->dp * par->cp, dpn_e = dpn / par->ep;
+    double dpn = (double)par->dp * par->cp, dpn_e = dw_par_expert_dp(par);
     double a = dw_plan_operand_bytes(in->job.recipe);
     bool lowp = in->job.recipe != DW_RECIPE_BF16;
     /* low-precision weight cache: row-wise and column-wise (transposed) copies for fprop/dgrad */

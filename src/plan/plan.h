@@ -39,6 +39,10 @@ const char *dw_sched_name(dw_sched s);
 typedef struct {
     int dp, tp, pp, ep, cp;
     int vpp;                /* virtual stages per pipeline rank (1: plain 1F1B) */
+    /* expert tensor parallelism: how many ranks split each expert's matrices, tp (0 means tp)
+     * or 1 (Megatron-Core's MoE parallel folding: attention under TP, experts whole, the EP group
+     * then spanning TP ranks too: ep must divide dp * tp / etp) */
+    int etp;
     int64_t micro_batch;    /* sequences per micro-batch per DP rank */
     int64_t grad_accum;     /* micro-batches per step per DP rank = G / (dp * micro_batch) */
     dw_sched sched;
@@ -50,6 +54,13 @@ typedef struct {
     int zero;               /* 0..3 (3 = FSDP) */
     bool offload;           /* optimizer state + step on the host */
 } dw_par;
+
+/* The plan's expert tensor parallelism (etp 0 stands for tp), and the ranks that hold the same
+ * expert shard (expert data parallelism): dp * cp * tp / (ep * etp). */
+static inline int dw_par_etp(const dw_par *p) { return p->etp > 0 ? p->etp : p->tp; }
+static inline double dw_par_expert_dp(const dw_par *p) {
+    return (double)p->dp * p->cp * p->tp / ((double)p->ep * dw_par_etp(p));
+}
 
 /* Memory per GPU and step time: the public result structs (deepwell.h) are the planner's own. */
 typedef dw_plan_mem dw_mem;

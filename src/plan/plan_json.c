@@ -19,6 +19,7 @@ json_t *dw_par_json(const dw_par *p) {
     set_int(par, "ep", p->ep), set_int(par, "cp", p->cp);
     json_object_set_new(o, "parallel", par);
     set_int(o, "virtual_stages", p->vpp);
+    set_int(o, "expert_tp", dw_par_etp(p));
     json_object_set_new(o, "schedule", json_string(dw_sched_name(p->sched)));
     json_object_set_new(o, "a2a_overlap", json_boolean(p->a2a_overlap));
     set_int(o, "micro_batch", p->micro_batch);
@@ -246,6 +247,9 @@ dw_status dw_par_from_json(dw_ctx *ctx, const json_t *j, const char *what, dw_pa
         out->sched = DW_SCHED_DUALPIPE;
     }
     DW_TRY(dw_json_get_bool_opt(ctx, j, "a2a_overlap", what, &out->a2a_overlap));
+    int64_t etp = 0;
+    DW_TRY(get_opt_int(ctx, j, "expert_tp", what, 0, 10000000, &etp));
+    out->etp = (int)etp;
     const char *rc = NULL;
     DW_TRY(dw_json_get_str_opt(ctx, j, "recompute", what, &rc));
     out->recompute = DW_RECOMPUTE_NONE;

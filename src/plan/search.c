@@ -127,18 +127,21 @@ dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_r
                             reject(&S, DW_REJECT_BATCH, &p, det);
                             continue;
                         }
-                        for (int64_t mb = 1; mb <= G / dp && mb <= 32; mb++) {
-                            if ((G / dp) % mb) continue;
-                            p.micro_batch = mb;
-                            p.grad_accum = G / (dp * mb);
-                            for (int rc = 0; rc < DW_RECOMPUTE_COUNT; rc++)
-                                for (size_t zi = 0; zi < sizeof zs / sizeof zs[0]; zi++) {
-                                    p.recompute = (dw_recompute)rc;
-                                    p.zero = zs[zi].zero;
-                                    p.offload = zs[zi].off;
-                                    consider(&S, &p);
-                                }
-                        }
+                        /* expert TP: tp, or 1 (folded) for MoE models under TP */
+                        for (int fold = 0; fold < (in->experts > 0 && tp > 1 ? 2 : 1); fold++)
+                            for (int64_t mb = 1; mb <= G / dp && mb <= 32; mb++) {
+                                if ((G / dp) % mb) continue;
+                                p.etp = fold ? 1 : (int)tp;
+                                p.micro_batch = mb;
+                                p.grad_accum = G / (dp * mb);
+                                for (int rc = 0; rc < DW_RECOMPUTE_COUNT; rc++)
+                                    for (size_t zi = 0; zi < sizeof zs / sizeof zs[0]; zi++) {
+                                        p.recompute = (dw_recompute)rc;
+                                        p.zero = zs[zi].zero;
+                                        p.offload = zs[zi].off;
+                                        consider(&S, &p);
+                                    }
+                            }
                     }
                 }
             }

@@ -55,7 +55,9 @@ static void own_check(const dw_plan_in *in, const dw_plan_entry *e) {
     int64_t E = in->job.moe_experts ? in->job.moe_experts : c->n_experts;
     if (E) assert_int_equal(E % p->ep, 0);
     else assert_int_equal(p->ep, 1);
-    assert_int_equal(p->dp % p->ep, 0);
+    int etp = p->etp ? p->etp : p->tp; /* expert TP: tp, or 1 (folded, MoE only) */
+    assert_true(etp == p->tp || (etp == 1 && E > 0));
+    assert_int_equal(((int64_t)p->dp * (p->tp / etp)) % p->ep, 0);
     assert_int_equal((int64_t)p->dp * p->micro_batch * p->grad_accum, in->job.global_batch);
     if (p->vpp > 1) assert_int_equal(p->grad_accum % p->pp, 0);
     if (p->cp > 1) assert_int_equal(in->job.seq % (2 * p->cp), 0);
@@ -135,7 +137,7 @@ static double brute_force(const dw_plan_in *in) {
                 int cp = cps[ci];
                 if (N % ((int64_t)tp * cp * pp)) continue;
                 int dp = (int)(N / ((int64_t)tp * cp * pp));
-                for (int ep = 1; ep <= dp; ep++)
+                for (int ep = 1; ep <= dp * tp; ep++)
                     /* schedules: by v, each with and without all-to-all overlap, and DualPipe (7) */
                     for (int vi = 0; vi < 7 * 2; vi++)
                         for (int64_t mb = 1; mb <= 32; mb++) {
@@ -147,14 +149,16 @@ static double brute_force(const dw_plan_in *in) {
                             if (dual && (!ovl || pp % 2)) continue;
                             for (int rc = 0; rc < 3; rc++)
                                 for (int z = 0; z < 4; z++)
-                                    for (int off = 0; off < 2; off++) {
-                                        if (off && !z) continue;
+                                    for (int off = 0; off < 4; off++) {
+                                        int fold = off / 2; /* expert TP 1 instead of tp */
+                                        if ((off % 2 && !z) || (fold && tp == 1)) continue;
                                         dw_par p = {.dp = dp, .tp = tp, .pp = pp, .ep = ep, .cp = cp,
+                                                    .etp = fold ? 1 : tp,
                                                     .vpp = v, .micro_batch = mb, .a2a_overlap = ovl,
                                                     .grad_accum = in->job.global_batch / (dp * mb),
                                                     .sched = dual ? DW_SCHED_DUALPIPE
                                                              : v > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B,
-                                                    .recompute = (dw_recompute)rc, .zero = z, .offload = off};
+                                                    .recompute = (dw_recompute)rc, .zero = z, .offload = off % 2};
                                         if (pp > in->cfg->n_layers + 2) continue;
                                         dw_plan_entry e;
                                         dw_reject why;
