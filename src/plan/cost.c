@@ -209,9 +209,12 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
     if (p->cp > 1 && in->job.seq % (2 * p->cp))
         FAIL(CP_SEQ, "seq %lld %% (2 * cp %d) != 0", (long long)in->job.seq, p->cp);
     dw_vstage st;
-    if (!dw_plan_vstage(in, p->pp, p->vpp, 0, &st))
-        FAIL(PP_LAYERS, "%lld layers (or +2 for embedding/head) %% (pp %d * v %d) != 0",
-             (long long)c->n_layers, p->pp, p->vpp);
+    if (!dw_plan_vstage(in, p->pp, p->vpp, 0, &st) || !dw_plan_vstage(in, p->pp, p->vpp, p->pp * p->vpp - 1, &st)) {
+        int64_t L = c->n_layers + (in->experts == c->n_experts ? c->route.n_mtp_layers : 0), P = (int64_t)p->pp * p->vpp;
+        FAIL(PP_LAYERS, "%lld layers%s over pp %d x v %d: the first and last stage cannot give up the %lld missing "
+             "slots", (long long)c->n_layers, L > c->n_layers ? " + MTP" : "", p->pp, p->vpp,
+             (long long)((L + P - 1) / P * P - L));
+    }
     if (in->experts > 0 ? in->experts % p->ep != 0 : p->ep != 1)
         FAIL(EP_EXPERTS, "%lld experts %% ep %d != 0", (long long)in->experts, p->ep);
     if (dw_par_etp(p) != p->tp && (dw_par_etp(p) != 1 || in->experts == 0))
