@@ -1,6 +1,7 @@
 // sm90_common.cuh — private device helpers shared by Deepwell's own sm_90a GEMM kernels
-// (mxfp8_sm90.cu, fp8block_sm90.cu): the wgmma descriptor and the m64n128k32 FP8 wgmma, cluster
-// multicast, tile rasterisation, the scalar epilogue; mbarriers and TMA loads are core/async_copy.cuh's
+// (mxfp8_sm90.cu, fp8block_sm90.cu): the m64n128k32 FP8 wgmma, cluster multicast, the scalar
+// epilogue; the warpgroup building blocks (descriptors, fences, rings, raster) are
+// core/wgmma_sm90.cuh's; mbarriers and TMA loads are core/async_copy.cuh's
 // (maps: core/tensor_map.cuh). CUDA C++; not a public header.
 #pragma once
 #include <cuda.h>
@@ -11,6 +12,7 @@
 
 #include "core/async_copy.cuh"
 #include "core/tensor_map.cuh"
+#include "core/wgmma_sm90.cuh"
 #include "gemm/gemm_cuda.h"
 
 namespace {
@@ -29,47 +31,7 @@ inline Epi make_epi(const dw_sm90_epi &x, int64_t m, int64_t n) {
     return Epi{x.alpha, x.beta, x.c, x.d, x.bias, x.aux, x.gelu, x.out_bf16, m, n};
 }
 
-// Device code exists for sm_90a only; the sm_100a pass sees empty kernels (never selected there).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900
-#define DW_SM90_BODY 1
-
-// 1024-byte aligned (128B swizzle) by an offset into the shared array, so that the compiler keeps
-// knowing these are shared-memory addresses (LDS; a round trip through uintptr_t makes generic loads)
-__device__ __forceinline__ uint8_t *smem_align_1024(uint8_t *raw) {
-    return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
-}
-
-// threadIdx.x / 128, broadcast from lane 0 so that the compiler knows it is warp-uniform: values
-// derived from it (a warpgroup's wgmma descriptors, its rows' addresses) then live in uniform
-// registers instead of being computed per thread and moved over with R2UR before every wgmma.
-__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); }
-
-// A position in a ring of shared-memory slots: slot and the parity of its current round (the
-// mbarrier phase to wait for), advanced by counting, without a division per K tile.
-struct Ring {
-    int slot = 0;
-    uint32_t phase = 0;
-    template <int ST> __device__ __forceinline__ void next() {
-        if (++slot == ST) slot = 0, phase ^= 1;
-    }
-};
-
-// wgmma shared-memory descriptor: K-major tile, rows of 128 bytes, 128-byte swizzle, 8-row atoms
-// 1024 bytes apart.
-__device__ __forceinline__ uint64_t make_desc(const void *p) {
-    uint64_t a = smem_u32(p);
-    return ((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Ties the accumulator registers to this point of the program (no reads move above a wait).
-__device__ __forceinline__ void reg_fence(float *d) {
-    asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
-}
+#ifdef DW_SM90_BODY
 
 // D[64x128] = A[64x32] . B[128x32]^T (+ D when scale_d != 0, else overwriting d). The operands are "+f" so that
 // the compiler keeps each partial in the same registers ("=f" let it rename them: spills).
@@ -111,9 +73,6 @@ __device__ __forceinline__ float epi_value(const Epi &e, int64_t r, int64_t c, f
     return v;
 }
 
-// Register reallocation between warpgroups (needs a register cap at entry: __launch_bounds__(n, 1)).
-template <int N> __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
-template <int N> __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
 
 // Stores the epilogue of D[r, c] and D[r, c + 1] (c even; c + 1 may be past n): one 4- or 8-byte
 // store when both lie inside a row of even length (aligned), else element by element.
@@ -158,16 +117,6 @@ __device__ __forceinline__ void tma_load_2d_mc(void *dst, const CUtensorMap *map
                  " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
                  "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
                  : "memory");
-}
-
-// Tile t of a tiles_m x tiles_n grid in GROUP_M-tall column bands, so that the CTAs running at
-// once share their B tiles (and A tiles) in L2.
-__device__ __forceinline__ void tile_coords(int64_t t, int64_t tiles_m, int64_t tiles_n, int group_m, int64_t *tm,
-                                            int64_t *tn) {
-    const int64_t per_group = (int64_t)group_m * tiles_n, first_m = (t / per_group) * group_m;
-    const int64_t gm = min((int64_t)group_m, tiles_m - first_m);
-    *tm = first_m + (t % per_group) % gm;
-    *tn = (t % per_group) / gm;
 }
 
 #endif // DW_SM90_BODY
