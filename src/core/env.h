@@ -10,6 +10,7 @@
  *   DW_ATTN=auto|cudnn|mma|nosplit|ref the CUDA attention path (kernels/cuda/attn_mma.cu)
  *   DW_ATTN_TILES=F,Q,K                tile shapes of the tensor-core attention (an experiment)
  *   DW_ATTN_CUDNN_DQ=...               cuDNN attention's dQ variant (an experiment)
+ *   DW_MOE_GEMM=auto|wgmma|mma|simt    the CUDA grouped expert GEMM (runtime/cuda/ops_cuda_moe.c)
  * docs/environment.md is the same list for users. */
 #ifndef DW_CORE_ENV_H
 #define DW_CORE_ENV_H

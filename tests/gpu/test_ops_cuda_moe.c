@@ -69,10 +69,13 @@ static int64_t cmp_ints(const char *name, const char *what, const void *dev, con
     return bad;
 }
 
-static int64_t run_moe(dw_act_dtype dt, int simt, int64_t N, int64_t C, int64_t K, int64_t E, int64_t M, int mode) {
+static const char *const kernel_names[] = {"auto", "simt", "mma", "wgmma"};
+
+static int64_t run_moe(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64_t C, int64_t K, int64_t E, int64_t M,
+                       int mode) {
     char name[160];
-    snprintf(name, sizeof name, "moe[%s%s N=%lld C=%lld K=%lld E=%lld M=%lld route=%d]", dw_gc_dtname(dt),
-             simt ? " simt" : "", (long long)N, (long long)C, (long long)K, (long long)E, (long long)M, mode);
+    snprintf(name, sizeof name, "moe[%s %s N=%lld C=%lld K=%lld E=%lld M=%lld route=%d]", dw_gc_dtname(dt),
+             kernel_names[kern], (long long)N, (long long)C, (long long)K, (long long)E, (long long)M, mode);
     int64_t bad = 0;
     const int64_t R = N * K;
     int32_t *idx = malloc((size_t)R * 4), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)R * 4);
@@ -109,8 +112,14 @@ static int64_t run_moe(dw_act_dtype dt, int simt, int64_t N, int64_t C, int64_t 
     memcpy(dW_ref, dW->host, (size_t)(E * M * C) * sizeof(float));
     dw_cpu_moe_linear_fwd(y_ref, xsr->host, w->host, off, R, E, C, M);
     dw_cpu_moe_linear_bwd(dxl_ref, dW_ref, dy->host, xsr->host, w->host, off, R, E, C, M);
+    /* the wgmma path's scratch, as the backward op gives it (the larger pass's), a byte more than
+     * needed so that a kernel writing past it is seen by the guard below */
+    const size_t wsd = dw_cuda_moe_gemm_ws_bytes(DW_MOE_DGRAD, R, E, C, M),
+                 wsw = dw_cuda_moe_gemm_ws_bytes(DW_MOE_WGRAD, R, E, C, M), wsb = wsd > wsw ? wsd : wsw;
+    dw_gt *ws = dw_gt_out("ws", (int64_t)(wsb / 4 + 1), DW_ACT_F32);
     dw_moe_gemm_args a = {.pass = DW_MOE_FPROP, .x = xsr->dev, .w = w->dev, .out = y->dev,
-                          .offsets = (const int32_t *)goff->dev, .R = R, .E = E, .K = C, .M = M, .simt = simt};
+                          .offsets = (const int32_t *)goff->dev, .R = R, .E = E, .K = C, .M = M, .kernel = kern,
+                          .ws = ws->dev, .ws_bytes = wsb};
     DW_GC_OK(bad, name, dw_cuda_moe_gemm(NULL, dt, &a, dw_gc_stream));
     a.pass = DW_MOE_DGRAD, a.dy = dy->dev, a.out = dxl->dev;
     DW_GC_OK(bad, name, dw_cuda_moe_gemm(NULL, dt, &a, dw_gc_stream));
@@ -148,22 +157,33 @@ static int64_t run_moe(dw_act_dtype dt, int simt, int64_t N, int64_t C, int64_t 
 static void test_moe_ops(void **state) {
     (void)state;
     int64_t bad = 0;
+    /* FP32 on the FMA tiles; BF16 as the engine runs it (auto: wgmma on sm_90), and each BF16 kernel
+     * asked for by name */
     const struct {
         dw_act_dtype dt;
-        int simt;
-    } modes[] = {{DW_ACT_F32, 1}, {DW_ACT_BF16, 0}, {DW_ACT_BF16, 1}};
+        dw_moe_kernel kern;
+    } modes[] = {{DW_ACT_F32, DW_MOE_KERNEL_SIMT},  {DW_ACT_BF16, DW_MOE_KERNEL_AUTO},
+                 {DW_ACT_BF16, DW_MOE_KERNEL_MMA},  {DW_ACT_BF16, DW_MOE_KERNEL_SIMT},
+                 {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA}};
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         const dw_act_dtype dt = modes[m].dt;
-        const int simt = modes[m].simt;
-#ifdef DW_CUDA_EMU /* the host emulator cannot run the tensor-core kernel's PTX */
-        if (!simt) continue;
+        const dw_moe_kernel k = modes[m].kern;
+#ifdef DW_CUDA_EMU /* the host emulator cannot run the tensor-core kernels' PTX */
+        if (k != DW_MOE_KERNEL_SIMT) continue;
 #endif
-        bad += run_moe(dt, simt, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 72, 2, 8, 40, ROUTE_UNIFORM);
-        bad += run_moe(dt, simt, 37, 33, 3, 5, 19, ROUTE_SAME);       /* skewed, odd widths: scalar paths */
-        bad += run_moe(dt, simt, 1, 64, 1, 4, 64, ROUTE_UNIFORM);     /* a single token */
-        bad += run_moe(dt, simt, 200, 256, 8, 64, 136, ROUTE_UNIFORM); /* many experts, some empty */
-        bad += run_moe(dt, simt, 300, 384, 2, 4, 320, ROUTE_UNIFORM);  /* several 128-tiles and K tiles */
-        bad += run_moe(dt, simt, 90, 48, 2, 6, 24, ROUTE_INVALID);     /* tails past the assigned rows */
+        bad += run_moe(dt, k, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 72, 2, 8, 40, ROUTE_UNIFORM);
+        if (k != DW_MOE_KERNEL_WGMMA) /* widths not multiples of 8: the other kernels only */
+            bad += run_moe(dt, k, 37, 33, 3, 5, 19, ROUTE_SAME); /* skewed, odd widths: scalar paths */
+        bad += run_moe(dt, k, 1, 64, 1, 4, 64, ROUTE_UNIFORM);     /* a single token */
+        bad += run_moe(dt, k, 200, 256, 8, 64, 136, ROUTE_UNIFORM); /* many experts, some empty */
+        bad += run_moe(dt, k, 300, 384, 2, 4, 320, ROUTE_UNIFORM);  /* several 128-tiles and K tiles */
+        bad += run_moe(dt, k, 90, 48, 2, 6, 24, ROUTE_INVALID);     /* tails past the assigned rows */
+        if (dt == DW_ACT_BF16) { /* more K tiles than the wgmma ring's 6 slots, in every pass; skewed */
+            bad += run_moe(dt, k, 700, 512, 2, 8, 448, ROUTE_SAME);
+            /* 64 experts, top-8, every one with rows (moe-e64's router): the last expert's padded
+             * offset lies past the first 256 bytes of the wgrad scratch */
+            bad += run_moe(dt, k, 1500, 128, 8, 64, 64, ROUTE_UNIFORM);
+        }
     }
     assert_int_equal(bad, 0);
 }
@@ -255,6 +275,11 @@ static void test_moe_validation(void **state) {
     assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_F32, &a, dw_gc_stream), DW_ERR_INVALID); /* no experts */
     assert_non_null(strstr(dw_errmsg(NULL), "moe_linear"));
     a.E = 2, a.pass = DW_MOE_DGRAD; /* dgrad without dy */
+    assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_F32, &a, dw_gc_stream), DW_ERR_INVALID);
+    a.pass = DW_MOE_FPROP, a.K = 33, a.kernel = DW_MOE_KERNEL_WGMMA; /* a width wgmma cannot take, asked of it */
+    assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_BF16, &a, dw_gc_stream), DW_ERR_UNSUPPORTED);
+    assert_non_null(strstr(dw_errmsg(NULL), "wgmma"));
+    a.K = 4, a.kernel = DW_MOE_KERNEL_MMA; /* an FP32 program has no tensor-core kernel */
     assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_F32, &a, dw_gc_stream), DW_ERR_INVALID);
     assert_int_equal(dw_cuda_moe_dispatch_fwd(NULL, DW_ACT_F32, p, (int32_t *)p, (int32_t *)p, p, (const int32_t *)p, 2,
                                               4, 1, 5000, dw_gc_stream),

@@ -1,8 +1,9 @@
 /* ops_moe_gemm.cu — the grouped expert GEMMs of the MoE linear layer (fprop, dgrad, wgrad; the
  * products of moe_gemm.cuh): the entry that checks and launches, and the FP32-FMA tile kernel that
- * runs FP32 programs (and BF16 ones when asked: the tensor-core kernel's own check, and the host
- * emulator's path). BF16 goes to moe_gemm_tc.cu's tensor-core kernel. Counts and offsets stay on
- * the device. Each output element is one CTA's: no atomics, deterministic. */
+ * runs FP32 programs (and BF16 ones when asked: the tensor-core kernels' own check, and the host
+ * emulator's path). BF16 goes to moe_gemm_sm90.cu's wgmma kernel where it can run, else to
+ * moe_gemm_tc.cu's mma.sync one. Counts and offsets stay on the device. Each output element is
+ * one CTA's: no atomics, deterministic. */
 #include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_gemm_tc.h"
 #include "kernels/cuda/ops_common.cuh"
@@ -73,7 +74,17 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
     if (a->pass != DW_MOE_WGRAD) /* rows past the assigned ones: zero, whatever the kernel covers */
         DW_TRY(dw_cuda_moe_zero_tail(ctx, dt, a->out, a->offsets, a->E, R, J, stream));
     if (R == 0) return DW_OK;
-    if (dt == DW_ACT_BF16 && !a->simt) {
+    const dw_moe_kernel k = a->kernel;
+    DW_OPS_REQUIRE(ctx, op, k == DW_MOE_KERNEL_AUTO || k == DW_MOE_KERNEL_SIMT || dt == DW_ACT_BF16);
+    if (dt == DW_ACT_BF16 && (k == DW_MOE_KERNEL_AUTO || k == DW_MOE_KERNEL_WGMMA)) {
+        const cudaError_t err = dw_moe_gemm_sm90(a, s);
+        if (err == cudaSuccess) return DW_OK;
+        if (err != cudaErrorNotSupported) DW_CUDA_CHECK(ctx, err);
+        if (k == DW_MOE_KERNEL_WGMMA)
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the wgmma kernel cannot run here (an sm_90 device, K "
+                                "and M multiples of 8, at most 1024 experts and its scratch are needed)", op);
+    }
+    if (dt == DW_ACT_BF16 && k != DW_MOE_KERNEL_SIMT) {
         DW_CUDA_CHECK(ctx, dw_moe_gemm_tc(a, s));
         return DW_OK;
     }

@@ -16,6 +16,7 @@ typedef enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorNotSupported = 801,
     cudaErrorLaunchFailure = 719
 } cudaError_t;
 typedef enum {

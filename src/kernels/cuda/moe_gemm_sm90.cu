@@ -1,0 +1,333 @@
+// moe_gemm_sm90.cu — the BF16 grouped expert GEMM for Hopper (sm_90a): TMA loads into a ring of
+// shared-memory slots, wgmma m64n128k16 with FP32 accumulation, one persistent warp-specialised
+// kernel for the three passes of moe_gemm.cuh. Each pass is computed as C[i,j] = sum_l A(i,l) B(j,l)
+// with both operands K-major (l contiguous), as the 128-byte-swizzled TMA boxes wgmma reads:
+//   fprop  A = x (R,K) rows of expert e from off[e],  B = W viewed (E*M, K), rows of e from e*M
+//   dgrad  A = dy (R,M),                               B = W^T (E*K, M): transposed here first
+//   wgrad  A = dy^T (M, Rp), B = x^T (K, Rp): both transposed here first, each expert's columns
+//          padded to a multiple of 64 with zeros (poff), so that no K tile mixes two experts
+// The scratch (dw_cuda_moe_gemm_ws_bytes) holds the transposes. Tiles of fprop/dgrad cover each
+// expert's rows in 128-row blocks (expert, block) found from the device's offsets: no counts come
+// to the host, and rows a tile reads past its expert's group are computed but never stored. Every
+// output element is one CTA's (wgrad adds into dW): deterministic.
+// CTA: warpgroup 0 produces (one thread issues the TMA loads into STAGES slots guarded by full/empty
+// mbarriers), warpgroups 1 and 2 consume, each 64 rows of the 128 x 128 tile.
+#include <cuda_bf16.h>
+
+#include "core/tensor_map.cuh"
+#include "core/wgmma_sm90.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
+#include "kernels/cuda/moe_gemm_tc.h"
+
+namespace {
+
+constexpr int MW_BM = 128, MW_BN = 128, MW_BK = 64; // BK: 64 BF16 = one 128-byte swizzle row
+constexpr int MW_STAGES = 6, MW_THREADS = 384;
+constexpr int MW_A_BYTES = MW_BM * MW_BK * 2, MW_B_BYTES = MW_BN * MW_BK * 2;
+constexpr int MW_MAX_E = 1024;                 // offsets kept in shared memory
+constexpr int MW_PROD_REGS = 40, MW_CONS_REGS = 232;
+constexpr int MW_SMEM = MW_STAGES * (MW_A_BYTES + MW_B_BYTES) + 2 * MW_STAGES * 8 + 2 * (MW_MAX_E + 1) * 4 + 1024;
+static_assert(MW_SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
+static_assert(128 * MW_PROD_REGS + 256 * MW_CONS_REGS <= MW_THREADS * (65536 / MW_THREADS / 8 * 8),
+              "setmaxnreg would ask for more registers than the CTA holds");
+
+struct MwArgs {
+    const int32_t *off;  // (E+1) group offsets of the rows
+    const int32_t *poff; // wgrad: (E+1) padded offsets of the transposed operands' columns
+    void *out;           // fprop/dgrad: (R, J) BF16; wgrad: dW (E, I, J) FP32, added into
+    int64_t E, I, J, L;  // wgrad: I = M, J = K; fprop/dgrad: J output columns, L the reduction
+    int64_t b_rows;      // rows of B per expert (fprop M, dgrad K; wgrad 0)
+    int64_t tiles_n;
+    int wgrad;
+};
+
+// The tile of work unit u: expert e, rows [row0, row0 + rows) of the output's expert block (fprop
+// and dgrad: rows of the group; wgrad: rows of dW_e), n-tile tn, and the TMA coordinates.
+struct MwTile {
+    int64_t e, tn, row0, rows, a_row, b_row, l0, ktiles;
+};
+
+#ifdef DW_SM90_BODY
+constexpr int MW_GROUP_M = 16; // raster: 16 row tiles share their B tiles in L2
+
+// D[64x128] (+)= A[64x16] . B[128x16]^T, BF16 operands from K-major descriptors.
+__device__ __forceinline__ void wgmma_bf16_k16(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Work unit u's tile; false when u is past the last one. s_off/s_mt: the offsets and (fprop, dgrad)
+// the prefix sums of the experts' row-tile counts, in shared memory.
+__device__ __forceinline__ bool mw_tile(const MwArgs &p, const int32_t *s_off, const int32_t *s_mt, int64_t u,
+                                        MwTile *t) {
+    if (p.wgrad) {
+        const int64_t tiles_m = (p.I + MW_BM - 1) / MW_BM, per = tiles_m * p.tiles_n;
+        if (u >= p.E * per) return false;
+        int64_t tm;
+        t->e = u / per;
+        tile_coords(u % per, tiles_m, p.tiles_n, MW_GROUP_M, &tm, &t->tn);
+        t->row0 = tm * MW_BM, t->rows = p.I - t->row0;
+        t->a_row = t->row0, t->b_row = t->tn * MW_BN;
+        t->l0 = p.poff[t->e], t->ktiles = (p.poff[t->e + 1] - t->l0) / MW_BK;
+        return true;
+    }
+    const int64_t tiles_m = s_mt[p.E];
+    if (u >= tiles_m * p.tiles_n) return false;
+    int64_t gm;
+    tile_coords(u, tiles_m, p.tiles_n, MW_GROUP_M, &gm, &t->tn);
+    int64_t e = 0;
+    while (s_mt[e + 1] <= gm) e++; // the expert whose row tiles hold gm (empty experts have none)
+    t->e = e;
+    const int64_t g0 = s_off[e], mt = gm - s_mt[e];
+    t->row0 = g0 + mt * MW_BM, t->rows = s_off[e + 1] - t->row0;
+    t->a_row = t->row0, t->b_row = e * p.b_rows + t->tn * MW_BN;
+    t->l0 = 0, t->ktiles = (p.L + MW_BK - 1) / MW_BK;
+    return true;
+}
+#endif // DW_SM90_BODY
+
+__global__ void __launch_bounds__(MW_THREADS, 1)
+    moe_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB, MwArgs p) {
+#ifdef DW_SM90_BODY
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = smem_align_1024(smem_raw);
+    uint8_t *sA = smem;                           // [ST][128 rows][128 B], 128B swizzle
+    uint8_t *sB = sA + MW_STAGES * MW_A_BYTES;    // [ST][128 rows][128 B]
+    uint64_t *full = (uint64_t *)(sB + MW_STAGES * MW_B_BYTES), *empty = full + MW_STAGES;
+    int32_t *s_off = (int32_t *)(empty + MW_STAGES), *s_mt = s_off + MW_MAX_E + 1;
+    const int tid = threadIdx.x, wg = warpgroup_index();
+    if (!p.wgrad) {
+        for (int64_t e = tid; e <= p.E; e += MW_THREADS) s_off[e] = p.off[e];
+        __syncthreads();
+        if (tid == 0) { // prefix of row tiles per expert
+            s_mt[0] = 0;
+            for (int64_t e = 0; e < p.E; e++) s_mt[e + 1] = s_mt[e] + (s_off[e + 1] - s_off[e] + MW_BM - 1) / MW_BM;
+        }
+    }
+    if (tid == 0) {
+        for (int s = 0; s < MW_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8); // 8 consumer warps
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { // producer
+        regs_dec<MW_PROD_REGS>();
+        if (tid == 0) {
+            Ring r;
+            bool first_round = true;
+            MwTile t;
+            for (int64_t u = blockIdx.x; mw_tile(p, s_off, s_mt, u, &t); u += gridDim.x)
+                for (int64_t kt = 0; kt < t.ktiles; kt++) {
+                    const int s = r.slot;
+                    if (!first_round) mbar_wait<true>(&empty[s], r.phase ^ 1);
+                    mbar_expect_tx(&full[s], MW_A_BYTES + MW_B_BYTES);
+                    const int l = (int)(t.l0 + kt * MW_BK);
+                    tma_load_2d(sA + s * MW_A_BYTES, &tA, &full[s], l, (int)t.a_row);
+                    tma_load_2d(sB + s * MW_B_BYTES, &tB, &full[s], l, (int)t.b_row);
+                    r.next<MW_STAGES>();
+                    if (r.slot == 0) first_round = false;
+                }
+        }
+        return;
+    }
+    // consumers: warpgroup wg owns rows [64 (wg-1), +64) of the tile
+    regs_inc<MW_CONS_REGS>();
+    const int cw = wg - 1, lt = tid % 128, warp = lt / 32, lane = lt % 32;
+    const int rl = 64 * cw + 16 * warp + lane / 4, q = lane % 4; // rows rl, rl + 8; cols 8 j + 2 q (+1)
+    const uint64_t da0 = make_desc(sA + cw * 64 * 128), db0 = make_desc(sB);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    Ring r;
+    MwTile t;
+    for (int64_t u = blockIdx.x; mw_tile(p, s_off, s_mt, u, &t); u += gridDim.x) {
+        if (t.ktiles == 0) continue; // wgrad: an expert without rows adds nothing
+        int prev = -1;
+        for (int64_t kt = 0; kt < t.ktiles; kt++) {
+            const int s = r.slot;
+            mbar_wait(&full[s], r.phase);
+            const uint64_t da = da0 + (uint64_t)(s * (MW_A_BYTES >> 4)), db = db0 + (uint64_t)(s * (MW_B_BYTES >> 4));
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 4; c++) wgmma_bf16_k16(acc, da + 2 * c, db + 2 * c, kt > 0 || c > 0);
+            wg_commit();
+            // the previous K tile's wgmmas are done once at most this one's group is in flight
+            wg_wait<1>();
+            if (prev >= 0) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[prev]);
+            }
+            prev = s;
+            r.next<MW_STAGES>();
+        }
+        wg_wait<0>();
+        reg_fence(acc);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[prev]);
+        // epilogue from registers (the producer already fills the ring for the next tile)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t rr = rl + 8 * h; // row within the tile
+            if (rr >= t.rows || rr >= MW_BM) continue;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int64_t col = t.tn * MW_BN + 8 * j + 2 * q;
+                if (col >= p.J) continue; // J is even: col + 1 < J too
+                const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                if (p.wgrad) {
+                    float2 *d = reinterpret_cast<float2 *>((float *)p.out + (t.e * p.I + t.row0 + rr) * p.J + col);
+                    float2 o = *d;
+                    o.x += v0, o.y += v1;
+                    *d = o;
+                } else {
+                    *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)p.out + (t.row0 + rr) * p.J + col) =
+                        __floats2bfloat162_rn(v0, v1);
+                }
+            }
+        }
+    }
+#endif
+}
+
+// ---- the transposes feeding dgrad and wgrad ----------------------------------------------------
+constexpr int TP = 32; // 32 x 32 tiles through shared memory, 32 x 8 threads
+
+// W (E, M, K) -> WT (E, K, M), expert e = blockIdx.z.
+__global__ void moe_transpose_w_kernel(__nv_bfloat16 *wt, const __nv_bfloat16 *w, int64_t M, int64_t K) {
+    __shared__ __nv_bfloat16 s[TP][TP + 2];
+    const int64_t e = blockIdx.z, m0 = (int64_t)blockIdx.y * TP, k0 = (int64_t)blockIdx.x * TP;
+    const __nv_bfloat16 *src = w + e * M * K;
+    __nv_bfloat16 *dst = wt + e * M * K;
+    for (int i = threadIdx.y; i < TP; i += 8) {
+        const int64_t m = m0 + i, k = k0 + threadIdx.x;
+        if (m < M && k < K) s[i][threadIdx.x] = src[m * K + k];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < TP; i += 8) {
+        const int64_t k = k0 + i, m = m0 + threadIdx.x;
+        if (k < K && m < M) dst[k * M + m] = s[threadIdx.x][i];
+    }
+}
+
+// poff (E+1): each expert's row count rounded up to 64, summed. One thread: E is small.
+__global__ void moe_pad_offsets_kernel(int32_t *poff, const int32_t *off, int64_t E) {
+    int32_t acc = 0;
+    poff[0] = 0;
+    for (int64_t e = 0; e < E; e++) poff[e + 1] = acc += (off[e + 1] - off[e] + MW_BK - 1) / MW_BK * MW_BK;
+}
+
+// src (R, C) rows grouped by expert -> dst (C, Rp): column p of dst, inside expert e's padded range
+// [poff[e], poff[e+1]), is row off[e] + (p - poff[e]) of src, or zero past the expert's rows.
+__global__ void moe_transpose_rows_kernel(__nv_bfloat16 *dst, const __nv_bfloat16 *src, const int32_t *off,
+                                          const int32_t *poff, int64_t E, int64_t C, int64_t Rp) {
+    __shared__ __nv_bfloat16 s[TP][TP + 2]; // [column p][c]
+    __shared__ int64_t srow[TP];
+    const int64_t p0 = (int64_t)blockIdx.x * TP, c0 = (int64_t)blockIdx.y * TP;
+    if (p0 >= poff[E]) return;
+    if (threadIdx.y == 0) {
+        const int64_t pcol = p0 + threadIdx.x;
+        int64_t lo = 0, hi = E; // the expert e with poff[e] <= pcol < poff[e+1] (binary search)
+        while (hi - lo > 1) {
+            const int64_t mid = (lo + hi) / 2;
+            if (poff[mid] <= pcol) lo = mid;
+            else hi = mid;
+        }
+        const int64_t i = pcol - poff[lo];
+        srow[threadIdx.x] = pcol < poff[E] && i < off[lo + 1] - off[lo] ? off[lo] + i : -1;
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < TP; j += 8) {
+        const int64_t row = srow[j], c = c0 + threadIdx.x;
+        s[j][threadIdx.x] = row >= 0 && c < C ? src[row * C + c] : __float2bfloat16_rn(0.0f);
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < TP; j += 8) {
+        const int64_t c = c0 + j, pcol = p0 + threadIdx.x;
+        if (c < C && pcol < Rp) dst[c * Rp + pcol] = s[threadIdx.x][j];
+    }
+}
+
+static_assert(MW_BK == 64, "dw_cuda_moe_padded_rows pads the groups to the K tile");
+
+// Streaming multiprocessors of the current device and whether it is an sm_90 part; cached.
+bool sm90_device(int *sms) {
+    static int cached_dev = -1, cached_sms = 0, cached_ok = 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (dev != cached_dev) {
+        int major = 0, minor = 0, n = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return false;
+        cached_ok = major == 9 && minor == 0, cached_sms = n, cached_dev = dev;
+    }
+    *sms = cached_sms;
+    return cached_ok;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+} // namespace
+
+cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
+    int sms = 0;
+    const int64_t R = a->R, E = a->E, K = a->K, M = a->M;
+    if (!sm90_device(&sms) || E > MW_MAX_E || K % 8 || M % 8 || !aligned16(a->x ? a->x : a->dy) ||
+        !aligned16(a->out) || (a->w && !aligned16(a->w)) || (a->dy && !aligned16(a->dy)) ||
+        a->ws_bytes < dw_cuda_moe_gemm_ws_bytes(a->pass, R, E, K, M) || (a->pass != DW_MOE_FPROP && !aligned16(a->ws)) ||
+        R >= (int64_t)1 << 30 || E * (M > K ? M : K) >= (int64_t)1 << 31)
+        return cudaErrorNotSupported;
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaError_t err = cudaFuncSetAttribute(moe_gemm_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM);
+        if (err != cudaSuccess) return err;
+        attr_set = true;
+    }
+    const CUtensorMapDataType bf = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const CUtensorMapSwizzle sw = CU_TENSOR_MAP_SWIZZLE_128B;
+    CUtensorMap tA, tB;
+    MwArgs p = {};
+    p.off = a->offsets, p.out = a->out, p.E = E;
+    int64_t units;
+    if (a->pass == DW_MOE_WGRAD) {
+        const int64_t Rp = dw_cuda_moe_padded_rows(R, E);
+        int32_t *poff = (int32_t *)a->ws;
+        __nv_bfloat16 *dyT = (__nv_bfloat16 *)((uint8_t *)a->ws + dw_cuda_moe_poff_bytes(E)), *xT = dyT + M * Rp;
+        moe_pad_offsets_kernel<<<1, 1, 0, stream>>>(poff, a->offsets, E);
+        const dim3 blk(TP, 8);
+        moe_transpose_rows_kernel<<<dim3((unsigned)(Rp / TP), (unsigned)((M + TP - 1) / TP)), blk, 0, stream>>>(
+            dyT, (const __nv_bfloat16 *)a->dy, a->offsets, poff, E, M, Rp);
+        moe_transpose_rows_kernel<<<dim3((unsigned)(Rp / TP), (unsigned)((K + TP - 1) / TP)), blk, 0, stream>>>(
+            xT, (const __nv_bfloat16 *)a->x, a->offsets, poff, E, K, Rp);
+        if (!dw_make_map_2d(&tA, dyT, bf, 2, M, Rp, Rp, MW_BK, MW_BM, sw) ||
+            !dw_make_map_2d(&tB, xT, bf, 2, K, Rp, Rp, MW_BK, MW_BN, sw))
+            return cudaErrorNotSupported;
+        p.poff = poff, p.wgrad = 1, p.I = M, p.J = K, p.L = 0, p.b_rows = 0;
+        p.tiles_n = (K + MW_BN - 1) / MW_BN;
+        units = E * ((M + MW_BM - 1) / MW_BM) * p.tiles_n;
+    } else {
+        const bool fprop = a->pass == DW_MOE_FPROP;
+        const void *A = fprop ? a->x : a->dy, *B = a->w;
+        const int64_t L = fprop ? K : M, J = fprop ? M : K;
+        if (!fprop) { // W^T (E, K, M) into the scratch
+            moe_transpose_w_kernel<<<dim3((unsigned)((K + TP - 1) / TP), (unsigned)((M + TP - 1) / TP), (unsigned)E),
+                                     dim3(TP, 8), 0, stream>>>((__nv_bfloat16 *)a->ws, (const __nv_bfloat16 *)a->w, M, K);
+            B = a->ws;
+        }
+        if (!dw_make_map_2d(&tA, A, bf, 2, R, L, L, MW_BK, MW_BM, sw) ||
+            !dw_make_map_2d(&tB, B, bf, 2, E * J, L, L, MW_BK, MW_BN, sw))
+            return cudaErrorNotSupported;
+        p.wgrad = 0, p.J = J, p.L = L, p.b_rows = J;
+        p.tiles_n = (J + MW_BN - 1) / MW_BN;
+        units = ((R + MW_BM - 1) / MW_BM + E) * p.tiles_n; // at most: row tiles of every group
+    }
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    const int64_t grid = units < sms ? units : sms;
+    if (grid == 0) return cudaSuccess;
+    moe_gemm_sm90_kernel<<<(unsigned)grid, MW_THREADS, MW_SMEM, stream>>>(tA, tB, p);
+    return cudaGetLastError();
+}
