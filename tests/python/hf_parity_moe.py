@@ -104,6 +104,19 @@ def mixtral_names(tensors):
     return out
 
 
+def generic_names(tensors):
+    """The inverse of mixtral_names: Mixtral's own per-expert names (which save_pretrained may write,
+    and which Deepwell's dump keeps for a model loaded from them) as the generic ones."""
+    out = {}
+    for k, v in tensors.items():
+        k = k.replace(".block_sparse_moe.gate.weight", ".mlp.gate.weight")
+        for a, b in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+            if ".block_sparse_moe.experts." in k and k.endswith(f".{b}.weight"):
+                k = k.replace(".block_sparse_moe.experts.", ".mlp.experts.").replace(f".{b}.weight", f".{a}.weight")
+        out[k] = v
+    return out
+
+
 def n_experts(cfg):
     return getattr(cfg, "num_local_experts", None) or cfg.num_experts
 
@@ -145,7 +158,7 @@ def main():
             saved = load_file(os.path.join(d0, "model.safetensors"))
             layout = "fused" if any(k.endswith("gate_up_proj") for k in saved) else "per_expert"
             print(f"{family}: save_pretrained wrote the {layout} layout, {len(saved)} tensors")
-            other = per_expert(saved, E) if layout == "fused" else fused(saved, E)
+            other = per_expert(saved, E) if layout == "fused" else fused(generic_names(saved), E)
             if family == "mixtral" and layout == "fused":
                 other = mixtral_names(other)
             d1 = d0 + "-other"
@@ -161,7 +174,7 @@ def main():
                 if r.returncode:
                     failures.append(f"{family} {lay}: deepwell eval failed: {r.stderr.strip()}")
                     continue
-                got = per_expert({k: v.double() for k, v in load_file(dump).items()}, E)
+                got = per_expert(generic_names({k: v.double() for k, v in load_file(dump).items()}), E)
                 worst = compare(f"{family} {lay} loss", got.pop("loss").reshape(()), loss.detach(), 1e-5, 0,
                                 failures)
                 compare(f"{family} {lay} logits", got.pop("logits"), logits.detach(), 1e-4, 2e-5, failures)
