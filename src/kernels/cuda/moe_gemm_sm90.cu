@@ -192,23 +192,46 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 }
 
 // ---- the transposes feeding dgrad and wgrad ----------------------------------------------------
-constexpr int TP = 32; // 32 x 32 tiles through shared memory, 32 x 8 threads
+// A block moves a 64 x 64 tile: 64 source rows (dst columns p0 + j) of 64 values (dst rows c0 + c)
+// come in as 16-byte vectors, pass through shared memory (rows of 66 values: the column reads hit
+// at most two banks per word) and leave as 16-byte vectors along the destination's rows. Widths
+// are multiples of 8 (the wgmma path's condition), so a vector is wholly inside or outside.
+constexpr int TT = 64, TT_LD = TT + 2, TT_THREADS = 256;
 
-// W (E, M, K) -> WT (E, K, M), expert e = blockIdx.z.
-__global__ void moe_transpose_w_kernel(__nv_bfloat16 *wt, const __nv_bfloat16 *w, int64_t M, int64_t K) {
-    __shared__ __nv_bfloat16 s[TP][TP + 2];
-    const int64_t e = blockIdx.z, m0 = (int64_t)blockIdx.y * TP, k0 = (int64_t)blockIdx.x * TP;
-    const __nv_bfloat16 *src = w + e * M * K;
-    __nv_bfloat16 *dst = wt + e * M * K;
-    for (int i = threadIdx.y; i < TP; i += 8) {
-        const int64_t m = m0 + i, k = k0 + threadIdx.x;
-        if (m < M && k < K) s[i][threadIdx.x] = src[m * K + k];
+// dst (C, ld) [c][p] = src row of column p (srow[j], -1: zero), value c; c < C, p < P.
+__device__ __forceinline__ void moe_transpose_tile(__nv_bfloat16 *dst, int64_t ld, int64_t P, const __nv_bfloat16 *src,
+                                                   int64_t C, const int64_t *srow, int64_t p0, int64_t c0,
+                                                   __nv_bfloat16 (*s)[TT_LD]) {
+    for (int v = threadIdx.x; v < TT * TT / 8; v += TT_THREADS) {
+        const int j = v / 8, q = v % 8;
+        const int64_t row = srow[j], c = c0 + 8 * q;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (row >= 0 && c < C) x = *reinterpret_cast<const uint4 *>(src + row * C + c);
+        const __nv_bfloat16 *e = reinterpret_cast<const __nv_bfloat16 *>(&x);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[j][8 * q + i] = e[i];
     }
     __syncthreads();
-    for (int i = threadIdx.y; i < TP; i += 8) {
-        const int64_t k = k0 + i, m = m0 + threadIdx.x;
-        if (k < K && m < M) dst[k * M + m] = s[threadIdx.x][i];
+    for (int v = threadIdx.x; v < TT * TT / 8; v += TT_THREADS) {
+        const int cc = v / 8, q = v % 8;
+        const int64_t c = c0 + cc, p = p0 + 8 * q;
+        if (c >= C || p >= P) continue;
+        alignas(16) __nv_bfloat16 e[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) e[i] = s[8 * q + i][cc];
+        *reinterpret_cast<uint4 *>(dst + c * ld + p) = *reinterpret_cast<const uint4 *>(e);
     }
+}
+
+// W (E, M, K) -> WT (E, K, M), expert e = blockIdx.z.
+__global__ void __launch_bounds__(TT_THREADS) moe_transpose_w_kernel(__nv_bfloat16 *wt, const __nv_bfloat16 *w,
+                                                                     int64_t M, int64_t K) {
+    __shared__ __nv_bfloat16 s[TT][TT_LD];
+    __shared__ int64_t srow[TT];
+    const int64_t e = blockIdx.z, p0 = (int64_t)blockIdx.x * TT, c0 = (int64_t)blockIdx.y * TT;
+    if (threadIdx.x < TT) srow[threadIdx.x] = p0 + threadIdx.x < M ? p0 + threadIdx.x : -1;
+    __syncthreads();
+    moe_transpose_tile(wt + e * M * K, M, M, w + e * M * K, K, srow, p0, c0, s);
 }
 
 // poff (E+1): each expert's row count rounded up to 64, summed. One thread: E is small.
@@ -220,13 +243,14 @@ __global__ void moe_pad_offsets_kernel(int32_t *poff, const int32_t *off, int64_
 
 // src (R, C) rows grouped by expert -> dst (C, Rp): column p of dst, inside expert e's padded range
 // [poff[e], poff[e+1]), is row off[e] + (p - poff[e]) of src, or zero past the expert's rows.
-__global__ void moe_transpose_rows_kernel(__nv_bfloat16 *dst, const __nv_bfloat16 *src, const int32_t *off,
-                                          const int32_t *poff, int64_t E, int64_t C, int64_t Rp) {
-    __shared__ __nv_bfloat16 s[TP][TP + 2]; // [column p][c]
-    __shared__ int64_t srow[TP];
-    const int64_t p0 = (int64_t)blockIdx.x * TP, c0 = (int64_t)blockIdx.y * TP;
-    if (p0 >= poff[E]) return;
-    if (threadIdx.y == 0) {
+__global__ void __launch_bounds__(TT_THREADS) moe_transpose_rows_kernel(__nv_bfloat16 *dst, const __nv_bfloat16 *src,
+                                                                        const int32_t *off, const int32_t *poff,
+                                                                        int64_t E, int64_t C, int64_t Rp) {
+    __shared__ __nv_bfloat16 s[TT][TT_LD];
+    __shared__ int64_t srow[TT];
+    const int64_t p0 = (int64_t)blockIdx.x * TT, c0 = (int64_t)blockIdx.y * TT, used = poff[E];
+    if (p0 >= used) return; // columns no expert's K tiles read
+    if (threadIdx.x < TT) {
         const int64_t pcol = p0 + threadIdx.x;
         int64_t lo = 0, hi = E; // the expert e with poff[e] <= pcol < poff[e+1] (binary search)
         while (hi - lo > 1) {
@@ -235,18 +259,10 @@ __global__ void moe_transpose_rows_kernel(__nv_bfloat16 *dst, const __nv_bfloat1
             else hi = mid;
         }
         const int64_t i = pcol - poff[lo];
-        srow[threadIdx.x] = pcol < poff[E] && i < off[lo + 1] - off[lo] ? off[lo] + i : -1;
+        srow[threadIdx.x] = pcol < used && i < off[lo + 1] - off[lo] ? off[lo] + i : -1;
     }
     __syncthreads();
-    for (int j = threadIdx.y; j < TP; j += 8) {
-        const int64_t row = srow[j], c = c0 + threadIdx.x;
-        s[j][threadIdx.x] = row >= 0 && c < C ? src[row * C + c] : __float2bfloat16_rn(0.0f);
-    }
-    __syncthreads();
-    for (int j = threadIdx.y; j < TP; j += 8) {
-        const int64_t c = c0 + j, pcol = p0 + threadIdx.x;
-        if (c < C && pcol < Rp) dst[c * Rp + pcol] = s[threadIdx.x][j];
-    }
+    moe_transpose_tile(dst, Rp, Rp, src, C, srow, p0, c0, s);
 }
 
 static_assert(MW_BK == 64, "dw_cuda_moe_padded_rows pads the groups to the K tile");
@@ -297,10 +313,9 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
         int32_t *poff = (int32_t *)a->ws;
         __nv_bfloat16 *dyT = (__nv_bfloat16 *)((uint8_t *)a->ws + dw_cuda_moe_poff_bytes(E)), *xT = dyT + M * Rp;
         moe_pad_offsets_kernel<<<1, 1, 0, stream>>>(poff, a->offsets, E);
-        const dim3 blk(TP, 8);
-        moe_transpose_rows_kernel<<<dim3((unsigned)(Rp / TP), (unsigned)((M + TP - 1) / TP)), blk, 0, stream>>>(
+        moe_transpose_rows_kernel<<<dim3((unsigned)(Rp / TT), (unsigned)((M + TT - 1) / TT)), TT_THREADS, 0, stream>>>(
             dyT, (const __nv_bfloat16 *)a->dy, a->offsets, poff, E, M, Rp);
-        moe_transpose_rows_kernel<<<dim3((unsigned)(Rp / TP), (unsigned)((K + TP - 1) / TP)), blk, 0, stream>>>(
+        moe_transpose_rows_kernel<<<dim3((unsigned)(Rp / TT), (unsigned)((K + TT - 1) / TT)), TT_THREADS, 0, stream>>>(
             xT, (const __nv_bfloat16 *)a->x, a->offsets, poff, E, K, Rp);
         if (!dw_make_map_2d(&tA, dyT, bf, 2, M, Rp, Rp, MW_BK, MW_BM, sw) ||
             !dw_make_map_2d(&tB, xT, bf, 2, K, Rp, Rp, MW_BK, MW_BN, sw))
@@ -313,8 +328,8 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
         const void *A = fprop ? a->x : a->dy, *B = a->w;
         const int64_t L = fprop ? K : M, J = fprop ? M : K;
         if (!fprop) { // W^T (E, K, M) into the scratch
-            moe_transpose_w_kernel<<<dim3((unsigned)((K + TP - 1) / TP), (unsigned)((M + TP - 1) / TP), (unsigned)E),
-                                     dim3(TP, 8), 0, stream>>>((__nv_bfloat16 *)a->ws, (const __nv_bfloat16 *)a->w, M, K);
+            moe_transpose_w_kernel<<<dim3((unsigned)((M + TT - 1) / TT), (unsigned)((K + TT - 1) / TT), (unsigned)E),
+                                     TT_THREADS, 0, stream>>>((__nv_bfloat16 *)a->ws, (const __nv_bfloat16 *)a->w, M, K);
             B = a->ws;
         }
         if (!dw_make_map_2d(&tA, A, bf, 2, R, L, L, MW_BK, MW_BM, sw) ||
