@@ -334,7 +334,11 @@ static void parity_prog(prog p, const char *label, const char *precision, const 
            (long long)P);
     if (diff) bad++;
     free(keep), free(again);
-    /* three AdamW steps on both engines, the same batch: the losses follow each other */
+    /* three AdamW steps on both engines, the same batch: the losses follow each other. Step 1's
+     * loss is before any update (the forward's tolerance); later ones allow 1e-4 (FP32): AdamW's
+     * first update is lr * g / (|g| + eps), so a gradient element that is noise around zero
+     * (|g| >> eps, its sign the summation order's) moves by +lr on one engine and -lr on the other
+     * (seed 3562937452408958: gpt2-tiny FP32 step 3, 1.2e-5 on an H200) */
     dw_adamw_opts ao;
     dw_adamw_opts_init(&ao, sizeof ao);
     ao.lr = 3e-3;
@@ -347,7 +351,8 @@ static void parity_prog(prog p, const char *label, const char *precision, const 
         assert_int_equal(dw_engine_step(cpu, &ao, step, &nc), DW_OK);
         assert_int_equal(dw_engine_step(gpu, &ao, step, &ng), DW_OK);
         printf("  train      step %d: loss gpu %.8f cpu %.8f, grad norm gpu %.6g cpu %.6g\n", step, lg, lc, ng, nc);
-        if (!(fabs(lg - lc) / lc <= t.loss)) bad++, printf("MISMATCH train step %d loss\n", step);
+        const double tol = step == 1 || t.loss > 1e-4 ? t.loss : 1e-4;
+        if (!(fabs(lg - lc) / lc <= tol)) bad++, printf("MISMATCH train step %d loss\n", step);
     }
     dw_engine_free(cpu);
     dw_engine_free(gpu);
