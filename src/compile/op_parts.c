@@ -48,15 +48,7 @@ static void parts_attention(const dw_compiled *c, const dw_ir_node *n, int64_t *
 }
 static void parts_moe_router(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {} /* recomputes scores */
 static void parts_moe_dispatch(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
-/* moe_linear: a BF16 backward's DELTA is the wgmma grouped GEMM's scratch for the transposes of
- * dgrad, then of wgrad (dw_cuda_moe_gemm_ws_bytes at the capacity rows, the larger of the two) */
-static void parts_moe_linear(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
-    if (c->act_size != 2) return;
-    const dw_ir_tensor *w = &c->g->tensors[n->in[1]];
-    const int64_t E = w->shape[0], M = w->shape[1], K = w->shape[2], R = dw_ir_numel(&c->g->tensors[n->in[0]]) / K;
-    const size_t d = dw_cuda_moe_gemm_ws_bytes(DW_MOE_DGRAD, R, E, K, M), g = dw_cuda_moe_gemm_ws_bytes(DW_MOE_WGRAD, R, E, K, M);
-    TMP(DW_TMP_DELTA) = (int64_t)(d > g ? d : g);
-}
+static void parts_moe_linear(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_moe_combine(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_moe_aux_stats(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {} /* recomputes scores */
 static void parts_moe_aux_loss(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}

@@ -1,6 +1,6 @@
 // wgmma_sm90.cuh — the sm_90a warpgroup building blocks every Deepwell wgmma kernel uses (the own
 // GEMMs of gemm/, the grouped expert GEMM of kernels/cuda/moe_gemm_sm90.cu): the shared-memory
-// descriptor of a K-major 128-byte-swizzled tile, wgmma fences, commit and wait, register
+// descriptors of K-major and MN-major 128-byte-swizzled tiles, wgmma fences, commit and wait, register
 // reallocation between warpgroups, the ring of pipeline slots and the tile raster. Device code is
 // compiled for sm_90a only (DW_SM90_BODY); the sm_100a pass sees none of it. CUDA C++, private.
 #pragma once
@@ -41,6 +41,13 @@ struct Ring {
 __device__ __forceinline__ uint64_t make_desc(const void *p) {
     uint64_t a = smem_u32(p);
     return ((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+// The same for an MN-major (transposed) 16-bit operand: panels of 64 M (or N) values by the tile's
+// K lines, each line 128 bytes, 8-line atoms 1024 bytes apart (SBO), panels `panel_bytes` apart
+// (LBO); wgmma reads it with its transpose bit set.
+__device__ __forceinline__ uint64_t make_desc_mn(const void *p, uint32_t panel_bytes) {
+    uint64_t a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)(panel_bytes >> 4) << 16) | (64ull << 32) | (1ull << 62);
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

@@ -12,7 +12,7 @@
 cudaError_t dw_moe_gemm_tc(const dw_moe_gemm_args *a, cudaStream_t stream);
 /* The same through TMA + wgmma (moe_gemm_sm90.cu); cudaErrorNotSupported, launching nothing, where
  * it cannot run (not an sm_90 device, K or M not a multiple of 8, more than 1024 experts, a
- * pointer not 16-byte aligned, ws smaller than dw_cuda_moe_gemm_ws_bytes). */
+ * pointer not 16-byte aligned). */
 cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream);
 
 #endif /* DW_KERNELS_MOE_GEMM_TC_H */

@@ -180,9 +180,9 @@ dw_status dw_cuda_moe_zero_tail(dw_ctx *ctx, dw_act_dtype dt, void *y, const int
  *   dgrad  out = dx (R,K): dx_e = dy_e W_e, rows past offsets[E] zero
  *   wgrad  out = dW (E,M,K) FP32: dW_e += dy_e^T x_e
  * x, W, dy in the activation dtype (a BF16 program passes its BF16 weight copy). kernel: AUTO runs
- * BF16 on sm_90 through TMA + wgmma (moe_gemm_sm90.cu) where K and M are multiples of 8 and ws
- * holds dw_cuda_moe_gemm_ws_bytes (fprop needs none), else on mma.sync (moe_gemm_tc.cu); FP32 on
- * FMA tiles. SIMT, MMA and WGMMA ask for one (WGMMA where it cannot run: DW_ERR_UNSUPPORTED). */
+ * BF16 on sm_90 through TMA + wgmma (moe_gemm_sm90.cu) where K and M are multiples of 8, else on
+ * mma.sync (moe_gemm_tc.cu); FP32 on FMA tiles. SIMT, MMA and WGMMA ask for one (WGMMA where it
+ * cannot run: DW_ERR_UNSUPPORTED). */
 typedef enum { DW_MOE_FPROP = 0, DW_MOE_DGRAD = 1, DW_MOE_WGRAD = 2 } dw_moe_pass;
 typedef enum { DW_MOE_KERNEL_AUTO = 0, DW_MOE_KERNEL_SIMT, DW_MOE_KERNEL_MMA, DW_MOE_KERNEL_WGMMA } dw_moe_kernel;
 typedef struct {
@@ -192,21 +192,7 @@ typedef struct {
     const int32_t *offsets;
     int64_t R, E, K, M;
     dw_moe_kernel kernel;
-    void *ws; /* scratch of the wgmma path's transposes, 256-byte aligned */
-    size_t ws_bytes;
 } dw_moe_gemm_args;
-/* Rows of the wgrad transposes: each expert's group padded to 64 (the wgmma K tile). */
-static inline int64_t dw_cuda_moe_padded_rows(int64_t R, int64_t E) { return (R + E * 63 + 63) / 64 * 64; }
-/* Bytes of the wgrad scratch's first part, the padded offsets (E+1) int32, rounded up to 256. */
-static inline int64_t dw_cuda_moe_poff_bytes(int64_t E) { return ((E + 1) * 4 + 255) / 256 * 256; }
-/* Scratch of the wgmma path for a BF16 pass over R rows: dgrad W^T (E,K,M); wgrad the padded
- * offsets then dy^T (M,Rp) and x^T (K,Rp); the backward op runs both passes in turn through one
- * scratch of the larger. */
-static inline size_t dw_cuda_moe_gemm_ws_bytes(dw_moe_pass pass, int64_t R, int64_t E, int64_t K, int64_t M) {
-    if (pass == DW_MOE_DGRAD) return (size_t)(E * M * K) * 2;
-    if (pass == DW_MOE_WGRAD) return (size_t)(dw_cuda_moe_poff_bytes(E) + (M + K) * dw_cuda_moe_padded_rows(R, E) * 2);
-    return 0;
-}
 dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe_gemm_args *a, void *stream);
 
 /* ---- per-head RMSNorm (ops_norm.cu; oracle: dw_cpu_rmsnorm_* over N*H rows of D) ---------------

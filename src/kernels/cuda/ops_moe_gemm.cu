@@ -82,7 +82,7 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
         if (err != cudaErrorNotSupported) DW_CUDA_CHECK(ctx, err);
         if (k == DW_MOE_KERNEL_WGMMA)
             return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the wgmma kernel cannot run here (an sm_90 device, K "
-                                "and M multiples of 8, at most 1024 experts and its scratch are needed)", op);
+                                "and M multiples of 8 and at most 1024 experts are needed)", op);
     }
     if (dt == DW_ACT_BF16 && k != DW_MOE_KERNEL_SIMT) {
         DW_CUDA_CHECK(ctx, dw_moe_gemm_tc(a, s));

@@ -59,18 +59,12 @@ static dw_moe_kernel moe_kernel_from_env(void) {
                                 : DW_MOE_KERNEL_AUTO;
 }
 
-/* The wgmma path's scratch is the backward step's DELTA temporary, sized by compile/op_parts.c at
- * the capacity rows (dw_cuda_moe_gemm_ws_bytes of the larger pass). */
 static dw_moe_gemm_args moe_gemm_args(const dw_op_call *c, dw_moe_pass pass) {
-    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]], *xt = &c->x->g->tensors[c->n->in[0]];
-    const int64_t E = wt->shape[0], M = wt->shape[1], K = wt->shape[2], cap = dw_ir_numel(xt) / K;
-    const size_t ws = dw_cuda_moe_gemm_ws_bytes(DW_MOE_DGRAD, cap, E, K, M),
-                 wsw = dw_cuda_moe_gemm_ws_bytes(DW_MOE_WGRAD, cap, E, K, M);
+    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
     return (dw_moe_gemm_args){.pass = pass, .x = c->in[0], .w = c->x->p->bf16 ? (const void *)c->in_bf16[1] : c->in[1],
                               .offsets = (const int32_t *)c->in[2], .R = dw_exec_rows(c->x, c->n->in[0]),
-                              .E = E, .M = M, .K = K, .kernel = moe_kernel_from_env(),
-                              .ws = c->tmp[DW_TMP_DELTA],
-                              .ws_bytes = c->tmp[DW_TMP_DELTA] ? (ws > wsw ? ws : wsw) : 0};
+                              .E = wt->shape[0], .M = wt->shape[1], .K = wt->shape[2],
+                              .kernel = moe_kernel_from_env()};
 }
 
 dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
