@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 
@@ -136,4 +137,10 @@ dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out) {
     }
     cli_error(cmd, "%s", dw_errmsg(NULL));
     return s;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

@@ -40,5 +40,7 @@ dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out);
 int cli_finish(const char *cmd, int rc);
 /* getopt_long's "unknown option"/"missing argument" message already printed: add the hint. */
 int cli_usage_error(const char *cmd);
+/* Seconds on the monotonic clock (differences time a command's work). */
+double cli_now(void);
 
 #endif /* DW_TOOLS_CLI_H */

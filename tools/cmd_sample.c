@@ -15,7 +15,9 @@ static void help(void) {
            "checkpoint (DIR/ckpt-<step>), a run directory (its latest checkpoint), a model\n"
            "directory (config.json + model.safetensors) or a preset (random weights: untrained).\n"
            "Byte-level models (the built-in data, raw text; vocab 256) read and write text; others\n"
-           "read and write space-separated token ids.\n\n"
+           "read and write space-separated token ids. On the CPU (FP32, no MoE) decoding keeps a K/V\n"
+           "cache while the text fits the model's sequence length (DW_KV_CACHE=0: recompute every\n"
+           "token; the tokens are the same). The time taken goes to stderr.\n\n"
            "  --prompt TEXT       the prompt (text, or token ids such as \"50256 464\")\n"
            "  -n, --tokens N      tokens to generate (100)\n"
            "  --temperature T     0 = greedy (default 0.8)\n"
@@ -85,7 +87,11 @@ int cmd_sample(int argc, char **argv) {
     if (st == DW_OK && !all) st = DW_ERR_NOMEM;
     if (all) ids = all;
     uint64_t rng = (uint64_t)seed;
+    const double t0 = cli_now();
     if (st == DW_OK) st = dw_engine_generate(e, ids, np, n, temperature, (int)top_k, &rng);
+    const double secs = cli_now() - t0;
+    if (st == DW_OK && n > 0) /* on stderr: stdout stays the text alone */
+        fprintf(stderr, "deepwell sample: %ld tokens in %.2f s (%.1f tokens/s)\n", n, secs, secs > 0 ? n / secs : 0.0);
     if (st == DW_OK) {
         char *text = dw_detokenize(dw_model_tokenizer(m), ids, np + n);
         if (text) {

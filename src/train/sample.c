@@ -1,13 +1,18 @@
 /* sample.c — generation (temperature, top-k) on any engine and the byte / id tokenizers (see
- * sample.h; dw_engine_generate, dw_tokenize and dw_detokenize are public in deepwell.h). */
+ * sample.h; dw_engine_generate, dw_tokenize and dw_detokenize are public in deepwell.h). Where the
+ * engine can (runtime/kv_cache.h: FP32 on the CPU, no MoE) generation decodes with a K/V cache;
+ * elsewhere, or with DW_KV_CACHE=0, each token recomputes the forward over the last T tokens. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/engine.h"
+#include "runtime/kv_cache.h"
 #include "train/sample.h"
 
 int32_t dw_sample_logits(const float *logits, int64_t V, const dw_sample_opts *o, dw_rng *rng,
@@ -41,6 +46,13 @@ int32_t dw_sample_logits(const float *logits, int64_t V, const dw_sample_opts *o
     return (int32_t)best; /* rounding at the very end of the CDF */
 }
 
+/* The next token by the full recompute: the forward over the last T tokens of tokens[0, len). */
+static dw_status recompute(dw_engine *e, const int32_t *tokens, int64_t len, float *logits, float **last) {
+    const int64_t T = e->g->seq, L = len < T ? len : T;
+    *last = logits + (L - 1) * e->g->model.vocab;
+    return dw_engine_forward(e, tokens + len - L, NULL, 1, L, logits, NULL);
+}
+
 dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, int64_t n, double temperature, int top_k,
                              uint64_t *rng_state) {
     dw_ctx *ctx = e->ctx;
@@ -49,14 +61,25 @@ dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, int64_t 
     const int64_t V = e->g->model.vocab, T = e->g->seq;
     const dw_sample_opts so = {.temperature = temperature, .top_k = top_k}, *o = &so;
     dw_rng r = {*rng_state}, *rng = &r;
+    /* the cache serves while the window starts at position 0 (len <= T): past it every token is a
+     * recompute over the last T, as without a cache, so the tokens are the same either way */
+    dw_kv_cache *kv = NULL;
+    const bool cached = n > 0 && np <= T && dw_env_flag("DW_KV_CACHE", true) && dw_kv_cache_supported(e);
     float *logits = malloc((size_t)(T * V) * sizeof(float));
     double *work = malloc((size_t)V * sizeof(double));
     dw_status st = (logits && work) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK && cached) st = dw_kv_cache_create(e, &kv);
+    DW_LOGD("generate: %lld tokens after %lld, %s", (long long)n, (long long)np,
+            kv ? "KV cache up to the program's seq" : "full recompute per token");
     for (int64_t i = 0; i < n && st == DW_OK; i++) {
-        int64_t len = np + i, L = len < T ? len : T;
-        st = dw_engine_forward(e, tokens + len - L, NULL, 1, L, logits, NULL);
-        if (st == DW_OK) tokens[len] = dw_sample_logits(logits + (L - 1) * V, V, o, rng, work);
+        const int64_t len = np + i;
+        float *last = logits;
+        if (kv && i == 0) st = dw_kv_cache_prefill(kv, tokens, np, logits);
+        else if (kv && len <= T) st = dw_kv_cache_step(kv, tokens[len - 1], logits);
+        else st = recompute(e, tokens, len, logits, &last);
+        if (st == DW_OK) tokens[len] = dw_sample_logits(last, V, o, rng, work);
     }
+    dw_kv_cache_free(kv);
     free(logits);
     free(work);
     *rng_state = r.s;

@@ -6,19 +6,21 @@
 #include <math.h>
 
 #include "core/error.h"
+#include "kernels/cpu/decode_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 
 /* Rotates every head vector of x (B,T,H,D) by the position angle; sign = +1 forward, -1 for the
- * transpose (backward: the map is a rotation times the attention factor, so dx = m R^T dout). */
-static void dw_rope_apply(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D,
-                          double theta, const dw_rope_scaling *rs, double sign) {
+ * transpose (backward: the map is a rotation times the attention factor, so dx = m R^T dout).
+ * Row t of each batch is position pos0 + t. */
+static void dw_rope_apply(float *out, const float *x, int64_t B, int64_t T, int64_t pos0, int64_t H,
+                          int64_t D, double theta, const dw_rope_scaling *rs, double sign) {
     DW_ASSERT(B >= 0 && T >= 0 && H >= 0 && D > 0 && D % 2 == 0 && theta > 0.0);
     DW_ASSERT(!dw_rope_scaling_problem(rs, theta));
     const int64_t half = D / 2;
     const double m = dw_rope_attention(rs);
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
-        const double t = (double)(bt % T);
+        const double t = (double)(pos0 + bt % T);
         for (int64_t i = 0; i < half; i++) {
             const double inv = dw_rope_inv_freq(rs, theta, D, i);
             const double c = m * cos(t * inv), s = m * sign * sin(t * inv);
@@ -34,10 +36,15 @@ static void dw_rope_apply(float *out, const float *x, int64_t B, int64_t T, int6
 
 void dw_cpu_rope_fwd(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
                      const dw_rope_scaling *rs) {
-    dw_rope_apply(out, x, B, T, H, D, theta, rs, 1.0);
+    dw_rope_apply(out, x, B, T, 0, H, D, theta, rs, 1.0);
 }
 
 void dw_cpu_rope_bwd(float *dx, const float *dout, int64_t B, int64_t T, int64_t H, int64_t D, double theta,
                      const dw_rope_scaling *rs) {
-    dw_rope_apply(dx, dout, B, T, H, D, theta, rs, -1.0);
+    dw_rope_apply(dx, dout, B, T, 0, H, D, theta, rs, -1.0);
+}
+
+void dw_cpu_rope_fwd_at(float *out, const float *x, int64_t pos, int64_t H, int64_t D, double theta,
+                        const dw_rope_scaling *rs) {
+    dw_rope_apply(out, x, 1, 1, pos, H, D, theta, rs, 1.0);
 }

@@ -1,0 +1,35 @@
+/* kv_cache.h — private: decoding with a K/V cache on the CPU reference engine. A prefill runs the
+ * program's forward over the prompt and keeps every attention node's keys and values (after
+ * RoPE); each later position runs the forward for one token (b = t = 1) through the executor,
+ * except the position-dependent ops — learned positions, RoPE and attention — which read the
+ * position and the cache here. The logits are bit for bit those of the whole-sequence forward.
+ * FP32 programs on the CPU whose ops are all row-wise apart from those three (no MoE: its token
+ * dispatch sees the whole batch); dw_kv_cache_supported says, and others keep the full recompute.
+ * Cache: per attention node (seq, Hkv, D) keys and values, FP32. */
+#ifndef DW_RUNTIME_KV_CACHE_H
+#define DW_RUNTIME_KV_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/engine.h"
+
+typedef struct dw_kv_cache dw_kv_cache;
+
+/* Whether e's program can decode with a cache (see above). */
+bool dw_kv_cache_supported(const dw_engine *e);
+
+dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out);
+void dw_kv_cache_free(dw_kv_cache *kv);
+
+/* Forgets the cache and runs tokens (n, 1 <= n <= the program's seq) from position 0; logits (V)
+ * gets the last position's. */
+dw_status dw_kv_cache_prefill(dw_kv_cache *kv, const int32_t *tokens, int64_t n, float *logits);
+
+/* Appends one token at the next position (the cache holds fewer than seq); logits (V) its logits. */
+dw_status dw_kv_cache_step(dw_kv_cache *kv, int32_t token, float *logits);
+
+/* Positions in the cache. */
+int64_t dw_kv_cache_len(const dw_kv_cache *kv);
+
+#endif /* DW_RUNTIME_KV_CACHE_H */
