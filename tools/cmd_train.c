@@ -153,6 +153,7 @@ typedef struct {
     const bool *given;
     const dw_train_opts *opts;
     const char *device;
+    bool sampling_kept; /* OUT/sampling.json written (at the first step, the run lock held) */
 } printer;
 
 /* What a resumed run continues with, once dw_train accepted it (before its first step). */
@@ -169,9 +170,23 @@ static void fmt_time(char *b, size_t n, double s) {
     else snprintf(b, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
 }
 
+/* The sampling options into OUT/sampling.json, for --resume (state.json has no place for them);
+ * a failure is a warning: the run goes on, and a resume would take sampling from its command line. */
+static void keep_sampling(printer *pr) {
+    if (pr->sampling_kept) return;
+    pr->sampling_kept = true;
+    const dw_train_opts *o = pr->opts;
+    char err[4200];
+    if (!run_record_write_sampling(o->out_dir, o->sample_every, o->sample_tokens, o->sample_temperature,
+                                   o->sample_prompt, err, sizeof err))
+        fprintf(stderr, "deepwell %s: warning: %s (a resume will take the sampling flags from its command line)\n",
+                CMD, err);
+}
+
 static void on_progress(const dw_train_progress *p, void *user) {
     printer *pr = user;
     resume_summary(pr);
+    keep_sampling(pr);
     char eta[32], val[48] = "", moe[96] = "";
     fmt_time(eta, sizeof eta, p->eta_s);
     if (!isnan(p->val_loss)) snprintf(val, sizeof val, " | val %.4f", p->val_loss);

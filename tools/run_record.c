@@ -1,5 +1,6 @@
-/* run_record.c — reads what a run recorded in state.json (run_record.h). A `latest` file is
- * followed; every text echoed from a file goes through cli_escape. */
+/* run_record.c — reads what a run recorded in state.json and, for its sampling options, the run
+ * directory's sampling.json (run_record.h). A `latest` file is followed; every text echoed from a
+ * file goes through cli_escape. */
 #define _POSIX_C_SOURCE 200809L /* strdup, mkstemp */
 #include <errno.h>
 #include <jansson.h>
@@ -7,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "run_record.h"
@@ -70,6 +72,54 @@ static bool resolve(const char *run, run_record *r, char *err, size_t cap) {
     return ok && r->ckpt_dir;
 }
 
+/* The sampling options from DIR/sampling.json beside the checkpoint (its run directory, else the
+ * checkpoint's parent); absent: has_sampling stays false. */
+static bool read_sampling(run_record *r, char *err, size_t cap) {
+    char *parent = r->run_dir ? NULL : join(r->ckpt_dir, "..");
+    char *path = join(r->run_dir ? r->run_dir : parent, "sampling.json");
+    free(parent);
+    if (!path || !is_file(path)) {
+        free(path);
+        return true;
+    }
+    json_error_t e;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &e), *prompt = NULL;
+    json_int_t every = 0, tokens = 0;
+    int bad = !j || json_unpack_ex(j, &e, 0, "{s:I, s:I, s:F, s:o}", "sample_every", &every, "sample_tokens",
+                                   &tokens, "sample_temp", &r->sample_temp, "sample_prompt", &prompt);
+    if (!bad && (every < 0 || tokens < 0 || !(r->sample_temp >= 0) || !(json_is_null(prompt) || json_is_string(prompt)))) {
+        snprintf(e.text, sizeof e.text, "a negative count or temperature, or a prompt that is not a string or null");
+        e.line = e.column = 0;
+        bad = 1;
+    }
+    if (bad) snprintf(err, cap, "%s:%d:%d: %s", path, e.line, e.column, e.text);
+    else {
+        r->has_sampling = true;
+        r->sample_every = every, r->sample_tokens = tokens;
+        r->sample_prompt = json_is_string(prompt) ? strdup(json_string_value(prompt)) : NULL;
+    }
+    json_decref(j);
+    free(path);
+    return !bad;
+}
+
+bool run_record_write_sampling(const char *dir, int64_t every, int64_t tokens, double temp, const char *prompt,
+                               char *err, size_t cap) {
+    json_t *j = json_pack("{s:I, s:I, s:f, s:o}", "sample_every", (json_int_t)every, "sample_tokens",
+                          (json_int_t)tokens, "sample_temp", temp, "sample_prompt",
+                          prompt ? json_string(prompt) : json_null());
+    char *path = join(dir, "sampling.json"), *tmp = join(dir, ".sampling.json.tmp");
+    bool ok = j && path && tmp && json_dump_file(j, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) == 0 &&
+              rename(tmp, path) == 0;
+    if (!ok) {
+        snprintf(err, cap, "%s: cannot write: %s", path ? path : dir, strerror(errno));
+        if (tmp) unlink(tmp);
+    }
+    json_decref(j);
+    free(path), free(tmp);
+    return ok;
+}
+
 bool run_record_read(const char *run, run_record *r, char *err, size_t cap) {
     memset(r, 0, sizeof *r);
     *err = '\0';
@@ -117,11 +167,15 @@ bool run_record_read(const char *run, run_record *r, char *err, size_t cap) {
     }
     json_decref(j);
     free(path);
+    if (!read_sampling(r, err, cap)) {
+        run_record_free(r);
+        return false;
+    }
     return true;
 }
 
 void run_record_free(run_record *r) {
     free(r->ckpt_dir), free(r->run_dir), free(r->data), free(r->val), free(r->schedule);
-    free(r->precision), free(r->policy_json), free(r->device);
+    free(r->precision), free(r->policy_json), free(r->device), free(r->sample_prompt);
     memset(r, 0, sizeof *r);
 }

@@ -24,10 +24,20 @@ typedef struct {
     bool has_run;          /* the "run" group below is present (newer records) */
     int64_t eval_every, eval_batches, ckpt_every, keep;
     char *device;          /* "cpu" or "cuda" */
+    /* sampling during training: the run directory's sampling.json (deepwell train writes it at a
+     * run's first step; absent before runs recorded it: then has_sampling is false) */
+    bool has_sampling;
+    int64_t sample_every, sample_tokens;
+    double sample_temp;
+    char *sample_prompt;   /* NULL: the trainer's default prompt */
 } run_record;
 
 /* Reads RUN's record; on failure writes "<file>: <what is wrong>" into err and returns false. */
 bool run_record_read(const char *run, run_record *r, char *err, size_t cap);
 void run_record_free(run_record *r);
+/* Writes DIR/sampling.json (through a temporary name and a rename) with o's sampling options;
+ * false (message in err) when it cannot. */
+bool run_record_write_sampling(const char *dir, int64_t every, int64_t tokens, double temp, const char *prompt,
+                               char *err, size_t cap);
 
 #endif /* DW_TOOLS_RUN_RECORD_H */

@@ -15,7 +15,7 @@
 #define GIVEN(opt) (given[(opt) - O_FIRST])
 
 static const char *const MAY_CHANGE = "a resumed run keeps what it recorded; only --steps, --keep, --device, "
-                                      "--out, sampling and logging may change";
+                                      "--out, sampling (kept unless given) and logging may change";
 
 bool train_resume_merge(const char *cmd, const run_record *r, const bool *given, dw_train_opts *o,
                         const char **device) {
@@ -60,6 +60,11 @@ bool train_resume_merge(const char *cmd, const run_record *r, const bool *given,
     if (!GIVEN(O_CKPT)) o->ckpt_every = r->ckpt_every;
     if (!GIVEN(O_KEEP)) o->keep = (int)r->keep;
     if (!GIVEN(O_DEVICE)) *device = r->device;
+    if (!r->has_sampling) return true; /* a run from before sampling.json: the command line's */
+    if (!GIVEN(O_SAMPLE)) o->sample_every = r->sample_every;
+    if (!GIVEN(O_SAMPLEN)) o->sample_tokens = r->sample_tokens;
+    if (!GIVEN(O_SAMPLET)) o->sample_temperature = r->sample_temp;
+    if (!GIVEN(O_PROMPT)) o->sample_prompt = r->sample_prompt;
     return true;
 }
 
@@ -92,7 +97,11 @@ static bool same_policy(dw_ctx *ctx, const dw_policy *p, const char *recorded) {
 bool train_resume_policy(const char *cmd, dw_ctx *ctx, const run_record *r, const bool *given, const char *flags,
                          dw_policy **pol) {
     if (!GIVEN(O_PRECISION) && !GIVEN(O_POLICY) && !GIVEN(O_FALLBACK)) {
-        if (!r->policy_json) return true; /* FP32 */
+        if (!r->policy_json && dw_ctx_device(ctx) == DW_DEVICE_CUDA) /* FP32 trains on the CPU engine only */
+            fprintf(stderr, "deepwell %s: note: %s was trained in fp32 on the %s; the CUDA engine trains in bf16, "
+                    "so the run continues in bf16 (--device cpu keeps fp32)\n",
+                    cmd, r->ckpt_dir, r->device ? r->device : "cpu");
+        if (!r->policy_json) return true; /* FP32, or BF16 on CUDA (dw_model_open's default there) */
         dw_status st = policy_from_text(ctx, r->policy_json, pol);
         if (st != DW_OK) cli_error(cmd, "%s/state.json: its policy: %s", r->ckpt_dir, dw_errmsg(ctx));
         return st == DW_OK;
@@ -120,6 +129,13 @@ void train_resume_print(const char *cmd, const run_record *r, const bool *given,
             o->beta2, r->precision, device, GIVEN(O_DEVICE) ? " (given)" : "", (long long)o->eval_every,
             (long long)o->eval_batches, (long long)o->ckpt_every, o->keep, GIVEN(O_KEEP) ? " (given)" : "",
             o->out_dir);
+    if (o->sample_every > 0)
+        fprintf(stderr, "  samples every %lld steps: %lld tokens at temperature %g, prompt %s%s\n",
+                (long long)o->sample_every, (long long)o->sample_tokens, o->sample_temperature,
+                o->sample_prompt ? o->sample_prompt : "(default)",
+                GIVEN(O_SAMPLE) || GIVEN(O_SAMPLEN) || GIVEN(O_SAMPLET) || GIVEN(O_PROMPT) ? " (given)" : "");
+    else
+        fprintf(stderr, "  samples: none%s\n", GIVEN(O_SAMPLE) ? " (given)" : "");
     const long long n = o->steps, h = r->horizon;
     if (n > h && o->schedule != DW_LR_CONSTANT)
         fprintf(stderr, "  steps: to %lld, beyond the schedule's end: it keeps its shape (ending at step %lld) and "

@@ -1,7 +1,8 @@
 /* train_resume.h — `deepwell train --resume RUN`: the run's record (run_record.h) fills every
  * option the command line left out; a given option that contradicts it is refused naming both
  * values. May change: --steps (the schedule keeps its horizon), --keep, --device, --out, sampling
- * and logging. Prints what it restored. */
+ * (--sample-*: recorded in the run's sampling.json, kept unless given) and logging. Prints what it
+ * restored. */
 #ifndef DW_TOOLS_TRAIN_RESUME_H
 #define DW_TOOLS_TRAIN_RESUME_H
 
