@@ -1,6 +1,7 @@
 /* cli.c — shared helpers for `deepwell` subcommands. */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,3 +145,5 @@ double cli_now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+void cli_io_init(void) { signal(SIGPIPE, SIG_IGN); }

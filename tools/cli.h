@@ -40,6 +40,11 @@ dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out);
 int cli_finish(const char *cmd, int rc);
 /* getopt_long's "unknown option"/"missing argument" message already printed: add the hint. */
 int cli_usage_error(const char *cmd);
+/* Once, before any command: SIGPIPE ignored, so that a write to a closed pipe (stdout or stderr
+ * piped into `head`) fails with EPIPE instead of killing the process: progress and log lines
+ * written to stderr are best effort (training goes on), and a failed stdout still ends in
+ * DW_EXIT_IO through cli_finish; the exit status stays the command's outcome. */
+void cli_io_init(void);
 /* Seconds on the monotonic clock (differences time a command's work). */
 double cli_now(void);
 

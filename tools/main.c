@@ -30,6 +30,7 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    cli_io_init(); /* a closed stderr or stdout pipe fails writes, it does not kill a training run */
     if (argc < 2) {
         usage(stderr);
         return DW_EXIT_USAGE;
