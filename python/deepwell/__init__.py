@@ -18,8 +18,9 @@ from ._core import (Context, CudaError, DeepwellError, FormatError, InvalidError
 from ._lib import library_path, lib
 from .data import Data, Reader, data, read_shard, write_shard
 from .dryrun import Report, dryrun
-from .engine import Engine, Policy, compile, detokenize, make_policy, optimize, tokenize
-from .graph import Graph, capture, graph_from_json, model_info, model_presets
+from .engine import Engine, Policy, detokenize, make_policy, tokenize
+from .entry import capture, compile, optimize
+from .graph import Graph, graph_from_json, model_info, model_presets
 from .hardware import Hardware, hardware, presets, probe
 from .plan import Plan, autoplan, load_plan, single_plan
 from .trainer import Trainer, export, schedule_lr

@@ -1,4 +1,4 @@
-"""engine.py — dw.compile(): a Graph + plan + precision policy -> an Engine (dw_compiled run by a
+"""engine.py — compile_graph(): a Graph + plan + precision policy -> an Engine (dw_compiled run by a
 dw_engine on the context's device) with its weights; the engine's low-level calls for custom
 loops (forward, forward_backward, step, state_dict, generate)."""
 import ctypes
@@ -11,7 +11,6 @@ import numpy as np
 from . import _structs as S
 from ._core import Handle, ctx_of
 from ._lib import c_free, cstr, lib, take_string, text
-from .graph import Graph, capture
 
 POOLS = ("weights", "grads", "optimizer", "activations", "workspace")
 LAYOUTS = {"as_loaded": 0, "fused": 1, "per_expert": 2}
@@ -257,15 +256,13 @@ def _to_torch(a):
     return torch.from_numpy(a)
 
 
-def compile(ir, plan=None, precision=None, fallback=None, policy=None, weights="auto", seed=1337, device=None,
-            target=None, sm=0, fuse=None, cuda_graphs=None, ctx=None):
-    """An Engine for `ir` (a Graph, or anything dw.capture takes). plan: a Plan (one GPU) or
-    None; precision/fallback or policy (dict, path, Policy): the recipes (none: FP32 on the CPU,
+def compile_graph(ir, plan=None, precision=None, fallback=None, policy=None, weights="auto", seed=1337, device=None,
+                  target=None, sm=0, fuse=None, cuda_graphs=None, ctx=None):
+    """An Engine for the Graph `ir` (dw.compile, in entry.py, takes any model). plan: a Plan (one
+    GPU) or None; precision/fallback or policy (dict, path, Policy): the recipes (none: FP32 on the CPU,
     BF16 on CUDA); weights: "auto" (the graph's model weights if it has them, else random from
     seed), "random", None (zeros), or a safetensors path; device: "cpu", "cuda" or "auto" (default:
     the graph's context); target/sm: compile for another backend or compute capability."""
-    if not isinstance(ir, Graph):
-        ir = capture(ir, ctx=ctx or device)
     ctx = ctx_of(ctx, device) if (ctx is not None or device is not None) else ir._ctx
     pol = make_policy(precision, fallback, policy, ctx)
     if pol is None and ctx.device == "cuda":
@@ -324,11 +321,3 @@ def detokenize(ids, tokenizer="bytes"):
         return ctypes.string_at(p).decode("utf-8", "replace")
     finally:
         c_free(p)
-
-
-def optimize(model, precision=None, batch_size=1, seq_len=None, fallback=None, device=None):
-    """The origin README's quick start: dw.capture(model, seq_len, batch_size) then dw.compile with
-    `precision` (None: FP32 on the CPU, BF16 on CUDA) — an Engine called like the model,
-    engine(tokens) -> logits. Only models dw.capture takes (decoder LMs), not arbitrary networks."""
-    return compile(capture(model, seq_len=seq_len, batch=batch_size, ctx=device), precision=precision,
-                   fallback=fallback)

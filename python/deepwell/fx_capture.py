@@ -249,7 +249,7 @@ def _loud_copy(module, seed=1234):
 def _verify(probe, cfg, w, seq_len):
     """Refuses unless the captured model computes probe's loss on a random batch."""
     from ._core import default_context
-    from .engine import compile as dw_compile
+    from .engine import compile_graph
     from .graph import Graph, _capture_path
 
     with tempfile.TemporaryDirectory(prefix="deepwell-fx-check-") as d:
@@ -259,7 +259,7 @@ def _verify(probe, cfg, w, seq_len):
         ctx = default_context()
         T = min(seq_len or 16, 16, cfg.get("n_positions") or cfg.get("max_position_embeddings"))
         g = Graph(_capture_path(ctx, d, 2, T, None), ctx, source=d, weights=d)
-        e = dw_compile(g, ctx=ctx)
+        e = compile_graph(g, ctx=ctx)
         rng = np.random.default_rng(0)
         x = rng.integers(0, cfg["vocab_size"], size=(2, T))
         y = rng.integers(0, cfg["vocab_size"], size=(2, T))

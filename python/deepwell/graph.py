@@ -1,5 +1,5 @@
-"""graph.py — dw.capture(): a model (preset name, Hugging Face directory or config.json, config
-dict, transformers model or recognised torch module) -> a Graph (dw_graph) at batch x seq.
+"""graph.py — a Graph (dw_graph) and the library's capture of a preset name or model directory
+at batch x seq (_capture_path); dw.capture() of any model is entry.py's, above this.
 
 A Graph remembers where it came from (`source`: what the planner reads, a preset name or a
 directory with config.json) and which weights belong to it (`weights`: a directory or
@@ -10,7 +10,6 @@ import ctypes
 import json
 import os
 import shutil
-import tempfile
 import weakref
 
 from . import _structs as S
@@ -90,44 +89,6 @@ def _capture_path(ctx, what, batch, seq, vocab):
     h = ctypes.c_void_p()
     ctx.check(lib().dw_capture(ctx._h, cstr(what), ctypes.byref(o), ctypes.byref(h)))
     return h.value
-
-
-def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
-    """The training graph of `model` for `batch` sequences of `seq_len` tokens (None: the
-    model's positions, at most 2048). model: a preset name ("gpt2-tiny", "llama-1b", ...), a
-    directory with config.json (its model.safetensors become the engine's weights; a training
-    run's directory stands for its newest checkpoint), a
-    config.json path, a config dict, a transformers PreTrainedModel, or a torch.nn.Module of an
-    architecture dw.torch_capture recognises (others are refused, naming what is supported).
-    vocab: pad the embedding to this many rows."""
-    ctx = ctx_of(ctx)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"capture: batch must be a positive int, got {batch!r}")
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-        raise ValueError(f"capture: seq_len must be a positive int or None, got {seq_len!r}")
-    tmp, weights = None, None
-    try:
-        if isinstance(model, (str, os.PathLike)):
-            source = _resolve_run(os.fspath(model))
-            if os.path.isdir(source) and _has_weights(source):
-                weights = source
-        elif isinstance(model, dict):
-            tmp = tempfile.mkdtemp(prefix="deepwell-config-")
-            with open(os.path.join(tmp, "config.json"), "w") as f:
-                json.dump(model, f)
-            source = tmp
-        else:
-            from . import torch_capture  # imports torch only when a module is given
-
-            tmp = tempfile.mkdtemp(prefix="deepwell-module-")
-            torch_capture.write_model_dir(model, tmp, seq_len)
-            source = weights = tmp
-        h = _capture_path(ctx, source, batch, seq_len, vocab)
-    except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, True)
-        raise
-    return Graph(h, ctx, source=source, weights=weights, tmpdir=tmp)
 
 
 def model_presets():
