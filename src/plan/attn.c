@@ -4,7 +4,8 @@
  * memory.c and model.c read this instead of the config's head fields. Formulas: docs/planner.md. */
 #include <string.h>
 
-#include "plan/layout.h"
+#include "plan/attn.h"
+#include "plan/operand.h"
 
 static void add_gemm(dw_attn_shape *a, double n, double k, int shard) {
     a->gemm[a->n_gemm++] = (dw_attn_gemm){.n = n, .k = k, .shard = shard};

@@ -1,8 +1,11 @@
 /* layout.h — private to src/plan: how layers map to virtual pipeline stages, and per-token
- * activation bytes. Shared by memory.c, cost.c and check.c. */
+ * activation bytes. Shared by memory.c, cost.c and check.c; it brings attn.h (the attention
+ * block) and operand.h (recipe bytes) with it. */
 #ifndef DW_PLAN_LAYOUT_H
 #define DW_PLAN_LAYOUT_H
 
+#include "plan/attn.h"
+#include "plan/operand.h"
 #include "plan/plan.h"
 
 typedef struct {
@@ -22,44 +25,10 @@ typedef struct {
  * stack (a config's first dense layers land on the first stages). False when no split exists. */
 bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out);
 
-/* The attention block as priced: standard (grouped-query) attention or DeepSeek's multi-head
- * latent attention (attn.c). GEMMs per token: C[T, n] = X[T, k] W[k, n], with TP sharding of n
- * (column parallel), of k (row parallel), or none (replicated on every TP rank). */
-enum { DW_SHARD_NONE = 0, DW_SHARD_N, DW_SHARD_K };
-typedef struct {
-    double n, k;
-    int shard;
-} dw_attn_gemm;
-typedef struct {
-    bool mla;
-    double H, kv_heads;         /* heads; K/V heads (standard attention) */
-    double dqk, dv;             /* score and value channels per head */
-    dw_attn_gemm gemm[5];
-    int n_gemm;
-    int up_first;               /* MLA: index of q_b (the up-projections re-run by selective
-                                   recompute are gemm[up_first] and the kv_b after it); -1 none */
-    double params, matmul;      /* all parameters of the block's attention; of them the matrices */
-    double replicated;          /* of params, those every TP rank holds whole (MLA's down-projections) */
-    double elem;                /* elementwise bytes per token beyond the norms: RoPE, latent norms */
-    double qin;                 /* GEMM input elements per token that a low-precision recipe quantises */
-    double latent;              /* MLA: latent bytes per token kept for backward (q, kv latents, rope key) */
-    double up_inputs;           /* MLA: the up-projections' quantised inputs, a (ql + kl) */
-} dw_attn_shape;
-void dw_plan_attn_shape(const dw_plan_in *in, dw_attn_shape *out);
-/* Saved bytes per token of the attention half of a block (+ both norm inputs), all TP ranks
- * together, for operand bytes ab and a recompute mode other than full. */
-double dw_plan_attn_saved(const dw_attn_shape *a, double d, double ab, dw_recompute rc);
-
 /* Saved-for-backward activation bytes per token of one block (all TP ranks together, i.e.
  * divide by tp for one rank with sequence parallelism). */
 double dw_plan_act_bytes_dense(const dw_plan_in *in, dw_recompute rc);
 double dw_plan_act_bytes_moe(const dw_plan_in *in, dw_recompute rc);
-/* Bytes per element of quantised GEMM operands: 2 (bf16), 1 (fp8), 0.5 (fp4). */
-double dw_plan_operand_bytes(dw_recipe p);
-/* Scale bytes per quantised element: activations/gradients (1-D blocks), weights. */
-double dw_plan_act_scale_bytes(dw_recipe p);
-double dw_plan_weight_scale_bytes(dw_recipe p);
-
 /* Local parameter counts of one rank for a virtual stage. */
 typedef struct {
     double dense;   /* replicated over dp*cp (attention, dense MLP, shared experts, norms, embeddings) */

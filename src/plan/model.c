@@ -7,7 +7,7 @@
 
 #include "capture/capture.h"
 #include "core/error.h"
-#include "plan/layout.h"
+#include "plan/attn.h"
 
 const dw_recipe dw_plan_recipes[DW_PLAN_RECIPES] = {DW_RECIPE_BF16, DW_RECIPE_FP8_BLOCK, DW_RECIPE_MXFP8,
                                                      DW_RECIPE_NVFP4};

@@ -2,7 +2,8 @@
  * Flush) and interleaved 1F1B with virtual stages (Megatron-LM order), optionally with a steady
  * backward merged with the next forward so each hides the other's all-to-all. Each rank runs its
  * ops in schedule order; an op starts when its rank is free and its input (activation from the
- * previous virtual stage, gradient from the next) has arrived over a p2p hop. No closed forms. */
+ * previous virtual stage, gradient from the next) has arrived over a p2p hop. No closed forms.
+ * DualPipe is pipesim_dual.c's; the output buffers and a merged chunk's time, pipesim_common.c's. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,37 +30,6 @@ static void kth(int p, int v, int k, bool bwd, int *mb, int *chunk) {
     int group = k / (p * v), r = k % (p * v);
     *chunk = bwd ? v - 1 - r / p : r / p;
     *mb = group * p + r % p;
-}
-
-void dw_sim_out_free(dw_sim_out *o) {
-    if (!o) return;
-    free(o->busy);
-    free(o->comm_exposed);
-    free(o->comm_hidden);
-    free(o->max_inflight);
-    free(o->ops);
-    memset(o, 0, sizeof *o);
-}
-
-dw_status dw_sim_out_alloc(dw_ctx *ctx, int p, int64_t n_ops, bool keep_ops, dw_sim_out *out) {
-    memset(out, 0, sizeof *out);
-    out->busy = calloc((size_t)p, sizeof *out->busy);
-    out->comm_exposed = calloc((size_t)p, sizeof *out->comm_exposed);
-    out->comm_hidden = calloc((size_t)p, sizeof *out->comm_hidden);
-    out->max_inflight = calloc((size_t)p, sizeof *out->max_inflight);
-    if (keep_ops) out->ops = malloc(sizeof *out->ops * (size_t)n_ops);
-    if (!out->busy || !out->comm_exposed || !out->comm_hidden || !out->max_inflight || (keep_ops && !out->ops)) {
-        dw_sim_out_free(out);
-        return dw_set_error(ctx, DW_ERR_NOMEM, "pipeline simulation: out of memory");
-    }
-    return DW_OK;
-}
-
-double dw_pipe_merged(double f, double fc, double b, double bc, double *exposed, double *hidden) {
-    double cf = f - fc, cb = b - bc;
-    *exposed = (fc > cb ? fc - cb : 0) + (bc > cf ? bc - cf : 0);
-    *hidden = fc + bc - *exposed;
-    return cf + cb + *exposed + DW_PLAN_A2A_SM_SHARE * *hidden;
 }
 
 /* The op at schedule position i of a rank with w warm-up forwards: kind and its k-th index. */
@@ -149,7 +119,7 @@ dw_status dw_pipe_simulate(dw_ctx *ctx, const dw_sim_in *in, bool keep_ops, dw_s
                 free_at[s] = end;
                 out->busy[s] += dur;
                 out->comm_exposed[s] += ex, out->comm_hidden[s] += hid;
-                double at = start;
+                double op_start = start;
                 for (int o = 0; o < n_ops; o++) {
                     bool b = kinds[o];
                     (b ? bdone : fdone)[(int64_t)mbs[o] * P + vss[o]] = end;
@@ -163,8 +133,8 @@ dw_status dw_pipe_simulate(dw_ctx *ctx, const dw_sim_in *in, bool keep_ops, dw_s
                     if (keep_ops)
                         out->ops[out->n_ops++] = (dw_sim_op){.stage = s, .chunk = vss[o] / p, .mb = mbs[o],
                                                              .kind = b ? DW_OP_B : DW_OP_F,
-                                                             .start = at, .end = o == n_ops - 1 ? end : at + part};
-                    at += part;
+                                                             .start = op_start, .end = o == n_ops - 1 ? end : op_start + part};
+                    op_start += part;
                 }
                 if (end > out->makespan) out->makespan = end;
                 next[s] += n_ops;

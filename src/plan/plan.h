@@ -295,7 +295,7 @@ dw_status dw_pipe_simulate(dw_ctx *ctx, const dw_sim_in *in, bool keep_ops, dw_s
 void dw_sim_out_free(dw_sim_out *o);
 /* DualPipe's event simulation (pipesim_dual.c); dw_pipe_simulate calls it for in->dual. */
 dw_status dw_pipe_simulate_dual(dw_ctx *ctx, const dw_sim_in *in, bool keep_ops, dw_sim_out *out);
-/* Allocates out's per-rank arrays (and ops when keep_ops) for p ranks and n ops. */
+/* Allocates out's per-rank arrays (and ops when keep_ops) for p ranks and n ops (pipesim_common.c). */
 dw_status dw_sim_out_alloc(dw_ctx *ctx, int p, int64_t n_ops, bool keep_ops, dw_sim_out *out);
 /* Seconds of a backward merged with a forward: both compute parts, the all-to-all neither hides,
  * and the SM share of the hidden part; *exposed and *hidden receive the two all-to-all parts. */
