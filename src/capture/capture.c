@@ -1,8 +1,9 @@
 /* capture.c — model config -> graph IR, one block_<family> template per family of archs.def:
  * GPT-2 (learned positions, LayerNorm, packed c_attn, GELU MLP), the Llama family (RoPE,
  * RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP), Mixtral and OLMoE (the Llama attention with a
- * mixture of SwiGLU experts) and Qwen2-/Qwen3-MoE (MoE or dense layers, a gated shared expert,
- * per-head q/k norms). Parameter tensors carry the Hugging Face
+ * mixture of SwiGLU experts), Qwen2-/Qwen3-MoE (MoE or dense layers, a gated shared expert,
+ * per-head q/k norms) and Qwen3 (Llama with per-head q/k norms); sliding windows on the attention
+ * of the layers the config windows. Parameter tensors carry the Hugging Face
  * weight names and the reference initialisation; nodes the HF module names and their block. */
 #include <math.h>
 #include <stdarg.h>
@@ -132,14 +133,15 @@ static void block_gpt2(builder *b, int i, int *x) {
 }
 
 /* The Llama family's attention sub-block: x += o_proj(attention(rope(q), rope(k), v)) of the
- * input-normed x. p: "model.layers.<i>". */
-static void attention_llama(builder *b, const char *p, int *x) {
+ * input-normed x, through layer i's sliding window if it has one. p: "model.layers.<i>". */
+static void attention_llama(builder *b, int i, const char *p, int *x) {
     const dw_model_config *c = b->c;
     int64_t C = c->d_model, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
     char nm[128];
     dw_ir_attrs aq = {.heads = c->n_heads, .head_dim = c->head_dim, .theta = c->rope_theta, .rope = c->rope_scaling};
     dw_ir_attrs ak = {.heads = c->n_kv_heads, .head_dim = c->head_dim, .theta = c->rope_theta, .rope = c->rope_scaling};
-    dw_ir_attrs at = {.heads = c->n_heads, .kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
+    dw_ir_attrs at = {.heads = c->n_heads, .kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                      .window = dw_model_config_windowed(c, i) ? c->sliding_window : 0};
     int h = norm(b, NAME("input_layernorm"), *x);
     int hq = linear(b, NAME("self_attn.q_proj"), h, C, q, c->qkv_bias, false);
     int hk = linear(b, NAME("self_attn.k_proj"), h, C, kv, c->qkv_bias, false);
@@ -186,7 +188,7 @@ static void dense_mlp(builder *b, const char *p, int *x) {
 static void block_llama(builder *b, int i, int *x) {
     char p[64];
     snprintf(p, sizeof p, "model.layers.%d", i);
-    attention_llama(b, p, x);
+    attention_llama(b, i, p, x);
     dense_mlp(b, p, x);
 }
 
@@ -240,7 +242,7 @@ static void moe_mlp(builder *b, const char *p, int *x) {
 static void block_mixtral(builder *b, int i, int *x) {
     char p[64];
     snprintf(p, sizeof p, "model.layers.%d", i);
-    attention_llama(b, p, x);
+    attention_llama(b, i, p, x);
     moe_mlp(b, p, x);
 }
 
@@ -252,7 +254,7 @@ static void block_olmoe(builder *b, int i, int *x) { block_mixtral(b, i, x); }
 static void block_qwen2_moe(builder *b, int i, int *x) {
     char p[64];
     snprintf(p, sizeof p, "model.layers.%d", i);
-    attention_llama(b, p, x);
+    attention_llama(b, i, p, x);
     if (dw_model_config_moe_layer(b->c, i)) moe_mlp(b, p, x);
     else dense_mlp(b, p, x);
 }
@@ -260,6 +262,9 @@ static void block_qwen2_moe(builder *b, int i, int *x) {
 /* Qwen3-MoE: the Llama attention with per-head q/k norms (config qk_norm_heads), then as Qwen2-MoE
  * (no shared expert: d_ff_shared 0). */
 static void block_qwen3_moe(builder *b, int i, int *x) { block_qwen2_moe(b, i, x); }
+
+/* Qwen3: the Llama block with per-head q/k norms (config qk_norm_heads). */
+static void block_qwen3(builder *b, int i, int *x) { block_llama(b, i, x); }
 #undef NAME
 
 /* Each architecture's block template (archs.def's family column). */

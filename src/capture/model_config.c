@@ -90,13 +90,15 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
                             "%s: field 'hidden_act': '%s' is not supported (supported: silu)", what,
                             act);
     DW_TRY(dw_model_config_parse_rope(ctx, j, what, c)); /* model_config_rope.c */
-    long long window = 0;
-    bool use_window = c->arch == DW_ARCH_MISTRAL;
-    DW_TRY(dw_json_get_bool_opt(ctx, j, "use_sliding_window", what, &use_window));
-    DW_TRY(dw_json_get_int_opt(ctx, j, "sliding_window", what, &window));
-    if (use_window && window > 0 && window < c->max_seq)
-        DW_LOGW("%s: sliding_window %lld noted: Deepwell uses full causal attention, identical "
-                "for sequences up to %lld tokens", what, window, window);
+    return dw_model_config_parse_window(ctx, j, what, c); /* model_config_window.c */
+}
+
+/* Qwen3: the llama fields, RMSNorm over each head of q and k (q_norm, k_norm of width head_dim)
+ * before RoPE, head_dim explicit (transformers' default d_model / heads otherwise), biases on q, k,
+ * v and o only with attention_bias, the Qwen sliding-window keys. */
+static dw_status parse_qwen3(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    DW_TRY(parse_llama(ctx, j, what, c));
+    c->qk_norm_heads = true;
     return DW_OK;
 }
 
@@ -298,6 +300,7 @@ static void write_mixtral(json_t *j, const dw_model_config *c);
 static void write_olmoe(json_t *j, const dw_model_config *c);
 static void write_qwen2_moe(json_t *j, const dw_model_config *c);
 static void write_qwen3_moe(json_t *j, const dw_model_config *c);
+static void write_qwen3(json_t *j, const dw_model_config *c);
 
 /* Each architecture's family functions (archs.def's family column). */
 static const struct {
@@ -387,6 +390,7 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     if (c->arch != DW_ARCH_QWEN2 && c->arch != DW_ARCH_QWEN2_MOE) set_bool(j, "attention_bias", c->qkv_bias);
     set_bool(j, "mlp_bias", c->mlp_bias);
     dw_model_config_write_rope(j, c); /* rope_theta, rope_scaling */
+    dw_model_config_write_window(j, c); /* sliding_window, use_sliding_window, ... */
     if (c->arch == DW_ARCH_DEEPSEEK_V3) dw_model_config_mla_write(j, c); /* model_config_mla.c */
 }
 
@@ -429,7 +433,6 @@ static void write_qwen_moe(json_t *j, const dw_model_config *c) {
     set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
     set_bool(j, "output_router_logits", c->aux_loss);
     if (c->router_z_loss_coef > 0) set_num(j, "router_z_loss_coef", c->router_z_loss_coef);
-    set_bool(j, "use_sliding_window", false);
 }
 
 static void write_qwen2_moe(json_t *j, const dw_model_config *c) {
@@ -439,6 +442,8 @@ static void write_qwen2_moe(json_t *j, const dw_model_config *c) {
 }
 
 static void write_qwen3_moe(json_t *j, const dw_model_config *c) { write_qwen_moe(j, c); }
+
+static void write_qwen3(json_t *j, const dw_model_config *c) { write_llama(j, c); }
 
 json_t *dw_model_config_to_json(const dw_model_config *c) {
     json_t *j = json_object();
@@ -473,7 +478,7 @@ dw_status dw_model_config_save(dw_ctx *ctx, const dw_model_config *cfg, const ch
 }
 
 bool dw_model_config_o_bias(const dw_model_config *c) {
-    return c->linear_bias || (c->qkv_bias && (c->arch == DW_ARCH_LLAMA || c->arch == DW_ARCH_QWEN3_MOE));
+    return c->linear_bias || (c->qkv_bias && (c->arch == DW_ARCH_LLAMA || c->arch == DW_ARCH_QWEN3 || c->arch == DW_ARCH_QWEN3_MOE));
 }
 
 bool dw_model_config_moe_layer(const dw_model_config *c, int64_t l) {

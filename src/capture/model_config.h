@@ -41,6 +41,8 @@ typedef struct dw_model_config_s {
     bool mlp_bias;
     bool qk_norm;          /* OLMoE: RMSNorm over the whole q and k projections before RoPE */
     bool qk_norm_heads;    /* Qwen3: RMSNorm over each head's head_dim channels of q and k before RoPE */
+    int64_t sliding_window; /* keys a windowed layer's query sees (itself included); 0: no window */
+    uint64_t window_layers[DW_MODEL_MAX_LAYERS / 64 + 1]; /* bit l set: layer l's attention is windowed */
     double init_std;       /* initializer_range (0.02) */
     /* mixture of experts */
     int64_t n_experts;     /* 0: dense */
@@ -75,5 +77,9 @@ int64_t dw_model_config_params(const dw_model_config *cfg);
  * model has experts, l is past first_dense_layers, not in mlp_only, and (l+1) a multiple of
  * sparse_step (transformers' Qwen2-MoE / Qwen3-MoE rule). */
 bool dw_model_config_moe_layer(const dw_model_config *cfg, int64_t l);
+/* Whether decoder layer l attends through the sliding window of cfg->sliding_window keys
+ * (model_config_window.c: mistral's sliding_window, the Qwen families' use_sliding_window and
+ * max_window_layers, layer_types). */
+bool dw_model_config_windowed(const dw_model_config *cfg, int64_t l);
 
 #endif /* DW_CAPTURE_MODEL_CONFIG_H */

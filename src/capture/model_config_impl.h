@@ -23,13 +23,19 @@ dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *wh
  * rope_theta and rope_scaling (null for the default type). */
 dw_status dw_model_config_parse_rope(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c);
 void dw_model_config_write_rope(json_t *j, const dw_model_config *c);
+/* Sliding windows (model_config_window.c): the family's keys (sliding_window, use_sliding_window,
+ * max_window_layers, layer_types; c->n_layers read first) into c->sliding_window and
+ * c->window_layers, and written back the same way. */
+dw_status dw_model_config_parse_window(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c);
+void dw_model_config_write_window(json_t *j, const dw_model_config *c);
 /* The Hugging Face config.json object for cfg (new reference). */
 json_t *dw_model_config_to_json(const dw_model_config *cfg);
 /* Checks the fields' consistency (positive sizes, heads divide, ...); `what` names the source. */
 dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *cfg, const char *what);
 
-/* Whether the attention output projection has a bias: GPT-2 always, Llama with attention_bias
- * (q, k, v, o all biased), never Mistral or Qwen2 (whose q, k, v biases stop there). */
+/* Whether the attention output projection has a bias: GPT-2 always, Llama, Qwen3 and Qwen3-MoE
+ * with attention_bias (q, k, v, o all biased), never Mistral or Qwen2 (whose q, k, v biases stop
+ * there). */
 bool dw_model_config_o_bias(const dw_model_config *cfg);
 
 #endif /* DW_CAPTURE_MODEL_CONFIG_IMPL_H */

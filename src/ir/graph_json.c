@@ -64,6 +64,7 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.theta) json_object_set_new(a, "theta", json_real(n->attrs.theta));
     if (n->attrs.rope.type != DW_ROPE_DEFAULT) json_object_set_new(a, "rope", rope_json(&n->attrs.rope));
     if (n->attrs.experts) json_object_set_new(a, "experts", json_integer(n->attrs.experts));
+    if (n->attrs.window) json_object_set_new(a, "window", json_integer(n->attrs.window));
     if (n->attrs.coef) json_object_set_new(a, "coef", json_real(n->attrs.coef));
     if (n->attrs.zcoef) json_object_set_new(a, "zcoef", json_real(n->attrs.zcoef));
     if (n->attrs.top_k) {
@@ -261,7 +262,8 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     const struct {
         const char *k;
         int64_t *dst;
-    } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}, {"top_k", &a.top_k}, {"experts", &a.experts}};
+    } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}, {"top_k", &a.top_k}, {"experts", &a.experts},
+                 {"window", &a.window}};
     for (size_t k = 0; ja && k < sizeof ints / sizeof ints[0]; k++) {
         v = 0;
         DW_TRY(dw_json_get_int_opt(ctx, ja, ints[k].k, what, &v));

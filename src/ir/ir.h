@@ -92,6 +92,8 @@ typedef struct {
     dw_rope_scaling rope;              /* rope: the frequencies' type (kernels/rope_freq.h) */
     int64_t top_k;                     /* moe_router: experts per token */
     int64_t experts;                   /* moe_dispatch: experts (E) the indices refer to */
+    int64_t window;                    /* attention: query t sees keys t-window+1..t (sliding window,
+                                          itself included); 0: every key up to t */
     int32_t score;                     /* moe_router: dw_router_score */
     bool norm_topk;                    /* moe_router: the K weights renormalised to sum 1 */
     double coef, zcoef;                /* moe_aux_loss: the load-balancing and z-loss coefficients */

@@ -188,6 +188,8 @@ static dw_status infer_attention(dw_ctx *ctx, const dw_graph *g, const dw_ir_nod
         return dw_ir_node_error(ctx, n, "heads %lld must be a positive multiple of kv_heads %lld (head_dim %lld)",
                    (long long)a->heads, (long long)a->kv_heads, (long long)a->head_dim);
     if (n->n_in == 2) return dw_ir_node_error(ctx, n, "takes q, k, v or one packed qkv, not 2 inputs");
+    if (a->window < 0)
+        return dw_ir_node_error(ctx, n, "sliding window %lld: must be positive (0: none)", (long long)a->window);
     int64_t q = a->heads * a->head_dim, kv = a->kv_heads * a->head_dim;
     for (int i = 0; i < n->n_in; i++) {
         DW_TRY(want(ctx, g, n, i, 3, DW_IR_F32));

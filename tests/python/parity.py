@@ -64,11 +64,13 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def causal_attention(q, k, v):
-    """q (B,H,T,D), k, v (B,H,T,D) -> (B,H,T,D)"""
+def causal_attention(q, k, v, window=None):
+    """q (B,H,T,D), k, v (B,H,T,D) -> (B,H,T,D); with a window W query t sees keys t-W+1..t"""
     T, D = q.shape[2], q.shape[3]
     s = q @ k.transpose(-1, -2) / math.sqrt(D)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if window:
+        mask &= ~torch.ones(T, T, dtype=torch.bool).tril(-window)  # drop keys j <= t - W
     s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
@@ -206,6 +208,19 @@ def load_balancing(c, router_logits):
     return E * (chosen.mean(0) * p.mean(0)[None]).sum()
 
 
+def layer_window(c, l):
+    """The sliding window of layer l as transformers reads the config (None: full attention)."""
+    t = c["model_type"]
+    if t in ("mistral", "mixtral"):
+        return c.get("sliding_window", 4096 if t == "mistral" else None)
+    if t in ("qwen2", "qwen3") + QWEN_MOE and c.get("use_sliding_window", False):
+        w = c.get("sliding_window", 4096)
+        if "layer_types" in c:
+            return w if c["layer_types"][l] == "sliding_attention" else None
+        return w if l >= c.get("max_window_layers", 28) else None
+    return None
+
+
 def llama_forward(c, w, tok, router_logits=None):
     B, T = tok.shape
     router_logits = [] if router_logits is None else router_logits
@@ -230,14 +245,14 @@ def llama_forward(c, w, tok, router_logits=None):
         if c["model_type"] == "olmoe":  # RMSNorm over the whole projections, before RoPE
             q, k = rms(q, p + "self_attn.q_norm"), rms(k, p + "self_attn.k_norm")
         q, k = q.view(B, T, H, D), k.view(B, T, Hkv, D)
-        if c["model_type"] == "qwen3_moe":  # RMSNorm over each head's D channels, before RoPE
+        if c["model_type"] in ("qwen3", "qwen3_moe"):  # RMSNorm over each head's D channels, before RoPE
             q, k = rms(q, p + "self_attn.q_norm"), rms(k, p + "self_attn.k_norm")
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, Hkv, D).transpose(1, 2)
         q, k = rope(q, c), rope(k, c)
         k = k.repeat_interleave(H // Hkv, dim=1)  # HF repeat_kv: query head h uses kv head h // rep
         v = v.repeat_interleave(H // Hkv, dim=1)
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
+        y = causal_attention(q, k, v, layer_window(c, l)).transpose(1, 2).reshape(B, T, H * D)
         x = x + lin(y, p + "self_attn.o_proj", o_bias)
         h = rms(x, p + "post_attention_layernorm")
         if moe_layer(c, l):
@@ -270,6 +285,10 @@ def random_config(family, rng, layout=None, rope_kind=None):
     if family == "llama":
         c["attention_bias"] = rng.random() < 0.5
         c["mlp_bias"] = rng.random() < 0.5
+    if family == "qwen3":
+        c["attention_bias"] = rng.random() < 0.3
+    if family in ("mistral", "qwen2", "qwen3"):  # a sliding window, mostly shorter than the sequence
+        c.update(random_window(family, rng, L))
     if rope_kind or (family in ("llama", "qwen2") and rng.random() < 0.6):  # a scaled RoPE, either spelling
         c.update(random_rope(rng, c["rope_theta"], rope_kind))
     if family == "mixtral":
@@ -303,6 +322,20 @@ def random_config(family, rng, layout=None, rope_kind=None):
                 c["qkv_bias"] = False
         else:
             c["attention_bias"] = rng.random() < 0.3
+    return c
+
+
+def random_window(family, rng, L):
+    """The family's sliding-window keys: none, or a window of 1..8 keys on every layer (mistral) or on
+    the layers from max_window_layers, or as layer_types says (the Qwen families)."""
+    if rng.random() < 0.2:
+        return {"sliding_window": None} if family == "mistral" else {"use_sliding_window": False}
+    W = rng.randint(1, 8)
+    if family == "mistral":
+        return {"sliding_window": W}
+    c = {"use_sliding_window": True, "sliding_window": W, "max_window_layers": rng.randint(0, L)}
+    if rng.random() < 0.3:
+        c["layer_types"] = [rng.choice(["full_attention", "sliding_attention"]) for _ in range(L)]
     return c
 
 
@@ -365,7 +398,7 @@ def param_shapes(c):
         if c["model_type"] == "olmoe":
             s[p + "self_attn.q_norm.weight"] = (q,)
             s[p + "self_attn.k_norm.weight"] = (kv,)
-        if c["model_type"] == "qwen3_moe":
+        if c["model_type"] in ("qwen3", "qwen3_moe"):
             s[p + "self_attn.q_norm.weight"] = (D,)
             s[p + "self_attn.k_norm.weight"] = (D,)
         if moe_layer(c, l):
@@ -488,7 +521,8 @@ def parity_case(dw, family, rng, gen, tmp, layout=None, rope_kind=None):
         "num_key_value_heads", "head_dim", "hidden_size", "tie_word_embeddings", "attention_bias", "mlp_bias",
         "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
         "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "layout",
-        "router_aux_loss_coef", "router_z_loss_coef", "rope_scaling", "rope_parameters"))
+        "router_aux_loss_coef", "router_z_loss_coef", "rope_scaling", "rope_parameters", "sliding_window",
+        "use_sliding_window", "max_window_layers", "layer_types"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")
@@ -530,7 +564,8 @@ def main():
     gen = torch.Generator().manual_seed(seed)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ["gpt2", "llama", "qwen2", "mixtral", "mixtral", "olmoe", "olmoe"]:
+        for family in ["gpt2", "llama", "qwen2", "qwen2", "mistral", "mistral", "qwen3", "qwen3", "mixtral", "mixtral",
+                       "olmoe", "olmoe"]:
             failures += parity_case(dw, family, rng, gen, tmp)
         for kind in ("llama3", "yarn"):  # each scaled RoPE at least once
             failures += parity_case(dw, "llama", rng, gen, tmp, rope_kind=kind)

@@ -1,6 +1,7 @@
 /* attention_cpu.c — CPU reference for causal self-attention with grouped-query heads (GQA),
- * forward (saves log-sum-exp) and backward. Naive per-row softmax in double; the oracle for the
- * flash-attention kernels. Query head h reads KV head h / (H/Hkv). Scale 1/sqrt(D). */
+ * forward (saves log-sum-exp) and backward, with an optional sliding window (query t sees keys
+ * t-W+1..t, as transformers' sliding_window masks). Naive per-row softmax in double; the oracle
+ * for the flash-attention kernels. Query head h reads KV head h / (H/Hkv). Scale 1/sqrt(D). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -18,10 +19,13 @@ static double dw_dot(const float *a, const float *b, int64_t D) {
     return s;
 }
 
+/* The first key query t sees: 0, or t-W+1 under a window of W keys (W 0: none). */
+static int64_t first_key(int64_t t, int64_t W) { return W > 0 && t - W + 1 > 0 ? t - W + 1 : 0; }
+
 /* out (B,T,H,D), lse (B,H,T) */
-void dw_cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-    DW_ASSERT(B >= 0 && T >= 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0);
+void dw_cpu_attention_window_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                                 int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t W) {
+    DW_ASSERT(B >= 0 && T >= 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0 && W >= 0);
     const int64_t group = H / Hkv;
     const double scale = 1.0 / sqrt((double)D);
 #pragma omp parallel
@@ -33,18 +37,19 @@ void dw_cpu_attention_fwd(float *out, float *lse, const float *q, const float *k
         for (int64_t row = 0; row < B * H * T; row++) {
             const int64_t b = row / (H * T), h = (row / T) % H, t = row % T, g = h / group;
             const float *qr = DW_Q(q, b, t, h);
+            const int64_t j0 = first_key(t, W);
             double mx = -INFINITY;
-            for (int64_t j = 0; j <= t; j++) {
+            for (int64_t j = j0; j <= t; j++) {
                 s[j] = dw_dot(qr, DW_KV(k, b, j, g), D) * scale;
                 if (s[j] > mx) mx = s[j];
             }
             double sum = 0.0;
-            for (int64_t j = 0; j <= t; j++) {
+            for (int64_t j = j0; j <= t; j++) {
                 s[j] = exp(s[j] - mx);
                 sum += s[j];
             }
             for (int64_t d = 0; d < D; d++) o[d] = 0.0;
-            for (int64_t j = 0; j <= t; j++) {
+            for (int64_t j = j0; j <= t; j++) {
                 const float *vr = DW_KV(v, b, j, g);
                 for (int64_t d = 0; d < D; d++) o[d] += s[j] * vr[d];
             }
@@ -60,12 +65,13 @@ void dw_cpu_attention_fwd(float *out, float *lse, const float *q, const float *k
 /* With p_tj = exp(s_tj - lse_t), Di_t = dout_t . out_t, ds_tj = p_tj (dout_t . v_j - Di_t):
  *   dq_t = scale sum_{j<=t} ds_tj k_j
  *   dk_j = scale sum_{h in group} sum_{t>=j} ds_tj q_t,   dv_j = sum_{h in group} sum_{t>=j} p_tj dout_t
+ * (under a window of W: j > t-W in every sum, so key j is seen by queries j..j+W-1)
  * Two passes (query rows, then key rows) recompute p so that every output row is one fixed-order
  * double sum, independent of the thread count. All three gradients are written. */
-void dw_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          const float *k, const float *v, const float *out, const float *lse,
-                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-    DW_ASSERT(B >= 0 && T >= 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0);
+void dw_cpu_attention_window_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse,
+                                 int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t W) {
+    DW_ASSERT(B >= 0 && T >= 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0 && W >= 0);
     const int64_t group = H / Hkv;
     const double scale = 1.0 / sqrt((double)D);
     double *di = malloc((size_t)(B * H * T > 0 ? B * H * T : 1) * sizeof *di); /* (B,H,T) */
@@ -85,7 +91,7 @@ void dw_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
             const int64_t b = row / (H * T), h = (row / T) % H, t = row % T, g = h / group;
             const float *qr = DW_Q(q, b, t, h), *gr = DW_Q(dout, b, t, h);
             for (int64_t d = 0; d < D; d++) acc[d] = 0.0;
-            for (int64_t j = 0; j <= t; j++) {
+            for (int64_t j = first_key(t, W); j <= t; j++) {
                 const float *kr = DW_KV(k, b, j, g);
                 const double p = exp(dw_dot(qr, kr, D) * scale - (double)lse[row]);
                 const double ds = p * (dw_dot(gr, DW_KV(v, b, j, g), D) - di[row]);
@@ -102,7 +108,7 @@ void dw_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
             double *ak = acc, *av = acc + D;
             for (int64_t d = 0; d < 2 * D; d++) acc[d] = 0.0;
             for (int64_t h = g * group; h < (g + 1) * group; h++) {
-                for (int64_t t = j; t < T; t++) {
+                for (int64_t t = j; t < T && (W == 0 || t < j + W); t++) { /* the queries that see j */
                     const int64_t row = (b * H + h) * T + t;
                     const float *qr = DW_Q(q, b, t, h), *gr = DW_Q(dout, b, t, h);
                     const double p = exp(dw_dot(qr, kr, D) * scale - (double)lse[row]);
@@ -122,4 +128,15 @@ void dw_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
         free(acc);
     }
     free(di);
+}
+
+void dw_cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+    dw_cpu_attention_window_fwd(out, lse, q, k, v, B, T, H, Hkv, D, 0);
+}
+
+void dw_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                          const float *k, const float *v, const float *out, const float *lse,
+                          int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+    dw_cpu_attention_window_bwd(dq, dk, dv, dout, q, k, v, out, lse, B, T, H, Hkv, D, 0);
 }

@@ -76,6 +76,12 @@ void dw_cpu_attention_fwd(float *out, float *lse, const float *q, const float *k
 void dw_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                           const float *k, const float *v, const float *out, const float *lse,
                           int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D);
+/* The same with a sliding window of W keys: query t sees keys max(0, t-W+1)..t (W 0: all up to t). */
+void dw_cpu_attention_window_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                                 int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t W);
+void dw_cpu_attention_window_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse,
+                                 int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t W);
 
 /* cross-entropy over V with mean reduction over the N rows whose target >= 0 (target < 0 is
  * ignored, as torch's ignore_index). Returns the mean loss; saves nothing (recomputes). */

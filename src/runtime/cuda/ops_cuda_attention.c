@@ -28,9 +28,16 @@ static void qkv(const dw_op_call *c, const void **q, const void **k, const void 
 }
 
 /* At engine creation: the cuDNN plans (and their buffers) for the node's shape, built outside any
- * recorded step. */
+ * recorded step. A sliding window shorter than the sequence is refused here: the CUDA kernels
+ * (attn_mma.cu, cuDNN) mask causally only, and a window of at least T keys is the causal mask. */
 dw_status dw_cuda_op_attention_prepare(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
+    if (a->window > 0 && a->window < c->t)
+        return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED,
+                            "node '%s' (layer %d): sliding-window attention of %lld keys over a sequence of %lld is "
+                            "not supported by the CUDA backend (its kernels mask causally only); use a sequence "
+                            "of at most %lld tokens, or the CPU backend", c->n->name, c->n->block,
+                            (long long)a->window, (long long)c->t, (long long)a->window);
     return dw_cuda_attention_prepare(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->b, c->t, a->heads, a->kv_heads,
                                      a->head_dim, packed(c));
 }

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""hf_parity_dense.py DEEPWELL — Deepwell against transformers itself for the dense families of issue
+26: qwen3 (per-head q/k RMSNorm, explicit head_dim, with and without attention_bias) and sliding-window
+attention (mistral's sliding_window, qwen2's and qwen3's use_sliding_window + max_window_layers).
+
+Not run by ctest (CI has no transformers): run where transformers is installed (the GPU machine).
+1. For each case builds a random transformers model (eager attention, float64), writes it with
+   save_pretrained, runs `deepwell eval --dump` (the CPU reference engine) and compares the loss,
+   logits and every parameter's gradient with transformers' own forward and backward (tolerances of
+   tests/python/parity.py). Windows of 5-6 keys over 48 tokens, so the window matters.
+   Qwen2's max_window_layers: transformers before layer_types (< 4.53) windows every layer in its
+   eager and sdpa masks whatever max_window_layers says (its flash path alone reads it), so there the
+   qwen2/qwen3 windowed cases use max_window_layers 0; with layer_types, 1 (layer 0 full, layer 1
+   windowed). qwen3 needs transformers >= 4.51 (skipped, said so, before).
+2. Fine-tuning start: `deepwell train --model DIR` logs transformers' loss as its first loss on the
+   CPU (1e-5). On CUDA (when a GPU is usable): a model without a window, or with a window of at least
+   the sequence, starts within BF16 rounding (2e-2 relative); a window shorter than the sequence is
+   refused with an error naming the layer and the window (the CUDA kernels mask causally only).
+Exit status 1 on any mismatch.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors.torch import load_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parity import compare, write_shard  # noqa: E402  (the same shard format and tolerances)
+from hf_parity_rope import randomise, run  # noqa: E402  (the same random weights)
+
+LAYER_TYPES = hasattr(transformers.Qwen2Config(), "layer_types")  # per-layer windows in eager masks
+HAS_QWEN3 = hasattr(transformers, "Qwen3Config")
+B, T = 2, 48
+
+
+def base(**kw):
+    c = dict(vocab_size=97, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, hidden_act="silu",
+             rope_theta=10000.0, tie_word_embeddings=False)
+    c.update(kw)
+    return c
+
+
+def cases():
+    """(name, config class name, config kwargs, window shorter than T)"""
+    first = 1 if LAYER_TYPES else 0
+    yield "mistral-window5", "MistralConfig", base(head_dim=16, sliding_window=5), True
+    yield "mistral-nowindow", "MistralConfig", base(head_dim=16, sliding_window=None, tie_word_embeddings=True), False
+    yield "qwen2-window6", "Qwen2Config", base(use_sliding_window=True, sliding_window=6,
+                                               max_window_layers=first), True
+    yield "qwen2-window-long", "Qwen2Config", base(use_sliding_window=True, sliding_window=T,
+                                                   max_window_layers=0), False
+    yield "qwen3", "Qwen3Config", base(head_dim=24, attention_bias=False), False  # 4 x 24 != 64
+    yield "qwen3-bias-tied", "Qwen3Config", base(head_dim=8, attention_bias=True, tie_word_embeddings=True), False
+    yield "qwen3-window5", "Qwen3Config", base(head_dim=16, use_sliding_window=True, sliding_window=5,
+                                               max_window_layers=first), True
+
+
+def first_train_loss(dw, d, data, out, device):
+    r = run([dw, "train", "--model", d, "--data", data, "--out", out, "--batch", B, "--seq", T, "--steps", 1,
+             "--eval-every", 0, "--warmup", 1, "--device", device])
+    if r.returncode:
+        return None, r.stderr.strip()[-600:]
+    return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["loss"], r.stderr
+
+
+def main():
+    dw = sys.argv[1]
+    gen = torch.Generator().manual_seed(int(os.environ.get("DW_TEST_SEED", "26")))
+    failures = []
+    print(f"transformers {transformers.__version__} (layer_types: {LAYER_TYPES}, qwen3: {HAS_QWEN3})")
+    gpu = torch.cuda.is_available()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, cls, kw, short_window in cases():
+            if not hasattr(transformers, cls):
+                print(f"SKIP: {name}: this transformers has no {cls}")
+                continue
+            cfg = getattr(transformers, cls)(**kw)
+            cfg._attn_implementation = "eager"
+            model = transformers.AutoModelForCausalLM.from_config(cfg).double()
+            randomise(model, gen)
+            d = os.path.join(tmp, name)
+            model.float().save_pretrained(d)
+            model.double()
+            stream = torch.randint(0, cfg.vocab_size, (B * T + 1,), generator=gen).tolist()
+            data = os.path.join(tmp, name + ".bin")
+            write_shard(data, stream)
+            tok = torch.tensor(stream[:B * T]).view(B, T)
+            tgt = torch.tensor(stream[1:B * T + 1]).view(B, T)
+            model.zero_grad()
+            logits = model(input_ids=tok).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+            loss.backward()
+            dump = os.path.join(d, "dump.safetensors")
+            r = run([dw, "eval", d, "--data", data, "--batch", B, "--seq", T, "--dump", dump])
+            if r.returncode:
+                failures.append(f"{name}: deepwell eval failed: {r.stderr.strip()}")
+                continue
+            got = {n: v.double() for n, v in load_file(dump).items()}
+            worst = compare(f"{name} loss", got.pop("loss").reshape(()), loss.detach(), 1e-5, 0, failures)
+            compare(f"{name} logits", got.pop("logits"), logits.detach(), 1e-4, 2e-5, failures)
+            g_worst = 0.0
+            for n, p in model.named_parameters():
+                if n == "lm_head.weight" and cfg.tie_word_embeddings:
+                    continue
+                if n not in got:
+                    failures.append(f"{name}: no gradient for '{n}'")
+                    continue
+                g_worst = max(g_worst, compare(f"{name} grad {n}", got.pop(n), p.grad, 2e-4, 2e-5, failures))
+            for n in got:
+                failures.append(f"{name}: unexpected tensor '{n}' in the dump")
+            print(f"{name}: loss transformers {float(loss):.8f}, relative error {worst:.2e}; worst gradient "
+                  f"error {g_worst:.2e}")
+
+            for device in ["cpu"] + (["cuda"] if gpu else []):
+                got_loss, err = first_train_loss(dw, d, data, os.path.join(tmp, f"run-{name}-{device}"), device)
+                if device == "cuda" and short_window:  # refused, naming the layer and the window
+                    W = kw["sliding_window"]
+                    ok = got_loss is None and "sliding-window attention of %d keys" % W in err and "layer" in err
+                    print(f"{name} on CUDA: {'refused as expected' if ok else 'NOT REFUSED'}: {err.splitlines()[-1:]}")
+                    if not ok:
+                        failures.append(f"{name} cuda: a window of {W} < {T} must be refused; got {got_loss} {err}")
+                    continue
+                tol = 1e-5 if device == "cpu" else 2e-2
+                ok = got_loss is not None and abs(got_loss - float(loss)) <= tol * abs(float(loss))
+                print(f"{name} fine-tune start ({device}): deepwell {got_loss}, transformers {float(loss):.7f} "
+                      f"({'ok' if ok else 'MISMATCH'})")
+                if not ok:
+                    failures.append(f"{name} {device}: first loss {got_loss} vs transformers {float(loss)} "
+                                    f"({err if got_loss is None else ''})")
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
