@@ -203,7 +203,7 @@ static void moe_mlp(builder *b, const char *p, int *x) {
     int h = norm(b, NAME("post_attention_layernorm"), *x);
     const int z = linear(b, NAME("mlp.gate"), h, C, E, false, false);
     const dw_ir_attrs ra = {.top_k = c->top_k, .score = DW_ROUTER_SOFTMAX, .norm_topk = c->norm_topk};
-    const dw_ir_attrs da = {.experts = E};
+    const dw_ir_attrs da = {.experts = E, .capacity_factor = c->capacity_factor};
     static const char *const router_out[2] = {".weights", ".experts"}, *const dispatch_out[3] = {".rows", ".offsets",
                                                                                                 ".positions"};
     int in[3] = {z}, r[2], d[3];

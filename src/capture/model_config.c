@@ -105,8 +105,9 @@ static dw_status parse_qwen3(dw_ctx *ctx, const json_t *j, const char *what, dw_
 /* The fields every mixture-of-experts family shares, after the llama ones: the expert count
  * (required, under the family's key), num_experts_per_tok, router_aux_loss_coef (defaults as
  * set by the caller), output_router_logits (the load-balancing loss joins the training loss, as in
- * transformers), router_z_loss_coef (Deepwell's: ST-MoE's router z-loss, 0 none), the experts'
- * width (intermediate_size). */
+ * transformers), router_z_loss_coef (Deepwell's: ST-MoE's router z-loss, 0 none), capacity_factor
+ * (Deepwell's: assignments past an expert's capacity dropped, 0 dropless), the experts' width
+ * (intermediate_size). */
 static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const char *experts_key,
                            dw_model_config *c) {
     /* transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (its attribute map) */
@@ -123,6 +124,10 @@ static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const
     if (!(c->router_z_loss_coef >= 0 && c->router_z_loss_coef < 1e3))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: router_z_loss_coef %g must be in [0, 1000)", what,
                             c->router_z_loss_coef);
+    DW_TRY(dw_json_get_num_opt(ctx, j, "capacity_factor", what, &c->capacity_factor));
+    if (!(c->capacity_factor >= 0 && c->capacity_factor <= 1e3))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: capacity_factor %g must be in (0, 1000], or 0 for dropless "
+                            "routing", what, c->capacity_factor);
     c->d_ff_expert = c->d_ff;
     return DW_OK;
 }
@@ -404,6 +409,7 @@ static void write_moe(json_t *j, const dw_model_config *c, const char *experts_k
     set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
     set_bool(j, "output_router_logits", c->aux_loss);
     if (c->router_z_loss_coef > 0) set_num(j, "router_z_loss_coef", c->router_z_loss_coef);
+    if (c->capacity_factor > 0) set_num(j, "capacity_factor", c->capacity_factor);
 }
 
 static void write_mixtral(json_t *j, const dw_model_config *c) {
@@ -433,6 +439,7 @@ static void write_qwen_moe(json_t *j, const dw_model_config *c) {
     set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
     set_bool(j, "output_router_logits", c->aux_loss);
     if (c->router_z_loss_coef > 0) set_num(j, "router_z_loss_coef", c->router_z_loss_coef);
+    if (c->capacity_factor > 0) set_num(j, "capacity_factor", c->capacity_factor);
 }
 
 static void write_qwen2_moe(json_t *j, const dw_model_config *c) {

@@ -51,6 +51,8 @@ typedef struct dw_model_config_s {
     double router_aux_loss_coef; /* transformers' load-balancing loss weight (config.json) */
     bool aux_loss;         /* the load-balancing loss joins the training loss (output_router_logits) */
     double router_z_loss_coef; /* ST-MoE's router z-loss weight (0: none; a Deepwell key in config.json) */
+    double capacity_factor; /* > 0: each expert keeps ceil(factor·tokens·top_k / experts) assignments, the
+                             * rest dropped (dw_moe_capacity); 0: dropless (a Deepwell key in config.json) */
     int64_t d_ff_expert;   /* expert intermediate size */
     int64_t n_shared_experts;
     int64_t first_dense_layers; /* DeepSeek-V3: first k layers dense */

@@ -67,6 +67,7 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.window) json_object_set_new(a, "window", json_integer(n->attrs.window));
     if (n->attrs.coef) json_object_set_new(a, "coef", json_real(n->attrs.coef));
     if (n->attrs.zcoef) json_object_set_new(a, "zcoef", json_real(n->attrs.zcoef));
+    if (n->attrs.capacity_factor > 0) json_object_set_new(a, "capacity_factor", json_real(n->attrs.capacity_factor));
     if (n->attrs.top_k) {
         json_object_set_new(a, "top_k", json_integer(n->attrs.top_k));
         json_object_set_new(a, "score", json_string(n->attrs.score == DW_ROUTER_SIGMOID ? "sigmoid" : "softmax"));
@@ -275,6 +276,10 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     if (jr) DW_TRY(rope_parse(ctx, jr, what, name, &a.rope));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "coef", what, &a.coef));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "zcoef", what, &a.zcoef));
+    if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "capacity_factor", what, &a.capacity_factor));
+    if (a.capacity_factor < 0)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.capacity_factor %g is negative (0: dropless)",
+                            what, name, a.capacity_factor);
     if (ja) DW_TRY(dw_json_get_bool_opt(ctx, ja, "norm_topk", what, &a.norm_topk));
     const char *score = "softmax";
     if (ja) DW_TRY(dw_json_get_str_opt(ctx, ja, "score", what, &score));

@@ -8,6 +8,7 @@
 #ifndef DW_IR_IR_H
 #define DW_IR_IR_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -92,6 +93,7 @@ typedef struct {
     dw_rope_scaling rope;              /* rope: the frequencies' type (kernels/rope_freq.h) */
     int64_t top_k;                     /* moe_router: experts per token */
     int64_t experts;                   /* moe_dispatch: experts (E) the indices refer to */
+    double capacity_factor;            /* moe_dispatch: > 0 drops past dw_moe_capacity rows per expert */
     int64_t window;                    /* attention: query t sees keys t-window+1..t (sliding window,
                                           itself included); 0: every key up to t */
     int32_t score;                     /* moe_router: dw_router_score */
@@ -102,6 +104,15 @@ typedef struct {
 /* How a router scores experts (attrs.score). */
 typedef enum { DW_ROUTER_SOFTMAX = 0, DW_ROUTER_SIGMOID = 1 } dw_router_score;
 #define DW_ROUTER_MAX_EXPERTS 4096 /* beyond any released model (DeepSeek-V3: 256) */
+
+/* moe_dispatch's rows per expert for N tokens of K assignments over E experts: ceil(factor N K / E)
+ * as Megatron-Core's get_capacity rounds (at least 1), N K where that is no limit; factor <= 0:
+ * N K (dropless). */
+static inline int64_t dw_moe_capacity(double factor, int64_t N, int64_t K, int64_t E) {
+    if (!(factor > 0) || E < 1) return N * K;
+    const double want = ceil(factor * (double)(N * K) / (double)E);
+    return want >= (double)(N * K) ? N * K : want < 1 ? 1 : (int64_t)want;
+}
 
 typedef struct {
     dw_op op;

@@ -5,6 +5,8 @@
  * statistics of two chained layers and the loss (kernels/cpu/moe_aux_cpu.c). Routings: uniform, every
  * token to the same experts (the rest empty), one token, many experts with empty ones, assignments
  * outside [0,E) (rows past the assigned ones must come out zero); odd widths take the scalar paths.
+ * Dispatch with a capacity (token dropping) and combine over the dropped rows, with the same
+ * routings, a capacity of one row, and routings spread over many index-kernel segments.
  * Fresh random inputs, outputs poisoned with NaN, guard bands. Needs a GPU (ctest label "gpu"); the
  * host emulator (tests/common/cuda_emu/run.sh) runs it too, BF16 on the FMA tiles only.
  *
@@ -21,6 +23,7 @@
 #include <string.h>
 
 #include "gpucheck.h"
+#include "ir/ir.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "opcheck.h"
 #include "testutil.h"
@@ -71,13 +74,16 @@ static int64_t cmp_ints(const char *name, const char *what, const void *dev, con
 
 static const char *const kernel_names[] = {"auto", "simt", "mma", "wgmma"};
 
-static int64_t run_moe(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64_t C, int64_t K, int64_t E, int64_t M,
-                       int mode) {
-    char name[160];
-    snprintf(name, sizeof name, "moe[%s %s N=%lld C=%lld K=%lld E=%lld M=%lld route=%d]", dw_gc_dtname(dt),
-             kernel_names[kern], (long long)N, (long long)C, (long long)K, (long long)E, (long long)M, mode);
-    int64_t bad = 0;
-    const int64_t R = N * K;
+/* The whole chain with routing `mode`; factor > 0: dispatch with dw_moe_capacity's rows per expert
+ * (the rest dropped), and the routing must drop something when want_drops. */
+static int64_t run_moe_cap(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64_t C, int64_t K, int64_t E, int64_t M,
+                           int mode, double factor, bool want_drops) {
+    const int64_t R = N * K, cap = factor > 0 ? dw_moe_capacity(factor, N, K, E) : 0;
+    char name[192];
+    snprintf(name, sizeof name, "moe[%s %s N=%lld C=%lld K=%lld E=%lld M=%lld route=%d cap=%lld]", dw_gc_dtname(dt),
+             kernel_names[kern], (long long)N, (long long)C, (long long)K, (long long)E, (long long)M, mode,
+             (long long)cap);
+    int64_t bad = 0, dropped = 0;
     int32_t *idx = malloc((size_t)R * 4), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)R * 4);
     route(idx, N, K, E, mode);
 
@@ -86,9 +92,11 @@ static int64_t run_moe(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64_t C
     dw_gt *xs = dw_gt_out("xs", R * C, dt), *goff = dw_gt_out("offsets", E + 1, DW_ACT_F32);
     dw_gt *gpos = dw_gt_out("pos", R, DW_ACT_F32);
     float *xs_ref = dw_oc_alloc(R * C);
-    dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, N, C, K, E);
+    dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, N, C, K, E, cap);
+    for (int64_t a = 0; a < R; a++) dropped += pos[a] < 0 && idx[a] >= 0 && idx[a] < E;
+    if (want_drops && !dropped) bad++, printf("MISMATCH %s: the case drops nothing\n", name);
     DW_GC_OK(bad, name, dw_cuda_moe_dispatch_fwd(NULL, dt, xs->dev, (int32_t *)goff->dev, (int32_t *)gpos->dev, x->dev,
-                                                 (const int32_t *)ix->dev, N, C, K, E, dw_gc_stream));
+                                                 (const int32_t *)ix->dev, N, C, K, E, cap, dw_gc_stream));
     DW_GC_SYNC();
     bad += cmp_ints(name, "offsets", goff->dev, off, E + 1);
     bad += cmp_ints(name, "pos", gpos->dev, pos, R);
@@ -148,6 +156,11 @@ static int64_t run_moe(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64_t C
     return bad;
 }
 
+static int64_t run_moe(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64_t C, int64_t K, int64_t E, int64_t M,
+                       int mode) {
+    return run_moe_cap(dt, kern, N, C, K, E, M, mode, 0.0, false);
+}
+
 static void test_moe_ops(void **state) {
     (void)state;
     int64_t bad = 0;
@@ -177,6 +190,16 @@ static void test_moe_ops(void **state) {
             /* 64 experts, top-8, every one with rows (moe-e64's router) */
             bad += run_moe(dt, k, 1500, 128, 8, 64, 64, ROUTE_UNIFORM);
         }
+        /* token dropping: dispatch with a capacity, the chain over the kept rows; each case must drop
+         * something unless its factor is too large to */
+        bad += run_moe_cap(dt, k, 2 + (int64_t)(dw_test_next(&g_rng) % 300), 72, 2, 8, 40, ROUTE_UNIFORM, 0.5, true);
+        if (k != DW_MOE_KERNEL_WGMMA) /* every token to experts 0..2, odd widths */
+            bad += run_moe_cap(dt, k, 37, 33, 3, 5, 19, ROUTE_SAME, 1.0, true);
+        bad += run_moe_cap(dt, k, 1, 64, 2, 4, 64, ROUTE_UNIFORM, 0.5, false);    /* a single token: capacity 1 */
+        bad += run_moe_cap(dt, k, 90, 48, 2, 6, 24, ROUTE_INVALID, 0.75, true);   /* invalid and dropped together */
+        bad += run_moe_cap(dt, k, 200, 16, 8, 64, 16, ROUTE_UNIFORM, 0.01, true); /* capacity 1, many experts */
+        bad += run_moe_cap(dt, k, 2500, 8, 8, 64, 8, ROUTE_SAME, 1.25, true);    /* many index-kernel segments */
+        bad += run_moe_cap(dt, k, 700, 24, 2, 8, 16, ROUTE_UNIFORM, 1000.0, false); /* drops nothing */
     }
     assert_int_equal(bad, 0);
 }
@@ -275,7 +298,7 @@ static void test_moe_validation(void **state) {
     a.K = 4, a.kernel = DW_MOE_KERNEL_MMA; /* an FP32 program has no tensor-core kernel */
     assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_F32, &a, dw_gc_stream), DW_ERR_INVALID);
     assert_int_equal(dw_cuda_moe_dispatch_fwd(NULL, DW_ACT_F32, p, (int32_t *)p, (int32_t *)p, p, (const int32_t *)p, 2,
-                                              4, 1, 5000, dw_gc_stream),
+                                              4, 1, 5000, 0, dw_gc_stream),
                      DW_ERR_INVALID); /* E > 4096 */
     assert_int_equal(dw_cuda_moe_combine_fwd(NULL, (dw_act_dtype)3, p, p, p, (const int32_t *)p, 1, 1, 1, dw_gc_stream),
                      DW_ERR_INVALID);

@@ -1,6 +1,6 @@
 /* moe_cpu.c — CPU reference for the MoE data movement and expert GEMMs (ops_cpu.h): dispatch (a
- * counting sort of the (token, k) assignments by expert, and its gradient gather), the grouped
- * linear layer, and the weighted combine; forward and backward, sums in double, one rounding per
+ * counting sort of the (token, k) assignments by expert, those past an expert's capacity dropped,
+ * and its gradient gather), the grouped linear layer, and the weighted combine; forward and backward, sums in double, one rounding per
  * output. Threads split independent rows or experts, so they cannot change results. */
 #include <stdlib.h>
 #include <string.h>
@@ -9,18 +9,20 @@
 #include "kernels/cpu/ops_cpu.h"
 
 void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const float *x, const int32_t *idx,
-                             int64_t N, int64_t C, int64_t K, int64_t E) {
+                             int64_t N, int64_t C, int64_t K, int64_t E, int64_t cap) {
     DW_ASSERT(N >= 0 && C >= 1 && K >= 1 && E >= 1);
-    int64_t *cursor = calloc((size_t)E + 1, sizeof *cursor);
-    DW_ASSERT(cursor);
+    if (cap <= 0 || cap > N * K) cap = N * K; /* dropless */
+    int64_t *cursor = calloc((size_t)E + 1, sizeof *cursor), *seen = calloc((size_t)E, sizeof *seen);
+    DW_ASSERT(cursor && seen);
     for (int64_t a = 0; a < N * K; a++)
         if (idx[a] >= 0 && idx[a] < E) cursor[idx[a] + 1]++;
-    for (int64_t e = 0; e < E; e++) cursor[e + 1] += cursor[e]; /* group starts */
-    for (int64_t e = 0; e <= E; e++) offsets[e] = (int32_t)cursor[e];
-    for (int64_t a = 0; a < N * K; a++) { /* (token, k) order within each group */
+    for (int64_t e = 0; e < E; e++) cursor[e + 1] = cursor[e] + (cursor[e + 1] < cap ? cursor[e + 1] : cap);
+    for (int64_t e = 0; e <= E; e++) offsets[e] = (int32_t)cursor[e]; /* group starts, groups clipped to cap */
+    for (int64_t a = 0; a < N * K; a++) { /* (token, k) order within each group; past the capacity: dropped */
         const int32_t e = idx[a];
-        pos[a] = e >= 0 && e < E ? (int32_t)cursor[e]++ : -1;
+        pos[a] = e >= 0 && e < E && seen[e]++ < cap ? (int32_t)cursor[e]++ : -1;
     }
+    free(seen);
     free(cursor);
 #pragma omp parallel for schedule(static)
     for (int64_t a = 0; a < N * K; a++)

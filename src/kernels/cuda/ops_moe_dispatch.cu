@@ -8,7 +8,9 @@
  * The index kernel is one block: its warps take contiguous segments of the assignments; pass 1
  * counts each segment's experts, a scan over (expert, segment) gives each segment's first row per
  * expert, and pass 2 hands out rows 32 assignments at a time, a lane's rank among the earlier
- * lanes with its expert found by shuffles (no atomics: stable and deterministic). */
+ * lanes with its expert found by shuffles (no atomics: stable and deterministic). With a capacity
+ * (cap rows per expert), an assignment whose rank within its expert reaches cap is dropped (row
+ * -1) and the groups are clipped to cap: the first cap in (token, k) order stay, as on the CPU. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_MOE_IDX_THREADS 1024
@@ -31,9 +33,9 @@ static __device__ __forceinline__ int dw_moe_rank(const int32_t *idx, int64_t a,
 }
 
 static __global__ void __launch_bounds__(DW_MOE_IDX_THREADS)
-dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t A, int E, int S) {
+dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t A, int E, int S, int32_t cap) {
     __shared__ int32_t sh[DW_MOE_IDX_SMEM_INTS];
-    int32_t *seg = sh, *tot = sh + (int64_t)S * E; /* seg[s*E + e]: segment s's count, then first row */
+    int32_t *seg = sh, *tot = sh + (int64_t)S * E; /* seg[s*E + e]: segment s's count, then first rank */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t L = ((A + S - 1) / S + 31) / 32 * 32; /* segment length, whole chunks */
     for (int i = threadIdx.x; i < S * E; i += blockDim.x) seg[i] = 0;
@@ -47,7 +49,7 @@ dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t 
             __syncwarp();
         }
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) { /* each segment's start within its expert */
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { /* each segment's first rank within its expert */
         int32_t run = 0;
         for (int s = 0; s < S; s++) {
             const int32_t c = seg[s * E + e];
@@ -57,26 +59,24 @@ dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t 
         tot[e] = run;
     }
     __syncthreads();
-    if (threadIdx.x == 0) { /* group offsets: exclusive scan of the totals */
+    if (threadIdx.x == 0) { /* group offsets: exclusive scan of the totals clipped to the capacity */
         int32_t run = 0;
         for (int e = 0; e < E; e++) {
             offsets[e] = run;
-            const int32_t c = tot[e];
+            const int32_t c = tot[e] < cap ? tot[e] : cap;
             tot[e] = run;
             run += c;
         }
         offsets[E] = run;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < S * E; i += blockDim.x) seg[i] += tot[i % E];
-    __syncthreads();
-    if (w < S) /* pass 2: rows, in (token, k) order within each expert */
+    if (w < S) /* pass 2: rows, in (token, k) order within each expert; ranks past cap dropped */
         for (int64_t base = w * L; base < A && base < (w + 1) * L; base += 32) {
             const int64_t a = base + lane;
             int before, total;
             const int e = dw_moe_rank(idx, a, A, E, lane, before, total);
-            const int32_t first = e >= 0 ? seg[w * E + e] : 0;
-            if (a < A) pos[a] = e >= 0 ? first + before : -1;
+            const int32_t first = e >= 0 ? seg[w * E + e] : 0, rank = first + before;
+            if (a < A) pos[a] = e >= 0 && rank < cap ? tot[e] + rank : -1;
             __syncwarp();
             if (e >= 0 && before == 0) seg[w * E + e] = first + total;
             __syncwarp();
@@ -161,16 +161,17 @@ static unsigned dw_moe_blocks(int64_t n) { return (unsigned)(n < 1 ? 1 : n > (1 
 
 extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void *xs, int32_t *offsets, int32_t *pos,
                                               const void *x, const int32_t *idx, int64_t N, int64_t C, int64_t K,
-                                              int64_t E, void *stream) {
+                                              int64_t E, int64_t cap, void *stream) {
     const char *op = "moe_dispatch";
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 1 && K >= 1 && E >= 1 && E <= 4096 && N * K <= INT32_MAX);
     DW_OPS_REQUIRE(ctx, op, xs && offsets && pos && (N == 0 || (x && idx)));
     cudaStream_t s = (cudaStream_t)stream;
     const int64_t A = N * K;
+    if (cap <= 0 || cap > A) cap = A; /* dropless */
     int S = (int)((DW_MOE_IDX_SMEM_INTS - E) / E);
     if (S > 32) S = 32;
-    dw_moe_index_kernel<<<1, DW_MOE_IDX_THREADS, 0, s>>>(offsets, pos, idx, A, (int)E, S);
+    dw_moe_index_kernel<<<1, DW_MOE_IDX_THREADS, 0, s>>>(offsets, pos, idx, A, (int)E, S, (int32_t)cap);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     if (A == 0) return DW_OK;
     if (dt == DW_ACT_F32) {

@@ -41,8 +41,9 @@ dw_status dw_cpu_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
     float *xs = dw_cpu_out(be, c, c->out[0], N * K * C, CPU_S_OUT);
     if (!x || !xs) return DW_ERR_NOMEM;
-    dw_cpu_moe_dispatch_fwd(xs, (int32_t *)c->out[1], (int32_t *)c->out[2], x, (const int32_t *)c->in[1], N, C, K,
-                            c->n->attrs.experts);
+    const int64_t E = c->n->attrs.experts;
+    dw_cpu_moe_dispatch_fwd(xs, (int32_t *)c->out[1], (int32_t *)c->out[2], x, (const int32_t *)c->in[1], N, C, K, E,
+                            dw_moe_capacity(c->n->attrs.capacity_factor, N, K, E));
     dw_cpu_put(c, c->out[0], xs, N * K * C, false); /* copies of BF16 values: exact */
     return DW_OK;
 }

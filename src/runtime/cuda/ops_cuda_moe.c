@@ -34,11 +34,13 @@ dw_status dw_cuda_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
 }
 
 /* ---- dispatch: x's rows grouped by expert, the offsets, each (token, k)'s row ------------------ */
+/* The capacity comes from the call's token count on the host: no synchronisation. */
 dw_status dw_cuda_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]), E = c->n->attrs.experts;
     return dw_cuda_moe_dispatch_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1],
-                                    (int32_t *)c->out[2], c->in[0], (const int32_t *)c->in[1], c->rows,
-                                    dw_cuda_width(c, c->n->in[0]), dw_cuda_width(c, c->n->in[1]), c->n->attrs.experts,
-                                    DW_CUDA_STREAM(be));
+                                    (int32_t *)c->out[2], c->in[0], (const int32_t *)c->in[1], N,
+                                    dw_cuda_width(c, c->n->in[0]), K, E,
+                                    dw_moe_capacity(c->n->attrs.capacity_factor, N, K, E), DW_CUDA_STREAM(be));
 }
 /* Each token's sum of its rows' gradients: the combine with unit weights. */
 dw_status dw_cuda_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
