@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "kernels/cpu/attention_row.h"
 #include "kernels/cpu/ops_cpu.h"
 
 /* q (B,T,H,D) row of query head h at t */
@@ -37,25 +38,9 @@ void dw_cpu_attention_window_fwd(float *out, float *lse, const float *q, const f
         for (int64_t row = 0; row < B * H * T; row++) {
             const int64_t b = row / (H * T), h = (row / T) % H, t = row % T, g = h / group;
             const float *qr = DW_Q(q, b, t, h);
-            const int64_t j0 = first_key(t, W);
-            double mx = -INFINITY;
-            for (int64_t j = j0; j <= t; j++) {
-                s[j] = dw_dot(qr, DW_KV(k, b, j, g), D) * scale;
-                if (s[j] > mx) mx = s[j];
-            }
-            double sum = 0.0;
-            for (int64_t j = j0; j <= t; j++) {
-                s[j] = exp(s[j] - mx);
-                sum += s[j];
-            }
-            for (int64_t d = 0; d < D; d++) o[d] = 0.0;
-            for (int64_t j = j0; j <= t; j++) {
-                const float *vr = DW_KV(v, b, j, g);
-                for (int64_t d = 0; d < D; d++) o[d] += s[j] * vr[d];
-            }
-            float *orow = DW_Q(out, b, t, h);
-            for (int64_t d = 0; d < D; d++) orow[d] = (float)(o[d] / sum);
-            if (lse) lse[(b * H + h) * T + t] = (float)(mx + log(sum));
+            const double l = dw_cpu_attention_row(DW_Q(out, b, t, h), qr, DW_KV(k, b, 0, g), DW_KV(v, b, 0, g),
+                                                  Hkv * D, first_key(t, W), t, D, scale, s, o);
+            if (lse) lse[(b * H + h) * T + t] = (float)l;
         }
         free(o);
         free(s);
