@@ -146,7 +146,7 @@ dw_status dw_engine_zero_grad(dw_engine *e) {
     return e->be->i->zero(e->be, e->x->grad, (size_t)e->p->param_floats * sizeof(float));
 }
 
-static dw_status adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t step, dw_adamw_args *a) {
+dw_status dw_engine_adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t step, dw_adamw_args *a) {
     dw_adamw_opts o;
     dw_adamw_opts_init(&o, sizeof o);
     if (opts) memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
@@ -163,7 +163,7 @@ static dw_status adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t ste
 dw_status dw_engine_step(dw_engine *e, const dw_adamw_opts *opts, int64_t step, double *grad_norm) {
     if (grad_norm) *grad_norm = 0;
     dw_adamw_args a;
-    DW_TRY(adamw_args(e, opts, step, &a));
+    DW_TRY(dw_engine_adamw_args(e, opts, step, &a));
     DW_TRY(dw_exec_optimizer(e->x, &a));
     double norm = 0;
     DW_TRY(e->be->i->download(e->be, &norm, e->x->work + e->p->work.norm, sizeof norm));
@@ -292,7 +292,7 @@ dw_status dw_engine_time_optimizer(dw_engine *e, const dw_adamw_opts *o, int64_t
     const dw_backend_i *bi = e->be->i;
     if (!bi->timers) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s engine: no timers", bi->name);
     dw_adamw_args a;
-    DW_TRY(adamw_args(e, o, step, &a));
+    DW_TRY(dw_engine_adamw_args(e, o, step, &a));
     DW_TRY(bi->upload(e->be, e->x->work + e->p->work.adamw_args, &a, sizeof a));
     const int first = e->p->phase[DW_PHASE_OPTIMIZER][0], last = e->p->phase[DW_PHASE_OPTIMIZER][1];
     DW_TRY(bi->timers(e->be, last - first + 2));

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "deepwell.h"
+#include "kernels/adamw_args.h"
 #include "runtime/exec.h"
 
 struct dw_engine {
@@ -30,6 +31,11 @@ dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32
  * out (rows * width floats; int32 tensors converted); DW_ERR_INVALID when the program keeps no
  * value for t. Valid right after the step that wrote it (the arena reuses memory). */
 dw_status dw_engine_read_value(dw_engine *e, int t, float *out);
+
+/* The arguments one AdamW step at `step` (from 1) takes from opts (NULL: defaults), bias
+ * corrections included; DW_ERR_INVALID naming every hyper-parameter when one is out of range.
+ * dw_engine_step's, and the sharded step's of train/dp.c. */
+dw_status dw_engine_adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t step, dw_adamw_args *a);
 /* Tests: the inverse, in's rows * width floats written as tensor t's value (int32 tensors from
  * whole floats, BF16 programs' tensors rounded to BF16), e.g. to give two engines the same routing. */
 dw_status dw_engine_write_value(dw_engine *e, int t, const float *in);

@@ -61,21 +61,6 @@ static dw_status all_reduce_grads(dw_dp *d) {
     return DW_OK;
 }
 
-/* What dw_engine_step hands its optimizer (kernels/adamw_args.h), for the shard's own step. */
-static dw_status adamw_args(dw_dp *d, const dw_adamw_opts *opts, int64_t step, dw_adamw_args *a) {
-    dw_adamw_opts o;
-    dw_adamw_opts_init(&o, sizeof o);
-    if (opts) memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
-    if (step < 1 || !(o.eps > 0) || !(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.lr >= 0) ||
-        !(o.weight_decay >= 0) || !(o.clip >= 0))
-        return dw_set_error(d->ctx, DW_ERR_INVALID, "sharded adamw: step %lld or hyper-parameters out of range",
-                            (long long)step);
-    *a = (dw_adamw_args){.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
-                         .c1 = 1.0 - pow(o.beta1, (double)step), .c2 = 1.0 - pow(o.beta2, (double)step),
-                         .max_norm = o.clip};
-    return DW_OK;
-}
-
 /* Sum of squares of the shard's gradients (this rank's part of the global norm). */
 static dw_status shard_sumsq(dw_dp *d, double *out) {
     dw_exec *x = d->eng->x;
@@ -155,7 +140,7 @@ dw_status dw_dp_after_backward(dw_dp *d) {
 /* ZeRO-1/2: the shard's step. The gradients already in the shards for ZeRO-2, reduced here for 1. */
 static dw_status shard_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm_out) {
     dw_adamw_args a;
-    DW_TRY(adamw_args(d, o, step, &a));
+    DW_TRY(dw_engine_adamw_args(d->eng, o, step, &a)); /* what dw_engine_step would take */
     if (d->zero == 1) DW_TRY(reduce_to_shards(d, DW_COMM_AVG));
     double sumsq = 0;
     DW_TRY(shard_sumsq(d, &sumsq));
