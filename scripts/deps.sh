@@ -6,7 +6,8 @@ what=${1:-build}
 pkgs=(build-essential cmake ninja-build libjansson-dev python3 libopenmpi-dev openmpi-bin)
 pkgs+=(python3-pip python3-numpy) # `pip install ./python` (the deepwell package) and its one dependency
 if [ "$what" = test ]; then
-  pkgs+=(libcmocka-dev clang python3-numpy python3-torch pkgconf)
+  # libclang-rt-dev: the sanitizer and fuzzer runtimes clang links (not pulled in without recommends)
+  pkgs+=(libcmocka-dev clang libclang-rt-dev python3-numpy python3-torch pkgconf)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
