@@ -26,11 +26,10 @@ import tempfile
 
 import torch
 import transformers
-from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from parity import compare, write_shard  # noqa: E402  (the same shard format and tolerances)
-from hf_parity_rope import randomise, run  # noqa: E402  (the same random weights)
+from hf_parity_rope import check_eval, randomise, run  # noqa: E402  (the same weights and checks)
 
 LAYER_TYPES = hasattr(transformers.Qwen2Config(), "layer_types")  # per-layer windows in eager masks
 HAS_QWEN3 = hasattr(transformers, "Qwen3Config")
@@ -95,26 +94,8 @@ def main():
             logits = model(input_ids=tok).logits
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
             loss.backward()
-            dump = os.path.join(d, "dump.safetensors")
-            r = run([dw, "eval", d, "--data", data, "--batch", B, "--seq", T, "--dump", dump])
-            if r.returncode:
-                failures.append(f"{name}: deepwell eval failed: {r.stderr.strip()}")
+            if check_eval(dw, name, d, data, B, T, model, cfg, logits, loss, failures, strict=True) is None:
                 continue
-            got = {n: v.double() for n, v in load_file(dump).items()}
-            worst = compare(f"{name} loss", got.pop("loss").reshape(()), loss.detach(), 1e-5, 0, failures)
-            compare(f"{name} logits", got.pop("logits"), logits.detach(), 1e-4, 2e-5, failures)
-            g_worst = 0.0
-            for n, p in model.named_parameters():
-                if n == "lm_head.weight" and cfg.tie_word_embeddings:
-                    continue
-                if n not in got:
-                    failures.append(f"{name}: no gradient for '{n}'")
-                    continue
-                g_worst = max(g_worst, compare(f"{name} grad {n}", got.pop(n), p.grad, 2e-4, 2e-5, failures))
-            for n in got:
-                failures.append(f"{name}: unexpected tensor '{n}' in the dump")
-            print(f"{name}: loss transformers {float(loss):.8f}, relative error {worst:.2e}; worst gradient "
-                  f"error {g_worst:.2e}")
 
             for device in ["cpu"] + (["cuda"] if gpu else []):
                 got_loss, err = first_train_loss(dw, d, data, os.path.join(tmp, f"run-{name}-{device}"), device)

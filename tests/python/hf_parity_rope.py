@@ -78,6 +78,34 @@ def first_train_loss(dw, d, data, B, T, out, device):
     return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["loss"], r.stderr
 
 
+def check_eval(dw, name, d, data, B, T, model, cfg, logits, loss, failures, strict=False):
+    """`deepwell eval --dump` of directory d on data against transformers' loss, logits and every
+    parameter's gradient (parity.py's tolerances; a tied head has none of its own); strict: a
+    tensor in the dump that transformers has no gradient for is a failure too. Prints the worst
+    errors and returns them, or None when eval failed (recorded in failures)."""
+    dump = os.path.join(d, "dump.safetensors")
+    r = run([dw, "eval", d, "--data", data, "--batch", B, "--seq", T, "--dump", dump])
+    if r.returncode:
+        failures.append(f"{name}: deepwell eval failed: {r.stderr.strip()}")
+        return None
+    got = {n: v.double() for n, v in load_file(dump).items()}
+    worst = compare(f"{name} loss", got.pop("loss").reshape(()), loss.detach(), 1e-5, 0, failures)
+    compare(f"{name} logits", got.pop("logits"), logits.detach(), 1e-4, 2e-5, failures)
+    g_worst = 0.0
+    for n, p in model.named_parameters():
+        if n == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if n not in got:
+            failures.append(f"{name}: no gradient for '{n}'")
+            continue
+        g_worst = max(g_worst, compare(f"{name} grad {n}", got.pop(n), p.grad, 2e-4, 2e-5, failures))
+    if strict:
+        failures += [f"{name}: unexpected tensor '{n}' in the dump" for n in got]
+    print(f"{name}: loss transformers {float(loss):.8f}, relative error {worst:.2e}; worst gradient "
+          f"error {g_worst:.2e}")
+    return worst, g_worst
+
+
 def main():
     dw = sys.argv[1]
     gen = torch.Generator().manual_seed(int(os.environ.get("DW_TEST_SEED", "26")))
@@ -102,24 +130,8 @@ def main():
             model.zero_grad()
             logits, loss = hf_loss(model, tok, tgt)
             loss.backward()
-            dump = os.path.join(d, "dump.safetensors")
-            r = run([dw, "eval", d, "--data", data, "--batch", B, "--seq", T, "--dump", dump])
-            if r.returncode:
-                failures.append(f"{name}: deepwell eval failed: {r.stderr.strip()}")
+            if check_eval(dw, name, d, data, B, T, model, cfg, logits, loss, failures) is None:
                 continue
-            got = {n: v.double() for n, v in load_file(dump).items()}
-            worst = compare(f"{name} loss", got.pop("loss").reshape(()), loss.detach(), 1e-5, 0, failures)
-            compare(f"{name} logits", got.pop("logits"), logits.detach(), 1e-4, 2e-5, failures)
-            g_worst = 0.0
-            for n, p in model.named_parameters():
-                if n == "lm_head.weight" and cfg.tie_word_embeddings:
-                    continue
-                if n not in got:
-                    failures.append(f"{name}: no gradient for '{n}'")
-                    continue
-                g_worst = max(g_worst, compare(f"{name} grad {n}", got.pop(n), p.grad, 2e-4, 2e-5, failures))
-            print(f"{name}: loss transformers {float(loss):.8f}, relative error {worst:.2e}; worst gradient "
-                  f"error {g_worst:.2e}")
 
             # fine-tuning starts at transformers' loss: the save_pretrained directory and a BF16
             # sharded copy (its values rounded to BF16 first, on both sides)
