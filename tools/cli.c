@@ -104,6 +104,27 @@ int cli_usage_error(const char *cmd) {
     return DW_EXIT_USAGE;
 }
 
+/* One process per GPU: a rank of a launched job uses the GPU of its local rank (cudaSetDevice, as
+ * PyTorch does; narrowing CUDA_VISIBLE_DEVICES instead would keep NCCL from CUDA IPC between the
+ * ranks' GPUs), or the one GPU it sees when its launcher gave each rank its own. */
+static bool pick_local_gpu(const char *cmd, int *index) {
+    dw_dist_env de;
+    if (dw_dist_env_get(&de) != DW_OK || de.world_size <= 1) return true; /* a malformed one: train says */
+    dw_hw *hw = NULL;
+    const int n = dw_probe(NULL, &hw) == DW_OK ? dw_hw_gpu_count(hw) : 0;
+    dw_hw_free(hw);
+    if (n == 0) return true; /* --device auto falls back to the CPU; cuda says there is no GPU */
+    if (de.local_rank < n) *index = de.local_rank;
+    else if (n == 1) *index = 0;
+    else {
+        cli_error(cmd, "local rank %d of %d on this node, but %d GPUs are visible: one process per GPU "
+                  "(start at most %d ranks per node, or give each rank one GPU in CUDA_VISIBLE_DEVICES)",
+                  de.local_rank, de.local_world_size, n, n);
+        return false;
+    }
+    return true;
+}
+
 dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out) {
     *out = NULL;
     dw_ctx_opts o = {.device = DW_DEVICE_AUTO};
@@ -117,6 +138,7 @@ dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out) {
         cli_error(cmd, "--device cuda: this build has no CUDA (configure with -DDW_CUDA=ON); use --device cpu");
         return DW_ERR_UNSUPPORTED;
     }
+    if (o.device != DW_DEVICE_CPU && !pick_local_gpu(cmd, &o.device_index)) return DW_ERR_INVALID;
     dw_status s = dw_ctx_create(&o, out);
     if (s == DW_OK && o.device == DW_DEVICE_AUTO) { /* say which device auto chose, and why */
         if (dw_ctx_device(*out) == DW_DEVICE_CUDA) {

@@ -350,22 +350,6 @@ int cmd_train(int argc, char **argv) {
     return rc;
 }
 
-/* One process per GPU: a rank of several uses the GPU of its local rank, as device 0 of a
- * CUDA_VISIBLE_DEVICES narrowed to it (a launcher that already gave each rank one GPU is kept). */
-static void pin_gpu(void) {
-    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-    char pick[64] = "";
-    if (!vis) {
-        snprintf(pick, sizeof pick, "%d", dist.local_rank);
-    } else if (strchr(vis, ',')) { /* the local rank's entry of the list */
-        const char *p = vis;
-        for (int k = 0; p && k < dist.local_rank; k++) p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL;
-        size_t n = p ? strcspn(p, ",") : 0;
-        if (n > 0 && n < sizeof pick) memcpy(pick, p, n), pick[n] = '\0';
-    }
-    if (*pick) setenv("CUDA_VISIBLE_DEVICES", pick, 1);
-}
-
 /* After the flags (and the record of a resumed run) are read: checks, the model, training. */
 /* The record of --resume RUN could not be read: the library's diagnosis when it has one (it names
  * the newest good checkpoint of a run whose `latest` is damaged), else the reader's. */
@@ -428,7 +412,6 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
         return cli_usage_error(CMD);
     }
     if (!o.resume && o.min_lr > o.lr) o.min_lr = o.lr; /* a small --lr alone lowers the floor with it */
-    if (dist.world_size > 1 && strcmp(device, "cpu")) pin_gpu();
     dw_ctx *ctx = NULL;
     dw_status st = cli_ctx_create(CMD, device, &ctx);
     if (st != DW_OK) return cli_exit_for(st);
