@@ -114,6 +114,16 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
  * (docs/planner.md): gpt2-124m at micro-batch 1 x 16 accumulations measured 97.5 ms against
  * 48.3 ms of modelled work over 16 x ~340 launches. */
 #define ENGINE_LAUNCH_S 6.0e-6
+/* The grouped expert GEMM (moe_linear: kernels/cuda/moe_gemm_sm90.cu on Hopper). Each expert's
+ * rows are tiled by 128 (MW_BM) on their own, so a group's last tile is on average half empty:
+ * the kernel computes R/E + 64 rows per expert. Against a dense GEMM of that padded shape it runs
+ * at these fractions, measured in bench/RESULTS.md "Session 13" (commit 53520c2, H200, moe-e8 B8
+ * T2048 profile): forward 18.1 TFLOP in 32.2 ms (562 TFLOP/s), backward 36.3 TFLOP in 73.3 ms
+ * (495 TFLOP/s), where the analytical dense rate at (4096, 5632, 2048) is 700 TFLOP/s and the
+ * padding 4160/4096 rows (the tile scheduler walking E problems, the backward's MN-major reads). */
+#define ENGINE_GROUPED_TILE_ROWS 128.0
+#define ENGINE_GROUPED_FWD_REL 0.815
+#define ENGINE_GROUPED_BWD_REL 0.718
 #define ENGINE_MICROBATCH_S 50e-6
 
 /* The planned recipe whose GEMM rate a node's recipe runs at. */
@@ -179,6 +189,19 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             /* bias gradient: in the BF16 wgrad's epilogue (then added to db), else a column sum of dy */
             if (n->n_in == 3 && (wgrad_q || !c->bf16)) mem_b += N * (double)M * as;
             if (n->n_in == 3) kb += 1;
+        } else if (n->op == DW_OP_MOE_LINEAR) {
+            /* E GEMMs over the grouped rows (B,R,K) x (E,M,K)^T, routing assumed balanced: R/E rows
+             * per expert, padded by half a tile; the experts run in BF16 whatever the recipe (the
+             * grouped kernel is BF16) */
+            const dw_ir_tensor *x = &g->tensors[n->in[0]], *w = &g->tensors[n->in[1]];
+            const double E = (double)w->shape[0], M = (double)w->shape[1], K = (double)w->shape[2];
+            const double R = (double)dw_ir_numel(x) / K, me = R / E + ENGINE_GROUPED_TILE_ROWS / 2;
+            const double f = 2 * R * M * K, fp = 2 * E * me * M * K; /* done, computed */
+            double tf = fp / (dw_plan_gemm_rate(in, DW_RECIPE_BF16, me, M, K) * ENGINE_GROUPED_FWD_REL);
+            double tb = fp / (dw_plan_gemm_rate(in, DW_RECIPE_BF16, me, K, M) * ENGINE_GROUPED_BWD_REL) +
+                        fp / (dw_plan_gemm_rate(in, DW_RECIPE_BF16, K, M, me) * ENGINE_GROUPED_BWD_REL);
+            out->fwd += tf, out->bwd += tb, out->gemm += tf + tb, out->flops += 3 * f;
+            kf += 1, kb += 2;
         } else if (DW_OP_IS(n, DW_OPF_FLASH)) {
             /* af: the causal half of the forward matmuls (PaLM's full-square count / 2) */
             double pf, pb, T = (double)g->seq;
