@@ -1223,6 +1223,44 @@ DW_API dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, i
                                     int top_k, uint64_t *rng_state);
 
 /* ======================================================================================
+ * Export to Hugging Face                                     [section: export]
+ * ====================================================================================== */
+
+/* What dw_export_hf writes (docs/export.md). */
+typedef enum {
+    DW_EXPORT_HF = 0,  /* every tensor in dtype */
+    DW_EXPORT_HF_FP8,  /* linear projection weights as E4M3 with 128x128 block scales
+                          (NAME.weight + NAME.weight_scale_inv, transformers' and vLLM's fine-grained
+                          FP8); embeddings, norms, routers and the LM head in dtype */
+} dw_export_format;
+
+typedef enum { DW_EXPORT_BF16 = 0, DW_EXPORT_F32 } dw_export_dtype;
+
+typedef struct {
+    size_t size;                /* sizeof(dw_export_opts), set by dw_export_opts_init */
+    dw_export_format format;    /* default DW_EXPORT_HF */
+    dw_export_dtype dtype;      /* default DW_EXPORT_BF16 */
+    dw_weights_layout layout;   /* mixture-of-experts weights; default DW_WEIGHTS_LAYOUT_AS_LOADED:
+                                   a model directory's own layout, else that of hf_dir's weights,
+                                   else per-expert (what transformers 4 and 5 both load) */
+    int64_t max_shard_bytes;    /* tensor bytes per file before sharding (default 5e9, transformers'
+                                   "5GB"); more gives model-0000k-of-0000n.safetensors + an index */
+    const char *hf_dir;         /* borrowed, may be NULL: the Hugging Face model directory the
+                                   weights started from (default: src when src is one). Its
+                                   config.json keys Deepwell does not model are kept, its
+                                   generation_config.json and tokenizer files copied */
+} dw_export_opts;
+DW_API void dw_export_opts_init(dw_export_opts *o, size_t size);
+
+/* Writes the weights of src (a run directory: its newest checkpoint; a checkpoint; or a model
+ * directory with weights) as a Hugging Face model directory out_dir: config.json, the weights
+ * under the family's names and layouts (tied embeddings once), and what opts->hf_dir has. Every
+ * file goes into a temporary directory beside out_dir, renamed to out_dir at the end: on any
+ * error nothing is left. out_dir must not exist or be an empty directory. Errors name the path
+ * and what is wrong. Not thread-safe on one ctx. */
+DW_API dw_status dw_export_hf(dw_ctx *ctx, const char *src, const char *out_dir, const dw_export_opts *opts);
+
+/* ======================================================================================
  * Profiles                                                    [section: profile]
  * ====================================================================================== */
 

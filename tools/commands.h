@@ -13,4 +13,5 @@ DW_COMMAND(compile, cmd_compile, "compile a model for the CUDA engine: per-node 
 DW_COMMAND(train, cmd_train, "train a model (AdamW, schedules, checkpoints, resume) on token shards, text or builtin data")
 DW_COMMAND(launch, cmd_launch, "run a command as N ranks of one job on this node (deepwell launch -n 2 -- train ...)")
 DW_COMMAND(sample, cmd_sample, "generate text from a checkpoint, model directory or preset")
+DW_COMMAND(export, cmd_export, "write a run, checkpoint or model directory as a Hugging Face model (hf, hf-fp8)")
 DW_COMMAND(report, cmd_report, "one self-contained HTML page of a training run: summary and plots of metrics.jsonl")
