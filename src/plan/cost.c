@@ -107,13 +107,14 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
         double ep = par->ep, routed = (double)in->top_k * in->capacity, etp = dw_par_etp(par);
         gemm_time(in, DW_RECIPE_BF16, T, E, d, &gm); /* router stays BF16 */
         /* tokens per local expert: the rank's sequence-parallel shard T/tp gathered over the
-         * expert-TP group, routed to E/ep local experts of the EP group */
-        double me = T * etp / tp * routed * ep / E;
+         * expert-TP group, routed to E/ep local experts of the EP group; the busiest EP rank
+         * (the layer waits for it) takes `load` times as long */
+        double me = T * etp / tp * routed * ep / E, load = dw_plan_expert_load(in, par->ep);
         ltime ex = {0};
         gemm_time(in, pr, me, mult * fe / etp, d, &ex);
         gemm_time(in, pr, me, d, fe / etp, &ex);
         double local = E / ep;
-        gm.fwd += local * ex.fwd, gm.bwd += local * ex.bwd, gm.flops += local * ex.flops;
+        gm.fwd += local * load * ex.fwd, gm.bwd += local * load * ex.bwd, gm.flops += local * ex.flops;
         if (c->n_shared_experts > 0) {
             double fs = fe * (double)c->n_shared_experts;
             gemm_time(in, pr, T, mult * fs / tp, d, &gm);
@@ -121,8 +122,9 @@ static void block_time(const dw_plan_in *in, const dw_par *par, bool moe, ltime 
             elem += (mult + 1) * 2 * fs;
             qin += fs;
         }
-        /* permute + unpermute (read + write d each), activation over routed copies */
-        elem += routed * (8 * d + (mult + 1) * 2 * fe);
+        /* permute + unpermute (read + write d each), activation over routed copies (the
+         * busiest rank's) */
+        elem += routed * (8 * d + load * (mult + 1) * 2 * fe);
         rc_elem += routed * (mult + 1) * 2 * fe;
         qin += routed * (d + fe);
         ep_time(in, par, T / tp, &t->epf, &t->epb);

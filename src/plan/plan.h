@@ -200,6 +200,14 @@ double dw_plan_moe_a2a_time(const dw_hw *hw, int64_t ep, int64_t stride, double 
  * groups, each spanning max(1, nodes / n_group) of the nodes the group covers. */
 int64_t dw_plan_node_limit(const struct dw_plan_in_s *in, int64_t ep, int64_t stride);
 
+/* The busiest EP rank's expert work over the balanced share, for `ep` ranks: 1 when a capacity
+ * factor caps the experts (their padded capacity is priced as such), for one rank or a
+ * bias-balanced router; for a dropless auxiliary-loss router
+ * 1 + CV sqrt(2 ln ep) / sqrt(E / ep) with CV the per-expert share's relative deviation
+ * (moe_load.c, docs/planner.md "Expert load"). */
+#define DW_PLAN_EXPERT_LOAD_CV 0.10
+double dw_plan_expert_load(const struct dw_plan_in_s *in, int ep);
+
 /* Evaluates one parallel configuration: memory, then (when `simulate`) timing. Returns false
  * and the reason when it violates a constraint (reason DW_REJECT_COUNT when valid). */
 bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw_plan_entry *out,

@@ -6,7 +6,7 @@
  * TP2 PP8 VP4 EP64, GBS 8192, 1,297 tokens/s/GPU) and Mixtral 8x7B on 64 H100 (Megatron-LM
  * megatron/core/transformer/moe/README.md: 468 TFLOP/s BF16, its reference mapping TP1 EP8 PP4 VP8,
  * MBS 1, GBS 256). For each: the published configuration is feasible, its predicted throughput
- * is within the stated band of the published one, and the planner's own best is at most a
+ * is within the issue's 15% of the published one, and the planner's own best is at most a
  * stated factor faster. Bands and their reasons: docs/planner.md, "Reproductions". */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,21 +19,29 @@
 #include "capture/model_config_impl.h"
 #include "test_plan_common.h"
 
-/* The best completion of a published (tp, pp, cp, dp, ep) and schedule (v; sched, or -1 for any
- * of 1F1B/interleaved by v with or without all-to-all overlap): micro-batch (fixed when mb > 0),
- * recompute (fixed when rc_only >= 0), expert TP (tp or 1), ZeRO stage and offload chosen by
+/* What a source fixes beyond the parallel degrees (-1: not stated, the model chooses): schedule
+ * (-1: 1F1B or interleaved by v), micro-batch, recompute, all-to-all overlap, expert TP (tp or 1). */
+typedef struct {
+    int sched;
+    int64_t mb;
+    int rc, ovl, etp;
+} stated;
+
+/* The best completion of a published (tp, pp, cp, dp, ep, v) and what the source states: the
+ * knobs it leaves out (micro-batch, recompute, overlap, expert TP, ZeRO stage, offload) chosen by
  * the model. */
-static bool complete(const dw_plan_in *in, int tp, int pp, int cp, int dp, int ep, int v, int sched, int64_t mb_only,
-                     int rc_only, dw_plan_entry *best) {
+static bool complete(const dw_plan_in *in, int tp, int pp, int cp, int dp, int ep, int v, stated k,
+                     dw_plan_entry *best) {
     bool found = false;
     for (int64_t mb = 1; mb <= 32; mb++) {
-        if ((mb_only > 0 && mb != mb_only) || in->job.global_batch % (dp * mb)) continue;
+        if ((k.mb > 0 && mb != k.mb) || in->job.global_batch % (dp * mb)) continue;
         for (int ovl = 0; ovl < 2; ovl++)
             for (int rc = 0; rc < 3; rc++)
-                for (int z = 0; z < 4 && (rc_only < 0 || rc == rc_only); z++)
+                for (int z = 0; z < 4 && (k.rc < 0 || rc == k.rc); z++)
                     for (int off = 0; off < 4; off++) {
-                        dw_sched sc = sched >= 0 ? (dw_sched)sched : v > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B;
+                        dw_sched sc = k.sched >= 0 ? (dw_sched)k.sched : v > 1 ? DW_SCHED_INTERLEAVED : DW_SCHED_1F1B;
                         if ((off % 2 && !z) || (sc == DW_SCHED_DUALPIPE && !ovl) || (off / 2 && tp == 1)) continue;
+                        if ((k.ovl >= 0 && ovl != k.ovl) || (k.etp > 0 && (off / 2 ? 1 : tp) != k.etp)) continue;
                         dw_par p = {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .vpp = v, .micro_batch = mb,
                                     .etp = off / 2 ? 1 : tp,
                                     .grad_accum = in->job.global_batch / (dp * mb), .sched = sc,
@@ -103,7 +111,8 @@ static void test_deepseek_v3_h800(void **state) {
     assert_int_equal(dw_plan_node_limit(&in, 64, 1), 4);
     dw_plan_entry e;
     /* PP16 x EP64 (DP128), no TP, DualPipe, selective recompute, mb 1 (not stated: the smallest) */
-    assert_true(complete(&in, 1, 16, 1, 128, 64, 1, DW_SCHED_DUALPIPE, -1, DW_RECOMPUTE_SELECTIVE, &e));
+    stated k = {.sched = DW_SCHED_DUALPIPE, .mb = -1, .rc = DW_RECOMPUTE_SELECTIVE, .ovl = 1, .etp = 1};
+    assert_true(complete(&in, 1, 16, 1, 128, 64, 1, k, &e));
     /* 1e12 tokens / (180,000 GPU-hours x 3600 s) = 1,543 tokens/s per H800 */
     check_run(ctx, "DeepSeek-V3 on 2048 H800", &in, &e, 1e12 / (180000.0 * 3600), 0.85, 1.15, 1.45);
     dw_hw_free(hw);
@@ -120,11 +129,15 @@ static void test_deepseek_v3_h100_megatron(void **state) {
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, NULL, &in), DW_OK);
     dw_plan_entry e;
-    /* TP2 PP8 VP4 EP64 CP1 (DP64), MBS 1 */
-    assert_true(complete(&in, 2, 8, 1, 64, 64, 4, -1, 1, -1, &e));
-    /* band [0.85, 1.35]: the model is optimistic on Megatron-Core's MoE runs by 1.23-1.33x
-     * (docs/planner.md), wider than the issue's 15% */
-    check_run(ctx, "DeepSeek-V3 on 1024 H100 (Megatron-Core)", &in, &e, 1297, 0.85, 1.35, 1.20);
+    /* TP2 PP8 VP4 EP64 CP1 (DP64), MBS 1; Megatron-Bridge's workload config of this row
+     * (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py,
+     * DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1): expert TP 1, moe_a2a_overlap False, recompute modules
+     * mla_up_proj and mlp (selective), forced load balancing */
+    stated k = {.sched = -1, .mb = 1, .rc = DW_RECOMPUTE_SELECTIVE, .ovl = 0, .etp = 1};
+    assert_true(complete(&in, 2, 8, 1, 64, 64, 4, k, &e));
+    /* band: the issue's 15%; best at most 1.50x: the published run exposes its all-to-all
+     * (7.5 s of a 24 s step in the model), which the planner's DualPipe hides */
+    check_run(ctx, "DeepSeek-V3 on 1024 H100 (Megatron-Core)", &in, &e, 1297, 0.85, 1.15, 1.50);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }
@@ -140,19 +153,53 @@ static void test_mixtral_8x7b_megatron(void **state) {
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &c, hw, &j, NULL, &in), DW_OK);
     dw_plan_entry e;
-    /* TP1 EP8 PP4 VP8 (DP16), MBS 1 */
-    assert_true(complete(&in, 1, 4, 1, 16, 8, 8, -1, 1, -1, &e));
+    /* TP1 EP8 PP4 VP8 (DP16), MBS 1, dropless; MCore v0.9 had no all-to-all overlap (its 1F1B
+     * A2A overlap, overlap_moe_expert_parallel_comm, came later) */
+    stated k = {.sched = -1, .mb = 1, .rc = -1, .ovl = 0, .etp = -1};
+    assert_true(complete(&in, 1, 4, 1, 16, 8, 8, k, &e));
     /* 468 TFLOP/s over Megatron-LM's FLOPs per token (training.py num_floating_point_operations,
      * 32000 vocabulary): 12 L h^2 (1 + g/H + s/h + (f/h) k 3/2 + V / (2 L h)) = 82.93 GFLOP */
     double L = 32, h = 4096, f = 14336, V = 32000, s = 4096;
     double flops = 12 * L * h * h * (1 + 8.0 / 32 + s / h + f / h * 2 * 1.5 + V / (2 * L * h));
-    check_run(ctx, "Mixtral 8x7B on 64 H100 (Megatron-Core)", &in, &e, 468e12 / flops, 0.85, 1.35, 1.15);
+    check_run(ctx, "Mixtral 8x7B on 64 H100 (Megatron-Core)", &in, &e, 468e12 / flops, 0.85, 1.15, 1.15);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+/* The busiest EP rank's load (moe_load.c): 1 + 0.10 sqrt(2 ln ep) / sqrt(E/ep) for a dropless
+ * auxiliary-loss router (Mixtral), 1 for one rank, a bias-balanced router (DeepSeek-V3) or a
+ * capacity factor; it never falls as EP grows. */
+static void test_expert_load(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 8);
+    dw_model_config mix, ds;
+    assert_int_equal(dw_model_config_load(ctx, "mixtral-8x7b", &mix), DW_OK);
+    assert_int_equal(dw_model_config_load(ctx, "deepseek-v3", &ds), DW_OK);
+    dw_job j = {.seq = 4096, .global_batch = 256};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &mix, hw, &j, NULL, &in), DW_OK);
+    assert_true(fabs(dw_plan_expert_load(&in, 8) - (1 + 0.10 * sqrt(2 * log(8.0)))) < 1e-12);
+    assert_true(fabs(dw_plan_expert_load(&in, 4) - (1 + 0.10 * sqrt(2 * log(4.0)) / sqrt(2.0))) < 1e-12);
+    assert_true(dw_plan_expert_load(&in, 1) == 1.0);
+    double prev = 1.0;
+    for (int ep = 2; ep <= 8; ep *= 2) {
+        assert_true(dw_plan_expert_load(&in, ep) > prev);
+        prev = dw_plan_expert_load(&in, ep);
+    }
+    dw_job jc = j;
+    jc.moe_capacity = 1.25;
+    assert_int_equal(dw_plan_in_init(ctx, &mix, hw, &jc, NULL, &in), DW_OK);
+    assert_true(dw_plan_expert_load(&in, 8) == 1.0);
+    assert_int_equal(dw_plan_in_init(ctx, &ds, hw, &j, NULL, &in), DW_OK);
+    assert_true(dw_plan_expert_load(&in, 64) == 1.0);
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_expert_load),
         cmocka_unit_test(test_deepseek_v3_h800),
         cmocka_unit_test(test_deepseek_v3_h100_megatron),
         cmocka_unit_test(test_mixtral_8x7b_megatron),
