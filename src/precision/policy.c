@@ -39,6 +39,7 @@ dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallbac
     if (!p) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     p->default_recipe = r;
     p->fallback_safe = fallback_safe;
+    p->nvfp4 = dw_nvfp4_recipe_default();
     *out = p;
     return DW_OK;
 }
@@ -86,6 +87,7 @@ dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out) {
     dw_status s = p ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     if (s == DW_OK && !json_is_object(root))
         s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: expected a JSON object", path);
+    if (p) p->nvfp4 = dw_nvfp4_recipe_default();
     const char *def = NULL, *fallback = "none";
     if (s == DW_OK) s = dw_json_get_str(ctx, root, "default", path, &def);
     if (s == DW_OK) s = parse_recipe(ctx, def, path, &p->default_recipe);
@@ -95,13 +97,15 @@ dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out) {
                          path, fallback);
     if (s == DW_OK) p->fallback_safe = !strcmp(fallback, "safe");
     if (s == DW_OK) s = load_rules(ctx, json_object_get(root, "rules"), path, p);
+    if (s == DW_OK) s = dw_nvfp4_recipe_parse(ctx, json_object_get(root, "nvfp4"), path, &p->nvfp4);
     if (s == DW_OK) {
         const char *key;
         json_t *v;
         json_object_foreach(root, key, v) {
+            if (!strcmp(key, "nvfp4")) continue;
             if (strcmp(key, "default") && strcmp(key, "fallback") && strcmp(key, "rules")) {
                 s = dw_set_error(ctx, DW_ERR_FORMAT,
-                                 "%s: unknown field '%s' (expected default, fallback, rules)", path, key);
+                                 "%s: unknown field '%s' (expected default, fallback, rules, nvfp4)", path, key);
                 break;
             }
         }
@@ -113,6 +117,13 @@ dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out) {
     }
     *out = p;
     return DW_OK;
+}
+
+/* Whether any node can get nvfp4: the default or a rule (the recipe is written out only then). */
+static bool uses_nvfp4(const dw_policy *p) {
+    bool any = p->default_recipe == DW_RECIPE_NVFP4;
+    for (int i = 0; i < p->n_rules; i++) any = any || p->rules[i].recipe == DW_RECIPE_NVFP4;
+    return any;
 }
 
 dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out) {
@@ -127,6 +138,7 @@ dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out) {
     }
     json_t *root = json_pack("{s:s,s:s,s:o}", "default", dw_recipe_name(p->default_recipe),
                              "fallback", p->fallback_safe ? "safe" : "none", "rules", rules);
+    if (root && uses_nvfp4(p)) json_object_set_new(root, "nvfp4", dw_nvfp4_recipe_json(&p->nvfp4));
     char *s = root ? dw_json_dump(root, false) : NULL;
     json_decref(root);
     if (!s) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
@@ -191,6 +203,10 @@ dw_recipe dw_policy_resolve(const dw_policy *p, const char *name, const char *op
         if (reason) *reason = DW_POLICY_BY_SAFE;
         return DW_RECIPE_BF16;
     }
+    if (p->default_recipe == DW_RECIPE_NVFP4 && dw_nvfp4_keeps_bf16(&p->nvfp4, name, layer_index(name), n_layers)) {
+        if (reason) *reason = DW_POLICY_NVFP4_BF16;
+        return DW_RECIPE_BF16;
+    }
     if (reason) *reason = DW_POLICY_BY_DEFAULT;
     return p->default_recipe;
 }
@@ -202,6 +218,7 @@ const char *dw_policy_reason_text(dw_policy_reason r) {
     case DW_POLICY_BY_DEFAULT: return "default";
     case DW_POLICY_NOT_GEMM: return "not a GEMM (BF16/FP32)";
     case DW_POLICY_MOE_GATE: return "MoE router or shared-expert gate (BF16 under every policy)";
+    case DW_POLICY_NVFP4_BF16: return "nvfp4 recipe: the LM head and the last blocks stay BF16 (nvfp4.bf16_head, bf16_last_blocks)";
     }
     return "?";
 }

@@ -2,12 +2,14 @@
  * on node names (glob) and op types; `fallback: "safe"` keeps fragile nodes in BF16. It decides
  * the recipe of every linear node; other ops compute in BF16/FP32 whatever the policy says.
  * JSON: {"default": "fp8_block", "fallback": "safe"|"none",
- *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"}, ...]} */
+ *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"}, ...],
+ *        "nvfp4": {"rht": true, ...}} (optional: precision/nvfp4_recipe.h) */
 #ifndef DW_PRECISION_POLICY_H
 #define DW_PRECISION_POLICY_H
 
 #include "deepwell.h"
 #include "formats/formats.h"
+#include "precision/nvfp4_recipe.h"
 
 typedef struct {
     char *match;      /* fnmatch(3) glob on the node name; NULL matches every name */
@@ -20,6 +22,7 @@ struct dw_policy {
     bool fallback_safe;
     int n_rules;
     dw_policy_rule *rules;
+    dw_nvfp4_recipe nvfp4; /* the NVFP4 training recipe (nvfp4_recipe.h): used where a node gets nvfp4 */
 };
 
 /* Why a node got its recipe (for `deepwell compile --report`). */
@@ -28,7 +31,8 @@ typedef enum {
     DW_POLICY_BY_SAFE,     /* fallback "safe": embeddings, LM head, routers, first/last block */
     DW_POLICY_BY_DEFAULT,  /* nothing else applied */
     DW_POLICY_NOT_GEMM,    /* the op has no low-precision form: computed in BF16/FP32 */
-    DW_POLICY_MOE_GATE     /* a MoE router or shared-expert gate: BF16 under every policy */
+    DW_POLICY_MOE_GATE,    /* a MoE router or shared-expert gate: BF16 under every policy */
+    DW_POLICY_NVFP4_BF16   /* nvfp4 by default, kept BF16 by the recipe: LM head, last blocks */
 } dw_policy_reason;
 
 /* Which node names are fragile under "safe": embeddings (wte, wpe, embed_tokens), the LM head
@@ -40,7 +44,9 @@ bool dw_policy_is_fragile(const char *node_name, int64_t n_layers);
  * quantisation error changes the routing; dw_policy_resolve keeps them BF16 under every policy. */
 bool dw_policy_is_moe_gate(const char *node_name);
 
-/* The recipe for a node. op_name is the IR op's name ("linear", "rmsnorm", ...). */
+/* The recipe for a node. op_name is the IR op's name ("linear", "rmsnorm", ...). A node that
+ * would get nvfp4 by default (no rule) stays BF16 where the NVFP4 recipe keeps it (the LM head,
+ * the last blocks: dw_nvfp4_keeps_bf16); a rule naming nvfp4 wins over that. */
 dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const char *op_name,
                             int64_t n_layers, dw_policy_reason *reason, int *rule_index);
 const char *dw_policy_reason_text(dw_policy_reason r);
