@@ -65,7 +65,7 @@ static dw_status check_out(dw_ctx *ctx, const char *out) {
     struct stat sb;
     if (lstat(out, &sb) != 0) {
         if (errno == ENOENT) return DW_OK;
-        return dw_set_error(ctx, DW_ERR_IO, "--out %s: %s", out, strerror(errno));
+        return dw_set_error(ctx, DW_ERR_IO, "--out %s: cannot create it there: %s", out, strerror(errno));
     }
     if (!S_ISDIR(sb.st_mode)) return dw_set_error(ctx, DW_ERR_IO, "--out %s: exists and is not a directory", out);
     DIR *d = opendir(out);
