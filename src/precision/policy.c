@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "precision/policy.h"
+#include "precision/thresholds.h"
 
 void dw_policy_free(dw_policy *p) {
     if (!p) return;
@@ -98,14 +99,16 @@ dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out) {
     if (s == DW_OK) p->fallback_safe = !strcmp(fallback, "safe");
     if (s == DW_OK) s = load_rules(ctx, json_object_get(root, "rules"), path, p);
     if (s == DW_OK) s = dw_nvfp4_recipe_parse(ctx, json_object_get(root, "nvfp4"), path, &p->nvfp4);
+    if (s == DW_OK) s = dw_thresholds_parse(ctx, json_object_get(root, "max_rel_error"), path, p->max_rel_error);
     if (s == DW_OK) {
         const char *key;
         json_t *v;
         json_object_foreach(root, key, v) {
             if (!strcmp(key, "nvfp4")) continue;
-            if (strcmp(key, "default") && strcmp(key, "fallback") && strcmp(key, "rules")) {
+            if (strcmp(key, "default") && strcmp(key, "fallback") && strcmp(key, "rules") &&
+                strcmp(key, "max_rel_error")) {
                 s = dw_set_error(ctx, DW_ERR_FORMAT,
-                                 "%s: unknown field '%s' (expected default, fallback, rules, nvfp4)", path, key);
+                                 "%s: unknown field '%s' (expected default, fallback, rules, max_rel_error, nvfp4)", path, key);
                 break;
             }
         }
@@ -138,6 +141,8 @@ dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out) {
     }
     json_t *root = json_pack("{s:s,s:s,s:o}", "default", dw_recipe_name(p->default_recipe),
                              "fallback", p->fallback_safe ? "safe" : "none", "rules", rules);
+    json_t *thr = dw_thresholds_json(p->max_rel_error);
+    if (root && thr) json_object_set_new(root, "max_rel_error", thr);
     if (root && uses_nvfp4(p)) json_object_set_new(root, "nvfp4", dw_nvfp4_recipe_json(&p->nvfp4));
     char *s = root ? dw_json_dump(root, false) : NULL;
     json_decref(root);

@@ -3,7 +3,8 @@
  * the recipe of every linear node; other ops compute in BF16/FP32 whatever the policy says.
  * JSON: {"default": "fp8_block", "fallback": "safe"|"none",
  *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"}, ...],
- *        "nvfp4": {"rht": true, ...}} (optional: precision/nvfp4_recipe.h) */
+ *        "max_rel_error": 0.2 | {"nvfp4": 0.25, ...}} (optional: precision/thresholds.h),
+ *        "nvfp4": {"rht": true, ...} (optional: precision/nvfp4_recipe.h) */
 #ifndef DW_PRECISION_POLICY_H
 #define DW_PRECISION_POLICY_H
 
@@ -23,6 +24,7 @@ struct dw_policy {
     int n_rules;
     dw_policy_rule *rules;
     dw_nvfp4_recipe nvfp4; /* the NVFP4 training recipe (nvfp4_recipe.h): used where a node gets nvfp4 */
+    double max_rel_error[DW_RECIPE_COUNT]; /* the guard's thresholds (thresholds.h); 0: the default */
 };
 
 /* Why a node got its recipe (for `deepwell compile --report`). */

@@ -1,0 +1,43 @@
+/* quant_stats.h — private: what quantising one GEMM operand costs, for the run-time guardrails
+ * (docs/precision.md, "Guardrails"): deepwell.h's dw_quant_stats sums (relative error, saturated
+ * and flushed counts: io/safetensors_quant.c's, shared with `deepwell quant-report`) plus the same
+ * error over each block's bulk — every element but the one of largest magnitude, which sets the
+ * block's scale: one outlier dominates ||x|| and hides the loss of everything it squeezes. The
+ * operand is quantised as the backends quantise GEMM operands: along its rows, or (trans) x^T
+ * along x's columns. Also each recipe's default threshold. Not the trainer's bookkeeping
+ * (train/guard_quant.c). */
+#ifndef DW_PRECISION_QUANT_STATS_H
+#define DW_PRECISION_QUANT_STATS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "deepwell.h"
+#include "formats/formats.h"
+
+/* Sums, so that measurements of several tensors (or ranks) add up before the ratio is taken. */
+typedef struct {
+    dw_quant_stats q;        /* n, sum_x2, sum_e2, max_abs, saturated, flushed, nonfinite */
+    double bulk_e2, bulk_x2; /* sum_e2 and sum_x2 over the finite elements other than each
+                                block's (first) largest in magnitude */
+} dw_qstats;
+
+/* A zeroed accumulator. */
+dw_qstats dw_qstats_zero(void);
+/* Quantises x [rows, cols] (FP32) in recipe r (not bf16) along its rows, or (trans) x^T
+ * [cols, rows] along x's columns as the wgrad operands are, with the backends' options (RCEIL
+ * MX scales, FP32 scales not rounded to powers of two), and adds the result to *s. */
+dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans,
+                            dw_qstats *s);
+/* ||q(x) - x|| / ||x|| (dw_quant_stats_rel_err). */
+double dw_qstats_rel_error(const dw_qstats *s);
+/* The same over the blocks' bulk (0 when it is empty or all zero): what the guard compares with
+ * the threshold. */
+double dw_qstats_bulk_error(const dw_qstats *s);
+
+/* The bulk relative error above which a tensor quantised in r counts as badly served
+ * (docs/precision.md says why these numbers): 0.1 for the FP8 recipes (E4M3/E5M2), 0.25 for the
+ * FP4 ones (E2M1); 0 (never) for bf16. */
+double dw_qstats_default_threshold(dw_recipe r);
+
+#endif /* DW_PRECISION_QUANT_STATS_H */
