@@ -835,14 +835,37 @@ typedef struct {
                                  DP rank = global_batch / (dp x micro_batch) */
     int64_t seq, global_batch;
     int32_t recipe;           /* dw_recipe of the GEMMs */
+    int etp;                  /* expert tensor parallel: ranks splitting each expert, tp or 1
+                                 (MoE parallel folding: the EP group then spans the TP ranks) */
+    bool a2a_overlap;         /* EP all-to-all of one micro-batch hidden under another's compute */
+    int64_t grad_accum;       /* micro-batches per step per DP rank */
 } dw_plan_layout;
 DW_API dw_status dw_plan_get_layout(const dw_plan *p, dw_plan_layout *out);
 /* GPUs the plan runs on: dp x tp x pp x cp (0 for NULL). */
 DW_API int dw_plan_world_size(const dw_plan *p);
 /* "dp8 tp8 pp16 v1 cp1 ep1 mb1 ga16 1f1b rc=none zero1" (valid while p lives; "" for NULL). */
 DW_API const char *dw_plan_summary(const dw_plan *p);
-/* The pipeline schedule: "1f1b" or "interleaved_1f1b" (static storage). */
+/* The pipeline schedule: "1f1b", "interleaved_1f1b" or "dualpipe" (static storage). */
 DW_API const char *dw_plan_schedule(const dw_plan *p);
+/* The plan's layer layout: pp x vpp model stages, stage i in the order of the layer stack (0
+ * holds the embedding). Uneven layouts show here: the first and last stage may hold fewer
+ * blocks, and dense blocks keep their place in the stack (DeepSeek-V3's first 3). Rank r holds
+ * stages r, r + pp, ... (its chunks); under DualPipe rank r holds stage r and, as its chunk 1, a
+ * copy of stage pp-1-r. 0 for NULL or a plan without a model (dw_plan_single). */
+DW_API int dw_plan_stage_count(const dw_plan *p);
+/* One model stage of the layout (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    int rank, chunk;            /* the pipeline rank holding it, and which of its chunks (DualPipe:
+                                   the chunk-0 holder; rank pp-1-rank holds the copy) */
+    int64_t first_layer;        /* its first block's index in the model's stack */
+    int64_t layers;             /* transformer blocks, of which: */
+    int64_t dense_layers, moe_layers;
+    int64_t mtp;                /* multi-token-prediction modules (the last stage) */
+    bool embedding, lm_head;    /* the embedding (first stage), final norm + LM head (last) */
+} dw_plan_stage;
+/* DW_ERR_INVALID for i out of [0, dw_plan_stage_count) or a plan without a model. */
+DW_API dw_status dw_plan_get_stage(const dw_plan *p, int i, dw_plan_stage *out);
 
 /* What a plan was made for (a result struct: set size first). Strings are valid while p lives
  * (NULL for a plan from dw_plan_single, whose numbers beyond the job are 0). */
@@ -896,6 +919,21 @@ typedef struct {
  * dw_plan_single, or one whose constraints fail (see dw_plan_get_checks). */
 DW_API dw_status dw_plan_get_memory(const dw_plan *p, dw_plan_mem *out);
 DW_API dw_status dw_plan_get_cost(const dw_plan *p, dw_plan_cost *out);
+/* The same memory for pipeline rank `rank` (0 <= rank < pp; worst_stage holds rank). */
+DW_API dw_status dw_plan_get_rank_memory(const dw_plan *p, int rank, dw_plan_mem *out);
+/* The predicted step split into terms that add up to dw_plan_cost.step, on the slowest pipeline
+ * rank (a result struct; `deepwell plan --explain`). */
+typedef struct {
+    size_t size;
+    double compute;             /* busy time less the communication and recomputation in it */
+    double tp_exposed, cp_exposed, ep_exposed; /* communication the schedule does not hide */
+    double recompute;           /* recomputation in the backward */
+    double bubble;              /* pipeline idle time and p2p waits (makespan - busy) */
+    double dp_exposed;          /* DP/ZeRO traffic not hidden by the backward */
+    double optimizer;           /* the optimizer step */
+    double ep_hidden;           /* all-to-all hidden under other compute (not part of the step) */
+} dw_plan_time_split;
+DW_API dw_status dw_plan_get_time_split(const dw_plan *p, dw_plan_time_split *out);
 
 /* `deepwell dryrun`'s checks of a plan, re-derived independently of the search (a result
  * struct). The memory, overlap and bubble checks are made only for a well-formed plan. */

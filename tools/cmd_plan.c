@@ -7,11 +7,13 @@
 
 #include "cli.h"
 #include "plan_args.h"
+#include "plan_explain.h"
 
 static void help(void) {
     printf("Usage: deepwell plan MODEL --hw PRESET|FILE|probe [--nodes N] [--gpus N] --seq S --global-batch G\n"
            "                     [--precision R] [--moe experts=E,top_k=K,capacity=C]\n"
-           "                     [--gemm-rates FILE] [--headroom F] [--json] [--svg FILE] [--top K]\n\n"
+           "                     [--gemm-rates FILE] [--headroom F] [--json] [--svg FILE] [--top K]\n"
+           "                     [--explain]\n\n"
            "Searches data/tensor/pipeline/context/expert parallel degrees, micro-batch size, pipeline\n"
            "schedule (1F1B, interleaved with virtual stages), activation recompute (none, selective,\n"
            "full), ZeRO stage 0-3 and optimizer offload for training MODEL on the machine, and prints the\n"
@@ -36,6 +38,11 @@ static void help(void) {
            "  --json             print one JSON object {best, alternatives, rejected, ...}\n"
            "  --svg FILE         write an SVG timeline of one step of the best plan's pipeline\n"
            "  --top K            number of plans to show (default 5)\n"
+           "  --explain          after the table, why the best plan won: each kept plan's step split\n"
+           "                     into compute, exposed TP/CP/EP/DP communication, recompute, bubble\n"
+           "                     and optimizer, what each runner-up lost by, the best plan's memory\n"
+           "                     per pipeline rank and layer layout, and what ruled out each rejected\n"
+           "                     family (with --json: the document's \"explain\" and \"vs_best\")\n"
            "  -h, --help         this help\n\n"
            "Exit status: 0 a plan was found, 1 no configuration fits, 2 bad input.\n");
 }
@@ -112,11 +119,12 @@ int cmd_plan(int argc, char **argv) {
                                          {"json", no_argument, 0, 'j'},
                                          {"svg", required_argument, 0, 's'},
                                          {"top", required_argument, 0, 't'},
+                                         {"explain", no_argument, 0, 'x'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     plan_args a;
     plan_args_init(&a);
-    bool json = false;
+    bool json = false, explain = false;
     const char *svg = NULL;
     long top = 5;
     dw_ctx *ctx = NULL;
@@ -135,6 +143,7 @@ int cmd_plan(int argc, char **argv) {
         }
         switch (c) {
         case 'j': json = true; break;
+        case 'x': explain = true; break;
         case 's': svg = optarg; break;
         case 't':
             if (!cli_parse_int("plan", "--top", optarg, 1, 1000, &top)) { rc = DW_EXIT_USAGE; goto done; }
@@ -167,7 +176,8 @@ int cmd_plan(int argc, char **argv) {
         if (s == DW_OK) printf("%s\n", text);
         else rc = cli_fail("plan", ctx, s);
         dw_free_string(text);
-    } else if ((s = print_table(ctx, a.model, set)) != DW_OK) {
+    } else if ((s = print_table(ctx, a.model, set)) != DW_OK ||
+               (explain && (s = plan_explain_print(ctx, set)) != DW_OK)) {
         rc = cli_fail("plan", ctx, s);
     }
     if (rc == DW_EXIT_OK && dw_plan_set_count(set) == 0) {

@@ -24,6 +24,9 @@ typedef struct {
  * the last stage (DeepSeek-V3's 61 + 1 over 16: 3, 14 x 4, 2 + MTP; over 32: 1, 30 x 2, MTP). Dense and MoE blocks keep their places in the
  * stack (a config's first dense layers land on the first stages). False when no split exists. */
 bool dw_plan_vstage(const dw_plan_in *in, int pp, int v, int vs, dw_vstage *out);
+/* The index in the layer stack of model stage vs's first block (the blocks of stages 0..vs-1;
+ * plan_explain.c). */
+int64_t dw_plan_vstage_first_layer(const dw_plan_in *in, int pp, int v, int vs);
 
 /* Saved-for-backward activation bytes per token of one block (all TP ranks together, i.e.
  * divide by tp for one rank with sequence parallelism). */

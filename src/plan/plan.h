@@ -332,6 +332,14 @@ int dw_plan_check(const dw_plan_in *in, const dw_par *par, char *why, int why_le
 /* A human-readable one-liner: "dp8 tp8 pp16 v1 cp1 ep1 mb1 ga16 1f1b rc=none zero1". */
 void dw_par_format(const dw_par *p, char *buf, int len);
 
+/* A plan's step split into terms that add up to it (plan_explain.c): compute (the slowest rank's
+ * busy time less the communication and recomputation inside it), exposed TP, CP, EP,
+ * recomputation, bubble and p2p waits (pipeline - busy), exposed DP/ZeRO, optimizer; with their
+ * JSON names. */
+#define DW_PLAN_TIME_TERMS 8
+extern const char *const dw_plan_time_term_names[DW_PLAN_TIME_TERMS];
+void dw_plan_time_terms(const dw_plan_entry *e, double t[DW_PLAN_TIME_TERMS]);
+
 /* JSON of a plan entry / whole result (jansson objects; caller json_decref). */
 struct json_t;
 struct json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e);

@@ -355,8 +355,7 @@ dw_status dw_plan_set_get_info(const dw_plan_set *s, dw_plan_info *out) {
     return WRITE_OUT("dw_plan_set_get_info", out, i);
 }
 
-/* DW_OK when p has predictions; else why not, naming the caller. */
-static dw_status predicted(const char *fn, const dw_plan *p) {
+dw_status dw_plan_predicted(const char *fn, const dw_plan *p) {
     if (!p) return dw_set_error(NULL, DW_ERR_INVALID, "%s: NULL plan", fn);
     if (!p->bound)
         return dw_set_error(NULL, DW_ERR_INVALID, "%s: the plan has no model or machine (dw_plan_single)", fn);
@@ -369,7 +368,7 @@ static dw_status predicted(const char *fn, const dw_plan *p) {
 dw_status dw_plan_get_memory(const dw_plan *p, dw_plan_mem *out) {
     if (!out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_memory: NULL out");
     dw_sized_clear(out);
-    DW_TRY(predicted("dw_plan_get_memory", p));
+    DW_TRY(dw_plan_predicted("dw_plan_get_memory", p));
     dw_plan_mem m = p->e.mem;
     m.size = sizeof m;
     return WRITE_OUT("dw_plan_get_memory", out, m);
@@ -378,7 +377,7 @@ dw_status dw_plan_get_memory(const dw_plan *p, dw_plan_mem *out) {
 dw_status dw_plan_get_cost(const dw_plan *p, dw_plan_cost *out) {
     if (!out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_cost: NULL out");
     dw_sized_clear(out);
-    DW_TRY(predicted("dw_plan_get_cost", p));
+    DW_TRY(dw_plan_predicted("dw_plan_get_cost", p));
     dw_plan_cost c = p->e.cost;
     c.size = sizeof c;
     return WRITE_OUT("dw_plan_get_cost", out, c);
@@ -448,7 +447,7 @@ dw_status dw_plan_get_engine_cost(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_
 
 dw_status dw_plan_write_svg(dw_ctx *ctx, const dw_plan *p, const char *path) {
     if (!path) return dw_set_error(ctx, DW_ERR_INVALID, "dw_plan_write_svg: NULL path");
-    dw_status st = predicted("dw_plan_write_svg", p);
+    dw_status st = dw_plan_predicted("dw_plan_write_svg", p);
     if (st != DW_OK) return dw_set_error(ctx, st, "%s", dw_errmsg(NULL));
     return dw_pipe_write_svg(ctx, &p->env.in, &p->par, path);
 }

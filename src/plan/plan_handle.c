@@ -11,7 +11,8 @@ dw_status dw_plan_get_layout(const dw_plan *p, dw_plan_layout *out) {
     dw_plan_layout l = {.size = sizeof l, .dp = q->dp, .tp = q->tp, .pp = q->pp, .cp = q->cp, .ep = q->ep,
                         .vpp = q->vpp, .zero = q->zero, .recompute = (int)q->recompute, .offload = q->offload,
                         .micro_batch = q->micro_batch, .seq = p->seq, .global_batch = p->global_batch,
-                        .recipe = (int32_t)p->recipe};
+                        .recipe = (int32_t)p->recipe, .etp = dw_par_etp(q), .a2a_overlap = q->a2a_overlap,
+                        .grad_accum = q->grad_accum};
     if (!dw_sized_write(out, &l, sizeof l))
         return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_layout: out->size is 0 (set it to sizeof the struct)");
     return DW_OK;

@@ -38,4 +38,8 @@ struct dw_plan_set {
     dw_plan_result r;
 };
 
+/* DW_OK when p has predictions (a model, a machine, no broken constraint); else why not, naming
+ * the caller `fn` (plan_api.c). */
+dw_status dw_plan_predicted(const char *fn, const dw_plan *p);
+
 #endif /* DW_PLAN_PLAN_HANDLE_H */

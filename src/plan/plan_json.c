@@ -74,10 +74,13 @@ json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
         for (int ch = 0; ch < dw_plan_chunks(&e->par); ch++) {
             dw_vstage st;
             if (!dw_plan_vstage(in, e->par.pp, e->par.vpp, dw_plan_chunk_stage(&e->par, s, ch), &st)) continue;
-            json_array_append_new(rank, json_pack("{s:I,s:I,s:I,s:b,s:b,s:I}", "stage",
-                                                  (json_int_t)dw_plan_chunk_stage(&e->par, s, ch), "layers",
-                                                  (json_int_t)st.layers, "dense", (json_int_t)(st.layers - st.moe_layers),
-                                                  "embedding", st.embed, "lm_head", st.head, "mtp", (json_int_t)st.mtp));
+            int vs = dw_plan_chunk_stage(&e->par, s, ch);
+            json_array_append_new(rank, json_pack("{s:I,s:I,s:I,s:I,s:b,s:b,s:I}", "stage", (json_int_t)vs,
+                                                  "first_layer",
+                                                  (json_int_t)dw_plan_vstage_first_layer(in, e->par.pp, e->par.vpp, vs),
+                                                  "layers", (json_int_t)st.layers, "dense",
+                                                  (json_int_t)(st.layers - st.moe_layers), "embedding", st.embed,
+                                                  "lm_head", st.head, "mtp", (json_int_t)st.mtp));
         }
         json_array_append_new(lay, rank);
     }
@@ -85,25 +88,12 @@ json_t *dw_plan_entry_json(const dw_plan_in *in, const dw_plan_entry *e) {
     return o;
 }
 
-/* A step's time split into terms that add up to it: compute (the slowest rank's busy time less
- * the communication and recomputation inside it), exposed TP, CP, EP, recomputation, bubble and
- * p2p waits (pipeline - busy), exposed DP/ZeRO, optimizer. */
-#define EXPLAIN_TERMS 8
-static const char *const term_names[EXPLAIN_TERMS] = {"compute_s", "tp_exposed_s", "cp_exposed_s", "ep_exposed_s",
-                                                      "recompute_s", "bubble_s", "dp_exposed_s", "optimizer_s"};
-static void time_terms(const dw_plan_entry *e, double t[EXPLAIN_TERMS]) {
-    const dw_cost *c = &e->cost;
-    t[1] = c->tp_comm, t[2] = c->cp_comm, t[3] = c->ep_comm, t[4] = e->x.recompute;
-    t[0] = c->compute - t[1] - t[2] - t[3] - t[4];
-    t[5] = c->pipeline - c->compute, t[6] = c->dp_exposed, t[7] = c->optimizer;
-}
-
 /* The best plan's time split and memory per pipeline rank (`deepwell plan --json`'s "explain"). */
 static json_t *explain_best(const dw_plan_in *in, const dw_plan_entry *e) {
     json_t *o = json_object(), *t = json_object(), *ranks = json_array();
-    double v[EXPLAIN_TERMS];
-    time_terms(e, v);
-    for (int k = 0; k < EXPLAIN_TERMS; k++) set_num(t, term_names[k], v[k]);
+    double v[DW_PLAN_TIME_TERMS];
+    dw_plan_time_terms(e, v);
+    for (int k = 0; k < DW_PLAN_TIME_TERMS; k++) set_num(t, dw_plan_time_term_names[k], v[k]);
     set_num(t, "ep_hidden_s", e->x.ep_hidden);
     set_num(t, "step_s", e->cost.step);
     json_object_set_new(o, "time", t);
@@ -126,16 +116,16 @@ static json_t *explain_best(const dw_plan_in *in, const dw_plan_entry *e) {
 /* Why an alternative lost to the best: each term's excess over the best's, and the largest. */
 static json_t *versus_best(const dw_plan_entry *best, const dw_plan_entry *e) {
     json_t *o = json_object();
-    double a[EXPLAIN_TERMS], b[EXPLAIN_TERMS];
-    time_terms(best, a);
-    time_terms(e, b);
+    double a[DW_PLAN_TIME_TERMS], b[DW_PLAN_TIME_TERMS];
+    dw_plan_time_terms(best, a);
+    dw_plan_time_terms(e, b);
     int worst = 0;
-    for (int k = 0; k < EXPLAIN_TERMS; k++) {
-        set_num(o, term_names[k], b[k] - a[k]);
+    for (int k = 0; k < DW_PLAN_TIME_TERMS; k++) {
+        set_num(o, dw_plan_time_term_names[k], b[k] - a[k]);
         if (b[k] - a[k] > b[worst] - a[worst]) worst = k;
     }
     set_num(o, "step_s", e->cost.step - best->cost.step);
-    json_object_set_new(o, "largest", json_string(term_names[worst]));
+    json_object_set_new(o, "largest", json_string(dw_plan_time_term_names[worst]));
     return o;
 }
 
