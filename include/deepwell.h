@@ -1099,6 +1099,13 @@ typedef struct {
      * load-balancing loss and the z-loss (parts of `loss`; NaN when not configured) and the most
      * loaded expert's assignments over the mean */
     double moe_aux_loss, moe_z_loss, expert_load;
+    /* guardrails (docs/precision.md, "Guardrails"): NULL, or why this step changed nothing —
+     * "nonfinite loss" or "nonfinite grad" (weights and optimizer state untouched; the step still
+     * counts, its batch is consumed and the schedule moves on) */
+    const char *skipped;
+    /* NULL, or the layers switched to BF16 after this step's quantisation check, with the tensor,
+     * its bulk quantisation error and the threshold ("layer w 0.86 > 0.25, ...") */
+    const char *precision_change;
 } dw_train_progress;
 
 typedef struct {
@@ -1143,12 +1150,23 @@ typedef struct {
     int zero;               /* several ranks (dw_dist_env_get): the ZeRO stage, 0 (gradients
                                all-reduced), 1 (optimizer state sharded) or 2 (gradients sharded
                                too); 3 is refused (DW_ERR_UNSUPPORTED) until built. Default 0 */
+    /* guardrails (docs/precision.md, "Guardrails") */
+    int64_t max_skips;      /* a step whose loss or gradient norm is not finite is skipped (nothing
+                               changes); this many in a row stop the run with DW_ERR_NUMERIC after a
+                               checkpoint of the last good state. Default 10; 0: stop at the first */
+    int64_t quant_check_every; /* every K steps, the relative quantisation error, overflow and
+                               underflow of each quantised GEMM input into out_dir/quant_stats.jsonl
+                               (one extra forward of the step's last micro-batch). Default 100; 0: off */
+    int64_t quant_fallback_after; /* a layer over its threshold (policy "max_rel_error", else per
+                               format) in this many checks in a row runs in BF16 for the rest of the
+                               run; out_dir/precision_decisions.jsonl records it and a resumed run
+                               keeps it. Default 3; 0: statistics only */
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,
  * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
  * sample every 0 (64 tokens at temperature 0.8), checkpoint every 30 minutes and at the end,
- * keep 3, seed 1337.
+ * keep 3, seed 1337, max_skips 10, quant_check_every 100, quant_fallback_after 3.
  * data and out_dir must still be set. */
 DW_API void dw_train_opts_init(dw_train_opts *opts, size_t size);
 

@@ -22,6 +22,8 @@ static dw_dist_env dist = {.world_size = 1, .local_world_size = 1, .launcher = "
 enum { O_ZERO = O_LAST + 1 }; /* not in the resume record: any stage resumes any checkpoint */
 /* --init, --init-from: not in the resume record either (a resumed run's weights are its checkpoint's) */
 enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
+/* guardrails: may change on resume (not in the record) */
+enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
 
 /* Where a new run's weights come from: MODEL's own when it has them (else the seed), the seed
  * (--init random), or another source (--init-from). */
@@ -108,6 +110,16 @@ static void help(void) {
         "                         -- train ...`, each rank trains --batch sequences per micro-batch\n"
         "                         and --global-batch counts all ranks' (default: B x ranks); rank 0\n"
         "                         prints and writes (docs/multi-gpu.md)\n"
+        "  --max-skips N          a step whose loss or gradients are not finite is skipped (weights\n"
+        "                         and optimizer state untouched, logged, \"skipped\" in metrics.jsonl);\n"
+        "                         N in a row stop the run with a checkpoint of the last good state\n"
+        "                         (10; 0: stop at the first)\n"
+        "  --quant-check-every K  every K steps, each quantised GEMM input's relative error,\n"
+        "                         overflow and underflow into DIR/quant_stats.jsonl (100; 0: off)\n"
+        "  --quant-fallback-after M  a layer over its threshold (policy \"max_rel_error\", default\n"
+        "                         0.1 FP8, 0.25 FP4) in M checks in a row runs in BF16 for the rest\n"
+        "                         of the run, kept on resume (DIR/precision_decisions.jsonl) (3; 0:\n"
+        "                         statistics only; docs/precision.md, Guardrails)\n"
         "  --profile              after the last step, time 3 eager steps of the last micro-batch\n"
         "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
         "                         print the largest rows per op kind and per node role (forward\n"
@@ -196,13 +208,16 @@ static void on_progress(const dw_train_progress *p, void *user) {
         if (!isnan(p->moe_z_loss)) k += snprintf(moe + k, sizeof moe - (size_t)k, " | z %.4f", p->moe_z_loss);
         snprintf(moe + k, sizeof moe - (size_t)k, " | load %.2f", p->expert_load);
     }
-    bool event = !isnan(p->val_loss) || p->sample || p->checkpoint || p->step == p->total;
+    bool event = !isnan(p->val_loss) || p->sample || p->checkpoint || p->step == p->total || p->skipped ||
+                 p->precision_change;
+    if (p->skipped) snprintf(val, sizeof val, " | SKIPPED: %s", p->skipped);
     if (pr->tty || event || p->step % pr->log_every == 0 || p->step == 1) {
         fprintf(stderr, "%sstep %lld/%lld | loss %.4f%s%s | lr %.2e | gnorm %.3f | %.0f tok/s | ETA %s%s",
                 pr->tty ? "\r\033[K" : "", (long long)p->step, (long long)p->total, p->loss, val, moe, p->lr,
                 p->grad_norm, p->tokens_per_s, eta, pr->tty && !event ? "" : "\n");
         pr->open_line = pr->tty && !event;
     }
+    if (p->precision_change) fprintf(stderr, "precision: to bf16 after step %lld: %s\n", (long long)p->step, p->precision_change);
     if (p->checkpoint) fprintf(stderr, "checkpoint: %s\n", p->checkpoint);
     if (p->sample) {
         fflush(stderr);
@@ -251,7 +266,9 @@ int cmd_train(int argc, char **argv) {
         {"fallback", required_argument, 0, O_FALLBACK}, {"profile", no_argument, 0, O_PROFILE},
         {"deterministic", no_argument, 0, O_DETERMINISTIC}, {"ckpt-minutes", required_argument, 0, O_CKPTMIN},
         {"zero", required_argument, 0, O_ZERO}, {"init", required_argument, 0, O_INIT},
-        {"init-from", required_argument, 0, O_INIT_FROM}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"init-from", required_argument, 0, O_INIT_FROM}, {"max-skips", required_argument, 0, O_MAX_SKIPS},
+        {"quant-check-every", required_argument, 0, O_QCHECK},
+        {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
         cli_error(CMD, "%s", dw_errmsg(NULL));
@@ -319,6 +336,15 @@ int cmd_train(int argc, char **argv) {
             break;
         case O_KEEP: ok = cli_parse_int(CMD, "--keep", optarg, 0, 1 << 20, &v); o.keep = (int)v; break;
         case O_ZERO: ok = cli_parse_int(CMD, "--zero", optarg, 0, 3, &v); o.zero = (int)v; break;
+        case O_MAX_SKIPS: ok = cli_parse_int(CMD, "--max-skips", optarg, 0, 1L << 40, &v); o.max_skips = v; break;
+        case O_QCHECK:
+            ok = cli_parse_int(CMD, "--quant-check-every", optarg, 0, 1L << 40, &v);
+            o.quant_check_every = v;
+            break;
+        case O_QFALLBACK:
+            ok = cli_parse_int(CMD, "--quant-fallback-after", optarg, 0, 1L << 40, &v);
+            o.quant_fallback_after = v;
+            break;
         case O_LOGEVERY: ok = cli_parse_int(CMD, "--log-every", optarg, 1, 1L << 40, &log_every); break;
         case O_SEED: ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &v); o.seed = (uint64_t)v; break;
         case O_LR: ok = cli_parse_double(CMD, "--lr", optarg, &o.lr); break;

@@ -11,8 +11,12 @@
 #include "train/metrics.h"
 
 dw_status dw_metrics_open(dw_ctx *ctx, const char *dir, int64_t keep_upto, FILE **out) {
+    return dw_jsonl_open(ctx, dir, "metrics.jsonl", keep_upto, out);
+}
+
+dw_status dw_jsonl_open(dw_ctx *ctx, const char *dir, const char *name, int64_t keep_upto, FILE **out) {
     *out = NULL;
-    char *path = dw_path_join(dir, "metrics.jsonl");
+    char *path = dw_path_join(dir, name);
     if (!path) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     char *old = NULL;
     size_t n = 0;
@@ -53,7 +57,7 @@ static void num(char *buf, size_t cap, double v) {
 }
 
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
-    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[160] = "";
+    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[160] = "", skip[64] = "";
     num(loss, sizeof loss, p->loss);
     num(lr, sizeof lr, p->lr);
     num(gn, sizeof gn, p->grad_norm);
@@ -67,11 +71,12 @@ dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int
         snprintf(moe, sizeof moe, ", \"moe_aux_loss\": %s, \"moe_z_loss\": %s, \"expert_load\": %.17g", al, zl,
                  p->expert_load);
     }
+    if (p->skipped) snprintf(skip, sizeof skip, ", \"skipped\": \"%s\"", p->skipped); /* a fixed word pair */
     int rc = fprintf(f,
                      "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"tokens_per_s\": %s, "
-                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s}\n",
+                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s%s}\n",
                      (long long)p->step, loss, lr, gn, tps, el, (long long)tokens_seen,
-                     isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl, moe);
+                     isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl, moe, skip);
     if (rc < 0 || fflush(f) != 0) return dw_set_error(ctx, DW_ERR_IO, "metrics.jsonl: write failed: %s", strerror(errno));
     return DW_OK;
 }

@@ -11,8 +11,12 @@
 /* Opens dir/metrics.jsonl for appending; keeps only lines with "step" <= keep_upto (a fresh run
  * passes 0: the file starts empty). The rewrite is atomic. */
 dw_status dw_metrics_open(dw_ctx *ctx, const char *dir, int64_t keep_upto, FILE **out);
+/* The same for dir/name, any JSON-lines file whose objects carry "step" in increasing order
+ * (the guardrails' quant_stats.jsonl and precision_decisions.jsonl). */
+dw_status dw_jsonl_open(dw_ctx *ctx, const char *dir, const char *name, int64_t keep_upto, FILE **out);
 /* {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "tokens"[, "val_loss"][,
- * "moe_aux_loss", "moe_z_loss" (null: not configured), "expert_load"]};
+ * "moe_aux_loss", "moe_z_loss" (null: not configured), "expert_load"][, "skipped": "nonfinite
+ * loss" | "nonfinite grad" (the step changed nothing: train/guard.h)]};
  * floating-point values with 17 significant digits (exact round trip). */
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen);
 

@@ -29,6 +29,7 @@
 #include "train/ckpt.h"
 #include "train/data.h"
 #include "train/dp.h"
+#include "train/guard.h"
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "train/resume_check.h"
@@ -67,6 +68,9 @@ void dw_train_opts_init(dw_train_opts *opts, size_t size) {
     o->keep = 3;
     o->seed = 1337;
     o->ckpt_minutes = 30;
+    o->max_skips = 10;
+    o->quant_check_every = 100;
+    o->quant_fallback_after = 3;
     memset(opts, 0, size);
     memcpy(opts, o, size < sizeof *o ? size : sizeof *o);
     opts->size = size;
@@ -91,6 +95,8 @@ typedef struct {
     char *recipes_json; /* {linear node: recipe} for state.json (BF16 programs) */
     char *data_abs, *val_abs; /* the patterns made absolute (dw_abs_pattern); val_abs "" for none */
     dw_dp dp;         /* the ranks of a data-parallel job (one rank: the single-process path) */
+    dw_guard_skips skips; /* non-finite steps (train/guard.h) */
+    dw_qguard *qguard;    /* the quantised layers' checks and fallbacks, or NULL */
 } run;
 
 static double now_s(void) {
@@ -131,6 +137,10 @@ static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts 
     if (!(o->ckpt_minutes >= 0 && o->ckpt_minutes <= 1e7))
         return dw_set_error(ctx, DW_ERR_INVALID, "--ckpt-minutes must be in [0, 1e7] (0: by steps only), got %g",
                             o->ckpt_minutes);
+    if (o->max_skips < 0 || o->quant_check_every < 0 || o->quant_fallback_after < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--max-skips %lld, --quant-check-every %lld and --quant-fallback-after "
+                            "%lld must be >= 0", (long long)o->max_skips, (long long)o->quant_check_every,
+                            (long long)o->quant_fallback_after);
     return DW_OK;
 }
 
@@ -158,6 +168,8 @@ static dw_status mkdirs(dw_ctx *ctx, const char *path) {
 static dw_status describe_recipes(run *r) {
     const dw_compiled *cp = dw_engine_program(r->eng);
     if (!cp->bf16) return DW_OK;
+    free(r->recipes_json); /* again after a guardrail fallback */
+    r->recipes_json = NULL;
     json_t *rec = json_object();
     for (int i = 0; rec && i < cp->g->n_nodes; i++)
         if (DW_OP_IS(&cp->g->nodes[i], DW_OPF_GEMM))
@@ -363,6 +375,11 @@ static dw_status setup(run *r) {
         if (!r->x || !r->y) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
     if (st == DW_OK && r->dp.rank == 0) st = dw_metrics_open(ctx, o->out_dir, r->step, &r->metrics);
+    r->skips.max_skips = o->max_skips;
+    if (st == DW_OK) /* a resumed run's fallbacks are applied again before its first step */
+        st = dw_qguard_open(ctx, r->eng, r->dp.host, r->dp.rank == 0, o->out_dir, o->quant_check_every,
+                            o->quant_fallback_after, cdir ? r->step : 0, &r->qguard);
+    if (st == DW_OK && r->qguard) st = describe_recipes(r);
     if (st == DW_OK && cdir)
         DW_LOGI("resumed from %s at step %lld of %lld", cdir, (long long)r->step, (long long)o->steps);
     free(cdir);
@@ -370,8 +387,11 @@ static dw_status setup(run *r) {
 }
 
 /* One optimizer step: accumulation over G/(B x ranks) micro-batches, the gradients averaged over
- * the ranks, clipping, AdamW. The loss is the mean over the ranks (all saw as many tokens). */
-static dw_status train_step(run *r, double *loss_out, double *norm_out, double *lr_out) {
+ * the ranks, clipping, AdamW. The loss is the mean over the ranks (all saw as many tokens). A loss
+ * or gradient norm that is not finite (the same on every rank: both are global) skips the update
+ * (*skipped says why); the step still counts: its data is consumed, the schedule moves on and
+ * AdamW's bias correction uses the step number, so a resumed run needs no count of skips. */
+static dw_status train_step(run *r, double *loss_out, double *norm_out, double *lr_out, const char **skipped) {
     const dw_train_opts *o = r->o;
     DW_TRY(dw_engine_zero_grad(r->eng));
     double sum = 0.0;
@@ -389,10 +409,9 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
                         .weight_decay = o->weight_decay, .clip = o->clip};
     /* gradients averaged, norm, clipping and AdamW on the engine's device; a non-finite norm
      * changes nothing */
-    dw_status st = isfinite(loss) ? dw_dp_step(&r->dp, &ao, r->step + 1, &norm) : DW_ERR_NUMERIC;
-    if (st == DW_ERR_NUMERIC)
-        return dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: loss %g, gradient norm %g: not finite; stopping",
-                            (long long)(r->step + 1), loss, norm);
+    dw_status st = isfinite(loss) ? dw_dp_step(&r->dp, &ao, r->step + 1, &norm) : DW_OK;
+    *skipped = dw_guard_nonfinite(loss, norm);
+    if (st == DW_ERR_NUMERIC && *skipped) dw_clear_error(r->ctx), st = DW_OK;
     DW_TRY(st);
     r->step++;
     r->tokens_seen += o->global_batch * o->seq;
@@ -441,6 +460,19 @@ static dw_status agree(run *r, bool *stop, bool *due) {
     return DW_OK;
 }
 
+/* --max-skips steps in a row were not finite: a checkpoint of the last good state (the skipped
+ * steps changed no weight or moment; the step and data position are past them), then the error. */
+static dw_status give_up(run *r) {
+    char *path = NULL;
+    if (r->ckpt_step != r->step) DW_TRY(save_ckpt(r, &path));
+    dw_status st = dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: %lld steps in a row skipped (loss or gradients "
+                                "not finite; --max-skips %lld): stopping. %s%s holds the last good weights",
+                                (long long)r->step, (long long)r->skips.consecutive, (long long)r->o->max_skips,
+                                path ? "checkpoint " : "the checkpoint of this step", path ? path : "");
+    free(path);
+    return st;
+}
+
 static dw_status loop(run *r) {
     const dw_train_opts *o = r->o;
     const double t0 = now_s();
@@ -448,13 +480,21 @@ static dw_status loop(run *r) {
     const int64_t first = r->step;
     while (r->step < o->steps) {
         double ts = now_s(), loss = 0, norm = 0, lr = 0;
-        DW_TRY(train_step(r, &loss, &norm, &lr));
+        const char *skipped = NULL;
+        DW_TRY(train_step(r, &loss, &norm, &lr, &skipped));
+        const bool give_up_now = dw_guard_count(&r->skips, r->step, skipped, loss, norm); /* after reporting it */
+        bool changed = false;
+        if (!skipped && dw_qguard_due(r->qguard, r->step)) {
+            DW_TRY(dw_qguard_check(r->qguard, r->step, r->x, r->y, o->batch, o->seq, &changed));
+            if (changed) DW_TRY(describe_recipes(r)); /* the checkpoints' state.json shows the new recipes */
+        }
         double t1 = now_s();
         bool last = r->step == o->steps;
         dw_train_progress p = {.step = r->step, .total = o->steps, .loss = loss, .val_loss = NAN,
                                .lr = lr, .grad_norm = norm,
                                .tokens_per_s = (double)(o->global_batch * o->seq) / (t1 - ts),
-                               .elapsed_s = t1 - t0};
+                               .elapsed_s = t1 - t0, .skipped = skipped,
+                               .precision_change = changed ? dw_qguard_last_decisions(r->qguard) : NULL};
         p.eta_s = (t1 - t0) / (double)(r->step - first) * (double)(o->steps - r->step);
         DW_TRY(moe_stats(r, &p));
         if (r->val && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
@@ -478,6 +518,7 @@ static dw_status loop(run *r) {
         free(sample);
         free(ckpt);
         if (st != DW_OK) return st;
+        if (give_up_now) return give_up(r);
         /* one rank: also a request that came during the progress callback (several: the next step's
          * agreement takes it) */
         if (stop || (r->dp.world == 1 && dw_train_stop_requested())) {
@@ -523,6 +564,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested() && r.dp.rank == 0)
         st = profile(&r);
     if (r.metrics) fclose(r.metrics);
+    dw_qguard_free(r.qguard);
     dw_data_free(r.train);
     dw_data_free(r.val);
     free(r.recipes_json);

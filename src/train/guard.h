@@ -1,0 +1,55 @@
+/* guard.h — private: the trainer's run-time guardrails (docs/precision.md, "Guardrails").
+ *   guard.c:       a step whose loss or gradient norm is not finite is skipped (weights and
+ *                  optimizer state untouched); --max-skips consecutive ones stop the run.
+ *   guard_quant.c: every K steps the relative error, overflow and underflow of each quantised
+ *                  GEMM input (DIR/quant_stats.jsonl); a layer over its threshold for M checks in
+ *                  a row switches to BF16 for the rest of the run (DIR/precision_decisions.jsonl,
+ *                  replayed on resume).
+ * Every rank decides alike: the inputs to each decision are all-reduced first. */
+#ifndef DW_TRAIN_GUARD_H
+#define DW_TRAIN_GUARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "deepwell.h"
+
+/* ---- non-finite steps (guard.c) ---------------------------------------------------------------- */
+/* Why a step with this (rank-averaged) loss and global gradient norm is skipped: "nonfinite loss",
+ * "nonfinite grad", or NULL (it is not). */
+const char *dw_guard_nonfinite(double loss, double norm);
+
+typedef struct {
+    int64_t max_skips;   /* the run stops at this many skips in a row (0 like 1: at the first) */
+    int64_t consecutive; /* skipped steps since the last applied one (this process's run) */
+    int64_t total;       /* skipped steps of this process's run */
+} dw_guard_skips;
+
+/* Counts step `step` as skipped (why) or applied (why NULL); logs a skip on stderr. True when the
+ * run must stop: max_skips skips in a row. */
+bool dw_guard_count(dw_guard_skips *g, int64_t step, const char *why, double loss, double norm);
+
+/* ---- quantised layers (guard_quant.c) ---------------------------------------------------------- */
+typedef struct dw_qguard dw_qguard;
+
+/* The guard of engine e's quantised linear layers (*out NULL when checks are off or no layer is
+ * quantised). every: steps between checks (0: off); after: checks in a row over the threshold
+ * before a layer falls back (0: statistics only). The thresholds: the policy's "max_rel_error",
+ * else dw_qstats_default_threshold. lead (rank 0) writes dir/quant_stats.jsonl and
+ * dir/precision_decisions.jsonl, keeping the lines up to resumed_step (0: a fresh run); every rank
+ * re-applies the kept decisions, so a resumed run keeps its fallbacks. */
+dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, const char *dir, int64_t every,
+                         int64_t after, int64_t resumed_step, dw_qguard **out);
+void dw_qguard_free(dw_qguard *g);
+/* Whether step `step` is a check step. */
+bool dw_qguard_due(const dw_qguard *g, int64_t step);
+/* The check after optimizer step `step`: a forward of the micro-batch (tokens, targets) (B, T)
+ * with the updated weights, each quantised input measured, the sums all-reduced, written, and
+ * the fallbacks due applied. *changed: a layer fell back (its recipe is now bf16). */
+dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, const int32_t *targets, int64_t B,
+                          int64_t T, bool *changed);
+/* "L1 (reason), L2 (reason)": the layers that fell back at the last check, or NULL. Owned by g. */
+const char *dw_qguard_last_decisions(const dw_qguard *g);
+
+#endif /* DW_TRAIN_GUARD_H */

@@ -1,0 +1,323 @@
+/* guard_quant.c — the quantised layers' guard (guard.h): every K steps one forward of the step's
+ * last micro-batch with the updated weights, then for each quantised linear layer the inputs its
+ * quantised GEMMs read — x (fprop), x^T (wgrad), W (fprop), W^T (dgrad) — measured with the
+ * reference quantiser (precision/quant_stats.c); x's sums are all-reduced over the ranks (W is
+ * the same on all). The gradient operands dy, dy^T are not measured (their values do not outlive
+ * the backward). A layer whose bulk error (quant_stats.h) is over its threshold for one of its
+ * tensors in `after` checks in a row falls back to BF16:
+ * its binding's recipe becomes bf16 (every backend's linear reads it per call) and its weight
+ * cache is no longer refreshed; recorded CUDA-graph steps are dropped so they re-record.
+ * Files (rank 0): DIR/quant_stats.jsonl, one line per measured tensor and check:
+ *   {"step", "layer", "tensor": "x"|"x^T"|"w"|"w^T", "recipe", "rel_error", "bulk_error",
+ *    "threshold", "overflow", "underflow", "elements"}
+ * DIR/precision_decisions.jsonl, one line per fallback:
+ *   {"step", "layer", "tensor", "reason", "bulk_error", "threshold", "recipe", "to": "bf16"} */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/program.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "precision/quant_stats.h"
+#include "precision/thresholds.h"
+#include "runtime/engine.h"
+#include "train/ckpt.h"
+#include "train/guard.h"
+#include "train/metrics.h"
+
+enum { T_X = 0, T_XT, T_W, T_WT, T_COUNT };
+static const char *const TENSOR[T_COUNT] = {"x", "x^T", "w", "w^T"};
+
+typedef struct {
+    int node;
+    dw_recipe recipe;      /* the node's recipe before any fallback */
+    bool measure[T_COUNT]; /* the tensor feeds a GEMM that runs quantised */
+    int64_t over;          /* checks in a row over the threshold */
+    bool bf16;             /* fell back */
+} layer;
+
+struct dw_qguard {
+    dw_ctx *ctx;
+    dw_engine *e;
+    dw_comm *host;
+    bool lead;
+    int64_t every, after;
+    double thr[DW_RECIPE_COUNT];
+    int n;
+    layer *l;
+    FILE *stats, *decisions;
+    float *buf;
+    size_t cap;
+    char *last; /* the last check's decisions, for the progress line */
+};
+
+/* The policy's "max_rel_error" (precision/thresholds.h) over the defaults. */
+static dw_status thresholds(dw_qguard *g) {
+    const char *pj = dw_engine_program(g->e)->policy_json;
+    double set[DW_RECIPE_COUNT] = {0};
+    if (pj) {
+        json_t *root = NULL;
+        DW_TRY(dw_json_load_string(g->ctx, pj, strlen(pj), "the program's policy", &root));
+        dw_status st = dw_thresholds_parse(g->ctx, json_object_get(root, "max_rel_error"), "the program's policy", set);
+        json_decref(root);
+        DW_TRY(st);
+    }
+    for (int r = 0; r < DW_RECIPE_COUNT; r++) g->thr[r] = set[r] > 0 ? set[r] : dw_qstats_default_threshold((dw_recipe)r);
+    return DW_OK;
+}
+
+/* A fallen-back layer: BF16 from the next call on, on every backend. The binding lives in the
+ * program the engine borrows; the guard is the one writer, between steps. */
+static void to_bf16(dw_qguard *g, layer *l) {
+    dw_engine *e = g->e;
+    dw_prog_node *pn = &((dw_compiled *)e->p)->node[l->node];
+    pn->bind.recipe = DW_RECIPE_BF16;
+    pn->bind.reason = DW_POLICY_BY_RULE;
+    for (int p = 0; p < DW_QPASS_COUNT; p++) pn->bind.quantised[p] = false, pn->bind.kernel[p] = NULL;
+    pn->wq[0].off = pn->wq[1].off = -1; /* no weight cache refresh: the slots are sized for the old recipe */
+    dw_exec *x = e->x; /* recorded steps replay the old kernels: record them again */
+    if (x->rec_step) x->be->i->drop(x->be, x->rec_step);
+    if (x->rec_opt) x->be->i->drop(x->be, x->rec_opt);
+    x->rec_step = x->rec_opt = NULL;
+    x->key_seen = x->opt_calls = 0;
+    l->bf16 = true;
+}
+
+static layer *find_layer(dw_qguard *g, const char *name) {
+    for (int i = 0; i < g->n; i++)
+        if (!strcmp(g->e->g->nodes[g->l[i].node].name, name)) return &g->l[i];
+    return NULL;
+}
+
+/* The kept decisions of a resumed run, applied again (every rank reads the file). */
+static dw_status replay(dw_qguard *g, const char *dir, int64_t upto) {
+    char *path = dw_path_join(dir, "precision_decisions.jsonl"), *text = NULL;
+    size_t n = 0;
+    if (!path) return dw_set_error(g->ctx, DW_ERR_NOMEM, "out of memory");
+    if (dw_read_file(g->ctx, path, &text, &n) != DW_OK) { /* none yet: nothing fell back */
+        dw_clear_error(g->ctx);
+        free(path);
+        return DW_OK;
+    }
+    dw_status st = DW_OK;
+    for (char *p = text; st == DW_OK && p < text + n;) {
+        char *nl = memchr(p, '\n', (size_t)(text + n - p));
+        if (!nl) break; /* a partial last line: dropped by the rewrite too */
+        json_t *j = NULL;
+        long long step = 0;
+        const char *name = NULL;
+        st = dw_json_load_string(g->ctx, p, (size_t)(nl - p), path, &j);
+        if (st == DW_OK) st = dw_json_get_int(g->ctx, j, "step", path, &step);
+        if (st == DW_OK) st = dw_json_get_str(g->ctx, j, "layer", path, &name);
+        if (st == DW_OK && step <= upto) {
+            layer *l = find_layer(g, name);
+            if (!l)
+                st = dw_set_error(g->ctx, DW_ERR_FORMAT, "%s: layer '%s' (step %lld) is not a quantised linear layer "
+                                  "of this model", path, name, step);
+            else if (!l->bf16) {
+                to_bf16(g, l);
+                DW_LOGI("precision: %s stays in bf16 (fell back at step %lld; %s)", name, step, path);
+            }
+        }
+        json_decref(j);
+        if (step > upto) break;
+        p = nl + 1;
+    }
+    free(text);
+    free(path);
+    return st;
+}
+
+dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, const char *dir, int64_t every,
+                         int64_t after, int64_t resumed_step, dw_qguard **out) {
+    *out = NULL;
+    if (every <= 0) return DW_OK;
+    const dw_compiled *p = dw_engine_program(e);
+    const dw_graph *gr = p->g;
+    dw_qguard *g = calloc(1, sizeof *g);
+    if (!g || !(g->l = calloc((size_t)gr->n_nodes, sizeof *g->l))) {
+        free(g);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    *g = (dw_qguard){.ctx = ctx, .e = e, .host = host, .lead = lead, .every = every, .after = after, .l = g->l};
+    for (int i = 0; p->bf16 && i < gr->n_nodes; i++) {
+        const dw_node_binding *b = &p->node[i].bind;
+        if (strcmp(dw_op_name(gr->nodes[i].op), "linear") || !dw_compile_quant_recipe(b->recipe)) continue;
+        layer *l = &g->l[g->n++];
+        *l = (layer){.node = i, .recipe = b->recipe};
+        l->measure[T_X] = l->measure[T_W] = b->quantised[DW_QPASS_FPROP];
+        l->measure[T_XT] = b->quantised[DW_QPASS_WGRAD];
+        l->measure[T_WT] = b->quantised[DW_QPASS_DGRAD];
+    }
+    dw_status st = g->n ? thresholds(g) : DW_OK;
+    if (st == DW_OK && g->n && lead) st = dw_jsonl_open(ctx, dir, "quant_stats.jsonl", resumed_step, &g->stats);
+    if (st == DW_OK && g->n && lead)
+        st = dw_jsonl_open(ctx, dir, "precision_decisions.jsonl", resumed_step, &g->decisions);
+    if (st == DW_OK && g->n && resumed_step > 0) st = replay(g, dir, resumed_step);
+    if (st != DW_OK || !g->n) {
+        dw_qguard_free(g);
+        return st;
+    }
+    *out = g;
+    return DW_OK;
+}
+
+void dw_qguard_free(dw_qguard *g) {
+    if (!g) return;
+    if (g->stats) fclose(g->stats);
+    if (g->decisions) fclose(g->decisions);
+    free(g->l);
+    free(g->buf);
+    free(g->last);
+    free(g);
+}
+
+bool dw_qguard_due(const dw_qguard *g, int64_t step) { return g && step % g->every == 0; }
+const char *dw_qguard_last_decisions(const dw_qguard *g) { return g ? g->last : NULL; }
+
+static float *room(dw_qguard *g, int64_t n) {
+    if ((size_t)n > g->cap) {
+        float *b = realloc(g->buf, (size_t)n * sizeof *b);
+        if (!b) return NULL;
+        g->buf = b, g->cap = (size_t)n;
+    }
+    return g->buf;
+}
+
+/* Layer l's tensors into s[T_COUNT] (the ones it quantises). */
+static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
+    dw_engine *e = g->e;
+    const dw_compiled *p = e->p;
+    const dw_ir_node *n = &p->g->nodes[l->node];
+    const dw_recipe ra = dw_compile_quant_act_recipe(l->recipe), rw = dw_compile_quant_weight_recipe(l->recipe);
+    for (int t = 0; t < T_COUNT; t++) s[t] = dw_qstats_zero();
+    if (l->measure[T_X] || l->measure[T_XT]) { /* x [rows, K] as the GEMM reads it (BF16 values) */
+        const int t = n->in[0];
+        const int64_t rows = dw_exec_rows(e->x, t), K = p->tensor[t].width;
+        float *x = room(g, rows * K);
+        if (!x) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+        DW_TRY(dw_engine_read_value(e, t, x));
+        if (l->measure[T_X]) DW_TRY(dw_qstats_measure(g->ctx, ra, x, rows, K, false, &s[T_X]));
+        if (l->measure[T_XT]) DW_TRY(dw_qstats_measure(g->ctx, ra, x, rows, K, true, &s[T_XT]));
+    }
+    if (l->measure[T_W] || l->measure[T_WT]) { /* W [M, K] from the FP32 master */
+        int64_t N, K, M;
+        dw_compile_linear_dims(p, l->node, &N, &K, &M);
+        float *w = room(g, M * K);
+        if (!w) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+        DW_TRY(dw_engine_param_read(e, p->tensor[n->in[1]].param, w));
+        if (l->measure[T_W]) DW_TRY(dw_qstats_measure(g->ctx, rw, w, M, K, false, &s[T_W]));
+        if (l->measure[T_WT]) DW_TRY(dw_qstats_measure(g->ctx, rw, w, M, K, true, &s[T_WT]));
+    }
+    return DW_OK;
+}
+
+static dw_recipe tensor_recipe(const layer *l, int t) {
+    return t == T_X || t == T_XT ? dw_compile_quant_act_recipe(l->recipe) : dw_compile_quant_weight_recipe(l->recipe);
+}
+
+static dw_status write_stats(dw_qguard *g, int64_t step, const layer *l, const dw_qstats s[T_COUNT]) {
+    for (int t = 0; t < T_COUNT; t++) {
+        if (!l->measure[t]) continue;
+        const dw_recipe r = tensor_recipe(l, t);
+        if (fprintf(g->stats,
+                    "{\"step\": %lld, \"layer\": \"%s\", \"tensor\": \"%s\", \"recipe\": \"%s\", \"rel_error\": %.17g, "
+                    "\"bulk_error\": %.17g, \"threshold\": %.15g, \"overflow\": %lld, \"underflow\": %lld, "
+                    "\"elements\": %lld}\n",
+                    (long long)step, g->e->g->nodes[l->node].name, TENSOR[t], dw_recipe_name(r),
+                    dw_qstats_rel_error(&s[t]), dw_qstats_bulk_error(&s[t]), g->thr[r], (long long)s[t].q.saturated,
+                    (long long)s[t].q.flushed, (long long)s[t].q.n) < 0)
+            return dw_set_error(g->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");
+    }
+    return fflush(g->stats) == 0 ? DW_OK : dw_set_error(g->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");
+}
+
+/* The tensor of l furthest over its threshold (relative to it), -1 when none is over. */
+static int worst(const dw_qguard *g, const layer *l, const dw_qstats s[T_COUNT]) {
+    int w = -1;
+    double most = 1.0;
+    for (int t = 0; t < T_COUNT; t++) {
+        const double thr = g->thr[tensor_recipe(l, t)];
+        if (!l->measure[t] || !(thr > 0)) continue;
+        const double ratio = dw_qstats_bulk_error(&s[t]) / thr;
+        if (ratio > most) most = ratio, w = t;
+    }
+    return w;
+}
+
+static dw_status decide(dw_qguard *g, int64_t step, layer *l, const dw_qstats s[T_COUNT], bool *changed) {
+    const int t = worst(g, l, s);
+    l->over = t < 0 ? 0 : l->over + 1;
+    if (t < 0 || g->after <= 0 || l->over < g->after) return DW_OK;
+    const char *name = g->e->g->nodes[l->node].name;
+    const dw_recipe r = tensor_recipe(l, t);
+    const double err = dw_qstats_bulk_error(&s[t]);
+    char reason[160];
+    snprintf(reason, sizeof reason, "relative quantisation error (bulk) over %g in %lld checks in a row", g->thr[r],
+             (long long)l->over);
+    to_bf16(g, l);
+    *changed = true;
+    DW_LOGW("precision: step %lld: %s falls back to bf16: %s %s error %.4g > %g (%lld checks in a row)", (long long)step,
+            name, TENSOR[t], dw_recipe_name(r), err, g->thr[r], (long long)l->over);
+    char item[600];
+    snprintf(item, sizeof item, "%s%s %s %.3g > %g", g->last ? ", " : "", name, TENSOR[t], err, g->thr[r]);
+    size_t had = g->last ? strlen(g->last) : 0;
+    char *grown = realloc(g->last, had + strlen(item) + 1);
+    if (!grown) return dw_set_error(g->ctx, DW_ERR_NOMEM, "out of memory");
+    memcpy(grown + had, item, strlen(item) + 1);
+    g->last = grown;
+    if (!g->lead) return DW_OK;
+    if (fprintf(g->decisions,
+                "{\"step\": %lld, \"layer\": \"%s\", \"tensor\": \"%s\", \"reason\": \"%s\", \"bulk_error\": %.17g, "
+                "\"threshold\": %.15g, \"recipe\": \"%s\", \"to\": \"bf16\"}\n",
+                (long long)step, name, TENSOR[t], reason, err, g->thr[r], dw_recipe_name(l->recipe)) < 0 ||
+        fflush(g->decisions) != 0)
+        return dw_set_error(g->ctx, DW_ERR_IO, "precision_decisions.jsonl: write failed");
+    return DW_OK;
+}
+
+dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, const int32_t *targets, int64_t B,
+                          int64_t T, bool *changed) {
+    *changed = false;
+    free(g->last);
+    g->last = NULL;
+    int live = 0;
+    for (int i = 0; i < g->n; i++) live += !g->l[i].bf16;
+    if (!live) return DW_OK;
+    double loss = 0;
+    DW_TRY(dw_engine_forward(g->e, tokens, targets, B, T, NULL, &loss));
+    dw_qstats *s = calloc((size_t)g->n * T_COUNT, sizeof *s);
+    enum { V = 7 }; /* x, x^T: sum_e2, sum_x2, bulk_e2, bulk_x2, n, saturated, flushed */
+    double *sum = calloc((size_t)g->n * 2 * V, sizeof *sum);
+    dw_status st = s && sum ? DW_OK : dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+    for (int i = 0; st == DW_OK && i < g->n; i++) {
+        if (g->l[i].bf16) continue;
+        st = measure(g, &g->l[i], &s[i * T_COUNT]);
+        for (int t = 0; t < 2 && st == DW_OK; t++) {
+            const dw_qstats *q = &s[i * T_COUNT + t];
+            double *d = &sum[(i * 2 + t) * V];
+            d[0] = q->q.sum_e2, d[1] = q->q.sum_x2, d[2] = q->bulk_e2, d[3] = q->bulk_x2, d[4] = (double)q->q.n,
+            d[5] = (double)q->q.saturated, d[6] = (double)q->q.flushed;
+        }
+    }
+    if (st == DW_OK) st = dw_comm_all_reduce(g->ctx, g->host, sum, (int64_t)g->n * 2 * V, DW_COMM_F64, DW_COMM_SUM);
+    for (int i = 0; st == DW_OK && i < g->n; i++) {
+        layer *l = &g->l[i];
+        if (l->bf16) continue;
+        for (int t = 0; t < 2; t++) {
+            const double *d = &sum[(i * 2 + t) * V];
+            dw_qstats *q = &s[i * T_COUNT + t];
+            q->q.sum_e2 = d[0], q->q.sum_x2 = d[1], q->bulk_e2 = d[2], q->bulk_x2 = d[3], q->q.n = (int64_t)d[4];
+            q->q.saturated = (int64_t)d[5], q->q.flushed = (int64_t)d[6];
+        }
+        if (g->lead) st = write_stats(g, step, l, &s[i * T_COUNT]);
+        if (st == DW_OK) st = decide(g, step, l, &s[i * T_COUNT], changed);
+    }
+    free(s);
+    free(sum);
+    return st;
+}
