@@ -4,7 +4,9 @@
  * element in 16 at 40 sigma) trips NVFP4's threshold on the bulk error while ||q(x)-x||/||x||,
  * dominated by the outliers, stays low (why the guard uses the bulk); a block whose scale underflows counts
  * exactly its elements as flushed; the transposed measurement equals the measurement of x^T;
- * sums over parts give the whole's error. Fresh random inputs each run (DW_TEST_SEED replays). */
+ * sums over parts give the whole's error; a policy's "max_rel_error" loads, round-trips and is
+ * refused naming the file and key when malformed. Fresh random inputs each run (DW_TEST_SEED
+ * replays). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,8 +15,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "precision/policy.h"
 #include "precision/quant_stats.h"
+#include "precision/thresholds.h"
 #include "testutil.h"
 
 static dw_ctx *ctx;
@@ -151,11 +156,56 @@ static void test_transposed_and_sums(void **state) {
     free(xt);
 }
 
+/* A policy file with text; its load status; *out the policy (or NULL). */
+static dw_status load_policy(const char *text, dw_policy **out) {
+    char *dir = dw_test_tmpdir(), *path = dw_test_path(dir, "policy.json");
+    assert_int_equal(dw_test_write(path, text, strlen(text)), 0);
+    dw_status st = dw_policy_load(ctx, path, out);
+    dw_test_rmtree(dir);
+    free(dir), free(path);
+    return st;
+}
+
+static void test_policy_thresholds(void **state) {
+    (void)state;
+    const double v = 0.05 + 0.01 * (double)(dw_test_next(&rng) % 50);
+    char text[256];
+    snprintf(text, sizeof text, "{\"default\": \"nvfp4\", \"max_rel_error\": {\"nvfp4\": %.2f, \"fp8_block\": 0.5}}", v);
+    dw_policy *p = NULL;
+    if (load_policy(text, &p) != DW_OK) fail_msg("%s", dw_errmsg(ctx));
+    assert_true(fabs(p->max_rel_error[DW_RECIPE_NVFP4] - v) < 1e-12 && p->max_rel_error[DW_RECIPE_FP8_BLOCK] == 0.5);
+    assert_true(p->max_rel_error[DW_RECIPE_MXFP8] == 0); /* unset: the default */
+    char *json = NULL;
+    assert_int_equal(dw_policy_to_json(ctx, p, &json), DW_OK);
+    dw_policy_free(p);
+    p = NULL;
+    assert_non_null(strstr(json, "\"max_rel_error\""));
+    if (load_policy(json, &p) != DW_OK) fail_msg("round trip: %s", dw_errmsg(ctx)); /* the dump loads again */
+    assert_true(fabs(p->max_rel_error[DW_RECIPE_NVFP4] - v) < 1e-12 && p->max_rel_error[DW_RECIPE_MXFP8] == 0);
+    dw_free_string(json);
+    dw_policy_free(p);
+    assert_int_equal(load_policy("{\"default\": \"mxfp8\", \"max_rel_error\": 0.3}", &p), DW_OK);
+    for (int r = 1; r < DW_RECIPE_COUNT; r++) assert_true(p->max_rel_error[r] == 0.3);
+    dw_policy_free(p);
+    static const char *const bad[][2] = {
+        {"{\"default\": \"nvfp4\", \"max_rel_error\": {\"bf16\": 0.3}}", "'bf16' is not a quantised recipe"},
+        {"{\"default\": \"nvfp4\", \"max_rel_error\": {\"nvfp5\": 0.3}}", "'nvfp5' is not a quantised recipe"},
+        {"{\"default\": \"nvfp4\", \"max_rel_error\": -1}", "field 'max_rel_error': expected a number > 0"},
+        {"{\"default\": \"nvfp4\", \"max_rel_error\": {\"nvfp4\": \"x\"}}", "field 'max_rel_error'.nvfp4: expected"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(load_policy(bad[i][0], &p), DW_ERR_FORMAT);
+        assert_null(p);
+        if (!strstr(dw_errmsg(ctx), bad[i][1]) || !strstr(dw_errmsg(ctx), "policy.json"))
+            fail_msg("%s: %s", bad[i][0], dw_errmsg(ctx));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_grid),      cmocka_unit_test(test_normal_under_threshold),
         cmocka_unit_test(test_outlier_trips),   cmocka_unit_test(test_flushed_block),
-        cmocka_unit_test(test_transposed_and_sums),
+        cmocka_unit_test(test_transposed_and_sums), cmocka_unit_test(test_policy_thresholds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
