@@ -8,11 +8,14 @@
 #     input at 40x the RMS; loaded from a safetensors file) falls back to BF16 after
 #     --quant-fallback-after checks, alone; DIR/precision_decisions.jsonl and stderr say so,
 #     DIR/quant_stats.jsonl has every check, and --resume keeps the fallback;
+#   - with 2 ranks (`deepwell launch -n 2`, CPU) both decide alike: each logs the fallback at the
+#     same step, rank 0 writes it once, the run completes (no rank waits on a collective the other
+#     skipped; checkpoints every step compare the weights), and the skips stop both ranks;
 #   - bad flag values are refused naming the flag (exit 2).
 set -u
 bin=$1
 . "$(dirname "$0")/checks.sh"
-export OMP_NUM_THREADS=1 DW_LOG=info
+export OMP_NUM_THREADS=1 DW_LOG=info DW_COMM_TIMEOUT=60
 model=$tmp/llama
 mkdir -p "$model"
 echo '{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -112,6 +115,20 @@ check "an nvfp4 run under a loose policy threshold" 0 $?
 [ "$(grep -c "\"layer\": \"$layer\", \"tensor\": \"w\", \"recipe\": \"nvfp4\", .*\"threshold\": 0.95" \
   "$tmp/loose/quant_stats.jsonl")" = 3 ] && ok "the policy's threshold in quant_stats.jsonl" ||
   bad "quant_stats.jsonl: $(head -c 1500 "$tmp/loose/quant_stats.jsonl")"
+
+# --- two ranks ----------------------------------------------------------------------------------
+"$bin" launch -n 2 -- train "${common[@]}" "${q[@]}" --out "$tmp/dp" --steps 3 --ckpt-every 1 \
+  --init-from "$tmp/outlier.safetensors" >"$tmp/dp.out" 2>&1
+check "2 ranks, nvfp4 with the outlier layer" 0 $?
+has "both ranks fall back at step 2" "$tmp/dp.out" "[deepwell warn rank 0/2] precision: step 2: $layer falls back" \
+  "[deepwell warn rank 1/2] precision: step 2: $layer falls back"
+[ "$(grep -c . "$tmp/dp/precision_decisions.jsonl")" = 1 ] && ok "  ... written once" ||
+  bad "2-rank decisions: $(cat "$tmp/dp/precision_decisions.jsonl")"
+"$bin" launch -n 2 -- train "${common[@]}" --out "$tmp/dpnan" --steps 10 --init-from "$tmp/inf.safetensors" \
+  --max-skips 2 >"$tmp/dpnan.out" 2>&1
+check "2 ranks, 2 non-finite steps stop the job" 1 $?
+has "  ... each rank names the stop" "$tmp/dpnan.out" "train (rank 0/2): step 2: 2 steps in a row skipped" \
+  "train (rank 1/2): step 2: 2 steps in a row skipped"
 
 # --- refusals ------------------------------------------------------------------------------------
 for flag in --max-skips --quant-check-every --quant-fallback-after; do
