@@ -33,12 +33,12 @@ bool dw_guard_count(dw_guard_skips *g, int64_t step, const char *why, double los
 /* ---- quantised layers (guard_quant.c) ---------------------------------------------------------- */
 typedef struct dw_qguard dw_qguard;
 
-/* The guard of engine e's quantised linear layers (*out NULL when checks are off or no layer is
- * quantised). every: steps between checks (0: off); after: checks in a row over the threshold
- * before a layer falls back (0: statistics only). The thresholds: the policy's "max_rel_error",
- * else dw_qstats_default_threshold. lead (rank 0) writes dir/quant_stats.jsonl and
+/* The guard of engine e's quantised linear layers (*out NULL when no layer is quantised). every:
+ * steps between checks (0: none); after: checks in a row over the threshold before a layer falls
+ * back (0: statistics only). The thresholds: the policy's "max_rel_error", else
+ * dw_qstats_default_threshold. lead (rank 0) writes dir/quant_stats.jsonl and
  * dir/precision_decisions.jsonl, keeping the lines up to resumed_step (0: a fresh run); every rank
- * re-applies the kept decisions, so a resumed run keeps its fallbacks. */
+ * re-applies the kept decisions, so a resumed run keeps its fallbacks whatever every and after. */
 dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, const char *dir, int64_t every,
                          int64_t after, int64_t resumed_step, dw_qguard **out);
 void dw_qguard_free(dw_qguard *g);

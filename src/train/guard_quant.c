@@ -135,7 +135,6 @@ static dw_status replay(dw_qguard *g, const char *dir, int64_t upto) {
 dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, const char *dir, int64_t every,
                          int64_t after, int64_t resumed_step, dw_qguard **out) {
     *out = NULL;
-    if (every <= 0) return DW_OK;
     const dw_compiled *p = dw_engine_program(e);
     const dw_graph *gr = p->g;
     dw_qguard *g = calloc(1, sizeof *g);
@@ -176,7 +175,7 @@ void dw_qguard_free(dw_qguard *g) {
     free(g);
 }
 
-bool dw_qguard_due(const dw_qguard *g, int64_t step) { return g && step % g->every == 0; }
+bool dw_qguard_due(const dw_qguard *g, int64_t step) { return g && g->every > 0 && step % g->every == 0; }
 const char *dw_qguard_last_decisions(const dw_qguard *g) { return g ? g->last : NULL; }
 
 static float *room(dw_qguard *g, int64_t n) {
