@@ -11,8 +11,6 @@
 #include "core/log.h"
 #include "runtime/exec.h"
 
-static void resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_call *c);
-
 dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out) {
     *out = NULL;
     dw_exec *x = calloc(1, sizeof *x);
@@ -48,7 +46,7 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
         const dw_op_fn prep = be->i->ops[n->op].prepare;
         if (!prep) continue;
         dw_op_call c;
-        resolve(x, i, true, 0.0, &c);
+        dw_exec_resolve(x, i, true, 0.0, &c);
         s = prep(be, &c);
         if (s != DW_OK) s = dw_prefix_error(be->ctx, s, "%s backend: preparing node '%s'", be->i->name, n->name);
     }
@@ -91,7 +89,7 @@ static void *at(char *base, int64_t off) { return off >= 0 ? base + off : NULL; 
 /* The gradient buffer of activation t (NULL: it has none). */
 static void *grad_of(const dw_exec *x, int t) { return at(x->act, x->p->tensor[t].grad_off); }
 
-static void resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_call *c) {
+void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_call *c) {
     const dw_compiled *p = x->p;
     const dw_graph *g = x->g;
     const dw_ir_node *n = &g->nodes[node];
@@ -156,6 +154,16 @@ static bool reads_targets(const dw_exec *x, int node) {
     return false;
 }
 
+dw_status dw_exec_call(dw_exec *x, bool fwd, const dw_op_call *c) {
+    const dw_ir_node *n = c->n;
+    const dw_op_fn fn = fwd ? x->be->i->ops[n->op].fwd : x->be->i->ops[n->op].bwd;
+    dw_status s = fn(x->be, c);
+    if (s == DW_OK && !fwd) s = deliver(x, c);
+    if (s == DW_OK && fwd && c->train && (dw_op_flags(n->op) & DW_OPF_BWD_IN_FWD)) s = deliver(x, c);
+    if (s != DW_OK) return dw_prefix_error(x->be->ctx, s, "%s of node '%s'", fwd ? "forward" : "backward", n->name);
+    return DW_OK;
+}
+
 dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
     const dw_step *st = &x->p->steps[step];
     dw_backend *be = x->be;
@@ -164,21 +172,19 @@ dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
     case DW_STEP_FWD:
     case DW_STEP_BWD: {
         const dw_ir_node *n = &x->g->nodes[st->node];
-        const dw_op_fn fn = st->kind == DW_STEP_FWD ? bi->ops[n->op].fwd : bi->ops[n->op].bwd;
-        if (!fn)
+        const bool fwd = st->kind == DW_STEP_FWD;
+        if (!(fwd ? bi->ops[n->op].fwd : bi->ops[n->op].bwd))
             return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED, "%s backend: op %s has no %s entry (node '%s')",
-                                bi->name, dw_op_name(n->op), st->kind == DW_STEP_FWD ? "forward" : "backward", n->name);
-        if (st->kind == DW_STEP_FWD && !x->has_targets && reads_targets(x, st->node)) return DW_OK;
+                                bi->name, dw_op_name(n->op), fwd ? "forward" : "backward", n->name);
+        if (fwd && !x->has_targets && reads_targets(x, st->node)) return DW_OK;
+        if (x->ep_step) { /* expert parallelism (train/ep.c): the MoE layers' steps are its own */
+            bool done = false;
+            DW_TRY(x->ep_step(x->ep, x, st->node, fwd, train, dloss, &done));
+            if (done) return DW_OK;
+        }
         dw_op_call c;
-        resolve(x, st->node, train, dloss, &c);
-        dw_status s = fn(be, &c);
-        if (s == DW_OK && st->kind == DW_STEP_BWD) s = deliver(x, &c);
-        if (s == DW_OK && st->kind == DW_STEP_FWD && train && (dw_op_flags(n->op) & DW_OPF_BWD_IN_FWD))
-            s = deliver(x, &c);
-        if (s != DW_OK)
-            return dw_prefix_error(be->ctx, s, "%s of node '%s'", st->kind == DW_STEP_FWD ? "forward" : "backward",
-                                   n->name);
-        return DW_OK;
+        dw_exec_resolve(x, st->node, train, dloss, &c);
+        return dw_exec_call(x, fwd, &c);
     }
     case DW_STEP_GRAD_NORM: return bi->grad_norm(be, x);
     case DW_STEP_ADAMW: return bi->adamw(be, x);

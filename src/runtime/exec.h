@@ -31,6 +31,11 @@ struct dw_exec {
     int key_seen;               /* calls with this key: the first runs eagerly (warm-up), then record */
     void *rec_opt;
     int opt_calls;
+    /* expert parallelism (train/ep.c), NULL when off: asked first for every forward or backward op
+     * step; it runs the steps of the MoE layers (exchanging rows with the other ranks) and sets
+     * *done, or leaves the step to the executor */
+    dw_status (*ep_step)(void *ep, dw_exec *x, int node, bool fwd, bool train, double dloss, bool *done);
+    void *ep;
 };
 
 /* Allocates the pools of p on be (zeroed) and lets the backend prepare (handles, plans). record:
@@ -54,6 +59,12 @@ dw_status dw_exec_train_step(dw_exec *x, double dloss);
 /* The optimizer phase with these arguments (staged to the workspace first); replayed from a
  * recording from the second call. Issued only: the caller reads the norm back. */
 dw_status dw_exec_optimizer(dw_exec *x, const dw_adamw_args *a);
+
+/* The op call of node as the executor makes it (tensors resolved to the pools), and running it:
+ * the backend's forward or backward entry, then the gradients that go through ACC temporaries
+ * delivered. For hooks (ep_step) that run a step with exchanges before or after it. */
+void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_call *c);
+dw_status dw_exec_call(dw_exec *x, bool fwd, const dw_op_call *c);
 
 /* Rows of tensor t in the current batch: its capacity rows (shape[0] x shape[1]) scaled to (b, t):
  * b x t for (B,T,...) tensors, b x t x K for the (B,T*K,...) rows MoE dispatch makes; 1 for a

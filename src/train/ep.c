@@ -1,0 +1,376 @@
+/* ep.c — expert parallelism (ep.h): the MoE layers of the compiled program found (dispatch, the
+ * expert ops between it and the combine), buffers for the expert ops' rows sized for a whole group
+ * (K x the rank's capacity), and the executor hook that runs those steps with the all-to-alls:
+ *   dispatch fwd: counts all-to-all (host), rows all-to-all (dispatch -> source order), gather into
+ *                 expert order; the expert ops run on the group's rows with the rank's offsets;
+ *   combine fwd:  expert order -> source order, all-to-all back into the dispatch-order rows;
+ *   combine bwd:  its row gradients all-to-all to the owners, gathered into expert order;
+ *   dispatch bwd: the expert ops' row gradients back to the rows' ranks before the gather-add.
+ * Buffers are the backend's memory (host on the CPU, the GPU's with the NCCL communicator); the row
+ * gathers are memcpy on the CPU and the combine kernel with weight 1 on a GPU. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/program.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/engine.h"
+#include "train/ep.h"
+#include "train/ep_plan.h"
+#if DW_HAVE_CUDA
+#include "core/ctx.h"
+#include "kernels/cuda/ops_cuda.h"
+#endif
+
+enum { ROLE_NONE = 0, ROLE_DISPATCH, ROLE_EXPERT, ROLE_COMBINE };
+
+typedef struct {
+    int dispatch, combine;          /* nodes */
+    int rows, offsets, y;           /* tensors: dispatch's rows and offsets, the combine's expert rows */
+    int64_t *send_rows, *recv_rows; /* (W) rows to / from each rank, this step */
+    int64_t total;                  /* rows received (expert order) */
+    int32_t *offsets_h, *perm_h, *back_h; /* host: (E+1) expert-order groups, (cap) perm, (cap) back */
+    void *offsets_d, *perm_d, *back_d;    /* the same in the backend's memory */
+} ep_layer;
+
+struct dw_ep {
+    dw_ctx *ctx;
+    dw_engine *eng;
+    dw_exec *x;
+    dw_backend *be;
+    dw_comm *comm, *host;
+    dw_ep_layout l;
+    size_t act;             /* bytes of an activation element (2: BF16 program, 4) */
+    int n_layers;
+    ep_layer *layer;
+    signed char *role;      /* (nodes) ROLE_* */
+    int *layer_of;          /* (nodes) its layer, -1 */
+    void **val, **grad;     /* (tensors) the expert ops' rows in expert order (cap rows), else NULL */
+    int64_t *cap;           /* (tensors) rows of val/grad: K x the program's B x T x top-k */
+    void *acc;              /* an ACC temporary of the expert ops (the widest, cap rows) */
+    void *stage;            /* rows in source order (the widest exchanged) */
+    int64_t *counts, *count_send, *count_recv, *count_rc, *bytes_s, *bytes_r; /* (E), (W), (E), (W), (W), (W) */
+    bool suspended;
+};
+
+static int64_t width_of(const dw_ep *ep, int t) { return ep->eng->p->tensor[t].width; }
+static void *val_of(const dw_ep *ep, int t) { return ep->x->act + ep->eng->p->tensor[t].val_off; }
+static void *grad_of(const dw_ep *ep, int t) {
+    const int64_t o = ep->eng->p->tensor[t].grad_off;
+    return o >= 0 ? ep->x->act + o : NULL;
+}
+
+/* ---- moving rows ------------------------------------------------------------------------------ */
+/* dst row i = src row idx[i] for i < n (rows of width elements). */
+static dw_status gather(dw_ep *ep, void *dst, const void *src, const int32_t *idx_h, const void *idx_d, int64_t n,
+                        int64_t width) {
+    if (n == 0) return DW_OK;
+    const size_t rb = (size_t)width * ep->act;
+    if (dw_ctx_device(ep->ctx) != DW_DEVICE_CUDA) {
+        (void)idx_d;
+        for (int64_t i = 0; i < n; i++) memcpy((char *)dst + (size_t)i * rb, (const char *)src + (size_t)idx_h[i] * rb, rb);
+        return DW_OK;
+    }
+#if DW_HAVE_CUDA
+    void *stream = NULL;
+    DW_TRY(dw_ctx_stream(ep->ctx, &stream));
+    return dw_cuda_moe_combine_fwd(ep->ctx, ep->act == 2 ? DW_ACT_BF16 : DW_ACT_F32, dst, src, NULL,
+                                   (const int32_t *)idx_d, n, width, 1, stream); /* out[i] = 1 x src[idx[i]] */
+#else
+    return dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "expert parallelism: a CUDA context in a build without CUDA");
+#endif
+}
+
+/* Rows [from, cap) of an expert-order buffer of tensor t zeroed (no stale rows past the received). */
+static dw_status zero_tail(dw_ep *ep, void *buf, int t, int64_t from) {
+    const size_t rb = (size_t)width_of(ep, t) * ep->act;
+    return ep->be->i->zero(ep->be, (char *)buf + (size_t)from * rb, (size_t)(ep->cap[t] - from) * rb);
+}
+
+/* The rows all-to-all: send_rows[d] rows of width to each rank d, recv_rows[s] from each s. */
+static dw_status exchange(dw_ep *ep, const void *send, const int64_t *send_rows, void *recv, const int64_t *recv_rows,
+                          int64_t width) {
+    const int64_t rb = width * (int64_t)ep->act;
+    for (int r = 0; r < ep->l.world; r++) ep->bytes_s[r] = send_rows[r] * rb, ep->bytes_r[r] = recv_rows[r] * rb;
+    return dw_comm_all_to_all(ep->ctx, ep->comm, send, ep->bytes_s, recv, ep->bytes_r, DW_COMM_BYTE);
+}
+
+/* ---- the four exchanges of a layer ------------------------------------------------------------ */
+/* After the dispatch: the counts, then the rows to their owners, in expert order. */
+static dw_status dispatch_rows(dw_ep *ep, ep_layer *L) {
+    const int64_t E = ep->l.experts, G = ep->l.group, El = dw_ep_local(&ep->l);
+    dw_backend *be = ep->be;
+    DW_TRY(be->i->download(be, L->offsets_h, val_of(ep, L->offsets), (size_t)(E + 1) * sizeof(int32_t)));
+    dw_ep_send_plan(&ep->l, L->offsets_h, L->send_rows, ep->counts, ep->count_send);
+    for (int r = 0; r < ep->l.world; r++) ep->count_rc[r] = r / G == ep->l.rank / G ? El : 0;
+    DW_TRY(dw_comm_all_to_all(ep->ctx, ep->host, ep->counts, ep->count_send, ep->count_recv, ep->count_rc, DW_COMM_I64));
+    L->total = dw_ep_recv_plan(&ep->l, ep->count_recv, L->recv_rows, L->offsets_h, L->perm_h, L->back_h);
+    DW_ASSERT(L->total <= ep->cap[L->rows]);
+    DW_TRY(be->i->upload(be, L->offsets_d, L->offsets_h, (size_t)(E + 1) * sizeof(int32_t)));
+    DW_TRY(be->i->upload(be, L->perm_d, L->perm_h, (size_t)L->total * sizeof(int32_t)));
+    DW_TRY(be->i->upload(be, L->back_d, L->back_h, (size_t)L->total * sizeof(int32_t)));
+    const int64_t C = width_of(ep, L->rows);
+    DW_TRY(exchange(ep, val_of(ep, L->rows), L->send_rows, ep->stage, L->recv_rows, C));
+    DW_TRY(gather(ep, ep->val[L->rows], ep->stage, L->perm_h, L->perm_d, L->total, C));
+    return zero_tail(ep, ep->val[L->rows], L->rows, L->total);
+}
+
+/* Before the combine: the experts' outputs back to the rows' ranks, in their dispatch order. */
+static dw_status return_rows(dw_ep *ep, ep_layer *L) {
+    const int64_t C = width_of(ep, L->y);
+    DW_TRY(gather(ep, ep->stage, ep->val[L->y], L->back_h, L->back_d, L->total, C));
+    return exchange(ep, ep->stage, L->recv_rows, val_of(ep, L->y), L->send_rows, C);
+}
+
+/* After the combine's backward: its row gradients to the owners, in expert order. */
+static dw_status send_grads(dw_ep *ep, ep_layer *L) {
+    const int64_t C = width_of(ep, L->y);
+    DW_TRY(exchange(ep, grad_of(ep, L->y), L->send_rows, ep->stage, L->recv_rows, C));
+    DW_TRY(gather(ep, ep->grad[L->y], ep->stage, L->perm_h, L->perm_d, L->total, C));
+    return zero_tail(ep, ep->grad[L->y], L->y, L->total);
+}
+
+/* Before the dispatch's backward: the gradients of the rows back to their ranks. */
+static dw_status return_grads(dw_ep *ep, ep_layer *L) {
+    const int64_t C = width_of(ep, L->rows);
+    DW_TRY(gather(ep, ep->stage, ep->grad[L->rows], L->back_h, L->back_d, L->total, C));
+    return exchange(ep, ep->stage, L->recv_rows, grad_of(ep, L->rows), L->send_rows, C);
+}
+
+/* An expert op (grouped linear, activation) on the group's rows: the executor's call with the rows
+ * scaled to the group (a copy of the executor whose batch is K x b) and the rows, their gradients
+ * and the offsets in this rank's buffers; an ACC temporary's gradient added in here. */
+static dw_status expert_step(dw_ep *ep, dw_exec *x, int node, bool fwd, bool train, double dloss) {
+    const dw_ir_node *n = &x->g->nodes[node];
+    const dw_prog_node *pn = &x->p->node[node];
+    const ep_layer *L = &ep->layer[ep->layer_of[node]];
+    dw_exec group = *x;
+    group.b = x->b * ep->l.group;
+    dw_op_call c;
+    dw_exec_resolve(&group, node, train, dloss, &c);
+    int acc = -1;
+    for (int s = 0; s < n->n_in; s++) {
+        const int t = n->in[s];
+        if (t == L->offsets) c.in[s] = L->offsets_d;
+        if (!ep->val[t]) continue;
+        c.in[s] = ep->val[t];
+        if (c.dx[s]) c.dx[s] = pn->grad_mode[s] == DW_GRAD_ACCUM_TMP ? (acc = s, ep->acc) : ep->grad[t];
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        c.out[k] = ep->val[n->out[k]];
+        c.dout[k] = c.dout[k] ? ep->grad[n->out[k]] : NULL;
+    }
+    const dw_op_fn fn = fwd ? ep->be->i->ops[n->op].fwd : ep->be->i->ops[n->op].bwd;
+    dw_status s = fn(ep->be, &c);
+    if (s == DW_OK && !fwd && acc >= 0) {
+        const int t = n->in[acc];
+        s = ep->be->i->add(ep->be, x->p->bf16 ? DW_DT_ACT_BF16 : DW_DT_ACT_F32, ep->grad[t], ep->acc,
+                           dw_exec_rows(&group, t) * width_of(ep, t));
+    }
+    if (s != DW_OK)
+        return dw_prefix_error(ep->ctx, s, "%s of node '%s' (expert parallel)", fwd ? "forward" : "backward", n->name);
+    return DW_OK;
+}
+
+/* The executor's hook (exec.h ep_step). */
+static dw_status ep_step(void *arg, dw_exec *x, int node, bool fwd, bool train, double dloss, bool *done) {
+    dw_ep *ep = arg;
+    *done = false;
+    if (ep->suspended || ep->role[node] == ROLE_NONE) return DW_OK;
+    *done = true;
+    ep_layer *L = &ep->layer[ep->layer_of[node]];
+    dw_op_call c;
+    switch (ep->role[node]) {
+    case ROLE_DISPATCH:
+        if (!fwd) DW_TRY(return_grads(ep, L));
+        dw_exec_resolve(x, node, train, dloss, &c);
+        DW_TRY(dw_exec_call(x, fwd, &c));
+        return fwd ? dispatch_rows(ep, L) : DW_OK;
+    case ROLE_COMBINE:
+        if (fwd) DW_TRY(return_rows(ep, L));
+        dw_exec_resolve(x, node, train, dloss, &c);
+        DW_TRY(dw_exec_call(x, fwd, &c));
+        return fwd ? DW_OK : send_grads(ep, L);
+    default: return expert_step(ep, x, node, fwd, train, dloss);
+    }
+}
+
+/* ---- finding the layers ----------------------------------------------------------------------- */
+/* From each dispatch, the ops that read its rows (transitively) up to the combine: the expert ops.
+ * Checks what the hook relies on. */
+static dw_status find_layers(dw_ep *ep, int k) {
+    const dw_graph *g = ep->eng->g;
+    const dw_compiled *p = ep->eng->p;
+    bool *mark = calloc((size_t)g->n_tensors, sizeof *mark);
+    if (!mark) return dw_set_error(ep->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    dw_status st = DW_OK;
+    for (int i = 0; i < g->n_nodes && st == DW_OK; i++) {
+        const dw_ir_node *d = &g->nodes[i];
+        if (d->op != DW_OP_MOE_DISPATCH) continue;
+        if (ep->n_layers == 0) ep->l.experts = d->attrs.experts;
+        if (d->attrs.experts != ep->l.experts) {
+            st = dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "--ep %d: MoE layers with %lld and %lld experts", k,
+                              (long long)ep->l.experts, (long long)d->attrs.experts);
+            break;
+        }
+        ep_layer *L = &ep->layer[ep->n_layers];
+        *L = (ep_layer){.dispatch = i, .combine = -1, .rows = d->out[0], .offsets = d->out[1], .y = -1};
+        ep->role[i] = ROLE_DISPATCH, ep->layer_of[i] = ep->n_layers;
+        memset(mark, 0, (size_t)g->n_tensors * sizeof *mark);
+        mark[d->out[0]] = true;
+        for (int j = i + 1; j < g->n_nodes && L->combine < 0 && st == DW_OK; j++) {
+            const dw_ir_node *n = &g->nodes[j];
+            bool reads = false;
+            for (int s = 0; s < n->n_in; s++) reads |= mark[n->in[s]];
+            if (!reads) continue;
+            if (n->op == DW_OP_MOE_COMBINE) {
+                L->combine = j, L->y = n->in[0];
+                ep->role[j] = ROLE_COMBINE, ep->layer_of[j] = ep->n_layers;
+                break;
+            }
+            const dw_prog_node *pn = &p->node[j];
+            int accs = 0;
+            bool work = (dw_op_flags(n->op) & DW_OPF_BWD_IN_FWD) != 0;
+            for (int a = 0; a < DW_AUX_COUNT; a++) work |= pn->aux_off[a] >= 0;
+            for (int t = DW_TMP_DELTA; t < DW_TMP_COUNT; t++) work |= pn->tmp_off[t] >= 0;
+            for (int s = 0; s < n->n_in; s++) accs += pn->grad_mode[s] == DW_GRAD_ACCUM_TMP;
+            if (work || accs > 1 || n->op == DW_OP_MOE_DISPATCH)
+                st = dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "--ep %d: expert op '%s' (%s) keeps per-rank workspaces "
+                                  "the expert-parallel rows do not fit", k, n->name, dw_op_name(n->op));
+            ep->role[j] = ROLE_EXPERT, ep->layer_of[j] = ep->n_layers;
+            for (int o = 0; o < n->n_out; o++) mark[n->out[o]] = true;
+        }
+        if (st == DW_OK && (L->combine < 0 || !mark[L->y] || L->y == L->rows))
+            st = dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "--ep %d: MoE layer '%s' has no expert ops between its "
+                              "dispatch and a combine", k, d->name);
+        for (int t = 0; st == DW_OK && t < g->n_tensors; t++)
+            if (mark[t]) ep->val[t] = (void *)1; /* allocated below */
+        ep->n_layers++;
+    }
+    free(mark);
+    return st;
+}
+
+static dw_status alloc_buf(dw_ep *ep, int64_t bytes, void **out) {
+    DW_TRY(ep->be->i->alloc(ep->be, bytes > 0 ? bytes : 1, out));
+    return ep->be->i->zero(ep->be, *out, (size_t)(bytes > 0 ? bytes : 1));
+}
+
+static dw_status alloc_all(dw_ep *ep) {
+    const dw_graph *g = ep->eng->g;
+    const int64_t E = ep->l.experts, W = ep->l.world;
+    dw_exec whole = *ep->x; /* the program's capacity, for the whole group */
+    whole.b = g->batch * ep->l.group, whole.t = g->seq;
+    int64_t widest = 0, stage = 0;
+    for (int t = 0; t < g->n_tensors; t++) {
+        if (!ep->val[t]) continue;
+        ep->cap[t] = dw_exec_rows(&whole, t);
+        const int64_t bytes = ep->cap[t] * width_of(ep, t) * (int64_t)ep->act;
+        widest = bytes > widest ? bytes : widest;
+        DW_TRY(alloc_buf(ep, bytes, &ep->val[t]));
+        if (ep->eng->p->tensor[t].grad_off >= 0) DW_TRY(alloc_buf(ep, bytes, &ep->grad[t]));
+    }
+    for (int i = 0; i < ep->n_layers; i++) {
+        ep_layer *L = &ep->layer[i];
+        const int64_t cap = ep->cap[L->rows];
+        stage = cap * width_of(ep, L->rows) > stage ? cap * width_of(ep, L->rows) : stage;
+        stage = cap * width_of(ep, L->y) > stage ? cap * width_of(ep, L->y) : stage;
+        L->send_rows = calloc((size_t)W, sizeof(int64_t));
+        L->recv_rows = calloc((size_t)W, sizeof(int64_t));
+        L->offsets_h = calloc((size_t)E + 1, sizeof(int32_t));
+        L->perm_h = calloc((size_t)cap + 1, sizeof(int32_t));
+        L->back_h = calloc((size_t)cap + 1, sizeof(int32_t));
+        if (!L->send_rows || !L->recv_rows || !L->offsets_h || !L->perm_h || !L->back_h)
+            return dw_set_error(ep->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+        DW_TRY(alloc_buf(ep, (E + 1) * 4, &L->offsets_d));
+        DW_TRY(alloc_buf(ep, cap * 4, &L->perm_d));
+        DW_TRY(alloc_buf(ep, cap * 4, &L->back_d));
+    }
+    DW_TRY(alloc_buf(ep, widest, &ep->acc));
+    return alloc_buf(ep, stage * (int64_t)ep->act, &ep->stage);
+}
+
+/* ---- lifetime --------------------------------------------------------------------------------- */
+dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
+    *out = NULL;
+    if (k < 1) return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the expert-parallel group size is at least 1", k);
+    if (k == 1) return DW_OK;
+    if (comm->world % k)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the %d ranks do not form groups of %d (--ep must divide "
+                            "the number of ranks)", k, comm->world, k);
+    const dw_graph *g = e->g;
+    int n_dispatch = 0;
+    for (int i = 0; i < g->n_nodes; i++) n_dispatch += g->nodes[i].op == DW_OP_MOE_DISPATCH;
+    if (!n_dispatch)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the model has no mixture-of-experts layer", k);
+    dw_ep *ep = calloc(1, sizeof *ep);
+    if (!ep) return dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    *ep = (dw_ep){.ctx = e->ctx, .eng = e, .x = e->x, .be = e->be, .comm = comm, .host = comm->host,
+                  .l = {.rank = comm->rank, .world = comm->world, .group = k}, .act = e->p->bf16 ? 2 : 4};
+    const int W = comm->world;
+    ep->layer = calloc((size_t)n_dispatch, sizeof *ep->layer);
+    ep->role = calloc((size_t)g->n_nodes, sizeof *ep->role);
+    ep->layer_of = calloc((size_t)g->n_nodes, sizeof *ep->layer_of);
+    ep->val = calloc((size_t)g->n_tensors, sizeof *ep->val);
+    ep->grad = calloc((size_t)g->n_tensors, sizeof *ep->grad);
+    ep->cap = calloc((size_t)g->n_tensors, sizeof *ep->cap);
+    dw_status st = ep->layer && ep->role && ep->layer_of && ep->val && ep->grad && ep->cap
+                       ? find_layers(ep, k)
+                       : dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    if (st == DW_OK && ep->l.experts % k)
+        st = dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the model's %lld experts do not split over %d ranks (the "
+                          "experts must be a multiple of --ep)", k, (long long)ep->l.experts, k);
+    if (st == DW_OK) {
+        const int64_t E = ep->l.experts;
+        ep->counts = calloc((size_t)E, sizeof(int64_t)), ep->count_recv = calloc((size_t)E, sizeof(int64_t));
+        ep->count_send = calloc((size_t)W, sizeof(int64_t)), ep->count_rc = calloc((size_t)W, sizeof(int64_t));
+        ep->bytes_s = calloc((size_t)W, sizeof(int64_t)), ep->bytes_r = calloc((size_t)W, sizeof(int64_t));
+        if (!ep->counts || !ep->count_recv || !ep->count_send || !ep->count_rc || !ep->bytes_s || !ep->bytes_r)
+            st = dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    }
+    if (st == DW_OK) st = alloc_all(ep); /* find_layers' marks become buffers */
+    if (st != DW_OK) {
+        dw_ep_free(ep);
+        return st;
+    }
+    dw_exec *x = e->x;
+    if (x->rec_step) x->be->i->drop(x->be, x->rec_step); /* a recorded step would bypass the hook */
+    x->rec_step = NULL;
+    x->record = false;
+    x->ep_step = ep_step, x->ep = ep;
+    DW_LOGI("expert parallel: groups of %d ranks, rank %d runs experts %lld-%lld of %lld in %d MoE layers", k,
+            comm->rank, (long long)dw_ep_first_expert(&ep->l), (long long)(dw_ep_first_expert(&ep->l) +
+            dw_ep_local(&ep->l) - 1), (long long)ep->l.experts, ep->n_layers);
+    *out = ep;
+    return DW_OK;
+}
+
+void dw_ep_suspend(dw_ep *ep, bool suspended) {
+    if (ep) ep->suspended = suspended;
+}
+
+void dw_ep_free(dw_ep *ep) {
+    if (!ep) return;
+    dw_backend *be = ep->be;
+    if (ep->x->ep == ep) {
+        ep->x->ep_step = NULL, ep->x->ep = NULL;
+        ep->x->record = ep->eng->opts.record && be->i->record_begin;
+    }
+    const dw_graph *g = ep->eng->g;
+    for (int t = 0; ep->val && t < g->n_tensors; t++) {
+        if (ep->val[t] && ep->val[t] != (void *)1) be->i->release(be, ep->val[t]);
+        if (ep->grad[t]) be->i->release(be, ep->grad[t]);
+    }
+    for (int i = 0; ep->layer && i < ep->n_layers; i++) {
+        ep_layer *L = &ep->layer[i];
+        free(L->send_rows), free(L->recv_rows), free(L->offsets_h), free(L->perm_h), free(L->back_h);
+        if (L->offsets_d) be->i->release(be, L->offsets_d);
+        if (L->perm_d) be->i->release(be, L->perm_d);
+        if (L->back_d) be->i->release(be, L->back_d);
+    }
+    if (ep->acc) be->i->release(be, ep->acc);
+    if (ep->stage) be->i->release(be, ep->stage);
+    free(ep->counts), free(ep->count_recv), free(ep->count_send), free(ep->count_rc), free(ep->bytes_s), free(ep->bytes_r);
+    free(ep->layer), free(ep->role), free(ep->layer_of), free(ep->val), free(ep->grad), free(ep->cap);
+    free(ep);
+}
