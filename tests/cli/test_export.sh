@@ -4,7 +4,9 @@
 #   - `deepwell eval` of an F32 export gives exactly the checkpoint's loss; of a BF16 export, the
 #     checkpoint's loss with its weights rounded to BF16 by torch; mixtral in both expert layouts;
 #   - tests/python/test_export_hf.py checks names, shapes, dtypes and values independently, and
-#     the hf-fp8 codes, 128x128 scales and quantization_config;
+#     the hf-fp8 codes, 128x128 scales and quantization_config; parity.py's float64 reference
+#     models, reading only the exported directory, give the checkpoint's eval loss on a token shard
+#     (F32 and BF16 within 1e-5, hf-fp8 dequantised within 1e-3);
 #   - sharding, --hf-dir (config keys kept, tokenizer files copied), a model directory as source;
 #   - refusals: a non-empty or uncreatable --out, a write failure mid-way (file size limit), an
 #     unknown format, a run without checkpoints, GPT-2 in hf-fp8, another model's --hf-dir; never a
@@ -17,6 +19,7 @@ export OMP_NUM_THREADS=1
 py=/usr/bin/python3
 chk="$src/tests/python/test_export_hf.py"
 ev() { "$dw" eval "$@" --data builtin --batch 1 --seq 16 2>/dev/null | awk '{print $2}'; }
+evt() { "$dw" eval "$@" --data "$tmp/tok.bin" --batch 1 --seq 16 2>/dev/null | awk '{print $2}'; } # the shard's loss
 pick() { local a=("$@"); echo "${a[RANDOM % ${#a[@]}]}"; }
 leftovers() { find "$tmp" -maxdepth 2 -name '.*.export-*' | wc -l; }
 
@@ -36,6 +39,8 @@ echo "{\"model_type\": \"mixtral\", \"vocab_size\": 256, \"hidden_size\": $H, \"
  \"num_local_experts\": $(pick 3 4), \"num_experts_per_tok\": 2, \"max_position_embeddings\": 64}" \
   >"$tmp/mixtral/config.json"
 
+$py -c "import sys, random; sys.path.insert(0, '$src/tests/python'); import parity
+parity.write_shard('$tmp/tok.bin', [random.randrange(256) for _ in range(17)])"
 for f in llama qwen2 gpt2 mixtral; do
   "$dw" train --model "$tmp/$f" --data builtin --out "$tmp/run-$f" --steps 2 --batch 1 --seq 16 --device cpu \
     --eval-every 0 --seed $RANDOM >"$tmp/train-$f.log" 2>&1
@@ -51,7 +56,8 @@ for f in llama qwen2 gpt2 mixtral; do
   got=$(ev "$tmp/$f-f32")
   [ -n "$want" ] && [ "$want" = "$got" ] && ok "$f: eval of the F32 export = the checkpoint's ($got)" ||
     bad "$f: eval of the F32 export $got, the checkpoint's $want"
-  $py "$chk" "$ck" "$tmp/$f-f32" --dtype f32 >"$tmp/py" 2>&1 && ok "$f: F32 export checked by torch" ||
+  $py "$chk" "$ck" "$tmp/$f-f32" --dtype f32 --forward "$tmp/tok.bin" "$(evt "$ck")" 1e-5 >"$tmp/py" 2>&1 &&
+    ok "$f: F32 export checked by torch, its reference forward = eval of the checkpoint" ||
     bad "$f: F32 export: $(grep FAIL "$tmp/py" | head -3)"
 
   "$dw" export "$tmp/run-$f" --out "$tmp/$f-bf16" >"$tmp/out" 2>&1
@@ -62,6 +68,9 @@ for f in llama qwen2 gpt2 mixtral; do
   got=$(ev "$tmp/$f-bf16")
   [ -n "$want" ] && [ "$want" = "$got" ] && ok "$f: eval of the BF16 export = the rounded checkpoint's ($got)" ||
     bad "$f: eval of the BF16 export $got, the rounded checkpoint's $want"
+  $py "$chk" "$ck" "$tmp/$f-bf16" --forward "$tmp/tok.bin" "$(evt "$ck" --weights "$tmp/$f-rounded.safetensors")" 1e-5 \
+    >"$tmp/py" 2>&1 && ok "$f: reference forward of the BF16 export = eval of the rounded checkpoint" ||
+    bad "$f: BF16 forward: $(grep FAIL "$tmp/py" | head -3)"
 done
 
 # ---- mixture of experts: both layouts; a model directory keeps its own ---------------------------
@@ -72,7 +81,8 @@ for L in per-expert fused; do
   check "mixtral: export --expert-layout $L" 0 $?
   got=$(ev "$tmp/mx-$L")
   [ -n "$want" ] && [ "$want" = "$got" ] && ok "mixtral $L: eval = the checkpoint's" || bad "mixtral $L: $got vs $want"
-  $py "$chk" "$ck" "$tmp/mx-$L" --dtype f32 --layout $L >"$tmp/py" 2>&1 && ok "mixtral $L: names and values" ||
+  $py "$chk" "$ck" "$tmp/mx-$L" --dtype f32 --layout $L --forward "$tmp/tok.bin" "$(evt "$ck")" 1e-5 >"$tmp/py" 2>&1 &&
+    ok "mixtral $L: names, values and the reference forward" ||
     bad "mixtral $L: $(grep FAIL "$tmp/py" | head -3)"
 done
 "$dw" export "$tmp/mx-fused" --out "$tmp/mx-again" --dtype f32 >"$tmp/out" 2>&1
@@ -83,11 +93,12 @@ cmp -s "$tmp/mx-fused/model.safetensors" "$tmp/mx-again/model.safetensors" &&
 # ---- hf-fp8 ---------------------------------------------------------------------------------
 "$dw" export "$tmp/run-llama" --out "$tmp/llama-fp8" --format hf-fp8 >"$tmp/out" 2>&1
 check "llama: export --format hf-fp8" 0 $?
-$py "$chk" "$tmp/run-llama/ckpt-2" "$tmp/llama-fp8" --fp8 >"$tmp/py" 2>&1 && ok "llama hf-fp8: codes, scales, config" ||
+$py "$chk" "$tmp/run-llama/ckpt-2" "$tmp/llama-fp8" --fp8 --forward "$tmp/tok.bin" "$(evt "$tmp/run-llama/ckpt-2")" 1e-3 \
+  >"$tmp/py" 2>&1 && ok "llama hf-fp8: codes, scales, config; dequantised forward within 1e-3" ||
   bad "llama hf-fp8: $(grep FAIL "$tmp/py" | head -3)"
 "$dw" export "$ck" --out "$tmp/mx-fp8" --format hf-fp8 --dtype f32 --expert-layout fused >"$tmp/out" 2>&1
 check "mixtral: export --format hf-fp8 --expert-layout fused" 0 $?
-$py "$chk" "$ck" "$tmp/mx-fp8" --fp8 --dtype f32 --layout fused >"$tmp/py" 2>&1 &&
+$py "$chk" "$ck" "$tmp/mx-fp8" --fp8 --dtype f32 --layout fused --forward "$tmp/tok.bin" "$(evt "$ck")" 1e-3 >"$tmp/py" 2>&1 &&
   ok "mixtral hf-fp8 fused: 3-D expert codes and scales" || bad "mixtral hf-fp8: $(grep FAIL "$tmp/py" | head -3)"
 
 # ---- shards -----------------------------------------------------------------------------------

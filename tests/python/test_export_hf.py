@@ -14,6 +14,10 @@ the expert layouts are converted here, so that nothing is taken from Deepwell's 
   - hf-fp8: quantization_config as specified; each projection's weight_scale_inv equals
     1 / (448 / amax) per 128 x 128 block in FP32; each code is the E4M3 value nearest (ties to
     even) to weight x scale; dequantised weights are within the E4M3 rounding bound of the source.
+  - with --forward SHARD LOSS TOL: the float64 reference models of parity.py (plain torch, written
+    from transformers' definitions) read the exported directory alone, its config.json and its
+    weights (FP8 dequantised), and give LOSS (`deepwell eval` of the checkpoint on the shard's
+    first 16 + 1 tokens) within relative TOL.
 Options: --layout per-expert|fused, --dtype bf16|f32, --fp8 (what the export must be),
 --rounded-out FILE (writes the checkpoint rounded to BF16 as F32 under its own names, for
 `deepwell eval --weights`). Exit 1 on any mismatch.
@@ -27,6 +31,9 @@ import sys
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parity  # noqa: E402  (the float64 reference forwards)
 
 DTYPES = {"F32": (np.float32, 4), "BF16": (np.uint16, 2), "F8_E4M3": (np.uint8, 1)}
 BLOCK = 128
@@ -235,6 +242,28 @@ def check_fp8(name, x, codes, scales):
     check(deq_ok, f"{name}: dequantised weights outside the E4M3 rounding bound")
 
 
+def forward_loss(cfg, got, shard, T=16):
+    """The reference model's loss on the shard's first T + 1 tokens, from the export alone."""
+    w = {}
+    for n, t in got.items():
+        if n.endswith("_scale_inv"):
+            continue
+        x = as_f32(t).double()
+        if t[0] == "F8_E4M3":
+            sname = n[:-len("weight")] + "weight_scale_inv" if n.endswith(".weight") else n + "_scale_inv"
+            s = as_f32(got[sname]).double()
+            x = torch.from_numpy(E4M3_ALL[t[2].astype(np.int64)]).reshape(t[1])
+            R, C = x.shape[-2], x.shape[-1]
+            s = s.repeat_interleave(BLOCK, dim=-2)[..., :R, :].repeat_interleave(BLOCK, dim=-1)[..., :C]
+            x = x * s
+        w[n] = x
+    raw = np.fromfile(shard, dtype=np.uint16, offset=256 * 4)[:T + 1].astype(np.int64)
+    tok, tgt = torch.from_numpy(raw[:T]).view(1, T), torch.from_numpy(raw[1:]).view(1, T)
+    with torch.no_grad():
+        logits = parity.gpt2_forward(cfg, w, tok) if cfg["model_type"] == "gpt2" else parity.llama_forward(cfg, w, tok)
+        return float(torch.nn.functional.cross_entropy(logits.view(T, -1), tgt.view(-1)))
+
+
 PROJ = re.compile(r".*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|w1|w2|w3)\.weight|.*\.experts\.(gate_up_proj|down_proj)")
 
 
@@ -246,6 +275,7 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--rounded-out")
+    ap.add_argument("--forward", nargs=3, metavar=("SHARD", "LOSS", "TOL"))
     a = ap.parse_args()
 
     own = json.load(open(os.path.join(a.ckpt, "config.json")))
@@ -308,6 +338,11 @@ def main():
         check(len(quantised) > 0, "hf-fp8 quantised nothing")
     else:
         check("quantization_config" not in cfg, "quantization_config in an unquantised export")
+    if a.forward:
+        loss, want, tol = forward_loss(cfg, got, a.forward[0]), float(a.forward[1]), float(a.forward[2])
+        check(abs(loss - want) <= tol * abs(want), f"reference forward of the export: loss {loss:.6f}, "
+              f"deepwell eval of the checkpoint {want:.6f} (relative tolerance {tol})")
+        print(f"reference forward of {a.exported}: loss {loss:.6f} vs {want:.6f}")
     print(f"{'ok' if not FAILS else 'FAIL'}: {a.exported}: {len(names)} tensors ({len(quantised)} FP8), "
           f"{cfg['model_type']}, {a.layout if 'mixtral' == cfg['model_type'] else 'dense'}, {vdtype}")
     sys.exit(1 if FAILS else 0)
