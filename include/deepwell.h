@@ -1161,6 +1161,10 @@ typedef struct {
                                format) in this many checks in a row runs in BF16 for the rest of the
                                run; out_dir/precision_decisions.jsonl records it and a resumed run
                                keeps it. Default 3; 0: statistics only */
+    int ep;                 /* several ranks: expert parallelism over groups of ep consecutive
+                               ranks, each running E/ep of every MoE layer's experts (tokens sent
+                               to their experts' ranks and back by all-to-all; docs/multi-gpu.md);
+                               ep divides the ranks and E. Default 1: off */
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,

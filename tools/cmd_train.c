@@ -24,6 +24,9 @@ enum { O_ZERO = O_LAST + 1 }; /* not in the resume record: any stage resumes any
 enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
 /* guardrails: may change on resume (not in the record) */
 enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
+/* --ep: not in the resume record (a checkpoint holds every expert, any --ep resumes it); a value
+ * clear of the enums above */
+enum { O_EP = O_LAST + 64 };
 
 /* Where a new run's weights come from: MODEL's own when it has them (else the seed), the seed
  * (--init random), or another source (--init-from). */
@@ -120,6 +123,10 @@ static void help(void) {
         "                         0.1 FP8, 0.25 FP4) in M checks in a row runs in BF16 for the rest\n"
         "                         of the run, kept on resume (DIR/precision_decisions.jsonl) (3; 0:\n"
         "                         statistics only; docs/precision.md, Guardrails)\n"
+        "  --ep K                 several ranks: expert parallelism, groups of K consecutive ranks,\n"
+        "                         each running E/K of every MoE layer's experts; rows go to their\n"
+        "                         experts' ranks and back by all-to-all (1: off; K divides the\n"
+        "                         ranks and the experts; docs/multi-gpu.md)\n"
         "  --profile              after the last step, time 3 eager steps of the last micro-batch\n"
         "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
         "                         print the largest rows per op kind and per node role (forward\n"
@@ -268,7 +275,8 @@ int cmd_train(int argc, char **argv) {
         {"zero", required_argument, 0, O_ZERO}, {"init", required_argument, 0, O_INIT},
         {"init-from", required_argument, 0, O_INIT_FROM}, {"max-skips", required_argument, 0, O_MAX_SKIPS},
         {"quant-check-every", required_argument, 0, O_QCHECK},
-        {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
         cli_error(CMD, "%s", dw_errmsg(NULL));
@@ -336,6 +344,7 @@ int cmd_train(int argc, char **argv) {
             break;
         case O_KEEP: ok = cli_parse_int(CMD, "--keep", optarg, 0, 1 << 20, &v); o.keep = (int)v; break;
         case O_ZERO: ok = cli_parse_int(CMD, "--zero", optarg, 0, 3, &v); o.zero = (int)v; break;
+        case O_EP: ok = cli_parse_int(CMD, "--ep", optarg, 1, 1 << 20, &v); o.ep = (int)v; break;
         case O_MAX_SKIPS: ok = cli_parse_int(CMD, "--max-skips", optarg, 0, 1L << 40, &v); o.max_skips = v; break;
         case O_QCHECK:
             ok = cli_parse_int(CMD, "--quant-check-every", optarg, 0, 1L << 40, &v);

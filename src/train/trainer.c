@@ -29,6 +29,7 @@
 #include "train/ckpt.h"
 #include "train/data.h"
 #include "train/dp.h"
+#include "train/ep.h"
 #include "train/guard.h"
 #include "train/metrics.h"
 #include "train/optim.h"
@@ -68,6 +69,7 @@ void dw_train_opts_init(dw_train_opts *opts, size_t size) {
     o->keep = 3;
     o->seed = 1337;
     o->ckpt_minutes = 30;
+    o->ep = 1;
     o->max_skips = 10;
     o->quant_check_every = 100;
     o->quant_fallback_after = 3;
@@ -97,6 +99,7 @@ typedef struct {
     dw_dp dp;         /* the ranks of a data-parallel job (one rank: the single-process path) */
     dw_guard_skips skips; /* non-finite steps (train/guard.h) */
     dw_qguard *qguard;    /* the quantised layers' checks and fallbacks, or NULL */
+    dw_ep *ep;            /* expert parallelism (--ep > 1), or NULL */
 } run;
 
 static double now_s(void) {
@@ -503,8 +506,11 @@ static dw_status loop(run *r) {
         if (lead) DW_TRY(dw_metrics_write(r->ctx, r->metrics, &p, r->tokens_seen));
         char *sample = NULL, *ckpt = NULL;
         dw_status st = DW_OK;
-        if (lead && o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last))
+        if (lead && o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last)) {
+            dw_ep_suspend(r->ep, true); /* rank 0 alone: every expert here (ep.h) */
             st = make_sample(r, &sample);
+            dw_ep_suspend(r->ep, false);
+        }
         bool stop = dw_train_stop_requested(); /* also when it came during validation or sampling */
         bool due = o->ckpt_minutes > 0 && now_s() - t_ckpt >= o->ckpt_minutes * 60;
         if (st == DW_OK) st = agree(r, &stop, &due);
@@ -557,12 +563,16 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     }
 #endif
     int lock = -1; /* one run per directory, taken (by rank 0) before anything in it is read or written */
-    dw_status st = r.dp.rank == 0 ? mkdirs(ctx, o.out_dir) : DW_OK;
+    dw_status st = dw_ep_create(e, r.dp.comm, o.ep, &r.ep); /* --ep > 1: the MoE layers' hook */
+    if (st == DW_OK && r.dp.rank == 0) st = mkdirs(ctx, o.out_dir);
     if (st == DW_OK && r.dp.rank == 0) st = dw_run_lock(ctx, o.out_dir, &lock);
     if (st == DW_OK) st = setup(&r);
     if (st == DW_OK) st = loop(&r);
-    if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested() && r.dp.rank == 0)
+    if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested() && r.dp.rank == 0) {
+        dw_ep_suspend(r.ep, true); /* rank 0 alone */
         st = profile(&r);
+    }
+    dw_ep_free(r.ep);
     if (r.metrics) fclose(r.metrics);
     dw_qguard_free(r.qguard);
     dw_data_free(r.train);
