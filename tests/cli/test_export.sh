@@ -2,7 +2,8 @@
 # test_export.sh DEEPWELL — `deepwell export` (issue 26): tiny llama, qwen2, gpt2 and mixtral
 # configs (random sizes) trained two steps on the CPU, exported, and
 #   - `deepwell eval` of an F32 export gives exactly the checkpoint's loss; of a BF16 export, the
-#     checkpoint's loss with its weights rounded to BF16 by torch; mixtral in both expert layouts;
+#     checkpoint's loss with its weights rounded to BF16 by torch; mixtral in both expert layouts,
+#     and olmoe, qwen2-moe and qwen3-moe (presets) in both layouts by eval equality;
 #   - tests/python/test_export_hf.py checks names, shapes, dtypes and values independently, and
 #     the hf-fp8 codes, 128x128 scales and quantization_config; parity.py's float64 reference
 #     models, reading only the exported directory, give the checkpoint's eval loss on a token shard
@@ -89,6 +90,20 @@ done
 check "export of an exported (fused) model directory" 0 $?
 cmp -s "$tmp/mx-fused/model.safetensors" "$tmp/mx-again/model.safetensors" &&
   ok "a model directory round-trips byte for byte in its own (fused) layout" || bad "mx-again differs from mx-fused"
+
+# ---- the other mixture-of-experts families (presets): eval equality in both layouts -----------------
+for m in olmoe-tiny qwen2-moe-tiny qwen3-moe-tiny; do
+  "$dw" train --model $m --data builtin --out "$tmp/run-$m" --steps 1 --batch 1 --seq 16 --device cpu \
+    --eval-every 0 --seed $RANDOM >"$tmp/train-$m.log" 2>&1
+  check "$m: trains a step" 0 $?
+  want=$(ev "$tmp/run-$m/ckpt-1")
+  for L in per-expert fused; do
+    "$dw" export "$tmp/run-$m" --out "$tmp/$m-$L" --dtype f32 --expert-layout $L >"$tmp/out" 2>&1
+    got=$(ev "$tmp/$m-$L")
+    [ -n "$want" ] && [ "$want" = "$got" ] && ok "$m $L: eval of the F32 export = the checkpoint's" ||
+      bad "$m $L: eval $got, the checkpoint's $want"
+  done
+done
 
 # ---- hf-fp8 ---------------------------------------------------------------------------------
 "$dw" export "$tmp/run-llama" --out "$tmp/llama-fp8" --format hf-fp8 >"$tmp/out" 2>&1
