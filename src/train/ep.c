@@ -50,6 +50,7 @@ struct dw_ep {
     void *acc;              /* an ACC temporary of the expert ops (the widest, cap rows) */
     void *stage;            /* rows in source order (the widest exchanged) */
     int64_t *counts, *count_send, *count_recv, *count_rc, *bytes_s, *bytes_r; /* (E), (W), (E), (W), (W), (W) */
+    int64_t bytes;          /* of the buffers above, in the backend's memory */
     bool suspended;
 };
 
@@ -253,6 +254,7 @@ static dw_status find_layers(dw_ep *ep, int k) {
 
 static dw_status alloc_buf(dw_ep *ep, int64_t bytes, void **out) {
     DW_TRY(ep->be->i->alloc(ep->be, bytes > 0 ? bytes : 1, out));
+    ep->bytes += bytes;
     return ep->be->i->zero(ep->be, *out, (size_t)(bytes > 0 ? bytes : 1));
 }
 
@@ -338,9 +340,10 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
     x->rec_step = NULL;
     x->record = false;
     x->ep_step = ep_step, x->ep = ep;
-    DW_LOGI("expert parallel: groups of %d ranks, rank %d runs experts %lld-%lld of %lld in %d MoE layers", k,
-            comm->rank, (long long)dw_ep_first_expert(&ep->l), (long long)(dw_ep_first_expert(&ep->l) +
-            dw_ep_local(&ep->l) - 1), (long long)ep->l.experts, ep->n_layers);
+    DW_LOGI("expert parallel: groups of %d ranks, rank %d runs experts %lld-%lld of %lld in %d MoE layers (%.1f MiB "
+            "of buffers for the group's rows)", k, comm->rank, (long long)dw_ep_first_expert(&ep->l),
+            (long long)(dw_ep_first_expert(&ep->l) + dw_ep_local(&ep->l) - 1), (long long)ep->l.experts, ep->n_layers,
+            (double)ep->bytes / (1 << 20));
     *out = ep;
     return DW_OK;
 }
