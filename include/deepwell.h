@@ -798,6 +798,31 @@ DW_API int dw_plan_reject_reasons(void);
 DW_API const char *dw_plan_reject_name(int reason);
 DW_API int64_t dw_plan_set_rejected(const dw_plan_set *s, int reason, int *examples);
 DW_API const char *dw_plan_set_reject_example(const dw_plan_set *s, int reason, int i);
+/* Families of configurations (`deepwell plan --explain`): "no pipeline (pp 1)", "pipeline,
+ * DualPipe", "expert parallel (ep > 1)", "ZeRO-3 (FSDP)", ...; a configuration belongs to every
+ * family whose feature it has. 0 <= family < dw_plan_families(). */
+DW_API int dw_plan_families(void);
+/* A family's account in a search (a result struct: set size first). */
+typedef struct {
+    size_t size;
+    const char *name;           /* static storage */
+    int64_t feasible;           /* members that passed every constraint and fit in memory */
+    int64_t rejected;           /* members a constraint ruled out (memory included) */
+    int main_reason;            /* the reason that ruled out most of them (-1: none) */
+    int64_t main_reason_count;
+    int kept;                   /* the set's index of its fastest kept plan (0: the best), -1 none */
+    bool simulated;             /* a member was simulated: best_step is exact */
+    double best_step;           /* its fastest simulated member's step, seconds (0: none) */
+    const char *best_summary;   /* that member ("" for none; valid while the set lives) */
+    double lower_bound;         /* the smallest lower bound (busiest stage, no bubble) of members
+                                   pruned without simulation, seconds (0: none) */
+    int largest_term;           /* of the fastest member's step split (dw_plan_time_split order:
+                                   0 compute .. 7 optimizer), the term most above the best plan's
+                                   (-1: no member simulated or no best plan) */
+    double largest_excess;      /* that term's excess, seconds */
+} dw_plan_family_info;
+/* DW_ERR_INVALID for a family out of range or a NULL argument. */
+DW_API dw_status dw_plan_set_get_family(const dw_plan_set *s, int family, dw_plan_family_info *out);
 
 /* A one-GPU plan without the planner: dp = tp = pp = cp = ep = vpp = 1, no recompute, ZeRO or
  * offload, global batch = micro_batch (one micro-batch per step), bf16. It carries no model or

@@ -1,8 +1,9 @@
 /* plan_explain.c — `deepwell plan --explain`: the kept candidates with their predicted step split
  * into compute, exposed communication (TP, CP, EP, DP), recomputation, bubble and optimizer, and
  * memory on their worst rank; why each runner-up lost (its largest excess over the best); the best
- * plan's memory per pipeline rank and layer layout; and what ruled out every rejected family of
- * configurations. Reads only deepwell.h. */
+ * plan's memory per pipeline rank and layer layout; each family of configurations (pipeline
+ * schedules, TP, CP, EP, ZeRO-3, ...) kept or why not; and the rejection counts by constraint.
+ * Reads only deepwell.h. */
 #include <stdio.h>
 #include <string.h>
 
@@ -120,13 +121,46 @@ static dw_status print_best(dw_ctx *ctx, const dw_plan_set *set) {
     return s;
 }
 
+/* Each family: kept, or why not (its fastest member and what it lost by, a lower bound, or the
+ * constraint that ruled most of it out). */
+static void print_families(const dw_plan_set *set) {
+    dw_plan_cost best = {.size = sizeof best};
+    if (dw_plan_set_count(set) > 0) {
+        dw_plan *p = NULL;
+        if (dw_plan_set_get(NULL, set, 0, &p) == DW_OK) dw_plan_get_cost(p, &best);
+        dw_plan_free(p);
+    }
+    printf("\nfamilies (a configuration belongs to each whose feature it has):\n");
+    for (int k = 0; k < dw_plan_families(); k++) {
+        dw_plan_family_info f = {.size = sizeof f};
+        if (dw_plan_set_get_family(set, k, &f) != DW_OK) continue;
+        printf("  %-42s ", f.name);
+        /* no member is faster than its simulated best or the smallest bound of those never simulated */
+        double floor = f.simulated && (f.lower_bound <= 0 || f.best_step < f.lower_bound) ? f.best_step : f.lower_bound;
+        if (f.kept >= 0) printf("kept: #%d is one", f.kept + 1);
+        else if (f.feasible > 0 && best.step > 0) {
+            printf("none kept: %lld fit, none under %.4g s (+%.1f%%)", (long long)f.feasible, floor,
+                   100 * (floor / best.step - 1));
+            if (f.simulated)
+                printf("; fastest simulated %.4g s, mostly %s (+%.3g s) [%s]", f.best_step,
+                       f.largest_term >= 0 ? term_label[f.largest_term] : "?", f.largest_excess, f.best_summary);
+        }
+        else if (f.main_reason >= 0)
+            printf("none feasible: %lld ruled out, %lld by %s", (long long)f.rejected, (long long)f.main_reason_count,
+                   dw_plan_reject_name(f.main_reason));
+        else printf("not searched on this machine and job");
+        printf("\n");
+    }
+}
+
 dw_status plan_explain_print(dw_ctx *ctx, const dw_plan_set *set) {
     printf("\n== why this plan (--explain) ==\n");
     if (dw_plan_set_count(set) > 0) {
         TRY(print_candidates(ctx, set));
         TRY(print_best(ctx, set));
     }
-    printf("\nrejected families (configurations ruled out, first constraint each broke):\n");
+    print_families(set);
+    printf("\nrejected configurations (by the first constraint each broke):\n");
     for (int k = 0; k < dw_plan_reject_reasons(); k++) {
         int examples = 0;
         int64_t n = dw_plan_set_rejected(set, k, &examples);

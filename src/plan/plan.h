@@ -22,7 +22,8 @@ typedef struct {
     int64_t seq;            /* tokens per sequence */
     int64_t global_batch;   /* sequences per optimizer step */
     dw_recipe recipe;       /* one of dw_plan_recipes */
-    /* MoE overrides; 0 = take from the model config (experts, top_k), capacity 0 → 1.0 */
+    /* MoE overrides; 0 = take from the model config (experts, top_k, capacity_factor; capacity
+     * dropless → 1.0) */
     int64_t moe_experts, moe_top_k;
     double moe_capacity;
     double mem_headroom;    /* fraction of HBM kept free; default 0.10 */
@@ -314,16 +315,54 @@ double dw_pipe_merged(double f, double fc, double b, double bc, double *exposed,
 int dw_pipe_warmup(int p, int v, int m, int stage);
 int dw_pipe_inflight(int p, int v, int m, int stage);
 
+/* ---- families of configurations (family.c) ----------------------------------------------------- */
+/* What `--explain` accounts for beyond the kept plans: for each family (a configuration may be
+ * in several), how many were feasible, why the others were rejected, and its fastest member. */
+#define DW_FAMILY_LIST(X)                                                                       \
+    X(NO_PIPELINE, "no pipeline (pp 1)")                                                       \
+    X(PIPELINE_1F1B, "pipeline, 1F1B (pp > 1, v 1)")                                           \
+    X(INTERLEAVED, "pipeline, interleaved 1F1B (v > 1)")                                       \
+    X(DUALPIPE, "pipeline, DualPipe")                                                          \
+    X(A2A_OVERLAP, "all-to-all overlap (1F1B or interleaved)")                                 \
+    X(TP, "tensor parallel (tp > 1)")                                                          \
+    X(CP, "context parallel (cp > 1)")                                                         \
+    X(EP, "expert parallel (ep > 1)")                                                          \
+    X(ETP_FOLDED, "experts out of TP (etp 1 < tp)")                                            \
+    X(ZERO3, "ZeRO-3 (FSDP)")                                                                  \
+    X(OFFLOAD, "optimizer offload")                                                            \
+    X(FULL_RECOMPUTE, "full recompute")
+typedef enum {
+#define X(id, name) DW_FAMILY_##id,
+    DW_FAMILY_LIST(X)
+#undef X
+    DW_FAMILY_COUNT
+} dw_family;
+const char *dw_family_name(dw_family f);
+/* The families p belongs to, one bit each. */
+unsigned dw_family_mask(const dw_par *p);
+typedef struct {
+    int64_t feasible;                   /* passed every constraint and fit in memory */
+    int64_t rejected[DW_REJECT_COUNT];  /* by reason (slower_than_kept_plans: feasible, not kept) */
+    bool simulated;                     /* `best` was simulated (its step is exact) */
+    dw_plan_entry best;                 /* the fastest simulated member */
+    char best_summary[160];             /* its dw_par_format */
+    double lower_bound;                 /* the smallest lower bound of a member never simulated
+                                           (busiest stage, no bubble); 0: none */
+} dw_family_stats;
+
 /* ---- search, checker, output (search.c, check.c, plan_out.c) ---------------------------------- */
 typedef struct {
     dw_plan_entry *plans;       /* best first, up to top_k */
     int n_plans;
     dw_rejections rej;
+    dw_family_stats fam[DW_FAMILY_COUNT];
     int64_t evaluated;          /* configurations considered */
     int64_t feasible;           /* configurations that passed every constraint */
 } dw_plan_result;
 dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_result *out);
 void dw_plan_result_free(dw_plan_result *r);
+/* Family `family`'s account in r as deepwell.h's dw_plan_family_info (plan_explain.c). */
+void dw_family_info(const dw_plan_result *r, int family, dw_plan_family_info *out);
 
 /* Independent re-check of a plan's constraints (divisibility, domain, memory re-derived). Writes
  * one line per failed check into `why` (may be NULL). Returns the number of failed checks. */

@@ -1,7 +1,8 @@
 /* plan_explain.c — what `deepwell plan --explain` reads of a plan beyond its totals: the step
- * split into terms that add up to it, memory per pipeline rank, and the layer layout stage by
- * stage (deepwell.h: dw_plan_get_time_split, dw_plan_get_rank_memory, dw_plan_get_stage). The
- * same terms feed the JSON document's "explain" (plan_json.c). */
+ * split into terms that add up to it, memory per pipeline rank, the layer layout stage by stage
+ * (deepwell.h: dw_plan_get_time_split, dw_plan_get_rank_memory, dw_plan_get_stage), and of a
+ * search each family's account (dw_plan_set_get_family). The same terms feed the JSON
+ * document's "explain" (plan_json.c). */
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -85,4 +86,43 @@ dw_status dw_plan_get_stage(const dw_plan *p, int i, dw_plan_stage *out) {
         for (int r = 0; r < q->pp && !found; r++)
             if (dw_plan_chunk_stage(q, r, ch) == i) s.rank = r, s.chunk = ch, found = true;
     return write_result("dw_plan_get_stage", out, &s, sizeof s);
+}
+
+int dw_plan_families(void) { return DW_FAMILY_COUNT; }
+
+void dw_family_info(const dw_plan_result *r, int family, dw_plan_family_info *out) {
+    const dw_family_stats *st = &r->fam[family];
+    dw_plan_family_info f = {.size = sizeof f, .name = dw_family_name((dw_family)family), .feasible = st->feasible,
+                             .main_reason = -1, .kept = -1, .simulated = st->simulated,
+                             .best_step = st->simulated ? st->best.cost.step : 0,
+                             .best_summary = st->simulated ? st->best_summary : "", .lower_bound = st->lower_bound,
+                             .largest_term = -1};
+    for (int k = 0; k < DW_REJECT_COUNT; k++) {
+        if (k == DW_REJECT_DOMINATED) continue; /* feasible, counted above */
+        f.rejected += st->rejected[k];
+        if (st->rejected[k] > f.main_reason_count) f.main_reason = k, f.main_reason_count = st->rejected[k];
+    }
+    for (int i = 0; i < r->n_plans && f.kept < 0; i++)
+        if (dw_family_mask(&r->plans[i].par) >> family & 1) f.kept = i;
+    if (st->simulated && r->n_plans > 0) {
+        double a[DW_PLAN_TIME_TERMS], b[DW_PLAN_TIME_TERMS];
+        dw_plan_time_terms(&r->plans[0], a);
+        dw_plan_time_terms(&st->best, b);
+        f.largest_term = 0;
+        for (int k = 1; k < DW_PLAN_TIME_TERMS; k++)
+            if (b[k] - a[k] > b[f.largest_term] - a[f.largest_term]) f.largest_term = k;
+        f.largest_excess = b[f.largest_term] - a[f.largest_term];
+    }
+    *out = f;
+}
+
+dw_status dw_plan_set_get_family(const dw_plan_set *s, int family, dw_plan_family_info *out) {
+    if (!s || !out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_set_get_family: NULL argument");
+    dw_sized_clear(out);
+    if (family < 0 || family >= DW_FAMILY_COUNT)
+        return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_set_get_family: family %d is outside [0, %d)", family,
+                            DW_FAMILY_COUNT);
+    dw_plan_family_info f;
+    dw_family_info(&s->r, family, &f);
+    return write_result("dw_plan_set_get_family", out, &f, sizeof f);
 }

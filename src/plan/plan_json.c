@@ -173,6 +173,29 @@ json_t *dw_plan_result_json(const dw_plan_in *in, const dw_plan_result *r) {
         json_array_append_new(rej, e);
     }
     json_object_set_new(o, "rejected", rej);
+    json_t *fams = json_array();
+    for (int k = 0; k < DW_FAMILY_COUNT; k++) {
+        dw_plan_family_info f;
+        dw_family_info(r, k, &f);
+        json_t *e = json_object(), *why = json_object();
+        json_object_set_new(e, "family", json_string(f.name));
+        set_int(e, "feasible", f.feasible);
+        for (int q = 0; q < DW_REJECT_COUNT; q++)
+            if (q != DW_REJECT_DOMINATED && r->fam[k].rejected[q]) set_int(why, dw_reject_name((dw_reject)q), r->fam[k].rejected[q]);
+        json_object_set_new(e, "rejected", why);
+        set_int(e, "kept", f.kept);
+        if (f.simulated) {
+            json_object_set_new(e, "fastest", json_string(f.best_summary));
+            set_num(e, "fastest_step_s", f.best_step);
+            if (f.largest_term >= 0) {
+                json_object_set_new(e, "largest", json_string(dw_plan_time_term_names[f.largest_term]));
+                set_num(e, "largest_excess_s", f.largest_excess);
+            }
+        }
+        if (f.lower_bound > 0) set_num(e, "lower_bound_s", f.lower_bound);
+        json_array_append_new(fams, e);
+    }
+    json_object_set_new(o, "families", fams);
     set_int(o, "evaluated", r->evaluated);
     set_int(o, "feasible", r->feasible);
     json_object_set_new(o, "mfu_basis",

@@ -41,20 +41,42 @@ static bool better(const dw_plan_entry *a, const dw_plan_entry *b) {
     return a->mem.total < b->mem.total;
 }
 
+/* The families' accounts: a rejection, or a timed member (exact when simulated, else its bound). */
+static void family_rejected(searcher *S, unsigned mask, dw_reject why) {
+    for (int f = 0; f < DW_FAMILY_COUNT; f++)
+        if (mask >> f & 1) S->r->fam[f].rejected[why]++;
+}
+static void family_timed(searcher *S, unsigned mask, const dw_plan_entry *e, bool exact) {
+    for (int f = 0; f < DW_FAMILY_COUNT; f++) {
+        dw_family_stats *st = &S->r->fam[f];
+        if (!(mask >> f & 1)) continue;
+        st->feasible++;
+        if (exact && (!st->simulated || better(e, &st->best))) {
+            st->best = *e, st->simulated = true;
+            dw_par_format(&e->par, st->best_summary, sizeof st->best_summary);
+        }
+        if (!exact && (st->lower_bound == 0 || e->cost.step < st->lower_bound)) st->lower_bound = e->cost.step;
+    }
+}
+
 static void consider(searcher *S, const dw_par *p) {
     dw_plan_result *r = S->r;
     dw_plan_entry e;
     dw_reject why;
     char detail[160];
+    unsigned mask = dw_family_mask(p);
     r->evaluated++;
     if (!dw_plan_evaluate(S->in, p, false, &e, &why, detail, sizeof detail)) {
         reject(S, why, p, detail);
+        family_rejected(S, mask, why);
         return;
     }
     r->feasible++;
     bool full = r->n_plans == S->top_k;
     double bound = full ? r->plans[S->top_k - 1].cost.step : 0;
-    if (!dw_plan_time(S->in, p, &e, full ? &bound : NULL)) {
+    bool exact = dw_plan_time(S->in, p, &e, full ? &bound : NULL);
+    family_timed(S, mask, &e, exact);
+    if (!exact) {
         snprintf(detail, sizeof detail, "lower bound %.4g s >= top-%d cut-off %.4g s", e.cost.step,
                  S->top_k, bound);
         reject(S, DW_REJECT_DOMINATED, p, detail);
@@ -125,6 +147,7 @@ dw_status dw_plan_search(dw_ctx *ctx, const dw_plan_in *in, int top_k, dw_plan_r
                             snprintf(det, sizeof det, "global batch %lld %% dp %lld != 0", (long long)G,
                                      (long long)dp);
                             reject(&S, DW_REJECT_BATCH, &p, det);
+                            family_rejected(&S, dw_family_mask(&p), DW_REJECT_BATCH);
                             continue;
                         }
                         /* expert TP: tp, or 1 (folded) for MoE models under TP */

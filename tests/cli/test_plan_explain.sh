@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_plan_explain.sh DEEPWELL — `deepwell plan --explain` against `plan --json` of the same job:
 # every candidate's printed terms add up to its printed step, the candidates and their order are
-# the JSON's, the layout lists pp x v stages covering the model's blocks in order, the rejected
-# families carry the JSON's counts; a value given to the flag is bad input (exit 2).
+# the JSON's, the layout lists pp x v stages covering the model's blocks in order, the families
+# say what the JSON's "families" say, the rejection counts are the JSON's; a value given to the
+# flag is bad input (exit 2).
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -41,6 +42,19 @@ assert nxt == 32, nxt  # llama-8b and mixtral-8x7b: 32 blocks
 assert "+ embedding" in stages[0] and "+ LM head" in stages[-1]
 ranks = [l for l in ex.splitlines() if re.match(r"^    rank \d+", l)]
 assert len(ranks) == best["parallel"]["pp"]
+fams = ex.split("\nfamilies")[1].split("\nrejected configurations")[0].splitlines()[1:]
+fams = [l for l in fams if l.strip()]
+assert len(fams) == len(d["families"]) == 12, (len(fams), len(d["families"]))
+for l, f in zip(fams, d["families"]):
+    assert l.strip().startswith(f["family"]), (l, f)
+    if f["kept"] >= 0:
+        assert "kept: #%d is one" % (f["kept"] + 1) in l, (l, f)
+    elif f["feasible"] > 0:
+        assert "none kept: %d fit" % f["feasible"] in l, (l, f)
+        if "fastest" in f:
+            assert f["fastest"] in l and f["fastest_step_s"] >= best["step_time_s"] * (1 - 1e-9), (l, f)
+    else:
+        assert "none feasible" in l or "not searched" in l, l
 rej = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s+(\d+)  ([a-z0-9_]+): ", ex, re.M)}
 assert rej == {r["reason"]: r["count"] for r in d["rejected"]}, (rej, d["rejected"])
 PY

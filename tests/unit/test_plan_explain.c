@@ -4,7 +4,8 @@
  * layer layout (dw_plan_get_stage) partitions the stack in order with the embedding first, the
  * LM head last and the config's dense layers where the config puts them; the layout struct's
  * expert TP and overlap agree with the summary. Random jobs (dense and MoE), and DeepSeek-V3's
- * published PP16 DualPipe layout (3, 14 x 4, 2 + MTP: docs/planner.md). */
+ * published PP16 DualPipe layout (3, 14 x 4, 2 + MTP: docs/planner.md). The families'
+ * accounts (dw_plan_set_get_family) against the kept plans, membership re-derived here. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -157,10 +158,101 @@ static void test_deepseek_v3_layout(void **state) {
     dw_ctx_free(ctx);
 }
 
+/* Family membership, written again from the public layout (an independent copy of family.c's
+ * rules, in dw_plan_families order). */
+static bool in_family(const dw_plan *p, int f) {
+    dw_plan_layout l = {.size = sizeof l};
+    assert_int_equal(dw_plan_get_layout(p, &l), DW_OK);
+    const char *sc = dw_plan_schedule(p);
+    bool dual = !strcmp(sc, "dualpipe");
+    switch (f) {
+    case 0: return l.pp == 1;
+    case 1: return l.pp > 1 && !strcmp(sc, "1f1b");
+    case 2: return !strcmp(sc, "interleaved_1f1b");
+    case 3: return dual;
+    case 4: return l.a2a_overlap && !dual;
+    case 5: return l.tp > 1;
+    case 6: return l.cp > 1;
+    case 7: return l.ep > 1;
+    case 8: return l.etp < l.tp;
+    case 9: return l.zero == 3;
+    case 10: return l.offload;
+    case 11: return l.recompute == DW_RECOMPUTE_FULL;
+    }
+    fail_msg("family %d: the test knows 12", f);
+    return false;
+}
+
+/* Families on a search that keeps every feasible configuration (nothing pruned): each family's
+ * fastest member, first kept plan and feasible count equal what the kept plans say. On a search
+ * that keeps 3: a family with no kept plan has nothing faster than the third. */
+static void test_families(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0xfa);
+    static const char *const models[] = {"gpt2-124m", "mixtral-tiny", "olmoe-tiny"};
+    const char *model = models[dw_test_next(&rng) % 3];
+    int64_t G = 4 << (dw_test_next(&rng) % 2);
+    dw_hw *hw = plan_preset(ctx, "h100-sxm", 1);
+    assert_int_equal(dw_hw_keep_gpus(ctx, hw, 2), DW_OK);
+    assert_int_equal(dw_plan_families(), 12);
+    for (int top = 1000; top >= 3; top = top == 1000 ? 3 : 0) {
+        dw_plan_job j = job_of(256, G, top);
+        dw_plan_set *set = NULL;
+        assert_int_equal(dw_autoplan_search(ctx, model, hw, &j, &set), DW_OK);
+        int64_t evaluated, feasible;
+        dw_plan_set_stats(set, &evaluated, &feasible);
+        int n = dw_plan_set_count(set);
+        print_message("%s on 2 GPUs, batch %lld, top %d: %d kept of %lld feasible\n", model, (long long)G, top, n,
+                      (long long)feasible);
+        assert_true(n > 0);
+        bool all = feasible <= top;
+        if (top == 1000) assert_true(all); /* the job is small enough to keep everything */
+        double last = 0;
+        for (int f = 0; f < dw_plan_families(); f++) {
+            dw_plan_family_info fi = {.size = sizeof fi};
+            assert_int_equal(dw_plan_set_get_family(set, f, &fi), DW_OK);
+            int members = 0, first = -1;
+            double fastest = 0;
+            for (int i = 0; i < n; i++) {
+                dw_plan *p = NULL;
+                assert_int_equal(dw_plan_set_get(ctx, set, i, &p), DW_OK);
+                dw_plan_cost c = {.size = sizeof c};
+                assert_int_equal(dw_plan_get_cost(p, &c), DW_OK);
+                if (i == n - 1) last = c.step;
+                if (in_family(p, f)) {
+                    if (first < 0) first = i, fastest = c.step;
+                    members++;
+                }
+                dw_plan_free(p);
+            }
+            assert_int_equal(fi.kept, first);
+            if (first >= 0) assert_true(fi.simulated && fi.best_step <= fastest * (1 + 1e-9));
+            if (all) {
+                assert_true(fi.feasible == members && fi.lower_bound == 0);
+                if (first >= 0) assert_true(fabs(fi.best_step / fastest - 1) < 1e-9);
+            } else if (first < 0 && fi.feasible > 0) {
+                /* nothing in it beats the kept plans: its simulated best and its pruned bounds */
+                if (fi.simulated) assert_true(fi.best_step >= last * (1 - 1e-9));
+                if (fi.lower_bound > 0) assert_true(fi.lower_bound >= last * (1 - 1e-9));
+            }
+            if (fi.feasible == 0 && fi.rejected > 0) assert_true(fi.main_reason >= 0 && fi.main_reason_count > 0);
+            assert_true(fi.main_reason_count <= fi.rejected && fi.name && fi.name[0]);
+        }
+        dw_plan_family_info bad = {.size = sizeof bad};
+        assert_int_equal(dw_plan_set_get_family(set, dw_plan_families(), &bad), DW_ERR_INVALID);
+        dw_plan_set_free(set);
+    }
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_jobs),
         cmocka_unit_test(test_deepseek_v3_layout),
+        cmocka_unit_test(test_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
