@@ -72,11 +72,20 @@ dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int
                  p->expert_load);
     }
     if (p->skipped) snprintf(skip, sizeof skip, ", \"skipped\": \"%s\"", p->skipped); /* a fixed word pair */
+    char *pc = NULL; /* layers switched to BF16 after this step, as a JSON string */
+    if (p->precision_change) {
+        json_t *j = json_string(p->precision_change);
+        pc = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+        json_decref(j);
+        if (!pc) return dw_set_error(ctx, DW_ERR_NOMEM, "metrics.jsonl: out of memory");
+    }
     int rc = fprintf(f,
                      "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"tokens_per_s\": %s, "
-                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s%s}\n",
+                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s%s%s%s}\n",
                      (long long)p->step, loss, lr, gn, tps, el, (long long)tokens_seen,
-                     isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl, moe, skip);
+                     isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl, moe, skip,
+                     pc ? ", \"precision_change\": " : "", pc ? pc : "");
+    free(pc);
     if (rc < 0 || fflush(f) != 0) return dw_set_error(ctx, DW_ERR_IO, "metrics.jsonl: write failed: %s", strerror(errno));
     return DW_OK;
 }

@@ -99,6 +99,7 @@ has "the decision: step, layer, tensor, reason, value" "$tmp/q/precision_decisio
   ok "quant_stats.jsonl: the layer until its fallback, the others every step" ||
   bad "quant_stats.jsonl: $(head -c 2000 "$tmp/q/quant_stats.jsonl")"
 has "state.json records the new recipe" "$tmp/q/ckpt-3/state.json" "\"$layer\": \"bf16\""
+has "metrics.jsonl records it at step 2" "$tmp/q/metrics.jsonl" "\"precision_change\": \"$layer w "
 "$bin" train --resume "$tmp/q" --steps 5 --quant-check-every 0 >"$tmp/q2.out" 2>&1
 check "the nvfp4 run resumed (checks off)" 0 $?
 has "the resumed run keeps the fallback" "$tmp/q2.out" "precision: $layer stays in bf16 (fell back at step 2"

@@ -5,8 +5,9 @@
  * in a row stop the run with DW_ERR_NUMERIC and a checkpoint holding the last good weights. In an
  * NVFP4 program, the one layer given an outlier channel in its weight (every 16th input at 40
  * sigma) falls back to BF16 after quant_fallback_after checks, no other layer does, the decision
- * is in precision_decisions.jsonl, quant_stats.jsonl has every check, and a resumed run applies
- * it again before its first step and continues the uninterrupted run's losses bit for bit. */
+ * is in precision_decisions.jsonl and that step's metrics.jsonl line, quant_stats.jsonl has every
+ * check, and a resumed run applies it again before its first step and continues the
+ * uninterrupted run's losses bit for bit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -326,6 +327,10 @@ static void test_quant_fallback(void **state) {
     /* every check measured the layer's w until it fell back; every other quantised layer all along */
     assert_int_equal(count_lines_with(qs, "\"layer\": \"model.layers.0.mlp.up_proj\", \"tensor\": \"w\""), 2);
     assert_int_equal(count_lines_with(qs, "\"layer\": \"model.layers.0.mlp.down_proj\", \"tensor\": \"w\""), 6);
+    char *mj = dw_test_path(outa, "metrics.jsonl");
+    assert_int_equal(count_lines_with(mj, "\"precision_change\": \"model.layers.0.mlp.up_proj w "), 1);
+    assert_int_equal(count_lines_with(mj, "\"precision_change\""), 1);
+    free(mj);
     char *ck = dw_test_path(outa, "ckpt-6"), *sj = dw_test_path(ck, "state.json");
     assert_int_equal(count_lines_with(sj, "\"model.layers.0.mlp.up_proj\": \"bf16\""), 1);
     free(ck), free(sj), free(dec), free(qs);
