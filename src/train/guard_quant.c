@@ -75,8 +75,7 @@ static dw_status thresholds(dw_qguard *g) {
 static void to_bf16(dw_qguard *g, layer *l) {
     dw_engine *e = g->e;
     dw_prog_node *pn = &((dw_compiled *)e->p)->node[l->node];
-    pn->bind.recipe = DW_RECIPE_BF16;
-    pn->bind.reason = DW_POLICY_BY_RULE;
+    pn->bind.recipe = DW_RECIPE_BF16; /* (reason and note keep the compiler's account) */
     for (int p = 0; p < DW_QPASS_COUNT; p++) pn->bind.quantised[p] = false, pn->bind.kernel[p] = NULL;
     pn->wq[0].off = pn->wq[1].off = -1; /* no weight cache refresh: the slots are sized for the old recipe */
     dw_exec *x = e->x; /* recorded steps replay the old kernels: record them again */
