@@ -63,20 +63,24 @@ static char *scale_name(const char *name) {
     return s;
 }
 
+static void items_free(item *it, int n) {
+    for (int i = 0; it && i < n; i++) free(it[i].name);
+    free(it);
+}
+
 /* The output items of raw, in file order (codes then scales for a quantised tensor). */
 static dw_status plan_items(dw_ctx *ctx, const dw_st_file *raw, dw_export_dtype dtype, bool fp8, item **out,
                             int *n_out) {
     const int n = dw_st_count(raw);
     item *it = calloc((size_t)(2 * n + 1), sizeof *it);
-    if (!it) return dw_set_error(ctx, DW_ERR_NOMEM, "export: out of memory");
+    dw_status st = it ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "export: out of memory");
     int k = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; st == DW_OK && i < n; i++) {
         const dw_st_tensor *t = dw_st_get(raw, i);
         if (t->dtype != DW_DT_F32) { /* the raw file is the engine's own FP32 save */
-            for (int j = 0; j < k; j++) free(it[j].name);
-            free(it);
-            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' is %s, expected F32", dw_st_path(raw), t->name,
-                                dw_dtype_name(t->dtype));
+            st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' is %s, expected F32", dw_st_path(raw), t->name,
+                              dw_dtype_name(t->dtype));
+            break;
         }
         const bool q = fp8 && dw_export_fp8_quantised(t);
         item *v = &it[k++];
@@ -95,11 +99,11 @@ static dw_status plan_items(dw_ctx *ctx, const dw_st_file *raw, dw_export_dtype 
             s->nbytes = numel(s->ndim, s->shape) * sizeof(float);
             ok = ok && s->name != NULL;
         }
-        if (!ok) {
-            for (int j = 0; j < k; j++) free(it[j].name);
-            free(it);
-            return dw_set_error(ctx, DW_ERR_NOMEM, "export: out of memory");
-        }
+        if (!ok) st = dw_set_error(ctx, DW_ERR_NOMEM, "export: out of memory");
+    }
+    if (st != DW_OK) {
+        items_free(it, k);
+        return st;
     }
     *out = it, *n_out = k;
     return DW_OK;
@@ -230,7 +234,6 @@ dw_status dw_export_write_tensors(dw_ctx *ctx, const dw_st_file *raw, const char
     if (s == DW_OK && n_shards > 1) s = write_index(ctx, it, n, n_shards, dir);
     if (s == DW_OK && n_files) *n_files = n_shards;
     free(x);
-    for (int i = 0; i < n; i++) free(it[i].name);
-    free(it);
+    items_free(it, n);
     return s;
 }
