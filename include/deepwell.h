@@ -1190,6 +1190,21 @@ typedef struct {
                                ranks, each running E/ep of every MoE layer's experts (tokens sent
                                to their experts' ranks and back by all-to-all; docs/multi-gpu.md);
                                ep divides the ranks and E. Default 1: off */
+    /* The caller's data instead of `data` (then NULL) and `val`: dw_train calls next_batch for
+     * each micro-batch to fill tokens and targets (b, t) = (batch, seq) of int32 ids, index being
+     * the micro-batches this process took before it (counted across a resume: the checkpoint's
+     * data position, which is this count); val_batch (may be NULL: no validation) for each
+     * micro-batch of a validation, index 0, 1, ... from its start. Each returns 0 when it filled
+     * them, 1 when it has no more (val_batch only: the validation ends with the micro-batches it
+     * got; none is an error), anything else to stop training: dw_train then returns DW_ERR_IO
+     * without finishing the step (the newest checkpoint stays the last complete one). Every id is
+     * checked below the model's vocabulary (DW_ERR_INVALID naming the micro-batch and position).
+     * Checkpoints record the data as "(next_batch)" and a resume continues the index; what the
+     * callbacks return from there is the caller's. Several ranks: each calls its own for its part.
+     * Called on the thread that called dw_train; batch_user is passed to both. */
+    int (*next_batch)(void *user, int64_t index, int32_t *tokens, int32_t *targets, int64_t b, int64_t t);
+    int (*val_batch)(void *user, int64_t index, int32_t *tokens, int32_t *targets, int64_t b, int64_t t);
+    void *batch_user;
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,

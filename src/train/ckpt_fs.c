@@ -13,6 +13,7 @@
 #include "core/fileio.h"
 #include "train/ckpt.h"
 #include "train/ckpt_fs.h"
+#include "train/data_callback.h"
 
 char *dw_path_join(const char *a, const char *b) {
     size_t n = strlen(a) + strlen(b) + 2;
@@ -35,7 +36,8 @@ void dw_escape_bytes(const char *s, size_t n, char *out, size_t cap) {
 }
 
 char *dw_abs_pattern(const char *pattern) {
-    if (!strcmp(pattern, "builtin") || pattern[0] == '/' || !pattern[0]) return strdup(pattern);
+    if (!strcmp(pattern, "builtin") || !strcmp(pattern, DW_DATA_CALLBACK) || pattern[0] == '/' || !pattern[0])
+        return strdup(pattern);
     char cwd[4096];
     if (!getcwd(cwd, sizeof cwd)) return strdup(pattern);
     const char *p = pattern;

@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "train/ckpt.h"
 #include "train/data.h"
+#include "train/data_callback.h"
 #include "train/dp.h"
 #include "train/ep.h"
 #include "train/guard.h"
@@ -83,7 +84,8 @@ typedef struct {
     const dw_train_opts *o;
     dw_engine *eng;
     const dw_graph *g;
-    dw_data *train, *val;
+    dw_data *train, *val; /* NULL with the caller's callbacks (o->next_batch, o->val_batch) */
+    int64_t batches_taken; /* next_batch: micro-batches taken, the data position checkpoints save */
     dw_tokenizer tok;
     dw_rng rng;       /* sampling */
     uint64_t seed;
@@ -109,7 +111,11 @@ static double now_s(void) {
 }
 
 static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts *o, int world) {
-    if (!o->data) return dw_set_error(ctx, DW_ERR_INVALID, "no training data given (--data)");
+    if (!o->data && !o->next_batch) return dw_set_error(ctx, DW_ERR_INVALID, "no training data given (--data)");
+    if (o->next_batch && (o->data || o->val))
+        return dw_set_error(ctx, DW_ERR_INVALID, "train: give data and val or the next_batch callback, not both");
+    if (o->val_batch && !o->next_batch)
+        return dw_set_error(ctx, DW_ERR_INVALID, "train: val_batch needs next_batch (data from files has --val)");
     if (!o->out_dir) return dw_set_error(ctx, DW_ERR_INVALID, "no output directory given (--out)");
     if (o->steps < 1 || o->batch < 1 || o->seq < 1 || o->global_batch < 1)
         return dw_set_error(ctx, DW_ERR_INVALID, "--steps, --batch, --seq and --global-batch must be >= 1");
@@ -223,7 +229,7 @@ static dw_status save_ckpt(run *r, char **path_out) {
     s.step = r->step;
     s.total_steps = o->steps;
     s.tokens_seen = r->tokens_seen;
-    s.data_position = dw_data_position(r->train);
+    s.data_position = r->train ? dw_data_position(r->train) : (uint64_t)r->batches_taken;
     s.seed = r->seed;
     s.rng_state = r->rng.s;
     s.schedule = r->sched;
@@ -253,10 +259,31 @@ static dw_status save_ckpt(run *r, char **path_out) {
     return DW_OK;
 }
 
+/* validate() over the caller's val_batch: up to eval_batches micro-batches from its index 0. */
+static dw_status validate_callback(run *r, double *out) {
+    const dw_train_opts *o = r->o;
+    double sum = 0.0;
+    int64_t nb = 0;
+    for (bool ended = false; nb < o->eval_batches; nb++) {
+        double loss = 0.0;
+        DW_TRY(dw_batch_call(r->ctx, o->val_batch, o->batch_user, "val_batch", nb, r->x, r->y, o->batch, o->seq,
+                             r->g->model.vocab, &ended));
+        if (ended) break;
+        DW_TRY(dw_engine_forward(r->eng, r->x, r->y, o->batch, o->seq, NULL, &loss));
+        sum += loss;
+    }
+    if (!nb) return dw_set_error(r->ctx, DW_ERR_INVALID, "val_batch gave no micro-batch (it returned 1 at index 0)");
+    sum /= (double)nb;
+    DW_TRY(dw_comm_all_reduce(r->ctx, r->dp.host, &sum, 1, DW_COMM_F64, DW_COMM_AVG));
+    *out = sum;
+    return DW_OK;
+}
+
 /* Mean loss over eval_batches micro-batches of the validation data, from its start (each of
  * B x ranks windows, every rank its part; the mean over the ranks). */
 static dw_status validate(run *r, double *out) {
     const int64_t B = r->o->batch, T = r->o->seq;
+    if (!r->val) return validate_callback(r, out);
     int64_t nb = dw_data_windows(r->val) / (B * r->dp.world);
     if (nb > r->o->eval_batches) nb = r->o->eval_batches;
     if (nb < 1) nb = 1;
@@ -321,9 +348,9 @@ static dw_status setup(run *r) {
     char *cdir = NULL;
     r->seed = o->seed;
     r->ckpt_step = -1;
-    const char *vp = o->val ? o->val : !strcmp(o->data, "builtin") ? "builtin" : "";
-    r->data_abs = dw_abs_pattern(o->data);
-    r->val_abs = dw_abs_pattern(vp);
+    const char *vp = o->val ? o->val : o->data && !strcmp(o->data, "builtin") ? "builtin" : "";
+    r->data_abs = dw_abs_pattern(o->next_batch ? DW_DATA_CALLBACK : o->data);
+    r->val_abs = dw_abs_pattern(o->val_batch ? DW_DATA_CALLBACK : vp);
     if (!r->data_abs || !r->val_abs) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     if (o->resume) {
         DW_TRY(dw_ckpt_open(ctx, o->resume, &cdir, &state));
@@ -341,6 +368,7 @@ static dw_status setup(run *r) {
         r->step = state.step;
         r->tokens_seen = state.tokens_seen;
         r->rng.s = state.rng_state;
+        r->batches_taken = (int64_t)state.data_position;
     } else {
         r->rng.s = dw_rng_derive(r->seed, 2, 0);
         char *latest = dw_path_join(o->out_dir, "latest");
@@ -352,7 +380,7 @@ static dw_status setup(run *r) {
                                 o->out_dir, o->out_dir);
     }
     dw_status st = describe_recipes(r);
-    if (st == DW_OK) {
+    if (st == DW_OK && o->data) {
         dw_data_opts d = {.pattern = o->data, .T = o->seq, .vocab_size = r->g->model.vocab,
                           .shuffle = true, .seed = dw_rng_derive(r->seed, 1, 0)};
         st = dw_data_open(ctx, &d, &r->train);
@@ -364,7 +392,7 @@ static dw_status setup(run *r) {
                               .vocab_size = r->g->model.vocab, .shuffle = false, .seed = 0};
             st = dw_data_open(ctx, &d, &r->val);
         }
-        r->tok = dw_data_get_kind(r->train) == DW_DATA_SHARDS ? DW_TOK_IDS : DW_TOK_BYTES;
+        r->tok = !r->train || dw_data_get_kind(r->train) == DW_DATA_SHARDS ? DW_TOK_IDS : DW_TOK_BYTES;
     }
     if (st == DW_OK) st = dw_dp_broadcast_weights(&r->dp); /* the ranks start identical */
     if (st == DW_OK) {
@@ -400,7 +428,11 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
     double sum = 0.0;
     for (int64_t a = 0; a < r->accum; a++) {
         double loss = 0.0;
-        dw_data_next_rank(r->train, o->batch, r->dp.rank, r->dp.world, r->x, r->y);
+        if (r->train)
+            dw_data_next_rank(r->train, o->batch, r->dp.rank, r->dp.world, r->x, r->y);
+        else
+            DW_TRY(dw_batch_call(r->ctx, o->next_batch, o->batch_user, "next_batch", r->batches_taken++, r->x, r->y,
+                                 o->batch, o->seq, r->g->model.vocab, NULL));
         DW_TRY(dw_engine_forward_backward(r->eng, r->x, r->y, o->batch, o->seq, dw_dp_grad_scale(&r->dp, r->accum),
                                           &loss));
         DW_TRY(dw_dp_after_backward(&r->dp)); /* ZeRO-2: into the shards */
@@ -500,7 +532,7 @@ static dw_status loop(run *r) {
                                .precision_change = changed ? dw_qguard_last_decisions(r->qguard) : NULL};
         p.eta_s = (t1 - t0) / (double)(r->step - first) * (double)(o->steps - r->step);
         DW_TRY(moe_stats(r, &p));
-        if (r->val && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
+        if ((r->val || o->val_batch) && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
             DW_TRY(validate(r, &p.val_loss));
         const bool lead = r->dp.rank == 0; /* writes, samples and reports */
         if (lead) DW_TRY(dw_metrics_write(r->ctx, r->metrics, &p, r->tokens_seen));
