@@ -384,6 +384,12 @@ DW_API dw_status dw_capture_hf(dw_ctx *ctx, const char *model_dir_or_preset, dw_
  * default above). */
 DW_API dw_status dw_capture_hf_shape(dw_ctx *ctx, const char *model_dir_or_preset, int64_t batch,
                               int64_t seq, dw_graph **out);
+/* Which assignments an expert over its capacity (config.json capacity_factor) drops: the config's
+ * (moe_token_drop_policy, default position), the last in (token, k) order (position) or the
+ * lightest by router weight, equal weights dropping the later (probs: GShard's and Megatron-Core's
+ * "drop by probability"). Without a capacity nothing is dropped either way. */
+typedef enum { DW_MOE_DROP_CONFIG = 0, DW_MOE_DROP_POSITION, DW_MOE_DROP_PROBS } dw_moe_drop;
+
 /* The same with options (NULL: defaults): the shape, and overrides of the model's config. */
 typedef struct {
     size_t size;     /* sizeof(dw_capture_opts), set by dw_capture_opts_init */
@@ -391,6 +397,7 @@ typedef struct {
     int64_t seq;     /* default 0: min(max_position_embeddings, 2048) */
     int64_t vocab;   /* default 0: the config's vocab_size; else this many rows (e.g. GPT-2's
                         50257 padded to 50304), the captured config.json saying so too */
+    dw_moe_drop moe_drop; /* default DW_MOE_DROP_CONFIG; else the policy config.json then records */
 } dw_capture_opts;
 DW_API void dw_capture_opts_init(dw_capture_opts *o, size_t size);
 DW_API dw_status dw_capture(dw_ctx *ctx, const char *model_dir_or_preset, const dw_capture_opts *opts, dw_graph **out);
@@ -672,6 +679,13 @@ DW_API int64_t dw_engine_moe_experts(const dw_engine *e);
  * (token, k) assignments each expert received, summed over the MoE layers. Any pointer may be
  * NULL. Waits for the device. DW_ERR_UNSUPPORTED when the model has no router loss. */
 DW_API dw_status dw_engine_moe_stats(dw_engine *e, double *aux_loss, double *z_loss, int64_t *counts);
+/* The MoE layers' routing counters: running totals over the training forwards (those of
+ * dw_engine_forward_backward; not dw_engine_forward's) since the engine was made. Per MoE layer
+ * (its dispatch, in graph order): the (token, k) assignments, those dropped past an expert's
+ * capacity, then the router's choices per expert (before dropping). *layers and *experts (either
+ * may be NULL) say how many; counts, when not NULL, gets layers x (2 + experts) values. A model
+ * without MoE layers has 0 layers. Waits for the device. */
+DW_API dw_status dw_engine_moe_counts(dw_engine *e, int64_t *layers, int64_t *experts, int64_t *counts);
 
 typedef struct {
     size_t size;            /* sizeof(dw_adamw_opts), set by dw_adamw_opts_init */
@@ -1124,6 +1138,9 @@ typedef struct {
      * load-balancing loss and the z-loss (parts of `loss`; NaN when not configured) and the most
      * loaded expert's assignments over the mean */
     double moe_aux_loss, moe_z_loss, expert_load;
+    /* a mixture of experts (else NaN): the (token, k) assignments dropped past an expert's capacity
+     * over the step's micro-batches and ranks, and their share of all assignments */
+    double moe_dropped, moe_dropped_frac;
     /* guardrails (docs/precision.md, "Guardrails"): NULL, or why this step changed nothing —
      * "nonfinite loss" or "nonfinite grad" (weights and optimizer state untouched; the step still
      * counts, its batch is consumed and the schedule moves on) */
@@ -1289,6 +1306,7 @@ typedef struct {
                                   model.safetensors or model.safetensors.index.json, or a
                                   .safetensors file. Every tensor must match the graph (errors name
                                   the tensor and both shapes) */
+    dw_moe_drop moe_drop;      /* default DW_MOE_DROP_CONFIG: the model's (dw_capture_opts) */
 } dw_model_opts;
 DW_API void dw_model_opts_init(dw_model_opts *o, size_t size);
 

@@ -22,6 +22,8 @@ static dw_dist_env dist = {.world_size = 1, .local_world_size = 1, .launcher = "
 enum { O_ZERO = O_LAST + 1 }; /* not in the resume record: any stage resumes any checkpoint */
 /* --init, --init-from: not in the resume record either (a resumed run's weights are its checkpoint's) */
 enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
+/* --moe-drop: not in the resume record either (the checkpoint's config.json keeps the policy) */
+enum { O_MOE_DROP = O_INIT_FROM + 1 };
 /* guardrails: may change on resume (not in the record) */
 enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
 /* --ep: not in the resume record (a checkpoint holds every expert, any --ep resumes it); a value
@@ -33,6 +35,7 @@ enum { O_EP = O_LAST + 64 };
 typedef struct {
     bool random;
     const char *from;
+    dw_moe_drop moe_drop; /* --moe-drop; DW_MOE_DROP_CONFIG when not given */
 } train_init;
 
 static void help(void) {
@@ -131,6 +134,11 @@ static void help(void) {
         "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
         "                         print the largest rows per op kind and per node role (forward\n"
         "                         and backward apart) and write them all to DIR/profile.json\n"
+        "  --moe-drop POLICY      a mixture of experts with a capacity (config.json\n"
+        "                         capacity_factor): an expert over it drops its last assignments\n"
+        "                         in token order (position) or its lightest by router weight\n"
+        "                         (probs); default the config's moe_token_drop_policy, else\n"
+        "                         position. The checkpoint's config.json records it\n"
         "  -h, --help             this help\n\n"
         "Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGUSR1 (Slurm's pre-emption warning) finish the\n"
         "current step, write a checkpoint and exit with status 128 + the signal (130, 143, 129,\n"
@@ -206,7 +214,7 @@ static void on_progress(const dw_train_progress *p, void *user) {
     printer *pr = user;
     resume_summary(pr);
     keep_sampling(pr);
-    char eta[32], val[48] = "", moe[96] = "";
+    char eta[32], val[48] = "", moe[128] = "";
     fmt_time(eta, sizeof eta, p->eta_s);
     if (!isnan(p->val_loss)) snprintf(val, sizeof val, " | val %.4f", p->val_loss);
     if (!isnan(p->expert_load)) { /* a mixture of experts with router losses */
@@ -215,6 +223,9 @@ static void on_progress(const dw_train_progress *p, void *user) {
         if (!isnan(p->moe_z_loss)) k += snprintf(moe + k, sizeof moe - (size_t)k, " | z %.4f", p->moe_z_loss);
         snprintf(moe + k, sizeof moe - (size_t)k, " | load %.2f", p->expert_load);
     }
+    if (p->moe_dropped > 0) /* assignments past the experts' capacity, this step */
+        snprintf(moe + strlen(moe), sizeof moe - strlen(moe), " | dropped %.0f (%.1f%%)", p->moe_dropped,
+                 100 * p->moe_dropped_frac);
     bool event = !isnan(p->val_loss) || p->sample || p->checkpoint || p->step == p->total || p->skipped ||
                  p->precision_change;
     if (p->skipped) snprintf(val, sizeof val, " | SKIPPED: %s", p->skipped);
@@ -276,7 +287,8 @@ int cmd_train(int argc, char **argv) {
         {"init-from", required_argument, 0, O_INIT_FROM}, {"max-skips", required_argument, 0, O_MAX_SKIPS},
         {"quant-check-every", required_argument, 0, O_QCHECK},
         {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'},
+        {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
         cli_error(CMD, "%s", dw_errmsg(NULL));
@@ -316,6 +328,11 @@ int cmd_train(int argc, char **argv) {
             init.random = ok && !strcmp(optarg, "random");
             break;
         case O_INIT_FROM: init.from = optarg; break;
+        case O_MOE_DROP:
+            ok = !strcmp(optarg, "probs") || !strcmp(optarg, "position");
+            if (!ok) cli_error(CMD, "--moe-drop must be probs or position, got '%s'", optarg);
+            init.moe_drop = !strcmp(optarg, "probs") ? DW_MOE_DROP_PROBS : DW_MOE_DROP_POSITION;
+            break;
         case O_PROMPT: o.sample_prompt = optarg; break;
         case O_SCHED: {
             static const char *names[] = {"cosine", "linear", "constant"};
@@ -477,6 +494,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
     mo.batch = o.batch, mo.seq = o.seq, mo.policy = pol, mo.seed = o.seed;
     mo.weights = o.resume ? DW_WEIGHTS_NONE : init->random ? DW_WEIGHTS_RANDOM : DW_WEIGHTS_AUTO;
     mo.weights_from = o.resume ? NULL : init->from;
+    mo.moe_drop = init->moe_drop;
     dw_model *m = NULL;
     st = dw_model_open(ctx, o.resume ? o.resume : model, &mo, &m);
     if (st != DW_OK) {

@@ -214,8 +214,9 @@ static void moe_mlp(builder *b, const char *p, int *x) {
         node_outs(b, DW_OP_MOE_AUX_STATS, NAME("mlp.aux_stats"), si, b->aux_sums >= 0 ? 4 : 2, NULL, stats_out, so);
         b->aux_sums = so[0], b->aux_counts = so[1];
     }
-    in[0] = h, in[1] = r[1];
-    node_outs(b, DW_OP_MOE_DISPATCH, NAME("mlp.dispatch"), in, 2, &da, dispatch_out, d);
+    in[0] = h, in[1] = r[1], in[2] = r[0]; /* the weights rank the assignments when dropping by weight */
+    const bool by_weight = c->capacity_factor > 0 && c->drop_by_weight;
+    node_outs(b, DW_OP_MOE_DISPATCH, NAME("mlp.dispatch"), in, by_weight ? 3 : 2, &da, dispatch_out, d);
     const int wg = param3(b, E, F, C, NAME("mlp.experts.gate_proj"));
     const int wu = param3(b, E, F, C, NAME("mlp.experts.up_proj"));
     const int wd = param3(b, E, C, F, NAME("mlp.experts.down_proj"));
@@ -380,6 +381,7 @@ dw_status dw_capture(dw_ctx *ctx, const char *model, const dw_capture_opts *opts
     dw_model_config c;
     DW_TRY(dw_model_config_load(ctx, model, &c));
     if (o.vocab) c.vocab_size = o.vocab;
+    if (o.moe_drop != DW_MOE_DROP_CONFIG) c.drop_by_weight = o.moe_drop == DW_MOE_DROP_PROBS;
     int64_t seq = o.seq > 0 ? o.seq : c.max_seq < 2048 ? c.max_seq : 2048;
     return dw_capture_config(ctx, &c, o.batch, seq, out);
 }

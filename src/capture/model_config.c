@@ -106,7 +106,8 @@ static dw_status parse_qwen3(dw_ctx *ctx, const json_t *j, const char *what, dw_
  * (required, under the family's key), num_experts_per_tok, router_aux_loss_coef (defaults as
  * set by the caller), output_router_logits (the load-balancing loss joins the training loss, as in
  * transformers), router_z_loss_coef (Deepwell's: ST-MoE's router z-loss, 0 none), capacity_factor
- * (Deepwell's: assignments past an expert's capacity dropped, 0 dropless), the experts' width
+ * (Deepwell's: assignments past an expert's capacity dropped, 0 dropless), moe_token_drop_policy
+ * (Deepwell's, Megatron-Core's values: "position" (default) or "probs"), the experts' width
  * (intermediate_size). */
 static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const char *experts_key,
                            dw_model_config *c) {
@@ -128,6 +129,11 @@ static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const
     if (!(c->capacity_factor >= 0 && c->capacity_factor <= 1e3))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: capacity_factor %g must be in (0, 1000], or 0 for dropless "
                             "routing", what, c->capacity_factor);
+    const json_t *drop = json_object_get(j, "moe_token_drop_policy"); /* Megatron-Core's name and values */
+    if (drop && !(json_is_string(drop) && (!strcmp(json_string_value(drop), "probs") ||
+                                           !strcmp(json_string_value(drop), "position"))))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: moe_token_drop_policy must be \"probs\" or \"position\"", what);
+    c->drop_by_weight = drop && !strcmp(json_string_value(drop), "probs");
     c->d_ff_expert = c->d_ff;
     return DW_OK;
 }
@@ -399,6 +405,12 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     if (c->arch == DW_ARCH_DEEPSEEK_V3) dw_model_config_mla_write(j, c); /* model_config_mla.c */
 }
 
+/* The Deepwell keys of token dropping: capacity_factor, and moe_token_drop_policy when not by position. */
+static void write_moe_drop(json_t *j, const dw_model_config *c) {
+    if (c->capacity_factor > 0) set_num(j, "capacity_factor", c->capacity_factor);
+    if (c->drop_by_weight) json_object_set_new(j, "moe_token_drop_policy", json_string("probs"));
+}
+
 /* The keys every mixture-of-experts family writes after the llama ones (the experts' width as
  * intermediate_size, the count under the family's key). */
 static void write_moe(json_t *j, const dw_model_config *c, const char *experts_key) {
@@ -409,7 +421,7 @@ static void write_moe(json_t *j, const dw_model_config *c, const char *experts_k
     set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
     set_bool(j, "output_router_logits", c->aux_loss);
     if (c->router_z_loss_coef > 0) set_num(j, "router_z_loss_coef", c->router_z_loss_coef);
-    if (c->capacity_factor > 0) set_num(j, "capacity_factor", c->capacity_factor);
+    write_moe_drop(j, c);
 }
 
 static void write_mixtral(json_t *j, const dw_model_config *c) {
@@ -439,7 +451,7 @@ static void write_qwen_moe(json_t *j, const dw_model_config *c) {
     set_num(j, "router_aux_loss_coef", c->router_aux_loss_coef);
     set_bool(j, "output_router_logits", c->aux_loss);
     if (c->router_z_loss_coef > 0) set_num(j, "router_z_loss_coef", c->router_z_loss_coef);
-    if (c->capacity_factor > 0) set_num(j, "capacity_factor", c->capacity_factor);
+    write_moe_drop(j, c);
 }
 
 static void write_qwen2_moe(json_t *j, const dw_model_config *c) {

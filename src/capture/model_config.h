@@ -53,6 +53,8 @@ typedef struct dw_model_config_s {
     double router_z_loss_coef; /* ST-MoE's router z-loss weight (0: none; a Deepwell key in config.json) */
     double capacity_factor; /* > 0: each expert keeps ceil(factor·tokens·top_k / experts) assignments, the
                              * rest dropped (dw_moe_capacity); 0: dropless (a Deepwell key in config.json) */
+    bool drop_by_weight;   /* over capacity, an expert keeps its heaviest assignments, not its first
+                            * (config.json moe_token_drop_policy "probs"; default "position") */
     int64_t d_ff_expert;   /* expert intermediate size */
     int64_t n_shared_experts;
     int64_t first_dense_layers; /* DeepSeek-V3: first k layers dense */

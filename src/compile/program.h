@@ -103,6 +103,11 @@ typedef struct {
                                   and FP32 z-loss (both already in `loss`; NaN: not configured), then int32 assignments per
                                   expert summed over the MoE layers (moe_experts of them) */
     int64_t moe_experts;
+    int64_t moe_counts;        /* int64 running totals of the training forwards' routing (-1: no MoE
+                                  layer): per dispatch node in graph order (moe_layers of them), the
+                                  assignments, those dropped, then the router's choices per expert
+                                  (moe_count_experts of them); DW_MOE_COUNT_* */
+    int64_t moe_layers, moe_count_experts;
     int64_t norm;              /* double: sum of squares of all gradients, then the norm */
     int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */
     int64_t adamw_args;        /* DW_COMPILE_ADAMW_ARGS_BYTES: the optimizer's hyper-parameters for
@@ -120,6 +125,10 @@ typedef struct {
     int64_t bytes;
 } dw_work_layout;
 #define DW_COMPILE_NORM_BLOCKS 1024
+/* A MoE layer's counters in work.moe_counts: int64 [assigned, dropped, per-expert load (E)]. */
+enum { DW_MOE_COUNT_ASSIGNED = 0, DW_MOE_COUNT_DROPPED, DW_MOE_COUNT_LOAD };
+/* Byte offset in the workspace of dispatch node `node`'s counters (-1: not a dispatch node). */
+int64_t dw_compile_moe_counts_of(const dw_compiled *c, int node);
 #define DW_COMPILE_ADAMW_ARGS_BYTES 64 /* sizeof(dw_cuda_adamw_args): 8 doubles */
 /* Bytes of cuBLASLt workspace the GEMM layer allocates on first use (gemm_cublaslt.c). */
 #define DW_COMPILE_LT_WORKSPACE ((int64_t)64 << 20)
@@ -177,7 +186,6 @@ struct dw_compiled {
     char precision[32];        /* "fp32" (no policy), the policy's default recipe, or "policy"
                                   (a policy with rules): reports and checkpoints */
     char *policy_json;         /* the policy (dw_policy_to_json), or NULL in FP32 mode */
-    dw_nvfp4_recipe nvfp4;     /* the policy's NVFP4 training recipe (nvfp4 nodes' quantisers) */
 
     dw_step *steps;
     int n_steps;

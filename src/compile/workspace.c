@@ -1,10 +1,9 @@
 /* workspace.c — the workspace pool: the step's inputs (tokens, targets), the loss, the optimizer's
  * reductions and arguments, the BF16 wgrad's bias-gradient row, and for quantised linear layers
  * the per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch and each node's cached
- * W and W^T. Sizes at capacity; byte offsets 256-aligned. */
+ * W and W^T; the MoE layers' routing counters. Sizes at capacity; byte offsets 256-aligned. */
 #include "compile/passes.h"
 #include "core/error.h"
-#include "kernels/cuda/nvfp4_cuda.h" /* DW_NVFP4_CUDA_WORKSPACE_BYTES (plain C) */
 
 /* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */
 typedef struct {
@@ -61,7 +60,6 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
             int64_t b = (1 + dims[d][0] + dims[d][1]) * 4;
             if (b > ws) ws = b;
         }
-        if (r == DW_RECIPE_NVFP4 && ws < DW_NVFP4_CUDA_WORKSPACE_BYTES) ws = DW_NVFP4_CUDA_WORKSPACE_BYTES; /* recipe quantiser */
     }
     w->q_rows = qslot_place(rows, o);
     w->q_dyt = qslot_place(dyt, o);
@@ -83,6 +81,14 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
             w->moe_experts = c->g->tensors[c->g->nodes[i].in[1]].shape[0];
             w->moe_aux = o, o = dw_align_up(o + 8 + 4 * w->moe_experts, 256);
         }
+    w->moe_layers = w->moe_count_experts = 0;
+    for (int i = 0; i < c->g->n_nodes; i++)
+        if (c->g->nodes[i].op == DW_OP_MOE_DISPATCH) {
+            w->moe_layers++;
+            if (c->g->nodes[i].attrs.experts > w->moe_count_experts) w->moe_count_experts = c->g->nodes[i].attrs.experts;
+        }
+    w->moe_counts = w->moe_layers ? o : -1;
+    o = dw_align_up(o + w->moe_layers * (DW_MOE_COUNT_LOAD + w->moe_count_experts) * 8, 256);
     w->norm = o, o = dw_align_up(o + 8, 256);
     w->partials = o, o = dw_align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
     w->adamw_args = o, o = dw_align_up(o + DW_COMPILE_ADAMW_ARGS_BYTES, 256);
@@ -96,4 +102,11 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
     layout_quant(c, &o);
     w->bytes = o;
     return DW_OK;
+}
+
+int64_t dw_compile_moe_counts_of(const dw_compiled *c, int node) {
+    if (c->work.moe_counts < 0 || c->g->nodes[node].op != DW_OP_MOE_DISPATCH) return -1;
+    int64_t j = 0; /* the dispatch nodes before this one */
+    for (int i = 0; i < node; i++) j += c->g->nodes[i].op == DW_OP_MOE_DISPATCH;
+    return c->work.moe_counts + j * (DW_MOE_COUNT_LOAD + c->work.moe_count_experts) * 8;
 }

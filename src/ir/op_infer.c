@@ -224,13 +224,20 @@ static dw_status infer_moe_router(dw_ctx *ctx, const dw_graph *g, const dw_ir_no
     return DW_OK;
 }
 
-/* moe_dispatch: x (B,T,C), experts (B,T,K) i32 -> rows (B,T*K,C), offsets (E+1) i32, rows of
- * (token, k) (B,T,K) i32 */
+/* moe_dispatch: x (B,T,C), experts (B,T,K) i32[, weights (B,T,K): drop by weight] -> rows
+ * (B,T*K,C), offsets (E+1) i32, rows of (token, k) (B,T,K) i32 */
 static dw_status infer_moe_dispatch(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
     DW_TRY(want(ctx, g, n, 1, 3, DW_IR_I32));
     if (IN(1)->shape[0] != IN(0)->shape[0] || IN(1)->shape[1] != IN(0)->shape[1])
         return dw_ir_node_error(ctx, n, "experts '%s' do not match x's batch and sequence", IN(1)->name);
+    if (n->n_in > 2) {
+        DW_TRY(want(ctx, g, n, 2, 3, DW_IR_F32));
+        for (int d = 0; d < 3; d++)
+            if (IN(2)->shape[d] != IN(1)->shape[d])
+                return dw_ir_node_error(ctx, n, "weights '%s' and experts '%s' differ in shape", IN(2)->name,
+                                        IN(1)->name);
+    }
     const int64_t E = n->attrs.experts, K = last(IN(1));
     if (E < 1 || E > DW_ROUTER_MAX_EXPERTS || K > E)
         return dw_ir_node_error(ctx, n, "experts %lld must be in [top_k %lld, %d]", (long long)E, (long long)K,

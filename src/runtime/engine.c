@@ -266,6 +266,16 @@ dw_status dw_engine_moe_stats(dw_engine *e, double *aux_loss, double *z_loss, in
     return st;
 }
 
+dw_status dw_engine_moe_counts(dw_engine *e, int64_t *layers, int64_t *experts, int64_t *counts) {
+    const dw_work_layout *w = &e->p->work;
+    const int64_t L = w->moe_counts >= 0 ? w->moe_layers : 0, E = L ? w->moe_count_experts : 0;
+    if (layers) *layers = L;
+    if (experts) *experts = E;
+    if (!counts || !L) return DW_OK;
+    DW_TRY(e->be->i->sync(e->be));
+    return e->be->i->download(e->be, counts, e->x->work + w->moe_counts, (size_t)(L * (DW_MOE_COUNT_LOAD + E)) * 8);
+}
+
 /* ---- profiling ------------------------------------------------------------------------------- */
 dw_status dw_engine_time_steps(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                                double grad_scale, double *ms) {

@@ -57,7 +57,7 @@ static void num(char *buf, size_t cap, double v) {
 }
 
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
-    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[160] = "", skip[64] = "";
+    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[256] = "", skip[64] = "";
     num(loss, sizeof loss, p->loss);
     num(lr, sizeof lr, p->lr);
     num(gn, sizeof gn, p->grad_norm);
@@ -70,6 +70,11 @@ dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int
         num(zl, sizeof zl, p->moe_z_loss);
         snprintf(moe, sizeof moe, ", \"moe_aux_loss\": %s, \"moe_z_loss\": %s, \"expert_load\": %.17g", al, zl,
                  p->expert_load);
+    }
+    if (!isnan(p->moe_dropped)) { /* a mixture of experts: the assignments dropped past capacity */
+        const size_t k = strlen(moe);
+        snprintf(moe + k, sizeof moe - k, ", \"moe_dropped\": %.17g, \"moe_dropped_frac\": %.17g", p->moe_dropped,
+                 p->moe_dropped_frac);
     }
     if (p->skipped) snprintf(skip, sizeof skip, ", \"skipped\": \"%s\"", p->skipped); /* a fixed word pair */
     char *pc = NULL; /* layers switched to BF16 after this step, as a JSON string */

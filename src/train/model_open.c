@@ -97,13 +97,16 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
     const char *dir = is_ckpt ? cdir : what;
     dw_model *m = calloc(1, sizeof *m);
     dw_status st = m ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-    if (st == DW_OK) st = dw_capture_hf_shape(ctx, dir, 1, 0, &m->g); /* to learn the model's positions */
+    dw_capture_opts co;
+    dw_capture_opts_init(&co, sizeof co);
+    co.moe_drop = o.moe_drop;
+    if (st == DW_OK) st = dw_capture(ctx, dir, &co, &m->g); /* to learn the model's positions */
     if (st == DW_OK) {
-        int64_t T = o.seq ? o.seq : m->g->model.max_seq < 1024 ? m->g->model.max_seq : 1024;
+        co.batch = o.batch, co.seq = o.seq ? o.seq : m->g->model.max_seq < 1024 ? m->g->model.max_seq : 1024;
         m->tok = m->g->model.vocab == 256 ? DW_TOK_BYTES : DW_TOK_IDS;
         dw_graph_free(m->g);
         m->g = NULL;
-        st = dw_capture_hf_shape(ctx, dir, o.batch, T, &m->g);
+        st = dw_capture(ctx, dir, &co, &m->g);
     }
     const dw_policy *pol = o.policy;
     if (st == DW_OK && !pol && dw_ctx_device(ctx) == DW_DEVICE_CUDA) {

@@ -33,6 +33,7 @@
 #include "train/ep.h"
 #include "train/guard.h"
 #include "train/metrics.h"
+#include "train/moe_routing.h"
 #include "train/optim.h"
 #include "train/resume_check.h"
 #include "train/run_lock.h"
@@ -93,6 +94,7 @@ typedef struct {
     int64_t step;     /* optimizer steps done */
     int64_t tokens_seen;
     int64_t accum;    /* micro-batches per step */
+    dw_moe_routing moe; /* the MoE layers' routing per step (no layers: none) */
     int32_t *x, *y;   /* (B,T) */
     FILE *metrics;
     int64_t ckpt_step; /* step of the newest checkpoint written by this process, -1: none */
@@ -471,9 +473,13 @@ static dw_status profile(run *r) {
 }
 
 /* The step's router losses and expert load: the most loaded expert's assignments over the mean
- * (NaN for models without router losses; each loss NaN when not configured). */
+ * (NaN for models without router losses; each loss NaN when not configured); the assignments
+ * dropped past capacity over the step's micro-batches and ranks (NaN without MoE layers). */
 static dw_status moe_stats(run *r, dw_train_progress *p) {
-    p->moe_aux_loss = p->moe_z_loss = p->expert_load = NAN;
+    p->moe_aux_loss = p->moe_z_loss = p->expert_load = p->moe_dropped = p->moe_dropped_frac = NAN;
+    double assigned = 0, dropped = 0;
+    DW_TRY(dw_moe_routing_step(r->ctx, r->eng, r->dp.host, &r->moe, &assigned, &dropped));
+    if (assigned > 0) p->moe_dropped = dropped, p->moe_dropped_frac = dropped / assigned;
     const int64_t E = dw_engine_moe_experts(r->eng);
     if (!E) return DW_OK;
     int64_t *counts = malloc((size_t)E * sizeof *counts);
@@ -599,6 +605,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     if (st == DW_OK && r.dp.rank == 0) st = mkdirs(ctx, o.out_dir);
     if (st == DW_OK && r.dp.rank == 0) st = dw_run_lock(ctx, o.out_dir, &lock);
     if (st == DW_OK) st = setup(&r);
+    if (st == DW_OK) st = dw_moe_routing_init(ctx, e, &r.moe);
     if (st == DW_OK) st = loop(&r);
     if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested() && r.dp.rank == 0) {
         dw_ep_suspend(r.ep, true); /* rank 0 alone */
@@ -606,6 +613,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     }
     dw_ep_free(r.ep);
     if (r.metrics) fclose(r.metrics);
+    dw_moe_routing_free(&r.moe);
     dw_qguard_free(r.qguard);
     dw_data_free(r.train);
     dw_data_free(r.val);

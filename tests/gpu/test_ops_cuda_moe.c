@@ -92,16 +92,35 @@ static int64_t run_moe_cap(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64
     dw_gt *xs = dw_gt_out("xs", R * C, dt), *goff = dw_gt_out("offsets", E + 1, DW_ACT_F32);
     dw_gt *gpos = dw_gt_out("pos", R, DW_ACT_F32);
     float *xs_ref = dw_oc_alloc(R * C);
-    dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, N, C, K, E, cap);
+    dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, NULL, N, C, K, E, cap);
     for (int64_t a = 0; a < R; a++) dropped += pos[a] < 0 && idx[a] >= 0 && idx[a] < E;
     if (want_drops && !dropped) bad++, printf("MISMATCH %s: the case drops nothing\n", name);
     DW_GC_OK(bad, name, dw_cuda_moe_dispatch_fwd(NULL, dt, xs->dev, (int32_t *)goff->dev, (int32_t *)gpos->dev, x->dev,
-                                                 (const int32_t *)ix->dev, N, C, K, E, cap, dw_gc_stream));
+                                                 (const int32_t *)ix->dev, NULL, N, C, K, E, cap, dw_gc_stream));
     DW_GC_SYNC();
     bad += cmp_ints(name, "offsets", goff->dev, off, E + 1);
     bad += cmp_ints(name, "pos", gpos->dev, pos, R);
     const dw_gc_tol exact = {0, 0, 0};
     DW_GC_CMP(bad, name, xs, xs_ref, exact);
+    if (cap > 0) { /* dropping by weight: eighths in [0, 1], exact in BF16, with ties */
+        float *prio = malloc((size_t)R * sizeof *prio), *xs_w = dw_oc_alloc(R * C);
+        int32_t *off_w = malloc((size_t)(E + 1) * 4), *pos_w = malloc((size_t)R * 4);
+        for (int64_t a = 0; a < R; a++) prio[a] = (float)(dw_test_next(&g_rng) % 9) / 8.0f;
+        dw_gt *gp = dw_gt_from("prio", prio, R, dt);
+        dw_cpu_moe_dispatch_fwd(xs_w, off_w, pos_w, x->host, idx, prio, N, C, K, E, cap);
+        DW_GC_OK(bad, name, dw_cuda_moe_dispatch_fwd(NULL, dt, xs->dev, (int32_t *)goff->dev, (int32_t *)gpos->dev,
+                                                     x->dev, (const int32_t *)ix->dev, gp->dev, N, C, K, E, cap,
+                                                     dw_gc_stream));
+        DW_GC_SYNC();
+        bad += cmp_ints(name, "offsets(by weight)", goff->dev, off_w, E + 1);
+        bad += cmp_ints(name, "pos(by weight)", gpos->dev, pos_w, R);
+        DW_GC_CMP(bad, name, xs, xs_w, exact);
+        dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, NULL, N, C, K, E, cap); /* back to the chain's */
+        DW_GC_OK(bad, name, dw_cuda_moe_dispatch_fwd(NULL, dt, xs->dev, (int32_t *)goff->dev, (int32_t *)gpos->dev,
+                                                     x->dev, (const int32_t *)ix->dev, NULL, N, C, K, E, cap,
+                                                     dw_gc_stream));
+        free(prio), free(xs_w), free(off_w), free(pos_w);
+    }
     /* the kernels below read the oracle's xs (equal to the device's when the above passed) */
     dw_gt *xsr = dw_gt_from("xs(cpu)", xs_ref, R * C, dt);
 
@@ -297,8 +316,8 @@ static void test_moe_validation(void **state) {
     assert_non_null(strstr(dw_errmsg(NULL), "wgmma"));
     a.K = 4, a.kernel = DW_MOE_KERNEL_MMA; /* an FP32 program has no tensor-core kernel */
     assert_int_equal(dw_cuda_moe_gemm(NULL, DW_ACT_F32, &a, dw_gc_stream), DW_ERR_INVALID);
-    assert_int_equal(dw_cuda_moe_dispatch_fwd(NULL, DW_ACT_F32, p, (int32_t *)p, (int32_t *)p, p, (const int32_t *)p, 2,
-                                              4, 1, 5000, 0, dw_gc_stream),
+    assert_int_equal(dw_cuda_moe_dispatch_fwd(NULL, DW_ACT_F32, p, (int32_t *)p, (int32_t *)p, p, (const int32_t *)p, NULL,
+                                              2, 4, 1, 5000, 0, dw_gc_stream),
                      DW_ERR_INVALID); /* E > 4096 */
     assert_int_equal(dw_cuda_moe_combine_fwd(NULL, (dw_act_dtype)3, p, p, p, (const int32_t *)p, 1, 1, 1, dw_gc_stream),
                      DW_ERR_INVALID);

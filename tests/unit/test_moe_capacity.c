@@ -8,7 +8,7 @@
  * the dropless loss bit for bit, a small one changes it, and its parameter gradients equal central
  * differences of its own loss (layer 1's router weight and norms, away from rank swaps, which are
  * where drops change); config.json's capacity_factor round-trips and a negative one is refused by
- * name. */
+ * name, as is a moe_token_drop_policy other than "probs" or "position" ("probs" round-trips). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +24,7 @@
 #include "capture/capture.h"
 #include "ir/ir.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "moe_route.h"
 #include "opcheck.h"
 #include "runtime/engine.h"
 #include "testutil.h"
@@ -42,25 +43,8 @@ static void test_capacity_formula(void **state) {
     assert_int_equal(dw_moe_capacity(2.0, 0, 2, 4), 0);     /* no tokens */
 }
 
-/* Assignments of N tokens x K over E experts (distinct experts per token, as a router gives):
- * skew 0 uniform, 1 the first expert in every token, 2 half the tokens on expert 0. */
-static int32_t *routing(int64_t N, int64_t K, int64_t E, int skew) {
-    int32_t *idx = malloc((size_t)(N * K) * sizeof *idx);
-    int32_t perm[64];
-    for (int64_t n = 0; n < N; n++) {
-        for (int64_t e = 0; e < E; e++) perm[e] = (int32_t)e;
-        for (int64_t e = E - 1; e > 0; e--) { /* Fisher-Yates */
-            const int64_t j = (int64_t)(dw_test_next(RNG) % (uint64_t)(e + 1));
-            const int32_t t = perm[e];
-            perm[e] = perm[j], perm[j] = t;
-        }
-        if (skew == 1 || (skew == 2 && dw_test_next(RNG) % 2))
-            for (int64_t e = 0; e < E; e++)
-                if (perm[e] == 0) perm[e] = perm[0], perm[0] = 0;
-        memcpy(idx + n * K, perm, (size_t)K * sizeof *idx);
-    }
-    return idx;
-}
+/* Assignments of N tokens x K over E experts (moe_route.h). */
+static int32_t *routing(int64_t N, int64_t K, int64_t E, int skew) { return dw_test_moe_routing(RNG, N, K, E, skew); }
 
 /* The oracle: kept[a] (rank within its expert < cap), want_pos[a], want_off (E+1). */
 static void oracle(const int32_t *idx, int64_t A, int64_t E, int64_t cap, int32_t *want_pos, int32_t *want_off) {
@@ -82,7 +66,7 @@ static int64_t run_dispatch(int64_t N, int64_t C, int64_t K, int64_t E, double f
     dw_oc_fill(RNG, x, N * C, -1, 1);
     dw_oc_fill(RNG, dxs, A * C, -1, 1);
     for (int64_t i = 0; i < A * C; i++) xs[i] = NAN;
-    dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, N, C, K, E, cap);
+    dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, NULL, N, C, K, E, cap);
     oracle(idx, A, E, cap, wpos, woff);
     int64_t bad = 0, dropped = 0;
     for (int64_t e = 0; e <= E; e++) bad += off[e] != woff[e];
@@ -142,7 +126,7 @@ static int64_t run_chain(int64_t N, int64_t C, int64_t K, int64_t E, double fact
     dw_oc_fill(RNG, x, N * C, -1, 1);
     dw_oc_fill(RNG, wt, A, 0, 1);
     dw_oc_fill(RNG, g, N * C, -1, 1);
-    dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, N, C, K, E, cap);
+    dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, NULL, N, C, K, E, cap);
     for (int64_t e = 0; e < E; e++) /* the "expert": row r of group e times s_e */
         for (int64_t r = off[e]; r < off[e + 1]; r++)
             for (int64_t c = 0; c < C; c++) xs[r * C + c] = (float)(expert_scale((int32_t)e) * xs[r * C + c]);
@@ -176,19 +160,8 @@ static void test_drop_gradients(void **state) {
     assert_int_equal(bad, 0);
 }
 
-/* mixtral-tiny captured at B x T with the given factor, its CPU engine with weights from r. */
 static void build(double factor, int64_t B, int64_t T, dw_test_rng r, dw_test_model *m) {
-    dw_model_config c;
-    assert_int_equal(dw_model_config_load(CTX, "mixtral-tiny", &c), DW_OK);
-    c.capacity_factor = factor;
-    dw_graph *g = NULL;
-    assert_int_equal(dw_capture_config(CTX, &c, B, T, &g), DW_OK);
-    int dispatches = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].op == DW_OP_MOE_DISPATCH) assert_true(g->nodes[i].attrs.capacity_factor == factor), dispatches++;
-    assert_int_equal(dispatches, c.n_layers);
-    assert_int_equal(dw_test_model_build(CTX, g, NULL, DW_DEVICE_AUTO, m), DW_OK);
-    dw_test_random_params(m->e, &r, 0.3f, NULL, 0.3f);
+    dw_test_moe_tiny(CTX, factor, false, B, T, r, m);
 }
 
 static void test_engine_drops(void **state) {
@@ -248,6 +221,24 @@ static void test_config_key(void **state) {
     json_decref(j);
     assert_int_not_equal(dw_model_config_load(CTX, dir, &b), DW_OK);
     assert_non_null(strstr(dw_errmsg(CTX), "capacity_factor"));
+    /* moe_token_drop_policy: "probs" round-trips; position (the default) writes no key; others refused */
+    assert_false(a.drop_by_weight);
+    assert_int_equal(dw_model_config_save(CTX, &a, p), DW_OK);
+    j = json_load_file(p, 0, NULL);
+    assert_non_null(j);
+    assert_null(json_object_get(j, "moe_token_drop_policy"));
+    json_decref(j);
+    a.drop_by_weight = true;
+    assert_int_equal(dw_model_config_save(CTX, &a, p), DW_OK);
+    assert_int_equal(dw_model_config_load(CTX, dir, &b), DW_OK);
+    assert_true(b.drop_by_weight);
+    j = json_load_file(p, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "moe_token_drop_policy")), "probs");
+    json_object_set_new(j, "moe_token_drop_policy", json_string("weight"));
+    assert_int_equal(json_dump_file(j, p, 0), 0);
+    json_decref(j);
+    assert_int_not_equal(dw_model_config_load(CTX, dir, &b), DW_OK);
+    assert_non_null(strstr(dw_errmsg(CTX), "moe_token_drop_policy"));
     free(p);
     dw_test_rmtree(dir);
     free(dir);

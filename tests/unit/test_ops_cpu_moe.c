@@ -158,7 +158,7 @@ static int64_t run_dispatch(int64_t N, int64_t C, int64_t K, int64_t E, bool inv
     dw_oc_fill(&g_rng, x, N * C, -1, 1);
     dw_oc_fill(&g_rng, dxs, N * K * C, -1, 1);
     for (int64_t i = 0; i < N * K * C; i++) xs[i] = NAN;
-    dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, N, C, K, E, 0);
+    dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, NULL, N, C, K, E, 0);
     int64_t valid = 0;
     for (int64_t e = 0; e < E; e++) {
         int64_t count = 0, last = -1;
@@ -213,7 +213,7 @@ static int64_t run_glinear(int64_t N, int64_t K0, int64_t E, int64_t Kin, int64_
     idx[0] = (int32_t)(E - 1); /* expert E-2 may be empty: fine */
     float *dummy = dw_oc_alloc(N), *xsd = dw_oc_alloc(R);
     for (int64_t i = 0; i < N; i++) dummy[i] = 0.0f;
-    dw_cpu_moe_dispatch_fwd(xsd, off, pos, dummy, idx, N, 1, K0, E, 0); /* only the offsets are needed */
+    dw_cpu_moe_dispatch_fwd(xsd, off, pos, dummy, idx, NULL, N, 1, K0, E, 0); /* only the offsets are needed */
     float *x = dw_oc_alloc(R * Kin), *w = dw_oc_alloc(E * M * Kin), *y = dw_oc_alloc(R * M), *g = dw_oc_alloc(R * M);
     float *dx = dw_oc_alloc(R * Kin), *dw = dw_oc_alloc(E * M * Kin), *prior = dw_oc_alloc(E * M * Kin);
     dw_oc_fill(&g_rng, x, R * Kin, -1, 1);
@@ -264,7 +264,7 @@ static int64_t run_combine(int64_t N, int64_t C, int64_t K, int64_t E) {
     int32_t *idx = random_experts(N, K, E, true), *off = malloc((size_t)(E + 1) * 4), *pos = malloc((size_t)R * 4);
     float *dummy = dw_oc_alloc(N), *xsd = dw_oc_alloc(R);
     for (int64_t i = 0; i < N; i++) dummy[i] = 0.0f;
-    dw_cpu_moe_dispatch_fwd(xsd, off, pos, dummy, idx, N, 1, K, E, 0);
+    dw_cpu_moe_dispatch_fwd(xsd, off, pos, dummy, idx, NULL, N, 1, K, E, 0);
     float *ys = dw_oc_alloc(R * C), *wt = dw_oc_alloc(N * K), *g = dw_oc_alloc(N * C), *out = dw_oc_alloc(N * C);
     float *dys = dw_oc_alloc(R * C), *dwt = dw_oc_alloc(N * K);
     dw_oc_fill(&g_rng, ys, R * C, -1, 1);

@@ -1,17 +1,57 @@
 /* moe_cpu.c — CPU reference for the MoE data movement and expert GEMMs (ops_cpu.h): dispatch (a
- * counting sort of the (token, k) assignments by expert, those past an expert's capacity dropped,
- * and its gradient gather), the grouped linear layer, and the weighted combine; forward and backward, sums in double, one rounding per
- * output. Threads split independent rows or experts, so they cannot change results. */
+ * counting sort of the (token, k) assignments by expert, those past an expert's capacity dropped by
+ * position or by weight, and its gradient gather), the grouped linear layer, and the weighted
+ * combine; forward and backward, sums in double, one rounding per output. Threads split
+ * independent rows or experts, so they cannot change results. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "kernels/cpu/ops_cpu.h"
 
+/* One (weight, assignment) of an expert's group, for the drop by weight. */
+typedef struct {
+    float w;
+    int32_t a;
+} weighted;
+
+/* Heavier first; equal weights: the earlier (token, k) first. */
+static int heavier_first(const void *pa, const void *pb) {
+    const weighted *x = pa, *y = pb;
+    return x->w > y->w ? -1 : x->w < y->w ? 1 : (x->a > y->a) - (x->a < y->a);
+}
+
+/* keep[a] = idx[a] when assignment a is among its expert's cap heaviest (prio (A)), else -1: each
+ * expert's members sorted by (weight descending, index ascending), the first cap kept. */
+static void keep_heaviest(int32_t *keep, const int32_t *idx, const float *prio, int64_t A, int64_t E, int64_t cap) {
+    weighted *m = malloc((size_t)(A ? A : 1) * sizeof *m);
+    int64_t *start = calloc((size_t)E + 1, sizeof *start), *fill = calloc((size_t)E + 1, sizeof *fill);
+    DW_ASSERT(m && start && fill);
+    for (int64_t a = 0; a < A; a++)
+        if (idx[a] >= 0 && idx[a] < E) start[idx[a] + 1]++;
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    for (int64_t a = 0; a < A; a++) {
+        keep[a] = -1;
+        if (idx[a] >= 0 && idx[a] < E) m[start[idx[a]] + fill[idx[a]]++] = (weighted){prio[a], (int32_t)a};
+    }
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = start[e + 1] - start[e];
+        qsort(m + start[e], (size_t)n, sizeof *m, heavier_first);
+        for (int64_t r = 0; r < n && r < cap; r++) keep[m[start[e] + r].a] = (int32_t)e;
+    }
+    free(fill);
+    free(start);
+    free(m);
+}
+
 void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const float *x, const int32_t *idx,
-                             int64_t N, int64_t C, int64_t K, int64_t E, int64_t cap) {
+                             const float *prio, int64_t N, int64_t C, int64_t K, int64_t E, int64_t cap) {
     DW_ASSERT(N >= 0 && C >= 1 && K >= 1 && E >= 1);
     if (cap <= 0 || cap > N * K) cap = N * K; /* dropless */
+    if (prio && cap < N * K) { /* by weight: pos holds the kept experts (-1 dropped), then sorted as dropless */
+        keep_heaviest(pos, idx, prio, N * K, E, cap);
+        idx = pos, cap = N * K;
+    }
     int64_t *cursor = calloc((size_t)E + 1, sizeof *cursor), *seen = calloc((size_t)E, sizeof *seen);
     DW_ASSERT(cursor && seen);
     for (int64_t a = 0; a < N * K; a++)
@@ -19,7 +59,7 @@ void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const fl
     for (int64_t e = 0; e < E; e++) cursor[e + 1] = cursor[e] + (cursor[e + 1] < cap ? cursor[e + 1] : cap);
     for (int64_t e = 0; e <= E; e++) offsets[e] = (int32_t)cursor[e]; /* group starts, groups clipped to cap */
     for (int64_t a = 0; a < N * K; a++) { /* (token, k) order within each group; past the capacity: dropped */
-        const int32_t e = idx[a];
+        const int32_t e = idx[a]; /* read before pos[a] is written: idx may be pos */
         pos[a] = e >= 0 && e < E && seen[e]++ < cap ? (int32_t)cursor[e]++ : -1;
     }
     free(seen);
@@ -29,6 +69,13 @@ void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const fl
         if (pos[a] >= 0) memcpy(xs + (int64_t)pos[a] * C, x + (a / K) * C, (size_t)C * sizeof *x);
     const int64_t used = offsets[E];
     memset(xs + used * C, 0, (size_t)((N * K - used) * C) * sizeof *xs);
+}
+
+void dw_cpu_moe_count(int64_t *cnt, const int32_t *idx, const int32_t *offsets, int64_t A, int64_t E) {
+    cnt[0] += A;
+    cnt[1] += A - offsets[E];
+    for (int64_t a = 0; a < A; a++)
+        if (idx[a] >= 0 && idx[a] < E) cnt[2 + idx[a]]++;
 }
 
 /* Each token's sum of its rows' gradients: the combine with every weight 1. */

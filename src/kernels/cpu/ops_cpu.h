@@ -104,10 +104,15 @@ void dw_cpu_moe_router_bwd(float *dz, const float *dw, const float *z, const int
  * expert order, each in (token, k) order). xs (N*K, C) gets x's row n for each assignment of n,
  * offsets (E+1) the group starts (offsets[E] = the assignments kept), pos (N,K) each assignment's
  * row (-1: no row, for an expert outside [0, E) or an assignment dropped). cap: the most rows an
- * expert keeps (dw_moe_capacity; 0: all) — its first cap assignments in (token, k) order, the rest
- * dropped. Rows past offsets[E] are 0. */
+ * expert keeps (dw_moe_capacity; 0: all) — prio NULL: its first cap assignments in (token, k) order
+ * (drop by position); prio (N,K), the router's weights: its cap heaviest (equal weights: the
+ * earlier (token, k)), kept rows still in (token, k) order (drop by weight). The rest dropped.
+ * Rows past offsets[E] are 0. */
 void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const float *x, const int32_t *idx,
-                             int64_t N, int64_t C, int64_t K, int64_t E, int64_t cap);
+                             const float *prio, int64_t N, int64_t C, int64_t K, int64_t E, int64_t cap);
+/* A dispatch's routing added to a layer's running counters cnt (2+E) int64: the A assignments,
+ * those dropped (A - offsets[E]), the router's choices idx (A) per expert. */
+void dw_cpu_moe_count(int64_t *cnt, const int32_t *idx, const int32_t *offsets, int64_t A, int64_t E);
 /* dx (N,C) written: each token's sum of its K rows' gradients */
 void dw_cpu_moe_dispatch_bwd(float *dx, const float *dxs, const int32_t *pos, int64_t N, int64_t C, int64_t K);
 /* Grouped linear: rows [offsets[e], offsets[e+1]) of x (R,K) times w[e]^T (w (E,M,K)) into y

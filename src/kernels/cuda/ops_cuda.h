@@ -159,13 +159,18 @@ dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const v
  * dispatch: x (N,C), experts idx (N,K) int32 -> xs (N*K,C) x's rows grouped by expert, each group in
  * (token, k) order, rows past the assigned ones zero; offsets (E+1) int32 group starts; pos (N,K)
  * int32 each assignment's row (-1: an expert outside [0,E), or dropped: past the first cap of its
- * expert in (token, k) order; cap <= 0: none dropped). All on the device. E <= 4096.
+ * expert in (token, k) order, or with prio (N,K) the router's weights in dt, past its cap heaviest,
+ * equal weights keeping the earlier (token, k); cap <= 0: none dropped). All on the device. E <= 4096.
  * combine: out (N,C) = sum_k wt[n,k] ys[pos[n,k]] (wt NULL: weights 1, dispatch's backward; ys
  * NULL: zeros). combine backward: dys (R,C) (rows no assignment names: zero) and dwt (N,K), either
  * NULL; dout NULL: zeros. zero_tail: rows [offsets[E], R) of y (R,C) set to zero. */
 dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void *xs, int32_t *offsets, int32_t *pos,
-                                   const void *x, const int32_t *idx, int64_t N, int64_t C, int64_t K, int64_t E,
-                                   int64_t cap, void *stream);
+                                   const void *x, const int32_t *idx, const void *prio, int64_t N, int64_t C,
+                                   int64_t K, int64_t E, int64_t cap, void *stream);
+/* count: a dispatch's routing added to a layer's running counters cnt (2+E) int64 on the device (as
+ * kernels/cpu/moe_cpu.c dw_cpu_moe_count): the A assignments, those dropped, the choices per expert. */
+dw_status dw_cuda_moe_count(dw_ctx *ctx, int64_t *cnt, const int32_t *idx, const int32_t *offsets, int64_t A,
+                            int64_t E, void *stream);
 dw_status dw_cuda_moe_combine_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *ys, const void *wt,
                                   const int32_t *pos, int64_t N, int64_t C, int64_t K, void *stream);
 dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dys, void *dwt, const void *dout,

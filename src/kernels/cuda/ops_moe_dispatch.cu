@@ -10,7 +10,11 @@
  * expert, and pass 2 hands out rows 32 assignments at a time, a lane's rank among the earlier
  * lanes with its expert found by shuffles (no atomics: stable and deterministic). With a capacity
  * (cap rows per expert), an assignment whose rank within its expert reaches cap is dropped (row
- * -1) and the groups are clipped to cap: the first cap in (token, k) order stay, as on the CPU. */
+ * -1) and the groups are clipped to cap: the first cap in (token, k) order stay, as on the CPU.
+ * Dropping by weight instead, a block per expert first finds its cap heaviest assignments (a radix
+ * select on the key (weight, -index), so equal weights keep the earlier (token, k), as the CPU's
+ * sort) and writes pos = the expert for those and -1 for the rest; the index kernel then sorts pos
+ * in place, dropless. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_MOE_IDX_THREADS 1024
@@ -81,6 +85,84 @@ dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t 
             if (e >= 0 && before == 0) seg[w * E + e] = first + total;
             __syncwarp();
         }
+}
+
+#define DW_MOE_SEL_THREADS 256
+
+/* The select key of assignment a: the weight's bits in an order that sorts as the floats do (-0 as
+ * +0), then ~a, so a larger key is a heavier weight or an equal one earlier. */
+template <typename T>
+static __device__ __forceinline__ uint64_t dw_moe_key(const T *w, int64_t a) {
+    float f = dw_ld(w, a);
+    if (f == 0.0f) f = 0.0f;
+    uint32_t u = __float_as_uint(f);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)u << 32) | (uint32_t)~(uint32_t)a;
+}
+
+/* Block e: keep[a] = e for the cap largest keys among the assignments with idx[a] == e, -1 for its
+ * others; block 0 also writes -1 for experts outside [0, E). MSB-first radix select, 8 bits a pass:
+ * after pass p the top 8(p+1) bits of the cap-th largest key are known. */
+template <typename T>
+static __global__ void __launch_bounds__(DW_MOE_SEL_THREADS)
+dw_moe_select_kernel(int32_t *keep, const int32_t *idx, const T *w, int64_t A, int E, int64_t cap) {
+    __shared__ int64_t hist[256];
+    __shared__ uint64_t prefix_sh;
+    __shared__ int64_t want_sh;
+    const int e = blockIdx.x;
+    uint64_t prefix = 0;
+    int64_t want = cap; /* the rank (1-based) of the threshold among the keys matching the prefix */
+    for (int pass = 0; pass < 8; pass++) {
+        const int shift = 56 - 8 * pass;
+        const uint64_t mask = pass ? ~0ull << (shift + 8) : 0ull;
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t a = threadIdx.x; a < A; a += blockDim.x)
+            if (idx[a] == e) {
+                const uint64_t k = dw_moe_key(w, a);
+                if ((k & mask) == prefix) atomicAdd((unsigned long long *)&hist[(k >> shift) & 255], 1ull);
+            }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int64_t above = 0;
+            int d = 255;
+            if (pass == 0) { /* the whole group fits: keep it all */
+                int64_t n = 0;
+                for (int i = 0; i < 256; i++) n += hist[i];
+                if (n <= cap) want = 0;
+            }
+            if (want > 0) {
+                while (d > 0 && above + hist[d] < want) above += hist[d--];
+                want -= above;
+                prefix |= (uint64_t)d << shift;
+            }
+            prefix_sh = prefix, want_sh = want;
+        }
+        __syncthreads();
+        prefix = prefix_sh, want = want_sh;
+        if (want == 0) break;
+    }
+    /* want 0: all kept (threshold 0); else prefix is the cap-th largest key itself (keys differ) */
+    const uint64_t thr = want == 0 ? 0ull : prefix;
+    for (int64_t a = threadIdx.x; a < A; a += blockDim.x) {
+        const int32_t ea = idx[a];
+        if (ea == e) keep[a] = dw_moe_key(w, a) >= thr ? e : -1;
+        else if (e == 0 && (ea < 0 || ea >= E)) keep[a] = -1;
+    }
+}
+
+/* cnt (2+E) int64 += the A assignments, those dropped, the choices per expert; one block (counts in
+ * shared memory, then one thread per expert adds its own). */
+static __global__ void __launch_bounds__(DW_MOE_IDX_THREADS)
+dw_moe_count_kernel(long long *cnt, const int32_t *idx, const int32_t *offsets, int64_t A, int E) {
+    __shared__ int32_t load[4096];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) load[e] = 0;
+    __syncthreads();
+    for (int64_t a = threadIdx.x; a < A; a += blockDim.x)
+        if (idx[a] >= 0 && idx[a] < E) atomicAdd(&load[idx[a]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[2 + e] += load[e];
+    if (threadIdx.x == 0) cnt[0] += A, cnt[1] += A - offsets[E];
 }
 
 /* One row of C values, 16 bytes at a time where both rows allow it. */
@@ -160,8 +242,8 @@ dw_moe_combine_bwd_kernel(T *dys, T *dwt, const T *dout, const T *ys, const T *w
 static unsigned dw_moe_blocks(int64_t n) { return (unsigned)(n < 1 ? 1 : n > (1 << 20) ? (1 << 20) : n); }
 
 extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void *xs, int32_t *offsets, int32_t *pos,
-                                              const void *x, const int32_t *idx, int64_t N, int64_t C, int64_t K,
-                                              int64_t E, int64_t cap, void *stream) {
+                                              const void *x, const int32_t *idx, const void *prio, int64_t N,
+                                              int64_t C, int64_t K, int64_t E, int64_t cap, void *stream) {
     const char *op = "moe_dispatch";
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 1 && K >= 1 && E >= 1 && E <= 4096 && N * K <= INT32_MAX);
@@ -169,6 +251,16 @@ extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void
     cudaStream_t s = (cudaStream_t)stream;
     const int64_t A = N * K;
     if (cap <= 0 || cap > A) cap = A; /* dropless */
+    if (prio && cap < A) { /* by weight: pos = the kept experts, then sorted in place, dropless */
+        if (dt == DW_ACT_F32)
+            dw_moe_select_kernel<float><<<(unsigned)E, DW_MOE_SEL_THREADS, 0, s>>>(pos, idx, (const float *)prio, A,
+                                                                                   (int)E, cap);
+        else
+            dw_moe_select_kernel<dw_bf16><<<(unsigned)E, DW_MOE_SEL_THREADS, 0, s>>>(pos, idx, (const dw_bf16 *)prio,
+                                                                                     A, (int)E, cap);
+        DW_CUDA_CHECK_LAUNCH(ctx, op);
+        idx = pos, cap = A;
+    }
     int S = (int)((DW_MOE_IDX_SMEM_INTS - E) / E);
     if (S > 32) S = 32;
     dw_moe_index_kernel<<<1, DW_MOE_IDX_THREADS, 0, s>>>(offsets, pos, idx, A, (int)E, S, (int32_t)cap);
@@ -248,6 +340,15 @@ extern "C" dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void 
         dw_moe_combine_bwd_kernel<dw_bf16><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
             (dw_bf16 *)dys, (dw_bf16 *)dwt, (const dw_bf16 *)dout, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N,
             C, K);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_count(dw_ctx *ctx, int64_t *cnt, const int32_t *idx, const int32_t *offsets,
+                                       int64_t A, int64_t E, void *stream) {
+    const char *op = "moe_dispatch counters";
+    DW_OPS_REQUIRE(ctx, op, cnt && offsets && A >= 0 && E >= 1 && E <= 4096 && (A == 0 || idx));
+    dw_moe_count_kernel<<<1, DW_MOE_IDX_THREADS, 0, (cudaStream_t)stream>>>((long long *)cnt, idx, offsets, A, (int)E);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

@@ -36,18 +36,30 @@ dw_status dw_cpu_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
 }
 
 /* ---- dispatch: x's rows grouped by expert, the offsets, each (token, k)'s row ------------------ */
+/* A third input (the router's weights) drops by weight instead of by position. */
 dw_status dw_cpu_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, C = dw_cpu_width(c, c->n->in[0]), K = dw_cpu_width(c, c->n->in[1]);
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
+    const float *prio = c->n->n_in > 2 ? dw_cpu_in(be, c, c->in[2], N * K, CPU_S_IN2) : NULL;
     float *xs = dw_cpu_out(be, c, c->out[0], N * K * C, CPU_S_OUT);
-    if (!x || !xs) return DW_ERR_NOMEM;
+    if (!x || !xs || (c->n->n_in > 2 && !prio)) return DW_ERR_NOMEM;
     const int64_t E = c->n->attrs.experts;
-    dw_cpu_moe_dispatch_fwd(xs, (int32_t *)c->out[1], (int32_t *)c->out[2], x, (const int32_t *)c->in[1], N, C, K, E,
-                            dw_moe_capacity(c->n->attrs.capacity_factor, N, K, E));
+    dw_cpu_moe_dispatch_fwd(xs, (int32_t *)c->out[1], (int32_t *)c->out[2], x, (const int32_t *)c->in[1], prio, N, C,
+                            K, E, dw_moe_capacity(c->n->attrs.capacity_factor, N, K, E));
+    const int64_t cnt = c->train ? dw_compile_moe_counts_of(c->x->p, c->node) : -1; /* training forwards only */
+    if (cnt >= 0)
+        dw_cpu_moe_count((int64_t *)(c->x->work + cnt), (const int32_t *)c->in[1], (const int32_t *)c->out[1], N * K,
+                         E);
     dw_cpu_put(c, c->out[0], xs, N * K * C, false); /* copies of BF16 values: exact */
     return DW_OK;
 }
 dw_status dw_cpu_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
+    if (c->n->n_in > 2 && c->dx[2] && !c->dx_acc[2]) { /* the weights only ranked the assignments */
+        float *z = dw_cpu_scratch(be, CPU_S_DX2, c->rows * dw_cpu_width(c, c->n->in[1]));
+        if (!z) return DW_ERR_NOMEM;
+        memset(z, 0, (size_t)(c->rows * dw_cpu_width(c, c->n->in[1])) * sizeof *z);
+        dw_cpu_deliver(c, 2, z, c->rows * dw_cpu_width(c, c->n->in[1]));
+    }
     if (!c->dx[0]) return DW_OK;
     const int64_t N = c->rows, C = dw_cpu_width(c, c->n->in[0]), K = dw_cpu_width(c, c->n->in[1]);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
