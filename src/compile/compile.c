@@ -108,6 +108,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     snprintf(c->precision, sizeof c->precision, "%s",
              !policy ? "fp32" : policy->n_rules ? "policy" : dw_recipe_name(policy->default_recipe));
     if (st == DW_OK && policy) st = dw_policy_to_json(ctx, policy, &c->policy_json);
+    c->nvfp4 = policy ? policy->nvfp4 : dw_nvfp4_recipe_default();
     c->n_times = 2 * g->n_nodes;
     c->node = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *c->node);
     c->tensor = calloc((size_t)(g->n_tensors ? g->n_tensors : 1), sizeof *c->tensor);

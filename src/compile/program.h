@@ -186,6 +186,7 @@ struct dw_compiled {
     char precision[32];        /* "fp32" (no policy), the policy's default recipe, or "policy"
                                   (a policy with rules): reports and checkpoints */
     char *policy_json;         /* the policy (dw_policy_to_json), or NULL in FP32 mode */
+    dw_nvfp4_recipe nvfp4;     /* the policy's NVFP4 training recipe (nvfp4 nodes' quantisers) */
 
     dw_step *steps;
     int n_steps;

@@ -4,6 +4,7 @@
  * W and W^T; the MoE layers' routing counters. Sizes at capacity; byte offsets 256-aligned. */
 #include "compile/passes.h"
 #include "core/error.h"
+#include "kernels/cuda/nvfp4_cuda.h" /* DW_NVFP4_CUDA_WORKSPACE_BYTES (plain C) */
 
 /* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */
 typedef struct {
@@ -60,6 +61,7 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
             int64_t b = (1 + dims[d][0] + dims[d][1]) * 4;
             if (b > ws) ws = b;
         }
+        if (r == DW_RECIPE_NVFP4 && ws < DW_NVFP4_CUDA_WORKSPACE_BYTES) ws = DW_NVFP4_CUDA_WORKSPACE_BYTES; /* recipe quantiser */
     }
     w->q_rows = qslot_place(rows, o);
     w->q_dyt = qslot_place(dyt, o);

@@ -30,7 +30,10 @@ typedef struct {
     bool sr;         /* elements stochastically rounded (Philox of seed, stream, step, index) */
     uint64_t seed;   /* RHT signs (the seed alone) and SR key */
     uint32_t stream; /* SR: which tensor of the step (node and operand) */
-    uint32_t step;   /* SR: the training step */
+    uint32_t step;   /* SR: the training step (unless step_from_scale) */
+    bool step_from_scale; /* SR: the step word is the bits of the view's tensor scale s_t instead — a
+                             value of the data, so fresh every training step yet the same on a
+                             resumed run and on every backend, with no counter to keep */
 } dw_nvfp4_qopts;
 
 #define DW_NVFP4_BLOCK 16

@@ -60,8 +60,7 @@ json_t *dw_nvfp4_recipe_json(const dw_nvfp4_recipe *r) {
 
 int64_t dw_nvfp4_bf16_tail(const dw_nvfp4_recipe *r, int64_t n_layers) {
     if (!(r->bf16_last_blocks > 0) || n_layers <= 0) return 0;
-    int64_t n = (int64_t)floor(r->bf16_last_blocks * (double)n_layers + 0.5);
-    if (n < 1) n = 1;
+    const int64_t n = (int64_t)floor(r->bf16_last_blocks * (double)n_layers + 0.5);
     return n > n_layers ? n_layers : n;
 }
 

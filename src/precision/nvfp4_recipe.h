@@ -33,7 +33,7 @@ dw_status dw_nvfp4_recipe_parse(dw_ctx *ctx, const json_t *v, const char *path, 
 json_t *dw_nvfp4_recipe_json(const dw_nvfp4_recipe *r);
 
 /* How many blocks, counted from the last, stay in BF16 for a model of n_layers: the fraction of
- * n_layers rounded to the nearest whole block, at least one when the fraction is above 0. */
+ * n_layers rounded to the nearest whole block (0.15: none below 4 blocks, 1 of 8, 2 of 12). */
 int64_t dw_nvfp4_bf16_tail(const dw_nvfp4_recipe *r, int64_t n_layers);
 /* Whether a node that would get nvfp4 by default stays BF16: the LM head (bf16_head), or a node of
  * block `layer` (-1: outside the blocks) among the last dw_nvfp4_bf16_tail ones. */

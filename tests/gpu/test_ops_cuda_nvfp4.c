@@ -2,7 +2,7 @@
  * against the CPU reference (kernels/cpu/nvfp4_train_cpu.c), byte for byte: codes, UE4M3 scales
  * and the tensor scale, for FP32 and BF16 inputs, row-wise and transposed views, each recipe
  * piece alone and together (random Hadamard transform, 16x16 weight blocks, stochastic rounding
- * with seed/stream/step), ragged shapes (rows and columns not multiples of 16, odd widths),
+ * with seed/stream and a step given or taken from the tensor scale's bits), ragged shapes (rows and columns not multiples of 16, odd widths),
  * non-finite inputs, outputs poisoned before the call and guard bands around every buffer, and
  * the rht + block2d refusal. Needs a GPU (ctest label "gpu"); the host emulator
  * (tests/common/cuda_emu/run.sh) runs it too. */
@@ -63,7 +63,7 @@ static int64_t run_case(dw_act_dtype dt, const dw_nvfp4_qopts *o, int64_t rows, 
     dw_gt_upload(x); /* host now holds exactly what the device holds */
     const size_t cb = dw_quant_codes_bytes(DW_RECIPE_NVFP4, R, C), sb = dw_quant_scales_bytes(DW_RECIPE_NVFP4, R, C);
     dw_gt *codes = bytes_out("codes", cb), *scales = bytes_out("scales", sb), *ts = bytes_out("tensor_scale", 4);
-    dw_gt *ws = bytes_out("workspace", dw_nvfp4_quantize_cuda_workspace_bytes());
+    dw_gt *ws = bytes_out("workspace", DW_NVFP4_CUDA_WORKSPACE_BYTES);
     dw_qtensor q = {.codes = malloc(cb), .scales = malloc(sb)};
     assert_int_equal(dw_nvfp4_quantize_cpu(NULL, o, x->host, rows, cols, &q), DW_OK);
     const dw_quant_dev_out out = {.codes = codes->dev, .scales = scales->dev, .tensor_scale = ts->dev};
@@ -91,7 +91,9 @@ static void test_nvfp4_recipe_matches_cpu(void **state) {
                     /* 0 plain, 1 rht, 2 sr, 3 rht + sr (the wgrad's dy^T), 4 16x16 blocks (weights) */
                     const dw_nvfp4_qopts o = {.trans = t, .rht = piece == 1 || piece == 3, .sr = piece == 2 || piece == 3,
                                               .block2d = piece == 4, .seed = dw_test_next(&g_rng),
-                                              .stream = (uint32_t)dw_test_next(&g_rng), .step = (uint32_t)trial};
+                                              .stream = (uint32_t)dw_test_next(&g_rng),
+                                              .step = (uint32_t)dw_test_next(&g_rng),
+                                              .step_from_scale = trial % 2 == 1};
                     const int64_t rows = trial < 2 ? 16 * dw_test_rnd(1, 5) : dw_test_rnd(1, 80);
                     const int64_t cols = trial < 2 ? 16 * dw_test_rnd(1, 5) : dw_test_rnd(1, 80);
                     bad += run_case(dts[d], &o, rows, cols, trial == 5);

@@ -65,6 +65,9 @@ dw_status dw_nvfp4_quantize_cpu(dw_ctx *ctx, const dw_nvfp4_qopts *o, const floa
     q->rows = R;
     q->cols = C;
     q->tensor_scale = dw_rule_nvfp4_tensor_scale(amax_bits(v, C, 0, R, 0, C));
+    dw_nvfp4_qopts oo = *o;
+    if (oo.step_from_scale) oo.step = dw_rule_f2u(q->tensor_scale);
+    o = &oo;
     memset(q->codes, 0, dw_quant_codes_bytes(DW_RECIPE_NVFP4, R, C));
     const int64_t br = o->block2d ? DW_NVFP4_BLOCK : 1;
     for (int64_t r0 = 0; r0 < R; r0 += br)

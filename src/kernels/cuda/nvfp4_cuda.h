@@ -16,13 +16,16 @@
 extern "C" {
 #endif
 
-/* Device scratch for the tensor amax (a few KiB, independent of the shape). */
-size_t dw_nvfp4_quantize_cuda_workspace_bytes(void);
+/* Device scratch of a call (the amax partials and the step word), whatever the shape. */
+#define DW_NVFP4_CUDA_AMAX_BLOCKS 1024
+#define DW_NVFP4_CUDA_WORKSPACE_BYTES ((DW_NVFP4_CUDA_AMAX_BLOCKS + 1) * 4)
 
 /* Quantises x [rows, cols] (device, FP32 or BF16, row-major), or x^T with o->trans, into out
- * (codes, scales and tensor_scale required; scales_swizzled must be NULL). Asynchronous on
- * `stream`. DW_ERR_INVALID names a bad argument (rht with block2d, NULL buffers, bad shape);
- * DW_ERR_CUDA for a failed launch. */
+ * (codes, scales and tensor_scale required; scales_swizzled must be NULL). With o->sr and
+ * o->step_from_scale the SR step word is the bits of the s_t this call computes, on the device.
+ * workspace: DW_NVFP4_CUDA_WORKSPACE_BYTES of device memory. Asynchronous on `stream`.
+ * DW_ERR_INVALID names a bad argument (rht with block2d, NULL buffers, bad shape); DW_ERR_CUDA
+ * for a failed launch. */
 dw_status dw_nvfp4_quantize_cuda(dw_ctx *ctx, const dw_nvfp4_qopts *o, dw_quant_in in, const void *x, int64_t rows,
                                  int64_t cols, const dw_quant_dev_out *out, void *workspace, void *stream);
 

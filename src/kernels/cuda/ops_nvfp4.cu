@@ -11,7 +11,7 @@ extern "C" {
 }
 
 #define DW_NV_THREADS 256
-#define DW_NV_AMAX_BLOCKS 1024 /* partial maxima; the amax kernel strides over the rest */
+#define DW_NV_AMAX_BLOCKS DW_NVFP4_CUDA_AMAX_BLOCKS /* partial maxima; the amax kernel strides over the rest */
 
 typedef struct {
     int64_t rows, cols; /* x */
@@ -64,8 +64,10 @@ static __global__ void __launch_bounds__(DW_NV_THREADS) dw_nv_amax_kernel(const 
     if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
 }
 
-/* *st = the NVFP4 tensor scale of max(partial[0..n)). One CTA. */
-static __global__ void __launch_bounds__(DW_NV_THREADS) dw_nv_tscale_kernel(const uint32_t *partial, int n, float *st) {
+/* *st = the NVFP4 tensor scale of max(partial[0..n)); *step = the SR step: st's bits (from_scale)
+ * or `fixed`. One CTA. */
+static __global__ void __launch_bounds__(DW_NV_THREADS)
+dw_nv_tscale_kernel(const uint32_t *partial, int n, float *st, bool from_scale, uint32_t fixed, uint32_t *step) {
     __shared__ uint32_t red[DW_NV_THREADS];
     uint32_t m = 0;
     for (int k = threadIdx.x; k < n; k += blockDim.x) m = partial[k] > m ? partial[k] : m;
@@ -75,7 +77,11 @@ static __global__ void __launch_bounds__(DW_NV_THREADS) dw_nv_tscale_kernel(cons
         if ((int)threadIdx.x < s && red[threadIdx.x + s] > red[threadIdx.x]) red[threadIdx.x] = red[threadIdx.x + s];
         __syncthreads();
     }
-    if (threadIdx.x == 0) *st = dw_rule_nvfp4_tensor_scale(red[0]);
+    if (threadIdx.x == 0) {
+        const float t = dw_rule_nvfp4_tensor_scale(red[0]);
+        *st = t;
+        *step = from_scale ? dw_rule_f2u(t) : fixed;
+    }
 }
 
 /* Codes of view row i, columns [j0, j0 + n), from v, with d = decode(b) s_t; two per byte. */
@@ -96,8 +102,9 @@ static __device__ __forceinline__ void dw_nv_store(const dw_nv_args &a, const fl
 /* 1x16 blocks: one thread per block. */
 template <typename T>
 static __global__ void __launch_bounds__(DW_NV_THREADS)
-dw_nv_quant_kernel(const T *x, dw_nv_args a, const float *st, uint8_t *codes, uint8_t *scales) {
+dw_nv_quant_kernel(const T *x, dw_nv_args a, const float *st, const uint32_t *step, uint8_t *codes, uint8_t *scales) {
     const float s_t = *st;
+    a.step = *step;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < a.R * a.nb; k += (int64_t)gridDim.x * blockDim.x) {
         int64_t i, j0;
         dw_nv_block(a, k, &i, &j0);
@@ -114,8 +121,10 @@ dw_nv_quant_kernel(const T *x, dw_nv_args a, const float *st, uint8_t *codes, ui
 /* 16x16 blocks: one thread per block, the amax over its rows first, then row by row. */
 template <typename T>
 static __global__ void __launch_bounds__(DW_NV_THREADS)
-dw_nv_quant2d_kernel(const T *x, dw_nv_args a, const float *st, uint8_t *codes, uint8_t *scales) {
+dw_nv_quant2d_kernel(const T *x, dw_nv_args a, const float *st, const uint32_t *step, uint8_t *codes,
+                     uint8_t *scales) {
     const float s_t = *st;
+    a.step = *step;
     const int64_t rblocks = (a.R + 15) / 16;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < rblocks * a.nb; k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t i0 = (a.trans ? k % rblocks : k / a.nb) * 16, j0 = (a.trans ? k / rblocks : k % a.nb) * 16;
@@ -142,21 +151,20 @@ static unsigned dw_nv_grid(int64_t work) {
 }
 
 template <typename T>
-static void dw_nv_launch(const T *x, const dw_nv_args &a, bool block2d, const dw_quant_dev_out *out, uint32_t *partial,
-                         cudaStream_t s) {
+static void dw_nv_launch(const T *x, const dw_nv_args &a, bool block2d, bool from_scale, const dw_quant_dev_out *out,
+                         uint32_t *ws, cudaStream_t s) {
     const int64_t blocks = a.R * a.nb;
     const unsigned ga = dw_nv_grid(blocks) < DW_NV_AMAX_BLOCKS ? dw_nv_grid(blocks) : DW_NV_AMAX_BLOCKS;
-    dw_nv_amax_kernel<T><<<ga, DW_NV_THREADS, 0, s>>>(x, a, partial);
-    dw_nv_tscale_kernel<<<1, DW_NV_THREADS, 0, s>>>(partial, (int)ga, out->tensor_scale);
+    uint32_t *step = ws + DW_NV_AMAX_BLOCKS;
+    dw_nv_amax_kernel<T><<<ga, DW_NV_THREADS, 0, s>>>(x, a, ws);
+    dw_nv_tscale_kernel<<<1, DW_NV_THREADS, 0, s>>>(ws, (int)ga, out->tensor_scale, from_scale, a.step, step);
     if (block2d)
         dw_nv_quant2d_kernel<T><<<dw_nv_grid((a.R + 15) / 16 * a.nb), DW_NV_THREADS, 0, s>>>(
-            x, a, out->tensor_scale, out->codes, (uint8_t *)out->scales);
+            x, a, out->tensor_scale, step, out->codes, (uint8_t *)out->scales);
     else
-        dw_nv_quant_kernel<T><<<dw_nv_grid(blocks), DW_NV_THREADS, 0, s>>>(x, a, out->tensor_scale, out->codes,
+        dw_nv_quant_kernel<T><<<dw_nv_grid(blocks), DW_NV_THREADS, 0, s>>>(x, a, out->tensor_scale, step, out->codes,
                                                                            (uint8_t *)out->scales);
 }
-
-extern "C" size_t dw_nvfp4_quantize_cuda_workspace_bytes(void) { return DW_NV_AMAX_BLOCKS * sizeof(uint32_t); }
 
 extern "C" dw_status dw_nvfp4_quantize_cuda(dw_ctx *ctx, const dw_nvfp4_qopts *o, dw_quant_in in, const void *x,
                                             int64_t rows, int64_t cols, const dw_quant_dev_out *out, void *workspace,
@@ -173,8 +181,9 @@ extern "C" dw_status dw_nvfp4_quantize_cuda(dw_ctx *ctx, const dw_nvfp4_qopts *o
                     dw_nvfp4_rht_signs(o->seed), o->stream, o->step, o->seed};
     a.nb = (a.C + 15) / 16;
     cudaStream_t s = (cudaStream_t)stream;
-    if (in == DW_QUANT_IN_F32) dw_nv_launch((const float *)x, a, o->block2d, out, (uint32_t *)workspace, s);
-    else dw_nv_launch((const dw_bf16 *)x, a, o->block2d, out, (uint32_t *)workspace, s);
+    const bool from_scale = o->sr && o->step_from_scale;
+    if (in == DW_QUANT_IN_F32) dw_nv_launch((const float *)x, a, o->block2d, from_scale, out, (uint32_t *)workspace, s);
+    else dw_nv_launch((const dw_bf16 *)x, a, o->block2d, from_scale, out, (uint32_t *)workspace, s);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

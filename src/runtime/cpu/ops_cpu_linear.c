@@ -6,7 +6,10 @@
  *                 the fprop, GELU' into the dgrad, the bias gradient in the wgrad) as on the GPU;
  *   quantised:    each GEMM the target runs quantised (compile/program.h) with its operands
  *                 quantised by the FORMATS.md reference (x, dy along the row; dy^T, x^T along the
- *                 tokens; W, W^T from the weight cache of the last refresh), the others in BF16.
+ *                 tokens; W, W^T from the weight cache of the last refresh), the others in BF16;
+ *                 nvfp4 operands through the NVFP4 recipe's quantiser where a piece applies
+ *                 (runtime/nvfp4_operand.h: 16x16 weight blocks, the wgrad's Hadamard transform,
+ *                 stochastic rounding of dy).
  * Also the weight cache's refresh (DW_STEP_QUANT_W). Operand slots are the program's workspace
  * slots, as on the GPU. */
 #include <string.h>
@@ -15,6 +18,8 @@
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/cpu/cpu.h"
 #include "runtime/linear_args.h"
+#include "kernels/cpu/nvfp4_train_cpu.h"
+#include "runtime/nvfp4_operand.h"
 
 /* ---- quantised operands in the workspace's slots ------------------------------------------------ */
 static dw_qtensor slot(const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, int64_t rows, int64_t cols) {
@@ -23,13 +28,20 @@ static dw_qtensor slot(const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, 
                         .scales = base + l->scales, .tensor_scale = *(float *)(base + l->tscale)};
 }
 
-/* Quantises v [rows, cols] (FP32) into slot l, row-wise or (trans) as v^T [cols, rows]. */
+/* Quantises v [rows, cols] (FP32) into slot l, row-wise or (trans) as v^T [cols, rows]; node's
+ * operand `role` of an nvfp4 node through the NVFP4 recipe's quantiser where a piece applies
+ * (runtime/nvfp4_operand.h). */
 static dw_status quant(dw_backend *be, const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, const float *v,
-                       int64_t rows, int64_t cols, bool trans, dw_qtensor *q) {
+                       int64_t rows, int64_t cols, bool trans, dw_qtensor *q, int node, dw_nvfp4_operand role) {
     const dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
     *q = slot(x, l, r, trans ? cols : rows, trans ? rows : cols);
-    DW_TRY(trans ? dw_quantize_transposed_cpu(be->ctx, &o, v, rows, cols, q)
-                 : dw_quantize_cpu(be->ctx, &o, v, rows, cols, q));
+    dw_nvfp4_qopts nv;
+    if (dw_nvfp4_operand_opts(x->p, node, r, role, &nv)) {
+        DW_TRY(dw_nvfp4_quantize_cpu(be->ctx, &nv, v, rows, cols, q));
+    } else {
+        DW_TRY(trans ? dw_quantize_transposed_cpu(be->ctx, &o, v, rows, cols, q)
+                     : dw_quantize_cpu(be->ctx, &o, v, rows, cols, q));
+    }
     *(float *)(x->work + l->off + l->tscale) = q->tensor_scale;
     return DW_OK;
 }
@@ -48,8 +60,8 @@ dw_status dw_cpu_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
     const float *w = x->w + p->param_off[p->tensor[p->g->nodes[node].in[1]].param]; /* [M,K] */
     const dw_recipe r = dw_compile_quant_weight_recipe(pn->bind.recipe);
     dw_qtensor q;
-    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q)); /* W along K */
-    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q);   /* W^T [K,M] along M */
+    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q, node, DW_NVOP_W)); /* W along K */
+    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q, node, DW_NVOP_WT); /* W^T [K,M] along M */
 }
 
 /* The BF16 copy of parameter slot s: the standing one, or (a weight only quantised GEMMs read)
@@ -77,7 +89,7 @@ static dw_status fprop_quantised(dw_backend *be, const dw_op_call *c, int64_t N,
     const float *xf = dw_cpu_in(be, c, c->in[0], N * K, CPU_S_IN0);
     if (!xf) return DW_ERR_NOMEM;
     dw_qtensor qx, qw = slot(x, &pn->wq[0], rw, M, K);
-    DW_TRY(quant(be, x, &x->p->work.q_rows, ra, xf, N, K, false, &qx));
+    DW_TRY(quant(be, x, &x->p->work.q_rows, ra, xf, N, K, false, &qx, c->node, DW_NVOP_X));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = qop(&qx, false), .b = qop(&qw, true),
                       .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
@@ -148,7 +160,7 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
     if (!dy) return DW_ERR_NOMEM;
     if (*dg) { /* dx [N,K] (+)= quant(dy) [N,M] . quant(W^T)^T, W^T [K,M] from the weight cache */
         dw_qtensor qdy, qwt = slot(x, &pn->wq[1], rw, K, M);
-        DW_TRY(quant(be, x, &l->q_rows, ra, dy, N, M, false, &qdy));
+        DW_TRY(quant(be, x, &l->q_rows, ra, dy, N, M, false, &qdy, c->node, DW_NVOP_DY));
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = qop(&qdy, false), .b = qop(&qwt, true),
                           .alpha = 1.0f, .d = c->dx[0], .out_type = DW_GEMM_OUT_BF16};
         if (c->dx_acc[0]) a.beta = 1.0f, a.c = c->dx[0];
@@ -158,8 +170,8 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
         const float *xf = dw_cpu_in(be, c, c->in[0], N * K, CPU_S_IN0);
         if (!xf) return DW_ERR_NOMEM;
         dw_qtensor qdyt, qxt;
-        DW_TRY(quant(be, x, &l->q_dyt, ra, dy, N, M, true, &qdyt));
-        DW_TRY(quant(be, x, &l->q_xt, ra, xf, N, K, true, &qxt));
+        DW_TRY(quant(be, x, &l->q_dyt, ra, dy, N, M, true, &qdyt, c->node, DW_NVOP_DYT));
+        DW_TRY(quant(be, x, &l->q_xt, ra, xf, N, K, true, &qxt, c->node, DW_NVOP_XT));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = qop(&qdyt, false), .b = qop(&qxt, true),
                           .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1], .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
         DW_TRY(dw_gemm(be->ctx, &a));

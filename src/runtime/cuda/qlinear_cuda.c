@@ -6,7 +6,10 @@
  * dy^T in one quantiser pass). W and W^T come from the node's weight cache, quantised once per
  * weight update (DW_STEP_QUANT_W), not per GEMM. NVFP4's tensor scale stays on the device
  * (dw_gemm_operand.tensor_scale_ptr): no host sync, recordable. Which GEMMs run quantised is the
- * program's (dw_compile_linear_quantised), the same answer the CPU backend mirrors. */
+ * program's (dw_compile_linear_quantised), the same answer the CPU backend mirrors. nvfp4 operands
+ * the NVFP4 training recipe touches (runtime/nvfp4_operand.h: 16x16 weight blocks, the wgrad's
+ * Hadamard transform, stochastic rounding of dy) go through its quantiser (kernels/cuda/
+ * ops_nvfp4.cu), one pass per operand (its SR bits keyed by the operand's own tensor scale). */
 #include <string.h>
 
 #include "core/error.h"
@@ -16,9 +19,11 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_check.h"
+#include "kernels/cuda/nvfp4_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/quant.h"
 #include "runtime/cuda/cuda.h"
+#include "runtime/nvfp4_operand.h"
 
 typedef dw_quant_dev_out qslot;
 
@@ -35,6 +40,23 @@ static dw_status quant(dw_backend *be, const dw_exec *x, dw_recipe r, dw_quant_i
                        int64_t cols, qslot *a, qslot *t) {
     dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
     return dw_quantize_cuda(be->ctx, &o, in, v, rows, cols, a, t, x->work + x->p->work.quant_ws, DW_CUDA_STREAM(be));
+}
+
+/* node's operand `role` of v [rows, cols] (or v^T) into s through the NVFP4 recipe's quantiser
+ * (runtime/nvfp4_operand.h; the plain FORMATS.md rule where no piece applies). */
+static dw_status quant_nv(dw_backend *be, const dw_exec *x, int node, dw_nvfp4_operand role, dw_quant_in in,
+                         const void *v, int64_t rows, int64_t cols, qslot *s) {
+    dw_nvfp4_qopts o;
+    dw_nvfp4_operand_opts(x->p, node, DW_RECIPE_NVFP4, role, &o);
+    return dw_nvfp4_quantize_cuda(be->ctx, &o, in, v, rows, cols, s, x->work + x->p->work.quant_ws, DW_CUDA_STREAM(be));
+}
+
+/* Whether the NVFP4 recipe changes any of node's operands in `roles` (recipe r). */
+static bool recipe_applies(const dw_exec *x, int node, dw_recipe r, dw_nvfp4_operand a, dw_nvfp4_operand b,
+                           dw_nvfp4_operand c) {
+    dw_nvfp4_qopts o;
+    return dw_nvfp4_operand_opts(x->p, node, r, a, &o) || dw_nvfp4_operand_opts(x->p, node, r, b, &o) ||
+           dw_nvfp4_operand_opts(x->p, node, r, c, &o);
 }
 
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
@@ -55,7 +77,12 @@ dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) 
     dw_compile_linear_dims(x->p, node, &N, &K, &M);
     const float *w = x->w + x->p->param_off[x->p->tensor[x->g->nodes[node].in[1]].param];
     qslot ws = slot(x, &pn->wq[0]), wt = slot(x, &pn->wq[1]);
-    return quant(be, x, dw_compile_quant_weight_recipe(pn->bind.recipe), DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
+    const dw_recipe rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
+    if (recipe_applies(x, node, rw, DW_NVOP_W, DW_NVOP_WT, DW_NVOP_WT)) { /* 16x16 blocks: W and W^T alike */
+        DW_TRY(quant_nv(be, x, node, DW_NVOP_W, DW_QUANT_IN_F32, w, M, K, &ws));
+        return quant_nv(be, x, node, DW_NVOP_WT, DW_QUANT_IN_F32, w, M, K, &wt);
+    }
+    return quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
 }
 
 dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
@@ -100,7 +127,14 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     if (!*dg && !*wg) return DW_OK;
     const dw_work_layout *l = &x->p->work;
     qslot rows = slot(x, &l->q_rows), dyt = slot(x, &l->q_dyt), xt = slot(x, &l->q_xt);
-    DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL)); /* along M; dy^T along N */
+    /* the NVFP4 recipe: dy (SR), dy^T (RHT, SR) and x^T (RHT) each by its own pass */
+    const bool nv = recipe_applies(x, c->node, ra, DW_NVOP_DY, DW_NVOP_DYT, DW_NVOP_XT);
+    if (nv) {
+        if (*dg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DY, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows));
+        if (*wg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DYT, DW_QUANT_IN_BF16, c->dout[0], N, M, &dyt));
+    } else {
+        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL)); /* along M; dy^T along N */
+    }
     st->rows_tensor = -1;
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
         qslot wt = slot(x, &pn->wq[1]);
@@ -112,7 +146,10 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     if (*wg) { /* x^T [K,N] along N, alone where the kernel allows (the wgrad reads nothing else), else
                 * with x's row-wise copy where dy was (dgrad has read it, stream order) */
         const int xi = c->n->in[0];
-        if (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra) { /* else a sibling left it */
+        if (nv && (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra)) {
+            DW_TRY(quant_nv(be, x, c->node, DW_NVOP_XT, DW_QUANT_IN_BF16, c->in[0], N, K, &xt));
+            st->xt_tensor = xi, st->xt_recipe = (int)ra;
+        } else if (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra) { /* else a sibling left it */
             const bool alone = dw_quantize_cuda_transposed_only_ok(ra, DW_QUANT_IN_BF16, N, K);
             DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt));
             st->rows_tensor = alone ? -1 : xi, st->xt_tensor = xi, st->rows_recipe = st->xt_recipe = (int)ra;
