@@ -749,7 +749,9 @@ typedef struct {
     int64_t global_batch;   /* sequences per optimizer step (required: >= 1) */
     int32_t recipe;         /* dw_recipe of the GEMMs (dw_plan_supports_recipe); default bf16 */
     int64_t moe_experts, moe_top_k; /* 0: the model config's (default) */
-    double moe_capacity;    /* >= 1; 0: 1.0 (default) */
+    double moe_capacity;    /* in (0, 64]: below 1 each expert keeps that share of its assignments,
+                               at 1 and above it computes its padded capacity; 0: the config's
+                               capacity_factor, else 1.0 (default) */
     double mem_headroom;    /* fraction of HBM kept free, below 0.9; 0: 0.10 (default) */
     const char *gemm_rates; /* measured GEMM rates, a `deepwell bench gemm --json` file
                                ({"results":[{m,n,k,recipe,tflops}]}), replacing the analytical

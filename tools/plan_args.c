@@ -40,8 +40,8 @@ static bool parse_moe(const char *cmd, const char *spec, dw_plan_job *job) {
         } else if (!strcmp(k, "capacity")) {
             char *end = NULL;
             double c = strtod(v, &end);
-            if (!*v || *end || !isfinite(c) || c < 1 || c > 64) {
-                cli_error(cmd, "--moe capacity expects a number in [1, 64], got '%s'", v);
+            if (!*v || *end || !isfinite(c) || !(c > 0) || c > 64) {
+                cli_error(cmd, "--moe capacity expects a number in (0, 64], got '%s'", v);
                 return false;
             }
             job->moe_capacity = c;

@@ -81,12 +81,16 @@ dw_status dw_plan_in_init(dw_ctx *ctx, const dw_model_config *cfg, const dw_hw *
     out->n_gpus = (int64_t)hw->nodes * hw->n_gpus;
     out->experts = job->moe_experts > 0 ? job->moe_experts : cfg->n_experts;
     out->top_k = job->moe_top_k > 0 ? job->moe_top_k : (cfg->top_k > 0 ? cfg->top_k : 1);
-    out->capacity = job->moe_capacity > 0 ? job->moe_capacity : 1.0;
+    /* the capacity factor: the job's, else the config's (capacity_factor, for its own experts), else
+     * 1 (dropless); below 1 the experts keep that share of the assignments (the rest dropped), at 1
+     * and above they compute their padded capacity */
+    const double cfg_capacity = out->experts == cfg->n_experts ? cfg->capacity_factor : 0.0;
+    out->capacity = job->moe_capacity > 0 ? job->moe_capacity : cfg_capacity > 0 ? cfg_capacity : 1.0;
     if (out->experts < 0 || (out->experts > 0 && out->top_k > out->experts))
         return dw_set_error(ctx, DW_ERR_INVALID, "--moe: top_k %lld exceeds experts %lld",
                             (long long)out->top_k, (long long)out->experts);
-    if (out->capacity < 1.0 && job->moe_capacity > 0)
-        return dw_set_error(ctx, DW_ERR_INVALID, "--moe: capacity %.3g must be >= 1", out->capacity);
+    if (!(out->capacity > 0 && out->capacity <= 64))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--moe: capacity %.3g must be in (0, 64]", out->capacity);
     if (out->experts > 0 && cfg->n_experts > 0) { /* the config's rule (first dense layers, Qwen's sparse step) */
         for (int64_t l = 0; l < cfg->n_layers; l++) out->moe_layers += dw_model_config_moe_layer(cfg, l);
     } else if (out->experts > 0) { /* a dense model turned MoE by --moe: every layer */
