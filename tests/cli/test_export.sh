@@ -195,9 +195,10 @@ check "missing SRC" 2 $?
 cp -r "$tmp/run-llama/ckpt-2" "$tmp/broken"
 printf 'X' | dd of="$tmp/broken/model.safetensors" bs=1 seek=100 conv=notrunc 2>/dev/null
 "$dw" export "$tmp/broken" --out "$tmp/x" >"$tmp/out" 2>&1
-rc=$?
-[ $rc -ne 0 ] && grep -q "model.safetensors" "$tmp/out" && ok "a damaged checkpoint refused naming the file (exit $rc)" ||
-  bad "damaged checkpoint: exit $rc: $(head -c 300 "$tmp/out")"
+check "a damaged checkpoint refused" 2 $?
+has "the refusal names the file and the CRC" "$tmp/out" "model.safetensors" "CRC-32"
+"$dw" export "$tmp/no-such-run" --out "$tmp/x" >"$tmp/out" 2>&1
+check "a missing SRC" 3 $?
 [ ! -e "$tmp/x" ] && ok "no --out after any refusal" || bad "$tmp/x exists"
 [ "$(leftovers)" = 0 ] && ok "no temporary directory left behind" || bad "left behind: $(find "$tmp" -name '.*.export-*')"
 "$dw" export --help | grep -q -- "--expert-layout" && ok "export --help" || bad "export --help"
