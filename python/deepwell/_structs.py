@@ -141,6 +141,8 @@ class TrainProgress(ctypes.Structure):
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(TrainProgress), ptr)
+# int next_batch(void *user, int64_t index, int32_t *tokens, int32_t *targets, int64_t b, int64_t t)
+BATCH_FN = ctypes.CFUNCTYPE(ctypes.c_int, ptr, i64, ctypes.POINTER(i32), ctypes.POINTER(i32), i64, i64)
 
 
 class TrainOpts(Sized):
@@ -150,7 +152,9 @@ class TrainOpts(Sized):
                 ("beta2", dbl), ("eps", dbl), ("eval_every", i64), ("eval_batches", i64), ("sample_every", i64),
                 ("sample_tokens", i64), ("sample_temperature", dbl), ("sample_prompt", cstr), ("ckpt_every", i64),
                 ("keep", cint), ("seed", u64), ("deterministic", flag), ("profile", flag),
-                ("progress", PROGRESS_FN), ("progress_user", ptr), ("ckpt_minutes", dbl), ("zero", cint)]
+                ("progress", PROGRESS_FN), ("progress_user", ptr), ("ckpt_minutes", dbl), ("zero", cint),
+                ("max_skips", i64), ("quant_check_every", i64), ("quant_fallback_after", i64), ("ep", cint),
+                ("next_batch", BATCH_FN), ("val_batch", BATCH_FN), ("batch_user", ptr)]
 
 
 # Every mirrored struct with its C name (the ABI test walks this).

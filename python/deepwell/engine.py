@@ -70,6 +70,8 @@ def _tokens(a, name):
         raise ValueError(f"{name} must be [batch, seq], got shape {a.shape}")
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.size and a.dtype.itemsize >= 4 and (a.min() < -2**31 or a.max() >= 2**31):
+        raise ValueError(f"{name}: id {a.max() if a.max() >= 2**31 else a.min()} does not fit int32")
     return np.ascontiguousarray(a, dtype=np.int32)
 
 

@@ -1,30 +1,24 @@
 """trainer.py — dw.Trainer.from_engine(...).fit() and dw.export().
 
-Two loops, one contract. Data the C trainer can read itself (dw.data(...), a glob string or
-"builtin") trains through dw_train: shuffling, validation, metrics.jsonl, atomic checksummed
-checkpoints DIR/ckpt-<step>/ that `deepwell train --resume`, `deepwell eval` and `deepwell sample`
-read. Any other iterable of (inputs, targets) [B, T] trains through the engine's own calls
-(forward_backward, step) with the same schedule, writing DIR/metrics.jsonl and model directories
-DIR/step-<step>/ (config.json, model.safetensors, optimizer.safetensors, trainer.json) that
-`deepwell eval` loads and resume= continues. Ctrl-C during fit() finishes the step, writes a
-checkpoint and raises KeyboardInterrupt (a second Ctrl-C aborts the process).
-"""
-import glob
-import json
+fit() runs the C trainer (dw_train) whatever the data: dw.data(...), a glob string or "builtin"
+it reads itself; any other iterable of (inputs, targets) [B, T] it takes through the next_batch
+callback (feed.py). Either way: the schedule, validation, metrics.jsonl, atomic checksummed
+checkpoints DIR/ckpt-<step>/ that `deepwell train --resume`, `deepwell eval` and `deepwell
+sample` read, and resume=. Ctrl-C during fit() finishes the step, writes a checkpoint and raises
+KeyboardInterrupt (a second Ctrl-C aborts the process); an exception from a callback or from the
+iterable stops training and is re-raised."""
 import math
 import os
-import re
 import signal
 import sys
 import threading
-import time
 
-import numpy as np
 
 from . import _structs as S
 from ._core import raise_for
 from ._lib import cstr, lib
 from .data import Data
+from .feed import Feeder
 from .engine import Engine
 
 SCHEDULES = {"cosine": 0, "linear": 1, "constant": 2}
@@ -159,9 +153,11 @@ class Trainer:
         o.deterministic = self.deterministic
         return o, keep
 
-    def _fit_c(self, pattern, val, stop):
+    def _fit_c(self, pattern, val, stop, feeder=None):
         o, _keep = self._c_opts(pattern, val)
         failure = []
+        if feeder is not None:
+            feeder.install(o)
 
         def on_progress(p, _user):
             try:
@@ -183,98 +179,11 @@ class Trainer:
         st = lib().dw_train(self.engine._handle(), S.ctypes.byref(o))
         if failure:
             raise failure[0]
+        if feeder is not None and feeder.failure is not None:
+            raise feeder.failure  # the iterable's own exception (dw_train stopped before the step's update)
         raise_for(st, self.engine._ctx)
         if stop.hit or lib().dw_train_stop_requested():
             self.checkpoint = _latest_c(self.out) or self.checkpoint
-
-    # ---- the Python loop over an iterable ------------------------------------------------------
-    def _save_py(self, step):
-        d = os.path.join(self.out, f"step-{step}")
-        tmp = d + ".tmp"
-        os.makedirs(tmp, exist_ok=True)
-        export(self.engine, tmp)
-        self.engine.save_optimizer(os.path.join(tmp, "optimizer.safetensors"))
-        with open(os.path.join(tmp, "trainer.json"), "w") as f:
-            json.dump({"step": step, "total": self.steps, "lr": self.lr, "min_lr": self.min_lr,
-                       "warmup": self.warmup, "schedule": self.schedule, "batch": self.batch, "seq": self.seq,
-                       "global_batch": self.global_batch, "precision": self.engine.precision}, f, indent=1)
-        if os.path.isdir(d):
-            _rmtree(d)
-        os.replace(tmp, d)
-        if self.keep:
-            for old in _py_ckpts(self.out)[:-self.keep]:
-                _rmtree(old)
-        return d
-
-    def _resume_py(self):
-        d = self.resume
-        if not os.path.exists(os.path.join(d, "trainer.json")):
-            found = _py_ckpts(d)
-            if not found:
-                raise FileNotFoundError(f"resume: {d} holds no trainer.json and no step-<N>/ checkpoint")
-            d = found[-1]
-        with open(os.path.join(d, "trainer.json")) as f:
-            state = json.load(f)
-        self.engine.load_weights(os.path.join(d, "model.safetensors"))
-        self.engine.load_optimizer(os.path.join(d, "optimizer.safetensors"))
-        self.engine.step_count = state["step"]
-        return state["step"]
-
-    def _fit_py(self, stop):
-        e = self.engine
-        if self.global_batch % self.batch:
-            raise ValueError(f"global_batch {self.global_batch} is not a multiple of batch {self.batch}")
-        accum = self.global_batch // self.batch
-        step = self._resume_py() if self.resume else 0
-        os.makedirs(self.out, exist_ok=True)
-        metrics = open(os.path.join(self.out, "metrics.jsonl"), "a")
-        it = iter(self.dataloader)
-        t0, t_ckpt, first = time.time(), time.time(), step
-        try:
-            while step < self.steps:
-                ts = time.time()
-                e.zero_grad()
-                loss, tokens = 0.0, 0
-                for _ in range(accum):
-                    try:
-                        x, y = next(it)
-                    except StopIteration:
-                        it = iter(self.dataloader)  # a new epoch
-                        x, y = next(it)
-                    loss += e.forward_backward(x, y, 1.0 / accum) / accum
-                    tokens += int(np.prod(tuple(np.shape(x))))
-                lr = schedule_lr(self.schedule, self.lr, self.min_lr, self.warmup, self.steps, step)
-                norm = e.step(lr=lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, clip=self.clip,
-                              step=step + 1)
-                step += 1
-                t1 = time.time()
-                m = {"step": step, "total": self.steps, "loss": loss, "val_loss": None, "lr": lr, "grad_norm": norm,
-                     "tokens_per_s": tokens / max(t1 - ts, 1e-9), "elapsed_s": t1 - t0,
-                     "eta_s": (t1 - t0) / (step - first) * (self.steps - step), "sample": None, "checkpoint": None}
-                if self.val is not None and self.eval_every and (step % self.eval_every == 0 or step == self.steps):
-                    m["val_loss"] = self._validate()
-                due = self.ckpt_minutes and t1 - t_ckpt >= 60 * self.ckpt_minutes
-                if (self.ckpt_every and step % self.ckpt_every == 0) or step == self.steps or stop.hit or due:
-                    m["checkpoint"] = self._save_py(step)
-                    t_ckpt = time.time()
-                metrics.write(json.dumps({k: v for k, v in m.items() if k not in ("sample",)}) + "\n")
-                metrics.flush()
-                self._report(m)
-                if stop.hit:  # (also when it came during the callbacks)
-                    if not m["checkpoint"]:
-                        self.checkpoint = self._save_py(step)
-                    break
-        finally:
-            metrics.close()
-
-    def _validate(self):
-        n, total = 0, 0.0
-        for x, y in self.val:
-            total += self.engine.forward(x, y)
-            n += 1
-            if n >= self.eval_batches:
-                break
-        return total / max(n, 1)
 
     # ---- entry -----------------------------------------------------------------------------------
     def fit(self):
@@ -291,7 +200,11 @@ class Trainer:
                     raise TypeError("val: with data the C trainer reads, give a pattern or dw.data(...) too")
                 self._fit_c(pattern, val, stop)
             else:
-                self._fit_py(stop)
+                if self.val is not None and isinstance(self.val, (Data, str, os.PathLike)):
+                    raise TypeError("val: with an iterable dataloader, give an iterable of (inputs, targets) too")
+                if self.global_batch % self.batch:
+                    raise ValueError(f"global_batch {self.global_batch} is not a multiple of batch {self.batch}")
+                self._fit_c(None, None, stop, Feeder(dl, self.val))
         if stop.hit:
             raise KeyboardInterrupt(f"training stopped at step {self.history[-1]['step'] if self.history else 0}; "
                                     f"checkpoint: {self.checkpoint}")
@@ -304,18 +217,6 @@ def _latest_c(run):
             return os.path.join(run, f.read().strip())
     except OSError:
         return None
-
-
-def _py_ckpts(run):
-    """step-<N>/ directories of a run, oldest first."""
-    found = [d for d in glob.glob(os.path.join(glob.escape(run), "step-*")) if re.search(r"step-\d+$", d)]
-    return sorted(found, key=lambda d: int(d.rsplit("-", 1)[1]))
-
-
-def _rmtree(d):
-    import shutil
-
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def export(what, out=None, format="hf", layout="as_loaded", path=None):

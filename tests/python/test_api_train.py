@@ -1,7 +1,8 @@
 """test_api_train.py — dw.Trainer and dw.export on the CPU: fit() lowers the loss, writes
 checkpoints the `deepwell` command loads with the same loss, resumes bit-identically after
-Ctrl-C (KeyboardInterrupt), trains from Python iterables of NumPy or torch batches, and refuses
-bad arguments with the C message."""
+Ctrl-C (KeyboardInterrupt), trains from Python iterables of NumPy or torch batches through the
+same C trainer (bit for bit the engine calls' losses; errors in the iterable re-raised, the
+checkpoints intact; bad batches refused by name), and refuses bad arguments with the C message."""
 import json
 import math
 import os
@@ -40,8 +41,9 @@ class TrainerTests(unittest.TestCase):
     def trainer(self, out, steps, engine=None, **kw):
         e = engine or dw.compile(self.graph, seed=11)
         kw.setdefault("dataloader", dw.data(self.shard))
+        kw.setdefault("eval_every", 0)
         return dw.Trainer.from_engine(e, lr=1e-2, steps=steps, out=os.path.join(self.d, out), warmup=2,
-                                      eval_every=0, progress=False, **kw)
+                                      progress=False, **kw)
 
     def test_fit_lowers_loss_and_the_cli_loads_the_checkpoint(self):
         t = self.trainer("run", 16, schedule="linear")
@@ -81,21 +83,105 @@ class TrainerTests(unittest.TestCase):
         got = [m["loss"] for m in cut.history + rest.history]
         self.assertEqual(got, [m["loss"] for m in whole.history])
 
-    def test_ctrl_c_in_the_python_loop(self):
-        r = dw.data(self.shard, seq=T, vocab=256).reader()
-        batches = [r.next(B) for _ in range(4)]
+    def batches(self, n, seed=None):
+        """n fresh (inputs, targets) [B, T] batches: the shard's windows, or random ids."""
+        if seed is None:
+            r = dw.data(self.shard, seq=T, vocab=256).reader()
+            return [r.next(B) for _ in range(n)]
+        rng = np.random.default_rng(seed)
+        out = []
+        for _ in range(n):
+            w = rng.integers(0, 256, size=(B, T + 1))
+            out.append((w[:, :-1], w[:, 1:]))
+        return out
 
+    def test_ctrl_c_with_an_iterable(self):
         def interrupt(m):
             if m["step"] == 3:
                 os.kill(os.getpid(), signal.SIGINT)
 
-        t = self.trainer("pyc", 10, dataloader=batches, callbacks=[interrupt])
+        t = self.trainer("pyc", 10, dataloader=self.batches(4), callbacks=[interrupt])
         with self.assertRaises(KeyboardInterrupt):
             t.fit()
-        self.assertEqual(t.checkpoint, os.path.join(self.d, "pyc", "step-3"))
+        self.assertEqual(t.checkpoint, os.path.join(self.d, "pyc", "ckpt-3"))
         self.assertEqual(len(t.history), 3)
-        with open(os.path.join(t.checkpoint, "trainer.json")) as f:
-            self.assertEqual(json.load(f)["step"], 3)
+        with open(os.path.join(t.checkpoint, "state.json")) as f:
+            state = json.load(f)
+        self.assertEqual(state["step"], 3)
+        self.assertEqual(state["data"]["pattern"], "(next_batch)")
+        self.assertEqual(int(state["data"]["position"], 16), 3)  # micro-batches taken
+
+    def test_iterable_runs_the_c_trainer_exactly_like_the_engine_calls(self):
+        """fit() over an iterable equals a hand-written loop of forward_backward and step on the
+        same batches, bit for bit; validation over a val iterable is the mean of forward()."""
+        seed = int(np.random.default_rng().integers(1 << 30))
+        data, val = self.batches(5, seed), self.batches(3, seed + 1)
+        steps, accum = 4, 2
+        t = self.trainer("same", steps, dataloader=data, val=val, eval_every=2, eval_batches=2,
+                         global_batch=accum * B)
+        t.fit()
+        e = dw.compile(self.graph, seed=11)
+        it = iter(data * 4)
+        for step in range(steps):
+            e.zero_grad()
+            loss = 0.0
+            for _ in range(accum):
+                x, y = next(it)
+                loss += e.forward_backward(x, y, 1.0 / accum)
+            lr = dw.schedule_lr("cosine", 1e-2, 1e-4, 2, steps, step)
+            norm = e.step(lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, clip=1.0, step=step + 1)
+            m = t.history[step]
+            self.assertEqual(m["loss"], loss / accum, f"step {step + 1}")
+            self.assertEqual(m["grad_norm"], norm, f"step {step + 1}")
+            if (step + 1) % 2 == 0:
+                self.assertEqual(m["val_loss"], (e.forward(*val[0]) + e.forward(*val[1])) / 2)
+            else:
+                self.assertIsNone(m["val_loss"])
+        x, y = val[2]
+        self.assertEqual(t.engine.forward(x, y), e.forward(x, y))
+
+    def test_errors_inside_the_iterable_propagate_and_leave_the_checkpoint(self):
+        class Boom(Exception):
+            pass
+
+        data = self.batches(3)
+
+        def gen():
+            for i in range(5):
+                yield data[i % 3]
+            raise Boom("the loader broke at batch 5")
+
+        t = self.trainer("gen", 10, dataloader=gen(), ckpt_every=2)
+        with self.assertRaises(Boom) as e:
+            t.fit()
+        self.assertIn("batch 5", str(e.exception))
+        self.assertEqual([m["step"] for m in t.history], [1, 2, 3, 4, 5])
+        run = os.path.join(self.d, "gen")
+        self.assertEqual(sorted(os.listdir(run)), ["ckpt-2", "ckpt-4", "latest", "metrics.jsonl"])
+        # the checkpoint is whole: the CLI evaluates it, and training resumes from it
+        x, y = data[0]
+        self.assertTrue(math.isfinite(cli_eval_loss(os.path.join(run, "ckpt-4"), self.shard, B, T)))
+        more = self.trainer("gen", 6, engine=dw.compile(self.graph, weights=None), dataloader=data,
+                            resume=run, ckpt_every=2)
+        more.fit()
+        self.assertEqual([m["step"] for m in more.history], [5, 6])
+
+    def test_bad_batches_are_refused_by_name(self):
+        good = self.batches(1)[0]
+        x, y = good
+        cases = [([(x[:, :-1], y[:, :-1])], ValueError, "expected (batch, seq)"),
+                 ([(x.astype(np.float32), y)], TypeError, "integers"),
+                 ([(x, np.full_like(y, 300))], dw.InvalidError, "outside the model's vocabulary [0, 256)"),
+                 ([(x, y + (1 << 33))], ValueError, "does not fit int32"),
+                 ([x], TypeError, "(inputs, targets) pairs"),
+                 ([], ValueError, "yielded nothing")]
+        for i, (dl, err, text) in enumerate(cases):
+            t = self.trainer(f"badb{i}", 2, dataloader=dl)
+            with self.assertRaises(err, msg=text) as e:
+                t.fit()
+            self.assertIn(text, str(e.exception))
+        with self.assertRaises(TypeError):  # a file val with an iterable
+            self.trainer("badv", 2, dataloader=[good], val=dw.data(self.shard)).fit()
 
     def test_callback_errors_stop_training_and_propagate(self):
         def boom(m):
@@ -111,26 +197,32 @@ class TrainerTests(unittest.TestCase):
     def test_iterable_of_numpy_and_torch_batches(self):
         import torch
 
-        r = dw.data(self.shard, seq=T, vocab=256).reader()
-        batches = [r.next(B) for _ in range(6)]
+        batches = self.batches(6)
         mixed = [(torch.from_numpy(x).long(), torch.from_numpy(y).long()) if i % 2 else (x, y)
                  for i, (x, y) in enumerate(batches)]
         t = self.trainer("py", 12, dataloader=mixed, ckpt_every=6, keep=0, global_batch=2 * B)
         t.fit()
         losses = [m["loss"] for m in t.history]
         self.assertLess(losses[-1], losses[0] - 1.0)
-        ckpt = os.path.join(self.d, "py", "step-12")
+        ckpt = os.path.join(self.d, "py", "ckpt-12")
         self.assertEqual(t.checkpoint, ckpt)
-        self.assertTrue(os.path.isdir(os.path.join(self.d, "py", "step-6")))
+        self.assertTrue(os.path.isdir(os.path.join(self.d, "py", "ckpt-6")))
         x, y = batches[0]
         self.assertAlmostEqual(cli_eval_loss(ckpt, self.shard, B, T), t.engine.forward(x, y), delta=2e-6)
-        with open(os.path.join(ckpt, "trainer.json")) as f:
-            self.assertEqual(json.load(f)["step"], 12)
+        with open(os.path.join(ckpt, "state.json")) as f:
+            state = json.load(f)
+        self.assertEqual((state["step"], int(state["data"]["position"], 16)), (12, 24))
+        # resume: weights, moments and step from the checkpoint; the iterable from where the caller
+        # positions it (here: the same list from its start)
         more = self.trainer("py", 15, engine=dw.compile(self.graph, weights=None), dataloader=batches,
-                            resume=os.path.join(self.d, "py"), global_batch=2 * B)
+                            resume=os.path.join(self.d, "py"), global_batch=2 * B, ckpt_every=6)
         more.fit()
         self.assertEqual([m["step"] for m in more.history], [13, 14, 15])
         self.assertLess(more.history[0]["loss"], losses[0] - 1.0)  # it continued from the trained weights
+        with self.assertRaises(dw.InvalidError) as e:  # a callback run is not resumed from files
+            self.trainer("py", 16, dataloader=dw.data(self.shard), resume=os.path.join(self.d, "py"),
+                         global_batch=2 * B, ckpt_every=6).fit()
+        self.assertIn("(next_batch)", str(e.exception))
 
     def test_export_hf_round_trip(self):
         e = dw.compile(self.graph, seed=4)
