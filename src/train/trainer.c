@@ -502,14 +502,16 @@ static dw_status agree(run *r, bool *stop, bool *due) {
 }
 
 /* --max-skips steps in a row were not finite: a checkpoint of the last good state (the skipped
- * steps changed no weight or moment; the step and data position are past them), then the error. */
-static dw_status give_up(run *r) {
+ * steps changed no weight or moment; the step and data position are past them), then the error.
+ * written: the checkpoint this step already wrote (rank 0's path), or NULL. */
+static dw_status give_up(run *r, const char *written) {
     char *path = NULL;
     if (r->ckpt_step != r->step) DW_TRY(save_ckpt(r, &path));
+    const char *at = written ? written : path;
     dw_status st = dw_set_error(r->ctx, DW_ERR_NUMERIC, "step %lld: %lld steps in a row skipped (loss or gradients "
                                 "not finite; --max-skips %lld): stopping. %s%s holds the last good weights",
                                 (long long)r->step, (long long)r->skips.consecutive, (long long)r->o->max_skips,
-                                path ? "checkpoint " : "the checkpoint of this step", path ? path : "");
+                                at ? "checkpoint " : "the checkpoint of this step", at ? at : "");
     free(path);
     return st;
 }
@@ -559,10 +561,10 @@ static dw_status loop(run *r) {
         p.sample = sample;
         p.checkpoint = ckpt;
         if (st == DW_OK && lead && o->progress) o->progress(&p, o->progress_user);
+        if (st == DW_OK && give_up_now) st = give_up(r, ckpt);
         free(sample);
         free(ckpt);
         if (st != DW_OK) return st;
-        if (give_up_now) return give_up(r);
         /* one rank: also a request that came during the progress callback (several: the next step's
          * agreement takes it) */
         if (stop || (r->dp.world == 1 && dw_train_stop_requested())) {

@@ -4,6 +4,9 @@
 #   - a weight of +inf loaded with --init-from makes every loss NaN: each step is skipped and
 #     logged, metrics.jsonl marks it "skipped", and --max-skips N in a row stop the run (exit 1)
 #     with a checkpoint whose weights are the loaded ones, bit for bit;
+#   - a real overflow: --lr 1e30 makes step 1's update finite but huge, so every later forward
+#     overflows; the skipped steps leave weights and moments byte for byte those of step 1's
+#     checkpoint;
 #   - under --precision nvfp4, the one layer whose weight carries an outlier channel (every 16th
 #     input at 40x the RMS; loaded from a safetensors file) falls back to BF16 after
 #     --quant-fallback-after checks, alone; DIR/precision_decisions.jsonl and stderr say so,
@@ -78,6 +81,16 @@ bad = [k for k in a if a[k] != b[k]]
 assert not bad, bad
 PY
 check "the checkpoint holds the loaded weights bit for bit" 0 $?
+
+# a real overflow from training itself: step 1 moves the weights by ~1e30, step 2 on overflow
+"$bin" train "${common[@]}" --out "$tmp/lr" --steps 10 --lr 1e30 --min-lr 0 --warmup 0 --schedule constant \
+  --max-skips 3 --ckpt-every 1 --keep 0 >"$tmp/lr.out" 2>&1
+check "--lr 1e30: steps 2-4 overflow and stop the run" 1 $?
+has "  ... step 1 trained, 2 skipped" "$tmp/lr.out" "step 1/10 | loss " "step 2 skipped: nonfinite" "ckpt-4 holds"
+cmp -s "$tmp/lr/ckpt-1/model.safetensors" "$tmp/lr/ckpt-4/model.safetensors" &&
+  cmp -s "$tmp/lr/ckpt-1/optimizer.safetensors" "$tmp/lr/ckpt-4/optimizer.safetensors" &&
+  ok "  ... weights and moments after 3 skipped steps are step 1's, byte for byte" ||
+  bad "  ... the skipped steps changed the checkpoint files"
 
 # --- an outlier layer under nvfp4 falls back alone ----------------------------------------------
 layer=model.layers.0.mlp.up_proj
