@@ -3,8 +3,10 @@ torch.fx: the traced graph's leaf modules (nn.Embedding, nn.Linear, nn.LayerNorm
 module with one 1-D weight) and functions are read as a GPT-2 block (LayerNorm, packed or separate
 q/k/v, tanh-GELU MLP, learned positions) or a Llama block (RMSNorm, q/k/v with GQA, RoPE, SwiGLU);
 the shapes give the config (heads from the (B, T, H, D) views, RoPE theta from the cos/sin or
-inv_freq buffers) and the parameters are renamed (and GPT-2's transposed to Conv1D) into Hugging
-Face names. The reading is then checked: on a copy of the module with large random weights, the
+inv_freq buffers; any MLP width, GQA group, tied or untied head) and the parameters are renamed
+(and GPT-2's transposed to Conv1D) into Hugging Face names, with zero biases (and unit LayerNorm
+weights) where the module has none but the config's block does. Parallel attention + MLP blocks
+are refused naming the norm nodes. The reading is then checked: on a copy of the module with large random weights, the
 captured model's loss on a random batch must equal the copy's, else the capture is refused with
 both numbers. A node whose function is not one of the mapped ops is refused by name.
 """
@@ -45,7 +47,39 @@ def _is_rms(m):
 
 
 def _norm_weight(m):
-    return m.weight if isinstance(m, nn.LayerNorm) else next(m.parameters(recurse=False))
+    if isinstance(m, nn.LayerNorm):
+        return m.weight if m.weight is not None else torch.ones(m.normalized_shape)
+    return next(m.parameters(recurse=False))
+
+
+def _norm_bias(m):
+    return m.bias if m.bias is not None else torch.zeros(m.normalized_shape)
+
+
+def _bias(m):
+    """A linear's bias, zeros when it has none (a block whose config has biases where the module
+    left some out computes the same with zeros there)."""
+    return m.bias if m.bias is not None else torch.zeros(m.out_features)
+
+
+def _check_sequential(norms, lin_nodes):
+    """Refuses parallel attention + MLP blocks (GPT-J, GPT-NeoX, PaLM): one norm output read by
+    the attention's and the MLP's projections, or the MLP's norm reading the block's input."""
+    lin = set(lin_nodes)
+    feeds = lambda n, names: any(_name(u) in names for u in n.users)  # noqa: E731
+    for n, _ in norms:
+        readers = [u for u in n.users if u in lin]
+        attn = [r.name for r in readers if feeds(r, ("view", "reshape", "split", "chunk"))]  # q/k/v into heads
+        mlp = [r.name for r in readers if feeds(r, ("gelu", "silu"))]  # an MLP's activation
+        if attn and mlp:
+            raise CaptureError(f"norm node '{n.name}' feeds the attention ({', '.join(attn)}) and the MLP "
+                               f"({', '.join(mlp)}): a parallel attention + MLP block (GPT-J/PaLM style), which "
+                               f"Deepwell's sequential GPT-2 and Llama blocks do not express")
+    for (a, _), (b, _) in zip(norms[0::2], norms[1::2]):
+        if a.args and b.args and a.args[0] is b.args[0]:
+            raise CaptureError(f"norm nodes '{a.name}' and '{b.name}' read the same input '{a.args[0].name}': a "
+                               f"parallel attention + MLP block (GPT-NeoX style), which Deepwell's sequential "
+                               f"GPT-2 and Llama blocks do not express")
 
 
 class _Tracer(fx.Tracer):
@@ -133,6 +167,7 @@ def recognise(module):
     norms = [(n, m) for n, m in calls if isinstance(m, nn.LayerNorm) or _is_rms(m)]
     lins = [m for n, m in calls if isinstance(m, nn.Linear)]
     silu_inputs = {a for n in g.nodes if _name(n) == "silu" for a in n.args if isinstance(a, fx.Node)}
+    _check_sequential(norms, [n for n, m in calls if isinstance(m, nn.Linear)])
     tok = next((m for n, m in embs if placeholders and n.args[0] is placeholders[0]), None)
     if tok is None:
         raise CaptureError("no nn.Embedding applied to the module's first input (the token ids)")
@@ -161,9 +196,6 @@ def recognise(module):
     if gpt2:
         if len(pos) != 1:
             raise CaptureError("a LayerNorm model needs one learned position nn.Embedding (GPT-2)")
-        if any(m.bias is None for m in blk) or any(m.bias is None for _, m in norms):
-            raise CaptureError("a GPT-2 block has biases on every linear and LayerNorm; this module "
-                               "has some without")
         F_ = blk[per - 2].out_features
         cfg = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=V, n_embd=C, n_layer=L,
                    n_head=H, n_inner=F_, n_positions=pos[0].weight.shape[0], layer_norm_epsilon=norms[0][1].eps,
@@ -173,18 +205,19 @@ def recognise(module):
             p, ls = f"transformer.h.{l}.", blk[l * per:(l + 1) * per]
             if per == 6:  # separate q, k, v -> packed c_attn
                 qkv_w = torch.cat([m.weight for m in ls[:3]], 0)
-                qkv_b = torch.cat([m.bias for m in ls[:3]], 0)
+                qkv_b = torch.cat([_bias(m) for m in ls[:3]], 0)
                 ls = [None] + ls[3:]
             else:
-                qkv_w, qkv_b = ls[0].weight, ls[0].bias
+                qkv_w, qkv_b = ls[0].weight, _bias(ls[0])
             ln1, ln2 = norms[2 * l][1], norms[2 * l + 1][1]
-            w.update({p + "ln_1.weight": P(ln1.weight), p + "ln_1.bias": P(ln1.bias),
+            w.update({p + "ln_1.weight": P(_norm_weight(ln1)), p + "ln_1.bias": P(_norm_bias(ln1)),
                       p + "attn.c_attn.weight": P(qkv_w.T), p + "attn.c_attn.bias": P(qkv_b),
-                      p + "attn.c_proj.weight": P(ls[1].weight.T), p + "attn.c_proj.bias": P(ls[1].bias),
-                      p + "ln_2.weight": P(ln2.weight), p + "ln_2.bias": P(ln2.bias),
-                      p + "mlp.c_fc.weight": P(ls[2].weight.T), p + "mlp.c_fc.bias": P(ls[2].bias),
-                      p + "mlp.c_proj.weight": P(ls[3].weight.T), p + "mlp.c_proj.bias": P(ls[3].bias)})
-        w["transformer.ln_f.weight"], w["transformer.ln_f.bias"] = P(norms[-1][1].weight), P(norms[-1][1].bias)
+                      p + "attn.c_proj.weight": P(ls[1].weight.T), p + "attn.c_proj.bias": P(_bias(ls[1])),
+                      p + "ln_2.weight": P(_norm_weight(ln2)), p + "ln_2.bias": P(_norm_bias(ln2)),
+                      p + "mlp.c_fc.weight": P(ls[2].weight.T), p + "mlp.c_fc.bias": P(_bias(ls[2])),
+                      p + "mlp.c_proj.weight": P(ls[3].weight.T), p + "mlp.c_proj.bias": P(_bias(ls[3]))})
+        nf = norms[-1][1]
+        w["transformer.ln_f.weight"], w["transformer.ln_f.bias"] = P(_norm_weight(nf)), P(_norm_bias(nf))
     else:
         if pos:
             raise CaptureError("an RMSNorm model with a learned position embedding is neither GPT-2 "
@@ -195,7 +228,9 @@ def recognise(module):
                                f"whole heads of {D}")
         theta, positions = _rope_theta(module, D)
         eps = next((getattr(norms[0][1], a) for a in ("eps", "variance_epsilon") if hasattr(norms[0][1], a)), 1e-5)
-        attn_bias, mlp_bias = blk[0].bias is not None, blk[4].bias is not None
+        # biases on some attention (or MLP) projections: all of them, zeros where the module has none
+        attn_bias = any(blk[l * per + i].bias is not None for l in range(L) for i in range(4))
+        mlp_bias = any(blk[l * per + i].bias is not None for l in range(L) for i in range(4, 7))
         cfg = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=V, hidden_size=C,
                    num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=kv // D, head_dim=D,
                    intermediate_size=blk[4].out_features, max_position_embeddings=positions or 4096,
@@ -212,8 +247,8 @@ def recognise(module):
             w[p + "post_attention_layernorm.weight"] = P(_norm_weight(norms[2 * l + 1][1]))
             for i, n in names.items():
                 w[p + n + ".weight"] = P(ls[i].weight)
-                if ls[i].bias is not None:
-                    w[p + n + ".bias"] = P(ls[i].bias)
+                if (attn_bias if i < 4 else mlp_bias):
+                    w[p + n + ".bias"] = P(_bias(ls[i]))
         w["model.norm.weight"] = P(_norm_weight(norms[-1][1]))
     if not tied:
         w["lm_head.weight"] = P(head.weight)
@@ -241,7 +276,7 @@ def _loud_copy(module, seed=1234):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in probe.named_parameters():
-            r = torch.randn(p.shape, generator=gen)
+            r = torch.randn(p.shape, generator=gen)  # (a bias the module lacks stays absent: zeros)
             p.copy_(0.3 * r if name.endswith("bias") else 1 + 0.2 * r if p.dim() == 1 else 0.15 * r)
     return probe
 
