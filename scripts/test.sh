@@ -11,6 +11,8 @@ echo "== build (release, CUDA if available) =="
 scripts/build.sh build -DDW_TESTS=ON # on (run.sh may have configured build/ without them)
 /usr/bin/python3 -m pip install --quiet --no-build-isolation --no-deps --no-index --break-system-packages \
   --root-user-action=ignore $([ "$(id -u)" -ne 0 ] && echo --user) ./python # import deepwell (docs/python.md)
+/usr/bin/python3 -m pip install --quiet --break-system-packages --root-user-action=ignore \
+  $([ "$(id -u)" -ne 0 ] && echo --user) tokenizers # a wheel from PyPI: test_api_prepare's tokenizer.json case runs
 echo "== tests =="
 (cd build && ctest -LE gpu --output-on-failure --no-tests=error -j "$jobs")
 

@@ -23,13 +23,14 @@ from .entry import capture, compile, optimize
 from .graph import Graph, graph_from_json, model_info, model_presets
 from .hardware import Hardware, hardware, presets, probe
 from .plan import Plan, autoplan, load_plan, single_plan
+from .tokenizer import Tokenizer
 from .trainer import Trainer, export, schedule_lr
 
 __all__ = ["Context", "CudaError", "DeepwellError", "FormatError", "InvalidError", "IOFailure", "NoMemoryError",
            "NumericError", "UnsupportedError", "default_context", "library_path", "Data", "Reader", "data",
            "read_shard", "write_shard", "Report", "dryrun", "Engine", "Policy", "compile", "detokenize",
            "make_policy", "optimize", "tokenize", "Graph", "capture", "graph_from_json", "model_info", "model_presets",
-           "Hardware", "hardware", "presets", "probe", "Plan", "autoplan", "load_plan", "single_plan", "Trainer",
+           "Hardware", "hardware", "presets", "probe", "Plan", "Tokenizer", "autoplan", "load_plan", "single_plan", "Trainer",
            "export", "schedule_lr", "version", "built_with_cuda"]
 
 

@@ -237,6 +237,22 @@ class Engine(Handle):
                                                  ctypes.byref(rng)))
         return list(buf)
 
+    def sample(self, prompt, n=64, temperature=0.8, top_k=0, seed=1337, tokenizer="bytes"):
+        """Text: prompt (text, encoded with `tokenizer`, or a list of ids) followed by n sampled
+        tokens, decoded with `tokenizer` — a dw.Tokenizer, "bytes", or a tokenizer.json / Hugging
+        Face model directory (the one deepwell.prepare tokenised the data with). Ids past the
+        tokenizer's vocabulary (padded rows) decode as U+FFFD."""
+        from .tokenizer import Tokenizer
+
+        tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
+        ids = tok.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        vocab = self.graph.vocab
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise ValueError(f"sample: prompt id {bad} is outside the model's vocabulary [0, {vocab}) "
+                             f"(tokenizer {tok.name})")
+        return tok.decode(self.generate(ids, n, temperature, top_k, seed), errors="replace")
+
     def __repr__(self):
         if self.closed:
             return "Engine(closed)"

@@ -20,35 +20,7 @@ import sys
 import numpy as np
 
 from .data import write_shard
-
-EOT_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>")
-
-
-class ByteTokenizer:
-    vocab = 256
-    eot = None
-
-    def encode(self, text):
-        return list(text.encode("utf-8"))
-
-
-class HFTokenizer:
-    def __init__(self, path):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise SystemExit("deepwell.prepare: --tokenizer %s needs the `tokenizers` package "
-                             "(pip install tokenizers), or use --tokenizer bytes" % path)
-        f = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-        if not os.path.isfile(f):
-            raise SystemExit(f"deepwell.prepare: --tokenizer {path}: no tokenizer.json there")
-        self.tok = Tokenizer.from_file(f)
-        self.vocab = self.tok.get_vocab_size(with_added_tokens=True)
-        self.eot = next((self.tok.token_to_id(n) for n in EOT_NAMES if self.tok.token_to_id(n) is not None), None)
-
-    def encode(self, text):
-        return self.tok.encode(text, add_special_tokens=False).ids
-
+from .tokenizer import Tokenizer
 
 def documents(path, field):
     """(text) of each document of a file: .jsonl lines' `field`, else the whole file."""
@@ -102,7 +74,10 @@ def prepare(tokenizer, inputs, out, val_fraction=0.01, shard_tokens=100_000_000,
             progress=True):
     """Tokenises `inputs` into shards under `out`; returns {"train": [paths], "val": [paths],
     "tokens": {"train": n, "val": n}, "vocab": V, "eot": id or None}."""
-    tok = ByteTokenizer() if tokenizer == "bytes" else HFTokenizer(tokenizer)
+    try:
+        tok = Tokenizer(tokenizer)
+    except (ImportError, FileNotFoundError) as e:
+        raise SystemExit(f"deepwell.prepare: --tokenizer: {e}")
     if eot == "auto":
         eot = tok.eot
     elif eot in (None, "none"):

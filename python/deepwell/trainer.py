@@ -19,6 +19,7 @@ from ._core import raise_for
 from ._lib import cstr, lib
 from .data import Data
 from .feed import Feeder
+from .tokenizer import Tokenizer
 from .engine import Engine
 
 SCHEDULES = {"cosine": 0, "linear": 1, "constant": 2}
@@ -74,7 +75,7 @@ class Trainer:
                  warmup=10, batch=None, seq=None, global_batch=None, weight_decay=0.1, clip=1.0, betas=(0.9, 0.95),
                  eps=1e-8, val=None, eval_every=50, eval_batches=8, ckpt_every=0, ckpt_minutes=30.0, keep=3,
                  seed=1337, resume=None, sample_every=0, sample_tokens=64, sample_temperature=0.8,
-                 sample_prompt=None, deterministic=False, callbacks=(), progress=True, log_every=1):
+                 sample_prompt=None, deterministic=False, callbacks=(), progress=True, log_every=1, tokenizer=None):
         if not isinstance(engine, Engine):
             raise TypeError(f"Trainer needs a dw.Engine (dw.compile), not {type(engine).__name__}")
         if optimizer not in ("adamw", "adamw_dw"):
@@ -105,6 +106,8 @@ class Trainer:
         self.sample_every, self.sample_tokens = sample_every, sample_tokens
         self.sample_temperature, self.sample_prompt = sample_temperature, sample_prompt
         self.deterministic = deterministic
+        self.tokenizer = None if tokenizer is None else tokenizer if isinstance(tokenizer, Tokenizer) \
+            else Tokenizer(tokenizer)
         self.callbacks = list(callbacks)
         self.progress, self.log_every = progress, max(1, int(log_every))
         self.history = []
@@ -153,6 +156,17 @@ class Trainer:
         o.deterministic = self.deterministic
         return o, keep
 
+    def _sample_text(self, raw):
+        """The C trainer's sample: text (byte-level data), or ids ("464 318 ...") that `tokenizer`
+        decodes when given."""
+        if not raw:
+            return None
+        text = raw.decode("utf-8", "replace")
+        words = text.split()
+        if self.tokenizer is not None and words and all(w.isdigit() for w in words):
+            return self.tokenizer.decode([int(w) for w in words], errors="replace")
+        return text
+
     def _fit_c(self, pattern, val, stop, feeder=None):
         o, _keep = self._c_opts(pattern, val)
         failure = []
@@ -166,7 +180,7 @@ class Trainer:
                 self._report({"step": p.step, "total": p.total, "loss": p.loss, "val_loss": nan(p.val_loss),
                               "lr": p.lr, "grad_norm": p.grad_norm, "tokens_per_s": p.tokens_per_s,
                               "elapsed_s": p.elapsed_s, "eta_s": p.eta_s,
-                              "sample": p.sample.decode("utf-8", "replace") if p.sample else None,
+                              "sample": self._sample_text(p.sample),
                               "checkpoint": p.checkpoint.decode() if p.checkpoint else None,
                               "moe_aux_loss": nan(p.moe_aux_loss), "moe_z_loss": nan(p.moe_z_loss),
                               "expert_load": nan(p.expert_load)})
