@@ -298,8 +298,8 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
     if (k < 1) return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the expert-parallel group size is at least 1", k);
     if (k == 1) return DW_OK;
     if (comm->world % k)
-        return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the %d ranks do not form groups of %d (--ep must divide "
-                            "the number of ranks)", k, comm->world, k);
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: groups of %d do not divide the job's %d rank%s (--ep "
+                            "must divide the number of ranks)", k, k, comm->world, comm->world == 1 ? "" : "s");
     const dw_graph *g = e->g;
     int n_dispatch = 0;
     for (int i = 0; i < g->n_nodes; i++) n_dispatch += g->nodes[i].op == DW_OP_MOE_DISPATCH;

@@ -11,7 +11,8 @@
 # 2 micro-batches per step, give 4-rank --ep 1's; an --ep 2 checkpoint holds every expert (rank 0
 # writes the whole model: the ranks hold identical weights), matches --ep 1's and resumes on one
 # rank with the same losses; rank 0's samples run while the others wait; bad --ep values are
-# refused naming both numbers. BF16 programs (2-byte rows) and ZeRO-1/2 agree the same way.
+# refused naming both numbers. BF16 programs (2-byte rows), ZeRO-1/2 and experts over capacity
+# (dropped assignments) agree the same way.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -93,6 +94,29 @@ for z in ("z1", "z2"):
             assert abs(x[k] - y[k]) <= 1e-6 * abs(x[k]), (z, k, x, y)
 PY
 
+# experts over capacity (config.json capacity_factor 0.6: about half the assignments dropped, each
+# rank's dispatch dropping its own): the same agreement
+mkdir -p "$tmp/cap"
+cat >"$tmp/cap/config.json" <<'JSON'
+{"model_type": "mixtral", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+ "max_position_embeddings": 256, "capacity_factor": 0.6}
+JSON
+cap=(--model "$tmp/cap" --steps 3 --eval-every 0 --ckpt-every 0)
+"$dw" launch -n 2 -- "${run[@]}" "${cap[@]}" --out "$tmp/cdp" >/dev/null 2>&1 &&
+  "$dw" launch -n 2 -- "${run[@]}" "${cap[@]}" --ep 2 --out "$tmp/cep" >/dev/null 2>"$tmp/err"
+check "capacity factor 0.6: --ep 1 and --ep 2 on 2 ranks" 0 $?
+python3 - "$tmp/cdp/metrics.jsonl" "$tmp/cep/metrics.jsonl" <<'PY' && ok "  ... the same losses, norms (1e-6) and drops" || bad "  ... --ep 2 with drops differs"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(a) == len(b) == 3
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        assert abs(x[k] - y[k]) <= 1e-6 * abs(x[k]), (k, x, y)
+    if "moe_dropped" in x or "moe_dropped" in y:
+        assert x["moe_dropped"] == y["moe_dropped"] > 0, (x, y)
+PY
+
 # BF16 activations (2-byte rows on the wire): the same agreement
 bf=(--precision bf16 --steps 3 --eval-every 0 --ckpt-every 0)
 "$dw" launch -n 2 -- "${run[@]}" "${bf[@]}" --out "$tmp/bdp" >/dev/null 2>&1 &&
@@ -150,13 +174,16 @@ resumed "$tmp/dp/metrics.jsonl" "$tmp/res2/metrics.jsonl" 1e-6 && ok "  ... step
 # refusals, naming the numbers
 "$dw" launch -n 2 -- "${run[@]}" --ep 4 --out "$tmp/bad1" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "--ep 4 on 2 ranks refused" || bad "--ep 4 on 2 ranks ran"
-has "  ... saying why" "$tmp/err" "--ep 4: the 2 ranks do not form groups of 4"
+has "  ... saying why" "$tmp/err" "--ep 4: groups of 4 do not divide the job's 2 ranks"
 "$dw" launch -n 3 -- "${run[@]}" --ep 3 --out "$tmp/bad2" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "--ep 3 with 4 experts refused" || bad "--ep 3 with 4 experts ran"
 has "  ... saying why" "$tmp/err" "--ep 3: the model's 4 experts do not split over 3 ranks"
 "$dw" launch -n 2 -- "${run[@]}" --model gpt2-tiny --ep 2 --out "$tmp/bad3" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "--ep 2 with a dense model refused" || bad "--ep 2 with gpt2-tiny ran"
 has "  ... saying why" "$tmp/err" "--ep 2: the model has no mixture-of-experts layer"
+"$dw" "${run[@]}" --ep 2 --out "$tmp/bad5" >/dev/null 2>"$tmp/err"
+[ $? -ne 0 ] && ok "--ep 2 in a process of its own refused" || bad "--ep 2 on one rank ran"
+has "  ... saying why" "$tmp/err" "--ep 2: groups of 2 do not divide the job's 1 rank "
 "$dw" "${run[@]}" --ep 0 --out "$tmp/bad4" >/dev/null 2>"$tmp/err"
 check "--ep 0 refused" 2 $?
 has "  ... naming the flag" "$tmp/err" "--ep"
