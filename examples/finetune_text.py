@@ -7,7 +7,8 @@ MODEL_DIR holds config.json and model.safetensors (a byte-level model: vocabular
 vocabulary pass --tokenizer with its tokenizer.json). The text is tokenised into llm.c shards with
 a train/val split (deepwell.prepare), the model is captured, compiled and trained by
 dw.Trainer (the C trainer: shuffled windows, validation, checkpoints in DIR/run), and the result
-is exported to DIR/hf as a Hugging Face directory. Prints the validation loss before and after;
+is exported to DIR/hf as a Hugging Face directory. Prints the validation loss before and after
+and a sample decoded with the same tokenizer;
 exits non-zero when fine-tuning did not lower it. `--make-model PRESET` first writes MODEL_DIR
 from a preset with random weights (for a demonstration without a downloaded model).
 """
@@ -59,6 +60,9 @@ def main():
     after = val_loss(engine, val, 4)
     hf = dw.export(trainer, os.path.join(a.out, "hf"))
     print(f"validation loss {before:.4f} -> {after:.4f}; checkpoint {trainer.checkpoint}; exported {hf}")
+    with open(a.text, encoding="utf-8") as f:  # text back: the start of the file, continued
+        prompt = f.read(24).split("\n")[0] or "The"
+    print("sample:", repr(engine.sample(prompt, n=32, temperature=0.8, tokenizer=a.tokenizer)))
     return 0 if after < before else 1
 
 
