@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "train/data.h"
+#include "train/data_callback.h"
 #include "train/rng.h"
 
 typedef struct {
@@ -201,6 +202,10 @@ static dw_status open_files(dw_ctx *ctx, dw_data *d, const char *pattern) {
 dw_status dw_data_open(dw_ctx *ctx, const dw_data_opts *o, dw_data **out) {
     *out = NULL;
     if (!o->pattern || !*o->pattern) return dw_set_error(ctx, DW_ERR_INVALID, "no data given");
+    if (!strcmp(o->pattern, DW_DATA_CALLBACK)) /* a checkpoint's record of the caller's data */
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: that run's data came from the caller (dw_train_opts.next_batch: "
+                            "dw.Trainer over a Python iterable), not from files: resume it the same way",
+                            DW_DATA_CALLBACK);
     if (o->T < 1) return dw_set_error(ctx, DW_ERR_INVALID, "sequence length %lld must be >= 1", (long long)o->T);
     dw_data *d = calloc(1, sizeof *d);
     if (!d) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");

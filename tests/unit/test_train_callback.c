@@ -3,7 +3,8 @@
  * the run equals one over the same batches fed again after a resume bit for bit, validation
  * restarts its index and ends when val_batch returns 1, a failing callback stops with DW_ERR_IO
  * before the step's update leaving the last checkpoint loadable, an id outside the vocabulary is
- * refused naming its place, and data given both ways is refused. */
+ * refused naming its place, and data given both ways is refused; the recorded "(next_batch)" is
+ * not opened as files. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -165,6 +166,10 @@ static void test_indices_resume_and_validation(void **state) {
     assert_int_equal(dw_train(dw_model_engine(m), &o), DW_ERR_INVALID);
     assert_non_null(strstr(dw_errmsg(ctx), "(next_batch)"));
     dw_model_free(m);
+    dw_data *data = NULL; /* what `deepwell train --resume` of such a run opens: refused, saying why */
+    assert_int_equal(dw_data_open_pattern(ctx, "(next_batch)", T, V, &data), DW_ERR_INVALID);
+    assert_null(data);
+    assert_non_null(strstr(dw_errmsg(ctx), "came from the caller"));
     free(whole), free(cut);
 }
 
