@@ -249,6 +249,10 @@ dw_status dw_comm_nccl_create(dw_ctx *ctx, dw_comm *host, dw_comm **out) {
         nccl_destroy(c, false);
         return st;
     }
+    int v = 0, dev = -1;
+    nc.get_version(&v);
+    cudaGetDevice(&dev);
+    DW_LOGI("rank %d of %d: nccl communicator on cuda:%d (NCCL %d)", c->rank, c->world, dev, v);
     *out = c;
     return DW_OK;
 }

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# multi_gpu.sh DEEPWELL N PHASE... — issue 29's measurement run on one node of N GPUs, writing logs
+# and JSON under $OUT (or out/mgpu). Phases:
+#   topo     nvidia-smi's GPU list and link matrix, NCCL's version
+#   correct  a small Llama and a small Mixtral-style MoE, 20 steps on the GPU: one process with
+#            --batch 8 against `deepwell launch -n K` with --batch 8/K (K = 2 and N), ZeRO 0, 1
+#            and 2; prints the largest relative loss difference per run and fails above 3e-2
+#            (BF16 GEMMs summing 8 sequences in one kernel or K partial sums apart, carried by
+#            AdamW over 20 steps)
+#   resume   the small Llama, 160 steps on N ranks checkpointing every 20; one rank is SIGKILLed
+#            after step 100 (launch stops the rest); resumed on N/2 ranks from the last checkpoint
+#            to the end, its losses against the same N-rank run uninterrupted (3e-2: the steps
+#            after the resume sum the batch in N/2 parts instead of N)
+#   scale    llama-1b B8 T2048 and moe-e64 B4 T2048 per GPU at 1, 2, ..., N GPUs: tokens/s
+#            (median of the logged steps after the 10th), JSON lines in scale.jsonl; SCALE_MODELS
+#            (env) narrows the list ("llama-1b:8 moe-e64:4", MODEL:BATCH), SCALE_GPUS the counts;
+#            max_gpu_mem_mib: nvidia-smi's largest memory.used of any GPU during the run (context
+#            and allocator included); rc 0 in a line: all 30 steps were logged (the end-of-run checkpoint is skipped by a kill)
+#   anchors  PyTorch in the same call: DDP under torch.compile (ANCHORS/anchor_train.py) at 1 and
+#            N GPUs, FSDP2 per-block compile (bench/anchor_fsdp2.py) at N GPUs, and a plain NCCL
+#            all-reduce loop (bench/nccl_busbw.py) — JSON lines in anchors.jsonl
+# ANCHORS (env) is the folder of the shared anchor scripts (default .anchors).
+set -uo pipefail
+dw=$(realpath "$1"); n=$2; shift 2
+out=${OUT:-out}/mgpu
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+anchors=${ANCHORS:-.anchors}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} # never NVLink multicast on a shared host
+fail=0
+dev=${DEVICE:-cuda} # DEVICE=cpu: the correct and resume phases on CPU ranks (a dry run of this script)
+say() { echo "== $*" | tee -a "$out/summary.txt"; }
+
+small_models() {
+  mkdir -p "$out/llama" "$out/moe"
+  cat >"$out/llama/config.json" <<'JSON'
+{"model_type": "llama", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 688,
+ "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+ "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+  cat >"$out/moe/config.json" <<'JSON'
+{"model_type": "mixtral", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+ "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "num_local_experts": 4,
+ "num_experts_per_tok": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+ "router_aux_loss_coef": 0.01, "tie_word_embeddings": false}
+JSON
+}
+
+# train_run NAME RANKS BATCH MODEL [extra flags] — 20 steps of builtin data at T=256 on the GPU(s)
+train_run() {
+  local name=$1 k=$2 b=$3 model=$4; shift 4
+  local cmd=(train --model "$model" --data builtin --seq 256 --steps 20 --warmup 4 --lr 2e-3 --batch "$b"
+             --global-batch 8 --eval-every 0 --device "$dev" --seed 11 --out "$out/runs/$name" "$@")
+  rm -rf "$out/runs/$name"
+  if [ "$k" = 1 ]; then timeout 120 "$dw" "${cmd[@]}" >"$out/$name.log" 2>&1
+  else timeout 120 "$dw" launch -n "$k" -- "${cmd[@]}" >"$out/$name.log" 2>&1; fi
+}
+
+# compare REF RUN [RUN...] — the largest relative loss difference of each run against REF
+compare() {
+  python3 - "$out/runs" "$@" <<'PY'
+import json, sys
+root, ref, runs = sys.argv[1], sys.argv[2], sys.argv[3:]
+load = lambda r: {j["step"]: j["loss"] for j in map(json.loads, open(f"{root}/{r}/metrics.jsonl"))}
+a, bad = load(ref), 0
+for r in runs:
+    b = load(r)
+    steps = sorted(set(a) & set(b))
+    d = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+    ok = len(steps) >= min(len(a), 20) and d <= 3e-2
+    bad += not ok
+    print(f"{r:>14} vs {ref}: {len(steps)} steps, max rel loss diff {d:.2e}, last {b[steps[-1]]:.4f} vs {a[steps[-1]]:.4f} {'ok' if ok else 'FAIL'}")
+sys.exit(1 if bad else 0)
+PY
+}
+
+for phase in "$@"; do
+  case $phase in
+  topo)
+    nvidia-smi -L | tee "$out/topo.txt"
+    nvidia-smi topo -m | tee -a "$out/topo.txt"
+    python3 -c 'import torch; print("nccl", torch.cuda.nccl.version())' | tee -a "$out/topo.txt"
+    ;;
+  correct)
+    small_models
+    for m in llama moe; do
+      train_run "$m-1" 1 8 "$out/$m" || { say "$m one GPU failed"; tail -5 "$out/$m-1.log"; fail=1; continue; }
+      runs=()
+      for k in 2 "$n"; do
+        [ "$k" -le "$n" ] || continue
+        for z in 0 1 2; do
+          [ "$k" = 2 ] && [ "$k" != "$n" ] && [ "$z" != 0 ] && continue # ZeRO stages at N only
+          name="$m-dp$k-z$z"
+          [[ " ${runs[*]} " == *" $name "* ]] && continue
+          if train_run "$name" "$k" $((8 / k)) "$out/$m" --zero "$z"; then runs+=("$name")
+          else say "$name failed"; tail -5 "$out/$name.log"; fail=1; fi
+        done
+      done
+      grep -h "communicator\|NCCL" "$out/$m-dp$n-z0.log" | head -4
+      compare "$m-1" "${runs[@]}" | tee -a "$out/summary.txt" || fail=1
+    done
+    ;;
+  resume)
+    small_models
+    h=$((n / 2)); [ "$h" -ge 1 ] || h=1
+    rflags=(--model "$out/llama" --data builtin --seq 256 --steps 160 --warmup 4 --lr 2e-3 --global-batch 8
+            --eval-every 0 --device "$dev" --seed 11 --ckpt-every 20 --keep 0)
+    rm -rf "$out/runs/resume-ref" "$out/runs/resume"
+    timeout 300 "$dw" launch -n "$n" -- train "${rflags[@]}" --batch $((8 / n)) --out "$out/runs/resume-ref" \
+      >"$out/resume-ref.log" 2>&1 || { say "resume reference run failed"; fail=1; }
+    "$dw" launch -n "$n" -- train "${rflags[@]}" --batch $((8 / n)) --out "$out/runs/resume" >"$out/resume-kill.log" 2>&1 &
+    lp=$!
+    until grep -q '^step 1[0-9][0-9]/' "$out/resume-kill.log" 2>/dev/null || ! kill -0 $lp 2>/dev/null; do sleep 0.05; done
+    victim=$(pgrep -f -n "deepwell train .*runs/resume") && kill -9 "$victim"
+    wait $lp; rc=$?
+    say "killed rank pid ${victim:-none} after step 100 of 160 on $n ranks: launch exit $rc; $(grep -o '^step [0-9]*/' "$out/resume-kill.log" | tail -1); latest $(cat "$out/runs/resume/latest" 2>/dev/null)"
+    timeout 300 "$dw" launch -n "$h" -- train --resume "$out/runs/resume" --device "$dev" >"$out/resume-continue.log" 2>&1
+    say "resumed on $h ranks: exit $?"
+    compare resume-ref resume | tee -a "$out/summary.txt" || fail=1
+    ;;
+  scale)
+    touch "$out/scale.jsonl"
+    for spec in ${SCALE_MODELS:-llama-1b:8 moe-e64:4}; do
+      model=${spec%:*}; b=${spec#*:}
+      for k in ${SCALE_GPUS:-$(seq 1 "$n")}; do
+        [ $((k & (k - 1))) = 0 ] && [ "$k" -le "$n" ] || continue # 1, 2, 4, 8
+        name="scale-$model-x$k"; rm -rf "$out/runs/$name"
+        cmd=(train --model "$model" --data builtin --seq 2048 --batch "$b" --global-batch $((b * k)) --steps 30
+             --warmup 5 --eval-every 0 --device "$dev" --seed 3 --ckpt-minutes 0 --out "$out/runs/$name")
+        s=$(date +%s)
+        if [ "$k" = 1 ]; then timeout 240 "$dw" "${cmd[@]}" >"$out/$name.log" 2>&1 &
+        else timeout 240 "$dw" launch -n "$k" -- "${cmd[@]}" >"$out/$name.log" 2>&1 & fi
+        lp=$!
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$out/$name.mem" 2>/dev/null &
+        sp=$!
+        # the end-of-run checkpoint (15 GB of weights and moments) is not what this measures: once
+        # step 30 is logged, the ranks are killed
+        until grep -q '^step 30/30' "$out/$name.log" 2>/dev/null || ! kill -0 $lp 2>/dev/null; do sleep 0.2; done
+        grep -q '^step 30/30' "$out/$name.log" && sleep 1 && pkill -9 -f "deepwell train .*runs/$name"
+        wait $lp
+        kill $sp 2>/dev/null
+        python3 - "$out/runs/$name/metrics.jsonl" "$model" "$k" "$b" "$(grep -q '^step 30/30' "$out/$name.log"; echo $?)" "$(( $(date +%s) - s ))" "$out/$name.mem" >>"$out/scale.jsonl" <<'PY'
+import json, statistics, sys
+path, model, k, b, rc, wall, mem = sys.argv[1:]
+try: used = max(int(x) for x in open(mem).read().split() if x.isdigit())
+except (OSError, ValueError): used = None
+try: rows = [json.loads(l) for l in open(path)]
+except OSError: rows = []
+tps = [r["tokens_per_s"] for r in rows if r["step"] > 10]
+print(json.dumps({"model": model, "gpus": int(k), "batch_per_gpu": int(b), "rc": int(rc), "wall_s": int(wall),
+                  "tokens_per_s": round(statistics.median(tps)) if tps else None,
+                  "last_loss": rows[-1]["loss"] if rows else None, "max_gpu_mem_mib": used}))
+PY
+        tail -1 "$out/scale.jsonl"
+      done
+    done
+    ;;
+  anchors)
+    : >"$out/anchors.jsonl"
+    for k in 1 "$n"; do
+      if [ "$k" = 1 ]; then python3 "$anchors/anchor_train.py" llama compile 8
+      else python3 -m torch.distributed.run --nproc-per-node "$k" "$anchors/anchor_train.py" llama compile 8; fi 2>"$out/ddp$k.err" |
+        grep '^{' | tee -a "$out/anchors.jsonl"
+    done
+    python3 -m torch.distributed.run --nproc-per-node "$n" "$here/anchor_fsdp2.py" 8 2048 2>"$out/fsdp2.err" | grep '^{' | tee -a "$out/anchors.jsonl"
+    python3 -m torch.distributed.run --nproc-per-node "$n" "$here/nccl_busbw.py" 2>"$out/busbw.err" | grep '^{' | tee -a "$out/anchors.jsonl"
+    ;;
+  *) echo "multi_gpu.sh: unknown phase '$phase'" >&2; exit 2 ;;
+  esac
+done
+cat "$out/summary.txt" 2>/dev/null
+exit $fail
