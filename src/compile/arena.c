@@ -114,7 +114,7 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
         int vfirst, vlast, gfirst;
         bool no_grad, over = grad_over_value(c, t);
         value_life(c, t, &vfirst, &vlast, &gfirst, &no_grad);
-        int64_t bytes = dw_ir_numel(ten) * dw_compile_elem_bytes(c, t);
+        int64_t bytes = dw_compile_act_numel(c, t) * dw_compile_elem_bytes(c, t);
         vitem[t] = add_item(&l, bytes, vfirst, vlast, DW_BUF_VALUE, t);
         if (vitem[t] < 0) goto nomem;
         if (!over && gfirst <= last_time && !no_grad && dw_compile_has_grad(g, t)) { /* lifetime; the item once per alias root */

@@ -119,6 +119,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
         c->tensor[t].width = x->ndim ? x->shape[x->ndim - 1] : 1;
         c->tensor[t].count_off = -1;
     }
+    if (st == DW_OK) dw_compile_moe_rows(c);
     if (st == DW_OK) st = dw_compile_bind(ctx, c, policy);
     if (st == DW_OK) st = dw_compile_params(ctx, c);
     if (st == DW_OK) st = dw_compile_grad_modes(ctx, c);

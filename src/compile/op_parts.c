@@ -79,7 +79,7 @@ void dw_compile_node_parts(const dw_compiled *c, int i, int64_t aux[DW_AUX_COUNT
     rules[n->op](c, n, p);
     for (int s = 0; s < n->n_in; s++) /* an input gradient the executor adds in after the op */
         if (c->node[i].grad_mode[s] == DW_GRAD_ACCUM_TMP)
-            TMP(DW_TMP_ACC0 + s) = dw_ir_numel(&c->g->tensors[n->in[s]]) * c->act_size;
+            TMP(DW_TMP_ACC0 + s) = dw_compile_act_numel(c, n->in[s]) * c->act_size;
     memcpy(aux, p, sizeof(int64_t) * DW_AUX_COUNT);
     memcpy(tmp, p + DW_AUX_COUNT, sizeof(int64_t) * DW_TMP_COUNT);
 }

@@ -34,4 +34,15 @@ static inline int64_t dw_compile_elem_bytes(const dw_compiled *c, int t) {
     return c->g->tensors[t].dtype == DW_IR_I32 ? 4 : c->act_size;
 }
 
+/* MoE rows under a capacity factor below 1: the dispatch's rows and every tensor computed row by
+ * row from them (expert GEMM outputs, their activation) hold the capacity's rows, not N K
+ * (moe_rows.c; sets the tensors' rows_cap and moe_* fields). */
+void dw_compile_moe_rows(dw_compiled *c);
+
+/* Elements the program holds for activation t: its rows at capacity times its width for MoE rows
+ * under a capacity, else the graph's shape. */
+static inline int64_t dw_compile_act_numel(const dw_compiled *c, int t) {
+    return c->tensor[t].moe_factor > 0 ? c->tensor[t].rows_cap * c->tensor[t].width : dw_ir_numel(&c->g->tensors[t]);
+}
+
 #endif /* DW_COMPILE_PASSES_H */

@@ -63,6 +63,10 @@ typedef struct {
      * (data-dependent rows, e.g. MoE dispatch), never above rows_cap */
     int64_t rows_cap, width;
     int64_t count_off;
+    /* MoE rows under a capacity factor below 1 (moe_rows.c; factor 0: not such a tensor): rows
+     * dw_moe_routed_rows(factor, b t, top_k, experts) of the call, rows_cap at capacity */
+    double moe_factor;
+    int64_t moe_top_k, moe_experts;
 } dw_prog_tensor;
 
 /* Per-node parts of the activation pool (byte offsets; -1: none).

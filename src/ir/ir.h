@@ -114,6 +114,14 @@ static inline int64_t dw_moe_capacity(double factor, int64_t N, int64_t K, int64
     return want >= (double)(N * K) ? N * K : want < 1 ? 1 : (int64_t)want;
 }
 
+/* Rows moe_dispatch can fill for N tokens: every assignment (N K), or with a factor below 1 at most
+ * E capacities (E dw_moe_capacity) — the rows its buffers and the expert ops hold. */
+static inline int64_t dw_moe_routed_rows(double factor, int64_t N, int64_t K, int64_t E) {
+    if (!(factor > 0 && factor < 1)) return N * K;
+    const int64_t r = E * dw_moe_capacity(factor, N, K, E);
+    return r < N * K ? r : N * K;
+}
+
 typedef struct {
     dw_op op;
     char *name;           /* "model.layers.3.mlp.down_proj", "transformer.h.0.attn" */

@@ -67,10 +67,13 @@ void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op
 dw_status dw_exec_call(dw_exec *x, bool fwd, const dw_op_call *c);
 
 /* Rows of tensor t in the current batch: its capacity rows (shape[0] x shape[1]) scaled to (b, t):
- * b x t for (B,T,...) tensors, b x t x K for the (B,T*K,...) rows MoE dispatch makes; 1 for a
- * tensor of rank below 2 (the per-expert offsets, the loss). */
+ * b x t for (B,T,...) tensors, b x t x K for the (B,T*K,...) rows MoE dispatch makes (under a
+ * capacity factor below 1 at most the experts' capacities: dw_moe_routed_rows); 1 for a tensor of
+ * rank below 2 (the per-expert offsets, the loss). */
 static inline int64_t dw_exec_rows(const dw_exec *x, int t) {
     const dw_ir_tensor *ten = &x->g->tensors[t];
+    const dw_prog_tensor *pt = &x->p->tensor[t];
+    if (pt->moe_factor > 0) return dw_moe_routed_rows(pt->moe_factor, x->b * x->t, pt->moe_top_k, pt->moe_experts);
     return ten->ndim < 2 ? 1 : x->b * x->t * (ten->shape[1] / x->g->seq);
 }
 

@@ -89,7 +89,8 @@ static int64_t run_moe_cap(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64
 
     /* dispatch */
     dw_gt *x = dw_gt_rand(&g_rng, "x", N * C, dt, -1, 1), *ix = dw_gt_ints("experts", idx, R);
-    dw_gt *xs = dw_gt_out("xs", R * C, dt), *goff = dw_gt_out("offsets", E + 1, DW_ACT_F32);
+    const int64_t Rk = cap > 0 && E * cap < R ? E * cap : R; /* the rows dispatch holds (dw_moe_routed_rows) */
+    dw_gt *xs = dw_gt_out("xs", Rk * C, dt), *goff = dw_gt_out("offsets", E + 1, DW_ACT_F32);
     dw_gt *gpos = dw_gt_out("pos", R, DW_ACT_F32);
     float *xs_ref = dw_oc_alloc(R * C);
     dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, NULL, N, C, K, E, cap);

@@ -64,7 +64,8 @@ static int64_t run_dispatch(int64_t N, int64_t C, int64_t K, int64_t E, double f
         dropped += wpos[a] < 0;
         if (wpos[a] >= 0) bad += memcmp(xs + (int64_t)wpos[a] * C, x + (a / K) * C, (size_t)C * 4) != 0;
     }
-    for (int64_t i = (int64_t)woff[E] * C; i < A * C; i++) bad += xs[i] != 0.0f;
+    const int64_t R = E * cap < A ? E * cap : A; /* the rows dispatch holds: zero past the kept, untouched past R */
+    for (int64_t i = (int64_t)woff[E] * C; i < A * C; i++) bad += i < R * C ? xs[i] != 0.0f : !isnan(xs[i]);
     bad += woff[E] + dropped != A;
     if (bad)
         fprintf(stderr, "dispatch by weight N=%lld C=%lld K=%lld E=%lld factor %g cap %lld levels %d: %lld bad\n",

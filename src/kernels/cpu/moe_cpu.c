@@ -48,6 +48,7 @@ void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const fl
                              const float *prio, int64_t N, int64_t C, int64_t K, int64_t E, int64_t cap) {
     DW_ASSERT(N >= 0 && C >= 1 && K >= 1 && E >= 1);
     if (cap <= 0 || cap > N * K) cap = N * K; /* dropless */
+    const int64_t R = E * cap < N * K ? E * cap : N * K; /* the rows xs holds (dw_moe_routed_rows) */
     if (prio && cap < N * K) { /* by weight: pos holds the kept experts (-1 dropped), then sorted as dropless */
         keep_heaviest(pos, idx, prio, N * K, E, cap);
         idx = pos, cap = N * K;
@@ -68,7 +69,7 @@ void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const fl
     for (int64_t a = 0; a < N * K; a++)
         if (pos[a] >= 0) memcpy(xs + (int64_t)pos[a] * C, x + (a / K) * C, (size_t)C * sizeof *x);
     const int64_t used = offsets[E];
-    memset(xs + used * C, 0, (size_t)((N * K - used) * C) * sizeof *xs);
+    memset(xs + used * C, 0, (size_t)((R - used) * C) * sizeof *xs);
 }
 
 void dw_cpu_moe_count(int64_t *cnt, const int32_t *idx, const int32_t *offsets, int64_t A, int64_t E) {

@@ -107,7 +107,7 @@ void dw_cpu_moe_router_bwd(float *dz, const float *dw, const float *z, const int
  * expert keeps (dw_moe_capacity; 0: all) — prio NULL: its first cap assignments in (token, k) order
  * (drop by position); prio (N,K), the router's weights: its cap heaviest (equal weights: the
  * earlier (token, k)), kept rows still in (token, k) order (drop by weight). The rest dropped.
- * Rows past offsets[E] are 0. */
+ * xs holds min(N K, E cap) rows (dw_moe_routed_rows); those past offsets[E] are 0. */
 void dw_cpu_moe_dispatch_fwd(float *xs, int32_t *offsets, int32_t *pos, const float *x, const int32_t *idx,
                              const float *prio, int64_t N, int64_t C, int64_t K, int64_t E, int64_t cap);
 /* A dispatch's routing added to a layer's running counters cnt (2+E) int64: the A assignments,

@@ -156,8 +156,8 @@ dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const v
                                  void *stream);
 
 /* ---- MoE dispatch and combine (ops_moe_dispatch.cu; oracle: kernels/cpu/moe_cpu.c) ------------
- * dispatch: x (N,C), experts idx (N,K) int32 -> xs (N*K,C) x's rows grouped by expert, each group in
- * (token, k) order, rows past the assigned ones zero; offsets (E+1) int32 group starts; pos (N,K)
+ * dispatch: x (N,C), experts idx (N,K) int32 -> xs (min(N*K, E*cap),C) x's rows grouped by expert,
+ * each group in (token, k) order, rows past the assigned ones zero; offsets (E+1) int32 group starts; pos (N,K)
  * int32 each assignment's row (-1: an expert outside [0,E), or dropped: past the first cap of its
  * expert in (token, k) order, or with prio (N,K) the router's weights in dt, past its cap heaviest,
  * equal weights keeping the earlier (token, k); cap <= 0: none dropped). All on the device. E <= 4096.

@@ -251,6 +251,7 @@ extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void
     cudaStream_t s = (cudaStream_t)stream;
     const int64_t A = N * K;
     if (cap <= 0 || cap > A) cap = A; /* dropless */
+    const int64_t R = E * cap < A ? E * cap : A; /* the rows xs holds (dw_moe_routed_rows) */
     if (prio && cap < A) { /* by weight: pos = the kept experts, then sorted in place, dropless */
         if (dt == DW_ACT_F32)
             dw_moe_select_kernel<float><<<(unsigned)E, DW_MOE_SEL_THREADS, 0, s>>>(pos, idx, (const float *)prio, A,
@@ -269,12 +270,12 @@ extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void
     if (dt == DW_ACT_F32) {
         dw_moe_gather_kernel<float><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, (const float *)x, pos,
                                                                                    A, C, K);
-        dw_moe_zero_tail_kernel<float><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, offsets, (int)E, A, C);
+        dw_moe_zero_tail_kernel<float><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, offsets, (int)E, R, C);
     } else {
         dw_moe_gather_kernel<dw_bf16><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, (const dw_bf16 *)x,
                                                                                      pos, A, C, K);
-        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, offsets, (int)E,
-                                                                                       A, C);
+        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, offsets, (int)E,
+                                                                                       R, C);
     }
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;

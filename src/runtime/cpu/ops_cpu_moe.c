@@ -41,7 +41,8 @@ dw_status dw_cpu_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, C = dw_cpu_width(c, c->n->in[0]), K = dw_cpu_width(c, c->n->in[1]);
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
     const float *prio = c->n->n_in > 2 ? dw_cpu_in(be, c, c->in[2], N * K, CPU_S_IN2) : NULL;
-    float *xs = dw_cpu_out(be, c, c->out[0], N * K * C, CPU_S_OUT);
+    const int64_t R = dw_exec_rows(c->x, c->n->out[0]); /* N K, or the experts' capacities below it */
+    float *xs = dw_cpu_out(be, c, c->out[0], R * C, CPU_S_OUT);
     if (!x || !xs || (c->n->n_in > 2 && !prio)) return DW_ERR_NOMEM;
     const int64_t E = c->n->attrs.experts;
     dw_cpu_moe_dispatch_fwd(xs, (int32_t *)c->out[1], (int32_t *)c->out[2], x, (const int32_t *)c->in[1], prio, N, C,
@@ -50,7 +51,7 @@ dw_status dw_cpu_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
     if (cnt >= 0)
         dw_cpu_moe_count((int64_t *)(c->x->work + cnt), (const int32_t *)c->in[1], (const int32_t *)c->out[1], N * K,
                          E);
-    dw_cpu_put(c, c->out[0], xs, N * K * C, false); /* copies of BF16 values: exact */
+    dw_cpu_put(c, c->out[0], xs, R * C, false); /* copies of BF16 values: exact */
     return DW_OK;
 }
 dw_status dw_cpu_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
@@ -63,7 +64,8 @@ dw_status dw_cpu_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
     if (!c->dx[0]) return DW_OK;
     const int64_t N = c->rows, C = dw_cpu_width(c, c->n->in[0]), K = dw_cpu_width(c, c->n->in[1]);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
-    const float *dxs = c->dout[0] ? dw_cpu_in(be, c, c->dout[0], N * K * C, CPU_S_DOUT) : NULL;
+    const int64_t R = dw_exec_rows(c->x, c->n->out[0]);
+    const float *dxs = c->dout[0] ? dw_cpu_in(be, c, c->dout[0], R * C, CPU_S_DOUT) : NULL;
     if (!dx || (c->dout[0] && !dxs)) return DW_ERR_NOMEM;
     if (dxs) dw_cpu_moe_dispatch_bwd(dx, dxs, (const int32_t *)c->out[2], N, C, K);
     else memset(dx, 0, (size_t)(N * C) * sizeof *dx);
@@ -111,7 +113,8 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
 /* ---- combine: each token's weighted sum of its K expert rows ---------------------------------- */
 dw_status dw_cpu_op_moe_combine_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out[0]), K = dw_cpu_width(c, c->n->in[1]);
-    const float *ys = dw_cpu_in(be, c, c->in[0], N * K * C, CPU_S_IN0), *wt = dw_cpu_in(be, c, c->in[1], N * K, CPU_S_IN1);
+    const int64_t R = dw_exec_rows(c->x, c->n->in[0]);
+    const float *ys = dw_cpu_in(be, c, c->in[0], R * C, CPU_S_IN0), *wt = dw_cpu_in(be, c, c->in[1], N * K, CPU_S_IN1);
     float *out = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
     if (!ys || !wt || !out) return DW_ERR_NOMEM;
     dw_cpu_moe_combine_fwd(out, ys, wt, (const int32_t *)c->in[2], N, C, K);
@@ -119,7 +122,8 @@ dw_status dw_cpu_op_moe_combine_fwd(dw_backend *be, const dw_op_call *c) {
     return DW_OK;
 }
 dw_status dw_cpu_op_moe_combine_bwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out[0]), K = dw_cpu_width(c, c->n->in[1]), R = N * K;
+    const int64_t N = c->rows, C = dw_cpu_width(c, c->n->out[0]), K = dw_cpu_width(c, c->n->in[1]);
+    const int64_t R = dw_exec_rows(c->x, c->n->in[0]);
     float *dys = c->dx[0] ? dw_cpu_scratch(be, CPU_S_DX0, R * C) : NULL;
     float *dwt = c->dx[1] ? dw_cpu_scratch(be, CPU_S_DX1, N * K) : NULL;
     if ((c->dx[0] && !dys) || (c->dx[1] && !dwt)) return DW_ERR_NOMEM;

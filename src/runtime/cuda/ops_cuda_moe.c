@@ -112,8 +112,8 @@ dw_status dw_cuda_op_moe_combine_fwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cuda_op_moe_combine_bwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]);
     return dw_cuda_moe_combine_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dx[1], c->dout[0], c->in[0],
-                                   c->in[1], (const int32_t *)c->in[2], N, dw_cuda_width(c, c->n->out[0]), K, N * K,
-                                   DW_CUDA_STREAM(be));
+                                   c->in[1], (const int32_t *)c->in[2], N, dw_cuda_width(c, c->n->out[0]), K,
+                                   dw_exec_rows(c->x, c->n->in[0]), DW_CUDA_STREAM(be));
 }
 
 /* ---- load-balancing loss: statistics per layer, summed; the loss once, after the last layer ---- */

@@ -79,6 +79,22 @@ static inline float __int_as_float(int i) {
     memcpy(&f, &i, 4);
     return f;
 }
+static inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+/* threads switch only at barriers and shuffles, so a plain read-modify-write is atomic here */
+static inline int atomicAdd(int *p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    const unsigned long long old = *p;
+    *p = old + v;
+    return old;
+}
 
 /* Runs the kernel body for every block of grid and every thread of block. */
 void dw_emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
