@@ -1,10 +1,11 @@
 /* moe_route.h — test helpers for token dropping (test_moe_capacity.c, test_moe_drop.c,
- * test_moe_counts.c): random MoE routings as a router gives them (K distinct experts per token),
- * uniform or skewed, and mixtral-tiny's CPU engine with a capacity and drop policy. Include after
+ * test_moe_counts.c, test_moe_memplan.c): random MoE routings as a router gives them (K distinct
+ * experts per token), uniform or skewed, a dispatch's outputs against an oracle's, and mixtral-tiny's CPU engine with a capacity and drop policy. Include after
  * <cmocka.h>. */
 #ifndef DW_TEST_MOE_ROUTE_H
 #define DW_TEST_MOE_ROUTE_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,24 @@ static inline int32_t *dw_test_moe_routing(dw_test_rng *r, int64_t N, int64_t K,
         memcpy(idx + n * K, perm, (size_t)K * sizeof *idx);
     }
     return idx;
+}
+
+/* A dispatch's outputs against an oracle's offsets woff (E+1) and rows wpos (N,K): offsets, rows,
+ * each kept row a copy of its token's x (N,C), zeros past the kept up to the rows the dispatch holds
+ * (min(N K, E cap)) and the NaN the caller poisoned xs with past those; the mismatches. */
+static inline int64_t dw_test_moe_check_dispatch(const float *xs, const int32_t *off, const int32_t *pos,
+                                                 const float *x, const int32_t *woff, const int32_t *wpos, int64_t N,
+                                                 int64_t C, int64_t K, int64_t E, int64_t cap) {
+    const int64_t A = N * K, R = E * cap < A ? E * cap : A;
+    int64_t bad = 0, dropped = 0;
+    for (int64_t e = 0; e <= E; e++) bad += off[e] != woff[e];
+    for (int64_t a = 0; a < A; a++) {
+        bad += pos[a] != wpos[a];
+        dropped += wpos[a] < 0;
+        if (wpos[a] >= 0) bad += memcmp(xs + (int64_t)wpos[a] * C, x + (a / K) * C, (size_t)C * 4) != 0;
+    }
+    for (int64_t i = (int64_t)woff[E] * C; i < A * C; i++) bad += i < R * C ? xs[i] != 0.0f : !isnan(xs[i]);
+    return bad + (woff[E] + dropped != A);
 }
 
 /* mixtral-tiny captured at B x T with capacity factor and drop policy (by_weight: "probs"), every

@@ -57,16 +57,7 @@ static int64_t run_dispatch(int64_t N, int64_t C, int64_t K, int64_t E, double f
     for (int64_t i = 0; i < A * C; i++) xs[i] = NAN;
     dw_cpu_moe_dispatch_fwd(xs, off, pos, x, idx, w, N, C, K, E, cap);
     oracle(idx, w, A, E, cap, wpos, woff);
-    int64_t bad = 0, dropped = 0;
-    for (int64_t e = 0; e <= E; e++) bad += off[e] != woff[e];
-    for (int64_t a = 0; a < A; a++) {
-        bad += pos[a] != wpos[a];
-        dropped += wpos[a] < 0;
-        if (wpos[a] >= 0) bad += memcmp(xs + (int64_t)wpos[a] * C, x + (a / K) * C, (size_t)C * 4) != 0;
-    }
-    const int64_t R = E * cap < A ? E * cap : A; /* the rows dispatch holds: zero past the kept, untouched past R */
-    for (int64_t i = (int64_t)woff[E] * C; i < A * C; i++) bad += i < R * C ? xs[i] != 0.0f : !isnan(xs[i]);
-    bad += woff[E] + dropped != A;
+    int64_t bad = dw_test_moe_check_dispatch(xs, off, pos, x, woff, wpos, N, C, K, E, cap);
     if (bad)
         fprintf(stderr, "dispatch by weight N=%lld C=%lld K=%lld E=%lld factor %g cap %lld levels %d: %lld bad\n",
                 (long long)N, (long long)C, (long long)K, (long long)E, factor, (long long)cap, levels, (long long)bad);
