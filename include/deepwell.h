@@ -580,6 +580,13 @@ typedef struct {
                              (default) = the context's GPU, or 90 on a CPU context */
     bool fuse;            /* GELU into the neighbouring GEMMs' epilogues in BF16 programs (default
                              true; the environment variable DW_FUSE=0 makes the default false) */
+    int recompute;        /* dw_recompute (section [plan]): DW_RECOMPUTE_NONE (default: the plan's,
+                             when one is given) or DW_RECOMPUTE_FULL — every transformer block keeps
+                             only its input and runs its forward again just before its backward, so
+                             the blocks' inner activations share the memory of one block, for about
+                             a third more compute; SELECTIVE is refused (DW_ERR_UNSUPPORTED) */
+    int recompute_blocks; /* with FULL: only the first N blocks recompute (0, default: all), for
+                             memory between the two at less extra compute */
 } dw_compile_opts;
 DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
 
@@ -1309,6 +1316,9 @@ typedef struct {
                                   .safetensors file. Every tensor must match the graph (errors name
                                   the tensor and both shapes) */
     dw_moe_drop moe_drop;      /* default DW_MOE_DROP_CONFIG: the model's (dw_capture_opts) */
+    int recompute;             /* dw_recompute for the program (dw_compile_opts.recompute; default
+                                  DW_RECOMPUTE_NONE) */
+    int recompute_blocks;      /* dw_compile_opts.recompute_blocks (0: every block) */
 } dw_model_opts;
 DW_API void dw_model_opts_init(dw_model_opts *o, size_t size);
 

@@ -19,7 +19,7 @@ static void help(void) {
     printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision R|fp32] [--fallback safe]\n"
            "                          [--steps N]\n"
            "                          [--warmup N] [--vocab V] [--json] [--profile] [--config-out FILE]\n"
-           "                          [--peak-tflops P]\n\n"
+           "                          [--peak-tflops P] [--recompute none|full|N]\n\n"
            "Times the CUDA engine's training step on device 0: zero_grad, forward_backward (loss read\n"
            "back: one host sync) and dw_engine_step (AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0:\n"
            "one more sync), on random tokens. The first two steps are warm-up (eager, then the CUDA\n"
@@ -50,6 +50,9 @@ static void help(void) {
            "  --config-out FILE write the measured model's Hugging Face config.json (for\n"
            "                    bench/train_anchor.py --config FILE) before timing\n"
            "  --peak-tflops P   dense BF16 peak for MFU (default 989: H100/H200 SXM)\n"
+           "  --recompute R     none (default), full or N (the first N blocks): those blocks' forwards\n"
+           "                    run again before their backward, keeping only the block inputs (MFU\n"
+           "                    still counts model FLOPs)\n"
            "  -h, --help        this help\n\n"
            "Exit status: 0 measured, 2 bad arguments or model, 1 no GPU or a failure.\n");
 }
@@ -66,6 +69,7 @@ int dw_bench_step(int argc, char **argv) {
                                          {"profile", no_argument, 0, 'P'},
                                          {"config-out", required_argument, 0, 'c'},
                                          {"peak-tflops", required_argument, 0, 't'},
+                                         {"recompute", required_argument, 0, 'r'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     long B = 16, T = 1024, steps = 20, warm = 3, V = 0;
@@ -73,7 +77,7 @@ int dw_bench_step(int argc, char **argv) {
     const char *precision = "bf16", *config_out = NULL;
     bool safe = false;
     bool json = false, profile = false;
-    int c;
+    int c, recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -99,6 +103,9 @@ int dw_bench_step(int argc, char **argv) {
                 cli_error(CMD, "--peak-tflops must be > 0");
                 return DW_EXIT_USAGE;
             }
+            break;
+        case 'r':
+            if (!cli_parse_recompute(CMD, optarg, &recompute, &recompute_blocks)) return DW_EXIT_USAGE;
             break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error(CMD);
@@ -150,7 +157,10 @@ int dw_bench_step(int argc, char **argv) {
         rc = DW_EXIT_FAIL;
         goto done;
     }
-    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, NULL, &cp);
+    dw_compile_opts cpo;
+    dw_compile_opts_init(&cpo, sizeof cpo);
+    cpo.recompute = recompute, cpo.recompute_blocks = recompute_blocks;
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cpo, &cp);
     dw_step_run_opts ro = {.micro_batch = B, .seq = T, .grad_accum = 1, .warmup = 2 + warm, .steps = steps};
     if (s == DW_OK) s = dw_step_run(ctx, cp, &ro, &run, &e);
     if (s != DW_OK) {
@@ -164,10 +174,12 @@ int dw_bench_step(int argc, char **argv) {
     const double mem_gib = (double)run.mem_engine / 1073741824.0;
     const long long vocab = (long long)dw_graph_vocab(g);
     if (json) {
-        printf("{\"impl\": \"deepwell-%s\", \"model\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"vocab\": %lld,\n"
+        printf("{\"impl\": \"deepwell-%s\", \"model\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"vocab\": %lld, "
+               "\"recompute\": \"%s\", \"recompute_blocks\": %d,\n"
                "  \"step_s_median\": %.6f, \"fwd_bwd_s_median\": %.6f, \"step_s_min\": %.6f, \"tokens_per_s\": %.1f,\n"
                "  \"flops_per_token\": %.6g, \"mfu\": %.4f, \"device_mem_gib\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f%s\n",
-               precision, argv[optind], B, T, vocab, med, fbmed, run.min, tps, fpt, mfu, mem_gib,
+               precision, argv[optind], B, T, vocab, dw_recompute_name((dw_recompute)recompute), recompute_blocks, med, fbmed, run.min,
+               tps, fpt, mfu, mem_gib,
                loss0, loss, profile ? "," : "}");
     } else {
         printf("deepwell %s, %s, B=%ld T=%ld V=%lld: %.2f ms/step (median of %ld; fwd+bwd %.2f ms, min %.2f ms)\n"

@@ -99,6 +99,24 @@ bool cli_parse_double(const char *cmd, const char *flag, const char *text, doubl
     return true;
 }
 
+bool cli_parse_recompute(const char *cmd, const char *text, int *mode, int *blocks) {
+    char *end = NULL;
+    *blocks = 0;
+    if (!strcmp(text, "none")) *mode = DW_RECOMPUTE_NONE;
+    else if (!strcmp(text, "full")) *mode = DW_RECOMPUTE_FULL;
+    else {
+        errno = 0;
+        long n = strtol(text, &end, 10);
+        if (!*text || *end || errno || n < 1 || n > 1000000) {
+            cli_error(cmd, "--recompute must be none, full or a block count N >= 1 (the first N blocks), got '%s'",
+                      text);
+            return false;
+        }
+        *mode = DW_RECOMPUTE_FULL, *blocks = (int)n;
+    }
+    return true;
+}
+
 int cli_usage_error(const char *cmd) {
     fprintf(stderr, "Try 'deepwell %s --help'.\n", cmd);
     return DW_EXIT_USAGE;

@@ -35,6 +35,9 @@ bool cli_parse_double(const char *cmd, const char *flag, const char *text, doubl
  * when a GPU is usable, else cpu. On failure the reason is printed (as "deepwell CMD: ...") and
  * *out is NULL. */
 dw_status cli_ctx_create(const char *cmd, const char *device, dw_ctx **out);
+/* --recompute none | full | N (the first N blocks): *mode a dw_recompute, *blocks 0 (every block)
+ * or N; false with the message printed when text is none of these. */
+bool cli_parse_recompute(const char *cmd, const char *text, int *mode, int *blocks);
 /* After a command: flushes standard output and checks that everything written to it arrived; if
  * not, says so and turns a success into DW_EXIT_IO. Returns the exit status. */
 int cli_finish(const char *cmd, int rc);

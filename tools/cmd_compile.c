@@ -10,7 +10,8 @@
 
 static void help(void) {
     printf("Usage: deepwell compile MODEL [--precision R | --policy FILE] [--fallback safe]\n"
-           "                        [--batch B] [--seq T] [--target cuda|cpu] [--sm N] [--report]\n\n"
+           "                        [--batch B] [--seq T] [--target cuda|cpu] [--sm N] [--recompute none|full|N]\n"
+           "                        [--report]\n\n"
            "Compiles MODEL's training graph into the program an engine runs (steps, kernel binding,\n"
            "static memory plan) and prints the planned bytes of each memory pool (weights, grads,\n"
            "optimizer, activations, workspace). Needs no GPU.\n\n"
@@ -31,6 +32,9 @@ static void help(void) {
            "  --target D       the backend the program is for: cuda (default) or cpu (the reference,\n"
            "                   which runs any program; its GEMMs are all quantised)\n"
            "  --sm N           CUDA target: compute capability x10 the kernels are chosen for (90)\n"
+           "  --recompute R    none (default), full or N (the first N blocks): those blocks' forwards\n"
+           "                   run again just before their backward and only their inputs are kept\n"
+           "                   (a smaller activation pool)\n"
            "  --report         also list every node: recipe and why, kernel and why\n"
            "  -h, --help       this help\n\n"
            "Exit status: 0 planned, 2 bad arguments or model, 1 other failures.\n");
@@ -45,13 +49,14 @@ int cmd_compile(int argc, char **argv) {
                                          {"report", no_argument, 0, 'r'},
                                          {"target", required_argument, 0, 't'},
                                          {"sm", required_argument, 0, 'm'},
+                                         {"recompute", required_argument, 0, 'R'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *precision = NULL, *policy_path = NULL, *fallback = NULL;
     long B = 1, T = 0, sm = 90;
     bool report = false;
     dw_device_kind target = DW_DEVICE_CUDA;
-    int c;
+    int c, recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -74,6 +79,9 @@ int cmd_compile(int argc, char **argv) {
             break;
         case 'm':
             if (!cli_parse_int("compile", "--sm", optarg, 50, 200, &sm)) return DW_EXIT_USAGE;
+            break;
+        case 'R':
+            if (!cli_parse_recompute("compile", optarg, &recompute, &recompute_blocks)) return DW_EXIT_USAGE;
             break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error("compile");
@@ -115,6 +123,7 @@ int cmd_compile(int argc, char **argv) {
     dw_compile_opts_init(&co2, sizeof co2);
     co2.device = target;
     co2.sm = target == DW_DEVICE_CUDA ? (int)sm : 0;
+    co2.recompute = recompute, co2.recompute_blocks = recompute_blocks;
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &co2, &cp);
     if (s == DW_OK) s = dw_compiled_report(ctx, cp, &text);
     int rc = DW_EXIT_OK;

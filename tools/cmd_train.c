@@ -29,6 +29,9 @@ enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
 /* --ep: not in the resume record (a checkpoint holds every expert, any --ep resumes it); a value
  * clear of the enums above */
 enum { O_EP = O_LAST + 64 };
+/* --recompute: not in the resume record (it trades memory for compute; the values are the same) */
+enum { O_RECOMPUTE = O_LAST + 96 };
+static int recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
 
 /* Where a new run's weights come from: MODEL's own when it has them (else the seed), the seed
  * (--init random), or another source (--init-from). */
@@ -130,6 +133,10 @@ static void help(void) {
         "                         each running E/K of every MoE layer's experts; rows go to their\n"
         "                         experts' ranks and back by all-to-all (1: off; K divides the\n"
         "                         ranks and the experts; docs/multi-gpu.md)\n"
+        "  --recompute R          none, full or N: every block (or the first N) keeps only its\n"
+        "                         input and runs its forward again before its backward (their\n"
+        "                         activations share one block's memory, for up to a third more\n"
+        "                         compute; the same values bit for bit) (none)\n"
         "  --profile              after the last step, time 3 eager steps of the last micro-batch\n"
         "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
         "                         print the largest rows per op kind and per node role (forward\n"
@@ -287,7 +294,7 @@ int cmd_train(int argc, char **argv) {
         {"init-from", required_argument, 0, O_INIT_FROM}, {"max-skips", required_argument, 0, O_MAX_SKIPS},
         {"quant-check-every", required_argument, 0, O_QCHECK},
         {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
-        {"help", no_argument, 0, 'h'},
+        {"recompute", required_argument, 0, O_RECOMPUTE}, {"help", no_argument, 0, 'h'},
         {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
@@ -333,6 +340,7 @@ int cmd_train(int argc, char **argv) {
             if (!ok) cli_error(CMD, "--moe-drop must be probs or position, got '%s'", optarg);
             init.moe_drop = !strcmp(optarg, "probs") ? DW_MOE_DROP_PROBS : DW_MOE_DROP_POSITION;
             break;
+        case O_RECOMPUTE: ok = cli_parse_recompute(CMD, optarg, &recompute, &recompute_blocks); break;
         case O_PROMPT: o.sample_prompt = optarg; break;
         case O_SCHED: {
             static const char *names[] = {"cosine", "linear", "constant"};
@@ -495,6 +503,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
     mo.weights = o.resume ? DW_WEIGHTS_NONE : init->random ? DW_WEIGHTS_RANDOM : DW_WEIGHTS_AUTO;
     mo.weights_from = o.resume ? NULL : init->from;
     mo.moe_drop = init->moe_drop;
+    mo.recompute = recompute, mo.recompute_blocks = recompute_blocks;
     dw_model *m = NULL;
     st = dw_model_open(ctx, o.resume ? o.resume : model, &mo, &m);
     if (st != DW_OK) {

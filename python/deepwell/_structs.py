@@ -68,7 +68,8 @@ class CaptureOpts(Sized):
 
 
 class CompileOpts(Sized):
-    _fields_ = [("size", size_t), ("device", cint), ("sm", cint), ("fuse", flag)]
+    _fields_ = [("size", size_t), ("device", cint), ("sm", cint), ("fuse", flag), ("recompute", cint),
+                ("recompute_blocks", cint)]
 
 
 class EngineOpts(Sized):

@@ -1,6 +1,6 @@
 /* arena.c — the activation pool: every activation's value and gradient and every node's saved
- * and temporary parts, each with its lifetime over the logical times (forward of node i at i,
- * backward at 2n-1-i), placed by dw_memplan_assign so that buffers alive together never overlap.
+ * and temporary parts, each with its lifetime over the logical times (recompute.c: forward of node
+ * i at i, then the backward sweep; a recomputed block's buffers live twice), placed by dw_memplan_assign so that buffers alive together never overlap.
  * Reads the gradient modes and aliases (grads.c), the fusion (fuse.c) and each op's flags. */
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +14,9 @@ typedef struct {
     int n, cap;
 } item_list;
 
-static int add_item(item_list *l, int64_t size, int first, int last, dw_buf_kind kind, int index) {
+/* An item live over [first, last] and, when first2 > last, over [first2, last2] too. */
+static int add_item2(item_list *l, int64_t size, int first, int last, int first2, int last2, dw_buf_kind kind,
+                     int index) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
         dw_mem_item *it = realloc(l->items, (size_t)cap * sizeof *it);
@@ -25,9 +27,14 @@ static int add_item(item_list *l, int64_t size, int first, int last, dw_buf_kind
         l->info = in;
         l->cap = cap;
     }
-    l->items[l->n] = (dw_mem_item){.size = size, .first = first, .last = last, .align = 256};
+    l->items[l->n] = (dw_mem_item){.size = size, .first = first, .last = last, .align = 256,
+                                   .first2 = first2 > last ? first2 : 0, .last2 = first2 > last ? last2 : 0};
     l->info[l->n] = (dw_buf_info){kind, index};
     return l->n++;
+}
+
+static int add_item(item_list *l, int64_t size, int first, int last, dw_buf_kind kind, int index) {
+    return add_item2(l, size, first, last, 0, 0, kind, index);
 }
 
 static void place_parts(const int64_t *sizes, int count, int64_t base, int64_t *offs) {
@@ -49,33 +56,38 @@ static int grad_root(const dw_compiled *c, int t) {
     return t;
 }
 
-/* Lifetime of activation t's value and the first backward time that writes its gradient. */
-static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int *gfirst, bool *no_grad) {
+/* Lifetime of activation t's value — [*vfirst, *vlast], and under recompute possibly a second
+ * interval [*vfirst2, *vlast2] (else *vfirst2 = 0) — and the first backward time that writes its
+ * gradient. */
+static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int *vfirst2, int *vlast2, int *gfirst,
+                       bool *no_grad) {
     const dw_graph *g = c->g;
     const int p = g->tensors[t].producer, nn = g->n_nodes;
-    *vfirst = *vlast = dw_compile_fwd_time(c, p);
+    int writer = p;
     *gfirst = c->n_times;
     /* fusion: a GELU computed by its linear's epilogue is written at that linear's time; the
      * gradient of a GELU's input written by the next linear's dgrad (DGELU) at its time, and
      * the GELU output's gradient then never exists */
     const bool gelu = DW_OP_IS(&g->nodes[p], DW_OPF_EPILOGUE);
-    if (gelu && (c->node[p].fused & DW_FUSED_FWD))
-        *vfirst = dw_compile_fwd_time(c, g->tensors[g->nodes[p].in[0]].producer);
+    if (gelu && (c->node[p].fused & DW_FUSED_FWD)) writer = g->tensors[g->nodes[p].in[0]].producer;
     *no_grad = gelu && (c->node[p].fused & DW_FUSED_BWD);
-    if (dw_op_flags(g->nodes[p].op) & DW_OPF_READS_OUT) *vlast = dw_compile_bwd_time(c, p);
+    /* reads in the forward sweep (fwd_last) and in the backward sweep (bwd_first .. bwd_last):
+     * backwards reading the value, forwards run again reading it, the producer's own backward */
+    const int written_again = dw_compile_rc_time(c, writer);
+    int fwd_last = dw_compile_fwd_time(c, p), bwd_first = c->n_times, bwd_last = -1;
+#define BWD_USE(u) (bwd_first = (u) < bwd_first ? (u) : bwd_first, bwd_last = (u) > bwd_last ? (u) : bwd_last)
+    if (dw_op_flags(g->nodes[p].op) & DW_OPF_READS_OUT) BWD_USE(dw_compile_bwd_time(c, p));
     for (int i = p + 1; i < nn; i++) {
         const dw_ir_node *n = &g->nodes[i];
         const unsigned flags = dw_op_flags(n->op);
         for (int s = 0; s < n->n_in; s++) {
             if (n->in[s] != t) continue;
-            int f = dw_compile_fwd_time(c, i), b = dw_compile_bwd_time(c, i);
-            if (f > *vlast) *vlast = f;
-            if ((flags & DW_OPF_READS_IN(s)) && b > *vlast) *vlast = b;
+            int f = dw_compile_fwd_time(c, i), b = dw_compile_bwd_time(c, i), r = dw_compile_rc_time(c, i);
+            if (f > fwd_last) fwd_last = f;
+            if (r >= 0) BWD_USE(r);
+            if (flags & DW_OPF_READS_IN(s)) BWD_USE(b);
             /* a gradient written over this value (dlogits over the logits) keeps it to then */
-            if (s == 0 && (flags & DW_OPF_DX0_OVER_X0)) {
-                int last_reader = dw_compile_bwd_time(c, p); /* the producer's backward reads it */
-                if (last_reader > *vlast) *vlast = last_reader;
-            }
+            if (s == 0 && (flags & DW_OPF_DX0_OVER_X0)) BWD_USE(dw_compile_bwd_time(c, p)); /* the producer's backward reads it */
             if (b < *gfirst) *gfirst = b;
             if (DW_OP_IS(n, DW_OPF_EPILOGUE) && (c->node[i].fused & DW_FUSED_BWD)) { /* written by the dgrad */
                 int f2 = dw_compile_bwd_time(c, c->node[i].partner_bwd);
@@ -83,6 +95,17 @@ static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int
             }
         }
     }
+#undef BWD_USE
+    *vfirst = dw_compile_fwd_time(c, writer);
+    *vfirst2 = *vlast2 = 0;
+    if (written_again >= 0 && bwd_first >= written_again) { /* dropped after the forward, written again */
+        *vlast = fwd_last;
+        *vfirst2 = written_again;
+        *vlast2 = bwd_last > written_again ? bwd_last : written_again;
+        return;
+    }
+    *vlast = fwd_last > bwd_last ? fwd_last : bwd_last; /* kept; a forward run again rewrites it in place */
+    if (written_again > *vlast) *vlast = written_again;
 }
 
 /* Whether t's gradient is written over its value (ops.def DX0_OVER_X0: the logits). */
@@ -111,11 +134,11 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
         vitem[t] = gitem[t] = -1;
         const dw_ir_tensor *ten = &g->tensors[t];
         if (ten->kind != DW_TENSOR_ACT || t == g->loss) continue; /* the loss lives in workspace */
-        int vfirst, vlast, gfirst;
+        int vfirst, vlast, vfirst2, vlast2, gfirst;
         bool no_grad, over = grad_over_value(c, t);
-        value_life(c, t, &vfirst, &vlast, &gfirst, &no_grad);
+        value_life(c, t, &vfirst, &vlast, &vfirst2, &vlast2, &gfirst, &no_grad);
         int64_t bytes = dw_compile_act_numel(c, t) * dw_compile_elem_bytes(c, t);
-        vitem[t] = add_item(&l, bytes, vfirst, vlast, DW_BUF_VALUE, t);
+        vitem[t] = add_item2(&l, bytes, vfirst, vlast, vfirst2, vlast2, DW_BUF_VALUE, t);
         if (vitem[t] < 0) goto nomem;
         if (!over && gfirst <= last_time && !no_grad && dw_compile_has_grad(g, t)) { /* lifetime; the item once per alias root */
             const int r = grad_root(c, t), glast = dw_compile_bwd_time(c, ten->producer);
@@ -138,11 +161,12 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
         int64_t a = parts_total(aux, DW_AUX_COUNT), ft = tmp[DW_TMP_XENT];
         int64_t bt = parts_total(tmp, DW_TMP_COUNT) - dw_align_up(ft, 256);
         aitem[i] = titem[i] = fitem[i] = -1;
-        if (a && (aitem[i] = add_item(&l, a, dw_compile_fwd_time(c, i), dw_compile_bwd_time(c, i),
-                                      DW_BUF_AUX, i)) < 0)
+        /* a recomputed node's saved parts: written by the forward (read by nothing until the
+         * forward runs again), then from its second forward to its backward */
+        const int f = dw_compile_fwd_time(c, i), r = dw_compile_rc_time(c, i), b = dw_compile_bwd_time(c, i);
+        if (a && (aitem[i] = r >= 0 ? add_item2(&l, a, f, f, r, b, DW_BUF_AUX, i) : add_item(&l, a, f, b, DW_BUF_AUX, i)) < 0)
             goto nomem;
-        if (ft && (fitem[i] = add_item(&l, ft, dw_compile_fwd_time(c, i), dw_compile_fwd_time(c, i),
-                                       DW_BUF_FTMP, i)) < 0)
+        if (ft && (fitem[i] = add_item2(&l, ft, f, f, r, r, DW_BUF_FTMP, i)) < 0) /* r = -1: one interval */
             goto nomem;
         if (bt && (titem[i] = add_item(&l, bt, dw_compile_bwd_time(c, i), dw_compile_bwd_time(c, i),
                                        DW_BUF_BTMP, i)) < 0)

@@ -31,6 +31,9 @@ void dw_compiled_free(dw_compiled *c) {
     free(c->node);
     free(c->tensor);
     free(c->steps);
+    free(c->bwd_t);
+    free(c->rc_t);
+    free(c->sweep);
     free(c->policy_json);
     free(c->param_tensor);
     free(c->param_off);
@@ -66,21 +69,23 @@ static dw_status target_of(dw_ctx *ctx, const dw_compile_opts *o, dw_compile_tar
     return DW_OK;
 }
 
-/* A plan the one-device executor runs as it is: world size 1, no recompute, ZeRO or offload
+/* A plan the one-device executor runs as it is: world size 1, no ZeRO or offload (its recompute
+ * is taken unless the options name one)
  * (the executor has none yet), and a micro-batch of at most the graph's batch x seq. */
-static dw_status check_plan(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan) {
+static dw_status check_plan(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, int *recompute) {
     dw_plan_layout l;
     l.size = sizeof l;
     DW_TRY(dw_plan_get_layout(plan, &l));
+    if (l.recompute && !*recompute) *recompute = l.recompute; /* the plan's, unless the options name one */
     const int world = dw_plan_world_size(plan);
     if (world != 1)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
                             "compile: plan '%s' spans %d GPUs; the executor runs one device for now (pass a "
                             "one-GPU plan or none)", dw_plan_summary(plan), world);
-    if (l.recompute || l.zero || l.offload)
+    if (l.zero || l.offload)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED,
-                            "compile: plan '%s' asks for%s%s%s; the executor has none of these yet",
-                            dw_plan_summary(plan), l.recompute ? " recompute" : "", l.zero ? " ZeRO" : "",
+                            "compile: plan '%s' asks for%s%s; the one-device executor has neither (ZeRO runs "
+                            "across ranks: dw_train_opts.zero)", dw_plan_summary(plan), l.zero ? " ZeRO" : "",
                             l.offload ? " offload" : "");
     if (l.micro_batch > g->batch || l.seq > g->seq)
         return dw_set_error(ctx, DW_ERR_INVALID,
@@ -94,10 +99,11 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
                      const dw_compile_opts *opts, dw_compiled **out) {
     *out = NULL;
     if (!g) return dw_set_error(ctx, DW_ERR_INVALID, "compile: no graph");
-    if (plan) DW_TRY(check_plan(ctx, g, plan));
+    const dw_compile_opts o = read_opts(opts);
+    int recompute = o.recompute;
+    if (plan) DW_TRY(check_plan(ctx, g, plan, &recompute));
     if (g->logits < 0 || g->loss < 0 || g->tokens < 0 || g->targets < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "compile: the graph has no tokens/targets/logits/loss roles");
-    const dw_compile_opts o = read_opts(opts);
     dw_compiled *c = calloc(1, sizeof *c);
     if (!c) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     c->g = g;
@@ -109,7 +115,6 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
              !policy ? "fp32" : policy->n_rules ? "policy" : dw_recipe_name(policy->default_recipe));
     if (st == DW_OK && policy) st = dw_policy_to_json(ctx, policy, &c->policy_json);
     c->nvfp4 = policy ? policy->nvfp4 : dw_nvfp4_recipe_default();
-    c->n_times = 2 * g->n_nodes;
     c->node = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *c->node);
     c->tensor = calloc((size_t)(g->n_tensors ? g->n_tensors : 1), sizeof *c->tensor);
     if (st == DW_OK && (!c->node || !c->tensor)) st = dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
@@ -126,6 +131,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     if (st == DW_OK) st = dw_compile_fuse(ctx, c);
     if (st == DW_OK) st = dw_compile_grad_alias(ctx, c);
     if (st == DW_OK) st = dw_compile_bf16_copies(ctx, c);
+    if (st == DW_OK) st = dw_compile_times(ctx, c, recompute, o.recompute_blocks);
     if (st == DW_OK) st = dw_compile_arena(ctx, c);
     if (st == DW_OK) st = dw_compile_workspace(ctx, c);
     if (st == DW_OK) st = dw_compile_steps(ctx, c);

@@ -90,6 +90,12 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         case DW_POOL_ACT:
             fprintf(f, "  arena of %d buffers (sum %lld B; live peak %lld B = lower bound)\n",
                     c->n_items, (long long)sizes, (long long)c->live_peak);
+            if (c->recompute == DW_RECOMPUTE_FULL) {
+                int again = 0;
+                for (int i = 0; i < c->g->n_nodes; i++) again += dw_compile_rc_time(c, i) >= 0;
+                fprintf(f, "%14s recompute: %d forwards of blocks 0-%d run again before their block's backward; "
+                        "only those blocks' inputs are kept\n", "", again, c->recompute_blocks - 1);
+            }
             break;
         default: {
             fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments");

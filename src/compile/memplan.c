@@ -26,16 +26,30 @@ static int by_lo(const void *a, const void *b) {
 
 static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) & ~(a - 1); }
 
+static bool has_second(const dw_mem_item *x) { return x->first2 > x->last; }
+
+static bool meet(int a0, int a1, int b0, int b1) { return !(a1 < b0 || b1 < a0); }
+
+/* Whether two buffers are ever live at the same step (each has one or two intervals). */
+static bool lifetimes_overlap(const dw_mem_item *x, const dw_mem_item *y) {
+    if (meet(x->first, x->last, y->first, y->last)) return true;
+    if (has_second(y) && meet(x->first, x->last, y->first2, y->last2)) return true;
+    if (!has_second(x)) return false;
+    return meet(x->first2, x->last2, y->first, y->last) ||
+           (has_second(y) && meet(x->first2, x->last2, y->first2, y->last2));
+}
+
 dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *arena_bytes) {
     *arena_bytes = 0;
     if (n < 0) return dw_set_error(ctx, DW_ERR_INVALID, "memory plan: negative buffer count %d", n);
     for (int i = 0; i < n; i++) {
         int64_t a = items[i].align ? items[i].align : 256;
-        if (items[i].size <= 0 || items[i].first > items[i].last || (a & (a - 1)) != 0)
+        if (items[i].size <= 0 || items[i].first > items[i].last || (a & (a - 1)) != 0 ||
+            (has_second(&items[i]) && items[i].first2 > items[i].last2))
             return dw_set_error(ctx, DW_ERR_INVALID,
-                                "memory plan: buffer %d has size %lld, lifetime [%d, %d], align %lld",
-                                i, (long long)items[i].size, items[i].first, items[i].last,
-                                (long long)a);
+                                "memory plan: buffer %d has size %lld, lifetime [%d, %d] (then [%d, %d]), align %lld",
+                                i, (long long)items[i].size, items[i].first, items[i].last, items[i].first2,
+                                items[i].last2, (long long)a);
     }
     size_t cap = n > 0 ? (size_t)n : 1;
     int *order = malloc(sizeof(int) * cap);
@@ -58,7 +72,7 @@ dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *are
         int nb = 0;
         for (int p = 0; p < n_placed; p++) {
             const dw_mem_item *q = &items[placed[p]];
-            if (q->last < it->first || it->last < q->first) continue; /* lifetimes disjoint */
+            if (!lifetimes_overlap(q, it)) continue;
             busy[nb++] = (interval){q->offset, q->offset + q->size};
         }
         qsort(busy, (size_t)nb, sizeof *busy, by_lo);
@@ -80,11 +94,13 @@ dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *are
 
 int64_t dw_memplan_live_peak(const dw_mem_item *items, int n) {
     int64_t peak = 0;
-    for (int i = 0; i < n; i++) { /* the peak is reached at some buffer's first step */
-        int t = items[i].first;
+    for (int i = 0; i < 2 * n; i++) { /* the peak is reached at the start of some interval */
+        const dw_mem_item *it = &items[i / 2];
+        if (i % 2 && !has_second(it)) continue;
+        const int t = i % 2 ? it->first2 : it->first;
         int64_t live = 0;
         for (int j = 0; j < n; j++)
-            if (items[j].first <= t && t <= items[j].last) live += items[j].size;
+            if (dw_mem_live_at(&items[j], t)) live += items[j].size;
         if (live > peak) peak = live;
     }
     return peak;

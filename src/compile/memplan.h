@@ -4,6 +4,7 @@
 #ifndef DW_COMPILE_MEMPLAN_H
 #define DW_COMPILE_MEMPLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "deepwell.h"
@@ -13,7 +14,14 @@ typedef struct {
     int first, last;/* inclusive schedule steps during which the buffer is live */
     int64_t align;  /* power of two; 0 means 256 */
     int64_t offset; /* out: byte offset in the arena */
+    int first2, last2; /* a second live interval after the first (first2 > last), as an activation
+                          recomputed before its backward has; 0, 0: none */
 } dw_mem_item;
+
+/* Whether the item is live at step t (in either interval). */
+static inline bool dw_mem_live_at(const dw_mem_item *it, int t) {
+    return (it->first <= t && t <= it->last) || (it->first2 > it->last && it->first2 <= t && t <= it->last2);
+}
 
 /* Assigns offsets (greedy: largest first, lowest fitting offset among live-overlapping buffers)
  * and returns the arena size needed. Deterministic for the same input. */

@@ -1,7 +1,8 @@
 /* passes.h — private to compile/: the passes dw_compile runs, in order, each filling part of the
  * program (program.h). bind.c: recipe and kernels per node; grads.c: how gradients are delivered
  * and shared; fuse.c: GELU into GEMM epilogues; params.c: parameter pools and BF16 copies;
- * op_parts.c: per-op saved and temporary sizes; arena.c: the activation arena; workspace.c: the
+ * op_parts.c: per-op saved and temporary sizes; recompute.c: the logical times (which forwards
+ * run again before their block's backward); arena.c: the activation arena; workspace.c: the
  * workspace pool; steps.c: the step list. Callers outside compile/ read program.h. */
 #ifndef DW_COMPILE_PASSES_H
 #define DW_COMPILE_PASSES_H
@@ -10,6 +11,7 @@
 #include "deepwell.h"
 
 dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy);
+dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recompute_blocks);
 dw_status dw_compile_grad_modes(dw_ctx *ctx, dw_compiled *c);
 dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c);
 dw_status dw_compile_grad_alias(dw_ctx *ctx, dw_compiled *c);

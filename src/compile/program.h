@@ -20,7 +20,9 @@
 
 /* ---- steps ----------------------------------------------------------------------------------- */
 typedef enum {
-    DW_STEP_FWD = 0,     /* node's forward (its backward too for DW_OPF_BWD_IN_FWD ops in training) */
+    DW_STEP_FWD = 0,     /* node's forward (its backward too for DW_OPF_BWD_IN_FWD ops in training);
+                            arg 1: run again in the backward sweep (recompute), writing the same
+                            values and saved parts to the same places */
     DW_STEP_BWD,         /* node's backward */
     DW_STEP_GRAD_NORM,   /* global L2 norm of every parameter gradient (workspace: norm) */
     DW_STEP_ADAMW,       /* AdamW over every parameter (arguments from workspace: adamw_args) */
@@ -195,7 +197,16 @@ struct dw_compiled {
     dw_step *steps;
     int n_steps;
     int phase[DW_PHASE_COUNT][2]; /* [begin, end) into steps */
-    int n_times;               /* logical times of the memory plan: 2 * n_nodes */
+    int n_times;               /* logical times of the memory plan: every node's forward (time =
+                                  node), then the backward sweep: each node's backward and, for a
+                                  recomputed block, its nodes' forwards again just before it */
+    int recompute;             /* dw_recompute: NONE or FULL (recompute.c) */
+    int recompute_blocks;      /* FULL: blocks [0, recompute_blocks) recompute (all: n_blocks) */
+    int *bwd_t;                /* (n_nodes) backward time of each node */
+    int *rc_t;                 /* (n_nodes) time of the node's forward run again in the backward
+                                  sweep (a recomputed block's), else -1 */
+    int *sweep;                /* (n_times - n_nodes) the backward sweep in order: node, or
+                                  -(node + 1) for a recomputed forward */
 
     dw_prog_tensor *tensor;    /* (n_tensors) */
     dw_prog_node *node;        /* (n_nodes) */
@@ -227,7 +238,13 @@ struct dw_compiled {
 /* ---- queries (compile.c) ------------------------------------------------------------------------ */
 /* Logical times of node i (the memory plan's lifetimes). */
 static inline int dw_compile_fwd_time(const dw_compiled *c, int node) { (void)c; return node; }
-static inline int dw_compile_bwd_time(const dw_compiled *c, int node) { return c->n_times - 1 - node; }
+static inline int dw_compile_bwd_time(const dw_compiled *c, int node) { return c->bwd_t[node]; }
+/* The time node's forward runs again before its block's backward (recompute), or -1. */
+static inline int dw_compile_rc_time(const dw_compiled *c, int node) { return c->rc_t[node]; }
+/* Whether node i's forward runs again in the backward sweep under c->recompute (recompute.c): a
+ * block's node with a forward step of its own, except one that adds to the loss or does its own
+ * backward. */
+bool dw_compile_recomputed(const dw_compiled *c, int i);
 
 /* Whether the program runs linear layers quantised in recipe r (every recipe but bf16). */
 bool dw_compile_quant_recipe(dw_recipe r);

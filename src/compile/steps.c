@@ -1,6 +1,7 @@
 /* steps.c — the program's step list and its phases: each node's forward in graph order (a GELU
  * done by its linear's epilogue has none), each node's backward in reverse (none where fused into
- * a dgrad or done by the forward, as the loss's), then the optimizer (gradient norm, AdamW) and
+ * a dgrad or done by the forward, as the loss's) — under recompute with each block's forwards run
+ * again just before its backward —, then the optimizer (gradient norm, AdamW) and
  * the refresh of what derives from the FP32 masters (BF16 copies, quantised weight caches). */
 #include <stdlib.h>
 
@@ -16,7 +17,7 @@ const char *dw_step_kind_name(dw_step_kind k) {
 dw_status dw_compile_steps(dw_ctx *ctx, dw_compiled *c) {
     const dw_graph *g = c->g;
     const int nn = g->n_nodes;
-    c->steps = malloc((size_t)(3 * nn + c->n_bf16_runs + 4) * sizeof *c->steps);
+    c->steps = malloc((size_t)(4 * nn + c->n_bf16_runs + 4) * sizeof *c->steps);
     if (!c->steps) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     int n = 0;
 #define STEP(k, nd, a) (c->steps[n++] = (dw_step){(uint8_t)(k), (nd), (a)})
@@ -24,9 +25,12 @@ dw_status dw_compile_steps(dw_ctx *ctx, dw_compiled *c) {
     for (int i = 0; i < nn; i++)
         if (!(c->node[i].fused & DW_FUSED_FWD)) STEP(DW_STEP_FWD, i, 0);
     c->phase[DW_PHASE_FORWARD][1] = c->phase[DW_PHASE_BACKWARD][0] = n;
-    for (int i = nn - 1; i >= 0; i--)
-        if (!(c->node[i].fused & DW_FUSED_BWD) && !(dw_op_flags(g->nodes[i].op) & DW_OPF_BWD_IN_FWD))
+    for (int k = 0; k < c->n_times - nn; k++) { /* the backward sweep (recompute.c) */
+        const int e = c->sweep[k], i = e < 0 ? -e - 1 : e;
+        if (e < 0) STEP(DW_STEP_FWD, i, 1); /* a recomputed block's forward, again */
+        else if (!(c->node[i].fused & DW_FUSED_BWD) && !(dw_op_flags(g->nodes[i].op) & DW_OPF_BWD_IN_FWD))
             STEP(DW_STEP_BWD, i, 0);
+    }
     c->phase[DW_PHASE_BACKWARD][1] = c->phase[DW_PHASE_OPTIMIZER][0] = n;
     STEP(DW_STEP_GRAD_NORM, -1, 0);
     STEP(DW_STEP_ADAMW, -1, 0);

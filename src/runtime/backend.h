@@ -51,6 +51,8 @@ typedef struct {
      * input (the pre-activation) at fuse_x */
     void *fuse_out, *fuse_x, *fuse_dx;
     double dloss;                 /* the loss gradient's scale (1 / accumulation steps) */
+    bool recompute;               /* a forward run again before its block's backward: it writes what
+                                     its first run wrote; whatever a forward counts, it counts once */
 } dw_op_call;
 
 typedef dw_status (*dw_op_fn)(dw_backend *be, const dw_op_call *call);

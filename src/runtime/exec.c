@@ -184,6 +184,7 @@ dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
         }
         dw_op_call c;
         dw_exec_resolve(x, st->node, train, dloss, &c);
+        c.recompute = fwd && st->arg == 1;
         return dw_exec_call(x, fwd, &c);
     }
     case DW_STEP_GRAD_NORM: return bi->grad_norm(be, x);

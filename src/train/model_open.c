@@ -113,7 +113,10 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
         st = dw_policy_from_precision(ctx, "bf16", false, &m->own_policy);
         pol = m->own_policy;
     }
-    if (st == DW_OK) st = dw_compile(ctx, m->g, NULL, pol, NULL, &m->c);
+    dw_compile_opts cpo;
+    dw_compile_opts_init(&cpo, sizeof cpo);
+    cpo.recompute = o.recompute, cpo.recompute_blocks = o.recompute_blocks;
+    if (st == DW_OK) st = dw_compile(ctx, m->g, NULL, pol, &cpo, &m->c);
     if (st == DW_OK) st = dw_engine_create(ctx, m->c, NULL, &m->e);
     const bool file = is_dir && has_weights(dir);
     const bool other = o.weights_from && (o.weights == DW_WEIGHTS_AUTO || o.weights == DW_WEIGHTS_FILE);

@@ -9,7 +9,9 @@
  * ACC<s> temporary); shared gradient buffers; parameter pools (aligned, decay first) and BF16
  * copies; the workspace and quantised slots; per-linear decisions against the GEMM registry
  * (dw_compile_linear_quantised; the CPU reference takes every shape; a registered kernel is
- * chosen by name); unsupported ops per target; refusals; engines for either target's program. */
+ * chosen by name); unsupported ops per target; refusals; engines for either target's program.
+ * Every random graph is also compiled with full recompute and passes the same checks, the
+ * forwards run again included (their accesses live at their times too). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,11 +63,14 @@ static dw_graph *random_graph(const char *preset) {
 
 /* Compiles g for a target (DW_DEVICE_AUTO: the context's, the CPU), fusion as fuse says (-1: the
  * default). */
+static int g_recompute = DW_RECOMPUTE_NONE; /* what compile_fused asks for */
+
 static dw_compiled *compile_fused(const dw_graph *g, const dw_policy *p, dw_device_kind dev, int sm, int fuse) {
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
     o.device = dev;
     o.sm = sm;
+    o.recompute = g_recompute;
     if (fuse >= 0) o.fuse = fuse;
     dw_compiled *c = NULL;
     if (dw_compile(g_ctx, g, NULL, p, &o, &c) != DW_OK) fail_msg("%s", dw_errmsg(g_ctx));
@@ -99,9 +104,9 @@ static void live_at(const dw_compiled *c, dw_buf_kind k, int index, int s, const
         while (c->tensor[index].grad_alias != index) index = c->tensor[index].grad_alias;
     int it = find_item(c, k, index);
     if (it < 0) fail_msg("%s: no buffer (kind %d, index %d)", why, (int)k, index);
-    if (c->items[it].first > s || c->items[it].last < s)
-        fail_msg("%s: buffer (kind %d, index %d) live [%d, %d], needed at time %d", why, (int)k, index,
-                 c->items[it].first, c->items[it].last, s);
+    if (!dw_mem_live_at(&c->items[it], s))
+        fail_msg("%s: buffer (kind %d, index %d) live [%d, %d] (then [%d, %d]), needed at time %d", why, (int)k,
+                 index, c->items[it].first, c->items[it].last, c->items[it].first2, c->items[it].last2, s);
 }
 
 static bool reads_inputs_bwd(dw_op op) { /* restated from the ops' backward rules */
@@ -115,11 +120,17 @@ static bool reads_inputs_bwd(dw_op op) { /* restated from the ops' backward rule
 /* 1. The steps and phases. */
 static void check_steps(const dw_graph *g, const dw_compiled *c) {
     const int nn = g->n_nodes;
-    assert_int_equal(c->n_times, 2 * nn);
+    int again = 0; /* recomputed forwards: times in the backward sweep, before their backward */
     for (int i = 0; i < nn; i++) {
         assert_int_equal(dw_compile_fwd_time(c, i), i);
-        assert_int_equal(dw_compile_bwd_time(c, i), 2 * nn - 1 - i);
+        const int r = dw_compile_rc_time(c, i);
+        assert_int_equal(r >= 0, dw_compile_recomputed(c, i));
+        if (r >= 0) assert_true(r >= nn && r < dw_compile_bwd_time(c, i)), again++;
+        if (i + 1 < nn) assert_true(dw_compile_bwd_time(c, i) > dw_compile_bwd_time(c, i + 1));
+        if (!again) assert_int_equal(dw_compile_bwd_time(c, i), 2 * nn - 1 - i + (c->n_times - 2 * nn));
     }
+    assert_int_equal(c->n_times, 2 * nn + again);
+    if (c->recompute == DW_RECOMPUTE_NONE) assert_int_equal(again, 0);
     const int (*ph)[2] = c->phase;
     assert_int_equal(ph[DW_PHASE_FORWARD][0], 0);
     assert_int_equal(ph[DW_PHASE_FORWARD][1], ph[DW_PHASE_BACKWARD][0]);
@@ -149,6 +160,12 @@ static void check_steps(const dw_graph *g, const dw_compiled *c) {
         const bool in_fwd = (dw_op_flags(g->nodes[i].op) & DW_OPF_BWD_IN_FWD) != 0;
         assert_int_equal(in_fwd, g->nodes[i].op == DW_OP_CROSS_ENTROPY);
         if (in_fwd || (c->node[i].fused & DW_FUSED_BWD)) continue;
+        while (s < ph[DW_PHASE_BACKWARD][1] && c->steps[s].kind == DW_STEP_FWD) { /* a forward again */
+            assert_int_equal(c->steps[s].arg, 1);
+            assert_true(dw_compile_rc_time(c, c->steps[s].node) >= 0);
+            assert_true(dw_compile_rc_time(c, c->steps[s].node) < dw_compile_bwd_time(c, i));
+            s++;
+        }
         assert_true(s < ph[DW_PHASE_BACKWARD][1]);
         assert_int_equal(c->steps[s].kind, DW_STEP_BWD);
         assert_int_equal(c->steps[s].node, i);
@@ -189,9 +206,11 @@ static void check_arena(const dw_graph *g, const dw_compiled *c) {
         assert_int_equal(a->offset % 256, 0);
         assert_true(a->offset >= 0 && a->size > 0 && a->offset + a->size <= c->arena_bytes);
         assert_true(a->first >= 0 && a->first <= a->last && a->last < c->n_times);
+        if (a->first2 > a->last) assert_true(a->first2 <= a->last2 && a->last2 < c->n_times);
         for (int j = i + 1; j < c->n_items; j++) {
             const dw_mem_item *b = &c->items[j];
-            bool together = !(a->last < b->first || b->last < a->first);
+            bool together = false;
+            for (int t = 0; t < c->n_times && !together; t++) together = dw_mem_live_at(a, t) && dw_mem_live_at(b, t);
             bool overlap = a->offset < b->offset + b->size && b->offset < a->offset + a->size;
             if (together && overlap) fail_msg("arena buffers %d and %d are live together and overlap", i, j);
         }
@@ -258,11 +277,21 @@ static void check_liveness(const dw_graph *g, const dw_compiled *c) {
         for (int s = 0; s < n->n_in; s++)
             if (g->tensors[n->in[s]].kind == DW_TENSOR_ACT) live_at(c, DW_BUF_VALUE, n->in[s], f, why);
         if (n->out[0] != g->loss) live_at(c, DW_BUF_VALUE, n->out[0], f, why);
+        const int r = dw_compile_rc_time(c, ni);
+        if (r >= 0) { /* the forward run again reads and writes what the first one did */
+            snprintf(why, sizeof why, "node %s forward again", n->name);
+            for (int s = 0; s < n->n_in; s++)
+                if (g->tensors[n->in[s]].kind == DW_TENSOR_ACT) live_at(c, DW_BUF_VALUE, n->in[s], r, why);
+            for (int o = 0; o < n->n_out; o++) live_at(c, DW_BUF_VALUE, n->out[o], r, why);
+            if (find_item(c, DW_BUF_AUX, ni) >= 0) live_at(c, DW_BUF_AUX, ni, r, why);
+            if (find_item(c, DW_BUF_FTMP, ni) >= 0) live_at(c, DW_BUF_FTMP, ni, r, why);
+        }
         if (fz & DW_FUSED_FWD) {
-            const int L = c->node[ni].partner_fwd, fl = dw_compile_fwd_time(c, L);
+            const int L = c->node[ni].partner_fwd, fl = dw_compile_fwd_time(c, L), rl = dw_compile_rc_time(c, L);
             snprintf(why, sizeof why, "GELU %s computed in %s's forward", n->name, g->nodes[L].name);
             live_at(c, DW_BUF_VALUE, n->out[0], fl, why);
             live_at(c, DW_BUF_VALUE, n->in[0], fl, why);
+            if (rl >= 0) live_at(c, DW_BUF_VALUE, n->out[0], rl, why), live_at(c, DW_BUF_VALUE, n->in[0], rl, why);
         }
         if (fz & DW_FUSED_BWD) {
             const int P = c->node[ni].partner_bwd, bp = dw_compile_bwd_time(c, P);
@@ -624,6 +653,14 @@ static void test_random_graphs(void **state) {
             assert_string_equal(c->precision, pname ? pname : "fp32");
             check(g, c);
         }
+        g_recompute = DW_RECOMPUTE_FULL; /* the same graph with every block recomputed */
+        dw_compiled *rc = compile_for(g, p, trial % 2 ? DW_DEVICE_CPU : DW_DEVICE_CUDA, 90);
+        g_recompute = DW_RECOMPUTE_NONE;
+        assert_int_equal(rc->recompute, DW_RECOMPUTE_FULL);
+        assert_true(rc->n_times > 2 * g->n_nodes);
+        check(g, rc);
+        assert_true(rc->pool_bytes[DW_POOL_ACT] <= cpu->pool_bytes[DW_POOL_ACT]);
+        dw_compiled_free(rc);
         /* one program for both: the same layout; only kernel choices (and so BF16 copies) differ */
         for (int q = 0; q < DW_POOL_COUNT; q++) assert_int_equal(cpu->pool_bytes[q], gpu->pool_bytes[q]);
         assert_int_equal(cpu->phase[DW_PHASE_BACKWARD][1], gpu->phase[DW_PHASE_BACKWARD][1]);
@@ -837,8 +874,13 @@ static void test_policy_binding(void **state) {
     const char *rc = "{\"parallel\": {\"dp\": 1, \"tp\": 1, \"pp\": 1, \"ep\": 1, \"cp\": 1}, \"micro_batch\": 1, "
                      "\"recompute\": \"full\"}";
     assert_int_equal(dw_plan_from_json(g_ctx, rc, strlen(rc), "rc", "gpt2-tiny", hw, &j, &plan), DW_OK);
-    assert_int_equal(dw_compile(g_ctx, g, plan, p, NULL, &c), DW_ERR_UNSUPPORTED);
-    assert_non_null(strstr(dw_errmsg(g_ctx), "recompute"));
+    assert_int_equal(dw_compile(g_ctx, g, plan, p, NULL, &c), DW_OK); /* the plan's recompute is taken */
+    assert_int_equal(c->recompute, DW_RECOMPUTE_FULL);
+    int again = 0;
+    for (int s = c->phase[DW_PHASE_BACKWARD][0]; s < c->phase[DW_PHASE_BACKWARD][1]; s++)
+        again += c->steps[s].kind == DW_STEP_FWD;
+    assert_true(again > 0);
+    dw_compiled_free(c);
     dw_plan_free(plan);
     dw_hw_free(hw);
     /* refusals: a target that is no device, a GPU that is none */

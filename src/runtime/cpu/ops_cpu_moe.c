@@ -47,7 +47,7 @@ dw_status dw_cpu_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t E = c->n->attrs.experts;
     dw_cpu_moe_dispatch_fwd(xs, (int32_t *)c->out[1], (int32_t *)c->out[2], x, (const int32_t *)c->in[1], prio, N, C,
                             K, E, dw_moe_capacity(c->n->attrs.capacity_factor, N, K, E));
-    const int64_t cnt = c->train ? dw_compile_moe_counts_of(c->x->p, c->node) : -1; /* training forwards only */
+    const int64_t cnt = c->train && !c->recompute ? dw_compile_moe_counts_of(c->x->p, c->node) : -1; /* training forwards, once */
     if (cnt >= 0)
         dw_cpu_moe_count((int64_t *)(c->x->work + cnt), (const int32_t *)c->in[1], (const int32_t *)c->out[1], N * K,
                          E);

@@ -38,7 +38,7 @@ dw_status dw_cuda_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
  * (the router's weights) drops by weight instead of by position. */
 dw_status dw_cuda_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]), E = c->n->attrs.experts;
-    const int64_t cnt = c->train ? dw_compile_moe_counts_of(c->x->p, c->node) : -1; /* training forwards only */
+    const int64_t cnt = c->train && !c->recompute ? dw_compile_moe_counts_of(c->x->p, c->node) : -1; /* training forwards, once */
     if (cnt >= 0)
         DW_TRY(dw_cuda_moe_count(be->ctx, (int64_t *)(c->x->work + cnt), (const int32_t *)c->in[1],
                                  (const int32_t *)c->out[1], N * K, E, DW_CUDA_STREAM(be)));

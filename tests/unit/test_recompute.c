@@ -1,0 +1,185 @@
+/* test_recompute.c — activation recompute (src/compile/recompute.c, dw_compile_opts.recompute):
+ * every dense and MoE preset family, in FP32, BF16 and fp8_block, trains on the CPU engine with
+ * DW_RECOMPUTE_FULL (every block, or the first N) to the very bits of the same program without it (losses, and every parameter
+ * after the last AdamW step) and MoE routing counters, from the same random weights and tokens; the recomputing program's
+ * activation arena is smaller; its backward sweep runs each block's forwards again (every node of a
+ * block but the auxiliary loss) before the block's first backward; no live buffers of either plan
+ * share bytes; SELECTIVE is refused by name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "compile/program.h"
+#include "ir/ir.h"
+#include "runtime/engine.h"
+#include "testutil.h"
+
+#define CTX dw_test_ctx
+
+typedef dw_test_model model; /* built here with compile options of its own */
+
+static void build(dw_graph *g, const char *precision, int recompute, int blocks, model *m) {
+    memset(m, 0, sizeof *m);
+    m->g = g;
+    if (precision) assert_int_equal(dw_policy_from_precision(CTX, precision, false, &m->pol), DW_OK);
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    o.recompute = recompute;
+    o.recompute_blocks = blocks;
+    if (dw_compile(CTX, g, NULL, m->pol, &o, &m->c) != DW_OK) fail_msg("compile: %s", dw_errmsg(CTX));
+    if (dw_engine_create(CTX, m->c, NULL, &m->e) != DW_OK) fail_msg("engine: %s", dw_errmsg(CTX));
+}
+
+static void release(model *m) {
+    dw_engine_free(m->e);
+    dw_compiled_free(m->c);
+    dw_policy_free(m->pol);
+}
+
+/* No two items of the plan are live at one time and overlap in bytes. */
+static void assert_plan_disjoint(const dw_compiled *c) {
+    for (int i = 0; i < c->n_items; i++)
+        for (int j = i + 1; j < c->n_items; j++) {
+            const dw_mem_item *a = &c->items[i], *b = &c->items[j];
+            if (a->offset + a->size <= b->offset || b->offset + b->size <= a->offset) continue;
+            for (int t = 0; t < c->n_times; t++)
+                if (dw_mem_live_at(a, t) && dw_mem_live_at(b, t))
+                    fail_msg("items %d and %d share bytes while both live at time %d", i, j, t);
+        }
+}
+
+/* The backward sweep of c: each recomputed node's forward exactly once, before its block's first
+ * backward step and after the backward of every later block; returns how many it ran again. */
+static int check_sweep(const dw_compiled *c) {
+    const dw_graph *g = c->g;
+    int again = 0, *seen = calloc((size_t)g->n_nodes, sizeof *seen);
+    assert_non_null(seen);
+    for (int s = c->phase[DW_PHASE_BACKWARD][0]; s < c->phase[DW_PHASE_BACKWARD][1]; s++) {
+        const dw_step *st = &c->steps[s];
+        if (st->kind == DW_STEP_FWD) {
+            assert_int_equal(st->arg, 1);
+            assert_true(g->nodes[st->node].block >= 0);
+            assert_int_equal(seen[st->node]++, 0);
+            again++;
+        } else if (st->kind == DW_STEP_BWD && g->nodes[st->node].block >= 0) {
+            /* every recomputable node of this block has run again already */
+            for (int i = 0; i < g->n_nodes; i++)
+                if (g->nodes[i].block == g->nodes[st->node].block && dw_compile_recomputed(c, i))
+                    assert_int_equal(seen[i], 1);
+        }
+    }
+    free(seen);
+    return again;
+}
+
+/* One preset at one precision: both programs from the same weights and tokens, bit for bit; the
+ * recomputing one recomputes every block, or (blocks > 0) the first `blocks`. */
+static void same_bits(const char *preset, const char *precision, int blocks) {
+    const int64_t B = 2, T = 16;
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(CTX, &mc, B, T, &g), DW_OK);
+    model a, r;
+    build(g, precision, DW_RECOMPUTE_NONE, 0, &a);
+    build(g, precision, DW_RECOMPUTE_FULL, blocks, &r);
+    for (int i = 0; i < g->n_nodes; i++) /* blocks past the first `blocks` run once */
+        if (blocks && g->nodes[i].block >= blocks) assert_int_equal(dw_compile_rc_time(r.c, i), -1);
+    assert_plan_disjoint(a.c);
+    assert_plan_disjoint(r.c);
+    assert_int_equal(check_sweep(a.c), 0);
+    const int again = check_sweep(r.c);
+    assert_true(again > 0);
+    const int64_t arena_a = dw_compiled_pool_bytes(a.c, 3), arena_r = dw_compiled_pool_bytes(r.c, 3);
+    if (arena_r >= arena_a) fail_msg("%s %s: recompute arena %lld bytes, not below %lld", preset,
+                                     precision ? precision : "fp32", (long long)arena_r, (long long)arena_a);
+
+    const uint64_t seed = dw_test_next(&dw_test_group_rng);
+    dw_test_rng ra, rr;
+    dw_test_rng_init(&ra, seed);
+    dw_test_rng_init(&rr, seed);
+    double a0, a1, r0, r1;
+    assert_int_equal(dw_test_model_train_random(&a, B, T, 3, 1e-2, &ra, &a0, &a1), DW_OK);
+    assert_int_equal(dw_test_model_train_random(&r, B, T, 3, 1e-2, &rr, &r0, &r1), DW_OK);
+    if (a0 != r0 || a1 != r1)
+        fail_msg("%s %s: losses %.9g %.9g without recompute, %.9g %.9g with", preset, precision ? precision : "fp32",
+                 a0, a1, r0, r1);
+    for (int i = 0; i < a.c->n_params; i++) {
+        const char *name = g->tensors[a.c->param_tensor[i]].name;
+        float *pa = dw_test_param_read(a.e, name, NULL), *pr = dw_test_param_read(r.e, name, NULL);
+        assert_true(pa && pr);
+        if (memcmp(pa, pr, (size_t)dw_test_param_numel(a.e, i) * sizeof *pa))
+            fail_msg("%s %s: parameter %s differs after training with recompute", preset, precision ? precision : "fp32",
+                     name);
+        free(pa), free(pr);
+    }
+    int64_t la = 0, ea = 0, lr = 0, er = 0; /* MoE routing counters: the forwards run again count nothing */
+    assert_int_equal(dw_engine_moe_counts(a.e, &la, &ea, NULL), DW_OK);
+    assert_int_equal(dw_engine_moe_counts(r.e, &lr, &er, NULL), DW_OK);
+    assert_true(la == lr && ea == er);
+    if (la > 0) {
+        int64_t *ca = calloc((size_t)(la * (2 + ea)), sizeof *ca), *cr = calloc((size_t)(la * (2 + ea)), sizeof *cr);
+        assert_true(ca && cr);
+        assert_int_equal(dw_engine_moe_counts(a.e, NULL, NULL, ca), DW_OK);
+        assert_int_equal(dw_engine_moe_counts(r.e, NULL, NULL, cr), DW_OK);
+        assert_true(ca[0] > 0);
+        assert_memory_equal(ca, cr, (size_t)(la * (2 + ea)) * sizeof *ca);
+        free(ca), free(cr);
+    }
+    printf("  %-15s %-9s %d blocks: %3d forwards again, arena %8lld -> %8lld bytes (%.2fx), losses %.6f %.6f\n", preset,
+           precision ? precision : "fp32", blocks ? blocks : (int)g->model.n_blocks, again, (long long)arena_a, (long long)arena_r,
+           (double)arena_r / (double)arena_a, r0, r1);
+    release(&a);
+    release(&r);
+    dw_graph_free(g);
+}
+
+static void test_dense_same_bits(void **state) {
+    (void)state;
+    static const char *const presets[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
+    static const char *const precisions[] = {NULL, "bf16", "fp8_block"};
+    for (size_t p = 0; p < sizeof presets / sizeof *presets; p++)
+        for (size_t q = 0; q < sizeof precisions / sizeof *precisions; q++) same_bits(presets[p], precisions[q], 0);
+    same_bits("llama-tiny", "bf16", 1); /* the first block of four */
+    same_bits("gpt2-tiny", NULL, 3);
+}
+
+static void test_moe_same_bits(void **state) {
+    (void)state;
+    static const char *const presets[] = {"mixtral-tiny", "olmoe-tiny", "qwen2-moe-tiny", "qwen3-moe-tiny"};
+    static const char *const precisions[] = {NULL, "bf16"};
+    for (size_t p = 0; p < sizeof presets / sizeof *presets; p++)
+        for (size_t q = 0; q < sizeof precisions / sizeof *precisions; q++) same_bits(presets[p], precisions[q], 0);
+    same_bits("qwen2-moe-tiny", "bf16", 2); /* two blocks of three */
+}
+
+static void test_selective_refused(void **state) {
+    (void)state;
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, "llama-tiny", &mc), DW_OK);
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(CTX, &mc, 1, 8, &g), DW_OK);
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    o.recompute = DW_RECOMPUTE_SELECTIVE;
+    dw_compiled *c = NULL;
+    assert_int_equal(dw_compile(CTX, g, NULL, NULL, &o, &c), DW_ERR_UNSUPPORTED);
+    assert_null(c);
+    assert_non_null(strstr(dw_errmsg(CTX), "recompute 'selective' is not built"));
+    dw_graph_free(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dense_same_bits),
+        cmocka_unit_test(test_moe_same_bits),
+        cmocka_unit_test(test_selective_refused),
+    };
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
+}
