@@ -355,16 +355,6 @@ dw_status dw_plan_set_get_info(const dw_plan_set *s, dw_plan_info *out) {
     return WRITE_OUT("dw_plan_set_get_info", out, i);
 }
 
-dw_status dw_plan_predicted(const char *fn, const dw_plan *p) {
-    if (!p) return dw_set_error(NULL, DW_ERR_INVALID, "%s: NULL plan", fn);
-    if (!p->bound)
-        return dw_set_error(NULL, DW_ERR_INVALID, "%s: the plan has no model or machine (dw_plan_single)", fn);
-    if (p->violations)
-        return dw_set_error(NULL, DW_ERR_INVALID, "%s: the plan breaks %d constraint(s), so it has no prediction: %s",
-                            fn, p->violations, p->why);
-    return DW_OK;
-}
-
 dw_status dw_plan_get_memory(const dw_plan *p, dw_plan_mem *out) {
     if (!out) return dw_set_error(NULL, DW_ERR_INVALID, "dw_plan_get_memory: NULL out");
     dw_sized_clear(out);

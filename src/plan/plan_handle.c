@@ -1,6 +1,7 @@
 /* plan_handle.c — a plan's layout as deepwell.h hands it out: the degrees, micro-batch and
  * memory options (dw_plan_get_layout), the GPUs it spans, its one-line summary. What dw_compile
- * reads of a plan; nothing here predicts or checks (plan_api.c). */
+ * reads of a plan, and whether it has a prediction to hand out (dw_plan_predicted); nothing here
+ * predicts or checks (plan_api.c). */
 #include "core/error.h"
 #include "core/sized.h"
 #include "plan/plan_handle.h"
@@ -21,3 +22,13 @@ dw_status dw_plan_get_layout(const dw_plan *p, dw_plan_layout *out) {
 int dw_plan_world_size(const dw_plan *p) { return p ? p->par.dp * p->par.tp * p->par.pp * p->par.cp : 0; }
 
 const char *dw_plan_summary(const dw_plan *p) { return p ? p->summary : ""; }
+
+dw_status dw_plan_predicted(const char *fn, const dw_plan *p) {
+    if (!p) return dw_set_error(NULL, DW_ERR_INVALID, "%s: NULL plan", fn);
+    if (!p->bound)
+        return dw_set_error(NULL, DW_ERR_INVALID, "%s: the plan has no model or machine (dw_plan_single)", fn);
+    if (p->violations)
+        return dw_set_error(NULL, DW_ERR_INVALID, "%s: the plan breaks %d constraint(s), so it has no prediction: %s",
+                            fn, p->violations, p->why);
+    return DW_OK;
+}
