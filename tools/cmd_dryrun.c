@@ -22,7 +22,7 @@ static void help(void) {
            "  constraints   divisibility (heads, KV heads by TP; layers by PP x virtual stages;\n"
            "                experts by EP; global batch by DP x micro-batch), TP inside the NVLink\n"
            "                domain, schedule and ZeRO compatibility; on one GPU with a model\n"
-           "                Deepwell's engine builds, no recompute, ZeRO or offload (it has none)\n"
+           "                Deepwell's engine builds, recompute none or full and no ZeRO or offload\n"
            "  memory        peak bytes per GPU (weights, grads, optimizer, activations, workspace,\n"
            "                scales) under HBM minus the headroom; on one GPU the engine's compiled\n"
            "                pools + cuBLASLt workspace + a 0.5 GiB CUDA-context allowance\n"
@@ -31,8 +31,8 @@ static void help(void) {
            "  gpu-run       only with --run: runs the plan on this machine's GPU 0 with Deepwell's\n"
            "                CUDA engine and compares measured with predicted peak memory (PASS within\n"
            "                10%%) and mean step time (PASS within 20%%). Only plans the engine runs as\n"
-           "                they are: one GPU (dp = tp = pp = cp = ep = 1), no recompute, ZeRO or\n"
-           "                offload, a dense gpt2/llama/mistral/qwen2 model; anything else (or a build\n"
+           "                they are: one GPU (dp = tp = pp = cp = ep = 1), recompute none or full, no\n"
+           "                ZeRO or offload, a dense gpt2/llama/mistral/qwen2 model; anything else (or a build\n"
            "                without CUDA, or no GPU) prints NOT RUN with the reason and exits 1.\n"
            "                Without --run the check is skipped (SKIP, not a pass).\n\n"
            "  --plan FILE   a plan: `deepwell plan --json` output (its \"best\") or one plan object;\n"
@@ -140,7 +140,10 @@ static bool gpu_run(const dw_plan *plan, long steps, long warm, int *fails) {
     dw_status s = dw_plan_engine_policy(ctx, plan, &pol);
     if (s == DW_OK) s = dw_plan_get_engine_memory(ctx, plan, &em);
     if (s == DW_OK) s = dw_capture(ctx, in->model, &co, &g);
-    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, NULL, &cp);
+    dw_compile_opts cpo; /* the plan's recompute, as its prediction assumed */
+    dw_compile_opts_init(&cpo, sizeof cpo);
+    cpo.recompute = l->recompute;
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cpo, &cp);
     if (s == DW_OK) s = dw_step_run(ctx, cp, &o, &r, NULL);
     dw_compiled_free(cp);
     dw_graph_free(g);

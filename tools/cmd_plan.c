@@ -19,7 +19,7 @@ static void help(void) {
            "full), ZeRO stage 0-3 and optimizer offload for training MODEL on the machine, and prints the\n"
            "fastest plans that fit in memory, with predicted step time, tokens/s, MFU and memory per GPU.\n"
            "Predictions come from an analytical model (docs/planner.md); nothing is run. A one-GPU plan\n"
-           "that Deepwell's CUDA engine runs as it is (no recompute, ZeRO or offload; a dense gpt2,\n"
+           "that Deepwell's CUDA engine runs as it is (recompute none or full, no ZeRO or offload; a gpt2,\n"
            "llama, mistral or qwen2 model) takes its memory from the engine's compiled memory plan\n"
            "(`deepwell compile`) and its time from the engine's kernel rates.\n\n"
            "  MODEL              a model preset (gpt2-124m, llama-8b, llama-405b, mixtral-8x7b, ...)\n"

@@ -235,7 +235,8 @@ static bool constraints(const dw_plan_in *in, const dw_par *p, dw_reject *why, c
         (p->ep < 2 || !p->a2a_overlap || p->vpp != 1 || p->pp < 2 || p->pp % 2 || p->grad_accum % 2))
         FAIL(SCHEDULE, "DualPipe needs ep > 1 with overlap, v 1, even pp (%d) and even micro-batches (%lld)", p->pp,
              (long long)p->grad_accum);
-    if (in->engine_model && in->n_gpus == 1 && (p->recompute != DW_RECOMPUTE_NONE || p->zero || p->offload))
+    if (in->engine_model && in->n_gpus == 1 &&
+        ((p->recompute != DW_RECOMPUTE_NONE && p->recompute != DW_RECOMPUTE_FULL) || p->zero || p->offload))
         FAIL(ENGINE, "one GPU runs Deepwell's engine: recompute %s, ZeRO-%d%s", dw_recompute_name(p->recompute),
              p->zero, p->offload ? ", offload" : "");
     /* the event simulation keeps two times per (micro-batch, virtual stage) */
@@ -272,7 +273,7 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
 static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt, double *engine_opt) {
     dw_engine_time et;
     if (engine_opt) *engine_opt = -1;
-    if (dw_plan_engine_runnable(in, par, NULL, 0) && dw_plan_engine_time(NULL, in, par->micro_batch, &et) == DW_OK) {
+    if (dw_plan_engine_runnable(in, par, NULL, 0) && dw_plan_engine_time(NULL, in, par->micro_batch, (int)par->recompute, &et) == DW_OK) {
         vt[0] = (ltime){.fwd = et.fwd, .bwd = et.bwd, .flops = et.flops};
         if (engine_opt) *engine_opt = et.optimizer;
         return;

@@ -1,5 +1,5 @@
 /* engine.c — the planner's view of Deepwell's own CUDA engine: which plans it runs as they are
- * (one GPU, no recompute/ZeRO/offload) and its exact device memory, taken from dw_compile's
+ * (one GPU, no ZeRO/offload, recompute none or full) and its exact device memory, taken from dw_compile's
  * static plan — the code the engine allocates from — so prediction and engine cannot drift.
  * Planning only: captures and compiles a graph of shapes, touches no GPU. */
 #include <stdio.h>
@@ -26,8 +26,8 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
         return say(why, why_len, buf);
     }
     if (!in->engine_model) return say(why, why_len, in->engine_why);
-    if (par->recompute != DW_RECOMPUTE_NONE) {
-        snprintf(buf, sizeof buf, "recompute %s: the engine keeps every activation (no recomputation)",
+    if (par->recompute != DW_RECOMPUTE_NONE && par->recompute != DW_RECOMPUTE_FULL) {
+        snprintf(buf, sizeof buf, "recompute %s: the engine recomputes whole blocks (full) or nothing",
                  dw_recompute_name(par->recompute));
         return say(why, why_len, buf);
     }
@@ -50,7 +50,7 @@ typedef struct {
     dw_compiled *c;
 } compiled_job;
 
-static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, compiled_job *j) {
+static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int recompute, compiled_job *j) {
     memset(j, 0, sizeof *j);
     DW_TRY(dw_capture_config(ctx, in->cfg, b, in->job.seq, &j->g));
     DW_TRY(dw_plan_recipe_policy(ctx, in->job.recipe, &j->pol));
@@ -58,6 +58,7 @@ static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, compi
     dw_compile_opts_init(&o, sizeof o);
     o.device = DW_DEVICE_CUDA;
     o.sm = 90;
+    o.recompute = recompute;
     return dw_compile(ctx, j->g, NULL, j->pol, &o, &j->c);
 }
 
@@ -73,10 +74,11 @@ int64_t dw_plan_cudnn_attention_bytes(int64_t B, int64_t T, int64_t H, int64_t H
     return dq + (Hkv < H ? dq : 0) + 512;
 }
 
-dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_mem *out) {
+dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
+                                dw_engine_mem *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, &j);
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, &j);
     if (s == DW_OK) {
         for (int p = 0; p < DW_POOL_COUNT; p++) out->pool[p] = j.c->pool_bytes[p], out->total += j.c->pool_bytes[p];
         out->cublaslt = DW_COMPILE_LT_WORKSPACE;
@@ -136,10 +138,11 @@ static dw_recipe rate_recipe(int r) {
     }
 }
 
-dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_time *out) {
+dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
+                              dw_engine_time *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, &j);
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, &j);
     if (s != DW_OK) goto done;
     const dw_graph *g = j.g;
     const dw_compiled *c = j.c;
@@ -154,6 +157,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_ir_tensor *y = &g->tensors[n->out[0]];
+        const double fwd0 = out->fwd, memf0 = mem_f, kf0 = kf; /* this node's forward: what it adds */
         if (DW_OP_IS(n, DW_OPF_GEMM)) {
             kf += 1, kb += 2; /* fprop | dgrad, wgrad */
             const dw_ir_tensor *x = &g->tensors[n->in[0]];
@@ -218,6 +222,8 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             mem_f += ef * as, mem_b += eb * as;
             kf += ef > 0, kb += eb > 0;
         }
+        if (dw_compile_rc_time(c, i) >= 0) /* recompute: the forward runs again in the backward sweep */
+            out->bwd += out->fwd - fwd0, mem_b += mem_f - memf0, kb += kf - kf0;
     }
     out->launches = kf + kb;
     out->overhead = (kf + kb) * ENGINE_LAUNCH_S + ENGINE_MICROBATCH_S;

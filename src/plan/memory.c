@@ -13,7 +13,7 @@
 /* Deepwell's engine on one GPU: its pools as dw_compile plans them (engine.c). */
 static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     dw_engine_mem em;
-    if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory(NULL, in, par->micro_batch, &em) != DW_OK)
+    if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory(NULL, in, par->micro_batch, (int)par->recompute, &em) != DW_OK)
         return false;
     out->weights = (double)em.pool[0];     /* FP32 master + BF16 working copy */
     out->grads = (double)em.pool[1];       /* FP32 */

@@ -257,15 +257,19 @@ int64_t dw_plan_cudnn_attention_bytes(int64_t B, int64_t T, int64_t H, int64_t H
 /* CUDA context and kernel images resident before the engine allocates (an allowance, checked
  * against cudaMemGetInfo by `deepwell dryrun --run`). */
 #define DW_PLAN_CUDA_CONTEXT ((int64_t)512 << 20)
-dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_mem *out);
+dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
+                                dw_engine_mem *out);
 /* The engine's time for one micro-batch (forward, backward) and one AdamW step, walking the
  * compiled graph node by node: each linear node's three GEMMs at their own shapes and recipes
  * (a GEMM the quantised kernel refuses runs in BF16, as the engine does) through
  * dw_plan_gemm_rate (so --gemm-rates applies), the quantisation of both operands of every
  * quantised GEMM, attention at the engine kernel's rate, and every other op by the bytes its
- * kernels move. Rates and byte counts: docs/planner.md ("Deepwell's engine"). */
+ * kernels move; under recompute (a dw_recompute the engine runs: none or full) a recomputed
+ * node's forward is counted again in the backward. Rates and byte counts: docs/planner.md
+ * ("Deepwell's engine"). */
 typedef dw_plan_engine_cost dw_engine_time; /* the public result struct (deepwell.h) */
-dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, dw_engine_time *out);
+dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
+                              dw_engine_time *out);
 
 /* ---- pipeline event simulation (pipesim.c) ---------------------------------------------------- */
 typedef enum { DW_OP_F = 0, DW_OP_B } dw_op_kind;

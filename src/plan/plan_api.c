@@ -422,7 +422,7 @@ static dw_status engine_runs(dw_ctx *ctx, const char *fn, const dw_plan *p, void
 dw_status dw_plan_get_engine_memory(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_mem *out) {
     DW_TRY(engine_runs(ctx, "dw_plan_get_engine_memory", p, out));
     dw_plan_engine_mem m;
-    DW_TRY(dw_plan_engine_memory(ctx, &p->env.in, p->par.micro_batch, &m));
+    DW_TRY(dw_plan_engine_memory(ctx, &p->env.in, p->par.micro_batch, (int)p->par.recompute, &m));
     m.size = sizeof m;
     return write_out(ctx, "dw_plan_get_engine_memory", out, &m, sizeof m);
 }
@@ -430,7 +430,7 @@ dw_status dw_plan_get_engine_memory(dw_ctx *ctx, const dw_plan *p, dw_plan_engin
 dw_status dw_plan_get_engine_cost(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_cost *out) {
     DW_TRY(engine_runs(ctx, "dw_plan_get_engine_cost", p, out));
     dw_plan_engine_cost t;
-    DW_TRY(dw_plan_engine_time(ctx, &p->env.in, p->par.micro_batch, &t));
+    DW_TRY(dw_plan_engine_time(ctx, &p->env.in, p->par.micro_batch, (int)p->par.recompute, &t));
     t.size = sizeof t;
     return write_out(ctx, "dw_plan_get_engine_cost", out, &t, sizeof t);
 }

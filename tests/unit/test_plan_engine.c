@@ -100,6 +100,23 @@ static void test_memory_equals_compiled_pools(void **state) {
         char det[200];
         assert_true(dw_plan_evaluate(&in, &p, false, &e, &r, det, sizeof det));
         assert_true(e.mem.total == m.total);
+        /* full recompute: the engine runs it; its memory is the recomputing program's (a smaller
+         * arena), its forward the same, its backward longer by the forwards run again */
+        dw_par f = p;
+        f.recompute = DW_RECOMPUTE_FULL;
+        assert_true(dw_plan_engine_runnable(&in, &f, why, sizeof why));
+        dw_engine_mem em0, em1;
+        assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_NONE, &em0), DW_OK);
+        assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_FULL, &em1), DW_OK);
+        assert_true(em1.pool[DW_POOL_ACT] < em0.pool[DW_POOL_ACT]);
+        assert_true(em1.pool[DW_POOL_WEIGHTS] == em0.pool[DW_POOL_WEIGHTS]);
+        dw_engine_time t0, t1;
+        assert_int_equal(dw_plan_engine_time(ctx, &in, mb, DW_RECOMPUTE_NONE, &t0), DW_OK);
+        assert_int_equal(dw_plan_engine_time(ctx, &in, mb, DW_RECOMPUTE_FULL, &t1), DW_OK);
+        assert_true(t1.fwd == t0.fwd && t1.bwd > t0.bwd && t1.bwd < t0.bwd + t0.fwd);
+        dw_plan_entry ef;
+        assert_true(dw_plan_evaluate(&in, &f, false, &ef, &r, det, sizeof det));
+        assert_true(ef.mem.total == (double)em1.total && ef.mem.total < e.mem.total);
         /* plans the engine does not run: reason given, analytical memory */
         dw_par q = p;
         q.recompute = DW_RECOMPUTE_SELECTIVE;
@@ -173,7 +190,7 @@ static void test_engine_time_quantised(void **state) {
         dw_job j = {.seq = (int64_t)T, .global_batch = (int64_t)B, .recipe = k ? DW_RECIPE_MXFP8 : DW_RECIPE_BF16};
         dw_plan_in in;
         assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
-        assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, &et[k]), DW_OK);
+        assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, DW_RECOMPUTE_NONE, &et[k]), DW_OK);
     }
     const double d = (double)cfg.d_model, f = (double)cfg.d_ff, q = (double)(cfg.n_heads * cfg.head_dim);
     const double kv = (double)(cfg.n_kv_heads * cfg.head_dim), N = B * T, Lq = cfg.n_layers - 2;
@@ -206,7 +223,7 @@ static void test_engine_time_hand_count(void **state) {
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
     dw_engine_time et;
-    assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, &et), DW_OK);
+    assert_int_equal(dw_plan_engine_time(ctx, &in, (int64_t)B, DW_RECOMPUTE_NONE, &et), DW_OK);
     const double d = (double)cfg.d_model, f = (double)cfg.d_ff, V = (double)cfg.vocab_size, L = (double)cfg.n_layers;
     const double H = (double)cfg.n_heads, D = (double)cfg.head_dim, N = B * T;
     const double peak = hw->gpus[0].peak_bf16_tflops * 1e12, bw = hw->gpus[0].hbm_gbps * 1e9;
@@ -279,7 +296,7 @@ static void test_search_plans_for_the_engine(void **state) {
         assert_true(dw_plan_engine_runnable(&in, &r.plans[i].par, why, sizeof why));
         assert_int_equal(dw_plan_check(&in, &r.plans[i].par, NULL, 0), 0);
         dw_engine_mem em;
-        assert_int_equal(dw_plan_engine_memory(ctx, &in, r.plans[i].par.micro_batch, &em), DW_OK);
+        assert_int_equal(dw_plan_engine_memory(ctx, &in, r.plans[i].par.micro_batch, (int)r.plans[i].par.recompute, &em), DW_OK);
         assert_true(r.plans[i].mem.total == (double)em.total);
     }
     assert_true(r.rej.count[DW_REJECT_ENGINE] > 0);

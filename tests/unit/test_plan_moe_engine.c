@@ -39,7 +39,7 @@ static void check_measured(const char *model, int64_t B, double measured, double
     char det[300];
     assert_true(dw_plan_evaluate(&in, &p, true, &e, &why, det, sizeof det));
     dw_engine_time et;
-    assert_int_equal(dw_plan_engine_time(ctx, &in, B, &et), DW_OK);
+    assert_int_equal(dw_plan_engine_time(ctx, &in, B, DW_RECOMPUTE_NONE, &et), DW_OK);
     double ratio = e.cost.tokens_per_s / measured;
     print_message("%s B%lld T2048 on an H200: predicted %.0f tokens/s (step %.1f ms: GEMMs %.1f, attention %.1f, "
                   "memory-bound %.1f, launches %.1f, AdamW %.1f), measured %.0f: %.3f\n",
@@ -86,7 +86,7 @@ static void test_moe_engine_rows(void **state) {
         ck.top_k = c.top_k * (k + 1);
         dw_plan_in in;
         assert_int_equal(dw_plan_in_init(ctx, &ck, hw, &j, NULL, &in), DW_OK);
-        assert_int_equal(dw_plan_engine_time(ctx, &in, B, &et[k]), DW_OK);
+        assert_int_equal(dw_plan_engine_time(ctx, &in, B, DW_RECOMPUTE_NONE, &et[k]), DW_OK);
     }
     double N = (double)(B * T), moe_layers = 0;
     for (int64_t l = 0; l < c.n_layers; l++) moe_layers += dw_model_config_moe_layer(&c, l);
