@@ -15,7 +15,8 @@ static void help(void) {
            "(targets are the tokens shifted by one) on the CPU reference engine, and prints it;\n"
            "a mixture of experts configured with router losses (output_router_logits,\n"
            "router_z_loss_coef) adds them, as transformers' loss does.\n\n"
-           "MODEL is a directory holding a Hugging Face config.json, a config.json path, or a preset\n"
+           "MODEL is a directory holding a Hugging Face config.json, a checkpoint or run directory (its\n"
+           "newest checkpoint, as `latest` names it), a config.json path, or a preset\n"
            "name. Weights come from --weights, else from MODEL's directory when it has\n"
            "model.safetensors (or a sharded index), else they are initialised from --seed as the\n"
            "reference implementation does (a notice says so).\n\n"
@@ -58,6 +59,21 @@ static bool read_tokens(dw_ctx *ctx, const char *data, int64_t vocab, int64_t B,
     return have >= B;
 }
 
+
+/* MODEL as a run directory (deepwell train --out): true with `dir/<latest>` in out when `latest`
+ * names a checkpoint folder in it. A checkpoint itself, or any other MODEL, is used as given. */
+static bool run_newest(const char *dir, char *out, size_t cap) {
+    char path[4096], name[256] = "";
+    snprintf(path, sizeof path, "%s/latest", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    const bool got = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = '\0';
+    if (!got || !*name || strchr(name, '/')) return false;
+    return snprintf(out, cap, "%s/%s", dir, name) < (int)cap;
+}
+
 int cmd_eval(int argc, char **argv) {
     static const struct option opts[] = {{"data", required_argument, 0, 'd'},
                                          {"batch", required_argument, 0, 'b'},
@@ -95,6 +111,8 @@ int cmd_eval(int argc, char **argv) {
         return cli_usage_error("eval");
     }
     const char *model = argv[optind];
+    char newest[4096]; /* a run directory: its newest checkpoint, as `latest` names it */
+    if (run_newest(model, newest, sizeof newest)) model = newest;
     dw_ctx *ctx = NULL;
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
     dw_status s = dw_ctx_create(&co, &ctx);

@@ -2,7 +2,8 @@
 # test_capture_eval.sh DEEPWELL — `deepwell eval` end to end: raw bytes and llm.c shards (both
 # token widths) give the same loss for the same tokens, --weights with an all-zero model gives
 # exactly ln(V), and bad input exits 2 with a message (a missing file 3). eval reads --data with
-# train's reader: a bad-magic .bin is refused the same way (issue 32, finding 8).
+# train's reader: a bad-magic .bin is refused the same way (issue 32, finding 8); a run directory
+# is evaluated as its newest checkpoint.
 set -u
 dw=$1
 src=${DW_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -87,6 +88,16 @@ has "shape message names the tensor" "$tmp/err" "transformer.wte.weight"
 "$dw" eval llama-8b --data "$tmp/raw" >"$tmp/o" 2>"$tmp/err"; rc=$?
 [ $rc -ne 0 ] && has "planning-only refused" "$tmp/err" "planning-only" || { echo "FAIL: llama-8b eval exit $rc"; fails=$((fails + 1)); }
 "$dw" eval --help >"$tmp/o" 2>&1; check "--help" 0 $?
+
+# a run directory is read as its newest checkpoint (`latest`), with that checkpoint's weights
+OMP_NUM_THREADS=1 "$dw" train --model llama-tiny --data "$tmp/raw" --batch 2 --seq 32 --steps 2 --warmup 1 \
+  --eval-every 0 --ckpt-every 1 --keep 0 --device cpu --out "$tmp/run" >/dev/null 2>"$tmp/err"; check "train a run" 0 $?
+"$dw" eval "$tmp/run" --data "$tmp/raw" --batch 2 --seq 32 >"$tmp/o_run" 2>"$tmp/err"; check "eval RUN" 0 $?
+"$dw" eval "$tmp/run/ckpt-2" --data "$tmp/raw" --batch 2 --seq 32 >"$tmp/o_c2" 2>"$tmp/err"; check "eval RUN/ckpt-2" 0 $?
+"$dw" eval "$tmp/run/ckpt-1" --data "$tmp/raw" --batch 2 --seq 32 >"$tmp/o_c1" 2>"$tmp/err"; check "eval RUN/ckpt-1" 0 $?
+a=$(loss "$tmp/o_run"); b=$(loss "$tmp/o_c2"); c=$(loss "$tmp/o_c1")
+if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ]; then echo "ok: eval RUN = its newest checkpoint ($a; ckpt-1 $c)"
+else echo "FAIL: eval RUN '$a', ckpt-2 '$b', ckpt-1 '$c'"; fails=$((fails + 1)); fi
 
 echo "$fails failed"
 [ $fails -eq 0 ]
