@@ -49,10 +49,11 @@ static void test_capacity_source(void **state) {
     dw_ctx_free(ctx);
 }
 
-static void plan_at(dw_ctx *ctx, const dw_hw *hw, double capacity, dw_plan_in *in) {
-    dw_model_config mx = mixtral(capacity); /* through the config, as config.json's key */
+/* *mx must outlive *in, which points at it. */
+static void plan_at(dw_ctx *ctx, const dw_hw *hw, double capacity, dw_model_config *mx, dw_plan_in *in) {
+    *mx = mixtral(capacity); /* through the config, as config.json's key */
     dw_job j = {.seq = 4096, .global_batch = 8};
-    assert_int_equal(dw_plan_in_init(ctx, &mx, hw, &j, NULL, in), DW_OK);
+    assert_int_equal(dw_plan_in_init(ctx, mx, hw, &j, NULL, in), DW_OK);
     assert_true(in->capacity == capacity);
 }
 
@@ -63,8 +64,9 @@ static void test_capacity_costs(void **state) {
     static const double caps[] = {0.25, 0.5, 0.75, 1.0};
     double expert_s[4];
     for (int i = 0; i < 4; i++) {
+        dw_model_config mx;
         dw_plan_in in;
-        plan_at(ctx, hw, caps[i], &in);
+        plan_at(ctx, hw, caps[i], &mx, &in);
         /* per token per block: attention 45,184 + routing 16 + 2 C routed copies of 94,208 */
         assert_true(dw_plan_act_bytes_moe(&in, DW_RECOMPUTE_NONE) == 45200.0 + 2 * caps[i] * 94208.0);
         /* EP 8 in one NVLink domain: 4 all-to-alls a block of 4096 x 2 C copies of d = 4096 BF16 */

@@ -113,6 +113,7 @@ static void test_overrides_and_round_trip(void **state) {
     load_text(dir, "{\"default\": \"nvfp4\", \"nvfp4\": {\"seed\": -3}}", DW_ERR_FORMAT, "nvfp4.seed");
     load_text(dir, "{\"default\": \"nvfp4\", \"nvfp4\": [1]}", DW_ERR_FORMAT, "field 'nvfp4'");
     dw_test_rmtree(dir);
+    free(dir);
 }
 
 static void test_compile_report(void **state) {
