@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "capture/capture.h"
@@ -80,6 +81,15 @@ int dw_test_write(const char *path, const void *data, size_t n) {
     if (!f) return -1;
     size_t w = fwrite(data, 1, n, f);
     return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+char *dw_test_model_dir(const char *dir, const char *config_json) {
+    char *model = dw_test_path(dir, "model"), *cfg = dw_test_path(model, "config.json");
+    const bool ok = mkdir(model, 0755) == 0 && dw_test_write(cfg, config_json, strlen(config_json)) == 0;
+    free(cfg);
+    if (ok) return model;
+    free(model);
+    return NULL;
 }
 
 dw_ctx *dw_test_ctx;
@@ -411,15 +421,20 @@ void dw_test_model_free(dw_test_model *m) {
 
 dw_status dw_test_model_build(dw_ctx *ctx, dw_graph *g, const char *precision, dw_device_kind target,
                               dw_test_model *m) {
-    memset(m, 0, sizeof *m);
-    m->g = g;
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
     o.device = target;
     if (target == DW_DEVICE_CUDA) o.sm = 90;
+    return dw_test_model_build_opts(ctx, g, precision, &o, m);
+}
+
+dw_status dw_test_model_build_opts(dw_ctx *ctx, dw_graph *g, const char *precision, const dw_compile_opts *o,
+                                   dw_test_model *m) {
+    memset(m, 0, sizeof *m);
+    m->g = g;
     dw_status s = g ? DW_OK : DW_ERR_INVALID;
     if (s == DW_OK && precision) s = dw_policy_from_precision(ctx, precision, false, &m->pol);
-    if (s == DW_OK) s = dw_compile(ctx, g, NULL, m->pol, &o, &m->c);
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, m->pol, o, &m->c);
     if (s == DW_OK) s = dw_engine_create(ctx, m->c, NULL, &m->e);
     if (s != DW_OK) {
         fprintf(stderr, "dw_test_model_build (%s): %s\n", precision ? precision : "fp32", dw_errmsg(ctx));

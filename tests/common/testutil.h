@@ -27,6 +27,8 @@ void dw_test_rmtree(const char *path);
 char *dw_test_path(const char *dir, const char *name);
 /* Writes bytes to a file (non-atomically; for fixtures). Returns 0 on success. */
 int dw_test_write(const char *path, const void *data, size_t n);
+/* DIR/model holding config.json with the given text: its path (free()), or NULL on failure. */
+char *dw_test_model_dir(const char *dir, const char *config_json);
 
 /* A cmocka group fixture shared by the tests that need a CPU context and a seeded generator:
  * cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown). */
@@ -114,6 +116,9 @@ typedef struct {
     dw_engine *e;
 } dw_test_model;
 dw_status dw_test_model_build(dw_ctx *ctx, dw_graph *g, const char *precision, dw_device_kind target, dw_test_model *m);
+/* The same with the caller's compile options (target, recompute, ...) instead of target alone. */
+dw_status dw_test_model_build_opts(dw_ctx *ctx, dw_graph *g, const char *precision, const dw_compile_opts *o,
+                                   dw_test_model *m);
 void dw_test_model_free(dw_test_model *m);
 /* m's engine from weights drawn from r, then dw_test_train_fixed on one batch of B x T tokens
  * drawn from r (B*T <= 4096): the first and last loss. */

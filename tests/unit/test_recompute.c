@@ -22,24 +22,18 @@
 
 #define CTX dw_test_ctx
 
-typedef dw_test_model model; /* built here with compile options of its own */
-
-static void build(dw_graph *g, const char *precision, int recompute, int blocks, model *m) {
-    memset(m, 0, sizeof *m);
-    m->g = g;
-    if (precision) assert_int_equal(dw_policy_from_precision(CTX, precision, false, &m->pol), DW_OK);
+/* A preset captured at batch x seq, its program (recompute as given) and CPU engine; m owns the graph. */
+static void build(const char *preset, int64_t B, int64_t T, const char *precision, int recompute, int blocks,
+                  dw_test_model *m) {
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(CTX, &mc, B, T, &g), DW_OK);
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
     o.recompute = recompute;
     o.recompute_blocks = blocks;
-    if (dw_compile(CTX, g, NULL, m->pol, &o, &m->c) != DW_OK) fail_msg("compile: %s", dw_errmsg(CTX));
-    if (dw_engine_create(CTX, m->c, NULL, &m->e) != DW_OK) fail_msg("engine: %s", dw_errmsg(CTX));
-}
-
-static void release(model *m) {
-    dw_engine_free(m->e);
-    dw_compiled_free(m->c);
-    dw_policy_free(m->pol);
+    assert_int_equal(dw_test_model_build_opts(CTX, g, precision, &o, m), DW_OK);
 }
 
 /* No two items of the plan are live at one time and overlap in bytes. */
@@ -82,13 +76,10 @@ static int check_sweep(const dw_compiled *c) {
  * recomputing one recomputes every block, or (blocks > 0) the first `blocks`. */
 static void same_bits(const char *preset, const char *precision, int blocks) {
     const int64_t B = 2, T = 16;
-    dw_model_config mc;
-    assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
-    dw_graph *g = NULL;
-    assert_int_equal(dw_capture_config(CTX, &mc, B, T, &g), DW_OK);
-    model a, r;
-    build(g, precision, DW_RECOMPUTE_NONE, 0, &a);
-    build(g, precision, DW_RECOMPUTE_FULL, blocks, &r);
+    dw_test_model a, r;
+    build(preset, B, T, precision, DW_RECOMPUTE_NONE, 0, &a);
+    build(preset, B, T, precision, DW_RECOMPUTE_FULL, blocks, &r);
+    const dw_graph *g = a.g;
     for (int i = 0; i < g->n_nodes; i++) /* blocks past the first `blocks` run once */
         if (blocks && g->nodes[i].block >= blocks) assert_int_equal(dw_compile_rc_time(r.c, i), -1);
     assert_plan_disjoint(a.c);
@@ -135,9 +126,8 @@ static void same_bits(const char *preset, const char *precision, int blocks) {
     printf("  %-15s %-9s %d blocks: %3d forwards again, arena %8lld -> %8lld bytes (%.2fx), losses %.6f %.6f\n", preset,
            precision ? precision : "fp32", blocks ? blocks : (int)g->model.n_blocks, again, (long long)arena_a, (long long)arena_r,
            (double)arena_r / (double)arena_a, r0, r1);
-    release(&a);
-    release(&r);
-    dw_graph_free(g);
+    dw_test_model_free(&a);
+    dw_test_model_free(&r);
 }
 
 static void test_dense_same_bits(void **state) {

@@ -29,17 +29,11 @@ static int setup(void **state) {
     dw_ctx_opts o = {.device = DW_DEVICE_CPU};
     dw_test_rng_init(&rng, dw_test_seed());
     dir = dw_test_tmpdir();
-    model = dw_test_path(dir, "model");
-    char *cfg = dw_test_path(model, "config.json");
     const char *text = "{\"model_type\": \"llama\", \"vocab_size\": 256, \"hidden_size\": 16, "
                        "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
                        "\"intermediate_size\": 32, \"max_position_embeddings\": 32}";
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", model);
-    int rc = system(cmd);
-    rc |= dw_test_write(cfg, text, strlen(text));
-    free(cfg);
-    return rc == 0 && dw_ctx_create(&o, &ctx) == DW_OK ? 0 : -1;
+    model = dw_test_model_dir(dir, text);
+    return model && dw_ctx_create(&o, &ctx) == DW_OK ? 0 : -1;
 }
 static int teardown(void **state) {
     (void)state;
