@@ -92,7 +92,13 @@ static int64_t run_moe_cap(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64
     const int64_t Rk = cap > 0 && E * cap < R ? E * cap : R; /* the rows dispatch holds (dw_moe_routed_rows) */
     dw_gt *xs = dw_gt_out("xs", Rk * C, dt), *goff = dw_gt_out("offsets", E + 1, DW_ACT_F32);
     dw_gt *gpos = dw_gt_out("pos", R, DW_ACT_F32);
+    /* The GEMMs below run on all R rows, as the engine did before buffers were sized by capacity;
+     * dispatch writes only its Rk held rows, so the rows past them start zeroed, as the engine's
+     * dispatch leaves its tail (ops_cuda.h: rows past offsets[E] must be finite). Left as malloc
+     * gave them, they held whatever an earlier buffer left, NaN poison included, and the wgmma
+     * wgrad's last K tile multiplies the lines past the last expert's rows by zeroed dy lines. */
     float *xs_ref = dw_oc_alloc(R * C);
+    memset(xs_ref, 0, (size_t)(R * C) * sizeof *xs_ref);
     dw_cpu_moe_dispatch_fwd(xs_ref, off, pos, x->host, idx, NULL, N, C, K, E, cap);
     for (int64_t a = 0; a < R; a++) dropped += pos[a] < 0 && idx[a] >= 0 && idx[a] < E;
     if (want_drops && !dropped) bad++, printf("MISMATCH %s: the case drops nothing\n", name);

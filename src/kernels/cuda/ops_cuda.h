@@ -151,6 +151,12 @@ dw_status dw_cuda_cross_entropy(dw_ctx *ctx, dw_act_dtype dt, float *loss, float
  * dz (N,E) written from dw (N,K; NULL: zeros) and the chosen experts. E <= 4096. */
 dw_status dw_cuda_moe_router_fwd(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx, const void *z, int64_t N,
                                  int64_t E, int64_t K, int score, int renorm, void *stream);
+/* The same with a per-expert selection bias (E FP32, device; NULL: none) used while the device
+ * int32 *bias_on is non-zero: the K largest score + bias (FP32; ties: the lower expert), the
+ * weights from the scores alone. The flag lives on the device so that a recorded step replays. */
+dw_status dw_cuda_moe_router_fwd_biased(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx, const void *z,
+                                        const float *bias, const int32_t *bias_on, int64_t N, int64_t E, int64_t K,
+                                        int score, int renorm, void *stream);
 dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *dw, const void *z,
                                  const int32_t *idx, int64_t N, int64_t E, int64_t K, int score, int renorm,
                                  void *stream);
@@ -188,7 +194,9 @@ dw_status dw_cuda_moe_zero_tail(dw_ctx *ctx, dw_act_dtype dt, void *y, const int
  * x, W, dy in the activation dtype (a BF16 program passes its BF16 weight copy). kernel: AUTO runs
  * BF16 on sm_90 through TMA + wgmma (moe_gemm_sm90.cu) where K and M are multiples of 8, else on
  * mma.sync (moe_gemm_tc.cu); FP32 on FMA tiles. SIMT, MMA and WGMMA ask for one (WGMMA where it
- * cannot run: DW_ERR_UNSUPPORTED). */
+ * cannot run: DW_ERR_UNSUPPORTED). The rows of x and dy past offsets[E] (up to R) must be finite:
+ * the wgmma wgrad multiplies the last K tile's lines past an expert's rows by zeroed lines of the
+ * other operand, and 0 x NaN is NaN (the dispatch zeroes them; see tests/gpu/test_ops_cuda_moe.c). */
 typedef enum { DW_MOE_FPROP = 0, DW_MOE_DGRAD = 1, DW_MOE_WGRAD = 2 } dw_moe_pass;
 typedef enum { DW_MOE_KERNEL_AUTO = 0, DW_MOE_KERNEL_SIMT, DW_MOE_KERNEL_MMA, DW_MOE_KERNEL_WGMMA } dw_moe_kernel;
 typedef struct {
