@@ -1,7 +1,8 @@
-/* comm.c — the checked entry points of the communicator (comm.h), the host reductions the CPU
- * backends share, and the "self" backend of a one-rank job (every collective the identity). */
+/* comm.c — the checked entry points of the communicator (comm.h; started collectives too), the host
+ * reductions the CPU backends share, and the "self" backend of a one-rank job (every collective the identity). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm.h"
 #include "core/error.h"
@@ -102,6 +103,45 @@ dw_status dw_comm_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const in
         return DW_OK;
     }
     return c->i->all_to_all(ctx, c, send, send_counts, recv, recv_counts, t);
+}
+
+/* ---- started collectives ---------------------------------------------------------------------- */
+double dw_comm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    const bool reduce = a->kind == DW_COMM_ASYNC_REDUCE;
+    if (a->kind != DW_COMM_ASYNC_ALL_REDUCE && !reduce)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: started collective of kind %d", c->i->name, (int)a->kind);
+    DW_TRY(check(ctx, c, reduce ? "reduce (started)" : "all-reduce (started)", a->n, a->t, a->op));
+    if (reduce && (a->root < 0 || a->root >= c->world))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s reduce: root %d of %d ranks", c->i->name, a->root, c->world);
+    a->done = false, a->seconds = 0, a->started = dw_comm_now();
+    memset(a->impl, 0, sizeof a->impl);
+    if (solo(c) || a->n == 0) {
+        a->done = true;
+        return DW_OK;
+    }
+    if (c->i->start) return c->i->start(ctx, c, a);
+    /* a backend without started collectives: the blocking all-reduce (for a reduce: a superset), now */
+    DW_TRY(c->i->all_reduce(ctx, c, a->buf, a->n, a->t, a->op));
+    a->done = true;
+    a->seconds = dw_comm_now() - a->started;
+    return DW_OK;
+}
+
+dw_status dw_comm_test(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    return a->done ? DW_OK : c->i->test(ctx, c, a);
+}
+
+dw_status dw_comm_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    if (a->done) return DW_OK;
+    DW_TRY(c->i->wait(ctx, c, a));
+    a->done = true;
+    return DW_OK;
 }
 
 void dw_comm_free(dw_comm *c, bool orderly) {

@@ -25,6 +25,32 @@ typedef enum { DW_COMM_SUM = 0, DW_COMM_AVG } dw_comm_op; /* AVG: the sum divide
 
 typedef struct dw_comm dw_comm;
 
+/* A collective started now and finished later (dw_comm_start, dw_comm_test, dw_comm_wait), so that
+ * it overlaps with compute: data parallelism starts a bucket's reduction as soon as backward has
+ * written its gradients. The caller fills the first five fields, keeps the struct and leaves buf
+ * alone until dw_comm_wait returns. The result is what the blocking call of the same kind would
+ * give on this backend except on mpi, whose nonblocking algorithms may add in another order than
+ * its blocking ones (both are fixed: the same call gives the same bits every time). */
+typedef enum {
+    DW_COMM_ASYNC_ALL_REDUCE = 0, /* every rank's buf: the reduction of all ranks' */
+    DW_COMM_ASYNC_REDUCE          /* root's buf: the reduction of all ranks' (the others' buf is left
+                                     as it was, or holds the reduction too: tcp) */
+} dw_comm_async_kind;
+typedef struct {
+    dw_comm_async_kind kind;
+    void *buf;          /* n elements, in place */
+    int64_t n;
+    dw_comm_type t;
+    dw_comm_op op;
+    int root;           /* REDUCE: the rank that gets the result */
+    bool done;          /* finished: the result is in buf (on a GPU: for work issued from now on) */
+    double started;     /* CLOCK_MONOTONIC seconds at the start */
+    double seconds;     /* once done: how long it ran (nccl: between events on the comm stream;
+                           mpi: from the start to when a test or the wait saw it finish, an upper
+                           bound; the others: the blocking call) */
+    uint64_t impl[4];   /* the backend's: an MPI request, NCCL events */
+} dw_comm_async;
+
 /* One backend. n counts elements of the type. reduce_scatter and all_gather work in place on one
  * buffer of world x n_each elements, rank r's block at r x n_each:
  *   reduce_scatter: in: every rank's full buffer; out: block `rank` holds the reduction of all
@@ -44,6 +70,11 @@ typedef struct {
     dw_status (*all_to_all)(dw_ctx *ctx, dw_comm *c, const void *send, const int64_t *send_counts, void *recv,
                             const int64_t *recv_counts, dw_comm_type t);
     void (*destroy)(dw_comm *c, bool orderly); /* orderly: every rank is finishing (MPI_Finalize) */
+    /* started collectives (dw_comm_start below); NULL: the backend runs them to completion at the
+     * start. test sets a->done when the collective has finished; wait returns when it has. */
+    dw_status (*start)(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
+    dw_status (*test)(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
+    dw_status (*wait)(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
 } dw_comm_i;
 
 struct dw_comm {
@@ -67,6 +98,20 @@ dw_status dw_comm_broadcast(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, dw_co
 dw_status dw_comm_barrier(dw_ctx *ctx, dw_comm *c);
 dw_status dw_comm_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const int64_t *send_counts, void *recv,
                              const int64_t *recv_counts, dw_comm_type t);
+
+/* Started collectives: dw_comm_start checks a's fields and starts it (a world of one host rank, or
+ * n 0: done at once). nccl: on the communicator's stream after what the context's stream has issued;
+ * mpi: MPI_Iallreduce / MPI_Ireduce, which advance only inside MPI calls, so call
+ * dw_comm_test now and then; tcp and self: run to completion here (tcp reduces as an all-reduce).
+ * dw_comm_test advances it
+ * and sets a->done once finished; dw_comm_wait returns when it has finished and, on a GPU, orders
+ * the context's stream after it. Every rank starts the same collectives in the same order, and
+ * may call the blocking collectives in between (in the same order too). */
+dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
+dw_status dw_comm_test(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
+dw_status dw_comm_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
+/* CLOCK_MONOTONIC in seconds (the started / seconds fields). */
+double dw_comm_now(void);
 
 /* Element-wise dst op= src over n elements (the host reduction of the tcp backend and the
  * average of the mpi one): SUM adds; divide_by > 0 then divides dst by it. */

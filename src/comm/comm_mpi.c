@@ -4,7 +4,8 @@
  * on an orderly end (every rank finishing): a rank that fails exits without it, and mpirun then
  * stops the whole job instead of the others waiting in a collective. Averages are MPI's sum
  * divided by the world size on the host. Counts above INT_MAX are sent in pieces (all-reduce,
- * broadcast) or refused. */
+ * broadcast) or refused. Started collectives are MPI's nonblocking ones (MPI_Iallreduce,
+ * MPI_Ireduce), advanced by MPI_Test. */
 #include "comm/comm.h"
 #include "core/error.h"
 
@@ -113,6 +114,48 @@ static dw_status mpi_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const
     return rc == MPI_SUCCESS ? DW_OK : mpi_fail(ctx, c, "MPI_Alltoallv", rc);
 }
 
+/* ---- started collectives: MPI_Iallreduce / MPI_Ireduce, the request in a->impl ---------------- */
+_Static_assert(sizeof(MPI_Request) <= sizeof(((dw_comm_async *)0)->impl), "an MPI request fits dw_comm_async.impl");
+
+static MPI_Request *request_of(dw_comm_async *a) { return (MPI_Request *)(void *)a->impl; }
+
+static dw_status mpi_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    const bool reduce = a->kind == DW_COMM_ASYNC_REDUCE;
+    if (a->n > INT_MAX) return too_big(ctx, c, reduce ? "reduce (started)" : "all-reduce (started)", a->n);
+    MPI_Request *req = request_of(a);
+    if (!reduce)
+        MPI_TRY(ctx, c, "MPI_Iallreduce",
+                MPI_Iallreduce(MPI_IN_PLACE, a->buf, (int)a->n, mpi_type(a->t), MPI_SUM, MPI_COMM_WORLD, req));
+    else if (c->rank == a->root)
+        MPI_TRY(ctx, c, "MPI_Ireduce", MPI_Ireduce(MPI_IN_PLACE, a->buf, (int)a->n, mpi_type(a->t), MPI_SUM, a->root,
+                                                   MPI_COMM_WORLD, req));
+    else
+        MPI_TRY(ctx, c, "MPI_Ireduce",
+                MPI_Ireduce(a->buf, NULL, (int)a->n, mpi_type(a->t), MPI_SUM, a->root, MPI_COMM_WORLD, req));
+    return DW_OK;
+}
+
+/* After the request completed: the average where the result is. */
+static void mpi_finish(dw_comm *c, dw_comm_async *a) {
+    a->done = true;
+    a->seconds = dw_comm_now() - a->started;
+    if (a->op == DW_COMM_AVG && (a->kind == DW_COMM_ASYNC_ALL_REDUCE || c->rank == a->root))
+        dw_comm_divide_host(a->buf, a->n, a->t, c->world);
+}
+
+static dw_status mpi_test(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    int flag = 0;
+    MPI_TRY(ctx, c, "MPI_Test", MPI_Test(request_of(a), &flag, MPI_STATUS_IGNORE));
+    if (flag) mpi_finish(c, a);
+    return DW_OK;
+}
+
+static dw_status mpi_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    MPI_TRY(ctx, c, "MPI_Wait", MPI_Wait(request_of(a), MPI_STATUS_IGNORE));
+    mpi_finish(c, a);
+    return DW_OK;
+}
+
 static void mpi_destroy(dw_comm *c, bool orderly) {
     mpi_impl *m = c->impl;
     int done = 0;
@@ -123,7 +166,8 @@ static void mpi_destroy(dw_comm *c, bool orderly) {
 
 static const dw_comm_i mpi_i = {
     .name = "mpi", .all_reduce = mpi_all_reduce, .reduce_scatter = mpi_reduce_scatter, .all_gather = mpi_all_gather,
-    .broadcast = mpi_broadcast, .barrier = mpi_barrier, .all_to_all = mpi_all_to_all, .destroy = mpi_destroy};
+    .broadcast = mpi_broadcast, .barrier = mpi_barrier, .all_to_all = mpi_all_to_all, .destroy = mpi_destroy,
+    .start = mpi_start, .test = mpi_test, .wait = mpi_wait};
 
 bool dw_comm_mpi_built(void) { return true; }
 

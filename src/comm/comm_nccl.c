@@ -2,7 +2,8 @@
  * libnccl.so.2 is loaded with dlopen (no link-time dependency), as cuDNN is (kernels/cuda/
  * attn_cudnn.c); its unique id goes from rank 0 to the others over the host communicator (mpi or
  * tcp). Collectives run on the communicator's own stream, ordered by events after what the
- * context's stream has issued and before what it issues next: no host synchronisation. Without
+ * context's stream has issued and before what it issues next: no host synchronisation (a started
+ * collective's wait synchronises the host with it, to time it). Without
  * CUDA or the NCCL header at build time this file only declines. Never run on a GPU in CI. */
 #include "comm/comm.h"
 #include "core/error.h"
@@ -34,6 +35,7 @@ typedef struct {
                                    cudaStream_t);
     ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*group_start)(void);
@@ -65,6 +67,7 @@ static bool nc_load_syms(void *lib) {
     NC_SYM(reduce_scatter, "ncclReduceScatter");
     NC_SYM(all_gather, "ncclAllGather");
     NC_SYM(broadcast, "ncclBroadcast");
+    NC_SYM(reduce, "ncclReduce");
     NC_SYM(send, "ncclSend");
     NC_SYM(recv, "ncclRecv");
     NC_SYM(group_start, "ncclGroupStart");
@@ -193,6 +196,72 @@ static dw_status nccl_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, cons
     return leave(ctx, c);
 }
 
+/* ---- started collectives: issued on the comm stream between two timing events (a->impl), which
+ * the wait synchronises on and the context's stream then waits for ------------------------------- */
+typedef struct {
+    cudaEvent_t begin, end;
+} nccl_async;
+_Static_assert(sizeof(nccl_async) <= sizeof(((dw_comm_async *)0)->impl), "two events fit dw_comm_async.impl");
+
+static nccl_async *events_of(dw_comm_async *a) { return (nccl_async *)(void *)a->impl; }
+
+static void drop_events(nccl_async *ev) {
+    if (ev->begin) cudaEventDestroy(ev->begin);
+    if (ev->end) cudaEventDestroy(ev->end);
+    ev->begin = ev->end = NULL;
+}
+
+static dw_status nccl_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    nccl_impl *m = c->impl;
+    nccl_async *ev = events_of(a);
+    if (cudaEventCreate(&ev->begin) != cudaSuccess || cudaEventCreate(&ev->end) != cudaSuccess) {
+        drop_events(ev);
+        return dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: timing events: %s", c->rank,
+                            cudaGetErrorString(cudaGetLastError()));
+    }
+    const ncclRedOp_t op = a->op == DW_COMM_AVG ? ncclAvg : ncclSum;
+    dw_status st = enter(ctx, c);
+    ncclResult_t rc = ncclSuccess;
+    if (st == DW_OK && cudaEventRecord(ev->begin, m->stream) != cudaSuccess)
+        st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: cudaEventRecord", c->rank);
+    if (st == DW_OK && a->kind == DW_COMM_ASYNC_REDUCE)
+        rc = nc.reduce(a->buf, a->buf, (size_t)a->n, nc_type(a->t), op, a->root, m->comm, m->stream);
+    else if (st == DW_OK)
+        rc = nc.all_reduce(a->buf, a->buf, (size_t)a->n, nc_type(a->t), op, m->comm, m->stream);
+    if (st == DW_OK && rc != ncclSuccess)
+        st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: %s (started): %s", c->rank,
+                          a->kind == DW_COMM_ASYNC_REDUCE ? "ncclReduce" : "ncclAllReduce",
+                          nc.err_str(rc));
+    if (st == DW_OK && cudaEventRecord(ev->end, m->stream) != cudaSuccess)
+        st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: cudaEventRecord", c->rank);
+    if (st != DW_OK) drop_events(ev);
+    return st;
+}
+
+static dw_status nccl_finish(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    nccl_async *ev = events_of(a);
+    float ms = 0;
+    dw_status st = leave(ctx, c);
+    if (st == DW_OK && cudaEventElapsedTime(&ms, ev->begin, ev->end) != cudaSuccess)
+        st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: cudaEventElapsedTime", c->rank);
+    drop_events(ev);
+    a->done = st == DW_OK;
+    a->seconds = 1e-3 * (double)ms;
+    return st;
+}
+
+static dw_status nccl_test(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    const cudaError_t rc = cudaEventQuery(events_of(a)->end);
+    if (rc == cudaErrorNotReady) return DW_OK;
+    CU_TRY(ctx, c, "cudaEventQuery (started collective)", rc);
+    return nccl_finish(ctx, c, a);
+}
+
+static dw_status nccl_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    CU_TRY(ctx, c, "cudaEventSynchronize (started collective)", cudaEventSynchronize(events_of(a)->end));
+    return nccl_finish(ctx, c, a);
+}
+
 static void nccl_destroy(dw_comm *c, bool orderly) {
     nccl_impl *m = c->impl;
     if (m) {
@@ -208,7 +277,8 @@ static void nccl_destroy(dw_comm *c, bool orderly) {
 static const dw_comm_i nccl_i = {
     .name = "nccl", .device_memory = true, .all_reduce = nccl_all_reduce, .reduce_scatter = nccl_reduce_scatter,
     .all_gather = nccl_all_gather, .broadcast = nccl_broadcast, .barrier = nccl_barrier,
-    .all_to_all = nccl_all_to_all, .destroy = nccl_destroy};
+    .all_to_all = nccl_all_to_all, .destroy = nccl_destroy, .start = nccl_start, .test = nccl_test,
+    .wait = nccl_wait};
 
 dw_status dw_comm_nccl_create(dw_ctx *ctx, dw_comm *host, dw_comm **out) {
     *out = NULL;
