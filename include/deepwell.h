@@ -1157,6 +1157,11 @@ typedef struct {
     /* NULL, or the layers switched to BF16 after this step's quantisation check, with the tensor,
      * its bulk quantisation error and the threshold ("layer w 0.86 > 0.25, ...") */
     const char *precision_change;
+    /* several ranks (else ranks 0 and both NULL): for each rank r < ranks, the seconds this step's
+     * gradient collectives ran (comm_s[r]) and the wall seconds rank r waited for them after
+     * backward (exposed_comm_s[r]: what overlapping them with backward did not hide) */
+    int ranks;
+    const double *comm_s, *exposed_comm_s;
 } dw_train_progress;
 
 typedef struct {
@@ -1231,6 +1236,10 @@ typedef struct {
     int (*next_batch)(void *user, int64_t index, int32_t *tokens, int32_t *targets, int64_t b, int64_t t);
     int (*val_batch)(void *user, int64_t index, int32_t *tokens, int32_t *targets, int64_t b, int64_t t);
     void *batch_user;
+    bool no_overlap;        /* several ranks: reduce the gradients after backward instead of each
+                               bucket as soon as backward has finished it (the same collectives
+                               in the same order, so the same results; for comparison). Default
+                               false: overlapped (docs/multi-gpu.md) */
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,

@@ -29,6 +29,8 @@ enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
 /* --ep: not in the resume record (a checkpoint holds every expert, any --ep resumes it); a value
  * clear of the enums above */
 enum { O_EP = O_LAST + 64 };
+/* --no-overlap: not in the record either (the same collectives either way) */
+enum { O_NO_OVERLAP = O_LAST + 130 };
 /* --recompute: not in the resume record (it trades memory for compute; the values are the same) */
 enum { O_RECOMPUTE = O_LAST + 96 };
 static int recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
@@ -133,6 +135,8 @@ static void help(void) {
         "                         each running E/K of every MoE layer's experts; rows go to their\n"
         "                         experts' ranks and back by all-to-all (1: off; K divides the\n"
         "                         ranks and the experts; docs/multi-gpu.md)\n"
+        "  --no-overlap           several ranks: reduce the gradients after backward instead of each\n"
+        "                         bucket as soon as backward has finished it (the same results)\n"
         "  --recompute R          none, full or N: every block (or the first N) keeps only its\n"
         "                         input and runs its forward again before its backward (their\n"
         "                         activations share one block's memory, for up to a third more\n"
@@ -294,6 +298,7 @@ int cmd_train(int argc, char **argv) {
         {"init-from", required_argument, 0, O_INIT_FROM}, {"max-skips", required_argument, 0, O_MAX_SKIPS},
         {"quant-check-every", required_argument, 0, O_QCHECK},
         {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
+        {"no-overlap", no_argument, 0, O_NO_OVERLAP},
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"help", no_argument, 0, 'h'},
         {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
@@ -370,6 +375,7 @@ int cmd_train(int argc, char **argv) {
         case O_KEEP: ok = cli_parse_int(CMD, "--keep", optarg, 0, 1 << 20, &v); o.keep = (int)v; break;
         case O_ZERO: ok = cli_parse_int(CMD, "--zero", optarg, 0, 3, &v); o.zero = (int)v; break;
         case O_EP: ok = cli_parse_int(CMD, "--ep", optarg, 1, 1 << 20, &v); o.ep = (int)v; break;
+        case O_NO_OVERLAP: o.no_overlap = true; break;
         case O_MAX_SKIPS: ok = cli_parse_int(CMD, "--max-skips", optarg, 0, 1L << 40, &v); o.max_skips = v; break;
         case O_QCHECK:
             ok = cli_parse_int(CMD, "--quant-check-every", optarg, 0, 1L << 40, &v);

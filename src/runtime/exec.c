@@ -164,7 +164,7 @@ dw_status dw_exec_call(dw_exec *x, bool fwd, const dw_op_call *c) {
     return DW_OK;
 }
 
-dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
+static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
     const dw_step *st = &x->p->steps[step];
     dw_backend *be = x->be;
     const dw_backend_i *bi = be->i;
@@ -195,6 +195,11 @@ dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
         return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED, "%s backend: %s steps need the multi-rank runtime",
                             bi->name, dw_step_kind_name((dw_step_kind)st->kind));
     }
+}
+
+dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
+    DW_TRY(run_step(x, step, train, dloss));
+    return x->after_step ? x->after_step(x->after_user, x, step) : DW_OK; /* data parallelism's hook */
 }
 
 void dw_exec_begin_phase(dw_exec *x, dw_phase phase) {

@@ -36,6 +36,10 @@ struct dw_exec {
      * *done, or leaves the step to the executor */
     dw_status (*ep_step)(void *ep, dw_exec *x, int node, bool fwd, bool train, double dloss, bool *done);
     void *ep;
+    /* data parallelism (train/dp_overlap.c), NULL when off: called after every step that ran, with
+     * its index in the program, to start the collectives of the gradients that step finished */
+    dw_status (*after_step)(void *user, dw_exec *x, int step);
+    void *after_user;
 };
 
 /* Allocates the pools of p on be (zeroed) and lets the backend prepare (handles, plans). record:

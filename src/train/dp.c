@@ -1,9 +1,8 @@
 /* dp.c — data parallelism over an engine's flat FP32 pools (dp.h): the weights broadcast from
- * rank 0, the gradients averaged (ZeRO-0: all-reduce in buckets; ZeRO-1: reduce-scatter, a shard's
- * AdamW, all-gather of the weights; ZeRO-2: the reduce-scatter after every micro-batch), the moments gathered for checkpoints, and the check that
- * every rank holds the same weights. Pointers are the engine's (host on the CPU, device memory on
- * a GPU, where the communicator is NCCL). The buckets run after the whole backward: overlapping
- * them with it needs collective steps in the compiled program (program.h DW_STEP_COLLECTIVE). */
+ * rank 0, the optimizer step after the gradients were reduced bucket by bucket (dp_overlap.c;
+ * ZeRO-0: the engine's step; ZeRO-1/2: AdamW on the rank's shard, the weights gathered after), the
+ * moments gathered for checkpoints, and the check that every rank holds the same weights. Pointers
+ * are the engine's (host on the CPU, device memory on a GPU, where the communicator is NCCL). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +19,9 @@
 #include "kernels/cuda/adamw_cuda.h"
 #endif
 
-enum { DP_BUCKET_FLOATS = 4 << 20, DP_ALIGN = 64 }; /* 16 MiB buckets; shard blocks of 256 bytes */
+enum { DP_ALIGN = 64 }; /* shard blocks of 256 bytes */
 
-dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero) {
+dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     memset(d, 0, sizeof *d);
     d->ctx = e->ctx;
     d->eng = e;
@@ -41,6 +40,45 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero) {
     d->block = d->floats / ((int64_t)d->world * DP_ALIGN) * DP_ALIGN;
     d->lo = (int64_t)d->rank * d->block;
     d->hi = d->rank == d->world - 1 ? d->floats : d->lo + d->block;
+    d->overlap = overlap;
+    if (d->world == 1) return DW_OK;
+    int64_t size = 0;
+    DW_TRY(dw_dp_bucket_floats(e->ctx, &size));
+    DW_TRY(dw_dp_buckets_plan(e->ctx, e->p, size, &d->buckets));
+    d->async = calloc((size_t)d->buckets.n * (size_t)d->world + 1, sizeof *d->async);
+    d->times = calloc((size_t)(4 * d->world), sizeof *d->times);
+    dw_status st = d->async && d->times ? dw_dp_overlap_attach(d)
+                                        : dw_set_error(e->ctx, DW_ERR_NOMEM, "data parallel: out of memory");
+    if (st != DW_OK) {
+        dw_dp_free(d);
+        return st;
+    }
+    int early = 0; /* buckets final before the backward's last step: those that can overlap */
+    for (int i = 0; i < d->buckets.n; i++) early += d->buckets.b[i].ready < e->p->phase[DW_PHASE_BACKWARD][1] - 1;
+    DW_LOGI("data parallel: ZeRO-%d, %d gradient bucket%s of up to %lld floats, %d final before backward ends; "
+            "reduced %s", zero, d->buckets.n, d->buckets.n == 1 ? "" : "s", (long long)size, early,
+            overlap ? "as backward finishes them" : "after backward (no overlap)");
+    return DW_OK;
+}
+
+void dw_dp_free(dw_dp *d) {
+    if (d->world > 1 && d->overlap)
+        DW_LOGI("data parallel: %lld bucket reductions started during backward", (long long)d->overlapped);
+    dw_dp_overlap_detach(d);
+    dw_dp_buckets_free(&d->buckets);
+    free(d->async);
+    free(d->times);
+    d->async = NULL, d->times = NULL;
+}
+
+dw_status dw_dp_report_times(dw_dp *d, dw_train_progress *p) {
+    if (d->world == 1) return DW_OK;
+    const int W = d->world;
+    double *pairs = d->times, *comm = pairs + 2 * W, *exposed = comm + W;
+    dw_dp_take_times(d, &pairs[2 * d->rank], &pairs[2 * d->rank + 1]);
+    DW_TRY(dw_comm_all_gather(d->ctx, d->host, pairs, 2, DW_COMM_F64));
+    for (int r = 0; r < W; r++) comm[r] = pairs[2 * r], exposed[r] = pairs[2 * r + 1];
+    p->ranks = W, p->comm_s = comm, p->exposed_comm_s = exposed;
     return DW_OK;
 }
 
@@ -48,17 +86,6 @@ dw_status dw_dp_broadcast_weights(dw_dp *d) {
     if (d->world == 1) return DW_OK;
     DW_TRY(dw_comm_broadcast(d->ctx, d->comm, d->eng->x->w, d->floats, DW_COMM_F32, 0));
     return dw_engine_refresh(d->eng);
-}
-
-/* ZeRO-0: the gradients averaged over the ranks, bucket by bucket from the last parameters (the
- * ones a backward finishes first) to the first. */
-static dw_status all_reduce_grads(dw_dp *d) {
-    float *g = d->eng->x->grad;
-    for (int64_t end = d->floats; end > 0; end -= DP_BUCKET_FLOATS) {
-        const int64_t begin = end > DP_BUCKET_FLOATS ? end - DP_BUCKET_FLOATS : 0;
-        DW_TRY(dw_comm_all_reduce(d->ctx, d->comm, g + begin, end - begin, DW_COMM_F32, DW_COMM_AVG));
-    }
-    return DW_OK;
 }
 
 /* Sum of squares of the shard's gradients (this rank's part of the global norm). */
@@ -115,33 +142,14 @@ static dw_status gather_pool(dw_dp *d, float *pool) {
     return dw_comm_broadcast(d->ctx, d->comm, pool + full, d->floats - full, DW_COMM_F32, d->world - 1);
 }
 
-/* The gradients reduced into each rank's shard: the blocks reduce-scattered, the tail all-reduced. */
-static dw_status reduce_to_shards(dw_dp *d, dw_comm_op op) {
-    float *g = d->eng->x->grad;
-    const int64_t full = d->block * d->world;
-    DW_TRY(dw_comm_reduce_scatter(d->ctx, d->comm, g, d->block, DW_COMM_F32, op));
-    return dw_comm_all_reduce(d->ctx, d->comm, g + full, d->floats - full, DW_COMM_F32, op);
-}
-
 double dw_dp_grad_scale(const dw_dp *d, int64_t accum) {
     return 1.0 / (double)(d->zero == 2 ? accum * d->world : accum);
 }
 
-dw_status dw_dp_after_backward(dw_dp *d) {
-    if (d->world == 1 || d->zero != 2) return DW_OK;
-    /* every rank's gradients carry 1/ranks: the sum is the mean, added to what the shard holds */
-    DW_TRY(reduce_to_shards(d, DW_COMM_SUM));
-    dw_backend *be = d->eng->be;
-    float *g = d->eng->x->grad;
-    DW_TRY(be->i->zero(be, g, (size_t)d->lo * sizeof *g)); /* the next micro-batch adds only its own */
-    return be->i->zero(be, g + d->hi, (size_t)(d->floats - d->hi) * sizeof *g);
-}
-
-/* ZeRO-1/2: the shard's step. The gradients already in the shards for ZeRO-2, reduced here for 1. */
+/* ZeRO-1/2: the shard's step (the gradients already reduced into the shards: dp_overlap.c). */
 static dw_status shard_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm_out) {
     dw_adamw_args a;
     DW_TRY(dw_engine_adamw_args(d->eng, o, step, &a)); /* what dw_engine_step would take */
-    if (d->zero == 1) DW_TRY(reduce_to_shards(d, DW_COMM_AVG));
     double sumsq = 0;
     DW_TRY(shard_sumsq(d, &sumsq));
     DW_TRY(dw_comm_all_reduce(d->ctx, d->host, &sumsq, 1, DW_COMM_F64, DW_COMM_SUM));
@@ -159,8 +167,7 @@ dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *nor
     *norm = 0;
     if (d->world == 1) return dw_engine_step(d->eng, o, step, norm);
     if (d->zero > 0) return shard_step(d, o, step, norm);
-    DW_TRY(all_reduce_grads(d));
-    return dw_engine_step(d->eng, o, step, norm);
+    return dw_engine_step(d->eng, o, step, norm); /* the gradients averaged already */
 }
 
 dw_status dw_dp_gather_optimizer(dw_dp *d) {

@@ -1,14 +1,21 @@
 /* dp.h — private: data parallelism for the trainer (train/dp.c): every rank holds the whole model,
  * reads its own part of each global batch (train/data.c dw_data_next_rank) and, after backward,
  * the ranks' gradients are averaged so that every rank takes the same optimizer step.
- *   ZeRO-0: gradients all-reduced (averaged) in buckets, then the engine's own AdamW step.
- *   ZeRO-1: gradients reduce-scattered (averaged); each rank runs AdamW on its shard of the flat
- *           parameter pools (global gradient norm from the shards' sums of squares); the updated
- *           weights all-gathered. The moments are current only in the rank's shard until
- *           dw_dp_gather_optimizer (before a checkpoint), so checkpoints are the same files as one
- *           rank writes and resume on any number of ranks and any stage.
- *   ZeRO-2: as ZeRO-1, but the gradients are reduce-scattered after every micro-batch (each rank's
- *           loss gradient scaled by 1/ranks, the shards summed) and everything outside the rank's
+ *   Buckets: the flat gradient pool cut into buckets of DW_DP_BUCKET_FLOATS floats from its end
+ *           (dp_buckets.c); each is reduced as soon as the backward step that last writes its
+ *           gradients has run on the step's last micro-batch (every micro-batch for ZeRO-2): the
+ *           executor's after_step hook (runtime/exec.h) starts its collectives (comm.h
+ *           dw_comm_start; dp_overlap.c) while backward goes on, and all are waited for before the
+ *           optimizer. Without overlap (dw_train_opts.no_overlap) the same collectives start, in
+ *           the same order, after backward: the same bits.
+ *   ZeRO-0: each bucket all-reduced (averaged), then the engine's own AdamW step.
+ *   ZeRO-1: each bucket's part in rank r's shard reduced (averaged) to rank r; each rank runs
+ *           AdamW on its shard of the flat parameter pools (global gradient norm from the shards'
+ *           sums of squares); the updated weights all-gathered. The moments are current only in
+ *           the rank's shard until dw_dp_gather_optimizer (before a checkpoint), so checkpoints are
+ *           the same files as one rank writes and resume on any number of ranks and any stage.
+ *   ZeRO-2: as ZeRO-1, but the buckets are reduced after every micro-batch (each rank's loss
+ *           gradient scaled by 1/ranks, the shards summed) and everything outside the rank's
  *           shard is cleared, so only the shard accumulates over the micro-batches.
  * The engine's pools are not yet shard-sized (the compile's memory plan allocates them whole):
  * ZeRO-1 here is the algorithm and its communication, not yet its memory saving. Not the
@@ -22,6 +29,24 @@
 #include "comm/comm.h"
 #include "deepwell.h"
 
+/* One bucket of the flat pools. */
+typedef struct {
+    int64_t begin, end;   /* floats */
+    int ready;            /* the program step after which its gradients are final: the last step
+                             that writes any of its parameters' gradients (-1: none does) */
+} dw_dp_bucket;
+
+/* The buckets of a program's pools in the order they start (ready, then from the last floats to
+ * the first): cut every bucket_floats (rounded up to 64) from the end. */
+typedef struct {
+    int n;
+    dw_dp_bucket *b;      /* (n), owned */
+} dw_dp_buckets;
+dw_status dw_dp_buckets_plan(dw_ctx *ctx, const dw_compiled *p, int64_t bucket_floats, dw_dp_buckets *out);
+void dw_dp_buckets_free(dw_dp_buckets *b);
+/* DW_DP_BUCKET_FLOATS (default 4 Mi floats, 16 MiB); DW_ERR_INVALID naming it when not a positive count. */
+dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
+
 typedef struct {
     dw_ctx *ctx;
     dw_engine *eng;
@@ -30,27 +55,56 @@ typedef struct {
     int rank, world;
     int zero;             /* 0, 1 or 2 */
     int64_t floats;       /* of one parameter-shaped pool */
-    int64_t block;        /* ZeRO-1/2: floats per rank reduce-scattered, a multiple of 64; the tail
-                             [world x block, floats) is all-reduced and owned by the last rank */
+    int64_t block;        /* ZeRO-1/2: floats of each rank's shard, a multiple of 64; the last rank's
+                             also holds the tail [world x block, floats) */
     int64_t lo, hi;       /* ZeRO-1/2: this rank's shard of the pools */
+    dw_dp_buckets buckets;
+    /* the reduction of the current micro-batch (dp_overlap.c) */
+    bool overlap;         /* started from backward (the executor's after_step hook) */
+    bool armed;           /* this micro-batch's backward reduces (the last one; ZeRO-2: each) */
+    int started;          /* buckets started, in order */
+    int n_async;          /* collectives started: a bucket's all-reduce (ZeRO-0), or a reduce to
+                             each rank whose shard it overlaps (ZeRO-1/2) */
+    dw_comm_async *async; /* (buckets x world) */
+    int64_t overlapped;   /* buckets started during backward, over the run (the log's count) */
+    double comm_s, exposed_s; /* this step's collectives' own seconds; seconds waited after backward */
+    double *times;        /* (4 x world) dw_dp_report_times: gathered pairs, then comm and exposed */
 } dw_dp;
 
-/* The job's communicator for the engine's device and the shard ranges. zero 3: DW_ERR_UNSUPPORTED
+/* The job's communicator for the engine's device, the buckets and their shards; overlap: the
+ * reductions start from backward (several ranks: the executor's after_step hook is attached and
+ * its recording turned off, as the collectives run between its steps). zero 3: DW_ERR_UNSUPPORTED
  * naming the stage. One rank: everything below is the single-process path. */
-dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero);
+dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap);
+/* Detaches the hook and frees the buckets (the communicator is the job's). */
+void dw_dp_free(dw_dp *d);
 /* Rank 0's FP32 masters to every rank (the start of a run, fresh or resumed), then the derived
  * copies refreshed: the ranks start identical whatever their seeds. */
 dw_status dw_dp_broadcast_weights(dw_dp *d);
-/* The optimizer step after the accumulation: the gradients averaged over the ranks (ZeRO-0:
- * all-reduce in buckets; ZeRO-1: reduce-scatter; ZeRO-2: done per micro-batch), clipping by the global norm, AdamW; *norm is
- * the global gradient norm before clipping (DW_ERR_NUMERIC, weights unchanged, when not finite). */
+/* The optimizer step after the accumulation (the gradients already averaged by
+ * dw_dp_after_backward): clipping by the global norm, AdamW (ZeRO-1/2: on the rank's shards, the
+ * weights gathered after); *norm is the global gradient norm before clipping (DW_ERR_NUMERIC,
+ * weights unchanged, when not finite). */
 dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm);
 /* The loss-gradient scale of each of the step's `accum` micro-batches: 1/accum (ZeRO-2: 1/(accum
  * x ranks), since the ranks' shards are summed). */
 double dw_dp_grad_scale(const dw_dp *d, int64_t accum);
-/* After each micro-batch's backward: ZeRO-2 reduces the gradients into the ranks' shards and
- * clears the rest; the other stages do nothing here. */
+/* Before each micro-batch's forward and backward: last, whether it is the step's last. */
+void dw_dp_before_backward(dw_dp *d, bool last);
+/* After each micro-batch's backward: when it reduces (the last; ZeRO-2: each), every bucket not
+ * yet started starts and all are waited for (the time waited is the step's exposed
+ * communication); ZeRO-1/2 then clear what lies outside the rank's shards. */
 dw_status dw_dp_after_backward(dw_dp *d);
+/* This step's communication (several ranks): the gradient collectives' own seconds, and the wall
+ * seconds waited for them after backward; both reset. */
+void dw_dp_take_times(dw_dp *d, double *comm_s, double *exposed_s);
+/* Several ranks: every rank's times of this step (dw_dp_take_times) gathered into p's ranks,
+ * comm_s and exposed_comm_s (pointing into d, valid until the next call); one rank: nothing. */
+dw_status dw_dp_report_times(dw_dp *d, dw_train_progress *p);
+/* dp_overlap.c, for dp.c: the executor's after_step hook attached (several ranks, overlap on) or
+ * detached (recording as the engine's options say again, unless expert parallelism holds it off). */
+dw_status dw_dp_overlap_attach(dw_dp *d);
+void dw_dp_overlap_detach(dw_dp *d);
 /* ZeRO-1/2: every rank's shard of the moments to every rank (before a checkpoint). */
 dw_status dw_dp_gather_optimizer(dw_dp *d);
 /* The debug check that the ranks' weights are identical: a hash of the FP32 masters compared with

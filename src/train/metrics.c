@@ -56,6 +56,27 @@ static void num(char *buf, size_t cap, double v) {
     else snprintf(buf, cap, "null");
 }
 
+/* ", \"comm_s\": [...], \"exposed_comm_s\": [...]" indexed by rank (several ranks), else ""; NULL: no memory. */
+static char *per_rank(const dw_train_progress *p) {
+    const int n = p->ranks > 1 && p->comm_s && p->exposed_comm_s ? p->ranks : 0;
+    char *s = malloc((size_t)n * 64 + 64), *at = s;
+    if (!s || !n) {
+        if (s) *s = 0;
+        return s;
+    }
+    for (int k = 0; k < 2; k++) {
+        const double *v = k ? p->exposed_comm_s : p->comm_s;
+        at += sprintf(at, ", \"%s\": [", k ? "exposed_comm_s" : "comm_s");
+        for (int r = 0; r < n; r++) {
+            char x[32];
+            num(x, sizeof x, v[r]);
+            at += sprintf(at, "%s%s", r ? ", " : "", x);
+        }
+        at += sprintf(at, "]");
+    }
+    return s;
+}
+
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
     char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[256] = "", skip[64] = "";
     num(loss, sizeof loss, p->loss);
@@ -84,13 +105,15 @@ dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int
         json_decref(j);
         if (!pc) return dw_set_error(ctx, DW_ERR_NOMEM, "metrics.jsonl: out of memory");
     }
-    int rc = fprintf(f,
+    char *comm = per_rank(p); /* several ranks: each one's communication seconds */
+    int rc = comm ? fprintf(f,
                      "{\"step\": %lld, \"loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"tokens_per_s\": %s, "
-                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s%s%s%s}\n",
+                     "\"elapsed_s\": %s, \"tokens\": %lld%s%s%s%s%s%s%s}\n",
                      (long long)p->step, loss, lr, gn, tps, el, (long long)tokens_seen,
                      isnan(p->val_loss) ? "" : ", \"val_loss\": ", isnan(p->val_loss) ? "" : vl, moe, skip,
-                     pc ? ", \"precision_change\": " : "", pc ? pc : "");
+                     pc ? ", \"precision_change\": " : "", pc ? pc : "", comm) : -1;
     free(pc);
+    free(comm);
     if (rc < 0 || fflush(f) != 0) return dw_set_error(ctx, DW_ERR_IO, "metrics.jsonl: write failed: %s", strerror(errno));
     return DW_OK;
 }

@@ -435,9 +435,10 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
         else
             DW_TRY(dw_batch_call(r->ctx, o->next_batch, o->batch_user, "next_batch", r->batches_taken++, r->x, r->y,
                                  o->batch, o->seq, r->g->model.vocab, NULL));
+        dw_dp_before_backward(&r->dp, a == r->accum - 1); /* the gradients reduce from its backward */
         DW_TRY(dw_engine_forward_backward(r->eng, r->x, r->y, o->batch, o->seq, dw_dp_grad_scale(&r->dp, r->accum),
                                           &loss));
-        DW_TRY(dw_dp_after_backward(&r->dp)); /* ZeRO-2: into the shards */
+        DW_TRY(dw_dp_after_backward(&r->dp)); /* the reductions waited for */
         sum += loss;
     }
     double loss = sum / (double)r->accum, lr = dw_schedule_lr(&r->sched, r->step), norm = NAN;
@@ -540,6 +541,7 @@ static dw_status loop(run *r) {
                                .precision_change = changed ? dw_qguard_last_decisions(r->qguard) : NULL};
         p.eta_s = (t1 - t0) / (double)(r->step - first) * (double)(o->steps - r->step);
         DW_TRY(moe_stats(r, &p));
+        DW_TRY(dw_dp_report_times(&r->dp, &p)); /* several ranks: each one's communication */
         if ((r->val || o->val_batch) && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
             DW_TRY(validate(r, &p.val_loss));
         const bool lead = r->dp.rank == 0; /* writes, samples and reports */
@@ -590,8 +592,12 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     memcpy(&o, opts, opts->size < sizeof o ? opts->size : sizeof o);
     run r;
     memset(&r, 0, sizeof r);
-    DW_TRY(dw_dp_init(&r.dp, e, o.zero)); /* the job's ranks (one: a plain run) */
-    DW_TRY(check_opts(ctx, e->g, &o, r.dp.world));
+    DW_TRY(dw_dp_init(&r.dp, e, o.zero, !o.no_overlap)); /* the job's ranks (one: a plain run) */
+    dw_status st = check_opts(ctx, e->g, &o, r.dp.world);
+    if (st != DW_OK) {
+        dw_dp_free(&r.dp);
+        return st;
+    }
     r.ctx = ctx;
     r.o = &o;
     r.eng = e;
@@ -603,7 +609,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     }
 #endif
     int lock = -1; /* one run per directory, taken (by rank 0) before anything in it is read or written */
-    dw_status st = dw_ep_create(e, r.dp.comm, o.ep, &r.ep); /* --ep > 1: the MoE layers' hook */
+    st = dw_ep_create(e, r.dp.comm, o.ep, &r.ep); /* --ep > 1: the MoE layers' hook */
     if (st == DW_OK && r.dp.rank == 0) st = mkdirs(ctx, o.out_dir);
     if (st == DW_OK && r.dp.rank == 0) st = dw_run_lock(ctx, o.out_dir, &lock);
     if (st == DW_OK) st = setup(&r);
@@ -614,6 +620,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
         st = profile(&r);
     }
     dw_ep_free(r.ep);
+    dw_dp_free(&r.dp);
     if (r.metrics) fclose(r.metrics);
     dw_moe_routing_free(&r.moe);
     dw_qguard_free(r.qguard);
