@@ -103,6 +103,14 @@ static bool gpu_run(const dw_plan *plan, long steps, long warm, int *fails) {
         not_run(reason);
         return false;
     }
+    dw_plan_info pi = {.size = sizeof pi};
+    dw_plan_get_info(plan, &pi);
+    if (pi.gpus > 1) { /* data parallel: the engine runs it, one process per GPU, under a launcher */
+        snprintf(why, sizeof why, "the plan uses %d GPUs; --run executes one (run `deepwell launch -n %d -- "
+                 "train ...` and compare its metrics.jsonl with the prediction)", (int)pi.gpus, (int)pi.gpus);
+        not_run(why);
+        return false;
+    }
     if (!dw_built_with_cuda()) {
         not_run("this build has no CUDA (configure with -DDW_CUDA=ON); no steps were executed");
         return false;

@@ -251,6 +251,7 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
                       dw_reject *reason, char *detail, int detail_len) {
     memset(out, 0, sizeof *out);
     out->par = *par;
+    out->runs = dw_plan_engine_runnable(in, par, NULL, 0);
     *reason = DW_REJECT_COUNT;
     if (detail_len > 0) detail[0] = 0;
     DW_ASSERT((int64_t)par->dp * par->tp * par->pp * par->cp == in->n_gpus);
@@ -414,6 +415,8 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         if (engine_opt >= 0) o = engine_opt;
         if (exp_s + o > dp_exp + opt) dp_exp = exp_s, opt = o, dp_all = all_s;
     }
+    if (engine_opt >= 0) /* the engine's plan: data parallelism as the runtime runs it */
+        dw_plan_runtime_dp(in, par, engine_opt, &dp_all, &dp_exp, &opt);
     c->dp_comm = dp_all, c->dp_exposed = dp_exp, c->optimizer = opt;
     c->pp_comm = par->pp > 1 ? 2.0 * m * si.p2p * par->vpp : 0;
     bool ok = true;

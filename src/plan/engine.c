@@ -1,5 +1,6 @@
 /* engine.c — the planner's view of Deepwell's own CUDA engine: which plans it runs as they are
- * (one GPU, no ZeRO/offload, recompute none or full) and its exact device memory, taken from dw_compile's
+ * (one GPU, or data parallelism over several with ZeRO 0-2 (train/dp.c); no offload; recompute
+ * none or full) and its exact device memory, taken from dw_compile's
  * static plan — the code the engine allocates from — so prediction and engine cannot drift.
  * Planning only: captures and compiles a graph of shapes, touches no GPU. */
 #include <stdio.h>
@@ -19,10 +20,10 @@ static bool say(char *why, int len, const char *what) {
 
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len) {
     char buf[320];
-    if (par->dp != 1 || par->tp != 1 || par->pp != 1 || par->cp != 1 || par->ep != 1 || par->vpp != 1) {
+    if (par->tp != 1 || par->pp != 1 || par->cp != 1 || par->ep != 1 || par->vpp != 1) {
         snprintf(buf, sizeof buf, "the plan uses %lld GPUs (dp %d tp %d pp %d cp %d ep %d); the engine runs "
-                 "on one GPU", (long long)par->dp * par->tp * par->pp * par->cp, par->dp, par->tp, par->pp,
-                 par->cp, par->ep);
+                 "one GPU, or data parallelism over several (dp only)",
+                 (long long)par->dp * par->tp * par->pp * par->cp, par->dp, par->tp, par->pp, par->cp, par->ep);
         return say(why, why_len, buf);
     }
     if (!in->engine_model) return say(why, why_len, in->engine_why);
@@ -31,8 +32,13 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
                  dw_recompute_name(par->recompute));
         return say(why, why_len, buf);
     }
-    if (par->zero != 0) {
-        snprintf(buf, sizeof buf, "ZeRO-%d: the engine has no optimizer-state sharding", par->zero);
+    if (par->dp == 1 && par->zero != 0) {
+        snprintf(buf, sizeof buf, "ZeRO-%d on one GPU: the engine has no optimizer-state sharding there", par->zero);
+        return say(why, why_len, buf);
+    }
+    if (par->zero > 2) {
+        snprintf(buf, sizeof buf, "ZeRO-%d: the runtime shards optimizer state and gradients (ZeRO-1/2), not "
+                 "parameters", par->zero);
         return say(why, why_len, buf);
     }
     if (par->offload) return say(why, why_len, "offload: the engine keeps the optimizer on the GPU");

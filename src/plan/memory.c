@@ -1,7 +1,8 @@
 /* memory.c — peak memory per GPU of a parallel configuration: weights (+ low-precision caches),
  * FP32 gradients, FP32 master + Adam moments by ZeRO stage and offload, activations by recompute
  * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales. A plan
- * Deepwell's engine runs as it is (one GPU) takes the engine's compiled pools instead (engine.c). */
+ * Deepwell's engine runs as it is (one GPU, or data parallelism over several: the runtime
+ * allocates the whole pools on every rank) takes the engine's compiled pools instead (engine.c). */
 #include <string.h>
 
 #include "plan/layout.h"
@@ -10,7 +11,8 @@
 /* CUDA context, cuBLAS(Lt) workspaces, NCCL channels, allocator slack: a fixed 1 GiB. */
 #define FIXED_WORKSPACE (1.0 * GIB)
 
-/* Deepwell's engine on one GPU: its pools as dw_compile plans them (engine.c). */
+/* Deepwell's engine on one GPU or each data-parallel rank: its pools as dw_compile plans them
+ * (engine.c). */
 static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     dw_engine_mem em;
     if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory(NULL, in, par->micro_batch, (int)par->recompute, &em) != DW_OK)

@@ -78,6 +78,8 @@ typedef struct {
     dw_mem mem;
     dw_cost cost;
     dw_cost_extra x;
+    bool runs;                  /* Deepwell's engine runs it as it is (dw_plan_engine_runnable): its
+                                   time and memory are the engine's; ranked ahead of plans it does not */
 } dw_plan_entry;
 
 /* ---- rejection reasons ---------------------------------------------------------------------- */
@@ -234,12 +236,19 @@ void dw_plan_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out);
 void dw_plan_memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *ranks);
 
 /* ---- Deepwell's own CUDA engine (engine.c) -------------------------------------------------- */
-/* A plan the engine runs as it is: one GPU (dp = tp = pp = cp = ep = 1, v = 1), no recompute,
- * no ZeRO, no offload, and in->engine_model. Otherwise false with the first reason in `why`
+/* A plan the engine runs as it is: one GPU (dp = tp = pp = cp = ep = 1, v = 1) without ZeRO, or
+ * data parallelism alone (dp > 1, tp = pp = cp = ep = v = 1) with ZeRO 0-2 (train/dp.c);
+ * recompute none or full, no offload, and in->engine_model. Otherwise false with the first reason in `why`
  * (may be NULL). The planner's memory and time for such plans describe the engine, and on a
  * one-GPU machine with in->engine_model it plans for the engine alone: configurations with
  * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
+/* Data parallelism as the runtime runs it (runtime_dp.c) for a plan dw_plan_engine_runnable
+ * accepts with dp > 1: seconds of collectives (*all; *exposed: the part compute does not hide,
+ * all of it today) and of the optimizer (*opt: engine_opt, the one-GPU engine's AdamW, or its
+ * 1/dp shard under ZeRO-1/2). dp 1: zeros and engine_opt. */
+void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double *all, double *exposed,
+                        double *opt);
 /* The precision policy the engine runs a planned recipe with: "bf16"; a quantised recipe with
  * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
  * assumes. Caller dw_policy_free. */

@@ -30,9 +30,12 @@ static void reject(searcher *S, dw_reject why, const dw_par *p, const char *deta
     rj->n_examples[why] = n + 1;
 }
 
-/* Ranking: faster first; step times within 1e-9 of each other (e.g. ZeRO traffic fully hidden)
- * prefer the simpler plan (lower ZeRO stage, no offload), then lower peak memory. */
+/* Ranking: plans Deepwell's engine runs as they are first (their times are the engine's own; the
+ * others' come from the analytical model and need parallelism the runtime does not have), then
+ * faster first; step times within 1e-9 of each other (e.g. ZeRO traffic fully hidden) prefer the
+ * simpler plan (lower ZeRO stage, no offload), then lower peak memory. */
 static bool better(const dw_plan_entry *a, const dw_plan_entry *b) {
+    if (a->runs != b->runs) return a->runs;
     double tol = 1e-9 * (a->cost.step > b->cost.step ? a->cost.step : b->cost.step);
     if (a->cost.step < b->cost.step - tol) return true;
     if (a->cost.step > b->cost.step + tol) return false;
@@ -74,7 +77,9 @@ static void consider(searcher *S, const dw_par *p) {
     r->feasible++;
     bool full = r->n_plans == S->top_k;
     double bound = full ? r->plans[S->top_k - 1].cost.step : 0;
-    bool exact = dw_plan_time(S->in, p, &e, full ? &bound : NULL);
+    /* a plan the engine runs outranks a kept one it does not, however slow: not pruned by time */
+    bool prune = full && (!e.runs || r->plans[S->top_k - 1].runs);
+    bool exact = dw_plan_time(S->in, p, &e, prune ? &bound : NULL);
     family_timed(S, mask, &e, exact);
     if (!exact) {
         snprintf(detail, sizeof detail, "lower bound %.4g s >= top-%d cut-off %.4g s", e.cost.step,

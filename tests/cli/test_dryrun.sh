@@ -14,9 +14,10 @@ has() { # has FILE TEXT
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 gb=$(( (RANDOM % 4 + 1) * 8 ))
 
-# multi-GPU plan: the planner's best on 8 GPUs is never executed here
+# multi-GPU plan: the planner's best on 8 GPUs (data parallel, which the runtime runs) is never
+# executed by dryrun, which runs one GPU
 "$dw" dryrun gpt2-124m --hw h200 --seq 1024 --global-batch 64 --run >"$tmp/o" 2>&1; check "8-GPU plan --run" 1 $?
-has "$tmp/o" "NOT RUN  gpu-run: the plan uses 8 GPUs"
+has "$tmp/o" "NOT RUN  gpu-run: the plan uses 8 GPUs; --run executes one"
 has "$tmp/o" "gpu-run NOT RUN"
 grep -q "^PASS:" "$tmp/o" && { echo "FAIL: a NOT RUN dryrun printed PASS"; fails=$((fails + 1)); }
 

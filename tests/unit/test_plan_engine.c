@@ -1,7 +1,8 @@
-/* test_plan_engine.c — the planner's one-GPU view of Deepwell's CUDA engine: memory of a plan the
- * engine runs equals the engine's compiled pools (dw_compile, computed here independently) plus
- * the cuBLASLt workspace and the context allowance, on random presets, micro-batches, sequences
- * and recipes; plans the engine cannot run say why; the engine's time against hand counts. */
+/* test_plan_engine.c — the planner's view of Deepwell's CUDA engine: memory of a plan the engine
+ * runs equals the engine's compiled pools (dw_compile, computed here independently) plus the
+ * cuBLASLt workspace and the context allowance, on random presets, micro-batches, sequences and
+ * recipes; plans the engine cannot run say why; the engine's time against hand counts; data
+ * parallelism as the runtime runs it (train/dp.c) priced from the same engine, and ranked first. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -141,10 +142,23 @@ static void test_not_runnable_reasons(void **state) {
     dw_job j = {.seq = 1024, .global_batch = 16};
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &cfg, hw8, &j, NULL, &in), DW_OK);
-    dw_par p = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 2, .grad_accum = 1};
+    dw_par p = {.dp = 4, .tp = 2, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 2, .grad_accum = 1};
     char why[300];
     assert_false(dw_plan_engine_runnable(&in, &p, why, sizeof why));
     assert_non_null(strstr(why, "8 GPUs"));
+    /* data parallelism alone runs, with ZeRO 0-2; ZeRO-3 and offload do not */
+    p.dp = 8, p.tp = 1;
+    for (int z = 0; z <= 2; z++) {
+        p.zero = z;
+        assert_true(dw_plan_engine_runnable(&in, &p, why, sizeof why));
+    }
+    p.zero = 3;
+    assert_false(dw_plan_engine_runnable(&in, &p, why, sizeof why));
+    assert_non_null(strstr(why, "ZeRO-3"));
+    p.zero = 1, p.offload = true;
+    assert_false(dw_plan_engine_runnable(&in, &p, why, sizeof why));
+    assert_non_null(strstr(why, "offload"));
+    p.offload = false;
     /* planning-only and MoE models: the engine cannot build them, whatever the plan */
     dw_hw *hw = one_gpu(ctx);
     assert_int_equal(dw_model_config_load(ctx, "llama-8b", &cfg), DW_OK);
@@ -308,6 +322,70 @@ static void test_search_plans_for_the_engine(void **state) {
     dw_ctx_free(ctx);
 }
 
+/* Data parallelism as the runtime runs it (train/dp.c), on a random engine-built model, dp and
+ * micro-batches: memory per rank is the one-GPU engine's (the pools are whole on every rank);
+ * the step is the one-GPU compute plus collectives of 4 bytes a parameter, all exposed, plus the
+ * AdamW: whole under ZeRO-0 (all-reduced in 16 MiB buckets, so more than one reduce-scatter plus
+ * one all-gather of the same bytes can cost), a 1/dp shard under ZeRO-1/2; ZeRO-2 adds a
+ * reduce-scatter per extra micro-batch. The search ranks such plans ahead of faster-priced ones
+ * the runtime cannot run. */
+static void test_data_parallel_runtime(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0xD9);
+    static const char *const models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-124m"};
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, models[dw_test_next(&rng) % 4], &cfg), DW_OK);
+    const int dp = 2 << (dw_test_next(&rng) % 3);
+    dw_hw *hw = plan_preset(ctx, "h200", 1);
+    hw->n_gpus = dp, hw->nvlink_domain = dp;
+    const int64_t mb = 1 + (int64_t)(dw_test_next(&rng) % 4), ga = 1 + (int64_t)(dw_test_next(&rng) % 3);
+    dw_job j = {.seq = 64 << (dw_test_next(&rng) % 3), .global_batch = dp * mb * ga};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    assert_true(in.engine_model);
+    dw_engine_mem em;
+    dw_engine_time et;
+    assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_NONE, &em), DW_OK);
+    assert_int_equal(dw_plan_engine_time(ctx, &in, mb, DW_RECOMPUTE_NONE, &et), DW_OK);
+    dw_param_counts pc;
+    dw_plan_params(&in, &pc);
+    const double bytes = 4 * pc.total;
+    const double rs = dw_plan_coll_time(hw, DW_COLL_REDUCESCATTER, dp, 1, bytes);
+    const double ag = dw_plan_coll_time(hw, DW_COLL_ALLGATHER, dp, 1, bytes);
+    double step[3];
+    for (int z = 0; z <= 2; z++) {
+        dw_par p = {.dp = dp, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = mb, .grad_accum = ga,
+                    .zero = z};
+        dw_plan_entry e;
+        dw_reject why;
+        char det[200];
+        assert_true(dw_plan_evaluate(&in, &p, true, &e, &why, det, sizeof det));
+        assert_true(e.runs);
+        assert_true(e.mem.total == (double)em.total);
+        const double compute = (double)ga * (et.fwd + et.bwd);
+        assert_true(fabs(e.cost.compute / compute - 1) < 1e-9);
+        assert_true(e.cost.dp_exposed == e.cost.dp_comm && e.cost.dp_comm > 0);
+        const double opt = z == 0 ? et.optimizer : et.optimizer / dp;
+        assert_true(fabs(e.cost.optimizer / opt - 1) < 1e-12);
+        if (z == 1) assert_true(fabs(e.cost.dp_comm / (rs + ag) - 1) < 1e-12);
+        if (z == 2) assert_true(fabs(e.cost.dp_comm / ((double)ga * rs + ag) - 1) < 1e-12);
+        if (z == 0) assert_true(e.cost.dp_comm >= dw_plan_coll_time(hw, DW_COLL_ALLREDUCE, dp, 1, bytes) * (1 - 1e-12));
+        step[z] = e.cost.step;
+        assert_true(fabs(e.cost.step / (e.cost.pipeline + e.cost.dp_exposed + e.cost.optimizer) - 1) < 1e-12);
+    }
+    assert_true(step[2] >= step[1]);
+    /* the search: every kept plan the runtime runs comes before every one it does not */
+    dw_plan_result r;
+    assert_int_equal(dw_plan_search(ctx, &in, 8, &r), DW_OK);
+    assert_true(r.n_plans >= 1 && r.plans[0].runs);
+    for (int i = 1; i < r.n_plans; i++) assert_true(r.plans[i - 1].runs || !r.plans[i].runs);
+    dw_plan_result_free(&r);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory_equals_compiled_pools),
@@ -315,6 +393,7 @@ int main(void) {
         cmocka_unit_test(test_engine_time_hand_count),
         cmocka_unit_test(test_engine_time_quantised),
         cmocka_unit_test(test_search_plans_for_the_engine),
+        cmocka_unit_test(test_data_parallel_runtime),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -210,6 +210,7 @@ static void test_families(void **state) {
         bool all = feasible <= top;
         if (top == 1000) assert_true(all); /* the job is small enough to keep everything */
         double last = 0;
+        bool last_runs = false;
         for (int f = 0; f < dw_plan_families(); f++) {
             dw_plan_family_info fi = {.size = sizeof fi};
             assert_int_equal(dw_plan_set_get_family(set, f, &fi), DW_OK);
@@ -220,7 +221,7 @@ static void test_families(void **state) {
                 assert_int_equal(dw_plan_set_get(ctx, set, i, &p), DW_OK);
                 dw_plan_cost c = {.size = sizeof c};
                 assert_int_equal(dw_plan_get_cost(p, &c), DW_OK);
-                if (i == n - 1) last = c.step;
+                if (i == n - 1) last = c.step, last_runs = dw_plan_runs_on_engine(p, NULL);
                 if (in_family(p, f)) {
                     if (first < 0) first = i, fastest = c.step;
                     members++;
@@ -232,8 +233,10 @@ static void test_families(void **state) {
             if (all) {
                 assert_true(fi.feasible == members && fi.lower_bound == 0);
                 if (first >= 0) assert_true(fabs(fi.best_step / fastest - 1) < 1e-9);
-            } else if (first < 0 && fi.feasible > 0) {
-                /* nothing in it beats the kept plans: its simulated best and its pruned bounds */
+            } else if (first < 0 && fi.feasible > 0 && !last_runs) {
+                /* nothing in it beats the kept plans: its simulated best and its pruned bounds.
+                 * (When the last kept plan runs on the engine, a family of plans it cannot run
+                 * may be priced faster and still rank below it: search.c's order.) */
                 if (fi.simulated) assert_true(fi.best_step >= last * (1 - 1e-9));
                 if (fi.lower_bound > 0) assert_true(fi.lower_bound >= last * (1 - 1e-9));
             }

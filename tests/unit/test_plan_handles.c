@@ -436,14 +436,24 @@ static void test_engine_view(void **state) {
     dw_policy_free(pol);
     dw_plan_free(p);
     dw_hw_free(hw);
-    /* eight GPUs: not the engine's */
+    /* eight GPUs, a small model: data parallelism, which the runtime runs on the engine, each
+     * rank holding the one-GPU engine's pools */
     hw = plan_preset(CTX, "h200", 1);
     j = job_of(1024, 64, DW_RECIPE_BF16);
     assert_int_equal(dw_autoplan(CTX, "gpt2-124m", hw, &j, &p), DW_OK);
+    assert_true(dw_plan_runs_on_engine(p, &why));
+    dw_plan_engine_cost dc = {.size = sizeof dc};
+    assert_int_equal(dw_plan_get_engine_cost(CTX, p, &dc), DW_OK);
+    assert_true(dc.fwd > 0 && dc.bwd > 0);
+    dw_plan_free(p);
+    /* a planning-only preset: the planner sizes it, the engine does not build it */
+    j = job_of(4096, 64, DW_RECIPE_BF16);
+    assert_int_equal(dw_autoplan(CTX, "llama-70b", hw, &j, &p), DW_OK);
     assert_false(dw_plan_runs_on_engine(p, &why));
-    assert_non_null(strstr(why, "8 GPUs"));
+    assert_non_null(strstr(why, "planning-only"));
     dw_plan_engine_cost unused = {.size = sizeof unused};
-    expect_error(dw_plan_get_engine_cost(CTX, p, &unused), DW_ERR_UNSUPPORTED, dw_errmsg(CTX), "8 GPUs");
+    expect_error(dw_plan_get_engine_cost(CTX, p, &unused), DW_ERR_UNSUPPORTED, dw_errmsg(CTX),
+                 "the engine does not run this plan");
     dw_plan_free(p);
     dw_hw_free(hw);
 }
