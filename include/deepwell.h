@@ -1344,16 +1344,44 @@ DW_API bool dw_model_trained(const dw_model *m);
 /* The checkpoint directory, model directory or file the weights were loaded from; NULL when they
  * were initialised from seed or left at zero. Owned by m. */
 DW_API const char *dw_model_weights_source(const dw_model *m);
-/* The tokenizer its text goes through: "bytes" (byte-level, vocabulary 256) or "ids" (text is
- * space-separated token ids); a checkpoint says which its data used. Static string. */
+/* The tokenizer its text goes through: the path of the tokenizer.json of a Hugging Face model
+ * directory that has one; else "bytes" (byte-level, vocabulary 256) or "ids" (text is
+ * space-separated token ids), a checkpoint saying which its data used. Owned by m. */
 DW_API const char *dw_model_tokenizer(const dw_model *m);
 
-/* Text <-> tokens with a tokenizer named as above. dw_tokenize: *ids (free()) and *n; ids outside
- * [0, vocab) are refused naming the word. dw_detokenize: a malloc'd NUL-terminated string (bytes:
- * ids above 255 as "<id>"; ids: space-separated), NULL when out of memory. */
+/* Text <-> tokens with a tokenizer named as above: "bytes", "ids", or a tokenizer.json (or a
+ * directory holding one; read at each call: keep a dw_hf_tokenizer for more than one). dw_tokenize:
+ * *ids (free()) and *n; ids outside [0, vocab) are refused naming the word or token. dw_detokenize:
+ * a malloc'd NUL-terminated string (bytes: ids above 255 as "<id>"; ids: space-separated;
+ * tokenizer.json: as dw_hf_tokenizer_decode keeping special tokens), NULL when out of memory or the
+ * file cannot be read (the reason in dw_errmsg(NULL)). */
 DW_API dw_status dw_tokenize(dw_ctx *ctx, const char *tokenizer, const char *text, int64_t vocab, int32_t **ids,
                              int64_t *n);
 DW_API char *dw_detokenize(const char *tokenizer, const int32_t *ids, int64_t n);
+
+/* A Hugging Face tokenizer.json with a BPE model, read once (docs/tokenizer.md lists what is
+ * supported: the byte-level GPT-2 / Llama 3 / Qwen2 and the SentencePiece-style Llama 2 / Mistral
+ * files; other model, normalizer, pre-tokenizer and decoder types are refused by name). path: the
+ * file or a directory holding tokenizer.json. Immutable once open: one may serve several threads.
+ * dw_hf_tokenizer_free(NULL) is harmless; *out is NULL on error. */
+typedef struct dw_hf_tokenizer dw_hf_tokenizer;
+DW_API dw_status dw_hf_tokenizer_open(dw_ctx *ctx, const char *path, dw_hf_tokenizer **out);
+DW_API void dw_hf_tokenizer_free(dw_hf_tokenizer *t);
+/* Ids are below this: 1 + the largest id of the vocabulary and the added tokens. */
+DW_API int64_t dw_hf_tokenizer_vocab(const dw_hf_tokenizer *t);
+/* The tokenizer.json it read. Owned by t. */
+DW_API const char *dw_hf_tokenizer_path(const dw_hf_tokenizer *t);
+/* UTF-8 text -> *ids (free(); a valid pointer even for no ids) and *n, as the `tokenizers`
+ * package's encode(text, add_special_tokens=False): no BOS/EOS is added, added tokens in the text
+ * are matched. Text that is not UTF-8 is refused naming the byte. */
+DW_API dw_status dw_hf_tokenizer_encode(dw_ctx *ctx, const dw_hf_tokenizer *t, const char *text, int32_t **ids,
+                                        int64_t *n);
+/* ids -> *text (free(); UTF-8, NUL-terminated) and *len (may be NULL) its bytes, which a token of
+ * byte 0 makes differ from strlen; as the package's decode(ids, skip_special_tokens): special added
+ * tokens left out when skip_special; an id outside [0, dw_hf_tokenizer_vocab) decodes as U+FFFD
+ * (a model's padded rows). */
+DW_API dw_status dw_hf_tokenizer_decode(dw_ctx *ctx, const dw_hf_tokenizer *t, const int32_t *ids, int64_t n,
+                                        bool skip_special, char **text, size_t *len);
 
 /* Appends n tokens to tokens[0..np) (np >= 1; room for np + n) from the engine's model, each
  * from the last min(length, the program's T) tokens, with temperature (0: greedy) and top-k (0:

@@ -1,5 +1,6 @@
 /* cmd_sample.c — `deepwell sample`: generate text from a checkpoint, a run directory, a model
- * directory or a preset (byte-level text for byte-level models, token ids otherwise). */
+ * directory or a preset (byte-level text for byte-level models, text through a Hugging Face
+ * tokenizer.json given or found in the model directory, token ids otherwise). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,8 @@ static void help(void) {
            "Generates N tokens after the prompt and prints prompt + continuation. MODEL_OR_CKPT is a\n"
            "checkpoint (DIR/ckpt-<step>), a run directory (its latest checkpoint), a model\n"
            "directory (config.json + model.safetensors) or a preset (random weights: untrained).\n"
-           "Byte-level models (the built-in data, raw text; vocab 256) read and write text; others\n"
+           "Byte-level models (the built-in data, raw text; vocab 256) and models with a tokenizer\n"
+           "(--tokenizer, or the model directory's tokenizer.json) read and write text; others\n"
            "read and write space-separated token ids. On the CPU (FP32, no MoE) decoding keeps a K/V\n"
            "cache while the text fits the model's sequence length (DW_KV_CACHE=0: recompute every\n"
            "token; the tokens are the same). The time taken goes to stderr.\n\n"
@@ -23,6 +25,9 @@ static void help(void) {
            "  --temperature T     0 = greedy (default 0.8)\n"
            "  --top-k K           sample among the K most likely tokens, 0 = all (0)\n"
            "  --seed S            sampling seed (1337)\n"
+           "  --tokenizer T       bytes, ids, or a Hugging Face tokenizer.json (or a directory\n"
+           "                      holding one); default: the model's (see above)\n"
+           "  --skip-special      leave special tokens (<|endoftext|>, </s>, ...) out of the text\n"
            "  --device D          cpu, cuda or auto (default auto: cuda when a GPU is usable)\n"
            "  -h, --help          this help\n");
 }
@@ -32,8 +37,10 @@ int cmd_sample(int argc, char **argv) {
         {"prompt", required_argument, 0, 'p'}, {"tokens", required_argument, 0, 'n'},
         {"temperature", required_argument, 0, 't'}, {"top-k", required_argument, 0, 'k'},
         {"seed", required_argument, 0, 's'}, {"device", required_argument, 0, 'd'},
+        {"tokenizer", required_argument, 0, 'T'}, {"skip-special", no_argument, 0, 'S'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *prompt = NULL, *device = "auto";
+    const char *prompt = NULL, *device = "auto", *tokenizer = NULL;
+    bool skip_special = false;
     long n = 100, top_k = 0, seed = 1337;
     double temperature = 0.8;
     int c;
@@ -44,6 +51,8 @@ int cmd_sample(int argc, char **argv) {
         case 'h': help(); return DW_EXIT_OK;
         case 'p': prompt = optarg; break;
         case 'd': device = optarg; break;
+        case 'T': tokenizer = optarg; break;
+        case 'S': skip_special = true; break;
         case 'n': ok = cli_parse_int(CMD, "--tokens", optarg, 0, 1 << 20, &n); break;
         case 'k': ok = cli_parse_int(CMD, "--top-k", optarg, 0, 1 << 30, &top_k); break;
         case 's': ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &seed); break;
@@ -73,10 +82,14 @@ int cmd_sample(int argc, char **argv) {
     dw_engine *e = st == DW_OK ? dw_model_engine(m) : NULL;
     int32_t *ids = NULL;
     int64_t np = 0;
-    if (st == DW_OK) st = dw_tokenize(ctx, dw_model_tokenizer(m), prompt, dw_graph_vocab(dw_model_graph(m)), &ids, &np);
+    const char *spec = tokenizer ? tokenizer : st == DW_OK ? dw_model_tokenizer(m) : NULL;
+    dw_hf_tokenizer *hf = NULL; /* a tokenizer.json, read once for the prompt and the text */
+    if (st == DW_OK && strcmp(spec, "bytes") != 0 && strcmp(spec, "ids") != 0) st = dw_hf_tokenizer_open(ctx, spec, &hf);
+    if (st == DW_OK) st = dw_tokenize(ctx, hf ? dw_hf_tokenizer_path(hf) : spec, prompt, dw_graph_vocab(dw_model_graph(m)), &ids, &np);
     if (st == DW_OK && np < 1) {
         cli_error(CMD, "the prompt is empty");
         free(ids);
+        dw_hf_tokenizer_free(hf);
         dw_model_free(m);
         dw_ctx_free(ctx);
         return DW_EXIT_USAGE;
@@ -93,15 +106,20 @@ int cmd_sample(int argc, char **argv) {
     if (st == DW_OK && n > 0) /* on stderr: stdout stays the text alone */
         fprintf(stderr, "deepwell sample: %ld tokens in %.2f s (%.1f tokens/s)\n", n, secs, secs > 0 ? n / secs : 0.0);
     if (st == DW_OK) {
-        char *text = dw_detokenize(dw_model_tokenizer(m), ids, np + n);
+        char *text = NULL;
+        size_t len = 0;
+        if (hf) st = dw_hf_tokenizer_decode(ctx, hf, ids, np + n, skip_special, &text, &len);
+        else if (!(text = dw_detokenize(spec, ids, np + n))) st = DW_ERR_NOMEM;
+        else len = strlen(text);
         if (text) {
-            fputs(text, stdout);
+            fwrite(text, 1, len, stdout);
             fputc('\n', stdout);
         }
         free(text);
     }
     int rc = st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
     free(ids);
+    dw_hf_tokenizer_free(hf);
     dw_model_free(m);
     dw_ctx_free(ctx);
     return rc;

@@ -2,7 +2,8 @@
  * checkpoint or run directory (validated by train/ckpt.c), a model directory, a config.json or a
  * preset -> the graph at batch x seq -> a program for the context's device (FP32 on the CPU, BF16
  * on CUDA unless a policy says otherwise) -> an engine with the weights of `what`, of another
- * source (opts.weights_from: fine-tuning from a model directory or checkpoint) or from a seed. */
+ * source (opts.weights_from: fine-tuning from a model directory or checkpoint) or from a seed.
+ * A model directory's text goes through its tokenizer.json when it has one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ struct dw_model {
     bool trained;
     char *source; /* where the weights came from (NULL: seed or zero) */
     dw_tokenizer tok;
+    char *tok_path; /* a model directory's tokenizer.json (wins over tok), else NULL */
 };
 
 void dw_model_opts_init(dw_model_opts *o, size_t size) {
@@ -39,6 +41,7 @@ void dw_model_free(dw_model *m) {
     dw_policy_free(m->own_policy);
     dw_graph_free(m->g);
     free(m->source);
+    free(m->tok_path);
     free(m);
 }
 
@@ -46,7 +49,7 @@ dw_engine *dw_model_engine(const dw_model *m) { return m->e; }
 const dw_graph *dw_model_graph(const dw_model *m) { return m->g; }
 bool dw_model_trained(const dw_model *m) { return m->trained; }
 const char *dw_model_weights_source(const dw_model *m) { return m->source; }
-const char *dw_model_tokenizer(const dw_model *m) { return dw_tokenizer_name(m->tok); }
+const char *dw_model_tokenizer(const dw_model *m) { return m->tok_path ? m->tok_path : dw_tokenizer_name(m->tok); }
 
 static bool has_file(const char *dir, const char *name) {
     char *p = dw_path_join(dir, name);
@@ -134,6 +137,9 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
     }
     if (st == DW_OK && is_ckpt && !dw_tokenizer_parse(state.tokenizer, &m->tok))
         st = dw_set_error(ctx, DW_ERR_FORMAT, "%s/state.json: unknown tokenizer '%s'", cdir, state.tokenizer);
+    if (st == DW_OK && is_dir && !is_ckpt && has_file(dir, "tokenizer.json") &&
+        !(m->tok_path = dw_path_join(dir, "tokenizer.json")))
+        st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     free(cdir);
     if (st != DW_OK) {
         dw_model_free(m);

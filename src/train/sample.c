@@ -1,5 +1,6 @@
 /* sample.c — generation (temperature, top-k) on any engine and the byte / id tokenizers (see
- * sample.h; dw_engine_generate, dw_tokenize and dw_detokenize are public in deepwell.h). Where the
+ * sample.h; dw_engine_generate, dw_tokenize and dw_detokenize are public in deepwell.h; a
+ * tokenizer.json goes to io/tokenizer.h). Where the
  * engine can (runtime/kv_cache.h: FP32 on the CPU, no MoE) generation decodes with a K/V cache;
  * elsewhere, or with DW_KV_CACHE=0, each token recomputes the forward over the last T tokens. */
 #include <errno.h>
@@ -7,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/tokenizer.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 #include "train/sample.h"
@@ -95,13 +98,32 @@ bool dw_tokenizer_parse(const char *name, dw_tokenizer *out) {
     return true;
 }
 
+/* dw_tokenize through a tokenizer.json: its ids, each checked against the model's vocabulary. */
+static dw_status tokenize_hf(dw_ctx *ctx, const char *path, const char *text, int64_t vocab, int32_t **ids_out,
+                             int64_t *n_out) {
+    dw_hf_tokenizer *t = NULL;
+    DW_TRY(dw_hf_tokenizer_open(ctx, path, &t));
+    dw_status st = dw_hf_tokenizer_encode(ctx, t, text, ids_out, n_out);
+    for (int64_t i = 0; st == DW_OK && i < *n_out; i++)
+        if ((*ids_out)[i] >= vocab)
+            st = dw_set_error(ctx, DW_ERR_INVALID, "tokenizer %s: the prompt's token %d ('%.40s') is outside the "
+                              "model's vocab_size %lld", dw_hf_tokenizer_path(t), (*ids_out)[i],
+                              dw_hf_tokenizer_token(t, (*ids_out)[i]), (long long)vocab);
+    if (st != DW_OK) free(*ids_out), *ids_out = NULL, *n_out = 0;
+    dw_hf_tokenizer_free(t);
+    return st;
+}
+
 dw_status dw_tokenize(dw_ctx *ctx, const char *tokenizer, const char *text, int64_t vocab, int32_t **ids_out,
                       int64_t *n_out) {
     *ids_out = NULL;
     *n_out = 0;
     dw_tokenizer t;
-    if (!tokenizer || !dw_tokenizer_parse(tokenizer, &t))
-        return dw_set_error(ctx, DW_ERR_INVALID, "unknown tokenizer '%s' (bytes or ids)", tokenizer ? tokenizer : "(null)");
+    if (!tokenizer || !*tokenizer) return dw_set_error(ctx, DW_ERR_INVALID, "no tokenizer given (bytes, ids or a tokenizer.json)");
+    if (!dw_tokenizer_parse(tokenizer, &t) && access(tokenizer, F_OK) != 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "unknown tokenizer '%s' (bytes, ids, or a tokenizer.json or a "
+                            "directory holding one)", tokenizer);
+    if (!dw_tokenizer_parse(tokenizer, &t)) return tokenize_hf(ctx, tokenizer, text, vocab, ids_out, n_out);
     size_t len = strlen(text);
     int32_t *ids = malloc((len + 1) * sizeof *ids);
     if (!ids) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
@@ -137,9 +159,19 @@ dw_status dw_tokenize(dw_ctx *ctx, const char *tokenizer, const char *text, int6
     return DW_OK;
 }
 
+/* dw_detokenize through a tokenizer.json (special tokens kept); NULL with dw_errmsg(NULL) set. */
+static char *detokenize_hf(const char *path, const int32_t *ids, int64_t n) {
+    dw_hf_tokenizer *t = NULL;
+    char *text = NULL;
+    if (dw_hf_tokenizer_open(NULL, path, &t) == DW_OK) dw_hf_tokenizer_decode(NULL, t, ids, n, false, &text, NULL);
+    dw_hf_tokenizer_free(t);
+    return text;
+}
+
 char *dw_detokenize(const char *tokenizer, const int32_t *ids, int64_t n) {
     dw_tokenizer t;
-    if (!tokenizer || !dw_tokenizer_parse(tokenizer, &t)) return NULL;
+    if (!tokenizer || !*tokenizer) return NULL;
+    if (!dw_tokenizer_parse(tokenizer, &t)) return detokenize_hf(tokenizer, ids, n);
     size_t cap = (size_t)n * 13 + 1, len = 0;
     char *s = malloc(cap);
     if (!s) return NULL;

@@ -1,7 +1,7 @@
 /* sample.h — private: what the public generation (dw_engine_generate: a K/V cache where the
  * engine has one, runtime/kv_cache.h; else each new token runs the forward pass over the last T
  * tokens) and tokenizers (dw_tokenize, dw_detokenize by name: "bytes", one token per byte, vocab
- * 256; "ids", space-separated token ids) share. */
+ * 256; "ids", space-separated token ids; any other name is a tokenizer.json, io/tokenizer.h) share. */
 #ifndef DW_TRAIN_SAMPLE_H
 #define DW_TRAIN_SAMPLE_H
 
