@@ -416,7 +416,7 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         if (exp_s + o > dp_exp + opt) dp_exp = exp_s, opt = o, dp_all = all_s;
     }
     if (engine_opt >= 0) /* the engine's plan: data parallelism as the runtime runs it */
-        dw_plan_runtime_dp(in, par, engine_opt, &dp_all, &dp_exp, &opt);
+        dw_plan_runtime_dp(in, par, engine_opt, bw[0], true, &dp_all, &dp_exp, &opt);
     c->dp_comm = dp_all, c->dp_exposed = dp_exp, c->optimizer = opt;
     c->pp_comm = par->pp > 1 ? 2.0 * m * si.p2p * par->vpp : 0;
     bool ok = true;

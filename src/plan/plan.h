@@ -244,11 +244,12 @@ void dw_plan_memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *ranks
  * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
 /* Data parallelism as the runtime runs it (runtime_dp.c) for a plan dw_plan_engine_runnable
- * accepts with dp > 1: seconds of collectives (*all; *exposed: the part compute does not hide,
- * all of it today) and of the optimizer (*opt: engine_opt, the one-GPU engine's AdamW, or its
- * 1/dp shard under ZeRO-1/2). dp 1: zeros and engine_opt. */
-void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double *all, double *exposed,
-                        double *opt);
+ * accepts with dp > 1: seconds of collectives (*all; *exposed: the part the backward of `bwd`
+ * seconds, one micro-batch's, does not hide when `overlap`, the runtime's default; all of it
+ * without) and of the optimizer (*opt: engine_opt, the one-GPU engine's AdamW, or its 1/dp shard
+ * under ZeRO-1/2). dp 1: zeros and engine_opt. */
+void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double bwd, bool overlap,
+                        double *all, double *exposed, double *opt);
 /* The precision policy the engine runs a planned recipe with: "bf16"; a quantised recipe with
  * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
  * assumes. Caller dw_policy_free. */

@@ -1,36 +1,57 @@
-/* runtime_dp.c — data parallelism as Deepwell's runtime executes it (src/train/dp.c), priced for
- * plans the engine runs over several GPUs: the FP32 gradients (4 bytes a parameter) are
- *   ZeRO-0: all-reduced in 16 MiB buckets after the whole backward, then every rank runs the
- *           full AdamW;
- *   ZeRO-1: reduce-scattered into per-rank shards once after the backward; each rank steps its
- *           shard; the FP32 masters all-gathered;
- *   ZeRO-2: reduce-scattered after every micro-batch, then as ZeRO-1.
- * No collective overlaps compute there yet, so all of it is exposed. The engine's pools are
- * allocated whole on every rank, so memory is the one-GPU engine's (memory.c). */
+/* runtime_dp.c — data parallelism as Deepwell's runtime executes it (src/train/dp.c,
+ * dp_overlap.c), priced for plans the engine runs over several GPUs. The FP32 gradients (4 bytes a
+ * parameter) go in 16 MiB buckets, cut from the pool's end, each started as soon as the backward
+ * step that last writes it has run (on the reducing micro-batch), on the communicator's stream:
+ *   ZeRO-0: each bucket all-reduced; then every rank runs the full AdamW;
+ *   ZeRO-1: each bucket's part in rank r's shard reduced to rank r, once, on the last micro-batch;
+ *           each rank steps its shard; the FP32 masters all-gathered;
+ *   ZeRO-2: the same reduces on every micro-batch.
+ * Overlapped, a reduction is exposed where it outlasts the backward it runs under, and the last
+ * bucket (the first parameters, final when the backward ends) always is; the all-gather after the
+ * step always is. `--no-overlap` starts the same collectives after the backward: all exposed.
+ * (Sharing the GPU with the backward's kernels may slow both; not modelled.) The engine's pools
+ * are allocated whole on every rank, so memory is the one-GPU engine's (memory.c). */
+#include <math.h>
+
 #include "plan/layout.h"
 
-/* train/dp.c's bucket: 4 Mi FP32 values. */
+/* train/dp_buckets.c's bucket: 4 Mi FP32 values. */
 #define RUNTIME_DP_BUCKET_BYTES (16.0 * 1024 * 1024)
 
-void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double *all, double *exposed,
-                        double *opt) {
+/* A reduce to one rank over n ranks: a ring's bandwidth term without reduce-scatter's (n-1)/n. */
+static double reduce_time(const dw_hw *hw, int64_t n, double bytes) {
+    return dw_plan_coll_time(hw, DW_COLL_REDUCESCATTER, n, 1, bytes) * (double)n / (double)(n - 1);
+}
+
+/* The gradients' reduction once: the buckets' collectives, in all and the last bucket's. */
+static void reduce_once(const dw_plan_in *in, int64_t n, int zero, double bytes, double *all, double *last) {
+    const double full = (double)(int64_t)(bytes / RUNTIME_DP_BUCKET_BYTES);
+    const double rest = bytes - full * RUNTIME_DP_BUCKET_BYTES;
+    const double one = zero ? reduce_time(in->hw, n, RUNTIME_DP_BUCKET_BYTES)
+                            : dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, n, 1, RUNTIME_DP_BUCKET_BYTES);
+    const double tail = rest <= 0 ? 0
+                        : zero    ? reduce_time(in->hw, n, rest)
+                                  : dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, n, 1, rest);
+    *all = full * one + tail;
+    *last = rest > 0 ? tail : one; /* the pool's first floats: the bucket cut last */
+}
+
+void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double bwd, bool overlap,
+                        double *all, double *exposed, double *opt) {
     *all = *exposed = 0, *opt = engine_opt;
     if (par->dp <= 1) return;
     dw_param_counts pc;
     dw_plan_params(in, &pc);
     const double bytes = 4.0 * pc.total;
     const int64_t n = par->dp;
-    double t = 0;
-    if (par->zero == 0) {
-        const double full = (double)(int64_t)(bytes / RUNTIME_DP_BUCKET_BYTES);
-        t = full * dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, n, 1, RUNTIME_DP_BUCKET_BYTES);
-        const double rest = bytes - full * RUNTIME_DP_BUCKET_BYTES;
-        if (rest > 0) t += dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, n, 1, rest);
-    } else {
-        const double rs = dw_plan_coll_time(in->hw, DW_COLL_REDUCESCATTER, n, 1, bytes);
+    double red, last;
+    reduce_once(in, n, par->zero, bytes, &red, &last);
+    const double hidden_per = overlap ? fmax(0, fmin(red - last, bwd)) : 0; /* under one backward */
+    const double times = par->zero == 2 ? (double)par->grad_accum : 1.0;
+    *all = times * red, *exposed = times * (red - hidden_per);
+    if (par->zero) {
         const double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, n, 1, bytes);
-        t = (par->zero == 2 ? (double)par->grad_accum : 1.0) * rs + ag;
+        *all += ag, *exposed += ag;
         *opt = engine_opt / (double)n; /* each rank's AdamW over its shard */
     }
-    *all = *exposed = t;
 }

@@ -322,13 +322,13 @@ static void test_search_plans_for_the_engine(void **state) {
     dw_ctx_free(ctx);
 }
 
-/* Data parallelism as the runtime runs it (train/dp.c), on a random engine-built model, dp and
- * micro-batches: memory per rank is the one-GPU engine's (the pools are whole on every rank);
- * the step is the one-GPU compute plus collectives of 4 bytes a parameter, all exposed, plus the
- * AdamW: whole under ZeRO-0 (all-reduced in 16 MiB buckets, so more than one reduce-scatter plus
- * one all-gather of the same bytes can cost), a 1/dp shard under ZeRO-1/2; ZeRO-2 adds a
- * reduce-scatter per extra micro-batch. The search ranks such plans ahead of faster-priced ones
- * the runtime cannot run. */
+/* Data parallelism as the runtime runs it (train/dp.c, dp_overlap.c), on a random engine-built
+ * model, dp and micro-batches: memory per rank is the one-GPU engine's (the pools are whole on
+ * every rank); the step is the one-GPU compute plus the exposed collectives (4 bytes a parameter)
+ * plus the AdamW, whole under ZeRO-0 and a 1/dp shard under ZeRO-1/2. Without overlap every
+ * collective is exposed; with it, at most one backward's worth is hidden per reduction, never the
+ * last bucket nor ZeRO-1/2's all-gather; ZeRO-2 repeats ZeRO-1's reduction per micro-batch. The
+ * search ranks such plans ahead of faster-priced ones the runtime cannot run. */
 static void test_data_parallel_runtime(void **state) {
     (void)state;
     dw_ctx *ctx = plan_ctx();
@@ -351,10 +351,8 @@ static void test_data_parallel_runtime(void **state) {
     assert_int_equal(dw_plan_engine_time(ctx, &in, mb, DW_RECOMPUTE_NONE, &et), DW_OK);
     dw_param_counts pc;
     dw_plan_params(&in, &pc);
-    const double bytes = 4 * pc.total;
-    const double rs = dw_plan_coll_time(hw, DW_COLL_REDUCESCATTER, dp, 1, bytes);
-    const double ag = dw_plan_coll_time(hw, DW_COLL_ALLGATHER, dp, 1, bytes);
-    double step[3];
+    const double bytes = 4 * pc.total, ag = dw_plan_coll_time(hw, DW_COLL_ALLGATHER, dp, 1, bytes);
+    double all[3];
     for (int z = 0; z <= 2; z++) {
         dw_par p = {.dp = dp, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = mb, .grad_accum = ga,
                     .zero = z};
@@ -364,18 +362,27 @@ static void test_data_parallel_runtime(void **state) {
         assert_true(dw_plan_evaluate(&in, &p, true, &e, &why, det, sizeof det));
         assert_true(e.runs);
         assert_true(e.mem.total == (double)em.total);
-        const double compute = (double)ga * (et.fwd + et.bwd);
-        assert_true(fabs(e.cost.compute / compute - 1) < 1e-9);
-        assert_true(e.cost.dp_exposed == e.cost.dp_comm && e.cost.dp_comm > 0);
+        assert_true(fabs(e.cost.compute / ((double)ga * (et.fwd + et.bwd)) - 1) < 1e-9);
         const double opt = z == 0 ? et.optimizer : et.optimizer / dp;
         assert_true(fabs(e.cost.optimizer / opt - 1) < 1e-12);
-        if (z == 1) assert_true(fabs(e.cost.dp_comm / (rs + ag) - 1) < 1e-12);
-        if (z == 2) assert_true(fabs(e.cost.dp_comm / ((double)ga * rs + ag) - 1) < 1e-12);
-        if (z == 0) assert_true(e.cost.dp_comm >= dw_plan_coll_time(hw, DW_COLL_ALLREDUCE, dp, 1, bytes) * (1 - 1e-12));
-        step[z] = e.cost.step;
         assert_true(fabs(e.cost.step / (e.cost.pipeline + e.cost.dp_exposed + e.cost.optimizer) - 1) < 1e-12);
+        /* the search's figures are the overlapped runtime's, with one micro-batch's backward */
+        double a1, x1, o1, a0, x0, o0, aw, xw, ow, ai, xi, oi;
+        dw_plan_runtime_dp(&in, &p, et.optimizer, et.bwd, true, &a1, &x1, &o1);
+        assert_true(e.cost.dp_comm == a1 && e.cost.dp_exposed == x1);
+        dw_plan_runtime_dp(&in, &p, et.optimizer, et.bwd, false, &a0, &x0, &o0);
+        assert_true(a0 == a1 && x0 == a0 && o0 == o1 && a0 > 0);
+        assert_true(x1 <= x0 && a0 - x1 <= (z == 2 ? (double)ga : 1.0) * et.bwd * (1 + 1e-12));
+        dw_plan_runtime_dp(&in, &p, et.optimizer, 0, true, &aw, &xw, &ow);
+        assert_true(xw == aw); /* nothing to hide under */
+        dw_plan_runtime_dp(&in, &p, et.optimizer, 1e9, true, &ai, &xi, &oi);
+        /* the last bucket (and the all-gather) stay exposed; one bucket in all hides nothing */
+        assert_true(xi > 0 && xi <= ai && (bytes <= 16.0 * 1024 * 1024 || xi < ai));
+        if (z) assert_true(xi > ag * (1 - 1e-12));
+        if (z == 0) assert_true(a0 >= dw_plan_coll_time(hw, DW_COLL_ALLREDUCE, dp, 1, bytes) * (1 - 1e-12));
+        all[z] = a0;
     }
-    assert_true(step[2] >= step[1]);
+    assert_true(fabs(all[2] - ag - (double)ga * (all[1] - ag)) <= 1e-9 * all[2]);
     /* the search: every kept plan the runtime runs comes before every one it does not */
     dw_plan_result r;
     assert_int_equal(dw_plan_search(ctx, &in, 8, &r), DW_OK);
