@@ -1,10 +1,13 @@
 /* kv_cache.c — decoding with a K/V cache on the CPU reference engine (kv_cache.h). The executor
  * runs every forward step of the program for one token, except learned positions, RoPE and
- * attention, which run here on the cached positions (kernels/cpu/decode_cpu.h). */
+ * attention, which run here on the cached positions (kernels/cpu/decode_cpu.h): in FP32, from
+ * activations widened from BF16 in a BF16 program and rounded back to it once, as the CPU backend's
+ * whole-sequence ops do (runtime/cpu/cpu.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "formats/formats.h"
 #include "kernels/cpu/decode_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/exec.h"
@@ -14,6 +17,8 @@ struct dw_kv_cache {
     dw_engine *e;
     int64_t len, cap;  /* positions cached, the program's seq */
     float **k, **v;    /* per node: (cap, Hkv, D) for attention nodes, else NULL */
+    float *in, *out;   /* (row) one position's FP32 input and output of the ops run here */
+    int64_t row;       /* the widest row those ops read or write */
 };
 
 static bool decodes_rowwise(dw_op op) {
@@ -26,14 +31,34 @@ static bool decodes_rowwise(dw_op op) {
     }
 }
 
+/* A mixture of experts decodes token by token when no token is ever dropped (no capacity factor,
+ * or one of E or more: every expert may take every assignment), so its dispatch, expert GEMMs and
+ * combine are row-wise; its load-balancing statistics feed only the loss. */
+static bool moe_rowwise(const dw_ir_node *n) {
+    switch (n->op) {
+    case DW_OP_MOE_DISPATCH:
+        return !(n->attrs.capacity_factor > 0) || n->attrs.capacity_factor >= (double)n->attrs.experts;
+    case DW_OP_MOE_ROUTER: case DW_OP_MOE_LINEAR: case DW_OP_MOE_COMBINE: case DW_OP_MOE_AUX_STATS:
+    case DW_OP_MOE_AUX_LOSS:
+        return true;
+    default: return false;
+    }
+}
+
 bool dw_kv_cache_supported(const dw_engine *e) {
     const dw_compiled *p = e->p;
-    if (e->be->device != DW_DEVICE_CPU || p->bf16) return false;
+    if (e->be->device != DW_DEVICE_CPU) return false;
     for (int s = p->phase[DW_PHASE_FORWARD][0]; s < p->phase[DW_PHASE_FORWARD][1]; s++) {
         const dw_step *st = &p->steps[s];
         if (st->kind != DW_STEP_FWD) return false;
-        const dw_op op = e->g->nodes[st->node].op;
-        if (!decodes_rowwise(op) && op != DW_OP_POSITION && op != DW_OP_ROPE && op != DW_OP_ATTENTION) return false;
+        const dw_ir_node *n = &e->g->nodes[st->node];
+        /* quantised GEMMs may scale by a whole tensor's amax: a row would depend on the others */
+        if (p->bf16 && dw_compile_quant_recipe(p->node[st->node].bind.recipe) &&
+            (n->op == DW_OP_LINEAR || n->op == DW_OP_MOE_LINEAR))
+            return false;
+        if (!decodes_rowwise(n->op) && !moe_rowwise(n) && n->op != DW_OP_POSITION && n->op != DW_OP_ROPE &&
+            n->op != DW_OP_ATTENTION)
+            return false;
     }
     return true;
 }
@@ -46,6 +71,8 @@ void dw_kv_cache_free(dw_kv_cache *kv) {
     }
     free(kv->k);
     free(kv->v);
+    free(kv->in);
+    free(kv->out);
     free(kv);
 }
 
@@ -62,11 +89,17 @@ dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
     if (kv) kv->k = calloc((size_t)g->n_nodes, sizeof *kv->k), kv->v = calloc((size_t)g->n_nodes, sizeof *kv->v);
     bool ok = kv && kv->k && kv->v;
     for (int i = 0; ok && i < g->n_nodes; i++) {
-        if (g->nodes[i].op != DW_OP_ATTENTION) continue;
-        const size_t bytes = (size_t)(kv->cap * kv_width(&g->nodes[i])) * sizeof(float);
+        const dw_ir_node *n = &g->nodes[i];
+        if (n->op == DW_OP_POSITION || n->op == DW_OP_ROPE || n->op == DW_OP_ATTENTION)
+            for (int j = 0; j < n->n_in; j++)
+                if (e->p->tensor[n->in[j]].width > kv->row) kv->row = e->p->tensor[n->in[j]].width;
+        if (n->op != DW_OP_ATTENTION) continue;
+        const size_t bytes = (size_t)(kv->cap * kv_width(n)) * sizeof(float);
         kv->k[i] = malloc(bytes), kv->v[i] = malloc(bytes);
         ok = kv->k[i] && kv->v[i];
     }
+    if (ok) kv->in = malloc((size_t)kv->row * sizeof(float)), kv->out = malloc((size_t)kv->row * sizeof(float));
+    ok = ok && kv->in && kv->out;
     if (!ok) {
         dw_kv_cache_free(kv);
         return dw_set_error(e->ctx, DW_ERR_NOMEM, "KV cache: out of memory");
@@ -77,11 +110,31 @@ dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
 
 int64_t dw_kv_cache_len(const dw_kv_cache *kv) { return kv->len; }
 
-/* The FP32 value of tensor t: an activation (current batch rows) or a parameter's master. */
-static float *value(const dw_exec *x, int t) {
-    const dw_prog_tensor *pt = &x->p->tensor[t];
-    if (x->g->tensors[t].kind == DW_TENSOR_PARAM) return x->w + x->p->param_off[pt->param];
-    return (float *)(x->act + pt->val_off);
+/* A parameter's FP32 master (what the CPU backend's position op reads in either mode). */
+static const float *param(const dw_exec *x, int t) { return x->w + x->p->param_off[x->p->tensor[t].param]; }
+
+/* Activation t's storage (FP32 or BF16 elements, the program's). */
+static char *act(const dw_exec *x, int t) { return x->act + x->p->tensor[t].val_off; }
+
+/* Elements [off, off + n) of row r of activation t (rows of `stride` elements) as FP32 into out. */
+static void widen(const dw_exec *x, int t, int64_t r, int64_t stride, int64_t off, int64_t n, float *out) {
+    const int64_t at = r * stride + off;
+    if (!x->p->bf16) {
+        memcpy(out, (const float *)act(x, t) + at, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)act(x, t) + at;
+    for (int64_t i = 0; i < n; i++) out[i] = dw_decode_bf16(h[i]);
+}
+
+/* Row 0 of activation t (n elements) from FP32 y, rounded once in a BF16 program. */
+static void store(const dw_exec *x, int t, const float *y, int64_t n) {
+    if (!x->p->bf16) {
+        memcpy(act(x, t), y, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = (uint16_t *)act(x, t);
+    for (int64_t i = 0; i < n; i++) h[i] = dw_encode_bf16(y[i]);
 }
 
 /* Rows [0, rows) of attention node n's keys and values (3 inputs, or one packed q|k|v) into the
@@ -91,19 +144,18 @@ static void keep_kv(dw_kv_cache *kv, int node, int64_t pos, int64_t rows) {
     const dw_ir_node *n = &x->g->nodes[node];
     const int64_t dq = n->attrs.heads * n->attrs.head_dim, dkv = kv_width(n);
     const bool packed = n->n_in == 1;
-    const float *k = packed ? value(x, n->in[0]) + dq : value(x, n->in[1]);
-    const float *v = packed ? value(x, n->in[0]) + dq + dkv : value(x, n->in[2]);
-    const int64_t stride = packed ? dq + 2 * dkv : dkv;
+    const int tk = packed ? n->in[0] : n->in[1], tv = packed ? n->in[0] : n->in[2];
+    const int64_t stride = packed ? dq + 2 * dkv : dkv, ok = packed ? dq : 0, ov = packed ? dq + dkv : 0;
     for (int64_t r = 0; r < rows; r++) {
-        memcpy(kv->k[node] + (pos + r) * dkv, k + r * stride, (size_t)dkv * sizeof(float));
-        memcpy(kv->v[node] + (pos + r) * dkv, v + r * stride, (size_t)dkv * sizeof(float));
+        widen(x, tk, r, stride, ok, dkv, kv->k[node] + (pos + r) * dkv);
+        widen(x, tv, r, stride, ov, dkv, kv->v[node] + (pos + r) * dkv);
     }
 }
 
 static dw_status read_logits(const dw_kv_cache *kv, int64_t row, float *logits) {
     const dw_exec *x = kv->e->x;
     const int64_t V = x->g->model.vocab;
-    memcpy(logits, value(x, x->g->logits) + row * V, (size_t)V * sizeof(float));
+    widen(x, x->g->logits, row, V, 0, V, logits);
     return DW_OK;
 }
 
@@ -120,22 +172,26 @@ dw_status dw_kv_cache_prefill(dw_kv_cache *kv, const int32_t *tokens, int64_t n,
     return read_logits(kv, n - 1, logits);
 }
 
-/* One forward step of node st->node for the token at position pos (b = t = 1). */
+/* One forward step of node st->node for the token at position pos (b = t = 1): inputs as FP32
+ * (kv->in), the result (kv->out) stored once. */
 static dw_status decode_node(dw_kv_cache *kv, int node, int64_t pos) {
     const dw_exec *x = kv->e->x;
     const dw_ir_node *n = &x->g->nodes[node];
     const dw_ir_attrs *a = &n->attrs;
-    float *y = value(x, n->out[0]);
+    const int64_t w_in = x->p->tensor[n->in[0]].width, w_out = x->p->tensor[n->out[0]].width;
     if (n->op == DW_OP_POSITION) {
-        const int64_t C = x->p->tensor[n->out[0]].width;
-        dw_cpu_pos_fwd(y, value(x, n->in[0]), value(x, n->in[1]) + pos * C, 1, 1, C);
+        widen(x, n->in[0], 0, w_in, 0, w_in, kv->in);
+        dw_cpu_pos_fwd(kv->out, kv->in, param(x, n->in[1]) + pos * w_out, 1, 1, w_out);
     } else if (n->op == DW_OP_ROPE) {
-        dw_cpu_rope_fwd_at(y, value(x, n->in[0]), pos, a->heads, a->head_dim, a->theta, &a->rope);
+        widen(x, n->in[0], 0, w_in, 0, w_in, kv->in);
+        dw_cpu_rope_fwd_at(kv->out, kv->in, pos, a->heads, a->head_dim, a->theta, &a->rope);
     } else { /* attention: this position's keys and values join the cache, its query reads them */
         keep_kv(kv, node, pos, 1);
-        dw_cpu_attention_decode(y, value(x, n->in[0]), kv->k[node], kv->v[node], pos + 1, a->heads, a->kv_heads,
+        widen(x, n->in[0], 0, w_in, 0, a->heads * a->head_dim, kv->in); /* q: the first H D of a packed row */
+        dw_cpu_attention_decode(kv->out, kv->in, kv->k[node], kv->v[node], pos + 1, a->heads, a->kv_heads,
                                 a->head_dim, a->window);
     }
+    store(x, n->out[0], kv->out, w_out);
     return DW_OK;
 }
 

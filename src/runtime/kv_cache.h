@@ -3,9 +3,11 @@
  * RoPE); each later position runs the forward for one token (b = t = 1) through the executor,
  * except the position-dependent ops — learned positions, RoPE and attention — which read the
  * position and the cache here. The logits are bit for bit those of the whole-sequence forward.
- * FP32 programs on the CPU whose ops are all row-wise apart from those three (no MoE: its token
- * dispatch sees the whole batch); dw_kv_cache_supported says, and others keep the full recompute.
- * Cache: per attention node (seq, Hkv, D) keys and values, FP32. */
+ * Programs on the CPU, FP32 or BF16 (not quantised: a tensor-scaled GEMM makes a row depend on the
+ * others), whose ops are all row-wise apart from those three; MoE layers count as row-wise when
+ * they drop no token (no capacity factor below E). dw_kv_cache_supported says, and others keep
+ * the full recompute. Cache: per attention node (seq, Hkv, D) keys and values, FP32 (a BF16
+ * program's widened exactly). */
 #ifndef DW_RUNTIME_KV_CACHE_H
 #define DW_RUNTIME_KV_CACHE_H
 

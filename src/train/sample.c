@@ -1,7 +1,8 @@
 /* sample.c — generation (temperature, top-k) on any engine and the byte / id tokenizers (see
  * sample.h; dw_engine_generate, dw_tokenize and dw_detokenize are public in deepwell.h; a
  * tokenizer.json goes to io/tokenizer.h). Where the
- * engine can (runtime/kv_cache.h: FP32 on the CPU, no MoE) generation decodes with a K/V cache;
+ * engine can (runtime/kv_cache.h: the CPU engine, FP32 or BF16, MoE without drops) generation
+ * decodes with a K/V cache;
  * elsewhere, or with DW_KV_CACHE=0, each token recomputes the forward over the last T tokens. */
 #include <errno.h>
 #include <math.h>

@@ -4,7 +4,7 @@
 # positions), Llama (RoPE, GQA), Qwen2 (qkv biases) and Qwen3 (per-head norms) model directories
 # of random weights whose sequence length (24) the text outgrows, so both the cached positions and
 # the recompute past the window are held to it; the debug log says the cache was used, stderr
-# carries the time taken, and a MoE preset (no cache) still samples.
+# carries the time taken, and a MoE preset (dropless: cached) samples the same tokens either way.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -44,7 +44,10 @@ done
 "$dw" sample "$tmp/llama" --prompt "$prompt" -n 40 --temperature 1 --seed 7 --device cpu >"$tmp/s7" 2>/dev/null
 cmp -s "$tmp/s7" "$tmp/s8" && bad "seeds 7 and 8 sample the same tokens" || ok "seeds 7 and 8 differ"
 
-DW_LOG=debug "$dw" sample qwen3-moe-tiny --prompt "1 2 3" -n 6 --temperature 0 --device cpu >"$tmp/moe" 2>"$tmp/moe.err"
+DW_LOG=debug "$dw" sample qwen3-moe-tiny --prompt "1 2 3" -n 12 --temperature 0 --device cpu >"$tmp/moe" 2>"$tmp/moe.err"
 check "a MoE preset samples" 0 $?
-has "... by recomputing" "$tmp/moe.err" "full recompute per token"
+has "... with the cache (dropless)" "$tmp/moe.err" "KV cache up to"
+DW_KV_CACHE=0 "$dw" sample qwen3-moe-tiny --prompt "1 2 3" -n 12 --temperature 0 --device cpu >"$tmp/moe0" 2>/dev/null
+cmp -s "$tmp/moe" "$tmp/moe0" && ok "MoE: same tokens with and without the cache" ||
+  bad "MoE: the cache changes the tokens: $(cat "$tmp/moe") vs $(cat "$tmp/moe0")"
 exit $((fails > 0))
