@@ -63,6 +63,8 @@ static void parts_sigmoid_gate(const dw_compiled *c, const dw_ir_node *n, int64_
 static void parts_cross_entropy(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     TMP(DW_TMP_XENT) = 16 + rows_of(c->g) * 4;
 }
+static void parts_softcap(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
+static void parts_geglu(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 
 typedef void (*parts_fn)(const dw_compiled *, const dw_ir_node *, int64_t *);
 static const parts_fn rules[] = {

@@ -67,6 +67,9 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.window) json_object_set_new(a, "window", json_integer(n->attrs.window));
     if (n->attrs.coef) json_object_set_new(a, "coef", json_real(n->attrs.coef));
     if (n->attrs.zcoef) json_object_set_new(a, "zcoef", json_real(n->attrs.zcoef));
+    if (n->attrs.softcap) json_object_set_new(a, "softcap", json_real(n->attrs.softcap));
+    if (n->attrs.scale) json_object_set_new(a, "scale", json_real(n->attrs.scale));
+    if (n->attrs.offset) json_object_set_new(a, "offset", json_real(n->attrs.offset));
     if (n->attrs.capacity_factor > 0) json_object_set_new(a, "capacity_factor", json_real(n->attrs.capacity_factor));
     if (n->attrs.top_k) {
         json_object_set_new(a, "top_k", json_integer(n->attrs.top_k));
@@ -276,6 +279,9 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     if (jr) DW_TRY(rope_parse(ctx, jr, what, name, &a.rope));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "coef", what, &a.coef));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "zcoef", what, &a.zcoef));
+    if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "softcap", what, &a.softcap));
+    if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "scale", what, &a.scale));
+    if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "offset", what, &a.offset));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "capacity_factor", what, &a.capacity_factor));
     if (a.capacity_factor < 0)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.capacity_factor %g is negative (0: dropless)",

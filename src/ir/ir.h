@@ -99,6 +99,10 @@ typedef struct {
     int32_t score;                     /* moe_router: dw_router_score */
     bool norm_topk;                    /* moe_router: the K weights renormalised to sum 1 */
     double coef, zcoef;                /* moe_aux_loss: the load-balancing and z-loss coefficients */
+    double softcap;                    /* attention: scores soft-capped to softcap tanh(s / softcap) before the
+                                          softmax; softcap: the output's cap (Gemma 2); 0: none */
+    double scale;                      /* softcap: the factor applied to x first */
+    double offset;                     /* rmsnorm: the weight applied as offset + w (Gemma's 1 + w); 0: w */
 } dw_ir_attrs;
 
 /* How a router scores experts (attrs.score). */

@@ -175,6 +175,18 @@ static void passes_sigmoid_gate(const dw_graph *g, const dw_ir_node *n, double *
 static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     PASSES(3, 0, dw_ir_numel(IN(0))); /* fused: logits read twice, dlogits written in place */
 }
+static void flops_softcap(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(4, 4, dw_ir_numel(IN(0)));
+}
+static void passes_softcap(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 3, dw_ir_numel(OUT));
+}
+static void flops_geglu(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(9, 18, dw_ir_numel(IN(0)));
+}
+static void passes_geglu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(3, 5, dw_ir_numel(OUT)); /* as swiglu */
+}
 
 typedef void (*flops_fn)(const dw_graph *, const dw_ir_node *, bool, double *, double *);
 typedef void (*passes_fn)(const dw_graph *, const dw_ir_node *, double *, double *);

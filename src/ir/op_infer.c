@@ -1,6 +1,7 @@
 /* op_infer.c — shape and dtype inference for every op, one infer_<name> function per ops.def
  * row, and the dispatch dw_ir_infer. Every error names the node and its op. Whole-graph checks
  * are in verify.c; FLOPs and memory passes in op_cost.c. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -190,6 +191,8 @@ static dw_status infer_attention(dw_ctx *ctx, const dw_graph *g, const dw_ir_nod
     if (n->n_in == 2) return dw_ir_node_error(ctx, n, "takes q, k, v or one packed qkv, not 2 inputs");
     if (a->window < 0)
         return dw_ir_node_error(ctx, n, "sliding window %lld: must be positive (0: none)", (long long)a->window);
+    if (!(a->softcap >= 0 && isfinite(a->softcap)))
+        return dw_ir_node_error(ctx, n, "score soft-cap %g: must be finite and >= 0 (0: none)", a->softcap);
     int64_t q = a->heads * a->head_dim, kv = a->kv_heads * a->head_dim;
     for (int i = 0; i < n->n_in; i++) {
         DW_TRY(want(ctx, g, n, i, 3, DW_IR_F32));
@@ -331,6 +334,18 @@ static dw_status infer_cross_entropy(dw_ctx *ctx, const dw_graph *g, const dw_ir
     like(g, n, 0, o);
     o->ndim = 0;
     return DW_OK;
+}
+
+/* softcap: x scaled by attrs.scale (non-zero), then capped when attrs.softcap > 0 */
+static dw_status infer_softcap(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    const dw_ir_attrs *a = &n->attrs;
+    if (!(a->scale != 0 && isfinite(a->scale)) || !(a->softcap >= 0 && isfinite(a->softcap)))
+        return dw_ir_node_error(ctx, n, "scale %g must be finite and non-zero, softcap %g finite and >= 0 (0: none)",
+                                a->scale, a->softcap);
+    return infer_unary(ctx, g, n, o);
+}
+static dw_status infer_geglu(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    return infer_binary(ctx, g, n, o);
 }
 
 /* infer_<name> fills out[0 .. the op's outputs). */

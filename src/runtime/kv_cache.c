@@ -25,6 +25,7 @@ static bool decodes_rowwise(dw_op op) {
     switch (op) {
     case DW_OP_EMBEDDING: case DW_OP_LAYERNORM: case DW_OP_RMSNORM: case DW_OP_LINEAR: case DW_OP_GELU:
     case DW_OP_SILU: case DW_OP_SWIGLU: case DW_OP_ADD: case DW_OP_HEAD_RMSNORM: case DW_OP_SIGMOID_GATE:
+    case DW_OP_SOFTCAP: case DW_OP_GEGLU:
     case DW_OP_CROSS_ENTROPY: /* skipped without targets */
         return true;
     default: return false;
@@ -189,7 +190,7 @@ static dw_status decode_node(dw_kv_cache *kv, int node, int64_t pos) {
         keep_kv(kv, node, pos, 1);
         widen(x, n->in[0], 0, w_in, 0, a->heads * a->head_dim, kv->in); /* q: the first H D of a packed row */
         dw_cpu_attention_decode(kv->out, kv->in, kv->k[node], kv->v[node], pos + 1, a->heads, a->kv_heads,
-                                a->head_dim, a->window);
+                                a->head_dim, a->window, a->softcap);
     }
     store(x, n->out[0], kv->out, w_out);
     return DW_OK;

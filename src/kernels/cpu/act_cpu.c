@@ -1,5 +1,5 @@
 /* act_cpu.c — CPU reference for the elementwise ops: gelu (tanh approximation, GPT-2 / HF
- * "gelu_new"), silu, swiglu, add and the per-token sigmoid gate, forward and backward. Each element
+ * "gelu_new"), its gated form geglu, silu, swiglu, add and the per-token sigmoid gate, forward and backward. Each element
  * is computed in double and rounded once; every output element (and the gate's per-row sum) is
  * independent, so threads cannot change results. */
 #include <math.h>
@@ -30,6 +30,29 @@ void dw_cpu_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
         const double d = 0.5 * (1.0 + th) +
                          0.5 * v * (1.0 - th * th) * DW_GELU_K * (1.0 + 3.0 * DW_GELU_A * v * v);
         dx[i] = (float)((double)dout[i] * d);
+    }
+}
+
+/* out = gelu(gate) * up (Gemma's GeGLU) */
+void dw_cpu_geglu_fwd(float *out, const float *gate, const float *up, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = gate[i];
+        out[i] = (float)(0.5 * v * (1.0 + tanh(DW_GELU_K * (v + DW_GELU_A * v * v * v))) * (double)up[i]);
+    }
+}
+
+/* dgate = dout * up * gelu'(gate), dup = dout * gelu(gate)   (both written) */
+void dw_cpu_geglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = gate[i], d = dout[i];
+        const double th = tanh(DW_GELU_K * (v + DW_GELU_A * v * v * v));
+        const double dg = 0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * DW_GELU_K * (1.0 + 3.0 * DW_GELU_A * v * v);
+        dgate[i] = (float)(d * (double)up[i] * dg);
+        dup[i] = (float)(d * 0.5 * v * (1.0 + th));
     }
 }
 

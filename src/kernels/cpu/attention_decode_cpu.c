@@ -10,7 +10,7 @@
 #include "kernels/cpu/decode_cpu.h"
 
 void dw_cpu_attention_decode(float *out, const float *q, const float *kc, const float *vc, int64_t n, int64_t H,
-                             int64_t Hkv, int64_t D, int64_t W) {
+                             int64_t Hkv, int64_t D, int64_t W, double cap) {
     DW_ASSERT(n > 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0 && W >= 0);
     const int64_t group = H / Hkv, t = n - 1, j0 = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
     const double scale = 1.0 / sqrt((double)D);
@@ -21,7 +21,7 @@ void dw_cpu_attention_decode(float *out, const float *q, const float *kc, const 
 #pragma omp for schedule(static)
         for (int64_t h = 0; h < H; h++) {
             const int64_t g = h / group;
-            dw_cpu_attention_row(out + h * D, q + h * D, kc + g * D, vc + g * D, Hkv * D, j0, t, D, scale, s, o);
+            dw_cpu_attention_row(out + h * D, q + h * D, kc + g * D, vc + g * D, Hkv * D, j0, t, D, scale, cap, s, o);
         }
         free(o);
         free(s);

@@ -59,6 +59,12 @@ void dw_cpu_silu_bwd(float *dx, const float *dout, const float *x, int64_t n);
 void dw_cpu_swiglu_fwd(float *out, const float *gate, const float *up, int64_t n);
 void dw_cpu_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
                        const float *up, int64_t n);
+/* geglu: out = gelu_tanh(gate) * up     gate, up, out (n) (Gemma); the backward writes both */
+void dw_cpu_geglu_fwd(float *out, const float *gate, const float *up, int64_t n);
+void dw_cpu_geglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
+/* softcap (softcap_cpu.c): out = s x, or c tanh(s x / c) when c > 0; dx written */
+void dw_cpu_softcap_fwd(float *out, const float *x, int64_t n, double s, double c);
+void dw_cpu_softcap_bwd(float *dx, const float *dout, const float *x, int64_t n, double s, double c);
 /* sigmoid gate: out[n,:] = sigmoid(g[n]) * x[n,:]     x, out (N,C), g (N) */
 void dw_cpu_sigmoid_gate_fwd(float *out, const float *x, const float *g, int64_t N, int64_t C);
 /* dx (N,C) = sigmoid(g) * dout, dg (N) = sigmoid'(g) * (dout[n,:] . x[n,:]) (both written; either
@@ -82,6 +88,13 @@ void dw_cpu_attention_window_fwd(float *out, float *lse, const float *q, const f
 void dw_cpu_attention_window_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                  const float *k, const float *v, const float *out, const float *lse,
                                  int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t W);
+/* The same with the scaled scores soft-capped to cap tanh(s / cap) before the softmax (Gemma 2's
+ * attn_logit_softcapping; cap 0: none); lse is of the capped scores. */
+void dw_cpu_attention_softcap_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                                  int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t W, double cap);
+void dw_cpu_attention_softcap_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                  const float *k, const float *v, const float *out, const float *lse,
+                                  int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t W, double cap);
 
 /* cross-entropy over V with mean reduction over the N rows whose target >= 0 (target < 0 is
  * ignored, as torch's ignore_index). Returns the mean loss; saves nothing (recomputes). */

@@ -1,5 +1,5 @@
 /* ops_cpu_attention.c — the CPU backend's causal GQA attention (with the node's sliding window,
- * attrs.window, when it has one): q (B,T,H,D), k, v (B,T,Hkv,D)
+ * attrs.window, and score soft-cap, attrs.softcap, when it has them): q (B,T,H,D), k, v (B,T,Hkv,D)
  * given separately or as one packed qkv (B,T,(H+2Hkv)D) that is split into scratch here (forward
  * and backward; the program's unpacked aux copies are the GPU kernels' business). lse (B,H,T)
  * is the saved FP32 aux STAT0. */
@@ -39,8 +39,8 @@ dw_status dw_cpu_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
     const float *q, *k, *v;
     float *y;
     if (!qkv(be, c, &q, &k, &v) || !(y = dw_cpu_out(be, c, c->out[0], N * dq, CPU_S_OUT))) return DW_ERR_NOMEM;
-    dw_cpu_attention_window_fwd(y, c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads, a->kv_heads, a->head_dim,
-                                a->window);
+    dw_cpu_attention_softcap_fwd(y, c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads, a->kv_heads, a->head_dim,
+                                 a->window, a->softcap);
     dw_cpu_put(c, c->out[0], y, N * dq, false);
     return DW_OK;
 }
@@ -55,8 +55,8 @@ dw_status dw_cpu_op_attention_bwd(dw_backend *be, const dw_op_call *c) {
     float *gq = dw_cpu_scratch(be, CPU_S_DX0, N * dq), *gk = dw_cpu_scratch(be, CPU_S_DX1, N * dkv);
     float *gv = dw_cpu_scratch(be, CPU_S_DX2, N * dkv);
     if (!y || !dy || !gq || !gk || !gv) return DW_ERR_NOMEM;
-    dw_cpu_attention_window_bwd(gq, gk, gv, dy, q, k, v, y, c->aux[DW_AUX_STAT0], c->b, c->t, a->heads,
-                                a->kv_heads, a->head_dim, a->window);
+    dw_cpu_attention_softcap_bwd(gq, gk, gv, dy, q, k, v, y, c->aux[DW_AUX_STAT0], c->b, c->t, a->heads,
+                                 a->kv_heads, a->head_dim, a->window, a->softcap);
     if (c->n->n_in == 3) {
         dw_cpu_deliver(c, 0, gq, N * dq);
         dw_cpu_deliver(c, 1, gk, N * dkv);

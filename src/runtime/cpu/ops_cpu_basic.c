@@ -1,5 +1,6 @@
 /* ops_cpu_basic.c — the CPU backend's entries for the row-wise and elementwise ops: embedding,
- * positions, rope, layernorm, rmsnorm (also per head), gelu, silu, swiglu, add, the sigmoid gate.
+ * positions, rope, layernorm, rmsnorm (also per head; Gemma's offset weight), gelu, silu, swiglu, geglu,
+ * add, the sigmoid gate.
  * Each widens what it reads (cpu.h), runs the reference kernel (kernels/cpu/ops_cpu.h) and stores
  * or delivers the result as the program says. Parameters are FP32 masters; their gradients are accumulated by the kernels. */
 #include "core/error.h"
@@ -97,22 +98,32 @@ dw_status dw_cpu_op_layernorm_bwd(dw_backend *be, const dw_op_call *c) {
     dw_cpu_deliver(c, 0, dx, N * C);
     return DW_OK;
 }
+/* The weight rmsnorm applies (C): w, or offset + w rounded to FP32 (Gemma's 1 + w, as transformers
+ * adds it in FP32) in scratch. NULL when out of memory. */
+static const float *rms_weight(dw_backend *be, const dw_op_call *c, int64_t C) {
+    const float *w = c->in[1];
+    const double off = c->n->attrs.offset;
+    if (!off) return w;
+    float *w1 = dw_cpu_scratch(be, CPU_S_W, C);
+    for (int64_t i = 0; w1 && i < C; i++) w1[i] = (float)(off + (double)w[i]);
+    return w1;
+}
 dw_status dw_cpu_op_rmsnorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
+    const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *w = rms_weight(be, c, C);
     float *y = dw_cpu_out(be, c, c->out[0], N * C, CPU_S_OUT);
-    CHECK(x && y);
-    dw_cpu_rmsnorm_fwd(y, c->aux[DW_AUX_STAT0], x, c->in[1], N, C, c->n->attrs.eps);
+    CHECK(x && y && w);
+    dw_cpu_rmsnorm_fwd(y, c->aux[DW_AUX_STAT0], x, w, N, C, c->n->attrs.eps);
     dw_cpu_put(c, c->out[0], y, N * C, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *x = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0);
-    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
+    const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT), *w = rms_weight(be, c, C);
     float *dx = dw_cpu_scratch(be, CPU_S_DX0, N * C);
-    CHECK(x && dy && dx);
-    dw_cpu_rmsnorm_bwd(dx, c->pgrad[1], dy, x, c->in[1], c->aux[DW_AUX_STAT0], N, C);
+    CHECK(x && dy && dx && w);
+    dw_cpu_rmsnorm_bwd(dx, c->pgrad[1], dy, x, w, c->aux[DW_AUX_STAT0], N, C); /* dw: d(offset + w) = dw */
     dw_cpu_deliver(c, 0, dx, N * C);
     return DW_OK;
 }
@@ -180,18 +191,25 @@ static dw_status binary_f(dw_backend *be, const dw_op_call *c, binary_fwd f) {
     return DW_OK;
 }
 
-dw_status dw_cpu_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) { return binary_f(be, c, dw_cpu_swiglu_fwd); }
-dw_status dw_cpu_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
+/* The backward of a gated unit act(gate) * up (swiglu, geglu): both gradients delivered. */
+typedef void (*gated_bwd)(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n);
+static dw_status gated_b(dw_backend *be, const dw_op_call *c, gated_bwd f) {
     DIMS;
     const float *g = dw_cpu_in(be, c, c->in[0], N * C, CPU_S_IN0), *u = dw_cpu_in(be, c, c->in[1], N * C, CPU_S_IN1);
     const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     float *dg = dw_cpu_scratch(be, CPU_S_DX0, N * C), *du = dw_cpu_scratch(be, CPU_S_DX1, N * C);
     CHECK(g && u && dy && dg && du);
-    dw_cpu_swiglu_bwd(dg, du, dy, g, u, N * C);
+    f(dg, du, dy, g, u, N * C);
     dw_cpu_deliver(c, 0, dg, N * C);
     dw_cpu_deliver(c, 1, du, N * C);
     return DW_OK;
 }
+
+dw_status dw_cpu_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) { return binary_f(be, c, dw_cpu_swiglu_fwd); }
+dw_status dw_cpu_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) { return gated_b(be, c, dw_cpu_swiglu_bwd); }
+
+dw_status dw_cpu_op_geglu_fwd(dw_backend *be, const dw_op_call *c) { return binary_f(be, c, dw_cpu_geglu_fwd); }
+dw_status dw_cpu_op_geglu_bwd(dw_backend *be, const dw_op_call *c) { return gated_b(be, c, dw_cpu_geglu_bwd); }
 
 /* ---- add: the residual stream; backward hands dy to both inputs (in place where a gradient
  * buffer is shared with the output's) ------------------------------------------------------------ */
