@@ -25,19 +25,32 @@ dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out) {
     return DW_OK;
 }
 
-/* The step a parameter's gradient is last written at, per parameter (-1: never in a training step):
- * backward steps, and the forward steps of ops that do their backward there. */
-static void last_writers(const dw_compiled *p, int *last) {
+/* The step a parameter's gradient is last written at, per parameter (-1: never): the backward steps
+ * of the nodes reading it, and the forward steps of ops that do their backward there. A parameter
+ * read by a node that has no such step (fused into another node's step, which the graph does not
+ * show reading it) is taken as final only after the last backward step. */
+static dw_status last_writers(dw_ctx *ctx, const dw_compiled *p, int *last) {
     const dw_graph *g = p->g;
-    for (int k = 0; k < p->n_params; k++) last[k] = -1;
+    int *writes = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *writes); /* each node's step, -1 */
+    if (!writes) return dw_set_error(ctx, DW_ERR_NOMEM, "data parallel: out of memory");
+    for (int i = 0; i < g->n_nodes; i++) writes[i] = -1;
     for (int s = p->phase[DW_PHASE_FORWARD][0]; s < p->phase[DW_PHASE_BACKWARD][1]; s++) {
         const dw_step *st = &p->steps[s];
-        if (st->kind != DW_STEP_BWD && st->kind != DW_STEP_FWD) continue;
-        const dw_ir_node *n = &g->nodes[st->node];
-        if (st->kind == DW_STEP_FWD && (st->arg != 0 || !(dw_op_flags(n->op) & DW_OPF_BWD_IN_FWD))) continue;
-        for (int i = 0; i < n->n_in; i++)
-            if (g->tensors[n->in[i]].kind == DW_TENSOR_PARAM) last[p->tensor[n->in[i]].param] = s;
+        if (st->kind == DW_STEP_BWD ||
+            (st->kind == DW_STEP_FWD && st->arg == 0 && (dw_op_flags(g->nodes[st->node].op) & DW_OPF_BWD_IN_FWD)))
+            writes[st->node] = s;
     }
+    for (int k = 0; k < p->n_params; k++) last[k] = -1;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int s = 0; s < g->nodes[i].n_in; s++) {
+            const int t = g->nodes[i].in[s];
+            if (g->tensors[t].kind != DW_TENSOR_PARAM) continue;
+            const int w = writes[i] >= 0 ? writes[i] : p->phase[DW_PHASE_BACKWARD][1] - 1;
+            int *l = &last[p->tensor[t].param];
+            if (w > *l) *l = w;
+        }
+    free(writes);
+    return DW_OK;
 }
 
 /* Starting order: the step they become ready at, then from the last floats to the first. */
@@ -59,7 +72,12 @@ dw_status dw_dp_buckets_plan(dw_ctx *ctx, const dw_compiled *p, int64_t bucket_f
         dw_dp_buckets_free(out);
         return dw_set_error(ctx, DW_ERR_NOMEM, "data parallel: out of memory");
     }
-    last_writers(p, last);
+    dw_status st = last_writers(ctx, p, last);
+    if (st != DW_OK) {
+        free(last);
+        dw_dp_buckets_free(out);
+        return st;
+    }
     for (int i = 0; i < n; i++) {
         dw_dp_bucket *b = &out->b[i];
         b->end = floats - (int64_t)i * size;
