@@ -119,15 +119,21 @@ dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
     DW_TRY(check(ctx, c, reduce ? "reduce (started)" : "all-reduce (started)", a->n, a->t, a->op));
     if (reduce && (a->root < 0 || a->root >= c->world))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s reduce: root %d of %d ranks", c->i->name, a->root, c->world);
+    if (a->divide_by < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: average over %d ranks", c->i->name, a->divide_by);
+    if (a->op == DW_COMM_AVG && !a->divide_by) a->divide_by = c->world;
     a->done = false, a->seconds = 0, a->started = dw_comm_now();
     memset(a->impl, 0, sizeof a->impl);
-    if (solo(c) || a->n == 0) {
+    const bool divide = a->op == DW_COMM_AVG && a->divide_by != 1;
+    if (solo(c) || a->n == 0) { /* this rank's values are the sum */
+        if (divide) dw_comm_divide_host(a->buf, a->n, a->t, a->divide_by);
         a->done = true;
         return DW_OK;
     }
     if (c->i->start) return c->i->start(ctx, c, a);
     /* a backend without started collectives: the blocking all-reduce (for a reduce: a superset), now */
-    DW_TRY(c->i->all_reduce(ctx, c, a->buf, a->n, a->t, a->op));
+    DW_TRY(c->i->all_reduce(ctx, c, a->buf, a->n, a->t, DW_COMM_SUM));
+    if (divide) dw_comm_divide_host(a->buf, a->n, a->t, a->divide_by);
     a->done = true;
     a->seconds = dw_comm_now() - a->started;
     return DW_OK;
@@ -142,6 +148,23 @@ dw_status dw_comm_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
     DW_TRY(c->i->wait(ctx, c, a));
     a->done = true;
     return DW_OK;
+}
+
+/* ---- sub-communicators ------------------------------------------------------------------------ */
+dw_status dw_comm_split(dw_ctx *ctx, dw_comm *c, int color, dw_comm **out) {
+    *out = NULL;
+    if (color < 0) return dw_set_error(ctx, DW_ERR_INVALID, "%s split: color %d is negative", c->i->name, color);
+    int64_t *colors = calloc((size_t)c->world, sizeof *colors);
+    if (!colors) return dw_set_error(ctx, DW_ERR_NOMEM, "%s split: out of memory", c->i->name);
+    colors[c->rank] = color;
+    dw_status st = dw_comm_all_gather(ctx, c->host, colors, 1, DW_COMM_I64);
+    int sub_rank = 0, sub_world = 0;
+    for (int r = 0; st == DW_OK && r < c->world; r++)
+        if (colors[r] == color) sub_rank += r < c->rank, sub_world++;
+    free(colors);
+    DW_TRY(st);
+    if (solo(c)) return dw_comm_self_create(ctx, out);
+    return c->i->split(ctx, c, color, sub_rank, sub_world, out); /* every rank: it may exchange over c */
 }
 
 void dw_comm_free(dw_comm *c, bool orderly) {

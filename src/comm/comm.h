@@ -43,6 +43,8 @@ typedef struct {
     dw_comm_type t;
     dw_comm_op op;
     int root;           /* REDUCE: the rank that gets the result */
+    int divide_by;      /* AVG: the sum divided by this (0: the communicator's world; a split's
+                           reduction may average over the whole job's ranks) */
     bool done;          /* finished: the result is in buf (on a GPU: for work issued from now on) */
     double started;     /* CLOCK_MONOTONIC seconds at the start */
     double seconds;     /* once done: how long it ran (nccl: between events on the comm stream;
@@ -75,6 +77,9 @@ typedef struct {
     dw_status (*start)(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
     dw_status (*test)(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
     dw_status (*wait)(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
+    /* dw_comm_split of a communicator of several ranks, called on every rank (it may exchange over
+     * c): this rank's communicator among those of its color, where it is sub_rank of sub_world */
+    dw_status (*split)(dw_ctx *ctx, dw_comm *c, int color, int sub_rank, int sub_world, dw_comm **out);
 } dw_comm_i;
 
 struct dw_comm {
@@ -110,6 +115,14 @@ dw_status dw_comm_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const in
 dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
 dw_status dw_comm_test(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
 dw_status dw_comm_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a);
+/* The ranks of c split by color: every rank of c calls it at the same point with a color >= 0, and
+ * *out is the communicator of the ranks of this rank's color, in c's rank order (mpi:
+ * MPI_Comm_split; tcp: a star through the color's first rank, on a port of its own; nccl: a new
+ * NCCL communicator over the host communicator split alike; one rank of a color: self, or for
+ * nccl a one-rank NCCL communicator). The caller frees *out (before c). A negative color:
+ * DW_ERR_INVALID on that rank, and the others fail or time out in the exchange. */
+dw_status dw_comm_split(dw_ctx *ctx, dw_comm *c, int color, dw_comm **out);
+
 /* CLOCK_MONOTONIC in seconds (the started / seconds fields). */
 double dw_comm_now(void);
 

@@ -1,5 +1,5 @@
 /* comm_mpi.c — the "mpi" communicator: CPU ranks of a job started by mpirun, over MPI_COMM_WORLD
- * (Open MPI from Debian; built when CMake finds MPI, DW_HAVE_MPI). Errors return (MPI_ERRORS_RETURN)
+ * or a split of it (Open MPI from Debian; built when CMake finds MPI, DW_HAVE_MPI). Errors return (MPI_ERRORS_RETURN)
  * with MPI's own message. MPI_Init is called unless the process did it already; MPI_Finalize only
  * on an orderly end (every rank finishing): a rank that fails exits without it, and mpirun then
  * stops the whole job instead of the others waiting in a collective. Averages are MPI's sum
@@ -18,7 +18,10 @@
 
 typedef struct {
     bool we_initialised; /* MPI_Finalize is ours to call */
+    MPI_Comm comm;       /* MPI_COMM_WORLD, or a split's (freed with it) */
 } mpi_impl;
+
+static MPI_Comm comm_of(const dw_comm *c) { return ((const mpi_impl *)c->impl)->comm; }
 
 static MPI_Datatype mpi_type(dw_comm_type t) {
     switch (t) {
@@ -52,7 +55,7 @@ static dw_status mpi_all_reduce(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, d
     for (int64_t off = 0; off < n; off += INT_MAX) {
         const int k = (int)(n - off < INT_MAX ? n - off : INT_MAX);
         MPI_TRY(ctx, c, "MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * (size_t)es, k,
-                                                       mpi_type(t), MPI_SUM, MPI_COMM_WORLD));
+                                                       mpi_type(t), MPI_SUM, comm_of(c)));
     }
     if (op == DW_COMM_AVG) dw_comm_divide_host(buf, n, t, c->world);
     return DW_OK;
@@ -63,7 +66,7 @@ static dw_status mpi_reduce_scatter(dw_ctx *ctx, dw_comm *c, void *buf, int64_t 
     if (n_each > INT_MAX) return too_big(ctx, c, "reduce-scatter", n_each);
     /* in place, MPI puts this rank's block first; it belongs at rank x n_each */
     MPI_TRY(ctx, c, "MPI_Reduce_scatter_block",
-            MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n_each, mpi_type(t), MPI_SUM, MPI_COMM_WORLD));
+            MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, (int)n_each, mpi_type(t), MPI_SUM, comm_of(c)));
     const size_t blk = (size_t)n_each * (size_t)dw_comm_type_size(t);
     char *mine = (char *)buf + (size_t)c->rank * blk;
     if (c->rank) memmove(mine, buf, blk);
@@ -74,7 +77,7 @@ static dw_status mpi_reduce_scatter(dw_ctx *ctx, dw_comm *c, void *buf, int64_t 
 static dw_status mpi_all_gather(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n_each, dw_comm_type t) {
     if (n_each > INT_MAX) return too_big(ctx, c, "all-gather", n_each);
     MPI_TRY(ctx, c, "MPI_Allgather",
-            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n_each, mpi_type(t), MPI_COMM_WORLD));
+            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n_each, mpi_type(t), comm_of(c)));
     return DW_OK;
 }
 
@@ -83,13 +86,13 @@ static dw_status mpi_broadcast(dw_ctx *ctx, dw_comm *c, void *buf, int64_t n, dw
     for (int64_t off = 0; off < n; off += INT_MAX) {
         const int k = (int)(n - off < INT_MAX ? n - off : INT_MAX);
         MPI_TRY(ctx, c, "MPI_Bcast",
-                MPI_Bcast((char *)buf + (size_t)off * (size_t)es, k, mpi_type(t), root, MPI_COMM_WORLD));
+                MPI_Bcast((char *)buf + (size_t)off * (size_t)es, k, mpi_type(t), root, comm_of(c)));
     }
     return DW_OK;
 }
 
 static dw_status mpi_barrier(dw_ctx *ctx, dw_comm *c) {
-    MPI_TRY(ctx, c, "MPI_Barrier", MPI_Barrier(MPI_COMM_WORLD));
+    MPI_TRY(ctx, c, "MPI_Barrier", MPI_Barrier(comm_of(c)));
     return DW_OK;
 }
 
@@ -109,7 +112,7 @@ static dw_status mpi_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const
         so += send_counts[r], ro += recv_counts[r];
     }
     int rc = MPI_Alltoallv(send, ints, ints + W, mpi_type(t), recv, ints + 2 * W, ints + 3 * W, mpi_type(t),
-                           MPI_COMM_WORLD);
+                           comm_of(c));
     free(ints);
     return rc == MPI_SUCCESS ? DW_OK : mpi_fail(ctx, c, "MPI_Alltoallv", rc);
 }
@@ -125,13 +128,13 @@ static dw_status mpi_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
     MPI_Request *req = request_of(a);
     if (!reduce)
         MPI_TRY(ctx, c, "MPI_Iallreduce",
-                MPI_Iallreduce(MPI_IN_PLACE, a->buf, (int)a->n, mpi_type(a->t), MPI_SUM, MPI_COMM_WORLD, req));
+                MPI_Iallreduce(MPI_IN_PLACE, a->buf, (int)a->n, mpi_type(a->t), MPI_SUM, comm_of(c), req));
     else if (c->rank == a->root)
         MPI_TRY(ctx, c, "MPI_Ireduce", MPI_Ireduce(MPI_IN_PLACE, a->buf, (int)a->n, mpi_type(a->t), MPI_SUM, a->root,
-                                                   MPI_COMM_WORLD, req));
+                                                   comm_of(c), req));
     else
         MPI_TRY(ctx, c, "MPI_Ireduce",
-                MPI_Ireduce(a->buf, NULL, (int)a->n, mpi_type(a->t), MPI_SUM, a->root, MPI_COMM_WORLD, req));
+                MPI_Ireduce(a->buf, NULL, (int)a->n, mpi_type(a->t), MPI_SUM, a->root, comm_of(c), req));
     return DW_OK;
 }
 
@@ -140,7 +143,7 @@ static void mpi_finish(dw_comm *c, dw_comm_async *a) {
     a->done = true;
     a->seconds = dw_comm_now() - a->started;
     if (a->op == DW_COMM_AVG && (a->kind == DW_COMM_ASYNC_ALL_REDUCE || c->rank == a->root))
-        dw_comm_divide_host(a->buf, a->n, a->t, c->world);
+        dw_comm_divide_host(a->buf, a->n, a->t, a->divide_by);
 }
 
 static dw_status mpi_test(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
@@ -159,15 +162,40 @@ static dw_status mpi_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
 static void mpi_destroy(dw_comm *c, bool orderly) {
     mpi_impl *m = c->impl;
     int done = 0;
+    if (m->comm != MPI_COMM_WORLD && orderly && MPI_Finalized(&done) == MPI_SUCCESS && !done) MPI_Comm_free(&m->comm);
     if (orderly && m->we_initialised && MPI_Finalized(&done) == MPI_SUCCESS && !done) MPI_Finalize();
     free(m);
     free(c);
 }
 
+static const dw_comm_i mpi_i;
+
+static dw_status mpi_split(dw_ctx *ctx, dw_comm *c, int color, int sub_rank, int sub_world, dw_comm **out) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_TRY(ctx, c, "MPI_Comm_split", MPI_Comm_split(comm_of(c), color, c->rank, &sub));
+    MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+    int rank = -1, world = 0;
+    MPI_Comm_rank(sub, &rank);
+    MPI_Comm_size(sub, &world);
+    mpi_impl *m = calloc(1, sizeof *m);
+    dw_comm *s = calloc(1, sizeof *s);
+    if (!m || !s || rank != sub_rank || world != sub_world) {
+        free(m), free(s);
+        MPI_Comm_free(&sub);
+        return m && s ? dw_set_error(ctx, DW_ERR_IO, "mpi rank %d: MPI_Comm_split made rank %d of %d, expected %d of "
+                                     "%d", c->rank, rank, world, sub_rank, sub_world)
+                      : dw_set_error(ctx, DW_ERR_NOMEM, "mpi: out of memory");
+    }
+    m->comm = sub;
+    *s = (dw_comm){.i = &mpi_i, .rank = rank, .world = world, .local_rank = c->local_rank, .host = s, .impl = m};
+    *out = s;
+    return DW_OK;
+}
+
 static const dw_comm_i mpi_i = {
     .name = "mpi", .all_reduce = mpi_all_reduce, .reduce_scatter = mpi_reduce_scatter, .all_gather = mpi_all_gather,
     .broadcast = mpi_broadcast, .barrier = mpi_barrier, .all_to_all = mpi_all_to_all, .destroy = mpi_destroy,
-    .start = mpi_start, .test = mpi_test, .wait = mpi_wait};
+    .start = mpi_start, .test = mpi_test, .wait = mpi_wait, .split = mpi_split};
 
 bool dw_comm_mpi_built(void) { return true; }
 
@@ -188,6 +216,7 @@ dw_status dw_comm_mpi_create(dw_ctx *ctx, const dw_launch_env *env, dw_comm **ou
         return dw_set_error(ctx, DW_ERR_IO, "mpi: MPI_Init failed (launched by mpirun?)");
     }
     m->we_initialised = !init;
+    m->comm = MPI_COMM_WORLD;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);

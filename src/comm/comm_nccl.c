@@ -38,6 +38,8 @@ typedef struct {
     ncclResult_t (*reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*premul_sum)(ncclRedOp_t *, void *, ncclDataType_t, ncclScalarResidence_t, ncclComm_t); /* or NULL */
+    ncclResult_t (*op_destroy)(ncclRedOp_t, ncclComm_t);
     ncclResult_t (*group_start)(void);
     ncclResult_t (*group_end)(void);
 } nc_api;
@@ -72,6 +74,8 @@ static bool nc_load_syms(void *lib) {
     NC_SYM(recv, "ncclRecv");
     NC_SYM(group_start, "ncclGroupStart");
     NC_SYM(group_end, "ncclGroupEnd");
+    *(void **)&nc.premul_sum = dlsym(lib, "ncclRedOpCreatePreMulSum"); /* NCCL 2.11: averages over other counts */
+    *(void **)&nc.op_destroy = dlsym(lib, "ncclRedOpDestroy");
     return true;
 }
 
@@ -219,9 +223,22 @@ static dw_status nccl_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
         return dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: timing events: %s", c->rank,
                             cudaGetErrorString(cudaGetLastError()));
     }
-    const ncclRedOp_t op = a->op == DW_COMM_AVG ? ncclAvg : ncclSum;
-    dw_status st = enter(ctx, c);
+    ncclRedOp_t op = a->op == DW_COMM_AVG ? ncclAvg : ncclSum;
+    float scale_f = 1.0f / (float)a->divide_by;
+    double scale_d = 1.0 / (double)a->divide_by;
     ncclResult_t rc = ncclSuccess;
+    bool premul = a->op == DW_COMM_AVG && a->divide_by != c->world; /* x / divide_by summed */
+    if (premul && (!nc.premul_sum || !nc.op_destroy || (a->t != DW_COMM_F32 && a->t != DW_COMM_F64))) {
+        drop_events(ev);
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "nccl rank %d: an average over %d of %d ranks needs "
+                            "ncclRedOpCreatePreMulSum (NCCL 2.11)", c->rank, a->divide_by, c->world);
+    }
+    if (premul) rc = nc.premul_sum(&op, a->t == DW_COMM_F32 ? (void *)&scale_f : (void *)&scale_d, nc_type(a->t),
+                                   ncclScalarHostImmediate, m->comm);
+    const bool made_op = premul && rc == ncclSuccess;
+    dw_status st = rc == ncclSuccess ? enter(ctx, c)
+                                     : dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: ncclRedOpCreatePreMulSum: %s",
+                                                    c->rank, nc.err_str(rc));
     if (st == DW_OK && cudaEventRecord(ev->begin, m->stream) != cudaSuccess)
         st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: cudaEventRecord", c->rank);
     if (st == DW_OK && a->kind == DW_COMM_ASYNC_REDUCE)
@@ -234,6 +251,7 @@ static dw_status nccl_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
                           nc.err_str(rc));
     if (st == DW_OK && cudaEventRecord(ev->end, m->stream) != cudaSuccess)
         st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: cudaEventRecord", c->rank);
+    if (made_op) nc.op_destroy(op, m->comm); /* the enqueued collective keeps it */
     if (st != DW_OK) drop_events(ev);
     return st;
 }
@@ -274,11 +292,21 @@ static void nccl_destroy(dw_comm *c, bool orderly) {
     free(c);
 }
 
+/* A split: the host communicator split alike, and a new NCCL communicator over it (which owns it). */
+static dw_status nccl_split(dw_ctx *ctx, dw_comm *c, int color, int sub_rank, int sub_world, dw_comm **out) {
+    (void)sub_rank, (void)sub_world;
+    dw_comm *host = NULL;
+    DW_TRY(dw_comm_split(ctx, c->host, color, &host));
+    dw_status st = dw_comm_nccl_create(ctx, host, out);
+    if (st != DW_OK) dw_comm_free(host, false);
+    return st;
+}
+
 static const dw_comm_i nccl_i = {
     .name = "nccl", .device_memory = true, .all_reduce = nccl_all_reduce, .reduce_scatter = nccl_reduce_scatter,
     .all_gather = nccl_all_gather, .broadcast = nccl_broadcast, .barrier = nccl_barrier,
     .all_to_all = nccl_all_to_all, .destroy = nccl_destroy, .start = nccl_start, .test = nccl_test,
-    .wait = nccl_wait};
+    .wait = nccl_wait, .split = nccl_split};
 
 dw_status dw_comm_nccl_create(dw_ctx *ctx, dw_comm *host, dw_comm **out) {
     *out = NULL;

@@ -4,7 +4,8 @@
  * on every rank and from run to run. Bandwidth goes through rank 0 (N-1 copies each way): meant
  * for CPU ranks on one node and for bootstrapping NCCL, not for moving GPU gradients. Every wait
  * is bounded by the timeout; a peer that closed its socket (it failed or died) is an error naming
- * it. Not MPI (comm_mpi.c). */
+ * it. A split is a star of its own through each color's first rank, on a port the system picks.
+ * Not MPI (comm_mpi.c). */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -223,9 +224,12 @@ static void tcp_destroy(dw_comm *c, bool orderly) {
     free(c);
 }
 
+static dw_status tcp_split(dw_ctx *ctx, dw_comm *c, int color, int sub_rank, int sub_world, dw_comm **out);
+
 static const dw_comm_i tcp_i = {
     .name = "tcp", .all_reduce = tcp_all_reduce, .reduce_scatter = tcp_reduce_scatter, .all_gather = tcp_all_gather,
-    .broadcast = tcp_broadcast, .barrier = tcp_barrier, .all_to_all = tcp_all_to_all, .destroy = tcp_destroy};
+    .broadcast = tcp_broadcast, .barrier = tcp_barrier, .all_to_all = tcp_all_to_all, .destroy = tcp_destroy,
+    .split = tcp_split};
 
 /* ---- rendezvous ------------------------------------------------------------------------------- */
 static void tune(int fd) {
@@ -233,9 +237,9 @@ static void tune(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/* Rank 0: listens on port and accepts world - 1 ranks, each saying who it is. */
-static dw_status accept_ranks(dw_ctx *ctx, dw_comm *c, int port) {
-    tcp_impl *t = c->impl;
+/* A socket listening on port of every interface (0: one the system picks; *bound gets it). */
+static dw_status listen_on(dw_ctx *ctx, int port, int backlog, int *ls_out, int *bound) {
+    *ls_out = -1;
     int ls = socket(AF_INET6, SOCK_STREAM, 0), v6 = ls >= 0;
     if (ls < 0) ls = socket(AF_INET, SOCK_STREAM, 0);
     if (ls < 0) return dw_set_error(ctx, DW_ERR_IO, "tcp rank 0: socket: %s", strerror(errno));
@@ -245,12 +249,23 @@ static dw_status accept_ranks(dw_ctx *ctx, dw_comm *c, int port) {
     struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port), .sin6_addr = in6addr_any};
     struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = INADDR_ANY};
     int rc = v6 ? bind(ls, (struct sockaddr *)&a6, sizeof a6) : bind(ls, (struct sockaddr *)&a4, sizeof a4);
-    if (rc != 0 || listen(ls, c->world) != 0) {
-        dw_status st = dw_set_error(ctx, DW_ERR_IO, "tcp rank 0: cannot listen on port %d (MASTER_PORT): %s", port,
-                                    strerror(errno));
+    socklen_t len = v6 ? sizeof a6 : sizeof a4;
+    if (rc == 0) rc = listen(ls, backlog);
+    if (rc == 0) rc = v6 ? getsockname(ls, (struct sockaddr *)&a6, &len) : getsockname(ls, (struct sockaddr *)&a4, &len);
+    if (rc != 0) {
+        dw_status st = dw_set_error(ctx, DW_ERR_IO, "tcp rank 0: cannot listen on port %d%s: %s", port,
+                                    port ? " (MASTER_PORT)" : "", strerror(errno));
         close(ls);
         return st;
     }
+    *bound = ntohs(v6 ? a6.sin6_port : a4.sin_port);
+    *ls_out = ls;
+    return DW_OK;
+}
+
+/* Rank 0: accepts world - 1 ranks on the listening socket ls (closed here), each saying who it is. */
+static dw_status accept_ranks(dw_ctx *ctx, dw_comm *c, int ls, int port) {
+    tcp_impl *t = c->impl;
     dw_status st = DW_OK;
     for (int k = 1; st == DW_OK && k < c->world; k++) {
         struct pollfd p = {.fd = ls, .events = POLLIN};
@@ -325,11 +340,9 @@ static dw_status connect_root(dw_ctx *ctx, dw_comm *c, const char *addr, int por
     return DW_OK;
 }
 
-dw_status dw_comm_tcp_create(dw_ctx *ctx, int rank, int world, int local_rank, const char *addr, int port,
-                             double timeout_s, dw_comm **out) {
+/* A tcp communicator's memory, before its rendezvous. */
+static dw_status tcp_new(dw_ctx *ctx, int rank, int world, int local_rank, double timeout_s, dw_comm **out) {
     *out = NULL;
-    if (world < 1 || rank < 0 || rank >= world || port < 1 || port > 65535 || !(timeout_s > 0) || !addr)
-        return dw_set_error(ctx, DW_ERR_INVALID, "tcp: rank %d of %d, port %d, timeout %g", rank, world, port, timeout_s);
     dw_comm *c = calloc(1, sizeof *c);
     tcp_impl *t = calloc(1, sizeof *t);
     if (c) *c = (dw_comm){.i = &tcp_i, .rank = rank, .world = world, .local_rank = local_rank, .host = c, .impl = t};
@@ -344,11 +357,74 @@ dw_status dw_comm_tcp_create(dw_ctx *ctx, int rank, int world, int local_rank, c
         else if (t) free(t->fd), free(t->scratch), free(t);
         return dw_set_error(ctx, DW_ERR_NOMEM, "tcp: out of memory");
     }
-    dw_status st = world == 1 ? DW_OK : rank == 0 ? accept_ranks(ctx, c, port) : connect_root(ctx, c, addr, port);
+    *out = c;
+    return DW_OK;
+}
+
+dw_status dw_comm_tcp_create(dw_ctx *ctx, int rank, int world, int local_rank, const char *addr, int port,
+                             double timeout_s, dw_comm **out) {
+    *out = NULL;
+    if (world < 1 || rank < 0 || rank >= world || port < 1 || port > 65535 || !(timeout_s > 0) || !addr)
+        return dw_set_error(ctx, DW_ERR_INVALID, "tcp: rank %d of %d, port %d, timeout %g", rank, world, port, timeout_s);
+    dw_comm *c = NULL;
+    DW_TRY(tcp_new(ctx, rank, world, local_rank, timeout_s, &c));
+    int ls = -1, bound = 0;
+    dw_status st = world == 1 || rank != 0 ? DW_OK : listen_on(ctx, port, world, &ls, &bound);
+    if (st == DW_OK && world > 1) st = rank == 0 ? accept_ranks(ctx, c, ls, port) : connect_root(ctx, c, addr, port);
     if (st != DW_OK) {
         tcp_destroy(c, false);
         return st;
     }
     *out = c;
+    return DW_OK;
+}
+
+/* ---- split: a star through each color's first rank, on a port the system picks ------------------ */
+typedef struct {
+    char host[240]; /* a color's first rank: its host name */
+    int64_t color;
+    int64_t port;   /* a color's first rank: its port (0: it could not listen), else -1 */
+} tcp_where;
+
+static dw_status tcp_split(dw_ctx *ctx, dw_comm *c, int color, int sub_rank, int sub_world, dw_comm **out) {
+    const tcp_impl *t = c->impl;
+    tcp_where *where = calloc((size_t)c->world, sizeof *where);
+    if (!where) return dw_set_error(ctx, DW_ERR_NOMEM, "tcp split: out of memory");
+    int ls = -1, bound = 0;
+    dw_status st = sub_rank == 0 && sub_world > 1 ? listen_on(ctx, 0, sub_world, &ls, &bound) : DW_OK;
+    tcp_where *me = &where[c->rank];
+    me->color = color, me->port = sub_rank == 0 ? bound : -1;
+    if (sub_rank == 0 && gethostname(me->host, sizeof me->host - 1) != 0)
+        snprintf(me->host, sizeof me->host, "localhost");
+    /* every rank learns every first rank's address (one that could not listen sends port 0) */
+    dw_status ex = dw_comm_all_gather(ctx, c, where, (int64_t)sizeof *where, DW_COMM_BYTE);
+    if (st == DW_OK) st = ex;
+    int root = 0;
+    while (root < c->rank && where[root].color != color) root++;
+    char host[sizeof where->host];
+    snprintf(host, sizeof host, "%s", where[root].host);
+    const int port = (int)where[root].port;
+    if (st == DW_OK && sub_rank > 0) { /* the same host name: this node, by loopback */
+        char mine[sizeof where->host] = "";
+        if (gethostname(mine, sizeof mine - 1) == 0 && !strcmp(mine, host)) snprintf(host, sizeof host, "127.0.0.1");
+    }
+    free(where);
+    if (st == DW_OK && sub_world == 1) { /* alone in its color, after the exchange every rank joins */
+        st = dw_comm_self_create(ctx, out);
+        if (st == DW_OK) (*out)->local_rank = c->local_rank;
+        return st;
+    }
+    if (st == DW_OK && port < 1)
+        st = dw_set_error(ctx, DW_ERR_IO, "tcp rank %d: split: rank %d, the first of color %d, could not listen",
+                          c->rank, root, color);
+    dw_comm *s = NULL;
+    if (st == DW_OK) st = tcp_new(ctx, sub_rank, sub_world, c->local_rank, t->timeout_s, &s);
+    if (st == DW_OK) st = sub_rank == 0 ? accept_ranks(ctx, s, ls, port) : connect_root(ctx, s, host, port);
+    else if (ls >= 0) close(ls);
+    if (st != DW_OK) {
+        if (s) tcp_destroy(s, false);
+        return dw_prefix_error(ctx, st, "tcp split (color %d, rank %d of %d)", color, sub_rank, sub_world);
+    }
+    *out = s;
     return DW_OK;
 }
