@@ -66,6 +66,9 @@ void dw_dp_free(dw_dp *d) {
         DW_LOGI("data parallel: %lld bucket reductions started during backward", (long long)d->overlapped);
     dw_dp_overlap_detach(d);
     dw_dp_buckets_free(&d->buckets);
+    dw_comm_free(d->replicas, true);
+    free(d->slices);
+    d->replicas = NULL, d->slices = NULL, d->n_slices = 0;
     free(d->async);
     free(d->times);
     d->async = NULL, d->times = NULL;
@@ -88,11 +91,12 @@ dw_status dw_dp_broadcast_weights(dw_dp *d) {
     return dw_engine_refresh(d->eng);
 }
 
-/* Sum of squares of the shard's gradients (this rank's part of the global norm). */
-static dw_status shard_sumsq(dw_dp *d, double *out) {
+dw_status dw_dp_range_sumsq(dw_dp *d, int64_t lo, int64_t hi, double *out) {
     dw_exec *x = d->eng->x;
+    *out = 0;
+    if (hi <= lo) return DW_OK;
     if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
-        *out = dw_cpu_sumsq(x->grad + d->lo, d->hi - d->lo);
+        *out = dw_cpu_sumsq(x->grad + lo, hi - lo);
         return DW_OK;
     }
 #if DW_HAVE_CUDA
@@ -101,7 +105,7 @@ static dw_status shard_sumsq(dw_dp *d, double *out) {
     double norm = 0;
     double *dnorm = (double *)(x->work + p->work.norm);
     DW_TRY(dw_ctx_stream(d->ctx, &stream));
-    DW_TRY(dw_cuda_grad_norm(d->ctx, x->grad + d->lo, d->hi - d->lo, (double *)(x->work + p->work.partials),
+    DW_TRY(dw_cuda_grad_norm(d->ctx, x->grad + lo, hi - lo, (double *)(x->work + p->work.partials),
                              DW_COMPILE_NORM_BLOCKS, dnorm, stream));
     DW_TRY(d->eng->be->i->download(d->eng->be, &norm, dnorm, sizeof norm));
     *out = norm * norm;
@@ -111,11 +115,11 @@ static dw_status shard_sumsq(dw_dp *d, double *out) {
 #endif
 }
 
-/* AdamW over the shard [lo, hi) with the global norm (decay parameters come first in the pools). */
-static dw_status shard_adamw(dw_dp *d, const dw_adamw_args *a, double norm) {
+dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64_t lo, int64_t hi) {
     dw_exec *x = d->eng->x;
-    const int64_t lo = d->lo, n = d->hi - d->lo, decay = d->eng->p->decay_floats;
+    const int64_t n = hi - lo, decay = d->eng->p->decay_floats;
     const int64_t n_decay = decay <= lo ? 0 : decay - lo < n ? decay - lo : n;
+    if (n <= 0) return DW_OK;
     if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
         dw_cpu_adamw(x->w + lo, x->grad + lo, x->m + lo, x->v + lo, n, n_decay, norm, a);
         return DW_OK;
@@ -151,14 +155,14 @@ static dw_status shard_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, doub
     dw_adamw_args a;
     DW_TRY(dw_engine_adamw_args(d->eng, o, step, &a)); /* what dw_engine_step would take */
     double sumsq = 0;
-    DW_TRY(shard_sumsq(d, &sumsq));
+    DW_TRY(dw_dp_range_sumsq(d, d->lo, d->hi, &sumsq));
     DW_TRY(dw_comm_all_reduce(d->ctx, d->host, &sumsq, 1, DW_COMM_F64, DW_COMM_SUM));
     const double norm = sqrt(sumsq);
     *norm_out = norm;
     if (!isfinite(norm))
         return dw_set_error(d->ctx, DW_ERR_NUMERIC, "adamw step %lld: gradient norm %g is not finite; parameters "
                             "left unchanged", (long long)step, norm);
-    DW_TRY(shard_adamw(d, &a, norm));
+    DW_TRY(dw_dp_range_adamw(d, &a, norm, d->lo, d->hi));
     DW_TRY(gather_pool(d, d->eng->x->w));
     return dw_engine_refresh(d->eng); /* BF16 copies and quantised weights from the gathered masters */
 }
@@ -167,6 +171,7 @@ dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *nor
     *norm = 0;
     if (d->world == 1) return dw_engine_step(d->eng, o, step, norm);
     if (d->zero > 0) return shard_step(d, o, step, norm);
+    if (d->n_slices) return dw_dp_experts_step(d, o, step, norm); /* --ep: each rank its own experts */
     return dw_engine_step(d->eng, o, step, norm); /* the gradients averaged already */
 }
 
@@ -186,6 +191,7 @@ static uint64_t fnv1a(const void *p, size_t n) {
 
 dw_status dw_dp_check_weights(dw_dp *d, int64_t step) {
     if (d->world == 1) return DW_OK;
+    DW_TRY(dw_dp_gather_experts(d)); /* --ep: every expert current everywhere, as a checkpoint needs */
     const size_t bytes = (size_t)d->floats * sizeof(float);
     float *w = d->eng->x->w;
     float *host = NULL;

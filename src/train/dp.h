@@ -28,6 +28,7 @@
 
 #include "comm/comm.h"
 #include "deepwell.h"
+#include "kernels/adamw_args.h"
 
 /* One bucket of the flat pools. */
 typedef struct {
@@ -46,6 +47,13 @@ dw_status dw_dp_buckets_plan(dw_ctx *ctx, const dw_compiled *p, int64_t bucket_f
 void dw_dp_buckets_free(dw_dp_buckets *b);
 /* DW_DP_BUCKET_FLOATS (default 4 Mi floats, 16 MiB); DW_ERR_INVALID naming it when not a positive count. */
 dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
+
+/* An expert parameter's slice of one expert group: [begin, end) floats, group j's experts. */
+typedef struct {
+    int64_t begin, end;
+    int j;
+} dw_dp_slice;
+typedef struct dw_ep dw_ep;
 
 typedef struct {
     dw_ctx *ctx;
@@ -69,6 +77,13 @@ typedef struct {
     int64_t overlapped;   /* buckets started during backward, over the run (the log's count) */
     double comm_s, exposed_s; /* this step's collectives' own seconds; seconds waited after backward */
     double *times;        /* (4 x world) dw_dp_report_times: gathered pairs, then comm and exposed */
+    /* --ep K with ZeRO-0 (dp_experts.c): each expert parameter's slices of the K expert groups, by
+     * begin; this rank's (group rank mod K) are reduced over `replicas`, the ranks holding the same
+     * experts, and stepped here; the others are neither reduced nor stepped */
+    int ep_k, ep_j;
+    int n_slices;
+    dw_dp_slice *slices;
+    dw_comm *replicas;
 } dw_dp;
 
 /* The job's communicator for the engine's device, the buckets and their shards; overlap: the
@@ -101,6 +116,24 @@ void dw_dp_take_times(dw_dp *d, double *comm_s, double *exposed_s);
 /* Several ranks: every rank's times of this step (dw_dp_take_times) gathered into p's ranks,
  * comm_s and exposed_comm_s (pointing into d, valid until the next call); one rank: nothing. */
 dw_status dw_dp_report_times(dw_dp *d, dw_train_progress *p);
+/* --ep K (ep not NULL, several ranks): ZeRO-0 reduces each rank's experts' gradients only among the
+ * ranks holding the same experts (a split of the communicator by rank mod K) and steps only them
+ * and the dense parameters; ZeRO-1/2 keep reducing the whole pool (logged). */
+dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep);
+/* --ep with ZeRO-0: every expert's weights and moments from the first group's owner to every rank,
+ * the derived copies refreshed (before a checkpoint, the weight check, what rank 0 runs alone);
+ * otherwise nothing. Every rank calls it. */
+dw_status dw_dp_gather_experts(dw_dp *d);
+
+/* dp.c and dp_experts.c, within data parallelism: the sum of squares of gradients [lo, hi) and
+ * AdamW over [lo, hi) of the pools with the global norm (decay parameters first in the pools). */
+dw_status dw_dp_range_sumsq(dw_dp *d, int64_t lo, int64_t hi, double *out);
+dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64_t lo, int64_t hi);
+/* dp_experts.c: the optimizer step of --ep with ZeRO-0; bucket i's collectives (its dense parts
+ * over every rank, its part of this rank's experts over the replicas). */
+dw_status dw_dp_experts_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm);
+dw_status dw_dp_experts_start_bucket(dw_dp *d, int i);
+
 /* dp_overlap.c, for dp.c: the executor's after_step hook attached (several ranks, overlap on) or
  * detached (recording as the engine's options say again, unless expert parallelism holds it off). */
 dw_status dw_dp_overlap_attach(dw_dp *d);

@@ -14,6 +14,7 @@
 /* Bucket i's collectives: ZeRO-0 its all-reduce; ZeRO-1/2 a reduce of its part in each rank's
  * shard, to that rank. */
 static dw_status start_bucket(dw_dp *d, int i) {
+    if (d->n_slices) return dw_dp_experts_start_bucket(d, i); /* --ep: experts among their replicas */
     const dw_dp_bucket *b = &d->buckets.b[i];
     float *g = d->eng->x->grad;
     const dw_comm_op op = d->zero == 2 ? DW_COMM_SUM : DW_COMM_AVG;

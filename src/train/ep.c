@@ -52,6 +52,8 @@ struct dw_ep {
     int64_t *counts, *count_send, *count_recv, *count_rc, *bytes_s, *bytes_r; /* (E), (W), (E), (W), (W), (W) */
     int64_t bytes;          /* of the buffers above, in the backend's memory */
     bool suspended;
+    dw_ep_param *params;    /* (n_params) the expert ops' parameters */
+    int n_params;
 };
 
 static int64_t width_of(const dw_ep *ep, int t) { return ep->eng->p->tensor[t].width; }
@@ -292,6 +294,34 @@ static dw_status alloc_all(dw_ep *ep) {
     return alloc_buf(ep, stage * (int64_t)ep->act, &ep->stage);
 }
 
+/* The expert ops' parameters with the experts as their first dimension, each once. */
+static dw_status find_params(dw_ep *ep) {
+    const dw_graph *g = ep->eng->g;
+    const dw_compiled *p = ep->eng->p;
+    ep->params = calloc((size_t)p->n_params + 1, sizeof *ep->params);
+    if (!ep->params) return dw_set_error(ep->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (ep->role[i] != ROLE_EXPERT) continue;
+        const dw_ir_node *n = &g->nodes[i];
+        for (int s = 0; s < n->n_in; s++) {
+            const dw_ir_tensor *t = &g->tensors[n->in[s]];
+            if (t->kind != DW_TENSOR_PARAM || t->ndim < 2 || t->shape[0] != ep->l.experts) continue;
+            const int64_t off = p->param_off[p->tensor[n->in[s]].param];
+            bool seen = false;
+            for (int k = 0; k < ep->n_params; k++) seen |= ep->params[k].off == off;
+            if (!seen) ep->params[ep->n_params++] = (dw_ep_param){.off = off, .numel = dw_ir_numel(t)};
+        }
+    }
+    return DW_OK;
+}
+
+int dw_ep_params(const dw_ep *ep, const dw_ep_param **out) {
+    *out = ep ? ep->params : NULL;
+    return ep ? ep->n_params : 0;
+}
+
+int dw_ep_group_size(const dw_ep *ep) { return ep ? ep->l.group : 1; }
+
 /* ---- lifetime --------------------------------------------------------------------------------- */
 dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
     *out = NULL;
@@ -331,6 +361,7 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
             st = dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
     }
     if (st == DW_OK) st = alloc_all(ep); /* find_layers' marks become buffers */
+    if (st == DW_OK) st = find_params(ep);
     if (st != DW_OK) {
         dw_ep_free(ep);
         return st;
@@ -375,5 +406,6 @@ void dw_ep_free(dw_ep *ep) {
     if (ep->stage) be->i->release(be, ep->stage);
     free(ep->counts), free(ep->count_recv), free(ep->count_send), free(ep->count_rc), free(ep->bytes_s), free(ep->bytes_r);
     free(ep->layer), free(ep->role), free(ep->layer_of), free(ep->val), free(ep->grad), free(ep->cap);
+    free(ep->params);
     free(ep);
 }

@@ -12,6 +12,7 @@
 #define DW_TRAIN_EP_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "comm/comm.h"
 #include "deepwell.h"
@@ -24,6 +25,16 @@ typedef struct dw_ep dw_ep;
  * DW_ERR_UNSUPPORTED naming the node when an expert op needs a workspace sized for one rank's
  * rows. Recording (CUDA graphs) is turned off: the exchanges wait for the counts on the host. */
 dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out);
+/* The expert parameters (the weights of the expert ops, whose first dimension is the experts): n
+ * of them, each [off, off + numel) in floats of the parameter pools, expert e's part the e-th of E
+ * equal slices; the rank of local index j = rank mod K owns slices [j E/K, (j+1) E/K). *out owned
+ * by ep. NULL ep: 0. */
+typedef struct {
+    int64_t off, numel;
+} dw_ep_param;
+int dw_ep_params(const dw_ep *ep, const dw_ep_param **out);
+/* K, the ranks of a group (NULL: 1). */
+int dw_ep_group_size(const dw_ep *ep);
 /* Detaches from the executor and frees; NULL is harmless. */
 void dw_ep_free(dw_ep *ep);
 /* While suspended the MoE layers run all their experts locally (no exchange): for what one rank

@@ -548,7 +548,9 @@ static dw_status loop(run *r) {
         if (lead) DW_TRY(dw_metrics_write(r->ctx, r->metrics, &p, r->tokens_seen));
         char *sample = NULL, *ckpt = NULL;
         dw_status st = DW_OK;
-        if (lead && o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last)) {
+        const bool sample_now = o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last);
+        if (sample_now) st = dw_dp_gather_experts(&r->dp); /* every rank: rank 0 samples with every expert */
+        if (st == DW_OK && lead && sample_now) {
             dw_ep_suspend(r->ep, true); /* rank 0 alone: every expert here (ep.h) */
             st = make_sample(r, &sample);
             dw_ep_suspend(r->ep, false);
@@ -610,6 +612,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
 #endif
     int lock = -1; /* one run per directory, taken (by rank 0) before anything in it is read or written */
     st = dw_ep_create(e, r.dp.comm, o.ep, &r.ep); /* --ep > 1: the MoE layers' hook */
+    if (st == DW_OK) st = dw_dp_set_experts(&r.dp, r.ep); /* ZeRO-0: each rank steps its own experts */
     if (st == DW_OK && r.dp.rank == 0) st = mkdirs(ctx, o.out_dir);
     if (st == DW_OK && r.dp.rank == 0) st = dw_run_lock(ctx, o.out_dir, &lock);
     if (st == DW_OK) st = setup(&r);

@@ -12,7 +12,9 @@
 # writes the whole model: the ranks hold identical weights), matches --ep 1's and resumes on one
 # rank with the same losses; rank 0's samples run while the others wait; bad --ep values are
 # refused naming both numbers. BF16 programs (2-byte rows), ZeRO-1/2 and experts over capacity
-# (dropped assignments) agree the same way.
+# (dropped assignments) agree the same way. ZeRO-0 reduces each rank's expert gradients only among
+# the ranks holding the same experts: without clipping, bit for bit what reducing the whole pool
+# (ZeRO-1) gives, on 2 and 4 ranks.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -93,6 +95,36 @@ for z in ("z1", "z2"):
         for k in ("loss", "grad_norm"):
             assert abs(x[k] - y[k]) <= 1e-6 * abs(x[k]), (z, k, x, y)
 PY
+
+# ZeRO-0 reduces each rank's expert gradients only among the ranks holding the same experts and steps
+# only its own experts and the dense parameters (the rest comes from their owners at a checkpoint);
+# ZeRO-1 reduces the whole pool, the others' zeros included. Without clipping (whose global norm the
+# two sum in other orders) every element's AdamW is the same arithmetic on the same gradient (g + 0
+# = g; tcp adds in rank order for both): the same losses and checkpoint bytes, on 2 ranks (each
+# rank alone with its experts) and on 4 (two ranks per expert, 2 micro-batches per step)
+for n in 2 4; do
+  gb=$((n == 4 ? 16 : 4))
+  "$dw" launch -n $n -- "${run[@]}" --ep 2 --clip 0 --global-batch $gb --eval-every 0 --ckpt-every 3 --out "$tmp/l$n" \
+    >/dev/null 2>"$tmp/errl$n"
+  check "--ep 2 on $n ranks, ZeRO-0: experts reduced among their holders" 0 $?
+  "$dw" launch -n $n -- "${run[@]}" --ep 2 --clip 0 --global-batch $gb --eval-every 0 --ckpt-every 3 --zero 1 \
+    --out "$tmp/w$n" >/dev/null 2>&1
+  check "  ... and ZeRO-1, which reduces the whole pool" 0 $?
+  has "  ... as each rank says" "$tmp/errl$n" "reduced among the $((n / 2)) rank" "the dense parameters among all $n"
+  same=1
+  for c in 3 6; do
+    for f in $(cd "$tmp/w$n/ckpt-$c" && ls *.safetensors); do
+      cmp -s "$tmp/l$n/ckpt-$c/$f" "$tmp/w$n/ckpt-$c/$f" || same=0
+    done
+  done
+  python3 - "$tmp/l$n/metrics.jsonl" "$tmp/w$n/metrics.jsonl" <<'PY' || same=0
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(a) == len(b) == 6 and [x["loss"] for x in a] == [x["loss"] for x in b], (a, b)
+PY
+  [ $same = 1 ] && ok "  ... the same losses and checkpoints (steps 3 and 6), bit for bit" ||
+    bad "  ... expert-local reduction differs from the whole pool's on $n ranks"
+done
 
 # experts over capacity (config.json capacity_factor 0.6: about half the assignments dropped, each
 # rank's dispatch dropping its own): the same agreement
