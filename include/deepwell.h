@@ -437,17 +437,23 @@ DW_API const char *dw_graph_config_json(const dw_graph *g);
  * Precision policy                                           [section: precision]
  * ====================================================================================== */
 
-/* A precision policy: default recipe, ordered rules on node names/op types, optional "safe"
- * fallback that keeps embeddings, the LM head, MoE routers and the first and last block in BF16. */
+/* A precision policy: default recipe, ordered rules on node names/op types, and a fallback for
+ * nodes no rule names: "head" (the default) keeps the LM head in BF16, as torchao and torchtitan
+ * do; "safe" also embeddings, MoE routers and the first and last block; "none" nothing. */
 typedef struct dw_policy dw_policy;
 
-/* Loads a policy JSON file: {"default":"fp8_block","fallback":"safe",
+/* Loads a policy JSON file: {"default":"fp8_block","fallback":"safe" (or "head", the default when
+ * absent, or "none"),
  * "rules":[{"match":"*.self_attn.*","op":"linear","recipe":"bf16"}]}. Errors name the file and
  * the field (unknown recipe names list the known ones). */
 DW_API dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out);
-/* A policy with only a default recipe ("bf16", "fp8_block", "mxfp8", "nvfp4", ...). */
+/* A policy with only a default recipe ("bf16", "fp8_block", "mxfp8", "nvfp4", ...); fallback
+ * "safe" when fallback_safe, else "head". */
 DW_API dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallback_safe,
                                    dw_policy **out);
+/* Sets the fallback: "safe", "head" or "none" (the LM head quantised like the rest); anything
+ * else is DW_ERR_INVALID. */
+DW_API dw_status dw_policy_set_fallback(dw_ctx *ctx, dw_policy *p, const char *fallback);
 /* The policy as JSON (the same schema); caller frees with dw_free_string. */
 DW_API dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out);
 DW_API void dw_policy_free(dw_policy *p);

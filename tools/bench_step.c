@@ -16,7 +16,7 @@ static const char *CMD = "bench step";
 int dw_bench_step(int argc, char **argv); /* dispatched by cmd_bench.c */
 
 static void help(void) {
-    printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision R|fp32] [--fallback safe]\n"
+    printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision R|fp32] [--fallback F]\n"
            "                          [--steps N]\n"
            "                          [--warmup N] [--vocab V] [--json] [--profile] [--config-out FILE]\n"
            "                          [--peak-tflops P] [--recompute none|full|N]\n\n"
@@ -37,7 +37,8 @@ static void help(void) {
            "  --precision R     bf16 (default: BF16 activations, cuBLASLt BF16 GEMMs), a recipe for\n"
            "                    the linear layers (fp8_block, mxfp8, nvfp4, ...: as `deepwell train\n"
            "                    --precision`) or fp32 (the FP32 reference GEMM)\n"
-           "  --fallback safe   with a recipe: embeddings, LM head, first and last block in BF16\n"
+           "  --fallback F      with a recipe, what stays BF16: head (default) the LM head; safe also\n"
+           "                    embeddings and the first and last block; none nothing\n"
            "  --steps N         timed steps (default 20)\n"
            "  --warmup N        extra untimed steps after the two warm-up steps (default 3)\n"
            "  --vocab V         override the vocabulary size (e.g. 50304: GPT-2's padded vocabulary)\n"
@@ -75,7 +76,7 @@ int dw_bench_step(int argc, char **argv) {
     long B = 16, T = 1024, steps = 20, warm = 3, V = 0;
     double peak = 989.0;
     const char *precision = "bf16", *config_out = NULL;
-    bool safe = false;
+    const char *fallback = "head";
     bool json = false, profile = false;
     int c, recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
     optind = 1;
@@ -88,11 +89,11 @@ int dw_bench_step(int argc, char **argv) {
         case 'V': if (!cli_parse_int(CMD, "--vocab", optarg, 1, 1 << 30, &V)) return DW_EXIT_USAGE; break;
         case 'p': precision = optarg; break;
         case 'f':
-            if (strcmp(optarg, "safe") && strcmp(optarg, "none")) {
-                cli_error(CMD, "--fallback must be 'safe' or 'none', not '%s'", optarg);
+            if (strcmp(optarg, "safe") && strcmp(optarg, "head") && strcmp(optarg, "none")) {
+                cli_error(CMD, "--fallback must be 'safe', 'head' or 'none', not '%s'", optarg);
                 return DW_EXIT_USAGE;
             }
-            safe = !strcmp(optarg, "safe");
+            fallback = optarg;
             break;
         case 'j': json = true; break;
         case 'P': profile = true; break;
@@ -133,7 +134,8 @@ int dw_bench_step(int argc, char **argv) {
     dw_capture_opts_init(&co, sizeof co);
     co.batch = B, co.seq = T, co.vocab = V;
     dw_status s = dw_capture(ctx, argv[optind], &co, &g);
-    if (s == DW_OK && strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, safe, &pol);
+    if (s == DW_OK && strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, false, &pol);
+    if (s == DW_OK && pol) s = dw_policy_set_fallback(ctx, pol, fallback);
     if (s != DW_OK) {
         rc = cli_fail(CMD, ctx, s);
         goto done;

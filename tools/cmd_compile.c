@@ -9,7 +9,7 @@
 #include "cli.h"
 
 static void help(void) {
-    printf("Usage: deepwell compile MODEL [--precision R | --policy FILE] [--fallback safe]\n"
+    printf("Usage: deepwell compile MODEL [--precision R | --policy FILE] [--fallback F]\n"
            "                        [--batch B] [--seq T] [--target cuda|cpu] [--sm N] [--recompute none|full|N]\n"
            "                        [--report]\n\n"
            "Compiles MODEL's training graph into the program an engine runs (steps, kernel binding,\n"
@@ -25,8 +25,8 @@ static void help(void) {
            "                   target, with the kernel the GEMM registry picks and why\n"
            "  --policy FILE    a precision policy JSON ({\"default\": ..., \"fallback\": ...,\n"
            "                   \"rules\": [...]}) instead of --precision\n"
-           "  --fallback safe  keep embeddings, the LM head, routers and the first and last block\n"
-           "                   in BF16 (with --precision)\n"
+           "  --fallback F     with --precision, what stays BF16: head (default) the LM head; safe\n"
+           "                   also embeddings and the first and last block; none nothing\n"
            "  --batch B        sequences per step (default 1)\n"
            "  --seq T          tokens per sequence (default min(max positions, 2048))\n"
            "  --target D       the backend the program is for: cuda (default) or cpu (the reference,\n"
@@ -95,8 +95,8 @@ int cmd_compile(int argc, char **argv) {
         cli_error("compile", "--policy FILE replaces --precision and --fallback; give one or the other");
         return DW_EXIT_USAGE;
     }
-    if (fallback && strcmp(fallback, "safe") && strcmp(fallback, "none")) {
-        cli_error("compile", "--fallback must be 'safe' or 'none', not '%s'", fallback);
+    if (fallback && strcmp(fallback, "safe") && strcmp(fallback, "head") && strcmp(fallback, "none")) {
+        cli_error("compile", "--fallback must be 'safe', 'head' or 'none', not '%s'", fallback);
         return DW_EXIT_USAGE;
     }
     bool fp32 = precision && !strcmp(precision, "fp32");
@@ -119,6 +119,7 @@ int cmd_compile(int argc, char **argv) {
     else if (s == DW_OK && !fp32)
         s = dw_policy_from_precision(ctx, precision ? precision : "bf16",
                                      fallback && !strcmp(fallback, "safe"), &pol);
+    if (s == DW_OK && pol && fallback && !policy_path) s = dw_policy_set_fallback(ctx, pol, fallback);
     dw_compile_opts co2;
     dw_compile_opts_init(&co2, sizeof co2);
     co2.device = target;

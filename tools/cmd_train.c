@@ -105,9 +105,10 @@ static void help(void) {
         "                         FP32 (no policy: FP32 activations) on the CPU, which runs every\n"
         "                         recipe exactly (FORMATS.md quantisation, the reference GEMM)\n"
         "  --policy FILE          a precision policy JSON instead of --precision\n"
-        "  --fallback safe|none   with --precision: keep embeddings, the LM head and the first\n"
-        "                         and last block in BF16 (safe). The policy and every linear\n"
-        "                         node's recipe are recorded in the checkpoint's state.json\n");
+        "  --fallback safe|head|none  with --precision: what stays BF16 — head (default): the LM\n"
+        "                         head; safe: also embeddings and the first and last block; none:\n"
+        "                         nothing. The policy and every linear node's recipe are recorded\n"
+        "                         in the checkpoint's state.json\n");
     printf( /* (two strings: C99 compilers need only support 4095 characters in one) */
         "  --seed S               weights, data order and sampling (1337; a resumed run keeps its own)\n"
         "  --log-every K          progress line every K steps when stderr is not a terminal (1)\n"
@@ -468,8 +469,8 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
         cli_error(CMD, "--policy FILE replaces --precision and --fallback; give one or the other");
         return cli_usage_error(CMD);
     }
-    if (fallback && strcmp(fallback, "safe") && strcmp(fallback, "none")) {
-        cli_error(CMD, "--fallback must be 'safe' or 'none', not '%s'", fallback);
+    if (fallback && strcmp(fallback, "safe") && strcmp(fallback, "head") && strcmp(fallback, "none")) {
+        cli_error(CMD, "--fallback must be 'safe', 'head' or 'none', not '%s'", fallback);
         return cli_usage_error(CMD);
     }
     if (given[O_MINLR - O_FIRST] && o.min_lr > o.lr) {
@@ -486,6 +487,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
         st = policy_path ? dw_policy_load(ctx, policy_path, &pol)
                          : dw_policy_from_precision(ctx, precision ? precision : "bf16",
                                                     fallback && !strcmp(fallback, "safe"), &pol);
+        if (st == DW_OK && fallback && !policy_path) st = dw_policy_set_fallback(ctx, pol, fallback);
         if (st != DW_OK) {
             int rc = cli_fail(CMD, ctx, st);
             dw_ctx_free(ctx);

@@ -84,6 +84,7 @@ PROTOTYPES = {
     # precision
     "dw_policy_load": (status, [H, c_char_p, P(H)]),
     "dw_policy_from_precision": (status, [H, c_char_p, c_bool, P(H)]),
+    "dw_policy_set_fallback": (status, [H, H, c_char_p]),
     "dw_policy_to_json": (status, [H, H, P(c_void_p)]),
     "dw_policy_free": (None, [H]),
     # compile

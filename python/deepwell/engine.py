@@ -30,11 +30,12 @@ class Policy(Handle):
 
 def make_policy(precision=None, fallback=None, policy=None, ctx=None):
     """A Policy from a recipe name ("bf16", "fp8_block", "mxfp8", "nvfp4", ...) with fallback
-    "safe" or None, or from policy= a dict or a JSON file path ({"default":..., "fallback":"safe",
-    "rules":[{"match":..., "op":..., "recipe":...}]}). None when all are None (FP32 mode)."""
+    "head" (or None: the LM head stays BF16), "safe" or "none", or from policy= a dict or a JSON
+    file path ({"default":..., "fallback":"safe", "rules":[{"match":..., "op":..., "recipe":...}]}).
+    None when all are None (FP32 mode)."""
     ctx = ctx_of(ctx)
-    if fallback not in (None, "safe", "none"):
-        raise ValueError(f"fallback must be 'safe', 'none' or None, got {fallback!r}")
+    if fallback not in (None, "safe", "head", "none"):
+        raise ValueError(f"fallback must be 'safe', 'head', 'none' or None (head), got {fallback!r}")
     if policy is not None and (precision is not None or fallback is not None):
         raise ValueError("policy= replaces precision= and fallback=; give one or the other")
     h = ctypes.c_void_p()
@@ -52,6 +53,8 @@ def make_policy(precision=None, fallback=None, policy=None, ctx=None):
     elif precision is not None or fallback is not None:
         ctx.check(lib().dw_policy_from_precision(ctx._h, cstr(precision or "bf16"), fallback == "safe",
                                                  ctypes.byref(h)))
+        if fallback is not None:
+            ctx.check(lib().dw_policy_set_fallback(ctx._h, h, cstr(fallback)))
     else:
         return None
     return Policy(h.value, ctx)

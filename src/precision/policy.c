@@ -39,7 +39,7 @@ dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallbac
     dw_policy *p = calloc(1, sizeof *p);
     if (!p) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     p->default_recipe = r;
-    p->fallback_safe = fallback_safe;
+    p->fallback = fallback_safe ? DW_FALLBACK_SAFE : DW_FALLBACK_HEAD;
     p->nvfp4 = dw_nvfp4_recipe_default();
     *out = p;
     return DW_OK;
@@ -89,14 +89,13 @@ dw_status dw_policy_load(dw_ctx *ctx, const char *path, dw_policy **out) {
     if (s == DW_OK && !json_is_object(root))
         s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: expected a JSON object", path);
     if (p) p->nvfp4 = dw_nvfp4_recipe_default();
-    const char *def = NULL, *fallback = "none";
+    const char *def = NULL, *fallback = "head";
     if (s == DW_OK) s = dw_json_get_str(ctx, root, "default", path, &def);
     if (s == DW_OK) s = parse_recipe(ctx, def, path, &p->default_recipe);
     if (s == DW_OK) s = dw_json_get_str_opt(ctx, root, "fallback", path, &fallback);
-    if (s == DW_OK && strcmp(fallback, "safe") && strcmp(fallback, "none"))
-        s = dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'fallback': expected \"safe\" or \"none\", got \"%s\"",
-                         path, fallback);
-    if (s == DW_OK) p->fallback_safe = !strcmp(fallback, "safe");
+    if (s == DW_OK && !dw_policy_fallback_parse(fallback, &p->fallback))
+        s = dw_set_error(ctx, DW_ERR_FORMAT,
+                         "%s: field 'fallback': expected \"safe\", \"head\" or \"none\", got \"%s\"", path, fallback);
     if (s == DW_OK) s = load_rules(ctx, json_object_get(root, "rules"), path, p);
     if (s == DW_OK) s = dw_nvfp4_recipe_parse(ctx, json_object_get(root, "nvfp4"), path, &p->nvfp4);
     if (s == DW_OK) s = dw_thresholds_parse(ctx, json_object_get(root, "max_rel_error"), path, p->max_rel_error);
@@ -140,7 +139,7 @@ dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out) {
         json_array_append_new(rules, r);
     }
     json_t *root = json_pack("{s:s,s:s,s:o}", "default", dw_recipe_name(p->default_recipe),
-                             "fallback", p->fallback_safe ? "safe" : "none", "rules", rules);
+                             "fallback", dw_policy_fallback_name(p->fallback), "rules", rules);
     json_t *thr = dw_thresholds_json(p->max_rel_error);
     if (root && thr) json_object_set_new(root, "max_rel_error", thr);
     if (root && uses_nvfp4(p)) json_object_set_new(root, "nvfp4", dw_nvfp4_recipe_json(&p->nvfp4));
@@ -204,12 +203,17 @@ dw_recipe dw_policy_resolve(const dw_policy *p, const char *name, const char *op
         if (rule_index) *rule_index = i;
         return r->recipe;
     }
-    if (p->fallback_safe && dw_policy_is_fragile(name, n_layers)) {
+    if (p->fallback == DW_FALLBACK_SAFE && dw_policy_is_fragile(name, n_layers)) {
         if (reason) *reason = DW_POLICY_BY_SAFE;
         return DW_RECIPE_BF16;
     }
     if (p->default_recipe == DW_RECIPE_NVFP4 && dw_nvfp4_keeps_bf16(&p->nvfp4, name, layer_index(name), n_layers)) {
         if (reason) *reason = DW_POLICY_NVFP4_BF16;
+        return DW_RECIPE_BF16;
+    }
+    /* the NVFP4 recipe has its own switch for the head (nvfp4.bf16_head), checked above */
+    if (p->fallback == DW_FALLBACK_HEAD && p->default_recipe != DW_RECIPE_NVFP4 && fnmatch("*lm_head*", name, 0) == 0) {
+        if (reason) *reason = DW_POLICY_BY_HEAD;
         return DW_RECIPE_BF16;
     }
     if (reason) *reason = DW_POLICY_BY_DEFAULT;
@@ -224,6 +228,30 @@ const char *dw_policy_reason_text(dw_policy_reason r) {
     case DW_POLICY_NOT_GEMM: return "not a GEMM (BF16/FP32)";
     case DW_POLICY_MOE_GATE: return "MoE router or shared-expert gate (BF16 under every policy)";
     case DW_POLICY_NVFP4_BF16: return "nvfp4 recipe: the LM head and the last blocks stay BF16 (nvfp4.bf16_head, bf16_last_blocks)";
+    case DW_POLICY_BY_HEAD: return "fallback head (the default): the LM head stays BF16";
     }
     return "?";
+}
+
+static const char *const fallback_names[] = {"none", "head", "safe"}; /* dw_policy_fallback order */
+
+bool dw_policy_fallback_parse(const char *name, dw_policy_fallback *out) {
+    for (int f = 0; f < 3; f++)
+        if (name && !strcmp(name, fallback_names[f])) {
+            *out = (dw_policy_fallback)f;
+            return true;
+        }
+    return false;
+}
+
+const char *dw_policy_fallback_name(dw_policy_fallback f) {
+    return f >= DW_FALLBACK_NONE && f <= DW_FALLBACK_SAFE ? fallback_names[f] : "?";
+}
+
+dw_status dw_policy_set_fallback(dw_ctx *ctx, dw_policy *p, const char *fallback) {
+    if (!p) return dw_set_error(ctx, DW_ERR_INVALID, "dw_policy_set_fallback: NULL policy");
+    if (!dw_policy_fallback_parse(fallback, &p->fallback))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--fallback: expected safe, head or none, got '%s'",
+                            fallback ? fallback : "(null)");
+    return DW_OK;
 }

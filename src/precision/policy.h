@@ -1,7 +1,8 @@
 /* policy.h — private: precision policies. A policy is a default recipe plus ordered rules matched
- * on node names (glob) and op types; `fallback: "safe"` keeps fragile nodes in BF16. It decides
- * the recipe of every linear node; other ops compute in BF16/FP32 whatever the policy says.
- * JSON: {"default": "fp8_block", "fallback": "safe"|"none",
+ * on node names (glob) and op types; `fallback` keeps nodes in BF16 after the rules: "safe" the
+ * fragile ones, "head" (the default) the LM head alone, "none" nothing. It decides the recipe of
+ * every linear node; other ops compute in BF16/FP32 whatever the policy says.
+ * JSON: {"default": "fp8_block", "fallback": "safe"|"head"|"none",
  *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"}, ...],
  *        "max_rel_error": 0.2 | {"nvfp4": 0.25, ...}} (optional: precision/thresholds.h),
  *        "nvfp4": {"rht": true, ...} (optional: precision/nvfp4_recipe.h) */
@@ -18,9 +19,13 @@ typedef struct {
     dw_recipe recipe;
 } dw_policy_rule;
 
+/* What the fallback keeps in BF16 when no rule names a node: nothing, the LM head (the default, as
+ * torchao and torchtitan keep it), or every fragile node (dw_policy_is_fragile). */
+typedef enum { DW_FALLBACK_NONE = 0, DW_FALLBACK_HEAD, DW_FALLBACK_SAFE } dw_policy_fallback;
+
 struct dw_policy {
     dw_recipe default_recipe;
-    bool fallback_safe;
+    dw_policy_fallback fallback;
     int n_rules;
     dw_policy_rule *rules;
     dw_nvfp4_recipe nvfp4; /* the NVFP4 training recipe (nvfp4_recipe.h): used where a node gets nvfp4 */
@@ -34,7 +39,8 @@ typedef enum {
     DW_POLICY_BY_DEFAULT,  /* nothing else applied */
     DW_POLICY_NOT_GEMM,    /* the op has no low-precision form: computed in BF16/FP32 */
     DW_POLICY_MOE_GATE,    /* a MoE router or shared-expert gate: BF16 under every policy */
-    DW_POLICY_NVFP4_BF16   /* nvfp4 by default, kept BF16 by the recipe: LM head, last blocks */
+    DW_POLICY_NVFP4_BF16,  /* nvfp4 by default, kept BF16 by the recipe: LM head, last blocks */
+    DW_POLICY_BY_HEAD      /* fallback "head" (the default): the LM head stays BF16 */
 } dw_policy_reason;
 
 /* Which node names are fragile under "safe": embeddings (wte, wpe, embed_tokens), the LM head
@@ -52,5 +58,8 @@ bool dw_policy_is_moe_gate(const char *node_name);
 dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const char *op_name,
                             int64_t n_layers, dw_policy_reason *reason, int *rule_index);
 const char *dw_policy_reason_text(dw_policy_reason r);
+/* "safe" | "head" | "none" to the fallback; false for any other name. */
+bool dw_policy_fallback_parse(const char *name, dw_policy_fallback *out);
+const char *dw_policy_fallback_name(dw_policy_fallback f);
 
 #endif /* DW_PRECISION_POLICY_H */

@@ -50,6 +50,16 @@ grep -E "^ +[0-9]+ lm_head .*recipe bf16 +\(fallback safe" "$tmp/f" >/dev/null &
 grep -E "model.layers.1.mlp.up_proj .*recipe fp8_block +\(default\)" "$tmp/f" >/dev/null && echo "ok: middle block fp8" ||
   { echo "FAIL: layers.1 up_proj not fp8_block by default"; fails=$((fails + 1)); }
 hasnt "fp8_block runs on the engine" "$tmp/f" "NOT SUPPORTED"
+# the default fallback keeps the LM head alone in BF16 (issue 26); --fallback none quantises it
+"$dw" compile llama-tiny --precision fp8_block --seq $T --report >"$tmp/h" 2>&1; check "compile fp8_block" 0 $?
+grep -E "^ +[0-9]+ lm_head .*recipe bf16 +\(fallback head \(the default\)" "$tmp/h" >/dev/null &&
+  echo "ok: lm_head bf16 by default" || { echo "FAIL: lm_head not bf16 by default"; fails=$((fails + 1)); }
+grep -E "model.layers.0.mlp.up_proj .*recipe fp8_block +\(default\)" "$tmp/h" >/dev/null &&
+  echo "ok: first block fp8 by default" || { echo "FAIL: layers.0 up_proj not fp8_block"; fails=$((fails + 1)); }
+"$dw" compile llama-tiny --precision fp8_block --fallback none --seq $T --report >"$tmp/n" 2>&1
+check "compile fp8_block --fallback none" 0 $?
+grep -E "^ +[0-9]+ lm_head .*recipe fp8_block +\(default\)" "$tmp/n" >/dev/null &&
+  echo "ok: lm_head fp8 with --fallback none" || { echo "FAIL: lm_head not fp8_block under none"; fails=$((fails + 1)); }
 has "per-GEMM quantisation or fallback at this shape" "$tmp/f" "at this shape: fprop"
 has "the target is sm_90" "$tmp/f" "kernels chosen for sm_90"
 "$dw" compile gpt2-tiny --precision bf16 --report >"$tmp/g" 2>&1

@@ -68,7 +68,10 @@ static void test_defaults(void **state) {
     assert_int_equal(dw_policy_from_precision(NULL, "fp8_block", false, &p), DW_OK);
     assert_int_equal(dw_policy_to_json(NULL, p, &json), DW_OK);
     assert_null(strstr(json, "nvfp4"));
-    assert_int_equal(resolve(p, "lm_head", 8, &why), DW_RECIPE_FP8_BLOCK); /* the tail is nvfp4's only */
+    /* the tail is nvfp4's only; the head stays BF16 there by the policy's default fallback */
+    assert_int_equal(resolve(p, "model.layers.7.mlp.up_proj", 8, &why), DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(resolve(p, "lm_head", 8, &why), DW_RECIPE_BF16);
+    assert_int_equal(why, DW_POLICY_BY_HEAD);
     free(json);
     dw_policy_free(p);
 }

@@ -53,10 +53,19 @@ static void test_rules_in_order(void **state) {
                      DW_RECIPE_FP8_BLOCK);
     assert_int_equal(why, DW_POLICY_BY_DEFAULT);
     assert_int_equal(rule, -1);
-    /* without fallback "safe", the first block and the LM head follow the default */
+    /* without fallback "safe", the first block follows the default; the LM head stays BF16 under
+     * the default fallback "head", and follows the default under "none" */
     assert_int_equal(dw_policy_resolve(p, "model.layers.0.mlp.up_proj", "linear", 16, &why, NULL),
                      DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(dw_policy_resolve(p, "lm_head", "linear", 16, &why, NULL), DW_RECIPE_BF16);
+    assert_int_equal(why, DW_POLICY_BY_HEAD);
+    assert_int_equal(dw_policy_set_fallback(NULL, p, "none"), DW_OK);
     assert_int_equal(dw_policy_resolve(p, "lm_head", "linear", 16, &why, NULL), DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(why, DW_POLICY_BY_DEFAULT);
+    assert_int_equal(dw_policy_resolve(p, "model.layers.0.mlp.up_proj", "linear", 16, &why, NULL),
+                     DW_RECIPE_FP8_BLOCK);
+    assert_int_equal(dw_policy_set_fallback(NULL, p, "always"), DW_ERR_INVALID);
+    assert_int_equal(dw_policy_set_fallback(NULL, p, "head"), DW_OK);
     /* non-GEMM ops never take a low-precision recipe */
     assert_int_equal(dw_policy_resolve(p, "model.layers.5.input_layernorm", "rmsnorm", 16, &why, NULL),
                      DW_RECIPE_BF16);
