@@ -15,9 +15,40 @@
 #include "core/log.h"
 #include "train/ckpt.h"
 #include "train/ckpt_fs.h"
+#include "train/ckpt_shard.h"
 
 const char *const dw_ckpt_files[DW_CKPT_NFILES] = {"config.json", "model.safetensors",
                                                    "optimizer.safetensors"};
+
+/* The files a checkpoint holds besides state.json, with their sizes and CRC-32s. */
+typedef struct {
+    char name[64];
+    int64_t size;
+    uint32_t crc;
+} ckpt_file;
+typedef struct {
+    ckpt_file *f;
+    int n, cap;
+} file_list;
+
+static bool list_add(file_list *l, const char *name, int64_t size, uint32_t crc) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        ckpt_file *g = realloc(l->f, (size_t)cap * sizeof *g);
+        if (!g) return false;
+        l->f = g, l->cap = cap;
+    }
+    ckpt_file *f = &l->f[l->n++];
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->size = size, f->crc = crc;
+    return true;
+}
+
+static const ckpt_file *list_find(const file_list *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->f[i].name, name)) return &l->f[i];
+    return NULL;
+}
 
 static json_t *hex64(uint64_t v) {
     char b[24];
@@ -25,17 +56,17 @@ static json_t *hex64(uint64_t v) {
     return json_string(b);
 }
 
-/* state.json's document; files[i] = {size, crc32} of dw_ckpt_files[i]. */
-static json_t *state_to_json(const dw_ckpt_state *s, const int64_t *sizes, const uint32_t *crcs) {
+/* state.json's document; "files": {name: {size, crc32}} of every other file, in the list's order. */
+static json_t *state_to_json(const dw_ckpt_state *s, const file_list *l) {
     json_t *files = json_object();
-    for (int i = 0; i < DW_CKPT_NFILES; i++) {
+    for (int i = 0; i < l->n; i++) {
         char crc[16];
-        snprintf(crc, sizeof crc, "%08" PRIx32, crcs[i]);
-        json_object_set_new(files, dw_ckpt_files[i],
-                            json_pack("{s:I,s:s}", "size", (json_int_t)sizes[i], "crc32", crc));
+        snprintf(crc, sizeof crc, "%08" PRIx32, l->f[i].crc);
+        json_object_set_new(files, l->f[i].name, json_pack("{s:I,s:s}", "size", (json_int_t)l->f[i].size, "crc32", crc));
     }
     json_t *j = json_object();
-    json_object_set_new(j, "format_version", json_integer(DW_CKPT_FORMAT_VERSION));
+    const bool sharded = list_find(l, DW_CKPT_INDEX) != NULL;
+    json_object_set_new(j, "format_version", json_integer(sharded ? DW_CKPT_FORMAT_VERSION : DW_CKPT_FORMAT_ONE_RANK));
     json_object_set_new(j, "step", json_integer(s->step));
     json_object_set_new(j, "total_steps", json_integer(s->total_steps));
     json_object_set_new(j, "tokens_seen", json_integer(s->tokens_seen));
@@ -148,8 +179,36 @@ static dw_status copy_str(dw_ctx *ctx, const json_t *o, const char *key, const c
     return DW_OK;
 }
 
+/* The files state.json lists are a checkpoint's: config.json and model.safetensors, then either
+ * optimizer.safetensors (one rank) or the index and shards 0..N-1 of one N (*shards = N). */
+static dw_status check_file_set(dw_ctx *ctx, const char *what, const file_list *l, int *shards) {
+    *shards = 0;
+    const bool one = list_find(l, dw_ckpt_files[2]) != NULL;
+    const char *need[3] = {dw_ckpt_files[0], dw_ckpt_files[1], one ? dw_ckpt_files[2] : DW_CKPT_INDEX};
+    for (int i = 0; i < 3; i++)
+        if (!list_find(l, need[i]))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files: no entry for %s", what, need[i]);
+    int world = 0, seen = 0;
+    for (int i = 0; i < l->n; i++) {
+        int r, w;
+        bool known = false;
+        for (int k = 0; k < 3; k++) known = known || !strcmp(l->f[i].name, need[k]);
+        if (known) continue;
+        if (one || !dw_ckpt_shard_parse(l->f[i].name, &r, &w) || (world && w != world))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files: '%s' is not a file of this checkpoint's kind (%s)", what,
+                                l->f[i].name, one ? "one rank's: config.json, model.safetensors, optimizer.safetensors"
+                                                  : "sharded: one set of optimizer-<r>-of-<N>.safetensors");
+        world = w, seen++;
+    }
+    if (!one && seen != world) /* names are unique keys, so N distinct ranks below N are all of them */
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files: %d of the %d shards listed", what, seen, world);
+    if (!one && !world) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files: an index but no shard", what);
+    *shards = world;
+    return DW_OK;
+}
+
 static dw_status state_from_json(dw_ctx *ctx, const json_t *j, const char *what, dw_ckpt_state *s,
-                                 int64_t *sizes, uint32_t *crcs) {
+                                 file_list *l) {
     memset(s, 0, sizeof *s);
     if (!json_is_object(j)) return dw_set_error(ctx, DW_ERR_FORMAT, "%s: not a JSON object", what);
     int64_t ver = 0;
@@ -198,22 +257,26 @@ static dw_status state_from_json(dw_ctx *ctx, const json_t *j, const char *what,
         DW_TRY(copy_str(ctx, o, "device", what, s->device, sizeof s->device));
         s->has_run = true;
     }
-    json_t *files = NULL;
+    json_t *files = NULL, *f;
     DW_TRY(get_obj(ctx, j, "files", what, &files));
-    for (int i = 0; i < DW_CKPT_NFILES; i++) {
-        json_t *f = json_object_get(files, dw_ckpt_files[i]);
+    const char *name;
+    json_object_foreach(files, name, f) {
         if (!json_is_object(f))
-            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files: no entry for %s", what, dw_ckpt_files[i]);
-        DW_TRY(get_i64(ctx, f, "size", what, &sizes[i]));
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files.%s: expected {size, crc32}", what, name);
+        if (strlen(name) >= sizeof l->f->name || strchr(name, '/') || !strcmp(name, "state.json") || name[0] == '.')
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files: '%s' is not a checkpoint's file name", what, name);
+        int64_t size = 0;
+        DW_TRY(get_i64(ctx, f, "size", what, &size));
         const char *crc = NULL;
         DW_TRY(dw_json_get_str(ctx, f, "crc32", what, &crc));
         char *end = NULL;
         unsigned long v = strtoul(crc, &end, 16);
         if (strlen(crc) != 8 || *end)
             return dw_set_error(ctx, DW_ERR_FORMAT, "%s: files.%s.crc32: expected 8 hex digits, got \"%s\"",
-                                what, dw_ckpt_files[i], crc);
-        crcs[i] = (uint32_t)v;
+                                what, name, crc);
+        if (!list_add(l, name, size, (uint32_t)v)) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
+    DW_TRY(check_file_set(ctx, what, l, &s->shards));
     if (s->step < 0 || s->step > s->total_steps || s->batch < 1 || s->seq < 1 || s->global_batch < s->batch)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: inconsistent step/batch fields", what);
     return DW_OK;
@@ -278,65 +341,146 @@ static dw_status prune(dw_ctx *ctx, const char *run_dir, int keep, int64_t newes
     return st;
 }
 
+/* fsync, size and CRC-32 of dir/name, added to the list. */
+static dw_status add_file(dw_ctx *ctx, const char *dir, const char *name, file_list *l) {
+    char *p = dw_path_join(dir, name);
+    uint32_t crc = 0;
+    int64_t size = 0;
+    dw_status st = p ? dw_fsync_path(ctx, p, false) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK) st = dw_file_crc32(ctx, p, &crc, &size);
+    if (st == DW_OK && !list_add(l, name, size, crc)) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    free(p);
+    return st;
+}
+
+/* state.json into tmp, its own CRC-32 written over its "state_crc32" digits. */
+static dw_status write_state(dw_ctx *ctx, const char *tmp, const dw_ckpt_state *state, const file_list *l) {
+    char *state_path = dw_path_join(tmp, "state.json");
+    json_t *j = state_path ? state_to_json(state, l) : NULL;
+    /* 17 significant digits: every double in state.json reads back exactly */
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(j);
+    char *digits = text ? self_crc_digits(text) : NULL;
+    if (digits) { /* the CRC-32 of the text with its own digits as zeros, written over them */
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08" PRIx32, dw_crc32(text, strlen(text)));
+        memcpy(digits, hex, 8);
+    }
+    dw_status st = digits ? dw_write_file_atomic(ctx, state_path, text, strlen(text))
+                          : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    free(text);
+    free(state_path);
+    return st;
+}
+
+/* Rank 0's part after every file is written: state.json, the rename, `latest`, pruning. */
+static dw_status publish(dw_ctx *ctx, const char *run_dir, const char *name, const char *tmp, const char *final,
+                         const char *old, const dw_ckpt_state *state, const file_list *l, int keep) {
+    DW_TRY(write_state(ctx, tmp, state, l));
+    DW_TRY(dw_fsync_path(ctx, tmp, true));
+    struct stat sb;
+    bool replace = stat(final, &sb) == 0;
+    if (replace && rename(final, old) != 0)
+        return dw_set_error(ctx, DW_ERR_IO, "%s: cannot move aside: %s", final, strerror(errno));
+    if (rename(tmp, final) != 0)
+        return dw_set_error(ctx, DW_ERR_IO, "%s: rename from %s failed: %s", final, tmp, strerror(errno));
+    DW_TRY(dw_fsync_path(ctx, run_dir, true));
+    if (replace) DW_TRY(dw_rmtree(ctx, old));
+    char *latest = dw_path_join(run_dir, "latest"), text[80];
+    snprintf(text, sizeof text, "%s\n", name);
+    dw_status st = latest ? dw_write_file_atomic(ctx, latest, text, strlen(text))
+                          : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    free(latest);
+    DW_TRY(st);
+    return prune(ctx, run_dir, keep, state->step);
+}
+
+/* Several ranks: rank 0's status and an int64 value to every rank (ok[0]: 1 when it went well). A
+ * failure on rank 0 becomes the others' error. */
+static dw_status agree_root(dw_ctx *ctx, dw_comm *host, dw_status st, int64_t *value, const char *what) {
+    int64_t b[2] = {st == DW_OK, value ? *value : 0};
+    DW_TRY(dw_comm_broadcast(ctx, host, b, 2, DW_COMM_I64, 0));
+    if (value) *value = b[1];
+    if (host->rank != 0 && !b[0])
+        return dw_set_error(ctx, DW_ERR_IO, "rank 0 could not %s (its own message says why)", what);
+    return st;
+}
+
+/* Several ranks: every rank's shard fsynced and checksummed, (written, size, CRC-32) gathered; any
+ * rank that did not write fails the checkpoint on all. Rank 0 adds the shards to the list. */
+static dw_status gather_shards(dw_ctx *ctx, dw_comm *host, const char *tmp, int64_t step, dw_status st, file_list *l) {
+    const int rank = host->rank, world = host->world;
+    char name[64];
+    dw_ckpt_shard_name(rank, world, name, sizeof name);
+    file_list mine = {0};
+    if (st == DW_OK) st = add_file(ctx, tmp, name, &mine);
+    int64_t *all = calloc((size_t)world * 3, sizeof *all); /* (world, 3): written, size, crc */
+    if (!all) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK) all[3 * rank] = 1, all[3 * rank + 1] = mine.f[0].size, all[3 * rank + 2] = mine.f[0].crc;
+    free(mine.f);
+    dw_status cs = dw_comm_all_gather(ctx, host, all, 3, DW_COMM_I64);
+    for (int r = 0; cs == DW_OK && st == DW_OK && r < world; r++) {
+        if (!all[3 * r]) {
+            st = dw_set_error(ctx, DW_ERR_IO, "checkpoint of step %lld: rank %d could not write its shard (its own "
+                              "message says why); the checkpoint is incomplete and `latest` is unchanged",
+                              (long long)step, r);
+        } else if (rank == 0) {
+            dw_ckpt_shard_name(r, world, name, sizeof name);
+            if (!list_add(l, name, all[3 * r + 1], (uint32_t)all[3 * r + 2]))
+                st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        }
+    }
+    free(all);
+    return cs != DW_OK ? cs : st;
+}
+
 dw_status dw_ckpt_save(dw_ctx *ctx, const char *run_dir, const dw_ckpt_state *state,
                        dw_ckpt_write_fn write, void *user, int keep, char **path_out) {
+    return dw_ckpt_save_ranks(ctx, NULL, run_dir, state, write, user, keep, path_out);
+}
+
+dw_status dw_ckpt_save_ranks(dw_ctx *ctx, dw_comm *host, const char *run_dir, const dw_ckpt_state *state,
+                             dw_ckpt_write_fn write, void *user, int keep, char **path_out) {
     if (path_out) *path_out = NULL;
-    if (mkdir(run_dir, 0755) != 0 && errno != EEXIST)
-        return dw_set_error(ctx, DW_ERR_IO, "%s: cannot create directory: %s", run_dir, strerror(errno));
+    const bool many = host && host->world > 1, lead = !many || host->rank == 0;
+    dw_status st = DW_OK;
+    if (lead && mkdir(run_dir, 0755) != 0 && errno != EEXIST)
+        st = dw_set_error(ctx, DW_ERR_IO, "%s: cannot create directory: %s", run_dir, strerror(errno));
+    int64_t pid = (int64_t)getpid(); /* the temporary directory carries rank 0's */
     char name[64], tmp_name[96], old_name[96];
     snprintf(name, sizeof name, "ckpt-%lld", (long long)state->step);
-    snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%ld", name, (long)getpid());
-    snprintf(old_name, sizeof old_name, ".old-%s.%ld", name, (long)getpid());
-    char *final = dw_path_join(run_dir, name), *tmp = dw_path_join(run_dir, tmp_name);
-    char *old = dw_path_join(run_dir, old_name), *latest = dw_path_join(run_dir, "latest");
-    char *state_path = tmp ? dw_path_join(tmp, "state.json") : NULL;
-    dw_status st = DW_OK;
-    if (!final || !tmp || !old || !latest || !state_path) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-    if (st == DW_OK) st = dw_rmtree(ctx, tmp);
-    if (st == DW_OK && mkdir(tmp, 0755) != 0)
+    snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%lld", name, (long long)pid);
+    char *tmp = dw_path_join(run_dir, tmp_name);
+    if (st == DW_OK && !tmp) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (lead && st == DW_OK) st = dw_rmtree(ctx, tmp);
+    if (lead && st == DW_OK && mkdir(tmp, 0755) != 0)
         st = dw_set_error(ctx, DW_ERR_IO, "%s: cannot create directory: %s", tmp, strerror(errno));
-    if (st == DW_OK) st = write(ctx, tmp, user);
-    int64_t sizes[DW_CKPT_NFILES] = {0};
-    uint32_t crcs[DW_CKPT_NFILES] = {0};
-    for (int i = 0; i < DW_CKPT_NFILES && st == DW_OK; i++) {
-        char *p = dw_path_join(tmp, dw_ckpt_files[i]);
-        st = p ? dw_fsync_path(ctx, p, false) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-        if (st == DW_OK) st = dw_file_crc32(ctx, p, &crcs[i], &sizes[i]);
-        free(p);
-    }
-    if (st == DW_OK) {
-        json_t *j = state_to_json(state, sizes, crcs);
-        /* 17 significant digits: every double in state.json reads back exactly */
-        char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
-        json_decref(j);
-        char *digits = text ? self_crc_digits(text) : NULL;
-        if (digits) { /* the CRC-32 of the text with its own digits as zeros, written over them */
-            char hex[9];
-            snprintf(hex, sizeof hex, "%08" PRIx32, dw_crc32(text, strlen(text)));
-            memcpy(digits, hex, 8);
+    if (many) {
+        st = agree_root(ctx, host, st, &pid, "create the checkpoint's temporary directory");
+        free(tmp);
+        snprintf(tmp_name, sizeof tmp_name, ".tmp-%s.%lld", name, (long long)pid);
+        tmp = dw_path_join(run_dir, tmp_name);
+        if (st == DW_OK && !tmp) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        if (st != DW_OK) {
+            free(tmp);
+            return st;
         }
-        st = digits ? dw_write_file_atomic(ctx, state_path, text, strlen(text))
-                    : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-        free(text);
     }
-    if (st == DW_OK) st = dw_fsync_path(ctx, tmp, true);
-    if (st == DW_OK) {
-        struct stat sb;
-        bool replace = stat(final, &sb) == 0;
-        if (replace && rename(final, old) != 0)
-            st = dw_set_error(ctx, DW_ERR_IO, "%s: cannot move aside: %s", final, strerror(errno));
-        if (st == DW_OK && rename(tmp, final) != 0)
-            st = dw_set_error(ctx, DW_ERR_IO, "%s: rename from %s failed: %s", final, tmp, strerror(errno));
-        if (st == DW_OK) st = dw_fsync_path(ctx, run_dir, true);
-        if (st == DW_OK && replace) st = dw_rmtree(ctx, old);
+    snprintf(old_name, sizeof old_name, ".old-%s.%lld", name, (long long)pid);
+    char *final = dw_path_join(run_dir, name), *old = dw_path_join(run_dir, old_name);
+    if (st == DW_OK && (!final || !old)) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    if (st == DW_OK) st = write(ctx, tmp, user);
+    file_list l = {0};
+    const char *mine[3] = {dw_ckpt_files[0], dw_ckpt_files[1], many ? DW_CKPT_INDEX : dw_ckpt_files[2]};
+    for (int i = 0; lead && i < 3 && st == DW_OK; i++) st = add_file(ctx, tmp, mine[i], &l);
+    if (many) {
+        dw_status gs = gather_shards(ctx, host, tmp, state->step, st, &l);
+        if (st == DW_OK) st = gs; /* a failure of this rank keeps its own message */
     }
-    if (st == DW_OK) {
-        char text[80];
-        snprintf(text, sizeof text, "%s\n", name);
-        st = dw_write_file_atomic(ctx, latest, text, strlen(text));
-    }
-    if (st == DW_OK) st = prune(ctx, run_dir, keep, state->step);
-    if (st != DW_OK && tmp) {
+    const bool written = st == DW_OK; /* on every rank alike: every shard is there */
+    if (lead && st == DW_OK) st = publish(ctx, run_dir, name, tmp, final, old, state, &l, keep);
+    if (many && written) st = agree_root(ctx, host, st, NULL, "complete the checkpoint"); /* rank 0's outcome */
+    if (st != DW_OK && lead && tmp) {
         dw_ctx *quiet = NULL; /* keep the first error's message */
         (void)dw_rmtree(quiet, tmp);
     }
@@ -344,11 +488,10 @@ dw_status dw_ckpt_save(dw_ctx *ctx, const char *run_dir, const dw_ckpt_state *st
         *path_out = final;
         final = NULL;
     }
+    free(l.f);
     free(final);
     free(tmp);
     free(old);
-    free(latest);
-    free(state_path);
     return st;
 }
 
@@ -434,6 +577,19 @@ static dw_status name_good(dw_ctx *ctx, dw_status st, const char *run_dir, const
     return st;
 }
 
+/* A sharded checkpoint's index records as many ranks as state.json lists shards. */
+static dw_status check_index_world(dw_ctx *ctx, const char *cdir, int shards) {
+    char *p = dw_path_join(cdir, DW_CKPT_INDEX);
+    json_t *j = NULL;
+    dw_status st = p ? dw_json_load_file(ctx, p, &j) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    const json_t *w = j ? json_object_get(j, "world") : NULL;
+    if (st == DW_OK && (!json_is_integer(w) || json_integer_value(w) != shards))
+        st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'world': expected %d, the shards its state.json lists", p, shards);
+    json_decref(j);
+    free(p);
+    return st;
+}
+
 dw_status dw_ckpt_open(dw_ctx *ctx, const char *dir, char **ckpt_dir_out, dw_ckpt_state *out) {
     *ckpt_dir_out = NULL;
     memset(out, 0, sizeof *out);
@@ -450,14 +606,13 @@ dw_status dw_ckpt_open(dw_ctx *ctx, const char *dir, char **ckpt_dir_out, dw_ckp
     size_t n = 0;
     if (st == DW_OK) st = dw_read_file(ctx, state_path, &text, &n);
     if (st == DW_OK) st = dw_json_load_string(ctx, text, n, state_path, &j);
-    int64_t sizes[DW_CKPT_NFILES];
-    uint32_t crcs[DW_CKPT_NFILES];
-    if (st == DW_OK) st = state_from_json(ctx, j, state_path, out, sizes, crcs);
+    file_list l = {0};
+    if (st == DW_OK) st = state_from_json(ctx, j, state_path, out, &l);
     if (st == DW_OK) st = check_self_crc(ctx, state_path, j, text, n);
     json_decref(j);
     free(text);
-    for (int i = 0; i < DW_CKPT_NFILES && st == DW_OK; i++) {
-        char *p = dw_path_join(cdir, dw_ckpt_files[i]);
+    for (int i = 0; i < l.n && st == DW_OK; i++) {
+        char *p = dw_path_join(cdir, l.f[i].name);
         if (!p) {
             st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
             break;
@@ -468,14 +623,16 @@ dw_status dw_ckpt_open(dw_ctx *ctx, const char *dir, char **ckpt_dir_out, dw_ckp
             st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing: the checkpoint is incomplete", p);
         else
             st = dw_file_crc32(ctx, p, &crc, &size);
-        if (st == DW_OK && size != sizes[i])
+        if (st == DW_OK && size != l.f[i].size)
             st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: %lld bytes, but state.json records %lld: corrupt or truncated",
-                              p, (long long)size, (long long)sizes[i]);
-        if (st == DW_OK && crc != crcs[i])
+                              p, (long long)size, (long long)l.f[i].size);
+        if (st == DW_OK && crc != l.f[i].crc)
             st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: CRC-32 %08" PRIx32 ", but state.json records %08" PRIx32 ": corrupt",
-                              p, crc, crcs[i]);
+                              p, crc, l.f[i].crc);
         free(p);
     }
+    free(l.f);
+    if (st == DW_OK && out->shards) st = check_index_world(ctx, cdir, out->shards);
     free(state_path);
     if (st != DW_OK) {
         memset(out, 0, sizeof *out);

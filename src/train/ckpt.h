@@ -1,9 +1,10 @@
 /* ckpt.h — private: checkpoint directories. A run directory holds ckpt-<step>/ directories and a
  * `latest` file naming the newest. A checkpoint holds config.json, model.safetensors,
- * optimizer.safetensors (written by a callback) and state.json (the training state plus the size
- * and CRC-32 of every other file). Written atomically: a temporary directory, every file and the
- * directory fsynced, one rename, then `latest` replaced atomically; the oldest beyond `keep` are
- * removed. Opening validates everything before anything is loaded. Not the tensor I/O itself. */
+ * optimizer.safetensors (written by a callback; by several ranks: a shard per rank and an index,
+ * train/ckpt_shard.h) and state.json (the training state plus the size and CRC-32 of every other
+ * file). Written atomically: a temporary directory, every file and the directory fsynced, one
+ * rename, then `latest` replaced atomically; the oldest beyond `keep` are removed. Opening
+ * validates everything before anything is loaded. Not the tensor I/O itself. */
 #ifndef DW_TRAIN_CKPT_H
 #define DW_TRAIN_CKPT_H
 
@@ -11,15 +12,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "deepwell.h"
 #include "train/optim.h"
 
-/* 2: state.json carries "state_crc32", the CRC-32 of its own bytes with those 8 hex digits read
- * as zeros; 1 (still read, with a note): without it. */
-#define DW_CKPT_FORMAT_VERSION 2
+/* 3: written by several ranks: optimizer.safetensors' place taken by one shard per rank and their
+ * index (train/ckpt_shard.h), every file listed in state.json's "files"; 2 (what one rank still
+ * writes): state.json carries "state_crc32", the CRC-32 of its own bytes with those 8 hex digits
+ * read as zeros; 1 (still read, with a note): without it. */
+#define DW_CKPT_FORMAT_VERSION 3
+#define DW_CKPT_FORMAT_ONE_RANK 2
 #define DW_CKPT_SELF_CRC "state_crc32"
 #define DW_CKPT_NFILES 3
-/* The files a checkpoint holds besides state.json, in the order they are checked. */
+/* The files a one-rank checkpoint holds besides state.json, in the order they are checked. A
+ * sharded one holds the first two, the index and the shards. */
 extern const char *const dw_ckpt_files[DW_CKPT_NFILES];
 
 typedef struct {
@@ -46,6 +52,8 @@ typedef struct {
     /* Written only (not read back): JSON texts stored as state.json's "policy" (the policy
      * document, dw_policy_to_json) and "recipes" ({node name: recipe}); NULL writes null. */
     const char *policy_json, *recipes_json;
+    int shards;            /* read (dw_ckpt_open): 0, the moments in optimizer.safetensors; N, in N
+                              shard files with an index (format_version 3); ignored by dw_ckpt_save */
 } dw_ckpt_state;
 
 /* Writes the checkpoint's other files into `dir` (a temporary directory). */
@@ -55,6 +63,14 @@ typedef dw_status (*dw_ckpt_write_fn)(dw_ctx *ctx, const char *dir, void *user);
  * `keep` checkpoints (0: all). *path_out (may be NULL) receives the checkpoint's path (free()). */
 dw_status dw_ckpt_save(dw_ctx *ctx, const char *run_dir, const dw_ckpt_state *state,
                        dw_ckpt_write_fn write, void *user, int keep, char **path_out);
+/* The same, called by every rank of `host` (a host communicator; NULL or a world of one is
+ * dw_ckpt_save). Rank 0 makes the temporary directory; `write` runs on every rank and writes its
+ * files there: rank r its shard (dw_ckpt_shard_name), rank 0 also config.json, model.safetensors
+ * and the index. Each rank fsyncs its shard and the ranks exchange (written, size, CRC-32); only
+ * when every rank has written does rank 0 write state.json, rename and replace `latest`. A rank
+ * that fails or dies leaves the previous checkpoint as `latest`; every rank returns the outcome. */
+dw_status dw_ckpt_save_ranks(dw_ctx *ctx, dw_comm *host, const char *run_dir, const dw_ckpt_state *state,
+                             dw_ckpt_write_fn write, void *user, int keep, char **path_out);
 
 /* Resolves `dir` (a checkpoint, or a run directory through its `latest` file) and validates it:
  * state.json parses and has every field, each file exists with the recorded size and CRC-32.

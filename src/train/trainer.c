@@ -3,8 +3,8 @@
  * scale B N/G, then averaged over the ranks: train/dp.c), the AdamW step (global-norm clipping,
  * the scheduled learning rate), metrics, validation, samples and checkpoints. Resuming restores
  * weights, moments, step, data position and RNG exactly, so on the CPU the losses continue bit
- * for bit. With several ranks, rank 0 alone writes (metrics, checkpoints, the run lock), samples
- * and reports progress; every decision that changes what the ranks do next (stop, checkpoint) is
+ * for bit. With several ranks, rank 0 alone writes (metrics, checkpoints but for each rank's
+ * shard of the moments, the run lock), samples and reports progress; every decision that changes what the ranks do next (stop, checkpoint) is
  * agreed by all. Not the CLI (tools/cmd_train.c). */
 #include <errno.h>
 #include <math.h>
@@ -27,6 +27,8 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "train/ckpt.h"
+#include "train/ckpt_shard.h"
+#include "train/ckpt_shard_io.h"
 #include "train/data.h"
 #include "train/data_callback.h"
 #include "train/dp.h"
@@ -104,6 +106,8 @@ typedef struct {
     dw_guard_skips skips; /* non-finite steps (train/guard.h) */
     dw_qguard *qguard;    /* the quantised layers' checks and fallbacks, or NULL */
     dw_ep *ep;            /* expert parallelism (--ep > 1), or NULL */
+    int64_t *ranges;      /* several ranks: (world, 2) every rank's [lo, hi) of the pools, for the
+                             checkpoint's index (gathered at the first checkpoint) */
 } run;
 
 static double now_s(void) {
@@ -203,14 +207,21 @@ static dw_status write_config(dw_ctx *ctx, const dw_graph *g, const char *path) 
     return s;
 }
 
+/* One rank: config, weights, moments. Several (dw_ckpt_save_ranks): rank 0 the config, the
+ * weights (every rank holds them whole) and the index; every rank its shard of the moments, the
+ * range of the pools it steps (train/ckpt_shard_io.h). */
 static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
     run *r = user;
+    const dw_dp *d = &r->dp;
     char *c = dw_path_join(dir, dw_ckpt_files[0]), *m = dw_path_join(dir, dw_ckpt_files[1]),
          *o = dw_path_join(dir, dw_ckpt_files[2]);
     dw_status st = (c && m && o) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
-    if (st == DW_OK) st = write_config(ctx, r->g, c);
-    if (st == DW_OK) st = dw_engine_save_weights(r->eng, m);
-    if (st == DW_OK) st = dw_engine_save_optimizer(r->eng, o);
+    if (st == DW_OK && d->rank == 0) st = write_config(ctx, r->g, c);
+    if (st == DW_OK && d->rank == 0) st = dw_engine_save_weights(r->eng, m);
+    if (st == DW_OK && d->world == 1) st = dw_engine_save_optimizer(r->eng, o);
+    if (st == DW_OK && d->world > 1 && d->rank == 0)
+        st = dw_ckpt_index_write(r->eng, dir, d->world, d->zero, r->ranges);
+    if (st == DW_OK && d->world > 1) st = dw_ckpt_shard_write(r->eng, dir, d->rank, d->world, d->lo, d->hi);
     free(c);
     free(m);
     free(o);
@@ -219,11 +230,12 @@ static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
 
 static dw_status save_ckpt(run *r, char **path_out) {
     *path_out = NULL;
-    DW_TRY(dw_dp_gather_optimizer(&r->dp)); /* every rank: the moments whole, the weights one */
-    DW_TRY(dw_dp_check_weights(&r->dp, r->step));
-    if (r->dp.rank != 0) {
-        r->ckpt_step = r->step;
-        return DW_OK;
+    DW_TRY(dw_dp_check_weights(&r->dp, r->step)); /* the ranks' weights one; each writes its moments */
+    if (r->dp.world > 1 && !r->ranges) {
+        if (!(r->ranges = malloc((size_t)r->dp.world * 2 * sizeof *r->ranges)))
+            return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+        r->ranges[2 * r->dp.rank] = r->dp.lo, r->ranges[2 * r->dp.rank + 1] = r->dp.hi;
+        DW_TRY(dw_comm_all_gather(r->ctx, r->dp.host, r->ranges, 2, DW_COMM_I64));
     }
     dw_ckpt_state s;
     memset(&s, 0, sizeof s);
@@ -256,7 +268,7 @@ static dw_status save_ckpt(run *r, char **path_out) {
     snprintf(s.precision, sizeof s.precision, "%s", cp->precision);
     s.policy_json = cp->policy_json;
     s.recipes_json = r->recipes_json;
-    DW_TRY(dw_ckpt_save(r->ctx, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out));
+    DW_TRY(dw_ckpt_save_ranks(r->ctx, r->dp.host, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out));
     r->ckpt_step = r->step;
     return DW_OK;
 }
@@ -334,8 +346,14 @@ static dw_status make_sample(run *r, char **text_out) {
     return st;
 }
 
-/* A checkpoint file's path inside cdir, loaded by fn into the engine. */
+/* A checkpoint file's path inside cdir, loaded by fn into the engine. The moments of a checkpoint
+ * written by several ranks (its index present; dw_ckpt_open checked its files) from their shards,
+ * whatever this job's world size and stage (train/ckpt_shard_io.h). */
 static dw_status load_into(run *r, const char *cdir, int file, dw_status (*fn)(dw_engine *, const char *)) {
+    char *index = file == 2 ? dw_path_join(cdir, DW_CKPT_INDEX) : NULL;
+    const bool sharded = index && access(index, F_OK) == 0;
+    free(index);
+    if (sharded) return dw_ckpt_shards_load(r->eng, cdir);
     char *p = dw_path_join(cdir, dw_ckpt_files[file]);
     dw_status st = p ? fn(r->eng, p) : dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
     free(p);
@@ -630,6 +648,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     dw_data_free(r.train);
     dw_data_free(r.val);
     free(r.recipes_json);
+    free(r.ranges);
     free(r.data_abs);
     free(r.val_abs);
     free(r.x);

@@ -65,10 +65,11 @@ PY
   "${mpi[@]}" "$dw" "${run[@]}" --batch 2 --clip 0 --zero 1 --out "$tmp/c1" >/dev/null 2>&1 &&
   "${mpi[@]}" "$dw" "${run[@]}" --batch 2 --clip 0 --zero 2 --out "$tmp/c2" >/dev/null 2>&1
 check "ZeRO-0, -1 and -2 without clipping" 0 $?
-for z in 1 2; do
+for z in 1 2; do # every stage writes each rank's range of the moments (tests/cli/test_ckpt_shards.sh)
   cmp -s "$tmp/c0/ckpt-6/model.safetensors" "$tmp/c$z/ckpt-6/model.safetensors" &&
-    cmp -s "$tmp/c0/ckpt-6/optimizer.safetensors" "$tmp/c$z/ckpt-6/optimizer.safetensors" &&
-    ok "  ... ZeRO-$z: the same weights and moments, byte for byte (moments gathered whole)" ||
+    cmp -s "$tmp/c0/ckpt-6/optimizer-00000-of-00002.safetensors" "$tmp/c$z/ckpt-6/optimizer-00000-of-00002.safetensors" &&
+    cmp -s "$tmp/c0/ckpt-6/optimizer-00001-of-00002.safetensors" "$tmp/c$z/ckpt-6/optimizer-00001-of-00002.safetensors" &&
+    ok "  ... ZeRO-$z: the same weights and moments, byte for byte (both ranks' shards)" ||
     bad "  ... ZeRO-$z's checkpoint differs from ZeRO-0's"
 done
 # ZeRO-2 with accumulation (2 micro-batches per rank) sums the shards per micro-batch: 1e-6

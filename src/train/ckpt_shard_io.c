@@ -1,0 +1,259 @@
+/* ckpt_shard_io.c — the moments as per-rank shard files plus one index, and their loading on any
+ * world size (ckpt_shard_io.h). Values travel through host buffers (downloads from the engine's
+ * pools when writing; uploads straight from the shards' mappings when loading). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "runtime/engine.h"
+#include "train/ckpt.h"
+#include "train/ckpt_shard.h"
+#include "train/ckpt_shard_io.h"
+
+#define INDEX_FORMAT "deepwell optimizer shards"
+static const char *const SUFFIX[2] = {".exp_avg", ".exp_avg_sq"}; /* m, v: as optimizer.safetensors */
+
+static const dw_ir_tensor *ptensor(const dw_engine *e, int i) { return &e->g->tensors[e->p->param_tensor[i]]; }
+static float *moment(const dw_engine *e, int k) { return k ? e->x->v : e->x->m; }
+
+static char *suffixed(const char *name, int k) {
+    size_t n = strlen(name) + strlen(SUFFIX[k]) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s%s", name, SUFFIX[k]);
+    return s;
+}
+
+dw_status dw_ckpt_shard_write(dw_engine *e, const char *dir, int rank, int world, int64_t lo, int64_t hi) {
+    dw_ctx *ctx = e->ctx;
+    char name[64];
+    dw_ckpt_shard_name(rank, world, name, sizeof name);
+    char *path = dw_path_join(dir, name);
+    const int n = e->p->n_params;
+    float *h = malloc((size_t)(2 * (hi - lo) + 1) * sizeof *h); /* (2, hi - lo): m then v */
+    char **names = calloc((size_t)(2 * n + 1), sizeof *names);
+    dw_st_writer *w = NULL;
+    dw_status st = path && h && names ? dw_st_writer_create(ctx, &w) : dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", dir);
+    char meta[64];
+    snprintf(meta, sizeof meta, "%d of %d", rank, world);
+    if (st == DW_OK) st = dw_st_writer_set_metadata(ctx, w, "deepwell.optimizer", "adamw");
+    if (st == DW_OK) st = dw_st_writer_set_metadata(ctx, w, "deepwell.shard", meta);
+    for (int i = 0; st == DW_OK && i < n; i++) {
+        dw_ckpt_piece pc; /* the parameter's elements in [lo, hi), as a world of one rank holding them */
+        if (!dw_ckpt_pieces(e->p->param_off[i], dw_ir_numel(ptensor(e, i)), 1, &lo, &hi, &pc)) continue;
+        const int64_t at = e->p->param_off[i] + pc.begin, count = pc.end - pc.begin, shape[1] = {count};
+        for (int k = 0; k < 2 && st == DW_OK; k++) {
+            float *dst = h + k * (hi - lo) + (at - lo);
+            st = e->be->i->download(e->be, dst, moment(e, k) + at, (size_t)count * sizeof *dst);
+            if (st == DW_OK && !(names[2 * i + k] = suffixed(ptensor(e, i)->name, k)))
+                st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+            if (st == DW_OK)
+                st = dw_st_writer_add(ctx, w, names[2 * i + k], DW_DT_F32, 1, shape, dst, (size_t)count * sizeof *dst);
+        }
+    }
+    if (st == DW_OK) st = dw_st_writer_commit(ctx, w, path);
+    dw_st_writer_free(w);
+    for (int i = 0; names && i < 2 * n; i++) free(names[i]);
+    free(names), free(h), free(path);
+    return st;
+}
+
+dw_status dw_ckpt_index_write(dw_engine *e, const char *dir, int world, int zero, const int64_t *ranges) {
+    dw_ctx *ctx = e->ctx;
+    dw_ckpt_piece *pc = malloc((size_t)world * sizeof *pc);
+    int64_t *lo = malloc((size_t)world * 2 * sizeof *lo), *hi = lo ? lo + world : NULL;
+    for (int r = 0; lo && r < world; r++) lo[r] = ranges[2 * r], hi[r] = ranges[2 * r + 1];
+    json_t *tensors = json_object(), *j = json_object();
+    char *path = dw_path_join(dir, DW_CKPT_INDEX);
+    bool ok = pc && lo && tensors && j && path;
+    for (int i = 0; ok && i < e->p->n_params; i++) {
+        const dw_ir_tensor *t = ptensor(e, i);
+        const int np = dw_ckpt_pieces(e->p->param_off[i], dw_ir_numel(t), world, lo, hi, pc);
+        for (int k = 0; ok && k < 2; k++) {
+            json_t *shape = json_array(), *pieces = json_array();
+            for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+            for (int q = 0; q < np; q++) {
+                char file[64];
+                dw_ckpt_shard_name(pc[q].rank, world, file, sizeof file);
+                json_array_append_new(pieces, json_pack("{s:s,s:I,s:I}", "file", file, "begin",
+                                                        (json_int_t)pc[q].begin, "end", (json_int_t)pc[q].end));
+            }
+            char *name = suffixed(t->name, k);
+            ok = name && json_object_set_new(tensors, name, json_pack("{s:o,s:o}", "shape", shape, "pieces", pieces)) == 0;
+            free(name);
+        }
+    }
+    dw_status st = DW_OK;
+    if (ok) {
+        json_object_set_new(j, "format", json_string(INDEX_FORMAT));
+        json_object_set_new(j, "world", json_integer(world));
+        json_object_set_new(j, "zero", json_integer(zero));
+        json_object_set_new(j, "tensors", tensors);
+        tensors = NULL;
+        char *text = json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        st = text ? dw_write_file_atomic(ctx, path, text, strlen(text)) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        free(text);
+    } else {
+        st = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    json_decref(tensors), json_decref(j);
+    free(pc), free(lo), free(path);
+    return st;
+}
+
+/* ---- loading ----------------------------------------------------------------------------------- */
+typedef struct {
+    dw_ctx *ctx;
+    const char *index; /* its path, for messages */
+    int world;
+    dw_st_file **files; /* (world) */
+    int *used;          /* (world) tensors of each shard the index names */
+} shards;
+
+/* The pieces the index records for `name` (a moment of parameter t): shape and tiling checked. */
+static dw_status index_pieces(shards *s, const json_t *tensors, const dw_ir_tensor *t, const char *name,
+                              dw_ckpt_piece *pc, int *np) {
+    dw_ctx *ctx = s->ctx;
+    const json_t *o = json_object_get(tensors, name);
+    if (!json_is_object(o))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: no tensor '%s': the checkpoint is not of this model", s->index, name);
+    const json_t *shape = json_object_get(o, "shape"), *pieces = json_object_get(o, "pieces");
+    bool same = json_is_array(shape) && (int)json_array_size(shape) == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = json_integer_value(json_array_get(shape, (size_t)d)) == t->shape[d];
+    if (!same) {
+        char *got = json_dumps(shape, JSON_COMPACT | JSON_ENCODE_ANY);
+        dw_status st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' has shape %s, but this model's parameter '%s' "
+                                    "is %dD %lld elements: the checkpoint is not of this model", s->index, name,
+                                    got ? got : "(none)", t->name, t->ndim, (long long)dw_ir_numel(t));
+        free(got);
+        return st;
+    }
+    if (!json_is_array(pieces) || json_array_size(pieces) > (size_t)s->world)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s': 'pieces' is not an array of at most %d", s->index,
+                            name, s->world);
+    *np = (int)json_array_size(pieces);
+    for (int q = 0; q < *np; q++) {
+        const json_t *p = json_array_get(pieces, (size_t)q);
+        const char *file = json_string_value(json_object_get(p, "file"));
+        const json_t *b = json_object_get(p, "begin"), *en = json_object_get(p, "end");
+        int r = -1, w = -1;
+        if (!file || !json_is_integer(b) || !json_is_integer(en))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' piece %d: expected {\"file\", \"begin\", \"end\"}",
+                                s->index, name, q);
+        if (!dw_ckpt_shard_parse(file, &r, &w) || w != s->world)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' piece %d names '%s', not one of the checkpoint's %d "
+                                "shards", s->index, name, q, file, s->world);
+        pc[q] = (dw_ckpt_piece){.rank = r, .begin = json_integer_value(b), .end = json_integer_value(en)};
+    }
+    char why[160];
+    if (!dw_ckpt_pieces_check(pc, *np, dw_ir_numel(t), why, sizeof why))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' (%lld elements): %s", s->index, name,
+                            (long long)dw_ir_numel(t), why);
+    return DW_OK;
+}
+
+/* The shard tensor holding piece pc of `name`: present, F32, 1-D of the piece's size. */
+static dw_status piece_tensor(shards *s, const char *name, const dw_ckpt_piece *pc, const dw_st_tensor **out) {
+    const dw_st_file *f = s->files[pc->rank];
+    const dw_st_tensor *t = dw_st_find(f, name);
+    const int64_t want = pc->end - pc->begin;
+    if (!t)
+        return dw_set_error(s->ctx, DW_ERR_FORMAT, "%s: no tensor '%s', which %s places there (elements [%lld, %lld))",
+                            dw_st_path(f), name, s->index, (long long)pc->begin, (long long)pc->end);
+    if (t->dtype != DW_DT_F32 || t->ndim != 1 || t->shape[0] != want)
+        return dw_set_error(s->ctx, DW_ERR_FORMAT, "%s: tensor '%s' is %s of %lld elements, but %s records %lld "
+                            "(elements [%lld, %lld), F32): the shard and the index do not match", dw_st_path(f), name,
+                            dw_dtype_name(t->dtype), (long long)(t->ndim == 1 ? t->shape[0] : -1), s->index,
+                            (long long)want, (long long)pc->begin, (long long)pc->end);
+    s->used[pc->rank]++;
+    *out = t;
+    return DW_OK;
+}
+
+/* Every shard file opened (a missing one named), the index's header checked. */
+static dw_status open_all(shards *s, const char *cdir, const json_t *j) {
+    dw_ctx *ctx = s->ctx;
+    const char *fmt = json_string_value(json_object_get(j, "format"));
+    const json_t *w = json_object_get(j, "world");
+    if (!fmt || strcmp(fmt, INDEX_FORMAT))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'format': expected \"%s\"", s->index, INDEX_FORMAT);
+    if (!json_is_integer(w) || json_integer_value(w) < 1 || json_integer_value(w) > 99999)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'world': expected the number of shards, 1 to 99999", s->index);
+    const int expect = (int)json_integer_value(w);
+    s->world = expect;
+    s->files = calloc((size_t)expect, sizeof *s->files);
+    s->used = calloc((size_t)expect, sizeof *s->used);
+    if (!s->files || !s->used) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < expect; r++) {
+        char name[64];
+        dw_ckpt_shard_name(r, expect, name, sizeof name);
+        char *p = dw_path_join(cdir, name);
+        dw_status st = p ? dw_st_open(ctx, p, &s->files[r]) : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        free(p);
+        DW_TRY(st);
+    }
+    return DW_OK;
+}
+
+dw_status dw_ckpt_shards_load(dw_engine *e, const char *cdir) {
+    dw_ctx *ctx = e->ctx;
+    const int n = e->p->n_params;
+    shards s = {.ctx = ctx};
+    char *index = dw_path_join(cdir, DW_CKPT_INDEX);
+    json_t *j = NULL;
+    dw_ckpt_piece *pc = NULL; /* (2n, world): each moment's pieces */
+    const dw_st_tensor **src = NULL; /* (2n, world): the shard tensor of each piece */
+    dw_ckpt_copy *copies = NULL;     /* (world) */
+    int *np = calloc((size_t)(2 * n + 1), sizeof *np), expect = 0;
+    dw_status st = index && np ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    s.index = index;
+    if (st == DW_OK) st = dw_json_load_file(ctx, index, &j);
+    if (st == DW_OK) st = open_all(&s, cdir, j);
+    if (st == DW_OK) {
+        expect = s.world;
+        pc = malloc((size_t)(2 * n + 1) * (size_t)expect * sizeof *pc);
+        src = malloc((size_t)(2 * n + 1) * (size_t)expect * sizeof *src);
+        copies = malloc((size_t)expect * sizeof *copies);
+        if (!pc || !src || !copies) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    const json_t *tensors = j ? json_object_get(j, "tensors") : NULL;
+    if (st == DW_OK && !json_is_object(tensors))
+        st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'tensors': missing or not an object", index);
+    if (st == DW_OK && json_object_size(tensors) != (size_t)(2 * n))
+        st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: %zu tensors, but this model's %d parameters have %d moments: the "
+                          "checkpoint is not of this model", index, json_object_size(tensors), n, 2 * n);
+    for (int q = 0; st == DW_OK && q < 2 * n; q++) { /* everything checked before anything is uploaded */
+        char *name = suffixed(ptensor(e, q / 2)->name, q % 2);
+        st = name ? index_pieces(&s, tensors, ptensor(e, q / 2), name, pc + (size_t)q * expect, &np[q])
+                  : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+        for (int k = 0; st == DW_OK && k < np[q]; k++)
+            st = piece_tensor(&s, name, &pc[(size_t)q * expect + k], &src[(size_t)q * expect + k]);
+        free(name);
+    }
+    for (int r = 0; st == DW_OK && r < expect; r++)
+        if (dw_st_count(s.files[r]) != s.used[r])
+            st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: %d tensors, but %s places %d there", dw_st_path(s.files[r]),
+                              dw_st_count(s.files[r]), index, s.used[r]);
+    for (int q = 0; st == DW_OK && q < 2 * n; q++) {
+        float *dst = moment(e, q % 2) + e->p->param_off[q / 2];
+        dw_ckpt_copy *cp = copies; /* the whole tensor, from whichever shards hold its ranges */
+        const int nc = dw_ckpt_copies(pc + (size_t)q * expect, np[q], 0, dw_ir_numel(ptensor(e, q / 2)), cp);
+        for (int k = 0; st == DW_OK && k < nc; k++)
+            st = e->be->i->upload(e->be, dst + cp[k].dst, (const float *)src[(size_t)q * expect + cp[k].piece]->data + cp[k].src,
+                                  (size_t)cp[k].count * sizeof(float));
+    }
+    if (st == DW_OK) st = e->be->i->sync(e->be); /* the mappings are read before the files close */
+    if (st == DW_OK)
+        DW_LOGI("%s: the moments from %d shards (ZeRO-%lld)", index, expect,
+                (long long)json_integer_value(json_object_get(j, "zero")));
+    for (int r = 0; s.files && r < s.world; r++) dw_st_close(s.files[r]);
+    free(s.files), free(s.used);
+    json_decref(j);
+    free(index), free(pc), free(np), free(src), free(copies);
+    return st;
+}
