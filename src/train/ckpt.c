@@ -484,7 +484,7 @@ dw_status dw_ckpt_save_ranks(dw_ctx *ctx, dw_comm *host, const char *run_dir, co
         dw_ctx *quiet = NULL; /* keep the first error's message */
         (void)dw_rmtree(quiet, tmp);
     }
-    if (st == DW_OK && path_out) {
+    if (st == DW_OK && path_out && lead) {
         *path_out = final;
         final = NULL;
     }

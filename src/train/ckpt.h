@@ -68,7 +68,8 @@ dw_status dw_ckpt_save(dw_ctx *ctx, const char *run_dir, const dw_ckpt_state *st
  * files there: rank r its shard (dw_ckpt_shard_name), rank 0 also config.json, model.safetensors
  * and the index. Each rank fsyncs its shard and the ranks exchange (written, size, CRC-32); only
  * when every rank has written does rank 0 write state.json, rename and replace `latest`. A rank
- * that fails or dies leaves the previous checkpoint as `latest`; every rank returns the outcome. */
+ * that fails or dies leaves the previous checkpoint as `latest`; every rank returns the outcome,
+ * *path_out is set on rank 0 only. */
 dw_status dw_ckpt_save_ranks(dw_ctx *ctx, dw_comm *host, const char *run_dir, const dw_ckpt_state *state,
                              dw_ckpt_write_fn write, void *user, int keep, char **path_out);
 
