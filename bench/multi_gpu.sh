@@ -15,7 +15,13 @@
 #            (median of the logged steps after the 10th), JSON lines in scale.jsonl; SCALE_MODELS
 #            (env) narrows the list ("llama-1b:8 moe-e64:4", MODEL:BATCH), SCALE_GPUS the counts;
 #            max_gpu_mem_mib: nvidia-smi's largest memory.used of any GPU during the run (context
-#            and allocator included); rc 0 in a line: all 30 steps were logged (the end-of-run checkpoint is skipped by a kill)
+#            and allocator included); rc 0 in a line: all 30 steps were logged (the end-of-run checkpoint is skipped by a kill);
+#            comm_s / exposed_comm_s: medians over those steps of the slowest rank's gradient
+#            communication and the part of it the step waited for; SCALE_FLAGS (env) adds train
+#            flags (e.g. "--no-overlap", "--zero 1", "--ep 4") and SCALE_TAG names such a variant
+#   ep       the small MoE on N ranks with expert parallelism (--ep 2, and --ep N when it divides
+#            the 4 experts) against --ep 1 on the same N ranks: the largest relative loss
+#            difference (3e-2), on NCCL's all-to-all
 #   anchors  PyTorch in the same call: DDP under torch.compile (ANCHORS/anchor_train.py) at 1 and
 #            N GPUs, FSDP2 per-block compile (bench/anchor_fsdp2.py) at N GPUs, and a plain NCCL
 #            all-reduce loop (bench/nccl_busbw.py) — JSON lines in anchors.jsonl
@@ -124,9 +130,12 @@ for phase in "$@"; do
       model=${spec%:*}; b=${spec#*:}
       for k in ${SCALE_GPUS:-$(seq 1 "$n")}; do
         [ $((k & (k - 1))) = 0 ] && [ "$k" -le "$n" ] || continue # 1, 2, 4, 8
-        name="scale-$model-x$k"; rm -rf "$out/runs/$name"
+        name="scale-$model-x$k${SCALE_TAG:+-$SCALE_TAG}"; rm -rf "$out/runs/$name"
+        # shellcheck disable=SC2206 # SCALE_FLAGS is a list of flags
         cmd=(train --model "$model" --data builtin --seq 2048 --batch "$b" --global-batch $((b * k)) --steps 30
-             --warmup 5 --eval-every 0 --device "$dev" --seed 3 --ckpt-minutes 0 --out "$out/runs/$name")
+             --warmup 5 --eval-every 0 --device "$dev" --seed 3 --ckpt-minutes 0 --out "$out/runs/$name"
+             ${SCALE_FLAGS:-})
+        [ "$k" = 1 ] && [[ "${SCALE_FLAGS:-}" == *--ep* ]] && continue # expert parallelism needs ranks
         s=$(date +%s)
         if [ "$k" = 1 ]; then timeout 240 "$dw" "${cmd[@]}" >"$out/$name.log" 2>&1 &
         else timeout 240 "$dw" launch -n "$k" -- "${cmd[@]}" >"$out/$name.log" 2>&1 & fi
@@ -139,21 +148,37 @@ for phase in "$@"; do
         grep -q '^step 30/30' "$out/$name.log" && sleep 1 && pkill -9 -f "deepwell train .*runs/$name"
         wait $lp
         kill $sp 2>/dev/null
-        python3 - "$out/runs/$name/metrics.jsonl" "$model" "$k" "$b" "$(grep -q '^step 30/30' "$out/$name.log"; echo $?)" "$(( $(date +%s) - s ))" "$out/$name.mem" >>"$out/scale.jsonl" <<'PY'
+        python3 - "$out/runs/$name/metrics.jsonl" "$model" "$k" "$b" "$(grep -q '^step 30/30' "$out/$name.log"; echo $?)" "$(( $(date +%s) - s ))" "$out/$name.mem" "${SCALE_FLAGS:-}" >>"$out/scale.jsonl" <<'PY'
 import json, statistics, sys
-path, model, k, b, rc, wall, mem = sys.argv[1:]
+path, model, k, b, rc, wall, mem, flags = sys.argv[1:]
 try: used = max(int(x) for x in open(mem).read().split() if x.isdigit())
 except (OSError, ValueError): used = None
 try: rows = [json.loads(l) for l in open(path)]
 except OSError: rows = []
-tps = [r["tokens_per_s"] for r in rows if r["step"] > 10]
-print(json.dumps({"model": model, "gpus": int(k), "batch_per_gpu": int(b), "rc": int(rc), "wall_s": int(wall),
-                  "tokens_per_s": round(statistics.median(tps)) if tps else None,
+late = [r for r in rows if r.get("step", 0) > 10]
+tps = [r["tokens_per_s"] for r in late if "tokens_per_s" in r]
+def med_max(key):  # per step the slowest rank's figure, then the median over the steps
+    v = [max(r[key]) if isinstance(r[key], list) else r[key] for r in late if key in r]
+    return round(statistics.median(v), 5) if v else None
+print(json.dumps({"model": model, "gpus": int(k), "batch_per_gpu": int(b), "flags": flags, "rc": int(rc),
+                  "wall_s": int(wall), "tokens_per_s": round(statistics.median(tps)) if tps else None,
+                  "comm_s": med_max("comm_s"), "exposed_comm_s": med_max("exposed_comm_s"),
                   "last_loss": rows[-1]["loss"] if rows else None, "max_gpu_mem_mib": used}))
 PY
         tail -1 "$out/scale.jsonl"
       done
     done
+    ;;
+  ep)
+    small_models
+    train_run "moe-ep1-x$n" "$n" $((8 / n)) "$out/moe" --ep 1 || { say "moe --ep 1 on $n ranks failed"; fail=1; }
+    runs=()
+    for e in $(printf '%s\n' 2 "$n" | sort -un); do
+      [ "$e" -le "$n" ] && [ $((4 % e)) = 0 ] && [ $((n % e)) = 0 ] || continue
+      if train_run "moe-ep$e-x$n" "$n" $((8 / n)) "$out/moe" --ep "$e"; then runs+=("moe-ep$e-x$n")
+      else say "moe --ep $e on $n ranks failed"; tail -5 "$out/moe-ep$e-x$n.log"; fail=1; fi
+    done
+    [ ${#runs[@]} -gt 0 ] && { compare "moe-ep1-x$n" "${runs[@]}" | tee -a "$out/summary.txt" || fail=1; }
     ;;
   anchors)
     : >"$out/anchors.jsonl"
