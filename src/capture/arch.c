@@ -5,8 +5,8 @@
 #include "capture/arch.h"
 
 static const dw_hf_arch table[DW_ARCH_COUNT] = {
-#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts)                        \
-    {DW_ARCH_##ID, type, cls, #fam, reads_config, trains, prefix, ignorable, experts},
+#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts, fused)                      \
+    {DW_ARCH_##ID, type, cls, #fam, reads_config, trains, prefix, ignorable, experts, fused},
 #include "capture/archs.def"
 #undef DW_ARCH
 };

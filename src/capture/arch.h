@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 typedef enum {
-#define DW_ARCH(ID, type, hf_class, family, reads_config, trains, prefix, ignorable, experts) DW_ARCH_##ID,
+#define DW_ARCH(ID, type, hf_class, family, reads_config, trains, prefix, ignorable, experts, fused) DW_ARCH_##ID,
 #include "capture/archs.def"
 #undef DW_ARCH
     DW_ARCH_COUNT
@@ -24,6 +24,7 @@ typedef struct {
     const char *ckpt_prefix;  /* "" or "transformer." */
     const char *ignorable;    /* "|"-separated suffixes */
     const char *experts;      /* per-expert checkpoint names "module|gate|up|down" ("": none) */
+    bool fused;               /* q/k/v stored as self_attn.qkv_proj, gate/up as mlp.gate_up_proj (Phi-3) */
 } dw_hf_arch;
 
 const dw_hf_arch *dw_hf_arch_get(dw_arch a);

@@ -2,8 +2,9 @@
  * GPT-2 (learned positions, LayerNorm, packed c_attn, GELU MLP), the Llama family (RoPE,
  * RMSNorm, q/k/v/o projections with GQA, SwiGLU MLP), Mixtral and OLMoE (the Llama attention with a
  * mixture of SwiGLU experts), Qwen2-/Qwen3-MoE (MoE or dense layers, a gated shared expert,
- * per-head q/k norms) and Qwen3 (Llama with per-head q/k norms); sliding windows on the attention
- * of the layers the config windows. Parameter tensors carry the Hugging Face
+ * per-head q/k norms), Qwen3 (Llama with per-head q/k norms), Gemma 2 (scaled embeddings, (1 + w)
+ * norms around attention and MLP, GeGLU, soft-capped scores and logits) and Phi-3 (Llama); sliding
+ * windows on the attention of the layers the config windows. Parameter tensors carry the Hugging Face
  * weight names and the reference initialisation; nodes the HF module names and their block. */
 #include <math.h>
 #include <stdarg.h>
@@ -40,7 +41,8 @@ static int param(builder *b, int64_t d0, int64_t d1, const char *fmt, ...) {
         return t;
     }
     /* as the Hugging Face reference initialises: matrices normal(0, initializer_range), GPT-2's
-     * residual projections (c_proj) scaled by 1/sqrt(2 n_layer); norm weights 1, biases 0 */
+     * residual projections (c_proj) scaled by 1/sqrt(2 n_layer); norm weights 1 (Gemma's, applied
+     * as 1 + w: 0), biases 0 */
     dw_ir_tensor *p = &b->g->tensors[t];
     size_t len = strlen(name);
     if (d1) {
@@ -49,7 +51,8 @@ static int param(builder *b, int64_t d0, int64_t d1, const char *fmt, ...) {
         if (b->c->arch == DW_ARCH_GPT2 && len >= 13 && !strcmp(name + len - 13, "c_proj.weight"))
             p->init_std /= sqrt(2.0 * (double)b->c->n_layers);
     } else {
-        p->init = len >= 5 && !strcmp(name + len - 5, ".bias") ? DW_INIT_ZEROS : DW_INIT_ONES;
+        const bool bias = len >= 5 && !strcmp(name + len - 5, ".bias");
+        p->init = bias || b->c->norm_offset ? DW_INIT_ZEROS : DW_INIT_ONES;
     }
     return t;
 }
@@ -105,7 +108,7 @@ static int linear(builder *b, const char *name, int x, int64_t in, int64_t out, 
 /* The model's norm over the last dimension of x, width wide (the residual stream's: d_model). */
 static int norm_w(builder *b, const char *name, int x, int64_t width) {
     const dw_model_config *c = b->c;
-    dw_ir_attrs a = {.eps = c->norm_eps};
+    dw_ir_attrs a = {.eps = c->norm_eps, .offset = c->norm_offset}; /* Gemma: (1 + w) */
     int w = param(b, width, 0, "%s.weight", name);
     if (c->norm == DW_NORM_RMSNORM) return node(b, DW_OP_RMSNORM, name, x, w, -1, &a);
     int bi = param(b, width, 0, "%s.bias", name);
@@ -141,7 +144,7 @@ static void attention_llama(builder *b, int i, const char *p, int *x) {
     dw_ir_attrs aq = {.heads = c->n_heads, .head_dim = c->head_dim, .theta = c->rope_theta, .rope = c->rope_scaling};
     dw_ir_attrs ak = {.heads = c->n_kv_heads, .head_dim = c->head_dim, .theta = c->rope_theta, .rope = c->rope_scaling};
     dw_ir_attrs at = {.heads = c->n_heads, .kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                      .window = dw_model_config_windowed(c, i) ? c->sliding_window : 0};
+                      .window = dw_model_config_windowed(c, i) ? c->sliding_window : 0, .softcap = c->attn_softcap};
     int h = norm(b, NAME("input_layernorm"), *x);
     int hq = linear(b, NAME("self_attn.q_proj"), h, C, q, c->qkv_bias, false);
     int hk = linear(b, NAME("self_attn.k_proj"), h, C, kv, c->qkv_bias, false);
@@ -159,29 +162,38 @@ static void attention_llama(builder *b, int i, const char *p, int *x) {
     }
     hq = node(b, DW_OP_ROPE, NAME("self_attn.rope_q"), hq, -1, -1, &aq);
     hk = node(b, DW_OP_ROPE, NAME("self_attn.rope_k"), hk, -1, -1, &ak);
+    const double qpas = c->query_pre_attn_scalar;
+    if (qpas > 0 && qpas != (double)c->head_dim) { /* Gemma 2: scores times qpas^-1/2, not head_dim's */
+        const dw_ir_attrs qs = {.scale = sqrt((double)c->head_dim / qpas)};
+        hq = node(b, DW_OP_SOFTCAP, NAME("self_attn.q_scale"), hq, -1, -1, &qs);
+    }
     h = node(b, DW_OP_ATTENTION, NAME("self_attn.sdpa"), hq, hk, hv, &at);
     h = linear(b, NAME("self_attn.o_proj"), h, q, C, dw_model_config_o_bias(c), false);
+    if (c->sandwich_norms) h = norm(b, NAME("post_attention_layernorm"), h); /* Gemma 2 */
     *x = node(b, DW_OP_ADD, NAME("attn_residual"), *x, h, -1, NULL);
 }
 
-/* A SwiGLU MLP of width F over h: down_proj(silu(gate_proj(h)) * up_proj(h)). p: its module
- * ("model.layers.<i>.mlp", "....mlp.shared_expert"). */
+/* A gated MLP of width F over h: down_proj(act(gate_proj(h)) * up_proj(h)), act silu (SwiGLU) or
+ * for Gemma tanh GELU (GeGLU). p: its module ("model.layers.<i>.mlp", "....mlp.shared_expert"). */
 static int swiglu_mlp(builder *b, const char *p, int h, int64_t F) {
     const dw_model_config *c = b->c;
     const int64_t C = c->d_model;
     char nm[160];
     int gate = linear(b, NAME("gate_proj"), h, C, F, c->mlp_bias, false);
     int up = linear(b, NAME("up_proj"), h, C, F, c->mlp_bias, false);
-    h = node(b, DW_OP_SWIGLU, NAME("act"), gate, up, -1, NULL);
+    h = node(b, c->act == DW_ACT_GELU_GLU ? DW_OP_GEGLU : DW_OP_SWIGLU, NAME("act"), gate, up, -1, NULL);
     return linear(b, NAME("down_proj"), h, F, C, c->mlp_bias, false);
 }
 
-/* The dense SwiGLU MLP of width d_ff: x += mlp(post_attention_layernorm(x)). p: "model.layers.<i>". */
+/* The dense gated MLP of width d_ff: x += mlp(post_attention_layernorm(x)); Gemma 2:
+ * x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x))). p: "model.layers.<i>". */
 static void dense_mlp(builder *b, const char *p, int *x) {
     char nm[128], m[96];
-    int h = norm(b, NAME("post_attention_layernorm"), *x);
+    const bool sandwich = b->c->sandwich_norms;
+    int h = norm(b, sandwich ? NAME("pre_feedforward_layernorm") : NAME("post_attention_layernorm"), *x);
     snprintf(m, sizeof m, "%s.mlp", p);
     h = swiglu_mlp(b, m, h, b->c->d_ff);
+    if (sandwich) h = norm(b, NAME("post_feedforward_layernorm"), h);
     *x = node(b, DW_OP_ADD, NAME("mlp_residual"), *x, h, -1, NULL);
 }
 
@@ -266,12 +278,19 @@ static void block_qwen3_moe(builder *b, int i, int *x) { block_qwen2_moe(b, i, x
 
 /* Qwen3: the Llama block with per-head q/k norms (config qk_norm_heads). */
 static void block_qwen3(builder *b, int i, int *x) { block_llama(b, i, x); }
+
+/* Gemma 2: the Llama block with (1 + w) norms after attention and around the MLP (config
+ * sandwich_norms, norm_offset), GeGLU, q scaled to query_pre_attn_scalar, soft-capped scores. */
+static void block_gemma2(builder *b, int i, int *x) { block_llama(b, i, x); }
+
+/* Phi-3: the Llama block (its fused checkpoint tensors are split by runtime/weights_layout.c). */
+static void block_phi3(builder *b, int i, int *x) { block_llama(b, i, x); }
 #undef NAME
 
 /* Each architecture's block template (archs.def's family column). */
 typedef void (*block_fn)(builder *b, int i, int *x);
 static const block_fn blocks[DW_ARCH_COUNT] = {
-#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts) block_##fam,
+#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts, fused) block_##fam,
 #include "capture/archs.def"
 #undef DW_ARCH
 };
@@ -336,6 +355,10 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
                                                         : "model.embed_tokens.weight");
     int x = node(&b, DW_OP_EMBEDDING, gpt2 ? "transformer.wte" : "model.embed_tokens", g->tokens,
                  wte, -1, NULL);
+    if (c->embed_scale) { /* Gemma: times sqrt(hidden_size), rounded to FP32 as transformers' normalizer */
+        const dw_ir_attrs es = {.scale = (double)(float)c->embed_scale};
+        x = node(&b, DW_OP_SOFTCAP, "model.embed_tokens.scale", x, -1, -1, &es);
+    }
     if (gpt2) {
         int wpe = param(&b, c->max_seq, c->d_model, "transformer.wpe.weight");
         x = node(&b, DW_OP_POSITION, "transformer.wpe", x, wpe, -1, NULL);
@@ -348,6 +371,10 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
     x = norm(&b, gpt2 ? "transformer.ln_f" : "model.norm", x);
     int head = c->tie_embeddings ? wte : param(&b, c->vocab_size, c->d_model, "lm_head.weight");
     g->logits = node(&b, DW_OP_LINEAR, "lm_head", x, head, -1, NULL);
+    if (c->final_softcap > 0) { /* Gemma 2: tanh(logits / cap) cap */
+        const dw_ir_attrs fc = {.scale = 1.0, .softcap = c->final_softcap};
+        g->logits = node(&b, DW_OP_SOFTCAP, "lm_head.softcap", g->logits, -1, -1, &fc);
+    }
     g->loss = node(&b, DW_OP_CROSS_ENTROPY, "loss", g->logits, g->targets, -1, NULL);
     if (b.aux_sums >= 0) { /* transformers' load-balancing loss and the router z-loss over all MoE layers */
         const dw_ir_attrs la = {.top_k = c->top_k, .coef = c->aux_loss ? c->router_aux_loss_coef : 0,

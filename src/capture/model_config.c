@@ -1,6 +1,7 @@
 /* model_config.c — Hugging Face config.json <-> dw_model_config, one parse_<family> and
  * write_<family> pair per family of capture/archs.def, plus the closed-form parameter count.
  * Presets live in model_presets.c; the graph built from a config lives in capture.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +59,9 @@ static dw_status parse_gpt2(dw_ctx *ctx, const json_t *j, const char *what, dw_m
     return DW_OK;
 }
 
-static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+/* The keys the Llama-like families share (sizes, eps, biases, tying), with the family's defaults set
+ * first; not the activation, RoPE or windows. */
+static dw_status parse_decoder(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
     const dw_arch arch = c->arch;
     dw_model_preset_find(arch == DW_ARCH_QWEN2 ? "qwen2-tiny" : "llama-tiny", c); /* family defaults */
     c->arch = arch;
@@ -83,6 +86,11 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
     DW_TRY(dw_json_get_bool_opt(ctx, j, "attention_bias", what, &c->qkv_bias));
     DW_TRY(dw_json_get_bool_opt(ctx, j, "mlp_bias", what, &c->mlp_bias));
     if (c->arch == DW_ARCH_QWEN2) c->qkv_bias = true; /* Qwen2 always biases q, k, v */
+    return DW_OK;
+}
+
+static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    DW_TRY(parse_decoder(ctx, j, what, c));
     const char *act = "silu";
     DW_TRY(dw_json_get_str_opt(ctx, j, "hidden_act", what, &act));
     if (strcmp(act, "silu"))
@@ -99,6 +107,63 @@ static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_
 static dw_status parse_qwen3(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
     DW_TRY(parse_llama(ctx, j, what, c));
     c->qk_norm_heads = true;
+    return DW_OK;
+}
+
+/* Reads a soft-capping key: a positive number, or null (none); absent: the default *out keeps. */
+static dw_status get_cap(dw_ctx *ctx, const json_t *j, const char *key, const char *what, double *out) {
+    const json_t *v = json_object_get(j, key);
+    if (v && json_is_null(v)) {
+        *out = 0;
+        return DW_OK;
+    }
+    DW_TRY(dw_json_get_num_opt(ctx, j, key, what, out));
+    if (!(*out > 0 && *out < 1e30))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field '%s' = %g: must be a positive number (or null: none)",
+                            what, key, *out);
+    return DW_OK;
+}
+
+/* Gemma 2 (transformers' Gemma2Config and its defaults): the llama sizes with head_dim 256 and 4 KV
+ * heads unless given, tied embeddings, hidden_activation gelu_pytorch_tanh (GeGLU), embeddings times
+ * sqrt(hidden_size), (1 + w) RMSNorms before and after attention and MLP, query_pre_attn_scalar
+ * (256), attn_logit_softcapping (50) and final_logit_softcapping (30) (null: none), RoPE, and the
+ * sliding window on the layers layer_types names (else the even ones; model_config_window.c). */
+static dw_status parse_gemma2(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    long long kv = 4, hd = 256;
+    DW_TRY(dw_json_get_int_opt(ctx, j, "num_key_value_heads", what, &kv));
+    DW_TRY(dw_json_get_int_opt(ctx, j, "head_dim", what, &hd));
+    DW_TRY(parse_decoder(ctx, j, what, c));
+    if (!json_object_get(j, "num_key_value_heads")) c->n_kv_heads = kv;
+    if (!json_object_get(j, "head_dim")) c->head_dim = hd;
+    c->tie_embeddings = true, c->mlp_bias = false;
+    DW_TRY(dw_json_get_bool_opt(ctx, j, "tie_word_embeddings", what, &c->tie_embeddings));
+    const char *act = "gelu_pytorch_tanh";
+    DW_TRY(dw_json_get_str_opt(ctx, j, "hidden_activation", what, &act));
+    if (strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_new"))
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: field 'hidden_activation': '%s' is not supported (supported: "
+                            "gelu_pytorch_tanh)", what, act);
+    c->act = DW_ACT_GELU_GLU;
+    c->embed_scale = sqrt((double)c->d_model);
+    c->norm_offset = 1.0, c->sandwich_norms = true;
+    c->query_pre_attn_scalar = 256, c->attn_softcap = 50.0, c->final_softcap = 30.0;
+    DW_TRY(dw_json_get_num_opt(ctx, j, "query_pre_attn_scalar", what, &c->query_pre_attn_scalar));
+    if (!(c->query_pre_attn_scalar > 0 && c->query_pre_attn_scalar < 1e30))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'query_pre_attn_scalar' = %g: must be positive", what,
+                            c->query_pre_attn_scalar);
+    DW_TRY(get_cap(ctx, j, "attn_logit_softcapping", what, &c->attn_softcap));
+    DW_TRY(get_cap(ctx, j, "final_logit_softcapping", what, &c->final_softcap));
+    DW_TRY(dw_model_config_parse_rope(ctx, j, what, c));
+    return dw_model_config_parse_window(ctx, j, what, c);
+}
+
+/* Phi-3: the llama fields and block (SwiGLU, RoPE, no biases), q/k/v and gate/up fused in its
+ * checkpoints (archs.def's fused column), sliding_window on every layer as Mistral's (default
+ * none); partial_rotary_factor below 1 and the longrope type are refused by name
+ * (model_config_rope.c). */
+static dw_status parse_phi3(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    DW_TRY(parse_llama(ctx, j, what, c));
+    c->qkv_bias = false, c->mlp_bias = false; /* Phi3Attention and Phi3MLP have none (the keys are not read) */
     return DW_OK;
 }
 
@@ -134,6 +199,16 @@ static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const
                                            !strcmp(json_string_value(drop), "position"))))
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: moe_token_drop_policy must be \"probs\" or \"position\"", what);
     c->drop_by_weight = drop && !strcmp(json_string_value(drop), "probs");
+    const json_t *topk = json_object_get(j, "topk_method"); /* DeepSeek's name: "noaux_tc" asks for the bias */
+    if (topk && !(json_is_string(topk) && (!strcmp(json_string_value(topk), "noaux_tc") ||
+                                           !strcmp(json_string_value(topk), "greedy"))))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: topk_method must be \"greedy\" or \"noaux_tc\" (the selection "
+                            "bias of auxiliary-loss-free balancing)", what);
+    c->moe_bias_speed = topk && !strcmp(json_string_value(topk), "noaux_tc") ? 0.001 : 0.0;
+    DW_TRY(dw_json_get_num_opt(ctx, j, "moe_bias_update_speed", what, &c->moe_bias_speed));
+    if (!(c->moe_bias_speed >= 0 && c->moe_bias_speed <= 1))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: moe_bias_update_speed %g must be in [0, 1] (0: no selection "
+                            "bias)", what, c->moe_bias_speed);
     c->d_ff_expert = c->d_ff;
     return DW_OK;
 }
@@ -312,13 +387,15 @@ static void write_olmoe(json_t *j, const dw_model_config *c);
 static void write_qwen2_moe(json_t *j, const dw_model_config *c);
 static void write_qwen3_moe(json_t *j, const dw_model_config *c);
 static void write_qwen3(json_t *j, const dw_model_config *c);
+static void write_gemma2(json_t *j, const dw_model_config *c);
+static void write_phi3(json_t *j, const dw_model_config *c);
 
 /* Each architecture's family functions (archs.def's family column). */
 static const struct {
     dw_status (*parse)(dw_ctx *, const json_t *, const char *, dw_model_config *);
     void (*write)(json_t *, const dw_model_config *);
 } families[DW_ARCH_COUNT] = {
-#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts) {parse_##fam, write_##fam},
+#define DW_ARCH(ID, type, cls, fam, reads_config, trains, prefix, ignorable, experts, fused) {parse_##fam, write_##fam},
 #include "capture/archs.def"
 #undef DW_ARCH
 };
@@ -405,10 +482,12 @@ static void write_llama(json_t *j, const dw_model_config *c) {
     if (c->arch == DW_ARCH_DEEPSEEK_V3) dw_model_config_mla_write(j, c); /* model_config_mla.c */
 }
 
-/* The Deepwell keys of token dropping: capacity_factor, and moe_token_drop_policy when not by position. */
+/* The Deepwell keys of token dropping: capacity_factor, and moe_token_drop_policy when not by position;
+ * and moe_bias_update_speed when the selection bias is on. */
 static void write_moe_drop(json_t *j, const dw_model_config *c) {
     if (c->capacity_factor > 0) set_num(j, "capacity_factor", c->capacity_factor);
     if (c->drop_by_weight) json_object_set_new(j, "moe_token_drop_policy", json_string("probs"));
+    if (c->moe_bias_speed > 0) set_num(j, "moe_bias_update_speed", c->moe_bias_speed); /* the selection bias */
 }
 
 /* The keys every mixture-of-experts family writes after the llama ones (the experts' width as
@@ -464,6 +543,24 @@ static void write_qwen3_moe(json_t *j, const dw_model_config *c) { write_qwen_mo
 
 static void write_qwen3(json_t *j, const dw_model_config *c) { write_llama(j, c); }
 
+static void set_cap(json_t *j, const char *k, double v) { json_object_set_new(j, k, v > 0 ? json_real(v) : json_null()); }
+
+static void write_gemma2(json_t *j, const dw_model_config *c) {
+    write_llama(j, c);
+    json_object_del(j, "mlp_bias");
+    set_str(j, "hidden_act", "gelu_pytorch_tanh"); /* transformers' Gemma2 reads hidden_activation */
+    set_str(j, "hidden_activation", "gelu_pytorch_tanh");
+    set_num(j, "query_pre_attn_scalar", c->query_pre_attn_scalar);
+    set_cap(j, "attn_logit_softcapping", c->attn_softcap);
+    set_cap(j, "final_logit_softcapping", c->final_softcap);
+}
+
+static void write_phi3(json_t *j, const dw_model_config *c) {
+    write_llama(j, c);
+    json_object_del(j, "attention_bias");
+    json_object_del(j, "mlp_bias");
+}
+
 json_t *dw_model_config_to_json(const dw_model_config *c) {
     json_t *j = json_object();
     json_t *arch = json_array();
@@ -497,7 +594,8 @@ dw_status dw_model_config_save(dw_ctx *ctx, const dw_model_config *cfg, const ch
 }
 
 bool dw_model_config_o_bias(const dw_model_config *c) {
-    return c->linear_bias || (c->qkv_bias && (c->arch == DW_ARCH_LLAMA || c->arch == DW_ARCH_QWEN3 || c->arch == DW_ARCH_QWEN3_MOE));
+    return c->linear_bias || (c->qkv_bias && (c->arch == DW_ARCH_LLAMA || c->arch == DW_ARCH_QWEN3 || c->arch == DW_ARCH_QWEN3_MOE ||
+                                              c->arch == DW_ARCH_GEMMA2));
 }
 
 bool dw_model_config_moe_layer(const dw_model_config *c, int64_t l) {
@@ -531,6 +629,7 @@ int64_t dw_model_config_params(const dw_model_config *c) {
     if (dw_model_config_o_bias(c)) attn += d; /* output projection bias */
     if (c->qk_norm) attn += q + kv; /* OLMoE: RMSNorm weights over the q and k projections */
     if (c->qk_norm_heads) attn += 2 * c->head_dim; /* Qwen3: one RMSNorm weight per head_dim for q, k */
+    if (c->sandwich_norms) attn += 2 * norm;       /* Gemma 2: post_attention and post_feedforward norms */
     if (c->mla.kv_lora_rank > 0) attn = dw_mla_attn_params(c); /* DeepSeek's latent attention */
     int64_t p = V * d + (c->pos == DW_POS_LEARNED ? c->max_seq * d : 0);
     for (int64_t l = 0; l < c->n_layers; l++)

@@ -44,6 +44,13 @@ typedef struct dw_model_config_s {
     int64_t sliding_window; /* keys a windowed layer's query sees (itself included); 0: no window */
     uint64_t window_layers[DW_MODEL_MAX_LAYERS / 64 + 1]; /* bit l set: layer l's attention is windowed */
     double init_std;       /* initializer_range (0.02) */
+    /* Gemma 2 (all zero elsewhere) */
+    double embed_scale;    /* the embeddings multiplied by it (sqrt(hidden_size)); 0: not scaled */
+    double norm_offset;    /* RMSNorm weights applied as norm_offset + w (1); 0: w */
+    bool sandwich_norms;   /* norms after attention and MLP too (post_attention_layernorm, pre_ and
+                            * post_feedforward_layernorm) */
+    double query_pre_attn_scalar; /* attention scores scaled by its -1/2 (0: head_dim's) */
+    double attn_softcap, final_softcap; /* attn_logit_softcapping, final_logit_softcapping (0: none) */
     /* mixture of experts */
     int64_t n_experts;     /* 0: dense */
     int64_t top_k;
@@ -55,6 +62,8 @@ typedef struct dw_model_config_s {
                              * rest dropped (dw_moe_capacity); 0: dropless (a Deepwell key in config.json) */
     bool drop_by_weight;   /* over capacity, an expert keeps its heaviest assignments, not its first
                             * (config.json moe_token_drop_policy "probs"; default "position") */
+    double moe_bias_speed; /* > 0: auxiliary-loss-free balancing's bias update speed γ (config.json
+                            * moe_bias_update_speed, a Deepwell key; 0.001 under topk_method "noaux_tc"); 0: off */
     int64_t d_ff_expert;   /* expert intermediate size */
     int64_t n_shared_experts;
     int64_t first_dense_layers; /* DeepSeek-V3: first k layers dense */

@@ -1,10 +1,13 @@
 /* model_config_window.c — sliding-window attention in a Hugging Face config.json, both ways, as
  * transformers reads it:
- *   mistral, mixtral: sliding_window (null: none; absent: Mistral's 4096, Mixtral's none) on every layer;
+ *   mistral, mixtral, phi3: sliding_window (null: none; absent: Mistral's 4096, none for the others) on
+ *     every layer;
  *   qwen2, qwen2_moe, qwen3, qwen3_moe: with use_sliding_window (default false), sliding_window on
  *     layers l >= max_window_layers (default 28);
+ *   gemma2: sliding_window (default 4096; null: none) on the even layers 0, 2, 4, ... (transformers 4's
+ *     is_sliding, transformers 5's default layer_types);
  *   any of them with layer_types (transformers >= 4.53 and 5): "sliding_attention" layers windowed,
- *     "full_attention" layers not (it wins over max_window_layers).
+ *     "full_attention" layers not (it wins over max_window_layers and gemma2's even layers).
  * Other families (llama, olmoe, gpt2) have no window: their keys are ignored, as transformers does.
  * A window of W keys lets query t see keys t-W+1..t (the attention op's attrs.window). */
 #include <stdio.h>
@@ -14,7 +17,7 @@
 #include "core/error.h"
 #include "core/json.h"
 
-static bool mistral_like(dw_arch a) { return a == DW_ARCH_MISTRAL || a == DW_ARCH_MIXTRAL; }
+static bool mistral_like(dw_arch a) { return a == DW_ARCH_MISTRAL || a == DW_ARCH_MIXTRAL || a == DW_ARCH_PHI3; }
 static bool qwen_like(dw_arch a) {
     return a == DW_ARCH_QWEN2 || a == DW_ARCH_QWEN2_MOE || a == DW_ARCH_QWEN3 || a == DW_ARCH_QWEN3_MOE;
 }
@@ -46,17 +49,18 @@ static dw_status parse_layer_types(dw_ctx *ctx, const json_t *a, const char *wha
 dw_status dw_model_config_parse_window(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
     c->sliding_window = 0;
     memset(c->window_layers, 0, sizeof c->window_layers);
-    if (!mistral_like(c->arch) && !qwen_like(c->arch)) return DW_OK;
-    long long window = c->arch == DW_ARCH_MIXTRAL ? 0 : 4096; /* the configs' defaults */
+    const bool gemma = c->arch == DW_ARCH_GEMMA2;
+    if (!mistral_like(c->arch) && !qwen_like(c->arch) && !gemma) return DW_OK;
+    long long window = c->arch == DW_ARCH_MIXTRAL || c->arch == DW_ARCH_PHI3 ? 0 : 4096; /* the configs' defaults */
     const json_t *jw = json_object_get(j, "sliding_window");
     if (jw && json_is_null(jw)) window = 0;
     else DW_TRY(dw_json_get_int_opt(ctx, j, "sliding_window", what, &window));
     if (window < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'sliding_window' = %lld: must be positive (or null: none)",
                             what, window);
-    bool use = mistral_like(c->arch);
+    bool use = mistral_like(c->arch) || gemma;
     DW_TRY(dw_json_get_bool_opt(ctx, j, "use_sliding_window", what, &use));
-    long long first = mistral_like(c->arch) ? 0 : 28; /* max_window_layers */
+    long long first = qwen_like(c->arch) ? 28 : 0; /* max_window_layers */
     if (qwen_like(c->arch)) DW_TRY(dw_json_get_int_opt(ctx, j, "max_window_layers", what, &first));
     if (first < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'max_window_layers' = %lld: must be 0 or more", what, first);
@@ -64,12 +68,13 @@ dw_status dw_model_config_parse_window(dw_ctx *ctx, const json_t *j, const char 
     c->sliding_window = window;
     const json_t *types = json_object_get(j, "layer_types");
     if (types && !json_is_null(types)) return parse_layer_types(ctx, types, what, c);
-    for (int64_t l = first; l < c->n_layers && l < DW_MODEL_MAX_LAYERS; l++) set_layer(c, l);
+    for (int64_t l = first; l < c->n_layers && l < DW_MODEL_MAX_LAYERS; l += gemma ? 2 : 1) set_layer(c, l);
     return DW_OK;
 }
 
 void dw_model_config_write_window(json_t *j, const dw_model_config *c) {
-    if (!mistral_like(c->arch) && !qwen_like(c->arch)) return;
+    const bool gemma = c->arch == DW_ARCH_GEMMA2;
+    if (!mistral_like(c->arch) && !qwen_like(c->arch) && !gemma) return;
     int64_t first = c->n_layers, count = 0; /* the first windowed layer; how many are */
     for (int64_t l = c->n_layers - 1; l >= 0; l--)
         if (dw_model_config_windowed(c, l)) first = l, count++;
@@ -79,7 +84,7 @@ void dw_model_config_write_window(json_t *j, const dw_model_config *c) {
         json_object_set_new(j, "use_sliding_window", json_boolean(count > 0));
         json_object_set_new(j, "max_window_layers", json_integer(count ? first : c->n_layers));
     }
-    if (count && (qwen_like(c->arch) ? !suffix : count != c->n_layers)) { /* only layer_types says which */
+    if (count && (gemma || (qwen_like(c->arch) ? !suffix : count != c->n_layers))) { /* only layer_types says which */
         json_t *types = json_array();
         for (int64_t l = 0; l < c->n_layers; l++)
             json_array_append_new(types, json_string(dw_model_config_windowed(c, l) ? "sliding_attention"

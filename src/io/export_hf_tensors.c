@@ -25,6 +25,7 @@ static bool ends_with(const char *s, const char *suffix) {
 bool dw_export_fp8_quantised(const dw_st_tensor *t) {
     static const char *const proj[] = {".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
                                        ".gate_proj.weight", ".up_proj.weight", ".down_proj.weight",
+                                       ".qkv_proj.weight", ".gate_up_proj.weight", /* Phi-3's fused ones */
                                        ".w1.weight", ".w2.weight", ".w3.weight"};
     if (t->ndim == 3) return dw_hf_fused_expert_name(t->name);
     if (t->ndim != 2) return false;

@@ -154,7 +154,7 @@ static dw_status layout_build(dw_engine *e, dw_weights_layout L, hf_layout *h) {
     h->npc = calloc((size_t)(n ? n : 1), sizeof *h->npc);
     size_t total = 0;
     for (int i = 0; h->pc && h->npc && i < n; i++) {
-        if (!(h->pc[i] = dw_hf_pieces(ptensor(e, i), L, arch(e), &h->npc[i]))) break;
+        if (!(h->pc[i] = dw_hf_pieces(e->g, ptensor(e, i), L, arch(e), &h->npc[i]))) break;
         total += (size_t)h->npc[i];
     }
     bool ok = h->pc && h->npc && (n == 0 || h->pc[n - 1]) && map_init(&h->map, total);

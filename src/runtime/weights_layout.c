@@ -1,6 +1,7 @@
 /* weights_layout.c — the Hugging Face pieces of each parameter (weights_layout.h): one piece under
- * the parameter's own name, or the expert weights and router of a mixture-of-experts layer in the
- * fused or the per-expert layout. Names only: no file is read here. */
+ * the parameter's own name, a block of rows of Phi-3's fused qkv_proj / gate_up_proj, or the expert
+ * weights and router of a mixture-of-experts layer in the fused or the per-expert layout. Names
+ * only: no file is read here. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,10 +51,51 @@ static void expert_names(const dw_hf_arch *a, char names[4][32]) {
     }
 }
 
+/* Phi-3's fused projections (archs.def's fused column): each stored tensor, then the parameters
+ * whose rows it concatenates, in order. */
+static const char *const fused_groups[2][4] = {
+    {".self_attn.qkv_proj.weight", ".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.v_proj.weight"},
+    {".mlp.gate_up_proj.weight", ".mlp.gate_proj.weight", ".mlp.up_proj.weight", NULL}};
+
+/* When p is one part of a fused tensor: its one piece in *pc (rows after the parts before it in the
+ * graph's order of the group) and true; false when p is no part (*pc untouched). *pc NULL with true:
+ * out of memory, or a sibling missing from the graph. */
+static bool fused_part(const dw_graph *g, const dw_ir_tensor *p, dw_hf_piece **pc) {
+    for (int gi = 0; gi < 2; gi++)
+        for (int k = 1; k < 4 && fused_groups[gi][k]; k++) {
+            size_t stem;
+            if (p->ndim != 2 || !ends_with(p->name, fused_groups[gi][k], &stem)) continue;
+            int64_t before = 0, rows = 0;
+            *pc = NULL;
+            for (int m = 1; m < 4 && fused_groups[gi][m]; m++) {
+                char *name = name_of(p->name, stem, fused_groups[gi][m]);
+                const int t = name ? dw_graph_find_tensor(g, name) : -1;
+                free(name);
+                if (t < 0 || g->tensors[t].ndim != 2 || g->tensors[t].shape[1] != p->shape[1]) return true;
+                before += m < k ? g->tensors[t].shape[0] : 0;
+                rows += g->tensors[t].shape[0];
+            }
+            dw_hf_piece *q = calloc(1, sizeof *q);
+            if (q && !(q->stored = name_of(p->name, stem, fused_groups[gi][0]))) free(q), q = NULL;
+            if (!q) return true;
+            q->ndim = 2, q->shape[0] = rows, q->shape[1] = p->shape[1];
+            q->stored_off = before * p->shape[1], q->count = dw_ir_numel(p);
+            *pc = q;
+            return true;
+        }
+    return false;
+}
+
 /* Expert weight kinds: gate (w1), up (w3), down (w2). */
 enum { GATE = 0, UP, DOWN };
 
-dw_hf_piece *dw_hf_pieces(const dw_ir_tensor *p, dw_weights_layout layout, const dw_hf_arch *a, int *n) {
+dw_hf_piece *dw_hf_pieces(const dw_graph *g, const dw_ir_tensor *p, dw_weights_layout layout, const dw_hf_arch *a,
+                          int *n) {
+    dw_hf_piece *fp;
+    if (a && a->fused && fused_part(g, p, &fp)) {
+        *n = 1;
+        return fp;
+    }
     char en[4][32]; /* module, gate, up, down */
     expert_names(a, en);
     size_t stem = 0;

@@ -55,7 +55,7 @@ PY
 mkdir "$tmp/mix"; echo '{"model_type":"gemma","hidden_size":64}' >"$tmp/mix/config.json"
 "$dw" capture "$tmp/mix" >"$tmp/out" 2>&1; rc=$?
 [ $rc -ne 0 ] && check "gemma config refused" 1 1 || check "gemma config refused" 1 0
-has "gemma message" "$tmp/out" "model_type 'gemma' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral, deepseek_v3, olmoe, qwen2_moe, qwen3_moe, qwen3)"
+has "gemma message" "$tmp/out" "model_type 'gemma' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral, deepseek_v3, olmoe, qwen2_moe, qwen3_moe, qwen3, gemma2, phi3)"
 has "message names the file" "$tmp/out" "mix/config.json"
 "$dw" capture llama-70b >"$tmp/out" 2>&1; rc=$?
 [ $rc -ne 0 ] && check "planning-only refused" 1 1 || check "planning-only refused" 1 0

@@ -18,9 +18,7 @@ Not run by ctest (CI has no transformers): run where transformers is installed (
    refused with an error naming the layer and the window (the CUDA kernels mask causally only).
 Exit status 1 on any mismatch.
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -28,8 +26,8 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from parity import compare, write_shard  # noqa: E402  (the same shard format and tolerances)
-from hf_parity_rope import check_eval, randomise, run  # noqa: E402  (the same weights and checks)
+from parity import write_shard  # noqa: E402  (the same shard format)
+from hf_parity_rope import check_eval, first_train_loss, randomise  # noqa: E402  (the same weights and checks)
 
 LAYER_TYPES = hasattr(transformers.Qwen2Config(), "layer_types")  # per-layer windows in eager masks
 HAS_QWEN3 = hasattr(transformers, "Qwen3Config")
@@ -59,12 +57,48 @@ def cases():
                                                max_window_layers=first), True
 
 
-def first_train_loss(dw, d, data, out, device):
-    r = run([dw, "train", "--model", d, "--data", data, "--out", out, "--batch", B, "--seq", T, "--steps", 1,
-             "--eval-every", 0, "--warmup", 1, "--device", device])
-    if r.returncode:
-        return None, r.stderr.strip()[-600:]
-    return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["loss"], r.stderr
+def hf_case(cls, kw, name, tmp, gen, B, T):
+    """A random transformers model of config class cls (eager, float64) written with save_pretrained
+    to tmp/name, a shard of exactly B windows of T + 1 tokens, and transformers' forward and backward
+    on it: (cfg, model, d, data, tok, logits, loss)."""
+    cfg = getattr(transformers, cls)(**kw)
+    cfg._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(cfg).double()
+    randomise(model, gen)
+    d = os.path.join(tmp, name)
+    model.float().save_pretrained(d)
+    model.double()
+    stream = torch.randint(0, cfg.vocab_size, (B * T + 1,), generator=gen).tolist()
+    data = os.path.join(tmp, name + ".bin")
+    write_shard(data, stream)
+    tok = torch.tensor(stream[:B * T]).view(B, T)
+    tgt = torch.tensor(stream[1:B * T + 1]).view(B, T)
+    model.zero_grad()
+    logits = model(input_ids=tok, use_cache=False).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+    loss.backward()
+    return cfg, model, d, data, tok, logits, loss
+
+
+def check_start(dw, name, d, data, tmp, loss, failures, gpu, B, T, cuda_refusal=()):
+    """`deepwell train --model d` logs transformers' loss as its first loss on the CPU (1e-5) and, with
+    a GPU, on CUDA (2e-2: BF16) — unless cuda_refusal names phrases: then CUDA must refuse the model
+    with each of them in its message."""
+    for device in ["cpu"] + (["cuda"] if gpu else []):
+        got, err = first_train_loss(dw, d, data, B, T, os.path.join(tmp, f"run-{name}-{device}"), device)
+        if device == "cuda" and cuda_refusal:
+            ok = got is None and all(p in err for p in cuda_refusal)
+            print(f"{name} on CUDA: {'refused as expected' if ok else 'NOT REFUSED'}: {err.splitlines()[-1:]}")
+            if not ok:
+                failures.append(f"{name} cuda: must be refused naming {cuda_refusal}; got {got} {err}")
+            continue
+        tol = 1e-5 if device == "cpu" else 2e-2
+        ok = got is not None and abs(got - float(loss)) <= tol * abs(float(loss))
+        print(f"{name} fine-tune start ({device}): deepwell {got}, transformers {float(loss):.7f} "
+              f"({'ok' if ok else 'MISMATCH'})")
+        if not ok:
+            failures.append(f"{name} {device}: first loss {got} vs transformers {float(loss)} "
+                            f"({err if got is None else ''})")
 
 
 def main():
@@ -78,41 +112,12 @@ def main():
             if not hasattr(transformers, cls):
                 print(f"SKIP: {name}: this transformers has no {cls}")
                 continue
-            cfg = getattr(transformers, cls)(**kw)
-            cfg._attn_implementation = "eager"
-            model = transformers.AutoModelForCausalLM.from_config(cfg).double()
-            randomise(model, gen)
-            d = os.path.join(tmp, name)
-            model.float().save_pretrained(d)
-            model.double()
-            stream = torch.randint(0, cfg.vocab_size, (B * T + 1,), generator=gen).tolist()
-            data = os.path.join(tmp, name + ".bin")
-            write_shard(data, stream)
-            tok = torch.tensor(stream[:B * T]).view(B, T)
-            tgt = torch.tensor(stream[1:B * T + 1]).view(B, T)
-            model.zero_grad()
-            logits = model(input_ids=tok).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
-            loss.backward()
+            cfg, model, d, data, _, logits, loss = hf_case(cls, kw, name, tmp, gen, B, T)
             if check_eval(dw, name, d, data, B, T, model, cfg, logits, loss, failures, strict=True) is None:
                 continue
 
-            for device in ["cpu"] + (["cuda"] if gpu else []):
-                got_loss, err = first_train_loss(dw, d, data, os.path.join(tmp, f"run-{name}-{device}"), device)
-                if device == "cuda" and short_window:  # refused, naming the layer and the window
-                    W = kw["sliding_window"]
-                    ok = got_loss is None and "sliding-window attention of %d keys" % W in err and "layer" in err
-                    print(f"{name} on CUDA: {'refused as expected' if ok else 'NOT REFUSED'}: {err.splitlines()[-1:]}")
-                    if not ok:
-                        failures.append(f"{name} cuda: a window of {W} < {T} must be refused; got {got_loss} {err}")
-                    continue
-                tol = 1e-5 if device == "cpu" else 2e-2
-                ok = got_loss is not None and abs(got_loss - float(loss)) <= tol * abs(float(loss))
-                print(f"{name} fine-tune start ({device}): deepwell {got_loss}, transformers {float(loss):.7f} "
-                      f"({'ok' if ok else 'MISMATCH'})")
-                if not ok:
-                    failures.append(f"{name} {device}: first loss {got_loss} vs transformers {float(loss)} "
-                                    f"({err if got_loss is None else ''})")
+            refusal = ("sliding-window attention of %d keys" % kw["sliding_window"], "layer") if short_window else ()
+            check_start(dw, name, d, data, tmp, loss, failures, gpu, B, T, refusal)
     for f in failures:
         print("FAIL:", f)
     print(f"{len(failures)} failed")

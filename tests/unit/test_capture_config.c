@@ -345,7 +345,7 @@ static void test_errors(void **state) {
     (void)state;
     expect_error("{\"model_type\":\"gemma\",\"hidden_size\":8}", DW_ERR_UNSUPPORTED,
                  "model_type 'gemma' is not supported yet (supported: gpt2, llama, mistral, qwen2, mixtral, "
-                 "deepseek_v3, olmoe, qwen2_moe, qwen3_moe, qwen3)",
+                 "deepseek_v3, olmoe, qwen2_moe, qwen3_moe, qwen3, gemma2, phi3)",
                  NULL);
     /* sizes beyond any model are refused at once, before any product can overflow (issue 32) */
     expect_error("{\"model_type\":\"llama\",\"vocab_size\":100,\"hidden_size\":64,\"num_hidden_layers\":1000000000000,"
