@@ -421,7 +421,7 @@ static dw_status gather_shards(dw_ctx *ctx, dw_comm *host, const char *tmp, int6
     dw_status cs = dw_comm_all_gather(ctx, host, all, 3, DW_COMM_I64);
     for (int r = 0; cs == DW_OK && st == DW_OK && r < world; r++) {
         if (!all[3 * r]) {
-            st = dw_set_error(ctx, DW_ERR_IO, "checkpoint of step %lld: rank %d could not write its shard (its own "
+            st = dw_set_error(ctx, DW_ERR_IO, "checkpoint of step %lld: rank %d could not write its files (its own "
                               "message says why); the checkpoint is incomplete and `latest` is unchanged",
                               (long long)step, r);
         } else if (rank == 0) {

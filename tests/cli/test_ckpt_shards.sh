@@ -9,8 +9,8 @@
 # 9e-8); a 2-rank checkpoint resumes on 4 ranks and on 1 alike. `deepwell eval`
 # and `export` read a sharded checkpoint. Damage — a corrupt, truncated or missing shard, an index
 # naming another file, index and shard sizes that disagree, pieces that overlap, another model —
-# is refused naming the file before anything runs. A rank killed while writing its shard leaves
-# the previous checkpoint as `latest`, and the run resumes from it.
+# is refused naming the file before anything runs. A rank killed while writing its shard, or one
+# whose write fails, leaves the previous checkpoint as `latest`, and the run resumes from it.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -192,6 +192,21 @@ rc1=$?
 has "  ... rank 0 names the rank that left" "$tmp/err0" "rank 1"
 [ "$(cat "$tmp/die/latest")" = ckpt-3 ] && [ ! -e "$tmp/die/ckpt-6" ] && ok "  ... latest still names ckpt-3; no ckpt-6" ||
   bad "  ... latest: $(cat "$tmp/die/latest"); $(ls -a "$tmp/die")"
+# a rank whose write fails (SIGXFSZ ignored: write() says EFBIG) says so, and so does every other
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+(trap '' XFSZ; ulimit -f 16; RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port exec "$dw" train --resume \
+  "$tmp/die" --steps 6 >/dev/null 2>"$tmp/err1") &
+start=$SECONDS
+RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$dw" train --resume "$tmp/die" --steps 6 >/dev/null 2>"$tmp/err0"
+rc0=$?
+wait $!
+rc1=$?
+[ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $rc1 -ne 153 ] && [ $((SECONDS - start)) -lt 30 ] &&
+  ok "a rank whose shard cannot be written: both exit at once (exit $rc0, $rc1)" || bad "exits $rc0, $rc1"
+has "  ... rank 1 names its file" "$tmp/err1" "optimizer-00001-of-00002.safetensors"
+has "  ... rank 0 names rank 1" "$tmp/err0" "checkpoint of step 6: rank 1 could not write its files" "\`latest\` is unchanged"
+[ "$(cat "$tmp/die/latest")" = ckpt-3 ] && [ ! -e "$tmp/die/ckpt-6" ] && ok "  ... latest still names ckpt-3" ||
+  bad "  ... latest: $(cat "$tmp/die/latest")"
 "$dw" train --resume "$tmp/die" --steps 6 >/dev/null 2>"$tmp/err"
 check "  ... the run resumes from ckpt-3 on one rank" 0 $?
 [ "$(cat "$tmp/die/latest")" = ckpt-6 ] && ! ls -a "$tmp/die" | grep -q '^\.tmp-' &&
