@@ -114,6 +114,11 @@ typedef struct {
                                   assignments, those dropped, then the router's choices per expert
                                   (moe_count_experts of them); DW_MOE_COUNT_* */
     int64_t moe_layers, moe_count_experts;
+    int64_t moe_bias;          /* the MoE routers' selection bias (-1: no router): an int32 switch (0: off,
+                                  the choice by the logits), then at moe_bias + DW_MOE_BIAS_ROWS FP32
+                                  (moe_bias_layers x moe_bias_experts), a row per router node in graph
+                                  order (runtime/engine_moe_bias.h) */
+    int64_t moe_bias_layers, moe_bias_experts;
     int64_t norm;              /* double: sum of squares of all gradients, then the norm */
     int64_t partials;          /* DW_COMPILE_NORM_BLOCKS doubles */
     int64_t adamw_args;        /* DW_COMPILE_ADAMW_ARGS_BYTES: the optimizer's hyper-parameters for
@@ -135,6 +140,10 @@ typedef struct {
 enum { DW_MOE_COUNT_ASSIGNED = 0, DW_MOE_COUNT_DROPPED, DW_MOE_COUNT_LOAD };
 /* Byte offset in the workspace of dispatch node `node`'s counters (-1: not a dispatch node). */
 int64_t dw_compile_moe_counts_of(const dw_compiled *c, int node);
+/* The selection bias's rows start this many bytes past work.moe_bias (its switch before them). */
+#define DW_MOE_BIAS_ROWS 256
+/* Byte offset in the workspace of router node `node`'s bias row (-1: not a router node). */
+int64_t dw_compile_moe_bias_of(const dw_compiled *c, int node);
 #define DW_COMPILE_ADAMW_ARGS_BYTES 64 /* sizeof(dw_cuda_adamw_args): 8 doubles */
 /* Bytes of cuBLASLt workspace the GEMM layer allocates on first use (gemm_cublaslt.c). */
 #define DW_COMPILE_LT_WORKSPACE ((int64_t)64 << 20)

@@ -91,6 +91,15 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
         }
     w->moe_counts = w->moe_layers ? o : -1;
     o = dw_align_up(o + w->moe_layers * (DW_MOE_COUNT_LOAD + w->moe_count_experts) * 8, 256);
+    w->moe_bias_layers = w->moe_bias_experts = 0; /* the routers' selection bias (off until set) */
+    for (int i = 0; i < c->g->n_nodes; i++)
+        if (c->g->nodes[i].op == DW_OP_MOE_ROUTER) {
+            const dw_ir_tensor *z = &c->g->tensors[c->g->nodes[i].in[0]];
+            w->moe_bias_layers++;
+            if (z->shape[z->ndim - 1] > w->moe_bias_experts) w->moe_bias_experts = z->shape[z->ndim - 1];
+        }
+    w->moe_bias = w->moe_bias_layers ? o : -1;
+    if (w->moe_bias_layers) o = dw_align_up(o + DW_MOE_BIAS_ROWS + w->moe_bias_layers * w->moe_bias_experts * 4, 256);
     w->norm = o, o = dw_align_up(o + 8, 256);
     w->partials = o, o = dw_align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
     w->adamw_args = o, o = dw_align_up(o + DW_COMPILE_ADAMW_ARGS_BYTES, 256);
@@ -111,4 +120,10 @@ int64_t dw_compile_moe_counts_of(const dw_compiled *c, int node) {
     int64_t j = 0; /* the dispatch nodes before this one */
     for (int i = 0; i < node; i++) j += c->g->nodes[i].op == DW_OP_MOE_DISPATCH;
     return c->work.moe_counts + j * (DW_MOE_COUNT_LOAD + c->work.moe_count_experts) * 8;
+}
+int64_t dw_compile_moe_bias_of(const dw_compiled *c, int node) {
+    if (c->work.moe_bias < 0 || c->g->nodes[node].op != DW_OP_MOE_ROUTER) return -1;
+    int64_t j = 0; /* the router nodes before this one */
+    for (int i = 0; i < node; i++) j += c->g->nodes[i].op == DW_OP_MOE_ROUTER;
+    return c->work.moe_bias + DW_MOE_BIAS_ROWS + j * c->work.moe_bias_experts * 4;
 }

@@ -109,6 +109,10 @@ void dw_cpu_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t
  * (N,K) and their weights in w (N,K): p itself, or p / (sum of the K) when renorm. */
 void dw_cpu_moe_router_fwd(float *w, int32_t *idx, const float *z, int64_t N, int64_t E, int64_t K, int score,
                            int renorm);
+/* The same with a per-expert selection bias (E; NULL: none): the K largest p + bias (in double;
+ * ties: the lower expert), the weights from p alone. */
+void dw_cpu_moe_router_fwd_biased(float *w, int32_t *idx, const float *z, const float *bias, int64_t N, int64_t E,
+                                  int64_t K, int score, int renorm);
 /* dz (N,E) written from dw (N,K; NULL: zeros) through the experts idx the forward chose. */
 void dw_cpu_moe_router_bwd(float *dz, const float *dw, const float *z, const int32_t *idx, int64_t N, int64_t E,
                            int64_t K, int score, int renorm);

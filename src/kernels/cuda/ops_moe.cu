@@ -1,8 +1,10 @@
-/* ops_moe.cu — CUDA MoE router: softmax or sigmoid scores, top-k by the logits, weights (optionally
- * renormalised), forward and backward; FP32 or BF16 storage, FP32 math. One warp per row, lanes
+/* ops_moe.cu — CUDA MoE router: softmax or sigmoid scores, top-k by the logits (or, with a
+ * selection bias switched on, by score + bias in FP32), weights (optionally renormalised) from the
+ * unbiased scores, forward and backward; FP32 or BF16 storage, FP32 math. One warp per row, lanes
  * striding over the experts; selection is K warp-wide arg-max rounds, each over the experts that
- * rank below the previous pick in the order (logit descending, expert ascending), so no per-row
- * state is kept. Oracle: kernels/cpu/router_cpu.c (which selects the same way). */
+ * rank below the previous pick in the order (key descending, expert ascending), so no per-row
+ * state is kept. Oracle: kernels/cpu/router_cpu.c (which selects the same way; its biased keys
+ * are doubles, so a near-tie within FP32 rounding may go the other way). */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_ROUTER_WARPS 4 /* rows per block */
@@ -19,22 +21,30 @@ static __device__ __forceinline__ float dw_rt_score(float z, int score, float m,
     return score ? 1.0f / (1.0f + expf(-z)) : expf(z - m) / s;
 }
 
+/* The selection key of expert e with logit ze: the logit, or with a bias its score + bias. */
+static __device__ __forceinline__ float dw_rt_key(float ze, int64_t e, const float *bias, int score, float m, float s) {
+    return bias ? dw_rt_score(ze, score, m, s) + bias[e] : ze;
+}
+
+/* bias (E) FP32 or NULL; bias_on: a device flag read by every row (the bias is used where it is
+ * non-zero), so that switching it needs no new launch arguments and a recorded step replays. */
 template <typename T>
-static __global__ void dw_router_fwd_kernel(T *w, int32_t *idx, const T *z, int64_t N, int64_t E, int64_t K,
-                                            int score, int renorm) {
+static __global__ void dw_router_fwd_kernel(T *w, int32_t *idx, const T *z, const float *bias, const int32_t *bias_on,
+                                            int64_t N, int64_t E, int64_t K, int score, int renorm) {
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * DW_ROUTER_WARPS + (threadIdx.x >> 5);
     if (row >= N) return;
+    if (bias && !(bias_on && *bias_on)) bias = NULL;
     const T *zr = z + row * E;
     float m = 0.0f, s = 1.0f;
     if (!score) dw_warp_softmax_stats(zr, E, lane, m, s);
-    float prev_z = INFINITY, sum = 0.0f;
+    float prev_z = INFINITY, sum = 0.0f; /* prev_z: the previous pick's key */
     int prev = -1;
     for (int64_t k = 0; k < K; k++) {
         float bz = NAN;
         int be = -1;
         for (int64_t e = lane; e < E; e += 32) {
-            const float ze = dw_ld(zr, e);
+            const float ze = dw_rt_key(dw_ld(zr, e), e, bias, score, m, s);
             const bool eligible = prev < 0 || dw_rt_before(prev_z, prev, ze, (int)e);
             if (eligible && ze == ze && (be < 0 || dw_rt_before(ze, (int)e, bz, be))) bz = ze, be = (int)e;
         }
@@ -43,7 +53,7 @@ static __global__ void dw_router_fwd_kernel(T *w, int32_t *idx, const T *z, int6
             const int oe = __shfl_xor_sync(0xffffffffu, be, o);
             if (oe >= 0 && (be < 0 || dw_rt_before(oz, oe, bz, be))) bz = oz, be = oe;
         }
-        const float p = be >= 0 ? dw_rt_score(bz, score, m, s) : NAN;
+        const float p = be >= 0 ? dw_rt_score(bias ? dw_ld(zr, be) : bz, score, m, s) : NAN;
         if (lane == 0) {
             idx[row * K + k] = be;
             dw_st(w, row * K + k, p); /* renormalised below */
@@ -109,8 +119,10 @@ static dw_status dw_router_check(dw_ctx *ctx, const char *op, dw_act_dtype dt, i
     return DW_OK;
 }
 
-extern "C" dw_status dw_cuda_moe_router_fwd(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx, const void *z,
-                                            int64_t N, int64_t E, int64_t K, int score, int renorm, void *stream) {
+extern "C" dw_status dw_cuda_moe_router_fwd_biased(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx,
+                                                   const void *z, const float *bias, const int32_t *bias_on,
+                                                   int64_t N, int64_t E, int64_t K, int score, int renorm,
+                                                   void *stream) {
     const char *op = "moe_router";
     DW_TRY(dw_router_check(ctx, op, dt, N, E, K, score));
     DW_OPS_REQUIRE(ctx, op, N == 0 || (w && idx && z));
@@ -118,13 +130,18 @@ extern "C" dw_status dw_cuda_moe_router_fwd(dw_ctx *ctx, dw_act_dtype dt, void *
     const unsigned blocks = (unsigned)((N + DW_ROUTER_WARPS - 1) / DW_ROUTER_WARPS);
     cudaStream_t s = (cudaStream_t)stream;
     if (dt == DW_ACT_F32)
-        dw_router_fwd_kernel<float><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>((float *)w, idx, (const float *)z, N, E,
-                                                                             K, score, renorm);
+        dw_router_fwd_kernel<float><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>((float *)w, idx, (const float *)z, bias,
+                                                                             bias_on, N, E, K, score, renorm);
     else
-        dw_router_fwd_kernel<dw_bf16><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>((dw_bf16 *)w, idx, (const dw_bf16 *)z,
-                                                                               N, E, K, score, renorm);
+        dw_router_fwd_kernel<dw_bf16><<<blocks, 32 * DW_ROUTER_WARPS, 0, s>>>(
+            (dw_bf16 *)w, idx, (const dw_bf16 *)z, bias, bias_on, N, E, K, score, renorm);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_router_fwd(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx, const void *z,
+                                            int64_t N, int64_t E, int64_t K, int score, int renorm, void *stream) {
+    return dw_cuda_moe_router_fwd_biased(ctx, dt, w, idx, z, NULL, NULL, N, E, K, score, renorm, stream);
 }
 
 extern "C" dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *dw, const void *z,

@@ -17,7 +17,10 @@ dw_status dw_cpu_op_moe_router_fwd(dw_backend *be, const dw_op_call *c) {
     const float *z = dw_cpu_in(be, c, c->in[0], N * E, CPU_S_IN0);
     float *w = dw_cpu_out(be, c, c->out[0], N * K, CPU_S_OUT);
     if (!z || !w) return DW_ERR_NOMEM;
-    dw_cpu_moe_router_fwd(w, (int32_t *)c->out[1], z, N, E, K, a->score, a->norm_topk);
+    const int64_t bo = dw_compile_moe_bias_of(c->x->p, c->node); /* the selection bias, when switched on */
+    const bool biased = bo >= 0 && *(const int32_t *)(c->x->work + c->x->p->work.moe_bias);
+    dw_cpu_moe_router_fwd_biased(w, (int32_t *)c->out[1], z, biased ? (const float *)(c->x->work + bo) : NULL, N, E, K,
+                                 a->score, a->norm_topk);
     dw_cpu_put(c, c->out[0], w, N * K, false);
     return DW_OK;
 }

@@ -20,9 +20,12 @@
 
 dw_status dw_cuda_op_moe_router_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
-    return dw_cuda_moe_router_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1], c->in[0],
-                                  c->rows, dw_cuda_width(c, c->n->in[0]), a->top_k, a->score, a->norm_topk,
-                                  DW_CUDA_STREAM(be));
+    const int64_t bo = dw_compile_moe_bias_of(c->x->p, c->node); /* the kernel reads the switch: no sync */
+    return dw_cuda_moe_router_fwd_biased(
+        be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1], c->in[0],
+        bo >= 0 ? (const float *)(c->x->work + bo) : NULL,
+        bo >= 0 ? (const int32_t *)(c->x->work + c->x->p->work.moe_bias) : NULL, c->rows,
+        dw_cuda_width(c, c->n->in[0]), a->top_k, a->score, a->norm_topk, DW_CUDA_STREAM(be));
 }
 
 dw_status dw_cuda_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
