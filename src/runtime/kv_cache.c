@@ -1,11 +1,13 @@
-/* kv_cache.c — decoding with a K/V cache on the CPU reference engine (kv_cache.h). The executor
- * runs every forward step of the program for one token, except learned positions, RoPE and
- * attention, which run here on the cached positions (kernels/cpu/decode_cpu.h): in FP32, from
- * activations widened from BF16 in a BF16 program and rounded back to it once, as the CPU backend's
- * whole-sequence ops do (runtime/cpu/cpu.h). */
+/* kv_cache.c — decoding with a K/V cache (kv_cache.h). The executor runs every forward step of
+ * the program for one token, except learned positions, RoPE and attention, which run here on the
+ * host over the cached positions (kernels/cpu/decode_cpu.h): in FP32, from activations widened
+ * from BF16 in a BF16 program and rounded back to it once, as the CPU backend's whole-sequence ops
+ * do (runtime/cpu/cpu.h). Activations move through the backend's download and upload: on the CPU
+ * plain copies; on a GPU one position's rows (and the prefill's keys and values) cross PCIe. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "formats/formats.h"
 #include "kernels/cpu/decode_cpu.h"
@@ -18,7 +20,8 @@ struct dw_kv_cache {
     int64_t len, cap;  /* positions cached, the program's seq */
     float **k, **v;    /* per node: (cap, Hkv, D) for attention nodes, else NULL */
     float *in, *out;   /* (row) one position's FP32 input and output of the ops run here */
-    int64_t row;       /* the widest row those ops read or write */
+    int64_t row;       /* the widest row those ops read or write (the logits' V included) */
+    void *raw;         /* (cap x row) activation bytes on their way from or to the backend */
 };
 
 static bool decodes_rowwise(dw_op op) {
@@ -48,7 +51,10 @@ static bool moe_rowwise(const dw_ir_node *n) {
 
 bool dw_kv_cache_supported(const dw_engine *e) {
     const dw_compiled *p = e->p;
-    if (e->be->device != DW_DEVICE_CPU) return false;
+    /* CUDA engines on request only (DW_KV_CACHE=1) until GPU runs have held them to the recompute */
+    const char *want = dw_env("DW_KV_CACHE");
+    const bool device_ok = e->be->device == DW_DEVICE_CPU || (want && !strcmp(want, "1"));
+    if (!device_ok) return false;
     for (int s = p->phase[DW_PHASE_FORWARD][0]; s < p->phase[DW_PHASE_FORWARD][1]; s++) {
         const dw_step *st = &p->steps[s];
         if (st->kind != DW_STEP_FWD) return false;
@@ -74,6 +80,7 @@ void dw_kv_cache_free(dw_kv_cache *kv) {
     free(kv->v);
     free(kv->in);
     free(kv->out);
+    free(kv->raw);
     free(kv);
 }
 
@@ -99,8 +106,14 @@ dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
         kv->k[i] = malloc(bytes), kv->v[i] = malloc(bytes);
         ok = kv->k[i] && kv->v[i];
     }
+    for (int i = 0; ok && i < g->n_nodes; i++) /* the prefill downloads an attention input's rows at once */
+        if (g->nodes[i].op == DW_OP_ATTENTION)
+            for (int j = 0; j < g->nodes[i].n_in; j++)
+                if (e->p->tensor[g->nodes[i].in[j]].width > kv->row) kv->row = e->p->tensor[g->nodes[i].in[j]].width;
+    if (g->model.vocab > kv->row) kv->row = g->model.vocab;
     if (ok) kv->in = malloc((size_t)kv->row * sizeof(float)), kv->out = malloc((size_t)kv->row * sizeof(float));
-    ok = ok && kv->in && kv->out;
+    if (ok) kv->raw = malloc((size_t)(kv->cap * kv->row) * sizeof(float));
+    ok = ok && kv->in && kv->out && kv->raw;
     if (!ok) {
         dw_kv_cache_free(kv);
         return dw_set_error(e->ctx, DW_ERR_NOMEM, "KV cache: out of memory");
@@ -111,52 +124,66 @@ dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
 
 int64_t dw_kv_cache_len(const dw_kv_cache *kv) { return kv->len; }
 
-/* A parameter's FP32 master (what the CPU backend's position op reads in either mode). */
-static const float *param(const dw_exec *x, int t) { return x->w + x->p->param_off[x->p->tensor[t].param]; }
-
-/* Activation t's storage (FP32 or BF16 elements, the program's). */
+/* Activation t's storage on the backend (FP32 or BF16 elements, the program's). */
 static char *act(const dw_exec *x, int t) { return x->act + x->p->tensor[t].val_off; }
 
-/* Elements [off, off + n) of row r of activation t (rows of `stride` elements) as FP32 into out. */
-static void widen(const dw_exec *x, int t, int64_t r, int64_t stride, int64_t off, int64_t n, float *out) {
+/* Rows [r0, r0 + rows) of activation t (rows of `stride` elements) downloaded to kv->raw. */
+static dw_status fetch(dw_kv_cache *kv, int t, int64_t r0, int64_t rows, int64_t stride) {
+    const dw_exec *x = kv->e->x;
+    const size_t es = x->p->bf16 ? 2 : 4;
+    return x->be->i->download(x->be, kv->raw, act(x, t) + (size_t)(r0 * stride) * es, (size_t)(rows * stride) * es);
+}
+
+/* Elements [off, off + n) of row r of rows fetched into raw (rows of `stride` elements) as FP32. */
+static void widen(const dw_exec *x, const void *raw, int64_t r, int64_t stride, int64_t off, int64_t n, float *out) {
     const int64_t at = r * stride + off;
     if (!x->p->bf16) {
-        memcpy(out, (const float *)act(x, t) + at, (size_t)n * sizeof(float));
+        memcpy(out, (const float *)raw + at, (size_t)n * sizeof(float));
         return;
     }
-    const uint16_t *h = (const uint16_t *)act(x, t) + at;
+    const uint16_t *h = (const uint16_t *)raw + at;
     for (int64_t i = 0; i < n; i++) out[i] = dw_decode_bf16(h[i]);
 }
 
-/* Row 0 of activation t (n elements) from FP32 y, rounded once in a BF16 program. */
-static void store(const dw_exec *x, int t, const float *y, int64_t n) {
-    if (!x->p->bf16) {
-        memcpy(act(x, t), y, (size_t)n * sizeof(float));
-        return;
-    }
-    uint16_t *h = (uint16_t *)act(x, t);
+/* Row 0 of activation t (n elements) from FP32 y, rounded once in a BF16 program, uploaded. */
+static dw_status store(dw_kv_cache *kv, int t, const float *y, int64_t n) {
+    const dw_exec *x = kv->e->x;
+    if (!x->p->bf16) return x->be->i->upload(x->be, act(x, t), y, (size_t)n * sizeof(float));
+    uint16_t *h = kv->raw;
     for (int64_t i = 0; i < n; i++) h[i] = dw_encode_bf16(y[i]);
+    return x->be->i->upload(x->be, act(x, t), h, (size_t)n * 2);
+}
+
+/* Row `row` of a parameter's FP32 master (what the backends' position op reads in either mode). */
+static dw_status param_row(dw_kv_cache *kv, int t, int64_t row, int64_t n, float *out) {
+    const dw_exec *x = kv->e->x;
+    const float *w = x->w + x->p->param_off[x->p->tensor[t].param] + row * n;
+    return x->be->i->download(x->be, out, w, (size_t)n * sizeof(float));
 }
 
 /* Rows [0, rows) of attention node n's keys and values (3 inputs, or one packed q|k|v) into the
  * cache at positions pos.. */
-static void keep_kv(dw_kv_cache *kv, int node, int64_t pos, int64_t rows) {
+static dw_status keep_kv(dw_kv_cache *kv, int node, int64_t pos, int64_t rows) {
     const dw_exec *x = kv->e->x;
     const dw_ir_node *n = &x->g->nodes[node];
     const int64_t dq = n->attrs.heads * n->attrs.head_dim, dkv = kv_width(n);
     const bool packed = n->n_in == 1;
-    const int tk = packed ? n->in[0] : n->in[1], tv = packed ? n->in[0] : n->in[2];
-    const int64_t stride = packed ? dq + 2 * dkv : dkv, ok = packed ? dq : 0, ov = packed ? dq + dkv : 0;
-    for (int64_t r = 0; r < rows; r++) {
-        widen(x, tk, r, stride, ok, dkv, kv->k[node] + (pos + r) * dkv);
-        widen(x, tv, r, stride, ov, dkv, kv->v[node] + (pos + r) * dkv);
+    const int64_t stride = packed ? dq + 2 * dkv : dkv;
+    for (int which = 0; which < 2; which++) { /* keys, then values */
+        const int t = packed ? n->in[0] : n->in[1 + which];
+        DW_TRY(fetch(kv, t, 0, rows, stride));
+        float *cache = which ? kv->v[node] : kv->k[node];
+        for (int64_t r = 0; r < rows; r++)
+            widen(x, kv->raw, r, stride, packed ? dq + which * dkv : 0, dkv, cache + (pos + r) * dkv);
     }
+    return DW_OK;
 }
 
-static dw_status read_logits(const dw_kv_cache *kv, int64_t row, float *logits) {
+static dw_status read_logits(dw_kv_cache *kv, int64_t row, float *logits) {
     const dw_exec *x = kv->e->x;
     const int64_t V = x->g->model.vocab;
-    widen(x, x->g->logits, row, V, 0, V, logits);
+    DW_TRY(fetch(kv, x->g->logits, row, 1, V));
+    widen(x, kv->raw, 0, V, 0, V, logits);
     return DW_OK;
 }
 
@@ -168,7 +195,7 @@ dw_status dw_kv_cache_prefill(dw_kv_cache *kv, const int32_t *tokens, int64_t n,
     kv->len = 0;
     DW_TRY(dw_engine_forward(e, tokens, NULL, 1, n, NULL, NULL));
     for (int i = 0; i < e->g->n_nodes; i++)
-        if (kv->k[i]) keep_kv(kv, i, 0, n);
+        if (kv->k[i]) DW_TRY(keep_kv(kv, i, 0, n));
     kv->len = n;
     return read_logits(kv, n - 1, logits);
 }
@@ -180,20 +207,22 @@ static dw_status decode_node(dw_kv_cache *kv, int node, int64_t pos) {
     const dw_ir_node *n = &x->g->nodes[node];
     const dw_ir_attrs *a = &n->attrs;
     const int64_t w_in = x->p->tensor[n->in[0]].width, w_out = x->p->tensor[n->out[0]].width;
+    if (n->op == DW_OP_ATTENTION) DW_TRY(keep_kv(kv, node, pos, 1)); /* this position's keys and values */
+    DW_TRY(fetch(kv, n->in[0], 0, 1, w_in));
+    const void *raw = kv->raw;
     if (n->op == DW_OP_POSITION) {
-        widen(x, n->in[0], 0, w_in, 0, w_in, kv->in);
-        dw_cpu_pos_fwd(kv->out, kv->in, param(x, n->in[1]) + pos * w_out, 1, 1, w_out);
+        widen(x, raw, 0, w_in, 0, w_in, kv->in);
+        DW_TRY(param_row(kv, n->in[1], pos, w_out, kv->out)); /* wpe[pos] */
+        dw_cpu_pos_fwd(kv->out, kv->in, kv->out, 1, 1, w_out);
     } else if (n->op == DW_OP_ROPE) {
-        widen(x, n->in[0], 0, w_in, 0, w_in, kv->in);
+        widen(x, raw, 0, w_in, 0, w_in, kv->in);
         dw_cpu_rope_fwd_at(kv->out, kv->in, pos, a->heads, a->head_dim, a->theta, &a->rope);
-    } else { /* attention: this position's keys and values join the cache, its query reads them */
-        keep_kv(kv, node, pos, 1);
-        widen(x, n->in[0], 0, w_in, 0, a->heads * a->head_dim, kv->in); /* q: the first H D of a packed row */
+    } else { /* attention: the query (the first H D of a packed row) against the cache */
+        widen(x, raw, 0, w_in, 0, a->heads * a->head_dim, kv->in);
         dw_cpu_attention_decode(kv->out, kv->in, kv->k[node], kv->v[node], pos + 1, a->heads, a->kv_heads,
                                 a->head_dim, a->window, a->softcap);
     }
-    store(x, n->out[0], kv->out, w_out);
-    return DW_OK;
+    return store(kv, n->out[0], kv->out, w_out);
 }
 
 dw_status dw_kv_cache_step(dw_kv_cache *kv, int32_t token, float *logits) {

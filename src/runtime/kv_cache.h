@@ -1,13 +1,15 @@
-/* kv_cache.h — private: decoding with a K/V cache on the CPU reference engine. A prefill runs the
- * program's forward over the prompt and keeps every attention node's keys and values (after
- * RoPE); each later position runs the forward for one token (b = t = 1) through the executor,
- * except the position-dependent ops — learned positions, RoPE and attention — which read the
- * position and the cache here. The logits are bit for bit those of the whole-sequence forward.
- * Programs on the CPU, FP32 or BF16 (not quantised: a tensor-scaled GEMM makes a row depend on the
- * others), whose ops are all row-wise apart from those three; MoE layers count as row-wise when
- * they drop no token (no capacity factor below E). dw_kv_cache_supported says, and others keep
- * the full recompute. Cache: per attention node (seq, Hkv, D) keys and values, FP32 (a BF16
- * program's widened exactly). */
+/* kv_cache.h — private: decoding with a K/V cache. A prefill runs the program's forward over the
+ * prompt and keeps every attention node's keys and values (after RoPE); each later position runs
+ * the forward for one token (b = t = 1) through the executor, except the position-dependent ops —
+ * learned positions, RoPE and attention — which read the position and the cache here, on the host.
+ * On the CPU engine the logits are bit for bit those of the whole-sequence forward. Programs FP32
+ * or BF16 (not quantised: a tensor-scaled GEMM makes a row depend on the others), whose ops are
+ * all row-wise apart from those three; MoE layers count as row-wise when they drop no token (no
+ * capacity factor below E). CUDA engines only with DW_KV_CACHE=1: their rows go through the
+ * backend's download/upload, and the GPU's attention and GEMMs round differently from these host
+ * kernels, so there the logits agree within BF16 tolerance (tests/gpu/test_kv_cache_cuda.c).
+ * dw_kv_cache_supported says, and others keep the full recompute. Cache: per attention node
+ * (seq, Hkv, D) keys and values, FP32 on the host (a BF16 program's widened exactly). */
 #ifndef DW_RUNTIME_KV_CACHE_H
 #define DW_RUNTIME_KV_CACHE_H
 
