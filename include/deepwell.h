@@ -1130,6 +1130,55 @@ typedef void (*dw_bench_gemm_fn)(const dw_bench_gemm_case *c, void *user);
  * DW_ERR_INVALID for an unknown name in a list (named) or iters < 1; DW_ERR_NOMEM; DW_ERR_CUDA. */
 DW_API dw_status dw_bench_gemm(dw_ctx *ctx, const dw_bench_gemm_opts *o, dw_bench_gemm_fn fn, void *user);
 
+/* `deepwell bench grouped`: the grouped expert GEMMs of the MoE linear layer (moe_linear) — fprop
+ * y_e = x_e W_e^T, dgrad dx_e = dy_e W_e, wgrad dW_e += dy_e^T x_e over E experts' row groups.
+ * Shapes by index (static storage; NULL past the end), rows x K -> M over E experts: e8 (16384 x
+ * 4096 -> 14336, E 8), e64 (32768 x 2048 -> 1408, E 64), moe-e8 and moe-e8-down (the preset's
+ * expert GEMMs at B 8, T 2048, top-2: 32768 x 2048 -> 5632 and 5632 -> 2048), moe-e64 and
+ * moe-e64-down (B 4, T 2048, top-8: 65536 x 2048 -> 1024 and 1024 -> 2048); "custom" takes the
+ * options' rows, experts, k, m. Routings: balanced (equal groups) and zipf (expert e's share
+ * proportional to 1/(e+1)^s). */
+DW_API const char *dw_bench_grouped_shape_name(int i);
+DW_API const char *dw_bench_grouped_routing_name(int i);
+/* The rows of each of `experts` groups for a routing (0 balanced, 1 zipf with exponent s): they add
+ * up to rows; balanced differ by at most one; zipf's never grow with e except expert 0 taking the
+ * rounding remainder. counts has `experts` entries. */
+DW_API void dw_bench_grouped_counts(int64_t rows, int64_t experts, int routing, double s, int64_t *counts);
+
+/* Options (dw_bench_grouped_opts_init sets size and defaults). */
+typedef struct {
+    size_t size;
+    const char *shapes;   /* comma list of shape names or "custom"; NULL: every named shape (GPU only) */
+    const char *routings; /* comma list: balanced, zipf; NULL: both */
+    const char *passes;   /* comma list: fprop, dgrad, wgrad; NULL: all three */
+    int iters;            /* calls per timed batch (default 10) */
+    double zipf_s;        /* the Zipf exponent (default 1.0; (0, 8]) */
+    uint64_t seed;        /* the random inputs (default 0) */
+    int64_t rows, experts, k, m; /* the custom shape */
+} dw_bench_grouped_opts;
+DW_API void dw_bench_grouped_opts_init(dw_bench_grouped_opts *o, size_t size);
+
+/* One case (library-owned, valid during the callback). */
+typedef struct {
+    size_t size;
+    const char *shape, *routing, *pass;
+    int64_t rows, experts, k, m;
+    int64_t max_rows;     /* the largest group */
+    const char *dtype;    /* "bf16" on a GPU (the kernel the engine picks), "fp32" on the CPU reference */
+    const char *skipped;  /* why the case was not timed; else NULL */
+    bool timed;
+    double ms;            /* per call: the median of 5 batches of iters calls, after 2 warm-up calls */
+    double tflops;        /* 2 rows K M / time */
+} dw_bench_grouped_case;
+typedef void (*dw_bench_grouped_fn)(const dw_bench_grouped_case *c, void *user);
+
+/* Times the grouped GEMMs on the context's device for every chosen shape, routing and pass, on
+ * random inputs; fn hears each case as it is done. The CPU times its FP32 reference (dgrad comes
+ * with wgrad there: skipped, with the reason) and needs named shapes. Errors: DW_ERR_INVALID for an
+ * unknown name in a list (named), iters < 1, a bad custom shape or Zipf exponent; DW_ERR_NOMEM;
+ * DW_ERR_CUDA. */
+DW_API dw_status dw_bench_grouped(dw_ctx *ctx, const dw_bench_grouped_opts *o, dw_bench_grouped_fn fn, void *user);
+
 /* ======================================================================================
  * Training                                                   [section: train]
  * ====================================================================================== */

@@ -9,6 +9,7 @@
 #define DW_BENCHES(X)                                                                           \
     X(quant, bench_quant, "quantise BF16 to mxfp8 / fp8_block (+ transposed copy) vs cudaMemcpy")  \
     X(gemm, bench_gemm, "dw_gemm per recipe (8192^3, GPT-2, Llama shapes) vs cuBLAS; --explain")      \
+    X(grouped, bench_grouped, "MoE grouped expert GEMMs (fprop, dgrad, wgrad; balanced, Zipf) (anchor: bench/grouped_anchor.py)") \
     X(step, dw_bench_step, "CUDA engine training step: tokens/s, MFU, memory (anchor: bench/train_anchor.py); --profile")
 
 #define X(name, fn, summary) int fn(int argc, char **argv);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/sized.h"
+#include "bench/lists.h"
 #include "gemm/gemm_dev.h"
 
 static const char *const SHAPES[] = {"square", "gpt2", "llama", "vocab"};
@@ -25,27 +26,6 @@ void dw_bench_gemm_opts_init(dw_bench_gemm_opts *o, size_t size) {
     if (o) dw_sized_init(o, size, &GEMM_DEFAULTS, sizeof GEMM_DEFAULTS);
 }
 
-/* Whether `word` is an entry of the comma list (NULL: every word is). */
-static bool list_has(const char *list, const char *word) {
-    if (!list) return true;
-    size_t n = strlen(word);
-    for (const char *p = list; (p = strstr(p, word)); p += n)
-        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return true;
-    return false;
-}
-
-/* DW_ERR_INVALID naming the first entry of `list` that is not one of words[nw]. */
-static dw_status list_check(dw_ctx *ctx, const char *list, const char *const *words, int nw) {
-    for (const char *p = list; p && *p;) {
-        size_t len = strcspn(p, ",");
-        bool found = false;
-        for (int i = 0; i < nw; i++) found |= strlen(words[i]) == len && !strncmp(p, words[i], len);
-        if (!found && len) return dw_set_error(ctx, DW_ERR_INVALID, "unknown name '%.*s' in '%s'", (int)len, p, list);
-        p += len + (p[len] == ',');
-    }
-    return DW_OK;
-}
-
 typedef struct {
     int64_t m, n, k;
 } shape;
@@ -53,17 +33,17 @@ typedef struct {
 /* The shapes the list names, in the fixed order; returns their count (at most 16). */
 static int shapes_of(const char *list, shape *s) {
     int ns = 0;
-    if (list_has(list, "square")) s[ns++] = (shape){8192, 8192, 8192};
-    if (list_has(list, "gpt2")) {
+    if (dw_bench_list_has(list, "square")) s[ns++] = (shape){8192, 8192, 8192};
+    if (dw_bench_list_has(list, "gpt2")) {
         const int64_t d[3] = {768, 2304, 3072};
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 3; j++) s[ns++] = (shape){16384, d[i], d[j]};
     }
-    if (list_has(list, "llama")) {
+    if (dw_bench_list_has(list, "llama")) {
         s[ns++] = (shape){16384, 14336, 4096};
         s[ns++] = (shape){16384, 4096, 14336};
     }
-    if (list_has(list, "vocab")) { /* the three LM-head GEMMs of GPT-2 at V = 50257, N = 16384 tokens */
+    if (dw_bench_list_has(list, "vocab")) { /* the three LM-head GEMMs of GPT-2 at V = 50257, N = 16384 tokens */
         s[ns++] = (shape){16384, 50257, 768};
         s[ns++] = (shape){16384, 768, 50257};
         s[ns++] = (shape){50257, 768, 16384};
@@ -205,8 +185,8 @@ dw_status dw_bench_gemm(dw_ctx *ctx, const dw_bench_gemm_opts *opts, dw_bench_ge
     if (!ctx || !opts) return dw_set_error(ctx, DW_ERR_INVALID, "bench gemm: NULL argument");
     if (!dw_sized_read(&o, sizeof o, opts))
         return dw_set_error(ctx, DW_ERR_INVALID, "bench gemm: options size is 0 (call dw_bench_gemm_opts_init)");
-    DW_TRY(list_check(ctx, o.shapes, SHAPES, N_SHAPES));
-    DW_TRY(list_check(ctx, o.recipes, RECIPES, R_COUNT));
+    DW_TRY(dw_bench_list_check(ctx, "", o.shapes, SHAPES, N_SHAPES));
+    DW_TRY(dw_bench_list_check(ctx, "", o.recipes, RECIPES, R_COUNT));
     if (o.iters < 1) return dw_set_error(ctx, DW_ERR_INVALID, "bench gemm: iters %d must be >= 1", o.iters);
     bool gpu = dw_ctx_device(ctx) == DW_DEVICE_CUDA;
     if (!gpu && !o.explain)
@@ -217,7 +197,7 @@ dw_status dw_bench_gemm(dw_ctx *ctx, const dw_bench_gemm_opts *opts, dw_bench_ge
     dw_status st = gpu ? inputs_make(ctx, list, ns, &in) : DW_OK;
     for (int si = 0; si < ns && st == DW_OK; si++)
         for (int r = 0; r < R_COUNT && st == DW_OK; r++)
-            if (list_has(o.recipes, RECIPES[r])) st = bench_case(ctx, &o, &in, list[si], r, fn, user);
+            if (dw_bench_list_has(o.recipes, RECIPES[r])) st = bench_case(ctx, &o, &in, list[si], r, fn, user);
     inputs_free(&in);
     return st;
 }
