@@ -1217,6 +1217,9 @@ typedef struct {
      * backward (exposed_comm_s[r]: what overlapping them with backward did not hide) */
     int ranks;
     const double *comm_s, *exposed_comm_s;
+    /* a mixture of experts with the selection bias on (dw_train_opts.moe_bias_update; else NaN): the
+     * largest |b| over the routers and experts after this step's update */
+    double moe_bias_max;
 } dw_train_progress;
 
 typedef struct {
@@ -1295,6 +1298,13 @@ typedef struct {
                                bucket as soon as backward has finished it (the same collectives
                                in the same order, so the same results; for comparison). Default
                                false: overlapped (docs/multi-gpu.md) */
+    double moe_bias_update; /* mixture of experts: auxiliary-loss-free load balancing (DeepSeek-V3) —
+                               γ > 0 turns on a per-expert selection bias b: each router chooses
+                               its top k by score + b (the weights stay the unbiased scores) and
+                               after every optimizer step b_e += γ·sign(mean load − load_e) over the
+                               global batch; checkpoints keep b (state.json "moe_bias"). 0 (default):
+                               the resumed run's γ, else the model config's (moe_bias_update_speed, or
+                               0.001 under topk_method "noaux_tc"), else off. In [0, 1] */
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,

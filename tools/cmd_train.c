@@ -33,6 +33,8 @@ enum { O_EP = O_LAST + 64 };
 enum { O_NO_OVERLAP = O_LAST + 130 };
 /* --recompute: not in the resume record (it trades memory for compute; the values are the same) */
 enum { O_RECOMPUTE = O_LAST + 96 };
+/* --moe-bias-update: not in the resume record (the checkpoint's state.json keeps the bias and its γ) */
+enum { O_MOE_BIAS = O_LAST + 120 };
 static int recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
 
 /* Where a new run's weights come from: MODEL's own when it has them (else the seed), the seed
@@ -150,7 +152,17 @@ static void help(void) {
         "                         capacity_factor): an expert over it drops its last assignments\n"
         "                         in token order (position) or its lightest by router weight\n"
         "                         (probs); default the config's moe_token_drop_policy, else\n"
-        "                         position. The checkpoint's config.json records it\n"
+        "                         position. The checkpoint's config.json records it\n");
+    printf( /* a second literal: ISO C promises 4095 characters in one */
+        "  --moe-bias-update G    a mixture of experts: auxiliary-loss-free load balancing\n"
+        "                         (DeepSeek-V3) — each router chooses its top k by score + a\n"
+        "                         per-expert bias b (the weights stay the scores), and after every\n"
+        "                         step b += G x sign(mean load - expert's load) over the global\n"
+        "                         batch; b is in the checkpoints (state.json moe_bias) and its\n"
+        "                         largest |b| in metrics.jsonl (moe_bias_max). G in [0, 1]; 0\n"
+        "                         (default): a resumed run's G, else config.json's\n"
+        "                         moe_bias_update_speed (0.001 under topk_method \"noaux_tc\"),\n"
+        "                         else off (docs/moe.md)\n"
         "  -h, --help             this help\n\n"
         "Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGUSR1 (Slurm's pre-emption warning) finish the\n"
         "current step, write a checkpoint and exit with status 128 + the signal (130, 143, 129,\n"
@@ -279,6 +291,7 @@ static int unreadable_record(const char *run, const char *err);
 int cmd_train(int argc, char **argv) {
     static const struct option longopts[] = {
         {"model", required_argument, 0, O_MODEL}, {"data", required_argument, 0, O_DATA},
+        {"moe-bias-update", required_argument, 0, O_MOE_BIAS},
         {"val", required_argument, 0, O_VAL}, {"out", required_argument, 0, O_OUT},
         {"resume", required_argument, 0, O_RESUME}, {"steps", required_argument, 0, O_STEPS},
         {"batch", required_argument, 0, O_BATCH}, {"seq", required_argument, 0, O_SEQ},
@@ -389,6 +402,14 @@ int cmd_train(int argc, char **argv) {
         case O_LOGEVERY: ok = cli_parse_int(CMD, "--log-every", optarg, 1, 1L << 40, &log_every); break;
         case O_SEED: ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &v); o.seed = (uint64_t)v; break;
         case O_LR: ok = cli_parse_double(CMD, "--lr", optarg, &o.lr); break;
+        case O_MOE_BIAS:
+            ok = cli_parse_double(CMD, "--moe-bias-update", optarg, &o.moe_bias_update);
+            if (ok && !(isfinite(o.moe_bias_update) && o.moe_bias_update >= 0 && o.moe_bias_update <= 1)) {
+                cli_error(CMD, "--moe-bias-update must be a finite number in [0, 1] (the bias update speed; 0: the "
+                          "model's), got %s", optarg);
+                ok = false;
+            }
+            break;
         case O_MINLR: ok = cli_parse_double(CMD, "--min-lr", optarg, &o.min_lr); break;
         case O_WD: ok = cli_parse_double(CMD, "--weight-decay", optarg, &o.weight_decay); break;
         case O_CLIP: ok = cli_parse_double(CMD, "--clip", optarg, &o.clip); break;

@@ -52,6 +52,8 @@ typedef struct {
     /* Written only (not read back): JSON texts stored as state.json's "policy" (the policy
      * document, dw_policy_to_json) and "recipes" ({node name: recipe}); NULL writes null. */
     const char *policy_json, *recipes_json;
+    /* Written only: state.json's "moe_bias" (train/moe_bias.h; NULL: none), read back by the trainer. */
+    const char *moe_bias_json;
     int shards;            /* read (dw_ckpt_open): 0, the moments in optimizer.safetensors; N, in N
                               shard files with an index (format_version 3); ignored by dw_ckpt_save */
 } dw_ckpt_state;

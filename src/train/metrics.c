@@ -78,7 +78,7 @@ static char *per_rank(const dw_train_progress *p) {
 }
 
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
-    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[256] = "", skip[64] = "";
+    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[320] = "", skip[64] = "";
     num(loss, sizeof loss, p->loss);
     num(lr, sizeof lr, p->lr);
     num(gn, sizeof gn, p->grad_norm);
@@ -96,6 +96,10 @@ dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int
         const size_t k = strlen(moe);
         snprintf(moe + k, sizeof moe - k, ", \"moe_dropped\": %.17g, \"moe_dropped_frac\": %.17g", p->moe_dropped,
                  p->moe_dropped_frac);
+    }
+    if (!isnan(p->moe_bias_max)) { /* the routers' selection bias (train/moe_bias.h) */
+        const size_t k = strlen(moe);
+        snprintf(moe + k, sizeof moe - k, ", \"moe_bias_max\": %.17g", p->moe_bias_max);
     }
     if (p->skipped) snprintf(skip, sizeof skip, ", \"skipped\": \"%s\"", p->skipped); /* a fixed word pair */
     char *pc = NULL; /* layers switched to BF16 after this step, as a JSON string */

@@ -35,6 +35,7 @@
 #include "train/ep.h"
 #include "train/guard.h"
 #include "train/metrics.h"
+#include "train/moe_bias.h"
 #include "train/moe_routing.h"
 #include "train/optim.h"
 #include "train/resume_check.h"
@@ -97,6 +98,7 @@ typedef struct {
     int64_t tokens_seen;
     int64_t accum;    /* micro-batches per step */
     dw_moe_routing moe; /* the MoE layers' routing per step (no layers: none) */
+    dw_moe_bias bias;   /* the routers' selection bias (no layers: off) */
     int32_t *x, *y;   /* (B,T) */
     FILE *metrics;
     int64_t ckpt_step; /* step of the newest checkpoint written by this process, -1: none */
@@ -252,6 +254,8 @@ static dw_status save_ckpt(run *r, char **path_out) {
     s.eps = o->eps;
     s.weight_decay = o->weight_decay;
     s.clip = o->clip;
+    if ((s.moe_bias_json = dw_moe_bias_json(&r->bias)) == NULL && r->bias.layers) /* NULL: off */
+        return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
     s.batch = o->batch;
     s.seq = o->seq;
     s.global_batch = o->global_batch;
@@ -431,6 +435,7 @@ static dw_status setup(run *r) {
         st = dw_qguard_open(ctx, r->eng, r->dp.host, r->dp.rank == 0, o->out_dir, o->quant_check_every,
                             o->quant_fallback_after, cdir ? r->step : 0, &r->qguard);
     if (st == DW_OK && r->qguard) st = describe_recipes(r);
+    if (st == DW_OK) st = dw_moe_bias_init(ctx, r->eng, o->moe_bias_update, cdir, &r->bias); /* the checkpoint's b */
     if (st == DW_OK && cdir)
         DW_LOGI("resumed from %s at step %lld of %lld", cdir, (long long)r->step, (long long)o->steps);
     free(cdir);
@@ -498,6 +503,8 @@ static dw_status moe_stats(run *r, dw_train_progress *p) {
     p->moe_aux_loss = p->moe_z_loss = p->expert_load = p->moe_dropped = p->moe_dropped_frac = NAN;
     double assigned = 0, dropped = 0;
     DW_TRY(dw_moe_routing_step(r->ctx, r->eng, r->dp.host, &r->moe, &assigned, &dropped));
+    if (!p->skipped) DW_TRY(dw_moe_bias_step(r->ctx, r->eng, &r->moe, &r->bias)); /* the global batch's loads */
+    p->moe_bias_max = dw_moe_bias_max_abs(&r->bias);
     if (assigned > 0) p->moe_dropped = dropped, p->moe_dropped_frac = dropped / assigned;
     const int64_t E = dw_engine_moe_experts(r->eng);
     if (!E) return DW_OK;
@@ -644,6 +651,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     dw_dp_free(&r.dp);
     if (r.metrics) fclose(r.metrics);
     dw_moe_routing_free(&r.moe);
+    dw_moe_bias_free(&r.bias);
     dw_qguard_free(r.qguard);
     dw_data_free(r.train);
     dw_data_free(r.val);
