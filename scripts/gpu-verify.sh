@@ -71,7 +71,7 @@ for phase in "$@"; do
       --modes eager,compile --steps 20 --warmup 5 2>"$out/anchor.err" | tee "$out/anchor.json"
     record "train anchor (PyTorch eager, compile)" "rc=$?"
     ;;
-  compare)  # issue 8's table: PyTorch eager/compile vs Deepwell bf16, fp8_block, mxfp8 (gpt2-124m, llama-1b)
+  compare)  # issue 30's table: the shared anchors (compile, max-autotune, torchao fp8; ANCHORS) vs Deepwell bf16, fp8_block
     s=$(date +%s)
     OUT="$out" bash bench/train_compare.sh "$b" ${COMPARE_MODELS:-gpt2 llama} | tee "$out/compare.md"
     record "bench/train_compare.sh ($(( $(date +%s) - s )) s)" "rc=$?"
