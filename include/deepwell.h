@@ -593,6 +593,16 @@ typedef struct {
                              a third more compute; SELECTIVE is refused (DW_ERR_UNSUPPORTED) */
     int recompute_blocks; /* with FULL: only the first N blocks recompute (0, default: all), for
                              memory between the two at less extra compute */
+    bool fused_head;      /* the LM head and the cross-entropy as one op that holds a chunk of rows'
+                             logits at a time (never all B x T x V) and does their backward in the
+                             training forward, when the head is a BF16 (or FP32-program) linear
+                             without bias read by the loss alone. The program then has no logits
+                             to read back: dw_engine_forward with logits is refused, so compile
+                             without it to evaluate or sample with logits (default false; the
+                             environment variable DW_FUSED_HEAD=1 makes it true; `deepwell train`
+                             and `bench step` turn it on: --no-fused-head) */
+    int64_t head_chunk;   /* fused_head: rows of logits per chunk (0, default: the compiler's, about
+                             B T C / V rounded up to 256; DW_HEAD_CHUNK sets the default) */
 } dw_compile_opts;
 DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
 
@@ -610,6 +620,10 @@ DW_API void dw_compiled_free(dw_compiled *c);
 /* Planned bytes of pool 0 weights, 1 grads, 2 optimizer, 3 activations, 4 workspace (0 for
  * other values). */
 DW_API int64_t dw_compiled_pool_bytes(const dw_compiled *c, int pool);
+/* Rows of logits the fused LM head holds at a time (dw_compile_opts.fused_head); 0 when the
+ * program keeps the head and the loss apart (not asked, or the head is quantised, biased, or read
+ * by more than the loss). */
+DW_API int64_t dw_compiled_head_chunk(const dw_compiled *c);
 /* The readable report: per node the recipe and why, the kernel and why; per pool the planned
  * bytes; the activation arena's peak. Caller frees with dw_free_string. */
 DW_API dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out);
@@ -1393,6 +1407,8 @@ typedef struct {
     int recompute;             /* dw_recompute for the program (dw_compile_opts.recompute; default
                                   DW_RECOMPUTE_NONE) */
     int recompute_blocks;      /* dw_compile_opts.recompute_blocks (0: every block) */
+    bool fused_head;           /* dw_compile_opts.fused_head (default false): a model opened to
+                                  train; one whose logits are read (eval, sample) leaves it off */
 } dw_model_opts;
 DW_API void dw_model_opts_init(dw_model_opts *o, size_t size);
 

@@ -78,11 +78,14 @@ static void value_life(const dw_compiled *c, int t, int *vfirst, int *vlast, int
 #define BWD_USE(u) (bwd_first = (u) < bwd_first ? (u) : bwd_first, bwd_last = (u) > bwd_last ? (u) : bwd_last)
     if (dw_op_flags(g->nodes[p].op) & DW_OPF_READS_OUT) BWD_USE(dw_compile_bwd_time(c, p));
     for (int i = p + 1; i < nn; i++) {
-        const dw_ir_node *n = &g->nodes[i];
+        if (i == c->head_linear) continue; /* a fused LM head: its reads are the loss node's */
+        const dw_ir_node *n = dw_compile_node(c, i);
         const unsigned flags = dw_op_flags(n->op);
         for (int s = 0; s < n->n_in; s++) {
             if (n->in[s] != t) continue;
-            int f = dw_compile_fwd_time(c, i), b = dw_compile_bwd_time(c, i), r = dw_compile_rc_time(c, i);
+            /* an op doing its backward in the forward (the fused head) writes input gradients then */
+            int f = dw_compile_fwd_time(c, i), r = dw_compile_rc_time(c, i);
+            int b = flags & DW_OPF_BWD_IN_FWD ? f : dw_compile_bwd_time(c, i);
             if (f > fwd_last) fwd_last = f;
             if (r >= 0) BWD_USE(r);
             if (flags & DW_OPF_READS_IN(s)) BWD_USE(b);
@@ -134,6 +137,7 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
         vitem[t] = gitem[t] = -1;
         const dw_ir_tensor *ten = &g->tensors[t];
         if (ten->kind != DW_TENSOR_ACT || t == g->loss) continue; /* the loss lives in workspace */
+        if (dw_compile_absorbed(c, t)) continue;                  /* a fused head's logits: none */
         int vfirst, vlast, vfirst2, vlast2, gfirst;
         bool no_grad, over = grad_over_value(c, t);
         value_life(c, t, &vfirst, &vlast, &vfirst2, &vlast2, &gfirst, &no_grad);

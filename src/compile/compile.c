@@ -19,7 +19,13 @@ const char *dw_pool_name(dw_pool_id p) {
 }
 
 void dw_compile_opts_init(dw_compile_opts *o, size_t size) {
-    dw_compile_opts d = {.size = sizeof d, .device = DW_DEVICE_AUTO, .sm = 0, .fuse = dw_env_flag("DW_FUSE", true)};
+    const char *chunk = dw_env("DW_HEAD_CHUNK");
+    char *end = NULL;
+    long long rows = chunk ? strtoll(chunk, &end, 10) : 0;
+    if (chunk && (end == chunk || *end)) rows = -1; /* not a number: dw_compile refuses it */
+    dw_compile_opts d = {.size = sizeof d, .device = DW_DEVICE_AUTO, .sm = 0, .fuse = dw_env_flag("DW_FUSE", true),
+                         .fused_head = dw_env_flag("DW_FUSED_HEAD", false),
+                         .head_chunk = rows};
     memset(o, 0, size);
     memcpy(o, &d, size < sizeof d ? size : sizeof d);
     o->size = size;
@@ -43,6 +49,8 @@ void dw_compiled_free(dw_compiled *c) {
     free(c->info);
     free(c);
 }
+
+int64_t dw_compiled_head_chunk(const dw_compiled *c) { return c && c->head_xent >= 0 ? c->head_chunk : 0; }
 
 int64_t dw_compiled_pool_bytes(const dw_compiled *c, int pool) {
     return c && pool >= 0 && pool < DW_POOL_COUNT ? c->pool_bytes[pool] : 0;
@@ -102,6 +110,10 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     const dw_compile_opts o = read_opts(opts);
     int recompute = o.recompute;
     if (plan) DW_TRY(check_plan(ctx, g, plan, &recompute));
+    if (o.head_chunk < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "compile: head_chunk %lld rows is negative or DW_HEAD_CHUNK is not a number of rows "
+                            "(0: the compiler's choice)",
+                            (long long)o.head_chunk);
     if (g->logits < 0 || g->loss < 0 || g->tokens < 0 || g->targets < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "compile: the graph has no tokens/targets/logits/loss roles");
     dw_compiled *c = calloc(1, sizeof *c);
@@ -110,6 +122,8 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     dw_status st = target_of(ctx, &o, &c->target);
     c->bf16 = policy != NULL;
     c->fuse = o.fuse;
+    c->fused_head = o.fused_head, c->head_chunk_want = o.head_chunk;
+    c->head_xent = c->head_linear = -1;
     c->act_size = c->bf16 ? 2 : 4;
     snprintf(c->precision, sizeof c->precision, "%s",
              !policy ? "fp32" : policy->n_rules ? "policy" : dw_recipe_name(policy->default_recipe));

@@ -71,6 +71,9 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "     fused: forward in %s's GEMM epilogue (GELU_AUX)\n", g->nodes[pn->partner_fwd].name);
         if (pn->fused & DW_FUSED_BWD)
             fprintf(f, "     fused: backward in %s's dgrad epilogue (DGELU)\n", g->nodes[pn->partner_bwd].name);
+        if (i == c->head_linear)
+            fprintf(f, "     fused: with %s into head_xent, %lld rows of logits at a time (no logits buffer; its "
+                    "backward in the training forward)\n", g->nodes[c->head_xent].name, (long long)c->head_chunk);
     }
 
     int64_t sizes = 0;

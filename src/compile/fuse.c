@@ -1,11 +1,14 @@
 /* fuse.c — the compile pass that moves GELU into the GEMM epilogues around it: its forward into
  * the producing linear's fprop (GELU_AUX; for a quantised linear the backends use the epilogue
  * when a kernel of the recipe has it and run the GELU right after the GEMM otherwise), its
- * backward into the consuming BF16 linear's dgrad (DGELU). Decides only (program.h: fused,
- * partner_fwd, partner_bwd); the arena, the steps and the backends read the result. */
+ * backward into the consuming BF16 linear's dgrad (DGELU); and, with fused_head, the LM head
+ * linear and the cross-entropy into one head_xent op over chunks of rows (Liger-Kernel's fused
+ * linear cross-entropy). Decides only (program.h: fused, partner_fwd, partner_bwd, head_*); the
+ * arena, the steps and the backends read the result. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "compile/head_chunk.h"
 #include "compile/passes.h"
 #include "core/error.h"
 
@@ -28,9 +31,38 @@ static bool bf16_linear(const dw_compiled *c, int i) {
     return any_linear(c, i) && c->node[i].bind.recipe == DW_RECIPE_BF16;
 }
 
+/* The LM head into the loss: the loss node L (cross-entropy of the graph's logits) and the linear H
+ * producing them become one head_xent node when the logits have no other reader, H has no bias
+ * and runs in BF16 (any recipe in an FP32 program), and H's backward is the first to write x's
+ * gradient (head_xent writes it in the forward, before every other backward adds in). A soft-cap
+ * or anything else between the head and the loss leaves them apart. */
+static void fuse_head(dw_compiled *c) {
+    const dw_graph *g = c->g;
+    const int L = g->tensors[g->loss].producer, H = g->tensors[g->logits].producer;
+    int slot = -1;
+    if (L < 0 || H < 0 || g->nodes[L].op != DW_OP_CROSS_ENTROPY || g->nodes[L].in[0] != g->logits) return;
+    if (g->nodes[H].op != DW_OP_LINEAR || g->nodes[H].n_in != 2 || sole_consumer(g, g->logits, &slot) != L) return;
+    if (c->bf16 && c->node[H].bind.recipe != DW_RECIPE_BF16) return;
+    const int x = g->nodes[H].in[0];
+    if (g->tensors[x].kind != DW_TENSOR_ACT || c->node[H].grad_mode[0] != DW_GRAD_WRITE) return;
+    c->head_xent = L, c->head_linear = H;
+    c->node[L].fused |= DW_FUSED_HEAD;
+    c->node[H].fused |= DW_FUSED_HEAD;
+    dw_ir_node *n = &c->head_node;
+    *n = g->nodes[L]; /* the loss node's name, block and output */
+    n->op = DW_OP_HEAD_XENT;
+    n->n_in = 3;
+    n->in[0] = x, n->in[1] = g->nodes[H].in[1], n->in[2] = g->targets;
+    c->node[L].grad_mode[0] = DW_GRAD_WRITE; /* x's gradient, as the head's backward would */
+    c->node[L].grad_mode[1] = c->node[L].grad_mode[2] = DW_GRAD_NONE;
+    c->node[H].grad_mode[0] = DW_GRAD_NONE;
+    c->head_chunk = dw_head_chunk_rows(g->batch * g->seq, width(g, x), width(g, g->logits), c->head_chunk_want);
+}
+
 dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
     (void)ctx;
     const dw_graph *g = c->g;
+    if (c->fused_head) fuse_head(c);
     const bool on = c->bf16 && c->fuse;
     for (int i = 0; i < g->n_nodes; i++) c->node[i].partner_fwd = c->node[i].partner_bwd = -1;
     for (int i = 0; on && i < g->n_nodes; i++) {

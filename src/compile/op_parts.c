@@ -63,6 +63,11 @@ static void parts_sigmoid_gate(const dw_compiled *c, const dw_ir_node *n, int64_
 static void parts_cross_entropy(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
     TMP(DW_TMP_XENT) = 16 + rows_of(c->g) * 4;
 }
+/* head_xent (fuse.c): the cross-entropy's scratch, then head_chunk rows of logits (act dtype) */
+static void parts_head_xent(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {
+    const int64_t V = c->g->tensors[n->in[1]].shape[0];
+    TMP(DW_TMP_XENT) = dw_compile_head_logits_off(rows_of(c->g)) + c->head_chunk * V * c->act_size;
+}
 static void parts_softcap(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_geglu(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 
@@ -75,7 +80,7 @@ static const parts_fn rules[] = {
 _Static_assert(sizeof rules / sizeof rules[0] == DW_OP_COUNT, "parts rules vs ops.def");
 
 void dw_compile_node_parts(const dw_compiled *c, int i, int64_t aux[DW_AUX_COUNT], int64_t tmp[DW_TMP_COUNT]) {
-    const dw_ir_node *n = &c->g->nodes[i];
+    const dw_ir_node *n = dw_compile_node(c, i);
     parts p;
     memset(p, 0, sizeof p);
     rules[n->op](c, n, p);

@@ -172,14 +172,14 @@ typedef struct {
  *                 gradient G alone writes: P's dgrad applies GELU' (DGELU epilogue, aux = G's
  *                 input) and writes G's input gradient; G has no backward step and G's output
  *                 has no gradient buffer. */
-enum { DW_FUSED_FWD = 1, DW_FUSED_BWD = 2 };
+enum { DW_FUSED_FWD = 1, DW_FUSED_BWD = 2, DW_FUSED_HEAD = 4 /* the LM head linear and the loss: head_xent */ };
 
 typedef struct {
     dw_node_binding bind;
     int64_t aux_off[DW_AUX_COUNT];
     int64_t tmp_off[DW_TMP_COUNT];
     uint8_t grad_mode[DW_IR_MAX_INPUTS]; /* dw_grad_mode per input slot */
-    uint8_t fused;            /* DW_FUSED_* (GELU nodes) */
+    uint8_t fused;            /* DW_FUSED_* (GELU nodes; FUSED_HEAD: the head linear and the loss) */
     int partner_fwd;          /* fusion partner: for a linear, the GELU whose forward it does; for */
     int partner_bwd;          /* a fused GELU, the linear doing its forward / backward; -1 none */
     dw_qslot_layout wq[2];    /* quantised linear: W [M,K] along K and W^T [K,M] along M, in the
@@ -197,6 +197,15 @@ struct dw_compiled {
     dw_compile_target target;
     bool bf16;                 /* BF16 activations + BF16 GEMMs; false: FP32 reference mode */
     bool fuse;                 /* GELU into GEMM epilogues (dw_compile_opts.fuse; fuse.c) */
+    /* The fused LM head (dw_compile_opts.fused_head; fuse.c): the loss node head_xent runs as op
+     * HEAD_XENT, head_node (x, the head's weight, the targets -> the loss), in place of the head
+     * linear head_linear (no steps of its own) and the cross-entropy; the logits get no buffer and
+     * the forward holds head_chunk rows of them at a time (DW_TMP_XENT). -1: not fused. */
+    bool fused_head;
+    int64_t head_chunk_want;   /* dw_compile_opts.head_chunk (0: the compiler's choice) */
+    int head_xent, head_linear;
+    dw_ir_node head_node;
+    int64_t head_chunk;
     int act_size;              /* bytes per activation element (4 or 2) */
     char precision[32];        /* "fp32" (no policy), the policy's default recipe, or "policy"
                                   (a policy with rules): reports and checkpoints */
@@ -274,6 +283,17 @@ bool dw_compile_linear_quantised(const dw_compiled *c, int i, dw_qpass pass, int
                                  char *why, size_t why_len);
 /* The GEMM registry's choice for args on the program's target (NULL: none eligible). */
 const char *dw_compile_target_pick(const dw_compiled *c, const dw_gemm_args *args);
+/* Node i as the program runs it: the graph's, or for the fused loss node (fuse.c) head_node. */
+static inline const dw_ir_node *dw_compile_node(const dw_compiled *c, int i) {
+    return i == c->head_xent ? &c->head_node : &c->g->nodes[i];
+}
+/* Whether the program gives activation t no buffer: the logits of a fused LM head. */
+static inline bool dw_compile_absorbed(const dw_compiled *c, int t) {
+    return c->head_linear >= 0 && c->g->nodes[c->head_linear].out[0] == t;
+}
+/* The fused head's forward scratch (DW_TMP_XENT) for N rows: the loss reduction's (16 + 4 N bytes:
+ * the valid-row count, each row's loss) rounded up to 256, then head_chunk rows of V logits. */
+static inline int64_t dw_compile_head_logits_off(int64_t N) { return (16 + 4 * N + 255) / 256 * 256; }
 /* The fused GELU of linear node i (forward / backward), -1 none. */
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear);
 int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);

@@ -1,6 +1,6 @@
 /* steps.c — the program's step list and its phases: each node's forward in graph order (a GELU
  * done by its linear's epilogue has none), each node's backward in reverse (none where fused into
- * a dgrad or done by the forward, as the loss's) — under recompute with each block's forwards run
+ * a dgrad or done by the forward, as the loss's; a fused LM head's linear has neither) — under recompute with each block's forwards run
  * again just before its backward —, then the optimizer (gradient norm, AdamW) and
  * the refresh of what derives from the FP32 masters (BF16 copies, quantised weight caches). */
 #include <stdlib.h>
@@ -22,13 +22,14 @@ dw_status dw_compile_steps(dw_ctx *ctx, dw_compiled *c) {
     int n = 0;
 #define STEP(k, nd, a) (c->steps[n++] = (dw_step){(uint8_t)(k), (nd), (a)})
     c->phase[DW_PHASE_FORWARD][0] = n;
-    for (int i = 0; i < nn; i++)
-        if (!(c->node[i].fused & DW_FUSED_FWD)) STEP(DW_STEP_FWD, i, 0);
+    for (int i = 0; i < nn; i++) /* a fused LM head's linear runs inside the loss's head_xent */
+        if (!(c->node[i].fused & DW_FUSED_FWD) && i != c->head_linear) STEP(DW_STEP_FWD, i, 0);
     c->phase[DW_PHASE_FORWARD][1] = c->phase[DW_PHASE_BACKWARD][0] = n;
     for (int k = 0; k < c->n_times - nn; k++) { /* the backward sweep (recompute.c) */
         const int e = c->sweep[k], i = e < 0 ? -e - 1 : e;
         if (e < 0) STEP(DW_STEP_FWD, i, 1); /* a recomputed block's forward, again */
-        else if (!(c->node[i].fused & DW_FUSED_BWD) && !(dw_op_flags(g->nodes[i].op) & DW_OPF_BWD_IN_FWD))
+        else if (!(c->node[i].fused & DW_FUSED_BWD) && !(dw_op_flags(g->nodes[i].op) & DW_OPF_BWD_IN_FWD) &&
+                 i != c->head_linear)
             STEP(DW_STEP_BWD, i, 0);
     }
     c->phase[DW_PHASE_BACKWARD][1] = c->phase[DW_PHASE_OPTIMIZER][0] = n;

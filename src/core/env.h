@@ -6,6 +6,8 @@
  *   DW_CUDA_GRAPH=0                    dw_engine_opts.record defaults to false
  *   DW_QUANT_REUSE=0                   dw_engine_opts.quant_reuse defaults to false
  *   DW_FUSE=0                          dw_compile_opts.fuse defaults to false
+ *   DW_FUSED_HEAD=1                    dw_compile_opts.fused_head defaults to true
+ *   DW_HEAD_CHUNK=R                    dw_compile_opts.head_chunk defaults to R rows
  *   DW_GEMM_AUTOTUNE=1                 the GEMM autotune cache starts on (dw_gemm_set_autotune)
  *   DW_ATTN=auto|cudnn|mma|nosplit|ref the CUDA attention path (kernels/cuda/attn_mma.cu)
  *   DW_ATTN_TILES=F,Q,K                tile shapes of the tensor-core attention (an experiment)

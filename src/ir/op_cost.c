@@ -105,6 +105,14 @@ static void flops_sigmoid_gate(const dw_graph *g, const dw_ir_node *n, bool palm
 static void flops_cross_entropy(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(4, 3, dw_ir_numel(IN(0)));
 }
+/* head_xent: the head linear's three GEMMs (N rows, C in, V out) and the cross-entropy over the
+ * (N,V) logits, all in the forward of a training step (counted there as the backward's share) */
+static void flops_head_xent(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    const double N = (double)rows(IN(0)), C = (double)last(IN(0)), V = (double)IN(1)->shape[0];
+    ELEMENTWISE(4, 3, N * V);
+    *f += 2 * N * C * V;
+    *b += 4 * N * C * V;
+}
 
 /* ---- memory traffic: activation elements read or written, forward / backward, as the engine's
  * kernels run them (linear, attention: 0, their traffic is the planner's GEMM and flash models) */
@@ -174,6 +182,9 @@ static void passes_sigmoid_gate(const dw_graph *g, const dw_ir_node *n, double *
 }
 static void passes_cross_entropy(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     PASSES(3, 0, dw_ir_numel(IN(0))); /* fused: logits read twice, dlogits written in place */
+}
+static void passes_head_xent(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(3, 0, rows(IN(0)) * IN(1)->shape[0]); /* cross-entropy's passes over each chunk's logits */
 }
 static void flops_softcap(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(4, 4, dw_ir_numel(IN(0)));

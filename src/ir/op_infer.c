@@ -336,6 +336,21 @@ static dw_status infer_cross_entropy(dw_ctx *ctx, const dw_graph *g, const dw_ir
     return DW_OK;
 }
 
+/* head_xent: x (B,T,C), weight (V,C), targets (B,T) -> the scalar loss */
+static dw_status infer_head_xent(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 1, 2, DW_IR_F32));
+    DW_TRY(want(ctx, g, n, 2, 2, DW_IR_I32));
+    if (IN(1)->shape[1] != IN(0)->shape[2])
+        return dw_ir_node_error(ctx, n, "weight '%s' has %lld inputs, x '%s' %lld channels", IN(1)->name,
+                                (long long)IN(1)->shape[1], IN(0)->name, (long long)IN(0)->shape[2]);
+    if (IN(2)->shape[0] != IN(0)->shape[0] || IN(2)->shape[1] != IN(0)->shape[1])
+        return dw_ir_node_error(ctx, n, "targets '%s' do not match x's batch and sequence", IN(2)->name);
+    like(g, n, 0, o);
+    o->ndim = 0;
+    return DW_OK;
+}
+
 /* softcap: x scaled by attrs.scale (non-zero), then capped when attrs.softcap > 0 */
 static dw_status infer_softcap(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
     const dw_ir_attrs *a = &n->attrs;

@@ -114,6 +114,10 @@ static dw_status read_loss(dw_engine *e, double *loss) {
 dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                             float *logits, double *loss) {
     if (loss) *loss = 0;
+    if (logits && e->p->head_xent >= 0)
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the program fuses the LM head into the loss "
+                            "(dw_compile_opts.fused_head), so it has no logits to read; compile without it (deepwell "
+                            "train/bench step: --no-fused-head) to read logits");
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
     DW_TRY(dw_exec_phase(e->x, DW_PHASE_FORWARD, false, 1.0));

@@ -92,7 +92,7 @@ static void *grad_of(const dw_exec *x, int t) { return at(x->act, x->p->tensor[t
 void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op_call *c) {
     const dw_compiled *p = x->p;
     const dw_graph *g = x->g;
-    const dw_ir_node *n = &g->nodes[node];
+    const dw_ir_node *n = dw_compile_node(p, node); /* the program's: a fused LM head's loss is head_xent */
     const dw_prog_node *pn = &p->node[node];
     memset(c, 0, sizeof *c);
     c->x = x, c->node = node, c->n = n, c->train = train, c->dloss = dloss;
@@ -148,7 +148,7 @@ static dw_status deliver(dw_exec *x, const dw_op_call *c) {
 
 /* Whether node reads the targets (the loss): skipped by a forward without targets. */
 static bool reads_targets(const dw_exec *x, int node) {
-    const dw_ir_node *n = &x->g->nodes[node];
+    const dw_ir_node *n = dw_compile_node(x->p, node);
     for (int s = 0; s < n->n_in; s++)
         if (n->in[s] == x->g->targets) return true;
     return false;
@@ -171,7 +171,7 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
     switch ((dw_step_kind)st->kind) {
     case DW_STEP_FWD:
     case DW_STEP_BWD: {
-        const dw_ir_node *n = &x->g->nodes[st->node];
+        const dw_ir_node *n = dw_compile_node(x->p, st->node);
         const bool fwd = st->kind == DW_STEP_FWD;
         if (!(fwd ? bi->ops[n->op].fwd : bi->ops[n->op].bwd))
             return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED, "%s backend: op %s has no %s entry (node '%s')",

@@ -54,7 +54,7 @@ bool dw_kv_cache_supported(const dw_engine *e) {
     /* CUDA engines on request only (DW_KV_CACHE=1) until GPU runs have held them to the recompute */
     const char *want = dw_env("DW_KV_CACHE");
     const bool device_ok = e->be->device == DW_DEVICE_CPU || (want && !strcmp(want, "1"));
-    if (!device_ok) return false;
+    if (!device_ok || p->head_xent >= 0) return false; /* fused head: no logits */
     for (int s = p->phase[DW_PHASE_FORWARD][0]; s < p->phase[DW_PHASE_FORWARD][1]; s++) {
         const dw_step *st = &p->steps[s];
         if (st->kind != DW_STEP_FWD) return false;

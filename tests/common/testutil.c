@@ -506,3 +506,17 @@ double dw_test_optref_step(dw_test_optref *r, dw_engine *e, const dw_adamw_opts 
 }
 
 const float *dw_test_optref_get(const dw_test_optref *r, int i, int what) { return r->val[what][i]; }
+
+bool dw_test_plan_overlap(const dw_compiled *c, int *a, int *b, int *t) {
+    for (int i = 0; i < c->n_items; i++)
+        for (int j = i + 1; j < c->n_items; j++) {
+            const dw_mem_item *x = &c->items[i], *y = &c->items[j];
+            if (x->offset + x->size <= y->offset || y->offset + y->size <= x->offset) continue;
+            for (int k = 0; k < c->n_times; k++)
+                if (dw_mem_live_at(x, k) && dw_mem_live_at(y, k)) {
+                    *a = i, *b = j, *t = k;
+                    return true;
+                }
+        }
+    return false;
+}

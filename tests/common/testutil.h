@@ -137,4 +137,9 @@ double dw_test_optref_step(dw_test_optref *r, dw_engine *e, const dw_adamw_opts 
 const float *dw_test_optref_get(const dw_test_optref *r, int i, int what);
 void dw_test_optref_free(dw_test_optref *r);
 
+/* Whether two buffers of c's activation arena share bytes while both are live; the first such pair
+ * into *a, *b and the time into *t. */
+struct dw_compiled;
+bool dw_test_plan_overlap(const struct dw_compiled *c, int *a, int *b, int *t);
+
 #endif

@@ -30,7 +30,8 @@
 static void test_op_tables(void **state) {
     (void)state;
     const char *want[] = {"embedding", "position", "rope", "layernorm", "rmsnorm", "linear", "gelu",
-                          "silu", "swiglu", "add", "attention", "cross_entropy", "moe_router", "moe_dispatch",
+                          "silu", "swiglu", "add", "attention", "cross_entropy", "head_xent", "moe_router",
+                          "moe_dispatch",
                           "moe_linear", "moe_combine", "moe_aux_stats", "moe_aux_loss", "head_rmsnorm",
                           "sigmoid_gate", "softcap", "geglu"};
     assert_int_equal(DW_OP_COUNT, sizeof want / sizeof want[0]);

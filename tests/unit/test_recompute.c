@@ -38,14 +38,8 @@ static void build(const char *preset, int64_t B, int64_t T, const char *precisio
 
 /* No two items of the plan are live at one time and overlap in bytes. */
 static void assert_plan_disjoint(const dw_compiled *c) {
-    for (int i = 0; i < c->n_items; i++)
-        for (int j = i + 1; j < c->n_items; j++) {
-            const dw_mem_item *a = &c->items[i], *b = &c->items[j];
-            if (a->offset + a->size <= b->offset || b->offset + b->size <= a->offset) continue;
-            for (int t = 0; t < c->n_times; t++)
-                if (dw_mem_live_at(a, t) && dw_mem_live_at(b, t))
-                    fail_msg("items %d and %d share bytes while both live at time %d", i, j, t);
-        }
+    int i, j, t;
+    if (dw_test_plan_overlap(c, &i, &j, &t)) fail_msg("items %d and %d share bytes while both live at time %d", i, j, t);
 }
 
 /* The backward sweep of c: each recomputed node's forward exactly once, before its block's first

@@ -102,6 +102,18 @@ double dw_cpu_cross_entropy_fwd(const float *logits, const int32_t *targets, int
 /* dlogits = (softmax - onehot) / n_valid, scaled by dloss */
 void dw_cpu_cross_entropy_bwd(float *dlogits, const float *logits, const int32_t *targets,
                               int64_t N, int64_t V, double dloss);
+/* Their pieces (xent_cpu.c): log(sum_v exp(x_v)) of one row in double; the rows with target >= 0. */
+double dw_row_lse(const float *x, int64_t V);
+int64_t dw_count_valid(const int32_t *targets, int64_t N, int64_t V);
+/* The fused LM head's cross-entropy (head_xent_cpu.c), rows of one chunk at a time, the same
+ * arithmetic as the two above: *loss_sum += each row's loss in row order; when g is not NULL,
+ * g (rows,V) = (softmax - onehot) * scale (0 on ignored rows), g may be logits (in place). */
+void dw_cpu_head_xent_rows(float *g, double *loss_sum, const float *logits, const int32_t *targets, int64_t rows,
+                           int64_t V, double scale);
+/* The head's weight gradient over chunks, as dw_cpu_linear_bwd sums it: acc (M,K) += dy^T x over
+ * the chunk's rows (dy (rows,M), x (rows,K)) in double; then dw (M,K) = dw + acc, one rounding. */
+void dw_cpu_head_xent_wgrad(double *acc, const float *dy, const float *x, int64_t rows, int64_t K, int64_t M);
+void dw_cpu_head_xent_wgrad_end(float *dw, const double *acc, int64_t n);
 
 /* MoE router over E experts per row: scores p = softmax(z) (score 0) or sigmoid(z) (score 1);
  * the K largest scores, largest first (by the logits: ties, the lower expert; a NaN logit is never

@@ -8,7 +8,7 @@
 #include "kernels/cpu/ops_cpu.h"
 
 /* log(sum_v exp(x_v)) of one row, in double */
-static double dw_row_lse(const float *x, int64_t V) {
+double dw_row_lse(const float *x, int64_t V) {
     double mx = -INFINITY, s = 0.0;
     for (int64_t i = 0; i < V; i++)
         if (x[i] > mx) mx = x[i];
@@ -16,7 +16,7 @@ static double dw_row_lse(const float *x, int64_t V) {
     return mx + log(s);
 }
 
-static int64_t dw_count_valid(const int32_t *targets, int64_t N, int64_t V) {
+int64_t dw_count_valid(const int32_t *targets, int64_t N, int64_t V) {
     int64_t nv = 0;
     for (int64_t n = 0; n < N; n++) {
         DW_ASSERT_MSG(targets[n] < V, "cross-entropy target >= V");

@@ -143,6 +143,15 @@ size_t dw_cuda_cross_entropy_ws_bytes(int64_t N);
 dw_status dw_cuda_cross_entropy(dw_ctx *ctx, dw_act_dtype dt, float *loss, float *row_loss,
                                 void *dlogits, const void *logits, const int32_t *targets,
                                 int64_t N, int64_t V, float dloss, void *ws, void *stream);
+/* The same in pieces, for logits that exist a chunk of rows at a time (the fused LM head, ops.def
+ * head_xent), with the same results: begin counts the valid rows of all N targets into ws;
+ * rows runs the row kernel on rows [row0, row0 + rows) — logits, dlogits and targets point at the
+ * chunk's first row — scaled by that count; end writes *loss, the mean over all N (same ws). */
+dw_status dw_cuda_cross_entropy_begin(dw_ctx *ctx, void *ws, const int32_t *targets, int64_t N, void *stream);
+dw_status dw_cuda_cross_entropy_rows(dw_ctx *ctx, dw_act_dtype dt, void *ws, int64_t row0, void *dlogits,
+                                     const void *logits, const int32_t *targets, int64_t rows, int64_t V, float dloss,
+                                     void *stream);
+dw_status dw_cuda_cross_entropy_end(dw_ctx *ctx, float *loss, void *ws, int64_t N, void *stream);
 
 /* ---- MoE router (oracle: kernels/cpu/router_cpu.c), one warp per row ---------------------------
  * logits z (N,E) -> weights w (N,K) (act dtype) and experts idx (N,K) int32: scores softmax

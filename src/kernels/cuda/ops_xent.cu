@@ -188,13 +188,19 @@ dw_xent_mean_kernel(float *loss, const float *row_loss,
 }
 
 template <typename T>
-static void dw_xent_launch(float *loss, float *row_loss, void *dlogits, const void *logits,
-                           const int32_t *targets, int32_t *count, int64_t N, int64_t V,
-                           float dloss, cudaStream_t s) {
-    dw_xent_count_kernel<<<1, 1024, 0, s>>>(count, targets, N);
+static void dw_xent_rows_launch(float *row_loss, void *dlogits, const void *logits, const int32_t *targets,
+                                const int32_t *count, int64_t N, int64_t V, float dloss, cudaStream_t s) {
     const int threads = V >= 8192 ? 1024 : V >= 1024 ? 512 : 128;
     dw_xent_row_kernel<T><<<(unsigned)N, threads, 0, s>>>(row_loss, (T *)dlogits, (const T *)logits,
                                                           targets, count, V, dloss);
+}
+
+static void dw_xent_launch(dw_act_dtype dt, float *loss, float *row_loss, void *dlogits, const void *logits,
+                           const int32_t *targets, int32_t *count, int64_t N, int64_t V,
+                           float dloss, cudaStream_t s) {
+    dw_xent_count_kernel<<<1, 1024, 0, s>>>(count, targets, N);
+    if (dt == DW_ACT_F32) dw_xent_rows_launch<float>(row_loss, dlogits, logits, targets, count, N, V, dloss, s);
+    else dw_xent_rows_launch<dw_bf16>(row_loss, dlogits, logits, targets, count, N, V, dloss, s);
     dw_xent_mean_kernel<<<1, 1024, 0, s>>>(loss, row_loss, count, N);
 }
 
@@ -213,11 +219,42 @@ dw_status dw_cuda_cross_entropy(dw_ctx *ctx, dw_act_dtype dt, float *loss, float
     DW_OPS_REQUIRE(ctx, op, loss && logits && targets && ws);
     int32_t *count = (int32_t *)ws;
     float *rl = row_loss ? row_loss : (float *)((char *)ws + DW_XENT_WS_HEAD);
-    if (dt == DW_ACT_F32)
-        dw_xent_launch<float>(loss, rl, dlogits, logits, targets, count, N, V, dloss, (cudaStream_t)stream);
-    else
-        dw_xent_launch<dw_bf16>(loss, rl, dlogits, logits, targets, count, N, V, dloss, (cudaStream_t)stream);
+    dw_xent_launch(dt, loss, rl, dlogits, logits, targets, count, N, V, dloss, (cudaStream_t)stream);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+/* The three launches one at a time, for a caller that has the logits a chunk of rows at a time (the
+ * fused LM head): count over all N rows, the row kernel per chunk, the mean over all N. */
+dw_status dw_cuda_cross_entropy_begin(dw_ctx *ctx, void *ws, const int32_t *targets, int64_t N, void *stream) {
+    DW_OPS_REQUIRE(ctx, "cross_entropy", N > 0 && N <= INT32_MAX && ws && targets);
+    dw_xent_count_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>((int32_t *)ws, targets, N);
+    DW_CUDA_CHECK_LAUNCH(ctx, "cross_entropy");
+    return DW_OK;
+}
+
+dw_status dw_cuda_cross_entropy_rows(dw_ctx *ctx, dw_act_dtype dt, void *ws, int64_t row0, void *dlogits,
+                                     const void *logits, const int32_t *targets, int64_t rows, int64_t V, float dloss,
+                                     void *stream) {
+    const char *op = "cross_entropy";
+    DW_OPS_REQUIRE_DT(ctx, op, dt);
+    DW_OPS_REQUIRE(ctx, op, rows > 0 && rows <= INT32_MAX && V > 0 && V <= INT32_MAX && row0 >= 0);
+    DW_OPS_REQUIRE(ctx, op, logits && targets && ws);
+    const int32_t *count = (const int32_t *)ws;
+    float *rl = (float *)((char *)ws + DW_XENT_WS_HEAD) + row0;
+    if (dt == DW_ACT_F32)
+        dw_xent_rows_launch<float>(rl, dlogits, logits, targets, count, rows, V, dloss, (cudaStream_t)stream);
+    else
+        dw_xent_rows_launch<dw_bf16>(rl, dlogits, logits, targets, count, rows, V, dloss, (cudaStream_t)stream);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+dw_status dw_cuda_cross_entropy_end(dw_ctx *ctx, float *loss, void *ws, int64_t N, void *stream) {
+    DW_OPS_REQUIRE(ctx, "cross_entropy", N > 0 && N <= INT32_MAX && loss && ws);
+    dw_xent_mean_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(loss, (const float *)((char *)ws + DW_XENT_WS_HEAD),
+                                                              (const int32_t *)ws, N);
+    DW_CUDA_CHECK_LAUNCH(ctx, "cross_entropy");
     return DW_OK;
 }
 
