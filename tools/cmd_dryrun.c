@@ -148,9 +148,9 @@ static bool gpu_run(const dw_plan *plan, long steps, long warm, int *fails) {
     dw_status s = dw_plan_engine_policy(ctx, plan, &pol);
     if (s == DW_OK) s = dw_plan_get_engine_memory(ctx, plan, &em);
     if (s == DW_OK) s = dw_capture(ctx, in->model, &co, &g);
-    dw_compile_opts cpo; /* the plan's recompute, as its prediction assumed */
+    dw_compile_opts cpo; /* the plan's recompute and fused head, as its prediction assumed */
     dw_compile_opts_init(&cpo, sizeof cpo);
-    cpo.recompute = l->recompute;
+    cpo.recompute = l->recompute, cpo.fused_head = true;
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cpo, &cp);
     if (s == DW_OK) s = dw_step_run(ctx, cp, &o, &r, NULL);
     dw_compiled_free(cp);

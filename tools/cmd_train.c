@@ -33,6 +33,9 @@ enum { O_EP = O_LAST + 64 };
 enum { O_NO_OVERLAP = O_LAST + 130 };
 /* --recompute: not in the resume record (it trades memory for compute; the values are the same) */
 enum { O_RECOMPUTE = O_LAST + 96 };
+/* --no-fused-head: not in the record either (the same values; the logits are only held in chunks) */
+enum { O_NO_FUSED_HEAD = O_LAST + 140 };
+static bool fused_head = true;
 /* --moe-bias-update: not in the resume record (the checkpoint's state.json keeps the bias and its γ) */
 enum { O_MOE_BIAS = O_LAST + 120 };
 static int recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
@@ -144,6 +147,10 @@ static void help(void) {
         "                         input and runs its forward again before its backward (their\n"
         "                         activations share one block's memory, for up to a third more\n"
         "                         compute; the same values bit for bit) (none)\n"
+        "  --no-fused-head        keep the LM head and the loss apart: by default they run as one op\n"
+        "                         over chunks of rows, so the B x T x vocabulary logits never exist\n"
+        "                         (the same values on the CPU; docs/perf.md). --sample-every needs\n"
+        "                         the logits and turns it off\n"
         "  --profile              after the last step, time 3 eager steps of the last micro-batch\n"
         "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
         "                         print the largest rows per op kind and per node role (forward\n"
@@ -314,6 +321,7 @@ int cmd_train(int argc, char **argv) {
         {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"help", no_argument, 0, 'h'},
+        {"no-fused-head", no_argument, 0, O_NO_FUSED_HEAD},
         {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
@@ -360,6 +368,7 @@ int cmd_train(int argc, char **argv) {
             init.moe_drop = !strcmp(optarg, "probs") ? DW_MOE_DROP_PROBS : DW_MOE_DROP_POSITION;
             break;
         case O_RECOMPUTE: ok = cli_parse_recompute(CMD, optarg, &recompute, &recompute_blocks); break;
+        case O_NO_FUSED_HEAD: fused_head = false; break;
         case O_PROMPT: o.sample_prompt = optarg; break;
         case O_SCHED: {
             static const char *names[] = {"cosine", "linear", "constant"};
@@ -533,6 +542,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
     mo.weights_from = o.resume ? NULL : init->from;
     mo.moe_drop = init->moe_drop;
     mo.recompute = recompute, mo.recompute_blocks = recompute_blocks;
+    mo.fused_head = fused_head && o.sample_every == 0; /* samples read the logits */
     dw_model *m = NULL;
     st = dw_model_open(ctx, o.resume ? o.resume : model, &mo, &m);
     if (st != DW_OK) {

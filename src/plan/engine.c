@@ -65,6 +65,7 @@ static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int r
     o.device = DW_DEVICE_CUDA;
     o.sm = 90;
     o.recompute = recompute;
+    o.fused_head = true; /* as `deepwell train` compiles it: the logits a chunk of rows at a time */
     return dw_compile(ctx, j->g, NULL, j->pol, &o, &j->c);
 }
 

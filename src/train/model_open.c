@@ -119,6 +119,7 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
     dw_compile_opts cpo;
     dw_compile_opts_init(&cpo, sizeof cpo);
     cpo.recompute = o.recompute, cpo.recompute_blocks = o.recompute_blocks;
+    cpo.fused_head = o.fused_head;
     if (st == DW_OK) st = dw_compile(ctx, m->g, NULL, pol, &cpo, &m->c);
     if (st == DW_OK) st = dw_engine_create(ctx, m->c, NULL, &m->e);
     const bool file = is_dir && has_weights(dir);

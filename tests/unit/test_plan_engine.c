@@ -27,10 +27,12 @@ static int64_t compiled_pools(dw_ctx *ctx, const dw_model_config *cfg, int64_t b
     dw_compiled *c = NULL;
     assert_int_equal(dw_capture_config(ctx, cfg, b, s, &g), DW_OK);
     assert_int_equal(dw_policy_from_precision(ctx, prec, strcmp(prec, "bf16") != 0, &pol), DW_OK);
-    dw_compile_opts o; /* the planner plans for the CUDA engine: the program for sm_90 */
+    dw_compile_opts o; /* the planner plans for the CUDA engine: the program for sm_90, as `deepwell train`
+                          compiles it (the LM head fused with the loss) */
     dw_compile_opts_init(&o, sizeof o);
     o.device = DW_DEVICE_CUDA;
     o.sm = 90;
+    o.fused_head = true;
     assert_int_equal(dw_compile(ctx, g, NULL, pol, &o, &c), DW_OK);
     assert_int_equal(c->target.device, DW_DEVICE_CUDA);
     assert_int_equal(c->target.sm, 90);
