@@ -366,6 +366,20 @@ DW_API void dw_quant_report_opts_init(dw_quant_report_opts *o, size_t size);
  * unknown recipe in o->recipes. */
 DW_API dw_status dw_quant_report(dw_ctx *ctx, const char *path, const dw_quant_report_opts *o, char **out);
 
+/* `deepwell quant-report RUN`: a training run's quantised layers over time, from the guardrails'
+ * files in run_dir (docs/precision.md, "Guardrails"): quant_stats.jsonl (required: DW_ERR_IO when
+ * absent), precision_decisions.jsonl, and the latest checkpoint's state.json when there is one
+ * (its recipes as "now" and its --ckpt-every as the interval). Per layer: the recipe, the recipe
+ * now and each fallback (step, tensor, reason); per measured tensor the number of checks, the
+ * first, last and largest bulk error (with the rel error and the step), overflow and underflow
+ * summed over the checks; and per checkpoint interval each layer's largest bulk error. *out: that
+ * table, or with json the document {run, checkpoint, checks, first_step, last_step, ckpt_every,
+ * layers: [{layer, recipe, now, fallbacks: [the decisions' lines], tensors: [{tensor, recipe,
+ * checks, first, last, max: {step, bulk_error, rel_error}, overflow, underflow}], intervals:
+ * [{from, to, max_bulk_error (null: no check)}]}]}; caller frees with dw_free_string. Reads only;
+ * DW_ERR_FORMAT naming the file for a malformed line. */
+DW_API dw_status dw_quant_run_report(dw_ctx *ctx, const char *run_dir, bool json, char **out);
+
 /* ======================================================================================
  * Graph IR and capture                                       [section: ir]
  * ====================================================================================== */
@@ -1308,6 +1322,15 @@ typedef struct {
     int (*next_batch)(void *user, int64_t index, int32_t *tokens, int32_t *targets, int64_t b, int64_t t);
     int (*val_batch)(void *user, int64_t index, int32_t *tokens, int32_t *targets, int64_t b, int64_t t);
     void *batch_user;
+    /* loss-spike rollback (docs/precision.md, "Loss spikes"): once the window of the last
+     * spike_window applied steps' losses is full, a step whose loss is more than spike_zscore
+     * standard deviations above the window's mean restores the newest checkpoint this run wrote
+     * (weights, moments, step, data position, RNG, the guardrails' state) and its batch is skipped
+     * when the data reaches it again; logged on stderr and as a "rollback" line in metrics.jsonl.
+     * After max_rollbacks rollbacks the next spike stops the run with DW_ERR_NUMERIC. */
+    double spike_zscore;    /* Z > 0; 0 (default): off */
+    int64_t spike_window;   /* W >= 2 (default 50) */
+    int64_t max_rollbacks;  /* default 3; 0: stop at the first spike */
     bool no_overlap;        /* several ranks: reduce the gradients after backward instead of each
                                bucket as soon as backward has finished it (the same collectives
                                in the same order, so the same results; for comparison). Default

@@ -1,15 +1,28 @@
 /* cmd_quant_report.c — `deepwell quant-report`: how much error each recipe introduces on a
  * checkpoint's tensors (SQNR, max abs and relative error, saturation, flush to zero), per tensor
- * and element-weighted per recipe. Flags and printing only: the report is dw_quant_report's. */
+ * and element-weighted per recipe; or, given a training run's directory, its quantised layers
+ * over the run (recipes, fallbacks, error statistics per checkpoint interval). Flags and printing
+ * only: the reports are dw_quant_report's and dw_quant_run_report's. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
 static void help(void) {
     printf("Usage: deepwell quant-report MODEL.safetensors [--recipes LIST] [--scale-rounding rceil|floor]\n"
-           "                             [--pow2] [--json]\n\n"
+           "                             [--pow2] [--json]\n"
+           "       deepwell quant-report RUN [--json]\n\n"
+           "RUN, a directory `deepwell train --out` wrote: its quantised layers over the run, from\n"
+           "RUN/quant_stats.jsonl (every --quant-check-every steps), RUN/precision_decisions.jsonl and\n"
+           "the latest checkpoint: per layer the recipe, the recipe now and each fallback (step, tensor,\n"
+           "reason); per quantised GEMM input (x, x^T, w, w^T) the first, last and largest bulk error\n"
+           "(rel error in brackets) with their steps, overflow and underflow summed; then each layer's\n"
+           "largest bulk error per checkpoint interval (--ckpt-every). --json: {run, checkpoint, checks,\n"
+           "first_step, last_step, ckpt_every, layers: [{layer, recipe, now, fallbacks, tensors,\n"
+           "intervals}]} (docs/precision.md, Guardrails).\n\n"
+           "MODEL.safetensors:\n"
            "Quantises every tensor of MODEL with each recipe (exact CPU reference, the same rules as\n"
            "`deepwell quantize`), dequantises it again and compares with the original x:\n"
            "  SQNR dB      10 log10(sum x^2 / sum (x-q)^2)  (inf when exact)\n"
@@ -28,7 +41,8 @@ static void help(void) {
            "  --json                  one JSON object: file, options, recipes, tensors[] with results per\n"
            "                          recipe (sqnr_db is null when exact or x is all zero), summary\n"
            "  -h, --help              this help\n\n"
-           "Exit status: 0 reported, 2 bad arguments or unreadable/malformed input, 1 other failures.\n");
+           "Exit status: 0 reported, 2 bad arguments or malformed input, 3 unreadable input (a RUN\n"
+           "without quant_stats.jsonl), 1 other failures.\n");
 }
 
 static bool parse_recipes(const char *text, int32_t *list, int *n) {
@@ -88,7 +102,14 @@ int cmd_quant_report(int argc, char **argv) {
         }
     }
     if (argc - optind != 1) {
-        cli_error("quant-report", "expected one MODEL.safetensors, got %d argument(s)", argc - optind);
+        cli_error("quant-report", "expected one MODEL.safetensors or RUN directory, got %d argument(s)", argc - optind);
+        return cli_usage_error("quant-report");
+    }
+    struct stat sb;
+    const bool run = stat(argv[optind], &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (run && (ro.recipes || ro.pow2 || rounding != DW_SCALE_RCEIL)) {
+        cli_error("quant-report", "%s is a run directory: --recipes, --scale-rounding and --pow2 apply to a "
+                  "MODEL.safetensors", argv[optind]);
         return cli_usage_error("quant-report");
     }
     dw_ctx *ctx = NULL;
@@ -96,7 +117,7 @@ int cmd_quant_report(int argc, char **argv) {
     dw_status s = dw_ctx_create(&co, &ctx);
     if (s != DW_OK) return cli_fail("quant-report", NULL, s);
     char *text = NULL;
-    s = dw_quant_report(ctx, argv[optind], &ro, &text);
+    s = run ? dw_quant_run_report(ctx, argv[optind], ro.json, &text) : dw_quant_report(ctx, argv[optind], &ro, &text);
     int rc = s == DW_OK ? DW_EXIT_OK : cli_fail("quant-report", ctx, s);
     if (s == DW_OK) printf("%s%s", text, ro.json ? "\n" : "");
     dw_free_string(text);

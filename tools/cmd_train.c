@@ -26,6 +26,8 @@ enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
 enum { O_MOE_DROP = O_INIT_FROM + 1 };
 /* guardrails: may change on resume (not in the record) */
 enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
+/* loss-spike rollback: not in the record either */
+enum { O_SPIKE_Z = O_LAST + 84, O_SPIKE_W, O_MAX_ROLLBACKS };
 /* --ep: not in the resume record (a checkpoint holds every expert, any --ep resumes it); a value
  * clear of the enums above */
 enum { O_EP = O_LAST + 64 };
@@ -137,6 +139,14 @@ static void help(void) {
         "                         0.1 FP8, 0.25 FP4) in M checks in a row runs in BF16 for the rest\n"
         "                         of the run, kept on resume (DIR/precision_decisions.jsonl) (3; 0:\n"
         "                         statistics only; docs/precision.md, Guardrails)\n"
+        );
+    printf( /* (split: C99 compilers need only support 4095 characters in one string) */
+        "  --spike-zscore Z       loss-spike rollback (off): once the window of the last W steps'\n"
+        "                         losses is full, a step whose loss is more than Z standard\n"
+        "                         deviations above its mean restores the newest checkpoint of this\n"
+        "                         run and skips that batch (logged; \"rollback\" in metrics.jsonl)\n"
+        "  --spike-window W       the window of losses, >= 2 (50)\n"
+        "  --max-rollbacks N      the spike after N rollbacks stops the run with an error (3)\n"
         "  --ep K                 several ranks: expert parallelism, groups of K consecutive ranks,\n"
         "                         each running E/K of every MoE layer's experts; rows go to their\n"
         "                         experts' ranks and back by all-to-all (1: off; K divides the\n"
@@ -321,6 +331,8 @@ int cmd_train(int argc, char **argv) {
         {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"help", no_argument, 0, 'h'},
+        {"spike-zscore", required_argument, 0, O_SPIKE_Z}, {"spike-window", required_argument, 0, O_SPIKE_W},
+        {"max-rollbacks", required_argument, 0, O_MAX_ROLLBACKS},
         {"no-fused-head", no_argument, 0, O_NO_FUSED_HEAD},
         {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
@@ -337,6 +349,7 @@ int cmd_train(int argc, char **argv) {
     const char *device = "auto", *precision = NULL, *policy_path = NULL, *fallback = NULL, *model = NULL;
     train_init init = {.random = false, .from = NULL};
     long v = 0, log_every = 1;
+    int spike_flags = 0; /* 1: --spike-zscore, 2: its other flags */
     bool given[O_LAST - O_FIRST] = {false};
     int c;
     optind = 1;
@@ -408,6 +421,25 @@ int cmd_train(int argc, char **argv) {
             ok = cli_parse_int(CMD, "--quant-fallback-after", optarg, 0, 1L << 40, &v);
             o.quant_fallback_after = v;
             break;
+        case O_SPIKE_Z:
+            ok = cli_parse_double(CMD, "--spike-zscore", optarg, &o.spike_zscore);
+            if (ok && !(o.spike_zscore > 0 && o.spike_zscore < 1e300)) {
+                cli_error(CMD, "--spike-zscore must be a number > 0 (standard deviations above the window's mean), "
+                          "got %s", optarg);
+                ok = false;
+            }
+            spike_flags |= 1;
+            break;
+        case O_SPIKE_W:
+            ok = cli_parse_int(CMD, "--spike-window", optarg, 2, 1L << 30, &v);
+            o.spike_window = v;
+            spike_flags |= 2;
+            break;
+        case O_MAX_ROLLBACKS:
+            ok = cli_parse_int(CMD, "--max-rollbacks", optarg, 0, 1L << 40, &v);
+            o.max_rollbacks = v;
+            spike_flags |= 2;
+            break;
         case O_LOGEVERY: ok = cli_parse_int(CMD, "--log-every", optarg, 1, 1L << 40, &log_every); break;
         case O_SEED: ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &v); o.seed = (uint64_t)v; break;
         case O_LR: ok = cli_parse_double(CMD, "--lr", optarg, &o.lr); break;
@@ -434,6 +466,10 @@ int cmd_train(int argc, char **argv) {
         default: return cli_usage_error(CMD);
         }
         if (!ok) return cli_usage_error(CMD);
+    }
+    if (spike_flags == 2) {
+        cli_error(CMD, "--spike-window and --max-rollbacks need --spike-zscore Z (the rollback is off without it)");
+        return cli_usage_error(CMD);
     }
     if (optind < argc) {
         cli_error(CMD, "unexpected argument '%s'", argv[optind]);

@@ -5,6 +5,7 @@
  *                  GEMM input (DIR/quant_stats.jsonl); a layer over its threshold for M checks in
  *                  a row switches to BF16 for the rest of the run (DIR/precision_decisions.jsonl,
  *                  replayed on resume).
+ *   guard_state.c: the guardrails' own keys of a checkpoint's state.json, read back.
  * Every rank decides alike: the inputs to each decision are all-reduced first. */
 #ifndef DW_TRAIN_GUARD_H
 #define DW_TRAIN_GUARD_H
@@ -13,6 +14,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "core/json.h"
 #include "deepwell.h"
 
 /* ---- non-finite steps (guard.c) ---------------------------------------------------------------- */
@@ -51,5 +53,14 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
                           int64_t T, bool *changed);
 /* "L1 (reason), L2 (reason)": the layers that fell back at the last check, or NULL. Owned by g. */
 const char *dw_qguard_last_decisions(const dw_qguard *g);
+/* A rollback to the checkpoint of step `step` (train/spike.h): the layers that fell back after it
+ * run their compiled recipe again (the caller loads the checkpoint's weights after this, which
+ * refreshes their weight caches), every count of checks in a row starts again at 0, and the
+ * lead's two files keep their lines up to `step`. */
+dw_status dw_qguard_rewind(dw_qguard *g, const char *dir, int64_t step);
+
+/* ---- the guardrails' keys of a checkpoint's state.json (guard_state.c) ------------------------- */
+/* *out: the member `key` of cdir/state.json (a new reference, json_decref it), NULL when absent. */
+dw_status dw_guard_state_key(dw_ctx *ctx, const char *cdir, const char *key, json_t **out);
 
 #endif /* DW_TRAIN_GUARD_H */

@@ -38,6 +38,9 @@ typedef struct {
     bool measure[T_COUNT]; /* the tensor feeds a GEMM that runs quantised */
     int64_t over;          /* checks in a row over the threshold */
     bool bf16;             /* fell back */
+    int64_t fell_at;       /* the step it fell back at */
+    dw_node_binding bind;  /* the compiled binding and weight cache slots, for a rollback */
+    dw_qslot_layout wq[2];
 } layer;
 
 struct dw_qguard {
@@ -72,18 +75,42 @@ static dw_status thresholds(dw_qguard *g) {
 
 /* A fallen-back layer: BF16 from the next call on, on every backend. The binding lives in the
  * program the engine borrows; the guard is the one writer, between steps. */
-static void to_bf16(dw_qguard *g, layer *l) {
+static void drop_recordings(dw_exec *x) {
+    if (x->rec_step) x->be->i->drop(x->be, x->rec_step);
+    if (x->rec_opt) x->be->i->drop(x->be, x->rec_opt);
+    x->rec_step = x->rec_opt = NULL;
+    x->key_seen = x->opt_calls = 0;
+}
+
+static void to_bf16(dw_qguard *g, layer *l, int64_t step) {
     dw_engine *e = g->e;
     dw_prog_node *pn = &((dw_compiled *)e->p)->node[l->node];
     pn->bind.recipe = DW_RECIPE_BF16; /* (reason and note keep the compiler's account) */
     for (int p = 0; p < DW_QPASS_COUNT; p++) pn->bind.quantised[p] = false, pn->bind.kernel[p] = NULL;
     pn->wq[0].off = pn->wq[1].off = -1; /* no weight cache refresh: the slots are sized for the old recipe */
-    dw_exec *x = e->x; /* recorded steps replay the old kernels: record them again */
-    if (x->rec_step) x->be->i->drop(x->be, x->rec_step);
-    if (x->rec_opt) x->be->i->drop(x->be, x->rec_opt);
-    x->rec_step = x->rec_opt = NULL;
-    x->key_seen = x->opt_calls = 0;
+    drop_recordings(e->x); /* recorded steps replay the old kernels: record them again */
     l->bf16 = true;
+    l->fell_at = step;
+}
+
+dw_status dw_qguard_rewind(dw_qguard *g, const char *dir, int64_t step) {
+    if (!g) return DW_OK;
+    for (int i = 0; i < g->n; i++) {
+        layer *l = &g->l[i];
+        l->over = 0;
+        if (!l->bf16 || l->fell_at <= step) continue;
+        dw_prog_node *pn = &((dw_compiled *)g->e->p)->node[l->node];
+        pn->bind = l->bind, pn->wq[0] = l->wq[0], pn->wq[1] = l->wq[1];
+        l->bf16 = false;
+        drop_recordings(g->e->x);
+        DW_LOGI("precision: %s runs %s again (its fallback at step %lld is rolled back)",
+                g->e->g->nodes[l->node].name, dw_recipe_name(l->recipe), (long long)l->fell_at);
+    }
+    if (!g->lead) return DW_OK;
+    fclose(g->stats), fclose(g->decisions);
+    g->stats = g->decisions = NULL;
+    DW_TRY(dw_jsonl_open(g->ctx, dir, "quant_stats.jsonl", step, &g->stats));
+    return dw_jsonl_open(g->ctx, dir, "precision_decisions.jsonl", step, &g->decisions);
 }
 
 static layer *find_layer(dw_qguard *g, const char *name) {
@@ -118,7 +145,7 @@ static dw_status replay(dw_qguard *g, const char *dir, int64_t upto) {
                 st = dw_set_error(g->ctx, DW_ERR_FORMAT, "%s: layer '%s' (step %lld) is not a quantised linear layer "
                                   "of this model", path, name, step);
             else if (!l->bf16) {
-                to_bf16(g, l);
+                to_bf16(g, l, step);
                 DW_LOGI("precision: %s stays in bf16 (fell back at step %lld; %s)", name, step, path);
             }
         }
@@ -146,7 +173,7 @@ dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, co
         const dw_node_binding *b = &p->node[i].bind;
         if (strcmp(dw_op_name(gr->nodes[i].op), "linear") || !dw_compile_quant_recipe(b->recipe)) continue;
         layer *l = &g->l[g->n++];
-        *l = (layer){.node = i, .recipe = b->recipe};
+        *l = (layer){.node = i, .recipe = b->recipe, .bind = *b, .wq = {p->node[i].wq[0], p->node[i].wq[1]}};
         l->measure[T_X] = l->measure[T_W] = b->quantised[DW_QPASS_FPROP];
         l->measure[T_XT] = b->quantised[DW_QPASS_WGRAD];
         l->measure[T_WT] = b->quantised[DW_QPASS_DGRAD];
@@ -257,7 +284,7 @@ static dw_status decide(dw_qguard *g, int64_t step, layer *l, const dw_qstats s[
     char reason[160];
     snprintf(reason, sizeof reason, "relative quantisation error (bulk) over %g in %lld checks in a row", g->thr[r],
              (long long)l->over);
-    to_bf16(g, l);
+    to_bf16(g, l, step);
     *changed = true;
     DW_LOGW("precision: step %lld: %s falls back to bf16: %s %s error %.4g > %g (%lld checks in a row)", (long long)step,
             name, TENSOR[t], dw_recipe_name(r), err, g->thr[r], (long long)l->over);

@@ -41,6 +41,7 @@
 #include "train/resume_check.h"
 #include "train/run_lock.h"
 #include "train/sample.h"
+#include "train/spike.h"
 
 _Static_assert((int)DW_LR_COSINE == (int)DW_SCHED_COSINE && (int)DW_LR_LINEAR == (int)DW_SCHED_LINEAR &&
                    (int)DW_LR_CONSTANT == (int)DW_SCHED_CONSTANT,
@@ -78,6 +79,8 @@ void dw_train_opts_init(dw_train_opts *opts, size_t size) {
     o->max_skips = 10;
     o->quant_check_every = 100;
     o->quant_fallback_after = 3;
+    o->spike_window = 50;
+    o->max_rollbacks = 3;
     memset(opts, 0, size);
     memcpy(opts, o, size < sizeof *o ? size : sizeof *o);
     opts->size = size;
@@ -108,6 +111,7 @@ typedef struct {
     dw_guard_skips skips; /* non-finite steps (train/guard.h) */
     dw_qguard *qguard;    /* the quantised layers' checks and fallbacks, or NULL */
     dw_ep *ep;            /* expert parallelism (--ep > 1), or NULL */
+    dw_spike spike;       /* loss spikes (train/spike.h; off: zscore 0) */
     int64_t *ranges;      /* several ranks: (world, 2) every rank's [lo, hi) of the pools, for the
                              checkpoint's index (gathered at the first checkpoint) */
 } run;
@@ -158,6 +162,11 @@ static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts 
         return dw_set_error(ctx, DW_ERR_INVALID, "--max-skips %lld, --quant-check-every %lld and --quant-fallback-after "
                             "%lld must be >= 0", (long long)o->max_skips, (long long)o->quant_check_every,
                             (long long)o->quant_fallback_after);
+    if (!(o->spike_zscore >= 0 && o->spike_zscore < INFINITY) || o->max_rollbacks < 0 ||
+        (o->spike_zscore > 0 && o->spike_window < 2))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--spike-zscore %g must be a finite number >= 0 (0: off), "
+                            "--spike-window %lld >= 2 and --max-rollbacks %lld >= 0", o->spike_zscore,
+                            (long long)o->spike_window, (long long)o->max_rollbacks);
     return DW_OK;
 }
 
@@ -272,7 +281,12 @@ static dw_status save_ckpt(run *r, char **path_out) {
     snprintf(s.precision, sizeof s.precision, "%s", cp->precision);
     s.policy_json = cp->policy_json;
     s.recipes_json = r->recipes_json;
-    DW_TRY(dw_ckpt_save_ranks(r->ctx, r->dp.host, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out));
+    char *spike = dw_spike_state_json(&r->spike);
+    s.spike_json = spike;
+    dw_status st = r->spike.zscore > 0 && !spike ? dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory") : DW_OK;
+    if (st == DW_OK) st = dw_ckpt_save_ranks(r->ctx, r->dp.host, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out);
+    free(spike);
+    DW_TRY(st);
     r->ckpt_step = r->step;
     return DW_OK;
 }
@@ -364,6 +378,23 @@ static dw_status load_into(run *r, const char *cdir, int file, dw_status (*fn)(d
     return st;
 }
 
+/* The training state of checkpoint cdir (state: its state.json) into the run: weights, moments,
+ * step, tokens, RNG, data position (the data's own seek is the caller's), the spike window. */
+static dw_status restore(run *r, const char *cdir, const dw_ckpt_state *state) {
+    DW_TRY(load_into(r, cdir, 1, dw_engine_load_weights));
+    DW_TRY(load_into(r, cdir, 2, dw_engine_load_optimizer));
+    r->seed = state->seed;
+    r->step = state->step;
+    r->tokens_seen = state->tokens_seen;
+    r->rng.s = state->rng_state;
+    r->batches_taken = (int64_t)state->data_position;
+    json_t *spike = NULL;
+    if (r->spike.zscore > 0) DW_TRY(dw_guard_state_key(r->ctx, cdir, "spike", &spike));
+    dw_status st = dw_spike_state_load(r->ctx, &r->spike, spike, cdir);
+    json_decref(spike);
+    return st;
+}
+
 /* Everything before the first step: resume state (weights, moments, position, RNG), data, metrics. */
 static dw_status setup(run *r) {
     dw_ctx *ctx = r->ctx;
@@ -376,23 +407,18 @@ static dw_status setup(run *r) {
     r->data_abs = dw_abs_pattern(o->next_batch ? DW_DATA_CALLBACK : o->data);
     r->val_abs = dw_abs_pattern(o->val_batch ? DW_DATA_CALLBACK : vp);
     if (!r->data_abs || !r->val_abs) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    DW_TRY(dw_spike_init(ctx, &r->spike, o->spike_zscore, o->spike_window, o->max_rollbacks));
     if (o->resume) {
         DW_TRY(dw_ckpt_open(ctx, o->resume, &cdir, &state));
         dw_status st = dw_resume_check(ctx, cdir, &state, o, r->data_abs, r->val_abs);
         if (st == DW_OK && state.step > o->steps)
             st = dw_set_error(ctx, DW_ERR_INVALID, "%s is at step %lld, beyond --steps %lld", cdir,
                               (long long)state.step, (long long)o->steps);
-        if (st == DW_OK) st = load_into(r, cdir, 1, dw_engine_load_weights);
-        if (st == DW_OK) st = load_into(r, cdir, 2, dw_engine_load_optimizer);
+        if (st == DW_OK) st = restore(r, cdir, &state);
         if (st != DW_OK) {
             free(cdir);
             return st;
         }
-        r->seed = state.seed;
-        r->step = state.step;
-        r->tokens_seen = state.tokens_seen;
-        r->rng.s = state.rng_state;
-        r->batches_taken = (int64_t)state.data_position;
     } else {
         r->rng.s = dw_rng_derive(r->seed, 2, 0);
         char *latest = dw_path_join(o->out_dir, "latest");
@@ -542,15 +568,88 @@ static dw_status give_up(run *r, const char *written) {
     return st;
 }
 
+/* The data position: windows consumed, or the caller's micro-batches taken. */
+static uint64_t data_pos(const run *r) { return r->train ? dw_data_position(r->train) : (uint64_t)r->batches_taken; }
+static void data_seek(run *r, uint64_t pos) {
+    if (r->train) dw_data_seek(r->train, pos);
+    r->batches_taken = (int64_t)pos;
+}
+
+/* Step r->step's loss spiked (z; its batch at data positions [from, to)): back to the newest
+ * checkpoint this run wrote, that batch to be skipped when the data reaches it again; or, with no
+ * checkpoint or after --max-rollbacks, the error that stops the run. */
+static dw_status rollback(run *r, double loss, double z, uint64_t from, uint64_t to) {
+    dw_ctx *ctx = r->ctx;
+    const dw_train_opts *o = r->o;
+    const int64_t at = r->step;
+    char what[200], name[48];
+    snprintf(what, sizeof what, "step %lld: loss spike (loss %.6g, z-score %.3g > --spike-zscore %g over the last %lld "
+             "steps)", (long long)at, loss, z, o->spike_zscore, (long long)o->spike_window);
+    snprintf(name, sizeof name, "ckpt-%lld", (long long)r->ckpt_step);
+    char *path = dw_path_join(o->out_dir, name), *cdir = NULL;
+    if (!path) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    dw_status st = DW_OK;
+    if (r->ckpt_step < 0)
+        st = dw_set_error(ctx, DW_ERR_NUMERIC, "%s: this run wrote no checkpoint to roll back to (--ckpt-every K "
+                          "writes them): stopping", what);
+    else if (r->spike.rollbacks >= o->max_rollbacks)
+        st = dw_set_error(ctx, DW_ERR_NUMERIC, "%s after %lld rollbacks (--max-rollbacks %lld): stopping. %s holds the "
+                          "last good state", what, (long long)r->spike.rollbacks, (long long)o->max_rollbacks, path);
+    dw_ckpt_state state;
+    if (st == DW_OK) st = dw_ckpt_open(ctx, path, &cdir, &state);
+    if (st == DW_OK) st = dw_qguard_rewind(r->qguard, o->out_dir, state.step); /* before the weights' refresh */
+    if (st == DW_OK) st = restore(r, cdir, &state);
+    if (st == DW_OK) data_seek(r, state.data_position);
+    if (st == DW_OK) st = dw_spike_add_skip(ctx, &r->spike, from, to);
+    if (st == DW_OK && r->qguard) st = describe_recipes(r);
+    if (st == DW_OK) st = dw_dp_broadcast_weights(&r->dp);
+    if (st == DW_OK && r->dp.rank == 0) { /* metrics.jsonl: back to the checkpoint's step, then the rollback */
+        fclose(r->metrics);
+        r->metrics = NULL;
+        st = dw_metrics_open(ctx, o->out_dir, state.step, &r->metrics);
+        char zs[40];
+        snprintf(zs, sizeof zs, isfinite(z) ? "%.17g" : "null", z);
+        if (st == DW_OK && (fprintf(r->metrics, "{\"step\": %lld, \"rollback\": {\"step\": %lld, \"loss\": %.17g, \"z\": %s, "
+                                    "\"checkpoint\": \"%s\", \"skip\": [%llu, %llu]}}\n", (long long)state.step,
+                                    (long long)at, loss, zs, cdir, (unsigned long long)from,
+                                    (unsigned long long)to) < 0 || fflush(r->metrics) != 0))
+            st = dw_set_error(ctx, DW_ERR_IO, "%s/metrics.jsonl: write failed", o->out_dir);
+    }
+    if (st == DW_OK) {
+        r->spike.rollbacks++;
+        r->skips.consecutive = 0;
+        DW_LOGW("%s: rolled back to %s (step %lld); its batch (data position %llu) will be skipped (rollback %lld, "
+                "--max-rollbacks %lld)", what, cdir, (long long)state.step, (unsigned long long)from,
+                (long long)r->spike.rollbacks, (long long)o->max_rollbacks);
+    }
+    free(path);
+    free(cdir);
+    return st;
+}
+
 static dw_status loop(run *r) {
     const dw_train_opts *o = r->o;
     const double t0 = now_s();
     double t_ckpt = t0; /* the end of the last checkpoint written (or the start) */
-    const int64_t first = r->step;
+    int64_t first = r->step;
     while (r->step < o->steps) {
         double ts = now_s(), loss = 0, norm = 0, lr = 0;
         const char *skipped = NULL;
+        uint64_t from = data_pos(r), to = 0;
+        while (dw_spike_take_skip(&r->spike, from, &to)) { /* a batch that spiked the loss before a rollback */
+            DW_LOGI("step %lld: skipping the batch at data position %llu (it spiked the loss)", (long long)r->step + 1,
+                    (unsigned long long)from);
+            data_seek(r, to);
+            from = to;
+        }
         DW_TRY(train_step(r, &loss, &norm, &lr, &skipped));
+        double z = NAN;
+        if (!skipped && dw_spike_test(&r->spike, loss, &z)) { /* every rank alike: the loss is their mean */
+            DW_TRY(rollback(r, loss, z, from, data_pos(r)));
+            if (r->step < first) first = r->step;
+            continue;
+        }
+        if (!skipped) dw_spike_push(&r->spike, loss);
         const bool give_up_now = dw_guard_count(&r->skips, r->step, skipped, loss, norm); /* after reporting it */
         bool changed = false;
         if (!skipped && dw_qguard_due(r->qguard, r->step)) {
@@ -653,6 +752,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     dw_moe_routing_free(&r.moe);
     dw_moe_bias_free(&r.bias);
     dw_qguard_free(r.qguard);
+    dw_spike_free(&r.spike);
     dw_data_free(r.train);
     dw_data_free(r.val);
     free(r.recipes_json);
