@@ -145,6 +145,16 @@ static dw_status config_speed(dw_ctx *ctx, const dw_engine *e, double *out) {
     return st;
 }
 
+dw_status dw_moe_bias_reload(dw_ctx *ctx, dw_engine *e, const char *ckpt_dir, dw_moe_bias *b) {
+    if (!b->layers) return DW_OK;
+    const float gamma = b->gamma;
+    bool found = false;
+    memset(b->bias, 0, (size_t)(b->layers * b->experts) * sizeof *b->bias);
+    DW_TRY(load_state(ctx, ckpt_dir, b, &found));
+    b->gamma = gamma;
+    return dw_engine_moe_bias_set(e, b->bias);
+}
+
 dw_status dw_moe_bias_init(dw_ctx *ctx, dw_engine *e, double gamma_opt, const char *ckpt_dir, dw_moe_bias *b) {
     memset(b, 0, sizeof *b);
     if (!(isfinite(gamma_opt) && gamma_opt >= 0 && gamma_opt <= 1) || (gamma_opt > 0 && !((float)gamma_opt > 0)))

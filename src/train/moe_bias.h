@@ -29,6 +29,9 @@ typedef struct {
  * "moe_bias" are refused naming the flag or file. */
 dw_status dw_moe_bias_init(dw_ctx *ctx, dw_engine *e, double gamma_opt, const char *ckpt_dir, dw_moe_bias *b);
 void dw_moe_bias_free(dw_moe_bias *b);
+/* Back to checkpoint ckpt_dir's values (zeros when it has none), γ kept, set on the engine: for a
+ * run that goes back to one of its checkpoints. No-op when off. */
+dw_status dw_moe_bias_reload(dw_ctx *ctx, dw_engine *e, const char *ckpt_dir, dw_moe_bias *b);
 
 /* One layer's update: bias[x] += gamma·sign(mean − load[x]) over x < E, in FP32 (the sign from
  * the exact comparison sum(load) vs E·load[x]: loads are whole counts). */

@@ -325,6 +325,18 @@ static void test_state_round_trip(void **state) {
     assert_true(b.gamma == 0.5f);
     assert_memory_equal(b.bias, a.bias, (size_t)E * 4);
     dw_moe_bias_free(&b);
+    /* going back to a checkpoint: its values, this run's speed; one without a bias: zeros */
+    assert_int_equal(dw_moe_bias_init(CTX, m.e, 0.125, NULL, &b), DW_OK);
+    for (int64_t e = 0; e < E; e++) b.bias[e] = 3.0f;
+    assert_int_equal(dw_moe_bias_reload(CTX, m.e, dir, &b), DW_OK);
+    assert_memory_equal(b.bias, a.bias, (size_t)E * 4);
+    assert_true(b.gamma == 0.125f);
+    assert_int_equal(dw_engine_moe_bias_get(m.e, back, &on), DW_OK);
+    assert_memory_equal(back, a.bias, (size_t)E * 4);
+    write_state(dir, NULL);
+    assert_int_equal(dw_moe_bias_reload(CTX, m.e, dir, &b), DW_OK);
+    for (int64_t e = 0; e < E; e++) assert_true(b.bias[e] == 0.0f);
+    dw_moe_bias_free(&b);
     /* a run without a bias, resumed without the flag: off, and the engine switched off */
     write_state(dir, NULL);
     assert_int_equal(dw_moe_bias_init(CTX, m.e, 0.0, dir, &b), DW_OK);
