@@ -56,14 +56,6 @@ static size_t numel(int ndim, const int64_t *shape) {
     return n;
 }
 
-/* NAME.weight -> NAME.weight_scale_inv; ...experts.gate_up_proj -> ...experts.gate_up_proj_scale_inv */
-static char *scale_name(const char *name) {
-    size_t n = strlen(name) + sizeof "_scale_inv";
-    char *s = malloc(n);
-    if (s) snprintf(s, n, "%s_scale_inv", name);
-    return s;
-}
-
 static void items_free(item *it, int n) {
     for (int i = 0; it && i < n; i++) free(it[i].name);
     free(it);
@@ -93,7 +85,7 @@ static dw_status plan_items(dw_ctx *ctx, const dw_st_file *raw, dw_export_dtype 
         bool ok = v->name != NULL;
         if (q) { /* [..., R, C] -> scales [..., ceil(R/128), ceil(C/128)] */
             item *s = &it[k++];
-            s->name = scale_name(t->name), s->src = t, s->kind = ITEM_SCALES, s->dtype = DW_DT_F32, s->ndim = t->ndim;
+            s->name = dw_st_scale_inv_name(t->name), s->src = t, s->kind = ITEM_SCALES, s->dtype = DW_DT_F32, s->ndim = t->ndim;
             memcpy(s->shape, t->shape, sizeof s->shape);
             s->shape[t->ndim - 2] = cdiv(t->shape[t->ndim - 2], DW_EXPORT_BLOCK);
             s->shape[t->ndim - 1] = cdiv(t->shape[t->ndim - 1], DW_EXPORT_BLOCK);

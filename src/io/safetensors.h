@@ -79,6 +79,16 @@ bool dw_st_is_aligned(const dw_st_tensor *t);
  * DW_ERR_UNSUPPORTED naming the file and the tensor. */
 dw_status dw_st_read_f32(dw_ctx *ctx, const dw_st_file *f, const dw_st_tensor *t, float *out);
 
+/* Fine-grained FP8 weights (safetensors_blockfp8.c): E4M3 codes [..., R, C] with NAME_scale_inv
+ * [..., ceil(R/128), ceil(C/128)] (F32/BF16/F16) in file sf. The companion's name (malloc'd);
+ * the check of dtypes and shapes (DW_ERR_FORMAT / DW_ERR_UNSUPPORTED naming the file and tensor;
+ * scale may be NULL: missing); and the values code x scale_inv into out (numel(codes) floats). */
+char *dw_st_scale_inv_name(const char *name);
+dw_status dw_st_check_block_fp8(dw_ctx *ctx, const dw_st_file *f, const dw_st_tensor *codes, const dw_st_file *sf,
+                                const dw_st_tensor *scale);
+dw_status dw_st_read_block_fp8(dw_ctx *ctx, const dw_st_file *f, const dw_st_tensor *codes, const dw_st_file *sf,
+                               const dw_st_tensor *scale, float *out);
+
 /* Serialises the writer's content to one malloc'd buffer (the exact bytes commit writes). */
 dw_status dw_st_writer_serialize(dw_ctx *ctx, dw_st_writer *w, void **buf_out, size_t *len_out);
 

@@ -363,7 +363,31 @@ static dw_status detect_layout(dw_ctx *ctx, const shard_set *s, const char *path
     return DW_OK;
 }
 
-/* Every stored tensor present with its shape and a floating dtype, and no tensor unaccounted for. */
+/* NAME_scale_inv of an FP8 tensor of the checkpoint (NULL: none). */
+static const dw_st_tensor *scale_of(const dw_engine *e, const shard_set *s, const dw_st_tensor *t,
+                                    const dw_st_file **in) {
+    char *name = dw_st_scale_inv_name(t->name);
+    const dw_st_tensor *sc = name ? find_stored(e, s, name, in) : NULL;
+    free(name);
+    return sc;
+}
+
+/* Whether a file's tensor is the block scales (NAME_scale_inv) of an FP8 tensor the layout names. */
+static bool scales_fp8_weight(const dw_engine *e, const shard_set *s, const hf_layout *hl, const char *stored) {
+    static const char suffix[] = "_scale_inv";
+    const size_t n = strlen(stored), k = sizeof suffix - 1;
+    if (n <= k || strcmp(stored + n - k, suffix)) return false;
+    char base[512];
+    if (n - k >= sizeof base) return false;
+    memcpy(base, stored, n - k);
+    base[n - k] = 0;
+    const dw_st_file *f = NULL;
+    const dw_st_tensor *t = shards_find(s, base, &f);
+    return t && t->dtype == DW_DT_F8_E4M3 && in_layout(e, hl, base);
+}
+
+/* Every stored tensor present with its shape and a floating dtype (FP8 with its block scales), and
+ * no tensor unaccounted for. */
 static dw_status check_all(dw_engine *e, const shard_set *s, const hf_layout *hl, const char *path) {
     dw_ctx *ctx = e->ctx;
     for (int k = 0; k < hl->n_stored; k++) {
@@ -380,15 +404,20 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const hf_layout *hl
             return dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s%s", dw_st_path(f),
                                 t->name, got, exp, q->transposed ? " (Hugging Face Conv1D layout: in x out)" : "");
         }
-        if (!dw_dtype_is_float(t->dtype) || t->dtype == DW_DT_F8_E4M3 || t->dtype == DW_DT_F8_E5M2)
-            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, F16, BF16 or F64 expected)",
-                                dw_st_path(f), t->name, dw_dtype_name(t->dtype));
+        if (t->dtype == DW_DT_F8_E4M3) { /* fine-grained FP8: its 128 x 128 block scales beside it */
+            const dw_st_file *sf = NULL;
+            const dw_st_tensor *sc = scale_of(e, s, t, &sf);
+            DW_TRY(dw_st_check_block_fp8(ctx, f, t, sf, sc));
+        } else if (!dw_dtype_is_float(t->dtype) || t->dtype == DW_DT_F8_E5M2)
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, F16, BF16, F64, or F8_E4M3 "
+                                "with 128 x 128 block scales expected)", dw_st_path(f), t->name, dw_dtype_name(t->dtype));
     }
     const dw_hf_arch *a = arch(e);
     for (int k = 0; k < s->n; k++)
         for (int i = 0; i < dw_st_count(s->files[k]); i++) {
             const char *name = dw_st_get(s->files[k], i)->name;
-            if (!in_layout(e, hl, name) && !(a && dw_hf_ignorable(a, name, e->g->model.tied_embeddings)))
+            if (!in_layout(e, hl, name) && !(a && dw_hf_ignorable(a, name, e->g->model.tied_embeddings)) &&
+                !scales_fp8_weight(e, s, hl, name))
                 return dw_set_error(ctx, DW_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of this %s model)",
                                     dw_st_path(s->files[k]), name, e->g->model.model_type);
         }
@@ -426,7 +455,13 @@ dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
                     }
                     tmp = nt, cap = n;
                 }
-                r = dw_st_read_f32(ctx, f, t, tmp);
+                if (t->dtype == DW_DT_F8_E4M3) {
+                    const dw_st_file *sf = NULL;
+                    const dw_st_tensor *sc = scale_of(e, &s, t, &sf);
+                    r = dw_st_read_block_fp8(ctx, f, t, sf, sc, tmp);
+                } else {
+                    r = dw_st_read_f32(ctx, f, t, tmp);
+                }
                 cached = r == DW_OK ? t : NULL;
             }
             if (r != DW_OK) break;
