@@ -21,8 +21,8 @@ typedef struct {
     bool special, lstrip, rstrip, single_word, is_normalized;
 } dw_tok_added;
 
-/* normalizers: Prepend(a), Replace(a -> b) (String patterns) */
-typedef enum { DW_TOKN_PREPEND, DW_TOKN_REPLACE } dw_tok_norm_kind;
+/* normalizers: Prepend(a), Replace(a -> b) (String patterns), NFC */
+typedef enum { DW_TOKN_PREPEND, DW_TOKN_REPLACE, DW_TOKN_NFC } dw_tok_norm_kind;
 typedef struct {
     dw_tok_norm_kind kind;
     char *a, *b;

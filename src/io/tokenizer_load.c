@@ -90,11 +90,13 @@ static dw_status load_normalizer(dw_ctx *ctx, dw_hf_tokenizer *t, const json_t *
             if (regex) return unsupported(ctx, t, "normalizer Replace with a pattern", "Regex", "String patterns are");
             d->kind = DW_TOKN_REPLACE;
             d->a = strdup(pattern_of(m, &regex)), d->b = strdup(str_field(m, "content"));
+        } else if (ty && !strcmp(ty, "NFC")) {
+            d->kind = DW_TOKN_NFC;
         } else {
-            return unsupported(ctx, t, "normalizer", ty ? ty : "(none)", "Prepend, Replace and Sequence are");
+            return unsupported(ctx, t, "normalizer", ty ? ty : "(none)", "NFC, Prepend, Replace and Sequence are");
         }
         t->n_norm++;
-        if (!d->a || (d->kind == DW_TOKN_REPLACE && !d->b)) return nomem(ctx);
+        if ((d->kind != DW_TOKN_NFC && !d->a) || (d->kind == DW_TOKN_REPLACE && !d->b)) return nomem(ctx);
     }
     return DW_OK;
 }

@@ -1,5 +1,5 @@
 /* tokenizer_pretok.c — the tokenizer's normalizers and pre-tokenizers (io/tokenizer.h), as the
- * `tokenizers` package applies them: Prepend/Replace on each piece of text; ByteLevel (GPT-2's
+ * `tokenizers` package applies them: NFC (tokenizer_nfc.c), Prepend, Replace on each piece of text; ByteLevel (GPT-2's
  * split, then every byte as its printable character), Split (PCRE2 regexes in UTF + UCP mode for
  * the package's Oniguruma ones, and its five ways of keeping matches), Metaspace and Digits. */
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -66,7 +66,14 @@ char *dw_tok_normalize(const dw_hf_tokenizer *t, const char *s, size_t n, size_t
     for (int k = 0; k < t->n_norm && !cur.oom; k++) {
         const dw_tok_norm *d = &t->norm[k];
         dw_tok_buf next = {0};
-        if (d->kind == DW_TOKN_PREPEND) { /* only a non-empty text */
+        if (d->kind == DW_TOKN_NFC) {
+            size_t len = 0;
+            char *c = dw_utf8_nfc(cur.s, cur.n, &len);
+            if (c) dw_tok_buf_add(&next, c, len);
+            next.oom |= !c;
+            dw_tok_buf_add(&next, "", 0);
+            free(c);
+        } else if (d->kind == DW_TOKN_PREPEND) { /* only a non-empty text */
             if (cur.n) dw_tok_buf_add(&next, d->a, strlen(d->a));
             dw_tok_buf_add(&next, cur.s, cur.n);
         } else {

@@ -1,7 +1,8 @@
 /* tokenizer_text.h — private: the text helpers the tokenizer needs (io/tokenizer.h): UTF-8 steps
  * and checks, Rust's from_utf8_lossy (each maximal invalid subpart -> one U+FFFD, as the package
  * decodes), GPT-2's byte <-> printable character map, Unicode White_Space, and a growable byte
- * buffer. Not a Unicode library: no normalization forms, no categories (PCRE2 does the regexes). */
+ * buffer; NFC (tokenizer_nfc.c). Not a Unicode library: no other normalization forms, no
+ * categories (PCRE2 does the regexes). */
 #ifndef DW_IO_TOKENIZER_TEXT_H
 #define DW_IO_TOKENIZER_TEXT_H
 
@@ -24,6 +25,10 @@ bool dw_utf8_valid(const char *s, size_t n, size_t *bad);
 uint32_t dw_utf8_at(const char *s, size_t *len);
 /* s[0, n) with invalid UTF-8 replaced as Rust's String::from_utf8_lossy does, appended to b. */
 void dw_utf8_lossy(dw_tok_buf *b, const char *s, size_t n);
+
+/* s[0, n) (valid UTF-8) in Unicode NFC: a malloc'd NUL-terminated string and its length; NULL when
+ * out of memory. */
+char *dw_utf8_nfc(const char *s, size_t n, size_t *out_len);
 
 /* Unicode White_Space (char::is_whitespace). */
 bool dw_unicode_space(uint32_t cp);

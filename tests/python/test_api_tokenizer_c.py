@@ -1,7 +1,8 @@
 """test_api_tokenizer_c.py — the C library's tokenizer.json (dw_hf_tokenizer_*, through ctypes)
-against the `tokenizers` package on fresh random text: three BPE tokenizers trained here (GPT-2's
-byte level; Llama 3's Split regex + ByteLevel with ignore_merges; SentencePiece style with byte
-fallback, as Llama 2's Prepend + Replace normalizer and as Metaspace) encode to exactly the same
+against the `tokenizers` package on fresh random text: BPE tokenizers trained here (GPT-2's byte
+level; Llama 3's Split regex + ByteLevel with ignore_merges; Qwen2's NFC + Split regex + ByteLevel;
+SentencePiece style with byte fallback, as Llama 2's Prepend + Replace normalizer and as
+Metaspace) encode to exactly the same
 ids and decode to exactly the same text (special tokens kept and skipped), byte-level ones back to
 the input. Bad files are refused naming the file and what is wrong; `deepwell sample` decodes with a
 model directory's tokenizer.json, or --tokenizer, as the package decodes the same ids."""
@@ -11,6 +12,7 @@ import os
 import random
 import subprocess
 import tempfile
+import unicodedata
 import unittest
 
 import numpy as np
@@ -72,6 +74,9 @@ POOLS = {
     "emoji": ["😀", "🚀", "👍🏽", "🎉", "❤️", "👨‍👩‍👧"],
     "space": [" ", "  ", "   ", "\t", "\n", "\n\n", " \n ", "\r\n", "\u3000", "\u00a0"],
     "digits": ["0", "7", "42", "123", "2024", "3.14159", "1000000"],
+    # decomposed and precomposed forms, marks out of canonical order, Hangul jamo (NFC changes them)
+    "marks": ["e\u0301", "A\u030a", "a\u0323\u0302", "a\u0302\u0323", "\u00c5", "\u212b", "\u1100\u1161",
+              "\u1100\u1161\u11a8", "\u0915\u093c", "\u0301", "o\u0308\u0304", "\u1e9b\u0323", "\uac00\u11a8"],
 }
 
 
@@ -87,6 +92,8 @@ def corpus(rng):
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+         r"\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIALS = ["<|endoftext|>", "<s>", "</s>"]
 
 
@@ -94,14 +101,16 @@ def train(rng, path, kind):
     """A tokenizer.json of the given kind, trained on random text, saved to path."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    if kind in ("gpt2", "llama3"):
+    if kind in ("gpt2", "llama3", "qwen2"):
         tok = Tokenizer(models.BPE(ignore_merges=kind == "llama3"))
         if kind == "gpt2":
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         else:
             tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(LLAMA3 if kind == "llama3" else QWEN2), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        if kind == "qwen2":
+            tok.normalizer = normalizers.NFC()
         tok.decoder = decoders.ByteLevel()
         tr = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS,
                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -144,7 +153,7 @@ class TokenizerC(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def check_kind(self, kind, byte_level):
+    def check_kind(self, kind, byte_level, nfc=False):
         path = os.path.join(self.d, f"{kind}.json")
         hf = train(self.rng, path, kind)
         c = CTokenizer(path)
@@ -163,7 +172,8 @@ class TokenizerC(unittest.TestCase):
                 self.assertEqual(c.decode(got, skip), hf.decode(got, skip_special_tokens=skip),
                                  f"{kind} (seed {self.seed}): decode(encode({t!r})), skip_special={skip}")
             if byte_level:
-                self.assertEqual(c.decode(got), t, f"{kind}: the round trip of {t!r}")
+                want_back = unicodedata.normalize("NFC", t) if nfc else t
+                self.assertEqual(c.decode(got), want_back, f"{kind}: the round trip of {t!r}")
         self.assertGreater(merged, len(texts) // 2, "the merges were used")
         # random id sequences (invalid UTF-8 in pieces, specials anywhere) decode alike too
         for _ in range(200):
@@ -179,6 +189,32 @@ class TokenizerC(unittest.TestCase):
 
     def test_llama3_split_regex(self):
         self.check_kind("llama3", True)
+
+    def test_qwen2_nfc_split_regex(self):
+        c, _ = self.check_kind("qwen2", True, nfc=True)
+        self.assertEqual(c.encode("e\u0301"), c.encode("\u00e9"))  # one text after NFC
+
+    def test_nfc_matches_unicodedata(self):
+        """NFC + ByteLevel with no merges: decode(encode(s)) is NFC(s), held to Python's unicodedata on
+        random strings from the blocks with compositions, marks, singletons and Hangul."""
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))}, merges=[]))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        path = os.path.join(self.d, "nfc.json")
+        tok.save(path)
+        c = CTokenizer(path)
+        blocks = [(0x41, 0x7A), (0xC0, 0x24F), (0x300, 0x36F), (0x370, 0x3FF), (0x400, 0x4FF), (0x591, 0x5C7),
+                  (0x900, 0x97F), (0x9BC, 0x9D7), (0xE00, 0xE7F), (0xF71, 0xF81), (0x1100, 0x11FF), (0x1E00, 0x1FFF),
+                  (0x2126, 0x212B), (0x3099, 0x309A), (0x304B, 0x30FA), (0xAC00, 0xD7A3), (0xF900, 0xFAFF),
+                  (0x1D15E, 0x1D164), (0x2F800, 0x2F8FF)]
+        for _ in range(2000):
+            s = "".join(chr(self.rng.randint(*self.rng.choice(blocks))) for _ in range(self.rng.randint(1, 8)))
+            self.assertEqual(c.decode(c.encode(s)), unicodedata.normalize("NFC", s), f"NFC of {s!r} (seed {self.seed})")
+            self.assertEqual(c.encode(s), tok.encode(s).ids, f"encode({s!r}) (seed {self.seed})")
 
     def test_llama2_prepend_replace_byte_fallback(self):
         c, hf = self.check_kind("llama2", False)

@@ -3,6 +3,7 @@
  * token; SentencePiece style with Prepend + Replace, byte fallback and the Llama 2 decoder chain)
  * encode and decode known strings to hand-worked ids and text, fresh random UTF-8 strings round-trip
  * exactly, a <0x00> token decodes with its length, ids outside the vocabulary decode as U+FFFD,
+ * NFC gives hand-worked compositions,
  * dw_tokenize / dw_detokenize take the path, and bad files are refused naming the file.
  * (tests/python/test_api_tokenizer_c.py compares with the `tokenizers` package itself.) */
 #include <setjmp.h>
@@ -202,6 +203,29 @@ static void test_sentencepiece_byte_fallback(void **state) {
     free(path);
 }
 
+/* NFC against hand-worked cases: composition, singletons, canonical order, Hangul, blocking. */
+static void test_nfc(void **state) {
+    (void)state;
+    static const char *const cases[][2] = {
+        {"e\xCC\x81", "\xC3\xA9"},                          /* e + acute -> U+00E9 */
+        {"\xE2\x84\xAB", "\xC3\x85"},                      /* U+212B ANGSTROM SIGN -> U+00C5 */
+        {"a\xCC\x82\xCC\xA3", "\xE1\xBA\xAD"},            /* a + circumflex + dot below -> U+1EAD */
+        {"a\xCC\xA3\xCC\x82", "\xE1\xBA\xAD"},            /* the marks in canonical order first */
+        {"\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8", "\xEA\xB0\x81"}, /* jamo G A G -> U+AC01 */
+        {"\xCC\x81" "a", "\xCC\x81" "a"},                  /* a leading mark stays */
+        {"a\xCC\x95\xCC\x81", "\xC3\xA1\xCC\x95"},        /* U+0301 (230) sorts before U+0315 (232) */
+        {"a\xCC\x81\xCC\x81", "\xC3\xA1\xCC\x81"},        /* the second acute is blocked by the first */
+        {"abc \xE4\xB8\xAD", "abc \xE4\xB8\xAD"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t len = 0;
+        char *got = dw_utf8_nfc(cases[i][0], strlen(cases[i][0]), &len);
+        assert_non_null(got);
+        if (len != strlen(cases[i][1]) || memcmp(got, cases[i][1], len) != 0) fail_msg("NFC case %zu: got \"%s\"", i, got);
+        free(got);
+    }
+}
+
 static void expect_refused(const char *name, const char *text, dw_status st, const char *needle) {
     char *path = write_file(name, text);
     dw_hf_tokenizer *t = (dw_hf_tokenizer *)1;
@@ -225,8 +249,8 @@ static void test_refusals(void **state) {
     expect_refused("merged.json", buf, DW_ERR_FORMAT, "the token 'bb' is not in the vocabulary");
     snprintf(buf, sizeof buf, "{%s[]}, \"decoder\": {\"type\": \"CTC\"}}", m);
     expect_refused("ctc.json", buf, DW_ERR_UNSUPPORTED, "decoder type 'CTC' is not supported");
-    snprintf(buf, sizeof buf, "{%s[]}, \"normalizer\": {\"type\": \"NFC\"}}", m);
-    expect_refused("nfc.json", buf, DW_ERR_UNSUPPORTED, "normalizer type 'NFC'");
+    snprintf(buf, sizeof buf, "{%s[]}, \"normalizer\": {\"type\": \"NFKC\"}}", m);
+    expect_refused("nfkc.json", buf, DW_ERR_UNSUPPORTED, "normalizer type 'NFKC'");
     snprintf(buf, sizeof buf, "{%s[]}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(x\"},"
              " \"behavior\": \"Isolated\"}}", m);
     expect_refused("regex.json", buf, DW_ERR_FORMAT, "pattern '(x'");
@@ -252,6 +276,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_byte_level),
         cmocka_unit_test(test_sentencepiece_byte_fallback),
+        cmocka_unit_test(test_nfc),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
