@@ -13,7 +13,8 @@ import os
 from . import safetensors
 
 # model_type values whose training graph capture builds (src/capture/archs.def, trains = 1).
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3", "mixtral", "olmoe", "qwen2_moe",
+             "qwen3_moe")
 
 
 def _config_dict(module):

@@ -119,7 +119,7 @@ void dw_plan_params(const dw_plan_in *in, dw_param_counts *o) {
     o->mlp = mats * d * ff;
     if (c->linear_bias || c->mlp_bias) o->mlp += (mats - 1) * ff + d;
     double norm = c->norm == DW_NORM_LAYERNORM ? 2 * d : d;
-    o->norms = 2 * norm;
+    o->norms = (c->sandwich_norms ? 4 : 2) * norm; /* Gemma 2: norms after attention and MLP too */
     if (in->experts > 0) {
         double fe = expert_ff(in);
         o->moe_experts = (double)in->experts * mats * d * fe;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "capture/model_config_impl.h"
 #include "core/json.h"
 #include "plan/layout.h"
 #include "test_plan_common.h"
@@ -67,6 +68,26 @@ static void test_param_counts(void **state) {
         dw_plan_params(&in, &pc);
         if (pc.total != (double)dw_model_config_params(&c))
             fail_msg("preset %s: planner %.0f vs capture %lld params", dw_model_preset_name(i), pc.total,
+                     (long long)dw_model_config_params(&c));
+    }
+    /* and the families without a preset: Gemma 2 (four norms a block), Phi-3, Qwen3 */
+    static const char *const configs[] = {
+        "{\"model_type\":\"gemma2\",\"vocab_size\":300,\"hidden_size\":64,\"num_hidden_layers\":3,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":24,\"intermediate_size\":96,\"max_position_embeddings\":128}",
+        "{\"model_type\":\"phi3\",\"vocab_size\":300,\"hidden_size\":64,\"num_hidden_layers\":3,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"intermediate_size\":96,\"max_position_embeddings\":128}",
+        "{\"model_type\":\"qwen3\",\"vocab_size\":300,\"hidden_size\":64,\"num_hidden_layers\":3,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"max_position_embeddings\":128}"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        json_t *j = NULL;
+        dw_model_config c;
+        assert_int_equal(dw_json_load_string(ctx, configs[i], strlen(configs[i]), "config.json", &j), DW_OK);
+        assert_int_equal(dw_model_config_from_json(ctx, j, "config.json", &c), DW_OK);
+        json_decref(j);
+        in = mk_in(ctx, &c, hw, 64, 8, DW_RECIPE_BF16);
+        dw_plan_params(&in, &pc);
+        if (pc.total != (double)dw_model_config_params(&c))
+            fail_msg("%s: planner %.0f vs capture %lld params", c.model_type, pc.total,
                      (long long)dw_model_config_params(&c));
     }
     dw_hw_free(hw);
