@@ -25,7 +25,7 @@
 
 /* A preset captured at B x T compiled with the head fused (chunk rows) or not, on a CPU engine;
  * quantised recipes keep the LM head (and the other fragile layers) in BF16 (--fallback safe) unless
- * all_quantised. */
+ * all_quantised (--fallback none: the head quantised too). */
 static void build_policy(const char *preset, int64_t B, int64_t T, const char *precision, bool all_quantised,
                          bool fused, int64_t chunk, int recompute, dw_test_model *m) {
     dw_model_config mc;
@@ -36,6 +36,7 @@ static void build_policy(const char *preset, int64_t B, int64_t T, const char *p
     dw_compile_opts_init(&o, sizeof o);
     o.fused_head = fused, o.head_chunk = chunk, o.recompute = recompute;
     if (precision) assert_int_equal(dw_policy_from_precision(CTX, precision, !all_quantised, &m->pol), DW_OK);
+    if (precision && all_quantised) assert_int_equal(dw_policy_set_fallback(CTX, m->pol, "none"), DW_OK);
     assert_int_equal(dw_compile(CTX, m->g, NULL, m->pol, &o, &m->c), DW_OK);
     assert_int_equal(dw_engine_create(CTX, m->c, NULL, &m->e), DW_OK);
 }
