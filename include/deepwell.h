@@ -1331,6 +1331,11 @@ typedef struct {
     double spike_zscore;    /* Z > 0; 0 (default): off */
     int64_t spike_window;   /* W >= 2 (default 50) */
     int64_t max_rollbacks;  /* default 3; 0: stop at the first spike */
+    /* delayed scaling of the fp8_tensor recipe (docs/precision.md, "Delayed scaling"): each
+     * quantised operand (x, dy, W of every fp8_tensor linear layer) is scaled from the largest of
+     * its last N steps' amaxes instead of its own; its state is saved in checkpoints. 0 (default):
+     * just-in-time scales. The block recipes always scale from the block itself */
+    int64_t fp8_amax_history;
     bool no_overlap;        /* several ranks: reduce the gradients after backward instead of each
                                bucket as soon as backward has finished it (the same collectives
                                in the same order, so the same results; for comparison). Default

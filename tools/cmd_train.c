@@ -26,8 +26,9 @@ enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
 enum { O_MOE_DROP = O_INIT_FROM + 1 };
 /* guardrails: may change on resume (not in the record) */
 enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
-/* loss-spike rollback: not in the record either */
-enum { O_SPIKE_Z = O_LAST + 84, O_SPIKE_W, O_MAX_ROLLBACKS };
+/* loss-spike rollback, delayed FP8 scaling: not in the record either (a checkpoint written with an
+ * amax history refuses a resume with another length itself) */
+enum { O_SPIKE_Z = O_LAST + 84, O_SPIKE_W, O_MAX_ROLLBACKS, O_AMAX_HIST };
 /* --ep: not in the resume record (a checkpoint holds every expert, any --ep resumes it); a value
  * clear of the enums above */
 enum { O_EP = O_LAST + 64 };
@@ -147,6 +148,9 @@ static void help(void) {
         "                         run and skips that batch (logged; \"rollback\" in metrics.jsonl)\n"
         "  --spike-window W       the window of losses, >= 2 (50)\n"
         "  --max-rollbacks N      the spike after N rollbacks stops the run with an error (3)\n"
+        "  --fp8-amax-history N   fp8_tensor layers: delayed scaling, each operand's scale from the\n"
+        "                         largest of its last N steps' amaxes, kept in checkpoints (0: off,\n"
+        "                         each tensor's own amax; the block recipes always scale per block)\n"
         "  --ep K                 several ranks: expert parallelism, groups of K consecutive ranks,\n"
         "                         each running E/K of every MoE layer's experts; rows go to their\n"
         "                         experts' ranks and back by all-to-all (1: off; K divides the\n"
@@ -332,7 +336,7 @@ int cmd_train(int argc, char **argv) {
         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"help", no_argument, 0, 'h'},
         {"spike-zscore", required_argument, 0, O_SPIKE_Z}, {"spike-window", required_argument, 0, O_SPIKE_W},
-        {"max-rollbacks", required_argument, 0, O_MAX_ROLLBACKS},
+        {"max-rollbacks", required_argument, 0, O_MAX_ROLLBACKS}, {"fp8-amax-history", required_argument, 0, O_AMAX_HIST},
         {"no-fused-head", no_argument, 0, O_NO_FUSED_HEAD},
         {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
@@ -439,6 +443,10 @@ int cmd_train(int argc, char **argv) {
             ok = cli_parse_int(CMD, "--max-rollbacks", optarg, 0, 1L << 40, &v);
             o.max_rollbacks = v;
             spike_flags |= 2;
+            break;
+        case O_AMAX_HIST:
+            ok = cli_parse_int(CMD, "--fp8-amax-history", optarg, 0, 1 << 20, &v);
+            o.fp8_amax_history = v;
             break;
         case O_LOGEVERY: ok = cli_parse_int(CMD, "--log-every", optarg, 1, 1L << 40, &log_every); break;
         case O_SEED: ok = cli_parse_int(CMD, "--seed", optarg, 0, 0x7fffffffffffffffL, &v); o.seed = (uint64_t)v; break;

@@ -99,6 +99,7 @@ static json_t *state_to_json(const dw_ckpt_state *s, const file_list *l) {
     json_object_set_new(j, "plan", json_null());
     json_object_set_new(j, "quant_scales", json_object());
     if (s->spike_json) json_object_set_new(j, "spike", json_loads(s->spike_json, 0, NULL));
+    if (s->amax_json) json_object_set_new(j, "fp8_amax_history", json_loads(s->amax_json, 0, NULL));
     if (s->moe_bias_json) json_object_set_new(j, "moe_bias", json_loads(s->moe_bias_json, 0, NULL));
     json_object_set_new(j, "files", files);
     json_object_set_new(j, DW_CKPT_SELF_CRC, json_string("00000000")); /* last: filled in after dumping */

@@ -52,9 +52,9 @@ typedef struct {
     /* Written only (not read back): JSON texts stored as state.json's "policy" (the policy
      * document, dw_policy_to_json) and "recipes" ({node name: recipe}); NULL writes null. */
     const char *policy_json, *recipes_json;
-    /* Written only, under its own key when not NULL, read back by its owner (train/guard.h
-     * dw_guard_state_key): "spike" (train/spike.h). */
-    const char *spike_json;
+    /* Written only, each under its own key when not NULL, read back by its owner (train/guard.h
+     * dw_guard_state_key): "spike" (train/spike.h), "fp8_amax_history" (precision/amax_history.h). */
+    const char *spike_json, *amax_json;
     /* Written only: state.json's "moe_bias" (train/moe_bias.h; NULL: none), read back by the trainer. */
     const char *moe_bias_json;
     int shards;            /* read (dw_ckpt_open): 0, the moments in optimizer.safetensors; N, in N

@@ -42,6 +42,7 @@
 #include "train/run_lock.h"
 #include "train/sample.h"
 #include "train/spike.h"
+#include "precision/amax_history.h"
 
 _Static_assert((int)DW_LR_COSINE == (int)DW_SCHED_COSINE && (int)DW_LR_LINEAR == (int)DW_SCHED_LINEAR &&
                    (int)DW_LR_CONSTANT == (int)DW_SCHED_CONSTANT,
@@ -112,6 +113,7 @@ typedef struct {
     dw_qguard *qguard;    /* the quantised layers' checks and fallbacks, or NULL */
     dw_ep *ep;            /* expert parallelism (--ep > 1), or NULL */
     dw_spike spike;       /* loss spikes (train/spike.h; off: zscore 0) */
+    dw_amax *amax;        /* fp8_tensor delayed scaling (precision/amax_history.h), or NULL */
     int64_t *ranges;      /* several ranks: (world, 2) every rank's [lo, hi) of the pools, for the
                              checkpoint's index (gathered at the first checkpoint) */
 } run;
@@ -167,6 +169,9 @@ static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts 
         return dw_set_error(ctx, DW_ERR_INVALID, "--spike-zscore %g must be a finite number >= 0 (0: off), "
                             "--spike-window %lld >= 2 and --max-rollbacks %lld >= 0", o->spike_zscore,
                             (long long)o->spike_window, (long long)o->max_rollbacks);
+    if (o->fp8_amax_history < 0 || o->fp8_amax_history > (1 << 20))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--fp8-amax-history %lld: must be in [0, 1048576] (0: off)",
+                            (long long)o->fp8_amax_history);
     return DW_OK;
 }
 
@@ -281,11 +286,14 @@ static dw_status save_ckpt(run *r, char **path_out) {
     snprintf(s.precision, sizeof s.precision, "%s", cp->precision);
     s.policy_json = cp->policy_json;
     s.recipes_json = r->recipes_json;
-    char *spike = dw_spike_state_json(&r->spike);
+    char *spike = dw_spike_state_json(&r->spike), *amax = r->amax ? dw_amax_state_json(r->ctx, r->amax) : NULL;
     s.spike_json = spike;
+    s.amax_json = amax;
     dw_status st = r->spike.zscore > 0 && !spike ? dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory") : DW_OK;
+    if (r->amax && !amax) st = DW_ERR_NOMEM; /* (the message is on ctx) */
     if (st == DW_OK) st = dw_ckpt_save_ranks(r->ctx, r->dp.host, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out);
     free(spike);
+    free(amax);
     DW_TRY(st);
     r->ckpt_step = r->step;
     return DW_OK;
@@ -388,10 +396,17 @@ static dw_status restore(run *r, const char *cdir, const dw_ckpt_state *state) {
     r->tokens_seen = state->tokens_seen;
     r->rng.s = state->rng_state;
     r->batches_taken = (int64_t)state->data_position;
-    json_t *spike = NULL;
+    json_t *spike = NULL, *amax = NULL;
     if (r->spike.zscore > 0) DW_TRY(dw_guard_state_key(r->ctx, cdir, "spike", &spike));
     dw_status st = dw_spike_state_load(r->ctx, &r->spike, spike, cdir);
+    if (st == DW_OK) st = dw_guard_state_key(r->ctx, cdir, "fp8_amax_history", &amax);
+    if (st == DW_OK && amax && !r->amax)
+        st = dw_set_error(r->ctx, DW_ERR_INVALID, "%s was trained with --fp8-amax-history %lld (delayed scaling): "
+                          "resume it with the same", cdir, (long long)json_integer_value(json_object_get(amax, "length")));
+    if (st == DW_OK && r->amax) st = dw_amax_state_load(r->ctx, r->amax, amax, cdir);
+    if (st == DW_OK && r->amax) st = dw_engine_refresh(r->eng); /* the weight caches under the histories restored */
     json_decref(spike);
+    json_decref(amax);
     return st;
 }
 
@@ -408,6 +423,10 @@ static dw_status setup(run *r) {
     r->val_abs = dw_abs_pattern(o->val_batch ? DW_DATA_CALLBACK : vp);
     if (!r->data_abs || !r->val_abs) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     DW_TRY(dw_spike_init(ctx, &r->spike, o->spike_zscore, o->spike_window, o->max_rollbacks));
+    DW_TRY(dw_amax_open(ctx, r->eng, o->fp8_amax_history, &r->amax)); /* before a resume's weights load */
+    if (o->fp8_amax_history > 0 && !r->amax)
+        DW_LOGW("--fp8-amax-history %lld: the program has no fp8_tensor linear layer (the block recipes scale from "
+                "each block): nothing to delay", (long long)o->fp8_amax_history);
     if (o->resume) {
         DW_TRY(dw_ckpt_open(ctx, o->resume, &cdir, &state));
         dw_status st = dw_resume_check(ctx, cdir, &state, o, r->data_abs, r->val_abs);
@@ -492,6 +511,7 @@ static dw_status train_step(run *r, double *loss_out, double *norm_out, double *
     }
     double loss = sum / (double)r->accum, lr = dw_schedule_lr(&r->sched, r->step), norm = NAN;
     DW_TRY(dw_comm_all_reduce(r->ctx, r->dp.host, &loss, 1, DW_COMM_F64, DW_COMM_AVG));
+    DW_TRY(dw_amax_step(r->amax, r->dp.host)); /* the step's amaxes into the fp8_tensor histories */
     dw_adamw_opts ao = {.size = sizeof ao, .lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps,
                         .weight_decay = o->weight_decay, .clip = o->clip};
     /* gradients averaged, norm, clipping and AdamW on the engine's device; a non-finite norm
@@ -599,6 +619,7 @@ static dw_status rollback(run *r, double loss, double z, uint64_t from, uint64_t
     if (st == DW_OK) st = dw_ckpt_open(ctx, path, &cdir, &state);
     if (st == DW_OK) st = dw_qguard_rewind(r->qguard, o->out_dir, state.step); /* before the weights' refresh */
     if (st == DW_OK) st = restore(r, cdir, &state);
+    if (st == DW_OK) st = dw_moe_bias_reload(ctx, r->eng, cdir, &r->bias); /* the routers' selection bias */
     if (st == DW_OK) data_seek(r, state.data_position);
     if (st == DW_OK) st = dw_spike_add_skip(ctx, &r->spike, from, to);
     if (st == DW_OK && r->qguard) st = describe_recipes(r);
@@ -753,6 +774,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     dw_moe_bias_free(&r.bias);
     dw_qguard_free(r.qguard);
     dw_spike_free(&r.spike);
+    dw_amax_free(r.amax);
     dw_data_free(r.train);
     dw_data_free(r.val);
     free(r.recipes_json);

@@ -58,7 +58,7 @@ grep "rank 1/2.*loss spike" "$tmp/dp.out" | sed 's/.*loss spike//; s/rolled back
 # --- refusals ------------------------------------------------------------------------------------
 base=(--model "$model" --data builtin --batch 2 --seq 16 --device cpu --out "$tmp/r" --steps 1)
 for bad_flag in "--spike-zscore -1" "--spike-zscore 0" "--spike-zscore x" "--spike-zscore 3 --spike-window 1" \
-  "--spike-zscore 3 --max-rollbacks -1" "--spike-window 8" "--max-rollbacks 2"; do
+  "--spike-zscore 3 --max-rollbacks -1" "--spike-window 8" "--max-rollbacks 2" "--fp8-amax-history -1"; do
   # shellcheck disable=SC2086
   "$bin" train "${base[@]}" $bad_flag >"$tmp/r.out" 2>&1
   check "$bad_flag refused" 2 $?

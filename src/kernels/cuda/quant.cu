@@ -17,6 +17,7 @@ extern "C" { /* core/ headers are C without linkage guards; cuda_runtime.h above
 #include "core/error.h"
 }
 #include "kernels/cuda/quant_common.cuh"
+#include "precision/amax_rules.h"
 
 namespace {
 
@@ -509,7 +510,13 @@ __global__ void finalize_kernel(Params p, bool trans, const uint32_t *g_amax, co
     constexpr int kind = Traits<R>::kind;
     if constexpr (kind == K_TENSOR) {
         if (i == 0) {
-            float s = dw_rule_fp8_scale(*g_amax, p.pow2);
+            uint32_t a = *g_amax;
+            if (p.amax_h) { /* delayed scaling (--fp8-amax-history): the history's amax, this one noted */
+                const uint32_t cur = a;
+                a = dw_amax_pick(p.amax_h, cur);
+                if (p.amax_record) dw_amax_note(p.amax_h, cur);
+            }
+            float s = dw_rule_fp8_scale(a, p.pow2);
             static_cast<float *>(p.o.scales)[0] = s;
             if (trans) static_cast<float *>(p.t.scales)[0] = s;
         }
@@ -671,6 +678,13 @@ extern "C" bool dw_quantize_cuda_transposed_only_ok(dw_recipe r, dw_quant_in in,
 extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_quant_in in, const void *x,
                                       int64_t rows, int64_t cols, const dw_quant_dev_out *out,
                                       const dw_quant_dev_out *out_t, void *workspace, void *stream) {
+    return dw_quantize_cuda_amax(ctx, o, in, x, rows, cols, out, out_t, workspace, stream, NULL, false);
+}
+
+extern "C" dw_status dw_quantize_cuda_amax(dw_ctx *ctx, const dw_quant_opts *o, dw_quant_in in, const void *x,
+                                           int64_t rows, int64_t cols, const dw_quant_dev_out *out,
+                                           const dw_quant_dev_out *out_t, void *workspace, void *stream,
+                                           uint32_t *amax_h, bool amax_record) {
     if (!o || (int)o->recipe < 0 || o->recipe >= DW_RECIPE_COUNT)
         return dw_set_error(ctx, DW_ERR_INVALID, "quantize (cuda): unknown recipe");
     dw_recipe r = o->recipe;
@@ -701,6 +715,10 @@ extern "C" dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_qu
     p.floor_rule = o->rounding == DW_SCALE_FLOOR;
     p.o = make_desc(r, out, rows, cols);
     p.t = make_desc(r, out_t, cols, rows);
+    if (amax_h && r != DW_RECIPE_FP8_TENSOR)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quantize %s (cuda): an amax history is for fp8_tensor only", dw_recipe_name(r));
+    p.amax_h = amax_h;
+    p.amax_record = amax_record;
     int64_t sr, sc;
     dw_quant_scale_shape(r, rows, cols, &sr, &sc);
     if (out && out->scales_swizzled)

@@ -91,6 +91,15 @@ dw_status dw_quantize_cuda(dw_ctx *ctx, const dw_quant_opts *o, dw_quant_in in, 
                            int64_t rows, int64_t cols, const dw_quant_dev_out *out,
                            const dw_quant_dev_out *out_t, void *workspace, void *stream);
 
+/* dw_quantize_cuda of an fp8_tensor operand under delayed scaling (precision/amax_rules.h): the
+ * scale from the history amax_h (device memory, DW_AMAX_WORDS(N) words) instead of x's own amax,
+ * x's amax noted in it with amax_record, all in stream order (no host sync). amax_h NULL: exactly
+ * dw_quantize_cuda; another recipe with a history: DW_ERR_INVALID. */
+dw_status dw_quantize_cuda_amax(dw_ctx *ctx, const dw_quant_opts *o, dw_quant_in in, const void *x,
+                                int64_t rows, int64_t cols, const dw_quant_dev_out *out,
+                                const dw_quant_dev_out *out_t, void *workspace, void *stream,
+                                uint32_t *amax_h, bool amax_record);
+
 #ifdef __cplusplus
 }
 #endif

@@ -56,6 +56,8 @@ struct Params {
     int group;   /* bulk transposing kernel: tile order, bands of `group` tile rows (1: row by row) */
     int tblock;  /* bulk transposing kernel: a CTA's unit of tblock x tblock tiles (1, 2, 4; set by launch_bulk) */
     OutDesc o, t;
+    uint32_t *amax_h;  /* fp8_tensor under delayed scaling: the operand's history (precision/amax_rules.h), or NULL */
+    bool amax_record;  /* ... and its amax noted (training) */
 };
 
 /* ---- element encoding ------------------------------------------------------------------- */

@@ -20,6 +20,7 @@
 #include "runtime/linear_args.h"
 #include "kernels/cpu/nvfp4_train_cpu.h"
 #include "runtime/nvfp4_operand.h"
+#include "precision/amax_history.h"
 
 /* ---- quantised operands in the workspace's slots ------------------------------------------------ */
 static dw_qtensor slot(const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, int64_t rows, int64_t cols) {
@@ -30,13 +31,20 @@ static dw_qtensor slot(const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, 
 
 /* Quantises v [rows, cols] (FP32) into slot l, row-wise or (trans) as v^T [cols, rows]; node's
  * operand `role` of an nvfp4 node through the NVFP4 recipe's quantiser where a piece applies
- * (runtime/nvfp4_operand.h). */
+ * (runtime/nvfp4_operand.h); of an fp8_tensor node under delayed scaling (--fp8-amax-history)
+ * from its history, noting v's amax when `record` (training). */
 static dw_status quant(dw_backend *be, const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, const float *v,
-                       int64_t rows, int64_t cols, bool trans, dw_qtensor *q, int node, dw_nvfp4_operand role) {
+                       int64_t rows, int64_t cols, bool trans, dw_qtensor *q, int node, dw_nvfp4_operand role,
+                       bool record) {
     const dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
     *q = slot(x, l, r, trans ? cols : rows, trans ? rows : cols);
     dw_nvfp4_qopts nv;
-    if (dw_nvfp4_operand_opts(x->p, node, r, role, &nv)) {
+    const dw_amax_kind k = role == DW_NVOP_W || role == DW_NVOP_WT ? DW_AMAX_W
+                           : role == DW_NVOP_DY || role == DW_NVOP_DYT ? DW_AMAX_DY : DW_AMAX_X;
+    uint32_t *h = r == DW_RECIPE_FP8_TENSOR ? dw_amax_slot(x->amax, node, k) : NULL; /* delayed scaling */
+    if (h) {
+        DW_TRY(dw_amax_quantize_cpu(be->ctx, h, record, v, rows, cols, trans, q));
+    } else if (dw_nvfp4_operand_opts(x->p, node, r, role, &nv)) {
         DW_TRY(dw_nvfp4_quantize_cpu(be->ctx, &nv, v, rows, cols, q));
     } else {
         DW_TRY(trans ? dw_quantize_transposed_cpu(be->ctx, &o, v, rows, cols, q)
@@ -60,8 +68,8 @@ dw_status dw_cpu_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
     const float *w = x->w + p->param_off[p->tensor[p->g->nodes[node].in[1]].param]; /* [M,K] */
     const dw_recipe r = dw_compile_quant_weight_recipe(pn->bind.recipe);
     dw_qtensor q;
-    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q, node, DW_NVOP_W)); /* W along K */
-    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q, node, DW_NVOP_WT); /* W^T [K,M] along M */
+    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q, node, DW_NVOP_W, true)); /* W along K */
+    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q, node, DW_NVOP_WT, true); /* W^T [K,M] along M */
 }
 
 /* The BF16 copy of parameter slot s: the standing one, or (a weight only quantised GEMMs read)
@@ -89,7 +97,7 @@ static dw_status fprop_quantised(dw_backend *be, const dw_op_call *c, int64_t N,
     const float *xf = dw_cpu_in(be, c, c->in[0], N * K, CPU_S_IN0);
     if (!xf) return DW_ERR_NOMEM;
     dw_qtensor qx, qw = slot(x, &pn->wq[0], rw, M, K);
-    DW_TRY(quant(be, x, &x->p->work.q_rows, ra, xf, N, K, false, &qx, c->node, DW_NVOP_X));
+    DW_TRY(quant(be, x, &x->p->work.q_rows, ra, xf, N, K, false, &qx, c->node, DW_NVOP_X, c->train));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = qop(&qx, false), .b = qop(&qw, true),
                       .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
@@ -160,7 +168,7 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
     if (!dy) return DW_ERR_NOMEM;
     if (*dg) { /* dx [N,K] (+)= quant(dy) [N,M] . quant(W^T)^T, W^T [K,M] from the weight cache */
         dw_qtensor qdy, qwt = slot(x, &pn->wq[1], rw, K, M);
-        DW_TRY(quant(be, x, &l->q_rows, ra, dy, N, M, false, &qdy, c->node, DW_NVOP_DY));
+        DW_TRY(quant(be, x, &l->q_rows, ra, dy, N, M, false, &qdy, c->node, DW_NVOP_DY, true));
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = qop(&qdy, false), .b = qop(&qwt, true),
                           .alpha = 1.0f, .d = c->dx[0], .out_type = DW_GEMM_OUT_BF16};
         if (c->dx_acc[0]) a.beta = 1.0f, a.c = c->dx[0];
@@ -170,8 +178,8 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
         const float *xf = dw_cpu_in(be, c, c->in[0], N * K, CPU_S_IN0);
         if (!xf) return DW_ERR_NOMEM;
         dw_qtensor qdyt, qxt;
-        DW_TRY(quant(be, x, &l->q_dyt, ra, dy, N, M, true, &qdyt, c->node, DW_NVOP_DYT));
-        DW_TRY(quant(be, x, &l->q_xt, ra, xf, N, K, true, &qxt, c->node, DW_NVOP_XT));
+        DW_TRY(quant(be, x, &l->q_dyt, ra, dy, N, M, true, &qdyt, c->node, DW_NVOP_DYT, true));
+        DW_TRY(quant(be, x, &l->q_xt, ra, xf, N, K, true, &qxt, c->node, DW_NVOP_XT, true));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = qop(&qdyt, false), .b = qop(&qxt, true),
                           .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1], .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
         DW_TRY(dw_gemm(be->ctx, &a));

@@ -24,6 +24,7 @@
 #include "kernels/cuda/quant.h"
 #include "runtime/cuda/cuda.h"
 #include "runtime/nvfp4_operand.h"
+#include "precision/amax_history.h"
 
 typedef dw_quant_dev_out qslot;
 
@@ -35,11 +36,21 @@ static qslot slot(const dw_exec *x, const dw_qslot_layout *l) {
     return o;
 }
 
-/* Quantises v [rows, cols] into a (and v^T into t when not NULL; a NULL: v^T alone). */
+/* Quantises v [rows, cols] into a (and v^T into t when not NULL; a NULL: v^T alone); node's operand
+ * k of an fp8_tensor node under delayed scaling (--fp8-amax-history) from its history, noting v's
+ * amax when `record` (training). */
 static dw_status quant(dw_backend *be, const dw_exec *x, dw_recipe r, dw_quant_in in, const void *v, int64_t rows,
-                       int64_t cols, qslot *a, qslot *t) {
+                       int64_t cols, qslot *a, qslot *t, int node, dw_amax_kind k, bool record) {
     dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
-    return dw_quantize_cuda(be->ctx, &o, in, v, rows, cols, a, t, x->work + x->p->work.quant_ws, DW_CUDA_STREAM(be));
+    uint32_t *h = r == DW_RECIPE_FP8_TENSOR ? dw_amax_slot(x->amax, node, k) : NULL; /* delayed scaling */
+    return dw_quantize_cuda_amax(be->ctx, &o, in, v, rows, cols, a, t, x->work + x->p->work.quant_ws,
+                                 DW_CUDA_STREAM(be), h, record);
+}
+
+/* Whether node's x quantised by a sibling can be reused: never under delayed scaling (each node
+ * notes the amax in its own history). */
+static bool may_reuse(const dw_exec *x, int node, dw_recipe r) {
+    return x->quant_reuse && !(r == DW_RECIPE_FP8_TENSOR && dw_amax_slot(x->amax, node, DW_AMAX_X));
 }
 
 /* node's operand `role` of v [rows, cols] (or v^T) into s through the NVFP4 recipe's quantiser
@@ -82,7 +93,7 @@ dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) 
         DW_TRY(quant_nv(be, x, node, DW_NVOP_W, DW_QUANT_IN_F32, w, M, K, &ws));
         return quant_nv(be, x, node, DW_NVOP_WT, DW_QUANT_IN_F32, w, M, K, &wt);
     }
-    return quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt); /* W^T [K,M] along M */
+    return quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt, node, DW_AMAX_W, true); /* W^T [K,M] along M */
 }
 
 dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
@@ -95,8 +106,8 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
     const dw_recipe ra = dw_compile_quant_act_recipe(pn->bind.recipe), rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
     qslot xs = slot(x, &x->p->work.q_rows), ws = slot(x, &pn->wq[0]);
     const int xi = c->n->in[0];
-    if (!x->quant_reuse || st->rows_tensor != xi || st->rows_recipe != (int)ra) { /* else a sibling quantised it */
-        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL));
+    if (!may_reuse(x, c->node, ra) || st->rows_tensor != xi || st->rows_recipe != (int)ra) { /* else a sibling did */
+        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL, c->node, DW_AMAX_X, c->train));
         st->rows_tensor = xi, st->rows_recipe = (int)ra;
     }
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(ra, &xs, N, K, false),
@@ -133,7 +144,8 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
         if (*dg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DY, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows));
         if (*wg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DYT, DW_QUANT_IN_BF16, c->dout[0], N, M, &dyt));
     } else {
-        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL)); /* along M; dy^T along N */
+        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL, c->node, DW_AMAX_DY,
+                     true)); /* along M; dy^T along N */
     }
     st->rows_tensor = -1;
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
@@ -149,9 +161,9 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
         if (nv && (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra)) {
             DW_TRY(quant_nv(be, x, c->node, DW_NVOP_XT, DW_QUANT_IN_BF16, c->in[0], N, K, &xt));
             st->xt_tensor = xi, st->xt_recipe = (int)ra;
-        } else if (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra) { /* else a sibling left it */
+        } else if (!may_reuse(x, c->node, ra) || st->xt_tensor != xi || st->xt_recipe != (int)ra) { /* else a sibling left it */
             const bool alone = dw_quantize_cuda_transposed_only_ok(ra, DW_QUANT_IN_BF16, N, K);
-            DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt));
+            DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt, c->node, DW_AMAX_X, true));
             st->rows_tensor = alone ? -1 : xi, st->xt_tensor = xi, st->rows_recipe = st->xt_recipe = (int)ra;
         }
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(ra, &dyt, M, N, false),
