@@ -3,7 +3,7 @@
  * tools/cmd_<name>.c. Add a command by adding one line here. */
 DW_COMMAND(probe, cmd_probe, "show this machine's GPUs, features and links, or a datasheet preset")
 DW_COMMAND(quantize, cmd_quantize, "quantise a safetensors checkpoint with one recipe (FORMATS.md layout)")
-DW_COMMAND(quant-report, cmd_quant_report, "per-tensor error of each recipe on a safetensors checkpoint")
+DW_COMMAND(quant-report, cmd_quant_report, "per-tensor error of each recipe on a safetensors checkpoint, or a run's quantised layers over time")
 DW_COMMAND(capture, cmd_capture, "show a model's graph (HF config.json or preset): nodes, params, FLOPs/token")
 DW_COMMAND(eval, cmd_eval, "loss of a model on one batch of tokens (CPU reference engine)")
 DW_COMMAND(plan, cmd_plan, "search parallel plans (DP/TP/PP/CP/EP, micro-batch, recompute, ZeRO) for a model")
