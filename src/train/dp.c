@@ -1,7 +1,7 @@
 /* dp.c — data parallelism over an engine's flat FP32 pools (dp.h): the weights broadcast from
  * rank 0, the optimizer step after the gradients were reduced bucket by bucket (dp_overlap.c;
- * ZeRO-0: the engine's step; ZeRO-1/2: AdamW on the rank's shard, the weights gathered after), the
- * moments gathered for checkpoints, and the check that every rank holds the same weights. Pointers
+ * ZeRO-0: the engine's step; ZeRO-1/2: AdamW on the rank's shard (dp_range.c), the weights gathered
+ * after; --ep: dp_experts.c), and the check that every rank holds the same weights. Pointers
  * are the engine's (host on the CPU, device memory on a GPU, where the communicator is NCCL). */
 #include <math.h>
 #include <stdlib.h>
@@ -91,54 +91,6 @@ dw_status dw_dp_broadcast_weights(dw_dp *d) {
     return dw_engine_refresh(d->eng);
 }
 
-dw_status dw_dp_range_sumsq(dw_dp *d, int64_t lo, int64_t hi, double *out) {
-    dw_exec *x = d->eng->x;
-    *out = 0;
-    if (hi <= lo) return DW_OK;
-    if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
-        *out = dw_cpu_sumsq(x->grad + lo, hi - lo);
-        return DW_OK;
-    }
-#if DW_HAVE_CUDA
-    const dw_compiled *p = d->eng->p;
-    void *stream = NULL;
-    double norm = 0;
-    double *dnorm = (double *)(x->work + p->work.norm);
-    DW_TRY(dw_ctx_stream(d->ctx, &stream));
-    DW_TRY(dw_cuda_grad_norm(d->ctx, x->grad + lo, hi - lo, (double *)(x->work + p->work.partials),
-                             DW_COMPILE_NORM_BLOCKS, dnorm, stream));
-    DW_TRY(d->eng->be->i->download(d->eng->be, &norm, dnorm, sizeof norm));
-    *out = norm * norm;
-    return DW_OK;
-#else
-    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "sharded adamw: a CUDA context in a build without CUDA");
-#endif
-}
-
-dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64_t lo, int64_t hi) {
-    dw_exec *x = d->eng->x;
-    const int64_t n = hi - lo, decay = d->eng->p->decay_floats;
-    const int64_t n_decay = decay <= lo ? 0 : decay - lo < n ? decay - lo : n;
-    if (n <= 0) return DW_OK;
-    if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
-        dw_cpu_adamw(x->w + lo, x->grad + lo, x->m + lo, x->v + lo, n, n_decay, norm, a);
-        return DW_OK;
-    }
-#if DW_HAVE_CUDA
-    const dw_compiled *p = d->eng->p;
-    dw_backend *be = d->eng->be;
-    void *stream = NULL;
-    DW_TRY(dw_ctx_stream(d->ctx, &stream));
-    DW_TRY(be->i->upload(be, x->work + p->work.norm, &norm, sizeof norm));
-    DW_TRY(be->i->upload(be, x->work + p->work.adamw_args, a, sizeof *a));
-    return dw_cuda_adamw(d->ctx, x->w + lo, x->grad + lo, x->m + lo, x->v + lo, n, n_decay,
-                         (const double *)(x->work + p->work.norm), (const dw_adamw_args *)(x->work + p->work.adamw_args),
-                         stream);
-#else
-    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "sharded adamw: a CUDA context in a build without CUDA");
-#endif
-}
-
 /* Every rank's blocks of a pool to every rank: the blocks by all-gather, the tail from the last rank. */
 static dw_status gather_pool(dw_dp *d, float *pool) {
     const int64_t full = d->block * d->world;
@@ -173,12 +125,6 @@ dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *nor
     if (d->zero > 0) return shard_step(d, o, step, norm);
     if (d->n_slices) return dw_dp_experts_step(d, o, step, norm); /* --ep: each rank its own experts */
     return dw_engine_step(d->eng, o, step, norm); /* the gradients averaged already */
-}
-
-dw_status dw_dp_gather_optimizer(dw_dp *d) {
-    if (d->world == 1 || d->zero == 0) return DW_OK;
-    DW_TRY(gather_pool(d, d->eng->x->m));
-    return gather_pool(d, d->eng->x->v);
 }
 
 /* FNV-1a over the bytes of the masters. */

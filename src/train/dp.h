@@ -12,8 +12,8 @@
  *   ZeRO-1: each bucket's part in rank r's shard reduced (averaged) to rank r; each rank runs
  *           AdamW on its shard of the flat parameter pools (global gradient norm from the shards'
  *           sums of squares); the updated weights all-gathered. The moments are current only in
- *           the rank's shard until dw_dp_gather_optimizer (before a checkpoint), so checkpoints are
- *           the same files as one rank writes and resume on any number of ranks and any stage.
+ *           the rank's shard: each rank writes its own range into the checkpoint (ckpt_shard_io.c),
+ *           which resumes on any number of ranks and any stage.
  *   ZeRO-2: as ZeRO-1, but the buckets are reduced after every micro-batch (each rank's loss
  *           gradient scaled by 1/ranks, the shards summed) and everything outside the rank's
  *           shard is cleared, so only the shard accumulates over the micro-batches.
@@ -30,61 +30,14 @@
 #include "deepwell.h"
 #include "kernels/adamw_args.h"
 
-/* One bucket of the flat pools. */
-typedef struct {
-    int64_t begin, end;   /* floats */
-    int ready;            /* the program step after which its gradients are final: the last step
-                             that writes any of its parameters' gradients (-1: none does) */
-} dw_dp_bucket;
+#include "train/dp_state.h"
 
-/* The buckets of a program's pools in the order they start (ready, then from the last floats to
- * the first): cut every bucket_floats (rounded up to 64) from the end. */
-typedef struct {
-    int n;
-    dw_dp_bucket *b;      /* (n), owned */
-} dw_dp_buckets;
+/* The buckets of a program's pools in the order they start (dw_dp_buckets): cut every
+ * bucket_floats (rounded up to 64) from the end (dp_buckets.c). */
 dw_status dw_dp_buckets_plan(dw_ctx *ctx, const dw_compiled *p, int64_t bucket_floats, dw_dp_buckets *out);
 void dw_dp_buckets_free(dw_dp_buckets *b);
 /* DW_DP_BUCKET_FLOATS (default 4 Mi floats, 16 MiB); DW_ERR_INVALID naming it when not a positive count. */
 dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
-
-/* An expert parameter's slice of one expert group: [begin, end) floats, group j's experts. */
-typedef struct {
-    int64_t begin, end;
-    int j;
-} dw_dp_slice;
-typedef struct dw_ep dw_ep;
-
-typedef struct {
-    dw_ctx *ctx;
-    dw_engine *eng;
-    dw_comm *comm;        /* the engine's memory (nccl on a GPU) */
-    dw_comm *host;        /* host values: losses, flags, norms */
-    int rank, world;
-    int zero;             /* 0, 1 or 2 */
-    int64_t floats;       /* of one parameter-shaped pool */
-    int64_t block;        /* ZeRO-1/2: floats of each rank's shard, a multiple of 64; the last rank's
-                             also holds the tail [world x block, floats) */
-    int64_t lo, hi;       /* ZeRO-1/2: this rank's shard of the pools */
-    dw_dp_buckets buckets;
-    /* the reduction of the current micro-batch (dp_overlap.c) */
-    bool overlap;         /* started from backward (the executor's after_step hook) */
-    bool armed;           /* this micro-batch's backward reduces (the last one; ZeRO-2: each) */
-    int started;          /* buckets started, in order */
-    int n_async;          /* collectives started: a bucket's all-reduce (ZeRO-0), or a reduce to
-                             each rank whose shard it overlaps (ZeRO-1/2) */
-    dw_comm_async *async; /* (buckets x world) */
-    int64_t overlapped;   /* buckets started during backward, over the run (the log's count) */
-    double comm_s, exposed_s; /* this step's collectives' own seconds; seconds waited after backward */
-    double *times;        /* (4 x world) dw_dp_report_times: gathered pairs, then comm and exposed */
-    /* --ep K with ZeRO-0 (dp_experts.c): each expert parameter's slices of the K expert groups, by
-     * begin; this rank's (group rank mod K) are reduced over `replicas`, the ranks holding the same
-     * experts, and stepped here; the others are neither reduced nor stepped */
-    int ep_k, ep_j;
-    int n_slices;
-    dw_dp_slice *slices;
-    dw_comm *replicas;
-} dw_dp;
 
 /* The job's communicator for the engine's device, the buckets and their shards; overlap: the
  * reductions start from backward (several ranks: the executor's after_step hook is attached and
@@ -125,8 +78,8 @@ dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep);
  * otherwise nothing. Every rank calls it. */
 dw_status dw_dp_gather_experts(dw_dp *d);
 
-/* dp.c and dp_experts.c, within data parallelism: the sum of squares of gradients [lo, hi) and
- * AdamW over [lo, hi) of the pools with the global norm (decay parameters first in the pools). */
+/* dp_range.c, for dp.c and dp_experts.c: the sum of squares of gradients [lo, hi) and AdamW over
+ * [lo, hi) of the pools with the global norm (decay parameters first in the pools). */
 dw_status dw_dp_range_sumsq(dw_dp *d, int64_t lo, int64_t hi, double *out);
 dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64_t lo, int64_t hi);
 /* dp_experts.c: the optimizer step of --ep with ZeRO-0; bucket i's collectives (its dense parts
@@ -138,8 +91,6 @@ dw_status dw_dp_experts_start_bucket(dw_dp *d, int i);
  * detached (recording as the engine's options say again, unless expert parallelism holds it off). */
 dw_status dw_dp_overlap_attach(dw_dp *d);
 void dw_dp_overlap_detach(dw_dp *d);
-/* ZeRO-1/2: every rank's shard of the moments to every rank (before a checkpoint). */
-dw_status dw_dp_gather_optimizer(dw_dp *d);
 /* The debug check that the ranks' weights are identical: a hash of the FP32 masters compared with
  * rank 0's; DW_ERR_NUMERIC naming the first rank that differs. */
 dw_status dw_dp_check_weights(dw_dp *d, int64_t step);

@@ -1,0 +1,65 @@
+/* dp_state.h — private: the state of data parallelism (dp.h) that its parts share — the buckets,
+ * the expert slices and the dw_dp struct — apart from the functions, so dp.c, dp_buckets.c,
+ * dp_overlap.c, dp_experts.c and dp_range.c each reach it without reaching one another. */
+#ifndef DW_TRAIN_DP_STATE_H
+#define DW_TRAIN_DP_STATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "deepwell.h"
+
+/* One bucket of the flat pools. */
+typedef struct {
+    int64_t begin, end;   /* floats */
+    int ready;            /* the program step after which its gradients are final: the last step
+                             that writes any of its parameters' gradients (-1: none does) */
+} dw_dp_bucket;
+
+/* The buckets of a program's pools in the order they start (ready, then from the last floats to
+ * the first): cut every bucket_floats (rounded up to 64) from the end. */
+typedef struct {
+    int n;
+    dw_dp_bucket *b;      /* (n), owned */
+} dw_dp_buckets;
+
+/* An expert parameter's slice of one expert group: [begin, end) floats, group j's experts. */
+typedef struct {
+    int64_t begin, end;
+    int j;
+} dw_dp_slice;
+typedef struct dw_ep dw_ep;
+
+typedef struct {
+    dw_ctx *ctx;
+    dw_engine *eng;
+    dw_comm *comm;        /* the engine's memory (nccl on a GPU) */
+    dw_comm *host;        /* host values: losses, flags, norms */
+    int rank, world;
+    int zero;             /* 0, 1 or 2 */
+    int64_t floats;       /* of one parameter-shaped pool */
+    int64_t block;        /* ZeRO-1/2: floats of each rank's shard, a multiple of 64; the last rank's
+                             also holds the tail [world x block, floats) */
+    int64_t lo, hi;       /* ZeRO-1/2: this rank's shard of the pools */
+    dw_dp_buckets buckets;
+    /* the reduction of the current micro-batch (dp_overlap.c) */
+    bool overlap;         /* started from backward (the executor's after_step hook) */
+    bool armed;           /* this micro-batch's backward reduces (the last one; ZeRO-2: each) */
+    int started;          /* buckets started, in order */
+    int n_async;          /* collectives started: a bucket's all-reduce (ZeRO-0), or a reduce to
+                             each rank whose shard it overlaps (ZeRO-1/2) */
+    dw_comm_async *async; /* (buckets x world) */
+    int64_t overlapped;   /* buckets started during backward, over the run (the log's count) */
+    double comm_s, exposed_s; /* this step's collectives' own seconds; seconds waited after backward */
+    double *times;        /* (4 x world) dw_dp_report_times: gathered pairs, then comm and exposed */
+    /* --ep K with ZeRO-0 (dp_experts.c): each expert parameter's slices of the K expert groups, by
+     * begin; this rank's (group rank mod K) are reduced over `replicas`, the ranks holding the same
+     * experts, and stepped here; the others are neither reduced nor stepped */
+    int ep_k, ep_j;
+    int n_slices;
+    dw_dp_slice *slices;
+    dw_comm *replicas;
+} dw_dp;
+
+#endif /* DW_TRAIN_DP_STATE_H */
