@@ -3,7 +3,8 @@
  * preset -> the graph at batch x seq -> a program for the context's device (FP32 on the CPU, BF16
  * on CUDA unless a policy says otherwise) -> an engine with the weights of `what`, of another
  * source (opts.weights_from: fine-tuning from a model directory or checkpoint) or from a seed.
- * A model directory's text goes through its tokenizer.json when it has one. */
+ * A checkpoint's MoE selection bias (train/moe_bias.h) goes on its engine with its weights. A model
+ * directory's text goes through its tokenizer.json when it has one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "capture/capture.h"
 #include "core/error.h"
 #include "train/ckpt.h"
+#include "train/moe_bias.h"
 #include "train/sample.h"
 
 struct dw_model {
@@ -135,6 +137,11 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
         m->trained = st == DW_OK;
     } else if (st == DW_OK) {
         st = dw_engine_init_weights(m->e, o.seed);
+    }
+    if (st == DW_OK && is_ckpt && m->trained && !other) { /* the routers' selection bias it trained with */
+        dw_moe_bias b;
+        st = dw_moe_bias_init(ctx, m->e, 0, cdir, &b);
+        dw_moe_bias_free(&b);
     }
     if (st == DW_OK && is_ckpt && !dw_tokenizer_parse(state.tokenizer, &m->tok))
         st = dw_set_error(ctx, DW_ERR_FORMAT, "%s/state.json: unknown tokenizer '%s'", cdir, state.tokenizer);

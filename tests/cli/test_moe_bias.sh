@@ -8,8 +8,9 @@
 # twice the size are the same bits — exactly over every step at a learning rate too small to move a
 # weight (so the routing can differ only through the bias), and at step 1 with a real learning
 # rate; config.json's topk_method "noaux_tc" (γ 0.001) and moe_bias_update_speed turn it on; off,
-# nothing of it is written; the export has no bias tensor; bad values are refused naming the flag
-# or the file.
+# nothing of it is written; the export has no bias tensor; `deepwell eval` of a checkpoint routes
+# with its bias (the loss differs from the same checkpoint without it); bad values are refused
+# naming the flag or the file.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh" # ok, bad, check, has; $tmp
@@ -166,6 +167,26 @@ for m in badk bads; do
   [ $rc != 0 ] && ok "config.json $m refused (exit $rc)" || bad "config.json $m accepted"
   has "  ... naming the file and field" "$tmp/err" "config.json" "$([ $m = badk ] && echo topk_method || echo moe_bias_update_speed)"
 done
+
+# ---- eval and sample of a checkpoint route with the bias it trained ----------------------------
+"$dw" train "${common[@]}" --batch 2 --global-batch 4 --steps 3 --lr 3e-3 --moe-bias-update 1 --out "$tmp/big" \
+  >/dev/null 2>"$tmp/err"
+check "train with a large update speed (the bias dominates the scores)" 0 $?
+"$dw" eval "$tmp/big" --data builtin --seq 32 --batch 2 >"$tmp/ev1" 2>&1; check "eval the run" 0 $?
+cp -r "$tmp/big" "$tmp/nobias"
+c=$(cat "$tmp/nobias/latest")
+python3 - "$tmp/nobias/$c/state.json" <<'PY'
+import json, sys, zlib
+p = sys.argv[1]; s = json.load(open(p)); del s["moe_bias"]
+# state.json carries its own CRC-32 (state_crc32: of the text with those 8 digits read as zeros)
+s["state_crc32"] = "00000000"; t = json.dumps(s, indent=2) + "\n"
+t = t.replace('"state_crc32": "00000000"', '"state_crc32": "%08x"' % zlib.crc32(t.encode()))
+open(p, "w").write(t)
+PY
+"$dw" eval "$tmp/nobias" --data builtin --seq 32 --batch 2 >"$tmp/ev2" 2>&1; check "eval it without the bias" 0 $?
+l1=$(grep -o 'loss [0-9.]*' "$tmp/ev1"); l2=$(grep -o 'loss [0-9.]*' "$tmp/ev2")
+[ -n "$l1" ] && [ -n "$l2" ] && [ "$l1" != "$l2" ] && ok "eval applies the checkpoint's bias ($l1 with, $l2 without)" ||
+  bad "eval of the biased checkpoint: '$l1', without the bias '$l2' (they should differ)"
 
 [ "$fails" = 0 ] && echo "all passed" || echo "$fails failed"
 exit $((fails > 0))
