@@ -1359,7 +1359,8 @@ DW_API void dw_train_opts_init(dw_train_opts *opts, size_t size);
 /* Trains the engine's model: per optimizer step global_batch/batch micro-batches of forward and
  * backward, gradient clipping, the scheduled learning rate, AdamW (dw_engine_step); validation,
  * samples and checkpoints (config.json: the graph's captured config; model.safetensors;
- * optimizer.safetensors; state.json with the step, data position, RNG, schedule and the program's
+ * optimizer.safetensors, or with several ranks one optimizer-<r>-of-<N>.safetensors per rank and
+ * optimizer.safetensors.index.json; state.json with the step, data position, RNG, schedule and the program's
  * precision). Writes out_dir/metrics.jsonl (one JSON object per step). Returns DW_OK when all
  * steps ran or after a stop request (then a checkpoint of the last finished step exists). */
 DW_API dw_status dw_train(dw_engine *e, const dw_train_opts *opts);
