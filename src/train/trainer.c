@@ -42,7 +42,7 @@
 #include "train/run_lock.h"
 #include "train/sample.h"
 #include "train/spike.h"
-#include "precision/amax_history.h"
+#include "train/amax_state.h"
 
 _Static_assert((int)DW_LR_COSINE == (int)DW_SCHED_COSINE && (int)DW_LR_LINEAR == (int)DW_SCHED_LINEAR &&
                    (int)DW_LR_CONSTANT == (int)DW_SCHED_CONSTANT,
