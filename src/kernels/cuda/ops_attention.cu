@@ -29,6 +29,11 @@ static __device__ __forceinline__ float dw_dotf(const float *a, const float *b, 
     for (int64_t d = 0; d < D; d++) acc = fmaf(a[d], b[d], acc);
     return acc;
 }
+/* The first key query t sees: 0, or t-W+1 under a sliding window of W keys (W 0: none), as the CPU
+ * oracle (kernels/cpu/attention_cpu.c). */
+static __device__ __forceinline__ int64_t dw_att_first_key(int64_t t, int64_t W) {
+    return W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
+}
 /* Loads rows r0..r0+DW_ATT_BC-1 (head hd) of a (B,T,heads,D) tensor into dst[row][D+1]; rows past
  * T are zero. Whole block. */
 template <typename T>
@@ -46,7 +51,7 @@ static __device__ __forceinline__ void dw_att_load_tile(float *dst, const T *src
 template <typename T, int NR>
 static __global__ void __launch_bounds__(DW_ATT_THREADS)
 dw_att_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int64_t T_, int64_t H,
-                  int64_t Hkv, int64_t D, float scale) {
+                  int64_t Hkv, int64_t D, float scale, int64_t W) {
     extern __shared__ float sm[];
     const int64_t DP = D + 1;
     float *Qs = sm, *Ks = Qs + DW_ATT_BR * D, *Vs = Ks + DW_ATT_BC * DP;
@@ -61,16 +66,18 @@ dw_att_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int64_
 #pragma unroll
     for (int r = 0; r < NR; r++) o[r] = 0.0f;
     const int64_t t_hi = (t0 + DW_ATT_BR < T_ ? t0 + DW_ATT_BR : T_) - 1;
-    for (int64_t j0 = 0; j0 <= t_hi; j0 += DW_ATT_BC) {
+    const int64_t lo = dw_att_first_key(t0, W), lo_t = dw_att_first_key(t, W); /* the block's, the row's */
+    for (int64_t j0 = lo / DW_ATT_BC * DW_ATT_BC; j0 <= t_hi; j0 += DW_ATT_BC) {
         __syncthreads(); /* the previous tile is consumed (and qs is visible) */
         dw_att_load_tile(Ks, k, b, j0, g, T_, Hkv, D);
         dw_att_load_tile(Vs, v, b, j0, g, T_, Hkv, D);
         __syncthreads();
-        if (row_ok && j0 <= t) { /* uniform over the warp */
+        if (row_ok && j0 <= t && j0 + DW_ATT_BC > lo_t) { /* uniform over the warp: a key it sees */
             const int64_t j = j0 + lane;
-            const float s = j <= t ? dw_dotf(qs, Ks + lane * DP, D) * scale : -INFINITY;
-            const float mn = fmaxf(m, dw_warp_max(s)); /* finite: lane 0 has j0 <= t */
-            const float p = j <= t ? expf(s - mn) : 0.0f;
+            const bool seen = j <= t && j >= lo_t;
+            const float s = seen ? dw_dotf(qs, Ks + lane * DP, D) * scale : -INFINITY;
+            const float mn = fmaxf(m, dw_warp_max(s)); /* finite: some lane sees its key */
+            const float p = seen ? expf(s - mn) : 0.0f;
             const float alpha = expf(m - mn); /* 0 on the first tile (m = -inf) */
             l = l * alpha + dw_warp_sum(p);
 #pragma unroll
@@ -121,7 +128,7 @@ template <typename T, int NR>
 static __global__ void __launch_bounds__(DW_ATT_THREADS)
 dw_att_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
                      const float *delta, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
-                     float scale) {
+                     float scale, int64_t W) {
     extern __shared__ float sm[];
     const int64_t DP = D + 1;
     float *Qs = sm, *Gs = Qs + DW_ATT_BR * D, *Ks = Gs + DW_ATT_BR * D, *Vs = Ks + DW_ATT_BC * DP;
@@ -140,15 +147,16 @@ dw_att_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, c
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
     const int64_t t_hi = (t0 + DW_ATT_BR < T_ ? t0 + DW_ATT_BR : T_) - 1;
-    for (int64_t j0 = 0; j0 <= t_hi; j0 += DW_ATT_BC) {
+    const int64_t lo = dw_att_first_key(t0, W), lo_t = dw_att_first_key(t, W);
+    for (int64_t j0 = lo / DW_ATT_BC * DW_ATT_BC; j0 <= t_hi; j0 += DW_ATT_BC) {
         __syncthreads();
         dw_att_load_tile(Ks, k, b, j0, g, T_, Hkv, D);
         dw_att_load_tile(Vs, v, b, j0, g, T_, Hkv, D);
         __syncthreads();
-        if (row_ok && j0 <= t) {
+        if (row_ok && j0 <= t && j0 + DW_ATT_BC > lo_t) {
             const int64_t j = j0 + lane;
             float ds = 0.0f;
-            if (j <= t) {
+            if (j <= t && j >= lo_t) {
                 const float p = expf(dw_dotf(qs, Ks + lane * DP, D) * scale - lse_t);
                 ds = p * (dw_dotf(gs, Vs + lane * DP, D) - del_t);
             }
@@ -181,7 +189,7 @@ template <typename T, int NR>
 static __global__ void __launch_bounds__(DW_ATT_THREADS)
 dw_att_bwd_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                       const float *lse, const float *delta, int64_t T_, int64_t H, int64_t Hkv,
-                      int64_t D, float scale) {
+                      int64_t D, float scale, int64_t W) {
     extern __shared__ float sm[];
     const int64_t DP = D + 1;
     float *Kw = sm, *Vw = Kw + DW_ATT_BR * D, *Qs = Vw + DW_ATT_BR * D, *Gs = Qs + DW_ATT_BC * DP;
@@ -198,8 +206,10 @@ dw_att_bwd_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const
     float ak[NR], av[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) ak[r] = av[r] = 0.0f;
+    /* queries that see the block's keys: up to its last key's + W - 1 under a window */
+    const int64_t i_end = W > 0 && j0b + DW_ATT_BR - 1 + W < T_ ? j0b + DW_ATT_BR - 1 + W : T_;
     for (int64_t h = g * group; h < (g + 1) * group; h++) {
-        for (int64_t i0 = j0b; i0 < T_; i0 += DW_ATT_BC) {
+        for (int64_t i0 = j0b; i0 < i_end; i0 += DW_ATT_BC) {
             __syncthreads();
             dw_att_load_tile(Qs, q, b, i0, h, T_, H, D);
             dw_att_load_tile(Gs, dout, b, i0, h, T_, H, D);
@@ -212,7 +222,7 @@ dw_att_bwd_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const
             if (key_ok) {
                 const int64_t tq = i0 + lane;
                 float p = 0.0f, ds = 0.0f;
-                if (tq < T_ && tq >= j) {
+                if (tq < T_ && tq >= j && (W <= 0 || tq < j + W)) {
                     p = expf(dw_dotf(Qs + lane * DP, kw, D) * scale - Ls[lane]);
                     ds = p * (dw_dotf(Gs + lane * DP, vw, D) - Dl[lane]);
                 }
@@ -253,14 +263,14 @@ static cudaError_t dw_att_prepare(KernelT kernel, size_t smem) {
 template <typename T, int NR>
 static cudaError_t dw_att_fwd_launch(void *out, float *lse, const void *q, const void *k,
                                      const void *v, int64_t B, int64_t T_, int64_t H, int64_t Hkv,
-                                     int64_t D, cudaStream_t s) {
+                                     int64_t D, int64_t W, cudaStream_t s) {
     const size_t smem = (size_t)(DW_ATT_BR * D + 2 * DW_ATT_BC * (D + 1)) * sizeof(float);
     cudaError_t e = dw_att_prepare(dw_att_fwd_kernel<T, NR>, smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)((T_ + DW_ATT_BR - 1) / DW_ATT_BR), (unsigned)H, (unsigned)B);
     dw_att_fwd_kernel<T, NR><<<grid, DW_ATT_THREADS, smem, s>>>(
         (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, T_, H, Hkv, D,
-        (float)(1.0 / sqrt((double)D)));
+        (float)(1.0 / sqrt((double)D)), W);
     return cudaGetLastError();
 }
 
@@ -268,7 +278,7 @@ template <typename T, int NR>
 static cudaError_t dw_att_bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q,
                                      const void *k, const void *v, const void *out,
                                      const float *lse, float *delta, int64_t B, int64_t T_,
-                                     int64_t H, int64_t Hkv, int64_t D, cudaStream_t s) {
+                                     int64_t H, int64_t Hkv, int64_t D, int64_t W, cudaStream_t s) {
     const float scale = (float)(1.0 / sqrt((double)D));
     const int64_t rows = B * H * T_;
     dw_att_delta_kernel<T><<<(unsigned)((rows + DW_ATT_BR - 1) / DW_ATT_BR), DW_ATT_THREADS, 0, s>>>(
@@ -282,11 +292,11 @@ static cudaError_t dw_att_bwd_launch(void *dq, void *dk, void *dv, const void *d
     const unsigned tiles = (unsigned)((T_ + DW_ATT_BR - 1) / DW_ATT_BR);
     dw_att_bwd_dq_kernel<T, NR><<<dim3(tiles, (unsigned)H, (unsigned)B), DW_ATT_THREADS, smem_q, s>>>(
         (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, T_, H, Hkv,
-        D, scale);
+        D, scale, W);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     dw_att_bwd_dkv_kernel<T, NR><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), DW_ATT_THREADS, smem_kv, s>>>(
         (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, T_,
-        H, Hkv, D, scale);
+        H, Hkv, D, scale, W);
     return cudaGetLastError();
 }
 
@@ -342,8 +352,8 @@ dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *
     cudaError_t e = dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 4)
                         ? dw_attn_mma_fwd(out, lse, q, k, v, B, T, H, Hkv, D, H * D, Hkv * D, s)
                     : dt == DW_ACT_F32
-                        ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, s)
-                        : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, s);
+                        ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, 0, s)
+                        : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, 0, s);
     if (e != cudaSuccess)
         return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld): %s", op,
                             (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D,
@@ -372,13 +382,54 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
         dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 8)
             ? dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, H * D, Hkv * D, s)
         : dt == DW_ACT_F32
-            ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, s)
-            : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, s);
+            ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, 0, s)
+            : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, 0, s);
     if (e != cudaSuccess)
         return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld): %s", op,
                             (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D,
                             cudaGetErrorString(e));
     return DW_OK;
+}
+
+/* ---- sliding window: the reference kernels with a first key per row (a window shorter than T;
+ * neither cuDNN's graphs nor the tensor-core kernels mask one) ------------------------------------ */
+static dw_status dw_att_window_err(dw_ctx *ctx, const char *op, cudaError_t e, int64_t B, int64_t T, int64_t H,
+                                   int64_t Hkv, int64_t D, int64_t W) {
+    if (e == cudaSuccess) return DW_OK;
+    return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld window %lld): %s", op, (long long)B,
+                        (long long)T, (long long)H, (long long)Hkv, (long long)D, (long long)W, cudaGetErrorString(e));
+}
+
+dw_status dw_cuda_attention_window_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse, const void *q,
+                                       const void *k, const void *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                       int64_t D, int64_t W, void *stream) {
+    const char *op = "attention_fwd (sliding window)";
+    DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
+    DW_OPS_REQUIRE(ctx, op, W >= 0 && (B * T == 0 || (out && lse && q && k && v)));
+    if (B * T == 0) return DW_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    return dw_att_window_err(
+        ctx, op,
+        dt == DW_ACT_F32 ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, W, s)
+                         : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, W, s),
+        B, T, H, Hkv, D, W);
+}
+
+dw_status dw_cuda_attention_window_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk, void *dv, const void *dout,
+                                       const void *q, const void *k, const void *v, const void *out, const float *lse,
+                                       float *delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                       int64_t W, void *stream) {
+    const char *op = "attention_bwd (sliding window)";
+    DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
+    DW_OPS_REQUIRE(ctx, op, W >= 0 && (B * T == 0 || (dq && dk && dv && dout && q && k && v && out && lse && delta)));
+    if (B * T == 0) return DW_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    return dw_att_window_err(
+        ctx, op,
+        dt == DW_ACT_F32
+            ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, W, s)
+            : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, W, s),
+        B, T, H, Hkv, D, W);
 }
 
 /* ---- packed qkv (attn_packed.h): the tensor-core kernels reading q, k, v in place ---------------- */

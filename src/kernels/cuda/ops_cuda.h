@@ -132,6 +132,16 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const void *out, const float *lse, float *delta, int64_t B,
                                 int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
+/* The same under a sliding window of W keys (query t sees keys max(0, t-W+1)..t; W 0: causal), on
+ * the reference kernels whatever DW_ATTN says (cuDNN's graphs and the tensor-core kernels mask
+ * causally only). Oracle: dw_cpu_attention_window_fwd/bwd. */
+dw_status dw_cuda_attention_window_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse, const void *q,
+                                       const void *k, const void *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                       int64_t D, int64_t W, void *stream);
+dw_status dw_cuda_attention_window_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk, void *dv, const void *dout,
+                                       const void *q, const void *k, const void *v, const void *out, const float *lse,
+                                       float *delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                       int64_t W, void *stream);
 
 /* ---- cross-entropy, fused softmax + loss + gradient per row, chunked over V ------------------
  * logits (N,V), targets (N) int32 (< 0: ignored). Writes *loss (one FP32 on the device) = mean

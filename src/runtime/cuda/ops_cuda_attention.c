@@ -1,7 +1,9 @@
 /* ops_cuda_attention.c — the CUDA backend's causal GQA attention. A packed qkv whose kernels can
  * read it in place (kernels/cuda/attn_packed.h: BF16, every pointer of both directions aligned)
  * runs without copies; else it is split into the node's saved q, k, v (aux Q/K/V) in the forward
- * and the gradients merged back from GQ/GK/GV in the backward. lse is aux STAT0, DELTA scratch. */
+ * and the gradients merged back from GQ/GK/GV in the backward. lse is aux STAT0, DELTA scratch.
+ * A sliding window shorter than the sequence (mistral, qwen2) runs the reference kernels with the
+ * window (dw_cuda_attention_window_*), split like an unaligned packed qkv. */
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -14,11 +16,18 @@
 #include "runtime/cuda/cuda.h"
 #include "runtime/cuda/kern.h"
 
+/* The node's sliding window when it is shorter than the sequence (a longer one is the causal
+ * mask), else 0. */
+static int64_t window(const dw_op_call *c) {
+    const int64_t w = c->n->attrs.window;
+    return w > 0 && w < c->t ? w : 0;
+}
+
 /* Whether a packed-qkv node runs in place: decided from every pointer either direction touches
  * (the same call in both, and at creation: the prepare entry). */
 static bool packed(const dw_op_call *c) {
     const void *ptrs[] = {c->in[0], c->out[0], c->dout[0], c->dx[0]};
-    return c->n->n_in == 1 && c->dx[0] &&
+    return c->n->n_in == 1 && c->dx[0] && !window(c) &&
            dw_cuda_attention_packed_ok((dw_act_dtype)dw_cuda_dt(c), c->n->attrs.head_dim, ptrs, 4);
 }
 
@@ -28,16 +37,10 @@ static void qkv(const dw_op_call *c, const void **q, const void **k, const void 
 }
 
 /* At engine creation: the cuDNN plans (and their buffers) for the node's shape, built outside any
- * recorded step. A sliding window shorter than the sequence is refused here: the CUDA kernels
- * (attn_mma.cu, cuDNN) mask causally only, and a window of at least T keys is the causal mask. */
+ * recorded step (none for a windowed node: the reference kernels run it). */
 dw_status dw_cuda_op_attention_prepare(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
-    if (a->window > 0 && a->window < c->t)
-        return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED,
-                            "node '%s' (layer %d): sliding-window attention of %lld keys over a sequence of %lld is "
-                            "not supported by the CUDA backend (its kernels mask causally only); use a sequence "
-                            "of at most %lld tokens, or the CPU backend", c->n->name, c->n->block,
-                            (long long)a->window, (long long)c->t, (long long)a->window);
+    if (window(c)) return DW_OK;
     return dw_cuda_attention_prepare(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->b, c->t, a->heads, a->kv_heads,
                                      a->head_dim, packed(c));
 }
@@ -55,6 +58,9 @@ dw_status dw_cuda_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
                                                            dw_act_size(dt), false, s));
     const void *q, *k, *v;
     qkv(c, &q, &k, &v);
+    if (window(c))
+        return dw_cuda_attention_window_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads,
+                                            a->kv_heads, a->head_dim, window(c), s);
     return dw_cuda_attention_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads, a->kv_heads,
                                  a->head_dim, s);
 }
@@ -71,8 +77,13 @@ dw_status dw_cuda_op_attention_bwd(dw_backend *be, const dw_op_call *c) {
     const bool pk = c->n->n_in == 1;
     void *dq = pk ? c->tmp[DW_TMP_GQ] : c->dx[0], *dk = pk ? c->tmp[DW_TMP_GK] : c->dx[1];
     void *dv = pk ? c->tmp[DW_TMP_GV] : c->dx[2];
-    DW_TRY(dw_cuda_attention_bwd(be->ctx, dt, dq, dk, dv, c->dout[0], q, k, v, c->out[0], c->aux[DW_AUX_STAT0],
-                                 c->tmp[DW_TMP_DELTA], c->b, c->t, a->heads, a->kv_heads, a->head_dim, s));
+    if (window(c))
+        DW_TRY(dw_cuda_attention_window_bwd(be->ctx, dt, dq, dk, dv, c->dout[0], q, k, v, c->out[0],
+                                            c->aux[DW_AUX_STAT0], c->tmp[DW_TMP_DELTA], c->b, c->t, a->heads,
+                                            a->kv_heads, a->head_dim, window(c), s));
+    else
+        DW_TRY(dw_cuda_attention_bwd(be->ctx, dt, dq, dk, dv, c->dout[0], q, k, v, c->out[0], c->aux[DW_AUX_STAT0],
+                                     c->tmp[DW_TMP_DELTA], c->b, c->t, a->heads, a->kv_heads, a->head_dim, s));
     if (!pk || !c->dx[0]) return DW_OK;
     DW_CUDA_CHECK(be->ctx, (cudaError_t)dw_cuda_be_qkv(c->dx[0], dq, dk, dv, c->rows, a->heads * a->head_dim,
                                                        a->kv_heads * a->head_dim, dw_act_size(dt), true, s));
