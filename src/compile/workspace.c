@@ -121,6 +121,7 @@ int64_t dw_compile_moe_counts_of(const dw_compiled *c, int node) {
     for (int i = 0; i < node; i++) j += c->g->nodes[i].op == DW_OP_MOE_DISPATCH;
     return c->work.moe_counts + j * (DW_MOE_COUNT_LOAD + c->work.moe_count_experts) * 8;
 }
+
 int64_t dw_compile_moe_bias_of(const dw_compiled *c, int node) {
     if (c->work.moe_bias < 0 || c->g->nodes[node].op != DW_OP_MOE_ROUTER) return -1;
     int64_t j = 0; /* the router nodes before this one */
