@@ -365,9 +365,11 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
     c->compute = stage_busy_max;
     c->tp_comm = rank[slow].tp, c->cp_comm = rank[slow].cp, c->ep_comm = rank[slow].ep;
     out->x.recompute = rank[slow].rc;
-    /* DP / ZeRO traffic and optimizer, per pipeline rank; the worst rank counts. */
+    /* DP / ZeRO traffic and optimizer: a plan the engine runs as the runtime runs it; otherwise per
+     * pipeline rank, the worst rank counting. */
     double dpn = (double)par->dp * par->cp, dpn_e = dw_par_expert_dp(par), opt = 0, dp_exp = 0, dp_all = 0;
-    for (int s = 0; s < par->pp; s++) {
+    if (engine_opt >= 0) dw_plan_runtime_dp(in, par, engine_opt, bw[0], true, &dp_all, &dp_exp, &opt);
+    for (int s = 0; engine_opt < 0 && s < par->pp; s++) {
         double pd = 0, pe = 0, maxl = 0, win_f = 0, win_b = 0;
         for (int ch = 0; ch < chunks; ch++) {
             int vs = dw_plan_chunk_stage(par, s, ch);
@@ -412,11 +414,8 @@ bool dw_plan_time(const dw_plan_in *in, const dw_par *par, dw_plan_entry *out, c
         double o = par->offload
                        ? shard * (4 + 2) / (PCIE_GBPS * 1e9) + shard / HOST_ADAM_PARAMS_PER_S
                        : hbm_time(in, shard * 32); /* read grad, m, v, master; write m, v, master, param */
-        if (engine_opt >= 0) o = engine_opt;
         if (exp_s + o > dp_exp + opt) dp_exp = exp_s, opt = o, dp_all = all_s;
     }
-    if (engine_opt >= 0) /* the engine's plan: data parallelism as the runtime runs it */
-        dw_plan_runtime_dp(in, par, engine_opt, bw[0], true, &dp_all, &dp_exp, &opt);
     c->dp_comm = dp_all, c->dp_exposed = dp_exp, c->optimizer = opt;
     c->pp_comm = par->pp > 1 ? 2.0 * m * si.p2p * par->vpp : 0;
     bool ok = true;
