@@ -92,6 +92,27 @@ char *dw_test_model_dir(const char *dir, const char *config_json) {
     return NULL;
 }
 
+int dw_test_train_fixture(dw_ctx **ctx, char **dir, char **model, int layers, int hidden, int ff) {
+    char text[320];
+    snprintf(text, sizeof text,
+             "{\"model_type\": \"llama\", \"vocab_size\": 256, \"hidden_size\": %d, \"num_hidden_layers\": %d, "
+             "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": %d, "
+             "\"max_position_embeddings\": 32}",
+             hidden, layers, ff);
+    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
+    *ctx = NULL;
+    *dir = dw_test_tmpdir();
+    *model = *dir ? dw_test_model_dir(*dir, text) : NULL;
+    return *model && dw_ctx_create(&o, ctx) == DW_OK ? 0 : -1;
+}
+
+void dw_test_train_fixture_close(dw_ctx *ctx, char *dir, char *model) {
+    dw_ctx_free(ctx);
+    if (dir) dw_test_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
 dw_ctx *dw_test_ctx;
 dw_test_rng dw_test_group_rng;
 

@@ -29,21 +29,12 @@ static char *dir, *model;
 
 static int setup(void **state) {
     (void)state;
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
     dw_test_rng_init(&rng, dw_test_seed());
-    dir = dw_test_tmpdir();
-    const char *text = "{\"model_type\": \"llama\", \"vocab_size\": 256, \"hidden_size\": 32, "
-                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
-                       "\"intermediate_size\": 64, \"max_position_embeddings\": 32}";
-    model = dw_test_model_dir(dir, text);
-    return model && dw_ctx_create(&o, &ctx) == DW_OK ? 0 : -1;
+    return dw_test_train_fixture(&ctx, &dir, &model, 2, 32, 64);
 }
 static int teardown(void **state) {
     (void)state;
-    dw_ctx_free(ctx);
-    dw_test_rmtree(dir);
-    free(dir);
-    free(model);
+    dw_test_train_fixture_close(ctx, dir, model);
     return 0;
 }
 
