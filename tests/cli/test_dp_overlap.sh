@@ -13,10 +13,7 @@
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DW_COMM_TIMEOUT=60
-export OMPI_MCA_rmaps_base_oversubscribe=1 # CI has 2 cores; never wait for a free slot
-if ldd "$dw" 2>/dev/null | grep -q libasan; then export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"; fi
-command -v mpirun >/dev/null || { bad "mpirun not found (scripts/deps.sh installs openmpi-bin)"; exit 1; }
+ranks_env
 
 seed=$((RANDOM * 32768 + RANDOM))
 export DW_DP_BUCKET_FLOATS=$((300 + RANDOM % 2701))
