@@ -16,6 +16,7 @@
 #include "core/ctx.h"
 #include "core/error.h"
 #include "core/sized.h"
+#include "formats/formats.h"
 #include "gemm/gemm_dev.h"
 #include "kernels/cpu/ops_cpu.h"
 #if DW_HAVE_CUDA
@@ -96,11 +97,8 @@ static void *random_host(int64_t n, bool bf16, uint64_t *state) {
         uint64_t x = *state += 0x9E3779B97F4A7C15ull;
         x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull, x ^= x >> 27;
         const float f = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
-        if (bf16) {
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            ((uint16_t *)h)[i] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-        } else ((float *)h)[i] = f;
+        if (bf16) ((uint16_t *)h)[i] = dw_encode_bf16(f);
+        else ((float *)h)[i] = f;
     }
     return h;
 }
