@@ -146,18 +146,23 @@ for x, y in zip(a, b):
         assert x["moe_dropped"] == y["moe_dropped"] > 0, (x, y)
 PY
 
-# BF16 activations (2-byte rows on the wire): the same agreement
+# BF16 activations (2-byte rows on the wire): step 1 agrees as FP32 does (the same weights: the
+# same loss bits, norms within 1e-6). Later, weights that differ in their last bits can move a
+# BF16 activation across a rounding boundary (one BF16 ulp, 2^-8 relative, on that element): at
+# seed 155121153 step 3's norm differed by 8.4e-6 and its loss by 5.8e-7, so 1e-4 from step 2 on.
 bf=(--precision bf16 --steps 3 --eval-every 0 --ckpt-every 0)
 "$dw" launch -n 2 -- "${run[@]}" "${bf[@]}" --out "$tmp/bdp" >/dev/null 2>&1 &&
   "$dw" launch -n 2 -- "${run[@]}" "${bf[@]}" --ep 2 --out "$tmp/bep" >/dev/null 2>"$tmp/err"
 check "--precision bf16: --ep 1 and --ep 2 on 2 ranks" 0 $?
-python3 - "$tmp/bdp/metrics.jsonl" "$tmp/bep/metrics.jsonl" <<'PY' && ok "  ... the same losses and norms (1e-6)" || bad "  ... bf16 --ep 2 differs"
+python3 - "$tmp/bdp/metrics.jsonl" "$tmp/bep/metrics.jsonl" <<'PY' && ok "  ... the same step-1 loss, then losses and norms within 1e-4" || bad "  ... bf16 --ep 2 differs"
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
 assert len(a) == len(b) == 3
+assert a[0]["loss"] == b[0]["loss"], (a[0], b[0])
 for x, y in zip(a, b):
+    tol = 1e-6 if x["step"] == 1 else 1e-4
     for k in ("loss", "grad_norm"):
-        assert abs(x[k] - y[k]) <= 1e-6 * abs(x[k]), (k, x, y)
+        assert abs(x[k] - y[k]) <= tol * abs(x[k]), (k, x, y)
 PY
 
 # the checkpoint: every expert of every layer, as --ep 1 writes them (1e-5: six AdamW steps on
