@@ -92,6 +92,7 @@ PROTOTYPES = {
     "dw_compile": (status, [H, H, H, H, P(S.CompileOpts), P(H)]),
     "dw_compiled_free": (None, [H]),
     "dw_compiled_pool_bytes": (c_int64, [H, c_int]),
+    "dw_compiled_head_chunk": (c_int64, [H]),
     "dw_compiled_report": (status, [H, H, P(c_void_p)]),
     # engine
     "dw_engine_opts_init": (None, [P(S.EngineOpts), c_size_t]),

@@ -1,8 +1,9 @@
 """_structs.py — ctypes mirrors of include/deepwell.h's option and result structs, field for field.
 
 Private. Options structs are filled by their dw_<x>_opts_init(&o, sizeof o); result structs get
-`size` set by new() before the library writes them. tests/python/test_api_abi.py compiles a C
-file that prints sizeof/offsetof of each and compares them with these.
+`size` set by new() before the library writes them. Every mirror is complete (every C field, in C
+order): tests/python/test_api_abi.py reads each struct's fields from the header and compiles a C
+file printing sizeof/offsetof of each, and fails on any difference.
 """
 import ctypes
 
@@ -64,12 +65,12 @@ class QuantizeSummary(Sized):
 
 
 class CaptureOpts(Sized):
-    _fields_ = [("size", size_t), ("batch", i64), ("seq", i64), ("vocab", i64)]
+    _fields_ = [("size", size_t), ("batch", i64), ("seq", i64), ("vocab", i64), ("moe_drop", cint)]
 
 
 class CompileOpts(Sized):
     _fields_ = [("size", size_t), ("device", cint), ("sm", cint), ("fuse", flag), ("recompute", cint),
-                ("recompute_blocks", cint)]
+                ("recompute_blocks", cint), ("fused_head", flag), ("head_chunk", i64)]
 
 
 class EngineOpts(Sized):
@@ -96,7 +97,8 @@ class PlanJob(Sized):
 class PlanLayout(Sized):
     _fields_ = [("size", size_t), ("dp", cint), ("tp", cint), ("pp", cint), ("cp", cint), ("ep", cint),
                 ("vpp", cint), ("zero", cint), ("recompute", cint), ("offload", flag), ("micro_batch", i64),
-                ("seq", i64), ("global_batch", i64), ("recipe", i32)]
+                ("seq", i64), ("global_batch", i64), ("recipe", i32), ("etp", cint), ("a2a_overlap", flag),
+                ("grad_accum", i64)]
 
 
 class PlanInfo(Sized):
@@ -138,7 +140,9 @@ class PlanEngineCost(Sized):
 class TrainProgress(ctypes.Structure):
     _fields_ = [("step", i64), ("total", i64), ("loss", dbl), ("val_loss", dbl), ("lr", dbl), ("grad_norm", dbl),
                 ("tokens_per_s", dbl), ("elapsed_s", dbl), ("eta_s", dbl), ("sample", cstr), ("checkpoint", cstr),
-                ("moe_aux_loss", dbl), ("moe_z_loss", dbl), ("expert_load", dbl)]
+                ("moe_aux_loss", dbl), ("moe_z_loss", dbl), ("expert_load", dbl), ("moe_dropped", dbl),
+                ("moe_dropped_frac", dbl), ("skipped", cstr), ("precision_change", cstr), ("ranks", cint),
+                ("comm_s", ctypes.POINTER(dbl)), ("exposed_comm_s", ctypes.POINTER(dbl)), ("moe_bias_max", dbl)]
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(TrainProgress), ptr)
@@ -155,7 +159,9 @@ class TrainOpts(Sized):
                 ("keep", cint), ("seed", u64), ("deterministic", flag), ("profile", flag),
                 ("progress", PROGRESS_FN), ("progress_user", ptr), ("ckpt_minutes", dbl), ("zero", cint),
                 ("max_skips", i64), ("quant_check_every", i64), ("quant_fallback_after", i64), ("ep", cint),
-                ("next_batch", BATCH_FN), ("val_batch", BATCH_FN), ("batch_user", ptr)]
+                ("next_batch", BATCH_FN), ("val_batch", BATCH_FN), ("batch_user", ptr), ("spike_zscore", dbl),
+                ("spike_window", i64), ("max_rollbacks", i64), ("fp8_amax_history", i64), ("no_overlap", flag),
+                ("moe_bias_update", dbl)]
 
 
 # Every mirrored struct with its C name (the ABI test walks this).

@@ -111,6 +111,11 @@ class Engine(Handle):
         return self.policy.to_dict().get("default", "bf16") if self.policy is not None else "fp32"
 
     @property
+    def head_chunk(self):
+        """Rows of logits the fused LM head holds at a time; 0 when the head and the loss are apart."""
+        return lib().dw_compiled_head_chunk(self._program)
+
+    @property
     def pool_bytes(self):
         """Planned bytes of the program's memory pools."""
         return {n: lib().dw_compiled_pool_bytes(self._program, i) for i, n in enumerate(POOLS)}
@@ -278,12 +283,15 @@ def _to_torch(a):
 
 
 def compile_graph(ir, plan=None, precision=None, fallback=None, policy=None, weights="auto", seed=1337, device=None,
-                  target=None, sm=0, fuse=None, cuda_graphs=None, ctx=None):
+                  target=None, sm=0, fuse=None, cuda_graphs=None, fused_head=None, head_chunk=None, ctx=None):
     """An Engine for the Graph `ir` (dw.compile, in entry.py, takes any model). plan: a Plan (one
     GPU) or None; precision/fallback or policy (dict, path, Policy): the recipes (none: FP32 on the CPU,
     BF16 on CUDA); weights: "auto" (the graph's model weights if it has them, else random from
     seed), "random", None (zeros), or a safetensors path; device: "cpu", "cuda" or "auto" (default:
-    the graph's context); target/sm: compile for another backend or compute capability."""
+    the graph's context); target/sm: compile for another backend or compute capability;
+    fused_head: the LM head and the loss as one op over chunks of head_chunk rows (None: the
+    compiler's) that never holds the B x T x V logits (`deepwell train`'s default; None: the library's default, DW_FUSED_HEAD; such an
+    engine trains, but forward(logits=True) and sampling are refused)."""
     ctx = ctx_of(ctx, device) if (ctx is not None or device is not None) else ir._ctx
     pol = make_policy(precision, fallback, policy, ctx)
     if pol is None and ctx.device == "cuda":
@@ -295,6 +303,10 @@ def compile_graph(ir, plan=None, precision=None, fallback=None, policy=None, wei
     o.sm = int(sm)
     if fuse is not None:
         o.fuse = bool(fuse)
+    if fused_head is not None:
+        o.fused_head = bool(fused_head)
+    if head_chunk is not None:
+        o.head_chunk = int(head_chunk)
     prog = ctypes.c_void_p()
     ctx.check(lib().dw_compile(ctx._h, ir._handle(), plan._handle() if plan is not None else None,
                                pol._handle() if pol is not None else None, ctypes.byref(o), ctypes.byref(prog)))

@@ -75,7 +75,10 @@ class Trainer:
                  warmup=10, batch=None, seq=None, global_batch=None, weight_decay=0.1, clip=1.0, betas=(0.9, 0.95),
                  eps=1e-8, val=None, eval_every=50, eval_batches=8, ckpt_every=0, ckpt_minutes=30.0, keep=3,
                  seed=1337, resume=None, sample_every=0, sample_tokens=64, sample_temperature=0.8,
-                 sample_prompt=None, deterministic=False, callbacks=(), progress=True, log_every=1, tokenizer=None):
+                 sample_prompt=None, deterministic=False, callbacks=(), progress=True, log_every=1, tokenizer=None,
+                 zero=0, ep=1, overlap=True, max_skips=10, quant_check_every=100, quant_fallback_after=3,
+                 spike_zscore=0.0, spike_window=None, max_rollbacks=None, fp8_amax_history=0, moe_bias_update=0.0,
+                 profile=False):
         if not isinstance(engine, Engine):
             raise TypeError(f"Trainer needs a dw.Engine (dw.compile), not {type(engine).__name__}")
         if optimizer not in ("adamw", "adamw_dw"):
@@ -106,6 +109,18 @@ class Trainer:
         self.sample_every, self.sample_tokens = sample_every, sample_tokens
         self.sample_temperature, self.sample_prompt = sample_temperature, sample_prompt
         self.deterministic = deterministic
+        # `deepwell train`'s guardrail, multi-rank and MoE flags under their names (--no-overlap:
+        # overlap=False); dw_train checks the values and its message is raised (DeepwellError)
+        if (spike_window is not None or max_rollbacks is not None) and not spike_zscore:
+            raise ValueError("spike_window and max_rollbacks need spike_zscore Z (the rollback is off without it)")
+        self.zero, self.ep, self.overlap = int(zero), int(ep), bool(overlap)
+        self.max_skips, self.quant_check_every = int(max_skips), int(quant_check_every)
+        self.quant_fallback_after = int(quant_fallback_after)
+        self.spike_zscore = float(spike_zscore)
+        self.spike_window = 50 if spike_window is None else int(spike_window)
+        self.max_rollbacks = 3 if max_rollbacks is None else int(max_rollbacks)
+        self.fp8_amax_history, self.moe_bias_update = int(fp8_amax_history), float(moe_bias_update)
+        self.profile = bool(profile)
         self.tokenizer = None if tokenizer is None else tokenizer if isinstance(tokenizer, Tokenizer) \
             else Tokenizer(tokenizer)
         self.callbacks = list(callbacks)
@@ -153,7 +168,12 @@ class Trainer:
         o.sample_every, o.sample_tokens, o.sample_temperature = self.sample_every, self.sample_tokens, \
             self.sample_temperature
         o.ckpt_every, o.ckpt_minutes, o.keep, o.seed = self.ckpt_every, self.ckpt_minutes, self.keep, self.seed
-        o.deterministic = self.deterministic
+        o.deterministic, o.profile = self.deterministic, self.profile
+        o.zero, o.ep, o.no_overlap = self.zero, self.ep, not self.overlap
+        o.max_skips, o.quant_check_every = self.max_skips, self.quant_check_every
+        o.quant_fallback_after = self.quant_fallback_after
+        o.spike_zscore, o.spike_window, o.max_rollbacks = self.spike_zscore, self.spike_window, self.max_rollbacks
+        o.fp8_amax_history, o.moe_bias_update = self.fp8_amax_history, self.moe_bias_update
         return o, keep
 
     def _sample_text(self, raw):
@@ -183,7 +203,12 @@ class Trainer:
                               "sample": self._sample_text(p.sample),
                               "checkpoint": p.checkpoint.decode() if p.checkpoint else None,
                               "moe_aux_loss": nan(p.moe_aux_loss), "moe_z_loss": nan(p.moe_z_loss),
-                              "expert_load": nan(p.expert_load)})
+                              "expert_load": nan(p.expert_load), "moe_dropped": nan(p.moe_dropped),
+                              "moe_dropped_frac": nan(p.moe_dropped_frac), "moe_bias_max": nan(p.moe_bias_max),
+                              "skipped": p.skipped.decode() if p.skipped else None,
+                              "precision_change": p.precision_change.decode() if p.precision_change else None,
+                              "comm_s": [p.comm_s[r] for r in range(p.ranks)] if p.ranks else None,
+                              "exposed_comm_s": [p.exposed_comm_s[r] for r in range(p.ranks)] if p.ranks else None})
             except BaseException as e:  # ctypes would print and drop it: stop and re-raise after
                 failure.append(e)
                 lib().dw_train_request_stop()

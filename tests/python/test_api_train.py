@@ -266,6 +266,66 @@ class TrainerTests(unittest.TestCase):
         self.assertTrue(str(ex.exception))
         self.assertTrue(math.isfinite(e.forward(np.zeros((1, 4), dtype=np.int32), np.zeros((1, 4), dtype=np.int32))))
 
+    def test_cli_flags_reach_dw_train_with_the_cli_defaults(self):
+        """The keywords of `deepwell train`'s guardrail, rank and MoE flags land in dw_train_opts;
+        left out, each is dw_train_opts_init's default (the CLI's)."""
+        from deepwell import _lib, _structs
+        import ctypes
+        e = dw.compile(self.graph)
+        new = ("zero", "ep", "no_overlap", "max_skips", "quant_check_every", "quant_fallback_after", "spike_zscore",
+               "spike_window", "max_rollbacks", "fp8_amax_history", "moe_bias_update", "profile")
+        ref = _structs.TrainOpts.new()
+        _lib.lib().dw_train_opts_init(ctypes.byref(ref), ctypes.sizeof(ref))
+        o, _ = self.trainer("defaults", 2, engine=e)._c_opts("builtin", None)
+        self.assertEqual({k: getattr(o, k) for k in new}, {k: getattr(ref, k) for k in new})
+        given = dict(zero=1, ep=2, overlap=False, max_skips=4, quant_check_every=7, quant_fallback_after=5,
+                     spike_zscore=2.5, spike_window=6, max_rollbacks=1, fp8_amax_history=16, moe_bias_update=0.01,
+                     profile=True)
+        o, _ = self.trainer("given", 2, engine=e, **given)._c_opts("builtin", None)
+        want = dict(given, no_overlap=True)
+        del want["overlap"]
+        self.assertEqual({k: getattr(o, k) for k in want}, want)
+
+    def test_cli_flags_refused_with_the_c_message(self):
+        e = dw.compile(self.graph)
+        for kw, text in [(dict(spike_zscore=-1.0), "--spike-zscore -1"),
+                         (dict(spike_zscore=2.0, spike_window=1), "--spike-window 1"),
+                         (dict(spike_zscore=2.0, max_rollbacks=-2), "--max-rollbacks -2"),
+                         (dict(fp8_amax_history=-3), "--fp8-amax-history -3"),
+                         (dict(max_skips=-1), "--max-skips -1"), (dict(quant_check_every=-5), "--quant-check-every -5"),
+                         (dict(zero=7), "--zero 7"), (dict(ep=0), "--ep 0"),
+                         (dict(moe_bias_update=2.0), "--moe-bias-update 2")]:
+            t = self.trainer("refused", 2, engine=e, **kw)
+            with self.assertRaises(dw.DeepwellError, msg=str(kw)) as ex:
+                t.fit()
+            self.assertIn(text, str(ex.exception), kw)
+        with self.assertRaises(ValueError):  # as `deepwell train`: the rollback's settings need it on
+            self.trainer("refused", 2, engine=e, spike_window=8)
+
+    def test_spike_rollback_and_delayed_scaling_are_checkpointed(self):
+        """spike_zscore and fp8_amax_history run: their state is in the checkpoint's state.json."""
+        e = dw.compile(self.graph, precision="fp8_tensor", fallback="none", seed=5)
+        t = self.trainer("guarded", 4, engine=e, spike_zscore=50.0, spike_window=2, max_rollbacks=0,
+                         fp8_amax_history=3)
+        t.fit()
+        with open(os.path.join(t.checkpoint, "state.json")) as f:
+            state = json.load(f)
+        self.assertIn("spike", state)
+        self.assertIn("fp8_amax_history", state)
+
+    def test_fused_head_trains_the_same_loss(self):
+        """dw.compile(fused_head=True): the head and the loss as one op, the same loss on the CPU;
+        its logits cannot be read."""
+        x, y = dw.data(self.shard, seq=T, vocab=256).reader().next(B)
+        plain, fused = dw.compile(self.graph, seed=9), dw.compile(self.graph, seed=9, fused_head=True, head_chunk=32)
+        self.assertEqual(plain.head_chunk, 0)
+        self.assertEqual(fused.head_chunk, 32)
+        self.assertAlmostEqual(fused.forward_backward(x, y), plain.forward_backward(x, y), delta=1e-5)
+        with self.assertRaises(dw.DeepwellError):
+            fused.forward(x, y, logits=True)
+        with self.assertRaises(dw.InvalidError):
+            dw.compile(self.graph, fused_head=True, head_chunk=-1)
+
 
 if __name__ == "__main__":
     unittest.main()
