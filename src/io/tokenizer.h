@@ -21,8 +21,10 @@ typedef struct {
     bool special, lstrip, rstrip, single_word, is_normalized;
 } dw_tok_added;
 
-/* normalizers: Prepend(a), Replace(a -> b) (String patterns), NFC */
-typedef enum { DW_TOKN_PREPEND, DW_TOKN_REPLACE, DW_TOKN_NFC } dw_tok_norm_kind;
+/* normalizers: Prepend(a), Replace(a -> b) (String patterns), the four Unicode normalization forms,
+ * Lowercase, StripAccents (tokenizer_norm.c) */
+typedef enum { DW_TOKN_PREPEND, DW_TOKN_REPLACE, DW_TOKN_NFC, DW_TOKN_NFD, DW_TOKN_NFKC, DW_TOKN_NFKD,
+               DW_TOKN_LOWERCASE, DW_TOKN_STRIP_ACCENTS } dw_tok_norm_kind;
 typedef struct {
     dw_tok_norm_kind kind;
     char *a, *b;
@@ -81,8 +83,13 @@ struct dw_hf_tokenizer {
 /* The token of id ("" when none), for messages. */
 const char *dw_hf_tokenizer_token(const dw_hf_tokenizer *t, int64_t id);
 
-/* Applies the normalizers to s[0, n): a malloc'd NUL-terminated string and its length. */
-char *dw_tok_normalize(const dw_hf_tokenizer *t, const char *s, size_t n, size_t *out_len);
+/* Applies the normalizers to s[0, n) (valid UTF-8): a malloc'd NUL-terminated string and its
+ * length; NULL when out of memory. *lead (may be NULL): whether the result still begins where s
+ * began — false when a normalizer removed the first character (StripAccents of a leading mark),
+ * which the package's Metaspace prepend_scheme "first" reads as not at offset 0 of the input.
+ * dw_tok_normalize_one: one normalizer alone. */
+char *dw_tok_normalize(const dw_hf_tokenizer *t, const char *s, size_t n, size_t *out_len, bool *lead);
+char *dw_tok_normalize_one(const dw_tok_norm *d, const char *s, size_t n, size_t *out_len);
 
 /* Pieces a pre-tokenizer works on: UTF-8 text, and whether it starts at offset 0 of the input. */
 typedef struct {

@@ -192,10 +192,11 @@ static dw_status nomem(dw_ctx *ctx) { return dw_set_error(ctx, DW_ERR_NOMEM, "to
 /* ids of one text segment: normalized, split on normalized added tokens, pre-tokenized, BPE. */
 static dw_status encode_text(dw_ctx *ctx, const dw_hf_tokenizer *t, const segment *g, ids_buf *out) {
     size_t nn = 0;
-    char *norm = dw_tok_normalize(t, g->s, g->n, &nn);
+    bool lead = true;
+    char *norm = dw_tok_normalize(t, g->s, g->n, &nn, &lead);
     if (!norm) return nomem(ctx);
     segments ss = {0};
-    split_added(t, norm, nn, g->at0, true, &ss);
+    split_added(t, norm, nn, g->at0 && lead, true, &ss);
     free(norm);
     dw_status st = ss.oom ? nomem(ctx) : DW_OK;
     for (int64_t i = 0; i < ss.n && st == DW_OK; i++) {

@@ -73,6 +73,16 @@ static const json_t *members(const json_t *o, const char *key, size_t *n) {
 
 static const json_t *member(const json_t *seq, const json_t *o, size_t i) { return seq ? json_array_get(seq, i) : o; }
 
+/* The normalizers without arguments, by their type name. */
+static bool norm_plain(const char *ty, dw_tok_norm_kind *kind) {
+    static const struct { const char *name; dw_tok_norm_kind kind; } plain[] = {
+        {"NFC", DW_TOKN_NFC}, {"NFD", DW_TOKN_NFD}, {"NFKC", DW_TOKN_NFKC}, {"NFKD", DW_TOKN_NFKD},
+        {"Lowercase", DW_TOKN_LOWERCASE}, {"StripAccents", DW_TOKN_STRIP_ACCENTS}};
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
+        if (!strcmp(ty, plain[i].name)) return *kind = plain[i].kind, true;
+    return false;
+}
+
 static dw_status load_normalizer(dw_ctx *ctx, dw_hf_tokenizer *t, const json_t *o) {
     if (!o || json_is_null(o)) return DW_OK;
     size_t n;
@@ -90,13 +100,15 @@ static dw_status load_normalizer(dw_ctx *ctx, dw_hf_tokenizer *t, const json_t *
             if (regex) return unsupported(ctx, t, "normalizer Replace with a pattern", "Regex", "String patterns are");
             d->kind = DW_TOKN_REPLACE;
             d->a = strdup(pattern_of(m, &regex)), d->b = strdup(str_field(m, "content"));
-        } else if (ty && !strcmp(ty, "NFC")) {
-            d->kind = DW_TOKN_NFC;
+        } else if (ty && norm_plain(ty, &d->kind)) {
+            /* no arguments */
         } else {
-            return unsupported(ctx, t, "normalizer", ty ? ty : "(none)", "NFC, Prepend, Replace and Sequence are");
+            return unsupported(ctx, t, "normalizer", ty ? ty : "(none)",
+                               "NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, Prepend, Replace and Sequence are");
         }
         t->n_norm++;
-        if ((d->kind != DW_TOKN_NFC && !d->a) || (d->kind == DW_TOKN_REPLACE && !d->b)) return nomem(ctx);
+        const bool args = d->kind == DW_TOKN_PREPEND || d->kind == DW_TOKN_REPLACE;
+        if ((args && !d->a) || (d->kind == DW_TOKN_REPLACE && !d->b)) return nomem(ctx);
     }
     return DW_OK;
 }
@@ -309,7 +321,7 @@ static dw_status load_added(dw_ctx *ctx, dw_hf_tokenizer *t, const json_t *a) {
         d->rstrip = bool_field(o, "rstrip", false), d->single_word = bool_field(o, "single_word", false);
         d->is_normalized = bool_field(o, "normalized", !d->special);
         if (!(d->content = strdup(c))) return nomem(ctx);
-        if (d->is_normalized && !(d->normalized = dw_tok_normalize(t, c, strlen(c), &(size_t){0}))) return nomem(ctx);
+        if (d->is_normalized && !(d->normalized = dw_tok_normalize(t, c, strlen(c), &(size_t){0}, NULL))) return nomem(ctx);
     }
     return DW_OK;
 }

@@ -1,6 +1,6 @@
-/* tokenizer_pretok.c — the tokenizer's normalizers and pre-tokenizers (io/tokenizer.h), as the
- * `tokenizers` package applies them: NFC (tokenizer_nfc.c), Prepend, Replace on each piece of text; ByteLevel (GPT-2's
- * split, then every byte as its printable character), Split (PCRE2 regexes in UTF + UCP mode for
+/* tokenizer_pretok.c — the tokenizer's pre-tokenizers (io/tokenizer.h), as the `tokenizers` package
+ * applies them (its normalizers: tokenizer_norm.c): ByteLevel (GPT-2's split, then every byte as its
+ * printable character), Split (PCRE2 regexes in UTF + UCP mode for
  * the package's Oniguruma ones, and its five ways of keeping matches), Metaspace and Digits. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -49,46 +49,6 @@ void dw_tok_pieces_free(dw_tok_pieces *ps) {
     for (int64_t i = 0; i < ps->n; i++) free(ps->p[i].s);
     free(ps->p);
     memset(ps, 0, sizeof *ps);
-}
-
-/* s[0, n) with every a replaced by b (a non-empty), appended to out. */
-static void replace_all(dw_tok_buf *out, const char *s, size_t n, const char *a, const char *b) {
-    const size_t na = strlen(a), nb = strlen(b);
-    for (size_t i = 0; i < n;) {
-        if (na && i + na <= n && memcmp(s + i, a, na) == 0) dw_tok_buf_add(out, b, nb), i += na;
-        else dw_tok_buf_add(out, s + i, 1), i++;
-    }
-}
-
-char *dw_tok_normalize(const dw_hf_tokenizer *t, const char *s, size_t n, size_t *out_len) {
-    dw_tok_buf cur = {0};
-    dw_tok_buf_add(&cur, s, n);
-    for (int k = 0; k < t->n_norm && !cur.oom; k++) {
-        const dw_tok_norm *d = &t->norm[k];
-        dw_tok_buf next = {0};
-        if (d->kind == DW_TOKN_NFC) {
-            size_t len = 0;
-            char *c = dw_utf8_nfc(cur.s, cur.n, &len);
-            if (c) dw_tok_buf_add(&next, c, len);
-            next.oom |= !c;
-            dw_tok_buf_add(&next, "", 0);
-            free(c);
-        } else if (d->kind == DW_TOKN_PREPEND) { /* only a non-empty text */
-            if (cur.n) dw_tok_buf_add(&next, d->a, strlen(d->a));
-            dw_tok_buf_add(&next, cur.s, cur.n);
-        } else {
-            replace_all(&next, cur.s, cur.n, d->a, d->b);
-            dw_tok_buf_add(&next, "", 0);
-        }
-        free(cur.s);
-        cur = next;
-    }
-    if (cur.oom) {
-        free(cur.s);
-        return NULL;
-    }
-    *out_len = cur.n;
-    return cur.s;
 }
 
 /* A split of a piece: [start, end) and whether it is a match of the pattern. */
@@ -205,7 +165,7 @@ static char *prepare(const dw_tok_pre *d, const dw_tok_piece *p, size_t *len) {
         dw_tok_buf_add(&b, p->s, p->n);
     } else if (d->kind == DW_TOKP_METASPACE) {
         dw_tok_buf body = {0};
-        replace_all(&body, p->s, p->n, " ", d->replacement);
+        dw_tok_replace_all(&body, p->s, p->n, " ", d->replacement);
         const size_t nr = strlen(d->replacement);
         const bool starts = body.n >= nr && memcmp(body.s, d->replacement, nr) == 0;
         if (!starts && (d->scheme == DW_PREPEND_ALWAYS || (d->scheme == DW_PREPEND_FIRST && p->at0)))

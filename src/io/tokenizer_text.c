@@ -35,6 +35,14 @@ void dw_tok_buf_addc(dw_tok_buf *b, uint32_t cp) {
     dw_tok_buf_add(b, u, n);
 }
 
+void dw_tok_replace_all(dw_tok_buf *out, const char *s, size_t n, const char *a, const char *b) {
+    const size_t na = strlen(a), nb = strlen(b);
+    for (size_t i = 0; i < n;) {
+        if (na && i + na <= n && memcmp(s + i, a, na) == 0) dw_tok_buf_add(out, b, nb), i += na;
+        else dw_tok_buf_add(out, s + i, 1), i++;
+    }
+}
+
 /* The length of the valid prefix of the sequence at s[0, n) (Unicode table 3-7): 0 for an invalid
  * lead byte; *full says whether the whole character was valid. */
 static size_t valid_prefix(const unsigned char *s, size_t n, bool *full) {

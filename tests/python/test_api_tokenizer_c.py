@@ -2,7 +2,8 @@
 against the `tokenizers` package on fresh random text: BPE tokenizers trained here (GPT-2's byte
 level; Llama 3's Split regex + ByteLevel with ignore_merges; Qwen2's NFC + Split regex + ByteLevel;
 SentencePiece style with byte fallback, as Llama 2's Prepend + Replace normalizer and as
-Metaspace) encode to exactly the same
+Metaspace; the NFD, NFKC, NFKD, Lowercase and StripAccents normalizers alone and in sequences, on
+text with accents, compatibility characters and combining marks) encode to exactly the same
 ids and decode to exactly the same text (special tokens kept and skipped), byte-level ones back to
 the input. Bad files are refused naming the file and what is wrong; `deepwell sample` decodes with a
 model directory's tokenizer.json, or --tokenizer, as the package decodes the same ids."""
@@ -78,6 +79,25 @@ POOLS = {
     "marks": ["e\u0301", "A\u030a", "a\u0323\u0302", "a\u0302\u0323", "\u00c5", "\u212b", "\u1100\u1161",
               "\u1100\u1161\u11a8", "\u0915\u093c", "\u0301", "o\u0308\u0304", "\u1e9b\u0323", "\uac00\u11a8"],
 }
+# compatibility characters (NFKC and NFKD change them), cases that lowercase oddly, more marks
+COMPAT = ["\ufb01", "\ufb02", "\u2460", "\u2461", "\uff21", "\uff42", "\uff11", "\uff83", "\uff76\uff9e", "\u2122",
+          "\u00bd", "\u210c", "\u01c5", "\u338f", "\u216b", "\u0130", "\u1e9e", "\u03a3", "\u03a3\u0391\u03a3", "\u00b5",
+          "\u2163", "\u3000", "\u00aa", "\u0132", "x\u0903", "y\u20dd", "\u1ea0\u0306", "\u00c5\u0327"]
+NORMALIZERS = ["NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "NFD+StripAccents+Lowercase", "NFKC+Lowercase",
+               "Lowercase+NFKD+StripAccents"]
+
+
+def normalizer(spec):
+    """A `tokenizers` normalizer from "NFD" or "NFD+StripAccents" (a Sequence)."""
+    from tokenizers import normalizers
+
+    parts = [getattr(normalizers, name)() for name in spec.split("+")]
+    return parts[0] if len(parts) == 1 else normalizers.Sequence(parts)
+
+
+def accented_text(rng, n):
+    pools = [POOLS["words"], POOLS["accented"], POOLS["marks"], COMPAT, COMPAT, POOLS["ascii"], POOLS["space"]]
+    return "".join(rng.choice(rng.choice(pools)) for _ in range(n))
 
 
 def random_text(rng, n):
@@ -97,8 +117,9 @@ QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{
 SPECIALS = ["<|endoftext|>", "<s>", "</s>"]
 
 
-def train(rng, path, kind):
-    """A tokenizer.json of the given kind, trained on random text, saved to path."""
+def train(rng, path, kind, norm=None):
+    """A tokenizer.json of the given kind, trained on random text, saved to path; norm: a
+    normalizer spec (normalizer()) replacing the kind's own."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if kind in ("gpt2", "llama3", "qwen2"):
@@ -123,7 +144,10 @@ def train(rng, path, kind):
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                          decoders.Strip(" ", 1, 0)])
         tr = trainers.BpeTrainer(vocab_size=500, special_tokens=["<unk>"] + SPECIALS, limit_alphabet=60)
-    tok.train_from_iterator(corpus(rng), trainer=tr)
+    if norm is not None:
+        tok.normalizer = normalizer(norm)
+    texts = corpus(rng) + ([accented_text(rng, 50) for _ in range(100)] if norm is not None else [])
+    tok.train_from_iterator(texts, trainer=tr)
     if kind in ("llama2", "metaspace"):  # the 256 byte tokens Llama 2 has in its vocabulary
         j = json.loads(tok.to_str())
         vocab = j["model"]["vocab"]
@@ -216,6 +240,27 @@ class TokenizerC(unittest.TestCase):
             self.assertEqual(c.decode(c.encode(s)), unicodedata.normalize("NFC", s), f"NFC of {s!r} (seed {self.seed})")
             self.assertEqual(c.encode(s), tok.encode(s).ids, f"encode({s!r}) (seed {self.seed})")
 
+    def test_normalizers_match_the_package(self):
+        """Each normalizer, alone and in sequences, under a byte-level BPE trained with it and under
+        SentencePiece-style byte fallback: the ids and the decoded text equal the package's, and the
+        byte-level round trip gives the package's normalized text."""
+        for spec in NORMALIZERS:
+            for kind in ("gpt2", "metaspace"):
+                path = os.path.join(self.d, f"{kind}-{spec}.json")
+                hf = train(self.rng, path, kind, norm=spec)
+                c = CTokenizer(path)
+                norm = normalizer(spec)
+                texts = [accented_text(self.rng, self.rng.randint(1, 30)) for _ in range(150)]
+                texts += ["".join(COMPAT), "".join(POOLS["marks"]), "ÀÉÎÕÜ ÇÑ Å İstanbul ΣΟΦΟΣ ﬁnal ①②", "",
+                          "\u0301abc", "\u0301\u0323 x", "\u0344e"]  # leading marks StripAccents removes
+                for t in texts:
+                    got = c.encode(t)
+                    self.assertEqual(got, hf.encode(t, add_special_tokens=False).ids,
+                                     f"{spec}, {kind} (seed {self.seed}): encode({t!r})")
+                    self.assertEqual(c.decode(got), hf.decode(got), f"{spec}, {kind} (seed {self.seed}): decode")
+                    if kind == "gpt2":
+                        self.assertEqual(c.decode(got), norm.normalize_str(t), f"{spec}: the round trip of {t!r}")
+
     def test_llama2_prepend_replace_byte_fallback(self):
         c, hf = self.check_kind("llama2", False)
         ids = c.encode("中文 😀")  # characters the 60-character alphabet left out: bytes
@@ -248,7 +293,10 @@ class TokenizerC(unittest.TestCase):
         self.bad(dict(good, model=dict(good["model"], type="WordPiece")), "model type 'WordPiece' is not supported")
         self.bad(dict(good, model=dict(good["model"], type="Unigram")), "model type 'Unigram'")
         self.bad(dict(good, decoder={"type": "CTC"}), "decoder type 'CTC' is not supported")
-        self.bad(dict(good, normalizer={"type": "NFKC"}), "normalizer type 'NFKC'")
+        self.bad(dict(good, normalizer={"type": "Precompiled", "precompiled_charsmap": ""}),
+                 "normalizer type 'Precompiled'")
+        self.bad(dict(good, normalizer={"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Strip"}]}),
+                 "normalizer type 'Strip'")
         self.bad(dict(good, pre_tokenizer={"type": "BertPreTokenizer"}), "pre-tokenizer type 'BertPreTokenizer'")
         m = dict(good["model"], merges=good["model"]["merges"][:3] + [["Ġnotatoken", "x"]])
         self.bad(dict(good, model=m), "model.merges[3]", "'Ġnotatoken' is not in the vocabulary")

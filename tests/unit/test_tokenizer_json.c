@@ -3,7 +3,7 @@
  * token; SentencePiece style with Prepend + Replace, byte fallback and the Llama 2 decoder chain)
  * encode and decode known strings to hand-worked ids and text, fresh random UTF-8 strings round-trip
  * exactly, a <0x00> token decodes with its length, ids outside the vocabulary decode as U+FFFD,
- * NFC gives hand-worked compositions,
+ * the normalizers (NFC, NFD, NFKC, NFKD, Lowercase, StripAccents) give hand-worked results,
  * dw_tokenize / dw_detokenize take the path, and bad files are refused naming the file.
  * (tests/python/test_api_tokenizer_c.py compares with the `tokenizers` package itself.) */
 #include <setjmp.h>
@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "io/tokenizer.h"
 #include "io/tokenizer_text.h"
 #include "testutil.h"
 
@@ -219,9 +220,38 @@ static void test_nfc(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t len = 0;
-        char *got = dw_utf8_nfc(cases[i][0], strlen(cases[i][0]), &len);
+        char *got = dw_tok_normalize_one(&(dw_tok_norm){.kind = DW_TOKN_NFC}, cases[i][0], strlen(cases[i][0]), &len);
         assert_non_null(got);
         if (len != strlen(cases[i][1]) || memcmp(got, cases[i][1], len) != 0) fail_msg("NFC case %zu: got \"%s\"", i, got);
+        free(got);
+    }
+}
+
+/* The other normalizers against hand-worked cases (the `tokenizers` package's results). */
+static void test_other_normalizers(void **state) {
+    (void)state;
+    static const struct {
+        dw_tok_norm_kind kind;
+        const char *in, *out;
+    } cases[] = {
+        {DW_TOKN_NFD, "\xC3\xA9", "e\xCC\x81"},                          /* U+00E9 -> e + acute */
+        {DW_TOKN_NFD, "\xEA\xB0\x81", "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8"}, /* U+AC01 -> jamo */
+        {DW_TOKN_NFD, "\xEF\xAC\x81", "\xEF\xAC\x81"},                 /* U+FB01 fi: compatibility only */
+        {DW_TOKN_NFKD, "\xEF\xAC\x81\xC3\xA9", "fie\xCC\x81"},          /* the ligature split, é decomposed */
+        {DW_TOKN_NFKC, "\xE2\x91\xA0\xEF\xBC\xA1" "e\xCC\x81", "1A\xC3\xA9"}, /* circled 1, full-width A, é */
+        {DW_TOKN_NFKC, "\xE2\x84\xAB", "\xC3\x85"},                     /* U+212B -> U+00C5 */
+        {DW_TOKN_LOWERCASE, "ABC \xC3\x89\xCE\xA3\xCE\xA3", "abc \xC3\xA9\xCF\x83\xCF\x83"}, /* no final sigma */
+        {DW_TOKN_LOWERCASE, "\xC4\xB0", "i\xCC\x87"},                    /* U+0130 -> i + dot above */
+        {DW_TOKN_LOWERCASE, "\xE1\xBA\x9E\xEF\xBC\xA1", "\xC3\x9F\xEF\xBD\x81"}, /* U+1E9E, full-width A */
+        {DW_TOKN_STRIP_ACCENTS, "e\xCC\x81\xC3\xA9", "e\xC3\xA9"},        /* marks go, precomposed stay */
+        {DW_TOKN_STRIP_ACCENTS, "a\xE0\xA4\x83\xE2\x83\x9D" "b", "ab"},    /* Mc U+0903, Me U+20DD go too */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t len = 0;
+        char *got = dw_tok_normalize_one(&(dw_tok_norm){.kind = cases[i].kind}, cases[i].in, strlen(cases[i].in), &len);
+        assert_non_null(got);
+        if (len != strlen(cases[i].out) || memcmp(got, cases[i].out, len) != 0)
+            fail_msg("normalizer case %zu: got \"%s\"", i, got);
         free(got);
     }
 }
@@ -249,8 +279,9 @@ static void test_refusals(void **state) {
     expect_refused("merged.json", buf, DW_ERR_FORMAT, "the token 'bb' is not in the vocabulary");
     snprintf(buf, sizeof buf, "{%s[]}, \"decoder\": {\"type\": \"CTC\"}}", m);
     expect_refused("ctc.json", buf, DW_ERR_UNSUPPORTED, "decoder type 'CTC' is not supported");
-    snprintf(buf, sizeof buf, "{%s[]}, \"normalizer\": {\"type\": \"NFKC\"}}", m);
-    expect_refused("nfkc.json", buf, DW_ERR_UNSUPPORTED, "normalizer type 'NFKC'");
+    snprintf(buf, sizeof buf, "{%s[]}, \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": "
+             "\"NFKC\"}, {\"type\": \"BertNormalizer\"}]}}", m);
+    expect_refused("bert.json", buf, DW_ERR_UNSUPPORTED, "normalizer type 'BertNormalizer'");
     snprintf(buf, sizeof buf, "{%s[]}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(x\"},"
              " \"behavior\": \"Isolated\"}}", m);
     expect_refused("regex.json", buf, DW_ERR_FORMAT, "pattern '(x'");
@@ -277,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_byte_level),
         cmocka_unit_test(test_sentencepiece_byte_fallback),
         cmocka_unit_test(test_nfc),
+        cmocka_unit_test(test_other_normalizers),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
