@@ -1248,6 +1248,10 @@ typedef struct {
     /* a mixture of experts with the selection bias on (dw_train_opts.moe_bias_update; else NaN): the
      * largest |b| over the routers and experts after this step's update */
     double moe_bias_max;
+    /* quantised layers (else -1 both): the elements this step's quantisers saturated (overflow) and
+     * flushed to zero (underflow), over every quantised GEMM operand (x, W, dy), layer and rank
+     * (docs/precision.md, "Guardrails") */
+    int64_t quant_overflow, quant_underflow;
 } dw_train_progress;
 
 typedef struct {

@@ -37,6 +37,7 @@ struct dw_exec {
     dw_status (*ep_step)(void *ep, dw_exec *x, int node, bool fwd, bool train, double dloss, bool *done);
     void *ep;
     struct dw_amax *amax;       /* fp8_tensor delayed scaling (precision/amax_history.h), NULL: off */
+    struct dw_qcounts *qcounts; /* the quantisers' counters (precision/quant_counts.h), NULL: off */
     /* data parallelism (train/dp_overlap.c), NULL when off: called after every step that ran, with
      * its index in the program, to start the collectives of the gradients that step finished */
     dw_status (*after_step)(void *user, dw_exec *x, int step);

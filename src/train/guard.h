@@ -2,9 +2,10 @@
  *   guard.c:       a step whose loss or gradient norm is not finite is skipped (weights and
  *                  optimizer state untouched); --max-skips consecutive ones stop the run.
  *   guard_quant.c: every K steps the relative error, overflow and underflow of each quantised
- *                  GEMM input (DIR/quant_stats.jsonl); a layer over its threshold for M checks in
- *                  a row switches to BF16 for the rest of the run (DIR/precision_decisions.jsonl,
- *                  replayed on resume).
+ *                  GEMM input, dy and dy^T from the step's own backward (DIR/quant_stats.jsonl);
+ *                  a layer over its threshold for M checks in a row switches to BF16 for the rest
+ *                  of the run (DIR/precision_decisions.jsonl, replayed on resume).
+ *   guard_counts.c: the quantisers' overflow and underflow counters, read once per step.
  *   guard_state.c: the guardrails' own keys of a checkpoint's state.json, read back.
  * Every rank decides alike: the inputs to each decision are all-reduced first. */
 #ifndef DW_TRAIN_GUARD_H
@@ -16,6 +17,7 @@
 #include "comm/comm.h"
 #include "core/json.h"
 #include "deepwell.h"
+#include "precision/quant_counts.h"
 
 /* ---- non-finite steps (guard.c) ---------------------------------------------------------------- */
 /* Why a step with this (rank-averaged) loss and global gradient norm is skipped: "nonfinite loss",
@@ -47,8 +49,9 @@ void dw_qguard_free(dw_qguard *g);
 /* Whether step `step` is a check step. */
 bool dw_qguard_due(const dw_qguard *g, int64_t step);
 /* The check after optimizer step `step`: a forward of the micro-batch (tokens, targets) (B, T)
- * with the updated weights, each quantised input measured, the sums all-reduced, written, and
- * the fallbacks due applied. *changed: a layer fell back (its recipe is now bf16). */
+ * with the updated weights, each quantised input measured, with dy and dy^T as the step's
+ * backward measured them, the sums all-reduced, written, and the fallbacks due applied.
+ * *changed: a layer fell back (its recipe is now bf16). */
 dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, const int32_t *targets, int64_t B,
                           int64_t T, bool *changed);
 /* "L1 (reason), L2 (reason)": the layers that fell back at the last check, or NULL. Owned by g. */
@@ -58,6 +61,32 @@ const char *dw_qguard_last_decisions(const dw_qguard *g);
  * refreshes their weight caches), every count of checks in a row starts again at 0, and the
  * lead's two files keep their lines up to `step`. */
 dw_status dw_qguard_rewind(dw_qguard *g, const char *dir, int64_t step);
+
+/* After optimizer step `step` (every rank, every step, a skipped one too; after its check): the
+ * quantisers' counters read back and zeroed, this step's overflows and underflows summed over
+ * the layers and ranks into *overflow, *underflow (-1 both when g is NULL: nothing counted); on a
+ * check step rank 0 writes each layer's sums since the last one to quant_stats.jsonl; and the next
+ * step's backward measures dy when that step is a check step (unrecorded: recorded steps are
+ * dropped and recording waits until the check is done). */
+dw_status dw_qguard_step_end(dw_qguard *g, int64_t step, int64_t *overflow, int64_t *underflow);
+
+/* ---- the counters behind it (guard_counts.c; precision/quant_counts.h) --------------------------- */
+typedef struct dw_qcounter dw_qcounter;
+/* A zeroed counter block in e's backend memory for the n linear nodes `nodes` (borrowed, layer i =
+ * nodes[i]), attached to e's executor. */
+dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, dw_qcounter **out);
+void dw_qcounter_free(dw_qcounter *q);
+dw_qcounts *dw_qcounter_counts(dw_qcounter *q);
+/* Reads the block back, zeroes it, adds it to the layers' sums; the step's totals over the ranks. */
+dw_status dw_qcounter_read(dw_qcounter *q, dw_comm *host, int64_t *overflow, int64_t *underflow);
+/* The sums all-reduced and (f not NULL) written as step `step`'s lines, three per layer (none for
+ * a layer with skip[i] whose sums are all 0); then reset. */
+dw_status dw_qcounter_write(dw_qcounter *q, dw_comm *host, FILE *f, int64_t step, const bool *skip);
+void dw_qcounter_reset(dw_qcounter *q);
+/* A rollback: the sums reset and the block zeroed. */
+dw_status dw_qcounter_discard(dw_qcounter *q);
+/* dy measured by the backward from now on (on) or not, its accumulators zeroed. */
+void dw_qcounter_arm_dy(dw_qcounter *q, bool on);
 
 /* ---- the guardrails' keys of a checkpoint's state.json (guard_state.c) ------------------------- */
 /* *out: the member `key` of cdir/state.json (a new reference, json_decref it), NULL when absent. */

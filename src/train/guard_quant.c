@@ -1,15 +1,17 @@
 /* guard_quant.c — the quantised layers' guard (guard.h): every K steps one forward of the step's
  * last micro-batch with the updated weights, then for each quantised linear layer the inputs its
  * quantised GEMMs read — x (fprop), x^T (wgrad), W (fprop), W^T (dgrad) — measured with the
- * reference quantiser (precision/quant_stats.c); x's sums are all-reduced over the ranks (W is
- * the same on all). The gradient operands dy, dy^T are not measured (their values do not outlive
- * the backward). A layer whose bulk error (quant_stats.h) is over its threshold for one of its
- * tensors in `after` checks in a row falls back to BF16:
+ * reference quantiser (precision/quant_stats.c); and the gradient operands dy (dgrad) and dy^T
+ * (wgrad) measured the same way by the check step's own backward (the linear op, asked through
+ * dw_exec.qcounts: their values do not outlive it; that step runs unrecorded). x's and dy's sums
+ * are all-reduced over the ranks (W is the same on all). A layer whose bulk error (quant_stats.h)
+ * is over its threshold for one of its tensors in `after` checks in a row falls back to BF16:
  * its binding's recipe becomes bf16 (every backend's linear reads it per call) and its weight
  * cache is no longer refreshed; recorded CUDA-graph steps are dropped so they re-record.
  * Files (rank 0): DIR/quant_stats.jsonl, one line per measured tensor and check:
- *   {"step", "layer", "tensor": "x"|"x^T"|"w"|"w^T", "recipe", "rel_error", "bulk_error",
+ *   {"step", "layer", "tensor": "x"|"x^T"|"w"|"w^T"|"dy"|"dy^T", "recipe", "rel_error", "bulk_error",
  *    "threshold", "overflow", "underflow", "elements"}
+ * and, every check step, the quantisers' counters summed since the last one (guard_counts.c).
  * DIR/precision_decisions.jsonl, one line per fallback:
  *   {"step", "layer", "tensor", "reason", "bulk_error", "threshold", "recipe", "to": "bf16"} */
 #include <math.h>
@@ -29,8 +31,10 @@
 #include "train/guard.h"
 #include "train/metrics.h"
 
-enum { T_X = 0, T_XT, T_W, T_WT, T_COUNT };
-static const char *const TENSOR[T_COUNT] = {"x", "x^T", "w", "w^T"};
+enum { T_X = 0, T_XT, T_W, T_WT, T_DY, T_DYT, T_COUNT };
+static const char *const TENSOR[T_COUNT] = {"x", "x^T", "w", "w^T", "dy", "dy^T"};
+/* the tensors whose sums differ per rank (all-reduced): x, x^T, dy, dy^T */
+static const int RANKED[4] = {T_X, T_XT, T_DY, T_DYT};
 
 typedef struct {
     int node;
@@ -53,6 +57,11 @@ struct dw_qguard {
     int n;
     layer *l;
     FILE *stats, *decisions;
+    dw_qcounter *qc;  /* the quantisers' counters and the dy accumulators */
+    int *nodes;       /* (n) each layer's node */
+    bool *fell;       /* (n) each layer's bf16, for the counters' lines */
+    bool armed;       /* this step's backward measures dy */
+    bool record;      /* the executor's record flag while not armed */
     float *buf;
     size_t cap;
     char *last; /* the last check's decisions, for the progress line */
@@ -93,8 +102,25 @@ static void to_bf16(dw_qguard *g, layer *l, int64_t step) {
     l->fell_at = step;
 }
 
+/* The next step's backward measures dy (on) or not. Measuring reads dy back on a GPU: the step
+ * is issued, not replayed, and not recorded (recording resumes after it). */
+static void arm(dw_qguard *g, bool on) {
+    dw_exec *x = g->e->x;
+    if (on && !g->armed) {
+        drop_recordings(x);
+        g->record = x->record;
+        x->record = false;
+    } else if (!on && g->armed) {
+        x->record = g->record;
+    }
+    g->armed = on;
+    dw_qcounter_arm_dy(g->qc, on);
+}
+
 dw_status dw_qguard_rewind(dw_qguard *g, const char *dir, int64_t step) {
     if (!g) return DW_OK;
+    DW_TRY(dw_qcounter_discard(g->qc));
+    arm(g, dw_qguard_due(g, step + 1));
     for (int i = 0; i < g->n; i++) {
         layer *l = &g->l[i];
         l->over = 0;
@@ -177,12 +203,21 @@ dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, co
         l->measure[T_X] = l->measure[T_W] = b->quantised[DW_QPASS_FPROP];
         l->measure[T_XT] = b->quantised[DW_QPASS_WGRAD];
         l->measure[T_WT] = b->quantised[DW_QPASS_DGRAD];
+        l->measure[T_DY] = b->quantised[DW_QPASS_DGRAD];
+        l->measure[T_DYT] = b->quantised[DW_QPASS_WGRAD];
     }
+    if (g->n && (!(g->nodes = malloc((size_t)g->n * sizeof *g->nodes)) || !(g->fell = calloc((size_t)g->n, 1)))) {
+        dw_qguard_free(g);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < g->n; i++) g->nodes[i] = g->l[i].node;
     dw_status st = g->n ? thresholds(g) : DW_OK;
     if (st == DW_OK && g->n && lead) st = dw_jsonl_open(ctx, dir, "quant_stats.jsonl", resumed_step, &g->stats);
     if (st == DW_OK && g->n && lead)
         st = dw_jsonl_open(ctx, dir, "precision_decisions.jsonl", resumed_step, &g->decisions);
     if (st == DW_OK && g->n && resumed_step > 0) st = replay(g, dir, resumed_step);
+    if (st == DW_OK && g->n) st = dw_qcounter_open(ctx, e, g->nodes, g->n, &g->qc);
+    if (st == DW_OK && g->n) arm(g, dw_qguard_due(g, resumed_step + 1));
     if (st != DW_OK || !g->n) {
         dw_qguard_free(g);
         return st;
@@ -195,6 +230,10 @@ void dw_qguard_free(dw_qguard *g) {
     if (!g) return;
     if (g->stats) fclose(g->stats);
     if (g->decisions) fclose(g->decisions);
+    if (g->qc) arm(g, false);
+    dw_qcounter_free(g->qc);
+    free(g->nodes);
+    free(g->fell);
     free(g->l);
     free(g->buf);
     free(g->last);
@@ -242,12 +281,17 @@ static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
 }
 
 static dw_recipe tensor_recipe(const layer *l, int t) {
-    return t == T_X || t == T_XT ? dw_compile_quant_act_recipe(l->recipe) : dw_compile_quant_weight_recipe(l->recipe);
+    return t == T_W || t == T_WT ? dw_compile_quant_weight_recipe(l->recipe) : dw_compile_quant_act_recipe(l->recipe);
+}
+
+/* Whether tensor t of l was measured at this check (dy: only by an armed backward). */
+static bool measured(const dw_qguard *g, const layer *l, int t) {
+    return l->measure[t] && (g->armed || (t != T_DY && t != T_DYT));
 }
 
 static dw_status write_stats(dw_qguard *g, int64_t step, const layer *l, const dw_qstats s[T_COUNT]) {
     for (int t = 0; t < T_COUNT; t++) {
-        if (!l->measure[t]) continue;
+        if (!measured(g, l, t)) continue;
         const dw_recipe r = tensor_recipe(l, t);
         if (fprintf(g->stats,
                     "{\"step\": %lld, \"layer\": \"%s\", \"tensor\": \"%s\", \"recipe\": \"%s\", \"rel_error\": %.17g, "
@@ -267,7 +311,7 @@ static int worst(const dw_qguard *g, const layer *l, const dw_qstats s[T_COUNT])
     double most = 1.0;
     for (int t = 0; t < T_COUNT; t++) {
         const double thr = g->thr[tensor_recipe(l, t)];
-        if (!l->measure[t] || !(thr > 0)) continue;
+        if (!measured(g, l, t) || !(thr > 0)) continue;
         const double ratio = dw_qstats_bulk_error(&s[t]) / thr;
         if (ratio > most) most = ratio, w = t;
     }
@@ -316,26 +360,28 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
     double loss = 0;
     DW_TRY(dw_engine_forward(g->e, tokens, targets, B, T, NULL, &loss));
     dw_qstats *s = calloc((size_t)g->n * T_COUNT, sizeof *s);
-    enum { V = 7 }; /* x, x^T: sum_e2, sum_x2, bulk_e2, bulk_x2, n, saturated, flushed */
-    double *sum = calloc((size_t)g->n * 2 * V, sizeof *sum);
+    enum { V = 7 }; /* x, x^T, dy, dy^T: sum_e2, sum_x2, bulk_e2, bulk_x2, n, saturated, flushed */
+    double *sum = calloc((size_t)g->n * 4 * V, sizeof *sum);
+    const dw_qstats *dy = dw_qcounter_counts(g->qc)->dy; /* (n, 2): this step's backward, when armed */
     dw_status st = s && sum ? DW_OK : dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
     for (int i = 0; st == DW_OK && i < g->n; i++) {
         if (g->l[i].bf16) continue;
         st = measure(g, &g->l[i], &s[i * T_COUNT]);
-        for (int t = 0; t < 2 && st == DW_OK; t++) {
-            const dw_qstats *q = &s[i * T_COUNT + t];
-            double *d = &sum[(i * 2 + t) * V];
+        if (g->armed) s[i * T_COUNT + T_DY] = dy[2 * i], s[i * T_COUNT + T_DYT] = dy[2 * i + 1];
+        for (int t = 0; t < 4 && st == DW_OK; t++) {
+            const dw_qstats *q = &s[i * T_COUNT + RANKED[t]];
+            double *d = &sum[(i * 4 + t) * V];
             d[0] = q->q.sum_e2, d[1] = q->q.sum_x2, d[2] = q->bulk_e2, d[3] = q->bulk_x2, d[4] = (double)q->q.n,
             d[5] = (double)q->q.saturated, d[6] = (double)q->q.flushed;
         }
     }
-    if (st == DW_OK) st = dw_comm_all_reduce(g->ctx, g->host, sum, (int64_t)g->n * 2 * V, DW_COMM_F64, DW_COMM_SUM);
+    if (st == DW_OK) st = dw_comm_all_reduce(g->ctx, g->host, sum, (int64_t)g->n * 4 * V, DW_COMM_F64, DW_COMM_SUM);
     for (int i = 0; st == DW_OK && i < g->n; i++) {
         layer *l = &g->l[i];
         if (l->bf16) continue;
-        for (int t = 0; t < 2; t++) {
-            const double *d = &sum[(i * 2 + t) * V];
-            dw_qstats *q = &s[i * T_COUNT + t];
+        for (int t = 0; t < 4; t++) {
+            const double *d = &sum[(i * 4 + t) * V];
+            dw_qstats *q = &s[i * T_COUNT + RANKED[t]];
             q->q.sum_e2 = d[0], q->q.sum_x2 = d[1], q->bulk_e2 = d[2], q->bulk_x2 = d[3], q->q.n = (int64_t)d[4];
             q->q.saturated = (int64_t)d[5], q->q.flushed = (int64_t)d[6];
         }
@@ -345,4 +391,16 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
     free(s);
     free(sum);
     return st;
+}
+
+dw_status dw_qguard_step_end(dw_qguard *g, int64_t step, int64_t *overflow, int64_t *underflow) {
+    *overflow = *underflow = -1;
+    if (!g) return DW_OK;
+    DW_TRY(dw_qcounter_read(g->qc, g->host, overflow, underflow));
+    if (dw_qguard_due(g, step)) {
+        for (int i = 0; i < g->n; i++) g->fell[i] = g->l[i].bf16;
+        DW_TRY(dw_qcounter_write(g->qc, g->host, g->lead ? g->stats : NULL, step, g->fell));
+    }
+    arm(g, dw_qguard_due(g, step + 1));
+    return DW_OK;
 }

@@ -1,9 +1,11 @@
 /* guard_report.c — dw_quant_run_report (deepwell.h): a training run's quantised layers over time,
- * from the guard's files (guard_quant.c) — RUN/quant_stats.jsonl (one line per tensor and check)
- * and RUN/precision_decisions.jsonl (one per fallback) — and, when the run has a checkpoint, its
+ * from the guard's files (guard_quant.c) — RUN/quant_stats.jsonl (one line per tensor and check,
+ * and the quantisers' counters per layer since the last check: guard_counts.c) and
+ * RUN/precision_decisions.jsonl (one per fallback) — and, when the run has a checkpoint, its
  * state.json (the recipes now, the checkpoint interval). Per layer: the recipe, each fallback
- * (step, tensor, reason), and per tensor the first, last and largest bulk error with their steps;
- * then the largest bulk error of each layer per checkpoint interval. Reads only. */
+ * (step, tensor, reason), per tensor the first, last and largest bulk error with their steps, and
+ * the counters' overflows and underflows of x, w and dy over the run; then the largest bulk error
+ * of each layer per checkpoint interval. Reads only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +18,9 @@
 #include "train/ckpt.h"
 #include "train/guard.h"
 
-enum { NT = 4 };
-static const char *const TENSOR[NT] = {"x", "x^T", "w", "w^T"};
+enum { NT = 6, NK = 3 };
+static const char *const TENSOR[NT] = {"x", "x^T", "w", "w^T", "dy", "dy^T"};
+static const char *const KIND[NK] = {"x", "w", "dy"}; /* the counters' operand kinds */
 
 typedef struct {
     int64_t step;
@@ -31,8 +34,14 @@ typedef struct {
 } tstat;
 
 typedef struct {
+    int64_t overflow, underflow;
+} count;
+
+typedef struct {
     char *name;
     tstat t[NT];
+    count c[NK];       /* the quantisers' counters over the run */
+    int64_t counted;   /* the steps they cover */
     json_t *fallbacks; /* the decisions' lines, in order */
     double *imax;      /* (intervals) largest bulk error, NAN: no check */
 } layer;
@@ -106,6 +115,8 @@ static dw_status first_pass(report *r, json_t *j, const char *path) { /* steps a
     const char *name = NULL;
     DW_TRY(dw_json_get_int(r->ctx, j, "step", path, &step));
     DW_TRY(dw_json_get_str(r->ctx, j, "layer", path, &name));
+    if (json_object_get(j, "counts")) /* the counters' line: no check */
+        return find(r, name, true) ? DW_OK : dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
     if (!r->checks || step < r->first_step) r->first_step = step;
     if (step > r->last_step) r->last_step = step;
     r->checks++;
@@ -122,7 +133,31 @@ static void interval_steps(const report *r, int64_t k, int64_t *lo, int64_t *hi)
     *hi = r->every > 0 && (k + 1) * r->every < r->last_step ? (k + 1) * r->every : r->last_step;
 }
 
+static int kind_index(const char *k) {
+    for (int i = 0; i < NK; i++)
+        if (!strcmp(k, KIND[i])) return i;
+    return -1;
+}
+
+/* {"step", "layer", "counts": kind, "overflow", "underflow", "steps"} */
+static dw_status count_line(report *r, json_t *j, const char *path) {
+    long long over = 0, under = 0, steps = 0;
+    const char *name = NULL, *kind = NULL;
+    DW_TRY(dw_json_get_str(r->ctx, j, "layer", path, &name));
+    DW_TRY(dw_json_get_str(r->ctx, j, "counts", path, &kind));
+    DW_TRY(dw_json_get_int(r->ctx, j, "overflow", path, &over));
+    DW_TRY(dw_json_get_int(r->ctx, j, "underflow", path, &under));
+    DW_TRY(dw_json_get_int(r->ctx, j, "steps", path, &steps));
+    const int k = kind_index(kind);
+    if (k < 0) return dw_set_error(r->ctx, DW_ERR_FORMAT, "%s: counts '%s' is not x, w or dy", path, kind);
+    layer *l = find(r, name, false);
+    l->c[k].overflow += over, l->c[k].underflow += under;
+    if (k == 0) l->counted += steps;
+    return DW_OK;
+}
+
 static dw_status stat_line(report *r, json_t *j, const char *path) {
+    if (json_object_get(j, "counts")) return count_line(r, j, path);
     long long step = 0, over = 0, under = 0;
     const char *name = NULL, *tensor = NULL, *recipe = NULL;
     double bulk = 0, rel = 0;
@@ -135,7 +170,8 @@ static dw_status stat_line(report *r, json_t *j, const char *path) {
     DW_TRY(dw_json_get_int(r->ctx, j, "overflow", path, &over));
     DW_TRY(dw_json_get_int(r->ctx, j, "underflow", path, &under));
     const int t = tensor_index(tensor);
-    if (t < 0) return dw_set_error(r->ctx, DW_ERR_FORMAT, "%s: tensor '%s' is not x, x^T, w or w^T", path, tensor);
+    if (t < 0)
+        return dw_set_error(r->ctx, DW_ERR_FORMAT, "%s: tensor '%s' is not x, x^T, w, w^T, dy or dy^T", path, tensor);
     layer *l = find(r, name, false);
     tstat *s = &l->t[t];
     const point p = {step, bulk, rel};
@@ -227,6 +263,23 @@ static void text_report(const report *r, const char *dir, dw_strbuf *b) {
                              s->recipe, (long long)s->checks, f[0], f[1], f[2], (long long)s->overflow,
                              (long long)s->underflow);
         }
+    bool counted = false;
+    for (int i = 0; i < r->n; i++) counted |= r->l[i].counted > 0;
+    if (counted) {
+        dw_strbuf_printf(b, "\noverflow / underflow counted by the quantisers at every training step\n");
+        dw_strbuf_printf(b, "%-*s  %6s %21s %21s %21s\n", w, "layer", "steps", "x", "w", "dy");
+        for (int i = 0; i < r->n; i++) {
+            const layer *l = &r->l[i];
+            if (!l->counted) continue;
+            dw_strbuf_printf(b, "%-*s  %6lld", w, l->name, (long long)l->counted);
+            for (int k = 0; k < NK; k++) {
+                char c[48];
+                snprintf(c, sizeof c, "%lld / %lld", (long long)l->c[k].overflow, (long long)l->c[k].underflow);
+                dw_strbuf_printf(b, " %21s", c);
+            }
+            dw_strbuf_printf(b, "\n");
+        }
+    }
     if (r->every > 0)
         dw_strbuf_printf(b, "\nlargest bulk error per checkpoint interval (every %lld steps; - no check)\n",
                          (long long)r->every);
@@ -275,8 +328,13 @@ static json_t *json_report(const report *r, const char *dir) {
             json_array_append_new(iv, json_pack("{s:I,s:I,s:o}", "from", (json_int_t)lo, "to", (json_int_t)hi, "max_bulk_error",
                                                 isnan(l->imax[k]) ? json_null() : json_real(l->imax[k])));
         }
-        json_array_append_new(layers, json_pack("{s:s,s:s,s:s,s:O,s:o,s:o}", "layer", l->name, "recipe", rec, "now",
-                                                now_text(r, l), "fallbacks", l->fallbacks, "tensors", ts, "intervals", iv));
+        json_t *cn = l->counted ? json_pack("{s:I}", "steps", (json_int_t)l->counted) : json_null();
+        for (int k = 0; l->counted && cn && k < NK; k++)
+            json_object_set_new(cn, KIND[k], json_pack("{s:I,s:I}", "overflow", (json_int_t)l->c[k].overflow, "underflow",
+                                                      (json_int_t)l->c[k].underflow));
+        json_array_append_new(layers, json_pack("{s:s,s:s,s:s,s:O,s:o,s:o,s:o}", "layer", l->name, "recipe", rec, "now",
+                                                now_text(r, l), "fallbacks", l->fallbacks, "tensors", ts, "counts", cn,
+                                                "intervals", iv));
     }
     return json_pack("{s:s,s:s?,s:I,s:I,s:I,s:I,s:o}", "run", dir, "checkpoint", r->ckpt, "checks", (json_int_t)r->checks,
                      "first_step", (json_int_t)r->first_step, "last_step", (json_int_t)r->last_step, "ckpt_every",

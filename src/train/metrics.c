@@ -78,7 +78,7 @@ static char *per_rank(const dw_train_progress *p) {
 }
 
 dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int64_t tokens_seen) {
-    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[320] = "", skip[64] = "";
+    char loss[32], lr[32], gn[32], tps[32], el[32], vl[32], moe[400] = "", skip[64] = "";
     num(loss, sizeof loss, p->loss);
     num(lr, sizeof lr, p->lr);
     num(gn, sizeof gn, p->grad_norm);
@@ -100,6 +100,11 @@ dw_status dw_metrics_write(dw_ctx *ctx, FILE *f, const dw_train_progress *p, int
     if (!isnan(p->moe_bias_max)) { /* the routers' selection bias (train/moe_bias.h) */
         const size_t k = strlen(moe);
         snprintf(moe + k, sizeof moe - k, ", \"moe_bias_max\": %.17g", p->moe_bias_max);
+    }
+    if (p->quant_overflow >= 0) { /* the quantisers' counters (train/guard.h) */
+        const size_t k = strlen(moe);
+        snprintf(moe + k, sizeof moe - k, ", \"quant_overflow\": %lld, \"quant_underflow\": %lld",
+                 (long long)p->quant_overflow, (long long)p->quant_underflow);
     }
     if (p->skipped) snprintf(skip, sizeof skip, ", \"skipped\": \"%s\"", p->skipped); /* a fixed word pair */
     char *pc = NULL; /* layers switched to BF16 after this step, as a JSON string */

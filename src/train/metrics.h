@@ -16,7 +16,8 @@ dw_status dw_metrics_open(dw_ctx *ctx, const char *dir, int64_t keep_upto, FILE 
 dw_status dw_jsonl_open(dw_ctx *ctx, const char *dir, const char *name, int64_t keep_upto, FILE **out);
 /* {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "tokens"[, "val_loss"][,
  * "moe_aux_loss", "moe_z_loss" (null: not configured), "expert_load"][, "skipped": "nonfinite
- * loss" | "nonfinite grad" (the step changed nothing: train/guard.h)][, "precision_change": the
+ * loss" | "nonfinite grad" (the step changed nothing: train/guard.h)][, "quant_overflow",
+ * "quant_underflow": the step's quantiser counters (quantised layers)][, "precision_change": the
  * layers switched to BF16 after this step (dw_train_progress.precision_change)][, "comm_s" and
  * "exposed_comm_s": several ranks' communication seconds, arrays indexed by rank]};
  * floating-point values with 17 significant digits (exact round trip). */

@@ -685,6 +685,7 @@ static dw_status loop(run *r) {
                                .elapsed_s = t1 - t0, .skipped = skipped,
                                .precision_change = changed ? dw_qguard_last_decisions(r->qguard) : NULL};
         p.eta_s = (t1 - t0) / (double)(r->step - first) * (double)(o->steps - r->step);
+        DW_TRY(dw_qguard_step_end(r->qguard, r->step, &p.quant_overflow, &p.quant_underflow));
         DW_TRY(moe_stats(r, &p));
         DW_TRY(dw_dp_report_times(&r->dp, &p)); /* several ranks: each one's communication */
         if ((r->val || o->val_batch) && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))

@@ -11,7 +11,8 @@
  *                 (runtime/nvfp4_operand.h: 16x16 weight blocks, the wgrad's Hadamard transform,
  *                 stochastic rounding of dy).
  * Also the weight cache's refresh (DW_STEP_QUANT_W). Operand slots are the program's workspace
- * slots, as on the GPU. */
+ * slots, as on the GPU. Every training quantisation adds its overflows and underflows to the
+ * node's counters, and a check step's backward measures dy and dy^T (precision/quant_counts.h). */
 #include <string.h>
 
 #include "core/error.h"
@@ -21,6 +22,7 @@
 #include "kernels/cpu/nvfp4_train_cpu.h"
 #include "runtime/nvfp4_operand.h"
 #include "precision/amax_history.h"
+#include "precision/quant_counts.h"
 
 /* ---- quantised operands in the workspace's slots ------------------------------------------------ */
 static dw_qtensor slot(const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, int64_t rows, int64_t cols) {
@@ -29,13 +31,25 @@ static dw_qtensor slot(const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, 
                         .scales = base + l->scales, .tensor_scale = *(float *)(base + l->tscale)};
 }
 
+/* The counter pair (precision/quant_counts.h) of node's operand `role`, NULL when not counted:
+ * no counters, a forward that is not training's first (validation, a recompute), or an operand
+ * the NVFP4 recipe passes through the Hadamard transform. */
+static uint64_t *counter(const dw_exec *x, int node, dw_nvfp4_operand role, dw_recipe r, bool count) {
+    dw_nvfp4_qopts nv;
+    if (!count || (dw_nvfp4_operand_opts(x->p, node, r, role, &nv) && nv.rht)) return NULL;
+    const dw_qc_kind k = role == DW_NVOP_W || role == DW_NVOP_WT ? DW_QC_W
+                         : role == DW_NVOP_DY || role == DW_NVOP_DYT ? DW_QC_DY : DW_QC_X;
+    return dw_qcounts_slot(x->qcounts, node, k);
+}
+
 /* Quantises v [rows, cols] (FP32) into slot l, row-wise or (trans) as v^T [cols, rows]; node's
  * operand `role` of an nvfp4 node through the NVFP4 recipe's quantiser where a piece applies
  * (runtime/nvfp4_operand.h); of an fp8_tensor node under delayed scaling (--fp8-amax-history)
- * from its history, noting v's amax when `record` (training). */
+ * from its history, noting v's amax when `record` (training). `count`: its overflows and
+ * underflows go to the node's counters (dw_exec.qcounts) when there are any. */
 static dw_status quant(dw_backend *be, const dw_exec *x, const dw_qslot_layout *l, dw_recipe r, const float *v,
                        int64_t rows, int64_t cols, bool trans, dw_qtensor *q, int node, dw_nvfp4_operand role,
-                       bool record) {
+                       bool record, bool count) {
     const dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
     *q = slot(x, l, r, trans ? cols : rows, trans ? rows : cols);
     dw_nvfp4_qopts nv;
@@ -51,6 +65,10 @@ static dw_status quant(dw_backend *be, const dw_exec *x, const dw_qslot_layout *
                      : dw_quantize_cpu(be->ctx, &o, v, rows, cols, q));
     }
     *(float *)(x->work + l->off + l->tscale) = q->tensor_scale;
+    uint64_t *cnt = counter(x, node, role, r, count);
+    float *y = cnt ? dw_cpu_scratch(be, CPU_S_Q, rows * cols) : NULL;
+    if (cnt && !y) return DW_ERR_NOMEM;
+    if (cnt) dw_qcounts_add_cpu(q, v, trans, y, cnt);
     return DW_OK;
 }
 
@@ -68,8 +86,8 @@ dw_status dw_cpu_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
     const float *w = x->w + p->param_off[p->tensor[p->g->nodes[node].in[1]].param]; /* [M,K] */
     const dw_recipe r = dw_compile_quant_weight_recipe(pn->bind.recipe);
     dw_qtensor q;
-    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q, node, DW_NVOP_W, true)); /* W along K */
-    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q, node, DW_NVOP_WT, true); /* W^T [K,M] along M */
+    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q, node, DW_NVOP_W, true, true)); /* W along K */
+    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q, node, DW_NVOP_WT, true, true); /* W^T [K,M] along M */
 }
 
 /* The BF16 copy of parameter slot s: the standing one, or (a weight only quantised GEMMs read)
@@ -97,7 +115,8 @@ static dw_status fprop_quantised(dw_backend *be, const dw_op_call *c, int64_t N,
     const float *xf = dw_cpu_in(be, c, c->in[0], N * K, CPU_S_IN0);
     if (!xf) return DW_ERR_NOMEM;
     dw_qtensor qx, qw = slot(x, &pn->wq[0], rw, M, K);
-    DW_TRY(quant(be, x, &x->p->work.q_rows, ra, xf, N, K, false, &qx, c->node, DW_NVOP_X, c->train));
+    DW_TRY(quant(be, x, &x->p->work.q_rows, ra, xf, N, K, false, &qx, c->node, DW_NVOP_X, c->train,
+                 c->train && !c->recompute));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = qop(&qx, false), .b = qop(&qw, true),
                       .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
@@ -166,9 +185,12 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
     if (!*dg && !*wg) return DW_OK;
     const float *dy = dw_cpu_in(be, c, c->dout[0], N * M, CPU_S_DOUT);
     if (!dy) return DW_ERR_NOMEM;
+    dw_qstats *ds = dw_qcounts_dy(x->qcounts, c->node); /* a check step: dy and dy^T measured (guard.h) */
+    if (ds && *dg) DW_TRY(dw_qstats_measure(be->ctx, ra, dy, N, M, false, &ds[0]));
+    if (ds && *wg) DW_TRY(dw_qstats_measure(be->ctx, ra, dy, N, M, true, &ds[1]));
     if (*dg) { /* dx [N,K] (+)= quant(dy) [N,M] . quant(W^T)^T, W^T [K,M] from the weight cache */
         dw_qtensor qdy, qwt = slot(x, &pn->wq[1], rw, K, M);
-        DW_TRY(quant(be, x, &l->q_rows, ra, dy, N, M, false, &qdy, c->node, DW_NVOP_DY, true));
+        DW_TRY(quant(be, x, &l->q_rows, ra, dy, N, M, false, &qdy, c->node, DW_NVOP_DY, true, true));
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = qop(&qdy, false), .b = qop(&qwt, true),
                           .alpha = 1.0f, .d = c->dx[0], .out_type = DW_GEMM_OUT_BF16};
         if (c->dx_acc[0]) a.beta = 1.0f, a.c = c->dx[0];
@@ -178,8 +200,8 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
         const float *xf = dw_cpu_in(be, c, c->in[0], N * K, CPU_S_IN0);
         if (!xf) return DW_ERR_NOMEM;
         dw_qtensor qdyt, qxt;
-        DW_TRY(quant(be, x, &l->q_dyt, ra, dy, N, M, true, &qdyt, c->node, DW_NVOP_DYT, true));
-        DW_TRY(quant(be, x, &l->q_xt, ra, xf, N, K, true, &qxt, c->node, DW_NVOP_XT, true));
+        DW_TRY(quant(be, x, &l->q_dyt, ra, dy, N, M, true, &qdyt, c->node, DW_NVOP_DYT, true, true));
+        DW_TRY(quant(be, x, &l->q_xt, ra, xf, N, K, true, &qxt, c->node, DW_NVOP_XT, true, true));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = qop(&qdyt, false), .b = qop(&qxt, true),
                           .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1], .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
         DW_TRY(dw_gemm(be->ctx, &a));

@@ -9,7 +9,10 @@
  * program's (dw_compile_linear_quantised), the same answer the CPU backend mirrors. nvfp4 operands
  * the NVFP4 training recipe touches (runtime/nvfp4_operand.h: 16x16 weight blocks, the wgrad's
  * Hadamard transform, stochastic rounding of dy) go through its quantiser (kernels/cuda/
- * ops_nvfp4.cu), one pass per operand (its SR bits keyed by the operand's own tensor scale). */
+ * ops_nvfp4.cu), one pass per operand (its SR bits keyed by the operand's own tensor scale).
+ * Each training quantisation's overflows and underflows go to the node's counters by one counting
+ * pass after it (precision/quant_counts.cu); a check step's backward reads dy back and measures it. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -25,6 +28,7 @@
 #include "runtime/cuda/cuda.h"
 #include "runtime/nvfp4_operand.h"
 #include "precision/amax_history.h"
+#include "precision/quant_counts.h"
 
 typedef dw_quant_dev_out qslot;
 
@@ -70,6 +74,36 @@ static bool recipe_applies(const dw_exec *x, int node, dw_recipe r, dw_nvfp4_ope
            dw_nvfp4_operand_opts(x->p, node, r, c, &o);
 }
 
+/* Adds the overflows and underflows of slot s, the quantisation of v [rows, cols] (or of v^T:
+ * trans), to node's counters of kind k (precision/quant_counts.h; nothing when not counting or
+ * an operand the NVFP4 recipe passes through the Hadamard transform, role). Stream-ordered. */
+static dw_status count(dw_backend *be, const dw_exec *x, int node, dw_qc_kind k, dw_nvfp4_operand role, dw_recipe r,
+                       dw_quant_in in, const void *v, int64_t rows, int64_t cols, bool trans, const qslot *s) {
+    uint64_t *cnt = dw_qcounts_slot(x->qcounts, node, k);
+    dw_nvfp4_qopts nv;
+    if (!cnt || (dw_nvfp4_operand_opts(x->p, node, r, role, &nv) && nv.rht)) return DW_OK;
+    return dw_qcounts_add_cuda(be->ctx, r, in == DW_QUANT_IN_BF16, v, rows, cols, trans, s->codes, s->scales,
+                               s->tensor_scale, cnt, DW_CUDA_STREAM(be));
+}
+
+/* A check step (guard.h): node's dy [N, M] (BF16, device) read back and measured as the dgrad's
+ * (dg) and the wgrad's (wg) operands with the reference quantiser. A host sync, on check steps
+ * only (the guard issues those steps unrecorded). */
+static dw_status measure_dy(dw_backend *be, const dw_op_call *c, dw_recipe ra, int64_t N, int64_t M, bool dg, bool wg) {
+    dw_qstats *ds = dw_qcounts_dy(c->x->qcounts, c->node);
+    if (!ds || (!dg && !wg)) return DW_OK;
+    uint16_t *h = malloc((size_t)(N * M) * sizeof *h);
+    float *f = malloc((size_t)(N * M) * sizeof *f);
+    dw_status st = h && f ? DW_OK : dw_set_error(be->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+    if (st == DW_OK) st = be->i->download(be, h, c->dout[0], (size_t)(N * M) * sizeof *h);
+    for (int64_t i = 0; st == DW_OK && i < N * M; i++) f[i] = dw_decode_bf16(h[i]);
+    if (st == DW_OK && dg) st = dw_qstats_measure(be->ctx, ra, f, N, M, false, &ds[0]);
+    if (st == DW_OK && wg) st = dw_qstats_measure(be->ctx, ra, f, N, M, true, &ds[1]);
+    free(h);
+    free(f);
+    return st;
+}
+
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
     dw_gemm_operand o = {.recipe = r, .trans = trans, .rows = rows, .cols = cols, .data = s->codes,
                          .scales = s->scales, .tensor_scale = 1.0f,
@@ -91,9 +125,12 @@ dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) 
     const dw_recipe rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
     if (recipe_applies(x, node, rw, DW_NVOP_W, DW_NVOP_WT, DW_NVOP_WT)) { /* 16x16 blocks: W and W^T alike */
         DW_TRY(quant_nv(be, x, node, DW_NVOP_W, DW_QUANT_IN_F32, w, M, K, &ws));
-        return quant_nv(be, x, node, DW_NVOP_WT, DW_QUANT_IN_F32, w, M, K, &wt);
+        DW_TRY(quant_nv(be, x, node, DW_NVOP_WT, DW_QUANT_IN_F32, w, M, K, &wt));
+    } else {
+        DW_TRY(quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt, node, DW_AMAX_W, true)); /* W^T [K,M] along M */
     }
-    return quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt, node, DW_AMAX_W, true); /* W^T [K,M] along M */
+    DW_TRY(count(be, x, node, DW_QC_W, DW_NVOP_W, rw, DW_QUANT_IN_F32, w, M, K, false, &ws));
+    return count(be, x, node, DW_QC_W, DW_NVOP_WT, rw, DW_QUANT_IN_F32, w, M, K, true, &wt);
 }
 
 dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
@@ -110,6 +147,8 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
         DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL, c->node, DW_AMAX_X, c->train));
         st->rows_tensor = xi, st->rows_recipe = (int)ra;
     }
+    if (c->train && !c->recompute) /* counted per layer, also where a sibling quantised it */
+        DW_TRY(count(be, x, c->node, DW_QC_X, DW_NVOP_X, ra, DW_QUANT_IN_BF16, c->in[0], N, K, false, &xs));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(ra, &xs, N, K, false),
                       .b = op(rw, &ws, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
@@ -148,6 +187,9 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
                      true)); /* along M; dy^T along N */
     }
     st->rows_tensor = -1;
+    if (*dg) DW_TRY(count(be, x, c->node, DW_QC_DY, DW_NVOP_DY, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, false, &rows));
+    if (*wg) DW_TRY(count(be, x, c->node, DW_QC_DY, DW_NVOP_DYT, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, true, &dyt));
+    DW_TRY(measure_dy(be, c, ra, N, M, *dg, *wg));
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
         qslot wt = slot(x, &pn->wq[1]);
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(ra, &rows, N, M, false),
@@ -166,6 +208,7 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
             DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt, c->node, DW_AMAX_X, true));
             st->rows_tensor = alone ? -1 : xi, st->xt_tensor = xi, st->rows_recipe = st->xt_recipe = (int)ra;
         }
+        DW_TRY(count(be, x, c->node, DW_QC_X, DW_NVOP_XT, ra, DW_QUANT_IN_BF16, c->in[0], N, K, true, &xt));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(ra, &dyt, M, N, false),
                           .b = op(ra, &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1],
                           .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};

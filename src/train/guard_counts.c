@@ -1,0 +1,120 @@
+/* guard_counts.c — the quantisers' per-step counters for the guard (guard.h): the counter block
+ * (precision/quant_counts.h) allocated in the engine's backend memory and attached to its
+ * executor, read back and zeroed once per optimizer step (one small copy after the step's
+ * loss read-back; no sync inside the step), its totals over layers and ranks for metrics.jsonl,
+ * and per layer summed until the guard writes them to quant_stats.jsonl:
+ *   {"step", "layer", "counts": "x"|"w"|"dy", "overflow", "underflow", "steps"}
+ * ("steps": the optimizer steps summed, the last one `step`). Also the dy statistics' host
+ * accumulators of a check step. Not the decisions (guard_quant.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/program.h"
+#include "core/error.h"
+#include "precision/quant_counts.h"
+#include "runtime/engine.h"
+#include "train/guard.h"
+
+static const char *const KIND[DW_QC_KINDS] = {"x", "w", "dy"};
+
+struct dw_qcounter {
+    dw_ctx *ctx;
+    dw_engine *e;
+    dw_qcounts c;
+    const int *nodes;  /* (c.n_layers) the counted nodes, in the guard's order */
+    uint64_t *read;    /* (n_layers, KINDS, WORDS) this step's read-back */
+    int64_t *sum;      /* (n_layers, KINDS, WORDS) summed since the last write (this rank, then all) */
+    int64_t steps;     /* steps summed */
+};
+
+static size_t words(const dw_qcounter *q) { return (size_t)q->c.n_layers * DW_QC_KINDS * DW_QC_WORDS; }
+
+dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, dw_qcounter **out) {
+    *out = NULL;
+    dw_qcounter *q = calloc(1, sizeof *q);
+    const int n_nodes = e->g->n_nodes;
+    if (!q || !(q->c.slot = malloc((size_t)n_nodes * sizeof *q->c.slot)) || !(q->c.dy = calloc((size_t)n * 2, sizeof *q->c.dy)) ||
+        !(q->read = calloc((size_t)n * DW_QC_KINDS * DW_QC_WORDS, sizeof *q->read)) ||
+        !(q->sum = calloc((size_t)n * DW_QC_KINDS * DW_QC_WORDS, sizeof *q->sum))) {
+        dw_qcounter_free(q);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "quant counters: out of memory");
+    }
+    q->ctx = ctx, q->e = e, q->nodes = nodes, q->c.n_layers = n;
+    for (int i = 0; i < n_nodes; i++) q->c.slot[i] = -1;
+    for (int i = 0; i < n; i++) q->c.slot[nodes[i]] = i;
+    void *mem = NULL;
+    dw_status st = e->be->i->alloc(e->be, (int64_t)(words(q) * sizeof(uint64_t)), &mem);
+    q->c.dev = mem;
+    if (st == DW_OK) st = e->be->i->zero(e->be, mem, words(q) * sizeof(uint64_t));
+    if (st != DW_OK) {
+        dw_qcounter_free(q);
+        return st;
+    }
+    e->x->qcounts = &q->c;
+    *out = q;
+    return DW_OK;
+}
+
+void dw_qcounter_free(dw_qcounter *q) {
+    if (!q) return;
+    if (q->e && q->e->x->qcounts == &q->c) q->e->x->qcounts = NULL;
+    if (q->c.dev) q->e->be->i->release(q->e->be, q->c.dev);
+    free(q->c.slot);
+    free(q->c.dy);
+    free(q->read);
+    free(q->sum);
+    free(q);
+}
+
+dw_qcounts *dw_qcounter_counts(dw_qcounter *q) { return q ? &q->c : NULL; }
+
+dw_status dw_qcounter_read(dw_qcounter *q, dw_comm *host, int64_t *overflow, int64_t *underflow) {
+    dw_backend *be = q->e->be;
+    DW_TRY(be->i->download(be, q->read, q->c.dev, words(q) * sizeof(uint64_t)));
+    DW_TRY(be->i->zero(be, q->c.dev, words(q) * sizeof(uint64_t)));
+    int64_t tot[DW_QC_WORDS] = {0};
+    for (size_t k = 0; k < words(q); k++) {
+        q->sum[k] += (int64_t)q->read[k];
+        tot[k % DW_QC_WORDS] += (int64_t)q->read[k];
+    }
+    q->steps++;
+    DW_TRY(dw_comm_all_reduce(q->ctx, host, tot, DW_QC_WORDS, DW_COMM_I64, DW_COMM_SUM));
+    *overflow = tot[DW_QC_OVER], *underflow = tot[DW_QC_UNDER];
+    return DW_OK;
+}
+
+dw_status dw_qcounter_write(dw_qcounter *q, dw_comm *host, FILE *f, int64_t step, const bool *skip) {
+    DW_TRY(dw_comm_all_reduce(q->ctx, host, q->sum, (int64_t)words(q), DW_COMM_I64, DW_COMM_SUM));
+    for (int i = 0; f && i < q->c.n_layers; i++) {
+        const int64_t *s = q->sum + (size_t)i * DW_QC_KINDS * DW_QC_WORDS;
+        bool any = false;
+        for (int k = 0; k < DW_QC_KINDS * DW_QC_WORDS; k++) any |= s[k] != 0;
+        if (skip && skip[i] && !any) continue;
+        for (int k = 0; k < DW_QC_KINDS; k++)
+            if (fprintf(f, "{\"step\": %lld, \"layer\": \"%s\", \"counts\": \"%s\", \"overflow\": %lld, \"underflow\": %lld, "
+                           "\"steps\": %lld}\n",
+                        (long long)step, q->e->g->nodes[q->nodes[i]].name, KIND[k],
+                        (long long)s[k * DW_QC_WORDS + DW_QC_OVER], (long long)s[k * DW_QC_WORDS + DW_QC_UNDER],
+                        (long long)q->steps) < 0)
+                return dw_set_error(q->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");
+    }
+    if (f && fflush(f) != 0) return dw_set_error(q->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");
+    dw_qcounter_reset(q);
+    return DW_OK;
+}
+
+void dw_qcounter_reset(dw_qcounter *q) {
+    memset(q->sum, 0, words(q) * sizeof *q->sum);
+    q->steps = 0;
+}
+
+dw_status dw_qcounter_discard(dw_qcounter *q) {
+    dw_qcounter_reset(q);
+    return q->e->be->i->zero(q->e->be, q->c.dev, words(q) * sizeof(uint64_t));
+}
+
+void dw_qcounter_arm_dy(dw_qcounter *q, bool on) {
+    q->c.measure_dy = on;
+    for (int i = 0; i < 2 * q->c.n_layers; i++) q->c.dy[i] = dw_qstats_zero();
+}
