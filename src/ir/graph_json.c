@@ -75,6 +75,8 @@ static json_t *attrs_json(const dw_ir_node *n) {
         json_object_set_new(a, "top_k", json_integer(n->attrs.top_k));
         json_object_set_new(a, "score", json_string(n->attrs.score == DW_ROUTER_SIGMOID ? "sigmoid" : "softmax"));
         json_object_set_new(a, "norm_topk", json_boolean(n->attrs.norm_topk));
+        if (n->attrs.n_group) json_object_set_new(a, "n_group", json_integer(n->attrs.n_group));
+        if (n->attrs.topk_group) json_object_set_new(a, "topk_group", json_integer(n->attrs.topk_group));
     }
     return a;
 }
@@ -267,7 +269,7 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
         const char *k;
         int64_t *dst;
     } ints[] = {{"heads", &a.heads}, {"kv_heads", &a.kv_heads}, {"head_dim", &a.head_dim}, {"top_k", &a.top_k}, {"experts", &a.experts},
-                 {"window", &a.window}};
+                 {"window", &a.window}, {"n_group", &a.n_group}, {"topk_group", &a.topk_group}};
     for (size_t k = 0; ja && k < sizeof ints / sizeof ints[0]; k++) {
         v = 0;
         DW_TRY(dw_json_get_int_opt(ctx, ja, ints[k].k, what, &v));

@@ -17,6 +17,7 @@
 
 #include "deepwell.h"
 #include "kernels/rope_freq.h"
+#include "kernels/router_desc.h"
 
 /* Op flags (ops.def's flags column). Per input slot s (s < DW_IR_MAX_INPUTS): READS_IN(s), the
  * backward reads input s's value (so it lives until then); ACC_IN(s), the backward can add into
@@ -98,16 +99,25 @@ typedef struct {
                                           itself included); 0: every key up to t */
     int32_t score;                     /* moe_router: dw_router_score */
     bool norm_topk;                    /* moe_router: the K weights renormalised to sum 1 */
+    int64_t n_group, topk_group;       /* moe_router: group-limited selection, the experts in n_group groups of
+                                          which a token keeps topk_group (kernels/router_desc.h); 0: none */
     double coef, zcoef;                /* moe_aux_loss: the load-balancing and z-loss coefficients */
     double softcap;                    /* attention: scores soft-capped to softcap tanh(s / softcap) before the
                                           softmax; softcap: the output's cap (Gemma 2); 0: none */
-    double scale;                      /* softcap: the factor applied to x first */
+    double scale;                      /* softcap: the factor applied to x first; moe_router: the routed
+                                          scaling factor applied to the weights last (0: 1) */
     double offset;                     /* rmsnorm: the weight applied as offset + w (Gemma's 1 + w); 0: w */
 } dw_ir_attrs;
 
 /* How a router scores experts (attrs.score). */
 typedef enum { DW_ROUTER_SOFTMAX = 0, DW_ROUTER_SIGMOID = 1 } dw_router_score;
 #define DW_ROUTER_MAX_EXPERTS 4096 /* beyond any released model (DeepSeek-V3: 256) */
+/* A router node's choice and weights as the kernels take them. */
+static inline dw_router_desc dw_ir_router_desc(const dw_ir_attrs *a) {
+    const dw_router_desc d = {.score = a->score, .renorm = a->norm_topk, .n_group = a->n_group,
+                              .topk_group = a->topk_group, .scale = a->scale};
+    return d;
+}
 
 /* moe_dispatch's rows per expert for N tokens of K assignments over E experts: ceil(factor N K / E)
  * as Megatron-Core's get_capacity rounds (at least 1), N K where that is no limit; factor <= 0:

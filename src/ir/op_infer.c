@@ -220,6 +220,15 @@ static dw_status infer_moe_router(dw_ctx *ctx, const dw_graph *g, const dw_ir_no
                                 (long long)E);
     if (a->score != DW_ROUTER_SOFTMAX && a->score != DW_ROUTER_SIGMOID)
         return dw_ir_node_error(ctx, n, "score %d is neither softmax (0) nor sigmoid (1)", (int)a->score);
+    const int64_t G = a->n_group > 1 ? a->n_group : 1, kept = a->topk_group > 0 && a->topk_group < G ? a->topk_group : G;
+    if (a->n_group < 0 || a->topk_group < 0 || G > DW_ROUTER_MAX_GROUPS || E % G || a->topk_group > G ||
+        a->top_k > kept * (E / G))
+        return dw_ir_node_error(ctx, n, "n_group %lld, topk_group %lld: need n_group in [1, %d] dividing the %lld "
+                                "experts, topk_group <= n_group and top_k %lld <= the experts of topk_group groups",
+                                (long long)a->n_group, (long long)a->topk_group, DW_ROUTER_MAX_GROUPS, (long long)E,
+                                (long long)a->top_k);
+    if (!(a->scale >= 0 && isfinite(a->scale)))
+        return dw_ir_node_error(ctx, n, "routed scaling factor %g must be finite and > 0 (0: 1)", a->scale);
     like(g, n, 0, &o[0]);
     o[0].shape[2] = a->top_k;
     o[1] = o[0];

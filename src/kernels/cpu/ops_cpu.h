@@ -13,6 +13,7 @@
 
 #include "kernels/adamw_args.h"
 #include "kernels/rope_freq.h"
+#include "kernels/router_desc.h"
 
 /* embedding: out[n,:] = wte[tok[n],:]                     wte (V,C), tok (N), out (N,C) */
 void dw_cpu_embedding_fwd(float *out, const int32_t *tok, const float *wte, int64_t N, int64_t C);
@@ -128,6 +129,13 @@ void dw_cpu_moe_router_fwd_biased(float *w, int32_t *idx, const float *z, const 
 /* dz (N,E) written from dw (N,K; NULL: zeros) through the experts idx the forward chose. */
 void dw_cpu_moe_router_bwd(float *dz, const float *dw, const float *z, const int32_t *idx, int64_t N, int64_t E,
                            int64_t K, int score, int renorm);
+/* Either, as router d describes it (kernels/router_desc.h: group-limited selection, the routed
+ * scaling factor), with the selection bias (E; NULL: none). The backward's dw is the scaled
+ * weights' gradient. */
+void dw_cpu_moe_router_fwd_desc(float *w, int32_t *idx, const float *z, const float *bias, int64_t N, int64_t E,
+                                int64_t K, const dw_router_desc *d);
+void dw_cpu_moe_router_bwd_desc(float *dz, const float *dw, const float *z, const int32_t *idx, int64_t N, int64_t E,
+                                int64_t K, const dw_router_desc *d);
 
 /* MoE dispatch: the N*K (token, k) assignments grouped by expert (a counting sort: groups in
  * expert order, each in (token, k) order). xs (N*K, C) gets x's row n for each assignment of n,

@@ -20,6 +20,7 @@
 
 #include "deepwell.h"
 #include "kernels/rope_freq.h"
+#include "kernels/router_desc.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -179,6 +180,15 @@ dw_status dw_cuda_moe_router_fwd_biased(dw_ctx *ctx, dw_act_dtype dt, void *w, i
 dw_status dw_cuda_moe_router_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *dw, const void *z,
                                  const int32_t *idx, int64_t N, int64_t E, int64_t K, int score, int renorm,
                                  void *stream);
+/* Either, as router d describes it (kernels/router_desc.h: group-limited selection among at most
+ * DW_ROUTER_MAX_GROUPS groups, the routed scaling factor); the backward's dw is the scaled
+ * weights' gradient. */
+dw_status dw_cuda_moe_router_fwd_desc(dw_ctx *ctx, dw_act_dtype dt, void *w, int32_t *idx, const void *z,
+                                      const float *bias, const int32_t *bias_on, int64_t N, int64_t E, int64_t K,
+                                      const dw_router_desc *d, void *stream);
+dw_status dw_cuda_moe_router_bwd_desc(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *dw, const void *z,
+                                      const int32_t *idx, int64_t N, int64_t E, int64_t K, const dw_router_desc *d,
+                                      void *stream);
 
 /* ---- MoE dispatch and combine (ops_moe_dispatch.cu; oracle: kernels/cpu/moe_cpu.c) ------------
  * dispatch: x (N,C), experts idx (N,K) int32 -> xs (min(N*K, E*cap),C) x's rows grouped by expert,

@@ -19,8 +19,9 @@ dw_status dw_cpu_op_moe_router_fwd(dw_backend *be, const dw_op_call *c) {
     if (!z || !w) return DW_ERR_NOMEM;
     const int64_t bo = dw_compile_moe_bias_of(c->x->p, c->node); /* the selection bias, when switched on */
     const bool biased = bo >= 0 && *(const int32_t *)(c->x->work + c->x->p->work.moe_bias);
-    dw_cpu_moe_router_fwd_biased(w, (int32_t *)c->out[1], z, biased ? (const float *)(c->x->work + bo) : NULL, N, E, K,
-                                 a->score, a->norm_topk);
+    const dw_router_desc d = dw_ir_router_desc(a);
+    dw_cpu_moe_router_fwd_desc(w, (int32_t *)c->out[1], z, biased ? (const float *)(c->x->work + bo) : NULL, N, E, K,
+                               &d);
     dw_cpu_put(c, c->out[0], w, N * K, false);
     return DW_OK;
 }
@@ -33,7 +34,8 @@ dw_status dw_cpu_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
     const float *dw = c->dout[0] ? dw_cpu_in(be, c, c->dout[0], N * K, CPU_S_DOUT) : NULL;
     float *dz = dw_cpu_scratch(be, CPU_S_DX0, N * E);
     if (!z || !dz || (c->dout[0] && !dw)) return DW_ERR_NOMEM;
-    dw_cpu_moe_router_bwd(dz, dw, z, (const int32_t *)c->out[1], N, E, K, a->score, a->norm_topk);
+    const dw_router_desc d = dw_ir_router_desc(a);
+    dw_cpu_moe_router_bwd_desc(dz, dw, z, (const int32_t *)c->out[1], N, E, K, &d);
     dw_cpu_deliver(c, 0, dz, N * E);
     return DW_OK;
 }

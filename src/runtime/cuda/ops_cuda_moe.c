@@ -21,19 +21,21 @@
 dw_status dw_cuda_op_moe_router_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
     const int64_t bo = dw_compile_moe_bias_of(c->x->p, c->node); /* the kernel reads the switch: no sync */
-    return dw_cuda_moe_router_fwd_biased(
+    const dw_router_desc d = dw_ir_router_desc(a);
+    return dw_cuda_moe_router_fwd_desc(
         be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1], c->in[0],
         bo >= 0 ? (const float *)(c->x->work + bo) : NULL,
         bo >= 0 ? (const int32_t *)(c->x->work + c->x->p->work.moe_bias) : NULL, c->rows,
-        dw_cuda_width(c, c->n->in[0]), a->top_k, a->score, a->norm_topk, DW_CUDA_STREAM(be));
+        dw_cuda_width(c, c->n->in[0]), a->top_k, &d, DW_CUDA_STREAM(be));
 }
 
 dw_status dw_cuda_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
     if (!c->dx[0]) return DW_OK;
     const dw_ir_attrs *a = &c->n->attrs;
-    return dw_cuda_moe_router_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dout[0], c->in[0],
-                                  (const int32_t *)c->out[1], c->rows, dw_cuda_width(c, c->n->in[0]), a->top_k,
-                                  a->score, a->norm_topk, DW_CUDA_STREAM(be));
+    const dw_router_desc d = dw_ir_router_desc(a);
+    return dw_cuda_moe_router_bwd_desc(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dout[0], c->in[0],
+                                       (const int32_t *)c->out[1], c->rows, dw_cuda_width(c, c->n->in[0]), a->top_k,
+                                       &d, DW_CUDA_STREAM(be));
 }
 
 /* ---- dispatch: x's rows grouped by expert, the offsets, each (token, k)'s row ------------------ */
