@@ -1,10 +1,12 @@
 /* memory.c — peak memory per GPU of a parallel configuration: weights (+ low-precision caches),
  * FP32 gradients, FP32 master + Adam moments by ZeRO stage and offload, activations by recompute
  * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales. A plan
- * Deepwell's engine runs as it is (one GPU, or data parallelism over several: the runtime
- * allocates the whole pools on every rank) takes the engine's compiled pools instead (engine.c). */
+ * Deepwell's engine runs as it is (one GPU, or data parallelism over several: every rank allocates
+ * the whole pools but, under ZeRO-1/2, its shard's moments only) takes the engine's compiled pools
+ * instead (engine.c, compile/shard.h). */
 #include <string.h>
 
+#include "compile/shard.h"
 #include "plan/layout.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -17,9 +19,13 @@ static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) 
     dw_engine_mem em;
     if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory(NULL, in, par->micro_batch, (int)par->recompute, &em) != DW_OK)
         return false;
+    int64_t rank_pools[DW_POOL_COUNT]; /* each rank's: ZeRO-1/2 hold their shard's moments (compile/shard.h) */
+    dw_shard_pool_bytes(em.pool, em.pool[DW_POOL_OPTIM] / 8, par->dp, par->zero, rank_pools);
+    em.total += rank_pools[DW_POOL_OPTIM] - em.pool[DW_POOL_OPTIM];
+    em.pool[DW_POOL_OPTIM] = rank_pools[DW_POOL_OPTIM];
     out->weights = (double)em.pool[0];     /* FP32 master + BF16 working copy */
     out->grads = (double)em.pool[1];       /* FP32 */
-    out->optimizer = (double)em.pool[2];   /* AdamW m, v (FP32) */
+    out->optimizer = (double)em.pool[2];   /* AdamW m, v (FP32): the rank's shard under ZeRO-1/2 */
     out->activations = (double)em.pool[3]; /* the static arena */
     out->workspace = (double)(em.pool[4] + em.cublaslt + em.attention + em.context);
     out->scales = 0;                       /* quantised operands live in the workspace slots */

@@ -9,8 +9,9 @@
  * Overlapped, a reduction is exposed where it outlasts the backward it runs under, and the last
  * bucket (the first parameters, final when the backward ends) always is; the all-gather after the
  * step always is. `--no-overlap` starts the same collectives after the backward: all exposed.
- * (Sharing the GPU with the backward's kernels may slow both; not modelled.) The engine's pools
- * are allocated whole on every rank, so memory is the one-GPU engine's (memory.c). */
+ * (Sharing the GPU with the backward's kernels may slow both; not modelled.) Memory is the one-GPU
+ * engine's pools but, under ZeRO-1/2, each rank's optimizer pool its shard's (memory.c by
+ * compile/shard.h, the rule train/dp.c allocates by). */
 #include <math.h>
 
 #include "plan/layout.h"

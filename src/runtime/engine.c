@@ -166,6 +166,10 @@ dw_status dw_engine_adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t 
 
 dw_status dw_engine_step(dw_engine *e, const dw_adamw_opts *opts, int64_t step, double *grad_norm) {
     if (grad_norm) *grad_norm = 0;
+    if (e->x->opt_hi - e->x->opt_lo != e->p->param_floats) /* ZeRO-1/2 (train/dp.c) */
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "adamw: the engine holds the optimizer state of floats "
+                            "[%lld, %lld) only (a ZeRO shard): its step is the data-parallel runtime's",
+                            (long long)e->x->opt_lo, (long long)e->x->opt_hi);
     dw_adamw_args a;
     DW_TRY(dw_engine_adamw_args(e, opts, step, &a));
     DW_TRY(dw_exec_optimizer(e->x, &a));

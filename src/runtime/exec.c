@@ -22,6 +22,7 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->quant_reuse = quant_reuse;
     for (int k = 0; k < DW_POOL_COUNT; k++) {
         void *mem = NULL;
+        x->pool_bytes[k] = p->pool_bytes[k];
         dw_status s = be->i->alloc(be, p->pool_bytes[k], &mem);
         if (s == DW_OK) s = be->i->zero(be, mem, (size_t)p->pool_bytes[k]); /* padding stays 0 through AdamW */
         x->pool[k] = mem;
@@ -37,6 +38,7 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->grad = (float *)x->pool[DW_POOL_GRADS];
     x->m = (float *)x->pool[DW_POOL_OPTIM];
     x->v = x->m + pf;
+    x->opt_lo = 0, x->opt_hi = pf;
     x->act = x->pool[DW_POOL_ACT];
     x->work = x->pool[DW_POOL_WORK];
     x->b = p->g->batch, x->t = p->g->seq;
@@ -71,6 +73,27 @@ void dw_exec_free(dw_exec *x) {
     for (int k = 0; k < DW_POOL_COUNT; k++)
         if (x->pool[k]) x->be->i->release(x->be, x->pool[k]);
     free(x);
+}
+
+dw_status dw_exec_shard_optimizer(dw_exec *x, int64_t lo, int64_t hi) {
+    dw_backend *be = x->be;
+    DW_ASSERT(0 <= lo && lo < hi && hi <= x->p->param_floats);
+    const int64_t n = hi - lo, bytes = 2 * n * (int64_t)sizeof(float);
+    void *mem = NULL;
+    dw_status s = be->i->alloc(be, bytes, &mem);
+    if (s == DW_OK) s = be->i->zero(be, mem, (size_t)bytes);
+    if (s != DW_OK) {
+        if (mem) be->i->release(be, mem);
+        return dw_prefix_error(be->ctx, s, "%s backend: the optimizer pool's shard (%lld bytes)", be->i->name,
+                               (long long)bytes);
+    }
+    drop(x, &x->rec_opt); /* it steps the whole pool's moments */
+    be->i->release(be, x->pool[DW_POOL_OPTIM]);
+    x->pool[DW_POOL_OPTIM] = mem;
+    x->pool_bytes[DW_POOL_OPTIM] = bytes;
+    x->m = (float *)mem, x->v = x->m + n;
+    x->opt_lo = lo, x->opt_hi = hi;
+    return DW_OK;
 }
 
 dw_status dw_exec_set_batch(dw_exec *x, const int32_t *tokens, const int32_t *targets, int64_t b, int64_t t) {

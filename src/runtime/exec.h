@@ -17,7 +17,12 @@ struct dw_exec {
     const dw_graph *g;
     dw_backend *be;
     char *pool[DW_POOL_COUNT];  /* backend memory, one block per pool */
-    float *w, *grad, *m, *v;    /* (param_floats) each: FP32 masters, gradients, AdamW moments */
+    int64_t pool_bytes[DW_POOL_COUNT]; /* as allocated: the program's, the optimizer's a shard's
+                                          after dw_exec_shard_optimizer */
+    float *w, *grad;            /* (param_floats) each: FP32 masters, gradients */
+    float *m, *v;               /* (opt_hi - opt_lo) each: AdamW moments of pool floats
+                                   [opt_lo, opt_hi), float i at m[i - opt_lo] (dw_exec_moments) */
+    int64_t opt_lo, opt_hi;     /* [0, param_floats), or a ZeRO rank's shard */
     uint16_t *wb;               /* (param_floats) BF16 working copies (BF16 mode), else NULL */
     char *act, *work;           /* the activation arena, the workspace */
     int64_t b, t;               /* the current batch */
@@ -48,6 +53,10 @@ struct dw_exec {
  * replay recorded steps where the backend can; quant_reuse: as dw_engine_opts. p must outlive it. */
 dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out);
 void dw_exec_free(dw_exec *x);
+/* ZeRO-1/2 (train/dp.c): the optimizer pool replaced by one holding only the moments of pool floats
+ * [lo, hi) (zeroed; the whole one released, the recorded optimizer dropped). The engine's own
+ * optimizer step then refuses to run (engine.c): the shard's step is data parallelism's. */
+dw_status dw_exec_shard_optimizer(dw_exec *x, int64_t lo, int64_t hi);
 
 /* Makes (b, t) current and copies tokens and targets (b x t int32; targets may be NULL) to the
  * workspace. The caller has checked shapes and token ranges. */
@@ -81,6 +90,15 @@ static inline int64_t dw_exec_rows(const dw_exec *x, int t) {
     const dw_prog_tensor *pt = &x->p->tensor[t];
     if (pt->moe_factor > 0) return dw_moe_routed_rows(pt->moe_factor, x->b * x->t, pt->moe_top_k, pt->moe_experts);
     return ten->ndim < 2 ? 1 : x->b * x->t * (ten->shape[1] / x->g->seq);
+}
+
+/* The part of pool floats [off, off + n) whose moments the optimizer pool holds (all of it unless
+ * sharded): moment k's (0: m, 1: v) pointer to its first float, *skip floats after off, *count
+ * floats (0, and NULL, when the shard holds none of them). */
+static inline float *dw_exec_moments(const dw_exec *x, int k, int64_t off, int64_t n, int64_t *skip, int64_t *count) {
+    const int64_t lo = off > x->opt_lo ? off : x->opt_lo, hi = off + n < x->opt_hi ? off + n : x->opt_hi;
+    *skip = lo - off, *count = hi > lo ? hi - lo : 0;
+    return *count ? (k ? x->v : x->m) + (lo - x->opt_lo) : NULL;
 }
 
 /* The parameter pools' pointers of parameter k (FP32 master, gradient, m, v). */

@@ -492,6 +492,9 @@ static char *suffixed(const char *name, const char *suffix) {
 
 dw_status dw_engine_save_optimizer(dw_engine *e, const char *path) {
     dw_ctx *ctx = e->ctx;
+    if (e->x->opt_hi - e->x->opt_lo != e->p->param_floats) /* ZeRO: train/ckpt_shard_io.c writes each rank's */
+        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the engine holds a ZeRO shard of the optimizer state "
+                            "(floats [%lld, %lld)), not all of it", path, (long long)e->x->opt_lo, (long long)e->x->opt_hi);
     int64_t *off;
     float *h = host_block(e, &off), *h2 = h ? malloc((size_t)(off[e->p->n_params] + 1) * sizeof(float)) : NULL;
     if (!h || !h2) {
@@ -559,7 +562,9 @@ dw_status dw_engine_load_optimizer(dw_engine *e, const char *path) {
     for (int i = 0; i < n && st == DW_OK; i++)
         for (int k = 0; k < 2 && st == DW_OK; k++) {
             st = find_checked(ctx, f, path, ptensor(e, i), k ? V_SUFFIX : M_SUFFIX, &t);
-            if (st == DW_OK) st = e->be->i->upload(e->be, (k ? e->x->v : e->x->m) + e->p->param_off[i], t->data, t->nbytes);
+            int64_t skip = 0, count = 0; /* a ZeRO shard holds part of the moments (runtime/exec.h) */
+            float *dst = st == DW_OK ? dw_exec_moments(e->x, k, e->p->param_off[i], pnumel(e, i), &skip, &count) : NULL;
+            if (dst) st = e->be->i->upload(e->be, dst, (const float *)t->data + skip, (size_t)count * sizeof(float));
         }
     if (st == DW_OK) st = e->be->i->sync(e->be); /* the file's pages are read before it is closed */
     dw_st_close(f);

@@ -20,7 +20,6 @@
 static const char *const SUFFIX[2] = {".exp_avg", ".exp_avg_sq"}; /* m, v: as optimizer.safetensors */
 
 static const dw_ir_tensor *ptensor(const dw_engine *e, int i) { return &e->g->tensors[e->p->param_tensor[i]]; }
-static float *moment(const dw_engine *e, int k) { return k ? e->x->v : e->x->m; }
 
 static char *suffixed(const char *name, int k) {
     size_t n = strlen(name) + strlen(SUFFIX[k]) + 1;
@@ -49,7 +48,10 @@ dw_status dw_ckpt_shard_write(dw_engine *e, const char *dir, int rank, int world
         const int64_t at = e->p->param_off[i] + pc.begin, count = pc.end - pc.begin, shape[1] = {count};
         for (int k = 0; k < 2 && st == DW_OK; k++) {
             float *dst = h + k * (hi - lo) + (at - lo);
-            st = e->be->i->download(e->be, dst, moment(e, k) + at, (size_t)count * sizeof *dst);
+            int64_t skip = 0, held = 0; /* the engine holds [lo, hi)'s moments (ZeRO: just those) */
+            const float *src = dw_exec_moments(e->x, k, at, count, &skip, &held);
+            DW_ASSERT(skip == 0 && held == count);
+            st = e->be->i->download(e->be, dst, src, (size_t)count * sizeof *dst);
             if (st == DW_OK && !(names[2 * i + k] = suffixed(ptensor(e, i)->name, k)))
                 st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
             if (st == DW_OK)
@@ -240,9 +242,11 @@ dw_status dw_ckpt_shards_load(dw_engine *e, const char *cdir) {
             st = dw_set_error(ctx, DW_ERR_FORMAT, "%s: %d tensors, but %s places %d there", dw_st_path(s.files[r]),
                               dw_st_count(s.files[r]), index, s.used[r]);
     for (int q = 0; st == DW_OK && q < 2 * n; q++) {
-        float *dst = moment(e, q % 2) + e->p->param_off[q / 2];
-        dw_ckpt_copy *cp = copies; /* the whole tensor, from whichever shards hold its ranges */
-        const int nc = dw_ckpt_copies(pc + (size_t)q * expect, np[q], 0, dw_ir_numel(ptensor(e, q / 2)), cp);
+        int64_t skip = 0, count = 0; /* the tensor's elements whose moments the engine holds (ZeRO: its shard) */
+        float *dst = dw_exec_moments(e->x, q % 2, e->p->param_off[q / 2], dw_ir_numel(ptensor(e, q / 2)), &skip, &count);
+        if (!count) continue;
+        dw_ckpt_copy *cp = copies; /* from whichever shards hold those elements */
+        const int nc = dw_ckpt_copies(pc + (size_t)q * expect, np[q], skip, skip + count, cp);
         for (int k = 0; st == DW_OK && k < nc; k++)
             st = e->be->i->upload(e->be, dst + cp[k].dst, (const float *)src[(size_t)q * expect + cp[k].piece]->data + cp[k].src,
                                   (size_t)cp[k].count * sizeof(float));

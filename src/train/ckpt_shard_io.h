@@ -20,7 +20,8 @@ dw_status dw_ckpt_shard_write(dw_engine *e, const char *dir, int rank, int world
 dw_status dw_ckpt_index_write(dw_engine *e, const char *dir, int world, int zero, const int64_t *ranges);
 
 /* The moments of checkpoint directory cdir (opened by dw_ckpt_open, which checked that state.json
- * lists the index's `world` shards and their sizes and CRC-32s). The index is checked against the model (every parameter's two moments, their shapes, pieces that tile each
+ * lists the index's `world` shards and their sizes and CRC-32s), those the engine holds: all, or
+ * under ZeRO-1/2 its shard's range (runtime/exec.h dw_exec_moments). The index is checked against the model (every parameter's two moments, their shapes, pieces that tile each
  * exactly once) and every piece against its shard (present, F32, the recorded size) before
  * anything is uploaded; errors name the file and the tensor. */
 dw_status dw_ckpt_shards_load(dw_engine *e, const char *cdir);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "compile/program.h"
+#include "compile/shard.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/adamw_args.h"
@@ -19,7 +20,20 @@
 #include "kernels/cuda/adamw_cuda.h"
 #endif
 
-enum { DP_ALIGN = 64 }; /* shard blocks of 256 bytes */
+/* ZeRO-1/2: the engine keeps the moments of this rank's shard only (compile/shard.h: the pools'
+ * bytes the planner reports, asserted here against what the executor allocated). */
+static dw_status shard_memory(dw_dp *d) {
+    dw_exec *x = d->eng->x;
+    const dw_compiled *p = d->eng->p;
+    DW_TRY(dw_exec_shard_optimizer(x, d->lo, d->hi));
+    int64_t planned[DW_POOL_COUNT];
+    dw_shard_pool_bytes(p->pool_bytes, p->param_floats, d->world, d->zero, planned);
+    DW_ASSERT(x->pool_bytes[DW_POOL_OPTIM] <= planned[DW_POOL_OPTIM]); /* the largest shard's */
+    DW_LOGI("ZeRO-%d: optimizer state of floats [%lld, %lld): %lld bytes on this rank (%lld planned per rank, %lld "
+            "whole)", d->zero, (long long)d->lo, (long long)d->hi, (long long)x->pool_bytes[DW_POOL_OPTIM],
+            (long long)planned[DW_POOL_OPTIM], (long long)p->pool_bytes[DW_POOL_OPTIM]);
+    return DW_OK;
+}
 
 dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     memset(d, 0, sizeof *d);
@@ -37,11 +51,11 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     d->world = d->comm->world;
     d->zero = zero;
     d->floats = e->p->param_floats;
-    d->block = d->floats / ((int64_t)d->world * DP_ALIGN) * DP_ALIGN;
-    d->lo = (int64_t)d->rank * d->block;
-    d->hi = d->rank == d->world - 1 ? d->floats : d->lo + d->block;
+    dw_shard_range(d->floats, d->world, d->rank, &d->lo, &d->hi); /* compile/shard.h */
+    d->block = d->floats / ((int64_t)d->world * DW_SHARD_ALIGN) * DW_SHARD_ALIGN;
     d->overlap = overlap;
     if (d->world == 1) return DW_OK;
+    if (zero > 0) DW_TRY(shard_memory(d));
     int64_t size = 0;
     DW_TRY(dw_dp_bucket_floats(e->ctx, &size));
     DW_TRY(dw_dp_buckets_plan(e->ctx, e->p, size, &d->buckets));

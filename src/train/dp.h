@@ -11,15 +11,16 @@
  *   ZeRO-0: each bucket all-reduced (averaged), then the engine's own AdamW step.
  *   ZeRO-1: each bucket's part in rank r's shard reduced (averaged) to rank r; each rank runs
  *           AdamW on its shard of the flat parameter pools (global gradient norm from the shards'
- *           sums of squares); the updated weights all-gathered. The moments are current only in
- *           the rank's shard: each rank writes its own range into the checkpoint (ckpt_shard_io.c),
+ *           sums of squares); the updated weights all-gathered. The moments exist only for the
+ *           rank's shard: each rank writes its own range into the checkpoint (ckpt_shard_io.c),
  *           which resumes on any number of ranks and any stage.
  *   ZeRO-2: as ZeRO-1, but the buckets are reduced after every micro-batch (each rank's loss
  *           gradient scaled by 1/ranks, the shards summed) and everything outside the rank's
  *           shard is cleared, so only the shard accumulates over the micro-batches.
- * The engine's pools are not yet shard-sized (the compile's memory plan allocates them whole):
- * ZeRO-1 here is the algorithm and its communication, not yet its memory saving. Not the
- * communicator (comm/). */
+ * Memory (ZeRO-1/2): the engine's optimizer pool holds the moments of the rank's shard alone
+ * (runtime/exec.h dw_exec_shard_optimizer, sized by compile/shard.h as the planner reports it);
+ * the FP32 masters stay whole (the forward reads them) and so do the gradients (the backward's
+ * buffer, written in place on every micro-batch). Not the communicator (comm/). */
 #ifndef DW_TRAIN_DP_H
 #define DW_TRAIN_DP_H
 
@@ -41,8 +42,10 @@ dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
 
 /* The job's communicator for the engine's device, the buckets and their shards; overlap: the
  * reductions start from backward (several ranks: the executor's after_step hook is attached and
- * its recording turned off, as the collectives run between its steps). zero 3: DW_ERR_UNSUPPORTED
- * naming the stage. One rank: everything below is the single-process path. */
+ * its recording turned off, as the collectives run between its steps); ZeRO-1/2 on several ranks:
+ * the engine's optimizer pool replaced by the shard's (zeroed: call it before moments are loaded;
+ * the engine's own step is then refused). zero 3: DW_ERR_UNSUPPORTED naming the stage. One rank:
+ * everything below is the single-process path. */
 dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap);
 /* Detaches the hook and frees the buckets (the communicator is the job's). */
 void dw_dp_free(dw_dp *d);
