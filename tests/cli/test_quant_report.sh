@@ -3,8 +3,9 @@
 # with --quant-check-every 1: a tiny Llama in fp8_block except one layer in nvfp4 whose policy
 # threshold (max_rel_error 0.01) it is always over, so it falls back to BF16 at step 2 and no
 # other layer does. The --json report is checked against quant_stats.jsonl and
-# precision_decisions.jsonl read independently in Python: every layer and tensor, its number of
-# checks, first, last and largest bulk error with their steps, overflow/underflow sums, the
+# precision_decisions.jsonl read independently in Python: every layer and tensor (x, x^T, w, w^T,
+# dy, dy^T), its number of checks, first, last and largest bulk error with their steps,
+# overflow/underflow sums, the quantisers' counters per layer (x, w, dy; the steps covered), the
 # largest bulk error per checkpoint interval (--ckpt-every 3), the fallback and the recipe now
 # (bf16, from the latest checkpoint). The table names the same. Refusals: a directory without
 # quant_stats.jsonl (exit 3, naming it), --recipes with a run (exit 2).
@@ -30,11 +31,15 @@ check "quant-report RUN --json" 0 $?
 import json, sys
 run, rep, fell = sys.argv[1:4]
 r = json.load(open(rep))
-stats = [json.loads(l) for l in open(run + "/quant_stats.jsonl")]
+lines = [json.loads(l) for l in open(run + "/quant_stats.jsonl")]
+stats = [s for s in lines if "tensor" in s]  # the checks' measurements
+counts = [s for s in lines if "counts" in s]  # the quantisers' counters, per layer since the last check
+need_lines = len(stats) + len(counts) == len(lines)
 dec = [json.loads(l) for l in open(run + "/precision_decisions.jsonl")]
 errs = []
 def need(c, msg):
     if not c: errs.append(msg)
+need(need_lines, "lines neither measurements nor counts")
 need(r["checks"] == len(stats), "checks %s vs %d lines" % (r["checks"], len(stats)))
 need(r["first_step"] == 1 and r["last_step"] == 8 and r["ckpt_every"] == 3, "steps/interval %s" % r)
 need(r["checkpoint"].endswith("ckpt-8"), "checkpoint %s" % r["checkpoint"])
@@ -60,6 +65,15 @@ for l in r["layers"]:
                 "overflow": sum(s["overflow"] for s in ss), "underflow": sum(s["underflow"] for s in ss)}
         for k, v in want.items():
             need(t[k] == v, "%s %s %s: %s vs %s" % (l["layer"], t["tensor"], k, t[k], v))
+    cs = [c for c in counts if c["layer"] == l["layer"]]
+    if cs:
+        want = {"steps": sum(c["steps"] for c in cs if c["counts"] == "x")}
+        for kind in ("x", "w", "dy"):
+            want[kind] = {"overflow": sum(c["overflow"] for c in cs if c["counts"] == kind),
+                          "underflow": sum(c["underflow"] for c in cs if c["counts"] == kind)}
+        need(l["counts"] == want, "%s counts %s vs %s" % (l["layer"], l["counts"], want))
+    else:
+        need(l["counts"] is None, "%s counts %s, no lines" % (l["layer"], l["counts"]))
     for k, iv in enumerate(l["intervals"]):
         lo, hi = 3 * k + 1, min(3 * k + 3, 8)
         vals = [s["bulk_error"] for s in mine if lo <= s["step"] <= hi]
@@ -72,20 +86,25 @@ for l in r["layers"]:
         need(len(fb) == 1 and fb[0]["step"] == 2 and l["now"] == "bf16" and l["recipe"] == "nvfp4",
              "the nvfp4 layer: %s" % {k: l[k] for k in ("recipe", "now", "fallbacks")})
         need(all(t["checks"] == 2 for t in l["tensors"]), "the nvfp4 layer measured after its fallback")
+        need(l["counts"]["steps"] == 2, "the nvfp4 layer counted after its fallback: %s" % l["counts"])
     else:
         need(not fb and l["now"] == "fp8_block" and l["recipe"] == "x fp8_block, w fp8_block2d",
              "%s: %s %s" % (l["layer"], l["recipe"], l["now"]))
         need(all(t["checks"] == 8 for t in l["tensors"]), "%s: checks" % l["layer"])
+        need(l["counts"]["steps"] == 8, "%s: counted steps %s" % (l["layer"], l["counts"]))
+    need(sorted(t["tensor"] for t in l["tensors"]) == ["dy", "dy^T", "w", "w^T", "x", "x^T"], "%s: %s" % (l["layer"], l["tensors"]))
 print("\n".join(errs) if errs else "OK %d layers" % len(r["layers"]))
 sys.exit(1 if errs else 0)
 PY
-check "the JSON report equals the files read in Python ($(tail -1 "$tmp/py.out"))" 0 $?
+rc=$?
+check "the JSON report equals the files read in Python ($(tail -1 "$tmp/py.out"))" 0 $rc
 [ "$(tail -1 "$tmp/py.out")" = "OK 8 layers" ] || cat "$tmp/py.out"
 
 "$bin" quant-report "$tmp/run" >"$tmp/report.txt" 2>&1
 check "quant-report RUN" 0 $?
 has "  ... the table" "$tmp/report.txt" "1 fallback(s)" "$layer" "step 2: " "relative quantisation error (bulk) over 0.01" \
-  "largest bulk error per checkpoint interval (every 3 steps" "1-3" "7-8"
+  "largest bulk error per checkpoint interval (every 3 steps" "1-3" "7-8" \
+  "overflow / underflow counted by the quantisers at every training step"
 grep -q "^$layer .* nvfp4 .* bf16 " "$tmp/report.txt" && ok "  ... recipe and now" || bad "$(grep "^$layer" "$tmp/report.txt")"
 
 mkdir -p "$tmp/empty"

@@ -113,6 +113,33 @@ void dw_test_train_fixture_close(dw_ctx *ctx, char *dir, char *model) {
     free(model);
 }
 
+dw_model *dw_test_open_model(dw_ctx *ctx, const char *model, uint64_t seed, const dw_policy *pol, int64_t batch,
+                             int64_t seq) {
+    dw_model_opts mo;
+    dw_model_opts_init(&mo, sizeof mo);
+    mo.batch = batch;
+    mo.seq = seq;
+    mo.weights = DW_WEIGHTS_RANDOM;
+    mo.seed = seed;
+    mo.policy = pol;
+    dw_model *m = NULL;
+    if (dw_model_open(ctx, model, &mo, &m) != DW_OK) fprintf(stderr, "dw_model_open %s: %s\n", model, dw_errmsg(ctx));
+    return m;
+}
+
+int dw_test_param_index(dw_engine *e, const char *name) {
+    for (int i = 0; i < dw_engine_param_count(e); i++)
+        if (!strcmp(dw_engine_param_name(e, i), name)) return i;
+    return -1;
+}
+
+dw_recipe dw_test_node_recipe(dw_engine *e, const char *name) {
+    const dw_compiled *p = dw_engine_program(e);
+    for (int i = 0; i < p->g->n_nodes; i++)
+        if (!strcmp(p->g->nodes[i].name, name)) return p->node[i].bind.recipe;
+    return DW_RECIPE_COUNT;
+}
+
 dw_ctx *dw_test_ctx;
 dw_test_rng dw_test_group_rng;
 

@@ -36,6 +36,16 @@ char *dw_test_model_dir(const char *dir, const char *config_json);
 int dw_test_train_fixture(dw_ctx **ctx, char **dir, char **model, int layers, int hidden, int ff);
 void dw_test_train_fixture_close(dw_ctx *ctx, char *dir, char *model);
 
+/* A dw_model of `model` (a directory or preset) with random weights from `seed`, batch x seq, under
+ * policy pol (NULL: the default); NULL with the message printed on failure. */
+dw_model *dw_test_open_model(dw_ctx *ctx, const char *model, uint64_t seed, const dw_policy *pol, int64_t batch,
+                             int64_t seq);
+/* The index of e's parameter `name`, or -1. */
+int dw_test_param_index(dw_engine *e, const char *name);
+/* The recipe e's program binds node `name` to now (bf16 after a guard's fallback), or
+ * DW_RECIPE_COUNT when there is no such node. */
+dw_recipe dw_test_node_recipe(dw_engine *e, const char *name);
+
 /* A cmocka group fixture shared by the tests that need a CPU context and a seeded generator:
  * cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown). */
 struct dw_ctx;

@@ -1,0 +1,139 @@
+/* test_quant_counts_cuda.c — the quantisers' counters on the GPU (precision/quant_counts.cu)
+ * against the CPU's (precision/quant_counts.c), exactly: fresh random tensors with planted
+ * values (1e-12 of the spread: flushed; block maxima of mantissa 1.9: saturated under FLOOR MX
+ * scales; exact zeros), ragged shapes, FP32 and BF16 inputs, row-wise and transposed, every
+ * recipe. (1) The CPU reference's codes and scales uploaded and counted by the kernel: the same
+ * counts as dw_qcounts_add_cpu on them. (2) On a GPU (not the host emulator, which has no PTX
+ * conversions), the operand quantised by dw_quantize_cuda and counted there: the same counts as
+ * the CPU reference's quantisation counted on the CPU. Counters start at random values (the
+ * kernel adds) and guard words after them stay untouched. Label gpu. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/formats.h"
+#include "kernels/cuda/quant.h"
+#include "precision/quant_counts.h"
+#include "testutil.h"
+
+static void ok(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) fail_msg("%s: %s", what, cudaGetErrorString(e));
+}
+
+static void *up(const void *h, size_t n) {
+    void *d = NULL;
+    ok(cudaMalloc(&d, n ? n : 1), "cudaMalloc");
+    if (n) ok(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy");
+    return d;
+}
+
+/* x [rows, cols]: spread x normal, with planted tiny values, zeros and (1.9 x 2^k) maxima. */
+static void planted(dw_test_rng *rng, float *x, int64_t n) {
+    const float spread = ldexpf(1.0f, (int)dw_test_rnd(-20, 20));
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pick = dw_test_rnd(0, 40);
+        x[i] = pick == 0 ? 0.0f : pick == 1 ? 1e-12f * spread : pick == 2 ? -15.2f * spread : spread * dw_test_normal(rng);
+    }
+}
+
+/* The kernel's counts of (codes, scales, s_t) against x (device), on counters starting at `base`. */
+static void gpu_count(dw_ctx *g, dw_recipe r, bool bf16, const void *dx, int64_t rows, int64_t cols, bool trans,
+                      const void *dcodes, const void *dscales, const float *dts, const uint64_t base[2], uint64_t out[2]) {
+    uint64_t h[4] = {base[0], base[1], 0xA5A5A5A5A5A5A5A5ull, 0xA5A5A5A5A5A5A5A5ull};
+    uint64_t *dc = up(h, sizeof h);
+    if (dw_qcounts_add_cuda(g, r, bf16, dx, rows, cols, trans, dcodes, dscales, dts, dc, NULL) != DW_OK)
+        fail_msg("%s", dw_errmsg(g));
+    ok(cudaMemcpy(h, dc, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (h[2] != 0xA5A5A5A5A5A5A5A5ull || h[3] != 0xA5A5A5A5A5A5A5A5ull) fail_msg("counters: write past the pair");
+    out[0] = h[0] - base[0], out[1] = h[1] - base[1];
+    cudaFree(dc);
+}
+
+static void test_against_cpu(void **state) {
+    (void)state;
+    dw_ctx *cpu = dw_test_ctx, *gpu = dw_test_ctx; /* (the CUDA calls use a context for their errors only) */
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed());
+#ifdef DW_CUDA_EMU
+    const bool real_gpu = false;
+#else
+    const bool real_gpu = true;
+#endif
+    for (int r = 0; r < DW_RECIPE_COUNT; r++) {
+        if (r == DW_RECIPE_BF16) continue;
+        for (int variant = 0; variant < 8; variant++) {
+            const bool trans = variant & 1, bf16 = variant & 2, alt = variant & 4;
+            const int64_t rows = dw_test_rnd(1, 200), cols = dw_test_rnd(1, 200), n = rows * cols;
+            float *x = malloc((size_t)n * sizeof *x);
+            uint16_t *xb = malloc((size_t)n * sizeof *xb);
+            planted(&rng, x, n);
+            for (int64_t i = 0; i < n; i++) xb[i] = dw_encode_bf16(x[i]), x[i] = bf16 ? dw_decode_bf16(xb[i]) : x[i];
+            const dw_quant_opts o = {.recipe = (dw_recipe)r, .rounding = alt ? DW_SCALE_FLOOR : DW_SCALE_RCEIL, .pow2 = alt};
+            const int64_t R = trans ? cols : rows, C = trans ? rows : cols;
+            const size_t cb = dw_quant_codes_bytes((dw_recipe)r, R, C), sb = dw_quant_scales_bytes((dw_recipe)r, R, C);
+            dw_qtensor q = {.recipe = (dw_recipe)r, .rows = R, .cols = C, .codes = malloc(cb + 1), .scales = malloc(sb + 4)};
+            float *y = malloc((size_t)n * sizeof *y);
+            assert_int_equal(trans ? dw_quantize_transposed_cpu(cpu, &o, x, rows, cols, &q)
+                                   : dw_quantize_cpu(cpu, &o, x, rows, cols, &q),
+                             DW_OK);
+            uint64_t want[2] = {0}, got[2];
+            dw_qcounts_add_cpu(&q, x, trans, y, want);
+            const uint64_t base[2] = {dw_test_next(&rng) >> 8, dw_test_next(&rng) >> 8};
+            void *dx = up(bf16 ? (void *)xb : (void *)x, (size_t)n * (bf16 ? 2 : 4));
+            void *dcodes = up(q.codes, cb), *dscales = up(q.scales, sb);
+            float *dts = up(&q.tensor_scale, sizeof(float));
+            gpu_count(gpu, (dw_recipe)r, bf16, dx, rows, cols, trans, dcodes, dscales, dts, base, got);
+            if (got[0] != want[0] || got[1] != want[1])
+                fail_msg("%s%s%s%s [%lld, %lld], CPU codes: GPU counted %llu / %llu, CPU %llu / %llu",
+                         dw_recipe_name((dw_recipe)r), trans ? " transposed" : "", bf16 ? " bf16" : "", alt ? " floor/pow2" : "",
+                         (long long)rows, (long long)cols, (unsigned long long)got[0], (unsigned long long)got[1],
+                         (unsigned long long)want[0], (unsigned long long)want[1]);
+            if (real_gpu) { /* the GPU's own quantisation, counted there */
+                uint8_t *gc = NULL;
+                void *gs = NULL;
+                float *gts = NULL;
+                ok(cudaMalloc((void **)&gc, cb + 1), "cudaMalloc");
+                ok(cudaMalloc(&gs, sb + 4), "cudaMalloc");
+                ok(cudaMalloc((void **)&gts, 4), "cudaMalloc");
+                void *ws = NULL;
+                const size_t wb = dw_quantize_cuda_workspace_bytes((dw_recipe)r, rows, cols);
+                if (wb) ok(cudaMalloc(&ws, wb), "cudaMalloc");
+                dw_quant_dev_out d = {.codes = gc, .scales = gs, .tensor_scale = gts}, full = d;
+                uint8_t *rc = NULL; /* the row-wise copy a transposed call may need */
+                void *rs = NULL;
+                float *rts = NULL;
+                if (trans) {
+                    ok(cudaMalloc((void **)&rc, dw_quant_codes_bytes((dw_recipe)r, rows, cols) + 1), "cudaMalloc");
+                    ok(cudaMalloc(&rs, dw_quant_scales_bytes((dw_recipe)r, rows, cols) + 4), "cudaMalloc");
+                    ok(cudaMalloc((void **)&rts, 4), "cudaMalloc");
+                    full = (dw_quant_dev_out){.codes = rc, .scales = rs, .tensor_scale = rts};
+                }
+                if (dw_quantize_cuda(gpu, &o, bf16 ? DW_QUANT_IN_BF16 : DW_QUANT_IN_F32, dx, rows, cols, trans ? &full : &d,
+                                     trans ? &d : NULL, ws, NULL) != DW_OK)
+                    fail_msg("%s", dw_errmsg(gpu));
+                gpu_count(gpu, (dw_recipe)r, bf16, dx, rows, cols, trans, gc, gs, gts, base, got);
+                if (got[0] != want[0] || got[1] != want[1])
+                    fail_msg("%s%s%s [%lld, %lld], GPU quantiser: counted %llu / %llu, CPU %llu / %llu",
+                             dw_recipe_name((dw_recipe)r), trans ? " transposed" : "", bf16 ? " bf16" : "", (long long)rows,
+                             (long long)cols, (unsigned long long)got[0], (unsigned long long)got[1],
+                             (unsigned long long)want[0], (unsigned long long)want[1]);
+                cudaFree(gc), cudaFree(gs), cudaFree(gts), cudaFree(ws), cudaFree(rc), cudaFree(rs), cudaFree(rts);
+            }
+            cudaFree(dx), cudaFree(dcodes), cudaFree(dscales), cudaFree(dts);
+            free(x), free(xb), free(y), free(q.codes), free(q.scales);
+        }
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_cpu),
+    };
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
+}
