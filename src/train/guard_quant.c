@@ -217,6 +217,7 @@ dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, co
         st = dw_jsonl_open(ctx, dir, "precision_decisions.jsonl", resumed_step, &g->decisions);
     if (st == DW_OK && g->n && resumed_step > 0) st = replay(g, dir, resumed_step);
     if (st == DW_OK && g->n) st = dw_qcounter_open(ctx, e, g->nodes, g->n, &g->qc);
+    if (st == DW_OK && g->n) drop_recordings(e->x); /* steps recorded before the counters count nothing */
     if (st == DW_OK && g->n) arm(g, dw_qguard_due(g, resumed_step + 1));
     if (st != DW_OK || !g->n) {
         dw_qguard_free(g);

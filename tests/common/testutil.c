@@ -10,6 +10,7 @@
 #include "capture/capture.h"
 #include "core/error.h"
 #include "compile/program.h"
+#include "core/json.h"
 #include "ir/ir.h"
 #include "deepwell.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -138,6 +139,83 @@ dw_recipe dw_test_node_recipe(dw_engine *e, const char *name) {
     for (int i = 0; i < p->g->n_nodes; i++)
         if (!strcmp(p->g->nodes[i].name, name)) return p->node[i].bind.recipe;
     return DW_RECIPE_COUNT;
+}
+
+void *dw_test_json_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return fprintf(stderr, "cannot open %s\n", path), NULL;
+    json_t *a = json_array();
+    char buf[8192];
+    while (a && fgets(buf, sizeof buf, f)) {
+        json_error_t err;
+        json_t *j = json_loads(buf, 0, &err);
+        if (!j) fprintf(stderr, "%s: %s in %s", path, err.text, buf), json_decref(a), a = NULL;
+        else json_array_append_new(a, j);
+    }
+    fclose(f);
+    return a;
+}
+
+static const char *jstr(const json_t *j, const char *k) {
+    const char *s = json_string_value(json_object_get(j, k));
+    return s ? s : "";
+}
+static long long jint(const json_t *j, const char *k) { return (long long)json_integer_value(json_object_get(j, k)); }
+
+/* Adds the counted kind's pairs at step to tot[2]; -1 when one differs from the sum of its layer's
+ * measured tensors t1 and t2. */
+static int counted_vs_measured(const json_t *qs, int64_t step, const char *kind, const char *t1, const char *t2,
+                               long long tot[2], int *layers) {
+    *layers = 0;
+    for (size_t i = 0; i < json_array_size(qs); i++) {
+        const json_t *c = json_array_get(qs, i);
+        if (jint(c, "step") != step || strcmp(jstr(c, "counts"), kind)) continue;
+        long long so = 0, su = 0;
+        for (size_t k = 0; k < json_array_size(qs); k++) {
+            const json_t *m = json_array_get(qs, k);
+            if (jint(m, "step") != step || strcmp(jstr(m, "layer"), jstr(c, "layer"))) continue;
+            if (!strcmp(jstr(m, "tensor"), t1) || !strcmp(jstr(m, "tensor"), t2))
+                so += jint(m, "overflow"), su += jint(m, "underflow");
+        }
+        if (jint(c, "overflow") != so || jint(c, "underflow") != su) {
+            fprintf(stderr, "step %lld %s %s: counted %lld / %lld, measured %lld / %lld\n", (long long)step,
+                    jstr(c, "layer"), kind, jint(c, "overflow"), jint(c, "underflow"), so, su);
+            return -1;
+        }
+        tot[0] += so, tot[1] += su;
+        ++*layers;
+    }
+    return 0;
+}
+
+int dw_test_quant_counts_check(const char *run_dir, int64_t step, int *layers, long long *w_under) {
+    char *qp = dw_test_path(run_dir, "quant_stats.jsonl"), *mp = dw_test_path(run_dir, "metrics.jsonl");
+    json_t *qs = dw_test_json_lines(qp), *met = dw_test_json_lines(mp);
+    long long w[2] = {0}, dy[2] = {0}, x[2] = {0};
+    int rc = qs && met ? 0 : -1, nw = 0, ndy = 0;
+    if (rc == 0) rc = counted_vs_measured(qs, step, "w", "w", "w^T", w, &nw);
+    if (rc == 0) rc = counted_vs_measured(qs, step, "dy", "dy", "dy^T", dy, &ndy);
+    for (size_t i = 0; rc == 0 && i < json_array_size(qs); i++) { /* x: the step's forward, not the check's */
+        const json_t *c = json_array_get(qs, i);
+        if (jint(c, "step") == step && !strcmp(jstr(c, "counts"), "x")) x[0] += jint(c, "overflow"), x[1] += jint(c, "underflow");
+    }
+    const json_t *ml = NULL;
+    for (size_t i = 0; rc == 0 && i < json_array_size(met); i++)
+        if (jint(json_array_get(met, i), "step") == step) ml = json_array_get(met, i);
+    if (rc == 0 && (!ml || nw != ndy || jint(ml, "quant_overflow") != w[0] + dy[0] + x[0] ||
+                    jint(ml, "quant_underflow") != w[1] + dy[1] + x[1])) {
+        fprintf(stderr, "step %lld: metrics.jsonl totals %lld / %lld, layers' sums %lld / %lld (%d, %d layers)\n",
+                (long long)step, ml ? jint(ml, "quant_overflow") : -1, ml ? jint(ml, "quant_underflow") : -1,
+                w[0] + dy[0] + x[0], w[1] + dy[1] + x[1], nw, ndy);
+        rc = -1;
+    }
+    if (rc == 0)
+        printf("step %lld: %d layers, counted w %lld/%lld, dy %lld/%lld, x %lld/%lld (overflow/underflow)\n",
+               (long long)step, nw, w[0], w[1], dy[0], dy[1], x[0], x[1]);
+    *layers = nw, *w_under = w[1];
+    json_decref(qs), json_decref(met);
+    free(qp), free(mp);
+    return rc;
 }
 
 dw_ctx *dw_test_ctx;

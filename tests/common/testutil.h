@@ -46,6 +46,17 @@ int dw_test_param_index(dw_engine *e, const char *name);
  * DW_RECIPE_COUNT when there is no such node. */
 dw_recipe dw_test_node_recipe(dw_engine *e, const char *name);
 
+/* The lines of a JSON-lines file as a Jansson array (a json_t *, json_decref it), or NULL with
+ * the reason printed. */
+void *dw_test_json_lines(const char *path);
+/* The quantisers' counters of a run (train/guard_counts.c) against its checks (guard_quant.c), in
+ * a run with a check every step and no fallback: at `step` (>= 2: step 1's counts also hold the
+ * weights' first quantisation) each layer's counted w and dy (overflow, underflow) equal the
+ * check's reference measurements of w + w^T (the weights the update quantised) and dy + dy^T (the
+ * step's backward), and metrics.jsonl's totals the layers' x + w + dy. 0 with the layers compared
+ * in *layers and their w underflows in *w_under, or -1 with the mismatch printed. */
+int dw_test_quant_counts_check(const char *run_dir, int64_t step, int *layers, long long *w_under);
+
 /* A cmocka group fixture shared by the tests that need a CPU context and a seeded generator:
  * cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown). */
 struct dw_ctx;

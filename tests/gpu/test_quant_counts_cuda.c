@@ -6,7 +6,8 @@
  * counts as dw_qcounts_add_cpu on them. (2) On a GPU (not the host emulator, which has no PTX
  * conversions), the operand quantised by dw_quantize_cuda and counted there: the same counts as
  * the CPU reference's quantisation counted on the CPU. Counters start at random values (the
- * kernel adds) and guard words after them stay untouched. Label gpu. */
+ * kernel adds) and guard words after them stay untouched. (3) A CUDA engine's training: the
+ * counters against the checks' measurements (test_training). Label gpu. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -131,9 +132,57 @@ static void test_against_cpu(void **state) {
     }
 }
 
+/* A CUDA engine's training (mxfp4, mxfp8, fp8_block; a check every step, no fallback): each
+ * layer's counted w and dy equal the check's reference measurements of the same values (the GPU
+ * quantisers are bit-identical to the reference), metrics.jsonl's totals the layers' sums
+ * (testutil's dw_test_quant_counts_check) — the counting passes of qlinear_cuda.c, the dy
+ * read-back on check steps and the recorded steps around them. */
+static void test_training(void **state) {
+    (void)state;
+#ifdef DW_CUDA_EMU
+    skip(); /* no engine on the emulator */
+#else
+    dw_ctx *cpu = NULL, *gpu = NULL;
+    if (dw_test_cpu_gpu_setup(&cpu, &gpu) != 0) skip();
+    char *dir = dw_test_tmpdir();
+    char *model = dw_test_model_dir(dir, "{\"model_type\": \"llama\", \"vocab_size\": 256, \"hidden_size\": 128, "
+                                         "\"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
+                                         "\"intermediate_size\": 256, \"max_position_embeddings\": 64}");
+    const char *recipes[3] = {"mxfp4", "mxfp8", "fp8_block"};
+    for (int r = 0; r < 3; r++) {
+        dw_policy *pol = NULL;
+        assert_int_equal(dw_policy_from_precision(gpu, recipes[r], false, &pol), DW_OK);
+        dw_model *m = dw_test_open_model(gpu, model, dw_test_next(&dw_test_group_rng), pol, 4, 64);
+        assert_non_null(m);
+        char *out = dw_test_path(dir, recipes[r]);
+        dw_train_opts o;
+        dw_train_opts_init(&o, sizeof o);
+        o.data = "builtin", o.out_dir = out, o.steps = 4, o.batch = 4, o.seq = 64, o.global_batch = 4;
+        o.eval_every = 0, o.ckpt_minutes = 0, o.seed = dw_test_next(&dw_test_group_rng) >> 1;
+        o.quant_check_every = 1, o.quant_fallback_after = 0;
+        if (dw_train(dw_model_engine(m), &o) != DW_OK) fail_msg("%s", dw_errmsg(gpu));
+        for (int64_t step = 2; step <= 4; step++) {
+            int layers = 0;
+            long long w_under = 0;
+            if (dw_test_quant_counts_check(out, step, &layers, &w_under) != 0)
+                fail_msg("%s: step %lld", recipes[r], (long long)step);
+            assert_int_equal(layers, 14);
+            if (r == 0) assert_true(w_under > 0); /* E2M1 flushes normal weights' small values */
+        }
+        dw_model_free(m);
+        dw_policy_free(pol);
+        free(out);
+    }
+    dw_test_rmtree(dir);
+    free(model), free(dir);
+    dw_test_cpu_gpu_teardown(cpu, gpu);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_cpu),
+        cmocka_unit_test(test_training),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

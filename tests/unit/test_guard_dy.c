@@ -101,19 +101,9 @@ static void plant(dw_engine *e, int64_t c0) {
     }
 }
 
-/* The JSON lines of path, as an array. */
 static json_t *lines(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) fail_msg("cannot open %s", path);
-    json_t *a = json_array();
-    char buf[4096];
-    while (fgets(buf, sizeof buf, f)) {
-        json_error_t err;
-        json_t *j = json_loads(buf, 0, &err);
-        if (!j) fail_msg("%s: %s in %s", path, err.text, buf);
-        json_array_append_new(a, j);
-    }
-    fclose(f);
+    json_t *a = dw_test_json_lines(path);
+    if (!a) fail_msg("%s: no JSON lines", path);
     return a;
 }
 
@@ -179,28 +169,6 @@ static void test_dy_fallback(void **state) {
     free(ck), free(dp), free(qp), free(out);
 }
 
-/* Each layer's counted (kind) overflow and underflow at `step` against its stats lines' sums. */
-static void counts_equal_stats(const json_t *qs, int64_t step, const char *kind, const char *t1, const char *t2,
-                               long long *total_over, long long *total_under) {
-    int compared = 0;
-    for (size_t i = 0; i < json_array_size(qs); i++) {
-        const json_t *c = json_array_get(qs, i);
-        if (num(c, "step") != step || strcmp(str(c, "counts"), kind)) continue;
-        long long so = 0, su = 0;
-        for (size_t k = 0; k < json_array_size(qs); k++) {
-            const json_t *s = json_array_get(qs, k);
-            if (num(s, "step") != step || strcmp(str(s, "layer"), str(c, "layer"))) continue;
-            if (!strcmp(str(s, "tensor"), t1) || !strcmp(str(s, "tensor"), t2)) so += num(s, "overflow"), su += num(s, "underflow");
-        }
-        if (num(c, "overflow") != so || num(c, "underflow") != su)
-            fail_msg("step %lld %s %s: counted %lld / %lld, measured %lld / %lld", (long long)step, str(c, "layer"), kind,
-                     num(c, "overflow"), num(c, "underflow"), so, su);
-        *total_over += num(c, "overflow"), *total_under += num(c, "underflow");
-        compared++;
-    }
-    assert_int_equal(compared, 14); /* 2 blocks x 7 linear layers */
-}
-
 /* In every linear weight, about 1 in 64 elements at 1e-12 of the weights' RMS: flushed by every
  * recipe (with a learning rate of 1e-9 they stay far below their blocks' largest). */
 static void plant_tiny(dw_engine *e) {
@@ -234,28 +202,16 @@ static void test_counts_in_training(void **state) {
         dw_model *m = open_model(dw_test_next(&rng), pol);
         plant_tiny(dw_model_engine(m));
         if (dw_train(dw_model_engine(m), &o) != DW_OK) fail_msg("%s", dw_errmsg(ctx));
-        char *qp = dw_test_path(out, "quant_stats.jsonl"), *mp = dw_test_path(out, "metrics.jsonl");
-        json_t *qs = lines(qp), *met = lines(mp);
-        assert_int_equal(json_array_size(met), 3);
         for (int64_t step = 2; step <= 3; step++) {
-            long long wo = 0, wu = 0, yo = 0, yu = 0, xo = 0, xu = 0;
-            counts_equal_stats(qs, step, "w", "w", "w^T", &wo, &wu);
-            counts_equal_stats(qs, step, "dy", "dy", "dy^T", &yo, &yu);
-            for (size_t i = 0; i < json_array_size(qs); i++) { /* x: counted in the step's forward, not the check's */
-                const json_t *c = json_array_get(qs, i);
-                if (num(c, "step") == step && !strcmp(str(c, "counts"), "x")) xo += num(c, "overflow"), xu += num(c, "underflow");
-            }
-            const json_t *ml = json_array_get(met, (size_t)step - 1);
-            print_message("%s step %lld: w %lld/%lld, dy %lld/%lld, x %lld/%lld; metrics %lld/%lld\n", recipes[r],
-                          (long long)step, wo, wu, yo, yu, xo, xu, num(ml, "quant_overflow"), num(ml, "quant_underflow"));
-            assert_int_equal(num(ml, "quant_overflow"), wo + yo + xo);
-            assert_int_equal(num(ml, "quant_underflow"), wu + yu + xu);
-            assert_true(wu > 0); /* the planted weights */
+            int layers = 0;
+            long long w_under = 0;
+            if (dw_test_quant_counts_check(out, step, &layers, &w_under) != 0) fail_msg("%s: step %lld", recipes[r], (long long)step);
+            assert_int_equal(layers, 14); /* 2 blocks x 7 linear layers */
+            assert_true(w_under > 0);     /* the planted weights */
         }
-        json_decref(qs), json_decref(met);
         dw_model_free(m);
         dw_policy_free(pol);
-        free(qp), free(mp), free(out);
+        free(out);
     }
 }
 
