@@ -1459,9 +1459,21 @@ DW_API bool dw_model_trained(const dw_model *m);
  * were initialised from seed or left at zero. Owned by m. */
 DW_API const char *dw_model_weights_source(const dw_model *m);
 /* The tokenizer its text goes through: the path of the tokenizer.json of a Hugging Face model
- * directory that has one; else "bytes" (byte-level, vocabulary 256) or "ids" (text is
- * space-separated token ids), a checkpoint saying which its data used. Owned by m. */
+ * directory or of a checkpoint that has one (dw_run_set_tokenizer); else "bytes" (byte-level,
+ * vocabulary 256) or "ids" (text is space-separated token ids), a checkpoint saying which its data
+ * used. Owned by m. */
 DW_API const char *dw_model_tokenizer(const dw_model *m);
+
+/* Records the tokenizer a training run's text goes through: `tokenizer` (a tokenizer.json, or a
+ * directory holding one) is copied to run_dir/tokenizer.json (run_dir and its parents created;
+ * written atomically), and every checkpoint dw_train writes into run_dir then carries a copy,
+ * listed in state.json with its size and CRC-32 like its other files — so that the checkpoint,
+ * even moved elsewhere alone, decodes with it (dw_model_tokenizer; `deepwell sample RUN`), and a
+ * changed or missing copy is refused when the checkpoint is opened. Call it before dw_train (rank
+ * 0 of several). A run keeps one tokenizer: the same bytes again are a no-op, a run_dir holding a
+ * different tokenizer.json is refused (DW_ERR_INVALID naming both). The file is copied as it is:
+ * whether the library can read it is dw_hf_tokenizer_open's question. DW_ERR_IO naming the file. */
+DW_API dw_status dw_run_set_tokenizer(dw_ctx *ctx, const char *run_dir, const char *tokenizer);
 
 /* Text <-> tokens with a tokenizer named as above: "bytes", "ids", or a tokenizer.json (or a
  * directory holding one; read at each call: keep a dw_hf_tokenizer for more than one). dw_tokenize:

@@ -16,7 +16,8 @@ static void help(void) {
            "checkpoint (DIR/ckpt-<step>), a run directory (its latest checkpoint), a model\n"
            "directory (config.json + model.safetensors) or a preset (random weights: untrained).\n"
            "Byte-level models (the built-in data, raw text; vocab 256) and models with a tokenizer\n"
-           "(--tokenizer, or the model directory's tokenizer.json) read and write text; others\n"
+           "(--tokenizer, or the tokenizer.json of the model directory, or of the checkpoint: a run\n"
+           "trained with one keeps a copy in each checkpoint) read and write text; others\n"
            "read and write space-separated token ids. On the CPU (FP32 or BF16; MoE without token\n"
            "drops) decoding keeps a K/V cache while the text fits the model's sequence length\n"
            "(DW_KV_CACHE=0: recompute every token; the tokens are the same); on CUDA only with\n"
@@ -31,6 +32,16 @@ static void help(void) {
            "  --skip-special      leave special tokens (<|endoftext|>, </s>, ...) out of the text\n"
            "  --device D          cpu, cuda or auto (default auto: cuda when a GPU is usable)\n"
            "  -h, --help          this help\n");
+}
+
+/* Whether two files hold the same bytes (false when either cannot be read). */
+static bool same_bytes(const char *a, const char *b) {
+    FILE *f = fopen(a, "rb"), *g = fopen(b, "rb");
+    bool same = f && g;
+    for (int c = 0, d = 0; same && c != EOF; same = c == d) c = fgetc(f), d = fgetc(g);
+    if (f) fclose(f);
+    if (g) fclose(g);
+    return same;
 }
 
 int cmd_sample(int argc, char **argv) {
@@ -86,6 +97,10 @@ int cmd_sample(int argc, char **argv) {
     const char *spec = tokenizer ? tokenizer : st == DW_OK ? dw_model_tokenizer(m) : NULL;
     dw_hf_tokenizer *hf = NULL; /* a tokenizer.json, read once for the prompt and the text */
     if (st == DW_OK && strcmp(spec, "bytes") != 0 && strcmp(spec, "ids") != 0) st = dw_hf_tokenizer_open(ctx, spec, &hf);
+    const char *own = st == DW_OK ? dw_model_tokenizer(m) : "bytes"; /* a tokenizer.json it came with */
+    if (hf && tokenizer && strcmp(own, "bytes") && strcmp(own, "ids") && !same_bytes(dw_hf_tokenizer_path(hf), own))
+        fprintf(stderr, "deepwell sample: warning: --tokenizer %s is not %s, the tokenizer %s came with; decoding "
+                "with --tokenizer\n", dw_hf_tokenizer_path(hf), own, argv[optind]);
     if (st == DW_OK) st = dw_tokenize(ctx, hf ? dw_hf_tokenizer_path(hf) : spec, prompt, dw_graph_vocab(dw_model_graph(m)), &ids, &np);
     if (st == DW_OK && np < 1) {
         cli_error(CMD, "the prompt is empty");

@@ -41,6 +41,9 @@ enum { O_NO_FUSED_HEAD = O_LAST + 140 };
 static bool fused_head = true;
 /* --moe-bias-update: not in the resume record (the checkpoint's state.json keeps the bias and its γ) */
 enum { O_MOE_BIAS = O_LAST + 120 };
+/* --tokenizer: not in the record either (the run directory keeps its tokenizer.json) */
+enum { O_TOKENIZER = O_LAST + 150 };
+static const char *tokenizer; /* --tokenizer, else the model directory's tokenizer.json (if any) */
 static int recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
 
 /* Where a new run's weights come from: MODEL's own when it has them (else the seed), the seed
@@ -125,9 +128,11 @@ static void help(void) {
         "                         tensor-core kernels instead of cuDNN, whose backward is not\n"
         "                         reproducible; about 2x slower attention). The CPU always is\n"
         "  --zero S               several ranks: ZeRO stage 0 (gradients all-reduced), 1 (optimizer\n"
-        "                         state sharded: reduce-scatter, a shard's AdamW, all-gather) or 2\n"
-        "                         (gradients sharded per micro-batch too); 3 is refused until built\n"
-        "                         (0). Started by mpirun, torchrun, srun or `deepwell launch -n N\n"
+        "                         state sharded: each rank holds its shard's moments, reduces its\n"
+        "                         shard, runs AdamW on it, all-gathers the weights), 2 (gradients\n"
+        "                         reduced per micro-batch too) or 3 (FSDP: weights sharded, each\n"
+        "                         gathered before its use; FP32 programs only) (0). Started by\n"
+        "                         mpirun, torchrun, srun or `deepwell launch -n N\n"
         "                         -- train ...`, each rank trains --batch sequences per micro-batch\n"
         "                         and --global-batch counts all ranks' (default: B x ranks); rank 0\n"
         "                         prints and writes (docs/multi-gpu.md)\n"
@@ -185,6 +190,10 @@ static void help(void) {
         "                         (default): a resumed run's G, else config.json's\n"
         "                         moe_bias_update_speed (0.001 under topk_method \"noaux_tc\"),\n"
         "                         else off (docs/moe.md)\n"
+        "  --tokenizer T          the tokenizer.json (or a directory holding one) the data was\n"
+        "                         tokenised with; default the model directory's. It is copied into\n"
+        "                         DIR and every checkpoint, so that `deepwell sample DIR` decodes\n"
+        "                         with it; a run keeps one (another on --resume is refused)\n"
         "  -h, --help             this help\n\n"
         "Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGUSR1 (Slurm's pre-emption warning) finish the\n"
         "current step, write a checkpoint and exit with status 128 + the signal (130, 143, 129,\n"
@@ -338,7 +347,7 @@ int cmd_train(int argc, char **argv) {
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"help", no_argument, 0, 'h'},
         {"spike-zscore", required_argument, 0, O_SPIKE_Z}, {"spike-window", required_argument, 0, O_SPIKE_W},
         {"max-rollbacks", required_argument, 0, O_MAX_ROLLBACKS}, {"fp8-amax-history", required_argument, 0, O_AMAX_HIST},
-        {"no-fused-head", no_argument, 0, O_NO_FUSED_HEAD},
+        {"no-fused-head", no_argument, 0, O_NO_FUSED_HEAD}, {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
@@ -387,6 +396,7 @@ int cmd_train(int argc, char **argv) {
             break;
         case O_RECOMPUTE: ok = cli_parse_recompute(CMD, optarg, &recompute, &recompute_blocks); break;
         case O_NO_FUSED_HEAD: fused_head = false; break;
+        case O_TOKENIZER: tokenizer = optarg; break;
         case O_PROMPT: o.sample_prompt = optarg; break;
         case O_SCHED: {
             static const char *names[] = {"cosine", "linear", "constant"};
@@ -521,6 +531,27 @@ static void print_weights(const dw_model *m, const train_init *init, uint64_t se
                 init->random ? " (--init random)" : "");
 }
 
+/* The run's tokenizer into DIR (rank 0): --tokenizer, checked to read and to fit the model's
+ * vocabulary, else the model directory's or checkpoint's own tokenizer.json as it is. An exit code. */
+static int record_tokenizer(dw_ctx *ctx, const dw_model *m, const char *out_dir) {
+    const char *own = dw_model_tokenizer(m), *t = tokenizer;
+    if (dist.rank != 0 || (!t && (!strcmp(own, "bytes") || !strcmp(own, "ids")))) return DW_EXIT_OK;
+    if (t) {
+        dw_hf_tokenizer *hf = NULL;
+        dw_status st = dw_hf_tokenizer_open(ctx, t, &hf);
+        const int64_t v = hf ? dw_hf_tokenizer_vocab(hf) : 0, mv = dw_graph_vocab(dw_model_graph(m));
+        dw_hf_tokenizer_free(hf);
+        if (st != DW_OK) return cli_fail(CMD, ctx, st);
+        if (v > mv) {
+            cli_error(CMD, "--tokenizer %s: its ids reach %lld, beyond the model's vocabulary of %lld", t, (long long)v,
+                      (long long)mv);
+            return DW_EXIT_USAGE;
+        }
+    }
+    dw_status st = dw_run_set_tokenizer(ctx, out_dir, t ? t : own);
+    return st == DW_OK ? DW_EXIT_OK : cli_fail(CMD, ctx, st);
+}
+
 static int train_run(dw_train_opts *po, const run_record *rec, const bool *given, const char *model,
                      const train_init *init, const char *device, const char *precision, const char *policy_path,
                      const char *fallback, long log_every) {
@@ -597,6 +628,14 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
         return rc;
     }
     if (!o.resume) print_weights(m, init, o.seed);
+    int trc = record_tokenizer(ctx, m, o.out_dir);
+    if (trc != DW_EXIT_OK) {
+        int rc = trc;
+        dw_model_free(m);
+        dw_policy_free(pol);
+        dw_ctx_free(ctx);
+        return rc;
+    }
     printer pr = {.tty = isatty(STDERR_FILENO) == 1, .log_every = log_every, .rec = o.resume ? rec : NULL,
                   .given = given, .opts = &o, .device = dw_ctx_device(ctx) == DW_DEVICE_CUDA ? "cuda" : "cpu"};
     o.progress = on_progress;

@@ -151,6 +151,7 @@ PROTOTYPES = {
     "dw_data_free": (None, [H]),
     "dw_tokenize": (status, [H, c_char_p, c_char_p, c_int64, P(P(c_int32)), P(c_int64)]),
     "dw_detokenize": (c_void_p, [c_char_p, P(c_int32), c_int64]),
+    "dw_run_set_tokenizer": (status, [H, c_char_p, c_char_p]),
 }
 
 _lock = threading.Lock()

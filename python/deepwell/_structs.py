@@ -142,7 +142,8 @@ class TrainProgress(ctypes.Structure):
                 ("tokens_per_s", dbl), ("elapsed_s", dbl), ("eta_s", dbl), ("sample", cstr), ("checkpoint", cstr),
                 ("moe_aux_loss", dbl), ("moe_z_loss", dbl), ("expert_load", dbl), ("moe_dropped", dbl),
                 ("moe_dropped_frac", dbl), ("skipped", cstr), ("precision_change", cstr), ("ranks", cint),
-                ("comm_s", ctypes.POINTER(dbl)), ("exposed_comm_s", ctypes.POINTER(dbl)), ("moe_bias_max", dbl)]
+                ("comm_s", ctypes.POINTER(dbl)), ("exposed_comm_s", ctypes.POINTER(dbl)), ("moe_bias_max", dbl),
+                ("quant_overflow", i64), ("quant_underflow", i64)]
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(TrainProgress), ptr)

@@ -245,13 +245,16 @@ class Engine(Handle):
                                                  ctypes.byref(rng)))
         return list(buf)
 
-    def sample(self, prompt, n=64, temperature=0.8, top_k=0, seed=1337, tokenizer="bytes"):
+    def sample(self, prompt, n=64, temperature=0.8, top_k=0, seed=1337, tokenizer=None):
         """Text: prompt (text, encoded with `tokenizer`, or a list of ids) followed by n sampled
         tokens, decoded with `tokenizer` — a dw.Tokenizer, "bytes", or a tokenizer.json / Hugging
-        Face model directory (the one deepwell.prepare tokenised the data with). Ids past the
-        tokenizer's vocabulary (padded rows) decode as U+FFFD."""
+        Face model directory (the one deepwell.prepare tokenised the data with); None: the one the
+        model came with (Graph.tokenizer: its model directory's or checkpoint's), else bytes. Ids
+        past the tokenizer's vocabulary (padded rows) decode as U+FFFD."""
         from .tokenizer import Tokenizer
 
+        if tokenizer is None:
+            tokenizer = self.graph.tokenizer or "bytes"
         tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
         ids = tok.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         vocab = self.graph.vocab

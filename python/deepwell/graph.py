@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import weakref
+import zlib
 
 from . import _structs as S
 from ._core import Handle, JsonDoc, ctx_of
@@ -37,6 +38,13 @@ class Graph(JsonDoc, Handle):
     batch = property(lambda self: lib().dw_graph_batch(self._handle()))
     vocab = property(lambda self: lib().dw_graph_vocab(self._handle()))
     model_type = property(lambda self: text(lib().dw_graph_model_type(self._handle())))
+
+    @property
+    def tokenizer(self):
+        """The tokenizer.json the model came with: its model directory's, or its checkpoint's (a run
+        trained with one keeps a copy in each checkpoint, checked against state.json's size and
+        CRC-32 here: a changed or missing copy raises); None when it has none."""
+        return recorded_tokenizer(self.source)
 
     @property
     def config(self):
@@ -79,6 +87,30 @@ def _resolve_run(path):
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")) and os.path.isfile(latest):
         with open(latest) as f:
             return os.path.join(path, f.read().strip())
+    return path
+
+
+def recorded_tokenizer(source):
+    """source's tokenizer.json: a model directory's, or a checkpoint's when its state.json lists one
+    (FileNotFoundError / ValueError when that copy is missing or differs from the record); None
+    for anything else."""
+    if not source or not os.path.isdir(source):
+        return None
+    path, state = os.path.join(source, "tokenizer.json"), os.path.join(source, "state.json")
+    if not os.path.isfile(state):
+        return path if os.path.isfile(path) else None
+    with open(state) as f:
+        rec = json.load(f).get("files", {}).get("tokenizer.json")
+    if rec is None:
+        return None  # a checkpoint of a run without one
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: missing: the checkpoint's state.json records the tokenizer its run was "
+                                f"trained with ({rec['size']} bytes)")
+    with open(path, "rb") as f:
+        b = f.read()
+    if len(b) != rec["size"] or "%08x" % zlib.crc32(b) != rec["crc32"]:
+        raise ValueError(f"{path}: {len(b)} bytes, CRC-32 {zlib.crc32(b):08x}, but state.json records "
+                         f"{rec['size']} bytes, {rec['crc32']}: not the tokenizer the run was trained with")
     return path
 
 

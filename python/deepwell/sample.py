@@ -6,7 +6,8 @@ model trained on deepwell.prepare's shards prints text, not ids.
 
 MODEL_OR_CKPT: what `deepwell sample` takes (a model directory, a checkpoint, a training run: its
 newest checkpoint). The prompt is encoded and prompt + continuation decoded with --tokenizer
-(default bytes); Engine.sample does the work.
+(default: the tokenizer.json the model directory or checkpoint came with, else bytes);
+Engine.sample does the work.
 """
 import argparse
 import sys
@@ -18,7 +19,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m deepwell.sample", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", help="model directory, checkpoint or training run")
     ap.add_argument("--prompt", required=True)
-    ap.add_argument("--tokenizer", default="bytes", help="bytes, a tokenizer.json or a model directory holding one")
+    ap.add_argument("--tokenizer", default=None, help="bytes, a tokenizer.json or a model directory holding one "
+                    "(default: the model's or checkpoint's tokenizer.json, else bytes)")
     ap.add_argument("-n", "--tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--top-k", type=int, default=0)
@@ -29,9 +31,9 @@ def main(argv=None):
     try:
         from .tokenizer import Tokenizer
 
-        tok = Tokenizer(a.tokenizer)
-        prompt = tok.encode(a.prompt)
         e = compile(capture(a.model, seq_len=None, batch=1))
+        tok = Tokenizer(a.tokenizer or e.graph.tokenizer or "bytes")
+        prompt = tok.encode(a.prompt)
         text = e.sample(prompt, a.tokens, a.temperature, a.top_k, a.seed, tok)
     except (ImportError, OSError, ValueError) as err:
         sys.exit(f"deepwell.sample: {err}")

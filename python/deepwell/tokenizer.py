@@ -12,10 +12,12 @@ EOT_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>")
 
 class Tokenizer:
     """Tokenizer(spec): .encode(text) -> ids, .decode(ids) -> text, .vocab (ids are below it),
-    .eot (the end-of-text id or None), .name (spec)."""
+    .eot (the end-of-text id or None), .name (spec), .path (the tokenizer.json read; None for
+    bytes)."""
 
     def __init__(self, spec="bytes"):
         self.name = os.fspath(spec)
+        self.path = None
         if self.name == "bytes":
             self.tok, self.vocab, self.eot = None, 256, None
             return
@@ -27,7 +29,7 @@ class Tokenizer:
         f = os.path.join(self.name, "tokenizer.json") if os.path.isdir(self.name) else self.name
         if not os.path.isfile(f):
             raise FileNotFoundError(f"tokenizer {self.name}: no tokenizer.json there")
-        self.tok = HF.from_file(f)
+        self.tok, self.path = HF.from_file(f), f
         self.vocab = self.tok.get_vocab_size(with_added_tokens=True)
         self.eot = next((self.tok.token_to_id(n) for n in EOT_NAMES if self.tok.token_to_id(n) is not None), None)
 

@@ -121,8 +121,16 @@ class Trainer:
         self.max_rollbacks = 3 if max_rollbacks is None else int(max_rollbacks)
         self.fp8_amax_history, self.moe_bias_update = int(fp8_amax_history), float(moe_bias_update)
         self.profile = bool(profile)
+        # the tokenizer the data went through: given, else the one the engine's model came with (a
+        # model directory's or checkpoint's tokenizer.json); recorded in `out` (dw_run_set_tokenizer)
         self.tokenizer = None if tokenizer is None else tokenizer if isinstance(tokenizer, Tokenizer) \
             else Tokenizer(tokenizer)
+        self.tokenizer_path = self.tokenizer.path if self.tokenizer is not None else engine.graph.tokenizer
+        if self.tokenizer is None and self.tokenizer_path:
+            try:  # to decode the samples; recording the file needs no package
+                self.tokenizer = Tokenizer(self.tokenizer_path)
+            except ImportError:
+                pass
         self.callbacks = list(callbacks)
         self.progress, self.log_every = progress, max(1, int(log_every))
         self.history = []
@@ -187,7 +195,14 @@ class Trainer:
             return self.tokenizer.decode([int(w) for w in words], errors="replace")
         return text
 
+    def _record_tokenizer(self):
+        """The tokenizer.json into the run directory, from where every checkpoint gets a copy."""
+        if self.tokenizer_path is not None:
+            ctx = self.engine._ctx
+            ctx.check(lib().dw_run_set_tokenizer(ctx._h, cstr(self.out), cstr(self.tokenizer_path)))
+
     def _fit_c(self, pattern, val, stop, feeder=None):
+        self._record_tokenizer()
         o, _keep = self._c_opts(pattern, val)
         failure = []
         if feeder is not None:
@@ -208,7 +223,9 @@ class Trainer:
                               "skipped": p.skipped.decode() if p.skipped else None,
                               "precision_change": p.precision_change.decode() if p.precision_change else None,
                               "comm_s": [p.comm_s[r] for r in range(p.ranks)] if p.ranks else None,
-                              "exposed_comm_s": [p.exposed_comm_s[r] for r in range(p.ranks)] if p.ranks else None})
+                              "exposed_comm_s": [p.exposed_comm_s[r] for r in range(p.ranks)] if p.ranks else None,
+                              "quant_overflow": p.quant_overflow if p.quant_overflow >= 0 else None,
+                              "quant_underflow": p.quant_underflow if p.quant_underflow >= 0 else None})
             except BaseException as e:  # ctypes would print and drop it: stop and re-raise after
                 failure.append(e)
                 lib().dw_train_request_stop()

@@ -194,7 +194,7 @@ static dw_status check_file_set(dw_ctx *ctx, const char *what, const file_list *
     int world = 0, seen = 0;
     for (int i = 0; i < l->n; i++) {
         int r, w;
-        bool known = false;
+        bool known = !strcmp(l->f[i].name, DW_CKPT_TOKENIZER); /* optional (dw_run_set_tokenizer) */
         for (int k = 0; k < 3; k++) known = known || !strcmp(l->f[i].name, need[k]);
         if (known) continue;
         if (one || !dw_ckpt_shard_parse(l->f[i].name, &r, &w) || (world && w != world))
@@ -280,6 +280,7 @@ static dw_status state_from_json(dw_ctx *ctx, const json_t *j, const char *what,
         if (!list_add(l, name, size, (uint32_t)v)) return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
     DW_TRY(check_file_set(ctx, what, l, &s->shards));
+    s->has_tokenizer = list_find(l, DW_CKPT_TOKENIZER) != NULL;
     if (s->step < 0 || s->step > s->total_steps || s->batch < 1 || s->seq < 1 || s->global_batch < s->batch)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: inconsistent step/batch fields", what);
     return DW_OK;
@@ -353,6 +354,22 @@ static dw_status add_file(dw_ctx *ctx, const char *dir, const char *name, file_l
     if (st == DW_OK) st = dw_file_crc32(ctx, p, &crc, &size);
     if (st == DW_OK && !list_add(l, name, size, crc)) st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     free(p);
+    return st;
+}
+
+/* run_dir's tokenizer.json (dw_run_set_tokenizer), when it has one, copied into the checkpoint's
+ * temporary directory and added to the list: the checkpoint decodes with the tokenizer its run had. */
+static dw_status copy_run_tokenizer(dw_ctx *ctx, const char *run_dir, const char *tmp, file_list *l) {
+    char *src = dw_path_join(run_dir, DW_CKPT_TOKENIZER), *dst = dw_path_join(tmp, DW_CKPT_TOKENIZER), *text = NULL;
+    size_t n = 0;
+    dw_status st = src && dst ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
+    const bool has = st == DW_OK && access(src, F_OK) == 0;
+    if (has) st = dw_read_file(ctx, src, &text, &n);
+    if (has && st == DW_OK) st = dw_write_file_atomic(ctx, dst, text, n);
+    if (has && st == DW_OK) st = add_file(ctx, tmp, DW_CKPT_TOKENIZER, l);
+    free(text);
+    free(src);
+    free(dst);
     return st;
 }
 
@@ -476,6 +493,7 @@ dw_status dw_ckpt_save_ranks(dw_ctx *ctx, dw_comm *host, const char *run_dir, co
     file_list l = {0};
     const char *mine[3] = {dw_ckpt_files[0], dw_ckpt_files[1], many ? DW_CKPT_INDEX : dw_ckpt_files[2]};
     for (int i = 0; lead && i < 3 && st == DW_OK; i++) st = add_file(ctx, tmp, mine[i], &l);
+    if (lead && st == DW_OK) st = copy_run_tokenizer(ctx, run_dir, tmp, &l);
     if (many) {
         dw_status gs = gather_shards(ctx, host, tmp, state->step, st, &l);
         if (st == DW_OK) st = gs; /* a failure of this rank keeps its own message */

@@ -27,6 +27,9 @@
 /* The files a one-rank checkpoint holds besides state.json, in the order they are checked. A
  * sharded one holds the first two, the index and the shards. */
 extern const char *const dw_ckpt_files[DW_CKPT_NFILES];
+/* The tokenizer a run's text goes through (dw_run_set_tokenizer): a run directory's copy goes into
+ * every checkpoint written there, listed in state.json's "files" like the others (optional). */
+#define DW_CKPT_TOKENIZER "tokenizer.json"
 
 typedef struct {
     int64_t step;          /* optimizer steps done */
@@ -59,6 +62,8 @@ typedef struct {
     const char *moe_bias_json;
     int shards;            /* read (dw_ckpt_open): 0, the moments in optimizer.safetensors; N, in N
                               shard files with an index (format_version 3); ignored by dw_ckpt_save */
+    bool has_tokenizer;    /* read: the checkpoint holds DW_CKPT_TOKENIZER (validated as its other
+                              files); dw_ckpt_save copies run_dir's when there is one */
 } dw_ckpt_state;
 
 /* Writes the checkpoint's other files into `dir` (a temporary directory). */

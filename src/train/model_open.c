@@ -145,8 +145,8 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
     }
     if (st == DW_OK && is_ckpt && !dw_tokenizer_parse(state.tokenizer, &m->tok))
         st = dw_set_error(ctx, DW_ERR_FORMAT, "%s/state.json: unknown tokenizer '%s'", cdir, state.tokenizer);
-    if (st == DW_OK && is_dir && !is_ckpt && has_file(dir, "tokenizer.json") &&
-        !(m->tok_path = dw_path_join(dir, "tokenizer.json")))
+    if (st == DW_OK && is_dir && (is_ckpt ? state.has_tokenizer : has_file(dir, DW_CKPT_TOKENIZER)) &&
+        !(m->tok_path = dw_path_join(dir, DW_CKPT_TOKENIZER))) /* a checkpoint's: dw_run_set_tokenizer */
         st = dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     free(cdir);
     if (st != DW_OK) {

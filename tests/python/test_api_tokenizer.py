@@ -2,7 +2,9 @@
 byte-level BPE tokenizer (built here from random text with the `tokenizers` package) round-trip
 fresh random text; Engine.sample returns the decoded prompt + continuation, equal to decoding
 Engine.generate's ids; `python -m deepwell.sample` prints the same; Trainer(tokenizer=...) decodes
-the C trainer's samples; bad ids and missing tokenizers are refused by name."""
+the C trainer's samples; a run keeps its tokenizer (each checkpoint a copy: Engine.sample and
+`python -m deepwell.sample RUN` decode with it unasked, a changed or missing copy and another
+tokenizer for the same run are refused); bad ids and missing tokenizers are refused by name."""
 import os
 import random
 import subprocess
@@ -123,6 +125,52 @@ class TokenizerTests(unittest.TestCase):
                                    sample_tokens=4, sample_prompt=" ".join(map(str, first)), tokenizer=tok)
         t.fit()
         self.assertTrue(t.history[0]["sample"].startswith(prompt), t.history[0]["sample"])
+
+    @unittest.skipUnless(have_tokenizers(), "the tokenizers package is not installed (scripts/test.sh installs it)")
+    def test_a_run_keeps_its_tokenizer(self):
+        import shutil
+        path = bpe_tokenizer(os.path.join(self.d, "made.json"), self.rng)
+        tok = dw.Tokenizer(path)
+        model = dw.export(dw.compile(dw.capture(tiny_llama(vocab_size=304), seq_len=32, batch=2), seed=3),
+                          os.path.join(self.d, "model"))
+        shutil.copy(path, os.path.join(model, "tokenizer.json"))
+        g = dw.capture(model, seq_len=32, batch=2)
+        self.assertEqual(g.tokenizer, os.path.join(model, "tokenizer.json"))
+        w = np.random.default_rng(self.rng.randrange(1 << 30)).integers(0, 300, size=(2, 33))
+        run = os.path.join(self.d, "run")
+        t = dw.Trainer.from_engine(dw.compile(g), lr=1e-3, dataloader=[(w[:, :-1], w[:, 1:])], steps=2, out=run,
+                                   progress=False, eval_every=0)
+        t.fit()
+        copy = os.path.join(run, "ckpt-2", "tokenizer.json")
+        for f in (os.path.join(run, "tokenizer.json"), copy):
+            with open(f, "rb") as a, open(path, "rb") as b:
+                self.assertEqual(a.read(), b.read(), f)
+        os.remove(os.path.join(model, "tokenizer.json"))  # only the run's copies are left
+        e = dw.compile(dw.capture(run, seq_len=32, batch=1))
+        self.assertEqual(e.graph.tokenizer, copy)
+        prompt = random_text(self.rng, 3)
+        text = e.sample(prompt, n=8, temperature=0)
+        self.assertEqual(text, tok.decode(e.generate(tok.encode(prompt), 8, temperature=0), errors="replace"))
+        env = dict(os.environ, PYTHONPATH=os.path.join(SRC, "python"))
+        p = subprocess.run([sys.executable, "-m", "deepwell.sample", run, "--prompt", prompt, "-n", "8",
+                            "--temperature", "0"], capture_output=True, text=True, env=env, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, text + "\n")
+        other = bpe_tokenizer(os.path.join(self.d, "other.json"), self.rng, vocab=280)
+        t = dw.Trainer.from_engine(e, lr=1e-3, dataloader=[(w[:1, :-1], w[:1, 1:])], steps=3, out=run, resume=run,
+                                   progress=False, eval_every=0, batch=1, tokenizer=other)
+        with self.assertRaises(dw.DeepwellError) as ex:
+            t.fit()
+        self.assertIn("another tokenizer", str(ex.exception))
+        with open(copy, "ab") as f:
+            f.write(b" ")
+        with self.assertRaises(ValueError) as ex:
+            dw.capture(run).tokenizer
+        self.assertIn("state.json records", str(ex.exception))
+        os.remove(copy)
+        with self.assertRaises(FileNotFoundError) as ex:
+            dw.capture(run).tokenizer
+        self.assertIn(copy, str(ex.exception))
 
 
 if __name__ == "__main__":

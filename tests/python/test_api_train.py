@@ -312,6 +312,9 @@ class TrainerTests(unittest.TestCase):
             state = json.load(f)
         self.assertIn("spike", state)
         self.assertIn("fp8_amax_history", state)
+        # the rest of dw_train_progress reaches the metrics: quantised layers report their counters
+        self.assertTrue(all(m["quant_overflow"] is not None and m["quant_underflow"] >= 0 for m in t.history))
+        self.assertTrue(all(m["skipped"] is None and m["moe_dropped"] is None for m in t.history))
 
     def test_fused_head_trains_the_same_loss(self):
         """dw.compile(fused_head=True): the head and the loss as one op, the same loss on the CPU;
