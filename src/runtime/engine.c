@@ -197,6 +197,7 @@ int dw_engine_param_shape(const dw_engine *e, int i, int64_t shape[4]) {
 }
 
 static dw_status param_copy(dw_engine *e, int i, float *base, float *host, bool in) {
+    if (base == e->x->w) DW_TRY(dw_exec_weights_whole(e->x, "engine: parameter access"));
     if (i < 0 || i >= e->p->n_params)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: parameter %d of %d", i, e->p->n_params);
     float *dev = base + e->p->param_off[i];

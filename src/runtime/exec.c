@@ -39,6 +39,7 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->m = (float *)x->pool[DW_POOL_OPTIM];
     x->v = x->m + pf;
     x->opt_lo = 0, x->opt_hi = pf;
+    x->w_lo = 0, x->w_hi = pf;
     x->act = x->pool[DW_POOL_ACT];
     x->work = x->pool[DW_POOL_WORK];
     x->b = p->g->batch, x->t = p->g->seq;
@@ -61,6 +62,8 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     return DW_OK;
 }
 
+static int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
+
 static void drop(dw_exec *x, void **rec) {
     if (*rec) x->be->i->drop(x->be, *rec);
     *rec = NULL;
@@ -72,7 +75,13 @@ void dw_exec_free(dw_exec *x) {
     drop(x, &x->rec_opt);
     for (int k = 0; k < DW_POOL_COUNT; k++)
         if (x->pool[k]) x->be->i->release(x->be, x->pool[k]);
+    free(x->param_at);
     free(x);
+}
+
+void dw_exec_stop_recording(dw_exec *x) {
+    drop(x, &x->rec_step);
+    x->record = false;
 }
 
 dw_status dw_exec_shard_optimizer(dw_exec *x, int64_t lo, int64_t hi) {
@@ -94,6 +103,71 @@ dw_status dw_exec_shard_optimizer(dw_exec *x, int64_t lo, int64_t hi) {
     x->m = (float *)mem, x->v = x->m + n;
     x->opt_lo = lo, x->opt_hi = hi;
     return DW_OK;
+}
+
+/* floats [lo, hi) of the weights pool through the host into dst (backend memory). */
+static dw_status move_weights(dw_exec *x, float *dst, const float *src, int64_t n) {
+    dw_backend *be = x->be;
+    float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+    if (!h) return dw_set_error(be->ctx, DW_ERR_NOMEM, "executor: out of memory");
+    dw_status s = be->i->download(be, h, src, (size_t)n * sizeof *h);
+    if (s == DW_OK) s = be->i->upload(be, dst, h, (size_t)n * sizeof *h);
+    if (s == DW_OK) s = be->i->sync(be);
+    free(h);
+    return s;
+}
+
+dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot) {
+    dw_backend *be = x->be;
+    DW_ASSERT(!x->p->bf16 && !x->param_at && 0 <= lo && lo <= hi && hi <= x->p->param_floats);
+    const int np = x->p->n_params;
+    const int64_t shard = align256((hi - lo) * (int64_t)sizeof(float)), bytes = shard + gather_bytes;
+    float **at = calloc((size_t)(np ? np : 1), sizeof *at);
+    if (!at) return dw_set_error(be->ctx, DW_ERR_NOMEM, "executor: out of memory");
+    void *mem = NULL;
+    dw_status s = be->i->alloc(be, bytes > 0 ? bytes : 256, &mem);
+    if (s == DW_OK) s = be->i->zero(be, mem, (size_t)bytes);
+    if (s == DW_OK) s = move_weights(x, mem, x->w + lo, hi - lo);
+    if (s != DW_OK) {
+        if (mem) be->i->release(be, mem);
+        free(at);
+        return dw_prefix_error(be->ctx, s, "%s backend: the weights' shard (%lld bytes)", be->i->name, (long long)bytes);
+    }
+    be->i->release(be, x->pool[DW_POOL_WEIGHTS]);
+    x->pool[DW_POOL_WEIGHTS] = mem;
+    x->pool_bytes[DW_POOL_WEIGHTS] = bytes;
+    x->w = (float *)mem, x->w_lo = lo, x->w_hi = hi;
+    for (int k = 0; k < np; k++) at[k] = slot[k] >= 0 ? (float *)((char *)mem + shard + slot[k]) : NULL;
+    x->param_at = at;
+    return DW_OK;
+}
+
+dw_status dw_exec_unshard_weights(dw_exec *x) {
+    dw_backend *be = x->be;
+    if (!x->param_at) return DW_OK;
+    const int64_t bytes = x->p->pool_bytes[DW_POOL_WEIGHTS];
+    void *mem = NULL;
+    dw_status s = be->i->alloc(be, bytes, &mem);
+    if (s == DW_OK) s = be->i->zero(be, mem, (size_t)bytes);
+    if (s == DW_OK) s = move_weights(x, (float *)mem + x->w_lo, x->w, x->w_hi - x->w_lo);
+    if (s != DW_OK) {
+        if (mem) be->i->release(be, mem);
+        return dw_prefix_error(be->ctx, s, "%s backend: the weights pool (%lld bytes)", be->i->name, (long long)bytes);
+    }
+    be->i->release(be, x->pool[DW_POOL_WEIGHTS]);
+    x->pool[DW_POOL_WEIGHTS] = mem;
+    x->pool_bytes[DW_POOL_WEIGHTS] = bytes;
+    x->w = (float *)mem, x->w_lo = 0, x->w_hi = x->p->param_floats;
+    free(x->param_at);
+    x->param_at = NULL;
+    return DW_OK;
+}
+
+dw_status dw_exec_weights_whole(const dw_exec *x, const char *what) {
+    if (!x->param_at) return DW_OK;
+    return dw_set_error(x->be->ctx, DW_ERR_UNSUPPORTED, "%s: the engine holds a ZeRO-3 shard of the weights (floats "
+                        "[%lld, %lld)), gathered only around their use in a step", what, (long long)x->w_lo,
+                        (long long)x->w_hi);
 }
 
 dw_status dw_exec_set_batch(dw_exec *x, const int32_t *tokens, const int32_t *targets, int64_t b, int64_t t) {
@@ -127,7 +201,7 @@ void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op
             c->in[s] = x->work + (t == g->tokens ? p->work.tokens : p->work.targets);
         } else if (ten->kind == DW_TENSOR_PARAM) {
             const int64_t off = p->param_off[p->tensor[t].param];
-            c->in[s] = x->w + off;
+            c->in[s] = x->param_at ? x->param_at[p->tensor[t].param] : x->w + off; /* ZeRO-3: gathered */
             c->in_bf16[s] = x->wb ? x->wb + off : NULL;
             c->pgrad[s] = x->grad + off;
         } else {
@@ -221,6 +295,7 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
 }
 
 dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
+    if (x->before_step) DW_TRY(x->before_step(x->before_user, x, step)); /* ZeRO-3's gathers */
     DW_TRY(run_step(x, step, train, dloss));
     return x->after_step ? x->after_step(x->after_user, x, step) : DW_OK; /* data parallelism's hook */
 }

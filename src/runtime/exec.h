@@ -19,7 +19,11 @@ struct dw_exec {
     char *pool[DW_POOL_COUNT];  /* backend memory, one block per pool */
     int64_t pool_bytes[DW_POOL_COUNT]; /* as allocated: the program's, the optimizer's a shard's
                                           after dw_exec_shard_optimizer */
-    float *w, *grad;            /* (param_floats) each: FP32 masters, gradients */
+    float *w, *grad;            /* (param_floats) each: FP32 masters, gradients; ZeRO-3 sharded
+                                   (dw_exec_shard_weights): w holds pool floats [w_lo, w_hi) */
+    int64_t w_lo, w_hi;
+    float **param_at;           /* (n_params) ZeRO-3 sharded: where each parameter's values gathered
+                                   for the current step are (train/dp_zero3.c), else NULL; owned */
     float *m, *v;               /* (opt_hi - opt_lo) each: AdamW moments of pool floats
                                    [opt_lo, opt_hi), float i at m[i - opt_lo] (dw_exec_moments) */
     int64_t opt_lo, opt_hi;     /* [0, param_floats), or a ZeRO rank's shard */
@@ -47,12 +51,19 @@ struct dw_exec {
      * its index in the program, to start the collectives of the gradients that step finished */
     dw_status (*after_step)(void *user, dw_exec *x, int step);
     void *after_user;
+    /* ZeRO-3 (train/dp_zero3.c), NULL when off: called before every step, to gather the parameters
+     * the step is the first of its phase to read */
+    dw_status (*before_step)(void *user, dw_exec *x, int step);
+    void *before_user;
 };
 
 /* Allocates the pools of p on be (zeroed) and lets the backend prepare (handles, plans). record:
  * replay recorded steps where the backend can; quant_reuse: as dw_engine_opts. p must outlive it. */
 dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out);
 void dw_exec_free(dw_exec *x);
+/* Recording off and the recorded training step dropped: hooks that run collectives between the
+ * steps (train/dp_overlap.c, dp_zero3.c) need every step issued. */
+void dw_exec_stop_recording(dw_exec *x);
 /* ZeRO-1/2 (train/dp.c): the optimizer pool replaced by one holding only the moments of pool floats
  * [lo, hi) (zeroed; the whole one released, the recorded optimizer dropped). The engine's own
  * optimizer step then refuses to run (engine.c): the shard's step is data parallelism's. */
@@ -91,6 +102,18 @@ static inline int64_t dw_exec_rows(const dw_exec *x, int t) {
     if (pt->moe_factor > 0) return dw_moe_routed_rows(pt->moe_factor, x->b * x->t, pt->moe_top_k, pt->moe_experts);
     return ten->ndim < 2 ? 1 : x->b * x->t * (ten->shape[1] / x->g->seq);
 }
+
+/* ZeRO-3: the weights pool replaced by one block of the FP32 masters of pool floats [lo, hi) (read
+ * from the whole pool) followed by `gather_bytes` for the parameters gathered around their use:
+ * parameter k at byte slot[k] of those (-1: never read by a step), which param_at (allocated here,
+ * n_params) then tells the executor. FP32 programs only (no BF16 working copies).
+ * dw_exec_unshard_weights: the whole pool again, holding the shard's floats at [lo, hi) and zeros
+ * elsewhere (the caller gathers the rest). Both leave the pools as they were on failure. */
+dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot);
+dw_status dw_exec_unshard_weights(dw_exec *x);
+/* Whether every parameter's FP32 master is in the weights pool at its offset (not ZeRO-3 sharded);
+ * DW_ERR_UNSUPPORTED naming `what` otherwise. */
+dw_status dw_exec_weights_whole(const dw_exec *x, const char *what);
 
 /* The part of pool floats [off, off + n) whose moments the optimizer pool holds (all of it unless
  * sharded): moment k's (0: m, 1: v) pointer to its first float, *skip floats after off, *count

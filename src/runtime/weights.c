@@ -76,6 +76,7 @@ static void init_values(const dw_ir_tensor *t, uint64_t seed, float *v) {
 }
 
 dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed) {
+    DW_TRY(dw_exec_weights_whole(e->x, "engine: initialising the weights"));
     int64_t *off;
     float *h = host_block(e, &off);
     if (!h) return dw_set_error(e->ctx, DW_ERR_NOMEM, "engine: out of host memory initialising the weights");
@@ -182,6 +183,7 @@ static int64_t piece_numel(const dw_hf_piece *q) {
  * optional logits/loss tensors of a parity dump. */
 static dw_status write_params(dw_engine *e, const char *path, bool grads, const float *logits, int64_t B, int64_t T,
                               const float *loss, dw_weights_layout L) {
+    if (!grads) DW_TRY(dw_exec_weights_whole(e->x, path));
     dw_ctx *ctx = e->ctx;
     char file[4096];
     out_path(path, file, sizeof file);
@@ -425,6 +427,7 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const hf_layout *hl
 }
 
 dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
+    DW_TRY(dw_exec_weights_whole(e->x, path));
     dw_ctx *ctx = e->ctx;
     shard_set s = {0};
     hf_layout hl = {0};

@@ -41,10 +41,6 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     d->eng = e;
     if (zero < 0 || zero > 3)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "--zero %d: the ZeRO stage is 0, 1, 2 or 3", zero);
-    if (zero > 2)
-        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "--zero 3 (ZeRO-3 / FSDP, parameters sharded) is not built "
-                            "yet: use --zero 0 (gradients all-reduced), 1 (optimizer state sharded) or 2 "
-                            "(gradients sharded too)");
     DW_TRY(dw_comm_world(e->ctx, &d->comm));
     d->host = d->comm->host;
     d->rank = d->comm->rank;
@@ -63,6 +59,7 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     d->times = calloc((size_t)(4 * d->world), sizeof *d->times);
     dw_status st = d->async && d->times ? dw_dp_overlap_attach(d)
                                         : dw_set_error(e->ctx, DW_ERR_NOMEM, "data parallel: out of memory");
+    if (st == DW_OK && zero == 3) st = dw_dp_z3_init(d); /* dp_zero3.c: the weights gathered around their use */
     if (st != DW_OK) {
         dw_dp_free(d);
         return st;
@@ -79,6 +76,7 @@ void dw_dp_free(dw_dp *d) {
     if (d->world > 1 && d->overlap)
         DW_LOGI("data parallel: %lld bucket reductions started during backward", (long long)d->overlapped);
     dw_dp_overlap_detach(d);
+    dw_dp_z3_free(d);
     dw_dp_buckets_free(&d->buckets);
     dw_comm_free(d->replicas, true);
     free(d->slices);
@@ -106,14 +104,14 @@ dw_status dw_dp_broadcast_weights(dw_dp *d) {
 }
 
 /* Every rank's blocks of a pool to every rank: the blocks by all-gather, the tail from the last rank. */
-static dw_status gather_pool(dw_dp *d, float *pool) {
+dw_status dw_dp_gather_pool(dw_dp *d, float *pool) {
     const int64_t full = d->block * d->world;
     DW_TRY(dw_comm_all_gather(d->ctx, d->comm, pool, d->block, DW_COMM_F32));
     return dw_comm_broadcast(d->ctx, d->comm, pool + full, d->floats - full, DW_COMM_F32, d->world - 1);
 }
 
 double dw_dp_grad_scale(const dw_dp *d, int64_t accum) {
-    return 1.0 / (double)(d->zero == 2 ? accum * d->world : accum);
+    return 1.0 / (double)(d->zero >= 2 ? accum * d->world : accum);
 }
 
 /* ZeRO-1/2: the shard's step (the gradients already reduced into the shards: dp_overlap.c). */
@@ -129,7 +127,8 @@ static dw_status shard_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, doub
         return dw_set_error(d->ctx, DW_ERR_NUMERIC, "adamw step %lld: gradient norm %g is not finite; parameters "
                             "left unchanged", (long long)step, norm);
     DW_TRY(dw_dp_range_adamw(d, &a, norm, d->lo, d->hi));
-    DW_TRY(gather_pool(d, d->eng->x->w));
+    if (d->zero == 3 && !d->z3_whole) return DW_OK; /* the shard's masters are the weights; gathered on use */
+    DW_TRY(dw_dp_gather_pool(d, d->eng->x->w));
     return dw_engine_refresh(d->eng); /* BF16 copies and quantised weights from the gathered masters */
 }
 
@@ -151,7 +150,8 @@ static uint64_t fnv1a(const void *p, size_t n) {
 
 dw_status dw_dp_check_weights(dw_dp *d, int64_t step) {
     if (d->world == 1) return DW_OK;
-    DW_TRY(dw_dp_gather_experts(d)); /* --ep: every expert current everywhere, as a checkpoint needs */
+    DW_TRY(dw_dp_gather_experts(d)); /* --ep: every expert current everywhere, as a checkpoint needs;
+                                        ZeRO-3: the whole weights */
     const size_t bytes = (size_t)d->floats * sizeof(float);
     float *w = d->eng->x->w;
     float *host = NULL;

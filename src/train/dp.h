@@ -17,10 +17,13 @@
  *   ZeRO-2: as ZeRO-1, but the buckets are reduced after every micro-batch (each rank's loss
  *           gradient scaled by 1/ranks, the shards summed) and everything outside the rank's
  *           shard is cleared, so only the shard accumulates over the micro-batches.
- * Memory (ZeRO-1/2): the engine's optimizer pool holds the moments of the rank's shard alone
+ *   ZeRO-3: as ZeRO-2, and the weights sharded: each parameter gathered before the first step of
+ *           each sweep that reads it (dp_zero3.c); whole again for a checkpoint or a sample.
+ * Memory (ZeRO-1/2/3): the engine's optimizer pool holds the moments of the rank's shard alone
  * (runtime/exec.h dw_exec_shard_optimizer, sized by compile/shard.h as the planner reports it);
- * the FP32 masters stay whole (the forward reads them) and so do the gradients (the backward's
- * buffer, written in place on every micro-batch). Not the communicator (comm/). */
+ * the FP32 masters stay whole under ZeRO-1/2 (the forward reads them; ZeRO-3 keeps its shard and a
+ * gather block) and the gradients always (the backward's buffer, written in place on every
+ * micro-batch). Not the communicator (comm/). */
 #ifndef DW_TRAIN_DP_H
 #define DW_TRAIN_DP_H
 
@@ -44,27 +47,28 @@ dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
  * reductions start from backward (several ranks: the executor's after_step hook is attached and
  * its recording turned off, as the collectives run between its steps); ZeRO-1/2 on several ranks:
  * the engine's optimizer pool replaced by the shard's (zeroed: call it before moments are loaded;
- * the engine's own step is then refused). zero 3: DW_ERR_UNSUPPORTED naming the stage. One rank:
- * everything below is the single-process path. */
+ * the engine's own step is then refused); ZeRO-3 also plans its gathers (dp_zero3.c; a BF16
+ * program: DW_ERR_UNSUPPORTED naming it). One rank: everything below is the single-process path. */
 dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap);
-/* Detaches the hook and frees the buckets (the communicator is the job's). */
+/* Detaches the hooks and frees the buckets (the communicator is the job's). */
 void dw_dp_free(dw_dp *d);
 /* Rank 0's FP32 masters to every rank (the start of a run, fresh or resumed), then the derived
  * copies refreshed: the ranks start identical whatever their seeds. */
 dw_status dw_dp_broadcast_weights(dw_dp *d);
 /* The optimizer step after the accumulation (the gradients already averaged by
  * dw_dp_after_backward): clipping by the global norm, AdamW (ZeRO-1/2: on the rank's shards, the
- * weights gathered after); *norm is the global gradient norm before clipping (DW_ERR_NUMERIC,
+ * weights gathered after; ZeRO-3: on the shard, nothing gathered); *norm is the global gradient norm before clipping (DW_ERR_NUMERIC,
  * weights unchanged, when not finite). */
 dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm);
-/* The loss-gradient scale of each of the step's `accum` micro-batches: 1/accum (ZeRO-2: 1/(accum
+/* The loss-gradient scale of each of the step's `accum` micro-batches: 1/accum (ZeRO-2/3: 1/(accum
  * x ranks), since the ranks' shards are summed). */
 double dw_dp_grad_scale(const dw_dp *d, int64_t accum);
-/* Before each micro-batch's forward and backward: last, whether it is the step's last. */
+/* Before each micro-batch's forward and backward: last, whether it is the step's last (ZeRO-3:
+ * the weights sharded from the micro-batch's first step on). */
 void dw_dp_before_backward(dw_dp *d, bool last);
-/* After each micro-batch's backward: when it reduces (the last; ZeRO-2: each), every bucket not
+/* After each micro-batch's backward: when it reduces (the last; ZeRO-2/3: each), every bucket not
  * yet started starts and all are waited for (the time waited is the step's exposed
- * communication); ZeRO-1/2 then clear what lies outside the rank's shards. */
+ * communication); ZeRO-2/3 then clear what lies outside the rank's shard. */
 dw_status dw_dp_after_backward(dw_dp *d);
 /* This step's communication (several ranks): the gradient collectives' own seconds, and the wall
  * seconds waited for them after backward; both reset. */
@@ -74,11 +78,12 @@ void dw_dp_take_times(dw_dp *d, double *comm_s, double *exposed_s);
 dw_status dw_dp_report_times(dw_dp *d, dw_train_progress *p);
 /* --ep K (ep not NULL, several ranks): ZeRO-0 reduces each rank's experts' gradients only among the
  * ranks holding the same experts (a split of the communicator by rank mod K) and steps only them
- * and the dense parameters; ZeRO-1/2 keep reducing the whole pool (logged). */
+ * and the dense parameters; ZeRO-1/2 keep reducing the whole pool (logged); ZeRO-3:
+ * DW_ERR_UNSUPPORTED (the expert steps read their weights whole). */
 dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep);
 /* --ep with ZeRO-0: every expert's weights and moments from the first group's owner to every rank,
  * the derived copies refreshed (before a checkpoint, the weight check, what rank 0 runs alone);
- * otherwise nothing. Every rank calls it. */
+ * ZeRO-3: the whole weights on every rank (dw_dp_z3_whole); otherwise nothing. Every rank calls it. */
 dw_status dw_dp_gather_experts(dw_dp *d);
 
 /* dp_range.c, for dp.c and dp_experts.c: the sum of squares of gradients [lo, hi) and AdamW over
@@ -89,6 +94,17 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
  * over every rank, its part of this rank's experts over the replicas). */
 dw_status dw_dp_experts_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm);
 dw_status dw_dp_experts_start_bucket(dw_dp *d, int i);
+
+/* dp_zero3.c, for dp.c: ZeRO-3's gather plan and the executor's before_step hook (FP32 programs;
+ * DW_ERR_UNSUPPORTED naming the precision otherwise), detached and freed by dw_dp_z3_free;
+ * dw_dp_z3_train: the next training step runs sharded (the weights' shard kept, the gather block
+ * used); dw_dp_z3_whole: the whole weights again on every rank (every rank calls it; ZeRO-3 only,
+ * else nothing). dw_dp_gather_pool: every rank's blocks of a pool (ZeRO-1/2/3) to every rank. */
+dw_status dw_dp_z3_init(dw_dp *d);
+void dw_dp_z3_free(dw_dp *d);
+void dw_dp_z3_train(dw_dp *d);
+dw_status dw_dp_z3_whole(dw_dp *d);
+dw_status dw_dp_gather_pool(dw_dp *d, float *pool);
 
 /* dp_overlap.c, for dp.c: the executor's after_step hook attached (several ranks, overlap on) or
  * detached (recording as the engine's options say again, unless expert parallelism holds it off). */

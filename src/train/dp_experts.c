@@ -23,6 +23,9 @@ static int by_begin(const void *a, const void *b) {
 dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep) {
     const int K = dw_ep_group_size(ep);
     if (d->world == 1 || K == 1) return DW_OK;
+    if (d->zero == 3)
+        return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "--ep %d with --zero 3: the expert layers' steps (train/ep.c) "
+                            "read their weights whole; use --zero 0, 1 or 2 with expert parallelism", K);
     if (d->zero) {
         DW_LOGI("expert parallel with ZeRO-%d: the expert gradients are reduced over all %d ranks (reducing them "
                 "among the ranks holding the same experts is ZeRO-0's)", d->zero, d->world);
@@ -119,6 +122,7 @@ dw_status dw_dp_experts_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, dou
 }
 
 dw_status dw_dp_gather_experts(dw_dp *d) {
+    DW_TRY(dw_dp_z3_whole(d)); /* ZeRO-3: the whole weights, for a checkpoint or rank 0's sample */
     if (!d->n_slices) return DW_OK;
     dw_exec *x = d->eng->x;
     float *pools[3] = {x->w, x->m, x->v};

@@ -17,7 +17,7 @@ static dw_status start_bucket(dw_dp *d, int i) {
     if (d->n_slices) return dw_dp_experts_start_bucket(d, i); /* --ep: experts among their replicas */
     const dw_dp_bucket *b = &d->buckets.b[i];
     float *g = d->eng->x->grad;
-    const dw_comm_op op = d->zero == 2 ? DW_COMM_SUM : DW_COMM_AVG;
+    const dw_comm_op op = d->zero >= 2 ? DW_COMM_SUM : DW_COMM_AVG;
     for (int r = 0; r < d->world; r++) {
         int64_t lo = b->begin, hi = b->end;
         if (d->zero) { /* rank r's shard: [r block, (r+1) block), the last rank's to the end */
@@ -50,10 +50,7 @@ static dw_status after_step(void *arg, dw_exec *x, int step) {
 dw_status dw_dp_overlap_attach(dw_dp *d) {
     dw_exec *x = d->eng->x;
     if (d->world == 1 || !d->overlap) return DW_OK;
-    /* the collectives run between the executor's steps: a recorded (replayed) step would skip them */
-    if (x->rec_step) x->be->i->drop(x->be, x->rec_step);
-    x->rec_step = NULL;
-    x->record = false;
+    dw_exec_stop_recording(x); /* the collectives run between the steps: a replayed step would skip them */
     x->after_step = after_step, x->after_user = d;
     return DW_OK;
 }
@@ -66,7 +63,8 @@ void dw_dp_overlap_detach(dw_dp *d) {
 }
 
 void dw_dp_before_backward(dw_dp *d, bool last) {
-    d->armed = d->world > 1 && (last || d->zero == 2);
+    d->armed = d->world > 1 && (last || d->zero >= 2);
+    dw_dp_z3_train(d); /* ZeRO-3: this micro-batch runs on the shard and gathered parameters */
     d->started = d->n_async = 0;
 }
 
@@ -96,8 +94,8 @@ dw_status dw_dp_after_backward(dw_dp *d) {
     for (int i = 0; i < d->n_async; i++) DW_TRY(dw_comm_wait(d->ctx, d->comm, &d->async[i]));
     d->exposed_s += dw_comm_now() - t0;
     d->comm_s += busy_seconds(d);
-    if (d->zero != 2) return DW_OK;
-    /* ZeRO-2: the next micro-batch adds only its own gradients outside the shard */
+    if (d->zero < 2) return DW_OK;
+    /* ZeRO-2/3: the next micro-batch adds only its own gradients outside the shard */
     dw_backend *be = d->eng->be;
     float *g = d->eng->x->grad;
     DW_TRY(be->i->zero(be, g, (size_t)d->lo * sizeof *g));

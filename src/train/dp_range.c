@@ -42,9 +42,10 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
     const int64_t n_decay = decay <= lo ? 0 : decay - lo < n ? decay - lo : n;
     if (n <= 0) return DW_OK;
     DW_ASSERT(x->opt_lo <= lo && hi <= x->opt_hi); /* the moments this rank holds (ZeRO: its shard) */
-    float *m = x->m + (lo - x->opt_lo), *v = x->v + (lo - x->opt_lo);
+    DW_ASSERT(x->w_lo <= lo && hi <= x->w_hi); /* the masters it holds (ZeRO-3: its shard) */
+    float *m = x->m + (lo - x->opt_lo), *v = x->v + (lo - x->opt_lo), *w = x->w + (lo - x->w_lo);
     if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
-        dw_cpu_adamw(x->w + lo, x->grad + lo, m, v, n, n_decay, norm, a);
+        dw_cpu_adamw(w, x->grad + lo, m, v, n, n_decay, norm, a);
         return DW_OK;
     }
 #if DW_HAVE_CUDA
@@ -54,7 +55,7 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
     DW_TRY(dw_ctx_stream(d->ctx, &stream));
     DW_TRY(be->i->upload(be, x->work + p->work.norm, &norm, sizeof norm));
     DW_TRY(be->i->upload(be, x->work + p->work.adamw_args, a, sizeof *a));
-    return dw_cuda_adamw(d->ctx, x->w + lo, x->grad + lo, m, v, n, n_decay,
+    return dw_cuda_adamw(d->ctx, w, x->grad + lo, m, v, n, n_decay,
                          (const double *)(x->work + p->work.norm), (const dw_adamw_args *)(x->work + p->work.adamw_args),
                          stream);
 #else

@@ -37,7 +37,7 @@ typedef struct {
     dw_comm *comm;        /* the engine's memory (nccl on a GPU) */
     dw_comm *host;        /* host values: losses, flags, norms */
     int rank, world;
-    int zero;             /* 0, 1 or 2 */
+    int zero;             /* 0, 1, 2 or 3 */
     int64_t floats;       /* of one parameter-shaped pool */
     int64_t block;        /* ZeRO-1/2: floats of each rank's shard, a multiple of 64; the last rank's
                              also holds the tail [world x block, floats) */
@@ -60,6 +60,14 @@ typedef struct {
     int n_slices;
     dw_dp_slice *slices;
     dw_comm *replicas;
+    /* ZeRO-3 (dp_zero3.c): whether the weights pool is whole (the start, after a checkpoint or a
+     * sample) or the shard's; whether training asked for the shard; each parameter's gather slot
+     * (bytes into the gather block, -1: never read) and the gathers due before each step */
+    bool z3_whole, z3_want, z3_logged;
+    int64_t z3_gather_bytes;
+    int64_t *z3_slot;     /* (n_params) */
+    int *z3_ev_at;        /* (n_steps + 1) z3_ev[z3_ev_at[s] .. z3_ev_at[s + 1]): step s's gathers */
+    int *z3_ev;           /* parameters */
 } dw_dp;
 
 #endif /* DW_TRAIN_DP_STATE_H */

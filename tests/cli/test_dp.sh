@@ -8,7 +8,7 @@
 # gives ZeRO-0's losses, and without clipping (whose global norm ZeRO-1 sums in another order)
 # ZeRO-1 and ZeRO-2 give the very same checkpoint bytes; ZeRO-2 with accumulation the same losses;
 # a 2-rank checkpoint resumes on 1 rank with the same losses; rank 0 alone writes; a failing rank
-# stops the job with a clear error instead of a hang; --zero 3 is refused by name.
+# stops the job with a clear error instead of a hang.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -93,10 +93,7 @@ for x, y in zip(a, b):
     assert abs(x["loss"] - y["loss"]) <= 2e-6 * x["loss"], (x, y)
 PY
 
-# refusals
-"$dw" "${run[@]}" --batch 2 --zero 3 --out "$tmp/z3" >/dev/null 2>"$tmp/err"
-check "--zero 3 refused (unsupported)" 1 $?
-has "  ... by name" "$tmp/err" "--zero 3 (ZeRO-3 / FSDP, parameters sharded) is not built yet"
+# refusals (ZeRO-3's: tests/cli/test_zero3.sh)
 "${mpi[@]}" "$dw" "${run[@]}" --batch 3 --global-batch 4 --out "$tmp/g" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "a global batch the ranks cannot split is refused" || bad "--global-batch 4 over 2 x 3 ran"
 has "  ... saying why, on every rank" "$tmp/err" "train (rank 1/2): " "--global-batch 4 is not a multiple of --batch 3 x 2 ranks"

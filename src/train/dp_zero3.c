@@ -1,0 +1,185 @@
+/* dp_zero3.c — ZeRO-3 / FSDP (dp.h): each rank keeps the FP32 masters of its shard [lo, hi) of the
+ * flat pools; a parameter is gathered (a broadcast from every rank whose shard holds part of it)
+ * into a slot of a gather block just before the first step of the forward that reads it, and again
+ * before the first step of the backward sweep that reads it; its slot is another parameter's once
+ * its last reader in that sweep has run (the slots placed by the static memory planner,
+ * compile/memplan.h, over those two lifetimes). The gradients go as ZeRO-2's (dp_overlap.c), the
+ * optimizer steps the shard (dp.c). Whole weights again (dw_dp_z3_whole) before what reads them
+ * whole: a checkpoint, rank 0's sample; sharded again before the next training step. FP32 programs
+ * only: BF16 working copies and quantised weight caches are not gathered yet. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/memplan.h"
+#include "compile/program.h"
+#include "compile/shard.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/engine.h"
+#include "train/dp.h"
+#if DW_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "core/ctx.h"
+#include "core/cuda_check.h"
+#endif
+
+/* n floats from src to dst, both the engine's memory. */
+static dw_status copy_floats(dw_dp *d, float *dst, const float *src, int64_t n) {
+    if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+        return DW_OK;
+    }
+#if DW_HAVE_CUDA
+    void *stream = NULL;
+    DW_TRY(dw_ctx_stream(d->ctx, &stream));
+    DW_CUDA_CHECK(d->ctx, cudaMemcpyAsync(dst, src, (size_t)n * sizeof *dst, cudaMemcpyDeviceToDevice,
+                                          (cudaStream_t)stream));
+    return DW_OK;
+#else
+    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "ZeRO-3: a CUDA context in a build without CUDA");
+#endif
+}
+
+/* Parameter k's readers among steps [s0, s1): the first and last (-1, -1: none). */
+static void readers(const dw_compiled *p, int k, int s0, int s1, int *first, int *last) {
+    *first = *last = -1;
+    const int t = p->param_tensor[k];
+    for (int s = s0; s < s1; s++) {
+        const dw_step *st = &p->steps[s];
+        if (st->kind != DW_STEP_FWD && st->kind != DW_STEP_BWD) continue;
+        const dw_ir_node *n = dw_compile_node(p, st->node);
+        bool reads = false;
+        for (int i = 0; i < n->n_in && !reads; i++) reads = n->in[i] == t;
+        if (!reads) continue;
+        if (*first < 0) *first = s;
+        *last = s;
+    }
+}
+
+/* The slots (memplan over each parameter's forward and backward lifetimes) and the gathers due
+ * before each step: z3_ev[z3_ev_at[s] .. z3_ev_at[s + 1]) are the parameters step s gathers. */
+static dw_status plan(dw_dp *d) {
+    const dw_compiled *p = d->eng->p;
+    const int np = p->n_params, ns = p->n_steps;
+    const int f0 = p->phase[DW_PHASE_FORWARD][0], f1 = p->phase[DW_PHASE_FORWARD][1];
+    const int b0 = p->phase[DW_PHASE_BACKWARD][0], b1 = p->phase[DW_PHASE_BACKWARD][1];
+    dw_mem_item *items = calloc((size_t)(np ? np : 1), sizeof *items);
+    int *item_of = malloc((size_t)(np ? np : 1) * sizeof *item_of), *first = malloc((size_t)(2 * np + 1) * sizeof *first);
+    d->z3_slot = malloc((size_t)(np ? np : 1) * sizeof *d->z3_slot);
+    d->z3_ev_at = calloc((size_t)ns + 1, sizeof *d->z3_ev_at);
+    d->z3_ev = malloc((size_t)(2 * np + 1) * sizeof *d->z3_ev);
+    dw_status st = items && item_of && first && d->z3_slot && d->z3_ev_at && d->z3_ev
+                       ? DW_OK
+                       : dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of memory");
+    int n = 0;
+    for (int k = 0; st == DW_OK && k < np; k++) {
+        int ff, fl, bf, bl;
+        readers(p, k, f0, f1, &ff, &fl);
+        readers(p, k, b0, b1, &bf, &bl);
+        first[2 * k] = ff, first[2 * k + 1] = bf;
+        item_of[k] = -1;
+        if (ff < 0 && bf < 0) continue; /* read by no step (fused away): never gathered */
+        const int64_t bytes = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]) * (int64_t)sizeof(float);
+        dw_mem_item *it = &items[n];
+        *it = (dw_mem_item){.size = bytes, .align = 256};
+        if (ff >= 0 && bf >= 0) it->first = ff, it->last = fl, it->first2 = bf, it->last2 = bl;
+        else if (ff >= 0) it->first = ff, it->last = fl;
+        else it->first = bf, it->last = bl;
+        item_of[k] = n++;
+        for (int j = 0; j < 2; j++)
+            if (first[2 * k + j] >= 0) d->z3_ev_at[first[2 * k + j] + 1]++;
+    }
+    if (st == DW_OK) st = dw_memplan_assign(d->ctx, items, n, &d->z3_gather_bytes);
+    if (st == DW_OK) {
+        for (int s = 0; s < ns; s++) d->z3_ev_at[s + 1] += d->z3_ev_at[s];
+        int *fill = calloc((size_t)ns + 1, sizeof *fill);
+        if (!fill) st = dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of memory");
+        for (int k = 0; st == DW_OK && k < np; k++) {
+            d->z3_slot[k] = item_of[k] >= 0 ? items[item_of[k]].offset : -1;
+            for (int j = 0; j < 2; j++)
+                if (item_of[k] >= 0 && first[2 * k + j] >= 0) {
+                    const int s = first[2 * k + j];
+                    d->z3_ev[d->z3_ev_at[s] + fill[s]++] = k;
+                }
+        }
+        free(fill);
+    }
+    free(items), free(item_of), free(first);
+    return st;
+}
+
+/* Parameter k into its slot: each rank's part of it broadcast from that rank. */
+static dw_status gather(dw_dp *d, int k) {
+    const dw_compiled *p = d->eng->p;
+    const int64_t a = p->param_off[k], n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
+    float *slot = d->eng->x->param_at[k];
+    for (int r = 0; r < d->world; r++) {
+        int64_t rlo, rhi;
+        dw_shard_range(d->floats, d->world, r, &rlo, &rhi);
+        const int64_t lo = a > rlo ? a : rlo, hi = a + n < rhi ? a + n : rhi;
+        if (hi <= lo) continue;
+        if (r == d->rank) DW_TRY(copy_floats(d, slot + (lo - a), d->eng->x->w + (lo - d->lo), hi - lo));
+        DW_TRY(dw_comm_broadcast(d->ctx, d->comm, slot + (lo - a), hi - lo, DW_COMM_F32, r));
+    }
+    return DW_OK;
+}
+
+/* The weights sharded: the masters of [lo, hi) kept, the gather block after them. */
+static dw_status to_sharded(dw_dp *d) {
+    dw_exec *x = d->eng->x;
+    DW_TRY(dw_exec_shard_weights(x, d->lo, d->hi, d->z3_gather_bytes, d->z3_slot));
+    if (!d->z3_logged) {
+        d->z3_logged = true;
+        DW_LOGI("ZeRO-3: weights of floats [%lld, %lld) plus %lld bytes gathered around their use: %lld bytes on this "
+                "rank (%lld whole)", (long long)d->lo, (long long)d->hi, (long long)d->z3_gather_bytes,
+                (long long)x->pool_bytes[DW_POOL_WEIGHTS], (long long)d->eng->p->pool_bytes[DW_POOL_WEIGHTS]);
+    }
+    d->z3_whole = false;
+    return DW_OK;
+}
+
+/* The executor's hook (exec.h before_step): shard when training asks; gather what step reads first. */
+static dw_status before_step(void *arg, dw_exec *x, int step) {
+    (void)x;
+    dw_dp *d = arg;
+    if (d->z3_whole && d->z3_want) DW_TRY(to_sharded(d));
+    if (d->z3_whole) return DW_OK;
+    for (int e = d->z3_ev_at[step]; e < d->z3_ev_at[step + 1]; e++) DW_TRY(gather(d, d->z3_ev[e]));
+    return DW_OK;
+}
+
+dw_status dw_dp_z3_init(dw_dp *d) {
+    dw_exec *x = d->eng->x;
+    if (d->eng->p->bf16)
+        return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "--zero 3 runs FP32 programs only so far (--precision fp32): "
+                            "the BF16 working copies and quantised weight caches of program '%s' are not gathered yet; "
+                            "use --zero 1 or 2", d->eng->p->precision);
+    DW_TRY(plan(d));
+    d->z3_whole = true;
+    dw_exec_stop_recording(x); /* the gathers run between the steps: a replayed step would skip them */
+    x->before_step = before_step, x->before_user = d;
+    return DW_OK;
+}
+
+void dw_dp_z3_free(dw_dp *d) {
+    dw_exec *x = d->eng ? d->eng->x : NULL;
+    if (x && x->before_user == d) x->before_step = NULL, x->before_user = NULL;
+    /* a run that ended sharded (an error: the other ranks may be gone) leaves the engine sharded,
+     * its parameters where they were last gathered; its weight accessors say so
+     * (dw_exec_weights_whole) */
+    free(d->z3_slot), free(d->z3_ev_at), free(d->z3_ev);
+    d->z3_slot = NULL, d->z3_ev_at = NULL, d->z3_ev = NULL;
+}
+
+void dw_dp_z3_train(dw_dp *d) { d->z3_want = d->zero == 3; }
+
+dw_status dw_dp_z3_whole(dw_dp *d) {
+    if (d->zero != 3 || d->world == 1) return DW_OK;
+    d->z3_want = false;
+    if (d->z3_whole) return DW_OK;
+    DW_TRY(dw_exec_unshard_weights(d->eng->x));
+    d->z3_whole = true;
+    DW_TRY(dw_dp_gather_pool(d, d->eng->x->w));
+    return d->eng->be->i->sync(d->eng->be);
+}
