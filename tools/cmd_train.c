@@ -532,7 +532,9 @@ static void print_weights(const dw_model *m, const train_init *init, uint64_t se
 }
 
 /* The run's tokenizer into DIR (rank 0): --tokenizer, checked to read and to fit the model's
- * vocabulary, else the model directory's or checkpoint's own tokenizer.json as it is. An exit code. */
+ * vocabulary (one of a kind the library cannot decode is recorded with a warning: Python's
+ * `tokenizers` can), else the model directory's or checkpoint's own tokenizer.json as it is. An
+ * exit code. */
 static int record_tokenizer(dw_ctx *ctx, const dw_model *m, const char *out_dir) {
     const char *own = dw_model_tokenizer(m), *t = tokenizer;
     if (dist.rank != 0 || (!t && (!strcmp(own, "bytes") || !strcmp(own, "ids")))) return DW_EXIT_OK;
@@ -541,7 +543,11 @@ static int record_tokenizer(dw_ctx *ctx, const dw_model *m, const char *out_dir)
         dw_status st = dw_hf_tokenizer_open(ctx, t, &hf);
         const int64_t v = hf ? dw_hf_tokenizer_vocab(hf) : 0, mv = dw_graph_vocab(dw_model_graph(m));
         dw_hf_tokenizer_free(hf);
-        if (st != DW_OK) return cli_fail(CMD, ctx, st);
+        if (st == DW_ERR_UNSUPPORTED)
+            fprintf(stderr, "deepwell %s: warning: %s; recorded all the same (python -m deepwell.sample decodes it)\n",
+                    CMD, dw_errmsg(ctx));
+        else if (st != DW_OK)
+            return cli_fail(CMD, ctx, st);
         if (v > mv) {
             cli_error(CMD, "--tokenizer %s: its ids reach %lld, beyond the model's vocabulary of %lld", t, (long long)v,
                       (long long)mv);

@@ -111,7 +111,7 @@ def prepare(tokenizer, inputs, out, val_fraction=0.01, shard_tokens=100_000_000,
     if progress:
         sys.stderr.write("\n")
     res = {s: w.close() for s, w in writers.items()}
-    return {**res, "tokens": counts, "vocab": tok.vocab, "eot": eot}
+    return {**res, "tokens": counts, "vocab": tok.vocab, "eot": eot, "tokenizer": tok.path}
 
 
 def main(argv=None):
@@ -128,7 +128,8 @@ def main(argv=None):
     print(f"{r['tokens']['train']} train tokens in {len(r['train'])} shard(s), {r['tokens']['val']} val tokens in "
           f"{len(r['val'])} shard(s); vocabulary {r['vocab']}, end-of-text {r['eot']}; "
           f"train with: deepwell train --data '{os.path.join(a.out, 'train_*.bin')}' "
-          f"--val '{os.path.join(a.out, 'val_*.bin')}'")
+          f"--val '{os.path.join(a.out, 'val_*.bin')}'"
+          + (f" --tokenizer '{os.path.abspath(r['tokenizer'])}'" if r["tokenizer"] else ""))
     return 0
 
 

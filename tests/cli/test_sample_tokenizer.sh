@@ -4,8 +4,8 @@
 # listed in state.json; `deepwell sample RUN` then decodes with it after the model directory's copy
 # is gone, and so does a checkpoint moved elsewhere alone. A changed or missing copy is refused
 # naming the file; another tokenizer on --resume is refused; --tokenizer on sample that is not the
-# run's is used with a warning; an unreadable or too large --tokenizer is refused; a run without a
-# tokenizer records none.
+# run's is used with a warning; an unreadable or too large --tokenizer is refused, one of a kind the
+# library cannot decode is recorded with a warning; a run without a tokenizer records none.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -106,6 +106,11 @@ tokenizer "$tmp/big.json" "a b" "c d" "e f" "g h" "i j" "k l" "m n" "o p" "q r" 
 "$dw" train --model "$tmp/plain" "${run[@]}" --out "$tmp/big" --tokenizer "$tmp/big.json" >/dev/null 2>"$tmp/v.err"
 check "a tokenizer beyond the model's vocabulary is refused" 2 $?
 has "the refusal says so" "$tmp/v.err" "ids reach 265" "vocabulary of 264"
+echo '{"model": {"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1}, "unk_token": "[UNK]"}}' >"$tmp/wl.json"
+"$dw" train --model "$tmp/plain" "${run[@]}" --out "$tmp/wl" --tokenizer "$tmp/wl.json" >/dev/null 2>"$tmp/wl.err"
+check "a --tokenizer the library cannot decode" 0 $?
+has "is recorded with a warning" "$tmp/wl.err" "warning:" "WordLevel"
+cmp -s "$tmp/wl.json" "$tmp/wl/ckpt-2/tokenizer.json" && ok "recorded" || bad "not recorded"
 
 echo "$fails failed"
 [ "$fails" = 0 ]

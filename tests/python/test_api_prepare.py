@@ -44,6 +44,7 @@ class Prepare(unittest.TestCase):
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.path.join(SRC, "python")})
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("train with: deepwell train", r.stdout)
+        self.assertNotIn("--tokenizer", r.stdout)  # bytes: nothing for the run to record
         want = {"train": [], "val": []}
         for n, t in enumerate(self.docs, 1):
             want["val" if n % 5 == 0 else "train"] += [10] + list(t.encode("utf-8"))
@@ -86,6 +87,7 @@ class Prepare(unittest.TestCase):
             tok.save(os.path.join(d, "tokenizer.json"))
             r = prepare.prepare(d, self.inputs, os.path.join(self.d, f"out{size}"), val_fraction=0, progress=False)
             self.assertEqual((r["vocab"], r["eot"]), (size, 0))
+            self.assertEqual(r["tokenizer"], os.path.join(d, "tokenizer.json"))  # for train --tokenizer
             want = [i for t in self.docs for i in [0] + tok.encode(t).ids]
             got = np.concatenate([dw.read_shard(p) for p in r["train"]])
             np.testing.assert_array_equal(got, want)
