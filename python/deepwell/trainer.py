@@ -9,6 +9,7 @@ KeyboardInterrupt (a second Ctrl-C aborts the process); an exception from a call
 iterable stops training and is re-raised."""
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -276,9 +277,10 @@ def _latest_c(run):
 
 
 def export(what, out=None, format="hf", layout="as_loaded", path=None):
-    """Writes a Hugging Face model directory: out/config.json (the captured config) and
+    """Writes a Hugging Face model directory: out/config.json (the captured config),
     out/model.safetensors (FP32, HF names and layouts; MoE experts in `layout`: as_loaded, fused
-    or per_expert). what: a Trainer (its engine after training) or an Engine."""
+    or per_expert) and out/tokenizer.json when the model has one (a Trainer's run's copy, else the
+    engine's model's: Graph.tokenizer). what: a Trainer (its engine after training) or an Engine."""
     out = out if out is not None else path  # dw.export(engine, path=...) as the origin documents write it
     if out is None:
         raise ValueError("export: give the output directory")
@@ -294,4 +296,10 @@ def export(what, out=None, format="hf", layout="as_loaded", path=None):
     with open(os.path.join(out, "config.json"), "wb") as f:
         f.write(cfg if cfg.endswith(b"\n") else cfg + b"\n")
     e.save_weights(os.path.join(out, "model.safetensors"), layout)
+    tok = e.graph.tokenizer
+    if isinstance(what, Trainer):  # the run's copy (dw_run_set_tokenizer), else the one it would record
+        ran = os.path.join(what.out, "tokenizer.json")
+        tok = ran if os.path.isfile(ran) else what.tokenizer_path
+    if tok and os.path.abspath(tok) != os.path.abspath(os.path.join(out, "tokenizer.json")):
+        shutil.copyfile(tok, os.path.join(out, "tokenizer.json"))
     return out

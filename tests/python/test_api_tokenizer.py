@@ -146,6 +146,9 @@ class TokenizerTests(unittest.TestCase):
             with open(f, "rb") as a, open(path, "rb") as b:
                 self.assertEqual(a.read(), b.read(), f)
         os.remove(os.path.join(model, "tokenizer.json"))  # only the run's copies are left
+        hf = dw.export(t, os.path.join(self.d, "hf"))  # the exported model directory has it too
+        with open(os.path.join(hf, "tokenizer.json"), "rb") as a, open(path, "rb") as b:
+            self.assertEqual(a.read(), b.read())
         e = dw.compile(dw.capture(run, seq_len=32, batch=1))
         self.assertEqual(e.graph.tokenizer, copy)
         prompt = random_text(self.rng, 3)
