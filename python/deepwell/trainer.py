@@ -80,6 +80,7 @@ class Trainer:
                  zero=0, ep=1, overlap=True, max_skips=10, quant_check_every=100, quant_fallback_after=3,
                  spike_zscore=0.0, spike_window=None, max_rollbacks=None, fp8_amax_history=0, moe_bias_update=0.0,
                  profile=False):
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for fit(**options)
         if not isinstance(engine, Engine):
             raise TypeError(f"Trainer needs a dw.Engine (dw.compile), not {type(engine).__name__}")
         if optimizer not in ("adamw", "adamw_dw"):
@@ -243,9 +244,18 @@ class Trainer:
             self.checkpoint = _latest_c(self.out) or self.checkpoint
 
     # ---- entry -----------------------------------------------------------------------------------
-    def fit(self):
+    def fit(self, **options):
         """Trains to `steps`; returns the last step's metrics (None when no step ran). Raises
-        KeyboardInterrupt after writing a checkpoint when Ctrl-C stopped it."""
+        KeyboardInterrupt after writing a checkpoint when Ctrl-C stopped it. options: any of
+        Trainer's keywords (steps=, spike_zscore=, resume=, ...), replacing the trainer's from now on
+        (checked as Trainer checks them)."""
+        if options:
+            bad = sorted(set(options) - set(self._args))
+            if bad:
+                raise TypeError(f"fit: unknown option(s) {', '.join(bad)} (Trainer's keywords are taken)")
+            fresh = Trainer(**{**self._args, **options})
+            fresh.history, fresh.checkpoint = self.history, self.checkpoint
+            self.__dict__.update(fresh.__dict__)
         dl = self.dataloader
         with _StopSignal() as stop:
             if isinstance(dl, (Data, str, os.PathLike)):

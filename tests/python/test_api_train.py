@@ -301,6 +301,14 @@ class TrainerTests(unittest.TestCase):
             self.assertIn(text, str(ex.exception), kw)
         with self.assertRaises(ValueError):  # as `deepwell train`: the rollback's settings need it on
             self.trainer("refused", 2, engine=e, spike_window=8)
+        t = self.trainer("fit_options", 2, engine=e)  # fit() takes the same keywords
+        with self.assertRaises(dw.DeepwellError) as ex:
+            t.fit(fp8_amax_history=-4)
+        self.assertIn("--fp8-amax-history -4", str(ex.exception))
+        with self.assertRaises(TypeError):
+            t.fit(spike=1.0)
+        t.fit(fp8_amax_history=0, steps=3, max_skips=4)
+        self.assertEqual((len(t.history), t.steps, t._c_opts("builtin", None)[0].max_skips), (3, 3, 4))
 
     def test_spike_rollback_and_delayed_scaling_are_checkpointed(self):
         """spike_zscore and fp8_amax_history run: their state is in the checkpoint's state.json."""
