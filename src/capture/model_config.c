@@ -159,8 +159,8 @@ static dw_status parse_gemma2(dw_ctx *ctx, const json_t *j, const char *what, dw
 
 /* Phi-3: the llama fields and block (SwiGLU, RoPE, no biases), q/k/v and gate/up fused in its
  * checkpoints (archs.def's fused column), sliding_window on every layer as Mistral's (default
- * none); partial_rotary_factor below 1 and the longrope type are refused by name
- * (model_config_rope.c). */
+ * none); the longrope type (top-level original_max_position_embeddings, 4096 by default) and
+ * partial_rotary_factor below 1 (Phi-4-mini), read by model_config_rope.c. */
 static dw_status parse_phi3(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
     DW_TRY(parse_llama(ctx, j, what, c));
     c->qkv_bias = false, c->mlp_bias = false; /* Phi3Attention and Phi3MLP have none (the keys are not read) */
@@ -356,7 +356,8 @@ dw_status dw_model_config_check(dw_ctx *ctx, const dw_model_config *c, const cha
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "%s: rope needs an even head_dim (%lld) and rope_theta > 0 (%g)", what,
                             (long long)c->head_dim, c->rope_theta);
-    const char *rope_bad = c->pos == DW_POS_ROPE ? dw_rope_scaling_problem(&c->rope_scaling, c->rope_theta) : NULL;
+    const char *rope_bad =
+        c->pos == DW_POS_ROPE ? dw_rope_scaling_problem(&c->rope_scaling, c->rope_theta, c->head_dim) : NULL;
     if (rope_bad)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: rope type '%s': %s", what,
                             dw_rope_type_name(c->rope_scaling.type) ? dw_rope_type_name(c->rope_scaling.type) : "?",

@@ -15,10 +15,27 @@ static json_t *shape_json(const dw_ir_tensor *t) {
     return a;
 }
 
-/* A rope node's frequency type beyond the default: {"type", "factor", ...}, the fields its type uses. */
+/* [v[0], ..., v[n-1]] */
+static json_t *reals(const double *v, int32_t n) {
+    json_t *a = json_array();
+    for (int32_t i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+/* A rope node's parameters beyond the default over the whole head: {"type", "factor", ...}, the
+ * fields its type uses, and "rotary_dim" when only part of each head rotates. */
 static json_t *rope_json(const dw_rope_scaling *r) {
     json_t *o = json_object();
     json_object_set_new(o, "type", json_string(dw_rope_type_name(r->type)));
+    if (r->rotary_dim) json_object_set_new(o, "rotary_dim", json_integer(r->rotary_dim));
+    if (r->type == DW_ROPE_DEFAULT) return o;
+    if (r->type == DW_ROPE_LONGROPE) {
+        json_object_set_new(o, "short_factor", reals(r->short_factor, r->n_factors));
+        json_object_set_new(o, "long_factor", reals(r->long_factor, r->n_factors));
+        json_object_set_new(o, "original_max_position_embeddings", json_real(r->original_max));
+        json_object_set_new(o, "attention_factor", json_real(r->attention_factor));
+        return o;
+    }
     json_object_set_new(o, "factor", json_real(r->factor));
     if (r->type == DW_ROPE_LINEAR) return o;
     json_object_set_new(o, "original_max_position_embeddings", json_real(r->original_max));
@@ -34,6 +51,23 @@ static json_t *rope_json(const dw_rope_scaling *r) {
     return o;
 }
 
+/* longrope's list `key` of o into f (at most DW_ROPE_MAX_FACTORS numbers), its length into *n. */
+static dw_status rope_factors(dw_ctx *ctx, const json_t *o, const char *key, const char *what, const char *node,
+                              double *f, int32_t *n) {
+    const json_t *a = json_object_get(o, key);
+    if (!json_is_array(a) || json_array_size(a) > DW_ROPE_MAX_FACTORS)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope.%s is not an array of at most %d numbers",
+                            what, node, key, DW_ROPE_MAX_FACTORS);
+    *n = (int32_t)json_array_size(a);
+    for (int32_t i = 0; i < *n; i++) {
+        if (!json_is_number(json_array_get(a, (size_t)i)))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope.%s[%d] is not a number", what, node,
+                                key, (int)i);
+        f[i] = json_number_value(json_array_get(a, (size_t)i));
+    }
+    return DW_OK;
+}
+
 static dw_status rope_parse(dw_ctx *ctx, const json_t *o, const char *what, const char *node, dw_rope_scaling *r) {
     if (!json_is_object(o))
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope is not an object", what, node);
@@ -43,8 +77,21 @@ static dw_status rope_parse(dw_ctx *ctx, const json_t *o, const char *what, cons
     for (int32_t t = 0; t < DW_ROPE_TYPE_COUNT; t++)
         if (!strcmp(type, dw_rope_type_name(t))) r->type = t;
     if (r->type < 0)
-        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope.type '%s' is not default, linear, llama3 "
-                            "or yarn", what, node, type);
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope.type '%s' is not default, linear, llama3, "
+                            "yarn or longrope", what, node, type);
+    long long rotary = 0;
+    DW_TRY(dw_json_get_int_opt(ctx, o, "rotary_dim", what, &rotary));
+    if (rotary < 0 || rotary > INT32_MAX)
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope.rotary_dim %lld", what, node, rotary);
+    r->rotary_dim = (int32_t)rotary;
+    if (r->type == DW_ROPE_LONGROPE) {
+        int32_t n_long = 0;
+        DW_TRY(rope_factors(ctx, o, "short_factor", what, node, r->short_factor, &r->n_factors));
+        DW_TRY(rope_factors(ctx, o, "long_factor", what, node, r->long_factor, &n_long));
+        if (n_long != r->n_factors)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.rope: %d short factors, %d long", what,
+                                node, (int)r->n_factors, (int)n_long);
+    }
     DW_TRY(dw_json_get_num_opt(ctx, o, "factor", what, &r->factor));
     DW_TRY(dw_json_get_num_opt(ctx, o, "original_max_position_embeddings", what, &r->original_max));
     DW_TRY(dw_json_get_num_opt(ctx, o, "low_freq_factor", what, &r->low_freq_factor));
@@ -62,7 +109,8 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.head_dim) json_object_set_new(a, "head_dim", json_integer(n->attrs.head_dim));
     if (n->attrs.eps) json_object_set_new(a, "eps", json_real(n->attrs.eps));
     if (n->attrs.theta) json_object_set_new(a, "theta", json_real(n->attrs.theta));
-    if (n->attrs.rope.type != DW_ROPE_DEFAULT) json_object_set_new(a, "rope", rope_json(&n->attrs.rope));
+    if (n->attrs.rope.type != DW_ROPE_DEFAULT || n->attrs.rope.rotary_dim)
+        json_object_set_new(a, "rope", rope_json(&n->attrs.rope));
     if (n->attrs.experts) json_object_set_new(a, "experts", json_integer(n->attrs.experts));
     if (n->attrs.window) json_object_set_new(a, "window", json_integer(n->attrs.window));
     if (n->attrs.coef) json_object_set_new(a, "coef", json_real(n->attrs.coef));

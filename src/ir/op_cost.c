@@ -29,7 +29,8 @@ static void flops_position(const dw_graph *g, const dw_ir_node *n, bool palm, do
     ELEMENTWISE(1, 1, dw_ir_numel(IN(0)));
 }
 static void flops_rope(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
-    ELEMENTWISE(3, 3, dw_ir_numel(IN(0)));
+    const int64_t D = n->attrs.head_dim > 0 ? n->attrs.head_dim : 1; /* the rotating share R/D only */
+    ELEMENTWISE(3, 3, (double)dw_ir_numel(IN(0)) * (double)dw_rope_dim(&n->attrs.rope, D) / (double)D);
 }
 static void flops_layernorm(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(7, 12, dw_ir_numel(IN(0)));

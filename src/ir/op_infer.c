@@ -90,8 +90,10 @@ static dw_status infer_rope(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n,
         a->heads * a->head_dim != last(IN(0)))
         return dw_ir_node_error(ctx, n, "heads %lld x head_dim %lld (even) must equal the width %lld, theta %g > 0",
                    (long long)a->heads, (long long)a->head_dim, (long long)last(IN(0)), a->theta);
-    const char *bad = dw_rope_scaling_problem(&a->rope, a->theta);
-    if (bad) return dw_ir_node_error(ctx, n, "rope type %d: %s", (int)a->rope.type, bad);
+    const char *bad = dw_rope_scaling_problem(&a->rope, a->theta, a->head_dim);
+    if (bad)
+        return dw_ir_node_error(ctx, n, "rope type %d, rotary dim %d: %s", (int)a->rope.type, (int)a->rope.rotary_dim,
+                                bad);
     like(g, n, 0, o);
     return DW_OK;
 }

@@ -20,6 +20,7 @@ struct dw_kv_cache {
     int64_t len, cap;  /* positions cached, the program's seq */
     float **k, **v;    /* per node: (cap, Hkv, D) for attention nodes, else NULL */
     float *in, *out;   /* (row) one position's FP32 input and output of the ops run here */
+    int32_t *tokens;   /* (cap) the tokens cached: a step that changes longrope's table re-runs them */
     int64_t row;       /* the widest row those ops read or write (the logits' V included) */
     void *raw;         /* (cap x row) activation bytes on their way from or to the backend */
 };
@@ -81,6 +82,7 @@ void dw_kv_cache_free(dw_kv_cache *kv) {
     free(kv->in);
     free(kv->out);
     free(kv->raw);
+    free(kv->tokens);
     free(kv);
 }
 
@@ -113,7 +115,8 @@ dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
     if (g->model.vocab > kv->row) kv->row = g->model.vocab;
     if (ok) kv->in = malloc((size_t)kv->row * sizeof(float)), kv->out = malloc((size_t)kv->row * sizeof(float));
     if (ok) kv->raw = malloc((size_t)(kv->cap * kv->row) * sizeof(float));
-    ok = ok && kv->in && kv->out && kv->raw;
+    if (ok) kv->tokens = malloc((size_t)kv->cap * sizeof *kv->tokens);
+    ok = ok && kv->in && kv->out && kv->raw && kv->tokens;
     if (!ok) {
         dw_kv_cache_free(kv);
         return dw_set_error(e->ctx, DW_ERR_NOMEM, "KV cache: out of memory");
@@ -193,6 +196,7 @@ dw_status dw_kv_cache_prefill(dw_kv_cache *kv, const int32_t *tokens, int64_t n,
         return dw_set_error(e->ctx, DW_ERR_INVALID, "KV cache: a prefill of %lld tokens (1 to %lld)", (long long)n,
                             (long long)kv->cap);
     kv->len = 0;
+    if (tokens != kv->tokens) memcpy(kv->tokens, tokens, (size_t)n * sizeof *tokens);
     DW_TRY(dw_engine_forward(e, tokens, NULL, 1, n, NULL, NULL));
     for (int i = 0; i < e->g->n_nodes; i++)
         if (kv->k[i]) DW_TRY(keep_kv(kv, i, 0, n));
@@ -225,12 +229,26 @@ static dw_status decode_node(dw_kv_cache *kv, int node, int64_t pos) {
     return store(kv, n->out[0], kv->out, w_out);
 }
 
+/* Whether a longrope node rotates a run of len + 1 positions with another table than one of len
+ * (kernels/rope_freq.h: the long factors past original_max_position_embeddings). */
+static bool rope_table_changes(const dw_kv_cache *kv) {
+    const dw_graph *g = kv->e->g;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == DW_OP_ROPE &&
+            dw_rope_long(&g->nodes[i].attrs.rope, kv->len) != dw_rope_long(&g->nodes[i].attrs.rope, kv->len + 1))
+            return true;
+    return false;
+}
+
 dw_status dw_kv_cache_step(dw_kv_cache *kv, int32_t token, float *logits) {
     dw_engine *e = kv->e;
     dw_exec *x = e->x;
     if (kv->len < 1 || kv->len >= kv->cap)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "KV cache: %lld of %lld positions held (prefill first; a full "
                             "cache takes no more)", (long long)kv->len, (long long)kv->cap);
+    kv->tokens[kv->len] = token;
+    if (rope_table_changes(kv)) /* the cached keys were rotated by the short table: all again, as transformers does */
+        return dw_kv_cache_prefill(kv, kv->tokens, kv->len + 1, logits);
     DW_TRY(dw_engine_check_batch(e, &token, NULL, 1, 1));
     DW_TRY(dw_exec_set_batch(x, &token, NULL, 1, 1));
     dw_exec_begin_phase(x, DW_PHASE_FORWARD);

@@ -1,7 +1,8 @@
 /* test_ops_cuda.c — CUDA ops against the CPU reference (kernels/cpu): elementwise, norms,
- * embeddings, positions, rope, linear, the MoE router, argument validation. Fresh random inputs, odd sizes,
+ * embeddings, positions, linear, the MoE router, argument validation. Fresh random inputs, odd sizes,
  * outputs poisoned with NaN, guard bands around every buffer, FP32 and BF16 activations.
- * Attention and cross-entropy: test_ops_cuda_attn.c. Needs a GPU (ctest label "gpu").
+ * Attention and cross-entropy: test_ops_cuda_attn.c; rope (every type, partial widths):
+ * test_ops_cuda_rope.c. Needs a GPU (ctest label "gpu").
  *
  * Tolerances (|gpu - cpu| <= atol * max|cpu| + rtol * |cpu|): the CPU oracle computes in double,
  * the GPU in FP32, so FP32 results differ by FP32 rounding of the intermediate sums: ~1e-7
@@ -279,65 +280,6 @@ static void test_embeddings(void **state) {
     assert_int_equal(bad, 0);
 }
 
-/* ---- rope ------------------------------------------------------------------------------------- */
-/* A random rope type of kernels/rope_freq.h with parameters around real configs' (Llama 3.x llama3,
- * Qwen/DeepSeek yarn), original positions small enough that every type's bands fall inside D. */
-static dw_rope_scaling rand_rope_scaling(int32_t type) {
-    dw_rope_scaling r = {.type = type};
-    r.factor = r.type == DW_ROPE_DEFAULT ? 0 : dw_test_uniform(&g_rng, 1.5, 40);
-    if (r.type == DW_ROPE_LLAMA3 || r.type == DW_ROPE_YARN) r.original_max = dw_test_uniform(&g_rng, 16, 8192);
-    if (r.type == DW_ROPE_LLAMA3) r.low_freq_factor = 1, r.high_freq_factor = dw_test_uniform(&g_rng, 2, 8);
-    if (r.type == DW_ROPE_YARN) {
-        r.beta_fast = 32, r.beta_slow = 1, r.truncate = dw_test_uniform(&g_rng, 0, 1) < 0.5;
-        r.attention_factor = 0.1 * log(r.factor) + 1.0;
-    }
-    return r;
-}
-
-static int64_t run_rope(dw_act_dtype dt, int32_t type, int64_t B, int64_t T, int64_t H, int64_t D) {
-    const dw_rope_scaling rs = rand_rope_scaling(type);
-    char name[160];
-    snprintf(name, sizeof name, "rope[%s B=%lld T=%lld H=%lld D=%lld %s]", dw_gc_dtname(dt),
-             (long long)B, (long long)T, (long long)H, (long long)D, dw_rope_type_name(rs.type));
-    int64_t bad = 0;
-    const int64_t n = B * T * H * D;
-    const double theta = dw_test_uniform(&g_rng, 0, 1) < 0.5f ? 10000.0 : 500000.0;
-    const dw_gc_tol tl = dw_gc_pick(dt, 1e-6, 1e-6);
-    dw_gt *x = dw_gt_rand(&g_rng, "x", n, dt, -2, 2), *g = dw_gt_rand(&g_rng, "dout", n, dt, -1, 1);
-    dw_gt *out = dw_gt_out("out", n, dt), *dx = dw_gt_out("dx", n, dt);
-    dw_gt *inplace = dw_gt_from("x_inplace", x->host, n, dt);
-    float *wout = dw_oc_alloc(n), *wdx = dw_oc_alloc(n);
-    dw_cpu_rope_fwd(wout, x->host, B, T, H, D, theta, &rs);
-    dw_cpu_rope_bwd(wdx, g->host, B, T, H, D, theta, &rs);
-    DW_GC_OK(bad, name, dw_cuda_rope_fwd(NULL, dt, out->dev, x->dev, B, T, H, D, theta, &rs, dw_gc_stream));
-    DW_GC_OK(bad, name, dw_cuda_rope_bwd(NULL, dt, dx->dev, g->dev, B, T, H, D, theta, &rs, dw_gc_stream));
-    DW_GC_OK(bad, name, dw_cuda_rope_fwd(NULL, dt, inplace->dev, inplace->dev, B, T, H, D, theta, &rs, dw_gc_stream));
-    DW_GC_SYNC();
-    DW_GC_CMP(bad, name, out, wout, tl);
-    DW_GC_CMP(bad, name, dx, wdx, tl);
-    DW_GC_CMP(bad, name, inplace, wout, tl);
-    if (!dw_gc_guards_ok(name)) bad++;
-    dw_gc_free_all();
-    free(wout), free(wdx);
-    return bad;
-}
-
-static void test_rope(void **state) {
-    (void)state;
-    int64_t bad = 0;
-    for (int d = 0; d < 2; d++)
-        for (int32_t ty = 0; ty < DW_ROPE_TYPE_COUNT; ty++) { /* each rope type */
-            bad += run_rope(DTS[d], ty, 2, 5, 4, 6);
-            bad += run_rope(DTS[d], ty, 2, 37, 3, 10);
-            bad += run_rope(DTS[d], ty, 1, 301, 2, 128);
-            bad += run_rope(DTS[d], ty, 3, 97, 8, 64);  /* 32 positions per block, the last block short */
-            bad += run_rope(DTS[d], ty, 2, 50, 32, 64); /* the Llama q shape: 8 positions per block */
-            bad += run_rope(DTS[d], ty, 2, 3, 5, 12);   /* D/2 = 6: BF16 element-wise, FP32 not 4-wide */
-            bad += run_rope(DTS[d], ty, 1, 7, 2, 4100); /* D/2 > 1024: one thread per pair */
-        }
-    assert_int_equal(bad, 0);
-}
-
 /* ---- linear --------------------------------------------------------------------------------- */
 static int64_t run_linear(int64_t N, int64_t K, int64_t M, int with_bias) {
     char name[128];
@@ -460,9 +402,6 @@ static void test_validation(void **state) {
     assert_int_equal(dw_cuda_gelu_fwd(NULL, DW_ACT_F32, p, p, -1, dw_gc_stream), DW_ERR_INVALID);
     assert_int_equal(dw_cuda_gelu_fwd(NULL, DW_ACT_F32, NULL, p, 4, dw_gc_stream), DW_ERR_INVALID);
     assert_int_equal(dw_cuda_gelu_fwd(NULL, DW_ACT_F32, p, p, 0, dw_gc_stream), DW_OK);
-    assert_int_equal(dw_cuda_rope_fwd(NULL, DW_ACT_F32, p, p, 1, 2, 1, 5, 1e4, NULL, dw_gc_stream), DW_ERR_INVALID);
-    const dw_rope_scaling no_factor = {.type = DW_ROPE_LINEAR}; /* factor 0 */
-    assert_int_equal(dw_cuda_rope_fwd(NULL, DW_ACT_F32, p, p, 1, 2, 1, 4, 1e4, &no_factor, dw_gc_stream), DW_ERR_INVALID);
     assert_int_equal(dw_cuda_layernorm_fwd(NULL, DW_ACT_F32, p, p, p, p, p, p, 2, 0, 1e-5, dw_gc_stream),
                      DW_ERR_INVALID);
     assert_int_equal(dw_cuda_attention_fwd(NULL, DW_ACT_F32, p, p, p, p, p, 1, 2, 3, 2, 4, dw_gc_stream),
@@ -478,7 +417,7 @@ static void test_validation(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_norms),
-        cmocka_unit_test(test_embeddings),  cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_linear),      cmocka_unit_test(test_router),
         cmocka_unit_test(test_validation),
     };

@@ -378,8 +378,8 @@ static void test_errors(void **state) {
     char buf[2048];
     snprintf(buf, sizeof buf, "%s,\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":32}}", llama);
     expect_error(buf, DW_ERR_UNSUPPORTED, "'rope_scaling'", "dynamic"); /* more: test_capture_rope.c */
-    snprintf(buf, sizeof buf, "%s,\"rope_parameters\":{\"rope_type\":\"longrope\",\"rope_theta\":1e6}}", llama);
-    expect_error(buf, DW_ERR_UNSUPPORTED, "'rope_parameters'", "longrope");
+    snprintf(buf, sizeof buf, "%s,\"rope_parameters\":{\"rope_type\":\"ntk\",\"rope_theta\":1e6}}", llama);
+    expect_error(buf, DW_ERR_UNSUPPORTED, "'rope_parameters'", "ntk");
     snprintf(buf, sizeof buf, "%s,\"num_key_value_heads\":3}", llama);
     expect_error(buf, DW_ERR_INVALID, "num_key_value_heads", NULL);
     snprintf(buf, sizeof buf, "%s,\"hidden_act\":\"gelu\"}", llama);

@@ -223,7 +223,7 @@ static void test_gemma2_config(void **state) {
         {",\"hidden_activation\":\"silu\"", "'hidden_activation': 'silu'"},
         {",\"sliding_window\":-1", "'sliding_window' = -1"},
         {",\"layer_types\":[\"sliding_attention\"]", "'layer_types': expected a list of 4"},
-        {",\"rope_scaling\":{\"rope_type\":\"longrope\",\"factor\":2}", "rope type 'longrope' is not supported"},
+        {",\"rope_scaling\":{\"rope_type\":\"longrope\",\"factor\":2}", "'short_factor' must be a list"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const dw_status s = parse("gemma2", 4, bad[i].extra, &c);
@@ -340,7 +340,7 @@ static void test_phi3_config(void **state) {
         const char *extra, *needle;
     } bad[] = {
         {",\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":[1],\"long_factor\":[2]}", "'longrope'"},
-        {",\"partial_rotary_factor\":0.5", "partial_rotary_factor 0.5"},
+        {",\"partial_rotary_factor\":0.25", "partial_rotary_factor 0.25"}, /* one rotary dim of 4 */
         {",\"sliding_window\":\"2047\"", "sliding_window"},
         {",\"hidden_act\":\"gelu\"", "'hidden_act': 'gelu'"},
     };
