@@ -214,7 +214,12 @@ static void moe_mlp(builder *b, const char *p, int *x) {
     char nm[128];
     int h = norm(b, NAME("post_attention_layernorm"), *x);
     const int z = linear(b, NAME("mlp.gate"), h, C, E, false, false);
-    const dw_ir_attrs ra = {.top_k = c->top_k, .score = DW_ROUTER_SOFTMAX, .norm_topk = c->norm_topk};
+    const dw_group_routing *rt = &c->route; /* DeepSeek-V3's variants; plain routing leaves them 0 */
+    const bool grouped = rt->n_group > 1 && rt->topk_group < rt->n_group;
+    const dw_ir_attrs ra = {.top_k = c->top_k, .score = rt->sigmoid ? DW_ROUTER_SIGMOID : DW_ROUTER_SOFTMAX,
+                            .norm_topk = c->norm_topk, .n_group = grouped ? rt->n_group : 0,
+                            .topk_group = grouped ? rt->topk_group : 0,
+                            .scale = rt->routed_scale != 1.0 ? rt->routed_scale : 0.0};
     const dw_ir_attrs da = {.experts = E, .capacity_factor = c->capacity_factor};
     static const char *const router_out[2] = {".weights", ".experts"}, *const dispatch_out[3] = {".rows", ".offsets",
                                                                                                 ".positions"};

@@ -173,7 +173,8 @@ static dw_status parse_phi3(dw_ctx *ctx, const json_t *j, const char *what, dw_m
  * transformers), router_z_loss_coef (Deepwell's: ST-MoE's router z-loss, 0 none), capacity_factor
  * (Deepwell's: assignments past an expert's capacity dropped, 0 dropless), moe_token_drop_policy
  * (Deepwell's, Megatron-Core's values: "position" (default) or "probs"), the experts' width
- * (intermediate_size). */
+ * (intermediate_size), and DeepSeek-V3's routing keys (n_group, topk_group, routed_scaling_factor,
+ * scoring_func: model_config_mla.c). */
 static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const char *experts_key,
                            dw_model_config *c) {
     /* transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (its attribute map) */
@@ -210,7 +211,7 @@ static dw_status parse_moe(dw_ctx *ctx, const json_t *j, const char *what, const
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: moe_bias_update_speed %g must be in [0, 1] (0: no selection "
                             "bias)", what, c->moe_bias_speed);
     c->d_ff_expert = c->d_ff;
-    return DW_OK;
+    return dw_group_routing_parse(ctx, j, what, c);
 }
 
 /* Mixtral: the llama fields, then the experts (every layer's MLP is a mixture of
@@ -484,11 +485,12 @@ static void write_llama(json_t *j, const dw_model_config *c) {
 }
 
 /* The Deepwell keys of token dropping: capacity_factor, and moe_token_drop_policy when not by position;
- * and moe_bias_update_speed when the selection bias is on. */
+ * moe_bias_update_speed when the selection bias is on; the routing keys that differ from plain top-k. */
 static void write_moe_drop(json_t *j, const dw_model_config *c) {
     if (c->capacity_factor > 0) set_num(j, "capacity_factor", c->capacity_factor);
     if (c->drop_by_weight) json_object_set_new(j, "moe_token_drop_policy", json_string("probs"));
     if (c->moe_bias_speed > 0) set_num(j, "moe_bias_update_speed", c->moe_bias_speed); /* the selection bias */
+    dw_group_routing_write(j, c); /* n_group, topk_group, routed_scaling_factor, scoring_func */
 }
 
 /* The keys every mixture-of-experts family writes after the llama ones (the experts' width as

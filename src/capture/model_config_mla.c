@@ -2,6 +2,7 @@
  * the planner: multi-head latent attention with its projection ranks, shared + routed experts,
  * the first dense layers, group-limited routing and the router bias, with exact parameter counts.
  * The model is planning-only: capture and training refuse it (no MLA in the engine yet). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "kernels/router_desc.h"
 
 /* A size field: present (or defaulted, when not required) and within [lo, 2^24]. */
 static dw_status get_size(dw_ctx *ctx, const json_t *j, const char *key, const char *what, bool required,
@@ -83,16 +85,8 @@ dw_status dw_model_config_mla_parse(dw_ctx *ctx, const json_t *j, const char *wh
                             "%lld", what, (long long)c->first_dense_layers, (long long)c->n_layers);
     DW_TRY(dw_json_get_bool_opt(ctx, j, "norm_topk_prob", what, &c->norm_topk));
     dw_group_routing *r = &c->route;
-    DW_TRY(get_size(ctx, j, "n_group", what, false, 1, &r->n_group));
-    DW_TRY(get_size(ctx, j, "topk_group", what, false, 1, &r->topk_group));
-    if (c->n_experts % r->n_group || r->topk_group > r->n_group)
-        return dw_set_error(ctx, DW_ERR_INVALID, "%s: fields 'n_group' = %lld, 'topk_group' = %lld: n_group must divide "
-                            "n_routed_experts (%lld) and topk_group must not exceed it", what, (long long)r->n_group,
-                            (long long)r->topk_group, (long long)c->n_experts);
-    if (c->top_k > r->topk_group * (c->n_experts / r->n_group))
-        return dw_set_error(ctx, DW_ERR_INVALID, "%s: num_experts_per_tok %lld exceeds the %lld experts of topk_group "
-                            "%lld groups", what, (long long)c->top_k, (long long)(r->topk_group * (c->n_experts / r->n_group)),
-                            (long long)r->topk_group);
+    r->sigmoid = true, r->routed_scale = 2.5; /* DeepSeek-V3's scores and scale (transformers' defaults) */
+    DW_TRY(dw_group_routing_parse(ctx, j, what, c));
     const char *method = "noaux_tc";
     DW_TRY(dw_json_get_str_opt(ctx, j, "topk_method", what, &method));
     r->expert_bias = !strcmp(method, "noaux_tc");
@@ -105,6 +99,49 @@ dw_status dw_model_config_mla_parse(dw_ctx *ctx, const json_t *j, const char *wh
 }
 
 static void set_int(json_t *j, const char *k, int64_t v) { json_object_set_new(j, k, json_integer(v)); }
+
+dw_status dw_group_routing_parse(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    dw_group_routing *r = &c->route;
+    const int64_t E = c->n_experts;
+    if (r->n_group < 1) r->n_group = 1, r->topk_group = 0; /* no family default: every group kept */
+    DW_TRY(get_size(ctx, j, "n_group", what, false, 1, &r->n_group));
+    if (r->topk_group < 1 || r->topk_group > r->n_group) r->topk_group = r->n_group; /* absent: as many as there are */
+    DW_TRY(get_size(ctx, j, "topk_group", what, false, 1, &r->topk_group));
+    if (r->n_group > DW_ROUTER_MAX_GROUPS || E % r->n_group)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'n_group' = %lld: must divide the %lld routed experts into "
+                            "equal groups, at most %d of them", what, (long long)r->n_group, (long long)E,
+                            DW_ROUTER_MAX_GROUPS);
+    if (r->topk_group > r->n_group)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'topk_group' = %lld exceeds n_group %lld", what,
+                            (long long)r->topk_group, (long long)r->n_group);
+    const int64_t reach = r->topk_group * (E / r->n_group);
+    if (r->topk_group < r->n_group && c->top_k > reach) /* else dw_model_config_check bounds top_k */
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'num_experts_per_tok' = %lld exceeds the %lld experts of "
+                            "topk_group %lld groups (n_group %lld)", what, (long long)c->top_k, (long long)reach,
+                            (long long)r->topk_group, (long long)r->n_group);
+    if (r->routed_scale <= 0) r->routed_scale = 1.0;
+    DW_TRY(dw_json_get_num_opt(ctx, j, "routed_scaling_factor", what, &r->routed_scale));
+    if (!(r->routed_scale > 0 && isfinite(r->routed_scale)))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'routed_scaling_factor' = %g: must be finite and > 0", what,
+                            r->routed_scale);
+    const char *score = r->sigmoid ? "sigmoid" : "softmax";
+    DW_TRY(dw_json_get_str_opt(ctx, j, "scoring_func", what, &score));
+    if (strcmp(score, "softmax") && strcmp(score, "sigmoid"))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'scoring_func' = '%s': must be \"softmax\" or \"sigmoid\"",
+                            what, score);
+    r->sigmoid = !strcmp(score, "sigmoid");
+    if (r->n_group == 1) r->n_group = r->topk_group = 0; /* plain routing reads back as the presets hold it */
+    if (r->routed_scale == 1.0) r->routed_scale = 0;
+    return DW_OK;
+}
+
+void dw_group_routing_write(json_t *j, const dw_model_config *c) {
+    const dw_group_routing *r = &c->route;
+    if (r->n_group > 1) set_int(j, "n_group", r->n_group), set_int(j, "topk_group", r->topk_group);
+    if (r->routed_scale > 0 && r->routed_scale != 1.0)
+        json_object_set_new(j, "routed_scaling_factor", json_real(r->routed_scale));
+    if (r->sigmoid) json_object_set_new(j, "scoring_func", json_string("sigmoid"));
+}
 
 void dw_model_config_mla_write(json_t *j, const dw_model_config *c) {
     set_int(j, "hidden_size", c->d_model);
@@ -131,6 +168,8 @@ void dw_model_config_mla_write(json_t *j, const dw_model_config *c) {
     json_object_set_new(j, "norm_topk_prob", json_boolean(c->norm_topk));
     set_int(j, "n_group", c->route.n_group);
     set_int(j, "topk_group", c->route.topk_group);
+    json_object_set_new(j, "routed_scaling_factor", json_real(c->route.routed_scale > 0 ? c->route.routed_scale : 1.0));
+    json_object_set_new(j, "scoring_func", json_string(c->route.sigmoid ? "sigmoid" : "softmax"));
     json_object_set_new(j, "topk_method", json_string(c->route.expert_bias ? "noaux_tc" : "greedy"));
     set_int(j, "num_nextn_predict_layers", c->route.n_mtp_layers);
 }

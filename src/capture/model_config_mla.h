@@ -25,12 +25,18 @@ typedef struct {
 } dw_mla_dims;
 
 /* Group-limited (DeepSeek-V3: node-limited) routing: the routed experts form n_group groups, a
- * token first picks topk_group groups, then its top_k experts inside them. expert_bias: the
- * router has a per-expert bias (e_score_correction_bias, auxiliary-loss-free balancing), one
- * parameter per routed expert. n_mtp_layers: multi-token prediction modules in the checkpoint
+ * token first picks topk_group groups, then its top_k experts inside them (0 or 1 group: plain
+ * top-k, as 0 and 0 after a parse). sigmoid: the router scores by sigmoid (scoring_func), else
+ * softmax; routed_scale: the weights' factor (routed_scaling_factor; 0: 1, as after a parse). The router op takes all four (capture.c,
+ * kernels/router_desc.h). expert_bias: the router has a per-expert bias (e_score_correction_bias,
+ * auxiliary-loss-free balancing), one parameter per routed expert (DeepSeek-V3's count; the
+ * families capture trains keep it as the selection bias's state, train/moe_bias.h, not a graph
+ * parameter). n_mtp_layers: multi-token prediction modules in the checkpoint
  * (num_nextn_predict_layers), not part of the model's parameter count. */
 typedef struct {
     int64_t n_group, topk_group;
+    bool sigmoid;
+    double routed_scale;
     bool expert_bias;
     int64_t n_mtp_layers;
 } dw_group_routing;
@@ -42,6 +48,14 @@ struct json_t;
  * caller zeroed: a planning-only model. Errors name the field. */
 dw_status dw_model_config_mla_parse(dw_ctx *ctx, const struct json_t *j, const char *what,
                                     struct dw_model_config_s *c);
+/* The routing keys of any MoE family's config.json (`what` names the file; c's expert count and
+ * top_k already parsed, c->route holding the family's defaults): n_group, topk_group,
+ * routed_scaling_factor, scoring_func ("softmax" | "sigmoid"). Refused naming the file and field:
+ * n_group not dividing the experts or above 64, topk_group above n_group, num_experts_per_tok
+ * beyond the experts of topk_group groups, a scale not finite and > 0, another scoring_func. */
+dw_status dw_group_routing_parse(dw_ctx *ctx, const struct json_t *j, const char *what, struct dw_model_config_s *c);
+/* Those keys into j where they differ from plain routing (the inverse of the parser). */
+void dw_group_routing_write(struct json_t *j, const struct dw_model_config_s *c);
 /* Writes the deepseek_v3 keys of c into the config.json object j (the inverse of the parser). */
 void dw_model_config_mla_write(struct json_t *j, const struct dw_model_config_s *c);
 /* Parameters of one MLA attention block (the projections and the two latent norms). */

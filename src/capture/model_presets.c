@@ -189,7 +189,8 @@ static dw_model_config p_deepseek_v3(void) {
     c.head_dim = 192;
     c.mla = (dw_mla_dims){.q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_head_dim = 128,
                           .qk_rope_head_dim = 64, .v_head_dim = 128};
-    c.route = (dw_group_routing){.n_group = 8, .topk_group = 4, .expert_bias = true, .n_mtp_layers = 1};
+    c.route = (dw_group_routing){.n_group = 8, .topk_group = 4, .sigmoid = true, .routed_scale = 2.5,
+                                 .expert_bias = true, .n_mtp_layers = 1};
     c.norm_topk = true;
     c.norm_eps = 1e-6;
     c.n_experts = 256;

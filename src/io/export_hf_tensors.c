@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "formats/formats.h"
 #include "io/export_hf.h"
+#include "runtime/engine_moe_bias.h"
 #include "runtime/weights_layout.h"
 
 #define FP8_MAX 448.0f /* largest finite E4M3 */
@@ -80,7 +81,8 @@ static dw_status plan_items(dw_ctx *ctx, const dw_st_file *raw, dw_export_dtype 
         v->name = strdup(t->name), v->src = t, v->ndim = t->ndim;
         memcpy(v->shape, t->shape, sizeof v->shape);
         v->kind = q ? ITEM_CODES : ITEM_VALUES;
-        v->dtype = q ? DW_DT_F8_E4M3 : dtype == DW_EXPORT_F32 ? DW_DT_F32 : DW_DT_BF16;
+        /* the routers' selection bias stays FP32, as DeepSeek-V3's checkpoints keep it */
+        v->dtype = q ? DW_DT_F8_E4M3 : dtype == DW_EXPORT_F32 || dw_moe_bias_tensor_name(t->name) ? DW_DT_F32 : DW_DT_BF16;
         v->nbytes = numel(v->ndim, v->shape) * dw_dtype_size(v->dtype);
         bool ok = v->name != NULL;
         if (q) { /* [..., R, C] -> scales [..., ceil(R/128), ceil(C/128)] */

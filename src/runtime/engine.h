@@ -19,6 +19,7 @@ struct dw_engine {
     dw_exec *x;
     dw_engine_opts opts;
     dw_weights_layout layout; /* of the last loaded weights (FUSED when none) */
+    bool moe_bias_tensor;     /* the routers' selection bias came with the weights (engine_moe_bias.h) */
 };
 
 /* Re-derives what comes from the FP32 masters (BF16 copies, quantised weight caches) after they

@@ -1,6 +1,9 @@
 /* engine_moe_bias.c — the routers' selection bias in the workspace (engine_moe_bias.h): an int32
- * switch, then a row of FP32 per router node. */
+ * switch, then a row of FP32 per router node; and its tensor names in a weights file. */
 #include "runtime/engine_moe_bias.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "core/error.h"
 #include "runtime/engine.h"
@@ -36,4 +39,46 @@ dw_status dw_engine_moe_bias_get(dw_engine *e, float *bias, bool *on) {
     if (!bias) return DW_OK;
     return e->be->i->download(e->be, bias, at + DW_MOE_BIAS_ROWS,
                               (size_t)(w->moe_bias_layers * w->moe_bias_experts) * sizeof *bias);
+}
+
+/* The weight name of the linear layer that computes router node r's logits, or NULL. */
+static const char *gate_weight(const dw_graph *g, const dw_ir_node *r) {
+    const int p = g->tensors[r->in[0]].producer;
+    if (p < 0 || g->nodes[p].op != DW_OP_LINEAR || g->nodes[p].n_in < 2) return NULL;
+    return g->tensors[g->nodes[p].in[1]].name;
+}
+
+char *dw_engine_moe_bias_name(const dw_engine *e, int64_t row) {
+    int64_t j = 0;
+    for (int i = 0; i < e->g->n_nodes; i++) {
+        const dw_ir_node *n = &e->g->nodes[i];
+        if (n->op != DW_OP_MOE_ROUTER || j++ != row) continue;
+        const char *w = gate_weight(e->g, n), *dot = w ? strrchr(w, '.') : NULL;
+        const int stem = dot ? (int)(dot - w) : (int)strlen(n->name); /* "<gate>" of "<gate>.weight" */
+        const size_t len = (size_t)stem + sizeof DW_MOE_BIAS_TENSOR + 1;
+        char *name = malloc(len);
+        if (name) snprintf(name, len, "%.*s.%s", stem, dot ? w : n->name, DW_MOE_BIAS_TENSOR);
+        return name;
+    }
+    return NULL;
+}
+
+int64_t dw_engine_moe_bias_row(const dw_engine *e, const char *name) {
+    int64_t L = 0, E = 0;
+    dw_engine_moe_bias_shape(e, &L, &E);
+    if (!dw_moe_bias_tensor_name(name)) return -1;
+    for (int64_t l = 0; l < L; l++) {
+        char *n = dw_engine_moe_bias_name(e, l);
+        const bool same = n && !strcmp(n, name);
+        free(n);
+        if (same) return l;
+    }
+    return -1;
+}
+
+bool dw_engine_moe_bias_is_tensor(const dw_engine *e) { return e->moe_bias_tensor; }
+
+dw_status dw_engine_moe_bias_load(dw_engine *e, const float *rows) {
+    e->moe_bias_tensor = rows != NULL;
+    return rows ? dw_engine_moe_bias_set(e, rows) : DW_OK;
 }

@@ -17,6 +17,7 @@
 #include "core/json.h"
 #include "io/safetensors.h"
 #include "runtime/engine.h"
+#include "runtime/engine_moe_bias.h"
 #include "runtime/weights_layout.h"
 
 static const dw_ir_tensor *ptensor(const dw_engine *e, int i) { return &e->g->tensors[e->p->param_tensor[i]]; }
@@ -179,6 +180,23 @@ static int64_t piece_numel(const dw_hf_piece *q) {
     return n;
 }
 
+/* Adds each router's selection bias as NAME.e_score_correction_bias [E] FP32 to w; *rows holds the
+ * values until the commit (free()). */
+static dw_status add_moe_bias(dw_engine *e, dw_st_writer *w, const char *file, float **rows) {
+    int64_t L = 0, E = 0;
+    dw_engine_moe_bias_shape(e, &L, &E);
+    if (!(*rows = malloc((size_t)(L * E) * sizeof **rows)))
+        return dw_set_error(e->ctx, DW_ERR_NOMEM, "%s: out of host memory", file);
+    dw_status s = dw_engine_moe_bias_get(e, *rows, NULL);
+    for (int64_t l = 0; s == DW_OK && l < L; l++) {
+        char *name = dw_engine_moe_bias_name(e, l);
+        s = name ? dw_st_writer_add(e->ctx, w, name, DW_DT_F32, 1, &E, *rows + l * E, (size_t)E * sizeof **rows)
+                 : dw_set_error(e->ctx, DW_ERR_NOMEM, "%s: out of memory", file);
+        free(name);
+    }
+    return s;
+}
+
 /* Writes every parameter (values, or gradients when `grads`) in HF names and the layout, plus the
  * optional logits/loss tensors of a parity dump. */
 static dw_status write_params(dw_engine *e, const char *path, bool grads, const float *logits, int64_t B, int64_t T,
@@ -217,6 +235,8 @@ static dw_status write_params(dw_engine *e, const char *path, bool grads, const 
         s = dw_st_writer_add(ctx, w, q->stored, DW_DT_F32, q->ndim, q->shape, out + soff[k],
                              (size_t)piece_numel(q) * sizeof(float));
     }
+    float *bias = NULL; /* the routers' selection bias, when it is a tensor of the model (engine_moe_bias.h) */
+    if (s == DW_OK && !grads && dw_engine_moe_bias_is_tensor(e)) s = add_moe_bias(e, w, file, &bias);
     if (s == DW_OK && logits) {
         int64_t shape[3] = {B, T, e->g->model.vocab};
         s = dw_st_writer_add(ctx, w, "logits", DW_DT_F32, 3, shape, logits, (size_t)(B * T * shape[2]) * sizeof(float));
@@ -225,7 +245,7 @@ static dw_status write_params(dw_engine *e, const char *path, bool grads, const 
     if (s == DW_OK) s = dw_st_writer_commit(ctx, w, file);
     dw_st_writer_free(w);
     layout_free(&hl);
-    free(out), free(soff), free(h), free(off);
+    free(out), free(soff), free(h), free(off), free(bias);
     return s;
 }
 
@@ -419,11 +439,55 @@ static dw_status check_all(dw_engine *e, const shard_set *s, const hf_layout *hl
         for (int i = 0; i < dw_st_count(s->files[k]); i++) {
             const char *name = dw_st_get(s->files[k], i)->name;
             if (!in_layout(e, hl, name) && !(a && dw_hf_ignorable(a, name, e->g->model.tied_embeddings)) &&
-                !scales_fp8_weight(e, s, hl, name))
+                !scales_fp8_weight(e, s, hl, name) && dw_engine_moe_bias_row(e, name) < 0)
                 return dw_set_error(ctx, DW_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of this %s model)",
                                     dw_st_path(s->files[k]), name, e->g->model.model_type);
         }
     return DW_OK;
+}
+
+/* The routers' selection bias from the file (engine_moe_bias.h), when it holds it: every router's
+ * NAME.e_score_correction_bias, [E] of a floating dtype, finite values, into *rows (layers x
+ * experts; free()); NULL when the file has none. Read before any weight is overwritten. */
+static dw_status read_moe_bias(dw_engine *e, const shard_set *s, const char *path, float **rows) {
+    dw_ctx *ctx = e->ctx;
+    int64_t L = 0, E = 0, found = 0;
+    dw_engine_moe_bias_shape(e, &L, &E);
+    *rows = NULL;
+    char *missing = NULL;
+    dw_status r = DW_OK;
+    for (int64_t l = 0; r == DW_OK && l < L; l++) {
+        char *name = dw_engine_moe_bias_name(e, l);
+        const dw_st_file *f = NULL;
+        const dw_st_tensor *t = name ? find_stored(e, s, name, &f) : NULL;
+        if (!name || (!*rows && t && !(*rows = calloc((size_t)(L * E), sizeof **rows)))) {
+            free(name);
+            r = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of memory", path);
+            break;
+        }
+        if (!t) {
+            if (!missing) missing = name, name = NULL;
+            free(name);
+            continue;
+        }
+        found++;
+        if (t->ndim != 1 || t->shape[0] != E || !dw_dtype_is_float(t->dtype) || t->dtype == DW_DT_F8_E4M3 ||
+            t->dtype == DW_DT_F8_E5M2)
+            r = dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s' (the router's selection bias) must be [%lld] of F32, "
+                             "BF16, F16 or F64", dw_st_path(f), name, (long long)E);
+        if (r == DW_OK) r = dw_st_read_f32(ctx, f, t, *rows + l * E);
+        for (int64_t x = 0; r == DW_OK && x < E; x++)
+            if (!isfinite((*rows)[l * E + x]))
+                r = dw_set_error(ctx, DW_ERR_FORMAT, "%s: tensor '%s': value %lld is %g (must be finite)", dw_st_path(f),
+                                 name, (long long)x, (double)(*rows)[l * E + x]);
+        free(name);
+    }
+    if (r == DW_OK && found && missing)
+        r = dw_set_error(ctx, DW_ERR_FORMAT, "%s: missing tensor '%s' (the file has the selection bias of %lld of the "
+                         "%lld routers)", path, missing, (long long)found, (long long)L);
+    free(missing);
+    if (r != DW_OK || !found) free(*rows), *rows = NULL;
+    return r;
 }
 
 dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
@@ -437,6 +501,8 @@ dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
     if (r == DW_OK) r = detect_layout(ctx, &s, path, &L);
     if (r == DW_OK) r = layout_build(e, L, &hl);
     if (r == DW_OK) r = check_all(e, &s, &hl, path); /* nothing is overwritten unless all is well */
+    float *bias = NULL;
+    if (r == DW_OK) r = read_moe_bias(e, &s, path, &bias);
     int64_t *off = NULL, cap = 0;
     float *h = r == DW_OK ? host_block(e, &off) : NULL, *tmp = NULL;
     if (r == DW_OK && !h) r = dw_set_error(ctx, DW_ERR_NOMEM, "%s: out of host memory", path);
@@ -476,8 +542,9 @@ dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
         r = e->be->i->upload(e->be, e->x->w + e->p->param_off[i], h + off[i], (size_t)pnumel(e, i) * sizeof(float));
     if (r == DW_OK) r = dw_engine_refresh(e);
     if (r == DW_OK) e->layout = L;
+    if (r == DW_OK) r = dw_engine_moe_bias_load(e, bias); /* NULL: the file has none */
     layout_free(&hl);
-    free(tmp), free(h), free(off);
+    free(tmp), free(h), free(off), free(bias);
     shards_close(&s);
     return r;
 }

@@ -173,14 +173,16 @@ dw_status dw_moe_bias_init(dw_ctx *ctx, dw_engine *e, double gamma_opt, const ch
     if (!b->bias) return dw_set_error(ctx, DW_ERR_NOMEM, "train: out of memory");
     bool resumed = false;
     dw_status st = ckpt_dir ? load_state(ctx, ckpt_dir, b, &resumed) : DW_OK;
+    const bool tensor = dw_engine_moe_bias_is_tensor(e); /* the weights brought it (e_score_correction_bias) */
     double speed = 0.0;
     if (st == DW_OK && !resumed) st = config_speed(ctx, e, &speed);
+    if (st == DW_OK && !resumed && tensor) st = dw_engine_moe_bias_get(e, b->bias, NULL); /* it starts there */
     if (st == DW_OK) {
         if (gamma_opt > 0) b->gamma = (float)gamma_opt;
         else if (!resumed) b->gamma = (float)speed;
-        if (!(b->gamma > 0)) { /* off: the routers choose by the logits */
+        if (!(b->gamma > 0)) { /* no update: the weights' bias stays as loaded, else the routers choose by the logits */
             dw_moe_bias_free(b);
-            return dw_engine_moe_bias_set(e, NULL);
+            return tensor ? DW_OK : dw_engine_moe_bias_set(e, NULL);
         }
         st = dw_engine_moe_bias_set(e, b->bias);
     }

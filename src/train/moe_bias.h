@@ -24,9 +24,11 @@ typedef struct {
 
 /* γ: gamma_opt (--moe-bias-update) when > 0; else a resumed checkpoint's (ckpt_dir's state.json
  * "moe_bias", NULL: a fresh run); else the model config's moe_bias_update_speed (config.json text of
- * the graph); else off. On: the values (the checkpoint's, else zeros) set on the engine. A
- * negative or non-finite gamma_opt, γ for a model without an MoE router, and a malformed
- * "moe_bias" are refused naming the flag or file. */
+ * the graph); else off. On: the values (the checkpoint's, else those the weights brought as
+ * e_score_correction_bias tensors, else zeros) set on the engine. Off: a bias the weights brought
+ * stays on the engine, never updated; without one the routers choose by the logits. A negative or
+ * non-finite gamma_opt, γ for a model without an MoE router, and a malformed "moe_bias" are refused
+ * naming the flag or file. */
 dw_status dw_moe_bias_init(dw_ctx *ctx, dw_engine *e, double gamma_opt, const char *ckpt_dir, dw_moe_bias *b);
 void dw_moe_bias_free(dw_moe_bias *b);
 /* Back to checkpoint ckpt_dir's values (zeros when it has none), γ kept, set on the engine: for a
