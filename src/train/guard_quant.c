@@ -327,8 +327,8 @@ static dw_status decide(dw_qguard *g, int64_t step, layer *l, const dw_qstats s[
     const dw_recipe r = tensor_recipe(l, t);
     const double err = dw_qstats_bulk_error(&s[t]);
     char reason[160];
-    snprintf(reason, sizeof reason, "relative quantisation error (bulk) over %g in %lld checks in a row", g->thr[r],
-             (long long)l->over);
+    snprintf(reason, sizeof reason, "relative quantisation error (bulk) over %g in %lld checks in a row (%s)", g->thr[r],
+             (long long)l->over, TENSOR[t]);
     to_bf16(g, l, step);
     *changed = true;
     DW_LOGW("precision: step %lld: %s falls back to bf16: %s %s error %.4g > %g (%lld checks in a row)", (long long)step,

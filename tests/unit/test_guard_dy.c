@@ -138,6 +138,7 @@ static void test_dy_fallback(void **state) {
     assert_string_equal(str(d, "layer"), L);
     assert_int_equal(num(d, "step"), 2);
     assert_true(!strcmp(str(d, "tensor"), "dy") || !strcmp(str(d, "tensor"), "dy^T"));
+    assert_non_null(strstr(str(d, "reason"), "checks in a row (dy"));
     assert_int_equal(dw_test_node_recipe(e, L), DW_RECIPE_BF16);
     assert_int_equal(dw_test_node_recipe(e, "model.layers.1.mlp.up_proj"), DW_RECIPE_NVFP4);
     /* the planted layer's dy over the threshold at both checks; layer 1's under */
