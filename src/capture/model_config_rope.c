@@ -50,11 +50,14 @@ static dw_status set_rotary_dim(dw_ctx *ctx, double partial, const char *what, d
 static dw_status read_factors(dw_ctx *ctx, const json_t *o, const char *key, const char *what, const char *type,
                               int64_t n, double *f) {
     const json_t *a = json_object_get(o, key);
-    if (!json_is_array(a) || (int64_t)json_array_size(a) != n)
+    if (!json_is_array(a) || (int64_t)json_array_size(a) != n) {
+        char got[64] = "none";
+        if (json_is_array(a)) snprintf(got, sizeof got, "a list of %zu", json_array_size(a));
+        else if (a) snprintf(got, sizeof got, "no list");
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: rope type '%s': '%s' must be a list of %lld numbers (one per "
-                            "rotary dimension pair: rotary dims %lld / 2), got %s of %lld", what, type, key,
-                            (long long)n, (long long)(2 * n), json_is_array(a) ? "a list" : a ? "a non-list" : "none",
-                            json_is_array(a) ? (long long)json_array_size(a) : 0LL);
+                            "rotary dimension pair: rotary dims %lld / 2), got %s", what, type, key, (long long)n,
+                            (long long)(2 * n), got);
+    }
     if (n > DW_ROPE_MAX_FACTORS)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: rope type '%s': '%s' of %lld entries: at most %d rotary "
                             "dimension pairs are supported", what, type, key, (long long)n, DW_ROPE_MAX_FACTORS);
