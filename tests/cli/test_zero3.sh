@@ -4,9 +4,10 @@
 # the backward) that reads it. Bit-identical, not merely close: the gathered parameters are exact
 # copies, the gradients reduce as ZeRO-2's and the shard steps as ZeRO-2's, so 2 ranks under ZeRO-3
 # write ZeRO-2's checkpoints byte for byte (with clipping) and 4 ranks ZeRO-0's without clipping (as
-# ZeRO-2 does: tests/cli/test_zero_mem.sh); with accumulation, validation and rank 0's samples the
-# losses are ZeRO-0's within 1e-6 (ZeRO-2's tolerance in test_dp.sh: the global norm is summed in
-# another order). Each rank logs its weights memory, smaller than the whole pool. Checkpoints resume
+# ZeRO-2 does: tests/cli/test_zero_mem.sh), and ZeRO-2's under --recompute full (the forwards run
+# again in the backward sweep read gathered parameters); with accumulation, validation and rank 0's
+# samples the losses are ZeRO-0's within 1e-6 (ZeRO-2's tolerance in test_dp.sh: the global norm is
+# summed in another order). Each rank logs its weights memory, smaller than the whole pool. Checkpoints resume
 # across stages and world sizes: ZeRO-3 -> ZeRO-1, ZeRO-1 -> ZeRO-3, 4 ranks -> 2 and -> 1, with the
 # losses of the run they left (2e-6). A BF16 program is refused by name.
 set -u
@@ -65,6 +66,12 @@ PY
   "$dw" launch -n 4 -- "${run[@]}" --clip 0 --zero 3 --out "$tmp/c3" >/dev/null 2>&1
 check "launch -n 4 --clip 0: ZeRO-0 and ZeRO-3" 0 $?
 same_ckpt "$tmp/c0" "$tmp/c3" && ok "  ... ZeRO-0's weights and moments byte for byte" || bad "  ... 4-rank ZeRO-3 differs from ZeRO-0"
+
+# full recompute: the forwards run again inside the backward sweep read gathered parameters too
+"$dw" launch -n 2 -- "${run[@]}" --recompute full --zero 2 --out "$tmp/f2" >/dev/null 2>&1 &&
+  "$dw" launch -n 2 -- "${run[@]}" --recompute full --zero 3 --out "$tmp/f3" >/dev/null 2>&1
+check "ZeRO-2 and ZeRO-3 with --recompute full" 0 $?
+same_ckpt "$tmp/f2" "$tmp/f3" && ok "  ... byte for byte" || bad "  ... ZeRO-3 with recompute differs from ZeRO-2"
 
 # accumulation 2, validation every 2 steps, rank 0 samples (the weights whole for it, then sharded again)
 acc=(--global-batch 4 --val "$tmp/val.txt" --eval-every 2 --eval-batches 2)
