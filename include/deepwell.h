@@ -546,7 +546,11 @@ DW_API dw_status dw_gemm_explain(dw_ctx *ctx, const dw_gemm_args *args, char **o
  * function. Selection keeps the entries whose fields match and whose predicate accepts, then
  * takes the highest priority (ties: the earliest registered). The built-in kernels are registered
  * on first use (src/gemm/builtins.c lists them); users add theirs with dw_kernel_register. */
-typedef enum { DW_KOP_GEMM = 0 } dw_kernel_op;
+typedef enum {
+    DW_KOP_GEMM = 0,      /* dense GEMMs (dw_gemm): dw_kernel_desc, dw_kernel_register */
+    DW_KOP_GROUPED = 1    /* grouped expert GEMMs (dw_grouped_gemm): dw_grouped_kernel_desc,
+                             dw_grouped_kernel_register (below) */
+} dw_kernel_op;
 
 /* Returns true when the kernel can run args; otherwise false and *why (static text). */
 typedef bool (*dw_gemm_eligible_fn)(const dw_gemm_args *args, void *user, const char **why);
@@ -579,6 +583,65 @@ DW_API bool dw_kernel_unregister(const char *name);
  * It picks by time only: on sm_90 the FP8-wgmma MXFP8 kernels (~1e-4 relative error) can then
  * replace the exact BF16 route (~1e-6) for small problems. */
 DW_API void dw_gemm_set_autotune(bool on);
+
+/* ---- grouped GEMMs: the registry's second kind (DW_KOP_GROUPED) -----------------------------
+ * The expert GEMMs of a mixture-of-experts linear layer, one call for E problems over rows sorted
+ * by expert; the group offsets live with the data (device memory on CUDA: no host read of the
+ * counts, so a recorded step replays whatever the routing). Row-major:
+ *   x [rows, k]: expert e's rows are [offsets[e], offsets[e+1]); W [experts, m, k]; y, dy [rows, m]
+ *   fprop  y_e  = x_e W_e^T     out = y  [rows, m], rows past offsets[experts] set to 0
+ *   dgrad  dx_e = dy_e W_e      out = dx [rows, k], rows past offsets[experts] set to 0
+ *   wgrad  dW_e += dy_e^T x_e   out = dW [experts, m, k] FP32, accumulated
+ * The rows of x and dy past offsets[experts] must be finite (a tensor-core wgrad multiplies them
+ * by zeros). Selection is as for dense GEMMs: the entries whose fields match and whose predicate
+ * accepts, the highest priority winning (ties: the earliest registered); the built-ins (src/gemm/
+ * grouped_kernels.c) are the CPU reference, CUDA FP32-FMA tiles, mma.sync (sm_80+) and TMA +
+ * wgmma (sm_90). The compiler selects one per pass of every MoE linear layer (`deepwell compile
+ * --explain` shows why) and the engine runs that one. */
+typedef enum { DW_GROUPED_F32 = 0, DW_GROUPED_BF16 = 1 } dw_grouped_dtype;
+
+/* All pointers are device pointers on a CUDA context and host pointers on a CPU context. */
+typedef struct {
+    int32_t pass;             /* dw_gemm_pass: DW_GEMM_FPROP, DW_GEMM_DGRAD or DW_GEMM_WGRAD */
+    int32_t dtype;            /* dw_grouped_dtype of x, W, dy and y or dx (dW is FP32) */
+    int32_t recipe;           /* DW_RECIPE_BF16: the operands are plain dtype values */
+    int64_t rows, experts, k, m; /* rows: the capacity of x, y, dy (offsets[experts] <= rows) */
+    const void *x, *w, *dy;   /* x: fprop, wgrad; w: fprop, dgrad; dy: dgrad, wgrad (else NULL) */
+    void *out;                /* y, dx or dW as the pass says */
+    const int32_t *offsets;   /* [experts + 1]: 0, non-decreasing, at most rows */
+    const char *backend;      /* NULL: the best eligible kernel; else a registered grouped kernel's name */
+} dw_grouped_args;
+
+/* Runs one pass on the context's device (stream-ordered on CUDA) with the kernel the registry
+ * selects. DW_ERR_INVALID for a malformed problem (named), DW_ERR_UNSUPPORTED naming every
+ * rejected candidate when none is eligible. */
+DW_API dw_status dw_grouped_gemm(dw_ctx *ctx, const dw_grouped_args *args);
+/* The kernel dw_grouped_gemm would run (static name, valid while registered), or an error. */
+DW_API dw_status dw_grouped_select(dw_ctx *ctx, const dw_grouped_args *args, const char **name);
+/* Every registered grouped kernel, eligible or not and why, and the winner, for args on the
+ * context's device. Caller frees with dw_free_string. */
+DW_API dw_status dw_grouped_explain(dw_ctx *ctx, const dw_grouped_args *args, char **out);
+
+/* Returns true when the kernel can run args; otherwise false and *why (static text). */
+typedef bool (*dw_grouped_eligible_fn)(const dw_grouped_args *args, void *user, const char **why);
+typedef dw_status (*dw_grouped_run_fn)(dw_ctx *ctx, const dw_grouped_args *args, void *user);
+typedef struct {
+    const char *name;     /* unique among grouped kernels; copied by the registry */
+    int32_t dtype;        /* dw_grouped_dtype it takes, or -1 for any */
+    int32_t recipe;       /* DW_RECIPE_* it takes, or -1 for any */
+    int32_t device;       /* DW_DEVICE_CPU or DW_DEVICE_CUDA */
+    int32_t sm_min, sm_max; /* CUDA compute capability x10, inclusive; sm_max 0: no upper bound */
+    int32_t priority;     /* higher wins */
+    dw_grouped_eligible_fn eligible; /* NULL: always eligible */
+    dw_grouped_run_fn run;
+    void *user;           /* passed to eligible and run */
+} dw_grouped_kernel_desc;
+/* Adds (or, for an existing name, replaces) a grouped kernel. DW_ERR_INVALID for a missing name
+ * or run or a bad device, DW_ERR_NOMEM when the table is full (64 entries). Not thread-safe:
+ * register before concurrent use. */
+DW_API dw_status dw_grouped_kernel_register(const dw_grouped_kernel_desc *k);
+/* Removes a grouped kernel by name; false when none has that name. */
+DW_API bool dw_grouped_kernel_unregister(const char *name);
 
 /* ======================================================================================
  * Compile: schedule, kernel binding, memory plan             [section: compile]
@@ -641,6 +704,11 @@ DW_API int64_t dw_compiled_head_chunk(const dw_compiled *c);
 /* The readable report: per node the recipe and why, the kernel and why; per pool the planned
  * bytes; the activation arena's peak. Caller frees with dw_free_string. */
 DW_API dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out);
+/* Why each MoE linear layer runs the grouped kernels it does: per layer and pass (fprop, dgrad,
+ * wgrad) the problem on the target, every registered grouped kernel, eligible or rejected and why,
+ * and the one selected (`deepwell compile --explain`). A program without MoE layers says so.
+ * Caller frees with dw_free_string. */
+DW_API dw_status dw_compiled_explain(dw_ctx *ctx, const dw_compiled *c, char **out);
 
 /* ======================================================================================
  * Engine: a compiled program on a device                     [section: engine]
@@ -1183,6 +1251,7 @@ typedef struct {
     double zipf_s;        /* the Zipf exponent (default 1.0; (0, 8]) */
     uint64_t seed;        /* the random inputs (default 0) */
     int64_t rows, experts, k, m; /* the custom shape */
+    bool explain;         /* give each case dw_grouped_explain's account of the selection */
 } dw_bench_grouped_opts;
 DW_API void dw_bench_grouped_opts_init(dw_bench_grouped_opts *o, size_t size);
 
@@ -1192,17 +1261,19 @@ typedef struct {
     const char *shape, *routing, *pass;
     int64_t rows, experts, k, m;
     int64_t max_rows;     /* the largest group */
-    const char *dtype;    /* "bf16" on a GPU (the kernel the engine picks), "fp32" on the CPU reference */
+    const char *dtype;    /* "bf16" on a GPU (the kernel the registry picks), "fp32" on the CPU reference */
     const char *skipped;  /* why the case was not timed; else NULL */
     bool timed;
     double ms;            /* per call: the median of 5 batches of iters calls, after 2 warm-up calls */
     double tflops;        /* 2 rows K M / time */
+    const char *explain;  /* with opts.explain: every grouped kernel, eligible or why not, and the
+                             one that ran; else NULL */
 } dw_bench_grouped_case;
 typedef void (*dw_bench_grouped_fn)(const dw_bench_grouped_case *c, void *user);
 
-/* Times the grouped GEMMs on the context's device for every chosen shape, routing and pass, on
- * random inputs; fn hears each case as it is done. The CPU times its FP32 reference (dgrad comes
- * with wgrad there: skipped, with the reason) and needs named shapes. Errors: DW_ERR_INVALID for an
+/* Times the grouped GEMMs (dw_grouped_gemm, the registry's kernel) on the context's device for
+ * every chosen shape, routing and pass, on random inputs; fn hears each case as it is done. The
+ * CPU times its FP32 reference and needs named shapes. Errors: DW_ERR_INVALID for an
  * unknown name in a list (named), iters < 1, a bad custom shape or Zipf exponent; DW_ERR_NOMEM;
  * DW_ERR_CUDA. */
 DW_API dw_status dw_bench_grouped(dw_ctx *ctx, const dw_bench_grouped_opts *o, dw_bench_grouped_fn fn, void *user);

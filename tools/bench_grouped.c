@@ -11,18 +11,20 @@
 static const char *CMD = "bench grouped";
 
 static void help(void) {
-    printf("Usage: deepwell bench grouped [--json] [--shapes LIST] [--routing LIST] [--passes LIST]\n"
+    printf("Usage: deepwell bench grouped [--json] [--explain] [--shapes LIST] [--routing LIST] [--passes LIST]\n"
            "                             [--iters N] [--zipf S] [--seed N] [--device auto|cuda|cpu]\n"
            "                             [--rows R --experts E --k K --m M]\n\n"
            "Times the grouped expert GEMMs of the MoE linear layer over E experts' row groups:\n"
            "fprop y_e = x_e W_e^T (rows x K -> M), dgrad dx_e = dy_e W_e, wgrad dW_e += dy_e^T x_e, and\n"
-           "reports TFLOP/s (2 rows K M / time). On a GPU: BF16 with the kernel the engine picks (TMA +\n"
-           "wgmma on sm_90); on the CPU: the FP32 reference (dgrad is computed with wgrad there, so it is\n"
-           "not timed alone). Each case: 2 warm-up calls, then 5 batches of N calls (CUDA events on a\n"
+           "reports TFLOP/s (2 rows K M / time), each with the kernel the grouped GEMM registry selects\n"
+           "(as the engine's): on a GPU BF16 (TMA + wgmma on sm_90), on the CPU the FP32 reference.\n"
+           "Each case: 2 warm-up calls, then 5 batches of N calls (CUDA events on a\n"
            "GPU); the median batch gives ms per call. bench/grouped_anchor.py times torch._grouped_mm\n"
            "on the same shapes and routings for the comparison.\n\n"
            "  --json           print a JSON list of {shape,routing,pass,rows,experts,k,m,max_rows,dtype,\n"
            "                   ms,tflops} (a table otherwise)\n"
+           "  --explain        before each case, the selection: every registered grouped kernel,\n"
+           "                   eligible or why not, and the one that runs (on stderr with --json)\n"
            "  --shapes LIST    comma list of: e8 (16384 x 4096 -> 14336, 8 experts), e64 (32768 x 2048\n"
            "                   -> 1408, 64 experts), moe-e8, moe-e8-down (the moe-e8 preset's expert\n"
            "                   GEMMs at batch 8, seq 2048, top-2: 32768 x 2048 -> 5632, 5632 -> 2048),\n"
@@ -55,6 +57,7 @@ static void open_output(printer *p) {
 static void on_case(const dw_bench_grouped_case *c, void *user) {
     printer *p = user;
     open_output(p);
+    if (c->explain) fputs(c->explain, p->json ? stderr : stdout);
     if (c->skipped) {
         fprintf(stderr, "deepwell bench grouped: %s %s %s skipped: %s\n", c->shape, c->routing, c->pass, c->skipped);
         return;
@@ -77,7 +80,7 @@ int bench_grouped(int argc, char **argv) {
         {"passes", required_argument, 0, 'p'}, {"iters", required_argument, 0, 'i'},  {"zipf", required_argument, 0, 'z'},
         {"seed", required_argument, 0, 'S'},  {"device", required_argument, 0, 'd'}, {"rows", required_argument, 0, 'R'},
         {"experts", required_argument, 0, 'E'}, {"k", required_argument, 0, 'K'},     {"m", required_argument, 0, 'M'},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+        {"explain", no_argument, 0, 'x'},     {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     dw_bench_grouped_opts o;
     dw_bench_grouped_opts_init(&o, sizeof o);
     bool json = false;
@@ -88,6 +91,7 @@ int bench_grouped(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'j': json = true; break;
+        case 'x': o.explain = true; break;
         case 's': o.shapes = optarg; break;
         case 'r': o.routings = optarg; break;
         case 'p': o.passes = optarg; break;

@@ -11,7 +11,7 @@
 static void help(void) {
     printf("Usage: deepwell compile MODEL [--precision R | --policy FILE] [--fallback F]\n"
            "                        [--batch B] [--seq T] [--target cuda|cpu] [--sm N] [--recompute none|full|N]\n"
-           "                        [--report]\n\n"
+           "                        [--report] [--explain]\n\n"
            "Compiles MODEL's training graph into the program an engine runs (steps, kernel binding,\n"
            "static memory plan) and prints the planned bytes of each memory pool (weights, grads,\n"
            "optimizer, activations, workspace). Needs no GPU.\n\n"
@@ -36,6 +36,9 @@ static void help(void) {
            "                   run again just before their backward and only their inputs are kept\n"
            "                   (a smaller activation pool)\n"
            "  --report         also list every node: recipe and why, kernel and why\n"
+           "  --explain        then each MoE linear layer's grouped GEMM selection per pass (fprop,\n"
+           "                   dgrad, wgrad): every registered grouped kernel, eligible or why not,\n"
+           "                   and the one the engine runs\n"
            "  -h, --help       this help\n\n"
            "Exit status: 0 planned, 2 bad arguments or model, 1 other failures.\n");
 }
@@ -47,6 +50,7 @@ int cmd_compile(int argc, char **argv) {
                                          {"batch", required_argument, 0, 'b'},
                                          {"seq", required_argument, 0, 's'},
                                          {"report", no_argument, 0, 'r'},
+                                         {"explain", no_argument, 0, 'x'},
                                          {"target", required_argument, 0, 't'},
                                          {"sm", required_argument, 0, 'm'},
                                          {"recompute", required_argument, 0, 'R'},
@@ -54,7 +58,7 @@ int cmd_compile(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     const char *precision = NULL, *policy_path = NULL, *fallback = NULL;
     long B = 1, T = 0, sm = 90;
-    bool report = false;
+    bool report = false, explain = false;
     dw_device_kind target = DW_DEVICE_CUDA;
     int c, recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
     optind = 1;
@@ -70,6 +74,7 @@ int cmd_compile(int argc, char **argv) {
             if (!cli_parse_int("compile", "--seq", optarg, 1, 1 << 24, &T)) return DW_EXIT_USAGE;
             break;
         case 'r': report = true; break;
+        case 'x': explain = true; break;
         case 't':
             if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) {
                 cli_error("compile", "--target must be cuda or cpu, not '%s'", optarg);
@@ -127,6 +132,8 @@ int cmd_compile(int argc, char **argv) {
     co2.recompute = recompute, co2.recompute_blocks = recompute_blocks;
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &co2, &cp);
     if (s == DW_OK) s = dw_compiled_report(ctx, cp, &text);
+    char *why = NULL;
+    if (s == DW_OK && explain) s = dw_compiled_explain(ctx, cp, &why);
     int rc = DW_EXIT_OK;
     if (s != DW_OK) {
         rc = cli_fail("compile", ctx, s);
@@ -140,6 +147,8 @@ int cmd_compile(int argc, char **argv) {
         if (uns) fwrite(uns - 1, 1, (size_t)(strchr(uns, '\n') - uns) + 2, stdout);
         if (mem) fputs(mem, stdout);
     }
+    if (rc == DW_EXIT_OK && why) printf("\n%s", why);
+    dw_free_string(why);
     dw_free_string(text);
     dw_compiled_free(cp);
     dw_policy_free(pol);

@@ -17,7 +17,7 @@ static void help(void) {
     printf("Usage: deepwell dryrun MODEL --hw PRESET|FILE|probe [--nodes N] [--gpus N] --seq S\n"
            "                       --global-batch G [--precision R] [--moe experts=E,top_k=K,capacity=C]\n"
            "                       [--gemm-rates FILE] [--headroom F] [--plan PLAN.json]\n"
-           "                       [--run [--steps N] [--warmup N]]\n\n"
+           "                       [--run [--steps N] [--warmup N]] [--explain]\n\n"
            "Checks a parallel plan for training MODEL on the machine and prints PASS/FAIL per check:\n"
            "  constraints   divisibility (heads, KV heads by TP; layers by PP x virtual stages;\n"
            "                experts by EP; global batch by DP x micro-batch), TP inside the NVLink\n"
@@ -50,6 +50,11 @@ static void help(void) {
            "                pools, cuBLASLt workspace, CUDA graph, kernel images)\n"
            "  --steps N     timed steps for --run (default 10); their mean is compared\n"
            "  --warmup N    untimed steps before them (default 3: eager, graph capture, replay)\n"
+           "  --explain     also compile the program the engine would run for the plan (one device,\n"
+           "                CUDA sm_90, the plan's micro-batch, precision and recompute) and list each\n"
+           "                MoE linear layer's grouped GEMM selection per pass: every registered\n"
+           "                grouped kernel, eligible or why not, and the one selected (a failure to\n"
+           "                compile it counts as a failed check)\n"
            "  -h, --help    this help\n\n"
            "Exit status: 0 every check passed (with --run: the GPU run too), 1 a check failed or\n"
            "--run could not run the plan, 2 bad input.\n");
@@ -255,10 +260,42 @@ static bool check(dw_ctx *ctx, const dw_plan *plan, int *fails) {
     return true;
 }
 
+/* --explain: the program the engine would run for the plan (one device, CUDA sm_90 as the planner
+ * prices it, the plan's micro-batch, sequence, precision and recompute) and why each MoE linear
+ * layer gets its grouped GEMMs. Needs no GPU. */
+static bool explain_engine(dw_ctx *ctx, const dw_plan *plan) {
+    plan_view v;
+    view_of(plan, &v);
+    dw_policy *pol = NULL;
+    dw_graph *g = NULL;
+    dw_compiled *cp = NULL;
+    char *text = NULL;
+    dw_capture_opts co;
+    dw_capture_opts_init(&co, sizeof co);
+    co.batch = v.l.micro_batch, co.seq = v.l.seq;
+    dw_compile_opts cpo;
+    dw_compile_opts_init(&cpo, sizeof cpo);
+    cpo.device = DW_DEVICE_CUDA, cpo.sm = 90, cpo.recompute = v.l.recompute, cpo.fused_head = true;
+    dw_status s = dw_plan_engine_policy(ctx, plan, &pol);
+    if (s == DW_OK) s = dw_capture(ctx, v.in.model, &co, &g);
+    if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cpo, &cp);
+    if (s == DW_OK) s = dw_compiled_explain(ctx, cp, &text);
+    printf("\n== the engine's kernels (--explain): micro-batch %lld x seq %lld ==\n", (long long)v.l.micro_batch,
+           (long long)v.l.seq);
+    if (s == DW_OK) fputs(text, stdout);
+    else printf("FAIL  explain: %s\n", dw_errmsg(ctx));
+    dw_free_string(text);
+    dw_compiled_free(cp);
+    dw_graph_free(g);
+    dw_policy_free(pol);
+    return s == DW_OK;
+}
+
 int cmd_dryrun(int argc, char **argv) {
     static const struct option opts[] = {PLAN_ARG_OPTIONS,
                                          {"plan", required_argument, 0, 'p'},
                                          {"run", no_argument, 0, 'r'},
+                                         {"explain", no_argument, 0, 'x'},
                                          {"steps", required_argument, 0, 'n'},
                                          {"warmup", required_argument, 0, 'w'},
                                          {"help", no_argument, 0, 'h'},
@@ -266,7 +303,7 @@ int cmd_dryrun(int argc, char **argv) {
     plan_args a;
     plan_args_init(&a);
     const char *plan_path = NULL;
-    bool run = false;
+    bool run = false, explain = false;
     long steps = 10, warm = 3;
     dw_ctx *ctx = NULL;
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
@@ -285,6 +322,7 @@ int cmd_dryrun(int argc, char **argv) {
         switch (c) {
         case 'p': plan_path = optarg; break;
         case 'r': run = true; break;
+        case 'x': explain = true; break;
         case 'n':
             if (!cli_parse_int("dryrun", "--steps", optarg, 1, 100000, &steps)) {
                 rc = DW_EXIT_USAGE;
@@ -329,6 +367,7 @@ int cmd_dryrun(int argc, char **argv) {
         not_run("the plan is not well-formed (see constraints)");
     else
         ran = gpu_run(plan, steps, warm, &fails);
+    if (explain && !explain_engine(ctx, plan)) fails++;
     printf("\n%s: %d check(s) failed%s\n", fails || (run && !ran) ? "FAIL" : "PASS", fails,
            run && !ran ? "; gpu-run NOT RUN" : "");
     if (run && !ran) fails++;

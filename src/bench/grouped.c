@@ -1,9 +1,10 @@
 /* grouped.c — deepwell.h's dw_bench_grouped (`deepwell bench grouped`): times the grouped expert
  * GEMMs of the MoE linear layer (moe_linear: fprop y_e = x_e W_eᵀ, dgrad dx_e = dy_e W_e, wgrad
  * dW_e += dy_eᵀ x_e) at the MoE speed issue's shapes, with balanced and Zipf-skewed routing.
- * On a GPU: BF16 through dw_cuda_moe_gemm with the kernel the engine picks (wgmma on sm_90);
- * on the CPU: the FP32 reference (kernels/cpu/moe_cpu.c), where dgrad comes with wgrad and is not
- * timed alone. bench/grouped_anchor.py times torch._grouped_mm on the same shapes and routings.
+ * Every pass runs through dw_grouped_gemm with the kernel the grouped registry selects, as the
+ * engine's would be (with explain: its account of every candidate): BF16 on a GPU (wgmma on
+ * sm_90), the FP32 reference on the CPU. bench/grouped_anchor.py times torch._grouped_mm on the
+ * same shapes and routings.
  * Inputs are random, rows per expert come from the routing alone. Not a correctness test
  * (tests/gpu/test_ops_cuda_moe.c is). */
 #include <math.h>
@@ -18,10 +19,6 @@
 #include "core/sized.h"
 #include "formats/formats.h"
 #include "gemm/gemm_dev.h"
-#include "kernels/cpu/ops_cpu.h"
-#if DW_HAVE_CUDA
-#include "kernels/cuda/ops_cuda.h"
-#endif
 
 /* rows (token-expert assignments), experts, K inputs, M outputs */
 typedef struct {
@@ -119,42 +116,32 @@ static dw_status buf_make(dw_ctx *ctx, bufs *b, void **out, int64_t n, int bytes
 }
 
 typedef struct {
-    const bufs *b;
-    const gshape *s;
-    int pass;
     dw_ctx *ctx;
+    dw_grouped_args g;
 } call_args;
+
+/* One pass over the case's buffers as dw_grouped_gemm takes it: BF16 on a GPU, FP32 on the CPU. */
+static dw_grouped_args case_args(const bufs *b, const gshape *s, int pass) {
+    return (dw_grouped_args){.pass = pass, .dtype = b->gpu ? DW_GROUPED_BF16 : DW_GROUPED_F32,
+                             .recipe = DW_RECIPE_BF16, .rows = s->rows, .experts = s->experts, .k = s->k, .m = s->m,
+                             .x = b->x, .w = b->w, .dy = b->dy, .offsets = b->off,
+                             .out = pass == DW_GEMM_FPROP ? b->y : pass == DW_GEMM_DGRAD ? b->dx : b->dw};
+}
 
 static dw_status run_pass(void *arg, int i) {
     (void)i;
     const call_args *a = arg;
-    const bufs *b = a->b;
-    const gshape *s = a->s;
-    if (!b->gpu) {
-        if (a->pass == 0) dw_cpu_moe_linear_fwd(b->y, b->x, b->w, b->off, s->rows, s->experts, s->k, s->m);
-        else dw_cpu_moe_linear_bwd(NULL, b->dw, b->dy, b->x, b->w, b->off, s->rows, s->experts, s->k, s->m);
-        return DW_OK;
-    }
-#if DW_HAVE_CUDA
-    void *stream = NULL;
-    DW_TRY(dw_ctx_stream(a->ctx, &stream));
-    const dw_moe_pass p = a->pass == 0 ? DW_MOE_FPROP : a->pass == 1 ? DW_MOE_DGRAD : DW_MOE_WGRAD;
-    dw_moe_gemm_args g = {.pass = p, .x = b->x, .w = b->w, .dy = b->dy, .offsets = b->off, .R = s->rows,
-                          .E = s->experts, .K = s->k, .M = s->m, .kernel = DW_MOE_KERNEL_AUTO,
-                          .out = p == DW_MOE_FPROP ? b->y : p == DW_MOE_DGRAD ? b->dx : b->dw};
-    return dw_cuda_moe_gemm(a->ctx, DW_ACT_BF16, &g, stream);
-#else
-    return dw_set_error(a->ctx, DW_ERR_UNSUPPORTED, "bench grouped: a GPU context in a build without CUDA");
-#endif
+    return dw_grouped_gemm(a->ctx, &a->g);
 }
 
 /* Milliseconds per call: the median of 5 batches of iters calls after 2 warm-up calls. */
 static dw_status time_pass(dw_ctx *ctx, const call_args *a, int iters, double *ms) {
     double t[5];
-    for (int w = 0; w < 2 && !a->b->gpu; w++) DW_TRY(run_pass((void *)a, 0));
-    if (a->b->gpu) DW_TRY(dw_gemm_dev_time(ctx, 2, run_pass, (void *)a, &t[0]));
+    const bool gpu = dw_ctx_device(ctx) == DW_DEVICE_CUDA;
+    for (int w = 0; w < 2 && !gpu; w++) DW_TRY(run_pass((void *)a, 0));
+    if (gpu) DW_TRY(dw_gemm_dev_time(ctx, 2, run_pass, (void *)a, &t[0]));
     for (int r = 0; r < 5; r++) {
-        if (a->b->gpu) {
+        if (gpu) {
             DW_TRY(dw_gemm_dev_time(ctx, iters, run_pass, (void *)a, &t[r]));
         } else {
             const double t0 = now_ms();
@@ -207,15 +194,15 @@ static dw_status bench_shape(dw_ctx *ctx, const dw_bench_grouped_opts *o, const 
             dw_bench_grouped_case c = {.size = sizeof c, .shape = s->name, .routing = ROUTINGS[r], .pass = PASSES[p],
                                        .rows = s->rows, .experts = s->experts, .k = s->k, .m = s->m,
                                        .max_rows = most, .dtype = gpu ? "bf16" : "fp32"};
-            if (!gpu && p == 1) {
-                c.skipped = "the CPU reference computes dgrad together with wgrad (dw_cpu_moe_linear_bwd)";
-            } else {
-                call_args a = {.b = &b, .s = s, .pass = p, .ctx = ctx};
-                st = time_pass(ctx, &a, o->iters, &c.ms);
-                c.timed = st == DW_OK;
-                c.tflops = c.timed ? 2.0 * (double)s->rows * (double)s->k * (double)s->m / (c.ms * 1e9) : 0;
-            }
+            call_args a = {.ctx = ctx, .g = case_args(&b, s, p)};
+            char *why = NULL;
+            if (o->explain) st = dw_grouped_explain(ctx, &a.g, &why);
+            c.explain = why;
+            if (st == DW_OK) st = time_pass(ctx, &a, o->iters, &c.ms);
+            c.timed = st == DW_OK;
+            c.tflops = c.timed ? 2.0 * (double)s->rows * (double)s->k * (double)s->m / (c.ms * 1e9) : 0;
             if (st == DW_OK && fn) fn(&c, user);
+            dw_free_string(why);
         }
     }
     bufs_free(&b);

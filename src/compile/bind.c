@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compile/bind_grouped.h"
 #include "compile/passes.h"
 #include "core/error.h"
 #include "gemm/registry.h"
@@ -141,6 +142,10 @@ dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) 
                                 "(Gemma 2); compile for the CPU (--device cpu)", n->name, dw_op_name(n->op),
                                 n->op == DW_OP_ATTENTION ? "attention score soft-capping (attrs.softcap)"
                                                          : "an offset RMSNorm weight (attrs.offset, 1 + w)");
+        if (n->op == DW_OP_MOE_LINEAR) { /* the grouped GEMM kind: bind_grouped.c */
+            DW_TRY(dw_compile_bind_grouped(ctx, c, i));
+            continue;
+        }
         if (!DW_OP_IS(n, DW_OPF_GEMM)) continue;
         if (policy)
             b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);

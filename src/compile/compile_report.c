@@ -1,12 +1,15 @@
 /* compile_report.c — the text of `deepwell compile --report`: the target and steps; per node the
  * recipe and why (the policy's reason) and what runs it (the backend's op entry; for linear
- * layers the registry's kernel per GEMM, quantised or the BF16 fallback and why); per pool the
- * planned bytes; the activation arena's size against the live-buffer lower bound. */
+ * layers the registry's kernel per GEMM, quantised or the BF16 fallback and why; for MoE linear
+ * layers the grouped kernel per pass); per pool the planned bytes; the activation arena's size
+ * against the live-buffer lower bound. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "compile/passes.h"
 #include "core/error.h"
+
+static const char *kname(const char *k) { return k ? k : "(none)"; }
 
 static void mib(FILE *f, int64_t bytes) {
     fprintf(f, "%14lld B  %10.3f MiB", (long long)bytes, (double)bytes / 1048576.0);
@@ -48,6 +51,9 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "(%s)", dw_policy_reason_text(b->reason));
         if (pn->fused == (DW_FUSED_FWD | DW_FUSED_BWD))
             fprintf(f, "\n     kernel none of its own: forward and backward run in GEMM epilogues\n");
+        else if (n->op == DW_OP_MOE_LINEAR) /* the grouped kernel per pass (bind_grouped.c) */
+            fprintf(f, "\n     kernel grouped fprop %s, dgrad %s, wgrad %s\n", kname(b->kernel[0]), kname(b->kernel[1]),
+                    kname(b->kernel[2]));
         else if (!gemm || !c->bf16)
             fprintf(f, "\n     kernel dw_%s_op_%s_fwd/bwd%s\n", dev, dw_op_name(n->op),
                     gemm ? " (the FP32 reference GEMM)" : "");

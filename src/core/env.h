@@ -12,7 +12,7 @@
  *   DW_ATTN=auto|cudnn|mma|nosplit|ref the CUDA attention path (kernels/cuda/attn_mma.cu)
  *   DW_ATTN_TILES=F,Q,K                tile shapes of the tensor-core attention (an experiment)
  *   DW_ATTN_CUDNN_DQ=...               cuDNN attention's dQ variant (an experiment)
- *   DW_MOE_GEMM=auto|wgmma|mma|simt    the CUDA grouped expert GEMM (runtime/cuda/ops_cuda_moe.c)
+ *   DW_MOE_GEMM=auto|wgmma|mma|simt    the CUDA grouped expert GEMM bound (compile/bind_grouped.c)
  *   DW_DP_BUCKET_FLOATS=N              data parallelism's gradient bucket (train/dp_buckets.c)
  *   DW_COMM_TIMEOUT=S                  seconds a rank waits on a TCP peer (comm/comm_world.c)
  *   DW_KV_CACHE=0|1                    sampling's K/V cache off, or on CUDA too (runtime/kv_cache.c)

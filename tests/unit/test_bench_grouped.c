@@ -1,8 +1,8 @@
 /* test_bench_grouped.c — deepwell.h's dw_bench_grouped where no GPU is needed: the routings' group
  * sizes (they add up, balanced within one row, Zipf non-increasing and more skewed for a larger
- * exponent: expert 0's share grows), the cases a CPU context times on random custom shapes (every routing and pass listed,
- * dgrad skipped with its reason, the largest group, TFLOP/s = 2 rows K M / time), the names, and
- * the refusals. The GPU timings are `deepwell bench grouped` on the lent GPU. */
+ * exponent: expert 0's share grows), the cases a CPU context times on random custom shapes (every
+ * routing and pass, the largest group, TFLOP/s = 2 rows K M / time; with explain, the grouped
+ * registry's account naming the CPU reference), the names, and the refusals. The GPU timings are `deepwell bench grouped` on the lent GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,7 +49,7 @@ static void test_counts(void **state) {
 typedef struct {
     int n, skipped, timed;
     int64_t max_rows[2];
-    bool bad;
+    bool bad, explain; /* explain: every case must carry the account */
 } heard;
 
 static void on_case(const dw_bench_grouped_case *c, void *user) {
@@ -57,11 +57,13 @@ static void on_case(const dw_bench_grouped_case *c, void *user) {
     h->n++;
     const int r = !strcmp(c->routing, "zipf");
     if (c->skipped) {
-        h->skipped++;
-        if (strcmp(c->pass, "dgrad") || c->timed || !strstr(c->skipped, "wgrad")) h->bad = true;
+        h->skipped++, h->bad = true; /* the CPU reference runs every pass */
         return;
     }
     h->timed++;
+    if (h->explain != (c->explain != NULL) ||
+        (c->explain && (!strstr(c->explain, c->pass) || !strstr(c->explain, "selected: grouped_cpu_reference"))))
+        h->bad = true;
     h->max_rows[r] = c->max_rows;
     const double flops = 2.0 * (double)c->rows * (double)c->k * (double)c->m;
     if (!c->timed || !(c->ms > 0) || fabs(c->tflops / (flops / (c->ms * 1e9)) - 1) > 1e-9 || strcmp(c->dtype, "fp32") ||
@@ -82,7 +84,7 @@ static void test_cpu_cases(void **state) {
     assert_int_equal(dw_bench_grouped(CTX, &o, on_case, &h), DW_OK);
     assert_false(h.bad);
     assert_int_equal(h.n, 6);
-    assert_int_equal(h.skipped, 2);
+    assert_int_equal(h.timed, 6);
     int64_t *cnt = malloc((size_t)o.experts * sizeof *cnt);
     assert_non_null(cnt);
     for (int r = 0; r < 2; r++) {
@@ -98,6 +100,11 @@ static void test_cpu_cases(void **state) {
     assert_int_equal(dw_bench_grouped(CTX, &o, on_case, &h), DW_OK);
     assert_true(h.n == 1 && h.timed == 1 && !h.bad);
     assert_int_equal(dw_bench_grouped(CTX, &o, NULL, NULL), DW_OK);
+    o.explain = true, o.passes = NULL; /* every case with its account */
+    memset(&h, 0, sizeof h);
+    h.explain = true;
+    assert_int_equal(dw_bench_grouped(CTX, &o, on_case, &h), DW_OK);
+    assert_true(h.n == 3 && h.timed == 3 && !h.bad);
     /* names */
     static const char *const shapes[] = {"e8", "e64", "moe-e8", "moe-e8-down", "moe-e64", "moe-e64-down"};
     for (int i = 0; i < 6; i++) assert_string_equal(dw_bench_grouped_shape_name(i), shapes[i]);

@@ -104,9 +104,9 @@ void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x
                            const int32_t *offsets, int64_t R, int64_t E, int64_t K, int64_t M) {
     DW_ASSERT(R >= 0 && E >= 1 && K >= 1 && M >= 1 && offsets[E] <= R);
     for (int64_t e = 0; e < E; e++) {
-        const float *we = w + e * M * K;
         const int64_t r0 = offsets[e], r1 = offsets[e + 1];
         if (dx) {
+            const float *we = w + e * M * K;
 #pragma omp parallel for schedule(static)
             for (int64_t r = r0; r < r1; r++)
                 for (int64_t k = 0; k < K; k++) {
@@ -115,6 +115,7 @@ void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x
                     dx[r * K + k] = (float)s;
                 }
         }
+        if (!dw) continue;
         float *dwe = dw + e * M * K;
 #pragma omp parallel for schedule(static)
         for (int64_t m = 0; m < M; m++)

@@ -156,7 +156,8 @@ void dw_cpu_moe_dispatch_bwd(float *dx, const float *dxs, const int32_t *pos, in
  * (R,M); rows past offsets[E] are 0. */
 void dw_cpu_moe_linear_fwd(float *y, const float *x, const float *w, const int32_t *offsets, int64_t R, int64_t E,
                            int64_t K, int64_t M);
-/* dx (R,K) written (NULL: not needed; rows past offsets[E] are 0); dw[e] += dy_e^T x_e */
+/* dx (R,K) written (NULL: not needed; rows past offsets[E] are 0); dw[e] += dy_e^T x_e (dw NULL:
+ * not needed). w is read only for dx, x only for dw. */
 void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                            const int32_t *offsets, int64_t R, int64_t E, int64_t K, int64_t M);
 /* MoE combine: out[n] = sum_k wt[n,k] * ys[pos[n,k]] (pos -1: nothing; wt NULL: weights 1)

@@ -241,19 +241,16 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 
 // Streaming multiprocessors of the current device and whether it is an sm_90 part; cached.
 bool sm90_device(int *sms) {
-    static int cached_dev = -1, cached_sms = 0, cached_ok = 0;
+    static int cached_dev = -1, cached_sms = 0;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (dev != cached_dev) {
-        int major = 0, minor = 0, n = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            return false;
-        cached_ok = major == 9 && minor == 0, cached_sms = n, cached_dev = dev;
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return false;
+        cached_sms = n, cached_dev = dev;
     }
     *sms = cached_sms;
-    return cached_ok;
+    return dw_moe_gemm_device_sm() == 90;
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -272,6 +269,19 @@ cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, c
 }
 
 } // namespace
+
+int dw_moe_gemm_device_sm(void) {
+    static int cached_dev = -1, cached_sm = 0;
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return (void)cudaGetLastError(), 0;
+    if (dev != cached_dev) {
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+            return (void)cudaGetLastError(), 0;
+        cached_sm = major * 10 + minor, cached_dev = dev;
+    }
+    return cached_sm;
+}
 
 cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
     int sms = 0;

@@ -1,9 +1,10 @@
 /* ops_moe_gemm.cu — the grouped expert GEMMs of the MoE linear layer (fprop, dgrad, wgrad; the
- * products of moe_gemm.cuh): the entry that checks and launches, and the FP32-FMA tile kernel that
- * runs FP32 programs (and BF16 ones when asked: the tensor-core kernels' own check, and the host
- * emulator's path). BF16 goes to moe_gemm_sm90.cu's wgmma kernel where it can run, else to
- * moe_gemm_tc.cu's mma.sync one. Counts and offsets stay on the device. Each output element is
- * one CTA's: no atomics, deterministic. */
+ * products of moe_gemm.cuh): the entry that checks and launches the kernel it is asked for, and the
+ * FP32-FMA tile kernel that runs FP32 programs (and BF16 ones when asked: the tensor-core kernels'
+ * own check, and the host emulator's path). Which kernel runs is the registry's decision
+ * (src/gemm/grouped_kernels.c states each one's rule); asked for AUTO, this entry asks it. Counts
+ * and offsets stay on the device. Each output element is one CTA's: no atomics, deterministic. */
+#include "gemm/grouped.h"
 #include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_gemm_tc.h"
 #include "kernels/cuda/ops_common.cuh"
@@ -74,17 +75,29 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
     if (a->pass != DW_MOE_WGRAD) /* rows past the assigned ones: zero, whatever the kernel covers */
         DW_TRY(dw_cuda_moe_zero_tail(ctx, dt, a->out, a->offsets, a->E, R, J, stream));
     if (R == 0) return DW_OK;
-    const dw_moe_kernel k = a->kernel;
-    DW_OPS_REQUIRE(ctx, op, k == DW_MOE_KERNEL_AUTO || k == DW_MOE_KERNEL_SIMT || dt == DW_ACT_BF16);
-    if (dt == DW_ACT_BF16 && (k == DW_MOE_KERNEL_AUTO || k == DW_MOE_KERNEL_WGMMA)) {
-        const cudaError_t err = dw_moe_gemm_sm90(a, s);
-        if (err == cudaSuccess) return DW_OK;
-        if (err != cudaErrorNotSupported) DW_CUDA_CHECK(ctx, err);
-        if (k == DW_MOE_KERNEL_WGMMA)
-            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the wgmma kernel cannot run here (an sm_90 device, K "
-                                "and M multiples of 8 and at most 1024 experts are needed)", op);
+    dw_moe_kernel k = a->kernel;
+    if (k == DW_MOE_KERNEL_AUTO) { /* the registry's choice among the built-in CUDA kernels */
+        const dw_grouped_args ga = {.pass = a->pass == DW_MOE_FPROP ? DW_GEMM_FPROP : a->pass == DW_MOE_DGRAD ? DW_GEMM_DGRAD
+                                                                                                         : DW_GEMM_WGRAD,
+                                    .dtype = dt == DW_ACT_BF16 ? DW_GROUPED_BF16 : DW_GROUPED_F32,
+                                    .recipe = DW_RECIPE_BF16, .rows = R, .experts = a->E, .k = a->K, .m = a->M,
+                                    .x = a->x, .w = a->w, .dy = a->dy, .out = a->out, .offsets = a->offsets};
+        k = (dw_moe_kernel)dw_grouped_builtin_pick(dw_moe_gemm_device_sm(), &ga);
+        if (k == DW_MOE_KERNEL_AUTO)
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: no built-in grouped kernel can run %lld experts, K %lld, "
+                                "M %lld here (`deepwell bench grouped --explain` says why)", op, (long long)a->E,
+                                (long long)a->K, (long long)a->M);
     }
-    if (dt == DW_ACT_BF16 && k != DW_MOE_KERNEL_SIMT) {
+    DW_OPS_REQUIRE(ctx, op, k == DW_MOE_KERNEL_SIMT || dt == DW_ACT_BF16);
+    if (k == DW_MOE_KERNEL_WGMMA) {
+        const cudaError_t err = dw_moe_gemm_sm90(a, s);
+        if (err == cudaErrorNotSupported)
+            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the wgmma kernel cannot run here (an sm_90 device, K "
+                                "and M multiples of 8, at most 1024 experts and 16-byte aligned operands are needed)", op);
+        DW_CUDA_CHECK(ctx, err);
+        return DW_OK;
+    }
+    if (k == DW_MOE_KERNEL_MMA) {
         DW_CUDA_CHECK(ctx, dw_moe_gemm_tc(a, s));
         return DW_OK;
     }

@@ -1,8 +1,8 @@
 /* ops_cpu_moe.c — the CPU backend's mixture-of-experts entries: the router (logits -> top-k
  * weights in the program's activation dtype and int32 experts; its backward recomputes the scores
- * and reads the experts the forward chose), dispatch, the grouped expert linear layer (BF16
- * programs read the BF16 weight copies, as the dense linear does) and combine. An output gradient
- * no consumer sent (dout NULL) counts as zeros. */
+ * and reads the experts the forward chose), dispatch, the grouped expert linear layer (through
+ * dw_grouped_gemm; BF16 programs read the BF16 weight copies, as the dense linear does) and
+ * combine. An output gradient no consumer sent (dout NULL) counts as zeros. */
 #include <math.h>
 #include <string.h>
 
@@ -88,19 +88,32 @@ static const float *expert_weights(dw_backend *be, const dw_op_call *c, int64_t 
     return w;
 }
 
-dw_status dw_cpu_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
+/* One pass of the grouped linear as dw_grouped_gemm takes it (FP32, as the CPU computes), with the
+ * kernel the compiler bound (bind_grouped.c; a program compiled for CUDA names CUDA kernels: then
+ * the registry picks the CPU's). */
+static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
     const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
-    const int64_t R = dw_exec_rows(c->x, c->n->in[0]), E = wt->shape[0], M = wt->shape[1], K = wt->shape[2];
+    const dw_compiled *p = c->x->p;
+    return (dw_grouped_args){.pass = pass, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_BF16,
+                             .rows = dw_exec_rows(c->x, c->n->in[0]), .experts = wt->shape[0], .m = wt->shape[1],
+                             .k = wt->shape[2], .offsets = (const int32_t *)c->in[2],
+                             .backend = p->target.device == DW_DEVICE_CPU ? p->node[c->node].bind.kernel[pass] : NULL};
+}
+
+dw_status dw_cpu_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
+    dw_grouped_args a = moe_gemm_args(c, DW_GEMM_FPROP);
+    const int64_t R = a.rows, E = a.experts, M = a.m, K = a.k;
     const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0), *w = expert_weights(be, c, E * M * K);
     float *y = dw_cpu_out(be, c, c->out[0], R * M, CPU_S_OUT);
     if (!x || !w || !y) return DW_ERR_NOMEM;
-    dw_cpu_moe_linear_fwd(y, x, w, (const int32_t *)c->in[2], R, E, K, M);
+    a.x = x, a.w = w, a.out = y;
+    DW_TRY(dw_grouped_gemm(be->ctx, &a));
     dw_cpu_put(c, c->out[0], y, R * M, false);
     return DW_OK;
 }
 dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
-    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
-    const int64_t R = dw_exec_rows(c->x, c->n->in[0]), E = wt->shape[0], M = wt->shape[1], K = wt->shape[2];
+    dw_grouped_args a = moe_gemm_args(c, DW_GEMM_DGRAD);
+    const int64_t R = a.rows, E = a.experts, M = a.m, K = a.k;
     float *dx = c->dx[0] ? dw_cpu_scratch(be, CPU_S_DX0, R * K) : NULL;
     if (c->dx[0] && !dx) return DW_ERR_NOMEM;
     if (!c->dout[0]) { /* no gradient reached y: none leaves */
@@ -110,8 +123,16 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const float *dy = dw_cpu_in(be, c, c->dout[0], R * M, CPU_S_DOUT);
     const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0), *w = expert_weights(be, c, E * M * K);
     if (!dy || !x || !w) return DW_ERR_NOMEM;
-    dw_cpu_moe_linear_bwd(dx, c->pgrad[1], dy, x, w, (const int32_t *)c->in[2], R, E, K, M);
-    if (dx) dw_cpu_deliver(c, 0, dx, R * K);
+    if (dx) { /* dx_e = dy_e W_e */
+        a.dy = dy, a.w = w, a.out = dx;
+        DW_TRY(dw_grouped_gemm(be->ctx, &a));
+    }
+    if (c->pgrad[1]) { /* dW_e += dy_e^T x_e */
+        a = moe_gemm_args(c, DW_GEMM_WGRAD);
+        a.dy = dy, a.x = x, a.out = c->pgrad[1];
+        DW_TRY(dw_grouped_gemm(be->ctx, &a));
+    }
+    if (dx) dw_cpu_deliver(c, 0, dx, R * K); /* after every read of x and dy, as before */
     return DW_OK;
 }
 

@@ -2,19 +2,17 @@
  * weights in the program's activation dtype and int32 experts; kernels/cuda/ops_moe.cu; its
  * backward recomputes the scores from the logits and reads the experts the forward chose),
  * dispatch and combine (kernels/cuda/ops_moe_dispatch.cu: counts, offsets and rows computed on the
- * device) and the grouped expert linear layer (kernels/cuda/ops_moe_gemm.cu; a BF16 program reads
- * the standing BF16 weight copy, which expert weights always have). No host synchronisation: a
- * recorded step replays whatever the routing. An output gradient no consumer sent (dout NULL)
+ * device) and the grouped expert linear layer (dw_grouped_gemm with the kernel the compiler bound:
+ * src/gemm/grouped_kernels.c; a BF16 program reads the standing BF16 weight copy, which expert
+ * weights always have). No host synchronisation: a recorded step replays whatever the routing. An output gradient no consumer sent (dout NULL)
  * counts as zeros; no MoE op adds into an input gradient (ops.def gives them no ACC flag). */
 #include "core/error.h"
 #include "runtime/backend.h"
 
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
-#include <string.h>
 
 #include "core/cuda_check.h"
-#include "core/env.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
 
@@ -65,47 +63,43 @@ dw_status dw_cuda_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
 }
 
 /* ---- grouped linear: each expert's rows times its weight^T ------------------------------------ */
-/* DW_MOE_GEMM (core/env.h): which grouped GEMM a BF16 program runs; auto unless set. */
-static dw_moe_kernel moe_kernel_from_env(void) {
-    const char *v = dw_env("DW_MOE_GEMM");
-    if (!v) return DW_MOE_KERNEL_AUTO;
-    return !strcmp(v, "wgmma") ? DW_MOE_KERNEL_WGMMA
-           : !strcmp(v, "mma") ? DW_MOE_KERNEL_MMA
-           : !strcmp(v, "simt") ? DW_MOE_KERNEL_SIMT
-                                : DW_MOE_KERNEL_AUTO;
-}
-
-static dw_moe_gemm_args moe_gemm_args(const dw_op_call *c, dw_moe_pass pass) {
+/* One pass as dw_grouped_gemm takes it, with the kernel the compiler bound for it (bind_grouped.c;
+ * a program compiled for the CPU names none: the registry picks). */
+static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
     const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
-    return (dw_moe_gemm_args){.pass = pass, .x = c->in[0], .w = c->x->p->bf16 ? (const void *)c->in_bf16[1] : c->in[1],
-                              .offsets = (const int32_t *)c->in[2], .R = dw_exec_rows(c->x, c->n->in[0]),
-                              .E = wt->shape[0], .M = wt->shape[1], .K = wt->shape[2],
-                              .kernel = moe_kernel_from_env()};
+    const dw_compiled *p = c->x->p;
+    return (dw_grouped_args){
+        .pass = pass, .dtype = dw_cuda_dt(c) == DW_ACT_BF16 ? DW_GROUPED_BF16 : DW_GROUPED_F32,
+        .recipe = DW_RECIPE_BF16, .rows = dw_exec_rows(c->x, c->n->in[0]), .experts = wt->shape[0],
+        .m = wt->shape[1], .k = wt->shape[2], .x = c->in[0], .w = p->bf16 ? (const void *)c->in_bf16[1] : c->in[1],
+        .offsets = (const int32_t *)c->in[2],
+        .backend = p->target.device == DW_DEVICE_CUDA ? p->node[c->node].bind.kernel[pass] : NULL};
 }
 
 dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
-    dw_moe_gemm_args a = moe_gemm_args(c, DW_MOE_FPROP);
+    dw_grouped_args a = moe_gemm_args(c, DW_GEMM_FPROP);
     a.out = c->out[0];
-    return dw_cuda_moe_gemm(be->ctx, (dw_act_dtype)dw_cuda_dt(c), &a, DW_CUDA_STREAM(be));
+    return dw_grouped_gemm(be->ctx, &a);
 }
 
 dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);
-    dw_moe_gemm_args a = moe_gemm_args(c, DW_MOE_DGRAD);
+    dw_grouped_args a = moe_gemm_args(c, DW_GEMM_DGRAD);
     a.dy = c->dout[0];
     if (!c->dout[0]) { /* no gradient reached y: none leaves */
         if (c->dx[0])
-            DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(c->dx[0], 0, (size_t)(a.R * a.K) * (size_t)dw_act_size(dt),
+            DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(c->dx[0], 0, (size_t)(a.rows * a.k) * (size_t)dw_act_size(dt),
                                                    DW_CUDA_STREAM(be)));
         return DW_OK;
     }
     if (c->dx[0]) { /* dx_e = dy_e W_e */
         a.out = c->dx[0];
-        DW_TRY(dw_cuda_moe_gemm(be->ctx, dt, &a, DW_CUDA_STREAM(be)));
+        DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }
     if (!c->pgrad[1]) return DW_OK;
-    a.pass = DW_MOE_WGRAD, a.out = c->pgrad[1]; /* dW_e += dy_e^T x_e, FP32 */
-    return dw_cuda_moe_gemm(be->ctx, dt, &a, DW_CUDA_STREAM(be));
+    a = moe_gemm_args(c, DW_GEMM_WGRAD); /* dW_e += dy_e^T x_e, FP32 */
+    a.dy = c->dout[0], a.out = c->pgrad[1];
+    return dw_grouped_gemm(be->ctx, &a);
 }
 
 /* ---- combine: each token's weighted sum of its K expert rows ---------------------------------- */
