@@ -1,5 +1,7 @@
-/* test_ops_cuda_attn.c — CUDA attention (causal, GQA, flash-style; sliding windows on the reference
- * kernels) and fused cross-entropy against the CPU reference: fresh random inputs, odd shapes (T not a multiple of the 8-row/32-key tiles,
+/* test_ops_cuda_attn.c — CUDA attention (causal, GQA, flash-style; sliding windows and soft-capped
+ * scores (Gemma 2) on the tensor-core kernels for BF16 D 64/128, else the reference kernels) and
+ * fused cross-entropy against the CPU reference: fresh random inputs, odd shapes (T not a multiple
+ * of the 8-row/32-key or 64-row tiles,
  * D from 6 to 256), NaN-poisoned outputs, guard bands, FP32 and BF16, determinism (two runs bit-
  * equal), in-place cross-entropy gradient, ignore_index. Needs a GPU (ctest label "gpu").
  *
@@ -54,13 +56,15 @@ static int64_t same_bits(const char *name, const dw_gt *a, const dw_gt *b) {
 /* ---- attention ------------------------------------------------------------------------------ */
 /* qk: range of q and k; 1.5 gives soft attention, 5 gives scores of tens (peaked softmax, many
  * rescales of the running max and underflowing exponentials) */
-/* W > 0: a sliding window of W keys (dw_cuda_attention_window_*, oracle dw_cpu_attention_window_*) */
+/* W > 0: a sliding window of W keys, cap > 0: scores soft-capped to cap tanh(s / cap)
+ * (dw_cuda_attention_window_*, oracle dw_cpu_attention_softcap_*) */
 static int64_t run_attention_w(dw_act_dtype dt, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                               int64_t D, float qk, int64_t W) {
+                               int64_t D, float qk, int64_t W, double cap) {
     char name[160];
-    snprintf(name, sizeof name, "attention[%s B=%lld T=%lld H=%lld Hkv=%lld D=%lld qk=%g W=%lld]",
+    snprintf(name, sizeof name, "attention[%s B=%lld T=%lld H=%lld Hkv=%lld D=%lld qk=%g W=%lld cap=%g]",
              dw_gc_dtname(dt), (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D,
-             (double)qk, (long long)W);
+             (double)qk, (long long)W, cap);
+    const bool masked = W > 0 || cap > 0;
     int64_t bad = 0;
     const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
     const dw_gc_tol tl = dt == DW_ACT_BF16 ? DW_GC_TOL_BF16 : (dw_gc_tol){1e-5, 1e-4, 0}, tlse = {1e-6, 1e-5, 0};
@@ -68,10 +72,10 @@ static int64_t run_attention_w(dw_act_dtype dt, int64_t B, int64_t T, int64_t H,
     dw_gt *v = dw_gt_rand(&g_rng, "v", nk, dt, -1, 1), *g = dw_gt_rand(&g_rng, "dout", nq, dt, -1, 1);
     dw_gt *out = dw_gt_out("out", nq, dt), *lse = dw_gt_out("lse", nl, DW_ACT_F32);
     float *wout = dw_oc_alloc(nq), *wlse = dw_oc_alloc(nl);
-    dw_cpu_attention_window_fwd(wout, wlse, q->host, k->host, v->host, B, T, H, Hkv, D, W);
-    if (W > 0)
+    dw_cpu_attention_softcap_fwd(wout, wlse, q->host, k->host, v->host, B, T, H, Hkv, D, W, cap);
+    if (masked)
         DW_GC_OK(bad, name, dw_cuda_attention_window_fwd(NULL, dt, out->dev, lse->dev, q->dev, k->dev, v->dev, B, T, H,
-                                                         Hkv, D, W, dw_gc_stream));
+                                                         Hkv, D, W, cap, dw_gc_stream));
     else
         DW_GC_OK(bad, name, dw_cuda_attention_fwd(NULL, dt, out->dev, lse->dev, q->dev, k->dev, v->dev, B,
                                                 T, H, Hkv, D, dw_gc_stream));
@@ -81,14 +85,14 @@ static int64_t run_attention_w(dw_act_dtype dt, int64_t B, int64_t T, int64_t H,
     dw_gt *dq2 = dw_gt_out("dq(run 2)", nq, dt), *dk2 = dw_gt_out("dk(run 2)", nk, dt);
     dw_gt *dv2 = dw_gt_out("dv(run 2)", nk, dt), *delta = dw_gt_out("delta", nl, DW_ACT_F32);
     float *wdq = dw_oc_alloc(nq), *wdk = dw_oc_alloc(nk), *wdv = dw_oc_alloc(nk);
-    dw_cpu_attention_window_bwd(wdq, wdk, wdv, g->host, q->host, k->host, v->host, out_in->host,
-                                lse_in->host, B, T, H, Hkv, D, W);
+    dw_cpu_attention_softcap_bwd(wdq, wdk, wdv, g->host, q->host, k->host, v->host, out_in->host,
+                                 lse_in->host, B, T, H, Hkv, D, W, cap);
     for (int run = 0; run < 2; run++) {
         void *pq = run ? dq2->dev : dq->dev, *pk = run ? dk2->dev : dk->dev, *pv = run ? dv2->dev : dv->dev;
-        if (W > 0)
+        if (masked)
             DW_GC_OK(bad, name, dw_cuda_attention_window_bwd(NULL, dt, pq, pk, pv, g->dev, q->dev, k->dev, v->dev,
                                                              out_in->dev, lse_in->dev, delta->dev, B, T, H, Hkv, D, W,
-                                                             dw_gc_stream));
+                                                             cap, dw_gc_stream));
         else
             DW_GC_OK(bad, name, dw_cuda_attention_bwd(NULL, dt, pq, pk, pv, g->dev, q->dev, k->dev, v->dev,
                                                     out_in->dev, lse_in->dev, delta->dev, B, T, H, Hkv, D,
@@ -111,7 +115,35 @@ static int64_t run_attention_w(dw_act_dtype dt, int64_t B, int64_t T, int64_t H,
 }
 
 static int64_t run_attention(dw_act_dtype dt, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float qk) {
-    return run_attention_w(dt, B, T, H, Hkv, D, qk, 0);
+    return run_attention_w(dt, B, T, H, Hkv, D, qk, 0, 0.0);
+}
+
+/* Sliding windows (mistral, qwen2, Gemma 2) and soft-capped scores (Gemma 2). BF16 with D 64 or
+ * 128 runs the tensor-core kernels (64-row tiles: key tiles below every row's window skipped in the
+ * forward and dQ, query tiles past every key's window in dK/dV), the rest the reference kernels.
+ * Windows: one key, shorter than a 32-key tile, across tiles, not a multiple of either tile, as
+ * long as T and longer (the causal mask), random; caps: none, Gemma 2's 50 with peaked scores
+ * (qk 5: scores of tens, partly capped), and a small one that saturates most scores. */
+static int64_t run_masked_cases(void) {
+    int64_t bad = 0;
+    const int64_t wins[] = {1, 5, 32, 33, 70, 130, 1 + (int64_t)(dw_test_next(&g_rng) % 129)};
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof wins / sizeof wins[0]; i++)
+            bad += run_attention_w(d ? DW_ACT_BF16 : DW_ACT_F32, 2, 130, 4, 2, i % 2 ? 24 : 64, i == 3 ? 5.0f : 1.5f,
+                                   wins[i], 0.0);
+    /* the tensor-core kernels across many tiles: T 300 (a partial last tile), windows inside one
+     * tile, across two, longer than T; D 128; a cap alone, a cap and a window */
+    const int64_t wmma[] = {7, 64, 65, 100 + (int64_t)(dw_test_next(&g_rng) % 100), 400};
+    for (size_t i = 0; i < sizeof wmma / sizeof wmma[0]; i++)
+        bad += run_attention_w(DW_ACT_BF16, 1, 300, 4, 2, i == 2 ? 128 : 64, 1.5f, wmma[i], 0.0);
+    for (int d = 0; d < 2; d++) {
+        const dw_act_dtype dt = d ? DW_ACT_BF16 : DW_ACT_F32;
+        bad += run_attention_w(dt, 2, 150, 4, 2, 64, 5.0f, 0, 50.0);
+        bad += run_attention_w(dt, 1, 200, 2, 1, 128, 5.0f, 0, 2.0);
+        bad += run_attention_w(dt, 2, 97, 4, 4, 64, 5.0f, 1 + (int64_t)(dw_test_next(&g_rng) % 96), 50.0);
+        bad += run_attention_w(dt, 1, 77, 6, 2, 40, 5.0f, 20, 3.0);
+    }
+    return bad;
 }
 
 static void test_attention(void **state) {
@@ -135,13 +167,7 @@ static void test_attention(void **state) {
     bad += run_attention(DW_ACT_BF16, 1, 256, 2, 2, 64, 1.5f);
     bad += run_attention(DW_ACT_BF16, 1, 161, 4, 1, 64, 5.0f);
     bad += run_attention(DW_ACT_BF16, 1, 150, 2, 1, 128, 1.5f);
-    /* sliding windows (mistral, qwen2): one key, shorter than a 32-key tile, across tiles, not a
-     * multiple of the tile, as long as T (the causal mask), random; both dtypes, peaked scores */
-    const int64_t wins[] = {1, 5, 32, 33, 70, 130, 1 + (int64_t)(dw_test_next(&g_rng) % 129)};
-    for (int d = 0; d < 2; d++)
-        for (size_t i = 0; i < sizeof wins / sizeof wins[0]; i++)
-            bad += run_attention_w(d ? DW_ACT_BF16 : DW_ACT_F32, 2, 130, 4, 2, i % 2 ? 24 : 64, i == 3 ? 5.0f : 1.5f,
-                                   wins[i]);
+    bad += run_masked_cases();
     assert_int_equal(bad, 0);
 }
 

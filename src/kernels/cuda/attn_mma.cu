@@ -1,8 +1,10 @@
 /* attn_mma.cu — causal GQA attention on the tensor cores (mma.sync.m16n8k16 BF16 -> FP32), for
  * BF16 activations and D = 64 or 128; FlashAttention-2 style tiles of 64 query rows x 64 keys,
  * 4 warps of 16 rows, online softmax in FP32 registers (ex2.approx), causal tiles above the
- * diagonal skipped. The probability (and dS) operand of the second GEMM is split into two BF16
- * terms (hi + lo, ~16 bits) so results stay within the reference kernels' BF16 tolerance. Backward
+ * diagonal skipped; under a sliding window of W keys also the tiles below it (mistral, qwen2,
+ * Gemma 2), and scores optionally soft-capped to cap tanh(s / cap) (Gemma 2). The probability (and
+ * dS) operand of the second GEMM is split into two BF16 terms (hi + lo, ~16 bits) so results stay
+ * within the reference kernels' BF16 tolerance. Backward
  * is two kernels without atomics (dQ over query tiles, computing delta = rowsum(dout * out) first;
  * dK, dV over key tiles looping over the group's heads): deterministic. Not the FP32 path or other
  * D (ops_attention.cu keeps those). */
@@ -14,34 +16,16 @@
 #include "core/env.h"
 #include "kernels/cuda/attn_mma.h"
 
+typedef __nv_bfloat16 am_bf16;
+#include "kernels/cuda/attn_mma_ptx.cuh"
+
 #define AM_ROWS 64 /* query rows (or keys) per block: 4 warps x 16 */
 #define AM_THREADS 128
 #define AM_LOG2E 1.4426950408889634f
 #define AM_LN2 0.6931471805599453f
 
-typedef __nv_bfloat16 am_bf16;
-
-/* ---- fragments ------------------------------------------------------------------------------- */
-static __device__ __forceinline__ void am_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* Four 8x8 b16 matrices, transposed: B fragments (k = stored row, n = stored column). */
-static __device__ __forceinline__ void am_ldsm_t(uint32_t r[4], const am_bf16 *p) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-/* Four 8x8 b16 matrices as stored: A fragments, or B fragments with n = stored row. */
-static __device__ __forceinline__ void am_ldsm(uint32_t r[4], const am_bf16 *p) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
+/* ---- fragments (the PTX primitives am_mma, am_ldsm, am_ldsm_t, am_cp16, am_commit, am_wait, am_exp2:
+ * attn_mma_ptx.cuh) ------------------------------------------------------------------------------- */
 static __device__ __forceinline__ uint32_t am_bits(__nv_bfloat162 v) { return *(uint32_t *)&v; }
 /* x0, x1 (consecutive columns) -> BF16 pair hi and the pair of remainders lo (hi + lo ~ x). */
 static __device__ __forceinline__ void am_split(float x0, float x1, uint32_t &hi, uint32_t &lo) {
@@ -68,15 +52,6 @@ static __device__ __forceinline__ void am_c_to_a(const float c0[4], const float 
     am_split(c1[0], c1[1], hi[2], lo[2]);
     am_split(c1[2], c1[3], hi[3], lo[3]);
 }
-
-/* cp.async: 16 bytes global -> shared (zero-filled when !valid; src is then not read). */
-static __device__ __forceinline__ void am_cp16(am_bf16 *dst, const am_bf16 *src, bool valid) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void am_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-static __device__ __forceinline__ void am_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 /* Starts copying rows r0..r0+63 of head hd of a (B,T,heads,D) BF16 tensor whose token rows are rs
  * elements apart (heads*D, or more inside a packed qkv row) into smem [64][LD] (rows >= T zero);
@@ -178,12 +153,6 @@ static __device__ __forceinline__ void am_store(am_bf16 *dst, const float acc[D 
     }
 }
 
-/* 2^x on the special-function unit, subnormal results flushed to 0 (probabilities < 2^-126). */
-static __device__ __forceinline__ float am_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 /* Sets s to -inf where key j0 + kc > row rb + rc (rb: the subtile's first row; kc, rc as in the C
  * fragment). Only called when the tile reaches past rb (j0 + 63 > rb). */
 template <int NT>
@@ -196,13 +165,39 @@ static __device__ __forceinline__ void am_causal(float (*s)[4], int64_t j0, int6
             if (off + nt * 8 + 2 * t4 + (e & 1) > g + (e < 2 ? 0 : 8)) s[nt][e] = -INFINITY;
 }
 
+/* Sets s to -inf where key j0 + kc < row rb + rc - W + 1 (before the window of W keys). Only called
+ * when the tile reaches below some row's window (j0 + W <= rb + 15). */
+template <int NT>
+static __device__ __forceinline__ void am_window(float (*s)[4], int64_t j0, int64_t rb, int64_t W, int g, int t4) {
+    const int64_t off = j0 - rb + W; /* key kc of row rc is outside when kc + off <= rc */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (off + nt * 8 + 2 * t4 + (e & 1) <= g + (e < 2 ? 0 : 8)) s[nt][e] = -INFINITY;
+}
+/* Raw scores (q.k, before the scale) soft-capped in the same units: s = (cap / scale) tanh(s scale / cap)
+ * (cin = scale / cap, cout = cap / scale), so that the exponent stays s scale log2(e) and s cin is the
+ * tanh, whose 1 - tanh^2 is the cap's derivative. */
+template <int NT>
+static __device__ __forceinline__ void am_cap(float (*s)[4], float cin, float cout) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = cout * tanhf(s[nt][e] * cin);
+}
+/* The first key tile a block of query rows from i0 sees: 0, or the one holding key i0 - W + 1. */
+static __device__ __forceinline__ int64_t am_first_tile(int64_t i0, int64_t W) {
+    return W > 0 && i0 - W + 1 > 0 ? (i0 - W + 1) / AM_ROWS : 0;
+}
+
 /* ---- forward: grid (ceil(T / 64 SUB), H, B), query tiles heaviest first -------------------------
  * A block owns 64 SUB query rows; warp w's subtile u is rows 64 u + 16 w .. + 15, so every warp
  * sees the same causal shape. Key tiles of 64 stream through a two-stage cp.async pipeline. */
 template <int D, bool SPLIT, int SUB>
 static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? (SUB == 1 ? 4 : 3) : 1)
 am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, const am_bf16 *v, int64_t T,
-              int64_t H, int64_t Hkv, int64_t rq, int64_t rk, float sl2) {
+              int64_t H, int64_t Hkv, int64_t rq, int64_t rk, float sl2, int64_t W, float cin, float cout) {
     constexpr int LD = D + 8, BM = AM_ROWS * SUB, STAGE = 2 * AM_ROWS * LD; /* K and V tiles */
     extern __shared__ uint4 am_smem[];
     am_bf16 *Qs = (am_bf16 *)am_smem, *KV = Qs + BM * LD;
@@ -210,19 +205,22 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
     const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;
     const int64_t last = min((T - 1) / AM_ROWS, (i0 + BM - 1) / AM_ROWS); /* last key tile */
+    const int64_t first = am_first_tile(i0, W);                            /* first key tile */
+    const bool cap = cout > 0.0f;
 #pragma unroll
     for (int u = 0; u < SUB; u++) am_load_tile<D, LD>(Qs + u * AM_ROWS * LD, q, b, i0 + AM_ROWS * u, h, T, rq);
-    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, rk, rk);
+    am_load_pair<D, LD>(KV, k, v, b, first * AM_ROWS, kvh, T, rk, rk);
     am_commit();
     float o[SUB][D / 8][4], m[SUB][2], l[SUB][2];
     am_zero<SUB, D / 8>(o);
 #pragma unroll
     for (int u = 0; u < SUB; u++) m[u][0] = m[u][1] = -INFINITY, l[u][0] = l[u][1] = 0.0f;
-    for (int64_t jt = 0; jt <= last; jt++) {
+    for (int64_t jt = first; jt <= last; jt++) {
         const int64_t j0 = jt * AM_ROWS;
-        const am_bf16 *Ks = KV + (jt & 1) * STAGE, *Vs = Ks + AM_ROWS * LD;
+        const int st = (int)((jt - first) & 1);
+        const am_bf16 *Ks = KV + st * STAGE, *Vs = Ks + AM_ROWS * LD;
         if (jt < last) { /* the next tile's stage was consumed in iteration jt - 1 */
-            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
+            am_load_pair<D, LD>(KV + (st ^ 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
             am_wait<1>();
         } else {
@@ -235,7 +233,9 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
 #pragma unroll
         for (int u = 0; u < SUB; u++) {
             const int64_t rb = i0 + AM_ROWS * u + 16 * w;
+            if (cap) am_cap<8>(s[u], cin, cout);
             if (j0 + AM_ROWS - 1 > rb) am_causal<8>(s[u], j0, rb, g, t4);
+            if (W > 0 && j0 + W <= rb + 15) am_window<8>(s[u], j0, rb, W, g, t4);
             float xA = -INFINITY, xB = -INFINITY; /* raw score maxima (the scale is positive) */
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
@@ -246,14 +246,16 @@ am_fwd_kernel(am_bf16 *out, float *lse, const am_bf16 *q, const am_bf16 *k, cons
             xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, 2));
             xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 1));
             xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, 2));
-            /* finite: tile 0 holds key 0 <= every row, and later tiles only raise the maximum */
+            /* -inf while a row has seen no key (a window's first tiles): its exponents are then taken
+             * from 0, so that p = 0 and alpha = 0 rather than NaN; the row's own key comes later */
             const float nA = fmaxf(m[u][0], xA * sl2), nB = fmaxf(m[u][1], xB * sl2);
-            const float aA = am_exp2(m[u][0] - nA), aB = am_exp2(m[u][1] - nB);
+            const float rA = nA == -INFINITY ? 0.0f : nA, rB = nB == -INFINITY ? 0.0f : nB;
+            const float aA = am_exp2(m[u][0] - rA), aB = am_exp2(m[u][1] - rB);
             float sA = 0.0f, sB = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
-                s[u][nt][0] = am_exp2(fmaf(s[u][nt][0], sl2, -nA)), s[u][nt][1] = am_exp2(fmaf(s[u][nt][1], sl2, -nA));
-                s[u][nt][2] = am_exp2(fmaf(s[u][nt][2], sl2, -nB)), s[u][nt][3] = am_exp2(fmaf(s[u][nt][3], sl2, -nB));
+                s[u][nt][0] = am_exp2(fmaf(s[u][nt][0], sl2, -rA)), s[u][nt][1] = am_exp2(fmaf(s[u][nt][1], sl2, -rA));
+                s[u][nt][2] = am_exp2(fmaf(s[u][nt][2], sl2, -rB)), s[u][nt][3] = am_exp2(fmaf(s[u][nt][3], sl2, -rB));
                 sA += s[u][nt][0] + s[u][nt][1];
                 sB += s[u][nt][2] + s[u][nt][3];
             }
@@ -288,7 +290,7 @@ template <int D, bool SPLIT, int SUB, int NH>
 static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? (SUB == 1 ? 4 : 2) : 1)
 am_bwd_dq_kernel(am_bf16 *dq, float *delta, const am_bf16 *dout, const am_bf16 *o, const am_bf16 *q,
                  const am_bf16 *k, const am_bf16 *v, const float *lse, int64_t T, int64_t H, int64_t Hkv, int64_t rq,
-                 int64_t rk, float sl2, float scale) {
+                 int64_t rk, float sl2, float scale, int64_t W, float cin, float cout) {
     constexpr int LD = D + 8, BM = AM_ROWS * SUB, STAGE = 2 * AM_ROWS * LD, NT = 8 / NH, VPR = D / 8;
     extern __shared__ uint4 am_smem[];
     am_bf16 *Qs = (am_bf16 *)am_smem, *Gs = Qs + BM * LD, *KV = Gs + BM * LD;
@@ -296,14 +298,15 @@ am_bwd_dq_kernel(am_bf16 *dq, float *delta, const am_bf16 *dout, const am_bf16 *
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / (H / Hkv);
     const int64_t i0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * BM;
-    const int64_t last = min((T - 1) / AM_ROWS, (i0 + BM - 1) / AM_ROWS);
+    const int64_t last = min((T - 1) / AM_ROWS, (i0 + BM - 1) / AM_ROWS), first = am_first_tile(i0, W);
+    const bool cap = cout > 0.0f;
 #pragma unroll
     for (int u = 0; u < SUB; u++) {
         am_load_tile<D, LD>(Qs + u * AM_ROWS * LD, q, b, i0 + AM_ROWS * u, h, T, rq);
         am_load_tile<D, LD>(Gs + u * AM_ROWS * LD, dout, b, i0 + AM_ROWS * u, h, T, H * D);
     }
     am_commit();
-    am_load_pair<D, LD>(KV, k, v, b, 0, kvh, T, rk, rk);
+    am_load_pair<D, LD>(KV, k, v, b, first * AM_ROWS, kvh, T, rk, rk);
     am_commit();
     am_wait<1>(); /* Q and dout tiles */
     __syncthreads();
@@ -342,11 +345,12 @@ am_bwd_dq_kernel(am_bf16 *dq, float *delta, const am_bf16 *dout, const am_bf16 *
             Dl[u][r] = Ds[rr];
         }
     am_zero<SUB, D / 8>(acc);
-    for (int64_t jt = 0; jt <= last; jt++) {
+    for (int64_t jt = first; jt <= last; jt++) {
         const int64_t j0 = jt * AM_ROWS;
-        const am_bf16 *Ks = KV + (jt & 1) * STAGE, *Vs = Ks + AM_ROWS * LD;
+        const int st = (int)((jt - first) & 1);
+        const am_bf16 *Ks = KV + st * STAGE, *Vs = Ks + AM_ROWS * LD;
         if (jt < last) {
-            am_load_pair<D, LD>(KV + ((jt + 1) & 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
+            am_load_pair<D, LD>(KV + (st ^ 1) * STAGE, k, v, b, j0 + AM_ROWS, kvh, T, rk, rk);
             am_commit();
             am_wait<1>();
         } else {
@@ -364,14 +368,21 @@ am_bwd_dq_kernel(am_bf16 *dq, float *delta, const am_bf16 *dout, const am_bf16 *
 #pragma unroll
             for (int u = 0; u < SUB; u++) {
                 const int64_t rb = i0 + AM_ROWS * u + 16 * w;
+                if (cap) am_cap<NT>(s[u], cin, cout);
                 if (j0 + n0 + 8 * NT - 1 > rb) am_causal<NT>(s[u], j0 + n0, rb, g, t4);
+                if (W > 0 && j0 + n0 + W <= rb + 15) am_window<NT>(s[u], j0 + n0, rb, W, g, t4);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int r = e >> 1; /* exp2(-inf) = 0 where masked */
                         const float p = am_exp2(fmaf(s[u][nt][e], sl2, -L[u][r]));
-                        s[u][nt][e] = p * (dp[u][nt][e] - Dl[u][r]);
+                        float ds = p * (dp[u][nt][e] - Dl[u][r]);
+                        if (cap) { /* d capped / d raw = 1 - tanh^2 (masked: p = 0, s = -inf) */
+                            const float th = s[u][nt][e] * cin;
+                            ds *= p > 0.0f ? 1.0f - th * th : 0.0f;
+                        }
+                        s[u][nt][e] = ds;
                     }
             }
             am_gemm_pv<D, LD, SPLIT, SUB, NT / 2>(acc, s, Ks + n0 * LD, lane);
@@ -383,7 +394,8 @@ am_bwd_dq_kernel(am_bf16 *dq, float *delta, const am_bf16 *dout, const am_bf16 *
         am_store<D>(dq, acc[u], scale, scale, b, i0 + AM_ROWS * u + 16 * w + g, h, T, rq, t4);
 }
 
-/* ---- backward dK, dV: grid (nT, Hkv, B), key tiles heaviest first ------------------------------
+/* ---- backward dK, dV: grid (nT, Hkv, B), key tiles heaviest first; MASK: a window or a cap (their
+ * registers spill the D = 128 kernel, so the plain one is compiled without them) ----------------
  * per 16 keys x 64/NH queries: sT = k q^T, pT = exp(sT*scale - lse), dpT = v dout^T,
  * dsT = pT (dpT - delta); dv += pT dout, dk += dsT q; summed over the group's heads. NH = 2 halves
  * the score registers so the kernel fits 128 registers (4 blocks per SM). */
@@ -402,11 +414,11 @@ static __device__ __forceinline__ void am_dkv_issue(am_bf16 *QG, float *LDl, int
     }
 }
 
-template <int D, bool SPLIT, int NH>
+template <int D, bool SPLIT, int NH, bool MASK>
 static __global__ void __launch_bounds__(AM_THREADS, D == 64 ? (NH == 1 ? 3 : 4) : 1)
 am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *q, const am_bf16 *k,
                   const am_bf16 *v, const float *lse, const float *delta, int64_t T, int64_t H, int64_t Hkv,
-                  int64_t rq, int64_t rk, float sl2, float scale) {
+                  int64_t rq, int64_t rk, float sl2, float scale, int64_t W, float cin, float cout) {
     constexpr int LD = D + 8, STAGE = 2 * AM_ROWS * LD, NT = 8 / NH;
     extern __shared__ uint4 am_smem[];
     am_bf16 *Ks = (am_bf16 *)am_smem, *Vs = Ks + AM_ROWS * LD, *QG = Vs + AM_ROWS * LD;
@@ -415,10 +427,14 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
     const int64_t b = blockIdx.z, kvh = blockIdx.y, group = H / Hkv, nT = gridDim.x;
     const int64_t jt = blockIdx.x, j0 = jt * AM_ROWS;
     const int64_t keyA = j0 + 16 * w + g; /* this thread's rows: keyA, keyA + 8 */
-    const int64_t cnt = nT - jt, total = group * cnt; /* steps: (query head, query tile >= jt) */
+    if (!MASK) W = 0; /* MASK false: no window, no cap (registers of the plain kernel) */
+    /* query tiles that see the tile's keys: jt .. the one holding query j0 + 63 + W - 1 (window) */
+    const int64_t iend = W > 0 && (j0 + AM_ROWS - 2 + W) / AM_ROWS + 1 < nT ? (j0 + AM_ROWS - 2 + W) / AM_ROWS + 1 : nT;
+    const int64_t cnt = iend - jt, total = group * cnt; /* steps: (query head, query tile in [jt, iend)) */
+    const bool cap = MASK && cout > 0.0f;
     am_load_pair<D, LD>(Ks, k, v, b, j0, kvh, T, rk, rk); /* Ks, Vs */
-    /* step n = (query head h, query tile it >= jt), it fastest; (hn, itn) is step n + 1 */
-    int64_t h = kvh * group, it = jt, hn = it + 1 < nT ? h : h + 1, itn = it + 1 < nT ? it + 1 : jt;
+    /* step n = (query head h, query tile it in [jt, iend)), it fastest; (hn, itn) is step n + 1 */
+    int64_t h = kvh * group, it = jt, hn = it + 1 < iend ? h : h + 1, itn = it + 1 < iend ? it + 1 : jt;
     am_dkv_issue<D, LD>(QG, LDl, h, j0, q, dout, lse, delta, b, T, H, rq);
     float ak[1][D / 8][4], av[1][D / 8][4];
     am_zero<1, D / 8>(ak);
@@ -427,6 +443,8 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
         const int64_t i0 = it * AM_ROWS;
         const bool diag = it == jt;
         const int lim = T - i0 < AM_ROWS ? (int)(T - i0) : AM_ROWS; /* queries < T */
+        const bool win = W > 0 && i0 + AM_ROWS - 1 - j0 >= W;      /* some query past some key's window */
+        const int wo = win ? (int)(i0 - j0 - W) : 0; /* query c of key kc is past its window: c - kc + wo >= 0 */
         const int st = (int)(n & 1);
         const am_bf16 *Qs = QG + st * STAGE, *Gs = Qs + AM_ROWS * LD;
         const float *Ls = LDl + st * 2 * AM_ROWS, *Dl = Ls + AM_ROWS;
@@ -448,14 +466,16 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
             am_zero<1, NT>(dp);
             am_gemm_nt<D, LD, 1, NT>(s, Ks, 16 * w, Qs, c0, lane);
             am_gemm_nt<D, LD, 1, NT>(dp, Vs, 16 * w, Gs, c0, lane);
-            /* query tq = i0 + c >= key and tq < T: only the diagonal tile and the last one compare */
-            if (diag || lim < AM_ROWS)
+            if (cap) am_cap<NT>(s[0], cin, cout);
+            /* query tq = i0 + c >= key, tq < T and tq < key + W: only the diagonal tile, the last one and
+             * those reaching past a window compare */
+            if (diag || lim < AM_ROWS || win)
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int ce = c0 + nt * 8 + 2 * t4 + (e & 1), kc = 16 * w + g + (e < 2 ? 0 : 8);
-                        if ((diag && ce < kc) || ce >= lim) s[0][nt][e] = -INFINITY;
+                        if ((diag && ce < kc) || ce >= lim || (win && ce - kc + wo >= 0)) s[0][nt][e] = -INFINITY;
                     }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -464,8 +484,13 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
 #pragma unroll
                 for (int e = 0; e < 4; e++) { /* exp2(-inf) = 0 where masked */
                     const float p = am_exp2(fmaf(s[0][nt][e], sl2, -(e & 1 ? lc.y : lc.x)));
+                    float ds = p * (dp[0][nt][e] - (e & 1 ? dc.y : dc.x));
+                    if (cap) { /* d capped / d raw = 1 - tanh^2 (masked: p = 0, s = -inf) */
+                        const float th = s[0][nt][e] * cin;
+                        ds *= p > 0.0f ? 1.0f - th * th : 0.0f;
+                    }
                     s[0][nt][e] = p;
-                    dp[0][nt][e] = p * (dp[0][nt][e] - (e & 1 ? dc.y : dc.x));
+                    dp[0][nt][e] = ds;
                 }
             }
             am_gemm_pv<D, LD, SPLIT, 1, NT / 2>(av, s, Gs + c0 * LD, lane);
@@ -473,7 +498,7 @@ am_bwd_dkv_kernel(am_bf16 *dk, am_bf16 *dv, const am_bf16 *dout, const am_bf16 *
         }
         __syncthreads(); /* this stage is consumed */
         h = hn, it = itn;
-        if (++itn == nT) itn = jt, hn++;
+        if (++itn == iend) itn = jt, hn++;
     }
     am_store<D>(dk, ak[0], scale, scale, b, keyA, kvh, T, rk, t4);
     am_store<D>(dv, av[0], 1.0f, 1.0f, b, keyA, kvh, T, rk, t4);
@@ -509,9 +534,16 @@ static const int *am_tiles(void) {
     return am_tiles_cfg;
 }
 
+/* The launchers' mask: a window of W keys (0: none) and the cap's factors (am_cap; cout 0: no cap). */
+typedef struct {
+    int64_t W;
+    float cin, cout;
+} am_mask;
+
 template <int D, bool SPLIT, int SUB>
 static cudaError_t am_fwd_launch(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                                 int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+                                 int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk, am_mask mk,
+                                 cudaStream_t s) {
     const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = (SUB + 4) * tile;
     cudaError_t e =
         cudaFuncSetAttribute(am_fwd_kernel<D, SPLIT, SUB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -521,14 +553,14 @@ static cudaError_t am_fwd_launch(void *out, float *lse, const void *q, const voi
     const float sl2 = (float)(1.0 / sqrt((double)D)) * AM_LOG2E;
     am_fwd_kernel<D, SPLIT, SUB><<<grid, AM_THREADS, smem, s>>>((am_bf16 *)out, lse, (const am_bf16 *)q,
                                                                (const am_bf16 *)k, (const am_bf16 *)v, T, H, Hkv,
-                                                               rq, rk, sl2);
+                                                               rq, rk, sl2, mk.W, mk.cin, mk.cout);
     return cudaGetLastError();
 }
 
 template <int D, bool SPLIT, int SUB, int NH>
 static cudaError_t am_bwd_dq_launch(void *dq, float *delta, const void *dout, const void *out, const void *q,
                                     const void *k, const void *v, const float *lse, int64_t B, int64_t T, int64_t H,
-                                    int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+                                    int64_t Hkv, int64_t rq, int64_t rk, am_mask mk, cudaStream_t s) {
     const int64_t BM = AM_ROWS * SUB;
     const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = (2 * SUB + 4) * tile + BM * sizeof(float);
     cudaError_t e = cudaFuncSetAttribute(am_bwd_dq_kernel<D, SPLIT, SUB, NH>,
@@ -538,51 +570,58 @@ static cudaError_t am_bwd_dq_launch(void *dq, float *delta, const void *dout, co
     am_bwd_dq_kernel<D, SPLIT, SUB, NH><<<dim3((unsigned)((T + BM - 1) / BM), (unsigned)H, (unsigned)B),
                                           AM_THREADS, smem, s>>>(
         (am_bf16 *)dq, delta, (const am_bf16 *)dout, (const am_bf16 *)out, (const am_bf16 *)q, (const am_bf16 *)k,
-        (const am_bf16 *)v, lse, T, H, Hkv, rq, rk, sl2, scale);
+        (const am_bf16 *)v, lse, T, H, Hkv, rq, rk, sl2, scale, mk.W, mk.cin, mk.cout);
     return cudaGetLastError();
 }
 
 template <int D, bool SPLIT, int NH>
 static cudaError_t am_bwd_dkv_launch(void *dk, void *dv, const void *dout, const void *q, const void *k,
                                      const void *v, const float *lse, const float *delta, int64_t B, int64_t T,
-                                     int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+                                     int64_t H, int64_t Hkv, int64_t rq, int64_t rk, am_mask mk, cudaStream_t s) {
     const size_t tile = AM_ROWS * (D + 8) * sizeof(am_bf16), smem = 6 * tile + 2 * 2 * AM_ROWS * sizeof(float);
-    cudaError_t e = cudaFuncSetAttribute(am_bwd_dkv_kernel<D, SPLIT, NH>,
+    const bool masked = mk.W > 0 || mk.cout > 0.0f;
+    cudaError_t e = cudaFuncSetAttribute(masked ? am_bwd_dkv_kernel<D, SPLIT, NH, true> : am_bwd_dkv_kernel<D, SPLIT, NH, false>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const float scale = (float)(1.0 / sqrt((double)D)), sl2 = scale * AM_LOG2E;
-    am_bwd_dkv_kernel<D, SPLIT, NH><<<dim3((unsigned)((T + AM_ROWS - 1) / AM_ROWS), (unsigned)Hkv, (unsigned)B),
-                                      AM_THREADS, smem, s>>>(
-        (am_bf16 *)dk, (am_bf16 *)dv, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k,
-        (const am_bf16 *)v, lse, delta, T, H, Hkv, rq, rk, sl2, scale);
+    const dim3 grid((unsigned)((T + AM_ROWS - 1) / AM_ROWS), (unsigned)Hkv, (unsigned)B);
+    if (masked)
+        am_bwd_dkv_kernel<D, SPLIT, NH, true><<<grid, AM_THREADS, smem, s>>>(
+            (am_bf16 *)dk, (am_bf16 *)dv, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k,
+            (const am_bf16 *)v, lse, delta, T, H, Hkv, rq, rk, sl2, scale, mk.W, mk.cin, mk.cout);
+    else
+        am_bwd_dkv_kernel<D, SPLIT, NH, false><<<grid, AM_THREADS, smem, s>>>(
+            (am_bf16 *)dk, (am_bf16 *)dv, (const am_bf16 *)dout, (const am_bf16 *)q, (const am_bf16 *)k,
+            (const am_bf16 *)v, lse, delta, T, H, Hkv, rq, rk, sl2, scale, 0, 0.0f, 0.0f);
     return cudaGetLastError();
 }
 
 /* D = 128 keeps the 64-row, single-chunk kernels (its register budget has no room for more). */
 template <int D, bool SPLIT>
 static cudaError_t am_fwd_pick(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                               int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+                               int64_t T, int64_t H, int64_t Hkv, int64_t rq, int64_t rk, am_mask mk,
+                               cudaStream_t s) {
     if constexpr (D == 64)
-        if (am_tiles()[0] == 2) return am_fwd_launch<D, SPLIT, 2>(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
-    return am_fwd_launch<D, SPLIT, 1>(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
+        if (am_tiles()[0] == 2) return am_fwd_launch<D, SPLIT, 2>(out, lse, q, k, v, B, T, H, Hkv, rq, rk, mk, s);
+    return am_fwd_launch<D, SPLIT, 1>(out, lse, q, k, v, B, T, H, Hkv, rq, rk, mk, s);
 }
 template <int D, bool SPLIT>
 static cudaError_t am_bwd_pick(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                const void *v, const void *out, const float *lse, float *delta, int64_t B, int64_t T,
-                               int64_t H, int64_t Hkv, int64_t rq, int64_t rk, cudaStream_t s) {
+                               int64_t H, int64_t Hkv, int64_t rq, int64_t rk, am_mask mk, cudaStream_t s) {
     cudaError_t e = cudaSuccess;
     if constexpr (D == 64) {
         e = am_tiles()[1] == 2
-                ? am_bwd_dq_launch<D, SPLIT, 2, 2>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, s)
-                : am_bwd_dq_launch<D, SPLIT, 1, 1>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, s);
+                ? am_bwd_dq_launch<D, SPLIT, 2, 2>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, mk, s)
+                : am_bwd_dq_launch<D, SPLIT, 1, 1>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, mk, s);
         if (e != cudaSuccess) return e;
         return am_tiles()[2] == 2
-                   ? am_bwd_dkv_launch<D, SPLIT, 2>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, s)
-                   : am_bwd_dkv_launch<D, SPLIT, 1>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, s);
+                   ? am_bwd_dkv_launch<D, SPLIT, 2>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, mk, s)
+                   : am_bwd_dkv_launch<D, SPLIT, 1>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, mk, s);
     }
-    e = am_bwd_dq_launch<D, SPLIT, 1, 1>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, s);
+    e = am_bwd_dq_launch<D, SPLIT, 1, 1>(dq, delta, dout, out, q, k, v, lse, B, T, H, Hkv, rq, rk, mk, s);
     if (e != cudaSuccess) return e;
-    return am_bwd_dkv_launch<D, SPLIT, 1>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, s);
+    return am_bwd_dkv_launch<D, SPLIT, 1>(dk, dv, dout, q, k, v, lse, delta, B, T, H, Hkv, rq, rk, mk, s);
 }
 
 bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
@@ -592,19 +631,33 @@ bool dw_attn_mma_eligible(int64_t D, const void *const *ptrs, int n) {
     return true;
 }
 
+/* The mask of a window W (one of at least T is none) and a cap (0: none) for head dimension D. */
+static am_mask am_mask_of(int64_t T, int64_t D, int64_t W, float cap) {
+    const double scale = 1.0 / sqrt((double)D);
+    am_mask mk = {W > 0 && W < T ? W : 0, 0.0f, 0.0f};
+    if (cap > 0.0f) mk.cin = (float)(scale / cap), mk.cout = (float)(cap / scale);
+    return mk;
+}
+
 cudaError_t dw_attn_mma_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                            int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
+                            int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, int64_t W, float cap,
+                            cudaStream_t s) {
     const bool split = dw_attn_mode() != DW_ATTN_NOSPLIT;
-    return D == 64 ? (split ? am_fwd_pick<64, true> : am_fwd_pick<64, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s)
-                   : (split ? am_fwd_pick<128, true> : am_fwd_pick<128, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, s);
+    const am_mask mk = am_mask_of(T, D, W, cap);
+    return D == 64
+               ? (split ? am_fwd_pick<64, true> : am_fwd_pick<64, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, mk, s)
+               : (split ? am_fwd_pick<128, true> : am_fwd_pick<128, false>)(out, lse, q, k, v, B, T, H, Hkv, rq, rk, mk,
+                                                                            s);
 }
 
 cudaError_t dw_attn_mma_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                             const void *v, const void *out, const float *lse, float *delta, int64_t B, int64_t T,
-                            int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, cudaStream_t s) {
+                            int64_t H, int64_t Hkv, int64_t D, int64_t rq, int64_t rk, int64_t W, float cap,
+                            cudaStream_t s) {
     const bool split = dw_attn_mode() != DW_ATTN_NOSPLIT;
+    const am_mask mk = am_mask_of(T, D, W, cap);
     return D == 64 ? (split ? am_bwd_pick<64, true> : am_bwd_pick<64, false>)(dq, dk, dv, dout, q, k, v, out, lse,
-                                                                            delta, B, T, H, Hkv, rq, rk, s)
+                                                                            delta, B, T, H, Hkv, rq, rk, mk, s)
                    : (split ? am_bwd_pick<128, true> : am_bwd_pick<128, false>)(dq, dk, dv, dout, q, k, v, out, lse,
-                                                                              delta, B, T, H, Hkv, rq, rk, s);
+                                                                              delta, B, T, H, Hkv, rq, rk, mk, s);
 }

@@ -1,5 +1,5 @@
 /* ops_act.cu — CUDA elementwise ops: gelu (tanh approximation, GPT-2 / HF gelu_new), silu,
- * swiglu, add; forward and backward; FP32 or BF16 storage, FP32 math (no fast-math intrinsics).
+ * swiglu, geglu (Gemma's gelu_tanh(gate) * up), add; forward and backward; FP32 or BF16 storage, FP32 math (no fast-math intrinsics).
  * Oracle: kernels/cpu/act_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
@@ -8,35 +8,41 @@
 
 int dw_act_size(dw_act_dtype dt) { return dt == DW_ACT_BF16 ? 2 : 4; }
 
-enum { DW_EW_GELU = 0, DW_EW_SILU, DW_EW_SWIGLU, DW_EW_ADD };
-static const char *const dw_ew_name[] = {"gelu", "silu", "swiglu", "add"};
+enum { DW_EW_GELU = 0, DW_EW_SILU, DW_EW_SWIGLU, DW_EW_ADD, DW_EW_GEGLU };
+static const char *const dw_ew_name[] = {"gelu", "silu", "swiglu", "add", "geglu"};
 
 static __device__ __forceinline__ float dw_sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+static __device__ __forceinline__ float dw_geluf(float x) {
+    return 0.5f * x * (1.0f + tanhf(DW_GELU_K * (x + DW_GELU_A * x * x * x)));
+}
 
 /* the per-element math, shared by the scalar and the 8-wide kernels (identical results) */
 template <int OP>
 static __device__ __forceinline__ float dw_ew_f(float x, float bv) {
-    if (OP == DW_EW_GELU) return 0.5f * x * (1.0f + tanhf(DW_GELU_K * (x + DW_GELU_A * x * x * x)));
+    if (OP == DW_EW_GELU) return dw_geluf(x);
+    if (OP == DW_EW_GEGLU) return dw_geluf(x) * bv;
     if (OP == DW_EW_SILU) return x * dw_sigmoidf(x);
     if (OP == DW_EW_SWIGLU) return x * dw_sigmoidf(x) * bv;
     return x + bv;
 }
-/* da = dout * f'(a); swiglu also db = dout * silu(a) (a = gate, b = up: bv) */
+/* da = dout * f'(a); the gated units also db = dout * act(a) (a = gate, b = up: bv) */
 template <int OP>
 static __device__ __forceinline__ void dw_ew_df(float x, float g, float bv, float &da, float &db) {
-    if (OP == DW_EW_GELU) {
+    if (OP == DW_EW_GELU || OP == DW_EW_GEGLU) {
         const float th = tanhf(DW_GELU_K * (x + DW_GELU_A * x * x * x));
         const float d = 0.5f * (1.0f + th) +
                         0.5f * x * (1.0f - th * th) * DW_GELU_K * (1.0f + 3.0f * DW_GELU_A * x * x);
-        da = g * d;
-        db = 0.0f;
+        da = OP == DW_EW_GELU ? g * d : g * bv * d;
+        db = OP == DW_EW_GELU ? 0.0f : g * 0.5f * x * (1.0f + th);
     } else {
         const float s = dw_sigmoidf(x), ds = s * (1.0f + x * (1.0f - s));
         da = OP == DW_EW_SILU ? g * ds : g * bv * ds;
         db = g * x * s;
     }
 }
-static __device__ __forceinline__ bool dw_ew_has_b(int op) { return op == DW_EW_SWIGLU || op == DW_EW_ADD; }
+static __host__ __device__ __forceinline__ bool dw_ew_gated(int op) { return op == DW_EW_SWIGLU || op == DW_EW_GEGLU; }
+static __device__ __forceinline__ bool dw_ew_has_b(int op) { return dw_ew_gated(op) || op == DW_EW_ADD; }
 
 /* out (n) = f(a) or f(a, b) */
 template <typename T, int OP>
@@ -44,16 +50,16 @@ static __global__ void dw_ew_fwd_kernel(T *out, const T *a, const T *b, int64_t 
     DW_GRID_STRIDE(i, n) dw_st(out, i, dw_ew_f<OP>(dw_ld(a, i), dw_ew_has_b(OP) ? dw_ld(b, i) : 0.0f));
 }
 
-/* da (n) = dout * f'(a); swiglu also db = dout * silu(a). Everything of element i is read before
+/* da (n) = dout * f'(a); the gated units also db = dout * act(a). Everything of element i is read before
  * it is written (dgate/dup may alias gate/up). */
 template <typename T, int OP>
 static __global__ void dw_ew_bwd_kernel(T *da, T *db, const T *dout, const T *a, const T *b,
                                         int64_t n) {
     DW_GRID_STRIDE(i, n) {
         float d0, d1;
-        dw_ew_df<OP>(dw_ld(a, i), dw_ld(dout, i), OP == DW_EW_SWIGLU ? dw_ld(b, i) : 0.0f, d0, d1);
+        dw_ew_df<OP>(dw_ld(a, i), dw_ld(dout, i), dw_ew_gated(OP) ? dw_ld(b, i) : 0.0f, d0, d1);
         dw_st(da, i, d0);
-        if (OP == DW_EW_SWIGLU) dw_st(db, i, d1);
+        if (dw_ew_gated(OP)) dw_st(db, i, d1);
     }
 }
 
@@ -78,11 +84,11 @@ static __global__ void dw_ew_bwd_vec_kernel(dw_bf16 *da, dw_bf16 *db, const dw_b
         float x[8], g[8], bv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, d0[8], d1[8];
         dw_ld8(a, 8 * j, x);
         dw_ld8(dout, 8 * j, g);
-        if (OP == DW_EW_SWIGLU) dw_ld8(b, 8 * j, bv);
+        if (dw_ew_gated(OP)) dw_ld8(b, 8 * j, bv);
 #pragma unroll
         for (int k = 0; k < 8; k++) dw_ew_df<OP>(x[k], g[k], bv[k], d0[k], d1[k]);
         dw_st8(da, 8 * j, d0);
-        if (OP == DW_EW_SWIGLU) dw_st8(db, 8 * j, d1);
+        if (dw_ew_gated(OP)) dw_st8(db, 8 * j, d1);
     }
 }
 
@@ -141,7 +147,7 @@ static dw_status dw_ew_bwd(dw_ctx *ctx, dw_act_dtype dt, void *da, void *db, con
     const char *op = dw_ew_name[OP];
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, n >= 0);
-    DW_OPS_REQUIRE(ctx, op, n == 0 || (da && dout && a && (OP != DW_EW_SWIGLU || (db && b))));
+    DW_OPS_REQUIRE(ctx, op, n == 0 || (da && dout && a && (!dw_ew_gated(OP) || (db && b))));
     if (n == 0) return DW_OK;
     if (dt == DW_ACT_F32)
         dw_ew_bwd_launch<float, OP>(da, db, dout, a, b, n, (cudaStream_t)stream);
@@ -177,6 +183,14 @@ dw_status dw_cuda_swiglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *du
                              const void *dout, const void *gate, const void *up, int64_t n,
                              void *stream) {
     return dw_ew_bwd<DW_EW_SWIGLU>(ctx, dt, dgate, dup, dout, gate, up, n, stream);
+}
+dw_status dw_cuda_geglu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *gate, const void *up, int64_t n,
+                            void *stream) {
+    return dw_ew_fwd<DW_EW_GEGLU>(ctx, dt, out, gate, up, n, stream);
+}
+dw_status dw_cuda_geglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
+                            const void *up, int64_t n, void *stream) {
+    return dw_ew_bwd<DW_EW_GEGLU>(ctx, dt, dgate, dup, dout, gate, up, n, stream);
 }
 dw_status dw_cuda_add_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *a, const void *b,
                           int64_t n, void *stream) {

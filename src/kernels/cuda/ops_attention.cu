@@ -6,7 +6,8 @@
  * activations, BF16 that neither faster path takes, and DW_ATTN=ref. BF16 with D <= 128 goes to
  * cuDNN's fused flash attention (attn_cudnn.c) when DW_ATTN picks it (dw_att_use_cudnn) and its
  * plan builds, else with D = 64 or 128 to the tensor-core kernels of attn_mma.cu (whose dQ kernel
- * computes delta itself). All paths save the same lse, so forward and backward may differ.
+ * computes delta itself). All paths save the same lse, so forward and backward may differ. A
+ * sliding window or soft-capped scores (Gemma 2) run the mma kernels where they apply, else these.
  * Oracle: kernels/cpu/attention_cpu.c. Layouts: q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T). */
 #include "core/log.h"
 #include "kernels/cuda/attn_cudnn.h"
@@ -34,6 +35,12 @@ static __device__ __forceinline__ float dw_dotf(const float *a, const float *b, 
 static __device__ __forceinline__ int64_t dw_att_first_key(int64_t t, int64_t W) {
     return W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
 }
+/* The score of a scaled dot product z: z, or cap tanh(z / cap) soft-capped (cap > 0, Gemma 2); and
+ * d score / dz at the score s: 1 - (s / cap)^2 (1 without a cap), as the CPU oracle. */
+static __device__ __forceinline__ float dw_att_cap(float z, float cap) { return cap > 0.0f ? cap * tanhf(z / cap) : z; }
+static __device__ __forceinline__ float dw_att_dcap(float s, float cap) {
+    return cap > 0.0f ? 1.0f - (s / cap) * (s / cap) : 1.0f;
+}
 /* Loads rows r0..r0+DW_ATT_BC-1 (head hd) of a (B,T,heads,D) tensor into dst[row][D+1]; rows past
  * T are zero. Whole block. */
 template <typename T>
@@ -51,7 +58,7 @@ static __device__ __forceinline__ void dw_att_load_tile(float *dst, const T *src
 template <typename T, int NR>
 static __global__ void __launch_bounds__(DW_ATT_THREADS)
 dw_att_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int64_t T_, int64_t H,
-                  int64_t Hkv, int64_t D, float scale, int64_t W) {
+                  int64_t Hkv, int64_t D, float scale, int64_t W, float cap) {
     extern __shared__ float sm[];
     const int64_t DP = D + 1;
     float *Qs = sm, *Ks = Qs + DW_ATT_BR * D, *Vs = Ks + DW_ATT_BC * DP;
@@ -75,7 +82,7 @@ dw_att_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int64_
         if (row_ok && j0 <= t && j0 + DW_ATT_BC > lo_t) { /* uniform over the warp: a key it sees */
             const int64_t j = j0 + lane;
             const bool seen = j <= t && j >= lo_t;
-            const float s = seen ? dw_dotf(qs, Ks + lane * DP, D) * scale : -INFINITY;
+            const float s = seen ? dw_att_cap(dw_dotf(qs, Ks + lane * DP, D) * scale, cap) : -INFINITY;
             const float mn = fmaxf(m, dw_warp_max(s)); /* finite: some lane sees its key */
             const float p = seen ? expf(s - mn) : 0.0f;
             const float alpha = expf(m - mn); /* 0 on the first tile (m = -inf) */
@@ -128,7 +135,7 @@ template <typename T, int NR>
 static __global__ void __launch_bounds__(DW_ATT_THREADS)
 dw_att_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
                      const float *delta, int64_t T_, int64_t H, int64_t Hkv, int64_t D,
-                     float scale, int64_t W) {
+                     float scale, int64_t W, float cap) {
     extern __shared__ float sm[];
     const int64_t DP = D + 1;
     float *Qs = sm, *Gs = Qs + DW_ATT_BR * D, *Ks = Gs + DW_ATT_BR * D, *Vs = Ks + DW_ATT_BC * DP;
@@ -157,8 +164,9 @@ dw_att_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, c
             const int64_t j = j0 + lane;
             float ds = 0.0f;
             if (j <= t && j >= lo_t) {
-                const float p = expf(dw_dotf(qs, Ks + lane * DP, D) * scale - lse_t);
-                ds = p * (dw_dotf(gs, Vs + lane * DP, D) - del_t);
+                const float sc = dw_att_cap(dw_dotf(qs, Ks + lane * DP, D) * scale, cap);
+                const float p = expf(sc - lse_t);
+                ds = p * (dw_dotf(gs, Vs + lane * DP, D) - del_t) * dw_att_dcap(sc, cap);
             }
             const int nj = (int)(t - j0 + 1 < DW_ATT_BC ? t - j0 + 1 : DW_ATT_BC);
             for (int jj = 0; jj < nj; jj++) {
@@ -189,7 +197,7 @@ template <typename T, int NR>
 static __global__ void __launch_bounds__(DW_ATT_THREADS)
 dw_att_bwd_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                       const float *lse, const float *delta, int64_t T_, int64_t H, int64_t Hkv,
-                      int64_t D, float scale, int64_t W) {
+                      int64_t D, float scale, int64_t W, float cap) {
     extern __shared__ float sm[];
     const int64_t DP = D + 1;
     float *Kw = sm, *Vw = Kw + DW_ATT_BR * D, *Qs = Vw + DW_ATT_BR * D, *Gs = Qs + DW_ATT_BC * DP;
@@ -223,8 +231,9 @@ dw_att_bwd_dkv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const
                 const int64_t tq = i0 + lane;
                 float p = 0.0f, ds = 0.0f;
                 if (tq < T_ && tq >= j && (W <= 0 || tq < j + W)) {
-                    p = expf(dw_dotf(Qs + lane * DP, kw, D) * scale - Ls[lane]);
-                    ds = p * (dw_dotf(Gs + lane * DP, vw, D) - Dl[lane]);
+                    const float sc = dw_att_cap(dw_dotf(Qs + lane * DP, kw, D) * scale, cap);
+                    p = expf(sc - Ls[lane]);
+                    ds = p * (dw_dotf(Gs + lane * DP, vw, D) - Dl[lane]) * dw_att_dcap(sc, cap);
                 }
                 const int ni = (int)(T_ - i0 < DW_ATT_BC ? T_ - i0 : DW_ATT_BC);
                 for (int ii = 0; ii < ni; ii++) {
@@ -263,14 +272,14 @@ static cudaError_t dw_att_prepare(KernelT kernel, size_t smem) {
 template <typename T, int NR>
 static cudaError_t dw_att_fwd_launch(void *out, float *lse, const void *q, const void *k,
                                      const void *v, int64_t B, int64_t T_, int64_t H, int64_t Hkv,
-                                     int64_t D, int64_t W, cudaStream_t s) {
+                                     int64_t D, int64_t W, float cap, cudaStream_t s) {
     const size_t smem = (size_t)(DW_ATT_BR * D + 2 * DW_ATT_BC * (D + 1)) * sizeof(float);
     cudaError_t e = dw_att_prepare(dw_att_fwd_kernel<T, NR>, smem);
     if (e != cudaSuccess) return e;
     const dim3 grid((unsigned)((T_ + DW_ATT_BR - 1) / DW_ATT_BR), (unsigned)H, (unsigned)B);
     dw_att_fwd_kernel<T, NR><<<grid, DW_ATT_THREADS, smem, s>>>(
         (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, T_, H, Hkv, D,
-        (float)(1.0 / sqrt((double)D)), W);
+        (float)(1.0 / sqrt((double)D)), W, cap);
     return cudaGetLastError();
 }
 
@@ -278,7 +287,7 @@ template <typename T, int NR>
 static cudaError_t dw_att_bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q,
                                      const void *k, const void *v, const void *out,
                                      const float *lse, float *delta, int64_t B, int64_t T_,
-                                     int64_t H, int64_t Hkv, int64_t D, int64_t W, cudaStream_t s) {
+                                     int64_t H, int64_t Hkv, int64_t D, int64_t W, float cap, cudaStream_t s) {
     const float scale = (float)(1.0 / sqrt((double)D));
     const int64_t rows = B * H * T_;
     dw_att_delta_kernel<T><<<(unsigned)((rows + DW_ATT_BR - 1) / DW_ATT_BR), DW_ATT_THREADS, 0, s>>>(
@@ -292,11 +301,11 @@ static cudaError_t dw_att_bwd_launch(void *dq, void *dk, void *dv, const void *d
     const unsigned tiles = (unsigned)((T_ + DW_ATT_BR - 1) / DW_ATT_BR);
     dw_att_bwd_dq_kernel<T, NR><<<dim3(tiles, (unsigned)H, (unsigned)B), DW_ATT_THREADS, smem_q, s>>>(
         (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, T_, H, Hkv,
-        D, scale, W);
+        D, scale, W, cap);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     dw_att_bwd_dkv_kernel<T, NR><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), DW_ATT_THREADS, smem_kv, s>>>(
         (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, delta, T_,
-        H, Hkv, D, scale, W);
+        H, Hkv, D, scale, W, cap);
     return cudaGetLastError();
 }
 
@@ -350,10 +359,10 @@ dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {out, q, k, v};
     cudaError_t e = dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 4)
-                        ? dw_attn_mma_fwd(out, lse, q, k, v, B, T, H, Hkv, D, H * D, Hkv * D, s)
+                        ? dw_attn_mma_fwd(out, lse, q, k, v, B, T, H, Hkv, D, H * D, Hkv * D, 0, 0.0f, s)
                     : dt == DW_ACT_F32
-                        ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, 0, s)
-                        : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, 0, s);
+                        ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, 0, 0.0f, s)
+                        : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, 0, 0.0f, s);
     if (e != cudaSuccess)
         return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld): %s", op,
                             (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D,
@@ -380,10 +389,10 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
     cudaError_t e =
         dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 8)
-            ? dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, H * D, Hkv * D, s)
+            ? dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, H * D, Hkv * D, 0, 0.0f, s)
         : dt == DW_ACT_F32
-            ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, 0, s)
-            : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, 0, s);
+            ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, 0, 0.0f, s)
+            : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, 0, 0.0f, s);
     if (e != cudaSuccess)
         return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld): %s", op,
                             (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D,
@@ -391,45 +400,59 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
     return DW_OK;
 }
 
-/* ---- sliding window: the reference kernels with a first key per row (a window shorter than T;
- * neither cuDNN's graphs nor the tensor-core kernels mask one) ------------------------------------ */
-static dw_status dw_att_window_err(dw_ctx *ctx, const char *op, cudaError_t e, int64_t B, int64_t T, int64_t H,
-                                   int64_t Hkv, int64_t D, int64_t W) {
+/* ---- sliding window and score cap: the tensor-core kernels where they apply (BF16, D 64 or 128,
+ * aligned; whole key tiles outside the window skipped), else the reference kernels; never cuDNN (its
+ * graphs here mask causally only and do not cap the scores) --------------------------------------- */
+static dw_status dw_att_masked_err(dw_ctx *ctx, const char *op, cudaError_t e, int64_t B, int64_t T, int64_t H,
+                                   int64_t Hkv, int64_t D, int64_t W, double cap) {
     if (e == cudaSuccess) return DW_OK;
-    return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld window %lld): %s", op, (long long)B,
-                        (long long)T, (long long)H, (long long)Hkv, (long long)D, (long long)W, cudaGetErrorString(e));
+    return dw_set_error(ctx, DW_ERR_CUDA, "%s (B=%lld T=%lld H=%lld Hkv=%lld D=%lld window %lld cap %g): %s", op,
+                        (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D, (long long)W, cap,
+                        cudaGetErrorString(e));
 }
 
 dw_status dw_cuda_attention_window_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse, const void *q,
                                        const void *k, const void *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                       int64_t D, int64_t W, void *stream) {
-    const char *op = "attention_fwd (sliding window)";
+                                       int64_t D, int64_t W, double cap, void *stream) {
+    const char *op = "attention_fwd (window/cap)";
     DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
-    DW_OPS_REQUIRE(ctx, op, W >= 0 && (B * T == 0 || (out && lse && q && k && v)));
+    DW_OPS_REQUIRE(ctx, op, W >= 0 && cap >= 0.0 && isfinite(cap));
+    DW_OPS_REQUIRE(ctx, op, B * T == 0 || (out && lse && q && k && v));
     if (B * T == 0) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
-    return dw_att_window_err(
+    const void *ptrs[] = {out, q, k, v};
+    const float c = (float)cap;
+    return dw_att_masked_err(
         ctx, op,
-        dt == DW_ACT_F32 ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, W, s)
-                         : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, W, s),
-        B, T, H, Hkv, D, W);
+        dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 4)
+            ? dw_attn_mma_fwd(out, lse, q, k, v, B, T, H, Hkv, D, H * D, Hkv * D, W, c, s)
+        : dt == DW_ACT_F32 ? DW_ATT_DISPATCH(float, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, W, c, s)
+                           : DW_ATT_DISPATCH(dw_bf16, D, dw_att_fwd_launch)(out, lse, q, k, v, B, T, H, Hkv, D, W, c, s),
+        B, T, H, Hkv, D, W, cap);
 }
 
 dw_status dw_cuda_attention_window_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk, void *dv, const void *dout,
                                        const void *q, const void *k, const void *v, const void *out, const float *lse,
                                        float *delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                       int64_t W, void *stream) {
-    const char *op = "attention_bwd (sliding window)";
+                                       int64_t W, double cap, void *stream) {
+    const char *op = "attention_bwd (window/cap)";
     DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
-    DW_OPS_REQUIRE(ctx, op, W >= 0 && (B * T == 0 || (dq && dk && dv && dout && q && k && v && out && lse && delta)));
+    DW_OPS_REQUIRE(ctx, op, W >= 0 && cap >= 0.0 && isfinite(cap));
+    DW_OPS_REQUIRE(ctx, op, B * T == 0 || (dq && dk && dv && dout && q && k && v && out && lse && delta));
     if (B * T == 0) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
-    return dw_att_window_err(
+    const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
+    const float c = (float)cap;
+    return dw_att_masked_err(
         ctx, op,
-        dt == DW_ACT_F32
-            ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, W, s)
-            : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, W, s),
-        B, T, H, Hkv, D, W);
+        dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 8)
+            ? dw_attn_mma_bwd(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, H * D, Hkv * D, W, c, s)
+        : dt == DW_ACT_F32
+            ? DW_ATT_DISPATCH(float, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D, W,
+                                                           c, s)
+            : DW_ATT_DISPATCH(dw_bf16, D, dw_att_bwd_launch)(dq, dk, dv, dout, q, k, v, out, lse, delta, B, T, H, Hkv, D,
+                                                             W, c, s),
+        B, T, H, Hkv, D, W, cap);
 }
 
 /* ---- packed qkv (attn_packed.h): the tensor-core kernels reading q, k, v in place ---------------- */
@@ -461,8 +484,8 @@ dw_status dw_cuda_attention_fwd_packed(dw_ctx *ctx, void *out, float *lse, const
         DW_TRY(dw_att_cudnn_declined(ctx, op));
     }
     return dw_att_packed_err(ctx, op,
-                             dw_attn_mma_fwd(out, lse, x, x + H * D, x + (H + Hkv) * D, B, T, H, Hkv, D, rs, rs,
-                                             (cudaStream_t)stream),
+                             dw_attn_mma_fwd(out, lse, x, x + H * D, x + (H + Hkv) * D, B, T, H, Hkv, D, rs, rs, 0,
+                                             0.0f, (cudaStream_t)stream),
                              B, T, H, Hkv, D);
 }
 
@@ -487,7 +510,7 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
     }
     return dw_att_packed_err(ctx, op,
                              dw_attn_mma_bwd(g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
-                                             out, lse, delta, B, T, H, Hkv, D, rs, rs, (cudaStream_t)stream),
+                                             out, lse, delta, B, T, H, Hkv, D, rs, rs, 0, 0.0f, (cudaStream_t)stream),
                              B, T, H, Hkv, D);
 }
 

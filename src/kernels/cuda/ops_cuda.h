@@ -81,6 +81,13 @@ dw_status dw_cuda_rmsnorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *
                                  const void *dout, const void *x, const float *w,
                                  const float *rstd, int64_t N, int64_t C, bool accumulate,
                                  void *ws, size_t ws_bytes, void *stream);
+/* rmsnorm applying its weight as woff + w[c] (rounded to FP32; Gemma's 1 + w): the forward and the
+ * one-pass backward above (dw accumulates the gradient of w, which is that of woff + w). */
+dw_status dw_cuda_rmsnorm_fwd_offset(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
+                                     const float *w, double woff, int64_t N, int64_t C, double eps, void *stream);
+dw_status dw_cuda_rmsnorm_bwd_offset(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
+                                     const void *x, const float *w, double woff, const float *rstd, int64_t N,
+                                     int64_t C, bool accumulate, void *ws, size_t ws_bytes, void *stream);
 /* Bytes of that workspace: FP32 partial sums of dw and db, (C) each per block, for
  * min(ceil(N / rows per block), 512) blocks; rows per block = 256 / threads per row, threads per
  * row the fewest of 32..256 holding C in 16 elements each. Host code, no CUDA needed (the
@@ -116,8 +123,19 @@ dw_status dw_cuda_swiglu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void
 dw_status dw_cuda_swiglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *dup,
                              const void *dout, const void *gate, const void *up, int64_t n,
                              void *stream);
+/* out = gelu_tanh(gate) * up (Gemma's GeGLU); bwd writes dgate and dup */
+dw_status dw_cuda_geglu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *gate, const void *up, int64_t n,
+                            void *stream);
+dw_status dw_cuda_geglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *dup, const void *dout, const void *gate,
+                            const void *up, int64_t n, void *stream);
 dw_status dw_cuda_add_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *a, const void *b,
                           int64_t n, void *stream);
+/* softcap (ops_softcap.cu; oracle: dw_cpu_softcap_*): out = s x, or c tanh(s x / c) when c > 0
+ * (s finite, non-zero; c >= 0); bwd writes dx = dout d out / dx (dx may be dout). */
+dw_status dw_cuda_softcap_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n, double s, double c,
+                              void *stream);
+dw_status dw_cuda_softcap_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x, int64_t n,
+                              double s, double c, void *stream);
 
 /* ---- causal attention with GQA (flash-attention style: tiled, online softmax) ---------------
  * q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T) saved (natural log of the sum of exp of the
@@ -133,16 +151,18 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const void *out, const float *lse, float *delta, int64_t B,
                                 int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
-/* The same under a sliding window of W keys (query t sees keys max(0, t-W+1)..t; W 0: causal), on
- * the reference kernels whatever DW_ATTN says (cuDNN's graphs and the tensor-core kernels mask
- * causally only). Oracle: dw_cpu_attention_window_fwd/bwd. */
+/* The same under a sliding window of W keys (query t sees keys max(0, t-W+1)..t; W 0: causal) and
+ * with the scores soft-capped to cap tanh(s / cap) before the softmax (cap > 0, Gemma 2; 0: none):
+ * BF16 with D 64 or 128 on the tensor-core kernels (key tiles outside the window skipped) unless
+ * DW_ATTN=ref, else the reference kernels; never cuDNN (its graphs here mask causally only).
+ * lse holds the log-sum-exp of the capped scores. Oracle: dw_cpu_attention_softcap_fwd/bwd. */
 dw_status dw_cuda_attention_window_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse, const void *q,
                                        const void *k, const void *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                       int64_t D, int64_t W, void *stream);
+                                       int64_t D, int64_t W, double cap, void *stream);
 dw_status dw_cuda_attention_window_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk, void *dv, const void *dout,
                                        const void *q, const void *k, const void *v, const void *out, const float *lse,
                                        float *delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                                       int64_t W, void *stream);
+                                       int64_t W, double cap, void *stream);
 
 /* ---- cross-entropy, fused softmax + loss + gradient per row, chunked over V ------------------
  * logits (N,V), targets (N) int32 (< 0: ignored). Writes *loss (one FP32 on the device) = mean

@@ -3,16 +3,29 @@
  * statistics and parameter gradients. One block per row with deterministic block sums (BF16 rows
  * of C % 8 == 0, C <= 8192: one to eight warps per row, the row in registers, 16-byte accesses);
  * parameter gradients by the fixed-order column sum (ops_common.cuh), or, with a workspace
- * (..._bwd_ws), in the same pass as dx from per-block partials. Oracle: kernels/cpu/norm_cpu.c. */
+ * (..._bwd_ws), in the same pass as dx from per-block partials. rmsnorm may apply its weight as
+ * woff + w (Gemma's 1 + w, rounded to FP32 as the CPU oracle does). Oracle: kernels/cpu/norm_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_NORM_THREADS 256
+
+/* The weight a norm applies at column c: w[c], or woff + w[c] rounded to FP32 (woff 0: w itself) */
+static __device__ __forceinline__ float dw_norm_w(const float *w, int64_t c, float woff) {
+    return woff != 0.0f ? woff + w[c] : w[c];
+}
+/* 4 weights from w + c (16-byte aligned), each offset as dw_norm_w */
+static __device__ __forceinline__ void dw_norm_w4(const float *w, int64_t c, float woff, float *v) {
+    dw_ld4(w, c, v);
+    if (woff != 0.0f)
+        for (int k = 0; k < 4; k++) v[k] = woff + v[k];
+}
 
 /* out (N,C) = (x - mean) * rstd * w (+ b); RMS: mean = 0 and var = mean(x^2). mean/rstd (N) may
  * be NULL. Two passes over the row (mean, then the centred variance) as the CPU oracle. */
 template <typename T, bool RMS>
 static __global__ void dw_norm_fwd_kernel(T *out, float *mean, float *rstd, const T *x,
-                                          const float *w, const float *b, int64_t C, float eps) {
+                                          const float *w, const float *b, int64_t C, float eps,
+                                          float woff) {
     __shared__ float sh[32];
     const int64_t row = blockIdx.x;
     const T *xr = x + row * C;
@@ -29,7 +42,7 @@ static __global__ void dw_norm_fwd_kernel(T *out, float *mean, float *rstd, cons
     }
     const float rs = 1.0f / sqrtf(dw_block_sum(v, sh) / (float)C + eps);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float y = (dw_ld(xr, c) - m) * rs * w[c];
+        float y = (dw_ld(xr, c) - m) * rs * dw_norm_w(w, c, woff);
         if (!RMS && b) y += b[c];
         dw_st(out, row * C + c, y);
     }
@@ -44,21 +57,21 @@ static __global__ void dw_norm_fwd_kernel(T *out, float *mean, float *rstd, cons
 template <typename T, bool RMS>
 static __global__ void dw_norm_bwd_dx_kernel(T *dx, const T *dout, const T *x, const float *w,
                                              const float *mean, const float *rstd, int64_t C,
-                                             bool acc) {
+                                             bool acc, float woff) {
     __shared__ float sh[32];
     const int64_t row = blockIdx.x;
     const T *xr = x + row * C, *gr = dout + row * C;
     const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        const float g = dw_ld(gr, c) * w[c];
+        const float g = dw_ld(gr, c) * dw_norm_w(w, c, woff);
         sg += g;
         sgx += g * ((dw_ld(xr, c) - m) * rs);
     }
     sg = RMS ? 0.0f : dw_block_sum(sg, sh) / (float)C;
     sgx = dw_block_sum(sgx, sh) / (float)C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        const float g = dw_ld(gr, c) * w[c], xh = (dw_ld(xr, c) - m) * rs;
+        const float g = dw_ld(gr, c) * dw_norm_w(w, c, woff), xh = (dw_ld(xr, c) - m) * rs;
         const float o = rs * (g - sg - xh * sgx);
         dw_st(dx, row * C + c, acc ? dw_ld(dx, row * C + c) + o : o);
     }
@@ -93,7 +106,7 @@ static __device__ __forceinline__ float dw_norm_row_sum(float v, float *sh) {
 template <bool RMS, int TPR>
 static __global__ void __launch_bounds__(DW_NW_THREADS)
 dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x, const float *w,
-                        const float *b, int64_t N, int64_t C, float eps) {
+                        const float *b, int64_t N, int64_t C, float eps, float woff) {
     __shared__ float sh[DW_NW_THREADS / 32];
     const int tr = (int)(threadIdx.x % TPR);
     const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / TPR) + threadIdx.x / TPR;
@@ -127,8 +140,8 @@ dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x
         const int64_t j = tr + TPR * q;
         if (j < C8) {
             float y[8], wv[8], bv[8];
-            dw_ld4(w, 8 * j, wv); /* 16-byte loads: 8x fewer L1 wavefronts than 8 scalar ones */
-            dw_ld4(w, 8 * j + 4, wv + 4);
+            dw_norm_w4(w, 8 * j, woff, wv); /* 16-byte loads: 8x fewer L1 wavefronts than 8 scalar ones */
+            dw_norm_w4(w, 8 * j + 4, woff, wv + 4);
             if (!RMS && b) {
                 dw_ld4(b, 8 * j, bv);
                 dw_ld4(b, 8 * j + 4, bv + 4);
@@ -157,7 +170,7 @@ template <bool RMS, int TPR, int VPL, bool PART>
 static __global__ void __launch_bounds__(DW_NW_THREADS)
 dw_norm_bwd_rows_kernel(dw_bf16 *dx, float *pdw, float *pdb, const dw_bf16 *dout, const dw_bf16 *x,
                         const float *w, const float *mean, const float *rstd, int64_t N, int64_t C,
-                        bool acc) {
+                        bool acc, float woff) {
     constexpr int RPB = DW_NW_THREADS / TPR; /* rows per group */
     __shared__ float sh[DW_NW_THREADS / 32];
     const int tr = (int)(threadIdx.x % TPR), slot = (int)(threadIdx.x / TPR);
@@ -180,8 +193,8 @@ dw_norm_bwd_rows_kernel(dw_bf16 *dx, float *pdw, float *pdb, const dw_bf16 *dout
                 float wv[8];
                 dw_ld8(dout, row * C + 8 * j, g[q]);
                 dw_ld8(x, row * C + 8 * j, xh[q]);
-                dw_ld4(w, 8 * j, wv);
-                dw_ld4(w, 8 * j + 4, wv + 4);
+                dw_norm_w4(w, 8 * j, woff, wv);
+                dw_norm_w4(w, 8 * j + 4, woff, wv + 4);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     xh[q][k] = (xh[q][k] - m) * rs;
@@ -270,9 +283,9 @@ template <bool RMS, int VPL, bool PART>
 static int64_t dw_norm_bwd_rows_launch(int64_t blocks, dw_bf16 *dx, float *pdw, float *pdb,
                                        const dw_bf16 *dout, const dw_bf16 *x, const float *w,
                                        const float *mean, const float *rstd, int64_t N, int64_t C,
-                                       bool acc, cudaStream_t s) {
+                                       bool acc, float woff, cudaStream_t s) {
     void (*k)(dw_bf16 *, float *, float *, const dw_bf16 *, const dw_bf16 *, const float *,
-              const float *, const float *, int64_t, int64_t, bool);
+              const float *, const float *, int64_t, int64_t, bool, float);
     switch (dw_norm_tpr(C, VPL)) {
     case 32: k = dw_norm_bwd_rows_kernel<RMS, 32, VPL, PART>; break;
     case 64: k = dw_norm_bwd_rows_kernel<RMS, 64, VPL, PART>; break;
@@ -291,20 +304,21 @@ static int64_t dw_norm_bwd_rows_launch(int64_t blocks, dw_bf16 *dx, float *pdw, 
         }
     }
 #endif
-    k<<<(unsigned)blocks, DW_NW_THREADS, 0, s>>>(dx, pdw, pdb, dout, x, w, mean, rstd, N, C, acc);
+    k<<<(unsigned)blocks, DW_NW_THREADS, 0, s>>>(dx, pdw, pdb, dout, x, w, mean, rstd, N, C, acc, woff);
     return blocks;
 }
 
 template <typename T, bool RMS>
 static void dw_norm_fwd_launch(void *out, float *mean, float *rstd, const void *x, const float *w,
-                               const float *b, int64_t N, int64_t C, float eps, cudaStream_t s) {
+                               const float *b, int64_t N, int64_t C, float eps, cudaStream_t s,
+                               float woff = 0.0f) {
     if (sizeof(T) == 2 && dw_norm_rows_ok(C, out, x, x, w, b)) {
         DW_NW_LAUNCH(dw_norm_fwd_rows_kernel, RMS, C, N, s, (dw_bf16 *)out, mean, rstd,
-                     (const dw_bf16 *)x, w, b, N, C, eps);
+                     (const dw_bf16 *)x, w, b, N, C, eps, woff);
         return;
     }
     dw_norm_fwd_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
-        (T *)out, mean, rstd, (const T *)x, w, b, C, eps);
+        (T *)out, mean, rstd, (const T *)x, w, b, C, eps, woff);
 }
 
 /* The fused backward (ws given, BF16 rows, C <= DW_NF_MAXC): one pass over dout and x writes (or
@@ -314,14 +328,14 @@ static void dw_norm_fwd_launch(void *out, float *mean, float *rstd, const void *
 template <typename T, bool RMS>
 static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout, const void *x,
                                const float *w, const float *mean, const float *rstd, int64_t N,
-                               int64_t C, bool acc, float *ws, cudaStream_t s) {
+                               int64_t C, bool acc, float *ws, cudaStream_t s, float woff = 0.0f) {
     const bool params = RMS ? dw != NULL : (dw || db);
     if (sizeof(T) == 2 && ws && dx && params && C <= DW_NF_MAXC && dw_norm_rows_ok(C, dx, dout, x, w, NULL)) {
         const int64_t gmax = (int64_t)(dw_cuda_norm_bwd_ws_bytes(N, C) / (2 * sizeof(float) * (size_t)C));
         float *pdw = ws, *pdb = ws + gmax * C;
         const int64_t G = dw_norm_bwd_rows_launch<RMS, DW_NF_VPL, true>(
             gmax, (dw_bf16 *)dx, pdw, pdb, (const dw_bf16 *)dout, (const dw_bf16 *)x, w, mean, rstd,
-            N, C, acc, s);
+            N, C, acc, woff, s);
         if (dw) dw_colsum_launch<float, DW_CS_PLAIN>(dw, NULL, pdw, NULL, NULL, NULL, G, C, s);
         if (!RMS && db) dw_colsum_launch<float, DW_CS_PLAIN>(db, NULL, pdb, NULL, NULL, NULL, G, C, s);
         return;
@@ -335,10 +349,10 @@ static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout,
         const int rpb = DW_NW_THREADS / dw_norm_tpr(C, DW_NW_VPL);
         dw_norm_bwd_rows_launch<RMS, DW_NW_VPL, false>(
             (N + rpb - 1) / rpb, (dw_bf16 *)dx, NULL, NULL, (const dw_bf16 *)dout,
-            (const dw_bf16 *)x, w, mean, rstd, N, C, acc, s);
+            (const dw_bf16 *)x, w, mean, rstd, N, C, acc, woff, s);
     } else if (dx) {
         dw_norm_bwd_dx_kernel<T, RMS><<<(unsigned)N, DW_NORM_THREADS, 0, s>>>(
-            (T *)dx, (const T *)dout, (const T *)x, w, mean, rstd, C, acc);
+            (T *)dx, (const T *)dout, (const T *)x, w, mean, rstd, C, acc, woff);
     }
 }
 
@@ -367,7 +381,7 @@ dw_status dw_cuda_layernorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *
 static dw_status dw_norm_bwd(dw_ctx *ctx, const char *op, bool rms, dw_act_dtype dt, void *dx,
                              float *dw, float *db, const void *dout, const void *x, const float *w,
                              const float *mean, const float *rstd, int64_t N, int64_t C,
-                             bool accumulate, void *ws, size_t ws_bytes, void *stream) {
+                             bool accumulate, void *ws, size_t ws_bytes, void *stream, float woff = 0.0f) {
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, N >= 0 && N <= DW_NORM_MAX_ROWS && C > 0);
     DW_OPS_REQUIRE(ctx, op, N == 0 || (dout && x && w && (rms || mean) && rstd));
@@ -376,11 +390,12 @@ static dw_status dw_norm_bwd(dw_ctx *ctx, const char *op, bool rms, dw_act_dtype
     if (N == 0) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
     if (dt == DW_ACT_F32 && rms)
-        dw_norm_bwd_launch<float, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, accumulate, (float *)ws, s);
+        dw_norm_bwd_launch<float, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, accumulate, (float *)ws, s, woff);
     else if (dt == DW_ACT_F32)
         dw_norm_bwd_launch<float, false>(dx, dw, db, dout, x, w, mean, rstd, N, C, accumulate, (float *)ws, s);
     else if (rms)
-        dw_norm_bwd_launch<dw_bf16, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, accumulate, (float *)ws, s);
+        dw_norm_bwd_launch<dw_bf16, true>(dx, dw, NULL, dout, x, w, NULL, rstd, N, C, accumulate, (float *)ws, s,
+                                          woff);
     else
         dw_norm_bwd_launch<dw_bf16, false>(dx, dw, db, dout, x, w, mean, rstd, N, C, accumulate, (float *)ws, s);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
@@ -401,19 +416,24 @@ dw_status dw_cuda_layernorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float
                        accumulate, ws, ws_bytes, stream);
 }
 
-dw_status dw_cuda_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
-                              const float *w, int64_t N, int64_t C, double eps, void *stream) {
+dw_status dw_cuda_rmsnorm_fwd_offset(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
+                                     const float *w, double woff, int64_t N, int64_t C, double eps, void *stream) {
     const char *op = "rmsnorm_fwd";
     DW_OPS_REQUIRE_DT(ctx, op, dt);
-    DW_OPS_REQUIRE(ctx, op, N >= 0 && N <= DW_NORM_MAX_ROWS && C > 0 && eps >= 0.0);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && N <= DW_NORM_MAX_ROWS && C > 0 && eps >= 0.0 && isfinite(woff));
     DW_OPS_REQUIRE(ctx, op, N == 0 || (out && x && w));
     if (N == 0) return DW_OK;
+    cudaStream_t s = (cudaStream_t)stream;
     if (dt == DW_ACT_F32)
-        dw_norm_fwd_launch<float, true>(out, NULL, rstd, x, w, NULL, N, C, (float)eps, (cudaStream_t)stream);
+        dw_norm_fwd_launch<float, true>(out, NULL, rstd, x, w, NULL, N, C, (float)eps, s, (float)woff);
     else
-        dw_norm_fwd_launch<dw_bf16, true>(out, NULL, rstd, x, w, NULL, N, C, (float)eps, (cudaStream_t)stream);
+        dw_norm_fwd_launch<dw_bf16, true>(out, NULL, rstd, x, w, NULL, N, C, (float)eps, s, (float)woff);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
+}
+dw_status dw_cuda_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
+                              const float *w, int64_t N, int64_t C, double eps, void *stream) {
+    return dw_cuda_rmsnorm_fwd_offset(ctx, dt, out, rstd, x, w, 0.0, N, C, eps, stream);
 }
 
 dw_status dw_cuda_rmsnorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
@@ -428,6 +448,13 @@ dw_status dw_cuda_rmsnorm_bwd_ws(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *
                                  void *ws, size_t ws_bytes, void *stream) {
     return dw_norm_bwd(ctx, "rmsnorm_bwd", true, dt, dx, dw, NULL, dout, x, w, NULL, rstd, N, C,
                        accumulate, ws, ws_bytes, stream);
+}
+dw_status dw_cuda_rmsnorm_bwd_offset(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
+                                     const void *x, const float *w, double woff, const float *rstd, int64_t N,
+                                     int64_t C, bool accumulate, void *ws, size_t ws_bytes, void *stream) {
+    DW_OPS_REQUIRE(ctx, "rmsnorm_bwd", isfinite(woff));
+    return dw_norm_bwd(ctx, "rmsnorm_bwd", true, dt, dx, dw, NULL, dout, x, w, NULL, rstd, N, C, accumulate, ws,
+                       ws_bytes, stream, (float)woff);
 }
 
 /* head_rmsnorm: the rmsnorm above over N*H rows of D (each head's channels are contiguous); the

@@ -2,8 +2,9 @@
  * read it in place (kernels/cuda/attn_packed.h: BF16, every pointer of both directions aligned)
  * runs without copies; else it is split into the node's saved q, k, v (aux Q/K/V) in the forward
  * and the gradients merged back from GQ/GK/GV in the backward. lse is aux STAT0, DELTA scratch.
- * A sliding window shorter than the sequence (mistral, qwen2) runs the reference kernels with the
- * window (dw_cuda_attention_window_*), split like an unaligned packed qkv. */
+ * A sliding window shorter than the sequence (mistral, qwen2, Gemma 2) or soft-capped scores (Gemma 2)
+ * run dw_cuda_attention_window_* (the tensor-core kernels where they apply, else the reference ones;
+ * never cuDNN), split like an unaligned packed qkv. */
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -23,11 +24,14 @@ static int64_t window(const dw_op_call *c) {
     return w > 0 && w < c->t ? w : 0;
 }
 
+/* Whether the node masks a window or caps its scores (dw_cuda_attention_window_*). */
+static bool masked(const dw_op_call *c) { return window(c) || c->n->attrs.softcap > 0; }
+
 /* Whether a packed-qkv node runs in place: decided from every pointer either direction touches
  * (the same call in both, and at creation: the prepare entry). */
 static bool packed(const dw_op_call *c) {
     const void *ptrs[] = {c->in[0], c->out[0], c->dout[0], c->dx[0]};
-    return c->n->n_in == 1 && c->dx[0] && !window(c) &&
+    return c->n->n_in == 1 && c->dx[0] && !masked(c) &&
            dw_cuda_attention_packed_ok((dw_act_dtype)dw_cuda_dt(c), c->n->attrs.head_dim, ptrs, 4);
 }
 
@@ -37,10 +41,10 @@ static void qkv(const dw_op_call *c, const void **q, const void **k, const void 
 }
 
 /* At engine creation: the cuDNN plans (and their buffers) for the node's shape, built outside any
- * recorded step (none for a windowed node: the reference kernels run it). */
+ * recorded step (none for a windowed or capped node: cuDNN never runs it). */
 dw_status dw_cuda_op_attention_prepare(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
-    if (window(c)) return DW_OK;
+    if (masked(c)) return DW_OK;
     return dw_cuda_attention_prepare(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->b, c->t, a->heads, a->kv_heads,
                                      a->head_dim, packed(c));
 }
@@ -58,9 +62,9 @@ dw_status dw_cuda_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
                                                            dw_act_size(dt), false, s));
     const void *q, *k, *v;
     qkv(c, &q, &k, &v);
-    if (window(c))
+    if (masked(c))
         return dw_cuda_attention_window_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads,
-                                            a->kv_heads, a->head_dim, window(c), s);
+                                            a->kv_heads, a->head_dim, window(c), a->softcap, s);
     return dw_cuda_attention_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], q, k, v, c->b, c->t, a->heads, a->kv_heads,
                                  a->head_dim, s);
 }
@@ -77,10 +81,10 @@ dw_status dw_cuda_op_attention_bwd(dw_backend *be, const dw_op_call *c) {
     const bool pk = c->n->n_in == 1;
     void *dq = pk ? c->tmp[DW_TMP_GQ] : c->dx[0], *dk = pk ? c->tmp[DW_TMP_GK] : c->dx[1];
     void *dv = pk ? c->tmp[DW_TMP_GV] : c->dx[2];
-    if (window(c))
+    if (masked(c))
         DW_TRY(dw_cuda_attention_window_bwd(be->ctx, dt, dq, dk, dv, c->dout[0], q, k, v, c->out[0],
                                             c->aux[DW_AUX_STAT0], c->tmp[DW_TMP_DELTA], c->b, c->t, a->heads,
-                                            a->kv_heads, a->head_dim, window(c), s));
+                                            a->kv_heads, a->head_dim, window(c), a->softcap, s));
     else
         DW_TRY(dw_cuda_attention_bwd(be->ctx, dt, dq, dk, dv, c->dout[0], q, k, v, c->out[0], c->aux[DW_AUX_STAT0],
                                      c->tmp[DW_TMP_DELTA], c->b, c->t, a->heads, a->kv_heads, a->head_dim, s));

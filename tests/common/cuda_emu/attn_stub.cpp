@@ -9,12 +9,12 @@ void dw_attn_mode_set(int mode) { (void)mode; }
 int dw_attn_mode_parse(const char *v) { return (void)v, DW_ATTN_MMA; }
 
 cudaError_t dw_attn_mma_fwd(void *, float *, const void *, const void *, const void *, int64_t, int64_t, int64_t,
-                            int64_t, int64_t, int64_t, int64_t, cudaStream_t) {
+                            int64_t, int64_t, int64_t, int64_t, int64_t, float, cudaStream_t) {
     return cudaErrorInvalidConfiguration; // never called: ineligible
 }
 
 cudaError_t dw_attn_mma_bwd(void *, void *, void *, const void *, const void *, const void *, const void *,
                             const void *, const float *, float *, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int64_t, cudaStream_t) {
+                            int64_t, int64_t, int64_t, float, cudaStream_t) {
     return cudaErrorInvalidConfiguration; // never called: ineligible
 }
