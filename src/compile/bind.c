@@ -136,12 +136,6 @@ dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) 
                                 "compile for the %s", dw_op_name(n->op), n->name, cuda ? "CUDA" : "CPU",
                                 cuda ? "cuda" : "cpu", cuda ? "CPU (--device cpu)" : "GPU");
         }
-        if (c->target.device == DW_DEVICE_CUDA && ((n->op == DW_OP_ATTENTION && n->attrs.softcap) ||
-                                                   (n->op == DW_OP_RMSNORM && n->attrs.offset)))
-            return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "compile: node '%s' (%s): %s has no CUDA implementation yet "
-                                "(Gemma 2); compile for the CPU (--device cpu)", n->name, dw_op_name(n->op),
-                                n->op == DW_OP_ATTENTION ? "attention score soft-capping (attrs.softcap)"
-                                                         : "an offset RMSNorm weight (attrs.offset, 1 + w)");
         if (n->op == DW_OP_MOE_LINEAR) { /* the grouped GEMM kind: bind_grouped.c */
             DW_TRY(dw_compile_bind_grouped(ctx, c, i));
             continue;

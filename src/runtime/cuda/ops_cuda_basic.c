@@ -1,5 +1,6 @@
 /* ops_cuda_basic.c — the CUDA backend's entries for the row-wise and elementwise ops: embedding,
- * positions, rope, layernorm, rmsnorm (also per head), gelu, silu, swiglu, add, the sigmoid gate:
+ * positions, rope, layernorm, rmsnorm (also per head; Gemma's offset weight), gelu, silu, swiglu,
+ * geglu, add, the sigmoid gate:
  * one launch each of the kernels in kernels/cuda/ops_cuda.h on the backend's stream. Activations in
  * the program's dtype; parameters are FP32 masters, their gradients accumulated by the kernels;
  * input gradients written or, where the program says (dx_acc), added by the kernel itself. */
@@ -64,14 +65,17 @@ dw_status dw_cuda_op_layernorm_bwd(dw_backend *be, const dw_op_call *c) {
                                     c->aux[DW_AUX_STAT0], c->aux[DW_AUX_STAT1], N, C, c->dx_acc[0], c->tmp[DW_TMP_DELTA],
                                     dw_cuda_norm_bwd_ws_bytes(N, C), s);
 }
+/* rmsnorm applies its weight as attrs.offset + w (Gemma's 1 + w; offset 0: w) */
 dw_status dw_cuda_op_rmsnorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_rmsnorm_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], c->in[0], c->in[1], N, C, c->n->attrs.eps, s);
+    return dw_cuda_rmsnorm_fwd_offset(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], c->in[0], c->in[1],
+                                      c->n->attrs.offset, N, C, c->n->attrs.eps, s);
 }
 dw_status dw_cuda_op_rmsnorm_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
-    return dw_cuda_rmsnorm_bwd_ws(be->ctx, dt, c->dx[0], c->pgrad[1], c->dout[0], c->in[0], c->in[1], c->aux[DW_AUX_STAT0],
-                                  N, C, c->dx_acc[0], c->tmp[DW_TMP_DELTA], dw_cuda_norm_bwd_ws_bytes(N, C), s);
+    return dw_cuda_rmsnorm_bwd_offset(be->ctx, dt, c->dx[0], c->pgrad[1], c->dout[0], c->in[0], c->in[1],
+                                      c->n->attrs.offset, c->aux[DW_AUX_STAT0], N, C, c->dx_acc[0],
+                                      c->tmp[DW_TMP_DELTA], dw_cuda_norm_bwd_ws_bytes(N, C), s);
 }
 
 /* ---- head_rmsnorm: rmsnorm over each head's D channels (N*H rows), one weight for all heads; aux
@@ -114,6 +118,14 @@ dw_status dw_cuda_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cuda_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     return dw_cuda_swiglu_bwd(be->ctx, dt, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1], N * C, s);
+}
+dw_status dw_cuda_op_geglu_fwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_geglu_fwd(be->ctx, dt, c->out[0], c->in[0], c->in[1], N * C, s);
+}
+dw_status dw_cuda_op_geglu_bwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_geglu_bwd(be->ctx, dt, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1], N * C, s);
 }
 
 /* ---- add: identity to both inputs: copied into a first gradient (nothing to do where it shares
