@@ -6,6 +6,7 @@
  * run dw_cuda_attention_window_* (the tensor-core kernels where they apply, else the reference ones;
  * never cuDNN), split like an unaligned packed qkv. */
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/backend.h"
 
 #if DW_HAVE_CUDA
@@ -44,7 +45,11 @@ static void qkv(const dw_op_call *c, const void **q, const void **k, const void 
  * recorded step (none for a windowed or capped node: cuDNN never runs it). */
 dw_status dw_cuda_op_attention_prepare(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
-    if (masked(c)) return DW_OK;
+    if (masked(c)) {
+        DW_LOGD("attention '%s': window %lld, score cap %g: the tensor-core or reference kernels, not cuDNN (its "
+                "graphs here mask causally only)", c->n->name, (long long)window(c), a->softcap);
+        return DW_OK;
+    }
     return dw_cuda_attention_prepare(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->b, c->t, a->heads, a->kv_heads,
                                      a->head_dim, packed(c));
 }
