@@ -131,7 +131,7 @@ static void help(void) {
         "                         state sharded: each rank holds its shard's moments, reduces its\n"
         "                         shard, runs AdamW on it, all-gathers the weights), 2 (gradients\n"
         "                         reduced per micro-batch too) or 3 (FSDP: weights sharded, each\n"
-        "                         gathered before its use; FP32 programs only) (0). Started by\n"
+        "                         gathered before its use; not quantised programs) (0). Started by\n"
         "                         mpirun, torchrun, srun or `deepwell launch -n N\n"
         "                         -- train ...`, each rank trains --batch sequences per micro-batch\n"
         "                         and --global-batch counts all ranks' (default: B x ranks); rank 0\n"

@@ -37,8 +37,8 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
         return say(why, why_len, buf);
     }
     if (par->zero > 2) {
-        snprintf(buf, sizeof buf, "ZeRO-%d: the runtime shards parameters for FP32 programs only "
-                 "(src/train/dp_zero3.c), and plans are for BF16 or quantised recipes", par->zero);
+        snprintf(buf, sizeof buf, "ZeRO-%d: the runtime runs it for unquantised programs (src/train/dp_zero3.c), "
+                 "but its gathers and memory are not priced as it runs them yet", par->zero);
         return say(why, why_len, buf);
     }
     if (par->offload) return say(why, why_len, "offload: the engine keeps the optimizer on the GPU");

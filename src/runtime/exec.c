@@ -75,7 +75,7 @@ void dw_exec_free(dw_exec *x) {
     drop(x, &x->rec_opt);
     for (int k = 0; k < DW_POOL_COUNT; k++)
         if (x->pool[k]) x->be->i->release(x->be, x->pool[k]);
-    free(x->param_at);
+    free(x->param_at), free(x->param_bf16_at);
     free(x);
 }
 
@@ -117,28 +117,37 @@ static dw_status move_weights(dw_exec *x, float *dst, const float *src, int64_t 
     return s;
 }
 
-dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot) {
+dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot,
+                                const int64_t *slot_bf16) {
     dw_backend *be = x->be;
-    DW_ASSERT(!x->p->bf16 && !x->param_at && 0 <= lo && lo <= hi && hi <= x->p->param_floats);
+    DW_ASSERT(!x->param_at && 0 <= lo && lo <= hi && hi <= x->p->param_floats);
     const int np = x->p->n_params;
     const int64_t shard = align256((hi - lo) * (int64_t)sizeof(float)), bytes = shard + gather_bytes;
     float **at = calloc((size_t)(np ? np : 1), sizeof *at);
-    if (!at) return dw_set_error(be->ctx, DW_ERR_NOMEM, "executor: out of memory");
+    uint16_t **at16 = x->p->bf16 ? calloc((size_t)(np ? np : 1), sizeof *at16) : NULL;
+    if (!at || (x->p->bf16 && !at16)) {
+        free(at), free(at16);
+        return dw_set_error(be->ctx, DW_ERR_NOMEM, "executor: out of memory");
+    }
     void *mem = NULL;
     dw_status s = be->i->alloc(be, bytes > 0 ? bytes : 256, &mem);
     if (s == DW_OK) s = be->i->zero(be, mem, (size_t)bytes);
     if (s == DW_OK) s = move_weights(x, mem, x->w + lo, hi - lo);
     if (s != DW_OK) {
         if (mem) be->i->release(be, mem);
-        free(at);
+        free(at), free(at16);
         return dw_prefix_error(be->ctx, s, "%s backend: the weights' shard (%lld bytes)", be->i->name, (long long)bytes);
     }
     be->i->release(be, x->pool[DW_POOL_WEIGHTS]);
     x->pool[DW_POOL_WEIGHTS] = mem;
     x->pool_bytes[DW_POOL_WEIGHTS] = bytes;
-    x->w = (float *)mem, x->w_lo = lo, x->w_hi = hi;
-    for (int k = 0; k < np; k++) at[k] = slot[k] >= 0 ? (float *)((char *)mem + shard + slot[k]) : NULL;
-    x->param_at = at;
+    x->w = (float *)mem, x->w_lo = lo, x->w_hi = hi, x->wb = NULL;
+    char *gather = (char *)mem + shard;
+    for (int k = 0; k < np; k++) {
+        at[k] = slot[k] >= 0 ? (float *)(gather + slot[k]) : NULL;
+        if (at16) at16[k] = slot_bf16[k] >= 0 ? (uint16_t *)(gather + slot_bf16[k]) : NULL;
+    }
+    x->param_at = at, x->param_bf16_at = at16;
     return DW_OK;
 }
 
@@ -158,8 +167,9 @@ dw_status dw_exec_unshard_weights(dw_exec *x) {
     x->pool[DW_POOL_WEIGHTS] = mem;
     x->pool_bytes[DW_POOL_WEIGHTS] = bytes;
     x->w = (float *)mem, x->w_lo = 0, x->w_hi = x->p->param_floats;
-    free(x->param_at);
-    x->param_at = NULL;
+    x->wb = x->p->bf16 ? (uint16_t *)(x->w + x->p->param_floats) : NULL;
+    free(x->param_at), free(x->param_bf16_at);
+    x->param_at = NULL, x->param_bf16_at = NULL;
     return DW_OK;
 }
 
@@ -202,7 +212,8 @@ void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op
         } else if (ten->kind == DW_TENSOR_PARAM) {
             const int64_t off = p->param_off[p->tensor[t].param];
             c->in[s] = x->param_at ? x->param_at[p->tensor[t].param] : x->w + off; /* ZeRO-3: gathered */
-            c->in_bf16[s] = x->wb ? x->wb + off : NULL;
+            c->in_bf16[s] = x->param_at ? (x->param_bf16_at ? x->param_bf16_at[p->tensor[t].param] : NULL)
+                                        : x->wb ? x->wb + off : NULL;
             c->pgrad[s] = x->grad + off;
         } else {
             c->in[s] = at(x->act, p->tensor[t].val_off);

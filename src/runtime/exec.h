@@ -24,6 +24,8 @@ struct dw_exec {
     int64_t w_lo, w_hi;
     float **param_at;           /* (n_params) ZeRO-3 sharded: where each parameter's values gathered
                                    for the current step are (train/dp_zero3.c), else NULL; owned */
+    uint16_t **param_bf16_at;   /* (n_params) with it, in a BF16 program: each one's BF16 working copy
+                                   made after its gather (NULL: it has none); owned */
     float *m, *v;               /* (opt_hi - opt_lo) each: AdamW moments of pool floats
                                    [opt_lo, opt_hi), float i at m[i - opt_lo] (dw_exec_moments) */
     int64_t opt_lo, opt_hi;     /* [0, param_floats), or a ZeRO rank's shard */
@@ -105,11 +107,13 @@ static inline int64_t dw_exec_rows(const dw_exec *x, int t) {
 
 /* ZeRO-3: the weights pool replaced by one block of the FP32 masters of pool floats [lo, hi) (read
  * from the whole pool) followed by `gather_bytes` for the parameters gathered around their use:
- * parameter k at byte slot[k] of those (-1: never read by a step), which param_at (allocated here,
- * n_params) then tells the executor. FP32 programs only (no BF16 working copies).
- * dw_exec_unshard_weights: the whole pool again, holding the shard's floats at [lo, hi) and zeros
- * elsewhere (the caller gathers the rest). Both leave the pools as they were on failure. */
-dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot);
+ * parameter k at byte slot[k] of those (-1: never read by a step) and its BF16 working copy at
+ * slot_bf16[k] (-1: none), which param_at and param_bf16_at (allocated here, n_params) then tell
+ * the executor; the pool's own BF16 copies are gone (wb NULL). dw_exec_unshard_weights: the whole
+ * pool again, holding the shard's floats at [lo, hi) and zeros elsewhere (the caller gathers the
+ * rest and refreshes the BF16 copies). Both leave the pools as they were on failure. */
+dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot,
+                                const int64_t *slot_bf16);
 dw_status dw_exec_unshard_weights(dw_exec *x);
 /* Whether every parameter's FP32 master is in the weights pool at its offset (not ZeRO-3 sharded);
  * DW_ERR_UNSUPPORTED naming `what` otherwise. */

@@ -47,8 +47,8 @@ dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
  * reductions start from backward (several ranks: the executor's after_step hook is attached and
  * its recording turned off, as the collectives run between its steps); ZeRO-1/2 on several ranks:
  * the engine's optimizer pool replaced by the shard's (zeroed: call it before moments are loaded;
- * the engine's own step is then refused); ZeRO-3 also plans its gathers (dp_zero3.c; a BF16
- * program: DW_ERR_UNSUPPORTED naming it). One rank: everything below is the single-process path. */
+ * the engine's own step is then refused); ZeRO-3 also plans its gathers (dp_zero3.c; a program
+ * that quantises linear layers: DW_ERR_UNSUPPORTED naming it). One rank: everything below is the single-process path. */
 dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap);
 /* Detaches the hooks and frees the buckets (the communicator is the job's). */
 void dw_dp_free(dw_dp *d);
@@ -95,8 +95,8 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
 dw_status dw_dp_experts_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm);
 dw_status dw_dp_experts_start_bucket(dw_dp *d, int i);
 
-/* dp_zero3.c, for dp.c: ZeRO-3's gather plan and the executor's before_step hook (FP32 programs;
- * DW_ERR_UNSUPPORTED naming the precision otherwise), detached and freed by dw_dp_z3_free;
+/* dp_zero3.c, for dp.c: ZeRO-3's gather plan and the executor's before_step hook (FP32 and BF16
+ * programs; DW_ERR_UNSUPPORTED naming a quantised one), detached and freed by dw_dp_z3_free;
  * dw_dp_z3_train: the next training step runs sharded (the weights' shard kept, the gather block
  * used); dw_dp_z3_whole: the whole weights again on every rank (every rank calls it; ZeRO-3 only,
  * else nothing). dw_dp_gather_pool: every rank's blocks of a pool (ZeRO-1/2/3) to every rank. */

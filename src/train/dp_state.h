@@ -66,6 +66,7 @@ typedef struct {
     bool z3_whole, z3_want, z3_logged;
     int64_t z3_gather_bytes;
     int64_t *z3_slot;     /* (n_params) */
+    int64_t *z3_slot16;   /* (n_params) its BF16 working copy's bytes into the block, -1: none */
     int *z3_ev_at;        /* (n_steps + 1) z3_ev[z3_ev_at[s] .. z3_ev_at[s + 1]): step s's gathers */
     int *z3_ev;           /* parameters */
 } dw_dp;

@@ -5,8 +5,9 @@
  * its last reader in that sweep has run (the slots placed by the static memory planner,
  * compile/memplan.h, over those two lifetimes). The gradients go as ZeRO-2's (dp_overlap.c), the
  * optimizer steps the shard (dp.c). Whole weights again (dw_dp_z3_whole) before what reads them
- * whole: a checkpoint, rank 0's sample; sharded again before the next training step. FP32 programs
- * only: BF16 working copies and quantised weight caches are not gathered yet. */
+ * whole: a checkpoint, rank 0's sample; sharded again before the next training step. A BF16
+ * program's working copy of a parameter is made in its slot after the gather (the backend's
+ * cast); quantised weight caches are not gathered yet (refused). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,11 @@ static dw_status copy_floats(dw_dp *d, float *dst, const float *src, int64_t n) 
 #endif
 }
 
+/* Whether parameter k keeps a standing BF16 working copy (compile/params.c): BF16 programs. */
+static bool has_bf16(const dw_compiled *p, int k) { return p->bf16 && !p->bf16_lazy[k]; }
+
+static int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
+
 /* Parameter k's readers among steps [s0, s1): the first and last (-1, -1: none). */
 static void readers(const dw_compiled *p, int k, int s0, int s1, int *first, int *last) {
     *first = *last = -1;
@@ -67,9 +73,10 @@ static dw_status plan(dw_dp *d) {
     dw_mem_item *items = calloc((size_t)(np ? np : 1), sizeof *items);
     int *item_of = malloc((size_t)(np ? np : 1) * sizeof *item_of), *first = malloc((size_t)(2 * np + 1) * sizeof *first);
     d->z3_slot = malloc((size_t)(np ? np : 1) * sizeof *d->z3_slot);
+    d->z3_slot16 = malloc((size_t)(np ? np : 1) * sizeof *d->z3_slot16);
     d->z3_ev_at = calloc((size_t)ns + 1, sizeof *d->z3_ev_at);
     d->z3_ev = malloc((size_t)(2 * np + 1) * sizeof *d->z3_ev);
-    dw_status st = items && item_of && first && d->z3_slot && d->z3_ev_at && d->z3_ev
+    dw_status st = items && item_of && first && d->z3_slot && d->z3_slot16 && d->z3_ev_at && d->z3_ev
                        ? DW_OK
                        : dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of memory");
     int n = 0;
@@ -80,7 +87,8 @@ static dw_status plan(dw_dp *d) {
         first[2 * k] = ff, first[2 * k + 1] = bf;
         item_of[k] = -1;
         if (ff < 0 && bf < 0) continue; /* read by no step (fused away): never gathered */
-        const int64_t bytes = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]) * (int64_t)sizeof(float);
+        const int64_t numel = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
+        const int64_t bytes = align256(numel * 4) + (has_bf16(p, k) ? numel * 2 : 0); /* FP32, then BF16 */
         dw_mem_item *it = &items[n];
         *it = (dw_mem_item){.size = bytes, .align = 256};
         if (ff >= 0 && bf >= 0) it->first = ff, it->last = fl, it->first2 = bf, it->last2 = bl;
@@ -97,6 +105,9 @@ static dw_status plan(dw_dp *d) {
         if (!fill) st = dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of memory");
         for (int k = 0; st == DW_OK && k < np; k++) {
             d->z3_slot[k] = item_of[k] >= 0 ? items[item_of[k]].offset : -1;
+            d->z3_slot16[k] = d->z3_slot[k] >= 0 && has_bf16(p, k)
+                                  ? d->z3_slot[k] + align256(dw_ir_numel(&p->g->tensors[p->param_tensor[k]]) * 4)
+                                  : -1;
             for (int j = 0; j < 2; j++)
                 if (item_of[k] >= 0 && first[2 * k + j] >= 0) {
                     const int s = first[2 * k + j];
@@ -122,13 +133,19 @@ static dw_status gather(dw_dp *d, int k) {
         if (r == d->rank) DW_TRY(copy_floats(d, slot + (lo - a), d->eng->x->w + (lo - d->lo), hi - lo));
         DW_TRY(dw_comm_broadcast(d->ctx, d->comm, slot + (lo - a), hi - lo, DW_COMM_F32, r));
     }
-    return DW_OK;
+    uint16_t *slot16 = d->eng->x->param_bf16_at ? d->eng->x->param_bf16_at[k] : NULL;
+    if (!slot16) return DW_OK;
+    /* its BF16 working copy: the backend's cast of floats [0, n) of an executor view whose pools are
+     * the two slots (the entry reads nothing else) */
+    dw_exec view = *d->eng->x;
+    view.w = slot, view.wb = slot16;
+    return d->eng->be->i->cast_bf16(d->eng->be, &view, 0, n);
 }
 
 /* The weights sharded: the masters of [lo, hi) kept, the gather block after them. */
 static dw_status to_sharded(dw_dp *d) {
     dw_exec *x = d->eng->x;
-    DW_TRY(dw_exec_shard_weights(x, d->lo, d->hi, d->z3_gather_bytes, d->z3_slot));
+    DW_TRY(dw_exec_shard_weights(x, d->lo, d->hi, d->z3_gather_bytes, d->z3_slot, d->z3_slot16));
     if (!d->z3_logged) {
         d->z3_logged = true;
         DW_LOGI("ZeRO-3: weights of floats [%lld, %lld) plus %lld bytes gathered around their use: %lld bytes on this "
@@ -151,10 +168,15 @@ static dw_status before_step(void *arg, dw_exec *x, int step) {
 
 dw_status dw_dp_z3_init(dw_dp *d) {
     dw_exec *x = d->eng->x;
-    if (d->eng->p->bf16)
-        return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "--zero 3 runs FP32 programs only so far (--precision fp32): "
-                            "the BF16 working copies and quantised weight caches of program '%s' are not gathered yet; "
-                            "use --zero 1 or 2", d->eng->p->precision);
+    const dw_compiled *p = d->eng->p;
+    bool lazy = false, cached = false; /* weights converted on use, or cached quantised by the refresh */
+    for (int k = 0; k < p->n_params; k++) lazy = lazy || (p->bf16 && p->bf16_lazy[k]);
+    for (int s = p->phase[DW_PHASE_REFRESH][0]; s < p->phase[DW_PHASE_REFRESH][1]; s++)
+        cached = cached || p->steps[s].kind == DW_STEP_QUANT_W;
+    if (lazy || cached)
+        return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "--zero 3 runs FP32 and BF16 programs: program '%s' quantises "
+                            "linear layers, whose weight caches are not gathered yet; use --zero 1 or 2, or "
+                            "--precision bf16", p->precision);
     DW_TRY(plan(d));
     d->z3_whole = true;
     dw_exec_stop_recording(x); /* the gathers run between the steps: a replayed step would skip them */
@@ -168,8 +190,8 @@ void dw_dp_z3_free(dw_dp *d) {
     /* a run that ended sharded (an error: the other ranks may be gone) leaves the engine sharded,
      * its parameters where they were last gathered; its weight accessors say so
      * (dw_exec_weights_whole) */
-    free(d->z3_slot), free(d->z3_ev_at), free(d->z3_ev);
-    d->z3_slot = NULL, d->z3_ev_at = NULL, d->z3_ev = NULL;
+    free(d->z3_slot), free(d->z3_slot16), free(d->z3_ev_at), free(d->z3_ev);
+    d->z3_slot = NULL, d->z3_slot16 = NULL, d->z3_ev_at = NULL, d->z3_ev = NULL;
 }
 
 void dw_dp_z3_train(dw_dp *d) { d->z3_want = d->zero == 3; }
@@ -181,5 +203,5 @@ dw_status dw_dp_z3_whole(dw_dp *d) {
     DW_TRY(dw_exec_unshard_weights(d->eng->x));
     d->z3_whole = true;
     DW_TRY(dw_dp_gather_pool(d, d->eng->x->w));
-    return d->eng->be->i->sync(d->eng->be);
+    return dw_engine_refresh(d->eng); /* the BF16 copies from the gathered masters */
 }

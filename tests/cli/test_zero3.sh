@@ -9,7 +9,8 @@
 # samples the losses are ZeRO-0's within 1e-6 (ZeRO-2's tolerance in test_dp.sh: the global norm is
 # summed in another order). Each rank logs its weights memory, smaller than the whole pool. Checkpoints resume
 # across stages and world sizes: ZeRO-3 -> ZeRO-1, ZeRO-1 -> ZeRO-3, 4 ranks -> 2 and -> 1, with the
-# losses of the run they left (2e-6). A BF16 program is refused by name.
+# losses of the run they left (2e-6). A BF16 program (each parameter's working copy made in its
+# slot after the gather) writes ZeRO-2's bytes too; a quantised one is refused by name.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -102,8 +103,13 @@ check "a 4-rank ZeRO-3 checkpoint resumed on 1 rank" 0 $?
 close "$tmp/c3/metrics.jsonl" "$tmp/r41/metrics.jsonl" 2e-6 2 && ok "  ... steps 3-4 as the 4 ranks ran them (2e-6)" ||
   bad "  ... 4 -> 1"
 
-"$dw" launch -n 2 -- "${run[@]}" --precision bf16 --zero 3 --out "$tmp/b3" >/dev/null 2>"$tmp/err"
-[ $? -ne 0 ] && ok "ZeRO-3 of a BF16 program refused" || bad "ZeRO-3 ran a BF16 program"
-has "  ... by name" "$tmp/err" "--zero 3 runs FP32 programs only so far"
+# BF16: the working copies made in the slots (the backend's cast, as the refresh makes them whole)
+"$dw" launch -n 2 -- "${run[@]}" --precision bf16 --zero 2 --out "$tmp/b2" >/dev/null 2>&1 &&
+  "$dw" launch -n 2 -- "${run[@]}" --precision bf16 --zero 3 --out "$tmp/b3" >/dev/null 2>"$tmp/err"
+check "ZeRO-2 and ZeRO-3 of a BF16 program" 0 $?
+same_ckpt "$tmp/b2" "$tmp/b3" && ok "  ... byte for byte" || bad "  ... BF16 ZeRO-3 differs from ZeRO-2"
+"$dw" launch -n 2 -- "${run[@]}" --precision fp8_block --zero 3 --out "$tmp/q3" >/dev/null 2>"$tmp/err"
+[ $? -ne 0 ] && ok "ZeRO-3 of a quantised program refused" || bad "ZeRO-3 ran a quantised program"
+has "  ... by name" "$tmp/err" "--zero 3 runs FP32 and BF16 programs: program 'fp8_block' quantises"
 
 [ "$fails" -eq 0 ] || exit 1

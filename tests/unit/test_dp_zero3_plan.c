@@ -3,8 +3,10 @@
  * inside the backward sweep) and the fused LM head (its weight read by the loss's step), each sweep
  * (forward, backward) starts with no parameter gathered; before step s the plan's gathers for s land
  * in their slots, making every other parameter whose slot bytes they overlap stale; every parameter
- * a step's node reads must then be current. Slots lie inside the gather block, which is no larger
- * than the FP32 parameters and, for a model of several blocks, smaller. */
+ * a step's node reads must then be current. FP32 and BF16 programs (a parameter's BF16 working
+ * copy sits in its slot after the FP32 values). Slots lie inside the gather block, which is no
+ * larger than the parameters (FP32, plus BF16 in a BF16 program) and, for a model of several
+ * blocks, smaller. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,10 +36,18 @@ static void check_plan(dw_test_model *m, bool several_blocks) {
     assert_true(d.z3_whole);
     int64_t total = 0;
     for (int k = 0; k < np; k++) {
-        total += param_bytes(p, k);
+        total += param_bytes(p, k) * (p->bf16 ? 6 : 4) / 4;
         if (d.z3_slot[k] < 0) continue;
         assert_int_equal(d.z3_slot[k] % 256, 0);
         assert_true(d.z3_slot[k] + param_bytes(p, k) <= d.z3_gather_bytes);
+        if (!p->bf16) {
+            assert_int_equal(d.z3_slot16[k], -1);
+            continue;
+        }
+        /* the BF16 copy after the FP32 values, inside the same slot */
+        assert_true(d.z3_slot16[k] >= d.z3_slot[k] + param_bytes(p, k));
+        assert_true(d.z3_slot16[k] + param_bytes(p, k) / 2 <= d.z3_gather_bytes);
+        assert_true(d.z3_slot16[k] - d.z3_slot[k] < param_bytes(p, k) + 256);
     }
     assert_true(d.z3_gather_bytes <= total + 256 * np);
     if (several_blocks) assert_true(d.z3_gather_bytes < total);
@@ -49,10 +59,12 @@ static void check_plan(dw_test_model *m, bool several_blocks) {
         for (int s = p->phase[ph][0]; s < p->phase[ph][1]; s++) {
             for (int e = d.z3_ev_at[s]; e < d.z3_ev_at[s + 1]; e++) {
                 const int k = d.z3_ev[e];
-                const int64_t a = d.z3_slot[k], b = a + param_bytes(p, k);
+                const int64_t a = d.z3_slot[k], b = (d.z3_slot16[k] >= 0 ? d.z3_slot16[k] + param_bytes(p, k) / 2
+                                                                          : a + param_bytes(p, k));
                 assert_true(a >= 0);
                 for (int j = 0; j < np; j++) /* what shares k's bytes is overwritten */
-                    if (j != k && d.z3_slot[j] >= 0 && d.z3_slot[j] < b && a < d.z3_slot[j] + param_bytes(p, j))
+                    if (j != k && d.z3_slot[j] >= 0 && d.z3_slot[j] < b &&
+                        a < (d.z3_slot16[j] >= 0 ? d.z3_slot16[j] + param_bytes(p, j) / 2 : d.z3_slot[j] + param_bytes(p, j)))
                         current[j] = false;
                 current[k] = true;
                 gathers++;
@@ -79,14 +91,14 @@ static void check_plan(dw_test_model *m, bool several_blocks) {
     assert_null(m->e->x->before_step);
 }
 
-static void one(dw_graph *g, int recompute, bool fused_head, bool several_blocks) {
+static void one(dw_graph *g, const char *precision, int recompute, bool fused_head, bool several_blocks) {
     assert_non_null(g);
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
     o.recompute = recompute;
     o.fused_head = fused_head;
     dw_test_model m;
-    assert_int_equal(dw_test_model_build_opts(CTX, g, NULL, &o, &m), DW_OK);
+    assert_int_equal(dw_test_model_build_opts(CTX, g, precision, &o, &m), DW_OK);
     check_plan(&m, several_blocks);
     dw_test_model_free(&m);
 }
@@ -96,13 +108,15 @@ static void test_dense(void **state) {
     static const char *const presets[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
     for (int i = 0; i < 6; i++) {
         dw_graph *g = dw_test_small_graph(CTX, presets[i % 3], 2, 8, &dw_test_group_rng);
-        one(g, i % 2 ? DW_RECOMPUTE_FULL : DW_RECOMPUTE_NONE, i >= 3, false);
+        one(g, i % 4 < 2 ? NULL : "bf16", i % 2 ? DW_RECOMPUTE_FULL : DW_RECOMPUTE_NONE, i >= 3, false);
     }
 }
 
 static void test_moe(void **state) {
     (void)state;
-    for (int i = 0; i < 2; i++) one(dw_test_moe_graph(CTX, 2, 8, &dw_test_group_rng), i ? DW_RECOMPUTE_FULL : DW_RECOMPUTE_NONE, false, false);
+    for (int i = 0; i < 2; i++)
+        one(dw_test_moe_graph(CTX, 2, 8, &dw_test_group_rng), i ? "bf16" : NULL, i ? DW_RECOMPUTE_FULL : DW_RECOMPUTE_NONE,
+            false, false);
 }
 
 /* A model of four blocks, whose gather block holds less than its parameters. */
@@ -117,7 +131,7 @@ static void test_saves_memory(void **state) {
     co.batch = 2, co.seq = 8;
     dw_graph *g = NULL;
     assert_int_equal(dw_capture(CTX, model, &co, &g), DW_OK);
-    one(g, DW_RECOMPUTE_NONE, true, true);
+    one(g, "bf16", DW_RECOMPUTE_NONE, true, true);
     dw_test_rmtree(dir);
     free(dir), free(model);
 }
