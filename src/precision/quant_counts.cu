@@ -27,9 +27,10 @@ struct Args {
 
 /* The element value of an 8-bit E4M3 / E5M2 code or a 4-bit E2M1 code (NaN for NaN codes). */
 __device__ __forceinline__ float elem(const Args &a, unsigned c) {
-    if (a.bits == 4) {
-        const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-        return (c & 8u) ? -mag[c & 7u] : mag[c & 7u];
+    if (a.bits == 4) { /* 0, 0.5, 1, 1.5, 2, 3, 4, 6: exponent c>>1 & 3, mantissa c & 1 */
+        const unsigned e = (c >> 1) & 3u, m = c & 1u;
+        const float v = e ? ldexpf((float)(2u + m), (int)e - 2) : 0.5f * (float)m;
+        return (c & 8u) ? -v : v;
     }
     const unsigned m7 = c & 0x7Fu;
     float v;
@@ -75,8 +76,11 @@ __global__ void __launch_bounds__(THREADS) count_kernel(Args a, const void *__re
     const int64_t n = a.R * a.C;
     const float st = a.nv ? *ts : 1.0f;
     unsigned long long over = 0, under = 0;
-    for (int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x; k < n; k += (int64_t)gridDim.x * THREADS) {
-        const int64_t i = k / a.C, j = k % a.C, src = a.trans ? j * a.R + i : k;
+    const int64_t stride = (int64_t)gridDim.x * THREADS, di = stride / a.C, dj = stride % a.C;
+    int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x, i = k / a.C, j = k % a.C; /* k = i C + j */
+    for (; k < n; k += stride, i += di, j += dj) {
+        if (j >= a.C) j -= a.C, i++;
+        const int64_t src = a.trans ? j * a.R + i : k;
         const float x = a.bf16_in ? __int_as_float((int)((uint32_t)((const uint16_t *)v)[src] << 16)) : ((const float *)v)[src];
         const unsigned code = a.bits == 4 ? (codes[i * a.row_bytes + j / 2] >> (4 * (j & 1))) & 0xFu : codes[i * a.C + j];
         const int64_t s = (a.br ? i / a.br : 0) * a.scols + (a.bc ? j / a.bc : 0);
