@@ -20,7 +20,7 @@ static void help(void) {
            "under the family's tensor names and layouts (tied embeddings once) as model.safetensors,\n"
            "or as model-0000k-of-0000n.safetensors + model.safetensors.index.json past the shard\n"
            "size, and generation_config.json and the tokenizer files of the model directory the\n"
-           "weights started from. Everything is written into a temporary directory beside DIR and\n"
+           "weights started from (else a checkpoint's own tokenizer.json). Everything is written into a temporary directory beside DIR and\n"
            "renamed at the end: on any error nothing is left.\n\n"
            "SRC is a run directory (its newest checkpoint), a checkpoint (ckpt-<step>/) or a Hugging\n"
            "Face model directory with weights.\n\n"

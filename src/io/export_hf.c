@@ -153,6 +153,23 @@ static dw_status default_layout(dw_ctx *ctx, bool model_dir, const char *hf_dir,
     return DW_OK;
 }
 
+/* A checkpoint's own tokenizer.json (dw_run_set_tokenizer) into tmp when the model directory
+ * (--hf-dir) gave none: the export decodes as the run did. */
+static dw_status copy_run_tokenizer(dw_ctx *ctx, const dw_model *m, const char *tmp) {
+    const char *tok = dw_model_tokenizer(m);
+    if (!strcmp(tok, "bytes") || !strcmp(tok, "ids")) return DW_OK; /* no file */
+    char *to = dw_path_join(tmp, "tokenizer.json"), *text = NULL;
+    if (!to) return dw_set_error(ctx, DW_ERR_NOMEM, "export: out of memory");
+    size_t n = 0;
+    dw_status s = DW_OK;
+    if (access(to, F_OK) != 0) {
+        s = dw_read_file(ctx, tok, &text, &n);
+        if (s == DW_OK) s = dw_write_file_atomic(ctx, to, text, n);
+    }
+    free(text), free(to);
+    return s;
+}
+
 /* Everything into tmp: the FP32 save, the converted weights, config.json, the copied files. */
 static dw_status export_into(dw_ctx *ctx, dw_model *m, const dw_export_opts *o, const char *hf_dir, const char *tmp) {
     const dw_graph *g = dw_model_graph(m);
@@ -165,6 +182,7 @@ static dw_status export_into(dw_ctx *ctx, dw_model *m, const dw_export_opts *o, 
     if (s == DW_OK) s = dw_export_write_tensors(ctx, raw, tmp, o->dtype, fp8, o->max_shard_bytes, NULL);
     if (s == DW_OK) s = dw_export_write_config(ctx, g->model.config_json, hf_config, raw, tmp, o->dtype, fp8);
     if (s == DW_OK && hf_dir) s = dw_export_copy_extras(ctx, hf_dir, tmp, NULL);
+    if (s == DW_OK) s = copy_run_tokenizer(ctx, m, tmp);
     dw_st_close(raw);
     if (raw_path && unlink(raw_path) != 0 && errno != ENOENT && s == DW_OK)
         s = dw_set_error(ctx, DW_ERR_IO, "%s: cannot remove: %s", raw_path, strerror(errno));

@@ -5,7 +5,8 @@
 # is gone, and so does a checkpoint moved elsewhere alone. A changed or missing copy is refused
 # naming the file; another tokenizer on --resume is refused; --tokenizer on sample that is not the
 # run's is used with a warning; an unreadable or too large --tokenizer is refused, one of a kind the
-# library cannot decode is recorded with a warning; a run without a tokenizer records none.
+# library cannot decode is recorded with a warning; a run without a tokenizer records none;
+# `deepwell export` of a checkpoint writes the run's tokenizer into the export.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -49,6 +50,10 @@ cmp -s "$tmp/model/tokenizer.json" "$tmp/run/ckpt-2/tokenizer.json" && ok "the c
 has "state.json lists it" "$tmp/run/ckpt-2/state.json" '"tokenizer.json": {'
 
 mv "$tmp/model/tokenizer.json" "$tmp/model.tokenizer.json" # the model directory's is gone now
+"$dw" export "$tmp/run/ckpt-2" --out "$tmp/export" >/dev/null 2>"$tmp/export.err"
+check "export the checkpoint (no --hf-dir)" 0 $?
+cmp -s "$tmp/model.tokenizer.json" "$tmp/export/tokenizer.json" && ok "the export holds the run's tokenizer" \
+  || bad "the export has no tokenizer.json"
 common=(--prompt "hello world" -n 12 --temperature 0 --device cpu)
 "$dw" sample "$tmp/run" "${common[@]}" >"$tmp/s.out" 2>"$tmp/s.err"
 check "sample RUN" 0 $?
