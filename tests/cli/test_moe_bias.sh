@@ -46,9 +46,10 @@ m0 = [json.loads(l) for l in open(f"{off}/metrics.jsonl")]
 assert len(m) == 6 and all("moe_bias_max" in x for x in m), m
 assert not any("moe_bias_max" in x for x in m0), m0
 g = 0.01
-# every step adds -g, 0 or +g to each value: after step s, max |b| <= s g and a multiple of g (FP32)
+# every step adds -g, 0 or +g to each value: after step s, max |b| <= s g and a multiple of g (FP32);
+# it can come back to 0 (+g then -g on every expert: seed 911547414), so only step 1 must be > 0
 for s, x in enumerate(m, 1):
-    assert 0 < x["moe_bias_max"] <= s * g * (1 + 1e-6), x
+    assert 0 <= x["moe_bias_max"] <= s * g * (1 + 1e-6), x
     assert abs(x["moe_bias_max"] / g - round(x["moe_bias_max"] / g)) < 1e-4, x
 assert m[0]["moe_bias_max"] == float.fromhex("0x1.47ae14p-7"), m[0]  # step 1: exactly float(0.01)
 assert m[0]["loss"] == m0[0]["loss"]  # the first step routes before any update
