@@ -604,12 +604,19 @@ typedef enum { DW_GROUPED_F32 = 0, DW_GROUPED_BF16 = 1 } dw_grouped_dtype;
 typedef struct {
     int32_t pass;             /* dw_gemm_pass: DW_GEMM_FPROP, DW_GEMM_DGRAD or DW_GEMM_WGRAD */
     int32_t dtype;            /* dw_grouped_dtype of x, W, dy and y or dx (dW is FP32) */
-    int32_t recipe;           /* DW_RECIPE_BF16: the operands are plain dtype values */
+    int32_t recipe;           /* DW_RECIPE_BF16: the operands are plain dtype values;
+                                 DW_RECIPE_FP8_BLOCK (fprop, dgrad): E4M3 codes with the scales below */
     int64_t rows, experts, k, m; /* rows: the capacity of x, y, dy (offsets[experts] <= rows) */
     const void *x, *w, *dy;   /* x: fprop, wgrad; w: fprop, dgrad; dy: dgrad, wgrad (else NULL) */
     void *out;                /* y, dx or dW as the pass says */
     const int32_t *offsets;   /* [experts + 1]: 0, non-decreasing, at most rows */
     const char *backend;      /* NULL: the best eligible kernel; else a registered grouped kernel's name */
+    /* recipe fp8_block: x [rows, k] and dy [rows, m] E4M3 with FP32 scales per 1x128 block of a
+     * row (x_scales [rows, k/128], dy_scales [rows, m/128]); W E4M3 in 128x128 blocks per expert
+     * with FP32 scales — fprop W [experts, m, k], w_scales [experts, m/128, k/128]; dgrad W^T's
+     * copy [experts, k, m], w_scales [experts, k/128, m/128] (FORMATS.md's fp8_block and
+     * fp8_block2d); out (y or dx) in dtype. k and m multiples of 128. NULL for bf16. */
+    const float *x_scales, *w_scales, *dy_scales;
 } dw_grouped_args;
 
 /* Runs one pass on the context's device (stream-ordered on CUDA) with the kernel the registry

@@ -25,6 +25,9 @@ dw_status dw_grouped_validate(dw_ctx *ctx, const dw_grouped_args *a);
 
 /* The built-in grouped kernels (static storage) in registration order; n returned. */
 int dw_grouped_builtin_kernels(const dw_grouped_kernel_desc **out, int cap);
+/* The host offsets of a on a CPU context: 0 first, non-decreasing, at most rows (DW_ERR_INVALID
+ * naming the first bad one). */
+dw_status dw_grouped_check_host_offsets(dw_ctx *ctx, const dw_grouped_args *a);
 /* Which built-in CUDA kernel d is: 1 FP32-FMA tiles, 2 mma.sync, 3 wgmma (the values of
  * kernels/cuda's dw_moe_kernel), 0 for any other entry. */
 int dw_grouped_builtin_cuda_id(const dw_grouped_kernel_desc *d);

@@ -1,7 +1,8 @@
 /* grouped_kernels.c — the built-in grouped expert GEMMs as registry entries, each with its
  * eligibility rule stated once, here: the CPU reference (kernels/cpu/moe_cpu.c, FP32, double
  * accumulation), and the CUDA kernels behind kernels/cuda's dw_cuda_moe_gemm: FP32-FMA tiles
- * (ops_moe_gemm.cu), mma.sync (moe_gemm_tc.cu) and TMA + wgmma (moe_gemm_sm90.cu). The same table
+ * (ops_moe_gemm.cu), mma.sync (moe_gemm_tc.cu) and TMA + wgmma (moe_gemm_sm90.cu); then the
+ * fp8_block ones (grouped_fp8.c). The same table
  * in every build (the compiler plans CUDA programs anywhere); without CUDA the CUDA entries' run
  * functions return DW_ERR_UNSUPPORTED. */
 #include <stdint.h>
@@ -10,11 +11,11 @@
 #include "core/ctx.h"
 #include "core/error.h"
 #include "gemm/grouped.h"
+#include "gemm/grouped_fp8.h"
 #include "kernels/cpu/ops_cpu.h"
 
 /* ---- the CPU reference ------------------------------------------------------------------------ */
-static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
-    (void)user;
+dw_status dw_grouped_check_host_offsets(dw_ctx *ctx, const dw_grouped_args *a) {
     const int32_t *off = a->offsets;
     int64_t prev = 0;
     for (int64_t e = 0; e <= a->experts; e++) { /* host offsets: checked before any row is read */
@@ -23,6 +24,13 @@ static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
                                 "and stay within rows %lld)", (long long)e, off[e], (long long)a->rows);
         prev = off[e];
     }
+    return DW_OK;
+}
+
+static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
+    (void)user;
+    DW_TRY(dw_grouped_check_host_offsets(ctx, a));
+    const int32_t *off = a->offsets;
     const float *x = a->x, *w = a->w, *dy = a->dy;
     if (a->pass == DW_GEMM_FPROP) dw_cpu_moe_linear_fwd(a->out, x, w, off, a->rows, a->experts, a->k, a->m);
     else if (a->pass == DW_GEMM_DGRAD) dw_cpu_moe_linear_bwd(a->out, NULL, dy, NULL, w, off, a->rows, a->experts, a->k, a->m);
@@ -101,7 +109,7 @@ int dw_grouped_builtin_kernels(const dw_grouped_kernel_desc **out, int cap) {
     const int n = (int)(sizeof builtins / sizeof builtins[0]);
     DW_ASSERT(n <= cap);
     for (int i = 0; i < n; i++) out[i] = &builtins[i];
-    return n;
+    return n + dw_grouped_fp8_kernels(out + n, cap - n); /* grouped_fp8.c */
 }
 
 int dw_grouped_builtin_cuda_id(const dw_grouped_kernel_desc *d) {

@@ -149,6 +149,10 @@ dw_status dw_grouped_validate(dw_ctx *ctx, const dw_grouped_args *a) {
     if (!a->out || !a->offsets || (need_x && !a->x) || (need_w && !a->w) || (need_dy && !a->dy))
         return dw_set_error(ctx, DW_ERR_INVALID, "grouped gemm %s: needs out, offsets%s%s%s", pass_name(a->pass),
                             need_x ? ", x" : "", need_w ? ", w" : "", need_dy ? ", dy" : "");
+    if (a->recipe == DW_RECIPE_FP8_BLOCK &&
+        ((need_x && !a->x_scales) || (need_w && !a->w_scales) || (need_dy && !a->dy_scales)))
+        return dw_set_error(ctx, DW_ERR_INVALID, "grouped gemm %s in fp8_block: needs%s%s%s", pass_name(a->pass),
+                            need_x ? " x_scales" : "", need_w ? " w_scales" : "", need_dy ? " dy_scales" : "");
     return DW_OK;
 }
 

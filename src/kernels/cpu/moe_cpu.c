@@ -1,12 +1,15 @@
 /* moe_cpu.c — CPU reference for the MoE data movement and expert GEMMs (ops_cpu.h): dispatch (a
  * counting sort of the (token, k) assignments by expert, those past an expert's capacity dropped by
  * position or by weight, and its gradient gather), the grouped linear layer, and the weighted
- * combine; forward and backward, sums in double, one rounding per output. Threads split
+ * combine; forward and backward, sums in double, one rounding per output; and the fp8_block grouped
+ * product (moe_fp8_cpu.h). Threads split
  * independent rows or experts, so they cannot change results. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "formats/formats.h"
+#include "kernels/cpu/moe_fp8_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 
 /* One (weight, assignment) of an expert's group, for the drop by weight. */
@@ -159,4 +162,28 @@ void dw_cpu_moe_combine_bwd(float *dys, float *dwt, const float *dout, const flo
             }
             if (dwt) dwt[n * K + k] = (float)dot;
         }
+}
+
+void dw_cpu_moe_linear_fp8(float *out, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
+                           const int32_t *offsets, int64_t R, int64_t E, int64_t L, int64_t N) {
+    DW_ASSERT(R >= 0 && E >= 1 && L % 128 == 0 && N % 128 == 0 && offsets[E] <= R);
+    float dec[256];
+    for (int c = 0; c < 256; c++) dec[c] = dw_decode_e4m3((uint8_t)c);
+    const int64_t LB = L / 128;
+    for (int64_t e = 0; e < E; e++) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int64_t j = 0; j < N; j++) {
+                const uint8_t *ar = a + r * L, *bj = b + (e * N + j) * L;
+                double acc = 0.0;
+                for (int64_t kb = 0; kb < LB; kb++) {
+                    double part = 0.0;
+                    for (int64_t l = kb * 128; l < kb * 128 + 128; l++) part += (double)dec[ar[l]] * dec[bj[l]];
+                    const float s = sa[r * LB + kb] * sb[(e * (N / 128) + j / 128) * LB + kb];
+                    acc += part * s;
+                }
+                out[r * N + j] = (float)acc;
+            }
+    }
+    memset(out + (int64_t)offsets[E] * N, 0, (size_t)((R - offsets[E]) * N) * sizeof *out);
 }

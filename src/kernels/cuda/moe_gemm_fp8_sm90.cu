@@ -1,0 +1,191 @@
+// moe_gemm_fp8_sm90.cu — the fp8_block grouped expert GEMM for Hopper (sm_90a): fprop and dgrad of
+// the MoE linear layer on E4M3 codes with DeepSeek-V3's block scales (1x128 along the rows of the
+// activation, 128x128 per expert for the weight), FP32 accumulation. The technique of the dense
+// fp8block_sm90.cu: per 128 of the reduction, the 4 m64n128k32 wgmmas of a warpgroup sum into one
+// FP32 partial in the tensor cores, then the partial is promoted once, acc += partial * (sa * sb),
+// in FP32 registers. The grouped part is moe_gemm_sm90.cu's: a persistent, warp-specialised CTA
+// (warpgroup 0 the TMA producer, two consumer warpgroups of 64 rows), 128 x 128 tiles over each
+// expert's rows found from the device's offsets (no counts come to the host); rows a tile reads
+// past its expert's group are computed and not stored. Both operands are K-major (FP8 wgmma is TN
+// only), so dgrad reads W^T's quantised copy. Not yet run on a GPU: the registry offers it only
+// with DW_MOE_FP8=1 (src/gemm/grouped_fp8.c) until tests/gpu/test_grouped_fp8.c has passed.
+// Each consumer waits for its partial before promoting (no second partial in flight): simple first.
+#include <cuda_bf16.h>
+
+#include "gemm/sm90_common.cuh"
+#include "kernels/cuda/moe_gemm_fp8.h"
+#include "kernels/cuda/moe_gemm_tc.h"
+
+namespace {
+
+constexpr int MF_BM = 128, MF_BN = 128, MF_BK = 128; // BK: 128 E4M3 = one swizzle line = one scale block
+constexpr int MF_THREADS = 384, MF_STAGES = 5;
+constexpr int MF_TILE = 128 * 128; // bytes of an A or B tile
+constexpr int MF_MAX_E = 1024;     // offsets kept in shared memory
+constexpr int MF_SMEM = MF_STAGES * 2 * MF_TILE + 2 * MF_STAGES * 8 + 2 * (MF_MAX_E + 1) * 4 + 1024;
+constexpr int MF_PROD_REGS = 40, MF_CONS_REGS = 232;
+static_assert(MF_SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
+static_assert(128 * MF_PROD_REGS + 256 * MF_CONS_REGS <= MF_THREADS * (65536 / MF_THREADS / 8 * 8),
+              "setmaxnreg would ask for more registers than the CTA holds");
+
+struct MfArgs {
+    const int32_t *off;
+    const float *sa, *sb;
+    void *out;
+    int64_t R, E, N, L, LB, tiles_n; // LB = L / 128
+    int out_f32;
+};
+
+#ifdef DW_SM90_BODY
+// Work unit u: expert e, tile column tn, first row row0 and the rows of the group from there.
+struct MfTile {
+    int64_t e, tn, row0, rows;
+};
+__device__ __forceinline__ MfTile mf_tile(const MfArgs &p, const int32_t *s_off, const int32_t *s_mt, int64_t u) {
+    MfTile t;
+    const int64_t gm = u / p.tiles_n; // row tiles outer: the CTAs running at once share A's tiles
+    t.tn = u % p.tiles_n;
+    int64_t e = 0;
+    while (s_mt[e + 1] <= gm) e++; // the expert whose row tiles hold gm (empty experts have none)
+    t.e = e;
+    t.row0 = s_off[e] + (gm - s_mt[e]) * MF_BM;
+    t.rows = s_off[e + 1] - t.row0;
+    return t;
+}
+#endif // DW_SM90_BODY
+
+__global__ void __launch_bounds__(MF_THREADS, 1)
+    moe_gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB, MfArgs p) {
+#ifdef DW_SM90_BODY
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = smem_align_1024(smem_raw);
+    uint8_t *sA = smem;                       // [ST][128 rows][128 B], 128B swizzle
+    uint8_t *sB = sA + MF_STAGES * MF_TILE;   // [ST][128 rows][128 B]
+    uint64_t *full = (uint64_t *)(sB + MF_STAGES * MF_TILE), *empty = full + MF_STAGES;
+    int32_t *s_off = (int32_t *)(empty + MF_STAGES), *s_mt = s_off + MF_MAX_E + 1;
+    const int tid = threadIdx.x, wg = warpgroup_index();
+    for (int64_t e = tid; e <= p.E; e += MF_THREADS) s_off[e] = p.off[e];
+    __syncthreads();
+    if (tid == 0) { // prefix of row tiles per expert; the ring's barriers
+        s_mt[0] = 0;
+        for (int64_t e = 0; e < p.E; e++) s_mt[e + 1] = s_mt[e] + (s_off[e + 1] - s_off[e] + MF_BM - 1) / MF_BM;
+        for (int s = 0; s < MF_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8); // 8 consumer warps
+        mbar_init_fence();
+    }
+    __syncthreads();
+    const int64_t units = (int64_t)s_mt[p.E] * p.tiles_n;
+
+    if (wg == 0) { // producer: one thread issues both tiles of each K block
+        regs_dec<MF_PROD_REGS>();
+        if (tid == 0) {
+            Ring r;
+            bool first_round = true;
+            for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+                const MfTile t = mf_tile(p, s_off, s_mt, u);
+                for (int64_t kb = 0; kb < p.LB; kb++) {
+                    const int s = r.slot;
+                    if (!first_round) mbar_wait<true>(&empty[s], r.phase ^ 1);
+                    mbar_expect_tx(&full[s], 2 * MF_TILE);
+                    tma_load_2d(sA + s * MF_TILE, &tA, &full[s], (int)(kb * MF_BK), (int)t.row0);
+                    tma_load_2d(sB + s * MF_TILE, &tB, &full[s], (int)(kb * MF_BK), (int)(t.e * p.N + t.tn * MF_BN));
+                    r.next<MF_STAGES>();
+                    if (r.slot == 0) first_round = false;
+                }
+            }
+        }
+        return;
+    }
+    // consumers: warpgroup wg owns rows [64 (wg-1), +64) of the tile
+    regs_inc<MF_CONS_REGS>();
+    const int cw = wg - 1, lt = tid % 128, warp = lt / 32, lane = lt % 32;
+    const int rl = 64 * cw + 16 * warp + lane / 4, q = lane % 4; // rows rl, rl + 8; cols 8 j + 2 q (+1)
+    const uint64_t da0 = make_desc(sA + cw * 64 * 128), db0 = make_desc(sB);
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) part[i] = 0.0f;
+    Ring r;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+        const MfTile t = mf_tile(p, s_off, s_mt, u);
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+        // this thread's two rows' 1x128 scales (a row past the tensor reads the last one: its
+        // results are not stored) and the tile's 128x128 weight blocks along the reduction
+        const int64_t r0 = min(t.row0 + rl, p.R - 1), r1 = min(t.row0 + rl + 8, p.R - 1);
+        const float *sa0 = p.sa + r0 * p.LB, *sa1 = p.sa + r1 * p.LB;
+        const float *sb = p.sb + (t.e * (p.N / MF_BN) + t.tn) * p.LB;
+        for (int64_t kb = 0; kb < p.LB; kb++) {
+            const int s = r.slot;
+            const float b = __ldg(sb + kb), s0 = __ldg(sa0 + kb) * b, s1 = __ldg(sa1 + kb) * b;
+            mbar_wait(&full[s], r.phase);
+            const uint64_t da = da0 + (uint64_t)(s * (MF_TILE >> 4)), db = db0 + (uint64_t)(s * (MF_TILE >> 4));
+            wg_fence();
+#pragma unroll
+            for (int c = 0; c < 4; c++) wgmma_k32<false, false>(part, da + 2 * c, db + 2 * c, c > 0); // +32 B of K
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(part);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]); // the slot is read: the producer may refill it
+#pragma unroll
+            for (int j = 0; j < 16; j++) { // acc[4 j + 2 h + v]: row rl + 8 h, column 8 j + 2 q + v
+                acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
+                acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+                acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+                acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+            }
+            r.next<MF_STAGES>();
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t rr = rl + 8 * h;
+            if (rr >= t.rows) continue; // past the expert's group (or the tensor)
+            const int64_t row = t.row0 + rr;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int64_t col = t.tn * MF_BN + 8 * j + 2 * q; // N is a multiple of 128: col + 1 < N
+                const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                if (p.out_f32) *reinterpret_cast<float2 *>((float *)p.out + row * p.N + col) = make_float2(v0, v1);
+                else
+                    *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)p.out + row * p.N + col) =
+                        __floats2bfloat162_rn(v0, v1);
+            }
+        }
+    }
+#endif
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+} // namespace
+
+extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
+    const int64_t R = a->R, E = a->E, N = a->N, L = a->L;
+    int dev = 0, sms = 0;
+    if (dw_moe_gemm_device_sm() != 90 || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return (int)cudaErrorNotSupported;
+    if (E < 1 || E > MF_MAX_E || N % MF_BN || L % MF_BK || N < MF_BN || L < MF_BK || !aligned16(a->a) ||
+        !aligned16(a->b) || ((uintptr_t)a->out & 7) || R >= (int64_t)1 << 31 || E * N >= (int64_t)1 << 31 ||
+        L >= (int64_t)1 << 31)
+        return (int)cudaErrorNotSupported;
+    if (R == 0) return (int)cudaSuccess;
+    CUtensorMap tA, tB;
+    const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    if (!dw_make_map_2d(&tA, a->a, u8, 1, R, L, L, MF_BK, MF_BM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !dw_make_map_2d(&tB, a->b, u8, 1, E * N, L, L, MF_BK, MF_BN, CU_TENSOR_MAP_SWIZZLE_128B))
+        return (int)cudaErrorNotSupported;
+    MfArgs p = {};
+    p.off = a->offsets, p.sa = a->sa, p.sb = a->sb, p.out = a->out, p.out_f32 = a->out_f32;
+    p.R = R, p.E = E, p.N = N, p.L = L, p.LB = L / MF_BK, p.tiles_n = N / MF_BN;
+    const int64_t units = ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n; // at most: row tiles of every group
+    const int64_t grid = units < sms ? units : sms;
+    static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once
+    if (!attr_set) {
+        const cudaError_t err =
+            cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MF_SMEM);
+        if (err != cudaSuccess) return (int)err;
+        attr_set = true;
+    }
+    moe_gemm_fp8_sm90_kernel<<<(unsigned)grid, MF_THREADS, MF_SMEM, (cudaStream_t)stream>>>(tA, tB, p);
+    return (int)cudaGetLastError();
+}

@@ -1,0 +1,184 @@
+/* test_grouped_fp8.c (GPU) — the fp8_block grouped expert GEMM on an sm_90 device
+ * (kernels/cuda/moe_gemm_fp8_sm90.cu through the registry entry grouped_fp8block_sm90, opted in
+ * with DW_MOE_FP8=1) against the CPU reference of the same arithmetic (grouped_cpu_fp8_block) on
+ * the same codes and scales, fprop and dgrad, BF16 and FP32 outputs, with skewed routings: every
+ * row to one expert, empty experts, a single row, groups of odd sizes and rows past the groups
+ * (which must come back 0); outputs poisoned with NaN before each run. The GPU quantisers of the
+ * grouped operands against the CPU's, bit for bit. Bound: 1e-3 relative Frobenius error for FP32
+ * output, 5e-3 for BF16 (docs/gemm.md: the dense FP8 block kernel's, the same tensor-core
+ * accumulation). Skipped (passes, saying so) on a device that is not sm_90. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "deepwell.h"
+#include "formats/formats.h"
+#include "gemm/compute_capability.h"
+#include "gemm/grouped_fp8.h"
+#include "testutil.h"
+
+static dw_ctx *g_cpu, *g_gpu;
+static int g_sm;
+
+static int setup(void **state) {
+    (void)state;
+    if (dw_test_cpu_gpu_setup(&g_cpu, &g_gpu)) return -1;
+    dw_test_rng_init(&dw_test_group_rng, dw_test_seed());
+    g_sm = dw_gemm_ctx_sm(g_gpu);
+    setenv("DW_MOE_FP8", "1", 1); /* the entry's opt-in */
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    dw_test_cpu_gpu_teardown(g_cpu, g_gpu);
+    return 0;
+}
+
+static void *to_dev(const void *h, size_t n) {
+    void *d = NULL;
+    assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
+    if (n && h) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+static void from_dev(void *h, const void *d, size_t n) {
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    if (n) assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+static float *randv(int64_t n) {
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = dw_test_uniform(&dw_test_group_rng, -1, 1);
+    return v;
+}
+
+/* Groups: 0 random odd sizes, 1 all to one expert, 2 odd experts empty, 3 a single row. */
+static void route(int kind, int64_t E, int64_t R, int32_t *off) {
+    const int64_t used = kind == 3 ? 1 : R - dw_test_rnd(0, R / 4), one = dw_test_rnd(0, E - 1);
+    int64_t left = used;
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t n = kind == 1 || kind == 3 ? (e == one ? left : 0) : kind == 2 && e % 2 ? 0 : dw_test_rnd(0, left) | 1;
+        if (n > left) n = left;
+        if (e == E - 1 && !(kind == 1 || kind == 3) && !(kind == 2 && e % 2)) n = left;
+        left -= n;
+        off[e + 1] = (int32_t)(off[e] + n);
+    }
+}
+
+/* One case; returns the relative Frobenius error (infinite for NaN or a non-zero row past the groups). */
+static double gpu_case(int pass, int kind, bool bf16_out, int64_t E, int64_t M, int64_t K, int64_t R) {
+    const bool fprop = pass == DW_GEMM_FPROP;
+    const int64_t L = fprop ? K : M, N = fprop ? M : K, blocks = E * (M / 128) * (K / 128);
+    int32_t *off = malloc((size_t)(E + 1) * 4);
+    route(kind, E, R, off);
+    float *w = randv(E * M * K), *act = randv(R * L);
+    for (int64_t r = off[E]; r < R; r++) memset(act + r * L, 0, (size_t)L * 4); /* as a dispatch leaves them */
+    uint8_t *wc = malloc((size_t)(E * M * K)), *wct = malloc((size_t)(E * M * K)), *ac = malloc((size_t)(R * L));
+    float *ws = malloc((size_t)blocks * 4), *wst = malloc((size_t)blocks * 4), *as = malloc((size_t)(R * L / 128) * 4);
+    assert_int_equal(dw_grouped_fp8_quantize_weights_cpu(g_cpu, w, E, M, K, wc, ws, wct, wst), DW_OK);
+    assert_int_equal(dw_grouped_fp8_quantize_rows_cpu(g_cpu, act, R, L, ac, as), DW_OK);
+    float *ref = malloc((size_t)(R * N) * 4);
+    dw_grouped_args a = {.pass = pass, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_FP8_BLOCK, .rows = R,
+                         .experts = E, .k = K, .m = M, .w = fprop ? wc : wct, .w_scales = fprop ? ws : wst,
+                         .offsets = off, .out = ref};
+    if (fprop) a.x = ac, a.x_scales = as;
+    else a.dy = ac, a.dy_scales = as;
+    assert_int_equal(dw_grouped_gemm(g_cpu, &a), DW_OK);
+    /* the same codes and scales on the device */
+    const size_t es = bf16_out ? 2 : 4;
+    void *dw_ = to_dev(fprop ? wc : wct, (size_t)(E * M * K)), *dws = to_dev(fprop ? ws : wst, (size_t)blocks * 4);
+    void *dac = to_dev(ac, (size_t)(R * L)), *das = to_dev(as, (size_t)(R * L / 128) * 4);
+    void *doff = to_dev(off, (size_t)(E + 1) * 4), *dout = to_dev(NULL, (size_t)(R * N) * es);
+    assert_int_equal(cudaMemset(dout, 0xFF, (size_t)(R * N) * es), cudaSuccess); /* NaN in either type */
+    dw_grouped_args g = a;
+    g.dtype = bf16_out ? DW_GROUPED_BF16 : DW_GROUPED_F32, g.w = dw_, g.w_scales = dws, g.offsets = doff, g.out = dout;
+    if (fprop) g.x = dac, g.x_scales = das;
+    else g.dy = dac, g.dy_scales = das;
+    const char *name = NULL;
+    assert_int_equal(dw_grouped_select(g_gpu, &g, &name), DW_OK);
+    assert_string_equal(name, "grouped_fp8block_sm90");
+    if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_fp8block_sm90: %s", dw_errmsg(g_gpu));
+    void *host = malloc((size_t)(R * N) * es);
+    from_dev(host, dout, (size_t)(R * N) * es);
+    double err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < R * N; i++) {
+        const double v = bf16_out ? (double)dw_decode_bf16(((uint16_t *)host)[i]) : (double)((float *)host)[i];
+        if (i >= (int64_t)off[E] * N && v != 0.0) err2 = INFINITY; /* a row past the groups */
+        err2 += (v - ref[i]) * (v - ref[i]), ref2 += (double)ref[i] * ref[i];
+    }
+    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    printf("%s routing %d %s E %lld M %lld K %lld R %lld rows %d: rel %.3g\n", fprop ? "fprop" : "dgrad", kind,
+           bf16_out ? "bf16" : "fp32", (long long)E, (long long)M, (long long)K, (long long)R, off[E], rel);
+    cudaFree(dw_), cudaFree(dws), cudaFree(dac), cudaFree(das), cudaFree(doff), cudaFree(dout);
+    free(off), free(w), free(act), free(wc), free(wct), free(ac), free(ws), free(wst), free(as), free(ref), free(host);
+    return isnan(rel) ? INFINITY : rel;
+}
+
+static void test_kernel(void **state) {
+    (void)state;
+    if (g_sm != 90) {
+        printf("SKIP: sm_%d is not sm_90 (the kernel is sm_90a only)\n", g_sm);
+        return;
+    }
+    int bad = 0;
+    for (int kind = 0; kind < 4; kind++)
+        for (int pass = 0; pass < 2; pass++)
+            for (int b = 0; b < 2; b++) {
+                const int64_t E = kind == 3 ? 1 : dw_test_rnd(2, 9), M = 128 * dw_test_rnd(1, 4), K = 128 * dw_test_rnd(1, 4);
+                const int64_t R = kind == 3 ? 1 : dw_test_rnd(1, 700);
+                const double rel = gpu_case(pass, kind, b, E, M, K, R);
+                bad += !(rel <= (b ? 5e-3 : 1e-3));
+            }
+    /* a larger shape: many tiles per expert, several K blocks, every SM busy */
+    bad += !(gpu_case(DW_GEMM_FPROP, 0, false, 8, 1024, 2048, 4099) <= 1e-3);
+    bad += !(gpu_case(DW_GEMM_DGRAD, 1, true, 8, 1024, 2048, 4099) <= 5e-3);
+    assert_int_equal(bad, 0);
+}
+
+/* The device quantisers against the CPU's, bit for bit (BF16 input: the engine's). */
+static void test_quantisers(void **state) {
+    (void)state;
+    const int64_t E = dw_test_rnd(1, 4), M = 128 * dw_test_rnd(1, 3), K = 128 * dw_test_rnd(1, 3), R = dw_test_rnd(1, 300);
+    const int64_t n = E * M * K, blocks = E * (M / 128) * (K / 128);
+    float *w = randv(n), *x = randv(R * K);
+    uint16_t *wb = malloc((size_t)n * 2), *xb = malloc((size_t)(R * K) * 2);
+    for (int64_t i = 0; i < n; i++) wb[i] = dw_encode_bf16(w[i]), w[i] = dw_decode_bf16(wb[i]);
+    for (int64_t i = 0; i < R * K; i++) xb[i] = dw_encode_bf16(x[i]), x[i] = dw_decode_bf16(xb[i]);
+    uint8_t *c = malloc((size_t)n), *ct = malloc((size_t)n), *xc = malloc((size_t)(R * K));
+    float *s = malloc((size_t)blocks * 4), *st = malloc((size_t)blocks * 4), *xs = malloc((size_t)(R * K / 128) * 4);
+    assert_int_equal(dw_grouped_fp8_quantize_weights_cpu(g_cpu, w, E, M, K, c, s, ct, st), DW_OK);
+    assert_int_equal(dw_grouped_fp8_quantize_rows_cpu(g_cpu, x, R, K, xc, xs), DW_OK);
+    void *dw_ = to_dev(wb, (size_t)n * 2), *dx = to_dev(xb, (size_t)(R * K) * 2);
+    void *dc = to_dev(NULL, (size_t)n), *dct = to_dev(NULL, (size_t)n), *dxc = to_dev(NULL, (size_t)(R * K));
+    void *ds = to_dev(NULL, (size_t)blocks * 4), *dst = to_dev(NULL, (size_t)blocks * 4), *dxs = to_dev(NULL, (size_t)(R * K / 128) * 4);
+    assert_int_equal(dw_grouped_fp8_quantize_weights_cuda(g_gpu, dw_, true, E, M, K, dc, ds, dct, dst), DW_OK);
+    assert_int_equal(dw_grouped_fp8_quantize_rows_cuda(g_gpu, dx, true, R, K, dxc, dxs), DW_OK);
+    uint8_t *hc = malloc((size_t)n), *hct = malloc((size_t)n), *hxc = malloc((size_t)(R * K));
+    float *hs = malloc((size_t)blocks * 4), *hst = malloc((size_t)blocks * 4), *hxs = malloc((size_t)(R * K / 128) * 4);
+    from_dev(hc, dc, (size_t)n), from_dev(hct, dct, (size_t)n), from_dev(hxc, dxc, (size_t)(R * K));
+    from_dev(hs, ds, (size_t)blocks * 4), from_dev(hst, dst, (size_t)blocks * 4), from_dev(hxs, dxs, (size_t)(R * K / 128) * 4);
+    assert_memory_equal(hc, c, (size_t)n);
+    assert_memory_equal(hct, ct, (size_t)n);
+    assert_memory_equal(hs, s, (size_t)blocks * 4);
+    assert_memory_equal(hst, st, (size_t)blocks * 4);
+    assert_memory_equal(hxc, xc, (size_t)(R * K));
+    assert_memory_equal(hxs, xs, (size_t)(R * K / 128) * 4);
+    cudaFree(dw_), cudaFree(dx), cudaFree(dc), cudaFree(dct), cudaFree(dxc), cudaFree(ds), cudaFree(dst), cudaFree(dxs);
+    free(w), free(x), free(wb), free(xb), free(c), free(ct), free(xc), free(s), free(st), free(xs);
+    free(hc), free(hct), free(hxc), free(hs), free(hst), free(hxs);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantisers),
+        cmocka_unit_test(test_kernel),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
