@@ -1,8 +1,8 @@
 /* grouped_kernels.c — the built-in grouped expert GEMMs as registry entries, each with its
  * eligibility rule stated once, here: the CPU reference (kernels/cpu/moe_cpu.c, FP32, double
  * accumulation), and the CUDA kernels behind kernels/cuda's dw_cuda_moe_gemm: FP32-FMA tiles
- * (ops_moe_gemm.cu), mma.sync (moe_gemm_tc.cu) and TMA + wgmma (moe_gemm_sm90.cu); then the
- * fp8_block ones (grouped_fp8.c). The same table
+ * (ops_moe_gemm.cu), mma.sync (moe_gemm_tc.cu) and TMA + wgmma (moe_gemm_sm90.cu) (the fp8_block
+ * ones are grouped_fp8.c's; the registry takes both). The same table
  * in every build (the compiler plans CUDA programs anywhere); without CUDA the CUDA entries' run
  * functions return DW_ERR_UNSUPPORTED. */
 #include <stdint.h>
@@ -11,7 +11,6 @@
 #include "core/ctx.h"
 #include "core/error.h"
 #include "gemm/grouped.h"
-#include "gemm/grouped_fp8.h"
 #include "kernels/cpu/ops_cpu.h"
 
 /* ---- the CPU reference ------------------------------------------------------------------------ */
@@ -109,7 +108,7 @@ int dw_grouped_builtin_kernels(const dw_grouped_kernel_desc **out, int cap) {
     const int n = (int)(sizeof builtins / sizeof builtins[0]);
     DW_ASSERT(n <= cap);
     for (int i = 0; i < n; i++) out[i] = &builtins[i];
-    return n + dw_grouped_fp8_kernels(out + n, cap - n); /* grouped_fp8.c */
+    return n;
 }
 
 int dw_grouped_builtin_cuda_id(const dw_grouped_kernel_desc *d) {

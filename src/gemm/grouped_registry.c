@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "gemm/compute_capability.h"
 #include "gemm/grouped.h"
+#include "gemm/grouped_fp8.h"
 
 #define DW_GROUPED_CAP 64
 #define DW_GNAME_CAP 64
@@ -27,7 +28,8 @@ static void ensure_builtins(void) {
     if (g_builtins) return;
     g_builtins = true;
     const dw_grouped_kernel_desc *b[DW_GROUPED_CAP];
-    const int n = dw_grouped_builtin_kernels(b, DW_GROUPED_CAP);
+    int n = dw_grouped_builtin_kernels(b, DW_GROUPED_CAP);
+    n += dw_grouped_fp8_kernels(b + n, DW_GROUPED_CAP - n); /* grouped_fp8.c */
     for (int i = 0; i < n; i++) {
         dw_status s = dw_grouped_kernel_register(b[i]);
         DW_ASSERT(s == DW_OK);

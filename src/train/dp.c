@@ -104,12 +104,6 @@ dw_status dw_dp_broadcast_weights(dw_dp *d) {
 }
 
 /* Every rank's blocks of a pool to every rank: the blocks by all-gather, the tail from the last rank. */
-dw_status dw_dp_gather_pool(dw_dp *d, float *pool) {
-    const int64_t full = d->block * d->world;
-    DW_TRY(dw_comm_all_gather(d->ctx, d->comm, pool, d->block, DW_COMM_F32));
-    return dw_comm_broadcast(d->ctx, d->comm, pool + full, d->floats - full, DW_COMM_F32, d->world - 1);
-}
-
 double dw_dp_grad_scale(const dw_dp *d, int64_t accum) {
     return 1.0 / (double)(d->zero >= 2 ? accum * d->world : accum);
 }

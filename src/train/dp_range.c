@@ -1,6 +1,7 @@
 /* dp_range.c — data parallelism's work on a range [lo, hi) of the engine's flat pools (dp.h): the
- * gradients' sum of squares (the shard's part of the global norm) and AdamW with the global norm,
- * on the CPU or the GPU. Used by the sharded step (dp.c) and the expert step (dp_experts.c). */
+ * gradients' sum of squares (the shard's part of the global norm), AdamW with the global norm,
+ * on the CPU or the GPU, and the ranks' blocks of a pool gathered to every rank. Used by the
+ * sharded step (dp.c), the expert step (dp_experts.c) and ZeRO-3 (dp_zero3.c). */
 #include "compile/program.h"
 #include "core/error.h"
 #include "kernels/adamw_args.h"
@@ -61,4 +62,10 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
 #else
     return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "sharded adamw: a CUDA context in a build without CUDA");
 #endif
+}
+
+dw_status dw_dp_gather_pool(dw_dp *d, float *pool) {
+    const int64_t full = d->block * d->world;
+    DW_TRY(dw_comm_all_gather(d->ctx, d->comm, pool, d->block, DW_COMM_F32));
+    return dw_comm_broadcast(d->ctx, d->comm, pool + full, d->floats - full, DW_COMM_F32, d->world - 1);
 }
