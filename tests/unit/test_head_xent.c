@@ -153,8 +153,13 @@ static void test_fused_same_bits(void **state) {
     static const char *const presets[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny"};
     static const char *const precisions[] = {NULL, "bf16", "fp8_block"};
     int tied = 0, runs = 0;
+    /* fp8_block (its head stays BF16: the fallback "head") on one preset a run: its CPU quantisers
+     * take half the test's time, three times over under ASan */
+    const size_t fp8_on = (size_t)(dw_test_next(&dw_test_group_rng) % 3);
     for (size_t p = 0; p < sizeof presets / sizeof *presets; p++)
-        for (size_t q = 0; q < sizeof precisions / sizeof *precisions; q++, runs++) {
+        for (size_t q = 0; q < sizeof precisions / sizeof *precisions; q++) {
+            if (q == 2 && p != fp8_on) continue;
+            runs++;
             const int64_t chunk = 2 + (int64_t)(dw_test_next(&dw_test_group_rng) % 9); /* 2..10 of 24 rows */
             same_bits(presets[p], precisions[q], chunk == 8 || chunk == 6 || chunk == 4 ? chunk + 1 : chunk,
                       0, &tied);
