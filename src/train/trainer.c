@@ -26,6 +26,7 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "io/tokenizer.h"
 #include "train/ckpt.h"
 #include "train/ckpt_shard.h"
 #include "train/ckpt_shard_io.h"
@@ -341,34 +342,53 @@ static dw_status validate(run *r, double *out) {
     return DW_OK;
 }
 
+/* The tokenizer samples go through: token-id data with a run tokenizer.json that the library
+ * decodes (dw_run_set_tokenizer) goes through it, as `deepwell sample RUN` does; else the data's
+ * ("bytes" or "ids"). *owned: a path to free. */
+static const char *sample_tokenizer(run *r, char **owned) {
+    *owned = NULL;
+    if (r->tok != DW_TOK_IDS) return dw_tokenizer_name(r->tok);
+    char *p = dw_path_join(r->o->out_dir, DW_CKPT_TOKENIZER);
+    dw_hf_tokenizer *t = NULL;
+    if (p && access(p, R_OK) == 0 && dw_hf_tokenizer_open(r->ctx, p, &t) == DW_OK) {
+        dw_hf_tokenizer_free(t);
+        return *owned = p;
+    }
+    dw_clear_error(r->ctx); /* none, or one the library cannot decode: ids */
+    free(p);
+    return dw_tokenizer_name(r->tok);
+}
+
 static dw_status make_sample(run *r, char **text_out) {
     *text_out = NULL;
     const dw_train_opts *o = r->o;
     int32_t *ids = NULL;
     int64_t np = 0;
+    char *tk_path = NULL;
+    const char *tk = sample_tokenizer(r, &tk_path);
     if (o->sample_prompt) {
-        DW_TRY(dw_tokenize(r->ctx, dw_tokenizer_name(r->tok), o->sample_prompt, r->g->model.vocab, &ids, &np));
+        dw_status st = dw_tokenize(r->ctx, tk, o->sample_prompt, r->g->model.vocab, &ids, &np);
+        if (st != DW_OK) {
+            free(tk_path);
+            return st;
+        }
     } else { /* the start of the last batch's first sequence: a context like the data's */
         np = o->seq / 4 < 16 ? (o->seq / 4 > 0 ? o->seq / 4 : 1) : 16;
         ids = malloc((size_t)np * sizeof *ids);
-        if (!ids) return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
-        memcpy(ids, r->x, (size_t)np * sizeof *ids);
+        if (ids) memcpy(ids, r->x, (size_t)np * sizeof *ids);
     }
-    if (np < 1) {
-        free(ids);
-        return dw_set_error(r->ctx, DW_ERR_INVALID, "the sample prompt is empty");
-    }
-    int32_t *all = realloc(ids, (size_t)(np + o->sample_tokens) * sizeof *all);
-    if (!all) {
-        free(ids);
-        return dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
-    }
-    dw_status st = dw_engine_generate(r->eng, all, np, o->sample_tokens, o->sample_temperature, 0, &r->rng.s);
+    int32_t *all = ids && np >= 1 ? realloc(ids, (size_t)(np + o->sample_tokens) * sizeof *all) : NULL;
+    dw_status st = all ? DW_OK
+                   : ids && np < 1 ? dw_set_error(r->ctx, DW_ERR_INVALID, "the sample prompt is empty")
+                                   : dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
+    if (!all) free(ids);
+    if (st == DW_OK) st = dw_engine_generate(r->eng, all, np, o->sample_tokens, o->sample_temperature, 0, &r->rng.s);
     if (st == DW_OK) {
-        *text_out = dw_detokenize(dw_tokenizer_name(r->tok), all, np + o->sample_tokens);
+        *text_out = dw_detokenize(tk, all, np + o->sample_tokens);
         if (!*text_out) st = dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
     }
     free(all);
+    free(tk_path);
     return st;
 }
 

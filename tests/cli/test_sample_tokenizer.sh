@@ -6,7 +6,8 @@
 # naming the file; another tokenizer on --resume is refused; --tokenizer on sample that is not the
 # run's is used with a warning; an unreadable or too large --tokenizer is refused, one of a kind the
 # library cannot decode is recorded with a warning; a run without a tokenizer records none;
-# `deepwell export` of a checkpoint writes the run's tokenizer into the export.
+# `deepwell export` of a checkpoint writes the run's tokenizer into the export; train's own samples
+# on token-id shards decode with it.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -49,6 +50,18 @@ cmp -s "$tmp/model/tokenizer.json" "$tmp/run/ckpt-2/tokenizer.json" && ok "the c
   || bad "no copy in ckpt-2"
 has "state.json lists it" "$tmp/run/ckpt-2/state.json" '"tokenizer.json": {'
 
+# token-id shards: train's own samples decode with the run's tokenizer (text, not ids)
+"$py" - "$tmp" <<'EOF'
+import struct, sys
+toks = [104, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 10] * 100  # "hello world\n"
+hdr = struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253))
+open(f"{sys.argv[1]}/shard_0.bin", "wb").write(hdr + struct.pack("<%dH" % len(toks), *toks))
+EOF
+"$dw" train --model "$tmp/model" --data "$tmp/shard_0.bin" --batch 2 --seq 32 --lr 3e-3 --steps 2 --seed 5 \
+  --device cpu --eval-every 0 --sample-every 2 --sample-tokens 8 --sample-prompt "hello" --out "$tmp/srun" \
+  >"$tmp/srun.out" 2>"$tmp/srun.err"
+check "train on token-id shards with --sample-every and a text prompt" 0 $?
+grep -q "^hello" "$tmp/srun.out" && ok "the sample is decoded text" || bad "sample not text: $(head -c 200 "$tmp/srun.out")"
 mv "$tmp/model/tokenizer.json" "$tmp/model.tokenizer.json" # the model directory's is gone now
 "$dw" export "$tmp/run/ckpt-2" --out "$tmp/export" >/dev/null 2>"$tmp/export.err"
 check "export the checkpoint (no --hf-dir)" 0 $?
