@@ -358,8 +358,9 @@ dw_status dw_capture_config(dw_ctx *ctx, const dw_model_config *c, int64_t batch
     g->targets = dw_graph_add_tensor(g, "targets", DW_TENSOR_INPUT, DW_IR_I32, 2, bt);
     int wte = param(&b, c->vocab_size, c->d_model, gpt2 ? "transformer.wte.weight"
                                                         : "model.embed_tokens.weight");
+    const dw_ir_attrs pad = {.has_pad = c->has_pad, .pad = c->pad_token}; /* padding_idx (llama-like only) */
     int x = node(&b, DW_OP_EMBEDDING, gpt2 ? "transformer.wte" : "model.embed_tokens", g->tokens,
-                 wte, -1, NULL);
+                 wte, -1, &pad);
     if (c->embed_scale) { /* Gemma: times sqrt(hidden_size), rounded to FP32 as transformers' normalizer */
         const dw_ir_attrs es = {.scale = (double)(float)c->embed_scale};
         x = node(&b, DW_OP_SOFTCAP, "model.embed_tokens.scale", x, -1, -1, &es);
@@ -413,6 +414,7 @@ dw_status dw_capture(dw_ctx *ctx, const char *model, const dw_capture_opts *opts
     dw_model_config c;
     DW_TRY(dw_model_config_load(ctx, model, &c));
     if (o.vocab) c.vocab_size = o.vocab;
+    if (c.has_pad && c.pad_token >= c.vocab_size) c.has_pad = false; /* no token can be that row */
     if (o.moe_drop != DW_MOE_DROP_CONFIG) c.drop_by_weight = o.moe_drop == DW_MOE_DROP_PROBS;
     int64_t seq = o.seq > 0 ? o.seq : c.max_seq < 2048 ? c.max_seq : 2048;
     return dw_capture_config(ctx, &c, o.batch, seq, out);

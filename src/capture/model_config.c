@@ -1,6 +1,7 @@
 /* model_config.c — Hugging Face config.json <-> dw_model_config, one parse_<family> and
  * write_<family> pair per family of capture/archs.def, plus the closed-form parameter count.
  * Presets live in model_presets.c; the graph built from a config lives in capture.c. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,20 @@ static dw_status parse_gpt2(dw_ctx *ctx, const json_t *j, const char *what, dw_m
     return DW_OK;
 }
 
+/* pad_token_id (null or absent: none): the padding_idx of these families' nn.Embedding. A negative
+ * id counts from the end as torch's padding_idx does; outside [-V, V) torch refuses it, so do we. */
+static dw_status parse_pad(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
+    long long pad = LLONG_MIN;
+    DW_TRY(dw_json_get_int_opt(ctx, j, "pad_token_id", what, &pad));
+    c->has_pad = pad != LLONG_MIN;
+    if (!c->has_pad) return DW_OK;
+    if (pad < -c->vocab_size || pad >= c->vocab_size)
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'pad_token_id' = %lld: outside the vocabulary "
+                            "(vocab_size %lld)", what, pad, (long long)c->vocab_size);
+    c->pad_token = pad < 0 ? c->vocab_size + pad : pad;
+    return DW_OK;
+}
+
 /* The keys the Llama-like families share (sizes, eps, biases, tying), with the family's defaults set
  * first; not the activation, RoPE or windows. */
 static dw_status parse_decoder(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
@@ -86,7 +101,7 @@ static dw_status parse_decoder(dw_ctx *ctx, const json_t *j, const char *what, d
     DW_TRY(dw_json_get_bool_opt(ctx, j, "attention_bias", what, &c->qkv_bias));
     DW_TRY(dw_json_get_bool_opt(ctx, j, "mlp_bias", what, &c->mlp_bias));
     if (c->arch == DW_ARCH_QWEN2) c->qkv_bias = true; /* Qwen2 always biases q, k, v */
-    return DW_OK;
+    return parse_pad(ctx, j, what, c);
 }
 
 static dw_status parse_llama(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
@@ -574,6 +589,7 @@ json_t *dw_model_config_to_json(const dw_model_config *c) {
     families[c->arch].write(j, c);
     set_num(j, "initializer_range", c->init_std);
     set_bool(j, "tie_word_embeddings", c->tie_embeddings);
+    if (c->has_pad) set_int(j, "pad_token_id", c->pad_token);
     set_str(j, "torch_dtype", "float32");
     return j;
 }

@@ -36,6 +36,9 @@ typedef struct dw_model_config_s {
     double rope_theta;
     dw_rope_scaling rope_scaling; /* the rope type of rope_scaling / rope_parameters (all zero: default) */
     bool tie_embeddings;
+    bool has_pad;          /* pad_token_id names a row: the Llama-like families build nn.Embedding with
+                            * padding_idx = pad_token_id, so the lookup gives that row no gradient */
+    int64_t pad_token;     /* pad_token_id, 0 <= pad_token < vocab_size (with has_pad) */
     bool qkv_bias;         /* qwen2: true; gpt2: biases everywhere (see `linear_bias`) */
     bool linear_bias;      /* gpt2: every linear has a bias */
     bool mlp_bias;

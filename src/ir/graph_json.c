@@ -118,6 +118,7 @@ static json_t *attrs_json(const dw_ir_node *n) {
     if (n->attrs.softcap) json_object_set_new(a, "softcap", json_real(n->attrs.softcap));
     if (n->attrs.scale) json_object_set_new(a, "scale", json_real(n->attrs.scale));
     if (n->attrs.offset) json_object_set_new(a, "offset", json_real(n->attrs.offset));
+    if (n->attrs.has_pad) json_object_set_new(a, "pad", json_integer(n->attrs.pad));
     if (n->attrs.capacity_factor > 0) json_object_set_new(a, "capacity_factor", json_real(n->attrs.capacity_factor));
     if (n->attrs.top_k) {
         json_object_set_new(a, "top_k", json_integer(n->attrs.top_k));
@@ -332,6 +333,12 @@ static dw_status read_node(dw_ctx *ctx, dw_graph *g, const json_t *o, const char
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "softcap", what, &a.softcap));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "scale", what, &a.scale));
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "offset", what, &a.offset));
+    a.has_pad = ja && json_object_get(ja, "pad");
+    if (a.has_pad) {
+        v = 0;
+        DW_TRY(dw_json_get_int(ctx, ja, "pad", what, &v));
+        a.pad = v;
+    }
     if (ja) DW_TRY(dw_json_get_num_opt(ctx, ja, "capacity_factor", what, &a.capacity_factor));
     if (a.capacity_factor < 0)
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: node '%s': attrs.capacity_factor %g is negative (0: dropless)",

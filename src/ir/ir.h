@@ -107,6 +107,9 @@ typedef struct {
     double scale;                      /* softcap: the factor applied to x first; moe_router: the routed
                                           scaling factor applied to the weights last (0: 1) */
     double offset;                     /* rmsnorm: the weight applied as offset + w (Gemma's 1 + w); 0: w */
+    bool has_pad;                      /* embedding: row `pad` is the padding row, whose gradient from
+                                          the lookup is zero (nn.Embedding's padding_idx); false: none */
+    int64_t pad;                       /* embedding, with has_pad: the padding row, 0 <= pad < V */
 } dw_ir_attrs;
 
 /* How a router scores experts (attrs.score). */

@@ -69,6 +69,9 @@ static dw_status infer_embedding(dw_ctx *ctx, const dw_graph *g, const dw_ir_nod
     o->ndim = 3;
     o->dtype = DW_IR_F32;
     o->shape[2] = IN(1)->shape[1];
+    if (n->attrs.has_pad && !(n->attrs.pad >= 0 && n->attrs.pad < IN(1)->shape[0]))
+        return dw_ir_node_error(ctx, n, "padding row %lld is outside the table '%s' of %lld rows (need 0 <= pad < V)",
+                                (long long)n->attrs.pad, IN(1)->name, (long long)IN(1)->shape[0]);
     return DW_OK;
 }
 

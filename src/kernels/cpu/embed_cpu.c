@@ -30,15 +30,23 @@ static int dw_tok_pos_cmp(const void *a, const void *b) {
 /* dwte[v,:] += sum over n with tok[n]==v of dout[n,:]  (accumulated). Rows are grouped by token
  * (sorted by (tok, n)), each group summed in double in ascending n and added once. */
 void dw_cpu_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, int64_t N, int64_t C) {
-    DW_ASSERT(N >= 0 && C >= 0);
+    dw_cpu_embedding_bwd_pad(dwte, dout, tok, N, C, -1);
+}
+
+/* The same with row pad left alone: positions holding pad are not gathered (pad -1: none). */
+void dw_cpu_embedding_bwd_pad(float *dwte, const float *dout, const int32_t *tok, int64_t N, int64_t C,
+                              int64_t pad) {
+    DW_ASSERT(N >= 0 && C >= 0 && pad >= -1);
     if (N == 0 || C == 0) return;
     dw_tok_pos *order = malloc((size_t)N * sizeof *order);
     int64_t *starts = malloc((size_t)(N + 1) * sizeof *starts);
     DW_ASSERT_MSG(order && starts, "out of memory in dw_cpu_embedding_bwd");
+    int64_t kept = 0;
     for (int64_t n = 0; n < N; n++) {
         DW_ASSERT(tok[n] >= 0);
-        order[n] = (dw_tok_pos){tok[n], n};
+        if (tok[n] != pad) order[kept++] = (dw_tok_pos){tok[n], n};
     }
+    N = kept;
     qsort(order, (size_t)N, sizeof *order, dw_tok_pos_cmp);
     int64_t groups = 0;
     for (int64_t i = 0; i < N; i++)

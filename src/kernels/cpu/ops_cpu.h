@@ -18,6 +18,9 @@
 /* embedding: out[n,:] = wte[tok[n],:]                     wte (V,C), tok (N), out (N,C) */
 void dw_cpu_embedding_fwd(float *out, const int32_t *tok, const float *wte, int64_t N, int64_t C);
 void dw_cpu_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, int64_t N, int64_t C);
+/* the same, tokens equal to pad (>= 0) adding nothing (nn.Embedding padding_idx); pad -1: none */
+void dw_cpu_embedding_bwd_pad(float *dwte, const float *dout, const int32_t *tok, int64_t N, int64_t C,
+                              int64_t pad);
 
 /* learned positions: out[b,t,:] = x[b,t,:] + wpe[t,:]      x,out (B,T,C), wpe (maxT,C) */
 void dw_cpu_pos_fwd(float *out, const float *x, const float *wpe, int64_t B, int64_t T, int64_t C);

@@ -39,6 +39,10 @@ dw_status dw_cuda_embedding_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const i
  * thread in ascending n); tokens outside [0,V) are skipped. */
 dw_status dw_cuda_embedding_bwd(dw_ctx *ctx, dw_act_dtype dt, float *dwte, const void *dout,
                                 const int32_t *tok, int64_t N, int64_t C, int64_t V, void *stream);
+/* the same, tokens equal to pad (0 <= pad < V) adding nothing (nn.Embedding padding_idx); -1: none */
+dw_status dw_cuda_embedding_bwd_pad(dw_ctx *ctx, dw_act_dtype dt, float *dwte, const void *dout,
+                                    const int32_t *tok, int64_t N, int64_t C, int64_t V, int64_t pad,
+                                    void *stream);
 /* out (B,T,C) = x + wpe[t]; wpe rows 0..T-1 used. */
 dw_status dw_cuda_pos_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, const float *wpe,
                           int64_t B, int64_t T, int64_t C, void *stream);

@@ -1,7 +1,8 @@
 /* ops_embed.cu — CUDA token embedding and learned positional embedding, forward and backward.
  * FP32 tables and table gradients, FP32 or BF16 activations. The embedding backward is
  * deterministic (no atomics): tokens are split into buckets by tok % NB; each bucket's block
- * compacts its token positions in ascending n and its threads own columns, summing in that order. Oracle: kernels/cpu/embed_cpu.c. */
+ * compacts its token positions in ascending n and its threads own columns, summing in that order;
+ * positions holding the padding row (nn.Embedding padding_idx) are left out. Oracle: kernels/cpu/embed_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 /* out (N,C) = wte[tok[n]] ; a token outside [0,V) gives NaN (no out-of-bounds read) */
@@ -28,7 +29,7 @@ static __global__ void dw_embed_fwd_kernel(T *out, const int32_t *tok, const flo
 template <typename T>
 static __global__ void __launch_bounds__(DW_EMB_THREADS)
 dw_embed_bwd_kernel(float *dwte, const T *dout, const int32_t *tok, int64_t N, int64_t C,
-                    int64_t V) {
+                    int64_t V, int64_t pad) {
     __shared__ int s_off[DW_EMB_THREADS];     /* chunk-relative positions, ascending */
     __shared__ int32_t s_tok[DW_EMB_THREADS]; /* their tokens */
     __shared__ int s_wcount[DW_EMB_THREADS / 32];
@@ -42,7 +43,7 @@ dw_embed_bwd_kernel(float *dwte, const T *dout, const int32_t *tok, int64_t N, i
         bool mine = false;
         if (n < N) {
             t = tok[n];
-            mine = t >= 0 && t < V && t % nb == bucket;
+            mine = t >= 0 && t < V && t != pad && t % nb == bucket; /* pad: the padding row */
         }
         /* inclusive scan of the flags over the warp (shuffles), then over the warps' totals */
         int incl = mine ? 1 : 0;
@@ -87,10 +88,10 @@ static void dw_embed_fwd_launch(void *out, const int32_t *tok, const float *wte,
 }
 template <typename T>
 static void dw_embed_bwd_launch(float *dwte, const void *dout, const int32_t *tok, int64_t N,
-                                int64_t C, int64_t V, cudaStream_t s) {
+                                int64_t C, int64_t V, int64_t pad, cudaStream_t s) {
     const int64_t nb = V < DW_EMB_BUCKETS ? V : DW_EMB_BUCKETS;
     const dim3 grid((unsigned)((C + DW_EMB_COLS - 1) / DW_EMB_COLS), (unsigned)nb);
-    dw_embed_bwd_kernel<T><<<grid, DW_EMB_THREADS, 0, s>>>(dwte, (const T *)dout, tok, N, C, V);
+    dw_embed_bwd_kernel<T><<<grid, DW_EMB_THREADS, 0, s>>>(dwte, (const T *)dout, tok, N, C, V, pad);
 }
 template <typename T>
 static void dw_pos_fwd_launch(void *out, const void *x, const float *wpe, int64_t B, int64_t T_,
@@ -118,16 +119,23 @@ dw_status dw_cuda_embedding_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const i
 
 dw_status dw_cuda_embedding_bwd(dw_ctx *ctx, dw_act_dtype dt, float *dwte, const void *dout,
                                 const int32_t *tok, int64_t N, int64_t C, int64_t V, void *stream) {
+    return dw_cuda_embedding_bwd_pad(ctx, dt, dwte, dout, tok, N, C, V, -1, stream);
+}
+
+dw_status dw_cuda_embedding_bwd_pad(dw_ctx *ctx, dw_act_dtype dt, float *dwte, const void *dout,
+                                    const int32_t *tok, int64_t N, int64_t C, int64_t V, int64_t pad,
+                                    void *stream) {
     const char *op = "embedding_bwd";
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, N >= 0 && C > 0 && V > 0 && V <= INT32_MAX);
+    DW_OPS_REQUIRE(ctx, op, pad >= -1 && pad < V);
     DW_OPS_REQUIRE(ctx, op, (C + DW_EMB_COLS - 1) / DW_EMB_COLS <= INT32_MAX);
     DW_OPS_REQUIRE(ctx, op, N == 0 || (dwte && dout && tok));
     if (N == 0) return DW_OK;
     if (dt == DW_ACT_F32)
-        dw_embed_bwd_launch<float>(dwte, dout, tok, N, C, V, (cudaStream_t)stream);
+        dw_embed_bwd_launch<float>(dwte, dout, tok, N, C, V, pad, (cudaStream_t)stream);
     else
-        dw_embed_bwd_launch<dw_bf16>(dwte, dout, tok, N, C, V, (cudaStream_t)stream);
+        dw_embed_bwd_launch<dw_bf16>(dwte, dout, tok, N, C, V, pad, (cudaStream_t)stream);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

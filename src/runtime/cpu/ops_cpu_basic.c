@@ -30,7 +30,8 @@ dw_status dw_cpu_op_embedding_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const float *dy = dw_cpu_in(be, c, c->dout[0], N * C, CPU_S_DOUT);
     CHECK(dy);
-    dw_cpu_embedding_bwd(c->pgrad[1], dy, c->in[0], N, C);
+    const int64_t pad = c->n->attrs.has_pad ? c->n->attrs.pad : -1; /* nn.Embedding padding_idx */
+    dw_cpu_embedding_bwd_pad(c->pgrad[1], dy, c->in[0], N, C, pad);
     return DW_OK;
 }
 

@@ -29,7 +29,8 @@ dw_status dw_cuda_op_embedding_fwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cuda_op_embedding_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     const int64_t V = c->x->g->tensors[c->n->in[1]].shape[0];
-    return dw_cuda_embedding_bwd(be->ctx, dt, c->pgrad[1], c->dout[0], c->in[0], N, C, V, s);
+    const int64_t pad = c->n->attrs.has_pad ? c->n->attrs.pad : -1; /* nn.Embedding padding_idx */
+    return dw_cuda_embedding_bwd_pad(be->ctx, dt, c->pgrad[1], c->dout[0], c->in[0], N, C, V, pad, s);
 }
 dw_status dw_cuda_op_position_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
