@@ -36,7 +36,7 @@ def check_case(dw, chk, family, c, w, forward, rng, tmp, i, desc, config_keys):
     d = os.path.join(tmp, f"{family}-{i}")
     write_model(d, c, w)
     B, T = rng.randint(1, 3), rng.randint(2, 40)
-    stream = [rng.randrange(c["vocab_size"]) for _ in range(B * T + 1)]  # exactly B windows
+    stream = parity.add_pads(c, [rng.randrange(c["vocab_size"]) for _ in range(B * T + 1)], rng)  # exactly B windows
     data = os.path.join(d, "tokens.bin")
     parity.write_shard(data, stream)
     dump = os.path.join(d, "dump.safetensors")

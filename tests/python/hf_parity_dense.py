@@ -45,14 +45,15 @@ def base(**kw):
 def cases():
     """(name, config class name, config kwargs)"""
     first = 1 if LAYER_TYPES else 0
-    yield "mistral-window5", "MistralConfig", base(head_dim=16, sliding_window=5)
+    yield "mistral-window5-pad", "MistralConfig", base(head_dim=16, sliding_window=5, pad_token_id=3)
     yield "mistral-nowindow", "MistralConfig", base(head_dim=16, sliding_window=None, tie_word_embeddings=True)
-    yield "qwen2-window6", "Qwen2Config", base(use_sliding_window=True, sliding_window=6,
-                                               max_window_layers=first)
+    yield "qwen2-window6-pad", "Qwen2Config", base(use_sliding_window=True, sliding_window=6,
+                                                   max_window_layers=first, pad_token_id=0, tie_word_embeddings=True)
     yield "qwen2-window-long", "Qwen2Config", base(use_sliding_window=True, sliding_window=T,
                                                    max_window_layers=0)
     yield "qwen3", "Qwen3Config", base(head_dim=24, attention_bias=False)  # 4 x 24 != 64
-    yield "qwen3-bias-tied", "Qwen3Config", base(head_dim=8, attention_bias=True, tie_word_embeddings=True)
+    yield "qwen3-bias-tied-pad", "Qwen3Config", base(head_dim=8, attention_bias=True, tie_word_embeddings=True,
+                                                     pad_token_id=96)
     yield "qwen3-window5", "Qwen3Config", base(head_dim=16, use_sliding_window=True, sliding_window=5,
                                                max_window_layers=first)
 
@@ -69,6 +70,8 @@ def hf_case(cls, kw, name, tmp, gen, B, T):
     model.float().save_pretrained(d)
     model.double()
     stream = torch.randint(0, cfg.vocab_size, (B * T + 1,), generator=gen).tolist()
+    if cfg.pad_token_id is not None:  # every fifth token the padding row (padding_idx: no gradient from the lookup)
+        stream = [cfg.pad_token_id if i % 5 == 2 else t for i, t in enumerate(stream)]
     data = os.path.join(tmp, name + ".bin")
     write_shard(data, stream)
     tok = torch.tensor(stream[:B * T]).view(B, T)

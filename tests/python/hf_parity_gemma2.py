@@ -5,7 +5,7 @@ torch: CI has no transformers).
 
 For random tiny configs (GQA, explicit head_dim, query_pre_attn_scalar, attention and final logit
 soft-capping or null, a sliding window on the even layers or as layer_types says, tied or untied
-embeddings, attention_bias) and random weights in Hugging Face names:
+embeddings, attention_bias, a pad_token_id: padding_idx, pads in the data) and random weights in Hugging Face names:
   - `deepwell eval --dump`: the loss and every parameter's gradient within 1e-5 of the reference
     (relative to the tensor's largest value), the logits within 1e-5 too;
   - `deepwell export --format hf --dtype f32` writes the model back (config.json's model_type and
@@ -50,7 +50,7 @@ def gemma2_forward(c, w, tok):
         y = x @ w[p + ".weight"].T
         return y + w[p + ".bias"] if b else y
 
-    x = w["model.embed_tokens.weight"][tok] * math.sqrt(c["hidden_size"])
+    x = parity.embed(c, w["model.embed_tokens.weight"], tok) * math.sqrt(c["hidden_size"])
     for l in range(L):
         p = f"model.layers.{l}."
         h = rms(x, p + "input_layernorm")
@@ -93,6 +93,7 @@ def random_config(rng):
              final_logit_softcapping=rng.choice([None, 0.7, 2.0, 5.0]),
              sliding_window=rng.choice([None, rng.randint(1, 8), rng.randint(1, 8)]),
              tie_word_embeddings=rng.random() < 0.7, attention_bias=rng.random() < 0.3)
+    c["pad_token_id"] = rng.randrange(c["vocab_size"])  # padding_idx (parity.embed); family_check puts it in the data
     if c["sliding_window"] and rng.random() < 0.4:  # transformers 5's spelling, here not the even layers
         c["layer_types"] = [rng.choice(["full_attention", "sliding_attention"]) for _ in range(L)]
     return c
@@ -112,14 +113,16 @@ def random_weights(c, gen):
 
 
 KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "query_pre_attn_scalar",
-        "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", "tie_word_embeddings", "attention_bias")
+        "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", "tie_word_embeddings", "attention_bias",
+        "pad_token_id")
 
 
 def case(rng, gen):
     c = random_config(rng)
     desc = ", ".join(f"{k}={c[k]}" for k in KEYS) + (f", layer_types={c['layer_types']}" if "layer_types" in c else "")
     kept = ("model_type", "num_attention_heads", "num_key_value_heads", "head_dim", "query_pre_attn_scalar",
-            "attn_logit_softcapping", "final_logit_softcapping", "tie_word_embeddings", "attention_bias")
+            "attn_logit_softcapping", "final_logit_softcapping", "tie_word_embeddings", "attention_bias",
+            "pad_token_id")
     return c, random_weights(c, gen), gemma2_forward, desc, kept
 
 

@@ -31,12 +31,12 @@ def tiny_config(family):
         base = dict(vocab_size=97, hidden_size=48, intermediate_size=40, num_hidden_layers=3,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                     rope_theta=10000.0, num_experts_per_tok=2, tie_word_embeddings=False, hidden_act="silu",
-                    output_router_logits=True, router_aux_loss_coef=0.3)
+                    output_router_logits=True, router_aux_loss_coef=0.3, pad_token_id=5)  # padding_idx
         if family == "mixtral":
             return transformers.MixtralConfig(**base, rms_norm_eps=1e-6, num_local_experts=5)
         return transformers.OlmoeConfig(**base, rms_norm_eps=1e-5, num_experts=5, norm_topk_prob=False)
     common = dict(vocab_size=97, hidden_size=48, intermediate_size=40, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=90,
                   rms_norm_eps=1e-6, rope_theta=10000.0, num_experts=5, num_experts_per_tok=2,
                   moe_intermediate_size=24, tie_word_embeddings=False, hidden_act="silu")
     if family == "qwen2_moe":  # layers 0, 2, 3 MoE (1 dense), not renormalised, a shared expert
@@ -146,6 +146,7 @@ def main():
             randomise(model, gen)
             E, B, T = n_experts(cfg), 2, 13
             stream = torch.randint(0, cfg.vocab_size, (B * T + 1,), generator=gen).tolist()
+            stream = [cfg.pad_token_id if i % 5 == 2 else t for i, t in enumerate(stream)]  # the padding row shows
             tok = torch.tensor(stream[:B * T]).view(B, T)
             tgt = torch.tensor(stream[1:B * T + 1]).view(B, T)
             model.zero_grad()

@@ -44,6 +44,7 @@ def random_config(rng, longrope=False, partial=False):
              rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None, hidden_act="silu",
              sliding_window=rng.choice([None, rng.randint(1, 8), rng.randint(1, 8)]),
              tie_word_embeddings=rng.random() < 0.3, resid_pdrop=0.0, attention_dropout=0.0)
+    c["pad_token_id"] = rng.randrange(c["vocab_size"])  # padding_idx (parity.embed); family_check puts it in the data
     D = c["head_dim"]
     if partial:  # an even rotary width of 2 .. D - 2, as a factor transformers truncates back to it
         R = 2 * rng.randint(1, D // 2 - 1)
@@ -136,7 +137,7 @@ def random_weights(c, gen):
 
 
 KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-        "sliding_window", "tie_word_embeddings", "original_max_position_embeddings")
+        "sliding_window", "tie_word_embeddings", "original_max_position_embeddings", "pad_token_id")
 ROPE_KEYS = ("partial_rotary_factor", "rope_scaling")  # kept by export as written here
 CASES = itertools.count()
 

@@ -9,7 +9,10 @@ sigmoid-gated shared expert, Qwen3-MoE's per-head q/k norms) configs, the expert
 transformers 5's fused or the per-expert layout: writes config.json and random weights in Hugging Face names and layouts (GPT-2 Conv1D
 weights as in x out), a token shard, runs `deepwell eval --dump`, and compares logits, loss and
 every parameter's gradient with a float64 PyTorch reference written here from the architectures'
-definitions (plain torch, no transformers). Per-tensor abs+rel tolerances; any mismatch fails.
+definitions (plain torch, no transformers). Every Llama-like config has a pad_token_id and about one
+token in six of its data is that pad: its embedding row gets no gradient from the lookup, as
+transformers' nn.Embedding(padding_idx) (a tied head's part stays); GPT-2's sometimes-set pad_token_id
+is read by nothing. Per-tensor abs+rel tolerances; any mismatch fails.
 Also checks that missing, unexpected and mis-shaped weight tensors are refused by name.
 """
 import json
@@ -75,13 +78,27 @@ def causal_attention(q, k, v, window=None):
     return torch.softmax(s, dim=-1) @ v
 
 
+def embed(c, table, tok):
+    """The token embedding as transformers builds it: nn.Embedding(vocab, hidden, padding_idx=
+    config.pad_token_id) in the Llama-like families, so row pad_token_id gets no gradient from the lookup
+    (a tied head's part stays); GPT-2's wte has no padding_idx."""
+    pad = None if c["model_type"] == "gpt2" else c.get("pad_token_id")
+    return torch.nn.functional.embedding(tok, table, padding_idx=pad)
+
+
+def add_pads(c, stream, rng):
+    """About one token in six replaced by pad_token_id (when the config has one), so the padding row shows."""
+    pad = c.get("pad_token_id")
+    return stream if pad is None else [pad if rng.random() < 0.17 else t for t in stream]
+
+
 def gpt2_forward(c, w, tok):
     B, T = tok.shape
     C, H, L = c["n_embd"], c["n_head"], c["n_layer"]
     D = C // H
     ln = lambda x, p: torch.nn.functional.layer_norm(x, (C,), w[p + ".weight"], w[p + ".bias"],
                                                     c["layer_norm_epsilon"])
-    x = w["transformer.wte.weight"][tok] + w["transformer.wpe.weight"][:T]
+    x = embed(c, w["transformer.wte.weight"], tok) + w["transformer.wpe.weight"][:T]
     for l in range(L):
         p = f"transformer.h.{l}."
         h = ln(x, p + "ln_1")
@@ -237,7 +254,7 @@ def llama_forward(c, w, tok, router_logits=None):
         y = x @ w[p + ".weight"].T
         return y + w[p + ".bias"] if bias else y
 
-    x = w["model.embed_tokens.weight"][tok]
+    x = embed(c, w["model.embed_tokens.weight"], tok)
     for l in range(L):
         p = f"model.layers.{l}."
         h = rms(x, p + "input_layernorm")
@@ -274,14 +291,15 @@ def random_config(family, rng, layout=None, rope_kind=None):
         H = rng.randint(1, 4)
         return dict(model_type="gpt2", vocab_size=V, n_embd=H * 2 * rng.randint(2, 8), n_layer=L,
                     n_head=H, n_inner=rng.randint(8, 96), n_positions=64, layer_norm_epsilon=1e-5,
-                    activation_function="gelu_new", tie_word_embeddings=rng.random() < 0.7)
+                    activation_function="gelu_new", tie_word_embeddings=rng.random() < 0.7,
+                    pad_token_id=rng.choice([None, rng.randrange(V)]))  # read by no padding_idx
     Hkv = rng.randint(1, 2)
     H = Hkv * rng.randint(2, 3)  # GQA: more query than KV heads
     c = dict(model_type=family, vocab_size=V, hidden_size=rng.randint(12, 64), num_hidden_layers=L,
              num_attention_heads=H, num_key_value_heads=Hkv, head_dim=2 * rng.randint(2, 8),
              intermediate_size=rng.randint(8, 96), max_position_embeddings=64,
              rms_norm_eps=1e-6, rope_theta=rng.choice([10000.0, 500000.0]), hidden_act="silu",
-             tie_word_embeddings=rng.random() < 0.5)
+             tie_word_embeddings=rng.random() < 0.5, pad_token_id=rng.randrange(V))
     if family == "llama":
         c["attention_bias"] = rng.random() < 0.5
         c["mlp_bias"] = rng.random() < 0.5
@@ -482,7 +500,7 @@ def parity_case(dw, family, rng, gen, tmp, layout=None, rope_kind=None):
     w = random_weights(c, gen)
     st_write(os.path.join(d, "model.safetensors"), w)
     B, T = rng.randint(1, 3), rng.randint(2, 48)
-    stream = [rng.randrange(c["vocab_size"]) for _ in range(B * T + 1 + rng.randint(0, 50))]
+    stream = add_pads(c, [rng.randrange(c["vocab_size"]) for _ in range(B * T + 1 + rng.randint(0, 50))], rng)
     write_shard(os.path.join(d, "tokens.bin"), stream)
     dump = os.path.join(d, "dump.safetensors")
     r = run([dw, "eval", d, "--data", os.path.join(d, "tokens.bin"), "--batch", str(B),
@@ -522,7 +540,7 @@ def parity_case(dw, family, rng, gen, tmp, layout=None, rope_kind=None):
         "num_local_experts", "num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size",
         "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "layout",
         "router_aux_loss_coef", "router_z_loss_coef", "rope_scaling", "rope_parameters", "sliding_window",
-        "use_sliding_window", "max_window_layers", "layer_types"))
+        "use_sliding_window", "max_window_layers", "layer_types", "pad_token_id"))
     print(f"{'ok' if not failures else 'FAIL'}: {family} parity ({desc}; B={B} T={T}): loss "
           f"{float(loss):.6f}, worst relative error logits {worst['logits']:.2e}, "
           f"grads {g_worst:.2e} over {len(params)} tensors")
