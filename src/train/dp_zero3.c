@@ -14,6 +14,7 @@
 #include "compile/memplan.h"
 #include "compile/program.h"
 #include "compile/shard.h"
+#include "compile/z3_slots.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/engine.h"
@@ -42,34 +43,13 @@ static dw_status copy_floats(dw_dp *d, float *dst, const float *src, int64_t n) 
 #endif
 }
 
-/* Whether parameter k keeps a standing BF16 working copy (compile/params.c): BF16 programs. */
-static bool has_bf16(const dw_compiled *p, int k) { return p->bf16 && !p->bf16_lazy[k]; }
-
 static int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
-
-/* Parameter k's readers among steps [s0, s1): the first and last (-1, -1: none). */
-static void readers(const dw_compiled *p, int k, int s0, int s1, int *first, int *last) {
-    *first = *last = -1;
-    const int t = p->param_tensor[k];
-    for (int s = s0; s < s1; s++) {
-        const dw_step *st = &p->steps[s];
-        if (st->kind != DW_STEP_FWD && st->kind != DW_STEP_BWD) continue;
-        const dw_ir_node *n = dw_compile_node(p, st->node);
-        bool reads = false;
-        for (int i = 0; i < n->n_in && !reads; i++) reads = n->in[i] == t;
-        if (!reads) continue;
-        if (*first < 0) *first = s;
-        *last = s;
-    }
-}
 
 /* The slots (memplan over each parameter's forward and backward lifetimes) and the gathers due
  * before each step: z3_ev[z3_ev_at[s] .. z3_ev_at[s + 1]) are the parameters step s gathers. */
 static dw_status plan(dw_dp *d) {
     const dw_compiled *p = d->eng->p;
     const int np = p->n_params, ns = p->n_steps;
-    const int f0 = p->phase[DW_PHASE_FORWARD][0], f1 = p->phase[DW_PHASE_FORWARD][1];
-    const int b0 = p->phase[DW_PHASE_BACKWARD][0], b1 = p->phase[DW_PHASE_BACKWARD][1];
     dw_mem_item *items = calloc((size_t)(np ? np : 1), sizeof *items);
     int *item_of = malloc((size_t)(np ? np : 1) * sizeof *item_of), *first = malloc((size_t)(2 * np + 1) * sizeof *first);
     d->z3_slot = malloc((size_t)(np ? np : 1) * sizeof *d->z3_slot);
@@ -80,24 +60,10 @@ static dw_status plan(dw_dp *d) {
                        ? DW_OK
                        : dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of memory");
     int n = 0;
-    for (int k = 0; st == DW_OK && k < np; k++) {
-        int ff, fl, bf, bl;
-        readers(p, k, f0, f1, &ff, &fl);
-        readers(p, k, b0, b1, &bf, &bl);
-        first[2 * k] = ff, first[2 * k + 1] = bf;
-        item_of[k] = -1;
-        if (ff < 0 && bf < 0) continue; /* read by no step (fused away): never gathered */
-        const int64_t numel = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
-        const int64_t bytes = align256(numel * 4) + (has_bf16(p, k) ? numel * 2 : 0); /* FP32, then BF16 */
-        dw_mem_item *it = &items[n];
-        *it = (dw_mem_item){.size = bytes, .align = 256};
-        if (ff >= 0 && bf >= 0) it->first = ff, it->last = fl, it->first2 = bf, it->last2 = bl;
-        else if (ff >= 0) it->first = ff, it->last = fl;
-        else it->first = bf, it->last = bl;
-        item_of[k] = n++;
+    if (st == DW_OK) n = dw_z3_slot_items(p, items, item_of, first); /* the rule the planner prices by */
+    for (int k = 0; st == DW_OK && k < np; k++)
         for (int j = 0; j < 2; j++)
-            if (first[2 * k + j] >= 0) d->z3_ev_at[first[2 * k + j] + 1]++;
-    }
+            if (item_of[k] >= 0 && first[2 * k + j] >= 0) d->z3_ev_at[first[2 * k + j] + 1]++;
     if (st == DW_OK) st = dw_memplan_assign(d->ctx, items, n, &d->z3_gather_bytes);
     if (st == DW_OK) {
         for (int s = 0; s < ns; s++) d->z3_ev_at[s + 1] += d->z3_ev_at[s];
@@ -105,7 +71,7 @@ static dw_status plan(dw_dp *d) {
         if (!fill) st = dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of memory");
         for (int k = 0; st == DW_OK && k < np; k++) {
             d->z3_slot[k] = item_of[k] >= 0 ? items[item_of[k]].offset : -1;
-            d->z3_slot16[k] = d->z3_slot[k] >= 0 && has_bf16(p, k)
+            d->z3_slot16[k] = d->z3_slot[k] >= 0 && dw_z3_has_bf16(p, k)
                                   ? d->z3_slot[k] + align256(dw_ir_numel(&p->g->tensors[p->param_tensor[k]]) * 4)
                                   : -1;
             for (int j = 0; j < 2; j++)
