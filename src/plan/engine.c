@@ -1,13 +1,16 @@
 /* engine.c — the planner's view of Deepwell's own CUDA engine: which plans it runs as they are
- * (one GPU, or data parallelism over several with ZeRO 0-2 (train/dp.c); no offload; recompute
+ * (one GPU, or data parallelism over several with ZeRO 0-3 (train/dp.c, dp_zero3.c); no offload; recompute
  * none or full) and its exact device memory, taken from dw_compile's
  * static plan — the code the engine allocates from — so prediction and engine cannot drift.
  * Planning only: captures and compiles a graph of shapes, touches no GPU. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "capture/capture.h"
 #include "compile/program.h"
+#include "compile/shard.h"
+#include "compile/z3_slots.h"
 #include "core/error.h"
 #include "plan/layout.h"
 
@@ -36,9 +39,13 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
         snprintf(buf, sizeof buf, "ZeRO-%d on one GPU: the engine has no optimizer-state sharding there", par->zero);
         return say(why, why_len, buf);
     }
-    if (par->zero > 2) {
-        snprintf(buf, sizeof buf, "ZeRO-%d: the runtime runs it for unquantised programs (src/train/dp_zero3.c), "
-                 "but its gathers and memory are not priced as it runs them yet", par->zero);
+    if (par->zero == 3 && in->job.recipe != DW_RECIPE_BF16) {
+        snprintf(buf, sizeof buf, "ZeRO-3 with recipe %s: the runtime gathers FP32 and BF16 weights only, not "
+                 "quantised weight caches (src/train/dp_zero3.c)", dw_recipe_name(in->job.recipe));
+        return say(why, why_len, buf);
+    }
+    if (par->zero > 3) {
+        snprintf(buf, sizeof buf, "ZeRO-%d: there are stages 0 to 3", par->zero);
         return say(why, why_len, buf);
     }
     if (par->offload) return say(why, why_len, "offload: the engine keeps the optimizer on the GPU");
@@ -99,6 +106,37 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
         }
         out->total += out->cublaslt + out->attention + out->context;
     }
+    release(&j);
+    return s;
+}
+
+dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out) {
+    memset(out, 0, sizeof *out);
+    compiled_job j;
+    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, &j);
+    const dw_compiled *p = j.c;
+    const int np = s == DW_OK ? p->n_params : 0;
+    dw_mem_item *items = calloc((size_t)np + 1, sizeof *items);
+    int *item_of = malloc(((size_t)np + 1) * sizeof *item_of), *first = malloc((2 * (size_t)np + 1) * sizeof *first);
+    if (s == DW_OK && (!items || !item_of || !first)) s = dw_set_error(ctx, DW_ERR_NOMEM, "planner: out of memory");
+    if (s == DW_OK) s = dw_memplan_assign(ctx, items, dw_z3_slot_items(p, items, item_of, first), &out->gather_bytes);
+    if (s == DW_OK) {
+        const int world = par->dp;
+        out->shard_bytes = (dw_shard_max_floats(p->param_floats, world) * 4 + 255) / 256 * 256;
+        for (int k = 0; k < np; k++) { /* train/dp_zero3.c gather(): a part per rank whose shard holds some of k */
+            const int sweeps = (first[2 * k] >= 0) + (first[2 * k + 1] >= 0);
+            const int64_t a = p->param_off[k], n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
+            for (int r = 0; item_of[k] >= 0 && r < world; r++) {
+                int64_t rlo, rhi;
+                dw_shard_range(p->param_floats, world, r, &rlo, &rhi);
+                const int64_t lo = a > rlo ? a : rlo, hi = a + n < rhi ? a + n : rhi;
+                if (hi <= lo) continue;
+                out->gathered_floats += sweeps * (hi - lo), out->broadcasts += sweeps;
+                out->gather_s += sweeps * dw_plan_broadcast_time(in->hw, world, 4.0 * (double)(hi - lo));
+            }
+        }
+    }
+    free(items), free(item_of), free(first);
     release(&j);
     return s;
 }

@@ -237,8 +237,9 @@ void dw_plan_memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *ranks
 
 /* ---- Deepwell's own CUDA engine (engine.c) -------------------------------------------------- */
 /* A plan the engine runs as it is: one GPU (dp = tp = pp = cp = ep = 1, v = 1) without ZeRO, or
- * data parallelism alone (dp > 1, tp = pp = cp = ep = v = 1) with ZeRO 0-2 (train/dp.c);
- * recompute none or full, no offload, and in->engine_model. Otherwise false with the first reason in `why`
+ * data parallelism alone (dp > 1, tp = pp = cp = ep = v = 1) with ZeRO 0-2 (train/dp.c), or ZeRO-3
+ * of the BF16 recipe (train/dp_zero3.c gathers no quantised weight caches); recompute none or
+ * full, no offload, and in->engine_model. Otherwise false with the first reason in `why`
  * (may be NULL). The planner's memory and time for such plans describe the engine, and on a
  * one-GPU machine with in->engine_model it plans for the engine alone: configurations with
  * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
@@ -247,9 +248,27 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
  * accepts with dp > 1: seconds of collectives (*all; *exposed: the part the backward of `bwd`
  * seconds, one micro-batch's, does not hide when `overlap`, the runtime's default; all of it
  * without) and of the optimizer (*opt: engine_opt, the one-GPU engine's AdamW, or its 1/dp shard
- * under ZeRO-1/2). dp 1: zeros and engine_opt. */
+ * under ZeRO-1/2/3). ZeRO-3 adds its gathers (dw_plan_engine_zero3), every micro-batch, all exposed.
+ * dp 1: zeros and engine_opt. */
 void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double bwd, bool overlap,
                         double *all, double *exposed, double *opt);
+/* A broadcast of `bytes` from one rank to n (runtime_dp.c): a ring's bandwidth term without
+ * all-gather's (n-1)/n, as NCCL pipelines it. */
+double dw_plan_broadcast_time(const dw_hw *hw, int64_t n, double bytes);
+/* ZeRO-3 as train/dp_zero3.c runs it, for a plan with dp > 1 at its micro-batch and recompute: the
+ * gather block as the runtime plans it (compile/z3_slots.h over the compiled program's steps, then
+ * dw_memplan_assign), each rank's FP32 masters (the largest shard, compile/shard.h, 256-aligned;
+ * weights pool = shard + gather), and one micro-batch's gathers: every parameter a forward step
+ * reads broadcast once before the forward, every one a backward step reads (recomputed forwards
+ * too) once before the backward, each in parts from the ranks whose shards hold it, one after
+ * another (blocking, nothing overlapped). */
+typedef struct {
+    int64_t gather_bytes, shard_bytes;
+    int64_t gathered_floats; /* floats broadcast in one micro-batch (both sweeps) */
+    int64_t broadcasts;      /* broadcasts in one micro-batch */
+    double gather_s;         /* their seconds */
+} dw_engine_zero3;
+dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out);
 /* The precision policy the engine runs a planned recipe with: "bf16"; a quantised recipe with
  * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
  * assumes. Caller dw_policy_free. */

@@ -5,13 +5,17 @@
  *   ZeRO-0: each bucket all-reduced; then every rank runs the full AdamW;
  *   ZeRO-1: each bucket's part in rank r's shard reduced to rank r, once, on the last micro-batch;
  *           each rank steps its shard; the FP32 masters all-gathered;
- *   ZeRO-2: the same reduces on every micro-batch.
+ *   ZeRO-2: the same reduces on every micro-batch;
+ *   ZeRO-3: ZeRO-2's reduces and shard step, no all-gather after it; instead, on every micro-batch,
+ *           each parameter broadcast into its gather slot before the forward and again before the
+ *           backward (train/dp_zero3.c): blocking, between steps, so all exposed.
  * Overlapped, a reduction is exposed where it outlasts the backward it runs under, and the last
  * bucket (the first parameters, final when the backward ends) always is; the all-gather after the
  * step always is. `--no-overlap` starts the same collectives after the backward: all exposed.
  * (Sharing the GPU with the backward's kernels may slow both; not modelled.) Memory is the one-GPU
- * engine's pools but, under ZeRO-1/2, each rank's optimizer pool its shard's (memory.c by
- * compile/shard.h, the rule train/dp.c allocates by). */
+ * engine's pools but, under ZeRO-1/2/3, each rank's optimizer pool its shard's, and under ZeRO-3 its
+ * weights pool its masters' shard plus the gather block (memory.c by compile/shard.h and
+ * compile/z3_slots.h, the rules train/dp.c and dp_zero3.c allocate by). */
 #include <math.h>
 
 #include "plan/layout.h"
@@ -22,6 +26,10 @@
 /* A reduce to one rank over n ranks: a ring's bandwidth term without reduce-scatter's (n-1)/n. */
 static double reduce_time(const dw_hw *hw, int64_t n, double bytes) {
     return dw_plan_coll_time(hw, DW_COLL_REDUCESCATTER, n, 1, bytes) * (double)n / (double)(n - 1);
+}
+
+double dw_plan_broadcast_time(const dw_hw *hw, int64_t n, double bytes) {
+    return dw_plan_coll_time(hw, DW_COLL_ALLGATHER, n, 1, bytes) * (double)n / (double)(n - 1);
 }
 
 /* The gradients' reduction once: the buckets' collectives, in all and the last bucket's. */
@@ -48,9 +56,14 @@ void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_o
     double red, last;
     reduce_once(in, n, par->zero, bytes, &red, &last);
     const double hidden_per = overlap ? fmax(0, fmin(red - last, bwd)) : 0; /* under one backward */
-    const double times = par->zero == 2 ? (double)par->grad_accum : 1.0;
+    const double times = par->zero >= 2 ? (double)par->grad_accum : 1.0;
     *all = times * red, *exposed = times * (red - hidden_per);
-    if (par->zero) {
+    if (par->zero == 3) {
+        dw_engine_zero3 z;
+        if (dw_plan_engine_zero3(NULL, in, par, &z) == DW_OK) /* else memory.c cannot price it either */
+            *all += (double)par->grad_accum * z.gather_s, *exposed += (double)par->grad_accum * z.gather_s;
+        *opt = engine_opt / (double)n;
+    } else if (par->zero) {
         const double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, n, 1, bytes);
         *all += ag, *exposed += ag;
         *opt = engine_opt / (double)n; /* each rank's AdamW over its shard */

@@ -1,0 +1,207 @@
+/* test_plan_zero3.c — the planner prices ZeRO-3 as train/dp_zero3.c runs it (issue 28): on random
+ * models, ranks, micro-batches, accumulations and recompute, each rank's memory is the one-GPU
+ * engine's pools with the weights pool replaced by the largest shard of the FP32 masters (256-byte
+ * aligned) plus the gather block, and the optimizer pool by the shard's moments; the gather block is
+ * the static memory planner's arena over the parameters' lifetimes, which this test derives itself
+ * from the compiled program's steps (first to last forward step reading a parameter, then first to
+ * last backward step); the step time is ZeRO-2's reduction, no all-gather, the AdamW of the shard,
+ * and every micro-batch's broadcasts of each parameter's parts (one per owning rank, once per sweep
+ * that reads it) summed here part by part, all exposed. A quantised recipe is not runnable. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "compile/memplan.h"
+#include "compile/passes.h"
+#include "compile/program.h"
+#include "test_plan_common.h"
+#include "testutil.h"
+
+/* What the test derives from the program alone: the gather arena, one micro-batch's gather seconds
+ * (parts broadcast at the planner's collective model), the whole param floats. */
+typedef struct {
+    int64_t gather, floats, bcast_floats;
+    double seconds;
+} z3_oracle;
+
+/* Parameter tensor t's first and last reader among the steps [s0, s1) of the kind forward or backward. */
+static void reads(const dw_compiled *c, int t, int s0, int s1, int *first, int *last) {
+    *first = *last = -1;
+    for (int s = s0; s < s1; s++) {
+        if (c->steps[s].kind != DW_STEP_FWD && c->steps[s].kind != DW_STEP_BWD) continue;
+        const dw_ir_node *n = dw_compile_node(c, c->steps[s].node);
+        int hit = 0;
+        for (int i = 0; i < n->n_in; i++) hit |= n->in[i] == t;
+        if (!hit) continue;
+        if (*first < 0) *first = s;
+        *last = s;
+    }
+}
+
+static void oracle(dw_ctx *ctx, const dw_plan_in *in, int64_t mb, int rc, int dp, z3_oracle *o) {
+    dw_graph *g = NULL;
+    dw_policy *pol = NULL;
+    dw_compiled *c = NULL;
+    assert_int_equal(dw_capture_config(ctx, in->cfg, mb, in->job.seq, &g), DW_OK);
+    assert_int_equal(dw_policy_from_precision(ctx, "bf16", false, &pol), DW_OK);
+    dw_compile_opts co;
+    dw_compile_opts_init(&co, sizeof co);
+    co.device = DW_DEVICE_CUDA, co.sm = 90, co.fused_head = true, co.recompute = rc;
+    assert_int_equal(dw_compile(ctx, g, NULL, pol, &co, &c), DW_OK);
+    memset(o, 0, sizeof *o);
+    o->floats = c->param_floats;
+    const int64_t block = c->param_floats / (dp * 64) * 64; /* shards: 64-float blocks, the last rank the rest */
+    dw_mem_item *items = calloc((size_t)c->n_params + 1, sizeof *items);
+    int n = 0;
+    for (int k = 0; k < c->n_params; k++) {
+        int ff, fl, bf, bl;
+        reads(c, c->param_tensor[k], c->phase[DW_PHASE_FORWARD][0], c->phase[DW_PHASE_FORWARD][1], &ff, &fl);
+        reads(c, c->param_tensor[k], c->phase[DW_PHASE_BACKWARD][0], c->phase[DW_PHASE_BACKWARD][1], &bf, &bl);
+        if (ff < 0 && bf < 0) continue;
+        const int64_t numel = dw_ir_numel(&g->tensors[c->param_tensor[k]]);
+        dw_mem_item it = {.size = (numel * 4 + 255) / 256 * 256 + numel * 2, .align = 256}; /* FP32 + BF16 */
+        if (ff >= 0) it.first = ff, it.last = fl;
+        if (bf >= 0 && ff >= 0) it.first2 = bf, it.last2 = bl;
+        if (ff < 0) it.first = bf, it.last = bl;
+        items[n++] = it;
+        const int sweeps = (ff >= 0) + (bf >= 0);
+        for (int r = 0; r < dp; r++) {
+            const int64_t rlo = r * block, rhi = r == dp - 1 ? c->param_floats : rlo + block;
+            const int64_t a = c->param_off[k], lo = a > rlo ? a : rlo, hi = a + numel < rhi ? a + numel : rhi;
+            if (hi <= lo) continue;
+            const double bytes = 4.0 * (double)(hi - lo);
+            o->bcast_floats += sweeps * (hi - lo);
+            o->seconds += sweeps * dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, dp, 1, bytes) * dp / (dp - 1);
+        }
+    }
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) sum += items[i].size;
+    assert_int_equal(dw_memplan_assign(ctx, items, n, &o->gather), DW_OK);
+    /* the arena holds what is live together, and reuses: less than every parameter at once */
+    assert_true(o->gather >= dw_memplan_live_peak(items, n) && o->gather <= sum + 256 * (int64_t)n);
+    assert_true(o->gather < sum);
+    free(items);
+    dw_compiled_free(c);
+    dw_policy_free(pol);
+    dw_graph_free(g);
+}
+
+static void test_zero3_priced_as_run(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x23);
+    static const char *const models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-124m"};
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, models[dw_test_next(&rng) % 4], &cfg), DW_OK);
+    const int dp = 2 << (dw_test_next(&rng) % 3);
+    dw_hw *hw = plan_preset(ctx, "h200", 1);
+    hw->n_gpus = dp, hw->nvlink_domain = dp;
+    const int64_t mb = 1 + (int64_t)(dw_test_next(&rng) % 3), ga = 1 + (int64_t)(dw_test_next(&rng) % 3);
+    const int rc = dw_test_next(&rng) % 2 ? DW_RECOMPUTE_FULL : DW_RECOMPUTE_NONE;
+    dw_job j = {.seq = 64 << (dw_test_next(&rng) % 3), .global_batch = dp * mb * ga};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    assert_true(in.engine_model);
+    z3_oracle o;
+    oracle(ctx, &in, mb, rc, dp, &o);
+    dw_engine_mem em;
+    dw_engine_time et;
+    assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, rc, &em), DW_OK);
+    assert_int_equal(dw_plan_engine_time(ctx, &in, mb, rc, &et), DW_OK);
+    dw_plan_entry e[4];
+    for (int z = 2; z <= 3; z++) {
+        dw_par p = {.dp = dp, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = mb, .grad_accum = ga,
+                    .zero = z, .recompute = rc};
+        dw_reject why;
+        char det[200];
+        assert_true(dw_plan_evaluate(&in, &p, true, &e[z], &why, det, sizeof det));
+        assert_true(e[z].runs);
+    }
+    /* memory: ZeRO-2's pools with the weights pool the shard of the masters plus the gather block */
+    const int64_t block = o.floats / (dp * 64) * 64, last = o.floats - (dp - 1) * block;
+    const int64_t shard = (4 * last + 255) / 256 * 256;
+    assert_true(e[3].mem.weights == (double)(shard + o.gather));
+    assert_true(e[3].mem.optimizer == (double)(8 * last) && e[3].mem.optimizer == e[2].mem.optimizer);
+    assert_true(e[3].mem.total == (double)(em.total - em.pool[0] - em.pool[2] + shard + o.gather + 8 * last));
+    assert_true(e[3].mem.grads == (double)em.pool[1] && e[3].mem.activations == (double)em.pool[3]);
+    assert_true(e[3].mem.weights < (double)em.pool[0]);
+    /* the planner's own ZeRO-3 figures, against the oracle */
+    dw_engine_zero3 z3;
+    dw_par p3 = e[3].par;
+    assert_int_equal(dw_plan_engine_zero3(ctx, &in, &p3, &z3), DW_OK);
+    assert_true(z3.gather_bytes == o.gather && z3.shard_bytes == shard && z3.gathered_floats == o.bcast_floats);
+    assert_true(fabs(z3.gather_s / o.seconds - 1) < 1e-12);
+    /* every parameter float is broadcast at least once a micro-batch, at most twice */
+    assert_true(o.bcast_floats <= 2 * o.floats && o.bcast_floats > 0);
+    /* time, term by term: ZeRO-2's reduction (no all-gather after the step), ga x the gathers, exposed */
+    dw_param_counts pc;
+    dw_plan_params(&in, &pc);
+    const double ag = dw_plan_coll_time(hw, DW_COLL_ALLGATHER, dp, 1, 4 * pc.total);
+    const double gathers = (double)ga * o.seconds;
+    assert_true(fabs(e[3].cost.dp_comm - (e[2].cost.dp_comm - ag + gathers)) <= 1e-12 * e[3].cost.dp_comm);
+    assert_true(fabs(e[3].cost.dp_exposed - (e[2].cost.dp_exposed - ag + gathers)) <= 1e-12 * e[3].cost.dp_comm);
+    assert_true(e[3].cost.dp_exposed >= gathers * (1 - 1e-12));
+    assert_true(fabs(e[3].cost.optimizer / (et.optimizer / dp) - 1) < 1e-12);
+    assert_true(fabs(e[3].cost.compute / ((double)ga * (et.fwd + et.bwd)) - 1) < 1e-9);
+    assert_true(fabs(e[3].cost.step / (e[3].cost.pipeline + e[3].cost.dp_exposed + e[3].cost.optimizer) - 1) < 1e-12);
+    /* a quantised recipe: the runtime gathers no weight caches, so no ZeRO-3 plan of it runs */
+    j.recipe = DW_RECIPE_MXFP8;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    char why[300];
+    assert_false(dw_plan_engine_runnable(&in, &p3, why, sizeof why));
+    assert_non_null(strstr(why, "ZeRO-3"));
+    assert_non_null(strstr(why, "quantised"));
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+/* The search ranks ZeRO-3 plans among the runnable: on a machine whose memory only ZeRO-3 fits
+ * (gpt2-124m, 8 GPUs, memory cut below ZeRO-2's per-rank figure), the first plan is a runnable
+ * ZeRO-3 one, and every runnable plan precedes every plan the runtime does not run. */
+static void test_zero3_ranked_when_only_it_fits(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, "gpt2-124m", &cfg), DW_OK);
+    dw_hw *hw = plan_preset(ctx, "h200", 1);
+    hw->n_gpus = 8, hw->nvlink_domain = 8;
+    dw_job j = {.seq = 256, .global_batch = 8};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    dw_par p = {.dp = 8, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 1, .grad_accum = 1};
+    dw_mem m2, m3;
+    p.zero = 2, dw_plan_memory(&in, &p, &m2);
+    p.zero = 3, dw_plan_memory(&in, &p, &m3);
+    assert_true(m3.total < m2.total);
+    /* usable memory between ZeRO-3's and ZeRO-2's per-rank figures (both recompute settings) */
+    p.recompute = DW_RECOMPUTE_FULL;
+    dw_mem m3f, m2f;
+    dw_plan_memory(&in, &p, &m3f);
+    p.zero = 2, dw_plan_memory(&in, &p, &m2f);
+    const double hi = fmin(m2.total, m2f.total), lo = fmax(m3.total, m3f.total);
+    assert_true(lo < hi);
+    for (int i = 0; i < hw->n_gpus; i++) hw->gpus[i].hbm_bytes = (int64_t)((lo + hi) / 2 / (1.0 - in.job.mem_headroom));
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    dw_plan_result r;
+    assert_int_equal(dw_plan_search(ctx, &in, 16, &r), DW_OK);
+    assert_true(r.n_plans >= 1 && r.plans[0].runs && r.plans[0].par.zero == 3 && r.plans[0].par.dp == 8);
+    for (int i = 1; i < r.n_plans; i++) assert_true(r.plans[i - 1].runs || !r.plans[i].runs);
+    dw_plan_result_free(&r);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zero3_priced_as_run),
+        cmocka_unit_test(test_zero3_ranked_when_only_it_fits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
