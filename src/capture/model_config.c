@@ -61,15 +61,19 @@ static dw_status parse_gpt2(dw_ctx *ctx, const json_t *j, const char *what, dw_m
 }
 
 /* pad_token_id (null or absent: none): the padding_idx of these families' nn.Embedding. A negative
- * id counts from the end as torch's padding_idx does; outside [-V, V) torch refuses it, so do we. */
+ * id counts from the end as torch's padding_idx does; outside [-V, V) no row is the padding row (torch
+ * refuses such a padding_idx; a warning says so). */
 static dw_status parse_pad(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c) {
     long long pad = LLONG_MIN;
     DW_TRY(dw_json_get_int_opt(ctx, j, "pad_token_id", what, &pad));
     c->has_pad = pad != LLONG_MIN;
     if (!c->has_pad) return DW_OK;
-    if (pad < -c->vocab_size || pad >= c->vocab_size)
-        return dw_set_error(ctx, DW_ERR_INVALID, "%s: field 'pad_token_id' = %lld: outside the vocabulary "
-                            "(vocab_size %lld)", what, pad, (long long)c->vocab_size);
+    if (pad < -c->vocab_size || pad >= c->vocab_size) {
+        DW_LOGW("%s: pad_token_id %lld is outside the vocabulary (vocab_size %lld): no padding row "
+                "(transformers would refuse it as padding_idx)", what, pad, (long long)c->vocab_size);
+        c->has_pad = false;
+        return DW_OK;
+    }
     c->pad_token = pad < 0 ? c->vocab_size + pad : pad;
     return DW_OK;
 }

@@ -2,7 +2,9 @@
  * backward leaves row pad exactly as it was (the tied head's contribution, or zero) and every
  * other row bit for bit as the unpadded backward gives it; config.json's pad_token_id reaches the
  * embedding node of the Llama-like families (not GPT-2), round-trips through the config and graph
- * JSON, and a pad outside the table is refused by name. Fresh random tokens and gradients a run. */
+ * JSON (negative ids counting from the end, ids outside the vocabulary giving none), a pad outside
+ * the table is refused by graph inference and a pad_token_id that is not an integer by name. Fresh
+ * random tokens and gradients a run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -154,13 +156,15 @@ static void test_capture_pad(void **state) {
         check_capture(families[f], NULL, false, 0);
         check_capture(families[f], "null", false, 0);
         check_capture(families[f], "-1", true, 49); /* torch counts a negative padding_idx from the end */
+        check_capture(families[f], "50", false, 0);  /* outside [-V, V): no padding row (a warning) */
+        check_capture(families[f], "-51", false, 0);
     }
     check_capture("gpt2", "7", false, 0); /* GPT-2's wte has no padding_idx */
 }
 
-static void test_pad_outside_vocab(void **state) {
+static void test_pad_not_an_integer(void **state) {
     (void)state;
-    const char *bad[] = {"50", "-51", "\"0\""};
+    const char *bad[] = {"\"0\"", "1.5", "true"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         json_t *j = tiny("llama", bad[i]);
         dw_model_config c;
@@ -175,7 +179,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel_pad),
         cmocka_unit_test(test_capture_pad),
-        cmocka_unit_test(test_pad_outside_vocab),
+        cmocka_unit_test(test_pad_not_an_integer),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
