@@ -342,12 +342,14 @@ static dw_status validate(run *r, double *out) {
     return DW_OK;
 }
 
-/* The tokenizer samples go through: token-id data with a run tokenizer.json that the library
- * decodes (dw_run_set_tokenizer) goes through it, as `deepwell sample RUN` does; else the data's
- * ("bytes" or "ids"). *owned: a path to free. */
+/* The tokenizer samples go through: token-id shards with a run tokenizer.json that the library
+ * decodes (dw_run_set_tokenizer) go through it, as `deepwell sample RUN` does; else the data's
+ * ("bytes" or "ids": batches from a callback stay ids, which Python's Trainer decodes itself).
+ * *owned: a path to free. */
 static const char *sample_tokenizer(run *r, char **owned) {
     *owned = NULL;
-    if (r->tok != DW_TOK_IDS) return dw_tokenizer_name(r->tok);
+    if (r->tok != DW_TOK_IDS || !r->train || dw_data_get_kind(r->train) != DW_DATA_SHARDS)
+        return dw_tokenizer_name(r->tok);
     char *p = dw_path_join(r->o->out_dir, DW_CKPT_TOKENIZER);
     dw_hf_tokenizer *t = NULL;
     if (p && access(p, R_OK) == 0 && dw_hf_tokenizer_open(r->ctx, p, &t) == DW_OK) {
