@@ -29,6 +29,10 @@ static double flat(dw_coll c, double n, double bytes, double alpha, double gbps)
     return 0;
 }
 
+double dw_plan_broadcast_time(const dw_hw *hw, int64_t n, double bytes) {
+    return dw_plan_coll_time(hw, DW_COLL_ALLGATHER, n, 1, bytes) * (double)n / (double)(n - 1);
+}
+
 double dw_plan_coll_time(const dw_hw *hw, dw_coll c, int64_t n, int64_t stride, double bytes) {
     if (c == DW_COLL_P2P) {
         /* neighbours `stride` apart share an NVLink domain when stride < domain */

@@ -252,7 +252,7 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
  * dp 1: zeros and engine_opt. */
 void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double bwd, bool overlap,
                         double *all, double *exposed, double *opt);
-/* A broadcast of `bytes` from one rank to n (runtime_dp.c): a ring's bandwidth term without
+/* A broadcast of `bytes` from one rank to n (comm.c): a ring's bandwidth term without
  * all-gather's (n-1)/n, as NCCL pipelines it. */
 double dw_plan_broadcast_time(const dw_hw *hw, int64_t n, double bytes);
 /* ZeRO-3 as train/dp_zero3.c runs it, for a plan with dp > 1 at its micro-batch and recompute: the

@@ -28,10 +28,6 @@ static double reduce_time(const dw_hw *hw, int64_t n, double bytes) {
     return dw_plan_coll_time(hw, DW_COLL_REDUCESCATTER, n, 1, bytes) * (double)n / (double)(n - 1);
 }
 
-double dw_plan_broadcast_time(const dw_hw *hw, int64_t n, double bytes) {
-    return dw_plan_coll_time(hw, DW_COLL_ALLGATHER, n, 1, bytes) * (double)n / (double)(n - 1);
-}
-
 /* The gradients' reduction once: the buckets' collectives, in all and the last bucket's. */
 static void reduce_once(const dw_plan_in *in, int64_t n, int zero, double bytes, double *all, double *last) {
     const double full = (double)(int64_t)(bytes / RUNTIME_DP_BUCKET_BYTES);
