@@ -49,7 +49,9 @@ class TokenizerTests(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.d = self.tmp.name
-        self.rng = random.Random(int(np.random.default_rng().integers(1 << 30)))
+        seed = int(os.environ.get("DW_TEST_SEED", np.random.default_rng().integers(1 << 30)))
+        print(f"{self.id()}: DW_TEST_SEED={seed}", file=sys.stderr)
+        self.rng = random.Random(seed)
 
     def tearDown(self):
         self.tmp.cleanup()
@@ -108,10 +110,10 @@ class TokenizerTests(unittest.TestCase):
         model = dw.export(e, os.path.join(self.d, "model"))
         env = dict(os.environ, PYTHONPATH=os.path.join(SRC, "python"))
         p = subprocess.run([sys.executable, "-m", "deepwell.sample", model, "--prompt", prompt, "--tokenizer", path,
-                            "-n", "10", "--temperature", "1.0", "--seed", str(seed)], capture_output=True, text=True,
-                           env=env, timeout=300)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(p.stdout, text + "\n")
+                            "-n", "10", "--temperature", "1.0", "--seed", str(seed)], capture_output=True,
+                           env=env, timeout=300)  # bytes: text mode would turn a sampled "\r" into "\n"
+        self.assertEqual(p.returncode, 0, p.stderr.decode("utf-8", "replace"))
+        self.assertEqual(p.stdout.decode("utf-8"), text + "\n")
         p = subprocess.run([sys.executable, "-m", "deepwell.sample", model, "--prompt", "x", "--tokenizer",
                             os.path.join(self.d, "none.json")], capture_output=True, text=True, env=env, timeout=300)
         self.assertNotEqual(p.returncode, 0)
@@ -156,9 +158,9 @@ class TokenizerTests(unittest.TestCase):
         self.assertEqual(text, tok.decode(e.generate(tok.encode(prompt), 8, temperature=0), errors="replace"))
         env = dict(os.environ, PYTHONPATH=os.path.join(SRC, "python"))
         p = subprocess.run([sys.executable, "-m", "deepwell.sample", run, "--prompt", prompt, "-n", "8",
-                            "--temperature", "0"], capture_output=True, text=True, env=env, timeout=300)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(p.stdout, text + "\n")
+                            "--temperature", "0"], capture_output=True, env=env, timeout=300)  # bytes, as above
+        self.assertEqual(p.returncode, 0, p.stderr.decode("utf-8", "replace"))
+        self.assertEqual(p.stdout.decode("utf-8"), text + "\n")
         other = bpe_tokenizer(os.path.join(self.d, "other.json"), self.rng, vocab=280)
         t = dw.Trainer.from_engine(e, lr=1e-3, dataloader=[(w[:1, :-1], w[:1, 1:])], steps=3, out=run, resume=run,
                                    progress=False, eval_every=0, batch=1, tokenizer=other)
