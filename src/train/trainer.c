@@ -96,6 +96,7 @@ typedef struct {
     dw_data *train, *val; /* NULL with the caller's callbacks (o->next_batch, o->val_batch) */
     int64_t batches_taken; /* next_batch: micro-batches taken, the data position checkpoints save */
     dw_tokenizer tok;
+    char *sample_tok; /* the tokenizer samples go through (sample_tokenizer), found at the first */
     dw_rng rng;       /* sampling */
     uint64_t seed;
     dw_schedule sched;
@@ -343,21 +344,22 @@ static dw_status validate(run *r, double *out) {
 }
 
 /* The tokenizer samples go through: token-id shards with a run tokenizer.json that the library
- * decodes (dw_run_set_tokenizer) go through it, as `deepwell sample RUN` does; else the data's
- * ("bytes" or "ids": batches from a callback stay ids, which Python's Trainer decodes itself).
- * *owned: a path to free. */
-static const char *sample_tokenizer(run *r, char **owned) {
-    *owned = NULL;
+ * decodes (dw_run_set_tokenizer, before the run starts) go through it, as `deepwell sample RUN`
+ * does; else the data's ("bytes" or "ids": batches from a callback stay ids, which Python's
+ * Trainer decodes itself). Looked for once, at the first sample (r->sample_tok, freed with r). */
+static const char *sample_tokenizer(run *r) {
+    if (r->sample_tok) return r->sample_tok;
     if (r->tok != DW_TOK_IDS || !r->train || dw_data_get_kind(r->train) != DW_DATA_SHARDS)
         return dw_tokenizer_name(r->tok);
     char *p = dw_path_join(r->o->out_dir, DW_CKPT_TOKENIZER);
     dw_hf_tokenizer *t = NULL;
     if (p && access(p, R_OK) == 0 && dw_hf_tokenizer_open(r->ctx, p, &t) == DW_OK) {
         dw_hf_tokenizer_free(t);
-        return *owned = p;
+        return r->sample_tok = p;
     }
     dw_clear_error(r->ctx); /* none, or one the library cannot decode: ids */
     free(p);
+    r->sample_tok = strdup(dw_tokenizer_name(r->tok)); /* NULL (out of memory): looked for again */
     return dw_tokenizer_name(r->tok);
 }
 
@@ -366,14 +368,9 @@ static dw_status make_sample(run *r, char **text_out) {
     const dw_train_opts *o = r->o;
     int32_t *ids = NULL;
     int64_t np = 0;
-    char *tk_path = NULL;
-    const char *tk = sample_tokenizer(r, &tk_path);
+    const char *tk = sample_tokenizer(r);
     if (o->sample_prompt) {
-        dw_status st = dw_tokenize(r->ctx, tk, o->sample_prompt, r->g->model.vocab, &ids, &np);
-        if (st != DW_OK) {
-            free(tk_path);
-            return st;
-        }
+        DW_TRY(dw_tokenize(r->ctx, tk, o->sample_prompt, r->g->model.vocab, &ids, &np));
     } else { /* the start of the last batch's first sequence: a context like the data's */
         np = o->seq / 4 < 16 ? (o->seq / 4 > 0 ? o->seq / 4 : 1) : 16;
         ids = malloc((size_t)np * sizeof *ids);
@@ -390,7 +387,6 @@ static dw_status make_sample(run *r, char **text_out) {
         if (!*text_out) st = dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory");
     }
     free(all);
-    free(tk_path);
     return st;
 }
 
@@ -801,6 +797,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     dw_data_free(r.train);
     dw_data_free(r.val);
     free(r.recipes_json);
+    free(r.sample_tok);
     free(r.ranges);
     free(r.data_abs);
     free(r.val_abs);
