@@ -1,5 +1,6 @@
 /* test_plan_common.h — helpers shared by the planner tests: a CPU context, hand-built model
- * configs, a DGX A100 machine (not a preset: Megatron-LM's published runs used it). */
+ * configs, a DGX A100 machine (not a preset: Megatron-LM's published runs used it), a random
+ * data-parallel machine for an engine-built model. */
 #ifndef DW_TEST_PLAN_COMMON_H
 #define DW_TEST_PLAN_COMMON_H
 
@@ -7,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capture/model_config.h"
 #include "plan/plan.h"
+#include "testutil.h"
 
 static inline dw_ctx *plan_ctx(void) {
     dw_ctx *ctx = NULL;
@@ -23,6 +26,20 @@ static inline dw_hw *plan_preset(dw_ctx *ctx, const char *name, int nodes) {
         fprintf(stderr, "preset %s x %d: %s\n", name, nodes, dw_errmsg(ctx));
         abort();
     }
+    return hw;
+}
+
+/* A random engine-built model (gpt2-tiny, llama-tiny, qwen2-tiny or gpt2-124m) into *cfg, and an
+ * H200 machine of *dp GPUs (2, 4 or 8) in one NVLink domain, drawn in that order from rng. */
+static inline dw_hw *plan_random_dp(dw_ctx *ctx, dw_test_rng *rng, dw_model_config *cfg, int *dp) {
+    static const char *const models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-124m"};
+    if (dw_model_config_load(ctx, models[dw_test_next(rng) % 4], cfg) != DW_OK) {
+        fprintf(stderr, "model config: %s\n", dw_errmsg(ctx));
+        abort();
+    }
+    *dp = 2 << (dw_test_next(rng) % 3);
+    dw_hw *hw = plan_preset(ctx, "h200", 1);
+    hw->n_gpus = *dp, hw->nvlink_domain = *dp;
     return hw;
 }
 

@@ -334,12 +334,9 @@ static void test_data_parallel_runtime(void **state) {
     dw_ctx *ctx = plan_ctx();
     dw_test_rng rng;
     dw_test_rng_init(&rng, dw_test_seed() ^ 0xD9);
-    static const char *const models[] = {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-124m"};
     dw_model_config cfg;
-    assert_int_equal(dw_model_config_load(ctx, models[dw_test_next(&rng) % 4], &cfg), DW_OK);
-    const int dp = 2 << (dw_test_next(&rng) % 3);
-    dw_hw *hw = plan_preset(ctx, "h200", 1);
-    hw->n_gpus = dp, hw->nvlink_domain = dp;
+    int dp;
+    dw_hw *hw = plan_random_dp(ctx, &rng, &cfg, &dp);
     const int64_t mb = 1 + (int64_t)(dw_test_next(&rng) % 4), ga = 1 + (int64_t)(dw_test_next(&rng) % 3);
     dw_job j = {.seq = 64 << (dw_test_next(&rng) % 3), .global_batch = dp * mb * ga};
     dw_plan_in in;
