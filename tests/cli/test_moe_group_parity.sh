@@ -3,13 +3,4 @@
 # sigmoid or softmax scores, routed_scaling_factor, a selection bias from the weights file) in
 # whole-model parity with a float64 PyTorch reference (tests/python/parity_router.py): logits, loss
 # and every gradient of random tiny Mixtral, OLMoE, Qwen2-MoE and Qwen3-MoE models.
-set -u
-dw=$1
-src=${DW_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-py=/usr/bin/python3
-if ! $py -c "import torch, numpy" 2>/dev/null; then
-  echo "FAIL: $py cannot import torch and numpy (Debian: apt-get install python3-torch python3-numpy)"
-  echo "1 failed"
-  exit 1
-fi
-$py "$src/tests/python/parity_router.py" "$dw"
+exec bash "$(dirname "$0")/test_parity.sh" "$1" parity_router.py # its torch check, then the script

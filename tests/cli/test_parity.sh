@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# test_parity.sh DEEPWELL — whole-model parity with PyTorch (tests/python/parity.py): logits, loss
-# and every gradient of random tiny gpt2, llama (GQA) and qwen2 models; weight-file errors.
+# test_parity.sh DEEPWELL [SCRIPT] — whole-model parity with PyTorch (tests/python/parity.py, or
+# SCRIPT there): logits, loss and every gradient of random tiny gpt2, llama (GQA) and qwen2 models;
+# weight-file errors.
 set -u
 dw=$1
+script=${2:-parity.py}
 src=${DW_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 py=/usr/bin/python3
 if ! $py -c "import torch, numpy" 2>/dev/null; then
@@ -10,4 +12,4 @@ if ! $py -c "import torch, numpy" 2>/dev/null; then
   echo "1 failed"
   exit 1
 fi
-$py "$src/tests/python/parity.py" "$dw"
+$py "$src/tests/python/$script" "$dw"
