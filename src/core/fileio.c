@@ -176,3 +176,12 @@ dw_status dw_write_file_atomic(dw_ctx *ctx, const char *path, const void *data, 
     }
     return dw_atomic_commit(ctx, &f);
 }
+
+dw_status dw_copy_file_atomic(dw_ctx *ctx, const char *from, const char *to) {
+    char *data = NULL;
+    size_t size = 0;
+    DW_TRY(dw_read_file(ctx, from, &data, &size));
+    dw_status s = dw_write_file_atomic(ctx, to, data, size);
+    free(data);
+    return s;
+}

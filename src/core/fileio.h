@@ -25,6 +25,9 @@ dw_status dw_read_file(dw_ctx *ctx, const char *path, char **data_out, size_t *s
  * path and fsyncs the directory. On any failure the temporary is removed and path is untouched. */
 dw_status dw_write_file_atomic(dw_ctx *ctx, const char *path, const void *data, size_t size);
 
+/* The file `from` copied to `to` (dw_read_file, then dw_write_file_atomic). */
+dw_status dw_copy_file_atomic(dw_ctx *ctx, const char *from, const char *to);
+
 /* Atomic writer for large or streamed files: open, write pieces, then commit or abort. */
 typedef struct {
     int fd;

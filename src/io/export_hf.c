@@ -158,15 +158,10 @@ static dw_status default_layout(dw_ctx *ctx, bool model_dir, const char *hf_dir,
 static dw_status copy_run_tokenizer(dw_ctx *ctx, const dw_model *m, const char *tmp) {
     const char *tok = dw_model_tokenizer(m);
     if (!strcmp(tok, "bytes") || !strcmp(tok, "ids")) return DW_OK; /* no file */
-    char *to = dw_path_join(tmp, "tokenizer.json"), *text = NULL;
+    char *to = dw_path_join(tmp, "tokenizer.json");
     if (!to) return dw_set_error(ctx, DW_ERR_NOMEM, "export: out of memory");
-    size_t n = 0;
-    dw_status s = DW_OK;
-    if (access(to, F_OK) != 0) {
-        s = dw_read_file(ctx, tok, &text, &n);
-        if (s == DW_OK) s = dw_write_file_atomic(ctx, to, text, n);
-    }
-    free(text), free(to);
+    dw_status s = access(to, F_OK) != 0 ? dw_copy_file_atomic(ctx, tok, to) : DW_OK;
+    free(to);
     return s;
 }
 

@@ -92,12 +92,7 @@ dw_status dw_export_copy_extras(dw_ctx *ctx, const char *hf_dir, const char *dir
             if (errno == ENOENT) continue;
             return dw_set_error(ctx, DW_ERR_IO, "%s: cannot examine: %s", from, strerror(errno));
         }
-        char *data = NULL;
-        size_t size = 0;
-        DW_TRY(dw_read_file(ctx, from, &data, &size));
-        dw_status s = dw_write_file_atomic(ctx, to, data, size);
-        free(data);
-        DW_TRY(s);
+        DW_TRY(dw_copy_file_atomic(ctx, from, to));
         copied++;
     }
     if (n_copied) *n_copied = copied;

@@ -360,14 +360,11 @@ static dw_status add_file(dw_ctx *ctx, const char *dir, const char *name, file_l
 /* run_dir's tokenizer.json (dw_run_set_tokenizer), when it has one, copied into the checkpoint's
  * temporary directory and added to the list: the checkpoint decodes with the tokenizer its run had. */
 static dw_status copy_run_tokenizer(dw_ctx *ctx, const char *run_dir, const char *tmp, file_list *l) {
-    char *src = dw_path_join(run_dir, DW_CKPT_TOKENIZER), *dst = dw_path_join(tmp, DW_CKPT_TOKENIZER), *text = NULL;
-    size_t n = 0;
+    char *src = dw_path_join(run_dir, DW_CKPT_TOKENIZER), *dst = dw_path_join(tmp, DW_CKPT_TOKENIZER);
     dw_status st = src && dst ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     const bool has = st == DW_OK && access(src, F_OK) == 0;
-    if (has) st = dw_read_file(ctx, src, &text, &n);
-    if (has && st == DW_OK) st = dw_write_file_atomic(ctx, dst, text, n);
+    if (has) st = dw_copy_file_atomic(ctx, src, dst);
     if (has && st == DW_OK) st = add_file(ctx, tmp, DW_CKPT_TOKENIZER, l);
-    free(text);
     free(src);
     free(dst);
     return st;
