@@ -3,8 +3,9 @@
 # and JSON under $OUT (or out/mgpu). Phases:
 #   topo     nvidia-smi's GPU list and link matrix, NCCL's version
 #   correct  a small Llama and a small Mixtral-style MoE, 20 steps on the GPU: one process with
-#            --batch 8 against `deepwell launch -n K` with --batch 8/K (K = 2 and N), ZeRO 0, 1
-#            and 2; prints the largest relative loss difference per run and fails above 3e-2
+#            --batch 8 against `deepwell launch -n K` with --batch 8/K (K = 2 and N), ZeRO 0, 1,
+#            2 and 3 (CORRECT_ZERO narrows the stages); prints the largest relative loss
+#            difference per run and fails above 3e-2
 #            (BF16 GEMMs summing 8 sequences in one kernel or K partial sums apart, carried by
 #            AdamW over 20 steps)
 #   resume   the small Llama, 160 steps on N ranks checkpointing every 20; one rank is SIGKILLed
@@ -94,7 +95,7 @@ for phase in "$@"; do
       runs=()
       for k in 2 "$n"; do
         [ "$k" -le "$n" ] || continue
-        for z in 0 1 2; do
+        for z in ${CORRECT_ZERO:-0 1 2 3}; do
           [ "$k" = 2 ] && [ "$k" != "$n" ] && [ "$z" != 0 ] && continue # ZeRO stages at N only
           name="$m-dp$k-z$z"
           [[ " ${runs[*]} " == *" $name "* ]] && continue
@@ -140,7 +141,9 @@ for phase in "$@"; do
         if [ "$k" = 1 ]; then timeout 240 "$dw" "${cmd[@]}" >"$out/$name.log" 2>&1 &
         else timeout 240 "$dw" launch -n "$k" -- "${cmd[@]}" >"$out/$name.log" 2>&1 & fi
         lp=$!
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$out/$name.mem" 2>/dev/null &
+        # only this run's GPUs when CUDA_VISIBLE_DEVICES narrows them (runs side by side on one host)
+        nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} --query-gpu=memory.used --format=csv,noheader,nounits \
+          -lms 500 >"$out/$name.mem" 2>/dev/null &
         sp=$!
         # the end-of-run checkpoint (15 GB of weights and moments) is not what this measures: once
         # step 30 is logged, the ranks are killed
