@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# accuracy.sh — issue 31's accuracy targets, rerunnable: a byte-level Llama (8 layers, width 512,
+# 25.4 M parameters) trained on English text (the Python documentation this python3 ships:
+# bench/accuracy_setup.py) under each Deepwell recipe and seed, and the same model in PyTorch BF16
+# (bench/accuracy_torch.py) for each seed; the validation loss after the last step against the
+# bands (nvfp4 within 2% of Deepwell BF16, mxfp8 and fp8_block within 1%; Deepwell BF16 within 1%
+# of PyTorch BF16). Not a test: it measures (tests/cli/test_accuracy_bench.sh runs it tiny on CPU).
+#
+# Usage: bash bench/accuracy.sh DEEPWELL [--steps 1200] [--seeds 1,2,3]
+#          [--recipes bf16,mxfp8,fp8_block,nvfp4] [--device cuda] [--gpus 1] [--no-torch]
+#          [--layers 8 --width 512 --batch 16 --seq 256] [--lr 1e-3 --min-lr 1e-4 --warmup 100]
+#          [--eval-batches N] [--text FILE] [--strict]
+#   Each run: `deepwell train --precision R --seed S` (AdamW betas 0.9/0.95, weight decay 0.1 on
+#   matrices, clip 1, cosine from lr to min-lr after a linear warmup, validation on all of the
+#   validation split after the last step, or its first N micro-batches with --eval-batches; every
+#   other flag Deepwell's default) and
+#   accuracy_torch.py with the same settings. --gpus N runs N jobs at once, job k on the next free
+#   GPU (CUDA_VISIBLE_DEVICES; with --device cpu, N processes). --no-torch leaves PyTorch out (to
+#   split the runs over several calls: `python3 bench/accuracy_report.py table A.jsonl B.jsonl`
+#   joins them). --strict: exit 1 when a band fails. Exit 1 when a run failed, 2 on a bad flag.
+#   env: OUT (default out): $OUT/accuracy.jsonl (one JSON line per run, in job order),
+#   $OUT/accuracy.md (the table, also printed), $OUT/corpus.json, $OUT/runs/NAME/{metrics.jsonl,
+#   log}; PYTHON (default python3, needs torch); WORK (run directories and checkpoints, default a
+#   temporary directory removed at the end).
+# Time per run, full size: not yet measured on a GPU. Estimated: 0.65 TFLOP a step (1.6e8 FLOPs a
+#   token x 4096 tokens), 1.3-2.2 ms at 30-50% of an H100's 989 TFLOP/s, plus launch and optimizer
+#   overhead of a small model, about 5-10 ms a step: 10-40 s per Deepwell bf16/FP8 run with
+#   start-up and the final checkpoint; nvfp4 (exact emulation of the FP4 GEMMs on Hopper) and
+#   PyTorch eager (about 1000 kernel launches a step) slower, under a minute each expected. So the
+#   15 runs of the default should fit a 10-minute call with --gpus 4; on one GPU, split them
+#   (--recipes, --seeds, --no-torch) until the first call has measured. Measured on the CPU (2
+#   shared cores, one thread each): --layers 2 --width 128 --batch 4 --seq 64 --steps 30, training
+#   steps only: Deepwell bf16 846 tokens/s (9 s), mxfp8 331 (23 s), PyTorch BF16 14,100 (0.5 s);
+#   validating on all 765 micro-batches of that size took Deepwell's exact CPU engine 2 minutes,
+#   hence --eval-batches for CPU checks.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+die() { echo "accuracy.sh: $*" >&2; exit 2; }
+[ $# -ge 1 ] || die "usage: bash bench/accuracy.sh DEEPWELL [--steps N] [--seeds 1,2,3] [--recipes LIST] [--device cuda|cpu] [--gpus N] (header of bench/accuracy.sh)"
+dw=$1
+shift
+[ -x "$dw" ] || die "$dw: not an executable (give the deepwell binary, e.g. build/deepwell)"
+steps=1200 seeds=1,2,3 recipes=bf16,mxfp8,fp8_block,nvfp4 device=cuda gpus=1 torch=1 strict=0
+layers=8 width=512 batch=16 seq=256 lr=1e-3 min_lr=1e-4 warmup=100 text='' eval_cap=''
+while [ $# -gt 0 ]; do
+  case $1 in
+  --no-torch) torch=0; shift; continue ;;
+  --strict) strict=1; shift; continue ;;
+  --steps | --seeds | --recipes | --device | --gpus | --layers | --width | --batch | --seq | --lr | --min-lr | --warmup | --text | --eval-batches)
+    [ $# -ge 2 ] || die "$1 needs a value" ;;
+  *) die "unknown flag '$1' (see the header of bench/accuracy.sh)" ;;
+  esac
+  v=$2
+  case $1 in
+  --steps) steps=$v ;; --seeds) seeds=$v ;; --recipes) recipes=$v ;; --device) device=$v ;;
+  --gpus) gpus=$v ;; --layers) layers=$v ;; --width) width=$v ;; --batch) batch=$v ;;
+  --seq) seq=$v ;; --lr) lr=$v ;; --min-lr) min_lr=$v ;; --warmup) warmup=$v ;; --text) text=$v ;;
+  --eval-batches) eval_cap=$v ;;
+  esac
+  shift 2
+done
+for f in steps:$steps gpus:$gpus ${eval_cap:+eval-batches:$eval_cap} layers:$layers width:$width batch:$batch seq:$seq warmup:$warmup; do
+  [[ ${f#*:} =~ ^[0-9]+$ ]] || die "--${f%%:*} '${f#*:}' is not a whole number"
+done
+if [ "$steps" -lt 1 ] || [ "$gpus" -lt 1 ]; then die "--steps and --gpus must be >= 1"; fi
+[[ $seeds =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--seeds '$seeds' is not a comma-separated list of whole numbers"
+[[ $recipes =~ ^[a-z0-9_]+(,[a-z0-9_]+)*$ ]] || die "--recipes '$recipes' is not a comma-separated list of recipe names"
+case $device in cuda | cpu) ;; *) die "--device '$device' must be cuda or cpu" ;; esac
+[ -z "$text" ] || [ -r "$text" ] || die "--text $text: cannot be read"
+py=${PYTHON:-python3}
+out=${OUT:-out}
+mkdir -p "$out/runs" || die "$out: cannot create the output directory"
+own_work=0
+if [ -z "${WORK:-}" ]; then WORK=$(mktemp -d) && own_work=1; fi
+mkdir -p "$WORK" || die "$WORK: cannot create the work directory"
+[ $own_work = 1 ] && trap 'rm -rf "$WORK"' EXIT
+
+# The corpus and the model config, once for every run.
+"$py" "$here/accuracy_setup.py" "$WORK/data" --layers "$layers" --width "$width" --seq "$seq" \
+  ${text:+--text "$text"} >"$out/corpus.json" || { echo "accuracy.sh: accuracy_setup.py failed" >&2; exit 1; }
+data=$WORK/data
+val_windows=$(( ($(wc -c <"$data/val.txt") - 1) / seq ))
+eval_batches=$(( val_windows / batch > 0 ? val_windows / batch : 1 )) # all of the validation split
+[ -n "$eval_cap" ] && [ "$eval_cap" -lt "$eval_batches" ] && eval_batches=$eval_cap
+echo "accuracy.sh: corpus $(cat "$out/corpus.json")" >&2
+echo "accuracy.sh: $layers layers, width $width, batch $batch x seq $seq, $steps steps, lr $lr -> $min_lr," \
+  "warmup $warmup, $eval_batches validation batches, device $device, $gpus at once" >&2
+
+# The jobs: "torch_bf16 SEED" and "RECIPE SEED", PyTorch first.
+job_list=()
+IFS=, read -ra seed_list <<<"$seeds"
+IFS=, read -ra recipe_list <<<"$recipes"
+[ $torch = 1 ] && for s in "${seed_list[@]}"; do job_list+=("torch_bf16 $s"); done
+for r in "${recipe_list[@]}"; do for s in "${seed_list[@]}"; do job_list+=("$r $s"); done; done
+
+common=(--steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --min-lr "$min_lr" --warmup "$warmup")
+run_job() { # run_job K: job K's run, its JSON line in $WORK/row.K
+  local recipe=${job_list[$1]% *} seed=${job_list[$1]#* } name t0 rc msg
+  name=${recipe}_s$seed
+  mkdir -p "$out/runs/$name"
+  t0=$(date +%s%N)
+  if [ "$recipe" = torch_bf16 ]; then
+    "$py" "$here/accuracy_torch.py" --config "$data/model/config.json" --train "$data/train.txt" \
+      --val "$data/val.txt" --seed "$seed" --device "$device" --eval-batches "$eval_batches" "${common[@]}" \
+      >"$out/runs/$name/log" 2>&1
+    rc=$?
+    grep '^{' "$out/runs/$name/log" | tail -1 >"$WORK/row.$1"
+    if [ $rc != 0 ] || [ ! -s "$WORK/row.$1" ]; then
+      # shellcheck disable=SC1003 # tr deletes quotes and backslashes
+      msg=$(tail -1 "$out/runs/$name/log" | tr -d '"\\' | cut -c1-200)
+      echo "{\"impl\": \"pytorch\", \"recipe\": \"$recipe\", \"seed\": $seed, \"error\": \"exit $rc: $msg\"}" >"$WORK/row.$1"
+    fi
+  else
+    "$dw" train --model "$data/model" --data "$data/train.txt" --val "$data/val.txt" --out "$WORK/runs/$name" \
+      --precision "$recipe" --seed "$seed" --device "$device" --eval-every "$steps" --eval-batches "$eval_batches" \
+      --schedule cosine --weight-decay 0.1 --clip 1 --beta1 0.9 --beta2 0.95 --ckpt-minutes 0 --keep 1 \
+      --log-every 100 "${common[@]}" >"$out/runs/$name/log" 2>&1
+    rc=$?
+    cp "$WORK/runs/$name/metrics.jsonl" "$out/runs/$name/" 2>/dev/null
+    "$py" "$here/accuracy_report.py" row "$WORK/runs/$name" "$recipe" "$seed" \
+      "$((($(date +%s%N) - t0) / 1000000))e-3" "$rc" "$out/runs/$name/log" >"$WORK/row.$1"
+    rm -rf "$WORK/runs/$name"/ckpt-* # checkpoints: 300 MB a run at full size
+  fi
+  echo "accuracy.sh: $name done (exit $rc): $(cut -c1-200 "$WORK/row.$1")" >&2
+}
+worker() { # worker G: claims the jobs one by one (mkdir is atomic) and runs them on GPU G
+  export CUDA_VISIBLE_DEVICES=$1
+  for k in "${!job_list[@]}"; do mkdir "$WORK/claim.$k" 2>/dev/null && run_job "$k"; done
+}
+for ((g = 0; g < gpus; g++)); do worker $g & done
+wait
+
+: >"$out/accuracy.jsonl"
+failed=0
+for k in "${!job_list[@]}"; do
+  cat "$WORK/row.$k" >>"$out/accuracy.jsonl" 2>/dev/null || echo "{\"recipe\": \"${job_list[$k]% *}\", \"seed\": ${job_list[$k]#* }, \"error\": \"no result\"}" >>"$out/accuracy.jsonl"
+done
+grep -q '"error"' "$out/accuracy.jsonl" && failed=1
+"$py" "$here/accuracy_report.py" table "$out/accuracy.jsonl" --corpus "$out/corpus.json" >"$out/accuracy.md" || failed=1
+cat "$out/accuracy.md"
+[ $failed = 1 ] && exit 1
+[ $strict = 1 ] && grep -q '| FAIL' "$out/accuracy.md" && exit 1
+exit 0
