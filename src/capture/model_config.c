@@ -572,7 +572,7 @@ static void write_gemma2(json_t *j, const dw_model_config *c) {
     json_object_del(j, "mlp_bias");
     set_str(j, "hidden_act", "gelu_pytorch_tanh"); /* transformers' Gemma2 reads hidden_activation */
     set_str(j, "hidden_activation", "gelu_pytorch_tanh");
-    set_num(j, "query_pre_attn_scalar", c->query_pre_attn_scalar);
+    json_object_set_new(j, "query_pre_attn_scalar", dw_json_whole(c->query_pre_attn_scalar)); /* int there */
     set_cap(j, "attn_logit_softcapping", c->attn_softcap);
     set_cap(j, "final_logit_softcapping", c->final_softcap);
 }

@@ -23,6 +23,9 @@ dw_status dw_model_config_from_json(dw_ctx *ctx, const json_t *j, const char *wh
  * rope_theta and rope_scaling (null for the default type). */
 dw_status dw_model_config_parse_rope(dw_ctx *ctx, const json_t *j, const char *what, dw_model_config *c);
 void dw_model_config_write_rope(json_t *j, const dw_model_config *c);
+/* A positive whole number as transformers writes it (an integer: its strict config classes refuse
+ * 24.0 for an int field), else a real. */
+json_t *dw_json_whole(double v);
 /* Sliding windows (model_config_window.c): the family's keys (sliding_window, use_sliding_window,
  * max_window_layers, layer_types; c->n_layers read first) into c->sliding_window and
  * c->window_layers, and written back the same way. */

@@ -169,8 +169,7 @@ dw_status dw_model_config_parse_rope(dw_ctx *ctx, const json_t *j, const char *w
     return DW_OK;
 }
 
-/* A positive whole number as transformers writes it (an integer), else a real. */
-static json_t *whole(double v) {
+json_t *dw_json_whole(double v) {
     return v == floor(v) && v >= 0 && v < 9e15 ? json_integer((json_int_t)v) : json_real(v);
 }
 
@@ -196,7 +195,7 @@ static void write_longrope(json_t *j, json_t *o, const dw_model_config *c) {
     json_object_set_new(o, c->arch == DW_ARCH_PHI3 ? "type" : "rope_type", json_string("longrope"));
     json_object_set_new(o, "short_factor", reals(r->short_factor, r->n_factors));
     json_object_set_new(o, "long_factor", reals(r->long_factor, r->n_factors));
-    json_object_set_new(j, "original_max_position_embeddings", whole(r->original_max));
+    json_object_set_new(j, "original_max_position_embeddings", dw_json_whole(r->original_max));
     if (r->attention_factor != longrope_attention((double)c->max_seq / r->original_max, r->original_max))
         json_object_set_new(o, "attention_factor", json_real(r->attention_factor));
 }
@@ -219,7 +218,7 @@ void dw_model_config_write_rope(json_t *j, const dw_model_config *c) {
     json_object_set_new(o, "rope_type", json_string(dw_rope_type_name(r->type)));
     json_object_set_new(o, "factor", json_real(r->factor));
     if (r->type != DW_ROPE_LINEAR) /* an integer, as transformers writes it */
-        json_object_set_new(o, "original_max_position_embeddings", whole(r->original_max));
+        json_object_set_new(o, "original_max_position_embeddings", dw_json_whole(r->original_max));
     if (r->type == DW_ROPE_LLAMA3) {
         json_object_set_new(o, "low_freq_factor", json_real(r->low_freq_factor));
         json_object_set_new(o, "high_freq_factor", json_real(r->high_freq_factor));
