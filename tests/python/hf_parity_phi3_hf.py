@@ -43,6 +43,15 @@ def phi3_config(kind, gen):
                                    tie_word_embeddings=False, pad_token_id=None)
 
 
+def rope_type_of(config):
+    """The rope type a loaded config holds: transformers 4 keeps rope_scaling {"type" or "rope_type"},
+    transformers 5 rope_parameters {"rope_type"}."""
+    for d in (getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
+        if isinstance(d, dict) and (d.get("rope_type") or d.get("type")):
+            return d.get("rope_type") or d.get("type")
+    return None
+
+
 def main():
     dw = sys.argv[1]
     gen = torch.Generator().manual_seed(int(os.environ.get("DW_TEST_SEED", "26")))
@@ -79,7 +88,7 @@ def main():
                 want, got = model(input_ids=tok).logits, back(input_ids=tok).logits
             worst = compare(f"{name} export logits", got, want, 0, 1e-12, failures)
             print(f"phi3 {name}: export -> transformers from_pretrained, logits relative error {worst:.1e}, "
-                  f"rope_scaling {back.config.rope_scaling and back.config.rope_scaling['type']}")
+                  f"rope_scaling {rope_type_of(back.config)}")
     for f in failures:
         print("FAIL:", f)
     print(f"{len(failures)} failed")
