@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# run.sh — builds the CUDA op kernels (src/kernels/cuda/ops_*.cu) and the GPU op tests
+# run.sh — builds the CUDA op kernels (src/kernels/cuda/ops_*.cu, decode_attn*.cu) and the GPU op tests
 # (tests/gpu/test_ops_cuda*.c) for the host CUDA emulator in this folder, with ASan + UBSan, and
 # runs the tests: a check of indexing, barriers, shuffles and shared-memory bounds on a machine
 # without a GPU. Not a substitute for running on the GPU (libm instead of CUDA math, no timing,
 # no concurrency). Needs a CPU build of the library (default build/: cmake -DDW_CUDA=OFF).
 # Usage: tests/common/cuda_emu/run.sh [CPU_BUILD_DIR]   (DW_EMU_NOSAN=1: no sanitizers, faster;
-# DW_EMU_TESTS='test_ops_cuda_attn*': only those tests; DW_EMU_MMA=1: attn_mma.cu's tensor-core
+# DW_EMU_TESTS='test_ops_cuda_attn*': only those tests (a path relative to tests/gpu, e.g.
+# ../unit/test_decode_attn, runs a unit test's emulated part); DW_EMU_MMA=1: attn_mma.cu's tensor-core
 # kernels too, their PTX primitives emulated by kernels/cuda/attn_mma_ptx.cuh here: slow)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -21,7 +22,7 @@ for h in "$root"/src/kernels/cuda/*.cuh; do
   python3 "$emu/preprocess.py" "$h" "$out/inc/kernels/cuda/$(basename "$h")"
 done
 objs=()
-for cu in "$root"/src/kernels/cuda/ops_*.cu; do
+for cu in "$root"/src/kernels/cuda/ops_*.cu "$root"/src/kernels/cuda/decode_attn*.cu; do
   name=$(basename "$cu" .cu)
   python3 "$emu/preprocess.py" "$cu" "$out/$name.cpp"
   g++ -std=c++17 -O1 -g $san -Wall -Wno-unused-function -Wno-unknown-pragmas $inc -c "$out/$name.cpp" -o "$out/$name.o"
