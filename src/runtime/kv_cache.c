@@ -1,9 +1,11 @@
 /* kv_cache.c — decoding with a K/V cache (kv_cache.h). The executor runs every forward step of
- * the program for one token, except learned positions, RoPE and attention, which run here on the
- * host over the cached positions (kernels/cpu/decode_cpu.h): in FP32, from activations widened
- * from BF16 in a BF16 program and rounded back to it once, as the CPU backend's whole-sequence ops
- * do (runtime/cpu/cpu.h). Activations move through the backend's download and upload: on the CPU
- * plain copies; on a GPU one position's rows (and the prefill's keys and values) cross PCIe. */
+ * the program for one token, except learned positions, RoPE and attention, which run here over
+ * the cached positions. On the CPU engine all three run on the host (kernels/cpu/decode_cpu.h): in
+ * FP32, from activations widened from BF16 in a BF16 program and rounded back to it once, as the
+ * CPU backend's whole-sequence ops do (runtime/cpu/cpu.h), through the backend's download and
+ * upload (plain copies there). On a CUDA engine the cache stays in device memory in the
+ * activation type and attention runs there (runtime/cuda/decode_cuda.h: flash-decoding); learned
+ * positions and RoPE still run on the host, one position's row crossing PCIe each way. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,13 +14,18 @@
 #include "formats/formats.h"
 #include "kernels/cpu/decode_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "runtime/cuda/decode_cuda.h"
 #include "runtime/exec.h"
 #include "runtime/kv_cache.h"
 
 struct dw_kv_cache {
     dw_engine *e;
     int64_t len, cap;  /* positions cached, the program's seq */
-    float **k, **v;    /* per node: (cap, Hkv, D) for attention nodes, else NULL */
+    float **k, **v;    /* per node: (cap, Hkv, D) for attention nodes, else NULL (host cache) */
+    bool dev;          /* the cache and attention on the device (a CUDA engine) */
+    void **kd, **vd;   /* dev: per node (cap, Hkv, D) in the activation type on the device */
+    void *work;        /* dev: the decode attention's workspace (work_bytes) */
+    size_t work_bytes;
     float *in, *out;   /* (row) one position's FP32 input and output of the ops run here */
     int32_t *tokens;   /* (cap) the tokens cached: a step that changes longrope's table re-runs them */
     int64_t row;       /* the widest row those ops read or write (the logits' V included) */
@@ -73,10 +80,18 @@ bool dw_kv_cache_supported(const dw_engine *e) {
 
 void dw_kv_cache_free(dw_kv_cache *kv) {
     if (!kv) return;
+    dw_backend *be = kv->e->be;
     for (int i = 0; kv->k && i < kv->e->g->n_nodes; i++) {
         free(kv->k[i]);
         free(kv->v[i]);
     }
+    for (int i = 0; kv->kd && i < kv->e->g->n_nodes; i++) {
+        if (kv->kd[i]) be->i->release(be, kv->kd[i]);
+        if (kv->vd[i]) be->i->release(be, kv->vd[i]);
+    }
+    if (kv->work) be->i->release(be, kv->work);
+    free(kv->kd);
+    free(kv->vd);
     free(kv->k);
     free(kv->v);
     free(kv->in);
@@ -97,16 +112,32 @@ dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
     dw_kv_cache *kv = calloc(1, sizeof *kv);
     if (kv) kv->e = e, kv->cap = g->seq;
     if (kv) kv->k = calloc((size_t)g->n_nodes, sizeof *kv->k), kv->v = calloc((size_t)g->n_nodes, sizeof *kv->v);
-    bool ok = kv && kv->k && kv->v;
+    if (kv) kv->kd = calloc((size_t)g->n_nodes, sizeof *kv->kd), kv->vd = calloc((size_t)g->n_nodes, sizeof *kv->vd);
+    if (kv) kv->dev = e->be->device != DW_DEVICE_CPU;
+    bool ok = kv && kv->k && kv->v && kv->kd && kv->vd;
+    dw_status st = DW_OK;
     for (int i = 0; ok && i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
         if (n->op == DW_OP_POSITION || n->op == DW_OP_ROPE || n->op == DW_OP_ATTENTION)
             for (int j = 0; j < n->n_in; j++)
                 if (e->p->tensor[n->in[j]].width > kv->row) kv->row = e->p->tensor[n->in[j]].width;
         if (n->op != DW_OP_ATTENTION) continue;
+        if (kv->dev) { /* (cap, Hkv, D) keys and values in the activation type, one workspace for all nodes */
+            const int64_t bytes = kv->cap * kv_width(n) * (e->p->bf16 ? 2 : 4);
+            const size_t wb = dw_cuda_decode_work_bytes(n->attrs.heads, n->attrs.head_dim, kv->cap);
+            if (wb > kv->work_bytes) kv->work_bytes = wb;
+            st = e->be->i->alloc(e->be, bytes, &kv->kd[i]);
+            if (st == DW_OK) st = e->be->i->alloc(e->be, bytes, &kv->vd[i]);
+            ok = st == DW_OK;
+            continue;
+        }
         const size_t bytes = (size_t)(kv->cap * kv_width(n)) * sizeof(float);
         kv->k[i] = malloc(bytes), kv->v[i] = malloc(bytes);
         ok = kv->k[i] && kv->v[i];
+    }
+    if (ok && kv->dev) {
+        st = e->be->i->alloc(e->be, (int64_t)kv->work_bytes, &kv->work);
+        ok = st == DW_OK;
     }
     for (int i = 0; ok && i < g->n_nodes; i++) /* the prefill downloads an attention input's rows at once */
         if (g->nodes[i].op == DW_OP_ATTENTION)
@@ -119,7 +150,7 @@ dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
     ok = ok && kv->in && kv->out && kv->raw && kv->tokens;
     if (!ok) {
         dw_kv_cache_free(kv);
-        return dw_set_error(e->ctx, DW_ERR_NOMEM, "KV cache: out of memory");
+        return st != DW_OK ? st : dw_set_error(e->ctx, DW_ERR_NOMEM, "KV cache: out of memory");
     }
     *out = kv;
     return DW_OK;
@@ -165,7 +196,7 @@ static dw_status param_row(dw_kv_cache *kv, int t, int64_t row, int64_t n, float
 }
 
 /* Rows [0, rows) of attention node n's keys and values (3 inputs, or one packed q|k|v) into the
- * cache at positions pos.. */
+ * cache at positions pos.. (on the device: copied there, in the activation type) */
 static dw_status keep_kv(dw_kv_cache *kv, int node, int64_t pos, int64_t rows) {
     const dw_exec *x = kv->e->x;
     const dw_ir_node *n = &x->g->nodes[node];
@@ -174,6 +205,12 @@ static dw_status keep_kv(dw_kv_cache *kv, int node, int64_t pos, int64_t rows) {
     const int64_t stride = packed ? dq + 2 * dkv : dkv;
     for (int which = 0; which < 2; which++) { /* keys, then values */
         const int t = packed ? n->in[0] : n->in[1 + which];
+        if (kv->dev) {
+            const char *src = act(x, t) + (size_t)(packed ? dq + which * dkv : 0) * (x->p->bf16 ? 2 : 4);
+            DW_TRY(dw_cuda_decode_keep(x->be, x->p->bf16, which ? kv->vd[node] : kv->kd[node], pos, src, rows,
+                                       stride, dkv));
+            continue;
+        }
         DW_TRY(fetch(kv, t, 0, rows, stride));
         float *cache = which ? kv->v[node] : kv->k[node];
         for (int64_t r = 0; r < rows; r++)
@@ -199,7 +236,7 @@ dw_status dw_kv_cache_prefill(dw_kv_cache *kv, const int32_t *tokens, int64_t n,
     if (tokens != kv->tokens) memcpy(kv->tokens, tokens, (size_t)n * sizeof *tokens);
     DW_TRY(dw_engine_forward(e, tokens, NULL, 1, n, NULL, NULL));
     for (int i = 0; i < e->g->n_nodes; i++)
-        if (kv->k[i]) DW_TRY(keep_kv(kv, i, 0, n));
+        if (e->g->nodes[i].op == DW_OP_ATTENTION) DW_TRY(keep_kv(kv, i, 0, n));
     kv->len = n;
     return read_logits(kv, n - 1, logits);
 }
@@ -212,6 +249,10 @@ static dw_status decode_node(dw_kv_cache *kv, int node, int64_t pos) {
     const dw_ir_attrs *a = &n->attrs;
     const int64_t w_in = x->p->tensor[n->in[0]].width, w_out = x->p->tensor[n->out[0]].width;
     if (n->op == DW_OP_ATTENTION) DW_TRY(keep_kv(kv, node, pos, 1)); /* this position's keys and values */
+    if (n->op == DW_OP_ATTENTION && kv->dev) /* the query (a packed row's first H D) against the device cache */
+        return dw_cuda_decode_attention(x->be, x->p->bf16, act(x, n->out[0]), act(x, n->in[0]), kv->kd[node],
+                                        kv->vd[node], pos + 1, kv->cap, a->heads, a->kv_heads, a->head_dim, a->window,
+                                        a->softcap, kv->work, kv->work_bytes);
     DW_TRY(fetch(kv, n->in[0], 0, 1, w_in));
     const void *raw = kv->raw;
     if (n->op == DW_OP_POSITION) {

@@ -5,11 +5,14 @@
  * On the CPU engine the logits are bit for bit those of the whole-sequence forward. Programs FP32
  * or BF16 (not quantised: a tensor-scaled GEMM makes a row depend on the others), whose ops are
  * all row-wise apart from those three; MoE layers count as row-wise when they drop no token (no
- * capacity factor below E). CUDA engines only with DW_KV_CACHE=1: their rows go through the
- * backend's download/upload, and the GPU's attention and GEMMs round differently from these host
- * kernels, so there the logits agree within BF16 tolerance (tests/gpu/test_kv_cache_cuda.c).
+ * capacity factor below E). CUDA engines only with DW_KV_CACHE=1 (until GPU runs have held them to
+ * the recompute): the cache stays on the device and attention runs there (flash-decoding,
+ * runtime/cuda/decode_cuda.h); positions and RoPE rows go through the backend's download/upload;
+ * the GPU's M = 1 GEMMs and decode attention round differently from the whole-sequence kernels, so
+ * there the logits agree within BF16 tolerance (tests/gpu/test_kv_cache_cuda.c).
  * dw_kv_cache_supported says, and others keep the full recompute. Cache: per attention node
- * (seq, Hkv, D) keys and values, FP32 on the host (a BF16 program's widened exactly). */
+ * (seq, Hkv, D) keys and values, FP32 on the host (a BF16 program's widened exactly), or on a CUDA
+ * engine in the program's activation type in device memory. */
 #ifndef DW_RUNTIME_KV_CACHE_H
 #define DW_RUNTIME_KV_CACHE_H
 

@@ -1,6 +1,11 @@
 /* test_kv_cache_cuda.c — cached decoding on a CUDA engine (runtime/kv_cache.c, opted into with
- * DW_KV_CACHE=1): for random-weight BF16 models of each family (gpt2, llama, qwen2, mixtral,
- * qwen3-moe tiny presets) at a random sequence length, a prefill and every later step, fed random
+ * DW_KV_CACHE=1; the cache on the device, attention by kernels/cuda/decode_attn.cu): first that
+ * kernel against the CPU reference (tests/unit/test_decode_attn_gpu.h: random shapes to T 4096,
+ * GQA, windows, caps, D 64/128/odd, FP32 1e-5 and BF16 2e-2 normwise); then for random-weight BF16
+ * models of each family (gpt2, llama, qwen2, mixtral, qwen3-moe tiny presets, and directories of
+ * Gemma 2 (windows, caps, query_pre_attn_scalar), Mistral (window) and Phi-3 (packed q|k|v,
+ * partial rotary, longrope switching tables mid-decoding): tests/unit/test_kv_cache_dirs.h) at a
+ * random sequence length, a prefill and every later step, fed random
  * tokens, give logits within BF16 tolerance of a whole-sequence forward over the same tokens
  * (normwise ||cached - full||_2 / ||full||_2 <= 2e-2, the op-by-op BF16 tolerance of
  * test_engine_cuda.c: the GPU's attention and M = 1 GEMMs round differently from the M = T ones),
@@ -15,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../unit/test_decode_attn_gpu.h"
+#include "../unit/test_kv_cache_dirs.h"
 #include "runtime/kv_cache.h"
 #include "testutil.h"
 
@@ -75,6 +82,24 @@ static void test_families(void **state) {
     for (size_t f = 0; f < sizeof fam / sizeof *fam; f++) check_family(fam[f]);
 }
 
+/* The families with their own attention, as directories (tests/unit/test_kv_cache_dirs.h). */
+static void test_family_dirs(void **state) {
+    (void)state;
+    dw_kv_for_each_dir(check_family);
+}
+
+/* The decode attention kernel against the CPU reference of the same step. */
+static void test_decode_kernel(void **state) {
+    int64_t bad = 0;
+    assert_int_equal(dw_gc_init(state), 0);
+    bad += dw_dec_check(&rng, DW_ACT_F32, 1, 4096, 4096, 32, 8, 128, 0, 0.0, 1.5f);
+    bad += dw_dec_check(&rng, DW_ACT_BF16, 1, 4096, 4000, 32, 8, 128, 0, 0.0, 5.0f);
+    bad += dw_dec_check(&rng, DW_ACT_BF16, 2, 3000, 2999, 16, 4, 256, 1024, 50.0, 5.0f);
+    bad += dw_dec_check_random(&rng, 60, 4096);
+    dw_gc_fini(state);
+    assert_int_equal(bad, 0);
+}
+
 /* Without DW_KV_CACHE=1 a CUDA engine keeps the recompute (the default until GPU runs settle it). */
 static void test_opt_in(void **state) {
     (void)state;
@@ -104,6 +129,7 @@ static int teardown(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_families), cmocka_unit_test(test_opt_in)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_decode_kernel), cmocka_unit_test(test_families),
+                                       cmocka_unit_test(test_family_dirs), cmocka_unit_test(test_opt_in)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

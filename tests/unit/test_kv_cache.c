@@ -4,7 +4,10 @@
  * expert, Qwen3-MoE's per-head norms) at a random sequence length, the logits of a prefill and of
  * every later step equal bit for bit those of a whole-sequence forward over the same tokens, and
  * dw_engine_generate gives the same tokens with the cache as without it (greedy and sampled, past
- * the program's sequence length). A MoE that may drop tokens (capacity factor below E) and a
+ * the program's sequence length). Also model directories of the families with their own attention:
+ * Gemma 2 (sliding window on alternate layers, soft-capped scores and logits, query_pre_attn_scalar),
+ * Mistral (a window on every layer) and Phi-3 (packed q|k|v, partial rotary, longrope whose long
+ * factors start mid-decoding). A MoE that may drop tokens (capacity factor below E) and a
  * quantised (fp8) program keep the full recompute. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "runtime/kv_cache.h"
+#include "test_kv_cache_dirs.h"
 #include "testutil.h"
 
 static const char *const FAMILIES[] = {"gpt2-tiny",   "llama-tiny",     "qwen2-tiny",    "mixtral-tiny",
@@ -90,6 +94,19 @@ static void check_generate(const char *what, bool bf16) {
     dw_policy_free(pol);
 }
 
+/* Both precisions, logits and generation, for a directory of test_kv_cache_dirs.h. */
+static void check_dir(const char *dir) {
+    check_logits(dir, false);
+    check_logits(dir, true);
+    check_generate(dir, false);
+    check_generate(dir, true);
+}
+
+static void test_family_dirs(void **state) {
+    (void)state;
+    dw_kv_for_each_dir(check_dir);
+}
+
 static void test_logits_fp32(void **state) {
     (void)state;
     for (size_t f = 0; f < sizeof FAMILIES / sizeof *FAMILIES; f++) check_logits(FAMILIES[f], false);
@@ -144,6 +161,7 @@ int main(void) {
         cmocka_unit_test(test_logits_bf16),
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_family_dirs),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
