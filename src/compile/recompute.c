@@ -6,10 +6,17 @@
  * the same values, to the same places — by the block's forwards run again just before the
  * block's backward. The arena (arena.c) gives such buffers two live intervals, so every block's
  * inner activations share the memory of one. recompute_blocks limits it to the first N blocks
- * (Megatron's "block" method: the memory of the rest at less extra compute). */
+ * (Megatron's "block" method: the memory of the rest at less extra compute).
+ * MoE rematerialisation (on unless DW_MOE_REMAT=0), outside the recomputed blocks: a MoE layer's
+ * dispatched rows (B,T*K,C) and its experts' SwiGLU output (B,T*K,F) are not kept from the forward
+ * to the backward; the dispatch (sort + gather of x's rows) and the SwiGLU run again just before
+ * the first backward that reads them (the up projection's and the down projection's), from inputs
+ * that are kept anyway (x for the router's weight gradient, gate and up for SwiGLU's backward).
+ * Both are memory-bound and deterministic, so the same bits come back; no GEMM runs twice. */
 #include <stdlib.h>
 
 #include "compile/passes.h"
+#include "core/env.h"
 #include "core/error.h"
 
 bool dw_compile_recomputed(const dw_compiled *c, int i) {
@@ -20,6 +27,35 @@ bool dw_compile_recomputed(const dw_compiled *c, int i) {
     return c->recompute == DW_RECOMPUTE_FULL && n->block >= 0 && n->block < c->recompute_blocks &&
            !(c->node[i].fused & DW_FUSED_FWD) &&
            !(dw_op_flags(n->op) & once);
+}
+
+bool dw_compile_moe_remat(const dw_compiled *c, int i) {
+    const dw_graph *g = c->g;
+    const dw_ir_node *n = &g->nodes[i];
+    if (!c->moe_remat || dw_compile_recomputed(c, i)) return false; /* a recomputed block runs it again anyway */
+    if (n->op == DW_OP_MOE_DISPATCH) return true;
+    const int p = n->op == DW_OP_SWIGLU ? g->tensors[n->in[0]].producer : -1; /* the experts' activation */
+    return p >= 0 && g->nodes[p].op == DW_OP_MOE_LINEAR;
+}
+
+/* Whether node i's backward reads tensor t's value (ops.def: READS_IN of its slot, or READS_OUT). */
+static bool bwd_reads(const dw_compiled *c, int i, int t) {
+    const dw_ir_node *n = &c->g->nodes[i];
+    const unsigned f = dw_op_flags(n->op);
+    if ((f & DW_OPF_BWD_IN_FWD) || i == c->head_linear) return false; /* no backward of its own in the sweep */
+    for (int s = 0; s < n->n_in; s++)
+        if (n->in[s] == t && (f & DW_OPF_READS_IN(s))) return true;
+    for (int k = 0; k < n->n_out && (f & DW_OPF_READS_OUT); k++)
+        if (n->out[k] == t) return true;
+    return false;
+}
+
+/* The node whose backward first (highest node) reads rematerialised node j's main output: j runs
+ * again just before it. -1: none does (the output is dropped after the forward for good). */
+static int first_reader(const dw_compiled *c, int j) {
+    for (int i = c->g->n_nodes - 1; i >= j; i--)
+        if (bwd_reads(c, i, c->g->nodes[j].out[0])) return i;
+    return -1;
 }
 
 dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recompute_blocks) {
@@ -35,13 +71,16 @@ dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recom
     c->recompute = recompute;
     c->recompute_blocks = recompute_blocks > 0 && recompute_blocks < g->model.n_blocks ? recompute_blocks
                                                                                         : (int)g->model.n_blocks;
+    c->moe_remat = dw_env_flag("DW_MOE_REMAT", true);
     const size_t cap = (size_t)(nn ? nn : 1);
     c->bwd_t = malloc(cap * sizeof *c->bwd_t);
     c->rc_t = malloc(cap * sizeof *c->rc_t);
     c->sweep = malloc(2 * cap * sizeof *c->sweep);
     if (!c->bwd_t || !c->rc_t || !c->sweep) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+    int *remat_before = malloc(cap * sizeof *remat_before); /* rematerialised node j: the node it precedes */
+    if (!remat_before) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     int t = nn, k = 0;
-    for (int i = 0; i < nn; i++) c->rc_t[i] = -1;
+    for (int i = 0; i < nn; i++) c->rc_t[i] = -1, remat_before[i] = dw_compile_moe_remat(c, i) ? first_reader(c, i) : -1;
     for (int i = nn - 1; i >= 0; i--) {
         const int b = g->nodes[i].block;
         if (recompute == DW_RECOMPUTE_FULL && b >= 0 && b < c->recompute_blocks &&
@@ -51,9 +90,12 @@ dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recom
             for (int j = first; j <= i; j++)
                 if (dw_compile_recomputed(c, j)) c->rc_t[j] = t++, c->sweep[k++] = -(j + 1);
         }
+        for (int j = 0; j <= i; j++) /* rematerialised MoE outputs this backward reads, in graph order */
+            if (remat_before[j] == i) c->rc_t[j] = t++, c->sweep[k++] = -(j + 1);
         c->bwd_t[i] = t++;
         c->sweep[k++] = i;
     }
+    free(remat_before);
     c->n_times = t;
     return DW_OK;
 }

@@ -31,6 +31,7 @@ typedef struct {
     int64_t total;                  /* rows received (expert order) */
     int32_t *offsets_h, *perm_h, *back_h; /* host: (E+1) expert-order groups, (cap) perm, (cap) back */
     void *offsets_d, *perm_d, *back_d;    /* the same in the backend's memory */
+    bool in_bwd;                    /* the combine's backward ran and the dispatch's not yet */
 } ep_layer;
 
 struct dw_ep {
@@ -182,14 +183,19 @@ static dw_status ep_step(void *arg, dw_exec *x, int node, bool fwd, bool train, 
     if (ep->suspended || ep->role[node] == ROLE_NONE) return DW_OK;
     *done = true;
     ep_layer *L = &ep->layer[ep->layer_of[node]];
+    /* a MoE forward run again inside the layer's backward (compile/recompute.c's rematerialised rows
+     * and SwiGLU): this layer's rows live in ep's own buffers, kept, so there is nothing to redo */
+    if (fwd && L->in_bwd) return DW_OK;
     dw_op_call c;
     switch (ep->role[node]) {
     case ROLE_DISPATCH:
+        L->in_bwd = false;
         if (!fwd) DW_TRY(return_grads(ep, L));
         dw_exec_resolve(x, node, train, dloss, &c);
         DW_TRY(dw_exec_call(x, fwd, &c));
         return fwd ? dispatch_rows(ep, L) : DW_OK;
     case ROLE_COMBINE:
+        L->in_bwd = !fwd;
         if (fwd) DW_TRY(return_rows(ep, L));
         dw_exec_resolve(x, node, train, dloss, &c);
         DW_TRY(dw_exec_call(x, fwd, &c));

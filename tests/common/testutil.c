@@ -525,6 +525,46 @@ dw_status dw_test_model_train_random(dw_test_model *m, int64_t B, int64_t T, int
     return dw_test_train_fixed(m->e, x, y, B, T, steps, lr, first, last);
 }
 
+/* The routing counters of e (layers x (2 + experts) int64) in a new array, their count in *n. */
+static int64_t *moe_counts(dw_engine *e, int64_t *n) {
+    int64_t L = 0, E = 0;
+    if (dw_engine_moe_counts(e, &L, &E, NULL) != DW_OK) return NULL;
+    *n = L * (2 + E);
+    int64_t *c = calloc((size_t)(*n ? *n : 1), sizeof *c);
+    if (c && *n && dw_engine_moe_counts(e, NULL, NULL, c) != DW_OK) free(c), c = NULL;
+    return c;
+}
+
+int dw_test_same_training(dw_test_model *a, dw_test_model *b, int64_t B, int64_t T, int steps, double lr,
+                          uint64_t seed, const char *what, double *first, double *last) {
+    dw_test_rng ra, rb;
+    dw_test_rng_init(&ra, seed);
+    dw_test_rng_init(&rb, seed);
+    double b0, b1;
+    if (dw_test_model_train_random(a, B, T, steps, lr, &ra, first, last) != DW_OK ||
+        dw_test_model_train_random(b, B, T, steps, lr, &rb, &b0, &b1) != DW_OK)
+        return -1;
+    if (*first != b0 || *last != b1) {
+        fprintf(stderr, "%s: losses %.17g %.17g, then %.17g %.17g\n", what, *first, *last, b0, b1);
+        return 1;
+    }
+    for (int i = 0; i < a->c->n_params; i++) {
+        const char *name = a->g->tensors[a->c->param_tensor[i]].name;
+        float *pa = dw_test_param_read(a->e, name, NULL), *pb = dw_test_param_read(b->e, name, NULL);
+        const bool same = pa && pb && !memcmp(pa, pb, (size_t)dw_test_param_numel(a->e, i) * sizeof *pa);
+        free(pa), free(pb);
+        if (!same) {
+            fprintf(stderr, "%s: parameter %s differs after %d steps\n", what, name, steps);
+            return 1;
+        }
+    }
+    int64_t na = 0, nb = 0, *ca = moe_counts(a->e, &na), *cb = moe_counts(b->e, &nb);
+    const int rc = !ca || !cb ? -1 : na != nb || memcmp(ca, cb, (size_t)na * sizeof *ca) || (na && !ca[0]) ? 1 : 0;
+    if (rc > 0) fprintf(stderr, "%s: the MoE routing counters differ or counted nothing\n", what);
+    free(ca), free(cb);
+    return rc;
+}
+
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq) {
     dw_graph *h = NULL;
     char *dir = dw_test_tmpdir(), *cfg = dir ? dw_test_path(dir, "config.json") : NULL;

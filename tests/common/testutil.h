@@ -152,6 +152,14 @@ void dw_test_model_free(dw_test_model *m);
 dw_status dw_test_model_train_random(dw_test_model *m, int64_t B, int64_t T, int steps, double lr, dw_test_rng *r,
                                      double *first, double *last);
 
+/* a and b (two programs of one model, e.g. with and without a memory-saving pass) trained as
+ * dw_test_model_train_random from generators seeded with seed: 0 when their first and last losses,
+ * every parameter after the last step and the MoE routing counters (if any, not all zero) are the
+ * same bits, 1 when one differs (named on stderr after `what`), -1 when a call fails. a's losses
+ * into *first, *last. */
+int dw_test_same_training(dw_test_model *a, dw_test_model *b, int64_t B, int64_t T, int steps, double lr,
+                          uint64_t seed, const char *what, double *first, double *last);
+
 /* A host mirror of an engine's AdamW for checking dw_engine_step bit for bit: a copy of every
  * parameter (read back at creation) and its moments (zero at creation: create it before the
  * engine's first step). dw_test_optref_step applies what dw_engine_step(e, o, step) must do, with
