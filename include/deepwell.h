@@ -1595,6 +1595,22 @@ DW_API dw_status dw_hf_tokenizer_decode(dw_ctx *ctx, const dw_hf_tokenizer *t, c
 DW_API dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, int64_t n, double temperature,
                                     int top_k, uint64_t *rng_state);
 
+/* What one generation took (a result struct: set size first), in wall-clock seconds: the prefill
+ * (the prompt's forward, up to the first new token) and the decode (each later token), and
+ * whether a K/V cache served the decode (false: a full recompute per token). */
+typedef struct {
+    size_t size;
+    double prefill_s, decode_s;
+    int64_t prefill_tokens; /* the prompt's tokens */
+    int64_t decode_tokens;  /* the tokens after the first: n - 1 (0 when n <= 1) */
+    bool cached;
+} dw_generate_stats;
+
+/* dw_engine_generate, filling *stats (may be NULL; size 0 refused) with its timings, also on
+ * failure (what had run). */
+DW_API dw_status dw_engine_generate_timed(dw_engine *e, int32_t *tokens, int64_t np, int64_t n, double temperature,
+                                          int top_k, uint64_t *rng_state, dw_generate_stats *stats);
+
 /* ======================================================================================
  * Export to Hugging Face                                     [section: export]
  * ====================================================================================== */

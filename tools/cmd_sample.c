@@ -116,11 +116,16 @@ int cmd_sample(int argc, char **argv) {
     if (st == DW_OK && !all) st = DW_ERR_NOMEM;
     if (all) ids = all;
     uint64_t rng = (uint64_t)seed;
-    const double t0 = cli_now();
-    if (st == DW_OK) st = dw_engine_generate(e, ids, np, n, temperature, (int)top_k, &rng);
-    const double secs = cli_now() - t0;
-    if (st == DW_OK && n > 0) /* on stderr: stdout stays the text alone */
-        fprintf(stderr, "deepwell sample: %ld tokens in %.2f s (%.1f tokens/s)\n", n, secs, secs > 0 ? n / secs : 0.0);
+    dw_generate_stats gs = {.size = sizeof gs};
+    if (st == DW_OK) st = dw_engine_generate_timed(e, ids, np, n, temperature, (int)top_k, &rng, &gs);
+    if (st == DW_OK && n > 0) { /* on stderr: stdout stays the text alone; decode tokens/s without the prefill */
+        const double secs = gs.prefill_s + gs.decode_s;
+        fprintf(stderr, "deepwell sample: %ld tokens in %.2f s: prefill of %lld prompt tokens %.3f s (%.1f tokens/s), "
+                "decode %lld tokens %.3f s (%.1f tokens/s, %s)\n", n, secs, (long long)gs.prefill_tokens,
+                gs.prefill_s, gs.prefill_s > 0 ? gs.prefill_tokens / gs.prefill_s : 0.0, (long long)gs.decode_tokens,
+                gs.decode_s, gs.decode_s > 0 ? gs.decode_tokens / gs.decode_s : 0.0,
+                gs.cached ? "KV cache" : "full recompute");
+    }
     if (st == DW_OK) {
         char *text = NULL;
         size_t len = 0;

@@ -3,16 +3,20 @@
  * tokenizer.json goes to io/tokenizer.h). Where the
  * engine can (runtime/kv_cache.h: the CPU engine, FP32 or BF16, MoE without drops) generation
  * decodes with a K/V cache;
- * elsewhere, or with DW_KV_CACHE=0, each token recomputes the forward over the last T tokens. */
+ * elsewhere, or with DW_KV_CACHE=0, each token recomputes the forward over the last T tokens.
+ * dw_engine_generate_timed times the prefill (up to the first token) and the decode apart: each
+ * step ends with its logits on the host, so wall-clock time is the device's too. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/sized.h"
 #include "core/log.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
@@ -57,9 +61,24 @@ static dw_status recompute(dw_engine *e, const int32_t *tokens, int64_t len, flo
     return dw_engine_forward(e, tokens + len - L, NULL, 1, L, logits, NULL);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, int64_t n, double temperature, int top_k,
                              uint64_t *rng_state) {
+    return dw_engine_generate_timed(e, tokens, np, n, temperature, top_k, rng_state, NULL);
+}
+
+dw_status dw_engine_generate_timed(dw_engine *e, int32_t *tokens, int64_t np, int64_t n, double temperature,
+                                   int top_k, uint64_t *rng_state, dw_generate_stats *stats) {
     dw_ctx *ctx = e->ctx;
+    if (stats && stats->size == 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "generation: stats->size is 0 (set it to sizeof the struct)");
+    dw_sized_clear(stats);
+    dw_generate_stats own = {.size = sizeof own, .prefill_tokens = np}, *ts = &own;
     if (np < 1) return dw_set_error(ctx, DW_ERR_INVALID, "generation needs a prompt of at least one token");
     if (n < 0 || top_k < 0) return dw_set_error(ctx, DW_ERR_INVALID, "generation: %lld tokens, top-k %d", (long long)n, top_k);
     const int64_t V = e->g->model.vocab, T = e->g->seq;
@@ -75,18 +94,23 @@ dw_status dw_engine_generate(dw_engine *e, int32_t *tokens, int64_t np, int64_t 
     if (st == DW_OK && cached) st = dw_kv_cache_create(e, &kv);
     DW_LOGD("generate: %lld tokens after %lld, %s", (long long)n, (long long)np,
             kv ? "KV cache up to the program's seq" : "full recompute per token");
+    ts->cached = kv != NULL;
     for (int64_t i = 0; i < n && st == DW_OK; i++) {
         const int64_t len = np + i;
+        const double t0 = now_s();
         float *last = logits;
         if (kv && i == 0) st = dw_kv_cache_prefill(kv, tokens, np, logits);
         else if (kv && len <= T) st = dw_kv_cache_step(kv, tokens[len - 1], logits);
         else st = recompute(e, tokens, len, logits, &last);
         if (st == DW_OK) tokens[len] = dw_sample_logits(last, V, o, rng, work);
+        if (i == 0) ts->prefill_s = now_s() - t0;
+        else ts->decode_s += now_s() - t0, ts->decode_tokens += st == DW_OK;
     }
     dw_kv_cache_free(kv);
     free(logits);
     free(work);
     *rng_state = r.s;
+    if (stats) dw_sized_write(stats, ts, sizeof *ts);
     return st;
 }
 

@@ -4,7 +4,8 @@
 # positions), Llama (RoPE, GQA), Qwen2 (qkv biases) and Qwen3 (per-head norms) model directories
 # of random weights whose sequence length (24) the text outgrows, so both the cached positions and
 # the recompute past the window are held to it; the debug log says the cache was used, stderr
-# carries the time taken, and a MoE preset (dropless: cached) samples the same tokens either way.
+# carries the time taken with the prefill and the decode's tokens/s apart (and which way it
+# decoded), and a MoE preset (dropless: cached) samples the same tokens either way.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -36,7 +37,14 @@ for m in gpt2 llama qwen2 qwen3; do
       bad "$m $mode: the cache changes the tokens: $(cat "$tmp/kv") vs $(cat "$tmp/full")"
     has "$m $mode: the cache was used" "$tmp/kv.err" "KV cache up to"
     has "$m $mode: DW_KV_CACHE=0 recomputes" "$tmp/full.err" "full recompute per token"
-    has "$m $mode: the time is reported" "$tmp/kv.err" "40 tokens in" "tokens/s)"
+    has "$m $mode: the time is reported" "$tmp/kv.err" "40 tokens in" "prefill of 5 prompt tokens" \
+      "decode 39 tokens" "tokens/s, KV cache)"
+    has "$m $mode: ... and the recompute's" "$tmp/full.err" "40 tokens in" "decode 39 tokens" \
+      "tokens/s, full recompute)"
+    # the decode's rate is a positive number of tokens/s
+    rate=$(sed -n 's/.*decode 39 tokens [0-9.]* s (\([0-9.]*\) tokens\/s.*/\1/p' "$tmp/kv.err")
+    awk -v r="${rate:-0}" 'BEGIN { exit !(r > 0) }' && ok "$m $mode: decode rate $rate tokens/s" ||
+      bad "$m $mode: no decode rate in: $(cat "$tmp/kv.err")"
   done
 done
 # two runs with different seeds differ (the comparison above is not of constant output)

@@ -7,8 +7,9 @@
  * the program's sequence length). Also model directories of the families with their own attention:
  * Gemma 2 (sliding window on alternate layers, soft-capped scores and logits, query_pre_attn_scalar),
  * Mistral (a window on every layer) and Phi-3 (packed q|k|v, partial rotary, longrope whose long
- * factors start mid-decoding). A MoE that may drop tokens (capacity factor below E) and a
- * quantised (fp8) program keep the full recompute. */
+ * factors start mid-decoding). dw_engine_generate_timed reports the prefill and the decode apart.
+ * A MoE that may drop tokens (capacity factor below E) and a quantised (fp8) program keep the full
+ * recompute. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -107,6 +108,36 @@ static void test_family_dirs(void **state) {
     dw_kv_for_each_dir(check_dir);
 }
 
+/* dw_engine_generate_timed: the prefill and decode apart, with the cache or without; a result
+ * struct of size 0 refused, one that ends after prefill_s written no further. */
+static void test_timed(void **state) {
+    (void)state;
+    dw_policy *pol;
+    dw_model *m = open_model("llama-tiny", 16, false, &pol);
+    dw_engine *e = dw_model_engine(m);
+    int32_t tok[32] = {5, 9, 7};
+    uint64_t rs = 1;
+    for (int cache = 1; cache >= 0; cache--) {
+        const int64_t n = dw_test_rnd(2, 20);
+        setenv("DW_KV_CACHE", cache ? "1" : "0", 1);
+        dw_generate_stats gs = {.size = sizeof gs};
+        assert_int_equal(dw_engine_generate_timed(e, tok, 3, n, 0.0, 0, &rs, &gs), DW_OK);
+        assert_true(gs.size == sizeof gs && gs.prefill_tokens == 3 && gs.decode_tokens == n - 1);
+        assert_true(gs.cached == (bool)cache && gs.prefill_s > 0 && gs.decode_s > 0);
+    }
+    unsetenv("DW_KV_CACHE");
+    dw_generate_stats zero = {.size = 0};
+    assert_int_equal(dw_engine_generate_timed(e, tok, 3, 2, 0.0, 0, &rs, &zero), DW_ERR_INVALID);
+    struct {
+        dw_generate_stats s;
+        double canary;
+    } part = {.s = {.size = offsetof(dw_generate_stats, decode_s)}, .canary = -7.0};
+    part.s.decode_s = -3.0;
+    assert_int_equal(dw_engine_generate_timed(e, tok, 3, 4, 0.0, 0, &rs, &part.s), DW_OK);
+    assert_true(part.s.prefill_s > 0 && part.s.decode_s == -3.0 && part.canary == -7.0);
+    dw_model_free(m);
+}
+
 static void test_logits_fp32(void **state) {
     (void)state;
     for (size_t f = 0; f < sizeof FAMILIES / sizeof *FAMILIES; f++) check_logits(FAMILIES[f], false);
@@ -162,6 +193,7 @@ int main(void) {
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_family_dirs),
+        cmocka_unit_test(test_timed),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
