@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compile/grad_stage.h"
 #include "compile/program.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -13,7 +14,7 @@
 enum { BUCKET_ALIGN = 64 }; /* floats: 256-byte boundaries, as the pools' parameters */
 
 dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out) {
-    *out = (int64_t)4 << 20; /* 16 MiB */
+    *out = DW_GRAD_BUCKET_FLOATS; /* 16 MiB (compile/grad_stage.h: the planner's too) */
     const char *v = dw_env("DW_DP_BUCKET_FLOATS");
     if (!v) return DW_OK;
     char *end = NULL;
@@ -22,34 +23,6 @@ dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out) {
         return dw_set_error(ctx, DW_ERR_INVALID, "DW_DP_BUCKET_FLOATS=%s: a gradient bucket is a positive number of "
                             "floats (default 4194304, 16 MiB)", v);
     *out = n;
-    return DW_OK;
-}
-
-/* The step a parameter's gradient is last written at, per parameter (-1: never): the backward steps
- * of the nodes reading it, and the forward steps of ops that do their backward there. A parameter
- * read by a node that has no such step (fused into another node's step, which the graph does not
- * show reading it) is taken as final only after the last backward step. */
-static dw_status last_writers(dw_ctx *ctx, const dw_compiled *p, int *last) {
-    const dw_graph *g = p->g;
-    int *writes = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *writes); /* each node's step, -1 */
-    if (!writes) return dw_set_error(ctx, DW_ERR_NOMEM, "data parallel: out of memory");
-    for (int i = 0; i < g->n_nodes; i++) writes[i] = -1;
-    for (int s = p->phase[DW_PHASE_FORWARD][0]; s < p->phase[DW_PHASE_BACKWARD][1]; s++) {
-        const dw_step *st = &p->steps[s];
-        if (st->kind == DW_STEP_BWD ||
-            (st->kind == DW_STEP_FWD && st->arg == 0 && (dw_op_flags(g->nodes[st->node].op) & DW_OPF_BWD_IN_FWD)))
-            writes[st->node] = s;
-    }
-    for (int k = 0; k < p->n_params; k++) last[k] = -1;
-    for (int i = 0; i < g->n_nodes; i++)
-        for (int s = 0; s < g->nodes[i].n_in; s++) {
-            const int t = g->nodes[i].in[s];
-            if (g->tensors[t].kind != DW_TENSOR_PARAM) continue;
-            const int w = writes[i] >= 0 ? writes[i] : p->phase[DW_PHASE_BACKWARD][1] - 1;
-            int *l = &last[p->tensor[t].param];
-            if (w > *l) *l = w;
-        }
-    free(writes);
     return DW_OK;
 }
 
@@ -65,14 +38,16 @@ dw_status dw_dp_buckets_plan(dw_ctx *ctx, const dw_compiled *p, int64_t bucket_f
     DW_ASSERT(bucket_floats > 0);
     const int64_t floats = p->param_floats, size = (bucket_floats + BUCKET_ALIGN - 1) / BUCKET_ALIGN * BUCKET_ALIGN;
     const int n = (int)((floats + size - 1) / size);
+    int *first = malloc((size_t)(p->n_params ? p->n_params : 1) * sizeof *first);
     int *last = malloc((size_t)(p->n_params ? p->n_params : 1) * sizeof *last);
     out->b = calloc((size_t)(n ? n : 1), sizeof *out->b);
-    if (!last || !out->b) {
-        free(last);
+    if (!first || !last || !out->b) {
+        free(first), free(last);
         dw_dp_buckets_free(out);
         return dw_set_error(ctx, DW_ERR_NOMEM, "data parallel: out of memory");
     }
-    dw_status st = last_writers(ctx, p, last);
+    dw_status st = dw_grad_writers(ctx, p, first, last); /* compile/grad_stage.h */
+    free(first);
     if (st != DW_OK) {
         free(last);
         dw_dp_buckets_free(out);
