@@ -733,6 +733,13 @@ typedef struct {
                           true; the environment variable DW_CUDA_GRAPH=0 makes the default false) */
     bool quant_reuse;  /* quantised layers reading the same x (q/k/v, gate/up) quantise it once
                           per sweep (default true; DW_QUANT_REUSE=0 makes the default false) */
+    int zero;          /* the ZeRO stage dw_train will run this engine under (dw_train_opts.zero;
+                          default 0). In a job of several ranks (dw_dist_env_get) the engine then
+                          allocates only this rank's shard of the AdamW moments (1 and up) and of the
+                          FP32 gradients (2 and 3, staged through buckets by dw_train), never the
+                          whole pools, so a model that fits only sharded can start; its own
+                          dw_engine_step, backward and whole-optimizer save are refused, dw_train
+                          with a lower stage too. One rank: ignored */
 } dw_engine_opts;
 DW_API void dw_engine_opts_init(dw_engine_opts *o, size_t size);
 
@@ -1522,6 +1529,8 @@ typedef struct {
     int recompute_blocks;      /* dw_compile_opts.recompute_blocks (0: every block) */
     bool fused_head;           /* dw_compile_opts.fused_head (default false): a model opened to
                                   train; one whose logits are read (eval, sample) leaves it off */
+    int zero;                  /* dw_engine_opts.zero for its engine (default 0): a model opened to
+                                  train with that ZeRO stage allocates only its rank's shards */
 } dw_model_opts;
 DW_API void dw_model_opts_init(dw_model_opts *o, size_t size);
 

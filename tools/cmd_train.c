@@ -626,6 +626,7 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
     mo.moe_drop = init->moe_drop;
     mo.recompute = recompute, mo.recompute_blocks = recompute_blocks;
     mo.fused_head = fused_head && o.sample_every == 0; /* samples read the logits */
+    mo.zero = o.zero; /* the engine allocates the rank's ZeRO shards from the start */
     dw_model *m = NULL;
     st = dw_model_open(ctx, o.resume ? o.resume : model, &mo, &m);
     if (st != DW_OK) {

@@ -19,4 +19,5 @@ void dw_shard_pool_bytes(const int64_t whole[DW_POOL_COUNT], int64_t param_float
     for (int k = 0; k < DW_POOL_COUNT; k++) out[k] = whole[k];
     if (world <= 1 || zero < 1) return;
     out[DW_POOL_OPTIM] = dw_shard_max_floats(param_floats, world) * 2 * (int64_t)sizeof(float);
+    if (zero >= 2) out[DW_POOL_GRADS] = dw_shard_max_floats(param_floats, world) * (int64_t)sizeof(float);
 }

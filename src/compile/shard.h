@@ -20,13 +20,15 @@ void dw_shard_range(int64_t floats, int world, int rank, int64_t *lo, int64_t *h
 int64_t dw_shard_max_floats(int64_t floats, int world);
 
 /* The bytes of each pool one rank allocates, from the whole pools' bytes `whole` (a program's
- * pool_bytes, param_floats parameter floats) under ZeRO stage `zero` over `world` ranks:
+ * pool_bytes, param_floats parameter floats) under ZeRO stage `zero` over `world` ranks, as the
+ * engine allocates them when made for that stage (runtime/engine.c, dw_engine_opts.zero):
  *   ZeRO-0: the whole pools;
- *   ZeRO-1/2: the optimizer pool (AdamW m and v, 8 bytes a float) for the largest shard only. The
+ *   ZeRO-1: the optimizer pool (AdamW m and v, 8 bytes a float) for the largest shard only. The
  *     FP32 masters stay whole (the forward reads them: every non-linear op, and the quantised
- *     weights converted on use), and so do the gradients, which the backward writes in place over
- *     the whole pool on every micro-batch (ZeRO-2 keeps only its shard between micro-batches, in
- *     that same buffer: no saving of its own here).
+ *     weights converted on use), and so do the gradients (each rank accumulates all of them);
+ *   ZeRO-2/3: the gradient pool too, 4 bytes a float of the largest shard: the shard's
+ *     accumulator. The backward writes through the staging slots of compile/grad_stage.h, which
+ *     train/dp_stage.c allocates beside it (the planner adds dw_grad_stage_bytes).
  * out may be whole. */
 void dw_shard_pool_bytes(const int64_t whole[DW_POOL_COUNT], int64_t param_floats, int world, int zero,
                          int64_t out[DW_POOL_COUNT]);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "capture/capture.h"
+#include "compile/grad_stage.h"
 #include "compile/program.h"
 #include "compile/shard.h"
 #include "compile/z3_slots.h"
@@ -137,6 +138,17 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
         }
     }
     free(items), free(item_of), free(first);
+    release(&j);
+    return s;
+}
+
+dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, int64_t *bytes) {
+    *bytes = 0;
+    compiled_job j;
+    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, &j);
+    dw_grad_stage st;
+    if (s == DW_OK) s = dw_grad_stage_plan(ctx, j.c, DW_GRAD_BUCKET_FLOATS, true, &st);
+    if (s == DW_OK) *bytes = dw_grad_stage_bytes(&st), dw_grad_stage_free(&st);
     release(&j);
     return s;
 }

@@ -2,8 +2,9 @@
  * FP32 gradients, FP32 master + Adam moments by ZeRO stage and offload, activations by recompute
  * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales. A plan
  * Deepwell's engine runs as it is (one GPU, or data parallelism over several: every rank allocates
- * the whole pools but, under ZeRO-1/2, its shard's moments only, and under ZeRO-3 also its shard of
- * the masters plus the gather block instead of the whole weights) takes the engine's compiled pools
+ * the whole pools but, under ZeRO-1/2/3, its shard's moments only, under ZeRO-2/3 its shard's gradients
+ * plus the staging slots, and under ZeRO-3 also its shard of the masters plus the gather block
+ * instead of the whole weights) takes the engine's compiled pools
  * instead (engine.c, compile/shard.h, compile/z3_slots.h). */
 #include <string.h>
 
@@ -20,10 +21,13 @@ static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) 
     dw_engine_mem em;
     if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory(NULL, in, par->micro_batch, (int)par->recompute, &em) != DW_OK)
         return false;
-    int64_t rank_pools[DW_POOL_COUNT]; /* each rank's: ZeRO-1/2 hold their shard's moments (compile/shard.h) */
+    int64_t rank_pools[DW_POOL_COUNT]; /* each rank's: ZeRO-1/2/3 hold their shard's moments, ZeRO-2/3 their
+                                          shard's gradients plus the staging slots (compile/shard.h, grad_stage.h) */
     dw_shard_pool_bytes(em.pool, em.pool[DW_POOL_OPTIM] / 8, par->dp, par->zero, rank_pools);
-    em.total += rank_pools[DW_POOL_OPTIM] - em.pool[DW_POOL_OPTIM];
-    em.pool[DW_POOL_OPTIM] = rank_pools[DW_POOL_OPTIM];
+    int64_t stage = 0;
+    if (par->zero >= 2 && par->dp > 1 && dw_plan_engine_grad_stage(NULL, in, par, &stage) != DW_OK) return false;
+    rank_pools[DW_POOL_GRADS] += stage;
+    for (int k = DW_POOL_GRADS; k <= DW_POOL_OPTIM; k++) em.total += rank_pools[k] - em.pool[k], em.pool[k] = rank_pools[k];
     if (par->zero == 3) { /* train/dp_zero3.c: the masters' largest shard, 256-aligned, then the gather block */
         dw_engine_zero3 z;
         if (dw_plan_engine_zero3(NULL, in, par, &z) != DW_OK) return false;
@@ -31,7 +35,7 @@ static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) 
         em.pool[DW_POOL_WEIGHTS] = z.shard_bytes + z.gather_bytes;
     }
     out->weights = (double)em.pool[0];     /* FP32 master + BF16 working copy (ZeRO-3: shard + gather block) */
-    out->grads = (double)em.pool[1];       /* FP32 */
+    out->grads = (double)em.pool[1];       /* FP32 (ZeRO-2/3: the shard's + the staging slots) */
     out->optimizer = (double)em.pool[2];   /* AdamW m, v (FP32): the rank's shard under ZeRO-1/2/3 */
     out->activations = (double)em.pool[3]; /* the static arena */
     out->workspace = (double)(em.pool[4] + em.cublaslt + em.attention + em.context);

@@ -269,6 +269,10 @@ typedef struct {
     double gather_s;         /* their seconds */
 } dw_engine_zero3;
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out);
+/* ZeRO-2/3's gradient staging as train/dp_stage.c allocates it beside the gradients' shard, for a
+ * plan with dp > 1 at its micro-batch and recompute: compile/grad_stage.h's slots over the compiled
+ * program with the default bucket, reductions overlapped with backward. */
+dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, int64_t *bytes);
 /* The precision policy the engine runs a planned recipe with: "bf16"; a quantised recipe with
  * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
  * assumes. Caller dw_policy_free. */

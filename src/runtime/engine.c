@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "core/env.h"
+#include "compile/shard.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "formats/formats.h"
 #include "runtime/engine.h"
 
@@ -49,6 +51,33 @@ static dw_status check_program(dw_ctx *ctx, const dw_compiled *c, const dw_backe
     return DW_OK;
 }
 
+/* dw_engine_opts.zero on several ranks (dw_dist_env_get): the rank's shard of the optimizer state
+ * (ZeRO >= 1) and of the gradients (ZeRO >= 2), by compile/shard.h as train/dp.c steps them. */
+static dw_status zero_shard(dw_engine *e, dw_exec_shard *out, bool *sharded) {
+    const int64_t pf = e->p->param_floats;
+    *out = (dw_exec_shard){0, pf, 0, pf};
+    *sharded = false;
+    if (e->opts.zero < 0 || e->opts.zero > 3)
+        return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: ZeRO stage %d (dw_engine_opts.zero) is 0, 1, 2 or 3",
+                            e->opts.zero);
+    dw_dist_env env;
+    if (e->opts.zero == 0) return DW_OK;
+    DW_TRY(dw_dist_env_get(&env));
+    int64_t lo, hi;
+    dw_shard_range(pf, env.world_size, env.rank, &lo, &hi);
+    if (env.world_size < 2 || hi <= lo) return DW_OK; /* one rank, or a model too small to cut */
+    out->opt_lo = lo, out->opt_hi = hi;
+    if (e->opts.zero >= 2) out->grad_lo = lo, out->grad_hi = hi;
+    *sharded = true;
+    return DW_OK;
+}
+
+static int64_t pools_total(const dw_exec *x) {
+    int64_t n = 0;
+    for (int k = 0; k < DW_POOL_COUNT; k++) n += x->pool_bytes[k];
+    return n;
+}
+
 dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_opts *opts, dw_engine **out) {
     *out = NULL;
     if (!c) return dw_set_error(ctx, DW_ERR_INVALID, "engine: no program");
@@ -61,7 +90,17 @@ dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_op
     e->layout = DW_WEIGHTS_LAYOUT_FUSED;
     dw_status s = backend_for(ctx, &e->be);
     if (s == DW_OK) s = check_program(ctx, c, e->be);
-    if (s == DW_OK) s = dw_exec_create(c, e->be, e->opts.record, e->opts.quant_reuse, &e->x);
+    dw_exec_shard shard;
+    bool sharded = false;
+    if (s == DW_OK) s = zero_shard(e, &shard, &sharded); /* ZeRO on several ranks: the shard's pools from the start */
+    if (s == DW_OK) s = dw_exec_create(c, e->be, e->opts.record, e->opts.quant_reuse, sharded ? &shard : NULL, &e->x);
+    if (s == DW_OK && sharded)
+        DW_LOGI("engine: ZeRO-%d from creation: gradients of floats [%lld, %lld) (%lld bytes, %lld whole), optimizer "
+                "state of [%lld, %lld) (%lld bytes, %lld whole); %lld bytes of pools in all", e->opts.zero,
+                (long long)shard.grad_lo, (long long)shard.grad_hi, (long long)e->x->pool_bytes[DW_POOL_GRADS],
+                (long long)c->pool_bytes[DW_POOL_GRADS], (long long)shard.opt_lo, (long long)shard.opt_hi,
+                (long long)e->x->pool_bytes[DW_POOL_OPTIM], (long long)c->pool_bytes[DW_POOL_OPTIM],
+                (long long)pools_total(e->x));
     if (s != DW_OK) {
         dw_engine_free(e);
         return s;
@@ -141,13 +180,14 @@ dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const 
     if (loss) *loss = 0;
     if (!targets) return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: backward needs targets");
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
+    if (!e->x->grad_at) DW_TRY(dw_exec_grads_whole(e->x, "engine: backward")); /* ZeRO-2/3: dw_train stages */
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
     DW_TRY(dw_exec_train_step(e->x, grad_scale));
     return loss ? read_loss(e, loss) : DW_OK;
 }
 
-dw_status dw_engine_zero_grad(dw_engine *e) {
-    return e->be->i->zero(e->be, e->x->grad, (size_t)e->p->param_floats * sizeof(float));
+dw_status dw_engine_zero_grad(dw_engine *e) { /* ZeRO-2/3: the shard's accumulator (the staging is dw_train's) */
+    return e->be->i->zero(e->be, e->x->grad, (size_t)(e->x->grad_hi - e->x->grad_lo) * sizeof(float));
 }
 
 dw_status dw_engine_adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t step, dw_adamw_args *a) {
@@ -198,6 +238,7 @@ int dw_engine_param_shape(const dw_engine *e, int i, int64_t shape[4]) {
 
 static dw_status param_copy(dw_engine *e, int i, float *base, float *host, bool in) {
     if (base == e->x->w) DW_TRY(dw_exec_weights_whole(e->x, "engine: parameter access"));
+    if (base == e->x->grad) DW_TRY(dw_exec_grads_whole(e->x, "engine: gradient access"));
     if (i < 0 || i >= e->p->n_params)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: parameter %d of %d", i, e->p->n_params);
     float *dev = base + e->p->param_off[i];
@@ -291,6 +332,7 @@ dw_status dw_engine_time_steps(dw_engine *e, const int32_t *tokens, const int32_
     const dw_backend_i *bi = e->be->i;
     if (!bi->timers) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s engine: no timers", bi->name);
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
+    if (!e->x->grad_at) DW_TRY(dw_exec_grads_whole(e->x, "engine: timed backward"));
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
     const int first = e->p->phase[DW_PHASE_FORWARD][0], last = e->p->phase[DW_PHASE_BACKWARD][1];
     DW_TRY(bi->timers(e->be, last - first + 1));

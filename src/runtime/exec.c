@@ -11,7 +11,8 @@
 #include "core/log.h"
 #include "runtime/exec.h"
 
-dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out) {
+dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse,
+                         const dw_exec_shard *shard, dw_exec **out) {
     *out = NULL;
     dw_exec *x = calloc(1, sizeof *x);
     if (!x) return dw_set_error(be->ctx, DW_ERR_NOMEM, "executor: out of memory");
@@ -20,25 +21,31 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->be = be;
     x->record = record && be->i->record_begin;
     x->quant_reuse = quant_reuse;
+    const int64_t pf = p->param_floats;
+    const dw_exec_shard s0 = {0, pf, 0, pf}, *sh = shard ? shard : &s0;
+    DW_ASSERT(0 <= sh->opt_lo && sh->opt_lo < sh->opt_hi && sh->opt_hi <= pf);
+    DW_ASSERT(0 <= sh->grad_lo && sh->grad_lo < sh->grad_hi && sh->grad_hi <= pf);
     for (int k = 0; k < DW_POOL_COUNT; k++) {
         void *mem = NULL;
-        x->pool_bytes[k] = p->pool_bytes[k];
-        dw_status s = be->i->alloc(be, p->pool_bytes[k], &mem);
-        if (s == DW_OK) s = be->i->zero(be, mem, (size_t)p->pool_bytes[k]); /* padding stays 0 through AdamW */
+        x->pool_bytes[k] = k == DW_POOL_OPTIM   ? 8 * (sh->opt_hi - sh->opt_lo) /* ZeRO: the shard's alone */
+                           : k == DW_POOL_GRADS ? 4 * (sh->grad_hi - sh->grad_lo)
+                                                : p->pool_bytes[k];
+        dw_status s = be->i->alloc(be, x->pool_bytes[k], &mem);
+        if (s == DW_OK) s = be->i->zero(be, mem, (size_t)x->pool_bytes[k]); /* padding stays 0 through AdamW */
         x->pool[k] = mem;
         if (s != DW_OK) {
             dw_exec_free(x);
             return dw_prefix_error(be->ctx, s, "%s backend: the %s pool (%lld bytes)", be->i->name,
-                                   dw_pool_name((dw_pool_id)k), (long long)p->pool_bytes[k]);
+                                   dw_pool_name((dw_pool_id)k), (long long)x->pool_bytes[k]);
         }
     }
-    const int64_t pf = p->param_floats;
     x->w = (float *)x->pool[DW_POOL_WEIGHTS];
     x->wb = p->bf16 ? (uint16_t *)(x->w + pf) : NULL;
     x->grad = (float *)x->pool[DW_POOL_GRADS];
+    x->grad_lo = sh->grad_lo, x->grad_hi = sh->grad_hi;
     x->m = (float *)x->pool[DW_POOL_OPTIM];
-    x->v = x->m + pf;
-    x->opt_lo = 0, x->opt_hi = pf;
+    x->v = x->m + (sh->opt_hi - sh->opt_lo);
+    x->opt_lo = sh->opt_lo, x->opt_hi = sh->opt_hi;
     x->w_lo = 0, x->w_hi = pf;
     x->act = x->pool[DW_POOL_ACT];
     x->work = x->pool[DW_POOL_WORK];
@@ -180,6 +187,13 @@ dw_status dw_exec_weights_whole(const dw_exec *x, const char *what) {
                         (long long)x->w_hi);
 }
 
+dw_status dw_exec_grads_whole(const dw_exec *x, const char *what) {
+    if (x->grad_hi - x->grad_lo == x->p->param_floats) return DW_OK;
+    return dw_set_error(x->be->ctx, DW_ERR_UNSUPPORTED, "%s: the engine holds the gradients of floats [%lld, %lld) "
+                        "only (a ZeRO-2/3 shard, dw_engine_opts.zero): its backward runs under dw_train's data "
+                        "parallelism, which stages the rest", what, (long long)x->grad_lo, (long long)x->grad_hi);
+}
+
 dw_status dw_exec_set_batch(dw_exec *x, const int32_t *tokens, const int32_t *targets, int64_t b, int64_t t) {
     dw_backend *be = x->be;
     const size_t bytes = (size_t)(b * t) * sizeof(int32_t);
@@ -214,7 +228,7 @@ void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op
             c->in[s] = x->param_at ? x->param_at[p->tensor[t].param] : x->w + off; /* ZeRO-3: gathered */
             c->in_bf16[s] = x->param_at ? (x->param_bf16_at ? x->param_bf16_at[p->tensor[t].param] : NULL)
                                         : x->wb ? x->wb + off : NULL;
-            c->pgrad[s] = x->grad + off;
+            c->pgrad[s] = x->grad_at ? x->grad_at[p->tensor[t].param] : x->grad + off; /* ZeRO-2/3: staged */
         } else {
             c->in[s] = at(x->act, p->tensor[t].val_off);
             switch ((dw_grad_mode)pn->grad_mode[s]) {

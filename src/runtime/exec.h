@@ -20,8 +20,11 @@ struct dw_exec {
     int64_t pool_bytes[DW_POOL_COUNT]; /* as allocated: the program's, the optimizer's a shard's
                                           after dw_exec_shard_optimizer */
     float *w, *grad;            /* (param_floats) each: FP32 masters, gradients; ZeRO-3 sharded
-                                   (dw_exec_shard_weights): w holds pool floats [w_lo, w_hi) */
-    int64_t w_lo, w_hi;
+                                   (dw_exec_shard_weights): w holds pool floats [w_lo, w_hi); ZeRO-2/3
+                                   from creation (dw_exec_shard): grad holds [grad_lo, grad_hi) */
+    int64_t w_lo, w_hi, grad_lo, grad_hi;
+    float **grad_at;            /* (n_params) ZeRO-2/3 staging (train/dp_stage.c): where the backward
+                                   writes each parameter's gradient, else NULL (grad + offset); not owned */
     float **param_at;           /* (n_params) ZeRO-3 sharded: where each parameter's values gathered
                                    for the current step are (train/dp_zero3.c), else NULL; owned */
     uint16_t **param_bf16_at;   /* (n_params) with it, in a BF16 program: each one's BF16 working copy
@@ -59,9 +62,19 @@ struct dw_exec {
     void *before_user;
 };
 
-/* Allocates the pools of p on be (zeroed) and lets the backend prepare (handles, plans). record:
- * replay recorded steps where the backend can; quant_reuse: as dw_engine_opts. p must outlive it. */
-dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse, dw_exec **out);
+/* What a data-parallel rank allocates of the parameter-shaped pools from the start (ZeRO,
+ * runtime/engine.c from dw_engine_opts.zero by compile/shard.h): the moments of pool floats
+ * [opt_lo, opt_hi) and the gradients of [grad_lo, grad_hi) (ZeRO-2/3: the shard's accumulator;
+ * the backward then writes through grad_at, which train/dp_stage.c points into its staging). */
+typedef struct {
+    int64_t opt_lo, opt_hi, grad_lo, grad_hi;
+} dw_exec_shard;
+
+/* Allocates the pools of p on be (zeroed; shard NULL: whole, else the optimizer and gradient pools
+ * of its ranges only) and lets the backend prepare (handles, plans). record: replay recorded steps
+ * where the backend can; quant_reuse: as dw_engine_opts. p must outlive it. */
+dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse,
+                         const dw_exec_shard *shard, dw_exec **out);
 void dw_exec_free(dw_exec *x);
 /* Recording off and the recorded training step dropped: hooks that run collectives between the
  * steps (train/dp_overlap.c, dp_zero3.c) need every step issued. */
@@ -118,6 +131,10 @@ dw_status dw_exec_unshard_weights(dw_exec *x);
 /* Whether every parameter's FP32 master is in the weights pool at its offset (not ZeRO-3 sharded);
  * DW_ERR_UNSUPPORTED naming `what` otherwise. */
 dw_status dw_exec_weights_whole(const dw_exec *x, const char *what);
+
+/* Whether the gradient pool is whole (not a ZeRO-2/3 shard from creation); DW_ERR_UNSUPPORTED naming
+ * `what` otherwise. A backward also runs on a shard whose staging is attached (grad_at). */
+dw_status dw_exec_grads_whole(const dw_exec *x, const char *what);
 
 /* The part of pool floats [off, off + n) whose moments the optimizer pool holds (all of it unless
  * sharded): moment k's (0: m, 1: v) pointer to its first float, *skip floats after off, *count

@@ -201,7 +201,7 @@ static dw_status add_moe_bias(dw_engine *e, dw_st_writer *w, const char *file, f
  * optional logits/loss tensors of a parity dump. */
 static dw_status write_params(dw_engine *e, const char *path, bool grads, const float *logits, int64_t B, int64_t T,
                               const float *loss, dw_weights_layout L) {
-    if (!grads) DW_TRY(dw_exec_weights_whole(e->x, path));
+    DW_TRY(grads ? dw_exec_grads_whole(e->x, path) : dw_exec_weights_whole(e->x, path));
     dw_ctx *ctx = e->ctx;
     char file[4096];
     out_path(path, file, sizeof file);

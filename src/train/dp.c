@@ -20,18 +20,38 @@
 #include "kernels/cuda/adamw_cuda.h"
 #endif
 
-/* ZeRO-1/2: the engine keeps the moments of this rank's shard only (compile/shard.h: the pools'
- * bytes the planner reports, asserted here against what the executor allocated). */
+/* ZeRO-1/2/3: the engine keeps the moments of this rank's shard only (compile/shard.h: the pools'
+ * bytes the planner reports, asserted here against what the executor allocated): from its creation
+ * when it was made for this stage (dw_engine_opts.zero), else cut now (the whole pool released). */
 static dw_status shard_memory(dw_dp *d) {
     dw_exec *x = d->eng->x;
     const dw_compiled *p = d->eng->p;
-    DW_TRY(dw_exec_shard_optimizer(x, d->lo, d->hi));
+    const bool born = x->opt_lo == d->lo && x->opt_hi == d->hi;
+    if (!born) DW_TRY(dw_exec_shard_optimizer(x, d->lo, d->hi));
     int64_t planned[DW_POOL_COUNT];
     dw_shard_pool_bytes(p->pool_bytes, p->param_floats, d->world, d->zero, planned);
     DW_ASSERT(x->pool_bytes[DW_POOL_OPTIM] <= planned[DW_POOL_OPTIM]); /* the largest shard's */
     DW_LOGI("ZeRO-%d: optimizer state of floats [%lld, %lld): %lld bytes on this rank (%lld planned per rank, %lld "
-            "whole)", d->zero, (long long)d->lo, (long long)d->hi, (long long)x->pool_bytes[DW_POOL_OPTIM],
-            (long long)planned[DW_POOL_OPTIM], (long long)p->pool_bytes[DW_POOL_OPTIM]);
+            "whole), %s", d->zero, (long long)d->lo, (long long)d->hi, (long long)x->pool_bytes[DW_POOL_OPTIM],
+            (long long)planned[DW_POOL_OPTIM], (long long)p->pool_bytes[DW_POOL_OPTIM],
+            born ? "allocated at engine creation" : "cut after engine creation (dw_engine_opts.zero was not set)");
+    return DW_OK;
+}
+
+/* The engine's shards against this run's stage: what it was made for must not be less than it
+ * (a stage that needs the whole moments or gradients cannot run on a shard of them). */
+static dw_status check_engine(dw_dp *d) {
+    const dw_exec *x = d->eng->x;
+    const int64_t pf = d->floats;
+    const bool opt_cut = x->opt_hi - x->opt_lo != pf, grad_cut = x->grad_hi - x->grad_lo != pf;
+    if ((opt_cut && (d->world == 1 || d->zero < 1)) || (grad_cut && (d->world == 1 || d->zero < 2)))
+        return dw_set_error(d->ctx, DW_ERR_INVALID, "--zero %d on %d rank%s: the engine was made for a higher ZeRO "
+                            "stage (dw_engine_opts.zero) and holds only its shard of the %s; train it with that stage",
+                            d->zero, d->world, d->world == 1 ? "" : "s", grad_cut ? "gradients" : "optimizer state");
+    if ((opt_cut && (x->opt_lo != d->lo || x->opt_hi != d->hi)) || (grad_cut && (x->grad_lo != d->lo || x->grad_hi != d->hi)))
+        return dw_set_error(d->ctx, DW_ERR_INVALID, "data parallel: the engine holds floats [%lld, %lld) as its shard, "
+                            "rank %d of %d's is [%lld, %lld): it was made for another job", (long long)x->opt_lo,
+                            (long long)x->opt_hi, d->rank, d->world, (long long)d->lo, (long long)d->hi);
     return DW_OK;
 }
 
@@ -50,11 +70,23 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     dw_shard_range(d->floats, d->world, d->rank, &d->lo, &d->hi); /* compile/shard.h */
     d->block = d->floats / ((int64_t)d->world * DW_SHARD_ALIGN) * DW_SHARD_ALIGN;
     d->overlap = overlap;
+    DW_TRY(check_engine(d));
     if (d->world == 1) return DW_OK;
     if (zero > 0) DW_TRY(shard_memory(d));
     int64_t size = 0;
     DW_TRY(dw_dp_bucket_floats(e->ctx, &size));
     DW_TRY(dw_dp_buckets_plan(e->ctx, e->p, size, &d->buckets));
+    const dw_exec *x = e->x;
+    if (zero >= 2 && x->grad_hi - x->grad_lo != d->floats) { /* dp_stage.c: the gradients' shard and staging */
+        dw_status st = dw_dp_stage_init(d, size);
+        if (st != DW_OK) {
+            dw_dp_free(d);
+            return st;
+        }
+    } else if (zero >= 2) {
+        DW_LOGI("ZeRO-%d: the engine holds the whole gradient pool (dw_engine_opts.zero was not set): the backward "
+                "writes it in place, only the shard kept between micro-batches", zero);
+    }
     d->async = calloc((size_t)d->buckets.n * (size_t)d->world + 1, sizeof *d->async);
     d->times = calloc((size_t)(4 * d->world), sizeof *d->times);
     dw_status st = d->async && d->times ? dw_dp_overlap_attach(d)
@@ -77,6 +109,7 @@ void dw_dp_free(dw_dp *d) {
         DW_LOGI("data parallel: %lld bucket reductions started during backward", (long long)d->overlapped);
     dw_dp_overlap_detach(d);
     dw_dp_z3_free(d);
+    dw_dp_stage_free(d);
     dw_dp_buckets_free(&d->buckets);
     dw_comm_free(d->replicas, true);
     free(d->slices);

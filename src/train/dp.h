@@ -15,15 +15,19 @@
  *           rank's shard: each rank writes its own range into the checkpoint (ckpt_shard_io.c),
  *           which resumes on any number of ranks and any stage.
  *   ZeRO-2: as ZeRO-1, but the buckets are reduced after every micro-batch (each rank's loss
- *           gradient scaled by 1/ranks, the shards summed) and everything outside the rank's
- *           shard is cleared, so only the shard accumulates over the micro-batches.
+ *           gradient scaled by 1/ranks, the shards summed). An engine made for it holds only its
+ *           shard's gradients: the backward writes through staging slots (dp_stage.c), each
+ *           bucket's reduction added into the shard before its slot serves a later bucket. An
+ *           engine made whole (dw_engine_opts.zero unset) writes the whole pool in place and
+ *           everything outside the rank's shard is cleared after each micro-batch.
  *   ZeRO-3: as ZeRO-2, and the weights sharded: each parameter gathered before the first step of
  *           each sweep that reads it (dp_zero3.c); whole again for a checkpoint or a sample.
- * Memory (ZeRO-1/2/3): the engine's optimizer pool holds the moments of the rank's shard alone
- * (runtime/exec.h dw_exec_shard_optimizer, sized by compile/shard.h as the planner reports it);
- * the FP32 masters stay whole under ZeRO-1/2 (the forward reads them; ZeRO-3 keeps its shard and a
- * gather block) and the gradients always (the backward's buffer, written in place on every
- * micro-batch). Not the communicator (comm/). */
+ * Memory (ZeRO-1/2/3): the engine's optimizer pool holds the moments of the rank's shard alone,
+ * from its creation when made for the stage (runtime/engine.c dw_engine_opts.zero), else cut here
+ * (runtime/exec.h dw_exec_shard_optimizer); sized by compile/shard.h as the planner reports it.
+ * The FP32 masters stay whole under ZeRO-1/2 (the forward reads them; ZeRO-3 keeps its shard and
+ * a gather block); the gradients are whole under ZeRO-1 and the shard plus the staging slots
+ * (compile/grad_stage.h) under ZeRO-2/3. Not the communicator (comm/). */
 #ifndef DW_TRAIN_DP_H
 #define DW_TRAIN_DP_H
 
@@ -105,6 +109,19 @@ void dw_dp_z3_free(dw_dp *d);
 void dw_dp_z3_train(dw_dp *d);
 dw_status dw_dp_z3_whole(dw_dp *d);
 dw_status dw_dp_gather_pool(dw_dp *d, float *pool);
+
+/* dp_stage.c, for dp.c and dp_overlap.c: ZeRO-2/3's gradient staging when the engine holds only
+ * its shard of the gradients: init plans the slots (compile/grad_stage.h), allocates them and
+ * points the executor's grad_at into them; dw_dp_grad_at: where floats from lo of bucket i's
+ * gradients are (its slot, else the whole pool); stage_next: before `step`, every bucket whose
+ * slot a bucket first written there takes over waited for and added into the shard, the slot
+ * zeroed; stage_end (after backward, every reduction waited for): the rest added, the slots
+ * zeroed. Each does nothing unless staged. */
+dw_status dw_dp_stage_init(dw_dp *d, int64_t bucket_floats);
+void dw_dp_stage_free(dw_dp *d);
+float *dw_dp_grad_at(const dw_dp *d, int i, int64_t lo);
+dw_status dw_dp_stage_next(dw_dp *d, int step);
+dw_status dw_dp_stage_end(dw_dp *d);
 
 /* dp_overlap.c, for dp.c: the executor's after_step hook attached (several ranks, overlap on) or
  * detached (recording as the engine's options say again, unless expert parallelism holds it off). */

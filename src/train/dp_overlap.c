@@ -16,8 +16,8 @@
 static dw_status start_bucket(dw_dp *d, int i) {
     if (d->n_slices) return dw_dp_experts_start_bucket(d, i); /* --ep: experts among their replicas */
     const dw_dp_bucket *b = &d->buckets.b[i];
-    float *g = d->eng->x->grad;
     const dw_comm_op op = d->zero >= 2 ? DW_COMM_SUM : DW_COMM_AVG;
+    if (d->stage_mem) d->stage_async[2 * i] = d->n_async; /* ZeRO-2/3 staged (dp_stage.c): waited per bucket */
     for (int r = 0; r < d->world; r++) {
         int64_t lo = b->begin, hi = b->end;
         if (d->zero) { /* rank r's shard: [r block, (r+1) block), the last rank's to the end */
@@ -26,11 +26,12 @@ static dw_status start_bucket(dw_dp *d, int i) {
         }
         if (hi <= lo) continue;
         dw_comm_async *a = &d->async[d->n_async++];
-        *a = (dw_comm_async){.kind = d->zero ? DW_COMM_ASYNC_REDUCE : DW_COMM_ASYNC_ALL_REDUCE, .buf = g + lo,
-                             .n = hi - lo, .t = DW_COMM_F32, .op = op, .root = r};
+        *a = (dw_comm_async){.kind = d->zero ? DW_COMM_ASYNC_REDUCE : DW_COMM_ASYNC_ALL_REDUCE,
+                             .buf = dw_dp_grad_at(d, i, lo), .n = hi - lo, .t = DW_COMM_F32, .op = op, .root = r};
         DW_TRY(dw_comm_start(d->ctx, d->comm, a));
         if (!d->zero) break;
     }
+    if (d->stage_mem) d->stage_async[2 * i + 1] = d->n_async;
     return DW_OK;
 }
 
@@ -42,6 +43,7 @@ static dw_status after_step(void *arg, dw_exec *x, int step) {
     if (!d->armed) return DW_OK;
     for (; d->started < d->buckets.n && d->buckets.b[d->started].ready <= step; d->started++, d->overlapped++)
         DW_TRY(start_bucket(d, d->started));
+    DW_TRY(dw_dp_stage_next(d, step + 1)); /* ZeRO-2/3 staged: slots the next step writes anew */
     for (int i = 0; i < d->n_async; i++)
         if (!d->async[i].done) return dw_comm_test(d->ctx, d->comm, &d->async[i]);
     return DW_OK;
@@ -94,6 +96,7 @@ dw_status dw_dp_after_backward(dw_dp *d) {
     for (int i = 0; i < d->n_async; i++) DW_TRY(dw_comm_wait(d->ctx, d->comm, &d->async[i]));
     d->exposed_s += dw_comm_now() - t0;
     d->comm_s += busy_seconds(d);
+    if (d->stage_mem) return dw_dp_stage_end(d); /* ZeRO-2/3 staged: this rank's parts into its shard */
     if (d->zero < 2) return DW_OK;
     /* ZeRO-2/3: the next micro-batch adds only its own gradients outside the shard */
     dw_backend *be = d->eng->be;

@@ -18,7 +18,7 @@ dw_status dw_dp_range_sumsq(dw_dp *d, int64_t lo, int64_t hi, double *out) {
     *out = 0;
     if (hi <= lo) return DW_OK;
     if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
-        *out = dw_cpu_sumsq(x->grad + lo, hi - lo);
+        *out = dw_cpu_sumsq(x->grad + (lo - x->grad_lo), hi - lo);
         return DW_OK;
     }
 #if DW_HAVE_CUDA
@@ -27,7 +27,7 @@ dw_status dw_dp_range_sumsq(dw_dp *d, int64_t lo, int64_t hi, double *out) {
     double norm = 0;
     double *dnorm = (double *)(x->work + p->work.norm);
     DW_TRY(dw_ctx_stream(d->ctx, &stream));
-    DW_TRY(dw_cuda_grad_norm(d->ctx, x->grad + lo, hi - lo, (double *)(x->work + p->work.partials),
+    DW_TRY(dw_cuda_grad_norm(d->ctx, x->grad + (lo - x->grad_lo), hi - lo, (double *)(x->work + p->work.partials),
                              DW_COMPILE_NORM_BLOCKS, dnorm, stream));
     DW_TRY(d->eng->be->i->download(d->eng->be, &norm, dnorm, sizeof norm));
     *out = norm * norm;
@@ -44,9 +44,11 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
     if (n <= 0) return DW_OK;
     DW_ASSERT(x->opt_lo <= lo && hi <= x->opt_hi); /* the moments this rank holds (ZeRO: its shard) */
     DW_ASSERT(x->w_lo <= lo && hi <= x->w_hi); /* the masters it holds (ZeRO-3: its shard) */
+    DW_ASSERT(x->grad_lo <= lo && hi <= x->grad_hi); /* the gradients (ZeRO-2/3 from creation: its shard) */
     float *m = x->m + (lo - x->opt_lo), *v = x->v + (lo - x->opt_lo), *w = x->w + (lo - x->w_lo);
+    float *g = x->grad + (lo - x->grad_lo);
     if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
-        dw_cpu_adamw(w, x->grad + lo, m, v, n, n_decay, norm, a);
+        dw_cpu_adamw(w, g, m, v, n, n_decay, norm, a);
         return DW_OK;
     }
 #if DW_HAVE_CUDA
@@ -56,7 +58,7 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
     DW_TRY(dw_ctx_stream(d->ctx, &stream));
     DW_TRY(be->i->upload(be, x->work + p->work.norm, &norm, sizeof norm));
     DW_TRY(be->i->upload(be, x->work + p->work.adamw_args, a, sizeof *a));
-    return dw_cuda_adamw(d->ctx, w, x->grad + lo, m, v, n, n_decay,
+    return dw_cuda_adamw(d->ctx, w, g, m, v, n, n_decay,
                          (const double *)(x->work + p->work.norm), (const dw_adamw_args *)(x->work + p->work.adamw_args),
                          stream);
 #else

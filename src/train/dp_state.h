@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "compile/grad_stage.h"
 #include "deepwell.h"
 
 /* One bucket of the flat pools. */
@@ -69,6 +70,16 @@ typedef struct {
     int64_t *z3_slot16;   /* (n_params) its BF16 working copy's bytes into the block, -1: none */
     int *z3_ev_at;        /* (n_steps + 1) z3_ev[z3_ev_at[s] .. z3_ev_at[s + 1]): step s's gathers */
     int *z3_ev;           /* parameters */
+    /* ZeRO-2/3 with the engine's gradients sharded from creation (dp_stage.c): the staging plan
+     * (its buckets are `buckets`, in the same order), its slots, each parameter's gradient in
+     * them, the bucket whose slot each one takes over (-1: none), each bucket's collectives in
+     * async (stage_async[2i] .. [2i + 1]) and whether it was added into the shard yet */
+    dw_grad_stage stage;
+    float *stage_mem;     /* (n_slots x slot_floats) backend memory, owned; NULL: not staged */
+    float **grad_at;      /* (n_params) the executor's grad_at */
+    int *stage_prev;      /* (stage.n) */
+    int *stage_async;     /* (stage.n, 2) */
+    bool *stage_done;     /* (stage.n) */
 } dw_dp;
 
 #endif /* DW_TRAIN_DP_STATE_H */

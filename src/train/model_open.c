@@ -123,7 +123,10 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
     cpo.recompute = o.recompute, cpo.recompute_blocks = o.recompute_blocks;
     cpo.fused_head = o.fused_head;
     if (st == DW_OK) st = dw_compile(ctx, m->g, NULL, pol, &cpo, &m->c);
-    if (st == DW_OK) st = dw_engine_create(ctx, m->c, NULL, &m->e);
+    dw_engine_opts eo;
+    dw_engine_opts_init(&eo, sizeof eo);
+    eo.zero = o.zero; /* ZeRO on several ranks: the rank's shards only, from the start */
+    if (st == DW_OK) st = dw_engine_create(ctx, m->c, &eo, &m->e);
     const bool file = is_dir && has_weights(dir);
     const bool other = o.weights_from && (o.weights == DW_WEIGHTS_AUTO || o.weights == DW_WEIGHTS_FILE);
     if (st == DW_OK && o.weights == DW_WEIGHTS_FILE && !file && !other)

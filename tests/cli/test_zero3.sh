@@ -13,37 +13,11 @@
 # slot after the gather) writes ZeRO-2's bytes too; a quantised one is refused by name.
 set -u
 dw=$1
-. "$(dirname "$0")/checks.sh"
-ranks_env
-
-tiny_gpt2 "$tmp/model"
-cat "$0" "$(dirname "$0")/checks.sh" "$(dirname "$0")/test_dp.sh" >"$tmp/text.txt"
+. "$(dirname "$0")/zero_common.sh" # the tiny model and text, same_ckpt, close
 tail -c 3000 "$(dirname "$0")/test_dp.sh" >"$tmp/val.txt"
 run=(train --model "$tmp/model" --data "$tmp/text.txt" --seq 32 --steps 4 --lr 3e-3 --warmup 1 --eval-every 0
      --ckpt-every 2 --keep 0 --device cpu --seed 11 --batch 1)
 
-same_ckpt() { # same_ckpt DIR_A DIR_B: every file of the step-4 checkpoint but state.json, byte for byte
-  local f ok=1
-  for f in model.safetensors $(cd "$1/ckpt-4" && ls optimizer-*); do
-    cmp -s "$1/ckpt-4/$f" "$2/ckpt-4/$f" || { ok=0; echo "differs: $f"; }
-  done
-  [ $ok = 1 ]
-}
-close() { # close A.jsonl B.jsonl TOL [FROM]: the losses (and val losses) of B equal A's from step FROM+1 on
-  python3 - "$@" <<'PY'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-b = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
-tol, skip = float(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0
-a = a[skip:]
-assert len(a) == len(b) and len(b) > 0, (len(a), len(b))
-for x, y in zip(a, b):
-    assert x["step"] == y["step"], (x, y)
-    for k in ("loss", "val_loss"):
-        assert (k in x) == (k in y), (k, x, y)
-        if k in x: assert abs(x[k] - y[k]) <= tol * abs(x[k]), (k, x, y)
-PY
-}
 
 "$dw" launch -n 2 -- "${run[@]}" --zero 2 --out "$tmp/z2" >/dev/null 2>&1 &&
   "$dw" launch -n 2 -- "${run[@]}" --zero 3 --out "$tmp/z3" >/dev/null 2>"$tmp/err3"

@@ -362,7 +362,12 @@ static void test_data_parallel_runtime(void **state) {
          * floats / dp rounded down, the last rank's holding the rest */
         const int64_t floats = em.pool[2] / 8, block = floats / (dp * 64) * 64;
         const int64_t opt = z ? 8 * (floats - (dp - 1) * block) : em.pool[2];
-        assert_true(e.mem.total == (double)(em.total - em.pool[2] + opt) && e.mem.optimizer == (double)opt);
+        int64_t grads = em.pool[1], stage = 0; /* ZeRO-2: the shard's gradients + the staging slots */
+        if (z == 2) assert_int_equal(dw_plan_engine_grad_stage(ctx, &in, &p, &stage), DW_OK);
+        if (z == 2) grads = 4 * (floats - (dp - 1) * block) + stage;
+        if (z == 2) assert_true(stage > 0);
+        assert_true(e.mem.total == (double)(em.total - em.pool[2] + opt - em.pool[1] + grads) &&
+                    e.mem.optimizer == (double)opt && e.mem.grads == (double)grads);
         if (z) assert_true(opt * dp >= em.pool[2] && opt * dp < em.pool[2] + 8 * 64 * dp * dp);
         assert_true(fabs(e.cost.compute / ((double)ga * (et.fwd + et.bwd)) - 1) < 1e-9);
         const double opt_s = z == 0 ? et.optimizer : et.optimizer / dp;

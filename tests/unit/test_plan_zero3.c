@@ -126,8 +126,13 @@ static void test_zero3_priced_as_run(void **state) {
     const int64_t shard = (4 * last + 255) / 256 * 256;
     assert_true(e[3].mem.weights == (double)(shard + o.gather));
     assert_true(e[3].mem.optimizer == (double)(8 * last) && e[3].mem.optimizer == e[2].mem.optimizer);
-    assert_true(e[3].mem.total == (double)(em.total - em.pool[0] - em.pool[2] + shard + o.gather + 8 * last));
-    assert_true(e[3].mem.grads == (double)em.pool[1] && e[3].mem.activations == (double)em.pool[3]);
+    int64_t stage = 0; /* ZeRO-2/3's gradients: the shard's + the staging slots (compile/grad_stage.h) */
+    assert_int_equal(dw_plan_engine_grad_stage(ctx, &in, &e[3].par, &stage), DW_OK);
+    const int64_t grads = 4 * last + stage;
+    assert_true(e[3].mem.total ==
+                (double)(em.total - em.pool[0] - em.pool[1] - em.pool[2] + shard + o.gather + grads + 8 * last));
+    assert_true(e[3].mem.grads == (double)grads && e[2].mem.grads == (double)grads);
+    assert_true(e[3].mem.activations == (double)em.pool[3]);
     assert_true(e[3].mem.weights < (double)em.pool[0]);
     /* the planner's own ZeRO-3 figures, against the oracle */
     dw_engine_zero3 z3;
