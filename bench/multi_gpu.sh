@@ -5,9 +5,9 @@
 #   correct  a small Llama and a small Mixtral-style MoE, 20 steps on the GPU: one process with
 #            --batch 8 against `deepwell launch -n K` with --batch 8/K (K = 2 and N), ZeRO 0, 1,
 #            2 and 3 (CORRECT_ZERO narrows the stages); prints the largest relative loss
-#            difference per run and fails above 3e-2
-#            (BF16 GEMMs summing 8 sequences in one kernel or K partial sums apart, carried by
-#            AdamW over 20 steps)
+#            difference per run and fails above 3e-2 (BF16 GEMMs summing 8 sequences in one
+#            kernel or K partial sums apart, carried by AdamW over 20 steps); MoE runs: 3e-3
+#            over steps 1-10, 1e-1 over all, 3e-2 at the last (compare(): BF16 routing near-ties)
 #   resume   the small Llama, 160 steps on N ranks checkpointing every 20; one rank is SIGKILLed
 #            after step 100 (launch stops the rest); resumed on N/2 ranks from the last checkpoint
 #            to the end, its losses against the same N-rank run uninterrupted (3e-2: the steps
@@ -73,10 +73,21 @@ a, bad = load(ref), 0
 for r in runs:
     b = load(r)
     steps = sorted(set(a) & set(b))
-    d = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
-    ok = len(steps) >= min(len(a), 20) and d <= 3e-2
+    rel = {s: abs(a[s] - b[s]) / abs(a[s]) for s in steps}
+    d, last = max(rel.values()), rel[steps[-1]]
+    ok = len(steps) >= min(len(a), 20)
+    if "moe" in r:
+        # BF16 routers: once weights differ in their last bits, a near-tied token picks another
+        # expert and that step's loss moves by a few percent (session 17: EP 2 vs 1 equal to 8e-4
+        # over steps 1-11, 5.9e-2 at step 14, 2e-3 at the last). A wrong dispatch or reduction
+        # shows from the first steps: those are held to 3e-3, the rest to 1e-1, the last to 3e-2.
+        early = max(rel[s] for s in steps[:10])
+        ok = ok and early <= 3e-3 and d <= 1e-1 and last <= 3e-2
+        tag = f"steps 1-10 {early:.2e}, "
+    else:
+        ok, tag = ok and d <= 3e-2, ""
     bad += not ok
-    print(f"{r:>14} vs {ref}: {len(steps)} steps, max rel loss diff {d:.2e}, last {b[steps[-1]]:.4f} vs {a[steps[-1]]:.4f} {'ok' if ok else 'FAIL'}")
+    print(f"{r:>14} vs {ref}: {len(steps)} steps, {tag}max rel loss diff {d:.2e}, last {b[steps[-1]]:.4f} vs {a[steps[-1]]:.4f} {'ok' if ok else 'FAIL'}")
 sys.exit(1 if bad else 0)
 PY
 }
