@@ -36,6 +36,8 @@ def phi3_config(kind, gen):
         short = (0.8 + 1.2 * torch.rand(n, generator=gen, dtype=torch.float64)).tolist()
         long = (1 + 39 * torch.rand(n, generator=gen, dtype=torch.float64)).tolist()
         scaling = {"type": kind, "short_factor": short, "long_factor": long}
+        if int(transformers.__version__.split(".")[0]) >= 5:  # 5 validates it inside rope_parameters
+            scaling["original_max_position_embeddings"] = ORIGINAL
     return transformers.Phi3Config(vocab_size=97, hidden_size=HEADS * HEAD_DIM, intermediate_size=80,
                                    num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=2,
                                    max_position_embeddings=MAXPOS, original_max_position_embeddings=ORIGINAL,
