@@ -66,12 +66,19 @@ PY
 # since which bytes the few frequent ones are scored by differs with the draw (8 Deepwell seeds on
 # this batch: 5.50 ... 5.64; at width 512 the expectation is 5.65, 1.9% above ln 256).
 d=$tmp/work/data
-$PYTHON "$src/bench/accuracy_torch.py" --config "$d/model/config.json" --train "$d/train.txt" --val "$d/val.txt" \
-  --seed 1 --steps 1 --batch 8 --seq 32 --device cpu --init-out "$tmp/init.pt" >"$tmp/t0" 2>"$tmp/err"
-check "accuracy_torch.py --init-out" 0 $?
-$PYTHON -c 'import sys, torch; sys.path.insert(0, sys.argv[1]); from parity import st_write
-st_write(sys.argv[3], torch.load(sys.argv[2]))' "$src/tests/python" "$tmp/init.pt" "$tmp/init.safetensors"
-check "the initial weights as safetensors (parity.py's st_write)" 0 $?
+$PYTHON - "$src" "$d" "$tmp" >"$tmp/t0" 2>"$tmp/err" <<'PY' # the reference's run, then its weights as safetensors
+import runpy, sys
+src, d, tmp = sys.argv[1:]
+sys.argv = ["accuracy_torch.py", "--config", d + "/model/config.json", "--train", d + "/train.txt", "--val",
+            d + "/val.txt", "--seed", "1", "--steps", "1", "--batch", "8", "--seq", "32", "--device", "cpu",
+            "--init-out", tmp + "/init.pt"]
+runpy.run_path(src + "/bench/accuracy_torch.py", run_name="__main__")
+sys.path.insert(0, src + "/tests/python")
+import torch
+from parity import st_write
+st_write(tmp + "/init.safetensors", torch.load(tmp + "/init.pt"))
+PY
+check "accuracy_torch.py --init-out, written as safetensors by parity.py's st_write" 0 $?
 "$dw" eval "$d/model" --data "$d/val.txt" --batch 8 --seq 32 --weights "$tmp/init.safetensors" >"$tmp/same" 2>"$tmp/err"
 check "deepwell eval of the reference's initial weights" 0 $?
 "$dw" eval "$d/model" --data "$d/val.txt" --batch 8 --seq 32 --seed 1 >"$tmp/own" 2>"$tmp/err"
@@ -95,7 +102,8 @@ has "the refusal names the flag" "$tmp/err" "unknown flag '--stepz'"
 bash "$src/bench/accuracy.sh" "$dw" --seeds 1,x >/dev/null 2>"$tmp/err"
 check "a bad --seeds is refused" 2 $?
 has "the refusal names --seeds" "$tmp/err" "--seeds '1,x'"
-OUT=$tmp/out2 bash "$src/bench/accuracy.sh" "$dw" "${tiny[@]}" --seeds 1 --recipes fp3 --no-torch >/dev/null 2>"$tmp/err"
+OUT=$tmp/out2 bash "$src/bench/accuracy.sh" "$dw" "${tiny[@]}" --seeds 1 --recipes fp3 --no-torch --text "$d/val.txt" \
+  >/dev/null 2>"$tmp/err"
 check "a run that fails makes the script fail" 1 $?
 has "the failed run is in the table with its error" "$tmp/out2/accuracy.md" "0 runs, 1 failed" "failed: fp3 seed 1" "unknown recipe 'fp3'"
 
