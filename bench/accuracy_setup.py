@@ -8,7 +8,8 @@ then the docstrings of the standard library's modules, classes and functions (ev
 `ast`, sorted by path, tests, idlelib and site-packages left out, exact repeats dropped), blocks
 separated by a blank line, UTF-8. Python 3.11: 0.47 MB of topics + 1.5 MB of docstrings; the topics
 alone are too few bytes for 1200 steps of 16 x 256 (about 12 epochs). The text depends on the
-Python version, so corpus.json records the version, sizes and SHA-256. Split by bytes: train the
+Python version, so corpus.json records the version, sizes and SHA-256 (and a Python installed
+without pydoc_data gets the docstrings alone, which its "source" says). Split by bytes: train the
 first 90%, validation the last 10%. No torch needed.
 
 Usage: python3 bench/accuracy_setup.py OUT_DIR [--layers 8] [--width 512] [--seq 256]
@@ -25,12 +26,17 @@ import json
 import os
 import sys
 import sysconfig
+import warnings
 
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__"}
 
 
 def topics_text():
-    from pydoc_data import topics
+    """The topic pages, or [] where this Python was installed without pydoc_data."""
+    try:
+        from pydoc_data import topics
+    except ImportError:
+        return []
     return [topics.topics[k].strip() for k in sorted(topics.topics)]
 
 
@@ -44,7 +50,8 @@ def docstrings():
             if not f.endswith(".py"):
                 continue
             try:
-                with open(os.path.join(root, f), encoding="utf-8") as fh:
+                with open(os.path.join(root, f), encoding="utf-8") as fh, warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # SyntaxWarnings of old escape sequences
                     tree = ast.parse(fh.read())
             except (SyntaxError, UnicodeDecodeError, ValueError):
                 continue
@@ -61,12 +68,13 @@ def corpus(text_file):
     if text_file:
         with open(text_file, "rb") as fh:
             return fh.read(), "file " + os.path.abspath(text_file)
-    seen, blocks = set(), []
-    for b in topics_text() + docstrings():
+    seen, blocks, pages = set(), [], topics_text()
+    for b in pages + docstrings():
         if b not in seen:
             seen.add(b)
             blocks.append(b)
-    return ("\n\n".join(blocks) + "\n").encode("utf-8"), "python-docs"
+    source = "python-docs" if pages else "python-docs (docstrings only: no pydoc_data here)"
+    return ("\n\n".join(blocks) + "\n").encode("utf-8"), source
 
 
 def model_config(layers, width, seq):
