@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/env.h"
+#include "comm/comm.h"
 #include "compile/shard.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -51,8 +52,9 @@ static dw_status check_program(dw_ctx *ctx, const dw_compiled *c, const dw_backe
     return DW_OK;
 }
 
-/* dw_engine_opts.zero on several ranks (dw_dist_env_get): the rank's shard of the optimizer state
- * (ZeRO >= 1) and of the gradients (ZeRO >= 2), by compile/shard.h as train/dp.c steps them. */
+/* dw_engine_opts.zero on several ranks (the launcher's environment, comm/comm.h): the rank's shard
+ * of the optimizer state (ZeRO >= 1) and of the gradients (ZeRO >= 2), by compile/shard.h as
+ * train/dp.c steps them. */
 static dw_status zero_shard(dw_engine *e, dw_exec_shard *out, bool *sharded) {
     const int64_t pf = e->p->param_floats;
     *out = (dw_exec_shard){0, pf, 0, pf};
@@ -60,12 +62,12 @@ static dw_status zero_shard(dw_engine *e, dw_exec_shard *out, bool *sharded) {
     if (e->opts.zero < 0 || e->opts.zero > 3)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: ZeRO stage %d (dw_engine_opts.zero) is 0, 1, 2 or 3",
                             e->opts.zero);
-    dw_dist_env env;
+    dw_launch_env env;
     if (e->opts.zero == 0) return DW_OK;
-    DW_TRY(dw_dist_env_get(&env));
+    DW_TRY(dw_launch_env_read(e->ctx, &env)); /* as dw_dist_env_get, the error on the context */
     int64_t lo, hi;
-    dw_shard_range(pf, env.world_size, env.rank, &lo, &hi);
-    if (env.world_size < 2 || hi <= lo) return DW_OK; /* one rank, or a model too small to cut */
+    dw_shard_range(pf, env.world, env.rank, &lo, &hi);
+    if (env.world < 2 || hi <= lo) return DW_OK; /* one rank, or a model too small to cut */
     out->opt_lo = lo, out->opt_hi = hi;
     if (e->opts.zero >= 2) out->grad_lo = lo, out->grad_hi = hi;
     *sharded = true;

@@ -9,18 +9,22 @@
  * parameter's gradient written into its bucket's slot (the executor's grad_at), each slot handed
  * to the next bucket as train/dp_stage.c does (the old bucket's floats copied out where a rank
  * would add its reduced part, the slot zeroed), gives the whole gradient pool of an engine without
- * staging bit for bit, over two accumulated micro-batches. */
+ * staging bit for bit, for each of two micro-batches. An engine made for ZeRO-1/2 on a rank of 4
+ * (dw_engine_opts.zero, the launcher's environment) allocates its shards alone, loads its range of a
+ * whole optimizer checkpoint, and refuses what needs the whole state by name. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "capture/capture.h"
 #include "compile/grad_stage.h"
 #include "compile/program.h"
+#include "compile/shard.h"
 #include "runtime/engine.h"
 #include "testutil.h"
 
@@ -220,11 +224,93 @@ static void test_reuse(void **state) {
     dw_test_model_free(&m);
 }
 
+/* An engine made for ZeRO on rank r of 4 (the launcher's environment) allocates its shards alone:
+ * the moments of its range (ZeRO-1, 2), the gradients too (ZeRO-2); a whole optimizer checkpoint
+ * loads its range; what needs the whole state is refused by name; a stage out of range and a
+ * malformed environment too; one rank allocates the whole pools. */
+static void test_engine_made_sharded(void **state) {
+    (void)state;
+    dw_test_rng *rng = &dw_test_group_rng;
+    const int64_t B = 1, T = 8;
+    dw_graph *g = dw_test_small_graph(CTX, "gpt2-tiny", B, T, rng);
+    assert_non_null(g);
+    dw_test_model whole;
+    assert_int_equal(dw_test_model_build(CTX, g, NULL, DW_DEVICE_AUTO, &whole), DW_OK);
+    const dw_compiled *p = whole.c;
+    const int64_t F = p->param_floats, V = g->model.vocab;
+    int32_t x[8], y[8];
+    dw_test_random_tokens(x, B * T, V, rng);
+    dw_test_random_tokens(y, B * T, V, rng);
+    dw_test_random_params(whole.e, rng, 0.3f, NULL, 0);
+    double first, last;
+    assert_int_equal(dw_test_train_fixed(whole.e, x, y, B, T, 2, 1e-2, &first, &last), DW_OK);
+    char *dir = dw_test_tmpdir(), *opath = dw_test_path(dir, "optimizer.safetensors");
+    assert_int_equal(dw_engine_save_optimizer(whole.e, opath), DW_OK);
+    float *m = malloc((size_t)F * sizeof *m), *got = malloc((size_t)F * sizeof *got);
+    assert_non_null(m), assert_non_null(got);
+    assert_int_equal(whole.e->be->i->download(whole.e->be, m, whole.e->x->m, (size_t)F * sizeof *m), DW_OK);
+
+    const int world = 4, rank = (int)(dw_test_next(rng) % 4);
+    char rs[8];
+    snprintf(rs, sizeof rs, "%d", rank);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    setenv("WORLD_SIZE", "4", 1), setenv("RANK", rs, 1), setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29511", 1);
+    int64_t lo, hi;
+    dw_shard_range(F, world, rank, &lo, &hi);
+    assert_true(hi > lo);
+    for (int zero = 1; zero <= 2; zero++) {
+        dw_engine_opts eo;
+        dw_engine_opts_init(&eo, sizeof eo);
+        eo.zero = zero;
+        dw_engine *e = NULL;
+        if (dw_engine_create(CTX, p, &eo, &e) != DW_OK) fail_msg("ZeRO-%d engine: %s", zero, dw_errmsg(CTX));
+        int64_t planned[DW_POOL_COUNT];
+        dw_shard_pool_bytes(p->pool_bytes, F, world, zero, planned);
+        assert_int_equal(e->x->pool_bytes[DW_POOL_OPTIM], 8 * (hi - lo));
+        assert_true(e->x->pool_bytes[DW_POOL_OPTIM] <= planned[DW_POOL_OPTIM]);
+        assert_int_equal(e->x->pool_bytes[DW_POOL_GRADS], zero >= 2 ? 4 * (hi - lo) : p->pool_bytes[DW_POOL_GRADS]);
+        assert_true(e->x->pool_bytes[DW_POOL_GRADS] <= planned[DW_POOL_GRADS]);
+        assert_int_equal(e->x->pool_bytes[DW_POOL_WEIGHTS], p->pool_bytes[DW_POOL_WEIGHTS]);
+        assert_int_equal(dw_engine_load_optimizer(e, opath), DW_OK); /* its range of the whole file */
+        assert_int_equal(e->be->i->download(e->be, got, e->x->m, (size_t)(hi - lo) * sizeof *got), DW_OK);
+        assert_memory_equal(got, m + lo, (size_t)(hi - lo) * sizeof *got);
+        double norm = 0;
+        assert_int_equal(dw_engine_step(e, NULL, 3, &norm), DW_ERR_UNSUPPORTED);
+        assert_non_null(strstr(dw_errmsg(CTX), "ZeRO shard"));
+        const dw_status fb = dw_engine_forward_backward(e, x, y, B, T, 1.0, NULL);
+        assert_int_equal(fb, zero >= 2 ? DW_ERR_UNSUPPORTED : DW_OK);
+        if (zero >= 2) assert_non_null(strstr(dw_errmsg(CTX), "ZeRO-2/3 shard"));
+        assert_int_equal(dw_engine_grad_read(e, 0, got), zero >= 2 ? DW_ERR_UNSUPPORTED : DW_OK);
+        assert_int_equal(dw_engine_zero_grad(e), DW_OK);
+        dw_engine_free(e);
+    }
+    dw_engine_opts eo;
+    dw_engine_opts_init(&eo, sizeof eo);
+    dw_engine *e = NULL;
+    eo.zero = 4; /* out of range */
+    assert_int_equal(dw_engine_create(CTX, p, &eo, &e), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(CTX), "dw_engine_opts.zero"));
+    assert_null(e);
+    eo.zero = 2;
+    setenv("RANK", "x1", 1); /* malformed: named */
+    assert_int_equal(dw_engine_create(CTX, p, &eo, &e), DW_ERR_INVALID);
+    assert_non_null(strstr(dw_errmsg(CTX), "RANK"));
+    unsetenv("WORLD_SIZE"), unsetenv("RANK"), unsetenv("MASTER_ADDR"), unsetenv("MASTER_PORT");
+    assert_int_equal(dw_engine_create(CTX, p, &eo, &e), DW_OK); /* one rank: whole */
+    for (int k = 0; k < DW_POOL_COUNT; k++) assert_int_equal(e->x->pool_bytes[k], p->pool_bytes[k]);
+    dw_engine_free(e);
+    dw_test_rmtree(dir);
+    free(dir), free(opath), free(m), free(got);
+    dw_test_model_free(&whole);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_reuse),
+        cmocka_unit_test(test_engine_made_sharded),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
