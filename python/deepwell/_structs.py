@@ -74,7 +74,7 @@ class CompileOpts(Sized):
 
 
 class EngineOpts(Sized):
-    _fields_ = [("size", size_t), ("record", flag), ("quant_reuse", flag)]
+    _fields_ = [("size", size_t), ("record", flag), ("quant_reuse", flag), ("zero", cint)]
 
 
 class AdamwOpts(Sized):
