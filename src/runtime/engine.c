@@ -206,12 +206,18 @@ dw_status dw_engine_adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t 
     return DW_OK;
 }
 
-dw_status dw_engine_step(dw_engine *e, const dw_adamw_opts *opts, int64_t step, double *grad_norm) {
-    if (grad_norm) *grad_norm = 0;
-    if (e->x->opt_hi - e->x->opt_lo != e->p->param_floats) /* ZeRO-1/2 (train/dp.c) */
+/* The engine's own optimizer step needs the whole moments and gradients (not ZeRO shards). */
+static dw_status whole_optimizer(dw_engine *e) {
+    if (e->x->opt_hi - e->x->opt_lo != e->p->param_floats) /* ZeRO-1/2/3 (train/dp.c) */
         return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "adamw: the engine holds the optimizer state of floats "
                             "[%lld, %lld) only (a ZeRO shard): its step is the data-parallel runtime's",
                             (long long)e->x->opt_lo, (long long)e->x->opt_hi);
+    return dw_exec_grads_whole(e->x, "adamw");
+}
+
+dw_status dw_engine_step(dw_engine *e, const dw_adamw_opts *opts, int64_t step, double *grad_norm) {
+    if (grad_norm) *grad_norm = 0;
+    DW_TRY(whole_optimizer(e));
     dw_adamw_args a;
     DW_TRY(dw_engine_adamw_args(e, opts, step, &a));
     DW_TRY(dw_exec_optimizer(e->x, &a));
@@ -354,6 +360,7 @@ dw_status dw_engine_time_steps(dw_engine *e, const int32_t *tokens, const int32_
 dw_status dw_engine_time_optimizer(dw_engine *e, const dw_adamw_opts *o, int64_t step, double *ms, double *ms_zero) {
     const dw_backend_i *bi = e->be->i;
     if (!bi->timers) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s engine: no timers", bi->name);
+    DW_TRY(whole_optimizer(e)); /* the program's AdamW steps the whole pools */
     dw_adamw_args a;
     DW_TRY(dw_engine_adamw_args(e, o, step, &a));
     DW_TRY(bi->upload(e->be, e->x->work + e->p->work.adamw_args, &a, sizeof a));

@@ -278,6 +278,10 @@ static void test_engine_made_sharded(void **state) {
         double norm = 0;
         assert_int_equal(dw_engine_step(e, NULL, 3, &norm), DW_ERR_UNSUPPORTED);
         assert_non_null(strstr(dw_errmsg(CTX), "ZeRO shard"));
+        double ms[512] = {0}, ms_zero = 0;
+        assert_true(p->n_steps <= 512);
+        assert_int_equal(dw_engine_time_optimizer(e, NULL, 3, ms, &ms_zero), DW_ERR_UNSUPPORTED); /* not over the shard */
+        assert_non_null(strstr(dw_errmsg(CTX), "ZeRO shard"));
         const dw_status fb = dw_engine_forward_backward(e, x, y, B, T, 1.0, NULL);
         assert_int_equal(fb, zero >= 2 ? DW_ERR_UNSUPPORTED : DW_OK);
         if (zero >= 2) assert_non_null(strstr(dw_errmsg(CTX), "ZeRO-2/3 shard"));
