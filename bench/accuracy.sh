@@ -19,8 +19,10 @@
 #   split the runs over several calls: `python3 bench/accuracy_report.py table A.jsonl B.jsonl`
 #   joins them). --strict: exit 1 when a band fails. Exit 1 when a run failed, 2 on a bad flag.
 #   env: OUT (default out): $OUT/accuracy.jsonl (one JSON line per run, in job order),
-#   $OUT/accuracy.md (the table, also printed), $OUT/corpus.json, $OUT/runs/NAME/{metrics.jsonl,
-#   log}; PYTHON (default python3, needs torch); WORK (run directories and checkpoints, default a
+#   $OUT/accuracy.md (the table, also printed), $OUT/corpus.json, $OUT/runs/NAME/{row.json (the
+#   run's line, written when it ends: after a call cut short, `python3 bench/accuracy_report.py
+#   table $OUT/runs/*/row.json` tabulates the runs that finished), metrics.jsonl, log};
+#   PYTHON (default python3, needs torch); WORK (run directories and checkpoints, default a
 #   temporary directory removed at the end).
 # Time per run, full size: not yet measured on a GPU. Estimated: 0.65 TFLOP a step (1.6e8 FLOPs a
 #   token x 4096 tokens), 1.3-2.2 ms at 30-50% of an H100's 989 TFLOP/s, plus launch and optimizer
@@ -94,21 +96,22 @@ IFS=, read -ra recipe_list <<<"$recipes"
 for r in "${recipe_list[@]}"; do for s in "${seed_list[@]}"; do job_list+=("$r $s"); done; done
 
 common=(--steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --min-lr "$min_lr" --warmup "$warmup")
-run_job() { # run_job K: job K's run, its JSON line in $WORK/row.K
-  local recipe=${job_list[$1]% *} seed=${job_list[$1]#* } name t0 rc msg
-  name=${recipe}_s$seed
-  mkdir -p "$out/runs/$name"
+job_name() { echo "${job_list[$1]% *}_s${job_list[$1]#* }"; } # job_name K: torch_bf16_s1, nvfp4_s3, ...
+run_job() { # run_job K: job K's run, its JSON line in $OUT/runs/NAME/row.json
+  local recipe=${job_list[$1]% *} seed=${job_list[$1]#* } name t0 rc msg row
+  name=$(job_name "$1")
+  row=$out/runs/$name/row.json
   t0=$(date +%s%N)
   if [ "$recipe" = torch_bf16 ]; then
     "$py" "$here/accuracy_torch.py" --config "$data/model/config.json" --train "$data/train.txt" \
       --val "$data/val.txt" --seed "$seed" --device "$device" --eval-batches "$eval_batches" "${common[@]}" \
       >"$out/runs/$name/log" 2>&1
     rc=$?
-    grep '^{' "$out/runs/$name/log" | tail -1 >"$WORK/row.$1"
-    if [ $rc != 0 ] || [ ! -s "$WORK/row.$1" ]; then
+    grep '^{' "$out/runs/$name/log" | tail -1 >"$row.tmp"
+    if [ $rc != 0 ] || [ ! -s "$row.tmp" ]; then
       # shellcheck disable=SC1003 # tr deletes quotes and backslashes
       msg=$(tail -1 "$out/runs/$name/log" | tr -d '"\\' | cut -c1-200)
-      echo "{\"impl\": \"pytorch\", \"recipe\": \"$recipe\", \"seed\": $seed, \"error\": \"exit $rc: $msg\"}" >"$WORK/row.$1"
+      echo "{\"impl\": \"pytorch\", \"recipe\": \"$recipe\", \"seed\": $seed, \"error\": \"exit $rc: $msg\"}" >"$row.tmp"
     fi
   else
     "$dw" train --model "$data/model" --data "$data/train.txt" --val "$data/val.txt" --out "$WORK/runs/$name" \
@@ -118,22 +121,25 @@ run_job() { # run_job K: job K's run, its JSON line in $WORK/row.K
     rc=$?
     cp "$WORK/runs/$name/metrics.jsonl" "$out/runs/$name/" 2>/dev/null
     "$py" "$here/accuracy_report.py" row "$WORK/runs/$name" "$recipe" "$seed" \
-      "$((($(date +%s%N) - t0) / 1000000))e-3" "$rc" "$out/runs/$name/log" >"$WORK/row.$1"
+      "$((($(date +%s%N) - t0) / 1000000))e-3" "$rc" "$out/runs/$name/log" >"$row.tmp"
     rm -rf "$WORK/runs/$name"/ckpt-* # checkpoints: 300 MB a run at full size
   fi
-  echo "accuracy.sh: $name done (exit $rc): $(cut -c1-200 "$WORK/row.$1")" >&2
+  mv "$row.tmp" "$row"
+  echo "accuracy.sh: $name done (exit $rc): $(cut -c1-200 "$row")" >&2
 }
 worker() { # worker G: claims the jobs one by one (mkdir is atomic) and runs them on GPU G
   export CUDA_VISIBLE_DEVICES=$1
   for k in "${!job_list[@]}"; do mkdir "$WORK/claim.$k" 2>/dev/null && run_job "$k"; done
 }
+rm -rf "$WORK"/claim.* "$WORK/runs" # a WORK used before: nothing of it is this call's
+for k in "${!job_list[@]}"; do rm -rf "$out/runs/$(job_name "$k")" && mkdir -p "$out/runs/$(job_name "$k")"; done
 for ((g = 0; g < gpus; g++)); do worker $g & done
 wait
 
 : >"$out/accuracy.jsonl"
 failed=0
 for k in "${!job_list[@]}"; do
-  cat "$WORK/row.$k" >>"$out/accuracy.jsonl" 2>/dev/null || echo "{\"recipe\": \"${job_list[$k]% *}\", \"seed\": ${job_list[$k]#* }, \"error\": \"no result\"}" >>"$out/accuracy.jsonl"
+  cat "$out/runs/$(job_name "$k")/row.json" >>"$out/accuracy.jsonl" 2>/dev/null || echo "{\"recipe\": \"${job_list[$k]% *}\", \"seed\": ${job_list[$k]#* }, \"error\": \"no result\"}" >>"$out/accuracy.jsonl"
 done
 grep -q '"error"' "$out/accuracy.jsonl" && failed=1
 "$py" "$here/accuracy_report.py" table "$out/accuracy.jsonl" --corpus "$out/corpus.json" >"$out/accuracy.md" || failed=1

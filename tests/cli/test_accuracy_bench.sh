@@ -25,10 +25,14 @@ cmp -s "$tmp/table" "$tmp/out/accuracy.md" && ok "the printed table is accuracy.
 
 # The JSON lines and the table: one line per job, the fields, finite losses, training lowered the
 # loss, and each table row's mean and gaps computed from the lines.
-$PYTHON - "$tmp/out/accuracy.jsonl" "$tmp/out/accuracy.md" <<'PY' && ok "accuracy.jsonl and accuracy.md agree" || bad "accuracy.jsonl / accuracy.md"
-import json, math, sys
+$PYTHON - "$tmp/out/accuracy.jsonl" "$tmp/out/accuracy.md" "$tmp/out/runs" <<'PY' && ok "accuracy.jsonl and accuracy.md agree" || bad "accuracy.jsonl / accuracy.md"
+import json, math, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 md = open(sys.argv[2]).read().splitlines()
+runs = sys.argv[3]  # each run's own line, written as it ended
+assert sorted(os.listdir(runs)) == ["bf16_s1", "mxfp8_s1", "torch_bf16_s1"], os.listdir(runs)
+assert sorted(json.dumps(json.load(open(f"{runs}/{n}/row.json"))) for n in os.listdir(runs)) == sorted(
+    json.dumps(r) for r in rows)
 assert [(r["impl"], r["recipe"], r["seed"]) for r in rows] == [
     ("pytorch", "torch_bf16", 1), ("deepwell", "bf16", 1), ("deepwell", "mxfp8", 1)], rows
 for r in rows:
