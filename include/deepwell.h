@@ -1380,9 +1380,11 @@ typedef struct {
                                most about that much work; fractions allowed; 0: by steps only */
     int zero;               /* several ranks (dw_dist_env_get): the ZeRO stage, 0 (gradients
                                all-reduced), 1 (optimizer state sharded) or 2 (gradients sharded
-                               too, the backward's buffer still whole) or 3 (FSDP: parameters
-                               sharded, gathered before use; not quantised programs, not --ep).
-                               Default 0 */
+                               too: with an engine made for it, dw_engine_opts.zero, the backward
+                               writes through bucket-sized staging, each bucket reduced into the
+                               shard as backward finishes it) or 3 (FSDP: parameters sharded,
+                               gathered before use; not quantised programs, not --ep). An engine
+                               made for a higher stage is refused. Default 0 */
     /* guardrails (docs/precision.md, "Guardrails") */
     int64_t max_skips;      /* a step whose loss or gradient norm is not finite is skipped (nothing
                                changes); this many in a row stop the run with DW_ERR_NUMERIC after a
