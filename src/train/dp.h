@@ -49,10 +49,13 @@ dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
 
 /* The job's communicator for the engine's device, the buckets and their shards; overlap: the
  * reductions start from backward (several ranks: the executor's after_step hook is attached and
- * its recording turned off, as the collectives run between its steps); ZeRO-1/2 on several ranks:
- * the engine's optimizer pool replaced by the shard's (zeroed: call it before moments are loaded;
- * the engine's own step is then refused); ZeRO-3 also plans its gathers (dp_zero3.c; a program
- * that quantises linear layers: DW_ERR_UNSUPPORTED naming it). One rank: everything below is the single-process path. */
+ * its recording turned off, as the collectives run between its steps); ZeRO-1/2/3 on several
+ * ranks: the engine's optimizer pool the shard's (made so, dw_engine_opts.zero, or replaced now,
+ * zeroed: call it before moments are loaded; the engine's own step is then refused), ZeRO-2/3 with
+ * an engine made for it the gradient staging (dp_stage.c); an engine made for a higher stage, or
+ * for another rank's shard: DW_ERR_INVALID; ZeRO-3 also plans its gathers (dp_zero3.c; a program
+ * that quantises linear layers: DW_ERR_UNSUPPORTED naming it). One rank: everything below is the
+ * single-process path. */
 dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap);
 /* Detaches the hooks and frees the buckets (the communicator is the job's). */
 void dw_dp_free(dw_dp *d);
