@@ -220,8 +220,9 @@ struct dw_compiled {
                                   recomputed block, its nodes' forwards again just before it */
     int recompute;             /* dw_recompute: NONE or FULL (recompute.c) */
     int recompute_blocks;      /* FULL: blocks [0, recompute_blocks) recompute (all: n_blocks) */
-    bool moe_remat;            /* MoE dispatch rows and expert SwiGLU outputs run again before their
-                                  backward instead of being kept (recompute.c; DW_MOE_REMAT=0: off) */
+    bool moe_remat;            /* a MoE layer's input norm, dispatch and expert SwiGLU run again
+                                  before their outputs' backward instead of keeping them
+                                  (recompute.c; DW_MOE_REMAT=0: off) */
     int *bwd_t;                /* (n_nodes) backward time of each node */
     int *rc_t;                 /* (n_nodes) time of the node's forward run again in the backward
                                   sweep (a recomputed block's, or a rematerialised MoE
@@ -266,9 +267,10 @@ static inline int dw_compile_rc_time(const dw_compiled *c, int node) { return c-
  * block's node with a forward step of its own, except one that adds to the loss or does its own
  * backward. */
 bool dw_compile_recomputed(const dw_compiled *c, int i);
-/* Whether node i is a MoE dispatch or expert SwiGLU whose main output the program drops after the
- * forward and writes again (its forward run again, rc_t) just before the first backward reading it
- * (recompute.c): c->moe_remat on and i not in a recomputed block. */
+/* Whether node i is a MoE dispatch, expert SwiGLU or the RMSNorm whose output a dispatch reads,
+ * whose main output the program drops after the forward and writes again (its forward run again,
+ * rc_t) just before the first backward reading it (recompute.c): c->moe_remat on and i not in a
+ * recomputed block. */
 bool dw_compile_moe_remat(const dw_compiled *c, int i);
 
 /* Whether the program runs linear layers quantised in recipe r (every recipe but bf16). */

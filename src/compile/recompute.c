@@ -8,11 +8,12 @@
  * inner activations share the memory of one. recompute_blocks limits it to the first N blocks
  * (Megatron's "block" method: the memory of the rest at less extra compute).
  * MoE rematerialisation (on unless DW_MOE_REMAT=0), outside the recomputed blocks: a MoE layer's
- * dispatched rows (B,T*K,C) and its experts' SwiGLU output (B,T*K,F) are not kept from the forward
- * to the backward; the dispatch (sort + gather of x's rows) and the SwiGLU run again just before
- * the first backward that reads them (the up projection's and the down projection's), from inputs
- * that are kept anyway (x for the router's weight gradient, gate and up for SwiGLU's backward).
- * Both are memory-bound and deterministic, so the same bits come back; no GEMM runs twice. */
+ * input norm output x (B,T,C), dispatched rows (B,T*K,C) and experts' SwiGLU output (B,T*K,F) are
+ * not kept from the forward to the backward; the norm, the dispatch (sort + gather of x's rows)
+ * and the SwiGLU run again just before the first backward that reads them (the up projection's
+ * and the down projection's; x before the rows), from what is kept anyway (the norm's input and
+ * rstd for its backward, gate and up for SwiGLU's). All three are memory-bound and deterministic,
+ * so the same bits come back; no GEMM runs twice. */
 #include <stdlib.h>
 
 #include "compile/passes.h"
@@ -34,6 +35,11 @@ bool dw_compile_moe_remat(const dw_compiled *c, int i) {
     const dw_ir_node *n = &g->nodes[i];
     if (!c->moe_remat || dw_compile_recomputed(c, i)) return false; /* a recomputed block runs it again anyway */
     if (n->op == DW_OP_MOE_DISPATCH) return true;
+    if (n->op == DW_OP_RMSNORM) { /* a MoE layer's input norm: a dispatch reads its output */
+        for (int k = i + 1; k < g->n_nodes; k++)
+            if (g->nodes[k].op == DW_OP_MOE_DISPATCH && g->nodes[k].in[0] == n->out[0]) return true;
+        return false;
+    }
     const int p = n->op == DW_OP_SWIGLU ? g->tensors[n->in[0]].producer : -1; /* the experts' activation */
     return p >= 0 && g->nodes[p].op == DW_OP_MOE_LINEAR;
 }
@@ -50,12 +56,20 @@ static bool bwd_reads(const dw_compiled *c, int i, int t) {
     return false;
 }
 
-/* The node whose backward first (highest node) reads rematerialised node j's main output: j runs
- * again just before it. -1: none does (the output is dropped after the forward for good). */
-static int first_reader(const dw_compiled *c, int j) {
-    for (int i = c->g->n_nodes - 1; i >= j; i--)
-        if (bwd_reads(c, i, c->g->nodes[j].out[0])) return i;
-    return -1;
+/* The node before whose backward rematerialised node j runs again: the first in the backward sweep
+ * (the highest) whose backward reads j's main output, or before which a rematerialised consumer
+ * of it runs again (then j runs first: reruns before one backward go in graph order). before[k]
+ * for k > j already set; -1: nothing reads it again (dropped after the forward for good). */
+static int rerun_before(const dw_compiled *c, int j, const int *before) {
+    const dw_graph *g = c->g;
+    const int t = g->nodes[j].out[0];
+    int at = -1;
+    for (int i = g->n_nodes - 1; i >= j && at < 0; i--)
+        if (bwd_reads(c, i, t)) at = i;
+    for (int k = j + 1; k < g->n_nodes; k++)
+        for (int s = 0; s < g->nodes[k].n_in; s++)
+            if (g->nodes[k].in[s] == t && before[k] > at) at = before[k];
+    return at;
 }
 
 dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recompute_blocks) {
@@ -80,7 +94,8 @@ dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recom
     int *remat_before = malloc(cap * sizeof *remat_before); /* rematerialised node j: the node it precedes */
     if (!remat_before) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     int t = nn, k = 0;
-    for (int i = 0; i < nn; i++) c->rc_t[i] = -1, remat_before[i] = dw_compile_moe_remat(c, i) ? first_reader(c, i) : -1;
+    for (int i = 0; i < nn; i++) c->rc_t[i] = -1;
+    for (int j = nn - 1; j >= 0; j--) remat_before[j] = dw_compile_moe_remat(c, j) ? rerun_before(c, j, remat_before) : -1;
     for (int i = nn - 1; i >= 0; i--) {
         const int b = g->nodes[i].block;
         if (recompute == DW_RECOMPUTE_FULL && b >= 0 && b < c->recompute_blocks &&

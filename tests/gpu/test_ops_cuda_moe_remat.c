@@ -1,7 +1,8 @@
 /* test_ops_cuda_moe_remat.c — what MoE rematerialisation (compile/recompute.c) asks of the CUDA
- * kernels: the dispatch and the experts' SwiGLU, run again in the backward over the buffers their
- * first run wrote (the offsets and positions kept, the rows and the SwiGLU output reused by other
- * buffers in between: poisoned here with NaN), write the same bits as the first run. Dispatch
+ * kernels: the dispatch, the experts' SwiGLU and the RMSNorm before the dispatch, run again in the
+ * backward over the buffers their first run wrote (the offsets and positions kept, the rows, the
+ * SwiGLU output, the norm's output and rstd reused by other buffers in between: poisoned here with
+ * NaN), write the same bits as the first run. Dispatch
  * dropless, over capacity by position and by weight (its select kernel writes the positions
  * buffer as scratch), routings with assignments outside [0,E); FP32 and BF16; fresh random inputs,
  * guard bands. Needs a GPU (ctest label "gpu"); the host emulator (tests/common/cuda_emu/run.sh)
@@ -46,8 +47,9 @@ static int64_t same_bytes(const char *name, const dw_gt *t, const unsigned char 
     return bad;
 }
 
-/* Dispatch of N tokens (K of E experts each, about one in six outside [0,E)) then SwiGLU over R x F
- * rows, each run twice; cap 0: dropless; by_weight: the router's weights rank the assignments. */
+/* Dispatch of N tokens (K of E experts each, about one in six outside [0,E)), SwiGLU over R x F
+ * rows and RMSNorm over the N x C tokens, each run twice; cap 0: dropless; by_weight: the router's
+ * weights rank the assignments. */
 static int64_t run_case(dw_act_dtype dt, int64_t N, int64_t C, int64_t K, int64_t E, int64_t F, double factor,
                         bool by_weight) {
     const int64_t A = N * K, cap = factor > 0 ? dw_moe_capacity(factor, N, K, E) : 0;
@@ -93,6 +95,24 @@ static int64_t run_case(dw_act_dtype dt, int64_t N, int64_t C, int64_t K, int64_
         else bad += same_bytes(name, act, first);
     }
     free(first);
+    /* the RMSNorm whose output the dispatch reads: its output and rstd (FP32 weight, offset 0) */
+    dw_gt *nw = dw_gt_rand(&g_rng, "norm weight", C, DW_ACT_F32, -2, 2), *h = dw_gt_out("norm out", N * C, dt);
+    dw_gt *rstd = dw_gt_out("rstd", N, DW_ACT_F32);
+    unsigned char *firsts_n[2] = {NULL, NULL};
+    for (int run = 0; run < 2; run++) {
+        if (run) {
+            DW_GC_CUDA(cudaMemset(h->dev, 0xFF, h->bytes));
+            DW_GC_CUDA(cudaMemset(rstd->dev, 0xFF, rstd->bytes));
+        }
+        DW_GC_OK(bad, name, dw_cuda_rmsnorm_fwd_offset(NULL, dt, h->dev, (float *)rstd->dev, x->dev, (const float *)nw->dev,
+                                                       0.0, N, C, 1e-5, dw_gc_stream));
+        DW_GC_SYNC();
+        dw_gt *outs[2] = {h, rstd};
+        for (int o = 0; o < 2; o++) {
+            if (!run) firsts_n[o] = bytes_of(outs[o]);
+            else bad += same_bytes(name, outs[o], firsts_n[o]), free(firsts_n[o]);
+        }
+    }
     if (!dw_gc_guards_ok(name)) bad++;
     dw_gc_free_all();
     free(idx), free(prio);
