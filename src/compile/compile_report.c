@@ -38,12 +38,12 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_prog_node *pn = &c->node[i];
         const dw_node_binding *b = &pn->bind;
-        const bool gemm = DW_OP_IS(n, DW_OPF_GEMM);
-        const char *recipe = !gemm ? (c->bf16 ? "bf16" : "fp32")
+        const bool gemm = DW_OP_IS(n, DW_OPF_GEMM), moe = n->op == DW_OP_MOE_LINEAR; /* moe: the policy's too */
+        const char *recipe = !gemm && !moe ? (c->bf16 ? "bf16" : "fp32")
                              : c->bf16             ? dw_recipe_name(b->recipe)
                                                    : "fp32";
         fprintf(f, "%4d %-44s %-13s recipe %-10s ", i, n->name, dw_op_name(n->op), recipe);
-        if (!c->bf16 && gemm)
+        if (!c->bf16 && (gemm || moe))
             fprintf(f, "(no policy: FP32 mode)");
         else if (b->reason == DW_POLICY_BY_RULE)
             fprintf(f, "(rule %d)", b->rule);
@@ -99,12 +99,14 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         case DW_POOL_ACT:
             fprintf(f, "  arena of %d buffers (sum %lld B; live peak %lld B = lower bound)\n",
                     c->n_items, (long long)sizes, (long long)c->live_peak);
-            if (c->recompute == DW_RECOMPUTE_FULL) {
-                int again = 0;
-                for (int i = 0; i < c->g->n_nodes; i++) again += dw_compile_rc_time(c, i) >= 0;
+            int again = 0, remat = 0;
+            for (int i = 0; i < c->g->n_nodes; i++) again += dw_compile_recomputed(c, i), remat += dw_compile_moe_remat(c, i);
+            if (c->recompute == DW_RECOMPUTE_FULL)
                 fprintf(f, "%14s recompute: %d forwards of blocks 0-%d run again before their block's backward; "
                         "only those blocks' inputs are kept\n", "", again, c->recompute_blocks - 1);
-            }
+            if (remat)
+                fprintf(f, "%14s MoE: %d forwards (input norms, dispatches, expert SwiGLUs) run again before their "
+                        "outputs' backward instead of keeping them (DW_MOE_REMAT=0 keeps them)\n", "", remat);
             break;
         default: {
             fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments");
