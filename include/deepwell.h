@@ -605,7 +605,7 @@ typedef struct {
     int32_t pass;             /* dw_gemm_pass: DW_GEMM_FPROP, DW_GEMM_DGRAD or DW_GEMM_WGRAD */
     int32_t dtype;            /* dw_grouped_dtype of x, W, dy and y or dx (dW is FP32) */
     int32_t recipe;           /* DW_RECIPE_BF16: the operands are plain dtype values;
-                                 DW_RECIPE_FP8_BLOCK (fprop, dgrad): E4M3 codes with the scales below */
+                                 DW_RECIPE_FP8_BLOCK: E4M3 codes with the scales below */
     int64_t rows, experts, k, m; /* rows: the capacity of x, y, dy (offsets[experts] <= rows) */
     const void *x, *w, *dy;   /* x: fprop, wgrad; w: fprop, dgrad; dy: dgrad, wgrad (else NULL) */
     void *out;                /* y, dx or dW as the pass says */
@@ -615,7 +615,11 @@ typedef struct {
      * row (x_scales [rows, k/128], dy_scales [rows, m/128]); W E4M3 in 128x128 blocks per expert
      * with FP32 scales — fprop W [experts, m, k], w_scales [experts, m/128, k/128]; dgrad W^T's
      * copy [experts, k, m], w_scales [experts, k/128, m/128] (FORMATS.md's fp8_block and
-     * fp8_block2d); out (y or dx) in dtype. k and m multiples of 128. NULL for bf16. */
+     * fp8_block2d); out (y or dx) in dtype. wgrad reads dy^T and x^T in 1x128 blocks along each
+     * expert's rows: x [k, P], x_scales [k, P/128], dy [m, P], dy_scales [m, P/128], expert e's
+     * rows from column 128 * sum over e' < e of ceil(count_e' / 128) on, zero-padded to the next
+     * multiple of 128, P = 128 * (rows/128 + experts) (src/gemm/grouped_fp8.h makes them); out dW
+     * FP32. k and m multiples of 128. NULL for bf16. */
     const float *x_scales, *w_scales, *dy_scales;
 } dw_grouped_args;
 

@@ -3,8 +3,11 @@
  * with DW_MOE_FP8=1) against the CPU reference of the same arithmetic (grouped_cpu_fp8_block) on
  * the same codes and scales, fprop and dgrad, BF16 and FP32 outputs, with skewed routings: every
  * row to one expert, empty experts, a single row, groups of odd sizes and rows past the groups
- * (which must come back 0); outputs poisoned with NaN before each run. The GPU quantisers of the
- * grouped operands against the CPU's, bit for bit. Bound: 1e-3 relative Frobenius error for FP32
+ * (which must come back 0); outputs poisoned with NaN before each run. wgrad on the transposed,
+ * per-expert padded copies (grouped_fp8.h) with groups of 127, 128, 129 rows too, added into a dW
+ * that holds values (experts without rows leave theirs bit for bit). The GPU quantisers of the
+ * grouped operands against the CPU's, bit for bit (wgrad's: offsets on the device, NaN in the rows
+ * past the groups, which it must not read). Bound: 1e-3 relative Frobenius error for FP32
  * output, 5e-3 for BF16 (docs/gemm.md: the dense FP8 block kernel's, the same tensor-core
  * accumulation). Skipped (passes, saying so) on a device that is not sm_90. */
 #include <setjmp.h>
@@ -70,6 +73,57 @@ static void route(int kind, int64_t E, int64_t R, int32_t *off) {
         left -= n;
         off[e + 1] = (int32_t)(off[e] + n);
     }
+}
+
+/* Routing 4: every group's size one of 0, 1, 127, 128, 129, 256 (wgrad's blocks filled exactly, by
+ * one row more or less); the rows (some past the groups). Kinds 0..3: route()'s with R rows. */
+static int64_t route_wgrad(int kind, int64_t E, int64_t R, int32_t *off) {
+    static const int sizes[] = {0, 1, 127, 128, 129, 256};
+    if (kind < 4) return route(kind, E, R, off), R;
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++) off[e + 1] = off[e] + sizes[dw_test_rnd(0, 5)];
+    return off[E] + dw_test_rnd(0, 5);
+}
+
+/* One wgrad case, dW holding random values first; returns the relative Frobenius error of what
+ * the kernel added against what the reference added (infinite where an expert without rows
+ * changed, or NaN). */
+static double wgrad_case(int kind, int64_t E, int64_t M, int64_t K, int64_t R0) {
+    int32_t *off = malloc((size_t)(E + 1) * 4);
+    const int64_t R = route_wgrad(kind, E, R0, off), P = dw_grouped_fp8_wgrad_cols(R, E), n = E * M * K;
+    float *dy = randv(R * M), *x = randv(R * K), *dw0 = randv(n), *ref = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+    uint8_t *dyc = malloc((size_t)(M * P)), *xc = malloc((size_t)(K * P));
+    float *dys = malloc((size_t)(M * P / 128) * 4), *xs = malloc((size_t)(K * P / 128) * 4);
+    assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(g_cpu, dy, off, R, E, M, dyc, dys), DW_OK);
+    assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(g_cpu, x, off, R, E, K, xc, xs), DW_OK);
+    memcpy(ref, dw0, (size_t)n * 4);
+    dw_grouped_args a = {.pass = DW_GEMM_WGRAD, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_FP8_BLOCK, .rows = R,
+                         .experts = E, .k = K, .m = M, .x = xc, .x_scales = xs, .dy = dyc, .dy_scales = dys,
+                         .offsets = off, .out = ref};
+    assert_int_equal(dw_grouped_gemm(g_cpu, &a), DW_OK);
+    void *ddyc = to_dev(dyc, (size_t)(M * P)), *dxc = to_dev(xc, (size_t)(K * P));
+    void *ddys = to_dev(dys, (size_t)(M * P / 128) * 4), *dxs = to_dev(xs, (size_t)(K * P / 128) * 4);
+    void *doff = to_dev(off, (size_t)(E + 1) * 4), *dout = to_dev(dw0, (size_t)n * 4);
+    dw_grouped_args g = a;
+    g.x = dxc, g.x_scales = dxs, g.dy = ddyc, g.dy_scales = ddys, g.offsets = doff, g.out = dout;
+    const char *name = NULL;
+    assert_int_equal(dw_grouped_select(g_gpu, &g, &name), DW_OK);
+    assert_string_equal(name, "grouped_fp8block_sm90");
+    if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_fp8block_sm90 wgrad: %s", dw_errmsg(g_gpu));
+    from_dev(got, dout, (size_t)n * 4);
+    double err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t e = i / (M * K);
+        if (off[e] == off[e + 1] && memcmp(&got[i], &dw0[i], 4)) err2 = INFINITY; /* no rows: untouched */
+        err2 += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        ref2 += ((double)ref[i] - dw0[i]) * ((double)ref[i] - dw0[i]);
+    }
+    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    printf("wgrad routing %d E %lld M %lld K %lld R %lld rows %d: rel %.3g\n", kind, (long long)E, (long long)M,
+           (long long)K, (long long)R, off[E], rel);
+    cudaFree(ddyc), cudaFree(dxc), cudaFree(ddys), cudaFree(dxs), cudaFree(doff), cudaFree(dout);
+    free(off), free(dy), free(x), free(dw0), free(ref), free(got), free(dyc), free(xc), free(dys), free(xs);
+    return isnan(rel) ? INFINITY : rel;
 }
 
 /* One case; returns the relative Frobenius error (infinite for NaN or a non-zero row past the groups). */
@@ -139,6 +193,11 @@ static void test_kernel(void **state) {
     /* a larger shape: many tiles per expert, several K blocks, every SM busy */
     bad += !(gpu_case(DW_GEMM_FPROP, 0, false, 8, 1024, 2048, 4099) <= 1e-3);
     bad += !(gpu_case(DW_GEMM_DGRAD, 1, true, 8, 1024, 2048, 4099) <= 5e-3);
+    for (int kind = 0; kind < 5; kind++) { /* wgrad: FP32 dW, the fprop bound */
+        const int64_t E = kind == 3 ? 1 : dw_test_rnd(2, 9), M = 128 * dw_test_rnd(1, 4), K = 128 * dw_test_rnd(1, 4);
+        bad += !(wgrad_case(kind, E, M, K, kind == 3 ? 1 : dw_test_rnd(1, 700)) <= 1e-3);
+    }
+    bad += !(wgrad_case(0, 8, 1024, 2048, 4099) <= 1e-3); /* long K loops per expert */
     assert_int_equal(bad, 0);
 }
 
@@ -175,9 +234,44 @@ static void test_quantisers(void **state) {
     free(hc), free(hct), free(hxc), free(hs), free(hst), free(hxs);
 }
 
+/* wgrad's quantiser (offsets on the device) against the CPU's, bit for bit, FP32 and BF16 input,
+ * every routing; NaN in the rows past the groups, which neither may read. */
+static void test_quantiser_cols(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 5; kind++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const int64_t E = kind == 3 ? 1 : dw_test_rnd(1, 9), C = 128 * dw_test_rnd(1, 3);
+            int32_t *off = malloc((size_t)(E + 1) * 4);
+            const int64_t R = route_wgrad(kind, E, kind == 3 ? 1 : dw_test_rnd(1, 600), off);
+            const int64_t P = dw_grouped_fp8_wgrad_cols(R, E), nc = C * P, ns = C * P / 128;
+            float *x = randv(R * C);
+            uint16_t *xb = malloc((size_t)(R * C > 0 ? R * C : 1) * 2);
+            for (int64_t i = 0; i < R * C; i++) {
+                if (i >= (int64_t)off[E] * C) x[i] = NAN;
+                xb[i] = dw_encode_bf16(x[i]), x[i] = bf16 ? dw_decode_bf16(xb[i]) : x[i];
+            }
+            uint8_t *c = malloc((size_t)nc), *hc = malloc((size_t)nc);
+            float *s = malloc((size_t)ns * 4), *hs = malloc((size_t)ns * 4);
+            assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(g_cpu, x, off, R, E, C, c, s), DW_OK);
+            void *dx = bf16 ? to_dev(xb, (size_t)(R * C) * 2) : to_dev(x, (size_t)(R * C) * 4);
+            void *doff = to_dev(off, (size_t)(E + 1) * 4), *dc = to_dev(NULL, (size_t)nc), *ds = to_dev(NULL, (size_t)ns * 4);
+            assert_int_equal(cudaMemset(dc, 0xAB, (size_t)nc), cudaSuccess); /* poisoned */
+            assert_int_equal(cudaMemset(ds, 0xFF, (size_t)ns * 4), cudaSuccess);
+            assert_int_equal(dw_grouped_fp8_quantize_cols_cuda(g_gpu, dx, bf16, doff, R, E, C, dc, ds), DW_OK);
+            from_dev(hc, dc, (size_t)nc), from_dev(hs, ds, (size_t)ns * 4);
+            printf("wgrad quantiser routing %d %s E %lld C %lld R %lld rows %d\n", kind, bf16 ? "bf16" : "fp32",
+                   (long long)E, (long long)C, (long long)R, off[E]);
+            assert_memory_equal(hc, c, (size_t)nc);
+            assert_memory_equal(hs, s, (size_t)ns * 4);
+            cudaFree(dx), cudaFree(doff), cudaFree(dc), cudaFree(ds);
+            free(off), free(x), free(xb), free(c), free(hc), free(s), free(hs);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantisers),
+        cmocka_unit_test(test_quantiser_cols),
         cmocka_unit_test(test_kernel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -4,7 +4,8 @@
  * the exact transpose of W's codes and block scales; the reference product (fprop and dgrad through
  * dw_grouped_gemm) against the dequantised operands' product in double, with skewed routings
  * (every row to one expert, empty experts, a single row, rows past the groups); the registry's
- * rules (no wgrad, K and M multiples of 128, the sm_90 kernel only with DW_MOE_FP8=1). */
+ * rules (K and M multiples of 128, the sm_90 kernel only with DW_MOE_FP8=1). wgrad's padded
+ * operands and product: test_grouped_fp8_wgrad.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,38 +19,8 @@
 #include "formats/formats.h"
 #include "gemm/grouped.h"
 #include "gemm/grouped_fp8.h"
+#include "test_grouped_fp8.h"
 #include "testutil.h"
-
-#define CTX dw_test_ctx
-#define RNG (&dw_test_group_rng)
-
-/* Values spread over several binades, with an all-zero 128-block now and then. */
-static float *randv(int64_t n, bool zero_blocks) {
-    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
-    for (int64_t i = 0; i < n; i++) v[i] = dw_test_uniform(RNG, -1, 1) * ldexpf(1.0f, (int)dw_test_rnd(-6, 6));
-    if (zero_blocks && n >= 128 && dw_test_rnd(0, 1)) memset(v + 128 * dw_test_rnd(0, n / 128 - 1), 0, 128 * sizeof *v);
-    return v;
-}
-
-/* FORMATS.md's fp8_block scale of a block with this amax, written again. */
-static float rule_scale(float amax) {
-    const float s = amax / 448.0f;
-    return s == 0.0f ? 1.0f : s;
-}
-
-/* Groups of R rows over E experts: 0 random, 1 all to one, 2 odd experts empty, 3 one row; some
- * rows left past the groups. */
-static void route(int kind, int64_t E, int64_t R, int32_t *off) {
-    const int64_t used = kind == 3 ? 1 : R - dw_test_rnd(0, R / 4), one = dw_test_rnd(0, E - 1);
-    int64_t left = used;
-    off[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t n = kind == 1 || kind == 3 ? (e == one ? left : 0) : kind == 2 && e % 2 ? 0 : dw_test_rnd(0, left);
-        if (e == E - 1 && !(kind == 1 || kind == 3) && !(kind == 2 && e % 2)) n = left;
-        left -= n;
-        off[e + 1] = (int32_t)(off[e] + n);
-    }
-}
 
 static void test_quantisers(void **state) {
     (void)state;
@@ -184,9 +155,12 @@ static void test_rules(void **state) {
     a.k += 8 * dw_test_rnd(1, 15);
     assert_null(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, log, sizeof log));
     assert_non_null(strstr(log, "K and M must be multiples of 128"));
-    a.k -= a.k % 128, a.pass = DW_GEMM_WGRAD, log[0] = '\0';
+    a.k -= a.k % 128, a.pass = DW_GEMM_WGRAD; /* dy^T and x^T padded per expert (test_grouped_fp8_wgrad.c) */
+    assert_string_equal(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, NULL, 0), "grouped_fp8block_sm90");
+    a.dy = (const char *)ph + 8, log[0] = '\0';
     assert_null(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, log, sizeof log));
-    assert_non_null(strstr(log, "no fp8_block wgrad"));
+    assert_non_null(strstr(log, "16-byte aligned"));
+    a.dy = ph;
     a.pass = DW_GEMM_FPROP, a.experts = dw_test_rnd(1025, 4096), log[0] = '\0';
     assert_null(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, log, sizeof log));
     assert_non_null(strstr(log, "at most 1024 experts"));

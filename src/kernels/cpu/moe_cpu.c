@@ -2,7 +2,7 @@
  * counting sort of the (token, k) assignments by expert, those past an expert's capacity dropped by
  * position or by weight, and its gradient gather), the grouped linear layer, and the weighted
  * combine; forward and backward, sums in double, one rounding per output; and the fp8_block grouped
- * product (moe_fp8_cpu.h). Threads split
+ * products (moe_fp8_cpu.h: fprop/dgrad, and wgrad over 128-padded expert groups). Threads split
  * independent rows or experts, so they cannot change results. */
 #include <stdlib.h>
 #include <string.h>
@@ -186,4 +186,39 @@ void dw_cpu_moe_linear_fp8(float *out, const uint8_t *a, const float *sa, const 
             }
     }
     memset(out + (int64_t)offsets[E] * N, 0, (size_t)((R - offsets[E]) * N) * sizeof *out);
+}
+
+void dw_cpu_moe_fp8_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E) {
+    pad[0] = 0;
+    for (int64_t e = 0; e < E; e++) pad[e + 1] = pad[e] + (offsets[e + 1] - offsets[e] + 127) / 128 * 128;
+}
+
+void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
+                                 const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P) {
+    DW_ASSERT(E >= 1 && P % 128 == 0);
+    int64_t *pad = malloc((size_t)(E + 1) * sizeof *pad);
+    DW_ASSERT(pad);
+    dw_cpu_moe_fp8_pad_offsets(pad, offsets, E);
+    DW_ASSERT(pad[E] <= P);
+    float dec[256];
+    for (int c = 0; c < 256; c++) dec[c] = dw_decode_e4m3((uint8_t)c);
+    const int64_t PB = P / 128;
+    for (int64_t e = 0; e < E; e++) {
+        if (pad[e + 1] == pad[e]) continue; /* no rows: nothing added */
+#pragma omp parallel for schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++) {
+                const uint8_t *am = a + m * P, *bk = b + k * P;
+                double acc = 0.0;
+                for (int64_t pb = pad[e] / 128; pb < pad[e + 1] / 128; pb++) {
+                    double part = 0.0;
+                    for (int64_t l = pb * 128; l < pb * 128 + 128; l++) part += (double)dec[am[l]] * dec[bk[l]];
+                    const float s = sa[m * PB + pb] * sb[k * PB + pb];
+                    acc += part * s;
+                }
+                float *d = dw + (e * M + m) * K + k;
+                *d = (float)((double)*d + acc);
+            }
+    }
+    free(pad);
 }

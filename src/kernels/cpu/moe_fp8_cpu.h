@@ -1,5 +1,6 @@
 /* moe_fp8_cpu.h — private: the CPU reference of the fp8_block grouped expert GEMM
- * (kernels/cpu/moe_cpu.c), the oracle of kernels/cuda/moe_gemm_fp8_sm90.cu. */
+ * (kernels/cpu/moe_cpu.c), the oracle of kernels/cuda/moe_gemm_fp8_sm90.cu: fprop and dgrad on
+ * row-blocked operands, wgrad on transposed copies whose expert groups are padded to 128. */
 #ifndef DW_KERNELS_CPU_MOE_FP8_CPU_H
 #define DW_KERNELS_CPU_MOE_FP8_CPU_H
 
@@ -12,5 +13,20 @@
  * sa (R, L/128), sb (E, N/128, L/128) FP32; L and N multiples of 128. */
 void dw_cpu_moe_linear_fp8(float *out, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
                            const int32_t *offsets, int64_t R, int64_t E, int64_t L, int64_t N);
+
+/* wgrad's padded layout: expert e's rows [offsets[e], offsets[e+1]) are the columns [pad[e],
+ * pad[e] + count_e) of a transposed copy, pad[e] = 128 * sum over e' < e of ceil(count_e' / 128),
+ * the rest of each group's last 128 columns zeros: no 1x128 block holds two experts' rows.
+ * pad (E+1); pad[E] <= 128 (R/128 + E) for R >= offsets[E] (grouped_fp8.h's column count). */
+void dw_cpu_moe_fp8_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E);
+
+/* dW (E, M, K) FP32, added into: for expert e and (m, k),
+ *   dW[e, m, k] += sum over e's padded blocks pb of (sa[m, pb] * sb[k, pb]) x sum_{l in pb} a[m, l] b[k, l]
+ * with a = dy^T's codes (M, P), b = x^T's codes (K, P) in the padded layout, E4M3 decoded exactly,
+ * the inner sums and the accumulation in double, the scale product in FP32, one rounding when
+ * added to dW. sa (M, P/128), sb (K, P/128) FP32; P a multiple of 128 holding pad[E]. Experts
+ * without rows add nothing. */
+void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
+                                 const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P);
 
 #endif /* DW_KERNELS_CPU_MOE_FP8_CPU_H */

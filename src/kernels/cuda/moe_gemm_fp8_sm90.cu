@@ -1,14 +1,20 @@
-// moe_gemm_fp8_sm90.cu — the fp8_block grouped expert GEMM for Hopper (sm_90a): fprop and dgrad of
-// the MoE linear layer on E4M3 codes with DeepSeek-V3's block scales (1x128 along the rows of the
-// activation, 128x128 per expert for the weight), FP32 accumulation. The technique of the dense
-// fp8block_sm90.cu: per 128 of the reduction, the 4 m64n128k32 wgmmas of a warpgroup sum into one
-// FP32 partial in the tensor cores, then the partial is promoted once, acc += partial * (sa * sb),
-// in FP32 registers. The grouped part is moe_gemm_sm90.cu's: a persistent, warp-specialised CTA
-// (warpgroup 0 the TMA producer, two consumer warpgroups of 64 rows), 128 x 128 tiles over each
-// expert's rows found from the device's offsets (no counts come to the host); rows a tile reads
-// past its expert's group are computed and not stored. Both operands are K-major (FP8 wgmma is TN
-// only), so dgrad reads W^T's quantised copy. Not yet run on a GPU: the registry offers it only
-// with DW_MOE_FP8=1 (src/gemm/grouped_fp8.c) until tests/gpu/test_grouped_fp8.c has passed.
+// moe_gemm_fp8_sm90.cu — the fp8_block grouped expert GEMM for Hopper (sm_90a): fprop, dgrad and
+// wgrad of the MoE linear layer on E4M3 codes with DeepSeek-V3's block scales (1x128 along the
+// rows of the activation, 128x128 per expert for the weight; wgrad: 1x128 along each expert's rows
+// of dy^T and x^T), FP32 accumulation. The technique of the dense fp8block_sm90.cu: per 128 of
+// the reduction, the 4 m64n128k32 wgmmas of a warpgroup sum into one FP32 partial in the tensor
+// cores, then the partial is promoted once, acc += partial * (sa * sb), in FP32 registers. The
+// grouped part is moe_gemm_sm90.cu's: a persistent, warp-specialised CTA (warpgroup 0 the TMA
+// producer, two consumer warpgroups of 64 rows), 128 x 128 tiles over each expert's rows found
+// from the device's offsets (no counts come to the host); rows a tile reads past its expert's
+// group are computed and not stored. Both operands are K-major (FP8 wgmma is TN only), so dgrad
+// reads W^T's quantised copy, and wgrad the transposed copies of dy and x whose expert groups
+// start at multiples of 128 (grouped_fp8.h; moe_gemm_fp8_quant.cu makes them): its tiles are
+// (expert, 128 rows of dW_e, 128 columns), its K loop the expert's padded blocks (the same prefix
+// of the experts' 128-row tile counts as fprop's row tiles), each partial promoted with its row's
+// and its column's scale, and dW added into (every element one CTA's: deterministic). Not yet run
+// on a GPU: the registry offers it only with DW_MOE_FP8=1 (src/gemm/grouped_fp8.c) until
+// tests/gpu/test_grouped_fp8.c has passed.
 // Each consumer waits for its partial before promoting (no second partial in flight): simple first.
 #include <cuda_bf16.h>
 
@@ -33,16 +39,26 @@ struct MfArgs {
     const float *sa, *sb;
     void *out;
     int64_t R, E, N, L, LB, tiles_n; // LB = L / 128
+    int64_t M, tiles_m;              // wgrad: dW's rows per expert and their 128-row tiles
     int out_f32;
 };
 
 #ifdef DW_SM90_BODY
-// Work unit u: expert e, tile column tn, first row row0 and the rows of the group from there.
+// Work unit u: expert e, tile column tn, first row row0 (of A: the group's, or wgrad's row of
+// dW_e) and the rows of the group from there; the K blocks kb0 .. kb0 + nkb of the reduction.
 struct MfTile {
-    int64_t e, tn, row0, rows;
+    int64_t e, tn, row0, rows, kb0, nkb;
 };
+template <bool WG>
 __device__ __forceinline__ MfTile mf_tile(const MfArgs &p, const int32_t *s_off, const int32_t *s_mt, int64_t u) {
     MfTile t;
+    if constexpr (WG) { // expert outer, then dW_e's row tiles, then its column tiles
+        const int64_t per = p.tiles_m * p.tiles_n, v = u % per;
+        t.e = u / per, t.tn = v % p.tiles_n, t.row0 = v / p.tiles_n * MF_BM, t.rows = MF_BM;
+        t.kb0 = s_mt[t.e], t.nkb = s_mt[t.e + 1] - s_mt[t.e]; // the expert's padded blocks
+        return t;
+    }
+    t.kb0 = 0, t.nkb = p.LB;
     const int64_t gm = u / p.tiles_n; // row tiles outer: the CTAs running at once share A's tiles
     t.tn = u % p.tiles_n;
     int64_t e = 0;
@@ -54,6 +70,7 @@ __device__ __forceinline__ MfTile mf_tile(const MfArgs &p, const int32_t *s_off,
 }
 #endif // DW_SM90_BODY
 
+template <bool WG>
 __global__ void __launch_bounds__(MF_THREADS, 1)
     moe_gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB, MfArgs p) {
 #ifdef DW_SM90_BODY
@@ -73,7 +90,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
         mbar_init_fence();
     }
     __syncthreads();
-    const int64_t units = (int64_t)s_mt[p.E] * p.tiles_n;
+    const int64_t units = WG ? p.E * p.tiles_m * p.tiles_n : (int64_t)s_mt[p.E] * p.tiles_n;
 
     if (wg == 0) { // producer: one thread issues both tiles of each K block
         regs_dec<MF_PROD_REGS>();
@@ -81,13 +98,14 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             Ring r;
             bool first_round = true;
             for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-                const MfTile t = mf_tile(p, s_off, s_mt, u);
-                for (int64_t kb = 0; kb < p.LB; kb++) {
+                const MfTile t = mf_tile<WG>(p, s_off, s_mt, u);
+                const int64_t brow = WG ? t.tn * MF_BN : t.e * p.N + t.tn * MF_BN; // wgrad: x^T is every expert's
+                for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
                     const int s = r.slot;
                     if (!first_round) mbar_wait<true>(&empty[s], r.phase ^ 1);
                     mbar_expect_tx(&full[s], 2 * MF_TILE);
                     tma_load_2d(sA + s * MF_TILE, &tA, &full[s], (int)(kb * MF_BK), (int)t.row0);
-                    tma_load_2d(sB + s * MF_TILE, &tB, &full[s], (int)(kb * MF_BK), (int)(t.e * p.N + t.tn * MF_BN));
+                    tma_load_2d(sB + s * MF_TILE, &tB, &full[s], (int)(kb * MF_BK), (int)brow);
                     r.next<MF_STAGES>();
                     if (r.slot == 0) first_round = false;
                 }
@@ -105,17 +123,29 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     for (int i = 0; i < 64; i++) part[i] = 0.0f;
     Ring r;
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        const MfTile t = mf_tile(p, s_off, s_mt, u);
+        const MfTile t = mf_tile<WG>(p, s_off, s_mt, u);
+        if (WG && t.nkb == 0) continue; // wgrad: an expert without rows adds nothing
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[i] = 0.0f;
         // this thread's two rows' 1x128 scales (a row past the tensor reads the last one: its
-        // results are not stored) and the tile's 128x128 weight blocks along the reduction
-        const int64_t r0 = min(t.row0 + rl, p.R - 1), r1 = min(t.row0 + rl + 8, p.R - 1);
+        // results are not stored) and the tile's 128x128 weight blocks along the reduction; wgrad:
+        // its two rows of dy^T and its 32 columns' (rows of x^T) scales, columns 8 j + 2 q + v
+        const int64_t r0 = WG ? t.row0 + rl : min(t.row0 + rl, p.R - 1);
+        const int64_t r1 = WG ? r0 + 8 : min(t.row0 + rl + 8, p.R - 1);
         const float *sa0 = p.sa + r0 * p.LB, *sa1 = p.sa + r1 * p.LB;
-        const float *sb = p.sb + (t.e * (p.N / MF_BN) + t.tn) * p.LB;
-        for (int64_t kb = 0; kb < p.LB; kb++) {
+        const float *sb = WG ? p.sb + (t.tn * MF_BN + 2 * q) * p.LB : p.sb + (t.e * (p.N / MF_BN) + t.tn) * p.LB;
+        for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
             const int s = r.slot;
-            const float b = __ldg(sb + kb), s0 = __ldg(sa0 + kb) * b, s1 = __ldg(sa1 + kb) * b;
+            float s0, s1, cs[32]; // fprop/dgrad: the rows' products with the block's; wgrad: the columns'
+            if constexpr (WG) {
+                s0 = __ldg(sa0 + kb), s1 = __ldg(sa1 + kb);
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+                    cs[2 * j] = __ldg(sb + 8 * j * p.LB + kb), cs[2 * j + 1] = __ldg(sb + (8 * j + 1) * p.LB + kb);
+            } else {
+                const float b = __ldg(sb + kb);
+                s0 = __ldg(sa0 + kb) * b, s1 = __ldg(sa1 + kb) * b;
+            }
             mbar_wait(&full[s], r.phase);
             const uint64_t da = da0 + (uint64_t)(s * (MF_TILE >> 4)), db = db0 + (uint64_t)(s * (MF_TILE >> 4));
             wg_fence();
@@ -126,12 +156,22 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             reg_fence(part);
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[s]); // the slot is read: the producer may refill it
+            if constexpr (WG) {
 #pragma unroll
-            for (int j = 0; j < 16; j++) { // acc[4 j + 2 h + v]: row rl + 8 h, column 8 j + 2 q + v
-                acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
-                acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-                acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-                acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+                for (int j = 0; j < 16; j++) { // the scale products in FP32, as the reference forms them
+                    acc[4 * j] = fmaf(part[4 * j], s0 * cs[2 * j], acc[4 * j]);
+                    acc[4 * j + 1] = fmaf(part[4 * j + 1], s0 * cs[2 * j + 1], acc[4 * j + 1]);
+                    acc[4 * j + 2] = fmaf(part[4 * j + 2], s1 * cs[2 * j], acc[4 * j + 2]);
+                    acc[4 * j + 3] = fmaf(part[4 * j + 3], s1 * cs[2 * j + 1], acc[4 * j + 3]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 16; j++) { // acc[4 j + 2 h + v]: row rl + 8 h, column 8 j + 2 q + v
+                    acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
+                    acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+                    acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+                    acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+                }
             }
             r.next<MF_STAGES>();
         }
@@ -144,7 +184,12 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             for (int j = 0; j < 16; j++) {
                 const int64_t col = t.tn * MF_BN + 8 * j + 2 * q; // N is a multiple of 128: col + 1 < N
                 const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                if (p.out_f32) *reinterpret_cast<float2 *>((float *)p.out + row * p.N + col) = make_float2(v0, v1);
+                if constexpr (WG) { // dW_e (M, N) FP32, added into; every element one CTA's
+                    float2 *d = reinterpret_cast<float2 *>((float *)p.out + (t.e * p.M + row) * p.N + col);
+                    float2 o = *d;
+                    o.x += v0, o.y += v1;
+                    *d = o;
+                } else if (p.out_f32) *reinterpret_cast<float2 *>((float *)p.out + row * p.N + col) = make_float2(v0, v1);
                 else
                     *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)p.out + row * p.N + col) =
                         __floats2bfloat162_rn(v0, v1);
@@ -156,6 +201,19 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+template <bool WG>
+cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const MfArgs &p, cudaStream_t stream) {
+    static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once per kernel
+    if (!attr_set) {
+        const cudaError_t err =
+            cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, MF_SMEM);
+        if (err != cudaSuccess) return err;
+        attr_set = true;
+    }
+    moe_gemm_fp8_sm90_kernel<WG><<<(unsigned)grid, MF_THREADS, MF_SMEM, stream>>>(tA, tB, p);
+    return cudaGetLastError();
+}
+
 } // namespace
 
 extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
@@ -164,28 +222,24 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
     if (dw_moe_gemm_device_sm() != 90 || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         return (int)cudaErrorNotSupported;
+    const bool wg = a->wgrad != 0;
+    const int64_t M = wg ? a->M : 0, arows = wg ? M : R, brows = wg ? N : E * N; // rows of A's and B's maps
     if (E < 1 || E > MF_MAX_E || N % MF_BN || L % MF_BK || N < MF_BN || L < MF_BK || !aligned16(a->a) ||
-        !aligned16(a->b) || ((uintptr_t)a->out & 7) || R >= (int64_t)1 << 31 || E * N >= (int64_t)1 << 31 ||
-        L >= (int64_t)1 << 31)
+        !aligned16(a->b) || ((uintptr_t)a->out & 7) || R >= (int64_t)1 << 31 || brows >= (int64_t)1 << 31 ||
+        L >= (int64_t)1 << 31 || (wg && (M % MF_BM || M < MF_BM || M >= (int64_t)1 << 31 || !a->out_f32)))
         return (int)cudaErrorNotSupported;
     if (R == 0) return (int)cudaSuccess;
     CUtensorMap tA, tB;
     const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-    if (!dw_make_map_2d(&tA, a->a, u8, 1, R, L, L, MF_BK, MF_BM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !dw_make_map_2d(&tB, a->b, u8, 1, E * N, L, L, MF_BK, MF_BN, CU_TENSOR_MAP_SWIZZLE_128B))
+    if (!dw_make_map_2d(&tA, a->a, u8, 1, arows, L, L, MF_BK, MF_BM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !dw_make_map_2d(&tB, a->b, u8, 1, brows, L, L, MF_BK, MF_BN, CU_TENSOR_MAP_SWIZZLE_128B))
         return (int)cudaErrorNotSupported;
     MfArgs p = {};
     p.off = a->offsets, p.sa = a->sa, p.sb = a->sb, p.out = a->out, p.out_f32 = a->out_f32;
-    p.R = R, p.E = E, p.N = N, p.L = L, p.LB = L / MF_BK, p.tiles_n = N / MF_BN;
-    const int64_t units = ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n; // at most: row tiles of every group
+    p.R = R, p.E = E, p.N = N, p.L = L, p.LB = L / MF_BK, p.tiles_n = N / MF_BN, p.M = M, p.tiles_m = M / MF_BM;
+    // at most: row tiles of every group (fprop, dgrad); every expert's dW tiles (wgrad)
+    const int64_t units = wg ? E * p.tiles_m * p.tiles_n : ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n;
     const int64_t grid = units < sms ? units : sms;
-    static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once
-    if (!attr_set) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MF_SMEM);
-        if (err != cudaSuccess) return (int)err;
-        attr_set = true;
-    }
-    moe_gemm_fp8_sm90_kernel<<<(unsigned)grid, MF_THREADS, MF_SMEM, (cudaStream_t)stream>>>(tA, tB, p);
-    return (int)cudaGetLastError();
+    const cudaStream_t st = (cudaStream_t)stream;
+    return (int)(wg ? launch<true>(grid, tA, tB, p, st) : launch<false>(grid, tA, tB, p, st));
 }
