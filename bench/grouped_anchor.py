@@ -3,8 +3,10 @@
 torchtitan's MoE and ../shared/anchors/anchor_moe.py run their experts) on the same shapes, routings
 and passes, each group padded to 16 rows as those do; and, where this PyTorch has it,
 torch._scaled_grouped_mm on FP8 E4M3 with row-wise scales (fprop only). Prints one JSON line per
-case: {shape, routing, pass, rows, experts, k, m, max_rows, dtype, ms, tflops} with TFLOP/s over the
-unpadded rows (2 rows K M / time), as deepwell prints them.
+case: {shape, routing, pass, recipe, rows, experts, k, m, max_rows, dtype, ms, tflops} with TFLOP/s
+over the unpadded rows (2 rows K M / time), as deepwell prints them; recipe is "bf16", or "fp8_row"
+for the row-wise FP8 cases (deepwell's fp8_block cases come from `bench grouped --recipe
+fp8_block`).
 
 usage: python3 bench/grouped_anchor.py [--shapes LIST] [--routing LIST] [--passes LIST]
                                         [--iters N] [--zipf S]
@@ -76,7 +78,8 @@ def main():
             }
             for p in a.passes.split(","):
                 ms = timed(cases[p], a.iters)
-                print(json.dumps({"shape": name, "routing": routing, "pass": p, "rows": R, "experts": E, "k": K,
+                print(json.dumps({"shape": name, "routing": routing, "pass": p, "recipe": "bf16", "rows": R,
+                                  "experts": E, "k": K,
                                   "m": M, "max_rows": max(cnt), "dtype": "bf16", "impl": "torch._grouped_mm",
                                   "ms": round(ms, 4), "tflops": round(2 * R * K * M / (ms * 1e9), 1)}), flush=True)
             if "fprop" in a.passes.split(",") and hasattr(torch, "_scaled_grouped_mm"):
@@ -87,12 +90,14 @@ def main():
                     sw = torch.ones(E, M, device=dev, dtype=torch.float32)
                     f = lambda: torch._scaled_grouped_mm(xq, wq, sx, sw, offs=offs, out_dtype=torch.bfloat16)
                     ms = timed(f, a.iters)
-                    print(json.dumps({"shape": name, "routing": routing, "pass": "fprop", "rows": R, "experts": E,
+                    print(json.dumps({"shape": name, "routing": routing, "pass": "fprop", "recipe": "fp8_row",
+                                      "rows": R, "experts": E,
                                       "k": K, "m": M, "max_rows": max(cnt), "dtype": "fp8_rowwise",
                                       "impl": "torch._scaled_grouped_mm", "ms": round(ms, 4),
                                       "tflops": round(2 * R * K * M / (ms * 1e9), 1)}), flush=True)
                 except (RuntimeError, TypeError) as err:  # not on this card or version: say so
-                    print(json.dumps({"shape": name, "routing": routing, "pass": "fprop", "dtype": "fp8_rowwise",
+                    print(json.dumps({"shape": name, "routing": routing, "pass": "fprop", "recipe": "fp8_row",
+                                      "dtype": "fp8_rowwise",
                                       "impl": "torch._scaled_grouped_mm", "skipped": str(err)[:200]}), flush=True)
             del x, dy, w
             torch.cuda.empty_cache()

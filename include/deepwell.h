@@ -1270,6 +1270,9 @@ typedef struct {
     uint64_t seed;        /* the random inputs (default 0) */
     int64_t rows, experts, k, m; /* the custom shape */
     bool explain;         /* give each case dw_grouped_explain's account of the selection */
+    const char *recipes;  /* comma list: bf16, fp8_block; NULL: bf16. fp8_block runs the registry's
+                             fp8_block kernel on E4M3 codes (k and m multiples of 128): W quantised
+                             once, the pass's activation operands inside every timed call */
 } dw_bench_grouped_opts;
 DW_API void dw_bench_grouped_opts_init(dw_bench_grouped_opts *o, size_t size);
 
@@ -1286,12 +1289,17 @@ typedef struct {
     double tflops;        /* 2 rows K M / time */
     const char *explain;  /* with opts.explain: every grouped kernel, eligible or why not, and the
                              one that ran; else NULL */
+    const char *recipe;   /* "bf16" (plain dtype values) or "fp8_block" */
+    double quant_ms;      /* fp8_block: the activation operands' quantisation alone, per call (ms
+                             includes it); 0 for bf16 */
 } dw_bench_grouped_case;
 typedef void (*dw_bench_grouped_fn)(const dw_bench_grouped_case *c, void *user);
 
 /* Times the grouped GEMMs (dw_grouped_gemm, the registry's kernel) on the context's device for
- * every chosen shape, routing and pass, on random inputs; fn hears each case as it is done. The
- * CPU times its FP32 reference and needs named shapes. Errors: DW_ERR_INVALID for an
+ * every chosen shape, routing, recipe and pass, on random inputs; fn hears each case as it is
+ * done (skipped, with the registry's reason, where no kernel can run it: the fp8_block kernel is
+ * opt-in with DW_MOE_FP8=1 until it has run on a GPU). The CPU times its FP32 references and
+ * needs named shapes. Errors: DW_ERR_INVALID for an
  * unknown name in a list (named), iters < 1, a bad custom shape or Zipf exponent; DW_ERR_NOMEM;
  * DW_ERR_CUDA. */
 DW_API dw_status dw_bench_grouped(dw_ctx *ctx, const dw_bench_grouped_opts *o, dw_bench_grouped_fn fn, void *user);

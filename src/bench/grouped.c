@@ -3,8 +3,9 @@
  * dW_e += dy_eᵀ x_e) at the MoE speed issue's shapes, with balanced and Zipf-skewed routing.
  * Every pass runs through dw_grouped_gemm with the kernel the grouped registry selects, as the
  * engine's would be (with explain: its account of every candidate): BF16 on a GPU (wgmma on
- * sm_90), the FP32 reference on the CPU. bench/grouped_anchor.py times torch._grouped_mm on the
- * same shapes and routings.
+ * sm_90), the FP32 reference on the CPU; recipe fp8_block on E4M3 codes (grouped_fp8_case.c), the
+ * quantisation of the pass's activation operands inside every timed call and also timed alone
+ * (quant_ms). bench/grouped_anchor.py times torch._grouped_mm on the same shapes and routings.
  * Inputs are random, rows per expert come from the routing alone. Not a correctness test
  * (tests/gpu/test_ops_cuda_moe.c is). */
 #include <math.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/grouped_fp8_case.h"
 #include "bench/lists.h"
 #include "core/ctx.h"
 #include "core/error.h"
@@ -37,6 +39,7 @@ static const gshape SHAPES[] = {
 enum { N_SHAPES = sizeof SHAPES / sizeof SHAPES[0] };
 static const char *const ROUTINGS[] = {"balanced", "zipf"};
 static const char *const PASSES[] = {"fprop", "dgrad", "wgrad"};
+static const char *const RECIPES[] = {"bf16", "fp8_block"};
 
 const char *dw_bench_grouped_shape_name(int i) { return i >= 0 && i < N_SHAPES ? SHAPES[i].name : NULL; }
 const char *dw_bench_grouped_routing_name(int i) { return i >= 0 && i < 2 ? ROUTINGS[i] : NULL; }
@@ -118,6 +121,8 @@ static dw_status buf_make(dw_ctx *ctx, bufs *b, void **out, int64_t n, int bytes
 typedef struct {
     dw_ctx *ctx;
     dw_grouped_args g;
+    const bench_fp8 *f; /* fp8_block: the activation operands are quantised first in every call */
+    bool quant_only;    /* ... and nothing else */
 } call_args;
 
 /* One pass over the case's buffers as dw_grouped_gemm takes it: BF16 on a GPU, FP32 on the CPU. */
@@ -131,7 +136,8 @@ static dw_grouped_args case_args(const bufs *b, const gshape *s, int pass) {
 static dw_status run_pass(void *arg, int i) {
     (void)i;
     const call_args *a = arg;
-    return dw_grouped_gemm(a->ctx, &a->g);
+    if (a->f) DW_TRY(bench_fp8_quantize(a->f, a->g.pass));
+    return a->quant_only ? DW_OK : dw_grouped_gemm(a->ctx, &a->g);
 }
 
 /* Milliseconds per call: the median of 5 batches of iters calls after 2 warm-up calls. */
@@ -155,6 +161,38 @@ static dw_status time_pass(dw_ctx *ctx, const call_args *a, int iters, double *m
     return DW_OK;
 }
 
+/* One case: routing r's offsets in b, pass p, in BF16/FP32 (f NULL) or fp8_block (f: the
+ * activation operands quantised in every timed call, and timed alone for quant_ms). A case no
+ * kernel can run is reported skipped, with the registry's reason. */
+static dw_status bench_case(dw_ctx *ctx, const dw_bench_grouped_opts *o, const gshape *s, const bufs *b,
+                            const bench_fp8 *f, int r, int p, int64_t most, dw_bench_grouped_fn fn, void *user) {
+    dw_bench_grouped_case c = {.size = sizeof c, .shape = s->name, .routing = ROUTINGS[r], .pass = PASSES[p],
+                               .rows = s->rows, .experts = s->experts, .k = s->k, .m = s->m, .max_rows = most,
+                               .dtype = b->gpu ? "bf16" : "fp32", .recipe = RECIPES[f != NULL]};
+    void *out = p == DW_GEMM_FPROP ? b->y : p == DW_GEMM_DGRAD ? b->dx : b->dw;
+    call_args a = {.ctx = ctx, .g = f ? bench_fp8_args(f, p, out) : case_args(b, s, p), .f = f};
+    const char *name = NULL;
+    if (dw_grouped_select(ctx, &a.g, &name) != DW_OK) { /* e.g. the fp8_block kernel's opt-in */
+        c.skipped = dw_errmsg(ctx);
+        if (fn) fn(&c, user);
+        return DW_OK;
+    }
+    char *why = NULL;
+    dw_status st = o->explain ? dw_grouped_explain(ctx, &a.g, &why) : DW_OK;
+    c.explain = why;
+    if (st == DW_OK) st = time_pass(ctx, &a, o->iters, &c.ms); /* fp8_block: quantisation and GEMM */
+    if (st == DW_OK && f) {
+        call_args qa = a;
+        qa.quant_only = true;
+        st = time_pass(ctx, &qa, o->iters, &c.quant_ms);
+    }
+    c.timed = st == DW_OK;
+    c.tflops = c.timed ? 2.0 * (double)s->rows * (double)s->k * (double)s->m / (c.ms * 1e9) : 0; /* unpadded rows */
+    if (st == DW_OK && fn) fn(&c, user);
+    dw_free_string(why);
+    return st;
+}
+
 static dw_status bench_shape(dw_ctx *ctx, const dw_bench_grouped_opts *o, const gshape *s, bool gpu,
                              dw_bench_grouped_fn fn, void *user) {
     bufs b = {.gpu = gpu};
@@ -169,6 +207,10 @@ static dw_status bench_shape(dw_ctx *ctx, const dw_bench_grouped_opts *o, const 
     if (st == DW_OK) st = buf_make(ctx, &b, &b.y, s->rows * s->m, el, false, &state);
     if (st == DW_OK) st = buf_make(ctx, &b, &b.dx, s->rows * s->k, el, false, &state);
     if (st == DW_OK) st = buf_make(ctx, &b, &b.dw, s->experts * s->m * s->k, 4, false, &state);
+    const char *recipes = o->recipes ? o->recipes : "bf16";
+    bench_fp8 f8 = {0};
+    if (st == DW_OK && dw_bench_list_has(recipes, "fp8_block"))
+        st = bench_fp8_make(ctx, &f8, gpu, b.w, b.x, b.dy, s->rows, s->experts, s->k, s->m);
     for (int r = 0; r < 2 && st == DW_OK; r++) {
         if (!dw_bench_list_has(o->routings, ROUTINGS[r])) continue;
         dw_bench_grouped_counts(s->rows, s->experts, r, o->zipf_s, counts);
@@ -189,22 +231,14 @@ static dw_status bench_shape(dw_ctx *ctx, const dw_bench_grouped_opts *o, const 
             if (!b.off) st = dw_set_error(ctx, DW_ERR_NOMEM, "bench grouped: out of memory");
             else memcpy(b.off, off, (size_t)(s->experts + 1) * 4);
         }
-        for (int p = 0; p < 3 && st == DW_OK; p++) {
-            if (!dw_bench_list_has(o->passes, PASSES[p])) continue;
-            dw_bench_grouped_case c = {.size = sizeof c, .shape = s->name, .routing = ROUTINGS[r], .pass = PASSES[p],
-                                       .rows = s->rows, .experts = s->experts, .k = s->k, .m = s->m,
-                                       .max_rows = most, .dtype = gpu ? "bf16" : "fp32"};
-            call_args a = {.ctx = ctx, .g = case_args(&b, s, p)};
-            char *why = NULL;
-            if (o->explain) st = dw_grouped_explain(ctx, &a.g, &why);
-            c.explain = why;
-            if (st == DW_OK) st = time_pass(ctx, &a, o->iters, &c.ms);
-            c.timed = st == DW_OK;
-            c.tflops = c.timed ? 2.0 * (double)s->rows * (double)s->k * (double)s->m / (c.ms * 1e9) : 0;
-            if (st == DW_OK && fn) fn(&c, user);
-            dw_free_string(why);
-        }
+        f8.off = b.off;
+        for (int q = 0; q < 2; q++)
+            for (int p = 0; p < 3 && st == DW_OK && dw_bench_list_has(recipes, RECIPES[q]); p++) {
+                if (!dw_bench_list_has(o->passes, PASSES[p])) continue;
+                st = bench_case(ctx, o, s, &b, q ? &f8 : NULL, r, p, most, fn, user);
+            }
     }
+    bench_fp8_free(&f8);
     bufs_free(&b);
     free(counts), free(off);
     return st;
@@ -220,6 +254,7 @@ dw_status dw_bench_grouped(dw_ctx *ctx, const dw_bench_grouped_opts *opts, dw_be
     DW_TRY(dw_bench_list_check(ctx, "--shapes: ", o.shapes, shape_names, N_SHAPES + 1));
     DW_TRY(dw_bench_list_check(ctx, "--routing: ", o.routings, ROUTINGS, 2));
     DW_TRY(dw_bench_list_check(ctx, "--passes: ", o.passes, PASSES, 3));
+    DW_TRY(dw_bench_list_check(ctx, "--recipe: ", o.recipes, RECIPES, 2));
     if (o.iters < 1) return dw_set_error(ctx, DW_ERR_INVALID, "--iters %d: at least 1", o.iters);
     if (!(o.zipf_s > 0) || o.zipf_s > 8) return dw_set_error(ctx, DW_ERR_INVALID, "--zipf %g: in (0, 8]", o.zipf_s);
     const bool custom = o.shapes && dw_bench_list_has(o.shapes, "custom");
@@ -233,6 +268,9 @@ dw_status dw_bench_grouped(dw_ctx *ctx, const dw_bench_grouped_opts *opts, dw_be
                             "--rows, --experts, --k, --m, or a named one): the default shapes are sized for a GPU");
     if (gpu && custom && (o.k % 8 || o.m % 8))
         return dw_set_error(ctx, DW_ERR_INVALID, "--shapes custom on a GPU: k and m multiples of 8 (BF16 rows of 16 bytes)");
+    if (custom && o.recipes && dw_bench_list_has(o.recipes, "fp8_block") && (o.k % 128 || o.m % 128))
+        return dw_set_error(ctx, DW_ERR_INVALID, "--recipe fp8_block: --k %lld and --m %lld must be multiples of 128 "
+                            "(128x128 weight blocks)", (long long)o.k, (long long)o.m);
     for (int i = 0; i < N_SHAPES; i++)
         if (dw_bench_list_has(o.shapes, SHAPES[i].name)) DW_TRY(bench_shape(ctx, &o, &SHAPES[i], gpu, fn, user));
     if (custom) {
