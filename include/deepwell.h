@@ -691,6 +691,11 @@ typedef struct {
                              and `bench step` turn it on: --no-fused-head) */
     int64_t head_chunk;   /* fused_head: rows of logits per chunk (0, default: the compiler's, about
                              B T C / V rounded up to 256; DW_HEAD_CHUNK sets the default) */
+    bool moe_remat;       /* a MoE layer's input norm, dispatch and expert SwiGLU run again in the
+                             backward, just before their outputs' first reader, instead of keeping
+                             those outputs from the forward: the same bits, no GEMM twice, less
+                             activation memory (default true; the environment variable
+                             DW_MOE_REMAT=0 makes the default false) */
 } dw_compile_opts;
 DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
 

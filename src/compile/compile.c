@@ -25,7 +25,7 @@ void dw_compile_opts_init(dw_compile_opts *o, size_t size) {
     if (chunk && (end == chunk || *end)) rows = -1; /* not a number: dw_compile refuses it */
     dw_compile_opts d = {.size = sizeof d, .device = DW_DEVICE_AUTO, .sm = 0, .fuse = dw_env_flag("DW_FUSE", true),
                          .fused_head = dw_env_flag("DW_FUSED_HEAD", false),
-                         .head_chunk = rows};
+                         .head_chunk = rows, .moe_remat = dw_env_flag("DW_MOE_REMAT", true)};
     memset(o, 0, size);
     memcpy(o, &d, size < sizeof d ? size : sizeof d);
     o->size = size;
@@ -123,6 +123,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     c->bf16 = policy != NULL;
     c->fuse = o.fuse;
     c->fused_head = o.fused_head, c->head_chunk_want = o.head_chunk;
+    c->moe_remat = o.moe_remat;
     c->head_xent = c->head_linear = -1;
     c->act_size = c->bf16 ? 2 : 4;
     snprintf(c->precision, sizeof c->precision, "%s",

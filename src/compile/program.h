@@ -222,7 +222,7 @@ struct dw_compiled {
     int recompute_blocks;      /* FULL: blocks [0, recompute_blocks) recompute (all: n_blocks) */
     bool moe_remat;            /* a MoE layer's input norm, dispatch and expert SwiGLU run again
                                   before their outputs' backward instead of keeping them
-                                  (recompute.c; DW_MOE_REMAT=0: off) */
+                                  (recompute.c; dw_compile_opts.moe_remat) */
     int *bwd_t;                /* (n_nodes) backward time of each node */
     int *rc_t;                 /* (n_nodes) time of the node's forward run again in the backward
                                   sweep (a recomputed block's, or a rematerialised MoE

@@ -7,7 +7,7 @@
  * block's backward. The arena (arena.c) gives such buffers two live intervals, so every block's
  * inner activations share the memory of one. recompute_blocks limits it to the first N blocks
  * (Megatron's "block" method: the memory of the rest at less extra compute).
- * MoE rematerialisation (on unless DW_MOE_REMAT=0), outside the recomputed blocks: a MoE layer's
+ * MoE rematerialisation (dw_compile_opts.moe_remat), outside the recomputed blocks: a MoE layer's
  * input norm output x (B,T,C), dispatched rows (B,T*K,C) and experts' SwiGLU output (B,T*K,F) are
  * not kept from the forward to the backward; the norm, the dispatch (sort + gather of x's rows)
  * and the SwiGLU run again just before the first backward that reads them (the up projection's
@@ -17,7 +17,6 @@
 #include <stdlib.h>
 
 #include "compile/passes.h"
-#include "core/env.h"
 #include "core/error.h"
 
 bool dw_compile_recomputed(const dw_compiled *c, int i) {
@@ -85,7 +84,6 @@ dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recom
     c->recompute = recompute;
     c->recompute_blocks = recompute_blocks > 0 && recompute_blocks < g->model.n_blocks ? recompute_blocks
                                                                                         : (int)g->model.n_blocks;
-    c->moe_remat = dw_env_flag("DW_MOE_REMAT", true);
     const size_t cap = (size_t)(nn ? nn : 1);
     c->bwd_t = malloc(cap * sizeof *c->bwd_t);
     c->rc_t = malloc(cap * sizeof *c->rc_t);

@@ -2,8 +2,8 @@
  *   - what a Mixtral block keeps from its forward to its backward, item by item at the first
  *     backward time, equals the formula of docs/moe.md ("Memory") at random shapes, capacities,
  *     FP32 and BF16; the MoE input norm's output, the dispatched rows and the experts' SwiGLU
- *     output are not among it, and without rematerialisation (DW_MOE_REMAT=0) a block keeps
- *     exactly a (R (C + F) + N C) + its rstd bytes more;
+ *     output are not among it, and without rematerialisation (dw_compile_opts.moe_remat off) a
+ *     block keeps exactly a (R (C + F) + N C) + its rstd bytes more;
  *   - each rematerialised forward runs once, just before the first reader of its output in the
  *     backward sweep, after every later node's backward; no two live buffers share bytes;
  *   - training is bit for bit the program without it: 20 AdamW steps of mixtral-tiny (dropless and
@@ -40,9 +40,9 @@ static void build(const dw_model_config *mc, int64_t B, int64_t T, const char *p
                   bool cuda, dw_test_model *m) {
     dw_graph *g = NULL;
     assert_int_equal(dw_capture_config(CTX, mc, B, T, &g), DW_OK);
-    setenv("DW_MOE_REMAT", remat ? "1" : "0", 1);
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
+    o.moe_remat = remat;
     if (cuda) o.device = DW_DEVICE_CUDA, o.sm = 90, o.fused_head = true;
     if (engine) {
         assert_int_equal(dw_test_model_build_opts(CTX, g, precision, &o, m), DW_OK);
@@ -52,7 +52,6 @@ static void build(const dw_model_config *mc, int64_t B, int64_t T, const char *p
         if (precision) assert_int_equal(dw_policy_from_precision(CTX, precision, true, &m->pol), DW_OK);
         assert_int_equal(dw_compile(CTX, g, NULL, m->pol, &o, &m->c), DW_OK);
     }
-    unsetenv("DW_MOE_REMAT");
 }
 
 /* The block an arena item belongs to: its tensor's producer's, or its node's. */
