@@ -33,4 +33,5 @@ void dw_qcounts_add_cpu(const dw_qtensor *q, const float *v, bool trans, float *
         }
     cnt[DW_QC_OVER] += over;
     cnt[DW_QC_UNDER] += under;
+    cnt[DW_QC_N] += (uint64_t)(R * C);
 }

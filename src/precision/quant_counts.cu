@@ -3,12 +3,13 @@
  * dw_dequantize_cpu does (element value x block scale [x s_t], FP32 products left to right: nothing to contract) and
  * tests it with the header's definitions against the value the quantiser read; each CTA sums its
  * counts (warp shuffles, then shared memory) and adds them with one atomic per counter, none for
- * a zero. Stream-ordered, no host sync, recordable. Not the quantisation itself (kernels/cuda/quant*.cu). */
+ * a zero (quant_counts.cuh, the quantisers' own flush). Stream-ordered, no host sync, recordable.
+ * Used where a quantiser does not count (kernels/cuda/quant.h); not the quantisation itself. */
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
-#include "precision/quant_counts.h"
+#include "precision/quant_counts.cuh"
 
 namespace {
 
@@ -21,61 +22,17 @@ struct Args {
     int br, bc;            /* the recipe's block (0: whole dimension) */
     int bits;              /* 8 or 4 */
     bool e5m2, fp32_scale, nv, bf16_in, trans;
-    unsigned mask, top;
-    double ratio;
 };
-
-/* The element value of an 8-bit E4M3 / E5M2 code or a 4-bit E2M1 code (NaN for NaN codes). */
-__device__ __forceinline__ float elem(const Args &a, unsigned c) {
-    if (a.bits == 4) { /* 0, 0.5, 1, 1.5, 2, 3, 4, 6: exponent c>>1 & 3, mantissa c & 1 */
-        const unsigned e = (c >> 1) & 3u, m = c & 1u;
-        const float v = e ? ldexpf((float)(2u + m), (int)e - 2) : 0.5f * (float)m;
-        return (c & 8u) ? -v : v;
-    }
-    const unsigned m7 = c & 0x7Fu;
-    float v;
-    if (a.e5m2) {
-        const unsigned e = m7 >> 2, m = m7 & 3u;
-        if (e == 31u) v = m ? __int_as_float(0x7FC00000) : __int_as_float(0x7F800000);
-        else v = e ? ldexpf((float)(4u + m), (int)e - 17) : ldexpf((float)m, -16);
-    } else {
-        const unsigned e = m7 >> 3, m = m7 & 7u;
-        if (m7 == 0x7Fu) v = __int_as_float(0x7FC00000);
-        else v = e ? ldexpf((float)(8u + m), (int)e - 10) : ldexpf((float)m, -9);
-    }
-    return (c & 0x80u) ? -v : v;
-}
-
-/* A 1-byte scale: UE4M3 (nvfp4; 0x7F NaN) or UE8M0 (MX; 0xFF NaN). */
-__device__ __forceinline__ float scale8(const Args &a, unsigned s) {
-    if (a.nv) {
-        if (s == 0x7Fu) return __int_as_float(0x7FC00000);
-        const unsigned e = s >> 3, m = s & 7u;
-        return e ? ldexpf((float)(8u + m), (int)e - 10) : ldexpf((float)m, -9);
-    }
-    return s == 0xFFu ? __int_as_float(0x7FC00000) : ldexpf(1.0f, (int)s - 127);
-}
-
-__device__ __forceinline__ unsigned long long block_sum(unsigned long long v, unsigned long long *sh) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    const int w = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    unsigned long long t = 0;
-    if (threadIdx.x == 0)
-        for (int i = 0; i < THREADS / 32; i++) t += sh[i];
-    __syncthreads();
-    return t;
-}
 
 /* v: FP32 or BF16 [R, C] (or [C, R] when trans); codes, scales as formats.h; ts: nvfp4's s_t. */
 __global__ void __launch_bounds__(THREADS) count_kernel(Args a, const void *__restrict__ v, const uint8_t *__restrict__ codes,
                                                         const void *__restrict__ scales, const float *__restrict__ ts,
                                                         unsigned long long *cnt) {
-    __shared__ unsigned long long sh[THREADS / 32];
+    __shared__ unsigned long long sh[4 * (THREADS / 32)];
     const int64_t n = a.R * a.C;
     const float st = a.nv ? *ts : 1.0f;
-    unsigned long long over = 0, under = 0;
+    const dwqc::Fmt f = {a.bits, a.e5m2};
+    dwqc::Acc acc[2] = {{0, 0}, {0, 0}};
     const int64_t stride = (int64_t)gridDim.x * THREADS, di = stride / a.C, dj = stride % a.C;
     int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x, i = k / a.C, j = k % a.C; /* k = i C + j */
     for (; k < n; k += stride, i += di, j += dj) {
@@ -84,21 +41,17 @@ __global__ void __launch_bounds__(THREADS) count_kernel(Args a, const void *__re
         const float x = a.bf16_in ? __int_as_float((int)((uint32_t)((const uint16_t *)v)[src] << 16)) : ((const float *)v)[src];
         const unsigned code = a.bits == 4 ? (codes[i * a.row_bytes + j / 2] >> (4 * (j & 1))) & 0xFu : codes[i * a.C + j];
         const int64_t s = (a.br ? i / a.br : 0) * a.scols + (a.bc ? j / a.bc : 0);
-        const float e = elem(a, code);
-        float y;
-        if (a.fp32_scale) y = e * ((const float *)scales)[s];
-        else if (a.nv) y = e * scale8(a, ((const uint8_t *)scales)[s]) * st;
-        else y = e * scale8(a, ((const uint8_t *)scales)[s]);
-        if (!isfinite(x) || !isfinite(y)) continue;
-        over += dw_qc_overflow(code, a.mask, a.top, a.ratio, x, y);
-        under += dw_qc_underflow(x, y);
+        const float sc = a.fp32_scale ? ((const float *)scales)[s] : dwqc::scale8(a.nv, ((const uint8_t *)scales)[s]);
+        dwqc::test(f, a.nv, code, x, sc, st, acc[0]);
     }
-    over = block_sum(over, sh);
-    under = block_sum(under, sh);
-    if (threadIdx.x == 0) {
-        if (over) atomicAdd(&cnt[DW_QC_OVER], over);
-        if (under) atomicAdd(&cnt[DW_QC_UNDER], under);
-    }
+    unsigned long long *const pairs[2] = {cnt, nullptr};
+    dwqc::flush<THREADS / 32>(acc, pairs, (unsigned long long)n, sh, (int)threadIdx.x / 32, (int)threadIdx.x % 32,
+                              [] { __syncthreads(); });
+}
+
+__global__ void add_pair_kernel(unsigned long long *dst, const unsigned long long *src) {
+    for (int k = 0; k < DW_QC_WORDS; k++)
+        if (src[k]) dst[k] += src[k];
 }
 
 } /* namespace */
@@ -123,10 +76,20 @@ extern "C" dw_status dw_qcounts_add_cuda(dw_ctx *ctx, dw_recipe r, int in, const
     a.fp32_scale = r == DW_RECIPE_FP8_TENSOR || r == DW_RECIPE_FP8_ROW || r == DW_RECIPE_FP8_BLOCK ||
                    r == DW_RECIPE_FP8_BLOCK2D;
     a.bf16_in = in == 1, a.trans = trans;
-    dw_qc_top(a.bits, a.e5m2, &a.mask, &a.top, &a.ratio);
     const int64_t need = (a.R * a.C + THREADS - 1) / THREADS;
     count_kernel<<<(unsigned)(need < MAX_CTAS ? need : MAX_CTAS), THREADS, 0, (cudaStream_t)stream>>>(
         a, v, codes, scales, tensor_scale, (unsigned long long *)cnt);
     DW_CUDA_CHECK_LAUNCH(ctx, "quant counts");
+    return DW_OK;
+}
+
+extern "C" dw_status dw_qcounts_zero_cuda(dw_ctx *ctx, uint64_t *pair, void *stream) {
+    DW_CUDA_CHECK(ctx, cudaMemsetAsync(pair, 0, DW_QC_WORDS * sizeof *pair, (cudaStream_t)stream));
+    return DW_OK;
+}
+
+extern "C" dw_status dw_qcounts_add_pair_cuda(dw_ctx *ctx, uint64_t *dst, const uint64_t *src, void *stream) {
+    add_pair_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((unsigned long long *)dst, (const unsigned long long *)src);
+    DW_CUDA_CHECK_LAUNCH(ctx, "quant counts (add)");
     return DW_OK;
 }

@@ -10,8 +10,10 @@
  * The counters live in backend memory (device memory on a GPU), one (overflow, underflow) pair of
  * uint64 per counted linear layer and operand kind (x: fprop x and wgrad x^T; w: the weight
  * cache's W and W^T; dy: dgrad dy and wgrad dy^T), attached to the executor (dw_exec.qcounts);
- * the quantisers' call sites add to them as they quantise, in stream order (no host sync); the
- * trainer reads them once per step (train/guard_counts.c). The same struct carries the guard's
+ * the quantisers add to them as they quantise, in stream order (no host sync): on the GPU inside
+ * the quantiser kernels (kernels/cuda/quant*.cu through quant_counts.cuh; dw_quant_dev_out.counts),
+ * by the separate pass below only where a kernel cannot count (quant.h says where); the trainer
+ * reads them once per step (train/guard_counts.c). The same struct carries the guard's
  * request to measure dy on a check step (train/guard_quant.c). Not the counting of operands the
  * NVFP4 recipe passes through the Hadamard transform (their quantised values are of H x). */
 #ifndef DW_PRECISION_QUANT_COUNTS_H
@@ -31,7 +33,9 @@ extern "C" {
 #endif
 
 typedef enum { DW_QC_X = 0, DW_QC_W, DW_QC_DY, DW_QC_KINDS } dw_qc_kind;
-enum { DW_QC_OVER = 0, DW_QC_UNDER, DW_QC_WORDS }; /* the two words of one counter pair */
+/* the words of one counter: overflows, underflows and the elements counted (all of each quantised
+ * copy, non-finite ones too: the denominator of the guard's fractions) */
+enum { DW_QC_OVER = 0, DW_QC_UNDER, DW_QC_N, DW_QC_WORDS };
 
 /* ---- the definitions (host and device) ------------------------------------------------------- */
 /* Element bits 4 or 8 and, for 8, whether it is E5M2: the largest magnitude code, its mask and
@@ -53,6 +57,11 @@ typedef struct dw_qcounts {
     int n_layers;
     int *slot;      /* (nodes) the node's layer index, -1: not counted */
     uint64_t *dev;  /* backend memory: (n_layers, DW_QC_KINDS, DW_QC_WORDS) */
+    /* GPU: the last counted quantisation of an x copy (0: row-wise, fprop; 1: x^T, wgrad), for
+     * layers that reuse a sibling's codes of the same x: last (backend memory, 2 x DW_QC_WORDS,
+     * after dev), last_ok[k] whether it holds the counts of the copy now in the workspace */
+    uint64_t *last;
+    bool last_ok[2];
     /* dy on a check step (train/guard_quant.c): while measure_dy, each counted layer's backward
      * adds its dy (dgrad operand, along M) and dy^T (wgrad operand, along the tokens), quantised
      * with the reference quantiser in the layer's activation recipe, to dy[2 * layer + 0 / 1] */
@@ -60,23 +69,29 @@ typedef struct dw_qcounts {
     dw_qstats *dy;  /* (n_layers, 2), host memory */
 } dw_qcounts;
 
-/* The counter pair of node's operand kind k (backend memory), NULL when not counted (c NULL too). */
+/* The counter (DW_QC_WORDS words) of node's operand kind k (backend memory), NULL when not counted
+ * (c NULL too). */
 uint64_t *dw_qcounts_slot(const dw_qcounts *c, int node, dw_qc_kind k);
 /* node's dy statistics (2: dy, dy^T) when a check step asks for them, else NULL. */
 dw_qstats *dw_qcounts_dy(const dw_qcounts *c, int node);
 
-/* CPU: adds to cnt[DW_QC_WORDS] the overflows and underflows of q, the quantisation of v [rows,
+/* CPU: adds to cnt[DW_QC_WORDS] the overflows, underflows and elements of q, the quantisation of v [rows,
  * cols] (FP32, host) — q holds v itself, or (trans) v^T [cols, rows]. y: scratch of rows * cols
  * floats (q's exact dequantisation goes there). */
 void dw_qcounts_add_cpu(const dw_qtensor *q, const float *v, bool trans, float *y, uint64_t *cnt);
 
-/* quant_counts.cu (CUDA builds): the same on the device, in stream order: v [rows, cols] (FP32 or
+/* quant_counts.cu (CUDA builds): the same on the device as a separate pass, in stream order: v [rows, cols] (FP32 or
  * BF16 codes, as the quantiser read it), q's codes, row-major scales and (nvfp4) device tensor
  * scale in `q` (a dw_quant_dev_out of kernels/cuda/quant.h: codes, scales, tensor_scale), recipe r;
  * one atomic add per CTA and counter, none for a zero count. `in`: 0 FP32, 1 BF16. */
 dw_status dw_qcounts_add_cuda(dw_ctx *ctx, dw_recipe r, int in, const void *v, int64_t rows, int64_t cols,
                               bool trans, const uint8_t *codes, const void *scales, const float *tensor_scale,
                               uint64_t *cnt, void *stream);
+
+/* pair = 0 and dst += src (counters of DW_QC_WORDS device words), in stream order: the counts of a
+ * reused x copy. */
+dw_status dw_qcounts_zero_cuda(dw_ctx *ctx, uint64_t *pair, void *stream);
+dw_status dw_qcounts_add_pair_cuda(dw_ctx *ctx, uint64_t *dst, const uint64_t *src, void *stream);
 
 #ifdef __cplusplus
 }

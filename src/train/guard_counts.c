@@ -3,7 +3,7 @@
  * executor, read back and zeroed once per optimizer step (one small copy after the step's
  * loss read-back; no sync inside the step), its totals over layers and ranks for metrics.jsonl,
  * and per layer summed until the guard writes them to quant_stats.jsonl:
- *   {"step", "layer", "counts": "x"|"w"|"dy", "overflow", "underflow", "steps"}
+ *   {"step", "layer", "counts": "x"|"w"|"dy", "overflow", "underflow", "elements", "steps"}
  * ("steps": the optimizer steps summed, the last one `step`). Also the dy statistics' host
  * accumulators of a check step. Not the decisions (guard_quant.c). */
 #include <stdio.h>
@@ -44,9 +44,10 @@ dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, d
     for (int i = 0; i < n_nodes; i++) q->c.slot[i] = -1;
     for (int i = 0; i < n; i++) q->c.slot[nodes[i]] = i;
     void *mem = NULL;
-    dw_status st = e->be->i->alloc(e->be, (int64_t)(words(q) * sizeof(uint64_t)), &mem);
+    const size_t bytes = (words(q) + 2 * DW_QC_WORDS) * sizeof(uint64_t); /* + the last x copies' pairs */
+    dw_status st = e->be->i->alloc(e->be, (int64_t)bytes, &mem);
     q->c.dev = mem;
-    if (st == DW_OK) st = e->be->i->zero(e->be, mem, words(q) * sizeof(uint64_t));
+    if (st == DW_OK) q->c.last = q->c.dev + words(q), st = e->be->i->zero(e->be, mem, bytes);
     if (st != DW_OK) {
         dw_qcounter_free(q);
         return st;
@@ -93,10 +94,10 @@ dw_status dw_qcounter_write(dw_qcounter *q, dw_comm *host, FILE *f, int64_t step
         if (skip && skip[i] && !any) continue;
         for (int k = 0; k < DW_QC_KINDS; k++)
             if (fprintf(f, "{\"step\": %lld, \"layer\": \"%s\", \"counts\": \"%s\", \"overflow\": %lld, \"underflow\": %lld, "
-                           "\"steps\": %lld}\n",
+                           "\"elements\": %lld, \"steps\": %lld}\n",
                         (long long)step, q->e->g->nodes[q->nodes[i]].name, KIND[k],
                         (long long)s[k * DW_QC_WORDS + DW_QC_OVER], (long long)s[k * DW_QC_WORDS + DW_QC_UNDER],
-                        (long long)q->steps) < 0)
+                        (long long)s[k * DW_QC_WORDS + DW_QC_N], (long long)q->steps) < 0)
                 return dw_set_error(q->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");
     }
     if (f && fflush(f) != 0) return dw_set_error(q->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");

@@ -5,9 +5,13 @@
  * loop), FP32 and BF16 inputs, row-wise and transposed, every recipe. (1) The CPU reference's codes and scales uploaded and counted by the kernel: the same
  * counts as dw_qcounts_add_cpu on them. (2) On a GPU (not the host emulator, which has no PTX
  * conversions), the operand quantised by dw_quantize_cuda and counted there: the same counts as
- * the CPU reference's quantisation counted on the CPU. Counters start at random values (the
- * kernel adds) and guard words after them stay untouched. (3) A CUDA engine's training: the
- * counters against the checks' measurements (test_training). Label gpu. */
+ * the CPU reference's quantisation counted on the CPU; and the quantiser counting as it quantises
+ * (dw_quant_dev_out.counts, precision/quant_counts.cuh), both copies of a transposing call, under
+ * the default tuning (the kernels built to count), the older kernels (kernel 1) and a bulk
+ * tuning without a counting build (t_store 3: the pass after it): the same counts again, and the
+ * elements. Counters start at random values (the kernels add) and guard words after them stay
+ * untouched. (3) A CUDA engine's training: the counters against the checks' measurements
+ * (test_training). Label gpu. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,17 +47,78 @@ static void planted(dw_test_rng *rng, float *x, int64_t n) {
     }
 }
 
+#define GUARD 0xA5A5A5A5A5A5A5A5ull
+
+/* A device counter (DW_QC_WORDS words) starting at base, with two guard words after it. */
+static uint64_t *counter(const uint64_t base[DW_QC_WORDS]) {
+    uint64_t h[DW_QC_WORDS + 2] = {base[0], base[1], base[2], GUARD, GUARD};
+    return up(h, sizeof h);
+}
+/* What was added to counter dc since base (the guard words untouched), then dc freed. */
+static void counted(uint64_t *dc, const uint64_t base[DW_QC_WORDS], uint64_t out[DW_QC_WORDS]) {
+    uint64_t h[DW_QC_WORDS + 2];
+    ok(cudaMemcpy(h, dc, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (h[DW_QC_WORDS] != GUARD || h[DW_QC_WORDS + 1] != GUARD) fail_msg("counters: write past the counter");
+    for (int k = 0; k < DW_QC_WORDS; k++) out[k] = h[k] - base[k];
+    cudaFree(dc);
+}
+
 /* The kernel's counts of (codes, scales, s_t) against x (device), on counters starting at `base`. */
 static void gpu_count(dw_ctx *g, dw_recipe r, bool bf16, const void *dx, int64_t rows, int64_t cols, bool trans,
-                      const void *dcodes, const void *dscales, const float *dts, const uint64_t base[2], uint64_t out[2]) {
-    uint64_t h[4] = {base[0], base[1], 0xA5A5A5A5A5A5A5A5ull, 0xA5A5A5A5A5A5A5A5ull};
-    uint64_t *dc = up(h, sizeof h);
+                      const void *dcodes, const void *dscales, const float *dts, const uint64_t base[DW_QC_WORDS],
+                      uint64_t out[DW_QC_WORDS]) {
+    uint64_t *dc = counter(base);
     if (dw_qcounts_add_cuda(g, r, bf16, dx, rows, cols, trans, dcodes, dscales, dts, dc, NULL) != DW_OK)
         fail_msg("%s", dw_errmsg(g));
-    ok(cudaMemcpy(h, dc, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    if (h[2] != 0xA5A5A5A5A5A5A5A5ull || h[3] != 0xA5A5A5A5A5A5A5A5ull) fail_msg("counters: write past the pair");
-    out[0] = h[0] - base[0], out[1] = h[1] - base[1];
-    cudaFree(dc);
+    counted(dc, base, out);
+}
+
+static bool same(const uint64_t a[DW_QC_WORDS], const uint64_t b[DW_QC_WORDS]) {
+    return a[0] == b[0] && a[1] == b[1] && a[2] == b[2];
+}
+
+/* (2b) x [rows, cols] (device) quantised by dw_quantize_cuda with counting on, under tuning t
+ * (NULL: the defaults): row-wise alone, or (trans) both copies into their own counters; each
+ * copy's counts equal want_rows / want_t (the CPU's on the reference codes, with the elements). */
+static void fused(dw_ctx *g, const dw_quant_opts *o, bool bf16, const void *dx, int64_t rows, int64_t cols, bool trans,
+                  const uint64_t want_rows[DW_QC_WORDS], const uint64_t want_t[DW_QC_WORDS],
+                  const dw_quant_tuning *t, const char *what) {
+    const dw_recipe r = o->recipe;
+    uint8_t *c[2] = {NULL, NULL};
+    void *sc[2] = {NULL, NULL};
+    float *ts[2] = {NULL, NULL};
+    uint64_t *dc[2] = {NULL, NULL}, base[2][DW_QC_WORDS], got[2][DW_QC_WORDS];
+    dw_quant_dev_out d[2];
+    for (int k = 0; k < 2; k++) {
+        const int64_t R = k ? cols : rows, C = k ? rows : cols;
+        ok(cudaMalloc((void **)&c[k], dw_quant_codes_bytes(r, R, C) + 1), "cudaMalloc");
+        ok(cudaMalloc(&sc[k], dw_quant_scales_bytes(r, R, C) + 4), "cudaMalloc");
+        ok(cudaMalloc((void **)&ts[k], 4), "cudaMalloc");
+        for (int w = 0; w < DW_QC_WORDS; w++) base[k][w] = dw_test_next(&dw_test_group_rng) >> 8;
+        dc[k] = counter(base[k]);
+        d[k] = (dw_quant_dev_out){.codes = c[k], .scales = sc[k], .tensor_scale = ts[k], .counts = dc[k]};
+    }
+    void *ws = NULL;
+    const size_t wb = dw_quantize_cuda_workspace_bytes(r, rows, cols);
+    if (wb) ok(cudaMalloc(&ws, wb), "cudaMalloc");
+    if (dw_quantize_cuda_set_tuning(g, t) != DW_OK) fail_msg("%s", dw_errmsg(g));
+    const dw_status st = dw_quantize_cuda(g, o, bf16 ? DW_QUANT_IN_BF16 : DW_QUANT_IN_F32, dx, rows, cols, &d[0],
+                                          trans ? &d[1] : NULL, ws, NULL);
+    dw_quantize_cuda_set_tuning(g, NULL);
+    if (st != DW_OK) fail_msg("%s: %s", what, dw_errmsg(g));
+    for (int k = 0; k < 2; k++) {
+        counted(dc[k], base[k], got[k]);
+        static const uint64_t zero[DW_QC_WORDS] = {0, 0, 0};
+        const uint64_t *want = k ? (trans ? want_t : zero) : want_rows;
+        if (!same(got[k], want))
+            fail_msg("%s %s%s%s [%lld, %lld], %s copy counted as it quantised: %llu / %llu / %llu, CPU %llu / %llu / %llu",
+                     what, dw_recipe_name(r), trans ? " +T" : "", bf16 ? " bf16" : "", (long long)rows, (long long)cols,
+                     k ? "transposed" : "row-wise", (unsigned long long)got[k][0], (unsigned long long)got[k][1],
+                     (unsigned long long)got[k][2], (unsigned long long)want[0], (unsigned long long)want[1],
+                     (unsigned long long)want[2]);
+        cudaFree(c[k]), cudaFree(sc[k]), cudaFree(ts[k]);
+    }
+    cudaFree(ws);
 }
 
 static void test_against_cpu(void **state) {
@@ -89,14 +154,15 @@ static void test_against_cpu(void **state) {
             assert_int_equal(trans ? dw_quantize_transposed_cpu(cpu, &o, x, rows, cols, &q)
                                    : dw_quantize_cpu(cpu, &o, x, rows, cols, &q),
                              DW_OK);
-            uint64_t want[2] = {0}, got[2];
+            uint64_t want[DW_QC_WORDS] = {0}, got[DW_QC_WORDS];
             dw_qcounts_add_cpu(&q, x, trans, y, want);
-            const uint64_t base[2] = {dw_test_next(&rng) >> 8, dw_test_next(&rng) >> 8};
+            assert_true(want[DW_QC_N] == (uint64_t)n);
+            const uint64_t base[DW_QC_WORDS] = {dw_test_next(&rng) >> 8, dw_test_next(&rng) >> 8, dw_test_next(&rng) >> 8};
             void *dx = up(bf16 ? (void *)xb : (void *)x, (size_t)n * (bf16 ? 2 : 4));
             void *dcodes = up(q.codes, cb), *dscales = up(q.scales, sb);
             float *dts = up(&q.tensor_scale, sizeof(float));
             gpu_count(gpu, (dw_recipe)r, bf16, dx, rows, cols, trans, dcodes, dscales, dts, base, got);
-            if (got[0] != want[0] || got[1] != want[1])
+            if (!same(got, want))
                 fail_msg("%s%s%s%s [%lld, %lld], CPU codes: GPU counted %llu / %llu, CPU %llu / %llu",
                          dw_recipe_name((dw_recipe)r), trans ? " transposed" : "", bf16 ? " bf16" : "", alt ? " floor/pow2" : "",
                          (long long)rows, (long long)cols, (unsigned long long)got[0], (unsigned long long)got[1],
@@ -125,12 +191,25 @@ static void test_against_cpu(void **state) {
                                      trans ? &d : NULL, ws, NULL) != DW_OK)
                     fail_msg("%s", dw_errmsg(gpu));
                 gpu_count(gpu, (dw_recipe)r, bf16, dx, rows, cols, trans, gc, gs, gts, base, got);
-                if (got[0] != want[0] || got[1] != want[1])
+                if (!same(got, want))
                     fail_msg("%s%s%s [%lld, %lld], GPU quantiser: counted %llu / %llu, CPU %llu / %llu",
                              dw_recipe_name((dw_recipe)r), trans ? " transposed" : "", bf16 ? " bf16" : "", (long long)rows,
                              (long long)cols, (unsigned long long)got[0], (unsigned long long)got[1],
                              (unsigned long long)want[0], (unsigned long long)want[1]);
                 cudaFree(gc), cudaFree(gs), cudaFree(gts), cudaFree(ws), cudaFree(rc), cudaFree(rs), cudaFree(rts);
+                /* (2b) counted as quantised: both copies' counts from the CPU on the reference codes */
+                uint64_t wr[DW_QC_WORDS] = {0}, wt[DW_QC_WORDS] = {0};
+                dw_qtensor qr = {.recipe = (dw_recipe)r, .rows = rows, .cols = cols,
+                                 .codes = malloc(dw_quant_codes_bytes((dw_recipe)r, rows, cols) + 1),
+                                 .scales = malloc(dw_quant_scales_bytes((dw_recipe)r, rows, cols) + 4)};
+                assert_int_equal(dw_quantize_cpu(cpu, &o, x, rows, cols, &qr), DW_OK);
+                dw_qcounts_add_cpu(&qr, x, false, y, wr);
+                if (trans) memcpy(wt, want, sizeof wt);
+                const dw_quant_tuning older = {.kernel = 1}, uncounted_bulk = {.t_store = 3};
+                fused(gpu, &o, bf16, dx, rows, cols, trans, wr, wt, NULL, "default kernels");
+                fused(gpu, &o, bf16, dx, rows, cols, trans, wr, wt, &older, "kernel 1");
+                fused(gpu, &o, bf16, dx, rows, cols, trans, wr, wt, &uncounted_bulk, "t_store 3");
+                free(qr.codes), free(qr.scales);
             }
             cudaFree(dx), cudaFree(dcodes), cudaFree(dscales), cudaFree(dts);
             free(x), free(xb), free(y), free(q.codes), free(q.scales);

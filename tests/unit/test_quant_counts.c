@@ -93,6 +93,7 @@ static void test_recipes_against_quant_error(void **state) {
                          (long long)rows, (long long)cols, (unsigned long long)cnt[DW_QC_OVER],
                          (unsigned long long)cnt[DW_QC_UNDER], (long long)s.saturated, (long long)s.flushed);
             if (tiny >= 3) assert_true(cnt[DW_QC_UNDER] > 0); /* (a tiny value alone in a ragged block sets its scale) */
+            assert_true(cnt[DW_QC_N] == (uint64_t)(R * C)); /* the elements, the guard's denominator */
             if (variant == 0 && r == DW_RECIPE_MXFP8)
                 print_message("mxfp8 [%lld, %lld]: %llu over, %llu under (%d planted tiny)\n", (long long)rows,
                               (long long)cols, (unsigned long long)cnt[0], (unsigned long long)cnt[1], tiny);

@@ -8,7 +8,9 @@
  * scales also go to cuBLAS's 128x4 layout on request. Scale rules are formats/rules.h's (the CPU
  * reference's own, plus a division-free MX exponent proven equal); x / s is one FP32 rounding
  * computed through the block's reciprocal (quot_q); elements use the hardware conversions
- * (E4M3/E5M2) or exact comparisons (E2M1). fp8_tensor, fp8_row and nvfp4 run an amax pass first. */
+ * (E4M3/E5M2) or exact comparisons (E2M1). fp8_tensor, fp8_row and nvfp4 run an amax pass first.
+ * The kernels built with CNT also count each copy's overflows and underflows from the values and
+ * codes in registers (precision/quant_counts.cuh), one atomic per CTA and counter at the end. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -18,6 +20,7 @@ extern "C" { /* core/ headers are C without linkage guards; cuda_runtime.h above
 }
 #include "kernels/cuda/quant_common.cuh"
 #include "precision/amax_rules.h"
+#include "precision/quant_counts.h"
 
 namespace {
 
@@ -102,11 +105,11 @@ template <> struct Smem<float> {
 
 /* ---- the quantisation kernel ------------------------------------------------------------ */
 
-/* Row-wise codes of x[r, c .. c+7] (8 elements, one block rule q). */
-template <int FMT> __device__ __forceinline__ void store_row8(const OutDesc &o, const Params &p, int64_t r,
-                                                               int64_t c, const float v[8], const Q &q) {
-    if (r >= p.rows || c >= p.cols) return;
-    uint32_t w8[2];
+/* Row-wise codes of x[r, c .. c+7] (8 elements, one block rule q), also left in w8; false (nothing
+ * encoded) outside x. */
+template <int FMT> __device__ __forceinline__ bool store_row8(const OutDesc &o, const Params &p, int64_t r,
+                                                               int64_t c, const float v[8], const Q &q, uint32_t w8[2]) {
+    if (r >= p.rows || c >= p.cols) return false;
     encode8<FMT>(q, v, w8);
     if constexpr (FMT == F_E2M1) {
         const uint32_t w = w8[0];
@@ -127,6 +130,7 @@ template <int FMT> __device__ __forceinline__ void store_row8(const OutDesc &o, 
                 dst[i] = (uint8_t)((i < 4 ? w0 : w1) >> (8 * (i & 3)));
         }
     }
+    return true;
 }
 
 /* 32 transposed 8-bit codes (one column of x, rows 0-31 of v) under rules q0 (rows 0-15) and q1. */
@@ -136,12 +140,12 @@ template <int FMT> __device__ __forceinline__ void col_codes32(const float v[32]
     encode_n<FMT, 16>(q1, v + 16, w + 4);
 }
 
-/* The same codes (any format) stored straight to global memory: x^T's row cg, columns rb .. rb+31. */
-template <int FMT> __device__ __forceinline__ void store_col32(const OutDesc &t, const Params &p, int64_t cg,
+/* The same codes (any format) stored straight to global memory: x^T's row cg, columns rb .. rb+31;
+ * also left in w (E2M1: rows 16-31 from w[2]); false (nothing encoded) outside x. */
+template <int FMT> __device__ __forceinline__ bool store_col32(const OutDesc &t, const Params &p, int64_t cg,
                                                                 int64_t rb, const float v[32], const Q &q0,
-                                                                const Q &q1) {
-    if (cg >= p.cols || rb >= p.rows) return;
-    uint32_t w[8];
+                                                                const Q &q1, uint32_t w[8]) {
+    if (cg >= p.cols || rb >= p.rows) return false;
     if constexpr (FMT == F_E2M1) {
         encode_n<FMT, 16>(q0, v, w);
         encode_n<FMT, 16>(q1, v + 16, w + 2);
@@ -162,6 +166,7 @@ template <int FMT> __device__ __forceinline__ void store_col32(const OutDesc &t,
             for (int i = 0; i < 32 && rb + i < p.rows; i++) dst[i] = (uint8_t)(w[i / 4] >> (8 * (i & 3)));
         }
     }
+    return true;
 }
 
 __device__ __forceinline__ void put_scale(const OutDesc &o, bool f32, int64_t sr, int64_t sc, float s32,
@@ -175,11 +180,14 @@ __device__ __forceinline__ void put_scale(const OutDesc &o, bool f32, int64_t sr
 }
 
 /* One tile (each thread: rows r0 + 16 * pass + tid / 16, columns c0 + 8 * (tid % 16) .. +7),
- * already loaded into raw[PASSES], or (STAGED) already in smem, row-major, raw unused. */
-template <typename TIn, int R, bool TRANS, bool STAGED>
+ * already loaded into raw[PASSES], or (STAGED) already in smem, row-major, raw unused. CNT: the
+ * overflows and underflows of the row-wise and transposed codes added to acc[0], acc[1]. */
+template <typename TIn, int R, bool TRANS, bool STAGED, bool CNT = false>
 __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const Raw<TIn> *raw,
-                                           unsigned char *smem, uint32_t *red, uint32_t (*part)[TILE]) {
+                                           unsigned char *smem, uint32_t *red, uint32_t (*part)[TILE],
+                                           dwqc::Acc (&acc)[2]) {
     constexpr int kind = Traits<R>::kind, B = Traits<R>::B, fmt = Traits<R>::fmt;
+    constexpr dwqc::Fmt cf = count_fmt<R>();
     constexpr bool f32s = kind == K_TENSOR || kind == K_ROW || kind == K_BLOCK || kind == K_BLOCK2D;
     const int tid = threadIdx.x, lane16 = tid & 15;
     const int64_t r0 = tile / p.tiles_c * TILE, c0 = tile % p.tiles_c * TILE;
@@ -202,6 +210,7 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
 
     /* fp8_block2d: one amax for the whole tile */
     Q q2d = {};
+    float s2d = 0.0f;
     if constexpr (kind == K_BLOCK2D) {
         uint32_t m = 0;
 #pragma unroll
@@ -217,7 +226,6 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
         m = red[0];
 #pragma unroll
         for (int w = 1; w < THREADS / 32; w++) m = max(m, red[w]);
-        float s2d;
         uint32_t dummy;
         q2d = block_q<R>(m, 0.0f, p, &s2d, &dummy);
         if (tid == 0) {
@@ -236,6 +244,7 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
         float v[8];
         to_f32(raw_at(ps), v);
         Q q;
+        float cs = s2d; /* the block's scale, for counting */
         if constexpr (kind == K_BLOCK2D) {
             q = q2d;
         } else {
@@ -248,8 +257,10 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
             q = block_q<R>(m, e, p, &s32, &s8);
             if constexpr (B > 0)
                 if (lane16 % (B / 8) == 0 && r < p.rows && c < p.cols) put_scale(p.o, f32s, r, c / B, s32, s8);
+            cs = count_scale<R>(s32, s8);
         }
-        store_row8<fmt>(p.o, p, r, c, v, q);
+        uint32_t w8[2];
+        if (store_row8<fmt>(p.o, p, r, c, v, q, w8) && CNT) dwqc::test_n<8>(cf, kind == K_NV, v, w8, cs, ext, acc[0]);
     }
 
     if constexpr (TRANS) {
@@ -279,7 +290,7 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
         for (int k = 0; k < 2; k++) {
             const int64_t cg = c0 + 2 * pp + k; /* a column of x = a row of x^T */
             Q q0, q1;
-            float s32 = 0.0f;
+            float s32 = 0.0f, cs0 = s2d, cs1 = s2d; /* cs: the two blocks' scales, for counting */
             uint32_t s8 = 0;
             if constexpr (kind == K_BLOCK2D) {
                 q0 = q1 = q2d;
@@ -297,14 +308,24 @@ __device__ __forceinline__ void quant_tile(const Params &p, int64_t tile, const 
             } else { /* B == 16 */
                 q0 = block_q<R>(am[k][0], ext_t, p, &s32, &s8);
                 if (cg < p.cols && rb < p.rows) put_scale(p.t, f32s, cg, rb / 16, s32, s8);
+                cs0 = count_scale<R>(s32, s8);
                 q1 = block_q<R>(am[k][1], ext_t, p, &s32, &s8);
                 if (cg < p.cols && rb + 16 < p.rows) put_scale(p.t, f32s, cg, rb / 16 + 1, s32, s8);
             }
+            if constexpr (kind != K_BLOCK2D && B != 16) cs0 = cs1 = count_scale<R>(s32, s8);
+            if constexpr (B == 16) cs1 = count_scale<R>(s32, s8);
             float col[32];
 #pragma unroll
             for (int i = 0; i < 32; i++) col[i] = Smem<TIn>::elem(smem, 32 * qq + i, 2 * pp + k);
-            if (via_smem) col_codes32<fmt>(col, q0, q1, wk[k]);
-            else store_col32<fmt>(p.t, p, cg, rb, col, q0, q1);
+            uint32_t wc[8];
+            bool coded;
+            if (via_smem) col_codes32<fmt>(col, q0, q1, wk[k]), coded = true;
+            else coded = store_col32<fmt>(p.t, p, cg, rb, col, q0, q1, wc);
+            if (CNT && coded) {
+                const uint32_t *w = via_smem ? wk[k] : wc;
+                dwqc::test_n<16>(cf, kind == K_NV, col, w, cs0, ext_t, acc[1]);
+                dwqc::test_n<16>(cf, kind == K_NV, col + 16, w + (fmt == F_E2M1 ? 2 : 4), cs1, ext_t, acc[1]);
+            }
         }
         if constexpr (STAGED && fmt != F_E2M1) {
             if (via_smem) { /* tile-uniform; x^T tile [128 cols of x][128 bytes], 16-byte pieces XOR-swizzled */
@@ -340,7 +361,8 @@ __global__ void __launch_bounds__(THREADS, sizeof(TIn) == 2 ? 3 : 2) quant_tile_
     Raw<TIn> raw[PASSES];
 #pragma unroll
     for (int ps = 0; ps < PASSES; ps++) load_raw(x, p, r0 + ps * ROWS_PER_PASS + (tid >> 4), c, raw[ps]);
-    quant_tile<TIn, R, TRANS, false>(p, tile, raw, smem, red, part);
+    dwqc::Acc acc[2] = {};
+    quant_tile<TIn, R, TRANS, false>(p, tile, raw, smem, red, part, acc);
 }
 
 /* The same tiles on a persistent grid with the input staged through a ring of `stages` tile
@@ -369,7 +391,7 @@ template <typename TIn> __device__ __forceinline__ void stage_tile(const TIn *__
     }
 }
 
-template <typename TIn, int R, bool TRANS>
+template <typename TIn, int R, bool TRANS, bool CNT>
 __global__ void __launch_bounds__(THREADS, sizeof(TIn) == 2 ? 3 : 1) quant_tile_pipe_kernel(const TIn *__restrict__ x, Params p,
                                                                      int64_t ntiles, int stages) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -381,16 +403,23 @@ __global__ void __launch_bounds__(THREADS, sizeof(TIn) == 2 ? 3 : 1) quant_tile_
         cp_async_commit();
     }
     int cur = 0;
+    dwqc::Acc acc[2] = {};
     for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, next += gridDim.x) {
         cp_async_wait(stages - 2); /* this thread's pieces of `tile` have landed */
         __syncthreads();           /* everyone's have, and the buffer refilled below is free */
         const int fill = (cur + stages - 1) % stages;
         if (next < ntiles) stage_tile(x, p, next, smem + (size_t)fill * Smem<TIn>::bytes);
         cp_async_commit();
-        quant_tile<TIn, R, TRANS, true>(p, tile, nullptr, smem + (size_t)cur * Smem<TIn>::bytes, red, part);
+        quant_tile<TIn, R, TRANS, true, CNT>(p, tile, nullptr, smem + (size_t)cur * Smem<TIn>::bytes, red, part, acc);
         cur = cur + 1 == stages ? 0 : cur + 1;
     }
     cp_async_wait(0);
+    if constexpr (CNT) {
+        __shared__ unsigned long long qsh[4 * (THREADS / 32)];
+        unsigned long long *const pairs[2] = {p.o.cnt, p.t.cnt};
+        dwqc::flush<THREADS / 32>(acc, pairs, (unsigned long long)(p.rows * p.cols), qsh, threadIdx.x >> 5,
+                                  threadIdx.x & 31, [] { __syncthreads(); });
+    }
 }
 
 /* Row-wise only, when blocks never straddle rows (cols % block == 0) and rows are 16-byte aligned:
@@ -407,9 +436,10 @@ __device__ __forceinline__ void load_chunk(const float *__restrict__ x, int64_t 
     r.b = ok ? __ldcs(q + 1) : make_float4(0, 0, 0, 0);
 }
 
-template <typename TIn, int R>
+template <typename TIn, int R, bool CNT>
 __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const TIn *__restrict__ x, Params p, int64_t nchunks) {
     constexpr int kind = Traits<R>::kind, B = Traits<R>::B, fmt = Traits<R>::fmt;
+    dwqc::Acc acc[2] = {};
     constexpr bool f32s = kind == K_TENSOR || kind == K_ROW || kind == K_BLOCK;
     const int tid = threadIdx.x;
     float ext = 0.0f;
@@ -452,7 +482,14 @@ __global__ void __launch_bounds__(THREADS) quant_rows_kernel(const TIn *__restri
             encode8<fmt>(q, v, w);
             if constexpr (fmt == F_E2M1) reinterpret_cast<uint32_t *>(p.o.codes)[g] = w[0];
             else reinterpret_cast<uint2 *>(p.o.codes)[g] = make_uint2(w[0], w[1]);
+            if constexpr (CNT) dwqc::test_n<8>(count_fmt<R>(), kind == K_NV, v, w, count_scale<R>(s32, s8), ext, acc[0]);
         }
+    }
+    if constexpr (CNT) {
+        __shared__ unsigned long long qsh[4 * (THREADS / 32)];
+        unsigned long long *const pairs[2] = {p.o.cnt, nullptr};
+        dwqc::flush<THREADS / 32>(acc, pairs, (unsigned long long)(p.rows * p.cols), qsh, tid >> 5, tid & 31,
+                                  [] { __syncthreads(); });
     }
 }
 
@@ -538,14 +575,15 @@ __global__ void finalize_kernel(Params p, bool trans, const uint32_t *g_amax, co
 dw_quant_tuning g_tuning = {};
 
 template <typename TIn, int R>
-dw_status launch_pipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, int64_t tiles, cudaStream_t st) {
+dw_status launch_pipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, bool cnt, int64_t tiles, cudaStream_t st) {
     /* BF16: 2 x 32 KB per CTA, 3 CTAs per SM (80 registers); FP32: 3 x 64 KB, 1 CTA per SM */
     const int stages = g_tuning.stages ? g_tuning.stages : sizeof(TIn) == 2 ? 2 : 3;
     const size_t smem = (size_t)stages * Smem<TIn>::bytes;
-    auto k = trans ? quant_tile_pipe_kernel<TIn, R, true> : quant_tile_pipe_kernel<TIn, R, false>;
-    static std::atomic<uint64_t> cache_t[16], cache_n[16];
+    auto k = cnt ? (trans ? quant_tile_pipe_kernel<TIn, R, true, true> : quant_tile_pipe_kernel<TIn, R, false, true>)
+                 : (trans ? quant_tile_pipe_kernel<TIn, R, true, false> : quant_tile_pipe_kernel<TIn, R, false, false>);
+    static std::atomic<uint64_t> cache[2][2][16]; /* [counting][transposed] */
     int sms = 0, per_sm = 0;
-    DW_TRY(kernel_fit(ctx, (const void *)k, THREADS, smem, trans ? cache_t : cache_n, &sms, &per_sm));
+    DW_TRY(kernel_fit(ctx, (const void *)k, THREADS, smem, cache[cnt][trans], &sms, &per_sm));
     if (per_sm < 1)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: %d tile stages (%zu bytes) do not fit in shared memory",
                             dw_recipe_name((dw_recipe)R), stages, smem);
@@ -557,10 +595,14 @@ dw_status launch_pipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, in
     return DW_OK;
 }
 
+/* *counted: whether the kernel taken added the copies' counts (p.o.cnt, p.t.cnt): all but the
+ * one-tile-per-CTA kernel (rows not 16-byte aligned), which has no counting build. */
 template <typename TIn, int R>
 dw_status launch_recipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, uint32_t *ws,
-                        cudaStream_t st) {
+                        cudaStream_t st, bool *counted) {
     constexpr int kind = Traits<R>::kind;
+    const bool cnt = p.o.cnt || p.t.cnt;
+    *counted = cnt && p.vec_in;
     const int64_t tiles = (p.rows + TILE - 1) / TILE * p.tiles_c;
     if (tiles > 0x7FFFFFFFLL)
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: [%lld, %lld] has too many tiles",
@@ -582,15 +624,15 @@ dw_status launch_recipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, 
     }
     constexpr int B = Traits<R>::B;
     if (!trans && kind != K_BLOCK2D && p.vec_in && p.vec_out && p.cols % (B > 8 ? B : 8) == 0) {
-        auto k = quant_rows_kernel<TIn, R>;
+        auto k = cnt ? quant_rows_kernel<TIn, R, true> : quant_rows_kernel<TIn, R, false>;
         const int64_t nchunks = p.rows * p.cols / 8;
-        static std::atomic<uint64_t> cache[16];
+        static std::atomic<uint64_t> cache[2][16];
         int sms = 0, per_sm = 0;
-        DW_TRY(kernel_fit(ctx, (const void *)k, THREADS, 0, cache, &sms, &per_sm));
+        DW_TRY(kernel_fit(ctx, (const void *)k, THREADS, 0, cache[cnt], &sms, &per_sm));
         int64_t grid = (int64_t)sms * (per_sm > 0 ? per_sm : 1), need = (nchunks + THREADS * UNROLL - 1) / (THREADS * UNROLL);
         k<<<(unsigned)(grid < need ? grid : need), THREADS, 0, st>>>(x, p, nchunks);
     } else if (p.vec_in) {
-        DW_TRY((launch_pipe<TIn, R>(ctx, x, p, trans, tiles, st)));
+        DW_TRY((launch_pipe<TIn, R>(ctx, x, p, trans, cnt, tiles, st)));
     } else if (trans) {
         auto k = quant_tile_kernel<TIn, R, true>;
         DW_CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Smem<TIn>::bytes));
@@ -604,16 +646,16 @@ dw_status launch_recipe(dw_ctx *ctx, const TIn *x, const Params &p, bool trans, 
 
 template <typename TIn>
 dw_status launch(dw_ctx *ctx, dw_recipe r, const TIn *x, const Params &p, bool trans, uint32_t *ws,
-                 cudaStream_t st) {
+                 cudaStream_t st, bool *c) {
     switch (r) {
-    case DW_RECIPE_FP8_TENSOR: return launch_recipe<TIn, DW_RECIPE_FP8_TENSOR>(ctx, x, p, trans, ws, st);
-    case DW_RECIPE_FP8_ROW: return launch_recipe<TIn, DW_RECIPE_FP8_ROW>(ctx, x, p, trans, ws, st);
-    case DW_RECIPE_FP8_BLOCK: return launch_recipe<TIn, DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, ws, st);
-    case DW_RECIPE_FP8_BLOCK2D: return launch_recipe<TIn, DW_RECIPE_FP8_BLOCK2D>(ctx, x, p, trans, ws, st);
-    case DW_RECIPE_MXFP8: return launch_recipe<TIn, DW_RECIPE_MXFP8>(ctx, x, p, trans, ws, st);
-    case DW_RECIPE_MXFP8_E5M2: return launch_recipe<TIn, DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, ws, st);
-    case DW_RECIPE_MXFP4: return launch_recipe<TIn, DW_RECIPE_MXFP4>(ctx, x, p, trans, ws, st);
-    case DW_RECIPE_NVFP4: return launch_recipe<TIn, DW_RECIPE_NVFP4>(ctx, x, p, trans, ws, st);
+    case DW_RECIPE_FP8_TENSOR: return launch_recipe<TIn, DW_RECIPE_FP8_TENSOR>(ctx, x, p, trans, ws, st, c);
+    case DW_RECIPE_FP8_ROW: return launch_recipe<TIn, DW_RECIPE_FP8_ROW>(ctx, x, p, trans, ws, st, c);
+    case DW_RECIPE_FP8_BLOCK: return launch_recipe<TIn, DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, ws, st, c);
+    case DW_RECIPE_FP8_BLOCK2D: return launch_recipe<TIn, DW_RECIPE_FP8_BLOCK2D>(ctx, x, p, trans, ws, st, c);
+    case DW_RECIPE_MXFP8: return launch_recipe<TIn, DW_RECIPE_MXFP8>(ctx, x, p, trans, ws, st, c);
+    case DW_RECIPE_MXFP8_E5M2: return launch_recipe<TIn, DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, ws, st, c);
+    case DW_RECIPE_MXFP4: return launch_recipe<TIn, DW_RECIPE_MXFP4>(ctx, x, p, trans, ws, st, c);
+    case DW_RECIPE_NVFP4: return launch_recipe<TIn, DW_RECIPE_NVFP4>(ctx, x, p, trans, ws, st, c);
     default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize: recipe %s has no CUDA kernel", dw_recipe_name(r));
     }
 }
@@ -644,7 +686,20 @@ OutDesc make_desc(dw_recipe r, const dw_quant_dev_out *o, int64_t R, int64_t C) 
     d.tscale = o->tensor_scale;
     d.row_bytes = dw_quant_row_bytes(r, C);
     d.scols = sc;
+    d.cnt = (unsigned long long *)o->counts;
     return d;
+}
+
+/* The counts of the copies whose kernel did not count them (quant.h): a counting pass each. */
+dw_status count_after(dw_ctx *ctx, dw_recipe r, dw_quant_in in, const void *x, int64_t rows, int64_t cols,
+                      const dw_quant_dev_out *out, const dw_quant_dev_out *out_t, cudaStream_t st) {
+    if (out && out->counts)
+        DW_TRY(dw_qcounts_add_cuda(ctx, r, in == DW_QUANT_IN_BF16, x, rows, cols, false, out->codes, out->scales,
+                                   out->tensor_scale, out->counts, st));
+    if (out_t && out_t->counts)
+        DW_TRY(dw_qcounts_add_cuda(ctx, r, in == DW_QUANT_IN_BF16, x, rows, cols, true, out_t->codes, out_t->scales,
+                                   out_t->tensor_scale, out_t->counts, st));
+    return DW_OK;
 }
 
 } /* namespace */
@@ -733,11 +788,13 @@ extern "C" dw_status dw_quantize_cuda_amax(dw_ctx *ctx, const dw_quant_opts *o, 
     if (!out && !(bulk && bulk_eligible(r, p, x, trans))) /* only the bulk kernel can leave the rows out */
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s (cuda): the transposed copy alone needs a "
                             "16-byte aligned input and 8-byte aligned codes", dw_recipe_name(r));
+    bool counted = false;
     if (in == DW_QUANT_IN_BF16 && bulk && bulk_eligible(r, p, x, trans))
-        return launch_bulk(ctx, r, (const uint16_t *)x, p, trans,
+        DW_TRY(launch_bulk(ctx, r, (const uint16_t *)x, p, trans,
                            BulkTune{g_tuning.t_store, g_tuning.load, g_tuning.group, g_tuning.tile_block, g_tuning.stages,
                                     g_tuning.ctas_per_sm ? g_tuning.ctas_per_sm : 2, g_tuning.max_ctas},
-                           st);
-    if (in == DW_QUANT_IN_BF16) return launch(ctx, r, (const uint16_t *)x, p, out_t != nullptr, ws, st);
-    return launch(ctx, r, (const float *)x, p, out_t != nullptr, ws, st);
+                           st, &counted));
+    else if (in == DW_QUANT_IN_BF16) DW_TRY(launch(ctx, r, (const uint16_t *)x, p, out_t != nullptr, ws, st, &counted));
+    else DW_TRY(launch(ctx, r, (const float *)x, p, out_t != nullptr, ws, st, &counted));
+    return counted ? DW_OK : count_after(ctx, r, in, x, rows, cols, out, out_t, st);
 }

@@ -25,12 +25,20 @@ typedef enum { DW_QUANT_IN_F32 = 0, DW_QUANT_IN_BF16 } dw_quant_in;
  *   scales           row-major, dw_quant_scales_bytes(recipe, R, C) bytes (FP32 or 1-byte codes)
  *   scales_swizzled  optional (NULL: not written), 1-byte-scale recipes only (mx*, nvfp4):
  *                    dw_scale_swizzled_bytes(srows, scols) bytes, padding written as 0
- *   tensor_scale     NVFP4 only (required there): 1 float, s_t */
+ *   tensor_scale     NVFP4 only (required there): 1 float, s_t
+ *   counts           optional (NULL: not counted): an (overflow, underflow, elements) counter of
+ *                    device uint64 (precision/quant_counts.h) this copy's counts are added to, atomically, in
+ *                    stream order. The kernels count as they quantise (one atomic per CTA and
+ *                    counter); where the kernel taken has no counting build (the one-tile-per-CTA
+ *                    kernel of rows not 16-byte aligned, the bulk transposing kernel tuned to
+ *                    t_store 2..4 or 3 CTAs per SM) the call adds a counting pass after it
+ *                    (dw_qcounts_add_cuda): the same counts either way. */
 typedef struct {
     uint8_t *codes;
     void *scales;
     uint8_t *scales_swizzled;
     float *tensor_scale;
+    uint64_t *counts;
 } dw_quant_dev_out;
 
 /* Tuning of the ring kernels, for benchmarks and tests; 0 in a field = the built-in choice.

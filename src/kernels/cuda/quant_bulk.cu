@@ -9,8 +9,11 @@
  * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
  * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
  * recoded here without divisions (bulk_rule, enc8: fp8_block's quotient in two FP32 operations,
- * formats/rules.h, exact on BF16 data): bit-identical to the CPU reference. Not the
- * other recipes, FP32 input or ragged tiles: quant.cu runs those. */
+ * formats/rules.h, exact on BF16 data): bit-identical to the CPU reference. Builds with CNT also
+ * count each copy's overflows and underflows from the values, codes and scales in registers
+ * (precision/quant_counts.cuh; the row-wise ring, and the transposing kernel with stores from
+ * registers or tensor stores from its own staging, 2 CTAs per SM). Not the other recipes, FP32
+ * input or ragged tiles: quant.cu runs those. */
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h> /* CUtensorMap */
 #include <stdint.h>
@@ -291,10 +294,10 @@ struct ScaleSink {
  * Staged (ST != ST_REG): codes go to stg (the tile's ring buffer: every consumer must be past its
  * loads, which the caller's or fp8_block's barrier ensures). Scales: to sk (after this function's
  * barrier where it has one). */
-template <int R, int ST>
+template <int R, int ST, bool CNT>
 __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c0, const uint4 (&w)[8], int lane,
                                           int cw, uint32_t (*part_r)[TILE / 2], uint32_t (*part_c)[TILE / 2],
-                                          unsigned char *stg, const ScaleSink &sk) {
+                                          unsigned char *stg, const ScaleSink &sk, dwqc::Acc (&acc)[2]) {
     constexpr int kind = Traits<R>::kind;
     constexpr bool mx = kind == K_MX, staged = ST != ST_REG;
     const int tc = (lane & 7) + 8 * (cw & 1), tr = (lane >> 3) + 4 * (cw >> 1);
@@ -345,12 +348,14 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
     const uint32_t rpk = pick4(rm, mx ? gl : gl >> 1), cpk = pick4(cm, q4);
     const uint32_t orb = (uint32_t)p.o.row_bytes, trb = (uint32_t)p.t.row_bytes;
     Rule qr[RPL], qc[2];
+    float csr[RPL], csc[2]; /* CNT: the blocks' scales as stored, for counting */
 #pragma unroll
     for (int s = 0; s < RPL; s++) {
         const int k = RPL * gl + s;
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qr[s] = bulk_rule<R>(amax_f32(rpk, mx ? s : gl & 1), p, &s32, &s8);
+        csr[s] = CNT ? count_scale<R>(s32, s8) : 0.0f;
         if (staged || sk.row) { /* staged kernels always have a sink */
             uint32_t *const d = sk.row + (uint32_t)(8 * tr + k) * sk.stride;
             if constexpr (mx) reinterpret_cast<uint8_t *>(d)[tc >> 2] = (uint8_t)s8;
@@ -368,6 +373,7 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float s32 = 0.0f;
         uint32_t s8 = 0;
         qc[s] = bulk_rule<R>(amax_f32(cpk, s), p, &s32, &s8);
+        csc[s] = CNT ? count_scale<R>(s32, s8) : 0.0f;
         if (staged || sk.col) {
             uint32_t *const d = sk.col + (uint32_t)(8 * tc + j) * sk.stride;
             if constexpr (mx) reinterpret_cast<uint8_t *>(d)[tr >> 2] = (uint8_t)s8;
@@ -388,8 +394,14 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = elem(w[k], j);
-        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = enc8<R>(q, v);
-        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), enc8<R>(q, v));
+        const uint2 e = enc8<R>(q, v);
+        if constexpr (staged) *reinterpret_cast<uint2 *>(sob + 128 * k) = e;
+        else __stcs(reinterpret_cast<uint2 *>(ob + (uint32_t)k * orb), e);
+        if constexpr (CNT) {
+            const float cs = __shfl_sync(0xFFFFFFFFu, csr[k % RPL], (lane & ~(G - 1)) | (k / RPL));
+            const uint32_t ew[2] = {e.x, e.y};
+            dwqc::test_n<8>(count_fmt<R>(), false, v, ew, cs, 1.0f, acc[0]);
+        }
     }
     /* transposed codes: column j of x = row c0 + 8 tc + j of x^T, 8 bytes at r0 + 8 tr */
     uint8_t *const tb = p.t.codes + (c0 + 8 * tc) * p.t.row_bytes + r0 + 8 * tr;
@@ -400,8 +412,14 @@ __device__ __forceinline__ void bulk_tile(const Params &p, int64_t r0, int64_t c
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = elem(w[k], j);
-        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = enc8<R>(q, v);
-        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), enc8<R>(q, v));
+        const uint2 e = enc8<R>(q, v);
+        if constexpr (staged) *reinterpret_cast<uint2 *>(stb + 128 * j) = e;
+        else __stcs(reinterpret_cast<uint2 *>(tb + (uint32_t)j * trb), e);
+        if constexpr (CNT) {
+            const float cs = __shfl_sync(0xFFFFFFFFu, csc[j & 1], (lane & 7) | ((j >> 1) << 3));
+            const uint32_t ew[2] = {e.x, e.y};
+            dwqc::test_n<8>(count_fmt<R>(), false, v, ew, cs, 1.0f, acc[1]);
+        }
     }
 }
 
@@ -496,7 +514,7 @@ __device__ __forceinline__ void flush_scales(const Params &p, const uint32_t *gs
     }
 }
 
-template <int R, int ST, int MINB = 2> /* MINB CTAs per SM: 2, or 3 (72 registers, some spilled) */
+template <int R, int ST, int MINB = 2, bool CNT = false> /* MINB CTAs per SM: 2, or 3 (72 registers, some spilled) */
 __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __grid_constant__ TileMaps m,
                                                                       const uint16_t *__restrict__ x, Params p,
                                                                       int64_t nunits, int stages) {
@@ -546,6 +564,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
     }
     const int tc = (lane & 7) + 8 * (warp & 1), tr = (lane >> 3) + 4 * (warp >> 1);
     const uint32_t g = (uint32_t)p.tblock;
+    dwqc::Acc acc[2] = {};
     int s = 0, sp = 0; /* this tile's buffer, the previous tile's */
     uint32_t ph = 0, n = 0;
     for (uint32_t u = blockIdx.x; u < (uint32_t)nunits; u += gridDim.x) {
@@ -571,7 +590,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             if (g > 1) sk = ScaleSink{gs + ti * TILE * g + tj, gs + unit_scale_words(g) + tj * TILE * g + ti, g};
             else if (staged) sk = ScaleSink{scs, scs + TILE, 1};
             unsigned char *const stg = ST == ST_TMA_OWN ? own : buf;
-            bulk_tile<R, ST>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], stg, sk);
+            bulk_tile<R, ST, CNT>(p, r0, c0, w, lane, warp, part_r[n & 1], part_c[n & 1], stg, sk, acc);
             if constexpr (staged) {
                 /* the codes: ST_BULK's copies read them; ST_V16's buffer is next written by the
                  * producer's tensor copy, which must land after them. Only reads follow, so the
@@ -596,6 +615,12 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
             if (++s == stages) s = 0, ph ^= 1u;
         }
     }
+    if constexpr (CNT) {
+        __shared__ unsigned long long qsh[4 * (BK_CONS / 32)];
+        unsigned long long *const pairs[2] = {p.o.cnt, p.t.cnt};
+        dwqc::flush<BK_CONS / 32>(acc, pairs, (unsigned long long)(p.rows * p.cols), qsh, warp, lane,
+                                  [] { consumers_sync(); });
+    }
     if constexpr (ST == ST_BULK || tensor_stores(ST)) bulk_wait_all(); /* the shared source must outlive the copies */
 }
 
@@ -605,7 +630,7 @@ __global__ void __launch_bounds__(BK_THREADS, MINB) quant_bulk_kernel(const __gr
  * a block; each block's rule is computed by one of them and broadcast. */
 constexpr int64_t BK_STAGE_CHUNKS = BK_TILE / 16;
 
-template <int R>
+template <int R, bool CNT>
 __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __grid_constant__ TileMaps,
                                                                         const uint16_t *__restrict__ x, Params p,
                                                                         int64_t nchunks, int stages) {
@@ -639,6 +664,7 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
     }
     int s = 0;
     uint32_t ph = 0;
+    dwqc::Acc acc[2] = {};
     for (int64_t st = blockIdx.x; st < nstages; st += gridDim.x) {
         mbar_wait(&full[s], ph);
         const int64_t g0 = st * BK_STAGE_CHUNKS;
@@ -661,12 +687,14 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
         const int gl = lane & (L - 1);
         const uint32_t apk = pick4(am, mx ? gl : (gl >> 1) & 3);
         Rule qs[CPL];
+        float cs[CPL]; /* CNT: the blocks' scales as stored */
 #pragma unroll
         for (int c = 0; c < CPL; c++) {
             const int i = mx ? 2 * gl + c : gl; /* chunk index of this stage's 8 (fp8_block: valid when gl < 8) */
             float s32 = 0.0f;
             uint32_t s8 = 0;
             qs[c] = bulk_rule<R>(amax_f32(apk, mx ? c : gl & 1), p, &s32, &s8);
+            cs[c] = CNT ? count_scale<R>(s32, s8) : 0.0f;
             const int64_t g = g0 + i * BK_CONS + tid;
             if ((mx || gl < 8) && g < nchunks) {
                 const int64_t si = g * 8 / B;
@@ -685,8 +713,24 @@ __global__ void __launch_bounds__(BK_THREADS, 2) quant_bulk_rows_kernel(const __
             float v[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) v[j] = elem(w[i], j);
-            if (g0 + i * BK_CONS + tid < nchunks) __stcs(codes + i * BK_CONS, enc8<R>(q, v));
+            if constexpr (CNT) {
+                const float c = __shfl_sync(0xFFFFFFFFu, cs[i % CPL], (lane & ~(L - 1)) | (i / CPL));
+                if (g0 + i * BK_CONS + tid < nchunks) {
+                    const uint2 e = enc8<R>(q, v);
+                    __stcs(codes + i * BK_CONS, e);
+                    const uint32_t ew[2] = {e.x, e.y};
+                    dwqc::test_n<8>(count_fmt<R>(), false, v, ew, c, 1.0f, acc[0]);
+                }
+            } else if (g0 + i * BK_CONS + tid < nchunks) {
+                __stcs(codes + i * BK_CONS, enc8<R>(q, v));
+            }
         }
+    }
+    if constexpr (CNT) {
+        __shared__ unsigned long long qsh[4 * (BK_CONS / 32)];
+        unsigned long long *const pairs[2] = {p.o.cnt, nullptr};
+        dwqc::flush<BK_CONS / 32>(acc, pairs, (unsigned long long)(p.rows * p.cols), qsh, warp, lane,
+                                  [] { consumers_sync(); });
     }
 }
 
@@ -756,8 +800,10 @@ bool staged_ok(const Params &p) {
 int64_t tile_units(int64_t tr, int64_t tc, int g) { return ((tr + g - 1) / g) * ((tc + g - 1) / g); }
 
 template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const Params &p_in, bool trans, BulkTune t,
-                                         cudaStream_t st) {
-    static std::atomic<uint64_t> cache_t[2][5][3][16], cache_r[16]; /* [3 CTAs][store - 1][log2 tblock] */
+                                         cudaStream_t st, bool *counted) {
+    /* [3 CTAs, or counting][store - 1][log2 tblock] */
+    static std::atomic<uint64_t> cache_t[3][5][3][16], cache_r[2][16];
+    const bool cnt = p_in.o.cnt || p_in.t.cnt;
     TileMaps maps;
     memset(&maps, 0, sizeof maps);
     Params p = p_in;
@@ -779,7 +825,13 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
              quant_bulk_kernel<R, ST_TMA>, quant_bulk_kernel<R, ST_TMA_OWN>},
             {quant_bulk_kernel<R, ST_REG, 3>, quant_bulk_kernel<R, ST_BULK, 3>, quant_bulk_kernel<R, ST_V16, 3>,
              quant_bulk_kernel<R, ST_TMA, 3>, quant_bulk_kernel<R, ST_TMA_OWN, 3>}};
-        const ring_kernel k = ks[three][store - 1];
+        /* counting builds: stores from registers or tensor stores from the kernel's own staging, 2 CTAs per SM */
+        static const ring_kernel kc[5] = {quant_bulk_kernel<R, ST_REG, 2, true>, nullptr, nullptr, nullptr,
+                                          quant_bulk_kernel<R, ST_TMA_OWN, 2, true>};
+        const bool kcnt = cnt && !three && kc[store - 1];
+        const ring_kernel k = kcnt ? kc[store - 1] : ks[three][store - 1];
+        const int ci = kcnt ? 2 : three;
+        *counted = kcnt;
         const size_t stage_bytes = stage_bytes_of(store);
         /* tile blocks: the runs need 4-byte aligned scales; the swizzled copies are written per tile */
         const bool blocks_ok = !p.o.swz && !p.t.swz && (uintptr_t)p.o.scales % 4 == 0 && (uintptr_t)p.t.scales % 4 == 0;
@@ -791,7 +843,7 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
             const int g = 1 << gi;
             if (tblock ? g != (blocks_ok ? tblock : 1) : g > 1 && !blocks_ok) continue;
             RingShape c;
-            DW_TRY(ring_shape(ctx, k, cache_t[three][store - 1][gi], stages, stage_bytes,
+            DW_TRY(ring_shape(ctx, k, cache_t[ci][store - 1][gi], stages, stage_bytes,
                               128 + (g > 1 ? 2 * sizeof(uint32_t) * unit_scale_words((uint32_t)g) : 0) +
                                   (store == ST_TMA_OWN ? 128 + 2 * (size_t)out_block(ST_TMA_OWN) : 0),
                               t.ctas_per_sm,
@@ -804,9 +856,11 @@ template <int R> dw_status launch_bulk_r(dw_ctx *ctx, const uint16_t *x, const P
     }
     const int64_t nchunks = p.rows * p.cols / 8;
     const int stages = t.stages ? t.stages : 3;
-    DW_TRY(ring_shape(ctx, quant_bulk_rows_kernel<R>, cache_r, stages, BK_TILE, 0, t.ctas_per_sm, t.max_ctas, &sh));
-    return launch_ring(ctx, quant_bulk_rows_kernel<R>, sh, (dw_recipe)R, maps, x, p,
-                       (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks, stages, st);
+    const ring_kernel k = cnt ? quant_bulk_rows_kernel<R, true> : quant_bulk_rows_kernel<R, false>;
+    *counted = cnt;
+    DW_TRY(ring_shape(ctx, k, cache_r[cnt], stages, BK_TILE, 0, t.ctas_per_sm, t.max_ctas, &sh));
+    return launch_ring(ctx, k, sh, (dw_recipe)R, maps, x, p, (nchunks + BK_STAGE_CHUNKS - 1) / BK_STAGE_CHUNKS, nchunks,
+                       stages, st);
 }
 
 } /* namespace */
@@ -819,16 +873,17 @@ bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans) {
 }
 
 dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, const BulkTune &t,
-                      cudaStream_t st) {
+                      cudaStream_t st, bool *counted) {
+    *counted = false;
     if (t.store < 0 || t.store > 5 || t.load < 0 || t.load > 2 || t.group < 0 || t.group > 64 ||
         (t.tblock != 0 && t.tblock != 1 && t.tblock != 2 && t.tblock != 4) || (t.stages != 0 && (t.stages < 2 || t.stages > 6)))
         return dw_set_error(ctx, DW_ERR_INVALID,
                             "quantize %s: bulk store %d, load %d, group %d, tile block %d or stages %d out of range",
                             dw_recipe_name(r), t.store, t.load, t.group, t.tblock, t.stages);
     switch (r) {
-    case DW_RECIPE_MXFP8: return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, t, st);
-    case DW_RECIPE_MXFP8_E5M2: return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, t, st);
-    case DW_RECIPE_FP8_BLOCK: return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, t, st);
+    case DW_RECIPE_MXFP8: return launch_bulk_r<DW_RECIPE_MXFP8>(ctx, x, p, trans, t, st, counted);
+    case DW_RECIPE_MXFP8_E5M2: return launch_bulk_r<DW_RECIPE_MXFP8_E5M2>(ctx, x, p, trans, t, st, counted);
+    case DW_RECIPE_FP8_BLOCK: return launch_bulk_r<DW_RECIPE_FP8_BLOCK>(ctx, x, p, trans, t, st, counted);
     default: return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "quantize %s: no bulk-copy kernel", dw_recipe_name(r));
     }
 }

@@ -16,6 +16,7 @@ extern "C" { /* core/ headers are C without linkage guards */
 }
 #include "formats/rules.h"
 #include "kernels/cuda/quant.h"
+#include "precision/quant_counts.cuh"
 
 namespace dwq {
 
@@ -45,6 +46,7 @@ struct OutDesc {             /* one output copy ([R, C] = [rows, cols] or [cols,
     uint8_t *swz;            /* 128x4 tiled copy of 1-byte scales, or NULL */
     float *tscale;           /* NVFP4 s_t */
     int64_t row_bytes, scols;
+    unsigned long long *cnt; /* (overflow, underflow) this copy's counts go to (kernels built to count), or NULL */
 };
 
 struct Params {
@@ -223,6 +225,18 @@ template <int FMT> __device__ __forceinline__ void encode8(const Q &q, const flo
     encode_n<FMT, 8>(q, v, w);
 }
 
+/* ---- counting (precision/quant_counts.cuh): what a block's codes are dequantised with ------ */
+
+template <int R> __host__ __device__ constexpr dwqc::Fmt count_fmt() {
+    return dwqc::Fmt{Traits<R>::fmt == F_E2M1 ? 4 : 8, Traits<R>::fmt == F_E5M2};
+}
+/* The block scale as stored (block_q's *s32, or the 1-byte code *s8 decoded); nvfp4's s_t apart. */
+template <int R> __device__ __forceinline__ float count_scale(float s32, uint32_t s8) {
+    constexpr int kind = Traits<R>::kind;
+    if constexpr (kind == K_MX || kind == K_NV) return dwqc::scale8(kind == K_NV, s8);
+    else return s32;
+}
+
 /* The SM count and how many CTAs of `threads` threads and `smem` dynamic bytes of kernel k fit
  * per SM, cached per device in `cache` (one per kernel and shared-memory size, zero-initialised)
  * so that repeated launches skip the runtime queries. k's shared-memory limit is raised to the
@@ -276,8 +290,11 @@ struct BulkTune {
     int store, load, group, tblock, stages, ctas_per_sm, max_ctas;
 };
 bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans);
+/* *counted: whether the kernel taken added the copies' counts (p.o.cnt, p.t.cnt; kernels built to
+ * count: the row-wise ring and the transposing kernel with stores from registers or tensor stores
+ * from its own staging, 2 CTAs per SM), else the caller counts. */
 dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, const BulkTune &t,
-                      cudaStream_t st);
+                      cudaStream_t st, bool *counted);
 
 } /* namespace dwq */
 

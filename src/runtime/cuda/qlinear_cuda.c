@@ -10,8 +10,10 @@
  * the NVFP4 training recipe touches (runtime/nvfp4_operand.h: 16x16 weight blocks, the wgrad's
  * Hadamard transform, stochastic rounding of dy) go through its quantiser (kernels/cuda/
  * ops_nvfp4.cu), one pass per operand (its SR bits keyed by the operand's own tensor scale).
- * Each training quantisation's overflows and underflows go to the node's counters by one counting
- * pass after it (precision/quant_counts.cu); a check step's backward reads dy back and measures it. */
+ * Each training quantisation's overflows and underflows go to the node's counters from inside the
+ * quantiser (dw_quant_dev_out.counts); an x copy a sibling quantised adds that quantisation's
+ * counts (dw_qcounts.last); the NVFP4 recipe's quantiser is followed by a counting pass
+ * (precision/quant_counts.cu). A check step's backward reads dy back and measures it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,15 +42,19 @@ static qslot slot(const dw_exec *x, const dw_qslot_layout *l) {
     return o;
 }
 
-/* Quantises v [rows, cols] into a (and v^T into t when not NULL; a NULL: v^T alone); node's operand
- * k of an fp8_tensor node under delayed scaling (--fp8-amax-history) from its history, noting v's
- * amax when `record` (training). */
+/* Quantises v [rows, cols] into a (and v^T into t when not NULL; a NULL: v^T alone), their
+ * overflows and underflows added to the pairs ca, ct (NULL: not counted); node's operand k of an
+ * fp8_tensor node under delayed scaling (--fp8-amax-history) from its history, noting v's amax
+ * when `record` (training). */
 static dw_status quant(dw_backend *be, const dw_exec *x, dw_recipe r, dw_quant_in in, const void *v, int64_t rows,
-                       int64_t cols, qslot *a, qslot *t, int node, dw_amax_kind k, bool record) {
+                       int64_t cols, const qslot *a, const qslot *t, uint64_t *ca, uint64_t *ct, int node,
+                       dw_amax_kind k, bool record) {
     dw_quant_opts o = {.recipe = r, .rounding = DW_SCALE_RCEIL, .pow2 = false};
     uint32_t *h = r == DW_RECIPE_FP8_TENSOR ? dw_amax_slot(x->amax, node, k) : NULL; /* delayed scaling */
-    return dw_quantize_cuda_amax(be->ctx, &o, in, v, rows, cols, a, t, x->work + x->p->work.quant_ws,
-                                 DW_CUDA_STREAM(be), h, record);
+    qslot ac = a ? *a : (qslot){0}, tc = t ? *t : (qslot){0};
+    ac.counts = ca, tc.counts = ct;
+    return dw_quantize_cuda_amax(be->ctx, &o, in, v, rows, cols, a ? &ac : NULL, t ? &tc : NULL,
+                                 x->work + x->p->work.quant_ws, DW_CUDA_STREAM(be), h, record);
 }
 
 /* Whether node's x quantised by a sibling can be reused: never under delayed scaling (each node
@@ -74,16 +80,43 @@ static bool recipe_applies(const dw_exec *x, int node, dw_recipe r, dw_nvfp4_ope
            dw_nvfp4_operand_opts(x->p, node, r, c, &o);
 }
 
-/* Adds the overflows and underflows of slot s, the quantisation of v [rows, cols] (or of v^T:
- * trans), to node's counters of kind k (precision/quant_counts.h; nothing when not counting or
- * an operand the NVFP4 recipe passes through the Hadamard transform, role). Stream-ordered. */
-static dw_status count(dw_backend *be, const dw_exec *x, int node, dw_qc_kind k, dw_nvfp4_operand role, dw_recipe r,
-                       dw_quant_in in, const void *v, int64_t rows, int64_t cols, bool trans, const qslot *s) {
+/* node's counter pair of kind k for its operand `role` (precision/quant_counts.h), NULL when not
+ * counting or an operand the NVFP4 recipe passes through the Hadamard transform. */
+static uint64_t *counts_of(const dw_exec *x, int node, dw_qc_kind k, dw_nvfp4_operand role, dw_recipe r) {
     uint64_t *cnt = dw_qcounts_slot(x->qcounts, node, k);
     dw_nvfp4_qopts nv;
-    if (!cnt || (dw_nvfp4_operand_opts(x->p, node, r, role, &nv) && nv.rht)) return DW_OK;
+    return cnt && !(dw_nvfp4_operand_opts(x->p, node, r, role, &nv) && nv.rht) ? cnt : NULL;
+}
+
+/* Adds to cnt (NULL: nothing) the overflows and underflows of slot s, the quantisation of v [rows,
+ * cols] (or of v^T: trans), by a counting pass: the NVFP4 recipe's quantiser does not count. */
+static dw_status count_pass(dw_backend *be, dw_recipe r, dw_quant_in in, const void *v, int64_t rows, int64_t cols,
+                            bool trans, const qslot *s, uint64_t *cnt) {
+    if (!cnt) return DW_OK;
     return dw_qcounts_add_cuda(be->ctx, r, in == DW_QUANT_IN_BF16, v, rows, cols, trans, s->codes, s->scales,
                                s->tensor_scale, cnt, DW_CUDA_STREAM(be));
+}
+
+/* Where the quantiser of x's copy k (0: row-wise, 1: x^T) puts its counts when cnt wants them:
+ * the executor's last-copy pair, zeroed first, so that siblings reusing the copy add them too;
+ * *last NULL: not counted. */
+static dw_status x_counts_begin(dw_backend *be, const dw_exec *x, int k, const uint64_t *cnt, uint64_t **last) {
+    *last = cnt ? x->qcounts->last + k * DW_QC_WORDS : NULL;
+    return *last ? dw_qcounts_zero_cuda(be->ctx, *last, DW_CUDA_STREAM(be)) : DW_OK;
+}
+/* The counts of x's copy k in slot s (v [rows, cols], or v^T: trans) added to cnt (NULL: nothing):
+ * those its quantiser left in the last-copy pair, else (a copy quantised without counting) by a
+ * counting pass. */
+static dw_status x_counts_add(dw_backend *be, const dw_exec *x, int k, uint64_t *cnt, dw_recipe r, const void *v,
+                              int64_t rows, int64_t cols, bool trans, const qslot *s) {
+    if (!cnt) return DW_OK;
+    if (x->qcounts->last_ok[k])
+        return dw_qcounts_add_pair_cuda(be->ctx, cnt, x->qcounts->last + k * DW_QC_WORDS, DW_CUDA_STREAM(be));
+    return count_pass(be, r, DW_QUANT_IN_BF16, v, rows, cols, trans, s, cnt);
+}
+/* Whether the last-copy pair k now holds the counts of the copy in the workspace. */
+static void x_counts_note(const dw_exec *x, int k, bool ok) {
+    if (x->qcounts) x->qcounts->last_ok[k] = ok;
 }
 
 /* A check step (guard.h): node's dy [N, M] (BF16, device) read back and measured as the dgrad's
@@ -123,14 +156,14 @@ dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) 
     const float *w = x->w + x->p->param_off[x->p->tensor[x->g->nodes[node].in[1]].param];
     qslot ws = slot(x, &pn->wq[0]), wt = slot(x, &pn->wq[1]);
     const dw_recipe rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
+    uint64_t *cw = counts_of(x, node, DW_QC_W, DW_NVOP_W, rw), *cwt = counts_of(x, node, DW_QC_W, DW_NVOP_WT, rw);
     if (recipe_applies(x, node, rw, DW_NVOP_W, DW_NVOP_WT, DW_NVOP_WT)) { /* 16x16 blocks: W and W^T alike */
         DW_TRY(quant_nv(be, x, node, DW_NVOP_W, DW_QUANT_IN_F32, w, M, K, &ws));
         DW_TRY(quant_nv(be, x, node, DW_NVOP_WT, DW_QUANT_IN_F32, w, M, K, &wt));
-    } else {
-        DW_TRY(quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt, node, DW_AMAX_W, true)); /* W^T [K,M] along M */
+        DW_TRY(count_pass(be, rw, DW_QUANT_IN_F32, w, M, K, false, &ws, cw));
+        return count_pass(be, rw, DW_QUANT_IN_F32, w, M, K, true, &wt, cwt);
     }
-    DW_TRY(count(be, x, node, DW_QC_W, DW_NVOP_W, rw, DW_QUANT_IN_F32, w, M, K, false, &ws));
-    return count(be, x, node, DW_QC_W, DW_NVOP_WT, rw, DW_QUANT_IN_F32, w, M, K, true, &wt);
+    return quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt, cw, cwt, node, DW_AMAX_W, true); /* W^T [K,M] along M */
 }
 
 dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
@@ -143,12 +176,16 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
     const dw_recipe ra = dw_compile_quant_act_recipe(pn->bind.recipe), rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
     qslot xs = slot(x, &x->p->work.q_rows), ws = slot(x, &pn->wq[0]);
     const int xi = c->n->in[0];
+    /* counted per layer, also where a sibling quantised it */
+    uint64_t *cx = c->train && !c->recompute ? counts_of(x, c->node, DW_QC_X, DW_NVOP_X, ra) : NULL;
     if (!may_reuse(x, c->node, ra) || st->rows_tensor != xi || st->rows_recipe != (int)ra) { /* else a sibling did */
-        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL, c->node, DW_AMAX_X, c->train));
+        uint64_t *last;
+        DW_TRY(x_counts_begin(be, x, 0, cx, &last));
+        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL, last, NULL, c->node, DW_AMAX_X, c->train));
+        x_counts_note(x, 0, last != NULL);
         st->rows_tensor = xi, st->rows_recipe = (int)ra;
     }
-    if (c->train && !c->recompute) /* counted per layer, also where a sibling quantised it */
-        DW_TRY(count(be, x, c->node, DW_QC_X, DW_NVOP_X, ra, DW_QUANT_IN_BF16, c->in[0], N, K, false, &xs));
+    DW_TRY(x_counts_add(be, x, 0, cx, ra, c->in[0], N, K, false, &xs));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(ra, &xs, N, K, false),
                       .b = op(rw, &ws, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
@@ -179,16 +216,19 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     qslot rows = slot(x, &l->q_rows), dyt = slot(x, &l->q_dyt), xt = slot(x, &l->q_xt);
     /* the NVFP4 recipe: dy (SR), dy^T (RHT, SR) and x^T (RHT) each by its own pass */
     const bool nv = recipe_applies(x, c->node, ra, DW_NVOP_DY, DW_NVOP_DYT, DW_NVOP_XT);
+    uint64_t *cdy = *dg ? counts_of(x, c->node, DW_QC_DY, DW_NVOP_DY, ra) : NULL,
+             *cdyt = *wg ? counts_of(x, c->node, DW_QC_DY, DW_NVOP_DYT, ra) : NULL;
     if (nv) {
         if (*dg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DY, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows));
         if (*wg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DYT, DW_QUANT_IN_BF16, c->dout[0], N, M, &dyt));
+        DW_TRY(count_pass(be, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, false, &rows, cdy));
+        DW_TRY(count_pass(be, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, true, &dyt, cdyt));
     } else {
-        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL, c->node, DW_AMAX_DY,
-                     true)); /* along M; dy^T along N */
+        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL, cdy, cdyt, c->node,
+                     DW_AMAX_DY, true)); /* along M; dy^T along N */
     }
     st->rows_tensor = -1;
-    if (*dg) DW_TRY(count(be, x, c->node, DW_QC_DY, DW_NVOP_DY, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, false, &rows));
-    if (*wg) DW_TRY(count(be, x, c->node, DW_QC_DY, DW_NVOP_DYT, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, true, &dyt));
+    x_counts_note(x, 0, false);
     DW_TRY(measure_dy(be, c, ra, N, M, *dg, *wg));
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
         qslot wt = slot(x, &pn->wq[1]);
@@ -200,15 +240,21 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     if (*wg) { /* x^T [K,N] along N, alone where the kernel allows (the wgrad reads nothing else), else
                 * with x's row-wise copy where dy was (dgrad has read it, stream order) */
         const int xi = c->n->in[0];
+        uint64_t *cxt = counts_of(x, c->node, DW_QC_X, DW_NVOP_XT, ra);
         if (nv && (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra)) {
             DW_TRY(quant_nv(be, x, c->node, DW_NVOP_XT, DW_QUANT_IN_BF16, c->in[0], N, K, &xt));
+            x_counts_note(x, 1, false); /* counted by a pass below */
             st->xt_tensor = xi, st->xt_recipe = (int)ra;
         } else if (!may_reuse(x, c->node, ra) || st->xt_tensor != xi || st->xt_recipe != (int)ra) { /* else a sibling left it */
             const bool alone = dw_quantize_cuda_transposed_only_ok(ra, DW_QUANT_IN_BF16, N, K);
-            DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt, c->node, DW_AMAX_X, true));
+            uint64_t *last;
+            DW_TRY(x_counts_begin(be, x, 1, cxt, &last));
+            DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt, NULL, last, c->node,
+                         DW_AMAX_X, true));
+            x_counts_note(x, 0, false), x_counts_note(x, 1, last != NULL); /* (the row-wise copy uncounted) */
             st->rows_tensor = alone ? -1 : xi, st->xt_tensor = xi, st->rows_recipe = st->xt_recipe = (int)ra;
         }
-        DW_TRY(count(be, x, c->node, DW_QC_X, DW_NVOP_XT, ra, DW_QUANT_IN_BF16, c->in[0], N, K, true, &xt));
+        DW_TRY(x_counts_add(be, x, 1, cxt, ra, c->in[0], N, K, true, &xt));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(ra, &dyt, M, N, false),
                           .b = op(ra, &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1],
                           .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};

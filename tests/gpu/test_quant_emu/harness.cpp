@@ -7,7 +7,8 @@
 // bulk and tensor stores left unwaited at the end of a launch fail the case), tiles loaded by
 // row copies or by one tensor-map copy, tile orders in bands of 1..3 tile rows, units of 1, 2 or 4
 // tiles square with their scales staged (partial units at the edges), x^T alone (the row-wise
-// buffers must stay untouched).
+// buffers must stay untouched); the kernels built to count (precision/quant_counts.cuh) against
+// dw_qcounts_add_cpu on the CPU reference's codes, exactly (counters start at random values).
 // Checks indexing, ring and barrier logic off the GPU; not the PTX instructions themselves (the
 // shim stands in for them) and not speed. Fresh random data per run (DW_TEST_SEED replays).
 #include "shim.h"
@@ -19,6 +20,7 @@
 extern "C" {
 #include "testutil.h"
 }
+#include "precision/quant_counts.h"
 
 int g_emu_sms = 2;
 std::map<const void *, EmuBar> g_bars;
@@ -91,6 +93,7 @@ static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool tonly, 
     q.codes = qc.data(), q.scales = qs.data(), qt.codes = qtc.data(), qt.scales = qts.data();
     if (dw_quantize_cpu(NULL, &o, xf.data(), rows, cols, &q) != DW_OK) abort();
     if (trans && dw_quantize_transposed_cpu(NULL, &o, xf.data(), rows, cols, &qt) != DW_OK) abort();
+    q.recipe = qt.recipe = r, q.rows = qt.cols = rows, q.cols = qt.rows = cols; /* (for dw_qcounts_add_cpu) */
     // device buffers (poisoned, 16-byte aligned)
     auto alloc = [](size_t b) { uint8_t *p = (uint8_t *)aligned_alloc(16, (b + 64 + 15) / 16 * 16); memset(p, 0xA5, b + 64); return p; };
     uint8_t *dc = alloc(cn), *ds = alloc(sn), *dtc = alloc(ctn), *dts = alloc(stn);
@@ -108,9 +111,35 @@ static int run(dw_recipe r, int64_t rows, int64_t cols, bool trans, bool tonly, 
     p.o = desc(r, dc, ds, dz, rows, cols);
     if (trans) p.t = desc(r, dtc, dts, dtz, cols, rows);
     if (tonly) p.o.codes = nullptr, p.o.scales = nullptr, p.o.swz = nullptr; /* x^T alone */
+    /* counters: (overflow, underflow, elements) per copy from random starting values, a guard word after */
+    unsigned long long cnt[2][DW_QC_WORDS + 1], base[2][DW_QC_WORDS];
+    for (int k = 0; k < 2; k++) {
+        for (int w = 0; w < DW_QC_WORDS; w++) base[k][w] = cnt[k][w] = rng() >> 8;
+        cnt[k][DW_QC_WORDS] = 0xA5A5u;
+    }
+    if (!tonly) p.o.cnt = cnt[0];
+    if (trans) p.t.cnt = cnt[1];
     if (!bulk_eligible(r, p, dx, trans)) { fprintf(stderr, "not eligible: %s\n", label); abort(); }
-    if (launch_bulk(NULL, r, dx, p, trans, BulkTune{store, load, group, tblock, stages, cps, maxc}, NULL) != DW_OK) { fprintf(stderr, "launch: %s\n", dw_errmsg(NULL)); abort(); }
+    bool counted = false;
+    if (launch_bulk(NULL, r, dx, p, trans, BulkTune{store, load, group, tblock, stages, cps, maxc}, NULL, &counted) != DW_OK) { fprintf(stderr, "launch: %s\n", dw_errmsg(NULL)); abort(); }
     int bad = 0;
+    /* the kernels built to count: exactly the CPU's counts of the reference codes; others leave them */
+    const bool want_counted = !trans || (cps < 3 && (store == 1 || store == 5 || store == 0));
+    if (counted != want_counted) { fprintf(stderr, "counted %d, expected %d: %s\n", counted, want_counted, label); bad++; }
+    std::vector<float> yscratch(n);
+    for (int k = 0; k < 2; k++) {
+        if (k == 0 ? tonly : !trans) continue;
+        uint64_t want[DW_QC_WORDS] = {0, 0, 0};
+        if (counted) dw_qcounts_add_cpu(k ? &qt : &q, xf.data(), k == 1, yscratch.data(), want);
+        bool same = cnt[k][DW_QC_WORDS] == 0xA5A5u;
+        for (int w = 0; w < DW_QC_WORDS; w++) same &= cnt[k][w] - base[k][w] == want[w];
+        if (!same) {
+            fprintf(stderr, "COUNTS %s %s: kernel %llu / %llu / %llu, cpu %llu / %llu / %llu\n", label, k ? "T" : "rows",
+                    cnt[k][0] - base[k][0], cnt[k][1] - base[k][1], cnt[k][2] - base[k][2], (unsigned long long)want[0],
+                    (unsigned long long)want[1], (unsigned long long)want[2]);
+            bad++;
+        }
+    }
     if (emu_bulk_pending()) { fprintf(stderr, "bulk stores not waited for: %s\n", label); bad++; g_pending.clear(); }
     if (tonly) { /* nothing written to the row-wise buffers */
         std::vector<uint8_t> poison(cn > sn ? cn : sn, 0xA5);

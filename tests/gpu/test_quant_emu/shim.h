@@ -22,12 +22,11 @@ void dw_emu_yield(void);
 
 #define __align__(n) __attribute__((aligned(n)))
 struct uint2 { unsigned x, y; };
-struct uint4 { unsigned x, y, z, w; };
+/* uint4, __float_as_uint and __syncwarp: the emulator's cuda_runtime.h has them */
 struct float4 { float x, y, z, w; };
 static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
-static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline float __frcp_rn(float x) { volatile float one = 1.0f; return one / x; }
 static inline float __fdiv_rn(float a, float b) { volatile float q = a / b; return q; }
@@ -47,7 +46,6 @@ static inline uint32_t __byte_perm(uint32_t a, uint32_t b, uint32_t s) {
 template <typename T> static inline void __stcs(T *p, T v) { *p = v; }
 template <typename T> static inline T __ldcs(const T *p) { return *p; }
 static inline uint32_t __cvta_generic_to_shared(const void *p) { return (uint32_t)(uintptr_t)p; }
-static inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)mask; dw_emu_exchange(0, dw_emu_lane()); }
 
 #ifndef __noinline__
 #define __noinline__ __attribute__((noinline))
