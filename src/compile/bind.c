@@ -136,7 +136,9 @@ dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) 
                                 "compile for the %s", dw_op_name(n->op), n->name, cuda ? "CUDA" : "CPU",
                                 cuda ? "cuda" : "cpu", cuda ? "CPU (--device cpu)" : "GPU");
         }
-        if (n->op == DW_OP_MOE_LINEAR) { /* the grouped GEMM kind: bind_grouped.c */
+        if (n->op == DW_OP_MOE_LINEAR) { /* the grouped GEMM kind, its recipe the policy's: bind_grouped.c */
+            if (policy && c->bf16)
+                b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);
             DW_TRY(dw_compile_bind_grouped(ctx, c, i));
             continue;
         }

@@ -1,10 +1,16 @@
 /* bind_grouped.c — the kernel decision of each MoE linear layer (moe_linear): per pass (fprop,
  * dgrad, wgrad) the grouped GEMM the registry selects for the target at the planned shape — the
- * registry entries (src/gemm/grouped_kernels.c) are the one home of the kernels' rules — kept in
- * the node's binding for the runtime to run, and the readable account of every candidate for
- * `deepwell compile --explain`. No kernel for a pass is a compile error naming the node. */
+ * registry entries (src/gemm/grouped_kernels.c, grouped_fp8.c) are the one home of the kernels'
+ * rules — kept in the node's binding for the runtime to run, and the readable account of every
+ * candidate for `deepwell compile --explain`. A node whose policy recipe is fp8_block (or
+ * fp8_block2d) asks first for an fp8_block kernel per pass (1x128 activations, 128x128 expert
+ * weights) and falls back to BF16 with the reasons the registry gave (a non-multiple of 128, no
+ * fp8_block wgrad, the sm_90 kernel's opt-in, another architecture); any other quantised recipe
+ * has no grouped kernel and falls back the same way. No kernel for a pass is a compile error
+ * naming the node. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "compile/bind_grouped.h"
@@ -12,19 +18,65 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "gemm/grouped.h"
+#include "gemm/grouped_fp8.h"
 
-/* Pass p of MoE linear node i as the engine issues it: x [R,K] rows grouped by expert, W [E,M,K];
- * FP32 on the CPU (its backend computes in FP32), else the program's activation type. Pointers are
- * placeholders (aligned). */
-static dw_grouped_args node_args(const dw_compiled *c, int i, int p) {
+dw_recipe dw_compile_moe_recipe(const dw_compiled *c, int i) {
+    const dw_recipe r = c->node[i].bind.recipe;
+    return c->bf16 && dw_compile_quant_recipe(r) ? dw_compile_quant_act_recipe(r) : DW_RECIPE_BF16;
+}
+
+/* Pass p of MoE linear node i as the engine issues it in recipe r: x [R,K] rows grouped by expert,
+ * W [E,M,K]; FP32 on the CPU (its backend computes in FP32), else the program's activation type.
+ * Pointers are placeholders (aligned). */
+static dw_grouped_args node_args(const dw_compiled *c, int i, int p, dw_recipe r) {
     const dw_ir_node *n = &c->g->nodes[i];
     const dw_ir_tensor *w = &c->g->tensors[n->in[1]];
     const bool cuda = c->target.device == DW_DEVICE_CUDA;
     const void *ph = (const void *)(uintptr_t)4096;
+    const float *sc = r == DW_RECIPE_BF16 ? NULL : (const float *)ph;
     return (dw_grouped_args){.pass = p, .dtype = cuda && c->bf16 ? DW_GROUPED_BF16 : DW_GROUPED_F32,
-                             .recipe = DW_RECIPE_BF16, .rows = c->tensor[n->in[0]].rows_cap, .experts = w->shape[0],
+                             .recipe = r, .rows = c->tensor[n->in[0]].rows_cap, .experts = w->shape[0],
                              .m = w->shape[1], .k = w->shape[2], .x = ph, .w = ph, .dy = ph, .out = (void *)ph,
-                             .offsets = (const int32_t *)ph};
+                             .offsets = (const int32_t *)ph, .x_scales = sc, .w_scales = sc, .dy_scales = sc};
+}
+
+/* Whether the registry's kernel `name` takes recipe r: the built-in and fp8_block entries by their
+ * descriptions; a kernel registered by a user is assumed to (its reason is then shown). */
+static bool takes_recipe(const char *name, int nl, dw_recipe r) {
+    const dw_grouped_kernel_desc *d[64];
+    int n = dw_grouped_builtin_kernels(d, 64);
+    n += dw_grouped_fp8_kernels(d + n, 64 - n);
+    for (int i = 0; i < n; i++)
+        if ((int)strlen(d[i]->name) == nl && !strncmp(d[i]->name, name, (size_t)nl))
+            return d[i]->recipe < 0 || d[i]->recipe == (int32_t)r;
+    return true;
+}
+
+/* From a registry account in recipe r (one "  name  prio N  eligible|rejected: why" line per
+ * kernel), the reasons of the kernels that take r and run on this device ("name: why; ..."):
+ * the others say nothing about the fallback. */
+static void fallback_reasons(const char *log, dw_recipe r, char *out, size_t n) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (const char *l = log; *l;) {
+        const char *e = strchr(l, '\n'), *end = e ? e : l + strlen(l);
+        const char *rj = strstr(l, "rejected: ");
+        if (rj && rj < end) {
+            const char *why = rj + strlen("rejected: ");
+            const int wl = (int)(end - why);
+            while (*l == ' ') l++;
+            const int nl = (int)strcspn(l, " ");
+            const bool other = !takes_recipe(l, nl, r) || !strncmp(why, "CUDA kernel, CPU target", 23) ||
+                               !strncmp(why, "CPU kernel, CUDA target", 23);
+            if (!other && used + 1 < n) {
+                const int w = snprintf(out + used, n - used, "%s%.*s: %.*s", used ? "; " : "", nl, l, wl, why);
+                if (w > 0) used = used + (size_t)w < n ? used + (size_t)w : n - 1;
+            }
+        }
+        l = e ? e + 1 : end;
+    }
+    if (!out[0]) snprintf(out, n, "no registered grouped kernel takes %s (the grouped GEMMs are bf16 and fp8_block)",
+                          dw_recipe_name(r));
 }
 
 /* DW_MOE_GEMM (core/env.h) on a CUDA target: the built-in kernel asked for (NULL: auto, unset or
@@ -43,14 +95,43 @@ static const char *forced_backend(const dw_compiled *c, const char **bad) {
 
 static const char *const pass_names[DW_QPASS_COUNT] = {"fprop", "dgrad", "wgrad"};
 
+/* Node i's note (compile --report): per pass quantised with its kernel, or the BF16 fallback and why. */
+static dw_status grouped_note(dw_ctx *ctx, dw_compiled *c, int i, char why[DW_QPASS_COUNT][1024]) {
+    const dw_node_binding *b = &c->node[i].bind;
+    char buf[3600];
+    size_t used = 0;
+    for (int p = 0; p < DW_QPASS_COUNT; p++) {
+        const int w = snprintf(buf + used, sizeof buf - used, "%s%s %s%s (%s)", p ? "; " : "", pass_names[p],
+                               b->quantised[p] ? "quantised" : "BF16 FALLBACK: ", b->quantised[p] ? "" : why[p],
+                               b->kernel[p]);
+        if (w > 0 && (size_t)w < sizeof buf - used) used += (size_t)w;
+    }
+    free(c->node[i].bind.note);
+    c->node[i].bind.note = strdup(buf);
+    return c->node[i].bind.note ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
+}
+
 dw_status dw_compile_bind_grouped(dw_ctx *ctx, dw_compiled *c, int i) {
     const char *bad = NULL, *forced = forced_backend(c, &bad);
     if (bad) return dw_set_error(ctx, DW_ERR_INVALID, "compile: DW_MOE_GEMM must be auto, wgmma, mma or simt, not '%s'", bad);
+    dw_node_binding *b = &c->node[i].bind;
+    const dw_recipe rq = dw_compile_moe_recipe(c, i);
+    char why[DW_QPASS_COUNT][1024];
     for (int p = 0; p < DW_QPASS_COUNT; p++) {
-        dw_grouped_args a = node_args(c, i, p);
+        b->quantised[p] = false;
+        why[p][0] = '\0';
+        if (rq != DW_RECIPE_BF16) { /* the policy's recipe first; DW_MOE_GEMM names BF16 kernels only */
+            dw_grouped_args q = node_args(c, i, p, rq);
+            b->kernel[p] = dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &q, NULL, 0);
+            if ((b->quantised[p] = b->kernel[p] != NULL)) continue;
+            char log[3072] = "";
+            dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &q, log, sizeof log);
+            fallback_reasons(log, rq, why[p], sizeof why[p]);
+        }
+        dw_grouped_args a = node_args(c, i, p, DW_RECIPE_BF16);
         a.backend = forced;
-        c->node[i].bind.kernel[p] = dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &a, NULL, 0);
-        if (c->node[i].bind.kernel[p]) continue;
+        b->kernel[p] = dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &a, NULL, 0);
+        if (b->kernel[p]) continue;
         char log[3072] = "";
         dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &a, log, sizeof log);
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "compile: node '%s' (moe_linear): no grouped kernel runs its %s "
@@ -59,25 +140,52 @@ dw_status dw_compile_bind_grouped(dw_ctx *ctx, dw_compiled *c, int i) {
                             c->target.device == DW_DEVICE_CUDA ? "cuda" : "cpu", c->target.sm,
                             forced ? " (DW_MOE_GEMM asks for one)" : "", log);
     }
-    return DW_OK;
+    return rq != DW_RECIPE_BF16 ? grouped_note(ctx, c, i, why) : DW_OK;
+}
+
+/* The registry's lines of log, indented under a pass. */
+static void indent_log(const char *log, FILE *f) {
+    for (const char *l = log; *l;) {
+        const char *e = strchr(l, '\n');
+        const int n = e ? (int)(e - l) : (int)strlen(l);
+        fprintf(f, "     %.*s\n", n, l);
+        l += n + (e != NULL);
+    }
 }
 
 void dw_compile_explain_grouped(const dw_compiled *c, int i, FILE *f) {
     const char *bad = NULL, *forced = forced_backend(c, &bad);
+    const dw_node_binding *b = &c->node[i].bind;
+    const dw_recipe rq = dw_compile_moe_recipe(c, i);
+    if (rq != DW_RECIPE_BF16)
+        fprintf(f, "     recipe %s (policy: %s)%s; the router stays BF16/FP32\n", dw_recipe_name(b->recipe),
+                b->reason == DW_POLICY_BY_RULE ? "rule" : dw_policy_reason_text(b->reason),
+                rq == DW_RECIPE_FP8_BLOCK ? ": where a pass runs in fp8_block, x and dy are quantised 1x128 per call "
+                                            "and W, W^T 128x128 per expert once per weight update" : "");
     for (int p = 0; p < DW_QPASS_COUNT; p++) {
-        dw_grouped_args a = node_args(c, i, p);
-        a.backend = forced;
-        char log[3072] = "";
-        dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &a, log, sizeof log);
+        dw_grouped_args a = node_args(c, i, p, DW_RECIPE_BF16);
         fprintf(f, "     %s: rows %lld, %lld experts, K %lld -> M %lld, %s%s\n", pass_names[p], (long long)a.rows,
                 (long long)a.experts, (long long)a.k, (long long)a.m, a.dtype == DW_GROUPED_BF16 ? "bf16" : "fp32",
                 forced ? " (DW_MOE_GEMM asks for one)" : "");
-        for (const char *l = log; *l;) { /* the registry's lines, indented under the pass */
-            const char *e = strchr(l, '\n');
-            const int n = e ? (int)(e - l) : (int)strlen(l);
-            fprintf(f, "     %.*s\n", n, l);
-            l += n + (e != NULL);
+        if (rq != DW_RECIPE_BF16) {
+            char log[3072] = "";
+            dw_grouped_args q = node_args(c, i, p, rq);
+            dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &q, log, sizeof log);
+            fprintf(f, "       in %s:\n", dw_recipe_name(rq));
+            indent_log(log, f);
+            if (b->quantised[p]) {
+                fprintf(f, "       selected: %s (%s)\n", b->kernel[p] ? b->kernel[p] : "(none)", dw_recipe_name(rq));
+                continue;
+            }
+            char why[1024];
+            fallback_reasons(log, rq, why, sizeof why);
+            fprintf(f, "       BF16 fallback: %s\n       in bf16:\n", why);
         }
-        fprintf(f, "       selected: %s\n", c->node[i].bind.kernel[p] ? c->node[i].bind.kernel[p] : "(none)");
+        char log[3072] = "";
+        a.backend = forced;
+        dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &a, log, sizeof log);
+        indent_log(log, f);
+        fprintf(f, "       selected: %s%s\n", b->kernel[p] ? b->kernel[p] : "(none)",
+                rq != DW_RECIPE_BF16 ? " (bf16 fallback)" : "");
     }
 }

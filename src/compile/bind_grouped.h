@@ -7,6 +7,11 @@
 
 #include "compile/program.h"
 
+/* The recipe moe_linear node i asks of the grouped registry: fp8_block for a node whose policy
+ * recipe is fp8_block or fp8_block2d (x, dy 1x128; W, W^T 128x128 per expert), the node's recipe
+ * for another quantised one (no grouped kernel takes it: BF16 fallback), BF16 otherwise (a BF16
+ * node, FP32 mode). Whether each pass runs in it is the binding's quantised[]. */
+dw_recipe dw_compile_moe_recipe(const dw_compiled *c, int i);
 /* Node i (a moe_linear): the registry's grouped kernel per pass for the target, into its
  * binding's kernel[] (DW_QPASS_* order). DW_ERR_UNSUPPORTED when a pass has none, with every
  * candidate's reason; DW_ERR_INVALID for a DW_MOE_GEMM value it does not know. */

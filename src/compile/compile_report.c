@@ -38,12 +38,12 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         const dw_ir_node *n = &g->nodes[i];
         const dw_prog_node *pn = &c->node[i];
         const dw_node_binding *b = &pn->bind;
-        const bool gemm = DW_OP_IS(n, DW_OPF_GEMM);
-        const char *recipe = !gemm ? (c->bf16 ? "bf16" : "fp32")
+        const bool gemm = DW_OP_IS(n, DW_OPF_GEMM), moe = n->op == DW_OP_MOE_LINEAR; /* moe: the policy's too */
+        const char *recipe = !gemm && !moe ? (c->bf16 ? "bf16" : "fp32")
                              : c->bf16             ? dw_recipe_name(b->recipe)
                                                    : "fp32";
         fprintf(f, "%4d %-44s %-13s recipe %-10s ", i, n->name, dw_op_name(n->op), recipe);
-        if (!c->bf16 && gemm)
+        if (!c->bf16 && (gemm || moe))
             fprintf(f, "(no policy: FP32 mode)");
         else if (b->reason == DW_POLICY_BY_RULE)
             fprintf(f, "(rule %d)", b->rule);

@@ -4,6 +4,7 @@
  * W and W^T; the MoE layers' routing counters. Sizes at capacity; byte offsets 256-aligned. */
 #include "compile/passes.h"
 #include "core/error.h"
+#include "gemm/grouped_fp8.h"
 #include "kernels/cuda/nvfp4_cuda.h" /* DW_NVFP4_CUDA_WORKSPACE_BYTES (plain C) */
 
 /* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */
@@ -33,8 +34,32 @@ static bool quantised_linear(const dw_compiled *c, int i) {
     return DW_OP_IS(&c->g->nodes[i], DW_OPF_GEMM) && c->bf16 && dw_compile_quant_recipe(c->node[i].bind.recipe);
 }
 
+/* A MoE linear layer (bind_grouped.c) with a pass in fp8_block: x [R,K] and dy [R,M] 1x128 along
+ * their rows in the rows slot (fprop, dgrad); an fp8_block wgrad's dy^T [M,P] and x^T [K,P] in the
+ * dy^T and x^T slots, each expert's rows padded to 128 (P: grouped_fp8.h); its cached W [E,M,K]
+ * and W^T [E,K,M] codes with their 128x128 scales per expert (E M/128 K/128 floats). */
+static void layout_moe_fp8(dw_compiled *c, int i, qsize *rows, qsize *dyt, qsize *xt, int64_t *o) {
+    const dw_node_binding *b = &c->node[i].bind;
+    if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD] && !b->quantised[DW_QPASS_WGRAD]) return;
+    const dw_ir_tensor *w = &c->g->tensors[c->g->nodes[i].in[1]];
+    const int64_t R = c->tensor[c->g->nodes[i].in[0]].rows_cap, E = w->shape[0], M = w->shape[1], K = w->shape[2];
+    if (b->quantised[DW_QPASS_FPROP] || b->quantised[DW_QPASS_DGRAD]) {
+        qsize_fit(rows, DW_RECIPE_FP8_BLOCK, R, K);
+        qsize_fit(rows, DW_RECIPE_FP8_BLOCK, R, M);
+    }
+    if (b->quantised[DW_QPASS_WGRAD]) {
+        const int64_t P = dw_grouped_fp8_wgrad_cols(R, E);
+        qsize_fit(dyt, DW_RECIPE_FP8_BLOCK, M, P);
+        qsize_fit(xt, DW_RECIPE_FP8_BLOCK, K, P);
+    }
+    if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD]) return; /* no weight read quantised */
+    const qsize wsz = {E * M * K, E * (M / 128) * (K / 128) * 4};
+    c->node[i].wq[0] = qslot_place(wsz, o);
+    c->node[i].wq[1] = qslot_place(wsz, o);
+}
+
 /* The per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch, and each quantised
- * node's cached W and W^T. */
+ * node's cached W and W^T (dense linear layers and fp8_block MoE experts alike). */
 static void layout_quant(dw_compiled *c, int64_t *o) {
     const dw_graph *g = c->g;
     dw_work_layout *w = &c->work;
@@ -42,6 +67,7 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
     int64_t ws = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         c->node[i].wq[0].off = c->node[i].wq[1].off = -1;
+        if (c->g->nodes[i].op == DW_OP_MOE_LINEAR) layout_moe_fp8(c, i, &rows, &dyt, &xt, o);
         if (!quantised_linear(c, i)) continue;
         int64_t N, K, M;
         dw_compile_linear_dims(c, i, &N, &K, &M);

@@ -187,7 +187,8 @@ bool dw_policy_is_fragile(const char *name, int64_t n_layers) {
 dw_recipe dw_policy_resolve(const dw_policy *p, const char *name, const char *op,
                             int64_t n_layers, dw_policy_reason *reason, int *rule_index) {
     if (rule_index) *rule_index = -1;
-    if (strcmp(op, "linear") != 0) { /* only GEMMs have low-precision forms */
+    if (strcmp(op, "linear") != 0 && strcmp(op, "moe_linear") != 0) { /* only GEMMs have low-precision forms
+                                                                        (a MoE layer's experts: moe_linear) */
         if (reason) *reason = DW_POLICY_NOT_GEMM;
         return DW_RECIPE_BF16;
     }

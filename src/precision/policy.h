@@ -52,7 +52,9 @@ bool dw_policy_is_fragile(const char *node_name, int64_t n_layers);
  * quantisation error changes the routing; dw_policy_resolve keeps them BF16 under every policy. */
 bool dw_policy_is_moe_gate(const char *node_name);
 
-/* The recipe for a node. op_name is the IR op's name ("linear", "rmsnorm", ...). A node that
+/* The recipe for a node. op_name is the IR op's name ("linear", "moe_linear", "rmsnorm", ...):
+ * linear and moe_linear (a MoE layer's experts, one grouped GEMM; a rule with "op": "moe_linear"
+ * or a match on their names keeps them BF16) get the policy's recipe, every other op BF16. A node that
  * would get nvfp4 by default (no rule) stays BF16 where the NVFP4 recipe keeps it (the LM head,
  * the last blocks: dw_nvfp4_keeps_bf16); a rule naming nvfp4 wins over that. */
 dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const char *op_name,

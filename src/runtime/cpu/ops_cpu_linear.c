@@ -19,6 +19,7 @@
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/cpu/cpu.h"
 #include "runtime/linear_args.h"
+#include "runtime/moe_fp8.h"
 #include "kernels/cpu/nvfp4_train_cpu.h"
 #include "runtime/nvfp4_operand.h"
 #include "precision/amax_history.h"
@@ -78,6 +79,7 @@ static dw_gemm_operand qop(const dw_qtensor *q, bool trans) {
 }
 
 dw_status dw_cpu_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
+    if (x->g->nodes[node].op == DW_OP_MOE_LINEAR) return dw_cpu_moe_quant_weight(be, x, node); /* its experts */
     const dw_compiled *p = x->p;
     const dw_prog_node *pn = &p->node[node];
     if (pn->wq[0].off < 0) return DW_OK;

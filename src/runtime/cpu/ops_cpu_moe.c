@@ -1,15 +1,18 @@
 /* ops_cpu_moe.c — the CPU backend's mixture-of-experts entries: the router (logits -> top-k
  * weights in the program's activation dtype and int32 experts; its backward recomputes the scores
  * and reads the experts the forward chose), dispatch, the grouped expert linear layer (through
- * dw_grouped_gemm; BF16 programs read the BF16 weight copies, as the dense linear does) and
- * combine. An output gradient no consumer sent (dout NULL) counts as zeros. */
+ * dw_grouped_gemm; BF16 programs read the BF16 weight copies, as the dense linear does; passes
+ * the compiler bound to fp8_block quantise x and dy 1x128 per call and read the node's weight
+ * cache, which dw_cpu_moe_quant_weight refreshes) and combine. An output gradient no consumer sent (dout NULL) counts as zeros. */
 #include <math.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "formats/formats.h"
 #include "kernels/cpu/ops_cpu.h"
+#include "gemm/grouped_fp8.h"
 #include "runtime/cpu/cpu.h"
+#include "runtime/moe_fp8.h"
 
 dw_status dw_cpu_op_moe_router_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
@@ -88,25 +91,58 @@ static const float *expert_weights(dw_backend *be, const dw_op_call *c, int64_t 
     return w;
 }
 
-/* One pass of the grouped linear as dw_grouped_gemm takes it (FP32, as the CPU computes), with the
- * kernel the compiler bound (bind_grouped.c; a program compiled for CUDA names CUDA kernels: then
- * the registry picks the CPU's). */
+/* One pass of the grouped linear as dw_grouped_gemm takes it: FP32, as the CPU computes, in the
+ * recipe the compiler bound (a program compiled for CUDA runs its fp8 passes here in the same
+ * arithmetic, through the CPU reference the registry picks). */
 static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
-    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
-    const dw_compiled *p = c->x->p;
-    return (dw_grouped_args){.pass = pass, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_BF16,
-                             .rows = dw_exec_rows(c->x, c->n->in[0]), .experts = wt->shape[0], .m = wt->shape[1],
-                             .k = wt->shape[2], .offsets = (const int32_t *)c->in[2],
-                             .backend = p->target.device == DW_DEVICE_CPU ? p->node[c->node].bind.kernel[pass] : NULL};
+    dw_grouped_args a = dw_moe_linear_args(c, pass, DW_DEVICE_CPU);
+    a.dtype = DW_GROUPED_F32;
+    return a;
+}
+
+/* fp8_block operands: v [R, C] quantised 1x128 along its rows (every one of the R rows, as the
+ * CUDA quantiser does) into workspace slot l. */
+static dw_status quant_rows(dw_backend *be, const dw_op_call *c, const dw_qslot_layout *l, const float *v, int64_t R,
+                            int64_t C, const void **codes, const float **scales) {
+    DW_TRY(dw_moe_fp8_check_rows(be->ctx, c, R));
+    const dw_moe_fp8_slot s = dw_moe_fp8_at(c->x, l);
+    *codes = s.codes, *scales = s.scales;
+    return dw_grouped_fp8_quantize_rows_cpu(be->ctx, v, R, C, s.codes, s.scales);
+}
+/* An fp8_block wgrad's operand: v [R, C] as v^T [C, P] with each expert's rows padded to 128
+ * (grouped_fp8.h), 1x128 blocks along them, into workspace slot l. */
+static dw_status quant_cols(dw_backend *be, const dw_op_call *c, const dw_qslot_layout *l, const float *v, int64_t R,
+                            int64_t C, const void **codes, const float **scales) {
+    DW_TRY(dw_moe_fp8_check_rows(be->ctx, c, R));
+    const dw_moe_fp8_slot s = dw_moe_fp8_at(c->x, l);
+    *codes = s.codes, *scales = s.scales;
+    return dw_grouped_fp8_quantize_cols_cpu(be->ctx, v, (const int32_t *)c->in[2], R,
+                                            c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
+}
+
+dw_status dw_cpu_moe_quant_weight(dw_backend *be, const dw_exec *x, int node) {
+    const dw_prog_node *pn = &x->p->node[node];
+    if (pn->wq[0].off < 0) return DW_OK;
+    const int wt = x->g->nodes[node].in[1];
+    const int64_t *sh = x->g->tensors[wt].shape; /* [E, M, K] */
+    const dw_moe_fp8_slot q = dw_moe_fp8_at(x, &pn->wq[0]), qt = dw_moe_fp8_at(x, &pn->wq[1]);
+    return dw_grouped_fp8_quantize_weights_cpu(be->ctx, x->w + x->p->param_off[x->p->tensor[wt].param], sh[0], sh[1],
+                                               sh[2], q.codes, q.scales, qt.codes, qt.scales);
 }
 
 dw_status dw_cpu_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_FPROP);
     const int64_t R = a.rows, E = a.experts, M = a.m, K = a.k;
-    const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0), *w = expert_weights(be, c, E * M * K);
+    const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0);
     float *y = dw_cpu_out(be, c, c->out[0], R * M, CPU_S_OUT);
-    if (!x || !w || !y) return DW_ERR_NOMEM;
-    a.x = x, a.w = w, a.out = y;
+    if (!x || !y) return DW_ERR_NOMEM;
+    if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* x 1x128 now, W from the weight cache */
+        DW_TRY(quant_rows(be, c, &c->x->p->work.q_rows, x, R, K, &a.x, &a.x_scales));
+        dw_moe_fp8_cached_weight(c, 0, &a);
+    } else if (!(a.x = x, a.w = expert_weights(be, c, E * M * K))) {
+        return DW_ERR_NOMEM;
+    }
+    a.out = y;
     DW_TRY(dw_grouped_gemm(be->ctx, &a));
     dw_cpu_put(c, c->out[0], y, R * M, false);
     return DW_OK;
@@ -121,15 +157,26 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         return DW_OK;
     }
     const float *dy = dw_cpu_in(be, c, c->dout[0], R * M, CPU_S_DOUT);
-    const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0), *w = expert_weights(be, c, E * M * K);
-    if (!dy || !x || !w) return DW_ERR_NOMEM;
+    const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0);
+    if (!dy || !x) return DW_ERR_NOMEM;
+    const dw_work_layout *wl = &c->x->p->work;
     if (dx) { /* dx_e = dy_e W_e */
-        a.dy = dy, a.w = w, a.out = dx;
+        if (a.recipe == DW_RECIPE_FP8_BLOCK) {
+            DW_TRY(quant_rows(be, c, &wl->q_rows, dy, R, M, &a.dy, &a.dy_scales));
+            dw_moe_fp8_cached_weight(c, 1, &a);
+        } else if (!(a.dy = dy, a.w = expert_weights(be, c, E * M * K))) {
+            return DW_ERR_NOMEM;
+        }
+        a.out = dx;
         DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }
     if (c->pgrad[1]) { /* dW_e += dy_e^T x_e */
         a = moe_gemm_args(c, DW_GEMM_WGRAD);
         a.dy = dy, a.x = x, a.out = c->pgrad[1];
+        if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
+            DW_TRY(quant_cols(be, c, &wl->q_dyt, dy, R, M, &a.dy, &a.dy_scales));
+            DW_TRY(quant_cols(be, c, &wl->q_xt, x, R, K, &a.x, &a.x_scales));
+        }
         DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }
     if (dx) dw_cpu_deliver(c, 0, dx, R * K); /* after every read of x and dy, as before */

@@ -4,8 +4,11 @@
  * dispatch and combine (kernels/cuda/ops_moe_dispatch.cu: counts, offsets and rows computed on the
  * device) and the grouped expert linear layer (dw_grouped_gemm with the kernel the compiler bound:
  * src/gemm/grouped_kernels.c; a BF16 program reads the standing BF16 weight copy, which expert
- * weights always have). No host synchronisation: a recorded step replays whatever the routing. An output gradient no consumer sent (dout NULL)
- * counts as zeros; no MoE op adds into an input gradient (ops.def gives them no ACC flag). */
+ * weights always have; passes bound to fp8_block quantise x and dy on the device per call and read
+ * the node's weight cache, which dw_cuda_moe_quant_weight refreshes after each weight update). No
+ * host synchronisation: a recorded step replays whatever the routing. An output gradient no
+ * consumer sent (dout NULL) counts as zeros; no MoE op adds into an input gradient (ops.def gives
+ * them no ACC flag). */
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -13,8 +16,10 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda_check.h"
+#include "gemm/grouped_fp8.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
+#include "runtime/moe_fp8.h"
 
 dw_status dw_cuda_op_moe_router_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
@@ -63,27 +68,53 @@ dw_status dw_cuda_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
 }
 
 /* ---- grouped linear: each expert's rows times its weight^T ------------------------------------ */
-/* One pass as dw_grouped_gemm takes it, with the kernel the compiler bound for it (bind_grouped.c;
- * a program compiled for the CPU names none: the registry picks). */
+/* One pass as dw_grouped_gemm takes it: the program's activation type, the standing BF16 weight
+ * copy (or the FP32 masters) where the pass runs BF16. */
 static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
-    const dw_ir_tensor *wt = &c->x->g->tensors[c->n->in[1]];
-    const dw_compiled *p = c->x->p;
-    return (dw_grouped_args){
-        .pass = pass, .dtype = dw_cuda_dt(c) == DW_ACT_BF16 ? DW_GROUPED_BF16 : DW_GROUPED_F32,
-        .recipe = DW_RECIPE_BF16, .rows = dw_exec_rows(c->x, c->n->in[0]), .experts = wt->shape[0],
-        .m = wt->shape[1], .k = wt->shape[2], .x = c->in[0], .w = p->bf16 ? (const void *)c->in_bf16[1] : c->in[1],
-        .offsets = (const int32_t *)c->in[2],
-        .backend = p->target.device == DW_DEVICE_CUDA ? p->node[c->node].bind.kernel[pass] : NULL};
+    dw_grouped_args a = dw_moe_linear_args(c, pass, DW_DEVICE_CUDA);
+    a.dtype = dw_cuda_dt(c) == DW_ACT_BF16 ? DW_GROUPED_BF16 : DW_GROUPED_F32;
+    a.w = c->x->p->bf16 ? (const void *)c->in_bf16[1] : c->in[1], a.x = c->in[0];
+    return a;
+}
+
+/* fp8_block operands on the device, in the stream's order: v [R, C] 1x128 along its rows (rows)
+ * or, for wgrad, v^T [C, P] with each expert's rows padded to 128 (cols; grouped_fp8.h), into
+ * workspace slot l. */
+static dw_status quant_act(dw_backend *be, const dw_op_call *c, const dw_qslot_layout *l, const void *v, int64_t R,
+                           int64_t C, bool cols, const void **codes, const float **scales) {
+    DW_TRY(dw_moe_fp8_check_rows(be->ctx, c, R));
+    dw_cuda_qlin_reset(be); /* the dense layers' record of which x the slots hold (quant_reuse) is void now */
+    const dw_moe_fp8_slot s = dw_moe_fp8_at(c->x, l);
+    *codes = s.codes, *scales = s.scales;
+    const bool bf16 = dw_cuda_dt(c) == DW_ACT_BF16;
+    if (!cols) return dw_grouped_fp8_quantize_rows_cuda(be->ctx, v, bf16, R, C, s.codes, s.scales);
+    return dw_grouped_fp8_quantize_cols_cuda(be->ctx, v, bf16, (const int32_t *)c->in[2], R,
+                                             c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
+}
+
+dw_status dw_cuda_moe_quant_weight(dw_backend *be, const dw_exec *x, int node) {
+    const dw_prog_node *pn = &x->p->node[node];
+    if (pn->wq[0].off < 0) return DW_OK;
+    const int wt = x->g->nodes[node].in[1];
+    const int64_t *sh = x->g->tensors[wt].shape; /* [E, M, K] */
+    const dw_moe_fp8_slot q = dw_moe_fp8_at(x, &pn->wq[0]), qt = dw_moe_fp8_at(x, &pn->wq[1]);
+    return dw_grouped_fp8_quantize_weights_cuda(be->ctx, x->w + x->p->param_off[x->p->tensor[wt].param], false, sh[0],
+                                                sh[1], sh[2], q.codes, q.scales, qt.codes, qt.scales);
 }
 
 dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_FPROP);
+    if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* x 1x128 now, W from the weight cache */
+        DW_TRY(quant_act(be, c, &c->x->p->work.q_rows, c->in[0], a.rows, a.k, false, &a.x, &a.x_scales));
+        dw_moe_fp8_cached_weight(c, 0, &a);
+    }
     a.out = c->out[0];
     return dw_grouped_gemm(be->ctx, &a);
 }
 
 dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);
+    const dw_work_layout *wl = &c->x->p->work;
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_DGRAD);
     a.dy = c->dout[0];
     if (!c->dout[0]) { /* no gradient reached y: none leaves */
@@ -93,12 +124,20 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         return DW_OK;
     }
     if (c->dx[0]) { /* dx_e = dy_e W_e */
+        if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy 1x128, W^T from the weight cache */
+            DW_TRY(quant_act(be, c, &wl->q_rows, c->dout[0], a.rows, a.m, false, &a.dy, &a.dy_scales));
+            dw_moe_fp8_cached_weight(c, 1, &a);
+        }
         a.out = c->dx[0];
         DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }
     if (!c->pgrad[1]) return DW_OK;
     a = moe_gemm_args(c, DW_GEMM_WGRAD); /* dW_e += dy_e^T x_e, FP32 */
     a.dy = c->dout[0], a.out = c->pgrad[1];
+    if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
+        DW_TRY(quant_act(be, c, &wl->q_dyt, c->dout[0], a.rows, a.m, true, &a.dy, &a.dy_scales));
+        DW_TRY(quant_act(be, c, &wl->q_xt, c->in[0], a.rows, a.k, true, &a.x, &a.x_scales));
+    }
     return dw_grouped_gemm(be->ctx, &a);
 }
 

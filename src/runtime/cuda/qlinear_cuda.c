@@ -28,6 +28,7 @@
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/quant.h"
 #include "runtime/cuda/cuda.h"
+#include "runtime/moe_fp8.h"
 #include "runtime/nvfp4_operand.h"
 #include "precision/amax_history.h"
 #include "precision/quant_counts.h"
@@ -149,6 +150,7 @@ static bool quantised(const dw_op_call *c, dw_qpass pass) {
 }
 
 dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
+    if (x->g->nodes[node].op == DW_OP_MOE_LINEAR) return dw_cuda_moe_quant_weight(be, x, node); /* its experts */
     const dw_prog_node *pn = &x->p->node[node];
     if (pn->wq[0].off < 0) return DW_OK;
     int64_t N, K, M;

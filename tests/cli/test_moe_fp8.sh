@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# test_moe_fp8.sh DEEPWELL — MoE experts under an fp8_block policy (compile/bind_grouped.c): in
+# `deepwell compile --explain` a Mixtral of hidden 128 and experts of 256 runs fprop and dgrad in
+# the fp8_block grouped kernel (the CPU reference on the CPU; the sm_90 kernel only with
+# DW_MOE_FP8=1, else BF16 with that reason; sm_100 BF16 with its reason) and --report gives the
+# experts the policy's recipe, the router BF16; mixtral-tiny (hidden 64) keeps its experts BF16
+# saying why; the memory plan prices the expert weight caches; the CPU trains it in fp8_block and
+# the loss falls over 30 steps of the built-in data; a policy rule {"op": "moe_linear", "recipe":
+# "bf16"} keeps the experts BF16, and with every linear BF16 by rule the losses equal --precision
+# bf16's bit for bit.
+set -u
+dw=$1
+. "$(dirname "$0")/checks.sh"
+export OMP_NUM_THREADS=1
+seed=${DW_TEST_SEED:-$(( (RANDOM << 15) | RANDOM ))}
+echo "test seed: DW_TEST_SEED=$seed"
+
+mkdir -p "$tmp/mx"
+"$dw" capture mixtral-tiny --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["config"]
+c["hidden_size"], c["head_dim"], c["intermediate_size"] = 128, 32, 256
+json.dump(c, open(sys.argv[1], "w"))' "$tmp/mx/config.json"
+explain() { # explain NAME MODEL FLAGS...: compile --explain into $tmp/NAME
+  local n=$1 m=$2; shift 2
+  "$dw" compile "$m" --batch 2 --seq 16 --explain "$@" >"$tmp/$n" 2>&1
+}
+count() { grep -c -- "$2" "$tmp/$1"; }
+
+explain cpu "$tmp/mx" --precision fp8_block --target cpu --report; check "hidden 128, fp8_block, CPU" 0 $?
+has "CPU: the experts in fp8_block, the router BF16" "$tmp/cpu" \
+  "recipe fp8_block (policy: default): where a pass runs in fp8_block, x and dy are quantised 1x128 per call" \
+  "model.layers.0.mlp.experts.up                moe_linear    recipe fp8_block  (default)" \
+  "at this shape: fprop quantised (grouped_cpu_fp8_block); dgrad quantised (grouped_cpu_fp8_block)" \
+  "MoE router or shared-expert gate (BF16 under every policy)" "W and W^T of"
+[ "$(count cpu "selected: grouped_cpu_fp8_block (fp8_block)")" -ge 12 ] && ok "CPU: fprop and dgrad of 6 layers in fp8_block" ||
+  bad "CPU: $(count cpu "selected: grouped_cpu_fp8_block") fp8 selections"
+grep -A30 "experts.down" "$tmp/cpu" | grep -A12 "wgrad:" | grep -qE "selected: grouped_cpu_fp8_block \(fp8_block\)|BF16 fallback: " &&
+  ok "CPU: wgrad in fp8_block or BF16 with the reason" || bad "CPU: wgrad says neither"
+
+explain tiny mixtral-tiny --precision fp8_block --target cpu; check "mixtral-tiny fp8_block" 0 $?
+has "hidden 64: BF16 with the reason" "$tmp/tiny" \
+  "BF16 fallback: grouped_cpu_fp8_block: K and M must be multiples of 128" "selected: grouped_cpu_reference (bf16 fallback)"
+
+unset DW_MOE_FP8
+explain sm90 "$tmp/mx" --precision fp8_block --sm 90; check "sm_90 without the opt-in" 0 $?
+has "sm_90 without DW_MOE_FP8: BF16, the opt-in named" "$tmp/sm90" \
+  "BF16 fallback: grouped_fp8block_sm90: opt-in until it has passed on a GPU: DW_MOE_FP8=1" \
+  "selected: grouped_wgmma_sm90 (bf16 fallback)"
+DW_MOE_FP8=1 explain sm90on "$tmp/mx" --precision fp8_block --sm 90; check "sm_90 with DW_MOE_FP8=1" 0 $?
+[ "$(count sm90on "selected: grouped_fp8block_sm90 (fp8_block)")" -ge 12 ] && ok "sm_90 opted in: the fp8_block kernel" ||
+  bad "sm_90 opted in: $(count sm90on "selected: grouped_fp8block_sm90") selections"
+DW_MOE_FP8=1 explain sm100 "$tmp/mx" --precision fp8_block --sm 100; check "sm_100" 0 $?
+has "sm_100: BF16, the architecture named" "$tmp/sm100" "BF16 fallback: grouped_fp8block_sm90: needs sm_90, device is sm_100"
+
+ws() { "$dw" compile "$tmp/mx" --batch 2 --seq 16 --target cpu "$@" | awk '$1 == "workspace" {print $2}'; }
+w8=$(ws --precision fp8_block) wb=$(ws --precision bf16)
+# 6 expert layers x (W + W^T): 4 x 256 x 128 codes each, scales 4 x 2 x 1 floats
+[ -n "$w8" ] && [ -n "$wb" ] && [ $((w8 - wb)) -ge $((6 * 2 * (4 * 256 * 128 + 32))) ] &&
+  ok "the workspace prices the experts' weight caches ($wb -> $w8 B)" || bad "workspace $wb -> $w8"
+
+common=(--model "$tmp/mx" --data builtin --batch 4 --seq 32 --eval-every 0 --seed $((seed % 100000)) --device cpu)
+"$dw" train "${common[@]}" --steps 30 --precision fp8_block --out "$tmp/fp8" >"$tmp/fp8.out" 2>&1
+check "train 30 steps in fp8_block on the CPU" 0 $?
+python3 - "$tmp/fp8/metrics.jsonl" <<'PY' && ok "  ... the loss falls" || bad "fp8_block loss did not fall"
+import json, sys
+r = [json.loads(x)["loss"] for x in open(sys.argv[1])]
+assert len(r) == 30 and sum(r[-5:]) / 5 < sum(r[:5]) / 5 - 1.0, r
+PY
+
+cat >"$tmp/keep.json" <<'EOF'
+{"default": "fp8_block", "rules": [{"op": "moe_linear", "recipe": "bf16"}]}
+EOF
+cat >"$tmp/allbf16.json" <<'EOF'
+{"default": "fp8_block", "rules": [{"op": "moe_linear", "recipe": "bf16"}, {"op": "linear", "recipe": "bf16"}]}
+EOF
+explain keep "$tmp/mx" --policy "$tmp/keep.json" --target cpu --report; check "the moe_linear rule" 0 $?
+has "a moe_linear rule keeps the experts BF16" "$tmp/keep" \
+  "model.layers.0.mlp.experts.up                moe_linear    recipe bf16       (rule 0)"
+[ "$(count keep "in fp8_block:")" = 0 ] && ok "  ... and asks for no fp8 kernel" || bad "the rule's experts asked for fp8"
+"$dw" train "${common[@]}" --steps 3 --precision bf16 --out "$tmp/b1" >/dev/null 2>&1; check "bf16 run" 0 $?
+"$dw" train "${common[@]}" --steps 3 --policy "$tmp/allbf16.json" --out "$tmp/b2" >/dev/null 2>&1; check "every linear bf16 by rule" 0 $?
+python3 - "$tmp/b1/metrics.jsonl" "$tmp/b2/metrics.jsonl" <<'PY' && ok "  ... the same losses bit for bit" || bad "bf16 losses differ"
+import json, sys
+a, b = ([json.loads(x)["loss"] for x in open(f)] for f in sys.argv[1:])
+assert len(a) == 3 and a == b, (a, b)
+PY
+
+echo "$fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,154 @@
+/* test_moe_fp8_engine_cuda.c — MoE experts in fp8_block on the GPU (DW_MOE_FP8=1, sm_90): one
+ * program (a Mixtral of hidden 128 and experts of 256, compiled for this GPU under fp8_block) on
+ * the CUDA engine and on the CPU engine (its oracle: the same fp8 passes through the CPU reference
+ * of the kernel's arithmetic) with the same weights. Checked: the program binds the sm_90 fp8_block
+ * kernel for fprop and dgrad; every expert node's weight cache (W and W^T codes and scales, from
+ * the same FP32 masters) equal on both, bit for bit; the loss of a forward and backward, every
+ * parameter gradient (normwise, the quantised tolerances of test_engine_cuda.c: loss 5e-2
+ * relative, gradients 0.2), and three AdamW steps' losses; the routers' weights spread wide so the
+ * two backends route alike. Needs a GPU (sm_90); elsewhere it skips. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "compile/program.h"
+#include "runtime/engine.h"
+#include "testutil.h"
+
+static dw_ctx *g_cpu, *g_gpu;
+static dw_test_rng g_rng;
+
+static int setup(void **state) {
+    (void)state;
+    dw_test_rng_init(&g_rng, dw_test_seed() ^ 0xF8E5ull);
+    return dw_test_cpu_gpu_setup(&g_cpu, &g_gpu);
+}
+static int teardown(void **state) {
+    (void)state;
+    dw_test_cpu_gpu_teardown(g_cpu, g_gpu);
+    return 0;
+}
+
+static int64_t pnumel(dw_engine *e, int i) {
+    int64_t s[4], n = 1;
+    const int nd = dw_engine_param_shape(e, i, s);
+    for (int d = 0; d < nd; d++) n *= s[d];
+    return n;
+}
+
+/* ||a - b||_2 / max(||b||_2, floor) */
+static double normwise(const float *a, const float *b, int64_t n, double floor) {
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), r += (double)b[i] * b[i];
+    return sqrt(d) / fmax(sqrt(r), floor);
+}
+
+static void test_fp8_experts(void **state) {
+    (void)state;
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major * 10 + minor != 90)
+        skip();
+    const int64_t B = 2, T = 48 + (int64_t)(dw_test_next(&g_rng) % 17), N = B * T;
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(g_gpu, "mixtral-tiny", &mc), DW_OK);
+    mc.d_model = 128, mc.head_dim = 32, mc.d_ff = 256, mc.d_ff_expert = 256;
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(g_gpu, &mc, B, T, &g), DW_OK);
+    dw_policy *pol = NULL;
+    assert_int_equal(dw_policy_from_precision(g_gpu, "fp8_block", false, &pol), DW_OK);
+    setenv("DW_MOE_FP8", "1", 1);
+    dw_compiled *c = NULL;
+    if (dw_compile(g_gpu, g, NULL, pol, NULL, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    int experts = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == DW_OP_MOE_LINEAR) {
+            experts++;
+            assert_string_equal(c->node[i].bind.kernel[DW_QPASS_FPROP], "grouped_fp8block_sm90");
+            assert_string_equal(c->node[i].bind.kernel[DW_QPASS_DGRAD], "grouped_fp8block_sm90");
+        }
+    assert_int_equal(experts, 6);
+    dw_engine *cpu = NULL, *gpu = NULL;
+    assert_int_equal(dw_engine_create(g_cpu, c, NULL, &cpu), DW_OK);
+    if (dw_engine_create(g_gpu, c, NULL, &gpu) != DW_OK) fail_msg("cuda engine: %s", dw_errmsg(g_gpu));
+    for (int i = 0; i < dw_engine_param_count(cpu); i++) { /* routers spread wide: the same routing */
+        const int64_t n = pnumel(cpu, i);
+        const float sd = strstr(dw_engine_param_name(cpu, i), "gate.weight") && !strstr(dw_engine_param_name(cpu, i), "experts")
+                             ? 2.0f
+                             : 0.1f;
+        float *v = malloc((size_t)n * 4);
+        for (int64_t k = 0; k < n; k++) v[k] = sd * dw_test_normal(&g_rng);
+        assert_int_equal(dw_engine_param_write(cpu, i, v), DW_OK);
+        assert_int_equal(dw_engine_param_write(gpu, i, v), DW_OK);
+        free(v);
+    }
+    assert_int_equal(dw_engine_refresh(cpu), DW_OK);
+    assert_int_equal(dw_engine_refresh(gpu), DW_OK);
+    int bad = 0;
+    for (int i = 0; i < g->n_nodes; i++) { /* the weight caches, bit for bit */
+        if (g->nodes[i].op != DW_OP_MOE_LINEAR) continue;
+        for (int q = 0; q < 2; q++) {
+            const dw_qslot_layout *l = &c->node[i].wq[q];
+            const int64_t n = l->tscale; /* codes and scales with their padding */
+            unsigned char *h = malloc((size_t)n);
+            assert_int_equal(cudaMemcpy(h, gpu->x->work + l->off, (size_t)n, cudaMemcpyDeviceToHost), cudaSuccess);
+            if (memcmp(h, cpu->x->work + l->off, (size_t)n)) bad++, printf("MISMATCH %s weight cache %d\n", g->nodes[i].name, q);
+            free(h);
+        }
+    }
+    int32_t *x = malloc((size_t)N * 4), *y = malloc((size_t)N * 4);
+    dw_test_random_tokens(x, N, dw_graph_vocab(g), &g_rng);
+    dw_test_random_tokens(y, N, dw_graph_vocab(g), &g_rng);
+    double lc = 0, lg = 0;
+    assert_int_equal(dw_engine_zero_grad(cpu), DW_OK);
+    assert_int_equal(dw_engine_zero_grad(gpu), DW_OK);
+    assert_int_equal(dw_engine_forward_backward(cpu, x, y, B, T, 1.0, &lc), DW_OK);
+    if (dw_engine_forward_backward(gpu, x, y, B, T, 1.0, &lg) != DW_OK) fail_msg("cuda step: %s", dw_errmsg(g_gpu));
+    printf("loss gpu %.8f cpu %.8f\n", lg, lc);
+    if (!(fabs(lg - lc) / lc <= 5e-2)) bad++, printf("MISMATCH loss\n");
+    for (int i = 0; i < dw_engine_param_count(cpu); i++) {
+        const int64_t n = pnumel(cpu, i);
+        float *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);
+        assert_int_equal(dw_engine_grad_read(cpu, i, gc), DW_OK);
+        assert_int_equal(dw_engine_grad_read(gpu, i, gg), DW_OK);
+        const double err = normwise(gg, gc, n, 1e-6);
+        if (!(err <= 0.2)) bad++, printf("MISMATCH gradient %s: %.3g\n", dw_engine_param_name(cpu, i), err);
+        free(gc), free(gg);
+    }
+    dw_adamw_opts ao;
+    dw_adamw_opts_init(&ao, sizeof ao);
+    ao.lr = 3e-3;
+    for (int step = 1; step <= 3; step++) {
+        double nc = 0, ng = 0;
+        assert_int_equal(dw_engine_zero_grad(cpu), DW_OK);
+        assert_int_equal(dw_engine_zero_grad(gpu), DW_OK);
+        assert_int_equal(dw_engine_forward_backward(cpu, x, y, B, T, 1.0, &lc), DW_OK);
+        assert_int_equal(dw_engine_forward_backward(gpu, x, y, B, T, 1.0, &lg), DW_OK);
+        assert_int_equal(dw_engine_step(cpu, &ao, step, &nc), DW_OK);
+        assert_int_equal(dw_engine_step(gpu, &ao, step, &ng), DW_OK);
+        printf("step %d: loss gpu %.8f cpu %.8f\n", step, lg, lc);
+        if (!(fabs(lg - lc) / lc <= 5e-2)) bad++, printf("MISMATCH step %d loss\n", step);
+    }
+    unsetenv("DW_MOE_FP8");
+    dw_engine_free(cpu);
+    dw_engine_free(gpu);
+    dw_compiled_free(c);
+    dw_policy_free(pol);
+    dw_graph_free(g);
+    free(x), free(y);
+    if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_experts)};
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
