@@ -1457,12 +1457,24 @@ typedef struct {
                                global batch; checkpoints keep b (state.json "moe_bias"). 0 (default):
                                the resumed run's γ, else the model config's (moe_bias_update_speed, or
                                0.001 under topk_method "noaux_tc"), else off. In [0, 1] */
+    /* the quantisers' counters as a fallback rule (docs/precision.md, "Guardrails"): a quantised
+     * linear layer whose overflow (saturated) or underflow (flushed to zero) fraction of one
+     * operand kind — x, w or dy: the step's counts over the elements its quantisers read, summed
+     * over the ranks — is over quant_overflow_max / quant_underflow_max in quant_counts_after
+     * consecutive steps runs in BF16 for the rest of the run, recorded as quant_fallback_after's
+     * fallbacks are (precision_decisions.jsonl, the progress line, metrics.jsonl, the checkpoint;
+     * a resumed run keeps it, its runs of steps start again). Fractions; a negative maximum turns
+     * its rule off. Defaults: overflow 0.001 (0.1%), underflow -1 (off), 3 steps; 0 steps: off */
+    double quant_overflow_max;
+    double quant_underflow_max;
+    int64_t quant_counts_after;
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,
  * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
  * sample every 0 (64 tokens at temperature 0.8), checkpoint every 30 minutes and at the end,
- * keep 3, seed 1337, max_skips 10, quant_check_every 100, quant_fallback_after 3.
+ * keep 3, seed 1337, max_skips 10, quant_check_every 100, quant_fallback_after 3, quant_overflow_max
+ * 0.001, quant_underflow_max -1 (off), quant_counts_after 3.
  * data and out_dir must still be set. */
 DW_API void dw_train_opts_init(dw_train_opts *opts, size_t size);
 

@@ -26,6 +26,8 @@ enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
 enum { O_MOE_DROP = O_INIT_FROM + 1 };
 /* guardrails: may change on resume (not in the record) */
 enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
+/* the counters' fallback rule: not in the record either; a value clear of the enums here */
+enum { O_QOVER_MAX = O_LAST + 160, O_QUNDER_MAX, O_QCOUNTS_AFTER };
 /* loss-spike rollback, delayed FP8 scaling: not in the record either (a checkpoint written with an
  * amax history refuses a resume with another length itself) */
 enum { O_SPIKE_Z = O_LAST + 84, O_SPIKE_W, O_MAX_ROLLBACKS, O_AMAX_HIST };
@@ -149,6 +151,12 @@ static void help(void) {
         "                         0.1 FP8, 0.25 FP4) in M checks in a row runs in BF16 for the rest\n"
         "                         of the run, kept on resume (DIR/precision_decisions.jsonl) (3; 0:\n"
         "                         statistics only; docs/precision.md, Guardrails)\n"
+        "  --quant-overflow-max F  a layer whose overflow (saturated) fraction of x, w or dy, counted\n"
+        "                         by the quantisers every step, is over F in N steps in a row runs in\n"
+        "                         BF16 for the rest of the run, recorded and kept as above (0.001 =\n"
+        "                         0.1%%; off: no rule)\n"
+        "  --quant-underflow-max F  the same for the underflow (flushed to zero) fraction (off)\n"
+        "  --quant-counts-after N  the steps in a row of those two rules (3; 0: off)\n"
         );
     printf( /* (split: C99 compilers need only support 4095 characters in one string) */
         "  --spike-zscore Z       loss-spike rollback (off): once the window of the last W steps'\n"
@@ -346,6 +354,9 @@ int cmd_train(int argc, char **argv) {
         {"init-from", required_argument, 0, O_INIT_FROM}, {"max-skips", required_argument, 0, O_MAX_SKIPS},
         {"quant-check-every", required_argument, 0, O_QCHECK},
         {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
+        {"quant-overflow-max", required_argument, 0, O_QOVER_MAX},
+        {"quant-underflow-max", required_argument, 0, O_QUNDER_MAX},
+        {"quant-counts-after", required_argument, 0, O_QCOUNTS_AFTER},
         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"help", no_argument, 0, 'h'},
         {"spike-zscore", required_argument, 0, O_SPIKE_Z}, {"spike-window", required_argument, 0, O_SPIKE_W},
@@ -438,6 +449,22 @@ int cmd_train(int argc, char **argv) {
         case O_QFALLBACK:
             ok = cli_parse_int(CMD, "--quant-fallback-after", optarg, 0, 1L << 40, &v);
             o.quant_fallback_after = v;
+            break;
+        case O_QOVER_MAX:
+        case O_QUNDER_MAX: { /* a fraction, or "off" */
+            const char *flag = c == O_QOVER_MAX ? "--quant-overflow-max" : "--quant-underflow-max";
+            double *f = c == O_QOVER_MAX ? &o.quant_overflow_max : &o.quant_underflow_max;
+            if (!strcmp(optarg, "off")) {
+                *f = -1;
+            } else if ((ok = cli_parse_double(CMD, flag, optarg, f)) && !(*f >= 0 && *f <= 1)) {
+                cli_error(CMD, "%s must be a fraction in [0, 1] (0.001 = 0.1%%) or \"off\", got %s", flag, optarg);
+                ok = false;
+            }
+            break;
+        }
+        case O_QCOUNTS_AFTER:
+            ok = cli_parse_int(CMD, "--quant-counts-after", optarg, 0, 1L << 40, &v);
+            o.quant_counts_after = v;
             break;
         case O_SPIKE_Z:
             ok = cli_parse_double(CMD, "--spike-zscore", optarg, &o.spike_zscore);

@@ -162,7 +162,8 @@ class TrainOpts(Sized):
                 ("max_skips", i64), ("quant_check_every", i64), ("quant_fallback_after", i64), ("ep", cint),
                 ("next_batch", BATCH_FN), ("val_batch", BATCH_FN), ("batch_user", ptr), ("spike_zscore", dbl),
                 ("spike_window", i64), ("max_rollbacks", i64), ("fp8_amax_history", i64), ("no_overlap", flag),
-                ("moe_bias_update", dbl)]
+                ("moe_bias_update", dbl), ("quant_overflow_max", dbl), ("quant_underflow_max", dbl),
+                ("quant_counts_after", i64)]
 
 
 # Every mirrored struct with its C name (the ABI test walks this).

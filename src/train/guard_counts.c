@@ -85,6 +85,11 @@ dw_status dw_qcounter_read(dw_qcounter *q, dw_comm *host, int64_t *overflow, int
     return DW_OK;
 }
 
+dw_status dw_qcounter_step_all(dw_qcounter *q, dw_comm *host, int64_t *out) {
+    for (size_t k = 0; k < words(q); k++) out[k] = (int64_t)q->read[k];
+    return dw_comm_all_reduce(q->ctx, host, out, (int64_t)words(q), DW_COMM_I64, DW_COMM_SUM);
+}
+
 dw_status dw_qcounter_write(dw_qcounter *q, dw_comm *host, FILE *f, int64_t step, const bool *skip) {
     DW_TRY(dw_comm_all_reduce(q->ctx, host, q->sum, (int64_t)words(q), DW_COMM_I64, DW_COMM_SUM));
     for (int i = 0; f && i < q->c.n_layers; i++) {

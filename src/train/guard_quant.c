@@ -7,13 +7,18 @@
  * are all-reduced over the ranks (W is the same on all). A layer whose bulk error (quant_stats.h)
  * is over its threshold for one of its tensors in `after` checks in a row falls back to BF16:
  * its binding's recipe becomes bf16 (every backend's linear reads it per call) and its weight
- * cache is no longer refreshed; recorded CUDA-graph steps are dropped so they re-record.
+ * cache is no longer refreshed; recorded CUDA-graph steps are dropped so they re-record. The
+ * quantisers' counters give a second rule, every step (dw_qcount_rule): a layer whose overflow or
+ * underflow fraction of x, w or dy (counts over elements, all ranks) is over its maximum in N
+ * steps in a row falls back the same way.
  * Files (rank 0): DIR/quant_stats.jsonl, one line per measured tensor and check:
  *   {"step", "layer", "tensor": "x"|"x^T"|"w"|"w^T"|"dy"|"dy^T", "recipe", "rel_error", "bulk_error",
  *    "threshold", "overflow", "underflow", "elements"}
  * and, every check step, the quantisers' counters summed since the last one (guard_counts.c).
  * DIR/precision_decisions.jsonl, one line per fallback:
- *   {"step", "layer", "tensor", "reason", "bulk_error", "threshold", "recipe", "to": "bf16"} */
+ *   {"step", "layer", "tensor", "reason", "bulk_error", "threshold", "recipe", "to": "bf16"}, or by
+ *   the counters' rule {"step", "layer", "tensor": "x"|"w"|"dy", "reason", "rule": "overflow"|
+ *   "underflow", "fraction", "threshold", "steps", "recipe", "to": "bf16"} */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +46,7 @@ typedef struct {
     dw_recipe recipe;      /* the node's recipe before any fallback */
     bool measure[T_COUNT]; /* the tensor feeds a GEMM that runs quantised */
     int64_t over;          /* checks in a row over the threshold */
+    int64_t run[DW_QC_KINDS][2]; /* steps in a row over the counters' maxima: [x, w, dy][overflow, underflow] */
     bool bf16;             /* fell back */
     int64_t fell_at;       /* the step it fell back at */
     dw_node_binding bind;  /* the compiled binding and weight cache slots, for a rollback */
@@ -53,6 +59,8 @@ struct dw_qguard {
     dw_comm *host;
     bool lead;
     int64_t every, after;
+    dw_qcount_rule rule;
+    int64_t *step_counts; /* (n, DW_QC_KINDS, DW_QC_WORDS) the last step's, all ranks (the rule on) */
     double thr[DW_RECIPE_COUNT];
     int n;
     layer *l;
@@ -64,8 +72,21 @@ struct dw_qguard {
     bool record;      /* the executor's record flag while not armed */
     float *buf;
     size_t cap;
-    char *last; /* the last check's decisions, for the progress line */
+    char *last; /* the decisions of step last_step, for the progress line */
+    int64_t last_step;
 };
+
+/* Adds item ("layer why") to step's decisions for the progress line (those of an earlier step go). */
+static dw_status note(dw_qguard *g, int64_t step, const char *item) {
+    if (g->last_step != step) free(g->last), g->last = NULL, g->last_step = step;
+    const size_t had = g->last ? strlen(g->last) : 0, sep = had ? 2 : 0, n = strlen(item);
+    char *grown = realloc(g->last, had + sep + n + 1);
+    if (!grown) return dw_set_error(g->ctx, DW_ERR_NOMEM, "out of memory");
+    memcpy(grown + had, ", ", sep);
+    memcpy(grown + had + sep, item, n + 1);
+    g->last = grown;
+    return DW_OK;
+}
 
 /* The policy's "max_rel_error" (precision/thresholds.h) over the defaults. */
 static dw_status thresholds(dw_qguard *g) {
@@ -124,6 +145,7 @@ dw_status dw_qguard_rewind(dw_qguard *g, const char *dir, int64_t step) {
     for (int i = 0; i < g->n; i++) {
         layer *l = &g->l[i];
         l->over = 0;
+        memset(l->run, 0, sizeof l->run);
         if (!l->bf16 || l->fell_at <= step) continue;
         dw_prog_node *pn = &((dw_compiled *)g->e->p)->node[l->node];
         pn->bind = l->bind, pn->wq[0] = l->wq[0], pn->wq[1] = l->wq[1];
@@ -185,7 +207,7 @@ static dw_status replay(dw_qguard *g, const char *dir, int64_t upto) {
 }
 
 dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, const char *dir, int64_t every,
-                         int64_t after, int64_t resumed_step, dw_qguard **out) {
+                         int64_t after, const dw_qcount_rule *rule, int64_t resumed_step, dw_qguard **out) {
     *out = NULL;
     const dw_compiled *p = dw_engine_program(e);
     const dw_graph *gr = p->g;
@@ -194,7 +216,8 @@ dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, co
         free(g);
         return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
-    *g = (dw_qguard){.ctx = ctx, .e = e, .host = host, .lead = lead, .every = every, .after = after, .l = g->l};
+    *g = (dw_qguard){.ctx = ctx, .e = e, .host = host, .lead = lead, .every = every, .after = after, .l = g->l,
+                     .rule = *rule, .last_step = -1};
     for (int i = 0; p->bf16 && i < gr->n_nodes; i++) {
         const dw_node_binding *b = &p->node[i].bind;
         if (strcmp(dw_op_name(gr->nodes[i].op), "linear") || !dw_compile_quant_recipe(b->recipe)) continue;
@@ -206,7 +229,8 @@ dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, co
         l->measure[T_DY] = b->quantised[DW_QPASS_DGRAD];
         l->measure[T_DYT] = b->quantised[DW_QPASS_WGRAD];
     }
-    if (g->n && (!(g->nodes = malloc((size_t)g->n * sizeof *g->nodes)) || !(g->fell = calloc((size_t)g->n, 1)))) {
+    if (g->n && (!(g->nodes = malloc((size_t)g->n * sizeof *g->nodes)) || !(g->fell = calloc((size_t)g->n, 1)) ||
+                 !(g->step_counts = malloc((size_t)g->n * DW_QC_KINDS * DW_QC_WORDS * sizeof *g->step_counts)))) {
         dw_qguard_free(g);
         return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
@@ -235,6 +259,7 @@ void dw_qguard_free(dw_qguard *g) {
     dw_qcounter_free(g->qc);
     free(g->nodes);
     free(g->fell);
+    free(g->step_counts);
     free(g->l);
     free(g->buf);
     free(g->last);
@@ -334,12 +359,8 @@ static dw_status decide(dw_qguard *g, int64_t step, layer *l, const dw_qstats s[
     DW_LOGW("precision: step %lld: %s falls back to bf16: %s %s error %.4g > %g (%lld checks in a row)", (long long)step,
             name, TENSOR[t], dw_recipe_name(r), err, g->thr[r], (long long)l->over);
     char item[600];
-    snprintf(item, sizeof item, "%s%s %s %.3g > %g", g->last ? ", " : "", name, TENSOR[t], err, g->thr[r]);
-    size_t had = g->last ? strlen(g->last) : 0;
-    char *grown = realloc(g->last, had + strlen(item) + 1);
-    if (!grown) return dw_set_error(g->ctx, DW_ERR_NOMEM, "out of memory");
-    memcpy(grown + had, item, strlen(item) + 1);
-    g->last = grown;
+    snprintf(item, sizeof item, "%s %s %.3g > %g", name, TENSOR[t], err, g->thr[r]);
+    DW_TRY(note(g, step, item));
     if (!g->lead) return DW_OK;
     if (fprintf(g->decisions,
                 "{\"step\": %lld, \"layer\": \"%s\", \"tensor\": \"%s\", \"reason\": \"%s\", \"bulk_error\": %.17g, "
@@ -354,7 +375,7 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
                           int64_t T, bool *changed) {
     *changed = false;
     free(g->last);
-    g->last = NULL;
+    g->last = NULL, g->last_step = step;
     int live = 0;
     for (int i = 0; i < g->n; i++) live += !g->l[i].bf16;
     if (!live) return DW_OK;
@@ -394,10 +415,57 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
     return st;
 }
 
-dw_status dw_qguard_step_end(dw_qguard *g, int64_t step, int64_t *overflow, int64_t *underflow) {
+/* The counters' rule after step `step` (guard.h): each live layer's runs of steps over a maximum,
+ * and the fallback of a layer with a run of rule.after steps (the counter furthest over its
+ * maximum, relative to it). */
+static dw_status count_rule(dw_qguard *g, int64_t step, bool *fell) {
+    static const char *const KIND[DW_QC_KINDS] = {"x", "w", "dy"}, *const WHAT[2] = {"overflow", "underflow"};
+    const double max[2] = {g->rule.overflow_max, g->rule.underflow_max};
+    if (g->rule.after <= 0 || (max[0] < 0 && max[1] < 0)) return DW_OK;
+    DW_TRY(dw_qcounter_step_all(g->qc, g->host, g->step_counts));
+    for (int i = 0; i < g->n; i++) {
+        layer *l = &g->l[i];
+        if (l->bf16) continue;
+        int bk = -1, bw = -1;
+        double bfrac = 0, most = 0;
+        for (int k = 0; k < DW_QC_KINDS; k++) {
+            const int64_t *c = g->step_counts + ((size_t)i * DW_QC_KINDS + k) * DW_QC_WORDS;
+            for (int w = 0; w < 2; w++) {
+                const double frac = c[DW_QC_N] > 0 ? (double)c[w] / (double)c[DW_QC_N] : 0.0;
+                const bool over = max[w] >= 0 && frac > max[w];
+                l->run[k][w] = over ? l->run[k][w] + 1 : 0;
+                const double ratio = max[w] > 0 ? frac / max[w] : INFINITY;
+                if (l->run[k][w] >= g->rule.after && (bk < 0 || ratio > most)) bk = k, bw = w, bfrac = frac, most = ratio;
+            }
+        }
+        if (bk < 0) continue;
+        const char *name = g->e->g->nodes[l->node].name;
+        char reason[160], item[600];
+        snprintf(reason, sizeof reason, "%s %s %.3g%% > %.3g%% for %lld steps", WHAT[bw], KIND[bk], 100 * bfrac,
+                 100 * max[bw], (long long)l->run[bk][bw]);
+        to_bf16(g, l, step);
+        *fell = true;
+        DW_LOGW("precision: step %lld: %s falls back to bf16: %s", (long long)step, name, reason);
+        snprintf(item, sizeof item, "%s %s", name, reason);
+        DW_TRY(note(g, step, item));
+        if (!g->lead) continue;
+        if (fprintf(g->decisions,
+                    "{\"step\": %lld, \"layer\": \"%s\", \"tensor\": \"%s\", \"reason\": \"%s\", \"rule\": \"%s\", "
+                    "\"fraction\": %.17g, \"threshold\": %.17g, \"steps\": %lld, \"recipe\": \"%s\", \"to\": \"bf16\"}\n",
+                    (long long)step, name, KIND[bk], reason, WHAT[bw], bfrac, max[bw], (long long)l->run[bk][bw],
+                    dw_recipe_name(l->recipe)) < 0 ||
+            fflush(g->decisions) != 0)
+            return dw_set_error(g->ctx, DW_ERR_IO, "precision_decisions.jsonl: write failed");
+    }
+    return DW_OK;
+}
+
+dw_status dw_qguard_step_end(dw_qguard *g, int64_t step, int64_t *overflow, int64_t *underflow, bool *fell) {
     *overflow = *underflow = -1;
+    *fell = false;
     if (!g) return DW_OK;
     DW_TRY(dw_qcounter_read(g->qc, g->host, overflow, underflow));
+    DW_TRY(count_rule(g, step, fell));
     if (dw_qguard_due(g, step)) {
         for (int i = 0; i < g->n; i++) g->fell[i] = g->l[i].bf16;
         DW_TRY(dw_qcounter_write(g->qc, g->host, g->lead ? g->stats : NULL, step, g->fell));

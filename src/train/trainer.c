@@ -81,6 +81,9 @@ void dw_train_opts_init(dw_train_opts *opts, size_t size) {
     o->max_skips = 10;
     o->quant_check_every = 100;
     o->quant_fallback_after = 3;
+    o->quant_overflow_max = 0.001;
+    o->quant_underflow_max = -1;
+    o->quant_counts_after = 3;
     o->spike_window = 50;
     o->max_rollbacks = 3;
     memset(opts, 0, size);
@@ -166,6 +169,10 @@ static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts 
         return dw_set_error(ctx, DW_ERR_INVALID, "--max-skips %lld, --quant-check-every %lld and --quant-fallback-after "
                             "%lld must be >= 0", (long long)o->max_skips, (long long)o->quant_check_every,
                             (long long)o->quant_fallback_after);
+    if (!(o->quant_overflow_max <= 1) || !(o->quant_underflow_max <= 1) || o->quant_counts_after < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--quant-overflow-max %g and --quant-underflow-max %g must be fractions "
+                            "<= 1 (negative: off), --quant-counts-after %lld >= 0", o->quant_overflow_max,
+                            o->quant_underflow_max, (long long)o->quant_counts_after);
     if (!(o->spike_zscore >= 0 && o->spike_zscore < INFINITY) || o->max_rollbacks < 0 ||
         (o->spike_zscore > 0 && o->spike_window < 2))
         return dw_set_error(ctx, DW_ERR_INVALID, "--spike-zscore %g must be a finite number >= 0 (0: off), "
@@ -496,7 +503,9 @@ static dw_status setup(run *r) {
     r->skips.max_skips = o->max_skips;
     if (st == DW_OK) /* a resumed run's fallbacks are applied again before its first step */
         st = dw_qguard_open(ctx, r->eng, r->dp.host, r->dp.rank == 0, o->out_dir, o->quant_check_every,
-                            o->quant_fallback_after, cdir ? r->step : 0, &r->qguard);
+                            o->quant_fallback_after,
+                            &(dw_qcount_rule){o->quant_overflow_max, o->quant_underflow_max, o->quant_counts_after},
+                            cdir ? r->step : 0, &r->qguard);
     if (st == DW_OK && r->qguard) st = describe_recipes(r);
     if (st == DW_OK) st = dw_moe_bias_init(ctx, r->eng, o->moe_bias_update, cdir, &r->bias); /* the checkpoint's b */
     if (st == DW_OK && cdir)
@@ -703,7 +712,12 @@ static dw_status loop(run *r) {
                                .elapsed_s = t1 - t0, .skipped = skipped,
                                .precision_change = changed ? dw_qguard_last_decisions(r->qguard) : NULL};
         p.eta_s = (t1 - t0) / (double)(r->step - first) * (double)(o->steps - r->step);
-        DW_TRY(dw_qguard_step_end(r->qguard, r->step, &p.quant_overflow, &p.quant_underflow));
+        bool fell = false; /* the counters' rule (after the check: its decisions join the check's) */
+        DW_TRY(dw_qguard_step_end(r->qguard, r->step, &p.quant_overflow, &p.quant_underflow, &fell));
+        if (fell) {
+            DW_TRY(describe_recipes(r));
+            p.precision_change = dw_qguard_last_decisions(r->qguard);
+        }
         DW_TRY(moe_stats(r, &p));
         DW_TRY(dw_dp_report_times(&r->dp, &p)); /* several ranks: each one's communication */
         if ((r->val || o->val_batch) && o->eval_every > 0 && (r->step % o->eval_every == 0 || last))
