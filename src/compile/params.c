@@ -40,9 +40,10 @@ static int by_begin(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Which parameters keep a standing BF16 copy (BF16 mode): only linear layers read it (the other
- * ops read the FP32 masters), so every parameter but the weight of a quantised layer whose fprop
- * and dgrad both run quantised at the planned shape (those are converted on use). llama-1b under
+/* Which parameters keep a standing BF16 copy (BF16 mode): only linear layers and MoE experts read
+ * it (the other ops read the FP32 masters), so every parameter but the weight of a quantised layer
+ * whose fprop and dgrad both run quantised at the planned shape (those are converted on use; MoE
+ * experts' passes never fall back at run time). llama-1b under
  * fp8_block: no weight matrix at all, 1.2e9 floats not converted per update. Runs: consecutive
  * kept parameters merged (the padding between them, < 64 floats, converted along). */
 dw_status dw_compile_bf16_copies(dw_ctx *ctx, dw_compiled *c) {
@@ -55,8 +56,8 @@ dw_status dw_compile_bf16_copies(dw_ctx *ctx, dw_compiled *c) {
     if (!c->bf16) return DW_OK;
     for (int i = 0; i < g->n_nodes; i++) { /* a weight read by another node than quantised linears stays */
         const dw_ir_node *n = &g->nodes[i];
-        const dw_node_binding *b = &c->node[i].bind;
-        if (!DW_OP_IS(n, DW_OPF_GEMM) || !dw_compile_quant_recipe(b->recipe)) continue;
+        const dw_node_binding *b = &c->node[i].bind; /* MoE experts too: their passes are decided once */
+        if ((!DW_OP_IS(n, DW_OPF_GEMM) && n->op != DW_OP_MOE_LINEAR) || !dw_compile_quant_recipe(b->recipe)) continue;
         if (b->quantised[DW_QPASS_FPROP] && b->quantised[DW_QPASS_DGRAD])
             c->bf16_lazy[c->tensor[n->in[1]].param] = true;
     }

@@ -8,7 +8,7 @@
  * lowers the loss. The policy's keys: a rule {"op": "moe_linear", "recipe": "bf16"} keeps the
  * experts BF16 (then their output equals the BF16 grouped reference exactly, with no weight cache);
  * the CUDA target without DW_MOE_FP8=1, on sm_100, and with it (the sm_90 kernel) as bind_grouped
- * says. */
+ * says; expert weights whose fprop and dgrad run in fp8_block get no standing BF16 copy. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -135,6 +135,7 @@ static void test_binding(void **state) {
         const dw_ir_tensor *w = &m.g->tensors[m.g->nodes[i].in[1]];
         const int64_t codes = w->shape[0] * w->shape[1] * w->shape[2];
         for (int q = 0; q < 2; q++) assert_true(m.c->node[i].wq[q].off >= 0 && m.c->node[i].wq[q].bytes >= codes + codes / 16384 * 4);
+        assert_true(m.c->bf16_lazy[m.c->tensor[m.g->nodes[i].in[1]].param]); /* no BF16 copy cast per update */
         bool refreshed = false;
         for (int s = m.c->phase[DW_PHASE_REFRESH][0]; s < m.c->phase[DW_PHASE_REFRESH][1]; s++)
             refreshed |= m.c->steps[s].kind == DW_STEP_QUANT_W && m.c->steps[s].node == i;
