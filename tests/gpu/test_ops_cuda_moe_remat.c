@@ -73,7 +73,7 @@ static int64_t run_case(dw_act_dtype dt, int64_t N, int64_t C, int64_t K, int64_
     dw_gt *pos = dw_gt_out("positions", A, DW_ACT_F32);
     unsigned char *firsts[3] = {NULL, NULL, NULL};
     for (int run = 0; run < 2; run++) {
-        if (run) DW_GC_CUDA(cudaMemset(xs->dev, 0xFF, xs->bytes)); /* the rows' memory reused in between */
+        if (run) DW_GC_CUDA(cudaMemsetAsync(xs->dev, 0xFF, xs->bytes, dw_gc_stream)); /* the rows' memory reused in between */
         DW_GC_OK(bad, name, dw_cuda_moe_dispatch_fwd(NULL, dt, xs->dev, (int32_t *)off->dev, (int32_t *)pos->dev, x->dev,
                                                      (const int32_t *)ix->dev, w ? w->dev : NULL, N, C, K, E, cap,
                                                      dw_gc_stream));
@@ -88,7 +88,7 @@ static int64_t run_case(dw_act_dtype dt, int64_t N, int64_t C, int64_t K, int64_
     dw_gt *act = dw_gt_out("act", R * F, dt);
     unsigned char *first = NULL;
     for (int run = 0; run < 2; run++) {
-        if (run) DW_GC_CUDA(cudaMemset(act->dev, 0xFF, act->bytes));
+        if (run) DW_GC_CUDA(cudaMemsetAsync(act->dev, 0xFF, act->bytes, dw_gc_stream));
         DW_GC_OK(bad, name, dw_cuda_swiglu_fwd(NULL, dt, act->dev, g->dev, u->dev, R * F, dw_gc_stream));
         DW_GC_SYNC();
         if (!run) first = bytes_of(act);
@@ -101,8 +101,8 @@ static int64_t run_case(dw_act_dtype dt, int64_t N, int64_t C, int64_t K, int64_
     unsigned char *firsts_n[2] = {NULL, NULL};
     for (int run = 0; run < 2; run++) {
         if (run) {
-            DW_GC_CUDA(cudaMemset(h->dev, 0xFF, h->bytes));
-            DW_GC_CUDA(cudaMemset(rstd->dev, 0xFF, rstd->bytes));
+            DW_GC_CUDA(cudaMemsetAsync(h->dev, 0xFF, h->bytes, dw_gc_stream));
+            DW_GC_CUDA(cudaMemsetAsync(rstd->dev, 0xFF, rstd->bytes, dw_gc_stream));
         }
         DW_GC_OK(bad, name, dw_cuda_rmsnorm_fwd_offset(NULL, dt, h->dev, (float *)rstd->dev, x->dev, (const float *)nw->dev,
                                                        0.0, N, C, 1e-5, dw_gc_stream));
