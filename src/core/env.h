@@ -16,7 +16,7 @@
  *   DW_MOE_FP8=1                       offers the unverified fp8_block grouped kernel (gemm/grouped_fp8.c)
  *   DW_DP_BUCKET_FLOATS=N              data parallelism's gradient bucket (train/dp_buckets.c)
  *   DW_COMM_TIMEOUT=S                  seconds a rank waits on a TCP peer (comm/comm_world.c)
- *   DW_KV_CACHE=0|1                    sampling's K/V cache off, or on CUDA too (runtime/kv_cache.c)
+ *   DW_KV_CACHE=0                      sampling's K/V cache off (train/sample.c; on by default)
  * docs/environment.md is the same list for users. */
 #ifndef DW_CORE_ENV_H
 #define DW_CORE_ENV_H

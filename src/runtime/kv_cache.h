@@ -5,8 +5,8 @@
  * On the CPU engine the logits are bit for bit those of the whole-sequence forward. Programs FP32
  * or BF16 (not quantised: a tensor-scaled GEMM makes a row depend on the others), whose ops are
  * all row-wise apart from those three; MoE layers count as row-wise when they drop no token (no
- * capacity factor below E). CUDA engines only with DW_KV_CACHE=1 (until GPU runs have held them to
- * the recompute): the cache stays on the device and attention runs there (flash-decoding,
+ * capacity factor below E). CUDA engines too (BF16 within rounding of the recompute: tests/gpu/
+ * test_kv_cache_cuda.c, run on an H100 in session 17): the cache stays on the device and attention runs there (flash-decoding,
  * runtime/cuda/decode_cuda.h); positions and RoPE rows go through the backend's download/upload;
  * the GPU's M = 1 GEMMs and decode attention round differently from the whole-sequence kernels, so
  * there the logits agree within BF16 tolerance (tests/gpu/test_kv_cache_cuda.c).

@@ -1,5 +1,5 @@
-/* test_kv_cache_cuda.c — cached decoding on a CUDA engine (runtime/kv_cache.c, opted into with
- * DW_KV_CACHE=1; the cache on the device, attention by kernels/cuda/decode_attn.cu): first that
+/* test_kv_cache_cuda.c — cached decoding on a CUDA engine (runtime/kv_cache.c, on by default;
+ * the cache on the device, attention by kernels/cuda/decode_attn.cu): first that
  * kernel against the CPU reference (tests/unit/test_decode_attn_gpu.h: random shapes to T 4096,
  * GQA, windows, caps, D 64/128/odd, FP32 1e-5 and BF16 2e-2 normwise); then for random-weight BF16
  * models of each family (gpt2, llama, qwen2, mixtral, qwen3-moe tiny presets, and directories of
@@ -100,8 +100,9 @@ static void test_decode_kernel(void **state) {
     assert_int_equal(bad, 0);
 }
 
-/* Without DW_KV_CACHE=1 a CUDA engine keeps the recompute (the default until GPU runs settle it). */
-static void test_opt_in(void **state) {
+/* A CUDA engine takes the cache by default (DW_KV_CACHE unset or 1); the sampler's DW_KV_CACHE=0
+ * turns it off (train/sample.c), not this predicate. */
+static void test_default_on(void **state) {
     (void)state;
     dw_model_opts mo;
     dw_model_opts_init(&mo, sizeof mo);
@@ -109,7 +110,7 @@ static void test_opt_in(void **state) {
     dw_model *m = NULL;
     assert_int_equal(dw_model_open(gpu, "llama-tiny", &mo, &m), DW_OK);
     unsetenv("DW_KV_CACHE");
-    assert_false(dw_kv_cache_supported(dw_model_engine(m)));
+    assert_true(dw_kv_cache_supported(dw_model_engine(m)));
     setenv("DW_KV_CACHE", "1", 1);
     assert_true(dw_kv_cache_supported(dw_model_engine(m)));
     dw_model_free(m);
@@ -130,6 +131,6 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_decode_kernel), cmocka_unit_test(test_families),
-                                       cmocka_unit_test(test_family_dirs), cmocka_unit_test(test_opt_in)};
+                                       cmocka_unit_test(test_family_dirs), cmocka_unit_test(test_default_on)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }
