@@ -15,7 +15,8 @@
 #   validation split after the last step, or its first N micro-batches with --eval-batches; every
 #   other flag Deepwell's default) and
 #   accuracy_torch.py with the same settings. --gpus N runs N jobs at once, job k on the next free
-#   GPU (CUDA_VISIBLE_DEVICES; with --device cpu, N processes). --no-torch leaves PyTorch out (to
+#   GPU (CUDA_VISIBLE_DEVICES: the N first of the ones it lists when set, else 0..N-1; with
+#   --device cpu, N processes). --no-torch leaves PyTorch out (to
 #   split the runs over several calls: `python3 bench/accuracy_report.py table A.jsonl B.jsonl`
 #   joins them). --strict: exit 1 when a band fails. Exit 1 when a run failed, 2 on a bad flag.
 #   env: OUT (default out): $OUT/accuracy.jsonl (one JSON line per run, in job order),
@@ -127,8 +128,9 @@ run_job() { # run_job K: job K's run, its JSON line in $OUT/runs/NAME/row.json
   mv "$row.tmp" "$row"
   echo "accuracy.sh: $name done (exit $rc): $(cut -c1-200 "$row")" >&2
 }
-worker() { # worker G: claims the jobs one by one (mkdir is atomic) and runs them on GPU G
-  export CUDA_VISIBLE_DEVICES=$1
+visible=(${CUDA_VISIBLE_DEVICES:+${CUDA_VISIBLE_DEVICES//,/ }}) # the GPUs given, when the caller narrows them
+worker() { # worker G: claims the jobs one by one (mkdir is atomic) and runs them on the G-th GPU
+  export CUDA_VISIBLE_DEVICES=${visible[$1]:-$1}
   for k in "${!job_list[@]}"; do mkdir "$WORK/claim.$k" 2>/dev/null && run_job "$k"; done
 }
 rm -rf "$WORK"/claim.* "$WORK/runs" # a WORK used before: nothing of it is this call's
