@@ -114,7 +114,7 @@ for phase in "$@"; do
           else say "$name failed"; tail -5 "$out/$name.log"; fail=1; fi
         done
       done
-      grep -h "communicator\|NCCL" "$out/$m-dp$n-z0.log" | head -4
+      cat "$out/$m-dp$n"-z*.log 2>/dev/null | grep -h "communicator\|NCCL" | head -4
       compare "$m-1" "${runs[@]}" | tee -a "$out/summary.txt" || fail=1
     done
     ;;
