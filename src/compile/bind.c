@@ -13,10 +13,6 @@
 #include "core/error.h"
 #include "gemm/registry.h"
 
-bool dw_compile_quant_recipe(dw_recipe r) { return r != DW_RECIPE_BF16 && (int)r >= 0 && r < DW_RECIPE_COUNT; }
-dw_recipe dw_compile_quant_act_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK2D ? DW_RECIPE_FP8_BLOCK : r; }
-dw_recipe dw_compile_quant_weight_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK ? DW_RECIPE_FP8_BLOCK2D : r; }
-
 void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int64_t *m, int64_t *n, int64_t *k) {
     switch (pass) {
     case DW_QPASS_FPROP: *m = N, *n = M, *k = K; break; /* y [N,M] = x [N,K] . W^T */

@@ -5,7 +5,7 @@
  * device) and the grouped expert linear layer (dw_grouped_gemm with the kernel the compiler bound:
  * src/gemm/grouped_kernels.c; a BF16 program reads the standing BF16 weight copy, which expert
  * weights always have; passes bound to fp8_block quantise x and dy on the device per call and read
- * the node's weight cache, which dw_cuda_moe_quant_weight refreshes after each weight update). No
+ * the node's weight cache, which moe_fp8_cuda.c refreshes after each weight update). No
  * host synchronisation: a recorded step replays whatever the routing. An output gradient no
  * consumer sent (dout NULL) counts as zeros; no MoE op adds into an input gradient (ops.def gives
  * them no ACC flag). */
@@ -90,16 +90,6 @@ static dw_status quant_act(dw_backend *be, const dw_op_call *c, const dw_qslot_l
     if (!cols) return dw_grouped_fp8_quantize_rows_cuda(be->ctx, v, bf16, R, C, s.codes, s.scales);
     return dw_grouped_fp8_quantize_cols_cuda(be->ctx, v, bf16, (const int32_t *)c->in[2], R,
                                              c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
-}
-
-dw_status dw_cuda_moe_quant_weight(dw_backend *be, const dw_exec *x, int node) {
-    const dw_prog_node *pn = &x->p->node[node];
-    if (pn->wq[0].off < 0) return DW_OK;
-    const int wt = x->g->nodes[node].in[1];
-    const int64_t *sh = x->g->tensors[wt].shape; /* [E, M, K] */
-    const dw_moe_fp8_slot q = dw_moe_fp8_at(x, &pn->wq[0]), qt = dw_moe_fp8_at(x, &pn->wq[1]);
-    return dw_grouped_fp8_quantize_weights_cuda(be->ctx, x->w + x->p->param_off[x->p->tensor[wt].param], false, sh[0],
-                                                sh[1], sh[2], q.codes, q.scales, qt.codes, qt.scales);
 }
 
 dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
