@@ -172,7 +172,7 @@ static dw_status bench_case(dw_ctx *ctx, const dw_bench_grouped_opts *o, const g
     void *out = p == DW_GEMM_FPROP ? b->y : p == DW_GEMM_DGRAD ? b->dx : b->dw;
     call_args a = {.ctx = ctx, .g = f ? bench_fp8_args(f, p, out) : case_args(b, s, p), .f = f};
     const char *name = NULL;
-    if (dw_grouped_select(ctx, &a.g, &name) != DW_OK) { /* e.g. the fp8_block kernel's opt-in */
+    if (dw_grouped_select(ctx, &a.g, &name) != DW_OK) { /* e.g. fp8_block on sm_90 with DW_MOE_FP8=0 */
         c.skipped = dw_errmsg(ctx);
         if (fn) fn(&c, user);
         return DW_OK;

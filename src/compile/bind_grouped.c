@@ -5,9 +5,9 @@
  * candidate for `deepwell compile --explain`. A node whose policy recipe is fp8_block (or
  * fp8_block2d) asks first for an fp8_block kernel per pass (1x128 activations, 128x128 expert
  * weights) and falls back to BF16 with the reasons the registry gave (a non-multiple of 128, no
- * fp8_block wgrad, the sm_90 kernel's opt-in, another architecture); any other quantised recipe
- * has no grouped kernel and falls back the same way. No kernel for a pass is a compile error
- * naming the node. */
+ * fp8_block wgrad, the sm_90 kernel switched off by DW_MOE_FP8=0, another architecture); any other
+ * quantised recipe has no grouped kernel and falls back the same way. No kernel for a pass is a
+ * compile error naming the node. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

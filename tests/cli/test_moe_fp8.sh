@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test_moe_fp8.sh DEEPWELL — MoE experts under an fp8_block policy (compile/bind_grouped.c): in
 # `deepwell compile --explain` a Mixtral of hidden 128 and experts of 256 runs fprop and dgrad in
-# the fp8_block grouped kernel (the CPU reference on the CPU; the sm_90 kernel only with
-# DW_MOE_FP8=1, else BF16 with that reason; sm_100 BF16 with its reason) and --report gives the
-# experts the policy's recipe, the router BF16; mixtral-tiny (hidden 64) keeps its experts BF16
+# the fp8_block grouped kernel (the CPU reference on the CPU; the sm_90 kernel by default and with
+# DW_MOE_FP8=1, BF16 naming the switch with DW_MOE_FP8=0; sm_100 BF16 with its reason) and
+# --report gives the experts the policy's recipe, the router BF16; mixtral-tiny (hidden 64) keeps its experts BF16
 # saying why; the memory plan prices the expert weight caches; the CPU trains it in fp8_block and
 # the loss falls over 30 steps of the built-in data; a policy rule {"op": "moe_linear", "recipe":
 # "bf16"} keeps the experts BF16, and with every linear BF16 by rule the losses equal --precision
@@ -43,14 +43,19 @@ has "hidden 64: BF16 with the reason" "$tmp/tiny" \
   "BF16 fallback: grouped_cpu_fp8_block: K and M must be multiples of 128" "selected: grouped_cpu_reference (bf16 fallback)"
 
 unset DW_MOE_FP8
-explain sm90 "$tmp/mx" --precision fp8_block --sm 90; check "sm_90 without the opt-in" 0 $?
-has "sm_90 without DW_MOE_FP8: BF16, the opt-in named" "$tmp/sm90" \
-  "BF16 fallback: grouped_fp8block_sm90: opt-in until it has passed on a GPU: DW_MOE_FP8=1" \
-  "selected: grouped_wgmma_sm90 (bf16 fallback)"
+explain sm90 "$tmp/mx" --precision fp8_block --sm 90; check "sm_90, DW_MOE_FP8 unset" 0 $?
+[ "$(count sm90 "selected: grouped_fp8block_sm90 (fp8_block)")" -ge 12 ] && ok "sm_90 by default: the fp8_block kernel" ||
+  bad "sm_90 by default: $(count sm90 "selected: grouped_fp8block_sm90") selections: $(head -c 600 "$tmp/sm90")"
+[ "$(count sm90 "DW_MOE_FP8")" = 0 ] && ok "  ... and no word of the switch" || bad "sm_90 by default names DW_MOE_FP8"
+DW_MOE_FP8=0 explain sm90off "$tmp/mx" --precision fp8_block --sm 90; check "sm_90 with DW_MOE_FP8=0" 0 $?
+has "sm_90 switched off: BF16, the switch named" "$tmp/sm90off" \
+  "BF16 fallback: grouped_fp8block_sm90: switched off by DW_MOE_FP8=0" "selected: grouped_wgmma_sm90 (bf16 fallback)"
+[ "$(count sm90off "selected: grouped_fp8block_sm90")" = 0 ] && ok "  ... and no fp8_block kernel" ||
+  bad "sm_90 switched off still selects grouped_fp8block_sm90"
 DW_MOE_FP8=1 explain sm90on "$tmp/mx" --precision fp8_block --sm 90; check "sm_90 with DW_MOE_FP8=1" 0 $?
-[ "$(count sm90on "selected: grouped_fp8block_sm90 (fp8_block)")" -ge 12 ] && ok "sm_90 opted in: the fp8_block kernel" ||
-  bad "sm_90 opted in: $(count sm90on "selected: grouped_fp8block_sm90") selections"
-DW_MOE_FP8=1 explain sm100 "$tmp/mx" --precision fp8_block --sm 100; check "sm_100" 0 $?
+[ "$(count sm90on "selected: grouped_fp8block_sm90 (fp8_block)")" -ge 12 ] && ok "sm_90 switched on: the fp8_block kernel" ||
+  bad "sm_90 switched on: $(count sm90on "selected: grouped_fp8block_sm90") selections"
+explain sm100 "$tmp/mx" --precision fp8_block --sm 100; check "sm_100" 0 $?
 has "sm_100: BF16, the architecture named" "$tmp/sm100" "BF16 fallback: grouped_fp8block_sm90: needs sm_90, device is sm_100"
 
 ws() { "$dw" compile "$tmp/mx" --batch 2 --seq 16 --target cpu "$@" | awk '$1 == "workspace" {print $2}'; }

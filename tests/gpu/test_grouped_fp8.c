@@ -1,6 +1,6 @@
 /* test_grouped_fp8.c (GPU) — the fp8_block grouped expert GEMM on an sm_90 device
- * (kernels/cuda/moe_gemm_fp8_sm90.cu through the registry entry grouped_fp8block_sm90, opted in
- * with DW_MOE_FP8=1) against the CPU reference of the same arithmetic (grouped_cpu_fp8_block) on
+ * (kernels/cuda/moe_gemm_fp8_sm90.cu through the registry entry grouped_fp8block_sm90, offered by
+ * default: DW_MOE_FP8 unset) against the CPU reference of the same arithmetic (grouped_cpu_fp8_block) on
  * the same codes and scales, fprop and dgrad, BF16 and FP32 outputs, with skewed routings: every
  * row to one expert, empty experts, a single row, groups of odd sizes and rows past the groups
  * (which must come back 0); outputs poisoned with NaN before each run. wgrad on the transposed,
@@ -35,7 +35,7 @@ static int setup(void **state) {
     if (dw_test_cpu_gpu_setup(&g_cpu, &g_gpu)) return -1;
     dw_test_rng_init(&dw_test_group_rng, dw_test_seed());
     g_sm = dw_gemm_ctx_sm(g_gpu);
-    setenv("DW_MOE_FP8", "1", 1); /* the entry's opt-in */
+    unsetenv("DW_MOE_FP8"); /* the default offers the entry; DW_MOE_FP8=0 would withdraw it */
     return 0;
 }
 static int teardown(void **state) {

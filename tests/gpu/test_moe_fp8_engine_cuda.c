@@ -1,4 +1,4 @@
-/* test_moe_fp8_engine_cuda.c — MoE experts in fp8_block on the GPU (DW_MOE_FP8=1, sm_90): one
+/* test_moe_fp8_engine_cuda.c — MoE experts in fp8_block on the GPU (sm_90, by default): one
  * program (a Mixtral of hidden 128 and experts of 256, compiled for this GPU under fp8_block) on
  * the CUDA engine and on the CPU engine (its oracle: the same fp8 passes through the CPU reference
  * of the kernel's arithmetic) with the same weights. Checked: the program binds the sm_90 fp8_block
@@ -66,7 +66,7 @@ static void test_fp8_experts(void **state) {
     assert_int_equal(dw_capture_config(g_gpu, &mc, B, T, &g), DW_OK);
     dw_policy *pol = NULL;
     assert_int_equal(dw_policy_from_precision(g_gpu, "fp8_block", false, &pol), DW_OK);
-    setenv("DW_MOE_FP8", "1", 1);
+    unsetenv("DW_MOE_FP8"); /* the default: fp8_block experts on sm_90 */
     dw_compiled *c = NULL;
     if (dw_compile(g_gpu, g, NULL, pol, NULL, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
     int experts = 0;
@@ -138,7 +138,6 @@ static void test_fp8_experts(void **state) {
         printf("step %d: loss gpu %.8f cpu %.8f\n", step, lg, lc);
         if (!(fabs(lg - lc) / lc <= 5e-2)) bad++, printf("MISMATCH step %d loss\n", step);
     }
-    unsetenv("DW_MOE_FP8");
     dw_engine_free(cpu);
     dw_engine_free(gpu);
     dw_compiled_free(c);

@@ -4,8 +4,8 @@
  * the exact transpose of W's codes and block scales; the reference product (fprop and dgrad through
  * dw_grouped_gemm) against the dequantised operands' product in double, with skewed routings
  * (every row to one expert, empty experts, a single row, rows past the groups); the registry's
- * rules (K and M multiples of 128, the sm_90 kernel only with DW_MOE_FP8=1). wgrad's padded
- * operands and product: test_grouped_fp8_wgrad.c. */
+ * rules (K and M multiples of 128, the sm_90 kernel by default and not with DW_MOE_FP8=0). wgrad's
+ * padded operands and product: test_grouped_fp8_wgrad.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -143,11 +143,18 @@ static void test_rules(void **state) {
                          .offsets = ph, .x_scales = ph, .w_scales = ph, .dy_scales = ph};
     char log[4096] = "";
     unsetenv("DW_MOE_FP8");
-    assert_null(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, log, sizeof log)); /* not by default */
-    assert_non_null(strstr(log, "grouped_fp8block_sm90        prio  40  rejected: opt-in until it has passed on a GPU: DW_MOE_FP8=1"));
-    assert_non_null(strstr(log, "grouped_wgmma_sm90           prio  30  rejected: recipe must be bf16, not fp8_block"));
-    setenv("DW_MOE_FP8", "1", 1);
+    assert_string_equal(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, NULL, 0), "grouped_fp8block_sm90"); /* default */
+    setenv("DW_MOE_FP8", "0", 1); /* the off switch: no fp8_block kernel on the GPU, the reason names it */
+    for (int pass = DW_GEMM_FPROP; pass <= DW_GEMM_WGRAD; pass++) {
+        a.pass = pass, log[0] = '\0';
+        assert_null(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, log, sizeof log));
+        assert_non_null(strstr(log, "grouped_fp8block_sm90        prio  40  rejected: switched off by DW_MOE_FP8=0"));
+        assert_non_null(strstr(log, "grouped_wgmma_sm90           prio  30  rejected: recipe must be bf16, not fp8_block"));
+    }
+    a.pass = DW_GEMM_FPROP;
+    setenv("DW_MOE_FP8", "1", 1); /* on, as by default */
     assert_string_equal(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, NULL, 0), "grouped_fp8block_sm90");
+    unsetenv("DW_MOE_FP8");
     a.pass = DW_GEMM_DGRAD;
     assert_string_equal(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, NULL, 0), "grouped_fp8block_sm90");
     assert_null(dw_grouped_registry_pick(DW_DEVICE_CUDA, 100, &a, NULL, 0)); /* sm_90a only */
@@ -167,7 +174,6 @@ static void test_rules(void **state) {
     a.experts = 4, a.x = (const char *)ph + 8, log[0] = '\0';
     assert_null(dw_grouped_registry_pick(DW_DEVICE_CUDA, 90, &a, log, sizeof log));
     assert_non_null(strstr(log, "16-byte aligned"));
-    unsetenv("DW_MOE_FP8");
     /* bad input: a scale pointer the pass reads is missing */
     float v[4] = {0};
     int32_t off[2] = {0, 0};

@@ -7,8 +7,8 @@
  * gradient equal the fp8 grouped reference on those operands exactly; training on a fixed batch
  * lowers the loss. The policy's keys: a rule {"op": "moe_linear", "recipe": "bf16"} keeps the
  * experts BF16 (then their output equals the BF16 grouped reference exactly, with no weight cache);
- * the CUDA target without DW_MOE_FP8=1, on sm_100, and with it (the sm_90 kernel) as bind_grouped
- * says; expert weights whose fprop and dgrad run in fp8_block get no standing BF16 copy. */
+ * the CUDA target on sm_90 by default and with DW_MOE_FP8=1 (the sm_90 kernel), with DW_MOE_FP8=0
+ * and on sm_100 (BF16, the note saying why) as bind_grouped says; expert weights whose fprop and dgrad run in fp8_block get no standing BF16 copy. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -247,18 +247,17 @@ static void test_exact(void **state) {
     dw_test_model_free(&m);
 }
 
-/* A program compiled for CUDA (sm_90, DW_MOE_FP8=1) runs on the CPU engine in the same arithmetic:
- * the fp8 CPU reference where the GPU runs the sm_90 kernel. */
+/* A program compiled for CUDA (sm_90, DW_MOE_FP8 unset: the default) runs on the CPU engine in the
+ * same arithmetic: the fp8 CPU reference where the GPU runs the sm_90 kernel. */
 static void test_cuda_program_on_cpu(void **state) {
     (void)state;
     const int64_t B = 2, T = 16;
-    setenv("DW_MOE_FP8", "1", 1);
+    unsetenv("DW_MOE_FP8");
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
     o.device = DW_DEVICE_CUDA, o.sm = 90;
     dw_test_model m;
     assert_int_equal(dw_test_model_build_opts(CTX, mixtral128(B, T), "fp8_block", &o, &m), DW_OK);
-    unsetenv("DW_MOE_FP8");
     const int node = node_named(m.g, "model.layers.0.mlp.experts.down");
     assert_string_equal(m.c->node[node].bind.kernel[DW_QPASS_FPROP], "grouped_fp8block_sm90");
     dw_test_random_params(m.e, RNG, 0.05f, NULL, 0.05f);
@@ -331,8 +330,9 @@ static void test_rule_keeps_bf16(void **state) {
     dw_test_model_free(&m);
 }
 
-/* The CUDA target: without DW_MOE_FP8=1 the experts stay BF16 and the note says why; on sm_100
- * the sm_90 kernel is not offered; with the opt-in on sm_90 fprop and dgrad run it. */
+/* The CUDA target: on sm_90 fprop and dgrad run the fp8_block kernel by default (DW_MOE_FP8 unset)
+ * and with DW_MOE_FP8=1; with DW_MOE_FP8=0 the experts stay BF16 and the note names the switch; on
+ * sm_100 the sm_90 kernel is not offered. */
 static void test_cuda_target(void **state) {
     (void)state;
     dw_graph *g = mixtral128(2, 16);
@@ -340,13 +340,14 @@ static void test_cuda_target(void **state) {
     assert_int_equal(dw_policy_from_precision(CTX, "fp8_block", false, &pol), DW_OK);
     const int node = node_named(g, "model.layers.0.mlp.experts.up");
     const struct {
-        int sm, opt_in;
-        const char *note, *fprop;
-    } cases[] = {{90, 0, "DW_MOE_FP8=1", "grouped_wgmma_sm90"},
-                 {100, 1, "needs sm_90, device is sm_100", NULL},
-                 {90, 1, NULL, "grouped_fp8block_sm90"}};
+        int sm;
+        const char *env, *note, *fprop; /* env NULL: DW_MOE_FP8 unset */
+    } cases[] = {{90, NULL, NULL, "grouped_fp8block_sm90"},
+                 {90, "0", "switched off by DW_MOE_FP8=0", "grouped_wgmma_sm90"},
+                 {100, NULL, "needs sm_90, device is sm_100", NULL},
+                 {90, "1", NULL, "grouped_fp8block_sm90"}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        if (cases[k].opt_in) setenv("DW_MOE_FP8", "1", 1);
+        if (cases[k].env) setenv("DW_MOE_FP8", cases[k].env, 1);
         else unsetenv("DW_MOE_FP8");
         dw_compile_opts o;
         dw_compile_opts_init(&o, sizeof o);

@@ -12,9 +12,9 @@
 // start at multiples of 128 (grouped_fp8.h; moe_gemm_fp8_quant.cu makes them): its tiles are
 // (expert, 128 rows of dW_e, 128 columns), its K loop the expert's padded blocks (the same prefix
 // of the experts' 128-row tile counts as fprop's row tiles), each partial promoted with its row's
-// and its column's scale, and dW added into (every element one CTA's: deterministic). Not yet run
-// on a GPU: the registry offers it only with DW_MOE_FP8=1 (src/gemm/grouped_fp8.c) until
-// tests/gpu/test_grouped_fp8.c has passed.
+// and its column's scale, and dW added into (every element one CTA's: deterministic). Passed
+// tests/gpu/test_grouped_fp8.c on an H100 (fprop, dgrad, wgrad); the registry offers it by default
+// (src/gemm/grouped_fp8.c), DW_MOE_FP8=0 keeps the experts' grouped GEMMs BF16.
 // Each consumer waits for its partial before promoting (no second partial in flight): simple first.
 #include <cuda_bf16.h>
 
