@@ -1302,8 +1302,8 @@ typedef void (*dw_bench_grouped_fn)(const dw_bench_grouped_case *c, void *user);
 
 /* Times the grouped GEMMs (dw_grouped_gemm, the registry's kernel) on the context's device for
  * every chosen shape, routing, recipe and pass, on random inputs; fn hears each case as it is
- * done (skipped, with the registry's reason, where no kernel can run it: the fp8_block kernel is
- * opt-in with DW_MOE_FP8=1 until it has run on a GPU). The CPU times its FP32 references and
+ * done (skipped, with the registry's reason, where no kernel can run it: e.g. fp8_block on sm_90
+ * with DW_MOE_FP8=0, which withdraws its kernel). The CPU times its FP32 references and
  * needs named shapes. Errors: DW_ERR_INVALID for an
  * unknown name in a list (named), iters < 1, a bad custom shape or Zipf exponent; DW_ERR_NOMEM;
  * DW_ERR_CUDA. */

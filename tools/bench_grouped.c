@@ -1,13 +1,10 @@
 /* bench_grouped.c — `deepwell bench grouped`: flags, help and printing of dw_bench_grouped
  * (src/bench/grouped.c), which times the MoE layer's grouped expert GEMMs (fprop, dgrad, wgrad)
- * with balanced and Zipf-skewed routing, in BF16 and fp8_block (whose kernel's opt-in,
- * DW_MOE_FP8=1, this command sets and says so); bench/grouped_anchor.py times torch._grouped_mm
- * alike. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+ * with balanced and Zipf-skewed routing, in BF16 and fp8_block; bench/grouped_anchor.py times
+ * torch._grouped_mm alike. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cli.h"
 
@@ -24,8 +21,7 @@ static void help(void) {
            "reference. fp8_block runs on E4M3 codes with DeepSeek-V3's scales: W quantised once (128x128\n"
            "blocks), the pass's activation operands (x or dy in 1x128 row blocks; wgrad's dy^T and x^T\n"
            "padded per expert) quantised inside every timed call; \"quant ms\" is that quantisation alone,\n"
-           "and ms and TFLOP/s include it. Its sm_90 kernel is opt-in until it has run on a GPU: this\n"
-           "command sets DW_MOE_FP8=1 when it is unset and says so.\n"
+           "and ms and TFLOP/s include it (on sm_90 its wgmma kernel unless DW_MOE_FP8=0).\n"
            "Each case: 2 warm-up calls, then 5 batches of N calls (CUDA events on a\n"
            "GPU); the median batch gives ms per call. bench/grouped_anchor.py times torch._grouped_mm\n"
            "on the same shapes and routings for the comparison.\n\n"
@@ -145,12 +141,6 @@ int bench_grouped(int argc, char **argv) {
     dw_status st = cli_ctx_create(CMD, device, &ctx);
     if (st != DW_OK) return cli_exit_for(st);
     printer p = {.json = json};
-    if (o.recipes && strstr(o.recipes, "fp8_block") && !getenv("DW_MOE_FP8") && /* the library checks the names */
-        dw_ctx_device(ctx) == DW_DEVICE_CUDA) { /* the kernel's opt-in (src/gemm/grouped_fp8.c) */
-        setenv("DW_MOE_FP8", "1", 1);
-        fprintf(json ? stderr : stdout, "# DW_MOE_FP8=1 set by bench grouped: the fp8_block grouped kernel is opt-in "
-                "until it has passed its GPU test\n");
-    }
     st = dw_bench_grouped(ctx, &o, on_case, &p);
     int rc = DW_EXIT_OK;
     if (st != DW_OK) {

@@ -3,8 +3,8 @@
 # reference kernel; GPU timings run on the lent GPU): a random custom shape's JSON cases in both
 # recipes (each case's recipe, quant_ms > 0 for fp8_block and 0 for bf16, TFLOP/s = 2 rows K M / ms
 # over the unpadded rows), bf16 alone by default, --explain selecting grouped_cpu_fp8_block for every
-# pass, the table's recipe and "quant ms" columns, --help, and bad input (exit 2, the flag or name in
-# the message).
+# pass, the table's recipe and "quant ms" columns, --help (naming the off switch DW_MOE_FP8=0), and
+# bad input (exit 2, the flag or name in the message).
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -34,7 +34,8 @@ has "every pass selects the fp8_block reference" "$tmp/x" "grouped fprop: rows $
 [ "$(grep -c 'selected: grouped_cpu_fp8_block' "$tmp/x")" = 3 ] && ok "three passes, one kernel" || bad "selections: $(cat "$tmp/x")"
 has "the table's columns and rows" "$tmp/x" "recipe" "quant ms" "custom        balanced  wgrad  fp8_block"
 "$dw" bench grouped --help >"$tmp/h" 2>&1; check "--help" 0 $?
-has "--help names the recipes" "$tmp/h" "--recipe LIST" fp8_block "quant ms" DW_MOE_FP8=1 "unpadded rows"
+has "--help names the recipes and the off switch" "$tmp/h" "--recipe LIST" fp8_block "quant ms" DW_MOE_FP8=0 "unpadded rows"
+! grep -q "opt-in" "$tmp/h" && ok "--help no longer calls the kernel opt-in" || bad "--help: $(grep opt-in "$tmp/h")"
 "$dw" bench grouped --device cpu $shape --recipe fp8 >"$tmp/x" 2>&1; check "unknown recipe" 2 $?
 has "names it" "$tmp/x" "--recipe" "'fp8'"
 "$dw" bench grouped --device cpu --shapes custom --rows 8 --experts 2 --k 100 --m 128 --recipe fp8_block >"$tmp/x" 2>&1
