@@ -5,7 +5,7 @@ has, split into train and validation, and the byte-level Llama's Hugging Face co
 Corpus ("python-docs"): the Python documentation this interpreter ships, as text — the Language
 Reference's topic pages (`pydoc_data.topics`, the pages `help("if")` shows; sorted by topic) and
 then the docstrings of the standard library's modules, classes and functions (every Lib/*.py by
-`ast`, sorted by path, tests, idlelib and site-packages left out, exact repeats dropped), blocks
+`ast`, parsed in parallel, sorted by path, tests, idlelib and site-packages left out, exact repeats dropped), blocks
 separated by a blank line, UTF-8. Python 3.11: 0.47 MB of topics + 1.5 MB of docstrings; the topics
 alone are too few bytes for 1200 steps of 16 x 256 (about 12 epochs). The text depends on the
 Python version, so corpus.json records the version, sizes and SHA-256 (and a Python installed
@@ -23,6 +23,7 @@ import argparse
 import ast
 import hashlib
 import json
+import multiprocessing
 import os
 import sys
 import sysconfig
@@ -40,28 +41,40 @@ def topics_text():
     return [topics.topics[k].strip() for k in sorted(topics.topics)]
 
 
-def docstrings():
-    """Every module, class and function docstring of the standard library, in path order."""
+def source_files():
+    """The standard library's .py files the corpus reads, in path order."""
     lib = sysconfig.get_paths()["stdlib"]
     out = []
     for root, dirs, files in os.walk(lib):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        for f in sorted(files):
-            if not f.endswith(".py"):
-                continue
-            try:
-                with open(os.path.join(root, f), encoding="utf-8") as fh, warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # SyntaxWarnings of old escape sequences
-                    tree = ast.parse(fh.read())
-            except (SyntaxError, UnicodeDecodeError, ValueError):
-                continue
-            kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-            for node in ast.walk(tree):
-                if isinstance(node, kinds):
-                    d = ast.get_docstring(node)
-                    if d and d.strip():
-                        out.append(d.strip())
+        out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
     return out
+
+
+def file_docstrings(path):
+    """One file's module, class and function docstrings, in ast.walk order ([] if it does not parse)."""
+    try:
+        with open(path, encoding="utf-8") as fh, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SyntaxWarnings of old escape sequences
+            tree = ast.parse(fh.read())
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = (ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, kinds))
+    return [d.strip() for d in docs if d and d.strip()]
+
+
+def docstrings():
+    """Every module, class and function docstring of the standard library, in path order. The files
+    are parsed in parallel (ast.parse is most of the time: 2.0 s on one core for Python 3.11);
+    Pool.map keeps the order, so the bytes are those of a serial pass."""
+    files = source_files()
+    try:
+        with multiprocessing.Pool(min(16, os.cpu_count() or 1)) as pool:
+            per_file = pool.map(file_docstrings, files, chunksize=8)
+    except OSError:  # no processes to be had (a sandbox): one core
+        per_file = [file_docstrings(f) for f in files]
+    return [d for docs in per_file for d in docs]
 
 
 def corpus(text_file):
