@@ -19,21 +19,29 @@
 #   --device cpu, N processes). --no-torch leaves PyTorch out (to
 #   split the runs over several calls: `python3 bench/accuracy_report.py table A.jsonl B.jsonl`
 #   joins them). --strict: exit 1 when a band fails. Exit 1 when a run failed, 2 on a bad flag.
-#   env: OUT (default out): $OUT/accuracy.jsonl (one JSON line per run, in job order),
+#   env: OUT (default out): $OUT/accuracy.jsonl (one JSON line per run, in table order),
 #   $OUT/accuracy.md (the table, also printed), $OUT/corpus.json, $OUT/runs/NAME/{row.json (the
 #   run's line, written when it ends: after a call cut short, `python3 bench/accuracy_report.py
 #   table $OUT/runs/*/row.json` tabulates the runs that finished), metrics.jsonl, log};
 #   PYTHON (default python3, needs torch); WORK (run directories and checkpoints, default a
 #   temporary directory removed at the end).
-# Time per run, full size: not yet measured on a GPU. Estimated: 0.65 TFLOP a step (1.6e8 FLOPs a
-#   token x 4096 tokens), 1.3-2.2 ms at 30-50% of an H100's 989 TFLOP/s, plus launch and optimizer
-#   overhead of a small model, about 5-10 ms a step: 10-40 s per Deepwell bf16/FP8 run with
-#   start-up and the final checkpoint; nvfp4 (exact emulation of the FP4 GEMMs on Hopper) and
-#   PyTorch eager (about 1000 kernel launches a step) slower, under a minute each expected. So the
-#   15 runs of the default should fit a 10-minute call with --gpus 4; on one GPU, split them
-#   (--recipes, --seeds, --no-torch) until the first call has measured. Measured on the CPU (2
-#   shared cores, one thread each): --layers 2 --width 128 --batch 4 --seq 64 --steps 30, training
-#   steps only: Deepwell bf16 846 tokens/s (9 s), mxfp8 331 (23 s), PyTorch BF16 14,100 (0.5 s);
+#   Interrupted (SIGTERM, as from `timeout`, or SIGINT): no job starts after the signal; the running
+#   ones are stopped with every process below them (frozen, then killed); the finished runs are
+#   tabulated as usual, the others listed as failed ("interrupted" or "not started"); exit 143
+#   (SIGTERM) or 130 (SIGINT). WORK is removed only once those processes are gone.
+# Order: the jobs start slowest first (mxfp8, nvfp4, PyTorch, any other recipe, fp8_block, bf16),
+#   so a call cut short loses the cheap runs; accuracy.jsonl and the table keep PyTorch, then
+#   --recipes by --seeds.
+# Time, full size, measured on H100s (bench/RESULTS.md, call C2, commit c66e3d5, two runs at once
+#   on two GPUs): the corpus under 6 s (Python 3.12, 16 cores); Deepwell bf16 1200 steps in
+#   9.5-11.6 s a run (about 10 s), PyTorch BF16 54-61 s (about 60 s); mxfp8 0.6-0.8 s a step (step
+#   200 but not 300 after 2.5-3 minutes: 12 minutes or more a run, longer than a 10-minute call);
+#   fp8_block and nvfp4 not yet measured. To fit the 15 runs into 10-minute calls: first
+#   `--gpus 4 --recipes bf16,fp8_block,nvfp4` (12 runs, nvfp4 and PyTorch starting first), then
+#   mxfp8 in calls of its own (`--recipes mxfp8 --no-torch --gpus 3`) once its step time allows,
+#   and join the parts with `python3 bench/accuracy_report.py table`. Measured on the CPU (2 shared
+#   cores, one thread each): --layers 2 --width 128 --batch 4 --seq 64 --steps 30, training steps
+#   only: Deepwell bf16 846 tokens/s (9 s), mxfp8 331 (23 s), PyTorch BF16 14,100 (0.5 s);
 #   validating on all 765 micro-batches of that size took Deepwell's exact CPU engine 2 minutes,
 #   hence --eval-batches for CPU checks.
 set -u
@@ -77,6 +85,9 @@ own_work=0
 if [ -z "${WORK:-}" ]; then WORK=$(mktemp -d) && own_work=1; fi
 mkdir -p "$WORK" || die "$WORK: cannot create the work directory"
 [ $own_work = 1 ] && trap 'rm -rf "$WORK"' EXIT
+job_list=() workers=() stopped_by=''
+trap 'interrupted SIGTERM 143' TERM
+trap 'interrupted SIGINT 130' INT
 
 # The corpus and the model config, once for every run.
 "$py" "$here/accuracy_setup.py" "$WORK/data" --layers "$layers" --width "$width" --seq "$seq" \
@@ -89,12 +100,15 @@ echo "accuracy.sh: corpus $(cat "$out/corpus.json")" >&2
 echo "accuracy.sh: $layers layers, width $width, batch $batch x seq $seq, $steps steps, lr $lr -> $min_lr," \
   "warmup $warmup, $eval_batches validation batches, device $device, $gpus at once" >&2
 
-# The jobs: "torch_bf16 SEED" and "RECIPE SEED", PyTorch first.
-job_list=()
+# The jobs: "torch_bf16 SEED" and "RECIPE SEED", PyTorch first: the order of accuracy.jsonl.
 IFS=, read -ra seed_list <<<"$seeds"
 IFS=, read -ra recipe_list <<<"$recipes"
 [ $torch = 1 ] && for s in "${seed_list[@]}"; do job_list+=("torch_bf16 $s"); done
 for r in "${recipe_list[@]}"; do for s in "${seed_list[@]}"; do job_list+=("$r $s"); done; done
+
+# The order they start in: the slowest first (the header's measurements; unmeasured recipes by guess).
+start_rank() { case $1 in mxfp8) echo 0 ;; nvfp4) echo 1 ;; torch_bf16) echo 2 ;; fp8_block) echo 4 ;; bf16) echo 5 ;; *) echo 3 ;; esac; }
+mapfile -t run_order < <(for k in "${!job_list[@]}"; do echo "$(start_rank "${job_list[$k]% *}") $k"; done | sort -s -n -k1,1 | cut -d' ' -f2)
 
 common=(--steps "$steps" --batch "$batch" --seq "$seq" --lr "$lr" --min-lr "$min_lr" --warmup "$warmup")
 job_name() { echo "${job_list[$1]% *}_s${job_list[$1]#* }"; } # job_name K: torch_bf16_s1, nvfp4_s3, ...
@@ -130,22 +144,74 @@ run_job() { # run_job K: job K's run, its JSON line in $OUT/runs/NAME/row.json
 }
 visible=(${CUDA_VISIBLE_DEVICES:+${CUDA_VISIBLE_DEVICES//,/ }}) # the GPUs given, when the caller narrows them
 worker() { # worker G: claims the jobs one by one (mkdir is atomic) and runs them on the G-th GPU
+  trap : TERM INT # the main shell stops this one and its run (interrupted)
   export CUDA_VISIBLE_DEVICES=${visible[$1]:-$1}
-  for k in "${!job_list[@]}"; do mkdir "$WORK/claim.$k" 2>/dev/null && run_job "$k"; done
+  for k in "${run_order[@]}"; do
+    [ -e "$WORK/stop" ] && break
+    mkdir "$WORK/claim.$k" 2>/dev/null && run_job "$k" </dev/null
+  done
 }
-rm -rf "$WORK"/claim.* "$WORK/runs" # a WORK used before: nothing of it is this call's
+tabulate() { # $OUT/accuracy.jsonl in table order (a job without its row.json: an error line) and the table
+  # (accuracy.md, printed); returns 1 when a run failed
+  local k name why failed=0
+  : >"$out/accuracy.jsonl"
+  for k in "${!job_list[@]}"; do
+    name=$(job_name "$k")
+    why="no result"
+    [ -n "$stopped_by" ] && { [ -e "$out/runs/$name/log" ] && why="interrupted by $stopped_by" || why="not started: $stopped_by"; }
+    cat "$out/runs/$name/row.json" >>"$out/accuracy.jsonl" 2>/dev/null ||
+      echo "{\"recipe\": \"${job_list[$k]% *}\", \"seed\": ${job_list[$k]#* }, \"error\": \"$why\"}" >>"$out/accuracy.jsonl"
+  done
+  grep -q '"error"' "$out/accuracy.jsonl" && failed=1
+  "$py" "$here/accuracy_report.py" table "$out/accuracy.jsonl" --corpus "$out/corpus.json" >"$out/accuracy.md" || failed=1
+  cat "$out/accuracy.md"
+  return $failed
+}
+process_tree() { # process_tree PID...: the PIDs and every live process below them (ps's parent links)
+  ps -e -o pid= -o ppid= | awk -v roots="$*" '
+    BEGIN { n = split(roots, r, " "); for (i = 1; i <= n; i++) in_tree[r[i]] = 1 }
+    { parent[$1] = $2 }
+    END { do { grew = 0; for (p in parent) if (!(p in in_tree) && (parent[p] in in_tree)) { in_tree[p] = 1; grew = 1 } } while (grew)
+          for (p in in_tree) if (p in parent) print p }' | sort -n | tr '\n' ' '
+}
+stop_tree() { # stop_tree PID...: freeze the tree (a frozen process starts nothing) until it stops growing, kill
+  # it, and wait until none of it runs (zombies count as gone); returns 1 if some still run after 60 s
+  local pids='' prev=x left='' i
+  for ((i = 0; i < 20; i++)); do
+    [ "$pids" = "$prev" ] && break
+    prev=$pids pids=$(process_tree "$@")
+    [ -n "$pids" ] && kill -STOP $pids 2>/dev/null
+  done
+  [ -n "$pids" ] || return 0
+  kill -KILL $pids 2>/dev/null
+  { wait; } 2>/dev/null # this shell's children: the workers
+  for ((i = 0; i < 600; i++)); do
+    left=$(ps -o pid= -o stat= -p "${pids// /,}" 2>/dev/null | awk '$2 !~ /^Z/ { print $1 }' | tr '\n' ' ')
+    [ -z "${left// /}" ] && return 0
+    sleep 0.1
+  done
+  echo "accuracy.sh: processes $left still run 60 s after SIGKILL; $WORK is left in place" >&2
+  return 1
+}
+interrupted() { # interrupted SIGNAL STATUS: no job starts, the running ones stop, the finished ones are
+  # tabulated, exit STATUS; WORK (the EXIT trap) goes after the workers and all below them, or stays
+  trap '' TERM INT
+  stopped_by=$1
+  [ -d "$WORK" ] && : >"$WORK/stop"
+  echo "accuracy.sh: $1: stopping the workers and their runs; no job starts now" >&2
+  if [ ${#workers[@]} -gt 0 ]; then
+    stop_tree "${workers[@]}" || trap - EXIT
+    tabulate # the table of the runs that finished
+  fi
+  exit "$2"
+}
+rm -rf "$WORK"/claim.* "$WORK/runs" "$WORK/stop" # a WORK used before: nothing of it is this call's
 for k in "${!job_list[@]}"; do rm -rf "$out/runs/$(job_name "$k")" && mkdir -p "$out/runs/$(job_name "$k")"; done
-for ((g = 0; g < gpus; g++)); do worker $g & done
+for ((g = 0; g < gpus; g++)); do worker $g & workers+=($!); done
 wait
 
-: >"$out/accuracy.jsonl"
 failed=0
-for k in "${!job_list[@]}"; do
-  cat "$out/runs/$(job_name "$k")/row.json" >>"$out/accuracy.jsonl" 2>/dev/null || echo "{\"recipe\": \"${job_list[$k]% *}\", \"seed\": ${job_list[$k]#* }, \"error\": \"no result\"}" >>"$out/accuracy.jsonl"
-done
-grep -q '"error"' "$out/accuracy.jsonl" && failed=1
-"$py" "$here/accuracy_report.py" table "$out/accuracy.jsonl" --corpus "$out/corpus.json" >"$out/accuracy.md" || failed=1
-cat "$out/accuracy.md"
+tabulate || failed=1
 [ $failed = 1 ] && exit 1
 [ $strict = 1 ] && grep -q '| FAIL' "$out/accuracy.md" && exit 1
 exit 0

@@ -4,7 +4,8 @@
 # one well-formed line per job and the table agrees with it; at step 0 the PyTorch model is
 # Deepwell's model (the reference's initial weights through `deepwell eval --weights` give its
 # initial loss to 1e-5) and both initialisations give the loss an untrained byte model has; a bad
-# flag is refused (exit 2) and a failing run is reported (exit 1).
+# flag is refused (exit 2) and a failing run is reported (exit 1); SIGTERM mid-run stops the runs,
+# tabulates the finished one and exits 143, leaving nothing running and no work folder.
 set -u
 dw=$1
 src=${DW_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -110,6 +111,28 @@ OUT=$tmp/out2 bash "$src/bench/accuracy.sh" "$dw" "${tiny[@]}" --seeds 1 --recip
   >/dev/null 2>"$tmp/err"
 check "a run that fails makes the script fail" 1 $?
 has "the failed run is in the table with its error" "$tmp/out2/accuracy.md" "0 runs, 1 failed" "failed: fp3 seed 1" "unknown recipe 'fp3'"
+
+# Interrupted mid-run as `timeout` does it: SIGTERM to the script's whole process group (so the runs
+# get it too), four jobs one at a time, once the first has its row.json. No job starts after it,
+# the running one is stopped, the finished one is tabulated, exit 143; nothing of the bench still
+# runs, its work folder (mktemp under TMPDIR) is gone, and no run wrote into a removed folder.
+sig=$tmp/sig
+mkdir -p "$sig/tmp" && cp "$d/val.txt" "$sig/text.txt" # the path names each of the bench's processes
+TMPDIR=$sig/tmp OUT=$sig/out setsid bash "$src/bench/accuracy.sh" "$dw" "${tiny[@]}" --steps 150 --seeds 1,2,3,4 \
+  --recipes bf16 --no-torch --text "$sig/text.txt" >"$sig/table" 2>"$sig/err" &
+pid=$!
+for ((i = 0; i < 900; i++)); do ls "$sig"/out/runs/*/row.json >/dev/null 2>&1 && break; sleep 0.1; done
+kill -TERM -- -"$pid"
+wait "$pid"
+check "accuracy.sh stopped by SIGTERM mid-run exits 143" 143 $?
+sleep 1
+if pgrep -f -- "$sig/" >/dev/null; then bad "the stopped bench still runs: $(pgrep -af -- "$sig/")"; else ok "nothing of the stopped bench still runs"; fi
+[ -z "$(ls -A "$sig/tmp")" ] && ok "its work folder is removed" || bad "its work folder is left: $(ls -A "$sig/tmp")"
+if grep -rq "cannot create directory" "$sig/err" "$sig/out/runs"; then bad "a run wrote into a removed folder: $(grep -r "cannot create" "$sig/err" "$sig/out/runs")"; else ok "no run wrote into a removed folder"; fi
+has "the finished run is tabulated, the stopped and unstarted ones listed" "$sig/table" "| Deepwell BF16 | 1 |" \
+  "1 runs, 3 failed" "failed: bf16 seed 2: interrupted by SIGTERM" "failed: bf16 seed 3: not started: SIGTERM" \
+  "failed: bf16 seed 4: not started: SIGTERM"
+cmp -s "$sig/table" "$sig/out/accuracy.md" && ok "the stopped bench's table is its accuracy.md" || bad "stopped: printed table != accuracy.md"
 
 [ "$fails" = 0 ] && echo "all passed" || echo "$fails failed"
 [ "$fails" = 0 ]
