@@ -79,6 +79,7 @@ if [ "$steps" -lt 1 ] || [ "$gpus" -lt 1 ]; then die "--steps and --gpus must be
 case $device in cuda | cpu) ;; *) die "--device '$device' must be cuda or cpu" ;; esac
 [ -z "$text" ] || [ -r "$text" ] || die "--text $text: cannot be read"
 py=${PYTHON:-python3}
+command -v ps >/dev/null || die "ps not found (Debian: apt-get install procps): it finds the runs to stop on a signal"
 out=${OUT:-out}
 mkdir -p "$out/runs" || die "$out: cannot create the output directory"
 own_work=0

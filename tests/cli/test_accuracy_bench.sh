@@ -113,15 +113,19 @@ check "a run that fails makes the script fail" 1 $?
 has "the failed run is in the table with its error" "$tmp/out2/accuracy.md" "0 runs, 1 failed" "failed: fp3 seed 1" "unknown recipe 'fp3'"
 
 # Interrupted mid-run as `timeout` does it: SIGTERM to the script's whole process group (so the runs
-# get it too), four jobs one at a time, once the first has its row.json. No job starts after it,
-# the running one is stopped, the finished one is tabulated, exit 143; nothing of the bench still
-# runs, its work folder (mktemp under TMPDIR) is gone, and no run wrote into a removed folder.
+# get it too), four jobs one at a time, once the first has its row.json and the second its log (150
+# steps: it runs for seconds). No job starts after the signal, the running one is stopped, the
+# finished one is tabulated, exit 143; nothing of the bench still runs, its work folder (mktemp
+# under TMPDIR) is gone, and no run wrote into a removed folder.
 sig=$tmp/sig
 mkdir -p "$sig/tmp" && cp "$d/val.txt" "$sig/text.txt" # the path names each of the bench's processes
 TMPDIR=$sig/tmp OUT=$sig/out setsid bash "$src/bench/accuracy.sh" "$dw" "${tiny[@]}" --steps 150 --seeds 1,2,3,4 \
   --recipes bf16 --no-torch --text "$sig/text.txt" >"$sig/table" 2>"$sig/err" &
 pid=$!
-for ((i = 0; i < 900; i++)); do ls "$sig"/out/runs/*/row.json >/dev/null 2>&1 && break; sleep 0.1; done
+for ((i = 0; i < 900; i++)); do
+  [ -e "$sig/out/runs/bf16_s1/row.json" ] && [ -e "$sig/out/runs/bf16_s2/log" ] && break
+  sleep 0.1
+done
 kill -TERM -- -"$pid"
 wait "$pid"
 check "accuracy.sh stopped by SIGTERM mid-run exits 143" 143 $?
