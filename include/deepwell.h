@@ -1468,13 +1468,18 @@ typedef struct {
     double quant_overflow_max;
     double quant_underflow_max;
     int64_t quant_counts_after;
+    /* the quantisation error checks (quant_check_every) measure each tensor of more than this many
+     * elements on a deterministic sample of whole quantisation blocks (block rows spread evenly
+     * over it, the same every check, always with the block row holding its amax; docs/precision.md,
+     * "Guardrails"). Default 1 << 20; 0: every tensor whole */
+    int64_t quant_check_elements;
 } dw_train_opts;
 
 /* Fills defaults: steps 100, batch 8, seq 64, global_batch 8, lr 1e-3, min_lr 1e-4, warmup 10,
  * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
  * sample every 0 (64 tokens at temperature 0.8), checkpoint every 30 minutes and at the end,
  * keep 3, seed 1337, max_skips 10, quant_check_every 100, quant_fallback_after 3, quant_overflow_max
- * 0.001, quant_underflow_max -1 (off), quant_counts_after 3.
+ * 0.001, quant_underflow_max -1 (off), quant_counts_after 3, quant_check_elements 1 << 20.
  * data and out_dir must still be set. */
 DW_API void dw_train_opts_init(dw_train_opts *opts, size_t size);
 

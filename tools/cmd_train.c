@@ -25,7 +25,7 @@ enum { O_INIT = O_ZERO + 1, O_INIT_FROM };
 /* --moe-drop: not in the resume record either (the checkpoint's config.json keeps the policy) */
 enum { O_MOE_DROP = O_INIT_FROM + 1 };
 /* guardrails: may change on resume (not in the record) */
-enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK };
+enum { O_MAX_SKIPS = O_LAST + 80, O_QCHECK, O_QFALLBACK, O_QCHECK_ELEMS };
 /* the counters' fallback rule: not in the record either; a value clear of the enums here */
 enum { O_QOVER_MAX = O_LAST + 160, O_QUNDER_MAX, O_QCOUNTS_AFTER };
 /* loss-spike rollback, delayed FP8 scaling: not in the record either (a checkpoint written with an
@@ -147,6 +147,9 @@ static void help(void) {
         "                         (10; 0: stop at the first)\n"
         "  --quant-check-every K  every K steps, each quantised GEMM input's relative error,\n"
         "                         overflow and underflow into DIR/quant_stats.jsonl (100; 0: off)\n"
+        "  --quant-check-elements N  a tensor of more elements is checked on a sample of whole\n"
+        "                         quantisation block rows (evenly spread, its amax's included)\n"
+        "                         (1048576; 0: whole tensors)\n"
         "  --quant-fallback-after M  a layer over its threshold (policy \"max_rel_error\", default\n"
         "                         0.1 FP8, 0.25 FP4) in M checks in a row runs in BF16 for the rest\n"
         "                         of the run, kept on resume (DIR/precision_decisions.jsonl) (3; 0:\n"
@@ -353,6 +356,7 @@ int cmd_train(int argc, char **argv) {
         {"zero", required_argument, 0, O_ZERO}, {"init", required_argument, 0, O_INIT},
         {"init-from", required_argument, 0, O_INIT_FROM}, {"max-skips", required_argument, 0, O_MAX_SKIPS},
         {"quant-check-every", required_argument, 0, O_QCHECK},
+        {"quant-check-elements", required_argument, 0, O_QCHECK_ELEMS},
         {"quant-fallback-after", required_argument, 0, O_QFALLBACK}, {"ep", required_argument, 0, O_EP},
         {"quant-overflow-max", required_argument, 0, O_QOVER_MAX},
         {"quant-underflow-max", required_argument, 0, O_QUNDER_MAX},
@@ -445,6 +449,10 @@ int cmd_train(int argc, char **argv) {
         case O_QCHECK:
             ok = cli_parse_int(CMD, "--quant-check-every", optarg, 0, 1L << 40, &v);
             o.quant_check_every = v;
+            break;
+        case O_QCHECK_ELEMS:
+            ok = cli_parse_int(CMD, "--quant-check-elements", optarg, 0, 1L << 50, &v);
+            o.quant_check_elements = v;
             break;
         case O_QFALLBACK:
             ok = cli_parse_int(CMD, "--quant-fallback-after", optarg, 0, 1L << 40, &v);

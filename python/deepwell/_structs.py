@@ -163,7 +163,7 @@ class TrainOpts(Sized):
                 ("next_batch", BATCH_FN), ("val_batch", BATCH_FN), ("batch_user", ptr), ("spike_zscore", dbl),
                 ("spike_window", i64), ("max_rollbacks", i64), ("fp8_amax_history", i64), ("no_overlap", flag),
                 ("moe_bias_update", dbl), ("quant_overflow_max", dbl), ("quant_underflow_max", dbl),
-                ("quant_counts_after", i64)]
+                ("quant_counts_after", i64), ("quant_check_elements", i64)]
 
 
 # Every mirrored struct with its C name (the ABI test walks this).

@@ -78,7 +78,7 @@ class Trainer:
                  seed=1337, resume=None, sample_every=0, sample_tokens=64, sample_temperature=0.8,
                  sample_prompt=None, deterministic=False, callbacks=(), progress=True, log_every=1, tokenizer=None,
                  zero=0, ep=1, overlap=True, max_skips=10, quant_check_every=100, quant_fallback_after=3,
-                 quant_overflow_max=0.001, quant_underflow_max=None, quant_counts_after=3, spike_zscore=0.0, spike_window=None, max_rollbacks=None, fp8_amax_history=0, moe_bias_update=0.0,
+                 quant_overflow_max=0.001, quant_underflow_max=None, quant_counts_after=3, quant_check_elements=1 << 20, spike_zscore=0.0, spike_window=None, max_rollbacks=None, fp8_amax_history=0, moe_bias_update=0.0,
                  profile=False):
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for fit(**options)
         if not isinstance(engine, Engine):
@@ -122,6 +122,7 @@ class Trainer:
         self.quant_overflow_max = -1.0 if quant_overflow_max is None else float(quant_overflow_max)
         self.quant_underflow_max = -1.0 if quant_underflow_max is None else float(quant_underflow_max)
         self.quant_counts_after = int(quant_counts_after)
+        self.quant_check_elements = int(quant_check_elements)  # sampled past this many (0: whole tensors)
         self.spike_zscore = float(spike_zscore)
         self.spike_window = 50 if spike_window is None else int(spike_window)
         self.max_rollbacks = 3 if max_rollbacks is None else int(max_rollbacks)
@@ -188,6 +189,7 @@ class Trainer:
         o.quant_fallback_after = self.quant_fallback_after
         o.quant_overflow_max, o.quant_underflow_max = self.quant_overflow_max, self.quant_underflow_max
         o.quant_counts_after = self.quant_counts_after
+        o.quant_check_elements = self.quant_check_elements
         o.spike_zscore, o.spike_window, o.max_rollbacks = self.spike_zscore, self.spike_window, self.max_rollbacks
         o.fp8_amax_history, o.moe_bias_update = self.fp8_amax_history, self.moe_bias_update
         return o, keep

@@ -30,12 +30,10 @@ static void mark_block_max(dw_recipe r, const float *x, int64_t R, int64_t C, ui
         }
 }
 
-dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans,
-                            dw_qstats *s) {
-    if (r == DW_RECIPE_BF16 || (int)r < 0 || r >= DW_RECIPE_COUNT)
-        return dw_set_error(ctx, DW_ERR_INVALID, "quant stats: recipe %d has no quantised form", (int)r);
+/* The whole operand: x [rows, cols], or (trans) x^T, quantised and its sums added to *s. */
+static dw_status measure_all(dw_ctx *ctx, dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans,
+                             dw_qstats *s) {
     const int64_t R = trans ? cols : rows, C = trans ? rows : cols, n = rows * cols;
-    if (n <= 0) return DW_OK;
     float *xt = trans ? malloc((size_t)n * sizeof *xt) : NULL, *y = malloc((size_t)n * sizeof *y);
     uint8_t *mask = calloc((size_t)n, 1);
     if ((trans && !xt) || !y || !mask) {
@@ -62,6 +60,71 @@ dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t ro
     free(xt);
     free(y);
     free(mask);
+    return st;
+}
+
+/* Block row of the quantised layout [R, C] (rows of BR) holding the first element of largest
+ * magnitude (NaN skipped), in layout order; x is [rows, cols], the layout x or (trans) x^T. */
+static int64_t amax_group(const float *x, int64_t rows, int64_t cols, bool trans, int64_t BR) {
+    int64_t best = 0, at = -1;
+    double most = -1;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            const double v = fabs((double)x[i * cols + j]);
+            const int64_t lr = trans ? j : i, pos = trans ? j * rows + i : i * cols + j; /* layout row, index */
+            if (v > most || (v == most && pos < at)) most = v, at = pos, best = lr / BR;
+        }
+    return best;
+}
+
+int64_t dw_qstats_sample(dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans, int64_t cap,
+                         int64_t *group_rows, int64_t *group) {
+    int br;
+    dw_recipe_block(r, &br, NULL);
+    const int64_t R = trans ? cols : rows, C = trans ? rows : cols, BR = br > 0 ? br : 1;
+    const int64_t G = (R + BR - 1) / BR, per = BR * C;
+    *group_rows = BR;
+    if (cap <= 0 || rows * cols <= cap || G <= 1) return 0;
+    int64_t k = cap / per;
+    if (k < 1) k = 1;
+    if (k >= G) return 0;
+    for (int64_t i = 0; i < k; i++) group[i] = i * G / k;
+    const int64_t a = amax_group(x, rows, cols, trans, BR);
+    int64_t i = k - 1;
+    while (i > 0 && group[i] > a) i--; /* the slot whose stretch holds a */
+    group[i] = a;
+    return k;
+}
+
+dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans,
+                            dw_qstats *s) {
+    if (r == DW_RECIPE_BF16 || (int)r < 0 || r >= DW_RECIPE_COUNT)
+        return dw_set_error(ctx, DW_ERR_INVALID, "quant stats: recipe %d has no quantised form", (int)r);
+    if (rows * cols <= 0) return DW_OK;
+    s->elements += rows * cols;
+    const int64_t R = trans ? cols : rows, C = trans ? rows : cols;
+    int64_t BR = 1, cap_groups = s->cap > 0 ? s->cap / C + 1 : 0;
+    int64_t *group = cap_groups ? malloc((size_t)(cap_groups < R ? cap_groups : R) * sizeof *group) : NULL;
+    if (cap_groups && !group) return dw_set_error(ctx, DW_ERR_NOMEM, "quant stats: out of memory");
+    const int64_t k = group ? dw_qstats_sample(r, x, rows, cols, trans, s->cap, &BR, group) : 0;
+    if (!k) {
+        free(group);
+        return measure_all(ctx, r, x, rows, cols, trans, s);
+    }
+    int64_t m = 0; /* the sampled rows of the layout, gathered: sub [m, C] */
+    for (int64_t i = 0; i < k; i++) m += (group[i] + 1) * BR <= R ? BR : R - group[i] * BR;
+    float *sub = malloc((size_t)(m * C) * sizeof *sub);
+    if (!sub) {
+        free(group);
+        return dw_set_error(ctx, DW_ERR_NOMEM, "quant stats: out of memory");
+    }
+    float *o = sub;
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t a = group[i] * BR; a < (group[i] + 1) * BR && a < R; a++, o += C)
+            for (int64_t b = 0; b < C; b++) o[b] = trans ? x[b * cols + a] : x[a * cols + b];
+    const dw_status st = measure_all(ctx, r, sub, m, C, false, s);
+    free(sub);
+    free(group);
     return st;
 }
 

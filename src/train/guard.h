@@ -54,7 +54,8 @@ typedef struct {
  * dir/precision_decisions.jsonl, keeping the lines up to resumed_step (0: a fresh run); every rank
  * re-applies the kept decisions, so a resumed run keeps its fallbacks whatever every and after. */
 dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, const char *dir, int64_t every,
-                         int64_t after, const dw_qcount_rule *rule, int64_t resumed_step, dw_qguard **out);
+                         int64_t after, int64_t check_elements, const dw_qcount_rule *rule, int64_t resumed_step,
+                         dw_qguard **out);
 void dw_qguard_free(dw_qguard *g);
 /* Whether step `step` is a check step. */
 bool dw_qguard_due(const dw_qguard *g, int64_t step);
@@ -85,8 +86,8 @@ dw_status dw_qguard_step_end(dw_qguard *g, int64_t step, int64_t *overflow, int6
 /* ---- the counters behind it (guard_counts.c; precision/quant_counts.h) --------------------------- */
 typedef struct dw_qcounter dw_qcounter;
 /* A zeroed counter block in e's backend memory for the n linear nodes `nodes` (borrowed, layer i =
- * nodes[i]), attached to e's executor. */
-dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, dw_qcounter **out);
+ * nodes[i]), attached to e's executor; a check step's dy statistics sample past cap elements. */
+dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, int64_t cap, dw_qcounter **out);
 void dw_qcounter_free(dw_qcounter *q);
 dw_qcounts *dw_qcounter_counts(dw_qcounter *q);
 /* Reads the block back, zeroes it, adds it to the layers' sums; the step's totals over the ranks. */

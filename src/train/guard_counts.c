@@ -5,7 +5,7 @@
  * and per layer summed until the guard writes them to quant_stats.jsonl:
  *   {"step", "layer", "counts": "x"|"w"|"dy", "overflow", "underflow", "elements", "steps"}
  * ("steps": the optimizer steps summed, the last one `step`). Also the dy statistics' host
- * accumulators of a check step. Not the decisions (guard_quant.c). */
+ * accumulators of a check step (sampled past the guard's cap, quant_stats.h). Not the decisions (guard_quant.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,11 +26,12 @@ struct dw_qcounter {
     uint64_t *read;    /* (n_layers, KINDS, WORDS) this step's read-back */
     int64_t *sum;      /* (n_layers, KINDS, WORDS) summed since the last write (this rank, then all) */
     int64_t steps;     /* steps summed */
+    int64_t cap;       /* the dy statistics' sample cap (quant_stats.h) */
 };
 
 static size_t words(const dw_qcounter *q) { return (size_t)q->c.n_layers * DW_QC_KINDS * DW_QC_WORDS; }
 
-dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, dw_qcounter **out) {
+dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, int64_t cap, dw_qcounter **out) {
     *out = NULL;
     dw_qcounter *q = calloc(1, sizeof *q);
     const int n_nodes = e->g->n_nodes;
@@ -40,7 +41,7 @@ dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, d
         dw_qcounter_free(q);
         return dw_set_error(ctx, DW_ERR_NOMEM, "quant counters: out of memory");
     }
-    q->ctx = ctx, q->e = e, q->nodes = nodes, q->c.n_layers = n;
+    q->ctx = ctx, q->e = e, q->nodes = nodes, q->c.n_layers = n, q->cap = cap;
     for (int i = 0; i < n_nodes; i++) q->c.slot[i] = -1;
     for (int i = 0; i < n; i++) q->c.slot[nodes[i]] = i;
     void *mem = NULL;
@@ -122,5 +123,5 @@ dw_status dw_qcounter_discard(dw_qcounter *q) {
 
 void dw_qcounter_arm_dy(dw_qcounter *q, bool on) {
     q->c.measure_dy = on;
-    for (int i = 0; i < 2 * q->c.n_layers; i++) q->c.dy[i] = dw_qstats_zero();
+    for (int i = 0; i < 2 * q->c.n_layers; i++) q->c.dy[i] = dw_qstats_zero(), q->c.dy[i].cap = q->cap;
 }

@@ -3,7 +3,9 @@
  * quantised GEMMs read — x (fprop), x^T (wgrad), W (fprop), W^T (dgrad) — measured with the
  * reference quantiser (precision/quant_stats.c); and the gradient operands dy (dgrad) and dy^T
  * (wgrad) measured the same way by the check step's own backward (the linear op, asked through
- * dw_exec.qcounts: their values do not outlive it; that step runs unrecorded). x's and dy's sums
+ * dw_exec.qcounts: their values do not outlive it; that step runs unrecorded). A tensor of more
+ * than check_elements elements is measured on a sample of whole block rows, the same every check
+ * and always holding its amax (quant_stats.h, dw_qstats_sample). x's and dy's sums
  * are all-reduced over the ranks (W is the same on all). A layer whose bulk error (quant_stats.h)
  * is over its threshold for one of its tensors in `after` checks in a row falls back to BF16:
  * its binding's recipe becomes bf16 (every backend's linear reads it per call) and its weight
@@ -13,7 +15,8 @@
  * steps in a row falls back the same way.
  * Files (rank 0): DIR/quant_stats.jsonl, one line per measured tensor and check:
  *   {"step", "layer", "tensor": "x"|"x^T"|"w"|"w^T"|"dy"|"dy^T", "recipe", "rel_error", "bulk_error",
- *    "threshold", "overflow", "underflow", "elements"}
+ *    "threshold", "overflow", "underflow", "elements", "measured"} (the errors and counts are over the
+ *    "measured" elements, "elements" the tensor's)
  * and, every check step, the quantisers' counters summed since the last one (guard_counts.c).
  * DIR/precision_decisions.jsonl, one line per fallback:
  *   {"step", "layer", "tensor", "reason", "bulk_error", "threshold", "recipe", "to": "bf16"}, or by
@@ -59,6 +62,7 @@ struct dw_qguard {
     dw_comm *host;
     bool lead;
     int64_t every, after;
+    int64_t check_elements; /* elements measured per tensor at most (0: all) */
     dw_qcount_rule rule;
     int64_t *step_counts; /* (n, DW_QC_KINDS, DW_QC_WORDS) the last step's, all ranks (the rule on) */
     double thr[DW_RECIPE_COUNT];
@@ -207,7 +211,8 @@ static dw_status replay(dw_qguard *g, const char *dir, int64_t upto) {
 }
 
 dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, const char *dir, int64_t every,
-                         int64_t after, const dw_qcount_rule *rule, int64_t resumed_step, dw_qguard **out) {
+                         int64_t after, int64_t check_elements, const dw_qcount_rule *rule, int64_t resumed_step,
+                         dw_qguard **out) {
     *out = NULL;
     const dw_compiled *p = dw_engine_program(e);
     const dw_graph *gr = p->g;
@@ -217,6 +222,7 @@ dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, co
         return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
     *g = (dw_qguard){.ctx = ctx, .e = e, .host = host, .lead = lead, .every = every, .after = after, .l = g->l,
+                     .check_elements = check_elements,
                      .rule = *rule, .last_step = -1};
     for (int i = 0; p->bf16 && i < gr->n_nodes; i++) {
         const dw_node_binding *b = &p->node[i].bind;
@@ -240,7 +246,7 @@ dw_status dw_qguard_open(dw_ctx *ctx, dw_engine *e, dw_comm *host, bool lead, co
     if (st == DW_OK && g->n && lead)
         st = dw_jsonl_open(ctx, dir, "precision_decisions.jsonl", resumed_step, &g->decisions);
     if (st == DW_OK && g->n && resumed_step > 0) st = replay(g, dir, resumed_step);
-    if (st == DW_OK && g->n) st = dw_qcounter_open(ctx, e, g->nodes, g->n, &g->qc);
+    if (st == DW_OK && g->n) st = dw_qcounter_open(ctx, e, g->nodes, g->n, check_elements, &g->qc);
     if (st == DW_OK && g->n) drop_recordings(e->x); /* steps recorded before the counters count nothing */
     if (st == DW_OK && g->n) arm(g, dw_qguard_due(g, resumed_step + 1));
     if (st != DW_OK || !g->n) {
@@ -284,7 +290,7 @@ static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
     const dw_compiled *p = e->p;
     const dw_ir_node *n = &p->g->nodes[l->node];
     const dw_recipe ra = dw_compile_quant_act_recipe(l->recipe), rw = dw_compile_quant_weight_recipe(l->recipe);
-    for (int t = 0; t < T_COUNT; t++) s[t] = dw_qstats_zero();
+    for (int t = 0; t < T_COUNT; t++) s[t] = dw_qstats_zero(), s[t].cap = g->check_elements;
     if (l->measure[T_X] || l->measure[T_XT]) { /* x [rows, K] as the GEMM reads it (BF16 values) */
         const int t = n->in[0];
         const int64_t rows = dw_exec_rows(e->x, t), K = p->tensor[t].width;
@@ -322,10 +328,10 @@ static dw_status write_stats(dw_qguard *g, int64_t step, const layer *l, const d
         if (fprintf(g->stats,
                     "{\"step\": %lld, \"layer\": \"%s\", \"tensor\": \"%s\", \"recipe\": \"%s\", \"rel_error\": %.17g, "
                     "\"bulk_error\": %.17g, \"threshold\": %.15g, \"overflow\": %lld, \"underflow\": %lld, "
-                    "\"elements\": %lld}\n",
+                    "\"elements\": %lld, \"measured\": %lld}\n",
                     (long long)step, g->e->g->nodes[l->node].name, TENSOR[t], dw_recipe_name(r),
                     dw_qstats_rel_error(&s[t]), dw_qstats_bulk_error(&s[t]), g->thr[r], (long long)s[t].q.saturated,
-                    (long long)s[t].q.flushed, (long long)s[t].q.n) < 0)
+                    (long long)s[t].q.flushed, (long long)s[t].elements, (long long)s[t].q.n) < 0)
             return dw_set_error(g->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");
     }
     return fflush(g->stats) == 0 ? DW_OK : dw_set_error(g->ctx, DW_ERR_IO, "quant_stats.jsonl: write failed");
@@ -382,7 +388,7 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
     double loss = 0;
     DW_TRY(dw_engine_forward(g->e, tokens, targets, B, T, NULL, &loss));
     dw_qstats *s = calloc((size_t)g->n * T_COUNT, sizeof *s);
-    enum { V = 7 }; /* x, x^T, dy, dy^T: sum_e2, sum_x2, bulk_e2, bulk_x2, n, saturated, flushed */
+    enum { V = 8 }; /* x, x^T, dy, dy^T: sum_e2, sum_x2, bulk_e2, bulk_x2, n, saturated, flushed, elements */
     double *sum = calloc((size_t)g->n * 4 * V, sizeof *sum);
     const dw_qstats *dy = dw_qcounter_counts(g->qc)->dy; /* (n, 2): this step's backward, when armed */
     dw_status st = s && sum ? DW_OK : dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
@@ -394,7 +400,7 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
             const dw_qstats *q = &s[i * T_COUNT + RANKED[t]];
             double *d = &sum[(i * 4 + t) * V];
             d[0] = q->q.sum_e2, d[1] = q->q.sum_x2, d[2] = q->bulk_e2, d[3] = q->bulk_x2, d[4] = (double)q->q.n,
-            d[5] = (double)q->q.saturated, d[6] = (double)q->q.flushed;
+            d[5] = (double)q->q.saturated, d[6] = (double)q->q.flushed, d[7] = (double)q->elements;
         }
     }
     if (st == DW_OK) st = dw_comm_all_reduce(g->ctx, g->host, sum, (int64_t)g->n * 4 * V, DW_COMM_F64, DW_COMM_SUM);
@@ -405,7 +411,7 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
             const double *d = &sum[(i * 4 + t) * V];
             dw_qstats *q = &s[i * T_COUNT + RANKED[t]];
             q->q.sum_e2 = d[0], q->q.sum_x2 = d[1], q->bulk_e2 = d[2], q->bulk_x2 = d[3], q->q.n = (int64_t)d[4];
-            q->q.saturated = (int64_t)d[5], q->q.flushed = (int64_t)d[6];
+            q->q.saturated = (int64_t)d[5], q->q.flushed = (int64_t)d[6], q->elements = (int64_t)d[7];
         }
         if (g->lead) st = write_stats(g, step, l, &s[i * T_COUNT]);
         if (st == DW_OK) st = decide(g, step, l, &s[i * T_COUNT], changed);

@@ -84,6 +84,7 @@ void dw_train_opts_init(dw_train_opts *opts, size_t size) {
     o->quant_overflow_max = 0.001;
     o->quant_underflow_max = -1;
     o->quant_counts_after = 3;
+    o->quant_check_elements = 1 << 20;
     o->spike_window = 50;
     o->max_rollbacks = 3;
     memset(opts, 0, size);
@@ -169,6 +170,9 @@ static dw_status check_opts(dw_ctx *ctx, const dw_graph *g, const dw_train_opts 
         return dw_set_error(ctx, DW_ERR_INVALID, "--max-skips %lld, --quant-check-every %lld and --quant-fallback-after "
                             "%lld must be >= 0", (long long)o->max_skips, (long long)o->quant_check_every,
                             (long long)o->quant_fallback_after);
+    if (o->quant_check_elements < 0)
+        return dw_set_error(ctx, DW_ERR_INVALID, "--quant-check-elements %lld must be >= 0 (0: whole tensors)",
+                            (long long)o->quant_check_elements);
     if (!(o->quant_overflow_max <= 1) || !(o->quant_underflow_max <= 1) || o->quant_counts_after < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "--quant-overflow-max %g and --quant-underflow-max %g must be fractions "
                             "<= 1 (negative: off), --quant-counts-after %lld >= 0", o->quant_overflow_max,
@@ -503,7 +507,7 @@ static dw_status setup(run *r) {
     r->skips.max_skips = o->max_skips;
     if (st == DW_OK) /* a resumed run's fallbacks are applied again before its first step */
         st = dw_qguard_open(ctx, r->eng, r->dp.host, r->dp.rank == 0, o->out_dir, o->quant_check_every,
-                            o->quant_fallback_after,
+                            o->quant_fallback_after, o->quant_check_elements,
                             &(dw_qcount_rule){o->quant_overflow_max, o->quant_underflow_max, o->quant_counts_after},
                             cdir ? r->step : 0, &r->qguard);
     if (st == DW_OK && r->qguard) st = describe_recipes(r);

@@ -7,7 +7,9 @@
  * sigma) falls back to BF16 after quant_fallback_after checks, no other layer does, the decision
  * is in precision_decisions.jsonl and that step's metrics.jsonl line, quant_stats.jsonl has every
  * check, and a resumed run applies it again before its first step and continues the
- * uninterrupted run's losses bit for bit. */
+ * uninterrupted run's losses bit for bit. The first run measures on samples (a random
+ * quant_check_elements far under the layer's size, "measured" < "elements" in quant_stats.jsonl),
+ * the resumed one whole tensors: the same decision at the same step either way. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -270,6 +272,21 @@ static void plant_outlier(dw_engine *e, int64_t c0, uint64_t sign_seed) {
     free(w);
 }
 
+/* The first quant_stats.jsonl line of LAYER's tensor w: its "elements" and "measured". */
+static void w_counts(const char *qs, int64_t *elements, int64_t *measured) {
+    size_t n = 0;
+    char *t = slurp(qs, &n);
+    assert_non_null(t);
+    const char *l = strstr(t, "\"layer\": \"model.layers.0.mlp.up_proj\", \"tensor\": \"w\"");
+    assert_non_null(l);
+    long long e = -1, m = -1;
+    const char *f = strstr(l, "\"elements\": ");
+    assert_non_null(f);
+    assert_int_equal(sscanf(f, "\"elements\": %lld, \"measured\": %lld", &e, &m), 2);
+    *elements = e, *measured = m;
+    free(t);
+}
+
 static dw_recipe node_recipe(dw_engine *e, const char *name) {
     const dw_compiled *p = dw_engine_program(e);
     for (int i = 0; i < p->g->n_nodes; i++)
@@ -291,6 +308,7 @@ static void test_quant_fallback(void **state) {
     base_opts(&o, outa, dseed, 6);
     o.quant_check_every = 1;
     o.quant_fallback_after = 2;
+    o.quant_check_elements = 64 + (int64_t)(dw_test_next(&rng) % 400); /* W is [64, 32]: sampled */
     seen a = {0};
     o.progress = on_step;
     o.progress_user = &a;
@@ -312,6 +330,13 @@ static void test_quant_fallback(void **state) {
     /* every check measured the layer's w until it fell back; every other quantised layer all along */
     assert_int_equal(count_lines_with(qs, "\"layer\": \"model.layers.0.mlp.up_proj\", \"tensor\": \"w\""), 2);
     assert_int_equal(count_lines_with(qs, "\"layer\": \"model.layers.0.mlp.down_proj\", \"tensor\": \"w\""), 6);
+    int64_t elements, measured;
+    w_counts(qs, &elements, &measured);
+    print_message("cap %lld: w measured %lld of %lld\n", (long long)o.quant_check_elements, (long long)measured,
+                  (long long)elements);
+    if (!(measured > 0 && measured <= o.quant_check_elements && measured < elements))
+        fail_msg("w: measured %lld of %lld, cap %lld", (long long)measured, (long long)elements,
+                 (long long)o.quant_check_elements);
     char *mj = dw_test_path(outa, "metrics.jsonl");
     assert_int_equal(count_lines_with(mj, "\"precision_change\": \"model.layers.0.mlp.up_proj w "), 1);
     assert_int_equal(count_lines_with(mj, "\"precision_change\""), 1);
@@ -325,6 +350,7 @@ static void test_quant_fallback(void **state) {
     base_opts(&o, outb, dseed, 6);
     o.quant_check_every = 1;
     o.quant_fallback_after = 2;
+    o.quant_check_elements = 0; /* whole tensors */
     seen b = {.stop_at = 4};
     o.progress = on_step;
     o.progress_user = &b;
@@ -342,8 +368,13 @@ static void test_quant_fallback(void **state) {
     for (int k = 1; k <= 6; k++)
         if (memcmp(&a.loss[k], &b.loss[k], sizeof(double))) fail_msg("step %d: loss %.17g, straight %.17g", k, b.loss[k], a.loss[k]);
     dec = dw_test_path(outb, "precision_decisions.jsonl");
+    assert_int_equal(count_lines_with(dec, "\"step\": 2, \"layer\": \"model.layers.0.mlp.up_proj\", \"tensor\": \"w\""), 1);
     assert_int_equal(count_lines_with(dec, "\"step\""), 1);
     free(dec);
+    qs = dw_test_path(outb, "quant_stats.jsonl");
+    w_counts(qs, &elements, &measured);
+    assert_int_equal(measured, elements);
+    free(qs);
     dw_model_free(ma), dw_model_free(mb), dw_model_free(mc);
     dw_policy_free(pol);
     free(outa), free(outb);
