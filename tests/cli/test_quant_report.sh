@@ -8,7 +8,9 @@
 # overflow/underflow sums, the quantisers' counters per layer (x, w, dy; the steps covered), the
 # largest bulk error per checkpoint interval (--ckpt-every 3), the fallback and the recipe now
 # (bf16, from the latest checkpoint). The table names the same. Refusals: a directory without
-# quant_stats.jsonl (exit 3, naming it), --recipes with a run (exit 2).
+# quant_stats.jsonl (exit 3, naming it), --recipes with a run (exit 2). Every tensor of that run
+# is measured whole; one with --quant-check-elements 64..512 samples every tensor in 1-row blocks
+# and falls back the same; a negative cap is refused naming the flag (2).
 set -u
 bin=$1
 . "$(dirname "$0")/checks.sh"
@@ -114,6 +116,43 @@ has "  ... named" "$tmp/e.out" "$tmp/empty" "quant_stats.jsonl"
 "$bin" quant-report "$tmp/run" --recipes nvfp4 >"$tmp/e.out" 2>&1
 check "--recipes with a run directory" 2 $?
 has "  ... named" "$tmp/e.out" "--recipes"
+
+# --quant-check-elements: the run above (the default cap, 1M) measured every tensor whole; a cap
+# of 64..512 elements (x is [32, 64] or [32, 128], w up to [256, 64], dy up to [32, 256]: all over
+# it) samples each of them in whole block rows within the cap, and the decision is the same
+cap=$((64 + RANDOM % 449))
+"$bin" train --model "$model" --data builtin --batch 2 --seq 16 --eval-every 0 --ckpt-minutes 0 --device cpu \
+  --policy "$tmp/policy.json" --quant-check-every 1 --quant-fallback-after 2 --steps 3 --quant-check-elements $cap \
+  --out "$tmp/capped" >"$tmp/capped.out" 2>&1
+check "--quant-check-elements $cap" 0 $?
+/usr/bin/python3 - "$tmp/run" "$tmp/capped" "$cap" "$layer" <<'PY' >"$tmp/cap.out" 2>&1
+import json, sys
+whole, capped, cap, fell = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+rows = lambda d: [json.loads(l) for l in open(d + "/quant_stats.jsonl") if '"tensor"' in l]
+errs = [f"whole run: {s['layer']} {s['tensor']} measured {s['measured']} of {s['elements']}"
+        for s in rows(whole) if s["measured"] != s["elements"]]
+# 1-row blocks (nvfp4, fp8_block's x and dy): k = cap // C >= 1 rows of C <= 256, within the cap unless
+# one row is over it; fp8_block2d (w, w^T): whole 128-row block rows (at least one: all of a
+# tensor of one block row)
+for s in rows(capped):
+    if s["recipe"] == "fp8_block2d":
+        ok = s["measured"] == s["elements"] or s["measured"] < s["elements"] and s["measured"] % (128 * 64) == 0
+    else:
+        ok = 0 < s["measured"] < s["elements"] and s["measured"] <= max(cap, 256)
+    if not ok:
+        errs.append(f"capped: {s['layer']} {s['tensor']} measured {s['measured']} of {s['elements']} (cap {cap})")
+dec = [json.loads(l) for l in open(capped + "/precision_decisions.jsonl")]
+if [(d["step"], d["layer"]) for d in dec] != [(2, fell)]:
+    errs.append(f"capped decisions: {dec}")
+print("\n".join(errs[:10]) or f"cap {cap}: every measurement as sampled")
+sys.exit(1 if errs else 0)
+PY
+rc=$?
+check "sampled measurements ($(tail -1 "$tmp/cap.out"))" 0 $rc
+"$bin" train --model "$model" --data builtin --steps 1 --device cpu --quant-check-elements -5 --out "$tmp/neg" \
+  >"$tmp/e.out" 2>&1
+check "--quant-check-elements -5" 2 $?
+has "  ... named" "$tmp/e.out" "--quant-check-elements"
 
 [ "$fails" = 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all quant-report RUN checks passed"
