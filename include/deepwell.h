@@ -1471,7 +1471,7 @@ typedef struct {
     /* the quantisation error checks (quant_check_every) measure each tensor of more than this many
      * elements on a deterministic sample of whole quantisation blocks (block rows spread evenly
      * over it, the same every check, always with the block row holding its amax; docs/precision.md,
-     * "Guardrails"). Default 1 << 20; 0: every tensor whole */
+     * "Guardrails"). Default 1 << 16; 0: every tensor whole */
     int64_t quant_check_elements;
 } dw_train_opts;
 

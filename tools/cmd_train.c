@@ -149,7 +149,7 @@ static void help(void) {
         "                         overflow and underflow into DIR/quant_stats.jsonl (100; 0: off)\n"
         "  --quant-check-elements N  a tensor of more elements is checked on a sample of whole\n"
         "                         quantisation block rows (evenly spread, its amax's included)\n"
-        "                         (1048576; 0: whole tensors)\n"
+        "                         (65536; 0: whole tensors)\n"
         "  --quant-fallback-after M  a layer over its threshold (policy \"max_rel_error\", default\n"
         "                         0.1 FP8, 0.25 FP4) in M checks in a row runs in BF16 for the rest\n"
         "                         of the run, kept on resume (DIR/precision_decisions.jsonl) (3; 0:\n"

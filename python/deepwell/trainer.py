@@ -78,7 +78,7 @@ class Trainer:
                  seed=1337, resume=None, sample_every=0, sample_tokens=64, sample_temperature=0.8,
                  sample_prompt=None, deterministic=False, callbacks=(), progress=True, log_every=1, tokenizer=None,
                  zero=0, ep=1, overlap=True, max_skips=10, quant_check_every=100, quant_fallback_after=3,
-                 quant_overflow_max=0.001, quant_underflow_max=None, quant_counts_after=3, quant_check_elements=1 << 20, spike_zscore=0.0, spike_window=None, max_rollbacks=None, fp8_amax_history=0, moe_bias_update=0.0,
+                 quant_overflow_max=0.001, quant_underflow_max=None, quant_counts_after=3, quant_check_elements=1 << 16, spike_zscore=0.0, spike_window=None, max_rollbacks=None, fp8_amax_history=0, moe_bias_update=0.0,
                  profile=False):
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for fit(**options)
         if not isinstance(engine, Engine):

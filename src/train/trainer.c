@@ -84,7 +84,7 @@ void dw_train_opts_init(dw_train_opts *opts, size_t size) {
     o->quant_overflow_max = 0.001;
     o->quant_underflow_max = -1;
     o->quant_counts_after = 3;
-    o->quant_check_elements = 1 << 20;
+    o->quant_check_elements = 1 << 16;
     o->spike_window = 50;
     o->max_rollbacks = 3;
     memset(opts, 0, size);
