@@ -62,6 +62,23 @@ static float *planted(int64_t rows, int64_t cols, int *tiny) {
     return x;
 }
 
+/* The planted tiny values of v [R, C] (0 < |v| <= 1e-11 of its largest) with a value over 1e-6 of
+ * the largest in the same aligned run of 16 in their row. */
+static int64_t planted_beside_normal(const float *v, int64_t R, int64_t C) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < R * C; i++) amax = fmaxf(amax, fabsf(v[i]));
+    int64_t n = 0;
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < C; j++) {
+            const float a = fabsf(v[i * C + j]);
+            if (!(a > 0.0f && a <= 1e-11f * amax)) continue;
+            bool normal = false;
+            for (int64_t k = j / 16 * 16; k < j / 16 * 16 + 16 && k < C; k++) normal |= fabsf(v[i * C + k]) > 1e-6f * amax;
+            n += normal;
+        }
+    return n;
+}
+
 static void test_recipes_against_quant_error(void **state) {
     (void)state;
     for (int r = 0; r < DW_RECIPE_COUNT; r++) {
@@ -92,7 +109,16 @@ static void test_recipes_against_quant_error(void **state) {
                          dw_recipe_name((dw_recipe)r), trans ? "transposed " : "", alt ? "floor/pow2" : "rceil",
                          (long long)rows, (long long)cols, (unsigned long long)cnt[DW_QC_OVER],
                          (unsigned long long)cnt[DW_QC_UNDER], (long long)s.saturated, (long long)s.flushed);
-            if (tiny >= 3) assert_true(cnt[DW_QC_UNDER] > 0); /* (a tiny value alone in a ragged block sets its scale) */
+            /* every recipe's block holds whole aligned 16-element runs of a row of the quantised view: a
+             * planted tiny value (1e-12 of the spread) beside a normal one (over 1e-6 of the tensor's
+             * largest) in its run shares a scale at least 1e6 times its own and must flush (one alone
+             * in a ragged block sets its own scale and need not) */
+            const int64_t flushable = planted_beside_normal(v, R, C);
+            if ((int64_t)cnt[DW_QC_UNDER] < flushable)
+                fail_msg("%s %s%s [%lld, %lld]: %lld planted tiny values beside a normal one, %llu counted as flushed",
+                         dw_recipe_name((dw_recipe)r), trans ? "transposed " : "", alt ? "floor/pow2" : "rceil",
+                         (long long)rows, (long long)cols, (long long)flushable, (unsigned long long)cnt[DW_QC_UNDER]);
+            (void)tiny;
             assert_true(cnt[DW_QC_N] == (uint64_t)(R * C)); /* the elements, the guard's denominator */
             if (variant == 0 && r == DW_RECIPE_MXFP8)
                 print_message("mxfp8 [%lld, %lld]: %llu over, %llu under (%d planted tiny)\n", (long long)rows,
