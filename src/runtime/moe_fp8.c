@@ -28,6 +28,16 @@ dw_status dw_moe_fp8_check_rows(dw_ctx *ctx, const dw_op_call *c, int64_t R) {
                         (long long)cap);
 }
 
+bool dw_moe_fp8_weight_job_of(const dw_exec *x, int node, dw_moe_fp8_weight_job *j) {
+    const dw_prog_node *pn = &x->p->node[node];
+    if (pn->wq[0].off < 0) return false;
+    const int wt = x->g->nodes[node].in[1];
+    const int64_t *sh = x->g->tensors[wt].shape; /* [E, M, K] */
+    *j = (dw_moe_fp8_weight_job){.w = x->w + x->p->param_off[x->p->tensor[wt].param], .experts = sh[0], .m = sh[1],
+                                 .k = sh[2], .q = dw_moe_fp8_at(x, &pn->wq[0]), .qt = dw_moe_fp8_at(x, &pn->wq[1])};
+    return true;
+}
+
 void dw_moe_fp8_cached_weight(const dw_op_call *c, int t, dw_grouped_args *a) {
     const dw_moe_fp8_slot s = dw_moe_fp8_at(c->x, &c->x->p->node[c->node].wq[t]);
     a->w = s.codes, a->w_scales = s.scales;

@@ -7,6 +7,7 @@
 #ifndef DW_RUNTIME_MOE_FP8_H
 #define DW_RUNTIME_MOE_FP8_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "runtime/backend.h"
@@ -27,6 +28,15 @@ dw_moe_fp8_slot dw_moe_fp8_at(const dw_exec *x, const dw_qslot_layout *l);
 dw_status dw_moe_fp8_check_rows(dw_ctx *ctx, const dw_op_call *c, int64_t R);
 /* The node's cached W (t 0: fprop) or W^T (t 1: dgrad) with its scales into a. */
 void dw_moe_fp8_cached_weight(const dw_op_call *c, int t, dw_grouped_args *a);
+
+/* What a node's weight-cache refresh reads and writes: the FP32 masters w [E, M, K] and the cache's
+ * W (q) and W^T (qt) slots. False when the node has no cache. */
+typedef struct {
+    const float *w;
+    int64_t experts, m, k;
+    dw_moe_fp8_slot q, qt;
+} dw_moe_fp8_weight_job;
+bool dw_moe_fp8_weight_job_of(const dw_exec *x, int node, dw_moe_fp8_weight_job *j);
 
 /* Node's weight cache from the FP32 masters: on the host, and on the CUDA device in the backend's
  * stream order (no host synchronisation). DW_OK with nothing done when the node has no cache. */

@@ -322,9 +322,10 @@ static void test_search_plans_for_the_engine(void **state) {
     dw_ctx_free(ctx);
 }
 
-/* Data parallelism as the runtime runs it (train/dp.c, dp_overlap.c), on a random engine-built
- * model, dp and micro-batches: memory per rank is the one-GPU engine's (the pools are whole on
- * every rank) but for ZeRO-1/2's optimizer pool, the largest rank's shard of it; the step is the one-GPU compute plus the exposed collectives (4 bytes a parameter)
+/* Data parallelism as the runtime runs it (train/dp.c, dp_overlap.c, dp_stage.c), on a random
+ * engine-built model, dp and micro-batches: memory per rank is the one-GPU engine's but for
+ * ZeRO-1/2's optimizer pool, the largest rank's shard of it, and ZeRO-2's gradients, that shard's
+ * plus the staging slots; the step is the one-GPU compute plus the exposed collectives (4 bytes a parameter)
  * plus the AdamW, whole under ZeRO-0 and a 1/dp shard under ZeRO-1/2. Without overlap every
  * collective is exposed; with it, at most one backward's worth is hidden per reduction, never the
  * last bucket nor ZeRO-1/2's all-gather; ZeRO-2 repeats ZeRO-1's reduction per micro-batch. The

@@ -121,13 +121,10 @@ static dw_status quant_cols(dw_backend *be, const dw_op_call *c, const dw_qslot_
 }
 
 dw_status dw_cpu_moe_quant_weight(dw_backend *be, const dw_exec *x, int node) {
-    const dw_prog_node *pn = &x->p->node[node];
-    if (pn->wq[0].off < 0) return DW_OK;
-    const int wt = x->g->nodes[node].in[1];
-    const int64_t *sh = x->g->tensors[wt].shape; /* [E, M, K] */
-    const dw_moe_fp8_slot q = dw_moe_fp8_at(x, &pn->wq[0]), qt = dw_moe_fp8_at(x, &pn->wq[1]);
-    return dw_grouped_fp8_quantize_weights_cpu(be->ctx, x->w + x->p->param_off[x->p->tensor[wt].param], sh[0], sh[1],
-                                               sh[2], q.codes, q.scales, qt.codes, qt.scales);
+    dw_moe_fp8_weight_job j;
+    if (!dw_moe_fp8_weight_job_of(x, node, &j)) return DW_OK;
+    return dw_grouped_fp8_quantize_weights_cpu(be->ctx, j.w, j.experts, j.m, j.k, j.q.codes, j.q.scales, j.qt.codes,
+                                               j.qt.scales);
 }
 
 dw_status dw_cpu_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
