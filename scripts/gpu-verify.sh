@@ -54,6 +54,8 @@ for phase in "$@"; do
     bash tests/cli/test_probe.sh "$b/deepwell" >"$out/cli_probe.log" 2>&1; record cli_test_probe "rc=$?"
     DEEPWELL_LIB=$b/libdeepwell.so timeout 300 python3 tests/gpu/test_python_cuda.py >"$out/python_cuda.log" 2>&1
     record "tests/gpu/test_python_cuda.py" "rc=$?"
+    bash tests/gpu/test_resume_fp32_cuda.sh "$b/deepwell" >"$out/resume_fp32_cuda.log" 2>&1
+    record "tests/gpu/test_resume_fp32_cuda.sh" "rc=$?"
     ;;
   quant)
     "$b/deepwell" bench quant >"$out/bench_quant.txt" 2>&1; record "bench quant" "rc=$?"; cat "$out/bench_quant.txt"
