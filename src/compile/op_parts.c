@@ -32,6 +32,8 @@ static void parts_rmsnorm(const dw_compiled *c, const dw_ir_node *n, int64_t *p)
 static void parts_linear(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_gelu(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_silu(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
+static void parts_gelu_erf(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
+static void parts_relu(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_swiglu(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 static void parts_add(const dw_compiled *c, const dw_ir_node *n, int64_t *p) {}
 /* attention: lse (B,H,T) FP32 saved, DELTA (B,H,T) FP32; a packed qkv also keeps q, k, v

@@ -25,7 +25,7 @@ static const struct {
 #undef DW_OP
 };
 _Static_assert(sizeof op_names / sizeof op_names[0] == DW_OP_COUNT, "op name table vs ops.def");
-_Static_assert(DW_OP_COUNT == 23, "ops.def changed: update the op tests and docs/ir.md");
+_Static_assert(DW_OP_COUNT == 25, "ops.def changed: update the op tests and docs/ir.md");
 
 const char *dw_op_name(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_names[op] : "?"; }
 const char *dw_op_summary(dw_op op) { return (unsigned)op < DW_OP_COUNT ? op_summaries[op] : "?"; }

@@ -50,6 +50,12 @@ static void flops_gelu(const dw_graph *g, const dw_ir_node *n, bool palm, double
 static void flops_silu(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(4, 8, dw_ir_numel(IN(0)));
 }
+static void flops_gelu_erf(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(8, 16, dw_ir_numel(IN(0))); /* erf counted as tanh is */
+}
+static void flops_relu(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
+    ELEMENTWISE(1, 1, dw_ir_numel(IN(0)));
+}
 static void flops_swiglu(const dw_graph *g, const dw_ir_node *n, bool palm, double *f, double *b) {
     ELEMENTWISE(5, 10, dw_ir_numel(IN(0)));
 }
@@ -144,6 +150,12 @@ static void passes_gelu(const dw_graph *g, const dw_ir_node *n, double *f, doubl
     PASSES(2, 3, dw_ir_numel(OUT));
 }
 static void passes_silu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 3, dw_ir_numel(OUT));
+}
+static void passes_gelu_erf(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
+    PASSES(2, 3, dw_ir_numel(OUT));
+}
+static void passes_relu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {
     PASSES(2, 3, dw_ir_numel(OUT));
 }
 static void passes_swiglu(const dw_graph *g, const dw_ir_node *n, double *f, double *b) {

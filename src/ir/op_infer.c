@@ -174,6 +174,12 @@ static dw_status infer_gelu(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n,
 static dw_status infer_silu(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
     return infer_unary(ctx, g, n, o);
 }
+static dw_status infer_gelu_erf(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    return infer_unary(ctx, g, n, o);
+}
+static dw_status infer_relu(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
+    return infer_unary(ctx, g, n, o);
+}
 
 static dw_status infer_binary(dw_ctx *ctx, const dw_graph *g, const dw_ir_node *n, dw_ir_tensor *o) {
     DW_TRY(want(ctx, g, n, 0, 3, DW_IR_F32));

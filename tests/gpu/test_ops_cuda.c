@@ -36,8 +36,8 @@ static int setup(void **state) {
 static const dw_act_dtype DTS[] = {DW_ACT_F32, DW_ACT_BF16};
 
 /* ---- elementwise --------------------------------------------------------------------------- */
-enum { EW_GELU, EW_SILU, EW_SWIGLU, EW_ADD };
-static const char *EW_NAMES[] = {"gelu", "silu", "swiglu", "add"};
+enum { EW_GELU, EW_SILU, EW_SWIGLU, EW_ADD, EW_GELU_ERF, EW_RELU, EW_COUNT };
+static const char *EW_NAMES[] = {"gelu", "silu", "swiglu", "add", "gelu_erf", "relu"};
 
 static int64_t run_ew(int op, dw_act_dtype dt, int64_t n) {
     char name[128];
@@ -62,6 +62,18 @@ static int64_t run_ew(int op, dw_act_dtype dt, int64_t n) {
         dw_cpu_silu_bwd(wa, g->host, a->host, n);
         DW_GC_OK(bad, name, dw_cuda_silu_fwd(NULL, dt, out->dev, a->dev, n, s));
         DW_GC_OK(bad, name, dw_cuda_silu_bwd(NULL, dt, da->dev, g->dev, a->dev, n, s));
+        break;
+    case EW_GELU_ERF:
+        dw_cpu_gelu_erf_fwd(want, a->host, n);
+        dw_cpu_gelu_erf_bwd(wa, g->host, a->host, n);
+        DW_GC_OK(bad, name, dw_cuda_gelu_erf_fwd(NULL, dt, out->dev, a->dev, n, s));
+        DW_GC_OK(bad, name, dw_cuda_gelu_erf_bwd(NULL, dt, da->dev, g->dev, a->dev, n, s));
+        break;
+    case EW_RELU:
+        dw_cpu_relu_fwd(want, a->host, n);
+        dw_cpu_relu_bwd(wa, g->host, a->host, n);
+        DW_GC_OK(bad, name, dw_cuda_relu_fwd(NULL, dt, out->dev, a->dev, n, s));
+        DW_GC_OK(bad, name, dw_cuda_relu_bwd(NULL, dt, da->dev, g->dev, a->dev, n, s));
         break;
     case EW_SWIGLU:
         dw_cpu_swiglu_fwd(want, a->host, b->host, n);
@@ -88,7 +100,7 @@ static void test_elementwise(void **state) {
     (void)state;
     static const int64_t sizes[] = {1, 31, 4096, 1000003}; /* BF16: 8-wide kernel + scalar tail */
     int64_t bad = 0;
-    for (int op = 0; op < 4; op++)
+    for (int op = 0; op < EW_COUNT; op++)
         for (int d = 0; d < 2; d++)
             for (int i = 0; i < 4; i++) bad += run_ew(op, DTS[d], sizes[i]);
     assert_int_equal(bad, 0);

@@ -112,7 +112,7 @@ static void live_at(const dw_compiled *c, dw_buf_kind k, int index, int s, const
 static bool reads_inputs_bwd(dw_op op) { /* restated from the ops' backward rules */
     switch (op) {
     case DW_OP_LAYERNORM: case DW_OP_RMSNORM: case DW_OP_LINEAR: case DW_OP_GELU: case DW_OP_SILU:
-    case DW_OP_SWIGLU: case DW_OP_ATTENTION: return true;
+    case DW_OP_SWIGLU: case DW_OP_ATTENTION: case DW_OP_GELU_ERF: case DW_OP_RELU: return true;
     default: return false;
     }
 }

@@ -33,7 +33,7 @@ static void test_op_tables(void **state) {
                           "silu", "swiglu", "add", "attention", "cross_entropy", "head_xent", "moe_router",
                           "moe_dispatch",
                           "moe_linear", "moe_combine", "moe_aux_stats", "moe_aux_loss", "head_rmsnorm",
-                          "sigmoid_gate", "softcap", "geglu"};
+                          "sigmoid_gate", "softcap", "geglu", "gelu_erf", "relu"};
     assert_int_equal(DW_OP_COUNT, sizeof want / sizeof want[0]);
     for (int i = 0; i < DW_OP_COUNT; i++) {
         assert_string_equal(dw_op_name((dw_op)i), want[i]);

@@ -1,5 +1,5 @@
 /* test_ops_cpu.c — CPU reference kernels: embedding, positions, rope, layernorm, rmsnorm, linear,
- * gelu, silu, swiglu, add. Forward against independent naive double formulas written here, and
+ * gelu, gelu_erf, relu, silu, swiglu, add. Forward against independent naive double formulas written here, and
  * backward against double central differences of those formulas, on fresh random inputs of small
  * odd sizes. Attention and cross-entropy: test_ops_cpu_attn.c; thread counts: test_ops_cpu_omp.c.
  *
@@ -339,7 +339,7 @@ static void test_linear(void **state) { (void)state; run_linear(1); }
 static void test_linear_nobias(void **state) { (void)state; run_linear(0); }
 
 /* ---- elementwise ----------------------------------------------------------------------------- */
-enum { EW_GELU, EW_SILU, EW_SWIGLU, EW_ADD };
+enum { EW_GELU, EW_SILU, EW_SWIGLU, EW_ADD, EW_GELU_ERF, EW_RELU };
 typedef struct {
     int op;
     int64_t n;
@@ -350,11 +350,15 @@ static double ew_gelu(double x) {
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * pow(x, 3.0))));
 }
 static double ew_silu(double x) { return x / (1.0 + exp(-x)); }
+/* torch's nn.GELU(): x Phi(x) with Phi the normal CDF, written through erfc; relu max(x, 0) */
+static double ew_gelu_erf(double x) { return x * 0.5 * erfc(-x / sqrt(2.0)); }
 static double ew_val(const ew_st *s, int64_t i) {
     switch (s->op) {
     case EW_GELU: return ew_gelu(s->a[i]);
     case EW_SILU: return ew_silu(s->a[i]);
     case EW_SWIGLU: return ew_silu(s->a[i]) * s->b[i];
+    case EW_GELU_ERF: return ew_gelu_erf(s->a[i]);
+    case EW_RELU: return s->a[i] > 0 ? s->a[i] : 0.0;
     default: return s->a[i] + s->b[i];
     }
 }
@@ -366,7 +370,7 @@ static double ew_obj(void *p) {
 }
 
 static void run_elementwise(int op) {
-    static const char *names[] = {"gelu", "silu", "swiglu", "add"};
+    static const char *names[] = {"gelu", "silu", "swiglu", "add", "gelu_erf", "relu"};
     const int64_t n = 67;
     float *a = dw_oc_alloc(n), *b = dw_oc_alloc(n), *out = dw_oc_alloc(n), *g = dw_oc_alloc(n);
     float *da = dw_oc_alloc(n), *db = dw_oc_alloc(n);
@@ -374,6 +378,8 @@ static void run_elementwise(int op) {
     dw_oc_fill(&g_rng, b, n, -2, 2);
     dw_oc_fill(&g_rng, g, n, -1, 1);
     a[0] = 0.0f;
+    for (int64_t i = 1; op == EW_RELU && i < n; i++) /* finite differences need no kink within reach */
+        if (fabsf(a[i]) < 1e-2f) a[i] = 0.5f;
     for (int64_t i = 0; i < n; i++) out[i] = da[i] = db[i] = NAN;
     ew_st s = {op, n, dw_oc_to_double(a, n), dw_oc_to_double(b, n), dw_oc_to_double(g, n)};
     double *want = dw_oc_dalloc(n), *fd = dw_oc_dalloc(n);
@@ -382,6 +388,8 @@ static void run_elementwise(int op) {
     case EW_GELU: dw_cpu_gelu_fwd(out, a, n); dw_cpu_gelu_bwd(da, g, a, n); break;
     case EW_SILU: dw_cpu_silu_fwd(out, a, n); dw_cpu_silu_bwd(da, g, a, n); break;
     case EW_SWIGLU: dw_cpu_swiglu_fwd(out, a, b, n); dw_cpu_swiglu_bwd(da, db, g, a, b, n); break;
+    case EW_GELU_ERF: dw_cpu_gelu_erf_fwd(out, a, n); dw_cpu_gelu_erf_bwd(da, g, a, n); break;
+    case EW_RELU: dw_cpu_relu_fwd(out, a, n); dw_cpu_relu_bwd(da, g, a, n); break;
     default: dw_cpu_add_fwd(out, a, b, n); break;
     }
     assert_int_equal(dw_oc_fwd_check(names[op], "out", out, want, n), 0);
@@ -389,6 +397,7 @@ static void run_elementwise(int op) {
         for (int64_t i = 0; i < n; i++) assert_true(out[i] == a[i] + b[i]);
     } else {
         dw_oc_fd(ew_obj, &s, s.a, n, DW_OC_FD_H, fd);
+        if (op == EW_RELU) fd[0] = 0; /* at the kink: torch's gradient 0, finite differences 1/2 */
         assert_int_equal(dw_oc_grad_check(names[op], "dx/dgate", da, fd, NULL, n), 0);
     }
     if (op == EW_SWIGLU) {
@@ -402,6 +411,8 @@ static void test_gelu(void **state) { (void)state; run_elementwise(EW_GELU); }
 static void test_silu(void **state) { (void)state; run_elementwise(EW_SILU); }
 static void test_swiglu(void **state) { (void)state; run_elementwise(EW_SWIGLU); }
 static void test_add(void **state) { (void)state; run_elementwise(EW_ADD); }
+static void test_gelu_erf(void **state) { (void)state; run_elementwise(EW_GELU_ERF); }
+static void test_relu(void **state) { (void)state; run_elementwise(EW_RELU); }
 
 /* Known values: gelu_new(1) = 0.5*(1+tanh(sqrt(2/pi)*1.044715)) = 0.8411919906082768 (the
  * tanh approximation; the erf GELU would give 0.8413447460685429), silu(1) = 1/(1+e^-1). */
@@ -412,6 +423,8 @@ static void test_known_values(void **state) {
     assert_true(fabs(y - 0.8411919906082768) < 1e-7);
     dw_cpu_silu_fwd(&y, &x, 1);
     assert_true(fabs(y - 0.7310585786300049) < 1e-7);
+    dw_cpu_gelu_erf_fwd(&y, &x, 1);
+    assert_true(fabs(y - 0.8413447460685429) < 1e-7);
 }
 
 int main(void) {
@@ -422,7 +435,8 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_linear),
         cmocka_unit_test(test_linear_nobias), cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_silu),      cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_add),       cmocka_unit_test(test_known_values),
+        cmocka_unit_test(test_add),       cmocka_unit_test(test_gelu_erf),
+        cmocka_unit_test(test_relu),      cmocka_unit_test(test_known_values),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -1,5 +1,6 @@
 /* act_cpu.c — CPU reference for the elementwise ops: gelu (tanh approximation, GPT-2 / HF
- * "gelu_new"), its gated form geglu, silu, swiglu, add and the per-token sigmoid gate, forward and backward. Each element
+ * "gelu_new"), its gated form geglu, the exact (erf) GELU, relu, silu, swiglu, add and the
+ * per-token sigmoid gate, forward and backward. Each element
  * is computed in double and rounded once; every output element (and the gate's per-row sum) is
  * independent, so threads cannot change results. */
 #include <math.h>
@@ -72,6 +73,41 @@ void dw_cpu_silu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
         const double v = x[i], s = dw_sigmoid(v);
         dx[i] = (float)((double)dout[i] * s * (1.0 + v * (1.0 - s)));
     }
+}
+
+/* gelu_erf(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (torch's nn.GELU(), approximate='none') */
+void dw_cpu_gelu_erf_fwd(float *out, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = x[i];
+        out[i] = (float)(0.5 * v * (1.0 + erf(v * M_SQRT1_2)));
+    }
+}
+
+/* d gelu_erf/dx = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi) */
+void dw_cpu_gelu_erf_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const double v = x[i];
+        const double d = 0.5 * (1.0 + erf(v * M_SQRT1_2)) + v * exp(-0.5 * v * v) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+        dx[i] = (float)((double)dout[i] * d);
+    }
+}
+
+/* relu(x) = max(x, 0); NaN stays NaN (as torch) */
+void dw_cpu_relu_fwd(float *out, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] < 0.0f ? 0.0f : x[i];
+}
+
+/* d relu/dx = 1 where x > 0, else 0 (torch's choice at 0) */
+void dw_cpu_relu_bwd(float *dx, const float *dout, const float *x, int64_t n) {
+    DW_ASSERT(n >= 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dout[i] : 0.0f;
 }
 
 /* out = silu(gate) * up */

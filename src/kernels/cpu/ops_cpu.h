@@ -56,6 +56,12 @@ void dw_cpu_linear_bwd(float *dx, float *dw, float *db, const float *dout, const
 /* gelu (tanh approximation, as GPT-2): elementwise over n elements */
 void dw_cpu_gelu_fwd(float *out, const float *x, int64_t n);
 void dw_cpu_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n);
+/* gelu_erf (exact, torch's nn.GELU() default): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
+void dw_cpu_gelu_erf_fwd(float *out, const float *x, int64_t n);
+void dw_cpu_gelu_erf_bwd(float *dx, const float *dout, const float *x, int64_t n);
+/* relu: max(x, 0); dx = dout where x > 0, else 0 */
+void dw_cpu_relu_fwd(float *out, const float *x, int64_t n);
+void dw_cpu_relu_bwd(float *dx, const float *dout, const float *x, int64_t n);
 /* silu: x*sigmoid(x) */
 void dw_cpu_silu_fwd(float *out, const float *x, int64_t n);
 void dw_cpu_silu_bwd(float *dx, const float *dout, const float *x, int64_t n);

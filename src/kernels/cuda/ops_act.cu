@@ -1,4 +1,5 @@
-/* ops_act.cu — CUDA elementwise ops: gelu (tanh approximation, GPT-2 / HF gelu_new), silu,
+/* ops_act.cu — CUDA elementwise ops: gelu (tanh approximation, GPT-2 / HF gelu_new), the exact
+ * (erf) GELU, relu, silu,
  * swiglu, geglu (Gemma's gelu_tanh(gate) * up), add; forward and backward; FP32 or BF16 storage, FP32 math (no fast-math intrinsics).
  * Oracle: kernels/cpu/act_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
@@ -8,8 +9,8 @@
 
 int dw_act_size(dw_act_dtype dt) { return dt == DW_ACT_BF16 ? 2 : 4; }
 
-enum { DW_EW_GELU = 0, DW_EW_SILU, DW_EW_SWIGLU, DW_EW_ADD, DW_EW_GEGLU };
-static const char *const dw_ew_name[] = {"gelu", "silu", "swiglu", "add", "geglu"};
+enum { DW_EW_GELU = 0, DW_EW_SILU, DW_EW_SWIGLU, DW_EW_ADD, DW_EW_GEGLU, DW_EW_GELU_ERF, DW_EW_RELU };
+static const char *const dw_ew_name[] = {"gelu", "silu", "swiglu", "add", "geglu", "gelu_erf", "relu"};
 
 static __device__ __forceinline__ float dw_sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 
@@ -24,6 +25,8 @@ static __device__ __forceinline__ float dw_ew_f(float x, float bv) {
     if (OP == DW_EW_GEGLU) return dw_geluf(x) * bv;
     if (OP == DW_EW_SILU) return x * dw_sigmoidf(x);
     if (OP == DW_EW_SWIGLU) return x * dw_sigmoidf(x) * bv;
+    if (OP == DW_EW_GELU_ERF) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    if (OP == DW_EW_RELU) return x < 0.0f ? 0.0f : x;
     return x + bv;
 }
 /* da = dout * f'(a); the gated units also db = dout * act(a) (a = gate, b = up: bv) */
@@ -35,6 +38,12 @@ static __device__ __forceinline__ void dw_ew_df(float x, float g, float bv, floa
                         0.5f * x * (1.0f - th * th) * DW_GELU_K * (1.0f + 3.0f * DW_GELU_A * x * x);
         da = OP == DW_EW_GELU ? g * d : g * bv * d;
         db = OP == DW_EW_GELU ? 0.0f : g * 0.5f * x * (1.0f + th);
+    } else if (OP == DW_EW_GELU_ERF) { /* Phi(x) + x phi(x) */
+        da = g * (0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f);
+        db = 0.0f;
+    } else if (OP == DW_EW_RELU) {
+        da = x > 0.0f ? g : 0.0f;
+        db = 0.0f;
     } else {
         const float s = dw_sigmoidf(x), ds = s * (1.0f + x * (1.0f - s));
         da = OP == DW_EW_SILU ? g * ds : g * bv * ds;
@@ -131,7 +140,7 @@ static dw_status dw_ew_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *
     const char *op = dw_ew_name[OP];
     DW_OPS_REQUIRE_DT(ctx, op, dt);
     DW_OPS_REQUIRE(ctx, op, n >= 0);
-    DW_OPS_REQUIRE(ctx, op, n == 0 || (out && a && (b || OP == DW_EW_GELU || OP == DW_EW_SILU)));
+    DW_OPS_REQUIRE(ctx, op, n == 0 || (out && a && (b || !dw_ew_has_b(OP))));
     if (n == 0) return DW_OK;
     if (dt == DW_ACT_F32)
         dw_ew_fwd_launch<float, OP>(out, a, b, n, (cudaStream_t)stream);
@@ -166,6 +175,21 @@ dw_status dw_cuda_gelu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *
 dw_status dw_cuda_gelu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x,
                            int64_t n, void *stream) {
     return dw_ew_bwd<DW_EW_GELU>(ctx, dt, dx, NULL, dout, x, NULL, n, stream);
+}
+dw_status dw_cuda_gelu_erf_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n,
+                               void *stream) {
+    return dw_ew_fwd<DW_EW_GELU_ERF>(ctx, dt, out, x, NULL, n, stream);
+}
+dw_status dw_cuda_gelu_erf_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x,
+                               int64_t n, void *stream) {
+    return dw_ew_bwd<DW_EW_GELU_ERF>(ctx, dt, dx, NULL, dout, x, NULL, n, stream);
+}
+dw_status dw_cuda_relu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n, void *stream) {
+    return dw_ew_fwd<DW_EW_RELU>(ctx, dt, out, x, NULL, n, stream);
+}
+dw_status dw_cuda_relu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x, int64_t n,
+                           void *stream) {
+    return dw_ew_bwd<DW_EW_RELU>(ctx, dt, dx, NULL, dout, x, NULL, n, stream);
 }
 dw_status dw_cuda_silu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n,
                            void *stream) {

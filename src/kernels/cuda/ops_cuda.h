@@ -117,6 +117,13 @@ dw_status dw_cuda_gelu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *
                            void *stream); /* tanh approximation (GPT-2 / HF gelu_new) */
 dw_status dw_cuda_gelu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x,
                            int64_t n, void *stream);
+dw_status dw_cuda_gelu_erf_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n,
+                               void *stream); /* exact: 0.5 x (1 + erf(x / sqrt 2)) */
+dw_status dw_cuda_gelu_erf_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x,
+                               int64_t n, void *stream);
+dw_status dw_cuda_relu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n, void *stream);
+dw_status dw_cuda_relu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x, int64_t n,
+                           void *stream);
 dw_status dw_cuda_silu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *x, int64_t n,
                            void *stream);
 dw_status dw_cuda_silu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, const void *dout, const void *x,

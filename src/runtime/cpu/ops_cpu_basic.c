@@ -1,5 +1,5 @@
 /* ops_cpu_basic.c — the CPU backend's entries for the row-wise and elementwise ops: embedding,
- * positions, rope, layernorm, rmsnorm (also per head; Gemma's offset weight), gelu, silu, swiglu, geglu,
+ * positions, rope, layernorm, rmsnorm (also per head; Gemma's offset weight), gelu, gelu_erf, relu, silu, swiglu, geglu,
  * add, the sigmoid gate.
  * Each widens what it reads (cpu.h), runs the reference kernel (kernels/cpu/ops_cpu.h) and stores
  * or delivers the result as the program says. Parameters are FP32 masters; their gradients are accumulated by the kernels. */
@@ -179,6 +179,10 @@ dw_status dw_cpu_op_gelu_fwd(dw_backend *be, const dw_op_call *c) { return unary
 dw_status dw_cpu_op_gelu_bwd(dw_backend *be, const dw_op_call *c) { return unary_b(be, c, dw_cpu_gelu_bwd); }
 dw_status dw_cpu_op_silu_fwd(dw_backend *be, const dw_op_call *c) { return unary_f(be, c, dw_cpu_silu_fwd); }
 dw_status dw_cpu_op_silu_bwd(dw_backend *be, const dw_op_call *c) { return unary_b(be, c, dw_cpu_silu_bwd); }
+dw_status dw_cpu_op_gelu_erf_fwd(dw_backend *be, const dw_op_call *c) { return unary_f(be, c, dw_cpu_gelu_erf_fwd); }
+dw_status dw_cpu_op_gelu_erf_bwd(dw_backend *be, const dw_op_call *c) { return unary_b(be, c, dw_cpu_gelu_erf_bwd); }
+dw_status dw_cpu_op_relu_fwd(dw_backend *be, const dw_op_call *c) { return unary_f(be, c, dw_cpu_relu_fwd); }
+dw_status dw_cpu_op_relu_bwd(dw_backend *be, const dw_op_call *c) { return unary_b(be, c, dw_cpu_relu_bwd); }
 
 /* out = f(a, b) elementwise over two inputs of the output's shape (swiglu, add) */
 typedef void (*binary_fwd)(float *, const float *, const float *, int64_t);

@@ -1,5 +1,5 @@
 /* ops_cuda_basic.c — the CUDA backend's entries for the row-wise and elementwise ops: embedding,
- * positions, rope, layernorm, rmsnorm (also per head; Gemma's offset weight), gelu, silu, swiglu,
+ * positions, rope, layernorm, rmsnorm (also per head; Gemma's offset weight), gelu, gelu_erf, relu, silu, swiglu,
  * geglu, add, the sigmoid gate:
  * one launch each of the kernels in kernels/cuda/ops_cuda.h on the backend's stream. Activations in
  * the program's dtype; parameters are FP32 masters, their gradients accumulated by the kernels;
@@ -103,6 +103,22 @@ dw_status dw_cuda_op_gelu_fwd(dw_backend *be, const dw_op_call *c) {
 dw_status dw_cuda_op_gelu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
     return dw_cuda_gelu_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->in[0], N * C, s);
+}
+dw_status dw_cuda_op_gelu_erf_fwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_gelu_erf_fwd(be->ctx, dt, c->out[0], c->in[0], N * C, s);
+}
+dw_status dw_cuda_op_gelu_erf_bwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_gelu_erf_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->in[0], N * C, s);
+}
+dw_status dw_cuda_op_relu_fwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_relu_fwd(be->ctx, dt, c->out[0], c->in[0], N * C, s);
+}
+dw_status dw_cuda_op_relu_bwd(dw_backend *be, const dw_op_call *c) {
+    DIMS;
+    return dw_cuda_relu_bwd(be->ctx, dt, c->dx[0], c->dout[0], c->in[0], N * C, s);
 }
 dw_status dw_cuda_op_silu_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
