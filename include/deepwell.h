@@ -446,6 +446,14 @@ DW_API int64_t dw_graph_vocab(const dw_graph *g);
  * graph was built without one); valid while g lives. */
 DW_API const char *dw_graph_model_type(const dw_graph *g);
 DW_API const char *dw_graph_config_json(const dw_graph *g);
+/* Feed-forward graphs (what dw.optimize makes of an nn.Sequential of linears, activations and
+ * norms): dw_graph_from_json of a document whose "roles" are {"input": NAME, "output": NAME}, an
+ * f32 input tensor (B,T,C_in) in place of token ids and an f32 activation (B,T,C_out) in place of
+ * logits, with no targets and no loss (docs/ir.md). Such a graph compiles like any other (a policy
+ * sets its linears' recipes) and runs forward only, through dw_engine_forward_float. These give
+ * C_in and C_out; 0 for a token graph. */
+DW_API int64_t dw_graph_input_width(const dw_graph *g);
+DW_API int64_t dw_graph_output_width(const dw_graph *g);
 
 /* ======================================================================================
  * Precision policy                                           [section: precision]
@@ -802,6 +810,14 @@ DW_API dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const in
  * gets the mean cross-entropy (+ the load-balancing loss, as dw_engine_forward). */
 DW_API dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,
                                             int64_t T, double grad_scale, double *loss);
+/* Forward of a feed-forward graph's engine on float activations: x (B,T,C_in) FP32 row-major, B
+ * and T at most the graph's batch and seq, C_in = dw_graph_input_width -> y (B,T,C_out) FP32, C_out
+ * = dw_graph_output_width. A BF16 program (compiled with a policy) rounds x to BF16 on the way in,
+ * as it keeps every activation, and widens y from BF16. DW_ERR_INVALID for NULL x or y or B, T out
+ * of range; DW_ERR_UNSUPPORTED for an engine of a token graph (that takes dw_engine_forward, as a
+ * feed-forward engine refuses dw_engine_forward and dw_engine_forward_backward). Waits for the
+ * device. Allocates a host buffer of B x T x C_in BF16 codes per call in BF16 programs. */
+DW_API dw_status dw_engine_forward_float(dw_engine *e, const float *x, int64_t B, int64_t T, float *y);
 DW_API dw_status dw_engine_zero_grad(dw_engine *e);
 /* Experts the router losses of this engine's model count (0: the model has no router loss). */
 DW_API int64_t dw_engine_moe_experts(const dw_engine *e);

@@ -12,6 +12,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "gemm/compute_capability.h"
+#include "ir/float_graph.h"
 
 const char *dw_pool_name(dw_pool_id p) {
     static const char *names[DW_POOL_COUNT] = {"weights", "grads", "optimizer", "activations", "workspace"};
@@ -114,8 +115,9 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
         return dw_set_error(ctx, DW_ERR_INVALID, "compile: head_chunk %lld rows is negative or DW_HEAD_CHUNK is not a number of rows "
                             "(0: the compiler's choice)",
                             (long long)o.head_chunk);
-    if (g->logits < 0 || g->loss < 0 || g->tokens < 0 || g->targets < 0)
-        return dw_set_error(ctx, DW_ERR_INVALID, "compile: the graph has no tokens/targets/logits/loss roles");
+    if (g->tokens < 0 || g->logits < 0 || (!dw_graph_float_input(g) && (g->loss < 0 || g->targets < 0)))
+        return dw_set_error(ctx, DW_ERR_INVALID, "compile: the graph has no tokens/targets/logits/loss roles (nor "
+                            "a feed-forward graph's input/output)");
     dw_compiled *c = calloc(1, sizeof *c);
     if (!c) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     c->g = g;

@@ -38,6 +38,7 @@ static bool bf16_linear(const dw_compiled *c, int i) {
  * or anything else between the head and the loss leaves them apart. */
 static void fuse_head(dw_compiled *c) {
     const dw_graph *g = c->g;
+    if (g->loss < 0) return; /* a feed-forward graph: no loss */
     const int L = g->tensors[g->loss].producer, H = g->tensors[g->logits].producer;
     int slot = -1;
     if (L < 0 || H < 0 || g->nodes[L].op != DW_OP_CROSS_ENTROPY || g->nodes[L].in[0] != g->logits) return;

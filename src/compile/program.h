@@ -103,7 +103,7 @@ typedef struct {
 
 /* Workspace pool layout (byte offsets). */
 typedef struct {
-    int64_t tokens, targets;   /* (cap N) int32 each */
+    int64_t tokens, targets;   /* (cap N) int32 each; a feed-forward graph's input: (cap N, C_in) act dtype */
     int64_t loss;              /* FP32 scalar */
     int64_t moe_aux;           /* the MoE router losses' last values (-1: none): FP32 load-balancing loss
                                   and FP32 z-loss (both already in `loss`; NaN: not configured), then int32 assignments per

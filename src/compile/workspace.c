@@ -5,6 +5,7 @@
 #include "compile/passes.h"
 #include "core/error.h"
 #include "gemm/grouped_fp8.h"
+#include "ir/float_graph.h"
 #include "kernels/cuda/nvfp4_cuda.h" /* DW_NVFP4_CUDA_WORKSPACE_BYTES (plain C) */
 
 /* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */
@@ -100,7 +101,9 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
     const int64_t N = c->g->batch * c->g->seq;
     dw_work_layout *w = &c->work;
     int64_t o = 0;
-    w->tokens = o, o = dw_align_up(o + N * 4, 256);
+    /* tokens (N) int32, or a feed-forward graph's input (N, C_in) in the activations' dtype */
+    const int64_t in_bytes = dw_graph_float_input(c->g) ? N * dw_graph_input_width(c->g) * c->act_size : N * 4;
+    w->tokens = o, o = dw_align_up(o + in_bytes, 256);
     w->targets = o, o = dw_align_up(o + N * 4, 256);
     w->loss = o, o = dw_align_up(o + 4, 256);
     w->moe_aux = -1, w->moe_experts = 0;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "ir/float_graph.h"
 #include "ir/ir.h"
 
 static json_t *shape_json(const dw_ir_tensor *t) {
@@ -152,7 +153,8 @@ json_t *dw_graph_json(const dw_graph *g) {
     const struct {
         const char *k;
         int idx;
-    } r[] = {{"tokens", g->tokens}, {"targets", g->targets}, {"logits", g->logits}, {"loss", g->loss}};
+    } r[] = {{dw_graph_float_input(g) ? "input" : "tokens", g->tokens}, {"targets", g->targets},
+             {dw_graph_float_input(g) ? "output" : "logits", g->logits}, {"loss", g->loss}};
     for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
         if (r[i].idx >= 0) json_object_set_new(roles, r[i].k, json_string(g->tensors[r[i].idx].name));
     json_object_set_new(j, "roles", roles);
@@ -430,7 +432,10 @@ static dw_status read_graph(dw_ctx *ctx, const json_t *j, const char *what, dw_g
     const char *names[4] = {NULL, NULL, NULL, NULL};
     const char *keys[4] = {"tokens", "targets", "logits", "loss"};
     int *dst[4] = {&g->tokens, &g->targets, &g->logits, &g->loss};
+    const bool ff = json_object_get(roles, "input") != NULL; /* a feed-forward graph: input, output */
+    if (ff) keys[0] = "input", keys[2] = "output";
     for (int r = 0; r < 4; r++) {
+        if (ff && (r == 1 || r == 3)) continue;
         DW_TRY(dw_json_get_str(ctx, roles, keys[r], what, &names[r]));
         *dst[r] = dw_graph_find_tensor(g, names[r]);
     }

@@ -1,9 +1,11 @@
 /* verify.c — whole-graph verification: indices, names, topological order, every node's stored
- * outputs against their inference (op_infer.c), and the tokens/targets/logits/loss roles. */
+ * outputs against their inference (op_infer.c), and the tokens/targets/logits/loss roles (a
+ * feed-forward graph's input/output: float_graph.c). */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "ir/float_graph.h"
 #include "ir/ir.h"
 
 #define IN(i) (&g->tensors[n->in[(i)]])
@@ -55,6 +57,7 @@ dw_status dw_graph_verify(dw_ctx *ctx, const dw_graph *g) {
             }
         }
     }
+    if (dw_graph_float_input(g)) return dw_graph_verify_float_roles(ctx, g);
     const struct {
         const char *what;
         int idx;

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/formats.h"
+#include "ir/float_graph.h"
 #include "runtime/engine.h"
 
 void dw_engine_opts_init(dw_engine_opts *o, size_t size) {
@@ -129,6 +130,9 @@ dw_status dw_engine_refresh(dw_engine *e) {
 
 dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T) {
     const dw_graph *g = e->g;
+    if (dw_graph_float_input(g))
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the model takes float activations (B,T,%lld), not "
+                            "tokens: call dw_engine_forward_float", (long long)dw_graph_input_width(g));
     if (!tokens) return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: no tokens");
     if (B < 1 || T < 1 || B > g->batch || T > g->seq)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: batch %lld x %lld exceeds the engine's capacity %lld x %lld",

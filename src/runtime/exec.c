@@ -199,7 +199,7 @@ dw_status dw_exec_set_batch(dw_exec *x, const int32_t *tokens, const int32_t *ta
     const size_t bytes = (size_t)(b * t) * sizeof(int32_t);
     x->b = b, x->t = t;
     x->has_targets = targets != NULL;
-    DW_TRY(be->i->upload(be, x->work + x->p->work.tokens, tokens, bytes));
+    if (tokens) DW_TRY(be->i->upload(be, x->work + x->p->work.tokens, tokens, bytes)); /* NULL: a float input, uploaded apart */
     if (targets) DW_TRY(be->i->upload(be, x->work + x->p->work.targets, targets, bytes));
     return DW_OK;
 }
