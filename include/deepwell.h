@@ -752,11 +752,14 @@ typedef struct {
                           per sweep (default true; DW_QUANT_REUSE=0 makes the default false) */
     int zero;          /* the ZeRO stage dw_train will run this engine under (dw_train_opts.zero;
                           default 0). In a job of several ranks (dw_dist_env_get) the engine then
-                          allocates only this rank's shard of the AdamW moments (1 and up) and of the
-                          FP32 gradients (2 and 3, staged through buckets by dw_train), never the
-                          whole pools, so a model that fits only sharded can start; its own
-                          dw_engine_step, backward and whole-optimizer save are refused, dw_train
-                          with a lower stage too. One rank: ignored */
+                          allocates only this rank's shard of the AdamW moments (1 and up), of the
+                          FP32 gradients (2 and 3, staged through buckets by dw_train) and of the
+                          FP32 masters (3, with no BF16 copies: dw_train gathers each parameter
+                          around its use), never the whole pools, so a model that fits only sharded
+                          can start; dw_engine_init_weights and dw_engine_load_weights then fill the
+                          shard alone (every rank must use the same seed or file); its own
+                          dw_engine_step, backward, parameter access and whole-optimizer save are
+                          refused, dw_train with a lower stage too. One rank: ignored */
 } dw_engine_opts;
 DW_API void dw_engine_opts_init(dw_engine_opts *o, size_t size);
 

@@ -54,11 +54,12 @@ static dw_status check_program(dw_ctx *ctx, const dw_compiled *c, const dw_backe
 }
 
 /* dw_engine_opts.zero on several ranks (the launcher's environment, comm/comm.h): the rank's shard
- * of the optimizer state (ZeRO >= 1) and of the gradients (ZeRO >= 2), by compile/shard.h as
- * train/dp.c steps them. */
+ * of the optimizer state (ZeRO >= 1), of the gradients (ZeRO >= 2) and of the FP32 masters (ZeRO-3,
+ * without the BF16 copies: train/dp_zero3.c makes each parameter's in its gather slot), by
+ * compile/shard.h as train/dp.c steps them. */
 static dw_status zero_shard(dw_engine *e, dw_exec_shard *out, bool *sharded) {
     const int64_t pf = e->p->param_floats;
-    *out = (dw_exec_shard){0, pf, 0, pf};
+    *out = (dw_exec_shard){.opt_lo = 0, .opt_hi = pf, .grad_lo = 0, .grad_hi = pf, .w_lo = 0, .w_hi = pf};
     *sharded = false;
     if (e->opts.zero < 0 || e->opts.zero > 3)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: ZeRO stage %d (dw_engine_opts.zero) is 0, 1, 2 or 3",
@@ -71,6 +72,7 @@ static dw_status zero_shard(dw_engine *e, dw_exec_shard *out, bool *sharded) {
     if (env.world < 2 || hi <= lo) return DW_OK; /* one rank, or a model too small to cut */
     out->opt_lo = lo, out->opt_hi = hi;
     if (e->opts.zero >= 2) out->grad_lo = lo, out->grad_hi = hi;
+    if (e->opts.zero == 3) out->w_lo = lo, out->w_hi = hi;
     *sharded = true;
     return DW_OK;
 }
@@ -104,6 +106,10 @@ dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_op
                 (long long)c->pool_bytes[DW_POOL_GRADS], (long long)shard.opt_lo, (long long)shard.opt_hi,
                 (long long)e->x->pool_bytes[DW_POOL_OPTIM], (long long)c->pool_bytes[DW_POOL_OPTIM],
                 (long long)pools_total(e->x));
+    if (s == DW_OK && sharded && shard.w_hi - shard.w_lo != c->param_floats)
+        DW_LOGI("engine: ZeRO-3 from creation: FP32 masters of floats [%lld, %lld) (%lld bytes; the whole weights "
+                "pool %lld)", (long long)shard.w_lo, (long long)shard.w_hi,
+                (long long)e->x->pool_bytes[DW_POOL_WEIGHTS], (long long)c->pool_bytes[DW_POOL_WEIGHTS]);
     if (s != DW_OK) {
         dw_engine_free(e);
         return s;
@@ -124,6 +130,7 @@ const dw_graph *dw_engine_graph(const dw_engine *e) { return e->g; }
 const char *dw_engine_backend(const dw_engine *e) { return e->be->i->name; }
 
 dw_status dw_engine_refresh(dw_engine *e) {
+    if (e->x->w_hi - e->x->w_lo != e->p->param_floats) return DW_OK; /* ZeRO-3 shard: made on each gather */
     DW_TRY(dw_exec_phase(e->x, DW_PHASE_REFRESH, false, 1.0));
     return e->be->i->sync(e->be);
 }
@@ -156,9 +163,15 @@ static dw_status read_loss(dw_engine *e, double *loss) {
     return DW_OK;
 }
 
+/* A forward reads every master: whole, or ZeRO-3's gathered around their use (train/dp_zero3.c). */
+static dw_status readable_weights(const dw_engine *e, const char *what) {
+    return e->x->param_at ? DW_OK : dw_exec_weights_whole(e->x, what);
+}
+
 dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                             float *logits, double *loss) {
     if (loss) *loss = 0;
+    DW_TRY(readable_weights(e, "engine: forward"));
     if (logits && e->p->head_xent >= 0)
         return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: the program fuses the LM head into the loss "
                             "(dw_compile_opts.fused_head), so it has no logits to read; compile without it (deepwell "
@@ -185,6 +198,7 @@ dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const 
                                      int64_t T, double grad_scale, double *loss) {
     if (loss) *loss = 0;
     if (!targets) return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: backward needs targets");
+    DW_TRY(readable_weights(e, "engine: backward"));
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     if (!e->x->grad_at) DW_TRY(dw_exec_grads_whole(e->x, "engine: backward")); /* ZeRO-2/3: dw_train stages */
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
@@ -343,6 +357,7 @@ dw_status dw_engine_time_steps(dw_engine *e, const int32_t *tokens, const int32_
                                double grad_scale, double *ms) {
     const dw_backend_i *bi = e->be->i;
     if (!bi->timers) return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s engine: no timers", bi->name);
+    DW_TRY(readable_weights(e, "engine: timed steps"));
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     if (!e->x->grad_at) DW_TRY(dw_exec_grads_whole(e->x, "engine: timed backward"));
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));

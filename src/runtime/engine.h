@@ -25,6 +25,10 @@ struct dw_engine {
 /* Re-derives what comes from the FP32 masters (BF16 copies, quantised weight caches) after they
  * changed outside the optimizer, and waits for the device. */
 dw_status dw_engine_refresh(dw_engine *e);
+/* dw_engine_save_weights (the layout loaded) with the values from `masters`, a host copy of every
+ * FP32 master (param_floats floats at the pool offsets): ZeRO-3's checkpoint (train/dp_zero3.c
+ * gathers them), whose engine holds a shard. */
+dw_status dw_engine_save_weights_host(dw_engine *e, const char *path, const float *masters);
 /* Checks B x T against the capacity and every token / target against the vocabulary. */
 dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T);
 

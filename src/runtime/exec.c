@@ -22,13 +22,16 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->record = record && be->i->record_begin;
     x->quant_reuse = quant_reuse;
     const int64_t pf = p->param_floats;
-    const dw_exec_shard s0 = {0, pf, 0, pf}, *sh = shard ? shard : &s0;
+    const dw_exec_shard s0 = {0, pf, 0, pf, 0, pf}, *sh = shard ? shard : &s0;
     DW_ASSERT(0 <= sh->opt_lo && sh->opt_lo < sh->opt_hi && sh->opt_hi <= pf);
     DW_ASSERT(0 <= sh->grad_lo && sh->grad_lo < sh->grad_hi && sh->grad_hi <= pf);
+    DW_ASSERT(0 <= sh->w_lo && sh->w_lo < sh->w_hi && sh->w_hi <= pf);
+    const bool w_cut = sh->w_hi - sh->w_lo != pf; /* ZeRO-3: the masters' shard alone, no BF16 copies */
     for (int k = 0; k < DW_POOL_COUNT; k++) {
         void *mem = NULL;
         x->pool_bytes[k] = k == DW_POOL_OPTIM   ? 8 * (sh->opt_hi - sh->opt_lo) /* ZeRO: the shard's alone */
                            : k == DW_POOL_GRADS ? 4 * (sh->grad_hi - sh->grad_lo)
+                           : k == DW_POOL_WEIGHTS && w_cut ? (4 * (sh->w_hi - sh->w_lo) + 255) / 256 * 256
                                                 : p->pool_bytes[k];
         dw_status s = be->i->alloc(be, x->pool_bytes[k], &mem);
         if (s == DW_OK) s = be->i->zero(be, mem, (size_t)x->pool_bytes[k]); /* padding stays 0 through AdamW */
@@ -40,13 +43,13 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
         }
     }
     x->w = (float *)x->pool[DW_POOL_WEIGHTS];
-    x->wb = p->bf16 ? (uint16_t *)(x->w + pf) : NULL;
+    x->wb = p->bf16 && !w_cut ? (uint16_t *)(x->w + pf) : NULL;
     x->grad = (float *)x->pool[DW_POOL_GRADS];
     x->grad_lo = sh->grad_lo, x->grad_hi = sh->grad_hi;
     x->m = (float *)x->pool[DW_POOL_OPTIM];
     x->v = x->m + (sh->opt_hi - sh->opt_lo);
     x->opt_lo = sh->opt_lo, x->opt_hi = sh->opt_hi;
-    x->w_lo = 0, x->w_hi = pf;
+    x->w_lo = sh->w_lo, x->w_hi = sh->w_hi;
     x->act = x->pool[DW_POOL_ACT];
     x->work = x->pool[DW_POOL_WORK];
     x->b = p->g->batch, x->t = p->g->seq;
@@ -127,7 +130,7 @@ static dw_status move_weights(dw_exec *x, float *dst, const float *src, int64_t 
 dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot,
                                 const int64_t *slot_bf16) {
     dw_backend *be = x->be;
-    DW_ASSERT(!x->param_at && 0 <= lo && lo <= hi && hi <= x->p->param_floats);
+    DW_ASSERT(!x->param_at && x->w_lo <= lo && lo <= hi && hi <= x->w_hi);
     const int np = x->p->n_params;
     const int64_t shard = align256((hi - lo) * (int64_t)sizeof(float)), bytes = shard + gather_bytes;
     float **at = calloc((size_t)(np ? np : 1), sizeof *at);
@@ -139,7 +142,7 @@ dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gath
     void *mem = NULL;
     dw_status s = be->i->alloc(be, bytes > 0 ? bytes : 256, &mem);
     if (s == DW_OK) s = be->i->zero(be, mem, (size_t)bytes);
-    if (s == DW_OK) s = move_weights(x, mem, x->w + lo, hi - lo);
+    if (s == DW_OK) s = move_weights(x, mem, x->w + (lo - x->w_lo), hi - lo);
     if (s != DW_OK) {
         if (mem) be->i->release(be, mem);
         free(at), free(at16);
@@ -160,7 +163,7 @@ dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gath
 
 dw_status dw_exec_unshard_weights(dw_exec *x) {
     dw_backend *be = x->be;
-    if (!x->param_at) return DW_OK;
+    if (!x->param_at && x->w_hi - x->w_lo == x->p->param_floats) return DW_OK;
     const int64_t bytes = x->p->pool_bytes[DW_POOL_WEIGHTS];
     void *mem = NULL;
     dw_status s = be->i->alloc(be, bytes, &mem);
@@ -181,7 +184,7 @@ dw_status dw_exec_unshard_weights(dw_exec *x) {
 }
 
 dw_status dw_exec_weights_whole(const dw_exec *x, const char *what) {
-    if (!x->param_at) return DW_OK;
+    if (!x->param_at && x->w_hi - x->w_lo == x->p->param_floats) return DW_OK;
     return dw_set_error(x->be->ctx, DW_ERR_UNSUPPORTED, "%s: the engine holds a ZeRO-3 shard of the weights (floats "
                         "[%lld, %lld)), gathered only around their use in a step", what, (long long)x->w_lo,
                         (long long)x->w_hi);

@@ -20,7 +20,7 @@ struct dw_exec {
     int64_t pool_bytes[DW_POOL_COUNT]; /* as allocated: the program's, the optimizer's a shard's
                                           after dw_exec_shard_optimizer */
     float *w, *grad;            /* (param_floats) each: FP32 masters, gradients; ZeRO-3 sharded
-                                   (dw_exec_shard_weights): w holds pool floats [w_lo, w_hi); ZeRO-2/3
+                                   (from creation, dw_exec_shard_weights): w holds pool floats [w_lo, w_hi); ZeRO-2/3
                                    from creation (dw_exec_shard): grad holds [grad_lo, grad_hi) */
     int64_t w_lo, w_hi, grad_lo, grad_hi;
     float **grad_at;            /* (n_params) ZeRO-2/3 staging (train/dp_stage.c): where the backward
@@ -65,13 +65,15 @@ struct dw_exec {
 /* What a data-parallel rank allocates of the parameter-shaped pools from the start (ZeRO,
  * runtime/engine.c from dw_engine_opts.zero by compile/shard.h): the moments of pool floats
  * [opt_lo, opt_hi) and the gradients of [grad_lo, grad_hi) (ZeRO-2/3: the shard's accumulator;
- * the backward then writes through grad_at, which train/dp_stage.c points into its staging). */
+ * the backward then writes through grad_at, which train/dp_stage.c points into its staging), and
+ * the FP32 masters of [w_lo, w_hi) (ZeRO-3: the shard's alone, 256-aligned, no BF16 copies; the
+ * gather block comes with train/dp_zero3.c's dw_exec_shard_weights). */
 typedef struct {
-    int64_t opt_lo, opt_hi, grad_lo, grad_hi;
+    int64_t opt_lo, opt_hi, grad_lo, grad_hi, w_lo, w_hi;
 } dw_exec_shard;
 
-/* Allocates the pools of p on be (zeroed; shard NULL: whole, else the optimizer and gradient pools
- * of its ranges only) and lets the backend prepare (handles, plans). record: replay recorded steps
+/* Allocates the pools of p on be (zeroed; shard NULL: whole, else the optimizer, gradient and
+ * weights pools of its ranges only) and lets the backend prepare (handles, plans). record: replay recorded steps
  * where the backend can; quant_reuse: as dw_engine_opts. p must outlive it. */
 dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse,
                          const dw_exec_shard *shard, dw_exec **out);
@@ -119,7 +121,7 @@ static inline int64_t dw_exec_rows(const dw_exec *x, int t) {
 }
 
 /* ZeRO-3: the weights pool replaced by one block of the FP32 masters of pool floats [lo, hi) (read
- * from the whole pool) followed by `gather_bytes` for the parameters gathered around their use:
+ * from the pool, whole or a shard holding [lo, hi)) followed by `gather_bytes` for the parameters gathered around their use:
  * parameter k at byte slot[k] of those (-1: never read by a step) and its BF16 working copy at
  * slot_bf16[k] (-1: none), which param_at and param_bf16_at (allocated here, n_params) then tell
  * the executor; the pool's own BF16 copies are gone (wb NULL). dw_exec_unshard_weights: the whole
@@ -128,8 +130,8 @@ static inline int64_t dw_exec_rows(const dw_exec *x, int t) {
 dw_status dw_exec_shard_weights(dw_exec *x, int64_t lo, int64_t hi, int64_t gather_bytes, const int64_t *slot,
                                 const int64_t *slot_bf16);
 dw_status dw_exec_unshard_weights(dw_exec *x);
-/* Whether every parameter's FP32 master is in the weights pool at its offset (not ZeRO-3 sharded);
- * DW_ERR_UNSUPPORTED naming `what` otherwise. */
+/* Whether every parameter's FP32 master is in the weights pool at its offset (not ZeRO-3 sharded,
+ * from creation or by dw_exec_shard_weights); DW_ERR_UNSUPPORTED naming `what` otherwise. */
 dw_status dw_exec_weights_whole(const dw_exec *x, const char *what);
 
 /* Whether the gradient pool is whole (not a ZeRO-2/3 shard from creation); DW_ERR_UNSUPPORTED naming
@@ -143,6 +145,14 @@ static inline float *dw_exec_moments(const dw_exec *x, int k, int64_t off, int64
     const int64_t lo = off > x->opt_lo ? off : x->opt_lo, hi = off + n < x->opt_hi ? off + n : x->opt_hi;
     *skip = lo - off, *count = hi > lo ? hi - lo : 0;
     return *count ? (k ? x->v : x->m) + (lo - x->opt_lo) : NULL;
+}
+
+/* The part of pool floats [off, off + n) whose FP32 masters the weights pool holds (all of it unless
+ * ZeRO-3 sharded): its pointer, *skip floats after off, *count floats (0, and NULL, when none). */
+static inline float *dw_exec_masters(const dw_exec *x, int64_t off, int64_t n, int64_t *skip, int64_t *count) {
+    const int64_t lo = off > x->w_lo ? off : x->w_lo, hi = off + n < x->w_hi ? off + n : x->w_hi;
+    *skip = lo - off, *count = hi > lo ? hi - lo : 0;
+    return *count ? x->w + (lo - x->w_lo) : NULL;
 }
 
 /* The parameter pools' pointers of parameter k (FP32 master, gradient, m, v). */

@@ -104,6 +104,7 @@ static int64_t kv_width(const dw_ir_node *n) { return n->attrs.kv_heads * n->att
 
 dw_status dw_kv_cache_create(dw_engine *e, dw_kv_cache **out) {
     *out = NULL;
+    DW_TRY(dw_exec_weights_whole(e->x, "KV cache")); /* it reads the masters in place (ZeRO-3: gathered first) */
     if (!dw_kv_cache_supported(e))
         return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "KV cache: the %s engine's program cannot decode with one",
                             e->be->i->name);

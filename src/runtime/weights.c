@@ -76,15 +76,22 @@ static void init_values(const dw_ir_tensor *t, uint64_t seed, float *v) {
     }
 }
 
+/* Parameter i's values (host) into the masters the engine holds: all of them, or the part in its
+ * ZeRO-3 shard (runtime/exec.h dw_exec_masters). */
+static dw_status upload_master(dw_engine *e, int i, const float *values) {
+    int64_t skip = 0, count = 0;
+    float *dst = dw_exec_masters(e->x, e->p->param_off[i], pnumel(e, i), &skip, &count);
+    return count ? e->be->i->upload(e->be, dst, values + skip, (size_t)count * sizeof(float)) : DW_OK;
+}
+
 dw_status dw_engine_init_weights(dw_engine *e, uint64_t seed) {
-    DW_TRY(dw_exec_weights_whole(e->x, "engine: initialising the weights"));
     int64_t *off;
     float *h = host_block(e, &off);
     if (!h) return dw_set_error(e->ctx, DW_ERR_NOMEM, "engine: out of host memory initialising the weights");
     dw_status s = DW_OK;
     for (int i = 0; s == DW_OK && i < e->p->n_params; i++) {
         init_values(ptensor(e, i), seed, h + off[i]);
-        s = e->be->i->upload(e->be, e->x->w + e->p->param_off[i], h + off[i], (size_t)pnumel(e, i) * sizeof(float));
+        s = upload_master(e, i, h + off[i]);
     }
     if (s == DW_OK) s = dw_engine_refresh(e); /* also: the uploads are done before h is freed */
     free(h), free(off);
@@ -198,10 +205,11 @@ static dw_status add_moe_bias(dw_engine *e, dw_st_writer *w, const char *file, f
 }
 
 /* Writes every parameter (values, or gradients when `grads`) in HF names and the layout, plus the
- * optional logits/loss tensors of a parity dump. */
+ * optional logits/loss tensors of a parity dump. host_w: the values from this host copy of the
+ * masters (param_floats, pool offsets) instead of the engine's pool (ZeRO-3's gathered copy). */
 static dw_status write_params(dw_engine *e, const char *path, bool grads, const float *logits, int64_t B, int64_t T,
-                              const float *loss, dw_weights_layout L) {
-    DW_TRY(grads ? dw_exec_grads_whole(e->x, path) : dw_exec_weights_whole(e->x, path));
+                              const float *loss, dw_weights_layout L, const float *host_w) {
+    if (!host_w) DW_TRY(grads ? dw_exec_grads_whole(e->x, path) : dw_exec_weights_whole(e->x, path));
     dw_ctx *ctx = e->ctx;
     char file[4096];
     out_path(path, file, sizeof file);
@@ -218,8 +226,9 @@ static dw_status write_params(dw_engine *e, const char *path, bool grads, const 
     for (int i = 0; s == DW_OK && i < e->p->n_params; i++) {
         const dw_ir_tensor *t = ptensor(e, i);
         float *src = h + off[i];
-        s = e->be->i->download(e->be, src, (grads ? e->x->grad : e->x->w) + e->p->param_off[i],
-                               (size_t)pnumel(e, i) * sizeof(float));
+        if (host_w) memcpy(src, host_w + e->p->param_off[i], (size_t)pnumel(e, i) * sizeof(float));
+        else s = e->be->i->download(e->be, src, (grads ? e->x->grad : e->x->w) + e->p->param_off[i],
+                                    (size_t)pnumel(e, i) * sizeof(float));
         for (int k = 0; s == DW_OK && k < hl.npc[i]; k++) {
             const dw_hf_piece *q = &hl.pc[i][k];
             float *dst = out + soff[map_get(&hl.map, q->stored)];
@@ -253,7 +262,12 @@ dw_status dw_engine_save_weights_layout(dw_engine *e, const char *path, dw_weigh
     if (layout != DW_WEIGHTS_LAYOUT_AS_LOADED && layout != DW_WEIGHTS_LAYOUT_FUSED &&
         layout != DW_WEIGHTS_LAYOUT_PER_EXPERT)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "%s: unknown weights layout %d", path, (int)layout);
-    return write_params(e, path, false, NULL, 0, 0, NULL, layout == DW_WEIGHTS_LAYOUT_AS_LOADED ? e->layout : layout);
+    return write_params(e, path, false, NULL, 0, 0, NULL, layout == DW_WEIGHTS_LAYOUT_AS_LOADED ? e->layout : layout,
+                        NULL);
+}
+
+dw_status dw_engine_save_weights_host(dw_engine *e, const char *path, const float *masters) {
+    return write_params(e, path, false, NULL, 0, 0, NULL, e->layout, masters);
 }
 
 dw_status dw_engine_save_weights(dw_engine *e, const char *path) {
@@ -262,7 +276,7 @@ dw_status dw_engine_save_weights(dw_engine *e, const char *path) {
 
 dw_status dw_engine_dump(dw_engine *e, const char *path, const float *logits, int64_t B, int64_t T, double loss) {
     float l = (float)loss;
-    return write_params(e, path, true, logits, B, T, &l, e->layout);
+    return write_params(e, path, true, logits, B, T, &l, e->layout, NULL);
 }
 
 /* ---- load ------------------------------------------------------------------------------------- */
@@ -491,7 +505,6 @@ static dw_status read_moe_bias(dw_engine *e, const shard_set *s, const char *pat
 }
 
 dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
-    DW_TRY(dw_exec_weights_whole(e->x, path));
     dw_ctx *ctx = e->ctx;
     shard_set s = {0};
     hf_layout hl = {0};
@@ -539,7 +552,7 @@ dw_status dw_engine_load_weights(dw_engine *e, const char *path) {
         }
     }
     for (int i = 0; r == DW_OK && i < e->p->n_params; i++)
-        r = e->be->i->upload(e->be, e->x->w + e->p->param_off[i], h + off[i], (size_t)pnumel(e, i) * sizeof(float));
+        r = upload_master(e, i, h + off[i]);
     if (r == DW_OK) r = dw_engine_refresh(e);
     if (r == DW_OK) e->layout = L;
     if (r == DW_OK) r = dw_engine_moe_bias_load(e, bias); /* NULL: the file has none */

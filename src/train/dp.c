@@ -44,11 +44,15 @@ static dw_status check_engine(dw_dp *d) {
     const dw_exec *x = d->eng->x;
     const int64_t pf = d->floats;
     const bool opt_cut = x->opt_hi - x->opt_lo != pf, grad_cut = x->grad_hi - x->grad_lo != pf;
-    if ((opt_cut && (d->world == 1 || d->zero < 1)) || (grad_cut && (d->world == 1 || d->zero < 2)))
+    const bool w_cut = !x->param_at && x->w_hi - x->w_lo != pf; /* ZeRO-3 from creation */
+    if ((opt_cut && (d->world == 1 || d->zero < 1)) || (grad_cut && (d->world == 1 || d->zero < 2)) ||
+        (w_cut && (d->world == 1 || d->zero < 3)))
         return dw_set_error(d->ctx, DW_ERR_INVALID, "--zero %d on %d rank%s: the engine was made for a higher ZeRO "
                             "stage (dw_engine_opts.zero) and holds only its shard of the %s; train it with that stage",
-                            d->zero, d->world, d->world == 1 ? "" : "s", grad_cut ? "gradients" : "optimizer state");
-    if ((opt_cut && (x->opt_lo != d->lo || x->opt_hi != d->hi)) || (grad_cut && (x->grad_lo != d->lo || x->grad_hi != d->hi)))
+                            d->zero, d->world, d->world == 1 ? "" : "s",
+                            w_cut ? "weights" : grad_cut ? "gradients" : "optimizer state");
+    if ((opt_cut && (x->opt_lo != d->lo || x->opt_hi != d->hi)) || (grad_cut && (x->grad_lo != d->lo || x->grad_hi != d->hi)) ||
+        (w_cut && (x->w_lo != d->lo || x->w_hi != d->hi)))
         return dw_set_error(d->ctx, DW_ERR_INVALID, "data parallel: the engine holds floats [%lld, %lld) as its shard, "
                             "rank %d of %d's is [%lld, %lld): it was made for another job", (long long)x->opt_lo,
                             (long long)x->opt_hi, d->rank, d->world, (long long)d->lo, (long long)d->hi);
@@ -132,6 +136,12 @@ dw_status dw_dp_report_times(dw_dp *d, dw_train_progress *p) {
 
 dw_status dw_dp_broadcast_weights(dw_dp *d) {
     if (d->world == 1) return DW_OK;
+    const dw_exec *x = d->eng->x;
+    if (x->w_hi - x->w_lo != d->floats) { /* ZeRO-3: each rank's shard from the job's one seed or file */
+        DW_LOGI("ZeRO-3: each rank's masters of floats [%lld, %lld) came from the same seed or file; nothing to "
+                "broadcast", (long long)x->w_lo, (long long)x->w_hi);
+        return DW_OK;
+    }
     DW_TRY(dw_comm_broadcast(d->ctx, d->comm, d->eng->x->w, d->floats, DW_COMM_F32, 0));
     return dw_engine_refresh(d->eng);
 }
@@ -177,6 +187,7 @@ static uint64_t fnv1a(const void *p, size_t n) {
 
 dw_status dw_dp_check_weights(dw_dp *d, int64_t step) {
     if (d->world == 1) return DW_OK;
+    if (d->zero == 3 && !d->z3_whole) return dw_dp_z3_checkpoint(d); /* one copy of each weight */
     DW_TRY(dw_dp_gather_experts(d)); /* --ep: every expert current everywhere, as a checkpoint needs;
                                         ZeRO-3: the whole weights */
     const size_t bytes = (size_t)d->floats * sizeof(float);

@@ -21,12 +21,14 @@
  *           engine made whole (dw_engine_opts.zero unset) writes the whole pool in place and
  *           everything outside the rank's shard is cleared after each micro-batch.
  *   ZeRO-3: as ZeRO-2, and the weights sharded: each parameter gathered before the first step of
- *           each sweep that reads it (dp_zero3.c); whole again for a checkpoint or a sample.
+ *           each sweep that reads it (dp_zero3.c); whole again for a sample; a checkpoint's
+ *           weights gathered into rank 0's host memory. An engine made for it holds only its
+ *           shard of the masters from creation (no BF16 copies: each made in its gather slot).
  * Memory (ZeRO-1/2/3): the engine's optimizer pool holds the moments of the rank's shard alone,
  * from its creation when made for the stage (runtime/engine.c dw_engine_opts.zero), else cut here
  * (runtime/exec.h dw_exec_shard_optimizer); sized by compile/shard.h as the planner reports it.
  * The FP32 masters stay whole under ZeRO-1/2 (the forward reads them; ZeRO-3 keeps its shard and
- * a gather block); the gradients are whole under ZeRO-1 and the shard plus the staging slots
+ * a gather block, from creation when made for it); the gradients are whole under ZeRO-1 and the shard plus the staging slots
  * (compile/grad_stage.h) under ZeRO-2/3. Not the communicator (comm/). */
 #ifndef DW_TRAIN_DP_H
 #define DW_TRAIN_DP_H
@@ -112,6 +114,15 @@ void dw_dp_z3_free(dw_dp *d);
 void dw_dp_z3_train(dw_dp *d);
 dw_status dw_dp_z3_whole(dw_dp *d);
 dw_status dw_dp_gather_pool(dw_dp *d, float *pool);
+/* ZeRO-3 sharded (every rank calls it; otherwise nothing): every master gathered, one parameter at
+ * a time, into rank 0's host memory for the checkpoint (dw_dp_check_weights calls it), the
+ * engine's weights left sharded. dw_dp_save_weights (rank 0): the weights file from that copy
+ * when there is one, else the engine's (dw_engine_save_weights). dw_dp_z3_end (every rank, after
+ * training): the weights whole again when `whole` is asked or the engine was made whole; an engine
+ * made for ZeRO-3 (dw_engine_opts.zero) stays sharded. */
+dw_status dw_dp_z3_checkpoint(dw_dp *d);
+dw_status dw_dp_save_weights(dw_dp *d, const char *path);
+dw_status dw_dp_z3_end(dw_dp *d, bool whole);
 
 /* dp_stage.c, for dp.c and dp_overlap.c: ZeRO-2/3's gradient staging when the engine holds only
  * its shard of the gradients: init plans the slots (compile/grad_stage.h), allocates them and
@@ -131,7 +142,8 @@ dw_status dw_dp_stage_end(dw_dp *d);
 dw_status dw_dp_overlap_attach(dw_dp *d);
 void dw_dp_overlap_detach(dw_dp *d);
 /* The debug check that the ranks' weights are identical: a hash of the FP32 masters compared with
- * rank 0's; DW_ERR_NUMERIC naming the first rank that differs. */
+ * rank 0's; DW_ERR_NUMERIC naming the first rank that differs. ZeRO-3 sharded: one copy of each
+ * weight, nothing to compare; dw_dp_z3_checkpoint gathers them for the checkpoint instead. */
 dw_status dw_dp_check_weights(dw_dp *d, int64_t step);
 
 #endif /* DW_TRAIN_DP_H */

@@ -61,10 +61,12 @@ typedef struct {
     int n_slices;
     dw_dp_slice *slices;
     dw_comm *replicas;
-    /* ZeRO-3 (dp_zero3.c): whether the weights pool is whole (the start, after a checkpoint or a
-     * sample) or the shard's; whether training asked for the shard; each parameter's gather slot
+    /* ZeRO-3 (dp_zero3.c): whether the weights pool is whole (the start unless made for ZeRO-3,
+     * after a sample) or the shard's; whether training asked for the shard; each parameter's gather slot
      * (bytes into the gather block, -1: never read) and the gathers due before each step */
     bool z3_whole, z3_want, z3_logged;
+    bool z3_born;         /* the engine was made for ZeRO-3: its masters a shard from creation */
+    float *z3_host;       /* rank 0, after dw_dp_z3_checkpoint: every master (floats) in host memory */
     int64_t z3_gather_bytes;
     int64_t *z3_slot;     /* (n_params) */
     int64_t *z3_slot16;   /* (n_params) its BF16 working copy's bytes into the block, -1: none */

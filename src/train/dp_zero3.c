@@ -5,7 +5,10 @@
  * its last reader in that sweep has run (the slots placed by the static memory planner,
  * compile/memplan.h, over those two lifetimes). The gradients go as ZeRO-2's (dp_overlap.c), the
  * optimizer steps the shard (dp.c). Whole weights again (dw_dp_z3_whole) before what reads them
- * whole: a checkpoint, rank 0's sample; sharded again before the next training step. A BF16
+ * whole: rank 0's sample; sharded again before the next training step. A checkpoint's weights are
+ * gathered parameter by parameter into rank 0's host memory instead (dw_dp_z3_checkpoint), the
+ * engine left sharded. An engine made for ZeRO-3 (dw_engine_opts.zero) holds the shard's masters
+ * from its creation, initialised or loaded there (runtime/weights.c), never the whole. A BF16
  * program's working copy of a parameter is made in its slot after the gather (the backend's
  * cast); quantised weight caches are not gathered yet (refused). */
 #include <stdlib.h>
@@ -86,11 +89,11 @@ static dw_status plan(dw_dp *d) {
     return st;
 }
 
-/* Parameter k into its slot: each rank's part of it broadcast from that rank. */
-static dw_status gather(dw_dp *d, int k) {
+/* Parameter k into slot (the engine's memory, its numel floats): each rank's part of it broadcast
+ * from that rank. */
+static dw_status gather_to(dw_dp *d, int k, float *slot) {
     const dw_compiled *p = d->eng->p;
     const int64_t a = p->param_off[k], n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
-    float *slot = d->eng->x->param_at[k];
     for (int r = 0; r < d->world; r++) {
         int64_t rlo, rhi;
         dw_shard_range(d->floats, d->world, r, &rlo, &rhi);
@@ -99,6 +102,15 @@ static dw_status gather(dw_dp *d, int k) {
         if (r == d->rank) DW_TRY(copy_floats(d, slot + (lo - a), d->eng->x->w + (lo - d->lo), hi - lo));
         DW_TRY(dw_comm_broadcast(d->ctx, d->comm, slot + (lo - a), hi - lo, DW_COMM_F32, r));
     }
+    return DW_OK;
+}
+
+/* Parameter k into its slot, and its BF16 working copy beside it. */
+static dw_status gather(dw_dp *d, int k) {
+    const dw_compiled *p = d->eng->p;
+    const int64_t n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
+    float *slot = d->eng->x->param_at[k];
+    DW_TRY(gather_to(d, k, slot));
     uint16_t *slot16 = d->eng->x->param_bf16_at ? d->eng->x->param_bf16_at[k] : NULL;
     if (!slot16) return DW_OK;
     /* its BF16 working copy: the backend's cast of floats [0, n) of an executor view whose pools are
@@ -147,7 +159,59 @@ dw_status dw_dp_z3_init(dw_dp *d) {
     d->z3_whole = true;
     dw_exec_stop_recording(x); /* the gathers run between the steps: a replayed step would skip them */
     x->before_step = before_step, x->before_user = d;
+    if (x->w_hi - x->w_lo == d->floats) return DW_OK;
+    d->z3_whole = false, d->z3_born = true; /* made for ZeRO-3 (dw_engine_opts.zero): the shard's masters alone */
+    return to_sharded(d);
+}
+
+/* Every master to rank 0's host copy, one parameter at a time through its slot (the slots are
+ * shared; the next sweep gathers again) or, for one no step reads, a buffer of its size. */
+static dw_status host_masters(dw_dp *d) {
+    dw_exec *x = d->eng->x;
+    const dw_compiled *p = d->eng->p;
+    dw_backend *be = d->eng->be;
+    int64_t spare = 0; /* floats of the largest parameter without a slot */
+    for (int k = 0; k < p->n_params; k++) {
+        const int64_t n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
+        if (!x->param_at[k] && n > spare) spare = n;
+    }
+    if (d->rank == 0 && !d->z3_host && !(d->z3_host = malloc((size_t)d->floats * sizeof *d->z3_host)))
+        return dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of host memory for the checkpoint's weights "
+                            "(%lld bytes)", (long long)d->floats * 4);
+    void *tmp = NULL;
+    dw_status st = spare ? be->i->alloc(be, spare * (int64_t)sizeof(float), &tmp) : DW_OK;
+    for (int k = 0; st == DW_OK && k < p->n_params; k++) {
+        const int64_t n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
+        float *slot = x->param_at[k] ? x->param_at[k] : tmp;
+        st = gather_to(d, k, slot);
+        if (st == DW_OK && d->rank == 0)
+            st = be->i->download(be, d->z3_host + p->param_off[k], slot, (size_t)n * sizeof(float));
+    }
+    if (st == DW_OK) st = be->i->sync(be);
+    if (tmp) be->i->release(be, tmp);
+    return st;
+}
+
+dw_status dw_dp_z3_checkpoint(dw_dp *d) {
+    if (d->zero != 3 || d->world == 1 || d->z3_whole) return DW_OK;
+    free(d->z3_host);
+    d->z3_host = NULL; /* the last checkpoint's, stale */
+    DW_TRY(host_masters(d));
+    if (d->rank == 0)
+        DW_LOGI("ZeRO-3: the checkpoint's weights gathered into rank 0's host memory (%lld bytes), the engine's "
+                "kept sharded", (long long)d->floats * 4);
     return DW_OK;
+}
+
+dw_status dw_dp_save_weights(dw_dp *d, const char *path) {
+    if (d->z3_host && !d->z3_whole) return dw_engine_save_weights_host(d->eng, path, d->z3_host);
+    return dw_engine_save_weights(d->eng, path);
+}
+
+dw_status dw_dp_z3_end(dw_dp *d, bool whole) {
+    if (d->zero != 3 || d->world == 1 || d->z3_whole) return DW_OK;
+    if (!whole && d->z3_born) return DW_OK; /* made for ZeRO-3: whole would need the memory it was made to save */
+    return dw_dp_z3_whole(d);
 }
 
 void dw_dp_z3_free(dw_dp *d) {
@@ -156,8 +220,8 @@ void dw_dp_z3_free(dw_dp *d) {
     /* a run that ended sharded (an error: the other ranks may be gone) leaves the engine sharded,
      * its parameters where they were last gathered; its weight accessors say so
      * (dw_exec_weights_whole) */
-    free(d->z3_slot), free(d->z3_slot16), free(d->z3_ev_at), free(d->z3_ev);
-    d->z3_slot = NULL, d->z3_slot16 = NULL, d->z3_ev_at = NULL, d->z3_ev = NULL;
+    free(d->z3_slot), free(d->z3_slot16), free(d->z3_ev_at), free(d->z3_ev), free(d->z3_host);
+    d->z3_slot = NULL, d->z3_slot16 = NULL, d->z3_ev_at = NULL, d->z3_ev = NULL, d->z3_host = NULL;
 }
 
 void dw_dp_z3_train(dw_dp *d) { d->z3_want = d->zero == 3; }
@@ -168,6 +232,8 @@ dw_status dw_dp_z3_whole(dw_dp *d) {
     if (d->z3_whole) return DW_OK;
     DW_TRY(dw_exec_unshard_weights(d->eng->x));
     d->z3_whole = true;
+    DW_LOGI("ZeRO-3: the whole weights on this rank again (%lld bytes), for rank 0's sample or after training",
+            (long long)d->eng->x->pool_bytes[DW_POOL_WEIGHTS]);
     DW_TRY(dw_dp_gather_pool(d, d->eng->x->w));
     return dw_engine_refresh(d->eng); /* the BF16 copies from the gathered masters */
 }

@@ -246,7 +246,7 @@ static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
          *o = dw_path_join(dir, dw_ckpt_files[2]);
     dw_status st = (c && m && o) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     if (st == DW_OK && d->rank == 0) st = write_config(ctx, r->g, c);
-    if (st == DW_OK && d->rank == 0) st = dw_engine_save_weights(r->eng, m);
+    if (st == DW_OK && d->rank == 0) st = dw_dp_save_weights(&r->dp, m); /* ZeRO-3: its gathered copy */
     if (st == DW_OK && d->world == 1) st = dw_engine_save_optimizer(r->eng, o);
     if (st == DW_OK && d->world > 1 && d->rank == 0)
         st = dw_ckpt_index_write(r->eng, dir, d->world, d->zero, r->ranges);
@@ -800,6 +800,7 @@ dw_status dw_train(dw_engine *e, const dw_train_opts *opts) {
     if (st == DW_OK) st = setup(&r);
     if (st == DW_OK) st = dw_moe_routing_init(ctx, e, &r.moe);
     if (st == DW_OK) st = loop(&r);
+    if (st == DW_OK) st = dw_dp_z3_end(&r.dp, o.profile); /* ZeRO-3: whole again unless made for it */
     if (st == DW_OK && o.profile && r.step == o.steps && !dw_train_stop_requested() && r.dp.rank == 0) {
         dw_ep_suspend(r.ep, true); /* rank 0 alone */
         st = profile(&r);
