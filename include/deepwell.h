@@ -704,6 +704,16 @@ typedef struct {
                              those outputs from the forward: the same bits, no GEMM twice, less
                              activation memory (default true; the environment variable
                              DW_MOE_REMAT=0 makes the default false) */
+    bool grad_arena;      /* the FP32 parameter gradients in the activation pool instead of a
+                             standing gradient pool: each parameter's gradient is zeroed just
+                             before its first backward writer and lives to the optimizer step, in
+                             memory the forward's activations used, so the peak falls. For one
+                             micro-batch per step and ZeRO 0/1: an engine refuses a second backward
+                             (accumulation), or a forward, before dw_engine_step or
+                             dw_engine_zero_grad, and ZeRO-2/3; the gradients read back right after
+                             the backward or the step, until the next forward. The same losses and
+                             weights bit for bit (default false; the environment variable
+                             DW_GRAD_ARENA=1 makes the default true) */
 } dw_compile_opts;
 DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
 

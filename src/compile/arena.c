@@ -37,6 +37,18 @@ static int add_item(item_list *l, int64_t size, int first, int last, dw_buf_kind
     return add_item2(l, size, first, last, 0, 0, kind, index);
 }
 
+/* grad_arena: every parameter's gradient slice at its fixed place (grad_arena.c). */
+static bool add_grad_slices(item_list *l, const dw_compiled *c) {
+    for (int k = 0; c->grad_arena && k < c->n_params; k++) {
+        dw_mem_item it;
+        dw_compile_grad_slice_item(c, k, &it);
+        const int j = add_item(l, it.size, it.first, it.last, DW_BUF_PGRAD, k);
+        if (j < 0) return false;
+        l->items[j].fixed = true, l->items[j].offset = it.offset;
+    }
+    return true;
+}
+
 static void place_parts(const int64_t *sizes, int count, int64_t base, int64_t *offs) {
     int64_t o = base;
     for (int k = 0; k < count; k++) {
@@ -176,6 +188,7 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
                                        DW_BUF_BTMP, i)) < 0)
             goto nomem;
     }
+    if (!add_grad_slices(&l, c)) goto nomem;
     st = dw_memplan_assign(ctx, l.items, l.n, &c->arena_bytes);
     if (st != DW_OK) goto done;
     c->live_peak = dw_memplan_live_peak(l.items, l.n);

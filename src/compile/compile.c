@@ -26,7 +26,8 @@ void dw_compile_opts_init(dw_compile_opts *o, size_t size) {
     if (chunk && (end == chunk || *end)) rows = -1; /* not a number: dw_compile refuses it */
     dw_compile_opts d = {.size = sizeof d, .device = DW_DEVICE_AUTO, .sm = 0, .fuse = dw_env_flag("DW_FUSE", true),
                          .fused_head = dw_env_flag("DW_FUSED_HEAD", false),
-                         .head_chunk = rows, .moe_remat = dw_env_flag("DW_MOE_REMAT", true)};
+                         .head_chunk = rows, .moe_remat = dw_env_flag("DW_MOE_REMAT", true),
+                         .grad_arena = dw_env_flag("DW_GRAD_ARENA", false)};
     memset(o, 0, size);
     memcpy(o, &d, size < sizeof d ? size : sizeof d);
     o->size = size;
@@ -44,6 +45,7 @@ void dw_compiled_free(dw_compiled *c) {
     free(c->policy_json);
     free(c->param_tensor);
     free(c->param_off);
+    free(c->grad_first);
     free(c->bf16_lazy);
     free(c->bf16_runs);
     free(c->items);
@@ -126,6 +128,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     c->fuse = o.fuse;
     c->fused_head = o.fused_head, c->head_chunk_want = o.head_chunk;
     c->moe_remat = o.moe_remat;
+    c->grad_arena = o.grad_arena, c->grad_base = 0;
     c->head_xent = c->head_linear = -1;
     c->act_size = c->bf16 ? 2 : 4;
     snprintf(c->precision, sizeof c->precision, "%s",
@@ -149,6 +152,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     if (st == DW_OK) st = dw_compile_grad_alias(ctx, c);
     if (st == DW_OK) st = dw_compile_bf16_copies(ctx, c);
     if (st == DW_OK) st = dw_compile_times(ctx, c, recompute, o.recompute_blocks);
+    if (st == DW_OK) st = dw_compile_grad_first(ctx, c);
     if (st == DW_OK) st = dw_compile_arena(ctx, c);
     if (st == DW_OK) st = dw_compile_workspace(ctx, c);
     if (st == DW_OK) st = dw_compile_steps(ctx, c);
@@ -157,7 +161,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
         return st;
     }
     c->pool_bytes[DW_POOL_WEIGHTS] = c->param_floats * (4 + (c->bf16 ? 2 : 0));
-    c->pool_bytes[DW_POOL_GRADS] = c->param_floats * 4;
+    c->pool_bytes[DW_POOL_GRADS] = c->grad_arena ? 0 : c->param_floats * 4; /* else in the arena at grad_base */
     c->pool_bytes[DW_POOL_OPTIM] = c->param_floats * 8;
     c->pool_bytes[DW_POOL_ACT] = c->arena_bytes > 0 ? c->arena_bytes : 256;
     c->pool_bytes[DW_POOL_WORK] = c->work.bytes;

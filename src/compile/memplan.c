@@ -14,6 +14,7 @@ static const dw_mem_item *sort_base;
 
 static int by_size_desc(const void *a, const void *b) {
     const dw_mem_item *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
+    if (x->fixed != y->fixed) return x->fixed ? -1 : 1; /* given offsets first */
     if (x->size != y->size) return x->size < y->size ? 1 : -1;
     if (x->first != y->first) return x->first < y->first ? -1 : 1;
     return *(const int *)a - *(const int *)b; /* stable: deterministic order */
@@ -45,11 +46,12 @@ dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *are
     for (int i = 0; i < n; i++) {
         int64_t a = items[i].align ? items[i].align : 256;
         if (items[i].size <= 0 || items[i].first > items[i].last || (a & (a - 1)) != 0 ||
-            (has_second(&items[i]) && items[i].first2 > items[i].last2))
+            (has_second(&items[i]) && items[i].first2 > items[i].last2) ||
+            (items[i].fixed && (items[i].offset < 0 || items[i].offset % a)))
             return dw_set_error(ctx, DW_ERR_INVALID,
-                                "memory plan: buffer %d has size %lld, lifetime [%d, %d] (then [%d, %d]), align %lld",
+                                "memory plan: buffer %d has size %lld, lifetime [%d, %d] (then [%d, %d]), align %lld%s",
                                 i, (long long)items[i].size, items[i].first, items[i].last, items[i].first2,
-                                items[i].last2, (long long)a);
+                                items[i].last2, (long long)a, items[i].fixed ? ", a fixed offset off its alignment" : "");
     }
     size_t cap = n > 0 ? (size_t)n : 1;
     int *order = malloc(sizeof(int) * cap);
@@ -69,6 +71,11 @@ dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *are
     for (int oi = 0; oi < n; oi++) {
         dw_mem_item *it = &items[order[oi]];
         int64_t a = it->align ? it->align : 256;
+        if (it->fixed) { /* given (the caller keeps fixed items apart from each other) */
+            if (it->offset + it->size > top) top = it->offset + it->size;
+            placed[n_placed++] = order[oi];
+            continue;
+        }
         int nb = 0;
         for (int p = 0; p < n_placed; p++) {
             const dw_mem_item *q = &items[placed[p]];

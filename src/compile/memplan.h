@@ -16,6 +16,8 @@ typedef struct {
     int64_t offset; /* out: byte offset in the arena */
     int first2, last2; /* a second live interval after the first (first2 > last), as an activation
                           recomputed before its backward has; 0, 0: none */
+    bool fixed;     /* offset given, not chosen: placed first, the others around it (a gradient
+                       slice of the arena's flat gradient block, arena.c) */
 } dw_mem_item;
 
 /* Whether the item is live at step t (in either interval). */
@@ -23,8 +25,9 @@ static inline bool dw_mem_live_at(const dw_mem_item *it, int t) {
     return (it->first <= t && t <= it->last) || (it->first2 > it->last && it->first2 <= t && t <= it->last2);
 }
 
-/* Assigns offsets (greedy: largest first, lowest fitting offset among live-overlapping buffers)
- * and returns the arena size needed. Deterministic for the same input. */
+/* Assigns offsets (greedy: largest first, lowest fitting offset among live-overlapping buffers;
+ * fixed items keep theirs and are placed before the rest) and returns the arena size needed.
+ * Deterministic for the same input. */
 dw_status dw_memplan_assign(dw_ctx *ctx, dw_mem_item *items, int n, int64_t *arena_bytes);
 
 /* Lower bound on any plan: the largest total size of buffers live at one step. */

@@ -18,6 +18,10 @@ dw_status dw_compile_grad_alias(dw_ctx *ctx, dw_compiled *c);
 dw_status dw_compile_params(dw_ctx *ctx, dw_compiled *c);
 dw_status dw_compile_bf16_copies(dw_ctx *ctx, dw_compiled *c);
 dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c);
+/* grad_arena.c: each parameter's first gradient writer (c->grad_first); its slice's fixed arena
+ * item (grad_arena programs). */
+dw_status dw_compile_grad_first(dw_ctx *ctx, dw_compiled *c);
+void dw_compile_grad_slice_item(const dw_compiled *c, int k, dw_mem_item *it);
 dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c);
 dw_status dw_compile_steps(dw_ctx *ctx, dw_compiled *c);
 

@@ -30,6 +30,8 @@ typedef enum {
     DW_STEP_QUANT_W,     /* node's weight cache: W and W^T quantised from the FP32 master */
     DW_STEP_COLLECTIVE,  /* a collective on the comm stream (multi-rank programs; none yet) */
     DW_STEP_WAIT,        /* a stream waits for another (multi-rank programs; none yet) */
+    DW_STEP_ZERO_GRAD,   /* grad_arena programs: parameter `arg`'s gradient slice zeroed, just before
+                            its first writer (node: that writer's node); training sweeps only */
     DW_STEP_KIND_COUNT
 } dw_step_kind;
 const char *dw_step_kind_name(dw_step_kind k);
@@ -89,7 +91,8 @@ enum { DW_TMP_ACC0 = 0, /* ACC<s> = DW_TMP_ACC0 + s, one per input slot */
 typedef enum { DW_GRAD_NONE = 0, DW_GRAD_WRITE, DW_GRAD_ACCUM, DW_GRAD_ACCUM_TMP } dw_grad_mode;
 
 /* Arena buffer kinds (for reports and tests). */
-typedef enum { DW_BUF_VALUE = 0, DW_BUF_GRAD, DW_BUF_AUX, DW_BUF_FTMP, DW_BUF_BTMP } dw_buf_kind;
+typedef enum { DW_BUF_VALUE = 0, DW_BUF_GRAD, DW_BUF_AUX, DW_BUF_FTMP, DW_BUF_BTMP,
+               DW_BUF_PGRAD /* grad_arena: a parameter's gradient slice (index: the parameter) */ } dw_buf_kind;
 typedef struct {
     dw_buf_kind kind;
     int index; /* tensor (value, grad) or node (aux, ftmp, btmp) */
@@ -238,6 +241,15 @@ struct dw_compiled {
     int *param_tensor;         /* (n_params) graph tensor of each parameter, in graph order */
     int64_t *param_off;        /* (n_params) offset in floats, 64-float (256-byte) aligned */
     int64_t param_floats;      /* floats of one parameter-shaped pool, padding included */
+    /* Gradients in the activation arena (dw_compile_opts.grad_arena; arena.c): no gradient pool;
+     * the gradients keep the pool's flat layout in the arena from byte grad_base, parameter k's
+     * slice [param_off[k], the next parameter's offset) taken from its first writer's time
+     * (grad_first[k], node; -1: no writer, from the backward's start), zeroed by a ZERO_GRAD step
+     * just before it, to the end of the sweep and on through the optimizer. One backward per
+     * optimizer step: activations of the next forward take the slices again. */
+    bool grad_arena;
+    int64_t grad_base;
+    int *grad_first;           /* (n_params) */
     int64_t decay_floats;      /* [0, decay_floats) holds the decay parameters */
     /* BF16 working copies (BF16 mode): in the weights pool after the FP32 masters, at the same
      * element offsets. A parameter keeps one standing unless only quantised linear layers read it
@@ -272,6 +284,12 @@ bool dw_compile_recomputed(const dw_compiled *c, int i);
  * rc_t) just before the first backward reading it (recompute.c): c->moe_remat on and i not in a
  * recomputed block. */
 bool dw_compile_moe_remat(const dw_compiled *c, int i);
+
+/* grad_arena programs (grad_arena.c): the logical time parameter k's gradient slice is born (its
+ * first writer's, or the backward sweep's start when no step writes it), and the float where the
+ * slice ends (the next parameter's offset, or param_floats: its padding is in it). */
+int dw_compile_grad_birth(const dw_compiled *c, int k);
+int64_t dw_compile_grad_slice_end(const dw_compiled *c, int k);
 
 /* Whether the program runs linear layers quantised in recipe r (every recipe but bf16). */
 bool dw_compile_quant_recipe(dw_recipe r);

@@ -64,7 +64,10 @@ typedef struct {
     dw_compiled *c;
 } compiled_job;
 
-static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int recompute, compiled_job *j) {
+/* grad_arena: the gradients in the activation pool where the environment asks for it
+ * (dw_compile_opts_init: DW_GRAD_ARENA) and the plan allows it (one micro-batch a step, ZeRO 0/1). */
+static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int recompute, bool grad_arena,
+                             compiled_job *j) {
     memset(j, 0, sizeof *j);
     DW_TRY(dw_capture_config(ctx, in->cfg, b, in->job.seq, &j->g));
     DW_TRY(dw_plan_recipe_policy(ctx, in->job.recipe, &j->pol));
@@ -74,6 +77,7 @@ static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int r
     o.sm = 90;
     o.recompute = recompute;
     o.fused_head = true; /* as `deepwell train` compiles it: the logits a chunk of rows at a time */
+    o.grad_arena = o.grad_arena && grad_arena;
     return dw_compile(ctx, j->g, NULL, j->pol, &o, &j->c);
 }
 
@@ -89,11 +93,11 @@ int64_t dw_plan_cudnn_attention_bytes(int64_t B, int64_t T, int64_t H, int64_t H
     return dq + (Hkv < H ? dq : 0) + 512;
 }
 
-dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
-                                dw_engine_mem *out) {
+static dw_status engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute, bool grad_arena,
+                               dw_engine_mem *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, recompute, &j);
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, grad_arena, &j);
     if (s == DW_OK) {
         for (int p = 0; p < DW_POOL_COUNT; p++) out->pool[p] = j.c->pool_bytes[p], out->total += j.c->pool_bytes[p];
         out->cublaslt = DW_COMPILE_LT_WORKSPACE;
@@ -111,10 +115,19 @@ dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro
     return s;
 }
 
+dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
+                                dw_engine_mem *out) {
+    return engine_memory(ctx, in, micro_batch, recompute, true, out);
+}
+
+dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_mem *out) {
+    return engine_memory(ctx, in, par->micro_batch, (int)par->recompute, par->grad_accum == 1 && par->zero < 2, out);
+}
+
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, &j);
+    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, false, &j); /* ZeRO-2/3: a pool */
     const dw_compiled *p = j.c;
     const int np = s == DW_OK ? p->n_params : 0;
     dw_mem_item *items = calloc((size_t)np + 1, sizeof *items);
@@ -145,7 +158,7 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
 dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, int64_t *bytes) {
     *bytes = 0;
     compiled_job j;
-    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, &j);
+    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, false, &j); /* ZeRO-2/3: a pool */
     dw_grad_stage st;
     if (s == DW_OK) s = dw_grad_stage_plan(ctx, j.c, DW_GRAD_BUCKET_FLOATS, true, &st);
     if (s == DW_OK) *bytes = dw_grad_stage_bytes(&st), dw_grad_stage_free(&st);
@@ -199,7 +212,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
                               dw_engine_time *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, recompute, &j);
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, true, &j);
     if (s != DW_OK) goto done;
     const dw_graph *g = j.g;
     const dw_compiled *c = j.c;

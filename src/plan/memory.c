@@ -19,7 +19,7 @@
  * (engine.c). */
 static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) {
     dw_engine_mem em;
-    if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory(NULL, in, par->micro_batch, (int)par->recompute, &em) != DW_OK)
+    if (!dw_plan_engine_runnable(in, par, NULL, 0) || dw_plan_engine_memory_par(NULL, in, par, &em) != DW_OK)
         return false;
     int64_t rank_pools[DW_POOL_COUNT]; /* each rank's: ZeRO-1/2/3 hold their shard's moments, ZeRO-2/3 their
                                           shard's gradients plus the staging slots (compile/shard.h, grad_stage.h) */

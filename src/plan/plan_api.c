@@ -422,7 +422,7 @@ static dw_status engine_runs(dw_ctx *ctx, const char *fn, const dw_plan *p, void
 dw_status dw_plan_get_engine_memory(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_mem *out) {
     DW_TRY(engine_runs(ctx, "dw_plan_get_engine_memory", p, out));
     dw_plan_engine_mem m;
-    DW_TRY(dw_plan_engine_memory(ctx, &p->env.in, p->par.micro_batch, (int)p->par.recompute, &m));
+    DW_TRY(dw_plan_engine_memory_par(ctx, &p->env.in, &p->par, &m));
     m.size = sizeof m;
     return write_out(ctx, "dw_plan_get_engine_memory", out, &m, sizeof m);
 }

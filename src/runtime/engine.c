@@ -14,6 +14,7 @@
 #include "formats/formats.h"
 #include "ir/float_graph.h"
 #include "runtime/engine.h"
+#include "runtime/engine_grad_arena.h"
 
 void dw_engine_opts_init(dw_engine_opts *o, size_t size) {
     dw_engine_opts d = {.size = sizeof d, .record = dw_env_flag("DW_CUDA_GRAPH", true),
@@ -99,6 +100,7 @@ dw_status dw_engine_create(dw_ctx *ctx, const dw_compiled *c, const dw_engine_op
     bool sharded = false;
     if (s == DW_OK) s = zero_shard(e, &shard, &sharded); /* ZeRO on several ranks: the shard's pools from the start */
     if (s == DW_OK) s = dw_exec_create(c, e->be, e->opts.record, e->opts.quant_reuse, sharded ? &shard : NULL, &e->x);
+    if (s == DW_OK) s = dw_engine_arena_created(e); /* grad_arena: no ZeRO-2/3 shard of the gradients */
     if (s == DW_OK && sharded)
         DW_LOGI("engine: ZeRO-%d from creation: gradients of floats [%lld, %lld) (%lld bytes, %lld whole), optimizer "
                 "state of [%lld, %lld) (%lld bytes, %lld whole); %lld bytes of pools in all", e->opts.zero,
@@ -178,6 +180,7 @@ dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *
                             "train/bench step: --no-fused-head) to read logits");
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
+    dw_engine_arena_forward(e); /* grad_arena: the forward takes the gradients' memory */
     DW_TRY(dw_exec_phase(e->x, DW_PHASE_FORWARD, false, 1.0));
     if (logits) {
         const int64_t n = B * T * e->g->model.vocab;
@@ -201,12 +204,14 @@ dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const 
     DW_TRY(readable_weights(e, "engine: backward"));
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     if (!e->x->grad_at) DW_TRY(dw_exec_grads_whole(e->x, "engine: backward")); /* ZeRO-2/3: dw_train stages */
+    DW_TRY(dw_engine_arena_backward(e, true)); /* grad_arena: one backward per step */
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
     DW_TRY(dw_exec_train_step(e->x, grad_scale));
     return loss ? read_loss(e, loss) : DW_OK;
 }
 
 dw_status dw_engine_zero_grad(dw_engine *e) { /* ZeRO-2/3: the shard's accumulator (the staging is dw_train's) */
+    dw_engine_arena_zeroed(e); /* grad_arena: zeros between steps, where no activation is live */
     return e->be->i->zero(e->be, e->x->grad, (size_t)(e->x->grad_hi - e->x->grad_lo) * sizeof(float));
 }
 
@@ -236,8 +241,10 @@ static dw_status whole_optimizer(dw_engine *e) {
 dw_status dw_engine_step(dw_engine *e, const dw_adamw_opts *opts, int64_t step, double *grad_norm) {
     if (grad_norm) *grad_norm = 0;
     DW_TRY(whole_optimizer(e));
+    DW_TRY(dw_engine_arena_readable(e, "adamw"));
     dw_adamw_args a;
     DW_TRY(dw_engine_adamw_args(e, opts, step, &a));
+    dw_engine_arena_stepped(e);
     DW_TRY(dw_exec_optimizer(e->x, &a));
     double norm = 0;
     DW_TRY(e->be->i->download(e->be, &norm, e->x->work + e->p->work.norm, sizeof norm));
@@ -265,6 +272,7 @@ int dw_engine_param_shape(const dw_engine *e, int i, int64_t shape[4]) {
 static dw_status param_copy(dw_engine *e, int i, float *base, float *host, bool in) {
     if (base == e->x->w) DW_TRY(dw_exec_weights_whole(e->x, "engine: parameter access"));
     if (base == e->x->grad) DW_TRY(dw_exec_grads_whole(e->x, "engine: gradient access"));
+    if (base == e->x->grad) DW_TRY(dw_engine_arena_readable(e, "engine: gradient access"));
     if (i < 0 || i >= e->p->n_params)
         return dw_set_error(e->ctx, DW_ERR_INVALID, "engine: parameter %d of %d", i, e->p->n_params);
     float *dev = base + e->p->param_off[i];
@@ -360,6 +368,7 @@ dw_status dw_engine_time_steps(dw_engine *e, const int32_t *tokens, const int32_
     DW_TRY(readable_weights(e, "engine: timed steps"));
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     if (!e->x->grad_at) DW_TRY(dw_exec_grads_whole(e->x, "engine: timed backward"));
+    DW_TRY(dw_engine_arena_backward(e, false)); /* grad_arena: each timed step's gradients anew */
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
     const int first = e->p->phase[DW_PHASE_FORWARD][0], last = e->p->phase[DW_PHASE_BACKWARD][1];
     DW_TRY(bi->timers(e->be, last - first + 1));

@@ -20,6 +20,10 @@ struct dw_engine {
     dw_engine_opts opts;
     dw_weights_layout layout; /* of the last loaded weights (FUSED when none) */
     bool moe_bias_tensor;     /* the routers' selection bias came with the weights (engine_moe_bias.h) */
+    /* grad_arena programs (program.h): the gradients live in the activation pool, so
+     * grads_pending: a backward's gradients wait for the step (a second backward is refused);
+     * grads_stale: a forward since the last backward took their memory (step and reads refused) */
+    bool grads_pending, grads_stale;
 };
 
 /* Re-derives what comes from the FP32 masters (BF16 copies, quantised weight caches) after they

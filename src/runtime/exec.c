@@ -30,9 +30,10 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     for (int k = 0; k < DW_POOL_COUNT; k++) {
         void *mem = NULL;
         x->pool_bytes[k] = k == DW_POOL_OPTIM   ? 8 * (sh->opt_hi - sh->opt_lo) /* ZeRO: the shard's alone */
-                           : k == DW_POOL_GRADS ? 4 * (sh->grad_hi - sh->grad_lo)
+                           : k == DW_POOL_GRADS ? (p->grad_arena ? 0 : 4 * (sh->grad_hi - sh->grad_lo))
                            : k == DW_POOL_WEIGHTS && w_cut ? (4 * (sh->w_hi - sh->w_lo) + 255) / 256 * 256
                                                 : p->pool_bytes[k];
+        if (!x->pool_bytes[k]) continue; /* grad_arena: the gradients are in the activation pool */
         dw_status s = be->i->alloc(be, x->pool_bytes[k], &mem);
         if (s == DW_OK) s = be->i->zero(be, mem, (size_t)x->pool_bytes[k]); /* padding stays 0 through AdamW */
         x->pool[k] = mem;
@@ -44,7 +45,7 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     }
     x->w = (float *)x->pool[DW_POOL_WEIGHTS];
     x->wb = p->bf16 && !w_cut ? (uint16_t *)(x->w + pf) : NULL;
-    x->grad = (float *)x->pool[DW_POOL_GRADS];
+    x->grad = p->grad_arena ? (float *)(x->pool[DW_POOL_ACT] + p->grad_base) : (float *)x->pool[DW_POOL_GRADS];
     x->grad_lo = sh->grad_lo, x->grad_hi = sh->grad_hi;
     x->m = (float *)x->pool[DW_POOL_OPTIM];
     x->v = x->m + (sh->opt_hi - sh->opt_lo);
@@ -316,6 +317,11 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
     case DW_STEP_ADAMW: return bi->adamw(be, x);
     case DW_STEP_CAST_BF16: return bi->cast_bf16(be, x, x->p->bf16_runs[st->arg][0], x->p->bf16_runs[st->arg][1]);
     case DW_STEP_QUANT_W: return bi->quant_weight(be, x, st->node);
+    case DW_STEP_ZERO_GRAD: { /* grad_arena: the slice its first writer accumulates into (training only) */
+        if (!train) return DW_OK;
+        const int64_t off = x->p->param_off[st->arg];
+        return bi->zero(be, x->grad + off, (size_t)(dw_compile_grad_slice_end(x->p, st->arg) - off) * sizeof(float));
+    }
     default:
         return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED, "%s backend: %s steps need the multi-rank runtime",
                             bi->name, dw_step_kind_name((dw_step_kind)st->kind));

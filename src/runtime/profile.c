@@ -61,7 +61,7 @@ dw_status dw_prof_run(dw_ctx *ctx, dw_engine *e, const int32_t *tokens, const in
     for (int k = first; st == DW_OK && k < last; k++) {
         const dw_step *step = &p->steps[k];
         const dw_ir_node *node = dw_compile_node(p, step->node); /* a fused LM head's loss: head_xent */
-        const char *dir = step->kind == DW_STEP_FWD ? "fwd" : "bwd";
+        const char *dir = step->kind == DW_STEP_FWD ? "fwd" : step->kind == DW_STEP_BWD ? "bwd" : "zero grad";
         char key[96], role[80];
         role_of(node->name, role, sizeof role);
         const double t = sum[k] / steps;

@@ -1,0 +1,41 @@
+/* engine_grad_arena.c — the engine's rules for programs that keep the gradients in the activation
+ * pool (dw_compile_opts.grad_arena, compile/grad_arena.c): one backward per optimizer step, no
+ * step or gradient read once a forward has taken the gradients' memory, no ZeRO-2/3 shard of them.
+ * Each call is a no-op (DW_OK) for a program with a standing gradient pool. */
+#include "core/error.h"
+#include "runtime/engine.h"
+#include "runtime/engine_grad_arena.h"
+
+#define WHY "the program keeps the gradients in the activation pool (dw_compile_opts.grad_arena, DW_GRAD_ARENA=1)"
+
+dw_status dw_engine_arena_created(dw_engine *e) {
+    if (!e->p->grad_arena || e->x->grad_hi - e->x->grad_lo == e->p->param_floats) return DW_OK;
+    return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: ZeRO-%d shards and stages the gradients, but %s; "
+                        "compile without grad_arena (DW_GRAD_ARENA=0) for ZeRO-2/3", e->opts.zero, WHY);
+}
+
+void dw_engine_arena_forward(dw_engine *e) {
+    if (!e->p->grad_arena) return;
+    e->grads_stale = true; /* the forward's activations took the slices */
+    e->grads_pending = false;
+}
+
+dw_status dw_engine_arena_backward(dw_engine *e, bool accumulate) {
+    if (!e->p->grad_arena) return DW_OK;
+    if (accumulate && e->grads_pending)
+        return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: a second backward before dw_engine_step (gradient "
+                            "accumulation over micro-batches) needs a standing gradient pool, but %s: step or "
+                            "dw_engine_zero_grad first, or compile without grad_arena (DW_GRAD_ARENA=0)", WHY);
+    e->grads_pending = true, e->grads_stale = false;
+    return DW_OK;
+}
+
+dw_status dw_engine_arena_readable(dw_engine *e, const char *what) {
+    if (!e->p->grad_arena || !e->grads_stale) return DW_OK;
+    return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s: a forward ran after the last backward and reused the "
+                        "gradients' memory, since %s; run the backward again (or dw_engine_zero_grad)", what, WHY);
+}
+
+void dw_engine_arena_stepped(dw_engine *e) { e->grads_pending = false; }
+
+void dw_engine_arena_zeroed(dw_engine *e) { e->grads_pending = false, e->grads_stale = false; }

@@ -1,0 +1,259 @@
+/* test_grad_arena.c — gradients in the activation arena (dw_compile_opts.grad_arena;
+ * compile/grad_arena.c, arena.c, steps.c, runtime/engine_grad_arena.c):
+ *   - the program: no gradient pool; every parameter's slice at grad_base + 4 x its pool offset,
+ *     through the next parameter's offset; one ZERO_GRAD step per parameter, before every step
+ *     that writes its gradient and after every step of the forward it does not write in; no two
+ *     buffers live at one time share bytes;
+ *   - training is bit for bit the standing pool's: 3 AdamW steps of gpt2-tiny (tied head), llama-tiny,
+ *     mixtral-tiny and olmoe-tiny, FP32 and BF16, the BF16 ones with the LM head fused too (its
+ *     gradient written in the forward): losses, every parameter, the routing counters; then one
+ *     more backward's gradients, read before and after the step, the same bits;
+ *   - the engine's rules: a second backward before the step (accumulation) is refused naming
+ *     grad_arena, and so are the step and a gradient read after a forward; zero_grad clears both;
+ *   - moe-e8 at 8 x 2048 and moe-e64 at 4 x 2048 (BF16, sm_90, fused head, as dryrun compiles them):
+ *     the pools' total falls by more than 5 and 3.5 GiB, and the planner prices it only for one
+ *     micro-batch a step under ZeRO 0/1 (DW_GRAD_ARENA=1; gradient accumulation keeps the pool). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "capture/capture.h"
+#include "capture/model_config.h"
+#include "compile/passes.h"
+#include "core/error.h"
+#include "ir/ir.h"
+#include "runtime/engine.h"
+#include "test_plan_common.h"
+#include "testutil.h"
+
+#define CTX dw_test_ctx
+#define RNG (&dw_test_group_rng)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Program (and engine) of config mc at B x T, precision NULL = FP32, with the gradients in the
+ * arena or in their pool. */
+static void build(const dw_model_config *mc, int64_t B, int64_t T, const char *precision, bool arena, bool fused,
+                  bool engine, dw_test_model *m) {
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(CTX, mc, B, T, &g), DW_OK);
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    o.grad_arena = arena, o.fused_head = fused;
+    if (!engine) o.device = DW_DEVICE_CUDA, o.sm = 90;
+    if (engine) {
+        assert_int_equal(dw_test_model_build_opts(CTX, g, precision, &o, m), DW_OK);
+        return;
+    }
+    memset(m, 0, sizeof *m);
+    m->g = g;
+    if (precision) assert_int_equal(dw_policy_from_precision(CTX, precision, true, &m->pol), DW_OK);
+    assert_int_equal(dw_compile(CTX, g, NULL, m->pol, &o, &m->c), DW_OK);
+}
+
+/* Whether step s writes parameter tensor t's gradient: a backward of a node reading it, or the
+ * training forward of a node doing its backward there (the fused head). */
+static bool writes(const dw_compiled *c, int s, int t) {
+    const dw_step *st = &c->steps[s];
+    if (st->kind != DW_STEP_BWD && !(st->kind == DW_STEP_FWD && st->arg == 0)) return false;
+    const dw_ir_node *n = dw_compile_node(c, st->node);
+    if (st->kind == DW_STEP_FWD && !(dw_op_flags(n->op) & DW_OPF_BWD_IN_FWD)) return false;
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] == t) return true;
+    return false;
+}
+
+static void check_program(const dw_compiled *c) {
+    assert_true(c->grad_arena);
+    assert_int_equal(c->pool_bytes[DW_POOL_GRADS], 0);
+    const int s0 = c->phase[DW_PHASE_FORWARD][0], s1 = c->phase[DW_PHASE_BACKWARD][1];
+    for (int k = 0; k < c->n_params; k++) {
+        int zero = -1, zeros = 0, item = -1;
+        for (int s = s0; s < s1; s++)
+            if (c->steps[s].kind == DW_STEP_ZERO_GRAD && c->steps[s].arg == k) zero = s, zeros++;
+        assert_int_equal(zeros, 1);
+        for (int s = s0; s < s1; s++)
+            if (writes(c, s, c->param_tensor[k]) && s < zero)
+                fail_msg("parameter %d's gradient written at step %d, zeroed at %d", k, s, zero);
+        for (int i = 0; i < c->n_items; i++)
+            if (c->info[i].kind == DW_BUF_PGRAD && c->info[i].index == k) item = i;
+        assert_true(item >= 0);
+        const dw_mem_item *it = &c->items[item];
+        assert_true(it->offset == c->grad_base + 4 * c->param_off[k]);
+        assert_true(it->size == 4 * (dw_compile_grad_slice_end(c, k) - c->param_off[k]));
+        assert_int_equal(it->last, c->n_times - 1);
+        /* born at its first writer's time: no earlier than the forward's end unless the forward writes it */
+        if (zero >= c->phase[DW_PHASE_BACKWARD][0]) assert_true(it->first >= c->g->n_nodes);
+    }
+    int a, b, t;
+    if (dw_test_plan_overlap(c, &a, &b, &t)) fail_msg("items %d and %d share bytes while both live at time %d", a, b, t);
+}
+
+/* Every parameter's gradient of a and b: the same bits (0), or 1 naming the first that differs. */
+static int same_grads(dw_engine *a, dw_engine *b, const char *what) {
+    for (int i = 0; i < dw_engine_param_count(a); i++) {
+        const int64_t n = dw_test_param_numel(a, i);
+        float *ga = malloc((size_t)n * 4), *gb = malloc((size_t)n * 4);
+        assert_int_equal(dw_engine_grad_read(a, i, ga), DW_OK);
+        assert_int_equal(dw_engine_grad_read(b, i, gb), DW_OK);
+        const int differ = memcmp(ga, gb, (size_t)n * 4) != 0;
+        free(ga), free(gb);
+        if (differ) {
+            fprintf(stderr, "%s: the gradient of %s differs\n", what, dw_engine_param_name(a, i));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* 3 steps with the gradients in the arena and in their pool: the same bits; then one more backward
+ * (fresh tokens) whose gradients match before and after the step. */
+static void same_bits(const char *preset, const char *precision, bool fused) {
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
+    const int64_t B = 2, T = 16;
+    dw_test_model a, p;
+    build(&mc, B, T, precision, true, fused, true, &a);
+    build(&mc, B, T, precision, false, fused, true, &p);
+    check_program(a.c);
+    assert_false(p.c->grad_arena);
+    char what[96];
+    snprintf(what, sizeof what, "%s %s%s, gradients in the arena vs their pool", preset, precision ? precision : "fp32",
+             fused ? " fused head" : "");
+    double l0, l1;
+    assert_int_equal(dw_test_same_training(&a, &p, B, T, 3, 1e-2, dw_test_next(RNG), what, &l0, &l1), 0);
+    int32_t x[64], y[64];
+    dw_test_random_tokens(x, B * T, mc.vocab_size, RNG);
+    dw_test_random_tokens(y, B * T, mc.vocab_size, RNG);
+    double la, lp, na, np;
+    assert_int_equal(dw_engine_zero_grad(a.e), DW_OK);
+    assert_int_equal(dw_engine_zero_grad(p.e), DW_OK);
+    assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &la), DW_OK);
+    assert_int_equal(dw_engine_forward_backward(p.e, x, y, B, T, 1.0, &lp), DW_OK);
+    assert_true(la == lp);
+    assert_int_equal(same_grads(a.e, p.e, what), 0);
+    assert_int_equal(dw_engine_step(a.e, NULL, 4, &na), DW_OK);
+    assert_int_equal(dw_engine_step(p.e, NULL, 4, &np), DW_OK);
+    assert_true(na == np && na > 0);
+    assert_int_equal(same_grads(a.e, p.e, what), 0); /* still there after the step */
+    printf("  %-14s %-5s%s losses %.6f -> %.6f, arena %lld + grads %lld -> arena %lld bytes\n", preset,
+           precision ? precision : "fp32", fused ? " fused" : "      ", l0, l1, (long long)p.c->arena_bytes,
+           (long long)p.c->pool_bytes[DW_POOL_GRADS], (long long)a.c->arena_bytes);
+    dw_test_model_free(&a);
+    dw_test_model_free(&p);
+}
+
+static void test_same_bits(void **state) {
+    (void)state;
+    static const char *const presets[] = {"gpt2-tiny", "llama-tiny", "mixtral-tiny", "olmoe-tiny"};
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        same_bits(presets[i], NULL, false);
+        same_bits(presets[i], "bf16", false);
+        same_bits(presets[i], "bf16", true);
+    }
+}
+
+static void refused(dw_status s, const char *needle) {
+    assert_int_equal(s, DW_ERR_UNSUPPORTED);
+    if (!strstr(dw_errmsg(CTX), needle)) fail_msg("message '%s' lacks '%s'", dw_errmsg(CTX), needle);
+    dw_clear_error(CTX);
+}
+
+static void test_rules(void **state) {
+    (void)state;
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, "mixtral-tiny", &mc), DW_OK);
+    const int64_t B = 2, T = 16;
+    dw_test_model a;
+    build(&mc, B, T, "bf16", true, false, true, &a);
+    assert_int_equal(dw_engine_init_weights(a.e, dw_test_next(RNG)), DW_OK);
+    int32_t x[64], y[64];
+    dw_test_random_tokens(x, B * T, mc.vocab_size, RNG);
+    dw_test_random_tokens(y, B * T, mc.vocab_size, RNG);
+    float *g = malloc((size_t)dw_test_param_numel(a.e, 0) * 4);
+    double loss, norm;
+    assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &loss), DW_OK);
+    refused(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &loss), "grad_arena"); /* accumulation */
+    assert_int_equal(dw_engine_grad_read(a.e, 0, g), DW_OK);
+    assert_int_equal(dw_engine_forward(a.e, x, y, B, T, NULL, &loss), DW_OK); /* takes the gradients' memory */
+    refused(dw_engine_step(a.e, NULL, 1, &norm), "grad_arena");
+    refused(dw_engine_grad_read(a.e, 0, g), "grad_arena");
+    assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &loss), DW_OK);
+    assert_int_equal(dw_engine_step(a.e, NULL, 1, &norm), DW_OK);
+    assert_int_equal(dw_engine_grad_read(a.e, 0, g), DW_OK);
+    assert_int_equal(dw_engine_zero_grad(a.e), DW_OK); /* zeros, readable */
+    assert_int_equal(dw_engine_grad_read(a.e, 0, g), DW_OK);
+    for (int64_t i = 0; i < dw_test_param_numel(a.e, 0); i++) assert_true(g[i] == 0.0f);
+    assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &loss), DW_OK);
+    assert_int_equal(dw_engine_zero_grad(a.e), DW_OK); /* thrown away: a backward may follow */
+    assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &loss), DW_OK);
+    free(g);
+    dw_test_model_free(&a);
+}
+
+/* The benchmark presets as dryrun compiles them: the pools' total falls by more than `fall` GiB. */
+static void check_preset(const char *preset, int64_t B, int64_t T, double fall) {
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
+    dw_test_model a, p;
+    build(&mc, B, T, "bf16", true, true, false, &a);
+    build(&mc, B, T, "bf16", false, true, false, &p);
+    int64_t ta = 0, tp = 0;
+    for (int k = 0; k < DW_POOL_COUNT; k++) ta += a.c->pool_bytes[k], tp += p.c->pool_bytes[k];
+    printf("  %-8s %lld x %lld: pools %.2f GiB (activations %.2f) with the gradients in the arena, %.2f (activations "
+           "%.2f + gradients %.2f) without\n", preset, (long long)B, (long long)T, ta / GIB,
+           a.c->pool_bytes[DW_POOL_ACT] / GIB, tp / GIB, p.c->pool_bytes[DW_POOL_ACT] / GIB,
+           p.c->pool_bytes[DW_POOL_GRADS] / GIB);
+    if ((double)(tp - ta) / GIB <= fall) fail_msg("%s: the pools fall by %.3f GiB only", preset, (double)(tp - ta) / GIB);
+    assert_true(a.c->pool_bytes[DW_POOL_ACT] >= 4 * a.c->param_floats); /* the gradients are in it */
+    dw_test_model_free(&a);
+    dw_test_model_free(&p);
+}
+
+static void test_presets(void **state) {
+    (void)state;
+    check_preset("moe-e8", 8, 2048, 5.0);
+    check_preset("moe-e64", 4, 2048, 3.5);
+}
+
+/* The planner: with DW_GRAD_ARENA=1 a one-micro-batch ZeRO-0/1 plan is priced without the gradient
+ * pool, accumulation or ZeRO-2 with it (as the engine runs them). */
+static void test_planner(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_hw *hw = plan_preset(ctx, "h200", 1);
+    hw->n_gpus = 1, hw->nvlink_domain = 1;
+    dw_model_config cfg;
+    assert_int_equal(dw_model_config_load(ctx, "llama-tiny", &cfg), DW_OK);
+    dw_job j = {.seq = 64, .global_batch = 4, .recipe = DW_RECIPE_BF16};
+    dw_plan_in in;
+    assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+    dw_par one = {.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = 2, .grad_accum = 1};
+    dw_par acc = one;
+    acc.grad_accum = 2;
+    dw_engine_mem m1, m2, m0;
+    setenv("DW_GRAD_ARENA", "1", 1);
+    assert_int_equal(dw_plan_engine_memory_par(ctx, &in, &one, &m1), DW_OK);
+    assert_int_equal(dw_plan_engine_memory_par(ctx, &in, &acc, &m2), DW_OK);
+    unsetenv("DW_GRAD_ARENA");
+    assert_int_equal(dw_plan_engine_memory(ctx, &in, 2, DW_RECOMPUTE_NONE, &m0), DW_OK); /* the default: the pool */
+    assert_true(m1.pool[DW_POOL_GRADS] == 0 && m0.pool[DW_POOL_GRADS] > 0);
+    for (int k = 0; k < DW_POOL_COUNT; k++) assert_true(m2.pool[k] == m0.pool[k]);
+    assert_true(m1.pool[DW_POOL_ACT] > m0.pool[DW_POOL_ACT] && m1.total < m0.total);
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_bits),
+        cmocka_unit_test(test_rules),
+        cmocka_unit_test(test_presets),
+        cmocka_unit_test(test_planner),
+    };
+    return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
+}
