@@ -50,6 +50,9 @@ struct dw_exec {
      * *done, or leaves the step to the executor */
     dw_status (*ep_step)(void *ep, dw_exec *x, int node, bool fwd, bool train, double dloss, bool *done);
     void *ep;
+    /* with it, where the MoE experts run fp8_block: their operand slots for the group's rows and
+     * the rank's experts (runtime/moe_fp8.h), NULL while it runs every expert locally */
+    const struct dw_moe_fp8_ep *moe_ep;
     struct dw_amax *amax;       /* fp8_tensor delayed scaling (precision/amax_history.h), NULL: off */
     struct dw_qcounts *qcounts; /* the quantisers' counters (precision/quant_counts.h), NULL: off */
     /* data parallelism (train/dp_overlap.c), NULL when off: called after every step that ran, with

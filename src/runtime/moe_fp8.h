@@ -23,14 +23,39 @@ typedef struct {
     float *scales;
 } dw_moe_fp8_slot;
 dw_moe_fp8_slot dw_moe_fp8_at(const dw_exec *x, const dw_qslot_layout *l);
-/* DW_OK when R rows fit the operand slots planned for c's capacity; else DW_ERR_UNSUPPORTED naming
- * the node (expert parallelism's larger groups). */
-dw_status dw_moe_fp8_check_rows(dw_ctx *ctx, const dw_op_call *c, int64_t R);
+
+/* The per-call operands: x and dy [R, C] 1x128 along their rows (fprop, dgrad), and wgrad's dy^T
+ * [M, P] and x^T [K, P] with each expert's rows padded to 128 (grouped_fp8.h). */
+typedef enum { DW_MOE_FP8_ROWS = 0, DW_MOE_FP8_DYT, DW_MOE_FP8_XT, DW_MOE_FP8_ROLES } dw_moe_fp8_role;
+
+/* Expert parallelism's fp8_block experts (train/ep.c), on the executor as x->moe_ep while it runs
+ * the MoE layers on its group's rows: operand slots sized for those rows (the program's are sized
+ * for one rank's), and the rank's experts [first, first + count), the only ones whose weight
+ * cache a refresh then quantises (the other experts' slices are left as they are: no row of theirs
+ * reaches this rank). */
+typedef struct dw_moe_fp8_ep {
+    int64_t first, count;
+    dw_moe_fp8_slot slot[DW_MOE_FP8_ROLES];
+    int64_t codes[DW_MOE_FP8_ROLES], scales[DW_MOE_FP8_ROLES]; /* bytes of each slot's codes, scales */
+} dw_moe_fp8_ep;
+/* Grows ep's slot sizes (codes, scales; zero first) to hold node's fp8_block operands for R rows;
+ * nothing for a node without an fp8_block pass. */
+void dw_moe_fp8_ep_fit(const dw_compiled *p, int node, int64_t R, dw_moe_fp8_ep *ep);
+/* Bytes of one block holding every slot, and the slots carved from base (256-aligned pieces). */
+int64_t dw_moe_fp8_ep_bytes(const dw_moe_fp8_ep *ep);
+void dw_moe_fp8_ep_place(dw_moe_fp8_ep *ep, char *base);
+
+/* Call c's slot for operand `role` of R rows (x, dy: width C; dy^T, x^T: C of them, padded): the
+ * expert-parallel one where the executor has it, else the program's. DW_ERR_UNSUPPORTED naming the
+ * node when the operand does not fit. */
+dw_status dw_moe_fp8_operand(dw_ctx *ctx, const dw_op_call *c, dw_moe_fp8_role role, int64_t R, int64_t C,
+                             dw_moe_fp8_slot *out);
 /* The node's cached W (t 0: fprop) or W^T (t 1: dgrad) with its scales into a. */
 void dw_moe_fp8_cached_weight(const dw_op_call *c, int t, dw_grouped_args *a);
 
 /* What a node's weight-cache refresh reads and writes: the FP32 masters w [E, M, K] and the cache's
- * W (q) and W^T (qt) slots. False when the node has no cache. */
+ * W (q) and W^T (qt) slots; under expert parallelism (x->moe_ep) the rank's experts only: w, q and
+ * qt start at expert `first`, `experts` of them. False when the node has no cache. */
 typedef struct {
     const float *w;
     int64_t experts, m, k;

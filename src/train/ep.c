@@ -7,7 +7,11 @@
  *   combine bwd:  its row gradients all-to-all to the owners, gathered into expert order;
  *   dispatch bwd: the expert ops' row gradients back to the rows' ranks before the gather-add.
  * Buffers are the backend's memory (host on the CPU, the GPU's with the NCCL communicator); the row
- * gathers are memcpy on the CPU and the combine kernel with weight 1 on a GPU. */
+ * gathers are memcpy on the CPU and the combine kernel with weight 1 on a GPU. fp8_block experts
+ * quantise the group's rows into operand slots of ep's own, and the weight-cache refresh covers
+ * the rank's experts only (runtime/moe_fp8.h: the executor's moe_ep); the exchanged rows stay in
+ * the activation dtype. While suspended every expert runs here: the other experts' caches are
+ * quantised again before the first expert op, as they are when ep is freed. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/engine.h"
+#include "runtime/moe_fp8.h"
 #include "train/ep.h"
 #include "train/ep_plan.h"
 #if DW_HAVE_CUDA
@@ -55,6 +60,9 @@ struct dw_ep {
     bool suspended;
     dw_ep_param *params;    /* (n_params) the expert ops' parameters */
     int n_params;
+    dw_moe_fp8_ep fp8;      /* fp8_block experts: operand slots for the group's rows, the rank's experts */
+    void *fp8_buf;          /* their memory; NULL: no expert op has an fp8_block pass */
+    bool fp8_partial;       /* some weight caches hold the rank's experts only (suspended: refresh) */
 };
 
 static int64_t width_of(const dw_ep *ep, int t) { return ep->eng->p->tensor[t].width; }
@@ -176,10 +184,20 @@ static dw_status expert_step(dw_ep *ep, dw_exec *x, int node, bool fwd, bool tra
     return DW_OK;
 }
 
+/* Every fp8_block expert layer's weight cache quantised whole (x->moe_ep unset: all experts). */
+static dw_status refresh_all_experts(dw_ep *ep) {
+    for (int i = 0; i < ep->eng->g->n_nodes; i++)
+        if (ep->role[i] == ROLE_EXPERT && ep->eng->g->nodes[i].op == DW_OP_MOE_LINEAR)
+            DW_TRY(ep->be->i->quant_weight(ep->be, ep->x, i));
+    ep->fp8_partial = false;
+    return DW_OK;
+}
+
 /* The executor's hook (exec.h ep_step). */
 static dw_status ep_step(void *arg, dw_exec *x, int node, bool fwd, bool train, double dloss, bool *done) {
     dw_ep *ep = arg;
     *done = false;
+    if (ep->suspended && ep->fp8_partial && ep->role[node] == ROLE_EXPERT) return refresh_all_experts(ep);
     if (ep->suspended || ep->role[node] == ROLE_NONE) return DW_OK;
     *done = true;
     ep_layer *L = &ep->layer[ep->layer_of[node]];
@@ -300,6 +318,20 @@ static dw_status alloc_all(dw_ep *ep) {
     return alloc_buf(ep, stage * (int64_t)ep->act, &ep->stage);
 }
 
+/* fp8_block expert ops: operand slots for the group's rows (moe_fp8.h), in ep's buffers. */
+static dw_status alloc_fp8(dw_ep *ep) {
+    const dw_graph *g = ep->eng->g;
+    ep->fp8 = (dw_moe_fp8_ep){.first = dw_ep_first_expert(&ep->l), .count = dw_ep_local(&ep->l)};
+    for (int i = 0; i < g->n_nodes; i++)
+        if (ep->role[i] == ROLE_EXPERT && g->nodes[i].op == DW_OP_MOE_LINEAR)
+            dw_moe_fp8_ep_fit(ep->eng->p, i, ep->cap[g->nodes[i].in[0]], &ep->fp8);
+    const int64_t bytes = dw_moe_fp8_ep_bytes(&ep->fp8);
+    if (!bytes) return DW_OK;
+    DW_TRY(alloc_buf(ep, bytes, &ep->fp8_buf));
+    dw_moe_fp8_ep_place(&ep->fp8, ep->fp8_buf);
+    return DW_OK;
+}
+
 /* The expert ops' parameters with the experts as their first dimension, each once. */
 static dw_status find_params(dw_ep *ep) {
     const dw_graph *g = ep->eng->g;
@@ -368,6 +400,7 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
     }
     if (st == DW_OK) st = alloc_all(ep); /* find_layers' marks become buffers */
     if (st == DW_OK) st = find_params(ep);
+    if (st == DW_OK) st = alloc_fp8(ep);
     if (st != DW_OK) {
         dw_ep_free(ep);
         return st;
@@ -377,6 +410,7 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
     x->rec_step = NULL;
     x->record = false;
     x->ep_step = ep_step, x->ep = ep;
+    if (ep->fp8_buf) x->moe_ep = &ep->fp8, ep->fp8_partial = true; /* refreshes from now on: this rank's experts */
     DW_LOGI("expert parallel: groups of %d ranks, rank %d runs experts %lld-%lld of %lld in %d MoE layers (%.1f MiB "
             "of buffers for the group's rows)", k, comm->rank, (long long)dw_ep_first_expert(&ep->l),
             (long long)(dw_ep_first_expert(&ep->l) + dw_ep_local(&ep->l) - 1), (long long)ep->l.experts, ep->n_layers,
@@ -386,15 +420,22 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
 }
 
 void dw_ep_suspend(dw_ep *ep, bool suspended) {
-    if (ep) ep->suspended = suspended;
+    if (!ep) return;
+    ep->suspended = suspended;
+    if (!ep->fp8_buf) return;
+    ep->x->moe_ep = suspended ? NULL : &ep->fp8; /* suspended: whole caches (the hook refreshes them) */
+    if (!suspended) ep->fp8_partial = true;      /* refreshes from now on: this rank's experts again */
 }
 
 void dw_ep_free(dw_ep *ep) {
     if (!ep) return;
     dw_backend *be = ep->be;
     if (ep->x->ep == ep) {
-        ep->x->ep_step = NULL, ep->x->ep = NULL;
+        ep->x->ep_step = NULL, ep->x->ep = NULL, ep->x->moe_ep = NULL;
         ep->x->record = ep->eng->opts.record && be->i->record_begin;
+        if (ep->fp8_partial && refresh_all_experts(ep) != DW_OK) /* every expert runs here again */
+            DW_LOGW("expert parallelism: the fp8_block weight caches of the other ranks' experts were not "
+                    "refreshed (%s)", dw_errmsg(ep->ctx));
     }
     const dw_graph *g = ep->eng->g;
     for (int t = 0; ep->val && t < g->n_tensors; t++) {
@@ -410,6 +451,7 @@ void dw_ep_free(dw_ep *ep) {
     }
     if (ep->acc) be->i->release(be, ep->acc);
     if (ep->stage) be->i->release(be, ep->stage);
+    if (ep->fp8_buf) be->i->release(be, ep->fp8_buf);
     free(ep->counts), free(ep->count_recv), free(ep->count_send), free(ep->count_rc), free(ep->bytes_s), free(ep->bytes_r);
     free(ep->layer), free(ep->role), free(ep->layer_of), free(ep->val), free(ep->grad), free(ep->cap);
     free(ep->params);

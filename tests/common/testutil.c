@@ -1,9 +1,13 @@
 /* testutil.c — helpers shared by the tests (see testutil.h). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -685,4 +689,14 @@ bool dw_test_plan_overlap(const dw_compiled *c, int *a, int *b, int *t) {
                 }
         }
     return false;
+}
+
+int dw_test_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    const bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+                    getsockname(fd, (struct sockaddr *)&a, &len) == 0;
+    if (fd >= 0) close(fd);
+    return ok ? ntohs(a.sin_port) : -1;
 }

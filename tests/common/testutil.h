@@ -69,6 +69,8 @@ int dw_test_cpu_gpu_setup(struct dw_ctx **cpu, struct dw_ctx **gpu);
 void dw_test_cpu_gpu_teardown(struct dw_ctx *cpu, struct dw_ctx *gpu);
 /* Uniform integer in [lo, hi] from dw_test_group_rng. */
 int64_t dw_test_rnd(int64_t lo, int64_t hi);
+/* A TCP port on 127.0.0.1 free a moment ago (for tcp ranks forked by a test), or -1. */
+int dw_test_free_port(void);
 
 
 /* A graph of the preset's family ("gpt2-tiny", "llama-tiny", "qwen2-tiny") with random small

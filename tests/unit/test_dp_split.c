@@ -3,8 +3,9 @@
  * reductions with backward and will use to reduce expert gradients among the ranks holding the same
  * experts. 4 tcp ranks (forked): splits by rank mod 2 (the replica sets of --ep 2), by rank / 2 (the
  * expert groups), a lone rank and three others, and a split of a split; on each, all-reduce (SUM,
- * AVG), a started all-reduce, a started reduce to every root and a started all-reduce averaged
- * over the whole job's 4 ranks, against exact oracles (whole numbers: any order of addition is
+ * AVG), a started all-reduce, a started reduce to every root, a started all-reduce averaged
+ * over the whole job's 4 ranks and a started broadcast from every root (ZeRO-3's prefetched
+ * gathers), against exact oracles (whole numbers: any order of addition is
  * exact). Run as `test_dp_split --mpi` under `mpirun -np 4`
  * (tests/cli/test_dp_split.sh) the same checks run over MPI_Comm_split. Bad input: a negative
  * color, a reduce to a root outside the communicator, refused by name. */
@@ -13,12 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,10 +44,11 @@ static int check_sub(dw_ctx *ctx, dw_comm *c, const int *members, int n, int me,
     float *x = malloc((size_t)len * sizeof *x);
     int bad = 0;
     /* all-reduce SUM, AVG; started all-reduce (SUM); started reduce to every root; started all-reduce
-     * averaged over the whole job (divide_by W, as expert gradients are) */
-    for (int kind = 0; kind < 5 && !bad; kind++) {
-        for (int root = 0; root < (kind == 3 ? n : 1); root++) {
-            const int tt = t * 16 + kind * 4 + root;
+     * averaged over the whole job (divide_by W, as expert gradients are); started broadcast from
+     * every root */
+    for (int kind = 0; kind < 6 && !bad; kind++) {
+        for (int root = 0; root < (kind == 3 || kind == 5 ? n : 1); root++) {
+            const int tt = t * 32 + kind * 4 + root;
             for (int64_t i = 0; i < len; i++) x[i] = val(seed, tt, me, i);
             const dw_comm_op op = kind == 1 || kind == 4 ? DW_COMM_AVG
                                   : kind == 3 ? (root % 2 ? DW_COMM_AVG : DW_COMM_SUM) : DW_COMM_SUM;
@@ -57,7 +56,10 @@ static int check_sub(dw_ctx *ctx, dw_comm *c, const int *members, int n, int me,
             if (kind < 2) {
                 if (dw_comm_all_reduce(ctx, c, x, len, DW_COMM_F32, op) != DW_OK) return 11;
             } else {
-                dw_comm_async a = {.kind = kind == 3 ? DW_COMM_ASYNC_REDUCE : DW_COMM_ASYNC_ALL_REDUCE, .buf = x,
+                dw_comm_async a = {.kind = kind == 5   ? DW_COMM_ASYNC_BROADCAST
+                                           : kind == 3 ? DW_COMM_ASYNC_REDUCE
+                                                       : DW_COMM_ASYNC_ALL_REDUCE,
+                                   .buf = x,
                                    .n = len, .t = DW_COMM_F32, .op = op, .root = root, .divide_by = kind == 4 ? W : 0};
                 if (dw_comm_start(ctx, c, &a) != DW_OK) return 12;
                 if (dw_comm_test(ctx, c, &a) != DW_OK || dw_comm_wait(ctx, c, &a) != DW_OK) return 13;
@@ -65,7 +67,8 @@ static int check_sub(dw_ctx *ctx, dw_comm *c, const int *members, int n, int me,
                 if (dw_comm_wait(ctx, c, &a) != DW_OK) return 15; /* a second wait: nothing */
             }
             if (kind == 3 && sub != root) continue; /* the result is the root's */
-            for (int64_t i = 0; i < len; i++) {
+            for (int64_t i = 0; kind == 5 && i < len; i++) bad += x[i] != val(seed, tt, members[root], i);
+            for (int64_t i = 0; kind != 5 && i < len; i++) {
                 float want = 0;
                 for (int k = 0; k < n; k++) want += val(seed, tt, members[k], i);
                 if (op == DW_COMM_AVG) want /= (float)divide;
@@ -107,22 +110,14 @@ static int splits(dw_ctx *ctx, dw_comm *c, uint64_t seed) {
     float x = 1;
     dw_comm_async a = {.kind = DW_COMM_ASYNC_REDUCE, .buf = &x, .n = 1, .t = DW_COMM_F32, .root = W};
     if (!rc && (dw_comm_start(ctx, c, &a) != DW_ERR_INVALID || !strstr(dw_errmsg(ctx), "root 4 of 4"))) rc = 25;
+    a = (dw_comm_async){.kind = DW_COMM_ASYNC_BROADCAST, .buf = &x, .n = 1, .t = DW_COMM_F32, .root = -1};
+    if (!rc && (dw_comm_start(ctx, c, &a) != DW_ERR_INVALID || !strstr(dw_errmsg(ctx), "broadcast: root -1"))) rc = 27;
     if (!rc && dw_comm_barrier(ctx, c) != DW_OK) rc = 26;
     if (rc) fprintf(stderr, "rank %d: split checks failed (%d): %s\n", me, rc, dw_errmsg(ctx));
     return rc;
 }
 
 /* ---- tcp among forked ranks ---------------------------------------------------------------- */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        return -1;
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static int run_rank(int rank, int port, uint64_t seed) {
     dw_ctx *ctx = NULL;
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
@@ -140,7 +135,7 @@ static int run_rank(int rank, int port, uint64_t seed) {
 
 static void test_tcp_splits(void **state) {
     (void)state;
-    const int port = free_port();
+    const int port = dw_test_free_port();
     assert_true(port > 0);
     const uint64_t seed = dw_test_next(&dw_test_group_rng);
     fflush(stdout), fflush(stderr);

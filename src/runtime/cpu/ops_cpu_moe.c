@@ -101,20 +101,20 @@ static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
 }
 
 /* fp8_block operands: v [R, C] quantised 1x128 along its rows (every one of the R rows, as the
- * CUDA quantiser does) into workspace slot l. */
-static dw_status quant_rows(dw_backend *be, const dw_op_call *c, const dw_qslot_layout *l, const float *v, int64_t R,
-                            int64_t C, const void **codes, const float **scales) {
-    DW_TRY(dw_moe_fp8_check_rows(be->ctx, c, R));
-    const dw_moe_fp8_slot s = dw_moe_fp8_at(c->x, l);
+ * CUDA quantiser does) into the rows slot (moe_fp8.h). */
+static dw_status quant_rows(dw_backend *be, const dw_op_call *c, const float *v, int64_t R, int64_t C,
+                            const void **codes, const float **scales) {
+    dw_moe_fp8_slot s;
+    DW_TRY(dw_moe_fp8_operand(be->ctx, c, DW_MOE_FP8_ROWS, R, C, &s));
     *codes = s.codes, *scales = s.scales;
     return dw_grouped_fp8_quantize_rows_cpu(be->ctx, v, R, C, s.codes, s.scales);
 }
 /* An fp8_block wgrad's operand: v [R, C] as v^T [C, P] with each expert's rows padded to 128
- * (grouped_fp8.h), 1x128 blocks along them, into workspace slot l. */
-static dw_status quant_cols(dw_backend *be, const dw_op_call *c, const dw_qslot_layout *l, const float *v, int64_t R,
+ * (grouped_fp8.h), 1x128 blocks along them, into the slot of `role` (dy^T, x^T). */
+static dw_status quant_cols(dw_backend *be, const dw_op_call *c, dw_moe_fp8_role role, const float *v, int64_t R,
                             int64_t C, const void **codes, const float **scales) {
-    DW_TRY(dw_moe_fp8_check_rows(be->ctx, c, R));
-    const dw_moe_fp8_slot s = dw_moe_fp8_at(c->x, l);
+    dw_moe_fp8_slot s;
+    DW_TRY(dw_moe_fp8_operand(be->ctx, c, role, R, C, &s));
     *codes = s.codes, *scales = s.scales;
     return dw_grouped_fp8_quantize_cols_cpu(be->ctx, v, (const int32_t *)c->in[2], R,
                                             c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
@@ -134,7 +134,7 @@ dw_status dw_cpu_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
     float *y = dw_cpu_out(be, c, c->out[0], R * M, CPU_S_OUT);
     if (!x || !y) return DW_ERR_NOMEM;
     if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* x 1x128 now, W from the weight cache */
-        DW_TRY(quant_rows(be, c, &c->x->p->work.q_rows, x, R, K, &a.x, &a.x_scales));
+        DW_TRY(quant_rows(be, c, x, R, K, &a.x, &a.x_scales));
         dw_moe_fp8_cached_weight(c, 0, &a);
     } else if (!(a.x = x, a.w = expert_weights(be, c, E * M * K))) {
         return DW_ERR_NOMEM;
@@ -156,10 +156,9 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const float *dy = dw_cpu_in(be, c, c->dout[0], R * M, CPU_S_DOUT);
     const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0);
     if (!dy || !x) return DW_ERR_NOMEM;
-    const dw_work_layout *wl = &c->x->p->work;
     if (dx) { /* dx_e = dy_e W_e */
         if (a.recipe == DW_RECIPE_FP8_BLOCK) {
-            DW_TRY(quant_rows(be, c, &wl->q_rows, dy, R, M, &a.dy, &a.dy_scales));
+            DW_TRY(quant_rows(be, c, dy, R, M, &a.dy, &a.dy_scales));
             dw_moe_fp8_cached_weight(c, 1, &a);
         } else if (!(a.dy = dy, a.w = expert_weights(be, c, E * M * K))) {
             return DW_ERR_NOMEM;
@@ -171,8 +170,8 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         a = moe_gemm_args(c, DW_GEMM_WGRAD);
         a.dy = dy, a.x = x, a.out = c->pgrad[1];
         if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
-            DW_TRY(quant_cols(be, c, &wl->q_dyt, dy, R, M, &a.dy, &a.dy_scales));
-            DW_TRY(quant_cols(be, c, &wl->q_xt, x, R, K, &a.x, &a.x_scales));
+            DW_TRY(quant_cols(be, c, DW_MOE_FP8_DYT, dy, R, M, &a.dy, &a.dy_scales));
+            DW_TRY(quant_cols(be, c, DW_MOE_FP8_XT, x, R, K, &a.x, &a.x_scales));
         }
         DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }

@@ -77,17 +77,17 @@ static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
     return a;
 }
 
-/* fp8_block operands on the device, in the stream's order: v [R, C] 1x128 along its rows (rows)
- * or, for wgrad, v^T [C, P] with each expert's rows padded to 128 (cols; grouped_fp8.h), into
- * workspace slot l. */
-static dw_status quant_act(dw_backend *be, const dw_op_call *c, const dw_qslot_layout *l, const void *v, int64_t R,
-                           int64_t C, bool cols, const void **codes, const float **scales) {
-    DW_TRY(dw_moe_fp8_check_rows(be->ctx, c, R));
+/* fp8_block operands on the device, in the stream's order: v [R, C] 1x128 along its rows (role
+ * rows) or, for wgrad, v^T [C, P] with each expert's rows padded to 128 (dy^T, x^T; grouped_fp8.h),
+ * into the role's slot (moe_fp8.h). */
+static dw_status quant_act(dw_backend *be, const dw_op_call *c, dw_moe_fp8_role role, const void *v, int64_t R,
+                           int64_t C, const void **codes, const float **scales) {
+    dw_moe_fp8_slot s;
+    DW_TRY(dw_moe_fp8_operand(be->ctx, c, role, R, C, &s));
     dw_cuda_qlin_reset(be); /* the dense layers' record of which x the slots hold (quant_reuse) is void now */
-    const dw_moe_fp8_slot s = dw_moe_fp8_at(c->x, l);
     *codes = s.codes, *scales = s.scales;
     const bool bf16 = dw_cuda_dt(c) == DW_ACT_BF16;
-    if (!cols) return dw_grouped_fp8_quantize_rows_cuda(be->ctx, v, bf16, R, C, s.codes, s.scales);
+    if (role == DW_MOE_FP8_ROWS) return dw_grouped_fp8_quantize_rows_cuda(be->ctx, v, bf16, R, C, s.codes, s.scales);
     return dw_grouped_fp8_quantize_cols_cuda(be->ctx, v, bf16, (const int32_t *)c->in[2], R,
                                              c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
 }
@@ -95,7 +95,7 @@ static dw_status quant_act(dw_backend *be, const dw_op_call *c, const dw_qslot_l
 dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_FPROP);
     if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* x 1x128 now, W from the weight cache */
-        DW_TRY(quant_act(be, c, &c->x->p->work.q_rows, c->in[0], a.rows, a.k, false, &a.x, &a.x_scales));
+        DW_TRY(quant_act(be, c, DW_MOE_FP8_ROWS, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
         dw_moe_fp8_cached_weight(c, 0, &a);
     }
     a.out = c->out[0];
@@ -104,7 +104,6 @@ dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
 
 dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);
-    const dw_work_layout *wl = &c->x->p->work;
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_DGRAD);
     a.dy = c->dout[0];
     if (!c->dout[0]) { /* no gradient reached y: none leaves */
@@ -115,7 +114,7 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     }
     if (c->dx[0]) { /* dx_e = dy_e W_e */
         if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy 1x128, W^T from the weight cache */
-            DW_TRY(quant_act(be, c, &wl->q_rows, c->dout[0], a.rows, a.m, false, &a.dy, &a.dy_scales));
+            DW_TRY(quant_act(be, c, DW_MOE_FP8_ROWS, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
             dw_moe_fp8_cached_weight(c, 1, &a);
         }
         a.out = c->dx[0];
@@ -125,8 +124,8 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     a = moe_gemm_args(c, DW_GEMM_WGRAD); /* dW_e += dy_e^T x_e, FP32 */
     a.dy = c->dout[0], a.out = c->pgrad[1];
     if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
-        DW_TRY(quant_act(be, c, &wl->q_dyt, c->dout[0], a.rows, a.m, true, &a.dy, &a.dy_scales));
-        DW_TRY(quant_act(be, c, &wl->q_xt, c->in[0], a.rows, a.k, true, &a.x, &a.x_scales));
+        DW_TRY(quant_act(be, c, DW_MOE_FP8_DYT, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
+        DW_TRY(quant_act(be, c, DW_MOE_FP8_XT, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
     }
     return dw_grouped_gemm(be->ctx, &a);
 }
