@@ -81,6 +81,8 @@ PROTOTYPES = {
     "dw_graph_vocab": (c_int64, [H]),
     "dw_graph_model_type": (c_char_p, [H]),
     "dw_graph_config_json": (c_char_p, [H]),
+    "dw_graph_input_width": (c_int64, [H]),
+    "dw_graph_output_width": (c_int64, [H]),
     # precision
     "dw_policy_load": (status, [H, c_char_p, P(H)]),
     "dw_policy_from_precision": (status, [H, c_char_p, c_bool, P(H)]),
@@ -108,6 +110,7 @@ PROTOTYPES = {
     "dw_engine_forward": (status, [H, P(c_int32), P(c_int32), c_int64, c_int64, P(c_float), P(c_double)]),
     "dw_engine_forward_backward": (status, [H, P(c_int32), P(c_int32), c_int64, c_int64, c_double,
                                             P(c_double)]),
+    "dw_engine_forward_float": (status, [H, P(c_float), c_int64, c_int64, P(c_float)]),
     "dw_engine_zero_grad": (status, [H]),
     "dw_adamw_opts_init": (None, [P(S.AdamwOpts), c_size_t]),
     "dw_engine_step": (status, [H, P(S.AdamwOpts), c_int64, P(c_double)]),

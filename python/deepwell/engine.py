@@ -204,9 +204,28 @@ class Engine(Handle):
         return (lv, out) if logits else lv
 
     def __call__(self, x):
-        """The logits [B, T, V] of tokens x, as a torch tensor when x is one, else NumPy."""
+        """The logits [B, T, V] of tokens x, as a torch tensor when x is one, else NumPy; for a
+        feed-forward graph (dw.optimize of an nn.Sequential) forward_float(x)."""
+        if self.graph.input_width:
+            return self.forward_float(x)
         _, out = self.forward(x, logits=True)
         return _to_torch(out) if hasattr(x, "detach") else out
+
+    def forward_float(self, x):
+        """A feed-forward graph's output for float activations x [..., C_in] (NumPy or torch, any
+        floating dtype, any number of rows: run in slices of the graph's batch): [..., C_out] of
+        x's type and dtype (dw_engine_forward_float)."""
+        from .floats import float_rows
+
+        rows, back = float_rows(x, self.graph.input_width, self.graph.output_width)
+        cap = self.graph.batch * self.graph.seq
+        out = np.empty((rows.shape[0], self.graph.output_width), dtype=np.float32)
+        fp = ctypes.POINTER(ctypes.c_float)
+        for lo in range(0, rows.shape[0], cap):
+            a, y = rows[lo:lo + cap], out[lo:lo + cap]
+            self._ctx.check(lib().dw_engine_forward_float(self._handle(), a.ctypes.data_as(fp), a.shape[0], 1,
+                                                          y.ctypes.data_as(fp)))
+        return back(out)
 
     def forward_backward(self, x, y, grad_scale=1.0):
         """Forward and backward; gradients of loss x grad_scale are added to the parameters'.

@@ -66,8 +66,24 @@ def compile(ir, plan=None, precision=None, fallback=None, policy=None, weights="
 
 
 def optimize(model, precision=None, batch_size=1, seq_len=None, fallback=None, device=None):
-    """The origin README's quick start: dw.capture(model, seq_len, batch_size) then dw.compile with
-    `precision` (None: FP32 on the CPU, BF16 on CUDA) — an Engine called like the model,
-    engine(tokens) -> logits. Only models dw.capture takes (decoder LMs), not arbitrary networks."""
+    """The origin README's quick start: an Engine called like the model, compiled with `precision`
+    (None: FP32 on the CPU, BF16 on CUDA; "fp8_block", "mxfp8", ... for the linears) and `fallback`.
+    A feed-forward torch module (nn.Sequential of linears, GELU/SiLU/ReLU, norms, residual adds; no
+    nn.Embedding) is captured through torch.fx for batch_size x seq_len rows (seq_len None: 1):
+    engine(x [..., C_in] NumPy or torch float) -> [..., C_out] of x's type (feedforward.py); an
+    unmapped node is refused by name (TypeError). Anything else goes through dw.capture(model,
+    seq_len, batch_size) (decoder LMs): engine(tokens) -> logits."""
+    plain_module = hasattr(model, "named_modules") and getattr(model, "config", None) is None
+    if plain_module:
+        from . import ffn_capture  # imports torch: only for a torch module
+    if plain_module and ffn_capture.is_feedforward(model):
+        from . import feedforward
+
+        try:
+            return feedforward.optimize(model, precision=precision, batch_size=batch_size, seq_len=seq_len,
+                                        fallback=fallback, device=device)
+        except ffn_capture.CaptureError as e:
+            raise TypeError(f"dw.optimize: cannot capture {type(model).__module__}.{type(model).__name__} as a "
+                            f"feed-forward network: {e} (docs/python.md)") from None
     return compile(capture(model, seq_len=seq_len, batch=batch_size, ctx=device), precision=precision,
                    fallback=fallback)

@@ -38,6 +38,10 @@ class Graph(JsonDoc, Handle):
     batch = property(lambda self: lib().dw_graph_batch(self._handle()))
     vocab = property(lambda self: lib().dw_graph_vocab(self._handle()))
     model_type = property(lambda self: text(lib().dw_graph_model_type(self._handle())))
+    input_width = property(lambda self: lib().dw_graph_input_width(self._handle()),
+                           doc="a feed-forward graph's input features (0: the graph takes tokens)")
+    output_width = property(lambda self: lib().dw_graph_output_width(self._handle()),
+                            doc="a feed-forward graph's output features (0: the graph gives logits)")
 
     @property
     def tokenizer(self):
