@@ -18,7 +18,7 @@ template <typename T> struct dw_moe_prob {
     const T *a, *b;
     int64_t sai, sal, sbj, sbl; /* A(i,l) = a[i*sai + l*sal], B(j,l) = b[j*sbj + l*sbl] */
     int64_t I, J, L;
-    void *c; /* C(i,j) at c[i*ldc + j]: T for fprop and dgrad, FP32 (accumulated) for wgrad */
+    void *c; /* C(i,j) at c[i*ldc + j]: T for fprop and dgrad, FP32 for wgrad (added into unless g.overwrite) */
     int64_t ldc;
 };
 
@@ -50,7 +50,7 @@ static __device__ __forceinline__ bool dw_moe_tile(const dw_moe_gemm_args &g, in
     const int32_t *off = g.offsets;
     if (g.pass == DW_MOE_WGRAD) {
         e = blockIdx.z, g0 = off[e], cnt = off[e + 1] - g0, i0 = (int64_t)blockIdx.x * BM;
-        return cnt > 0;
+        return cnt > 0 || g.overwrite; /* overwrite: an expert without rows gets zeros */
     }
     int64_t t = blockIdx.x;
     for (e = 0; e < g.E; e++) {

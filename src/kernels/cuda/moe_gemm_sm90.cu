@@ -16,8 +16,17 @@
 // into dW): deterministic.
 // CTA: warpgroup 0 produces (one thread issues the TMA loads into STAGES slots guarded by full/empty
 // mbarriers), warpgroups 1 and 2 consume, each 64 rows of the 128 x BN tile (MwCfg).
+// wgrad's epilogue (OUT_TMA): each consumer warpgroup writes its 64 rows of FP32 (128 columns at a
+// time) to its own shared staging and one thread hands them to TMA, which adds them into dW in L2
+// (cp.reduce.async.bulk .add; a plain store when the caller says dW holds nothing yet) while the
+// warpgroup goes on to the next tile's wgmmas; the staging is written again only once the copies
+// have read it. The earlier epilogue (read, add, write dW from registers, the wgmmas idle meanwhile)
+// stays selectable with DW_MOE_WGRAD=old, and 256-column wgrad tiles with DW_MOE_WGRAD=256, for A/B
+// runs.
 #include <cuda_bf16.h>
+#include <string.h>
 
+#include "core/env.h"
 #include "core/tensor_map.cuh"
 #include "core/wgmma_sm90.cuh"
 #include "kernels/cuda/moe_gemm.cuh"
@@ -35,9 +44,13 @@ static_assert(128 * MW_PROD_REGS + 256 * MW_CONS_REGS <= MW_THREADS * (65536 / M
 
 // Tiles of 128 x BN: BN 128 (64 accumulators a thread, 6 slots) or 256 (128 accumulators, 4 slots:
 // half the shared-memory reads of A per FLOP), chosen per pass (dw_moe_gemm_sm90).
-template <int BN> struct MwCfg {
-    static constexpr int B_BYTES = BN * MW_BK * 2, STAGES = BN == 128 ? 6 : 4;
-    static constexpr int SMEM = STAGES * (MW_A_BYTES + B_BYTES) + 2 * STAGES * 8 + 2 * (MW_MAX_E + 1) * 4 + 1024;
+// OUT_TMA (wgrad): 2 x 64 x 128 FP32 of epilogue staging (a BN 256 tile goes out in two halves),
+// and 4 slots (BN 128) or 3 (BN 256).
+template <int BN, bool OUT_TMA = false> struct MwCfg {
+    static constexpr int B_BYTES = BN * MW_BK * 2, STAGES = OUT_TMA ? (BN == 128 ? 4 : 3) : BN == 128 ? 6 : 4;
+    static constexpr int OUT_BYTES = OUT_TMA ? 2 * 64 * 128 * 4 : 0; // [2 warpgroups][4 boxes][64 rows][128 B]
+    static constexpr int SMEM =
+        STAGES * (MW_A_BYTES + B_BYTES) + OUT_BYTES + 2 * STAGES * 8 + 2 * (MW_MAX_E + 1) * 4 + 1024;
     static_assert(BN == 128 || BN == 256, "128- or 256-column tiles");
     static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
 };
@@ -48,6 +61,7 @@ struct MwArgs {
     int64_t E, I, J, L; // wgrad: I = M, J = K; fprop/dgrad: J output columns, L the reduction
     int64_t M;          // rows of W per expert
     int64_t tiles_n;
+    int overwrite;      // wgrad: store dW_e instead of adding into it (experts without rows: zeros)
 };
 
 // The tile of work unit u: expert e, rows [row0, row0 + rows) of the output's expert block (fprop
@@ -119,20 +133,77 @@ __device__ __forceinline__ void mw_load(uint8_t *dst, const CUtensorMap *map, ui
 #pragma unroll
         for (int q = 0; q < ROWS / 64; q++) tma_load_2d(dst + q * MW_PANEL, map, bar, (int)(mn + 64 * q), (int)l);
 }
+
+// A shared box (1024-byte aligned, swizzled as the map says) into dW's map at (k, m, e): stored, or
+// added to what dW holds (the add done by TMA in L2), in this thread's current bulk group.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, int c0, int c1, int c2, const void *src) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(src))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_add_3d(const CUtensorMap *map, int c0, int c1, int c2, const void *src) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+                     map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(src))
+                 : "memory");
+}
+
+// wgrad's epilogue through TMA: warpgroup cw's 64 x BN accumulators (rows 64 cw.. of the tile), 128
+// columns at a time, into its staging stg, 4 boxes of 64 rows x 32 FP32 (128 B, 128-byte swizzle:
+// 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp's float2 writes take the minimum two
+// wavefronts), then thread 0 of the warpgroup stores or adds them into dW. Rows past M and columns
+// past K are cut by the map's bounds. Called by all 128 threads of the warpgroup.
+template <int BN>
+__device__ __forceinline__ void mw_epilogue_tma(const float *acc, uint8_t *stg, const CUtensorMap *map,
+                                                const MwArgs &p, const MwTile &t, int cw, int lt) {
+    const int warp = lt / 32, lane = lt % 32, q = lane % 4;
+#pragma unroll
+    for (int hf = 0; hf < BN / 128; hf++) { // columns [128 hf, +128) of the tile
+        if (lt == 0) bulk_wait_read(); // the earlier copies have read the staging
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * warp + lane / 4 + 8 * h; // row within the warpgroup's 64; r % 8 = lane / 4
+#pragma unroll
+            for (int j = 0; j < 16; j++) { // columns 8 j + 2 q (+1): box j / 4, 16-byte chunk 2 (j % 4) + q / 2
+                const int chunk = (2 * (j % 4) + q / 2) ^ (lane / 4), a = 4 * (16 * hf + j) + 2 * h;
+                *reinterpret_cast<float2 *>(stg + (j / 4) * 8192 + r * 128 + chunk * 16 + (q % 2) * 8) =
+                    make_float2(acc[a], acc[a + 1]);
+            }
+        }
+        fence_proxy_async(); // the writes, before the async proxy's reads
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+        if (lt == 0 && t.row0 + 64 * cw < p.I) {
+            const int m0 = (int)(t.row0 + 64 * cw), e = (int)t.e;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int64_t k0 = t.tn * BN + 128 * hf + 32 * b;
+                if (k0 >= p.J) break;
+                if (p.overwrite) tma_store_3d(map, (int)k0, m0, e, stg + b * 8192);
+                else tma_add_3d(map, (int)k0, m0, e, stg + b * 8192);
+            }
+            bulk_commit();
+        }
+    }
+}
 #endif // DW_SM90_BODY
 
-template <int BN, dw_moe_pass PASS>
+// tC: OUT_TMA's map of dW (E, M, K) FP32 in 64 x 32 boxes (else unused).
+template <int BN, dw_moe_pass PASS, bool OUT_TMA>
 __global__ void __launch_bounds__(MW_THREADS, 1)
-    moe_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB, MwArgs p) {
+    moe_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
+                         const __grid_constant__ CUtensorMap tC, MwArgs p) {
 #ifdef DW_SM90_BODY
-    using C = MwCfg<BN>;
+    static_assert(!OUT_TMA || PASS == DW_MOE_WGRAD, "the TMA epilogue is wgrad's");
+    using C = MwCfg<BN, OUT_TMA>;
     constexpr int ST = C::STAGES, NACC = BN / 2; // NACC accumulators a thread
     constexpr bool AMN = PASS == DW_MOE_WGRAD, BMN = PASS != DW_MOE_FPROP;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_align_1024(smem_raw);
     uint8_t *sA = smem;                           // [ST][128 rows][128 B] or [ST][2 panels], 128B swizzle
     uint8_t *sB = sA + ST * MW_A_BYTES;           // [ST][BN rows][128 B] or [ST][BN / 64 panels]
-    uint64_t *full = (uint64_t *)(sB + ST * C::B_BYTES), *empty = full + ST;
+    uint8_t *sOut = sB + ST * C::B_BYTES;         // OUT_TMA: [2 warpgroups][64 x 128 FP32], 1024-aligned
+    uint64_t *full = (uint64_t *)(sOut + C::OUT_BYTES), *empty = full + ST;
     int32_t *s_off = (int32_t *)(empty + ST), *s_mt = s_off + MW_MAX_E + 1;
     const int tid = threadIdx.x, wg = warpgroup_index();
     for (int64_t e = tid; e <= p.E; e += MW_THREADS) s_off[e] = p.off[e];
@@ -180,62 +251,72 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     Ring r;
     MwTile t;
     for (int64_t u = blockIdx.x; mw_tile<BN, PASS>(p, s_off, s_mt, u, &t); u += gridDim.x) {
-        if (t.ktiles == 0) continue; // wgrad: an expert without rows adds nothing
-        int prev = -1;
-        for (int64_t kt = 0; kt < t.ktiles; kt++) {
-            const int s = r.slot;
-            mbar_wait(&full[s], r.phase);
-            if (AMN && kt == t.ktiles - 1 && t.last_lines < MW_BK) {
-                // the lines past the expert's rows belong to the next expert: zero this warpgroup's
-                // panel there (whole 128-byte lines, so the swizzle does not matter), then hand the
-                // writes to the async proxy that wgmma reads through
-                uint4 *z = reinterpret_cast<uint4 *>(sA + s * MW_A_BYTES + cw * MW_PANEL + t.last_lines * 128);
-                for (int v = lt; v < (MW_BK - t.last_lines) * 8; v += 128) z[v] = make_uint4(0, 0, 0, 0);
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
-            }
-            const uint64_t da = da0 + (uint64_t)(s * (MW_A_BYTES >> 4)), db = db0 + (uint64_t)(s * (C::B_BYTES >> 4));
-            wg_fence();
+        if (t.ktiles == 0) { // wgrad: an expert without rows adds nothing (overwrite: stores zeros)
+            if (!p.overwrite) continue;
 #pragma unroll
-            for (int c = 0; c < 4; c++)
-                wgmma_bf16_k16<BN, AMN, BMN>(acc, da + KA * c, db + KB * c, kt > 0 || c > 0);
-            wg_commit();
-            // the previous K tile's wgmmas are done once at most this one's group is in flight
-            wg_wait<1>();
-            if (prev >= 0) {
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&empty[prev]);
+            for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
+        } else {
+            int prev = -1;
+            for (int64_t kt = 0; kt < t.ktiles; kt++) {
+                const int s = r.slot;
+                mbar_wait(&full[s], r.phase);
+                if (AMN && kt == t.ktiles - 1 && t.last_lines < MW_BK) {
+                    // the lines past the expert's rows belong to the next expert: zero this warpgroup's
+                    // panel there (whole 128-byte lines, so the swizzle does not matter), then hand the
+                    // writes to the async proxy that wgmma reads through
+                    uint4 *z = reinterpret_cast<uint4 *>(sA + s * MW_A_BYTES + cw * MW_PANEL + t.last_lines * 128);
+                    for (int v = lt; v < (MW_BK - t.last_lines) * 8; v += 128) z[v] = make_uint4(0, 0, 0, 0);
+                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                    asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+                }
+                const uint64_t da = da0 + (uint64_t)(s * (MW_A_BYTES >> 4)), db = db0 + (uint64_t)(s * (C::B_BYTES >> 4));
+                wg_fence();
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    wgmma_bf16_k16<BN, AMN, BMN>(acc, da + KA * c, db + KB * c, kt > 0 || c > 0);
+                wg_commit();
+                // the previous K tile's wgmmas are done once at most this one's group is in flight
+                wg_wait<1>();
+                if (prev >= 0) {
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&empty[prev]);
+                }
+                prev = s;
+                r.next<ST>();
             }
-            prev = s;
-            r.next<ST>();
+            wg_wait<0>();
+#pragma unroll
+            for (int i = 0; i < NACC; i++) asm volatile("" : "+f"(acc[i])::"memory"); // no read above the wait
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[prev]);
         }
-        wg_wait<0>();
+        if constexpr (OUT_TMA) {
+            mw_epilogue_tma<BN>(acc, sOut + cw * (C::OUT_BYTES / 2), &tC, p, t, cw, lt);
+        } else { // epilogue from registers (the producer already fills the ring for the next tile)
 #pragma unroll
-        for (int i = 0; i < NACC; i++) asm volatile("" : "+f"(acc[i])::"memory"); // no read above the wait
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[prev]);
-        // epilogue from registers (the producer already fills the ring for the next tile)
+            for (int h = 0; h < 2; h++) {
+                const int64_t rr = rl + 8 * h; // row within the tile
+                if (rr >= t.rows || rr >= MW_BM) continue;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t rr = rl + 8 * h; // row within the tile
-            if (rr >= t.rows || rr >= MW_BM) continue;
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                const int64_t col = t.tn * BN + 8 * j + 2 * q;
-                if (col >= p.J) continue; // J is even: col + 1 < J too
-                const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                if constexpr (PASS == DW_MOE_WGRAD) {
-                    float2 *d = reinterpret_cast<float2 *>((float *)p.out + (t.e * p.I + t.row0 + rr) * p.J + col);
-                    float2 o = *d;
-                    o.x += v0, o.y += v1;
-                    *d = o;
-                } else {
-                    *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)p.out + (t.row0 + rr) * p.J + col) =
-                        __floats2bfloat162_rn(v0, v1);
+                for (int j = 0; j < BN / 8; j++) {
+                    const int64_t col = t.tn * BN + 8 * j + 2 * q;
+                    if (col >= p.J) continue; // J is even: col + 1 < J too
+                    const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                    if constexpr (PASS == DW_MOE_WGRAD) {
+                        float2 *d = reinterpret_cast<float2 *>((float *)p.out + (t.e * p.I + t.row0 + rr) * p.J + col);
+                        float2 o = p.overwrite ? make_float2(0.0f, 0.0f) : *d;
+                        o.x += v0, o.y += v1;
+                        *d = o;
+                    } else {
+                        *reinterpret_cast<__nv_bfloat162 *>((__nv_bfloat16 *)p.out + (t.row0 + rr) * p.J + col) =
+                            __floats2bfloat162_rn(v0, v1);
+                    }
                 }
             }
         }
     }
+    if constexpr (OUT_TMA)
+        if (lt == 0) bulk_wait_all(); // the staging must outlive the copies that read it
 #endif
 }
 
@@ -255,17 +336,40 @@ bool sm90_device(int *sms) {
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-template <int BN, dw_moe_pass PASS>
-cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const MwArgs &p, cudaStream_t stream) {
+template <int BN, dw_moe_pass PASS, bool OUT_TMA = false>
+cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const CUtensorMap &tC, const MwArgs &p,
+                   cudaStream_t stream) {
+    constexpr int smem = MwCfg<BN, OUT_TMA>::SMEM;
     static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once per kernel
     if (!attr_set) {
-        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_sm90_kernel<BN, PASS>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, MwCfg<BN>::SMEM);
+        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_sm90_kernel<BN, PASS, OUT_TMA>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
-    moe_gemm_sm90_kernel<BN, PASS><<<(unsigned)grid, MW_THREADS, MwCfg<BN>::SMEM, stream>>>(tA, tB, p);
+    moe_gemm_sm90_kernel<BN, PASS, OUT_TMA><<<(unsigned)grid, MW_THREADS, smem, stream>>>(tA, tB, tC, p);
     return cudaGetLastError();
+}
+
+// dW (E, M, K) FP32 as a 3-D map in boxes of 64 rows x 32 columns (128 bytes, 128-byte swizzle), so
+// a box at an expert's last rows is cut at M rather than spilling into the next expert's.
+bool make_map_dw(CUtensorMap *m, void *dw, int64_t E, int64_t M, int64_t K) {
+    const PFN_cuTensorMapEncodeTiled_v12000 fn = dw_tensor_map_encoder();
+    if (!fn) return false;
+    const cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)M, (cuuint64_t)E};
+    const cuuint64_t strides[2] = {(cuuint64_t)(K * 4), (cuuint64_t)(M * K * 4)};
+    const cuuint32_t box[3] = {32, 64, 1}, es[3] = {1, 1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, dw, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// wgrad's kernel: 0 the register epilogue (read, add, write dW; DW_MOE_WGRAD=old), else TMA's with
+// tiles of 128 columns (the default) or 256 (DW_MOE_WGRAD=256: a third fewer operand bytes per
+// FLOP, half as many tiles to balance). For A/B runs on a GPU.
+int wgrad_variant(void) {
+    const char *v = dw_env("DW_MOE_WGRAD");
+    return v && !strcmp(v, "old") ? 0 : v && !strcmp(v, "256") ? 256 : 128;
 }
 
 } // namespace
@@ -294,14 +398,16 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
     const CUtensorMapSwizzle sw = CU_TENSOR_MAP_SWIZZLE_128B;
     CUtensorMap tA, tB;
     MwArgs p = {};
-    p.off = a->offsets, p.out = a->out, p.E = E, p.M = M;
+    p.off = a->offsets, p.out = a->out, p.E = E, p.M = M, p.overwrite = a->overwrite;
     // 256-column tiles for a forward at least that wide, else 128. Measured on an H200 (bench/
     // RESULTS.md, session 13) with 256 in every pass: moe-e8's forward 33.2 -> 27.8 ms a step, but
     // its backward 88.4 -> 92.4 ms and moe-e64's step 8 ms slower (the wgrad tiles' K loops are
-    // short, 16 K tiles for moe-e64, and half as many tiles balance worse)
+    // short, 16 K tiles for moe-e64, and half as many tiles balance worse; that wgrad still had the
+    // register epilogue). wgrad: 128 unless DW_MOE_WGRAD=256 (wgrad_variant).
     const bool fprop = a->pass == DW_MOE_FPROP;
     const int64_t J = fprop ? M : K;
-    const int BN = fprop && J >= 256 ? 256 : 128;
+    const int wv = a->pass == DW_MOE_WGRAD ? wgrad_variant() : 0;
+    const int BN = (fprop && J >= 256) || wv == 256 ? 256 : 128;
     bool maps;
     int64_t units;
     if (a->pass == DW_MOE_WGRAD) { // A = dy (R, M), B = x (R, K), both MN-major panels
@@ -320,7 +426,14 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
     if (!maps) return cudaErrorNotSupported;
     const int64_t grid = units < sms ? units : sms;
     if (grid == 0) return cudaSuccess;
-    if (a->pass == DW_MOE_WGRAD) return launch<128, DW_MOE_WGRAD>(grid, tA, tB, p, stream);
-    if (a->pass == DW_MOE_DGRAD) return launch<128, DW_MOE_DGRAD>(grid, tA, tB, p, stream);
-    return BN == 256 ? launch<256, DW_MOE_FPROP>(grid, tA, tB, p, stream) : launch<128, DW_MOE_FPROP>(grid, tA, tB, p, stream);
+    if (a->pass == DW_MOE_WGRAD) {
+        if (wv == 0) return launch<128, DW_MOE_WGRAD>(grid, tA, tB, tA, p, stream);
+        CUtensorMap tC;
+        if (!make_map_dw(&tC, a->out, E, M, K)) return cudaErrorNotSupported;
+        return BN == 256 ? launch<256, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream)
+                         : launch<128, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream);
+    }
+    if (a->pass == DW_MOE_DGRAD) return launch<128, DW_MOE_DGRAD>(grid, tA, tB, tA, p, stream);
+    return BN == 256 ? launch<256, DW_MOE_FPROP>(grid, tA, tB, tA, p, stream)
+                     : launch<128, DW_MOE_FPROP>(grid, tA, tB, tA, p, stream);
 }

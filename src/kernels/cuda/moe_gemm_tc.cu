@@ -173,7 +173,10 @@ template <bool ALC, bool BLC> __global__ void __launch_bounds__(THREADS) moe_gem
                     const int64_t j = j0 + wj * 32 + n * 8 + 2 * tq + u;
                     if (j >= p.J) continue;
                     const float v = acc[m][n][2 * h + u];
-                    if (g.pass == DW_MOE_WGRAD) ((float *)p.c)[i * p.ldc + j] += v;
+                    if (g.pass == DW_MOE_WGRAD) {
+                        float *c = (float *)p.c + i * p.ldc + j;
+                        *c = g.overwrite ? v : *c + v;
+                    }
                     else ((bf16 *)p.c)[i * p.ldc + j] = __float2bfloat16_rn(v);
                 }
             }

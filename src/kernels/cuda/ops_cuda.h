@@ -266,6 +266,7 @@ typedef struct {
     const int32_t *offsets;
     int64_t R, E, K, M;
     dw_moe_kernel kernel;
+    bool overwrite; /* wgrad: dW_e = dy_e^T x_e (experts without rows: zeros) instead of += */
 } dw_moe_gemm_args;
 dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe_gemm_args *a, void *stream);
 

@@ -3,7 +3,8 @@
  * FP32-FMA tile kernel that runs FP32 programs (and BF16 ones when asked: the tensor-core kernels'
  * own check, and the host emulator's path). Which kernel runs is the registry's decision
  * (src/gemm/grouped_kernels.c states each one's rule); asked for AUTO, this entry asks it. Counts
- * and offsets stay on the device. Each output element is one CTA's: no atomics, deterministic. */
+ * and offsets stay on the device. Each output element is one CTA's: no atomics, deterministic.
+ * wgrad adds into dW, or with a->overwrite stores it (zeros for experts without rows). */
 #include "gemm/grouped.h"
 #include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_gemm_tc.h"
@@ -54,7 +55,10 @@ static __global__ void __launch_bounds__(DW_MG_THREADS) dw_moe_gemm_simt_kernel(
         for (int v = 0; v < 4; v++) {
             const int64_t i = i0 + ty * 4 + u, j = j0 + tx * 4 + v;
             if (i >= p.I || j >= p.J) continue;
-            if (g.pass == DW_MOE_WGRAD) ((float *)p.c)[i * p.ldc + j] += acc[u][v];
+            if (g.pass == DW_MOE_WGRAD) {
+                float *c = (float *)p.c + i * p.ldc + j;
+                *c = g.overwrite ? acc[u][v] : *c + acc[u][v];
+            }
             else dw_st((T *)p.c, i * p.ldc + j, acc[u][v]);
         }
 }
@@ -74,7 +78,11 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
     const int64_t R = a->R, J = a->pass == DW_MOE_FPROP ? a->M : a->K;
     if (a->pass != DW_MOE_WGRAD) /* rows past the assigned ones: zero, whatever the kernel covers */
         DW_TRY(dw_cuda_moe_zero_tail(ctx, dt, a->out, a->offsets, a->E, R, J, stream));
-    if (R == 0) return DW_OK;
+    if (R == 0) { /* nothing to multiply; an overwritten dW is zeros */
+        if (a->pass == DW_MOE_WGRAD && a->overwrite)
+            DW_CUDA_CHECK(ctx, cudaMemsetAsync(a->out, 0, (size_t)(a->E * a->M * a->K) * sizeof(float), s));
+        return DW_OK;
+    }
     dw_moe_kernel k = a->kernel;
     if (k == DW_MOE_KERNEL_AUTO) { /* the registry's choice among the built-in CUDA kernels */
         const dw_grouped_args ga = {.pass = a->pass == DW_MOE_FPROP ? DW_GEMM_FPROP : a->pass == DW_MOE_DGRAD ? DW_GEMM_DGRAD
