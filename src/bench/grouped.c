@@ -17,6 +17,7 @@
 #include "bench/grouped_fp8_case.h"
 #include "bench/lists.h"
 #include "core/ctx.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/sized.h"
 #include "formats/formats.h"
@@ -177,9 +178,17 @@ static dw_status bench_case(dw_ctx *ctx, const dw_bench_grouped_opts *o, const g
         if (fn) fn(&c, user);
         return DW_OK;
     }
-    char *why = NULL;
+    char *why = NULL, *why_ab = NULL;
     dw_status st = o->explain ? dw_grouped_explain(ctx, &a.g, &why) : DW_OK;
     c.explain = why;
+    const char *wg = dw_env("DW_MOE_WGRAD"); /* the wgmma wgrad's A/B switch, said beside the choice */
+    if (why && wg && p == DW_GEMM_WGRAD && !f) {
+        const size_t n = strlen(why) + strlen(wg) + 96;
+        if ((why_ab = malloc(n)))
+            snprintf(why_ab, n, "%sDW_MOE_WGRAD=%s (grouped_wgmma_sm90's wgrad: old epilogue or 256-column tiles)\n",
+                     why, wg);
+        c.explain = why_ab ? why_ab : why;
+    }
     if (st == DW_OK) st = time_pass(ctx, &a, o->iters, &c.ms); /* fp8_block: quantisation and GEMM */
     if (st == DW_OK && f) {
         call_args qa = a;
@@ -190,6 +199,7 @@ static dw_status bench_case(dw_ctx *ctx, const dw_bench_grouped_opts *o, const g
     c.tflops = c.timed ? 2.0 * (double)s->rows * (double)s->k * (double)s->m / (c.ms * 1e9) : 0; /* unpadded rows */
     if (st == DW_OK && fn) fn(&c, user);
     dw_free_string(why);
+    free(why_ab);
     return st;
 }
 
