@@ -211,7 +211,7 @@ dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const 
 }
 
 dw_status dw_engine_zero_grad(dw_engine *e) { /* ZeRO-2/3: the shard's accumulator (the staging is dw_train's) */
-    dw_engine_arena_zeroed(e); /* grad_arena: zeros between steps, where no activation is live */
+    if (dw_engine_arena_zero_later(e)) return DW_OK; /* grad_arena: the backward zeroes each slice */
     return e->be->i->zero(e->be, e->x->grad, (size_t)(e->x->grad_hi - e->x->grad_lo) * sizeof(float));
 }
 
@@ -396,6 +396,7 @@ dw_status dw_engine_time_optimizer(dw_engine *e, const dw_adamw_opts *o, int64_t
     DW_TRY(bi->timers(e->be, last - first + 2));
     bi->mark(e->be, 0);
     DW_TRY(dw_engine_zero_grad(e));
+    DW_TRY(dw_engine_arena_readable(e, "engine: timed optimizer")); /* grad_arena: the zeros, now */
     dw_exec_begin_phase(e->x, DW_PHASE_OPTIMIZER);
     for (int s = first; s < last; s++) {
         bi->mark(e->be, s - first + 1);

@@ -17,7 +17,7 @@ dw_status dw_engine_arena_created(dw_engine *e) {
 void dw_engine_arena_forward(dw_engine *e) {
     if (!e->p->grad_arena) return;
     e->grads_stale = true; /* the forward's activations took the slices */
-    e->grads_pending = false;
+    e->grads_pending = e->grads_zero_due = false;
 }
 
 dw_status dw_engine_arena_backward(dw_engine *e, bool accumulate) {
@@ -26,16 +26,26 @@ dw_status dw_engine_arena_backward(dw_engine *e, bool accumulate) {
         return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: a second backward before dw_engine_step (gradient "
                             "accumulation over micro-batches) needs a standing gradient pool, but %s: step or "
                             "dw_engine_zero_grad first, or compile without grad_arena (DW_GRAD_ARENA=0)", WHY);
-    e->grads_pending = true, e->grads_stale = false;
+    e->grads_pending = true, e->grads_stale = e->grads_zero_due = false; /* its ZERO_GRAD steps zero them */
     return DW_OK;
 }
 
 dw_status dw_engine_arena_readable(dw_engine *e, const char *what) {
-    if (!e->p->grad_arena || !e->grads_stale) return DW_OK;
+    if (!e->p->grad_arena) return DW_OK;
+    if (e->grads_zero_due) { /* dw_engine_zero_grad's zeros, made now that they are read */
+        e->grads_zero_due = false;
+        return e->be->i->zero(e->be, e->x->grad, (size_t)e->p->param_floats * sizeof(float));
+    }
+    if (!e->grads_stale) return DW_OK;
     return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s: a forward ran after the last backward and reused the "
                         "gradients' memory, since %s; run the backward again (or dw_engine_zero_grad)", what, WHY);
 }
 
 void dw_engine_arena_stepped(dw_engine *e) { e->grads_pending = false; }
 
-void dw_engine_arena_zeroed(dw_engine *e) { e->grads_pending = false, e->grads_stale = false; }
+bool dw_engine_arena_zero_later(dw_engine *e) {
+    if (!e->p->grad_arena) return false;
+    e->grads_pending = e->grads_stale = false;
+    e->grads_zero_due = true;
+    return true;
+}

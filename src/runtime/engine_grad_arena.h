@@ -15,10 +15,14 @@ void dw_engine_arena_forward(dw_engine *e);
 /* Before a backward: with `accumulate` (dw_engine_forward_backward), DW_ERR_UNSUPPORTED when the
  * last backward's gradients still wait for the step; then they are pending. */
 dw_status dw_engine_arena_backward(dw_engine *e, bool accumulate);
-/* Before the step or a gradient read: DW_ERR_UNSUPPORTED naming `what` when a forward took them. */
+/* Before the step or a gradient read: DW_ERR_UNSUPPORTED naming `what` when a forward took them;
+ * the zeros dw_engine_zero_grad deferred are written first. */
 dw_status dw_engine_arena_readable(dw_engine *e, const char *what);
-/* After the step; after dw_engine_zero_grad (the gradients are zeros, readable). */
+/* After the step. */
 void dw_engine_arena_stepped(dw_engine *e);
-void dw_engine_arena_zeroed(dw_engine *e);
+/* dw_engine_zero_grad: true for a grad_arena program, whose zeros are then written only if read
+ * (a step or gradient read before the next backward) — the backward's ZERO_GRAD steps zero every
+ * slice anyway, so a training step writes no zeros twice; false: zero the pool now. */
+bool dw_engine_arena_zero_later(dw_engine *e);
 
 #endif /* DW_RUNTIME_ENGINE_GRAD_ARENA_H */

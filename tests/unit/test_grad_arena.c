@@ -7,7 +7,8 @@
  *   - training is bit for bit the standing pool's: 3 AdamW steps of gpt2-tiny (tied head), llama-tiny,
  *     mixtral-tiny and olmoe-tiny, FP32 and BF16, the BF16 ones with the LM head fused too (its
  *     gradient written in the forward): losses, every parameter, the routing counters; then one
- *     more backward's gradients, read before and after the step, the same bits;
+ *     more backward's gradients, read before and after the step, the same bits, and a step on
+ *     dw_engine_zero_grad's zeros (written only when read: the backward zeroes each slice itself);
  *   - the engine's rules: a second backward before the step (accumulation) is refused naming
  *     grad_arena, and so are the step and a gradient read after a forward; zero_grad clears both;
  *   - moe-e8 at 8 x 2048 and moe-e64 at 4 x 2048 (BF16, sm_90, fused head, as dryrun compiles them):
@@ -140,6 +141,18 @@ static void same_bits(const char *preset, const char *precision, bool fused) {
     assert_int_equal(dw_engine_step(p.e, NULL, 4, &np), DW_OK);
     assert_true(na == np && na > 0);
     assert_int_equal(same_grads(a.e, p.e, what), 0); /* still there after the step */
+    /* zero_grad then a step without backward: the arena's deferred zeros are written first */
+    assert_int_equal(dw_engine_zero_grad(a.e), DW_OK);
+    assert_int_equal(dw_engine_zero_grad(p.e), DW_OK);
+    assert_int_equal(dw_engine_step(a.e, NULL, 5, &na), DW_OK);
+    assert_int_equal(dw_engine_step(p.e, NULL, 5, &np), DW_OK);
+    assert_true(na == 0 && np == 0);
+    for (int i = 0; i < a.c->n_params; i++) {
+        const char *name = a.g->tensors[a.c->param_tensor[i]].name;
+        float *wa = dw_test_param_read(a.e, name, NULL), *wp = dw_test_param_read(p.e, name, NULL);
+        if (memcmp(wa, wp, (size_t)dw_test_param_numel(a.e, i) * 4)) fail_msg("%s: %s differs after a step on zeros", what, name);
+        free(wa), free(wp);
+    }
     printf("  %-14s %-5s%s losses %.6f -> %.6f, arena %lld + grads %lld -> arena %lld bytes\n", preset,
            precision ? precision : "fp32", fused ? " fused" : "      ", l0, l1, (long long)p.c->arena_bytes,
            (long long)p.c->pool_bytes[DW_POOL_GRADS], (long long)a.c->arena_bytes);
