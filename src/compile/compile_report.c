@@ -94,7 +94,11 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "  FP32 master (%d tensors, %lld floats padded)%s\n", c->n_params,
                     (long long)c->param_floats, c->bf16 ? " + BF16 working copy" : "");
             break;
-        case DW_POOL_GRADS: fprintf(f, "  FP32 gradients\n"); break;
+        case DW_POOL_GRADS:
+            fprintf(f, c->grad_arena ? "  FP32 gradients: none, in the activation arena from each one's first writer "
+                                       "(grad_arena, DW_GRAD_ARENA=1)\n"
+                                     : "  FP32 gradients\n");
+            break;
         case DW_POOL_OPTIM: fprintf(f, "  AdamW m and v, FP32\n"); break;
         case DW_POOL_ACT:
             fprintf(f, "  arena of %d buffers (sum %lld B; live peak %lld B = lower bound)\n",
