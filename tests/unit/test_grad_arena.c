@@ -6,7 +6,8 @@
  *     buffers live at one time share bytes;
  *   - training is bit for bit the standing pool's: 3 AdamW steps of gpt2-tiny (tied head), llama-tiny,
  *     mixtral-tiny and olmoe-tiny, FP32 and BF16, the BF16 ones with the LM head fused too (its
- *     gradient written in the forward): losses, every parameter, the routing counters; then one
+ *     gradient written in the forward), and fp8_block, mxfp8 and full recompute on some of them:
+ *     losses, every parameter, the routing counters; then one
  *     more backward's gradients, read before and after the step, the same bits, and a step on
  *     dw_engine_zero_grad's zeros (written only when read: the backward zeroes each slice itself);
  *   - the engine's rules: a second backward before the step (accumulation) is refused naming
@@ -39,12 +40,12 @@
 /* Program (and engine) of config mc at B x T, precision NULL = FP32, with the gradients in the
  * arena or in their pool. */
 static void build(const dw_model_config *mc, int64_t B, int64_t T, const char *precision, bool arena, bool fused,
-                  bool engine, dw_test_model *m) {
+                  int recompute, bool engine, dw_test_model *m) {
     dw_graph *g = NULL;
     assert_int_equal(dw_capture_config(CTX, mc, B, T, &g), DW_OK);
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
-    o.grad_arena = arena, o.fused_head = fused;
+    o.grad_arena = arena, o.fused_head = fused, o.recompute = recompute;
     if (!engine) o.device = DW_DEVICE_CUDA, o.sm = 90;
     if (engine) {
         assert_int_equal(dw_test_model_build_opts(CTX, g, precision, &o, m), DW_OK);
@@ -113,18 +114,18 @@ static int same_grads(dw_engine *a, dw_engine *b, const char *what) {
 
 /* 3 steps with the gradients in the arena and in their pool: the same bits; then one more backward
  * (fresh tokens) whose gradients match before and after the step. */
-static void same_bits(const char *preset, const char *precision, bool fused) {
+static void same_bits_rc(const char *preset, const char *precision, bool fused, int recompute) {
     dw_model_config mc;
     assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
     const int64_t B = 2, T = 16;
     dw_test_model a, p;
-    build(&mc, B, T, precision, true, fused, true, &a);
-    build(&mc, B, T, precision, false, fused, true, &p);
+    build(&mc, B, T, precision, true, fused, recompute, true, &a);
+    build(&mc, B, T, precision, false, fused, recompute, true, &p);
     check_program(a.c);
     assert_false(p.c->grad_arena);
     char what[96];
-    snprintf(what, sizeof what, "%s %s%s, gradients in the arena vs their pool", preset, precision ? precision : "fp32",
-             fused ? " fused head" : "");
+    snprintf(what, sizeof what, "%s %s%s%s, gradients in the arena vs their pool", preset,
+             precision ? precision : "fp32", fused ? " fused head" : "", recompute ? " recompute" : "");
     double l0, l1;
     assert_int_equal(dw_test_same_training(&a, &p, B, T, 3, 1e-2, dw_test_next(RNG), what, &l0, &l1), 0);
     int32_t x[64], y[64];
@@ -153,11 +154,16 @@ static void same_bits(const char *preset, const char *precision, bool fused) {
         if (memcmp(wa, wp, (size_t)dw_test_param_numel(a.e, i) * 4)) fail_msg("%s: %s differs after a step on zeros", what, name);
         free(wa), free(wp);
     }
-    printf("  %-14s %-5s%s losses %.6f -> %.6f, arena %lld + grads %lld -> arena %lld bytes\n", preset,
-           precision ? precision : "fp32", fused ? " fused" : "      ", l0, l1, (long long)p.c->arena_bytes,
+    printf("  %-14s %-10s%s%s losses %.6f -> %.6f, arena %lld + grads %lld -> arena %lld bytes\n", preset,
+           precision ? precision : "fp32", fused ? " fused" : "      ", recompute ? " rc" : "   ", l0, l1,
+           (long long)p.c->arena_bytes,
            (long long)p.c->pool_bytes[DW_POOL_GRADS], (long long)a.c->arena_bytes);
     dw_test_model_free(&a);
     dw_test_model_free(&p);
+}
+
+static void same_bits(const char *preset, const char *precision, bool fused) {
+    same_bits_rc(preset, precision, fused, DW_RECOMPUTE_NONE);
 }
 
 static void test_same_bits(void **state) {
@@ -168,6 +174,12 @@ static void test_same_bits(void **state) {
         same_bits(presets[i], "bf16", false);
         same_bits(presets[i], "bf16", true);
     }
+    /* quantised recipes (the CPU runs the sm_90 program's choices) and full recompute */
+    same_bits("llama-tiny", "fp8_block", true);
+    same_bits("mixtral-tiny", "fp8_block", false);
+    same_bits("gpt2-tiny", "mxfp8", false);
+    same_bits_rc("llama-tiny", "bf16", true, DW_RECOMPUTE_FULL);
+    same_bits_rc("mixtral-tiny", NULL, false, DW_RECOMPUTE_FULL);
 }
 
 static void refused(dw_status s, const char *needle) {
@@ -182,7 +194,7 @@ static void test_rules(void **state) {
     assert_int_equal(dw_model_config_load(CTX, "mixtral-tiny", &mc), DW_OK);
     const int64_t B = 2, T = 16;
     dw_test_model a;
-    build(&mc, B, T, "bf16", true, false, true, &a);
+    build(&mc, B, T, "bf16", true, false, DW_RECOMPUTE_NONE, true, &a);
     assert_int_equal(dw_engine_init_weights(a.e, dw_test_next(RNG)), DW_OK);
     int32_t x[64], y[64];
     dw_test_random_tokens(x, B * T, mc.vocab_size, RNG);
@@ -213,8 +225,8 @@ static void check_preset(const char *preset, int64_t B, int64_t T, double fall) 
     dw_model_config mc;
     assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
     dw_test_model a, p;
-    build(&mc, B, T, "bf16", true, true, false, &a);
-    build(&mc, B, T, "bf16", false, true, false, &p);
+    build(&mc, B, T, "bf16", true, true, DW_RECOMPUTE_NONE, false, &a);
+    build(&mc, B, T, "bf16", false, true, DW_RECOMPUTE_NONE, false, &p);
     int64_t ta = 0, tp = 0;
     for (int k = 0; k < DW_POOL_COUNT; k++) ta += a.c->pool_bytes[k], tp += p.c->pool_bytes[k];
     printf("  %-8s %lld x %lld: pools %.2f GiB (activations %.2f) with the gradients in the arena, %.2f (activations "
