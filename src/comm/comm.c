@@ -113,12 +113,15 @@ double dw_comm_now(void) {
 }
 
 dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
-    const bool reduce = a->kind == DW_COMM_ASYNC_REDUCE;
-    if (a->kind != DW_COMM_ASYNC_ALL_REDUCE && !reduce)
+    const bool reduce = a->kind == DW_COMM_ASYNC_REDUCE, bcast = a->kind == DW_COMM_ASYNC_BROADCAST;
+    if (a->kind != DW_COMM_ASYNC_ALL_REDUCE && !reduce && !bcast)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: started collective of kind %d", c->i->name, (int)a->kind);
-    DW_TRY(check(ctx, c, reduce ? "reduce (started)" : "all-reduce (started)", a->n, a->t, a->op));
-    if (reduce && (a->root < 0 || a->root >= c->world))
-        return dw_set_error(ctx, DW_ERR_INVALID, "%s reduce: root %d of %d ranks", c->i->name, a->root, c->world);
+    if (bcast) a->op = DW_COMM_SUM, a->divide_by = 1; /* nothing to reduce */
+    DW_TRY(check(ctx, c, bcast ? "broadcast (started)" : reduce ? "reduce (started)" : "all-reduce (started)", a->n,
+                 a->t, a->op));
+    if ((reduce || bcast) && (a->root < 0 || a->root >= c->world))
+        return dw_set_error(ctx, DW_ERR_INVALID, "%s %s: root %d of %d ranks", c->i->name, bcast ? "broadcast" : "reduce",
+                            a->root, c->world);
     if (a->divide_by < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: average over %d ranks", c->i->name, a->divide_by);
     if (a->op == DW_COMM_AVG && !a->divide_by) a->divide_by = c->world;
@@ -131,8 +134,9 @@ dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
         return DW_OK;
     }
     if (c->i->start) return c->i->start(ctx, c, a);
-    /* a backend without started collectives: the blocking all-reduce (for a reduce: a superset), now */
-    DW_TRY(c->i->all_reduce(ctx, c, a->buf, a->n, a->t, DW_COMM_SUM));
+    /* a backend without started collectives: the blocking one (for a reduce: an all-reduce, a superset), now */
+    if (bcast) DW_TRY(c->i->broadcast(ctx, c, a->buf, a->n, a->t, a->root));
+    else DW_TRY(c->i->all_reduce(ctx, c, a->buf, a->n, a->t, DW_COMM_SUM));
     if (divide) dw_comm_divide_host(a->buf, a->n, a->t, a->divide_by);
     a->done = true;
     a->seconds = dw_comm_now() - a->started;

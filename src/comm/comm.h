@@ -33,8 +33,10 @@ typedef struct dw_comm dw_comm;
  * its blocking ones (both are fixed: the same call gives the same bits every time). */
 typedef enum {
     DW_COMM_ASYNC_ALL_REDUCE = 0, /* every rank's buf: the reduction of all ranks' */
-    DW_COMM_ASYNC_REDUCE          /* root's buf: the reduction of all ranks' (the others' buf is left
+    DW_COMM_ASYNC_REDUCE,         /* root's buf: the reduction of all ranks' (the others' buf is left
                                      as it was, or holds the reduction too: tcp) */
+    DW_COMM_ASYNC_BROADCAST       /* every rank's buf: root's (op and divide_by unused); ZeRO-3's
+                                     gathers issued ahead of use (train/dp_zero3.c) */
 } dw_comm_async_kind;
 typedef struct {
     dw_comm_async_kind kind;
@@ -42,7 +44,7 @@ typedef struct {
     int64_t n;
     dw_comm_type t;
     dw_comm_op op;
-    int root;           /* REDUCE: the rank that gets the result */
+    int root;           /* REDUCE: the rank that gets the result; BROADCAST: the one that sends */
     int divide_by;      /* AVG: the sum divided by this (0: the communicator's world; a split's
                            reduction may average over the whole job's ranks) */
     bool done;          /* finished: the result is in buf (on a GPU: for work issued from now on) */
@@ -106,7 +108,7 @@ dw_status dw_comm_all_to_all(dw_ctx *ctx, dw_comm *c, const void *send, const in
 
 /* Started collectives: dw_comm_start checks a's fields and starts it (a world of one host rank, or
  * n 0: done at once). nccl: on the communicator's stream after what the context's stream has issued;
- * mpi: MPI_Iallreduce / MPI_Ireduce, which advance only inside MPI calls, so call
+ * mpi: MPI_Iallreduce / MPI_Ireduce / MPI_Ibcast, which advance only inside MPI calls, so call
  * dw_comm_test now and then; tcp and self: run to completion here (tcp reduces as an all-reduce).
  * dw_comm_test advances it
  * and sets a->done once finished; dw_comm_wait returns when it has finished and, on a GPU, orders

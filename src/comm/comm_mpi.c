@@ -5,7 +5,7 @@
  * stops the whole job instead of the others waiting in a collective. Averages are MPI's sum
  * divided by the world size on the host. Counts above INT_MAX are sent in pieces (all-reduce,
  * broadcast) or refused. Started collectives are MPI's nonblocking ones (MPI_Iallreduce,
- * MPI_Ireduce), advanced by MPI_Test. */
+ * MPI_Ireduce, MPI_Ibcast), advanced by MPI_Test. */
 #include "comm/comm.h"
 #include "core/error.h"
 
@@ -124,9 +124,14 @@ static MPI_Request *request_of(dw_comm_async *a) { return (MPI_Request *)(void *
 
 static dw_status mpi_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
     const bool reduce = a->kind == DW_COMM_ASYNC_REDUCE;
-    if (a->n > INT_MAX) return too_big(ctx, c, reduce ? "reduce (started)" : "all-reduce (started)", a->n);
+    if (a->n > INT_MAX)
+        return too_big(ctx, c, a->kind == DW_COMM_ASYNC_BROADCAST ? "broadcast (started)"
+                               : reduce                        ? "reduce (started)"
+                                                               : "all-reduce (started)", a->n);
     MPI_Request *req = request_of(a);
-    if (!reduce)
+    if (a->kind == DW_COMM_ASYNC_BROADCAST)
+        MPI_TRY(ctx, c, "MPI_Ibcast", MPI_Ibcast(a->buf, (int)a->n, mpi_type(a->t), a->root, comm_of(c), req));
+    else if (!reduce)
         MPI_TRY(ctx, c, "MPI_Iallreduce",
                 MPI_Iallreduce(MPI_IN_PLACE, a->buf, (int)a->n, mpi_type(a->t), MPI_SUM, comm_of(c), req));
     else if (c->rank == a->root)

@@ -241,13 +241,17 @@ static dw_status nccl_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
                                                     c->rank, nc.err_str(rc));
     if (st == DW_OK && cudaEventRecord(ev->begin, m->stream) != cudaSuccess)
         st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: cudaEventRecord", c->rank);
-    if (st == DW_OK && a->kind == DW_COMM_ASYNC_REDUCE)
+    if (st == DW_OK && a->kind == DW_COMM_ASYNC_BROADCAST)
+        rc = nc.broadcast(a->buf, a->buf, (size_t)a->n, nc_type(a->t), a->root, m->comm, m->stream);
+    else if (st == DW_OK && a->kind == DW_COMM_ASYNC_REDUCE)
         rc = nc.reduce(a->buf, a->buf, (size_t)a->n, nc_type(a->t), op, a->root, m->comm, m->stream);
     else if (st == DW_OK)
         rc = nc.all_reduce(a->buf, a->buf, (size_t)a->n, nc_type(a->t), op, m->comm, m->stream);
     if (st == DW_OK && rc != ncclSuccess)
         st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: %s (started): %s", c->rank,
-                          a->kind == DW_COMM_ASYNC_REDUCE ? "ncclReduce" : "ncclAllReduce",
+                          a->kind == DW_COMM_ASYNC_BROADCAST ? "ncclBroadcast"
+                          : a->kind == DW_COMM_ASYNC_REDUCE  ? "ncclReduce"
+                                                             : "ncclAllReduce",
                           nc.err_str(rc));
     if (st == DW_OK && cudaEventRecord(ev->end, m->stream) != cudaSuccess)
         st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: cudaEventRecord", c->rank);

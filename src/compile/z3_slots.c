@@ -1,6 +1,10 @@
 /* z3_slots.c — ZeRO-3's gather-block items over the parameters' forward and backward lifetimes
- * (z3_slots.h). Pure: reads the program's steps, allocates nothing. */
+ * (z3_slots.h), each from the event step where its gathers start. Pure: reads the program's
+ * steps. */
+#include <stdlib.h>
+
 #include "compile/z3_slots.h"
+#include "core/error.h"
 
 static int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
 
@@ -27,23 +31,40 @@ static void readers(const dw_compiled *p, int k, int s0, int s1, int *first, int
     }
 }
 
+/* The event step before s among the sweep's first readers (first[j] over every parameter, j of
+ * one sweep), where the gathers of s are started (train/dp_zero3_gather.c); s itself when none. */
+static int started_at(const dw_compiled *p, const int *first, int j, int s) {
+    int at = s;
+    for (int k = 0; k < p->n_params; k++) {
+        const int f = first[2 * k + j];
+        if (f >= 0 && f < s && (at == s || f > at)) at = f;
+    }
+    return at;
+}
+
 int dw_z3_slot_items(const dw_compiled *p, dw_mem_item *items, int *item_of, int *first) {
     const int f0 = p->phase[DW_PHASE_FORWARD][0], f1 = p->phase[DW_PHASE_FORWARD][1];
     const int b0 = p->phase[DW_PHASE_BACKWARD][0], b1 = p->phase[DW_PHASE_BACKWARD][1];
+    int *last = malloc((size_t)(2 * p->n_params + 1) * sizeof *last);
+    DW_ASSERT(last);
+    for (int k = 0; k < p->n_params; k++) {
+        readers(p, k, f0, f1, &first[2 * k], &last[2 * k]);
+        readers(p, k, b0, b1, &first[2 * k + 1], &last[2 * k + 1]);
+    }
     int n = 0;
     for (int k = 0; k < p->n_params; k++) {
-        int ff, fl, bf, bl;
-        readers(p, k, f0, f1, &ff, &fl);
-        readers(p, k, b0, b1, &bf, &bl);
-        first[2 * k] = ff, first[2 * k + 1] = bf;
+        const int ff = first[2 * k], fl = last[2 * k], bf = first[2 * k + 1], bl = last[2 * k + 1];
         item_of[k] = -1;
         if (ff < 0 && bf < 0) continue; /* read by no step (fused away): never gathered */
+        /* live from where its gathers start (the event before its first reader: the prefetch) */
+        const int fs = ff >= 0 ? started_at(p, first, 0, ff) : -1, bs = bf >= 0 ? started_at(p, first, 1, bf) : -1;
         dw_mem_item *it = &items[n];
         *it = (dw_mem_item){.size = dw_z3_slot_bytes(p, k), .align = 256};
-        if (ff >= 0 && bf >= 0) it->first = ff, it->last = fl, it->first2 = bf, it->last2 = bl;
-        else if (ff >= 0) it->first = ff, it->last = fl;
-        else it->first = bf, it->last = bl;
+        if (ff >= 0 && bf >= 0) it->first = fs, it->last = fl, it->first2 = bs, it->last2 = bl;
+        else if (ff >= 0) it->first = fs, it->last = fl;
+        else it->first = bs, it->last = bl;
         item_of[k] = n++;
     }
+    free(last);
     return n;
 }

@@ -18,7 +18,9 @@ int64_t dw_z3_slot_bytes(const dw_compiled *p, int k);
 
 /* One item (compile/memplan.h) per parameter some forward or backward step reads, live from the
  * first to the last forward step that reads it and again from the first to the last backward step
- * (a recomputed forward is a backward-sweep step). items[n_params], item_of[n_params] (parameter
+ * (a recomputed forward is a backward-sweep step), each lifetime starting earlier, at the sweep's
+ * previous event step (the latest first reader of another parameter before its own), where
+ * train/dp_zero3_gather.c starts its gathers (the prefetch). items[n_params], item_of[n_params] (parameter
  * k's item, -1: read by no step, never gathered), first[2 x n_params] (the first forward, backward
  * step reading k; -1: none). Returns the number of items; their offsets are dw_memplan_assign's. */
 int dw_z3_slot_items(const dw_compiled *p, dw_mem_item *items, int *item_of, int *first);

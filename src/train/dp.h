@@ -121,6 +121,16 @@ dw_status dw_dp_gather_pool(dw_dp *d, float *pool);
  * training): the weights whole again when `whole` is asked or the engine was made whole; an engine
  * made for ZeRO-3 (dw_engine_opts.zero) stays sharded. */
 dw_status dw_dp_z3_checkpoint(dw_dp *d);
+/* dp_zero3_gather.c, for dp_zero3.c: the prefetch's plan (each step's next event step, room for
+ * its started broadcasts; DW_Z3_PREFETCH) and its release; before step `step` (the executor's
+ * hook): its gathers (prefetched or now) and the next event step's started; settle: a started
+ * prefetch waited for (before anything else writes or frees the slots); gather_to: parameter k's
+ * parts into slot, run to the end. */
+dw_status dw_dp_z3_prefetch_plan(dw_dp *d);
+void dw_dp_z3_prefetch_free(dw_dp *d);
+dw_status dw_dp_z3_gathers(dw_dp *d, int step);
+dw_status dw_dp_z3_settle(dw_dp *d);
+dw_status dw_dp_z3_gather_to(dw_dp *d, int k, float *slot);
 dw_status dw_dp_save_weights(dw_dp *d, const char *path);
 dw_status dw_dp_z3_end(dw_dp *d, bool whole);
 

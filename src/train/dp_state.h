@@ -72,6 +72,13 @@ typedef struct {
     int64_t *z3_slot16;   /* (n_params) its BF16 working copy's bytes into the block, -1: none */
     int *z3_ev_at;        /* (n_steps + 1) z3_ev[z3_ev_at[s] .. z3_ev_at[s + 1]): step s's gathers */
     int *z3_ev;           /* parameters */
+    /* the prefetch (dp_zero3_gather.c): each step's next event step in its sweep (-1: none), the
+     * event step whose gathers are started (-1: none), the step that started them, their parts */
+    bool z3_prefetch;     /* DW_Z3_PREFETCH (default on) */
+    int *z3_next;         /* (n_steps) */
+    int z3_pre, z3_pre_at;
+    int z3_n_async, z3_async_cap;
+    dw_comm_async *z3_async; /* (z3_async_cap) */
     /* ZeRO-2/3 with the engine's gradients sharded from creation (dp_stage.c): the staging plan
      * (its buckets are `buckets`, in the same order), its slots, each parameter's gradient in
      * them, the bucket whose slot each one takes over (-1: none), each bucket's collectives in

@@ -1,16 +1,17 @@
 /* dp_zero3.c — ZeRO-3 / FSDP (dp.h): each rank keeps the FP32 masters of its shard [lo, hi) of the
  * flat pools; a parameter is gathered (a broadcast from every rank whose shard holds part of it)
- * into a slot of a gather block just before the first step of the forward that reads it, and again
+ * into a slot of a gather block before the first step of the forward that reads it, and again
  * before the first step of the backward sweep that reads it; its slot is another parameter's once
  * its last reader in that sweep has run (the slots placed by the static memory planner,
- * compile/memplan.h, over those two lifetimes). The gradients go as ZeRO-2's (dp_overlap.c), the
- * optimizer steps the shard (dp.c). Whole weights again (dw_dp_z3_whole) before what reads them
- * whole: rank 0's sample; sharded again before the next training step. A checkpoint's weights are
- * gathered parameter by parameter into rank 0's host memory instead (dw_dp_z3_checkpoint), the
- * engine left sharded. An engine made for ZeRO-3 (dw_engine_opts.zero) holds the shard's masters
- * from its creation, initialised or loaded there (runtime/weights.c), never the whole. A BF16
- * program's working copy of a parameter is made in its slot after the gather (the backend's
- * cast); quantised weight caches are not gathered yet (refused). */
+ * compile/memplan.h, over those two lifetimes, each from the event before its own, as the gathers
+ * are prefetched one event step ahead: dp_zero3_gather.c). The gradients go as ZeRO-2's
+ * (dp_overlap.c), the optimizer steps the shard (dp.c). Whole weights again (dw_dp_z3_whole)
+ * before what reads them whole: rank 0's sample; sharded again before the next training step. A
+ * checkpoint's weights are gathered parameter by parameter into rank 0's host memory instead
+ * (dw_dp_z3_checkpoint), the engine left sharded. An engine made for ZeRO-3 (dw_engine_opts.zero)
+ * holds the shard's masters from its creation, initialised or loaded there (runtime/weights.c),
+ * never the whole. A BF16 program's working copy of a parameter is made in its slot after the
+ * gather (the backend's cast); quantised weight caches are not gathered yet (refused). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,29 +23,6 @@
 #include "core/log.h"
 #include "runtime/engine.h"
 #include "train/dp.h"
-#if DW_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "core/ctx.h"
-#include "core/cuda_check.h"
-#endif
-
-/* n floats from src to dst, both the engine's memory. */
-static dw_status copy_floats(dw_dp *d, float *dst, const float *src, int64_t n) {
-    if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
-        memcpy(dst, src, (size_t)n * sizeof *dst);
-        return DW_OK;
-    }
-#if DW_HAVE_CUDA
-    void *stream = NULL;
-    DW_TRY(dw_ctx_stream(d->ctx, &stream));
-    DW_CUDA_CHECK(d->ctx, cudaMemcpyAsync(dst, src, (size_t)n * sizeof *dst, cudaMemcpyDeviceToDevice,
-                                          (cudaStream_t)stream));
-    return DW_OK;
-#else
-    return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "ZeRO-3: a CUDA context in a build without CUDA");
-#endif
-}
 
 static int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
 
@@ -89,37 +67,6 @@ static dw_status plan(dw_dp *d) {
     return st;
 }
 
-/* Parameter k into slot (the engine's memory, its numel floats): each rank's part of it broadcast
- * from that rank. */
-static dw_status gather_to(dw_dp *d, int k, float *slot) {
-    const dw_compiled *p = d->eng->p;
-    const int64_t a = p->param_off[k], n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
-    for (int r = 0; r < d->world; r++) {
-        int64_t rlo, rhi;
-        dw_shard_range(d->floats, d->world, r, &rlo, &rhi);
-        const int64_t lo = a > rlo ? a : rlo, hi = a + n < rhi ? a + n : rhi;
-        if (hi <= lo) continue;
-        if (r == d->rank) DW_TRY(copy_floats(d, slot + (lo - a), d->eng->x->w + (lo - d->lo), hi - lo));
-        DW_TRY(dw_comm_broadcast(d->ctx, d->comm, slot + (lo - a), hi - lo, DW_COMM_F32, r));
-    }
-    return DW_OK;
-}
-
-/* Parameter k into its slot, and its BF16 working copy beside it. */
-static dw_status gather(dw_dp *d, int k) {
-    const dw_compiled *p = d->eng->p;
-    const int64_t n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
-    float *slot = d->eng->x->param_at[k];
-    DW_TRY(gather_to(d, k, slot));
-    uint16_t *slot16 = d->eng->x->param_bf16_at ? d->eng->x->param_bf16_at[k] : NULL;
-    if (!slot16) return DW_OK;
-    /* its BF16 working copy: the backend's cast of floats [0, n) of an executor view whose pools are
-     * the two slots (the entry reads nothing else) */
-    dw_exec view = *d->eng->x;
-    view.w = slot, view.wb = slot16;
-    return d->eng->be->i->cast_bf16(d->eng->be, &view, 0, n);
-}
-
 /* The weights sharded: the masters of [lo, hi) kept, the gather block after them. */
 static dw_status to_sharded(dw_dp *d) {
     dw_exec *x = d->eng->x;
@@ -140,8 +87,7 @@ static dw_status before_step(void *arg, dw_exec *x, int step) {
     dw_dp *d = arg;
     if (d->z3_whole && d->z3_want) DW_TRY(to_sharded(d));
     if (d->z3_whole) return DW_OK;
-    for (int e = d->z3_ev_at[step]; e < d->z3_ev_at[step + 1]; e++) DW_TRY(gather(d, d->z3_ev[e]));
-    return DW_OK;
+    return dw_dp_z3_gathers(d, step); /* dp_zero3_gather.c: this step's, the next event's started */
 }
 
 dw_status dw_dp_z3_init(dw_dp *d) {
@@ -156,10 +102,11 @@ dw_status dw_dp_z3_init(dw_dp *d) {
                             "linear layers, whose weight caches are not gathered yet; use --zero 1 or 2, or "
                             "--precision bf16", p->precision);
     DW_TRY(plan(d));
+    DW_TRY(dw_dp_z3_prefetch_plan(d));
     d->z3_whole = true;
     dw_exec_stop_recording(x); /* the gathers run between the steps: a replayed step would skip them */
     x->before_step = before_step, x->before_user = d;
-    if (x->w_hi - x->w_lo == d->floats) return DW_OK;
+    if (x->w_hi - x->w_lo == p->param_floats) return DW_OK;
     d->z3_whole = false, d->z3_born = true; /* made for ZeRO-3 (dw_engine_opts.zero): the shard's masters alone */
     return to_sharded(d);
 }
@@ -178,12 +125,13 @@ static dw_status host_masters(dw_dp *d) {
     if (d->rank == 0 && !d->z3_host && !(d->z3_host = malloc((size_t)d->floats * sizeof *d->z3_host)))
         return dw_set_error(d->ctx, DW_ERR_NOMEM, "ZeRO-3: out of host memory for the checkpoint's weights "
                             "(%lld bytes)", (long long)d->floats * 4);
+    DW_TRY(dw_dp_z3_settle(d)); /* a prefetch writes into the slots */
     void *tmp = NULL;
     dw_status st = spare ? be->i->alloc(be, spare * (int64_t)sizeof(float), &tmp) : DW_OK;
     for (int k = 0; st == DW_OK && k < p->n_params; k++) {
         const int64_t n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
         float *slot = x->param_at[k] ? x->param_at[k] : tmp;
-        st = gather_to(d, k, slot);
+        st = dw_dp_z3_gather_to(d, k, slot);
         if (st == DW_OK && d->rank == 0)
             st = be->i->download(be, d->z3_host + p->param_off[k], slot, (size_t)n * sizeof(float));
     }
@@ -220,6 +168,7 @@ void dw_dp_z3_free(dw_dp *d) {
     /* a run that ended sharded (an error: the other ranks may be gone) leaves the engine sharded,
      * its parameters where they were last gathered; its weight accessors say so
      * (dw_exec_weights_whole) */
+    dw_dp_z3_prefetch_free(d);
     free(d->z3_slot), free(d->z3_slot16), free(d->z3_ev_at), free(d->z3_ev), free(d->z3_host);
     d->z3_slot = NULL, d->z3_slot16 = NULL, d->z3_ev_at = NULL, d->z3_ev = NULL, d->z3_host = NULL;
 }
@@ -230,6 +179,7 @@ dw_status dw_dp_z3_whole(dw_dp *d) {
     if (d->zero != 3 || d->world == 1) return DW_OK;
     d->z3_want = false;
     if (d->z3_whole) return DW_OK;
+    DW_TRY(dw_dp_z3_settle(d)); /* a prefetch writes into the block about to go */
     DW_TRY(dw_exec_unshard_weights(d->eng->x));
     d->z3_whole = true;
     DW_LOGI("ZeRO-3: the whole weights on this rank again (%lld bytes), for rank 0's sample or after training",

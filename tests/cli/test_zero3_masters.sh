@@ -12,7 +12,9 @@
 # byte for byte (the global batch of 4 makes 2 micro-batches a rank, which ZeRO-2/3 reduce one by
 # one and ZeRO-1 after both: test_zero3.sh's 1e-6), and on 2 ranks and on 1 continues the 4 ranks' losses (2e-6, the rank-count
 # tolerance of test_ckpt_shards.sh: the reduction order changes with the ranks). A loss-spike
-# rollback loads its checkpoint into the shards: ZeRO-2's rollbacks and step 40, byte for byte.
+# rollback loads its checkpoint into the shards: ZeRO-2's rollbacks and step 40, byte for byte. The
+# gathers prefetched one event step ahead (the default) write the bytes of gathering each just
+# before its step (DW_Z3_PREFETCH=0); their step times are printed as a sanity check only.
 set -u
 dw=$1
 . "$(dirname "$0")/zero_common.sh" # the tiny model and text, same_ckpt, close
@@ -86,6 +88,25 @@ close "$tmp/r4-z3/metrics.jsonl" "$tmp/s423/metrics.jsonl" 2e-6 2 && ok "  ... s
 check "resumed on 1 rank" 0 $?
 close "$tmp/r4-z3/metrics.jsonl" "$tmp/s41/metrics.jsonl" 2e-6 2 && ok "  ... steps 3-4 as the 4 ranks ran them (2e-6)" ||
   bad "  ... 4 -> 1 losses"
+
+# the prefetch (DW_Z3_PREFETCH, on by default): the same bytes as gathering each step's parameters
+# just before it; the step times of both printed, a sanity check only (CPU ranks on shared cores)
+DW_Z3_PREFETCH=0 "$dw" launch -n 2 -- "${run[@]}" --steps 8 --zero 3 --out "$tmp/p0" >/dev/null 2>"$tmp/errp0" &&
+  "$dw" launch -n 2 -- "${run[@]}" --steps 8 --zero 3 --out "$tmp/p1" >/dev/null 2>"$tmp/errp1"
+check "2 ranks, ZeRO-3 without and with the prefetch" 0 $?
+grep -q "rank 1/2\] ZeRO-3: gathers of [0-9]* event steps a micro-batch, each started at the event before" "$tmp/errp1" &&
+  grep -q "rank 1/2\] ZeRO-3: gathers of [0-9]* event steps a micro-batch, each just before its step (DW_Z3_PREFETCH=0)" \
+    "$tmp/errp0" && ok "  ... each says how it gathers" || bad "  ... prefetch log lines"
+same_ckpt "$tmp/p0" "$tmp/p1" && ok "  ... byte for byte" || bad "  ... the prefetch changed the result"
+python3 - "$tmp/p0/metrics.jsonl" "$tmp/p1/metrics.jsonl" <<'PY' || bad "  ... step times"
+import json, sys
+ms = []
+for p in sys.argv[1:]:
+    e = [json.loads(l)["elapsed_s"] for l in open(p) if '"loss"' in l]
+    ms.append(1e3 * (e[-1] - e[1]) / (len(e) - 2)) # steps 3.. (the first two warm up)
+assert all(m > 0 for m in ms), ms
+print(f"ZeRO-3 step time on 2 CPU ranks (sanity only): {ms[0]:.2f} ms without the prefetch, {ms[1]:.2f} ms with it")
+PY
 
 # a loss-spike rollback loads its checkpoint into the shards (test_spike.sh's data: runs of random
 # bytes in a repeated sentence spike the loss of a tiny Llama once it learned the sentence)

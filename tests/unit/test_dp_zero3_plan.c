@@ -2,8 +2,9 @@
  * steps: on random dense and MoE FP32 programs, with and without full recompute (forwards run again
  * inside the backward sweep) and the fused LM head (its weight read by the loss's step), each sweep
  * (forward, backward) starts with no parameter gathered; before step s the plan's gathers for s land
- * in their slots, making every other parameter whose slot bytes they overlap stale; every parameter
- * a step's node reads must then be current. FP32 and BF16 programs (a parameter's BF16 working
+ * in their slots, making every other parameter whose slot bytes they overlap stale, and those of the
+ * next event step (the prefetch, dp_zero3_gather.c) start, making what shares their bytes stale
+ * until that step; every parameter a step's node reads must then be current. FP32 and BF16 programs (a parameter's BF16 working
  * copy sits in its slot after the FP32 values). Slots lie inside the gather block, which is no
  * larger than the parameters (FP32, plus BF16 in a BF16 program) and, for a model of several
  * blocks, smaller. */
@@ -57,7 +58,12 @@ static void check_plan(dw_test_model *m, bool several_blocks) {
     for (int ph = DW_PHASE_FORWARD; ph <= DW_PHASE_BACKWARD; ph++) {
         memset(current, 0, (size_t)np * sizeof *current); /* a sweep gathers what it reads itself */
         for (int s = p->phase[ph][0]; s < p->phase[ph][1]; s++) {
-            for (int e = d.z3_ev_at[s]; e < d.z3_ev_at[s + 1]; e++) {
+            /* step s's gathers land (k current); then the next event step's are started, whose data
+             * may land any time until that step: what shares their bytes is overwritten from now */
+            const int nx = d.z3_ev_at[s] < d.z3_ev_at[s + 1] ? d.z3_next[s] : -1;
+            if (nx >= 0) assert_true(nx > s && nx < p->phase[ph][1] && d.z3_ev_at[nx] < d.z3_ev_at[nx + 1]);
+            for (int e = d.z3_ev_at[s]; e < (nx >= 0 ? d.z3_ev_at[nx + 1] : d.z3_ev_at[s + 1]); e++) {
+                if (e == d.z3_ev_at[s + 1]) e = d.z3_ev_at[nx]; /* on to nx's */
                 const int k = d.z3_ev[e];
                 const int64_t a = d.z3_slot[k], b = (d.z3_slot16[k] >= 0 ? d.z3_slot16[k] + param_bytes(p, k) / 2
                                                                           : a + param_bytes(p, k));
@@ -66,8 +72,8 @@ static void check_plan(dw_test_model *m, bool several_blocks) {
                     if (j != k && d.z3_slot[j] >= 0 && d.z3_slot[j] < b &&
                         a < (d.z3_slot16[j] >= 0 ? d.z3_slot16[j] + param_bytes(p, j) / 2 : d.z3_slot[j] + param_bytes(p, j)))
                         current[j] = false;
-                current[k] = true;
-                gathers++;
+                current[k] = e < d.z3_ev_at[s + 1]; /* nx's: in flight until step nx */
+                gathers += e < d.z3_ev_at[s + 1];
             }
             const dw_step *st = &p->steps[s];
             if (st->kind != DW_STEP_FWD && st->kind != DW_STEP_BWD) continue;

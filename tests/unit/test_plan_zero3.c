@@ -4,7 +4,7 @@
  * aligned) plus the gather block, and the optimizer pool by the shard's moments; the gather block is
  * the static memory planner's arena over the parameters' lifetimes, which this test derives itself
  * from the compiled program's steps (first to last forward step reading a parameter, then first to
- * last backward step); the step time is ZeRO-2's reduction, no all-gather, the AdamW of the shard,
+ * last backward step, each from the sweep's previous first reader, where the prefetch starts it); the step time is ZeRO-2's reduction, no all-gather, the AdamW of the shard,
  * and every micro-batch's broadcasts of each parameter's parts (one per owning rank, once per sweep
  * that reads it) summed here part by part, all exposed. A quantised recipe is not runnable. */
 #include <setjmp.h>
@@ -58,17 +58,28 @@ static void oracle(dw_ctx *ctx, const dw_plan_in *in, int64_t mb, int rc, int dp
     o->floats = c->param_floats;
     const int64_t block = c->param_floats / (dp * 64) * 64; /* shards: 64-float blocks, the last rank the rest */
     dw_mem_item *items = calloc((size_t)c->n_params + 1, sizeof *items);
+    int *rd = malloc((size_t)(4 * c->n_params + 1) * sizeof *rd); /* (n_params, 4) ff fl bf bl */
+    assert_non_null(rd);
+    for (int k = 0; k < c->n_params; k++) {
+        reads(c, c->param_tensor[k], c->phase[DW_PHASE_FORWARD][0], c->phase[DW_PHASE_FORWARD][1], &rd[4 * k], &rd[4 * k + 1]);
+        reads(c, c->param_tensor[k], c->phase[DW_PHASE_BACKWARD][0], c->phase[DW_PHASE_BACKWARD][1], &rd[4 * k + 2],
+              &rd[4 * k + 3]);
+    }
     int n = 0;
     for (int k = 0; k < c->n_params; k++) {
-        int ff, fl, bf, bl;
-        reads(c, c->param_tensor[k], c->phase[DW_PHASE_FORWARD][0], c->phase[DW_PHASE_FORWARD][1], &ff, &fl);
-        reads(c, c->param_tensor[k], c->phase[DW_PHASE_BACKWARD][0], c->phase[DW_PHASE_BACKWARD][1], &bf, &bl);
+        const int ff = rd[4 * k], fl = rd[4 * k + 1], bf = rd[4 * k + 2], bl = rd[4 * k + 3];
         if (ff < 0 && bf < 0) continue;
+        /* the prefetch: live from the sweep's latest first reader of any parameter before its own */
+        int fs = ff, bs = bf;
+        for (int j = 0; j < c->n_params; j++) {
+            if (rd[4 * j] >= 0 && rd[4 * j] < ff && (fs == ff || rd[4 * j] > fs)) fs = rd[4 * j];
+            if (rd[4 * j + 2] >= 0 && rd[4 * j + 2] < bf && (bs == bf || rd[4 * j + 2] > bs)) bs = rd[4 * j + 2];
+        }
         const int64_t numel = dw_ir_numel(&g->tensors[c->param_tensor[k]]);
         dw_mem_item it = {.size = (numel * 4 + 255) / 256 * 256 + numel * 2, .align = 256}; /* FP32 + BF16 */
-        if (ff >= 0) it.first = ff, it.last = fl;
-        if (bf >= 0 && ff >= 0) it.first2 = bf, it.last2 = bl;
-        if (ff < 0) it.first = bf, it.last = bl;
+        if (ff >= 0) it.first = fs, it.last = fl;
+        if (bf >= 0 && ff >= 0) it.first2 = bs, it.last2 = bl;
+        if (ff < 0) it.first = bs, it.last = bl;
         items[n++] = it;
         const int sweeps = (ff >= 0) + (bf >= 0);
         for (int r = 0; r < dp; r++) {
@@ -86,7 +97,7 @@ static void oracle(dw_ctx *ctx, const dw_plan_in *in, int64_t mb, int rc, int dp
     /* the arena holds what is live together, and reuses: less than every parameter at once */
     assert_true(o->gather >= dw_memplan_live_peak(items, n) && o->gather <= sum + 256 * (int64_t)n);
     assert_true(o->gather < sum);
-    free(items);
+    free(items), free(rd);
     dw_compiled_free(c);
     dw_policy_free(pol);
     dw_graph_free(g);
