@@ -6,6 +6,19 @@
 
 #include "train/ckpt_shard.h"
 
+int dw_ckpt_pieces_of(int64_t off, int64_t numel, int n, const int *rank, const int64_t *lo, const int64_t *hi,
+                      dw_ckpt_piece *out) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t a = lo[i] > off ? lo[i] : off, b = hi[i] < off + numel ? hi[i] : off + numel;
+        if (a >= b) continue;
+        int nth = 0;
+        for (int j = 0; j < k; j++) nth += out[j].rank == rank[i];
+        out[k++] = (dw_ckpt_piece){.rank = rank[i], .begin = a - off, .end = b - off, .nth = nth};
+    }
+    return k;
+}
+
 int dw_ckpt_pieces(int64_t off, int64_t numel, int world, const int64_t *lo, const int64_t *hi, dw_ckpt_piece *out) {
     int n = 0;
     for (int r = 0; r < world; r++) {
@@ -13,6 +26,15 @@ int dw_ckpt_pieces(int64_t off, int64_t numel, int world, const int64_t *lo, con
         if (a < b) out[n++] = (dw_ckpt_piece){.rank = r, .begin = a - off, .end = b - off};
     }
     return n;
+}
+
+char *dw_ckpt_piece_name(const char *moment, const dw_ckpt_piece *p) {
+    const size_t n = strlen(moment) + 24;
+    char *s = malloc(n);
+    if (!s) return NULL;
+    if (p->nth == 0) snprintf(s, n, "%s", moment);
+    else snprintf(s, n, "%s@%lld", moment, (long long)p->begin);
+    return s;
 }
 
 static int by_begin(const void *x, const void *y) {
@@ -59,7 +81,7 @@ int dw_ckpt_copies(const dw_ckpt_piece *p, int n, int64_t a, int64_t b, dw_ckpt_
         const int64_t x = p[i].begin > a ? p[i].begin : a, y = p[i].end < b ? p[i].end : b;
         if (x < y) out[k++] = (dw_ckpt_copy){.piece = i, .src = x - p[i].begin, .dst = x - a, .count = y - x};
     }
-    for (int i = 1; i < k; i++) /* insertion sort by dst: k is at most the world size */
+    for (int i = 1; i < k; i++) /* insertion sort by dst: k is at most the pieces of one tensor */
         for (int j = i; j > 0 && out[j].dst < out[j - 1].dst; j--) {
             dw_ckpt_copy t = out[j];
             out[j] = out[j - 1], out[j - 1] = t;
