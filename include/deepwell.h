@@ -714,6 +714,14 @@ typedef struct {
                              the backward or the step, until the next forward. The same losses and
                              weights bit for bit (default false; the environment variable
                              DW_GRAD_ARENA=1 makes the default true) */
+    bool bf16_arena;      /* with grad_arena, in a BF16 program: the BF16 working copies of the
+                             weights in the activation pool too, each live from the refresh after
+                             the optimizer to its last reader in the backward, so that the
+                             gradients born later reuse its memory. The engine converts them again
+                             from the FP32 masters before a forward that follows a backward without
+                             a step; the gradients are readable after the backward, not after the
+                             step (its refresh writes copies over some). The same bits (default
+                             false; the environment variable DW_BF16_ARENA=1 makes it true) */
 } dw_compile_opts;
 DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
 

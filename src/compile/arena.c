@@ -45,6 +45,10 @@ static bool add_grad_slices(item_list *l, const dw_compiled *c) {
         const int j = add_item(l, it.size, it.first, it.last, DW_BUF_PGRAD, k);
         if (j < 0) return false;
         l->items[j].fixed = true, l->items[j].offset = it.offset;
+        if (!dw_compile_bf16_item(c, k, &it)) continue; /* bf16_arena: its BF16 copy too */
+        const int b = add_item(l, it.size, it.first, it.last, DW_BUF_PBF16, k);
+        if (b < 0) return false;
+        l->items[b].fixed = true, l->items[b].offset = it.offset, l->items[b].align = it.align;
     }
     return true;
 }
@@ -188,6 +192,8 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c) {
                                        DW_BUF_BTMP, i)) < 0)
             goto nomem;
     }
+    st = dw_compile_arena_bases(ctx, c);
+    if (st != DW_OK) goto done;
     if (!add_grad_slices(&l, c)) goto nomem;
     st = dw_memplan_assign(ctx, l.items, l.n, &c->arena_bytes);
     if (st != DW_OK) goto done;

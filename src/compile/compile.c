@@ -27,7 +27,8 @@ void dw_compile_opts_init(dw_compile_opts *o, size_t size) {
     dw_compile_opts d = {.size = sizeof d, .device = DW_DEVICE_AUTO, .sm = 0, .fuse = dw_env_flag("DW_FUSE", true),
                          .fused_head = dw_env_flag("DW_FUSED_HEAD", false),
                          .head_chunk = rows, .moe_remat = dw_env_flag("DW_MOE_REMAT", true),
-                         .grad_arena = dw_env_flag("DW_GRAD_ARENA", false)};
+                         .grad_arena = dw_env_flag("DW_GRAD_ARENA", false),
+                         .bf16_arena = dw_env_flag("DW_BF16_ARENA", false)};
     memset(o, 0, size);
     memcpy(o, &d, size < sizeof d ? size : sizeof d);
     o->size = size;
@@ -129,6 +130,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     c->fused_head = o.fused_head, c->head_chunk_want = o.head_chunk;
     c->moe_remat = o.moe_remat;
     c->grad_arena = o.grad_arena, c->grad_base = 0;
+    c->bf16_arena = o.grad_arena && o.bf16_arena && policy, c->bf16_base = -1;
     c->head_xent = c->head_linear = -1;
     c->act_size = c->bf16 ? 2 : 4;
     snprintf(c->precision, sizeof c->precision, "%s",
@@ -160,7 +162,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
         dw_compiled_free(c);
         return st;
     }
-    c->pool_bytes[DW_POOL_WEIGHTS] = c->param_floats * (4 + (c->bf16 ? 2 : 0));
+    c->pool_bytes[DW_POOL_WEIGHTS] = c->param_floats * (4 + (c->bf16 && !c->bf16_arena ? 2 : 0));
     c->pool_bytes[DW_POOL_GRADS] = c->grad_arena ? 0 : c->param_floats * 4; /* else in the arena at grad_base */
     c->pool_bytes[DW_POOL_OPTIM] = c->param_floats * 8;
     c->pool_bytes[DW_POOL_ACT] = c->arena_bytes > 0 ? c->arena_bytes : 256;

@@ -92,7 +92,10 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         switch (p) {
         case DW_POOL_WEIGHTS:
             fprintf(f, "  FP32 master (%d tensors, %lld floats padded)%s\n", c->n_params,
-                    (long long)c->param_floats, c->bf16 ? " + BF16 working copy" : "");
+                    (long long)c->param_floats,
+                    !c->bf16           ? ""
+                    : c->bf16_arena ? "; the BF16 working copies in the activation arena (bf16_arena)"
+                                    : " + BF16 working copy");
             break;
         case DW_POOL_GRADS:
             fprintf(f, c->grad_arena ? "  FP32 gradients: none, in the activation arena from each one's first writer "

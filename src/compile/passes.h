@@ -22,6 +22,10 @@ dw_status dw_compile_arena(dw_ctx *ctx, dw_compiled *c);
  * item (grad_arena programs). */
 dw_status dw_compile_grad_first(dw_ctx *ctx, dw_compiled *c);
 void dw_compile_grad_slice_item(const dw_compiled *c, int k, dw_mem_item *it);
+/* bf16_arena: the gradients' and the BF16 copies' bases in the arena (grad_base, bf16_base), and
+ * parameter k's BF16 copy as a fixed item (false: it has none there, read by no step). */
+dw_status dw_compile_arena_bases(dw_ctx *ctx, dw_compiled *c);
+bool dw_compile_bf16_item(const dw_compiled *c, int k, dw_mem_item *it);
 dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c);
 dw_status dw_compile_steps(dw_ctx *ctx, dw_compiled *c);
 

@@ -92,7 +92,8 @@ typedef enum { DW_GRAD_NONE = 0, DW_GRAD_WRITE, DW_GRAD_ACCUM, DW_GRAD_ACCUM_TMP
 
 /* Arena buffer kinds (for reports and tests). */
 typedef enum { DW_BUF_VALUE = 0, DW_BUF_GRAD, DW_BUF_AUX, DW_BUF_FTMP, DW_BUF_BTMP,
-               DW_BUF_PGRAD /* grad_arena: a parameter's gradient slice (index: the parameter) */ } dw_buf_kind;
+               DW_BUF_PGRAD, /* grad_arena: a parameter's gradient slice (index: the parameter) */
+               DW_BUF_PBF16  /* bf16_arena: a parameter's BF16 working copy (index: the parameter) */ } dw_buf_kind;
 typedef struct {
     dw_buf_kind kind;
     int index; /* tensor (value, grad) or node (aux, ftmp, btmp) */
@@ -250,6 +251,12 @@ struct dw_compiled {
     bool grad_arena;
     int64_t grad_base;
     int *grad_first;           /* (n_params) */
+    /* bf16_arena (with grad_arena, BF16 programs; dw_compile_opts.bf16_arena): the BF16 working
+     * copies' layout (params.c) in the arena from byte bf16_base, parameter k's copy live from
+     * the step's start (the refresh after the previous optimizer step wrote it) to its last
+     * reader's time (grad_arena.c); the weights pool then holds the FP32 masters alone */
+    bool bf16_arena;
+    int64_t bf16_base;
     int64_t decay_floats;      /* [0, decay_floats) holds the decay parameters */
     /* BF16 working copies (BF16 mode): in the weights pool after the FP32 masters, at the same
      * element offsets. A parameter keeps one standing unless only quantised linear layers read it

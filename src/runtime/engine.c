@@ -134,6 +134,7 @@ const char *dw_engine_backend(const dw_engine *e) { return e->be->i->name; }
 dw_status dw_engine_refresh(dw_engine *e) {
     if (e->x->w_hi - e->x->w_lo != e->p->param_floats) return DW_OK; /* ZeRO-3 shard: made on each gather */
     DW_TRY(dw_exec_phase(e->x, DW_PHASE_REFRESH, false, 1.0));
+    e->bf16_dirty = false; /* bf16_arena: the copies whole again */
     return e->be->i->sync(e->be);
 }
 
@@ -180,7 +181,7 @@ dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *
                             "train/bench step: --no-fused-head) to read logits");
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
-    dw_engine_arena_forward(e); /* grad_arena: the forward takes the gradients' memory */
+    DW_TRY(dw_engine_arena_forward(e)); /* grad_arena: the forward takes the gradients' memory */
     DW_TRY(dw_exec_phase(e->x, DW_PHASE_FORWARD, false, 1.0));
     if (logits) {
         const int64_t n = B * T * e->g->model.vocab;
@@ -404,6 +405,7 @@ dw_status dw_engine_time_optimizer(dw_engine *e, const dw_adamw_opts *o, int64_t
     }
     bi->mark(e->be, last - first + 1);
     DW_TRY(bi->sync(e->be));
+    dw_engine_arena_stepped(e); /* bf16_arena: its refresh remade the copies */
     *ms_zero = bi->elapsed_ms(e->be, 0, 1);
     for (int s = first; s < last; s++) ms[s] = bi->elapsed_ms(e->be, s - first + 1, s - first + 2);
     return DW_OK;

@@ -23,8 +23,9 @@ struct dw_engine {
     /* grad_arena programs (program.h): the gradients live in the activation pool, so
      * grads_pending: a backward's gradients wait for the step (a second backward is refused);
      * grads_stale: a forward since the last backward took their memory (step and reads refused);
-     * grads_zero_due: dw_engine_zero_grad's zeros not written yet (engine_grad_arena.h) */
-    bool grads_pending, grads_stale, grads_zero_due;
+     * grads_zero_due: dw_engine_zero_grad's zeros not written yet (engine_grad_arena.h);
+     * bf16_dirty: bf16_arena, a backward or zeros since the last refresh took some BF16 copies */
+    bool grads_pending, grads_stale, grads_zero_due, bf16_dirty;
 };
 
 /* Re-derives what comes from the FP32 masters (BF16 copies, quantised weight caches) after they

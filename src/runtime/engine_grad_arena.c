@@ -14,10 +14,20 @@ dw_status dw_engine_arena_created(dw_engine *e) {
                         "compile without grad_arena (DW_GRAD_ARENA=0) for ZeRO-2/3", e->opts.zero, WHY);
 }
 
-void dw_engine_arena_forward(dw_engine *e) {
-    if (!e->p->grad_arena) return;
+/* bf16_arena: the BF16 copies again from the masters where a backward (or zeros) overwrote some. */
+static dw_status fresh_copies(dw_engine *e) {
+    if (!e->bf16_dirty) return DW_OK;
+    DW_TRY(dw_engine_refresh(e));
+    e->bf16_dirty = false;
+    return DW_OK;
+}
+
+dw_status dw_engine_arena_forward(dw_engine *e) {
+    if (!e->p->grad_arena) return DW_OK;
+    DW_TRY(fresh_copies(e));
     e->grads_stale = true; /* the forward's activations took the slices */
     e->grads_pending = e->grads_zero_due = false;
+    return DW_OK;
 }
 
 dw_status dw_engine_arena_backward(dw_engine *e, bool accumulate) {
@@ -26,7 +36,9 @@ dw_status dw_engine_arena_backward(dw_engine *e, bool accumulate) {
         return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "engine: a second backward before dw_engine_step (gradient "
                             "accumulation over micro-batches) needs a standing gradient pool, but %s: step or "
                             "dw_engine_zero_grad first, or compile without grad_arena (DW_GRAD_ARENA=0)", WHY);
+    DW_TRY(fresh_copies(e));
     e->grads_pending = true, e->grads_stale = e->grads_zero_due = false; /* its ZERO_GRAD steps zero them */
+    e->bf16_dirty = e->p->bf16_arena; /* the backward takes the memory of copies it has read last */
     return DW_OK;
 }
 
@@ -34,14 +46,19 @@ dw_status dw_engine_arena_readable(dw_engine *e, const char *what) {
     if (!e->p->grad_arena) return DW_OK;
     if (e->grads_zero_due) { /* dw_engine_zero_grad's zeros, made now that they are read */
         e->grads_zero_due = false;
+        e->bf16_dirty = e->p->bf16_arena; /* the zeros may cover copies */
         return e->be->i->zero(e->be, e->x->grad, (size_t)e->p->param_floats * sizeof(float));
     }
     if (!e->grads_stale) return DW_OK;
-    return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s: a forward ran after the last backward and reused the "
-                        "gradients' memory, since %s; run the backward again (or dw_engine_zero_grad)", what, WHY);
+    return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s: a forward ran after the last backward%s and reused the "
+                        "gradients' memory, since %s; run the backward again (or dw_engine_zero_grad)", what,
+                        e->p->bf16_arena ? " (or the step's BF16 copies, dw_compile_opts.bf16_arena)" : "", WHY);
 }
 
-void dw_engine_arena_stepped(dw_engine *e) { e->grads_pending = false; }
+void dw_engine_arena_stepped(dw_engine *e) {
+    e->grads_pending = e->bf16_dirty = false; /* its refresh ran */
+    if (e->p->bf16_arena) e->grads_stale = true; /* and wrote copies over some gradients */
+}
 
 bool dw_engine_arena_zero_later(dw_engine *e) {
     if (!e->p->grad_arena) return false;

@@ -44,7 +44,9 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
         }
     }
     x->w = (float *)x->pool[DW_POOL_WEIGHTS];
-    x->wb = p->bf16 && !w_cut ? (uint16_t *)(x->w + pf) : NULL;
+    x->wb = !p->bf16 || w_cut ? NULL
+            : p->bf16_arena   ? (uint16_t *)(x->pool[DW_POOL_ACT] + p->bf16_base) /* in the arena */
+                              : (uint16_t *)(x->w + pf);
     x->grad = p->grad_arena ? (float *)(x->pool[DW_POOL_ACT] + p->grad_base) : (float *)x->pool[DW_POOL_GRADS];
     x->grad_lo = sh->grad_lo, x->grad_hi = sh->grad_hi;
     x->m = (float *)x->pool[DW_POOL_OPTIM];

@@ -4,7 +4,9 @@
 # ZeRO-1 (one micro-batch per rank and step) gives the standing pool's losses, norms and checkpoint
 # bytes exactly (the buckets reduce the same floats, read from the arena); a MoE model too; with
 # accumulation (2 micro-batches a step) or ZeRO-2 the arena program is refused naming
-# grad_arena, and without DW_GRAD_ARENA the pool stays (those runs are test_dp.sh's).
+# grad_arena, and without DW_GRAD_ARENA the pool stays (those runs are test_dp.sh's). The same in
+# BF16 with the BF16 working copies in the arena too (DW_BF16_ARENA=1: ZeRO-1's shard step
+# remakes them through dw_engine_refresh).
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -50,6 +52,25 @@ PY
       ok "  ... $m ZeRO-$z: the same weights and moments, byte for byte" ||
       bad "  ... $m ZeRO-$z: the checkpoints differ"
   done
+done
+
+for z in 0 1; do
+  DW_GRAD_ARENA=0 "${mpi[@]}" "$dw" "${run[@]}" --model "$tmp/moe" --precision bf16 --zero $z --out "$tmp/b-z$z-a0" \
+    >/dev/null 2>&1 &&
+    DW_GRAD_ARENA=1 DW_BF16_ARENA=1 "${mpi[@]}" "$dw" "${run[@]}" --model "$tmp/moe" --precision bf16 --zero $z \
+      --out "$tmp/b-z$z-a1" >/dev/null 2>&1
+  check "moe BF16, ZeRO-$z, DW_GRAD_ARENA=1 DW_BF16_ARENA=1 and the pools" 0 $?
+  same=1
+  for f in "$tmp/b-z$z-a0/ckpt-4/"*.safetensors; do
+    cmp -s "$f" "$tmp/b-z$z-a1/ckpt-4/$(basename "$f")" || same=0
+  done
+  cmp -s "$tmp/b-z$z-a0/metrics.jsonl" "$tmp/b-z$z-a1/metrics.jsonl" || python3 - "$tmp/b-z$z-a0/metrics.jsonl" \
+    "$tmp/b-z$z-a1/metrics.jsonl" <<'PY' || same=0
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert len(a) == len(b) == 4 and all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in ("loss", "val_loss", "grad_norm"))
+PY
+  [ $same = 1 ] && ok "  ... the same metrics and checkpoint bytes" || bad "  ... BF16 ZeRO-$z with the copies in the arena differs"
 done
 
 DW_GRAD_ARENA=1 "${mpi[@]}" "$dw" "${run[@]}" --model "$tmp/model" --global-batch 8 --out "$tmp/acc" >/dev/null \

@@ -8,12 +8,16 @@
  *     mixtral-tiny and olmoe-tiny, FP32 and BF16, the BF16 ones with the LM head fused too (its
  *     gradient written in the forward), and fp8_block, mxfp8 and full recompute on some of them:
  *     losses, every parameter, the routing counters; then one
- *     more backward's gradients, read before and after the step, the same bits, and a step on
+ *     more backward's gradients, read before and after the step (bf16_arena: refused after it),
+ *     the same bits, and a step on
  *     dw_engine_zero_grad's zeros (written only when read: the backward zeroes each slice itself);
+ *   - the same with the BF16 working copies in the arena too (bf16_arena): each copy at
+ *     bf16_base + 2 x its offset, live from the step's start through its readers; a forward after a
+ *     backward without a step (or after zero_grad's zeros were written) reads copies made again;
  *   - the engine's rules: a second backward before the step (accumulation) is refused naming
  *     grad_arena, and so are the step and a gradient read after a forward; zero_grad clears both;
  *   - moe-e8 at 8 x 2048 and moe-e64 at 4 x 2048 (BF16, sm_90, fused head, as dryrun compiles them):
- *     the pools' total falls by more than 5 and 3.5 GiB, and the planner prices it only for one
+ *     the pools' total falls by more than 5 and 3.5 GiB (6 and 6.5 with the copies too), and the planner prices it only for one
  *     micro-batch a step under ZeRO 0/1 (DW_GRAD_ARENA=1; gradient accumulation keeps the pool). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,13 +43,15 @@
 
 /* Program (and engine) of config mc at B x T, precision NULL = FP32, with the gradients in the
  * arena or in their pool. */
+static bool bf16_arena; /* the arena programs place the BF16 working copies there too */
+
 static void build(const dw_model_config *mc, int64_t B, int64_t T, const char *precision, bool arena, bool fused,
                   int recompute, bool engine, dw_test_model *m) {
     dw_graph *g = NULL;
     assert_int_equal(dw_capture_config(CTX, mc, B, T, &g), DW_OK);
     dw_compile_opts o;
     dw_compile_opts_init(&o, sizeof o);
-    o.grad_arena = arena, o.fused_head = fused, o.recompute = recompute;
+    o.grad_arena = arena, o.fused_head = fused, o.recompute = recompute, o.bf16_arena = arena && bf16_arena;
     if (!engine) o.device = DW_DEVICE_CUDA, o.sm = 90;
     if (engine) {
         assert_int_equal(dw_test_model_build_opts(CTX, g, precision, &o, m), DW_OK);
@@ -91,7 +97,27 @@ static void check_program(const dw_compiled *c) {
         /* born at its first writer's time: no earlier than the forward's end unless the forward writes it */
         if (zero >= c->phase[DW_PHASE_BACKWARD][0]) assert_true(it->first >= c->g->n_nodes);
     }
-    int a, b, t;
+    if (c->bf16_arena) { /* the copies: the weights pool holds the masters alone */
+        assert_true(c->bf16 && c->pool_bytes[DW_POOL_WEIGHTS] == 4 * c->param_floats && c->bf16_base >= 0);
+        int copies = 0;
+        for (int i = 0; i < c->n_items; i++) {
+            if (c->info[i].kind != DW_BUF_PBF16) continue;
+            const int k = c->info[i].index;
+            const dw_mem_item *it = &c->items[i];
+            copies++;
+            assert_true(it->offset == c->bf16_base + 2 * c->param_off[k] && it->first == 0);
+            assert_true(it->size == 2 * dw_ir_numel(&c->g->tensors[c->param_tensor[k]]));
+            for (int n = 0; n < c->g->n_nodes; n++) { /* live through every BF16 reader's forward and backward */
+                const dw_ir_node *nd = dw_compile_node(c, n);
+                const bool bf16_reader = DW_OP_IS(nd, DW_OPF_GEMM) || nd->op == DW_OP_MOE_LINEAR || nd->op == DW_OP_HEAD_XENT;
+                for (int q = 0; bf16_reader && n != c->head_linear && q < nd->n_in; q++)
+                    if (nd->in[q] == c->param_tensor[k])
+                        assert_true(it->last >= dw_compile_fwd_time(c, n) && it->last >= dw_compile_bwd_time(c, n));
+            }
+        }
+        assert_true(copies > 0);
+    }
+    int a, b, t; /* the fixed items (gradient slices, copies) included */
     if (dw_test_plan_overlap(c, &a, &b, &t)) fail_msg("items %d and %d share bytes while both live at time %d", a, b, t);
 }
 
@@ -110,6 +136,12 @@ static int same_grads(dw_engine *a, dw_engine *b, const char *what) {
         }
     }
     return 0;
+}
+
+static void refused(dw_status s, const char *needle) {
+    assert_int_equal(s, DW_ERR_UNSUPPORTED);
+    if (!strstr(dw_errmsg(CTX), needle)) fail_msg("message '%s' lacks '%s'", dw_errmsg(CTX), needle);
+    dw_clear_error(CTX);
 }
 
 /* 3 steps with the gradients in the arena and in their pool: the same bits; then one more backward
@@ -141,7 +173,13 @@ static void same_bits_rc(const char *preset, const char *precision, bool fused, 
     assert_int_equal(dw_engine_step(a.e, NULL, 4, &na), DW_OK);
     assert_int_equal(dw_engine_step(p.e, NULL, 4, &np), DW_OK);
     assert_true(na == np && na > 0);
-    assert_int_equal(same_grads(a.e, p.e, what), 0); /* still there after the step */
+    if (!a.c->bf16_arena) {
+        assert_int_equal(same_grads(a.e, p.e, what), 0); /* still there after the step */
+    } else { /* the step's refresh wrote copies over some of them */
+        float *g = malloc((size_t)dw_test_param_numel(a.e, 0) * 4);
+        refused(dw_engine_grad_read(a.e, 0, g), "grad_arena");
+        free(g);
+    }
     /* zero_grad then a step without backward: the arena's deferred zeros are written first */
     assert_int_equal(dw_engine_zero_grad(a.e), DW_OK);
     assert_int_equal(dw_engine_zero_grad(p.e), DW_OK);
@@ -168,6 +206,7 @@ static void same_bits(const char *preset, const char *precision, bool fused) {
 
 static void test_same_bits(void **state) {
     (void)state;
+    bf16_arena = false;
     static const char *const presets[] = {"gpt2-tiny", "llama-tiny", "mixtral-tiny", "olmoe-tiny"};
     for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
         same_bits(presets[i], NULL, false);
@@ -182,11 +221,61 @@ static void test_same_bits(void **state) {
     same_bits_rc("mixtral-tiny", NULL, false, DW_RECOMPUTE_FULL);
 }
 
-static void refused(dw_status s, const char *needle) {
-    assert_int_equal(s, DW_ERR_UNSUPPORTED);
-    if (!strstr(dw_errmsg(CTX), needle)) fail_msg("message '%s' lacks '%s'", dw_errmsg(CTX), needle);
-    dw_clear_error(CTX);
+/* The same with the BF16 working copies in the arena too (bf16_arena; FP32 programs have none). */
+static void test_same_bits_bf16(void **state) {
+    (void)state;
+    bf16_arena = true;
+    static const char *const presets[] = {"gpt2-tiny", "llama-tiny", "mixtral-tiny", "olmoe-tiny"};
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        same_bits(presets[i], "bf16", false);
+        same_bits(presets[i], "bf16", true);
+    }
+    same_bits("llama-tiny", "fp8_block", true);
+    same_bits("mixtral-tiny", "fp8_block", false);
+    same_bits_rc("llama-tiny", "bf16", true, DW_RECOMPUTE_FULL);
+    bf16_arena = false;
 }
+
+/* bf16_arena: a forward after a backward without a step (the backward took copies' memory), and
+ * after zero_grad's zeros were written, reads copies made again: the pool program's loss. */
+static void test_bf16_remade(void **state) {
+    (void)state;
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, "mixtral-tiny", &mc), DW_OK);
+    const int64_t B = 2, T = 16;
+    bf16_arena = true;
+    dw_test_model a, p;
+    build(&mc, B, T, "bf16", true, false, DW_RECOMPUTE_NONE, true, &a);
+    build(&mc, B, T, "bf16", false, false, DW_RECOMPUTE_NONE, true, &p);
+    bf16_arena = false;
+    assert_true(a.c->bf16_arena);
+    const uint64_t seed = dw_test_next(RNG);
+    assert_int_equal(dw_engine_init_weights(a.e, seed), DW_OK);
+    assert_int_equal(dw_engine_init_weights(p.e, seed), DW_OK);
+    int32_t x[64], y[64];
+    dw_test_random_tokens(x, B * T, mc.vocab_size, RNG);
+    dw_test_random_tokens(y, B * T, mc.vocab_size, RNG);
+    double la, lp;
+    float *g = malloc((size_t)dw_test_param_numel(a.e, 0) * 4);
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &la), DW_OK);
+        assert_int_equal(dw_engine_forward_backward(p.e, x, y, B, T, 1.0, &lp), DW_OK);
+        assert_true(la == lp);
+        if (round) { /* zeros written into the gradients' (and copies') memory, then read */
+            assert_int_equal(dw_engine_zero_grad(a.e), DW_OK);
+            assert_int_equal(dw_engine_grad_read(a.e, 0, g), DW_OK);
+        }
+        assert_int_equal(dw_engine_forward(a.e, x, y, B, T, NULL, &la), DW_OK);
+        assert_int_equal(dw_engine_forward(p.e, x, y, B, T, NULL, &lp), DW_OK);
+        if (la != lp) fail_msg("round %d: forward after a backward %.9g, the pool program's %.9g", round, la, lp);
+        assert_int_equal(dw_engine_zero_grad(a.e), DW_OK);
+        assert_int_equal(dw_engine_zero_grad(p.e), DW_OK);
+    }
+    free(g);
+    dw_test_model_free(&a);
+    dw_test_model_free(&p);
+}
+
 
 static void test_rules(void **state) {
     (void)state;
@@ -221,17 +310,19 @@ static void test_rules(void **state) {
 }
 
 /* The benchmark presets as dryrun compiles them: the pools' total falls by more than `fall` GiB. */
-static void check_preset(const char *preset, int64_t B, int64_t T, double fall) {
+static void check_preset(const char *preset, int64_t B, int64_t T, double fall, bool copies) {
     dw_model_config mc;
     assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
     dw_test_model a, p;
+    bf16_arena = copies;
     build(&mc, B, T, "bf16", true, true, DW_RECOMPUTE_NONE, false, &a);
     build(&mc, B, T, "bf16", false, true, DW_RECOMPUTE_NONE, false, &p);
+    bf16_arena = false;
     int64_t ta = 0, tp = 0;
     for (int k = 0; k < DW_POOL_COUNT; k++) ta += a.c->pool_bytes[k], tp += p.c->pool_bytes[k];
-    printf("  %-8s %lld x %lld: pools %.2f GiB (activations %.2f) with the gradients in the arena, %.2f (activations "
+    printf("  %-8s %lld x %lld: pools %.2f GiB (activations %.2f) with the gradients%s in the arena, %.2f (activations "
            "%.2f + gradients %.2f) without\n", preset, (long long)B, (long long)T, ta / GIB,
-           a.c->pool_bytes[DW_POOL_ACT] / GIB, tp / GIB, p.c->pool_bytes[DW_POOL_ACT] / GIB,
+           a.c->pool_bytes[DW_POOL_ACT] / GIB, copies ? " and BF16 copies" : "", tp / GIB, p.c->pool_bytes[DW_POOL_ACT] / GIB,
            p.c->pool_bytes[DW_POOL_GRADS] / GIB);
     if ((double)(tp - ta) / GIB <= fall) fail_msg("%s: the pools fall by %.3f GiB only", preset, (double)(tp - ta) / GIB);
     assert_true(a.c->pool_bytes[DW_POOL_ACT] >= 4 * a.c->param_floats); /* the gradients are in it */
@@ -241,8 +332,10 @@ static void check_preset(const char *preset, int64_t B, int64_t T, double fall) 
 
 static void test_presets(void **state) {
     (void)state;
-    check_preset("moe-e8", 8, 2048, 5.0);
-    check_preset("moe-e64", 4, 2048, 3.5);
+    check_preset("moe-e8", 8, 2048, 5.0, false);
+    check_preset("moe-e64", 4, 2048, 3.5, false);
+    check_preset("moe-e8", 8, 2048, 6.0, true);
+    check_preset("moe-e64", 4, 2048, 6.5, true);
 }
 
 /* The planner: with DW_GRAD_ARENA=1 a one-micro-batch ZeRO-0/1 plan is priced without the gradient
@@ -276,6 +369,8 @@ static void test_planner(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_bits),
+        cmocka_unit_test(test_same_bits_bf16),
+        cmocka_unit_test(test_bf16_remade),
         cmocka_unit_test(test_rules),
         cmocka_unit_test(test_presets),
         cmocka_unit_test(test_planner),
