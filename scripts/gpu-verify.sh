@@ -5,7 +5,7 @@
 # Prepare .deps once with scripts/gpu-deps.sh and carry it.
 # Usage: scripts/gpu-verify.sh build|base|tests|quick|recipes|quant|gemm|step|ab|compare|dryrun|mainjob ...
 #   e.g. `scripts/gpu-verify.sh build tests`. DW_CUDA_ARCHS (env, default 90a) narrows the build to
-#   the GPU at hand. `base` builds the tree in .base/ (a git-ignored snapshot of an earlier commit,
+#   the GPU at hand; BUILD_TARGETS (env) narrows `build` to those ninja targets (a short call). `base` builds the tree in .base/ (a git-ignored snapshot of an earlier commit,
 #   `git archive COMMIT | tar -x -C .base`) into build-base/ and `ab` times it against build-gpu/
 #   (bench/step_ab.sh): the "within 2% of before" check of a refactoring.
 set -uo pipefail
@@ -23,7 +23,7 @@ for phase in "$@"; do
   build)
     s=$(date +%s)
     cmake -S . -B $b -G Ninja -DDW_CUDA=ON -DDW_CUDA_ARCHS="${DW_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
-      >"$out/configure.log" 2>&1 && ninja -C $b -j "$(nproc)" >"$out/build.log" 2>&1
+      >"$out/configure.log" 2>&1 && ninja -C $b -j "$(nproc)" ${BUILD_TARGETS:-} >"$out/build.log" 2>&1
     rc=$?
     record "build ($(( $(date +%s) - s )) s)" "rc=$rc"
     [ $rc -ne 0 ] && { tail -n 40 "$out/configure.log" "$out/build.log"; exit 1; }
