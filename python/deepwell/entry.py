@@ -21,8 +21,10 @@ def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
     directory with config.json (its model.safetensors become the engine's weights; a training
     run's directory stands for its newest checkpoint), a
     config.json path, a config dict, a transformers PreTrainedModel, or a torch.nn.Module of an
-    architecture dw.torch_capture recognises (others are refused, naming what is supported).
-    vocab: pad the embedding to this many rows."""
+    architecture dw.torch_capture recognises (others are refused, naming what is supported). A
+    feed-forward torch module (no nn.Embedding: ffn_capture.py) gives a feed-forward graph for
+    batch x seq_len rows (seq_len None: 1) with the module's weights. vocab: pad the embedding to
+    this many rows."""
     ctx = ctx_of(ctx)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"capture: batch must be a positive int, got {batch!r}")
@@ -39,6 +41,8 @@ def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
             with open(os.path.join(tmp, "config.json"), "w") as f:
                 json.dump(model, f)
             source = tmp
+        elif _feedforward(model):
+            return _capture_feedforward(model, batch * (seq_len or 1), ctx)
         else:
             from . import torch_capture  # imports torch only when a module is given
 
@@ -65,25 +69,35 @@ def compile(ir, plan=None, precision=None, fallback=None, policy=None, weights="
                          fused_head=fused_head, head_chunk=head_chunk, ctx=ctx)
 
 
-def optimize(model, precision=None, batch_size=1, seq_len=None, fallback=None, device=None):
-    """The origin README's quick start: an Engine called like the model, compiled with `precision`
-    (None: FP32 on the CPU, BF16 on CUDA; "fp8_block", "mxfp8", ... for the linears) and `fallback`.
-    A feed-forward torch module (nn.Sequential of linears, GELU/SiLU/ReLU, norms, residual adds; no
-    nn.Embedding) is captured through torch.fx for batch_size x seq_len rows (seq_len None: 1):
-    engine(x [..., C_in] NumPy or torch float) -> [..., C_out] of x's type (feedforward.py); an
-    unmapped node is refused by name (TypeError). Anything else goes through dw.capture(model,
-    seq_len, batch_size) (decoder LMs): engine(tokens) -> logits."""
-    plain_module = hasattr(model, "named_modules") and getattr(model, "config", None) is None
-    if plain_module:
-        from . import ffn_capture  # imports torch: only for a torch module
-    if plain_module and ffn_capture.is_feedforward(model):
-        from . import feedforward
+def _feedforward(model):
+    """Whether model is a plain torch module without nn.Embedding (ffn_capture.is_feedforward); imports
+    torch only for a torch module."""
+    if not hasattr(model, "named_modules") or getattr(model, "config", None) is not None:
+        return False
+    from . import ffn_capture
 
-        try:
-            return feedforward.optimize(model, precision=precision, batch_size=batch_size, seq_len=seq_len,
-                                        fallback=fallback, device=device)
-        except ffn_capture.CaptureError as e:
-            raise TypeError(f"dw.optimize: cannot capture {type(model).__module__}.{type(model).__name__} as a "
-                            f"feed-forward network: {e} (docs/python.md)") from None
+    return ffn_capture.is_feedforward(model)
+
+
+def _capture_feedforward(model, rows, ctx):
+    from . import feedforward, ffn_capture
+
+    try:
+        return feedforward.capture(model, rows, ctx)
+    except ffn_capture.CaptureError as e:
+        raise TypeError(f"dw.capture: cannot capture {type(model).__module__}.{type(model).__name__} as a "
+                        f"feed-forward network: {e} (docs/python.md)") from None
+
+
+def optimize(model, precision=None, batch_size=1, seq_len=None, fallback=None, device=None):
+    """The origin README's quick start: dw.capture(model, seq_len, batch_size) then dw.compile with
+    `precision` (None: FP32 on the CPU, BF16 on CUDA; "fp8_block", "mxfp8", ... for the linears) and
+    `fallback` — an Engine called like the model. A feed-forward torch module (nn.Sequential of
+    linears, GELU/SiLU/ReLU, norms, residual adds; no nn.Embedding) is captured for batch_size x
+    seq_len rows (seq_len None: 1): engine(x [..., C_in] NumPy or torch float) -> [..., C_out] of x's
+    type; an unmapped node is refused by name (TypeError). A decoder LM (anything else dw.capture
+    takes): engine(tokens) -> logits."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"optimize: batch_size must be a positive int, got {batch_size!r}")
     return compile(capture(model, seq_len=seq_len, batch=batch_size, ctx=device), precision=precision,
                    fallback=fallback)

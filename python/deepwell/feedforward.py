@@ -1,13 +1,17 @@
-"""feedforward.py — dw.optimize of a feed-forward torch module (ffn_capture.py): its graph for
-batch_size x seq_len rows, checked against the module in FP32 on the CPU, then compiled with the
-precision asked for and loaded with the module's weights. The result is an Engine whose call
-takes float activations [..., C_in] and gives [..., C_out] (Engine.forward_float)."""
+"""feedforward.py — dw.capture and dw.optimize of a feed-forward torch module (ffn_capture.py): its
+graph for batch x seq rows, checked against the module in FP32 on the CPU, with the module's weights
+in a temporary model.safetensors the Graph owns (dw.compile loads them, in the module's names). The
+compiled Engine takes float activations [..., C_in] and gives [..., C_out] (Engine.forward_float)."""
 import copy
+import os
+import shutil
+import tempfile
 
 import numpy as np
 import torch
 
-from ._core import ctx_of, default_context
+from . import safetensors
+from ._core import default_context
 from .engine import compile_graph
 from .ffn_capture import CaptureError, build, read
 from .graph import graph_from_json
@@ -24,28 +28,17 @@ TOLERANCE = {None: 1e-5, "fp32": 1e-5, "bf16": 0.015, "fp8_tensor": 0.08, "fp8_r
              "fp8_block2d": 0.08, "mxfp8": 0.08, "mxfp8_e5m2": 0.15, "nvfp4": 0.30, "mxfp4": 0.30}
 
 
-def _engine(module, rows, ctx, **compile_args):
+def _graph(module, rows, ctx):
+    """The module's Graph for `rows` rows, owning a temporary directory with its model.safetensors."""
     text, values = build(module, rows)
-    g = graph_from_json(text, ctx=ctx, what=f"{type(module).__name__} (feed-forward capture)")
-    e = compile_graph(g, weights=None, ctx=ctx, **compile_args)
-    e.load_state_dict(values)
-    return e
-
-
-def check(module, seed=0):
-    """Refuses (CaptureError) unless the captured graph's FP32 CPU output on a random input equals
-    the module's (eval mode, FP32) within 1e-4 of the output's largest magnitude."""
-    probe = copy.deepcopy(module).float().eval()
-    ctx = default_context("cpu")
-    with _engine(probe, CHECK_ROWS, ctx) as e:
-        x = np.random.default_rng(seed).standard_normal((CHECK_ROWS, e.graph.input_width)).astype(np.float32)
-        got = e.forward_float(x)
-    with torch.no_grad():
-        want = probe(torch.from_numpy(x)).numpy()
-    err, scale = float(np.max(np.abs(got - want))), float(np.max(np.abs(want)))
-    if not err <= 1e-4 * max(scale, 1e-6):
-        raise CaptureError(f"it was read as {_describe(probe)}, but on a random input its output differs from the "
-                           f"module's by up to {err:.3g} (largest |output| {scale:.3g}): some operation differs")
+    tmp = tempfile.mkdtemp(prefix="deepwell-ffn-")
+    try:
+        safetensors.write(os.path.join(tmp, "model.safetensors"), values)
+        return graph_from_json(text, ctx=ctx, what=f"{type(module).__name__} (feed-forward capture)", weights=tmp,
+                               tmpdir=tmp)
+    except BaseException:
+        shutil.rmtree(tmp, True)
+        raise
 
 
 def _describe(module):
@@ -54,12 +47,26 @@ def _describe(module):
     return " -> ".join(f"{op}({name})" for op, name, _, _ in steps)
 
 
-def optimize(module, precision=None, batch_size=1, seq_len=None, fallback=None, device=None):
-    """The Engine of a feed-forward module for batch_size x seq_len rows (seq_len None: 1)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"optimize: batch_size must be a positive int, got {batch_size!r}")
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1):
-        raise ValueError(f"optimize: seq_len must be a positive int or None, got {seq_len!r}")
+def check(module, seed=0):
+    """Refuses (CaptureError) unless the captured graph's FP32 CPU output on a random input equals
+    the module's (eval mode, FP32) within 1e-4 of the output's largest magnitude."""
+    probe = copy.deepcopy(module).float().eval()
+    g = _graph(probe, CHECK_ROWS, default_context("cpu"))
+    try:
+        with compile_graph(g) as e:
+            x = np.random.default_rng(seed).standard_normal((CHECK_ROWS, g.input_width)).astype(np.float32)
+            got = e.forward_float(x)
+    finally:
+        g.close()
+    with torch.no_grad():
+        want = probe(torch.from_numpy(x)).numpy()
+    err, scale = float(np.max(np.abs(got - want))), float(np.max(np.abs(want)))
+    if not err <= 1e-4 * max(scale, 1e-6):
+        raise CaptureError(f"it was read as {_describe(probe)}, but on a random input its output differs from the "
+                           f"module's by up to {err:.3g} (largest |output| {scale:.3g}): some operation differs")
+
+
+def capture(module, rows, ctx):
+    """The checked Graph of a feed-forward module for `rows` rows, with its weights."""
     check(module)
-    ctx = ctx_of(device)
-    return _engine(module, batch_size * (seq_len or 1), ctx, precision=precision, fallback=fallback)
+    return _graph(module, rows, ctx)

@@ -72,13 +72,13 @@ class Graph(JsonDoc, Handle):
             self._tmp_done()
 
 
-def graph_from_json(text_, ctx=None, what=None):
-    """A Graph from dw_graph_to_json's document (verified on load)."""
+def graph_from_json(text_, ctx=None, what=None, weights=None, tmpdir=None):
+    """A Graph from dw_graph_to_json's document (verified on load); weights and tmpdir as Graph's."""
     ctx = ctx_of(ctx)
     b = text_.encode() if isinstance(text_, str) else text_
     h = ctypes.c_void_p()
     ctx.check(lib().dw_graph_from_json(ctx._h, b, len(b), cstr(what), ctypes.byref(h)))
-    return Graph(h.value, ctx)
+    return Graph(h.value, ctx, weights=weights, tmpdir=tmpdir)
 
 
 def _has_weights(d):

@@ -6,7 +6,8 @@ linears without bias, Dropout/Identity) on the CPU engine. Fresh random weights 
 torch inputs of [B, C_in] and [B, T, C_in], fewer and more rows than batch_size; quantised recipes
 within docs/python.md's bands (relative Frobenius error against FP32 torch) and measurably worse
 than BF16, so the recipe is applied; refusals: wrong width, integer input, an unmapped module or
-function named by its node, bad batch_size, a module of two inputs."""
+function named by its node, bad batch_size, a module of two inputs; dw.capture then dw.compile of such a
+module (its parameters under the module's names)."""
 import os
 import random
 import unittest
@@ -126,6 +127,25 @@ class TestOptimize(unittest.TestCase):
             self.assertLess(err[recipe], band, f"{recipe}: relative error {err[recipe]:.4f} over its band {band}")
         for recipe in ("fp8_block", "mxfp8", "nvfp4"):  # the linears really are quantised
             self.assertGreater(err[recipe], 2 * err["bf16"], f"{recipe} {err[recipe]:.4f} vs bf16 {err['bf16']:.4f}")
+
+    def test_capture_then_compile(self):
+        model = random_module().eval()
+        c = model[0][0].up.in_features
+        g = dw.capture(model, seq_len=3, batch=2)
+        self.assertEqual((g.model_type, g.batch, g.seq, g.input_width), ("feedforward", 6, 1, c))
+        self.assertEqual(g.params, sum(p.numel() for p in model.parameters()) + 2 * c * sum(
+            isinstance(m, torch.nn.LayerNorm) and m.weight is None for m in model.modules()))
+        e = dw.compile(g)  # loads the module's weights from the Graph's model.safetensors
+        sd = {k: v for k, v in e.state_dict().items()}
+        for name, p in model.state_dict().items():
+            self.assertTrue(torch.equal(sd[name], p.float()), name)
+        x = torch.randn(7, c)
+        with torch.no_grad():
+            self.assertLess(max_rel(e(x), model(x)), 1e-5)
+        tmp = g.weights
+        self.assertTrue(os.path.isfile(os.path.join(tmp, "model.safetensors")))
+        e.close(), g.close()
+        self.assertFalse(os.path.exists(tmp))
 
     def test_bad_inputs(self):
         fast = dw.optimize(nn.Sequential(nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 7)), batch_size=4)
