@@ -9,6 +9,9 @@
     trainer = dw.Trainer.from_engine(engine, lr=3e-3, dataloader=dw.data("builtin"), steps=100, out="runs/x")
     trainer.fit()
     dw.export(trainer, "out/hf", format="hf")
+    fast = dw.optimize(nn.Sequential(nn.Linear(768, 3072), nn.GELU(), nn.Linear(3072, 768)),
+                       precision="fp8_block", batch_size=32)   # the origin README's quick start
+    y = fast(torch.randn(32, 768))
 
 Every call goes through include/deepwell.h, as the `deepwell` command does; C errors raise
 DeepwellError subclasses carrying the library's message. docs/python.md describes it all.
