@@ -77,22 +77,28 @@ static int64_t amax_group(const float *x, int64_t rows, int64_t cols, bool trans
     return best;
 }
 
-int64_t dw_qstats_sample(dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans, int64_t cap,
-                         int64_t *group_rows, int64_t *group) {
+int64_t dw_qstats_sample_size(dw_recipe r, int64_t R, int64_t C, int64_t cap, int64_t *group_rows) {
     int br;
     dw_recipe_block(r, &br, NULL);
-    const int64_t R = trans ? cols : rows, C = trans ? rows : cols, BR = br > 0 ? br : 1;
-    const int64_t G = (R + BR - 1) / BR, per = BR * C;
+    const int64_t BR = br > 0 ? br : 1, G = (R + BR - 1) / BR, per = BR * C;
     *group_rows = BR;
-    if (cap <= 0 || rows * cols <= cap || G <= 1) return 0;
-    int64_t k = cap / per;
-    if (k < 1) k = 1;
-    if (k >= G) return 0;
+    if (cap <= 0 || R * C <= cap || G <= 1) return 0;
+    const int64_t k = cap / per < 1 ? 1 : cap / per;
+    return k >= G ? 0 : k;
+}
+
+void dw_qstats_sample_place(int64_t k, int64_t G, int64_t a, int64_t *group) {
     for (int64_t i = 0; i < k; i++) group[i] = i * G / k;
-    const int64_t a = amax_group(x, rows, cols, trans, BR);
     int64_t i = k - 1;
     while (i > 0 && group[i] > a) i--; /* the slot whose stretch holds a */
     group[i] = a;
+}
+
+int64_t dw_qstats_sample(dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans, int64_t cap,
+                         int64_t *group_rows, int64_t *group) {
+    const int64_t R = trans ? cols : rows, C = trans ? rows : cols;
+    const int64_t k = dw_qstats_sample_size(r, R, C, cap, group_rows), BR = *group_rows;
+    if (k) dw_qstats_sample_place(k, (R + BR - 1) / BR, amax_group(x, rows, cols, trans, BR), group);
     return k;
 }
 

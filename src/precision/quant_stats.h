@@ -47,6 +47,11 @@ dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t ro
  * 0 when the whole tensor is measured (cap <= 0, n <= cap, or k >= G). */
 int64_t dw_qstats_sample(dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans, int64_t cap,
                          int64_t *group_rows, int64_t *group);
+/* dw_qstats_sample in two halves, for a backend that finds the amax itself (runtime/cuda/
+ * guard_check_cuda.c): the k it takes of the quantised layout [R, C] (0: whole) and *group_rows;
+ * then group[k] placed for G groups with the amax in group a. */
+int64_t dw_qstats_sample_size(dw_recipe r, int64_t R, int64_t C, int64_t cap, int64_t *group_rows);
+void dw_qstats_sample_place(int64_t k, int64_t G, int64_t a, int64_t *group);
 /* ||q(x) - x|| / ||x|| (dw_quant_stats_rel_err). */
 double dw_qstats_rel_error(const dw_qstats *s);
 /* The same over the blocks' bulk (0 when it is empty or all zero): what the guard compares with

@@ -24,6 +24,7 @@
 #include "compile/program.h"
 #include "deepwell.h"
 #include "kernels/adamw_args.h"
+#include "precision/quant_stats.h"
 
 typedef struct dw_backend dw_backend;
 typedef struct dw_exec dw_exec;
@@ -81,6 +82,11 @@ typedef struct {
     dw_status (*adamw)(dw_backend *be, const dw_exec *x);
     dw_status (*cast_bf16)(dw_backend *be, const dw_exec *x, int64_t begin, int64_t end);
     dw_status (*quant_weight)(dw_backend *be, const dw_exec *x, int node);
+    /* optional (NULL: the caller reads the operand back and measures it on the host): quant_stats.h's
+     * dw_qstats_measure of v [rows, cols] in this backend's memory (bf16: BF16 codes, else FP32),
+     * measured where it lives; returns once *s holds the sums (train/guard_quant.c's check) */
+    dw_status (*qstats)(dw_backend *be, dw_recipe r, bool bf16, const void *v, int64_t rows, int64_t cols, bool trans,
+                        dw_qstats *s);
     /* optional: record everything issued between record_begin and record_end into *graph; replay
      * issues it again (same pointers, values read when it runs) */
     dw_status (*record_begin)(dw_backend *be);

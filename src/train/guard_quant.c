@@ -3,7 +3,9 @@
  * quantised GEMMs read — x (fprop), x^T (wgrad), W (fprop), W^T (dgrad) — measured with the
  * reference quantiser (precision/quant_stats.c); and the gradient operands dy (dgrad) and dy^T
  * (wgrad) measured the same way by the check step's own backward (the linear op, asked through
- * dw_exec.qcounts: their values do not outlive it; that step runs unrecorded). A tensor of more
+ * dw_exec.qcounts: their values do not outlive it; that step runs unrecorded). A backend with a
+ * qstats entry (the CUDA backend: runtime/cuda/guard_check_cuda.c) measures each tensor where it
+ * lives, the same sample and sums, and only the sums come back. A tensor of more
  * than check_elements elements is measured on a sample of whole block rows, the same every check
  * and always holding its amax (quant_stats.h, dw_qstats_sample). x's and dy's sums
  * are all-reduced over the ranks (W is the same on all). A layer whose bulk error (quant_stats.h)
@@ -284,9 +286,26 @@ static float *room(dw_qguard *g, int64_t n) {
     return g->buf;
 }
 
-/* Layer l's tensors into s[T_COUNT] (the ones it quantises). */
+/* The pair (v, v^T) of v [rows, cols] in recipe r into s[0], s[1] where want[0], want[1]: dev (in
+ * backend memory, bf16: BF16 codes) measured there by the backend, else host (FP32) with the
+ * reference. */
+static dw_status measure_pair(dw_qguard *g, dw_recipe r, bool bf16, const void *dev, const float *host, int64_t rows,
+                              int64_t cols, const bool want[2], dw_qstats s[2]) {
+    dw_backend *be = g->e->be;
+    for (int k = 0; k < 2; k++) {
+        if (!want[k]) continue;
+        if (dev) DW_TRY(be->i->qstats(be, r, bf16, dev, rows, cols, k == 1, &s[k]));
+        else DW_TRY(dw_qstats_measure(g->ctx, r, host, rows, cols, k == 1, &s[k]));
+    }
+    return DW_OK;
+}
+
+/* Layer l's tensors into s[T_COUNT] (the ones it quantises): where they live when the backend
+ * measures there (its qstats entry: a few words back per tensor), else read back and measured
+ * with the reference on the host. */
 static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
     dw_engine *e = g->e;
+    const bool on_device = e->be->i->qstats != NULL;
     const dw_compiled *p = e->p;
     const dw_ir_node *n = &p->g->nodes[l->node];
     const dw_recipe ra = dw_compile_quant_act_recipe(l->recipe), rw = dw_compile_quant_weight_recipe(l->recipe);
@@ -294,20 +313,25 @@ static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
     if (l->measure[T_X] || l->measure[T_XT]) { /* x [rows, K] as the GEMM reads it (BF16 values) */
         const int t = n->in[0];
         const int64_t rows = dw_exec_rows(e->x, t), K = p->tensor[t].width;
-        float *x = room(g, rows * K);
-        if (!x) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
-        DW_TRY(dw_engine_read_value(e, t, x));
-        if (l->measure[T_X]) DW_TRY(dw_qstats_measure(g->ctx, ra, x, rows, K, false, &s[T_X]));
-        if (l->measure[T_XT]) DW_TRY(dw_qstats_measure(g->ctx, ra, x, rows, K, true, &s[T_XT]));
+        float *x = NULL;
+        if (on_device && p->tensor[t].val_off < 0)
+            return dw_set_error(g->ctx, DW_ERR_INVALID, "quant check: %s's input has no value in the program",
+                                e->g->nodes[l->node].name);
+        if (!on_device && !(x = room(g, rows * K))) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+        if (!on_device) DW_TRY(dw_engine_read_value(e, t, x));
+        DW_TRY(measure_pair(g, ra, p->bf16, on_device ? e->x->act + p->tensor[t].val_off : NULL, x, rows, K,
+                            &l->measure[T_X], &s[T_X]));
     }
     if (l->measure[T_W] || l->measure[T_WT]) { /* W [M, K] from the FP32 master */
         int64_t N, K, M;
         dw_compile_linear_dims(p, l->node, &N, &K, &M);
-        float *w = room(g, M * K);
-        if (!w) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
-        DW_TRY(dw_engine_param_read(e, p->tensor[n->in[1]].param, w));
-        if (l->measure[T_W]) DW_TRY(dw_qstats_measure(g->ctx, rw, w, M, K, false, &s[T_W]));
-        if (l->measure[T_WT]) DW_TRY(dw_qstats_measure(g->ctx, rw, w, M, K, true, &s[T_WT]));
+        const int pi = p->tensor[n->in[1]].param;
+        float *w = NULL;
+        if (on_device) DW_TRY(dw_exec_weights_whole(e->x, "quant check"));
+        if (!on_device && !(w = room(g, M * K))) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+        if (!on_device) DW_TRY(dw_engine_param_read(e, pi, w));
+        DW_TRY(measure_pair(g, rw, false, on_device ? e->x->w + p->param_off[pi] : NULL, w, M, K, &l->measure[T_W],
+                            &s[T_W]));
     }
     return DW_OK;
 }

@@ -161,6 +161,7 @@ static const dw_backend_i cuda_iface = {
     .adamw = dw_cuda_step_adamw,
     .cast_bf16 = dw_cuda_step_cast_bf16,
     .quant_weight = dw_cuda_step_quant_weight,
+    .qstats = dw_cuda_qstats,
     .record_begin = cu_record_begin,
     .record_end = cu_record_end,
     .replay = cu_replay,

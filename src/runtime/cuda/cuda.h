@@ -50,6 +50,14 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
 /* Forgets what the activation slots hold (a sweep starts). */
 void dw_cuda_qlin_reset(dw_backend *be);
 
+/* The guard's check (guard_check_cuda.c): the backend's qstats entry (backend.h), and a check
+ * step's dy [N, M] (BF16, c->dout[0]) measured as the dgrad's (dg) and wgrad's (wg) operands in
+ * ra into the node's dy statistics (precision/quant_counts.h; nothing when not asked for). */
+dw_status dw_cuda_qstats(dw_backend *be, dw_recipe r, bool bf16, const void *v, int64_t rows, int64_t cols, bool trans,
+                         dw_qstats *s);
+dw_status dw_cuda_measure_dy(dw_backend *be, const dw_op_call *c, dw_recipe ra, int64_t N, int64_t M, bool dg,
+                             bool wg);
+
 /* Width (last dimension) of graph tensor t. */
 static inline int64_t dw_cuda_width(const dw_op_call *c, int t) {
     const dw_ir_tensor *x = &c->x->g->tensors[t];

@@ -13,7 +13,7 @@
  * Each training quantisation's overflows and underflows go to the node's counters from inside the
  * quantiser (dw_quant_dev_out.counts); an x copy a sibling quantised adds that quantisation's
  * counts (dw_qcounts.last); the NVFP4 recipe's quantiser is followed by a counting pass
- * (precision/quant_counts.cu). A check step's backward reads dy back and measures it. */
+ * (precision/quant_counts.cu). A check step's backward measures dy on the device (guard_check_cuda.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,24 +120,6 @@ static void x_counts_note(const dw_exec *x, int k, bool ok) {
     if (x->qcounts) x->qcounts->last_ok[k] = ok;
 }
 
-/* A check step (guard.h): node's dy [N, M] (BF16, device) read back and measured as the dgrad's
- * (dg) and the wgrad's (wg) operands with the reference quantiser. A host sync, on check steps
- * only (the guard issues those steps unrecorded). */
-static dw_status measure_dy(dw_backend *be, const dw_op_call *c, dw_recipe ra, int64_t N, int64_t M, bool dg, bool wg) {
-    dw_qstats *ds = dw_qcounts_dy(c->x->qcounts, c->node);
-    if (!ds || (!dg && !wg)) return DW_OK;
-    uint16_t *h = malloc((size_t)(N * M) * sizeof *h);
-    float *f = malloc((size_t)(N * M) * sizeof *f);
-    dw_status st = h && f ? DW_OK : dw_set_error(be->ctx, DW_ERR_NOMEM, "quant check: out of memory");
-    if (st == DW_OK) st = be->i->download(be, h, c->dout[0], (size_t)(N * M) * sizeof *h);
-    for (int64_t i = 0; st == DW_OK && i < N * M; i++) f[i] = dw_decode_bf16(h[i]);
-    if (st == DW_OK && dg) st = dw_qstats_measure(be->ctx, ra, f, N, M, false, &ds[0]);
-    if (st == DW_OK && wg) st = dw_qstats_measure(be->ctx, ra, f, N, M, true, &ds[1]);
-    free(h);
-    free(f);
-    return st;
-}
-
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
     dw_gemm_operand o = {.recipe = r, .trans = trans, .rows = rows, .cols = cols, .data = s->codes,
                          .scales = s->scales, .tensor_scale = 1.0f,
@@ -231,7 +213,7 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     }
     st->rows_tensor = -1;
     x_counts_note(x, 0, false);
-    DW_TRY(measure_dy(be, c, ra, N, M, *dg, *wg));
+    DW_TRY(dw_cuda_measure_dy(be, c, ra, N, M, *dg, *wg)); /* a check step's (guard_check_cuda.c) */
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
         qslot wt = slot(x, &pn->wq[1]);
         dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(ra, &rows, N, M, false),
