@@ -613,7 +613,7 @@ typedef struct {
     int32_t pass;             /* dw_gemm_pass: DW_GEMM_FPROP, DW_GEMM_DGRAD or DW_GEMM_WGRAD */
     int32_t dtype;            /* dw_grouped_dtype of x, W, dy and y or dx (dW is FP32) */
     int32_t recipe;           /* DW_RECIPE_BF16: the operands are plain dtype values;
-                                 DW_RECIPE_FP8_BLOCK: E4M3 codes with the scales below */
+                                 DW_RECIPE_FP8_BLOCK, DW_RECIPE_MXFP8: E4M3 codes with the scales below */
     int64_t rows, experts, k, m; /* rows: the capacity of x, y, dy (offsets[experts] <= rows) */
     const void *x, *w, *dy;   /* x: fprop, wgrad; w: fprop, dgrad; dy: dgrad, wgrad (else NULL) */
     void *out;                /* y, dx or dW as the pass says */
@@ -627,7 +627,11 @@ typedef struct {
      * expert's rows: x [k, P], x_scales [k, P/128], dy [m, P], dy_scales [m, P/128], expert e's
      * rows from column 128 * sum over e' < e of ceil(count_e' / 128) on, zero-padded to the next
      * multiple of 128, P = 128 * (rows/128 + experts) (src/gemm/grouped_fp8.h makes them); out dW
-     * FP32. k and m multiples of 128. NULL for bf16. */
+     * FP32. k and m multiples of 128. NULL for bf16.
+     * recipe mxfp8 (fprop, dgrad): the scales are UE8M0 bytes (FORMATS.md's mxfp8), one per 1x32
+     * block along the reduction, passed through these pointers: x_scales [rows, k/32], fprop's
+     * w_scales [experts, m, k/32]; dy_scales [rows, m/32], dgrad's W^T copy [experts, k, m] with
+     * w_scales [experts, k, m/32]; k and m multiples of 32 (src/gemm/grouped_mxfp8.h). */
     const float *x_scales, *w_scales, *dy_scales;
 } dw_grouped_args;
 

@@ -6,7 +6,8 @@
  * fp8_block2d) asks first for an fp8_block kernel per pass (1x128 activations, 128x128 expert
  * weights) and falls back to BF16 with the reasons the registry gave (a non-multiple of 128, no
  * fp8_block wgrad, the sm_90 kernel switched off by DW_MOE_FP8=0, another architecture); any other
- * quantised recipe has no grouped kernel and falls back the same way. No kernel for a pass is a
+ * quantised recipe falls back to BF16 without asking (the engine's expert operands are fp8_block's;
+ * the registry's mxfp8 grouped kernels are not wired in). No kernel for a pass is a
  * compile error naming the node. */
 #include <stdint.h>
 #include <stdio.h>
@@ -95,6 +96,12 @@ static const char *forced_backend(const dw_compiled *c, const char **bad) {
 
 static const char *const pass_names[DW_QPASS_COUNT] = {"fprop", "dgrad", "wgrad"};
 
+/* Why a quantised recipe other than fp8_block keeps the experts BF16: the MoE linear layer's
+ * operands and weight cache (runtime/moe_fp8.h) are fp8_block's; the registry's mxfp8 grouped
+ * kernels (src/gemm/grouped_mxfp8.c) are not wired into it. */
+static const char engine_recipes[] = "the MoE layers run their experts quantised in fp8_block only (the mxfp8 "
+                                     "grouped kernels are in the registry, not in the engine yet)";
+
 /* Node i's note (compile --report): per pass quantised with its kernel, or the BF16 fallback and why. */
 static dw_status grouped_note(dw_ctx *ctx, dw_compiled *c, int i, char why[DW_QPASS_COUNT][1024]) {
     const dw_node_binding *b = &c->node[i].bind;
@@ -120,7 +127,9 @@ dw_status dw_compile_bind_grouped(dw_ctx *ctx, dw_compiled *c, int i) {
     for (int p = 0; p < DW_QPASS_COUNT; p++) {
         b->quantised[p] = false;
         why[p][0] = '\0';
-        if (rq != DW_RECIPE_BF16) { /* the policy's recipe first; DW_MOE_GEMM names BF16 kernels only */
+        if (rq != DW_RECIPE_BF16 && rq != DW_RECIPE_FP8_BLOCK) { /* the registry's mxfp8 kernels: no engine path yet */
+            snprintf(why[p], sizeof why[p], "%s", engine_recipes);
+        } else if (rq != DW_RECIPE_BF16) { /* the policy's recipe first; DW_MOE_GEMM names BF16 kernels only */
             dw_grouped_args q = node_args(c, i, p, rq);
             b->kernel[p] = dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &q, NULL, 0);
             if ((b->quantised[p] = b->kernel[p] != NULL)) continue;
@@ -178,7 +187,8 @@ void dw_compile_explain_grouped(const dw_compiled *c, int i, FILE *f) {
                 continue;
             }
             char why[1024];
-            fallback_reasons(log, rq, why, sizeof why);
+            if (rq == DW_RECIPE_FP8_BLOCK) fallback_reasons(log, rq, why, sizeof why);
+            else snprintf(why, sizeof why, "%s", engine_recipes);
             fprintf(f, "       BF16 fallback: %s\n       in bf16:\n", why);
         }
         char log[3072] = "";

@@ -11,6 +11,7 @@
 #include "gemm/compute_capability.h"
 #include "gemm/grouped.h"
 #include "gemm/grouped_fp8.h"
+#include "gemm/grouped_mxfp8.h"
 
 #define DW_GROUPED_CAP 64
 #define DW_GNAME_CAP 64
@@ -29,7 +30,8 @@ static void ensure_builtins(void) {
     g_builtins = true;
     const dw_grouped_kernel_desc *b[DW_GROUPED_CAP];
     int n = dw_grouped_builtin_kernels(b, DW_GROUPED_CAP);
-    n += dw_grouped_fp8_kernels(b + n, DW_GROUPED_CAP - n); /* grouped_fp8.c */
+    n += dw_grouped_fp8_kernels(b + n, DW_GROUPED_CAP - n);   /* grouped_fp8.c */
+    n += dw_grouped_mxfp8_kernels(b + n, DW_GROUPED_CAP - n); /* grouped_mxfp8.c */
     for (int i = 0; i < n; i++) {
         dw_status s = dw_grouped_kernel_register(b[i]);
         DW_ASSERT(s == DW_OK);
@@ -151,10 +153,11 @@ dw_status dw_grouped_validate(dw_ctx *ctx, const dw_grouped_args *a) {
     if (!a->out || !a->offsets || (need_x && !a->x) || (need_w && !a->w) || (need_dy && !a->dy))
         return dw_set_error(ctx, DW_ERR_INVALID, "grouped gemm %s: needs out, offsets%s%s%s", pass_name(a->pass),
                             need_x ? ", x" : "", need_w ? ", w" : "", need_dy ? ", dy" : "");
-    if (a->recipe == DW_RECIPE_FP8_BLOCK &&
+    if ((a->recipe == DW_RECIPE_FP8_BLOCK || a->recipe == DW_RECIPE_MXFP8) &&
         ((need_x && !a->x_scales) || (need_w && !a->w_scales) || (need_dy && !a->dy_scales)))
-        return dw_set_error(ctx, DW_ERR_INVALID, "grouped gemm %s in fp8_block: needs%s%s%s", pass_name(a->pass),
-                            need_x ? " x_scales" : "", need_w ? " w_scales" : "", need_dy ? " dy_scales" : "");
+        return dw_set_error(ctx, DW_ERR_INVALID, "grouped gemm %s in %s: needs%s%s%s", pass_name(a->pass),
+                            dw_recipe_name((dw_recipe)a->recipe), need_x ? " x_scales" : "", need_w ? " w_scales" : "",
+                            need_dy ? " dy_scales" : "");
     return DW_OK;
 }
 

@@ -35,7 +35,7 @@ has "CPU: the experts in fp8_block, the router BF16" "$tmp/cpu" \
   "MoE router or shared-expert gate (BF16 under every policy)" "W and W^T of"
 [ "$(count cpu "selected: grouped_cpu_fp8_block (fp8_block)")" -ge 12 ] && ok "CPU: fprop and dgrad of 6 layers in fp8_block" ||
   bad "CPU: $(count cpu "selected: grouped_cpu_fp8_block") fp8 selections"
-grep -A30 "experts.down" "$tmp/cpu" | grep -A12 "wgrad:" | grep -qE "selected: grouped_cpu_fp8_block \(fp8_block\)|BF16 fallback: " &&
+grep -A40 "experts.down" "$tmp/cpu" | grep -A16 "wgrad:" | grep -qE "selected: grouped_cpu_fp8_block \(fp8_block\)|BF16 fallback: " &&
   ok "CPU: wgrad in fp8_block or BF16 with the reason" || bad "CPU: wgrad says neither"
 
 explain tiny mixtral-tiny --precision fp8_block --target cpu; check "mixtral-tiny fp8_block" 0 $?

@@ -25,54 +25,13 @@
 #include "formats/formats.h"
 #include "gemm/compute_capability.h"
 #include "gemm/grouped_fp8.h"
+#include "grouped_gpu.h"
 #include "testutil.h"
-
-static dw_ctx *g_cpu, *g_gpu;
-static int g_sm;
-
-static int setup(void **state) {
-    (void)state;
-    if (dw_test_cpu_gpu_setup(&g_cpu, &g_gpu)) return -1;
-    dw_test_rng_init(&dw_test_group_rng, dw_test_seed());
-    g_sm = dw_gemm_ctx_sm(g_gpu);
-    unsetenv("DW_MOE_FP8"); /* the default offers the entry; DW_MOE_FP8=0 would withdraw it */
-    return 0;
-}
-static int teardown(void **state) {
-    (void)state;
-    dw_test_cpu_gpu_teardown(g_cpu, g_gpu);
-    return 0;
-}
-
-static void *to_dev(const void *h, size_t n) {
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
-    if (n && h) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
-static void from_dev(void *h, const void *d, size_t n) {
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    if (n) assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-}
 
 static float *randv(int64_t n) {
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
     for (int64_t i = 0; i < n; i++) v[i] = dw_test_uniform(&dw_test_group_rng, -1, 1);
     return v;
-}
-
-/* Groups: 0 random odd sizes, 1 all to one expert, 2 odd experts empty, 3 a single row. */
-static void route(int kind, int64_t E, int64_t R, int32_t *off) {
-    const int64_t used = kind == 3 ? 1 : R - dw_test_rnd(0, R / 4), one = dw_test_rnd(0, E - 1);
-    int64_t left = used;
-    off[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t n = kind == 1 || kind == 3 ? (e == one ? left : 0) : kind == 2 && e % 2 ? 0 : dw_test_rnd(0, left) | 1;
-        if (n > left) n = left;
-        if (e == E - 1 && !(kind == 1 || kind == 3) && !(kind == 2 && e % 2)) n = left;
-        left -= n;
-        off[e + 1] = (int32_t)(off[e] + n);
-    }
 }
 
 /* Routing 4: every group's size one of 0, 1, 127, 128, 129, 256 (wgrad's blocks filled exactly, by
@@ -269,6 +228,7 @@ static void test_quantiser_cols(void **state) {
 }
 
 int main(void) {
+    unsetenv("DW_MOE_FP8"); /* the default offers the entry; DW_MOE_FP8=0 would withdraw it */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantisers),
         cmocka_unit_test(test_quantiser_cols),

@@ -2,7 +2,8 @@
  * counting sort of the (token, k) assignments by expert, those past an expert's capacity dropped by
  * position or by weight, and its gradient gather), the grouped linear layer, and the weighted
  * combine; forward and backward, sums in double, one rounding per output; and the fp8_block grouped
- * products (moe_fp8_cpu.h: fprop/dgrad, and wgrad over 128-padded expert groups). Threads split
+ * products (moe_fp8_cpu.h: fprop/dgrad, and wgrad over 128-padded expert groups) and mxfp8's
+ * (fprop/dgrad, 1x32 UE8M0 blocks). Threads split
  * independent rows or experts, so they cannot change results. */
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,29 @@ void dw_cpu_moe_linear_fp8(float *out, const uint8_t *a, const float *sa, const 
                     for (int64_t l = kb * 128; l < kb * 128 + 128; l++) part += (double)dec[ar[l]] * dec[bj[l]];
                     const float s = sa[r * LB + kb] * sb[(e * (N / 128) + j / 128) * LB + kb];
                     acc += part * s;
+                }
+                out[r * N + j] = (float)acc;
+            }
+    }
+    memset(out + (int64_t)offsets[E] * N, 0, (size_t)((R - offsets[E]) * N) * sizeof *out);
+}
+
+void dw_cpu_moe_linear_mxfp8(float *out, const uint8_t *a, const uint8_t *sa, const uint8_t *b, const uint8_t *sb,
+                             const int32_t *offsets, int64_t R, int64_t E, int64_t L, int64_t N) {
+    DW_ASSERT(R >= 0 && E >= 1 && L % 32 == 0 && offsets[E] <= R);
+    double dec[256], sc[256];
+    for (int c = 0; c < 256; c++) dec[c] = dw_decode_e4m3((uint8_t)c), sc[c] = dw_decode_ue8m0((uint8_t)c);
+    const int64_t LB = L / 32;
+    for (int64_t e = 0; e < E; e++) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int64_t j = 0; j < N; j++) {
+                const uint8_t *ar = a + r * L, *bj = b + (e * N + j) * L, *sar = sa + r * LB, *sbj = sb + (e * N + j) * LB;
+                double acc = 0.0;
+                for (int64_t kb = 0; kb < LB; kb++) {
+                    double part = 0.0;
+                    for (int64_t l = kb * 32; l < kb * 32 + 32; l++) part += dec[ar[l]] * dec[bj[l]];
+                    acc += part * (sc[sar[kb]] * sc[sbj[kb]]);
                 }
                 out[r * N + j] = (float)acc;
             }

@@ -1,6 +1,7 @@
-/* moe_fp8_cpu.h — private: the CPU reference of the fp8_block grouped expert GEMM
- * (kernels/cpu/moe_cpu.c), the oracle of kernels/cuda/moe_gemm_fp8_sm90.cu: fprop and dgrad on
- * row-blocked operands, wgrad on transposed copies whose expert groups are padded to 128. */
+/* moe_fp8_cpu.h — private: the CPU references of the quantised grouped expert GEMMs
+ * (kernels/cpu/moe_cpu.c): fp8_block, the oracle of kernels/cuda/moe_gemm_fp8_sm90.cu (fprop and
+ * dgrad on row-blocked operands, wgrad on transposed copies whose expert groups are padded to 128),
+ * and mxfp8's fprop and dgrad, the oracle of gemm/grouped_mxfp8.c's Hopper route. */
 #ifndef DW_KERNELS_CPU_MOE_FP8_CPU_H
 #define DW_KERNELS_CPU_MOE_FP8_CPU_H
 
@@ -28,5 +29,14 @@ void dw_cpu_moe_fp8_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E)
  * without rows add nothing. */
 void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
                                  const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P);
+
+/* out (R, N) FP32: for row r of expert e ([offsets[e], offsets[e+1])) and column j,
+ *   sum over l of  (a[r, l] sa[r, l/32]) x (b[e N + j, l] sb[e N + j, l/32])
+ * with a (R, L) and b (E N, L) E4M3 codes and sa (R, L/32), sb (E N, L/32) UE8M0 scale bytes
+ * (FORMATS.md's mxfp8) decoded exactly, each 32-block's products summed in double and scaled by the
+ * two scales' product (a power of two: exact), the blocks summed in double, one rounding; rows past
+ * offsets[E] are 0. L a multiple of 32. */
+void dw_cpu_moe_linear_mxfp8(float *out, const uint8_t *a, const uint8_t *sa, const uint8_t *b, const uint8_t *sb,
+                             const int32_t *offsets, int64_t R, int64_t E, int64_t L, int64_t N);
 
 #endif /* DW_KERNELS_CPU_MOE_FP8_CPU_H */
