@@ -8,7 +8,8 @@
  *     W^T codes and scales equal the one-rank cache's slices byte for byte, the other experts'
  *     slices keep their old bytes;
  *   - suspended (every expert local, as a sample runs), the forward equals the one-rank engine's and
- *     the whole cache equals its cache; dw_ep_free leaves the whole cache current too. */
+ *     the whole cache equals its cache; dw_ep_free leaves the whole cache current too.
+ * With --mpi, under mpirun -np 2 (tests/cli/test_ep_fp8.sh), the same over the job's MPI ranks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -104,17 +105,14 @@ static cache cache_in(const dw_engine *e, int node, int t, const uint8_t *snap, 
         }                                                                                                          \
     } while (0)
 
-static int run_rank(int rank, int port, uint64_t seed) {
-    dw_ctx *ctx = NULL;
-    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
-    if (dw_ctx_create(&co, &ctx) != DW_OK) return 90;
+/* Everything above on this rank of comm (2 ranks); 0, or the failing line. */
+static int checks(dw_ctx *ctx, dw_comm *comm, uint64_t seed) {
+    const int rank = comm->rank;
     int rc = 0, nodes[16], n = 0;
-    dw_comm *comm = NULL;
     dw_ep *ep = NULL;
     dw_test_model ref = {0}, m = {0};
     uint8_t *old[16] = {0};
     float *ga = NULL, *gb = NULL;
-    CHECK(dw_comm_tcp_create(ctx, rank, W, rank, "127.0.0.1", port, 20, &comm) == DW_OK, "%s", dw_errmsg(ctx));
     dw_graph *g1 = mixtral128(ctx), *g2 = mixtral128(ctx);
     CHECK(g1 && g2, "capture: %s", dw_errmsg(ctx));
     CHECK(dw_test_model_build(ctx, g1, "fp8_block", DW_DEVICE_AUTO, &ref) == DW_OK, "build: %s", dw_errmsg(ctx));
@@ -188,7 +186,38 @@ done:
     free(ga), free(gb);
     dw_ep_free(ep);
     dw_test_model_free(&m), dw_test_model_free(&ref);
+    return rc;
+}
+
+static int run_rank(int rank, int port, uint64_t seed) {
+    dw_ctx *ctx = NULL;
+    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
+    if (dw_ctx_create(&co, &ctx) != DW_OK) return 90;
+    dw_comm *comm = NULL;
+    int rc = 91;
+    if (dw_comm_tcp_create(ctx, rank, W, rank, "127.0.0.1", port, 20, &comm) == DW_OK) rc = checks(ctx, comm, seed);
+    else fprintf(stderr, "rank %d: %s\n", rank, dw_errmsg(ctx));
     dw_comm_free(comm, rc == 0);
+    dw_ctx_free(ctx);
+    return rc;
+}
+
+/* Under mpirun -np 2 (tests/cli/test_ep_fp8.sh): the same checks with the job's MPI communicator. */
+static int mpi_main(void) {
+    dw_ctx *ctx = NULL;
+    dw_ctx_opts co = {.device = DW_DEVICE_CPU};
+    if (dw_ctx_create(&co, &ctx) != DW_OK) return 90;
+    dw_comm *c = NULL;
+    if (dw_comm_world(ctx, &c) != DW_OK || c->world != W || strcmp(c->i->name, "mpi") != 0) {
+        fprintf(stderr, "test_moe_fp8_ep --mpi: needs mpirun -np %d (%s)\n", W, c ? c->i->name : dw_errmsg(ctx));
+        return 91;
+    }
+    uint64_t seed = dw_test_seed();
+    if (dw_comm_broadcast(ctx, c, &seed, 8, DW_COMM_BYTE, 0) != DW_OK) return 92;
+    const int rc = checks(ctx, c, seed);
+    if (c->rank == 0) printf("%s: fp8_block experts under --ep 2 over mpi (seed %llu)\n", rc ? "FAIL" : "ok",
+                             (unsigned long long)seed);
+    dw_dist_shutdown(rc == 0);
     dw_ctx_free(ctx);
     return rc;
 }
@@ -210,7 +239,8 @@ static void test_ep_fp8(void **state) {
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--mpi")) return mpi_main();
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_ep_fp8)};
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }
