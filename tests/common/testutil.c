@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "capture/capture.h"
+#include "comm/comm.h"
 #include "core/error.h"
 #include "compile/program.h"
 #include "core/json.h"
@@ -699,4 +700,18 @@ int dw_test_free_port(void) {
                     getsockname(fd, (struct sockaddr *)&a, &len) == 0;
     if (fd >= 0) close(fd);
     return ok ? ntohs(a.sin_port) : -1;
+}
+
+dw_comm *dw_test_mpi_world(dw_ctx *ctx, int world, const char *test, uint64_t *seed) {
+    dw_comm *c = NULL;
+    if (dw_comm_world(ctx, &c) != DW_OK || c->world != world || strcmp(c->i->name, "mpi") != 0) {
+        fprintf(stderr, "%s --mpi: needs mpirun -np %d (%s)\n", test, world, c ? c->i->name : dw_errmsg(ctx));
+        return NULL;
+    }
+    *seed = dw_test_seed();
+    if (dw_comm_broadcast(ctx, c, seed, 8, DW_COMM_BYTE, 0) != DW_OK) {
+        fprintf(stderr, "%s --mpi: the seed's broadcast: %s\n", test, dw_errmsg(ctx));
+        return NULL;
+    }
+    return c;
 }

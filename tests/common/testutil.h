@@ -71,6 +71,11 @@ void dw_test_cpu_gpu_teardown(struct dw_ctx *cpu, struct dw_ctx *gpu);
 int64_t dw_test_rnd(int64_t lo, int64_t hi);
 /* A TCP port on 127.0.0.1 free a moment ago (for tcp ranks forked by a test), or -1. */
 int dw_test_free_port(void);
+/* Under mpirun -np world: the job's MPI communicator (dw_comm_world's, kept until
+ * dw_dist_shutdown) and rank 0's seed broadcast into *seed; NULL with the reason on stderr, naming
+ * `test`, otherwise. */
+struct dw_comm;
+struct dw_comm *dw_test_mpi_world(struct dw_ctx *ctx, int world, const char *test, uint64_t *seed);
 
 
 /* A graph of the preset's family ("gpt2-tiny", "llama-tiny", "qwen2-tiny") with random small

@@ -207,13 +207,9 @@ static int mpi_main(void) {
     dw_ctx *ctx = NULL;
     dw_ctx_opts co = {.device = DW_DEVICE_CPU};
     if (dw_ctx_create(&co, &ctx) != DW_OK) return 90;
-    dw_comm *c = NULL;
-    if (dw_comm_world(ctx, &c) != DW_OK || c->world != W || strcmp(c->i->name, "mpi") != 0) {
-        fprintf(stderr, "test_moe_fp8_ep --mpi: needs mpirun -np %d (%s)\n", W, c ? c->i->name : dw_errmsg(ctx));
-        return 91;
-    }
-    uint64_t seed = dw_test_seed();
-    if (dw_comm_broadcast(ctx, c, &seed, 8, DW_COMM_BYTE, 0) != DW_OK) return 92;
+    uint64_t seed = 0;
+    dw_comm *c = dw_test_mpi_world(ctx, W, "test_moe_fp8_ep", &seed);
+    if (!c) return 91;
     const int rc = checks(ctx, c, seed);
     if (c->rank == 0) printf("%s: fp8_block experts under --ep 2 over mpi (seed %llu)\n", rc ? "FAIL" : "ok",
                              (unsigned long long)seed);
