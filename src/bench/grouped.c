@@ -185,7 +185,7 @@ static dw_status bench_case(dw_ctx *ctx, const dw_bench_grouped_opts *o, const g
     if (why && wg && p == DW_GEMM_WGRAD && !f) {
         const size_t n = strlen(why) + strlen(wg) + 96;
         if ((why_ab = malloc(n)))
-            snprintf(why_ab, n, "%sDW_MOE_WGRAD=%s (grouped_wgmma_sm90's wgrad: old epilogue or 256-column tiles)\n",
+            snprintf(why_ab, n, "%sDW_MOE_WGRAD=%s (grouped_wgmma_sm90's wgrad: tma or 256 the TMA epilogue, old the register one)\n",
                      why, wg);
         c.explain = why_ab ? why_ab : why;
     }

@@ -5,8 +5,8 @@
  * groups of more K tiles than the wgmma ring holds, more tiles than SMs (each persistent CTA takes
  * one, two or three tiles), M and K not multiples of the 128-tiles, and finite rows past
  * offsets[E] (the wgmma kernel zeroes the lines of the last K tile past a group). The wgmma kernel
- * runs with its TMA epilogue (128- and, DW_MOE_WGRAD=256, 256-column tiles) and with
- * DW_MOE_WGRAD=old (the register epilogue). Needs a GPU (ctest
+ * runs with its default register epilogue and with its TMA epilogue (DW_MOE_WGRAD=tma: 128-column
+ * tiles; DW_MOE_WGRAD=256: 256-column tiles). Needs a GPU (ctest
  * label "gpu"); the host emulator (tests/common/cuda_emu/run.sh) runs the FMA tiles only.
  * Tolerance: FP32 sums of L products of BF16 values against the double oracle, as
  * test_ops_cuda_moe.c's dW. */
@@ -31,8 +31,8 @@ static int setup(void **state) {
     return dw_gc_init(state);
 }
 
-enum { KERN_SIMT, KERN_MMA, KERN_WGMMA, KERN_WGMMA_OLD, KERN_WGMMA_256, N_KERN };
-static const char *const kern_names[N_KERN] = {"simt", "mma", "wgmma", "wgmma(DW_MOE_WGRAD=old)",
+enum { KERN_SIMT, KERN_MMA, KERN_WGMMA, KERN_WGMMA_TMA, KERN_WGMMA_256, N_KERN };
+static const char *const kern_names[N_KERN] = {"simt", "mma", "wgmma", "wgmma(DW_MOE_WGRAD=tma)",
                                                "wgmma(DW_MOE_WGRAD=256)"};
 
 /* Rows per expert: pattern 0 random in [0, most] with about one expert in four empty; 1 skewed:
@@ -71,8 +71,8 @@ static int64_t run_wgrad(int kern, int64_t E, int64_t M, int64_t K, const int64_
                                 .overwrite = overwrite};
     const char *was = getenv("DW_MOE_WGRAD"); /* kernel WGMMA runs what the caller's environment says */
     char *saved = was ? strdup(was) : NULL;
-    if (kern == KERN_WGMMA_OLD || kern == KERN_WGMMA_256)
-        setenv("DW_MOE_WGRAD", kern == KERN_WGMMA_OLD ? "old" : "256", 1);
+    if (kern == KERN_WGMMA_TMA || kern == KERN_WGMMA_256)
+        setenv("DW_MOE_WGRAD", kern == KERN_WGMMA_TMA ? "tma" : "256", 1);
     DW_GC_OK(bad, name, dw_cuda_moe_gemm(NULL, dt, &a, dw_gc_stream));
     if (saved) setenv("DW_MOE_WGRAD", saved, 1);
     else unsetenv("DW_MOE_WGRAD");
