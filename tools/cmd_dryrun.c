@@ -156,6 +156,7 @@ static bool gpu_run(const dw_plan *plan, long steps, long warm, int *fails) {
     dw_compile_opts cpo; /* the plan's recompute and fused head, as its prediction assumed */
     dw_compile_opts_init(&cpo, sizeof cpo);
     cpo.recompute = l->recompute, cpo.fused_head = true;
+    cpo.grad_arena = cpo.grad_arena && v.ga == 1; /* DW_GRAD_ARENA: one micro-batch a step, as the planner priced it */
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cpo, &cp);
     if (s == DW_OK) s = dw_step_run(ctx, cp, &o, &r, NULL);
     dw_compiled_free(cp);
