@@ -131,13 +131,6 @@ const dw_compiled *dw_engine_program(const dw_engine *e) { return e->p; }
 const dw_graph *dw_engine_graph(const dw_engine *e) { return e->g; }
 const char *dw_engine_backend(const dw_engine *e) { return e->be->i->name; }
 
-dw_status dw_engine_refresh(dw_engine *e) {
-    if (e->x->w_hi - e->x->w_lo != e->p->param_floats) return DW_OK; /* ZeRO-3 shard: made on each gather */
-    DW_TRY(dw_exec_phase(e->x, DW_PHASE_REFRESH, false, 1.0));
-    e->bf16_dirty = false; /* bf16_arena: the copies whole again */
-    return e->be->i->sync(e->be);
-}
-
 dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T) {
     const dw_graph *g = e->g;
     if (dw_graph_float_input(g))
