@@ -83,6 +83,10 @@ class Trainer:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # for fit(**options)
         if not isinstance(engine, Engine):
             raise TypeError(f"Trainer needs a dw.Engine (dw.compile), not {type(engine).__name__}")
+        if engine.graph.input_width:
+            raise ValueError("Trainer trains language models (token inputs and a loss); this engine is a "
+                             f"feed-forward graph (float inputs of width {engine.graph.input_width}, no loss), "
+                             "which runs forward only: call it on float arrays")
         if optimizer not in ("adamw", "adamw_dw"):
             raise ValueError(f"optimizer must be 'adamw' (the engine's AdamW; 'adamw_dw' names it too), got "
                              f"{optimizer!r}")

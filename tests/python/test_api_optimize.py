@@ -6,7 +6,7 @@ linears without bias, Dropout/Identity) on the CPU engine. Fresh random weights 
 torch inputs of [B, C_in] and [B, T, C_in], fewer and more rows than batch_size; quantised recipes
 within docs/python.md's bands (relative Frobenius error against FP32 torch) and measurably worse
 than BF16, so the recipe is applied; refusals: wrong width, integer input, an unmapped module or
-function named by its node, bad batch_size, a module of two inputs; dw.capture then dw.compile of such a
+function named by its node, bad batch_size, a module of two inputs, a Trainer of such an engine; dw.capture then dw.compile of such a
 module (its parameters under the module's names)."""
 import os
 import random
@@ -159,6 +159,8 @@ class TestOptimize(unittest.TestCase):
             fast(np.zeros((0, 12), dtype=np.float32))
         with self.assertRaises(dw.UnsupportedError):  # a feed-forward engine takes no tokens
             fast.forward(np.zeros((1, 4), dtype=np.int32))
+        with self.assertRaisesRegex(ValueError, "feed-forward graph .*width 12.*forward only"):
+            dw.Trainer.from_engine(fast, dataloader="builtin", steps=2)  # no loss to train
 
     def test_unsupported_named(self):
         class Tanh(nn.Module):
