@@ -49,11 +49,6 @@ __global__ void __launch_bounds__(THREADS) count_kernel(Args a, const void *__re
                               [] { __syncthreads(); });
 }
 
-__global__ void add_pair_kernel(unsigned long long *dst, const unsigned long long *src) {
-    for (int k = 0; k < DW_QC_WORDS; k++)
-        if (src[k]) dst[k] += src[k];
-}
-
 } /* namespace */
 
 extern "C" dw_status dw_qcounts_add_cuda(dw_ctx *ctx, dw_recipe r, int in, const void *v, int64_t rows, int64_t cols,
@@ -80,16 +75,5 @@ extern "C" dw_status dw_qcounts_add_cuda(dw_ctx *ctx, dw_recipe r, int in, const
     count_kernel<<<(unsigned)(need < MAX_CTAS ? need : MAX_CTAS), THREADS, 0, (cudaStream_t)stream>>>(
         a, v, codes, scales, tensor_scale, (unsigned long long *)cnt);
     DW_CUDA_CHECK_LAUNCH(ctx, "quant counts");
-    return DW_OK;
-}
-
-extern "C" dw_status dw_qcounts_zero_cuda(dw_ctx *ctx, uint64_t *pair, void *stream) {
-    DW_CUDA_CHECK(ctx, cudaMemsetAsync(pair, 0, DW_QC_WORDS * sizeof *pair, (cudaStream_t)stream));
-    return DW_OK;
-}
-
-extern "C" dw_status dw_qcounts_add_pair_cuda(dw_ctx *ctx, uint64_t *dst, const uint64_t *src, void *stream) {
-    add_pair_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((unsigned long long *)dst, (const unsigned long long *)src);
-    DW_CUDA_CHECK_LAUNCH(ctx, "quant counts (add)");
     return DW_OK;
 }

@@ -13,9 +13,10 @@
  * the quantisers add to them as they quantise, in stream order (no host sync): on the GPU inside
  * the quantiser kernels (kernels/cuda/quant*.cu through quant_counts.cuh; dw_quant_dev_out.counts),
  * by the separate pass below only where a kernel cannot count (quant.h says where); the trainer
- * reads them once per step (train/guard_counts.c). The same struct carries the guard's
- * request to measure dy on a check step (train/guard_quant.c). Not the counting of operands the
- * NVFP4 recipe passes through the Hadamard transform (their quantised values are of H x). */
+ * reads them once per step (train/guard_counts.c), folding in the counts of reused x copies. The
+ * same struct carries the guard's request to measure dy on a check step (train/guard_quant.c).
+ * Not the counting of operands the NVFP4 recipe passes through the Hadamard transform (their
+ * quantised values are of H x). */
 #ifndef DW_PRECISION_QUANT_COUNTS_H
 #define DW_PRECISION_QUANT_COUNTS_H
 
@@ -57,11 +58,17 @@ typedef struct dw_qcounts {
     int n_layers;
     int *slot;      /* (nodes) the node's layer index, -1: not counted */
     uint64_t *dev;  /* backend memory: (n_layers, DW_QC_KINDS, DW_QC_WORDS) */
-    /* GPU: the last counted quantisation of an x copy (0: row-wise, fprop; 1: x^T, wgrad), for
-     * layers that reuse a sibling's codes of the same x: last (backend memory, 2 x DW_QC_WORDS,
-     * after dev), last_ok[k] whether it holds the counts of the copy now in the workspace */
-    uint64_t *last;
-    bool last_ok[2];
+    /* GPU: x copies that siblings reuse (llama's q/k/v, gate/up read one quantisation of x). A
+     * layer that quantises x's copy k (0: row-wise, fprop; 1: x^T, wgrad) itself counts it into
+     * its own pair own[2 * layer + k] (backend memory, (n_layers, 2, DW_QC_WORDS) after dev);
+     * src[k] is the layer whose own pair holds the counts of the copy now in the workspace (-1:
+     * uncounted); from[2 * layer + k] (host) is the layer whose own pair k the layer's x counts
+     * take when the counters are read (train/guard_counts.c folds them then: no kernel per
+     * reusing layer), -1: none (counted straight into its slot, or not at all). Set as steps are
+     * issued; a recorded step replays what its recording set. */
+    uint64_t *own;
+    int src[2];
+    int *from;
     /* dy on a check step (train/guard_quant.c): while measure_dy, each counted layer's backward
      * adds its dy (dgrad operand, along M) and dy^T (wgrad operand, along the tokens), quantised
      * with the reference quantiser in the layer's activation recipe, to dy[2 * layer + 0 / 1] */
@@ -87,11 +94,6 @@ void dw_qcounts_add_cpu(const dw_qtensor *q, const float *v, bool trans, float *
 dw_status dw_qcounts_add_cuda(dw_ctx *ctx, dw_recipe r, int in, const void *v, int64_t rows, int64_t cols,
                               bool trans, const uint8_t *codes, const void *scales, const float *tensor_scale,
                               uint64_t *cnt, void *stream);
-
-/* pair = 0 and dst += src (counters of DW_QC_WORDS device words), in stream order: the counts of a
- * reused x copy. */
-dw_status dw_qcounts_zero_cuda(dw_ctx *ctx, uint64_t *pair, void *stream);
-dw_status dw_qcounts_add_pair_cuda(dw_ctx *ctx, uint64_t *dst, const uint64_t *src, void *stream);
 
 #ifdef __cplusplus
 }

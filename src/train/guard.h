@@ -90,7 +90,8 @@ typedef struct dw_qcounter dw_qcounter;
 dw_status dw_qcounter_open(dw_ctx *ctx, dw_engine *e, const int *nodes, int n, int64_t cap, dw_qcounter **out);
 void dw_qcounter_free(dw_qcounter *q);
 dw_qcounts *dw_qcounter_counts(dw_qcounter *q);
-/* Reads the block back, zeroes it, adds it to the layers' sums; the step's totals over the ranks. */
+/* Reads the block back, zeroes it, folds the reused x copies' counts into the layers that reused
+ * them, adds it to the layers' sums; the step's totals over the ranks. */
 dw_status dw_qcounter_read(dw_qcounter *q, dw_comm *host, int64_t *overflow, int64_t *underflow);
 /* The last read's counters per layer, (n_layers, DW_QC_KINDS, DW_QC_WORDS), summed over the ranks
  * into out. */
@@ -99,6 +100,9 @@ dw_status dw_qcounter_step_all(dw_qcounter *q, dw_comm *host, int64_t *out);
  * a layer with skip[i] whose sums are all 0); then reset. */
 dw_status dw_qcounter_write(dw_qcounter *q, dw_comm *host, FILE *f, int64_t step, const bool *skip);
 void dw_qcounter_reset(dw_qcounter *q);
+/* Layer `layer` (of the n) reuses no x copy from now on: it runs BF16 (its x counts would take a
+ * sibling's otherwise, until it is issued again). */
+void dw_qcounter_forget(dw_qcounter *q, int layer);
 /* A rollback: the sums reset and the block zeroed. */
 dw_status dw_qcounter_discard(dw_qcounter *q);
 /* dy measured by the backward from now on (on) or not, its accumulators zeroed. */

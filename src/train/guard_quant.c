@@ -496,6 +496,8 @@ dw_status dw_qguard_step_end(dw_qguard *g, int64_t step, int64_t *overflow, int6
     if (!g) return DW_OK;
     DW_TRY(dw_qcounter_read(g->qc, g->host, overflow, underflow));
     DW_TRY(count_rule(g, step, fell));
+    for (int i = 0; i < g->n; i++) /* a layer fallen back at this step's check or rule counted x until now */
+        if (g->l[i].bf16) dw_qcounter_forget(g->qc, i);
     if (dw_qguard_due(g, step)) {
         for (int i = 0; i < g->n; i++) g->fell[i] = g->l[i].bf16;
         DW_TRY(dw_qcounter_write(g->qc, g->host, g->lead ? g->stats : NULL, step, g->fell));

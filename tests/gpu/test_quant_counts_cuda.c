@@ -11,7 +11,8 @@
  * tuning without a counting build (t_store 3: the pass after it): the same counts again, and the
  * elements. Counters start at random values (the kernels add) and guard words after them stay
  * untouched. (3) A CUDA engine's training: the counters against the checks' measurements
- * (test_training). Label gpu. */
+ * (test_training), and the reused x copies' counts folded at the read (reused_x_counts). Label
+ * gpu. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,9 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "formats/formats.h"
 #include "kernels/cuda/quant.h"
 #include "precision/quant_counts.h"
+#include "runtime/engine.h"
 #include "testutil.h"
 
 static void ok(cudaError_t e, const char *what) {
@@ -217,11 +221,55 @@ static void test_against_cpu(void **state) {
     }
 }
 
+/* The reused x copies' counts, folded when the guard reads the counters (train/guard_counts.c):
+ * in each step's counts lines of run `out` (engine e, `rows` tokens a step), every layer reading
+ * the same x (q/k/v, gate/up: one quantisation of it) reports the same x overflows, underflows
+ * and elements, and the elements are rows x K per quantised copy (fprop x, wgrad x^T), as when
+ * each reusing layer added the copy's counts on the device. */
+static void reused_x_counts(dw_engine *e, const char *out, int64_t steps, int64_t rows, const char *what) {
+    char *qp = dw_test_path(out, "quant_stats.jsonl");
+    json_t *lines = dw_test_json_lines(qp);
+    assert_non_null(lines);
+    int shared = 0;
+    for (int64_t step = 1; step <= steps; step++) {
+        enum { MAXT = 1024 };
+        long long first[MAXT][3];
+        int seen[MAXT] = {0};
+        for (size_t i = 0; i < json_array_size(lines); i++) {
+            const json_t *j = json_array_get(lines, i), *kind = json_object_get(j, "counts");
+            if (json_integer_value(json_object_get(j, "step")) != step || !kind || strcmp(json_string_value(kind), "x")) continue;
+            const char *name = json_string_value(json_object_get(j, "layer"));
+            int node = -1;
+            for (int k = 0; k < e->g->n_nodes && node < 0; k++)
+                if (!strcmp(e->g->nodes[k].name, name)) node = k;
+            assert_true(node >= 0);
+            const int t = e->g->nodes[node].in[0];
+            assert_true(t >= 0 && t < MAXT);
+            const long long c[3] = {json_integer_value(json_object_get(j, "overflow")),
+                                    json_integer_value(json_object_get(j, "underflow")),
+                                    json_integer_value(json_object_get(j, "elements"))};
+            const long long copy = (long long)rows * e->p->tensor[t].width;
+            if (c[2] != copy && c[2] != 2 * copy)
+                fail_msg("%s step %lld: %s counted %lld x elements, not 1 or 2 copies of %lld", what, (long long)step, name,
+                         c[2], copy);
+            if (seen[t] && memcmp(c, first[t], sizeof c))
+                fail_msg("%s step %lld: %s counted x %lld / %lld / %lld, a layer reading the same x %lld / %lld / %lld", what,
+                         (long long)step, name, c[0], c[1], c[2], first[t][0], first[t][1], first[t][2]);
+            if (!seen[t]) memcpy(first[t], c, sizeof c);
+            shared += seen[t]++ > 0;
+        }
+    }
+    assert_true(shared > 0); /* llama's k, v and up share an x */
+    json_decref(lines);
+    free(qp);
+}
+
 /* A CUDA engine's training (mxfp4, mxfp8, fp8_block; a check every step, no fallback): each
  * layer's counted w and dy equal the check's reference measurements of the same values (the GPU
  * quantisers are bit-identical to the reference), metrics.jsonl's totals the layers' sums
  * (testutil's dw_test_quant_counts_check) — the counting passes of qlinear_cuda.c, the dy
- * read-back on check steps and the recorded steps around them. */
+ * read-back on check steps and the recorded steps around them; and each step's x counts alike in
+ * the layers that read one quantisation of x (reused_x_counts). */
 static void test_training(void **state) {
     (void)state;
 #ifdef DW_CUDA_EMU
@@ -254,6 +302,7 @@ static void test_training(void **state) {
             assert_int_equal(layers, 14);
             if (r == 0) assert_true(w_under > 0); /* E2M1 flushes normal weights' small values */
         }
+        reused_x_counts(dw_model_engine(m), out, 4, 4 * 64, recipes[r]);
         dw_model_free(m);
         dw_policy_free(pol);
         free(out);

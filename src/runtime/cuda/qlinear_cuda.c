@@ -11,8 +11,8 @@
  * Hadamard transform, stochastic rounding of dy) go through its quantiser (kernels/cuda/
  * ops_nvfp4.cu), one pass per operand (its SR bits keyed by the operand's own tensor scale).
  * Each training quantisation's overflows and underflows go to the node's counters from inside the
- * quantiser (dw_quant_dev_out.counts); an x copy a sibling quantised adds that quantisation's
- * counts (dw_qcounts.last); the NVFP4 recipe's quantiser is followed by a counting pass
+ * quantiser (dw_quant_dev_out.counts); an x copy a sibling quantised takes that quantisation's
+ * counts when the counters are read (dw_qcounts.from); the NVFP4 recipe's quantiser is followed by a counting pass
  * (precision/quant_counts.cu). A check step's backward measures dy on the device (guard_check_cuda.c). */
 #include <stdlib.h>
 #include <string.h>
@@ -98,26 +98,25 @@ static dw_status count_pass(dw_backend *be, dw_recipe r, dw_quant_in in, const v
                                s->tensor_scale, cnt, DW_CUDA_STREAM(be));
 }
 
-/* Where the quantiser of x's copy k (0: row-wise, 1: x^T) puts its counts when cnt wants them:
- * the executor's last-copy pair, zeroed first, so that siblings reusing the copy add them too;
- * *last NULL: not counted. */
-static dw_status x_counts_begin(dw_backend *be, const dw_exec *x, int k, const uint64_t *cnt, uint64_t **last) {
-    *last = cnt ? x->qcounts->last + k * DW_QC_WORDS : NULL;
-    return *last ? dw_qcounts_zero_cuda(be->ctx, *last, DW_CUDA_STREAM(be)) : DW_OK;
+/* Where the quantiser of x's copy k (0: row-wise, 1: x^T) puts its counts when cnt (node's x
+ * counter) wants them: node's own pair k (precision/quant_counts.h), which siblings reusing the
+ * copy fold in when the counters are read; NULL: not counted. */
+static uint64_t *x_counts_own(const dw_exec *x, int node, int k, const uint64_t *cnt) {
+    return cnt ? x->qcounts->own + ((int64_t)x->qcounts->slot[node] * 2 + k) * DW_QC_WORDS : NULL;
 }
-/* The counts of x's copy k in slot s (v [rows, cols], or v^T: trans) added to cnt (NULL: nothing):
- * those its quantiser left in the last-copy pair, else (a copy quantised without counting) by a
- * counting pass. */
-static dw_status x_counts_add(dw_backend *be, const dw_exec *x, int k, uint64_t *cnt, dw_recipe r, const void *v,
-                              int64_t rows, int64_t cols, bool trans, const qslot *s) {
+/* The counts of x's copy k in slot s (v [rows, cols], or v^T: trans) for node's counter cnt (NULL:
+ * nothing): the own pair of the layer whose quantiser counted the copy, folded in at the read,
+ * else (a copy quantised without counting) a counting pass straight into cnt. */
+static dw_status x_counts_add(dw_backend *be, const dw_exec *x, int node, int k, uint64_t *cnt, dw_recipe r,
+                              const void *v, int64_t rows, int64_t cols, bool trans, const qslot *s) {
     if (!cnt) return DW_OK;
-    if (x->qcounts->last_ok[k])
-        return dw_qcounts_add_pair_cuda(be->ctx, cnt, x->qcounts->last + k * DW_QC_WORDS, DW_CUDA_STREAM(be));
-    return count_pass(be, r, DW_QUANT_IN_BF16, v, rows, cols, trans, s, cnt);
+    dw_qcounts *q = x->qcounts;
+    q->from[2 * q->slot[node] + k] = q->src[k];
+    return q->src[k] >= 0 ? DW_OK : count_pass(be, r, DW_QUANT_IN_BF16, v, rows, cols, trans, s, cnt);
 }
-/* Whether the last-copy pair k now holds the counts of the copy in the workspace. */
-static void x_counts_note(const dw_exec *x, int k, bool ok) {
-    if (x->qcounts) x->qcounts->last_ok[k] = ok;
+/* Copy k now in the workspace: counted into node's own pair (own not NULL) or not counted. */
+static void x_counts_note(const dw_exec *x, int k, int node, const uint64_t *own) {
+    if (x->qcounts) x->qcounts->src[k] = own ? x->qcounts->slot[node] : -1;
 }
 
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
@@ -163,13 +162,12 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
     /* counted per layer, also where a sibling quantised it */
     uint64_t *cx = c->train && !c->recompute ? counts_of(x, c->node, DW_QC_X, DW_NVOP_X, ra) : NULL;
     if (!may_reuse(x, c->node, ra) || st->rows_tensor != xi || st->rows_recipe != (int)ra) { /* else a sibling did */
-        uint64_t *last;
-        DW_TRY(x_counts_begin(be, x, 0, cx, &last));
-        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL, last, NULL, c->node, DW_AMAX_X, c->train));
-        x_counts_note(x, 0, last != NULL);
+        uint64_t *own = x_counts_own(x, c->node, 0, cx);
+        DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, &xs, NULL, own, NULL, c->node, DW_AMAX_X, c->train));
+        x_counts_note(x, 0, c->node, own);
         st->rows_tensor = xi, st->rows_recipe = (int)ra;
     }
-    DW_TRY(x_counts_add(be, x, 0, cx, ra, c->in[0], N, K, false, &xs));
+    DW_TRY(x_counts_add(be, x, c->node, 0, cx, ra, c->in[0], N, K, false, &xs));
     dw_gemm_args a = {.pass = DW_GEMM_FPROP, .m = N, .n = M, .k = K, .a = op(ra, &xs, N, K, false),
                       .b = op(rw, &ws, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
@@ -212,7 +210,7 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
                      DW_AMAX_DY, true)); /* along M; dy^T along N */
     }
     st->rows_tensor = -1;
-    x_counts_note(x, 0, false);
+    x_counts_note(x, 0, c->node, NULL);
     DW_TRY(dw_cuda_measure_dy(be, c, ra, N, M, *dg, *wg)); /* a check step's (guard_check_cuda.c) */
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
         qslot wt = slot(x, &pn->wq[1]);
@@ -227,18 +225,17 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
         uint64_t *cxt = counts_of(x, c->node, DW_QC_X, DW_NVOP_XT, ra);
         if (nv && (!x->quant_reuse || st->xt_tensor != xi || st->xt_recipe != (int)ra)) {
             DW_TRY(quant_nv(be, x, c->node, DW_NVOP_XT, DW_QUANT_IN_BF16, c->in[0], N, K, &xt));
-            x_counts_note(x, 1, false); /* counted by a pass below */
+            x_counts_note(x, 1, c->node, NULL); /* counted by a pass below */
             st->xt_tensor = xi, st->xt_recipe = (int)ra;
         } else if (!may_reuse(x, c->node, ra) || st->xt_tensor != xi || st->xt_recipe != (int)ra) { /* else a sibling left it */
             const bool alone = dw_quantize_cuda_transposed_only_ok(ra, DW_QUANT_IN_BF16, N, K);
-            uint64_t *last;
-            DW_TRY(x_counts_begin(be, x, 1, cxt, &last));
-            DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt, NULL, last, c->node,
+            uint64_t *own = x_counts_own(x, c->node, 1, cxt);
+            DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->in[0], N, K, alone ? NULL : &rows, &xt, NULL, own, c->node,
                          DW_AMAX_X, true));
-            x_counts_note(x, 0, false), x_counts_note(x, 1, last != NULL); /* (the row-wise copy uncounted) */
+            x_counts_note(x, 0, c->node, NULL), x_counts_note(x, 1, c->node, own); /* (the row-wise copy uncounted) */
             st->rows_tensor = alone ? -1 : xi, st->xt_tensor = xi, st->rows_recipe = st->xt_recipe = (int)ra;
         }
-        DW_TRY(x_counts_add(be, x, 1, cxt, ra, c->in[0], N, K, true, &xt));
+        DW_TRY(x_counts_add(be, x, c->node, 1, cxt, ra, c->in[0], N, K, true, &xt));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(ra, &dyt, M, N, false),
                           .b = op(ra, &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1],
                           .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
