@@ -118,11 +118,15 @@ static inline double dw_oc_maxabs(const double *x, int64_t n) {
 /* The CPU-reference tolerances (see test_ops_cpu.c for the reasoning): forward within 2 ulp of the
  * exact double formula; gradients rtol 1e-5 + 1e-6 * max|grad| against double central
  * differences with step DW_OC_FD_H. `prior` (may be NULL) is what an accumulating gradient held
- * before the call; its FP32 addition costs one more rounding, 1 ulp of |prior| <= 1. */
+ * before the call; its FP32 addition costs one more rounding, 1 ulp of |prior| <= 1. A floor of
+ * DW_OC_FD_NOISE: where the exact gradient is 0 the central difference is the objective's rounding
+ * noise, ~2.2e-16 |f| / DW_OC_FD_H = 2e-11 |f| (seed 31624728305292181 of test_ops_cpu_moe: -2.8e-12
+ * against an exact 0), and max|fd| of that noise alone would set a tolerance of 1e-18. */
 #define DW_OC_FWD_RTOL 2.4e-7
 #define DW_OC_GRAD_RTOL 1e-5
 #define DW_OC_GRAD_ATOL_FRAC 1e-6
 #define DW_OC_FD_H 1e-5
+#define DW_OC_FD_NOISE 1e-10
 static inline int64_t dw_oc_fwd_check(const char *op, const char *what, const float *got,
                                       const double *want, int64_t n) {
     return dw_oc_compare(op, what, got, want, n, 1e-9 * dw_oc_maxabs(want, n) + 1e-30,
@@ -132,7 +136,7 @@ static inline int64_t dw_oc_grad_check(const char *op, const char *what, const f
                                        const double *fd, const float *prior, int64_t n) {
     double *want = dw_oc_dalloc(n);
     for (int64_t i = 0; i < n; i++) want[i] = fd[i] + (prior ? (double)prior[i] : 0.0);
-    const double atol = DW_OC_GRAD_ATOL_FRAC * dw_oc_maxabs(fd, n) + (prior ? 1.2e-7 : 0.0) + 1e-30;
+    const double atol = DW_OC_GRAD_ATOL_FRAC * dw_oc_maxabs(fd, n) + (prior ? 1.2e-7 : 0.0) + DW_OC_FD_NOISE;
     int64_t bad = dw_oc_compare(op, what, got, want, n, atol, DW_OC_GRAD_RTOL);
     free(want);
     return bad;
