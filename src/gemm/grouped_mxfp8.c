@@ -50,6 +50,7 @@ static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
 
 #include "core/cuda_check.h"
 #include "gemm/gemm_cuda.h"
+#include "kernels/cuda/ops_cuda.h"
 
 /* fprop y = x W^T and dgrad dx = dy (W^T's copy)^T are both "rows times W^T" over L (the reduction)
  * into N columns: the activation [rows, L] and W [experts N, L] dequantised into one stream-ordered
@@ -77,11 +78,11 @@ static dw_status dequant_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) 
         if (err) s = dw_set_error(ctx, DW_ERR_CUDA, "grouped mxfp8: dequantising W: %s",
                                   cudaGetErrorString((cudaError_t)err));
     }
-    if (s == DW_OK) {
-        const dw_grouped_args g = {.pass = DW_GEMM_FPROP, .dtype = DW_GROUPED_BF16, .recipe = DW_RECIPE_BF16, .rows = R,
-                                   .experts = E, .k = L, .m = N, .x = buf, .w = buf + R * L, .out = a->out,
-                                   .offsets = a->offsets};
-        s = dw_grouped_gemm(ctx, &g);
+    if (s == DW_OK) { /* the BF16 fprop on the built-in CUDA kernel the registry's rules pick (AUTO) */
+        const dw_moe_gemm_args g = {.pass = DW_MOE_FPROP, .x = buf, .w = buf + R * L, .out = a->out,
+                                    .offsets = a->offsets, .R = R, .E = E, .K = L, .M = N,
+                                    .kernel = DW_MOE_KERNEL_AUTO};
+        s = dw_cuda_moe_gemm(ctx, DW_ACT_BF16, &g, sp);
     }
     const cudaError_t f = cudaFreeAsync(buf, stream);
     if (s == DW_OK && f != cudaSuccess)
