@@ -12,26 +12,11 @@
 #include <time.h>
 
 #include "precision/quant_stats.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static uint64_t state = 0x9e3779b97f4a7c15ull;
-static float normal(float sd) { /* sum of 4 uniforms: shape enough for a timing */
-    double s = 0;
-    for (int i = 0; i < 4; i++) {
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        s += (double)(state >> 11) / 9007199254740992.0 - 0.5;
-    }
-    return (float)(s * 1.7320508 * sd);
-}
+#include "quant_check_model.h"
 
 static float *fill(int64_t n, float sd) {
     float *x = malloc((size_t)n * sizeof *x);
-    for (int64_t i = 0; x && i < n; i++) x[i] = normal(sd);
+    for (int64_t i = 0; x && i < n; i++) x[i] = qcm_normal(sd);
     return x;
 }
 
@@ -43,8 +28,7 @@ int main(int argc, char **argv) {
         nc = 0;
         for (int i = 2; i < argc && nc < 16; i++) caps[nc++] = atoll(argv[i]);
     }
-    const int64_t N = 16 * 256, D = 512, F = 3 * D, KV = D / 2;
-    const int64_t K[7] = {D, D, D, D, D, D, F}, M[7] = {D, KV, KV, D, F, F, D}; /* q k v o gate up down */
+    const int64_t N = QCM_N, *K = qcm_k, *M = qcm_m; /* q k v o gate up down */
     dw_ctx *ctx = NULL;
     dw_ctx_opts o = {.device = DW_DEVICE_CPU};
     if (dw_ctx_create(&o, &ctx) != DW_OK) return 1;
@@ -53,7 +37,7 @@ int main(int argc, char **argv) {
     for (int c = 0; c < nc; c++) {
         int64_t elems = 0, measured = 0;
         double bulk = 0;
-        const double t0 = now();
+        const double t0 = qcm_now();
         for (int l = 0; l < layers; l++)
             for (int j = 0; j < 7; j++) {
                 const float *v[3] = {x[j], w[j], dy[j]};
@@ -69,7 +53,7 @@ int main(int argc, char **argv) {
                 }
             }
         printf("cap %9lld: %.2f s  (%d layers x 7 linears x 6 tensors: %lld elements, %lld measured; mean bulk "
-               "error %.5f)\n", (long long)caps[c], now() - t0, layers, (long long)elems, (long long)measured,
+               "error %.5f)\n", (long long)caps[c], qcm_now() - t0, layers, (long long)elems, (long long)measured,
                bulk / (layers * 42));
     }
     dw_ctx_free(ctx);

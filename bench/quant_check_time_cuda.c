@@ -22,29 +22,14 @@
 #include "formats/formats.h"
 #include "kernels/cuda/quant_check.h"
 #include "precision/quant_stats.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static uint64_t state = 0x9e3779b97f4a7c15ull;
-static float normal(float sd) { /* sum of 4 uniforms: shape enough for a timing */
-    double s = 0;
-    for (int i = 0; i < 4; i++) {
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        s += (double)(state >> 11) / 9007199254740992.0 - 0.5;
-    }
-    return (float)(s * 1.7320508 * sd);
-}
+#include "quant_check_model.h"
 
 /* n values of sd on the device: BF16 codes (bf16) or FP32; NULL on failure. */
 static void *device_fill(int64_t n, float sd, bool bf16) {
     const size_t bytes = (size_t)n * (bf16 ? 2 : 4);
     void *h = malloc(bytes), *d = NULL;
     for (int64_t i = 0; h && i < n; i++) {
-        const float v = normal(sd);
+        const float v = qcm_normal(sd);
         if (bf16) ((uint16_t *)h)[i] = dw_encode_bf16(v);
         else ((float *)h)[i] = v;
     }
@@ -81,8 +66,7 @@ int main(int argc, char **argv) {
         nc = 0;
         for (int i = 3; i < argc && nc < 16; i++) caps[nc++] = atoll(argv[i]);
     }
-    const int64_t N = 16 * 256, D = 512, F = 3 * D, KV = D / 2;
-    const int64_t K[7] = {D, D, D, D, D, D, F}, M[7] = {D, KV, KV, D, F, F, D}; /* q k v o gate up down */
+    const int64_t N = QCM_N, *K = qcm_k, *M = qcm_m; /* q k v o gate up down */
     dw_ctx *ctx = NULL;
     dw_ctx_opts o = {.device = DW_DEVICE_CPU}; /* errors only: the calls take their stream */
     if (dw_ctx_create(&o, &ctx) != DW_OK) return 1;
@@ -95,7 +79,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    float *buf = malloc((size_t)(N * F) * sizeof *buf);
+    float *buf = malloc((size_t)(N * QCM_F) * sizeof *buf);
     dw_qstats warm = dw_qstats_zero(); /* the stream-ordered pool's first allocation, outside the timing */
     if (!buf || dw_qcheck_cuda(ctx, recipe, DW_QUANT_IN_BF16, x[0], N, K[0], false, &warm, NULL) != DW_OK) {
         fprintf(stderr, "quant_check_time_cuda: %s\n", buf ? dw_errmsg(ctx) : "out of memory");
@@ -107,7 +91,7 @@ int main(int argc, char **argv) {
             int64_t elems = 0, measured = 0;
             double bulk = 0;
             cudaDeviceSynchronize();
-            const double t0 = now();
+            const double t0 = qcm_now();
             for (int l = 0; l < layers; l++)
                 for (int j = 0; j < 7; j++) {
                     const void *v[3] = {x[j], w[j], dy[j]};
@@ -130,7 +114,7 @@ int main(int argc, char **argv) {
             printf("%s cap %9lld, %s: %.4f s per check  (%d layers x 7 linears x 6 tensors: %lld elements, %lld "
                    "measured; mean bulk error %.5f)\n",
                    dw_recipe_name(recipe), (long long)caps[c], path == 0 ? "on the device     " : "copied to the host",
-                   now() - t0, layers, (long long)elems, (long long)measured, bulk / (layers * 42));
+                   qcm_now() - t0, layers, (long long)elems, (long long)measured, bulk / (layers * 42));
         }
     for (int j = 0; j < 7; j++) cudaFree(x[j]), cudaFree(w[j]), cudaFree(dy[j]);
     free(buf);
