@@ -56,6 +56,12 @@ for phase in "$@"; do
     record "tests/gpu/test_python_cuda.py" "rc=$?"
     bash tests/gpu/test_resume_fp32_cuda.sh "$b/deepwell" >"$out/resume_fp32_cuda.log" 2>&1
     record "tests/gpu/test_resume_fp32_cuda.sh" "rc=$?"
+    # the guardrails' training test on the CUDA engine (the planted NVFP4 outlier falls back at the
+    # same step, the resumed run continues bit for bit), with the host check and the device check
+    for q in 0 1; do
+      DW_TEST_DEVICE=cuda DW_QCHECK_DEVICE=$q timeout 300 "$b/tests/test_guard_train" >"$out/guard_train_cuda_q$q.log" 2>&1
+      record "test_guard_train on CUDA (DW_QCHECK_DEVICE=$q)" "rc=$?"
+    done
     ;;
   quant)
     "$b/deepwell" bench quant >"$out/bench_quant.txt" 2>&1; record "bench quant" "rc=$?"; cat "$out/bench_quant.txt"

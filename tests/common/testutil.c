@@ -105,7 +105,8 @@ int dw_test_train_fixture(dw_ctx **ctx, char **dir, char **model, int layers, in
              "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": %d, "
              "\"max_position_embeddings\": 32}",
              hidden, layers, ff);
-    dw_ctx_opts o = {.device = DW_DEVICE_CPU};
+    const char *dev = getenv("DW_TEST_DEVICE"); /* cuda: the same test on the CUDA engine (gpu-verify.sh) */
+    dw_ctx_opts o = {.device = dev && !strcmp(dev, "cuda") ? DW_DEVICE_CUDA : DW_DEVICE_CPU};
     *ctx = NULL;
     *dir = dw_test_tmpdir();
     *model = *dir ? dw_test_model_dir(*dir, text) : NULL;

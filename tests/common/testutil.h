@@ -29,9 +29,10 @@ char *dw_test_path(const char *dir, const char *name);
 int dw_test_write(const char *path, const void *data, size_t n);
 /* DIR/model holding config.json with the given text: its path (free()), or NULL on failure. */
 char *dw_test_model_dir(const char *dir, const char *config_json);
-/* The fixture of the CPU training tests: a CPU context *ctx, a fresh temporary directory *dir and
+/* The fixture of the training tests: a context *ctx, a fresh temporary directory *dir and
  * in it *model, a tiny byte-level Llama directory (vocab 256, 2 heads, 1 KV head, 32 positions) of
- * `layers` blocks, width `hidden`, MLP width `ff`. 0 on success. dw_test_train_fixture_close frees
+ * `layers` blocks, width `hidden`, MLP width `ff`, on the CPU (DW_TEST_DEVICE=cuda: on the GPU, for
+ * the tests gpu-verify.sh runs on both engines). 0 on success. dw_test_train_fixture_close frees
  * the three (any may be NULL). */
 int dw_test_train_fixture(dw_ctx **ctx, char **dir, char **model, int layers, int hidden, int ff);
 void dw_test_train_fixture_close(dw_ctx *ctx, char *dir, char *model);
