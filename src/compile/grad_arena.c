@@ -4,8 +4,9 @@
  * parallelism's buckets and gradient reads see the pool they always saw), each parameter's slice
  * live from its first writer to the end of the sweep; with bf16_arena the BF16 working copies'
  * flat layout too, shifted against the gradients so that each copy, dead after its last reader,
- * lies where gradients born later go. Decides only: arena.c places the items, steps.c zeroes each
- * slice before its first writer. */
+ * lies where gradients born later go; and which first writers write their slice over instead
+ * of adding into zeros (node[].pgrad_set). Decides only: arena.c places the items, steps.c zeroes
+ * each slice (or its padding) before its first writer. */
 #include <stdlib.h>
 
 #include "compile/passes.h"
@@ -16,6 +17,20 @@
 static int write_time(const dw_compiled *c, int i) {
     return dw_op_flags(dw_compile_node(c, i)->op) & DW_OPF_BWD_IN_FWD ? dw_compile_fwd_time(c, i)
                                                                        : dw_compile_bwd_time(c, i);
+}
+
+/* Whether node i, parameter k's first writer, may write k's gradient over the slice (beta 0)
+ * instead of adding into zeros: a BF16 program's linear layer with k as its weight (slot 1) and
+ * in no other slot, whose wgrad (dw_gemm: BF16 or quantised, CPU and CUDA) writes all of W's
+ * [M, K] floats. Writers after it add, in step order (one stream). FP32 programs keep the
+ * zeroing (their reference wgrad kernels add), and so do the other ops writing parameter
+ * gradients (norms, embeddings, biases, the fused head, the MoE experts). */
+static bool writes_over(const dw_compiled *c, int i, int k) {
+    const dw_ir_node *n = dw_compile_node(c, i);
+    if (!c->grad_arena || !c->bf16 || n->op != DW_OP_LINEAR || i == c->head_linear) return false;
+    for (int s = 0; s < n->n_in; s++)
+        if ((c->tensor[n->in[s]].param == k) != (s == 1)) return false;
+    return true;
 }
 
 dw_status dw_compile_grad_first(dw_ctx *ctx, dw_compiled *c) {
@@ -32,7 +47,17 @@ dw_status dw_compile_grad_first(dw_ctx *ctx, dw_compiled *c) {
             if (c->grad_first[k] < 0 || write_time(c, i) < write_time(c, c->grad_first[k])) c->grad_first[k] = i;
         }
     }
+    for (int k = 0; k < c->n_params; k++) {
+        const int i = c->grad_first[k];
+        if (i >= 0 && writes_over(c, i, k)) c->node[i].pgrad_set |= (uint8_t)(1u << 1);
+    }
     return DW_OK;
+}
+
+int64_t dw_compile_grad_zero_from(const dw_compiled *c, int k) {
+    const int i = c->grad_first[k];
+    const bool over = i >= 0 && (c->node[i].pgrad_set >> 1 & 1u) && c->tensor[dw_compile_node(c, i)->in[1]].param == k;
+    return c->param_off[k] + (over ? dw_ir_numel(&c->g->tensors[c->param_tensor[k]]) : 0);
 }
 
 int dw_compile_grad_birth(const dw_compiled *c, int k) {

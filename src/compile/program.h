@@ -188,6 +188,9 @@ typedef struct {
     int partner_bwd;          /* a fused GELU, the linear doing its forward / backward; -1 none */
     dw_qslot_layout wq[2];    /* quantised linear: W [M,K] along K and W^T [K,M] along M, in the
                                  workspace, refreshed after every weight update (DW_STEP_QUANT_W) */
+    uint8_t pgrad_set;        /* grad_arena: bit s set when the backward writes input s's parameter
+                                 gradient over its slice (beta 0) instead of adding into it: the
+                                 parameter's first writer (grad_arena.c), no ZERO_GRAD before it */
 } dw_prog_node;
 
 /* What the program was compiled for: the kernel choices are the registry's for this device. */
@@ -246,7 +249,8 @@ struct dw_compiled {
      * the gradients keep the pool's flat layout in the arena from byte grad_base, parameter k's
      * slice [param_off[k], the next parameter's offset) taken from its first writer's time
      * (grad_first[k], node; -1: no writer, from the backward's start), zeroed by a ZERO_GRAD step
-     * just before it, to the end of the sweep and on through the optimizer. One backward per
+     * just before it (or, where that writer writes the slice over, node[].pgrad_set, its padding
+     * alone), to the end of the sweep and on through the optimizer. One backward per
      * optimizer step: activations of the next forward take the slices again. */
     bool grad_arena;
     int64_t grad_base;
@@ -297,6 +301,10 @@ bool dw_compile_moe_remat(const dw_compiled *c, int i);
  * slice ends (the next parameter's offset, or param_floats: its padding is in it). */
 int dw_compile_grad_birth(const dw_compiled *c, int k);
 int64_t dw_compile_grad_slice_end(const dw_compiled *c, int k);
+/* The float where parameter k's ZERO_GRAD starts: its offset, or past its elements when its first
+ * writer writes them over the slice (pgrad_set): then only the padding up to the slice's end is
+ * zeroed, and no step at all when there is none. */
+int64_t dw_compile_grad_zero_from(const dw_compiled *c, int k);
 
 /* Whether the program runs linear layers quantised in recipe r (every recipe but bf16). */
 bool dw_compile_quant_recipe(dw_recipe r);

@@ -2,8 +2,8 @@
  * done by its linear's epilogue has none), each node's backward in reverse (none where fused into
  * a dgrad or done by the forward, as the loss's; a fused LM head's linear has neither) — under recompute with each block's forwards run
  * again just before its backward; under grad_arena each parameter's gradient slice zeroed just
- * before its first writer —, then the optimizer (gradient norm, AdamW) and
- * the refresh of what derives from the FP32 masters (BF16 copies, quantised weight caches). */
+ * before its first writer, unless that writer writes it over (its padding then, if any) —, then
+ * the optimizer (gradient norm, AdamW) and the refresh of what derives from the FP32 masters (BF16 copies, quantised weight caches). */
 #include <stdlib.h>
 
 #include "compile/passes.h"
@@ -23,10 +23,12 @@ dw_status dw_compile_steps(dw_ctx *ctx, dw_compiled *c) {
     if (!c->steps) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     int n = 0;
 #define STEP(k, nd, a) (c->steps[n++] = (dw_step){(uint8_t)(k), (nd), (a)})
-/* grad_arena: the gradient slices node `writer` writes first (-1: those no step writes), zeroed */
+/* grad_arena: the gradient slices node `writer` writes first (-1: those no step writes), zeroed
+ * (a writer writing its slice over: the padding alone, where there is any) */
 #define ZERO_GRADS(writer)                                                                               \
     for (int zk = 0; c->grad_arena && zk < c->n_params; zk++)                                          \
-        if (c->grad_first[zk] == (writer)) STEP(DW_STEP_ZERO_GRAD, (writer), zk);
+        if (c->grad_first[zk] == (writer) && dw_compile_grad_zero_from(c, zk) < dw_compile_grad_slice_end(c, zk)) \
+            STEP(DW_STEP_ZERO_GRAD, (writer), zk);
     c->phase[DW_PHASE_FORWARD][0] = n;
     for (int i = 0; i < nn; i++) { /* a fused LM head's linear runs inside the loss's head_xent */
         if ((c->node[i].fused & DW_FUSED_FWD) || i == c->head_linear) continue;

@@ -41,6 +41,8 @@ typedef struct {
                                      int32 tokens / targets in the workspace */
     const uint16_t *in_bf16[DW_IR_MAX_INPUTS]; /* parameters in BF16 mode: the working copy */
     float *pgrad[DW_IR_MAX_INPUTS]; /* parameters: the FP32 gradient (ops accumulate into it) */
+    bool pgrad_set[DW_IR_MAX_INPUTS]; /* write pgrad over instead (grad_arena's first writer of a
+                                     linear's weight, program.h pgrad_set: nothing zeroed it) */
     void *dx[DW_IR_MAX_INPUTS];   /* activations: where the input gradient goes; NULL: not needed */
     bool dx_acc[DW_IR_MAX_INPUTS]; /* add into dx instead of writing it */
     void *out[DW_IR_MAX_OUTPUTS];  /* the output values (out[0] the main one; the node's n_out) */

@@ -235,6 +235,7 @@ void dw_exec_resolve(const dw_exec *x, int node, bool train, double dloss, dw_op
             c->in_bf16[s] = x->param_at ? (x->param_bf16_at ? x->param_bf16_at[p->tensor[t].param] : NULL)
                                         : x->wb ? x->wb + off : NULL;
             c->pgrad[s] = x->grad_at ? x->grad_at[p->tensor[t].param] : x->grad + off; /* ZeRO-2/3: staged */
+            c->pgrad_set[s] = !x->grad_at && (pn->pgrad_set >> s & 1u); /* grad_arena's first writer */
         } else {
             c->in[s] = at(x->act, p->tensor[t].val_off);
             switch ((dw_grad_mode)pn->grad_mode[s]) {
@@ -319,9 +320,10 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
     case DW_STEP_ADAMW: return bi->adamw(be, x);
     case DW_STEP_CAST_BF16: return bi->cast_bf16(be, x, x->p->bf16_runs[st->arg][0], x->p->bf16_runs[st->arg][1]);
     case DW_STEP_QUANT_W: return bi->quant_weight(be, x, st->node);
-    case DW_STEP_ZERO_GRAD: { /* grad_arena: the slice its first writer accumulates into (training only) */
+    case DW_STEP_ZERO_GRAD: { /* grad_arena: the slice its first writer accumulates into, or the padding
+                                  past what it writes over (training only) */
         if (!train) return DW_OK;
-        const int64_t off = x->p->param_off[st->arg];
+        const int64_t off = dw_compile_grad_zero_from(x->p, st->arg);
         return bi->zero(be, x->grad + off, (size_t)(dw_compile_grad_slice_end(x->p, st->arg) - off) * sizeof(float));
     }
     default:

@@ -2,8 +2,11 @@
  * compile/grad_arena.c, arena.c, steps.c, runtime/engine_grad_arena.c):
  *   - the program: no gradient pool; every parameter's slice at grad_base + 4 x its pool offset,
  *     through the next parameter's offset; one ZERO_GRAD step per parameter, before every step
- *     that writes its gradient and after every step of the forward it does not write in; no two
- *     buffers live at one time share bytes;
+ *     that writes its gradient and after every step of the forward it does not write in — except
+ *     a weight whose first writer is a BF16 program's linear layer: its wgrad writes the slice over
+ *     (pgrad_set) and only the padding, if any, is zeroed, so BF16 programs have fewer ZERO_GRAD
+ *     steps than parameters and FP32 ones (whose reference wgrad adds) one each; no two buffers
+ *     live at one time share bytes;
  *   - training is bit for bit the standing pool's: 3 AdamW steps of gpt2-tiny (tied head), llama-tiny,
  *     mixtral-tiny and olmoe-tiny, FP32 and BF16, the BF16 ones with the LM head fused too (its
  *     gradient written in the forward), and fp8_block, mxfp8 and full recompute on some of them:
@@ -14,6 +17,9 @@
  *   - the same with the BF16 working copies in the arena too (bf16_arena): each copy at
  *     bf16_base + 2 x its offset, live from the step's start through its readers; a forward after a
  *     backward without a step (or after zero_grad's zeros were written) reads copies made again;
+ *   - a weight written over ignores what its slice held: the whole arena NaN before the backward,
+ *     and the gradients (finite), the loss and the norm (padding included) are the pool's bits
+ *     (dense and MoE, BF16 and fp8_block, fused head);
  *   - the engine's rules: a second backward before the step (accumulation) is refused naming
  *     grad_arena, and so are the step and a gradient read after a forward; zero_grad clears both;
  *   - moe-e8 at 8 x 2048 and moe-e64 at 4 x 2048 (BF16, sm_90, fused head, as dryrun compiles them):
@@ -24,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,17 +82,59 @@ static bool writes(const dw_compiled *c, int s, int t) {
     return false;
 }
 
-static void check_program(const dw_compiled *c) {
+/* Whether parameter k's first writer writes its gradient over the slice (pgrad_set), checked
+ * against what may: a BF16 program's linear layer (not a fused head's) with k as its weight
+ * (slot 1) alone; and every such first writer does. */
+static bool written_over(const dw_compiled *c, int k) {
+    const int i = c->grad_first[k];
+    if (i < 0) return false;
+    const dw_ir_node *n = dw_compile_node(c, i);
+    bool set = false; /* the bit of the slot holding k */
+    for (int s = 0; s < n->n_in; s++)
+        if (n->in[s] == c->param_tensor[k] && (c->node[i].pgrad_set >> s & 1u)) set = true;
+    bool may = c->bf16 && n->op == DW_OP_LINEAR && i != c->head_linear && n->in[1] == c->param_tensor[k];
+    for (int s = 0; s < n->n_in; s++)
+        if (s != 1 && n->in[s] == c->param_tensor[k]) may = false;
+    if (set != may) fail_msg("parameter %s: first writer %s (%s) %s its gradient over, expected %s",
+                             c->g->tensors[c->param_tensor[k]].name, n->name, dw_op_name(n->op),
+                             set ? "writes" : "adds", may ? "written over" : "added");
+    return set;
+}
+
+/* The program's ZERO_GRAD steps (returned) and, in *over, the parameters whose first writer
+ * writes the slice over instead. */
+static int check_program(const dw_compiled *c, int *over) {
     assert_true(c->grad_arena);
     assert_int_equal(c->pool_bytes[DW_POOL_GRADS], 0);
     const int s0 = c->phase[DW_PHASE_FORWARD][0], s1 = c->phase[DW_PHASE_BACKWARD][1];
+    int all_zeros = 0;
+    *over = 0;
+    for (int i = 0; i < c->g->n_nodes; i++) { /* only a weight's first writer writes it over */
+        const dw_ir_node *n = dw_compile_node(c, i);
+        if (!c->node[i].pgrad_set) continue;
+        assert_true(c->node[i].pgrad_set == 2u && n->n_in > 1 && c->tensor[n->in[1]].param >= 0);
+        assert_int_equal(c->grad_first[c->tensor[n->in[1]].param], i);
+    }
     for (int k = 0; k < c->n_params; k++) {
-        int zero = -1, zeros = 0, item = -1;
+        int zero = -1, zeros = 0, item = -1, first = -1;
         for (int s = s0; s < s1; s++)
             if (c->steps[s].kind == DW_STEP_ZERO_GRAD && c->steps[s].arg == k) zero = s, zeros++;
-        assert_int_equal(zeros, 1);
+        for (int s = s0; s < s1 && first < 0; s++)
+            if (writes(c, s, c->param_tensor[k])) first = s;
+        const int64_t numel = dw_ir_numel(&c->g->tensors[c->param_tensor[k]]);
+        const bool padded = dw_compile_grad_slice_end(c, k) > c->param_off[k] + numel;
+        if (written_over(c, k)) { /* no zeroing unless of the padding; the first writer's backward writes */
+            (*over)++;
+            assert_true(first >= 0 && c->steps[first].kind == DW_STEP_BWD && c->steps[first].node == c->grad_first[k]);
+            assert_int_equal(dw_compile_grad_zero_from(c, k), c->param_off[k] + numel);
+            assert_int_equal(zeros, padded ? 1 : 0);
+        } else {
+            assert_int_equal(dw_compile_grad_zero_from(c, k), c->param_off[k]);
+            assert_int_equal(zeros, 1);
+        }
+        all_zeros += zeros;
         for (int s = s0; s < s1; s++)
-            if (writes(c, s, c->param_tensor[k]) && s < zero)
+            if (zeros && writes(c, s, c->param_tensor[k]) && s < zero)
                 fail_msg("parameter %d's gradient written at step %d, zeroed at %d", k, s, zero);
         for (int i = 0; i < c->n_items; i++)
             if (c->info[i].kind == DW_BUF_PGRAD && c->info[i].index == k) item = i;
@@ -119,6 +168,7 @@ static void check_program(const dw_compiled *c) {
     }
     int a, b, t; /* the fixed items (gradient slices, copies) included */
     if (dw_test_plan_overlap(c, &a, &b, &t)) fail_msg("items %d and %d share bytes while both live at time %d", a, b, t);
+    return all_zeros;
 }
 
 /* Every parameter's gradient of a and b: the same bits (0), or 1 naming the first that differs. */
@@ -144,17 +194,31 @@ static void refused(dw_status s, const char *needle) {
     dw_clear_error(CTX);
 }
 
+/* Engines of preset at 2 x 16 with the gradients in the arena (a, its program checked) and in
+ * their pool (p); the arena program's ZERO_GRAD steps returned, *over as check_program's. */
+static int arena_and_pool(const char *preset, const char *precision, bool fused, int recompute, dw_model_config *mc,
+                          dw_test_model *a, dw_test_model *p, int *over) {
+    assert_int_equal(dw_model_config_load(CTX, preset, mc), DW_OK);
+    build(mc, 2, 16, precision, true, fused, recompute, true, a);
+    build(mc, 2, 16, precision, false, fused, recompute, true, p);
+    return check_program(a->c, over);
+}
+
 /* 3 steps with the gradients in the arena and in their pool: the same bits; then one more backward
  * (fresh tokens) whose gradients match before and after the step. */
 static void same_bits_rc(const char *preset, const char *precision, bool fused, int recompute) {
     dw_model_config mc;
-    assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
     const int64_t B = 2, T = 16;
     dw_test_model a, p;
-    build(&mc, B, T, precision, true, fused, recompute, true, &a);
-    build(&mc, B, T, precision, false, fused, recompute, true, &p);
-    check_program(a.c);
+    int over;
+    const int zeros = arena_and_pool(preset, precision, fused, recompute, &mc, &a, &p, &over);
     assert_false(p.c->grad_arena);
+    for (int i = 0; i < p.c->g->n_nodes; i++) assert_int_equal(p.c->node[i].pgrad_set, 0); /* the pool: as before */
+    if (precision) { /* BF16 programs: the linear layers' weights are written over, fewer slices zeroed */
+        assert_true(over > 0 && zeros < a.c->n_params);
+    } else { /* FP32: the reference wgrad adds, every slice zeroed */
+        assert_true(over == 0 && zeros == a.c->n_params);
+    }
     char what[96];
     snprintf(what, sizeof what, "%s %s%s%s, gradients in the arena vs their pool", preset,
              precision ? precision : "fp32", fused ? " fused head" : "", recompute ? " recompute" : "");
@@ -192,8 +256,9 @@ static void same_bits_rc(const char *preset, const char *precision, bool fused, 
         if (memcmp(wa, wp, (size_t)dw_test_param_numel(a.e, i) * 4)) fail_msg("%s: %s differs after a step on zeros", what, name);
         free(wa), free(wp);
     }
-    printf("  %-14s %-10s%s%s losses %.6f -> %.6f, arena %lld + grads %lld -> arena %lld bytes\n", preset,
-           precision ? precision : "fp32", fused ? " fused" : "      ", recompute ? " rc" : "   ", l0, l1,
+    printf("  %-14s %-10s%s%s losses %.6f -> %.6f, %d of %d slices zeroed, arena %lld + grads %lld -> arena %lld "
+           "bytes\n", preset, precision ? precision : "fp32", fused ? " fused" : "      ", recompute ? " rc" : "   ", l0,
+           l1, zeros, a.c->n_params,
            (long long)p.c->arena_bytes,
            (long long)p.c->pool_bytes[DW_POOL_GRADS], (long long)a.c->arena_bytes);
     dw_test_model_free(&a);
@@ -236,6 +301,15 @@ static void test_same_bits_bf16(void **state) {
     bf16_arena = false;
 }
 
+/* The same random weights in a and p, and random tokens x, targets y (n of each). */
+static void same_start(dw_test_model *a, dw_test_model *p, int64_t vocab, int32_t *x, int32_t *y, int64_t n) {
+    const uint64_t seed = dw_test_next(RNG);
+    assert_int_equal(dw_engine_init_weights(a->e, seed), DW_OK);
+    assert_int_equal(dw_engine_init_weights(p->e, seed), DW_OK);
+    dw_test_random_tokens(x, n, vocab, RNG);
+    dw_test_random_tokens(y, n, vocab, RNG);
+}
+
 /* bf16_arena: a forward after a backward without a step (the backward took copies' memory), and
  * after zero_grad's zeros were written, reads copies made again: the pool program's loss. */
 static void test_bf16_remade(void **state) {
@@ -249,12 +323,8 @@ static void test_bf16_remade(void **state) {
     build(&mc, B, T, "bf16", false, false, DW_RECOMPUTE_NONE, true, &p);
     bf16_arena = false;
     assert_true(a.c->bf16_arena);
-    const uint64_t seed = dw_test_next(RNG);
-    assert_int_equal(dw_engine_init_weights(a.e, seed), DW_OK);
-    assert_int_equal(dw_engine_init_weights(p.e, seed), DW_OK);
     int32_t x[64], y[64];
-    dw_test_random_tokens(x, B * T, mc.vocab_size, RNG);
-    dw_test_random_tokens(y, B * T, mc.vocab_size, RNG);
+    same_start(&a, &p, mc.vocab_size, x, y, B * T);
     double la, lp;
     float *g = malloc((size_t)dw_test_param_numel(a.e, 0) * 4);
     for (int round = 0; round < 2; round++) {
@@ -276,6 +346,52 @@ static void test_bf16_remade(void **state) {
     dw_test_model_free(&p);
 }
 
+/* A linear layer's weight written over by its first writer ignores what the slice held: the whole
+ * activation arena NaN (all-ones bytes) before the backward's step, and the gradients, loss and
+ * gradient norm (padding included) are finite and the pool program's bits. */
+static void poisoned(const char *preset, const char *precision, bool fused) {
+    dw_model_config mc;
+    const int64_t B = 2, T = 16;
+    dw_test_model a, p;
+    int over;
+    arena_and_pool(preset, precision, fused, DW_RECOMPUTE_NONE, &mc, &a, &p, &over);
+    assert_true(over > 0);
+    int32_t x[64], y[64];
+    same_start(&a, &p, mc.vocab_size, x, y, B * T);
+    memset(a.e->x->act, 0xff, (size_t)a.e->x->pool_bytes[DW_POOL_ACT]); /* the CPU backend's host memory */
+    double la, lp, na, np;
+    assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &la), DW_OK);
+    assert_int_equal(dw_engine_forward_backward(p.e, x, y, B, T, 1.0, &lp), DW_OK);
+    char what[96];
+    snprintf(what, sizeof what, "%s %s%s on a NaN arena", preset, precision, fused ? " fused head" : "");
+    if (!(la == lp)) fail_msg("%s: loss %.9g, the pool program's %.9g", what, la, lp);
+    for (int i = 0; i < dw_engine_param_count(a.e); i++) {
+        const int64_t n = dw_test_param_numel(a.e, i);
+        float *g = malloc((size_t)n * 4);
+        assert_int_equal(dw_engine_grad_read(a.e, i, g), DW_OK);
+        for (int64_t j = 0; j < n; j++)
+            if (!isfinite(g[j])) fail_msg("%s: %s's gradient [%lld] = %g", what, dw_engine_param_name(a.e, i), (long long)j, g[j]);
+        free(g);
+    }
+    assert_int_equal(same_grads(a.e, p.e, what), 0);
+    assert_int_equal(dw_engine_step(a.e, NULL, 1, &na), DW_OK);
+    assert_int_equal(dw_engine_step(p.e, NULL, 1, &np), DW_OK);
+    if (!(na == np && isfinite(na))) fail_msg("%s: gradient norm %.9g, the pool program's %.9g", what, na, np);
+    printf("  %-14s %-10s%s NaN arena: %d weights written over, loss %.6f, norm %.6f as the pool's\n", preset,
+           precision, fused ? " fused" : "      ", over, la, na);
+    dw_test_model_free(&a);
+    dw_test_model_free(&p);
+}
+
+static void test_poisoned(void **state) {
+    (void)state;
+    bf16_arena = false;
+    poisoned("llama-tiny", "bf16", false);
+    poisoned("gpt2-tiny", "bf16", true);
+    poisoned("olmoe-tiny", "bf16", false);
+    poisoned("mixtral-tiny", "fp8_block", false);
+    poisoned("llama-tiny", "fp8_block", true);
+}
 
 static void test_rules(void **state) {
     (void)state;
@@ -371,6 +487,7 @@ int main(void) {
         cmocka_unit_test(test_same_bits),
         cmocka_unit_test(test_same_bits_bf16),
         cmocka_unit_test(test_bf16_remade),
+        cmocka_unit_test(test_poisoned),
         cmocka_unit_test(test_rules),
         cmocka_unit_test(test_presets),
         cmocka_unit_test(test_planner),

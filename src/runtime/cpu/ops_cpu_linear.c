@@ -169,6 +169,7 @@ static dw_status bias_colsum(dw_backend *be, const dw_op_call *c, float *db, int
 }
 
 static dw_status bwd_fp32(dw_backend *be, const dw_op_call *c, int64_t N, int64_t K, int64_t M) {
+    DW_ASSERT(!c->pgrad_set[1]); /* the FP32 reference adds into dW: the compiler keeps its zeroing */
     float *dx = c->dx[0] ? dw_cpu_scratch(be, CPU_S_DX0, N * K) : NULL;
     if (c->dx[0] && !dx) return DW_ERR_NOMEM;
     dw_cpu_linear_bwd(dx, c->pgrad[1], c->n->n_in == 3 ? c->pgrad[2] : NULL, c->dout[0], c->in[0], c->in[1], N, K, M);
@@ -198,7 +199,7 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
         if (c->dx_acc[0]) a.beta = 1.0f, a.c = c->dx[0];
         DW_TRY(dw_gemm(be->ctx, &a));
     }
-    if (*wg) { /* dW [M,K] += quant(dy^T) [M,N] . quant(x^T)^T, x^T [K,N] */
+    if (*wg) { /* dW [M,K] += quant(dy^T) [M,N] . quant(x^T)^T, x^T [K,N] (written over: pgrad_set) */
         const float *xf = dw_cpu_in(be, c, c->in[0], N * K, CPU_S_IN0);
         if (!xf) return DW_ERR_NOMEM;
         dw_qtensor qdyt, qxt;
@@ -206,6 +207,7 @@ static dw_status bwd_quantised(dw_backend *be, const dw_op_call *c, int64_t N, i
         DW_TRY(quant(be, x, &l->q_xt, ra, xf, N, K, true, &qxt, c->node, DW_NVOP_XT, true, true));
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = qop(&qdyt, false), .b = qop(&qxt, true),
                           .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1], .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
+        if (c->pgrad_set[1]) a.beta = 0.0f, a.c = NULL;
         DW_TRY(dw_gemm(be->ctx, &a));
     }
     return DW_OK;
@@ -224,9 +226,11 @@ dw_status dw_cpu_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
         const dw_gemm_args a = dw_linear_dgrad_args(c, w, dx, N, K, M);
         DW_TRY(dw_gemm(be->ctx, &a));
     }
-    if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K] in FP32; the bias gradient in the same GEMM */
+    if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K] in FP32 (written over: pgrad_set); the bias
+                * gradient in the same GEMM */
         float *bgrad = db ? (float *)(c->x->work + c->x->p->work.bgrad) : NULL;
-        const dw_gemm_args a = dw_linear_wgrad_args(c, bgrad, N, K, M);
+        dw_gemm_args a = dw_linear_wgrad_args(c, bgrad, N, K, M);
+        if (c->pgrad_set[1]) a.beta = 0.0f, a.c = NULL;
         DW_TRY(dw_gemm(be->ctx, &a));
         for (int64_t j = 0; db && j < M; j++) db[j] += bgrad[j];
         return DW_OK;

@@ -47,8 +47,10 @@ dw_status dw_cuda_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), M = dw_cuda_width(c, c->n->out[0]);
     void *s = DW_CUDA_STREAM(be);
     float *dw = c->pgrad[1], *db = c->n->n_in == 3 ? c->pgrad[2] : NULL;
-    if (!c->x->p->bf16)
+    if (!c->x->p->bf16) {
+        DW_ASSERT(!c->pgrad_set[1]); /* the FP32 kernel adds into dW: the compiler keeps its zeroing */
         return dw_cuda_linear_bwd(be->ctx, c->dx[0], c->dx_acc[0], dw, db, c->dout[0], c->in[0], c->in[1], N, K, M, s);
+    }
     void *dx = c->fuse_dx ? c->fuse_dx : c->dx[0]; /* x = GELU(h): the dgrad writes dh = (dy W) GELU'(h) */
     bool dg = false, wg = false;
     if (dw_compile_quant_recipe(c->x->p->node[c->node].bind.recipe)) /* quantised; BF16 below for the others */
@@ -59,9 +61,11 @@ dw_status dw_cuda_op_linear_bwd(dw_backend *be, const dw_op_call *c) {
         const dw_gemm_args a = dw_linear_dgrad_args(c, wb, dx, N, K, M);
         DW_TRY(dw_gemm(be->ctx, &a));
     }
-    if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K], FP32 output accumulated (beta = 1) */
+    if (!wg) { /* wgrad: dW [M,K] += dy^T [M,N] x [N,K], FP32 output accumulated (beta = 1), or
+                * written over (beta 0) by grad_arena's first writer (pgrad_set) */
         float *bgrad = db ? (float *)(c->x->work + c->x->p->work.bgrad) : NULL; /* then db += it */
-        const dw_gemm_args a = dw_linear_wgrad_args(c, bgrad, N, K, M);
+        dw_gemm_args a = dw_linear_wgrad_args(c, bgrad, N, K, M);
+        if (c->pgrad_set[1]) a.beta = 0.0f, a.c = NULL;
         DW_TRY(dw_gemm(be->ctx, &a));
         return db ? dw_cuda_add_fwd(be->ctx, DW_ACT_F32, db, db, bgrad, M, s) : DW_OK;
     }

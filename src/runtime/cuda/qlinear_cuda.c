@@ -239,6 +239,7 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
         dw_gemm_args a = {.pass = DW_GEMM_WGRAD, .m = M, .n = K, .k = N, .a = op(ra, &dyt, M, N, false),
                           .b = op(ra, &xt, K, N, true), .alpha = 1.0f, .beta = 1.0f, .c = c->pgrad[1],
                           .d = c->pgrad[1], .out_type = DW_GEMM_OUT_F32};
+        if (c->pgrad_set[1]) a.beta = 0.0f, a.c = NULL; /* grad_arena's first writer: dW written over */
         DW_TRY(dw_gemm(be->ctx, &a));
     }
     return DW_OK;
