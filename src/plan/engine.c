@@ -3,6 +3,7 @@
  * none or full) and its exact device memory, taken from dw_compile's
  * static plan — the code the engine allocates from — so prediction and engine cannot drift.
  * Planning only: captures and compiles a graph of shapes, touches no GPU. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,15 +125,41 @@ dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_
     return engine_memory(ctx, in, par->micro_batch, (int)par->recompute, par->grad_accum == 1 && par->zero < 2, out);
 }
 
+static void price(const dw_plan_in *in, const compiled_job *j, double *node_f, double *node_b, dw_engine_time *out);
+
+double dw_plan_z3_prefetch_exposed(int s0, int s1, const double *gather, const double *step_s) {
+    double exposed = 0, hidden = -1; /* compute since the previous event step; -1: none yet */
+    for (int s = s0; s < s1; s++) {
+        if (gather[s] > 0) exposed += hidden < 0 ? gather[s] : fmax(0, gather[s] - hidden), hidden = 0;
+        if (hidden >= 0) hidden += step_s[s];
+    }
+    return exposed;
+}
+
+/* A forward or backward step's compute from its nodes' (node_f, node_b): a forward step of an op
+ * doing its backward in the forward (DW_OPF_BWD_IN_FWD) both, not when recomputed (arg 1); the
+ * fused LM head's loss step the head linear's too (it has no steps of its own); others 0. */
+static double step_time(const dw_compiled *p, const dw_step *st, const double *node_f, const double *node_b) {
+    const int i = st->node;
+    if ((st->kind != DW_STEP_FWD && st->kind != DW_STEP_BWD) || i < 0 || i >= p->g->n_nodes) return 0;
+    if (st->kind == DW_STEP_BWD) return node_b[i];
+    const bool both = st->arg == 0 && (dw_op_flags(dw_compile_node(p, i)->op) & DW_OPF_BWD_IN_FWD);
+    const int h = p->head_linear;
+    return node_f[i] + (both ? node_b[i] : 0) + (i == p->head_xent && h >= 0 ? node_f[h] + (both ? node_b[h] : 0) : 0);
+}
+
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
     dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, false, &j); /* ZeRO-2/3: a pool */
     const dw_compiled *p = j.c;
-    const int np = s == DW_OK ? p->n_params : 0;
+    const int np = s == DW_OK ? p->n_params : 0, ns = s == DW_OK ? p->n_steps : 0, nn = s == DW_OK ? p->g->n_nodes : 0;
     dw_mem_item *items = calloc((size_t)np + 1, sizeof *items);
     int *item_of = malloc(((size_t)np + 1) * sizeof *item_of), *first = malloc((2 * (size_t)np + 1) * sizeof *first);
-    if (s == DW_OK && (!items || !item_of || !first)) s = dw_set_error(ctx, DW_ERR_NOMEM, "planner: out of memory");
+    double *gather = calloc((size_t)ns + 1, sizeof *gather), *step_s = calloc((size_t)ns + 1, sizeof *step_s);
+    double *node_t = calloc(2 * (size_t)nn + 1, sizeof *node_t); /* (2, n_nodes): forward, backward */
+    if (s == DW_OK && (!items || !item_of || !first || !gather || !step_s || !node_t))
+        s = dw_set_error(ctx, DW_ERR_NOMEM, "planner: out of memory");
     if (s == DW_OK) s = dw_memplan_assign(ctx, items, dw_z3_slot_items(p, items, item_of, first), &out->gather_bytes);
     if (s == DW_OK) {
         const int world = par->dp;
@@ -145,12 +172,19 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
                 dw_shard_range(p->param_floats, world, r, &rlo, &rhi);
                 const int64_t lo = a > rlo ? a : rlo, hi = a + n < rhi ? a + n : rhi;
                 if (hi <= lo) continue;
-                out->gathered_floats += sweeps * (hi - lo), out->broadcasts += sweeps;
-                out->gather_s += sweeps * dw_plan_broadcast_time(in->hw, world, 4.0 * (double)(hi - lo));
+                const double t = dw_plan_broadcast_time(in->hw, world, 4.0 * (double)(hi - lo));
+                out->gathered_floats += sweeps * (hi - lo), out->broadcasts += sweeps, out->gather_s += sweeps * t;
+                for (int sw = 0; sw < 2; sw++) /* at the event step: the sweep's first reader of k */
+                    if (first[2 * k + sw] >= 0) gather[first[2 * k + sw]] += t;
             }
         }
+        dw_engine_time et;
+        price(in, &j, node_t, node_t + nn, &et);
+        for (int t = 0; t < ns; t++) out->step_compute_s += step_s[t] = step_time(p, &p->steps[t], node_t, node_t + nn);
+        for (int ph = DW_PHASE_FORWARD; ph <= DW_PHASE_BACKWARD; ph++)
+            out->gather_exposed_s += dw_plan_z3_prefetch_exposed(p->phase[ph][0], p->phase[ph][1], gather, step_s);
     }
-    free(items), free(item_of), free(first);
+    free(items), free(item_of), free(first), free(gather), free(step_s), free(node_t);
     release(&j);
     return s;
 }
@@ -208,14 +242,13 @@ static dw_recipe rate_recipe(int r) {
     }
 }
 
-dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
-                              dw_engine_time *out) {
+/* The engine's time for the compiled job j (dw_engine_time), and where node_f/node_b are given
+ * (n_nodes each) each node's share: its forward (run again in the backward sweep when recomputed)
+ * and its backward, kernels, memory passes and launches; the micro-batch's overhead in neither. */
+static void price(const dw_plan_in *in, const compiled_job *j, double *node_f, double *node_b, dw_engine_time *out) {
     memset(out, 0, sizeof *out);
-    compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, recompute, true, &j);
-    if (s != DW_OK) goto done;
-    const dw_graph *g = j.g;
-    const dw_compiled *c = j.c;
+    const dw_graph *g = j->g;
+    const dw_compiled *c = j->c;
     const dw_gpu_info *gpu = &in->hw->gpus[0];
     const double peak = gpu->peak_bf16_tflops * 1e12, bw = gpu->hbm_gbps * 1e9;
     const double N = (double)(g->batch * g->seq), as = c->act_size;
@@ -228,6 +261,7 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
         const dw_ir_node *n = &g->nodes[i];
         const dw_ir_tensor *y = &g->tensors[n->out[0]];
         const double fwd0 = out->fwd, memf0 = mem_f, kf0 = kf; /* this node's forward: what it adds */
+        const double bwd0 = out->bwd, memb0 = mem_b, kb0 = kb;
         if (DW_OP_IS(n, DW_OPF_GEMM)) {
             kf += 1, kb += 2; /* fprop | dgrad, wgrad */
             const dw_ir_tensor *x = &g->tensors[n->in[0]];
@@ -292,6 +326,8 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
             mem_f += ef * as, mem_b += eb * as;
             kf += ef > 0, kb += eb > 0;
         }
+        if (node_f) node_f[i] = out->fwd - fwd0 + (kf - kf0) * ENGINE_LAUNCH_S + (mem_f - memf0) / (bw * ENGINE_MEM_EFF);
+        if (node_b) node_b[i] = out->bwd - bwd0 + (kb - kb0) * ENGINE_LAUNCH_S + (mem_b - memb0) / (bw * ENGINE_MEM_EFF);
         if (dw_compile_rc_time(c, i) >= 0) /* recompute: the forward runs again in the backward sweep */
             out->bwd += out->fwd - fwd0, mem_b += mem_f - memf0, kb += kf - kf0;
     }
@@ -302,7 +338,14 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
     out->fwd += tf, out->bwd += tb, out->mem = tf + tb;
     out->optimizer = (double)c->param_floats * ENGINE_ADAMW_BYTES / (bw * ENGINE_ADAMW_EFF) +
                      wq_bytes / (bw * ENGINE_MEM_EFF) + wq_launches * ENGINE_LAUNCH_S;
-done:
+}
+
+dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
+                              dw_engine_time *out) {
+    memset(out, 0, sizeof *out);
+    compiled_job j;
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, true, &j);
+    if (s == DW_OK) price(in, &j, NULL, NULL, out);
     release(&j);
     return s;
 }

@@ -248,7 +248,8 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
  * accepts with dp > 1: seconds of collectives (*all; *exposed: the part the backward of `bwd`
  * seconds, one micro-batch's, does not hide when `overlap`, the runtime's default; all of it
  * without) and of the optimizer (*opt: engine_opt, the one-GPU engine's AdamW, or its 1/dp shard
- * under ZeRO-1/2/3). ZeRO-3 adds its gathers (dw_plan_engine_zero3), every micro-batch, all exposed.
+ * under ZeRO-1/2/3). ZeRO-3 adds its gathers (dw_plan_engine_zero3), every micro-batch: with
+ * `overlap`, prefetched (gather_exposed_s exposed); without, as under DW_Z3_PREFETCH=0, all exposed.
  * dp 1: zeros and engine_opt. */
 void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_opt, double bwd, bool overlap,
                         double *all, double *exposed, double *opt);
@@ -261,14 +262,25 @@ double dw_plan_broadcast_time(const dw_hw *hw, int64_t n, double bytes);
  * weights pool = shard + gather), and one micro-batch's gathers: every parameter a forward step
  * reads broadcast once before the forward, every one a backward step reads (recomputed forwards
  * too) once before the backward, each in parts from the ranks whose shards hold it, one after
- * another (blocking, nothing overlapped). */
+ * another (gather_s). Prefetched (train/dp_zero3_gather.c), the gathers of an event step (the
+ * first step of a sweep reading a parameter) start at the sweep's previous event step and run
+ * under the compute of the steps from there to their own (the engine's kernel times, node by
+ * node); gather_exposed_s sums, per sweep, the first event step's gathers whole and each later
+ * one's max(0, gather - that compute). */
 typedef struct {
     int64_t gather_bytes, shard_bytes;
     int64_t gathered_floats; /* floats broadcast in one micro-batch (both sweeps) */
     int64_t broadcasts;      /* broadcasts in one micro-batch */
     double gather_s;         /* their seconds */
+    double gather_exposed_s; /* the part of them the prefetch leaves exposed (below) */
+    double step_compute_s;   /* the forward and backward steps' compute, summed (what could hide them) */
 } dw_engine_zero3;
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out);
+/* One sweep's (steps [s0, s1)) gather seconds the prefetch leaves exposed: gather[s] > 0 marks an
+ * event step and its gathers' seconds, step_s[s] the step's compute; the first event step's
+ * gathers whole, each later one's max(0, gather[s] - the compute of the steps from the previous
+ * event step to s). */
+double dw_plan_z3_prefetch_exposed(int s0, int s1, const double *gather, const double *step_s);
 /* ZeRO-2/3's gradient staging as train/dp_stage.c allocates it beside the gradients' shard, for a
  * plan with dp > 1 at its micro-batch and recompute: compile/grad_stage.h's slots over the compiled
  * program with the default bucket, reductions overlapped with backward. */

@@ -8,10 +8,13 @@
  *   ZeRO-2: the same reduces on every micro-batch;
  *   ZeRO-3: ZeRO-2's reduces and shard step, no all-gather after it; instead, on every micro-batch,
  *           each parameter broadcast into its gather slot before the forward and again before the
- *           backward (train/dp_zero3.c): blocking, between steps, so all exposed.
+ *           backward (train/dp_zero3.c), each event step's gathers started at the sweep's previous
+ *           event step (train/dp_zero3_gather.c): exposed where they outlast the compute between,
+ *           and the first event step's of each sweep whole (dw_plan_engine_zero3).
  * Overlapped, a reduction is exposed where it outlasts the backward it runs under, and the last
  * bucket (the first parameters, final when the backward ends) always is; the all-gather after the
- * step always is. `--no-overlap` starts the same collectives after the backward: all exposed.
+ * step always is. `--no-overlap` starts the same collectives after the backward: all exposed, and
+ * overlap=false prices ZeRO-3's gathers unprefetched too (DW_Z3_PREFETCH=0).
  * (Sharing the GPU with the backward's kernels may slow both; not modelled.) Memory is the one-GPU
  * engine's pools but, under ZeRO-1/2/3, each rank's optimizer pool its shard's, and under ZeRO-3 its
  * weights pool its masters' shard plus the gather block (memory.c by compile/shard.h and
@@ -57,7 +60,8 @@ void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_o
     if (par->zero == 3) {
         dw_engine_zero3 z;
         if (dw_plan_engine_zero3(NULL, in, par, &z) == DW_OK) /* else memory.c cannot price it either */
-            *all += (double)par->grad_accum * z.gather_s, *exposed += (double)par->grad_accum * z.gather_s;
+            *all += (double)par->grad_accum * z.gather_s,
+                *exposed += (double)par->grad_accum * (overlap ? z.gather_exposed_s : z.gather_s);
         *opt = engine_opt / (double)n;
     } else if (par->zero) {
         const double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, n, 1, bytes);

@@ -6,7 +6,10 @@
  * from the compiled program's steps (first to last forward step reading a parameter, then first to
  * last backward step, each from the sweep's previous first reader, where the prefetch starts it); the step time is ZeRO-2's reduction, no all-gather, the AdamW of the shard,
  * and every micro-batch's broadcasts of each parameter's parts (one per owning rank, once per sweep
- * that reads it) summed here part by part, all exposed. A quantised recipe is not runnable. */
+ * that reads it) summed here part by part, exposed as the prefetch leaves them: each sweep's first
+ * event step's whole, the rest where they outlast the compute between (an exact oracle on a
+ * hand-computed sweep, bounds on the programs), all exposed without overlap; faster links never
+ * make a ZeRO-3 step slower. A quantised recipe is not runnable. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +31,7 @@
 typedef struct {
     int64_t gather, floats, bcast_floats;
     double seconds;
+    double first_s; /* the gathers of each sweep's first event step (blocking under the prefetch) */
 } z3_oracle;
 
 /* Parameter tensor t's first and last reader among the steps [s0, s1) of the kind forward or backward. */
@@ -65,7 +69,11 @@ static void oracle(dw_ctx *ctx, const dw_plan_in *in, int64_t mb, int rc, int dp
         reads(c, c->param_tensor[k], c->phase[DW_PHASE_BACKWARD][0], c->phase[DW_PHASE_BACKWARD][1], &rd[4 * k + 2],
               &rd[4 * k + 3]);
     }
-    int n = 0;
+    int n = 0, f0 = -1, b0 = -1; /* each sweep's first event step: the earliest first reader */
+    for (int k = 0; k < c->n_params; k++) {
+        if (rd[4 * k] >= 0 && (f0 < 0 || rd[4 * k] < f0)) f0 = rd[4 * k];
+        if (rd[4 * k + 2] >= 0 && (b0 < 0 || rd[4 * k + 2] < b0)) b0 = rd[4 * k + 2];
+    }
     for (int k = 0; k < c->n_params; k++) {
         const int ff = rd[4 * k], fl = rd[4 * k + 1], bf = rd[4 * k + 2], bl = rd[4 * k + 3];
         if (ff < 0 && bf < 0) continue;
@@ -87,8 +95,10 @@ static void oracle(dw_ctx *ctx, const dw_plan_in *in, int64_t mb, int rc, int dp
             const int64_t a = c->param_off[k], lo = a > rlo ? a : rlo, hi = a + numel < rhi ? a + numel : rhi;
             if (hi <= lo) continue;
             const double bytes = 4.0 * (double)(hi - lo);
+            const double t = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, dp, 1, bytes) * dp / (dp - 1);
             o->bcast_floats += sweeps * (hi - lo);
-            o->seconds += sweeps * dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, dp, 1, bytes) * dp / (dp - 1);
+            o->seconds += sweeps * t;
+            o->first_s += (ff >= 0 && ff == f0 ? t : 0) + (bf >= 0 && bf == b0 ? t : 0);
         }
     }
     int64_t sum = 0, apart = 0; /* every slot's bytes; side by side, each 256-aligned */
@@ -153,14 +163,28 @@ static void test_zero3_priced_as_run(void **state) {
     assert_true(fabs(z3.gather_s / o.seconds - 1) < 1e-12);
     /* every parameter float is broadcast at least once a micro-batch, at most twice */
     assert_true(o.bcast_floats <= 2 * o.floats && o.bcast_floats > 0);
-    /* time, term by term: ZeRO-2's reduction (no all-gather after the step), ga x the gathers, exposed */
+    /* prefetched: each sweep's first event step's gathers whole, no more than all of them, and at most
+     * the micro-batch's compute (forward and backward) hidden */
+    const double x3 = z3.gather_exposed_s, tol = 1e-12 * o.seconds;
+    assert_true(x3 >= o.first_s - tol && x3 <= o.seconds + tol && o.first_s > 0);
+    assert_true(x3 >= o.first_s + fmax(0, o.seconds - o.first_s - z3.step_compute_s) - tol);
+    /* the steps' compute is the engine's forward and backward, split step by step (less the
+     * micro-batch's fixed overhead, a few tens of microseconds, on no step) */
+    assert_true(z3.step_compute_s <= (et.fwd + et.bwd) * (1 + 1e-12) && z3.step_compute_s >= et.fwd + et.bwd - 1e-4);
+    /* time, term by term: ZeRO-2's reduction (no all-gather after the step), ga x the gathers, of
+     * which ga x gather_exposed_s exposed (overlap, the search's), all without */
     dw_param_counts pc;
     dw_plan_params(&in, &pc);
     const double ag = dw_plan_coll_time(hw, DW_COLL_ALLGATHER, dp, 1, 4 * pc.total);
     const double gathers = (double)ga * o.seconds;
     assert_true(fabs(e[3].cost.dp_comm - (e[2].cost.dp_comm - ag + gathers)) <= 1e-12 * e[3].cost.dp_comm);
-    assert_true(fabs(e[3].cost.dp_exposed - (e[2].cost.dp_exposed - ag + gathers)) <= 1e-12 * e[3].cost.dp_comm);
-    assert_true(e[3].cost.dp_exposed >= gathers * (1 - 1e-12));
+    assert_true(fabs(e[3].cost.dp_exposed - (e[2].cost.dp_exposed - ag + (double)ga * x3)) <= 1e-12 * e[3].cost.dp_comm);
+    double a0, x0, o0, a2, x2, o2; /* without overlap (--no-overlap, DW_Z3_PREFETCH=0): all exposed */
+    dw_plan_runtime_dp(&in, &p3, et.optimizer, et.bwd, false, &a0, &x0, &o0);
+    dw_par p2 = e[2].par;
+    dw_plan_runtime_dp(&in, &p2, et.optimizer, et.bwd, false, &a2, &x2, &o2);
+    assert_true(fabs(x0 - (x2 - ag + gathers)) <= 1e-12 * a0 && fabs(a0 - e[3].cost.dp_comm) <= 1e-12 * a0);
+    assert_true(e[3].cost.dp_exposed <= x0 * (1 + 1e-12));
     assert_true(fabs(e[3].cost.optimizer / (et.optimizer / dp) - 1) < 1e-12);
     assert_true(fabs(e[3].cost.compute / ((double)ga * (et.fwd + et.bwd)) - 1) < 1e-9);
     assert_true(fabs(e[3].cost.step / (e[3].cost.pipeline + e[3].cost.dp_exposed + e[3].cost.optimizer) - 1) < 1e-12);
@@ -171,6 +195,72 @@ static void test_zero3_priced_as_run(void **state) {
     assert_false(dw_plan_engine_runnable(&in, &p3, why, sizeof why));
     assert_non_null(strstr(why, "ZeRO-3"));
     assert_non_null(strstr(why, "quantised"));
+    dw_hw_free(hw);
+    dw_ctx_free(ctx);
+}
+
+/* The prefetch's exposure on hand-computed sweeps (dyadic seconds, so exact): steps 0..7, gathers
+ * at the event steps 1, 3 and 6. Step 0's compute precedes the first event and hides nothing. */
+static void test_prefetch_exposed_by_hand(void **state) {
+    (void)state;
+    const double gather[8] = {0, 3, 0, 2, 0, 0, 5, 0}, step_s[8] = {7, 1, 0.5, 2, 1, 1.5, 0.25, 9};
+    /* 3 (the first, blocking) + max(0, 2 - (1 + 0.5)) + max(0, 5 - (2 + 1 + 1.5)) */
+    assert_true(dw_plan_z3_prefetch_exposed(0, 8, gather, step_s) == 3 + 0.5 + 0.5);
+    /* the sweep from step 2: step 3's gathers block, step 6's hide under 4.5 s but 0.5 */
+    assert_true(dw_plan_z3_prefetch_exposed(2, 8, gather, step_s) == 2 + 0.5);
+    const double slow[8] = {0, 0.5, 0, 1.5, 0, 0, 4.5, 0}; /* each later one hidden whole */
+    assert_true(dw_plan_z3_prefetch_exposed(0, 8, slow, step_s) == 0.5);
+    const double none[8] = {0};
+    assert_true(dw_plan_z3_prefetch_exposed(0, 8, none, step_s) == 0);
+    /* random sweeps: between the first event's gathers and all of them; faster links (the gathers
+     * scaled down) never expose more */
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x2f);
+    for (int trial = 0; trial < 200; trial++) {
+        double g[32], c[32], g2[32], sum = 0, first = -1;
+        const double scale = (double)(dw_test_next(&rng) % 1000) / 1000;
+        for (int s = 0; s < 32; s++) {
+            g[s] = dw_test_next(&rng) % 3 ? 0 : (double)(dw_test_next(&rng) % 1000) / 97;
+            c[s] = (double)(dw_test_next(&rng) % 1000) / 331;
+            g2[s] = g[s] * scale;
+            sum += g[s];
+            if (first < 0 && g[s] > 0) first = g[s];
+        }
+        const double x = dw_plan_z3_prefetch_exposed(0, 32, g, c);
+        assert_true(x <= sum * (1 + 1e-12) && x >= (first > 0 ? first : 0));
+        assert_true(dw_plan_z3_prefetch_exposed(0, 32, g2, c) <= x * (1 + 1e-12));
+    }
+}
+
+/* Faster links never make a ZeRO-3 plan's step slower: the same plan with the NVLink bandwidth
+ * raised step by step. */
+static void test_zero3_faster_links(void **state) {
+    (void)state;
+    dw_ctx *ctx = plan_ctx();
+    dw_test_rng rng;
+    dw_test_rng_init(&rng, dw_test_seed() ^ 0x31);
+    dw_model_config cfg;
+    int dp;
+    dw_hw *hw = plan_random_dp(ctx, &rng, &cfg, &dp);
+    const int64_t mb = 1 + (int64_t)(dw_test_next(&rng) % 2);
+    dw_job j = {.seq = 128, .global_batch = dp * mb};
+    dw_par p = {.dp = dp, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = mb, .grad_accum = 1,
+                .zero = 3};
+    const double base = hw->nvlink_gbps;
+    double prev = -1, prev_exp = -1, slowest = 0;
+    for (int i = 0; i < 6; i++) {
+        hw->nvlink_gbps = base / 8 * (double)(1 << i); /* 1/8 .. 4x the preset */
+        dw_plan_in in;
+        assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
+        dw_plan_entry e;
+        dw_reject why;
+        char det[200];
+        assert_true(dw_plan_evaluate(&in, &p, true, &e, &why, det, sizeof det) && e.runs);
+        if (prev >= 0) assert_true(e.cost.step <= prev * (1 + 1e-12) && e.cost.dp_exposed <= prev_exp * (1 + 1e-12));
+        prev = e.cost.step, prev_exp = e.cost.dp_exposed;
+        if (i == 0) slowest = e.cost.step;
+    }
+    assert_true(prev < slowest); /* the links do count: the first gathers of each sweep at least */
     dw_hw_free(hw);
     dw_ctx_free(ctx);
 }
@@ -214,6 +304,8 @@ static void test_zero3_ranked_when_only_it_fits(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zero3_priced_as_run),
+        cmocka_unit_test(test_prefetch_exposed_by_hand),
+        cmocka_unit_test(test_zero3_faster_links),
         cmocka_unit_test(test_zero3_ranked_when_only_it_fits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
