@@ -148,6 +148,8 @@ static double step_time(const dw_compiled *p, const dw_step *st, const double *n
     return node_f[i] + (both ? node_b[i] : 0) + (i == p->head_xent && h >= 0 ? node_f[h] + (both ? node_b[h] : 0) : 0);
 }
 
+static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps); /* below the engine's rates */
+
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
@@ -167,6 +169,8 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
         for (int k = 0; k < np; k++) { /* train/dp_zero3.c gather(): a part per rank whose shard holds some of k */
             const int sweeps = (first[2 * k] >= 0) + (first[2 * k + 1] >= 0);
             const int64_t a = p->param_off[k], n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
+            if (p->bf16 && item_of[k] >= 0) /* dp_zero3_gather.c: the gathered FP32 cast into the slot's BF16 */
+                out->cast_s += z3_cast_s(in, n, sweeps);
             for (int r = 0; item_of[k] >= 0 && r < world; r++) {
                 int64_t rlo, rhi;
                 dw_shard_range(p->param_floats, world, r, &rlo, &rhi);
@@ -220,6 +224,13 @@ dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_
  * (docs/planner.md): gpt2-124m at micro-batch 1 x 16 accumulations measured 97.5 ms against
  * 48.3 ms of modelled work over 16 x ~340 launches. */
 #define ENGINE_LAUNCH_S 6.0e-6
+
+/* ZeRO-3's cast of one gathered parameter of n floats to BF16 in its slot, in each of `sweeps`
+ * sweeps (train/dp_zero3_gather.c): a memory pass reading 4 and writing 2 bytes a float, and a
+ * launch. */
+static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps) {
+    return sweeps * ((double)n * 6.0 / (in->hw->gpus[0].hbm_gbps * 1e9 * ENGINE_MEM_EFF) + ENGINE_LAUNCH_S);
+}
 /* The grouped expert GEMM (moe_linear: kernels/cuda/moe_gemm_sm90.cu on Hopper). Each expert's
  * rows are tiled by 128 (MW_BM) on their own, so a group's last tile is on average half empty:
  * the kernel computes R/E + 64 rows per expert. Against a dense GEMM of that padded shape it runs

@@ -274,6 +274,8 @@ typedef struct {
     double gather_s;         /* their seconds */
     double gather_exposed_s; /* the part of them the prefetch leaves exposed (below) */
     double step_compute_s;   /* the forward and backward steps' compute, summed (what could hide them) */
+    double cast_s;           /* BF16 programs: each gathered parameter cast to BF16 in its slot, a memory pass
+                              * (4 + 2 bytes a float) and a launch per sweep, on the compute stream */
 } dw_engine_zero3;
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out);
 /* One sweep's (steps [s0, s1)) gather seconds the prefetch leaves exposed: gather[s] > 0 marks an

@@ -10,7 +10,9 @@
  *           each parameter broadcast into its gather slot before the forward and again before the
  *           backward (train/dp_zero3.c), each event step's gathers started at the sweep's previous
  *           event step (train/dp_zero3_gather.c): exposed where they outlast the compute between,
- *           and the first event step's of each sweep whole (dw_plan_engine_zero3).
+ *           and the first event step's of each sweep whole (dw_plan_engine_zero3); in a BF16
+ *           program each gathered parameter is then cast to BF16 on the compute stream (cast_s,
+ *           priced with the exposed time: nothing hides it).
  * Overlapped, a reduction is exposed where it outlasts the backward it runs under, and the last
  * bucket (the first parameters, final when the backward ends) always is; the all-gather after the
  * step always is. `--no-overlap` starts the same collectives after the backward: all exposed, and
@@ -61,7 +63,7 @@ void dw_plan_runtime_dp(const dw_plan_in *in, const dw_par *par, double engine_o
         dw_engine_zero3 z;
         if (dw_plan_engine_zero3(NULL, in, par, &z) == DW_OK) /* else memory.c cannot price it either */
             *all += (double)par->grad_accum * z.gather_s,
-                *exposed += (double)par->grad_accum * (overlap ? z.gather_exposed_s : z.gather_s);
+                *exposed += (double)par->grad_accum * ((overlap ? z.gather_exposed_s : z.gather_s) + z.cast_s);
         *opt = engine_opt / (double)n;
     } else if (par->zero) {
         const double ag = dw_plan_coll_time(in->hw, DW_COLL_ALLGATHER, n, 1, bytes);
