@@ -22,12 +22,8 @@ static float *fill(int64_t n, float sd) {
 
 int main(int argc, char **argv) {
     const int layers = argc > 1 ? atoi(argv[1]) : 8;
-    int64_t caps[16] = {0, 1 << 20, 1 << 16};
-    int nc = 3;
-    if (argc > 2) {
-        nc = 0;
-        for (int i = 2; i < argc && nc < 16; i++) caps[nc++] = atoll(argv[i]);
-    }
+    int64_t caps[16];
+    const int nc = qcm_caps(argc, argv, 2, caps);
     const int64_t N = QCM_N, *K = qcm_k, *M = qcm_m; /* q k v o gate up down */
     dw_ctx *ctx = NULL;
     dw_ctx_opts o = {.device = DW_DEVICE_CPU};

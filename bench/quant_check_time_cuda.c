@@ -60,12 +60,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "quant_check_time_cuda: unknown recipe '%s'\n", argv[2]);
         return 2;
     }
-    int64_t caps[16] = {0, 1 << 20, 1 << 16};
-    int nc = 3;
-    if (argc > 3) {
-        nc = 0;
-        for (int i = 3; i < argc && nc < 16; i++) caps[nc++] = atoll(argv[i]);
-    }
+    int64_t caps[16];
+    const int nc = qcm_caps(argc, argv, 3, caps);
     const int64_t N = QCM_N, *K = qcm_k, *M = qcm_m; /* q k v o gate up down */
     dw_ctx *ctx = NULL;
     dw_ctx_opts o = {.device = DW_DEVICE_CPU}; /* errors only: the calls take their stream */
