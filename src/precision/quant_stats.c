@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "io/safetensors_quant.h"
 #include "precision/quant_stats.h"
@@ -141,3 +142,5 @@ double dw_qstats_default_threshold(dw_recipe r) {
     if (r == DW_RECIPE_BF16 || (int)r < 0 || r >= DW_RECIPE_COUNT) return 0.0;
     return dw_recipe_elem_bits(r) == 4 ? 0.25 : 0.1;
 }
+
+bool dw_qstats_on_device(void) { return dw_env_flag("DW_QCHECK_DEVICE", false); }

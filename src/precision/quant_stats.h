@@ -47,6 +47,12 @@ dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t ro
  * 0 when the whole tensor is measured (cap <= 0, n <= cap, or k >= G). */
 int64_t dw_qstats_sample(dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans, int64_t cap,
                          int64_t *group_rows, int64_t *group);
+/* Whether a backend that can measure where the tensors live (runtime/backend.h qstats; the CUDA
+ * backend's kernels/cuda/quant_check.cu) does so for the guard's check: DW_QCHECK_DEVICE=1, opt-in
+ * until the device check has passed tests/gpu/test_guard_check_cuda.c on a GPU; else each tensor
+ * is read back and measured with dw_qstats_measure. One decision for x, W (train/guard_quant.c)
+ * and dy (runtime/cuda/guard_check_cuda.c). */
+bool dw_qstats_on_device(void);
 /* dw_qstats_sample in two halves, for a backend that finds the amax itself (runtime/cuda/
  * guard_check_cuda.c): the k it takes of the quantised layout [R, C] (0: whole) and *group_rows;
  * then group[k] placed for G groups with the amax in group a. */

@@ -30,7 +30,6 @@
 #include <string.h>
 
 #include "compile/program.h"
-#include "core/env.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
@@ -302,12 +301,11 @@ static dw_status measure_pair(dw_qguard *g, dw_recipe r, bool bf16, const void *
 }
 
 /* Layer l's tensors into s[T_COUNT] (the ones it quantises): where they live when the backend
- * measures there (its qstats entry: a few words back per tensor) and DW_QCHECK_DEVICE=1 asks for
- * it — opt-in until the device check has passed its GPU test (tests/gpu/test_guard_check_cuda.c) —,
+ * measures there (its qstats entry: a few words back per tensor) and dw_qstats_on_device() says so,
  * else read back and measured with the reference on the host. */
 static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
     dw_engine *e = g->e;
-    const bool on_device = e->be->i->qstats != NULL && dw_env_flag("DW_QCHECK_DEVICE", false);
+    const bool on_device = e->be->i->qstats != NULL && dw_qstats_on_device();
     const dw_compiled *p = e->p;
     const dw_ir_node *n = &p->g->nodes[l->node];
     const dw_recipe ra = dw_compile_quant_act_recipe(l->recipe), rw = dw_compile_quant_weight_recipe(l->recipe);

@@ -8,7 +8,6 @@
  * as before, and the guard reads x and W back likewise. Not the decisions. */
 #include <stdlib.h>
 
-#include "core/env.h"
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -45,7 +44,7 @@ dw_status dw_cuda_measure_dy(dw_backend *be, const dw_op_call *c, dw_recipe ra, 
                              bool wg) {
     dw_qstats *ds = dw_qcounts_dy(c->x->qcounts, c->node);
     if (!ds || (!dg && !wg)) return DW_OK;
-    if (!dw_env_flag("DW_QCHECK_DEVICE", false)) return measure_dy_host(be, c, ra, N, M, dg, wg, ds);
+    if (!dw_qstats_on_device()) return measure_dy_host(be, c, ra, N, M, dg, wg, ds);
     if (dg) DW_TRY(dw_qcheck_cuda(be->ctx, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, false, &ds[0], DW_CUDA_STREAM(be)));
     if (wg) DW_TRY(dw_qcheck_cuda(be->ctx, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, true, &ds[1], DW_CUDA_STREAM(be)));
     return DW_OK;
