@@ -14,7 +14,7 @@
  *   DW_ATTN_CUDNN_DQ=...               cuDNN attention's dQ variant (an experiment)
  *   DW_MOE_GEMM=auto|wgmma|mma|simt    the CUDA grouped expert GEMM bound (compile/bind_grouped.c)
  *   DW_MOE_FP8=0                       withdraws the fp8_block grouped kernel (gemm/grouped_fp8.c)
- *   DW_MOE_WGRAD=tma|256|old           the wgmma wgrad's TMA reduce-add epilogue (128- or 256-column tiles) or the default register one (kernels/cuda/moe_gemm_sm90.cu)
+ *   DW_MOE_WGRAD=256|tma|old           the wgmma wgrad's TMA reduce-add epilogue with 256-column tiles (default) or 128, or the register one (kernels/cuda/moe_gemm_sm90.cu)
  *   DW_DP_BUCKET_FLOATS=N              data parallelism's gradient bucket (train/dp_buckets.c)
  *   DW_QCHECK_DEVICE=1                 the quantisation guard's check measured on the device (train/guard_quant.c, runtime/cuda/guard_check_cuda.c)
  *   DW_Z3_PREFETCH=0                   ZeRO-3's gathers not prefetched (train/dp_zero3_gather.c)
