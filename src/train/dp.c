@@ -188,8 +188,7 @@ static uint64_t fnv1a(const void *p, size_t n) {
 dw_status dw_dp_check_weights(dw_dp *d, int64_t step) {
     if (d->world == 1) return DW_OK;
     if (d->zero == 3 && !d->z3_whole) return dw_dp_z3_checkpoint(d); /* one copy of each weight */
-    DW_TRY(dw_dp_gather_experts(d)); /* --ep: every expert current everywhere, as a checkpoint needs;
-                                        ZeRO-3: the whole weights */
+    DW_TRY(dw_dp_gather_experts(d)); /* --ep: every expert current everywhere, as a checkpoint needs */
     const size_t bytes = (size_t)d->floats * sizeof(float);
     float *w = d->eng->x->w;
     float *host = NULL;

@@ -21,9 +21,10 @@
  *           engine made whole (dw_engine_opts.zero unset) writes the whole pool in place and
  *           everything outside the rank's shard is cleared after each micro-batch.
  *   ZeRO-3: as ZeRO-2, and the weights sharded: each parameter gathered before the first step of
- *           each sweep that reads it (dp_zero3.c); whole again for a sample; a checkpoint's
- *           weights gathered into rank 0's host memory. An engine made for it holds only its
- *           shard of the masters from creation (no BF16 copies: each made in its gather slot).
+ *           each sweep that reads it (dp_zero3.c), a sample's forwards too (on every rank); a
+ *           checkpoint's weights gathered into rank 0's host memory. An engine made for it holds
+ *           only its shard of the masters from creation (no BF16 copies: each made in its gather
+ *           slot).
  * Memory (ZeRO-1/2/3): the engine's optimizer pool holds the moments of the rank's shard alone,
  * from its creation when made for the stage (runtime/engine.c dw_engine_opts.zero), else cut here
  * (runtime/exec.h dw_exec_shard_optimizer); sized by compile/shard.h as the planner reports it.
@@ -92,7 +93,7 @@ dw_status dw_dp_report_times(dw_dp *d, dw_train_progress *p);
 dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep);
 /* --ep with ZeRO-0: every expert's weights and moments from the first group's owner to every rank,
  * the derived copies refreshed (before a checkpoint, the weight check, what rank 0 runs alone);
- * ZeRO-3: the whole weights on every rank (dw_dp_z3_whole); otherwise nothing. Every rank calls it. */
+ * otherwise nothing (ZeRO-3's samples gather on use: dw_dp_z3_samples_everywhere). Every rank calls it. */
 dw_status dw_dp_gather_experts(dw_dp *d);
 
 /* dp_range.c, for dp.c and dp_experts.c: the sum of squares of gradients [lo, hi) and AdamW over
@@ -119,8 +120,12 @@ dw_status dw_dp_gather_pool(dw_dp *d, float *pool);
  * engine's weights left sharded. dw_dp_save_weights (rank 0): the weights file from that copy
  * when there is one, else the engine's (dw_engine_save_weights). dw_dp_z3_end (every rank, after
  * training): the weights whole again when `whole` is asked or the engine was made whole; an engine
- * made for ZeRO-3 (dw_engine_opts.zero) stays sharded. */
+ * made for ZeRO-3 (dw_engine_opts.zero) stays sharded; each rank logs its weights pool at its
+ * largest and how often it was made whole. dw_dp_z3_samples_everywhere: ZeRO-3 sharded on several
+ * ranks, where a sample's forwards gather each parameter as they reach it, so every rank generates
+ * (the same on every rank: call it on all). */
 dw_status dw_dp_z3_checkpoint(dw_dp *d);
+bool dw_dp_z3_samples_everywhere(const dw_dp *d);
 /* dp_zero3_gather.c, for dp_zero3.c: the prefetch's plan (each step's next event step, room for
  * its started broadcasts; DW_Z3_PREFETCH) and its release; before step `step` (the executor's
  * hook): its gathers (prefetched or now) and the next event step's started; settle: a started

@@ -122,8 +122,6 @@ dw_status dw_dp_experts_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, dou
 }
 
 dw_status dw_dp_gather_experts(dw_dp *d) {
-    DW_TRY(dw_dp_z3_whole(d)); /* ZeRO-3: the whole weights, for rank 0's sample (a checkpoint gathers them
-                                  into rank 0's host: dw_dp_z3_checkpoint) */
     if (!d->n_slices) return DW_OK;
     dw_exec *x = d->eng->x;
     float *pools[3] = {x->w, x->m, x->v};

@@ -62,10 +62,12 @@ typedef struct {
     dw_dp_slice *slices;
     dw_comm *replicas;
     /* ZeRO-3 (dp_zero3.c): whether the weights pool is whole (the start unless made for ZeRO-3,
-     * after a sample) or the shard's; whether training asked for the shard; each parameter's gather slot
-     * (bytes into the gather block, -1: never read) and the gathers due before each step */
+     * or after training) or the shard's; whether training asked for the shard; each parameter's
+     * gather slot (bytes into the gather block, -1: never read) and the gathers due before each step */
     bool z3_whole, z3_want, z3_logged;
     bool z3_born;         /* the engine was made for ZeRO-3: its masters a shard from creation */
+    int z3_wholes;        /* times the weights were made whole on this rank (dw_dp_z3_whole) */
+    int64_t z3_peak_w;    /* the engine's weights pool at its largest since dw_dp_z3_init (bytes) */
     float *z3_host;       /* rank 0, after dw_dp_z3_checkpoint: every master (floats) in host memory */
     int64_t z3_gather_bytes;
     int64_t *z3_slot;     /* (n_params) */

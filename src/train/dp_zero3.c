@@ -5,13 +5,15 @@
  * its last reader in that sweep has run (the slots placed by the static memory planner,
  * compile/memplan.h, over those two lifetimes, each from the event before its own, as the gathers
  * are prefetched one event step ahead: dp_zero3_gather.c). The gradients go as ZeRO-2's
- * (dp_overlap.c), the optimizer steps the shard (dp.c). Whole weights again (dw_dp_z3_whole)
- * before what reads them whole: rank 0's sample; sharded again before the next training step. A
- * checkpoint's weights are gathered parameter by parameter into rank 0's host memory instead
- * (dw_dp_z3_checkpoint), the engine left sharded. An engine made for ZeRO-3 (dw_engine_opts.zero)
- * holds the shard's masters from its creation, initialised or loaded there (runtime/weights.c),
- * never the whole. A BF16 program's working copy of a parameter is made in its slot after the
- * gather (the backend's cast); quantised weight caches are not gathered yet (refused). */
+ * (dp_overlap.c), the optimizer steps the shard (dp.c). A sample's forwards gather as training's
+ * do, on every rank (dw_dp_z3_samples_everywhere; train/sample.c recomputes, no K/V cache). Whole
+ * weights again (dw_dp_z3_whole) only when asked after training (--profile, or an engine not made
+ * for ZeRO-3); sharded again before the next training step. A checkpoint's weights are gathered
+ * parameter by parameter into rank 0's host memory instead (dw_dp_z3_checkpoint), the engine left
+ * sharded. An engine made for ZeRO-3 (dw_engine_opts.zero) holds the shard's masters from its
+ * creation, initialised or loaded there (runtime/weights.c), never the whole. A BF16 program's
+ * working copy of a parameter is made in its slot after the gather (the backend's cast);
+ * quantised weight caches are not gathered yet (refused). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,10 +69,17 @@ static dw_status plan(dw_dp *d) {
     return st;
 }
 
+/* The engine's weights pool now, into the largest seen (what dw_dp_z3_end reports). */
+static void note_weights(dw_dp *d) {
+    const int64_t b = d->eng->x->pool_bytes[DW_POOL_WEIGHTS];
+    if (b > d->z3_peak_w) d->z3_peak_w = b;
+}
+
 /* The weights sharded: the masters of [lo, hi) kept, the gather block after them. */
 static dw_status to_sharded(dw_dp *d) {
     dw_exec *x = d->eng->x;
     DW_TRY(dw_exec_shard_weights(x, d->lo, d->hi, d->z3_gather_bytes, d->z3_slot, d->z3_slot16));
+    note_weights(d);
     if (!d->z3_logged) {
         d->z3_logged = true;
         DW_LOGI("ZeRO-3: weights of floats [%lld, %lld) plus %lld bytes gathered around their use: %lld bytes on this "
@@ -103,7 +112,8 @@ dw_status dw_dp_z3_init(dw_dp *d) {
                             "--precision bf16", p->precision);
     DW_TRY(plan(d));
     DW_TRY(dw_dp_z3_prefetch_plan(d));
-    d->z3_whole = true;
+    d->z3_whole = true, d->z3_wholes = 0, d->z3_peak_w = 0;
+    note_weights(d); /* whole, or the shard's masters alone (made for ZeRO-3) */
     dw_exec_stop_recording(x); /* the gathers run between the steps: a replayed step would skip them */
     x->before_step = before_step, x->before_user = d;
     if (x->w_hi - x->w_lo == p->param_floats) return DW_OK;
@@ -156,8 +166,13 @@ dw_status dw_dp_save_weights(dw_dp *d, const char *path) {
     return dw_engine_save_weights(d->eng, path);
 }
 
+bool dw_dp_z3_samples_everywhere(const dw_dp *d) { return d->zero == 3 && d->world > 1 && !d->z3_whole; }
+
 dw_status dw_dp_z3_end(dw_dp *d, bool whole) {
-    if (d->zero != 3 || d->world == 1 || d->z3_whole) return DW_OK;
+    if (d->zero != 3 || d->world == 1) return DW_OK;
+    DW_LOGI("ZeRO-3: this rank's weights pool at most %lld bytes (the whole weights %lld), made whole %d times",
+            (long long)d->z3_peak_w, (long long)d->eng->p->pool_bytes[DW_POOL_WEIGHTS], d->z3_wholes);
+    if (d->z3_whole) return DW_OK;
     if (!whole && d->z3_born) return DW_OK; /* made for ZeRO-3: whole would need the memory it was made to save */
     return dw_dp_z3_whole(d);
 }
@@ -181,8 +196,9 @@ dw_status dw_dp_z3_whole(dw_dp *d) {
     if (d->z3_whole) return DW_OK;
     DW_TRY(dw_dp_z3_settle(d)); /* a prefetch writes into the block about to go */
     DW_TRY(dw_exec_unshard_weights(d->eng->x));
-    d->z3_whole = true;
-    DW_LOGI("ZeRO-3: the whole weights on this rank again (%lld bytes), for rank 0's sample or after training",
+    d->z3_whole = true, d->z3_wholes++;
+    note_weights(d);
+    DW_LOGI("ZeRO-3: the whole weights on this rank again (%lld bytes), after training",
             (long long)d->eng->x->pool_bytes[DW_POOL_WEIGHTS]);
     DW_TRY(dw_dp_gather_pool(d, d->eng->x->w));
     return dw_engine_refresh(d->eng); /* the BF16 copies from the gathered masters */

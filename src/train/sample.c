@@ -4,6 +4,10 @@
  * engine can (runtime/kv_cache.h: the CPU engine, FP32 or BF16, MoE without drops) generation
  * decodes with a K/V cache;
  * elsewhere, or with DW_KV_CACHE=0, each token recomputes the forward over the last T tokens.
+ * An engine whose weights are ZeRO-3 shards (train/dp_zero3.c) recomputes too: each forward
+ * gathers every parameter into its gather slot as it reaches it, as a training forward does, so
+ * the weights are never whole; every rank of the job generates with it (the gathers are
+ * broadcasts), and the cache, which reads the masters in place, is left out.
  * dw_engine_generate_timed times the prefill (up to the first token) and the decode apart: each
  * step ends with its logits on the host, so wall-clock time is the device's too. */
 #include <errno.h>
@@ -20,6 +24,7 @@
 #include "core/log.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
+#include "runtime/exec.h"
 #include "runtime/kv_cache.h"
 #include "train/sample.h"
 
@@ -61,6 +66,9 @@ static dw_status recompute(dw_engine *e, const int32_t *tokens, int64_t len, flo
     return dw_engine_forward(e, tokens + len - L, NULL, 1, L, logits, NULL);
 }
 
+/* ZeRO-3 sharded weights: each parameter gathered into its slot by the forward that reads it. */
+static bool gathered_on_use(const dw_engine *e) { return e->x->param_at != NULL; }
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -87,13 +95,16 @@ dw_status dw_engine_generate_timed(dw_engine *e, int32_t *tokens, int64_t np, in
     /* the cache serves while the window starts at position 0 (len <= T): past it every token is a
      * recompute over the last T, as without a cache, so the tokens are the same either way */
     dw_kv_cache *kv = NULL;
-    const bool cached = n > 0 && np <= T && dw_env_flag("DW_KV_CACHE", true) && dw_kv_cache_supported(e);
+    const bool gathered = gathered_on_use(e);
+    const bool cached = n > 0 && np <= T && !gathered && dw_env_flag("DW_KV_CACHE", true) && dw_kv_cache_supported(e);
     float *logits = malloc((size_t)(T * V) * sizeof(float));
     double *work = malloc((size_t)V * sizeof(double));
     dw_status st = (logits && work) ? DW_OK : dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     if (st == DW_OK && cached) st = dw_kv_cache_create(e, &kv);
     DW_LOGD("generate: %lld tokens after %lld, %s", (long long)n, (long long)np,
-            kv ? "KV cache up to the program's seq" : "full recompute per token");
+            kv ? "KV cache up to the program's seq"
+            : gathered ? "full recompute per token, the ZeRO-3 shard's parameters gathered as each forward reaches them"
+                       : "full recompute per token");
     ts->cached = kv != NULL;
     for (int64_t i = 0; i < n && st == DW_OK; i++) {
         const int64_t len = np + i;

@@ -732,10 +732,12 @@ static dw_status loop(run *r) {
         dw_status st = DW_OK;
         const bool sample_now = o->sample_every > 0 && o->sample_tokens > 0 && (r->step % o->sample_every == 0 || last);
         if (sample_now) st = dw_dp_gather_experts(&r->dp); /* every rank: rank 0 samples with every expert */
-        if (st == DW_OK && lead && sample_now) {
+        /* rank 0 alone, or (ZeRO-3's shards, gathered by each forward) every rank, rank 0's kept */
+        if (st == DW_OK && (lead || dw_dp_z3_samples_everywhere(&r->dp)) && sample_now) {
             dw_ep_suspend(r->ep, true); /* rank 0 alone: every expert here (ep.h) */
             st = make_sample(r, &sample);
             dw_ep_suspend(r->ep, false);
+            if (!lead) free(sample), sample = NULL;
         }
         bool stop = dw_train_stop_requested(); /* also when it came during validation or sampling */
         bool due = o->ckpt_minutes > 0 && now_s() - t_ckpt >= o->ckpt_minutes * 60;
