@@ -143,4 +143,4 @@ double dw_qstats_default_threshold(dw_recipe r) {
     return dw_recipe_elem_bits(r) == 4 ? 0.25 : 0.1;
 }
 
-bool dw_qstats_on_device(void) { return dw_env_flag("DW_QCHECK_DEVICE", false); }
+bool dw_qstats_on_device(void) { return dw_env_flag("DW_QCHECK_DEVICE", true); }

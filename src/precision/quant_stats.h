@@ -48,9 +48,9 @@ dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t ro
 int64_t dw_qstats_sample(dw_recipe r, const float *x, int64_t rows, int64_t cols, bool trans, int64_t cap,
                          int64_t *group_rows, int64_t *group);
 /* Whether a backend that can measure where the tensors live (runtime/backend.h qstats; the CUDA
- * backend's kernels/cuda/quant_check.cu) does so for the guard's check: DW_QCHECK_DEVICE=1, opt-in
- * until the device check has passed tests/gpu/test_guard_check_cuda.c on a GPU; else each tensor
- * is read back and measured with dw_qstats_measure. One decision for x, W (train/guard_quant.c)
+ * backend's kernels/cuda/quant_check.cu) does so for the guard's check: yes unless DW_QCHECK_DEVICE=0
+ * (tests/gpu/test_guard_check_cuda.c passed on an H100, session 19); then each tensor is read back
+ * and measured with dw_qstats_measure. One decision for x, W (train/guard_quant.c)
  * and dy (runtime/cuda/guard_check_cuda.c). */
 bool dw_qstats_on_device(void);
 /* dw_qstats_sample in two halves, for a backend that finds the amax itself (runtime/cuda/

@@ -3,9 +3,8 @@
  * (kernels/cuda/quant_check.h: the same sample and sums as quant_stats.h's reference), so a check
  * copies a few words per operand back instead of the operand. The backend's qstats entry (x and
  * W, asked by the guard) and a check step's dy and dy^T (asked by the quantised linear's
- * backward, qlinear_cuda.c), with DW_QCHECK_DEVICE=1; without it (the default until the device check
- * has passed tests/gpu/test_guard_check_cuda.c on a GPU) dy is read back and measured on the host
- * as before, and the guard reads x and W back likewise. Not the decisions. */
+ * backward, qlinear_cuda.c), unless DW_QCHECK_DEVICE=0: then dy is read back and measured on the
+ * host, and the guard reads x and W back likewise. Not the decisions. */
 #include <stdlib.h>
 
 #include "core/error.h"
