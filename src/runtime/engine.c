@@ -225,7 +225,7 @@ dw_status dw_engine_adamw_args(dw_engine *e, const dw_adamw_opts *opts, int64_t 
 
 /* The engine's own optimizer step needs the whole moments and gradients (not ZeRO shards). */
 static dw_status whole_optimizer(dw_engine *e) {
-    if (e->x->opt_hi - e->x->opt_lo != e->p->param_floats) /* ZeRO-1/2/3 (train/dp.c) */
+    if (!dw_exec_moments_whole(e->x)) /* ZeRO-1/2/3 (train/dp.c) */
         return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "adamw: the engine holds the optimizer state of floats "
                             "[%lld, %lld) only (a ZeRO shard): its step is the data-parallel runtime's",
                             (long long)e->x->opt_lo, (long long)e->x->opt_hi);

@@ -89,6 +89,7 @@ void dw_exec_free(dw_exec *x) {
     for (int k = 0; k < DW_POOL_COUNT; k++)
         if (x->pool[k]) x->be->i->release(x->be, x->pool[k]);
     free(x->param_at), free(x->param_bf16_at);
+    free(x->opt_seg);
     free(x);
 }
 
@@ -115,7 +116,45 @@ dw_status dw_exec_shard_optimizer(dw_exec *x, int64_t lo, int64_t hi) {
     x->pool_bytes[DW_POOL_OPTIM] = bytes;
     x->m = (float *)mem, x->v = x->m + n;
     x->opt_lo = lo, x->opt_hi = hi;
+    free(x->opt_seg);
+    x->opt_seg = NULL, x->n_opt_seg = 0;
     return DW_OK;
+}
+
+dw_status dw_exec_shard_optimizer_segments(dw_exec *x, int n, const int64_t *segs) {
+    DW_ASSERT(n > 0);
+    int64_t total = 0;
+    for (int s = 0; s < n; s++) {
+        DW_ASSERT(segs[2 * s] < segs[2 * s + 1] && (s == 0 || segs[2 * s - 1] <= segs[2 * s]));
+        total += segs[2 * s + 1] - segs[2 * s];
+    }
+    DW_ASSERT(segs[0] >= 0 && segs[2 * n - 1] <= x->p->param_floats);
+    dw_exec_opt_seg *seg = malloc((size_t)n * sizeof *seg);
+    if (!seg) return dw_set_error(x->be->ctx, DW_ERR_NOMEM, "executor: out of memory");
+    for (int s = 0; s < n; s++) /* laid end to end */
+        seg[s] = (dw_exec_opt_seg){.lo = segs[2 * s], .hi = segs[2 * s + 1],
+                                   .at = s ? seg[s - 1].at + (seg[s - 1].hi - seg[s - 1].lo) : 0};
+    /* one block of the segments' floats, as one range of that many would take */
+    dw_status st = dw_exec_shard_optimizer(x, 0, total);
+    if (st != DW_OK) {
+        free(seg);
+        return st;
+    }
+    x->opt_seg = seg, x->n_opt_seg = n;
+    x->opt_lo = segs[0], x->opt_hi = segs[2 * n - 1];
+    return DW_OK;
+}
+
+float *dw_exec_moments_seg(const dw_exec *x, int k, int64_t off, int64_t n, int64_t *skip, int64_t *count) {
+    *skip = 0, *count = 0;
+    for (int s = 0; s < x->n_opt_seg; s++) {
+        const dw_exec_opt_seg *g = &x->opt_seg[s];
+        const int64_t lo = off > g->lo ? off : g->lo, hi = off + n < g->hi ? off + n : g->hi;
+        if (hi <= lo) continue;
+        *skip = lo - off, *count = hi - lo;
+        return (k ? x->v : x->m) + g->at + (lo - g->lo);
+    }
+    return NULL;
 }
 
 /* floats [lo, hi) of the weights pool through the host into dst (backend memory). */

@@ -12,6 +12,12 @@
 
 #include "runtime/backend.h"
 
+/* One range of pool floats [lo, hi) whose moments the optimizer pool holds from float `at` of m and v
+ * (dw_exec_shard_optimizer_segments). */
+typedef struct {
+    int64_t lo, hi, at;
+} dw_exec_opt_seg;
+
 struct dw_exec {
     const dw_compiled *p;
     const dw_graph *g;
@@ -30,8 +36,12 @@ struct dw_exec {
     uint16_t **param_bf16_at;   /* (n_params) with it, in a BF16 program: each one's BF16 working copy
                                    made after its gather (NULL: it has none); owned */
     float *m, *v;               /* (opt_hi - opt_lo) each: AdamW moments of pool floats
-                                   [opt_lo, opt_hi), float i at m[i - opt_lo] (dw_exec_moments) */
-    int64_t opt_lo, opt_hi;     /* [0, param_floats), or a ZeRO rank's shard */
+                                   [opt_lo, opt_hi), float i at m[i - opt_lo] (dw_exec_moments);
+                                   with segments, (the segments' floats) each, segment s's at opt_seg[s].at */
+    int64_t opt_lo, opt_hi;     /* [0, param_floats), or a ZeRO rank's shard; with segments their bounds */
+    int n_opt_seg;              /* 0: the one range [opt_lo, opt_hi); else the segments (EP x DP ZeRO-1:
+                                   a rank's dense and expert cells, train/dp_ep_zero.c) */
+    dw_exec_opt_seg *opt_seg;   /* (n_opt_seg) by lo, disjoint; owned */
     uint16_t *wb;               /* (param_floats) BF16 working copies (BF16 mode), else NULL */
     char *act, *work;           /* the activation arena, the workspace */
     int64_t b, t;               /* the current batch */
@@ -88,6 +98,14 @@ void dw_exec_stop_recording(dw_exec *x);
  * [lo, hi) (zeroed; the whole one released, the recorded optimizer dropped). The engine's own
  * optimizer step then refuses to run (engine.c): the shard's step is data parallelism's. */
 dw_status dw_exec_shard_optimizer(dw_exec *x, int64_t lo, int64_t hi);
+/* The same for several ranges: segs (n, 2) = [lo, hi) of pool floats, ascending and disjoint, their
+ * moments laid end to end (EP x DP ZeRO-1: a rank's share of the dense floats over every rank and of
+ * its experts over the ranks holding them). Bytes: 8 x their floats. */
+dw_status dw_exec_shard_optimizer_segments(dw_exec *x, int n, const int64_t *segs);
+/* Whether the optimizer pool holds every float's moments (not a ZeRO shard, one range or several). */
+static inline bool dw_exec_moments_whole(const dw_exec *x) {
+    return !x->n_opt_seg && x->opt_lo == 0 && x->opt_hi == x->p->param_floats;
+}
 
 /* Makes (b, t) current and copies tokens and targets (b x t int32; targets may be NULL) to the
  * workspace. The caller has checked shapes and token ranges. */
@@ -143,8 +161,11 @@ dw_status dw_exec_grads_whole(const dw_exec *x, const char *what);
 
 /* The part of pool floats [off, off + n) whose moments the optimizer pool holds (all of it unless
  * sharded): moment k's (0: m, 1: v) pointer to its first float, *skip floats after off, *count
- * floats (0, and NULL, when the shard holds none of them). */
+ * floats (0, and NULL, when the shard holds none of them). With segments (_seg), the first segment
+ * that meets the range: a parameter's range meets at most one. */
+float *dw_exec_moments_seg(const dw_exec *x, int k, int64_t off, int64_t n, int64_t *skip, int64_t *count);
 static inline float *dw_exec_moments(const dw_exec *x, int k, int64_t off, int64_t n, int64_t *skip, int64_t *count) {
+    if (x->n_opt_seg) return dw_exec_moments_seg(x, k, off, n, skip, count); /* several ranges */
     const int64_t lo = off > x->opt_lo ? off : x->opt_lo, hi = off + n < x->opt_hi ? off + n : x->opt_hi;
     *skip = lo - off, *count = hi > lo ? hi - lo : 0;
     return *count ? (k ? x->v : x->m) + (lo - x->opt_lo) : NULL;

@@ -575,7 +575,7 @@ static char *suffixed(const char *name, const char *suffix) {
 
 dw_status dw_engine_save_optimizer(dw_engine *e, const char *path) {
     dw_ctx *ctx = e->ctx;
-    if (e->x->opt_hi - e->x->opt_lo != e->p->param_floats) /* ZeRO: train/ckpt_shard_io.c writes each rank's */
+    if (!dw_exec_moments_whole(e->x)) /* ZeRO: train/ckpt_shard_io.c writes each rank's */
         return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the engine holds a ZeRO shard of the optimizer state "
                             "(floats [%lld, %lld)), not all of it", path, (long long)e->x->opt_lo, (long long)e->x->opt_hi);
     int64_t *off;

@@ -15,6 +15,7 @@
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/engine.h"
 #include "train/dp.h"
+#include "train/dp_ep_zero.h"
 #if DW_HAVE_CUDA
 #include "core/ctx.h"
 #include "kernels/cuda/adamw_cuda.h"
@@ -117,7 +118,8 @@ void dw_dp_free(dw_dp *d) {
     dw_dp_buckets_free(&d->buckets);
     dw_comm_free(d->replicas, true);
     free(d->slices);
-    d->replicas = NULL, d->slices = NULL, d->n_slices = 0;
+    free(d->cells);
+    d->replicas = NULL, d->slices = NULL, d->n_slices = 0, d->cells = NULL, d->n_cells = 0;
     free(d->async);
     free(d->times);
     d->async = NULL, d->times = NULL;
@@ -172,6 +174,7 @@ static dw_status shard_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, doub
 dw_status dw_dp_step(dw_dp *d, const dw_adamw_opts *o, int64_t step, double *norm) {
     *norm = 0;
     if (d->world == 1) return dw_engine_step(d->eng, o, step, norm);
+    if (d->zero > 0 && d->n_cells) return dw_dp_ep_zero_step(d, o, step, norm); /* --ep: by cells */
     if (d->zero > 0) return shard_step(d, o, step, norm);
     if (d->n_slices) return dw_dp_experts_step(d, o, step, norm); /* --ep: each rank its own experts */
     return dw_engine_step(d->eng, o, step, norm); /* the gradients averaged already */

@@ -88,13 +88,19 @@ void dw_dp_take_times(dw_dp *d, double *comm_s, double *exposed_s);
 dw_status dw_dp_report_times(dw_dp *d, dw_train_progress *p);
 /* --ep K (ep not NULL, several ranks): ZeRO-0 reduces each rank's experts' gradients only among the
  * ranks holding the same experts (a split of the communicator by rank mod K) and steps only them
- * and the dense parameters; ZeRO-1/2 keep reducing the whole pool (logged); ZeRO-3:
+ * and the dense parameters; ZeRO-1 does the same by cells, each rank holding the moments of its
+ * share of the dense floats and of its experts (dp_ep_zero.h); both write their checkpoint's
+ * moments by those cells; ZeRO-2 keeps reducing the whole pool (logged); ZeRO-3:
  * DW_ERR_UNSUPPORTED (the expert steps read their weights whole). */
 dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep);
-/* --ep with ZeRO-0: every expert's weights and moments from the first group's owner to every rank,
+/* --ep with ZeRO-0: every expert's weights and moments (ZeRO-1: weights) from the first group's owner to every rank,
  * the derived copies refreshed (before a checkpoint, the weight check, what rank 0 runs alone);
  * otherwise nothing (ZeRO-3's samples gather on use: dw_dp_z3_samples_everywhere). Every rank calls it. */
 dw_status dw_dp_gather_experts(dw_dp *d);
+/* Several ranks (dp_ep_zero.c): this rank's moments into checkpoint dir, and rank 0's the index: by
+ * cells when expert parallel with ZeRO-0 or 1 (so both write the same files), else the world shard
+ * [lo, hi), every rank's of which (world, 2) rank 0 passes as ranges. */
+dw_status dw_dp_write_moments(dw_dp *d, const char *dir, const int64_t *ranges);
 
 /* dp_range.c, for dp.c and dp_experts.c: the sum of squares of gradients [lo, hi) and AdamW over
  * [lo, hi) of the pools with the global norm (decay parameters first in the pools). */

@@ -1,4 +1,5 @@
-/* dp_experts.c — data parallelism with expert parallelism (--ep K, ZeRO-0; dp.h): a rank computes
+/* dp_experts.c — data parallelism with expert parallelism (--ep K, ZeRO-0; ZeRO-1's by cells is
+ * dp_ep_zero.c, set up here; dp.h): a rank computes
  * gradients only for its own experts (group j = rank mod K, train/ep.c), so those are reduced only
  * among the world / K ranks holding the same experts (averaged over the whole job, as the full
  * reduction of zeros from the others would), the dense parameters among all ranks, and the rank
@@ -13,6 +14,7 @@
 #include "core/log.h"
 #include "runtime/engine.h"
 #include "train/dp.h"
+#include "train/dp_ep_zero.h"
 #include "train/ep.h"
 
 static int by_begin(const void *a, const void *b) {
@@ -26,9 +28,10 @@ dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep) {
     if (d->zero == 3)
         return dw_set_error(d->ctx, DW_ERR_UNSUPPORTED, "--ep %d with --zero 3: the expert layers' steps (train/ep.c) "
                             "read their weights whole; use --zero 0, 1 or 2 with expert parallelism", K);
-    if (d->zero) {
-        DW_LOGI("expert parallel with ZeRO-%d: the expert gradients are reduced over all %d ranks (reducing them "
-                "among the ranks holding the same experts is ZeRO-0's)", d->zero, d->world);
+    if (d->zero == 2) { /* its staged gradient shard is the world's range (dp_stage.c), not cells */
+        DW_LOGI("expert parallel with ZeRO-2: the expert gradients are reduced over all %d ranks and every rank "
+                "steps its shard of the whole pool (reducing and stepping them among the ranks holding the same "
+                "experts is ZeRO-0's and ZeRO-1's)", d->world);
         return DW_OK;
     }
     const dw_ep_param *pr = NULL;
@@ -50,7 +53,7 @@ dw_status dw_dp_set_experts(dw_dp *d, const dw_ep *ep) {
     DW_LOGI("expert parallel: this rank's experts (slice %d of %d of %d parameters) reduced among the %d rank%s "
             "holding them, the dense parameters among all %d", d->ep_j, K, n, d->replicas->world,
             d->replicas->world == 1 ? "" : "s", d->world);
-    return DW_OK;
+    return dw_dp_ep_zero_init(d, ep); /* the cells: ZeRO-1's optimizer shard, both stages' checkpoint layout */
 }
 
 /* The pieces of [lo, hi): fn on each dense part (j -1) and each slice part (its group). */
@@ -125,9 +128,10 @@ dw_status dw_dp_gather_experts(dw_dp *d) {
     if (!d->n_slices) return DW_OK;
     dw_exec *x = d->eng->x;
     float *pools[3] = {x->w, x->m, x->v};
+    const int n_pools = d->zero ? 1 : 3; /* ZeRO-1: the moments stay in their cells (dp_ep_zero.c) */
     for (int s = 0; s < d->n_slices; s++) {
         const dw_dp_slice *sl = &d->slices[s];
-        for (int k = 0; k < 3; k++) /* from rank j, group j's owner in the first group */
+        for (int k = 0; k < n_pools; k++) /* from rank j, group j's owner in the first group */
             DW_TRY(dw_comm_broadcast(d->ctx, d->comm, pools[k] + sl->begin, sl->end - sl->begin, DW_COMM_F32, sl->j));
     }
     return dw_engine_refresh(d->eng);

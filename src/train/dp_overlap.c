@@ -10,10 +10,12 @@
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "train/dp.h"
+#include "train/dp_ep_zero.h"
 
 /* Bucket i's collectives: ZeRO-0 its all-reduce; ZeRO-1/2 a reduce of its part in each rank's
  * shard, to that rank. */
 static dw_status start_bucket(dw_dp *d, int i) {
+    if (d->zero && d->n_cells) return dw_dp_ep_zero_start_bucket(d, i); /* --ep ZeRO-1: by cells */
     if (d->n_slices) return dw_dp_experts_start_bucket(d, i); /* --ep: experts among their replicas */
     const dw_dp_bucket *b = &d->buckets.b[i];
     const dw_comm_op op = d->zero >= 2 ? DW_COMM_SUM : DW_COMM_AVG;

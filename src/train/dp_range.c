@@ -42,10 +42,12 @@ dw_status dw_dp_range_adamw(dw_dp *d, const dw_adamw_args *a, double norm, int64
     const int64_t n = hi - lo, decay = d->eng->p->decay_floats;
     const int64_t n_decay = decay <= lo ? 0 : decay - lo < n ? decay - lo : n;
     if (n <= 0) return DW_OK;
-    DW_ASSERT(x->opt_lo <= lo && hi <= x->opt_hi); /* the moments this rank holds (ZeRO: its shard) */
+    int64_t skip = 0, held = 0; /* the moments this rank holds (ZeRO: its shard, or its cells under --ep) */
+    float *m = dw_exec_moments(x, 0, lo, n, &skip, &held), *v = dw_exec_moments(x, 1, lo, n, &skip, &held);
+    DW_ASSERT(skip == 0 && held == n);
     DW_ASSERT(x->w_lo <= lo && hi <= x->w_hi); /* the masters it holds (ZeRO-3: its shard) */
     DW_ASSERT(x->grad_lo <= lo && hi <= x->grad_hi); /* the gradients (ZeRO-2/3 from creation: its shard) */
-    float *m = x->m + (lo - x->opt_lo), *v = x->v + (lo - x->opt_lo), *w = x->w + (lo - x->w_lo);
+    float *w = x->w + (lo - x->w_lo);
     float *g = x->grad + (lo - x->grad_lo);
     if (dw_ctx_device(d->ctx) != DW_DEVICE_CUDA) {
         dw_cpu_adamw(w, g, m, v, n, n_decay, norm, a);

@@ -61,6 +61,10 @@ typedef struct {
     int n_slices;
     dw_dp_slice *slices;
     dw_comm *replicas;
+    /* --ep K with ZeRO-0 or 1 (dp_ep_zero.h): the pools' cells by begin, each held by one rank; under
+     * ZeRO-1 the rank's optimizer pool holds its cells' moments and the step is dp_ep_zero.c's */
+    int n_cells;
+    struct dw_dp_cell *cells;
     /* ZeRO-3 (dp_zero3.c): whether the weights pool is whole (the start unless made for ZeRO-3,
      * or after training) or the shard's; whether training asked for the shard; each parameter's
      * gather slot (bytes into the gather block, -1: never read) and the gathers due before each step */

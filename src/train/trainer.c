@@ -248,9 +248,7 @@ static dw_status write_ckpt_files(dw_ctx *ctx, const char *dir, void *user) {
     if (st == DW_OK && d->rank == 0) st = write_config(ctx, r->g, c);
     if (st == DW_OK && d->rank == 0) st = dw_dp_save_weights(&r->dp, m); /* ZeRO-3: its gathered copy */
     if (st == DW_OK && d->world == 1) st = dw_engine_save_optimizer(r->eng, o);
-    if (st == DW_OK && d->world > 1 && d->rank == 0)
-        st = dw_ckpt_index_write(r->eng, dir, d->world, d->zero, r->ranges);
-    if (st == DW_OK && d->world > 1) st = dw_ckpt_shard_write(r->eng, dir, d->rank, d->world, d->lo, d->hi);
+    if (st == DW_OK && d->world > 1) st = dw_dp_write_moments(&r->dp, dir, r->ranges); /* --ep: by cells */
     free(c);
     free(m);
     free(o);
