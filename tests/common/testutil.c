@@ -168,24 +168,27 @@ static const char *jstr(const json_t *j, const char *k) {
 }
 static long long jint(const json_t *j, const char *k) { return (long long)json_integer_value(json_object_get(j, k)); }
 
-/* Adds the counted kind's pairs at step to tot[2]; -1 when one differs from the sum of its layer's
- * measured tensors t1 and t2. */
+/* Adds the counted kind's pairs at step to tot[2]; -1 when one of its layer's overflows, underflows
+ * or elements differs from the sum of the layer's measured tensors t1 and t2 — the elements too,
+ * so that a copy counted but never measured (or measured but never counted) is caught even when
+ * it flushed and saturated nothing. */
 static int counted_vs_measured(const json_t *qs, int64_t step, const char *kind, const char *t1, const char *t2,
                                long long tot[2], int *layers) {
     *layers = 0;
     for (size_t i = 0; i < json_array_size(qs); i++) {
         const json_t *c = json_array_get(qs, i);
         if (jint(c, "step") != step || strcmp(jstr(c, "counts"), kind)) continue;
-        long long so = 0, su = 0;
+        long long so = 0, su = 0, sn = 0;
         for (size_t k = 0; k < json_array_size(qs); k++) {
             const json_t *m = json_array_get(qs, k);
             if (jint(m, "step") != step || strcmp(jstr(m, "layer"), jstr(c, "layer"))) continue;
             if (!strcmp(jstr(m, "tensor"), t1) || !strcmp(jstr(m, "tensor"), t2))
-                so += jint(m, "overflow"), su += jint(m, "underflow");
+                so += jint(m, "overflow"), su += jint(m, "underflow"), sn += jint(m, "elements");
         }
-        if (jint(c, "overflow") != so || jint(c, "underflow") != su) {
-            fprintf(stderr, "step %lld %s %s: counted %lld / %lld, measured %lld / %lld\n", (long long)step,
-                    jstr(c, "layer"), kind, jint(c, "overflow"), jint(c, "underflow"), so, su);
+        if (jint(c, "overflow") != so || jint(c, "underflow") != su || jint(c, "elements") != sn) {
+            fprintf(stderr, "step %lld %s %s: counted %lld / %lld of %lld elements, measured %lld / %lld of %lld\n",
+                    (long long)step, jstr(c, "layer"), kind, jint(c, "overflow"), jint(c, "underflow"),
+                    jint(c, "elements"), so, su, sn);
             return -1;
         }
         tot[0] += so, tot[1] += su;

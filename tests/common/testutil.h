@@ -52,7 +52,7 @@ dw_recipe dw_test_node_recipe(dw_engine *e, const char *name);
 void *dw_test_json_lines(const char *path);
 /* The quantisers' counters of a run (train/guard_counts.c) against its checks (guard_quant.c), in
  * a run with a check every step and no fallback: at `step` (>= 2: step 1's counts also hold the
- * weights' first quantisation) each layer's counted w and dy (overflow, underflow) equal the
+ * weights' first quantisation) each layer's counted w and dy (overflow, underflow, elements) equal the
  * check's reference measurements of w + w^T (the weights the update quantised) and dy + dy^T (the
  * step's backward), and metrics.jsonl's totals the layers' x + w + dy. 0 with the layers compared
  * in *layers and their w underflows in *w_under, or -1 with the mismatch printed. */

@@ -87,9 +87,10 @@ dw_status dw_cpu_step_quant_weight(dw_backend *be, const dw_exec *x, int node) {
     dw_compile_linear_dims(p, node, &N, &K, &M);
     const float *w = x->w + p->param_off[p->tensor[p->g->nodes[node].in[1]].param]; /* [M,K] */
     const dw_recipe r = dw_compile_quant_weight_recipe(pn->bind.recipe);
-    dw_qtensor q;
-    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q, node, DW_NVOP_W, true, true)); /* W along K */
-    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q, node, DW_NVOP_WT, true, true); /* W^T [K,M] along M */
+    dw_qtensor q; /* each copy counted where a GEMM reads it, as the guard measures w and w^T */
+    const bool *read = pn->bind.quantised;
+    DW_TRY(quant(be, x, &pn->wq[0], r, w, M, K, false, &q, node, DW_NVOP_W, true, read[DW_QPASS_FPROP])); /* W along K */
+    return quant(be, x, &pn->wq[1], r, w, M, K, true, &q, node, DW_NVOP_WT, true, read[DW_QPASS_DGRAD]); /* W^T [K,M] along M */
 }
 
 /* The BF16 copy of parameter slot s: the standing one, or (a weight only quantised GEMMs read)

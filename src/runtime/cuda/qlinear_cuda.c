@@ -139,7 +139,10 @@ dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) 
     const float *w = x->w + x->p->param_off[x->p->tensor[x->g->nodes[node].in[1]].param];
     qslot ws = slot(x, &pn->wq[0]), wt = slot(x, &pn->wq[1]);
     const dw_recipe rw = dw_compile_quant_weight_recipe(pn->bind.recipe);
-    uint64_t *cw = counts_of(x, node, DW_QC_W, DW_NVOP_W, rw), *cwt = counts_of(x, node, DW_QC_W, DW_NVOP_WT, rw);
+    /* counted where a GEMM reads the copy — W where the fprop runs quantised, W^T where the dgrad
+     * does (sm90's fp8_block dgrad of M % 128 != 0 runs BF16), as the guard measures w and w^T */
+    uint64_t *cw = pn->bind.quantised[DW_QPASS_FPROP] ? counts_of(x, node, DW_QC_W, DW_NVOP_W, rw) : NULL,
+             *cwt = pn->bind.quantised[DW_QPASS_DGRAD] ? counts_of(x, node, DW_QC_W, DW_NVOP_WT, rw) : NULL;
     if (recipe_applies(x, node, rw, DW_NVOP_W, DW_NVOP_WT, DW_NVOP_WT)) { /* 16x16 blocks: W and W^T alike */
         DW_TRY(quant_nv(be, x, node, DW_NVOP_W, DW_QUANT_IN_F32, w, M, K, &ws));
         DW_TRY(quant_nv(be, x, node, DW_NVOP_WT, DW_QUANT_IN_F32, w, M, K, &wt));
