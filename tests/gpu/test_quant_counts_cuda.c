@@ -264,12 +264,15 @@ static void reused_x_counts(dw_engine *e, const char *out, int64_t steps, int64_
     free(qp);
 }
 
-/* A CUDA engine's training (mxfp4, mxfp8, fp8_block; a check every step, no fallback): each
- * layer's counted w and dy equal the check's reference measurements of the same values (the GPU
- * quantisers are bit-identical to the reference), metrics.jsonl's totals the layers' sums
- * (testutil's dw_test_quant_counts_check) — the counting passes of qlinear_cuda.c, the dy
- * read-back on check steps and the recorded steps around them; and each step's x counts alike in
- * the layers that read one quantisation of x (reused_x_counts). */
+/* A CUDA engine's training (mxfp4, mxfp8, fp8_block; a check every step, no fallback), with the
+ * check on the host (DW_QCHECK_DEVICE=0: x, W and dy read back) and on the device (=1,
+ * guard_check_cuda.c): each layer's counted w and dy equal the check's measurements of the same
+ * values — overflows, underflows and elements (the GPU quantisers are bit-identical to the
+ * reference; only the copies a quantised GEMM reads are counted and measured: sm90 runs the
+ * fp8_block dgrad of k/v_proj, M = 64, in BF16, so their W^T is neither) — and metrics.jsonl's
+ * totals the layers' sums (testutil's dw_test_quant_counts_check): the counting in qlinear_cuda.c's
+ * quantisers, the check steps' dy measurement and the recorded steps around them; and each step's
+ * x counts alike in the layers that read one quantisation of x (reused_x_counts). */
 static void test_training(void **state) {
     (void)state;
 #ifdef DW_CUDA_EMU
@@ -282,12 +285,21 @@ static void test_training(void **state) {
                                          "\"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "
                                          "\"intermediate_size\": 256, \"max_position_embeddings\": 64}");
     const char *recipes[3] = {"mxfp4", "mxfp8", "fp8_block"};
-    for (int r = 0; r < 3; r++) {
+    const char *had = getenv("DW_QCHECK_DEVICE");
+    char *kept = had ? strdup(had) : NULL;
+    for (int run = 0; run < 6; run++) {
+        const int r = run % 3, on_device = run / 3;
+        setenv("DW_QCHECK_DEVICE", on_device ? "1" : "0", 1);
+        char what[64];
+        snprintf(what, sizeof what, "%s, DW_QCHECK_DEVICE=%d", recipes[r], on_device);
+        printf("%s\n", what);
         dw_policy *pol = NULL;
         assert_int_equal(dw_policy_from_precision(gpu, recipes[r], false, &pol), DW_OK);
         dw_model *m = dw_test_open_model(gpu, model, dw_test_next(&dw_test_group_rng), pol, 4, 64);
         assert_non_null(m);
-        char *out = dw_test_path(dir, recipes[r]);
+        char name[32];
+        snprintf(name, sizeof name, "%s-%d", recipes[r], on_device);
+        char *out = dw_test_path(dir, name);
         dw_train_opts o;
         dw_train_opts_init(&o, sizeof o);
         o.data = "builtin", o.out_dir = out, o.steps = 4, o.batch = 4, o.seq = 64, o.global_batch = 4;
@@ -298,15 +310,18 @@ static void test_training(void **state) {
             int layers = 0;
             long long w_under = 0;
             if (dw_test_quant_counts_check(out, step, &layers, &w_under) != 0)
-                fail_msg("%s: step %lld", recipes[r], (long long)step);
+                fail_msg("%s: step %lld", what, (long long)step);
             assert_int_equal(layers, 14);
             if (r == 0) assert_true(w_under > 0); /* E2M1 flushes normal weights' small values */
         }
-        reused_x_counts(dw_model_engine(m), out, 4, 4 * 64, recipes[r]);
+        reused_x_counts(dw_model_engine(m), out, 4, 4 * 64, what);
         dw_model_free(m);
         dw_policy_free(pol);
         free(out);
     }
+    if (kept) setenv("DW_QCHECK_DEVICE", kept, 1);
+    else unsetenv("DW_QCHECK_DEVICE");
+    free(kept);
     dw_test_rmtree(dir);
     free(model), free(dir);
     dw_test_cpu_gpu_teardown(cpu, gpu);
