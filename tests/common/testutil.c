@@ -182,8 +182,14 @@ static int counted_vs_measured(const json_t *qs, int64_t step, const char *kind,
         for (size_t k = 0; k < json_array_size(qs); k++) {
             const json_t *m = json_array_get(qs, k);
             if (jint(m, "step") != step || strcmp(jstr(m, "layer"), jstr(c, "layer"))) continue;
-            if (!strcmp(jstr(m, "tensor"), t1) || !strcmp(jstr(m, "tensor"), t2))
-                so += jint(m, "overflow"), su += jint(m, "underflow"), sn += jint(m, "elements");
+            if (strcmp(jstr(m, "tensor"), t1) && strcmp(jstr(m, "tensor"), t2)) continue;
+            if (jint(m, "measured") != jint(m, "elements")) { /* the counters count every element */
+                fprintf(stderr, "step %lld %s %s: measured on %lld of %lld elements (sampled: compare with "
+                        "quant_check_elements 0 or above the tensor's size)\n", (long long)step, jstr(m, "layer"),
+                        jstr(m, "tensor"), jint(m, "measured"), jint(m, "elements"));
+                return -1;
+            }
+            so += jint(m, "overflow"), su += jint(m, "underflow"), sn += jint(m, "elements");
         }
         if (jint(c, "overflow") != so || jint(c, "underflow") != su || jint(c, "elements") != sn) {
             fprintf(stderr, "step %lld %s %s: counted %lld / %lld of %lld elements, measured %lld / %lld of %lld\n",
