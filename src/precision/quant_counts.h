@@ -9,7 +9,8 @@
  * quant_stats.h and `deepwell quant-report`); a non-finite x or y counts in neither.
  * The counters live in backend memory (device memory on a GPU), one (overflow, underflow) pair of
  * uint64 per counted linear layer and operand kind (x: fprop x and wgrad x^T; w: the weight
- * cache's W and W^T; dy: dgrad dy and wgrad dy^T), attached to the executor (dw_exec.qcounts);
+ * cache's W where the fprop runs quantised and W^T where the dgrad does — the copies the guard's
+ * check measures; dy: dgrad dy and wgrad dy^T), attached to the executor (dw_exec.qcounts);
  * the quantisers add to them as they quantise, in stream order (no host sync): on the GPU inside
  * the quantiser kernels (kernels/cuda/quant*.cu through quant_counts.cuh; dw_quant_dev_out.counts),
  * by the separate pass below only where a kernel cannot count (quant.h says where); the trainer
