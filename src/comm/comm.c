@@ -125,7 +125,7 @@ dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
     if (a->divide_by < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "%s: average over %d ranks", c->i->name, a->divide_by);
     if (a->op == DW_COMM_AVG && !a->divide_by) a->divide_by = c->world;
-    a->done = false, a->seconds = 0, a->started = dw_comm_now();
+    a->done = false, a->seconds = 0, a->started = dw_comm_now(), a->on = c;
     memset(a->impl, 0, sizeof a->impl);
     const bool divide = a->op == DW_COMM_AVG && a->divide_by != 1;
     if (solo(c) || a->n == 0) { /* this rank's values are the sum */
@@ -144,11 +144,13 @@ dw_status dw_comm_start(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
 }
 
 dw_status dw_comm_test(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
+    if (a->on) c = a->on; /* started on a split, perhaps */
     return a->done ? DW_OK : c->i->test(ctx, c, a);
 }
 
 dw_status dw_comm_wait(dw_ctx *ctx, dw_comm *c, dw_comm_async *a) {
     if (a->done) return DW_OK;
+    if (a->on) c = a->on;
     DW_TRY(c->i->wait(ctx, c, a));
     a->done = true;
     return DW_OK;

@@ -53,6 +53,9 @@ typedef struct {
                            mpi: from the start to when a test or the wait saw it finish, an upper
                            bound; the others: the blocking call) */
     uint64_t impl[4];   /* the backend's: an MPI request, NCCL events */
+    dw_comm *on;        /* the communicator dw_comm_start started it on, which dw_comm_test and
+                           dw_comm_wait use whatever they are passed (a split's collectives are
+                           waited for beside the whole job's: its root is a rank of the split) */
 } dw_comm_async;
 
 /* One backend. n counts elements of the type. reduce_scatter and all_gather work in place on one

@@ -13,6 +13,7 @@
 #     the expert tensors' elements (model.safetensors); the four add up to P;
 #   - without clipping, ZeRO-1 = ZeRO-0 bit for bit (losses; checkpoint files byte for byte: both
 #     write the moments by the same cells);
+#   - the same under mpirun (1e-6 against 1 rank), and with --no-overlap bit for bit;
 #   - the 4-rank ZeRO-1 step-3 checkpoint resumes on 2 ranks (--ep 2 --zero 1) and on 1 rank with
 #     the 4-rank run's losses (1e-6).
 set -u
@@ -114,8 +115,23 @@ PY
     bad "  ... ZeRO-1 by cells differs from ZeRO-0"
 done
 
-# the 4-rank ZeRO-1 checkpoint on other world sizes
+# the same ZeRO-1 run over MPI (reduces and broadcasts on MPI_Comm_split's communicator) and with the
+# reductions started after backward instead of from it (--no-overlap: the same collectives, the same order)
 m=mixtral-tiny
+run=("${base[@]}" --model $m --steps 6 --ckpt-every 0 --ep 2 --zero 1)
+mpirun -np 4 "$dw" "${run[@]}" --out "$tmp/mpi" >/dev/null 2>&1
+check "mpirun -np 4 --ep 2 --zero 1" 0 $?
+close "$tmp/$m-one/metrics.jsonl" "$tmp/mpi/metrics.jsonl" 1e-6 && ok "  ... the 1-rank losses and norms (1e-6)" ||
+  bad "  ... mpirun differs from 1 rank"
+"$dw" launch -n 4 -- "${run[@]}" --no-overlap --out "$tmp/noov" >/dev/null 2>&1
+check "--ep 2 --zero 1 --no-overlap" 0 $?
+python3 - "$tmp/$m-z1/metrics.jsonl" "$tmp/noov/metrics.jsonl" <<'PY' && ok "  ... bit for bit the overlapped run's" || bad "  ... --no-overlap differs"
+import json, sys
+a, b = ([(x["loss"], x["grad_norm"]) for x in map(json.loads, open(p)) if "loss" in x] for p in sys.argv[1:])
+assert len(a) == 6 and a == b, (a, b)
+PY
+
+# the 4-rank ZeRO-1 checkpoint on other world sizes
 "$dw" launch -n 2 -- train --resume "$tmp/$m-z1/ckpt-3" --ep 2 --zero 1 --out "$tmp/res2" >/dev/null 2>"$tmp/err"
 check "the 4-rank --ep 2 ZeRO-1 checkpoint resumes on 2 ranks (--ep 2 --zero 1)" 0 $?
 close "$tmp/$m-z1/metrics.jsonl" "$tmp/res2/metrics.jsonl" 1e-6 3 && ok "  ... steps 4-6 as 4 ranks ran them (1e-6)" ||
