@@ -1,7 +1,11 @@
 /* attn_cudnn.c — causal GQA attention (BF16) through cuDNN's backend graph API: the composite
  * flash-attention operation graphs that cuDNN 9's fused SDPA engines recognise (forward: Q·Kᵀ,
  * scale, causal mask, softmax with stats, P·V; backward: dQ, dK, dV from Q, K, V, O, dO, stats).
- * libcudnn is loaded with dlopen (no link-time dependency). Plans are built once per shape and
+ * A sliding window adds the left-bound band after the causal mask (cuDNN >= 9.2); soft-capped
+ * scores (Gemma 2) add cap·tanh(S / cap) after the scale and its derivative before dS's scale, a
+ * pattern only cuDNN's runtime-compiled engines take (>= 9.4, Hopper on). Graph layout learnt from
+ * cudnn-frontend's sdpa nodes (diagonal band mask, Softcap score modifier); written here anew.
+ * libcudnn is loaded with dlopen (no link-time dependency). Plans are built once per shape, mask and
  * direction, cached with their workspace, and never built during stream capture. Without the
  * cuDNN headers at build time this file is a stub that always declines. One cuDNN handle per
  * process: the plan cache is mutex-guarded, but executes from several threads at once are not
@@ -107,9 +111,10 @@ static bool dn_init(void) {
 /* ---- graph building ----------------------------------------------------------------------------
  * A builder owns every descriptor it creates (they stay alive as long as the plan) and records
  * the first failure with cuDNN's message. Virtual intermediates get UIDs from 100 up. */
-enum { DN_MAX_DESC = 160, DN_MAX_OPS = 48 };
+enum { DN_MAX_DESC = 256, DN_MAX_OPS = 64 }; /* the capped, windowed GQA backward: 135, 35 */
 enum { /* UIDs of the tensors the variant pack names */
-    U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEGINF, U_DO, U_DQ, U_DK, U_DV, U_SOFTSUM, U_DQACC, U_ONE
+    U_Q = 1, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEGINF, U_DO, U_DQ, U_DK, U_DV, U_SOFTSUM, U_DQACC, U_ONE,
+    U_WINDOW, U_CAP
 };
 
 typedef struct {
@@ -195,10 +200,10 @@ static void dn_add_op(dn_builder *b, cudnnBackendDescriptor_t op, const char *wh
     b->ops[b->n_ops++] = op;
 }
 
-/* y = mode(x[, bb[, t]]); math in `prec`; axis for GEN_INDEX (else < 0). */
-static void dn_pw(dn_builder *b, cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
-                  cudnnBackendDescriptor_t bb, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y, int64_t axis,
-                  const char *what) {
+/* A pointwise operation of `mode` (math in `prec`, axis for GEN_INDEX, else < 0) whose tensors
+ * the caller then sets and adds. */
+static cudnnBackendDescriptor_t dn_pw_op(dn_builder *b, cudnnPointwiseMode_t mode, cudnnDataType_t prec, int64_t axis,
+                                         const char *what) {
     cudnnBackendDescriptor_t pw = dn_new(b, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what);
     dn_set(b, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, what);
     dn_set(b, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, what);
@@ -206,10 +211,30 @@ static void dn_pw(dn_builder *b, cudnnPointwiseMode_t mode, cudnnDataType_t prec
     dn_fin(b, pw, what);
     cudnnBackendDescriptor_t op = dn_new(b, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
     dn_set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw, what);
-    dn_set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, what);
-    if (bb) dn_set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bb, what);
-    if (t) dn_set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, what);
-    dn_set(b, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, what);
+    return op;
+}
+static void dn_pw_tensor(dn_builder *b, cudnnBackendDescriptor_t op, cudnnBackendAttributeName_t a,
+                         cudnnBackendDescriptor_t t, const char *what) {
+    if (t) dn_set(b, op, a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, what);
+}
+/* y = mode(x[, bb[, t]]); math in `prec`; axis for GEN_INDEX (else < 0). */
+static void dn_pw(dn_builder *b, cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
+                  cudnnBackendDescriptor_t bb, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y, int64_t axis,
+                  const char *what) {
+    cudnnBackendDescriptor_t op = dn_pw_op(b, mode, prec, axis, what);
+    dn_pw_tensor(b, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, what);
+    dn_pw_tensor(b, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, bb, what);
+    dn_pw_tensor(b, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t, what);
+    dn_pw_tensor(b, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, what);
+    dn_add_op(b, op, what);
+}
+/* dx = mode'(x) · dy for an activation-backward mode (TANH_BWD), math in `prec` */
+static void dn_pw_bwd(dn_builder *b, cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
+                      cudnnBackendDescriptor_t dy, cudnnBackendDescriptor_t dx, const char *what) {
+    cudnnBackendDescriptor_t op = dn_pw_op(b, mode, prec, -1, what);
+    dn_pw_tensor(b, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, what);
+    dn_pw_tensor(b, op, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, dy, what);
+    dn_pw_tensor(b, op, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, dx, what);
     dn_add_op(b, op, what);
 }
 /* c = a · b (batched over the first two dims, broadcasting KV heads over query heads), FP32 math */
@@ -252,9 +277,10 @@ static dn_dims dn_d(int64_t n0, int64_t n1, int64_t n2, int64_t n3, int64_t s0, 
 }
 
 /* The tensors both directions share. q, o as [B,H,T,D]; k as Kᵀ [B,Hkv,D,T]; v as [B,Hkv,T,D]
- * (vt: as Vᵀ [B,Hkv,D,T]); stats [B,H,T,1]; scale and -inf as host scalars. */
+ * (vt: as Vᵀ [B,Hkv,D,T]); stats [B,H,T,1]; scale and -inf as host scalars; the window W and the
+ * cap as host scalars only when the shape has them (else NULL). */
 typedef struct {
-    cudnnBackendDescriptor_t q, kt, v, vt, o, stats, scale, neginf;
+    cudnnBackendDescriptor_t q, kt, v, vt, o, stats, scale, neginf, window, cap;
 } dn_io;
 static dn_io dn_io_tensors(dn_builder *b, const dw_attn_cudnn_shape *s, bool vt) {
     const int64_t B = s->B, T = s->T, H = s->H, G = s->Hkv, D = s->D;
@@ -268,6 +294,8 @@ static dn_io dn_io_tensors(dn_builder *b, const dw_attn_cudnn_shape *s, bool vt)
     io.stats = dn_tensor(b, U_STATS, CUDNN_DATA_FLOAT, dn_d(B, H, T, 1, H * T, T, 1, 1), false);
     io.scale = dn_tensor(b, U_SCALE, CUDNN_DATA_FLOAT, one, true);
     io.neginf = dn_tensor(b, U_NEGINF, CUDNN_DATA_FLOAT, one, true);
+    if (s->W > 0) io.window = dn_tensor(b, U_WINDOW, CUDNN_DATA_FLOAT, one, true);
+    if (s->cap > 0) io.cap = dn_tensor(b, U_CAP, CUDNN_DATA_FLOAT, one, true);
     return io;
 }
 
@@ -283,8 +311,46 @@ static cudnnBackendDescriptor_t dn_causal(dn_builder *b, cudnnBackendDescriptor_
     return y;
 }
 
-/* Forward: S = scale Q·Kᵀ, causal mask, stats = max + log(sum exp(S - max)), P = exp(S - max) /
- * sum (BF16), O = P·V. */
+/* s = band(x): keeps x where column (key) + W > row (query), else -inf: the left bound of a
+ * sliding window of W keys (the causal mask is the right bound). A second select after the causal
+ * one, on its own row/column indices, W a host FP32 scalar: the layout cuDNN's fused engines take
+ * for a window (cudnn-frontend's composite diagonal band, left bound). x is [B,H,T,T] FP32. */
+static cudnnBackendDescriptor_t dn_window(dn_builder *b, cudnnBackendDescriptor_t x, dn_dims sd,
+                                          cudnnBackendDescriptor_t window, cudnnBackendDescriptor_t neginf) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t row = dn_virt(b, CUDNN_DATA_INT32, sd), col = dn_virt(b, CUDNN_DATA_INT32, sd);
+    cudnnBackendDescriptor_t colw = dn_virt(b, f32, sd), keep = dn_virt(b, CUDNN_DATA_BOOLEAN, sd);
+    cudnnBackendDescriptor_t y = dn_virt(b, f32, sd);
+    dn_pw(b, CUDNN_POINTWISE_GEN_INDEX, f32, x, NULL, NULL, row, 2, "window row index");
+    dn_pw(b, CUDNN_POINTWISE_GEN_INDEX, f32, x, NULL, NULL, col, 3, "window column index");
+    dn_pw(b, CUDNN_POINTWISE_ADD, f32, col, window, NULL, colw, -1, "window column + W");
+    dn_pw(b, CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, colw, row, NULL, keep, -1, "window compare");
+    dn_pw(b, CUDNN_POINTWISE_BINARY_SELECT, f32, x, neginf, keep, y, -1, "window select");
+    return y;
+}
+
+/* Both masks of the shape on x: causal, then the window's left bound when W > 0. */
+static cudnnBackendDescriptor_t dn_mask(dn_builder *b, cudnnBackendDescriptor_t x, dn_dims sd, const dn_io *io) {
+    cudnnBackendDescriptor_t y = dn_causal(b, x, sd, io->neginf);
+    return io->window ? dn_window(b, y, sd, io->window, io->neginf) : y;
+}
+
+/* s = cap tanh(x / cap) when the shape caps its scores (else x itself); *pre receives x / cap,
+ * the tanh's input, which the backward's derivative reads. x is [B,H,T,T] FP32. */
+static cudnnBackendDescriptor_t dn_softcap(dn_builder *b, cudnnBackendDescriptor_t x, dn_dims sd, const dn_io *io,
+                                           cudnnBackendDescriptor_t *pre) {
+    if (!io->cap) return x;
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t u = dn_virt(b, f32, sd), th = dn_virt(b, f32, sd), y = dn_virt(b, f32, sd);
+    dn_pw(b, CUDNN_POINTWISE_DIV, f32, x, io->cap, NULL, u, -1, "softcap divide");
+    dn_pw(b, CUDNN_POINTWISE_TANH_FWD, f32, u, NULL, NULL, th, -1, "softcap tanh");
+    dn_pw(b, CUDNN_POINTWISE_MUL, f32, th, io->cap, NULL, y, -1, "softcap multiply");
+    if (pre) *pre = u;
+    return y;
+}
+
+/* Forward: S = scale Q·Kᵀ (capped: cap tanh(S / cap)), causal mask (and window), stats = max +
+ * log(sum exp(S - max)), P = exp(S - max) / sum (BF16), O = P·V. */
 static void dn_graph_fwd(dn_builder *b, const dw_attn_cudnn_shape *s) {
     const int64_t B = s->B, T = s->T, H = s->H;
     const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
@@ -293,7 +359,7 @@ static void dn_graph_fwd(dn_builder *b, const dw_attn_cudnn_shape *s) {
     cudnnBackendDescriptor_t s0 = dn_virt(b, f32, sd), s1 = dn_virt(b, f32, sd);
     dn_matmul(b, io.q, io.kt, s0, "fwd Q·Kᵀ");
     dn_pw(b, CUDNN_POINTWISE_MUL, f32, s0, io.scale, NULL, s1, -1, "fwd scale");
-    cudnnBackendDescriptor_t s2 = dn_causal(b, s1, sd, io.neginf);
+    cudnnBackendDescriptor_t s2 = dn_mask(b, dn_softcap(b, s1, sd, &io, NULL), sd, &io);
     cudnnBackendDescriptor_t mx = dn_virt(b, f32, rd), sub = dn_virt(b, f32, sd), ex = dn_virt(b, f32, sd);
     cudnnBackendDescriptor_t sum = dn_virt(b, f32, rd), lg = dn_virt(b, f32, rd);
     cudnnBackendDescriptor_t p = dn_virt(b, CUDNN_DATA_BFLOAT16, sd);
@@ -308,8 +374,8 @@ static void dn_graph_fwd(dn_builder *b, const dw_attn_cudnn_shape *s) {
 }
 
 /* Backward (cuDNN 9's SDPA backward pattern):
- *   softsum = rowsum(dO ∘ O) (FP32, non-virtual: the caller's delta), E = exp(mask(scale Q·Kᵀ - stats))
- *   dV = Eᵀ·dO, dS = scale E ∘ (dO·Vᵀ - softsum), dK = dSᵀ·Q, dQ = dS·K
+ *   softsum = rowsum(dO ∘ O) (FP32, non-virtual: the caller's delta), E = exp(mask(cap(scale Q·Kᵀ) - stats))
+ *   dV = Eᵀ·dO, dS = scale E ∘ (dO·Vᵀ - softsum) [∘ (1 - tanh²(S / cap)) when capped], dK = dSᵀ·Q, dQ = dS·K
  * GQA: dK, dV are computed per query head ([B,H,T,D]) and summed over each KV head's group.
  * dQ goes through an FP32 accumulator (U_DQACC, non-virtual) unless direct_dq. */
 static void dn_graph_bwd(dn_builder *b, const dw_attn_cudnn_shape *s, bool direct_dq) {
@@ -332,10 +398,15 @@ static void dn_graph_bwd(dn_builder *b, const dw_attn_cudnn_shape *s, bool direc
     dn_pw(b, CUDNN_POINTWISE_MUL, f32, dsum, one, NULL, softsum, -1, "bwd softmax sum");
     /* E = exp(mask(scale Q·Kᵀ - stats)) */
     cudnnBackendDescriptor_t s0 = dn_virt(b, f32, sd), s1 = dn_virt(b, f32, sd), s2 = dn_virt(b, f32, sd);
+    cudnnBackendDescriptor_t pre = NULL; /* S / cap, when capped */
     dn_matmul(b, io.q, io.kt, s0, "bwd Q·Kᵀ");
     dn_pw(b, CUDNN_POINTWISE_MUL, f32, s0, io.scale, NULL, s1, -1, "bwd scale");
-    dn_pw(b, CUDNN_POINTWISE_SUB, f32, s1, io.stats, NULL, s2, -1, "bwd sub stats");
-    cudnnBackendDescriptor_t s3 = dn_causal(b, s2, sd, io.neginf), e = dn_virt(b, f32, sd);
+    /* capped: the masks follow the cap before the stats, where cudnn-frontend's score modifiers
+     * (which carry their own masks) sit; else after them, as cuDNN's plain SDPA pattern has it */
+    cudnnBackendDescriptor_t sc = dn_softcap(b, s1, sd, &io, &pre);
+    if (io.cap) sc = dn_mask(b, sc, sd, &io);
+    dn_pw(b, CUDNN_POINTWISE_SUB, f32, sc, io.stats, NULL, s2, -1, "bwd sub stats");
+    cudnnBackendDescriptor_t s3 = io.cap ? s2 : dn_mask(b, s2, sd, &io), e = dn_virt(b, f32, sd);
     dn_pw(b, CUDNN_POINTWISE_EXP, f32, s3, NULL, NULL, e, -1, "bwd exp");
     /* dV = Eᵀ·dO */
     cudnnBackendDescriptor_t et = dn_virt(b, bf, sdt);
@@ -347,12 +418,20 @@ static void dn_graph_bwd(dn_builder *b, const dw_attn_cudnn_shape *s, bool direc
         dn_matmul(b, et, d_o, dvf, "bwd Eᵀ·dO");
         dn_reduce(b, CUDNN_REDUCE_TENSOR_ADD, dvf, dv, "bwd dV head sum");
     }
-    /* dS = scale E ∘ (dO·Vᵀ - softsum) */
+    /* dS = scale E ∘ (dO·Vᵀ - softsum); capped: the tanh's derivative first, as
+     * (cap (E ∘ (...))) tanh'(S / cap) / cap */
     cudnnBackendDescriptor_t dp = dn_virt(b, f32, sd), dp1 = dn_virt(b, f32, sd), dp2 = dn_virt(b, f32, sd);
     cudnnBackendDescriptor_t ds = dn_virt(b, f32, sd);
     dn_matmul(b, d_o, io.v, dp, "bwd dO·Vᵀ");
     dn_pw(b, CUDNN_POINTWISE_SUB, f32, dp, softsum, NULL, dp1, -1, "bwd sub softmax sum");
     dn_pw(b, CUDNN_POINTWISE_MUL, f32, dp1, e, NULL, dp2, -1, "bwd mul E");
+    if (io.cap) {
+        cudnnBackendDescriptor_t m = dn_virt(b, f32, sd), dt = dn_virt(b, f32, sd), dc = dn_virt(b, f32, sd);
+        dn_pw(b, CUDNN_POINTWISE_MUL, f32, dp2, io.cap, NULL, m, -1, "bwd softcap multiply");
+        dn_pw_bwd(b, CUDNN_POINTWISE_TANH_BWD, f32, pre, m, dt, "bwd softcap tanh'");
+        dn_pw(b, CUDNN_POINTWISE_DIV, f32, dt, io.cap, NULL, dc, -1, "bwd softcap divide");
+        dp2 = dc;
+    }
     dn_pw(b, CUDNN_POINTWISE_MUL, f32, dp2, io.scale, NULL, ds, -1, "bwd dS scale");
     /* dK = dSᵀ·Q */
     cudnnBackendDescriptor_t dst = dn_virt(b, bf, sdt);
@@ -461,7 +540,18 @@ static void dn_make_plan(dn_builder *b, dn_plan *p) {
 
 static bool dn_same(const dw_attn_cudnn_shape *a, const dw_attn_cudnn_shape *b) {
     return a->B == b->B && a->T == b->T && a->H == b->H && a->Hkv == b->Hkv && a->D == b->D && a->rq == b->rq &&
-           a->rk == b->rk;
+           a->rk == b->rk && a->W == b->W && a->cap == b->cap;
+}
+
+static bool dn_masked(const dw_attn_cudnn_shape *sh) { return sh->W > 0 || sh->cap > 0; }
+
+/* "B=.. T=.. H=.. Hkv=.. D=..[ window W][ cap c]" for messages */
+static const char *dn_shape_str(const dw_attn_cudnn_shape *sh, char *buf, size_t n) {
+    int k = snprintf(buf, n, "B=%lld T=%lld H=%lld Hkv=%lld D=%lld", (long long)sh->B, (long long)sh->T,
+                     (long long)sh->H, (long long)sh->Hkv, (long long)sh->D);
+    if (sh->W > 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, " window %lld", (long long)sh->W);
+    if (sh->cap > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " cap %g", (double)sh->cap);
+    return buf;
 }
 
 /* The cached plan of (shape, direction), building it when allowed. NULL (reason in dn_why) when
@@ -516,24 +606,45 @@ static dn_plan *dn_get(const dw_attn_cudnn_shape *sh, bool bwd, bool may_build) 
         if (p->dqacc) cudaFree(p->dqacc);
         p->ws = NULL, p->dqacc = NULL;
         dn_free(b); /* keeps b->err */
-        snprintf(dn_why, sizeof dn_why, "cuDNN %s plan (B=%lld T=%lld H=%lld Hkv=%lld D=%lld): %s", dir,
-                 (long long)sh->B, (long long)sh->T, (long long)sh->H, (long long)sh->Hkv, (long long)sh->D, b->err);
-        DW_LOGW("attention: %s", dn_why);
+        char shs[160];
+        snprintf(dn_why, sizeof dn_why, "cuDNN %lld %s plan (%s): %s", (long long)dn_ver, dir,
+                 dn_shape_str(sh, shs, sizeof shs), b->err);
+        /* a masked graph this cuDNN does not fuse is an expected decline (the mma kernels run it) */
+        if (dn_masked(sh)) DW_LOGD("attention: %s", dn_why);
+        else DW_LOGW("attention: %s", dn_why);
         return NULL;
     }
     p->ok = true;
-    DW_LOGI("attention: cuDNN %lld %s plan (B=%lld T=%lld H=%lld Hkv=%lld D=%lld%s): engine %lld, "
-            "workspace %lld bytes, dQ accumulator %zu bytes",
-            (long long)dn_ver, dir, (long long)sh->B, (long long)sh->T, (long long)sh->H, (long long)sh->Hkv,
-            (long long)sh->D, direct ? ", direct dQ" : "", (long long)p->engine, (long long)p->ws_bytes, acc);
+    char shs[160];
+    DW_LOGI("attention: cuDNN %lld %s plan (%s%s): engine %lld, workspace %lld bytes, dQ accumulator %zu bytes",
+            (long long)dn_ver, dir, dn_shape_str(sh, shs, sizeof shs), direct ? ", direct dQ" : "", (long long)p->engine,
+            (long long)p->ws_bytes, acc);
     return p;
 }
 
-/* Whether cuDNN can take this shape and these pointers at all (before any plan). */
+/* The shape as plans are keyed: a window of at least T keys is the causal mask alone. */
+static dw_attn_cudnn_shape dn_key(const dw_attn_cudnn_shape *sh) {
+    dw_attn_cudnn_shape k = *sh;
+    if (k.W >= k.T || k.W < 0) k.W = 0;
+    if (!(k.cap > 0)) k.cap = 0;
+    return k;
+}
+
+/* Whether cuDNN can take this shape and these pointers at all (before any plan); the loaded
+ * version must fuse its mask: a window from 9.2 (the left-bound band), a cap from 9.4 (score
+ * modifiers, runtime-compiled engines). Declines are logged at debug. */
 static bool dn_shape_ok(const dw_attn_cudnn_shape *sh, const void *const *ptrs, int n) {
     if (sh->D > 128 || sh->D % 8 || sh->rq % 8 || sh->rk % 8 || sh->H % sh->Hkv) {
         snprintf(dn_why, sizeof dn_why, "cuDNN attention needs D <= 128 and D, strides multiples of 8 (D=%lld)",
                  (long long)sh->D);
+        return false;
+    }
+    const int64_t need = sh->cap > 0 ? 90400 : sh->W > 0 ? 90200 : 0;
+    if (dn_ver < need) {
+        snprintf(dn_why, sizeof dn_why, "cuDNN %lld cannot fuse %s (needs %lld.%lld)", (long long)dn_ver,
+                 sh->cap > 0 ? "soft-capped scores" : "a sliding window", (long long)need / 10000,
+                 (long long)need / 100 % 100);
+        DW_LOGD("attention: %s: the mma kernels run it", dn_why);
         return false;
     }
     for (int i = 0; i < n; i++)
@@ -544,7 +655,8 @@ static bool dn_shape_ok(const dw_attn_cudnn_shape *sh, const void *const *ptrs, 
     return true;
 }
 
-/* The plan for a call: library loaded, shape ok, plan cached or buildable (not capturing). */
+/* The plan for a call: library loaded, shape ok, plan cached or buildable (not capturing). sh is
+ * already the key (dn_key). */
 static dn_plan *dn_for_call(const dw_attn_cudnn_shape *sh, bool bwd, const void *const *ptrs, int n, void *stream) {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) != cudaSuccess) {
@@ -580,9 +692,9 @@ static dw_status dn_run(dw_ctx *ctx, dn_plan *p, const int64_t *uids, void *cons
     if (st != CUDNN_STATUS_SUCCESS) {
         char last[256] = "";
         dn.last_err(last, sizeof last);
-        return dw_set_error(ctx, DW_ERR_CUDA, "%s (cuDNN, B=%lld T=%lld H=%lld Hkv=%lld D=%lld): %s %s", op,
-                            (long long)p->sh.B, (long long)p->sh.T, (long long)p->sh.H, (long long)p->sh.Hkv,
-                            (long long)p->sh.D, dn.err_str(st), last);
+        char shs[160];
+        return dw_set_error(ctx, DW_ERR_CUDA, "%s (cuDNN, %s): %s %s", op, dn_shape_str(&p->sh, shs, sizeof shs),
+                            dn.err_str(st), last);
     }
     return DW_OK;
 }
@@ -590,46 +702,74 @@ static dw_status dn_run(dw_ctx *ctx, dn_plan *p, const int64_t *uids, void *cons
 /* -inf for the mask; cuDNN before 9.10 wants the lowest finite float instead */
 static float dn_neginf(void) { return dn_ver < 91000 ? -3.402823466e38f : -INFINITY; }
 
+/* executes that ran: [bwd][masked] */
+static int64_t dn_calls[2][2];
+
+/* The host scalars both directions pass: scale, -inf, and the window and cap where the plan has
+ * them, appended to uids/ptrs from *n on. vals must outlive the execute. */
+typedef struct {
+    float scale, ninf, window, cap, one;
+} dn_scalars;
+static void dn_add_scalars(const dw_attn_cudnn_shape *sh, dn_scalars *vals, int64_t *uids, void **ptrs, int *n) {
+    vals->scale = (float)(1.0 / sqrt((double)sh->D)), vals->ninf = dn_neginf();
+    vals->window = (float)sh->W, vals->cap = sh->cap, vals->one = 1.0f;
+    uids[*n] = U_SCALE, ptrs[(*n)++] = &vals->scale;
+    uids[*n] = U_NEGINF, ptrs[(*n)++] = &vals->ninf;
+    if (sh->W > 0) uids[*n] = U_WINDOW, ptrs[(*n)++] = &vals->window;
+    if (sh->cap > 0) uids[*n] = U_CAP, ptrs[(*n)++] = &vals->cap;
+}
+
 dw_status dw_attn_cudnn_fwd(dw_ctx *ctx, bool *ran, void *out, float *lse, const void *q, const void *k,
-                            const void *v, const dw_attn_cudnn_shape *sh, void *stream) {
+                            const void *v, const dw_attn_cudnn_shape *shape, void *stream) {
     *ran = false;
+    const dw_attn_cudnn_shape key = dn_key(shape), *sh = &key;
     const void *ptrs[] = {out, lse, q, k, v};
     dn_plan *p = dn_for_call(sh, false, ptrs, 5, stream);
     if (!p) return DW_OK;
-    float scale = (float)(1.0 / sqrt((double)sh->D)), ninf = dn_neginf();
-    const int64_t uids[] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEGINF};
-    void *const dp[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &ninf};
-    DW_TRY(dn_run(ctx, p, uids, dp, 7, stream, "attention_fwd"));
+    dn_scalars vals;
+    int64_t uids[9] = {U_Q, U_K, U_V, U_O, U_STATS};
+    void *dp[9] = {(void *)q, (void *)k, (void *)v, out, lse};
+    int n = 5;
+    dn_add_scalars(sh, &vals, uids, dp, &n);
+    DW_TRY(dn_run(ctx, p, uids, dp, n, stream, "attention_fwd"));
+    dn_calls[0][dn_masked(sh)]++;
     *ran = true;
     return DW_OK;
 }
 
 dw_status dw_attn_cudnn_bwd(dw_ctx *ctx, bool *ran, void *dq, void *dk, void *dv, const void *dout, const void *q,
                             const void *k, const void *v, const void *out, const float *lse, float *delta,
-                            const dw_attn_cudnn_shape *sh, void *stream) {
+                            const dw_attn_cudnn_shape *shape, void *stream) {
     *ran = false;
+    const dw_attn_cudnn_shape key = dn_key(shape), *sh = &key;
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out, lse, delta};
     dn_plan *p = dn_for_call(sh, true, ptrs, 10, stream);
     if (!p) return DW_OK;
     if (p->dqacc && dn_ver < 90600) /* older cuDNN leaves zeroing the accumulator to the caller */
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(p->dqacc, 0, (size_t)(sh->B * sh->H * sh->T * sh->D) * sizeof(float),
                                            (cudaStream_t)stream));
-    float scale = (float)(1.0 / sqrt((double)sh->D)), ninf = dn_neginf(), one = 1.0f;
-    const int64_t uids[] = {U_Q, U_K, U_V, U_O, U_STATS, U_SCALE, U_NEGINF, U_DO, U_DQ, U_DK, U_DV, U_SOFTSUM,
-                            U_ONE, U_DQACC};
-    void *const dp[] = {(void *)q,  (void *)k, (void *)v, (void *)out, (void *)lse, &scale, &ninf,
-                        (void *)dout, dq,      dk,        dv,          delta,       &one,   p->dqacc};
-    DW_TRY(dn_run(ctx, p, uids, dp, p->dqacc ? 14 : 13, stream, "attention_bwd"));
+    dn_scalars vals;
+    int64_t uids[16] = {U_Q, U_K, U_V, U_O, U_STATS, U_DO, U_DQ, U_DK, U_DV, U_SOFTSUM, U_ONE};
+    void *dp[16] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)lse, (void *)dout, dq, dk, dv, delta,
+                    &vals.one};
+    int n = 11;
+    dn_add_scalars(sh, &vals, uids, dp, &n);
+    if (p->dqacc) uids[n] = U_DQACC, dp[n++] = p->dqacc;
+    DW_TRY(dn_run(ctx, p, uids, dp, n, stream, "attention_bwd"));
+    dn_calls[1][dn_masked(sh)]++;
     *ran = true;
     return DW_OK;
 }
 
-bool dw_attn_cudnn_prepare(const dw_attn_cudnn_shape *sh) {
+bool dw_attn_cudnn_prepare(const dw_attn_cudnn_shape *shape) {
+    const dw_attn_cudnn_shape key = dn_key(shape), *sh = &key;
     pthread_mutex_lock(&dn_mutex);
-    bool ok = dn_init() && dn_get(sh, false, true) && dn_get(sh, true, true);
+    bool ok = dn_init() && dn_shape_ok(sh, NULL, 0) && dn_get(sh, false, true) && dn_get(sh, true, true);
     pthread_mutex_unlock(&dn_mutex);
     return ok;
 }
+
+int64_t dw_attn_cudnn_calls(bool bwd, bool masked) { return dn_calls[bwd][masked]; }
 
 const char *dw_attn_cudnn_why(void) { return dn_why; }
 
@@ -680,6 +820,10 @@ bool dw_attn_cudnn_prepare(const dw_attn_cudnn_shape *sh) {
 }
 const char *dw_attn_cudnn_why(void) { return dn_stub_why; }
 int64_t dw_attn_cudnn_version(void) { return 0; }
+int64_t dw_attn_cudnn_calls(bool bwd, bool masked) {
+    (void)bwd, (void)masked;
+    return 0;
+}
 size_t dw_attn_cudnn_device_bytes(int *n_plans) {
     if (n_plans) *n_plans = 0;
     return 0;

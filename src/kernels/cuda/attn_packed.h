@@ -35,10 +35,11 @@ void dw_cuda_attention_use(const char *path);
 /* Builds, outside any step, what BF16 attention of this shape will need (cuDNN's plans and their
  * workspaces, kernels/cuda/attn_cudnn.c), so that steps allocate nothing: engines call it at
  * creation for each attention node. packed: q, k, v are views into a packed qkv row (the packed
- * entries above), else separate tensors. DW_OK also when cuDNN is not selected or cannot run this
- * shape (the step then takes another path, or reports why under DW_ATTN=cudnn). */
+ * entries above), else separate tensors. W, cap: the node's sliding window and score cap (0: none),
+ * as dw_cuda_attention_window_*. DW_OK also when cuDNN is not selected or cannot run this shape
+ * (the step then takes another path, or reports why under DW_ATTN=cudnn). */
 dw_status dw_cuda_attention_prepare(dw_ctx *ctx, dw_act_dtype dt, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                    int64_t D, bool packed);
+                                    int64_t D, bool packed, int64_t W, double cap);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,8 @@
  * cuDNN's fused flash attention (attn_cudnn.c) when DW_ATTN picks it (dw_att_use_cudnn) and its
  * plan builds, else with D = 64 or 128 to the tensor-core kernels of attn_mma.cu (whose dQ kernel
  * computes delta itself). All paths save the same lse, so forward and backward may differ. A
- * sliding window or soft-capped scores (Gemma 2) run the mma kernels where they apply, else these.
+ * sliding window or soft-capped scores (Gemma 2) take the same order: cuDNN where its plan for the
+ * mask builds (attn_cudnn.c), the mma kernels where they apply, else these.
  * Oracle: kernels/cpu/attention_cpu.c. Layouts: q, out (B,T,H,D); k, v (B,T,Hkv,D); lse (B,H,T). */
 #include "core/log.h"
 #include "kernels/cuda/attn_cudnn.h"
@@ -340,6 +341,26 @@ static dw_status dw_att_cudnn_declined(dw_ctx *ctx, const char *op) {
     return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: DW_ATTN=cudnn but %s", op, dw_attn_cudnn_why());
 }
 
+/* The one selection rule, both directions, every entry: BF16 tries cuDNN first when DW_ATTN picks
+ * it; *done when cuDNN ran, else the caller's next path (mma, then the reference kernels) runs. */
+static dw_status dw_att_cudnn_fwd_try(dw_ctx *ctx, const char *op, bool *done, dw_act_dtype dt,
+                                      const dw_attn_cudnn_shape *sh, void *out, float *lse, const void *q,
+                                      const void *k, const void *v, void *stream) {
+    *done = false;
+    if (dt != DW_ACT_BF16 || !dw_att_use_cudnn()) return DW_OK;
+    DW_TRY(dw_attn_cudnn_fwd(ctx, done, out, lse, q, k, v, sh, stream));
+    return *done ? DW_OK : dw_att_cudnn_declined(ctx, op);
+}
+static dw_status dw_att_cudnn_bwd_try(dw_ctx *ctx, const char *op, bool *done, dw_act_dtype dt,
+                                      const dw_attn_cudnn_shape *sh, void *dq, void *dk, void *dv, const void *dout,
+                                      const void *q, const void *k, const void *v, const void *out, const float *lse,
+                                      float *delta, void *stream) {
+    *done = false;
+    if (dt != DW_ACT_BF16 || !dw_att_use_cudnn()) return DW_OK;
+    DW_TRY(dw_attn_cudnn_bwd(ctx, done, dq, dk, dv, dout, q, k, v, out, lse, delta, sh, stream));
+    return *done ? DW_OK : dw_att_cudnn_declined(ctx, op);
+}
+
 extern "C" {
 
 dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse,
@@ -349,13 +370,10 @@ dw_status dw_cuda_attention_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *
     DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (out && lse && q && k && v));
     if (B * T == 0) return DW_OK;
-    if (dt == DW_ACT_BF16 && dw_att_use_cudnn()) {
-        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D};
-        bool ran = false;
-        DW_TRY(dw_attn_cudnn_fwd(ctx, &ran, out, lse, q, k, v, &sh, stream));
-        if (ran) return DW_OK;
-        DW_TRY(dw_att_cudnn_declined(ctx, op));
-    }
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D, 0, 0.0f};
+    bool done = false;
+    DW_TRY(dw_att_cudnn_fwd_try(ctx, op, &done, dt, &sh, out, lse, q, k, v, stream));
+    if (done) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {out, q, k, v};
     cudaError_t e = dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 4)
@@ -378,13 +396,10 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
     DW_TRY(dw_att_check(ctx, op, dt, B, T, H, Hkv, D));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (dq && dk && dv && dout && q && k && v && out && lse && delta));
     if (B * T == 0) return DW_OK;
-    if (dt == DW_ACT_BF16 && dw_att_use_cudnn()) {
-        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D};
-        bool ran = false;
-        DW_TRY(dw_attn_cudnn_bwd(ctx, &ran, dq, dk, dv, dout, q, k, v, out, lse, delta, &sh, stream));
-        if (ran) return DW_OK;
-        DW_TRY(dw_att_cudnn_declined(ctx, op));
-    }
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D, 0, 0.0f};
+    bool done = false;
+    DW_TRY(dw_att_cudnn_bwd_try(ctx, op, &done, dt, &sh, dq, dk, dv, dout, q, k, v, out, lse, delta, stream));
+    if (done) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
     cudaError_t e =
@@ -400,9 +415,10 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
     return DW_OK;
 }
 
-/* ---- sliding window and score cap: the tensor-core kernels where they apply (BF16, D 64 or 128,
- * aligned; whole key tiles outside the window skipped), else the reference kernels; never cuDNN (its
- * graphs here mask causally only and do not cap the scores) --------------------------------------- */
+/* ---- sliding window and score cap: cuDNN first (BF16, as above, its plan keyed by the window and
+ * the cap; it declines what the loaded version cannot fuse), then the tensor-core kernels where they
+ * apply (BF16, D 64 or 128, aligned; whole key tiles outside the window skipped), else the reference
+ * kernels -------------------------------------------------------------------------------------------- */
 static dw_status dw_att_masked_err(dw_ctx *ctx, const char *op, cudaError_t e, int64_t B, int64_t T, int64_t H,
                                    int64_t Hkv, int64_t D, int64_t W, double cap) {
     if (e == cudaSuccess) return DW_OK;
@@ -419,9 +435,13 @@ dw_status dw_cuda_attention_window_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, 
     DW_OPS_REQUIRE(ctx, op, W >= 0 && cap >= 0.0 && isfinite(cap));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (out && lse && q && k && v));
     if (B * T == 0) return DW_OK;
+    const float c = (float)cap;
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D, W, c};
+    bool done = false;
+    DW_TRY(dw_att_cudnn_fwd_try(ctx, op, &done, dt, &sh, out, lse, q, k, v, stream));
+    if (done) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {out, q, k, v};
-    const float c = (float)cap;
     return dw_att_masked_err(
         ctx, op,
         dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 4)
@@ -440,9 +460,13 @@ dw_status dw_cuda_attention_window_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, v
     DW_OPS_REQUIRE(ctx, op, W >= 0 && cap >= 0.0 && isfinite(cap));
     DW_OPS_REQUIRE(ctx, op, B * T == 0 || (dq && dk && dv && dout && q && k && v && out && lse && delta));
     if (B * T == 0) return DW_OK;
+    const float c = (float)cap;
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, H * D, Hkv * D, W, c};
+    bool done = false;
+    DW_TRY(dw_att_cudnn_bwd_try(ctx, op, &done, dt, &sh, dq, dk, dv, dout, q, k, v, out, lse, delta, stream));
+    if (done) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
-    const float c = (float)cap;
     return dw_att_masked_err(
         ctx, op,
         dt == DW_ACT_BF16 && dw_attn_mma_eligible(D, ptrs, 8)
@@ -476,13 +500,10 @@ dw_status dw_cuda_attention_fwd_packed(dw_ctx *ctx, void *out, float *lse, const
     if (B * T == 0) return DW_OK;
     const dw_bf16 *x = (const dw_bf16 *)qkv;
     const int64_t rs = (H + 2 * Hkv) * D;
-    if (dw_att_use_cudnn()) {
-        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, rs, rs};
-        bool ran = false;
-        DW_TRY(dw_attn_cudnn_fwd(ctx, &ran, out, lse, x, x + H * D, x + (H + Hkv) * D, &sh, stream));
-        if (ran) return DW_OK;
-        DW_TRY(dw_att_cudnn_declined(ctx, op));
-    }
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, rs, rs, 0, 0.0f};
+    bool done = false;
+    DW_TRY(dw_att_cudnn_fwd_try(ctx, op, &done, DW_ACT_BF16, &sh, out, lse, x, x + H * D, x + (H + Hkv) * D, stream));
+    if (done) return DW_OK;
     return dw_att_packed_err(ctx, op,
                              dw_attn_mma_fwd(out, lse, x, x + H * D, x + (H + Hkv) * D, B, T, H, Hkv, D, rs, rs, 0,
                                              0.0f, (cudaStream_t)stream),
@@ -500,14 +521,11 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
     const dw_bf16 *x = (const dw_bf16 *)qkv;
     dw_bf16 *g = (dw_bf16 *)dqkv;
     const int64_t rs = (H + 2 * Hkv) * D;
-    if (dw_att_use_cudnn()) {
-        const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, rs, rs};
-        bool ran = false;
-        DW_TRY(dw_attn_cudnn_bwd(ctx, &ran, g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
-                                 out, lse, delta, &sh, stream));
-        if (ran) return DW_OK;
-        DW_TRY(dw_att_cudnn_declined(ctx, op));
-    }
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, rs, rs, 0, 0.0f};
+    bool done = false;
+    DW_TRY(dw_att_cudnn_bwd_try(ctx, op, &done, DW_ACT_BF16, &sh, g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D,
+                                x + (H + Hkv) * D, out, lse, delta, stream));
+    if (done) return DW_OK;
     return dw_att_packed_err(ctx, op,
                              dw_attn_mma_bwd(g, g + H * D, g + (H + Hkv) * D, dout, x, x + H * D, x + (H + Hkv) * D,
                                              out, lse, delta, B, T, H, Hkv, D, rs, rs, 0, 0.0f, (cudaStream_t)stream),
@@ -517,11 +535,11 @@ dw_status dw_cuda_attention_bwd_packed(dw_ctx *ctx, void *dqkv, const void *dout
 void dw_cuda_attention_use(const char *path) { dw_attn_mode_set(path ? dw_attn_mode_parse(path) : -1); }
 
 dw_status dw_cuda_attention_prepare(dw_ctx *ctx, dw_act_dtype dt, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                                    int64_t D, bool packed) {
+                                    int64_t D, bool packed, int64_t W, double cap) {
     (void)ctx;
     if (dt != DW_ACT_BF16 || !dw_att_use_cudnn() || B * T <= 0 || H <= 0 || Hkv <= 0 || H % Hkv) return DW_OK;
     const int64_t rs = (H + 2 * Hkv) * D;
-    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, packed ? rs : H * D, packed ? rs : Hkv * D};
+    const dw_attn_cudnn_shape sh = {B, T, H, Hkv, D, packed ? rs : H * D, packed ? rs : Hkv * D, W, (float)cap};
     if (!dw_attn_cudnn_prepare(&sh)) DW_LOGD("attention: no cuDNN plans prepared: %s", dw_attn_cudnn_why());
     return DW_OK;
 }

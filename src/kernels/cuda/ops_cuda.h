@@ -164,8 +164,9 @@ dw_status dw_cuda_attention_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dq, void *dk
                                 int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream);
 /* The same under a sliding window of W keys (query t sees keys max(0, t-W+1)..t; W 0: causal) and
  * with the scores soft-capped to cap tanh(s / cap) before the softmax (cap > 0, Gemma 2; 0: none):
- * BF16 with D 64 or 128 on the tensor-core kernels (key tiles outside the window skipped) unless
- * DW_ATTN=ref, else the reference kernels; never cuDNN (its graphs here mask causally only).
+ * BF16 through cuDNN when DW_ATTN picks it and the loaded version fuses the mask (kernels/cuda/
+ * attn_cudnn.c), else with D 64 or 128 on the tensor-core kernels (key tiles outside the window
+ * skipped) unless DW_ATTN=ref, else the reference kernels.
  * lse holds the log-sum-exp of the capped scores. Oracle: dw_cpu_attention_softcap_fwd/bwd. */
 dw_status dw_cuda_attention_window_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *lse, const void *q,
                                        const void *k, const void *v, int64_t B, int64_t T, int64_t H, int64_t Hkv,

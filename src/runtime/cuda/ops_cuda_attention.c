@@ -3,10 +3,9 @@
  * runs without copies; else it is split into the node's saved q, k, v (aux Q/K/V) in the forward
  * and the gradients merged back from GQ/GK/GV in the backward. lse is aux STAT0, DELTA scratch.
  * A sliding window shorter than the sequence (mistral, qwen2, Gemma 2) or soft-capped scores (Gemma 2)
- * run dw_cuda_attention_window_* (the tensor-core kernels where they apply, else the reference ones;
- * never cuDNN), split like an unaligned packed qkv. */
+ * run dw_cuda_attention_window_* (cuDNN where its plan for the mask builds, else the tensor-core
+ * kernels where they apply, else the reference ones), split like an unaligned packed qkv. */
 #include "core/error.h"
-#include "core/log.h"
 #include "runtime/backend.h"
 
 #if DW_HAVE_CUDA
@@ -41,17 +40,12 @@ static void qkv(const dw_op_call *c, const void **q, const void **k, const void 
     else *q = c->aux[DW_AUX_Q], *k = c->aux[DW_AUX_K], *v = c->aux[DW_AUX_V];
 }
 
-/* At engine creation: the cuDNN plans (and their buffers) for the node's shape, built outside any
- * recorded step (none for a windowed or capped node: cuDNN never runs it). */
+/* At engine creation: the cuDNN plans (and their buffers) for the node's shape, window and cap,
+ * built outside any recorded step. */
 dw_status dw_cuda_op_attention_prepare(dw_backend *be, const dw_op_call *c) {
     const dw_ir_attrs *a = &c->n->attrs;
-    if (masked(c)) {
-        DW_LOGD("attention '%s': window %lld, score cap %g: the tensor-core or reference kernels, not cuDNN (its "
-                "graphs here mask causally only)", c->n->name, (long long)window(c), a->softcap);
-        return DW_OK;
-    }
     return dw_cuda_attention_prepare(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->b, c->t, a->heads, a->kv_heads,
-                                     a->head_dim, packed(c));
+                                     a->head_dim, packed(c), window(c), a->softcap);
 }
 
 dw_status dw_cuda_op_attention_fwd(dw_backend *be, const dw_op_call *c) {
