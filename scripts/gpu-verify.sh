@@ -3,7 +3,7 @@
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
 # Prepare .deps once with scripts/gpu-deps.sh and carry it.
-# Usage: scripts/gpu-verify.sh build|base|tests|quick|recipes|quant|gemm|step|ab|compare|dryrun|mainjob ...
+# Usage: scripts/gpu-verify.sh build|base|tests|quick|attnwin|recipes|quant|gemm|step|ab|compare|dryrun|mainjob ...
 #   e.g. `scripts/gpu-verify.sh build tests`. DW_CUDA_ARCHS (env, default 90a) narrows the build to
 #   the GPU at hand; BUILD_TARGETS (env) narrows `build` to those ninja targets (a short call). `base` builds the tree in .base/ (a git-ignored snapshot of an earlier commit,
 #   `git archive COMMIT | tar -x -C .base`) into build-base/ and `ab` times it against build-gpu/
@@ -103,6 +103,14 @@ for phase in "$@"; do
       record "$n ($(( $(date +%s) - s )) s)" "rc=$rc"
       [ $rc -ne 0 ] && grep -E "FAIL|ERROR|error" "$out/$n.log" | head -12
     done
+    ;;
+  attnwin)  # issue 26: windowed / capped attention on cuDNN and mma vs the CPU, then both timed (ATTNWIN_SHAPE)
+    n=gpu_test_attn_cudnn_window; s=$(date +%s); shape=${ATTNWIN_SHAPE:-2,4096,32,8,128,20}  # B,T,H,Hkv,D,iters[,W...]
+    timeout 300 "$b/tests/$n" >"$out/$n.log" 2>&1; rc=$?
+    record "$n ($(( $(date +%s) - s )) s)" "rc=$rc"
+    grep -E "^cuDNN|ran on|declined|worst" "$out/$n.log"; [ $rc -ne 0 ] && grep -E "FAIL|MISMATCH|error" "$out/$n.log" | head -12
+    DW_ATTN_WINDOW_BENCH=$shape timeout 300 "$b/tests/$n" >"$out/attnwin_bench.txt" 2>&1
+    record "window attention mma vs cuDNN ($shape)" "rc=$?"; grep -E "BENCH|bench" "$out/attnwin_bench.txt"
     ;;
   recipes)  # deepwell train --device cuda under every recipe: llama-tiny 40 steps, gpt2-124m 10 steps
     for r in bf16 fp8_tensor fp8_row fp8_block fp8_block2d mxfp8 mxfp8_e5m2 mxfp4 nvfp4; do
