@@ -1,7 +1,8 @@
 /* attn_cudnn.c — causal GQA attention (BF16) through cuDNN's backend graph API: the composite
  * flash-attention operation graphs that cuDNN 9's fused SDPA engines recognise (forward: Q·Kᵀ,
  * scale, causal mask, softmax with stats, P·V; backward: dQ, dK, dV from Q, K, V, O, dO, stats).
- * A sliding window adds the left-bound band after the causal mask (cuDNN >= 9.2); soft-capped
+ * A sliding window adds the left-bound band after the causal mask (cuDNN >= 9.2; where no engine
+ * takes that layout, one select on the AND of both compares is tried); soft-capped
  * scores (Gemma 2) add cap·tanh(S / cap) after the scale and its derivative before dS's scale, a
  * pattern only cuDNN's runtime-compiled engines take (>= 9.4, Hopper on). Graph layout learnt from
  * cudnn-frontend's sdpa nodes (diagonal band mask, Softcap score modifier); written here anew.
@@ -123,6 +124,7 @@ typedef struct {
     cudnnBackendDescriptor_t ops[DN_MAX_OPS];
     int n_ops;
     int64_t next_uid;
+    int band; /* a window's mask layout: 0 its own select after the causal one, 1 one select on both */
     bool failed;
     char err[384];
 } dn_builder;
@@ -329,8 +331,28 @@ static cudnnBackendDescriptor_t dn_window(dn_builder *b, cudnnBackendDescriptor_
     return y;
 }
 
-/* Both masks of the shape on x: causal, then the window's left bound when W > 0. */
+/* s = mask(x) with one select: keeps x where row >= column and column + W > row (the causal and
+ * the band compares joined by LOGICAL_AND), else -inf. x is [B,H,T,T] FP32. */
+static cudnnBackendDescriptor_t dn_causal_band(dn_builder *b, cudnnBackendDescriptor_t x, dn_dims sd,
+                                               const dn_io *io) {
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT, bl = CUDNN_DATA_BOOLEAN;
+    cudnnBackendDescriptor_t row = dn_virt(b, CUDNN_DATA_INT32, sd), col = dn_virt(b, CUDNN_DATA_INT32, sd);
+    cudnnBackendDescriptor_t colw = dn_virt(b, f32, sd), causal = dn_virt(b, bl, sd), band = dn_virt(b, bl, sd);
+    cudnnBackendDescriptor_t keep = dn_virt(b, bl, sd), y = dn_virt(b, f32, sd);
+    dn_pw(b, CUDNN_POINTWISE_GEN_INDEX, f32, x, NULL, NULL, row, 2, "band row index");
+    dn_pw(b, CUDNN_POINTWISE_GEN_INDEX, f32, x, NULL, NULL, col, 3, "band column index");
+    dn_pw(b, CUDNN_POINTWISE_CMP_GE, bl, row, col, NULL, causal, -1, "band causal compare");
+    dn_pw(b, CUDNN_POINTWISE_ADD, f32, col, io->window, NULL, colw, -1, "band column + W");
+    dn_pw(b, CUDNN_POINTWISE_CMP_GT, bl, colw, row, NULL, band, -1, "band window compare");
+    dn_pw(b, CUDNN_POINTWISE_LOGICAL_AND, bl, causal, band, NULL, keep, -1, "band and");
+    dn_pw(b, CUDNN_POINTWISE_BINARY_SELECT, f32, x, io->neginf, keep, y, -1, "band select");
+    return y;
+}
+
+/* Both masks of the shape on x: causal, then the window's left bound when W > 0, in the builder's
+ * layout (dn_get tries the two-select one first, then the single select). */
 static cudnnBackendDescriptor_t dn_mask(dn_builder *b, cudnnBackendDescriptor_t x, dn_dims sd, const dn_io *io) {
+    if (io->window && b->band == 1) return dn_causal_band(b, x, sd, io);
     cudnnBackendDescriptor_t y = dn_causal(b, x, sd, io->neginf);
     return io->window ? dn_window(b, y, sd, io->window, io->neginf) : y;
 }
@@ -586,10 +608,20 @@ static dn_plan *dn_get(const dw_attn_cudnn_shape *sh, bool bwd, bool may_build) 
         return NULL;
     }
     dn_builder *b = p->b;
-    b->next_uid = 100;
-    if (bwd) dn_graph_bwd(b, sh, direct);
-    else dn_graph_fwd(b, sh);
-    if (!b->failed) dn_make_plan(b, p);
+    /* a window: the two-select layout (cudnn-frontend's), then the single AND select */
+    char err0[sizeof b->err] = "";
+    for (int band = 0; band < (sh->W > 0 ? 2 : 1); band++) {
+        if (band) {
+            snprintf(err0, sizeof err0, "%s", b->err);
+            dn_free(b);
+            memset(b, 0, sizeof *b);
+        }
+        b->next_uid = 100, b->band = band;
+        if (bwd) dn_graph_bwd(b, sh, direct);
+        else dn_graph_fwd(b, sh);
+        if (!b->failed) dn_make_plan(b, p);
+        if (!b->failed) break;
+    }
     const size_t acc = bwd && !direct ? (size_t)(sh->B * sh->H * sh->T * sh->D) * sizeof(float) : 0;
     if (!b->failed && p->ws_bytes > 0 && cudaMalloc(&p->ws, (size_t)p->ws_bytes) != cudaSuccess) {
         b->failed = true;
@@ -607,8 +639,10 @@ static dn_plan *dn_get(const dw_attn_cudnn_shape *sh, bool bwd, bool may_build) 
         p->ws = NULL, p->dqacc = NULL;
         dn_free(b); /* keeps b->err */
         char shs[160];
-        snprintf(dn_why, sizeof dn_why, "cuDNN %lld %s plan (%s): %s", (long long)dn_ver, dir,
-                 dn_shape_str(sh, shs, sizeof shs), b->err);
+        snprintf(dn_why, sizeof dn_why, "cuDNN %lld %s plan (%s): %s%s%s", (long long)dn_ver, dir,
+                 dn_shape_str(sh, shs, sizeof shs), err0[0] ? "window as two selects: " : "", err0,
+                 err0[0] ? "; as one select: " : "");
+        snprintf(dn_why + strlen(dn_why), sizeof dn_why - strlen(dn_why), "%s", b->err);
         /* a masked graph this cuDNN does not fuse is an expected decline (the mma kernels run it) */
         if (dn_masked(sh)) DW_LOGD("attention: %s", dn_why);
         else DW_LOGW("attention: %s", dn_why);
@@ -616,8 +650,9 @@ static dn_plan *dn_get(const dw_attn_cudnn_shape *sh, bool bwd, bool may_build) 
     }
     p->ok = true;
     char shs[160];
-    DW_LOGI("attention: cuDNN %lld %s plan (%s%s): engine %lld, workspace %lld bytes, dQ accumulator %zu bytes",
-            (long long)dn_ver, dir, dn_shape_str(sh, shs, sizeof shs), direct ? ", direct dQ" : "", (long long)p->engine,
+    DW_LOGI("attention: cuDNN %lld %s plan (%s%s%s): engine %lld, workspace %lld bytes, dQ accumulator %zu bytes",
+            (long long)dn_ver, dir, dn_shape_str(sh, shs, sizeof shs), direct ? ", direct dQ" : "",
+            sh->W > 0 ? (b->band ? ", window as one select" : ", window as two selects") : "", (long long)p->engine,
             (long long)p->ws_bytes, acc);
     return p;
 }
