@@ -1187,7 +1187,9 @@ typedef struct {
 } dw_plan_engine_mem;
 /* The engine's time, in seconds (a result struct): each linear node's three GEMMs at their
  * shapes and recipes, quantisation, attention at the engine kernel's rate, other kernels by
- * the bytes they move, launch overheads and AdamW (docs/planner.md, "Deepwell's engine"). */
+ * the bytes they move, launch overheads and AdamW (docs/planner.md, "Deepwell's engine"); the
+ * launches as the runtime issues them for the plan: replayed in a CUDA graph on one GPU, eager
+ * on several (their collectives run between the steps). */
 typedef struct {
     size_t size;
     double fwd, bwd;            /* per micro-batch */

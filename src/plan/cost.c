@@ -269,12 +269,13 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
 }
 
 /* One micro-batch through each virtual stage: vt[vs] for vs in [0, pp*vpp). A plan Deepwell's
- * engine runs as it is takes the engine's node-by-node time (engine.c); *engine_opt (may be
- * NULL) then receives its AdamW time, else -1. */
+ * engine runs as it is takes the engine's node-by-node time (engine.c), its launches eager where
+ * the runtime replays no recorded step (several ranks: dw_plan_runtime_replays); *engine_opt (may
+ * be NULL) then receives its AdamW time, else -1. */
 static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt, double *engine_opt) {
     dw_engine_time et;
     if (engine_opt) *engine_opt = -1;
-    if (dw_plan_engine_runnable(in, par, NULL, 0) && dw_plan_engine_time(NULL, in, par->micro_batch, (int)par->recompute, &et) == DW_OK) {
+    if (dw_plan_engine_runnable(in, par, NULL, 0) && dw_plan_engine_time_par(NULL, in, par, &et) == DW_OK) {
         vt[0] = (ltime){.fwd = et.fwd, .bwd = et.bwd, .flops = et.flops};
         if (engine_opt) *engine_opt = et.optimizer;
         return;

@@ -125,7 +125,8 @@ dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_
     return engine_memory(ctx, in, par->micro_batch, (int)par->recompute, par->grad_accum == 1 && par->zero < 2, out);
 }
 
-static void price(const dw_plan_in *in, const compiled_job *j, double *node_f, double *node_b, dw_engine_time *out);
+static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, double *node_f, double *node_b,
+                  dw_engine_time *out);
 
 double dw_plan_z3_prefetch_exposed(int s0, int s1, const double *gather, const double *step_s) {
     double exposed = 0, hidden = -1; /* compute since the previous event step; -1: none yet */
@@ -148,7 +149,7 @@ static double step_time(const dw_compiled *p, const dw_step *st, const double *n
     return node_f[i] + (both ? node_b[i] : 0) + (i == p->head_xent && h >= 0 ? node_f[h] + (both ? node_b[h] : 0) : 0);
 }
 
-static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps); /* below the engine's rates */
+static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps, double launch_s); /* below the engine's rates */
 
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out) {
     memset(out, 0, sizeof *out);
@@ -170,7 +171,7 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
             const int sweeps = (first[2 * k] >= 0) + (first[2 * k + 1] >= 0);
             const int64_t a = p->param_off[k], n = dw_ir_numel(&p->g->tensors[p->param_tensor[k]]);
             if (p->bf16 && item_of[k] >= 0) /* dp_zero3_gather.c: the gathered FP32 cast into the slot's BF16 */
-                out->cast_s += z3_cast_s(in, n, sweeps);
+                out->cast_s += z3_cast_s(in, n, sweeps, DW_PLAN_LAUNCH_EAGER_S); /* ZeRO-3 never replays */
             for (int r = 0; item_of[k] >= 0 && r < world; r++) {
                 int64_t rlo, rhi;
                 dw_shard_range(p->param_floats, world, r, &rlo, &rhi);
@@ -182,8 +183,8 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
                     if (first[2 * k + sw] >= 0) gather[first[2 * k + sw]] += t;
             }
         }
-        dw_engine_time et;
-        price(in, &j, node_t, node_t + nn, &et);
+        dw_engine_time et; /* each step's compute with its launches eager, as ZeRO-3 issues them */
+        price(in, &j, DW_PLAN_LAUNCH_EAGER_S, node_t, node_t + nn, &et);
         for (int t = 0; t < ns; t++) out->step_compute_s += step_s[t] = step_time(p, &p->steps[t], node_t, node_t + nn);
         for (int ph = DW_PHASE_FORWARD; ph <= DW_PHASE_BACKWARD; ph++)
             out->gather_exposed_s += dw_plan_z3_prefetch_exposed(p->phase[ph][0], p->phase[ph][1], gather, step_s);
@@ -218,18 +219,16 @@ dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_
 /* AdamW per parameter float: read weight, grad, m, v (16 B), write weight, m, v (12 B) and the
  * BF16 working copy (2 B), plus the gradient-norm pass reading the grads (4 B). */
 #define ENGINE_ADAMW_BYTES 34.0
-/* What a kernel launch costs beyond its work inside the replayed CUDA graph (the gap between
- * kernels, ramp-up and tail of short grids), and what a micro-batch costs beyond its kernels
- * (tokens copied in, the loss read back, a host sync, the graph launch). Fitted on the H200
- * (docs/planner.md): gpt2-124m at micro-batch 1 x 16 accumulations measured 97.5 ms against
- * 48.3 ms of modelled work over 16 x ~340 launches. */
-#define ENGINE_LAUNCH_S 6.0e-6
+/* What a kernel launch costs beyond its work: DW_PLAN_LAUNCH_REPLAYED_S inside a replayed CUDA
+ * graph, DW_PLAN_LAUNCH_EAGER_S issued step by step (plan.h; which, dw_plan_runtime_replays). What
+ * a micro-batch costs beyond its kernels (tokens copied in, the loss read back, a host sync, the
+ * graph launch): ENGINE_MICROBATCH_S below. */
 
 /* ZeRO-3's cast of one gathered parameter of n floats to BF16 in its slot, in each of `sweeps`
  * sweeps (train/dp_zero3_gather.c): a memory pass reading 4 and writing 2 bytes a float, and a
- * launch. */
-static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps) {
-    return sweeps * ((double)n * 6.0 / (in->hw->gpus[0].hbm_gbps * 1e9 * ENGINE_MEM_EFF) + ENGINE_LAUNCH_S);
+ * launch of launch_s. */
+static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps, double launch_s) {
+    return sweeps * ((double)n * 6.0 / (in->hw->gpus[0].hbm_gbps * 1e9 * ENGINE_MEM_EFF) + launch_s);
 }
 /* The grouped expert GEMM (moe_linear: kernels/cuda/moe_gemm_sm90.cu on Hopper). Each expert's
  * rows are tiled by 128 (MW_BM) on their own, so a group's last tile is on average half empty:
@@ -253,10 +252,12 @@ static dw_recipe rate_recipe(int r) {
     }
 }
 
-/* The engine's time for the compiled job j (dw_engine_time), and where node_f/node_b are given
- * (n_nodes each) each node's share: its forward (run again in the backward sweep when recomputed)
- * and its backward, kernels, memory passes and launches; the micro-batch's overhead in neither. */
-static void price(const dw_plan_in *in, const compiled_job *j, double *node_f, double *node_b, dw_engine_time *out) {
+/* The engine's time for the compiled job j (dw_engine_time), each kernel launch costing launch_s,
+ * and where node_f/node_b are given (n_nodes each) each node's share: its forward (run again in
+ * the backward sweep when recomputed) and its backward, kernels, memory passes and launches; the
+ * micro-batch's overhead in neither. */
+static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, double *node_f, double *node_b,
+                  dw_engine_time *out) {
     memset(out, 0, sizeof *out);
     const dw_graph *g = j->g;
     const dw_compiled *c = j->c;
@@ -337,26 +338,39 @@ static void price(const dw_plan_in *in, const compiled_job *j, double *node_f, d
             mem_f += ef * as, mem_b += eb * as;
             kf += ef > 0, kb += eb > 0;
         }
-        if (node_f) node_f[i] = out->fwd - fwd0 + (kf - kf0) * ENGINE_LAUNCH_S + (mem_f - memf0) / (bw * ENGINE_MEM_EFF);
-        if (node_b) node_b[i] = out->bwd - bwd0 + (kb - kb0) * ENGINE_LAUNCH_S + (mem_b - memb0) / (bw * ENGINE_MEM_EFF);
+        if (node_f) node_f[i] = out->fwd - fwd0 + (kf - kf0) * launch_s + (mem_f - memf0) / (bw * ENGINE_MEM_EFF);
+        if (node_b) node_b[i] = out->bwd - bwd0 + (kb - kb0) * launch_s + (mem_b - memb0) / (bw * ENGINE_MEM_EFF);
         if (dw_compile_rc_time(c, i) >= 0) /* recompute: the forward runs again in the backward sweep */
             out->bwd += out->fwd - fwd0, mem_b += mem_f - memf0, kb += kf - kf0;
     }
     out->launches = kf + kb;
-    out->overhead = (kf + kb) * ENGINE_LAUNCH_S + ENGINE_MICROBATCH_S;
-    out->fwd += kf * ENGINE_LAUNCH_S + ENGINE_MICROBATCH_S, out->bwd += kb * ENGINE_LAUNCH_S;
+    out->overhead = (kf + kb) * launch_s + ENGINE_MICROBATCH_S;
+    out->fwd += kf * launch_s + ENGINE_MICROBATCH_S, out->bwd += kb * launch_s;
     double tf = mem_f / (bw * ENGINE_MEM_EFF), tb = mem_b / (bw * ENGINE_MEM_EFF);
     out->fwd += tf, out->bwd += tb, out->mem = tf + tb;
     out->optimizer = (double)c->param_floats * ENGINE_ADAMW_BYTES / (bw * ENGINE_ADAMW_EFF) +
-                     wq_bytes / (bw * ENGINE_MEM_EFF) + wq_launches * ENGINE_LAUNCH_S;
+                     wq_bytes / (bw * ENGINE_MEM_EFF) + wq_launches * launch_s;
+}
+
+/* dw_plan_engine_time with each kernel launch costing launch_s. */
+static dw_status engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute, double launch_s,
+                             dw_engine_time *out) {
+    memset(out, 0, sizeof *out);
+    compiled_job j;
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, true, &j);
+    if (s == DW_OK) price(in, &j, launch_s, NULL, NULL, out);
+    release(&j);
+    return s;
 }
 
 dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
                               dw_engine_time *out) {
-    memset(out, 0, sizeof *out);
-    compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, recompute, true, &j);
-    if (s == DW_OK) price(in, &j, NULL, NULL, out);
-    release(&j);
-    return s;
+    return engine_time(ctx, in, micro_batch, recompute, DW_PLAN_LAUNCH_REPLAYED_S, out);
+}
+
+bool dw_plan_runtime_replays(const dw_par *par, bool overlap) { return par->dp <= 1 || (!overlap && par->zero < 3); }
+
+dw_status dw_plan_engine_time_par(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_time *out) {
+    const double launch_s = dw_plan_runtime_replays(par, true) ? DW_PLAN_LAUNCH_REPLAYED_S : DW_PLAN_LAUNCH_EAGER_S;
+    return engine_time(ctx, in, par->micro_batch, (int)par->recompute, launch_s, out);
 }

@@ -321,6 +321,22 @@ dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_
 typedef dw_plan_engine_cost dw_engine_time; /* the public result struct (deepwell.h) */
 dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
                               dw_engine_time *out);
+/* What a kernel launch costs beyond its work. Replayed: inside the recorded CUDA graph the
+ * one-GPU engine replays from a shape's second step (the gap between kernels, ramp-up and tail of
+ * short grids), fitted on the H200 (docs/planner.md: gpt2-124m at micro-batch 1 x 16
+ * accumulations, 97.5 ms measured against 48.3 ms of modelled work over 16 x ~340 launches).
+ * Eager: each step issued by the host as it comes: the replayed gap plus the host's issue of the
+ * launch (the executor's dispatch and cudaLaunchKernel, ~4 us), an assumption no GPU run has
+ * measured yet (docs/planner.md says how to). dw_plan_engine_time prices launches replayed. */
+#define DW_PLAN_LAUNCH_REPLAYED_S 6.0e-6
+#define DW_PLAN_LAUNCH_EAGER_S 10.0e-6
+/* Whether the runtime replays a recorded training step for plan par: one GPU, yes; several ranks
+ * only without overlap and below ZeRO-3, since overlapped reductions (train/dp_overlap.c) and
+ * ZeRO-3's gathers (train/dp_zero3.c) run between the executor's steps, which stop recording. */
+bool dw_plan_runtime_replays(const dw_par *par, bool overlap);
+/* The engine's time for plan par's micro-batch and recompute as the runtime runs it with overlap
+ * (the search's assumption): launches replayed or eager as dw_plan_runtime_replays says. */
+dw_status dw_plan_engine_time_par(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_time *out);
 
 /* ---- pipeline event simulation (pipesim.c) ---------------------------------------------------- */
 typedef enum { DW_OP_F = 0, DW_OP_B } dw_op_kind;

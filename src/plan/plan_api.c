@@ -430,7 +430,7 @@ dw_status dw_plan_get_engine_memory(dw_ctx *ctx, const dw_plan *p, dw_plan_engin
 dw_status dw_plan_get_engine_cost(dw_ctx *ctx, const dw_plan *p, dw_plan_engine_cost *out) {
     DW_TRY(engine_runs(ctx, "dw_plan_get_engine_cost", p, out));
     dw_plan_engine_cost t;
-    DW_TRY(dw_plan_engine_time(ctx, &p->env.in, p->par.micro_batch, (int)p->par.recompute, &t));
+    DW_TRY(dw_plan_engine_time_par(ctx, &p->env.in, &p->par, &t)); /* launches as the runtime issues them */
     t.size = sizeof t;
     return write_out(ctx, "dw_plan_get_engine_cost", out, &t, sizeof t);
 }

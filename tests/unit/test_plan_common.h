@@ -43,6 +43,29 @@ static inline dw_hw *plan_random_dp(dw_ctx *ctx, dw_test_rng *rng, dw_model_conf
     return hw;
 }
 
+/* A random data-parallel job on plan_random_dp's machine, drawn after it from rng: micro-batch
+ * 1-3, accumulation 1-3, recompute none or full, seq 64, 128 or 256, global batch dp x mb x ga;
+ * in planned for it (in.cfg and in.hw point into t: keep t in place). Free t->hw. */
+typedef struct {
+    dw_model_config cfg;
+    dw_hw *hw;
+    int dp, rc;
+    int64_t mb, ga;
+    dw_job job;
+    dw_plan_in in;
+} plan_dp_job;
+static inline void plan_random_dp_job(dw_ctx *ctx, dw_test_rng *rng, plan_dp_job *t) {
+    memset(t, 0, sizeof *t);
+    t->hw = plan_random_dp(ctx, rng, &t->cfg, &t->dp);
+    t->mb = 1 + (int64_t)(dw_test_next(rng) % 3), t->ga = 1 + (int64_t)(dw_test_next(rng) % 3);
+    t->rc = dw_test_next(rng) % 2 ? DW_RECOMPUTE_FULL : DW_RECOMPUTE_NONE;
+    t->job = (dw_job){.seq = 64 << (dw_test_next(rng) % 3), .global_batch = t->dp * t->mb * t->ga};
+    if (dw_plan_in_init(ctx, &t->cfg, t->hw, &t->job, NULL, &t->in) != DW_OK || !t->in.engine_model) {
+        fprintf(stderr, "plan input: %s\n", dw_errmsg(ctx));
+        abort();
+    }
+}
+
 /* A GPT (Megatron-LM 2021 style): GELU MLP 4h, LayerNorm, learned positions, biases, tied. */
 static inline dw_model_config plan_gpt(int64_t V, int64_t d, int64_t L, int64_t H, int64_t maxT) {
     dw_model_config c;

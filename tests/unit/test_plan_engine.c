@@ -325,7 +325,8 @@ static void test_search_plans_for_the_engine(void **state) {
 /* Data parallelism as the runtime runs it (train/dp.c, dp_overlap.c, dp_stage.c), on a random
  * engine-built model, dp and micro-batches: memory per rank is the one-GPU engine's but for
  * ZeRO-1/2's optimizer pool, the largest rank's shard of it, and ZeRO-2's gradients, that shard's
- * plus the staging slots; the step is the one-GPU compute plus the exposed collectives (4 bytes a parameter)
+ * plus the staging slots; the step is the one-GPU compute (its launches eager: the overlapped
+ * runtime replays no recorded step, test_plan_zero3_launch.c) plus the exposed collectives (4 bytes a parameter)
  * plus the AdamW, whole under ZeRO-0 and a 1/dp shard under ZeRO-1/2. Without overlap every
  * collective is exposed; with it, at most one backward's worth is hidden per reduction, never the
  * last bucket nor ZeRO-1/2's all-gather; ZeRO-2 repeats ZeRO-1's reduction per micro-batch. The
@@ -346,7 +347,8 @@ static void test_data_parallel_runtime(void **state) {
     dw_engine_mem em;
     dw_engine_time et;
     assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_NONE, &em), DW_OK);
-    assert_int_equal(dw_plan_engine_time(ctx, &in, mb, DW_RECOMPUTE_NONE, &et), DW_OK);
+    const dw_par eager = {.dp = dp, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = mb, .grad_accum = ga};
+    assert_int_equal(dw_plan_engine_time_par(ctx, &in, &eager, &et), DW_OK); /* overlapped: launches eager */
     dw_param_counts pc;
     dw_plan_params(&in, &pc);
     const double bytes = 4 * pc.total, ag = dw_plan_coll_time(hw, DW_COLL_ALLGATHER, dp, 1, bytes);
