@@ -51,7 +51,9 @@ static __device__ __forceinline__ void dw_ew_df(float x, float g, float bv, floa
     }
 }
 static __host__ __device__ __forceinline__ bool dw_ew_gated(int op) { return op == DW_EW_SWIGLU || op == DW_EW_GEGLU; }
-static __device__ __forceinline__ bool dw_ew_has_b(int op) { return dw_ew_gated(op) || op == DW_EW_ADD; }
+/* __host__ too: dw_ew_fwd's argument check calls it on the host, where nvcc compiles a device-only
+ * function's call into exit(1) without a word (GPT-2's un-fused GELU exited so: tests/abi/no_exit.sh) */
+static __host__ __device__ __forceinline__ bool dw_ew_has_b(int op) { return dw_ew_gated(op) || op == DW_EW_ADD; }
 
 /* out (n) = f(a) or f(a, b) */
 template <typename T, int OP>
