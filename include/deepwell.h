@@ -1522,7 +1522,7 @@ typedef struct {
  * cosine, weight_decay 0.1, clip 1.0, betas 0.9/0.95, eps 1e-8, eval every 50 (8 batches),
  * sample every 0 (64 tokens at temperature 0.8), checkpoint every 30 minutes and at the end,
  * keep 3, seed 1337, max_skips 10, quant_check_every 100, quant_fallback_after 3, quant_overflow_max
- * 0.001, quant_underflow_max -1 (off), quant_counts_after 3, quant_check_elements 1 << 20.
+ * 0.001, quant_underflow_max -1 (off), quant_counts_after 3, quant_check_elements 1 << 16.
  * data and out_dir must still be set. */
 DW_API void dw_train_opts_init(dw_train_opts *opts, size_t size);
 
