@@ -599,7 +599,8 @@ DW_API void dw_gemm_set_autotune(bool on);
  *   x [rows, k]: expert e's rows are [offsets[e], offsets[e+1]); W [experts, m, k]; y, dy [rows, m]
  *   fprop  y_e  = x_e W_e^T     out = y  [rows, m], rows past offsets[experts] set to 0
  *   dgrad  dx_e = dy_e W_e      out = dx [rows, k], rows past offsets[experts] set to 0
- *   wgrad  dW_e += dy_e^T x_e   out = dW [experts, m, k] FP32, accumulated
+ *   wgrad  dW_e += dy_e^T x_e   out = dW [experts, m, k] FP32, accumulated (overwrite: written,
+ *                               an expert without rows getting zeros)
  * The rows of x and dy past offsets[experts] must be finite (a tensor-core wgrad multiplies them
  * by zeros). Selection is as for dense GEMMs: the entries whose fields match and whose predicate
  * accepts, the highest priority winning (ties: the earliest registered); the built-ins (src/gemm/
@@ -633,6 +634,10 @@ typedef struct {
      * w_scales [experts, m, k/32]; dy_scales [rows, m/32], dgrad's W^T copy [experts, k, m] with
      * w_scales [experts, k, m/32]; k and m multiples of 32 (src/gemm/grouped_mxfp8.h). */
     const float *x_scales, *w_scales, *dy_scales;
+    /* wgrad: true writes dW_e = dy_e^T x_e over out (whatever it held, NaN included; zeros for an
+     * expert without rows) instead of adding into it; false (a zeroed struct's) adds, as before.
+     * A registered wgrad kernel must honour it. Ignored by fprop and dgrad. */
+    bool overwrite;
 } dw_grouped_args;
 
 /* Runs one pass on the context's device (stream-ordered on CUDA) with the kernel the registry

@@ -55,7 +55,7 @@ static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
     DW_TRY(dw_grouped_check_host_offsets(ctx, a));
     if (a->pass == DW_GEMM_WGRAD) {
         dw_cpu_moe_linear_fp8_wgrad(a->out, a->dy, a->dy_scales, a->x, a->x_scales, a->offsets, a->experts, a->m,
-                                    a->k, dw_grouped_fp8_wgrad_cols(a->rows, a->experts));
+                                    a->k, dw_grouped_fp8_wgrad_cols(a->rows, a->experts), a->overwrite);
         return DW_OK;
     }
     const bool fprop = a->pass == DW_GEMM_FPROP;
@@ -77,10 +77,11 @@ static dw_status sm90_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
     (void)user;
     void *stream = NULL;
     DW_TRY(dw_ctx_stream(ctx, &stream));
-    if (a->pass == DW_GEMM_WGRAD) { /* dW (E, m, k) += dy^T's codes (m, P) against x^T's (k, P) */
+    if (a->pass == DW_GEMM_WGRAD) { /* dW (E, m, k) += (overwrite: =) dy^T's codes (m, P) against x^T's (k, P) */
         const dw_moe_fp8_args f = {.a = a->dy, .sa = a->dy_scales, .b = a->x, .sb = a->x_scales, .out = a->out,
                                    .out_f32 = 1, .offsets = a->offsets, .R = a->rows, .E = a->experts, .N = a->k,
-                                   .L = dw_grouped_fp8_wgrad_cols(a->rows, a->experts), .wgrad = 1, .M = a->m};
+                                   .L = dw_grouped_fp8_wgrad_cols(a->rows, a->experts), .wgrad = 1, .M = a->m,
+                                   .overwrite = a->overwrite};
         DW_CUDA_CHECK(ctx, (cudaError_t)dw_moe_gemm_fp8_sm90(&f, stream));
         return DW_OK;
     }

@@ -33,7 +33,7 @@ static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
     const float *x = a->x, *w = a->w, *dy = a->dy;
     if (a->pass == DW_GEMM_FPROP) dw_cpu_moe_linear_fwd(a->out, x, w, off, a->rows, a->experts, a->k, a->m);
     else if (a->pass == DW_GEMM_DGRAD) dw_cpu_moe_linear_bwd(a->out, NULL, dy, NULL, w, off, a->rows, a->experts, a->k, a->m);
-    else dw_cpu_moe_linear_bwd(NULL, a->out, dy, x, NULL, off, a->rows, a->experts, a->k, a->m);
+    else dw_cpu_moe_linear_wgrad(a->out, dy, x, off, a->rows, a->experts, a->k, a->m, a->overwrite);
     return DW_OK;
 }
 
@@ -82,7 +82,8 @@ static dw_status cuda_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
     const dw_moe_pass p = a->pass == DW_GEMM_FPROP ? DW_MOE_FPROP : a->pass == DW_GEMM_DGRAD ? DW_MOE_DGRAD : DW_MOE_WGRAD;
     const dw_moe_gemm_args g = {.pass = p, .x = a->x, .w = a->w, .dy = a->dy, .out = a->out, .offsets = a->offsets,
                                 .R = a->rows, .E = a->experts, .K = a->k, .M = a->m,
-                                .kernel = (dw_moe_kernel) * (const int *)user};
+                                .kernel = (dw_moe_kernel) * (const int *)user,
+                                .overwrite = p == DW_MOE_WGRAD && a->overwrite}; /* wgrad: dW written over */
     return dw_cuda_moe_gemm(ctx, a->dtype == DW_GROUPED_BF16 ? DW_ACT_BF16 : DW_ACT_F32, &g, stream);
 }
 #else

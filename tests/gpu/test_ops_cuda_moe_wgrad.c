@@ -9,17 +9,30 @@
  * tiles; DW_MOE_WGRAD=256: 256-column tiles). Needs a GPU (ctest
  * label "gpu"); the host emulator (tests/common/cuda_emu/run.sh) runs the FMA tiles only.
  * Tolerance: FP32 sums of L products of BF16 values against the double oracle, as
- * test_ops_cuda_moe.c's dW. */
+ * test_ops_cuda_moe.c's dW.
+ * The public path too (dw_grouped_gemm with dw_grouped_args.overwrite, which grad_arena's first
+ * writer of an expert weight sets; not under the emulator, which has no CUDA context): each BF16
+ * grouped kernel by name (the TMA epilogues too) and, on sm_90, grouped_fp8block_sm90 on
+ * fp8_block operands; dW written over NaN equals dW added into zeros (values; the TMA store may
+ * keep a -0 the add makes +0), experts without rows zeros, added into a random dW it is that dW
+ * plus the zeros' result (one FP32 add, exact), and against the CPU reference written over NaN
+ * (dw_cpu_moe_linear_wgrad, dw_cpu_moe_linear_fp8_wgrad with overwrite). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "deepwell.h"
+#include "formats/formats.h"
+#include "gemm/compute_capability.h"
+#include "gemm/grouped_fp8.h"
 #include "gpucheck.h"
+#include "kernels/cpu/moe_fp8_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "opcheck.h"
 #include "testutil.h"
@@ -123,7 +136,150 @@ static void test_wgrad(void **state) {
     assert_int_equal(bad, 0);
 }
 
+#ifndef DW_CUDA_EMU
+/* ---- the public path: dw_grouped_gemm with overwrite ------------------------------------------ */
+static void *up(const void *h, size_t n) {
+    void *d = NULL;
+    assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
+    if (n) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+static void down(void *h, const void *d, size_t n) {
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+/* a (device operands, the CUDA context's kernel `backend`) run three times: written over NaN, added
+ * into zeros, added into random values; the three checked against each other and the first
+ * against want (the CPU reference written over NaN) within rel (relative Frobenius error).
+ * Returns the failures. */
+static int64_t over_vs_add(dw_ctx *gpu, dw_grouped_args a, const int32_t *off, const float *want, double rel,
+                           const char *what) {
+    const int64_t E = a.experts, n = E * a.m * a.k;
+    float *h[3], *base = malloc((size_t)n * 4);
+    void *d[3];
+    for (int64_t i = 0; i < n; i++) base[i] = dw_test_uniform(&g_rng, -1, 1);
+    for (int r = 0; r < 3; r++) {
+        h[r] = malloc((size_t)n * 4);
+        if (r == 0) memset(h[r], 0xff, (size_t)n * 4); /* NaN */
+        else if (r == 1) memset(h[r], 0, (size_t)n * 4);
+        else memcpy(h[r], base, (size_t)n * 4);
+        d[r] = up(h[r], (size_t)n * 4);
+        a.out = d[r], a.overwrite = r == 0;
+        if (dw_grouped_gemm(gpu, &a) != DW_OK) fail_msg("%s: %s", what, dw_errmsg(gpu));
+        down(h[r], d[r], (size_t)n * 4);
+        cudaFree(d[r]);
+    }
+    int64_t bad = 0;
+    double err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t e = i / (a.m * a.k);
+        const float over = h[0][i], zero = h[1][i], added = h[2][i];
+        if (!(over == zero) || (off[e] == off[e + 1] && over != 0.0f) || memcmp(&(float){base[i] + zero}, &added, 4)) {
+            if (bad++ < 5)
+                fprintf(stderr, "%s: dW[%lld] (expert %lld, %d rows) written over NaN %.9g, added into zeros %.9g, "
+                        "into %.9g: %.9g\n", what, (long long)i, (long long)e, off[e + 1] - off[e], over, zero,
+                        base[i], added);
+        }
+        err2 += ((double)over - want[i]) * ((double)over - want[i]), ref2 += (double)want[i] * want[i];
+    }
+    const double r = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    if (!(r <= rel)) bad++, fprintf(stderr, "%s: written over NaN vs the CPU reference: rel %.3g > %.3g\n", what, r, rel);
+    printf("%-44s E %lld M %lld K %lld rows %d: overwrite = add into zeros, rel %.3g vs the CPU%s\n", what,
+           (long long)E, (long long)a.m, (long long)a.k, off[E], r, bad ? "  FAILED" : "");
+    for (int k = 0; k < 3; k++) free(h[k]);
+    free(base);
+    return bad;
+}
+
+/* off (E+1) of make_counts' pattern 0 (up to `most` rows an expert, some empty); the rows R
+ * returned, 1 to 40 past the groups. */
+static int64_t routing(int32_t *off, int64_t E, int64_t most) {
+    int64_t cnt[64];
+    make_counts(cnt, E, most, 0);
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++) off[e + 1] = off[e] + (int32_t)cnt[e];
+    return off[E] + 1 + (int64_t)(dw_test_next(&g_rng) % 40);
+}
+
+/* BF16 operands x [R, K], dy [R, M] through kernel `backend` (DW_MOE_WGRAD=epi for the wgmma one's
+ * epilogue; NULL: the default). */
+static int64_t bf16_case(dw_ctx *gpu, const char *backend, const char *epi, int64_t E, int64_t M, int64_t K) {
+    int32_t *off = malloc((size_t)(E + 1) * 4);
+    const int64_t R = routing(off, E, 150), n = E * M * K;
+    float *x = malloc((size_t)(R * K) * 4), *dy = malloc((size_t)(R * M) * 4), *want = malloc((size_t)n * 4);
+    uint16_t *xb = malloc((size_t)(R * K) * 2), *dyb = malloc((size_t)(R * M) * 2);
+    for (int64_t i = 0; i < R * K; i++) xb[i] = dw_encode_bf16(dw_test_uniform(&g_rng, -1, 1)), x[i] = dw_decode_bf16(xb[i]);
+    for (int64_t i = 0; i < R * M; i++) dyb[i] = dw_encode_bf16(dw_test_uniform(&g_rng, -1, 1)), dy[i] = dw_decode_bf16(dyb[i]);
+    memset(want, 0xff, (size_t)n * 4);
+    dw_cpu_moe_linear_wgrad(want, dy, x, off, R, E, K, M, true);
+    void *dx = up(xb, (size_t)(R * K) * 2), *ddy = up(dyb, (size_t)(R * M) * 2), *doff = up(off, (size_t)(E + 1) * 4);
+    const dw_grouped_args a = {.pass = DW_GEMM_WGRAD, .dtype = DW_GROUPED_BF16, .recipe = DW_RECIPE_BF16, .rows = R,
+                               .experts = E, .k = K, .m = M, .x = dx, .dy = ddy, .offsets = doff, .backend = backend};
+    char what[96];
+    snprintf(what, sizeof what, "%s%s%s%s", backend, epi ? " (DW_MOE_WGRAD=" : "", epi ? epi : "", epi ? ")" : "");
+    if (epi) setenv("DW_MOE_WGRAD", epi, 1);
+    const int64_t bad = over_vs_add(gpu, a, off, want, 1e-4, what);
+    if (epi) unsetenv("DW_MOE_WGRAD");
+    cudaFree(dx), cudaFree(ddy), cudaFree(doff);
+    free(off), free(x), free(dy), free(want), free(xb), free(dyb);
+    return bad;
+}
+
+/* fp8_block operands: dy^T and x^T quantised on the host (grouped_fp8.h's padded layout). */
+static int64_t fp8_case(dw_ctx *cpu, dw_ctx *gpu, int64_t E, int64_t M, int64_t K) {
+    int32_t *off = malloc((size_t)(E + 1) * 4);
+    const int64_t R = routing(off, E, 300), n = E * M * K;
+    const int64_t P = dw_grouped_fp8_wgrad_cols(R, E);
+    float *x = malloc((size_t)(R * K) * 4), *dy = malloc((size_t)(R * M) * 4), *want = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < R * K; i++) x[i] = dw_test_uniform(&g_rng, -1, 1);
+    for (int64_t i = 0; i < R * M; i++) dy[i] = dw_test_uniform(&g_rng, -1, 1);
+    uint8_t *xc = malloc((size_t)(K * P)), *dyc = malloc((size_t)(M * P));
+    float *xs = malloc((size_t)(K * P / 128) * 4), *dys = malloc((size_t)(M * P / 128) * 4);
+    assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(cpu, x, off, R, E, K, xc, xs), DW_OK);
+    assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(cpu, dy, off, R, E, M, dyc, dys), DW_OK);
+    memset(want, 0xff, (size_t)n * 4);
+    dw_cpu_moe_linear_fp8_wgrad(want, dyc, dys, xc, xs, off, E, M, K, P, true);
+    void *dxc = up(xc, (size_t)(K * P)), *ddyc = up(dyc, (size_t)(M * P)), *dxs = up(xs, (size_t)(K * P / 128) * 4);
+    void *ddys = up(dys, (size_t)(M * P / 128) * 4), *doff = up(off, (size_t)(E + 1) * 4);
+    const dw_grouped_args a = {.pass = DW_GEMM_WGRAD, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_FP8_BLOCK,
+                               .rows = R, .experts = E, .k = K, .m = M, .x = dxc, .x_scales = dxs, .dy = ddyc,
+                               .dy_scales = ddys, .offsets = doff, .backend = "grouped_fp8block_sm90"};
+    const int64_t bad = over_vs_add(gpu, a, off, want, 1e-3, "grouped_fp8block_sm90"); /* test_grouped_fp8.c's bound */
+    cudaFree(dxc), cudaFree(ddyc), cudaFree(dxs), cudaFree(ddys), cudaFree(doff);
+    free(off), free(x), free(dy), free(want), free(xc), free(dyc), free(xs), free(dys);
+    return bad;
+}
+#endif
+
+static void test_grouped_overwrite(void **state) {
+    (void)state;
+#ifdef DW_CUDA_EMU
+    printf("SKIP: the public grouped GEMM needs a CUDA context (not emulated)\n");
+#else
+    dw_ctx *cpu = NULL, *gpu = NULL;
+    if (dw_test_cpu_gpu_setup(&cpu, &gpu)) fail_msg("no CUDA context");
+    const int sm = dw_gemm_ctx_sm(gpu);
+    const bool moe_fp8 = getenv("DW_MOE_FP8") == NULL; /* DW_MOE_FP8=0 withdraws the fp8 entry */
+    unsetenv("DW_MOE_WGRAD");
+    int64_t bad = 0;
+    bad += bf16_case(gpu, "grouped_cuda_simt", NULL, 8, 40, 72);
+    if (sm >= 80) bad += bf16_case(gpu, "grouped_mma_sm80", NULL, 8, 200, 136);
+    if (sm == 90) {
+        bad += bf16_case(gpu, "grouped_wgmma_sm90", NULL, 8, 200, 136);
+        bad += bf16_case(gpu, "grouped_wgmma_sm90", "tma", 8, 200, 392);
+        bad += bf16_case(gpu, "grouped_wgmma_sm90", "256", 64, 264, 328);
+        if (moe_fp8) {
+            bad += fp8_case(cpu, gpu, 8, 256, 384);
+            bad += fp8_case(cpu, gpu, 3, 128, 128);
+        }
+    }
+    dw_test_cpu_gpu_teardown(cpu, gpu);
+    assert_int_equal(bad, 0);
+#endif
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wgrad)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wgrad), cmocka_unit_test(test_grouped_overwrite)};
     return cmocka_run_group_tests(tests, setup, dw_gc_fini);
 }

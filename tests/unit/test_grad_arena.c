@@ -3,8 +3,9 @@
  *   - the program: no gradient pool; every parameter's slice at grad_base + 4 x its pool offset,
  *     through the next parameter's offset; one ZERO_GRAD step per parameter, before every step
  *     that writes its gradient and after every step of the forward it does not write in — except
- *     a weight whose first writer is a BF16 program's linear layer: its wgrad writes the slice over
- *     (pgrad_set) and only the padding, if any, is zeroed, so BF16 programs have fewer ZERO_GRAD
+ *     a weight whose first writer is a BF16 program's linear layer or MoE linear layer (the
+ *     experts' W): its wgrad writes the slice over (pgrad_set; the grouped GEMM's
+ *     dw_grouped_args.overwrite) and only the padding, if any, is zeroed, so BF16 programs have fewer ZERO_GRAD
  *     steps than parameters and FP32 ones (whose reference wgrad adds) one each; no two buffers
  *     live at one time share bytes;
  *   - training is bit for bit the standing pool's: 3 AdamW steps of gpt2-tiny (tied head), llama-tiny,
@@ -19,7 +20,8 @@
  *     backward without a step (or after zero_grad's zeros were written) reads copies made again;
  *   - a weight written over ignores what its slice held: the whole arena NaN before the backward,
  *     and the gradients (finite), the loss and the norm (padding included) are the pool's bits
- *     (dense and MoE, BF16 and fp8_block, fused head);
+ *     (dense and MoE — mixtral-tiny and olmoe-tiny, BF16 and fp8_block with the experts' wgrad
+ *     bound to fp8_block, every MoE layer's experts written over —, fused head);
  *   - the engine's rules: a second backward before the step (accumulation) is refused naming
  *     grad_arena, and so are the step and a gradient read after a forward; zero_grad clears both;
  *   - moe-e8 at 8 x 2048 and moe-e64 at 4 x 2048 (BF16, sm_90, fused head, as dryrun compiles them):
@@ -37,6 +39,7 @@
 
 #include "capture/capture.h"
 #include "capture/model_config.h"
+#include "compile/bind_grouped.h"
 #include "compile/passes.h"
 #include "core/error.h"
 #include "ir/ir.h"
@@ -83,8 +86,8 @@ static bool writes(const dw_compiled *c, int s, int t) {
 }
 
 /* Whether parameter k's first writer writes its gradient over the slice (pgrad_set), checked
- * against what may: a BF16 program's linear layer (not a fused head's) with k as its weight
- * (slot 1) alone; and every such first writer does. */
+ * against what may: a BF16 program's linear or MoE linear layer (not a fused head's; a MoE one's
+ * wgrad BF16 or fp8_block) with k as its weight (slot 1) alone; and every such first writer does. */
 static bool written_over(const dw_compiled *c, int k) {
     const int i = c->grad_first[k];
     if (i < 0) return false;
@@ -92,7 +95,9 @@ static bool written_over(const dw_compiled *c, int k) {
     bool set = false; /* the bit of the slot holding k */
     for (int s = 0; s < n->n_in; s++)
         if (n->in[s] == c->param_tensor[k] && (c->node[i].pgrad_set >> s & 1u)) set = true;
-    bool may = c->bf16 && n->op == DW_OP_LINEAR && i != c->head_linear && n->in[1] == c->param_tensor[k];
+    const bool moe_ok = !c->node[i].bind.quantised[DW_QPASS_WGRAD] || dw_compile_moe_recipe(c, i) == DW_RECIPE_FP8_BLOCK;
+    bool may = c->bf16 && (n->op == DW_OP_LINEAR || (n->op == DW_OP_MOE_LINEAR && moe_ok)) && i != c->head_linear &&
+               n->in[1] == c->param_tensor[k];
     for (int s = 0; s < n->n_in; s++)
         if (s != 1 && n->in[s] == c->param_tensor[k]) may = false;
     if (set != may) fail_msg("parameter %s: first writer %s (%s) %s its gradient over, expected %s",
@@ -194,11 +199,22 @@ static void refused(dw_status s, const char *needle) {
     dw_clear_error(CTX);
 }
 
+/* The config of preset; a name ending in "@128" widens it (d_model 128, heads of 32, d_ff and the
+ * experts' 256) so that its experts' GEMMs take fp8_block's 128-blocks (the tiny ones stay BF16). */
+static void load_config(const char *preset, dw_model_config *mc) {
+    char name[64];
+    snprintf(name, sizeof name, "%s", preset);
+    char *wide = strstr(name, "@128");
+    if (wide) *wide = '\0';
+    assert_int_equal(dw_model_config_load(CTX, name, mc), DW_OK);
+    if (wide) mc->d_model = 128, mc->head_dim = 32, mc->d_ff = 256, mc->d_ff_expert = 256;
+}
+
 /* Engines of preset at 2 x 16 with the gradients in the arena (a, its program checked) and in
  * their pool (p); the arena program's ZERO_GRAD steps returned, *over as check_program's. */
 static int arena_and_pool(const char *preset, const char *precision, bool fused, int recompute, dw_model_config *mc,
                           dw_test_model *a, dw_test_model *p, int *over) {
-    assert_int_equal(dw_model_config_load(CTX, preset, mc), DW_OK);
+    load_config(preset, mc);
     build(mc, 2, 16, precision, true, fused, recompute, true, a);
     build(mc, 2, 16, precision, false, fused, recompute, true, p);
     return check_program(a->c, over);
@@ -281,9 +297,11 @@ static void test_same_bits(void **state) {
     /* quantised recipes (the CPU runs the sm_90 program's choices) and full recompute */
     same_bits("llama-tiny", "fp8_block", true);
     same_bits("mixtral-tiny", "fp8_block", false);
+    same_bits("olmoe-tiny@128", "fp8_block", false); /* the experts' passes fp8_block, wgrad written over */
     same_bits("gpt2-tiny", "mxfp8", false);
     same_bits_rc("llama-tiny", "bf16", true, DW_RECOMPUTE_FULL);
     same_bits_rc("mixtral-tiny", NULL, false, DW_RECOMPUTE_FULL);
+    same_bits_rc("olmoe-tiny", "bf16", false, DW_RECOMPUTE_FULL); /* experts written over, rows rematerialised */
 }
 
 /* The same with the BF16 working copies in the arena too (bf16_arena; FP32 programs have none). */
@@ -356,6 +374,14 @@ static void poisoned(const char *preset, const char *precision, bool fused) {
     int over;
     arena_and_pool(preset, precision, fused, DW_RECOMPUTE_NONE, &mc, &a, &p, &over);
     assert_true(over > 0);
+    int moe = 0, moe_over = 0, moe_q = 0; /* MoE linear layers, those writing their experts' dW over, quantised */
+    for (int i = 0; i < a.c->g->n_nodes; i++) {
+        if (dw_compile_node(a.c, i)->op != DW_OP_MOE_LINEAR) continue;
+        moe++, moe_over += a.c->node[i].pgrad_set == 2u, moe_q += a.c->node[i].bind.quantised[DW_QPASS_WGRAD];
+    }
+    assert_int_equal(moe_over, moe); /* every expert weight's first writer is its own layer */
+    if (moe && !strcmp(precision, "fp8_block") && moe_q != moe)
+        fail_msg("%s fp8_block: %d of %d MoE layers' wgrad bound fp8_block", preset, moe_q, moe);
     int32_t x[64], y[64];
     same_start(&a, &p, mc.vocab_size, x, y, B * T);
     memset(a.e->x->act, 0xff, (size_t)a.e->x->pool_bytes[DW_POOL_ACT]); /* the CPU backend's host memory */
@@ -377,8 +403,8 @@ static void poisoned(const char *preset, const char *precision, bool fused) {
     assert_int_equal(dw_engine_step(a.e, NULL, 1, &na), DW_OK);
     assert_int_equal(dw_engine_step(p.e, NULL, 1, &np), DW_OK);
     if (!(na == np && isfinite(na))) fail_msg("%s: gradient norm %.9g, the pool program's %.9g", what, na, np);
-    printf("  %-14s %-10s%s NaN arena: %d weights written over, loss %.6f, norm %.6f as the pool's\n", preset,
-           precision, fused ? " fused" : "      ", over, la, na);
+    printf("  %-14s %-10s%s NaN arena: %d weights written over (%d MoE experts'), loss %.6f, norm %.6f as the "
+           "pool's\n", preset, precision, fused ? " fused" : "      ", over, moe_over, la, na);
     dw_test_model_free(&a);
     dw_test_model_free(&p);
 }
@@ -389,7 +415,9 @@ static void test_poisoned(void **state) {
     poisoned("llama-tiny", "bf16", false);
     poisoned("gpt2-tiny", "bf16", true);
     poisoned("olmoe-tiny", "bf16", false);
-    poisoned("mixtral-tiny", "fp8_block", false);
+    poisoned("mixtral-tiny", "bf16", false);
+    poisoned("mixtral-tiny@128", "fp8_block", false);
+    poisoned("olmoe-tiny@128", "fp8_block", false);
     poisoned("llama-tiny", "fp8_block", true);
 }
 

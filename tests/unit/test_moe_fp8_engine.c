@@ -222,7 +222,7 @@ static void check_node_exact(dw_test_model *m, const char *name, int64_t B, int6
             assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(CTX, xv, offsets, R, E, K, b, sb), DW_OK);
             bad += same_bytes("dy^T codes", x->work + p->work.q_dyt.off, a, (size_t)(M * P));
             bad += same_bytes("x^T codes", x->work + p->work.q_xt.off, b, (size_t)(K * P));
-            dw_cpu_moe_linear_fp8_wgrad(want, a, sa, b, sb, offsets, E, M, K, P);
+            dw_cpu_moe_linear_fp8_wgrad(want, a, sa, b, sb, offsets, E, M, K, P, false);
             free(a), free(b), free(sa), free(sb);
         } else { /* the BF16 wgrad: the CPU reference on the stored values */
             dw_cpu_moe_linear_bwd(NULL, want, dy, xv, NULL, offsets, R, E, K, M);

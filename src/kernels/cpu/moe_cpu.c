@@ -104,6 +104,25 @@ void dw_cpu_moe_linear_fwd(float *y, const float *x, const float *w, const int32
     memset(y + (int64_t)offsets[E] * M, 0, (size_t)((R - offsets[E]) * M) * sizeof *y);
 }
 
+/* dwe (M,K) [+]= dy_e^T x_e over rows [r0, r1): expert e's wgrad (overwrite: 0 + the sum, a zeroed
+ * dW's bits). */
+static void wgrad_expert(float *dwe, const float *dy, const float *x, int64_t r0, int64_t r1, int64_t K, int64_t M,
+                         bool overwrite) {
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) {
+            double s = 0.0;
+            for (int64_t r = r0; r < r1; r++) s += (double)dy[r * M + m] * x[r * K + k];
+            dwe[m * K + k] = (float)((overwrite ? 0.0 : (double)dwe[m * K + k]) + s);
+        }
+}
+
+void dw_cpu_moe_linear_wgrad(float *dw, const float *dy, const float *x, const int32_t *offsets, int64_t R, int64_t E,
+                             int64_t K, int64_t M, bool overwrite) {
+    DW_ASSERT(R >= 0 && E >= 1 && K >= 1 && M >= 1 && offsets[E] <= R);
+    for (int64_t e = 0; e < E; e++) wgrad_expert(dw + e * M * K, dy, x, offsets[e], offsets[e + 1], K, M, overwrite);
+}
+
 void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                            const int32_t *offsets, int64_t R, int64_t E, int64_t K, int64_t M) {
     DW_ASSERT(R >= 0 && E >= 1 && K >= 1 && M >= 1 && offsets[E] <= R);
@@ -119,15 +138,7 @@ void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x
                     dx[r * K + k] = (float)s;
                 }
         }
-        if (!dw) continue;
-        float *dwe = dw + e * M * K;
-#pragma omp parallel for schedule(static)
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t k = 0; k < K; k++) {
-                double s = 0.0;
-                for (int64_t r = r0; r < r1; r++) s += (double)dy[r * M + m] * x[r * K + k];
-                dwe[m * K + k] = (float)((double)dwe[m * K + k] + s);
-            }
+        if (dw) wgrad_expert(dw + e * M * K, dy, x, r0, r1, K, M, false);
     }
     if (dx) memset(dx + (int64_t)offsets[E] * K, 0, (size_t)((R - offsets[E]) * K) * sizeof *dx);
 }
@@ -218,7 +229,7 @@ void dw_cpu_moe_fp8_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E)
 }
 
 void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
-                                 const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P) {
+                                 const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P, bool overwrite) {
     DW_ASSERT(E >= 1 && P % 128 == 0);
     int64_t *pad = malloc((size_t)(E + 1) * sizeof *pad);
     DW_ASSERT(pad);
@@ -228,7 +239,7 @@ void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, c
     for (int c = 0; c < 256; c++) dec[c] = dw_decode_e4m3((uint8_t)c);
     const int64_t PB = P / 128;
     for (int64_t e = 0; e < E; e++) {
-        if (pad[e + 1] == pad[e]) continue; /* no rows: nothing added */
+        if (pad[e + 1] == pad[e] && !overwrite) continue; /* no rows: nothing added (written over: zeros) */
 #pragma omp parallel for schedule(static)
         for (int64_t m = 0; m < M; m++)
             for (int64_t k = 0; k < K; k++) {
@@ -241,7 +252,7 @@ void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, c
                     acc += part * s;
                 }
                 float *d = dw + (e * M + m) * K + k;
-                *d = (float)((double)*d + acc);
+                *d = (float)((overwrite ? 0.0 : (double)*d) + acc); /* 0 + acc: a zeroed dW's bits */
             }
     }
     free(pad);

@@ -5,6 +5,7 @@
 #ifndef DW_KERNELS_CPU_MOE_FP8_CPU_H
 #define DW_KERNELS_CPU_MOE_FP8_CPU_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* out (R, N) FP32: for row r of expert e ([offsets[e], offsets[e+1])) and column j,
@@ -21,14 +22,14 @@ void dw_cpu_moe_linear_fp8(float *out, const uint8_t *a, const float *sa, const 
  * pad (E+1); pad[E] <= 128 (R/128 + E) for R >= offsets[E] (grouped_fp8.h's column count). */
 void dw_cpu_moe_fp8_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E);
 
-/* dW (E, M, K) FP32, added into: for expert e and (m, k),
+/* dW (E, M, K) FP32, added into (overwrite: written over, whatever it held): for expert e and (m, k),
  *   dW[e, m, k] += sum over e's padded blocks pb of (sa[m, pb] * sb[k, pb]) x sum_{l in pb} a[m, l] b[k, l]
  * with a = dy^T's codes (M, P), b = x^T's codes (K, P) in the padded layout, E4M3 decoded exactly,
  * the inner sums and the accumulation in double, the scale product in FP32, one rounding when
- * added to dW. sa (M, P/128), sb (K, P/128) FP32; P a multiple of 128 holding pad[E]. Experts
- * without rows add nothing. */
+ * added to dW (to 0 when overwrite: a zeroed dW's bits). sa (M, P/128), sb (K, P/128) FP32; P a
+ * multiple of 128 holding pad[E]. Experts without rows add nothing (overwrite: get zeros). */
 void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
-                                 const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P);
+                                 const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P, bool overwrite);
 
 /* out (R, N) FP32: for row r of expert e ([offsets[e], offsets[e+1])) and column j,
  *   sum over l of  (a[r, l] sa[r, l/32]) x (b[e N + j, l] sb[e N + j, l/32])

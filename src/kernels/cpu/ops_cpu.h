@@ -9,6 +9,7 @@
 #ifndef DW_KERNELS_OPS_CPU_H
 #define DW_KERNELS_OPS_CPU_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/adamw_args.h"
@@ -169,6 +170,10 @@ void dw_cpu_moe_linear_fwd(float *y, const float *x, const float *w, const int32
  * not needed). w is read only for dx, x only for dw. */
 void dw_cpu_moe_linear_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                            const int32_t *offsets, int64_t R, int64_t E, int64_t K, int64_t M);
+/* The wgrad alone: dw (E,M,K) [e] += dy_e^T x_e, dy (R,M), x (R,K); overwrite: dw[e] = dy_e^T x_e
+ * whatever dw held (zeros for an expert without rows), the bits a zeroed dw would get. */
+void dw_cpu_moe_linear_wgrad(float *dw, const float *dy, const float *x, const int32_t *offsets, int64_t R, int64_t E,
+                             int64_t K, int64_t M, bool overwrite);
 /* MoE combine: out[n] = sum_k wt[n,k] * ys[pos[n,k]] (pos -1: nothing; wt NULL: weights 1)
  * ys (R,C), wt, pos (N,K) */
 void dw_cpu_moe_combine_fwd(float *out, const float *ys, const float *wt, const int32_t *pos, int64_t N, int64_t C,

@@ -23,7 +23,8 @@ extern "C" {
  * * (a_m . b_j) restricted to the block, the blocks of grouped_fp8.h's padded layout (expert e's
  * from 128 * sum_{e'<e} ceil(count_e'/128) on):
  *   a    (M, L) dy^T's codes   sa (M, L/128)     b (N, L) x^T's codes   sb (N, L/128): 1x128 blocks
- *   out  dW (E, M, N) FP32, added into; experts without rows add nothing. L = P, N = K. */
+ *   out  dW (E, M, N) FP32, added into; experts without rows add nothing. L = P, N = K.
+ *   overwrite 1: dW written instead (0 + the sum: a zeroed dW's bits), experts without rows zeros. */
 typedef struct {
     const uint8_t *a, *b;
     const float *sa, *sb;
@@ -33,6 +34,7 @@ typedef struct {
     int64_t R, E, N, L;
     int wgrad;  /* 1: the wgrad above */
     int64_t M;  /* wgrad: rows of dW per expert (a multiple of 128) */
+    int overwrite; /* wgrad: 1 writes dW over instead of adding into it */
 } dw_moe_fp8_args;
 
 /* Launches on `stream` (a cudaStream_t) and returns the cudaError_t; cudaErrorNotSupported (801),

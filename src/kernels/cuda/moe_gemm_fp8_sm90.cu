@@ -12,7 +12,8 @@
 // start at multiples of 128 (grouped_fp8.h; moe_gemm_fp8_quant.cu makes them): its tiles are
 // (expert, 128 rows of dW_e, 128 columns), its K loop the expert's padded blocks (the same prefix
 // of the experts' 128-row tile counts as fprop's row tiles), each partial promoted with its row's
-// and its column's scale, and dW added into (every element one CTA's: deterministic). Passed
+// and its column's scale, and dW added into (every element one CTA's: deterministic; or, with
+// overwrite, stored: zeros for experts without rows — compiled only, never run on a GPU). Passed
 // tests/gpu/test_grouped_fp8.c on an H100 (fprop, dgrad, wgrad); the registry offers it by default
 // (src/gemm/grouped_fp8.c), DW_MOE_FP8=0 keeps the experts' grouped GEMMs BF16.
 // Each consumer waits for its partial before promoting (no second partial in flight): simple first.
@@ -41,6 +42,7 @@ struct MfArgs {
     int64_t R, E, N, L, LB, tiles_n; // LB = L / 128
     int64_t M, tiles_m;              // wgrad: dW's rows per expert and their 128-row tiles
     int out_f32;
+    int overwrite;                   // wgrad: store dW_e instead of adding into it (no rows: zeros)
 };
 
 #ifdef DW_SM90_BODY
@@ -124,7 +126,8 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     Ring r;
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         const MfTile t = mf_tile<WG>(p, s_off, s_mt, u);
-        if (WG && t.nkb == 0) continue; // wgrad: an expert without rows adds nothing
+        if (WG && t.nkb == 0 && !p.overwrite) continue; // wgrad: an expert without rows adds nothing (overwrite:
+                                                        // its zeros stored, the K loop empty)
 #pragma unroll
         for (int i = 0; i < 64; i++) acc[i] = 0.0f;
         // this thread's two rows' 1x128 scales (a row past the tensor reads the last one: its
@@ -184,9 +187,9 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             for (int j = 0; j < 16; j++) {
                 const int64_t col = t.tn * MF_BN + 8 * j + 2 * q; // N is a multiple of 128: col + 1 < N
                 const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                if constexpr (WG) { // dW_e (M, N) FP32, added into; every element one CTA's
+                if constexpr (WG) { // dW_e (M, N) FP32, added into (overwrite: into 0); every element one CTA's
                     float2 *d = reinterpret_cast<float2 *>((float *)p.out + (t.e * p.M + row) * p.N + col);
-                    float2 o = *d;
+                    float2 o = p.overwrite ? make_float2(0.0f, 0.0f) : *d;
                     o.x += v0, o.y += v1;
                     *d = o;
                 } else if (p.out_f32) *reinterpret_cast<float2 *>((float *)p.out + row * p.N + col) = make_float2(v0, v1);
@@ -228,7 +231,10 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
         !aligned16(a->b) || ((uintptr_t)a->out & 7) || R >= (int64_t)1 << 31 || brows >= (int64_t)1 << 31 ||
         L >= (int64_t)1 << 31 || (wg && (M % MF_BM || M < MF_BM || M >= (int64_t)1 << 31 || !a->out_f32)))
         return (int)cudaErrorNotSupported;
-    if (R == 0) return (int)cudaSuccess;
+    if (R == 0) // nothing to multiply; an overwritten dW is zeros
+        return (int)(wg && a->overwrite ? cudaMemsetAsync(a->out, 0, (size_t)(E * M * N) * sizeof(float),
+                                                          (cudaStream_t)stream)
+                                        : cudaSuccess);
     CUtensorMap tA, tB;
     const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
     if (!dw_make_map_2d(&tA, a->a, u8, 1, arows, L, L, MF_BK, MF_BM, CU_TENSOR_MAP_SWIZZLE_128B) ||
@@ -236,6 +242,7 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
         return (int)cudaErrorNotSupported;
     MfArgs p = {};
     p.off = a->offsets, p.sa = a->sa, p.sb = a->sb, p.out = a->out, p.out_f32 = a->out_f32;
+    p.overwrite = wg && a->overwrite;
     p.R = R, p.E = E, p.N = N, p.L = L, p.LB = L / MF_BK, p.tiles_n = N / MF_BN, p.M = M, p.tiles_m = M / MF_BM;
     // at most: row tiles of every group (fprop, dgrad); every expert's dW tiles (wgrad)
     const int64_t units = wg ? E * p.tiles_m * p.tiles_n : ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n;

@@ -149,8 +149,9 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const int64_t R = a.rows, E = a.experts, M = a.m, K = a.k;
     float *dx = c->dx[0] ? dw_cpu_scratch(be, CPU_S_DX0, R * K) : NULL;
     if (c->dx[0] && !dx) return DW_ERR_NOMEM;
-    if (!c->dout[0]) { /* no gradient reached y: none leaves */
+    if (!c->dout[0]) { /* no gradient reached y: none leaves (a dW written over: zeros) */
         if (dx) memset(dx, 0, (size_t)(R * K) * sizeof *dx), dw_cpu_deliver(c, 0, dx, R * K);
+        if (c->pgrad[1] && c->pgrad_set[1]) memset(c->pgrad[1], 0, (size_t)(E * M * K) * sizeof(float));
         return DW_OK;
     }
     const float *dy = dw_cpu_in(be, c, c->dout[0], R * M, CPU_S_DOUT);
@@ -166,9 +167,9 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         a.out = dx;
         DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }
-    if (c->pgrad[1]) { /* dW_e += dy_e^T x_e */
+    if (c->pgrad[1]) { /* dW_e += dy_e^T x_e, or = (grad_arena's first writer: pgrad_set) */
         a = moe_gemm_args(c, DW_GEMM_WGRAD);
-        a.dy = dy, a.x = x, a.out = c->pgrad[1];
+        a.dy = dy, a.x = x, a.out = c->pgrad[1], a.overwrite = c->pgrad_set[1];
         if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
             DW_TRY(quant_cols(be, c, DW_MOE_FP8_DYT, dy, R, M, &a.dy, &a.dy_scales));
             DW_TRY(quant_cols(be, c, DW_MOE_FP8_XT, x, R, K, &a.x, &a.x_scales));

@@ -106,9 +106,12 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_DGRAD);
     a.dy = c->dout[0];
-    if (!c->dout[0]) { /* no gradient reached y: none leaves */
+    if (!c->dout[0]) { /* no gradient reached y: none leaves (a dW written over: zeros) */
         if (c->dx[0])
             DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(c->dx[0], 0, (size_t)(a.rows * a.k) * (size_t)dw_act_size(dt),
+                                                   DW_CUDA_STREAM(be)));
+        if (c->pgrad[1] && c->pgrad_set[1])
+            DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(c->pgrad[1], 0, (size_t)(a.experts * a.m * a.k) * sizeof(float),
                                                    DW_CUDA_STREAM(be)));
         return DW_OK;
     }
@@ -121,8 +124,8 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }
     if (!c->pgrad[1]) return DW_OK;
-    a = moe_gemm_args(c, DW_GEMM_WGRAD); /* dW_e += dy_e^T x_e, FP32 */
-    a.dy = c->dout[0], a.out = c->pgrad[1];
+    a = moe_gemm_args(c, DW_GEMM_WGRAD); /* dW_e += dy_e^T x_e, FP32; = for grad_arena's first writer */
+    a.dy = c->dout[0], a.out = c->pgrad[1], a.overwrite = c->pgrad_set[1];
     if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
         DW_TRY(quant_act(be, c, DW_MOE_FP8_DYT, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
         DW_TRY(quant_act(be, c, DW_MOE_FP8_XT, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
