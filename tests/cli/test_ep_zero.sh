@@ -15,7 +15,8 @@
 #     write the moments by the same cells);
 #   - the same under mpirun (1e-6 against 1 rank), and with --no-overlap bit for bit;
 #   - the 4-rank ZeRO-1 step-3 checkpoint resumes on 2 ranks (--ep 2 --zero 1) and on 1 rank with
-#     the 4-rank run's losses (1e-6).
+#     the 4-rank run's losses (1e-6), and a plain 4-rank ZeRO-1 one (one range a rank) with --ep 2;
+#   - BF16 programs: ZeRO-1 = ZeRO-0 without clipping, losses bit for bit.
 set -u
 dw=$1
 . "$(dirname "$0")/checks.sh"
@@ -140,5 +141,25 @@ close "$tmp/$m-z1/metrics.jsonl" "$tmp/res2/metrics.jsonl" 1e-6 3 && ok "  ... s
 check "  ... and on 1 rank" 0 $?
 close "$tmp/$m-z1/metrics.jsonl" "$tmp/res1/metrics.jsonl" 1e-6 3 && ok "  ... steps 4-6 as 4 ranks ran them (1e-6)" ||
   bad "  ... resumed losses on 1 rank"
+
+# a 4-rank ZeRO-1 checkpoint without --ep (each rank's moments one range of the pools) resumes with
+# --ep 2 --zero 1 (cells): steps 4-6 as the plain run took them (1e-6)
+"$dw" launch -n 4 -- "${base[@]}" --model $m --steps 6 --ckpt-every 3 --zero 1 --out "$tmp/dp" >/dev/null 2>&1
+check "4 ranks --zero 1 without --ep" 0 $?
+"$dw" launch -n 4 -- train --resume "$tmp/dp/ckpt-3" --ep 2 --zero 1 --out "$tmp/res3" >/dev/null 2>"$tmp/err"
+check "  ... its step-3 checkpoint resumes with --ep 2 --zero 1" 0 $?
+close "$tmp/dp/metrics.jsonl" "$tmp/res3/metrics.jsonl" 1e-6 3 && ok "  ... steps 4-6 as the plain run took them (1e-6)" ||
+  bad "  ... resumed losses with --ep"
+
+# BF16 programs: ZeRO-1 by cells = ZeRO-0 without clipping, losses bit for bit
+bf=("${base[@]}" --model $m --precision bf16 --steps 3 --ckpt-every 0 --clip 0 --ep 2)
+"$dw" launch -n 4 -- "${bf[@]}" --zero 0 --out "$tmp/b0" >/dev/null 2>&1 &&
+  "$dw" launch -n 4 -- "${bf[@]}" --zero 1 --out "$tmp/b1" >/dev/null 2>&1
+check "--precision bf16 --ep 2, ZeRO-0 and ZeRO-1" 0 $?
+python3 - "$tmp/b0/metrics.jsonl" "$tmp/b1/metrics.jsonl" <<'PY' && ok "  ... the same losses, bit for bit" || bad "  ... bf16 ZeRO-1 by cells differs"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
+assert len(a) == 3 and a == b, (a, b)
+PY
 
 [ "$fails" -eq 0 ] || exit 1
