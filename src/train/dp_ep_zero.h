@@ -33,9 +33,11 @@ int dw_dp_ep_cells(int64_t floats, const dw_ep_param *pr, int n, int world, int 
 /* The floats rank `rank` holds of cells c (n): its optimizer pool's length. */
 int64_t dw_dp_ep_cells_held(const dw_dp_cell *c, int n, int rank);
 
-/* ZeRO-1 with --ep (dp_experts.c dw_dp_set_experts calls it, after the replicas' communicator is
- * split): the cells, the optimizer pool replaced by this rank's cells' moments (zeroed; before
- * moments are loaded), the collectives' room; logs the floats held against the world shard's. */
+/* --ep with ZeRO-0 or 1 (dp_experts.c dw_dp_set_experts calls it, after the replicas' communicator
+ * is split): the cells (ZeRO-0: for its checkpoint's layout alone); ZeRO-1 also the optimizer pool
+ * replaced by this rank's cells' moments (zeroed; before moments are loaded) and the collectives'
+ * room, and logs the floats held against the world shard's; DW_ERR_UNSUPPORTED naming --ep and
+ * --zero where a rank would hold no cell. */
 dw_status dw_dp_ep_zero_init(dw_dp *d, const dw_ep *ep);
 /* Bucket i's collectives: each cell part a reduce (averaged over the job) to its holder, dense over
  * every rank, this rank's group over the replicas, other groups none. */
