@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/exec.h"
@@ -21,6 +22,8 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->be = be;
     x->record = record && be->i->record_begin;
     x->quant_reuse = quant_reuse;
+    x->fuse_cast = dw_env_flag("DW_FUSED_CAST", true);
+    x->last_step = x->cast_fused_through = -1;
     const int64_t pf = p->param_floats;
     const dw_exec_shard s0 = {0, pf, 0, pf, 0, pf}, *sh = shard ? shard : &s0;
     DW_ASSERT(0 <= sh->opt_lo && sh->opt_lo < sh->opt_hi && sh->opt_hi <= pf);
@@ -332,6 +335,18 @@ dw_status dw_exec_call(dw_exec *x, bool fwd, const dw_op_call *c) {
     return DW_OK;
 }
 
+/* The CAST_BF16 steps right after AdamW's step, of bf16_runs 0, 1, ... in order, whose copies
+ * AdamW's pass writes too (DW_FUSED_CAST, on unless 0): their count, 0 for none. Not under
+ * bf16_arena: there the copies lie on gradients that AdamW's pass has yet to read. */
+static int fused_casts(const dw_exec *x, int step) {
+    const dw_compiled *p = x->p;
+    int n = 0;
+    while (x->fuse_cast && x->wb && !p->bf16_arena && step + 1 + n < p->n_steps &&
+           p->steps[step + 1 + n].kind == DW_STEP_CAST_BF16 && p->steps[step + 1 + n].arg == n)
+        n++;
+    return n;
+}
+
 static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
     const dw_step *st = &x->p->steps[step];
     dw_backend *be = x->be;
@@ -356,8 +371,15 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
         return dw_exec_call(x, fwd, &c);
     }
     case DW_STEP_GRAD_NORM: return bi->grad_norm(be, x);
-    case DW_STEP_ADAMW: return bi->adamw(be, x);
-    case DW_STEP_CAST_BF16: return bi->cast_bf16(be, x, x->p->bf16_runs[st->arg][0], x->p->bf16_runs[st->arg][1]);
+    case DW_STEP_ADAMW: {
+        const int casts = fused_casts(x, step);
+        x->cast_fused_through = step + casts;
+        return bi->adamw(be, x, casts);
+    }
+    case DW_STEP_CAST_BF16: /* skipped right after an AdamW pass that made its copies (phase REFRESH alone: made) */
+        if (step <= x->cast_fused_through && x->last_step == step - 1) return DW_OK;
+        x->cast_fused_through = -1; /* a cast of its own: the casts after it too */
+        return bi->cast_bf16(be, x, x->p->bf16_runs[st->arg][0], x->p->bf16_runs[st->arg][1]);
     case DW_STEP_QUANT_W: return bi->quant_weight(be, x, st->node);
     case DW_STEP_ZERO_GRAD: { /* grad_arena: the slice its first writer accumulates into, or the padding
                                   past what it writes over (training only) */
@@ -374,6 +396,7 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
 dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
     if (x->before_step) DW_TRY(x->before_step(x->before_user, x, step)); /* ZeRO-3's gathers */
     DW_TRY(run_step(x, step, train, dloss));
+    x->last_step = step;
     return x->after_step ? x->after_step(x->after_user, x, step) : DW_OK; /* data parallelism's hook */
 }
 

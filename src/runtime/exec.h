@@ -73,6 +73,12 @@ struct dw_exec {
      * the step is the first of its phase to read */
     dw_status (*before_step)(void *user, dw_exec *x, int step);
     void *before_user;
+    /* the fused cast: AdamW's step writes the BF16 copies of the CAST_BF16 steps right after it
+     * (fuse_cast: DW_FUSED_CAST, on unless 0), which are skipped when they follow it (last_step,
+     * the last step run; cast_fused_through, the last one it covered, -1 once a cast ran itself)
+     * and run otherwise (a refresh alone, data parallelism's shard step) */
+    bool fuse_cast;
+    int last_step, cast_fused_through;
 };
 
 /* What a data-parallel rank allocates of the parameter-shaped pools from the start (ZeRO,

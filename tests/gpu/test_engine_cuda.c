@@ -5,7 +5,9 @@
  * for llama-tiny under every recipe (fp8_block at two shapes, fp8_row, mxfp8, nvfp4, then the rest
  * as the registry binds them for this GPU); and
  * CUDA-graph replay bit-identical to the eager step; AdamW steps against the CPU reference of the
- * same contract (kernels/cpu/ops_cpu.h dw_cpu_adamw); gradient accumulation over micro-batches of
+ * same contract (kernels/cpu/ops_cpu.h dw_cpu_adamw); AdamW writing the BF16 copies in its pass
+ * (dw_cuda_adamw_cast) against dw_cuda_adamw and the cast bit for bit, and training with it against
+ * DW_FUSED_CAST=0 bit for bit; gradient accumulation over micro-batches of
  * two shapes; bit-identical resume through weight and optimizer files; measured device memory
  * against the plan. Needs a GPU.
  *
@@ -41,6 +43,7 @@
 #include <unistd.h>
 
 #include "compile/program.h"
+#include "formats/formats.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cuda/adamw_cuda.h"
 #include "kernels/cuda/attn_packed.h"
@@ -577,6 +580,127 @@ static void test_adamw_kernel_paths(void **state) {
     if (differ || beyond || cpu_beyond) fail_msg("adamw kernel paths disagree");
 }
 
+/* The AdamW kernel writing the BF16 copies in its pass (dw_cuda_adamw_cast, the fused cast): on a
+ * random pool of odd length with runs of copies at 64-float aligned starts and gaps between them
+ * (the decay boundary inside one), 16-byte-aligned pools and the same one float further (scalar
+ * loads): p, m and v are dw_cuda_adamw's bits, every copy in a run is dw_encode_bf16 of the
+ * updated master (kern.cu's cast, bit for bit), every other copy its sentinel; a non-finite norm
+ * leaves p, m, v and still makes the copies. */
+static void test_adamw_fused_cast(void **state) {
+    (void)state;
+    const int64_t n = 200003, n_decay = 70001;
+    const int64_t runs[4][2] = {{0, 1000}, {1024, 70017}, {70080, 150001}, {150016, 199999}};
+    float *h[4];
+    for (int k = 0; k < 4; k++) h[k] = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        h[0][i] = dw_test_uniform(&g_rng, -1.0f, 1.0f), h[1][i] = dw_test_uniform(&g_rng, -1e-2f, 1e-2f);
+        h[2][i] = dw_test_uniform(&g_rng, -1e-3f, 1e-3f), h[3][i] = dw_test_uniform(&g_rng, 0.0f, 1e-5f);
+    }
+    const dw_adamw_args ha = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                              .c1 = 1.0 - pow(0.9, 3.0), .c2 = 1.0 - pow(0.95, 3.0), .max_norm = 1.0};
+    dw_adamw_args *da = NULL;
+    double *dn = NULL;
+    float *d[2][4];
+    uint16_t *dwb = NULL, *wb = malloc((size_t)n * 2), *sent = malloc((size_t)(n + 8) * 2);
+    for (int64_t i = 0; i < n + 8; i++) sent[i] = 0xABCD;
+    assert_int_equal(cudaMalloc((void **)&da, sizeof ha), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&dn, sizeof(double)), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&dwb, (size_t)(n + 8) * 2), cudaSuccess);
+    assert_int_equal(cudaMemcpy(da, &ha, sizeof ha, cudaMemcpyHostToDevice), cudaSuccess);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 4; k++) assert_int_equal(cudaMalloc((void **)&d[r][k], (size_t)(n + 4) * 4), cudaSuccess);
+    int64_t bad = 0;
+    for (int c = 0; c < 3; c++) { /* 0, 1: aligned and one float in, a finite norm; 2: a NaN norm */
+        const int off = c == 1;
+        const double nrm = c == 2 ? NAN : 1.75;
+        float *x[2][4];
+        assert_int_equal(cudaMemcpy(dn, &nrm, sizeof nrm, cudaMemcpyHostToDevice), cudaSuccess);
+        assert_int_equal(cudaMemcpy(dwb, sent, (size_t)(n + 8) * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < 4; k++) {
+                x[r][k] = d[r][k] + off;
+                assert_int_equal(cudaMemcpy(x[r][k], h[k], (size_t)n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+            }
+        assert_int_equal(dw_cuda_adamw(g_gpu, x[0][0], x[0][1], x[0][2], x[0][3], n, n_decay, dn, da, NULL), DW_OK);
+        assert_int_equal(dw_cuda_adamw_cast(g_gpu, x[1][0], x[1][1], x[1][2], x[1][3], n, n_decay, dn, da, dwb + off,
+                                            runs, 4, NULL),
+                         DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        int64_t differ = 0, wrong = 0;
+        float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4), *p = malloc((size_t)n * 4);
+        for (int k = 0; k < 4; k++) {
+            if (k == 1) continue; /* g is read only */
+            assert_int_equal(cudaMemcpy(a, x[0][k], (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_int_equal(cudaMemcpy(b, x[1][k], (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+            for (int64_t i = 0; i < n; i++) differ += memcmp(&a[i], &b[i], 4) != 0;
+            if (k == 0) memcpy(p, b, (size_t)n * 4);
+        }
+        assert_int_equal(cudaMemcpy(wb, dwb + off, (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int64_t i = 0, r = 0; i < n; i++) {
+            while (r < 4 && i >= runs[r][1]) r++;
+            const bool in = r < 4 && i >= runs[r][0];
+            wrong += wb[i] != (in ? dw_encode_bf16(p[i]) : 0xABCD);
+        }
+        printf("  adamw with the copies (%s, norm %g): %lld of %lld p, m, v differ from dw_cuda_adamw (want 0), "
+               "%lld of %lld copies wrong (want 0)\n", off ? "one float in" : "aligned", nrm, (long long)differ,
+               (long long)(3 * n), (long long)wrong, (long long)n);
+        bad += differ + wrong;
+        free(a), free(b), free(p);
+    }
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 4; k++) cudaFree(d[r][k]);
+    for (int k = 0; k < 4; k++) free(h[k]);
+    cudaFree(da), cudaFree(dn), cudaFree(dwb), free(wb), free(sent);
+    if (bad) fail_msg("the fused cast: %lld values wrong", (long long)bad);
+}
+
+/* Training with the fused cast and without it (DW_FUSED_CAST=0, read when the engine is made) on
+ * the GPU — eager, then a recorded optimizer replayed: the same losses, gradient norms and
+ * parameters, bit for bit (BF16 llama-tiny and mixtral-tiny, fp8_block llama-tiny: runs with gaps). */
+static void test_fused_cast_engine(void **state) {
+    (void)state;
+    static const char *const cases[][2] = {{"llama-tiny", "bf16"}, {"mixtral-tiny", "bf16"}, {"llama-tiny", "fp8_block"}};
+    const int64_t B = 2, T = 24, N = B * T;
+    int bad = 0;
+    for (int c = 0; c < 3; c++) {
+        prog pr = make_prog(cases[c][0], B, T, cases[c][1], 0);
+        dw_engine *e[2];
+        e[0] = engine(g_gpu, &pr);
+        setenv("DW_FUSED_CAST", "0", 1);
+        e[1] = engine(g_gpu, &pr);
+        unsetenv("DW_FUSED_CAST");
+        const uint64_t seed = dw_test_next(&g_rng);
+        int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+        dw_adamw_opts ao;
+        dw_adamw_opts_init(&ao, sizeof ao);
+        ao.lr = 1e-3;
+        double l[2] = {0}, gn[2] = {0};
+        int diff_steps = 0;
+        for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_init_weights(e[k], seed), DW_OK);
+        for (int step = 1; step <= 4; step++) { /* the optimizer recorded from its second call */
+            batch(x, y, N, dw_graph_vocab(pr.g));
+            for (int k = 0; k < 2; k++) {
+                assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+                if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &l[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+                assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
+            }
+            diff_steps += l[0] != l[1] || gn[0] != gn[1];
+        }
+        float *pa = read_all(e[0], false), *pb = read_all(e[1], false);
+        int64_t diff = 0;
+        for (int64_t k = 0; k < all_numel(e[0]); k++) diff += memcmp(&pa[k], &pb[k], 4) != 0;
+        printf("  %s %s: fused cast vs DW_FUSED_CAST=0, 4 steps: last loss %.9g vs %.9g, %d steps' losses or norms "
+               "differ, %lld parameters differ (want 0)\n", cases[c][0], cases[c][1], l[0], l[1], diff_steps,
+               (long long)diff);
+        bad += diff_steps + (diff > 0);
+        free(pa), free(pb), free(x), free(y);
+        dw_engine_free(e[0]);
+        dw_engine_free(e[1]);
+        free_prog(&pr);
+    }
+    if (bad) fail_msg("the fused cast changed training");
+}
+
 /* Accumulation over micro-batches of two shapes (eager, recorded, replayed, eager again) on the
  * same FP32 program on both backends: the accumulated gradients agree. */
 static void test_accumulate(void **state) {
@@ -871,7 +995,8 @@ int main(void) {
         cmocka_unit_test(test_parity_quantised),
         cmocka_unit_test(test_parity_every_recipe), cmocka_unit_test(test_parity_router),
         cmocka_unit_test(test_parity_moe),   cmocka_unit_test(test_adamw),
-        cmocka_unit_test(test_adamw_kernel_paths), cmocka_unit_test(test_accumulate),
+        cmocka_unit_test(test_adamw_kernel_paths), cmocka_unit_test(test_adamw_fused_cast),
+        cmocka_unit_test(test_fused_cast_engine),  cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_resume),             cmocka_unit_test(test_quant_reuse),
         cmocka_unit_test(test_memory),             cmocka_unit_test(test_gpt2_124m_steps),
         cmocka_unit_test(test_bf16_copy_on_use), /* last: it unregisters Deepwell's FP8 block kernels */

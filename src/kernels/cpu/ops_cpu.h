@@ -206,5 +206,11 @@ double dw_cpu_sumsq(const float *g, int64_t n);
  * (clipping) and the arguments a; a non-finite norm changes nothing. */
 void dw_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, double norm,
                   const dw_adamw_args *a);
+/* The same step writing, in the same pass, the BF16 copy wb[i] = bf16(p[i]) (round to nearest
+ * even: dw_encode_bf16) of each updated master in runs (n_runs) [begin, end), ascending and
+ * disjoint within [0, n); wb elsewhere untouched. A non-finite norm leaves p, m, v and still
+ * writes the copies. */
+void dw_cpu_adamw_cast(float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, double norm,
+                       const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2], int n_runs);
 
 #endif /* DW_KERNELS_OPS_CPU_H */

@@ -1,7 +1,10 @@
 /* adamw.cu — the CUDA AdamW step and global gradient norm over a flat parameter pool (see
  * adamw_cuda.h). Arithmetic in double, in the CPU reference's order, so that a step differs from
  * dw_adamw_step_cpu only through the gradient norm's summation order (and FMA contraction).
- * The step loads and stores 16 bytes at a time when the four pools allow it. */
+ * The step loads and stores 16 bytes at a time when the four pools allow it, and can write the
+ * BF16 working copies of the updated masters in the same pass (dw_cuda_adamw_cast). */
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/adamw_cuda.h"
 #include "kernels/cuda/ops_common.cuh"
 
@@ -45,32 +48,53 @@ static __device__ __forceinline__ void aw_one(float &p, float g, float &m, float
 
 /* VEC: elements [0, n4*4) in 16-byte loads and stores (four independent chains per thread: the
  * kernel is bound by memory, and scalar loads left it at ~2.9 TB/s on the H200), the rest one
- * at a time; !VEC: every element one at a time (unaligned pools). */
-template <bool VEC>
+ * at a time; !VEC: every element one at a time (unaligned pools). CAST: the BF16 copy of each
+ * updated master i in [c0, c1) written too, wb[i] = bf16_rn(p[i]) as kern.cu's cast (a group of
+ * four inside the range in one 8-byte store); a non-finite norm then leaves p, m, v and still
+ * writes the copies (bf16_arena's copies may have been overwritten since the last step). */
+template <bool VEC, bool CAST>
 static __global__ void __launch_bounds__(AW_THREADS) aw_step_kernel(float *p, const float *g, float *m, float *v,
                                                                     int64_t n, int64_t n_decay, const double *norm,
-                                                                    const dw_adamw_args *ap) {
+                                                                    const dw_adamw_args *ap, __nv_bfloat16 *wb,
+                                                                    int64_t c0, int64_t c1) {
     const double nrm = *norm;
     const dw_adamw_args a = *ap;
-    if (!isfinite(nrm)) return;
+    const bool step = isfinite(nrm);
+    if (!CAST && !step) return;
     const double scale = (a.max_norm > 0.0 && nrm > a.max_norm) ? a.max_norm / (nrm + 1e-6) : 1.0;
     const int64_t n4 = VEC ? n / 4 : 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t q = t0; q < n4; q += stride) {
-        float4 pp = reinterpret_cast<float4 *>(p)[q], mm = reinterpret_cast<float4 *>(m)[q];
-        float4 vv = reinterpret_cast<float4 *>(v)[q];
-        const float4 gg = reinterpret_cast<const float4 *>(g)[q];
+        float4 pp = reinterpret_cast<float4 *>(p)[q];
         const int64_t i = 4 * q;
-        aw_one(pp.x, gg.x, mm.x, vv.x, i < n_decay ? a.weight_decay : 0.0, scale, a);
-        aw_one(pp.y, gg.y, mm.y, vv.y, i + 1 < n_decay ? a.weight_decay : 0.0, scale, a);
-        aw_one(pp.z, gg.z, mm.z, vv.z, i + 2 < n_decay ? a.weight_decay : 0.0, scale, a);
-        aw_one(pp.w, gg.w, mm.w, vv.w, i + 3 < n_decay ? a.weight_decay : 0.0, scale, a);
-        reinterpret_cast<float4 *>(p)[q] = pp;
-        reinterpret_cast<float4 *>(m)[q] = mm;
-        reinterpret_cast<float4 *>(v)[q] = vv;
+        if (step) {
+            float4 mm = reinterpret_cast<float4 *>(m)[q], vv = reinterpret_cast<float4 *>(v)[q];
+            const float4 gg = reinterpret_cast<const float4 *>(g)[q];
+            aw_one(pp.x, gg.x, mm.x, vv.x, i < n_decay ? a.weight_decay : 0.0, scale, a);
+            aw_one(pp.y, gg.y, mm.y, vv.y, i + 1 < n_decay ? a.weight_decay : 0.0, scale, a);
+            aw_one(pp.z, gg.z, mm.z, vv.z, i + 2 < n_decay ? a.weight_decay : 0.0, scale, a);
+            aw_one(pp.w, gg.w, mm.w, vv.w, i + 3 < n_decay ? a.weight_decay : 0.0, scale, a);
+            reinterpret_cast<float4 *>(p)[q] = pp;
+            reinterpret_cast<float4 *>(m)[q] = mm;
+            reinterpret_cast<float4 *>(v)[q] = vv;
+        }
+        if (CAST && i + 4 > c0 && i < c1) {
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(pp.x, pp.y), hi = __floats2bfloat162_rn(pp.z, pp.w);
+            if (i >= c0 && i + 4 <= c1) { /* the whole group: one 8-byte store (wb + i is 8-byte aligned) */
+                uint2 u;
+                u.x = *reinterpret_cast<const uint32_t *>(&lo), u.y = *reinterpret_cast<const uint32_t *>(&hi);
+                *reinterpret_cast<uint2 *>(wb + i) = u;
+            } else { /* a run's edge inside the group */
+                const __nv_bfloat16 b[4] = {lo.x, lo.y, hi.x, hi.y};
+                for (int k = 0; k < 4; k++)
+                    if (i + k >= c0 && i + k < c1) wb[i + k] = b[k];
+            }
+        }
     }
-    for (int64_t i = 4 * n4 + t0; i < n; i += stride)
-        aw_one(p[i], g[i], m[i], v[i], i < n_decay ? a.weight_decay : 0.0, scale, a);
+    for (int64_t i = 4 * n4 + t0; i < n; i += stride) {
+        if (step) aw_one(p[i], g[i], m[i], v[i], i < n_decay ? a.weight_decay : 0.0, scale, a);
+        if (CAST && i >= c0 && i < c1) wb[i] = __float2bfloat16_rn(p[i]);
+    }
 }
 
 static bool aligned16(const void *x) { return (uintptr_t)x % 16 == 0; }
@@ -96,10 +120,38 @@ dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *
     if (n == 0) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
     if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v))
-        aw_step_kernel<true><<<dw_ew_blocks((n + 3) / 4), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a);
+        aw_step_kernel<true, false><<<dw_ew_blocks((n + 3) / 4), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a,
+                                                                                    NULL, 0, 0);
     else
-        aw_step_kernel<false><<<dw_ew_blocks(n), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a);
+        aw_step_kernel<false, false><<<dw_ew_blocks(n), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a, NULL, 0,
+                                                                           0);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
+                             const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
+                             int n_runs, void *stream) {
+    const char *op = "adamw (with the BF16 copies)";
+    DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a && wb);
+    DW_OPS_REQUIRE(ctx, op, n_runs >= 1 && runs);
+    for (int r = 0; r < n_runs; r++) /* ascending, disjoint, inside the pool */
+        DW_OPS_REQUIRE(ctx, op, runs[r][0] <= runs[r][1] && runs[r][1] <= n && (r == 0 || runs[r - 1][1] <= runs[r][0]));
+    cudaStream_t s = (cudaStream_t)stream;
+    for (int r = -1; r < n_runs; r++) { /* segment r: from run r's start (0) to the next run's (n), its copies run r */
+        const int64_t lo = r < 0 ? 0 : runs[r][0], hi = r + 1 < n_runs ? runs[r + 1][0] : n, len = hi - lo;
+        if (len <= 0) continue;
+        const int64_t c0 = r < 0 ? 0 : runs[r][0] - lo, c1 = r < 0 ? 0 : runs[r][1] - lo;
+        const int64_t nd = n_decay <= lo ? 0 : n_decay - lo < len ? n_decay - lo : len;
+        __nv_bfloat16 *w = reinterpret_cast<__nv_bfloat16 *>(wb) + lo;
+        if (aligned16(p + lo) && aligned16(g + lo) && aligned16(m + lo) && aligned16(v + lo) && (uintptr_t)w % 8 == 0)
+            aw_step_kernel<true, true><<<dw_ew_blocks((len + 3) / 4), AW_THREADS, 0, s>>>(
+                p + lo, g + lo, m + lo, v + lo, len, nd, norm, a, w, c0, c1);
+        else
+            aw_step_kernel<false, true><<<dw_ew_blocks(len), AW_THREADS, 0, s>>>(p + lo, g + lo, m + lo, v + lo, len,
+                                                                                nd, norm, a, w, c0, c1);
+        DW_CUDA_CHECK_LAUNCH(ctx, op);
+    }
     return DW_OK;
 }
 

@@ -29,6 +29,15 @@ dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *part
 dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
                         int64_t n_decay, const double *norm, const dw_adamw_args *a,
                         void *stream);
+/* The same step writing, in the same pass, the BF16 copy wb[i] = bf16_rn(p[i]) (the cast kernel's
+ * rounding, bit for bit) of each updated master in runs (n_runs >= 1, host memory) [begin, end),
+ * ascending and disjoint within [0, n); wb (n, device) elsewhere untouched. One launch per run
+ * (from its start to the next run's; one more where the first starts past 0), so that the element
+ * runs' 64-float aligned starts keep the 16-byte loads. A non-finite *norm leaves p, m, v and
+ * still writes the copies. */
+dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
+                             const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
+                             int n_runs, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* steps_cpu.c — the CPU backend's optimizer steps over the program's pools: the gradient norm
- * into the workspace (double), AdamW with the workspace's arguments (kernels/cpu/optim_cpu.c), and
- * the BF16 working copies of the masters (round to nearest even). */
+ * into the workspace (double), AdamW with the workspace's arguments (kernels/cpu/optim_cpu.c;
+ * with the BF16 copies of the updated masters in the same pass where the executor fuses the cast),
+ * and the BF16 working copies of the masters (round to nearest even). */
 #include <math.h>
 
 #include "formats/formats.h"
@@ -13,11 +14,15 @@ dw_status dw_cpu_step_grad_norm(dw_backend *be, const dw_exec *x) {
     return DW_OK;
 }
 
-dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x) {
+dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x, int n_runs) {
     (void)be;
     const dw_compiled *p = x->p;
     const dw_adamw_args *a = (const dw_adamw_args *)(x->work + p->work.adamw_args);
-    dw_cpu_adamw(x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, *(const double *)(x->work + p->work.norm), a);
+    const double norm = *(const double *)(x->work + p->work.norm);
+    if (n_runs) /* the BF16 copies of bf16_runs [0, n_runs) in the same pass (the fused cast) */
+        dw_cpu_adamw_cast(x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a, x->wb,
+                          (const int64_t(*)[2])p->bf16_runs, n_runs);
+    else dw_cpu_adamw(x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a);
     return DW_OK;
 }
 

@@ -1,6 +1,7 @@
 /* steps_cuda.c — the CUDA backend's optimizer steps over the program's pools: the gradient norm
  * (deterministic two-stage reduction into the workspace), AdamW reading its arguments and the norm
- * from the workspace (so a recorded optimizer replays with each step's values), and the BF16
+ * from the workspace (so a recorded optimizer replays with each step's values; with the BF16
+ * copies of the updated masters in the same pass where the executor fuses the cast), and the BF16
  * working copies of the masters. Kernels in kernels/cuda/adamw.cu and kern.cu. */
 #include "core/error.h"
 #include "runtime/backend.h"
@@ -19,10 +20,14 @@ dw_status dw_cuda_step_grad_norm(dw_backend *be, const dw_exec *x) {
                              DW_COMPILE_NORM_BLOCKS, (double *)(x->work + p->work.norm), DW_CUDA_STREAM(be));
 }
 
-dw_status dw_cuda_step_adamw(dw_backend *be, const dw_exec *x) {
+dw_status dw_cuda_step_adamw(dw_backend *be, const dw_exec *x, int n_runs) {
     const dw_compiled *p = x->p;
-    return dw_cuda_adamw(be->ctx, x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats,
-                         (const double *)(x->work + p->work.norm), (const dw_adamw_args *)(x->work + p->work.adamw_args),
+    const double *norm = (const double *)(x->work + p->work.norm);
+    const dw_adamw_args *a = (const dw_adamw_args *)(x->work + p->work.adamw_args);
+    if (n_runs) /* the BF16 copies of bf16_runs [0, n_runs) in the same pass (the fused cast) */
+        return dw_cuda_adamw_cast(be->ctx, x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a, x->wb,
+                                  (const int64_t(*)[2])p->bf16_runs, n_runs, DW_CUDA_STREAM(be));
+    return dw_cuda_adamw(be->ctx, x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a,
                          DW_CUDA_STREAM(be));
 }
 
