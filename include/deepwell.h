@@ -733,6 +733,13 @@ typedef struct {
                              false; the environment variable DW_BF16_ARENA=1 makes it true) */
 } dw_compile_opts;
 DW_API void dw_compile_opts_init(dw_compile_opts *o, size_t size);
+/* The arenas a training run gets by default: where it runs one micro-batch per optimizer step on
+ * each rank (grad_accum 1) under ZeRO stage 0 or 1 — what an engine of a grad_arena program allows
+ * — sets o->grad_arena and o->bf16_arena true, each unless its environment variable is 0
+ * (DW_GRAD_ARENA=0, DW_BF16_ARENA=0), and returns true; otherwise leaves o as it is and returns
+ * false. The caller then reads no gradient after the step. `deepwell train`, `bench step`,
+ * `dryrun --run` and the planner's memory (dw_plan_get_engine_memory) follow it. */
+DW_API bool dw_compile_opts_train_arenas(dw_compile_opts *o, int64_t grad_accum, int zero);
 
 /* Compiles g (which must outlive the result) for batches up to g's batch x seq. plan: NULL (one
  * device) or a plan (dw_autoplan, dw_plan_single, dw_plan_load) of world size 1 without
@@ -1615,6 +1622,11 @@ typedef struct {
                                   train; one whose logits are read (eval, sample) leaves it off */
     int zero;                  /* dw_engine_opts.zero for its engine (default 0): a model opened to
                                   train with that ZeRO stage allocates only its rank's shards */
+    bool grad_arena;           /* a model opened to train one micro-batch per optimizer step (no
+                                  gradient accumulation), whose gradients nothing reads after the
+                                  step: dw_compile_opts.grad_arena and bf16_arena as
+                                  dw_compile_opts_train_arenas(o, 1, zero) sets them (default false:
+                                  as dw_compile_opts_init leaves them) */
 } dw_model_opts;
 DW_API void dw_model_opts_init(dw_model_opts *o, size_t size);
 

@@ -13,6 +13,7 @@
 #include "compile/program.h"
 #include "compile/shard.h"
 #include "compile/z3_slots.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "plan/layout.h"
 
@@ -65,9 +66,17 @@ typedef struct {
     dw_compiled *c;
 } compiled_job;
 
-/* grad_arena: the gradients in the activation pool where the environment asks for it
- * (dw_compile_opts_init: DW_GRAD_ARENA) and the plan allows it (one micro-batch a step, ZeRO 0/1). */
-static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int recompute, bool grad_arena,
+bool dw_compile_opts_train_arenas(dw_compile_opts *o, int64_t grad_accum, int zero) {
+    if (grad_accum != 1 || zero < 0 || zero > 1) return false; /* runtime/engine_grad_arena.c refuses these */
+    o->grad_arena = dw_env_flag("DW_GRAD_ARENA", true);
+    o->bf16_arena = dw_env_flag("DW_BF16_ARENA", true);
+    return true;
+}
+
+/* The engine's program for the job at micro-batch b. train: NULL, the arenas as the environment
+ * asks (dw_compile_opts_init: DW_GRAD_ARENA, DW_BF16_ARENA); else those a training run of that
+ * configuration gets (dw_compile_opts_train_arenas), the standing pools where it allows none. */
+static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int recompute, const dw_par *train,
                              compiled_job *j) {
     memset(j, 0, sizeof *j);
     DW_TRY(dw_capture_config(ctx, in->cfg, b, in->job.seq, &j->g));
@@ -78,7 +87,7 @@ static dw_status compile_job(dw_ctx *ctx, const dw_plan_in *in, int64_t b, int r
     o.sm = 90;
     o.recompute = recompute;
     o.fused_head = true; /* as `deepwell train` compiles it: the logits a chunk of rows at a time */
-    o.grad_arena = o.grad_arena && grad_arena;
+    if (train && !dw_compile_opts_train_arenas(&o, train->grad_accum, train->zero)) o.grad_arena = false;
     return dw_compile(ctx, j->g, NULL, j->pol, &o, &j->c);
 }
 
@@ -94,11 +103,11 @@ int64_t dw_plan_cudnn_attention_bytes(int64_t B, int64_t T, int64_t H, int64_t H
     return dq + (Hkv < H ? dq : 0) + 512;
 }
 
-static dw_status engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute, bool grad_arena,
-                               dw_engine_mem *out) {
+static dw_status engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
+                               const dw_par *train, dw_engine_mem *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, recompute, grad_arena, &j);
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, train, &j);
     if (s == DW_OK) {
         for (int p = 0; p < DW_POOL_COUNT; p++) out->pool[p] = j.c->pool_bytes[p], out->total += j.c->pool_bytes[p];
         out->cublaslt = DW_COMPILE_LT_WORKSPACE;
@@ -118,11 +127,11 @@ static dw_status engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_
 
 dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
                                 dw_engine_mem *out) {
-    return engine_memory(ctx, in, micro_batch, recompute, true, out);
+    return engine_memory(ctx, in, micro_batch, recompute, NULL, out);
 }
 
 dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_mem *out) {
-    return engine_memory(ctx, in, par->micro_batch, (int)par->recompute, par->grad_accum == 1 && par->zero < 2, out);
+    return engine_memory(ctx, in, par->micro_batch, (int)par->recompute, par, out);
 }
 
 static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, double *node_f, double *node_b,
@@ -154,7 +163,7 @@ static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps, double laun
 dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_zero3 *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, false, &j); /* ZeRO-2/3: a pool */
+    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, par, &j); /* ZeRO-2/3: a pool */
     const dw_compiled *p = j.c;
     const int np = s == DW_OK ? p->n_params : 0, ns = s == DW_OK ? p->n_steps : 0, nn = s == DW_OK ? p->g->n_nodes : 0;
     dw_mem_item *items = calloc((size_t)np + 1, sizeof *items);
@@ -197,7 +206,7 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
 dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, int64_t *bytes) {
     *bytes = 0;
     compiled_job j;
-    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, false, &j); /* ZeRO-2/3: a pool */
+    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, par, &j); /* ZeRO-2/3: a pool */
     dw_grad_stage st;
     if (s == DW_OK) s = dw_grad_stage_plan(ctx, j.c, DW_GRAD_BUCKET_FLOATS, true, &st);
     if (s == DW_OK) *bytes = dw_grad_stage_bytes(&st), dw_grad_stage_free(&st);
@@ -357,7 +366,7 @@ static dw_status engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_ba
                              dw_engine_time *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
-    dw_status s = compile_job(ctx, in, micro_batch, recompute, true, &j);
+    dw_status s = compile_job(ctx, in, micro_batch, recompute, NULL, &j);
     if (s == DW_OK) price(in, &j, launch_s, NULL, NULL, out);
     release(&j);
     return s;

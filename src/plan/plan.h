@@ -306,9 +306,11 @@ int64_t dw_plan_cudnn_attention_bytes(int64_t B, int64_t T, int64_t H, int64_t H
 #define DW_PLAN_CUDA_CONTEXT ((int64_t)512 << 20)
 dw_status dw_plan_engine_memory(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
                                 dw_engine_mem *out);
-/* The same for configuration par: the gradients in the activation pool (DW_GRAD_ARENA=1,
- * dw_compile_opts.grad_arena) only where par runs one micro-batch a step under ZeRO 0 or 1, as
- * the engine allows; dw_plan_engine_memory takes the environment's choice whatever the plan. */
+/* The same for configuration par, as `deepwell train` runs it: the gradients and BF16 copies in
+ * the activation pool (dw_compile_opts.grad_arena, bf16_arena) where par runs one micro-batch a
+ * step under ZeRO 0 or 1 (dw_compile_opts_train_arenas; DW_GRAD_ARENA=0 / DW_BF16_ARENA=0 turn
+ * them off), the pools elsewhere; dw_plan_engine_memory takes the library's default (the pools
+ * unless DW_GRAD_ARENA=1) whatever the plan. */
 dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_mem *out);
 /* The engine's time for one micro-batch (forward, backward) and one AdamW step, walking the
  * compiled graph node by node: each linear node's three GEMMs at their own shapes and recipes

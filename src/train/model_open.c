@@ -122,6 +122,7 @@ dw_status dw_model_open(dw_ctx *ctx, const char *what, const dw_model_opts *opts
     dw_compile_opts_init(&cpo, sizeof cpo);
     cpo.recompute = o.recompute, cpo.recompute_blocks = o.recompute_blocks;
     cpo.fused_head = o.fused_head;
+    if (o.grad_arena) dw_compile_opts_train_arenas(&cpo, 1, o.zero); /* ZeRO-2/3: the pools */
     if (st == DW_OK) st = dw_compile(ctx, m->g, NULL, pol, &cpo, &m->c);
     dw_engine_opts eo;
     dw_engine_opts_init(&eo, sizeof eo);

@@ -16,6 +16,10 @@
 set -u
 dw=$1
 . "$(dirname "$0")/zero_common.sh" # the tiny model and text, same_ckpt, close
+# the gradient pools these checks count, and the planner's price of them: `deepwell train` keeps the
+# gradients in the activation arena by default for one micro-batch a step under ZeRO 0/1
+# (test_train_arena_default.sh, test_grad_arena_dp.sh)
+export DW_GRAD_ARENA=0
 run=(train --model "$tmp/model" --data "$tmp/text.txt" --seq 32 --steps 4 --lr 3e-3 --warmup 1 --eval-every 0
      --ckpt-every 2 --keep 0 --device cpu --seed 5 --batch 1 --clip 1)
 

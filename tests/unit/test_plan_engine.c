@@ -19,9 +19,10 @@
 
 /* Pools of the CUDA engine (a program compiled for sm_90, as the planner's GPU) for cfg at b x s
  * under the planner's policy for prec (independent of src/plan: the policy is built here from the
- * recipe name and the safe-fallback rule). */
+ * recipe name and the safe-fallback rule), with the gradients and BF16 copies in the activation
+ * arena or not (`deepwell train` keeps them there for one micro-batch a step under ZeRO 0/1). */
 static int64_t compiled_pools(dw_ctx *ctx, const dw_model_config *cfg, int64_t b, int64_t s, const char *prec,
-                              int64_t pools[DW_POOL_COUNT]) {
+                              bool arenas, int64_t pools[DW_POOL_COUNT]) {
     dw_graph *g = NULL;
     dw_policy *pol = NULL;
     dw_compiled *c = NULL;
@@ -33,6 +34,7 @@ static int64_t compiled_pools(dw_ctx *ctx, const dw_model_config *cfg, int64_t b
     o.device = DW_DEVICE_CUDA;
     o.sm = 90;
     o.fused_head = true;
+    o.grad_arena = o.bf16_arena = arenas;
     assert_int_equal(dw_compile(ctx, g, NULL, pol, &o, &c), DW_OK);
     assert_int_equal(c->target.device, DW_DEVICE_CUDA);
     assert_int_equal(c->target.sm, 90);
@@ -75,7 +77,7 @@ static void test_memory_equals_compiled_pools(void **state) {
         char why[300];
         assert_true(dw_plan_engine_runnable(&in, &p, why, sizeof why));
         int64_t pools[DW_POOL_COUNT];
-        int64_t sum = compiled_pools(ctx, &cfg, mb, s, dw_recipe_name(pr), pools);
+        int64_t sum = compiled_pools(ctx, &cfg, mb, s, dw_recipe_name(pr), ga == 1, pools);
         dw_mem m;
         dw_plan_memory(&in, &p, &m);
         print_message("%s s=%lld mb=%lld %s: predicted %.0f B, compiled pools %lld B\n", name, (long long)s,
@@ -92,11 +94,12 @@ static void test_memory_equals_compiled_pools(void **state) {
         assert_true(m.optimizer == (double)pools[DW_POOL_OPTIM]);
         assert_true(m.activations == (double)pools[DW_POOL_ACT]);
         assert_true(m.workspace == (double)(pools[DW_POOL_WORK] + DW_COMPILE_LT_WORKSPACE + att + DW_PLAN_CUDA_CONTEXT));
-        /* the parts add up and the padded parameter pools hold 18 bytes per parameter at least */
+        /* the parts add up and the padded parameter pools hold 18 bytes per parameter at least (12
+         * with the gradients and BF16 copies in the arena) */
         assert_true(m.weights + m.grads + m.optimizer + m.activations + m.workspace + m.scales == m.total);
         dw_param_counts pc;
         dw_plan_params(&in, &pc);
-        assert_true(m.weights + m.grads + m.optimizer >= 18 * pc.total);
+        assert_true(m.weights + m.grads + m.optimizer >= (ga == 1 ? 12 : 18) * pc.total);
         /* the dryrun check and the search see the same figure */
         dw_plan_entry e;
         dw_reject r;
@@ -109,8 +112,10 @@ static void test_memory_equals_compiled_pools(void **state) {
         f.recompute = DW_RECOMPUTE_FULL;
         assert_true(dw_plan_engine_runnable(&in, &f, why, sizeof why));
         dw_engine_mem em0, em1;
+        if (ga == 1) setenv("DW_GRAD_ARENA", "1", 1), setenv("DW_BF16_ARENA", "1", 1); /* as train runs it */
         assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_NONE, &em0), DW_OK);
         assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_FULL, &em1), DW_OK);
+        unsetenv("DW_GRAD_ARENA"), unsetenv("DW_BF16_ARENA");
         assert_true(em1.pool[DW_POOL_ACT] < em0.pool[DW_POOL_ACT]);
         assert_true(em1.pool[DW_POOL_WEIGHTS] == em0.pool[DW_POOL_WEIGHTS]);
         dw_engine_time t0, t1;
@@ -276,7 +281,7 @@ static void test_engine_time_hand_count(void **state) {
     assert_true(fabs((et.fwd + et.bwd) / (et.gemm + et.attn + et.mem + et.overhead) - 1) < 1e-12);
     /* AdamW: 34 bytes per padded parameter float at 0.75 of HBM bandwidth */
     int64_t pools[DW_POOL_COUNT];
-    compiled_pools(ctx, &cfg, (int64_t)B, (int64_t)T, "bf16", pools);
+    compiled_pools(ctx, &cfg, (int64_t)B, (int64_t)T, "bf16", false, pools); /* the gradient pool: its floats */
     assert_true(fabs(et.optimizer / ((double)pools[DW_POOL_GRADS] / 4 * 34 / (bw * 0.75)) - 1) < 1e-12);
     /* the search's step for this one-GPU job: grad_accum x (fwd + bwd) + AdamW */
     dw_par p = {.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = (int64_t)B, .grad_accum = 1};
@@ -309,8 +314,11 @@ static void test_search_plans_for_the_engine(void **state) {
         char why[300];
         assert_true(dw_plan_engine_runnable(&in, &r.plans[i].par, why, sizeof why));
         assert_int_equal(dw_plan_check(&in, &r.plans[i].par, NULL, 0), 0);
-        dw_engine_mem em;
+        dw_engine_mem em; /* one micro-batch a step (ZeRO 0 on one GPU): the arenas, as train runs it */
+        const bool arenas = r.plans[i].par.grad_accum == 1;
+        if (arenas) setenv("DW_GRAD_ARENA", "1", 1), setenv("DW_BF16_ARENA", "1", 1);
         assert_int_equal(dw_plan_engine_memory(ctx, &in, r.plans[i].par.micro_batch, (int)r.plans[i].par.recompute, &em), DW_OK);
+        unsetenv("DW_GRAD_ARENA"), unsetenv("DW_BF16_ARENA");
         assert_true(r.plans[i].mem.total == (double)em.total);
     }
     assert_true(r.rej.count[DW_REJECT_ENGINE] > 0);
@@ -344,9 +352,12 @@ static void test_data_parallel_runtime(void **state) {
     dw_plan_in in;
     assert_int_equal(dw_plan_in_init(ctx, &cfg, hw, &j, NULL, &in), DW_OK);
     assert_true(in.engine_model);
-    dw_engine_mem em;
+    dw_engine_mem ep, ea; /* the pools; the arenas, as train runs one micro-batch a step under ZeRO 0/1 */
     dw_engine_time et;
-    assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_NONE, &em), DW_OK);
+    assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_NONE, &ep), DW_OK);
+    setenv("DW_GRAD_ARENA", "1", 1), setenv("DW_BF16_ARENA", "1", 1);
+    assert_int_equal(dw_plan_engine_memory(ctx, &in, mb, DW_RECOMPUTE_NONE, &ea), DW_OK);
+    unsetenv("DW_GRAD_ARENA"), unsetenv("DW_BF16_ARENA");
     const dw_par eager = {.dp = dp, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = mb, .grad_accum = ga};
     assert_int_equal(dw_plan_engine_time_par(ctx, &in, &eager, &et), DW_OK); /* overlapped: launches eager */
     dw_param_counts pc;
@@ -363,6 +374,7 @@ static void test_data_parallel_runtime(void **state) {
         assert_true(e.runs);
         /* ZeRO-1/2: each rank's moments of its shard alone, the last (largest) rank's: 64-float blocks of
          * floats / dp rounded down, the last rank's holding the rest */
+        const dw_engine_mem em = ga == 1 && z < 2 ? ea : ep;
         const int64_t floats = em.pool[2] / 8, block = floats / (dp * 64) * 64;
         const int64_t opt = z ? 8 * (floats - (dp - 1) * block) : em.pool[2];
         int64_t grads = em.pool[1], stage = 0; /* ZeRO-2: the shard's gradients + the staging slots */
