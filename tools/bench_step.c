@@ -19,7 +19,8 @@ static void help(void) {
     printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision R|fp32] [--fallback F]\n"
            "                          [--steps N]\n"
            "                          [--warmup N] [--vocab V] [--json] [--profile] [--config-out FILE]\n"
-           "                          [--peak-tflops P] [--recompute none|full|N] [--no-fused-head]\n\n"
+           "                          [--peak-tflops P] [--recompute none|full|N] [--no-fused-head]\n"
+           "                          [--no-grad-arena]\n\n"
            "Times the CUDA engine's training step on device 0: zero_grad, forward_backward (loss read\n"
            "back: one host sync) and dw_engine_step (AdamW lr 3e-4, betas 0.9/0.95, wd 0.1, clip 1.0:\n"
            "one more sync), on random tokens. The first two steps are warm-up (eager, then the CUDA\n"
@@ -57,6 +58,11 @@ static void help(void) {
            "  --no-fused-head   keep the LM head and the cross-entropy apart (the B x T x V logits\n"
            "                    and their gradient in memory): by default they run as one op over\n"
            "                    chunks of rows (docs/perf.md)\n"
+           "  --no-grad-arena   keep the FP32 gradients and the BF16 weight copies in standing pools:\n"
+           "                    by default, as `deepwell train` runs one micro-batch a step, they live\n"
+           "                    in the activation arena only while needed (less memory, the same\n"
+           "                    values; docs/performance.md); DW_GRAD_ARENA=0 or DW_BF16_ARENA=0\n"
+           "                    turns one off\n"
            "  -h, --help        this help\n\n"
            "Exit status: 0 measured, 2 bad arguments or model, 1 no GPU or a failure.\n");
 }
@@ -75,13 +81,14 @@ int dw_bench_step(int argc, char **argv) {
                                          {"peak-tflops", required_argument, 0, 't'},
                                          {"recompute", required_argument, 0, 'r'},
                                          {"no-fused-head", no_argument, 0, 'H'},
+                                         {"no-grad-arena", no_argument, 0, 'A'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     long B = 16, T = 1024, steps = 20, warm = 3, V = 0;
     double peak = 989.0;
     const char *precision = "bf16", *config_out = NULL;
     const char *fallback = "head";
-    bool json = false, profile = false, fused_head = true;
+    bool json = false, profile = false, fused_head = true, grad_arena = true;
     int c, recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -113,6 +120,7 @@ int dw_bench_step(int argc, char **argv) {
             if (!cli_parse_recompute(CMD, optarg, &recompute, &recompute_blocks)) return DW_EXIT_USAGE;
             break;
         case 'H': fused_head = false; break;
+        case 'A': grad_arena = false; break;
         case 'h': help(); return DW_EXIT_OK;
         default: return cli_usage_error(CMD);
         }
@@ -167,6 +175,8 @@ int dw_bench_step(int argc, char **argv) {
     dw_compile_opts cpo;
     dw_compile_opts_init(&cpo, sizeof cpo);
     cpo.recompute = recompute, cpo.recompute_blocks = recompute_blocks, cpo.fused_head = fused_head;
+    if (grad_arena) dw_compile_opts_train_arenas(&cpo, 1, 0); /* as `deepwell train` runs a step */
+    else cpo.grad_arena = cpo.bf16_arena = false;
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cpo, &cp);
     dw_step_run_opts ro = {.micro_batch = B, .seq = T, .grad_accum = 1, .warmup = 2 + warm, .steps = steps};
     if (s == DW_OK) s = dw_step_run(ctx, cp, &ro, &run, &e);
@@ -182,11 +192,12 @@ int dw_bench_step(int argc, char **argv) {
     const long long vocab = (long long)dw_graph_vocab(g);
     if (json) {
         printf("{\"impl\": \"deepwell-%s\", \"model\": \"%s\", \"batch\": %ld, \"seq\": %ld, \"vocab\": %lld, "
-               "\"recompute\": \"%s\", \"recompute_blocks\": %d, \"head_chunk\": %lld,\n"
+               "\"recompute\": \"%s\", \"recompute_blocks\": %d, \"head_chunk\": %lld, \"grad_arena\": %s,\n"
                "  \"step_s_median\": %.6f, \"fwd_bwd_s_median\": %.6f, \"step_s_min\": %.6f, \"tokens_per_s\": %.1f,\n"
                "  \"flops_per_token\": %.6g, \"mfu\": %.4f, \"device_mem_gib\": %.3f, \"loss_first\": %.4f, \"loss_last\": %.4f%s\n",
                precision, argv[optind], B, T, vocab, dw_recompute_name((dw_recompute)recompute), recompute_blocks,
-               (long long)dw_compiled_head_chunk(cp), med, fbmed, run.min,
+               (long long)dw_compiled_head_chunk(cp), dw_compiled_pool_bytes(cp, 1) ? "false" : "true", med, fbmed,
+               run.min,
                tps, fpt, mfu, mem_gib,
                loss0, loss, profile ? "," : "}");
     } else {
@@ -198,6 +209,10 @@ int dw_bench_step(int argc, char **argv) {
         if (dw_compiled_head_chunk(cp)) printf("  LM head fused with the loss: %lld rows of logits at a time\n",
                                                (long long)dw_compiled_head_chunk(cp));
         else printf("  LM head and loss apart: the whole B x T x V logits\n");
+        if (!dw_compiled_pool_bytes(cp, 1)) /* pool 1: the gradients */
+            printf("  gradients%s in the activation arena (--no-grad-arena: standing pools)\n",
+                   cpo.bf16_arena && pol ? " and BF16 weight copies" : "");
+        else printf("  gradients in a standing pool\n");
     }
     if (profile) {
         dw_profile *pr = NULL;

@@ -156,7 +156,7 @@ static bool gpu_run(const dw_plan *plan, long steps, long warm, int *fails) {
     dw_compile_opts cpo; /* the plan's recompute and fused head, as its prediction assumed */
     dw_compile_opts_init(&cpo, sizeof cpo);
     cpo.recompute = l->recompute, cpo.fused_head = true;
-    cpo.grad_arena = cpo.grad_arena && v.ga == 1; /* DW_GRAD_ARENA: one micro-batch a step, as the planner priced it */
+    if (!dw_compile_opts_train_arenas(&cpo, v.ga, v.l.zero)) cpo.grad_arena = false; /* as the planner priced it */
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, pol, &cpo, &cp);
     if (s == DW_OK) s = dw_step_run(ctx, cp, &o, &r, NULL);
     dw_compiled_free(cp);
@@ -241,6 +241,11 @@ static bool check(dw_ctx *ctx, const dw_plan *plan, int *fails) {
            "flight) | workspace %.2f | scales %.3f GiB\n",
            gib(m.weights), gib(m.grads), gib(m.optimizer), gib(m.activations), m.inflight, gib(m.workspace),
            gib(m.scales));
+    dw_compile_opts ao; /* the arenas `deepwell train` gives a run of this plan (what the engine's memory priced) */
+    dw_compile_opts_init(&ao, sizeof ao);
+    if (dw_plan_runs_on_engine(plan, NULL) && dw_compile_opts_train_arenas(&ao, ga, v.l.zero) && ao.grad_arena)
+        printf("      gradients%s in the activation arena (`deepwell train`'s default for one micro-batch a step "
+               "under ZeRO 0/1; DW_GRAD_ARENA=0: the pools)\n", ao.bf16_arena ? " and BF16 weight copies" : "");
     double hidden = ck.overlap * k.step;
     verdict(ck.overlap_ok, "overlap", fails);
     printf("      non-overlapped communication %.3g s = %.1f%% of the %.4g s step (TP %.3g, CP %.3g, EP "

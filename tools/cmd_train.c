@@ -41,6 +41,9 @@ enum { O_RECOMPUTE = O_LAST + 96 };
 /* --no-fused-head: not in the record either (the same values; the logits are only held in chunks) */
 enum { O_NO_FUSED_HEAD = O_LAST + 140 };
 static bool fused_head = true;
+/* --no-grad-arena: not in the record either (the same values; only where the gradients live) */
+enum { O_NO_GRAD_ARENA = O_LAST + 170 };
+static bool grad_arena = true;
 /* --moe-bias-update: not in the resume record (the checkpoint's state.json keeps the bias and its γ) */
 enum { O_MOE_BIAS = O_LAST + 120 };
 /* --tokenizer: not in the record either (the run directory keeps its tokenizer.json) */
@@ -185,6 +188,12 @@ static void help(void) {
         "                         over chunks of rows, so the B x T x vocabulary logits never exist\n"
         "                         (the same values on the CPU; docs/perf.md). --sample-every needs\n"
         "                         the logits and turns it off\n"
+        "  --no-grad-arena        keep the FP32 gradients and the BF16 weight copies in standing\n"
+        "                         pools: by default a run of one micro-batch per step (no\n"
+        "                         accumulation) under ZeRO 0 or 1 keeps them in the activation\n"
+        "                         arena, each live only while needed, for less memory and the\n"
+        "                         same values bit for bit (docs/performance.md); DW_GRAD_ARENA=0\n"
+        "                         or DW_BF16_ARENA=0 turns one off\n"
         "  --profile              after the last step, time 3 eager steps of the last micro-batch\n"
         "                         step by step (CUDA events on a GPU, the host clock on the CPU);\n"
         "                         print the largest rows per op kind and per node role (forward\n"
@@ -366,6 +375,7 @@ int cmd_train(int argc, char **argv) {
         {"spike-zscore", required_argument, 0, O_SPIKE_Z}, {"spike-window", required_argument, 0, O_SPIKE_W},
         {"max-rollbacks", required_argument, 0, O_MAX_ROLLBACKS}, {"fp8-amax-history", required_argument, 0, O_AMAX_HIST},
         {"no-fused-head", no_argument, 0, O_NO_FUSED_HEAD}, {"tokenizer", required_argument, 0, O_TOKENIZER},
+        {"no-grad-arena", no_argument, 0, O_NO_GRAD_ARENA},
         {"moe-drop", required_argument, 0, O_MOE_DROP}, {0, 0, 0, 0}};
     static char rank_cmd[48];
     if (dw_dist_env_get(&dist) != DW_OK) {
@@ -414,6 +424,7 @@ int cmd_train(int argc, char **argv) {
             break;
         case O_RECOMPUTE: ok = cli_parse_recompute(CMD, optarg, &recompute, &recompute_blocks); break;
         case O_NO_FUSED_HEAD: fused_head = false; break;
+        case O_NO_GRAD_ARENA: grad_arena = false; break;
         case O_TOKENIZER: tokenizer = optarg; break;
         case O_PROMPT: o.sample_prompt = optarg; break;
         case O_SCHED: {
@@ -664,6 +675,8 @@ static int train_run(dw_train_opts *po, const run_record *rec, const bool *given
     mo.recompute = recompute, mo.recompute_blocks = recompute_blocks;
     mo.fused_head = fused_head && o.sample_every == 0; /* samples read the logits */
     mo.zero = o.zero; /* the engine allocates the rank's ZeRO shards from the start */
+    /* the arenas: one micro-batch a step on each rank (accumulation adds into standing gradients) */
+    mo.grad_arena = grad_arena && o.global_batch == o.batch * dist.world_size;
     dw_model *m = NULL;
     st = dw_model_open(ctx, o.resume ? o.resume : model, &mo, &m);
     if (st != DW_OK) {

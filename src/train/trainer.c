@@ -512,6 +512,10 @@ static dw_status setup(run *r) {
     if (st == DW_OK) st = dw_moe_bias_init(ctx, r->eng, o->moe_bias_update, cdir, &r->bias); /* the checkpoint's b */
     if (st == DW_OK && cdir)
         DW_LOGI("resumed from %s at step %lld of %lld", cdir, (long long)r->step, (long long)o->steps);
+    const dw_compiled *cp = dw_engine_program(r->eng);
+    if (st == DW_OK && cp->grad_arena && r->dp.rank == 0) /* where the memory went (deepwell train's default) */
+        DW_LOGI("memory: the FP32 gradients%s in the activation arena (dw_compile_opts.grad_arena%s)",
+                cp->bf16_arena ? " and the BF16 weight copies" : "", cp->bf16_arena ? ", bf16_arena" : "");
     free(cdir);
     return st;
 }
