@@ -6,7 +6,8 @@
 # cache; under ZeRO-3 every rank recomputes each token's forward, which gathers every parameter
 # into its gather slot as it reaches it. The weights are never whole on any rank: each rank's
 # closing line says its weights pool was at most the shard plus the gather block (the size its
-# sharding line gives, below the whole weights pool) and made whole 0 times.
+# sharding line gives, below the whole weights pool) and made whole 0 times. Also a mixture of
+# experts (qwen3-moe-tiny) with a prompt and validation on 2 ranks, its samples ZeRO-0's.
 set -u
 dw=$1
 . "$(dirname "$0")/zero_common.sh" # the tiny model and text
@@ -60,5 +61,17 @@ done
 [ -s "$tmp/bout3" ] && cmp -s "$tmp/bout0" "$tmp/bout3" && ok "  ... ZeRO-3's samples are ZeRO-0's byte for byte" ||
   bad "  ... BF16 samples differ: $(diff "$tmp/bout0" "$tmp/bout3")"
 shard "$tmp/berr3" 4 && ok "  ... no rank's weights ever whole" || bad "  ... BF16 weights made whole"
+
+# a mixture of experts with RoPE and per-head norms, a prompt and validation between the samples
+moe=(train --model qwen3-moe-tiny --data "$tmp/text.txt" --seq 32 --steps 4 --lr 3e-3 --warmup 1 --eval-every 2
+     --ckpt-every 0 --keep 0 --device cpu --seed $((RANDOM % 1000 + 1)) --batch 1 --sample-every 2 --sample-prompt "the")
+for z in 0 3; do
+  DW_LOG=debug "$dw" launch -n 2 -- "${moe[@]}" --zero $z --out "$tmp/m$z" >"$tmp/mout$z" 2>"$tmp/merr$z"
+  check "qwen3-moe-tiny, 2 ranks, --zero $z, a prompt" 0 $?
+done
+[ "$(grep -c -- '^--- sample after step' "$tmp/mout3")" = 2 ] && cmp -s "$tmp/mout0" "$tmp/mout3" &&
+  ok "  ... ZeRO-3's samples are ZeRO-0's byte for byte" || bad "  ... MoE samples differ: $(diff "$tmp/mout0" "$tmp/mout3")"
+grep "rank [01]/2\] ZeRO-3: this rank's weights pool at most" "$tmp/merr3" | grep -c "made whole 0 times" | grep -qx 2 &&
+  ok "  ... no rank's weights ever whole" || bad "  ... MoE weights made whole"
 
 [ "$fails" -eq 0 ] || exit 1
