@@ -12,7 +12,8 @@
  * test_ops_cuda_moe.c's dW.
  * The public path too (dw_grouped_gemm with dw_grouped_args.overwrite, which grad_arena's first
  * writer of an expert weight sets; not under the emulator, which has no CUDA context): each BF16
- * grouped kernel by name (the TMA epilogues too) and, on sm_90, grouped_fp8block_sm90 on
+ * grouped kernel by name (wgmma's default and 128-column TMA epilogues and its register one,
+ * DW_MOE_WGRAD=old) and, on sm_90, grouped_fp8block_sm90 on
  * fp8_block operands; dW written over NaN equals dW added into zeros (values; the TMA store may
  * keep a -0 the add makes +0), experts without rows zeros, added into a random dW it is that dW
  * plus the zeros' result (one FP32 add, exact), and against the CPU reference written over NaN
@@ -203,7 +204,7 @@ static int64_t routing(int32_t *off, int64_t E, int64_t most) {
 }
 
 /* BF16 operands x [R, K], dy [R, M] through kernel `backend` (DW_MOE_WGRAD=epi for the wgmma one's
- * epilogue; NULL: the default). */
+ * epilogue: old, tma; NULL: the default). */
 static int64_t bf16_case(dw_ctx *gpu, const char *backend, const char *epi, int64_t E, int64_t M, int64_t K) {
     int32_t *off = malloc((size_t)(E + 1) * 4);
     const int64_t R = routing(off, E, 150), n = E * M * K;
@@ -266,9 +267,9 @@ static void test_grouped_overwrite(void **state) {
     bad += bf16_case(gpu, "grouped_cuda_simt", NULL, 8, 40, 72);
     if (sm >= 80) bad += bf16_case(gpu, "grouped_mma_sm80", NULL, 8, 200, 136);
     if (sm == 90) {
-        bad += bf16_case(gpu, "grouped_wgmma_sm90", NULL, 8, 200, 136);
+        bad += bf16_case(gpu, "grouped_wgmma_sm90", NULL, 8, 200, 136); /* the default: TMA, 256 columns */
         bad += bf16_case(gpu, "grouped_wgmma_sm90", "tma", 8, 200, 392);
-        bad += bf16_case(gpu, "grouped_wgmma_sm90", "256", 64, 264, 328);
+        bad += bf16_case(gpu, "grouped_wgmma_sm90", "old", 64, 264, 328); /* the register epilogue */
         if (moe_fp8) {
             bad += fp8_case(cpu, gpu, 8, 256, 384);
             bad += fp8_case(cpu, gpu, 3, 128, 128);
