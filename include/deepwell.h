@@ -629,10 +629,12 @@ typedef struct {
      * rows from column 128 * sum over e' < e of ceil(count_e' / 128) on, zero-padded to the next
      * multiple of 128, P = 128 * (rows/128 + experts) (src/gemm/grouped_fp8.h makes them); out dW
      * FP32. k and m multiples of 128. NULL for bf16.
-     * recipe mxfp8 (fprop, dgrad): the scales are UE8M0 bytes (FORMATS.md's mxfp8), one per 1x32
-     * block along the reduction, passed through these pointers: x_scales [rows, k/32], fprop's
-     * w_scales [experts, m, k/32]; dy_scales [rows, m/32], dgrad's W^T copy [experts, k, m] with
-     * w_scales [experts, k, m/32]; k and m multiples of 32 (src/gemm/grouped_mxfp8.h). */
+     * recipe mxfp8: the scales are UE8M0 bytes (FORMATS.md's mxfp8), one per 1x32 block along
+     * the reduction, passed through these pointers: x_scales [rows, k/32], fprop's w_scales
+     * [experts, m, k/32]; dy_scales [rows, m/32], dgrad's W^T copy [experts, k, m] with w_scales
+     * [experts, k, m/32]; wgrad as fp8_block's with each expert's rows padded to 32: x [k, P],
+     * x_scales [k, P/32], dy [m, P], dy_scales [m, P/32], P = 32 * (rows/32 + experts); k and m
+     * multiples of 32 (src/gemm/grouped_mxfp8.h makes them). */
     const float *x_scales, *w_scales, *dy_scales;
     /* wgrad: true writes dW_e = dy_e^T x_e over out (whatever it held, NaN included; zeros for an
      * expert without rows) instead of adding into it; false (a zeroed struct's) adds, as before.

@@ -1,23 +1,23 @@
-/* grouped_mxfp8.c — the MXFP8 grouped expert GEMM in the registry (grouped_mxfp8.h): fprop and
- * dgrad on E4M3 codes with a UE8M0 scale per 1x32 along the reduction dimension. Each entry's rule
- * is stated once here: the CPU reference (kernels/cpu/moe_cpu.c: the exact values' products and
- * sums in double) and, on Hopper (and Ampere), the dense mxfp8 recipe's route there — every code x
- * scale dequantised exactly to BF16 (an E4M3 code has 4 significant bits and a UE8M0 scale is a
- * power of two, so the product is a BF16 value unless the scale is below 2^-124 or the product
- * overflows), then the BF16 grouped GEMM the registry selects (dgrad as an fprop on W^T's copy).
- * Not run on a GPU yet (tests/gpu/test_grouped_mxfp8.c is the check). wgrad has no entry: its
- * operands (dy^T, x^T in 1x32 blocks along each expert's rows) have no quantiser or layout yet. */
+/* grouped_mxfp8.c — the MXFP8 grouped expert GEMM in the registry (grouped_mxfp8.h): fprop, dgrad
+ * and wgrad on E4M3 codes with a UE8M0 scale per 1x32 along the reduction dimension (wgrad's: the
+ * tokens, each expert's rows padded to 32). Each entry's rule is stated once here: the CPU
+ * reference (kernels/cpu/moe_cpu.c, grouped_mxfp8_cpu.c: the exact values' products and sums in
+ * double) and, on Hopper (and Ampere), the dense mxfp8 recipe's route there — every code x scale
+ * dequantised exactly to BF16 (an E4M3 code has 4 significant bits and a UE8M0 scale is a power of
+ * two, so the product is a BF16 value unless the scale is below 2^-124 or the product overflows),
+ * then the BF16 grouped GEMM (dgrad as an fprop on W^T's copy; wgrad on dy^T and x^T dequantised
+ * back into rows). Not run on a GPU yet (tests/gpu/test_grouped_mxfp8.c is the check). */
 #include <stdint.h>
 
 #include "core/ctx.h"
 #include "core/error.h"
 #include "gemm/grouped.h"
 #include "gemm/grouped_mxfp8.h"
+#include "kernels/cpu/grouped_mxfp8_cpu.h"
 #include "kernels/cpu/moe_fp8_cpu.h"
 
 /* ---- the rules ------------------------------------------------------------------------------- */
 static bool mx_shape(const dw_grouped_args *a, const char **why) {
-    if (a->pass == DW_GEMM_WGRAD) return *why = "no mxfp8 wgrad (dy^T, x^T 1x32 along each expert's rows) yet", false;
     if (a->k % 32 || a->m % 32) return *why = "K and M must be multiples of 32 (one UE8M0 scale per 32)", false;
     return true;
 }
@@ -30,6 +30,7 @@ static bool dequant_eligible(const dw_grouped_args *a, void *user, const char **
     if (!mx_shape(a, why)) return false;
     const int64_t n = a->pass == DW_GEMM_FPROP ? a->m : a->k;
     if (a->experts > 65535 || (n + 63) / 64 > 65535) return *why = "at most 65535 experts and column tiles", false;
+    if (a->pass == DW_GEMM_WGRAD && (a->rows + 31) / 32 > 65535) return *why = "at most 65535 row tiles", false;
     return true;
 }
 
@@ -37,6 +38,12 @@ static bool dequant_eligible(const dw_grouped_args *a, void *user, const char **
 static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
     (void)user;
     DW_TRY(dw_grouped_check_host_offsets(ctx, a));
+    if (a->pass == DW_GEMM_WGRAD) { /* dy^T (m, P) against x^T (k, P), 32-padded per expert */
+        dw_cpu_moe_linear_mxfp8_wgrad(a->out, a->dy, dw_grouped_mx_scales(a->dy_scales), a->x,
+                                      dw_grouped_mx_scales(a->x_scales), a->offsets, a->experts, a->m, a->k,
+                                      dw_grouped_mxfp8_wgrad_cols(a->rows, a->experts));
+        return DW_OK;
+    }
     const bool fprop = a->pass == DW_GEMM_FPROP;
     dw_cpu_moe_linear_mxfp8(a->out, fprop ? a->x : a->dy, dw_grouped_mx_scales(fprop ? a->x_scales : a->dy_scales),
                             a->w, dw_grouped_mx_scales(a->w_scales), a->offsets, a->rows, a->experts,
@@ -50,7 +57,36 @@ static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
 
 #include "core/cuda_check.h"
 #include "gemm/gemm_cuda.h"
+#include "kernels/cuda/grouped_mxfp8_cuda.h"
 #include "kernels/cuda/ops_cuda.h"
+
+/* wgrad: dy^T (m, P) and x^T (k, P) dequantised back into BF16 rows dy [R, m], x [R, k] (rows past
+ * the groups zero), then the BF16 grouped wgrad dW_e += dy_e^T x_e, FP32 accumulated. */
+static dw_status dequant_wgrad(dw_ctx *ctx, const dw_grouped_args *a, cudaStream_t stream) {
+    const int64_t R = a->rows, E = a->experts, M = a->m, K = a->k, P = dw_grouped_mxfp8_wgrad_cols(R, E);
+    char *buf = NULL; /* pad (E+1) int64, then dy [R, M] and x [R, K] BF16 */
+    const size_t pad_bytes = ((size_t)(E + 1) * 8 + 15) & ~(size_t)15;
+    DW_CUDA_CHECK(ctx, cudaMallocAsync((void **)&buf, pad_bytes + (size_t)(R * (M + K)) * 2 + 16, stream));
+    int64_t *pad = (int64_t *)buf;
+    uint16_t *dy = (uint16_t *)(buf + pad_bytes), *x = dy + R * M;
+    int err = dw_moe_mx_dequant_cols_bf16(a->dy, dw_grouped_mx_scales(a->dy_scales), a->offsets, R, E, M, P, pad, dy,
+                                          stream);
+    if (!err)
+        err = dw_moe_mx_dequant_cols_bf16(a->x, dw_grouped_mx_scales(a->x_scales), a->offsets, R, E, K, P, pad, x,
+                                          stream);
+    dw_status s = err ? dw_set_error(ctx, DW_ERR_CUDA, "grouped mxfp8 wgrad: dequantising dy^T, x^T: %s",
+                                     cudaGetErrorString((cudaError_t)err))
+                      : DW_OK;
+    if (s == DW_OK) {
+        const dw_moe_gemm_args g = {.pass = DW_MOE_WGRAD, .x = x, .dy = dy, .out = a->out, .offsets = a->offsets,
+                                    .R = R, .E = E, .K = K, .M = M, .kernel = DW_MOE_KERNEL_AUTO};
+        s = dw_cuda_moe_gemm(ctx, DW_ACT_BF16, &g, stream);
+    }
+    const cudaError_t f = cudaFreeAsync(buf, stream);
+    if (s == DW_OK && f != cudaSuccess)
+        s = dw_set_error(ctx, DW_ERR_CUDA, "grouped mxfp8 wgrad: cudaFreeAsync: %s", cudaGetErrorString(f));
+    return s;
+}
 
 /* fprop y = x W^T and dgrad dx = dy (W^T's copy)^T are both "rows times W^T" over L (the reduction)
  * into N columns: the activation [rows, L] and W [experts N, L] dequantised into one stream-ordered
@@ -60,6 +96,7 @@ static dw_status dequant_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) 
     void *sp = NULL;
     DW_TRY(dw_ctx_stream(ctx, &sp));
     cudaStream_t stream = sp;
+    if (a->pass == DW_GEMM_WGRAD) return dequant_wgrad(ctx, a, stream);
     const bool fprop = a->pass == DW_GEMM_FPROP;
     const int64_t L = fprop ? a->k : a->m, N = fprop ? a->m : a->k, R = a->rows, E = a->experts;
     uint16_t *buf = NULL; /* [R, L] then [E N, L], BF16 */

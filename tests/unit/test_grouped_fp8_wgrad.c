@@ -23,44 +23,11 @@
 #include "test_grouped_fp8.h"
 #include "testutil.h"
 
-/* Routings 0..3 as route() (random, all to one, odd experts empty, one row); 4: every group's size
- * one of 0, 1, 127, 128, 129, 256 (blocks filled exactly, by one row more or less). R: the rows
- * (some left past the groups); returns it. */
-static int64_t routing(int kind, int64_t E, int32_t *off) {
-    static const int sizes[] = {0, 1, 127, 128, 129, 256};
-    if (kind < 4) {
-        const int64_t R = kind == 3 ? dw_test_rnd(1, 3) : dw_test_rnd(2, 400);
-        route(kind, E, R, off);
-        return R;
-    }
-    off[0] = 0;
-    for (int64_t e = 0; e < E; e++) off[e + 1] = off[e] + sizes[dw_test_rnd(0, 5)];
-    return off[E] + dw_test_rnd(0, 5);
-}
-
-/* grouped_fp8.h's padded layout, written again: the first column of each expert's rows. */
-static int64_t *padded_starts(const int32_t *off, int64_t E) {
-    int64_t *pad = malloc((size_t)(E + 1) * sizeof *pad);
-    pad[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t n = off[e + 1] - off[e];
-        pad[e + 1] = pad[e] + 128 * (n / 128 + (n % 128 != 0));
-    }
-    return pad;
-}
-
-/* x (R, C) with NaN in the rows past the groups (the quantiser must not read them). */
-static float *operand(int64_t R, int64_t C, const int32_t *off, int64_t E) {
-    float *x = randv(R * C, true);
-    for (int64_t i = (int64_t)off[E] * C; i < R * C; i++) x[i] = NAN;
-    return x;
-}
-
 /* The codes and scales of x^T in the padded layout against the rule; the number of mismatches. */
 static int64_t check_cols(const float *x, const uint8_t *codes, const float *scales, const int32_t *off, int64_t R,
                           int64_t E, int64_t C) {
     const int64_t P = dw_grouped_fp8_wgrad_cols(R, E), PB = P / 128;
-    int64_t *pad = padded_starts(off, E), bad = pad[E] > P;
+    int64_t *pad = padded_starts(off, E, 128), bad = pad[E] > P;
     for (int64_t c = 0; c < C; c++) {
         for (int64_t e = 0; e < E; e++)
             for (int64_t b = 0; pad[e] + 128 * b < pad[e + 1]; b++) {
@@ -85,8 +52,8 @@ static void test_quantiser(void **state) {
     for (int kind = 0; kind < 5; kind++) {
         const int64_t E = kind == 3 ? dw_test_rnd(1, 3) : dw_test_rnd(1, 6), C = 128 * dw_test_rnd(1, 2);
         int32_t *off = malloc((size_t)(E + 1) * 4);
-        const int64_t R = routing(kind, E, off), P = dw_grouped_fp8_wgrad_cols(R, E);
-        float *x = operand(R, C, off, E), *s = malloc((size_t)(C * P / 128) * 4);
+        const int64_t R = wgrad_routing(kind, E, 128, off), P = dw_grouped_fp8_wgrad_cols(R, E);
+        float *x = wgrad_operand(R, C, off, E), *s = malloc((size_t)(C * P / 128) * 4);
         uint8_t *c = malloc((size_t)(C * P));
         memset(c, 0xAB, (size_t)(C * P)); /* poisoned: every code and scale must be written */
         for (int64_t i = 0; i < C * P / 128; i++) s[i] = NAN;
@@ -113,8 +80,8 @@ static void check_wgrad(int kind) {
     const int64_t E = kind == 3 ? dw_test_rnd(1, 3) : dw_test_rnd(1, 5), M = 128 * dw_test_rnd(1, 2),
                   K = 128 * dw_test_rnd(1, 2);
     int32_t *off = malloc((size_t)(E + 1) * 4);
-    const int64_t R = routing(kind, E, off), P = dw_grouped_fp8_wgrad_cols(R, E), PB = P / 128;
-    float *dy = operand(R, M, off, E), *x = operand(R, K, off, E);
+    const int64_t R = wgrad_routing(kind, E, 128, off), P = dw_grouped_fp8_wgrad_cols(R, E), PB = P / 128;
+    float *dy = wgrad_operand(R, M, off, E), *x = wgrad_operand(R, K, off, E);
     uint8_t *dyc = malloc((size_t)(M * P)), *xc = malloc((size_t)(K * P));
     float *dys = malloc((size_t)(M * PB) * 4), *xs = malloc((size_t)(K * PB) * 4);
     assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(CTX, dy, off, R, E, M, dyc, dys), DW_OK);
@@ -128,7 +95,7 @@ static void check_wgrad(int kind) {
     assert_int_equal(dw_grouped_select(CTX, &a, &name), DW_OK);
     assert_string_equal(name, "grouped_cpu_fp8_block");
     assert_int_equal(dw_grouped_gemm(CTX, &a), DW_OK);
-    int64_t *pad = padded_starts(off, E), bad = 0;
+    int64_t *pad = padded_starts(off, E, 128), bad = 0;
     for (int64_t e = 0; e < E; e++) {
         double err2 = 0, ref2 = 0;
         for (int64_t m = 0; m < M; m++)

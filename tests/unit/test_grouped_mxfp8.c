@@ -7,8 +7,8 @@
  * with skewed routings (every row to one expert, empty
  * experts, a single row, rows past the groups, which must come back 0 from a NaN-poisoned output),
  * blocks of one scale each and a 2^40 spread of scales within a row. The registry's rules: the CPU
- * entry selected on a CPU context; K or M not a multiple of 32 and wgrad refused with their
- * reasons; missing scales refused naming them; on CUDA the dequantising entry on sm_80..99 (as the
+ * entry selected on a CPU context (wgrad too; its own test is test_mxfp8_grouped_wgrad.c); K or M
+ * not a multiple of 32 refused with the reason; missing scales refused naming them; on CUDA the dequantising entry on sm_80..99 (as the
  * dense mxfp8 recipe's deepwell_mx_dequant_bf16) and no mxfp8 entry on sm_100. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -116,8 +116,8 @@ static void test_rules(void **state) {
     assert_null(name);
     explains(&a, "K and M must be multiples of 32");
     a.k = 64, a.pass = DW_GEMM_WGRAD, a.dy = buf, a.dy_scales = (const float *)(void *)buf;
-    explains(&a, "no mxfp8 wgrad");
-    assert_int_equal(dw_grouped_select(CTX, &a, &name), DW_ERR_UNSUPPORTED);
+    assert_int_equal(dw_grouped_select(CTX, &a, &name), DW_OK); /* wgrad: test_mxfp8_grouped_wgrad.c */
+    assert_string_equal(name, "grouped_cpu_mxfp8");
     a.pass = DW_GEMM_DGRAD, a.dy_scales = NULL;
     assert_int_equal(dw_grouped_gemm(CTX, &a), DW_ERR_INVALID);
     if (!strstr(dw_errmsg(CTX), "in mxfp8: needs w_scales dy_scales")) fail_msg("missing scales: %s", dw_errmsg(CTX));
