@@ -5,10 +5,12 @@
  * candidate for `deepwell compile --explain`. A node whose policy recipe is fp8_block (or
  * fp8_block2d) asks first for an fp8_block kernel per pass (1x128 activations, 128x128 expert
  * weights) and falls back to BF16 with the reasons the registry gave (a non-multiple of 128, no
- * fp8_block wgrad, the sm_90 kernel switched off by DW_MOE_FP8=0, another architecture); any other
- * quantised recipe falls back to BF16 without asking (the engine's expert operands are fp8_block's;
- * the registry's mxfp8 grouped kernels are not wired in). No kernel for a pass is a
- * compile error naming the node. */
+ * fp8_block wgrad, the sm_90 kernel switched off by DW_MOE_FP8=0, another architecture); an mxfp8
+ * node asks for an mxfp8 kernel per pass the same way (1x32 UE8M0 blocks: x, dy along their rows,
+ * W along K, W^T along M, wgrad's dy^T, x^T along each expert's 32-padded rows; K or M not a
+ * multiple of 32, or a target with no mxfp8 entry, falls back to BF16 with the reason); any other
+ * quantised recipe falls back to BF16 without asking (the engine's expert operands are fp8_block's
+ * and mxfp8's). No kernel for a pass is a compile error naming the node. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 #include "core/error.h"
 #include "gemm/grouped.h"
 #include "gemm/grouped_fp8.h"
+#include "gemm/grouped_mxfp8.h"
 
 dw_recipe dw_compile_moe_recipe(const dw_compiled *c, int i) {
     const dw_recipe r = c->node[i].bind.recipe;
@@ -47,6 +50,7 @@ static bool takes_recipe(const char *name, int nl, dw_recipe r) {
     const dw_grouped_kernel_desc *d[64];
     int n = dw_grouped_builtin_kernels(d, 64);
     n += dw_grouped_fp8_kernels(d + n, 64 - n);
+    n += dw_grouped_mxfp8_kernels(d + n, 64 - n);
     for (int i = 0; i < n; i++)
         if ((int)strlen(d[i]->name) == nl && !strncmp(d[i]->name, name, (size_t)nl))
             return d[i]->recipe < 0 || d[i]->recipe == (int32_t)r;
@@ -76,7 +80,7 @@ static void fallback_reasons(const char *log, dw_recipe r, char *out, size_t n) 
         }
         l = e ? e + 1 : end;
     }
-    if (!out[0]) snprintf(out, n, "no registered grouped kernel takes %s (the grouped GEMMs are bf16 and fp8_block)",
+    if (!out[0]) snprintf(out, n, "no registered grouped kernel takes %s (the grouped GEMMs are bf16, fp8_block and mxfp8)",
                           dw_recipe_name(r));
 }
 
@@ -96,11 +100,12 @@ static const char *forced_backend(const dw_compiled *c, const char **bad) {
 
 static const char *const pass_names[DW_QPASS_COUNT] = {"fprop", "dgrad", "wgrad"};
 
-/* Why a quantised recipe other than fp8_block keeps the experts BF16: the MoE linear layer's
- * operands and weight cache (runtime/moe_fp8.h) are fp8_block's; the registry's mxfp8 grouped
- * kernels (src/gemm/grouped_mxfp8.c) are not wired into it. */
-static const char engine_recipes[] = "the MoE layers run their experts quantised in fp8_block only (the mxfp8 "
-                                     "grouped kernels are in the registry, not in the engine yet)";
+/* Why a quantised recipe other than fp8_block and mxfp8 keeps the experts BF16: the MoE linear
+ * layer's operands and weight cache (runtime/moe_fp8.h) are those two recipes'. */
+static const char engine_recipes[] = "the MoE layers run their experts quantised in fp8_block and mxfp8 only";
+
+/* Whether the engine runs experts in recipe r (the registry is then asked for a kernel). */
+static bool engine_recipe(dw_recipe r) { return r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_MXFP8; }
 
 /* Node i's note (compile --report): per pass quantised with its kernel, or the BF16 fallback and why. */
 static dw_status grouped_note(dw_ctx *ctx, dw_compiled *c, int i, char why[DW_QPASS_COUNT][1024]) {
@@ -127,7 +132,7 @@ dw_status dw_compile_bind_grouped(dw_ctx *ctx, dw_compiled *c, int i) {
     for (int p = 0; p < DW_QPASS_COUNT; p++) {
         b->quantised[p] = false;
         why[p][0] = '\0';
-        if (rq != DW_RECIPE_BF16 && rq != DW_RECIPE_FP8_BLOCK) { /* the registry's mxfp8 kernels: no engine path yet */
+        if (rq != DW_RECIPE_BF16 && !engine_recipe(rq)) { /* no engine path for its operands */
             snprintf(why[p], sizeof why[p], "%s", engine_recipes);
         } else if (rq != DW_RECIPE_BF16) { /* the policy's recipe first; DW_MOE_GEMM names BF16 kernels only */
             dw_grouped_args q = node_args(c, i, p, rq);
@@ -170,7 +175,12 @@ void dw_compile_explain_grouped(const dw_compiled *c, int i, FILE *f) {
         fprintf(f, "     recipe %s (policy: %s)%s; the router stays BF16/FP32\n", dw_recipe_name(b->recipe),
                 b->reason == DW_POLICY_BY_RULE ? "rule" : dw_policy_reason_text(b->reason),
                 rq == DW_RECIPE_FP8_BLOCK ? ": where a pass runs in fp8_block, x and dy are quantised 1x128 per call "
-                                            "and W, W^T 128x128 per expert once per weight update" : "");
+                                            "and W, W^T 128x128 per expert once per weight update"
+                : rq == DW_RECIPE_MXFP8 ? ": where a pass runs in mxfp8, x and dy (wgrad: dy^T, x^T along each "
+                                          "expert's 32-padded rows) are quantised 1x32 per call and W, W^T 1x32 "
+                                          "once per weight update" : "");
+    else if (c->bf16 && b->reason != DW_POLICY_BY_DEFAULT) /* a quantised program keeps these experts BF16 */
+        fprintf(f, "     recipe bf16 (policy: %s)\n", dw_policy_reason_text(b->reason));
     for (int p = 0; p < DW_QPASS_COUNT; p++) {
         dw_grouped_args a = node_args(c, i, p, DW_RECIPE_BF16);
         fprintf(f, "     %s: rows %lld, %lld experts, K %lld -> M %lld, %s%s\n", pass_names[p], (long long)a.rows,
@@ -187,7 +197,7 @@ void dw_compile_explain_grouped(const dw_compiled *c, int i, FILE *f) {
                 continue;
             }
             char why[1024];
-            if (rq == DW_RECIPE_FP8_BLOCK) fallback_reasons(log, rq, why, sizeof why);
+            if (engine_recipe(rq)) fallback_reasons(log, rq, why, sizeof why);
             else snprintf(why, sizeof why, "%s", engine_recipes);
             fprintf(f, "       BF16 fallback: %s\n       in bf16:\n", why);
         }

@@ -8,8 +8,8 @@
 #include "compile/program.h"
 
 /* The recipe moe_linear node i asks of the grouped registry: fp8_block for a node whose policy
- * recipe is fp8_block or fp8_block2d (x, dy 1x128; W, W^T 128x128 per expert), the node's recipe
- * for another quantised one (no grouped kernel takes it: BF16 fallback), BF16 otherwise (a BF16
+ * recipe is fp8_block or fp8_block2d (x, dy 1x128; W, W^T 128x128 per expert), mxfp8 for mxfp8
+ * (every operand 1x32), the node's recipe for another quantised one (BF16 fallback), BF16 otherwise (a BF16
  * node, FP32 mode). Whether each pass runs in it is the binding's quantised[]. */
 dw_recipe dw_compile_moe_recipe(const dw_compiled *c, int i);
 /* Node i (a moe_linear): the registry's grouped kernel per pass for the target, into its

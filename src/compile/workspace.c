@@ -5,6 +5,7 @@
 #include "compile/passes.h"
 #include "core/error.h"
 #include "gemm/grouped_fp8.h"
+#include "gemm/grouped_mxfp8.h"
 #include "ir/float_graph.h"
 #include "kernels/cuda/nvfp4_cuda.h" /* DW_NVFP4_CUDA_WORKSPACE_BYTES (plain C) */
 
@@ -38,23 +39,27 @@ static bool quantised_linear(const dw_compiled *c, int i) {
 /* A MoE linear layer (bind_grouped.c) with a pass in fp8_block: x [R,K] and dy [R,M] 1x128 along
  * their rows in the rows slot (fprop, dgrad); an fp8_block wgrad's dy^T [M,P] and x^T [K,P] in the
  * dy^T and x^T slots, each expert's rows padded to 128 (P: grouped_fp8.h); its cached W [E,M,K]
- * and W^T [E,K,M] codes with their 128x128 scales per expert (E M/128 K/128 floats). */
+ * and W^T [E,K,M] codes with their 128x128 scales per expert (E M/128 K/128 floats). In mxfp8 the
+ * same slots with 1x32 UE8M0 blocks: groups padded to 32 (grouped_mxfp8.h), E M K/32 scale bytes
+ * for W and for W^T. */
 static void layout_moe_fp8(dw_compiled *c, int i, qsize *rows, qsize *dyt, qsize *xt, int64_t *o) {
     const dw_node_binding *b = &c->node[i].bind;
     if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD] && !b->quantised[DW_QPASS_WGRAD]) return;
     const dw_ir_tensor *w = &c->g->tensors[c->g->nodes[i].in[1]];
     const int64_t R = c->tensor[c->g->nodes[i].in[0]].rows_cap, E = w->shape[0], M = w->shape[1], K = w->shape[2];
+    const dw_recipe r = dw_compile_quant_act_recipe(b->recipe); /* fp8_block or mxfp8 */
+    const bool mx = r == DW_RECIPE_MXFP8;
     if (b->quantised[DW_QPASS_FPROP] || b->quantised[DW_QPASS_DGRAD]) {
-        qsize_fit(rows, DW_RECIPE_FP8_BLOCK, R, K);
-        qsize_fit(rows, DW_RECIPE_FP8_BLOCK, R, M);
+        qsize_fit(rows, r, R, K);
+        qsize_fit(rows, r, R, M);
     }
     if (b->quantised[DW_QPASS_WGRAD]) {
-        const int64_t P = dw_grouped_fp8_wgrad_cols(R, E);
-        qsize_fit(dyt, DW_RECIPE_FP8_BLOCK, M, P);
-        qsize_fit(xt, DW_RECIPE_FP8_BLOCK, K, P);
+        const int64_t P = mx ? dw_grouped_mxfp8_wgrad_cols(R, E) : dw_grouped_fp8_wgrad_cols(R, E);
+        qsize_fit(dyt, r, M, P);
+        qsize_fit(xt, r, K, P);
     }
     if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD]) return; /* no weight read quantised */
-    const qsize wsz = {E * M * K, E * (M / 128) * (K / 128) * 4};
+    const qsize wsz = {E * M * K, mx ? E * M * K / 32 : E * (M / 128) * (K / 128) * 4};
     c->node[i].wq[0] = qslot_place(wsz, o);
     c->node[i].wq[1] = qslot_place(wsz, o);
 }

@@ -470,6 +470,17 @@ float *dw_test_param_read(dw_engine *e, const char *name, int *index) {
     return NULL;
 }
 
+float *dw_test_act_grad_read(const dw_engine *e, int t, int64_t n) {
+    const dw_compiled *p = e->p;
+    if (p->tensor[t].grad_off < 0) abort();
+    const char *src = e->x->act + p->tensor[t].grad_off;
+    float *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
+    if (!out) abort();
+    for (int64_t i = 0; i < n; i++)
+        out[i] = p->act_size == 2 ? dw_decode_bf16(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    return out;
+}
+
 int64_t dw_test_fd_param(dw_engine *e, const char *name, const int32_t *x, const int32_t *y, int64_t B, int64_t T,
                          int watch, float h, double atol, double rel, double *gmax, int64_t *compared) {
     int p = -1;

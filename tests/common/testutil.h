@@ -120,6 +120,9 @@ void dw_test_random_params(dw_engine *e, dw_test_rng *r, float sd, const char *w
 /* Parameter `name` of e read back into a new array (free it); its index into *index (may be
  * NULL). NULL when e has no such parameter. */
 float *dw_test_param_read(dw_engine *e, const char *name, int *index);
+/* Activation tensor t's gradient (n values) read from a CPU engine's arena as FP32 (a BF16
+ * program's widened), into a new array (free it); aborts when t has no gradient. */
+float *dw_test_act_grad_read(const dw_engine *e, int t, int64_t n);
 /* Central differences, step h, of e's loss on (x, y) for every element of parameter `name`,
  * against the gradient e holds (run forward_backward first). An element whose +-h forwards change
  * int32 tensor `watch` (-1: none; a router's experts) sits at a kink and is not compared. Fills

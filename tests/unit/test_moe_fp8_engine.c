@@ -64,17 +64,6 @@ static int node_named(const dw_graph *g, const char *name) {
     return -1;
 }
 
-/* Activation tensor t's gradient (rows x width) as FP32, read from the CPU arena. */
-static float *read_grad(const dw_engine *e, int t, int64_t n) {
-    const dw_compiled *p = e->p;
-    assert_true(p->tensor[t].grad_off >= 0);
-    const char *src = e->x->act + p->tensor[t].grad_off;
-    float *out = malloc((size_t)n * sizeof *out);
-    for (int64_t i = 0; i < n; i++)
-        out[i] = p->act_size == 2 ? dw_decode_bf16(((const uint16_t *)src)[i]) : ((const float *)src)[i];
-    return out;
-}
-
 static float *read_value(dw_engine *e, int t, int64_t n) {
     float *v = malloc((size_t)n * sizeof *v);
     assert_int_equal(dw_engine_read_value(e, t, v), DW_OK);
@@ -204,7 +193,7 @@ static void check_node_exact(dw_test_model *m, const char *name, int64_t B, int6
         if (p->steps[s].node != node || p->steps[s].kind != DW_STEP_BWD) continue;
         seen = true;
         assert_int_equal(p->node[node].grad_mode[0], DW_GRAD_WRITE); /* dx lands in its own buffer */
-        float *dy = read_grad(e, n->out[0], R * M), *dx = read_grad(e, n->in[0], R * K);
+        float *dy = dw_test_act_grad_read(e, n->out[0], R * M), *dx = dw_test_act_grad_read(e, n->in[0], R * K);
         assert_int_equal(dw_grouped_fp8_quantize_rows_cpu(CTX, dy, R, M, codes, sc), DW_OK);
         const dw_qslot_layout *l = &p->work.q_rows;
         bad += same_bytes("dy codes", x->work + l->off, codes, (size_t)(R * M));

@@ -2,8 +2,8 @@
  * weights in the program's activation dtype and int32 experts; its backward recomputes the scores
  * and reads the experts the forward chose), dispatch, the grouped expert linear layer (through
  * dw_grouped_gemm; BF16 programs read the BF16 weight copies, as the dense linear does; passes
- * the compiler bound to fp8_block quantise x and dy 1x128 per call and read the node's weight
- * cache, which dw_cpu_moe_quant_weight refreshes) and combine. An output gradient no consumer sent (dout NULL) counts as zeros. */
+ * the compiler bound to fp8_block or mxfp8 quantise x and dy (1x128 or 1x32) per call and read
+ * the node's weight cache, which dw_cpu_moe_quant_weight refreshes) and combine. An output gradient no consumer sent (dout NULL) counts as zeros. */
 #include <math.h>
 #include <string.h>
 
@@ -11,6 +11,7 @@
 #include "formats/formats.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "gemm/grouped_fp8.h"
+#include "gemm/grouped_mxfp8.h"
 #include "runtime/cpu/cpu.h"
 #include "runtime/moe_fp8.h"
 
@@ -100,29 +101,36 @@ static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
     return a;
 }
 
-/* fp8_block operands: v [R, C] quantised 1x128 along its rows (every one of the R rows, as the
- * CUDA quantiser does) into the rows slot (moe_fp8.h). */
-static dw_status quant_rows(dw_backend *be, const dw_op_call *c, const float *v, int64_t R, int64_t C,
+/* Quantised operands in recipe r (fp8_block or mxfp8): v [R, C] along its rows (every one of the R
+ * rows, as the CUDA quantiser does) into the rows slot (moe_fp8.h). */
+static dw_status quant_rows(dw_backend *be, const dw_op_call *c, dw_recipe r, const float *v, int64_t R, int64_t C,
                             const void **codes, const float **scales) {
     dw_moe_fp8_slot s;
     DW_TRY(dw_moe_fp8_operand(be->ctx, c, DW_MOE_FP8_ROWS, R, C, &s));
     *codes = s.codes, *scales = s.scales;
+    if (r == DW_RECIPE_MXFP8) return dw_grouped_mxfp8_quantize_rows_cpu(be->ctx, v, R, C, s.codes, dw_moe_mx_scales(s));
     return dw_grouped_fp8_quantize_rows_cpu(be->ctx, v, R, C, s.codes, s.scales);
 }
-/* An fp8_block wgrad's operand: v [R, C] as v^T [C, P] with each expert's rows padded to 128
- * (grouped_fp8.h), 1x128 blocks along them, into the slot of `role` (dy^T, x^T). */
-static dw_status quant_cols(dw_backend *be, const dw_op_call *c, dw_moe_fp8_role role, const float *v, int64_t R,
-                            int64_t C, const void **codes, const float **scales) {
+/* A quantised wgrad's operand: v [R, C] as v^T [C, P] with each expert's rows padded to the block
+ * (grouped_fp8.h, grouped_mxfp8.h), blocks along them, into the slot of `role` (dy^T, x^T). */
+static dw_status quant_cols(dw_backend *be, const dw_op_call *c, dw_recipe r, dw_moe_fp8_role role, const float *v,
+                            int64_t R, int64_t C, const void **codes, const float **scales) {
     dw_moe_fp8_slot s;
     DW_TRY(dw_moe_fp8_operand(be->ctx, c, role, R, C, &s));
     *codes = s.codes, *scales = s.scales;
-    return dw_grouped_fp8_quantize_cols_cpu(be->ctx, v, (const int32_t *)c->in[2], R,
-                                            c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
+    const int64_t E = c->x->g->tensors[c->n->in[1]].shape[0];
+    const int32_t *off = (const int32_t *)c->in[2];
+    if (r == DW_RECIPE_MXFP8)
+        return dw_grouped_mxfp8_quantize_cols_cpu(be->ctx, v, off, R, E, C, s.codes, dw_moe_mx_scales(s));
+    return dw_grouped_fp8_quantize_cols_cpu(be->ctx, v, off, R, E, C, s.codes, s.scales);
 }
 
 dw_status dw_cpu_moe_quant_weight(dw_backend *be, const dw_exec *x, int node) {
     dw_moe_fp8_weight_job j;
     if (!dw_moe_fp8_weight_job_of(x, node, &j)) return DW_OK;
+    if (j.recipe == DW_RECIPE_MXFP8)
+        return dw_grouped_mxfp8_quantize_weights_cpu(be->ctx, j.w, j.experts, j.m, j.k, j.q.codes,
+                                                     dw_moe_mx_scales(j.q), j.qt.codes, dw_moe_mx_scales(j.qt));
     return dw_grouped_fp8_quantize_weights_cpu(be->ctx, j.w, j.experts, j.m, j.k, j.q.codes, j.q.scales, j.qt.codes,
                                                j.qt.scales);
 }
@@ -133,8 +141,8 @@ dw_status dw_cpu_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
     const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0);
     float *y = dw_cpu_out(be, c, c->out[0], R * M, CPU_S_OUT);
     if (!x || !y) return DW_ERR_NOMEM;
-    if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* x 1x128 now, W from the weight cache */
-        DW_TRY(quant_rows(be, c, x, R, K, &a.x, &a.x_scales));
+    if (a.recipe != DW_RECIPE_BF16) { /* x quantised now, W from the weight cache */
+        DW_TRY(quant_rows(be, c, a.recipe, x, R, K, &a.x, &a.x_scales));
         dw_moe_fp8_cached_weight(c, 0, &a);
     } else if (!(a.x = x, a.w = expert_weights(be, c, E * M * K))) {
         return DW_ERR_NOMEM;
@@ -158,8 +166,8 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     const float *x = dw_cpu_in(be, c, c->in[0], R * K, CPU_S_IN0);
     if (!dy || !x) return DW_ERR_NOMEM;
     if (dx) { /* dx_e = dy_e W_e */
-        if (a.recipe == DW_RECIPE_FP8_BLOCK) {
-            DW_TRY(quant_rows(be, c, dy, R, M, &a.dy, &a.dy_scales));
+        if (a.recipe != DW_RECIPE_BF16) {
+            DW_TRY(quant_rows(be, c, a.recipe, dy, R, M, &a.dy, &a.dy_scales));
             dw_moe_fp8_cached_weight(c, 1, &a);
         } else if (!(a.dy = dy, a.w = expert_weights(be, c, E * M * K))) {
             return DW_ERR_NOMEM;
@@ -170,9 +178,9 @@ dw_status dw_cpu_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     if (c->pgrad[1]) { /* dW_e += dy_e^T x_e, or = (grad_arena's first writer: pgrad_set) */
         a = moe_gemm_args(c, DW_GEMM_WGRAD);
         a.dy = dy, a.x = x, a.out = c->pgrad[1], a.overwrite = c->pgrad_set[1];
-        if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
-            DW_TRY(quant_cols(be, c, DW_MOE_FP8_DYT, dy, R, M, &a.dy, &a.dy_scales));
-            DW_TRY(quant_cols(be, c, DW_MOE_FP8_XT, x, R, K, &a.x, &a.x_scales));
+        if (a.recipe != DW_RECIPE_BF16) { /* dy^T and x^T along each expert's rows, padded */
+            DW_TRY(quant_cols(be, c, a.recipe, DW_MOE_FP8_DYT, dy, R, M, &a.dy, &a.dy_scales));
+            DW_TRY(quant_cols(be, c, a.recipe, DW_MOE_FP8_XT, x, R, K, &a.x, &a.x_scales));
         }
         DW_TRY(dw_grouped_gemm(be->ctx, &a));
     }

@@ -4,7 +4,7 @@
  * dispatch and combine (kernels/cuda/ops_moe_dispatch.cu: counts, offsets and rows computed on the
  * device) and the grouped expert linear layer (dw_grouped_gemm with the kernel the compiler bound:
  * src/gemm/grouped_kernels.c; a BF16 program reads the standing BF16 weight copy, which expert
- * weights always have; passes bound to fp8_block quantise x and dy on the device per call and read
+ * weights always have; passes bound to fp8_block or mxfp8 quantise x and dy on the device per call and read
  * the node's weight cache, which moe_fp8_cuda.c refreshes after each weight update). No
  * host synchronisation: a recorded step replays whatever the routing. An output gradient no
  * consumer sent (dout NULL) counts as zeros; no MoE op adds into an input gradient (ops.def gives
@@ -17,6 +17,7 @@
 
 #include "core/cuda_check.h"
 #include "gemm/grouped_fp8.h"
+#include "gemm/grouped_mxfp8.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
 #include "runtime/moe_fp8.h"
@@ -77,16 +78,22 @@ static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
     return a;
 }
 
-/* fp8_block operands on the device, in the stream's order: v [R, C] 1x128 along its rows (role
- * rows) or, for wgrad, v^T [C, P] with each expert's rows padded to 128 (dy^T, x^T; grouped_fp8.h),
- * into the role's slot (moe_fp8.h). */
-static dw_status quant_act(dw_backend *be, const dw_op_call *c, dw_moe_fp8_role role, const void *v, int64_t R,
-                           int64_t C, const void **codes, const float **scales) {
+/* Quantised operands (recipe r: fp8_block or mxfp8) on the device, in the stream's order: v [R, C]
+ * along its rows (role rows) or, for wgrad, v^T [C, P] with each expert's rows padded to the block
+ * (dy^T, x^T; grouped_fp8.h, grouped_mxfp8.h), into the role's slot (moe_fp8.h). */
+static dw_status quant_act(dw_backend *be, const dw_op_call *c, dw_recipe r, dw_moe_fp8_role role, const void *v,
+                           int64_t R, int64_t C, const void **codes, const float **scales) {
     dw_moe_fp8_slot s;
     DW_TRY(dw_moe_fp8_operand(be->ctx, c, role, R, C, &s));
     dw_cuda_qlin_reset(be); /* the dense layers' record of which x the slots hold (quant_reuse) is void now */
     *codes = s.codes, *scales = s.scales;
     const bool bf16 = dw_cuda_dt(c) == DW_ACT_BF16;
+    if (r == DW_RECIPE_MXFP8) {
+        uint8_t *sc = dw_moe_mx_scales(s);
+        if (role == DW_MOE_FP8_ROWS) return dw_grouped_mxfp8_quantize_rows_cuda(be->ctx, v, bf16, R, C, s.codes, sc);
+        return dw_grouped_mxfp8_quantize_cols_cuda(be->ctx, v, bf16, (const int32_t *)c->in[2], R,
+                                                   c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, sc);
+    }
     if (role == DW_MOE_FP8_ROWS) return dw_grouped_fp8_quantize_rows_cuda(be->ctx, v, bf16, R, C, s.codes, s.scales);
     return dw_grouped_fp8_quantize_cols_cuda(be->ctx, v, bf16, (const int32_t *)c->in[2], R,
                                              c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
@@ -94,8 +101,8 @@ static dw_status quant_act(dw_backend *be, const dw_op_call *c, dw_moe_fp8_role 
 
 dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_FPROP);
-    if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* x 1x128 now, W from the weight cache */
-        DW_TRY(quant_act(be, c, DW_MOE_FP8_ROWS, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
+    if (a.recipe != DW_RECIPE_BF16) { /* x quantised now, W from the weight cache */
+        DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_ROWS, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
         dw_moe_fp8_cached_weight(c, 0, &a);
     }
     a.out = c->out[0];
@@ -116,8 +123,8 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         return DW_OK;
     }
     if (c->dx[0]) { /* dx_e = dy_e W_e */
-        if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy 1x128, W^T from the weight cache */
-            DW_TRY(quant_act(be, c, DW_MOE_FP8_ROWS, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
+        if (a.recipe != DW_RECIPE_BF16) { /* dy quantised, W^T from the weight cache */
+            DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_ROWS, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
             dw_moe_fp8_cached_weight(c, 1, &a);
         }
         a.out = c->dx[0];
@@ -126,9 +133,9 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     if (!c->pgrad[1]) return DW_OK;
     a = moe_gemm_args(c, DW_GEMM_WGRAD); /* dW_e += dy_e^T x_e, FP32; = for grad_arena's first writer */
     a.dy = c->dout[0], a.out = c->pgrad[1], a.overwrite = c->pgrad_set[1];
-    if (a.recipe == DW_RECIPE_FP8_BLOCK) { /* dy^T and x^T 1x128 along each expert's rows, padded */
-        DW_TRY(quant_act(be, c, DW_MOE_FP8_DYT, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
-        DW_TRY(quant_act(be, c, DW_MOE_FP8_XT, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
+    if (a.recipe != DW_RECIPE_BF16) { /* dy^T and x^T along each expert's rows, padded */
+        DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_DYT, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
+        DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_XT, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
     }
     return dw_grouped_gemm(be->ctx, &a);
 }
