@@ -25,15 +25,15 @@ static int write_time(const dw_compiled *c, int i) {
  * in no other slot, whose wgrad (dw_gemm: BF16 or quantised, CPU and CUDA) writes all of W's
  * [M, K] floats, or MoE linear layer with k as its experts' weights W [E, M, K] (slot 1), whose
  * grouped wgrad (dw_grouped_args.overwrite) writes every expert's dW, zeros for an expert without
- * rows: BF16 or fp8_block, CPU and CUDA (a wgrad bound to another recipe keeps the zeroing until
- * its kernels are shown to honour the flag). Writers after it add, in step order (one stream).
+ * rows: BF16, fp8_block or mxfp8, CPU and CUDA (a wgrad bound to another recipe keeps the zeroing
+ * until its kernels are shown to honour the flag). Writers after it add, in step order (one stream).
  * FP32 programs keep the zeroing (their reference wgrad kernels add), and so do the other ops
  * writing parameter gradients (norms, embeddings, biases, the fused head). */
 static bool writes_over(const dw_compiled *c, int i, int k) {
     const dw_ir_node *n = dw_compile_node(c, i);
     if (!c->grad_arena || !c->bf16 || i == c->head_linear) return false;
     if (n->op == DW_OP_MOE_LINEAR && c->node[i].bind.quantised[DW_QPASS_WGRAD] &&
-        dw_compile_moe_recipe(c, i) != DW_RECIPE_FP8_BLOCK)
+        dw_compile_moe_recipe(c, i) != DW_RECIPE_FP8_BLOCK && dw_compile_moe_recipe(c, i) != DW_RECIPE_MXFP8)
         return false;
     if (n->op != DW_OP_LINEAR && n->op != DW_OP_MOE_LINEAR) return false;
     for (int s = 0; s < n->n_in; s++)

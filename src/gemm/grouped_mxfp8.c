@@ -41,7 +41,7 @@ static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
     if (a->pass == DW_GEMM_WGRAD) { /* dy^T (m, P) against x^T (k, P), 32-padded per expert */
         dw_cpu_moe_linear_mxfp8_wgrad(a->out, a->dy, dw_grouped_mx_scales(a->dy_scales), a->x,
                                       dw_grouped_mx_scales(a->x_scales), a->offsets, a->experts, a->m, a->k,
-                                      dw_grouped_mxfp8_wgrad_cols(a->rows, a->experts));
+                                      dw_grouped_mxfp8_wgrad_cols(a->rows, a->experts), a->overwrite);
         return DW_OK;
     }
     const bool fprop = a->pass == DW_GEMM_FPROP;
@@ -61,7 +61,8 @@ static dw_status cpu_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
 #include "kernels/cuda/ops_cuda.h"
 
 /* wgrad: dy^T (m, P) and x^T (k, P) dequantised back into BF16 rows dy [R, m], x [R, k] (rows past
- * the groups zero), then the BF16 grouped wgrad dW_e += dy_e^T x_e, FP32 accumulated. */
+ * the groups zero), then the BF16 grouped wgrad dW_e += dy_e^T x_e, FP32 accumulated (overwrite:
+ * written over, as the BF16 kernels honour it). */
 static dw_status dequant_wgrad(dw_ctx *ctx, const dw_grouped_args *a, cudaStream_t stream) {
     const int64_t R = a->rows, E = a->experts, M = a->m, K = a->k, P = dw_grouped_mxfp8_wgrad_cols(R, E);
     char *buf = NULL; /* pad (E+1) int64, then dy [R, M] and x [R, K] BF16 */
@@ -79,7 +80,8 @@ static dw_status dequant_wgrad(dw_ctx *ctx, const dw_grouped_args *a, cudaStream
                       : DW_OK;
     if (s == DW_OK) {
         const dw_moe_gemm_args g = {.pass = DW_MOE_WGRAD, .x = x, .dy = dy, .out = a->out, .offsets = a->offsets,
-                                    .R = R, .E = E, .K = K, .M = M, .kernel = DW_MOE_KERNEL_AUTO};
+                                    .R = R, .E = E, .K = K, .M = M, .kernel = DW_MOE_KERNEL_AUTO,
+                                    .overwrite = a->overwrite};
         s = dw_cuda_moe_gemm(ctx, DW_ACT_BF16, &g, stream);
     }
     const cudaError_t f = cudaFreeAsync(buf, stream);

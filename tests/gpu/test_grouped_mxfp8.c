@@ -11,7 +11,8 @@
  * equal the CPU's byte for byte, and dW += dy^T x through the dequantising route (the codes back
  * into BF16 rows, then the BF16 grouped wgrad, FP32 out) against the CPU reference on the same
  * codes within 1e-4 relative Frobenius error of the added part (exact products, FP32 sums), dW
- * holding values first (it is added into), experts without rows untouched. Skipped (passes,
+ * holding values first (it is added into), experts without rows untouched; with overwrite, dW NaN
+ * first and written over (experts without rows zeros). Skipped (passes,
  * saying so) elsewhere. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -132,7 +133,7 @@ static uint16_t *to_bf16(float *v, int64_t n) {
 
 /* One wgrad case: the quantisers' bytes GPU vs CPU, then dW on both; the relative error (infinite
  * on a byte mismatch, NaN or a touched expert without rows). */
-static double wgrad_case(int kind, int64_t E, int64_t R, int64_t M, int64_t K) {
+static double wgrad_case(int kind, int64_t E, int64_t R, int64_t M, int64_t K, bool overwrite) {
     int32_t *off = malloc((size_t)(E + 1) * 4);
     route(kind, E, R, off);
     const int64_t P = dw_grouped_mxfp8_wgrad_cols(R, E);
@@ -172,9 +173,11 @@ static double wgrad_case(int kind, int64_t E, int64_t R, int64_t M, int64_t K) {
     }
     float *dw0 = randv(E * M * K), *ref = malloc((size_t)(E * M * K) * 4), *got = malloc((size_t)(E * M * K) * 4);
     memcpy(ref, dw0, (size_t)(E * M * K) * 4);
+    if (overwrite) /* written over: the reference over zeros, the GPU's over NaN */
+        for (int64_t i = 0; i < E * M * K; i++) ref[i] = 0.0f, dw0[i] = NAN;
     dw_grouped_args a = {.pass = DW_GEMM_WGRAD, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_MXFP8, .rows = R,
                          .experts = E, .k = K, .m = M, .dy = dyc, .dy_scales = (const float *)(void *)dys, .x = xc,
-                         .x_scales = (const float *)(void *)xs, .offsets = off, .out = ref};
+                         .x_scales = (const float *)(void *)xs, .offsets = off, .out = ref, .overwrite = overwrite};
     assert_int_equal(dw_grouped_gemm(g_cpu, &a), DW_OK);
     void *dout = to_dev(dw0, (size_t)(E * M * K) * 4);
     dw_grouped_args g = a;
@@ -187,13 +190,14 @@ static double wgrad_case(int kind, int64_t E, int64_t R, int64_t M, int64_t K) {
     double err2 = 0, ref2 = 0;
     for (int64_t e = 0; e < E; e++)
         for (int64_t i = e * M * K; i < (e + 1) * M * K; i++) {
-            if (off[e] == off[e + 1] && memcmp(&got[i], &dw0[i], 4)) err2 = INFINITY; /* no rows: untouched */
-            const double d = (double)got[i] - ref[i], add = (double)ref[i] - dw0[i];
+            if (off[e] == off[e + 1] && memcmp(&got[i], overwrite ? &ref[i] : &dw0[i], 4)) err2 = INFINITY; /* no rows */
+            const double d = (double)got[i] - ref[i], add = (double)ref[i] - (overwrite ? 0.0 : dw0[i]);
             err2 += d * d, ref2 += add * add;
         }
     const double rel = bad ? INFINITY : ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
-    printf("wgrad routing %d E %lld R %lld M %lld K %lld rows %d: %lld bytes differ, rel %.3g\n", kind, (long long)E,
-           (long long)R, (long long)M, (long long)K, off[E], (long long)bad, rel);
+    printf("wgrad%s routing %d E %lld R %lld M %lld K %lld rows %d: %lld bytes differ, rel %.3g\n",
+           overwrite ? " (overwrite)" : "", kind, (long long)E, (long long)R, (long long)M, (long long)K, off[E],
+           (long long)bad, rel);
     cudaFree(ddy), cudaFree(dx), cudaFree(doff), cudaFree(ddyc), cudaFree(ddys), cudaFree(dxc), cudaFree(dxs),
         cudaFree(dout);
     free(off), free(dy), free(x), free(w), free(dyb), free(xb), free(dyc), free(dys), free(xc), free(xs), free(dw0),
@@ -210,10 +214,10 @@ static void test_wgrad(void **state) {
     int bad = 0;
     for (int kind = 0; kind < 4; kind++) {
         const int64_t E = kind == 3 ? 1 : dw_test_rnd(2, 9), R = kind == 3 ? 1 : dw_test_rnd(1, 700);
-        bad += !(wgrad_case(kind, E, R, 32 * dw_test_rnd(1, 8), 32 * dw_test_rnd(1, 8)) <= 1e-4);
+        bad += !(wgrad_case(kind, E, R, 32 * dw_test_rnd(1, 8), 32 * dw_test_rnd(1, 8), kind == 2) <= 1e-4);
     }
-    bad += !(wgrad_case(0, 8, 4099, 256, 512) <= 1e-4); /* many row tiles per expert */
-    bad += !(wgrad_case(1, 64, 2000, 64, 96) <= 1e-4);  /* every row to one of 64 experts */
+    bad += !(wgrad_case(0, 8, 4099, 256, 512, false) <= 1e-4); /* many row tiles per expert */
+    bad += !(wgrad_case(1, 64, 2000, 64, 96, true) <= 1e-4);   /* every row to one of 64 experts, written over */
     assert_int_equal(bad, 0);
 }
 

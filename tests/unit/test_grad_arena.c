@@ -20,8 +20,8 @@
  *     backward without a step (or after zero_grad's zeros were written) reads copies made again;
  *   - a weight written over ignores what its slice held: the whole arena NaN before the backward,
  *     and the gradients (finite), the loss and the norm (padding included) are the pool's bits
- *     (dense and MoE — mixtral-tiny and olmoe-tiny, BF16 and fp8_block with the experts' wgrad
- *     bound to fp8_block, every MoE layer's experts written over —, fused head);
+ *     (dense and MoE — mixtral-tiny and olmoe-tiny, BF16, fp8_block and mxfp8 with the experts'
+ *     wgrad bound to the recipe, every MoE layer's experts written over —, fused head);
  *   - the engine's rules: a second backward before the step (accumulation) is refused naming
  *     grad_arena, and so are the step and a gradient read after a forward; zero_grad clears both;
  *   - moe-e8 at 8 x 2048 and moe-e64 at 4 x 2048 (BF16, sm_90, fused head, as dryrun compiles them):
@@ -87,7 +87,7 @@ static bool writes(const dw_compiled *c, int s, int t) {
 
 /* Whether parameter k's first writer writes its gradient over the slice (pgrad_set), checked
  * against what may: a BF16 program's linear or MoE linear layer (not a fused head's; a MoE one's
- * wgrad BF16 or fp8_block) with k as its weight (slot 1) alone; and every such first writer does. */
+ * wgrad BF16, fp8_block or mxfp8) with k as its weight (slot 1) alone; and every such first writer does. */
 static bool written_over(const dw_compiled *c, int k) {
     const int i = c->grad_first[k];
     if (i < 0) return false;
@@ -95,7 +95,8 @@ static bool written_over(const dw_compiled *c, int k) {
     bool set = false; /* the bit of the slot holding k */
     for (int s = 0; s < n->n_in; s++)
         if (n->in[s] == c->param_tensor[k] && (c->node[i].pgrad_set >> s & 1u)) set = true;
-    const bool moe_ok = !c->node[i].bind.quantised[DW_QPASS_WGRAD] || dw_compile_moe_recipe(c, i) == DW_RECIPE_FP8_BLOCK;
+    const bool moe_ok = !c->node[i].bind.quantised[DW_QPASS_WGRAD] || dw_compile_moe_recipe(c, i) == DW_RECIPE_FP8_BLOCK ||
+                        dw_compile_moe_recipe(c, i) == DW_RECIPE_MXFP8;
     bool may = c->bf16 && (n->op == DW_OP_LINEAR || (n->op == DW_OP_MOE_LINEAR && moe_ok)) && i != c->head_linear &&
                n->in[1] == c->param_tensor[k];
     for (int s = 0; s < n->n_in; s++)
@@ -380,8 +381,8 @@ static void poisoned(const char *preset, const char *precision, bool fused) {
         moe++, moe_over += a.c->node[i].pgrad_set == 2u, moe_q += a.c->node[i].bind.quantised[DW_QPASS_WGRAD];
     }
     assert_int_equal(moe_over, moe); /* every expert weight's first writer is its own layer */
-    if (moe && !strcmp(precision, "fp8_block") && moe_q != moe)
-        fail_msg("%s fp8_block: %d of %d MoE layers' wgrad bound fp8_block", preset, moe_q, moe);
+    if (moe && (!strcmp(precision, "fp8_block") || !strcmp(precision, "mxfp8")) && moe_q != moe)
+        fail_msg("%s %s: %d of %d MoE layers' wgrad bound %s", preset, precision, moe_q, moe, precision);
     int32_t x[64], y[64];
     same_start(&a, &p, mc.vocab_size, x, y, B * T);
     memset(a.e->x->act, 0xff, (size_t)a.e->x->pool_bytes[DW_POOL_ACT]); /* the CPU backend's host memory */
@@ -418,6 +419,8 @@ static void test_poisoned(void **state) {
     poisoned("mixtral-tiny", "bf16", false);
     poisoned("mixtral-tiny@128", "fp8_block", false);
     poisoned("olmoe-tiny@128", "fp8_block", false);
+    poisoned("mixtral-tiny", "mxfp8", false);
+    poisoned("olmoe-tiny", "mxfp8", false);
     poisoned("llama-tiny", "fp8_block", true);
 }
 

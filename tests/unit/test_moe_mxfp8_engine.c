@@ -76,8 +76,10 @@ static dw_status oracle_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
                         for (int64_t l = b; l < b + 32; l++) part += (double)dy[m * P + l] * x[k * P + l];
                         acc += part;
                     }
-                    dw[(e * M + m) * K + k] = (float)((double)dw[(e * M + m) * K + k] + acc);
+                    float *d = &dw[(e * M + m) * K + k];
+                    *d = (float)((a->overwrite ? 0.0 : (double)*d) + acc);
                 }
+            if (end == start && a->overwrite) memset(dw + e * M * K, 0, (size_t)(M * K) * sizeof *dw);
             start = end;
         }
         free(dy), free(x);

@@ -8,7 +8,8 @@
  * reference product dW_e += dy_e^T x_e through dw_grouped_gemm against the dequantised operands'
  * product in double over each expert's rows, bit for bit after the one rounding (every product and
  * sum is exact in double at these magnitudes), with skewed routings (every row to one expert, empty
- * experts, a single row, groups of 31, 32, 33 rows, an all-zero column); experts without rows leave dW as it was; the
+ * experts, a single row, groups of 31, 32, 33 rows, an all-zero column); experts without rows leave dW as it was;
+ * overwrite over a NaN dW equals adding into zeros bit for bit (empty experts zeros); the
  * weights' and rows' quantisers equal dw_quantize_cpu's mxfp8 (W^T along M); the registry's rules
  * for wgrad (K or M not a multiple of 32 refused by name; the CPU entry on a CPU context; the
  * dequantising entry on sm_90 for BF16). */
@@ -182,6 +183,32 @@ static void test_reference(void **state) {
     for (int kind = 0; kind < 5; kind++) check_wgrad(kind);
 }
 
+/* overwrite: dW written over a NaN-filled out equals the sum added into zeros, bit for bit; an
+ * expert without rows gets zeros. */
+static void test_overwrite(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 5; kind++) {
+        const int64_t E = dw_test_rnd(2, 5), M = 32 * dw_test_rnd(1, 2), K = 32 * dw_test_rnd(1, 2);
+        int32_t *off = malloc((size_t)(E + 1) * 4);
+        const int64_t R = wgrad_routing(kind, E, 32, off), P = dw_grouped_mxfp8_wgrad_cols(R, E);
+        float *dy = operand(R, M, off, E), *x = operand(R, K, off, E);
+        uint8_t *dyc = malloc((size_t)(M * P)), *xc = malloc((size_t)(K * P));
+        uint8_t *dys = malloc((size_t)(M * P / 32)), *xs = malloc((size_t)(K * P / 32));
+        assert_int_equal(dw_grouped_mxfp8_quantize_cols_cpu(CTX, dy, off, R, E, M, dyc, dys), DW_OK);
+        assert_int_equal(dw_grouped_mxfp8_quantize_cols_cpu(CTX, x, off, R, E, K, xc, xs), DW_OK);
+        float *over = malloc((size_t)(E * M * K) * 4), *added = calloc((size_t)(E * M * K), 4);
+        for (int64_t i = 0; i < E * M * K; i++) over[i] = NAN;
+        dw_grouped_args a = {.pass = DW_GEMM_WGRAD, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_MXFP8, .rows = R,
+                             .experts = E, .k = K, .m = M, .x = xc, .x_scales = (const float *)(void *)xs, .dy = dyc,
+                             .dy_scales = (const float *)(void *)dys, .offsets = off, .out = added};
+        assert_int_equal(dw_grouped_gemm(CTX, &a), DW_OK);
+        a.out = over, a.overwrite = true;
+        assert_int_equal(dw_grouped_gemm(CTX, &a), DW_OK);
+        assert_memory_equal(over, added, (size_t)(E * M * K) * 4);
+        free(off), free(dy), free(x), free(dyc), free(xc), free(dys), free(xs), free(over), free(added);
+    }
+}
+
 /* wgrad's rules: K or M not a multiple of 32 refused by name; missing scales named; BF16 operands
  * on sm_90 take the dequantising route, sm_100 none. */
 static void test_rules(void **state) {
@@ -213,6 +240,7 @@ int main(void) {
         cmocka_unit_test(test_quantiser),
         cmocka_unit_test(test_weights_rows),
         cmocka_unit_test(test_reference),
+        cmocka_unit_test(test_overwrite),
         cmocka_unit_test(test_rules),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);

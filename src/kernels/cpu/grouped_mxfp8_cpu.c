@@ -2,6 +2,7 @@
  * dW_e += dy_e^T x_e over each expert's 32-padded blocks of tokens, exact products in double.
  * Threads split the rows of dW (independent sums), so they cannot change results. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "formats/formats.h"
@@ -13,7 +14,7 @@ void dw_cpu_moe_mx_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E) 
 }
 
 void dw_cpu_moe_linear_mxfp8_wgrad(float *dw, const uint8_t *a, const uint8_t *sa, const uint8_t *b, const uint8_t *sb,
-                                   const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P) {
+                                   const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P, bool overwrite) {
     DW_ASSERT(E >= 1 && P % 32 == 0);
     int64_t *pad = malloc((size_t)(E + 1) * sizeof *pad);
     DW_ASSERT(pad);
@@ -23,7 +24,10 @@ void dw_cpu_moe_linear_mxfp8_wgrad(float *dw, const uint8_t *a, const uint8_t *s
     for (int c = 0; c < 256; c++) dec[c] = dw_decode_e4m3((uint8_t)c), sc[c] = dw_decode_ue8m0((uint8_t)c);
     const int64_t PB = P / 32;
     for (int64_t e = 0; e < E; e++) {
-        if (pad[e + 1] == pad[e]) continue; /* no rows: nothing added */
+        if (pad[e + 1] == pad[e]) { /* no rows: nothing added, or zeros written over */
+            if (overwrite) memset(dw + e * M * K, 0, (size_t)(M * K) * sizeof *dw);
+            continue;
+        }
 #pragma omp parallel for schedule(static)
         for (int64_t m = 0; m < M; m++)
             for (int64_t k = 0; k < K; k++) {
@@ -35,7 +39,7 @@ void dw_cpu_moe_linear_mxfp8_wgrad(float *dw, const uint8_t *a, const uint8_t *s
                     acc += part * (sc[sa[m * PB + pb]] * sc[sb[k * PB + pb]]);
                 }
                 float *d = dw + (e * M + m) * K + k;
-                *d = (float)((double)*d + acc);
+                *d = (float)((overwrite ? 0.0 : (double)*d) + acc); /* 0 + acc: a zeroed dW's bits */
             }
     }
     free(pad);

@@ -7,6 +7,7 @@
 #ifndef DW_KERNELS_CPU_GROUPED_MXFP8_CPU_H
 #define DW_KERNELS_CPU_GROUPED_MXFP8_CPU_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* wgrad's padded layout: expert e's rows [offsets[e], offsets[e+1]) are the columns [pad[e],
@@ -20,8 +21,9 @@ void dw_cpu_moe_mx_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E);
  * with a = dy^T's codes (M, P), b = x^T's codes (K, P) in the padded layout, E4M3 decoded exactly
  * and sa (M, P/32), sb (K, P/32) UE8M0 bytes (2^(code - 127); 0xFF NaN), each block's products
  * summed in double and scaled by the scales' product (exact), the blocks summed in double, one
- * rounding when added to dW. P a multiple of 32 holding pad[E]. Experts without rows add nothing. */
+ * rounding when added to dW. P a multiple of 32 holding pad[E]. Experts without rows add nothing.
+ * overwrite: dW = 0 + the sum instead (whatever dW held; zeros for an expert without rows). */
 void dw_cpu_moe_linear_mxfp8_wgrad(float *dw, const uint8_t *a, const uint8_t *sa, const uint8_t *b, const uint8_t *sb,
-                                   const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P);
+                                   const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P, bool overwrite);
 
 #endif /* DW_KERNELS_CPU_GROUPED_MXFP8_CPU_H */
