@@ -95,9 +95,10 @@ PY
 
 # ZeRO-0 reduces each rank's expert gradients only among the ranks holding the same experts and steps
 # only its own experts and the dense parameters (the rest comes from their owners at a checkpoint);
-# ZeRO-1 reduces the whole pool, the others' zeros included. Without clipping (whose global norm the
-# two sum in other orders) every element's AdamW is the same arithmetic on the same gradient (g + 0
-# = g; tcp adds in rank order for both): the same losses and checkpoint bytes, on 2 ranks (each
+# ZeRO-1 reduces by cells (the dense floats over every rank, each expert group's over its holders:
+# src/train/dp_ep_zero.h) and steps only its cells. Without clipping (whose global norm the two sum
+# in other orders) every element's AdamW is the same arithmetic on the same gradient (tcp adds in
+# rank order for both): the same losses and checkpoint bytes, on 2 ranks (each
 # rank alone with its experts) and on 4 (two ranks per expert, 2 micro-batches per step)
 for n in 2 4; do
   gb=$((n == 4 ? 16 : 4))
@@ -106,7 +107,7 @@ for n in 2 4; do
   check "--ep 2 on $n ranks, ZeRO-0: experts reduced among their holders" 0 $?
   "$dw" launch -n $n -- "${run[@]}" --ep 2 --clip 0 --global-batch $gb --eval-every 0 --ckpt-every 3 --zero 1 \
     --out "$tmp/w$n" >/dev/null 2>&1
-  check "  ... and ZeRO-1, which reduces the whole pool" 0 $?
+  check "  ... and ZeRO-1, which reduces by cells" 0 $?
   has "  ... as each rank says" "$tmp/errl$n" "reduced among the $((n / 2)) rank" "the dense parameters among all $n"
   same=1
   for c in 3 6; do
@@ -120,7 +121,7 @@ a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
 assert len(a) == len(b) == 6 and [x["loss"] for x in a] == [x["loss"] for x in b], (a, b)
 PY
   [ $same = 1 ] && ok "  ... the same losses and checkpoints (steps 3 and 6), bit for bit" ||
-    bad "  ... expert-local reduction differs from the whole pool's on $n ranks"
+    bad "  ... ZeRO-0's expert-local reduction differs from ZeRO-1's cells on $n ranks"
 done
 
 # experts over capacity (config.json capacity_factor 0.6: about half the assignments dropped, each
