@@ -2,8 +2,10 @@
 # no_exit.sh OBJECT... — no object of the library calls exit, _exit, _Exit or quick_exit
 # (include/deepwell.h: "The library never calls exit()"). nvcc compiles a host function's call to a
 # __device__-only function into a silent exit(1) (src/kernels/cuda/ops_act.cu's argument check did
-# that, and GPT-2's un-fused GELU ended the process with status 1 and no message): this finds such
-# a call in the CUDA build's objects, which CI compiles but cannot run. Names the functions.
+# that, and GPT-2's un-fused GELU ended the process with status 1 and no message), and gives every
+# non-inline __device__ function with linkage a host stub that calls exit (unreachable, but it hides
+# the real case: device-only helpers are static or __forceinline__). This finds either in the CUDA
+# build's objects, which CI compiles but cannot run. Names the functions.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: no_exit.sh OBJECT..." >&2; exit 2; }
 rc=0 n=$#

@@ -25,8 +25,9 @@ __device__ __forceinline__ float elem(const uint16_t *x, int64_t i) {
 
 // The expert whose padded columns hold block pb (of 32) and the block's rows: *t0 the first row of
 // x, *n how many (0: past the groups). Warp 0 of the CTA: lane l sums the blocks of experts
-// [l per, (l+1) per), then an inclusive scan finds the lane, which walks its experts.
-__device__ void find_block(const int32_t *off, int64_t E, int64_t pb, int64_t *s_t0, int *s_n) {
+// [l per, (l+1) per), then an inclusive scan finds the lane, which walks its experts. static: a
+// non-inline __device__ function with linkage gets a host stub that calls exit (tests/abi/no_exit.sh).
+static __device__ void find_block(const int32_t *off, int64_t E, int64_t pb, int64_t *s_t0, int *s_n) {
     const int lane = threadIdx.x;
     const int64_t per = (E + 31) / 32, e0 = lane * per, e1 = e0 + per < E ? e0 + per : E;
     int64_t nb = 0;
