@@ -162,7 +162,8 @@ dw_status dw_bench_quant(dw_ctx *ctx, const dw_bench_quant_opts *opts, dw_bench_
     if (cudaMalloc(&d.x, in_bytes) != cudaSuccess || cudaMalloc(&d.copy, in_bytes) != cudaSuccess ||
         cudaMalloc(&d.codes, n) != cudaSuccess || cudaMalloc(&d.codes_t, n) != cudaSuccess ||
         cudaMalloc(&d.scales, scale_max) != cudaSuccess || cudaMalloc(&d.scales_t, scale_max) != cudaSuccess ||
-        cudaMemcpy(d.x, hx, in_bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaMemcpy(d.x, hx, in_bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) { /* a pageable upload may land after cudaMemcpy returns */
         (void)cudaGetLastError();
         st = dw_set_error(ctx, DW_ERR_NOMEM, "device allocation or upload failed for [%lld, %lld]",
                           (long long)o.rows, (long long)o.cols);

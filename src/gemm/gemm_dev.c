@@ -23,8 +23,13 @@ void dw_gemm_dev_free(void *p) {
     if (p) cudaFree(p);
 }
 
+/* On the context's stream and waited for: a plain cudaMemcpy from pageable memory may return before
+ * its DMA lands, and the context's stream (non-blocking) does not wait for it. */
 dw_status dw_gemm_dev_upload(dw_ctx *ctx, void *dst, const void *src, size_t bytes) {
-    DW_CUDA_CHECK(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    void *s = NULL;
+    DW_TRY(dw_ctx_stream(ctx, &s));
+    DW_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)s));
+    DW_CUDA_CHECK(ctx, cudaStreamSynchronize((cudaStream_t)s));
     return DW_OK;
 }
 

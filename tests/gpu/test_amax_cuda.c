@@ -76,6 +76,7 @@ static void test_against_cpu(void **state) {
                 const size_t in_bytes = (size_t)n * (bf16 ? 2 : 4);
                 ok(cudaMalloc(&dx, in_bytes), "cudaMalloc");
                 ok(cudaMemcpy(dx, bf16 ? (void *)xb : (void *)x, in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+                assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
                 uint8_t *dcodes = dev((size_t)n), *dtc = dev((size_t)n);
                 float *dscale = dev(4), *dts = dev(4);
                 uint32_t *ws = dev(dw_quantize_cuda_workspace_bytes(DW_RECIPE_FP8_TENSOR, rows, cols));

@@ -44,6 +44,7 @@ static void *to_dev(const void *h, size_t n) {
     void *d = NULL;
     assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
     if (n && h) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
     return d;
 }
 

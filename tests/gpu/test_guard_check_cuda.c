@@ -103,6 +103,7 @@ static void test_against_cpu(void **state) {
                 const size_t bytes = (size_t)n * (bf16 ? 2 : 4);
                 ok(cudaMalloc(&dx[t], bytes), "cudaMalloc");
                 ok(cudaMemcpy(dx[t], bf16 ? (void *)xb : (void *)x[t], bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+                assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
                 free(xb);
                 if (dw_qcheck_cuda(ctx, (dw_recipe)r, bf16 ? DW_QUANT_IN_BF16 : DW_QUANT_IN_F32, dx[t], rows, cols, trans,
                                    &gs, NULL) != DW_OK)

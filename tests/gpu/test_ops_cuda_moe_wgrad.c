@@ -143,6 +143,7 @@ static void *up(const void *h, size_t n) {
     void *d = NULL;
     assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
     if (n) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
     return d;
 }
 static void down(void *h, const void *d, size_t n) {

@@ -193,6 +193,7 @@ static int run_case(dw_test_rng *rng, const qcase *c) {
     cuda_ok(cudaMalloc((void **)&dx, (size_t)n * esz + 16), "cudaMalloc x");
     cuda_ok(cudaMemcpy(dx + off, c->in == DW_QUANT_IN_BF16 ? (void *)xb : (void *)x, (size_t)n * esz,
                        cudaMemcpyHostToDevice), "cudaMemcpy x");
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
     dev_out o = alloc_out(r, c->rows, c->cols, c->swz);
     dev_out t = {0};
     if (c->trans) t = alloc_out(r, c->cols, c->rows, c->swz);

@@ -39,6 +39,7 @@ static void *up(const void *h, size_t n) {
     void *d = NULL;
     ok(cudaMalloc(&d, n ? n : 1), "cudaMalloc");
     if (n) ok(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy");
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
     return d;
 }
 
