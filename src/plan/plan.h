@@ -328,10 +328,11 @@ dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_b
  * short grids), fitted on the H200 (docs/planner.md: gpt2-124m at micro-batch 1 x 16
  * accumulations, 97.5 ms measured against 48.3 ms of modelled work over 16 x ~340 launches).
  * Eager: each step issued by the host as it comes: the replayed gap plus the host's issue of the
- * launch (the executor's dispatch and cudaLaunchKernel, ~4 us), an assumption no GPU run has
- * measured yet (docs/planner.md says how to). dw_plan_engine_time prices launches replayed. */
+ * launch (the executor's dispatch and cudaLaunchKernel), measured on an H100 (bench/RESULTS.md,
+ * session 19 call D: gpt2-124m B1 T1024, 5.620 ms a step replayed, 6.229 ms with DW_CUDA_GRAPH=0,
+ * 0.61 ms over ~350 launches: 1.8 us more each). dw_plan_engine_time prices launches replayed. */
 #define DW_PLAN_LAUNCH_REPLAYED_S 6.0e-6
-#define DW_PLAN_LAUNCH_EAGER_S 10.0e-6
+#define DW_PLAN_LAUNCH_EAGER_S 7.8e-6
 /* Whether the runtime replays a recorded training step for plan par: one GPU, yes; several ranks
  * only without overlap and below ZeRO-3, since overlapped reductions (train/dp_overlap.c) and
  * ZeRO-3's gathers (train/dp_zero3.c) run between the executor's steps, which stop recording. */
