@@ -43,12 +43,17 @@ fi
 g++ -std=c++17 -O1 -g $san -Wall $inc -c "$emu/moe_gemm_stub.cpp" -o "$out/moe_gemm_stub.o"
 objs+=("$out/moe_gemm_stub.o")
 gcc -std=c11 -O1 -g $san -D_GNU_SOURCE $inc -c "$root/tests/common/testutil.c" -o "$out/testutil.o"
+# a library built with MPI (CPU ranks) needs MPI at the link, as the build's own tests get it
+mpi_link=()
+if nm "$build/libdeepwell.a" 2>/dev/null | grep " U MPI_" >/dev/null; then  # not -q: pipefail and SIGPIPE
+  read -r -a mpi_link <<<"$(mpicc --showme:link 2>/dev/null || pkg-config --libs ompi-c 2>/dev/null || echo -lmpi)"
+fi
 rc=0
 for t in "$root"/tests/gpu/${DW_EMU_TESTS:-test_ops_cuda*}.c; do
   name=$(basename "$t" .c)
   gcc -std=c11 -O1 -g $san -fopenmp -D_GNU_SOURCE -DDW_CUDA_EMU=1 -Wall $inc -c "$t" -o "$out/$name.o"
   g++ $san -fopenmp -o "$out/$name" "$out/$name.o" "${objs[@]}" "$out/emu.o" "$out/testutil.o" \
-      "$build/libdeepwell.a" -lcmocka -ljansson -lpcre2-8 -lutf8proc -lm
+      "$build/libdeepwell.a" "${mpi_link[@]}" -lcmocka -ljansson -lpcre2-8 -lutf8proc -lm
   echo "== $name (emulated GPU)"
   ASAN_OPTIONS=detect_stack_use_after_return=0 "$out/$name" || rc=1
 done
