@@ -2,6 +2,7 @@
  * pool (dw_compile_opts.grad_arena, compile/grad_arena.c): one backward per optimizer step, no
  * step or gradient read once a forward has taken the gradients' memory, no ZeRO-2/3 shard of them.
  * Each call is a no-op (DW_OK) for a program with a standing gradient pool. */
+#include "compile/program.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "runtime/engine_grad_arena.h"
@@ -14,10 +15,20 @@ dw_status dw_engine_arena_created(dw_engine *e) {
                         "compile without grad_arena (DW_GRAD_ARENA=0) for ZeRO-2/3", e->opts.zero, WHY);
 }
 
-/* bf16_arena: the BF16 copies again from the masters where a backward (or zeros) overwrote some. */
+/* bf16_arena: the BF16 copies again from the masters where a backward (or zeros) overwrote some —
+ * the refresh phase's casts alone. The masters have not changed since the last refresh (each
+ * change of them refreshes and clears bf16_dirty: the step, dw_engine_refresh), so the quantised
+ * weight caches (workspace, not the arena) still hold them; quantising again would add their
+ * counts a second time to the step's w counters (precision/quant_counts.h) — the step after one
+ * the guard skipped — and, under amax histories, requantise them under newer scales than the pools
+ * do. */
 static dw_status fresh_copies(dw_engine *e) {
     if (!e->bf16_dirty) return DW_OK;
-    DW_TRY(dw_engine_refresh(e));
+    dw_exec *x = e->x;
+    const dw_compiled *p = e->p;
+    dw_exec_begin_phase(x, DW_PHASE_REFRESH);
+    for (int s = p->phase[DW_PHASE_REFRESH][0]; s < p->phase[DW_PHASE_REFRESH][1]; s++)
+        if (p->steps[s].kind == DW_STEP_CAST_BF16) DW_TRY(dw_exec_step(x, s, false, 1.0));
     e->bf16_dirty = false;
     return DW_OK;
 }

@@ -1,8 +1,9 @@
 /* engine_refresh.c — dw_engine_refresh (engine.h): what derives from the FP32 masters (BF16 copies,
  * quantised weight caches) made again after the masters changed outside the optimizer (weights
- * loaded, a rollback) or after bf16_arena's backward took some copies' memory (engine_grad_arena.c).
- * Apart from engine.c so that the engine and its gradient-arena rules both call it without calling
- * each other. */
+ * loaded, a rollback, a ZeRO or expert-parallel step's gathered masters: train/dp*.c). Apart from
+ * engine.c so that the engine, weights.c and the data-parallel runtimes share it; the copies a
+ * bf16_arena backward took are made again by engine_grad_arena.c, which casts alone (the masters
+ * did not change, so the quantised caches are still current). */
 #include "core/error.h"
 #include "runtime/engine.h"
 
