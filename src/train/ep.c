@@ -21,13 +21,12 @@
 #include "runtime/engine.h"
 #include "runtime/moe_fp8.h"
 #include "train/ep.h"
+#include "train/ep_buffers.h"
 #include "train/ep_plan.h"
 #if DW_HAVE_CUDA
 #include "core/ctx.h"
 #include "kernels/cuda/ops_cuda.h"
 #endif
-
-enum { ROLE_NONE = 0, ROLE_DISPATCH, ROLE_EXPERT, ROLE_COMBINE };
 
 typedef struct {
     int dispatch, combine;          /* nodes */
@@ -49,7 +48,8 @@ struct dw_ep {
     size_t act;             /* bytes of an activation element (2: BF16 program, 4) */
     int n_layers;
     ep_layer *layer;
-    signed char *role;      /* (nodes) ROLE_* */
+    dw_ep_map map;          /* the layers and the group's rows (ep_buffers.h); role, layer_of, cap are its */
+    signed char *role;      /* (nodes) DW_EP_ROLE_* */
     int *layer_of;          /* (nodes) its layer, -1 */
     void **val, **grad;     /* (tensors) the expert ops' rows in expert order (cap rows), else NULL */
     int64_t *cap;           /* (tensors) rows of val/grad: K x the program's B x T x top-k */
@@ -187,7 +187,7 @@ static dw_status expert_step(dw_ep *ep, dw_exec *x, int node, bool fwd, bool tra
 /* Every fp8_block expert layer's weight cache quantised whole (x->moe_ep unset: all experts). */
 static dw_status refresh_all_experts(dw_ep *ep) {
     for (int i = 0; i < ep->eng->g->n_nodes; i++)
-        if (ep->role[i] == ROLE_EXPERT && ep->eng->g->nodes[i].op == DW_OP_MOE_LINEAR)
+        if (ep->role[i] == DW_EP_ROLE_EXPERT && ep->eng->g->nodes[i].op == DW_OP_MOE_LINEAR)
             DW_TRY(ep->be->i->quant_weight(ep->be, ep->x, i));
     ep->fp8_partial = false;
     return DW_OK;
@@ -197,8 +197,8 @@ static dw_status refresh_all_experts(dw_ep *ep) {
 static dw_status ep_step(void *arg, dw_exec *x, int node, bool fwd, bool train, double dloss, bool *done) {
     dw_ep *ep = arg;
     *done = false;
-    if (ep->suspended && ep->fp8_partial && ep->role[node] == ROLE_EXPERT) return refresh_all_experts(ep);
-    if (ep->suspended || ep->role[node] == ROLE_NONE) return DW_OK;
+    if (ep->suspended && ep->fp8_partial && ep->role[node] == DW_EP_ROLE_EXPERT) return refresh_all_experts(ep);
+    if (ep->suspended || ep->role[node] == DW_EP_ROLE_NONE) return DW_OK;
     *done = true;
     ep_layer *L = &ep->layer[ep->layer_of[node]];
     /* a MoE forward run again inside the layer's backward (compile/recompute.c's rematerialised rows
@@ -206,13 +206,13 @@ static dw_status ep_step(void *arg, dw_exec *x, int node, bool fwd, bool train, 
     if (fwd && L->in_bwd) return DW_OK;
     dw_op_call c;
     switch (ep->role[node]) {
-    case ROLE_DISPATCH:
+    case DW_EP_ROLE_DISPATCH:
         L->in_bwd = false;
         if (!fwd) DW_TRY(return_grads(ep, L));
         dw_exec_resolve(x, node, train, dloss, &c);
         DW_TRY(dw_exec_call(x, fwd, &c));
         return fwd ? dispatch_rows(ep, L) : DW_OK;
-    case ROLE_COMBINE:
+    case DW_EP_ROLE_COMBINE:
         L->in_bwd = !fwd;
         if (fwd) DW_TRY(return_rows(ep, L));
         dw_exec_resolve(x, node, train, dloss, &c);
@@ -222,62 +222,6 @@ static dw_status ep_step(void *arg, dw_exec *x, int node, bool fwd, bool train, 
     }
 }
 
-/* ---- finding the layers ----------------------------------------------------------------------- */
-/* From each dispatch, the ops that read its rows (transitively) up to the combine: the expert ops.
- * Checks what the hook relies on. */
-static dw_status find_layers(dw_ep *ep, int k) {
-    const dw_graph *g = ep->eng->g;
-    const dw_compiled *p = ep->eng->p;
-    bool *mark = calloc((size_t)g->n_tensors, sizeof *mark);
-    if (!mark) return dw_set_error(ep->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
-    dw_status st = DW_OK;
-    for (int i = 0; i < g->n_nodes && st == DW_OK; i++) {
-        const dw_ir_node *d = &g->nodes[i];
-        if (d->op != DW_OP_MOE_DISPATCH) continue;
-        if (ep->n_layers == 0) ep->l.experts = d->attrs.experts;
-        if (d->attrs.experts != ep->l.experts) {
-            st = dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "--ep %d: MoE layers with %lld and %lld experts", k,
-                              (long long)ep->l.experts, (long long)d->attrs.experts);
-            break;
-        }
-        ep_layer *L = &ep->layer[ep->n_layers];
-        *L = (ep_layer){.dispatch = i, .combine = -1, .rows = d->out[0], .offsets = d->out[1], .y = -1};
-        ep->role[i] = ROLE_DISPATCH, ep->layer_of[i] = ep->n_layers;
-        memset(mark, 0, (size_t)g->n_tensors * sizeof *mark);
-        mark[d->out[0]] = true;
-        for (int j = i + 1; j < g->n_nodes && L->combine < 0 && st == DW_OK; j++) {
-            const dw_ir_node *n = &g->nodes[j];
-            bool reads = false;
-            for (int s = 0; s < n->n_in; s++) reads |= mark[n->in[s]];
-            if (!reads) continue;
-            if (n->op == DW_OP_MOE_COMBINE) {
-                L->combine = j, L->y = n->in[0];
-                ep->role[j] = ROLE_COMBINE, ep->layer_of[j] = ep->n_layers;
-                break;
-            }
-            const dw_prog_node *pn = &p->node[j];
-            int accs = 0;
-            bool work = (dw_op_flags(n->op) & DW_OPF_BWD_IN_FWD) != 0;
-            for (int a = 0; a < DW_AUX_COUNT; a++) work |= pn->aux_off[a] >= 0;
-            for (int t = DW_TMP_DELTA; t < DW_TMP_COUNT; t++) work |= pn->tmp_off[t] >= 0;
-            for (int s = 0; s < n->n_in; s++) accs += pn->grad_mode[s] == DW_GRAD_ACCUM_TMP;
-            if (work || accs > 1 || n->op == DW_OP_MOE_DISPATCH)
-                st = dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "--ep %d: expert op '%s' (%s) keeps per-rank workspaces "
-                                  "the expert-parallel rows do not fit", k, n->name, dw_op_name(n->op));
-            ep->role[j] = ROLE_EXPERT, ep->layer_of[j] = ep->n_layers;
-            for (int o = 0; o < n->n_out; o++) mark[n->out[o]] = true;
-        }
-        if (st == DW_OK && (L->combine < 0 || !mark[L->y] || L->y == L->rows))
-            st = dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "--ep %d: MoE layer '%s' has no expert ops between its "
-                              "dispatch and a combine", k, d->name);
-        for (int t = 0; st == DW_OK && t < g->n_tensors; t++)
-            if (mark[t]) ep->val[t] = (void *)1; /* allocated below */
-        ep->n_layers++;
-    }
-    free(mark);
-    return st;
-}
-
 static dw_status alloc_buf(dw_ep *ep, int64_t bytes, void **out) {
     DW_TRY(ep->be->i->alloc(ep->be, bytes > 0 ? bytes : 1, out));
     ep->bytes += bytes;
@@ -285,24 +229,16 @@ static dw_status alloc_buf(dw_ep *ep, int64_t bytes, void **out) {
 }
 
 static dw_status alloc_all(dw_ep *ep) {
-    const dw_graph *g = ep->eng->g;
+    const dw_compiled *p = ep->eng->p;
     const int64_t E = ep->l.experts, W = ep->l.world;
-    dw_exec whole = *ep->x; /* the program's capacity, for the whole group */
-    whole.b = g->batch * ep->l.group, whole.t = g->seq;
-    int64_t widest = 0, stage = 0;
-    for (int t = 0; t < g->n_tensors; t++) {
-        if (!ep->val[t]) continue;
-        ep->cap[t] = dw_exec_rows(&whole, t);
-        const int64_t bytes = ep->cap[t] * width_of(ep, t) * (int64_t)ep->act;
-        widest = bytes > widest ? bytes : widest;
-        DW_TRY(alloc_buf(ep, bytes, &ep->val[t]));
-        if (ep->eng->p->tensor[t].grad_off >= 0) DW_TRY(alloc_buf(ep, bytes, &ep->grad[t]));
+    for (int t = 0; t < p->g->n_tensors; t++) {
+        if (!ep->cap[t]) continue;
+        DW_TRY(alloc_buf(ep, dw_ep_tensor_bytes(p, &ep->map, t), &ep->val[t]));
+        if (dw_ep_tensor_has_grad(p, &ep->map, t)) DW_TRY(alloc_buf(ep, dw_ep_tensor_bytes(p, &ep->map, t), &ep->grad[t]));
     }
     for (int i = 0; i < ep->n_layers; i++) {
         ep_layer *L = &ep->layer[i];
         const int64_t cap = ep->cap[L->rows];
-        stage = cap * width_of(ep, L->rows) > stage ? cap * width_of(ep, L->rows) : stage;
-        stage = cap * width_of(ep, L->y) > stage ? cap * width_of(ep, L->y) : stage;
         L->send_rows = calloc((size_t)W, sizeof(int64_t));
         L->recv_rows = calloc((size_t)W, sizeof(int64_t));
         L->offsets_h = calloc((size_t)E + 1, sizeof(int32_t));
@@ -310,21 +246,18 @@ static dw_status alloc_all(dw_ep *ep) {
         L->back_h = calloc((size_t)cap + 1, sizeof(int32_t));
         if (!L->send_rows || !L->recv_rows || !L->offsets_h || !L->perm_h || !L->back_h)
             return dw_set_error(ep->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
-        DW_TRY(alloc_buf(ep, (E + 1) * 4, &L->offsets_d));
-        DW_TRY(alloc_buf(ep, cap * 4, &L->perm_d));
-        DW_TRY(alloc_buf(ep, cap * 4, &L->back_d));
+        DW_TRY(alloc_buf(ep, dw_ep_offsets_bytes(&ep->map), &L->offsets_d));
+        DW_TRY(alloc_buf(ep, dw_ep_perm_bytes(&ep->map, i), &L->perm_d));
+        DW_TRY(alloc_buf(ep, dw_ep_perm_bytes(&ep->map, i), &L->back_d));
     }
-    DW_TRY(alloc_buf(ep, widest, &ep->acc));
-    return alloc_buf(ep, stage * (int64_t)ep->act, &ep->stage);
+    DW_TRY(alloc_buf(ep, dw_ep_acc_bytes(p, &ep->map), &ep->acc));
+    return alloc_buf(ep, dw_ep_stage_bytes(p, &ep->map), &ep->stage);
 }
 
 /* fp8_block expert ops: operand slots for the group's rows (moe_fp8.h), in ep's buffers. */
 static dw_status alloc_fp8(dw_ep *ep) {
-    const dw_graph *g = ep->eng->g;
     ep->fp8 = (dw_moe_fp8_ep){.first = dw_ep_first_expert(&ep->l), .count = dw_ep_local(&ep->l)};
-    for (int i = 0; i < g->n_nodes; i++)
-        if (ep->role[i] == ROLE_EXPERT && g->nodes[i].op == DW_OP_MOE_LINEAR)
-            dw_moe_fp8_ep_fit(ep->eng->p, i, ep->cap[g->nodes[i].in[0]], &ep->fp8);
+    dw_ep_fp8_fit(ep->eng->p, &ep->map, &ep->fp8);
     const int64_t bytes = dw_moe_fp8_ep_bytes(&ep->fp8);
     if (!bytes) return DW_OK;
     DW_TRY(alloc_buf(ep, bytes, &ep->fp8_buf));
@@ -339,7 +272,7 @@ static dw_status find_params(dw_ep *ep) {
     ep->params = calloc((size_t)p->n_params + 1, sizeof *ep->params);
     if (!ep->params) return dw_set_error(ep->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
     for (int i = 0; i < g->n_nodes; i++) {
-        if (ep->role[i] != ROLE_EXPERT) continue;
+        if (ep->role[i] != DW_EP_ROLE_EXPERT) continue;
         const dw_ir_node *n = &g->nodes[i];
         for (int s = 0; s < n->n_in; s++) {
             const dw_ir_tensor *t = &g->tensors[n->in[s]];
@@ -360,6 +293,8 @@ int dw_ep_params(const dw_ep *ep, const dw_ep_param **out) {
 
 int dw_ep_group_size(const dw_ep *ep) { return ep ? ep->l.group : 1; }
 
+int64_t dw_ep_buffers_allocated(const dw_ep *ep) { return ep ? ep->bytes : 0; }
+
 /* ---- lifetime --------------------------------------------------------------------------------- */
 dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
     *out = NULL;
@@ -369,27 +304,28 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
         return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: groups of %d do not divide the job's %d rank%s (--ep "
                             "must divide the number of ranks)", k, k, comm->world, comm->world == 1 ? "" : "s");
     const dw_graph *g = e->g;
-    int n_dispatch = 0;
-    for (int i = 0; i < g->n_nodes; i++) n_dispatch += g->nodes[i].op == DW_OP_MOE_DISPATCH;
-    if (!n_dispatch)
-        return dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the model has no mixture-of-experts layer", k);
+    dw_ep_map map;
+    DW_TRY(dw_ep_map_build(e->ctx, e->p, k, &map)); /* the layers, the group's rows (ep_buffers.h) */
     dw_ep *ep = calloc(1, sizeof *ep);
-    if (!ep) return dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    if (!ep) {
+        dw_ep_map_free(&map);
+        return dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    }
     *ep = (dw_ep){.ctx = e->ctx, .eng = e, .x = e->x, .be = e->be, .comm = comm, .host = comm->host,
-                  .l = {.rank = comm->rank, .world = comm->world, .group = k}, .act = e->p->bf16 ? 2 : 4};
+                  .l = {.rank = comm->rank, .world = comm->world, .group = k, .experts = map.experts},
+                  .act = e->p->bf16 ? 2 : 4, .map = map, .role = map.role, .layer_of = map.layer_of, .cap = map.cap,
+                  .n_layers = map.n_layers};
     const int W = comm->world;
-    ep->layer = calloc((size_t)n_dispatch, sizeof *ep->layer);
-    ep->role = calloc((size_t)g->n_nodes, sizeof *ep->role);
-    ep->layer_of = calloc((size_t)g->n_nodes, sizeof *ep->layer_of);
+    ep->layer = calloc((size_t)map.n_layers, sizeof *ep->layer);
     ep->val = calloc((size_t)g->n_tensors, sizeof *ep->val);
     ep->grad = calloc((size_t)g->n_tensors, sizeof *ep->grad);
-    ep->cap = calloc((size_t)g->n_tensors, sizeof *ep->cap);
-    dw_status st = ep->layer && ep->role && ep->layer_of && ep->val && ep->grad && ep->cap
-                       ? find_layers(ep, k)
-                       : dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
-    if (st == DW_OK && ep->l.experts % k)
-        st = dw_set_error(e->ctx, DW_ERR_INVALID, "--ep %d: the model's %lld experts do not split over %d ranks (the "
-                          "experts must be a multiple of --ep)", k, (long long)ep->l.experts, k);
+    dw_status st = ep->layer && ep->val && ep->grad ? DW_OK
+                                                   : dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
+    for (int i = 0; st == DW_OK && i < map.n_layers; i++) {
+        const dw_ep_layer_at *at = &map.layer[i];
+        ep->layer[i] = (ep_layer){.dispatch = at->dispatch, .combine = at->combine, .rows = at->rows,
+                                  .offsets = at->offsets, .y = at->y};
+    }
     if (st == DW_OK) {
         const int64_t E = ep->l.experts;
         ep->counts = calloc((size_t)E, sizeof(int64_t)), ep->count_recv = calloc((size_t)E, sizeof(int64_t));
@@ -398,7 +334,7 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
         if (!ep->counts || !ep->count_recv || !ep->count_send || !ep->count_rc || !ep->bytes_s || !ep->bytes_r)
             st = dw_set_error(e->ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
     }
-    if (st == DW_OK) st = alloc_all(ep); /* find_layers' marks become buffers */
+    if (st == DW_OK) st = alloc_all(ep); /* the map's sizes become buffers */
     if (st == DW_OK) st = find_params(ep);
     if (st == DW_OK) st = alloc_fp8(ep);
     if (st != DW_OK) {
@@ -439,7 +375,7 @@ void dw_ep_free(dw_ep *ep) {
     }
     const dw_graph *g = ep->eng->g;
     for (int t = 0; ep->val && t < g->n_tensors; t++) {
-        if (ep->val[t] && ep->val[t] != (void *)1) be->i->release(be, ep->val[t]);
+        if (ep->val[t]) be->i->release(be, ep->val[t]);
         if (ep->grad[t]) be->i->release(be, ep->grad[t]);
     }
     for (int i = 0; ep->layer && i < ep->n_layers; i++) {
@@ -453,7 +389,8 @@ void dw_ep_free(dw_ep *ep) {
     if (ep->stage) be->i->release(be, ep->stage);
     if (ep->fp8_buf) be->i->release(be, ep->fp8_buf);
     free(ep->counts), free(ep->count_recv), free(ep->count_send), free(ep->count_rc), free(ep->bytes_s), free(ep->bytes_r);
-    free(ep->layer), free(ep->role), free(ep->layer_of), free(ep->val), free(ep->grad), free(ep->cap);
+    free(ep->layer), free(ep->val), free(ep->grad);
+    dw_ep_map_free(&ep->map);
     free(ep->params);
     free(ep);
 }

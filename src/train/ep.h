@@ -35,6 +35,8 @@ typedef struct {
 int dw_ep_params(const dw_ep *ep, const dw_ep_param **out);
 /* K, the ranks of a group (NULL: 1). */
 int dw_ep_group_size(const dw_ep *ep);
+/* Bytes of the buffers for the group's rows as allocated (ep_buffers.h's dw_ep_bytes total; NULL: 0). */
+int64_t dw_ep_buffers_allocated(const dw_ep *ep);
 /* Detaches from the executor and frees; NULL is harmless. */
 void dw_ep_free(dw_ep *ep);
 /* While suspended the MoE layers run all their experts locally (no exchange): for what one rank

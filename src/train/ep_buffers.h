@@ -1,0 +1,67 @@
+/* ep_buffers.h — private: expert parallelism's MoE layers and the buffers for a group's rows, found
+ * and sized from the compiled program alone, so the runtime (train/ep.c) allocates and the planner
+ * (plan/memory.c) counts the same bytes. Sized for the worst case: every routed row of the group's
+ * G ranks landing on one rank (G x the program's B x T x top-k rows per expert-op tensor).
+ * Not here: allocation, the exchanges (ep.c), the index bookkeeping (ep_plan.h). */
+#ifndef DW_TRAIN_EP_BUFFERS_H
+#define DW_TRAIN_EP_BUFFERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "compile/program.h"
+
+enum { DW_EP_ROLE_NONE = 0, DW_EP_ROLE_DISPATCH, DW_EP_ROLE_EXPERT, DW_EP_ROLE_COMBINE };
+
+typedef struct {
+    int dispatch, combine; /* nodes */
+    int rows, offsets, y;  /* tensors: dispatch's rows and offsets, the combine's expert rows */
+} dw_ep_layer_at;
+
+/* The MoE layers of a program under --ep G, and the group's rows of each expert-op tensor. */
+typedef struct {
+    int group;               /* G */
+    int64_t experts;         /* E, the same in every layer */
+    int n_layers;
+    dw_ep_layer_at *layer;   /* (n_layers) */
+    signed char *role;       /* (nodes) DW_EP_ROLE_* */
+    int *layer_of;           /* (nodes) its layer, -1 */
+    int64_t *cap;            /* (tensors) rows of t's group buffers (G x B x T x top-k); 0: not ep's */
+} dw_ep_map;
+
+/* Bytes of the buffers ep.c allocates for a map, by kind; total is their sum (the log's "MiB of
+ * buffers for the group's rows"). */
+typedef struct {
+    int64_t rows;  /* each expert-op tensor's rows (cap x width) and, where it has one, its gradient's */
+    int64_t index; /* each layer's expert-order offsets (E+1) and perm, back (cap) as int32 */
+    int64_t acc;   /* an ACC temporary of the widest expert-op tensor */
+    int64_t stage; /* rows in source order: the widest exchanged (a layer's rows or y) */
+    int64_t fp8;   /* fp8_block experts' operand slots for the group's rows (runtime/moe_fp8.h) */
+    int64_t total;
+} dw_ep_bytes;
+
+/* The map of program p for groups of g ranks (g >= 2): the layers and, from each dispatch, the ops
+ * reading its rows (transitively) up to the combine. DW_ERR_UNSUPPORTED naming --ep g for what the
+ * runtime cannot run (layers of unequal experts, an expert op with per-rank workspaces, a layer
+ * without expert ops); DW_ERR_INVALID without a MoE layer or when E % g. Free with dw_ep_map_free. */
+dw_status dw_ep_map_build(dw_ctx *ctx, const dw_compiled *p, int g, dw_ep_map *out);
+void dw_ep_map_free(dw_ep_map *m);
+
+/* One buffer of tensor t's group rows (its values or its gradient), the ACC temporary, the staging
+ * rows, a layer's offsets and its perm (= back) in bytes: what ep.c allocates each of. */
+int64_t dw_ep_tensor_bytes(const dw_compiled *p, const dw_ep_map *m, int t);
+int64_t dw_ep_acc_bytes(const dw_compiled *p, const dw_ep_map *m);
+int64_t dw_ep_stage_bytes(const dw_compiled *p, const dw_ep_map *m);
+int64_t dw_ep_offsets_bytes(const dw_ep_map *m);
+int64_t dw_ep_perm_bytes(const dw_ep_map *m, int layer);
+/* Whether tensor t's gradient has a group buffer too. */
+bool dw_ep_tensor_has_grad(const dw_compiled *p, const dw_ep_map *m, int t);
+
+/* Grows fp8's slots (runtime/moe_fp8.h) to hold each fp8_block expert op's operands for its rows. */
+struct dw_moe_fp8_ep;
+void dw_ep_fp8_fit(const dw_compiled *p, const dw_ep_map *m, struct dw_moe_fp8_ep *fp8);
+
+/* Every buffer of the map, by kind (fp8: the slots dw_moe_fp8_ep_fit sizes for it). */
+void dw_ep_buffer_bytes(const dw_compiled *p, const dw_ep_map *m, dw_ep_bytes *out);
+
+#endif /* DW_TRAIN_EP_BUFFERS_H */
