@@ -1124,10 +1124,12 @@ DW_API dw_status dw_plan_set_get_info(const dw_plan_set *s, dw_plan_info *out);
 typedef struct {
     size_t size;
     double weights, grads, optimizer, activations, workspace, scales;
-    double total;               /* the sum of the above */
+    double total;               /* the sum of the above and ep_buffers */
     double hbm, limit;          /* HBM per GPU, and (1 - headroom) x HBM */
     int worst_stage;            /* the pipeline stage of the peak */
     double inflight;            /* micro-batches whose activations that stage holds at the peak */
+    double ep_buffers;          /* expert parallelism (ep > 1): the runtime's buffers for the group's
+                                   rows, sized for every routed row of the group on one rank; 0 else */
 } dw_plan_mem;
 /* Predicted time of one optimizer step, in seconds (a result struct). Communication figures are
  * the parts the schedule cannot hide, on the slowest stage. */

@@ -240,9 +240,9 @@ static bool check(dw_ctx *ctx, const dw_plan *plan, int *fails) {
     printf("      peak %.2f GiB per GPU on stage %d; limit %.2f GiB = %.0f%% of %.2f GiB HBM\n", gib(m.total),
            m.worst_stage, gib(m.limit), 100 * (1 - v.in.mem_headroom), gib(m.hbm));
     printf("      weights %.2f | grads %.2f | optimizer %.2f | activations %.2f (%.2f micro-batches in "
-           "flight) | workspace %.2f | scales %.3f GiB\n",
+           "flight) | workspace %.2f | scales %.3f | ep buffers %.2f GiB\n",
            gib(m.weights), gib(m.grads), gib(m.optimizer), gib(m.activations), m.inflight, gib(m.workspace),
-           gib(m.scales));
+           gib(m.scales), gib(m.ep_buffers));
     dw_compile_opts ao; /* the arenas `deepwell train` gives a run of this plan (what the engine's memory priced) */
     dw_compile_opts_init(&ao, sizeof ao);
     if (dw_plan_runs_on_engine(plan, NULL) && dw_compile_opts_train_arenas(&ao, ga, v.l.zero) && ao.grad_arena)

@@ -60,9 +60,10 @@ static void print_entry(const char *label, const dw_plan *p) {
     printf("    step %.4g s   %.4g tokens/s   MFU %.1f%%   HFU %.1f%%\n", c.step, c.tokens_per_s, 100 * c.mfu,
            100 * c.hfu);
     printf("    memory/GPU %.1f GiB of %.1f GiB (limit %.1f): weights %.2f, grads %.2f, optimizer %.2f, "
-           "activations %.2f, workspace %.2f, scales %.3f  [stage %d, %.2f micro-batches in flight]\n",
+           "activations %.2f, workspace %.2f, scales %.3f, ep buffers %.2f  [stage %d, %.2f micro-batches in "
+           "flight]\n",
            gib(m.total), gib(m.hbm), gib(m.limit), gib(m.weights), gib(m.grads), gib(m.optimizer),
-           gib(m.activations), gib(m.workspace), gib(m.scales), m.worst_stage, m.inflight);
+           gib(m.activations), gib(m.workspace), gib(m.scales), gib(m.ep_buffers), m.worst_stage, m.inflight);
     printf("    time: pipeline %.4g s (busy %.4g, bubble %.1f%%), TP %.3g, CP %.3g, EP %.3g, p2p %.3g, "
            "DP %.3g (exposed %.3g), optimizer %.3g\n",
            c.pipeline, c.compute, 100 * c.bubble_frac, c.tp_comm, c.cp_comm, c.ep_comm, c.pp_comm, c.dp_comm,

@@ -97,12 +97,13 @@ static dw_status print_best(dw_ctx *ctx, const dw_plan_set *set) {
     dw_status s = dw_plan_get_layout(p, &l);
     printf("\nbest plan: %s (schedule %s, expert TP %d%s)\n", dw_plan_summary(p), dw_plan_schedule(p), l.etp,
            l.a2a_overlap ? ", all-to-all overlapped" : "");
-    printf("  memory per pipeline rank (GiB): weights + grads + optimizer + activations + other = total\n");
+    printf("  memory per pipeline rank (GiB): weights + grads + optimizer + activations + other = total "
+           "(other: workspace, scales, ep buffers)\n");
     for (int r = 0; s == DW_OK && r < l.pp; r++) {
         dw_plan_mem m = {.size = sizeof m};
         if ((s = dw_plan_get_rank_memory(p, r, &m)) != DW_OK) break;
         printf("    rank %-3d %7.2f %7.2f %7.2f %7.2f %7.2f = %7.2f of %.1f\n", r, gib(m.weights), gib(m.grads),
-               gib(m.optimizer), gib(m.activations), gib(m.workspace + m.scales), gib(m.total), gib(m.limit));
+               gib(m.optimizer), gib(m.activations), gib(m.workspace + m.scales + m.ep_buffers), gib(m.total), gib(m.limit));
     }
     printf("  layer layout (model stages in stack order):\n");
     for (int i = 0; s == DW_OK && i < dw_plan_stage_count(p); i++) {

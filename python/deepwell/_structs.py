@@ -113,7 +113,7 @@ class PlanInfo(Sized):
 class PlanMem(Sized):
     _fields_ = [("size", size_t), ("weights", dbl), ("grads", dbl), ("optimizer", dbl), ("activations", dbl),
                 ("workspace", dbl), ("scales", dbl), ("total", dbl), ("hbm", dbl), ("limit", dbl),
-                ("worst_stage", cint), ("inflight", dbl)]
+                ("worst_stage", cint), ("inflight", dbl), ("ep_buffers", dbl)]
 
 
 class PlanCost(Sized):

@@ -16,6 +16,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "plan/layout.h"
+#include "train/ep_buffers.h"
 
 _Static_assert(DW_POOL_COUNT == 5, "dw_engine_mem.pool has one entry per pool");
 
@@ -210,6 +211,23 @@ dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_
     dw_grad_stage st;
     if (s == DW_OK) s = dw_grad_stage_plan(ctx, j.c, DW_GRAD_BUCKET_FLOATS, true, &st);
     if (s == DW_OK) *bytes = dw_grad_stage_bytes(&st), dw_grad_stage_free(&st);
+    release(&j);
+    return s;
+}
+
+dw_status dw_plan_engine_ep_buffers(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, int64_t *bytes) {
+    *bytes = 0;
+    if (par->ep <= 1) return DW_OK;
+    compiled_job j;
+    dw_status s = compile_job(ctx, in, par->micro_batch, (int)par->recompute, par, &j);
+    dw_ep_map map;
+    if (s == DW_OK) s = dw_ep_map_build(ctx, j.c, par->ep, &map);
+    if (s == DW_OK) {
+        dw_ep_bytes b;
+        dw_ep_buffer_bytes(j.c, &map, &b);
+        *bytes = b.total;
+        dw_ep_map_free(&map);
+    }
     release(&j);
     return s;
 }

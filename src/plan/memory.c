@@ -1,6 +1,7 @@
 /* memory.c — peak memory per GPU of a parallel configuration: weights (+ low-precision caches),
  * FP32 gradients, FP32 master + Adam moments by ZeRO stage and offload, activations by recompute
- * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales. A plan
+ * and the schedule's in-flight micro-batches, logits, workspace, quantisation scales, and under
+ * expert parallelism the runtime's buffers for the group's rows (ep_buffers below). A plan
  * Deepwell's engine runs as it is (one GPU, or data parallelism over several: every rank allocates
  * the whole pools but, under ZeRO-1/2/3, its shard's moments only, under ZeRO-2/3 its shard's gradients
  * plus the staging slots, and under ZeRO-3 also its shard of the masters plus the gather block
@@ -45,6 +46,18 @@ static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) 
     return true;
 }
 
+/* Expert parallelism's buffers for the group's rows (train/ep.c, sized by train/ep_buffers.h over
+ * the engine's program): on every rank of a plan the runtime runs with --ep (data x expert
+ * parallel: tp = pp = cp = 1, recompute none or full, a model the engine builds); 0 for ep 1 and
+ * for layouts the runtime refuses under --ep. */
+static double ep_buffers(const dw_plan_in *in, const dw_par *par) {
+    int64_t bytes = 0;
+    if (par->ep <= 1 || par->tp != 1 || par->pp != 1 || par->cp != 1 || par->vpp != 1 || !in->engine_model ||
+        (par->recompute != DW_RECOMPUTE_NONE && par->recompute != DW_RECOMPUTE_FULL))
+        return 0;
+    return dw_plan_engine_ep_buffers(NULL, in, par, &bytes) == DW_OK ? (double)bytes : 0;
+}
+
 /* The worst pipeline rank into *out, and every rank into ranks[pp] when not NULL. */
 static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, dw_mem *ranks) {
     memset(out, 0, sizeof *out);
@@ -71,6 +84,7 @@ static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, d
     /* quantised GEMM inputs saved per token per block (their scales ride along): QKV and
      * out-projection inputs, then the MLP's (dense) or each routed copy's and the shared
      * experts' (MoE) input and down-projection input */
+    const double ep_buf = ep_buffers(in, par);
     double q_dense = 0, q_moe = 0;
     if (lowp && par->recompute == DW_RECOMPUTE_NONE) {
         dw_attn_shape as;
@@ -133,7 +147,8 @@ static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, d
         /* workspace: fixed + two sequence-parallel all-gather buffers of a block input */
         mm.workspace = FIXED_WORKSPACE + (tp > 1 ? 2 * T * d * 2 : 0);
         mm.inflight = (double)inflight / (par->sched == DW_SCHED_DUALPIPE ? 1 : par->vpp);
-        mm.total = mm.weights + mm.grads + mm.optimizer + mm.activations + mm.workspace + mm.scales;
+        mm.ep_buffers = ep_buf;
+        mm.total = mm.weights + mm.grads + mm.optimizer + mm.activations + mm.workspace + mm.scales + mm.ep_buffers;
         mm.worst_stage = s;
         mm.hbm = (double)g->hbm_bytes;
         mm.limit = (1.0 - in->job.mem_headroom) * mm.hbm;

@@ -287,6 +287,10 @@ double dw_plan_z3_prefetch_exposed(int s0, int s1, const double *gather, const d
  * plan with dp > 1 at its micro-batch and recompute: compile/grad_stage.h's slots over the compiled
  * program with the default bucket, reductions overlapped with backward. */
 dw_status dw_plan_engine_grad_stage(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, int64_t *bytes);
+/* Expert parallelism's buffers for the group's rows on each rank of a plan with ep > 1, as
+ * train/ep.c allocates them (train/ep_buffers.h over the engine's program at the plan's
+ * micro-batch and recompute, groups of par->ep): *bytes their total; 0 with DW_OK for ep 1. */
+dw_status dw_plan_engine_ep_buffers(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, int64_t *bytes);
 /* The precision policy the engine runs a planned recipe with: "bf16"; a quantised recipe with
  * the safe fallback (embedding, LM head, first and last block in BF16), as the cost model
  * assumes. Caller dw_policy_free. */

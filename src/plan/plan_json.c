@@ -43,6 +43,7 @@ void dw_plan_entry_add_predictions(json_t *o, const dw_plan_entry *e) {
     set_int(mem, "activations_bytes", (long long)e->mem.activations);
     set_int(mem, "workspace_bytes", (long long)e->mem.workspace);
     set_int(mem, "scales_bytes", (long long)e->mem.scales);
+    set_int(mem, "ep_buffers_bytes", (long long)e->mem.ep_buffers);
     set_int(mem, "total_bytes", (long long)e->mem.total);
     set_int(mem, "hbm_bytes", (long long)e->mem.hbm);
     set_int(mem, "limit_bytes", (long long)e->mem.limit);
@@ -101,11 +102,12 @@ static json_t *explain_best(const dw_plan_in *in, const dw_plan_entry *e) {
     if (m) {
         dw_plan_memory_ranks(in, &e->par, m);
         for (int s = 0; s < e->par.pp; s++)
-            json_array_append_new(ranks, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", s, "weights_bytes",
+            json_array_append_new(ranks, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", s, "weights_bytes",
                                                    (json_int_t)m[s].weights, "grads_bytes", (json_int_t)m[s].grads,
                                                    "optimizer_bytes", (json_int_t)m[s].optimizer, "activations_bytes",
                                                    (json_int_t)m[s].activations, "other_bytes",
-                                                   (json_int_t)(m[s].workspace + m[s].scales), "total_bytes",
+                                                   (json_int_t)(m[s].workspace + m[s].scales), "ep_buffers_bytes",
+                                                   (json_int_t)m[s].ep_buffers, "total_bytes",
                                                    (json_int_t)m[s].total));
         free(m);
     }
