@@ -1,7 +1,7 @@
 /* grouped_gpu.h — helpers of the grouped expert GEMM's GPU tests (test_grouped_fp8.c,
- * test_grouped_mxfp8.c): the CPU and GPU contexts as a cmocka group fixture, host <-> device copies
- * that fail the test on an error, and the skewed routings. Static functions and globals: include
- * once per test program (after cmocka.h). */
+ * test_grouped_mxfp8.c): the CPU and GPU contexts as a cmocka group fixture and the skewed
+ * routings (host <-> device copies: tests/common/gpu_upload.h). Static functions and globals:
+ * include once per test program (after cmocka.h). */
 #ifndef DW_TEST_GROUPED_GPU_H
 #define DW_TEST_GROUPED_GPU_H
 
@@ -10,6 +10,7 @@
 
 #include "deepwell.h"
 #include "gemm/compute_capability.h"
+#include "gpu_upload.h"
 #include "testutil.h"
 
 static dw_ctx *g_cpu, *g_gpu;
@@ -26,18 +27,6 @@ static int teardown(void **state) {
     (void)state;
     dw_test_cpu_gpu_teardown(g_cpu, g_gpu);
     return 0;
-}
-
-static void *to_dev(const void *h, size_t n) {
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
-    if (n && h) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
-    return d;
-}
-static void from_dev(void *h, const void *d, size_t n) {
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    if (n) assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
 }
 
 /* Groups: 0 random odd sizes, 1 all to one expert, 2 odd experts empty, 3 a single row. */

@@ -16,6 +16,7 @@
 #include "deepwell.h"
 #include "gemm/compute_capability.h"
 #include "gemm/gemm_args.h"
+#include "gpu_upload.h"
 #include "../unit/test_gemm_util.h"
 #include "testutil.h"
 
@@ -40,14 +41,6 @@ static int teardown(void **state) {
     return 0;
 }
 
-static void *to_dev(const void *h, size_t n) {
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
-    if (n && h) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
-    return d;
-}
-
 /* One case: returns the relative error of D against the reference (and checks aux / bgrad). */
 static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool tb, int32_t out, int epi, int64_t m,
                        int64_t n, int64_t k, float beta) {
@@ -69,25 +62,25 @@ static double gpu_case(const char *want, int32_t ra, int32_t rb, bool ta, bool t
     assert_int_equal(dw_gemm(g_cpu, &a), DW_OK); /* the oracle */
 
     dw_gemm_args g = a;
-    g.a.data = to_dev(oa.op.data, oa.data_bytes);
-    g.a.scales = oa.op.scales ? to_dev(oa.op.scales, oa.scale_bytes) : NULL;
-    g.b.data = to_dev(ob.op.data, ob.data_bytes);
-    g.b.scales = ob.op.scales ? to_dev(ob.op.scales, ob.scale_bytes) : NULL;
+    g.a.data = dw_test_to_dev(oa.op.data, oa.data_bytes);
+    g.a.scales = oa.op.scales ? dw_test_to_dev(oa.op.scales, oa.scale_bytes) : NULL;
+    g.b.data = dw_test_to_dev(ob.op.data, ob.data_bytes);
+    g.b.scales = ob.op.scales ? dw_test_to_dev(ob.op.scales, ob.scale_bytes) : NULL;
     /* NVFP4 cases cycle: s_t of A / B on the host or through a device pointer (host field poisoned) */
     float *dts[2] = {NULL, NULL};
     dw_gemm_operand *gops[2] = {&g.a, &g.b};
     unsigned pat = (ra == DW_RECIPE_NVFP4 || rb == DW_RECIPE_NVFP4) ? g_nvfp4_cases++ : 0;
     for (int o = 0; o < 2; o++)
         if (gops[o]->recipe == DW_RECIPE_NVFP4 && ((pat >> o) & 1)) {
-            dts[o] = to_dev(&gops[o]->tensor_scale, sizeof(float));
+            dts[o] = dw_test_to_dev(&gops[o]->tensor_scale, sizeof(float));
             gops[o]->tensor_scale_ptr = dts[o];
             gops[o]->tensor_scale = NAN;
         }
-    g.c = to_dev(c, dn);
-    g.bias = to_dev(bias, (size_t)n * es);
-    g.d = to_dev(NULL, dn);
-    g.aux = to_dev(epi & DW_EPI_DGELU ? raux : NULL, dn);
-    g.bgrad = to_dev(NULL, (size_t)m * es);
+    g.c = dw_test_to_dev(c, dn);
+    g.bias = dw_test_to_dev(bias, (size_t)n * es);
+    g.d = dw_test_to_dev(NULL, dn);
+    g.aux = dw_test_to_dev(epi & DW_EPI_DGELU ? raux : NULL, dn);
+    g.bgrad = dw_test_to_dev(NULL, (size_t)m * es);
     assert_int_equal(cudaMemset(g.d, 0xff, dn), cudaSuccess); /* poison: NaN */
     if (!(epi & DW_EPI_DGELU)) assert_int_equal(cudaMemset(g.aux, 0xff, dn), cudaSuccess);
     assert_int_equal(cudaMemset(g.bgrad, 0xff, (size_t)m * es), cudaSuccess);

@@ -60,16 +60,16 @@ static double wgrad_case(int kind, int64_t E, int64_t M, int64_t K, int64_t R0) 
                          .experts = E, .k = K, .m = M, .x = xc, .x_scales = xs, .dy = dyc, .dy_scales = dys,
                          .offsets = off, .out = ref};
     assert_int_equal(dw_grouped_gemm(g_cpu, &a), DW_OK);
-    void *ddyc = to_dev(dyc, (size_t)(M * P)), *dxc = to_dev(xc, (size_t)(K * P));
-    void *ddys = to_dev(dys, (size_t)(M * P / 128) * 4), *dxs = to_dev(xs, (size_t)(K * P / 128) * 4);
-    void *doff = to_dev(off, (size_t)(E + 1) * 4), *dout = to_dev(dw0, (size_t)n * 4);
+    void *ddyc = dw_test_to_dev(dyc, (size_t)(M * P)), *dxc = dw_test_to_dev(xc, (size_t)(K * P));
+    void *ddys = dw_test_to_dev(dys, (size_t)(M * P / 128) * 4), *dxs = dw_test_to_dev(xs, (size_t)(K * P / 128) * 4);
+    void *doff = dw_test_to_dev(off, (size_t)(E + 1) * 4), *dout = dw_test_to_dev(dw0, (size_t)n * 4);
     dw_grouped_args g = a;
     g.x = dxc, g.x_scales = dxs, g.dy = ddyc, g.dy_scales = ddys, g.offsets = doff, g.out = dout;
     const char *name = NULL;
     assert_int_equal(dw_grouped_select(g_gpu, &g, &name), DW_OK);
     assert_string_equal(name, "grouped_fp8block_sm90");
     if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_fp8block_sm90 wgrad: %s", dw_errmsg(g_gpu));
-    from_dev(got, dout, (size_t)n * 4);
+    dw_test_from_dev(got, dout, (size_t)n * 4);
     double err2 = 0, ref2 = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t e = i / (M * K);
@@ -106,9 +106,9 @@ static double gpu_case(int pass, int kind, bool bf16_out, int64_t E, int64_t M, 
     assert_int_equal(dw_grouped_gemm(g_cpu, &a), DW_OK);
     /* the same codes and scales on the device */
     const size_t es = bf16_out ? 2 : 4;
-    void *dw_ = to_dev(fprop ? wc : wct, (size_t)(E * M * K)), *dws = to_dev(fprop ? ws : wst, (size_t)blocks * 4);
-    void *dac = to_dev(ac, (size_t)(R * L)), *das = to_dev(as, (size_t)(R * L / 128) * 4);
-    void *doff = to_dev(off, (size_t)(E + 1) * 4), *dout = to_dev(NULL, (size_t)(R * N) * es);
+    void *dw_ = dw_test_to_dev(fprop ? wc : wct, (size_t)(E * M * K)), *dws = dw_test_to_dev(fprop ? ws : wst, (size_t)blocks * 4);
+    void *dac = dw_test_to_dev(ac, (size_t)(R * L)), *das = dw_test_to_dev(as, (size_t)(R * L / 128) * 4);
+    void *doff = dw_test_to_dev(off, (size_t)(E + 1) * 4), *dout = dw_test_to_dev(NULL, (size_t)(R * N) * es);
     assert_int_equal(cudaMemset(dout, 0xFF, (size_t)(R * N) * es), cudaSuccess); /* NaN in either type */
     dw_grouped_args g = a;
     g.dtype = bf16_out ? DW_GROUPED_BF16 : DW_GROUPED_F32, g.w = dw_, g.w_scales = dws, g.offsets = doff, g.out = dout;
@@ -119,7 +119,7 @@ static double gpu_case(int pass, int kind, bool bf16_out, int64_t E, int64_t M, 
     assert_string_equal(name, "grouped_fp8block_sm90");
     if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_fp8block_sm90: %s", dw_errmsg(g_gpu));
     void *host = malloc((size_t)(R * N) * es);
-    from_dev(host, dout, (size_t)(R * N) * es);
+    dw_test_from_dev(host, dout, (size_t)(R * N) * es);
     double err2 = 0, ref2 = 0;
     for (int64_t i = 0; i < R * N; i++) {
         const double v = bf16_out ? (double)dw_decode_bf16(((uint16_t *)host)[i]) : (double)((float *)host)[i];
@@ -173,15 +173,15 @@ static void test_quantisers(void **state) {
     float *s = malloc((size_t)blocks * 4), *st = malloc((size_t)blocks * 4), *xs = malloc((size_t)(R * K / 128) * 4);
     assert_int_equal(dw_grouped_fp8_quantize_weights_cpu(g_cpu, w, E, M, K, c, s, ct, st), DW_OK);
     assert_int_equal(dw_grouped_fp8_quantize_rows_cpu(g_cpu, x, R, K, xc, xs), DW_OK);
-    void *dw_ = to_dev(wb, (size_t)n * 2), *dx = to_dev(xb, (size_t)(R * K) * 2);
-    void *dc = to_dev(NULL, (size_t)n), *dct = to_dev(NULL, (size_t)n), *dxc = to_dev(NULL, (size_t)(R * K));
-    void *ds = to_dev(NULL, (size_t)blocks * 4), *dst = to_dev(NULL, (size_t)blocks * 4), *dxs = to_dev(NULL, (size_t)(R * K / 128) * 4);
+    void *dw_ = dw_test_to_dev(wb, (size_t)n * 2), *dx = dw_test_to_dev(xb, (size_t)(R * K) * 2);
+    void *dc = dw_test_to_dev(NULL, (size_t)n), *dct = dw_test_to_dev(NULL, (size_t)n), *dxc = dw_test_to_dev(NULL, (size_t)(R * K));
+    void *ds = dw_test_to_dev(NULL, (size_t)blocks * 4), *dst = dw_test_to_dev(NULL, (size_t)blocks * 4), *dxs = dw_test_to_dev(NULL, (size_t)(R * K / 128) * 4);
     assert_int_equal(dw_grouped_fp8_quantize_weights_cuda(g_gpu, dw_, true, E, M, K, dc, ds, dct, dst), DW_OK);
     assert_int_equal(dw_grouped_fp8_quantize_rows_cuda(g_gpu, dx, true, R, K, dxc, dxs), DW_OK);
     uint8_t *hc = malloc((size_t)n), *hct = malloc((size_t)n), *hxc = malloc((size_t)(R * K));
     float *hs = malloc((size_t)blocks * 4), *hst = malloc((size_t)blocks * 4), *hxs = malloc((size_t)(R * K / 128) * 4);
-    from_dev(hc, dc, (size_t)n), from_dev(hct, dct, (size_t)n), from_dev(hxc, dxc, (size_t)(R * K));
-    from_dev(hs, ds, (size_t)blocks * 4), from_dev(hst, dst, (size_t)blocks * 4), from_dev(hxs, dxs, (size_t)(R * K / 128) * 4);
+    dw_test_from_dev(hc, dc, (size_t)n), dw_test_from_dev(hct, dct, (size_t)n), dw_test_from_dev(hxc, dxc, (size_t)(R * K));
+    dw_test_from_dev(hs, ds, (size_t)blocks * 4), dw_test_from_dev(hst, dst, (size_t)blocks * 4), dw_test_from_dev(hxs, dxs, (size_t)(R * K / 128) * 4);
     assert_memory_equal(hc, c, (size_t)n);
     assert_memory_equal(hct, ct, (size_t)n);
     assert_memory_equal(hs, s, (size_t)blocks * 4);
@@ -212,12 +212,12 @@ static void test_quantiser_cols(void **state) {
             uint8_t *c = malloc((size_t)nc), *hc = malloc((size_t)nc);
             float *s = malloc((size_t)ns * 4), *hs = malloc((size_t)ns * 4);
             assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(g_cpu, x, off, R, E, C, c, s), DW_OK);
-            void *dx = bf16 ? to_dev(xb, (size_t)(R * C) * 2) : to_dev(x, (size_t)(R * C) * 4);
-            void *doff = to_dev(off, (size_t)(E + 1) * 4), *dc = to_dev(NULL, (size_t)nc), *ds = to_dev(NULL, (size_t)ns * 4);
+            void *dx = bf16 ? dw_test_to_dev(xb, (size_t)(R * C) * 2) : dw_test_to_dev(x, (size_t)(R * C) * 4);
+            void *doff = dw_test_to_dev(off, (size_t)(E + 1) * 4), *dc = dw_test_to_dev(NULL, (size_t)nc), *ds = dw_test_to_dev(NULL, (size_t)ns * 4);
             assert_int_equal(cudaMemset(dc, 0xAB, (size_t)nc), cudaSuccess); /* poisoned */
             assert_int_equal(cudaMemset(ds, 0xFF, (size_t)ns * 4), cudaSuccess);
             assert_int_equal(dw_grouped_fp8_quantize_cols_cuda(g_gpu, dx, bf16, doff, R, E, C, dc, ds), DW_OK);
-            from_dev(hc, dc, (size_t)nc), from_dev(hs, ds, (size_t)ns * 4);
+            dw_test_from_dev(hc, dc, (size_t)nc), dw_test_from_dev(hs, ds, (size_t)ns * 4);
             printf("wgrad quantiser routing %d %s E %lld C %lld R %lld rows %d\n", kind, bf16 ? "bf16" : "fp32",
                    (long long)E, (long long)C, (long long)R, off[E]);
             assert_memory_equal(hc, c, (size_t)nc);

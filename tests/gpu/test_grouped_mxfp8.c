@@ -67,9 +67,9 @@ static double gpu_case(int pass, int kind, int64_t E, int64_t R, int64_t L, int6
     if (fprop) a.x = ac, a.x_scales = (const float *)(void *)as;
     else a.dy = ac, a.dy_scales = (const float *)(void *)as;
     assert_int_equal(dw_grouped_gemm(g_cpu, &a), DW_OK);
-    void *dw_ = to_dev(wc, (size_t)(E * N * L)), *dws = to_dev(ws, (size_t)(E * N * L / 32));
-    void *dac = to_dev(ac, (size_t)(R * L)), *das = to_dev(as, (size_t)(R * L / 32));
-    void *doff = to_dev(off, (size_t)(E + 1) * 4), *dout = to_dev(NULL, (size_t)(R * N) * 2);
+    void *dw_ = dw_test_to_dev(wc, (size_t)(E * N * L)), *dws = dw_test_to_dev(ws, (size_t)(E * N * L / 32));
+    void *dac = dw_test_to_dev(ac, (size_t)(R * L)), *das = dw_test_to_dev(as, (size_t)(R * L / 32));
+    void *doff = dw_test_to_dev(off, (size_t)(E + 1) * 4), *dout = dw_test_to_dev(NULL, (size_t)(R * N) * 2);
     assert_int_equal(cudaMemset(dout, 0xFF, (size_t)(R * N) * 2), cudaSuccess); /* NaN */
     dw_grouped_args g = a;
     g.dtype = DW_GROUPED_BF16, g.w = dw_, g.w_scales = dws, g.offsets = doff, g.out = dout;
@@ -80,7 +80,7 @@ static double gpu_case(int pass, int kind, int64_t E, int64_t R, int64_t L, int6
     assert_string_equal(name, "grouped_mxfp8_dequant_bf16");
     if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_mxfp8_dequant_bf16: %s", dw_errmsg(g_gpu));
     uint16_t *host = malloc((size_t)(R * N + 1) * 2);
-    from_dev(host, dout, (size_t)(R * N) * 2);
+    dw_test_from_dev(host, dout, (size_t)(R * N) * 2);
     double err2 = 0, ref2 = 0;
     for (int64_t i = 0; i < R * N; i++) {
         const double v = dw_decode_bf16(host[i]);
@@ -115,7 +115,7 @@ static void test_dequant_route(void **state) {
 /* n bytes on the device against the host's; the first difference printed. */
 static int64_t same_dev(const char *what, const void *dev, const void *host, size_t n) {
     uint8_t *h = malloc(n + 1);
-    from_dev(h, dev, n);
+    dw_test_from_dev(h, dev, n);
     int64_t bad = 0;
     for (size_t i = 0; i < n; i++)
         if (h[i] != ((const uint8_t *)host)[i] && !bad++)
@@ -145,10 +145,10 @@ static double wgrad_case(int kind, int64_t E, int64_t R, int64_t M, int64_t K, b
     uint8_t *xc = malloc((size_t)(K * P)), *xs = malloc((size_t)(K * P / 32));
     assert_int_equal(dw_grouped_mxfp8_quantize_cols_cpu(g_cpu, dy, off, R, E, M, dyc, dys), DW_OK);
     assert_int_equal(dw_grouped_mxfp8_quantize_cols_cpu(g_cpu, x, off, R, E, K, xc, xs), DW_OK);
-    void *ddy = to_dev(dyb, (size_t)(R * M) * 2), *dx = to_dev(xb, (size_t)(R * K) * 2);
-    void *doff = to_dev(off, (size_t)(E + 1) * 4);
-    void *ddyc = to_dev(NULL, (size_t)(M * P)), *ddys = to_dev(NULL, (size_t)(M * P / 32));
-    void *dxc = to_dev(NULL, (size_t)(K * P)), *dxs = to_dev(NULL, (size_t)(K * P / 32));
+    void *ddy = dw_test_to_dev(dyb, (size_t)(R * M) * 2), *dx = dw_test_to_dev(xb, (size_t)(R * K) * 2);
+    void *doff = dw_test_to_dev(off, (size_t)(E + 1) * 4);
+    void *ddyc = dw_test_to_dev(NULL, (size_t)(M * P)), *ddys = dw_test_to_dev(NULL, (size_t)(M * P / 32));
+    void *dxc = dw_test_to_dev(NULL, (size_t)(K * P)), *dxs = dw_test_to_dev(NULL, (size_t)(K * P / 32));
     assert_int_equal(cudaMemset(ddyc, 0xAB, (size_t)(M * P)), cudaSuccess); /* every byte must be written */
     assert_int_equal(cudaMemset(ddys, 0xAB, (size_t)(M * P / 32)), cudaSuccess);
     assert_int_equal(dw_grouped_mxfp8_quantize_cols_cuda(g_gpu, ddy, true, doff, R, E, M, ddyc, ddys), DW_OK);
@@ -158,12 +158,12 @@ static double wgrad_case(int kind, int64_t E, int64_t R, int64_t M, int64_t K, b
     { /* the rows (dy along M) and the weight cache (W along K, W^T along M) */
         uint8_t *c = malloc((size_t)(E * M * K + R * M)), *sc = malloc((size_t)(E * M * K + R * M) / 32 + 1);
         uint8_t *ct = malloc((size_t)(E * M * K)), *sct = malloc((size_t)(E * M * K / 32));
-        void *dc = to_dev(NULL, (size_t)(E * M * K + R * M)), *dsc = to_dev(NULL, (size_t)(E * M * K + R * M) / 32 + 1);
-        void *dct = to_dev(NULL, (size_t)(E * M * K)), *dsct = to_dev(NULL, (size_t)(E * M * K / 32));
+        void *dc = dw_test_to_dev(NULL, (size_t)(E * M * K + R * M)), *dsc = dw_test_to_dev(NULL, (size_t)(E * M * K + R * M) / 32 + 1);
+        void *dct = dw_test_to_dev(NULL, (size_t)(E * M * K)), *dsct = dw_test_to_dev(NULL, (size_t)(E * M * K / 32));
         assert_int_equal(dw_grouped_mxfp8_quantize_rows_cpu(g_cpu, dy, R, M, c, sc), DW_OK);
         assert_int_equal(dw_grouped_mxfp8_quantize_rows_cuda(g_gpu, ddy, true, R, M, dc, dsc), DW_OK);
         bad += same_dev("dy codes", dc, c, (size_t)(R * M)) + same_dev("dy scales", dsc, sc, (size_t)(R * M / 32));
-        void *dw_ = to_dev(w, (size_t)(E * M * K) * 4);
+        void *dw_ = dw_test_to_dev(w, (size_t)(E * M * K) * 4);
         assert_int_equal(dw_grouped_mxfp8_quantize_weights_cpu(g_cpu, w, E, M, K, c, sc, ct, sct), DW_OK);
         assert_int_equal(dw_grouped_mxfp8_quantize_weights_cuda(g_gpu, dw_, E, M, K, dc, dsc, dct, dsct), DW_OK);
         bad += same_dev("W codes", dc, c, (size_t)(E * M * K)) + same_dev("W scales", dsc, sc, (size_t)(E * M * K / 32));
@@ -179,14 +179,14 @@ static double wgrad_case(int kind, int64_t E, int64_t R, int64_t M, int64_t K, b
                          .experts = E, .k = K, .m = M, .dy = dyc, .dy_scales = (const float *)(void *)dys, .x = xc,
                          .x_scales = (const float *)(void *)xs, .offsets = off, .out = ref, .overwrite = overwrite};
     assert_int_equal(dw_grouped_gemm(g_cpu, &a), DW_OK);
-    void *dout = to_dev(dw0, (size_t)(E * M * K) * 4);
+    void *dout = dw_test_to_dev(dw0, (size_t)(E * M * K) * 4);
     dw_grouped_args g = a;
     g.dtype = DW_GROUPED_BF16, g.dy = ddyc, g.dy_scales = ddys, g.x = dxc, g.x_scales = dxs, g.offsets = doff, g.out = dout;
     const char *name = NULL;
     assert_int_equal(dw_grouped_select(g_gpu, &g, &name), DW_OK);
     assert_string_equal(name, "grouped_mxfp8_dequant_bf16");
     if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_mxfp8_dequant_bf16 wgrad: %s", dw_errmsg(g_gpu));
-    from_dev(got, dout, (size_t)(E * M * K) * 4);
+    dw_test_from_dev(got, dout, (size_t)(E * M * K) * 4);
     double err2 = 0, ref2 = 0;
     for (int64_t e = 0; e < E; e++)
         for (int64_t i = e * M * K; i < (e + 1) * M * K; i++) {

@@ -32,6 +32,7 @@
 #include "formats/formats.h"
 #include "gemm/compute_capability.h"
 #include "gemm/grouped_fp8.h"
+#include "gpu_upload.h"
 #include "gpucheck.h"
 #include "kernels/cpu/moe_fp8_cpu.h"
 #include "kernels/cpu/ops_cpu.h"
@@ -139,18 +140,6 @@ static void test_wgrad(void **state) {
 
 #ifndef DW_CUDA_EMU
 /* ---- the public path: dw_grouped_gemm with overwrite ------------------------------------------ */
-static void *up(const void *h, size_t n) {
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, n ? n : 1), cudaSuccess);
-    if (n) assert_int_equal(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
-    return d;
-}
-static void down(void *h, const void *d, size_t n) {
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
-    assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
 /* a (device operands, the CUDA context's kernel `backend`) run three times: written over NaN, added
  * into zeros, added into random values; the three checked against each other and the first
  * against want (the CPU reference written over NaN) within rel (relative Frobenius error).
@@ -166,10 +155,10 @@ static int64_t over_vs_add(dw_ctx *gpu, dw_grouped_args a, const int32_t *off, c
         if (r == 0) memset(h[r], 0xff, (size_t)n * 4); /* NaN */
         else if (r == 1) memset(h[r], 0, (size_t)n * 4);
         else memcpy(h[r], base, (size_t)n * 4);
-        d[r] = up(h[r], (size_t)n * 4);
+        d[r] = dw_test_to_dev(h[r], (size_t)n * 4);
         a.out = d[r], a.overwrite = r == 0;
         if (dw_grouped_gemm(gpu, &a) != DW_OK) fail_msg("%s: %s", what, dw_errmsg(gpu));
-        down(h[r], d[r], (size_t)n * 4);
+        dw_test_from_dev(h[r], d[r], (size_t)n * 4);
         cudaFree(d[r]);
     }
     int64_t bad = 0;
@@ -215,7 +204,7 @@ static int64_t bf16_case(dw_ctx *gpu, const char *backend, const char *epi, int6
     for (int64_t i = 0; i < R * M; i++) dyb[i] = dw_encode_bf16(dw_test_uniform(&g_rng, -1, 1)), dy[i] = dw_decode_bf16(dyb[i]);
     memset(want, 0xff, (size_t)n * 4);
     dw_cpu_moe_linear_wgrad(want, dy, x, off, R, E, K, M, true);
-    void *dx = up(xb, (size_t)(R * K) * 2), *ddy = up(dyb, (size_t)(R * M) * 2), *doff = up(off, (size_t)(E + 1) * 4);
+    void *dx = dw_test_to_dev(xb, (size_t)(R * K) * 2), *ddy = dw_test_to_dev(dyb, (size_t)(R * M) * 2), *doff = dw_test_to_dev(off, (size_t)(E + 1) * 4);
     const dw_grouped_args a = {.pass = DW_GEMM_WGRAD, .dtype = DW_GROUPED_BF16, .recipe = DW_RECIPE_BF16, .rows = R,
                                .experts = E, .k = K, .m = M, .x = dx, .dy = ddy, .offsets = doff, .backend = backend};
     char what[96];
@@ -242,8 +231,8 @@ static int64_t fp8_case(dw_ctx *cpu, dw_ctx *gpu, int64_t E, int64_t M, int64_t 
     assert_int_equal(dw_grouped_fp8_quantize_cols_cpu(cpu, dy, off, R, E, M, dyc, dys), DW_OK);
     memset(want, 0xff, (size_t)n * 4);
     dw_cpu_moe_linear_fp8_wgrad(want, dyc, dys, xc, xs, off, E, M, K, P, true);
-    void *dxc = up(xc, (size_t)(K * P)), *ddyc = up(dyc, (size_t)(M * P)), *dxs = up(xs, (size_t)(K * P / 128) * 4);
-    void *ddys = up(dys, (size_t)(M * P / 128) * 4), *doff = up(off, (size_t)(E + 1) * 4);
+    void *dxc = dw_test_to_dev(xc, (size_t)(K * P)), *ddyc = dw_test_to_dev(dyc, (size_t)(M * P)), *dxs = dw_test_to_dev(xs, (size_t)(K * P / 128) * 4);
+    void *ddys = dw_test_to_dev(dys, (size_t)(M * P / 128) * 4), *doff = dw_test_to_dev(off, (size_t)(E + 1) * 4);
     const dw_grouped_args a = {.pass = DW_GEMM_WGRAD, .dtype = DW_GROUPED_F32, .recipe = DW_RECIPE_FP8_BLOCK,
                                .rows = R, .experts = E, .k = K, .m = M, .x = dxc, .x_scales = dxs, .dy = ddyc,
                                .dy_scales = ddys, .offsets = doff, .backend = "grouped_fp8block_sm90"};

@@ -26,6 +26,7 @@
 #include <jansson.h>
 
 #include "formats/formats.h"
+#include "gpu_upload.h"
 #include "kernels/cuda/quant.h"
 #include "precision/quant_counts.h"
 #include "runtime/engine.h"
@@ -33,14 +34,6 @@
 
 static void ok(cudaError_t e, const char *what) {
     if (e != cudaSuccess) fail_msg("%s: %s", what, cudaGetErrorString(e));
-}
-
-static void *up(const void *h, size_t n) {
-    void *d = NULL;
-    ok(cudaMalloc(&d, n ? n : 1), "cudaMalloc");
-    if (n) ok(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), "cudaMemcpy");
-    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* a pageable upload may land after cudaMemcpy returns */
-    return d;
 }
 
 /* x [rows, cols]: spread x normal, with planted tiny values, zeros and (1.9 x 2^k) maxima. */
@@ -57,7 +50,7 @@ static void planted(dw_test_rng *rng, float *x, int64_t n) {
 /* A device counter (DW_QC_WORDS words) starting at base, with two guard words after it. */
 static uint64_t *counter(const uint64_t base[DW_QC_WORDS]) {
     uint64_t h[DW_QC_WORDS + 2] = {base[0], base[1], base[2], GUARD, GUARD};
-    return up(h, sizeof h);
+    return dw_test_to_dev(h, sizeof h);
 }
 /* What was added to counter dc since base (the guard words untouched), then dc freed. */
 static void counted(uint64_t *dc, const uint64_t base[DW_QC_WORDS], uint64_t out[DW_QC_WORDS]) {
@@ -163,9 +156,9 @@ static void test_against_cpu(void **state) {
             dw_qcounts_add_cpu(&q, x, trans, y, want);
             assert_true(want[DW_QC_N] == (uint64_t)n);
             const uint64_t base[DW_QC_WORDS] = {dw_test_next(&rng) >> 8, dw_test_next(&rng) >> 8, dw_test_next(&rng) >> 8};
-            void *dx = up(bf16 ? (void *)xb : (void *)x, (size_t)n * (bf16 ? 2 : 4));
-            void *dcodes = up(q.codes, cb), *dscales = up(q.scales, sb);
-            float *dts = up(&q.tensor_scale, sizeof(float));
+            void *dx = dw_test_to_dev(bf16 ? (void *)xb : (void *)x, (size_t)n * (bf16 ? 2 : 4));
+            void *dcodes = dw_test_to_dev(q.codes, cb), *dscales = dw_test_to_dev(q.scales, sb);
+            float *dts = dw_test_to_dev(&q.tensor_scale, sizeof(float));
             gpu_count(gpu, (dw_recipe)r, bf16, dx, rows, cols, trans, dcodes, dscales, dts, base, got);
             if (!same(got, want))
                 fail_msg("%s%s%s%s [%lld, %lld], CPU codes: GPU counted %llu / %llu, CPU %llu / %llu",
