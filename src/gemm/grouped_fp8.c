@@ -194,7 +194,7 @@ dw_status dw_grouped_fp8_quantize_cols_cpu(dw_ctx *ctx, const float *x, const in
         free(pad), free(row);
         return dw_set_error(ctx, DW_ERR_NOMEM, "grouped fp8 quantise: out of memory for %lld padded rows", (long long)P);
     }
-    dw_cpu_moe_fp8_pad_offsets(pad, offsets, E);
+    dw_cpu_moe_pad_offsets(pad, offsets, E, 128);
     const dw_quant_opts o = {.recipe = DW_RECIPE_FP8_BLOCK};
     dw_status st = DW_OK;
     for (int64_t c = 0; c < C && st == DW_OK; c++) {

@@ -13,6 +13,7 @@
 #include "gemm/grouped.h"
 #include "gemm/grouped_mxfp8.h"
 #include "kernels/cpu/grouped_mxfp8_cpu.h"
+#include "kernels/cpu/moe_fp8_cpu.h"
 
 static const dw_quant_opts mx_opts = {.recipe = DW_RECIPE_MXFP8, .rounding = DW_SCALE_RCEIL};
 
@@ -54,7 +55,7 @@ dw_status dw_grouped_mxfp8_quantize_cols_cpu(dw_ctx *ctx, const float *x, const 
         return dw_set_error(ctx, DW_ERR_NOMEM, "grouped mxfp8 quantise: out of memory for %lld padded rows",
                             (long long)P);
     }
-    dw_cpu_moe_mx_pad_offsets(pad, offsets, E);
+    dw_cpu_moe_pad_offsets(pad, offsets, E, 32);
     dw_status st = DW_OK;
     for (int64_t c = 0; c < C && st == DW_OK; c++) {
         memset(row, 0, (size_t)P * sizeof *row);

@@ -7,18 +7,14 @@
 #include "core/error.h"
 #include "formats/formats.h"
 #include "kernels/cpu/grouped_mxfp8_cpu.h"
-
-void dw_cpu_moe_mx_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E) {
-    pad[0] = 0;
-    for (int64_t e = 0; e < E; e++) pad[e + 1] = pad[e] + (offsets[e + 1] - offsets[e] + 31) / 32 * 32;
-}
+#include "kernels/cpu/moe_fp8_cpu.h"
 
 void dw_cpu_moe_linear_mxfp8_wgrad(float *dw, const uint8_t *a, const uint8_t *sa, const uint8_t *b, const uint8_t *sb,
                                    const int32_t *offsets, int64_t E, int64_t M, int64_t K, int64_t P, bool overwrite) {
     DW_ASSERT(E >= 1 && P % 32 == 0);
     int64_t *pad = malloc((size_t)(E + 1) * sizeof *pad);
     DW_ASSERT(pad);
-    dw_cpu_moe_mx_pad_offsets(pad, offsets, E);
+    dw_cpu_moe_pad_offsets(pad, offsets, E, 32); /* wgrad's layout, kernels/cpu/moe_fp8_cpu.h */
     DW_ASSERT(pad[E] <= P);
     double dec[256], sc[256];
     for (int c = 0; c < 256; c++) dec[c] = dw_decode_e4m3((uint8_t)c), sc[c] = dw_decode_ue8m0((uint8_t)c);

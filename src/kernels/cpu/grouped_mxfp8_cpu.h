@@ -10,15 +10,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* wgrad's padded layout: expert e's rows [offsets[e], offsets[e+1]) are the columns [pad[e],
- * pad[e] + count_e) of a transposed copy, pad[e] = 32 * sum over e' < e of ceil(count_e' / 32),
- * the rest of each group's last 32 columns zeros. pad (E+1); pad[E] <= 32 (R/32 + E) for
- * R >= offsets[E] (dw_grouped_mxfp8_wgrad_cols). */
-void dw_cpu_moe_mx_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E);
-
 /* dW (E, M, K) FP32, added into: for expert e and (m, k),
  *   dW[e, m, k] += sum over e's padded 32-blocks pb of (2^sa[m, pb] 2^sb[k, pb]) x sum_{l in pb} a[m, l] b[k, l]
- * with a = dy^T's codes (M, P), b = x^T's codes (K, P) in the padded layout, E4M3 decoded exactly
+ * with a = dy^T's codes (M, P), b = x^T's codes (K, P) in the padded layout (32-row blocks:
+ * dw_cpu_moe_pad_offsets, kernels/cpu/moe_fp8_cpu.h), E4M3 decoded exactly
  * and sa (M, P/32), sb (K, P/32) UE8M0 bytes (2^(code - 127); 0xFF NaN), each block's products
  * summed in double and scaled by the scales' product (exact), the blocks summed in double, one
  * rounding when added to dW. P a multiple of 32 holding pad[E]. Experts without rows add nothing.

@@ -223,9 +223,9 @@ void dw_cpu_moe_linear_mxfp8(float *out, const uint8_t *a, const uint8_t *sa, co
     memset(out + (int64_t)offsets[E] * N, 0, (size_t)((R - offsets[E]) * N) * sizeof *out);
 }
 
-void dw_cpu_moe_fp8_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E) {
+void dw_cpu_moe_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E, int64_t block) {
     pad[0] = 0;
-    for (int64_t e = 0; e < E; e++) pad[e + 1] = pad[e] + (offsets[e + 1] - offsets[e] + 127) / 128 * 128;
+    for (int64_t e = 0; e < E; e++) pad[e + 1] = pad[e] + (offsets[e + 1] - offsets[e] + block - 1) / block * block;
 }
 
 void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
@@ -233,7 +233,7 @@ void dw_cpu_moe_linear_fp8_wgrad(float *dw, const uint8_t *a, const float *sa, c
     DW_ASSERT(E >= 1 && P % 128 == 0);
     int64_t *pad = malloc((size_t)(E + 1) * sizeof *pad);
     DW_ASSERT(pad);
-    dw_cpu_moe_fp8_pad_offsets(pad, offsets, E);
+    dw_cpu_moe_pad_offsets(pad, offsets, E, 128);
     DW_ASSERT(pad[E] <= P);
     float dec[256];
     for (int c = 0; c < 256; c++) dec[c] = dw_decode_e4m3((uint8_t)c);

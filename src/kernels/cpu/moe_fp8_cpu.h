@@ -16,11 +16,12 @@
 void dw_cpu_moe_linear_fp8(float *out, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb,
                            const int32_t *offsets, int64_t R, int64_t E, int64_t L, int64_t N);
 
-/* wgrad's padded layout: expert e's rows [offsets[e], offsets[e+1]) are the columns [pad[e],
- * pad[e] + count_e) of a transposed copy, pad[e] = 128 * sum over e' < e of ceil(count_e' / 128),
- * the rest of each group's last 128 columns zeros: no 1x128 block holds two experts' rows.
- * pad (E+1); pad[E] <= 128 (R/128 + E) for R >= offsets[E] (grouped_fp8.h's column count). */
-void dw_cpu_moe_fp8_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E);
+/* wgrad's padded layout, blocks of `block` rows (fp8_block 128, mxfp8 32): expert e's rows
+ * [offsets[e], offsets[e+1]) are the columns [pad[e], pad[e] + count_e) of a transposed copy,
+ * pad[e] = block * sum over e' < e of ceil(count_e' / block), the rest of each group's last block
+ * zeros: no 1 x block block holds two experts' rows. pad (E+1); pad[E] <= block (R/block + E) for
+ * R >= offsets[E] (grouped_fp8.h's and grouped_mxfp8.h's column counts). */
+void dw_cpu_moe_pad_offsets(int64_t *pad, const int32_t *offsets, int64_t E, int64_t block);
 
 /* dW (E, M, K) FP32, added into (overwrite: written over, whatever it held): for expert e and (m, k),
  *   dW[e, m, k] += sum over e's padded blocks pb of (sa[m, pb] * sb[k, pb]) x sum_{l in pb} a[m, l] b[k, l]
