@@ -6,7 +6,8 @@
  * the same FP32 masters) equal on both, bit for bit; the loss of a forward and backward, every
  * parameter gradient (normwise, the quantised tolerances of test_engine_cuda.c: loss 5e-2
  * relative, gradients 0.2), and three AdamW steps' losses; the routers' weights spread wide so the
- * two backends route alike. Needs a GPU (sm_90); elsewhere it skips. */
+ * two backends route alike; the routing counters of the first training forward equal on both (every
+ * assignment counted, none dropped). Needs a GPU (sm_90); elsewhere it skips. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -49,6 +50,32 @@ static double normwise(const float *a, const float *b, int64_t n, double floor) 
     double d = 0, r = 0;
     for (int64_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), r += (double)b[i] * b[i];
     return sqrt(d) / fmax(sqrt(r), floor);
+}
+
+/* The routing counters of one training forward (dw_engine_moe_counts: per layer assigned, dropped,
+ * the load of each expert), equal on both engines: every layer assigned N x top-k rows, none
+ * dropped (dropless), loads summing to the assignments and equal on both (they route alike). The
+ * CUDA dispatch once counted before it had written the offsets it reads: dropped was garbage. */
+static int check_counts(dw_engine *cpu, dw_engine *gpu, int64_t N) {
+    int64_t L = 0, E = 0, L2 = 0, E2 = 0;
+    assert_int_equal(dw_engine_moe_counts(cpu, &L, &E, NULL), DW_OK);
+    assert_int_equal(dw_engine_moe_counts(gpu, &L2, &E2, NULL), DW_OK);
+    assert_true(L == 2 && E == 4 && L2 == L && E2 == E); /* mixtral-tiny: 2 MoE layers of 4 experts */
+    int64_t *a = calloc((size_t)(L * (2 + E)), 8), *b = calloc((size_t)(L * (2 + E)), 8);
+    assert_int_equal(dw_engine_moe_counts(cpu, NULL, NULL, a), DW_OK);
+    assert_int_equal(dw_engine_moe_counts(gpu, NULL, NULL, b), DW_OK);
+    int bad = 0;
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t *x = a + l * (2 + E), *y = b + l * (2 + E);
+        int64_t sum = 0;
+        for (int64_t e = 0; e < E; e++) sum += y[2 + e], bad += x[2 + e] != y[2 + e];
+        if (y[0] != N * 2 || x[0] != y[0] || y[1] != 0 || x[1] != 0 || sum != y[0]) bad++;
+        printf("layer %lld counts gpu: assigned %lld dropped %lld loads sum %lld (cpu %lld %lld)\n", (long long)l,
+               (long long)y[0], (long long)y[1], (long long)sum, (long long)x[0], (long long)x[1]);
+    }
+    if (bad) printf("MISMATCH routing counters\n");
+    free(a), free(b);
+    return bad;
 }
 
 static void test_fp8_experts(void **state) {
@@ -115,6 +142,7 @@ static void test_fp8_experts(void **state) {
     if (dw_engine_forward_backward(gpu, x, y, B, T, 1.0, &lg) != DW_OK) fail_msg("cuda step: %s", dw_errmsg(g_gpu));
     printf("loss gpu %.8f cpu %.8f\n", lg, lc);
     if (!(fabs(lg - lc) / lc <= 5e-2)) bad++, printf("MISMATCH loss\n");
+    bad += check_counts(cpu, gpu, N);
     for (int i = 0; i < dw_engine_param_count(cpu); i++) {
         const int64_t n = pnumel(cpu, i);
         float *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);

@@ -47,14 +47,15 @@ dw_status dw_cuda_op_moe_router_bwd(dw_backend *be, const dw_op_call *c) {
  * (the router's weights) drops by weight instead of by position. */
 dw_status dw_cuda_op_moe_dispatch_fwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]), E = c->n->attrs.experts;
-    const int64_t cnt = c->train && !c->recompute ? dw_compile_moe_counts_of(c->x->p, c->node) : -1; /* training forwards, once */
-    if (cnt >= 0)
-        DW_TRY(dw_cuda_moe_count(be->ctx, (int64_t *)(c->x->work + cnt), (const int32_t *)c->in[1],
-                                 (const int32_t *)c->out[1], N * K, E, DW_CUDA_STREAM(be)));
-    return dw_cuda_moe_dispatch_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1],
+    DW_TRY(dw_cuda_moe_dispatch_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1],
                                     (int32_t *)c->out[2], c->in[0], (const int32_t *)c->in[1],
                                     c->n->n_in > 2 ? c->in[2] : NULL, N, dw_cuda_width(c, c->n->in[0]), K, E,
-                                    dw_moe_capacity(c->n->attrs.capacity_factor, N, K, E), DW_CUDA_STREAM(be));
+                                    dw_moe_capacity(c->n->attrs.capacity_factor, N, K, E), DW_CUDA_STREAM(be)));
+    /* the counters read the offsets the dispatch has just written (training forwards, once) */
+    const int64_t cnt = c->train && !c->recompute ? dw_compile_moe_counts_of(c->x->p, c->node) : -1;
+    if (cnt < 0) return DW_OK;
+    return dw_cuda_moe_count(be->ctx, (int64_t *)(c->x->work + cnt), (const int32_t *)c->in[1],
+                             (const int32_t *)c->out[1], N * K, E, DW_CUDA_STREAM(be));
 }
 /* Each token's sum of its rows' gradients: the combine with unit weights. */
 dw_status dw_cuda_op_moe_dispatch_bwd(dw_backend *be, const dw_op_call *c) {
