@@ -302,7 +302,16 @@ static dw_status save_ckpt(run *r, char **path_out) {
     s.amax_json = amax;
     dw_status st = r->spike.zscore > 0 && !spike ? dw_set_error(r->ctx, DW_ERR_NOMEM, "out of memory") : DW_OK;
     if (r->amax && !amax) st = DW_ERR_NOMEM; /* (the message is on ctx) */
+    /* said before and after: a large model's checkpoint takes a while (llama-1b's 13 GB: ~90 s on
+     * the lent H100 machine's disk), and the step's progress line comes only once it is written */
+    const double gb = (double)cp->param_floats * 12 / 1e9, t_save = now_s(); /* FP32 weights, AdamW's two moments */
+    if (r->dp.rank == 0)
+        DW_LOGI("checkpoint: writing step %lld (%.1f GB of weights and moments) under %s", (long long)r->step, gb,
+                o->out_dir);
     if (st == DW_OK) st = dw_ckpt_save_ranks(r->ctx, r->dp.host, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out);
+    if (st == DW_OK && r->dp.rank == 0)
+        DW_LOGI("checkpoint: step %lld written in %.1f s (%.2f GB/s)", (long long)r->step, now_s() - t_save,
+                gb / fmax(now_s() - t_save, 1e-9));
     free(spike);
     free(amax);
     DW_TRY(st);
