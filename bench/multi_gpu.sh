@@ -16,7 +16,7 @@
 #            (median of the logged steps after the 10th), JSON lines in scale.jsonl; SCALE_MODELS
 #            (env) narrows the list ("llama-1b:8 moe-e64:4", MODEL:BATCH), SCALE_GPUS the counts;
 #            max_gpu_mem_mib: nvidia-smi's largest memory.used of any GPU during the run (context
-#            and allocator included); rc 0 in a line: all 30 steps were logged (the end-of-run checkpoint is skipped by a kill);
+#            and allocator included); rc 0 in a line: all 30 steps were logged (the end-of-run checkpoint is cut short by a kill);
 #            comm_s / exposed_comm_s: medians over those steps of the slowest rank's gradient
 #            communication and the part of it the step waited for; SCALE_FLAGS (env) adds train
 #            flags (e.g. "--no-overlap", "--zero 1", "--ep 4") and SCALE_TAG names such a variant
@@ -156,13 +156,15 @@ for phase in "$@"; do
         nvidia-smi ${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"} --query-gpu=memory.used --format=csv,noheader,nounits \
           -lms 500 >"$out/$name.mem" 2>/dev/null &
         sp=$!
-        # the end-of-run checkpoint (15 GB of weights and moments) is not what this measures: once
-        # step 30 is logged, the ranks are killed
-        until grep -q '^step 30/30' "$out/$name.log" 2>/dev/null || ! kill -0 $lp 2>/dev/null; do sleep 0.2; done
-        grep -q '^step 30/30' "$out/$name.log" && sleep 1 && pkill -9 -f "deepwell train .*runs/$name"
+        # the end-of-run checkpoint (13-33 GB of weights and moments, 90 s or more on the lent
+        # machines' disks; its progress line comes after it) is not what this measures: once step
+        # 30 is in metrics.jsonl, the ranks are killed
+        m="$out/runs/$name/metrics.jsonl"
+        until grep -q '"step": 30[,}]' "$m" 2>/dev/null || ! kill -0 $lp 2>/dev/null; do sleep 0.2; done
+        grep -q '"step": 30[,}]' "$m" && sleep 1 && pkill -9 -f "deepwell train .*runs/$name"
         wait $lp
         kill $sp 2>/dev/null
-        python3 - "$out/runs/$name/metrics.jsonl" "$model" "$k" "$b" "$(grep -q '^step 30/30' "$out/$name.log"; echo $?)" "$(( $(date +%s) - s ))" "$out/$name.mem" "${SCALE_FLAGS:-}" >>"$out/scale.jsonl" <<'PY'
+        python3 - "$m" "$model" "$k" "$b" "$(grep -q '"step": 30[,}]' "$m"; echo $?)" "$(( $(date +%s) - s ))" "$out/$name.mem" "${SCALE_FLAGS:-}" >>"$out/scale.jsonl" <<'PY'
 import json, statistics, sys
 path, model, k, b, rc, wall, mem, flags = sys.argv[1:]
 try: used = max(int(x) for x in open(mem).read().split() if x.isdigit())
