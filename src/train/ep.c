@@ -1,6 +1,6 @@
 /* ep.c — expert parallelism (ep.h): the MoE layers of the compiled program found (dispatch, the
  * expert ops between it and the combine), buffers for the expert ops' rows sized for a whole group
- * (K x the rank's capacity), and the executor hook that runs those steps with the all-to-alls:
+ * (f x the rank's own rows, ep_buffers.h), and the executor hook that runs those steps with the all-to-alls:
  *   dispatch fwd: counts all-to-all (host), rows all-to-all (dispatch -> source order), gather into
  *                 expert order; the expert ops run on the group's rows with the rank's offsets;
  *   combine fwd:  expert order -> source order, all-to-all back into the dispatch-order rows;
@@ -51,8 +51,10 @@ struct dw_ep {
     dw_ep_map map;          /* the layers and the group's rows (ep_buffers.h); role, layer_of, cap are its */
     signed char *role;      /* (nodes) DW_EP_ROLE_* */
     int *layer_of;          /* (nodes) its layer, -1 */
-    void **val, **grad;     /* (tensors) the expert ops' rows in expert order (cap rows), else NULL */
-    int64_t *cap;           /* (tensors) rows of val/grad: K x the program's B x T x top-k */
+    void **val, **grad;     /* (tensors) the expert ops' rows in expert order (cap rows), else NULL; the
+                               gradients are pieces of grad_pool, which every layer's backward reuses */
+    void *grad_pool;
+    int64_t *cap;           /* (tensors) rows of val/grad: f x the program's B x T x top-k (ep_buffers.h) */
     void *acc;              /* an ACC temporary of the expert ops (the widest, cap rows) */
     void *stage;            /* rows in source order (the widest exchanged) */
     int64_t *counts, *count_send, *count_recv, *count_rc, *bytes_s, *bytes_r; /* (E), (W), (E), (W), (W), (W) */
@@ -116,8 +118,16 @@ static dw_status dispatch_rows(dw_ep *ep, ep_layer *L) {
     dw_ep_send_plan(&ep->l, L->offsets_h, L->send_rows, ep->counts, ep->count_send);
     for (int r = 0; r < ep->l.world; r++) ep->count_rc[r] = r / G == ep->l.rank / G ? El : 0;
     DW_TRY(dw_comm_all_to_all(ep->ctx, ep->host, ep->counts, ep->count_send, ep->count_recv, ep->count_rc, DW_COMM_I64));
+    int64_t need = 0; /* the rows this rank's experts receive from the group */
+    for (int64_t j = 0; j < G * El; j++) need += ep->count_recv[j];
+    if (need > ep->cap[L->rows])
+        return dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "expert parallel: MoE layer %d routed %lld rows to rank %d's "
+                            "experts, more than its buffers hold (%lld rows: DW_EP_CAPACITY %.2f x its own share); "
+                            "routing this skewed needs a larger DW_EP_CAPACITY (at most %lld, the --ep group): set it "
+                            "and resume from the last checkpoint", (int)(L - ep->layer), (long long)need, ep->l.rank,
+                            (long long)ep->cap[L->rows], ep->map.capacity, (long long)G);
     L->total = dw_ep_recv_plan(&ep->l, ep->count_recv, L->recv_rows, L->offsets_h, L->perm_h, L->back_h);
-    DW_ASSERT(L->total <= ep->cap[L->rows]);
+    DW_ASSERT(L->total == need);
     DW_TRY(be->i->upload(be, L->offsets_d, L->offsets_h, (size_t)(E + 1) * sizeof(int32_t)));
     DW_TRY(be->i->upload(be, L->perm_d, L->perm_h, (size_t)L->total * sizeof(int32_t)));
     DW_TRY(be->i->upload(be, L->back_d, L->back_h, (size_t)L->total * sizeof(int32_t)));
@@ -234,8 +244,10 @@ static dw_status alloc_all(dw_ep *ep) {
     for (int t = 0; t < p->g->n_tensors; t++) {
         if (!ep->cap[t]) continue;
         DW_TRY(alloc_buf(ep, dw_ep_tensor_bytes(p, &ep->map, t), &ep->val[t]));
-        if (dw_ep_tensor_has_grad(p, &ep->map, t)) DW_TRY(alloc_buf(ep, dw_ep_tensor_bytes(p, &ep->map, t), &ep->grad[t]));
     }
+    DW_TRY(alloc_buf(ep, ep->map.grad_pool, &ep->grad_pool));
+    for (int t = 0; t < p->g->n_tensors; t++)
+        if (ep->map.grad_at[t] >= 0) ep->grad[t] = (char *)ep->grad_pool + ep->map.grad_at[t];
     for (int i = 0; i < ep->n_layers; i++) {
         ep_layer *L = &ep->layer[i];
         const int64_t cap = ep->cap[L->rows];
@@ -348,9 +360,9 @@ dw_status dw_ep_create(dw_engine *e, dw_comm *comm, int k, dw_ep **out) {
     x->ep_step = ep_step, x->ep = ep;
     if (ep->fp8_buf) x->moe_ep = &ep->fp8, ep->fp8_partial = true; /* refreshes from now on: this rank's experts */
     DW_LOGI("expert parallel: groups of %d ranks, rank %d runs experts %lld-%lld of %lld in %d MoE layers (%.1f MiB "
-            "of buffers for the group's rows)", k, comm->rank, (long long)dw_ep_first_expert(&ep->l),
+            "of buffers for up to %.2f x its own rows, DW_EP_CAPACITY)", k, comm->rank, (long long)dw_ep_first_expert(&ep->l),
             (long long)(dw_ep_first_expert(&ep->l) + dw_ep_local(&ep->l) - 1), (long long)ep->l.experts, ep->n_layers,
-            (double)ep->bytes / (1 << 20));
+            (double)ep->bytes / (1 << 20), ep->map.capacity);
     *out = ep;
     return DW_OK;
 }
@@ -376,8 +388,8 @@ void dw_ep_free(dw_ep *ep) {
     const dw_graph *g = ep->eng->g;
     for (int t = 0; ep->val && t < g->n_tensors; t++) {
         if (ep->val[t]) be->i->release(be, ep->val[t]);
-        if (ep->grad[t]) be->i->release(be, ep->grad[t]);
     }
+    if (ep->grad_pool) be->i->release(be, ep->grad_pool);
     for (int i = 0; ep->layer && i < ep->n_layers; i++) {
         ep_layer *L = &ep->layer[i];
         free(L->send_rows), free(L->recv_rows), free(L->offsets_h), free(L->perm_h), free(L->back_h);

@@ -1,22 +1,25 @@
 /* ep_buffers.c — expert parallelism's MoE layers found in a compiled program and the group's
  * buffers sized (ep_buffers.h): one home for what train/ep.c allocates and plan/memory.c counts. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/exec.h"
 #include "runtime/moe_fp8.h"
 #include "train/ep_buffers.h"
 
 void dw_ep_map_free(dw_ep_map *m) {
     if (!m) return;
-    free(m->layer), free(m->role), free(m->layer_of), free(m->cap);
+    free(m->layer), free(m->role), free(m->layer_of), free(m->cap), free(m->grad_at);
     memset(m, 0, sizeof *m);
 }
 
 /* From each dispatch, the ops that read its rows (transitively) up to the combine: the expert ops.
- * Checks what ep.c's hook relies on; marks the expert ops' tensors in mark (tensors). */
-static dw_status find_layers(dw_ctx *ctx, const dw_compiled *p, int k, dw_ep_map *m, bool *all) {
+ * Checks what ep.c's hook relies on; all[t] (tensors, -1 before) = the layer of each expert-op tensor. */
+static dw_status find_layers(dw_ctx *ctx, const dw_compiled *p, int k, dw_ep_map *m, int *all) {
     const dw_graph *g = p->g;
     bool *mark = calloc((size_t)g->n_tensors, sizeof *mark);
     if (!mark) return dw_set_error(ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
@@ -60,11 +63,40 @@ static dw_status find_layers(dw_ctx *ctx, const dw_compiled *p, int k, dw_ep_map
         if (st == DW_OK && (L->combine < 0 || !mark[L->y] || L->y == L->rows))
             st = dw_set_error(ctx, DW_ERR_UNSUPPORTED, "--ep %d: MoE layer '%s' has no expert ops between its "
                               "dispatch and a combine", k, d->name);
-        for (int t = 0; st == DW_OK && t < g->n_tensors; t++) all[t] |= mark[t];
+        for (int t = 0; st == DW_OK && t < g->n_tensors; t++)
+            if (mark[t]) all[t] = m->n_layers; /* its layer */
         m->n_layers++;
     }
     free(mark);
     return st;
+}
+
+double dw_ep_capacity_factor(int g) {
+    const char *v = dw_env("DW_EP_CAPACITY");
+    char *end = NULL;
+    double f = v ? strtod(v, &end) : 2.0;
+    if (v && (end == v || *end || !(f > 0) || !isfinite(f))) {
+        DW_LOGW("DW_EP_CAPACITY=%s is not a positive number; using 2", v);
+        f = 2.0;
+    }
+    return f < g ? f : g;
+}
+
+static int64_t act_bytes(const dw_compiled *p) { return p->bf16 ? 2 : 4; }
+
+/* Each layer's gradient rows packed from offset 0 (256-aligned pieces): the layers share them. */
+static bool place_grads(const dw_compiled *p, dw_ep_map *m, const int *layer) {
+    int64_t *used = calloc((size_t)m->n_layers + 1, sizeof *used);
+    if (!used) return false;
+    for (int t = 0; t < p->g->n_tensors; t++) {
+        m->grad_at[t] = -1;
+        if (!dw_ep_tensor_has_grad(p, m, t)) continue;
+        m->grad_at[t] = used[layer[t]];
+        used[layer[t]] += (dw_ep_tensor_bytes(p, m, t) + 255) / 256 * 256;
+        if (used[layer[t]] > m->grad_pool) m->grad_pool = used[layer[t]];
+    }
+    free(used);
+    return true;
 }
 
 dw_status dw_ep_map_build(dw_ctx *ctx, const dw_compiled *p, int k, dw_ep_map *out) {
@@ -78,27 +110,34 @@ dw_status dw_ep_map_build(dw_ctx *ctx, const dw_compiled *p, int k, dw_ep_map *o
     out->role = calloc((size_t)g->n_nodes, sizeof *out->role);
     out->layer_of = malloc((size_t)g->n_nodes * sizeof *out->layer_of);
     out->cap = calloc((size_t)g->n_tensors, sizeof *out->cap);
-    bool *all = calloc((size_t)g->n_tensors, sizeof *all);
-    dw_status st = out->layer && out->role && out->layer_of && out->cap && all
+    out->grad_at = malloc((size_t)g->n_tensors * sizeof *out->grad_at);
+    int *layer = malloc((size_t)g->n_tensors * sizeof *layer);
+    dw_status st = out->layer && out->role && out->layer_of && out->cap && out->grad_at && layer
                        ? DW_OK
                        : dw_set_error(ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
     for (int i = 0; st == DW_OK && i < g->n_nodes; i++) out->layer_of[i] = -1;
-    if (st == DW_OK) st = find_layers(ctx, p, k, out, all);
+    for (int t = 0; st == DW_OK && t < g->n_tensors; t++) layer[t] = -1;
+    if (st == DW_OK) st = find_layers(ctx, p, k, out, layer);
     if (st == DW_OK && out->experts % k)
         st = dw_set_error(ctx, DW_ERR_INVALID, "--ep %d: the model's %lld experts do not split over %d ranks (the "
                           "experts must be a multiple of --ep)", k, (long long)out->experts, k);
-    if (st == DW_OK) {
-        dw_exec whole; /* the program's capacity, for the whole group */
-        memset(&whole, 0, sizeof whole);
-        whole.p = p, whole.g = g, whole.b = g->batch * k, whole.t = g->seq;
-        for (int t = 0; t < g->n_tensors; t++) out->cap[t] = all[t] ? dw_exec_rows(&whole, t) : 0;
+    if (st == DW_OK) { /* f x the rank's own rows, at most the whole group's (G x them) */
+        out->capacity = dw_ep_capacity_factor(k);
+        dw_exec one, whole;
+        memset(&one, 0, sizeof one);
+        one.p = p, one.g = g, one.b = g->batch, one.t = g->seq;
+        whole = one, whole.b = g->batch * k;
+        for (int t = 0; t < g->n_tensors; t++) {
+            if (layer[t] < 0) continue;
+            const int64_t all_rows = dw_exec_rows(&whole, t), f_rows = (int64_t)ceil(out->capacity * (double)dw_exec_rows(&one, t));
+            out->cap[t] = f_rows < all_rows ? f_rows : all_rows;
+        }
+        if (!place_grads(p, out, layer)) st = dw_set_error(ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
     }
-    free(all);
+    free(layer);
     if (st != DW_OK) dw_ep_map_free(out);
     return st;
 }
-
-static int64_t act_bytes(const dw_compiled *p) { return p->bf16 ? 2 : 4; }
 
 int64_t dw_ep_tensor_bytes(const dw_compiled *p, const dw_ep_map *m, int t) {
     return m->cap[t] * p->tensor[t].width * act_bytes(p);
@@ -140,7 +179,8 @@ void dw_ep_fp8_fit(const dw_compiled *p, const dw_ep_map *m, dw_moe_fp8_ep *fp8)
 void dw_ep_buffer_bytes(const dw_compiled *p, const dw_ep_map *m, dw_ep_bytes *out) {
     memset(out, 0, sizeof *out);
     for (int t = 0; t < p->g->n_tensors; t++)
-        if (m->cap[t]) out->rows += dw_ep_tensor_bytes(p, m, t) * (dw_ep_tensor_has_grad(p, m, t) ? 2 : 1);
+        if (m->cap[t]) out->rows += dw_ep_tensor_bytes(p, m, t);
+    out->rows += m->grad_pool;
     for (int i = 0; i < m->n_layers; i++) out->index += dw_ep_offsets_bytes(m) + 2 * dw_ep_perm_bytes(m, i);
     out->acc = dw_ep_acc_bytes(p, m);
     out->stage = dw_ep_stage_bytes(p, m);

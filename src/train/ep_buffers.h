@@ -1,7 +1,10 @@
 /* ep_buffers.h — private: expert parallelism's MoE layers and the buffers for a group's rows, found
  * and sized from the compiled program alone, so the runtime (train/ep.c) allocates and the planner
- * (plan/memory.c) counts the same bytes. Sized for the worst case: every routed row of the group's
- * G ranks landing on one rank (G x the program's B x T x top-k rows per expert-op tensor).
+ * (plan/memory.c) counts the same bytes. A rank's expert rows are sized for f x its own share,
+ * f x B x T x top-k (f: dw_ep_capacity_factor, at most the group's G, where every routed row of
+ * the group lands on one rank); a step whose routing sends a rank more is refused by name (ep.c).
+ * The expert rows' gradients live only inside their layer's backward: one pool, sized for the
+ * largest layer, serves every layer.
  * Not here: allocation, the exchanges (ep.c), the index bookkeeping (ep_plan.h). */
 #ifndef DW_TRAIN_EP_BUFFERS_H
 #define DW_TRAIN_EP_BUFFERS_H
@@ -26,13 +29,19 @@ typedef struct {
     dw_ep_layer_at *layer;   /* (n_layers) */
     signed char *role;       /* (nodes) DW_EP_ROLE_* */
     int *layer_of;           /* (nodes) its layer, -1 */
-    int64_t *cap;            /* (tensors) rows of t's group buffers (G x B x T x top-k); 0: not ep's */
+    int64_t *cap;            /* (tensors) rows of t's group buffers (f x B x T x top-k); 0: not ep's */
+    double capacity;         /* f */
+    int64_t *grad_at;        /* (tensors) byte offset of t's gradient rows in the shared pool; -1: none */
+    int64_t grad_pool;       /* bytes of that pool: the largest layer's gradient rows */
 } dw_ep_map;
+
+/* f: DW_EP_CAPACITY (a positive number; above g is taken as g) or 2, capped at the group size g. */
+double dw_ep_capacity_factor(int g);
 
 /* Bytes of the buffers ep.c allocates for a map, by kind; total is their sum (the log's "MiB of
  * buffers for the group's rows"). */
 typedef struct {
-    int64_t rows;  /* each expert-op tensor's rows (cap x width) and, where it has one, its gradient's */
+    int64_t rows;  /* each expert-op tensor's rows (cap x width) and the shared pool of their gradients */
     int64_t index; /* each layer's expert-order offsets (E+1) and perm, back (cap) as int32 */
     int64_t acc;   /* an ACC temporary of the widest expert-op tensor */
     int64_t stage; /* rows in source order: the widest exchanged (a layer's rows or y) */
@@ -47,7 +56,7 @@ typedef struct {
 dw_status dw_ep_map_build(dw_ctx *ctx, const dw_compiled *p, int g, dw_ep_map *out);
 void dw_ep_map_free(dw_ep_map *m);
 
-/* One buffer of tensor t's group rows (its values or its gradient), the ACC temporary, the staging
+/* One buffer of tensor t's group rows (its values, or its gradient's share of the pool), the ACC temporary, the staging
  * rows, a layer's offsets and its perm (= back) in bytes: what ep.c allocates each of. */
 int64_t dw_ep_tensor_bytes(const dw_compiled *p, const dw_ep_map *m, int t);
 int64_t dw_ep_acc_bytes(const dw_compiled *p, const dw_ep_map *m);

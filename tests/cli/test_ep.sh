@@ -219,6 +219,12 @@ has "  ... saying why" "$tmp/err" "--ep 2: the model has no mixture-of-experts l
 "$dw" "${run[@]}" --ep 2 --out "$tmp/bad5" >/dev/null 2>"$tmp/err"
 [ $? -ne 0 ] && ok "--ep 2 in a process of its own refused" || bad "--ep 2 on one rank ran"
 has "  ... saying why" "$tmp/err" "--ep 2: groups of 2 do not divide the job's 1 rank "
+# buffers below the routing's needs (DW_EP_CAPACITY 0.5 x a rank's own rows; routing sends each
+# about its own): the step is refused naming the layer, the rows and the variable, nothing run on
+DW_EP_CAPACITY=0.5 "$dw" launch -n 2 -- "${run[@]}" --ep 2 --out "$tmp/bad6" >/dev/null 2>"$tmp/err"
+[ $? -ne 0 ] && ok "--ep 2 with DW_EP_CAPACITY=0.5 refused" || bad "--ep 2 with buffers for half the rows ran"
+has "  ... saying why" "$tmp/err" "more than its buffers hold"
+has "  ... and what to do" "$tmp/err" "needs a larger DW_EP_CAPACITY (at most 2, the --ep group)"
 "$dw" "${run[@]}" --ep 0 --out "$tmp/bad4" >/dev/null 2>"$tmp/err"
 check "--ep 0 refused" 2 $?
 has "  ... naming the flag" "$tmp/err" "--ep"
