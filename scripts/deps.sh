@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [build|test]   (test adds the test-only packages)
 set -euo pipefail
 what=${1:-build}
-pkgs=(build-essential cmake ninja-build libjansson-dev libpcre2-dev libutf8proc-dev python3 libopenmpi-dev openmpi-bin)
+pkgs=(build-essential cmake ninja-build libjansson-dev libpcre2-dev libutf8proc-dev zlib1g-dev python3 libopenmpi-dev openmpi-bin)
 pkgs+=(python3-pip python3-numpy) # `pip install ./python` (the deepwell package) and its one dependency
 if [ "$what" = test ]; then
   # libclang-rt-dev: the sanitizer and fuzzer runtimes clang links (not pulled in without recommends)

@@ -1,4 +1,4 @@
-/* ckpt_fs.c — file-system helpers for checkpoints: CRC-32 of a file, recursive removal, path
+/* ckpt_fs.c — file-system helpers for checkpoints: CRC-32 of a file (zlib's), recursive removal, path
  * joining (and absolute data patterns), fsync of a file or directory by name. */
 #include <errno.h>
 #include <fcntl.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "core/error.h"
 #include "core/fileio.h"
@@ -45,21 +46,9 @@ char *dw_abs_pattern(const char *pattern) {
     return dw_path_join(cwd, p);
 }
 
-/* Continues a CRC-32 (pre- and post-inverted by the callers) over n bytes. */
-static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
-    uint32_t table[256];
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        table[i] = c;
-    }
-    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-    return crc;
-}
-
-uint32_t dw_crc32(const void *data, size_t n) {
-    return crc32_update(0xFFFFFFFFu, data, n) ^ 0xFFFFFFFFu;
-}
+/* CRC-32 (IEEE 802.3, zlib's and gzip's) by zlib: its braided tables run several times faster than
+ * a byte-wise loop, which held a 15 GB checkpoint's save for ~35 s re-reading what it wrote. */
+uint32_t dw_crc32(const void *data, size_t n) { return (uint32_t)crc32_z(0L, data, n); }
 
 dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_t *size_out) {
     int fd;
@@ -70,7 +59,7 @@ dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_
         close(fd);
         return dw_set_error(ctx, DW_ERR_NOMEM, "out of memory");
     }
-    uint32_t crc = 0xFFFFFFFFu;
+    uLong crc = crc32_z(0L, Z_NULL, 0);
     int64_t size = 0;
     for (;;) {
         ssize_t got = read(fd, buf, CHUNK);
@@ -82,12 +71,12 @@ dw_status dw_file_crc32(dw_ctx *ctx, const char *path, uint32_t *crc_out, int64_
             return s;
         }
         if (got == 0) break;
-        crc = crc32_update(crc, buf, (size_t)got);
+        crc = crc32_z(crc, buf, (size_t)got);
         size += got;
     }
     free(buf);
     close(fd);
-    *crc_out = crc ^ 0xFFFFFFFFu;
+    *crc_out = (uint32_t)crc;
     *size_out = size;
     return DW_OK;
 }
