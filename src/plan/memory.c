@@ -6,7 +6,9 @@
  * the whole pools but, under ZeRO-1/2/3, its shard's moments only, under ZeRO-2/3 its shard's gradients
  * plus the staging slots, and under ZeRO-3 also its shard of the masters plus the gather block
  * instead of the whole weights) takes the engine's compiled pools
- * instead (engine.c, compile/shard.h, compile/z3_slots.h). */
+ * instead (engine.c, compile/shard.h, compile/z3_slots.h); so does a plan it runs with --ep (data x
+ * expert parallel, ZeRO 0-2), whose ranks keep the whole model as data parallelism does, plus the
+ * buffers for the group's rows. */
 #include <string.h>
 
 #include "compile/shard.h"
@@ -61,6 +63,16 @@ static double ep_buffers(const dw_plan_in *in, const dw_par *par) {
 /* The worst pipeline rank into *out, and every rank into ranks[pp] when not NULL. */
 static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, dw_mem *ranks) {
     memset(out, 0, sizeof *out);
+    dw_par whole = *par; /* --ep as the runtime runs it: every rank keeps the whole model as data */
+    whole.ep = 1;        /* parallelism does (ZeRO-1 by cells shards as it does), plus the buffers */
+    const double ep_buf = ep_buffers(in, par);
+    if (ep_buf > 0 && par->zero <= 2 && engine_memory(in, &whole, out)) {
+        out->ep_buffers = ep_buf, out->total += ep_buf;
+        out->hbm = (double)in->hw->gpus[0].hbm_bytes;
+        out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
+        if (ranks) ranks[0] = *out;
+        return;
+    }
     if (engine_memory(in, par, out)) {
         out->hbm = (double)in->hw->gpus[0].hbm_bytes;
         out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
@@ -84,7 +96,6 @@ static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, d
     /* quantised GEMM inputs saved per token per block (their scales ride along): QKV and
      * out-projection inputs, then the MLP's (dense) or each routed copy's and the shared
      * experts' (MoE) input and down-projection input */
-    const double ep_buf = ep_buffers(in, par);
     double q_dense = 0, q_moe = 0;
     if (lowp && par->recompute == DW_RECOMPUTE_NONE) {
         dw_attn_shape as;
