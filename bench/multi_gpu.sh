@@ -23,6 +23,8 @@
 #   ep       the small MoE on N ranks with expert parallelism (--ep 2, and --ep N when it divides
 #            the 4 experts) against --ep 1 on the same N ranks: the largest relative loss
 #            difference (3e-2), on NCCL's all-to-all
+#   planner  the planner's predicted step and memory per rank beside every scale run so far
+#            (bench/plan_vs_measured.py over scale.jsonl; HW env: the preset, default h100-sxm)
 #   anchors  PyTorch in the same call: DDP under torch.compile (ANCHORS/anchor_train.py) at 1 and
 #            N GPUs, FSDP2 per-block compile (bench/anchor_fsdp2.py) at N GPUs, and a plain NCCL
 #            all-reduce loop (bench/nccl_busbw.py) — JSON lines in anchors.jsonl
@@ -195,6 +197,9 @@ PY
       else say "moe --ep $e on $n ranks failed"; tail -5 "$out/moe-ep$e-x$n.log"; fail=1; fi
     done
     [ ${#runs[@]} -gt 0 ] && { compare "moe-ep1-x$n" "${runs[@]}" | tee -a "$out/summary.txt" || fail=1; }
+    ;;
+  planner)
+    python3 "$here/plan_vs_measured.py" "$dw" "$out/scale.jsonl" --hw "${HW:-h100-sxm}" | tee "$out/planner.txt" || fail=1
     ;;
   anchors)
     : >"$out/anchors.jsonl"
