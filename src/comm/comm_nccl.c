@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/ctx.h"
+#include "core/env.h"
 #include "core/log.h"
 
 typedef struct {
@@ -335,7 +336,15 @@ dw_status dw_comm_nccl_create(dw_ctx *ctx, dw_comm *host, dw_comm **out) {
     *c = (dw_comm){.i = &nccl_i, .rank = host->rank, .world = host->world, .local_rank = host->local_rank,
                    .host = host, .impl = m};
     dw_status st = DW_OK;
-    if (cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking) != cudaSuccess ||
+    /* DW_NCCL_HIGH_PRIORITY=1: the collectives' stream at the device's highest priority, so their
+     * blocks are scheduled ahead of the compute kernels' waiting ones (an experiment for issue 29:
+     * moe-e64's gradient reduction slowed backward by as long as it ran; off by default, as
+     * PyTorch's TORCH_NCCL_HIGH_PRIORITY is) */
+    int least = 0, greatest = 0;
+    if (!dw_env_flag("DW_NCCL_HIGH_PRIORITY", false) ||
+        cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess)
+        greatest = 0;
+    if (cudaStreamCreateWithPriority(&m->stream, cudaStreamNonBlocking, greatest) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming) != cudaSuccess)
         st = dw_set_error(ctx, DW_ERR_CUDA, "nccl rank %d: stream or events: %s", c->rank,
