@@ -3,9 +3,11 @@
 # headers from .deps/, unpacked Debian packages, since that image has neither), then runs the
 # phases asked for. Logs go to $OUT (or out/); a summary is printed last.
 # Prepare .deps once with scripts/gpu-deps.sh and carry it.
-# Usage: scripts/gpu-verify.sh build|base|tests|quick|attnwin|recipes|quant|gemm|step|ab|compare|dryrun|mainjob ...
+# Usage: scripts/gpu-verify.sh build|unpack|base|tests|quick|attnwin|recipes|quant|gemm|step|ab|compare|dryrun|mainjob ...
 #   e.g. `scripts/gpu-verify.sh build tests`. DW_CUDA_ARCHS (env, default 90a) narrows the build to
-#   the GPU at hand; BUILD_TARGETS (env) narrows `build` to those ninja targets (a short call). `base` builds the tree in .base/ (a git-ignored snapshot of an earlier commit,
+#   the GPU at hand; BUILD_TARGETS (env) narrows `build` to those ninja targets (a short call);
+#   `unpack` replaces `build` with the binaries scripts/gpu-pack.sh built here (carry .gpu).
+#   `base` builds the tree in .base/ (a git-ignored snapshot of an earlier commit,
 #   `git archive COMMIT | tar -x -C .base`) into build-base/ and `ab` times it against build-gpu/
 #   (bench/step_ab.sh): the "within 2% of before" check of a refactoring.
 set -uo pipefail
@@ -13,7 +15,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-out}
 mkdir -p "$out"
 deps=$PWD/.deps/root/usr
-export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$PWD/build-gpu/lib:$deps/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 b=build-gpu
 summary=()
 record() { summary+=("$(printf '%-44s %s' "$1" "$2")"); echo "== $1: $2"; }
@@ -27,6 +29,10 @@ for phase in "$@"; do
     rc=$?
     record "build ($(( $(date +%s) - s )) s)" "rc=$rc"
     [ $rc -ne 0 ] && { tail -n 40 "$out/configure.log" "$out/build.log"; exit 1; }
+    ;;
+  unpack)  # instead of build: the binaries scripts/gpu-pack.sh built on the CPU machine (carry .gpu)
+    mkdir -p $b && tar -xJf .gpu/pack.tar.xz -C $b
+    record "unpack .gpu/pack.tar.xz" "rc=$? ($(cd $b && find . -type f | tr '\n' ' '))"
     ;;
   base)
     s=$(date +%s)
