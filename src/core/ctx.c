@@ -16,8 +16,10 @@ bool dw_built_with_cuda(void) { return DW_HAVE_CUDA != 0; }
 #define DW_STR(x) DW_STR2(x)
 const char *dw_version_string(void) {
     return DW_STR(DW_VERSION_MAJOR) "." DW_STR(DW_VERSION_MINOR) "." DW_STR(DW_VERSION_PATCH)
-#if DW_HAVE_CUDA
-        " (cuda: sm_90a,sm_100a)";
+#if DW_HAVE_CUDA && defined(DW_CUDA_ARCHS_TEXT)
+        " (cuda: " DW_CUDA_ARCHS_TEXT ")"; /* the build's DW_CUDA_ARCHS (CMakeLists.txt) */
+#elif DW_HAVE_CUDA
+        " (cuda)";
 #else
         " (cpu-only build)";
 #endif
