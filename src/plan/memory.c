@@ -66,14 +66,9 @@ static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, d
     dw_par whole = *par; /* --ep as the runtime runs it: every rank keeps the whole model as data */
     whole.ep = 1;        /* parallelism does (ZeRO-1 by cells shards as it does), plus the buffers */
     const double ep_buf = ep_buffers(in, par);
-    if (ep_buf > 0 && par->zero <= 2 && engine_memory(in, &whole, out)) {
-        out->ep_buffers = ep_buf, out->total += ep_buf;
-        out->hbm = (double)in->hw->gpus[0].hbm_bytes;
-        out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
-        if (ranks) ranks[0] = *out;
-        return;
-    }
-    if (engine_memory(in, par, out)) {
+    const bool ep_run = ep_buf > 0 && par->zero <= 2;
+    if (engine_memory(in, ep_run ? &whole : par, out)) {
+        if (ep_run) out->ep_buffers = ep_buf, out->total += ep_buf;
         out->hbm = (double)in->hw->gpus[0].hbm_bytes;
         out->limit = (1.0 - in->job.mem_headroom) * out->hbm;
         if (ranks) ranks[0] = *out;

@@ -309,9 +309,9 @@ static dw_status save_ckpt(run *r, char **path_out) {
         DW_LOGI("checkpoint: writing step %lld (%.1f GB of weights and moments) under %s", (long long)r->step, gb,
                 o->out_dir);
     if (st == DW_OK) st = dw_ckpt_save_ranks(r->ctx, r->dp.host, o->out_dir, &s, write_ckpt_files, r, o->keep, path_out);
+    const double took = now_s() - t_save;
     if (st == DW_OK && r->dp.rank == 0)
-        DW_LOGI("checkpoint: step %lld written in %.1f s (%.2f GB/s)", (long long)r->step, now_s() - t_save,
-                gb / fmax(now_s() - t_save, 1e-9));
+        DW_LOGI("checkpoint: step %lld written in %.1f s (%.2f GB/s)", (long long)r->step, took, gb / fmax(took, 1e-9));
     free(spike);
     free(amax);
     DW_TRY(st);
