@@ -31,7 +31,8 @@ class Policy(Handle):
 def make_policy(precision=None, fallback=None, policy=None, ctx=None):
     """A Policy from a recipe name ("bf16", "fp8_block", "mxfp8", "nvfp4", ...) with fallback
     "head" (or None: the LM head stays BF16), "safe" or "none", or from policy= a dict or a JSON
-    file path ({"default":..., "fallback":"safe", "rules":[{"match":..., "op":..., "recipe":...}]}).
+    file path ({"default":..., "fallback":"safe", "rules":[{"match":..., "op":..., "recipe":...,
+    "bf16_passes": ["wgrad"]}]}: docs/precision.md).
     None when all are None (FP32 mode)."""
     ctx = ctx_of(ctx)
     if fallback not in (None, "safe", "head", "none"):

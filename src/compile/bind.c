@@ -68,6 +68,11 @@ bool dw_compile_linear_quantised(const dw_compiled *c, int i, dw_qpass pass, int
         if (why && why_len) snprintf(why, why_len, "the node's recipe is %s", c->bf16 ? "bf16" : "fp32");
         return false;
     }
+    if (b->bf16_passes & (1u << pass)) {
+        if (why && why_len) snprintf(why, why_len, "policy rule %d keeps %s BF16 (bf16_passes)", b->rule,
+                                     dw_policy_pass_name(pass));
+        return false;
+    }
     int64_t cap, K, M;
     dw_compile_linear_dims(c, i, &cap, &K, &M);
     if (rows == cap && b->kernel[pass] && !why) { /* decided at compile time */
@@ -135,12 +140,14 @@ dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) 
         if (n->op == DW_OP_MOE_LINEAR) { /* the grouped GEMM kind, its recipe the policy's: bind_grouped.c */
             if (policy && c->bf16)
                 b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);
+            b->bf16_passes = dw_policy_bf16_passes(policy, b->rule);
             DW_TRY(dw_compile_bind_grouped(ctx, c, i));
             continue;
         }
         if (!DW_OP_IS(n, DW_OPF_GEMM)) continue;
         if (policy)
             b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);
+        b->bf16_passes = dw_policy_bf16_passes(policy, b->rule);
         DW_TRY(bind_linear(ctx, c, i));
     }
     return DW_OK;

@@ -45,6 +45,36 @@ dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallbac
     return DW_OK;
 }
 
+static const char *const pass_names[3] = {"fprop", "dgrad", "wgrad"}; /* dw_qpass order */
+
+const char *dw_policy_pass_name(int i) { return i >= 0 && i < 3 ? pass_names[i] : "?"; }
+
+unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index) {
+    return p && rule_index >= 0 && rule_index < p->n_rules ? p->rules[rule_index].bf16_passes : 0;
+}
+
+/* A rule's "bf16_passes": an array of pass names, each at most once. */
+static dw_status parse_passes(dw_ctx *ctx, const json_t *v, const char *what, unsigned *mask) {
+    *mask = 0;
+    if (!v) return DW_OK;
+    if (!json_is_array(v))
+        return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'bf16_passes': expected an array of \"fprop\", "
+                            "\"dgrad\", \"wgrad\"", what);
+    size_t i;
+    const json_t *e;
+    json_array_foreach(v, i, e) {
+        int p = 0;
+        while (p < 3 && !(json_is_string(e) && !strcmp(json_string_value(e), pass_names[p]))) p++;
+        if (p == 3)
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'bf16_passes'[%zu]: expected \"fprop\", \"dgrad\" "
+                                "or \"wgrad\"", what, i);
+        if (*mask & (1u << p))
+            return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'bf16_passes': '%s' twice", what, pass_names[p]);
+        *mask |= 1u << p;
+    }
+    return DW_OK;
+}
+
 static dw_status load_rules(dw_ctx *ctx, const json_t *rules, const char *path, dw_policy *p) {
     if (!rules) return DW_OK;
     if (!json_is_array(rules))
@@ -64,14 +94,15 @@ static dw_status load_rules(dw_ctx *ctx, const json_t *rules, const char *path, 
         const char *key;
         json_t *v;
         json_object_foreach((json_t *)r, key, v) {
-            if (strcmp(key, "match") && strcmp(key, "op") && strcmp(key, "recipe"))
+            if (strcmp(key, "match") && strcmp(key, "op") && strcmp(key, "recipe") && strcmp(key, "bf16_passes"))
                 return dw_set_error(ctx, DW_ERR_FORMAT,
-                                    "%s: unknown field '%s' (expected match, op, recipe)", what, key);
+                                    "%s: unknown field '%s' (expected match, op, recipe, bf16_passes)", what, key);
         }
         if (!match && !op)
             return dw_set_error(ctx, DW_ERR_FORMAT, "%s: a rule needs 'match' or 'op'", what);
         dw_policy_rule *rule = &p->rules[p->n_rules++];
         DW_TRY(parse_recipe(ctx, recipe, what, &rule->recipe));
+        DW_TRY(parse_passes(ctx, json_object_get(r, "bf16_passes"), what, &rule->bf16_passes));
         rule->match = match ? strdup(match) : NULL;
         rule->op = op ? strdup(op) : NULL;
         if ((match && !rule->match) || (op && !rule->op))
@@ -136,6 +167,12 @@ dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out) {
         if (p->rules[i].match) json_object_set_new(r, "match", json_string(p->rules[i].match));
         if (p->rules[i].op) json_object_set_new(r, "op", json_string(p->rules[i].op));
         json_object_set_new(r, "recipe", json_string(dw_recipe_name(p->rules[i].recipe)));
+        if (p->rules[i].bf16_passes) {
+            json_t *passes = json_array();
+            for (int k = 0; k < 3; k++)
+                if (p->rules[i].bf16_passes & (1u << k)) json_array_append_new(passes, json_string(pass_names[k]));
+            json_object_set_new(r, "bf16_passes", passes);
+        }
         json_array_append_new(rules, r);
     }
     json_t *root = json_pack("{s:s,s:s,s:o}", "default", dw_recipe_name(p->default_recipe),

@@ -3,7 +3,8 @@
  * fragile ones, "head" (the default) the LM head alone, "none" nothing. It decides the recipe of
  * every linear node; other ops compute in BF16/FP32 whatever the policy says.
  * JSON: {"default": "fp8_block", "fallback": "safe"|"head"|"none",
- *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"}, ...],
+ *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"},
+ *                  {"op": "moe_linear", "recipe": "fp8_block", "bf16_passes": ["wgrad"]}, ...],
  *        "max_rel_error": 0.2 | {"nvfp4": 0.25, ...}} (optional: precision/thresholds.h),
  *        "nvfp4": {"rht": true, ...} (optional: precision/nvfp4_recipe.h) */
 #ifndef DW_PRECISION_POLICY_H
@@ -17,6 +18,9 @@ typedef struct {
     char *match;      /* fnmatch(3) glob on the node name; NULL matches every name */
     char *op;         /* op name ("linear"); NULL matches every op */
     dw_recipe recipe;
+    /* The GEMMs of the matched nodes that stay BF16 in a quantised recipe (Transformer Engine's
+     * override_linear_precision): bit 0 fprop, 1 dgrad, 2 wgrad (compile/program.h's dw_qpass). */
+    unsigned bf16_passes;
 } dw_policy_rule;
 
 /* What the fallback keeps in BF16 when no rule names a node: nothing, the LM head (the default, as
@@ -60,6 +64,10 @@ bool dw_policy_is_moe_gate(const char *node_name);
 dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const char *op_name,
                             int64_t n_layers, dw_policy_reason *reason, int *rule_index);
 const char *dw_policy_reason_text(dw_policy_reason r);
+/* The passes rule i keeps BF16 (dw_policy_rule.bf16_passes); 0 for no rule (i < 0). */
+unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index);
+/* "fprop", "dgrad", "wgrad": the name of pass bit i (i < 3). */
+const char *dw_policy_pass_name(int i);
 /* "safe" | "head" | "none" to the fallback; false for any other name. */
 bool dw_policy_fallback_parse(const char *name, dw_policy_fallback *out);
 const char *dw_policy_fallback_name(dw_policy_fallback f);

@@ -7,7 +7,8 @@
  * gradient equal the fp8 grouped reference on those operands exactly; training on a fixed batch
  * lowers the loss. The policy's keys: a rule {"op": "moe_linear", "recipe": "bf16"} keeps the
  * experts BF16 (then their output equals the BF16 grouped reference exactly, with no weight cache);
- * the CUDA target on sm_90 by default and with DW_MOE_FP8=1 (the sm_90 kernel), with DW_MOE_FP8=0
+ * a rule's "bf16_passes" keeps the named GEMMs BF16 (["wgrad"]: the experts' weight gradient then
+ * equals the BF16 grouped reference exactly); the CUDA target on sm_90 by default and with DW_MOE_FP8=1 (the sm_90 kernel), with DW_MOE_FP8=0
  * and on sm_100 (BF16, the note saying why) as bind_grouped says; expert weights whose fprop and dgrad run in fp8_block get no standing BF16 copy. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -319,6 +320,45 @@ static void test_rule_keeps_bf16(void **state) {
     dw_test_model_free(&m);
 }
 
+/* A rule's "bf16_passes" keeps those GEMMs BF16 in a quantised recipe (Transformer Engine's
+ * override_linear_precision): experts with ["wgrad"] run fprop and dgrad in fp8_block and the
+ * wgrad in BF16 — the weight gradient equals the BF16 grouped reference on the stored dy and x,
+ * exactly, and the note says which rule; a dense layer with ["dgrad"] keeps its dgrad BF16. */
+static void test_rule_bf16_passes(void **state) {
+    (void)state;
+    const int64_t B = 2, T = 16;
+    dw_test_model m;
+    memset(&m, 0, sizeof m);
+    m.g = mixtral128(B, T);
+    m.pol = policy_json("{\"default\": \"fp8_block\", \"rules\": ["
+                        "{\"op\": \"moe_linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": [\"wgrad\"]},"
+                        "{\"match\": \"*.q_proj\", \"recipe\": \"fp8_block\", \"bf16_passes\": [\"dgrad\"]}]}");
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    assert_int_equal(dw_compile(CTX, m.g, NULL, m.pol, &o, &m.c), DW_OK);
+    assert_int_equal(dw_engine_create(CTX, m.c, NULL, &m.e), DW_OK);
+    int experts = 0, dense = 0;
+    for (int i = 0; i < m.g->n_nodes; i++) {
+        const dw_node_binding *b = &m.c->node[i].bind;
+        const bool expert = m.g->nodes[i].op == DW_OP_MOE_LINEAR, q = strstr(m.g->nodes[i].name, ".q_proj") != NULL;
+        if (!expert && !q) continue;
+        assert_int_equal(b->recipe, DW_RECIPE_FP8_BLOCK);
+        assert_int_equal(b->reason, DW_POLICY_BY_RULE);
+        const int kept = expert ? DW_QPASS_WGRAD : DW_QPASS_DGRAD;
+        for (int p = 0; p < DW_QPASS_COUNT; p++) assert_int_equal(b->quantised[p], p != kept);
+        assert_non_null(b->note);
+        const char *want = expert ? "policy rule 0 keeps wgrad BF16" : "policy rule 1 keeps dgrad BF16";
+        if (!strstr(b->note, want)) fail_msg("%s: note lacks '%s': %s", m.g->nodes[i].name, want, b->note);
+        experts += expert, dense += q;
+    }
+    assert_int_equal(experts, 6);
+    assert_int_equal(dense, 2);
+    dw_test_random_params(m.e, RNG, 0.05f, NULL, 0.05f);
+    assert_int_equal(dw_engine_refresh(m.e), DW_OK);
+    check_node_exact(&m, "model.layers.1.mlp.experts.down", B, T); /* its else branch: the BF16 wgrad */
+    dw_test_model_free(&m);
+}
+
 /* The CUDA target: on sm_90 fprop and dgrad run the fp8_block kernel by default (DW_MOE_FP8 unset)
  * and with DW_MOE_FP8=1; with DW_MOE_FP8=0 the experts stay BF16 and the note names the switch; on
  * sm_100 the sm_90 kernel is not offered. */
@@ -366,7 +406,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_binding),          cmocka_unit_test(test_exact),
         cmocka_unit_test(test_cuda_program_on_cpu), cmocka_unit_test(test_training),
-        cmocka_unit_test(test_rule_keeps_bf16),  cmocka_unit_test(test_cuda_target),
+        cmocka_unit_test(test_rule_keeps_bf16),  cmocka_unit_test(test_rule_bf16_passes),
+        cmocka_unit_test(test_cuda_target),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

@@ -35,7 +35,8 @@ static void test_rules_in_order(void **state) {
                              "{\"default\": \"fp8_block\", \"rules\": ["
                              " {\"match\": \"*.self_attn.o_proj\", \"recipe\": \"mxfp8\"},"
                              " {\"match\": \"*.self_attn.*\", \"recipe\": \"bf16\"},"
-                             " {\"op\": \"linear\", \"match\": \"*.mlp.down_proj\", \"recipe\": \"nvfp4\"}]}",
+                             " {\"op\": \"linear\", \"match\": \"*.mlp.down_proj\", \"recipe\": \"nvfp4\","
+                             "  \"bf16_passes\": [\"wgrad\", \"fprop\"]}]}",
                              DW_OK);
     dw_policy_reason why;
     int rule = -2;
@@ -79,7 +80,11 @@ static void test_rules_in_order(void **state) {
     for (int i = 0; i < 3; i++) {
         assert_string_equal(q->rules[i].match, p->rules[i].match);
         assert_int_equal(q->rules[i].recipe, p->rules[i].recipe);
+        assert_int_equal(q->rules[i].bf16_passes, p->rules[i].bf16_passes);
     }
+    assert_int_equal(dw_policy_bf16_passes(q, 2), 1u << 0 | 1u << 2); /* fprop and wgrad */
+    assert_int_equal(dw_policy_bf16_passes(q, 0), 0);
+    assert_int_equal(dw_policy_bf16_passes(q, -1), 0);
     assert_non_null(q->rules[2].op);
     assert_null(q->rules[0].op);
     free(json);
@@ -197,6 +202,17 @@ static void test_bad_policies(void **state) {
     load_text(dir, "{\"default\": \"bf16\", \"rules\": [{\"match\": \"*\", \"recipe\": \"x\"}]}",
               DW_ERR_INVALID);
     assert_non_null(strstr(dw_errmsg(NULL), "rules[0]"));
+    static const char *const bad_passes[][2] = {
+        {"\"wgrad\"", "expected an array"}, {"[\"wgrad\", \"wgrad\"]", "'wgrad' twice"},
+        {"[\"bwd\"]", "'bf16_passes'[0]"}, {"[1]", "'bf16_passes'[0]"}};
+    for (size_t i = 0; i < sizeof bad_passes / sizeof bad_passes[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"default\": \"fp8_block\", \"rules\": [{\"op\": \"linear\", "
+                 "\"recipe\": \"fp8_block\", \"bf16_passes\": %s}]}", bad_passes[i][0]);
+        load_text(dir, text, DW_ERR_FORMAT);
+        if (!strstr(dw_errmsg(NULL), bad_passes[i][1]) || !strstr(dw_errmsg(NULL), "rules[0]"))
+            fail_msg("bf16_passes %s: %s", bad_passes[i][0], dw_errmsg(NULL));
+    }
     load_text(dir, "{\"default\": \"bf16\", \"rulez\": []}", DW_ERR_FORMAT);
     assert_non_null(strstr(dw_errmsg(NULL), "unknown field 'rulez'"));
     load_text(dir, "{\"default\": \"bf16\",", DW_ERR_FORMAT);
