@@ -20,6 +20,7 @@
 #            comm_s / exposed_comm_s: medians over those steps of the slowest rank's gradient
 #            communication and the part of it the step waited for; SCALE_FLAGS (env) adds train
 #            flags (e.g. "--no-overlap", "--zero 1", "--ep 4") and SCALE_TAG names such a variant
+#            (an environment A/B too: the row's "tag", shown by the planner phase)
 #   ep       the small MoE on N ranks with expert parallelism (--ep 2, and --ep N when it divides
 #            the 4 experts) against --ep 1 on the same N ranks: the largest relative loss
 #            difference (3e-2), on NCCL's all-to-all
@@ -167,7 +168,7 @@ for phase in "$@"; do
         wait $lp
         kill $sp 2>/dev/null
         python3 - "$m" "$model" "$k" "$b" "$(grep -q '"step": 30[,}]' "$m"; echo $?)" "$(( $(date +%s) - s ))" "$out/$name.mem" "${SCALE_FLAGS:-}" >>"$out/scale.jsonl" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 path, model, k, b, rc, wall, mem, flags = sys.argv[1:]
 try: used = max(int(x) for x in open(mem).read().split() if x.isdigit())
 except (OSError, ValueError): used = None
@@ -178,7 +179,8 @@ tps = [r["tokens_per_s"] for r in late if "tokens_per_s" in r]
 def med_max(key):  # per step the slowest rank's figure, then the median over the steps
     v = [max(r[key]) if isinstance(r[key], list) else r[key] for r in late if key in r]
     return round(statistics.median(v), 5) if v else None
-print(json.dumps({"model": model, "gpus": int(k), "batch_per_gpu": int(b), "flags": flags, "rc": int(rc),
+print(json.dumps({"model": model, "gpus": int(k), "batch_per_gpu": int(b), "flags": flags,
+                  "tag": os.environ.get("SCALE_TAG", ""), "rc": int(rc),
                   "wall_s": int(wall), "tokens_per_s": round(statistics.median(tps)) if tps else None,
                   "comm_s": med_max("comm_s"), "exposed_comm_s": med_max("exposed_comm_s"),
                   "last_loss": rows[-1]["loss"] if rows else None, "max_gpu_mem_mib": used}))

@@ -65,7 +65,7 @@ def main(argv):
             if p not in ("--zero", "--ep") and (i == 0 or parts[i - 1] not in ("--zero", "--ep")):
                 rest.append(p)
         name = f"{r['model']} x{r['gpus']} B{r['batch_per_gpu']} zero{zero}" + (f" ep{ep}" if ep > 1 else "") + \
-            "".join(" " + p for p in rest)
+            "".join(" " + p for p in rest) + (f" [{r['tag']}]" if r.get("tag") else "")
         e = planned(dw, hw, r["model"], r["gpus"], r["batch_per_gpu"], seq, zero, ep)
         row = {"run": name, "rc": r.get("rc")}
         if e is None:
