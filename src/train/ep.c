@@ -111,7 +111,7 @@ static dw_status exchange(dw_ep *ep, const void *send, const int64_t *send_rows,
 
 /* ---- the four exchanges of a layer ------------------------------------------------------------ */
 /* After the dispatch: the counts, then the rows to their owners, in expert order. */
-static dw_status dispatch_rows(dw_ep *ep, ep_layer *L) {
+static dw_status dispatch_rows(dw_ep *ep, const dw_exec *x, ep_layer *L) {
     const int64_t E = ep->l.experts, G = ep->l.group, El = dw_ep_local(&ep->l);
     dw_backend *be = ep->be;
     DW_TRY(be->i->download(be, L->offsets_h, val_of(ep, L->offsets), (size_t)(E + 1) * sizeof(int32_t)));
@@ -120,12 +120,16 @@ static dw_status dispatch_rows(dw_ep *ep, ep_layer *L) {
     DW_TRY(dw_comm_all_to_all(ep->ctx, ep->host, ep->counts, ep->count_send, ep->count_recv, ep->count_rc, DW_COMM_I64));
     int64_t need = 0; /* the rows this rank's experts receive from the group */
     for (int64_t j = 0; j < G * El; j++) need += ep->count_recv[j];
-    if (need > ep->cap[L->rows])
+    dw_exec group = *x; /* the expert ops' rows at this micro-batch (expert_step) */
+    group.b = dw_ep_group_batch(&ep->map, x->b);
+    const int64_t room = dw_exec_rows(&group, L->rows);
+    DW_ASSERT(room <= ep->cap[L->rows]);
+    if (need > room)
         return dw_set_error(ep->ctx, DW_ERR_UNSUPPORTED, "expert parallel: MoE layer %d routed %lld rows to rank %d's "
                             "experts, more than its buffers hold (%lld rows: DW_EP_CAPACITY %.2f x its own share); "
                             "routing this skewed needs a larger DW_EP_CAPACITY (at most %lld, the --ep group): set it "
                             "and resume from the last checkpoint", (int)(L - ep->layer), (long long)need, ep->l.rank,
-                            (long long)ep->cap[L->rows], ep->map.capacity, (long long)G);
+                            (long long)room, ep->map.capacity, (long long)G);
     L->total = dw_ep_recv_plan(&ep->l, ep->count_recv, L->recv_rows, L->offsets_h, L->perm_h, L->back_h);
     DW_ASSERT(L->total == need);
     DW_TRY(be->i->upload(be, L->offsets_d, L->offsets_h, (size_t)(E + 1) * sizeof(int32_t)));
@@ -159,15 +163,16 @@ static dw_status return_grads(dw_ep *ep, ep_layer *L) {
     return exchange(ep, ep->stage, L->recv_rows, grad_of(ep, L->rows), L->send_rows, C);
 }
 
-/* An expert op (grouped linear, activation) on the group's rows: the executor's call with the rows
- * scaled to the group (a copy of the executor whose batch is K x b) and the rows, their gradients
+/* An expert op (grouped linear, activation) on the rows this rank's buffers hold: the executor's
+ * call with the rows scaled to them (a copy of the executor whose batch is dw_ep_group_batch's
+ * ceil(f x b), at most G x b: the received rows first, zeros after) and the rows, their gradients
  * and the offsets in this rank's buffers; an ACC temporary's gradient added in here. */
 static dw_status expert_step(dw_ep *ep, dw_exec *x, int node, bool fwd, bool train, double dloss) {
     const dw_ir_node *n = &x->g->nodes[node];
     const dw_prog_node *pn = &x->p->node[node];
     const ep_layer *L = &ep->layer[ep->layer_of[node]];
     dw_exec group = *x;
-    group.b = x->b * ep->l.group;
+    group.b = dw_ep_group_batch(&ep->map, x->b);
     dw_op_call c;
     dw_exec_resolve(&group, node, train, dloss, &c);
     int acc = -1;
@@ -221,7 +226,7 @@ static dw_status ep_step(void *arg, dw_exec *x, int node, bool fwd, bool train, 
         if (!fwd) DW_TRY(return_grads(ep, L));
         dw_exec_resolve(x, node, train, dloss, &c);
         DW_TRY(dw_exec_call(x, fwd, &c));
-        return fwd ? dispatch_rows(ep, L) : DW_OK;
+        return fwd ? dispatch_rows(ep, x, L) : DW_OK;
     case DW_EP_ROLE_COMBINE:
         L->in_bwd = !fwd;
         if (fwd) DW_TRY(return_rows(ep, L));

@@ -82,6 +82,11 @@ double dw_ep_capacity_factor(int g) {
     return f < g ? f : g;
 }
 
+int64_t dw_ep_group_batch(const dw_ep_map *m, int64_t b) {
+    const int64_t f = (int64_t)ceil(m->capacity * (double)b), all = (int64_t)m->group * b;
+    return f < all ? f : all;
+}
+
 static int64_t act_bytes(const dw_compiled *p) { return p->bf16 ? 2 : 4; }
 
 /* Each layer's gradient rows packed from offset 0 (256-aligned pieces): the layers share them. */
@@ -121,17 +126,13 @@ dw_status dw_ep_map_build(dw_ctx *ctx, const dw_compiled *p, int k, dw_ep_map *o
     if (st == DW_OK && out->experts % k)
         st = dw_set_error(ctx, DW_ERR_INVALID, "--ep %d: the model's %lld experts do not split over %d ranks (the "
                           "experts must be a multiple of --ep)", k, (long long)out->experts, k);
-    if (st == DW_OK) { /* f x the rank's own rows, at most the whole group's (G x them) */
+    if (st == DW_OK) { /* the rows of ceil(f x B) sequences, at most the whole group's (G x B) */
         out->capacity = dw_ep_capacity_factor(k);
-        dw_exec one, whole;
-        memset(&one, 0, sizeof one);
-        one.p = p, one.g = g, one.b = g->batch, one.t = g->seq;
-        whole = one, whole.b = g->batch * k;
-        for (int t = 0; t < g->n_tensors; t++) {
-            if (layer[t] < 0) continue;
-            const int64_t all_rows = dw_exec_rows(&whole, t), f_rows = (int64_t)ceil(out->capacity * (double)dw_exec_rows(&one, t));
-            out->cap[t] = f_rows < all_rows ? f_rows : all_rows;
-        }
+        dw_exec rows;
+        memset(&rows, 0, sizeof rows);
+        rows.p = p, rows.g = g, rows.b = dw_ep_group_batch(out, g->batch), rows.t = g->seq;
+        for (int t = 0; t < g->n_tensors; t++)
+            if (layer[t] >= 0) out->cap[t] = dw_exec_rows(&rows, t);
         if (!place_grads(p, out, layer)) st = dw_set_error(ctx, DW_ERR_NOMEM, "expert parallelism: out of memory");
     }
     free(layer);

@@ -1,8 +1,10 @@
 /* ep_buffers.h — private: expert parallelism's MoE layers and the buffers for a group's rows, found
  * and sized from the compiled program alone, so the runtime (train/ep.c) allocates and the planner
  * (plan/memory.c) counts the same bytes. A rank's expert rows are sized for f x its own share,
- * f x B x T x top-k (f: dw_ep_capacity_factor, at most the group's G, where every routed row of
- * the group lands on one rank); a step whose routing sends a rank more is refused by name (ep.c).
+ * the rows of ceil(f x B) sequences, f x B x T x top-k (f: dw_ep_capacity_factor, at most the
+ * group's G, where every routed row of the group lands on one rank), and the expert ops run on
+ * that many rows (dw_ep_group_batch); a step whose routing sends a rank more is refused by name
+ * (ep.c).
  * The expert rows' gradients live only inside their layer's backward: one pool, sized for the
  * largest layer, serves every layer.
  * Not here: allocation, the exchanges (ep.c), the index bookkeeping (ep_plan.h). */
@@ -29,7 +31,7 @@ typedef struct {
     dw_ep_layer_at *layer;   /* (n_layers) */
     signed char *role;       /* (nodes) DW_EP_ROLE_* */
     int *layer_of;           /* (nodes) its layer, -1 */
-    int64_t *cap;            /* (tensors) rows of t's group buffers (f x B x T x top-k); 0: not ep's */
+    int64_t *cap;            /* (tensors) rows of t's group buffers (dw_ep_group_batch(B)'s); 0: not ep's */
     double capacity;         /* f */
     int64_t *grad_at;        /* (tensors) byte offset of t's gradient rows in the shared pool; -1: none */
     int64_t grad_pool;       /* bytes of that pool: the largest layer's gradient rows */
@@ -37,6 +39,9 @@ typedef struct {
 
 /* f: DW_EP_CAPACITY (a positive number; above g is taken as g) or 2, capped at the group size g. */
 double dw_ep_capacity_factor(int g);
+/* The batch whose rows a rank's expert buffers hold at micro-batch b: ceil(f x b), at most G x b;
+ * the expert ops run on its rows (the received ones first, the rest zero). */
+int64_t dw_ep_group_batch(const dw_ep_map *m, int64_t b);
 
 /* Bytes of the buffers ep.c allocates for a map, by kind; total is their sum (the log's "MiB of
  * buffers for the group's rows"). */

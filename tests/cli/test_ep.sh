@@ -8,7 +8,8 @@
 # seeds) the losses differed by 0 to 5.4e-8 relative and the gradient norms by 1.6e-9 to 8.9e-9
 # (the script prints its own run's); asserted at 1e-6 relative. mpirun (MPI) and `deepwell launch`
 # (TCP) give bit-identical --ep 2 losses; 4 ranks in 2 groups of 2, with
-# 2 micro-batches per step, give 4-rank --ep 1's; an --ep 2 checkpoint holds every expert (rank 0
+# 2 micro-batches per step, give 4-rank --ep 1's, and so does --ep 4 (one expert per rank, buffers
+# for 2 x its own rows: fewer than the group's); an --ep 2 checkpoint holds every expert (rank 0
 # writes the whole model: the ranks hold identical weights), matches --ep 1's and resumes on one
 # rank with the same losses; rank 0's samples run while the others wait; bad --ep values are
 # refused naming both numbers. BF16 programs (2-byte rows), ZeRO-1/2 and experts over capacity
@@ -52,11 +53,16 @@ check "launch -n 4, --ep 1, 2 micro-batches per step" 0 $?
 "$dw" launch -n 4 -- "${run[@]}" --global-batch 16 --ep 2 --out "$tmp/ep4" >/dev/null 2>"$tmp/err5"
 check "launch -n 4 --ep 2 (two groups: each expert on two ranks)" 0 $?
 has "  ... rank 3 runs experts 2-3, as rank 1 does" "$tmp/err5" "rank 3 runs experts 2-3 of 4"
+# --ep 4: buffers for 2 x a rank's own rows (DW_EP_CAPACITY's default), half the group's: the expert
+# ops run on those rows, not the group's (moe-e64 --ep 4 on 4 H100s wrote past them, session 21)
+"$dw" launch -n 4 -- "${run[@]}" --global-batch 16 --ep 4 --out "$tmp/ep44" >/dev/null 2>"$tmp/err7"
+check "launch -n 4 --ep 4 (one expert per rank, buffers for 2 x its own rows)" 0 $?
+has "  ... sized below the group's rows" "$tmp/err7" "rank 3 runs experts 3-3 of 4" "for up to 2.00 x its own rows"
 
 python3 - "$tmp" <<'PY' && ok "--ep 2 = --ep 1 (losses, norms 1e-6); mpirun = launch exactly; 4 ranks too" || bad "losses"
 import json, sys
 t = sys.argv[1]
-m = {k: [json.loads(l) for l in open(f"{t}/{k}/metrics.jsonl")] for k in ("dp", "ep", "mpi", "dp4", "ep4")}
+m = {k: [json.loads(l) for l in open(f"{t}/{k}/metrics.jsonl")] for k in ("dp", "ep", "mpi", "dp4", "ep4", "ep44")}
 assert all(len(v) == 6 for v in m.values()), {k: len(v) for k, v in m.items()}  # rank 0 alone writes
 def close(a, b, tol):
     for x, y in zip(a, b):
@@ -71,6 +77,7 @@ print("measured --ep 2 vs --ep 1, 2 ranks: loss %.1e, grad_norm %.1e relative; 4
          worst(m["dp4"], m["ep4"], "grad_norm")))
 close(m["dp"], m["ep"], 1e-6)
 close(m["dp4"], m["ep4"], 1e-6)
+close(m["dp4"], m["ep44"], 1e-6)
 assert [(x["loss"], x["grad_norm"]) for x in m["ep"]] == [(x["loss"], x["grad_norm"]) for x in m["mpi"]], (m["ep"], m["mpi"])
 assert sum("val_loss" in x for x in m["ep"]) == 2
 assert m["dp"][0]["loss"] > m["dp"][-1]["loss"]  # it trains
