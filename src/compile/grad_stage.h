@@ -19,7 +19,14 @@
  * the forward's first step to the backward's last. */
 dw_status dw_grad_writers(dw_ctx *ctx, const dw_compiled *p, int *first, int *last);
 
-enum { DW_GRAD_BUCKET_FLOATS = 4 << 20 }; /* the default bucket (16 MiB; DW_DP_BUCKET_FLOATS: train/dp_buckets.c) */
+/* The default buckets (DW_DP_BUCKET_FLOATS overrides both: train/dp_buckets.c). ZeRO-2/3's are
+ * staging slots, memory of their own: 16 MiB. ZeRO-0/1's are views of the gradient pool, free in
+ * memory, and fewer, longer collectives disturb the backward less: 256 MiB (moe-e64 on 2 H100s
+ * 97.9k -> 124.7k tokens/s against 16 MiB, llama-1b 119.6k -> 124.1k; bench/RESULTS.md, session 21). */
+enum { DW_GRAD_BUCKET_FLOATS = 4 << 20, DW_GRAD_POOL_BUCKET_FLOATS = 64 << 20 };
+static inline int64_t dw_grad_bucket_default(int zero) {
+    return zero >= 2 ? DW_GRAD_BUCKET_FLOATS : DW_GRAD_POOL_BUCKET_FLOATS;
+}
 
 typedef struct {
     int64_t begin, end; /* floats of the flat pool: whole parameters (and the padding after them) */

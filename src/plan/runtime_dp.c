@@ -1,6 +1,6 @@
 /* runtime_dp.c — data parallelism as Deepwell's runtime executes it (src/train/dp.c,
  * dp_overlap.c), priced for plans the engine runs over several GPUs. The FP32 gradients (4 bytes a
- * parameter) go in 16 MiB buckets, cut from the pool's end, each started as soon as the backward
+ * parameter) go in buckets (256 MiB; 16 MiB under ZeRO-2/3: compile/grad_stage.h), cut from the pool's end, each started as soon as the backward
  * step that last writes it has run (on the reducing micro-batch), on the communicator's stream:
  *   ZeRO-0: each bucket all-reduced; then every rank runs the full AdamW;
  *   ZeRO-1: each bucket's part in rank r's shard reduced to rank r, once, on the last micro-batch;
@@ -23,10 +23,11 @@
  * compile/z3_slots.h, the rules train/dp.c and dp_zero3.c allocate by). */
 #include <math.h>
 
+#include "compile/grad_stage.h"
 #include "plan/layout.h"
 
-/* train/dp_buckets.c's bucket: 4 Mi FP32 values. */
-#define RUNTIME_DP_BUCKET_BYTES (16.0 * 1024 * 1024)
+/* train/dp_buckets.c's bucket under ZeRO stage `zero`. */
+static double bucket_bytes(int zero) { return 4.0 * (double)dw_grad_bucket_default(zero); }
 
 /* A reduce to one rank over n ranks: a ring's bandwidth term without reduce-scatter's (n-1)/n. */
 static double reduce_time(const dw_hw *hw, int64_t n, double bytes) {
@@ -35,10 +36,8 @@ static double reduce_time(const dw_hw *hw, int64_t n, double bytes) {
 
 /* The gradients' reduction once: the buckets' collectives, in all and the last bucket's. */
 static void reduce_once(const dw_plan_in *in, int64_t n, int zero, double bytes, double *all, double *last) {
-    const double full = (double)(int64_t)(bytes / RUNTIME_DP_BUCKET_BYTES);
-    const double rest = bytes - full * RUNTIME_DP_BUCKET_BYTES;
-    const double one = zero ? reduce_time(in->hw, n, RUNTIME_DP_BUCKET_BYTES)
-                            : dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, n, 1, RUNTIME_DP_BUCKET_BYTES);
+    const double bb = bucket_bytes(zero), full = (double)(int64_t)(bytes / bb), rest = bytes - full * bb;
+    const double one = zero ? reduce_time(in->hw, n, bb) : dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, n, 1, bb);
     const double tail = rest <= 0 ? 0
                         : zero    ? reduce_time(in->hw, n, rest)
                                   : dw_plan_coll_time(in->hw, DW_COLL_ALLREDUCE, n, 1, rest);

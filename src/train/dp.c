@@ -79,7 +79,7 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     if (d->world == 1) return DW_OK;
     if (zero > 0) DW_TRY(shard_memory(d));
     int64_t size = 0;
-    DW_TRY(dw_dp_bucket_floats(e->ctx, &size));
+    DW_TRY(dw_dp_bucket_floats(e->ctx, zero, &size));
     DW_TRY(dw_dp_buckets_plan(e->ctx, e->p, size, &d->buckets));
     const dw_exec *x = e->x;
     if (zero >= 2 && x->grad_hi - x->grad_lo != d->floats) { /* dp_stage.c: the gradients' shard and staging */

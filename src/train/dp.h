@@ -47,8 +47,9 @@
  * bucket_floats (rounded up to 64) from the end (dp_buckets.c). */
 dw_status dw_dp_buckets_plan(dw_ctx *ctx, const dw_compiled *p, int64_t bucket_floats, dw_dp_buckets *out);
 void dw_dp_buckets_free(dw_dp_buckets *b);
-/* DW_DP_BUCKET_FLOATS (default 4 Mi floats, 16 MiB); DW_ERR_INVALID naming it when not a positive count. */
-dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out);
+/* DW_DP_BUCKET_FLOATS, or the default for ZeRO stage `zero` (compile/grad_stage.h: 256 MiB, 16 MiB
+ * under ZeRO-2/3); DW_ERR_INVALID naming it when not a positive count. */
+dw_status dw_dp_bucket_floats(dw_ctx *ctx, int zero, int64_t *out);
 
 /* The job's communicator for the engine's device, the buckets and their shards; overlap: the
  * reductions start from backward (several ranks: the executor's after_step hook is attached and

@@ -13,15 +13,15 @@
 
 enum { BUCKET_ALIGN = 64 }; /* floats: 256-byte boundaries, as the pools' parameters */
 
-dw_status dw_dp_bucket_floats(dw_ctx *ctx, int64_t *out) {
-    *out = DW_GRAD_BUCKET_FLOATS; /* 16 MiB (compile/grad_stage.h: the planner's too) */
+dw_status dw_dp_bucket_floats(dw_ctx *ctx, int zero, int64_t *out) {
+    *out = dw_grad_bucket_default(zero); /* compile/grad_stage.h: the planner's too */
     const char *v = dw_env("DW_DP_BUCKET_FLOATS");
     if (!v) return DW_OK;
     char *end = NULL;
     const long long n = strtoll(v, &end, 10);
     if (end == v || *end || n < 1)
         return dw_set_error(ctx, DW_ERR_INVALID, "DW_DP_BUCKET_FLOATS=%s: a gradient bucket is a positive number of "
-                            "floats (default 4194304, 16 MiB)", v);
+                            "floats (default 67108864, 256 MiB; 4194304, 16 MiB, under ZeRO-2/3)", v);
     *out = n;
     return DW_OK;
 }

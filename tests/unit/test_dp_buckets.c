@@ -126,16 +126,18 @@ static void test_bucket_env(void **state) {
     (void)state;
     int64_t n = 0;
     unsetenv("DW_DP_BUCKET_FLOATS");
-    assert_int_equal(dw_dp_bucket_floats(CTX, &n), DW_OK);
-    assert_int_equal(n, 4 << 20);
+    for (int zero = 0; zero <= 3; zero++) { /* ZeRO-0/1: views of the pool; ZeRO-2/3: staging slots */
+        assert_int_equal(dw_dp_bucket_floats(CTX, zero, &n), DW_OK);
+        assert_int_equal(n, zero >= 2 ? 4 << 20 : 64 << 20);
+    }
     const char *bad[] = {"0", "-5", "12x", "abc"}; /* "" is unset (dw_env) */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv("DW_DP_BUCKET_FLOATS", bad[i], 1);
-        assert_int_equal(dw_dp_bucket_floats(CTX, &n), DW_ERR_INVALID);
+        assert_int_equal(dw_dp_bucket_floats(CTX, 0, &n), DW_ERR_INVALID);
         assert_non_null(strstr(dw_errmsg(CTX), "DW_DP_BUCKET_FLOATS"));
     }
     setenv("DW_DP_BUCKET_FLOATS", "1000", 1);
-    assert_int_equal(dw_dp_bucket_floats(CTX, &n), DW_OK);
+    assert_int_equal(dw_dp_bucket_floats(CTX, 0, &n), DW_OK);
     assert_int_equal(n, 1000);
     unsetenv("DW_DP_BUCKET_FLOATS");
 }
