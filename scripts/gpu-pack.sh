@@ -29,8 +29,8 @@ for t in "${targets[@]}"; do
   esac
 done
 # what they link beyond the CUDA toolkit, glibc and libgomp must be on the GPU machine or in .deps
-for f in "$stage"/deepwell "$stage"/tests/*; do [ -f "$f" ] && ldd "$f"; done |
-  awk '$3 ~ /^\// {print $1}' | sort -u | grep -v -E '^lib(c|m|dl|rt|pthread|gcc_s|stdc\+\+|gomp|z|cublasLt)\.so' |
+for f in "$stage"/deepwell "$stage"/tests/*; do if [ -f "$f" ]; then ldd "$f"; fi; done |
+  awk '$3 ~ /^\// {print $1}' | sort -u | { grep -v -E '^lib(c|m|dl|rt|pthread|gcc_s|stdc\+\+|gomp|z|cublasLt)\.so' || true; } |
   while read -r l; do ls .deps/root/usr/lib/x86_64-linux-gnu/"$l" >/dev/null 2>&1 ||
     echo "gpu-pack: warning: $l is neither in .deps nor on the GPU machine's image (scripts/gpu-deps.sh)" >&2; done
 mkdir -p .gpu
