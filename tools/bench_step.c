@@ -17,6 +17,7 @@ int dw_bench_step(int argc, char **argv); /* dispatched by cmd_bench.c */
 
 static void help(void) {
     printf("Usage: deepwell bench step MODEL [--batch B] [--seq T] [--precision R|fp32] [--fallback F]\n"
+           "                          [--policy FILE]\n"
            "                          [--steps N]\n"
            "                          [--warmup N] [--vocab V] [--json] [--profile] [--config-out FILE]\n"
            "                          [--peak-tflops P] [--recompute none|full|N] [--no-fused-head]\n"
@@ -40,6 +41,8 @@ static void help(void) {
            "                    --precision`) or fp32 (the FP32 reference GEMM)\n"
            "  --fallback F      with a recipe, what stays BF16: head (default) the LM head; safe also\n"
            "                    embeddings and the first and last block; none nothing\n"
+           "  --policy FILE     a precision policy JSON instead of --precision and --fallback (rules\n"
+           "                    per node, \"bf16_passes\": docs/precision.md); reported as 'policy'\n"
            "  --steps N         timed steps (default 20)\n"
            "  --warmup N        extra untimed steps after the two warm-up steps (default 3)\n"
            "  --vocab V         override the vocabulary size (e.g. 50304: GPT-2's padded vocabulary)\n"
@@ -72,6 +75,7 @@ int dw_bench_step(int argc, char **argv) {
                                          {"seq", required_argument, 0, 's'},
                                          {"precision", required_argument, 0, 'p'},
                                          {"fallback", required_argument, 0, 'f'},
+                                         {"policy", required_argument, 0, 'o'},
                                          {"steps", required_argument, 0, 'n'},
                                          {"warmup", required_argument, 0, 'w'},
                                          {"vocab", required_argument, 0, 'V'},
@@ -87,7 +91,8 @@ int dw_bench_step(int argc, char **argv) {
     long B = 16, T = 1024, steps = 20, warm = 3, V = 0;
     double peak = 989.0;
     const char *precision = "bf16", *config_out = NULL;
-    const char *fallback = "head";
+    const char *fallback = "head", *policy_path = NULL;
+    bool precision_given = false, fallback_given = false;
     bool json = false, profile = false, fused_head = true, grad_arena = true;
     int c, recompute = DW_RECOMPUTE_NONE, recompute_blocks = 0;
     optind = 1;
@@ -98,13 +103,14 @@ int dw_bench_step(int argc, char **argv) {
         case 'n': if (!cli_parse_int(CMD, "--steps", optarg, 1, 100000, &steps)) return DW_EXIT_USAGE; break;
         case 'w': if (!cli_parse_int(CMD, "--warmup", optarg, 0, 100000, &warm)) return DW_EXIT_USAGE; break;
         case 'V': if (!cli_parse_int(CMD, "--vocab", optarg, 1, 1 << 30, &V)) return DW_EXIT_USAGE; break;
-        case 'p': precision = optarg; break;
+        case 'p': precision = optarg, precision_given = true; break;
+        case 'o': policy_path = optarg; break;
         case 'f':
             if (strcmp(optarg, "safe") && strcmp(optarg, "head") && strcmp(optarg, "none")) {
                 cli_error(CMD, "--fallback must be 'safe', 'head' or 'none', not '%s'", optarg);
                 return DW_EXIT_USAGE;
             }
-            fallback = optarg;
+            fallback = optarg, fallback_given = true;
             break;
         case 'j': json = true; break;
         case 'P': profile = true; break;
@@ -125,6 +131,11 @@ int dw_bench_step(int argc, char **argv) {
         default: return cli_usage_error(CMD);
         }
     }
+    if (policy_path && (precision_given || fallback_given)) {
+        cli_error(CMD, "--policy FILE replaces --precision and --fallback; give one or the other");
+        return DW_EXIT_USAGE;
+    }
+    if (policy_path) precision = "policy"; /* the label of the report */
     if (optind + 1 != argc) {
         cli_error(CMD, "expected exactly one MODEL (a config.json directory, file or preset)");
         return DW_EXIT_USAGE;
@@ -147,8 +158,9 @@ int dw_bench_step(int argc, char **argv) {
     dw_capture_opts_init(&co, sizeof co);
     co.batch = B, co.seq = T, co.vocab = V;
     dw_status s = dw_capture(ctx, argv[optind], &co, &g);
-    if (s == DW_OK && strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, false, &pol);
-    if (s == DW_OK && pol) s = dw_policy_set_fallback(ctx, pol, fallback);
+    if (s == DW_OK && policy_path) s = dw_policy_load(ctx, policy_path, &pol);
+    else if (s == DW_OK && strcmp(precision, "fp32")) s = dw_policy_from_precision(ctx, precision, false, &pol);
+    if (s == DW_OK && pol && !policy_path) s = dw_policy_set_fallback(ctx, pol, fallback);
     if (s != DW_OK) {
         rc = cli_fail(CMD, ctx, s);
         goto done;
