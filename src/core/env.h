@@ -17,7 +17,7 @@
  *   DW_MOE_WGRAD=256|tma|old           the wgmma wgrad's TMA reduce-add epilogue with 256-column tiles (default) or 128, or the register one (kernels/cuda/moe_gemm_sm90.cu)
  *   DW_DP_BUCKET_FLOATS=N              data parallelism's gradient bucket (train/dp_buckets.c)
  *   DW_NCCL_HIGH_PRIORITY=1            the NCCL collectives' stream at the highest priority (comm/comm_nccl.c)
- *   DW_EP_CAPACITY=F                   expert parallelism's rows per rank, F x its own (2; train/ep_buffers.c)
+ *   DW_EP_CAPACITY=F                   expert parallelism's rows per rank, F x its own (the group size; train/ep_buffers.c)
  *   DW_QCHECK_DEVICE=0                 the quantisation guard's check measured on the host, not the device (train/guard_quant.c, runtime/cuda/guard_check_cuda.c)
  *   DW_Z3_PREFETCH=0                   ZeRO-3's gathers not prefetched (train/dp_zero3_gather.c)
  *   DW_COMM_TIMEOUT=S                  seconds a rank waits on a TCP peer (comm/comm_world.c)

@@ -74,10 +74,10 @@ static dw_status find_layers(dw_ctx *ctx, const dw_compiled *p, int k, dw_ep_map
 double dw_ep_capacity_factor(int g) {
     const char *v = dw_env("DW_EP_CAPACITY");
     char *end = NULL;
-    double f = v ? strtod(v, &end) : 2.0;
+    double f = v ? strtod(v, &end) : (double)g;
     if (v && (end == v || *end || !(f > 0) || !isfinite(f))) {
-        DW_LOGW("DW_EP_CAPACITY=%s is not a positive number; using 2", v);
-        f = 2.0;
+        DW_LOGW("DW_EP_CAPACITY=%s is not a positive number; using the group size %d", v, g);
+        f = (double)g;
     }
     return f < g ? f : g;
 }

@@ -1,8 +1,8 @@
 /* ep_buffers.h — private: expert parallelism's MoE layers and the buffers for a group's rows, found
  * and sized from the compiled program alone, so the runtime (train/ep.c) allocates and the planner
  * (plan/memory.c) counts the same bytes. A rank's expert rows are sized for f x its own share,
- * the rows of ceil(f x B) sequences, f x B x T x top-k (f: dw_ep_capacity_factor, at most the
- * group's G, where every routed row of the group lands on one rank), and the expert ops run on
+ * the rows of ceil(f x B) sequences, f x B x T x top-k (f: dw_ep_capacity_factor, by default and
+ * at most the group's G, where every routed row of the group lands on one rank), and the expert ops run on
  * that many rows (dw_ep_group_batch); a step whose routing sends a rank more is refused by name
  * (ep.c).
  * The expert rows' gradients live only inside their layer's backward: one pool, sized for the
@@ -37,7 +37,9 @@ typedef struct {
     int64_t grad_pool;       /* bytes of that pool: the largest layer's gradient rows */
 } dw_ep_map;
 
-/* f: DW_EP_CAPACITY (a positive number; above g is taken as g) or 2, capped at the group size g. */
+/* f: DW_EP_CAPACITY (a positive number; above g is taken as g), by default the group size g: every
+ * routed row fits, whatever the routing (a fresh moe-e64 on 4 H100s routed 3.0001 x a rank's share
+ * to one rank at step 3; session 21). A smaller f saves memory and may stop a skewed step. */
 double dw_ep_capacity_factor(int g);
 /* The batch whose rows a rank's expert buffers hold at micro-batch b: ceil(f x b), at most G x b;
  * the expert ops run on its rows (the received ones first, the rest zero). */

@@ -53,9 +53,9 @@ check "launch -n 4, --ep 1, 2 micro-batches per step" 0 $?
 "$dw" launch -n 4 -- "${run[@]}" --global-batch 16 --ep 2 --out "$tmp/ep4" >/dev/null 2>"$tmp/err5"
 check "launch -n 4 --ep 2 (two groups: each expert on two ranks)" 0 $?
 has "  ... rank 3 runs experts 2-3, as rank 1 does" "$tmp/err5" "rank 3 runs experts 2-3 of 4"
-# --ep 4: buffers for 2 x a rank's own rows (DW_EP_CAPACITY's default), half the group's: the expert
-# ops run on those rows, not the group's (moe-e64 --ep 4 on 4 H100s wrote past them, session 21)
-"$dw" launch -n 4 -- "${run[@]}" --global-batch 16 --ep 4 --out "$tmp/ep44" >/dev/null 2>"$tmp/err7"
+# --ep 4 with buffers for 2 x a rank's own rows (DW_EP_CAPACITY=2), half the group's: the expert ops
+# run on those rows, not the group's (moe-e64 --ep 4 on 4 H100s wrote past them, session 21)
+DW_EP_CAPACITY=2 "$dw" launch -n 4 -- "${run[@]}" --global-batch 16 --ep 4 --out "$tmp/ep44" >/dev/null 2>"$tmp/err7"
 check "launch -n 4 --ep 4 (one expert per rank, buffers for 2 x its own rows)" 0 $?
 has "  ... sized below the group's rows" "$tmp/err7" "rank 3 runs experts 3-3 of 4" "for up to 2.00 x its own rows"
 
