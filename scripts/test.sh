@@ -19,8 +19,14 @@ echo "== tests =="
 echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer, CPU only) =="
 scripts/build.sh build-asan -DDW_SANITIZE=ON -DDW_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DDW_TESTS=ON
 echo "== tests under ASan + UBSan =="
+# The four slowest under ASan (2-4 minutes each on CI's 2 cores: test_grad_arena 224 s,
+# cli_test_moe_fp8 200 s, cli_test_ep_zero 167 s, test_moe_fp8_engine 133 s; session 20) run in
+# the release pass above only; their code runs under ASan in lighter tests (test_grad_arena_wgrad,
+# cli_test_grad_arena_dp, cli_test_ep_fp8, cli_test_ep, test_ep_zero_cells, test_moe_fp8_ep).
+# This keeps CI near 30 minutes instead of 40.
+asan_skip='^(test_grad_arena|cli_test_moe_fp8|cli_test_ep_zero|test_moe_fp8_engine)$'
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest -LE gpu --output-on-failure --no-tests=error -j "$jobs")
+  ctest -LE gpu -E "$asan_skip" --output-on-failure --no-tests=error -j "$jobs")
 
 echo "== fuzz the safetensors reader (libFuzzer + ASan + UBSan, bounded: DW_FUZZ_SECONDS, default 60) =="
 mkdir -p build-fuzz
