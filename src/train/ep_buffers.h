@@ -38,8 +38,9 @@ typedef struct {
 } dw_ep_map;
 
 /* f: DW_EP_CAPACITY (a positive number; above g is taken as g), by default the group size g: every
- * routed row fits, whatever the routing (a fresh moe-e64 on 4 H100s routed 3.0001 x a rank's share
- * to one rank at step 3; session 21). A smaller f saves memory and may stop a skewed step. */
+ * routed row fits, whatever the routing (a fresh moe-e64 with --ep 4 on 4 H100s routed 2.0006 x a
+ * rank's share to one rank at step 3, and 3.0002 x at step 8; session 21). A smaller f saves
+ * memory and may stop a skewed step. */
 double dw_ep_capacity_factor(int g);
 /* The batch whose rows a rank's expert buffers hold at micro-batch b: ceil(f x b), at most G x b;
  * the expert ops run on its rows (the received ones first, the rest zero). */
