@@ -22,7 +22,7 @@ def flag(flags, name, default):
 
 def planned(dw, hw, model, gpus, batch, seq, zero, ep):
     cmd = [dw, "plan", model, "--hw", hw, "--gpus", str(gpus), "--seq", str(seq), "--global-batch",
-           str(batch * gpus), "--json", "--top", "1000"]
+           str(batch * gpus), "--json", "--top", "100000", "--headroom", "0.01"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode not in (0, 1):
         raise SystemExit(f"plan_vs_measured: {' '.join(cmd)} failed: {out.stderr.strip()}")

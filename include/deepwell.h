@@ -943,7 +943,7 @@ typedef struct {
     const char *gemm_rates; /* measured GEMM rates, a `deepwell bench gemm --json` file
                                ({"results":[{m,n,k,recipe,tflops}]}), replacing the analytical
                                curve where it has points; NULL: none (default) */
-    int top_k;              /* candidates dw_autoplan_search keeps, 1..1000; default 5 */
+    int top_k;              /* candidates dw_autoplan_search keeps, 1..100000; default 5 */
 } dw_plan_job;
 DW_API void dw_plan_job_init(dw_plan_job *job, size_t size);
 

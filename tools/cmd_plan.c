@@ -149,7 +149,7 @@ int cmd_plan(int argc, char **argv) {
         case 'x': explain = true; break;
         case 's': svg = optarg; break;
         case 't':
-            if (!cli_parse_int("plan", "--top", optarg, 1, 1000, &top)) { rc = DW_EXIT_USAGE; goto done; }
+            if (!cli_parse_int("plan", "--top", optarg, 1, 100000, &top)) { rc = DW_EXIT_USAGE; goto done; }
             break;
         case 'h': help(); goto done;
         default: rc = cli_usage_error("plan"); goto done;

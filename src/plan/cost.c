@@ -268,6 +268,41 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
     return dw_plan_time(in, par, out, NULL);
 }
 
+/* Whether the runtime runs this --ep plan (train/ep.c: data x expert parallel, tp = pp = cp = 1,
+ * recompute none or full, ZeRO 0-2, a model the engine builds): as plan/memory.c prices it. */
+static bool runtime_ep(const dw_plan_in *in, const dw_par *par) {
+    return par->ep > 1 && par->tp == 1 && par->pp == 1 && par->cp == 1 && par->vpp == 1 && in->engine_model &&
+           (par->recompute == DW_RECOMPUTE_NONE || par->recompute == DW_RECOMPUTE_FULL) && par->zero <= 2;
+}
+
+/* A --ep plan as the runtime runs it (train/ep.c): every rank runs the engine's whole program, eager
+ * (no recorded step), its experts on the rows the group routes to them — the expert GEMMs' FLOPs of
+ * data parallelism, but the layer waits for the busiest rank (block_time's load factor at ep
+ * against ep 1) — plus, per MoE layer, the four row all-to-alls (ep_time) and the four gathers
+ * that put the received rows in expert order and back (a read and a write of the rows each). */
+static bool runtime_ep_time(const dw_plan_in *in, const dw_par *par, ltime *vt, double *engine_opt) {
+    dw_par whole = *par;
+    whole.ep = 1;
+    dw_engine_time et;
+    if (!runtime_ep(in, par) || !dw_plan_engine_runnable(in, &whole, NULL, 0) ||
+        dw_plan_engine_time_par(NULL, in, &whole, &et) != DW_OK)
+        return false;
+    dw_vstage st;
+    DW_ASSERT(dw_plan_vstage(in, 1, 1, 0, &st));
+    ltime at_ep, at_one;
+    block_time(in, par, true, &at_ep);
+    block_time(in, &whole, true, &at_one);
+    const double ml = (double)st.moe_layers, T = (double)par->micro_batch * (double)in->job.seq;
+    const double rows = T * (double)in->top_k * in->capacity, gather = hbm_time(in, rows * (double)in->cfg->d_model * 4);
+    const double skew_f = fmax(0, (at_ep.fwd - at_ep.epf) - (at_one.fwd - at_one.epf));
+    const double skew_b = fmax(0, (at_ep.bwd - at_ep.epb) - (at_one.bwd - at_one.epb));
+    vt[0] = (ltime){.fwd = et.fwd + ml * (skew_f + at_ep.epf + 2 * gather),
+                    .bwd = et.bwd + ml * (skew_b + at_ep.epb + 2 * gather),
+                    .ep = ml * at_ep.ep, .epf = ml * at_ep.epf, .epb = ml * at_ep.epb, .flops = et.flops};
+    if (engine_opt) *engine_opt = et.optimizer;
+    return true;
+}
+
 /* One micro-batch through each virtual stage: vt[vs] for vs in [0, pp*vpp). A plan Deepwell's
  * engine runs as it is takes the engine's node-by-node time (engine.c), its launches eager where
  * the runtime replays no recorded step (several ranks: dw_plan_runtime_replays); *engine_opt (may
@@ -275,6 +310,7 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
 static void vstage_times(const dw_plan_in *in, const dw_par *par, ltime *vt, double *engine_opt) {
     dw_engine_time et;
     if (engine_opt) *engine_opt = -1;
+    if (runtime_ep_time(in, par, vt, engine_opt)) return;
     if (dw_plan_engine_runnable(in, par, NULL, 0) && dw_plan_engine_time_par(NULL, in, par, &et) == DW_OK) {
         vt[0] = (ltime){.fwd = et.fwd, .bwd = et.bwd, .flops = et.flops};
         if (engine_opt) *engine_opt = et.optimizer;
