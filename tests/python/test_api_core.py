@@ -243,6 +243,13 @@ class EngineCalls(unittest.TestCase):
         with self.assertRaises(dw.DeepwellError) as ex:
             dw.compile(self.g, policy={"default": "fp9"})
         self.assertIn("fp9", str(ex.exception))
+        # a rule's bf16_passes (docs/precision.md) survives the round trip; a bad pass name is refused
+        pw = {"default": "fp8_block", "rules": [{"op": "linear", "recipe": "fp8_block", "bf16_passes": ["wgrad"]}]}
+        self.assertEqual(dw.make_policy(policy=pw).to_dict()["rules"][0]["bf16_passes"], ["wgrad"])
+        with self.assertRaises(dw.DeepwellError) as ex:
+            dw.make_policy(policy={"default": "fp8_block", "rules": [{"op": "linear", "recipe": "fp8_block",
+                                                                     "bf16_passes": ["bwd"]}]})
+        self.assertIn("bf16_passes", str(ex.exception))
         with self.assertRaises(ValueError):
             dw.compile(self.g, policy=pol, precision="bf16")
         with self.assertRaises(ValueError):
