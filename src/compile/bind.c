@@ -68,11 +68,7 @@ bool dw_compile_linear_quantised(const dw_compiled *c, int i, dw_qpass pass, int
         if (why && why_len) snprintf(why, why_len, "the node's recipe is %s", c->bf16 ? "bf16" : "fp32");
         return false;
     }
-    if (b->bf16_passes & (1u << pass)) {
-        if (why && why_len) snprintf(why, why_len, "policy rule %d keeps %s BF16 (bf16_passes)", b->rule,
-                                     dw_policy_pass_name(pass));
-        return false;
-    }
+    if (dw_policy_keeps_bf16(b->bf16_passes, b->rule, pass, why, why_len)) return false;
     int64_t cap, K, M;
     dw_compile_linear_dims(c, i, &cap, &K, &M);
     if (rows == cap && b->kernel[pass] && !why) { /* decided at compile time */

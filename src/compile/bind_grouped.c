@@ -134,9 +134,9 @@ dw_status dw_compile_bind_grouped(dw_ctx *ctx, dw_compiled *c, int i) {
         why[p][0] = '\0';
         if (rq != DW_RECIPE_BF16 && !engine_recipe(rq)) { /* no engine path for its operands */
             snprintf(why[p], sizeof why[p], "%s", engine_recipes);
-        } else if (rq != DW_RECIPE_BF16 && (b->bf16_passes & (1u << p))) {
-            snprintf(why[p], sizeof why[p], "policy rule %d keeps %s BF16 (bf16_passes)", b->rule, pass_names[p]);
-        } else if (rq != DW_RECIPE_BF16) { /* the policy's recipe first; DW_MOE_GEMM names BF16 kernels only */
+        } else if (rq != DW_RECIPE_BF16 && !dw_policy_keeps_bf16(b->bf16_passes, b->rule, p, why[p], sizeof why[p])) {
+            /* the policy's recipe first (unless its rule keeps the pass BF16: why[p] says so);
+             * DW_MOE_GEMM names BF16 kernels only */
             dw_grouped_args q = node_args(c, i, p, rq);
             b->kernel[p] = dw_grouped_registry_pick((dw_device_kind)c->target.device, c->target.sm, &q, NULL, 0);
             if ((b->quantised[p] = b->kernel[p] != NULL)) continue;
@@ -199,10 +199,10 @@ void dw_compile_explain_grouped(const dw_compiled *c, int i, FILE *f) {
                 continue;
             }
             char why[1024];
-            if (b->bf16_passes & (1u << p))
-                snprintf(why, sizeof why, "policy rule %d keeps %s BF16 (bf16_passes)", b->rule, pass_names[p]);
-            else if (engine_recipe(rq)) fallback_reasons(log, rq, why, sizeof why);
-            else snprintf(why, sizeof why, "%s", engine_recipes);
+            if (!dw_policy_keeps_bf16(b->bf16_passes, b->rule, p, why, sizeof why)) { /* else why names the rule */
+                if (engine_recipe(rq)) fallback_reasons(log, rq, why, sizeof why);
+                else snprintf(why, sizeof why, "%s", engine_recipes);
+            }
             fprintf(f, "       BF16 fallback: %s\n       in bf16:\n", why);
         }
         char log[3072] = "";

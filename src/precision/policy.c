@@ -47,7 +47,12 @@ dw_status dw_policy_from_precision(dw_ctx *ctx, const char *recipe, bool fallbac
 
 static const char *const pass_names[3] = {"fprop", "dgrad", "wgrad"}; /* dw_qpass order */
 
-const char *dw_policy_pass_name(int i) { return i >= 0 && i < 3 ? pass_names[i] : "?"; }
+bool dw_policy_keeps_bf16(unsigned mask, int rule, int pass, char *why, size_t why_len) {
+    if (!(mask & (1u << pass))) return false;
+    if (why && why_len)
+        snprintf(why, why_len, "policy rule %d keeps %s BF16 (bf16_passes)", rule, pass >= 0 && pass < 3 ? pass_names[pass] : "?");
+    return true;
+}
 
 unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index) {
     return p && rule_index >= 0 && rule_index < p->n_rules ? p->rules[rule_index].bf16_passes : 0;

@@ -66,8 +66,9 @@ dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const cha
 const char *dw_policy_reason_text(dw_policy_reason r);
 /* The passes rule i keeps BF16 (dw_policy_rule.bf16_passes); 0 for no rule (i < 0). */
 unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index);
-/* "fprop", "dgrad", "wgrad": the name of pass bit i (i < 3). */
-const char *dw_policy_pass_name(int i);
+/* Whether a node bound by rule `rule` with bf16_passes `mask` (dw_policy_bf16_passes) keeps pass i
+ * BF16; if so and why is given, why names the rule and the pass (compile --report, --explain). */
+bool dw_policy_keeps_bf16(unsigned mask, int rule, int pass, char *why, size_t why_len);
 /* "safe" | "head" | "none" to the fallback; false for any other name. */
 bool dw_policy_fallback_parse(const char *name, dw_policy_fallback *out);
 const char *dw_policy_fallback_name(dw_policy_fallback f);
