@@ -268,13 +268,6 @@ bool dw_plan_evaluate(const dw_plan_in *in, const dw_par *par, bool simulate, dw
     return dw_plan_time(in, par, out, NULL);
 }
 
-/* Whether the runtime runs this --ep plan (train/ep.c: data x expert parallel, tp = pp = cp = 1,
- * recompute none or full, ZeRO 0-2, a model the engine builds): as plan/memory.c prices it. */
-static bool runtime_ep(const dw_plan_in *in, const dw_par *par) {
-    return par->ep > 1 && par->tp == 1 && par->pp == 1 && par->cp == 1 && par->vpp == 1 && in->engine_model &&
-           (par->recompute == DW_RECOMPUTE_NONE || par->recompute == DW_RECOMPUTE_FULL) && par->zero <= 2;
-}
-
 /* A --ep plan as the runtime runs it (train/ep.c): every rank runs the engine's whole program, eager
  * (no recorded step), its experts on the rows the group routes to them — the expert GEMMs' FLOPs of
  * data parallelism, but the layer waits for the busiest rank (block_time's load factor at ep
@@ -284,7 +277,7 @@ static bool runtime_ep_time(const dw_plan_in *in, const dw_par *par, ltime *vt, 
     dw_par whole = *par;
     whole.ep = 1;
     dw_engine_time et;
-    if (!runtime_ep(in, par) || !dw_plan_engine_runnable(in, &whole, NULL, 0) ||
+    if (!dw_plan_runtime_ep(in, par) || !dw_plan_engine_runnable(in, &whole, NULL, 0) ||
         dw_plan_engine_time_par(NULL, in, &whole, &et) != DW_OK)
         return false;
     dw_vstage st;

@@ -25,6 +25,11 @@ static bool say(char *why, int len, const char *what) {
     return false;
 }
 
+bool dw_plan_runtime_ep(const dw_plan_in *in, const dw_par *par) {
+    return par->ep > 1 && par->tp == 1 && par->pp == 1 && par->cp == 1 && par->vpp == 1 && in->engine_model &&
+           (par->recompute == DW_RECOMPUTE_NONE || par->recompute == DW_RECOMPUTE_FULL) && par->zero <= 2;
+}
+
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len) {
     char buf[320];
     if (par->tp != 1 || par->pp != 1 || par->cp != 1 || par->ep != 1 || par->vpp != 1) {

@@ -49,14 +49,11 @@ static bool engine_memory(const dw_plan_in *in, const dw_par *par, dw_mem *out) 
 }
 
 /* Expert parallelism's buffers for the group's rows (train/ep.c, sized by train/ep_buffers.h over
- * the engine's program): on every rank of a plan the runtime runs with --ep (data x expert
- * parallel: tp = pp = cp = 1, recompute none or full, a model the engine builds); 0 for ep 1 and
- * for layouts the runtime refuses under --ep. */
+ * the engine's program): on every rank of a plan the runtime runs with --ep (dw_plan_runtime_ep);
+ * 0 for ep 1 and for layouts the runtime refuses under --ep. */
 static double ep_buffers(const dw_plan_in *in, const dw_par *par) {
     int64_t bytes = 0;
-    if (par->ep <= 1 || par->tp != 1 || par->pp != 1 || par->cp != 1 || par->vpp != 1 || !in->engine_model ||
-        (par->recompute != DW_RECOMPUTE_NONE && par->recompute != DW_RECOMPUTE_FULL))
-        return 0;
+    if (!dw_plan_runtime_ep(in, par)) return 0;
     return dw_plan_engine_ep_buffers(NULL, in, par, &bytes) == DW_OK ? (double)bytes : 0;
 }
 
@@ -66,7 +63,7 @@ static void memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *out, d
     dw_par whole = *par; /* --ep as the runtime runs it: every rank keeps the whole model as data */
     whole.ep = 1;        /* parallelism does (ZeRO-1 by cells shards as it does), plus the buffers */
     const double ep_buf = ep_buffers(in, par);
-    const bool ep_run = ep_buf > 0 && par->zero <= 2;
+    const bool ep_run = ep_buf > 0;
     if (engine_memory(in, ep_run ? &whole : par, out)) {
         if (ep_run) out->ep_buffers = ep_buf, out->total += ep_buf;
         out->hbm = (double)in->hw->gpus[0].hbm_bytes;

@@ -244,6 +244,11 @@ void dw_plan_memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *ranks
  * one-GPU machine with in->engine_model it plans for the engine alone: configurations with
  * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
+/* Whether the runtime runs this ep > 1 plan with --ep (train/ep.c: data x expert parallel, tp = pp =
+ * cp = 1, recompute none or full, ZeRO 0-2, a model the engine builds): memory.c and cost.c then
+ * price it as the runtime holds and runs it — the engine's program at ep 1 plus expert
+ * parallelism's buffers and exchanges. */
+bool dw_plan_runtime_ep(const dw_plan_in *in, const dw_par *par);
 /* Data parallelism as the runtime runs it (runtime_dp.c) for a plan dw_plan_engine_runnable
  * accepts with dp > 1: seconds of collectives (*all; *exposed: the part the backward of `bwd`
  * seconds, one micro-batch's, does not hide when `overlap`, the runtime's default; all of it
