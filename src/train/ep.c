@@ -109,6 +109,14 @@ static dw_status exchange(dw_ep *ep, const void *send, const int64_t *send_rows,
     return dw_comm_all_to_all(ep->ctx, ep->comm, send, ep->bytes_s, recv, ep->bytes_r, DW_COMM_BYTE);
 }
 
+/* The executor at the rows this rank's expert buffers hold for micro-batch x->b: a copy whose batch
+ * is dw_ep_group_batch's ceil(f x b), at most G x b (the expert ops run on its rows). */
+static dw_exec group_exec(const dw_ep *ep, const dw_exec *x) {
+    dw_exec group = *x;
+    group.b = dw_ep_group_batch(&ep->map, x->b);
+    return group;
+}
+
 /* ---- the four exchanges of a layer ------------------------------------------------------------ */
 /* After the dispatch: the counts, then the rows to their owners, in expert order. */
 static dw_status dispatch_rows(dw_ep *ep, const dw_exec *x, ep_layer *L) {
@@ -120,8 +128,7 @@ static dw_status dispatch_rows(dw_ep *ep, const dw_exec *x, ep_layer *L) {
     DW_TRY(dw_comm_all_to_all(ep->ctx, ep->host, ep->counts, ep->count_send, ep->count_recv, ep->count_rc, DW_COMM_I64));
     int64_t need = 0; /* the rows this rank's experts receive from the group */
     for (int64_t j = 0; j < G * El; j++) need += ep->count_recv[j];
-    dw_exec group = *x; /* the expert ops' rows at this micro-batch (expert_step) */
-    group.b = dw_ep_group_batch(&ep->map, x->b);
+    const dw_exec group = group_exec(ep, x); /* the expert ops' rows at this micro-batch (expert_step) */
     const int64_t room = dw_exec_rows(&group, L->rows);
     DW_ASSERT(room <= ep->cap[L->rows]);
     if (need > room)
@@ -164,15 +171,14 @@ static dw_status return_grads(dw_ep *ep, ep_layer *L) {
 }
 
 /* An expert op (grouped linear, activation) on the rows this rank's buffers hold: the executor's
- * call with the rows scaled to them (a copy of the executor whose batch is dw_ep_group_batch's
- * ceil(f x b), at most G x b: the received rows first, zeros after) and the rows, their gradients
- * and the offsets in this rank's buffers; an ACC temporary's gradient added in here. */
+ * call with the rows scaled to them (group_exec: the received rows first, zeros after) and the
+ * rows, their gradients and the offsets in this rank's buffers; an ACC temporary's gradient added
+ * in here. */
 static dw_status expert_step(dw_ep *ep, dw_exec *x, int node, bool fwd, bool train, double dloss) {
     const dw_ir_node *n = &x->g->nodes[node];
     const dw_prog_node *pn = &x->p->node[node];
     const ep_layer *L = &ep->layer[ep->layer_of[node]];
-    dw_exec group = *x;
-    group.b = dw_ep_group_batch(&ep->map, x->b);
+    dw_exec group = group_exec(ep, x);
     dw_op_call c;
     dw_exec_resolve(&group, node, train, dloss, &c);
     int acc = -1;
