@@ -110,7 +110,8 @@ dw_status dw_qstats_measure(dw_ctx *ctx, dw_recipe r, const float *x, int64_t ro
     if (rows * cols <= 0) return DW_OK;
     s->elements += rows * cols;
     const int64_t R = trans ? cols : rows, C = trans ? rows : cols;
-    int64_t BR = 1, cap_groups = s->cap > 0 ? s->cap / C + 1 : 0;
+    /* groups the cap can hold, at most R (a cap of INT64_MAX, "none", would overflow the + 1) */
+    int64_t BR = 1, cap_groups = s->cap > 0 ? (s->cap / C >= R ? R : s->cap / C + 1) : 0;
     int64_t *group = cap_groups ? malloc((size_t)(cap_groups < R ? cap_groups : R) * sizeof *group) : NULL;
     if (cap_groups && !group) return dw_set_error(ctx, DW_ERR_NOMEM, "quant stats: out of memory");
     const int64_t k = group ? dw_qstats_sample(r, x, rows, cols, trans, s->cap, &BR, group) : 0;
