@@ -26,7 +26,7 @@ echo "== tests under ASan + UBSan =="
 # test_head_xent 115 s (the fused head is on by default in every training test), test_plan_search
 # 108 s and test_plan_repro_moe 77 s (search loops over planner code the other test_plan_* run),
 # cli_test_ckpt_time 101 s (a checkpoint cadence). CI took 39-43 minutes with them, 34 without the
-# first four.
+# first four. The sanitized build compiles at -O1 (CMakeLists.txt), ~40% faster than -O0 here.
 asan_skip='^(test_grad_arena|cli_test_moe_fp8|cli_test_ep_zero|test_moe_fp8_engine|test_head_xent|test_plan_search|test_plan_repro_moe|cli_test_ckpt_time)$'
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest -LE gpu -E "$asan_skip" --output-on-failure --no-tests=error -j "$jobs")
