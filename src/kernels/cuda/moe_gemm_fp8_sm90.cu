@@ -16,9 +16,15 @@
 // overwrite, stored: zeros for experts without rows — compiled only, never run on a GPU). Passed
 // tests/gpu/test_grouped_fp8.c on an H100 (fprop, dgrad, wgrad); the registry offers it by default
 // (src/gemm/grouped_fp8.c), DW_MOE_FP8=0 keeps the experts' grouped GEMMs BF16.
-// Each consumer waits for its partial before promoting (no second partial in flight): simple first.
+// fprop and dgrad take the K blocks in pairs with two partials (the dense kernel's PIPE = 2): block
+// kb+1's wgmmas run on the tensor cores while block kb's partial is promoted, in the same order and
+// FP32 operations as one partial at a time (bit-identical results; DW_MOE_FP8_PIPE=1 keeps that
+// path for comparison). wgrad keeps one partial: its 32 column scales a block leave no registers
+// for a second.
 #include <cuda_bf16.h>
+#include <string.h>
 
+#include "core/env.h"
 #include "gemm/sm90_common.cuh"
 #include "kernels/cuda/moe_gemm_fp8.h"
 #include "kernels/cuda/moe_gemm_tc.h"
@@ -72,10 +78,12 @@ __device__ __forceinline__ MfTile mf_tile(const MfArgs &p, const int32_t *s_off,
 }
 #endif // DW_SM90_BODY
 
-template <bool WG>
+// PIPE: partials per consumer (2: K blocks in pairs; fprop and dgrad only).
+template <bool WG, int PIPE>
 __global__ void __launch_bounds__(MF_THREADS, 1)
     moe_gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB, MfArgs p) {
 #ifdef DW_SM90_BODY
+    static_assert(PIPE == 1 || (PIPE == 2 && !WG), "two partials: fprop and dgrad");
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_align_1024(smem_raw);
     uint8_t *sA = smem;                       // [ST][128 rows][128 B], 128B swizzle
@@ -120,9 +128,34 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     const int cw = wg - 1, lt = tid % 128, warp = lt / 32, lane = lt % 32;
     const int rl = 64 * cw + 16 * warp + lane / 4, q = lane % 4; // rows rl, rl + 8; cols 8 j + 2 q (+1)
     const uint64_t da0 = make_desc(sA + cw * 64 * 128), db0 = make_desc(sB);
-    float acc[64], part[64];
+    // the slot's 4 wgmmas of 128 K into part (the first overwrites it), as one commit group
+    auto issue = [&](float *part, int s) {
+        const uint64_t da = da0 + (uint64_t)(s * (MF_TILE >> 4)), db = db0 + (uint64_t)(s * (MF_TILE >> 4));
+        wg_fence();
+#pragma unroll
+        for (int c = 0; c < 4; c++) wgmma_k32<false, false>(part, da + 2 * c, db + 2 * c, c > 0); // +32 B of K
+        wg_commit();
+    };
+    auto release = [&](int s) { // the slot is read: the producer may refill it
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+    };
+    // fprop/dgrad: acc[4 j + 2 h + v] (row rl + 8 h, column 8 j + 2 q + v) += part * the row's scale
+    auto promote_rows = [&](float *acc, float *part, float s0, float s1) {
+        reg_fence(part);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
+            acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+        }
+    };
+    float acc[64], part[64], part2[PIPE == 2 ? 64 : 1];
 #pragma unroll
     for (int i = 0; i < 64; i++) part[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (PIPE == 2 ? 64 : 1); i++) part2[i] = 0.0f;
     Ring r;
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         const MfTile t = mf_tile<WG>(p, s_off, s_mt, u);
@@ -137,46 +170,65 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
         const int64_t r1 = WG ? r0 + 8 : min(t.row0 + rl + 8, p.R - 1);
         const float *sa0 = p.sa + r0 * p.LB, *sa1 = p.sa + r1 * p.LB;
         const float *sb = WG ? p.sb + (t.tn * MF_BN + 2 * q) * p.LB : p.sb + (t.e * (p.N / MF_BN) + t.tn) * p.LB;
-        for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
-            const int s = r.slot;
-            float s0, s1, cs[32]; // fprop/dgrad: the rows' products with the block's; wgrad: the columns'
-            if constexpr (WG) {
-                s0 = __ldg(sa0 + kb), s1 = __ldg(sa1 + kb);
-#pragma unroll
-                for (int j = 0; j < 16; j++)
-                    cs[2 * j] = __ldg(sb + 8 * j * p.LB + kb), cs[2 * j + 1] = __ldg(sb + (8 * j + 1) * p.LB + kb);
-            } else {
-                const float b = __ldg(sb + kb);
-                s0 = __ldg(sa0 + kb) * b, s1 = __ldg(sa1 + kb) * b;
+        if constexpr (PIPE == 2) {
+            // Pairs: no wgmma group stays in flight across an iteration (ptxas would serialise
+            // them); with an odd count the last pair's second group re-reads the first's slot into
+            // the spare partial, which is not promoted.
+            const int64_t kend = t.kb0 + t.nkb;
+            for (int64_t kb = t.kb0; kb < kend; kb += 2) {
+                const bool has_b = kb + 1 < kend;
+                const int64_t kb1 = has_b ? kb + 1 : kb;
+                const float b0 = __ldg(sb + kb), b1 = __ldg(sb + kb1);
+                const float s00 = __ldg(sa0 + kb) * b0, s10 = __ldg(sa1 + kb) * b0;
+                const float s01 = __ldg(sa0 + kb1) * b1, s11 = __ldg(sa1 + kb1) * b1;
+                const int sa = r.slot;
+                Ring r2 = r;
+                r2.next<MF_STAGES>();
+                const int sb2 = has_b ? r2.slot : sa;
+                mbar_wait(&full[sa], r.phase);
+                issue(part, sa);
+                if (has_b) mbar_wait(&full[sb2], r2.phase);
+                issue(part2, sb2);
+                wg_wait<1>();
+                if (has_b) release(sa); // (else the spare group still reads it)
+                promote_rows(acc, part, s00, s10);
+                wg_wait<0>();
+                release(sb2);
+                if (has_b) promote_rows(acc, part2, s01, s11);
+                r = r2;
+                if (has_b) r.next<MF_STAGES>();
             }
-            mbar_wait(&full[s], r.phase);
-            const uint64_t da = da0 + (uint64_t)(s * (MF_TILE >> 4)), db = db0 + (uint64_t)(s * (MF_TILE >> 4));
-            wg_fence();
+        } else {
+            for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
+                const int s = r.slot;
+                float s0, s1, cs[32]; // fprop/dgrad: the rows' products with the block's; wgrad: the columns'
+                if constexpr (WG) {
+                    s0 = __ldg(sa0 + kb), s1 = __ldg(sa1 + kb);
 #pragma unroll
-            for (int c = 0; c < 4; c++) wgmma_k32<false, false>(part, da + 2 * c, db + 2 * c, c > 0); // +32 B of K
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(part);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]); // the slot is read: the producer may refill it
-            if constexpr (WG) {
-#pragma unroll
-                for (int j = 0; j < 16; j++) { // the scale products in FP32, as the reference forms them
-                    acc[4 * j] = fmaf(part[4 * j], s0 * cs[2 * j], acc[4 * j]);
-                    acc[4 * j + 1] = fmaf(part[4 * j + 1], s0 * cs[2 * j + 1], acc[4 * j + 1]);
-                    acc[4 * j + 2] = fmaf(part[4 * j + 2], s1 * cs[2 * j], acc[4 * j + 2]);
-                    acc[4 * j + 3] = fmaf(part[4 * j + 3], s1 * cs[2 * j + 1], acc[4 * j + 3]);
+                    for (int j = 0; j < 16; j++)
+                        cs[2 * j] = __ldg(sb + 8 * j * p.LB + kb), cs[2 * j + 1] = __ldg(sb + (8 * j + 1) * p.LB + kb);
+                } else {
+                    const float b = __ldg(sb + kb);
+                    s0 = __ldg(sa0 + kb) * b, s1 = __ldg(sa1 + kb) * b;
                 }
-            } else {
+                mbar_wait(&full[s], r.phase);
+                issue(part, s);
+                wg_wait<0>();
+                reg_fence(part);
+                release(s);
+                if constexpr (WG) {
 #pragma unroll
-                for (int j = 0; j < 16; j++) { // acc[4 j + 2 h + v]: row rl + 8 h, column 8 j + 2 q + v
-                    acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
-                    acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-                    acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-                    acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
+                    for (int j = 0; j < 16; j++) { // the scale products in FP32, as the reference forms them
+                        acc[4 * j] = fmaf(part[4 * j], s0 * cs[2 * j], acc[4 * j]);
+                        acc[4 * j + 1] = fmaf(part[4 * j + 1], s0 * cs[2 * j + 1], acc[4 * j + 1]);
+                        acc[4 * j + 2] = fmaf(part[4 * j + 2], s1 * cs[2 * j], acc[4 * j + 2]);
+                        acc[4 * j + 3] = fmaf(part[4 * j + 3], s1 * cs[2 * j + 1], acc[4 * j + 3]);
+                    }
+                } else {
+                    promote_rows(acc, part, s0, s1);
                 }
+                r.next<MF_STAGES>();
             }
-            r.next<MF_STAGES>();
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -204,17 +256,23 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-template <bool WG>
+template <bool WG, int PIPE>
 cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const MfArgs &p, cudaStream_t stream) {
     static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once per kernel
     if (!attr_set) {
-        const cudaError_t err =
-            cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel<WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, MF_SMEM);
+        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel<WG, PIPE>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, MF_SMEM);
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
-    moe_gemm_fp8_sm90_kernel<WG><<<(unsigned)grid, MF_THREADS, MF_SMEM, stream>>>(tA, tB, p);
+    moe_gemm_fp8_sm90_kernel<WG, PIPE><<<(unsigned)grid, MF_THREADS, MF_SMEM, stream>>>(tA, tB, p);
     return cudaGetLastError();
+}
+
+// fprop/dgrad's K blocks in pairs (the default) or one at a time (DW_MOE_FP8_PIPE=1).
+bool pairs(void) {
+    const char *v = dw_env("DW_MOE_FP8_PIPE");
+    return !(v && !strcmp(v, "1"));
 }
 
 } // namespace
@@ -248,5 +306,6 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
     const int64_t units = wg ? E * p.tiles_m * p.tiles_n : ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n;
     const int64_t grid = units < sms ? units : sms;
     const cudaStream_t st = (cudaStream_t)stream;
-    return (int)(wg ? launch<true>(grid, tA, tB, p, st) : launch<false>(grid, tA, tB, p, st));
+    return (int)(wg ? launch<true, 1>(grid, tA, tB, p, st)
+                    : pairs() ? launch<false, 2>(grid, tA, tB, p, st) : launch<false, 1>(grid, tA, tB, p, st));
 }
