@@ -136,14 +136,14 @@ dw_status dw_compile_bind(dw_ctx *ctx, dw_compiled *c, const dw_policy *policy) 
         if (n->op == DW_OP_MOE_LINEAR) { /* the grouped GEMM kind, its recipe the policy's: bind_grouped.c */
             if (policy && c->bf16)
                 b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);
-            b->bf16_passes = dw_policy_bf16_passes(policy, b->rule);
+            b->bf16_passes = dw_policy_bf16_passes(policy, b->rule, dw_op_name(n->op), b->recipe);
             DW_TRY(dw_compile_bind_grouped(ctx, c, i));
             continue;
         }
         if (!DW_OP_IS(n, DW_OPF_GEMM)) continue;
         if (policy)
             b->recipe = dw_policy_resolve(policy, n->name, dw_op_name(n->op), g->model.n_blocks, &b->reason, &b->rule);
-        b->bf16_passes = dw_policy_bf16_passes(policy, b->rule);
+        b->bf16_passes = dw_policy_bf16_passes(policy, b->rule, dw_op_name(n->op), b->recipe);
         DW_TRY(bind_linear(ctx, c, i));
     }
     return DW_OK;

@@ -4,13 +4,15 @@
  * rules — kept in the node's binding for the runtime to run, and the readable account of every
  * candidate for `deepwell compile --explain`. A node whose policy recipe is fp8_block (or
  * fp8_block2d) asks first for an fp8_block kernel per pass (1x128 activations, 128x128 expert
- * weights) and falls back to BF16 with the reasons the registry gave (a non-multiple of 128, no
- * fp8_block wgrad, the sm_90 kernel switched off by DW_MOE_FP8=0, another architecture); an mxfp8
- * node asks for an mxfp8 kernel per pass the same way (1x32 UE8M0 blocks: x, dy along their rows,
- * W along K, W^T along M, wgrad's dy^T, x^T along each expert's 32-padded rows; K or M not a
- * multiple of 32, or a target with no mxfp8 entry, falls back to BF16 with the reason); any other
- * quantised recipe falls back to BF16 without asking (the engine's expert operands are fp8_block's
- * and mxfp8's). No kernel for a pass is a compile error naming the node. */
+ * weights; for the wgrad only where a rule's "bf16_passes" says so, else it stays BF16 by default:
+ * dw_policy_bf16_passes) and falls back to BF16 with the reasons the registry gave (a non-multiple
+ * of 128, no fp8_block wgrad, the sm_90 kernel switched off by DW_MOE_FP8=0, another
+ * architecture); an mxfp8 node asks for an mxfp8 kernel per pass the same way (1x32 UE8M0
+ * blocks: x, dy along their rows, W along K, W^T along M, wgrad's dy^T, x^T along each expert's
+ * 32-padded rows; K or M not a multiple of 32, or a target with no mxfp8 entry, falls back to BF16
+ * with the reason); any other quantised recipe falls back to BF16 without asking (the engine's
+ * expert operands are fp8_block's and mxfp8's). No kernel for a pass is a compile error naming the
+ * node. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -161,7 +161,8 @@ typedef struct {
     dw_recipe recipe;          /* linear: from the policy; other ops: BF16 (or FP32 mode) */
     dw_policy_reason reason;
     int rule;                  /* policy rule index for DW_POLICY_BY_RULE, else -1 */
-    unsigned bf16_passes;      /* bit p (dw_qpass): the rule keeps pass p BF16 in a quantised recipe */
+    unsigned bf16_passes;      /* bit p (dw_qpass): the rule, or the default (DW_POLICY_PASSES_DEFAULT set:
+                                  fp8_block experts' wgrad), keeps pass p BF16 in a quantised recipe */
     /* linear, per pass at the planned shape: quantised in the node's recipe, or BF16 (the
      * fallback; `why` says why), with the kernel the registry selects for the target */
     bool quantised[DW_QPASS_COUNT];

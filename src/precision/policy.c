@@ -49,18 +49,27 @@ static const char *const pass_names[3] = {"fprop", "dgrad", "wgrad"}; /* dw_qpas
 
 bool dw_policy_keeps_bf16(unsigned mask, int rule, int pass, char *why, size_t why_len) {
     if (!(mask & (1u << pass))) return false;
-    if (why && why_len)
-        snprintf(why, why_len, "policy rule %d keeps %s BF16 (bf16_passes)", rule, pass >= 0 && pass < 3 ? pass_names[pass] : "?");
+    const char *name = pass >= 0 && pass < 3 ? pass_names[pass] : "?";
+    if (why && why_len && (mask & DW_POLICY_PASSES_DEFAULT))
+        snprintf(why, why_len, "fp8_block experts keep %s BF16 by default (the grouped FP8 %s is slower on sm_90; "
+                 "a rule's \"bf16_passes\": [] quantises it)", name, name);
+    else if (why && why_len)
+        snprintf(why, why_len, "policy rule %d keeps %s BF16 (bf16_passes)", rule, name);
     return true;
 }
 
-unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index) {
-    return p && rule_index >= 0 && rule_index < p->n_rules ? p->rules[rule_index].bf16_passes : 0;
+unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index, const char *op_name, dw_recipe r) {
+    if (p && rule_index >= 0 && rule_index < p->n_rules && p->rules[rule_index].passes_set)
+        return p->rules[rule_index].bf16_passes;
+    const bool fp8_experts = op_name && !strcmp(op_name, "moe_linear") &&
+                             (r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D);
+    return fp8_experts ? 1u << 2 | DW_POLICY_PASSES_DEFAULT : 0; /* wgrad (bench/RESULTS.md, session 21) */
 }
 
-/* A rule's "bf16_passes": an array of pass names, each at most once. */
-static dw_status parse_passes(dw_ctx *ctx, const json_t *v, const char *what, unsigned *mask) {
+/* A rule's "bf16_passes": an array of pass names, each at most once; *set whether the field is there. */
+static dw_status parse_passes(dw_ctx *ctx, const json_t *v, const char *what, unsigned *mask, bool *set) {
     *mask = 0;
+    *set = v != NULL;
     if (!v) return DW_OK;
     if (!json_is_array(v))
         return dw_set_error(ctx, DW_ERR_FORMAT, "%s: field 'bf16_passes': expected an array of \"fprop\", "
@@ -107,7 +116,7 @@ static dw_status load_rules(dw_ctx *ctx, const json_t *rules, const char *path, 
             return dw_set_error(ctx, DW_ERR_FORMAT, "%s: a rule needs 'match' or 'op'", what);
         dw_policy_rule *rule = &p->rules[p->n_rules++];
         DW_TRY(parse_recipe(ctx, recipe, what, &rule->recipe));
-        DW_TRY(parse_passes(ctx, json_object_get(r, "bf16_passes"), what, &rule->bf16_passes));
+        DW_TRY(parse_passes(ctx, json_object_get(r, "bf16_passes"), what, &rule->bf16_passes, &rule->passes_set));
         rule->match = match ? strdup(match) : NULL;
         rule->op = op ? strdup(op) : NULL;
         if ((match && !rule->match) || (op && !rule->op))
@@ -172,7 +181,7 @@ dw_status dw_policy_to_json(dw_ctx *ctx, const dw_policy *p, char **out) {
         if (p->rules[i].match) json_object_set_new(r, "match", json_string(p->rules[i].match));
         if (p->rules[i].op) json_object_set_new(r, "op", json_string(p->rules[i].op));
         json_object_set_new(r, "recipe", json_string(dw_recipe_name(p->rules[i].recipe)));
-        if (p->rules[i].bf16_passes) {
+        if (p->rules[i].passes_set) { /* [] too: it turns the default off */
             json_t *passes = json_array();
             for (int k = 0; k < 3; k++)
                 if (p->rules[i].bf16_passes & (1u << k)) json_array_append_new(passes, json_string(pass_names[k]));

@@ -4,7 +4,7 @@
  * every linear node; other ops compute in BF16/FP32 whatever the policy says.
  * JSON: {"default": "fp8_block", "fallback": "safe"|"head"|"none",
  *        "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "bf16"},
- *                  {"op": "moe_linear", "recipe": "fp8_block", "bf16_passes": ["wgrad"]}, ...],
+ *                  {"op": "moe_linear", "recipe": "fp8_block", "bf16_passes": []}, ...],
  *        "max_rel_error": 0.2 | {"nvfp4": 0.25, ...}} (optional: precision/thresholds.h),
  *        "nvfp4": {"rht": true, ...} (optional: precision/nvfp4_recipe.h) */
 #ifndef DW_PRECISION_POLICY_H
@@ -21,6 +21,9 @@ typedef struct {
     /* The GEMMs of the matched nodes that stay BF16 in a quantised recipe (Transformer Engine's
      * override_linear_precision): bit 0 fprop, 1 dgrad, 2 wgrad (compile/program.h's dw_qpass). */
     unsigned bf16_passes;
+    /* The rule has the field "bf16_passes", even []: its passes replace the default's
+     * (dw_policy_bf16_passes); false: the default applies to the nodes it binds. */
+    bool passes_set;
 } dw_policy_rule;
 
 /* What the fallback keeps in BF16 when no rule names a node: nothing, the LM head (the default, as
@@ -64,10 +67,17 @@ bool dw_policy_is_moe_gate(const char *node_name);
 dw_recipe dw_policy_resolve(const dw_policy *p, const char *node_name, const char *op_name,
                             int64_t n_layers, dw_policy_reason *reason, int *rule_index);
 const char *dw_policy_reason_text(dw_policy_reason r);
-/* The passes rule i keeps BF16 (dw_policy_rule.bf16_passes); 0 for no rule (i < 0). */
-unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index);
+/* Set in a mask of dw_policy_bf16_passes when the passes are the default's, not a rule's. */
+#define DW_POLICY_PASSES_DEFAULT (1u << 3)
+/* The passes a node of op op_name (dw_policy_resolve's) bound in recipe r by rule `rule_index`
+ * (-1: none) keeps BF16, bit p for dw_qpass p: the rule's "bf16_passes" where it has the field
+ * (passes_set, even []); else the default, with DW_POLICY_PASSES_DEFAULT: wgrad for a MoE layer's
+ * experts (moe_linear) in fp8_block or fp8_block2d (the same grouped fp8_block kernels: the grouped
+ * FP8 wgrad costs more than it saves on sm_90, docs/precision.md), nothing for any other node. */
+unsigned dw_policy_bf16_passes(const dw_policy *p, int rule_index, const char *op_name, dw_recipe r);
 /* Whether a node bound by rule `rule` with bf16_passes `mask` (dw_policy_bf16_passes) keeps pass i
- * BF16; if so and why is given, why names the rule and the pass (compile --report, --explain). */
+ * BF16; if so and why is given, why names the rule and the pass, or says the default keeps it
+ * (compile --report, --explain). */
 bool dw_policy_keeps_bf16(unsigned mask, int rule, int pass, char *why, size_t why_len);
 /* "safe" | "head" | "none" to the fallback; false for any other name. */
 bool dw_policy_fallback_parse(const char *name, dw_policy_fallback *out);

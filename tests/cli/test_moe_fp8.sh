@@ -2,7 +2,9 @@
 # test_moe_fp8.sh DEEPWELL — MoE experts under an fp8_block policy (compile/bind_grouped.c): in
 # `deepwell compile --explain` a Mixtral of hidden 128 and experts of 256 runs fprop and dgrad in
 # the fp8_block grouped kernel (the CPU reference on the CPU; the sm_90 kernel by default and with
-# DW_MOE_FP8=1, BF16 naming the switch with DW_MOE_FP8=0; sm_100 BF16 with its reason) and
+# DW_MOE_FP8=1, BF16 naming the switch with DW_MOE_FP8=0; sm_100 BF16 with its reason), its wgrad
+# BF16 by default with the default's reason in --explain and --report, and in fp8_block too under a
+# rule's "bf16_passes": [] (no default's reason then), and
 # --report gives the experts the policy's recipe, the router BF16; mixtral-tiny (hidden 64) keeps its experts BF16
 # saying why; the memory plan prices the expert weight caches; the CPU trains it in fp8_block and
 # the loss falls over 30 steps of the built-in data; a policy rule {"op": "moe_linear", "recipe":
@@ -25,7 +27,7 @@ explain() { # explain NAME MODEL FLAGS...: compile --explain into $tmp/NAME
   local n=$1 m=$2; shift 2
   "$dw" compile "$m" --batch 2 --seq 16 --explain "$@" >"$tmp/$n" 2>&1
 }
-count() { grep -c -- "$2" "$tmp/$1"; }
+count() { grep -cF -- "$2" "$tmp/$1"; }
 
 explain cpu "$tmp/mx" --precision fp8_block --target cpu --report; check "hidden 128, fp8_block, CPU" 0 $?
 has "CPU: the experts in fp8_block, the router BF16" "$tmp/cpu" \
@@ -33,10 +35,24 @@ has "CPU: the experts in fp8_block, the router BF16" "$tmp/cpu" \
   "model.layers.0.mlp.experts.up                moe_linear    recipe fp8_block  (default)" \
   "at this shape: fprop quantised (grouped_cpu_fp8_block); dgrad quantised (grouped_cpu_fp8_block)" \
   "MoE router or shared-expert gate (BF16 under every policy)" "W and W^T of"
-[ "$(count cpu "selected: grouped_cpu_fp8_block (fp8_block)")" -ge 12 ] && ok "CPU: fprop and dgrad of 6 layers in fp8_block" ||
-  bad "CPU: $(count cpu "selected: grouped_cpu_fp8_block") fp8 selections"
-grep -A40 "experts.down" "$tmp/cpu" | grep -A16 "wgrad:" | grep -qE "selected: grouped_cpu_fp8_block \(fp8_block\)|BF16 fallback: " &&
-  ok "CPU: wgrad in fp8_block or BF16 with the reason" || bad "CPU: wgrad says neither"
+[ "$(count cpu "selected: grouped_cpu_fp8_block (fp8_block)")" = 12 ] && ok "CPU: fprop and dgrad of 6 layers in fp8_block" ||
+  bad "CPU: $(count cpu "selected: grouped_cpu_fp8_block") fp8 selections, want 12"
+default_why='fp8_block experts keep wgrad BF16 by default (the grouped FP8 wgrad is slower on sm_90; a rule'"'"'s "bf16_passes": [] quantises it)'
+[ "$(count cpu "       BF16 fallback: $default_why")" = 6 ] && ok "CPU: --explain keeps the 6 wgrads BF16 by default, saying why" ||
+  bad "CPU: $(count cpu "BF16 fallback: $default_why") wgrads BF16 by default in --explain, want 6"
+[ "$(count cpu "wgrad BF16 FALLBACK: $default_why (grouped_cpu_reference)")" = 6 ] &&
+  ok "  ... and --report, with the BF16 kernel" || bad "--report: $(count cpu "wgrad BF16 FALLBACK: $default_why") defaults, want 6"
+
+# a rule's "bf16_passes": [] quantises the wgrad too: 18 fp8_block selections, no word of the default
+cat >"$tmp/fp8wgrad.json" <<'EOF'
+{"default": "fp8_block", "rules": [{"op": "moe_linear", "recipe": "fp8_block", "bf16_passes": []}]}
+EOF
+explain cpuw "$tmp/mx" --policy "$tmp/fp8wgrad.json" --target cpu --report; check "hidden 128, \"bf16_passes\": [], CPU" 0 $?
+[ "$(count cpuw "selected: grouped_cpu_fp8_block (fp8_block)")" = 18 ] && ok "  ... fprop, dgrad and wgrad of 6 layers in fp8_block" ||
+  bad "\"bf16_passes\": []: $(count cpuw "selected: grouped_cpu_fp8_block") fp8 selections, want 18"
+[ "$(count cpuw "by default")" = 0 ] && ok "  ... no default's reason" || bad "\"bf16_passes\": [] still names the default"
+[ "$(count cpuw "wgrad quantised (grouped_cpu_fp8_block)")" = 6 ] && ok "  ... --report: the 6 wgrads quantised" ||
+  bad "--report with []: $(count cpuw "wgrad quantised (grouped_cpu_fp8_block)") wgrads quantised, want 6"
 
 explain tiny mixtral-tiny --precision fp8_block --target cpu; check "mixtral-tiny fp8_block" 0 $?
 has "hidden 64: BF16 with the reason" "$tmp/tiny" \
@@ -44,8 +60,13 @@ has "hidden 64: BF16 with the reason" "$tmp/tiny" \
 
 unset DW_MOE_FP8
 explain sm90 "$tmp/mx" --precision fp8_block --sm 90; check "sm_90, DW_MOE_FP8 unset" 0 $?
-[ "$(count sm90 "selected: grouped_fp8block_sm90 (fp8_block)")" -ge 12 ] && ok "sm_90 by default: the fp8_block kernel" ||
+[ "$(count sm90 "selected: grouped_fp8block_sm90 (fp8_block)")" = 12 ] && ok "sm_90 by default: the fp8_block kernel" ||
   bad "sm_90 by default: $(count sm90 "selected: grouped_fp8block_sm90") selections: $(head -c 600 "$tmp/sm90")"
+[ "$(count sm90 "BF16 fallback: $default_why")" = 6 ] && ok "  ... its wgrad BF16 by default" ||
+  bad "sm_90: $(count sm90 "BF16 fallback: $default_why") wgrads BF16 by default, want 6"
+explain sm90w "$tmp/mx" --policy "$tmp/fp8wgrad.json" --sm 90; check "sm_90, \"bf16_passes\": []" 0 $?
+[ "$(count sm90w "selected: grouped_fp8block_sm90 (fp8_block)")" = 18 ] && ok "  ... the fp8_block kernel for the wgrad too" ||
+  bad "sm_90 with []: $(count sm90w "selected: grouped_fp8block_sm90") selections, want 18"
 [ "$(count sm90 "DW_MOE_FP8")" = 0 ] && ok "  ... and no word of the switch" || bad "sm_90 by default names DW_MOE_FP8"
 DW_MOE_FP8=0 explain sm90off "$tmp/mx" --precision fp8_block --sm 90; check "sm_90 with DW_MOE_FP8=0" 0 $?
 has "sm_90 switched off: BF16, the switch named" "$tmp/sm90off" \
@@ -53,7 +74,7 @@ has "sm_90 switched off: BF16, the switch named" "$tmp/sm90off" \
 [ "$(count sm90off "selected: grouped_fp8block_sm90")" = 0 ] && ok "  ... and no fp8_block kernel" ||
   bad "sm_90 switched off still selects grouped_fp8block_sm90"
 DW_MOE_FP8=1 explain sm90on "$tmp/mx" --precision fp8_block --sm 90; check "sm_90 with DW_MOE_FP8=1" 0 $?
-[ "$(count sm90on "selected: grouped_fp8block_sm90 (fp8_block)")" -ge 12 ] && ok "sm_90 switched on: the fp8_block kernel" ||
+[ "$(count sm90on "selected: grouped_fp8block_sm90 (fp8_block)")" = 12 ] && ok "sm_90 switched on: the fp8_block kernel" ||
   bad "sm_90 switched on: $(count sm90on "selected: grouped_fp8block_sm90") selections"
 explain sm100 "$tmp/mx" --precision fp8_block --sm 100; check "sm_100" 0 $?
 has "sm_100: BF16, the architecture named" "$tmp/sm100" "BF16 fallback: grouped_fp8block_sm90: needs sm_90, device is sm_100"

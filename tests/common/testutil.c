@@ -620,12 +620,24 @@ dw_status dw_test_model_build(dw_ctx *ctx, dw_graph *g, const char *precision, d
     return dw_test_model_build_opts(ctx, g, precision, &o, m);
 }
 
+dw_status dw_test_policy(dw_ctx *ctx, const char *spec, bool fallback_safe, dw_policy **out) {
+    *out = NULL;
+    if (spec[0] != '{') return dw_policy_from_precision(ctx, spec, fallback_safe, out);
+    char *dir = dw_test_tmpdir(), *path = dir ? dw_test_path(dir, "policy.json") : NULL;
+    dw_status s = path && dw_test_write(path, spec, strlen(spec)) == 0 ? dw_policy_load(ctx, path, out) : DW_ERR_IO;
+    if (s == DW_OK && fallback_safe) s = dw_policy_set_fallback(ctx, *out, "safe");
+    if (s != DW_OK) dw_policy_free(*out), *out = NULL;
+    if (dir) dw_test_rmtree(dir);
+    free(path), free(dir);
+    return s;
+}
+
 dw_status dw_test_model_build_opts(dw_ctx *ctx, dw_graph *g, const char *precision, const dw_compile_opts *o,
                                    dw_test_model *m) {
     memset(m, 0, sizeof *m);
     m->g = g;
     dw_status s = g ? DW_OK : DW_ERR_INVALID;
-    if (s == DW_OK && precision) s = dw_policy_from_precision(ctx, precision, false, &m->pol);
+    if (s == DW_OK && precision) s = dw_test_policy(ctx, precision, false, &m->pol);
     if (s == DW_OK) s = dw_compile(ctx, g, NULL, m->pol, o, &m->c);
     if (s == DW_OK) s = dw_engine_create(ctx, m->c, NULL, &m->e);
     if (s != DW_OK) {

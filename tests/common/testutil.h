@@ -142,9 +142,18 @@ dw_status dw_test_train_fixed(dw_engine *e, const int32_t *x, const int32_t *y, 
  * g's). NULL with the message printed on failure. */
 dw_graph *dw_test_same_graph(dw_ctx *ctx, const dw_graph *g, int64_t batch, int64_t seq);
 
+/* A policy from spec: a recipe name (dw_policy_from_precision) or a policy's JSON text (starting
+ * with '{', loaded as a policy file); fallback "safe" if fallback_safe, else the spec's ("head" for
+ * a recipe name). DW_OK, or the loader's status (message on ctx) with *out NULL. */
+dw_status dw_test_policy(dw_ctx *ctx, const char *spec, bool fallback_safe, dw_policy **out);
+/* fp8_block with the MoE experts' wgrad quantised too (the rule's "bf16_passes": [] turns off the
+ * default that keeps it BF16: docs/precision.md), for the tests of the grouped fp8_block wgrad. */
+#define DW_TEST_FP8_WGRAD \
+    "{\"default\": \"fp8_block\", \"rules\": [{\"op\": \"moe_linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": []}]}"
+
 /* A model built by hand: a graph (owned from the call on, freed with the model even on error),
  * its program and an engine on ctx's device. precision: NULL = the FP32 program (no policy), else
- * dw_policy_from_precision(precision, no safe fallback). target: DW_DEVICE_AUTO (the context's
+ * dw_test_policy(precision, no safe fallback): a recipe name or a policy's JSON text. target: DW_DEVICE_AUTO (the context's
  * device) or DW_DEVICE_CUDA (a program compiled for sm_90). Parameters start at zero. Returns the
  * first failing call's status with its message printed to stderr; m is then all NULL. */
 typedef struct {

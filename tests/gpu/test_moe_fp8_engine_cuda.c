@@ -1,8 +1,10 @@
 /* test_moe_fp8_engine_cuda.c — MoE experts in fp8_block on the GPU (sm_90, by default): one
- * program (a Mixtral of hidden 128 and experts of 256, compiled for this GPU under fp8_block) on
- * the CUDA engine and on the CPU engine (its oracle: the same fp8 passes through the CPU reference
- * of the kernel's arithmetic) with the same weights. Checked: the program binds the sm_90 fp8_block
- * kernel for fprop and dgrad; every expert node's weight cache (W and W^T codes and scales, from
+ * program (a Mixtral of hidden 128 and experts of 256, compiled for this GPU under fp8_block, its
+ * experts' wgrad BF16 by default, and again under a rule's "bf16_passes": [] with the wgrad in
+ * fp8_block too) on the CUDA engine and on the CPU engine (its oracle: the same fp8 passes through
+ * the CPU reference of the kernel's arithmetic) with the same weights. Checked: the program binds
+ * the sm_90 fp8_block kernel for fprop and dgrad, and for wgrad under the rule (else the BF16
+ * grouped kernel); every expert node's weight cache (W and W^T codes and scales, from
  * the same FP32 masters) equal on both, bit for bit; the loss of a forward and backward, every
  * parameter gradient (normwise, the quantised tolerances of test_engine_cuda.c: loss 5e-2
  * relative, gradients 0.2), and three AdamW steps' losses; the routers' weights spread wide so the
@@ -80,8 +82,7 @@ static int check_counts(dw_engine *cpu, dw_engine *gpu, int64_t N) {
     return bad;
 }
 
-static void test_fp8_experts(void **state) {
-    (void)state;
+static void check_fp8_experts(const char *policy, bool fp8_wgrad) {
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -94,7 +95,8 @@ static void test_fp8_experts(void **state) {
     dw_graph *g = NULL;
     assert_int_equal(dw_capture_config(g_gpu, &mc, B, T, &g), DW_OK);
     dw_policy *pol = NULL;
-    assert_int_equal(dw_policy_from_precision(g_gpu, "fp8_block", false, &pol), DW_OK);
+    assert_int_equal(dw_test_policy(g_gpu, policy, false, &pol), DW_OK);
+    printf("%s\n", fp8_wgrad ? "the experts' wgrad in fp8_block (\"bf16_passes\": [])" : "the experts' wgrad BF16 (the default)");
     unsetenv("DW_MOE_FP8"); /* the default: fp8_block experts on sm_90 */
     dw_compiled *c = NULL;
     if (dw_compile(g_gpu, g, NULL, pol, NULL, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
@@ -104,6 +106,8 @@ static void test_fp8_experts(void **state) {
             experts++;
             assert_string_equal(c->node[i].bind.kernel[DW_QPASS_FPROP], "grouped_fp8block_sm90");
             assert_string_equal(c->node[i].bind.kernel[DW_QPASS_DGRAD], "grouped_fp8block_sm90");
+            assert_int_equal(c->node[i].bind.quantised[DW_QPASS_WGRAD], fp8_wgrad);
+            assert_string_equal(c->node[i].bind.kernel[DW_QPASS_WGRAD], fp8_wgrad ? "grouped_fp8block_sm90" : "grouped_wgmma_sm90");
         }
     assert_int_equal(experts, 6);
     dw_engine *cpu = NULL, *gpu = NULL;
@@ -175,6 +179,12 @@ static void test_fp8_experts(void **state) {
     dw_graph_free(g);
     free(x), free(y);
     if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
+static void test_fp8_experts(void **state) {
+    (void)state;
+    check_fp8_experts("fp8_block", false);
+    check_fp8_experts(DW_TEST_FP8_WGRAD, true);
 }
 
 int main(void) {

@@ -246,6 +246,12 @@ class EngineCalls(unittest.TestCase):
         # a rule's bf16_passes (docs/precision.md) survives the round trip; a bad pass name is refused
         pw = {"default": "fp8_block", "rules": [{"op": "linear", "recipe": "fp8_block", "bf16_passes": ["wgrad"]}]}
         self.assertEqual(dw.make_policy(policy=pw).to_dict()["rules"][0]["bf16_passes"], ["wgrad"])
+        # an explicit [] (the MoE experts' wgrad quantised too, not BF16 as by default) stays apart from no field
+        pe = {"default": "fp8_block", "rules": [{"op": "moe_linear", "recipe": "fp8_block", "bf16_passes": []},
+                                                {"op": "linear", "recipe": "fp8_block"}]}
+        rules = dw.make_policy(policy=pe).to_dict()["rules"]
+        self.assertEqual(rules[0]["bf16_passes"], [])
+        self.assertNotIn("bf16_passes", rules[1])
         with self.assertRaises(dw.DeepwellError) as ex:
             dw.make_policy(policy={"default": "fp8_block", "rules": [{"op": "linear", "recipe": "fp8_block",
                                                                      "bf16_passes": ["bwd"]}]})

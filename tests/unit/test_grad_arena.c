@@ -20,8 +20,9 @@
  *     backward without a step (or after zero_grad's zeros were written) reads copies made again;
  *   - a weight written over ignores what its slice held: the whole arena NaN before the backward,
  *     and the gradients (finite), the loss and the norm (padding included) are the pool's bits
- *     (dense and MoE — mixtral-tiny and olmoe-tiny, BF16, fp8_block and mxfp8 with the experts'
- *     wgrad bound to the recipe, every MoE layer's experts written over —, fused head);
+ *     (dense and MoE — mixtral-tiny and olmoe-tiny, BF16, fp8_block (a rule's "bf16_passes": [])
+ *     and mxfp8 with the experts' wgrad bound to the recipe, fp8_block's default with it BF16, every
+ *     MoE layer's experts written over —, fused head);
  *   - the engine's rules: a second backward before the step (accumulation) is refused naming
  *     grad_arena, and so are the step and a gradient read after a forward; zero_grad clears both;
  *   - moe-e8 at 8 x 2048 and moe-e64 at 4 x 2048 (BF16, sm_90, fused head, as dryrun compiles them):
@@ -51,6 +52,11 @@
 #define RNG (&dw_test_group_rng)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
+/* A precision's name in messages: DW_TEST_FP8_WGRAD's is "fp8_block+wgrad" (NULL: "fp32"). */
+static const char *label(const char *precision) {
+    return !precision ? "fp32" : !strcmp(precision, DW_TEST_FP8_WGRAD) ? "fp8_block+wgrad" : precision;
+}
+
 /* Program (and engine) of config mc at B x T, precision NULL = FP32, with the gradients in the
  * arena or in their pool. */
 static bool bf16_arena; /* the arena programs place the BF16 working copies there too */
@@ -69,7 +75,7 @@ static void build(const dw_model_config *mc, int64_t B, int64_t T, const char *p
     }
     memset(m, 0, sizeof *m);
     m->g = g;
-    if (precision) assert_int_equal(dw_policy_from_precision(CTX, precision, true, &m->pol), DW_OK);
+    if (precision) assert_int_equal(dw_test_policy(CTX, precision, true, &m->pol), DW_OK);
     assert_int_equal(dw_compile(CTX, g, NULL, m->pol, &o, &m->c), DW_OK);
 }
 
@@ -238,7 +244,7 @@ static void same_bits_rc(const char *preset, const char *precision, bool fused, 
     }
     char what[96];
     snprintf(what, sizeof what, "%s %s%s%s, gradients in the arena vs their pool", preset,
-             precision ? precision : "fp32", fused ? " fused head" : "", recompute ? " recompute" : "");
+             label(precision), fused ? " fused head" : "", recompute ? " recompute" : "");
     double l0, l1;
     assert_int_equal(dw_test_same_training(&a, &p, B, T, 3, 1e-2, dw_test_next(RNG), what, &l0, &l1), 0);
     int32_t x[64], y[64];
@@ -274,7 +280,7 @@ static void same_bits_rc(const char *preset, const char *precision, bool fused, 
         free(wa), free(wp);
     }
     printf("  %-14s %-10s%s%s losses %.6f -> %.6f, %d of %d slices zeroed, arena %lld + grads %lld -> arena %lld "
-           "bytes\n", preset, precision ? precision : "fp32", fused ? " fused" : "      ", recompute ? " rc" : "   ", l0,
+           "bytes\n", preset, label(precision), fused ? " fused" : "      ", recompute ? " rc" : "   ", l0,
            l1, zeros, a.c->n_params,
            (long long)p.c->arena_bytes,
            (long long)p.c->pool_bytes[DW_POOL_GRADS], (long long)a.c->arena_bytes);
@@ -298,7 +304,7 @@ static void test_same_bits(void **state) {
     /* quantised recipes (the CPU runs the sm_90 program's choices) and full recompute */
     same_bits("llama-tiny", "fp8_block", true);
     same_bits("mixtral-tiny", "fp8_block", false);
-    same_bits("olmoe-tiny@128", "fp8_block", false); /* the experts' passes fp8_block, wgrad written over */
+    same_bits("olmoe-tiny@128", DW_TEST_FP8_WGRAD, false); /* the experts' passes fp8_block, wgrad written over */
     same_bits("gpt2-tiny", "mxfp8", false);
     same_bits_rc("llama-tiny", "bf16", true, DW_RECOMPUTE_FULL);
     same_bits_rc("mixtral-tiny", NULL, false, DW_RECOMPUTE_FULL);
@@ -381,8 +387,11 @@ static void poisoned(const char *preset, const char *precision, bool fused) {
         moe++, moe_over += a.c->node[i].pgrad_set == 2u, moe_q += a.c->node[i].bind.quantised[DW_QPASS_WGRAD];
     }
     assert_int_equal(moe_over, moe); /* every expert weight's first writer is its own layer */
-    if (moe && (!strcmp(precision, "fp8_block") || !strcmp(precision, "mxfp8")) && moe_q != moe)
-        fail_msg("%s %s: %d of %d MoE layers' wgrad bound %s", preset, precision, moe_q, moe, precision);
+    /* mxfp8 and a rule's "bf16_passes": [] bind every wgrad to the recipe; fp8_block's default keeps it BF16 */
+    const int want_q = !strcmp(precision, "fp8_block") ? 0 : moe;
+    if ((!strcmp(precision, "fp8_block") || !strcmp(precision, "mxfp8") || !strcmp(precision, DW_TEST_FP8_WGRAD)) &&
+        moe_q != want_q)
+        fail_msg("%s %s: %d of %d MoE layers' wgrad quantised, want %d", preset, label(precision), moe_q, moe, want_q);
     int32_t x[64], y[64];
     same_start(&a, &p, mc.vocab_size, x, y, B * T);
     memset(a.e->x->act, 0xff, (size_t)a.e->x->pool_bytes[DW_POOL_ACT]); /* the CPU backend's host memory */
@@ -390,7 +399,7 @@ static void poisoned(const char *preset, const char *precision, bool fused) {
     assert_int_equal(dw_engine_forward_backward(a.e, x, y, B, T, 1.0, &la), DW_OK);
     assert_int_equal(dw_engine_forward_backward(p.e, x, y, B, T, 1.0, &lp), DW_OK);
     char what[96];
-    snprintf(what, sizeof what, "%s %s%s on a NaN arena", preset, precision, fused ? " fused head" : "");
+    snprintf(what, sizeof what, "%s %s%s on a NaN arena", preset, label(precision), fused ? " fused head" : "");
     if (!(la == lp)) fail_msg("%s: loss %.9g, the pool program's %.9g", what, la, lp);
     for (int i = 0; i < dw_engine_param_count(a.e); i++) {
         const int64_t n = dw_test_param_numel(a.e, i);
@@ -405,7 +414,7 @@ static void poisoned(const char *preset, const char *precision, bool fused) {
     assert_int_equal(dw_engine_step(p.e, NULL, 1, &np), DW_OK);
     if (!(na == np && isfinite(na))) fail_msg("%s: gradient norm %.9g, the pool program's %.9g", what, na, np);
     printf("  %-14s %-10s%s NaN arena: %d weights written over (%d MoE experts'), loss %.6f, norm %.6f as the "
-           "pool's\n", preset, precision, fused ? " fused" : "      ", over, moe_over, la, na);
+           "pool's\n", preset, label(precision), fused ? " fused" : "      ", over, moe_over, la, na);
     dw_test_model_free(&a);
     dw_test_model_free(&p);
 }
@@ -417,8 +426,9 @@ static void test_poisoned(void **state) {
     poisoned("gpt2-tiny", "bf16", true);
     poisoned("olmoe-tiny", "bf16", false);
     poisoned("mixtral-tiny", "bf16", false);
-    poisoned("mixtral-tiny@128", "fp8_block", false);
-    poisoned("olmoe-tiny@128", "fp8_block", false);
+    poisoned("mixtral-tiny@128", DW_TEST_FP8_WGRAD, false);
+    poisoned("olmoe-tiny@128", DW_TEST_FP8_WGRAD, false);
+    poisoned("olmoe-tiny@128", "fp8_block", false); /* the default: fp8_block experts, their wgrad BF16 */
     poisoned("mixtral-tiny", "mxfp8", false);
     poisoned("olmoe-tiny", "mxfp8", false);
     poisoned("llama-tiny", "fp8_block", true);

@@ -1,7 +1,9 @@
 /* test_moe_fp8_engine.c — MoE experts in fp8_block through the compiler and the CPU engine
  * (compile/bind_grouped.c, runtime/cpu/ops_cpu_moe.c): a Mixtral of hidden 128 and expert FFN 256
- * (mixtral-tiny's 64 is no multiple of 128) under --precision fp8_block binds every moe_linear
- * pass to the fp8_block CPU reference while the routers stay BF16; the engine's own quantised
+ * (mixtral-tiny's 64 is no multiple of 128) under --precision fp8_block binds fprop and dgrad of
+ * every moe_linear to the fp8_block CPU reference and keeps wgrad BF16 by default (the note says
+ * so); under a rule's "bf16_passes": [] (DW_TEST_FP8_WGRAD) the wgrad too; the routers stay BF16.
+ * Under that rule the engine's own quantised
  * operands (the weight cache W, W^T; x and dy 1x128; wgrad's padded dy^T, x^T) equal the
  * quantisers run here on the values it read, and the layer's output, input gradient and weight
  * gradient equal the fp8 grouped reference on those operands exactly; training on a fixed batch
@@ -46,15 +48,8 @@ static dw_graph *mixtral128(int64_t B, int64_t T) {
 }
 
 static dw_policy *policy_json(const char *json) {
-    char path[] = "/tmp/dw_moe_fp8_policyXXXXXX";
-    const int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fputs(json, f);
-    fclose(f);
     dw_policy *p = NULL;
-    if (dw_policy_load(CTX, path, &p) != DW_OK) fail_msg("policy: %s", dw_errmsg(CTX));
-    remove(path);
+    if (dw_test_policy(CTX, json, false, &p) != DW_OK) fail_msg("policy: %s", dw_errmsg(CTX));
     return p;
 }
 
@@ -93,13 +88,13 @@ static int64_t same_floats(const char *what, const float *got, const float *want
     return 0;
 }
 
-/* The program binds the experts in fp8_block (fprop, dgrad, and wgrad when the registry has one),
- * the routers BF16, and gives each expert node a weight cache refreshed after the update. */
-static void test_binding(void **state) {
-    (void)state;
+/* The program binds the experts in fp8_block (fprop, dgrad, and wgrad when the registry has one
+ * and the policy asks: a rule's "bf16_passes": [], not the default, which keeps it BF16 and says
+ * so), the routers BF16, and gives each expert node a weight cache refreshed after the update. */
+static void check_binding(const char *policy, bool fp8_wgrad) {
     dw_graph *g = mixtral128(2, 16);
     dw_test_model m;
-    assert_int_equal(dw_test_model_build(CTX, g, "fp8_block", DW_DEVICE_AUTO, &m), DW_OK);
+    assert_int_equal(dw_test_model_build(CTX, g, policy, DW_DEVICE_AUTO, &m), DW_OK);
     int experts = 0, routers = 0;
     for (int i = 0; i < m.g->n_nodes; i++) {
         const dw_node_binding *b = &m.c->node[i].bind;
@@ -117,10 +112,13 @@ static void test_binding(void **state) {
                                  .offsets = (const int32_t *)b, .x_scales = (const float *)b,
                                  .w_scales = (const float *)b, .dy_scales = (const float *)b};
             const char *k = dw_grouped_registry_pick(DW_DEVICE_CPU, 0, &a, NULL, 0); /* what the registry offers */
-            assert_int_equal(b->quantised[p], k != NULL);
-            if (k) assert_string_equal(b->kernel[p], k);
+            assert_non_null(k);
+            assert_int_equal(b->quantised[p], p != DW_QPASS_WGRAD || fp8_wgrad);
+            assert_string_equal(b->kernel[p], b->quantised[p] ? k : "grouped_cpu_reference");
         }
-        assert_true(b->quantised[DW_QPASS_FPROP] && b->quantised[DW_QPASS_DGRAD]);
+        assert_non_null(b->note);
+        const bool said = strstr(b->note, "wgrad BF16 FALLBACK: fp8_block experts keep wgrad BF16 by default") != NULL;
+        if (said == fp8_wgrad) fail_msg("%s: note %s the default: %s", m.g->nodes[i].name, said ? "names" : "lacks", b->note);
         assert_string_equal(b->kernel[DW_QPASS_FPROP], "grouped_cpu_fp8_block");
         const dw_ir_tensor *w = &m.g->tensors[m.g->nodes[i].in[1]];
         const int64_t codes = w->shape[0] * w->shape[1] * w->shape[2];
@@ -134,6 +132,12 @@ static void test_binding(void **state) {
     assert_int_equal(experts, 6);
     assert_true(routers == 2);
     dw_test_model_free(&m);
+}
+
+static void test_binding(void **state) {
+    (void)state;
+    check_binding("fp8_block", false);
+    check_binding(DW_TEST_FP8_WGRAD, true);
 }
 
 /* One training forward and backward, step by step: at the expert node `name`'s forward and
@@ -225,11 +229,13 @@ static void check_node_exact(dw_test_model *m, const char *name, int64_t B, int6
     free(w), free(wc), free(wtc), free(ws), free(wts), free(xv), free(yv), free(off), free(codes), free(sc), free(ref);
 }
 
+/* The fp8_block wgrad's operands and product too (DW_TEST_FP8_WGRAD: the rule's "bf16_passes": []). */
 static void test_exact(void **state) {
     (void)state;
     const int64_t B = 2, T = 16;
     dw_test_model m;
-    assert_int_equal(dw_test_model_build(CTX, mixtral128(B, T), "fp8_block", DW_DEVICE_AUTO, &m), DW_OK);
+    assert_int_equal(dw_test_model_build(CTX, mixtral128(B, T), DW_TEST_FP8_WGRAD, DW_DEVICE_AUTO, &m), DW_OK);
+    assert_true(m.c->node[node_named(m.g, "model.layers.1.mlp.experts.down")].bind.quantised[DW_QPASS_WGRAD]);
     dw_test_random_params(m.e, RNG, 0.05f, NULL, 0.05f);
     assert_int_equal(dw_engine_refresh(m.e), DW_OK);
     check_node_exact(&m, "model.layers.1.mlp.experts.down", B, T);
@@ -238,7 +244,8 @@ static void test_exact(void **state) {
 }
 
 /* A program compiled for CUDA (sm_90, DW_MOE_FP8 unset: the default) runs on the CPU engine in the
- * same arithmetic: the fp8 CPU reference where the GPU runs the sm_90 kernel. */
+ * same arithmetic: the fp8 CPU reference where the GPU runs the sm_90 kernel (its wgrad too, under
+ * DW_TEST_FP8_WGRAD). */
 static void test_cuda_program_on_cpu(void **state) {
     (void)state;
     const int64_t B = 2, T = 16;
@@ -247,9 +254,10 @@ static void test_cuda_program_on_cpu(void **state) {
     dw_compile_opts_init(&o, sizeof o);
     o.device = DW_DEVICE_CUDA, o.sm = 90;
     dw_test_model m;
-    assert_int_equal(dw_test_model_build_opts(CTX, mixtral128(B, T), "fp8_block", &o, &m), DW_OK);
+    assert_int_equal(dw_test_model_build_opts(CTX, mixtral128(B, T), DW_TEST_FP8_WGRAD, &o, &m), DW_OK);
     const int node = node_named(m.g, "model.layers.0.mlp.experts.down");
     assert_string_equal(m.c->node[node].bind.kernel[DW_QPASS_FPROP], "grouped_fp8block_sm90");
+    assert_string_equal(m.c->node[node].bind.kernel[DW_QPASS_WGRAD], "grouped_fp8block_sm90");
     dw_test_random_params(m.e, RNG, 0.05f, NULL, 0.05f);
     assert_int_equal(dw_engine_refresh(m.e), DW_OK);
     check_node_exact(&m, "model.layers.0.mlp.experts.down", B, T);
@@ -361,7 +369,7 @@ static void test_rule_bf16_passes(void **state) {
 
 /* The CUDA target: on sm_90 fprop and dgrad run the fp8_block kernel by default (DW_MOE_FP8 unset)
  * and with DW_MOE_FP8=1; with DW_MOE_FP8=0 the experts stay BF16 and the note names the switch; on
- * sm_100 the sm_90 kernel is not offered. */
+ * sm_100 the sm_90 kernel is not offered. wgrad stays BF16 in each, the note naming the default. */
 static void test_cuda_target(void **state) {
     (void)state;
     dw_graph *g = mixtral128(2, 16);
@@ -386,6 +394,9 @@ static void test_cuda_target(void **state) {
         const dw_node_binding *b = &c->node[node].bind;
         assert_int_equal(b->recipe, DW_RECIPE_FP8_BLOCK);
         assert_non_null(b->note);
+        assert_false(b->quantised[DW_QPASS_WGRAD]);
+        if (!strstr(b->note, "wgrad BF16 FALLBACK: fp8_block experts keep wgrad BF16 by default"))
+            fail_msg("sm_%d note lacks the default wgrad: %s", cases[k].sm, b->note);
         if (cases[k].note) {
             assert_false(b->quantised[DW_QPASS_FPROP] || b->quantised[DW_QPASS_DGRAD]);
             if (!strstr(b->note, cases[k].note)) fail_msg("sm_%d note lacks '%s': %s", cases[k].sm, cases[k].note, b->note);

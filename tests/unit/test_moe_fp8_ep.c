@@ -1,6 +1,8 @@
 /* test_moe_fp8_ep.c — fp8_block MoE experts under expert parallelism (train/ep.c with
  * runtime/moe_fp8.h's moe_ep) on 2 forked tcp ranks, each holding a one-rank engine of the same
- * weights beside its --ep 2 engine (a Mixtral of hidden 128, experts of 256, 4 experts: 2 a rank):
+ * weights beside its --ep 2 engine (a Mixtral of hidden 128, experts of 256, 4 experts: 2 a rank),
+ * all three expert passes in fp8_block (DW_TEST_FP8_WGRAD: the rule's "bf16_passes": [], so the
+ * owner's wgrad quantises the rows it receives too; the default's BF16 wgrad: tests/cli/test_ep_fp8.sh):
  *   - the rank's loss of a forward+backward over its own batch equals the one-rank engine's bit for
  *     bit (every row is quantised 1x128 alone and meets its expert's cached W the same way on
  *     whichever rank), and so does the embedding's gradient (dgrad's rows travel back unchanged);
@@ -115,14 +117,16 @@ static int checks(dw_ctx *ctx, dw_comm *comm, uint64_t seed) {
     float *ga = NULL, *gb = NULL;
     dw_graph *g1 = mixtral128(ctx), *g2 = mixtral128(ctx);
     CHECK(g1 && g2, "capture: %s", dw_errmsg(ctx));
-    CHECK(dw_test_model_build(ctx, g1, "fp8_block", DW_DEVICE_AUTO, &ref) == DW_OK, "build: %s", dw_errmsg(ctx));
-    CHECK(dw_test_model_build(ctx, g2, "fp8_block", DW_DEVICE_AUTO, &m) == DW_OK, "build: %s", dw_errmsg(ctx));
+    CHECK(dw_test_model_build(ctx, g1, DW_TEST_FP8_WGRAD, DW_DEVICE_AUTO, &ref) == DW_OK, "build: %s", dw_errmsg(ctx));
+    CHECK(dw_test_model_build(ctx, g2, DW_TEST_FP8_WGRAD, DW_DEVICE_AUTO, &m) == DW_OK, "build: %s", dw_errmsg(ctx));
     dw_test_rng r;
     dw_test_rng_init(&r, seed), dw_test_random_params(ref.e, &r, 0.05f, NULL, 0);
     dw_test_rng_init(&r, seed), dw_test_random_params(m.e, &r, 0.05f, NULL, 0);
     CHECK(dw_engine_refresh(ref.e) == DW_OK && dw_engine_refresh(m.e) == DW_OK, "refresh: %s", dw_errmsg(ctx));
     n = cached_nodes(m.e, nodes);
     CHECK(n == 6, "%d expert layers with an fp8_block weight cache, expected 6 (3 a MoE layer)", n);
+    for (int j = 0; j < n; j++) /* the owner's wgrad operand slots in use too */
+        CHECK(m.c->node[nodes[j]].bind.quantised[DW_QPASS_WGRAD], "%s: wgrad not fp8_block", m.g->nodes[nodes[j]].name);
     const int64_t E = m.g->tensors[m.g->nodes[nodes[0]].in[1]].shape[0], El = E / W, first = rank * El;
     int32_t x[B * T], y[B * T];
     dw_test_rng_init(&r, seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1))); /* each rank its own batch */

@@ -1,5 +1,7 @@
-/* test_policy.c — precision policies: JSON load/save, rule order, the "safe" fallback (also on the
- * MoE presets' routers and shared-expert gates as captured), errors that name the file and field. */
+/* test_policy.c — precision policies: JSON load/save, rule order, the passes kept BF16 (a rule's
+ * "bf16_passes", [] apart from no field; fp8_block experts' wgrad by default), the "safe" fallback
+ * (also on the MoE presets' routers and shared-expert gates as captured), errors that name the file
+ * and field. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -82,15 +84,101 @@ static void test_rules_in_order(void **state) {
         assert_int_equal(q->rules[i].recipe, p->rules[i].recipe);
         assert_int_equal(q->rules[i].bf16_passes, p->rules[i].bf16_passes);
     }
-    assert_int_equal(dw_policy_bf16_passes(q, 2), 1u << 0 | 1u << 2); /* fprop and wgrad */
-    assert_int_equal(dw_policy_bf16_passes(q, 0), 0);
-    assert_int_equal(dw_policy_bf16_passes(q, -1), 0);
+    assert_int_equal(dw_policy_bf16_passes(q, 2, "linear", DW_RECIPE_NVFP4), 1u << 0 | 1u << 2); /* fprop and wgrad */
+    assert_int_equal(dw_policy_bf16_passes(q, 0, "linear", DW_RECIPE_MXFP8), 0);
+    assert_int_equal(dw_policy_bf16_passes(q, -1, "linear", DW_RECIPE_FP8_BLOCK), 0);
     assert_non_null(q->rules[2].op);
     assert_null(q->rules[0].op);
     free(json);
     dw_policy_free(q);
     dw_policy_free(p);
     dw_policy_free(NULL);
+    dw_test_rmtree(dir);
+    free(dir);
+}
+
+/* The passes kept BF16 per node: a rule's "bf16_passes" where it has the field ([] too: all three
+ * quantised), else the default — wgrad for moe_linear in fp8_block or fp8_block2d, flagged as the
+ * default's, nothing for dense linear layers and other recipes; the reasons' texts; a rule's []
+ * survives the JSON round trip and stays apart from a rule without the field. */
+static void test_bf16_passes_default(void **state) {
+    (void)state;
+    static const char policy[] =
+        "{\"default\": \"fp8_block\", \"rules\": ["
+        " {\"match\": \"*.layers.1.*\", \"op\": \"moe_linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": []},"
+        " {\"match\": \"*.layers.2.*\", \"op\": \"moe_linear\", \"recipe\": \"fp8_block\"},"
+        " {\"match\": \"*.layers.3.*\", \"op\": \"moe_linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": [\"dgrad\"]},"
+        " {\"match\": \"*.layers.4.*\", \"op\": \"moe_linear\", \"recipe\": \"mxfp8\"},"
+        " {\"match\": \"*.layers.5.*\", \"op\": \"moe_linear\", \"recipe\": \"fp8_block2d\"},"
+        " {\"match\": \"*.layers.6.*\", \"recipe\": \"fp8_block\", \"bf16_passes\": []}]}";
+    char *dir = dw_test_tmpdir();
+    dw_policy *p = load_text(dir, policy, DW_OK);
+    const unsigned wgrad_default = 1u << 2 | DW_POLICY_PASSES_DEFAULT;
+    static const struct {
+        const char *name, *op;
+        dw_recipe recipe;
+        int rule;
+        unsigned passes;
+    } cases[] = {
+        {"model.layers.0.mlp.experts.up", "moe_linear", DW_RECIPE_FP8_BLOCK, -1, 1u << 2 | DW_POLICY_PASSES_DEFAULT},
+        {"model.layers.1.mlp.experts.up", "moe_linear", DW_RECIPE_FP8_BLOCK, 0, 0},          /* [] : all quantised */
+        {"model.layers.2.mlp.experts.up", "moe_linear", DW_RECIPE_FP8_BLOCK, 1, 1u << 2 | DW_POLICY_PASSES_DEFAULT},
+        {"model.layers.3.mlp.experts.up", "moe_linear", DW_RECIPE_FP8_BLOCK, 2, 1u << 1},    /* the rule's alone */
+        {"model.layers.4.mlp.experts.up", "moe_linear", DW_RECIPE_MXFP8, 3, 0},              /* not fp8_block */
+        {"model.layers.5.mlp.experts.up", "moe_linear", DW_RECIPE_FP8_BLOCK2D, 4, 1u << 2 | DW_POLICY_PASSES_DEFAULT},
+        {"model.layers.6.mlp.experts.up", "moe_linear", DW_RECIPE_FP8_BLOCK, 5, 0},
+        {"model.layers.0.mlp.up_proj", "linear", DW_RECIPE_FP8_BLOCK, -1, 0},                /* dense: no default */
+        {"model.layers.2.mlp.up_proj", "linear", DW_RECIPE_FP8_BLOCK, -1, 0},
+        {"model.layers.0.mlp.gate", "linear", DW_RECIPE_BF16, -1, 0},                       /* the router */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rule = -2;
+        const dw_recipe r = dw_policy_resolve(p, cases[i].name, cases[i].op, 16, NULL, &rule);
+        const unsigned got = dw_policy_bf16_passes(p, rule, cases[i].op, r);
+        if (r != cases[i].recipe || rule != cases[i].rule || got != cases[i].passes)
+            fail_msg("%s (%s): %s, rule %d, passes 0x%x; want %s, rule %d, passes 0x%x", cases[i].name, cases[i].op,
+                     dw_recipe_name(r), rule, got, dw_recipe_name(cases[i].recipe), cases[i].rule, cases[i].passes);
+    }
+    assert_true(p->rules[0].passes_set && p->rules[5].passes_set && p->rules[2].passes_set);
+    assert_false(p->rules[1].passes_set || p->rules[3].passes_set || p->rules[4].passes_set);
+    /* without a policy's rules: the default by op and recipe alone */
+    assert_int_equal(dw_policy_bf16_passes(NULL, -1, "moe_linear", DW_RECIPE_FP8_BLOCK), wgrad_default);
+    assert_int_equal(dw_policy_bf16_passes(NULL, -1, "moe_linear", DW_RECIPE_BF16), 0);
+    assert_int_equal(dw_policy_bf16_passes(NULL, -1, "moe_linear", DW_RECIPE_NVFP4), 0);
+    assert_int_equal(dw_policy_bf16_passes(NULL, -1, "linear", DW_RECIPE_FP8_BLOCK2D), 0);
+
+    /* the reasons: the default says so and how to turn it off; a rule names itself */
+    char why[256] = "untouched";
+    assert_false(dw_policy_keeps_bf16(wgrad_default, -1, 0, why, sizeof why));
+    assert_false(dw_policy_keeps_bf16(wgrad_default, -1, 1, why, sizeof why));
+    assert_string_equal(why, "untouched");
+    assert_true(dw_policy_keeps_bf16(wgrad_default, 1, 2, why, sizeof why));
+    assert_string_equal(why, "fp8_block experts keep wgrad BF16 by default (the grouped FP8 wgrad is slower on "
+                             "sm_90; a rule's \"bf16_passes\": [] quantises it)");
+    assert_true(dw_policy_keeps_bf16(1u << 1, 2, 1, why, sizeof why));
+    assert_string_equal(why, "policy rule 2 keeps dgrad BF16 (bf16_passes)");
+    assert_true(dw_policy_keeps_bf16(1u << 2, 0, 2, NULL, 0));
+    assert_false(dw_policy_keeps_bf16(0, 0, 2, why, sizeof why));
+
+    /* the JSON round trip keeps [] apart from no field */
+    char *json = NULL;
+    assert_int_equal(dw_policy_to_json(NULL, p, &json), DW_OK);
+    dw_policy *q = load_text(dir, json, DW_OK);
+    assert_int_equal(q->n_rules, p->n_rules);
+    for (int i = 0; i < p->n_rules; i++) {
+        if (q->rules[i].passes_set != p->rules[i].passes_set || q->rules[i].bf16_passes != p->rules[i].bf16_passes)
+            fail_msg("rule %d: passes_set %d, passes 0x%x after the round trip; before %d, 0x%x (%s)", i,
+                     q->rules[i].passes_set, q->rules[i].bf16_passes, p->rules[i].passes_set, p->rules[i].bf16_passes,
+                     json);
+        assert_int_equal(dw_policy_bf16_passes(q, i, "moe_linear", q->rules[i].recipe),
+                         dw_policy_bf16_passes(p, i, "moe_linear", p->rules[i].recipe));
+    }
+    int fields = 0; /* rules 0, 2 and 5 write the field, 1, 3 and 4 not */
+    for (const char *f = strstr(json, "bf16_passes"); f; f = strstr(f + 1, "bf16_passes")) fields++;
+    assert_int_equal(fields, 3);
+    free(json);
+    dw_policy_free(q);
+    dw_policy_free(p);
     dw_test_rmtree(dir);
     free(dir);
 }
@@ -226,6 +314,7 @@ static void test_bad_policies(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rules_in_order),
+        cmocka_unit_test(test_bf16_passes_default),
         cmocka_unit_test(test_safe_fallback),
         cmocka_unit_test(test_safe_keeps_moe_gates),
         cmocka_unit_test(test_bad_policies),
