@@ -32,7 +32,8 @@ def make_policy(precision=None, fallback=None, policy=None, ctx=None):
     """A Policy from a recipe name ("bf16", "fp8_block", "mxfp8", "nvfp4", ...) with fallback
     "head" (or None: the LM head stays BF16), "safe" or "none", or from policy= a dict or a JSON
     file path ({"default":..., "fallback":"safe", "rules":[{"match":..., "op":..., "recipe":...,
-    "bf16_passes": ["wgrad"]}]}: docs/precision.md).
+    "bf16_passes": ["wgrad"]}]}: docs/precision.md; under fp8_block the MoE experts ("op":
+    "moe_linear") keep their wgrad BF16 by default, and "bf16_passes": [] quantises it too).
     None when all are None (FP32 mode)."""
     ctx = ctx_of(ctx)
     if fallback not in (None, "safe", "head", "none"):
