@@ -3,40 +3,41 @@
  * expert, then the rows' squared log-sum-exp; assignments counted per expert; added to the layers
  * before), their backward, and the losses with their gradient; FP32 or BF16 storage, FP32 math,
  * fixed-order block sums (deterministic). The statistics take a block per expert (and one for the
- * z sum), each recomputing the rows' softmax denominators: N E^2 exponentials, small beside the
- * expert GEMMs for the expert counts routers use. Oracle: kernels/cpu/moe_aux_cpu.c. */
+ * z sum), each recomputing the rows' softmax denominators with a warp per row (coalesced along the
+ * row, 32 warps a block): N E^2 exponentials, small beside the expert GEMMs for the expert counts
+ * routers use. A thread per row (the first kernel) read each row's E logits twice in a serial loop:
+ * 0.58 ms a layer for moe-e64 (N 8192, E 64; bench/RESULTS.md, session 22), 3% of its step.
+ * Oracle: kernels/cpu/moe_aux_cpu.c. */
 #include "kernels/cuda/ops_common.cuh"
 
 #define DW_AUX_THREADS 256
 
-/* Row z (E) of the logits: max and softmax denominator. */
-template <typename T>
-static __device__ __forceinline__ void dw_aux_row_stats(const T *z, int64_t E, float &m, float &s) {
-    m = -INFINITY;
-    for (int64_t e = 0; e < E; e++) m = fmaxf(m, dw_ld(z, e));
-    s = 0.0f;
-    for (int64_t e = 0; e < E; e++) s += expf(dw_ld(z, e) - m);
-}
+#define DW_AUX_STATS_THREADS 1024 /* the statistics kernel: 32 warps, each a row at a time */
 
 /* block e < E: sums[e] = prev + sum_n p[n,e]; counts[e] = prev + #{(n,k): idx = e};
- * block E: sums[E] = prev + sum_n lse_n^2 */
+ * block E: sums[E] = prev + sum_n lse_n^2. Warp w takes rows w, w + 32, ... in order (lane 0 keeps
+ * its sums), then the block adds the warps' in a fixed order. */
 template <typename T>
-static __global__ void __launch_bounds__(DW_AUX_THREADS)
+static __global__ void __launch_bounds__(DW_AUX_STATS_THREADS)
 dw_aux_stats_kernel(T *sums, int32_t *counts, const T *z, const int32_t *idx, const T *prev_sums,
                     const int32_t *prev_counts, int64_t N, int64_t E, int64_t K) {
     __shared__ float red[32];
     const int64_t e = blockIdx.x;
+    const int lane = threadIdx.x & 31;
     float acc = 0.0f, cnt = 0.0f;
-    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    for (int64_t n = threadIdx.x >> 5; n < N; n += DW_AUX_STATS_THREADS / 32) {
+        const T *zr = z + n * E;
         float m, s;
-        dw_aux_row_stats(z + n * E, E, m, s);
+        dw_warp_softmax_stats(zr, E, lane, m, s);
         if (e == E) {
             const float lse = m + logf(s);
-            acc += lse * lse;
+            acc += lane == 0 ? lse * lse : 0.0f;
             continue;
         }
-        acc += expf(dw_ld(z, n * E + e) - m) / s;
-        for (int64_t k = 0; k < K; k++) cnt += idx[n * K + k] == (int32_t)e;
+        if (lane == 0) acc += expf(dw_ld(zr, e) - m) / s;
+        unsigned hits = 0;
+        for (int64_t k = lane; k < K; k += 32) hits += idx[n * K + k] == (int32_t)e;
+        cnt += (float)dw_warp_sum((float)hits) * (lane == 0); /* whole numbers: exact */
     }
     acc = dw_block_sum(acc, red);
     cnt = dw_block_sum(cnt, red); /* whole numbers below 2^24: exact */
@@ -105,10 +106,10 @@ extern "C" dw_status dw_cuda_moe_aux_stats_fwd(dw_ctx *ctx, dw_act_dtype dt, voi
     DW_OPS_REQUIRE(ctx, op, sums && counts && (N == 0 || (z && idx)) && !prev_sums == !prev_counts);
     cudaStream_t s = (cudaStream_t)stream;
     if (dt == DW_ACT_F32)
-        dw_aux_stats_kernel<float><<<(unsigned)E + 1, DW_AUX_THREADS, 0, s>>>(
+        dw_aux_stats_kernel<float><<<(unsigned)E + 1, DW_AUX_STATS_THREADS, 0, s>>>(
             (float *)sums, counts, (const float *)z, idx, (const float *)prev_sums, prev_counts, N, E, K);
     else
-        dw_aux_stats_kernel<dw_bf16><<<(unsigned)E + 1, DW_AUX_THREADS, 0, s>>>(
+        dw_aux_stats_kernel<dw_bf16><<<(unsigned)E + 1, DW_AUX_STATS_THREADS, 0, s>>>(
             (dw_bf16 *)sums, counts, (const dw_bf16 *)z, idx, (const dw_bf16 *)prev_sums, prev_counts, N, E, K);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
