@@ -20,7 +20,7 @@
 // kb+1's wgmmas run on the tensor cores while block kb's partial is promoted, in the same order and
 // FP32 operations as one partial at a time (bit-identical results; DW_MOE_FP8_PIPE=1 keeps that
 // path for comparison). On an H100 (bench/RESULTS.md, session 22: three alternating rounds) the
-// pairs take 2-5% off the kernel's time on the moe-e8 and moe-e64 shapes, none slower. wgrad keeps
+// pairs take 2-5% off the kernel's time on seven of the presets' eight shapes (the eighth even). wgrad keeps
 // one partial: its 32 column scales a block leave no registers for a second.
 #include <cuda_bf16.h>
 #include <string.h>
