@@ -63,52 +63,6 @@ struct FbArgs {
 #ifdef DW_SM90_BODY
 constexpr int FB_GROUP_M = 16; // tile raster: 16 M-tiles share the B tiles in L2
 
-// D[64x192] += A[64x32] . B[192x32]^T (scale_d 0: overwrite), E4M3 both.
-__device__ __forceinline__ void wgmma_n192_k32(float *d, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %98, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, p, 1, 1;\n}"
-                 : "+f"(d[0]),"+f"(d[1]),"+f"(d[2]),"+f"(d[3]),"+f"(d[4]),"+f"(d[5]),"+f"(d[6]),"+f"(d[7]),"+f"(d[8]),"+f"(d[9]),"+f"(d[10]),"+f"(d[11]),"+f"(d[12]),"+f"(d[13]),"+f"(d[14]),"+f"(d[15]),"+f"(d[16]),"+f"(d[17]),"+f"(d[18]),"+f"(d[19]),"+f"(d[20]),"+f"(d[21]),"+f"(d[22]),"+f"(d[23]),"+f"(d[24]),"+f"(d[25]),"+f"(d[26]),"+f"(d[27]),"+f"(d[28]),"+f"(d[29]),"+f"(d[30]),"+f"(d[31]),"+f"(d[32]),"+f"(d[33]),"+f"(d[34]),"+f"(d[35]),"+f"(d[36]),"+f"(d[37]),"+f"(d[38]),"+f"(d[39]),"+f"(d[40]),"+f"(d[41]),"+f"(d[42]),"+f"(d[43]),"+f"(d[44]),"+f"(d[45]),"+f"(d[46]),"+f"(d[47]),"+f"(d[48]),"+f"(d[49]),"+f"(d[50]),"+f"(d[51]),"+f"(d[52]),"+f"(d[53]),"+f"(d[54]),"+f"(d[55]),"+f"(d[56]),"+f"(d[57]),"+f"(d[58]),"+f"(d[59]),"+f"(d[60]),"+f"(d[61]),"+f"(d[62]),"+f"(d[63]),"+f"(d[64]),"+f"(d[65]),"+f"(d[66]),"+f"(d[67]),"+f"(d[68]),"+f"(d[69]),"+f"(d[70]),"+f"(d[71]),"+f"(d[72]),"+f"(d[73]),"+f"(d[74]),"+f"(d[75]),"+f"(d[76]),"+f"(d[77]),"+f"(d[78]),"+f"(d[79]),"+f"(d[80]),"+f"(d[81]),"+f"(d[82]),"+f"(d[83]),"+f"(d[84]),"+f"(d[85]),"+f"(d[86]),"+f"(d[87]),"+f"(d[88]),"+f"(d[89]),"+f"(d[90]),"+f"(d[91]),"+f"(d[92]),"+f"(d[93]),"+f"(d[94]),"+f"(d[95])
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// Ties N accumulator registers to this point of the program (see reg_fence).
-template <int N> __device__ __forceinline__ void reg_fence_n(float *d) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// The 4 k32 wgmmas of one 128-K tile: part = A[64x128] . B[BNx128]^T (descriptors advance 32 B).
-template <int BN> __device__ __forceinline__ void wgmma_k128(float *part, uint64_t da, uint64_t db) {
-    wg_fence();
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        if constexpr (BN == 128) wgmma_k32<false, false>(part, da + 2 * c, db + 2 * c, c);
-        else wgmma_n192_k32(part, da + 2 * c, db + 2 * c, c);
-    }
-    wg_commit();
-}
-
-template <int BN> __device__ __forceinline__ void fence_part(float *part) {
-    if constexpr (BN == 128) reg_fence(part);
-    else reg_fence_n<BN / 2>(part);
-}
-
-// acc += part * s for rows r0 (s.x) and r0 + 8 (s.y), s = (sa[r0] sb, sa[r0 + 8] sb) with sb the
-// scalar of the 128x128 B block holding the column: a 128-column tile has one block (lo); a
-// 192-column tile spans two, columns c = 8 j + 2 q (+1) below `split` (64 for an odd tile, 128 for
-// an even one) taking lo, the rest hi (j < 8 always below, j >= 16 always above).
-template <int BN> __device__ __forceinline__ void promote_blk(float *acc, float *part, float2 lo, float2 hi, bool odd) {
-    fence_part<BN>(part);
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-        const float2 sc = BN == 128 || j < 8 ? lo : j >= 16 ? hi : odd ? hi : lo;
-        acc[4 * j + 0] = fmaf(part[4 * j + 0], sc.x, acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(part[4 * j + 1], sc.x, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[4 * j + 2], sc.y, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[4 * j + 3], sc.y, acc[4 * j + 3]);
-    }
-}
-
 // acc += part * (sa[row] * sb[col]) for rows r0 (a0), r0 + 8 (a1) and columns 8 j + 2 q (+1), whose
 // B scales (per column: 1x128 blocks) are bc(j), a float2 from registers or from the slot.
 template <int BN, class BC>

@@ -1,9 +1,10 @@
 /* test_grouped_fp8.c (GPU) — the fp8_block grouped expert GEMM on an sm_90 device
  * (kernels/cuda/moe_gemm_fp8_sm90.cu through the registry entry grouped_fp8block_sm90, offered by
  * default: DW_MOE_FP8 unset) against the CPU reference of the same arithmetic (grouped_cpu_fp8_block) on
- * the same codes and scales, fprop and dgrad, BF16 and FP32 outputs, with skewed routings: every
- * row to one expert, empty experts, a single row, groups of odd sizes and rows past the groups
- * (which must come back 0); outputs poisoned with NaN before each run. wgrad on the transposed,
+ * the same codes and scales, fprop and dgrad (each variant of the kernel — 128 columns in K-block
+ * pairs or one block at a time, 192-column tiles — giving the default's bits), BF16 and FP32
+ * outputs, with skewed routings: every row to one expert, empty experts, a single row, groups of
+ * odd sizes and rows past the groups (which must come back 0); outputs poisoned with NaN before each run. wgrad on the transposed,
  * per-expert padded copies (grouped_fp8.h) with groups of 127, 128, 129 rows too, added into a dW
  * that holds values (experts without rows leave theirs bit for bit). The GPU quantisers of the
  * grouped operands against the CPU's, bit for bit (wgrad's: offsets on the device, NaN in the rows
@@ -85,7 +86,22 @@ static double wgrad_case(int kind, int64_t E, int64_t M, int64_t K, int64_t R0) 
     return isnan(rel) ? INFINITY : rel;
 }
 
-/* One case; returns the relative Frobenius error (infinite for NaN or a non-zero row past the groups). */
+/* Relative Frobenius error of a device output (BF16 or FP32) against the reference; infinite for NaN
+ * or a non-zero value in the rows past the groups' (rows..R). */
+static double out_rel(const void *host, bool bf16_out, const float *ref, int64_t rows, int64_t R, int64_t N) {
+    double err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < R * N; i++) {
+        const double v =
+            bf16_out ? (double)dw_decode_bf16(((const uint16_t *)host)[i]) : (double)((const float *)host)[i];
+        if (i >= rows * N && v != 0.0) err2 = INFINITY; /* a row past the groups */
+        err2 += (v - ref[i]) * (v - ref[i]), ref2 += (double)ref[i] * ref[i];
+    }
+    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    return isnan(rel) ? INFINITY : rel;
+}
+
+/* One case; returns the relative Frobenius error (infinite for NaN, a non-zero row past the groups,
+ * or a variant's bits differing from the default's). */
 static double gpu_case(int pass, int kind, bool bf16_out, int64_t E, int64_t M, int64_t K, int64_t R) {
     const bool fprop = pass == DW_GEMM_FPROP;
     const int64_t L = fprop ? K : M, N = fprop ? M : K, blocks = E * (M / 128) * (K / 128);
@@ -118,30 +134,31 @@ static double gpu_case(int pass, int kind, bool bf16_out, int64_t E, int64_t M, 
     assert_int_equal(dw_grouped_select(g_gpu, &g, &name), DW_OK);
     assert_string_equal(name, "grouped_fp8block_sm90");
     if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_fp8block_sm90: %s", dw_errmsg(g_gpu));
-    void *host = malloc((size_t)(R * N) * es), *host1 = malloc((size_t)(R * N) * es);
+    void *host = malloc((size_t)(R * N) * es), *other = malloc((size_t)(R * N) * es);
     dw_test_from_dev(host, dout, (size_t)(R * N) * es);
-    /* the K blocks one at a time (DW_MOE_FP8_PIPE=1) give the pairs' bits (the default) */
-    setenv("DW_MOE_FP8_PIPE", "1", 1);
-    assert_int_equal(cudaMemset(dout, 0xFF, (size_t)(R * N) * es), cudaSuccess);
-    const dw_status one = dw_grouped_gemm(g_gpu, &g);
-    unsetenv("DW_MOE_FP8_PIPE");
-    if (one != DW_OK) fail_msg("grouped_fp8block_sm90, one K block at a time: %s", dw_errmsg(g_gpu));
-    dw_test_from_dev(host1, dout, (size_t)(R * N) * es);
-    const bool same = !memcmp(host, host1, (size_t)(R * N) * es);
-    double err2 = same ? 0 : INFINITY, ref2 = 0;
-    for (int64_t i = 0; i < R * N; i++) {
-        const double v = bf16_out ? (double)dw_decode_bf16(((uint16_t *)host)[i]) : (double)((float *)host)[i];
-        if (i >= (int64_t)off[E] * N && v != 0.0) err2 = INFINITY; /* a row past the groups */
-        err2 += (v - ref[i]) * (v - ref[i]), ref2 += (double)ref[i] * ref[i];
+    /* every fprop/dgrad variant gives the default's bits (moe_gemm_fp8_sm90.cu's fprop_variant):
+     * 128 columns one K block at a time, in pairs, and 192-column tiles */
+    const char *const knob[3] = {"DW_MOE_FP8_PIPE", "DW_MOE_FP8_TILE", "DW_MOE_FP8_TILE"};
+    const char *const val[3] = {"1", "128", "192"};
+    bool same = true;
+    for (int v = 0; v < 3; v++) {
+        setenv(knob[v], val[v], 1);
+        assert_int_equal(cudaMemset(dout, 0xFF, (size_t)(R * N) * es), cudaSuccess);
+        const dw_status st = dw_grouped_gemm(g_gpu, &g);
+        unsetenv(knob[v]);
+        if (st != DW_OK) fail_msg("grouped_fp8block_sm90, %s=%s: %s", knob[v], val[v], dw_errmsg(g_gpu));
+        dw_test_from_dev(other, dout, (size_t)(R * N) * es);
+        if (memcmp(host, other, (size_t)(R * N) * es))
+            same = false, printf("  %s=%s differs from the default\n", knob[v], val[v]);
     }
-    const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    const double rel = out_rel(host, bf16_out, ref, off[E], R, N);
     printf("%s routing %d %s E %lld M %lld K %lld R %lld rows %d: rel %.3g%s\n", fprop ? "fprop" : "dgrad", kind,
            bf16_out ? "bf16" : "fp32", (long long)E, (long long)M, (long long)K, (long long)R, off[E], rel,
-           same ? "" : " (one K block at a time differs from the pairs)");
+           same ? ", every variant the same bits" : "");
     cudaFree(dw_), cudaFree(dws), cudaFree(dac), cudaFree(das), cudaFree(doff), cudaFree(dout);
     free(off), free(w), free(act), free(wc), free(wct), free(ac), free(ws), free(wst), free(as), free(ref);
-    free(host), free(host1);
-    return isnan(rel) ? INFINITY : rel;
+    free(host), free(other);
+    return same ? rel : INFINITY;
 }
 
 static void test_kernel(void **state) {

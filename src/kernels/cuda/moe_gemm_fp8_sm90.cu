@@ -16,12 +16,15 @@
 // overwrite, stored: zeros for experts without rows — compiled only, never run on a GPU). Passed
 // tests/gpu/test_grouped_fp8.c on an H100 (fprop, dgrad, wgrad); the registry offers it by default
 // (src/gemm/grouped_fp8.c), DW_MOE_FP8=0 keeps the experts' grouped GEMMs BF16.
-// fprop and dgrad take the K blocks in pairs with two partials (the dense kernel's PIPE = 2): block
-// kb+1's wgmmas run on the tensor cores while block kb's partial is promoted, in the same order and
-// FP32 operations as one partial at a time (bit-identical results; DW_MOE_FP8_PIPE=1 keeps that
-// path for comparison). On an H100 (bench/RESULTS.md, session 22: three alternating rounds) the
-// pairs take 2-5% off the kernel's time on seven of the presets' eight shapes (the eighth even). wgrad keeps
-// one partial: its 32 column scales a block leave no registers for a second.
+// fprop and dgrad (fprop_variant): with 128-column tiles they take the K blocks in pairs with two
+// partials (the dense kernel's PIPE = 2): block kb+1's wgmmas run on the tensor cores while block
+// kb's partial is promoted, in the same order and FP32 operations as one partial at a time
+// (DW_MOE_FP8_PIPE=1 keeps that path for comparison); on an H100 (bench/RESULTS.md, session 22:
+// three alternating rounds) the pairs take 2-5% off the kernel's time on seven of the presets'
+// eight shapes (the eighth even). Where N pads little they take 192-column tiles instead
+// (m64n192k32, the dense kernel's n192 promotion across two weight blocks; one partial). Every
+// variant gives the same bits. wgrad keeps 128 x 128 and one partial: its 32 column scales a block
+// leave no registers for a second.
 #include <cuda_bf16.h>
 #include <string.h>
 
@@ -34,11 +37,19 @@ namespace {
 
 constexpr int MF_BM = 128, MF_BN = 128, MF_BK = 128; // BK: 128 E4M3 = one swizzle line = one scale block
 constexpr int MF_THREADS = 384, MF_STAGES = 5;
-constexpr int MF_TILE = 128 * 128; // bytes of an A or B tile
+constexpr int MF_TILE = 128 * 128; // bytes of an A tile (and of a 128-column B tile)
 constexpr int MF_MAX_E = 1024;     // offsets kept in shared memory
-constexpr int MF_SMEM = MF_STAGES * 2 * MF_TILE + 2 * MF_STAGES * 8 + 2 * (MF_MAX_E + 1) * 4 + 1024;
 constexpr int MF_PROD_REGS = 40, MF_CONS_REGS = 232;
-static_assert(MF_SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
+// Tiles of 128 x BN: BN 128 (wgrad always), or 192 for fprop/dgrad where N pads little
+// (fprop_variant: a sixth fewer operand bytes per FLOP from L2 — Nsight Compute had the 128-column
+// kernel at 73% of the L2's throughput with the tensor pipe at 46%, bench/RESULTS.md session 22 —
+// and 96 + 96 accumulator registers, so one partial).
+template <int BN> struct MfCfg {
+    static constexpr int B_BYTES = BN * MF_BK;
+    static constexpr int SMEM = MF_STAGES * (MF_TILE + B_BYTES) + 2 * MF_STAGES * 8 + 2 * (MF_MAX_E + 1) * 4 + 1024;
+    static_assert(BN == 128 || BN == 192, "128- or 192-column tiles");
+    static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
+};
 static_assert(128 * MF_PROD_REGS + 256 * MF_CONS_REGS <= MF_THREADS * (65536 / MF_THREADS / 8 * 8),
               "setmaxnreg would ask for more registers than the CTA holds");
 
@@ -79,17 +90,20 @@ __device__ __forceinline__ MfTile mf_tile(const MfArgs &p, const int32_t *s_off,
 }
 #endif // DW_SM90_BODY
 
-// PIPE: partials per consumer (2: K blocks in pairs; fprop and dgrad only).
-template <bool WG, int PIPE>
+// PIPE: partials per consumer (2: K blocks in pairs; fprop and dgrad only); BN: the tile's columns.
+template <bool WG, int PIPE, int BN>
 __global__ void __launch_bounds__(MF_THREADS, 1)
     moe_gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB, MfArgs p) {
 #ifdef DW_SM90_BODY
-    static_assert(PIPE == 1 || (PIPE == 2 && !WG), "two partials: fprop and dgrad");
+    static_assert(PIPE == 1 || (PIPE == 2 && !WG && BN == 128), "two partials: fprop and dgrad, 128 columns");
+    static_assert(BN == 128 || !WG, "wgrad's tiles are 128 x 128");
+    using C = MfCfg<BN>;
+    constexpr int NACC = BN / 2; // accumulators a thread
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_align_1024(smem_raw);
     uint8_t *sA = smem;                       // [ST][128 rows][128 B], 128B swizzle
-    uint8_t *sB = sA + MF_STAGES * MF_TILE;   // [ST][128 rows][128 B]
-    uint64_t *full = (uint64_t *)(sB + MF_STAGES * MF_TILE), *empty = full + MF_STAGES;
+    uint8_t *sB = sA + MF_STAGES * MF_TILE;   // [ST][BN rows][128 B]
+    uint64_t *full = (uint64_t *)(sB + MF_STAGES * C::B_BYTES), *empty = full + MF_STAGES;
     int32_t *s_off = (int32_t *)(empty + MF_STAGES), *s_mt = s_off + MF_MAX_E + 1;
     const int tid = threadIdx.x, wg = warpgroup_index();
     for (int64_t e = tid; e <= p.E; e += MF_THREADS) s_off[e] = p.off[e];
@@ -110,13 +124,13 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             bool first_round = true;
             for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
                 const MfTile t = mf_tile<WG>(p, s_off, s_mt, u);
-                const int64_t brow = WG ? t.tn * MF_BN : t.e * p.N + t.tn * MF_BN; // wgrad: x^T is every expert's
+                const int64_t brow = WG ? t.tn * MF_BN : t.e * p.N + t.tn * BN; // wgrad: x^T is every expert's
                 for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
                     const int s = r.slot;
                     if (!first_round) mbar_wait<true>(&empty[s], r.phase ^ 1);
-                    mbar_expect_tx(&full[s], 2 * MF_TILE);
+                    mbar_expect_tx(&full[s], MF_TILE + C::B_BYTES);
                     tma_load_2d(sA + s * MF_TILE, &tA, &full[s], (int)(kb * MF_BK), (int)t.row0);
-                    tma_load_2d(sB + s * MF_TILE, &tB, &full[s], (int)(kb * MF_BK), (int)brow);
+                    tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], (int)(kb * MF_BK), (int)brow);
                     r.next<MF_STAGES>();
                     if (r.slot == 0) first_round = false;
                 }
@@ -131,11 +145,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     const uint64_t da0 = make_desc(sA + cw * 64 * 128), db0 = make_desc(sB);
     // the slot's 4 wgmmas of 128 K into part (the first overwrites it), as one commit group
     auto issue = [&](float *part, int s) {
-        const uint64_t da = da0 + (uint64_t)(s * (MF_TILE >> 4)), db = db0 + (uint64_t)(s * (MF_TILE >> 4));
-        wg_fence();
-#pragma unroll
-        for (int c = 0; c < 4; c++) wgmma_k32<false, false>(part, da + 2 * c, db + 2 * c, c > 0); // +32 B of K
-        wg_commit();
+        wgmma_k128<BN>(part, da0 + (uint64_t)(s * (MF_TILE >> 4)), db0 + (uint64_t)(s * (C::B_BYTES >> 4)));
     };
     auto release = [&](int s) { // the slot is read: the producer may refill it
         __syncwarp();
@@ -152,9 +162,9 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
         }
     };
-    float acc[64], part[64], part2[PIPE == 2 ? 64 : 1];
+    float acc[NACC], part[NACC], part2[PIPE == 2 ? 64 : 1];
 #pragma unroll
-    for (int i = 0; i < 64; i++) part[i] = 0.0f;
+    for (int i = 0; i < NACC; i++) part[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < (PIPE == 2 ? 64 : 1); i++) part2[i] = 0.0f;
     Ring r;
@@ -163,7 +173,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
         if (WG && t.nkb == 0 && !p.overwrite) continue; // wgrad: an expert without rows adds nothing (overwrite:
                                                         // its zeros stored, the K loop empty)
 #pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+        for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
         // this thread's two rows' 1x128 scales (a row past the tensor reads the last one: its
         // results are not stored) and the tile's 128x128 weight blocks along the reduction; wgrad:
         // its two rows of dy^T and its 32 columns' (rows of x^T) scales, columns 8 j + 2 q + v
@@ -171,7 +181,23 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
         const int64_t r1 = WG ? r0 + 8 : min(t.row0 + rl + 8, p.R - 1);
         const float *sa0 = p.sa + r0 * p.LB, *sa1 = p.sa + r1 * p.LB;
         const float *sb = WG ? p.sb + (t.tn * MF_BN + 2 * q) * p.LB : p.sb + (t.e * (p.N / MF_BN) + t.tn) * p.LB;
-        if constexpr (PIPE == 2) {
+        if constexpr (BN == 192) {
+            // the tile's columns span two 128x128 weight blocks: lo from column 0, hi from 128 (an
+            // even tile) or 64 (an odd one); past the expert's last block hi reads the last one,
+            // whose columns are not stored
+            const int64_t nb = p.N / MF_BN, b0 = t.tn * BN / MF_BN, b1 = min(b0 + 1, nb - 1);
+            const float *sbl = p.sb + (t.e * nb + b0) * p.LB, *sbh = p.sb + (t.e * nb + b1) * p.LB;
+            for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
+                const int s = r.slot;
+                const float a0 = __ldg(sa0 + kb), a1 = __ldg(sa1 + kb), lo = __ldg(sbl + kb), hi = __ldg(sbh + kb);
+                mbar_wait(&full[s], r.phase);
+                issue(part, s);
+                wg_wait<0>();
+                release(s);
+                promote_blk<BN>(acc, part, make_float2(a0 * lo, a1 * lo), make_float2(a0 * hi, a1 * hi), t.tn & 1);
+                r.next<MF_STAGES>();
+            }
+        } else if constexpr (PIPE == 2) {
             // Pairs: no wgmma group stays in flight across an iteration (ptxas would serialise
             // them); with an odd count the last pair's second group re-reads the first's slot into
             // the spare partial, which is not promoted.
@@ -237,8 +263,9 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             if (rr >= t.rows) continue; // past the expert's group (or the tensor)
             const int64_t row = t.row0 + rr;
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int64_t col = t.tn * MF_BN + 8 * j + 2 * q; // N is a multiple of 128: col + 1 < N
+            for (int j = 0; j < BN / 8; j++) {
+                const int64_t col = t.tn * BN + 8 * j + 2 * q; // N is even: col + 1 < N
+                if (BN != MF_BN && col >= p.N) continue;        // a 192-column tile past N
                 const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
                 if constexpr (WG) { // dW_e (M, N) FP32, added into (overwrite: into 0); every element one CTA's
                     float2 *d = reinterpret_cast<float2 *>((float *)p.out + (t.e * p.M + row) * p.N + col);
@@ -257,23 +284,30 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-template <bool WG, int PIPE>
+template <bool WG, int PIPE, int BN>
 cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const MfArgs &p, cudaStream_t stream) {
     static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once per kernel
     if (!attr_set) {
-        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel<WG, PIPE>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, MF_SMEM);
+        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel<WG, PIPE, BN>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, MfCfg<BN>::SMEM);
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
-    moe_gemm_fp8_sm90_kernel<WG, PIPE><<<(unsigned)grid, MF_THREADS, MF_SMEM, stream>>>(tA, tB, p);
+    moe_gemm_fp8_sm90_kernel<WG, PIPE, BN><<<(unsigned)grid, MF_THREADS, MfCfg<BN>::SMEM, stream>>>(tA, tB, p);
     return cudaGetLastError();
 }
 
-// fprop/dgrad's K blocks in pairs (the default) or one at a time (DW_MOE_FP8_PIPE=1).
-bool pairs(void) {
-    const char *v = dw_env("DW_MOE_FP8_PIPE");
-    return !(v && !strcmp(v, "1"));
+// fprop/dgrad's kernel for N output columns: 192-column tiles (192) where their padding past N
+// is at most 4% of N, else 128-column tiles with the K blocks in pairs (2). On an H100 (bench/
+// RESULTS.md, session 22) the 192 tiles took 2.6-5% off N = 2048, up to 1% off N = 5632, and
+// added 3.5-3.9% at N = 1024 (12.5% padding). DW_MOE_FP8_TILE=128 or =192 picks one;
+// DW_MOE_FP8_PIPE=1 takes 128 columns one K block at a time (1). All give the same bits.
+int fprop_variant(int64_t N) {
+    const char *t = dw_env("DW_MOE_FP8_TILE"), *v = dw_env("DW_MOE_FP8_PIPE");
+    if (v && !strcmp(v, "1")) return 1;
+    if (t && !strcmp(t, "128")) return 2;
+    if (t && !strcmp(t, "192")) return 192;
+    return ((N + 191) / 192 * 192 - N) * 25 <= N ? 192 : 2;
 }
 
 } // namespace
@@ -294,19 +328,23 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
         return (int)(wg && a->overwrite ? cudaMemsetAsync(a->out, 0, (size_t)(E * M * N) * sizeof(float),
                                                           (cudaStream_t)stream)
                                         : cudaSuccess);
+    const int variant = wg ? 1 : fprop_variant(N);
+    const int64_t bn = variant == 192 ? 192 : MF_BN; // the B tile's rows, the output tile's columns
     CUtensorMap tA, tB;
     const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
     if (!dw_make_map_2d(&tA, a->a, u8, 1, arows, L, L, MF_BK, MF_BM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !dw_make_map_2d(&tB, a->b, u8, 1, brows, L, L, MF_BK, MF_BN, CU_TENSOR_MAP_SWIZZLE_128B))
+        !dw_make_map_2d(&tB, a->b, u8, 1, brows, L, L, MF_BK, bn, CU_TENSOR_MAP_SWIZZLE_128B))
         return (int)cudaErrorNotSupported;
     MfArgs p = {};
     p.off = a->offsets, p.sa = a->sa, p.sb = a->sb, p.out = a->out, p.out_f32 = a->out_f32;
     p.overwrite = wg && a->overwrite;
-    p.R = R, p.E = E, p.N = N, p.L = L, p.LB = L / MF_BK, p.tiles_n = N / MF_BN, p.M = M, p.tiles_m = M / MF_BM;
+    p.R = R, p.E = E, p.N = N, p.L = L, p.LB = L / MF_BK, p.tiles_n = (N + bn - 1) / bn, p.M = M, p.tiles_m = M / MF_BM;
     // at most: row tiles of every group (fprop, dgrad); every expert's dW tiles (wgrad)
     const int64_t units = wg ? E * p.tiles_m * p.tiles_n : ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n;
     const int64_t grid = units < sms ? units : sms;
     const cudaStream_t st = (cudaStream_t)stream;
-    return (int)(wg ? launch<true, 1>(grid, tA, tB, p, st)
-                    : pairs() ? launch<false, 2>(grid, tA, tB, p, st) : launch<false, 1>(grid, tA, tB, p, st));
+    return (int)(wg ? launch<true, 1, 128>(grid, tA, tB, p, st)
+                 : variant == 192 ? launch<false, 1, 192>(grid, tA, tB, p, st)
+                 : variant == 2   ? launch<false, 2, 128>(grid, tA, tB, p, st)
+                                  : launch<false, 1, 128>(grid, tA, tB, p, st));
 }
