@@ -191,16 +191,20 @@ static void test_moe_ops(void **state) {
     (void)state;
     int64_t bad = 0;
     /* FP32 on the FMA tiles; BF16 as the engine runs it (auto: wgmma on sm_90), and each BF16 kernel
-     * asked for by name */
+     * asked for by name; wgmma once more with DW_MOE_DGRAD=128 (dgrad's 128-column tiles: the
+     * default takes 256 for a dx at least that wide, the cases with C >= 256 below) */
     const struct {
         dw_act_dtype dt;
         dw_moe_kernel kern;
-    } modes[] = {{DW_ACT_F32, DW_MOE_KERNEL_SIMT},  {DW_ACT_BF16, DW_MOE_KERNEL_AUTO},
-                 {DW_ACT_BF16, DW_MOE_KERNEL_MMA},  {DW_ACT_BF16, DW_MOE_KERNEL_SIMT},
-                 {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA}};
+        const char *dgrad;
+    } modes[] = {{DW_ACT_F32, DW_MOE_KERNEL_SIMT, NULL},  {DW_ACT_BF16, DW_MOE_KERNEL_AUTO, NULL},
+                 {DW_ACT_BF16, DW_MOE_KERNEL_MMA, NULL},  {DW_ACT_BF16, DW_MOE_KERNEL_SIMT, NULL},
+                 {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, NULL}, {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, "128"}};
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         const dw_act_dtype dt = modes[m].dt;
         const dw_moe_kernel k = modes[m].kern;
+        if (modes[m].dgrad) setenv("DW_MOE_DGRAD", modes[m].dgrad, 1);
+        else unsetenv("DW_MOE_DGRAD");
 #ifdef DW_CUDA_EMU /* the host emulator cannot run the tensor-core kernels' PTX */
         if (k != DW_MOE_KERNEL_SIMT) continue;
 #endif
@@ -227,6 +231,7 @@ static void test_moe_ops(void **state) {
         bad += run_moe_cap(dt, k, 2500, 8, 8, 64, 8, ROUTE_SAME, 1.25, true);    /* many index-kernel segments */
         bad += run_moe_cap(dt, k, 700, 24, 2, 8, 16, ROUTE_UNIFORM, 1000.0, false); /* drops nothing */
     }
+    unsetenv("DW_MOE_DGRAD");
     assert_int_equal(bad, 0);
 }
 

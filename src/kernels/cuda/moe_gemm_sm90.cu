@@ -373,6 +373,16 @@ int wgrad_variant(void) {
     return v && !strcmp(v, "old") ? 0 : v && !strcmp(v, "tma") ? 128 : 256;
 }
 
+// dgrad's tiles for a dx at least 256 wide: 256 columns (the default: half the operand bytes of dy
+// per FLOP, as the forward's), or 128 with DW_MOE_DGRAD=128. On an H100 (bench/RESULTS.md, session
+// 22, alternating) 256 took 15-20% off moe-e8's dgrads and moe-e64-down's, 7% off moe-e64's;
+// moe-e8 bf16 +3.4% a step. (Session 13 had measured 256 slower in the backward, when dgrad still
+// read transposed copies.)
+int dgrad_variant(void) {
+    const char *v = dw_env("DW_MOE_DGRAD");
+    return v && !strcmp(v, "128") ? 128 : 256;
+}
+
 } // namespace
 
 int dw_moe_gemm_device_sm(void) {
@@ -400,15 +410,17 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
     CUtensorMap tA, tB;
     MwArgs p = {};
     p.off = a->offsets, p.out = a->out, p.E = E, p.M = M, p.overwrite = a->overwrite;
-    // 256-column tiles for a forward at least that wide, else 128. Measured on an H200 (bench/
-    // RESULTS.md, session 13) with 256 in every pass: moe-e8's forward 33.2 -> 27.8 ms a step, but
-    // its backward 88.4 -> 92.4 ms and moe-e64's step 8 ms slower (the wgrad tiles' K loops are
-    // short, 16 K tiles for moe-e64, and half as many tiles balance worse; that wgrad still had the
-    // register epilogue). wgrad: 128, or 256 with DW_MOE_WGRAD=256 (wgrad_variant).
+    // 256-column tiles for a forward or a dgrad (dgrad_variant) at least that wide, else 128.
+    // Measured on an H200 (bench/RESULTS.md, session 13) with 256 in every pass: moe-e8's forward
+    // 33.2 -> 27.8 ms a step, but its backward 88.4 -> 92.4 ms and moe-e64's step 8 ms slower (the
+    // wgrad tiles' K loops are short, 16 K tiles for moe-e64, and half as many tiles balance worse;
+    // that wgrad still had the register epilogue, dgrad transposed copies). wgrad: 256 through TMA's
+    // epilogue by default (wgrad_variant).
     const bool fprop = a->pass == DW_MOE_FPROP;
     const int64_t J = fprop ? M : K;
     const int wv = a->pass == DW_MOE_WGRAD ? wgrad_variant() : 0;
-    const int BN = (fprop && J >= 256) || wv == 256 ? 256 : 128;
+    const bool dgrad256 = a->pass == DW_MOE_DGRAD && J >= 256 && dgrad_variant() == 256;
+    const int BN = (fprop && J >= 256) || wv == 256 || dgrad256 ? 256 : 128;
     bool maps;
     int64_t units;
     if (a->pass == DW_MOE_WGRAD) { // A = dy (R, M), B = x (R, K), both MN-major panels
@@ -434,7 +446,9 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
         return BN == 256 ? launch<256, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream)
                          : launch<128, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream);
     }
-    if (a->pass == DW_MOE_DGRAD) return launch<128, DW_MOE_DGRAD>(grid, tA, tB, tA, p, stream);
+    if (a->pass == DW_MOE_DGRAD)
+        return BN == 256 ? launch<256, DW_MOE_DGRAD>(grid, tA, tB, tA, p, stream)
+                         : launch<128, DW_MOE_DGRAD>(grid, tA, tB, tA, p, stream);
     return BN == 256 ? launch<256, DW_MOE_FPROP>(grid, tA, tB, tA, p, stream)
                      : launch<128, DW_MOE_FPROP>(grid, tA, tB, tA, p, stream);
 }
