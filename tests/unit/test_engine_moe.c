@@ -204,31 +204,43 @@ static void test_qwen_gradients(void **state) {
           "model.layers.1.self_attn.q_norm.weight"}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        const int64_t B = 2, T = 6;
-        dw_test_model m;
-        build_preset(cases[k].preset, B, T, NULL, &m);
-        dw_test_random_params(m.e, RNG, 0.3f, NULL, 0.3f);
-        int32_t x[12], y[12];
-        dw_test_random_tokens(x, B * T, dw_graph_vocab(m.g), RNG);
-        dw_test_random_tokens(y, B * T, dw_graph_vocab(m.g), RNG);
-        double loss;
-        assert_int_equal(dw_engine_zero_grad(m.e), DW_OK);
-        assert_int_equal(dw_engine_forward_backward(m.e, x, y, B, T, 1.0, &loss), DW_OK);
-        const int watch = cases[k].watch ? dw_graph_find_tensor(m.g, cases[k].watch) : -1;
-        assert_true(!cases[k].watch || watch >= 0);
-        for (int p = 0; p < 3; p++) {
-            double gmax;
-            int64_t compared;
-            const char *name = cases[k].params[p];
-            const int64_t n = dw_ir_numel(&m.g->tensors[dw_graph_find_tensor(m.g, name)]);
-            const int64_t bad = dw_test_fd_param(m.e, name, x, y, B, T, watch, 1e-3f, 2e-3, 2e-2, &gmax, &compared);
-            if (bad) fail_msg("%s %s: %lld elements off (first on stderr)", cases[k].preset, name, (long long)bad);
-            if (compared < n / 2)
-                fail_msg("%s %s: only %lld of %lld away from a rank swap", cases[k].preset, name, (long long)compared,
-                         (long long)n);
-            assert_true(gmax > 0);
+        /* a draw whose perturbations swap the watched router's ranks for more than half of a
+         * vector's elements compares too little: draw again (three times at most). Every element
+         * compared must match in every draw. (DW_TEST_SEED=6336013161309247's first draw left 21 of
+         * the 64 norm weights feeding qwen2-moe-tiny's router.) */
+        for (int draw = 0;; draw++) {
+            const int64_t B = 2, T = 6;
+            dw_test_model m;
+            build_preset(cases[k].preset, B, T, NULL, &m);
+            dw_test_random_params(m.e, RNG, 0.3f, NULL, 0.3f);
+            int32_t x[12], y[12];
+            dw_test_random_tokens(x, B * T, dw_graph_vocab(m.g), RNG);
+            dw_test_random_tokens(y, B * T, dw_graph_vocab(m.g), RNG);
+            double loss;
+            assert_int_equal(dw_engine_zero_grad(m.e), DW_OK);
+            assert_int_equal(dw_engine_forward_backward(m.e, x, y, B, T, 1.0, &loss), DW_OK);
+            const int watch = cases[k].watch ? dw_graph_find_tensor(m.g, cases[k].watch) : -1;
+            assert_true(!cases[k].watch || watch >= 0);
+            const char *thin = NULL; /* a vector compared on fewer than half its elements */
+            int64_t thin_compared = 0, thin_n = 0;
+            for (int p = 0; p < 3; p++) {
+                double gmax;
+                int64_t compared;
+                const char *name = cases[k].params[p];
+                const int64_t n = dw_ir_numel(&m.g->tensors[dw_graph_find_tensor(m.g, name)]);
+                const int64_t bad = dw_test_fd_param(m.e, name, x, y, B, T, watch, 1e-3f, 2e-3, 2e-2, &gmax, &compared);
+                if (bad) fail_msg("%s %s: %lld elements off (first on stderr)", cases[k].preset, name, (long long)bad);
+                if (compared < n / 2 && !thin) thin = name, thin_compared = compared, thin_n = n;
+                assert_true(gmax > 0);
+            }
+            dw_test_model_free(&m);
+            if (!thin) break;
+            if (draw == 2)
+                fail_msg("%s %s: only %lld of %lld away from a rank swap, three draws running", cases[k].preset, thin,
+                         (long long)thin_compared, (long long)thin_n);
+            printf("%s %s: %lld of %lld away from a rank swap: drawing again\n", cases[k].preset, thin,
+                   (long long)thin_compared, (long long)thin_n);
         }
-        dw_test_model_free(&m);
     }
 }
 
