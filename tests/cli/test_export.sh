@@ -7,7 +7,8 @@
 #   - tests/python/test_export_hf.py checks names, shapes, dtypes and values independently, and
 #     the hf-fp8 codes, 128x128 scales and quantization_config; parity.py's float64 reference
 #     models, reading only the exported directory, give the checkpoint's eval loss on a token shard
-#     (F32 and BF16 within 1e-5, hf-fp8 dequantised within 1e-3);
+#     (F32 and BF16 within 1e-5), and for hf-fp8 `deepwell eval` of the export's dequantised
+#     weights within 1e-5 (that loss within 1% of the checkpoint's);
 #   - sharding, --hf-dir (config keys kept, tokenizer files copied), a model directory as source;
 #   - refusals: a non-empty or uncreatable --out, a write failure mid-way (file size limit), an
 #     unknown format, a run without checkpoints, GPT-2 in hf-fp8, another model's --hf-dir; never a
@@ -108,12 +109,17 @@ done
 # ---- hf-fp8 ---------------------------------------------------------------------------------
 "$dw" export "$tmp/run-llama" --out "$tmp/llama-fp8" --format hf-fp8 >"$tmp/out" 2>&1
 check "llama: export --format hf-fp8" 0 $?
-$py "$chk" "$tmp/run-llama/ckpt-2" "$tmp/llama-fp8" --fp8 --forward "$tmp/tok.bin" "$(evt "$tmp/run-llama/ckpt-2")" 1e-3 \
-  >"$tmp/py" 2>&1 && ok "llama hf-fp8: codes, scales, config; dequantised forward within 1e-3" ||
+$py "$chk" "$tmp/run-llama/ckpt-2" "$tmp/llama-fp8" --fp8 --forward "$tmp/tok.bin" "$(evt "$tmp/llama-fp8")" 1e-5 \
+  >"$tmp/py" 2>&1 && ok "llama hf-fp8: codes, scales, config; dequantised forward = deepwell eval of the export" ||
   bad "llama hf-fp8: $(grep FAIL "$tmp/py" | head -3)"
+# the FP8 weights' effect on the loss: small, but a draw of random sizes and weights reached 1.03e-3
+# (session 22's CI), so it is bounded loosely here and the forward above compares like with like
+a=$(evt "$tmp/llama-fp8") b=$(evt "$tmp/run-llama/ckpt-2")
+awk -v a="$a" -v b="$b" 'BEGIN { exit !(a != "" && b != "" && (a - b) ^ 2 <= (1e-2 * b) ^ 2) }' &&
+  ok "llama hf-fp8: loss $a within 1% of the checkpoint's $b" || bad "llama hf-fp8: loss $a, the checkpoint's $b"
 "$dw" export "$ck" --out "$tmp/mx-fp8" --format hf-fp8 --dtype f32 --expert-layout fused >"$tmp/out" 2>&1
 check "mixtral: export --format hf-fp8 --expert-layout fused" 0 $?
-$py "$chk" "$ck" "$tmp/mx-fp8" --fp8 --dtype f32 --layout fused --forward "$tmp/tok.bin" "$(evt "$ck")" 1e-3 >"$tmp/py" 2>&1 &&
+$py "$chk" "$ck" "$tmp/mx-fp8" --fp8 --dtype f32 --layout fused --forward "$tmp/tok.bin" "$(evt "$tmp/mx-fp8")" 1e-5 >"$tmp/py" 2>&1 &&
   ok "mixtral hf-fp8 fused: 3-D expert codes and scales" || bad "mixtral hf-fp8: $(grep FAIL "$tmp/py" | head -3)"
 
 # ---- shards -----------------------------------------------------------------------------------
