@@ -151,16 +151,10 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[s]);
     };
-    // fprop/dgrad: acc[4 j + 2 h + v] (row rl + 8 h, column 8 j + 2 q + v) += part * the row's scale
+    // fprop/dgrad, 128 columns: acc += part * the rows' scales (s0: row rl, s1: rl + 8), one weight
+    // block across the tile (sm90_common.cuh's promote_blk, as the dense kernel's)
     auto promote_rows = [&](float *acc, float *part, float s0, float s1) {
-        reg_fence(part);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            acc[4 * j] = fmaf(part[4 * j], s0, acc[4 * j]);
-            acc[4 * j + 1] = fmaf(part[4 * j + 1], s0, acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(part[4 * j + 2], s1, acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(part[4 * j + 3], s1, acc[4 * j + 3]);
-        }
+        promote_blk<128>(acc, part, make_float2(s0, s1), make_float2(s0, s1), false);
     };
     float acc[NACC], part[NACC], part2[PIPE == 2 ? 64 : 1];
 #pragma unroll
