@@ -10,6 +10,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/adamw_passes.h"
 #include "runtime/exec.h"
 
 dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool quant_reuse,
@@ -335,13 +336,23 @@ dw_status dw_exec_call(dw_exec *x, bool fwd, const dw_op_call *c) {
     return DW_OK;
 }
 
+void dw_exec_cast_plan(const dw_exec *x, int64_t *first, int64_t *lag) {
+    const dw_compiled *p = x->p;
+    const int64_t n = p->param_floats, d = p->bf16_base - p->grad_base; /* copy i at byte d + 2 i of the gradients */
+    *first = *lag = 0;
+    if (!p->bf16_arena || d >= 4 * n || d + 2 * n <= 0) return; /* apart */
+    *lag = d > 0 ? (d + 3) / 4 : 0;
+    *first = dw_adamw_passes_first(n, *lag);
+}
+
 /* The CAST_BF16 steps right after AdamW's step, of bf16_runs 0, 1, ... in order, whose copies
- * AdamW's pass writes too (DW_FUSED_CAST, on unless 0): their count, 0 for none. Not under
- * bf16_arena: there the copies lie on gradients that AdamW's pass has yet to read. */
+ * AdamW's pass writes too (DW_FUSED_CAST, on unless 0): their count, 0 for none. Under bf16_arena
+ * the copies may lie on gradients AdamW has yet to read (dw_exec_cast_plan: its passes read each
+ * gradient before a copy takes its bytes). */
 static int fused_casts(const dw_exec *x, int step) {
     const dw_compiled *p = x->p;
     int n = 0;
-    while (x->fuse_cast && x->wb && !p->bf16_arena && step + 1 + n < p->n_steps &&
+    while (x->fuse_cast && x->wb && step + 1 + n < p->n_steps &&
            p->steps[step + 1 + n].kind == DW_STEP_CAST_BF16 && p->steps[step + 1 + n].arg == n)
         n++;
     return n;

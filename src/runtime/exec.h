@@ -81,6 +81,10 @@ struct dw_exec {
     int last_step, cast_fused_through;
 };
 
+/* The fused cast's plan (kernels/adamw_passes.h): where bf16_arena's copies lie on the gradients,
+ * its first cut (dw_adamw_passes_first) and lag; both 0 where the two are apart. */
+void dw_exec_cast_plan(const dw_exec *x, int64_t *first, int64_t *lag);
+
 /* What a data-parallel rank allocates of the parameter-shaped pools from the start (ZeRO,
  * runtime/engine.c from dw_engine_opts.zero by compile/shard.h): the moments of pool floats
  * [opt_lo, opt_hi) and the gradients of [grad_lo, grad_hi) (ZeRO-2/3: the shard's accumulator;

@@ -209,8 +209,11 @@ void dw_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, int64
 /* The same step writing, in the same pass, the BF16 copy wb[i] = bf16(p[i]) (round to nearest
  * even: dw_encode_bf16) of each updated master in runs (n_runs) [begin, end), ascending and
  * disjoint within [0, n); wb elsewhere untouched. A non-finite norm leaves p, m, v and still
- * writes the copies. */
+ * writes the copies. first > 0: wb lies on g, copy i on g[j] for j <= i / 2 + lag at most, and
+ * the passes of kernels/adamw_passes.h from that first cut read each gradient before its bytes
+ * take a copy (0: wb and g apart). */
 void dw_cpu_adamw_cast(float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, double norm,
-                       const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2], int n_runs);
+                       const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2], int n_runs, int64_t first,
+                       int64_t lag);
 
 #endif /* DW_KERNELS_OPS_CPU_H */

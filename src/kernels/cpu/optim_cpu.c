@@ -1,11 +1,13 @@
 /* optim_cpu.c — the CPU reference of the optimizer over flat FP32 pools: the gradients' sum of
  * squares in double and one AdamW step in double (kernels/adamw_args.h; the CUDA kernels in
  * kernels/cuda/adamw.cu follow the same order), alone or writing the BF16 working copies of the
- * updated masters in the same pass (the fused cast). Elementwise steps are independent per
- * element, so OpenMP cannot change the results; the sum runs in one ascending order. */
+ * updated masters in the same pass (the fused cast, in the passes of kernels/adamw_passes.h).
+ * Elementwise steps are independent per element, so OpenMP cannot change the results; the sum
+ * runs in one ascending order. */
 #include <math.h>
 
 #include "formats/formats.h"
+#include "kernels/adamw_passes.h"
 #include "kernels/cpu/ops_cpu.h"
 
 double dw_cpu_sumsq(const float *g, int64_t n) {
@@ -41,16 +43,19 @@ void dw_cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, int64
 }
 
 void dw_cpu_adamw_cast(float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay, double norm,
-                       const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2], int n_runs) {
+                       const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2], int n_runs, int64_t first,
+                       int64_t lag) {
     const bool step = isfinite(norm); /* a non-finite norm: the masters stay, their copies are made */
     const double scale = step ? clip_scale(norm, a) : 1.0;
-    for (int r = -1; r < n_runs; r++) { /* segment r: from run r's start (0) to the next run's (n) */
-        const int64_t lo = r < 0 ? 0 : runs[r][0], hi = r + 1 < n_runs ? runs[r + 1][0] : n;
-        const int64_t c0 = r < 0 ? 0 : runs[r][0], c1 = r < 0 ? 0 : runs[r][1]; /* its copies: run r */
+    dw_adamw_plan pl;
+    dw_adamw_pass ps;
+    dw_adamw_plan_init(&pl, n, runs, n_runs, first, lag);
+    while (dw_adamw_pass_next(&pl, &ps)) { /* one pass after another (kernels/adamw_passes.h) */
+        const bool upd = step && ps.update;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = lo; i < hi; i++) {
-            if (step) adamw_one(p, g, m, v, i, i < n_decay ? a->weight_decay : 0.0, scale, a);
-            if (i >= c0 && i < c1) wb[i] = dw_encode_bf16(p[i]);
+        for (int64_t i = ps.lo; i < ps.hi; i++) {
+            if (upd) adamw_one(p, g, m, v, i, i < n_decay ? a->weight_decay : 0.0, scale, a);
+            if (i >= ps.c0 && i < ps.c1) wb[i] = dw_encode_bf16(p[i]);
         }
     }
 }

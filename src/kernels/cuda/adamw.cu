@@ -2,9 +2,11 @@
  * adamw_cuda.h). Arithmetic in double, in the CPU reference's order, so that a step differs from
  * dw_adamw_step_cpu only through the gradient norm's summation order (and FMA contraction).
  * The step loads and stores 16 bytes at a time when the four pools allow it, and can write the
- * BF16 working copies of the updated masters in the same pass (dw_cuda_adamw_cast). */
+ * BF16 working copies of the updated masters in the same pass (dw_cuda_adamw_cast, one launch
+ * per pass of kernels/adamw_passes.h). */
 #include <cuda_bf16.h>
 
+#include "kernels/adamw_passes.h"
 #include "kernels/cuda/adamw_cuda.h"
 #include "kernels/cuda/ops_common.cuh"
 
@@ -51,15 +53,16 @@ static __device__ __forceinline__ void aw_one(float &p, float g, float &m, float
  * at a time; !VEC: every element one at a time (unaligned pools). CAST: the BF16 copy of each
  * updated master i in [c0, c1) written too, wb[i] = bf16_rn(p[i]) as kern.cu's cast (a group of
  * four inside the range in one 8-byte store); a non-finite norm then leaves p, m, v and still
- * writes the copies (bf16_arena's copies may have been overwritten since the last step). */
+ * writes the copies (bf16_arena's copies may have been overwritten since the last step);
+ * !update: the copies alone (a cast-only pass of kernels/adamw_passes.h). */
 template <bool VEC, bool CAST>
 static __global__ void __launch_bounds__(AW_THREADS) aw_step_kernel(float *p, const float *g, float *m, float *v,
                                                                     int64_t n, int64_t n_decay, const double *norm,
                                                                     const dw_adamw_args *ap, __nv_bfloat16 *wb,
-                                                                    int64_t c0, int64_t c1) {
+                                                                    int64_t c0, int64_t c1, bool update) {
     const double nrm = *norm;
     const dw_adamw_args a = *ap;
-    const bool step = isfinite(nrm);
+    const bool step = update && isfinite(nrm);
     if (!CAST && !step) return;
     const double scale = (a.max_norm > 0.0 && nrm > a.max_norm) ? a.max_norm / (nrm + 1e-6) : 1.0;
     const int64_t n4 = VEC ? n / 4 : 0;
@@ -121,35 +124,36 @@ dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *
     cudaStream_t s = (cudaStream_t)stream;
     if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v))
         aw_step_kernel<true, false><<<dw_ew_blocks((n + 3) / 4), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a,
-                                                                                    NULL, 0, 0);
+                                                                                    NULL, 0, 0, true);
     else
         aw_step_kernel<false, false><<<dw_ew_blocks(n), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a, NULL, 0,
-                                                                           0);
+                                                                           0, true);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }
 
 dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
                              const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
-                             int n_runs, void *stream) {
+                             int n_runs, int64_t first, int64_t lag, void *stream) {
     const char *op = "adamw (with the BF16 copies)";
     DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a && wb);
-    DW_OPS_REQUIRE(ctx, op, n_runs >= 1 && runs);
+    DW_OPS_REQUIRE(ctx, op, n_runs >= 1 && runs && first >= 0);
     for (int r = 0; r < n_runs; r++) /* ascending, disjoint, inside the pool */
         DW_OPS_REQUIRE(ctx, op, runs[r][0] <= runs[r][1] && runs[r][1] <= n && (r == 0 || runs[r - 1][1] <= runs[r][0]));
     cudaStream_t s = (cudaStream_t)stream;
-    for (int r = -1; r < n_runs; r++) { /* segment r: from run r's start (0) to the next run's (n), its copies run r */
-        const int64_t lo = r < 0 ? 0 : runs[r][0], hi = r + 1 < n_runs ? runs[r + 1][0] : n, len = hi - lo;
-        if (len <= 0) continue;
-        const int64_t c0 = r < 0 ? 0 : runs[r][0] - lo, c1 = r < 0 ? 0 : runs[r][1] - lo;
+    dw_adamw_plan pl;
+    dw_adamw_pass ps;
+    dw_adamw_plan_init(&pl, n, runs, n_runs, first, lag);
+    while (dw_adamw_pass_next(&pl, &ps)) { /* one launch a pass, in order (kernels/adamw_passes.h) */
+        const int64_t lo = ps.lo, len = ps.hi - ps.lo, c0 = ps.c0 - lo, c1 = ps.c1 - lo;
         const int64_t nd = n_decay <= lo ? 0 : n_decay - lo < len ? n_decay - lo : len;
         __nv_bfloat16 *w = reinterpret_cast<__nv_bfloat16 *>(wb) + lo;
         if (aligned16(p + lo) && aligned16(g + lo) && aligned16(m + lo) && aligned16(v + lo) && (uintptr_t)w % 8 == 0)
             aw_step_kernel<true, true><<<dw_ew_blocks((len + 3) / 4), AW_THREADS, 0, s>>>(
-                p + lo, g + lo, m + lo, v + lo, len, nd, norm, a, w, c0, c1);
+                p + lo, g + lo, m + lo, v + lo, len, nd, norm, a, w, c0, c1, ps.update);
         else
             aw_step_kernel<false, true><<<dw_ew_blocks(len), AW_THREADS, 0, s>>>(p + lo, g + lo, m + lo, v + lo, len,
-                                                                                nd, norm, a, w, c0, c1);
+                                                                                nd, norm, a, w, c0, c1, ps.update);
         DW_CUDA_CHECK_LAUNCH(ctx, op);
     }
     return DW_OK;

@@ -31,13 +31,14 @@ dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *
                         void *stream);
 /* The same step writing, in the same pass, the BF16 copy wb[i] = bf16_rn(p[i]) (the cast kernel's
  * rounding, bit for bit) of each updated master in runs (n_runs >= 1, host memory) [begin, end),
- * ascending and disjoint within [0, n); wb (n, device) elsewhere untouched. One launch per run
- * (from its start to the next run's; one more where the first starts past 0), so that the element
- * runs' 64-float aligned starts keep the 16-byte loads. A non-finite *norm leaves p, m, v and
- * still writes the copies. */
+ * ascending and disjoint within [0, n); wb (n, device) elsewhere untouched. One launch per pass
+ * of kernels/adamw_passes.h (cut at the runs' 64-float aligned starts, which keep the 16-byte
+ * loads; first > 0: wb lies on g, copy i on g[j] for j <= i / 2 + lag at most, and the passes'
+ * growing cuts from first read each gradient before its bytes take a copy). A non-finite *norm
+ * leaves p, m, v and still writes the copies. */
 dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
                              const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
-                             int n_runs, void *stream);
+                             int n_runs, int64_t first, int64_t lag, void *stream);
 
 #ifdef __cplusplus
 }

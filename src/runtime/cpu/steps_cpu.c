@@ -19,10 +19,12 @@ dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x, int n_runs) {
     const dw_compiled *p = x->p;
     const dw_adamw_args *a = (const dw_adamw_args *)(x->work + p->work.adamw_args);
     const double norm = *(const double *)(x->work + p->work.norm);
-    if (n_runs) /* the BF16 copies of bf16_runs [0, n_runs) in the same pass (the fused cast) */
+    if (n_runs) { /* the BF16 copies of bf16_runs [0, n_runs) in the same pass (the fused cast) */
+        int64_t first, lag;
+        dw_exec_cast_plan(x, &first, &lag);
         dw_cpu_adamw_cast(x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a, x->wb,
-                          (const int64_t(*)[2])p->bf16_runs, n_runs);
-    else dw_cpu_adamw(x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a);
+                          (const int64_t(*)[2])p->bf16_runs, n_runs, first, lag);
+    } else dw_cpu_adamw(x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a);
     return DW_OK;
 }
 

@@ -24,9 +24,12 @@ dw_status dw_cuda_step_adamw(dw_backend *be, const dw_exec *x, int n_runs) {
     const dw_compiled *p = x->p;
     const double *norm = (const double *)(x->work + p->work.norm);
     const dw_adamw_args *a = (const dw_adamw_args *)(x->work + p->work.adamw_args);
-    if (n_runs) /* the BF16 copies of bf16_runs [0, n_runs) in the same pass (the fused cast) */
+    if (n_runs) { /* the BF16 copies of bf16_runs [0, n_runs) in the same pass (the fused cast) */
+        int64_t first, lag;
+        dw_exec_cast_plan(x, &first, &lag);
         return dw_cuda_adamw_cast(be->ctx, x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a, x->wb,
-                                  (const int64_t(*)[2])p->bf16_runs, n_runs, DW_CUDA_STREAM(be));
+                                  (const int64_t(*)[2])p->bf16_runs, n_runs, first, lag, DW_CUDA_STREAM(be));
+    }
     return dw_cuda_adamw(be->ctx, x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a,
                          DW_CUDA_STREAM(be));
 }
