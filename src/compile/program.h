@@ -113,6 +113,8 @@ typedef struct {
                                   and FP32 z-loss (both already in `loss`; NaN: not configured), then int32 assignments per
                                   expert summed over the MoE layers (moe_experts of them) */
     int64_t moe_experts;
+    int64_t moe_aux_part;      /* the router-loss statistics' scratch (-1: none): DW_MOE_AUX_PART_BYTES of the
+                                  widest statistics node (kernels/cuda/ops_cuda.h), used within one call */
     int64_t moe_counts;        /* int64 running totals of the training forwards' routing (-1: no MoE
                                   layer): per dispatch node in graph order (moe_layers of them), the
                                   assignments, those dropped, then the router's choices per expert

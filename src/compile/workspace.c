@@ -8,6 +8,7 @@
 #include "gemm/grouped_mxfp8.h"
 #include "ir/float_graph.h"
 #include "kernels/cuda/nvfp4_cuda.h" /* DW_NVFP4_CUDA_WORKSPACE_BYTES (plain C) */
+#include "kernels/cuda/ops_cuda.h"   /* DW_MOE_AUX_PART_BYTES */
 
 /* Sizes of a quantised slot: the largest codes and scales of the operands it holds. */
 typedef struct {
@@ -117,6 +118,14 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
             w->moe_experts = c->g->tensors[c->g->nodes[i].in[1]].shape[0];
             w->moe_aux = o, o = dw_align_up(o + 8 + 4 * w->moe_experts, 256);
         }
+    int64_t aux_e = 0; /* the router-loss statistics' scratch: the widest of their nodes, shared (one runs at a time) */
+    for (int i = 0; i < c->g->n_nodes; i++)
+        if (c->g->nodes[i].op == DW_OP_MOE_AUX_STATS) {
+            const dw_ir_tensor *z = &c->g->tensors[c->g->nodes[i].in[0]];
+            if (z->shape[z->ndim - 1] > aux_e) aux_e = z->shape[z->ndim - 1];
+        }
+    w->moe_aux_part = aux_e ? o : -1;
+    if (aux_e) o = dw_align_up(o + DW_MOE_AUX_PART_BYTES(aux_e), 256);
     w->moe_layers = w->moe_count_experts = 0;
     for (int i = 0; i < c->g->n_nodes; i++)
         if (c->g->nodes[i].op == DW_OP_MOE_DISPATCH) {

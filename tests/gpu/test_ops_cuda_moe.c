@@ -2,7 +2,8 @@
  * reference (kernels/cpu/moe_cpu.c): dispatch (offsets and rows equal exactly, gathered rows bit
  * for bit), its backward, the grouped linear layer's fprop, dgrad and wgrad (FP32 programs; BF16 on
  * the tensor cores and on the FP32-FMA tiles), combine and its backward; the load-balancing
- * statistics of two chained layers and the loss (kernels/cpu/moe_aux_cpu.c). Routings: uniform, every
+ * statistics of two chained layers (a block per expert, and over parts of the rows given the
+ * scratch) and the loss (kernels/cpu/moe_aux_cpu.c). Routings: uniform, every
  * token to the same experts (the rest empty), one token, many experts with empty ones, assignments
  * outside [0,E) (rows past the assigned ones must come out zero); odd widths take the scalar paths.
  * Dispatch with a capacity (token dropping) and combine over the dropped rows, with the same
@@ -219,6 +220,8 @@ static void test_moe_ops(void **state) {
             bad += run_moe(dt, k, 700, 512, 2, 8, 448, ROUTE_SAME);
             /* 64 experts, top-8, every one with rows (moe-e64's router) */
             bad += run_moe(dt, k, 1500, 128, 8, 64, 64, ROUTE_UNIFORM);
+            /* combine rows wider than one pass of the vectorised combines' block (2048 columns) */
+            bad += run_moe(dt, k, 40, 64, 3, 4, 4104, ROUTE_UNIFORM);
         }
         /* token dropping: dispatch with a capacity, the chain over the kept rows; each case must drop
          * something unless its factor is too large to */
@@ -237,10 +240,10 @@ static void test_moe_ops(void **state) {
 
 /* The router-loss statistics of two chained layers and the losses (load-balancing coef, z-loss
  * zcoef; either may be 0), forward and backward. */
-static int64_t run_aux(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, double coef, double zcoef) {
+static int64_t run_aux(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, double coef, double zcoef, bool parts) {
     char name[128];
-    snprintf(name, sizeof name, "moe_aux[%s N=%lld E=%lld K=%lld coef=%g zcoef=%g]", dw_gc_dtname(dt), (long long)N,
-             (long long)E, (long long)K, coef, zcoef);
+    snprintf(name, sizeof name, "moe_aux[%s N=%lld E=%lld K=%lld coef=%g zcoef=%g%s]", dw_gc_dtname(dt), (long long)N,
+             (long long)E, (long long)K, coef, zcoef, parts ? " parts" : "");
     int64_t bad = 0;
     const int64_t S = E + 1; /* the sums: E softmax sums, then the squared log-sum-exps */
     int32_t *idx0 = malloc((size_t)(N * K) * 4), *idx1 = malloc((size_t)(N * K) * 4);
@@ -265,11 +268,12 @@ static int64_t run_aux(dw_act_dtype dt, int64_t N, int64_t E, int64_t K, double 
     dw_cpu_moe_aux_loss_bwd(dsr, c1, E, K, N, coef, zcoef, 0.75);
     dw_cpu_moe_aux_stats_bwd(dzr, g->host, z1->host, N, E);
     dw_gt *c0in = dw_gt_ints("counts0(cpu)", c0, E), *c1in = dw_gt_ints("counts1(cpu)", c1, E);
+    void *part = parts ? dw_gt_out("aux parts", DW_MOE_AUX_PART_BYTES(E) / 4, DW_ACT_F32)->dev : NULL;
     DW_GC_OK(bad, name, dw_cuda_moe_aux_stats_fwd(NULL, dt, s0->dev, (int32_t *)n0->dev, z0->dev,
-                                                  (const int32_t *)i0->dev, NULL, NULL, N, E, K, dw_gc_stream));
+                                                  (const int32_t *)i0->dev, NULL, NULL, N, E, K, part, dw_gc_stream));
     DW_GC_OK(bad, name, dw_cuda_moe_aux_stats_fwd(NULL, dt, s1->dev, (int32_t *)n1->dev, z1->dev,
                                                   (const int32_t *)i1->dev, s0in->dev, (const int32_t *)c0in->dev, N,
-                                                  E, K, dw_gc_stream));
+                                                  E, K, part, dw_gc_stream));
     DW_GC_OK(bad, name, dw_cuda_moe_aux_loss(NULL, dt, out->dev, (float *)loss->dev, (float *)kept->dev, NULL,
                                              s1in->dev, (const int32_t *)c1in->dev, E, K, N, coef, zcoef, 0.0,
                                              dw_gc_stream));
@@ -306,9 +310,13 @@ static void test_moe_aux(void **state) {
     int64_t bad = 0;
     for (int d = 0; d < 2; d++) {
         const dw_act_dtype dt = d ? DW_ACT_BF16 : DW_ACT_F32;
-        bad += run_aux(dt, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 8, 2, 0.01, 0.0);
-        bad += run_aux(dt, 77, 64, 8, 0.5, 1e-3);
-        bad += run_aux(dt, 5, 3, 3, 0.0, 0.1);
+        for (int pt = 0; pt < 2; pt++) { /* a block per expert; the parts (every row's softmax once) */
+            bad += run_aux(dt, 1 + (int64_t)(dw_test_next(&g_rng) % 300), 8, 2, 0.01, 0.0, pt);
+            bad += run_aux(dt, 77, 64, 8, 0.5, 1e-3, pt);
+            bad += run_aux(dt, 5, 3, 3, 0.0, 0.1, pt);
+            bad += run_aux(dt, 3000, 200, 6, 0.1, 1e-3, pt); /* 7 experts a lane, rows over every part */
+            bad += run_aux(dt, 40, 300, 4, 0.1, 0.0, pt);    /* past DW_MOE_AUX_PART_EXPERTS: a block per expert */
+        }
     }
     assert_int_equal(bad, 0);
 }

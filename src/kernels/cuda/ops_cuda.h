@@ -299,10 +299,16 @@ dw_status dw_cuda_sigmoid_gate_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, void 
  * loss (dsums NULL): aux = coef E sum_e counts_e sums_e / (L N)^2 with L N = sum counts / K, z =
  * zcoef sums_E / N (N tokens); out (scalar) = aux + z, also added into *loss (FP32); kept[0] = aux,
  * kept[1] = z (NaN where the coefficient is 0), kept[2..] the counts (int32); with dsums: the
- * gradient dsums = dloss d(aux + z)/dsums only. */
+ * gradient dsums = dloss d(aux + z)/dsums only. part: the statistics' scratch,
+ * DW_MOE_AUX_PART_BYTES(E) bytes of device memory (4-byte aligned), with which every row's softmax
+ * is computed once over DW_MOE_AUX_PARTS blocks (E <= DW_MOE_AUX_PART_EXPERTS; NULL or more
+ * experts: a block per expert, each computing every row's softmax denominator again). */
+#define DW_MOE_AUX_PARTS 128
+#define DW_MOE_AUX_PART_EXPERTS 256
+#define DW_MOE_AUX_PART_BYTES(E) ((int64_t)DW_MOE_AUX_PARTS * (2 * (int64_t)(E) + 1) * 4)
 dw_status dw_cuda_moe_aux_stats_fwd(dw_ctx *ctx, dw_act_dtype dt, void *sums, int32_t *counts, const void *z,
                                     const int32_t *idx, const void *prev_sums, const int32_t *prev_counts, int64_t N,
-                                    int64_t E, int64_t K, void *stream);
+                                    int64_t E, int64_t K, void *part, void *stream);
 dw_status dw_cuda_moe_aux_stats_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dz, const void *g, const void *z, int64_t N,
                                     int64_t E, void *stream);
 dw_status dw_cuda_moe_aux_loss(dw_ctx *ctx, dw_act_dtype dt, void *out, float *loss, float *kept, void *dsums,

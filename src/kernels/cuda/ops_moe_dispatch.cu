@@ -8,7 +8,7 @@
  * The index kernel is one block: its warps take contiguous segments of the assignments; pass 1
  * counts each segment's experts, a scan over (expert, segment) gives each segment's first row per
  * expert, and pass 2 hands out rows 32 assignments at a time, a lane's rank among the earlier
- * lanes with its expert found by shuffles (no atomics: stable and deterministic). With a capacity
+ * lanes with its expert found by __match_any_sync (no atomics: stable and deterministic). With a capacity
  * (cap rows per expert), an assignment whose rank within its expert reaches cap is dropped (row
  * -1) and the groups are clipped to cap: the first cap in (token, k) order stay, as on the CPU.
  * Dropping by weight instead, a block per expert first finds its cap heaviest assignments (a radix
@@ -28,11 +28,8 @@ static __device__ __forceinline__ int dw_moe_rank(const int32_t *idx, int64_t a,
                                                   int &before, int &total) {
     int e = a < A ? idx[a] : -1;
     if (e < 0 || e >= E) e = -1;
-    before = 0, total = 0;
-    for (int j = 0; j < 32; j++) {
-        const int ej = __shfl_sync(0xffffffffu, e, j);
-        if (ej == e) total++, before += j < lane;
-    }
+    const unsigned same = __match_any_sync(0xffffffffu, e); /* the lanes holding e */
+    before = __popc(same & ((1u << lane) - 1u)), total = __popc(same);
     return e;
 }
 
@@ -187,6 +184,29 @@ dw_moe_gather_kernel(T *xs, const T *x, const int32_t *pos, int64_t A, int64_t C
     }
 }
 
+/* The same where rows are whole 16-byte pieces (nv of them) and both bases 16-byte aligned: a warp
+ * per assignment, each lane four pieces in flight (loads before stores). */
+static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
+dw_moe_gather16_kernel(uint4 *__restrict__ xs, const uint4 *__restrict__ x, const int32_t *__restrict__ pos,
+                       int64_t A, int64_t nv, int64_t K) {
+    const int lane = threadIdx.x & 31, warps = DW_MOE_ROW_THREADS / 32;
+    for (int64_t a = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); a < A; a += (int64_t)gridDim.x * warps) {
+        const int32_t r = pos[a];
+        if (r < 0) continue;
+        uint4 *dst = xs + (int64_t)r * nv;
+        const uint4 *src = x + (a / K) * nv;
+        for (int64_t v0 = lane; v0 < nv; v0 += 128) {
+            uint4 t[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (v0 + 32 * j < nv) t[j] = src[v0 + 32 * j];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (v0 + 32 * j < nv) dst[v0 + 32 * j] = t[j];
+        }
+    }
+}
+
 /* Rows [offsets[E], R) of y set to zero: the capacity beyond the assigned rows. */
 template <typename T>
 static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
@@ -209,6 +229,88 @@ dw_moe_combine_kernel(T *out, const T *ys, const T *wt, const int32_t *pos, int6
             }
             dw_st(out, n * C + c, s);
         }
+}
+
+#define DW_MOE_VEC_K 16 /* the vectorised combines' most assignments per token */
+
+/* The same sum over BF16 rows whose C is a multiple of 8 (16-byte aligned bases): each thread
+ * 8 columns at a time, k ascending as above (the same values). */
+static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
+dw_moe_combine8_kernel(dw_bf16 *out, const dw_bf16 *ys, const dw_bf16 *wt, const int32_t *pos, int64_t N, int64_t C,
+                       int64_t K) {
+    for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+        int32_t r[DW_MOE_VEC_K];
+        float w[DW_MOE_VEC_K];
+#pragma unroll
+        for (int k = 0; k < DW_MOE_VEC_K; k++)
+            if (k < K) r[k] = pos[n * K + k], w[k] = wt ? dw_ld(wt, n * K + k) : 1.0f;
+        for (int64_t c = 8 * (int64_t)threadIdx.x; c < C; c += 8 * DW_MOE_ROW_THREADS) {
+            float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+            for (int k = 0; k < DW_MOE_VEC_K; k++) {
+                if (k >= K || r[k] < 0) continue;
+                float y[8];
+                dw_ld8(ys, (int64_t)r[k] * C + c, y);
+#pragma unroll
+                for (int i = 0; i < 8; i++) s[i] += w[k] * y[i];
+            }
+            dw_st8(out, n * C + c, s);
+        }
+    }
+}
+
+/* The backward over such rows: each thread 8 columns at a time, dys written as it goes, the K dots'
+ * partial sums kept and summed over the block once per token (warp sums, then the warps in order). */
+static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
+dw_moe_combine8_bwd_kernel(dw_bf16 *dys, dw_bf16 *dwt, const dw_bf16 *dout, const dw_bf16 *ys, const dw_bf16 *wt,
+                           const int32_t *pos, int64_t N, int64_t C, int64_t K) {
+    __shared__ float red[DW_MOE_ROW_THREADS / 32][DW_MOE_VEC_K];
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+        int32_t r[DW_MOE_VEC_K];
+        float w[DW_MOE_VEC_K], dot[DW_MOE_VEC_K];
+#pragma unroll
+        for (int k = 0; k < DW_MOE_VEC_K; k++) {
+            dot[k] = 0.0f;
+            if (k < K) r[k] = pos[n * K + k], w[k] = dw_ld(wt, n * K + k);
+        }
+        for (int64_t c = 8 * (int64_t)threadIdx.x; c < C; c += 8 * DW_MOE_ROW_THREADS) {
+            float g[8];
+            dw_ld8(dout, n * C + c, g);
+#pragma unroll
+            for (int k = 0; k < DW_MOE_VEC_K; k++) {
+                if (k >= K || r[k] < 0) continue;
+                const int64_t o = (int64_t)r[k] * C + c;
+                if (dwt) {
+                    float y[8];
+                    dw_ld8(ys, o, y);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) dot[k] += g[i] * y[i];
+                }
+                if (dys) {
+                    float d[8];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) d[i] = w[k] * g[i];
+                    dw_st8(dys, o, d);
+                }
+            }
+        }
+        if (!dwt) continue;
+#pragma unroll
+        for (int k = 0; k < DW_MOE_VEC_K; k++)
+            if (k < K) dot[k] = dw_warp_sum(dot[k]);
+        __syncthreads(); /* the previous token's readers are done with red */
+        if (lane == 0)
+#pragma unroll
+            for (int k = 0; k < DW_MOE_VEC_K; k++)
+                if (k < K) red[wp][k] = dot[k];
+        __syncthreads();
+        if (threadIdx.x < K) {
+            float t = 0.0f;
+            for (int q = 0; q < DW_MOE_ROW_THREADS / 32; q++) t += red[q][threadIdx.x];
+            dw_st(dwt, n * K + threadIdx.x, t); /* 0 for a dropped assignment */
+        }
+    }
 }
 
 /* dys[pos[n,k]] = w[n,k] dout[n] and dw[n,k] = dout[n] . ys[pos[n,k]] (either output may be NULL);
@@ -240,6 +342,8 @@ dw_moe_combine_bwd_kernel(T *dys, T *dwt, const T *dout, const T *ys, const T *w
 }
 
 static unsigned dw_moe_blocks(int64_t n) { return (unsigned)(n < 1 ? 1 : n > (1 << 20) ? (1 << 20) : n); }
+/* The zero-tail kernel's grid: it strides over the rows past offsets[E], mostly none (dropless). */
+static unsigned dw_moe_tail_blocks(int64_t R) { return dw_moe_blocks(R < 1024 ? R : 1024); }
 
 extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void *xs, int32_t *offsets, int32_t *pos,
                                               const void *x, const int32_t *idx, const void *prio, int64_t N,
@@ -267,16 +371,23 @@ extern "C" dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void
     dw_moe_index_kernel<<<1, DW_MOE_IDX_THREADS, 0, s>>>(offsets, pos, idx, A, (int)E, S, (int32_t)cap);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     if (A == 0) return DW_OK;
-    if (dt == DW_ACT_F32) {
+    const int64_t es = dw_act_size(dt), warps = DW_MOE_ROW_THREADS / 32;
+    if ((C * es) % 16 == 0 && dw_aligned16(xs) && dw_aligned16(x))
+        dw_moe_gather16_kernel<<<dw_moe_blocks((A + warps - 1) / warps), DW_MOE_ROW_THREADS, 0, s>>>(
+            (uint4 *)xs, (const uint4 *)x, pos, A, C * es / 16, K);
+    else if (dt == DW_ACT_F32)
         dw_moe_gather_kernel<float><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, (const float *)x, pos,
                                                                                    A, C, K);
-        dw_moe_zero_tail_kernel<float><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, offsets, (int)E, R, C);
-    } else {
+    else
         dw_moe_gather_kernel<dw_bf16><<<dw_moe_blocks(A), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, (const dw_bf16 *)x,
                                                                                      pos, A, C, K);
-        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, offsets, (int)E,
-                                                                                       R, C);
-    }
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    if (dt == DW_ACT_F32)
+        dw_moe_zero_tail_kernel<float><<<dw_moe_tail_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((float *)xs, offsets, (int)E,
+                                                                                         R, C);
+    else
+        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_tail_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)xs, offsets,
+                                                                                           (int)E, R, C);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }
@@ -289,9 +400,10 @@ extern "C" dw_status dw_cuda_moe_zero_tail(dw_ctx *ctx, dw_act_dtype dt, void *y
     if (R == 0) return DW_OK;
     cudaStream_t s = (cudaStream_t)stream;
     if (dt == DW_ACT_F32)
-        dw_moe_zero_tail_kernel<float><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((float *)y, offsets, (int)E, R, C);
+        dw_moe_zero_tail_kernel<float><<<dw_moe_tail_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((float *)y, offsets, (int)E,
+                                                                                         R, C);
     else
-        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)y, offsets, (int)E,
+        dw_moe_zero_tail_kernel<dw_bf16><<<dw_moe_tail_blocks(R), DW_MOE_ROW_THREADS, 0, s>>>((dw_bf16 *)y, offsets, (int)E,
                                                                                        R, C);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
@@ -308,7 +420,10 @@ extern "C" dw_status dw_cuda_moe_combine_fwd(dw_ctx *ctx, dw_act_dtype dt, void 
         DW_CUDA_CHECK(ctx, cudaMemsetAsync(out, 0, (size_t)(N * C) * (size_t)dw_act_size(dt), s));
         return DW_OK;
     }
-    if (dt == DW_ACT_F32)
+    if (dt == DW_ACT_BF16 && C % 8 == 0 && K <= DW_MOE_VEC_K && dw_aligned16(out) && dw_aligned16(ys))
+        dw_moe_combine8_kernel<<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
+            (dw_bf16 *)out, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N, C, K);
+    else if (dt == DW_ACT_F32)
         dw_moe_combine_kernel<float><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
             (float *)out, (const float *)ys, (const float *)wt, pos, N, C, K);
     else
@@ -334,7 +449,12 @@ extern "C" dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void 
         return DW_OK;
     }
     if (!dys && !dwt) return DW_OK;
-    if (dt == DW_ACT_F32)
+    if (dt == DW_ACT_BF16 && C % 8 == 0 && K <= DW_MOE_VEC_K && dw_aligned16(dout) && dw_aligned16(ys) &&
+        (!dys || dw_aligned16(dys)))
+        dw_moe_combine8_bwd_kernel<<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
+            (dw_bf16 *)dys, (dw_bf16 *)dwt, (const dw_bf16 *)dout, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N, C,
+            K);
+    else if (dt == DW_ACT_F32)
         dw_moe_combine_bwd_kernel<float><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
             (float *)dys, (float *)dwt, (const float *)dout, (const float *)ys, (const float *)wt, pos, N, C, K);
     else

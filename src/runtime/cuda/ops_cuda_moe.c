@@ -160,7 +160,9 @@ dw_status dw_cuda_op_moe_aux_stats_fwd(dw_backend *be, const dw_op_call *c) {
     return dw_cuda_moe_aux_stats_fwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->out[0], (int32_t *)c->out[1], c->in[0],
                                      (const int32_t *)c->in[1], chained ? c->in[2] : NULL,
                                      chained ? (const int32_t *)c->in[3] : NULL, c->rows, dw_cuda_width(c, c->n->in[0]),
-                                     dw_cuda_width(c, c->n->in[1]), DW_CUDA_STREAM(be));
+                                     dw_cuda_width(c, c->n->in[1]),
+                                     c->x->p->work.moe_aux_part >= 0 ? c->x->work + c->x->p->work.moe_aux_part : NULL,
+                                     DW_CUDA_STREAM(be));
 }
 dw_status dw_cuda_op_moe_aux_stats_bwd(dw_backend *be, const dw_op_call *c) {
     const dw_act_dtype dt = (dw_act_dtype)dw_cuda_dt(c);

@@ -66,6 +66,16 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
     (void)mask;
     return dw_emu_shfl(v, dw_emu_lane() ^ o);
 }
+/* the lanes whose v equals this lane's: 32 exchanges, every lane taking part in each */
+static inline unsigned __match_any_sync(unsigned mask, int v) {
+    (void)mask;
+    unsigned same = 0;
+    for (int j = 0; j < 32; j++)
+        if (dw_emu_shfl(v, j) == v) same |= 1u << j;
+    return same;
+}
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+#define __restrict__ __restrict
 /* a warp barrier: every lane exchanges, so none runs ahead (orders shared-memory accesses) */
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
     (void)mask;

@@ -53,7 +53,7 @@ for t in "$root"/tests/gpu/${DW_EMU_TESTS:-test_ops_cuda*}.c; do
   name=$(basename "$t" .c)
   gcc -std=c11 -O1 -g $san -fopenmp -D_GNU_SOURCE -DDW_CUDA_EMU=1 -Wall $inc -c "$t" -o "$out/$name.o"
   g++ $san -fopenmp -o "$out/$name" "$out/$name.o" "${objs[@]}" "$out/emu.o" "$out/testutil.o" \
-      "$build/libdeepwell.a" "${mpi_link[@]}" -lcmocka -ljansson -lpcre2-8 -lutf8proc -lm
+      "$build/libdeepwell.a" "${mpi_link[@]}" -lcmocka -ljansson -lpcre2-8 -lutf8proc -lz -lm
   echo "== $name (emulated GPU)"
   ASAN_OPTIONS=detect_stack_use_after_return=0 "$out/$name" || rc=1
 done
