@@ -82,8 +82,12 @@ typedef struct {
     /* optimizer steps (program.h DW_STEP_GRAD_NORM ... DW_STEP_QUANT_W) */
     dw_status (*grad_norm)(dw_backend *be, const dw_exec *x);
     /* AdamW over every parameter; n_runs > 0: also the BF16 copies of bf16_runs [0, n_runs) from
-     * the updated masters, in the same pass (the executor then skips the CAST_BF16 steps after it) */
-    dw_status (*adamw)(dw_backend *be, const dw_exec *x, int n_runs);
+     * the updated masters, in the same pass (the executor then skips the CAST_BF16 steps after it);
+     * n_quant > 0: also the weight caches of nodes quant_nodes[0, n_quant), each one adamw_quants
+     * accepted (the executor then skips their QUANT_W steps) */
+    dw_status (*adamw)(dw_backend *be, const dw_exec *x, int n_runs, const int *quant_nodes, int n_quant);
+    /* optional (NULL: never): whether adamw can refresh node's weight cache in its own pass */
+    bool (*adamw_quants)(dw_backend *be, const dw_exec *x, int node);
     dw_status (*cast_bf16)(dw_backend *be, const dw_exec *x, int64_t begin, int64_t end);
     dw_status (*quant_weight)(dw_backend *be, const dw_exec *x, int node);
     /* optional (NULL: the caller reads the operand back and measures it on the host): quant_stats.h's

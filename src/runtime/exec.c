@@ -24,7 +24,14 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->record = record && be->i->record_begin;
     x->quant_reuse = quant_reuse;
     x->fuse_cast = dw_env_flag("DW_FUSED_CAST", true);
-    x->last_step = x->cast_fused_through = -1;
+    x->fuse_quant = x->fuse_cast && dw_env_flag("DW_FUSED_QUANT", true);
+    x->last_step = x->cast_fused_through = x->quant_fused_through = -1;
+    x->wq_nodes = malloc((size_t)(p->n_steps ? p->n_steps : 1) * sizeof *x->wq_nodes);
+    x->wq_fused = calloc((size_t)(p->n_steps ? p->n_steps : 1), sizeof *x->wq_fused);
+    if (!x->wq_nodes || !x->wq_fused) {
+        free(x->wq_nodes), free(x->wq_fused), free(x);
+        return dw_set_error(be->ctx, DW_ERR_NOMEM, "executor: out of memory");
+    }
     const int64_t pf = p->param_floats;
     const dw_exec_shard s0 = {0, pf, 0, pf, 0, pf}, *sh = shard ? shard : &s0;
     DW_ASSERT(0 <= sh->opt_lo && sh->opt_lo < sh->opt_hi && sh->opt_hi <= pf);
@@ -94,6 +101,7 @@ void dw_exec_free(dw_exec *x) {
         if (x->pool[k]) x->be->i->release(x->be, x->pool[k]);
     free(x->param_at), free(x->param_bf16_at);
     free(x->opt_seg);
+    free(x->wq_nodes), free(x->wq_fused);
     free(x);
 }
 
@@ -358,6 +366,20 @@ static int fused_casts(const dw_exec *x, int step) {
     return n;
 }
 
+/* The QUANT_W steps of the refresh phase right after AdamW's step whose caches AdamW's pass
+ * refreshes too (the backend's adamw_quants; fuse_quant): their nodes into
+ * wq_nodes and flags into wq_fused; their count, 0 for none. */
+static int fused_quants(dw_exec *x, int step) {
+    const dw_compiled *p = x->p;
+    x->n_wq = 0;
+    memset(x->wq_fused, 0, (size_t)p->n_steps * sizeof *x->wq_fused);
+    if (!x->fuse_quant || !x->be->i->adamw_quants || p->phase[DW_PHASE_REFRESH][0] != step + 1) return 0;
+    for (int s = p->phase[DW_PHASE_REFRESH][0]; s < p->phase[DW_PHASE_REFRESH][1]; s++)
+        if (p->steps[s].kind == DW_STEP_QUANT_W && x->be->i->adamw_quants(x->be, x, p->steps[s].node))
+            x->wq_fused[s] = true, x->wq_nodes[x->n_wq++] = p->steps[s].node;
+    return x->n_wq;
+}
+
 static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
     const dw_step *st = &x->p->steps[step];
     dw_backend *be = x->be;
@@ -383,15 +405,18 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
     }
     case DW_STEP_GRAD_NORM: return bi->grad_norm(be, x);
     case DW_STEP_ADAMW: {
-        const int casts = fused_casts(x, step);
+        const int casts = fused_casts(x, step), quants = fused_quants(x, step);
         x->cast_fused_through = step + casts;
-        return bi->adamw(be, x, casts);
+        x->quant_fused_through = quants ? x->p->phase[DW_PHASE_REFRESH][1] - 1 : -1;
+        return bi->adamw(be, x, casts, x->wq_nodes, quants);
     }
     case DW_STEP_CAST_BF16: /* skipped right after an AdamW pass that made its copies (phase REFRESH alone: made) */
         if (step <= x->cast_fused_through && x->last_step == step - 1) return DW_OK;
         x->cast_fused_through = -1; /* a cast of its own: the casts after it too */
         return bi->cast_bf16(be, x, x->p->bf16_runs[st->arg][0], x->p->bf16_runs[st->arg][1]);
-    case DW_STEP_QUANT_W: return bi->quant_weight(be, x, st->node);
+    case DW_STEP_QUANT_W: /* skipped where the AdamW pass just before made the cache */
+        if (x->wq_fused[step] && step <= x->quant_fused_through) return DW_OK;
+        return bi->quant_weight(be, x, st->node);
     case DW_STEP_ZERO_GRAD: { /* grad_arena: the slice its first writer accumulates into, or the padding
                                   past what it writes over (training only) */
         if (!train) return DW_OK;
@@ -405,6 +430,7 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
 }
 
 dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss) {
+    if (x->last_step != step - 1) x->cast_fused_through = x->quant_fused_through = -1; /* not after AdamW's */
     if (x->before_step) DW_TRY(x->before_step(x->before_user, x, step)); /* ZeRO-3's gathers */
     DW_TRY(run_step(x, step, train, dloss));
     x->last_step = step;

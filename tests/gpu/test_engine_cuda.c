@@ -45,6 +45,7 @@
 
 #include "compile/program.h"
 #include "formats/formats.h"
+#include "gemm/grouped_fp8.h"
 #include "kernels/adamw_passes.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cuda/adamw_cuda.h"
@@ -631,7 +632,7 @@ static void test_adamw_fused_cast(void **state) {
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* the pageable uploads above have landed */
         assert_int_equal(dw_cuda_adamw(g_gpu, x[0][0], x[0][1], x[0][2], x[0][3], n, n_decay, dn, da, NULL), DW_OK);
         assert_int_equal(dw_cuda_adamw_cast(g_gpu, x[1][0], x[1][1], x[1][2], x[1][3], n, n_decay, dn, da, dwb + off,
-                                            runs, 4, 0, 0, NULL),
+                                            runs, 4, 0, 0, NULL, 0, NULL),
                          DW_OK);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         int64_t differ = 0, wrong = 0;
@@ -706,7 +707,7 @@ static void test_adamw_fused_behind(void **state) {
         assert_int_equal(cudaMemcpy(db, hb, (size_t)bytes, cudaMemcpyHostToDevice), cudaSuccess);
         assert_int_equal(dw_cuda_adamw(g_gpu, d[0], d[1], d[2], d[3], n, n_decay, dn, da, NULL), DW_OK);
         assert_int_equal(dw_cuda_adamw_cast(g_gpu, d[4], (const float *)(db + gbase), d[5], d[6], n, n_decay, dn, da,
-                                            (uint16_t *)(db + cbase), runs, 4, first, lag, NULL),
+                                            (uint16_t *)(db + cbase), runs, 4, first, lag, NULL, 0, NULL),
                          DW_OK);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         int64_t differ = 0, wrong = 0;
@@ -730,7 +731,7 @@ static void test_adamw_fused_behind(void **state) {
         for (int k = 0; k < 3; k++)
             assert_int_equal(cudaMemcpy(d[4 + k], h[k == 0 ? 0 : k + 1], (size_t)n * 4, cudaMemcpyHostToDevice), cudaSuccess);
         assert_int_equal(dw_cuda_adamw_cast(g_gpu, d[4], (const float *)(db + gbase), d[5], d[6], n, n_decay, dn, da,
-                                            (uint16_t *)(db + cbase), runs, 4, 0, 0, NULL),
+                                            (uint16_t *)(db + cbase), runs, 4, 0, 0, NULL, 0, NULL),
                          DW_OK);
         assert_int_equal(cudaMemcpy(b, d[4], (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
         for (int64_t i = 0; i < n; i++) raced += memcmp(&p[i], &b[i], 4) != 0;
@@ -746,6 +747,93 @@ static void test_adamw_fused_behind(void **state) {
     for (int k = 0; k < 4; k++) free(h[k]);
     cudaFree(da), cudaFree(dn);
     if (bad) fail_msg("the fused cast behind: %lld values wrong", (long long)bad);
+}
+
+/* dw_cuda_adamw_quant (a MoE layer's experts stepped and their fp8_block cache made in one pass)
+ * with dw_cuda_adamw_cast over the rest (the experts a hole) against dw_cuda_adamw over the pool
+ * and dw_grouped_fp8_quantize_weights_cuda: 2 experts [256, 384] at pool offset 1024 of a pool
+ * with a tail, the decay boundary inside the experts (not on a group of 4): p, m, v of the whole
+ * pool, W's and W^T's codes and scales bit for bit; a NaN norm leaves p, m, v and still makes
+ * the cache. */
+static void test_adamw_quant_kernel(void **state) {
+    (void)state;
+    const int64_t E = 2, M = 256, K = 384, off = 1024, W = E * M * K, n = off + W + 300, n_decay = off + W / 2 + 5;
+    const dw_adamw_args ha = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                              .c1 = 1.0 - pow(0.9, 2.0), .c2 = 1.0 - pow(0.95, 2.0), .max_norm = 1.0};
+    dw_adamw_args *da = NULL;
+    double *dn = NULL;
+    assert_int_equal(cudaMalloc((void **)&da, sizeof ha), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&dn, sizeof(double)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(da, &ha, sizeof ha, cudaMemcpyHostToDevice), cudaSuccess);
+    float *h[4], *d[2][4];
+    uint8_t *cq[2][2];
+    float *sq[2][2];
+    for (int k = 0; k < 4; k++) h[k] = malloc((size_t)n * 4);
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < 4; k++) assert_int_equal(cudaMalloc((void **)&d[r][k], (size_t)n * 4), cudaSuccess);
+        for (int t = 0; t < 2; t++) {
+            assert_int_equal(cudaMalloc((void **)&cq[r][t], (size_t)W), cudaSuccess);
+            assert_int_equal(cudaMalloc((void **)&sq[r][t], (size_t)(W / 128 / 128) * 4), cudaSuccess);
+        }
+    }
+    int64_t bad = 0;
+    for (int c = 0; c < 2; c++) { /* a finite norm, then NaN */
+        const double nrm = c ? NAN : 2.5;
+        for (int64_t i = 0; i < n; i++) {
+            h[0][i] = dw_test_uniform(&g_rng, -1.0f, 1.0f), h[1][i] = dw_test_uniform(&g_rng, -1e-2f, 1e-2f);
+            h[2][i] = dw_test_uniform(&g_rng, -1e-3f, 1e-3f), h[3][i] = dw_test_uniform(&g_rng, 0.0f, 1e-5f);
+        }
+        for (int64_t i = off; i < off + 64; i++) h[0][i] *= 300.0f; /* one block's amax far above the rest */
+        assert_int_equal(cudaMemcpy(dn, &nrm, sizeof nrm, cudaMemcpyHostToDevice), cudaSuccess);
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < 4; k++)
+                assert_int_equal(cudaMemcpy(d[r][k], h[k], (size_t)n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(dw_cuda_adamw(g_gpu, d[0][0], d[0][1], d[0][2], d[0][3], n, n_decay, dn, da, NULL), DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(dw_grouped_fp8_quantize_weights_cuda(g_gpu, d[0][0] + off, false, E, M, K, cq[0][0], sq[0][0],
+                                                              cq[0][1], sq[0][1]),
+                         DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        const dw_adamw_quant_job job = {.off = off, .experts = E, .m = M, .k = K, .codes = cq[1][0],
+                                        .codes_t = cq[1][1], .scales = sq[1][0], .scales_t = sq[1][1]};
+        const int64_t hole[1][2] = {{off, off + W}};
+        assert_int_equal(dw_cuda_adamw_quant(g_gpu, d[1][0], d[1][1], d[1][2], d[1][3], n_decay, dn, da, &job, 1, NULL),
+                         DW_OK);
+        assert_int_equal(dw_cuda_adamw_cast(g_gpu, d[1][0], d[1][1], d[1][2], d[1][3], n, n_decay, dn, da, NULL, NULL,
+                                            0, 0, 0, hole, 1, NULL),
+                         DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        int64_t differ = 0, wrong = 0;
+        unsigned char *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+        for (int k = 0; k < 4; k++) {
+            if (k == 1) continue; /* g is read only */
+            assert_int_equal(cudaMemcpy(a, d[0][k], (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_int_equal(cudaMemcpy(b, d[1][k], (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+            for (int64_t i = 0; i < n; i++) differ += memcmp(a + 4 * i, b + 4 * i, 4) != 0;
+        }
+        for (int t = 0; t < 2; t++) {
+            assert_int_equal(cudaMemcpy(a, cq[0][t], (size_t)W, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_int_equal(cudaMemcpy(b, cq[1][t], (size_t)W, cudaMemcpyDeviceToHost), cudaSuccess);
+            for (int64_t i = 0; i < W; i++) wrong += a[i] != b[i];
+            const size_t sb = (size_t)(W / 128 / 128) * 4;
+            assert_int_equal(cudaMemcpy(a, sq[0][t], sb, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_int_equal(cudaMemcpy(b, sq[1][t], sb, cudaMemcpyDeviceToHost), cudaSuccess);
+            wrong += memcmp(a, b, sb) != 0;
+        }
+        printf("  adamw with the fp8_block cache (norm %g): %lld of %lld p, m, v differ from dw_cuda_adamw, %lld of "
+               "%lld codes (W, W^T) or scale tables differ from the quantiser (want 0, 0)\n", nrm, (long long)differ,
+               (long long)(3 * n), (long long)wrong, (long long)(2 * W));
+        bad += differ + wrong;
+        free(a), free(b);
+    }
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < 4; k++) cudaFree(d[r][k]);
+        for (int t = 0; t < 2; t++) cudaFree(cq[r][t]), cudaFree(sq[r][t]);
+    }
+    for (int k = 0; k < 4; k++) free(h[k]);
+    cudaFree(da), cudaFree(dn);
+    if (bad) fail_msg("the fused weight cache: %lld values wrong", (long long)bad);
 }
 
 /* Training with the fused cast and without it (DW_FUSED_CAST=0, read when the engine is made) on
@@ -1095,7 +1183,7 @@ int main(void) {
         cmocka_unit_test(test_parity_every_recipe), cmocka_unit_test(test_parity_router),
         cmocka_unit_test(test_parity_moe),   cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_adamw_kernel_paths), cmocka_unit_test(test_adamw_fused_cast),
-        cmocka_unit_test(test_adamw_fused_behind),
+        cmocka_unit_test(test_adamw_fused_behind), cmocka_unit_test(test_adamw_quant_kernel),
         cmocka_unit_test(test_fused_cast_engine),  cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_resume),             cmocka_unit_test(test_quant_reuse),
         cmocka_unit_test(test_memory),             cmocka_unit_test(test_gpt2_124m_steps),

@@ -9,7 +9,9 @@
  * parameter gradient (normwise, the quantised tolerances of test_engine_cuda.c: loss 5e-2
  * relative, gradients 0.2), and three AdamW steps' losses; the routers' weights spread wide so the
  * two backends route alike; the routing counters of the first training forward agree (every
- * assignment counted, none dropped, per-expert loads within a few near-ties). Needs a GPU (sm_90); elsewhere it skips. */
+ * assignment counted, none dropped, per-expert loads within a few near-ties). And AdamW refreshing
+ * the caches in its own pass (quant_adamw.cu) against the separate refresh on two CUDA engines, bit
+ * for bit. Needs a GPU (sm_90); elsewhere it skips. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -187,7 +189,106 @@ static void test_fp8_experts(void **state) {
     check_fp8_experts(DW_TEST_FP8_WGRAD, true);
 }
 
+/* Every expert node's weight cache (W and W^T: codes, scales and their padding) of two engines,
+ * or of one against bytes read before; the count of differing caches. */
+static int caches_differ(const dw_graph *g, const dw_compiled *c, dw_engine *a, dw_engine *b, unsigned char **saved) {
+    int bad = 0, k = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i].op != DW_OP_MOE_LINEAR) continue;
+        for (int q = 0; q < 2; q++, k++) {
+            const dw_qslot_layout *l = &c->node[i].wq[q];
+            const size_t n = (size_t)l->tscale;
+            unsigned char *ha = malloc(n), *hb = malloc(n);
+            assert_int_equal(cudaMemcpy(ha, a->x->work + l->off, n, cudaMemcpyDeviceToHost), cudaSuccess);
+            if (b) assert_int_equal(cudaMemcpy(hb, b->x->work + l->off, n, cudaMemcpyDeviceToHost), cudaSuccess);
+            else memcpy(hb, saved[k], n);
+            if (memcmp(ha, hb, n)) bad++, printf("MISMATCH %s weight cache %d\n", g->nodes[i].name, q);
+            if (saved && b) saved[k] = ha, ha = NULL;
+            free(ha), free(hb);
+        }
+    }
+    return bad;
+}
+
+/* AdamW refreshing the experts' fp8_block caches in its own pass (kernels/cuda/quant_adamw.cu)
+ * against the separate refresh (DW_FUSED_CAST=0), the same program and weights on two CUDA
+ * engines, three steps eager then recorded: the same losses and norms, every parameter and every
+ * cache bit for bit; the fused engine's AdamW took all 6 expert nodes; and the fused engine's
+ * caches are what a refresh alone makes again from its masters. */
+static void test_fused_cache(void **state) {
+    (void)state;
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major * 10 + minor != 90)
+        skip();
+    const int64_t B = 2, T = 64, N = B * T;
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(g_gpu, "mixtral-tiny", &mc), DW_OK);
+    mc.d_model = 128, mc.head_dim = 32, mc.d_ff = 256, mc.d_ff_expert = 256;
+    dw_graph *g = NULL;
+    assert_int_equal(dw_capture_config(g_gpu, &mc, B, T, &g), DW_OK);
+    dw_policy *pol = NULL;
+    assert_int_equal(dw_test_policy(g_gpu, "fp8_block", false, &pol), DW_OK);
+    unsetenv("DW_MOE_FP8");
+    dw_compiled *c = NULL;
+    if (dw_compile(g_gpu, g, NULL, pol, NULL, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    dw_engine *e[2] = {NULL, NULL};
+    if (dw_engine_create(g_gpu, c, NULL, &e[0]) != DW_OK) fail_msg("cuda engine: %s", dw_errmsg(g_gpu));
+    setenv("DW_FUSED_CAST", "0", 1); /* read when the executor is made */
+    const dw_status st = dw_engine_create(g_gpu, c, NULL, &e[1]);
+    unsetenv("DW_FUSED_CAST");
+    if (st != DW_OK) fail_msg("cuda engine: %s", dw_errmsg(g_gpu));
+    for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
+        const int64_t n = pnumel(e[0], i);
+        float *v = malloc((size_t)n * 4);
+        for (int64_t k = 0; k < n; k++) v[k] = 0.1f * dw_test_normal(&g_rng);
+        for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_param_write(e[k], i, v), DW_OK);
+        free(v);
+    }
+    for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_refresh(e[k]), DW_OK);
+    int32_t *x = malloc((size_t)N * 4), *y = malloc((size_t)N * 4);
+    dw_adamw_opts ao;
+    dw_adamw_opts_init(&ao, sizeof ao);
+    ao.lr = 3e-3;
+    int bad = 0;
+    for (int step = 1; step <= 3; step++) {
+        dw_test_random_tokens(x, N, dw_graph_vocab(g), &g_rng);
+        dw_test_random_tokens(y, N, dw_graph_vocab(g), &g_rng);
+        double l[2] = {0, 0}, gn[2] = {0, 0};
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+            if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &l[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+            assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
+        }
+        printf("step %d: loss %.9g vs %.9g, norm %.9g vs %.9g; AdamW refreshed %d caches (separately: %d)\n", step,
+               l[0], l[1], gn[0], gn[1], e[0]->x->n_wq, e[1]->x->n_wq);
+        if (l[0] != l[1] || gn[0] != gn[1]) bad++, printf("MISMATCH step %d\n", step);
+        if (e[0]->x->n_wq != 6 || e[1]->x->n_wq != 0) bad++, printf("MISMATCH caches refreshed by AdamW\n");
+    }
+    for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
+        const int64_t n = pnumel(e[0], i);
+        float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+        assert_int_equal(dw_engine_param_read(e[0], i, a), DW_OK);
+        assert_int_equal(dw_engine_param_read(e[1], i, b), DW_OK);
+        if (memcmp(a, b, (size_t)n * 4)) bad++, printf("MISMATCH parameter %s\n", dw_engine_param_name(e[0], i));
+        free(a), free(b);
+    }
+    unsigned char *saved[16] = {NULL};
+    bad += caches_differ(g, c, e[0], e[1], saved);
+    assert_int_equal(dw_engine_refresh(e[0]), DW_OK); /* a refresh alone: the separate quantiser */
+    bad += caches_differ(g, c, e[0], NULL, saved);
+    printf("fused vs separate: parameters and 12 caches compared; the fused caches against a refresh alone\n");
+    for (int k = 0; k < 16; k++) free(saved[k]);
+    for (int k = 0; k < 2; k++) dw_engine_free(e[k]);
+    dw_compiled_free(c);
+    dw_policy_free(pol);
+    dw_graph_free(g);
+    free(x), free(y);
+    if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_experts)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_experts), cmocka_unit_test(test_fused_cache)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,6 +8,7 @@
 
 #include "kernels/adamw_passes.h"
 #include "kernels/cuda/adamw_cuda.h"
+#include "kernels/cuda/adamw_step.cuh"
 #include "kernels/cuda/ops_common.cuh"
 
 #define AW_THREADS 256
@@ -34,20 +35,6 @@ static __global__ void __launch_bounds__(AW_THREADS) aw_norm_kernel(const double
     if (threadIdx.x == 0) *norm = sqrt(s);
 }
 
-/* One element, in the CPU reference's order (dw_adamw_step_cpu). */
-static __device__ __forceinline__ void aw_one(float &p, float g, float &m, float &v, double wd, double scale,
-                                              const dw_adamw_args &a) {
-    const double gi = (double)g * scale;
-    double pi = (double)p;
-    pi -= a.lr * wd * pi;
-    const double mi = a.beta1 * (double)m + (1.0 - a.beta1) * gi;
-    const double vi = a.beta2 * (double)v + (1.0 - a.beta2) * gi * gi;
-    m = (float)mi;
-    v = (float)vi;
-    pi -= a.lr * (mi / a.c1) / (sqrt(vi / a.c2) + a.eps);
-    p = (float)pi;
-}
-
 /* VEC: elements [0, n4*4) in 16-byte loads and stores (four independent chains per thread: the
  * kernel is bound by memory, and scalar loads left it at ~2.9 TB/s on the H200), the rest one
  * at a time; !VEC: every element one at a time (unaligned pools). CAST: the BF16 copy of each
@@ -64,7 +51,7 @@ static __global__ void __launch_bounds__(AW_THREADS) aw_step_kernel(float *p, co
     const dw_adamw_args a = *ap;
     const bool step = update && isfinite(nrm);
     if (!CAST && !step) return;
-    const double scale = (a.max_norm > 0.0 && nrm > a.max_norm) ? a.max_norm / (nrm + 1e-6) : 1.0;
+    const double scale = aw_scale(nrm, a);
     const int64_t n4 = VEC ? n / 4 : 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t q = t0; q < n4; q += stride) {
@@ -132,29 +119,62 @@ dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *
     return DW_OK;
 }
 
+/* One launch of the step over [lo, lo + len) with the copies [c0, c1) (relative to lo). */
+static void aw_launch(float *p, const float *g, float *m, float *v, int64_t lo, int64_t len, int64_t n_decay,
+                      const double *norm, const dw_adamw_args *a, uint16_t *wb, int64_t c0, int64_t c1, bool update,
+                      cudaStream_t s) {
+    const int64_t nd = n_decay <= lo ? 0 : n_decay - lo < len ? n_decay - lo : len;
+    __nv_bfloat16 *w = wb ? reinterpret_cast<__nv_bfloat16 *>(wb) + lo : NULL;
+    const bool vec = aligned16(p + lo) && aligned16(g + lo) && aligned16(m + lo) && aligned16(v + lo) &&
+                     (uintptr_t)w % 8 == 0;
+    if (c0 >= c1 && vec)
+        aw_step_kernel<true, false><<<dw_ew_blocks((len + 3) / 4), AW_THREADS, 0, s>>>(p + lo, g + lo, m + lo, v + lo,
+                                                                                      len, nd, norm, a, NULL, 0, 0,
+                                                                                      update);
+    else if (c0 >= c1)
+        aw_step_kernel<false, false><<<dw_ew_blocks(len), AW_THREADS, 0, s>>>(p + lo, g + lo, m + lo, v + lo, len, nd,
+                                                                             norm, a, NULL, 0, 0, update);
+    else if (vec)
+        aw_step_kernel<true, true><<<dw_ew_blocks((len + 3) / 4), AW_THREADS, 0, s>>>(p + lo, g + lo, m + lo, v + lo,
+                                                                                     len, nd, norm, a, w, c0, c1,
+                                                                                     update);
+    else
+        aw_step_kernel<false, true><<<dw_ew_blocks(len), AW_THREADS, 0, s>>>(p + lo, g + lo, m + lo, v + lo, len, nd,
+                                                                            norm, a, w, c0, c1, update);
+}
+
 dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
                              const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
-                             int n_runs, int64_t first, int64_t lag, void *stream) {
+                             int n_runs, int64_t first, int64_t lag, const int64_t (*holes)[2], int n_holes,
+                             void *stream) {
     const char *op = "adamw (with the BF16 copies)";
-    DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a && wb);
-    DW_OPS_REQUIRE(ctx, op, n_runs >= 1 && runs && first >= 0);
+    DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a);
+    DW_OPS_REQUIRE(ctx, op, n_runs >= 0 && (n_runs == 0 || (runs && wb)) && first >= 0 && n_holes >= 0);
     for (int r = 0; r < n_runs; r++) /* ascending, disjoint, inside the pool */
         DW_OPS_REQUIRE(ctx, op, runs[r][0] <= runs[r][1] && runs[r][1] <= n && (r == 0 || runs[r - 1][1] <= runs[r][0]));
+    for (int h = 0; h < n_holes; h++) /* ascending, disjoint, inside the pool, apart from every run */
+        DW_OPS_REQUIRE(ctx, op, holes[h][0] <= holes[h][1] && holes[h][1] <= n &&
+                                    (h == 0 || holes[h - 1][1] <= holes[h][0]));
     cudaStream_t s = (cudaStream_t)stream;
     dw_adamw_plan pl;
     dw_adamw_pass ps;
     dw_adamw_plan_init(&pl, n, runs, n_runs, first, lag);
     while (dw_adamw_pass_next(&pl, &ps)) { /* one launch a pass, in order (kernels/adamw_passes.h) */
-        const int64_t lo = ps.lo, len = ps.hi - ps.lo, c0 = ps.c0 - lo, c1 = ps.c1 - lo;
-        const int64_t nd = n_decay <= lo ? 0 : n_decay - lo < len ? n_decay - lo : len;
-        __nv_bfloat16 *w = reinterpret_cast<__nv_bfloat16 *>(wb) + lo;
-        if (aligned16(p + lo) && aligned16(g + lo) && aligned16(m + lo) && aligned16(v + lo) && (uintptr_t)w % 8 == 0)
-            aw_step_kernel<true, true><<<dw_ew_blocks((len + 3) / 4), AW_THREADS, 0, s>>>(
-                p + lo, g + lo, m + lo, v + lo, len, nd, norm, a, w, c0, c1, ps.update);
-        else
-            aw_step_kernel<false, true><<<dw_ew_blocks(len), AW_THREADS, 0, s>>>(p + lo, g + lo, m + lo, v + lo, len,
-                                                                                nd, norm, a, w, c0, c1, ps.update);
-        DW_CUDA_CHECK_LAUNCH(ctx, op);
+        int64_t lo = ps.lo;
+        int h = 0;
+        while (h < n_holes && holes[h][1] <= lo) h++;
+        for (;;) { /* the pass less the holes, piece by piece */
+            if (lo >= ps.hi) break;
+            const bool hole = h < n_holes && holes[h][0] < ps.hi;
+            const int64_t hi = hole ? (holes[h][0] > lo ? holes[h][0] : lo) : ps.hi;
+            if (hi > lo) {
+                const int64_t c0 = (ps.c0 > lo ? ps.c0 : lo) - lo, c1 = (ps.c1 < hi ? ps.c1 : hi) - lo;
+                aw_launch(p, g, m, v, lo, hi - lo, n_decay, norm, a, wb, c0, c1 > c0 ? c1 : c0, ps.update, s);
+                DW_CUDA_CHECK_LAUNCH(ctx, op);
+            }
+            if (!hole) break;
+            lo = holes[h][1] > hi ? holes[h][1] : hi, h++; /* past the hole */
+        }
     }
     return DW_OK;
 }

@@ -54,7 +54,7 @@ void dw_cpu_deliver(const dw_op_call *c, int s, const float *g, int64_t n);
 
 /* The optimizer steps and the linear layers' weight caches (steps_cpu.c, ops_cpu_linear.c). */
 dw_status dw_cpu_step_grad_norm(dw_backend *be, const dw_exec *x);
-dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x, int n_runs);
+dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x, int n_runs, const int *quant_nodes, int n_quant);
 dw_status dw_cpu_step_cast_bf16(dw_backend *be, const dw_exec *x, int64_t begin, int64_t end);
 dw_status dw_cpu_step_quant_weight(dw_backend *be, const dw_exec *x, int node);
 

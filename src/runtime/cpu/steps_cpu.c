@@ -4,6 +4,7 @@
  * and the BF16 working copies of the masters (round to nearest even). */
 #include <math.h>
 
+#include "core/error.h"
 #include "formats/formats.h"
 #include "kernels/cpu/ops_cpu.h"
 #include "runtime/cpu/cpu.h"
@@ -14,8 +15,10 @@ dw_status dw_cpu_step_grad_norm(dw_backend *be, const dw_exec *x) {
     return DW_OK;
 }
 
-dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x, int n_runs) {
-    (void)be;
+dw_status dw_cpu_step_adamw(dw_backend *be, const dw_exec *x, int n_runs, const int *quant_nodes, int n_quant) {
+    (void)quant_nodes;
+    if (n_quant) /* no adamw_quants on the CPU: never asked */
+        return dw_set_error(be->ctx, DW_ERR_UNSUPPORTED, "cpu backend: AdamW does not refresh weight caches");
     const dw_compiled *p = x->p;
     const dw_adamw_args *a = (const dw_adamw_args *)(x->work + p->work.adamw_args);
     const double norm = *(const double *)(x->work + p->work.norm);

@@ -159,6 +159,7 @@ static const dw_backend_i cuda_iface = {
     .begin_phase = cu_begin_phase,
     .grad_norm = dw_cuda_step_grad_norm,
     .adamw = dw_cuda_step_adamw,
+    .adamw_quants = dw_cuda_adamw_quants,
     .cast_bf16 = dw_cuda_step_cast_bf16,
     .quant_weight = dw_cuda_step_quant_weight,
     .qstats = dw_cuda_qstats,

@@ -37,7 +37,8 @@ typedef struct {
 
 /* The optimizer steps (steps_cuda.c) and the weight cache's refresh (qlinear_cuda.c). */
 dw_status dw_cuda_step_grad_norm(dw_backend *be, const dw_exec *x);
-dw_status dw_cuda_step_adamw(dw_backend *be, const dw_exec *x, int n_runs);
+dw_status dw_cuda_step_adamw(dw_backend *be, const dw_exec *x, int n_runs, const int *quant_nodes, int n_quant);
+bool dw_cuda_adamw_quants(dw_backend *be, const dw_exec *x, int node);
 dw_status dw_cuda_step_cast_bf16(dw_backend *be, const dw_exec *x, int64_t begin, int64_t end);
 dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node);
 
