@@ -16,9 +16,11 @@ using namespace dwq;
 #define QA_THREADS 256 /* 8 warps: a pass covers 8 rows of the block, a lane 4 columns */
 #define QA_ROW_WORDS 33 /* the shared tile's row: 128 code bytes and one word of padding */
 
+#define QA_AHEAD 4 /* rows a warp loads before it steps them: 16 loads of 16 bytes in flight a thread */
+
 static __global__ void __launch_bounds__(QA_THREADS, 2)
-aw_quant_kernel(float *p, const float *g, float *m, float *v, int64_t n_decay, const double *norm,
-                const dw_adamw_args *ap, dw_adamw_quant_job j) {
+aw_quant_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m, float *__restrict__ v,
+                int64_t n_decay, const double *norm, const dw_adamw_args *ap, dw_adamw_quant_job j) {
     __shared__ uint32_t tile[TILE * QA_ROW_WORDS];
     __shared__ uint32_t red[QA_THREADS / 32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -30,22 +32,31 @@ aw_quant_kernel(float *p, const float *g, float *m, float *v, int64_t n_decay, c
     const double scale = step ? aw_scale(nrm, a) : 1.0;
     const int64_t expert = e * j.m * j.k, at = (tm * TILE) * j.k + tk * TILE + 4 * lane; /* row 0, this lane */
     uint32_t am = 0;
-#pragma unroll 4
-    for (int ps = 0; ps < TILE / 8; ps++) { /* the step, row 8 ps + w */
-        const int64_t i = j.off + expert + at + (int64_t)(8 * ps + w) * j.k;
-        float4 pp = *reinterpret_cast<const float4 *>(p + i);
-        if (step) {
-            const float4 gg = *reinterpret_cast<const float4 *>(g + i);
-            float4 mm = *reinterpret_cast<const float4 *>(m + i), vv = *reinterpret_cast<const float4 *>(v + i);
-            aw_one(pp.x, gg.x, mm.x, vv.x, i < n_decay ? a.weight_decay : 0.0, scale, a);
-            aw_one(pp.y, gg.y, mm.y, vv.y, i + 1 < n_decay ? a.weight_decay : 0.0, scale, a);
-            aw_one(pp.z, gg.z, mm.z, vv.z, i + 2 < n_decay ? a.weight_decay : 0.0, scale, a);
-            aw_one(pp.w, gg.w, mm.w, vv.w, i + 3 < n_decay ? a.weight_decay : 0.0, scale, a);
-            *reinterpret_cast<float4 *>(p + i) = pp;
-            *reinterpret_cast<float4 *>(m + i) = mm;
-            *reinterpret_cast<float4 *>(v + i) = vv;
+    for (int ps0 = 0; ps0 < TILE / 8; ps0 += QA_AHEAD) { /* the step, rows 8 ps + w, QA_AHEAD at a time */
+        float4 pp[QA_AHEAD], gg[QA_AHEAD], mm[QA_AHEAD], vv[QA_AHEAD];
+#pragma unroll
+        for (int r = 0; r < QA_AHEAD; r++) {
+            const int64_t i = j.off + expert + at + (int64_t)(8 * (ps0 + r) + w) * j.k;
+            pp[r] = *reinterpret_cast<const float4 *>(p + i);
+            if (step) {
+                gg[r] = *reinterpret_cast<const float4 *>(g + i);
+                mm[r] = *reinterpret_cast<const float4 *>(m + i), vv[r] = *reinterpret_cast<const float4 *>(v + i);
+            }
         }
-        am = max(max(am, max(abs_bits(pp.x), abs_bits(pp.y))), max(abs_bits(pp.z), abs_bits(pp.w)));
+#pragma unroll
+        for (int r = 0; r < QA_AHEAD; r++) {
+            const int64_t i = j.off + expert + at + (int64_t)(8 * (ps0 + r) + w) * j.k;
+            if (step) {
+                aw_one(pp[r].x, gg[r].x, mm[r].x, vv[r].x, i < n_decay ? a.weight_decay : 0.0, scale, a);
+                aw_one(pp[r].y, gg[r].y, mm[r].y, vv[r].y, i + 1 < n_decay ? a.weight_decay : 0.0, scale, a);
+                aw_one(pp[r].z, gg[r].z, mm[r].z, vv[r].z, i + 2 < n_decay ? a.weight_decay : 0.0, scale, a);
+                aw_one(pp[r].w, gg[r].w, mm[r].w, vv[r].w, i + 3 < n_decay ? a.weight_decay : 0.0, scale, a);
+                *reinterpret_cast<float4 *>(p + i) = pp[r];
+                *reinterpret_cast<float4 *>(m + i) = mm[r];
+                *reinterpret_cast<float4 *>(v + i) = vv[r];
+            }
+            am = max(max(am, max(abs_bits(pp[r].x), abs_bits(pp[r].y))), max(abs_bits(pp[r].z), abs_bits(pp[r].w)));
+        }
     }
     am = group_max<32>(am);
     if (lane == 0) red[w] = am;
@@ -59,15 +70,17 @@ aw_quant_kernel(float *p, const float *g, float *m, float *v, int64_t n_decay, c
         j.scales[e * per + tm * tk_n + tk] = s;
         j.scales_t[e * per + tk * tm_n + tm] = s;
     }
-#pragma unroll 4
-    for (int ps = 0; ps < TILE / 8; ps++) { /* W's codes from the updated masters (this thread's own) */
+    float4 pv[TILE / 8]; /* this thread's updated masters, read back (L2) all at once */
+#pragma unroll
+    for (int ps = 0; ps < TILE / 8; ps++)
+        pv[ps] = *reinterpret_cast<const float4 *>(p + j.off + expert + at + (int64_t)(8 * ps + w) * j.k);
+#pragma unroll
+    for (int ps = 0; ps < TILE / 8; ps++) { /* W's codes */
         const int r = 8 * ps + w;
-        const int64_t o = expert + at + (int64_t)r * j.k;
-        const float4 pp = *reinterpret_cast<const float4 *>(p + j.off + o);
-        const float vals[4] = {pp.x, pp.y, pp.z, pp.w};
+        const float vals[4] = {pv[ps].x, pv[ps].y, pv[ps].z, pv[ps].w};
         uint32_t word;
         encode_n<F_E4M3, 4>(q, vals, &word);
-        *reinterpret_cast<uint32_t *>(j.codes + o) = word;
+        *reinterpret_cast<uint32_t *>(j.codes + expert + at + (int64_t)r * j.k) = word;
         tile[r * QA_ROW_WORDS + lane] = word;
     }
     __syncthreads();
