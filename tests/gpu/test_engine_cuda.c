@@ -753,13 +753,22 @@ static void test_adamw_fused_behind(void **state) {
  * with dw_cuda_adamw_cast over the rest (the experts a hole) against dw_cuda_adamw over the pool
  * and dw_grouped_fp8_quantize_weights_cuda: 2 experts [256, 384] at pool offset 1024 of a pool
  * with a tail, the decay boundary inside the experts (not on a group of 4): p, m, v of the whole
- * pool, W's and W^T's codes and scales bit for bit; a NaN norm leaves p, m, v and still makes
- * the cache. */
+ * pool, W's and W^T's codes and scales bit for bit, and both steps dw_cpu_adamw's bits (the same
+ * norm given: adamw_step.cuh rounds every operation on its own, as the CPU); a NaN norm leaves p,
+ * m, v and still makes the cache. Three shapes: the decay boundary inside the experts with
+ * clipping, and test_moe_fp8_engine_cuda.c's experts, all decayed, without. */
+static int64_t adamw_quant_case(int64_t E, int64_t M, int64_t K, bool all_decay, double max_norm);
 static void test_adamw_quant_kernel(void **state) {
     (void)state;
-    const int64_t E = 2, M = 256, K = 384, off = 1024, W = E * M * K, n = off + W + 300, n_decay = off + W / 2 + 5;
+    int64_t bad = adamw_quant_case(2, 256, 384, false, 1.0);
+    bad += adamw_quant_case(4, 256, 128, true, 0.0); /* the shapes of test_moe_fp8_engine_cuda.c's experts */
+    bad += adamw_quant_case(4, 128, 256, true, 0.0);
+    if (bad) fail_msg("the fused weight cache: %lld values wrong", (long long)bad);
+}
+static int64_t adamw_quant_case(int64_t E, int64_t M, int64_t K, bool all_decay, double max_norm) {
+    const int64_t off = 1024, W = E * M * K, n = off + W + 300, n_decay = all_decay ? n : off + W / 2 + 5;
     const dw_adamw_args ha = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
-                              .c1 = 1.0 - pow(0.9, 2.0), .c2 = 1.0 - pow(0.95, 2.0), .max_norm = 1.0};
+                              .c1 = 1.0 - pow(0.9, 2.0), .c2 = 1.0 - pow(0.95, 2.0), .max_norm = max_norm};
     dw_adamw_args *da = NULL;
     double *dn = NULL;
     assert_int_equal(cudaMalloc((void **)&da, sizeof ha), cudaSuccess);
@@ -806,12 +815,31 @@ static void test_adamw_quant_kernel(void **state) {
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         int64_t differ = 0, wrong = 0;
         unsigned char *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+        float *cp = malloc((size_t)n * 4), *cm = malloc((size_t)n * 4), *cv = malloc((size_t)n * 4);
+        memcpy(cp, h[0], (size_t)n * 4), memcpy(cm, h[2], (size_t)n * 4), memcpy(cv, h[3], (size_t)n * 4);
+        dw_cpu_adamw(cp, h[1], cm, cv, n, n_decay, nrm, &ha); /* the CPU reference, for the report */
+        const float *cref[4] = {cp, NULL, cm, cv};
         for (int k = 0; k < 4; k++) {
             if (k == 1) continue; /* g is read only */
             assert_int_equal(cudaMemcpy(a, d[0][k], (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
             assert_int_equal(cudaMemcpy(b, d[1][k], (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-            for (int64_t i = 0; i < n; i++) differ += memcmp(a + 4 * i, b + 4 * i, 4) != 0;
+            int64_t shown = 0, ra = 0, rb = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const bool dif = memcmp(a + 4 * i, b + 4 * i, 4) != 0;
+                differ += dif;
+                ra += memcmp(a + 4 * i, &cref[k][i], 4) != 0, rb += memcmp(b + 4 * i, &cref[k][i], 4) != 0;
+                if (dif && shown++ < 2) {
+                    float fa, fb;
+                    memcpy(&fa, a + 4 * i, 4), memcpy(&fb, b + 4 * i, 4);
+                    printf("    array %d element %lld: dw_cuda_adamw %.9g, fused %.9g, cpu %.9g (p %.9g g %.9g m %.9g v %.9g)\n",
+                           k, (long long)i, fa, fb, cref[k][i], h[0][i], h[1][i], h[2][i], h[3][i]);
+                }
+            }
+            printf("    array %d: %lld differ from the CPU's in dw_cuda_adamw, %lld in the fused (want 0, 0)\n", k,
+                   (long long)ra, (long long)rb);
+            differ += ra + rb;
         }
+        free(cp), free(cm), free(cv);
         for (int t = 0; t < 2; t++) {
             assert_int_equal(cudaMemcpy(a, cq[0][t], (size_t)W, cudaMemcpyDeviceToHost), cudaSuccess);
             assert_int_equal(cudaMemcpy(b, cq[1][t], (size_t)W, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -821,9 +849,10 @@ static void test_adamw_quant_kernel(void **state) {
             assert_int_equal(cudaMemcpy(b, sq[1][t], sb, cudaMemcpyDeviceToHost), cudaSuccess);
             wrong += memcmp(a, b, sb) != 0;
         }
-        printf("  adamw with the fp8_block cache (norm %g): %lld of %lld p, m, v differ from dw_cuda_adamw, %lld of "
-               "%lld codes (W, W^T) or scale tables differ from the quantiser (want 0, 0)\n", nrm, (long long)differ,
-               (long long)(3 * n), (long long)wrong, (long long)(2 * W));
+        printf("  adamw with the fp8_block cache (E %lld M %lld K %lld, norm %g): %lld of %lld p, m, v differ from "
+               "dw_cuda_adamw, %lld of %lld codes (W, W^T) or scale tables differ from the quantiser (want 0, 0)\n",
+               (long long)E, (long long)M, (long long)K, nrm, (long long)differ, (long long)(3 * n), (long long)wrong,
+               (long long)(2 * W));
         bad += differ + wrong;
         free(a), free(b);
     }
@@ -833,7 +862,7 @@ static void test_adamw_quant_kernel(void **state) {
     }
     for (int k = 0; k < 4; k++) free(h[k]);
     cudaFree(da), cudaFree(dn);
-    if (bad) fail_msg("the fused weight cache: %lld values wrong", (long long)bad);
+    return bad;
 }
 
 /* Training with the fused cast and without it (DW_FUSED_CAST=0, read when the engine is made) on

@@ -265,6 +265,19 @@ static void test_fused_cache(void **state) {
                l[0], l[1], gn[0], gn[1], e[0]->x->n_wq, e[1]->x->n_wq);
         if (l[0] != l[1] || gn[0] != gn[1]) bad++, printf("MISMATCH step %d\n", step);
         if (e[0]->x->n_wq != 6 || e[1]->x->n_wq != 0) bad++, printf("MISMATCH caches refreshed by AdamW\n");
+        for (int i = 0; i < dw_engine_param_count(e[0]); i++) { /* where the masters first part, if they do */
+            const int64_t n = pnumel(e[0], i);
+            float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+            assert_int_equal(dw_engine_param_read(e[0], i, a), DW_OK);
+            assert_int_equal(dw_engine_param_read(e[1], i, b), DW_OK);
+            int64_t first = -1, count = 0;
+            for (int64_t k = 0; k < n; k++)
+                if (memcmp(&a[k], &b[k], 4)) count++, first = first < 0 ? k : first;
+            if (count)
+                printf("step %d: %s: %lld of %lld differ, first %lld: %.9g vs %.9g\n", step, dw_engine_param_name(e[0], i),
+                       (long long)count, (long long)n, (long long)first, a[first], b[first]);
+            free(a), free(b);
+        }
     }
     for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
         const int64_t n = pnumel(e[0], i);

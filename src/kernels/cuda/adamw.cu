@@ -1,6 +1,7 @@
 /* adamw.cu — the CUDA AdamW step and global gradient norm over a flat parameter pool (see
- * adamw_cuda.h). Arithmetic in double, in the CPU reference's order, so that a step differs from
- * dw_adamw_step_cpu only through the gradient norm's summation order (and FMA contraction).
+ * adamw_cuda.h). Arithmetic in double, in the CPU reference's order with every operation rounded
+ * on its own (adamw_step.cuh), so that a step differs from dw_adamw_step_cpu only through the
+ * gradient norm's summation order.
  * The step loads and stores 16 bytes at a time when the four pools allow it, and can write the
  * BF16 working copies of the updated masters in the same pass (dw_cuda_adamw_cast, one launch
  * per pass of kernels/adamw_passes.h). */
