@@ -524,6 +524,14 @@ static void test_adamw(void **state) {
     if (bad) fail_msg("adamw: %d steps mismatched", bad);
 }
 
+/* The AdamW arguments and norm in device memory (cudaFree both). */
+static void dev_adamw_args(const dw_adamw_args *ha, double nrm, dw_adamw_args **da, double **dn) {
+    assert_int_equal(cudaMalloc((void **)da, sizeof *ha), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)dn, sizeof nrm), cudaSuccess);
+    assert_int_equal(cudaMemcpy(*da, ha, sizeof *ha, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(*dn, &nrm, sizeof nrm, cudaMemcpyHostToDevice), cudaSuccess);
+}
+
 /* The AdamW kernel's two paths on one random pool of odd length (a vector tail) with the decay
  * boundary inside a 16-byte group: 16-byte-aligned pools (vector loads) and the same data one
  * float further (scalar loads) must give the same bits, both the independent formula within 2
@@ -545,10 +553,7 @@ static void test_adamw_kernel_paths(void **state) {
                         .c1 = 1.0 - pow(0.9, 7.0), .c2 = 1.0 - pow(0.95, 7.0), .max_norm = clip};
     dw_adamw_args *da = NULL;
     double *dn = NULL;
-    assert_int_equal(cudaMalloc((void **)&da, sizeof ha), cudaSuccess);
-    assert_int_equal(cudaMalloc((void **)&dn, sizeof nrm), cudaSuccess);
-    assert_int_equal(cudaMemcpy(da, &ha, sizeof ha, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaMemcpy(dn, &nrm, sizeof nrm, cudaMemcpyHostToDevice), cudaSuccess);
+    dev_adamw_args(&ha, nrm, &da, &dn);
     for (int k = 0; k < 4; k++) assert_int_equal(cudaMalloc((void **)&d[k], (size_t)(n + 4) * 4), cudaSuccess);
     for (int path = 0; path < 2; path++) { /* 0: aligned, 1: one float in */
         float *x[4];
@@ -679,10 +684,7 @@ static void test_adamw_fused_behind(void **state) {
     const double nrm = 1.5;
     dw_adamw_args *da = NULL;
     double *dn = NULL;
-    assert_int_equal(cudaMalloc((void **)&da, sizeof ha), cudaSuccess);
-    assert_int_equal(cudaMalloc((void **)&dn, sizeof nrm), cudaSuccess);
-    assert_int_equal(cudaMemcpy(da, &ha, sizeof ha, cudaMemcpyHostToDevice), cudaSuccess);
-    assert_int_equal(cudaMemcpy(dn, &nrm, sizeof nrm, cudaMemcpyHostToDevice), cudaSuccess);
+    dev_adamw_args(&ha, nrm, &da, &dn);
     float *h[4], *d[7];
     for (int k = 0; k < 4; k++) h[k] = malloc((size_t)n * 4);
     for (int k = 0; k < 7; k++) assert_int_equal(cudaMalloc((void **)&d[k], (size_t)n * 4), cudaSuccess);
