@@ -7,7 +7,8 @@
  * grouped kernel); every expert node's weight cache (W and W^T codes and scales, from
  * the same FP32 masters) equal on both, bit for bit; the loss of a forward and backward, every
  * parameter gradient (normwise, the quantised tolerances of test_engine_cuda.c: loss 5e-2
- * relative, gradients 0.2), and three AdamW steps' losses; the routers' weights spread wide so the
+ * relative, gradients 0.2; the routers' weights 0.5, which a token routed otherwise near a tie
+ * moves by up to ~0.3), and three AdamW steps' losses; the routers' weights spread wide so the
  * two backends route alike; the routing counters of the first training forward agree (every
  * assignment counted, none dropped, per-expert loads within a few near-ties). And AdamW refreshing
  * the caches in its own pass (quant_adamw.cu) against the separate refresh on two CUDA engines, bit
@@ -163,8 +164,11 @@ static void check_fp8_experts(const char *policy, bool fp8_wgrad) {
         float *gc = malloc((size_t)n * 4), *gg = malloc((size_t)n * 4);
         assert_int_equal(dw_engine_grad_read(cpu, i, gc), DW_OK);
         assert_int_equal(dw_engine_grad_read(gpu, i, gg), DW_OK);
-        const double err = normwise(gg, gc, n, 1e-6);
-        if (!(err <= 0.2)) bad++, printf("MISMATCH gradient %s: %.3g\n", dw_engine_param_name(cpu, i), err);
+        /* a router's weight: a token near a tie routed otherwise on one backend moves its layer's
+         * router gradient by up to ~0.3 (seen: 0.241, 0.325 in ~1 of 5 runs); a wrong one is off by ~1 */
+        const char *name = dw_engine_param_name(cpu, i);
+        const double err = normwise(gg, gc, n, 1e-6), tol = strstr(name, "mlp.gate.weight") ? 0.5 : 0.2;
+        if (!(err <= tol)) bad++, printf("MISMATCH gradient %s: %.3g (bound %.1f)\n", name, err, tol);
         free(gc), free(gg);
     }
     dw_adamw_opts ao;
