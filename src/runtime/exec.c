@@ -411,7 +411,7 @@ static dw_status run_step(dw_exec *x, int step, bool train, double dloss) {
         return bi->adamw(be, x, casts, x->wq_nodes, quants);
     }
     case DW_STEP_CAST_BF16: /* skipped right after an AdamW pass that made its copies (phase REFRESH alone: made) */
-        if (step <= x->cast_fused_through && x->last_step == step - 1) return DW_OK;
+        if (step <= x->cast_fused_through) return DW_OK; /* dw_exec_step drops it off AdamW's sequence */
         x->cast_fused_through = -1; /* a cast of its own: the casts after it too */
         return bi->cast_bf16(be, x, x->p->bf16_runs[st->arg][0], x->p->bf16_runs[st->arg][1]);
     case DW_STEP_QUANT_W: /* skipped where the AdamW pass just before made the cache */

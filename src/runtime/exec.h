@@ -81,9 +81,9 @@ struct dw_exec {
     int last_step, cast_fused_through;
     /* ... and the weight-cache refreshes (QUANT_W steps of the refresh phase) AdamW's pass makes
      * too where the backend can (dw_backend_i.adamw_quants; fuse_quant: with fuse_cast, and
-     * DW_FUSED_QUANT on unless 0): their nodes (wq_nodes,
-     * n_wq) and steps (wq_fused, one flag a step), skipped through quant_fused_through; both
-     * markers drop (-1) when a step does not follow the last one run */
+     * DW_FUSED_QUANT on unless 0): their nodes (wq_nodes, n_wq) and steps (wq_fused, one flag a
+     * step), skipped through quant_fused_through; both markers drop (-1) when a step does not
+     * follow the last one run */
     bool fuse_quant;
     int *wq_nodes, n_wq, quant_fused_through;
     bool *wq_fused;

@@ -90,36 +90,6 @@ static __global__ void __launch_bounds__(AW_THREADS) aw_step_kernel(float *p, co
 
 static bool aligned16(const void *x) { return (uintptr_t)x % 16 == 0; }
 
-extern "C" {
-
-dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *partials, int nblk,
-                            double *norm, void *stream) {
-    const char *op = "grad_norm";
-    DW_OPS_REQUIRE(ctx, op, n >= 0 && nblk >= 1 && nblk <= 65535 && g && partials && norm);
-    cudaStream_t s = (cudaStream_t)stream;
-    aw_sumsq_kernel<<<nblk, AW_THREADS, 0, s>>>(g, n, partials);
-    aw_norm_kernel<<<1, AW_THREADS, 0, s>>>(partials, nblk, norm);
-    DW_CUDA_CHECK_LAUNCH(ctx, op);
-    return DW_OK;
-}
-
-dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
-                        int64_t n_decay, const double *norm, const dw_adamw_args *a,
-                        void *stream) {
-    const char *op = "adamw";
-    DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a);
-    if (n == 0) return DW_OK;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v))
-        aw_step_kernel<true, false><<<dw_ew_blocks((n + 3) / 4), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a,
-                                                                                    NULL, 0, 0, true);
-    else
-        aw_step_kernel<false, false><<<dw_ew_blocks(n), AW_THREADS, 0, s>>>(p, g, m, v, n, n_decay, norm, a, NULL, 0,
-                                                                           0, true);
-    DW_CUDA_CHECK_LAUNCH(ctx, op);
-    return DW_OK;
-}
-
 /* One launch of the step over [lo, lo + len) with the copies [c0, c1) (relative to lo). */
 static void aw_launch(float *p, const float *g, float *m, float *v, int64_t lo, int64_t len, int64_t n_decay,
                       const double *norm, const dw_adamw_args *a, uint16_t *wb, int64_t c0, int64_t c1, bool update,
@@ -144,6 +114,30 @@ static void aw_launch(float *p, const float *g, float *m, float *v, int64_t lo, 
                                                                             norm, a, w, c0, c1, update);
 }
 
+extern "C" {
+
+dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *partials, int nblk,
+                            double *norm, void *stream) {
+    const char *op = "grad_norm";
+    DW_OPS_REQUIRE(ctx, op, n >= 0 && nblk >= 1 && nblk <= 65535 && g && partials && norm);
+    cudaStream_t s = (cudaStream_t)stream;
+    aw_sumsq_kernel<<<nblk, AW_THREADS, 0, s>>>(g, n, partials);
+    aw_norm_kernel<<<1, AW_THREADS, 0, s>>>(partials, nblk, norm);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
+                        int64_t n_decay, const double *norm, const dw_adamw_args *a,
+                        void *stream) {
+    const char *op = "adamw";
+    DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a);
+    if (n == 0) return DW_OK;
+    aw_launch(p, g, m, v, 0, n, n_decay, norm, a, NULL, 0, 0, true, (cudaStream_t)stream);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
 dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
                              const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
                              int n_runs, int64_t first, int64_t lag, const int64_t (*holes)[2], int n_holes,
@@ -164,8 +158,7 @@ dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, fl
         int64_t lo = ps.lo;
         int h = 0;
         while (h < n_holes && holes[h][1] <= lo) h++;
-        for (;;) { /* the pass less the holes, piece by piece */
-            if (lo >= ps.hi) break;
+        while (lo < ps.hi) { /* the pass less the holes, piece by piece */
             const bool hole = h < n_holes && holes[h][0] < ps.hi;
             const int64_t hi = hole ? (holes[h][0] > lo ? holes[h][0] : lo) : ps.hi;
             if (hi > lo) {
