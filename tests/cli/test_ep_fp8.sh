@@ -5,8 +5,13 @@
 # two lanes. The exchanged rows stay BF16; each owner quantises the rows it receives 1x128 and reads
 # its experts' slices of the weight cache, so the losses of fprop and dgrad in fp8_block are the
 # same bits. Under --precision fp8_block the experts' wgrad stays BF16 (the default,
-# docs/precision.md): --ep 2 gives --ep 1's losses bit for bit over 3 steps, the norms within 1e-9
-# (measured ~3e-12: the gradient norm's sums in another order). With the wgrad in fp8_block too
+# docs/precision.md): --ep 2 gives --ep 1's step-1 loss bit for bit and its norm within 1e-6
+# (measured <= 1e-11 over 107 seeds: the norm's sums in another order). After that the two differ
+# by summation order only: an owner's wgrad sums both ranks' rows in one GEMM where --ep 1 sums each
+# rank's and all-reduces, and each token's K expert outputs come back in another order, so masters
+# and gradients move by ulps. Mostly the BF16 and FP8 casts absorb that, but a value on a rounding
+# edge flips one code: over 107 seeds steps 2-3 differed in 2 (losses up to 1.7e-5, norms up to
+# 7.7e-5; DW_TEST_SEED=178449640 and 468792786). Asserted: 2e-4 and 1e-3. With the wgrad in fp8_block too
 # (--policy with the rule's "bf16_passes": []) the expert weight gradient differs: wgrad quantises
 # dy^T and x^T in 1x128 blocks along each expert's rows, and an owner's blocks hold both ranks' rows
 # of an expert where each --ep 1 rank's hold its own, so the blocks' scales differ; over 8 seeds:
@@ -26,8 +31,8 @@ cat >"$tmp/m128/config.json" <<'JSON'
  "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
  "max_position_embeddings": 256}
 JSON
-seed=$((RANDOM * 32768 + RANDOM))
-echo "seed $seed"
+seed=${DW_TEST_SEED:-$((RANDOM * 32768 + RANDOM))}
+echo "test seed: DW_TEST_SEED=$seed"
 echo '{"default": "fp8_block", "rules": [{"op": "moe_linear", "recipe": "fp8_block", "bf16_passes": []}]}' \
   >"$tmp/fp8_wgrad.json"
 run=(train --model "$tmp/m128" --data builtin --seq 32 --steps 3 --lr 3e-3 --warmup 2 --eval-every 0 --ckpt-every 0
@@ -38,14 +43,16 @@ mpirun -np 2 "$dw" "${run[@]}" --precision fp8_block --out "$tmp/dp0" >/dev/null
 check "mpirun -np 2, fp8_block (wgrad BF16 by default), --ep 1" 0 $?
 mpirun -np 2 "$dw" "${run[@]}" --precision fp8_block --ep 2 --out "$tmp/ep0" >/dev/null 2>"$tmp/err0"
 check "mpirun -np 2, fp8_block (wgrad BF16 by default), --ep 2" 0 $?
-python3 - "$tmp/dp0/metrics.jsonl" "$tmp/ep0/metrics.jsonl" <<'PY' && ok "  ... --ep 2 = --ep 1: every loss exactly, norms 1e-9" || bad "fp8_block (wgrad BF16) --ep 2 differs from --ep 1"
+python3 - "$tmp/dp0/metrics.jsonl" "$tmp/ep0/metrics.jsonl" <<'PY' && ok "  ... --ep 2 = --ep 1: step 1's loss exactly, its norm 1e-6; then 2e-4 / 1e-3" || bad "fp8_block (wgrad BF16) --ep 2 differs from --ep 1"
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
 assert len(a) == len(b) == 3, (len(a), len(b))
 rel = lambda x, y, k: abs(x[k] - y[k]) / abs(x[k])
-print("measured:", " ".join("step %d norm %.1e" % (x["step"], rel(x, y, "grad_norm")) for x, y in zip(a, b)))
-for x, y in zip(a, b):
-    assert x["loss"] == y["loss"] and rel(x, y, "grad_norm") <= 1e-9, (x, y)
+print("measured:", " ".join("step %d loss %.1e norm %.1e" % (x["step"], rel(x, y, "loss"), rel(x, y, "grad_norm"))
+                            for x, y in zip(a, b)))
+assert a[0]["loss"] == b[0]["loss"] and rel(a[0], b[0], "grad_norm") <= 1e-6, (a[0], b[0])
+for x, y in zip(a[1:], b[1:]):
+    assert rel(x, y, "loss") <= 2e-4 and rel(x, y, "grad_norm") <= 1e-3, (x, y)
 assert a[0]["loss"] > a[-1]["loss"]  # it trains
 PY
 
