@@ -139,6 +139,10 @@ typedef struct {
     dw_qslot_layout q_dyt;     /* dy^T [M,N] (in dy's pass) */
     dw_qslot_layout q_xt;      /* x^T [K,N] */
     int64_t quant_ws, quant_ws_bytes;
+    int64_t wsumsq;            /* the experts' wgrad share of the gradient norm (-1: none; compile/
+                                  wgrad_sumsq.h): wsumsq_parts doubles, each eligible MoE linear
+                                  layer's blocks in node order */
+    int64_t wsumsq_parts;
     int64_t bytes;
 } dw_work_layout;
 #define DW_COMPILE_NORM_BLOCKS 1024

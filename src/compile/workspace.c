@@ -1,8 +1,10 @@
 /* workspace.c — the workspace pool: the step's inputs (tokens, targets), the loss, the optimizer's
- * reductions and arguments, the BF16 wgrad's bias-gradient row, and for quantised linear layers
- * the per-step operand slots (x, dy; dy^T; x^T), the quantiser's scratch and each node's cached
- * W and W^T; the MoE layers' routing counters. Sizes at capacity; byte offsets 256-aligned. */
+ * reductions and arguments (with the experts' wgrad share of the norm), the BF16 wgrad's
+ * bias-gradient row, and for quantised linear layers the per-step operand slots (x, dy; dy^T;
+ * x^T), the quantiser's scratch and each node's cached W and W^T; the MoE layers' routing
+ * counters. Sizes at capacity; byte offsets 256-aligned. */
 #include "compile/passes.h"
+#include "compile/wgrad_sumsq.h"
 #include "core/error.h"
 #include "gemm/grouped_fp8.h"
 #include "gemm/grouped_mxfp8.h"
@@ -146,6 +148,13 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
     w->norm = o, o = dw_align_up(o + 8, 256);
     w->partials = o, o = dw_align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
     w->adamw_args = o, o = dw_align_up(o + DW_COMPILE_ADAMW_ARGS_BYTES, 256);
+    w->wsumsq_parts = 0; /* the experts' wgrad share of the norm (wgrad_sumsq.h) */
+    for (int i = 0; i < c->g->n_nodes; i++)
+        if (dw_compile_wsumsq_node(c, i)) {
+            const dw_ir_tensor *wt = &c->g->tensors[c->g->nodes[i].in[1]];
+            w->wsumsq_parts += dw_wsumsq_parts(wt->shape[0], wt->shape[1], wt->shape[2]);
+        }
+    w->wsumsq = w->wsumsq_parts ? o : -1, o = dw_align_up(o + w->wsumsq_parts * 8, 256);
     int64_t widest = 0; /* biased linear layers' output width */
     for (int i = 0; c->bf16 && i < c->g->n_nodes; i++) {
         const dw_ir_node *n = &c->g->nodes[i];

@@ -12,6 +12,7 @@
 #include "compile/grad_stage.h"
 #include "compile/program.h"
 #include "compile/shard.h"
+#include "compile/wgrad_sumsq.h"
 #include "compile/z3_slots.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -140,8 +141,8 @@ dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_
     return engine_memory(ctx, in, par->micro_batch, (int)par->recompute, par, out);
 }
 
-static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, double *node_f, double *node_b,
-                  dw_engine_time *out);
+static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, bool norm_parts, double *node_f,
+                  double *node_b, dw_engine_time *out);
 
 double dw_plan_z3_prefetch_exposed(int s0, int s1, const double *gather, const double *step_s) {
     double exposed = 0, hidden = -1; /* compute since the previous event step; -1: none yet */
@@ -199,7 +200,7 @@ dw_status dw_plan_engine_zero3(dw_ctx *ctx, const dw_plan_in *in, const dw_par *
             }
         }
         dw_engine_time et; /* each step's compute with its launches eager, as ZeRO-3 issues them */
-        price(in, &j, DW_PLAN_LAUNCH_EAGER_S, node_t, node_t + nn, &et);
+        price(in, &j, DW_PLAN_LAUNCH_EAGER_S, false, node_t, node_t + nn, &et);
         for (int t = 0; t < ns; t++) out->step_compute_s += step_s[t] = step_time(p, &p->steps[t], node_t, node_t + nn);
         for (int ph = DW_PHASE_FORWARD; ph <= DW_PHASE_BACKWARD; ph++)
             out->gather_exposed_s += dw_plan_z3_prefetch_exposed(p->phase[ph][0], p->phase[ph][1], gather, step_s);
@@ -249,7 +250,8 @@ dw_status dw_plan_engine_ep_buffers(dw_ctx *ctx, const dw_plan_in *in, const dw_
 #define ENGINE_MEM_EFF 0.40
 #define ENGINE_ADAMW_EFF 0.75
 /* AdamW per parameter float: read weight, grad, m, v (16 B), write weight, m, v (12 B) and the
- * BF16 working copy (2 B), plus the gradient-norm pass reading the grads (4 B). */
+ * BF16 working copy (2 B), plus the gradient-norm pass reading the grads (4 B; not those of the
+ * experts whose wgrad summed their squares, compile/wgrad_sumsq.h, on one rank). */
 #define ENGINE_ADAMW_BYTES 34.0
 /* What a kernel launch costs beyond its work: DW_PLAN_LAUNCH_REPLAYED_S inside a replayed CUDA
  * graph, DW_PLAN_LAUNCH_EAGER_S issued step by step (plan.h; which, dw_plan_runtime_replays). What
@@ -288,8 +290,8 @@ static dw_recipe rate_recipe(int r) {
  * and where node_f/node_b are given (n_nodes each) each node's share: its forward (run again in
  * the backward sweep when recomputed) and its backward, kernels, memory passes and launches; the
  * micro-batch's overhead in neither. */
-static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, double *node_f, double *node_b,
-                  dw_engine_time *out) {
+static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, bool norm_parts, double *node_f,
+                  double *node_b, dw_engine_time *out) {
     memset(out, 0, sizeof *out);
     const dw_graph *g = j->g;
     const dw_compiled *c = j->c;
@@ -380,29 +382,32 @@ static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, 
     out->fwd += kf * launch_s + ENGINE_MICROBATCH_S, out->bwd += kb * launch_s;
     double tf = mem_f / (bw * ENGINE_MEM_EFF), tb = mem_b / (bw * ENGINE_MEM_EFF);
     out->fwd += tf, out->bwd += tb, out->mem = tf + tb;
-    out->optimizer = (double)c->param_floats * ENGINE_ADAMW_BYTES / (bw * ENGINE_ADAMW_EFF) +
+    /* one rank alone: the experts' wgrad summed their gradients' squares, which the norm skips */
+    const double norm_skips = norm_parts ? (double)dw_compile_wsumsq_floats(c) : 0.0;
+    out->optimizer = ((double)c->param_floats * ENGINE_ADAMW_BYTES - 4.0 * norm_skips) / (bw * ENGINE_ADAMW_EFF) +
                      wq_bytes / (bw * ENGINE_MEM_EFF) + wq_launches * launch_s;
 }
 
 /* dw_plan_engine_time with each kernel launch costing launch_s. */
 static dw_status engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute, double launch_s,
-                             dw_engine_time *out) {
+                             bool norm_parts, dw_engine_time *out) {
     memset(out, 0, sizeof *out);
     compiled_job j;
     dw_status s = compile_job(ctx, in, micro_batch, recompute, NULL, &j);
-    if (s == DW_OK) price(in, &j, launch_s, NULL, NULL, out);
+    if (s == DW_OK) price(in, &j, launch_s, norm_parts, NULL, NULL, out);
     release(&j);
     return s;
 }
 
 dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,
                               dw_engine_time *out) {
-    return engine_time(ctx, in, micro_batch, recompute, DW_PLAN_LAUNCH_REPLAYED_S, out);
+    return engine_time(ctx, in, micro_batch, recompute, DW_PLAN_LAUNCH_REPLAYED_S, true, out);
 }
 
 bool dw_plan_runtime_replays(const dw_par *par, bool overlap) { return par->dp <= 1 || (!overlap && par->zero < 3); }
 
 dw_status dw_plan_engine_time_par(dw_ctx *ctx, const dw_plan_in *in, const dw_par *par, dw_engine_time *out) {
     const double launch_s = dw_plan_runtime_replays(par, true) ? DW_PLAN_LAUNCH_REPLAYED_S : DW_PLAN_LAUNCH_EAGER_S;
-    return engine_time(ctx, in, par->micro_batch, (int)par->recompute, launch_s, out);
+    const bool alone = par->dp <= 1 && par->tp <= 1 && par->pp <= 1 && par->cp <= 1 && par->ep <= 1;
+    return engine_time(ctx, in, par->micro_batch, (int)par->recompute, launch_s, alone, out);
 }

@@ -25,6 +25,7 @@ dw_status dw_exec_create(const dw_compiled *p, dw_backend *be, bool record, bool
     x->quant_reuse = quant_reuse;
     x->fuse_cast = dw_env_flag("DW_FUSED_CAST", true);
     x->fuse_quant = x->fuse_cast && dw_env_flag("DW_FUSED_QUANT", true);
+    x->fuse_norm = dw_env_flag("DW_FUSED_NORM", true);
     x->last_step = x->cast_fused_through = x->quant_fused_through = -1;
     x->wq_nodes = malloc((size_t)(p->n_steps ? p->n_steps : 1) * sizeof *x->wq_nodes);
     x->wq_fused = calloc((size_t)(p->n_steps ? p->n_steps : 1), sizeof *x->wq_fused);
@@ -497,4 +498,10 @@ dw_status dw_exec_optimizer(dw_exec *x, const dw_adamw_args *a) {
     if (x->record && !x->rec_opt && ++x->opt_calls >= 2) record(x, &x->rec_opt, issue_optimizer, NULL, "the optimizer step");
     if (x->rec_opt) return x->be->i->replay(x->be, x->rec_opt);
     return issue_optimizer(x, NULL);
+}
+
+bool dw_exec_wsumsq_on(const dw_exec *x) {
+    const int64_t pf = x->p->param_floats;
+    return x->fuse_norm && !x->grads_shared && x->p->work.wsumsq >= 0 && !x->after_step && !x->before_step &&
+           !x->ep_step && !x->moe_ep && !x->grad_at && x->grad_lo == 0 && x->grad_hi == pf;
 }

@@ -87,7 +87,19 @@ struct dw_exec {
     bool fuse_quant;
     int *wq_nodes, n_wq, quant_fused_through;
     bool *wq_fused;
+    /* the experts' wgrad writes its share of the gradient norm (compile/wgrad_sumsq.h; DW_FUSED_NORM
+     * on unless 0): see dw_exec_wsumsq_on */
+    bool fuse_norm;
+    bool grads_shared; /* data parallelism (train/dp.c, several ranks): the gradients are reduced
+                          between the backward and the norm */
 };
+
+/* Whether this step's backward writes the eligible MoE layers' partials of the gradient norm and
+ * the norm step reads them instead of those gradients: fuse_norm, a program with partials, and the
+ * whole gradient pool written by this rank's backward alone and read by the norm as it left it
+ * (no data parallelism, expert parallelism or ZeRO staging). Backends that write the partials
+ * (CUDA) ask it in both places; the others read the whole pool. */
+bool dw_exec_wsumsq_on(const dw_exec *x);
 
 /* The fused cast's plan (kernels/adamw_passes.h): where bf16_arena's copies lie on the gradients,
  * its first cut (dw_adamw_passes_first) and lag; both 0 where the two are apart. */

@@ -8,7 +8,8 @@
  * same contract (kernels/cpu/ops_cpu.h dw_cpu_adamw); AdamW writing the BF16 copies in its pass
  * (dw_cuda_adamw_cast) against dw_cuda_adamw and the cast bit for bit, also with the copies on the
  * gradients (bf16_arena's layout, kernels/adamw_passes.h), and training with it against
- * DW_FUSED_CAST=0 bit for bit; gradient accumulation over micro-batches of
+ * DW_FUSED_CAST=0 bit for bit; the gradient norm with the experts' wgrad partials against the
+ * gradients read back (compile/wgrad_sumsq.h); gradient accumulation over micro-batches of
  * two shapes; bit-identical resume through weight and optimizer files; measured device memory
  * against the plan. Needs a GPU.
  *
@@ -51,6 +52,7 @@
 #include "kernels/cuda/adamw_cuda.h"
 #include "kernels/cuda/attn_packed.h"
 #include "runtime/engine.h"
+#include "runtime/exec.h"
 #include "testutil.h"
 
 static dw_ctx *g_cpu, *g_gpu;
@@ -919,6 +921,67 @@ static void test_fused_cast_engine(void **state) {
     if (bad) fail_msg("the fused cast changed training");
 }
 
+/* The experts' wgrad share of the gradient norm (compile/wgrad_sumsq.h) on the GPU: mixtral-tiny
+ * and olmoe-tiny in BF16 and mixtral-tiny in fp8_block (its experts' wgrad stays BF16) under
+ * grad_arena and bf16_arena, an engine taking the partials and one with DW_FUSED_NORM=0, 4 steps
+ * (eager, then a recorded step replayed): each step's norm against the gradients read back after
+ * the backward, summed here in double, within 1e-12 relative, and the two engines' losses within
+ * 1e-6 (their clip scales differ in the last bits only, from the norms' summation order). */
+static void test_fused_norm_engine(void **state) {
+    (void)state;
+    static const char *const cases[][2] = {{"mixtral-tiny", "bf16"}, {"olmoe-tiny", "bf16"}, {"mixtral-tiny", "fp8_block"}};
+    const int64_t B = 2, T = 24, N = B * T;
+    int bad = 0;
+    for (int c = 0; c < 3; c++) {
+        dw_compile_opts o;
+        dw_compile_opts_init(&o, sizeof o);
+        o.grad_arena = o.bf16_arena = true;
+        prog pr = make_prog_opts(cases[c][0], B, T, cases[c][1], 0, &o);
+        assert_true(pr.c->work.wsumsq >= 0 && pr.c->work.wsumsq_parts > 0);
+        dw_engine *e[2];
+        e[0] = engine(g_gpu, &pr);
+        setenv("DW_FUSED_NORM", "0", 1);
+        e[1] = engine(g_gpu, &pr);
+        unsetenv("DW_FUSED_NORM");
+        assert_true(dw_exec_wsumsq_on(e[0]->x) && !dw_exec_wsumsq_on(e[1]->x));
+        const uint64_t seed = dw_test_next(&g_rng);
+        int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+        dw_adamw_opts ao;
+        dw_adamw_opts_init(&ao, sizeof ao);
+        ao.lr = 1e-3;
+        for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_init_weights(e[k], seed), DW_OK);
+        double worst_norm = 0, worst_loss = 0;
+        for (int step = 1; step <= 4; step++) {
+            batch(x, y, N, dw_graph_vocab(pr.g));
+            double l[2] = {0}, gn[2] = {0};
+            for (int k = 0; k < 2; k++) {
+                assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+                if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &l[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+                float *g = read_all(e[k], true);
+                double ss = 0;
+                for (int64_t i = 0; i < all_numel(e[k]); i++) ss += (double)g[i] * g[i];
+                free(g);
+                assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
+                const double rel = fabs(gn[k] - sqrt(ss)) / sqrt(ss);
+                if (k == 0 && rel > worst_norm) worst_norm = rel;
+                if (!(rel <= 1e-12))
+                    bad++, fprintf(stderr, "%s %s step %d, %s: norm %.17g, the gradients' %.17g\n", cases[c][0],
+                                   cases[c][1], step, k ? "DW_FUSED_NORM=0" : "fused", gn[k], sqrt(ss));
+            }
+            const double dl = fabs(l[0] - l[1]) / fabs(l[1]);
+            if (dl > worst_loss) worst_loss = dl;
+            if (!(dl <= 1e-6)) bad++, fprintf(stderr, "step %d: losses %.9g vs %.9g\n", step, l[0], l[1]);
+        }
+        printf("  %s %s: norms with the experts' wgrad partials vs the gradients read back: worst rel %.2g over 4 "
+               "steps; losses vs DW_FUSED_NORM=0 within %.2g\n", cases[c][0], cases[c][1], worst_norm, worst_loss);
+        free(x), free(y);
+        dw_engine_free(e[0]);
+        dw_engine_free(e[1]);
+        free_prog(&pr);
+    }
+    if (bad) fail_msg("the experts' wgrad partials gave a wrong gradient norm");
+}
+
 /* Accumulation over micro-batches of two shapes (eager, recorded, replayed, eager again) on the
  * same FP32 program on both backends: the accumulated gradients agree. */
 static void test_accumulate(void **state) {
@@ -1215,7 +1278,8 @@ int main(void) {
         cmocka_unit_test(test_parity_moe),   cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_adamw_kernel_paths), cmocka_unit_test(test_adamw_fused_cast),
         cmocka_unit_test(test_adamw_fused_behind), cmocka_unit_test(test_adamw_quant_kernel),
-        cmocka_unit_test(test_fused_cast_engine),  cmocka_unit_test(test_accumulate),
+        cmocka_unit_test(test_fused_cast_engine),  cmocka_unit_test(test_fused_norm_engine),
+        cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_resume),             cmocka_unit_test(test_quant_reuse),
         cmocka_unit_test(test_memory),             cmocka_unit_test(test_gpt2_124m_steps),
         cmocka_unit_test(test_bf16_copy_on_use), /* last: it unregisters Deepwell's FP8 block kernels */

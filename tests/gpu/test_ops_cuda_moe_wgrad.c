@@ -6,7 +6,10 @@
  * one, two or three tiles), M and K not multiples of the 128-tiles, and finite rows past
  * offsets[E] (the wgmma kernel zeroes the lines of the last K tile past a group). The wgmma kernel
  * runs with its default register epilogue and with its TMA epilogue (DW_MOE_WGRAD=tma: 128-column
- * tiles; DW_MOE_WGRAD=256: 256-column tiles). Needs a GPU (ctest
+ * tiles; DW_MOE_WGRAD=256: 256-column tiles; DW_MOE_WGRAD=old, the register epilogue). Written over,
+ * each kernel also writes the sums of squares of dW's 64 x 128 blocks (dw_moe_gemm_args.sumsq: the
+ * TMA epilogue from its registers, the others by the block kernel after), checked against the dW
+ * it wrote. Needs a GPU (ctest
  * label "gpu"); the host emulator (tests/common/cuda_emu/run.sh) runs the FMA tiles only.
  * Tolerance: FP32 sums of L products of BF16 values against the double oracle, as
  * test_ops_cuda_moe.c's dW.
@@ -46,9 +49,38 @@ static int setup(void **state) {
     return dw_gc_init(state);
 }
 
-enum { KERN_SIMT, KERN_MMA, KERN_WGMMA, KERN_WGMMA_TMA, KERN_WGMMA_256, N_KERN };
+enum { KERN_SIMT, KERN_MMA, KERN_WGMMA, KERN_WGMMA_TMA, KERN_WGMMA_256, KERN_WGMMA_OLD, N_KERN };
 static const char *const kern_names[N_KERN] = {"simt", "mma", "wgmma", "wgmma(DW_MOE_WGRAD=tma)",
-                                               "wgmma(DW_MOE_WGRAD=256)"};
+                                               "wgmma(DW_MOE_WGRAD=256)", "wgmma(DW_MOE_WGRAD=old)"};
+
+/* The block sums of squares (dw_moe_gemm_args.sumsq, poisoned with NaN before) against the dW the
+ * kernel wrote, summed here in double: within 1e-12 relative (the same squares in another order). */
+static int64_t check_sumsq(const char *name, const void *ddW, const double *dsq, int64_t E, int64_t M, int64_t K) {
+    const int64_t MB = (M + 63) / 64, KB = (K + 127) / 128, np = E * MB * KB;
+    float *w = malloc((size_t)(E * M * K) * 4);
+    double *got = malloc((size_t)np * 8);
+    dw_test_from_dev(w, ddW, (size_t)(E * M * K) * 4);
+    dw_test_from_dev(got, dsq, (size_t)np * 8);
+    int64_t bad = 0;
+    double worst = 0;
+    for (int64_t b = 0; b < np; b++) {
+        const int64_t kb = b % KB, mb = b / KB % MB, e = b / (KB * MB);
+        double want = 0;
+        for (int64_t i = mb * 64; i < M && i < mb * 64 + 64; i++)
+            for (int64_t j = kb * 128; j < K && j < kb * 128 + 128; j++) {
+                const double v = w[(e * M + i) * K + j];
+                want += v * v;
+            }
+        const double err = fabs(got[b] - want);
+        if (want > 0 && err / want > worst) worst = err / want;
+        if (!(err <= 1e-12 * want) && bad++ < 5)
+            fprintf(stderr, "%s: sumsq of block (expert %lld, rows %lld.., columns %lld..) %.17g, want %.17g\n", name,
+                    (long long)e, (long long)(mb * 64), (long long)(kb * 128), got[b], want);
+    }
+    printf("%-64s sumsq of %lld blocks: worst rel %.2g%s\n", name, (long long)np, worst, bad ? "  FAILED" : "");
+    free(w), free(got);
+    return bad;
+}
 
 /* Rows per expert: pattern 0 random in [0, most] with about one expert in four empty; 1 skewed:
  * expert 0 takes `most`, the rest 0..3 rows; 2 every expert `most`. */
@@ -81,13 +113,18 @@ static int64_t run_wgrad(int kern, int64_t E, int64_t M, int64_t K, const int64_
     dw_cpu_moe_linear_bwd(NULL, dW_ref, dy->host, x->host, NULL, off, R, E, K, M);
     const dw_moe_kernel k = kern == KERN_SIMT ? DW_MOE_KERNEL_SIMT : kern == KERN_MMA ? DW_MOE_KERNEL_MMA
                                                                                         : DW_MOE_KERNEL_WGMMA;
+    /* written over: the block sums of squares too, over NaN (every one must be written) */
+    const int64_t np = E * ((M + 63) / 64) * ((K + 127) / 128);
+    double *dsq = NULL;
+    if (overwrite && (cudaMalloc((void **)&dsq, (size_t)np * 8) != cudaSuccess || cudaMemset(dsq, 0xff, (size_t)np * 8)))
+        fail_msg("%s: no device memory for the sums of squares", name);
     const dw_moe_gemm_args a = {.pass = DW_MOE_WGRAD, .x = x->dev, .dy = dy->dev, .out = dW->dev,
                                 .offsets = (const int32_t *)goff->dev, .R = R, .E = E, .K = K, .M = M, .kernel = k,
-                                .overwrite = overwrite};
+                                .overwrite = overwrite, .sumsq = dsq};
     const char *was = getenv("DW_MOE_WGRAD"); /* kernel WGMMA runs what the caller's environment says */
     char *saved = was ? strdup(was) : NULL;
-    if (kern == KERN_WGMMA_TMA || kern == KERN_WGMMA_256)
-        setenv("DW_MOE_WGRAD", kern == KERN_WGMMA_TMA ? "tma" : "256", 1);
+    if (kern == KERN_WGMMA_TMA || kern == KERN_WGMMA_256 || kern == KERN_WGMMA_OLD)
+        setenv("DW_MOE_WGRAD", kern == KERN_WGMMA_TMA ? "tma" : kern == KERN_WGMMA_256 ? "256" : "old", 1);
     DW_GC_OK(bad, name, dw_cuda_moe_gemm(NULL, dt, &a, dw_gc_stream));
     if (saved) setenv("DW_MOE_WGRAD", saved, 1);
     else unsetenv("DW_MOE_WGRAD");
@@ -95,6 +132,7 @@ static int64_t run_wgrad(int kern, int64_t E, int64_t M, int64_t K, const int64_
     DW_GC_SYNC();
     const dw_gc_tol tf = {1e-5, 1e-4, 0.0};
     DW_GC_CMP(bad, name, dW, dW_ref, tf);
+    if (dsq) bad += check_sumsq(name, dW->dev, dsq, E, M, K), cudaFree(dsq);
     if (!dw_gc_guards_ok(name)) bad++;
     dw_gc_free_all();
     free(off), free(dW_ref);

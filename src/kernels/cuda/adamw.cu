@@ -4,7 +4,8 @@
  * gradient norm's summation order.
  * The step loads and stores 16 bytes at a time when the four pools allow it, and can write the
  * BF16 working copies of the updated masters in the same pass (dw_cuda_adamw_cast, one launch
- * per pass of kernels/adamw_passes.h). */
+ * per pass of kernels/adamw_passes.h). The norm can skip pool ranges whose squares the experts'
+ * wgrad already summed (dw_cuda_grad_norm_segs). */
 #include <cuda_bf16.h>
 
 #include "kernels/adamw_passes.h"
@@ -23,6 +24,27 @@ static __global__ void __launch_bounds__(AW_THREADS) aw_sumsq_kernel(const float
         const double x = (double)g[i];
         s += x * x;
     }
+    s = dw_block_sum_d(s, sh);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+/* The segments of the pool, then the parts: each thread's elements in order, a fixed tree per block. */
+struct aw_segs {
+    int n;
+    int64_t lo[DW_CUDA_NORM_SEGS], hi[DW_CUDA_NORM_SEGS];
+};
+static __global__ void __launch_bounds__(AW_THREADS) aw_sumsq_segs_kernel(const float *g, const aw_segs sg,
+                                                                          const double *parts, int64_t n_parts,
+                                                                          double *partials) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    const int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int k = 0; k < sg.n; k++)
+        for (int64_t i = sg.lo[k] + t0; i < sg.hi[k]; i += stride) {
+            const double x = (double)g[i];
+            s += x * x;
+        }
+    for (int64_t i = t0; i < n_parts; i += stride) s += parts[i];
     s = dw_block_sum_d(s, sh);
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
@@ -122,6 +144,25 @@ dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *part
     DW_OPS_REQUIRE(ctx, op, n >= 0 && nblk >= 1 && nblk <= 65535 && g && partials && norm);
     cudaStream_t s = (cudaStream_t)stream;
     aw_sumsq_kernel<<<nblk, AW_THREADS, 0, s>>>(g, n, partials);
+    aw_norm_kernel<<<1, AW_THREADS, 0, s>>>(partials, nblk, norm);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+dw_status dw_cuda_grad_norm_segs(dw_ctx *ctx, const float *g, const int64_t (*segs)[2], int n_segs,
+                                 const double *parts, int64_t n_parts, double *partials, int nblk, double *norm,
+                                 void *stream) {
+    const char *op = "grad_norm";
+    DW_OPS_REQUIRE(ctx, op, n_segs >= 0 && n_segs <= DW_CUDA_NORM_SEGS && n_parts >= 0 && (parts || !n_parts));
+    DW_OPS_REQUIRE(ctx, op, nblk >= 1 && nblk <= 65535 && g && partials && norm);
+    aw_segs sg;
+    sg.n = n_segs;
+    for (int k = 0; k < n_segs; k++) {
+        DW_OPS_REQUIRE(ctx, op, segs[k][0] <= segs[k][1] && (k == 0 || segs[k - 1][1] <= segs[k][0]));
+        sg.lo[k] = segs[k][0], sg.hi[k] = segs[k][1];
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    aw_sumsq_segs_kernel<<<nblk, AW_THREADS, 0, s>>>(g, sg, parts, n_parts, partials);
     aw_norm_kernel<<<1, AW_THREADS, 0, s>>>(partials, nblk, norm);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;

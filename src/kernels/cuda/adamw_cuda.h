@@ -19,6 +19,14 @@ extern "C" {
  * (partials: nblk doubles of scratch), then one block adds them in ascending order. */
 dw_status dw_cuda_grad_norm(dw_ctx *ctx, const float *g, int64_t n, double *partials, int nblk,
                             double *norm, void *stream);
+/* The same over the segments [segs[s][0], segs[s][1]) of g (n_segs <= DW_CUDA_NORM_SEGS, host
+ * memory, ascending and disjoint) plus n_parts sums of squares already made (parts, device; the
+ * experts' wgrad's, compile/wgrad_sumsq.h): each block adds its share of the segments' squares,
+ * then of parts, in a fixed order. */
+#define DW_CUDA_NORM_SEGS 128
+dw_status dw_cuda_grad_norm_segs(dw_ctx *ctx, const float *g, const int64_t (*segs)[2], int n_segs,
+                                 const double *parts, int64_t n_parts, double *partials, int nblk, double *norm,
+                                 void *stream);
 
 /* For i < n (weight decay only for i < n_decay), in double as dw_adamw_step_cpu:
  *   g' = g * scale;  p -= lr*wd*p;  m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;

@@ -24,6 +24,9 @@
 // epilogue, which reads, adds and writes dW while the wgmmas idle). On an H100 (session 19, bench/
 // RESULTS.md) the moe-e8 wgrad takes 1.08 ms with it against the register epilogue's 1.54 ms, moe-e64's
 // 0.70 against 0.94; tests/gpu/test_ops_cuda_moe_wgrad.c passes all three.
+// Asked (dw_moe_gemm_args.sumsq, with overwrite), the TMA epilogue also writes the sum of squares of
+// each 64 x 128 block it stores, from its registers: the gradient norm's share (compile/
+// wgrad_sumsq.h), so the norm need not read the experts' gradients again.
 #include <cuda_bf16.h>
 #include <string.h>
 
@@ -63,6 +66,8 @@ struct MwArgs {
     int64_t M;          // rows of W per expert
     int64_t tiles_n;
     int overwrite;      // wgrad: store dW_e instead of adding into it (experts without rows: zeros)
+    double *sumsq;      // OUT_TMA wgrad with overwrite, or NULL: each 64 x 128 block's sum of squares
+    int64_t sq_mb, sq_kb; // its blocks along M (64 rows) and K (128 columns)
 };
 
 // The tile of work unit u: expert e, rows [row0, row0 + rows) of the output's expert block (fprop
@@ -153,10 +158,13 @@ __device__ __forceinline__ void tma_add_3d(const CUtensorMap *map, int c0, int c
 // columns at a time, into its staging stg, 4 boxes of 64 rows x 32 FP32 (128 B, 128-byte swizzle:
 // 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp's float2 writes take the minimum two
 // wavefronts), then thread 0 of the warpgroup stores or adds them into dW. Rows past M and columns
-// past K are cut by the map's bounds. Called by all 128 threads of the warpgroup.
-template <int BN>
+// past K are cut by the map's bounds. Called by all 128 threads of the warpgroup. With p.sumsq, each
+// 128 columns' squares too (compile/wgrad_sumsq.h): a thread's 64 values in order, in double, the
+// warp's tree, then thread 0 adds the four warps' in order (wsq: the warpgroup's 4 doubles); rows
+// past M and columns past K hold zeros (their operands load as zeros).
+template <int BN, bool SQ>
 __device__ __forceinline__ void mw_epilogue_tma(const float *acc, uint8_t *stg, const CUtensorMap *map,
-                                                const MwArgs &p, const MwTile &t, int cw, int lt) {
+                                                const MwArgs &p, const MwTile &t, int cw, int lt, double *wsq) {
     const int warp = lt / 32, lane = lt % 32, q = lane % 4;
 #pragma unroll
     for (int hf = 0; hf < BN / 128; hf++) { // columns [128 hf, +128) of the tile
@@ -172,8 +180,22 @@ __device__ __forceinline__ void mw_epilogue_tma(const float *acc, uint8_t *stg, 
                     make_float2(acc[a], acc[a + 1]);
             }
         }
+        if constexpr (SQ) {
+            double sq = 0.0;
+#pragma unroll
+            for (int i = 0; i < 64; i++) {
+                const double v = acc[64 * hf + i];
+                sq += v * v;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            if (lane == 0) wsq[warp] = sq;
+        }
         fence_proxy_async(); // the writes, before the async proxy's reads
         asm volatile("bar.sync %0, 128;" ::"r"(1 + cw) : "memory");
+        const int64_t kb = (t.tn * BN + 128 * hf) / 128;
+        if (SQ && lt == 0 && t.row0 + 64 * cw < p.I && kb * 128 < p.J)
+            p.sumsq[(t.e * p.sq_mb + (t.row0 + 64 * cw) / 64) * p.sq_kb + kb] = ((wsq[0] + wsq[1]) + wsq[2]) + wsq[3];
         if (lt == 0 && t.row0 + 64 * cw < p.I) {
             const int m0 = (int)(t.row0 + 64 * cw), e = (int)t.e;
 #pragma unroll
@@ -189,13 +211,14 @@ __device__ __forceinline__ void mw_epilogue_tma(const float *acc, uint8_t *stg, 
 }
 #endif // DW_SM90_BODY
 
-// tC: OUT_TMA's map of dW (E, M, K) FP32 in 64 x 32 boxes (else unused).
-template <int BN, dw_moe_pass PASS, bool OUT_TMA>
+// tC: OUT_TMA's map of dW (E, M, K) FP32 in 64 x 32 boxes (else unused). SQ (OUT_TMA): p.sumsq too.
+template <int BN, dw_moe_pass PASS, bool OUT_TMA, bool SQ>
 __global__ void __launch_bounds__(MW_THREADS, 1)
     moe_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                          const __grid_constant__ CUtensorMap tC, MwArgs p) {
 #ifdef DW_SM90_BODY
     static_assert(!OUT_TMA || PASS == DW_MOE_WGRAD, "the TMA epilogue is wgrad's");
+    static_assert(!SQ || OUT_TMA, "the sums of squares come with the TMA epilogue");
     using C = MwCfg<BN, OUT_TMA>;
     constexpr int ST = C::STAGES, NACC = BN / 2; // NACC accumulators a thread
     constexpr bool AMN = PASS == DW_MOE_WGRAD, BMN = PASS != DW_MOE_FPROP;
@@ -206,6 +229,7 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     uint8_t *sOut = sB + ST * C::B_BYTES;         // OUT_TMA: [2 warpgroups][64 x 128 FP32], 1024-aligned
     uint64_t *full = (uint64_t *)(sOut + C::OUT_BYTES), *empty = full + ST;
     int32_t *s_off = (int32_t *)(empty + ST), *s_mt = s_off + MW_MAX_E + 1;
+    __shared__ double s_wsq[2][4]; // OUT_TMA with sumsq: each consumer warpgroup's warps' squares
     const int tid = threadIdx.x, wg = warpgroup_index();
     for (int64_t e = tid; e <= p.E; e += MW_THREADS) s_off[e] = p.off[e];
     __syncthreads();
@@ -292,7 +316,7 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
             if (lane == 0) mbar_arrive(&empty[prev]);
         }
         if constexpr (OUT_TMA) {
-            mw_epilogue_tma<BN>(acc, sOut + cw * (C::OUT_BYTES / 2), &tC, p, t, cw, lt);
+            mw_epilogue_tma<BN, SQ>(acc, sOut + cw * (C::OUT_BYTES / 2), &tC, p, t, cw, lt, s_wsq[cw]);
         } else { // epilogue from registers (the producer already fills the ring for the next tile)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -337,18 +361,18 @@ bool sm90_device(int *sms) {
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-template <int BN, dw_moe_pass PASS, bool OUT_TMA = false>
+template <int BN, dw_moe_pass PASS, bool OUT_TMA = false, bool SQ = false>
 cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const CUtensorMap &tC, const MwArgs &p,
                    cudaStream_t stream) {
     constexpr int smem = MwCfg<BN, OUT_TMA>::SMEM;
     static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once per kernel
     if (!attr_set) {
-        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_sm90_kernel<BN, PASS, OUT_TMA>,
+        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_sm90_kernel<BN, PASS, OUT_TMA, SQ>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
-    moe_gemm_sm90_kernel<BN, PASS, OUT_TMA><<<(unsigned)grid, MW_THREADS, smem, stream>>>(tA, tB, tC, p);
+    moe_gemm_sm90_kernel<BN, PASS, OUT_TMA, SQ><<<(unsigned)grid, MW_THREADS, smem, stream>>>(tA, tB, tC, p);
     return cudaGetLastError();
 }
 
@@ -398,7 +422,8 @@ int dw_moe_gemm_device_sm(void) {
     return cached_sm;
 }
 
-cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
+cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream, bool *sumsq_done) {
+    *sumsq_done = false;
     int sms = 0;
     const int64_t R = a->R, E = a->E, K = a->K, M = a->M;
     if (!sm90_device(&sms) || E > MW_MAX_E || K % 8 || M % 8 || !aligned16(a->x ? a->x : a->dy) ||
@@ -443,8 +468,14 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream) {
         if (wv == 0) return launch<128, DW_MOE_WGRAD>(grid, tA, tB, tA, p, stream);
         CUtensorMap tC;
         if (!make_map_dw(&tC, a->out, E, M, K)) return cudaErrorNotSupported;
-        return BN == 256 ? launch<256, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream)
-                         : launch<128, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream);
+        if (a->sumsq && a->overwrite) /* the epilogue's squares, from the values it stores */
+            p.sumsq = a->sumsq, p.sq_mb = (M + 63) / 64, p.sq_kb = (K + 127) / 128;
+        const cudaError_t err = p.sumsq ? (BN == 256 ? launch<256, DW_MOE_WGRAD, true, true>(grid, tA, tB, tC, p, stream)
+                                                     : launch<128, DW_MOE_WGRAD, true, true>(grid, tA, tB, tC, p, stream))
+                                : BN == 256 ? launch<256, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream)
+                                            : launch<128, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream);
+        *sumsq_done = err == cudaSuccess && p.sumsq;
+        return err;
     }
     if (a->pass == DW_MOE_DGRAD)
         return BN == 256 ? launch<256, DW_MOE_DGRAD>(grid, tA, tB, tA, p, stream)

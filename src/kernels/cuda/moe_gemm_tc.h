@@ -13,8 +13,9 @@
 cudaError_t dw_moe_gemm_tc(const dw_moe_gemm_args *a, cudaStream_t stream);
 /* The same through TMA + wgmma (moe_gemm_sm90.cu); cudaErrorNotSupported, launching nothing, where
  * it cannot run (not an sm_90 device, K or M not a multiple of 8, more than 1024 experts, a
- * pointer not 16-byte aligned). */
-cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream);
+ * pointer not 16-byte aligned). *sumsq_done: whether its epilogue wrote a->sumsq (the TMA
+ * epilogue's wgrad; the register epilogue's leaves it to the caller). */
+cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream, bool *sumsq_done);
 /* The current device's compute capability x10 (moe_gemm_sm90.cu; 0 when the runtime cannot say),
  * for the entry's automatic choice through the registry. */
 int dw_moe_gemm_device_sm(void);

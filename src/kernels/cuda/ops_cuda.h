@@ -268,8 +268,15 @@ typedef struct {
     int64_t R, E, K, M;
     dw_moe_kernel kernel;
     bool overwrite; /* wgrad: dW_e = dy_e^T x_e (experts without rows: zeros) instead of += */
+    double *sumsq;  /* wgrad with overwrite, or NULL: also the sum of squares of each 64 x 128 block of
+                       the dW written, compile/wgrad_sumsq.h's layout (the sm_90 kernel's TMA epilogue
+                       from its registers; the others by dw_cuda_moe_block_sumsq after) */
 } dw_moe_gemm_args;
 dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe_gemm_args *a, void *stream);
+/* sumsq[(e * ceil(M/64) + i/64) * ceil(K/128) + j/128] = sum of dw[e, i, j]^2 over each 64 x 128
+ * block of dw (E, M, K) FP32, in double (each thread's elements in order, then a fixed tree). */
+dw_status dw_cuda_moe_block_sumsq(dw_ctx *ctx, const float *dw, int64_t E, int64_t M, int64_t K, double *sumsq,
+                                  void *stream);
 
 /* ---- per-head RMSNorm (ops_norm.cu; oracle: dw_cpu_rmsnorm_* over N*H rows of D) ---------------
  * x, out (N,H*D); one weight w (D) for every head; rstd (N*H) saved. The rmsnorm entries over N*H

@@ -4,7 +4,9 @@
  * own check, and the host emulator's path). Which kernel runs is the registry's decision
  * (src/gemm/grouped_kernels.c states each one's rule); asked for AUTO, this entry asks it. Counts
  * and offsets stay on the device. Each output element is one CTA's: no atomics, deterministic.
- * wgrad adds into dW, or with a->overwrite stores it (zeros for experts without rows). */
+ * wgrad adds into dW, or with a->overwrite stores it (zeros for experts without rows), and then
+ * can write the sums of squares of its 64 x 128 blocks (a->sumsq: the gradient norm's share,
+ * compile/wgrad_sumsq.h), from the sm_90 kernel's epilogue or by a block kernel after. */
 #include "gemm/grouped.h"
 #include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_gemm_tc.h"
@@ -63,6 +65,39 @@ static __global__ void __launch_bounds__(DW_MG_THREADS) dw_moe_gemm_simt_kernel(
         }
 }
 
+/* One block per 64 x 128 block of dW (blockIdx.x = (e * MB + mb) * KB + kb): thread t reads rows
+ * t / 32 + 8 r (r = 0..7) at columns 4 (t % 32) .. + 3, squares in double, in that order. */
+static __global__ void __launch_bounds__(256) dw_moe_block_sumsq_kernel(const float *dw, int64_t M, int64_t K,
+                                                                         int64_t MB, int64_t KB, double *sumsq) {
+    __shared__ double sh[32];
+    const int64_t b = blockIdx.x, kb = b % KB, mb = (b / KB) % MB, e = b / (KB * MB);
+    const int c0 = 4 * (threadIdx.x % 32);
+    double s = 0.0;
+    for (int r = threadIdx.x / 32; r < 64; r += 8) {
+        const int64_t i = mb * 64 + r;
+        if (i >= M) break;
+        for (int c = c0; c < c0 + 4; c++) {
+            const int64_t j = kb * 128 + c;
+            if (j < K) {
+                const double v = (double)dw[(e * M + i) * K + j];
+                s += v * v;
+            }
+        }
+    }
+    s = dw_block_sum_d(s, sh);
+    if (threadIdx.x == 0) sumsq[b] = s;
+}
+
+extern "C" dw_status dw_cuda_moe_block_sumsq(dw_ctx *ctx, const float *dw, int64_t E, int64_t M, int64_t K,
+                                             double *sumsq, void *stream) {
+    const char *op = "moe_linear wgrad sumsq";
+    const int64_t MB = (M + 63) / 64, KB = (K + 127) / 128;
+    DW_OPS_REQUIRE(ctx, op, dw && sumsq && E >= 1 && M >= 1 && K >= 1 && E * MB * KB < ((int64_t)1 << 31));
+    dw_moe_block_sumsq_kernel<<<(unsigned)(E * MB * KB), 256, 0, (cudaStream_t)stream>>>(dw, M, K, MB, KB, sumsq);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
 static const char *dw_moe_pass_name(dw_moe_pass pass) {
     return pass == DW_MOE_FPROP ? "moe_linear" : pass == DW_MOE_DGRAD ? "moe_linear dgrad" : "moe_linear wgrad";
 }
@@ -78,9 +113,14 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
     const int64_t R = a->R, J = a->pass == DW_MOE_FPROP ? a->M : a->K;
     if (a->pass != DW_MOE_WGRAD) /* rows past the assigned ones: zero, whatever the kernel covers */
         DW_TRY(dw_cuda_moe_zero_tail(ctx, dt, a->out, a->offsets, a->E, R, J, stream));
+    const bool sumsq = a->pass == DW_MOE_WGRAD && a->overwrite && a->sumsq; /* blocks of the dW written */
+    DW_OPS_REQUIRE(ctx, op, !a->sumsq || sumsq);
     if (R == 0) { /* nothing to multiply; an overwritten dW is zeros */
         if (a->pass == DW_MOE_WGRAD && a->overwrite)
             DW_CUDA_CHECK(ctx, cudaMemsetAsync(a->out, 0, (size_t)(a->E * a->M * a->K) * sizeof(float), s));
+        if (sumsq)
+            DW_CUDA_CHECK(ctx, cudaMemsetAsync(a->sumsq, 0, (size_t)(a->E * ((a->M + 63) / 64) * ((a->K + 127) / 128)) *
+                                                                sizeof(double), s));
         return DW_OK;
     }
     dw_moe_kernel k = a->kernel;
@@ -97,17 +137,22 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
                                 (long long)a->K, (long long)a->M);
     }
     DW_OPS_REQUIRE(ctx, op, k == DW_MOE_KERNEL_SIMT || dt == DW_ACT_BF16);
+    /* the block sums after the kernel, unless the sm_90 kernel's epilogue wrote them */
+    const auto block_sumsq = [&]() -> dw_status {
+        return sumsq ? dw_cuda_moe_block_sumsq(ctx, (const float *)a->out, a->E, a->M, a->K, a->sumsq, stream) : DW_OK;
+    };
     if (k == DW_MOE_KERNEL_WGMMA) {
-        const cudaError_t err = dw_moe_gemm_sm90(a, s);
+        bool fused = false;
+        const cudaError_t err = dw_moe_gemm_sm90(a, s, &fused);
         if (err == cudaErrorNotSupported)
             return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "%s: the wgmma kernel cannot run here (an sm_90 device, K "
                                 "and M multiples of 8, at most 1024 experts and 16-byte aligned operands are needed)", op);
         DW_CUDA_CHECK(ctx, err);
-        return DW_OK;
+        return fused ? DW_OK : block_sumsq();
     }
     if (k == DW_MOE_KERNEL_MMA) {
         DW_CUDA_CHECK(ctx, dw_moe_gemm_tc(a, s));
-        return DW_OK;
+        return block_sumsq();
     }
     dim3 grid;
     if (a->pass == DW_MOE_WGRAD)
@@ -119,5 +164,5 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
     if (dt == DW_ACT_F32) dw_moe_gemm_simt_kernel<float><<<grid, DW_MG_THREADS, 0, s>>>(*a);
     else dw_moe_gemm_simt_kernel<dw_bf16><<<grid, DW_MG_THREADS, 0, s>>>(*a);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
-    return DW_OK;
+    return block_sumsq();
 }

@@ -5,7 +5,8 @@
  * device) and the grouped expert linear layer (dw_grouped_gemm with the kernel the compiler bound:
  * src/gemm/grouped_kernels.c; a BF16 program reads the standing BF16 weight copy, which expert
  * weights always have; passes bound to fp8_block or mxfp8 quantise x and dy on the device per call and read
- * the node's weight cache, which moe_fp8_cuda.c refreshes after each weight update). No
+ * the node's weight cache, which moe_fp8_cuda.c refreshes after each weight update; a BF16 wgrad
+ * written over can also write its share of the gradient norm, compile/wgrad_sumsq.h). No
  * host synchronisation: a recorded step replays whatever the routing. An output gradient no
  * consumer sent (dout NULL) counts as zeros; no MoE op adds into an input gradient (ops.def gives
  * them no ACC flag). */
@@ -15,11 +16,15 @@
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include <string.h>
+
+#include "compile/wgrad_sumsq.h"
 #include "core/cuda_check.h"
 #include "gemm/grouped_fp8.h"
 #include "gemm/grouped_mxfp8.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
+#include "runtime/exec.h"
 #include "runtime/moe_fp8.h"
 
 dw_status dw_cuda_op_moe_router_fwd(dw_backend *be, const dw_op_call *c) {
@@ -79,6 +84,24 @@ static dw_grouped_args moe_gemm_args(const dw_op_call *c, int pass) {
     return a;
 }
 
+/* Where node c's BF16 wgrad writes its blocks' sums of squares (compile/wgrad_sumsq.h), or NULL:
+ * not an eligible layer, or the executor does not take them this step. */
+static double *wgrad_sumsq(const dw_op_call *c) {
+    const int64_t o = dw_exec_wsumsq_on(c->x) ? dw_compile_wsumsq_of(c->x->p, c->node) : -1;
+    if (o < 0) return NULL;
+    DW_ASSERT(c->pgrad_set[1] && !c->x->p->node[c->node].bind.quantised[DW_QPASS_WGRAD]);
+    return (double *)(c->x->work + o);
+}
+
+/* The built-in CUDA grouped kernel of that name (src/gemm/grouped_kernels.c), or AUTO: another. */
+static dw_moe_kernel builtin_kernel(const char *name) {
+    if (!name) return DW_MOE_KERNEL_AUTO;
+    return !strcmp(name, "grouped_wgmma_sm90") ? DW_MOE_KERNEL_WGMMA
+           : !strcmp(name, "grouped_mma_sm80") ? DW_MOE_KERNEL_MMA
+           : !strcmp(name, "grouped_cuda_simt") ? DW_MOE_KERNEL_SIMT
+                                                : DW_MOE_KERNEL_AUTO;
+}
+
 /* Quantised operands (recipe r: fp8_block or mxfp8) on the device, in the stream's order: v [R, C]
  * along its rows (role rows) or, for wgrad, v^T [C, P] with each expert's rows padded to the block
  * (dy^T, x^T; grouped_fp8.h, grouped_mxfp8.h), into the role's slot (moe_fp8.h). */
@@ -121,6 +144,10 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         if (c->pgrad[1] && c->pgrad_set[1])
             DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(c->pgrad[1], 0, (size_t)(a.experts * a.m * a.k) * sizeof(float),
                                                    DW_CUDA_STREAM(be)));
+        double *sq = wgrad_sumsq(c);
+        if (sq)
+            DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(sq, 0, (size_t)dw_wsumsq_parts(a.experts, a.m, a.k) * sizeof(double),
+                                                   DW_CUDA_STREAM(be)));
         return DW_OK;
     }
     if (c->dx[0]) { /* dx_e = dy_e W_e */
@@ -138,7 +165,19 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_DYT, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
         DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_XT, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
     }
-    return dw_grouped_gemm(be->ctx, &a);
+    double *sq = wgrad_sumsq(c);
+    if (!sq) return dw_grouped_gemm(be->ctx, &a);
+    /* the gradient norm's share (BF16 wgrad written over: compile/wgrad_sumsq.h): a built-in CUDA
+     * kernel makes it with dW (the sm_90 one from its epilogue's registers); another, after it */
+    const dw_moe_kernel k = builtin_kernel(a.backend);
+    if (k == DW_MOE_KERNEL_AUTO) {
+        DW_TRY(dw_grouped_gemm(be->ctx, &a));
+        return dw_cuda_moe_block_sumsq(be->ctx, (const float *)a.out, a.experts, a.m, a.k, sq, DW_CUDA_STREAM(be));
+    }
+    const dw_moe_gemm_args g = {.pass = DW_MOE_WGRAD, .x = a.x, .dy = a.dy, .out = a.out, .offsets = a.offsets,
+                                .R = a.rows, .E = a.experts, .K = a.k, .M = a.m, .kernel = k, .overwrite = true,
+                                .sumsq = sq};
+    return dw_cuda_moe_gemm(be->ctx, dt, &g, DW_CUDA_STREAM(be));
 }
 
 /* ---- combine: each token's weighted sum of its K expert rows ---------------------------------- */

@@ -1,5 +1,6 @@
 /* steps_cuda.c — the CUDA backend's optimizer steps over the program's pools: the gradient norm
- * (deterministic two-stage reduction into the workspace), AdamW reading its arguments and the norm
+ * (deterministic two-stage reduction into the workspace; the pool less the experts' gradients whose
+ * squares their wgrad summed, where dw_exec_wsumsq_on), AdamW reading its arguments and the norm
  * from the workspace (so a recorded optimizer replays with each step's values; with the BF16
  * copies of the updated masters in the same pass where the executor fuses the cast, and MoE
  * experts' fp8_block weight caches where it fuses their refresh), and the BF16 working copies of
@@ -11,16 +12,28 @@
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
+#include "compile/wgrad_sumsq.h"
 #include "core/cuda_check.h"
 #include "kernels/cuda/adamw_cuda.h"
 #include "runtime/cuda/cuda.h"
 #include "runtime/cuda/kern.h"
+#include "runtime/exec.h"
 #include "runtime/moe_fp8.h"
+
+_Static_assert(DW_CUDA_NORM_SEGS >= DW_WSUMSQ_MAX_SEGS, "the norm kernel takes every segment");
 
 dw_status dw_cuda_step_grad_norm(dw_backend *be, const dw_exec *x) {
     const dw_compiled *p = x->p;
-    return dw_cuda_grad_norm(be->ctx, x->grad, p->param_floats, (double *)(x->work + p->work.partials),
-                             DW_COMPILE_NORM_BLOCKS, (double *)(x->work + p->work.norm), DW_CUDA_STREAM(be));
+    double *partials = (double *)(x->work + p->work.partials), *norm = (double *)(x->work + p->work.norm);
+    if (!dw_exec_wsumsq_on(x))
+        return dw_cuda_grad_norm(be->ctx, x->grad, p->param_floats, partials, DW_COMPILE_NORM_BLOCKS, norm,
+                                 DW_CUDA_STREAM(be));
+    /* the experts' gradients' squares came with their wgrad (ops_cuda_moe.c): the rest of the pool */
+    int64_t segs[DW_WSUMSQ_MAX_SEGS][2];
+    const int n = dw_compile_norm_segments(p, segs, DW_WSUMSQ_MAX_SEGS);
+    return dw_cuda_grad_norm_segs(be->ctx, x->grad, (const int64_t(*)[2])segs, n,
+                                  (const double *)(x->work + p->work.wsumsq), p->work.wsumsq_parts, partials,
+                                  DW_COMPILE_NORM_BLOCKS, norm, DW_CUDA_STREAM(be));
 }
 
 /* Whether AdamW's pass can refresh node's weight cache (dw_cuda_adamw_quant): a MoE layer's experts
