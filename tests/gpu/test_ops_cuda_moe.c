@@ -6,7 +6,9 @@
  * scratch) and the loss (kernels/cpu/moe_aux_cpu.c). Routings: uniform, every
  * token to the same experts (the rest empty), one token, many experts with empty ones, assignments
  * outside [0,E) (rows past the assigned ones must come out zero); odd widths take the scalar paths.
- * Dispatch with a capacity (token dropping) and combine over the dropped rows, with the same
+ * The combine's backward writes every row without zeroing first where the dispatch was dropless
+ * over valid experts (covered; poisoned rows would show). Dispatch with a capacity (token dropping)
+ * and combine over the dropped rows, with the same
  * routings, a capacity of one row, and routings spread over many index-kernel segments.
  * Fresh random inputs, outputs poisoned with NaN, guard bands. Needs a GPU (ctest label "gpu"); the
  * host emulator (tests/common/cuda_emu/run.sh) runs it too, BF16 on the FMA tiles only.
@@ -165,7 +167,8 @@ static int64_t run_moe_cap(dw_act_dtype dt, dw_moe_kernel kern, int64_t N, int64
     DW_GC_OK(bad, name, dw_cuda_moe_combine_fwd(NULL, dt, out->dev, ys->dev, wt->dev, (const int32_t *)gpos->dev, N, M,
                                                 K, dw_gc_stream));
     DW_GC_OK(bad, name, dw_cuda_moe_combine_bwd(NULL, dt, dys->dev, dwt->dev, dout->dev, ys->dev, wt->dev,
-                                                (const int32_t *)gpos->dev, N, M, K, R, dw_gc_stream));
+                                                (const int32_t *)gpos->dev, N, M, K, R, cap == 0 && mode != ROUTE_INVALID,
+                                                dw_gc_stream));
     DW_GC_SYNC();
 
     const dw_gc_tol t = dw_gc_pick(dt, 1e-5, 1e-4), tf = {1e-5, 1e-4, 0.0};

@@ -230,7 +230,9 @@ dw_status dw_cuda_moe_router_bwd_desc(dw_ctx *ctx, dw_act_dtype dt, void *dz, co
  * equal weights keeping the earlier (token, k); cap <= 0: none dropped). All on the device. E <= 4096.
  * combine: out (N,C) = sum_k wt[n,k] ys[pos[n,k]] (wt NULL: weights 1, dispatch's backward; ys
  * NULL: zeros). combine backward: dys (R,C) (rows no assignment names: zero) and dwt (N,K), either
- * NULL; dout NULL: zeros. zero_tail: rows [offsets[E], R) of y (R,C) set to zero. */
+ * NULL; dout NULL: zeros; covered: every row of dys is one assignment's (a dropless dispatch, R =
+ * N K: pos a permutation), so none is zeroed first. zero_tail: rows [offsets[E], R) of y (R,C) set
+ * to zero. */
 dw_status dw_cuda_moe_dispatch_fwd(dw_ctx *ctx, dw_act_dtype dt, void *xs, int32_t *offsets, int32_t *pos,
                                    const void *x, const int32_t *idx, const void *prio, int64_t N, int64_t C,
                                    int64_t K, int64_t E, int64_t cap, void *stream);
@@ -242,7 +244,7 @@ dw_status dw_cuda_moe_combine_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const
                                   const int32_t *pos, int64_t N, int64_t C, int64_t K, void *stream);
 dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dys, void *dwt, const void *dout,
                                   const void *ys, const void *wt, const int32_t *pos, int64_t N, int64_t C, int64_t K,
-                                  int64_t R, void *stream);
+                                  int64_t R, bool covered, void *stream);
 dw_status dw_cuda_moe_zero_tail(dw_ctx *ctx, dw_act_dtype dt, void *y, const int32_t *offsets, int64_t E, int64_t R,
                                 int64_t C, void *stream);
 

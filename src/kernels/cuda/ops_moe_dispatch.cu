@@ -435,15 +435,17 @@ extern "C" dw_status dw_cuda_moe_combine_fwd(dw_ctx *ctx, dw_act_dtype dt, void 
 
 extern "C" dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dys, void *dwt, const void *dout,
                                              const void *ys, const void *wt, const int32_t *pos, int64_t N, int64_t C,
-                                             int64_t K, int64_t R, void *stream) {
+                                             int64_t K, int64_t R, bool covered, void *stream) {
     const char *op = "moe_combine backward";
     DW_OPS_REQUIRE_DT(ctx, op, dt);
-    DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 1 && K >= 1 && R >= 0);
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 1 && K >= 1 && R >= 0 && (!covered || R == N * K));
     DW_OPS_REQUIRE(ctx, op, !dout || N == 0 || (ys && wt && pos));
     cudaStream_t s = (cudaStream_t)stream;
     const size_t es = (size_t)dw_act_size(dt);
-    /* rows no assignment points at (a dropped or invalid one) get zeros */
-    if (dys && R > 0) DW_CUDA_CHECK(ctx, cudaMemsetAsync(dys, 0, (size_t)(R * C) * es, s));
+    /* rows no assignment points at (a dropped or invalid one) get zeros; covered: there are none
+     * unless no gradient comes (moe-e64: 0.09 ms a layer of memset saved) */
+    if (dys && R > 0 && (!covered || !dout || N == 0))
+        DW_CUDA_CHECK(ctx, cudaMemsetAsync(dys, 0, (size_t)(R * C) * es, s));
     if (!dout || N == 0) {
         if (dwt && N > 0) DW_CUDA_CHECK(ctx, cudaMemsetAsync(dwt, 0, (size_t)(N * K) * es, s));
         return DW_OK;

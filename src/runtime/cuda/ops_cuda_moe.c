@@ -186,11 +186,21 @@ dw_status dw_cuda_op_moe_combine_fwd(dw_backend *be, const dw_op_call *c) {
                                    (const int32_t *)c->in[2], c->rows, dw_cuda_width(c, c->n->out[0]),
                                    dw_cuda_width(c, c->n->in[1]), DW_CUDA_STREAM(be));
 }
+/* Whether the combine's rows are each one assignment's: its pos comes from a dropless dispatch
+ * (no capacity) of a router's choices (every one an expert in [0, E)) and the rows are N K. */
+static bool combine_covered(const dw_op_call *c, int64_t N, int64_t K, int64_t R) {
+    const dw_graph *g = c->x->g;
+    const int d = g->tensors[c->n->in[2]].producer;
+    if (R != N * K || d < 0 || g->nodes[d].op != DW_OP_MOE_DISPATCH || g->nodes[d].attrs.capacity_factor > 0)
+        return false;
+    const int r = g->tensors[g->nodes[d].in[1]].producer;
+    return r >= 0 && g->nodes[r].op == DW_OP_MOE_ROUTER;
+}
 dw_status dw_cuda_op_moe_combine_bwd(dw_backend *be, const dw_op_call *c) {
-    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]);
+    const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]), R = dw_exec_rows(c->x, c->n->in[0]);
     return dw_cuda_moe_combine_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dx[1], c->dout[0], c->in[0],
-                                   c->in[1], (const int32_t *)c->in[2], N, dw_cuda_width(c, c->n->out[0]), K,
-                                   dw_exec_rows(c->x, c->n->in[0]), DW_CUDA_STREAM(be));
+                                   c->in[1], (const int32_t *)c->in[2], N, dw_cuda_width(c, c->n->out[0]), K, R,
+                                   combine_covered(c, N, K, R), DW_CUDA_STREAM(be));
 }
 
 /* ---- load-balancing loss: statistics per layer, summed; the loss once, after the last layer ---- */
