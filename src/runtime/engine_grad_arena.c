@@ -58,7 +58,9 @@ dw_status dw_engine_arena_readable(dw_engine *e, const char *what) {
     if (e->grads_zero_due) { /* dw_engine_zero_grad's zeros, made now that they are read */
         e->grads_zero_due = false;
         e->bf16_dirty = e->p->bf16_arena; /* the zeros may cover copies */
-        return e->be->i->zero(e->be, e->x->grad, (size_t)e->p->param_floats * sizeof(float));
+        DW_TRY(e->be->i->zero(e->be, e->x->grad, (size_t)e->p->param_floats * sizeof(float)));
+        if (e->p->work.wsumsq < 0) return DW_OK; /* and the experts' squares the norm adds (wgrad_sumsq.h) */
+        return e->be->i->zero(e->be, e->x->work + e->p->work.wsumsq, (size_t)e->p->work.wsumsq_parts * sizeof(double));
     }
     if (!e->grads_stale) return DW_OK;
     return dw_set_error(e->ctx, DW_ERR_UNSUPPORTED, "%s: a forward ran after the last backward%s and reused the "

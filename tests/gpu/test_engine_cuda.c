@@ -926,7 +926,8 @@ static void test_fused_cast_engine(void **state) {
  * grad_arena and bf16_arena, an engine taking the partials and one with DW_FUSED_NORM=0, 4 steps
  * (eager, then a recorded step replayed): each step's norm against the gradients read back after
  * the backward, summed here in double, within 1e-12 relative, and the two engines' losses within
- * 1e-6 (their clip scales differ in the last bits only, from the norms' summation order). */
+ * 1e-6 (their clip scales differ in the last bits only, from the norms' summation order); then
+ * dw_engine_zero_grad and a step without a backward: norm 0 (the partials are zeroed with them). */
 static void test_fused_norm_engine(void **state) {
     (void)state;
     static const char *const cases[][2] = {{"mixtral-tiny", "bf16"}, {"olmoe-tiny", "bf16"}, {"mixtral-tiny", "fp8_block"}};
@@ -972,8 +973,16 @@ static void test_fused_norm_engine(void **state) {
             if (dl > worst_loss) worst_loss = dl;
             if (!(dl <= 1e-6)) bad++, fprintf(stderr, "step %d: losses %.9g vs %.9g\n", step, l[0], l[1]);
         }
+        /* zeroed gradients and no backward: the partials the last backward wrote are zeros too */
+        for (int k = 0; k < 2; k++) {
+            double gz = -1;
+            assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+            assert_int_equal(dw_engine_step(e[k], &ao, 5, &gz), DW_OK);
+            if (gz != 0) bad++, fprintf(stderr, "%s %s: zeroed gradients, norm %.17g\n", cases[c][0], cases[c][1], gz);
+        }
         printf("  %s %s: norms with the experts' wgrad partials vs the gradients read back: worst rel %.2g over 4 "
-               "steps; losses vs DW_FUSED_NORM=0 within %.2g\n", cases[c][0], cases[c][1], worst_norm, worst_loss);
+               "steps; losses vs DW_FUSED_NORM=0 within %.2g; zeroed gradients' norm 0\n", cases[c][0], cases[c][1],
+               worst_norm, worst_loss);
         free(x), free(y);
         dw_engine_free(e[0]);
         dw_engine_free(e[1]);
