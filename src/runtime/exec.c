@@ -111,6 +111,13 @@ void dw_exec_stop_recording(dw_exec *x) {
     x->record = false;
 }
 
+void dw_exec_share_grads(dw_exec *x) {
+    x->grads_shared = true;
+    drop(x, &x->rec_step); /* recorded with the partials' writes */
+    drop(x, &x->rec_opt);  /* and the norm that reads them */
+    x->key_seen = x->opt_calls = 0;
+}
+
 dw_status dw_exec_shard_optimizer(dw_exec *x, int64_t lo, int64_t hi) {
     dw_backend *be = x->be;
     DW_ASSERT(0 <= lo && lo < hi && hi <= x->p->param_floats);

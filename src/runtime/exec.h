@@ -124,6 +124,10 @@ void dw_exec_free(dw_exec *x);
 /* Recording off and the recorded training step dropped: hooks that run collectives between the
  * steps (train/dp_overlap.c, dp_zero3.c) need every step issued. */
 void dw_exec_stop_recording(dw_exec *x);
+/* Data parallelism over several ranks (train/dp.c): the gradients are reduced between the backward
+ * and the norm, so the norm reads them all (grads_shared; dw_exec_wsumsq_on false from now); the
+ * recordings made before are dropped. */
+void dw_exec_share_grads(dw_exec *x);
 /* ZeRO-1/2 (train/dp.c): the optimizer pool replaced by one holding only the moments of pool floats
  * [lo, hi) (zeroed; the whole one released, the recorded optimizer dropped). The engine's own
  * optimizer step then refuses to run (engine.c): the shard's step is data parallelism's. */

@@ -77,7 +77,7 @@ dw_status dw_dp_init(dw_dp *d, dw_engine *e, int zero, bool overlap) {
     d->overlap = overlap;
     DW_TRY(check_engine(d));
     if (d->world == 1) return DW_OK;
-    e->x->grads_shared = true; /* the norm reads the reduced gradients, not the backward's partials */
+    dw_exec_share_grads(e->x); /* the norm reads the reduced gradients, not the backward's partials */
     if (zero > 0) DW_TRY(shard_memory(d));
     int64_t size = 0;
     DW_TRY(dw_dp_bucket_floats(e->ctx, zero, &size));
