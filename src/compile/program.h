@@ -105,6 +105,8 @@ typedef struct {
     int64_t off, scales, tscale, bytes;
 } dw_qslot_layout;
 
+#define DW_COMPILE_NORM_SEGS 128 /* the norm step's pool ranges at most (a launch argument of its kernel) */
+
 /* Workspace pool layout (byte offsets). */
 typedef struct {
     int64_t tokens, targets;   /* (cap N) int32 each; a feed-forward graph's input: (cap N, C_in) act dtype */
@@ -141,8 +143,10 @@ typedef struct {
     int64_t quant_ws, quant_ws_bytes;
     int64_t wsumsq;            /* the experts' wgrad share of the gradient norm (-1: none; compile/
                                   wgrad_sumsq.h): wsumsq_parts doubles, each eligible MoE linear
-                                  layer's blocks in node order */
+                                  layer's blocks in node order (node[].wsumsq_off) */
     int64_t wsumsq_parts;
+    int n_norm_segs;           /* with partials: the gradient pool's ranges [lo, hi) they do not */
+    int64_t norm_segs[DW_COMPILE_NORM_SEGS][2]; /* cover, ascending, for the norm step */
     int64_t bytes;
 } dw_work_layout;
 #define DW_COMPILE_NORM_BLOCKS 1024
@@ -196,6 +200,9 @@ typedef struct {
     int partner_bwd;          /* a fused GELU, the linear doing its forward / backward; -1 none */
     dw_qslot_layout wq[2];    /* quantised linear: W [M,K] along K and W^T [K,M] along M, in the
                                  workspace, refreshed after every weight update (DW_STEP_QUANT_W) */
+    int64_t wsumsq_off;       /* a MoE linear layer whose wgrad writes its share of the gradient norm:
+                                 its partials' byte offset in the workspace (compile/wgrad_sumsq.h),
+                                 else -1 (set with the workspace's layout) */
     uint8_t pgrad_set;        /* grad_arena: bit s set when the backward writes input s's parameter
                                  gradient over its slice (beta 0) instead of adding into it: the
                                  parameter's first writer (grad_arena.c), no ZERO_GRAD before it */

@@ -148,13 +148,7 @@ dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {
     w->norm = o, o = dw_align_up(o + 8, 256);
     w->partials = o, o = dw_align_up(o + DW_COMPILE_NORM_BLOCKS * 8, 256);
     w->adamw_args = o, o = dw_align_up(o + DW_COMPILE_ADAMW_ARGS_BYTES, 256);
-    w->wsumsq_parts = 0; /* the experts' wgrad share of the norm (wgrad_sumsq.h) */
-    for (int i = 0; i < c->g->n_nodes; i++)
-        if (dw_compile_wsumsq_node(c, i)) {
-            const dw_ir_tensor *wt = &c->g->tensors[c->g->nodes[i].in[1]];
-            w->wsumsq_parts += dw_wsumsq_parts(wt->shape[0], wt->shape[1], wt->shape[2]);
-        }
-    w->wsumsq = w->wsumsq_parts ? o : -1, o = dw_align_up(o + w->wsumsq_parts * 8, 256);
+    dw_compile_wsumsq_layout(c, &o); /* the experts' wgrad share of the norm (wgrad_sumsq.h) */
     int64_t widest = 0; /* biased linear layers' output width */
     for (int i = 0; c->bf16 && i < c->g->n_nodes; i++) {
         const dw_ir_node *n = &c->g->nodes[i];

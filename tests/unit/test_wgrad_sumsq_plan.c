@@ -25,6 +25,7 @@
 #include "compile/passes.h"
 #include "compile/wgrad_sumsq.h"
 #include "ir/ir.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "testutil.h"
 
 #define CTX dw_test_ctx
@@ -95,7 +96,7 @@ static int check_plan(const dw_compiled *c, int *n_moe) {
             for (int s = 0; s < g->nodes[j].n_in; s++)
                 if (c->tensor[g->nodes[j].in[s]].param == k) assert_true(j == i && s == 1);
         assert_int_equal(o, at); /* end to end, in node order */
-        const int64_t np = dw_wsumsq_parts(w->shape[0], w->shape[1], w->shape[2]);
+        const int64_t np = dw_moe_sumsq_parts(w->shape[0], w->shape[1], w->shape[2]);
         assert_int_equal(np, w->shape[0] * ((w->shape[1] + 63) / 64) * ((w->shape[2] + 127) / 128));
         at += np * 8, parts += np, n++, covered += dw_ir_numel(w);
         for (int64_t f = c->param_off[k]; f < c->param_off[k] + dw_ir_numel(w); f++) map[f]++;
@@ -104,9 +105,9 @@ static int check_plan(const dw_compiled *c, int *n_moe) {
     assert_int_equal(covered, dw_compile_wsumsq_floats(c)); /* the planner's saving */
     if (n) apart_from_others(c);
     else assert_int_equal(c->work.wsumsq, -1);
-    int64_t segs[DW_WSUMSQ_MAX_SEGS][2];
-    const int ns = dw_compile_norm_segments(c, segs, DW_WSUMSQ_MAX_SEGS);
-    assert_true(ns >= 1 && ns <= DW_WSUMSQ_MAX_SEGS && ns <= n + 1);
+    int64_t segs[DW_COMPILE_NORM_SEGS][2];
+    const int ns = dw_compile_norm_segments(c, segs, DW_COMPILE_NORM_SEGS);
+    assert_true(ns >= 1 && ns <= DW_COMPILE_NORM_SEGS && ns <= n + 1);
     for (int s = 0; s < ns; s++) {
         assert_true(0 <= segs[s][0] && segs[s][0] < segs[s][1] && segs[s][1] <= c->param_floats);
         if (s) assert_true(segs[s - 1][1] < segs[s][0]); /* apart: a covered weight between */
@@ -151,8 +152,8 @@ static void test_none(void **state) {
         int n_moe = 0;
         assert_int_equal(check_plan(m.c, &n_moe), 0);
         assert_true(n_moe > 0);
-        int64_t segs[DW_WSUMSQ_MAX_SEGS][2];
-        assert_int_equal(dw_compile_norm_segments(m.c, segs, DW_WSUMSQ_MAX_SEGS), 1);
+        int64_t segs[DW_COMPILE_NORM_SEGS][2];
+        assert_int_equal(dw_compile_norm_segments(m.c, segs, DW_COMPILE_NORM_SEGS), 1);
         assert_true(segs[0][0] == 0 && segs[0][1] == m.c->param_floats);
         drop(&m);
     }
@@ -163,8 +164,8 @@ static void test_cap(void **state) {
     prog m;
     build("mixtral-tiny", 70, false, "bf16", DW_DEVICE_CUDA, true, &m);
     int n_moe = 0;
-    assert_int_equal(check_plan(m.c, &n_moe), DW_WSUMSQ_MAX_SEGS - 1);
-    assert_true(n_moe > DW_WSUMSQ_MAX_SEGS);
+    assert_int_equal(check_plan(m.c, &n_moe), DW_COMPILE_NORM_SEGS - 1);
+    assert_true(n_moe > DW_COMPILE_NORM_SEGS);
     drop(&m);
 }
 

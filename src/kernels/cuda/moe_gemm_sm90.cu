@@ -39,6 +39,8 @@
 namespace {
 
 constexpr int MW_BM = 128, MW_BK = 64; // BK: 64 BF16 = one 128-byte swizzle line
+static_assert(DW_MOE_SUMSQ_BM == 64 && DW_MOE_SUMSQ_BN == 128,
+              "the TMA epilogue sums a consumer warpgroup's 64 rows by 128 columns");
 constexpr int MW_THREADS = 384;
 constexpr int MW_A_BYTES = MW_BM * MW_BK * 2;
 constexpr int MW_MAX_E = 1024;                 // offsets kept in shared memory
@@ -469,7 +471,7 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream, boo
         CUtensorMap tC;
         if (!make_map_dw(&tC, a->out, E, M, K)) return cudaErrorNotSupported;
         if (a->sumsq && a->overwrite) /* the epilogue's squares, from the values it stores */
-            p.sumsq = a->sumsq, p.sq_mb = (M + 63) / 64, p.sq_kb = (K + 127) / 128;
+            p.sumsq = a->sumsq, p.sq_mb = dw_moe_sumsq_mb(M), p.sq_kb = dw_moe_sumsq_kb(K);
         const cudaError_t err = p.sumsq ? (BN == 256 ? launch<256, DW_MOE_WGRAD, true, true>(grid, tA, tB, tC, p, stream)
                                                      : launch<128, DW_MOE_WGRAD, true, true>(grid, tA, tB, tC, p, stream))
                                 : BN == 256 ? launch<256, DW_MOE_WGRAD, true>(grid, tA, tB, tC, p, stream)

@@ -275,6 +275,15 @@ typedef struct {
                        from its registers; the others by dw_cuda_moe_block_sumsq after) */
 } dw_moe_gemm_args;
 dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe_gemm_args *a, void *stream);
+/* The sums of squares' blocks: DW_MOE_SUMSQ_BM rows by DW_MOE_SUMSQ_BN columns of dW, block (e, mb,
+ * kb) at (e * dw_moe_sumsq_mb(M) + mb) * dw_moe_sumsq_kb(K) + kb; dw_moe_sumsq_parts of them. */
+#define DW_MOE_SUMSQ_BM 64
+#define DW_MOE_SUMSQ_BN 128
+static inline int64_t dw_moe_sumsq_mb(int64_t M) { return (M + DW_MOE_SUMSQ_BM - 1) / DW_MOE_SUMSQ_BM; }
+static inline int64_t dw_moe_sumsq_kb(int64_t K) { return (K + DW_MOE_SUMSQ_BN - 1) / DW_MOE_SUMSQ_BN; }
+static inline int64_t dw_moe_sumsq_parts(int64_t E, int64_t M, int64_t K) {
+    return E * dw_moe_sumsq_mb(M) * dw_moe_sumsq_kb(K);
+}
 /* sumsq[(e * ceil(M/64) + i/64) * ceil(K/128) + j/128] = sum of dw[e, i, j]^2 over each 64 x 128
  * block of dw (E, M, K) FP32, in double (each thread's elements in order, then a fixed tree). */
 dw_status dw_cuda_moe_block_sumsq(dw_ctx *ctx, const float *dw, int64_t E, int64_t M, int64_t K, double *sumsq,

@@ -67,6 +67,7 @@ static __global__ void __launch_bounds__(DW_MG_THREADS) dw_moe_gemm_simt_kernel(
 
 /* One block per 64 x 128 block of dW (blockIdx.x = (e * MB + mb) * KB + kb): thread t reads rows
  * t / 32 + 8 r (r = 0..7) at columns 4 (t % 32) .. + 3, squares in double, in that order. */
+static_assert(DW_MOE_SUMSQ_BM == 64 && DW_MOE_SUMSQ_BN == 128, "256 threads: 8 rows of 32 x 4 columns a pass");
 static __global__ void __launch_bounds__(256) dw_moe_block_sumsq_kernel(const float *dw, int64_t M, int64_t K,
                                                                          int64_t MB, int64_t KB, double *sumsq) {
     __shared__ double sh[32];
@@ -91,7 +92,7 @@ static __global__ void __launch_bounds__(256) dw_moe_block_sumsq_kernel(const fl
 extern "C" dw_status dw_cuda_moe_block_sumsq(dw_ctx *ctx, const float *dw, int64_t E, int64_t M, int64_t K,
                                              double *sumsq, void *stream) {
     const char *op = "moe_linear wgrad sumsq";
-    const int64_t MB = (M + 63) / 64, KB = (K + 127) / 128;
+    const int64_t MB = dw_moe_sumsq_mb(M), KB = dw_moe_sumsq_kb(K);
     DW_OPS_REQUIRE(ctx, op, dw && sumsq && E >= 1 && M >= 1 && K >= 1 && E * MB * KB < ((int64_t)1 << 31));
     dw_moe_block_sumsq_kernel<<<(unsigned)(E * MB * KB), 256, 0, (cudaStream_t)stream>>>(dw, M, K, MB, KB, sumsq);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
@@ -119,8 +120,7 @@ extern "C" dw_status dw_cuda_moe_gemm(dw_ctx *ctx, dw_act_dtype dt, const dw_moe
         if (a->pass == DW_MOE_WGRAD && a->overwrite)
             DW_CUDA_CHECK(ctx, cudaMemsetAsync(a->out, 0, (size_t)(a->E * a->M * a->K) * sizeof(float), s));
         if (sumsq)
-            DW_CUDA_CHECK(ctx, cudaMemsetAsync(a->sumsq, 0, (size_t)(a->E * ((a->M + 63) / 64) * ((a->K + 127) / 128)) *
-                                                                sizeof(double), s));
+            DW_CUDA_CHECK(ctx, cudaMemsetAsync(a->sumsq, 0, (size_t)dw_moe_sumsq_parts(a->E, a->M, a->K) * sizeof(double), s));
         return DW_OK;
     }
     dw_moe_kernel k = a->kernel;

@@ -146,7 +146,7 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
                                                    DW_CUDA_STREAM(be)));
         double *sq = wgrad_sumsq(c);
         if (sq)
-            DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(sq, 0, (size_t)dw_wsumsq_parts(a.experts, a.m, a.k) * sizeof(double),
+            DW_CUDA_CHECK(be->ctx, cudaMemsetAsync(sq, 0, (size_t)dw_moe_sumsq_parts(a.experts, a.m, a.k) * sizeof(double),
                                                    DW_CUDA_STREAM(be)));
         return DW_OK;
     }

@@ -20,7 +20,7 @@
 #include "runtime/exec.h"
 #include "runtime/moe_fp8.h"
 
-_Static_assert(DW_CUDA_NORM_SEGS >= DW_WSUMSQ_MAX_SEGS, "the norm kernel takes every segment");
+_Static_assert(DW_CUDA_NORM_SEGS >= DW_COMPILE_NORM_SEGS, "the norm kernel takes every segment");
 
 dw_status dw_cuda_step_grad_norm(dw_backend *be, const dw_exec *x) {
     const dw_compiled *p = x->p;
@@ -29,9 +29,7 @@ dw_status dw_cuda_step_grad_norm(dw_backend *be, const dw_exec *x) {
         return dw_cuda_grad_norm(be->ctx, x->grad, p->param_floats, partials, DW_COMPILE_NORM_BLOCKS, norm,
                                  DW_CUDA_STREAM(be));
     /* the experts' gradients' squares came with their wgrad (ops_cuda_moe.c): the rest of the pool */
-    int64_t segs[DW_WSUMSQ_MAX_SEGS][2];
-    const int n = dw_compile_norm_segments(p, segs, DW_WSUMSQ_MAX_SEGS);
-    return dw_cuda_grad_norm_segs(be->ctx, x->grad, (const int64_t(*)[2])segs, n,
+    return dw_cuda_grad_norm_segs(be->ctx, x->grad, (const int64_t(*)[2])p->work.norm_segs, p->work.n_norm_segs,
                                   (const double *)(x->work + p->work.wsumsq), p->work.wsumsq_parts, partials,
                                   DW_COMPILE_NORM_BLOCKS, norm, DW_CUDA_STREAM(be));
 }
