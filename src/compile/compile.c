@@ -28,7 +28,8 @@ void dw_compile_opts_init(dw_compile_opts *o, size_t size) {
                          .fused_head = dw_env_flag("DW_FUSED_HEAD", false),
                          .head_chunk = rows, .moe_remat = dw_env_flag("DW_MOE_REMAT", true),
                          .grad_arena = dw_env_flag("DW_GRAD_ARENA", false),
-                         .bf16_arena = dw_env_flag("DW_BF16_ARENA", false)};
+                         .bf16_arena = dw_env_flag("DW_BF16_ARENA", false),
+                         .wcache_arena = dw_env_flag("DW_WCACHE_ARENA", true)};
     memset(o, 0, size);
     memcpy(o, &d, size < sizeof d ? size : sizeof d);
     o->size = size;
@@ -131,6 +132,7 @@ dw_status dw_compile(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, const 
     c->moe_remat = o.moe_remat;
     c->grad_arena = o.grad_arena, c->grad_base = 0;
     c->bf16_arena = o.grad_arena && o.bf16_arena && policy, c->bf16_base = -1;
+    c->wcache_arena = c->bf16_arena && o.wcache_arena;
     c->head_xent = c->head_linear = -1;
     c->act_size = c->bf16 ? 2 : 4;
     snprintf(c->precision, sizeof c->precision, "%s",

@@ -117,13 +117,17 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             break;
         default: {
             fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments");
-            int64_t wq = 0, nq = 0;
+            int64_t wq = 0, nq = 0, na = 0;
             for (int i = 0; i < c->g->n_nodes; i++)
-                if (c->node[i].wq[0].off >= 0) wq += c->node[i].wq[0].bytes + c->node[i].wq[1].bytes, nq++;
+                if (c->node[i].wq[0].off >= 0)
+                    wq += c->node[i].wq[0].bytes + c->node[i].wq[1].bytes, nq++, na += c->node[i].wq[0].codes_act >= 0;
             if (nq) {
                 int64_t act = c->work.q_rows.bytes + c->work.q_dyt.bytes + c->work.q_xt.bytes;
                 fprintf(f, ";\n%*squantised x, dy, dy^T, x^T slots %.3f MiB; W and W^T of %lld quantised nodes %.3f MiB",
                         44, "", (double)act / 1048576.0, (long long)nq, (double)wq / 1048576.0);
+                if (na)
+                    fprintf(f, ";\n%*sthe codes of %lld MoE layers' W and W^T in their experts' BF16 rooms in the "
+                            "activation arena (wcache_arena)", 44, "", (long long)na);
             }
             fprintf(f, "\n");
             break;

@@ -117,6 +117,13 @@ bool dw_compile_bf16_item(const dw_compiled *c, int k, dw_mem_item *it) {
     return true;
 }
 
+bool dw_compile_wcache_below(const dw_compiled *c, int i) {
+    const int64_t room = c->node[i].wq[0].codes_act; /* W and W^T codes: [room, room + 2 numel) */
+    if (room < 0) return true;
+    const int k = c->tensor[c->g->nodes[i].in[1]].param;
+    return room + 2 * dw_ir_numel(&c->g->tensors[c->param_tensor[k]]) <= c->grad_base + 4 * c->param_off[k];
+}
+
 /* The first BF16 copy and gradient slice that share bytes while both live with the copies at
  * byte d past the gradients' base: the least shift above d that clears it, or -1 when none does. */
 static int64_t next_shift(const dw_compiled *c, const int *last, int64_t d) {

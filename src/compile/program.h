@@ -100,9 +100,12 @@ typedef struct {
 } dw_buf_info;
 
 /* One quantised operand's room in the workspace pool: codes at `off`, scales at off + scales, the
- * NVFP4 tensor scale (one float) at off + tscale; `bytes` in all. off -1: no such slot. */
+ * NVFP4 tensor scale (one float) at off + tscale; `bytes` in all. off -1: no such slot. codes_act
+ * >= 0: the codes are in the activation pool at that byte instead (a MoE layer's cached expert
+ * weights under wcache_arena), and the workspace holds the scales alone (scales 0). */
 typedef struct {
     int64_t off, scales, tscale, bytes;
+    int64_t codes_act;
 } dw_qslot_layout;
 
 #define DW_COMPILE_NORM_SEGS 128 /* the norm step's pool ranges at most (a launch argument of its kernel) */
@@ -276,6 +279,12 @@ struct dw_compiled {
      * reader's time (grad_arena.c); the weights pool then holds the FP32 masters alone */
     bool bf16_arena;
     int64_t bf16_base;
+    /* wcache_arena (with bf16_arena; dw_compile_opts.wcache_arena): a MoE layer whose experts keep
+     * no BF16 copy (bf16_lazy) and read an fp8_block cache holds that cache's codes, W [E,M,K] then
+     * W^T [E,K,M] (one byte each: the copy's 2 bytes an element), in the copy's room in the arena
+     * (wq[t].codes_act): written by the refresh after the optimizer, read through the layer's
+     * backward, as the copy would be (workspace.c) */
+    bool wcache_arena;
     int64_t decay_floats;      /* [0, decay_floats) holds the decay parameters */
     /* BF16 working copies (BF16 mode): in the weights pool after the FP32 masters, at the same
      * element offsets. A parameter keeps one standing unless only quantised linear layers read it
@@ -316,6 +325,11 @@ bool dw_compile_moe_remat(const dw_compiled *c, int i);
  * slice ends (the next parameter's offset, or param_floats: its padding is in it). */
 int dw_compile_grad_birth(const dw_compiled *c, int k);
 int64_t dw_compile_grad_slice_end(const dw_compiled *c, int k);
+/* wcache_arena: whether MoE node i's cached codes (in its weight's BF16 room) lie only on
+ * gradients of elements below the weight's own, or on none: all read when an ascending AdamW pass
+ * reaches the weight, which may then write the cache in its pass (steps_cuda.c); true for a cache
+ * in the workspace. */
+bool dw_compile_wcache_below(const dw_compiled *c, int i);
 /* The float where parameter k's ZERO_GRAD starts: its offset, or past its elements when its first
  * writer writes them over the slice (pgrad_set): then only the padding up to the slice's end is
  * zeroed, and no step at all when there is none. */

@@ -27,7 +27,7 @@ static void qsize_fit(qsize *s, dw_recipe r, int64_t R, int64_t C) {
 static dw_qslot_layout qslot_place(qsize s, int64_t *o) {
     dw_qslot_layout l = {.off = -1, .scales = 0, .tscale = 0, .bytes = 0};
     if (s.codes == 0) return l;
-    l.off = *o;
+    l.off = *o, l.codes_act = -1;
     l.scales = dw_align_up(s.codes, 256);
     l.tscale = l.scales + dw_align_up(s.scales, 256);
     l.bytes = l.tscale + 256;
@@ -39,12 +39,23 @@ static bool quantised_linear(const dw_compiled *c, int i) {
     return DW_OP_IS(&c->g->nodes[i], DW_OPF_GEMM) && c->bf16 && dw_compile_quant_recipe(c->node[i].bind.recipe);
 }
 
+/* wcache_arena: the byte in the activation pool of the BF16 copy's room of MoE node i's weight,
+ * whose 2 bytes an element hold the cache's W and W^T codes, where the weight keeps no copy
+ * (bf16_lazy: fprop and dgrad quantised) yet has the room (live to its readers' last pass:
+ * grad_arena.c); -1 otherwise. */
+static int64_t wcache_room(const dw_compiled *c, int i) {
+    const int k = c->tensor[c->g->nodes[i].in[1]].param;
+    dw_mem_item it;
+    if (!c->wcache_arena || k < 0 || !c->bf16_lazy[k] || !dw_compile_bf16_item(c, k, &it)) return -1;
+    return it.size == 2 * dw_ir_numel(&c->g->tensors[c->param_tensor[k]]) && it.offset % 128 == 0 ? it.offset : -1;
+}
+
 /* A MoE linear layer (bind_grouped.c) with a pass in fp8_block: x [R,K] and dy [R,M] 1x128 along
  * their rows in the rows slot (fprop, dgrad); an fp8_block wgrad's dy^T [M,P] and x^T [K,P] in the
  * dy^T and x^T slots, each expert's rows padded to 128 (P: grouped_fp8.h); its cached W [E,M,K]
  * and W^T [E,K,M] codes with their 128x128 scales per expert (E M/128 K/128 floats). In mxfp8 the
  * same slots with 1x32 UE8M0 blocks: groups padded to 32 (grouped_mxfp8.h), E M K/32 scale bytes
- * for W and for W^T. */
+ * for W and for W^T. fp8_block under wcache_arena: the codes in the weight's BF16 room instead. */
 static void layout_moe_fp8(dw_compiled *c, int i, qsize *rows, qsize *dyt, qsize *xt, int64_t *o) {
     const dw_node_binding *b = &c->node[i].bind;
     if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD] && !b->quantised[DW_QPASS_WGRAD]) return;
@@ -63,6 +74,15 @@ static void layout_moe_fp8(dw_compiled *c, int i, qsize *rows, qsize *dyt, qsize
     }
     if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD]) return; /* no weight read quantised */
     const qsize wsz = {E * M * K, mx ? E * M * K / 32 : E * (M / 128) * (K / 128) * 4};
+    int64_t room;
+    if (!mx && (room = wcache_room(c, i)) >= 0) { /* the codes in the copy's room, the scales here */
+        const qsize scales = {wsz.scales, 0};
+        for (int t = 0; t < 2; t++) {
+            c->node[i].wq[t] = qslot_place(scales, o);
+            c->node[i].wq[t].scales = 0, c->node[i].wq[t].codes_act = room + t * E * M * K;
+        }
+        return;
+    }
     c->node[i].wq[0] = qslot_place(wsz, o);
     c->node[i].wq[1] = qslot_place(wsz, o);
 }
@@ -75,7 +95,7 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
     qsize rows = {0, 0}, dyt = {0, 0}, xt = {0, 0};
     int64_t ws = 0;
     for (int i = 0; i < g->n_nodes; i++) {
-        c->node[i].wq[0].off = c->node[i].wq[1].off = -1;
+        c->node[i].wq[0].off = c->node[i].wq[1].off = c->node[i].wq[0].codes_act = c->node[i].wq[1].codes_act = -1;
         if (c->g->nodes[i].op == DW_OP_MOE_LINEAR) layout_moe_fp8(c, i, &rows, &dyt, &xt, o);
         if (!quantised_linear(c, i)) continue;
         int64_t N, K, M;

@@ -16,19 +16,25 @@ dw_status dw_engine_arena_created(dw_engine *e) {
 }
 
 /* bf16_arena: the BF16 copies again from the masters where a backward (or zeros) overwrote some —
- * the refresh phase's casts alone. The masters have not changed since the last refresh (each
- * change of them refreshes and clears bf16_dirty: the step, dw_engine_refresh), so the quantised
- * weight caches (workspace, not the arena) still hold them; quantising again would add their
- * counts a second time to the step's w counters (precision/quant_counts.h) — the step after one
- * the guard skipped — and, under amax histories, requantise them under newer scales than the pools
- * do. */
+ * the refresh phase's casts, and the quantisations of the MoE caches kept in the copies' rooms
+ * (wcache_arena), alone. The masters have not changed since the last refresh (each change of them
+ * refreshes and clears bf16_dirty: the step, dw_engine_refresh), so the other quantised weight
+ * caches (workspace, not the arena) still hold them; quantising those again would add their counts
+ * a second time to the step's w counters (precision/quant_counts.h) — the step after one the guard
+ * skipped — and, under amax histories, requantise them under newer scales than the pools do. The
+ * arena's MoE caches have neither: fp8_block's 128x128 scales are the masters' own, the same bits
+ * again, and no counter counts them. */
+static bool arena_cache(const dw_compiled *p, const dw_step *st) {
+    return st->kind == DW_STEP_QUANT_W && p->node[st->node].wq[0].codes_act >= 0;
+}
+
 static dw_status fresh_copies(dw_engine *e) {
     if (!e->bf16_dirty) return DW_OK;
     dw_exec *x = e->x;
     const dw_compiled *p = e->p;
     dw_exec_begin_phase(x, DW_PHASE_REFRESH);
     for (int s = p->phase[DW_PHASE_REFRESH][0]; s < p->phase[DW_PHASE_REFRESH][1]; s++)
-        if (p->steps[s].kind == DW_STEP_CAST_BF16) DW_TRY(dw_exec_step(x, s, false, 1.0));
+        if (p->steps[s].kind == DW_STEP_CAST_BF16 || arena_cache(p, &p->steps[s])) DW_TRY(dw_exec_step(x, s, false, 1.0));
     e->bf16_dirty = false;
     return DW_OK;
 }

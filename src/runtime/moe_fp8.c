@@ -27,7 +27,8 @@ dw_grouped_args dw_moe_linear_args(const dw_op_call *c, int pass, dw_device_kind
 }
 
 dw_moe_fp8_slot dw_moe_fp8_at(const dw_exec *x, const dw_qslot_layout *l) {
-    return (dw_moe_fp8_slot){.codes = (uint8_t *)(x->work + l->off), .scales = (float *)(x->work + l->off + l->scales)};
+    uint8_t *codes = l->codes_act >= 0 ? (uint8_t *)x->act + l->codes_act : (uint8_t *)(x->work + l->off); /* wcache_arena */
+    return (dw_moe_fp8_slot){.codes = codes, .scales = (float *)(x->work + l->off + l->scales)};
 }
 
 /* Bytes of operand `role` in recipe r for R rows of width C (rows) or C rows of R's padded

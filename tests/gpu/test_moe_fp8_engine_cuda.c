@@ -12,7 +12,8 @@
  * two backends route alike; the routing counters of the first training forward agree (every
  * assignment counted, none dropped, per-expert loads within a few near-ties). And AdamW refreshing
  * the caches in its own pass (quant_adamw.cu) against the separate refresh on two CUDA engines, bit
- * for bit. Needs a GPU (sm_90); elsewhere it skips. */
+ * for bit, with standing pools and with the caches' codes in the activation arena (wcache_arena).
+ * Needs a GPU (sm_90); elsewhere it skips. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -200,20 +201,31 @@ static void test_fp8_experts(void **state) {
     check_fp8_experts(DW_TEST_FP8_WGRAD, true);
 }
 
-/* Every expert node's weight cache (W and W^T: codes, scales and their padding) of two engines,
+/* Expert node i's cache t (W, W^T) of engine e (program c): its codes (in the workspace, or in
+ * the activation arena under wcache_arena) and its 128x128 scales, copied to the host (n bytes). */
+static unsigned char *cache_bytes(const dw_graph *g, const dw_compiled *c, dw_engine *e, int i, int t, size_t *n) {
+    const dw_qslot_layout *l = &c->node[i].wq[t];
+    const int64_t *sh = g->tensors[g->nodes[i].in[1]].shape; /* [E, M, K] */
+    const size_t codes = (size_t)(sh[0] * sh[1] * sh[2]), scales = (size_t)(sh[0] * (sh[1] / 128) * (sh[2] / 128)) * 4;
+    unsigned char *h = malloc(codes + scales);
+    const char *src = l->codes_act >= 0 ? e->x->act + l->codes_act : e->x->work + l->off;
+    assert_int_equal(cudaMemcpy(h, src, codes, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(h + codes, e->x->work + l->off + l->scales, scales, cudaMemcpyDeviceToHost), cudaSuccess);
+    *n = codes + scales;
+    return h;
+}
+
+/* Every expert node's weight cache (W and W^T: codes and scales) of two engines (programs ca, cb),
  * or of one against bytes read before; the count of differing caches. */
-static int caches_differ(const dw_graph *g, const dw_compiled *c, dw_engine *a, dw_engine *b, unsigned char **saved) {
+static int caches_differ(const dw_graph *g, const dw_compiled *ca, dw_engine *a, const dw_compiled *cb, dw_engine *b,
+                         unsigned char **saved) {
     int bad = 0, k = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         if (g->nodes[i].op != DW_OP_MOE_LINEAR) continue;
         for (int q = 0; q < 2; q++, k++) {
-            const dw_qslot_layout *l = &c->node[i].wq[q];
-            const size_t n = (size_t)l->tscale;
-            unsigned char *ha = malloc(n), *hb = malloc(n);
-            assert_int_equal(cudaMemcpy(ha, a->x->work + l->off, n, cudaMemcpyDeviceToHost), cudaSuccess);
-            if (b) assert_int_equal(cudaMemcpy(hb, b->x->work + l->off, n, cudaMemcpyDeviceToHost), cudaSuccess);
-            else memcpy(hb, saved[k], n);
-            if (memcmp(ha, hb, n)) bad++, printf("MISMATCH %s weight cache %d\n", g->nodes[i].name, q);
+            size_t n, nb;
+            unsigned char *ha = cache_bytes(g, ca, a, i, q, &n), *hb = b ? cache_bytes(g, cb, b, i, q, &nb) : NULL;
+            if (memcmp(ha, b ? hb : saved[k], n)) bad++, printf("MISMATCH %s weight cache %d\n", g->nodes[i].name, q);
             if (saved && b) saved[k] = ha, ha = NULL;
             free(ha), free(hb);
         }
@@ -222,23 +234,41 @@ static int caches_differ(const dw_graph *g, const dw_compiled *c, dw_engine *a, 
 }
 
 /* AdamW refreshing the experts' fp8_block caches in its own pass (kernels/cuda/quant_adamw.cu)
- * against the separate refresh (DW_FUSED_CAST=0), the same program and weights on two CUDA
- * engines, three steps eager then recorded: the same losses and norms, every parameter and every
- * cache bit for bit; the fused engine's AdamW took all 6 expert nodes; and the fused engine's
- * caches are what a refresh alone makes again from its masters. */
-static void test_fused_cache(void **state) {
-    (void)state;
+ * against the separate refresh (DW_FUSED_CAST=0), the same weights on two CUDA engines, three
+ * steps eager then recorded: the same losses and norms, every parameter and every cache bit for
+ * bit; and the fused engine's caches are what a refresh alone makes again from its masters. Twice:
+ * both programs with standing pools (the fused engine's AdamW takes all 6 expert nodes), then the
+ * fused one with the gradients, BF16 copies and the caches' codes in the activation arena
+ * (grad_arena, bf16_arena, wcache_arena): its AdamW takes the nodes whose codes lie on gradients of
+ * elements below theirs alone (dw_compile_wcache_below; the others refreshed after it), and a
+ * forward after a backward without a step reads caches made again (the pool engine's loss). */
+static void fused_cache(bool arena) {
     const int64_t B = 2, T = 64, N = B * T;
     dw_graph *g = sm90_mixtral(B, T);
     dw_policy *pol = NULL;
     assert_int_equal(dw_test_policy(g_gpu, "fp8_block", false, &pol), DW_OK);
     unsetenv("DW_MOE_FP8");
-    dw_compiled *c = NULL;
-    if (dw_compile(g_gpu, g, NULL, pol, NULL, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    dw_compiled *c[2] = {NULL, NULL};
+    dw_compile_opts o;
+    dw_compile_opts_init(&o, sizeof o);
+    o.grad_arena = o.bf16_arena = o.wcache_arena = arena;
+    if (dw_compile(g_gpu, g, NULL, pol, &o, &c[0]) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    if (dw_compile(g_gpu, g, NULL, pol, NULL, &c[1]) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    int moe = 0, in_arena = 0, below = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i].op != DW_OP_MOE_LINEAR) continue;
+        moe++, in_arena += c[0]->node[i].wq[0].codes_act >= 0 && c[0]->node[i].wq[1].codes_act >= 0;
+        below += in_arena && dw_compile_wcache_below(c[0], i);
+        assert_true(c[1]->node[i].wq[0].codes_act < 0 && c[1]->node[i].wq[1].codes_act < 0);
+    }
+    assert_int_equal(in_arena, arena ? moe : 0);
+    const int want_fused = arena ? below : moe;
+    printf("%s: %d expert nodes, codes of %d in the arena, %d of those on lower gradients alone\n",
+           arena ? "arenas" : "standing pools", moe, in_arena, below);
     dw_engine *e[2] = {NULL, NULL};
-    if (dw_engine_create(g_gpu, c, NULL, &e[0]) != DW_OK) fail_msg("cuda engine: %s", dw_errmsg(g_gpu));
+    if (dw_engine_create(g_gpu, c[0], NULL, &e[0]) != DW_OK) fail_msg("cuda engine: %s", dw_errmsg(g_gpu));
     setenv("DW_FUSED_CAST", "0", 1); /* read when the executor is made */
-    const dw_status st = dw_engine_create(g_gpu, c, NULL, &e[1]);
+    const dw_status st = dw_engine_create(g_gpu, c[1], NULL, &e[1]);
     unsetenv("DW_FUSED_CAST");
     if (st != DW_OK) fail_msg("cuda engine: %s", dw_errmsg(g_gpu));
     for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
@@ -266,7 +296,7 @@ static void test_fused_cache(void **state) {
         printf("step %d: loss %.9g vs %.9g, norm %.9g vs %.9g; AdamW refreshed %d caches (separately: %d)\n", step,
                l[0], l[1], gn[0], gn[1], e[0]->x->n_wq, e[1]->x->n_wq);
         if (l[0] != l[1] || gn[0] != gn[1]) bad++, printf("MISMATCH step %d\n", step);
-        if (e[0]->x->n_wq != 6 || e[1]->x->n_wq != 0) bad++, printf("MISMATCH caches refreshed by AdamW\n");
+        if (e[0]->x->n_wq != want_fused || e[1]->x->n_wq != 0) bad++, printf("MISMATCH caches refreshed by AdamW\n");
         for (int i = 0; i < dw_engine_param_count(e[0]); i++) { /* where the masters first part, if they do */
             const int64_t n = pnumel(e[0], i);
             float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
@@ -278,29 +308,41 @@ static void test_fused_cache(void **state) {
             if (count)
                 printf("step %d: %s: %lld of %lld differ, first %lld: %.9g vs %.9g\n", step, dw_engine_param_name(e[0], i),
                        (long long)count, (long long)n, (long long)first, a[first], b[first]);
+            bad += count > 0;
             free(a), free(b);
         }
     }
-    for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
-        const int64_t n = pnumel(e[0], i);
-        float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
-        assert_int_equal(dw_engine_param_read(e[0], i, a), DW_OK);
-        assert_int_equal(dw_engine_param_read(e[1], i, b), DW_OK);
-        if (memcmp(a, b, (size_t)n * 4)) bad++, printf("MISMATCH parameter %s\n", dw_engine_param_name(e[0], i));
-        free(a), free(b);
-    }
     unsigned char *saved[16] = {NULL};
-    bad += caches_differ(g, c, e[0], e[1], saved);
+    bad += caches_differ(g, c[0], e[0], c[1], e[1], saved);
     assert_int_equal(dw_engine_refresh(e[0]), DW_OK); /* a refresh alone: the separate quantiser */
-    bad += caches_differ(g, c, e[0], NULL, saved);
-    printf("fused vs separate: parameters and 12 caches compared; the fused caches against a refresh alone\n");
+    bad += caches_differ(g, c[0], e[0], NULL, NULL, saved);
+    double l[2], gn;
+    for (int k = 0; k < 2; k++) { /* a backward without a step takes the arena's caches; the forward remakes them */
+        assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+        assert_int_equal(dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &l[k]), DW_OK);
+        assert_int_equal(dw_engine_forward(e[k], x, y, B, T, NULL, &l[k]), DW_OK);
+    }
+    if (l[0] != l[1]) bad++, printf("MISMATCH forward after a backward: %.9g vs %.9g\n", l[0], l[1]);
+    for (int k = 0; k < 2; k++) { /* and trains on */
+        assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+        assert_int_equal(dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &l[k]), DW_OK);
+        assert_int_equal(dw_engine_step(e[k], &ao, 4, &gn), DW_OK);
+    }
+    if (l[0] != l[1]) bad++, printf("MISMATCH step 4: %.9g vs %.9g\n", l[0], l[1]);
+    printf("fused vs separate: parameters and 12 caches compared; the fused caches against a refresh alone; a "
+           "forward after a backward, loss %.9g\n", l[0]);
     for (int k = 0; k < 16; k++) free(saved[k]);
-    for (int k = 0; k < 2; k++) dw_engine_free(e[k]);
-    dw_compiled_free(c);
+    for (int k = 0; k < 2; k++) dw_engine_free(e[k]), dw_compiled_free(c[k]);
     dw_policy_free(pol);
     dw_graph_free(g);
     free(x), free(y);
     if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
+static void test_fused_cache(void **state) {
+    (void)state;
+    fused_cache(false);
+    fused_cache(true);
 }
 
 int main(void) {

@@ -18,6 +18,9 @@
  *   - the same with the BF16 working copies in the arena too (bf16_arena): each copy at
  *     bf16_base + 2 x its offset, live from the step's start through its readers; a forward after a
  *     backward without a step (or after zero_grad's zeros were written) reads copies made again;
+ *     the fp8_block experts' weight caches' codes in the rooms of the copies they do not keep
+ *     (wcache_arena), made again alike; on moe-e8 and moe-e64 that takes more than 4 GiB off the
+ *     workspace and leaves the arena's size;
  *   - a weight written over ignores what its slice held: the whole arena NaN before the backward,
  *     and the gradients (finite), the loss and the norm (padding included) are the pool's bits
  *     (dense and MoE — mixtral-tiny and olmoe-tiny, BF16, fp8_block (a rule's "bf16_passes": [])
@@ -113,6 +116,32 @@ static bool written_over(const dw_compiled *c, int k) {
     return set;
 }
 
+/* wcache_arena: every MoE layer whose experts keep no BF16 copy and read an fp8_block cache holds
+ * its codes in the copy's room — W at the room's first byte, W^T right after, the room exactly
+ * their bytes, the workspace the scales alone — and no other node does; the count of such layers. */
+static int check_wcache(const dw_compiled *c) {
+    int n = 0;
+    for (int i = 0; i < c->g->n_nodes; i++) {
+        const dw_prog_node *pn = &c->node[i];
+        const dw_ir_node *nd = dw_compile_node(c, i);
+        const int k = nd->op == DW_OP_MOE_LINEAR ? c->tensor[nd->in[1]].param : -1;
+        dw_mem_item it;
+        const bool room = k >= 0 && c->bf16_lazy[k] && dw_compile_bf16_item(c, k, &it);
+        const bool want = c->wcache_arena && room && pn->wq[0].off >= 0 &&
+                          dw_compile_moe_recipe(c, i) == DW_RECIPE_FP8_BLOCK;
+        if (!want) {
+            if (pn->wq[0].codes_act >= 0 || pn->wq[1].codes_act >= 0) fail_msg("node %s: codes in the arena", nd->name);
+            continue;
+        }
+        const int64_t numel = dw_ir_numel(&c->g->tensors[c->param_tensor[k]]);
+        assert_true(c->bf16_arena && it.size == 2 * numel);
+        assert_true(pn->wq[0].codes_act == it.offset && pn->wq[1].codes_act == it.offset + numel);
+        assert_true(pn->wq[0].scales == 0 && pn->wq[1].scales == 0 && pn->wq[0].off != pn->wq[1].off);
+        n++;
+    }
+    return n;
+}
+
 /* The program's ZERO_GRAD steps (returned) and, in *over, the parameters whose first writer
  * writes the slice over instead. */
 static int check_program(const dw_compiled *c, int *over) {
@@ -178,6 +207,7 @@ static int check_program(const dw_compiled *c, int *over) {
         }
         assert_true(copies > 0);
     }
+    check_wcache(c);
     int a, b, t; /* the fixed items (gradient slices, copies) included */
     if (dw_test_plan_overlap(c, &a, &b, &t)) fail_msg("items %d and %d share bytes while both live at time %d", a, b, t);
     return all_zeros;
@@ -322,6 +352,8 @@ static void test_same_bits_bf16(void **state) {
     }
     same_bits("llama-tiny", "fp8_block", true);
     same_bits("mixtral-tiny", "fp8_block", false);
+    same_bits("mixtral-tiny@128", "fp8_block", false); /* the experts' caches' codes in the arena too */
+    same_bits("olmoe-tiny@128", "fp8_block", false);
     same_bits_rc("llama-tiny", "bf16", true, DW_RECOMPUTE_FULL);
     bf16_arena = false;
 }
@@ -336,18 +368,20 @@ static void same_start(dw_test_model *a, dw_test_model *p, int64_t vocab, int32_
 }
 
 /* bf16_arena: a forward after a backward without a step (the backward took copies' memory), and
- * after zero_grad's zeros were written, reads copies made again: the pool program's loss. */
-static void test_bf16_remade(void **state) {
-    (void)state;
+ * after zero_grad's zeros were written, reads copies made again: the pool program's loss (under
+ * fp8_block the experts' caches in the copies' rooms are made again too: wcache_arena). */
+static void bf16_remade(const char *preset, const char *precision) {
     dw_model_config mc;
-    assert_int_equal(dw_model_config_load(CTX, "mixtral-tiny", &mc), DW_OK);
+    load_config(preset, &mc);
     const int64_t B = 2, T = 16;
     bf16_arena = true;
     dw_test_model a, p;
-    build(&mc, B, T, "bf16", true, false, DW_RECOMPUTE_NONE, true, &a);
-    build(&mc, B, T, "bf16", false, false, DW_RECOMPUTE_NONE, true, &p);
+    build(&mc, B, T, precision, true, false, DW_RECOMPUTE_NONE, true, &a);
+    build(&mc, B, T, precision, false, false, DW_RECOMPUTE_NONE, true, &p);
     bf16_arena = false;
     assert_true(a.c->bf16_arena);
+    const int cached = check_wcache(a.c);
+    assert_true(!strcmp(precision, "fp8_block") ? cached > 0 : cached == 0);
     int32_t x[64], y[64];
     same_start(&a, &p, mc.vocab_size, x, y, B * T);
     double la, lp;
@@ -369,6 +403,12 @@ static void test_bf16_remade(void **state) {
     free(g);
     dw_test_model_free(&a);
     dw_test_model_free(&p);
+}
+
+static void test_bf16_remade(void **state) {
+    (void)state;
+    bf16_remade("mixtral-tiny", "bf16");
+    bf16_remade("mixtral-tiny@128", "fp8_block");
 }
 
 /* A linear layer's weight written over by its first writer ignores what the slice held: the whole
@@ -495,6 +535,49 @@ static void test_presets(void **state) {
     check_preset("moe-e64", 4, 2048, 6.5, true);
 }
 
+/* wcache_arena on the benchmark presets under fp8_block (sm_90, fused head, the copies in the
+ * arena): every MoE layer's codes in its experts' BF16 room; against the same program with the
+ * codes in the workspace (wcache_arena false), the arena keeps its size and the workspace falls by
+ * at least the codes' bytes (2 an expert weight), more than `fall` GiB. */
+static void check_wcache_preset(const char *preset, int64_t B, int64_t T, double fall) {
+    dw_model_config mc;
+    assert_int_equal(dw_model_config_load(CTX, preset, &mc), DW_OK);
+    dw_test_model m[2];
+    for (int w = 0; w < 2; w++) {
+        dw_graph *g = NULL;
+        assert_int_equal(dw_capture_config(CTX, &mc, B, T, &g), DW_OK);
+        dw_compile_opts o;
+        dw_compile_opts_init(&o, sizeof o);
+        o.grad_arena = o.bf16_arena = o.fused_head = true, o.wcache_arena = w == 0;
+        o.device = DW_DEVICE_CUDA, o.sm = 90;
+        memset(&m[w], 0, sizeof m[w]);
+        m[w].g = g;
+        assert_int_equal(dw_test_policy(CTX, "fp8_block", false, &m[w].pol), DW_OK);
+        assert_int_equal(dw_compile(CTX, g, NULL, m[w].pol, &o, &m[w].c), DW_OK);
+    }
+    int64_t codes = 0, layers = 0, below = 0; /* below: AdamW's pass may write them (dw_compile_wcache_below) */
+    for (int i = 0; i < m[0].g->n_nodes; i++)
+        if (m[0].g->nodes[i].op == DW_OP_MOE_LINEAR)
+            codes += 2 * dw_ir_numel(&m[0].g->tensors[m[0].g->nodes[i].in[1]]), layers++,
+                below += dw_compile_wcache_below(m[0].c, i);
+    assert_int_equal(check_wcache(m[0].c), layers);
+    assert_int_equal(check_wcache(m[1].c), 0);
+    const int64_t drop = m[1].c->pool_bytes[DW_POOL_WORK] - m[0].c->pool_bytes[DW_POOL_WORK];
+    printf("  %-8s fp8_block %lld x %lld: %lld MoE layers' codes (%.2f GiB) in the arena (%lld on lower gradients "
+           "alone): workspace %.2f -> %.2f GiB, arena %.2f GiB both\n", preset, (long long)B, (long long)T,
+           (long long)layers, codes / GIB, (long long)below,
+           m[1].c->pool_bytes[DW_POOL_WORK] / GIB, m[0].c->pool_bytes[DW_POOL_WORK] / GIB, m[0].c->pool_bytes[DW_POOL_ACT] / GIB);
+    assert_true(m[0].c->pool_bytes[DW_POOL_ACT] == m[1].c->pool_bytes[DW_POOL_ACT]);
+    assert_true(drop >= codes && (double)drop / GIB > fall);
+    for (int w = 0; w < 2; w++) dw_test_model_free(&m[w]);
+}
+
+static void test_wcache_presets(void **state) {
+    (void)state;
+    check_wcache_preset("moe-e8", 8, 2048, 4.0);
+    check_wcache_preset("moe-e64", 4, 2048, 4.4);
+}
+
 /* The planner: with DW_GRAD_ARENA=1 a one-micro-batch ZeRO-0/1 plan is priced without the gradient
  * pool, accumulation or ZeRO-2 with it (as the engine runs them). */
 static void test_planner(void **state) {
@@ -531,6 +614,7 @@ int main(void) {
         cmocka_unit_test(test_poisoned),
         cmocka_unit_test(test_rules),
         cmocka_unit_test(test_presets),
+        cmocka_unit_test(test_wcache_presets),
         cmocka_unit_test(test_planner),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);

@@ -179,38 +179,46 @@ dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *
     return DW_OK;
 }
 
+static int64_t job_end(const dw_adamw_quant_job *j) { return j->off + j->experts * j->m * j->k; }
+
 dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
                              const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
-                             int n_runs, int64_t first, int64_t lag, const int64_t (*holes)[2], int n_holes,
+                             int n_runs, int64_t first, int64_t lag, const dw_adamw_quant_job *jobs, int n_jobs,
                              void *stream) {
     const char *op = "adamw (with the BF16 copies)";
     DW_OPS_REQUIRE(ctx, op, n >= 0 && n_decay >= 0 && n_decay <= n && p && g && m && v && norm && a);
-    DW_OPS_REQUIRE(ctx, op, n_runs >= 0 && (n_runs == 0 || (runs && wb)) && first >= 0 && n_holes >= 0);
+    DW_OPS_REQUIRE(ctx, op, n_runs >= 0 && (n_runs == 0 || (runs && wb)) && first >= 0 && n_jobs >= 0);
     for (int r = 0; r < n_runs; r++) /* ascending, disjoint, inside the pool */
         DW_OPS_REQUIRE(ctx, op, runs[r][0] <= runs[r][1] && runs[r][1] <= n && (r == 0 || runs[r - 1][1] <= runs[r][0]));
-    for (int h = 0; h < n_holes; h++) /* ascending, disjoint, inside the pool, apart from every run */
-        DW_OPS_REQUIRE(ctx, op, holes[h][0] <= holes[h][1] && holes[h][1] <= n &&
-                                    (h == 0 || holes[h - 1][1] <= holes[h][0]));
+    for (int h = 0; h < n_jobs; h++) /* ascending, disjoint, inside the pool, apart from every run */
+        DW_OPS_REQUIRE(ctx, op, job_end(&jobs[h]) <= n && (h == 0 || job_end(&jobs[h - 1]) <= jobs[h].off));
     cudaStream_t s = (cudaStream_t)stream;
     dw_adamw_plan pl;
     dw_adamw_pass ps;
     dw_adamw_plan_init(&pl, n, runs, n_runs, first, lag);
+    int done = 0; /* the jobs run so far: those below the passes' elements */
     while (dw_adamw_pass_next(&pl, &ps)) { /* one launch a pass, in order (kernels/adamw_passes.h) */
         int64_t lo = ps.lo;
         int h = 0;
-        while (h < n_holes && holes[h][1] <= lo) h++;
-        while (lo < ps.hi) { /* the pass less the holes, piece by piece */
-            const bool hole = h < n_holes && holes[h][0] < ps.hi;
-            const int64_t hi = hole ? (holes[h][0] > lo ? holes[h][0] : lo) : ps.hi;
+        while (h < n_jobs && job_end(&jobs[h]) <= lo) h++;
+        while (lo < ps.hi) { /* the pass less the jobs' elements, piece by piece */
+            const bool hole = h < n_jobs && jobs[h].off < ps.hi;
+            const int64_t hi = hole ? (jobs[h].off > lo ? jobs[h].off : lo) : ps.hi;
             if (hi > lo) {
                 const int64_t c0 = (ps.c0 > lo ? ps.c0 : lo) - lo, c1 = (ps.c1 < hi ? ps.c1 : hi) - lo;
                 aw_launch(p, g, m, v, lo, hi - lo, n_decay, norm, a, wb, c0, c1 > c0 ? c1 : c0, ps.update, s);
                 DW_CUDA_CHECK_LAUNCH(ctx, op);
             }
             if (!hole) break;
-            lo = holes[h][1] > hi ? holes[h][1] : hi, h++; /* past the hole */
+            if (h == done) { /* first reached: every element below it stepped */
+                DW_TRY(dw_cuda_adamw_quant(ctx, p, g, m, v, n_decay, norm, a, &jobs[h], 1, stream));
+                done++;
+            }
+            lo = job_end(&jobs[h]) > hi ? job_end(&jobs[h]) : hi, h++; /* past the job */
         }
     }
+    for (; done < n_jobs; done++) /* past every pass (none reached it: n == 0 or cast-only ends) */
+        DW_TRY(dw_cuda_adamw_quant(ctx, p, g, m, v, n_decay, norm, a, &jobs[done], 1, stream));
     return DW_OK;
 }
 

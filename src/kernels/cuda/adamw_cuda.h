@@ -37,19 +37,6 @@ dw_status dw_cuda_grad_norm_segs(dw_ctx *ctx, const float *g, const int64_t (*se
 dw_status dw_cuda_adamw(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n,
                         int64_t n_decay, const double *norm, const dw_adamw_args *a,
                         void *stream);
-/* The same step writing, in the same pass, the BF16 copy wb[i] = bf16_rn(p[i]) (the cast kernel's
- * rounding, bit for bit) of each updated master in runs (n_runs >= 0, host memory) [begin, end),
- * ascending and disjoint within [0, n); wb (n, device) elsewhere untouched. One launch per pass
- * of kernels/adamw_passes.h (cut at the runs' 64-float aligned starts, which keep the 16-byte
- * loads; first > 0: wb lies on g, copy i on g[j] for j <= i / 2 + lag at most, and the passes'
- * growing cuts from first read each gradient before its bytes take a copy). holes (n_holes, host
- * memory, ascending, disjoint, apart from the runs): elements left alone (dw_cuda_adamw_quant's).
- * A non-finite *norm leaves p, m, v and still writes the copies. */
-dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
-                             const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
-                             int n_runs, int64_t first, int64_t lag, const int64_t (*holes)[2], int n_holes,
-                             void *stream);
-
 /* A MoE layer's expert weights in the pool and their fp8_block cache (gemm/grouped_fp8.h's layout):
  * masters at pool offset off, [experts, m, k] (m, k multiples of 128, off of 4); codes [experts,
  * m, k] with scales [experts, m/128, k/128], and W^T's codes_t [experts, k, m] with scales_t
@@ -59,6 +46,22 @@ typedef struct {
     uint8_t *codes, *codes_t;
     float *scales, *scales_t;
 } dw_adamw_quant_job;
+
+/* The same step writing, in the same pass, the BF16 copy wb[i] = bf16_rn(p[i]) (the cast kernel's
+ * rounding, bit for bit) of each updated master in runs (n_runs >= 0, host memory) [begin, end),
+ * ascending and disjoint within [0, n); wb (n, device) elsewhere untouched. One launch per pass
+ * of kernels/adamw_passes.h (cut at the runs' 64-float aligned starts, which keep the 16-byte
+ * loads; first > 0: wb lies on g, copy i on g[j] for j <= i / 2 + lag at most, and the passes'
+ * growing cuts from first read each gradient before its bytes take a copy). jobs (n_jobs, host
+ * memory, ascending by off, disjoint, apart from the runs): their elements are
+ * dw_cuda_adamw_quant's, each job run where the passes first reach it — after every element below
+ * it, before any above — so a job whose cache lies on gradients below its own (wcache_arena) finds
+ * them read, and the copies above it find its gradients read.
+ * A non-finite *norm leaves p, m, v and still writes the copies. */
+dw_status dw_cuda_adamw_cast(dw_ctx *ctx, float *p, const float *g, float *m, float *v, int64_t n, int64_t n_decay,
+                             const double *norm, const dw_adamw_args *a, uint16_t *wb, const int64_t (*runs)[2],
+                             int n_runs, int64_t first, int64_t lag, const dw_adamw_quant_job *jobs, int n_jobs,
+                             void *stream);
 
 /* The AdamW step of each job's masters (dw_cuda_adamw's bits: the same element function, decay
  * for pool offsets below n_decay) and, from the updated masters, their cache: every 128x128 block

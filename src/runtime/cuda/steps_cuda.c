@@ -36,7 +36,10 @@ dw_status dw_cuda_step_grad_norm(dw_backend *be, const dw_exec *x) {
 
 /* Whether AdamW's pass can refresh node's weight cache (dw_cuda_adamw_quant): a MoE layer's experts
  * under fp8_block (128x128 blocks; both dimensions whole blocks, the codes 16-byte aligned), every
- * expert and every pool on this rank, the weight without a BF16 copy. */
+ * expert and every pool on this rank, the weight without a BF16 copy. A cache in the arena
+ * (wcache_arena) lies on gradients: only where all of them are of elements below the layer's,
+ * which the pass has read when it reaches the layer (dw_cuda_adamw_cast); else the refresh's own
+ * step quantises it after the whole step. */
 bool dw_cuda_adamw_quants(dw_backend *be, const dw_exec *x, int node) {
     (void)be;
     const dw_compiled *p = x->p;
@@ -50,11 +53,11 @@ bool dw_cuda_adamw_quants(dw_backend *be, const dw_exec *x, int node) {
         return false;
     for (int r = 0; r < p->n_bf16_runs; r++)
         if (p->bf16_runs[r][0] < end && off < p->bf16_runs[r][1]) return false;
-    return true;
+    return dw_compile_wcache_below(p, node);
 }
 
 static int by_start(const void *a, const void *b) {
-    const int64_t x = ((const int64_t *)a)[0], y = ((const int64_t *)b)[0];
+    const int64_t x = ((const dw_adamw_quant_job *)a)->off, y = ((const dw_adamw_quant_job *)b)->off;
     return (x > y) - (x < y);
 }
 
@@ -68,27 +71,19 @@ dw_status dw_cuda_step_adamw(dw_backend *be, const dw_exec *x, int n_runs, const
     int64_t first, lag;
     dw_exec_cast_plan(x, &first, &lag);
     dw_adamw_quant_job *jobs = n_quant ? malloc((size_t)n_quant * sizeof *jobs) : NULL;
-    int64_t(*holes)[2] = n_quant ? malloc((size_t)n_quant * sizeof *holes) : NULL;
-    if (n_quant && (!jobs || !holes)) {
-        free(jobs), free(holes);
-        return dw_set_error(be->ctx, DW_ERR_NOMEM, "cuda adamw: out of memory");
-    }
-    for (int k = 0; k < n_quant; k++) { /* the caches first: their gradients read before any copy is written */
+    if (n_quant && !jobs) return dw_set_error(be->ctx, DW_ERR_NOMEM, "cuda adamw: out of memory");
+    for (int k = 0; k < n_quant; k++) {
         dw_moe_fp8_weight_job j;
         if (!dw_moe_fp8_weight_job_of(x, quant_nodes[k], &j)) DW_ASSERT(0 && "adamw_quants accepted a node without a cache");
         jobs[k] = (dw_adamw_quant_job){.off = j.w - x->w, .experts = j.experts, .m = j.m, .k = j.k, .codes = j.q.codes,
                                        .codes_t = j.qt.codes, .scales = j.q.scales, .scales_t = j.qt.scales};
-        holes[k][0] = jobs[k].off, holes[k][1] = jobs[k].off + j.experts * j.m * j.k;
     }
-    if (n_quant) qsort(holes, (size_t)n_quant, sizeof *holes, by_start);
-    dw_status st = n_quant ? dw_cuda_adamw_quant(be->ctx, x->w, x->grad, x->m, x->v, p->decay_floats, norm, a, jobs,
-                                                 n_quant, DW_CUDA_STREAM(be))
-                           : DW_OK;
-    if (st == DW_OK) /* the rest, with the BF16 copies of bf16_runs [0, n_runs) (the fused cast) */
-        st = dw_cuda_adamw_cast(be->ctx, x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a, x->wb,
-                                (const int64_t(*)[2])p->bf16_runs, n_runs, first, lag, (const int64_t(*)[2])holes,
-                                n_quant, DW_CUDA_STREAM(be));
-    free(jobs), free(holes);
+    if (n_quant) qsort(jobs, (size_t)n_quant, sizeof *jobs, by_start); /* each where the passes reach it */
+    /* with the BF16 copies of bf16_runs [0, n_runs) (the fused cast) */
+    const dw_status st = dw_cuda_adamw_cast(be->ctx, x->w, x->grad, x->m, x->v, p->param_floats, p->decay_floats, norm, a,
+                                            x->wb, (const int64_t(*)[2])p->bf16_runs, n_runs, first, lag, jobs, n_quant,
+                                            DW_CUDA_STREAM(be));
+    free(jobs);
     return st;
 }
 
