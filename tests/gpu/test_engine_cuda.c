@@ -142,7 +142,10 @@ static void batch(int32_t *x, int32_t *y, int64_t n, int64_t V) {
     }
 }
 
-/* Normwise error of got vs want (max-norm or 2-norm relative); prints one line when verbose. */
+/* Normwise error of got vs want (max-norm or 2-norm relative, against at least floor: a gradient far
+ * below its share of the whole norm, summed with cancellation, is held to that share — FP32's
+ * qwen2-moe-tiny shared_expert_gate once differed by 1.6e-10 at 3.4e-6, 2.8e-5 of its own max);
+ * prints one line when verbose. */
 static double cmp(const char *what, const char *name, const float *got, const float *want, int64_t n, bool l2,
                   double floor, bool verbose) {
     double num = 0, den = 0, worst = 0;
@@ -158,7 +161,7 @@ static double cmp(const char *what, const char *name, const float *got, const fl
             den = fabs(want[i]);
         }
     }
-    double err = l2 ? sqrt(num) / (fmax(sqrt(den), floor) + 1e-30) : worst / (den + 1e-30);
+    double err = l2 ? sqrt(num) / (fmax(sqrt(den), floor) + 1e-30) : worst / (fmax(den, floor) + 1e-30);
     if (nonfinite) err = INFINITY;
     if (verbose)
         printf("  %-10s %-48s n=%-8lld err %.3e (worst |d| %.3e at %lld: gpu %.8g cpu %.8g)%s\n", what, name,
@@ -754,7 +757,7 @@ static void test_adamw_fused_behind(void **state) {
 }
 
 /* dw_cuda_adamw_quant (a MoE layer's experts stepped and their fp8_block cache made in one pass)
- * with dw_cuda_adamw_cast over the rest (the experts a hole) against dw_cuda_adamw over the pool
+ * run by dw_cuda_adamw_cast where its passes over the rest reach the experts, against dw_cuda_adamw over the pool
  * and dw_grouped_fp8_quantize_weights_cuda: 2 experts [256, 384] at pool offset 1024 of a pool
  * with a tail, the decay boundary inside the experts (not on a group of 4): p, m, v of the whole
  * pool, W's and W^T's codes and scales bit for bit, and both steps dw_cpu_adamw's bits (the same
@@ -810,11 +813,8 @@ static int64_t adamw_quant_case(int64_t E, int64_t M, int64_t K, bool all_decay,
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         const dw_adamw_quant_job job = {.off = off, .experts = E, .m = M, .k = K, .codes = cq[1][0],
                                         .codes_t = cq[1][1], .scales = sq[1][0], .scales_t = sq[1][1]};
-        const int64_t hole[1][2] = {{off, off + W}};
-        assert_int_equal(dw_cuda_adamw_quant(g_gpu, d[1][0], d[1][1], d[1][2], d[1][3], n_decay, dn, da, &job, 1, NULL),
-                         DW_OK);
         assert_int_equal(dw_cuda_adamw_cast(g_gpu, d[1][0], d[1][1], d[1][2], d[1][3], n, n_decay, dn, da, NULL, NULL,
-                                            0, 0, 0, hole, 1, NULL),
+                                            0, 0, 0, &job, 1, NULL), /* the job run where the passes reach it */
                          DW_OK);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         int64_t differ = 0, wrong = 0;
