@@ -12,7 +12,8 @@
  * two backends route alike; the routing counters of the first training forward agree (every
  * assignment counted, none dropped, per-expert loads within a few near-ties). And AdamW refreshing
  * the caches in its own pass (quant_adamw.cu) against the separate refresh on two CUDA engines, bit
- * for bit, with standing pools and with the caches' codes in the activation arena (wcache_arena).
+ * for bit, with standing pools and with the caches' codes in the activation arena (wcache_arena);
+ * and the up layers' fprop reusing the gate's quantised x, against quantising at every use.
  * Needs a GPU (sm_90); elsewhere it skips. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +28,7 @@
 
 #include "capture/capture.h"
 #include "compile/program.h"
+#include "runtime/cuda/cuda.h"
 #include "runtime/engine.h"
 #include "testutil.h"
 
@@ -349,7 +351,71 @@ static void test_fused_cache(void **state) {
     fused_cache(true);
 }
 
+/* The gate and up layers read one dispatch's rows: with dw_engine_opts.quant_reuse the up layer's
+ * fprop takes the rows the gate's quantised (ops_cuda_moe.c) — one reuse per MoE layer and training
+ * forward — and the step is the bits of one that quantises x at every use: the loss, every
+ * gradient and the norm, over two steps (eager, then recorded). */
+static void test_moe_quant_reuse(void **state) {
+    (void)state;
+    const int64_t B = 2, T = 64, N = B * T;
+    dw_graph *g = sm90_mixtral(B, T);
+    dw_policy *pol = NULL;
+    assert_int_equal(dw_test_policy(g_gpu, "fp8_block", false, &pol), DW_OK);
+    unsetenv("DW_MOE_FP8");
+    dw_compiled *c = NULL;
+    if (dw_compile(g_gpu, g, NULL, pol, NULL, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    int layers = 0;
+    for (int i = 0; i < g->n_nodes; i++) layers += g->nodes[i].op == DW_OP_MOE_ROUTER;
+    dw_engine *e[2];
+    const uint64_t seed = dw_test_next(&g_rng);
+    for (int k = 0; k < 2; k++) {
+        dw_engine_opts o;
+        dw_engine_opts_init(&o, sizeof o);
+        o.quant_reuse = k == 0;
+        if (dw_engine_create(g_gpu, c, &o, &e[k]) != DW_OK) fail_msg("cuda engine: %s", dw_errmsg(g_gpu));
+        assert_int_equal(dw_engine_init_weights(e[k], seed), DW_OK);
+    }
+    int32_t *x = malloc((size_t)N * 4), *y = malloc((size_t)N * 4);
+    dw_adamw_opts ao;
+    dw_adamw_opts_init(&ao, sizeof ao);
+    int bad = 0;
+    for (int step = 1; step <= 2; step++) {
+        dw_test_random_tokens(x, N, dw_graph_vocab(g), &g_rng);
+        dw_test_random_tokens(y, N, dw_graph_vocab(g), &g_rng);
+        double loss[2], gn[2];
+        int64_t before[2], gdiff = 0;
+        for (int k = 0; k < 2; k++) {
+            before[k] = DW_CUDA_ST(e[k]->be)->moe_rows_reused;
+            assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+            if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        }
+        const int64_t reused = DW_CUDA_ST(e[0]->be)->moe_rows_reused - before[0];
+        for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
+            const int64_t n = pnumel(e[0], i);
+            float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+            assert_int_equal(dw_engine_grad_read(e[0], i, a), DW_OK);
+            assert_int_equal(dw_engine_grad_read(e[1], i, b), DW_OK);
+            for (int64_t j = 0; j < n; j++) gdiff += memcmp(&a[j], &b[j], 4) != 0;
+            free(a), free(b);
+        }
+        for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
+        printf("moe quant reuse step %d: loss %.9g vs %.9g (every use), %lld gradient values differ (want 0), "
+               "%lld of %d layers' x reused (every use: %lld)\n", step, loss[0], loss[1], (long long)gdiff,
+               (long long)reused, layers, (long long)(DW_CUDA_ST(e[1]->be)->moe_rows_reused - before[1]));
+        if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) bad++, printf("MISMATCH step %d\n", step);
+        if (step == 1 && reused != layers) bad++, printf("MISMATCH reuses\n"); /* step 2 records: counted at record time */
+        if (DW_CUDA_ST(e[1]->be)->moe_rows_reused) bad++, printf("MISMATCH reuse without quant_reuse\n");
+    }
+    free(x), free(y);
+    for (int k = 0; k < 2; k++) dw_engine_free(e[k]);
+    dw_compiled_free(c);
+    dw_policy_free(pol);
+    dw_graph_free(g);
+    if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_experts), cmocka_unit_test(test_fused_cache)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_experts), cmocka_unit_test(test_fused_cache),
+                                       cmocka_unit_test(test_moe_quant_reuse)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -19,7 +19,8 @@ typedef struct {
      * and in which recipe. Linear nodes reading the same x (llama's q/k/v, gate/up) quantise it
      * once (with dw_exec.quant_reuse) */
     int rows_tensor, xt_tensor;
-    int rows_recipe, xt_recipe;
+    int rows_recipe, xt_recipe; /* a MoE layer's rows (grouped_fp8.h's layout): dw_cuda_moe_rows_mark */
+    int64_t moe_rows_reused;    /* MoE fprops that read a sibling's quantised x (gate, up), since creation */
     void **events;           /* timers: cudaEvent_t */
     int n_events;
 } dw_cuda_state;
