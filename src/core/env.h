@@ -8,6 +8,8 @@
  *   DW_FUSE=0                          dw_compile_opts.fuse defaults to false
  *   DW_FUSED_HEAD=1                    dw_compile_opts.fused_head defaults to true
  *   DW_HEAD_CHUNK=R                    dw_compile_opts.head_chunk defaults to R rows
+ *   DW_GRAD_ARENA, DW_BF16_ARENA=0|1   dw_compile_opts.grad_arena, bf16_arena defaults (and training's)
+ *   DW_WCACHE_ARENA=0                  dw_compile_opts.wcache_arena defaults to false
  *   DW_GEMM_AUTOTUNE=1                 the GEMM autotune cache starts on (dw_gemm_set_autotune)
  *   DW_ATTN=auto|cudnn|mma|nosplit|ref the CUDA attention path (kernels/cuda/attn_mma.cu)
  *   DW_ATTN_TILES=F,Q,K                tile shapes of the tensor-core attention (an experiment)
