@@ -31,6 +31,15 @@ dw_status dw_grouped_check_host_offsets(dw_ctx *ctx, const dw_grouped_args *a);
 /* Which built-in CUDA kernel d is: 1 FP32-FMA tiles, 2 mma.sync, 3 wgmma (the values of
  * kernels/cuda's dw_moe_kernel), 0 for any other entry. */
 int dw_grouped_builtin_cuda_id(const dw_grouped_kernel_desc *d);
+/* Built-in CUDA kernel `id` (as dw_grouped_builtin_cuda_id numbers it) on a BF16 wgrad written over
+ * (a->overwrite), also writing the sums of squares of dW's 64x128 blocks into sumsq (device;
+ * kernels/cuda/ops_cuda.h's dw_moe_sumsq_parts doubles). */
+dw_status dw_grouped_builtin_run_sumsq(dw_ctx *ctx, const dw_grouped_args *a, int id, double *sumsq);
+/* dw_grouped_gemm (validated, the kernel a->backend names or the registry's choice) for a wgrad
+ * written over that also wants dW's 64x128 blocks' sums of squares in sumsq (NULL: none): a
+ * built-in CUDA kernel writes them as it stores dW and *written is true; another kernel leaves
+ * them to the caller (*written false). */
+dw_status dw_grouped_gemm_sumsq(dw_ctx *ctx, const dw_grouped_args *a, double *sumsq, bool *written);
 /* For kernels/cuda's grouped entry asked for its automatic choice: the built-in CUDA kernel (as
  * dw_grouped_builtin_cuda_id numbers it) the registry selects for a on sm among the built-in
  * CUDA entries; 0 when none is eligible. */

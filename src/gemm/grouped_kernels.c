@@ -76,20 +76,29 @@ static int ids[] = {1, 2, 3};
 _Static_assert(DW_MOE_KERNEL_SIMT == 1 && DW_MOE_KERNEL_MMA == 2 && DW_MOE_KERNEL_WGMMA == 3,
                "ids[] are dw_moe_kernel values");
 
-static dw_status cuda_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
+/* Built-in kernel `id` on a; sumsq (a wgrad written over, or NULL): dW's 64x128 blocks' sums of
+ * squares too (ops_cuda.h's layout). */
+static dw_status run_builtin(dw_ctx *ctx, const dw_grouped_args *a, int id, double *sumsq) {
     void *stream = NULL;
     DW_TRY(dw_ctx_stream(ctx, &stream));
     const dw_moe_pass p = a->pass == DW_GEMM_FPROP ? DW_MOE_FPROP : a->pass == DW_GEMM_DGRAD ? DW_MOE_DGRAD : DW_MOE_WGRAD;
     const dw_moe_gemm_args g = {.pass = p, .x = a->x, .w = a->w, .dy = a->dy, .out = a->out, .offsets = a->offsets,
-                                .R = a->rows, .E = a->experts, .K = a->k, .M = a->m,
-                                .kernel = (dw_moe_kernel) * (const int *)user,
-                                .overwrite = p == DW_MOE_WGRAD && a->overwrite}; /* wgrad: dW written over */
+                                .R = a->rows, .E = a->experts, .K = a->k, .M = a->m, .kernel = (dw_moe_kernel)id,
+                                .overwrite = p == DW_MOE_WGRAD && a->overwrite, /* wgrad: dW written over */
+                                .sumsq = sumsq};
     return dw_cuda_moe_gemm(ctx, a->dtype == DW_GROUPED_BF16 ? DW_ACT_BF16 : DW_ACT_F32, &g, stream);
 }
-#else
 static dw_status cuda_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
-    (void)a, (void)user;
+    return run_builtin(ctx, a, *(const int *)user, NULL);
+}
+#else
+static dw_status run_builtin(dw_ctx *ctx, const dw_grouped_args *a, int id, double *sumsq) {
+    (void)a, (void)id, (void)sumsq;
     return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "grouped gemm: this build has no CUDA");
+}
+static dw_status cuda_run(dw_ctx *ctx, const dw_grouped_args *a, void *user) {
+    (void)user;
+    return run_builtin(ctx, a, 0, NULL);
 }
 #endif
 
@@ -116,4 +125,9 @@ int dw_grouped_builtin_cuda_id(const dw_grouped_kernel_desc *d) {
     for (int i = 0; i < 3; i++)
         if (d->run == cuda_run && d->user == &ids[i]) return ids[i];
     return 0;
+}
+
+dw_status dw_grouped_builtin_run_sumsq(dw_ctx *ctx, const dw_grouped_args *a, int id, double *sumsq) {
+    DW_ASSERT(id >= 1 && id <= 3 && a->pass == DW_GEMM_WGRAD && a->overwrite);
+    return run_builtin(ctx, a, id, sumsq);
 }

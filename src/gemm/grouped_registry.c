@@ -191,15 +191,26 @@ dw_status dw_grouped_select(dw_ctx *ctx, const dw_grouped_args *a, const char **
     return DW_OK;
 }
 
-dw_status dw_grouped_gemm(dw_ctx *ctx, const dw_grouped_args *a) {
+/* The selected kernel on a; sumsq (a wgrad written over): a built-in CUDA kernel also writes dW's
+ * blocks' sums of squares, *written says so (written may be NULL without sumsq). */
+static dw_status run_selected(dw_ctx *ctx, const dw_grouped_args *a, double *sumsq, bool *written) {
     DW_TRY(dw_grouped_validate(ctx, a));
     const gentry *e = NULL;
     DW_TRY(select_or_explain(ctx, a, &e));
-    const dw_status s = e->d.run(ctx, a, e->d.user);
+    const int id = sumsq && a->pass == DW_GEMM_WGRAD && a->overwrite ? dw_grouped_builtin_cuda_id(&e->d) : 0;
+    const dw_status s = id ? dw_grouped_builtin_run_sumsq(ctx, a, id, sumsq) : e->d.run(ctx, a, e->d.user);
     if (s != DW_OK)
         return dw_prefix_error(ctx, s, "grouped %s rows %lld, %lld experts, %lldx%lld via %s", pass_name(a->pass),
                                (long long)a->rows, (long long)a->experts, (long long)a->k, (long long)a->m, e->name);
+    if (written) *written = id != 0;
     return DW_OK;
+}
+
+dw_status dw_grouped_gemm(dw_ctx *ctx, const dw_grouped_args *a) { return run_selected(ctx, a, NULL, NULL); }
+
+dw_status dw_grouped_gemm_sumsq(dw_ctx *ctx, const dw_grouped_args *a, double *sumsq, bool *written) {
+    *written = false;
+    return run_selected(ctx, a, sumsq, written);
 }
 
 dw_status dw_grouped_explain(dw_ctx *ctx, const dw_grouped_args *a, char **out) {

@@ -17,10 +17,10 @@
 #if DW_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include <string.h>
 
 #include "compile/wgrad_sumsq.h"
 #include "core/cuda_check.h"
+#include "gemm/grouped.h"
 #include "gemm/grouped_fp8.h"
 #include "gemm/grouped_mxfp8.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -92,15 +92,6 @@ static double *wgrad_sumsq(const dw_op_call *c) {
     if (o < 0) return NULL;
     DW_ASSERT(c->pgrad_set[1] && !c->x->p->node[c->node].bind.quantised[DW_QPASS_WGRAD]);
     return (double *)(c->x->work + o);
-}
-
-/* The built-in CUDA grouped kernel of that name (src/gemm/grouped_kernels.c), or AUTO: another. */
-static dw_moe_kernel builtin_kernel(const char *name) {
-    if (!name) return DW_MOE_KERNEL_AUTO;
-    return !strcmp(name, "grouped_wgmma_sm90") ? DW_MOE_KERNEL_WGMMA
-           : !strcmp(name, "grouped_mma_sm80") ? DW_MOE_KERNEL_MMA
-           : !strcmp(name, "grouped_cuda_simt") ? DW_MOE_KERNEL_SIMT
-                                                : DW_MOE_KERNEL_AUTO;
 }
 
 /* Quantised operands (recipe r: fp8_block or mxfp8) on the device, in the stream's order: v [R, C]
@@ -184,15 +175,10 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     if (!sq) return dw_grouped_gemm(be->ctx, &a);
     /* the gradient norm's share (BF16 wgrad written over: compile/wgrad_sumsq.h): a built-in CUDA
      * kernel makes it with dW (the sm_90 one from its epilogue's registers); another, after it */
-    const dw_moe_kernel k = builtin_kernel(a.backend);
-    if (k == DW_MOE_KERNEL_AUTO) {
-        DW_TRY(dw_grouped_gemm(be->ctx, &a));
-        return dw_cuda_moe_block_sumsq(be->ctx, (const float *)a.out, a.experts, a.m, a.k, sq, DW_CUDA_STREAM(be));
-    }
-    const dw_moe_gemm_args g = {.pass = DW_MOE_WGRAD, .x = a.x, .dy = a.dy, .out = a.out, .offsets = a.offsets,
-                                .R = a.rows, .E = a.experts, .K = a.k, .M = a.m, .kernel = k, .overwrite = true,
-                                .sumsq = sq};
-    return dw_cuda_moe_gemm(be->ctx, dt, &g, DW_CUDA_STREAM(be));
+    bool written = false;
+    DW_TRY(dw_grouped_gemm_sumsq(be->ctx, &a, sq, &written));
+    return written ? DW_OK
+                   : dw_cuda_moe_block_sumsq(be->ctx, (const float *)a.out, a.experts, a.m, a.k, sq, DW_CUDA_STREAM(be));
 }
 
 /* ---- combine: each token's weighted sum of its K expert rows ---------------------------------- */
