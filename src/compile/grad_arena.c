@@ -124,6 +124,12 @@ bool dw_compile_wcache_below(const dw_compiled *c, int i) {
     return room + 2 * dw_ir_numel(&c->g->tensors[c->param_tensor[k]]) <= c->grad_base + 4 * c->param_off[k];
 }
 
+int dw_compile_wcache_layers(const dw_compiled *c) {
+    int n = 0;
+    for (int i = 0; c->node && i < c->g->n_nodes; i++) n += c->node[i].wq[0].codes_act >= 0;
+    return n;
+}
+
 /* The first BF16 copy and gradient slice that share bytes while both live with the copies at
  * byte d past the gradients' base: the least shift above d that clears it, or -1 when none does. */
 static int64_t next_shift(const dw_compiled *c, const int *last, int64_t d) {

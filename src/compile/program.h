@@ -330,6 +330,8 @@ int64_t dw_compile_grad_slice_end(const dw_compiled *c, int k);
  * reaches the weight, which may then write the cache in its pass (steps_cuda.c); true for a cache
  * in the workspace. */
 bool dw_compile_wcache_below(const dw_compiled *c, int i);
+/* wcache_arena: how many MoE linear layers (gate, up, down nodes) hold their cache's codes in the arena. */
+int dw_compile_wcache_layers(const dw_compiled *c);
 /* The float where parameter k's ZERO_GRAD starts: its offset, or past its elements when its first
  * writer writes them over the slice (pgrad_set): then only the padding up to the slice's end is
  * zeroed, and no step at all when there is none. */

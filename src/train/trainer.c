@@ -522,9 +522,15 @@ static dw_status setup(run *r) {
     if (st == DW_OK && cdir)
         DW_LOGI("resumed from %s at step %lld of %lld", cdir, (long long)r->step, (long long)o->steps);
     const dw_compiled *cp = dw_engine_program(r->eng);
+    const int wcache = cp->grad_arena ? dw_compile_wcache_layers(cp) : 0;
+    char caches[96] = "";
+    if (wcache)
+        snprintf(caches, sizeof caches, ", with the fp8_block weight caches of %d expert linear layer%s", wcache,
+                 wcache == 1 ? "" : "s");
     if (st == DW_OK && cp->grad_arena && r->dp.rank == 0) /* where the memory went (deepwell train's default) */
-        DW_LOGI("memory: the FP32 gradients%s in the activation arena (dw_compile_opts.grad_arena%s)",
-                cp->bf16_arena ? " and the BF16 weight copies" : "", cp->bf16_arena ? ", bf16_arena" : "");
+        DW_LOGI("memory: the FP32 gradients%s in the activation arena%s (dw_compile_opts.grad_arena%s%s)",
+                cp->bf16_arena ? " and the BF16 weight copies" : "", caches, cp->bf16_arena ? ", bf16_arena" : "",
+                wcache ? ", wcache_arena" : "");
     free(cdir);
     return st;
 }

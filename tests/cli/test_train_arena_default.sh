@@ -6,7 +6,8 @@
 # skips, fallbacks and rollbacks in metrics.jsonl, the same samples and the same checkpoint bytes,
 # on the trainer's paths (eval, samples, resume either way, the guard's non-finite skips and
 # --max-skips stop, the quantised layers' BF16 fallbacks, a loss-spike rollback, 2 CPU ranks with
-# ZeRO-1 and EP). With accumulation or ZeRO-2 the run is on the pools, with no refusal;
+# ZeRO-1 and EP), and with fp8_block experts whose weight caches' codes go in the arena too
+# (alone, across skipped steps, on 2 ranks; DW_WCACHE_ARENA=0 keeps them in the workspace). With accumulation or ZeRO-2 the run is on the pools, with no refusal;
 # DW_GRAD_ARENA=0 / DW_BF16_ARENA=0 turn them off. `deepwell dryrun` prices the arenas.
 set -u
 dw=$1
@@ -19,6 +20,12 @@ cat >"$tmp/dense/config.json" <<'JSON'
  "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
 JSON
 moe=mixtral-tiny # a preset: 2 layers of 4 experts, top 2
+mkdir -p "$tmp/moe128" # experts of 128-multiples: fp8_block runs them quantised, their caches' codes in the arena
+cat >"$tmp/moe128/config.json" <<'JSON'
+{"model_type": "mixtral", "vocab_size": 256, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+ "max_position_embeddings": 64}
+JSON
 cat "$0" "$(dirname "$0")/checks.sh" >"$tmp/text.txt"
 tail -c 3000 "$0" >"$tmp/val.txt"
 seed=$((RANDOM % 1000 + 1))
@@ -135,6 +142,22 @@ for p in nvfp4 fp8_block; do
   else echo "  ($p: $(cat "$tmp/$p-a/precision_decisions.jsonl" 2>/dev/null | wc -l) fallbacks)"; fi
   same "$p" "$tmp/$p-a" "$tmp/$p-b"
 done
+# fp8_block experts with their weight caches' codes in the BF16 copies' rooms (wcache_arena): a run,
+# and steps the guard skips (the backward took the caches; the next forward's are made again)
+WC="$BOTH, with the fp8_block weight caches of 6 expert linear layers"
+pair wcache 0 "${base[@]}" --model "$tmp/moe128" --precision fp8_block --steps 4 --lr 3e-3 --ckpt-every 2
+arenas wcache "$WC"
+same wcache "$tmp/wcache-a" "$tmp/wcache-b"
+pair wskip 1 "${base[@]}" --model "$tmp/moe128" --precision fp8_block --steps 8 --lr 1e3 --clip 0 --ckpt-every 2 \
+  --max-skips 3
+arenas wskip "$WC"
+has "  ... steps were skipped" "$tmp/wskip-a/metrics.jsonl" '"skipped": "nonfinite'
+same wskip "$tmp/wskip-a" "$tmp/wskip-b"
+DW_WCACHE_ARENA=0 pair wcache0 0 "${base[@]}" --model "$tmp/moe128" --precision fp8_block --steps 4 --lr 3e-3 \
+  --ckpt-every 2
+arenas wcache0 "$BOTH (dw_compile_opts"
+same wcache0 "$tmp/wcache0-a" "$tmp/wcache-a"
+
 # a loss spike rolls back to the last checkpoint (and, after --max-rollbacks, may stop the run).
 # About 1 seed in 25 gives 8 falling losses and no spike: the first of seed, seed + 1, ... (five at
 # most) whose run rolls back is the one compared (a later --seed overrides base's)
@@ -153,14 +176,14 @@ same spike "$tmp/spike-a" "$tmp/spike-b"
 mpi=(mpirun -np 2 "$dw")
 dp=(train --data "$tmp/text.txt" --val "$tmp/val.txt" --seq 32 --warmup 2 --eval-every 2 --eval-batches 2 --keep 0
     --device cpu --seed $seed --batch 2 --model $moe --precision bf16 --steps 4 --lr 3e-3 --ckpt-every 2)
-for v in "z1:--zero 1" "ep:--ep 2 --zero 1" "z2:--zero 2"; do
+for v in "z1:--zero 1" "ep:--ep 2 --zero 1" "z2:--zero 2" "dpw:--model $tmp/moe128 --precision fp8_block"; do
   n=${v%%:*}
   read -ra extra <<<"${v#*:}"
   "${mpi[@]}" "${dp[@]}" "${extra[@]}" --out "$tmp/$n-a" >"$tmp/$n-a.out" 2>"$tmp/$n-a.err"
   check "mpirun -np 2 ${v#*:}: the default" 0 $?
   "${mpi[@]}" "${dp[@]}" "${extra[@]}" --no-grad-arena --out "$tmp/$n-b" >"$tmp/$n-b.out" 2>"$tmp/$n-b.err"
   check "mpirun -np 2 ${v#*:}: --no-grad-arena" 0 $?
-  if [ "$n" = z2 ]; then pools z2; else arenas "$n" "$BOTH"; fi
+  if [ "$n" = z2 ]; then pools z2; elif [ "$n" = dpw ]; then arenas dpw "$WC"; else arenas "$n" "$BOTH"; fi
   same "$n" "$tmp/$n-a" "$tmp/$n-b"
 done
 
