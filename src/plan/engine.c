@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "capture/capture.h"
+#include "compile/bind_grouped.h"
 #include "compile/grad_stage.h"
 #include "compile/program.h"
 #include "compile/shard.h"
@@ -247,8 +248,8 @@ dw_status dw_plan_engine_ep_buffers(dw_ctx *ctx, const dw_plan_in *in, const dw_
  * Llama-1B profile's non-GEMM, non-attention time over the bytes counted below. */
 #define ENGINE_ATTN_FWD_EFF 0.40
 #define ENGINE_ATTN_BWD_EFF 0.32
-#define ENGINE_MEM_EFF 0.40
-#define ENGINE_ADAMW_EFF 0.75
+#define ENGINE_MEM_EFF 0.70
+#define ENGINE_ADAMW_EFF 0.85
 /* AdamW per parameter float: read weight, grad, m, v (16 B), write weight, m, v (12 B) and the
  * BF16 working copy (2 B), plus the gradient-norm pass reading the grads (4 B; not those of the
  * experts whose wgrad summed their squares, compile/wgrad_sumsq.h, on one rank). */
@@ -264,16 +265,15 @@ dw_status dw_plan_engine_ep_buffers(dw_ctx *ctx, const dw_plan_in *in, const dw_
 static double z3_cast_s(const dw_plan_in *in, int64_t n, int sweeps, double launch_s) {
     return sweeps * ((double)n * 6.0 / (in->hw->gpus[0].hbm_gbps * 1e9 * ENGINE_MEM_EFF) + launch_s);
 }
-/* The grouped expert GEMM (moe_linear: kernels/cuda/moe_gemm_sm90.cu on Hopper). Each expert's
- * rows are tiled by 128 (MW_BM) on their own, so a group's last tile is on average half empty:
- * the kernel computes R/E + 64 rows per expert. Against a dense GEMM of that padded shape it runs
- * at these fractions, measured in bench/RESULTS.md "Session 13" (commit 53520c2, H200, moe-e8 B8
- * T2048 profile): forward 18.1 TFLOP in 32.2 ms (562 TFLOP/s), backward 36.3 TFLOP in 73.3 ms
- * (495 TFLOP/s), where the analytical dense rate at (4096, 5632, 2048) is 700 TFLOP/s and the
- * padding 4160/4096 rows (the tile scheduler walking E problems, the backward's MN-major reads). */
+/* The grouped expert GEMM (moe_linear: kernels/cuda/moe_gemm_sm90.cu and moe_gemm_fp8_sm90.cu on
+ * Hopper). Each expert's rows are tiled by 128 (MW_BM) on their own, so a group's last tile is on
+ * average half empty: the kernel computes R/E + 64 rows per expert. Against a dense GEMM of that
+ * padded shape at the pass's recipe every pass runs at ENGINE_GROUPED_REL, fitted on one H100
+ * (bench/RESULTS.md "Session 24", call B, `--profile`, bf16): expert forward 29.72 ms on moe-e8 B8
+ * and 9.90 ms on moe-e64 B4, predicted 30.6 and 9.6 at 0.86; the backward (57.68 and 23.05) as
+ * dgrad and wgrad at that share plus the wgrad's FP32 dW written, 65.0 and 23.2 predicted. */
 #define ENGINE_GROUPED_TILE_ROWS 128.0
-#define ENGINE_GROUPED_FWD_REL 0.815
-#define ENGINE_GROUPED_BWD_REL 0.718
+#define ENGINE_GROUPED_REL 0.86
 #define ENGINE_MICROBATCH_S 50e-6
 
 /* The planned recipe whose GEMM rate a node's recipe runs at. */
@@ -302,6 +302,7 @@ static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, 
     double kf = 0, kb = 0;       /* kernel launches, forward / backward */
     double wq_bytes = 0, wq_launches = 0; /* quantised weights' refresh after the optimizer step */
     int prev_x = -1;                      /* x tensor of the last quantised linear node, its recipe */
+    int prev_moe_x = -1;                  /* x tensor of the last MoE linear node with a quantised fprop */
     dw_recipe prev_ra = DW_RECIPE_BF16;
     for (int i = 0; i < g->n_nodes; i++) {
         const dw_ir_node *n = &g->nodes[i];
@@ -345,17 +346,33 @@ static void price(const dw_plan_in *in, const compiled_job *j, double launch_s, 
             if (n->n_in == 3) kb += 1;
         } else if (n->op == DW_OP_MOE_LINEAR) {
             /* E GEMMs over the grouped rows (B,R,K) x (E,M,K)^T, routing assumed balanced: R/E rows
-             * per expert, padded by half a tile; the experts run in BF16 whatever the recipe (the
-             * grouped kernel is BF16) */
+             * per expert, padded by half a tile; each pass at its bound recipe's rate (fp8_block or
+             * mxfp8 where bind_grouped.c quantised it, else BF16) times the grouped kernels' share.
+             * dgrad as fprop; wgrad as fprop plus writing dW (FP32, written over). A quantised pass
+             * quantises its activations per call (BF16 read, codes written): x once for the gate
+             * and up layers reading the same rows (the engine reuses it), dy per layer, and an
+             * fp8 wgrad's dy^T and x^T again. */
             const dw_ir_tensor *x = &g->tensors[n->in[0]], *w = &g->tensors[n->in[1]];
             const double E = (double)w->shape[0], M = (double)w->shape[1], K = (double)w->shape[2];
             const double R = (double)dw_ir_numel(x) / K, me = R / E + ENGINE_GROUPED_TILE_ROWS / 2;
             const double f = 2 * R * M * K, fp = 2 * E * me * M * K; /* done, computed */
-            double tf = fp / (dw_plan_gemm_rate(in, DW_RECIPE_BF16, me, M, K) * ENGINE_GROUPED_FWD_REL);
-            double tb = fp / (dw_plan_gemm_rate(in, DW_RECIPE_BF16, me, K, M) * ENGINE_GROUPED_BWD_REL) +
-                        fp / (dw_plan_gemm_rate(in, DW_RECIPE_BF16, K, M, me) * ENGINE_GROUPED_BWD_REL);
+            const dw_node_binding *b = &c->node[i].bind;
+            const dw_recipe mr = c->bf16 && dw_compile_quant_recipe(b->recipe) ? rate_recipe(dw_compile_moe_recipe(c, i))
+                                                                              : DW_RECIPE_BF16;
+            const bool moe_same_x = mr != DW_RECIPE_BF16 && n->in[0] == prev_moe_x;
+            if (b->quantised[DW_QPASS_FPROP]) prev_moe_x = n->in[0];
+            double t[DW_QPASS_COUNT], qb[DW_QPASS_COUNT];
+            const double shape[DW_QPASS_COUNT][3] = {{me, M, K}, {me, K, M}, {K, M, me}};
+            const double opnd[DW_QPASS_COUNT] = {moe_same_x ? 0 : R * K, R * M, R * (M + K)};
+            for (int p = 0; p < DW_QPASS_COUNT; p++) {
+                const dw_recipe pr = mr != DW_RECIPE_BF16 && b->quantised[p] ? mr : DW_RECIPE_BF16;
+                t[p] = fp / (dw_plan_gemm_rate(in, pr, shape[p][0], shape[p][1], shape[p][2]) * ENGINE_GROUPED_REL);
+                qb[p] = pr != DW_RECIPE_BF16 ? opnd[p] * (2 + dw_plan_operand_bytes(pr)) : 0;
+            }
+            const double tf = t[DW_QPASS_FPROP], tb = t[DW_QPASS_DGRAD] + t[DW_QPASS_WGRAD];
+            mem_f += qb[DW_QPASS_FPROP], mem_b += qb[DW_QPASS_DGRAD] + qb[DW_QPASS_WGRAD] + E * M * K * 4;
             out->fwd += tf, out->bwd += tb, out->gemm += tf + tb, out->flops += 3 * f;
-            kf += 1, kb += 2;
+            kf += 1 + (qb[DW_QPASS_FPROP] > 0), kb += 2 + (qb[DW_QPASS_DGRAD] > 0) + 2 * (qb[DW_QPASS_WGRAD] > 0);
         } else if (DW_OP_IS(n, DW_OPF_FLASH)) {
             /* af: the causal half of the forward matmuls (PaLM's full-square count / 2) */
             double pf, pb, T = (double)g->seq;

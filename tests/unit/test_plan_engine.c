@@ -221,11 +221,11 @@ static void test_engine_time_quantised(void **state) {
     const double dy_el = N * (q + 2 * kv + d + 2 * f + d);         /* q, k, v, o, gate, up, down outputs */
     const double qbytes = Lq * 3 * (x_el + dy_el + dy_el + x_el);  /* fprop x; dgrad dy; wgrad dy^T and x^T */
     const double wel = q * d + 2 * kv * d + d * q + 2 * f * d + d * f;
-    const double opt = Lq * (wel * 6 / (bw * 0.40) + 7 * 6e-6);
+    const double opt = Lq * (wel * 6 / (bw * 0.70) + 7 * 6e-6);
     print_message("llama-tiny x5 B %.0f T %.0f mxfp8 vs bf16: memory +%.4g s (hand %.4g), launches +%.0f (hand %.0f), "
-                  "optimizer +%.4g s (hand %.4g)\n", B, T, et[1].mem - et[0].mem, qbytes / (bw * 0.40),
+                  "optimizer +%.4g s (hand %.4g)\n", B, T, et[1].mem - et[0].mem, qbytes / (bw * 0.70),
                   et[1].launches - et[0].launches, Lq * 15, et[1].optimizer - et[0].optimizer, opt);
-    assert_true(fabs((et[1].mem - et[0].mem) / (qbytes / (bw * 0.40)) - 1) < 1e-9);
+    assert_true(fabs((et[1].mem - et[0].mem) / (qbytes / (bw * 0.70)) - 1) < 1e-9);
     assert_true(et[1].launches - et[0].launches == Lq * (4 + 7 + 4));
     assert_true(fabs((et[1].optimizer - et[0].optimizer) / opt - 1) < 1e-9);
     dw_hw_free(hw);
@@ -267,7 +267,7 @@ static void test_engine_time_hand_count(void **state) {
      * the bias gradients: they come out of the BF16 wgrad's epilogue */
     const double fwd_el = 2 * d + 3 * d + L * (2 * (2 * d) + 2 * (3 * d)) + 2 * d + 3 * V;
     const double bwd_el = 5 * d + 3 * d + L * (2 * (5 * d) + 2 * (4 * d)) + 5 * d;
-    const double tm = N * 2 * (fwd_el + bwd_el) / (bw * 0.40);
+    const double tm = N * 2 * (fwd_el + bwd_el) / (bw * 0.70);
     print_message("gpt2-tiny B %.0f T %.0f: gemm %.4g s (hand %.4g), attention %.4g (%.4g), memory %.4g (%.4g)\n", B,
                   T, et.gemm, tg, et.attn, ta, et.mem, tm);
     assert_true(fabs(et.flops / flops - 1) < 1e-12);
@@ -282,10 +282,10 @@ static void test_engine_time_hand_count(void **state) {
     assert_true(et.launches == launches);
     assert_true(fabs(et.overhead / (launches * 6e-6 + 50e-6) - 1) < 1e-12);
     assert_true(fabs((et.fwd + et.bwd) / (et.gemm + et.attn + et.mem + et.overhead) - 1) < 1e-12);
-    /* AdamW: 34 bytes per padded parameter float at 0.75 of HBM bandwidth */
+    /* AdamW: 34 bytes per padded parameter float at 0.85 of HBM bandwidth */
     int64_t pools[DW_POOL_COUNT];
     compiled_pools(ctx, &cfg, (int64_t)B, (int64_t)T, "bf16", false, pools); /* the gradient pool: its floats */
-    assert_true(fabs(et.optimizer / ((double)pools[DW_POOL_GRADS] / 4 * 34 / (bw * 0.75)) - 1) < 1e-12);
+    assert_true(fabs(et.optimizer / ((double)pools[DW_POOL_GRADS] / 4 * 34 / (bw * 0.85)) - 1) < 1e-12);
     /* the search's step for this one-GPU job: grad_accum x (fwd + bwd) + AdamW */
     dw_par p = {.dp = 1, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .vpp = 1, .micro_batch = (int64_t)B, .grad_accum = 1};
     dw_plan_entry e;

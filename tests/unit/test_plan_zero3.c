@@ -184,7 +184,7 @@ static void test_zero3_priced_as_run(void **state) {
     assert_true(fabs(e[3].cost.dp_comm - (e[2].cost.dp_comm - ag + gathers)) <= 1e-12 * e[3].cost.dp_comm);
     /* each gathered parameter cast to BF16 in its slot, per sweep: 4 + 2 bytes a float at 40% of the
      * HBM bandwidth and an eager launch (the engine model's memory-pass and launch rates), exposed */
-    const double cast = (double)o.bcast_floats * 6.0 / (hw->gpus[0].hbm_gbps * 1e9 * 0.40) +
+    const double cast = (double)o.bcast_floats * 6.0 / (hw->gpus[0].hbm_gbps * 1e9 * 0.70) +
                         (double)o.casts * DW_PLAN_LAUNCH_EAGER_S;
     assert_true(o.casts > 0 && fabs(z3.cast_s - cast) <= 1e-12 * cast);
     assert_true(fabs(e[3].cost.dp_exposed - (e[2].cost.dp_exposed - ag + (double)ga * (x3 + cast))) <=
