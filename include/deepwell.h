@@ -734,8 +734,8 @@ typedef struct {
                              step (its refresh writes copies over some). The same bits (default
                              false; the environment variable DW_BF16_ARENA=1 makes it true) */
     bool wcache_arena;    /* with bf16_arena: a MoE layer whose experts run fprop and dgrad in
-                             fp8_block keeps its cached FP8 weights (W and W^T codes, one byte an
-                             element each) in the room of the BF16 copy those experts do not have,
+                             fp8_block or mxfp8 keeps its cached FP8 weights (W and W^T codes, one
+                             byte an element each) in the room of the BF16 copy those experts do not have,
                              instead of the workspace: the same span (refresh to the layer's
                              backward), the same bits, the cache's memory saved (moe-e64: 4.5 GiB).
                              A backward without a step makes them again before the next forward,

@@ -280,7 +280,7 @@ struct dw_compiled {
     bool bf16_arena;
     int64_t bf16_base;
     /* wcache_arena (with bf16_arena; dw_compile_opts.wcache_arena): a MoE layer whose experts keep
-     * no BF16 copy (bf16_lazy) and read an fp8_block cache holds that cache's codes, W [E,M,K] then
+     * no BF16 copy (bf16_lazy) and read a quantised cache (fp8_block, mxfp8) holds its codes, W [E,M,K] then
      * W^T [E,K,M] (one byte each: the copy's 2 bytes an element), in the copy's room in the arena
      * (wq[t].codes_act): written by the refresh after the optimizer, read through the layer's
      * backward, as the copy would be (workspace.c) */

@@ -55,7 +55,7 @@ static int64_t wcache_room(const dw_compiled *c, int i) {
  * dy^T and x^T slots, each expert's rows padded to 128 (P: grouped_fp8.h); its cached W [E,M,K]
  * and W^T [E,K,M] codes with their 128x128 scales per expert (E M/128 K/128 floats). In mxfp8 the
  * same slots with 1x32 UE8M0 blocks: groups padded to 32 (grouped_mxfp8.h), E M K/32 scale bytes
- * for W and for W^T. fp8_block under wcache_arena: the codes in the weight's BF16 room instead. */
+ * for W and for W^T. Under wcache_arena the codes in the weight's BF16 room instead. */
 static void layout_moe_fp8(dw_compiled *c, int i, qsize *rows, qsize *dyt, qsize *xt, int64_t *o) {
     const dw_node_binding *b = &c->node[i].bind;
     if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD] && !b->quantised[DW_QPASS_WGRAD]) return;
@@ -75,7 +75,7 @@ static void layout_moe_fp8(dw_compiled *c, int i, qsize *rows, qsize *dyt, qsize
     if (!b->quantised[DW_QPASS_FPROP] && !b->quantised[DW_QPASS_DGRAD]) return; /* no weight read quantised */
     const qsize wsz = {E * M * K, mx ? E * M * K / 32 : E * (M / 128) * (K / 128) * 4};
     int64_t room;
-    if (!mx && (room = wcache_room(c, i)) >= 0) { /* the codes in the copy's room, the scales here */
+    if ((room = wcache_room(c, i)) >= 0) { /* the codes in the copy's room, the scales here */
         const qsize scales = {wsz.scales, 0};
         for (int t = 0; t < 2; t++) {
             c->node[i].wq[t] = qslot_place(scales, o);

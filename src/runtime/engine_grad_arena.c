@@ -22,8 +22,8 @@ dw_status dw_engine_arena_created(dw_engine *e) {
  * caches (workspace, not the arena) still hold them; quantising those again would add their counts
  * a second time to the step's w counters (precision/quant_counts.h) — the step after one the guard
  * skipped — and, under amax histories, requantise them under newer scales than the pools do. The
- * arena's MoE caches have neither: fp8_block's 128x128 scales are the masters' own, the same bits
- * again, and no counter counts them. */
+ * arena's MoE caches have neither: their scales (fp8_block's 128x128, mxfp8's 1x32) are the
+ * masters' own, the same bits again, and no counter counts them. */
 static bool arena_cache(const dw_compiled *p, const dw_step *st) {
     return st->kind == DW_STEP_QUANT_W && p->node[st->node].wq[0].codes_act >= 0;
 }

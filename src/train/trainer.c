@@ -525,7 +525,7 @@ static dw_status setup(run *r) {
     const int wcache = cp->grad_arena ? dw_compile_wcache_layers(cp) : 0;
     char caches[96] = "";
     if (wcache)
-        snprintf(caches, sizeof caches, ", with the fp8_block weight caches of %d expert linear layer%s", wcache,
+        snprintf(caches, sizeof caches, ", with the quantised weight caches of %d expert linear layer%s", wcache,
                  wcache == 1 ? "" : "s");
     if (st == DW_OK && cp->grad_arena && r->dp.rank == 0) /* where the memory went (deepwell train's default) */
         DW_LOGI("memory: the FP32 gradients%s in the activation arena%s (dw_compile_opts.grad_arena%s%s)",

@@ -144,7 +144,7 @@ for p in nvfp4 fp8_block; do
 done
 # fp8_block experts with their weight caches' codes in the BF16 copies' rooms (wcache_arena): a run,
 # and steps the guard skips (the backward took the caches; the next forward's are made again)
-WC="$BOTH, with the fp8_block weight caches of 6 expert linear layers"
+WC="$BOTH, with the quantised weight caches of 6 expert linear layers"
 pair wcache 0 "${base[@]}" --model "$tmp/moe128" --precision fp8_block --steps 4 --lr 3e-3 --ckpt-every 2
 arenas wcache "$WC"
 same wcache "$tmp/wcache-a" "$tmp/wcache-b"

@@ -18,7 +18,7 @@
  *   - the same with the BF16 working copies in the arena too (bf16_arena): each copy at
  *     bf16_base + 2 x its offset, live from the step's start through its readers; a forward after a
  *     backward without a step (or after zero_grad's zeros were written) reads copies made again;
- *     the fp8_block experts' weight caches' codes in the rooms of the copies they do not keep
+ *     the fp8_block and mxfp8 experts' weight caches' codes in the rooms of the copies they do not keep
  *     (wcache_arena), made again alike; on moe-e8 and moe-e64 that takes more than 4 GiB off the
  *     workspace and leaves the arena's size;
  *   - a weight written over ignores what its slice held: the whole arena NaN before the backward,
@@ -116,7 +116,7 @@ static bool written_over(const dw_compiled *c, int k) {
     return set;
 }
 
-/* wcache_arena: every MoE layer whose experts keep no BF16 copy and read an fp8_block cache holds
+/* wcache_arena: every MoE layer whose experts keep no BF16 copy and read a quantised cache holds
  * its codes in the copy's room — W at the room's first byte, W^T right after, the room exactly
  * their bytes, the workspace the scales alone — and no other node does; the count of such layers. */
 static int check_wcache(const dw_compiled *c) {
@@ -127,8 +127,9 @@ static int check_wcache(const dw_compiled *c) {
         const int k = nd->op == DW_OP_MOE_LINEAR ? c->tensor[nd->in[1]].param : -1;
         dw_mem_item it;
         const bool room = k >= 0 && c->bf16_lazy[k] && dw_compile_bf16_item(c, k, &it);
+        const dw_recipe r = nd->op == DW_OP_MOE_LINEAR ? dw_compile_moe_recipe(c, i) : DW_RECIPE_BF16;
         const bool want = c->wcache_arena && room && pn->wq[0].off >= 0 &&
-                          dw_compile_moe_recipe(c, i) == DW_RECIPE_FP8_BLOCK;
+                          (r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_MXFP8);
         if (!want) {
             if (pn->wq[0].codes_act >= 0 || pn->wq[1].codes_act >= 0) fail_msg("node %s: codes in the arena", nd->name);
             continue;
@@ -354,6 +355,8 @@ static void test_same_bits_bf16(void **state) {
     same_bits("mixtral-tiny", "fp8_block", false);
     same_bits("mixtral-tiny@128", "fp8_block", false); /* the experts' caches' codes in the arena too */
     same_bits("olmoe-tiny@128", "fp8_block", false);
+    same_bits("mixtral-tiny", "mxfp8", false); /* mxfp8's codes there too (1x32 scales in the workspace) */
+    same_bits("olmoe-tiny", "mxfp8", false);
     same_bits_rc("llama-tiny", "bf16", true, DW_RECOMPUTE_FULL);
     bf16_arena = false;
 }
@@ -381,7 +384,7 @@ static void bf16_remade(const char *preset, const char *precision) {
     bf16_arena = false;
     assert_true(a.c->bf16_arena);
     const int cached = check_wcache(a.c);
-    assert_true(!strcmp(precision, "fp8_block") ? cached > 0 : cached == 0);
+    assert_true(strcmp(precision, "bf16") ? cached > 0 : cached == 0);
     int32_t x[64], y[64];
     same_start(&a, &p, mc.vocab_size, x, y, B * T);
     double la, lp;
@@ -409,6 +412,7 @@ static void test_bf16_remade(void **state) {
     (void)state;
     bf16_remade("mixtral-tiny", "bf16");
     bf16_remade("mixtral-tiny@128", "fp8_block");
+    bf16_remade("olmoe-tiny", "mxfp8");
 }
 
 /* A linear layer's weight written over by its first writer ignores what the slice held: the whole
