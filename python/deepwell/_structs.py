@@ -71,7 +71,7 @@ class CaptureOpts(Sized):
 class CompileOpts(Sized):
     _fields_ = [("size", size_t), ("device", cint), ("sm", cint), ("fuse", flag), ("recompute", cint),
                 ("recompute_blocks", cint), ("fused_head", flag), ("head_chunk", i64), ("moe_remat", flag),
-                ("grad_arena", flag), ("bf16_arena", flag)]
+                ("grad_arena", flag), ("bf16_arena", flag), ("wcache_arena", flag)]
 
 
 class EngineOpts(Sized):
