@@ -117,10 +117,10 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             break;
         default: {
             fprintf(f, "  tokens, targets, loss, gradient-norm partials, AdamW arguments");
-            int64_t wq = 0, nq = 0, na = 0;
+            int64_t wq = 0, nq = 0;
+            const int na = dw_compile_wcache_layers(c);
             for (int i = 0; i < c->g->n_nodes; i++)
-                if (c->node[i].wq[0].off >= 0)
-                    wq += c->node[i].wq[0].bytes + c->node[i].wq[1].bytes, nq++, na += c->node[i].wq[0].codes_act >= 0;
+                if (c->node[i].wq[0].off >= 0) wq += c->node[i].wq[0].bytes + c->node[i].wq[1].bytes, nq++;
             if (nq) {
                 int64_t act = c->work.q_rows.bytes + c->work.q_dyt.bytes + c->work.q_xt.bytes;
                 fprintf(f, ";\n%*squantised x, dy, dy^T, x^T slots %.3f MiB; W and W^T of %lld quantised nodes %.3f MiB",

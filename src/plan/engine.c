@@ -244,8 +244,10 @@ dw_status dw_plan_engine_ep_buffers(dw_ctx *ctx, const dw_plan_in *in, const dw_
  * derivations in docs/planner.md ("Deepwell's engine"): attention through cuDNN's fused flash
  * attention (the BF16 default) from its times measured on the H200 at GPT-2 B16 T1024 and
  * Llama-1B B8 T2048 (bench/RESULTS.md "Attention through cuDNN": 0.091 / 0.284 and 0.341 / 1.115
- * ms per layer forward / backward; the fit is within 14% of each); memory-bound kernels from the
- * Llama-1B profile's non-GEMM, non-attention time over the bytes counted below. */
+ * ms per layer forward / backward; the fit is within 14% of each); memory-bound kernels and AdamW
+ * from one H100's moe-e8 and moe-e64 profiles (bench/RESULTS.md "Session 24", call B, and "Session
+ * 25", call D): their non-GEMM, non-attention time over the bytes counted below (0.69 and 0.79),
+ * and AdamW's 30 bytes a parameter in 25.2 and 28.1 ms (0.87). */
 #define ENGINE_ATTN_FWD_EFF 0.40
 #define ENGINE_ATTN_BWD_EFF 0.32
 #define ENGINE_MEM_EFF 0.70
