@@ -137,11 +137,12 @@ static double gpu_case(int pass, int kind, bool bf16_out, int64_t E, int64_t M, 
     void *host = malloc((size_t)(R * N) * es), *other = malloc((size_t)(R * N) * es);
     dw_test_from_dev(host, dout, (size_t)(R * N) * es);
     /* every fprop/dgrad variant gives the default's bits (moe_gemm_fp8_sm90.cu's fprop_variant):
-     * 128 columns one K block at a time, in pairs, and 192-column tiles */
-    const char *const knob[3] = {"DW_MOE_FP8_PIPE", "DW_MOE_FP8_TILE", "DW_MOE_FP8_TILE"};
-    const char *const val[3] = {"1", "128", "192"};
+     * 128 columns one K block at a time, in pairs, and 192-column tiles; and the BF16 output
+     * through the register epilogue instead of TMA (store_tma) */
+    const char *const knob[4] = {"DW_MOE_FP8_PIPE", "DW_MOE_FP8_TILE", "DW_MOE_FP8_TILE", "DW_MOE_STORE"};
+    const char *const val[4] = {"1", "128", "192", "reg"};
     bool same = true;
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         setenv(knob[v], val[v], 1);
         assert_int_equal(cudaMemset(dout, 0xFF, (size_t)(R * N) * es), cudaSuccess);
         const dw_status st = dw_grouped_gemm(g_gpu, &g);

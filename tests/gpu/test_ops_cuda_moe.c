@@ -196,19 +196,23 @@ static void test_moe_ops(void **state) {
     int64_t bad = 0;
     /* FP32 on the FMA tiles; BF16 as the engine runs it (auto: wgmma on sm_90), and each BF16 kernel
      * asked for by name; wgmma once more with DW_MOE_DGRAD=128 (dgrad's 128-column tiles: the
-     * default takes 256 for a dx at least that wide, the cases with C >= 256 below) */
+     * default takes 256 for a dx at least that wide, the cases with C >= 256 below), and with
+     * fprop's and dgrad's output through the register epilogue (DW_MOE_STORE=reg) instead of TMA */
     const struct {
         dw_act_dtype dt;
         dw_moe_kernel kern;
-        const char *dgrad;
-    } modes[] = {{DW_ACT_F32, DW_MOE_KERNEL_SIMT, NULL},  {DW_ACT_BF16, DW_MOE_KERNEL_AUTO, NULL},
-                 {DW_ACT_BF16, DW_MOE_KERNEL_MMA, NULL},  {DW_ACT_BF16, DW_MOE_KERNEL_SIMT, NULL},
-                 {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, NULL}, {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, "128"}};
+        const char *dgrad, *store;
+    } modes[] = {{DW_ACT_F32, DW_MOE_KERNEL_SIMT, NULL, NULL},    {DW_ACT_BF16, DW_MOE_KERNEL_AUTO, NULL, NULL},
+                 {DW_ACT_BF16, DW_MOE_KERNEL_MMA, NULL, NULL},    {DW_ACT_BF16, DW_MOE_KERNEL_SIMT, NULL, NULL},
+                 {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, NULL, NULL},  {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, "128", NULL},
+                 {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, NULL, "reg"}, {DW_ACT_BF16, DW_MOE_KERNEL_WGMMA, "128", "reg"}};
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         const dw_act_dtype dt = modes[m].dt;
         const dw_moe_kernel k = modes[m].kern;
         if (modes[m].dgrad) setenv("DW_MOE_DGRAD", modes[m].dgrad, 1);
         else unsetenv("DW_MOE_DGRAD");
+        if (modes[m].store) setenv("DW_MOE_STORE", modes[m].store, 1);
+        else unsetenv("DW_MOE_STORE");
 #ifdef DW_CUDA_EMU /* the host emulator cannot run the tensor-core kernels' PTX */
         if (k != DW_MOE_KERNEL_SIMT) continue;
 #endif
@@ -237,7 +241,7 @@ static void test_moe_ops(void **state) {
         bad += run_moe_cap(dt, k, 2500, 8, 8, 64, 8, ROUTE_SAME, 1.25, true);    /* many index-kernel segments */
         bad += run_moe_cap(dt, k, 700, 24, 2, 8, 16, ROUTE_UNIFORM, 1000.0, false); /* drops nothing */
     }
-    unsetenv("DW_MOE_DGRAD");
+    unsetenv("DW_MOE_DGRAD"), unsetenv("DW_MOE_STORE");
     assert_int_equal(bad, 0);
 }
 

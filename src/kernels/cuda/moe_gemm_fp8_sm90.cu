@@ -23,7 +23,9 @@
 // three alternating rounds) the pairs take 2-5% off the kernel's time on seven of the presets'
 // eight shapes (the eighth even). Where N pads little they take 192-column tiles instead
 // (m64n192k32, the dense kernel's n192 promotion across two weight blocks; one partial). Every
-// variant gives the same bits. wgrad keeps 128 x 128 and one partial: its 32 column scales a block
+// variant gives the same bits. A BF16 output leaves through TMA (moe_store_sm90.cuh, store_tma)
+// in whole 64-row blocks of a group, the register epilogue taking the block cut by the group's end.
+// wgrad keeps 128 x 128 and one partial: its 32 column scales a block
 // leave no registers for a second.
 #include <cuda_bf16.h>
 #include <string.h>
@@ -32,21 +34,26 @@
 #include "gemm/sm90_common.cuh"
 #include "kernels/cuda/moe_gemm_fp8.h"
 #include "kernels/cuda/moe_gemm_tc.h"
+#include "kernels/cuda/moe_store_sm90.cuh"
 
 namespace {
 
 constexpr int MF_BM = 128, MF_BN = 128, MF_BK = 128; // BK: 128 E4M3 = one swizzle line = one scale block
-constexpr int MF_THREADS = 384, MF_STAGES = 5;
+constexpr int MF_THREADS = 384;
 constexpr int MF_TILE = 128 * 128; // bytes of an A tile (and of a 128-column B tile)
 constexpr int MF_MAX_E = 1024;     // offsets kept in shared memory
 constexpr int MF_PROD_REGS = 40, MF_CONS_REGS = 232;
 // Tiles of 128 x BN: BN 128 (wgrad always), or 192 for fprop/dgrad where N pads little
 // (fprop_variant: a sixth fewer operand bytes per FLOP from L2 — Nsight Compute had the 128-column
 // kernel at 73% of the L2's throughput with the tensor pipe at 46%, bench/RESULTS.md session 22 —
-// and 96 + 96 accumulator registers, so one partial).
-template <int BN> struct MfCfg {
-    static constexpr int B_BYTES = BN * MF_BK;
-    static constexpr int SMEM = MF_STAGES * (MF_TILE + B_BYTES) + 2 * MF_STAGES * 8 + 2 * (MF_MAX_E + 1) * 4 + 1024;
+// and 96 + 96 accumulator registers, so one partial). SB (fprop, dgrad with a BF16 output): the
+// output through TMA (moe_store_sm90.cuh), SB boxes of 64 x 64 staged per consumer warpgroup (BN /
+// 64: the whole tile's); 5 pipeline slots, 4 where 192-column tiles stage their 3 boxes.
+template <int BN, int SB = 0> struct MfCfg {
+    static constexpr int B_BYTES = BN * MF_BK, STAGES = BN == 192 && SB == 3 ? 4 : 5;
+    static constexpr int OUT_BYTES = 2 * SB * DW_MOE_STORE_BOX; // [2 warpgroups][SB boxes]
+    static constexpr int SMEM =
+        STAGES * (MF_TILE + B_BYTES) + OUT_BYTES + 2 * STAGES * 8 + 2 * (MF_MAX_E + 1) * 4 + 1024;
     static_assert(BN == 128 || BN == 192, "128- or 192-column tiles");
     static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
 };
@@ -90,20 +97,25 @@ __device__ __forceinline__ MfTile mf_tile(const MfArgs &p, const int32_t *s_off,
 }
 #endif // DW_SM90_BODY
 
-// PIPE: partials per consumer (2: K blocks in pairs; fprop and dgrad only); BN: the tile's columns.
-template <bool WG, int PIPE, int BN>
+// PIPE: partials per consumer (2: K blocks in pairs; fprop and dgrad only); BN: the tile's columns;
+// SB: boxes of the BF16 output's TMA staging (0: the register epilogue), tC its (R, N) map.
+template <bool WG, int PIPE, int BN, int SB>
 __global__ void __launch_bounds__(MF_THREADS, 1)
-    moe_gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB, MfArgs p) {
+    moe_gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
+                             const __grid_constant__ CUtensorMap tC, MfArgs p) {
 #ifdef DW_SM90_BODY
     static_assert(PIPE == 1 || (PIPE == 2 && !WG && BN == 128), "two partials: fprop and dgrad, 128 columns");
     static_assert(BN == 128 || !WG, "wgrad's tiles are 128 x 128");
-    using C = MfCfg<BN>;
+    static_assert(SB == 0 || !WG, "the BF16 store through TMA is fprop's and dgrad's");
+    using C = MfCfg<BN, SB>;
+    constexpr int MF_STAGES = C::STAGES;
     constexpr int NACC = BN / 2; // accumulators a thread
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_align_1024(smem_raw);
     uint8_t *sA = smem;                       // [ST][128 rows][128 B], 128B swizzle
     uint8_t *sB = sA + MF_STAGES * MF_TILE;   // [ST][BN rows][128 B]
-    uint64_t *full = (uint64_t *)(sB + MF_STAGES * C::B_BYTES), *empty = full + MF_STAGES;
+    uint8_t *sOut = sB + MF_STAGES * C::B_BYTES; // SB: [2 warpgroups][SB boxes], 1024-aligned
+    uint64_t *full = (uint64_t *)(sOut + C::OUT_BYTES), *empty = full + MF_STAGES;
     int32_t *s_off = (int32_t *)(empty + MF_STAGES), *s_mt = s_off + MF_MAX_E + 1;
     const int tid = threadIdx.x, wg = warpgroup_index();
     for (int64_t e = tid; e <= p.E; e += MF_THREADS) s_off[e] = p.off[e];
@@ -251,6 +263,13 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
                 r.next<MF_STAGES>();
             }
         }
+        if constexpr (SB > 0) {
+            if (!p.out_f32 && t.rows >= 64 * (cw + 1)) { // the warpgroup's 64 rows all in the group
+                moe_store_bf16_tma<BN, SB>(acc, sOut + cw * SB * DW_MOE_STORE_BOX, &tC, t.row0 + 64 * cw, t.tn * BN,
+                                           p.N, cw, lt);
+                continue;
+            }
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t rr = rl + 8 * h;
@@ -273,21 +292,25 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             }
         }
     }
+    if constexpr (SB > 0)
+        if (lt == 0) bulk_wait_all(); // the staging must outlive the copies that read it
 #endif
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-template <bool WG, int PIPE, int BN>
-cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const MfArgs &p, cudaStream_t stream) {
+template <bool WG, int PIPE, int BN, int SB = 0>
+cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const CUtensorMap &tC, const MfArgs &p,
+                   cudaStream_t stream) {
+    constexpr int smem = MfCfg<BN, SB>::SMEM;
     static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once per kernel
     if (!attr_set) {
-        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel<WG, PIPE, BN>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, MfCfg<BN>::SMEM);
+        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_fp8_sm90_kernel<WG, PIPE, BN, SB>,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
-    moe_gemm_fp8_sm90_kernel<WG, PIPE, BN><<<(unsigned)grid, MF_THREADS, MfCfg<BN>::SMEM, stream>>>(tA, tB, p);
+    moe_gemm_fp8_sm90_kernel<WG, PIPE, BN, SB><<<(unsigned)grid, MF_THREADS, smem, stream>>>(tA, tB, tC, p);
     return cudaGetLastError();
 }
 
@@ -302,6 +325,16 @@ int fprop_variant(int64_t N) {
     if (t && !strcmp(t, "128")) return 2;
     if (t && !strcmp(t, "192")) return 192;
     return ((N + 191) / 192 * 192 - N) * 25 <= N ? 192 : 2;
+}
+
+// fprop's and dgrad's BF16 output through TMA (moe_store_sm90.cuh), every box of the tile staged in
+// one round (192-column tiles then keep 4 ring slots instead of 5); DW_MOE_STORE=reg keeps the
+// register epilogue (an A/B knob; DW_MOE_FP8_PIPE=1's path always does). On an H100 (bench/
+// RESULTS.md, session 26 call A) TMA took 14-15% off moe-e8's fprop and down dgrad, 9-18% off
+// moe-e64's four, 0-3% off the other two; one box at a time (the BF16 kernel's way) 0-4 points less.
+bool store_tma(void) {
+    const char *v = dw_env("DW_MOE_STORE");
+    return !(v && !strcmp(v, "reg"));
 }
 
 } // namespace
@@ -337,8 +370,16 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
     const int64_t units = wg ? E * p.tiles_m * p.tiles_n : ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n;
     const int64_t grid = units < sms ? units : sms;
     const cudaStream_t st = (cudaStream_t)stream;
-    return (int)(wg ? launch<true, 1, 128>(grid, tA, tB, p, st)
-                 : variant == 192 ? launch<false, 1, 192>(grid, tA, tB, p, st)
-                 : variant == 2   ? launch<false, 2, 128>(grid, tA, tB, p, st)
-                                  : launch<false, 1, 128>(grid, tA, tB, p, st));
+    // the BF16 output through TMA (store_tma), its map of (R, N) in 64 x 64 boxes
+    const bool ts = !wg && !a->out_f32 && aligned16(a->out) && store_tma();
+    CUtensorMap tC = tA;
+    if (ts && !dw_make_map_2d(&tC, a->out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, R, N, N, 64, 64,
+                              CU_TENSOR_MAP_SWIZZLE_128B))
+        return (int)cudaErrorNotSupported;
+    return (int)(wg ? launch<true, 1, 128>(grid, tA, tB, tC, p, st)
+                 : variant == 192 ? (ts ? launch<false, 1, 192, 3>(grid, tA, tB, tC, p, st)
+                                        : launch<false, 1, 192>(grid, tA, tB, tC, p, st))
+                 : variant == 2 ? (ts ? launch<false, 2, 128, 2>(grid, tA, tB, tC, p, st)
+                                      : launch<false, 2, 128>(grid, tA, tB, tC, p, st))
+                                : launch<false, 1, 128>(grid, tA, tB, tC, p, st));
 }

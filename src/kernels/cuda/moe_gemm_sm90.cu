@@ -24,6 +24,9 @@
 // epilogue, which reads, adds and writes dW while the wgmmas idle). On an H100 (session 19, bench/
 // RESULTS.md) the moe-e8 wgrad takes 1.08 ms with it against the register epilogue's 1.54 ms, moe-e64's
 // 0.70 against 0.94; tests/gpu/test_ops_cuda_moe_wgrad.c passes all three.
+// fprop's and dgrad's BF16 output goes out through TMA too (moe_store_sm90.cuh, store_tma): each
+// warpgroup's whole 64-row blocks of a group, staged in shared memory, stored while its next tile's
+// wgmmas run; a block cut by the group's end keeps the register epilogue.
 // Asked (dw_moe_gemm_args.sumsq, with overwrite), the TMA epilogue also writes the sum of squares of
 // each 64 x 128 block it stores, from its registers: the gradient norm's share (compile/
 // wgrad_sumsq.h), so the norm need not read the experts' gradients again.
@@ -35,6 +38,7 @@
 #include "core/wgmma_sm90.cuh"
 #include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_gemm_tc.h"
+#include "kernels/cuda/moe_store_sm90.cuh"
 
 namespace {
 
@@ -51,10 +55,14 @@ static_assert(128 * MW_PROD_REGS + 256 * MW_CONS_REGS <= MW_THREADS * (65536 / M
 // Tiles of 128 x BN: BN 128 (64 accumulators a thread, 6 slots) or 256 (128 accumulators, 4 slots:
 // half the shared-memory reads of A per FLOP), chosen per pass (dw_moe_gemm_sm90).
 // OUT_TMA (wgrad): 2 x 64 x 128 FP32 of epilogue staging (a BN 256 tile goes out in two halves),
-// and 4 slots (BN 128) or 3 (BN 256).
-template <int BN, bool OUT_TMA = false> struct MwCfg {
-    static constexpr int B_BYTES = BN * MW_BK * 2, STAGES = OUT_TMA ? (BN == 128 ? 4 : 3) : BN == 128 ? 6 : 4;
-    static constexpr int OUT_BYTES = OUT_TMA ? 2 * 64 * 128 * 4 : 0; // [2 warpgroups][4 boxes][64 rows][128 B]
+// and 4 slots (BN 128) or 3 (BN 256). SB (fprop, dgrad): the BF16 output through TMA
+// (moe_store_sm90.cuh), SB boxes of 64 x 64 staged per consumer warpgroup: 1 (the one used) keeps
+// the register epilogue's 6 or 4 slots; BN / 64 would leave 5 (BN 128) or 3 (BN 256).
+template <int BN, bool OUT_TMA = false, int SB = 0> struct MwCfg {
+    static constexpr int B_BYTES = BN * MW_BK * 2;
+    static constexpr int STAGES = OUT_TMA ? (BN == 128 ? 4 : 3) : BN == 128 ? (SB > 1 ? 5 : 6) : (SB > 1 ? 3 : 4);
+    static constexpr int OUT_BYTES = OUT_TMA ? 2 * 64 * 128 * 4    // [2 warpgroups][4 boxes][64 rows][128 B]
+                                             : 2 * SB * DW_MOE_STORE_BOX; // [2 warpgroups][SB boxes]
     static constexpr int SMEM =
         STAGES * (MW_A_BYTES + B_BYTES) + OUT_BYTES + 2 * STAGES * 8 + 2 * (MW_MAX_E + 1) * 4 + 1024;
     static_assert(BN == 128 || BN == 256, "128- or 256-column tiles");
@@ -213,22 +221,24 @@ __device__ __forceinline__ void mw_epilogue_tma(const float *acc, uint8_t *stg, 
 }
 #endif // DW_SM90_BODY
 
-// tC: OUT_TMA's map of dW (E, M, K) FP32 in 64 x 32 boxes (else unused). SQ (OUT_TMA): p.sumsq too.
-template <int BN, dw_moe_pass PASS, bool OUT_TMA, bool SQ>
+// tC: OUT_TMA's map of dW (E, M, K) FP32 in 64 x 32 boxes; with SB, the output's (R, J) BF16 map in
+// 64 x 64 boxes (else unused). SQ (OUT_TMA): p.sumsq too.
+template <int BN, dw_moe_pass PASS, bool OUT_TMA, bool SQ, int SB>
 __global__ void __launch_bounds__(MW_THREADS, 1)
     moe_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                          const __grid_constant__ CUtensorMap tC, MwArgs p) {
 #ifdef DW_SM90_BODY
     static_assert(!OUT_TMA || PASS == DW_MOE_WGRAD, "the TMA epilogue is wgrad's");
     static_assert(!SQ || OUT_TMA, "the sums of squares come with the TMA epilogue");
-    using C = MwCfg<BN, OUT_TMA>;
+    static_assert(SB == 0 || (PASS != DW_MOE_WGRAD && !OUT_TMA), "the BF16 store through TMA is fprop's and dgrad's");
+    using C = MwCfg<BN, OUT_TMA, SB>;
     constexpr int ST = C::STAGES, NACC = BN / 2; // NACC accumulators a thread
     constexpr bool AMN = PASS == DW_MOE_WGRAD, BMN = PASS != DW_MOE_FPROP;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = smem_align_1024(smem_raw);
     uint8_t *sA = smem;                           // [ST][128 rows][128 B] or [ST][2 panels], 128B swizzle
     uint8_t *sB = sA + ST * MW_A_BYTES;           // [ST][BN rows][128 B] or [ST][BN / 64 panels]
-    uint8_t *sOut = sB + ST * C::B_BYTES;         // OUT_TMA: [2 warpgroups][64 x 128 FP32], 1024-aligned
+    uint8_t *sOut = sB + ST * C::B_BYTES;         // OUT_TMA: [2 warpgroups][64 x 128 FP32]; SB: [2][SB boxes]
     uint64_t *full = (uint64_t *)(sOut + C::OUT_BYTES), *empty = full + ST;
     int32_t *s_off = (int32_t *)(empty + ST), *s_mt = s_off + MW_MAX_E + 1;
     __shared__ double s_wsq[2][4]; // OUT_TMA with sumsq: each consumer warpgroup's warps' squares
@@ -319,6 +329,10 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
         }
         if constexpr (OUT_TMA) {
             mw_epilogue_tma<BN, SQ>(acc, sOut + cw * (C::OUT_BYTES / 2), &tC, p, t, cw, lt, s_wsq[cw]);
+        } else if (SB > 0 && t.rows >= 64 * (cw + 1)) { // the warpgroup's 64 rows all in the group
+            if constexpr (SB > 0)
+                moe_store_bf16_tma<BN, SB>(acc, sOut + cw * (C::OUT_BYTES / 2), &tC, t.row0 + 64 * cw, t.tn * BN, p.J,
+                                           cw, lt);
         } else { // epilogue from registers (the producer already fills the ring for the next tile)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -342,7 +356,7 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
             }
         }
     }
-    if constexpr (OUT_TMA)
+    if constexpr (OUT_TMA || SB > 0)
         if (lt == 0) bulk_wait_all(); // the staging must outlive the copies that read it
 #endif
 }
@@ -363,18 +377,18 @@ bool sm90_device(int *sms) {
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-template <int BN, dw_moe_pass PASS, bool OUT_TMA = false, bool SQ = false>
+template <int BN, dw_moe_pass PASS, bool OUT_TMA = false, bool SQ = false, int SB = 0>
 cudaError_t launch(int64_t grid, const CUtensorMap &tA, const CUtensorMap &tB, const CUtensorMap &tC, const MwArgs &p,
                    cudaStream_t stream) {
-    constexpr int smem = MwCfg<BN, OUT_TMA>::SMEM;
+    constexpr int smem = MwCfg<BN, OUT_TMA, SB>::SMEM;
     static bool attr_set = false; // the shared memory beyond 48 KiB, asked for once per kernel
     if (!attr_set) {
-        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_sm90_kernel<BN, PASS, OUT_TMA, SQ>,
+        const cudaError_t err = cudaFuncSetAttribute(moe_gemm_sm90_kernel<BN, PASS, OUT_TMA, SQ, SB>,
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (err != cudaSuccess) return err;
         attr_set = true;
     }
-    moe_gemm_sm90_kernel<BN, PASS, OUT_TMA, SQ><<<(unsigned)grid, MW_THREADS, smem, stream>>>(tA, tB, tC, p);
+    moe_gemm_sm90_kernel<BN, PASS, OUT_TMA, SQ, SB><<<(unsigned)grid, MW_THREADS, smem, stream>>>(tA, tB, tC, p);
     return cudaGetLastError();
 }
 
@@ -407,6 +421,16 @@ int wgrad_variant(void) {
 int dgrad_variant(void) {
     const char *v = dw_env("DW_MOE_DGRAD");
     return v && !strcmp(v, "128") ? 128 : 256;
+}
+
+// fprop's and dgrad's BF16 output through TMA (moe_store_sm90.cuh), one 64 x 64 box at a time per
+// consumer warpgroup, so the ring keeps the register epilogue's slots; DW_MOE_STORE=reg keeps the
+// register epilogue (an A/B knob). On an H100 (bench/RESULTS.md, session 26 call A) TMA took 15%
+// off moe-e8's fprop, 4% off its dgrad, 7% and 17% off moe-e8-down's, 13-24% off moe-e64's four;
+// the whole 64 x BN staged in one round (a ring slot fewer) was within 4% of that either way.
+bool store_tma(void) {
+    const char *v = dw_env("DW_MOE_STORE");
+    return !(v && !strcmp(v, "reg"));
 }
 
 } // namespace
@@ -479,9 +503,16 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream, boo
         *sumsq_done = err == cudaSuccess && p.sumsq;
         return err;
     }
+    const bool st = store_tma();
+    CUtensorMap tC = tA;
+    if (st && !dw_make_map_2d(&tC, a->out, bf, 2, R, J, J, 64, 64, sw)) return cudaErrorNotSupported;
     if (a->pass == DW_MOE_DGRAD)
-        return BN == 256 ? launch<256, DW_MOE_DGRAD>(grid, tA, tB, tA, p, stream)
-                         : launch<128, DW_MOE_DGRAD>(grid, tA, tB, tA, p, stream);
-    return BN == 256 ? launch<256, DW_MOE_FPROP>(grid, tA, tB, tA, p, stream)
-                     : launch<128, DW_MOE_FPROP>(grid, tA, tB, tA, p, stream);
+        return BN == 256 ? (st ? launch<256, DW_MOE_DGRAD, false, false, 1>(grid, tA, tB, tC, p, stream)
+                               : launch<256, DW_MOE_DGRAD>(grid, tA, tB, tC, p, stream))
+                         : (st ? launch<128, DW_MOE_DGRAD, false, false, 1>(grid, tA, tB, tC, p, stream)
+                               : launch<128, DW_MOE_DGRAD>(grid, tA, tB, tC, p, stream));
+    return BN == 256 ? (st ? launch<256, DW_MOE_FPROP, false, false, 1>(grid, tA, tB, tC, p, stream)
+                           : launch<256, DW_MOE_FPROP>(grid, tA, tB, tC, p, stream))
+                     : (st ? launch<128, DW_MOE_FPROP, false, false, 1>(grid, tA, tB, tC, p, stream)
+                           : launch<128, DW_MOE_FPROP>(grid, tA, tB, tC, p, stream));
 }
