@@ -9,8 +9,14 @@
 # ZeRO-1 and EP), and with fp8_block experts whose weight caches' codes go in the arena too
 # (alone, across skipped steps, on 2 ranks; DW_WCACHE_ARENA=0 keeps them in the workspace). With accumulation or ZeRO-2 the run is on the pools, with no refusal;
 # DW_GRAD_ARENA=0 / DW_BF16_ARENA=0 turn them off. `deepwell dryrun` prices the arenas.
+# PART (default all): `trainer` runs everything but the experts' caches, `wcache` only those
+# (ctest runs the two as cli_test_train_arena_default and cli_test_train_arena_wcache, so that the
+# sanitized pass, which leaves the first out for its time, keeps the second: scripts/test.sh).
 set -u
 dw=$1
+part=${2:-all}
+case $part in all | trainer | wcache) ;; *) echo "test_train_arena_default.sh: PART is all, trainer or wcache, not '$part'" >&2; exit 2 ;; esac
+want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 . "$(dirname "$0")/checks.sh"
 ranks_env
 
@@ -82,6 +88,7 @@ pools() { # pools NAME: neither run in the arena
 }
 BOTH="$ON and the BF16 weight copies in the activation arena"
 
+if want trainer; then
 # eval and samples (the fused head off), FP32 and BF16; BF16 without samples (the fused head on)
 pair fp32 0 "${base[@]}" --model "$tmp/dense" --steps 4 --lr 3e-3 --ckpt-every 2 --sample-every 2 --sample-tokens 8
 arenas fp32 "$ON in the activation arena (dw_compile_opts.grad_arena)"
@@ -142,9 +149,11 @@ for p in nvfp4 fp8_block; do
   else echo "  ($p: $(cat "$tmp/$p-a/precision_decisions.jsonl" 2>/dev/null | wc -l) fallbacks)"; fi
   same "$p" "$tmp/$p-a" "$tmp/$p-b"
 done
+fi
+WC="$BOTH, with the quantised weight caches of 6 expert linear layers"
+if want wcache; then
 # fp8_block experts with their weight caches' codes in the BF16 copies' rooms (wcache_arena): a run,
 # and steps the guard skips (the backward took the caches; the next forward's are made again)
-WC="$BOTH, with the quantised weight caches of 6 expert linear layers"
 pair wcache 0 "${base[@]}" --model "$tmp/moe128" --precision fp8_block --steps 4 --lr 3e-3 --ckpt-every 2
 arenas wcache "$WC"
 same wcache "$tmp/wcache-a" "$tmp/wcache-b"
@@ -157,7 +166,9 @@ DW_WCACHE_ARENA=0 pair wcache0 0 "${base[@]}" --model "$tmp/moe128" --precision 
   --ckpt-every 2
 arenas wcache0 "$BOTH (dw_compile_opts"
 same wcache0 "$tmp/wcache0-a" "$tmp/wcache-a"
+fi
 
+if want trainer; then
 # a loss spike rolls back to the last checkpoint (and, after --max-rollbacks, may stop the run).
 # About 1 seed in 25 gives 8 falling losses and no spike: the first of seed, seed + 1, ... (five at
 # most) whose run rolls back is the one compared (a later --seed overrides base's)
@@ -171,12 +182,17 @@ done
 pair spike same "${spike[@]}" --seed $s
 has "  ... a rollback happened" "$tmp/spike-a/metrics.jsonl" '"rollback"'
 same spike "$tmp/spike-a" "$tmp/spike-b"
+fi
 
-# two CPU ranks: ZeRO-1 and EP in the arenas, ZeRO-2 on the pools (no refusal)
+# two CPU ranks: ZeRO-1 and EP in the arenas, ZeRO-2 on the pools (no refusal) (trainer); the
+# experts' caches in the arena (wcache)
+ranks=()
+want trainer && ranks+=("z1:--zero 1" "ep:--ep 2 --zero 1" "z2:--zero 2")
+want wcache && ranks+=("dpw:--model $tmp/moe128 --precision fp8_block")
 mpi=(mpirun -np 2 "$dw")
 dp=(train --data "$tmp/text.txt" --val "$tmp/val.txt" --seq 32 --warmup 2 --eval-every 2 --eval-batches 2 --keep 0
     --device cpu --seed $seed --batch 2 --model $moe --precision bf16 --steps 4 --lr 3e-3 --ckpt-every 2)
-for v in "z1:--zero 1" "ep:--ep 2 --zero 1" "z2:--zero 2" "dpw:--model $tmp/moe128 --precision fp8_block"; do
+for v in "${ranks[@]}"; do
   n=${v%%:*}
   read -ra extra <<<"${v#*:}"
   "${mpi[@]}" "${dp[@]}" "${extra[@]}" --out "$tmp/$n-a" >"$tmp/$n-a.out" 2>"$tmp/$n-a.err"
@@ -188,6 +204,7 @@ for v in "z1:--zero 1" "ep:--ep 2 --zero 1" "z2:--zero 2" "dpw:--model $tmp/moe1
 done
 
 # the help; the planner's memory (dryrun) with the arenas as train runs the plan, and without
+if want trainer; then
 "$dw" train --help | grep -q -- "--no-grad-arena" && "$dw" bench step --help | grep -q -- "--no-grad-arena"
 check "train and bench step --help name --no-grad-arena" 0 $?
 job=(dryrun moe-e8 --hw h100-sxm --gpus 1 --seq 2048 --global-batch 8)
@@ -202,5 +219,6 @@ print("  peak: arenas %.2f GiB, pools %.2f GiB" % tuple(peak))
 assert peak[0] < peak[1] - 5, peak
 PY
 check "  ... the arena peak at least 5 GiB under the pools'" 0 $?
+fi
 
 [ $fails -eq 0 ] || exit 1
