@@ -88,9 +88,11 @@ def check_case(dw, chk, family, c, w, forward, rng, tmp, i, desc, config_keys):
 
 
 def check_sample(dw, chk, family, d, positions):
-    """Cached decoding (soft-capped scores, windows) gives the recompute's tokens, past the window."""
+    """Cached decoding (soft-capped scores, windows) gives the recompute's tokens, past the window.
+    Token ids in and out (--tokenizer ids): a drawn vocabulary of 256 would otherwise read and write
+    raw bytes, not UTF-8 (DW_TEST_SEED=84292147 drew one for gemma2)."""
     cmd = [dw, "sample", d, "--prompt", "3 1 4 1 5", "-n", str(positions - 5), "--temperature", "1", "--seed", "7",
-           "--device", "cpu"]
+           "--tokenizer", "ids", "--device", "cpu"]
     env = dict(os.environ, DW_LOG="debug")
     kv = subprocess.run(cmd, capture_output=True, text=True, env=env)
     full = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, DW_KV_CACHE="0"))
