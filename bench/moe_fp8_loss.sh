@@ -16,7 +16,9 @@
 # Usage: bash bench/moe_fp8_loss.sh DEEPWELL [--model moe-e8] [--steps 300] [--batch 8] [--seq 2048]
 #          [--lr 3e-4] [--warmup 20] [--seed 5] [--device cuda] [--band 0.02] [--text FILE] [--strict]
 #          [--fp8-wgrad]
-#   env: OUT (default out): $OUT/moe_fp8_loss/{corpus/, RUN/metrics.jsonl, RUN.log, result.json}
+#   env: OUT (default out): $OUT/moe_fp8_loss/{corpus/, RUN/metrics.jsonl, RUN.log, result.json};
+#        WAIT_END=1 lets each run end by itself, its end-of-run checkpoint (which records the run's
+#        policy) written, instead of stopping it at its last step (tests/cli/test_moe_fp8_loss.sh)
 set -uo pipefail
 dw=$(realpath "$1") || exit 2
 shift
@@ -48,6 +50,10 @@ for r in $runs; do
     --warmup "$warmup" --lr "$lr" --eval-every 0 --ckpt-minutes 0 --device "$device" --seed "$seed" \
     "${prec[@]}" --out "$out/$r" >"$out/$r.log" 2>&1 &
   p=$!
+  if [ "${WAIT_END:-0}" = 1 ]; then
+    wait $p || { echo "moe_fp8_loss.sh: the $r run failed (exit $?): $(tail -2 "$out/$r.log")" >&2; fail=1; }
+    continue
+  fi
   until grep -q "\"step\": $steps[,}]" "$out/$r/metrics.jsonl" 2>/dev/null || ! kill -0 $p 2>/dev/null; do sleep 0.5; done
   if grep -q "\"step\": $steps[,}]" "$out/$r/metrics.jsonl" 2>/dev/null; then
     kill -9 $p 2>/dev/null; wait $p 2>/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_moe_fp8_loss.sh DEEPWELL — bench/moe_fp8_loss.sh tiny on the CPU: mixtral-tiny, 6 steps of
-# 2 x 64 on a small text, both recipes run to their last step (killed before the end-of-run
-# checkpoint), result.json holds the two means and their relative difference as printed; with
+# 2 x 64 on a small text, both recipes run to their end (WAIT_END=1), result.json holds the two
+# means and their relative difference as printed; with
 # --fp8-wgrad a third run under the policy with the experts' wgrad in fp8_block too (its rule's
 # "bf16_passes": [] recorded in the run's policy, where the plain fp8_block run records none); a
 # bad flag exits 2 naming it, and --bf16-wgrad (the default now) exits 2 naming --fp8-wgrad.
@@ -10,7 +10,10 @@ dw=$1
 . "$(dirname "$0")/checks.sh"
 src=${DW_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 head -c 20000 "$src/README.md" >"$tmp/text.txt"
-OUT=$tmp bash "$src/bench/moe_fp8_loss.sh" "$dw" --model mixtral-tiny --steps 6 --batch 2 --seq 64 --warmup 2 \
+# WAIT_END=1: each run writes its end-of-run checkpoint, whose state.json records the policy checked
+# below (stopped at its last step, as at scale, the run could be killed before it: session 26's
+# sanitized CI was)
+OUT=$tmp WAIT_END=1 bash "$src/bench/moe_fp8_loss.sh" "$dw" --model mixtral-tiny --steps 6 --batch 2 --seq 64 --warmup 2 \
   --lr 1e-3 --device cpu --text "$tmp/text.txt" --fp8-wgrad >"$tmp/out" 2>&1
 check "moe_fp8_loss.sh on CPU" 0 $?
 cat "$tmp/out"
