@@ -23,7 +23,7 @@
 // three alternating rounds) the pairs take 2-5% off the kernel's time on seven of the presets'
 // eight shapes (the eighth even). Where N pads little they take 192-column tiles instead
 // (m64n192k32, the dense kernel's n192 promotion across two weight blocks; one partial). Every
-// variant gives the same bits. A BF16 output leaves through TMA (moe_store_sm90.cuh, store_tma)
+// variant gives the same bits. A BF16 output leaves through TMA (moe_store_sm90.cuh, dw_moe_store_tma)
 // in whole 64-row blocks of a group, the register epilogue taking the block cut by the group's end.
 // wgrad keeps 128 x 128 and one partial: its 32 column scales a block
 // leave no registers for a second.
@@ -332,10 +332,6 @@ int fprop_variant(int64_t N) {
 // register epilogue (an A/B knob; DW_MOE_FP8_PIPE=1's path always does). On an H100 (bench/
 // RESULTS.md, session 26 call A) TMA took 14-15% off moe-e8's fprop and down dgrad, 9-18% off
 // moe-e64's four, 0-3% off the other two; one box at a time (the BF16 kernel's way) 0-4 points less.
-bool store_tma(void) {
-    const char *v = dw_env("DW_MOE_STORE");
-    return !(v && !strcmp(v, "reg"));
-}
 
 } // namespace
 
@@ -370,8 +366,8 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
     const int64_t units = wg ? E * p.tiles_m * p.tiles_n : ((R + MF_BM - 1) / MF_BM + E) * p.tiles_n;
     const int64_t grid = units < sms ? units : sms;
     const cudaStream_t st = (cudaStream_t)stream;
-    // the BF16 output through TMA (store_tma), its map of (R, N) in 64 x 64 boxes
-    const bool ts = !wg && !a->out_f32 && aligned16(a->out) && store_tma();
+    // the BF16 output through TMA (dw_moe_store_tma), its map of (R, N) in 64 x 64 boxes
+    const bool ts = !wg && !a->out_f32 && aligned16(a->out) && dw_moe_store_tma();
     CUtensorMap tC = tA;
     if (ts && !dw_make_map_2d(&tC, a->out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, R, N, N, 64, 64,
                               CU_TENSOR_MAP_SWIZZLE_128B))

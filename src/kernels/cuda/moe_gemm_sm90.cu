@@ -24,7 +24,7 @@
 // epilogue, which reads, adds and writes dW while the wgmmas idle). On an H100 (session 19, bench/
 // RESULTS.md) the moe-e8 wgrad takes 1.08 ms with it against the register epilogue's 1.54 ms, moe-e64's
 // 0.70 against 0.94; tests/gpu/test_ops_cuda_moe_wgrad.c passes all three.
-// fprop's and dgrad's BF16 output goes out through TMA too (moe_store_sm90.cuh, store_tma): each
+// fprop's and dgrad's BF16 output goes out through TMA too (moe_store_sm90.cuh, dw_moe_store_tma): each
 // warpgroup's whole 64-row blocks of a group, staged in shared memory, stored while its next tile's
 // wgmmas run; a block cut by the group's end keeps the register epilogue.
 // Asked (dw_moe_gemm_args.sumsq, with overwrite), the TMA epilogue also writes the sum of squares of
@@ -428,10 +428,6 @@ int dgrad_variant(void) {
 // register epilogue (an A/B knob). On an H100 (bench/RESULTS.md, session 26 call A) TMA took 15%
 // off moe-e8's fprop, 4% off its dgrad, 7% and 17% off moe-e8-down's, 13-24% off moe-e64's four;
 // the whole 64 x BN staged in one round (a ring slot fewer) was within 4% of that either way.
-bool store_tma(void) {
-    const char *v = dw_env("DW_MOE_STORE");
-    return !(v && !strcmp(v, "reg"));
-}
 
 } // namespace
 
@@ -503,7 +499,7 @@ cudaError_t dw_moe_gemm_sm90(const dw_moe_gemm_args *a, cudaStream_t stream, boo
         *sumsq_done = err == cudaSuccess && p.sumsq;
         return err;
     }
-    const bool st = store_tma();
+    const bool st = dw_moe_store_tma();
     CUtensorMap tC = tA;
     if (st && !dw_make_map_2d(&tC, a->out, bf, 2, R, J, J, 64, 64, sw)) return cudaErrorNotSupported;
     if (a->pass == DW_MOE_DGRAD)

@@ -14,11 +14,19 @@
 
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/async_copy.cuh"
+#include "core/env.h"
 #include "core/wgmma_sm90.cuh"
 
 constexpr int DW_MOE_STORE_BOX = 64 * 128; // bytes of a 64-row x 64-column BF16 box (128-byte swizzle)
+
+// Whether the kernels store this way: DW_MOE_STORE=reg keeps their register epilogue (an A/B knob).
+static inline bool dw_moe_store_tma(void) {
+    const char *v = dw_env("DW_MOE_STORE");
+    return !(v && !strcmp(v, "reg"));
+}
 
 #ifdef DW_SM90_BODY
 // Warpgroup cw (named barrier 1 + cw, 128 threads; lt its thread) stores its 64 x BN fragment at
