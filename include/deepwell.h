@@ -694,12 +694,15 @@ typedef struct {
     bool fuse;            /* GELU into the neighbouring GEMMs' epilogues in BF16 programs (default
                              true; the environment variable DW_FUSE=0 makes the default false) */
     int recompute;        /* dw_recompute (section [plan]): DW_RECOMPUTE_NONE (default: the plan's,
-                             when one is given) or DW_RECOMPUTE_FULL — every transformer block keeps
+                             when one is given); DW_RECOMPUTE_FULL — every transformer block keeps
                              only its input and runs its forward again just before its backward, so
                              the blocks' inner activations share the memory of one block, for about
-                             a third more compute; SELECTIVE is refused (DW_ERR_UNSUPPORTED) */
-    int recompute_blocks; /* with FULL: only the first N blocks recompute (0, default: all), for
-                             memory between the two at less extra compute */
+                             a third more compute; DW_RECOMPUTE_SELECTIVE — every norm that feeds a
+                             linear layer and every MLP activation (and MoE dispatch) runs again
+                             just before the first backward reading its output instead of being
+                             kept: no GEMM or attention runs twice. The same values bit for bit */
+    int recompute_blocks; /* with FULL only (else DW_ERR_INVALID): only the first N blocks recompute
+                             (0, default: all), for memory between the two at less extra compute */
     bool fused_head;      /* the LM head and the cross-entropy as one op that holds a chunk of rows'
                              logits at a time (never all B x T x V) and does their backward in the
                              training forward, when the head is a BF16 (or FP32-program) linear

@@ -103,12 +103,14 @@ bool cli_parse_recompute(const char *cmd, const char *text, int *mode, int *bloc
     char *end = NULL;
     *blocks = 0;
     if (!strcmp(text, "none")) *mode = DW_RECOMPUTE_NONE;
+    else if (!strcmp(text, "selective")) *mode = DW_RECOMPUTE_SELECTIVE;
     else if (!strcmp(text, "full")) *mode = DW_RECOMPUTE_FULL;
     else {
         errno = 0;
         long n = strtol(text, &end, 10);
         if (!*text || *end || errno || n < 1 || n > 1000000) {
-            cli_error(cmd, "--recompute must be none, full or a block count N >= 1 (the first N blocks), got '%s'",
+            cli_error(cmd, "--recompute must be none, selective, full or a block count N >= 1 (the first N blocks), "
+                      "got '%s'",
                       text);
             return false;
         }

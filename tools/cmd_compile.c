@@ -10,7 +10,7 @@
 
 static void help(void) {
     printf("Usage: deepwell compile MODEL [--precision R | --policy FILE] [--fallback F]\n"
-           "                        [--batch B] [--seq T] [--target cuda|cpu] [--sm N] [--recompute none|full|N]\n"
+           "                        [--batch B] [--seq T] [--target cuda|cpu] [--sm N] [--recompute none|selective|full|N]\n"
            "                        [--report] [--explain]\n\n"
            "Compiles MODEL's training graph into the program an engine runs (steps, kernel binding,\n"
            "static memory plan) and prints the planned bytes of each memory pool (weights, grads,\n"
@@ -35,9 +35,10 @@ static void help(void) {
            "  --target D       the backend the program is for: cuda (default) or cpu (the reference,\n"
            "                   which runs any program; its GEMMs are all quantised)\n"
            "  --sm N           CUDA target: compute capability x10 the kernels are chosen for (90)\n"
-           "  --recompute R    none (default), full or N (the first N blocks): those blocks' forwards\n"
-           "                   run again just before their backward and only their inputs are kept\n"
-           "                   (a smaller activation pool)\n"
+           "  --recompute R    none (default), selective, full or N (the first N blocks): full runs\n"
+           "                   those blocks' forwards again just before their backward and keeps only\n"
+           "                   their inputs; selective runs the norms feeding linear layers and the MLP\n"
+           "                   activations again (a smaller activation pool)\n"
            "  --report         also list every node: recipe and why, kernel and why\n"
            "  --explain        then each MoE linear layer's grouped GEMM selection per pass (fprop,\n"
            "                   dgrad, wgrad): every registered grouped kernel, eligible or why not,\n"

@@ -20,7 +20,7 @@ static void help(void) {
            "fastest plans that fit in memory, with predicted step time, tokens/s, MFU and memory per GPU.\n"
            "Predictions come from an analytical model (docs/planner.md); nothing is run. A plan that\n"
            "Deepwell's CUDA engine runs as it is (one GPU, or data parallelism alone with ZeRO 0-3, stage 3\n"
-           "in bf16 only; recompute none or full; no offload; a model capture builds) takes its memory\n"
+           "in bf16 only; any recompute; no offload; a model capture builds) takes its memory\n"
            "from the engine's compiled memory plan (`deepwell compile`), its time from the engine's kernel\n"
            "rates and, on several GPUs, the runtime's collectives and ZeRO-3's gathers; such plans are\n"
            "listed before plans the engine cannot run.\n\n"

@@ -35,7 +35,7 @@ static const char *reason_words(const char *name) {
         {"interleaved_needs_micro_batches_multiple_of_pp", "interleaving needs micro-batches in groups of PP"},
         {"zero2_3_with_pipeline", "ZeRO-2/3 shards gradients that pipeline accumulation needs whole"},
         {"schedule_needs_moe_or_even_stages", "all-to-all overlap / DualPipe without EP, or DualPipe's parity"},
-        {"one_gpu_engine_has_no_recompute_zero_offload", "one GPU runs Deepwell's engine: recompute none or full, no ZeRO, offload"},
+        {"one_gpu_engine_has_no_recompute_zero_offload", "one GPU runs Deepwell's engine: no ZeRO or offload there"},
         {"memory_exceeds_hbm_minus_headroom", "does not fit in HBM minus the headroom"},
         {"micro_batches_x_stages_over_simulation_limit", "too many micro-batches x stages to simulate"},
         {"slower_than_kept_plans", "fits, but even with no bubble slower than the kept plans"},

@@ -243,11 +243,11 @@ struct dw_compiled {
     int n_times;               /* logical times of the memory plan: every node's forward (time =
                                   node), then the backward sweep: each node's backward and, for a
                                   recomputed block, its nodes' forwards again just before it */
-    int recompute;             /* dw_recompute: NONE or FULL (recompute.c) */
+    int recompute;             /* dw_recompute: NONE, SELECTIVE or FULL (recompute.c) */
     int recompute_blocks;      /* FULL: blocks [0, recompute_blocks) recompute (all: n_blocks) */
     bool moe_remat;            /* a MoE layer's input norm, dispatch and expert SwiGLU run again
                                   before their outputs' backward instead of keeping them
-                                  (recompute.c; dw_compile_opts.moe_remat) */
+                                  (recompute.c; dw_compile_opts.moe_remat; implied by SELECTIVE) */
     int *bwd_t;                /* (n_nodes) backward time of each node */
     int *rc_t;                 /* (n_nodes) time of the node's forward run again in the backward
                                   sweep (a recomputed block's, or a rematerialised MoE
@@ -314,11 +314,12 @@ static inline int dw_compile_rc_time(const dw_compiled *c, int node) { return c-
  * block's node with a forward step of its own, except one that adds to the loss or does its own
  * backward. */
 bool dw_compile_recomputed(const dw_compiled *c, int i);
-/* Whether node i is a MoE dispatch, expert SwiGLU or the RMSNorm whose output a dispatch reads,
- * whose main output the program drops after the forward and writes again (its forward run again,
- * rc_t) just before the first backward reading it (recompute.c): c->moe_remat on and i not in a
- * recomputed block. */
-bool dw_compile_moe_remat(const dw_compiled *c, int i);
+/* Whether node i's main output is rematerialised (recompute.c): dropped after the forward and
+ * written again by its forward run again (rc_t) just before the first backward reading it. A MoE
+ * dispatch, expert SwiGLU or the RMSNorm whose output a dispatch reads (c->moe_remat or
+ * selective); under DW_RECOMPUTE_SELECTIVE also a norm feeding a linear layer and an MLP
+ * activation of a linear's output. Never a node of a recomputed block. */
+bool dw_compile_remat(const dw_compiled *c, int i);
 
 /* grad_arena programs (grad_arena.c): the logical time parameter k's gradient slice is born (its
  * first writer's, or the backward sweep's start when no step writes it), and the float where the

@@ -7,13 +7,18 @@
  * block's backward. The arena (arena.c) gives such buffers two live intervals, so every block's
  * inner activations share the memory of one. recompute_blocks limits it to the first N blocks
  * (Megatron's "block" method: the memory of the rest at less extra compute).
- * MoE rematerialisation (dw_compile_opts.moe_remat), outside the recomputed blocks: a MoE layer's
- * input norm output x (B,T,C), dispatched rows (B,T*K,C) and experts' SwiGLU output (B,T*K,F) are
- * not kept from the forward to the backward; the norm, the dispatch (sort + gather of x's rows)
- * and the SwiGLU run again just before the first backward that reads them (the up projection's
- * and the down projection's; x before the rows), from what is kept anyway (the norm's input and
- * rstd for its backward, gate and up for SwiGLU's). All three are memory-bound and deterministic,
- * so the same bits come back; no GEMM runs twice. */
+ * Rematerialisation of single nodes, outside the recomputed blocks (dw_compile_remat): a node's
+ * main output is not kept from the forward to the backward; its forward runs again just before
+ * the first backward that reads it, from what is kept anyway. Only memory-bound, deterministic
+ * nodes qualify, so the same bits come back and no GEMM or attention runs twice:
+ * - MoE (dw_compile_opts.moe_remat, on by default): a MoE layer's input norm output x (B,T,C),
+ *   dispatched rows (B,T*K,C) and experts' SwiGLU output (B,T*K,F), run again before the up
+ *   projection's and the down projection's backward (x before the rows), from the norm's input
+ *   and rstd and the gate and up outputs, which their own backwards keep;
+ * - DW_RECOMPUTE_SELECTIVE (the planner's "selective": the GEMM inputs re-derived, cost.c): also
+ *   every norm whose output a linear layer reads (x (B,T,C), from the residual stream) and every
+ *   MLP activation of linear outputs that its linear's epilogue does not compute (SwiGLU, GeGLU,
+ *   GELU, ReLU, SiLU: (B,T,F), from the activation's input). */
 #include <stdlib.h>
 
 #include "compile/passes.h"
@@ -29,10 +34,16 @@ bool dw_compile_recomputed(const dw_compiled *c, int i) {
            !(dw_op_flags(n->op) & once);
 }
 
-bool dw_compile_moe_remat(const dw_compiled *c, int i) {
-    const dw_graph *g = c->g;
+/* Whether tensor t is an input of a linear layer (a dense GEMM). */
+static bool linear_reads(const dw_graph *g, int t) {
+    for (int k = 0; k < g->n_nodes; k++)
+        if (g->nodes[k].op == DW_OP_LINEAR && g->nodes[k].in[0] == t) return true;
+    return false;
+}
+
+/* MoE rematerialisation: a dispatch, the RMSNorm whose output a dispatch reads, an expert SwiGLU. */
+static bool moe_remat(const dw_graph *g, int i) {
     const dw_ir_node *n = &g->nodes[i];
-    if (!c->moe_remat || dw_compile_recomputed(c, i)) return false; /* a recomputed block runs it again anyway */
     if (n->op == DW_OP_MOE_DISPATCH) return true;
     if (n->op == DW_OP_RMSNORM) { /* a MoE layer's input norm: a dispatch reads its output */
         for (int k = i + 1; k < g->n_nodes; k++)
@@ -41,6 +52,26 @@ bool dw_compile_moe_remat(const dw_compiled *c, int i) {
     }
     const int p = n->op == DW_OP_SWIGLU ? g->tensors[n->in[0]].producer : -1; /* the experts' activation */
     return p >= 0 && g->nodes[p].op == DW_OP_MOE_LINEAR;
+}
+
+/* Selective recompute: a norm that feeds a linear layer, an MLP activation of a linear's output. */
+static bool selective_remat(const dw_compiled *c, int i) {
+    const dw_graph *g = c->g;
+    const dw_ir_node *n = &g->nodes[i];
+    switch (n->op) {
+    case DW_OP_RMSNORM: case DW_OP_LAYERNORM: return linear_reads(g, n->out[0]);
+    case DW_OP_SWIGLU: case DW_OP_GEGLU: case DW_OP_GELU: case DW_OP_GELU_ERF: case DW_OP_RELU: case DW_OP_SILU: {
+        const int p = g->tensors[n->in[0]].producer;
+        return p >= 0 && g->nodes[p].op == DW_OP_LINEAR && !(c->node[i].fused & DW_FUSED_FWD);
+    }
+    default: return false;
+    }
+}
+
+bool dw_compile_remat(const dw_compiled *c, int i) {
+    if (dw_compile_recomputed(c, i)) return false; /* a recomputed block runs it again anyway */
+    const bool selective = c->recompute == DW_RECOMPUTE_SELECTIVE; /* the MoE layers' too, whatever moe_remat */
+    return ((c->moe_remat || selective) && moe_remat(c->g, i)) || (selective && selective_remat(c, i));
 }
 
 /* Whether node i's backward reads tensor t's value (ops.def: READS_IN of its slot, or READS_OUT). */
@@ -74,13 +105,16 @@ static int rerun_before(const dw_compiled *c, int j, const int *before) {
 dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recompute_blocks) {
     const dw_graph *g = c->g;
     const int nn = g->n_nodes;
-    if (recompute != DW_RECOMPUTE_NONE && recompute != DW_RECOMPUTE_FULL)
-        return dw_set_error(ctx, DW_ERR_UNSUPPORTED, "compile: recompute '%s' is not built; the executor runs "
-                            "none or full (every block's activations recomputed from its input before its "
-                            "backward)", dw_recompute_name((dw_recompute)recompute));
+    if (recompute < DW_RECOMPUTE_NONE || recompute >= DW_RECOMPUTE_COUNT)
+        return dw_set_error(ctx, DW_ERR_INVALID, "compile: recompute %d is not a dw_recompute (none %d, selective "
+                            "%d, full %d)", recompute, DW_RECOMPUTE_NONE, DW_RECOMPUTE_SELECTIVE, DW_RECOMPUTE_FULL);
     if (recompute_blocks < 0)
         return dw_set_error(ctx, DW_ERR_INVALID, "compile: recompute_blocks %d is negative (0: every block)",
                             recompute_blocks);
+    if (recompute_blocks > 0 && recompute != DW_RECOMPUTE_FULL)
+        return dw_set_error(ctx, DW_ERR_INVALID, "compile: recompute_blocks %d needs recompute full (it limits "
+                            "full recompute to the first blocks); recompute is %s", recompute_blocks,
+                            dw_recompute_name((dw_recompute)recompute));
     c->recompute = recompute;
     c->recompute_blocks = recompute_blocks > 0 && recompute_blocks < g->model.n_blocks ? recompute_blocks
                                                                                         : (int)g->model.n_blocks;
@@ -93,7 +127,7 @@ dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recom
     if (!remat_before) return dw_set_error(ctx, DW_ERR_NOMEM, "compile: out of memory");
     int t = nn, k = 0;
     for (int i = 0; i < nn; i++) c->rc_t[i] = -1;
-    for (int j = nn - 1; j >= 0; j--) remat_before[j] = dw_compile_moe_remat(c, j) ? rerun_before(c, j, remat_before) : -1;
+    for (int j = nn - 1; j >= 0; j--) remat_before[j] = dw_compile_remat(c, j) ? rerun_before(c, j, remat_before) : -1;
     for (int i = nn - 1; i >= 0; i--) {
         const int b = g->nodes[i].block;
         if (recompute == DW_RECOMPUTE_FULL && b >= 0 && b < c->recompute_blocks &&
@@ -103,7 +137,7 @@ dw_status dw_compile_times(dw_ctx *ctx, dw_compiled *c, int recompute, int recom
             for (int j = first; j <= i; j++)
                 if (dw_compile_recomputed(c, j)) c->rc_t[j] = t++, c->sweep[k++] = -(j + 1);
         }
-        for (int j = 0; j <= i; j++) /* rematerialised MoE outputs this backward reads, in graph order */
+        for (int j = 0; j <= i; j++) /* rematerialised outputs this backward reads, in graph order */
             if (remat_before[j] == i) c->rc_t[j] = t++, c->sweep[k++] = -(j + 1);
         c->bwd_t[i] = t++;
         c->sweep[k++] = i;

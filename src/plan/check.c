@@ -74,11 +74,9 @@ int dw_plan_check(const dw_plan_in *in, const dw_par *p, char *why, int why_len)
              "number of micro-batches (%lld)\n", "schedule", (long long)p->pp, (long long)p->grad_accum);
     if (p->zero >= 2 && p->pp > 1)
         note(why, why_len, &n, "%s: ZeRO-%lld cannot be combined with pp %lld\n", "zero", (long long)p->zero, (long long)p->pp);
-    if (in->engine_model && in->n_gpus == 1 &&
-        ((p->recompute != DW_RECOMPUTE_NONE && p->recompute != DW_RECOMPUTE_FULL) || p->zero != 0 || p->offload))
-        note(why, why_len, &n, "%s: one GPU runs Deepwell's engine, which recomputes whole blocks or nothing and has "
-             "no ZeRO or offload (plan: recompute %s, ZeRO-%lld%s)\n", "engine", dw_recompute_name(p->recompute),
-             (long long)p->zero, p->offload ? ", offload" : "");
+    if (in->engine_model && in->n_gpus == 1 && (p->zero != 0 || p->offload))
+        note(why, why_len, &n, "%s: one GPU runs Deepwell's engine, which has no ZeRO or offload there (plan: "
+             "ZeRO-%lld%s)\n", "engine", (long long)p->zero, p->offload ? ", offload" : "");
     if (p->offload && p->zero < 1)
         note(why, why_len, &n, "%s: offload needs ZeRO >= 1 (zero %lld)\n", "offload", (long long)p->zero);
     if (n == 0) {

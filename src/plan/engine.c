@@ -1,6 +1,6 @@
 /* engine.c — the planner's view of Deepwell's own CUDA engine: which plans it runs as they are
  * (one GPU, or data parallelism over several with ZeRO 0-3 (train/dp.c, dp_zero3.c); no offload; recompute
- * none or full) and its exact device memory, taken from dw_compile's
+ * none, selective or full) and its exact device memory, taken from dw_compile's
  * static plan — the code the engine allocates from — so prediction and engine cannot drift.
  * Planning only: captures and compiles a graph of shapes, touches no GPU. */
 #include <math.h>
@@ -29,7 +29,7 @@ static bool say(char *why, int len, const char *what) {
 
 bool dw_plan_runtime_ep(const dw_plan_in *in, const dw_par *par) {
     return par->ep > 1 && par->tp == 1 && par->pp == 1 && par->cp == 1 && par->vpp == 1 && in->engine_model &&
-           (par->recompute == DW_RECOMPUTE_NONE || par->recompute == DW_RECOMPUTE_FULL) && par->zero <= 2;
+           par->zero <= 2;
 }
 
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len) {
@@ -41,9 +41,8 @@ bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why,
         return say(why, why_len, buf);
     }
     if (!in->engine_model) return say(why, why_len, in->engine_why);
-    if (par->recompute != DW_RECOMPUTE_NONE && par->recompute != DW_RECOMPUTE_FULL) {
-        snprintf(buf, sizeof buf, "recompute %s: the engine recomputes whole blocks (full) or nothing",
-                 dw_recompute_name(par->recompute));
+    if (par->recompute < DW_RECOMPUTE_NONE || par->recompute >= DW_RECOMPUTE_COUNT) {
+        snprintf(buf, sizeof buf, "recompute %d: not a recompute mode (none, selective, full)", (int)par->recompute);
         return say(why, why_len, buf);
     }
     if (par->dp == 1 && par->zero != 0) {

@@ -238,14 +238,14 @@ void dw_plan_memory_ranks(const dw_plan_in *in, const dw_par *par, dw_mem *ranks
 /* ---- Deepwell's own CUDA engine (engine.c) -------------------------------------------------- */
 /* A plan the engine runs as it is: one GPU (dp = tp = pp = cp = ep = 1, v = 1) without ZeRO, or
  * data parallelism alone (dp > 1, tp = pp = cp = ep = v = 1) with ZeRO 0-2 (train/dp.c), or ZeRO-3
- * of the BF16 recipe (train/dp_zero3.c gathers no quantised weight caches); recompute none or
- * full, no offload, and in->engine_model. Otherwise false with the first reason in `why`
- * (may be NULL). The planner's memory and time for such plans describe the engine, and on a
- * one-GPU machine with in->engine_model it plans for the engine alone: configurations with
- * recompute, ZeRO or offload are rejected (DW_REJECT_ENGINE). */
+ * of the BF16 recipe (train/dp_zero3.c gathers no quantised weight caches); any recompute, no
+ * offload, and in->engine_model. Otherwise false with the first reason in `why` (may be NULL).
+ * The planner's memory and time for such plans describe the engine, and on a one-GPU machine
+ * with in->engine_model it plans for the engine alone: configurations with ZeRO or offload are
+ * rejected (DW_REJECT_ENGINE). */
 bool dw_plan_engine_runnable(const dw_plan_in *in, const dw_par *par, char *why, int why_len);
 /* Whether the runtime runs this ep > 1 plan with --ep (train/ep.c: data x expert parallel, tp = pp =
- * cp = 1, recompute none or full, ZeRO 0-2, a model the engine builds): memory.c and cost.c then
+ * cp = 1, any recompute, ZeRO 0-2, a model the engine builds): memory.c and cost.c then
  * price it as the runtime holds and runs it — the engine's program at ep 1 plus expert
  * parallelism's buffers and exchanges. */
 bool dw_plan_runtime_ep(const dw_plan_in *in, const dw_par *par);
@@ -326,8 +326,8 @@ dw_status dw_plan_engine_memory_par(dw_ctx *ctx, const dw_plan_in *in, const dw_
  * (a GEMM the quantised kernel refuses runs in BF16, as the engine does) through
  * dw_plan_gemm_rate (so --gemm-rates applies), the quantisation of both operands of every
  * quantised GEMM, attention at the engine kernel's rate, and every other op by the bytes its
- * kernels move; under recompute (a dw_recompute the engine runs: none or full) a recomputed
- * node's forward is counted again in the backward. Rates and byte counts: docs/planner.md
+ * kernels move; under recompute (selective or full) each node whose forward runs again
+ * in the backward sweep is counted again there. Rates and byte counts: docs/planner.md
  * ("Deepwell's engine"). */
 typedef dw_plan_engine_cost dw_engine_time; /* the public result struct (deepwell.h) */
 dw_status dw_plan_engine_time(dw_ctx *ctx, const dw_plan_in *in, int64_t micro_batch, int recompute,

@@ -21,14 +21,22 @@ has "$tmp/o" "NOT RUN  gpu-run: the plan uses 8 GPUs; --run executes one"
 has "$tmp/o" "gpu-run NOT RUN"
 grep -q "^PASS:" "$tmp/o" && { echo "FAIL: a NOT RUN dryrun printed PASS"; fails=$((fails + 1)); }
 
-# one GPU, but recompute / ZeRO: the engine does not run the plan as it is (on one GPU the planner
-# plans for the engine, so the checker rejects such plans too)
-echo '{"parallel": {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1}, "micro_batch": 8, "recompute": "selective", "zero": 0}' >"$tmp/rc.json"
-"$dw" dryrun gpt2-124m --hw h200 --gpus 1 --seq 1024 --global-batch $gb --plan "$tmp/rc.json" --run >"$tmp/o" 2>&1
-check "recompute plan --run" 1 $?
-has "$tmp/o" "FAIL  constraints"
-has "$tmp/o" "engine: one GPU runs Deepwell's engine"
-has "$tmp/o" "NOT RUN  gpu-run: recompute selective"
+# one GPU with selective recompute: a plan the engine runs (its norms and MLP activations run
+# again), whose compiled peak lies below the same plan's without recompute
+peak() { sed -n 's/.*peak \([0-9.]*\) GiB per GPU.*/\1/p' "$1" | head -1; }
+for rc in none selective; do
+  echo '{"parallel": {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1}, "micro_batch": 8, "recompute": "'$rc'", "zero": 0}' >"$tmp/rc.json"
+  "$dw" dryrun llama-1b --hw h200 --gpus 1 --seq 1024 --global-batch $gb --plan "$tmp/rc.json" >"$tmp/o_$rc" 2>&1
+  check "recompute $rc plan" 0 $?
+  has "$tmp/o_$rc" "PASS  constraints"
+  has "$tmp/o_$rc" "rc=$rc"
+done
+if ! awk -v a="$(peak "$tmp/o_selective")" -v b="$(peak "$tmp/o_none")" 'BEGIN { exit !(a > 0 && a < b) }'; then
+  echo "FAIL: selective recompute's peak $(peak "$tmp/o_selective") GiB is not below none's $(peak "$tmp/o_none")"
+  fails=$((fails + 1))
+fi
+# ZeRO on one GPU: the engine does not run the plan as it is (on one GPU the planner plans for the
+# engine, so the checker rejects such plans too)
 echo '{"parallel": {"dp": 1, "tp": 1, "pp": 1, "ep": 1, "cp": 1}, "micro_batch": 8, "recompute": "none", "zero": 1}' >"$tmp/z.json"
 "$dw" dryrun gpt2-124m --hw h200 --gpus 1 --seq 1024 --global-batch $gb --plan "$tmp/z.json" --run >"$tmp/o" 2>&1
 check "ZeRO-1 plan --run" 1 $?

@@ -2,7 +2,7 @@
 # test_train.sh DEEPWELL — `deepwell train` / `deepwell sample` end to end on the CPU engine with a
 # small model: loss falls; resuming is bit-identical to an uninterrupted run (constant and cosine
 # schedules); SIGINT checkpoints and exits 130 (SIGTERM, SIGHUP, SIGUSR1: 128 + signal), a second
-# SIGINT aborts without harming the last checkpoint; one run per directory (a lock naming its
+# SIGINT aborts without harming the last checkpoint; --recompute selective gives the same losses; one run per directory (a lock naming its
 # holder; a dead holder's lock taken over); damaged checkpoints and bad data are refused naming the file; flag errors;
 # checkpoints load as Hugging Face models (tests/python/train_ckpt_hf.py, needs python3-torch);
 # mixtral-tiny trains, resumes bit-identically and checkpoints its experts in the fused layout;
@@ -82,6 +82,14 @@ else bad "resumed losses differ (constant)"; diff <(losses "$tmp/straight/metric
 check "--deterministic on the CPU" 0 $?
 if [ "$(losses "$tmp/straight/metrics.jsonl")" = "$(losses "$tmp/det/metrics.jsonl")" ]; then ok "--deterministic: same losses"
 else bad "--deterministic changed the CPU losses"; fi
+# --recompute selective: the norms and the MLP activation run again in the backward; the same 12 losses
+"$dw" train "${common[@]}" --schedule constant --steps 12 --recompute selective --out "$tmp/sel" >/dev/null 2>"$tmp/err"
+check "--recompute selective" 0 $?
+if [ "$(losses "$tmp/straight/metrics.jsonl")" = "$(losses "$tmp/sel/metrics.jsonl")" ]; then ok "--recompute selective: same losses"
+else bad "--recompute selective changed the losses"; fi
+"$dw" train "${common[@]}" --steps 2 --recompute partial --out "$tmp/rcbad" >/dev/null 2>"$tmp/err"
+check "--recompute partial refused" 2 $?
+has "$tmp/err" "--recompute must be none, selective, full"
 # cosine: resume from the middle checkpoint of a 12-step run into a new directory
 "$dw" train "${common[@]}" --steps 12 --ckpt-every 6 --keep 0 --out "$tmp/cos" >/dev/null 2>&1
 check "12 cosine steps with a checkpoint at 6" 0 $?

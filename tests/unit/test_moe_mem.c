@@ -171,7 +171,7 @@ static void check_schedule(const dw_test_model *m) {
     for (int j = 0; j < g->n_nodes; j++) {
         const dw_ir_node *n = &g->nodes[j];
         const bool is_moe = rematerialised(g, j);
-        assert_int_equal(dw_compile_moe_remat(c, j), is_moe);
+        assert_int_equal(dw_compile_remat(c, j), is_moe);
         if (!is_moe) {
             assert_int_equal(dw_compile_rc_time(c, j), -1);
             continue;
