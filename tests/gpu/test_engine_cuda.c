@@ -10,8 +10,8 @@
  * gradients (bf16_arena's layout, kernels/adamw_passes.h), and training with it against
  * DW_FUSED_CAST=0 bit for bit; the gradient norm with the experts' wgrad partials against the
  * gradients read back (compile/wgrad_sumsq.h); gradient accumulation over micro-batches of
- * two shapes; bit-identical resume through weight and optimizer files; measured device memory
- * against the plan. Needs a GPU.
+ * two shapes; bit-identical resume through weight and optimizer files; selective and full recompute
+ * bit for bit against none; measured device memory against the plan. Needs a GPU.
  *
  * Tolerances. Errors are normwise per tensor: err = max|gpu - cpu| / max|cpu| (FP32 programs) or
  * ||gpu - cpu||_2 / max(||cpu||_2, 0.1 * its share of the global norm) (BF16 and quantised; the
@@ -1119,6 +1119,59 @@ static void test_quant_reuse(void **state) {
     free_prog(&pr);
 }
 
+/* Recompute on the GPU (compile/recompute.c): selective (norms and MLP activations run again)
+ * and full (every block's forwards again) give the step of the program without recompute bit for
+ * bit — loss, every gradient, gradient norm — over two steps (eager, then recorded), for llama-tiny
+ * (RMSNorm, SwiGLU) in BF16 and mxfp8 and gpt2-tiny (LayerNorm, GELU unfused under mxfp8). */
+static void recompute_one(const char *model, const char *precision) {
+    const int64_t B = 2, T = 32, N = B * T;
+    static const int modes[3] = {DW_RECOMPUTE_NONE, DW_RECOMPUTE_SELECTIVE, DW_RECOMPUTE_FULL};
+    prog pr[3];
+    dw_engine *e[3];
+    const uint64_t seed = dw_test_next(&g_rng);
+    for (int k = 0; k < 3; k++) {
+        dw_compile_opts o;
+        dw_compile_opts_init(&o, sizeof o);
+        o.recompute = modes[k];
+        pr[k] = make_prog_opts(model, B, T, precision, 0, &o);
+        e[k] = engine(g_gpu, &pr[k]);
+        assert_int_equal(dw_engine_init_weights(e[k], seed), DW_OK);
+    }
+    int32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    dw_adamw_opts ao;
+    dw_adamw_opts_init(&ao, sizeof ao);
+    for (int step = 1; step <= 2; step++) {
+        batch(x, y, N, dw_graph_vocab(pr[0].g));
+        double loss[3], gn[3];
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
+            if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
+        }
+        float *g0 = read_all(e[0], true);
+        for (int k = 1; k < 3; k++) {
+            float *gk = read_all(e[k], true);
+            int64_t gdiff = 0;
+            for (int64_t i = 0; i < all_numel(e[0]); i++) gdiff += memcmp(&g0[i], &gk[i], 4) != 0;
+            free(gk);
+            printf("  %s %s recompute %s step %d: loss %.9g vs %.9g, %lld gradient values differ (want 0)\n", model,
+                   precision, dw_recompute_name((dw_recompute)modes[k]), step, loss[k], loss[0], (long long)gdiff);
+            if (loss[k] != loss[0] || gdiff) fail_msg("recompute %s changed step %d", dw_recompute_name((dw_recompute)modes[k]), step);
+        }
+        free(g0);
+        for (int k = 0; k < 3; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
+        assert_true(gn[1] == gn[0] && gn[2] == gn[0]);
+    }
+    free(x), free(y);
+    for (int k = 0; k < 3; k++) dw_engine_free(e[k]), free_prog(&pr[k]);
+}
+
+static void test_recompute_modes(void **state) {
+    (void)state;
+    recompute_one("llama-tiny", "bf16");
+    recompute_one("llama-tiny", "mxfp8");
+    recompute_one("gpt2-tiny", "mxfp8");
+}
+
 /* A quantised layer keeps no standing BF16 copy of its weight when its fprop and dgrad run
  * quantised at the planned shape; a call at a shape no FP8 kernel takes runs every linear layer in
  * BF16 from a copy converted on use. On sm_90 Deepwell's own FP8 block kernels take any row count,
@@ -1290,6 +1343,7 @@ int main(void) {
         cmocka_unit_test(test_fused_cast_engine),  cmocka_unit_test(test_fused_norm_engine),
         cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_resume),             cmocka_unit_test(test_quant_reuse),
+        cmocka_unit_test(test_recompute_modes),
         cmocka_unit_test(test_memory),             cmocka_unit_test(test_gpt2_124m_steps),
         cmocka_unit_test(test_bf16_copy_on_use), /* last: it unregisters Deepwell's FP8 block kernels */
     };
