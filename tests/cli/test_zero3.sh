@@ -5,7 +5,8 @@
 # copies, the gradients reduce as ZeRO-2's and the shard steps as ZeRO-2's, so 2 ranks under ZeRO-3
 # write ZeRO-2's checkpoints byte for byte (with clipping) and 4 ranks ZeRO-0's without clipping (as
 # ZeRO-2 does: tests/cli/test_zero_mem.sh), and ZeRO-2's under --recompute full (the forwards run
-# again in the backward sweep read gathered parameters); with accumulation, validation and rank 0's
+# again in the backward sweep read gathered parameters) and under --recompute selective; with
+# accumulation, validation and rank 0's
 # samples the losses are ZeRO-0's within 1e-6 (ZeRO-2's tolerance in test_dp.sh: the global norm is
 # summed in another order). Each rank logs its weights memory, smaller than the whole pool. Checkpoints resume
 # across stages and world sizes: ZeRO-3 -> ZeRO-1, ZeRO-1 -> ZeRO-3, 4 ranks -> 2 and -> 1, with the
@@ -47,6 +48,11 @@ same_ckpt "$tmp/c0" "$tmp/c3" && ok "  ... ZeRO-0's weights and moments byte for
   "$dw" launch -n 2 -- "${run[@]}" --recompute full --zero 3 --out "$tmp/f3" >/dev/null 2>&1
 check "ZeRO-2 and ZeRO-3 with --recompute full" 0 $?
 same_ckpt "$tmp/f2" "$tmp/f3" && ok "  ... byte for byte" || bad "  ... ZeRO-3 with recompute differs from ZeRO-2"
+# selective recompute: the norms run again in the backward read their gathered weights; the same
+# bytes as ZeRO-2 without recompute
+"$dw" launch -n 2 -- "${run[@]}" --recompute selective --zero 3 --out "$tmp/s3" >/dev/null 2>&1
+check "ZeRO-3 with --recompute selective" 0 $?
+same_ckpt "$tmp/z2" "$tmp/s3" && ok "  ... ZeRO-2's bytes without recompute" || bad "  ... ZeRO-3 with selective recompute differs"
 
 # accumulation 2, validation every 2 steps, rank 0 samples (the weights whole for it, then sharded again)
 acc=(--global-batch 4 --val "$tmp/val.txt" --eval-every 2 --eval-batches 2)
