@@ -6,8 +6,7 @@
 # write ZeRO-2's checkpoints byte for byte (with clipping) and 4 ranks ZeRO-0's without clipping (as
 # ZeRO-2 does: tests/cli/test_zero_mem.sh), and ZeRO-2's under --recompute full (the forwards run
 # again in the backward sweep read gathered parameters) and under --recompute selective; with
-# accumulation, validation and rank 0's
-# samples the losses are ZeRO-0's within 1e-6 (ZeRO-2's tolerance in test_dp.sh: the global norm is
+# accumulation, validation and rank 0's samples the losses are ZeRO-0's within 1e-6 (ZeRO-2's tolerance in test_dp.sh: the global norm is
 # summed in another order). Each rank logs its weights memory, smaller than the whole pool. Checkpoints resume
 # across stages and world sizes: ZeRO-3 -> ZeRO-1, ZeRO-1 -> ZeRO-3, 4 ranks -> 2 and -> 1, with the
 # losses of the run they left (2e-6). A BF16 program (each parameter's working copy made in its
