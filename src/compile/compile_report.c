@@ -112,8 +112,9 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
                 fprintf(f, "%14s recompute: %d forwards of blocks 0-%d run again before their block's backward; "
                         "only those blocks' inputs are kept\n", "", again, c->recompute_blocks - 1);
             if (remat && c->recompute == DW_RECOMPUTE_SELECTIVE)
-                fprintf(f, "%14s recompute selective: %d forwards (norms feeding linear layers, MLP activations, MoE "
-                        "dispatches) run again before their outputs' backward instead of keeping them\n", "", remat);
+                fprintf(f, "%14s recompute selective: %d forwards (norms feeding linear layers, MLP activations%s) run "
+                        "again before their outputs' backward instead of keeping them\n", "", remat,
+                        c->moe_remat ? "; MoE dispatches and expert SwiGLUs" : "");
             else if (remat)
                 fprintf(f, "%14s MoE: %d forwards (input norms, dispatches, expert SwiGLUs) run again before their "
                         "outputs' backward instead of keeping them (DW_MOE_REMAT=0 keeps them)\n", "", remat);

@@ -247,7 +247,7 @@ struct dw_compiled {
     int recompute_blocks;      /* FULL: blocks [0, recompute_blocks) recompute (all: n_blocks) */
     bool moe_remat;            /* a MoE layer's input norm, dispatch and expert SwiGLU run again
                                   before their outputs' backward instead of keeping them
-                                  (recompute.c; dw_compile_opts.moe_remat; implied by SELECTIVE) */
+                                  (recompute.c; dw_compile_opts.moe_remat) */
     int *bwd_t;                /* (n_nodes) backward time of each node */
     int *rc_t;                 /* (n_nodes) time of the node's forward run again in the backward
                                   sweep (a recomputed block's, or a rematerialised MoE
@@ -316,9 +316,9 @@ static inline int dw_compile_rc_time(const dw_compiled *c, int node) { return c-
 bool dw_compile_recomputed(const dw_compiled *c, int i);
 /* Whether node i's main output is rematerialised (recompute.c): dropped after the forward and
  * written again by its forward run again (rc_t) just before the first backward reading it. A MoE
- * dispatch, expert SwiGLU or the RMSNorm whose output a dispatch reads (c->moe_remat or
- * selective); under DW_RECOMPUTE_SELECTIVE also a norm feeding a linear layer and an MLP
- * activation of a linear's output. Never a node of a recomputed block. */
+ * dispatch, expert SwiGLU or the RMSNorm whose output a dispatch reads (c->moe_remat); under
+ * DW_RECOMPUTE_SELECTIVE a norm feeding a linear layer and an MLP activation of a linear's
+ * output. Never a node of a recomputed block. */
 bool dw_compile_remat(const dw_compiled *c, int i);
 
 /* grad_arena programs (grad_arena.c): the logical time parameter k's gradient slice is born (its

@@ -15,10 +15,12 @@
  *   dispatched rows (B,T*K,C) and experts' SwiGLU output (B,T*K,F), run again before the up
  *   projection's and the down projection's backward (x before the rows), from the norm's input
  *   and rstd and the gate and up outputs, which their own backwards keep;
- * - DW_RECOMPUTE_SELECTIVE (the planner's "selective": the GEMM inputs re-derived, cost.c): also
- *   every norm whose output a linear layer reads (x (B,T,C), from the residual stream) and every
- *   MLP activation of linear outputs that its linear's epilogue does not compute (SwiGLU, GeGLU,
- *   GELU, ReLU, SiLU: (B,T,F), from the activation's input). */
+ * - DW_RECOMPUTE_SELECTIVE (the planner's "selective": the GEMM inputs re-derived, cost.c): every
+ *   norm whose output a linear layer reads (x (B,T,C), from the residual stream) and every MLP
+ *   activation of linear outputs that its linear's epilogue does not compute (SwiGLU, GeGLU, GELU,
+ *   ReLU, SiLU: (B,T,F), from the activation's input). With moe_remat off it leaves the MoE
+ *   layers' dispatches and expert SwiGLUs kept: their memory for less time, the dense part's
+ *   memory for little. */
 #include <stdlib.h>
 
 #include "compile/passes.h"
@@ -70,8 +72,7 @@ static bool selective_remat(const dw_compiled *c, int i) {
 
 bool dw_compile_remat(const dw_compiled *c, int i) {
     if (dw_compile_recomputed(c, i)) return false; /* a recomputed block runs it again anyway */
-    const bool selective = c->recompute == DW_RECOMPUTE_SELECTIVE; /* the MoE layers' too, whatever moe_remat */
-    return ((c->moe_remat || selective) && moe_remat(c->g, i)) || (selective && selective_remat(c, i));
+    return (c->moe_remat && moe_remat(c->g, i)) || (c->recompute == DW_RECOMPUTE_SELECTIVE && selective_remat(c, i));
 }
 
 /* Whether node i's backward reads tensor t's value (ops.def: READS_IN of its slot, or READS_OUT). */

@@ -6,8 +6,9 @@
  * arena is smaller; under FULL its backward sweep runs each block's forwards again (every node of
  * a block but the auxiliary loss) before the block's first backward; under SELECTIVE exactly the
  * memory-bound GEMM inputs run again (every norm a linear layer reads, every MLP activation no
- * epilogue computes, the MoE layers' rematerialised nodes), each once, before the first backward
- * reading its output, and no GEMM or attention; no live buffers of any plan share bytes. */
+ * epilogue computes, the MoE layers' rematerialised nodes unless moe_remat is off), each once,
+ * before the first backward reading its output, and no GEMM or attention; no live buffers of any
+ * plan share bytes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +26,9 @@
 
 #define CTX dw_test_ctx
 
+/* dw_compile_opts.moe_remat of the programs build() makes (its default: on) */
+static bool g_moe_remat = true;
+
 /* A preset captured at batch x seq, its program (recompute as given) and CPU engine; m owns the graph. */
 static void build(const char *preset, int64_t B, int64_t T, const char *precision, int recompute, int blocks,
                   dw_test_model *m) {
@@ -36,6 +40,7 @@ static void build(const char *preset, int64_t B, int64_t T, const char *precisio
     dw_compile_opts_init(&o, sizeof o);
     o.recompute = recompute;
     o.recompute_blocks = blocks;
+    o.moe_remat = g_moe_remat;
     assert_int_equal(dw_test_model_build_opts(CTX, g, precision, &o, m), DW_OK);
 }
 
@@ -83,6 +88,7 @@ static int check_selective(const dw_compiled *c) {
         const dw_op op = g->nodes[st->node].op;
         if (op == DW_OP_LINEAR || op == DW_OP_MOE_LINEAR || op == DW_OP_ATTENTION)
             fail_msg("node %s (%s) runs again under selective recompute", g->nodes[st->node].name, dw_op_name(op));
+        if (op == DW_OP_MOE_DISPATCH && !c->moe_remat) fail_msg("a dispatch runs again with moe_remat off");
         assert_true(dw_compile_remat(c, st->node));
         assert_int_equal(seen[st->node]++, 0);
         again++;
@@ -162,6 +168,10 @@ static void test_moe_same_bits(void **state) {
             same_bits(presets[p], precisions[q], DW_RECOMPUTE_SELECTIVE, 0);
         }
     same_bits("qwen2-moe-tiny", "bf16", DW_RECOMPUTE_FULL, 2); /* two blocks of three */
+    g_moe_remat = false; /* selective's dense part alone: the MoE layers keep their outputs */
+    same_bits("mixtral-tiny", "bf16", DW_RECOMPUTE_SELECTIVE, 0);
+    same_bits("qwen2-moe-tiny", NULL, DW_RECOMPUTE_SELECTIVE, 0);
+    g_moe_remat = true;
 }
 
 /* recompute_blocks belongs to full recompute: refused with selective, by name. */
