@@ -278,10 +278,16 @@ static int compare_step(const char *tag, dw_engine *cpu, dw_engine *gpu, const i
         const int64_t n = pnumel(cpu, i);
         double err = cmp(tag, dw_engine_param_name(cpu, i), gg + o, gc + o, n, t->l2,
                          0.1 * sqrt(gss) * sqrt((double)n / (double)total), false);
-        if (!(err <= t->grad)) {
+        /* a MoE router's weight in a BF16 program: a token whose two logits lie within a BF16 step
+         * may pick the other expert on one backend (the op-by-op pass allows it), which moves that
+         * layer's router gradient (seed 2043581278957921: 5.8e-2 on qwen2-moe-tiny's layer 2 with 1
+         * of 448 router values swapped); a wrong gradient is off by ~1 (test_moe_fp8_engine_cuda.c
+         * bounds them so too) */
+        const double tol = t->l2 && strstr(dw_engine_param_name(cpu, i), "mlp.gate.weight") ? 0.5 : t->grad;
+        if (!(err <= tol)) {
             cmp(tag, dw_engine_param_name(cpu, i), gg + o, gc + o, n, t->l2, 0.1 * sqrt(gss) * sqrt((double)n / (double)total),
                 true);
-            printf("MISMATCH %s grad %s: err %.3e > tol %.1e\n", tag, dw_engine_param_name(cpu, i), err, t->grad);
+            printf("MISMATCH %s grad %s: err %.3e > tol %.1e\n", tag, dw_engine_param_name(cpu, i), err, tol);
             bad++;
         }
         if (!(err <= worst)) worst = err, wname = dw_engine_param_name(cpu, i);
