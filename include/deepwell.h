@@ -698,9 +698,9 @@ typedef struct {
                              only its input and runs its forward again just before its backward, so
                              the blocks' inner activations share the memory of one block, for about
                              a third more compute; DW_RECOMPUTE_SELECTIVE — every norm that feeds a
-                             linear layer and every MLP activation (and MoE dispatch) runs again
-                             just before the first backward reading its output instead of being
-                             kept: no GEMM or attention runs twice. The same values bit for bit */
+                             linear layer and every MLP activation runs again just before the
+                             first backward reading its output instead of being kept: no GEMM or
+                             attention runs twice. The same values bit for bit */
     int recompute_blocks; /* with FULL only (else DW_ERR_INVALID): only the first N blocks recompute
                              (0, default: all), for memory between the two at less extra compute */
     bool fused_head;      /* the LM head and the cross-entropy as one op that holds a chunk of rows'
