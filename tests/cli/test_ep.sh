@@ -7,7 +7,8 @@
 # they differ in their last bits and AdamW carries that on: over these 6 steps in 5 runs (fresh
 # seeds) the losses differed by 0 to 5.4e-8 relative and the gradient norms by 1.6e-9 to 8.9e-9
 # (the script prints its own run's); asserted at 1e-6 relative. mpirun (MPI) and `deepwell launch`
-# (TCP) give bit-identical --ep 2 losses; 4 ranks in 2 groups of 2, with
+# (TCP) give bit-identical --ep 2 losses, and so does --ep 2 with selective recompute's dense part
+# (DW_MOE_REMAT=0 --recompute selective: the norms run again on each rank); 4 ranks in 2 groups of 2, with
 # 2 micro-batches per step, give 4-rank --ep 1's, and so does --ep 4 (one expert per rank, buffers
 # for 2 x its own rows: fewer than the group's); an --ep 2 checkpoint holds every expert (rank 0
 # writes the whole model: the ranks hold identical weights), matches --ep 1's and resumes on one
@@ -59,10 +60,14 @@ DW_EP_CAPACITY=2 "$dw" launch -n 4 -- "${run[@]}" --global-batch 16 --ep 4 --out
 check "launch -n 4 --ep 4 (one expert per rank, buffers for 2 x its own rows)" 0 $?
 has "  ... sized below the group's rows" "$tmp/err7" "rank 3 runs experts 3-3 of 4" "for up to 2.00 x its own rows"
 
-python3 - "$tmp" <<'PY' && ok "--ep 2 = --ep 1 (losses, norms 1e-6); mpirun = launch exactly; 4 ranks too" || bad "losses"
+# selective recompute with the MoE outputs kept (DW_MOE_REMAT=0): only the norms run again, on every rank
+DW_MOE_REMAT=0 "$dw" launch -n 2 -- "${run[@]}" --ep 2 --recompute selective --out "$tmp/eps" >/dev/null 2>"$tmp/err8"
+check "launch -n 2 --ep 2 --recompute selective" 0 $?
+
+python3 - "$tmp" <<'PY' && ok "--ep 2 = --ep 1 (losses, norms 1e-6); mpirun = launch exactly; 4 ranks too; selective recompute exactly" || bad "losses"
 import json, sys
 t = sys.argv[1]
-m = {k: [json.loads(l) for l in open(f"{t}/{k}/metrics.jsonl")] for k in ("dp", "ep", "mpi", "dp4", "ep4", "ep44")}
+m = {k: [json.loads(l) for l in open(f"{t}/{k}/metrics.jsonl")] for k in ("dp", "ep", "mpi", "dp4", "ep4", "ep44", "eps")}
 assert all(len(v) == 6 for v in m.values()), {k: len(v) for k, v in m.items()}  # rank 0 alone writes
 def close(a, b, tol):
     for x, y in zip(a, b):
@@ -79,6 +84,7 @@ close(m["dp"], m["ep"], 1e-6)
 close(m["dp4"], m["ep4"], 1e-6)
 close(m["dp4"], m["ep44"], 1e-6)
 assert [(x["loss"], x["grad_norm"]) for x in m["ep"]] == [(x["loss"], x["grad_norm"]) for x in m["mpi"]], (m["ep"], m["mpi"])
+assert [(x["loss"], x["grad_norm"]) for x in m["ep"]] == [(x["loss"], x["grad_norm"]) for x in m["eps"]], (m["ep"], m["eps"])
 assert sum("val_loss" in x for x in m["ep"]) == 2
 assert m["dp"][0]["loss"] > m["dp"][-1]["loss"]  # it trains
 PY
