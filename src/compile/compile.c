@@ -82,9 +82,9 @@ static dw_status target_of(dw_ctx *ctx, const dw_compile_opts *o, dw_compile_tar
     return DW_OK;
 }
 
-/* A plan the one-device executor runs as it is: world size 1, no ZeRO or offload (its recompute
- * is taken unless the options name one)
- * (the executor has none yet), and a micro-batch of at most the graph's batch x seq. */
+/* A plan the one-device executor runs as it is: world size 1, no ZeRO or offload (ZeRO runs across
+ * ranks), and a micro-batch of at most the graph's batch x seq; its recompute is taken unless the
+ * options name one. */
 static dw_status check_plan(dw_ctx *ctx, const dw_graph *g, const dw_plan *plan, int *recompute) {
     dw_plan_layout l;
     l.size = sizeof l;
