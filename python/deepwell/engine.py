@@ -306,8 +306,24 @@ def _to_torch(a):
     return torch.from_numpy(a)
 
 
+RECOMPUTE = ("none", "selective", "full")  # dw_recompute's order
+
+
+def _recompute_opts(recompute):
+    """recompute as (dw_recompute, recompute_blocks): None (the plan's, else none), "none",
+    "selective", "full" or a block count N >= 1 (full recompute of the first N blocks)."""
+    if recompute is None:
+        return 0, 0
+    if isinstance(recompute, str) and recompute in RECOMPUTE:
+        return RECOMPUTE.index(recompute), 0
+    if isinstance(recompute, int) and not isinstance(recompute, bool) and recompute >= 1:
+        return RECOMPUTE.index("full"), recompute
+    raise ValueError(f"recompute must be None, 'none', 'selective', 'full' or a block count >= 1, got {recompute!r}")
+
+
 def compile_graph(ir, plan=None, precision=None, fallback=None, policy=None, weights="auto", seed=1337, device=None,
-                  target=None, sm=0, fuse=None, cuda_graphs=None, fused_head=None, head_chunk=None, ctx=None):
+                  target=None, sm=0, fuse=None, cuda_graphs=None, fused_head=None, head_chunk=None, recompute=None,
+                  ctx=None):
     """An Engine for the Graph `ir` (dw.compile, in entry.py, takes any model). plan: a Plan (one
     GPU) or None; precision/fallback or policy (dict, path, Policy): the recipes (none: FP32 on the CPU,
     BF16 on CUDA); weights: "auto" (the graph's model weights if it has them, else random from
@@ -315,7 +331,10 @@ def compile_graph(ir, plan=None, precision=None, fallback=None, policy=None, wei
     the graph's context); target/sm: compile for another backend or compute capability;
     fused_head: the LM head and the loss as one op over chunks of head_chunk rows (None: the
     compiler's) that never holds the B x T x V logits (`deepwell train`'s default; None: the library's default, DW_FUSED_HEAD; such an
-    engine trains, but forward(logits=True) and sampling are refused)."""
+    engine trains, but forward(logits=True) and sampling are refused); recompute: "selective" (the
+    norms feeding linear layers and the MLP activations run again in the backward), "full" (every
+    block's forwards again), a block count N (the first N blocks, full), "none" or None (the
+    plan's, else none) — the same values bit for bit, less activation memory."""
     ctx = ctx_of(ctx, device) if (ctx is not None or device is not None) else ir._ctx
     pol = make_policy(precision, fallback, policy, ctx)
     if pol is None and ctx.device == "cuda":
@@ -331,6 +350,7 @@ def compile_graph(ir, plan=None, precision=None, fallback=None, policy=None, wei
         o.fused_head = bool(fused_head)
     if head_chunk is not None:
         o.head_chunk = int(head_chunk)
+    o.recompute, o.recompute_blocks = _recompute_opts(recompute)
     prog = ctypes.c_void_p()
     ctx.check(lib().dw_compile(ctx._h, ir._handle(), plan._handle() if plan is not None else None,
                                pol._handle() if pol is not None else None, ctypes.byref(o), ctypes.byref(prog)))

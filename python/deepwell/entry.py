@@ -58,15 +58,16 @@ def capture(model, seq_len=None, batch=1, vocab=None, ctx=None):
 
 
 def compile(ir, plan=None, precision=None, fallback=None, policy=None, weights="auto", seed=1337, device=None,
-            target=None, sm=0, fuse=None, cuda_graphs=None, fused_head=None, head_chunk=None, ctx=None):
+            target=None, sm=0, fuse=None, cuda_graphs=None, fused_head=None, head_chunk=None, recompute=None,
+            ctx=None):
     """An Engine for `ir` (a Graph, or anything dw.capture takes); the options are
     engine.compile_graph's (plan, precision/fallback or policy, weights, seed, device, target/sm,
-    fuse, cuda_graphs, fused_head/head_chunk)."""
+    fuse, cuda_graphs, fused_head/head_chunk, recompute)."""
     if not isinstance(ir, Graph):
         ir = capture(ir, ctx=ctx or device)
     return compile_graph(ir, plan=plan, precision=precision, fallback=fallback, policy=policy, weights=weights,
                          seed=seed, device=device, target=target, sm=sm, fuse=fuse, cuda_graphs=cuda_graphs,
-                         fused_head=fused_head, head_chunk=head_chunk, ctx=ctx)
+                         fused_head=fused_head, head_chunk=head_chunk, recompute=recompute, ctx=ctx)
 
 
 def _feedforward(model):

@@ -106,15 +106,18 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         case DW_POOL_ACT:
             fprintf(f, "  arena of %d buffers (sum %lld B; live peak %lld B = lower bound)\n",
                     c->n_items, (long long)sizes, (long long)c->live_peak);
-            int again = 0, remat = 0;
-            for (int i = 0; i < c->g->n_nodes; i++) again += dw_compile_recomputed(c, i), remat += dw_compile_remat(c, i);
+            int again = 0, remat = 0, moe = 0;
+            for (int i = 0; i < c->g->n_nodes; i++) {
+                again += dw_compile_recomputed(c, i), remat += dw_compile_remat(c, i);
+                moe += dw_compile_remat(c, i) && c->g->nodes[i].op == DW_OP_MOE_DISPATCH;
+            }
             if (c->recompute == DW_RECOMPUTE_FULL)
                 fprintf(f, "%14s recompute: %d forwards of blocks 0-%d run again before their block's backward; "
                         "only those blocks' inputs are kept\n", "", again, c->recompute_blocks - 1);
             if (remat && c->recompute == DW_RECOMPUTE_SELECTIVE)
                 fprintf(f, "%14s recompute selective: %d forwards (norms feeding linear layers, MLP activations%s) run "
                         "again before their outputs' backward instead of keeping them\n", "", remat,
-                        c->moe_remat ? "; MoE dispatches and expert SwiGLUs" : "");
+                        moe ? "; MoE dispatches and expert SwiGLUs" : "");
             else if (remat)
                 fprintf(f, "%14s MoE: %d forwards (input norms, dispatches, expert SwiGLUs) run again before their "
                         "outputs' backward instead of keeping them (DW_MOE_REMAT=0 keeps them)\n", "", remat);

@@ -337,6 +337,30 @@ class TrainerTests(unittest.TestCase):
         with self.assertRaises(dw.InvalidError):
             dw.compile(self.graph, fused_head=True, head_chunk=-1)
 
+    def test_recompute_same_bits(self):
+        """dw.compile(recompute=...): selective, full and full over the first block give the loss,
+        every gradient and the next step's loss of the program without recompute, bit for bit,
+        with a smaller activation pool; other values are refused."""
+        x, y = dw.data(self.shard, seq=T, vocab=256).reader().next(B)
+        engines = {rc: dw.compile(self.graph, seed=11, recompute=rc) for rc in (None, "selective", "full", 1)}
+        act = {rc: e.pool_bytes["activations"] for rc, e in engines.items()}
+        for rc in ("selective", "full", 1):
+            self.assertLess(act[rc], act[None], rc)
+        losses = {rc: e.forward_backward(x, y) for rc, e in engines.items()}
+        grads = {rc: e.grads() for rc, e in engines.items()}
+        for rc in ("selective", "full", 1):
+            self.assertEqual(losses[rc], losses[None], rc)
+            for n, g in grads[None].items():
+                np.testing.assert_array_equal(grads[rc][n], g, err_msg=f"{rc}: {n}")
+        for e in engines.values():
+            e.step(lr=3e-3)
+            e.zero_grad()
+        after = {rc: e.forward_backward(x, y) for rc, e in engines.items()}
+        self.assertTrue(all(v == after[None] for v in after.values()), after)
+        for bad in ("partial", 0, -2, True, 1.5):
+            with self.assertRaises(ValueError):
+                dw.compile(self.graph, recompute=bad)
+
 
 if __name__ == "__main__":
     unittest.main()
