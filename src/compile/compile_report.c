@@ -108,8 +108,9 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
                     c->n_items, (long long)sizes, (long long)c->live_peak);
             int again = 0, remat = 0, moe = 0;
             for (int i = 0; i < c->g->n_nodes; i++) {
-                again += dw_compile_recomputed(c, i), remat += dw_compile_remat(c, i);
-                moe += dw_compile_remat(c, i) && c->g->nodes[i].op == DW_OP_MOE_DISPATCH;
+                const bool r = dw_compile_remat(c, i);
+                again += dw_compile_recomputed(c, i), remat += r;
+                moe += r && c->g->nodes[i].op == DW_OP_MOE_DISPATCH;
             }
             if (c->recompute == DW_RECOMPUTE_FULL)
                 fprintf(f, "%14s recompute: %d forwards of blocks 0-%d run again before their block's backward; "
