@@ -61,8 +61,12 @@ static void run_case(dw_ctx *ctx, dw_test_rng *r, int32_t ra, int32_t rb, bool t
         fail_msg("A=%s%s B=%s%s out=%d epi=%d %lldx%lldx%lld: rel err %.3g > %.3g",
                  dw_recipe_name((dw_recipe)ra), ta ? "^T" : "", dw_recipe_name((dw_recipe)rb), tb ? "^T" : "", out,
                  epi, (long long)m, (long long)n, (long long)k, err, tol);
-    for (int64_t i = 0; i < m * n; i++) /* element-wise too: every output written and close */
-        assert_true(fabs(got[i] - ed[i]) <= tol * 4 * (fabs(ed[i]) + 1e-3 * sqrt((double)k)));
+    /* element-wise too: every output written and close. GELU and GELU' are evaluated in FP32 by
+     * the library; their absolute error scales with the pre-activation (eaux), not the result, which
+     * cancels near GELU's tail and GELU''s zero (seed 19386185630625355: DGELU, rel 9.4e-6) */
+    bool act = (epi & (DW_EPI_GELU | DW_EPI_DGELU)) != 0;
+    for (int64_t i = 0; i < m * n; i++)
+        assert_true(fabs(got[i] - ed[i]) <= tol * 4 * (fabs(ed[i]) + (act ? fabs(eaux[i]) : 0) + 1e-3 * sqrt((double)k)));
     if (epi & DW_EPI_GELU_AUX) {
         tg_to_double(aux, out, m * n, got);
         assert_true(tg_rel_err(got, eaux, m * n) <= tol);
