@@ -51,6 +51,7 @@
 #include "kernels/cpu/ops_cpu.h"
 #include "kernels/cuda/adamw_cuda.h"
 #include "kernels/cuda/attn_packed.h"
+#include "runtime/cuda/cuda.h"
 #include "runtime/engine.h"
 #include "runtime/exec.h"
 #include "testutil.h"
@@ -1083,16 +1084,23 @@ static void test_resume(void **state) {
     for (int i = 0; i < 3; i++) resume_one(prec[i]);
 }
 
-/* Linear nodes reading the same x (llama's q/k/v and gate/up) quantise it once per sweep: the
- * step must be bit-identical to one that quantises x at every use (dw_engine_opts.quant_reuse
- * false), for the loss, every gradient and the updated weights, over two steps (eager, then
- * recorded). */
-static void test_quant_reuse(void **state) {
-    (void)state;
-    const int64_t B = 2, T = 32, N = B * T;
-    prog pr = make_prog("llama-tiny", B, T, "mxfp8", 0); /* any shape runs quantised */
+/* Linear nodes reading the same x (llama's q/k/v and gate/up) quantise it once per sweep, and under
+ * fp8_block the SwiGLU writes the down projection's quantised rows itself (act_quant_cuda.c; with
+ * selective recompute without storing its BF16 output, which the backward makes again): the step
+ * must be bit-identical to one that quantises x at every use (dw_engine_opts.quant_reuse false),
+ * for the loss, every gradient and the updated weights, over two steps (eager, then recorded). */
+static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
+    const int64_t B = 2, N = B * T;
+    dw_compile_opts co;
+    dw_compile_opts_init(&co, sizeof co);
+    co.recompute = recompute;
+    prog pr = make_prog_opts("llama-tiny", B, T, precision, 0, &co);
+    int swiglus = 0;
+    for (int i = 0; i < pr.g->n_nodes; i++) swiglus += pr.g->nodes[i].op == DW_OP_SWIGLU;
+    const int want = strcmp(precision, "fp8_block") ? 0 : swiglus; /* mxfp8: the down layer quantises */
     const uint64_t seed = dw_test_next(&g_rng);
     dw_engine *e[2];
+    unsetenv("DW_SWIGLU_QUANT");
     for (int k = 0; k < 2; k++) {
         dw_engine_opts o;
         dw_engine_opts_init(&o, sizeof o);
@@ -1106,23 +1114,35 @@ static void test_quant_reuse(void **state) {
     for (int step = 1; step <= 2; step++) {
         batch(x, y, N, dw_graph_vocab(pr.g));
         double loss[2], gn[2];
+        const int64_t before = DW_CUDA_ST(e[0]->be)->swiglu_quant[0];
         for (int k = 0; k < 2; k++) {
             assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
             if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
         }
+        const int64_t fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[0] - before;
         float *g0 = read_all(e[0], true), *g1 = read_all(e[1], true);
         int64_t gdiff = 0;
         for (int64_t k = 0; k < all_numel(e[0]); k++) gdiff += memcmp(&g0[k], &g1[k], 4) != 0;
         free(g0), free(g1);
         for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
-        printf("  quant reuse step %d: loss %.9g vs %.9g (every use), %lld gradient values differ (want 0)\n", step,
-               loss[0], loss[1], (long long)gdiff);
+        printf("  quant reuse %s T=%lld recompute %d step %d: loss %.9g vs %.9g (every use), %lld gradient values "
+               "differ (want 0), %lld of %d SwiGLUs quantised their output (want %d; step 2 records)\n", precision,
+               (long long)T, recompute, step, loss[0], loss[1], (long long)gdiff, (long long)fused, swiglus,
+               step == 1 ? want : 0);
         if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) fail_msg("reusing quantised x changed step %d", step);
+        if (step == 1 && fused != want) fail_msg("%lld SwiGLUs quantised their output, want %d", (long long)fused, want);
+        if (DW_CUDA_ST(e[1]->be)->swiglu_quant[0]) fail_msg("a SwiGLU quantised its output without quant_reuse");
     }
     free(x), free(y);
     dw_engine_free(e[0]);
     dw_engine_free(e[1]);
     free_prog(&pr);
+}
+static void test_quant_reuse(void **state) {
+    (void)state;
+    quant_reuse_one("mxfp8", 32, DW_RECOMPUTE_NONE); /* any shape runs quantised */
+    quant_reuse_one("fp8_block", 64, DW_RECOMPUTE_NONE); /* N = 128: the down projection's fprop quantised */
+    quant_reuse_one("fp8_block", 64, DW_RECOMPUTE_SELECTIVE);
 }
 
 /* Recompute on the GPU (compile/recompute.c): selective (norms and MLP activations run again)

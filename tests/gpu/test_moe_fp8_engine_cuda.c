@@ -13,7 +13,9 @@
  * assignment counted, none dropped, per-expert loads within a few near-ties). And AdamW refreshing
  * the caches in its own pass (quant_adamw.cu) against the separate refresh on two CUDA engines, bit
  * for bit, with standing pools and with the caches' codes in the activation arena (wcache_arena);
- * and the up layers' fprop reusing the gate's quantised x, against quantising at every use.
+ * and the up layers' fprop reusing the gate's quantised x and the down layers' reading the rows the
+ * SwiGLU quantised (kernels/cuda/swiglu_fp8.cu, itself against the SwiGLU and the rows quantiser it
+ * replaces, byte for byte), against quantising at every use.
  * Needs a GPU (sm_90); elsewhere it skips. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +30,9 @@
 
 #include "capture/capture.h"
 #include "compile/program.h"
+#include "core/ctx.h"
+#include "gemm/grouped_fp8.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
 #include "runtime/engine.h"
 #include "testutil.h"
@@ -351,19 +356,120 @@ static void test_fused_cache(void **state) {
     fused_cache(true);
 }
 
-/* The gate and up layers read one dispatch's rows: with dw_engine_opts.quant_reuse the up layer's
- * fprop takes the rows the gate's quantised (ops_cuda_moe.c) — one reuse per MoE layer and training
- * forward — and the step is the bits of one that quantises x at every use: the loss, every
- * gradient and the norm, over two steps (eager, then recorded). */
-static void test_moe_quant_reuse(void **state) {
+/* Uniform in [0, n). */
+static int64_t pick(int64_t n) { return (int64_t)(dw_test_next(&g_rng) % (uint64_t)n); }
+/* A random BF16 value: normal(0, sd) rounded (RNE) to BF16 bits. */
+static uint16_t rnd_bf16(float sd) {
+    const float f = dw_test_normal(&g_rng) * sd;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* dw_cuda_swiglu_fwd_fp8 (kernels/cuda/swiglu_fp8.cu) against what it replaces — the SwiGLU
+ * (ops_act.cu) and the fp8_block rows quantiser of its BF16 output — byte for byte: the BF16
+ * output, the E4M3 codes and the FP32 scales. Fresh random rows at scales from 1e-30 to 1e4, with a
+ * block of zeros, one holding a NaN and one an infinity, at row counts that leave the last warp half
+ * used (R F / 8 not a multiple of 32); with out NULL the output's memory is left as it was. */
+static void test_swiglu_fp8_kernel(void **state) {
     (void)state;
+    void *stream = NULL;
+    assert_int_equal(dw_ctx_stream(g_gpu, &stream), DW_OK);
+    const int64_t shapes[][2] = {{1, 128}, {3, 384}, {37, 256}, {255, 1024}, {2048, 5632}};
+    int bad = 0;
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        const int64_t R = shapes[t][0], F = shapes[t][1], n = R * F, nb = n / 128;
+        uint16_t *gate = malloc((size_t)n * 2), *up = malloc((size_t)n * 2);
+        for (int64_t b = 0; b < nb; b++) { /* each 1x128 block at its own scale */
+            const float sd = powf(10.0f, dw_test_uniform(&g_rng, -30.0f, 4.0f));
+            for (int64_t i = 128 * b; i < 128 * (b + 1); i++) gate[i] = rnd_bf16(4.0f), up[i] = rnd_bf16(sd);
+        }
+        const int64_t zb = pick(nb), nanb = pick(nb), infb = pick(nb);
+        for (int64_t i = 128 * zb; i < 128 * (zb + 1); i++) up[i] = 0;
+        up[128 * nanb + pick(128)] = 0x7FC0;  /* NaN: the block's codes 0x7F, scale NaN */
+        gate[128 * infb + pick(128)] = 0x7F80; /* +inf: silu(inf) up = +-inf (or NaN at up 0) */
+        uint16_t *dg, *du, *h_ref, *h_fused, *h_none;
+        uint8_t *c_ref, *c_fused, *c_none;
+        float *s_ref, *s_fused, *s_none;
+        assert_int_equal(cudaMalloc((void **)&dg, (size_t)n * 2), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&du, (size_t)n * 2), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&h_ref, (size_t)n * 2), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&h_fused, (size_t)n * 2), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&h_none, (size_t)n * 2), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&c_ref, (size_t)n), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&c_fused, (size_t)n), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&c_none, (size_t)n), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&s_ref, (size_t)nb * 4), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&s_fused, (size_t)nb * 4), cudaSuccess);
+        assert_int_equal(cudaMalloc((void **)&s_none, (size_t)nb * 4), cudaSuccess);
+        assert_int_equal(cudaMemcpy(dg, gate, (size_t)n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        assert_int_equal(cudaMemcpy(du, up, (size_t)n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        assert_int_equal(cudaMemset(h_fused, 0xA5, (size_t)n * 2), cudaSuccess);
+        assert_int_equal(cudaMemset(h_none, 0x5A, (size_t)n * 2), cudaSuccess);
+        assert_int_equal(cudaMemset(c_fused, 0xA5, (size_t)n), cudaSuccess);
+        assert_int_equal(cudaMemset(c_none, 0xA5, (size_t)n), cudaSuccess);
+        assert_int_equal(dw_cuda_swiglu_fwd(g_gpu, DW_ACT_BF16, h_ref, dg, du, n, stream), DW_OK);
+        assert_int_equal(dw_grouped_fp8_quantize_rows_cuda(g_gpu, h_ref, true, R, F, c_ref, s_ref), DW_OK);
+        assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, h_fused, dg, du, R, F, c_fused, s_fused, stream), DW_OK);
+        assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, NULL, dg, du, R, F, c_none, s_none, stream), DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        uint16_t *h[3];
+        uint8_t *cc[3];
+        float *sc[3];
+        uint16_t *hd[3] = {h_ref, h_fused, h_none};
+        uint8_t *cd[3] = {c_ref, c_fused, c_none};
+        float *sd[3] = {s_ref, s_fused, s_none};
+        for (int k = 0; k < 3; k++) {
+            h[k] = malloc((size_t)n * 2), cc[k] = malloc((size_t)n), sc[k] = malloc((size_t)nb * 4);
+            assert_int_equal(cudaMemcpy(h[k], hd[k], (size_t)n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_int_equal(cudaMemcpy(cc[k], cd[k], (size_t)n, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_int_equal(cudaMemcpy(sc[k], sd[k], (size_t)nb * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        }
+        int64_t dh = 0, dc = 0, ds = 0, kept = 0, nan_scales = 0;
+        for (int64_t i = 0; i < n; i++) {
+            dh += h[0][i] != h[1][i];
+            dc += (cc[0][i] != cc[1][i]) + (cc[0][i] != cc[2][i]);
+            kept += h[2][i] == 0x5A5A;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            ds += (memcmp(&sc[0][b], &sc[1][b], 4) != 0) + (memcmp(&sc[0][b], &sc[2][b], 4) != 0);
+            nan_scales += isnan(sc[0][b]);
+        }
+        printf("swiglu_fp8 R=%lld F=%lld: %lld BF16 outputs, %lld codes, %lld scales differ (want 0); output left "
+               "alone without out: %lld of %lld; %lld NaN scales (want >= 1)\n", (long long)R, (long long)F,
+               (long long)dh, (long long)dc, (long long)ds, (long long)kept, (long long)n, (long long)nan_scales);
+        if (dh || dc || ds || kept != n || nan_scales < 1) bad++, printf("MISMATCH swiglu_fp8 R=%lld F=%lld\n",
+                                                                         (long long)R, (long long)F);
+        for (int k = 0; k < 3; k++) free(h[k]), free(cc[k]), free(sc[k]);
+        void *dev[] = {dg, du, h_ref, h_fused, h_none, c_ref, c_fused, c_none, s_ref, s_fused, s_none};
+        for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) cudaFree(dev[k]);
+        free(gate), free(up);
+    }
+    /* refused: a width off the 128-block */
+    assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, NULL, (void *)16, (void *)16, 4, 96, (uint8_t *)16, (float *)16,
+                                            stream), DW_ERR_INVALID);
+    if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
+/* The gate and up layers read one dispatch's rows: with dw_engine_opts.quant_reuse the up layer's
+ * fprop takes the rows the gate's quantised (ops_cuda_moe.c), and the down layer's the rows its
+ * SwiGLU quantised as it wrote them (kernels/cuda/swiglu_fp8.cu) — two reuses and one such SwiGLU per MoE
+ * layer and training forward — and the step is the bits of one that quantises x at every use: the
+ * loss, every gradient and the norm, over two steps (eager, then recorded). With moe_remat (the
+ * default) the SwiGLU's BF16 output is not even stored in the forward (the backward computes it
+ * again); without, it is, and kept. */
+static void moe_quant_reuse(bool moe_remat) {
     const int64_t B = 2, T = 64, N = B * T;
     dw_graph *g = sm90_mixtral(B, T);
     dw_policy *pol = NULL;
     assert_int_equal(dw_test_policy(g_gpu, "fp8_block", false, &pol), DW_OK);
     unsetenv("DW_MOE_FP8");
+    unsetenv("DW_SWIGLU_QUANT");
+    dw_compile_opts co;
+    dw_compile_opts_init(&co, sizeof co);
+    co.moe_remat = moe_remat;
     dw_compiled *c = NULL;
-    if (dw_compile(g_gpu, g, NULL, pol, NULL, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    if (dw_compile(g_gpu, g, NULL, pol, &co, &c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
     int layers = 0;
     for (int i = 0; i < g->n_nodes; i++) layers += g->nodes[i].op == DW_OP_MOE_ROUTER;
     dw_engine *e[2];
@@ -383,13 +489,14 @@ static void test_moe_quant_reuse(void **state) {
         dw_test_random_tokens(x, N, dw_graph_vocab(g), &g_rng);
         dw_test_random_tokens(y, N, dw_graph_vocab(g), &g_rng);
         double loss[2], gn[2];
-        int64_t before[2], gdiff = 0;
+        int64_t before[2], fused_before = DW_CUDA_ST(e[0]->be)->swiglu_quant[1], gdiff = 0;
         for (int k = 0; k < 2; k++) {
             before[k] = DW_CUDA_ST(e[k]->be)->moe_rows_reused;
             assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
             if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
         }
-        const int64_t reused = DW_CUDA_ST(e[0]->be)->moe_rows_reused - before[0];
+        const int64_t reused = DW_CUDA_ST(e[0]->be)->moe_rows_reused - before[0],
+                      fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[1] - fused_before;
         for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
             const int64_t n = pnumel(e[0], i);
             float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
@@ -399,12 +506,16 @@ static void test_moe_quant_reuse(void **state) {
             free(a), free(b);
         }
         for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
-        printf("moe quant reuse step %d: loss %.9g vs %.9g (every use), %lld gradient values differ (want 0), "
-               "%lld of %d layers' x reused (every use: %lld)\n", step, loss[0], loss[1], (long long)gdiff,
-               (long long)reused, layers, (long long)(DW_CUDA_ST(e[1]->be)->moe_rows_reused - before[1]));
+        printf("moe quant reuse (moe_remat %d) step %d: loss %.9g vs %.9g (every use), %lld gradient values differ "
+               "(want 0), %lld reuses and %lld quantising SwiGLUs for %d layers (every use: %lld, %lld)\n", moe_remat,
+               step, loss[0], loss[1], (long long)gdiff, (long long)reused, (long long)fused, layers,
+               (long long)(DW_CUDA_ST(e[1]->be)->moe_rows_reused - before[1]),
+               (long long)DW_CUDA_ST(e[1]->be)->swiglu_quant[1]);
         if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) bad++, printf("MISMATCH step %d\n", step);
-        if (step == 1 && reused != layers) bad++, printf("MISMATCH reuses\n"); /* step 2 records: counted at record time */
-        if (DW_CUDA_ST(e[1]->be)->moe_rows_reused) bad++, printf("MISMATCH reuse without quant_reuse\n");
+        if (step == 1 && (reused != 2 * layers || fused != layers)) /* step 2 records: counted at record time */
+            bad++, printf("MISMATCH reuses\n");
+        if (DW_CUDA_ST(e[1]->be)->moe_rows_reused || DW_CUDA_ST(e[1]->be)->swiglu_quant[1])
+            bad++, printf("MISMATCH reuse without quant_reuse\n");
     }
     free(x), free(y);
     for (int k = 0; k < 2; k++) dw_engine_free(e[k]);
@@ -414,8 +525,14 @@ static void test_moe_quant_reuse(void **state) {
     if (bad) fail_msg("%d mismatches (lines above)", bad);
 }
 
+static void test_moe_quant_reuse(void **state) {
+    (void)state;
+    moe_quant_reuse(true);
+    moe_quant_reuse(false);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_experts), cmocka_unit_test(test_fused_cache),
-                                       cmocka_unit_test(test_moe_quant_reuse)};
+                                       cmocka_unit_test(test_swiglu_fp8_kernel), cmocka_unit_test(test_moe_quant_reuse)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -19,8 +19,10 @@ typedef struct {
      * and in which recipe. Linear nodes reading the same x (llama's q/k/v, gate/up) quantise it
      * once (with dw_exec.quant_reuse) */
     int rows_tensor, xt_tensor;
-    int rows_recipe, xt_recipe; /* a MoE layer's rows (grouped_fp8.h's layout): dw_cuda_moe_rows_mark */
+    int rows_recipe, xt_recipe; /* the recipe; a MoE layer's rows (grouped_fp8.h's layout): dw_cuda_moe_rows_mark */
     int64_t moe_rows_reused;    /* MoE fprops that read a sibling's quantised x (gate, up), since creation */
+    int64_t swiglu_quant[2];    /* SwiGLU forwards that quantised their output for the linear layer reading
+                                 * it (act_quant_cuda.c): [0] dense, [1] MoE, since creation */
     void **events;           /* timers: cudaEvent_t */
     int n_events;
 } dw_cuda_state;
@@ -51,6 +53,13 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done);
 dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *dg, bool *wg);
 /* Forgets what the activation slots hold (a sweep starts). */
 void dw_cuda_qlin_reset(dw_backend *be);
+/* The rows slot's record (dw_cuda_state.rows_recipe) for a MoE layer's x in recipe r: a mark no
+ * dense layer's recipe has (their layouts differ). */
+static inline int dw_cuda_moe_rows_mark(dw_recipe r) { return -2 - (int)r; }
+/* The SwiGLU forward that also writes its output's fp8_block rows for the linear layer, dense or
+ * MoE, that alone reads it (act_quant_cuda.c); *done false (nothing launched) where that does not
+ * apply. */
+dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done);
 
 /* The guard's check (guard_check_cuda.c): the backend's qstats entry (backend.h), and a check
  * step's dy [N, M] (BF16, c->dout[0]) measured as the dgrad's (dg) and wgrad's (wg) operands in

@@ -130,6 +130,9 @@ dw_status dw_cuda_op_silu_bwd(dw_backend *be, const dw_op_call *c) {
 }
 dw_status dw_cuda_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
+    bool done = false; /* before an fp8_block down projection: its rows quantised too */
+    DW_TRY(dw_cuda_swiglu_quant_fwd(be, c, &done));
+    if (done) return DW_OK;
     return dw_cuda_swiglu_fwd(be->ctx, dt, c->out[0], c->in[0], c->in[1], N * C, s);
 }
 dw_status dw_cuda_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {

@@ -8,7 +8,8 @@
  * (x once for the gate and up layers that read it, with dw_exec.quant_reuse) and read the node's
  * weight cache, which moe_fp8_cuda.c refreshes after each weight update; a BF16 wgrad
  * written over can also write its share of the gradient norm, compile/wgrad_sumsq.h). No
- * host synchronisation: a recorded step replays whatever the routing. An output gradient no
+ * host synchronisation: a recorded step replays whatever the routing. Where the experts' SwiGLU
+ * has written the down projection's fp8_block rows itself (act_quant_cuda.c), its fprop reads them. An output gradient no
  * consumer sent (dout NULL) counts as zeros; no MoE op adds into an input gradient (ops.def gives
  * them no ACC flag). */
 #include "core/error.h"
@@ -115,23 +116,19 @@ static dw_status quant_act(dw_backend *be, const dw_op_call *c, dw_recipe r, dw_
                                              c->x->g->tensors[c->n->in[1]].shape[0], C, s.codes, s.scales);
 }
 
-/* The rows slot's record (dw_cuda_state.rows_tensor, rows_recipe) for a MoE layer's x in recipe r:
- * a mark no dense layer's recipe has (their layout differs). */
-static int moe_rows_mark(dw_recipe r) { return -2 - (int)r; }
-
 dw_status dw_cuda_op_moe_linear_fwd(dw_backend *be, const dw_op_call *c) {
     dw_grouped_args a = moe_gemm_args(c, DW_GEMM_FPROP);
     if (a.recipe != DW_RECIPE_BF16) { /* x quantised now (or by the sibling just before: gate, up), W from the cache */
         dw_cuda_state *st = DW_CUDA_ST(be);
         const int xi = c->n->in[0];
-        if (c->x->quant_reuse && !c->x->moe_ep && st->rows_tensor == xi && st->rows_recipe == moe_rows_mark(a.recipe)) {
+        if (c->x->quant_reuse && !c->x->moe_ep && st->rows_tensor == xi && st->rows_recipe == dw_cuda_moe_rows_mark(a.recipe)) {
             dw_moe_fp8_slot s; /* the same rows (one tensor), nothing quantised since */
             DW_TRY(dw_moe_fp8_operand(be->ctx, c, DW_MOE_FP8_ROWS, a.rows, a.k, &s));
             a.x = s.codes, a.x_scales = s.scales;
             st->moe_rows_reused++;
         } else {
             DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_ROWS, c->in[0], a.rows, a.k, &a.x, &a.x_scales));
-            if (!c->x->moe_ep) st->rows_tensor = xi, st->rows_recipe = moe_rows_mark(a.recipe);
+            if (!c->x->moe_ep) st->rows_tensor = xi, st->rows_recipe = dw_cuda_moe_rows_mark(a.recipe);
         }
         dw_moe_fp8_cached_weight(c, 0, &a);
     }

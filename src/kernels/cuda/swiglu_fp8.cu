@@ -1,0 +1,60 @@
+/* swiglu_fp8.cu — the SwiGLU forward that also writes its output's fp8_block rows (ops_cuda.h:
+ * dw_cuda_swiglu_fwd_fp8), for the experts' down projection under fp8_block, whose input
+ * quantiser it replaces (runtime/cuda/ops_cuda_moe.c): the output is read once, in registers,
+ * instead of written, read back and quantised by a second kernel. A 1x128 block of a row is 16
+ * threads of 8 elements: h = silu(gate) * up in act_math.cuh's arithmetic (ops_act.cu's), rounded
+ * to BF16 (and stored where the BF16 output is wanted), the block's amax by shuffles, then
+ * quant_common.cuh's scale rule and E4M3 encoding — the codes and scales dw_quantize_cuda writes
+ * for the BF16 output, bit for bit (tests/gpu/test_moe_fp8_engine_cuda.c). */
+#include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/act_math.cuh"
+#include "kernels/cuda/quant_common.cuh"
+
+namespace {
+
+/* out, codes [R, F] (out may be NULL), scales [R, F/128]; n8 = R F / 8 chunks of 8 elements. The
+ * loop runs whole warps to the next multiple of 32 chunks (the shuffles need every lane); chunks
+ * past n8 compute zeros and store nothing. F % 128 == 0, so a block never spans two rows and its
+ * scale sits at chunk / 16. */
+__global__ void __launch_bounds__(DW_EW_THREADS)
+    swiglu_fp8_kernel(dw_bf16 *__restrict__ out, const dw_bf16 *__restrict__ gate, const dw_bf16 *__restrict__ up,
+                      int64_t n8, uint8_t *__restrict__ codes, float *__restrict__ scales) {
+    const int64_t end = (n8 + 31) / 32 * 32, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < end; j += stride) {
+        const bool in = j < n8;
+        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (in) {
+            float g[8], u[8];
+            dw_ld8(gate, 8 * j, g);
+            dw_ld8(up, 8 * j, u);
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(dw_ew_f<DW_EW_SWIGLU>(g[k], u[k])));
+            if (out) dw_st8(out, 8 * j, v); /* BF16 values already: the store's rounding is exact */
+        }
+        const uint32_t am = dwq::chunk_amax<128>(v); /* lanes 0-15 and 16-31: one block each */
+        const float s = dw_rule_fp8_scale(am, false);
+        uint32_t w[2];
+        dwq::encode8<dwq::F_E4M3>(dwq::fp8_q(s), v, w);
+        if (in) {
+            *reinterpret_cast<uint2 *>(codes + 8 * j) = make_uint2(w[0], w[1]);
+            if (j % 16 == 0) scales[j / 16] = s;
+        }
+    }
+}
+
+} // namespace
+
+extern "C" dw_status dw_cuda_swiglu_fwd_fp8(dw_ctx *ctx, void *out, const void *gate, const void *up, int64_t rows,
+                                           int64_t cols, uint8_t *codes, float *scales, void *stream) {
+    const char *op = "swiglu_fp8";
+    DW_OPS_REQUIRE(ctx, op, rows >= 0 && cols >= 0 && cols % 128 == 0);
+    if (rows == 0 || cols == 0) return DW_OK;
+    DW_OPS_REQUIRE(ctx, op, gate && up && codes && scales);
+    DW_OPS_REQUIRE(ctx, op, dw_aligned16(gate) && dw_aligned16(up) && (!out || dw_aligned16(out)));
+    DW_OPS_REQUIRE(ctx, op, ((uintptr_t)codes & 7u) == 0 && ((uintptr_t)scales & 3u) == 0);
+    const int64_t n8 = rows * cols / 8;
+    swiglu_fp8_kernel<<<dw_ew_blocks((n8 + 31) / 32 * 32), DW_EW_THREADS, 0, (cudaStream_t)stream>>>(
+        (dw_bf16 *)out, (const dw_bf16 *)gate, (const dw_bf16 *)up, n8, codes, scales);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}

@@ -1,0 +1,70 @@
+/* act_quant_cuda.c — the CUDA backend's SwiGLU that quantises its own output (cuda.h:
+ * dw_cuda_swiglu_quant_fwd). Where one linear layer alone reads the SwiGLU's output h as its x and
+ * runs its fprop in fp8_block — the down projection of a Llama MLP (qlinear_cuda.c) or of a MoE
+ * layer's experts (ops_cuda_moe.c) — the forward writes h's 1x128 rows into the rows slot in the
+ * same kernel (kernels/cuda/swiglu_fp8.cu) and leaves the record a sibling layer's quantiser would
+ * (dw_engine_opts.quant_reuse), so that layer reads them instead of reading h back to quantise it.
+ * The same codes, scales and BF16 values as the two kernels. h itself is stored only where
+ * something reads it later: not where the program computes the SwiGLU again for the backward
+ * (dw_compile_remat: selective recompute, or a MoE layer's moe_remat) and no quantisation counter
+ * reads it. DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
+#include "core/error.h"
+#include "runtime/backend.h"
+
+#if DW_HAVE_CUDA
+#include "core/env.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "precision/quant_counts.h"
+#include "runtime/cuda/cuda.h"
+#include "runtime/moe_fp8.h"
+
+/* The node that alone reads tensor t, as its x (input 0), or -1. */
+static int sole_x_reader(const dw_graph *g, int t) {
+    int reader = -1;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int s = 0; s < g->nodes[i].n_in; s++)
+            if (g->nodes[i].in[s] == t) {
+                if (reader >= 0 || s != 0) return -1;
+                reader = i;
+            }
+    return reader;
+}
+
+/* Whether node L, a linear layer reading N rows, runs its fprop with x in fp8_block: a MoE layer
+ * bound so (not under expert parallelism, whose rows are exchanged in between), or a dense one
+ * whose fprop the program quantises at N rows. */
+static bool fprop_in_fp8_block(const dw_exec *x, int L, int64_t N) {
+    const dw_compiled *p = x->p;
+    const dw_node_binding *b = &p->node[L].bind;
+    if (x->g->nodes[L].op == DW_OP_MOE_LINEAR)
+        return !x->moe_ep && b->quantised[DW_QPASS_FPROP] && dw_moe_quant_recipe(p, L) == DW_RECIPE_FP8_BLOCK;
+    return x->g->nodes[L].op == DW_OP_LINEAR && dw_compile_quant_act_recipe(b->recipe) == DW_RECIPE_FP8_BLOCK &&
+           dw_compile_linear_quantised(p, L, DW_QPASS_FPROP, N, NULL, NULL, 0);
+}
+
+dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done) {
+    *done = false;
+    const dw_exec *x = c->x;
+    if (!x->quant_reuse || c->recompute || !x->p->bf16 || !dw_env_flag("DW_SWIGLU_QUANT", true)) return DW_OK;
+    const int h = c->n->out[0];
+    const int64_t R = dw_exec_rows(x, h), F = dw_cuda_width(c, h);
+    const int L = sole_x_reader(x->g, h);
+    if (L < 0 || F % 128 || !fprop_in_fp8_block(x, L, R)) return DW_OK;
+    const bool moe = x->g->nodes[L].op == DW_OP_MOE_LINEAR;
+    if (moe && R > x->p->tensor[h].rows_cap) return DW_OK; /* the layer refuses it, naming itself */
+    const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
+    /* a dense layer's counter measures x from h after reading the rows (qlinear_cuda.c) */
+    const bool counted = !moe && dw_qcounts_slot(x->qcounts, L, DW_QC_X);
+    const bool keep = !dw_compile_remat(x->p, c->node) || counted;
+    DW_TRY(dw_cuda_swiglu_fwd_fp8(be->ctx, keep ? c->out[0] : NULL, c->in[0], c->in[1], R, F, s.codes, s.scales,
+                                  DW_CUDA_STREAM(be)));
+    dw_cuda_qlin_reset(be);
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    st->rows_tensor = h;
+    st->rows_recipe = moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK;
+    if (x->qcounts) x->qcounts->src[0] = -1; /* the rows were quantised without counting */
+    st->swiglu_quant[moe]++;
+    *done = true;
+    return DW_OK;
+}
+#endif /* DW_HAVE_CUDA */
