@@ -21,14 +21,14 @@ class Tokenizer:
         if self.name == "bytes":
             self.tok, self.vocab, self.eot = None, 256, None
             return
+        f = os.path.join(self.name, "tokenizer.json") if os.path.isdir(self.name) else self.name
+        if not os.path.isfile(f):  # a wrong path is named first, package or not
+            raise FileNotFoundError(f"tokenizer {self.name}: no tokenizer.json there")
         try:
             from tokenizers import Tokenizer as HF
         except ImportError:
             raise ImportError(f"tokenizer {self.name} needs the `tokenizers` package (pip install tokenizers), "
                               "or use the byte-level tokenizer 'bytes'") from None
-        f = os.path.join(self.name, "tokenizer.json") if os.path.isdir(self.name) else self.name
-        if not os.path.isfile(f):
-            raise FileNotFoundError(f"tokenizer {self.name}: no tokenizer.json there")
         self.tok, self.path = HF.from_file(f), f
         self.vocab = self.tok.get_vocab_size(with_added_tokens=True)
         self.eot = next((self.tok.token_to_id(n) for n in EOT_NAMES if self.tok.token_to_id(n) is not None), None)
