@@ -164,8 +164,8 @@ static dw_status readable_weights(const dw_engine *e, const char *what) {
     return e->x->param_at ? DW_OK : dw_exec_weights_whole(e->x, what);
 }
 
-dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                            float *logits, double *loss) {
+static dw_status forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                         dw_exec_after_step after, void *user, float *logits, double *loss) {
     if (loss) *loss = 0;
     DW_TRY(readable_weights(e, "engine: forward"));
     if (logits && e->p->head_xent >= 0)
@@ -175,7 +175,7 @@ dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *
     DW_TRY(dw_engine_check_batch(e, tokens, targets, B, T));
     DW_TRY(dw_exec_set_batch(e->x, tokens, targets, B, T));
     DW_TRY(dw_engine_arena_forward(e)); /* grad_arena: the forward takes the gradients' memory */
-    DW_TRY(dw_exec_phase(e->x, DW_PHASE_FORWARD, false, 1.0));
+    DW_TRY(dw_exec_phase_each(e->x, DW_PHASE_FORWARD, false, 1.0, after, user));
     if (logits) {
         const int64_t n = B * T * e->g->model.vocab;
         const void *src = e->x->act + e->p->tensor[e->g->logits].val_off;
@@ -189,6 +189,16 @@ dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *
     }
     if (targets && loss) return read_loss(e, loss);
     return e->be->i->sync(e->be);
+}
+
+dw_status dw_engine_forward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                            float *logits, double *loss) {
+    return forward(e, tokens, targets, B, T, NULL, NULL, logits, loss);
+}
+
+dw_status dw_engine_forward_each(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                                 dw_exec_after_step after, void *user, double *loss) {
+    return forward(e, tokens, targets, B, T, after, user, NULL, loss);
 }
 
 dw_status dw_engine_forward_backward(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B,

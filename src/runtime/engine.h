@@ -42,6 +42,11 @@ dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32
  * out (rows * width floats; int32 tensors converted); DW_ERR_INVALID when the program keeps no
  * value for t. Valid right after the step that wrote it (the arena reuses memory). */
 dw_status dw_engine_read_value(dw_engine *e, int t, float *out);
+/* dw_engine_forward without logits, with after(user, step) called after each of its steps: where a
+ * value is read while it is live — one that recompute drops is gone once the forward ends (the
+ * quantisation guard measures the layers' inputs so: train/guard_quant.c). */
+dw_status dw_engine_forward_each(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                                 dw_exec_after_step after, void *user, double *loss);
 
 /* The arguments one AdamW step at `step` (from 1) takes from opts (NULL: defaults), bias
  * corrections included; DW_ERR_INVALID naming every hyper-parameter when one is out of range.

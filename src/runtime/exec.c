@@ -449,10 +449,18 @@ void dw_exec_begin_phase(dw_exec *x, dw_phase phase) {
     if (x->be->i->begin_phase) x->be->i->begin_phase(x->be, x, phase);
 }
 
-dw_status dw_exec_phase(dw_exec *x, dw_phase phase, bool train, double dloss) {
+dw_status dw_exec_phase_each(dw_exec *x, dw_phase phase, bool train, double dloss, dw_exec_after_step after,
+                             void *user) {
     dw_exec_begin_phase(x, phase);
-    for (int s = x->p->phase[phase][0]; s < x->p->phase[phase][1]; s++) DW_TRY(dw_exec_step(x, s, train, dloss));
+    for (int s = x->p->phase[phase][0]; s < x->p->phase[phase][1]; s++) {
+        DW_TRY(dw_exec_step(x, s, train, dloss));
+        if (after) DW_TRY(after(user, s));
+    }
     return DW_OK;
+}
+
+dw_status dw_exec_phase(dw_exec *x, dw_phase phase, bool train, double dloss) {
+    return dw_exec_phase_each(x, phase, train, dloss, NULL, NULL);
 }
 
 static dw_status issue_train_step(dw_exec *x, double dloss) {

@@ -151,6 +151,13 @@ void dw_exec_begin_phase(dw_exec *x, dw_phase phase);
 dw_status dw_exec_step(dw_exec *x, int step, bool train, double dloss);
 /* Issues the steps of a phase, in order (forward without targets skips the loss). */
 dw_status dw_exec_phase(dw_exec *x, dw_phase phase, bool train, double dloss);
+/* Called after each step dw_exec_phase_each issues (step: its index in the program), in stream
+ * order: a value a step wrote can be read there before the arena gives its memory to another. A
+ * status other than DW_OK stops the phase and is returned. */
+typedef dw_status (*dw_exec_after_step)(void *user, int step);
+/* dw_exec_phase with after(user, step) after every step (after NULL: dw_exec_phase). */
+dw_status dw_exec_phase_each(dw_exec *x, dw_phase phase, bool train, double dloss, dw_exec_after_step after,
+                             void *user);
 /* Forward and backward of the current batch, gradients accumulated (+=) with scale dloss;
  * replayed from a recording from the second call with the same (b, t, dloss). */
 dw_status dw_exec_train_step(dw_exec *x, double dloss);

@@ -300,16 +300,19 @@ static dw_status measure_pair(dw_qguard *g, dw_recipe r, bool bf16, const void *
     return DW_OK;
 }
 
-/* Layer l's tensors into s[T_COUNT] (the ones it quantises): where they live when the backend
- * measures there (its qstats entry: a few words back per tensor) and dw_qstats_on_device() says so,
- * else read back and measured with the reference on the host. */
-static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
+/* Whether the backend measures where the tensors live (its qstats entry: a few words back per
+ * tensor) and dw_qstats_on_device() says so; else they are read back and measured with the
+ * reference on the host. */
+static bool device_measures(const dw_qguard *g) { return g->e->be->i->qstats != NULL && dw_qstats_on_device(); }
+
+/* Layer l's x and x^T (where it quantises them) into s[T_X], s[T_XT]: from x's value, which is
+ * live right after l's forward step (a value recompute drops is gone by the end of the forward). */
+static dw_status measure_x(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
     dw_engine *e = g->e;
-    const bool on_device = e->be->i->qstats != NULL && dw_qstats_on_device();
+    const bool on_device = device_measures(g);
     const dw_compiled *p = e->p;
     const dw_ir_node *n = &p->g->nodes[l->node];
-    const dw_recipe ra = dw_compile_quant_act_recipe(l->recipe), rw = dw_compile_quant_weight_recipe(l->recipe);
-    for (int t = 0; t < T_COUNT; t++) s[t] = dw_qstats_zero(), s[t].cap = g->check_elements;
+    const dw_recipe ra = dw_compile_quant_act_recipe(l->recipe);
     if (l->measure[T_X] || l->measure[T_XT]) { /* x [rows, K] as the GEMM reads it (BF16 values) */
         const int t = n->in[0];
         const int64_t rows = dw_exec_rows(e->x, t), K = p->tensor[t].width;
@@ -322,6 +325,16 @@ static dw_status measure(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
         DW_TRY(measure_pair(g, ra, p->bf16, on_device ? e->x->act + p->tensor[t].val_off : NULL, x, rows, K,
                             &l->measure[T_X], &s[T_X]));
     }
+    return DW_OK;
+}
+
+/* Layer l's W and W^T (where it quantises them) into s[T_W], s[T_WT]. */
+static dw_status measure_w(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
+    dw_engine *e = g->e;
+    const bool on_device = device_measures(g);
+    const dw_compiled *p = e->p;
+    const dw_ir_node *n = &p->g->nodes[l->node];
+    const dw_recipe rw = dw_compile_quant_weight_recipe(l->recipe);
     if (l->measure[T_W] || l->measure[T_WT]) { /* W [M, K] from the FP32 master */
         int64_t N, K, M;
         dw_compile_linear_dims(p, l->node, &N, &K, &M);
@@ -401,6 +414,26 @@ static dw_status decide(dw_qguard *g, int64_t step, layer *l, const dw_qstats s[
     return DW_OK;
 }
 
+/* The check forward's observer (dw_engine_forward_each): after a live layer's own forward step,
+ * its x and x^T into s while x is in memory. */
+typedef struct {
+    dw_qguard *g;
+    dw_qstats *s; /* (n, T_COUNT) */
+    bool *done;   /* (n) x measured */
+} x_pass;
+static dw_status x_after_step(void *user, int step) {
+    x_pass *xp = user;
+    dw_qguard *g = xp->g;
+    const dw_step *st = &g->e->p->steps[step];
+    if (st->kind != DW_STEP_FWD) return DW_OK;
+    for (int i = 0; i < g->n; i++)
+        if (g->l[i].node == st->node && !g->l[i].bf16 && !xp->done[i]) {
+            xp->done[i] = true;
+            return measure_x(g, &g->l[i], &xp->s[i * T_COUNT]);
+        }
+    return DW_OK;
+}
+
 dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, const int32_t *targets, int64_t B,
                           int64_t T, bool *changed) {
     *changed = false;
@@ -409,16 +442,25 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
     int live = 0;
     for (int i = 0; i < g->n; i++) live += !g->l[i].bf16;
     if (!live) return DW_OK;
-    double loss = 0;
-    DW_TRY(dw_engine_forward(g->e, tokens, targets, B, T, NULL, &loss));
     dw_qstats *s = calloc((size_t)g->n * T_COUNT, sizeof *s);
     enum { V = 8 }; /* x, x^T, dy, dy^T: sum_e2, sum_x2, bulk_e2, bulk_x2, n, saturated, flushed, elements */
     double *sum = calloc((size_t)g->n * 4 * V, sizeof *sum);
+    bool *done = calloc((size_t)g->n, sizeof *done);
+    if (!s || !sum || !done) {
+        free(s), free(sum), free(done);
+        return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+    }
+    for (int i = 0; i < g->n * T_COUNT; i++) s[i] = dw_qstats_zero(), s[i].cap = g->check_elements;
+    /* each layer's x measured right after its forward step, the rest (a layer whose forward runs in
+     * another node's step: the fused LM head) after the forward */
+    x_pass xp = {g, s, done};
+    double loss = 0;
+    dw_status st = dw_engine_forward_each(g->e, tokens, targets, B, T, x_after_step, &xp, &loss);
     const dw_qstats *dy = dw_qcounter_counts(g->qc)->dy; /* (n, 2): this step's backward, when armed */
-    dw_status st = s && sum ? DW_OK : dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
     for (int i = 0; st == DW_OK && i < g->n; i++) {
         if (g->l[i].bf16) continue;
-        st = measure(g, &g->l[i], &s[i * T_COUNT]);
+        if (!done[i]) st = measure_x(g, &g->l[i], &s[i * T_COUNT]);
+        if (st == DW_OK) st = measure_w(g, &g->l[i], &s[i * T_COUNT]);
         if (g->armed) s[i * T_COUNT + T_DY] = dy[2 * i], s[i * T_COUNT + T_DYT] = dy[2 * i + 1];
         for (int t = 0; t < 4 && st == DW_OK; t++) {
             const dw_qstats *q = &s[i * T_COUNT + RANKED[t]];
@@ -442,6 +484,7 @@ dw_status dw_qguard_check(dw_qguard *g, int64_t step, const int32_t *tokens, con
     }
     free(s);
     free(sum);
+    free(done);
     return st;
 }
 
