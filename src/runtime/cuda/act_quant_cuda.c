@@ -5,9 +5,9 @@
  * same kernel (kernels/cuda/swiglu_fp8.cu) and leaves the record a sibling layer's quantiser would
  * (dw_engine_opts.quant_reuse), so that layer reads them instead of reading h back to quantise it.
  * The same codes, scales and BF16 values as the two kernels. h itself is stored only where
- * something reads it later: not where the program computes the SwiGLU again for the backward
- * (dw_compile_remat: selective recompute, or a MoE layer's moe_remat) and no quantisation counter
- * reads it. DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
+ * something reads it later: not in a training forward where the program computes the SwiGLU again
+ * for the backward (dw_compile_remat: selective recompute, or a MoE layer's moe_remat) and no
+ * quantisation counter reads it. DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -53,9 +53,11 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     const bool moe = x->g->nodes[L].op == DW_OP_MOE_LINEAR;
     if (moe && R > x->p->tensor[h].rows_cap) return DW_OK; /* the layer refuses it, naming itself */
     const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
-    /* a dense layer's counter measures x from h after reading the rows (qlinear_cuda.c) */
+    /* h is stored unless a training forward drops it for the backward to compute again: a dense
+     * layer's counter measures x from h after reading the rows (qlinear_cuda.c), and the
+     * quantisation guard measures it after an eval forward (train/guard_quant.c) */
     const bool counted = !moe && dw_qcounts_slot(x->qcounts, L, DW_QC_X);
-    const bool keep = !dw_compile_remat(x->p, c->node) || counted;
+    const bool keep = !c->train || !dw_compile_remat(x->p, c->node) || counted;
     DW_TRY(dw_cuda_swiglu_fwd_fp8(be->ctx, keep ? c->out[0] : NULL, c->in[0], c->in[1], R, F, s.codes, s.scales,
                                   DW_CUDA_STREAM(be)));
     dw_cuda_qlin_reset(be);
