@@ -6,8 +6,8 @@
  * (dw_engine_opts.quant_reuse), so that layer reads them instead of reading h back to quantise it.
  * The same codes, scales and BF16 values as the two kernels. h itself is stored only where
  * something reads it later: not in a training forward where the program computes the SwiGLU again
- * for the backward (dw_compile_remat: selective recompute, or a MoE layer's moe_remat) and no
- * quantisation counter reads it. DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
+ * for the backward (dw_compile_remat: selective recompute, or a MoE layer's moe_remat). Not where
+ * the quantisers' counters count the dense layer's x (the kernel does not count). DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -52,19 +52,21 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     if (L < 0 || F % 128 || !fprop_in_fp8_block(x, L, R)) return DW_OK;
     const bool moe = x->g->nodes[L].op == DW_OP_MOE_LINEAR;
     if (moe && R > x->p->tensor[h].rows_cap) return DW_OK; /* the layer refuses it, naming itself */
+    /* a dense layer whose x the quantisers' counters count (deepwell train's guard) quantises it
+     * itself, counting as it goes: this kernel does not count, and a counting pass after it would
+     * read h again */
+    if (!moe && c->train && dw_qcounts_slot(x->qcounts, L, DW_QC_X)) return DW_OK;
     const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
-    /* h is stored unless a training forward drops it for the backward to compute again: a dense
-     * layer's counter measures x from h after reading the rows (qlinear_cuda.c), and the
-     * quantisation guard measures it after an eval forward (train/guard_quant.c) */
-    const bool counted = !moe && dw_qcounts_slot(x->qcounts, L, DW_QC_X);
-    const bool keep = !c->train || !dw_compile_remat(x->p, c->node) || counted;
+    /* h is stored unless a training forward drops it for the backward to compute again (the
+     * quantisation guard measures it after its layer's step in an eval forward: train/guard_quant.c) */
+    const bool keep = !c->train || !dw_compile_remat(x->p, c->node);
     DW_TRY(dw_cuda_swiglu_fwd_fp8(be->ctx, keep ? c->out[0] : NULL, c->in[0], c->in[1], R, F, s.codes, s.scales,
                                   DW_CUDA_STREAM(be)));
     dw_cuda_qlin_reset(be);
     dw_cuda_state *st = DW_CUDA_ST(be);
     st->rows_tensor = h;
     st->rows_recipe = moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK;
-    if (x->qcounts) x->qcounts->src[0] = -1; /* the rows were quantised without counting */
+    if (x->qcounts) x->qcounts->src[0] = -1; /* the rows were quantised without counting (an eval forward) */
     st->swiglu_quant[moe]++;
     *done = true;
     return DW_OK;
