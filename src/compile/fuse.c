@@ -4,7 +4,8 @@
  * backward into the consuming BF16 linear's dgrad (DGELU); and, with fused_head, the LM head
  * linear and the cross-entropy into one head_xent op over chunks of rows (Liger-Kernel's fused
  * linear cross-entropy). Decides only (program.h: fused, partner_fwd, partner_bwd, head_*); the
- * arena, the steps and the backends read the result. */
+ * arena, the steps and the backends read the result. Also which fp8_block linear layer a SwiGLU
+ * can quantise its output for (dw_compile_swiglu_quant_reader). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +86,21 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
         }
     }
     return DW_OK;
+}
+
+int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows) {
+    const dw_graph *g = c->g;
+    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA || g->nodes[i].op != DW_OP_SWIGLU) return -1;
+    const int h = g->nodes[i].out[0];
+    int slot = -1;
+    const int L = sole_consumer(g, h, &slot);
+    if (L < 0 || slot != 0 || width(g, h) % 128) return -1;
+    const dw_node_binding *b = &c->node[L].bind;
+    if (dw_compile_quant_act_recipe(b->recipe) != DW_RECIPE_FP8_BLOCK) return -1;
+    if (g->nodes[L].op == DW_OP_MOE_LINEAR) return b->quantised[DW_QPASS_FPROP] ? L : -1;
+    return g->nodes[L].op == DW_OP_LINEAR && dw_compile_linear_quantised(c, L, DW_QPASS_FPROP, rows, NULL, NULL, 0)
+               ? L
+               : -1;
 }
 
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear) {

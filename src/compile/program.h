@@ -371,6 +371,12 @@ static inline int64_t dw_compile_head_logits_off(int64_t N) { return (16 + 4 * N
 /* The fused GELU of linear node i (forward / backward), -1 none. */
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear);
 int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
+/* The linear layer whose fp8_block rows SwiGLU node i can write as it computes them, or -1: a
+ * BF16 program compiled for CUDA, i's output (width a multiple of 128) read by that one layer
+ * alone, as its x, with its fprop quantised in fp8_block at `rows` tokens (a MoE layer: bound so;
+ * a dense one: at those rows). The CUDA backend does it with quant_reuse
+ * (runtime/cuda/act_quant_cuda.c); the report names it. */
+int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows);
 /* The linear node's dims: N rows at capacity, K inputs, M outputs. */
 void dw_compile_linear_dims(const dw_compiled *c, int i, int64_t *N, int64_t *K, int64_t *M);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_compile.sh DEEPWELL — `deepwell compile` end to end: the per-node report (recipe and why,
 # kernel and why), pools adding up to the total, the safe fallback and rules, FP32 mode, the
-# activation pool growing with the batch, refusals and exit codes. Needs no GPU.
+# activation pool growing with the batch, the SwiGLU quantising for the down projection, refusals
+# and exit codes. Needs no GPU.
 set -u
 dw=$1
 fails=0
@@ -72,6 +73,15 @@ hasnt "DW_FUSE=0 fuses nothing" "$tmp/g0" "fused:"
 check "compile fp8_block2d" 0 $?
 hasnt "fp8_block2d runs on the engine" "$tmp/f2" "NOT SUPPORTED"
 has "fp8_block2d: 128x128 weights, 1x128 activations" "$tmp/f2" "W and W^T in 128x128 blocks"
+# the SwiGLU writes the down projection's fp8_block rows (CUDA; width 384 = 3 x 128) where that
+# GEMM runs quantised: at 128 tokens (batch 2 x 64), not for the CPU target nor under mxfp8
+"$dw" compile llama-tiny --precision fp8_block --batch 2 --seq 64 --report >"$tmp/sq" 2>&1
+check "compile llama-tiny fp8_block at 2 x 64" 0 $?
+has "the SwiGLU quantises for down_proj" "$tmp/sq" "fused: writes model.layers.3.mlp.down_proj's fp8_block rows"
+"$dw" compile llama-tiny --precision fp8_block --batch 2 --seq 64 --target cpu --report >"$tmp/sq0" 2>&1
+hasnt "... not for the CPU target" "$tmp/sq0" "fp8_block rows"
+"$dw" compile llama-tiny --precision mxfp8 --batch 2 --seq 64 --report >"$tmp/sq1" 2>&1
+hasnt "... nor under mxfp8" "$tmp/sq1" "fp8_block rows"
 
 cat >"$tmp/p.json" <<'J'
 {"default": "bf16", "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "mxfp8"}]}

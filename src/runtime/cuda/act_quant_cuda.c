@@ -12,35 +12,12 @@
 #include "runtime/backend.h"
 
 #if DW_HAVE_CUDA
+#include "compile/program.h"
 #include "core/env.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "precision/quant_counts.h"
 #include "runtime/cuda/cuda.h"
 #include "runtime/moe_fp8.h"
-
-/* The node that alone reads tensor t, as its x (input 0), or -1. */
-static int sole_x_reader(const dw_graph *g, int t) {
-    int reader = -1;
-    for (int i = 0; i < g->n_nodes; i++)
-        for (int s = 0; s < g->nodes[i].n_in; s++)
-            if (g->nodes[i].in[s] == t) {
-                if (reader >= 0 || s != 0) return -1;
-                reader = i;
-            }
-    return reader;
-}
-
-/* Whether node L, a linear layer reading N rows, runs its fprop with x in fp8_block: a MoE layer
- * bound so (not under expert parallelism, whose rows are exchanged in between), or a dense one
- * whose fprop the program quantises at N rows. */
-static bool fprop_in_fp8_block(const dw_exec *x, int L, int64_t N) {
-    const dw_compiled *p = x->p;
-    const dw_node_binding *b = &p->node[L].bind;
-    if (x->g->nodes[L].op == DW_OP_MOE_LINEAR)
-        return !x->moe_ep && b->quantised[DW_QPASS_FPROP] && dw_moe_quant_recipe(p, L) == DW_RECIPE_FP8_BLOCK;
-    return x->g->nodes[L].op == DW_OP_LINEAR && dw_compile_quant_act_recipe(b->recipe) == DW_RECIPE_FP8_BLOCK &&
-           dw_compile_linear_quantised(p, L, DW_QPASS_FPROP, N, NULL, NULL, 0);
-}
 
 dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done) {
     *done = false;
@@ -48,10 +25,12 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     if (!x->quant_reuse || c->recompute || !x->p->bf16 || !dw_env_flag("DW_SWIGLU_QUANT", true)) return DW_OK;
     const int h = c->n->out[0];
     const int64_t R = dw_exec_rows(x, h), F = dw_cuda_width(c, h);
-    const int L = sole_x_reader(x->g, h);
-    if (L < 0 || F % 128 || !fprop_in_fp8_block(x, L, R)) return DW_OK;
+    const int L = dw_compile_swiglu_quant_reader(x->p, c->node, R);
+    if (L < 0) return DW_OK;
     const bool moe = x->g->nodes[L].op == DW_OP_MOE_LINEAR;
-    if (moe && R > x->p->tensor[h].rows_cap) return DW_OK; /* the layer refuses it, naming itself */
+    /* expert parallelism exchanges the rows in between; more rows than the slot: the layer refuses
+     * them, naming itself */
+    if (moe && (x->moe_ep || R > x->p->tensor[h].rows_cap)) return DW_OK;
     /* a dense layer whose x the quantisers' counters count (deepwell train's guard) quantises it
      * itself, counting as it goes: this kernel does not count, and a counting pass after it would
      * read h again */
