@@ -330,23 +330,20 @@ static dw_status measure_x(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
 
 /* Layer l's W and W^T (where it quantises them) into s[T_W], s[T_WT]. */
 static dw_status measure_w(dw_qguard *g, const layer *l, dw_qstats s[T_COUNT]) {
-    dw_engine *e = g->e;
-    const bool on_device = device_measures(g);
-    const dw_compiled *p = e->p;
-    const dw_ir_node *n = &p->g->nodes[l->node];
-    const dw_recipe rw = dw_compile_quant_weight_recipe(l->recipe);
-    if (l->measure[T_W] || l->measure[T_WT]) { /* W [M, K] from the FP32 master */
-        int64_t N, K, M;
-        dw_compile_linear_dims(p, l->node, &N, &K, &M);
-        const int pi = p->tensor[n->in[1]].param;
-        float *w = NULL;
-        if (on_device) DW_TRY(dw_exec_weights_whole(e->x, "quant check"));
-        if (!on_device && !(w = room(g, M * K))) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
-        if (!on_device) DW_TRY(dw_engine_param_read(e, pi, w));
-        DW_TRY(measure_pair(g, rw, false, on_device ? e->x->w + p->param_off[pi] : NULL, w, M, K, &l->measure[T_W],
-                            &s[T_W]));
+    if (!l->measure[T_W] && !l->measure[T_WT]) return DW_OK;
+    dw_engine *e = g->e; /* W [M, K] from the FP32 master */
+    int64_t N, K, M;
+    dw_compile_linear_dims(e->p, l->node, &N, &K, &M);
+    const int pi = e->p->tensor[e->g->nodes[l->node].in[1]].param;
+    float *w = NULL;
+    if (device_measures(g)) {
+        DW_TRY(dw_exec_weights_whole(e->x, "quant check"));
+    } else {
+        if (!(w = room(g, M * K))) return dw_set_error(g->ctx, DW_ERR_NOMEM, "quant check: out of memory");
+        DW_TRY(dw_engine_param_read(e, pi, w));
     }
-    return DW_OK;
+    return measure_pair(g, dw_compile_quant_weight_recipe(l->recipe), false, w ? NULL : e->x->w + e->p->param_off[pi],
+                        w, M, K, &l->measure[T_W], &s[T_W]);
 }
 
 static dw_recipe tensor_recipe(const layer *l, int t) {
