@@ -310,10 +310,12 @@ static dw_status lt_run_scaled(dw_ctx *ctx, const dw_gemm_args *a, const dw_gemm
         alpha = alpha * va * vb; /* the order of the device path */
     }
 
-    algo_key key;
+    algo_key key; /* compared with memcmp: zeroed first, then set member by member (assigning a compound
+                   * literal may copy its unspecified padding over the zeros) */
     memset(&key, 0, sizeof key);
-    key = (algo_key){a->m, a->n, a->k, a->a.recipe, a->b.recipe, a->out_type, a->epilogue, a->a.trans, a->b.trans,
-                     a->beta == 0.0f, dev_alpha};
+    key.m = a->m, key.n = a->n, key.k = a->k;
+    key.ra = a->a.recipe, key.rb = a->b.recipe, key.out_type = a->out_type, key.epilogue = a->epilogue;
+    key.ta = a->a.trans, key.tb = a->b.trans, key.beta0 = a->beta == 0.0f, key.dev_alpha = dev_alpha;
     int hit = -1;
     for (int i = 0; i < s->ncache; i++)
         if (!memcmp(&s->keys[i], &key, sizeof key)) hit = i;
