@@ -44,7 +44,8 @@ dw_status dw_engine_check_batch(dw_engine *e, const int32_t *tokens, const int32
 dw_status dw_engine_read_value(dw_engine *e, int t, float *out);
 /* dw_engine_forward without logits, with after(user, step) called after each of its steps: where a
  * value is read while it is live — one that recompute drops is gone once the forward ends (the
- * quantisation guard measures the layers' inputs so: train/guard_quant.c). */
+ * quantisation guard measures the layers' inputs so, train/guard_quant.c; the K/V cache's prefill
+ * keeps the keys and values so, kv_cache.c). */
 dw_status dw_engine_forward_each(dw_engine *e, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                                  dw_exec_after_step after, void *user, double *loss);
 

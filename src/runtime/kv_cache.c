@@ -227,6 +227,21 @@ static dw_status read_logits(dw_kv_cache *kv, int64_t row, float *logits) {
     return DW_OK;
 }
 
+/* The prefill's observer (dw_engine_forward_each): an attention node's keys and values into the
+ * cache right after its step, while they are in memory (under full recompute a block's inner
+ * values are gone once the block's forward has read them). */
+typedef struct {
+    dw_kv_cache *kv;
+    int64_t rows;
+} prefill_pass;
+static dw_status keep_after_step(void *user, int step) {
+    const prefill_pass *pp = user;
+    const dw_exec *x = pp->kv->e->x;
+    const dw_step *st = &x->p->steps[step];
+    if (st->kind != DW_STEP_FWD || x->g->nodes[st->node].op != DW_OP_ATTENTION) return DW_OK;
+    return keep_kv(pp->kv, st->node, 0, pp->rows);
+}
+
 dw_status dw_kv_cache_prefill(dw_kv_cache *kv, const int32_t *tokens, int64_t n, float *logits) {
     dw_engine *e = kv->e;
     if (n < 1 || n > kv->cap)
@@ -234,9 +249,8 @@ dw_status dw_kv_cache_prefill(dw_kv_cache *kv, const int32_t *tokens, int64_t n,
                             (long long)kv->cap);
     kv->len = 0;
     if (tokens != kv->tokens) memcpy(kv->tokens, tokens, (size_t)n * sizeof *tokens);
-    DW_TRY(dw_engine_forward(e, tokens, NULL, 1, n, NULL, NULL));
-    for (int i = 0; i < e->g->n_nodes; i++)
-        if (e->g->nodes[i].op == DW_OP_ATTENTION) DW_TRY(keep_kv(kv, i, 0, n));
+    prefill_pass pp = {kv, n};
+    DW_TRY(dw_engine_forward_each(e, tokens, NULL, 1, n, keep_after_step, &pp, NULL));
     kv->len = n;
     return read_logits(kv, n - 1, logits);
 }
