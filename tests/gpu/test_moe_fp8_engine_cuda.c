@@ -31,6 +31,7 @@
 #include "capture/capture.h"
 #include "compile/program.h"
 #include "core/ctx.h"
+#include "formats/formats.h"
 #include "gemm/grouped_fp8.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "runtime/cuda/cuda.h"
@@ -358,13 +359,8 @@ static void test_fused_cache(void **state) {
 
 /* Uniform in [0, n). */
 static int64_t pick(int64_t n) { return (int64_t)(dw_test_next(&g_rng) % (uint64_t)n); }
-/* A random BF16 value: normal(0, sd) rounded (RNE) to BF16 bits. */
-static uint16_t rnd_bf16(float sd) {
-    const float f = dw_test_normal(&g_rng) * sd;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+/* A random BF16 value: normal(0, sd) rounded to BF16 bits. */
+static uint16_t rnd_bf16(float sd) { return dw_encode_bf16(dw_test_normal(&g_rng) * sd); }
 
 /* dw_cuda_swiglu_fwd_fp8 (kernels/cuda/swiglu_fp8.cu) against what it replaces — the SwiGLU
  * (ops_act.cu) and the fp8_block rows quantiser of its BF16 output — byte for byte: the BF16

@@ -1,6 +1,6 @@
 /* swiglu_fp8.cu — the SwiGLU forward that also writes its output's fp8_block rows (ops_cuda.h:
- * dw_cuda_swiglu_fwd_fp8), for the experts' down projection under fp8_block, whose input
- * quantiser it replaces (runtime/cuda/ops_cuda_moe.c): the output is read once, in registers,
+ * dw_cuda_swiglu_fwd_fp8), for the down projection (dense or MoE experts) under fp8_block, whose
+ * input quantiser it replaces (runtime/cuda/act_quant_cuda.c): the output is read once, in registers,
  * instead of written, read back and quantised by a second kernel. A 1x128 block of a row is 16
  * threads of 8 elements: h = silu(gate) * up in act_math.cuh's arithmetic (ops_act.cu's), rounded
  * to BF16 (and stored where the BF16 output is wanted), the block's amax by shuffles, then

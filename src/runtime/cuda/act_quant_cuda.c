@@ -7,7 +7,8 @@
  * The same codes, scales and BF16 values as the two kernels. h itself is stored only where
  * something reads it later: not in a training forward where the program computes the SwiGLU again
  * for the backward (dw_compile_remat: selective recompute, or a MoE layer's moe_remat). Not where
- * the quantisers' counters count the dense layer's x (the kernel does not count). DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
+ * the quantisers' counters count the dense layer's x (the kernel does not count).
+ * DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
 #include "core/error.h"
 #include "runtime/backend.h"
 
@@ -22,7 +23,7 @@
 dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done) {
     *done = false;
     const dw_exec *x = c->x;
-    if (!x->quant_reuse || c->recompute || !x->p->bf16 || !dw_env_flag("DW_SWIGLU_QUANT", true)) return DW_OK;
+    if (!x->quant_reuse || c->recompute || !dw_env_flag("DW_SWIGLU_QUANT", true)) return DW_OK;
     const int h = c->n->out[0];
     const int64_t R = dw_exec_rows(x, h), F = dw_cuda_width(c, h);
     const int L = dw_compile_swiglu_quant_reader(x->p, c->node, R);
