@@ -138,9 +138,13 @@ static void test_memory_equals_compiled_pools(void **state) {
         dw_engine_time t2;
         print_message("  activations: none %lld, selective %lld, full %lld B\n", (long long)em0.pool[DW_POOL_ACT],
                       (long long)em2.pool[DW_POOL_ACT], (long long)em1.pool[DW_POOL_ACT]);
-        /* at most none's, at least full's (with the gradients in the arena the peak can sit where
-         * neither helps; test_recompute.c holds the strict drop without them) */
-        assert_true(em2.pool[DW_POOL_ACT] <= em0.pool[DW_POOL_ACT] && em2.pool[DW_POOL_ACT] >= em1.pool[DW_POOL_ACT]);
+        /* at most none's; at least full's where the gradients have a pool of their own. With the
+         * gradients in the arena (ga 1) the peak sits at the end of the backward, where selective
+         * may free more than full (qwen2-tiny s 64 fp8_block, DW_TEST_SEED=7765456607457553: live
+         * peaks none 3482112, selective 3465472, full 3482112 B); test_recompute.c holds the
+         * strict drop without them */
+        assert_true(em2.pool[DW_POOL_ACT] <= em0.pool[DW_POOL_ACT]);
+        if (ga != 1) assert_true(em2.pool[DW_POOL_ACT] >= em1.pool[DW_POOL_ACT]);
         assert_int_equal(dw_plan_engine_time(ctx, &in, mb, DW_RECOMPUTE_SELECTIVE, &t2), DW_OK);
         assert_true(t2.fwd == t0.fwd && t2.bwd > t0.bwd && t2.bwd < t1.bwd);
         assert_true(t2.gemm == t0.gemm && t2.attn == t0.attn); /* no GEMM or attention runs again */
