@@ -34,6 +34,7 @@
 #include "formats/formats.h"
 #include "gemm/grouped_fp8.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "precision/quant_counts.h"
 #include "runtime/cuda/cuda.h"
 #include "runtime/engine.h"
 #include "testutil.h"
@@ -366,19 +367,24 @@ static uint16_t rnd_bf16(float sd) { return dw_encode_bf16(dw_test_normal(&g_rng
  * (ops_act.cu) and the fp8_block rows quantiser of its BF16 output — byte for byte: the BF16
  * output, the E4M3 codes and the FP32 scales. Fresh random rows at scales from 1e-30 to 1e4, with a
  * block of zeros, one holding a NaN and one an infinity, at row counts that leave the last warp half
- * used (R F / 8 not a multiple of 32); with out NULL the output's memory is left as it was. */
+ * used (R F / 8 not a multiple of 32); with out NULL the output's memory is left as it was. And its
+ * counts (precision/quant_counts.cuh): the overflows, underflows and elements the counting pass
+ * (dw_qcounts_add_cuda) finds in the rows quantiser's codes of the BF16 output, added to counters
+ * that start at random values, with planted elements 1e-8 of their block's spread (flushed). */
 static void test_swiglu_fp8_kernel(void **state) {
     (void)state;
     void *stream = NULL;
     assert_int_equal(dw_ctx_stream(g_gpu, &stream), DW_OK);
     const int64_t shapes[][2] = {{1, 128}, {3, 384}, {37, 256}, {255, 1024}, {2048, 5632}};
     int bad = 0;
+    uint64_t flushed = 0;
     for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
         const int64_t R = shapes[t][0], F = shapes[t][1], n = R * F, nb = n / 128;
         uint16_t *gate = malloc((size_t)n * 2), *up = malloc((size_t)n * 2);
         for (int64_t b = 0; b < nb; b++) { /* each 1x128 block at its own scale */
             const float sd = powf(10.0f, dw_test_uniform(&g_rng, -30.0f, 4.0f));
             for (int64_t i = 128 * b; i < 128 * (b + 1); i++) gate[i] = rnd_bf16(4.0f), up[i] = rnd_bf16(sd);
+            if (pick(4) == 0) up[128 * b + pick(128)] = rnd_bf16(sd * 1e-8f); /* flushed to zero */
         }
         const int64_t zb = pick(nb), nanb = pick(nb), infb = pick(nb);
         for (int64_t i = 128 * zb; i < 128 * (zb + 1); i++) up[i] = 0;
@@ -404,11 +410,31 @@ static void test_swiglu_fp8_kernel(void **state) {
         assert_int_equal(cudaMemset(h_none, 0x5A, (size_t)n * 2), cudaSuccess);
         assert_int_equal(cudaMemset(c_fused, 0xA5, (size_t)n), cudaSuccess);
         assert_int_equal(cudaMemset(c_none, 0xA5, (size_t)n), cudaSuccess);
+        uint64_t cnt0[2][DW_QC_WORDS], cnt1[2][DW_QC_WORDS], *dcnt; /* [0]: the counting pass, [1]: the kernel */
+        for (int k = 0; k < 2; k++)
+            for (int w = 0; w < DW_QC_WORDS; w++) cnt0[k][w] = dw_test_next(&g_rng) >> 8;
+        assert_int_equal(cudaMalloc((void **)&dcnt, sizeof cnt0), cudaSuccess);
+        assert_int_equal(cudaMemcpy(dcnt, cnt0, sizeof cnt0, cudaMemcpyHostToDevice), cudaSuccess);
         assert_int_equal(dw_cuda_swiglu_fwd(g_gpu, DW_ACT_BF16, h_ref, dg, du, n, stream), DW_OK);
         assert_int_equal(dw_grouped_fp8_quantize_rows_cuda(g_gpu, h_ref, true, R, F, c_ref, s_ref), DW_OK);
-        assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, h_fused, dg, du, R, F, c_fused, s_fused, stream), DW_OK);
-        assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, NULL, dg, du, R, F, c_none, s_none, stream), DW_OK);
+        assert_int_equal(dw_qcounts_add_cuda(g_gpu, DW_RECIPE_FP8_BLOCK, 1, h_ref, R, F, false, c_ref, s_ref, NULL, dcnt,
+                                             stream), DW_OK);
+        assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, h_fused, dg, du, R, F, c_fused, s_fused, dcnt + DW_QC_WORDS,
+                                                stream), DW_OK);
+        assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, NULL, dg, du, R, F, c_none, s_none, NULL, stream), DW_OK);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        assert_int_equal(cudaMemcpy(cnt1, dcnt, sizeof cnt1, cudaMemcpyDeviceToHost), cudaSuccess);
+        cudaFree(dcnt);
+        uint64_t got[2][DW_QC_WORDS];
+        for (int k = 0; k < 2; k++)
+            for (int w = 0; w < DW_QC_WORDS; w++) got[k][w] = cnt1[k][w] - cnt0[k][w];
+        printf("swiglu_fp8 R=%lld F=%lld counts (overflow/underflow/elements): kernel %llu/%llu/%llu, counting pass "
+               "%llu/%llu/%llu\n", (long long)R, (long long)F, (unsigned long long)got[1][0], (unsigned long long)got[1][1],
+               (unsigned long long)got[1][2], (unsigned long long)got[0][0], (unsigned long long)got[0][1],
+               (unsigned long long)got[0][2]);
+        if (memcmp(got[0], got[1], sizeof got[0]) || got[1][DW_QC_N] != (uint64_t)n)
+            bad++, printf("MISMATCH swiglu_fp8 counts R=%lld F=%lld\n", (long long)R, (long long)F);
+        flushed += got[1][DW_QC_UNDER];
         uint16_t *h[3];
         uint8_t *cc[3];
         float *sc[3];
@@ -443,8 +469,9 @@ static void test_swiglu_fp8_kernel(void **state) {
     }
     /* refused: a width off the 128-block */
     assert_int_equal(dw_cuda_swiglu_fwd_fp8(g_gpu, NULL, (void *)16, (void *)16, 4, 96, (uint8_t *)16, (float *)16,
-                                            stream), DW_ERR_INVALID);
+                                            NULL, stream), DW_ERR_INVALID);
     if (bad) fail_msg("%d mismatches (lines above)", bad);
+    if (flushed == 0) fail_msg("no planted element counted as flushed");
 }
 
 /* The gate and up layers read one dispatch's rows: with dw_engine_opts.quant_reuse the up layer's

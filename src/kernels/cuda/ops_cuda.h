@@ -136,10 +136,12 @@ dw_status dw_cuda_swiglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *du
                              void *stream);
 /* BF16 SwiGLU forward of [rows, cols] (cols % 128 == 0) that also writes its output's fp8_block
  * rows (formats.h: codes [rows, cols] E4M3, scales [rows, cols/128] FP32), bit for bit what
- * quantising the BF16 output gives (swiglu_fp8.cu); out NULL: the BF16 output not stored. gate,
- * up and out 16-byte aligned, codes 8-byte. */
+ * quantising the BF16 output gives (swiglu_fp8.cu); out NULL: the BF16 output not stored. counts
+ * (NULL: not counted): a device counter (overflow, underflow, elements; precision/quant_counts.h)
+ * the rows' counts are added to, atomically, as the rows quantiser's. gate, up and out 16-byte
+ * aligned, codes 8-byte. */
 dw_status dw_cuda_swiglu_fwd_fp8(dw_ctx *ctx, void *out, const void *gate, const void *up, int64_t rows,
-                                 int64_t cols, uint8_t *codes, float *scales, void *stream);
+                                 int64_t cols, uint8_t *codes, float *scales, uint64_t *counts, void *stream);
 /* out = gelu_tanh(gate) * up (Gemma's GeGLU); bwd writes dgate and dup */
 dw_status dw_cuda_geglu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *gate, const void *up, int64_t n,
                             void *stream);

@@ -6,8 +6,9 @@
  * (dw_engine_opts.quant_reuse), so that layer reads them instead of reading h back to quantise it.
  * The same codes, scales and BF16 values as the two kernels. h itself is stored only where
  * something reads it later: not in a training forward where the program computes the SwiGLU again
- * for the backward (dw_compile_remat: selective recompute, or a MoE layer's moe_remat). Not where
- * the quantisers' counters count the dense layer's x (the kernel does not count).
+ * for the backward (dw_compile_remat: selective recompute, or a MoE layer's moe_remat). Where the
+ * quantisers' counters count the dense layer's x (deepwell train's guard), the kernel counts the
+ * rows into that layer's own pair, as the layer's quantiser would (precision/quant_counts.h).
  * DW_SWIGLU_QUANT=0 keeps the separate kernels (an A/B knob). */
 #include "core/error.h"
 #include "runtime/backend.h"
@@ -32,21 +33,23 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     /* expert parallelism exchanges the rows in between; more rows than the slot: the layer refuses
      * them, naming itself */
     if (moe && (x->moe_ep || R > x->p->tensor[h].rows_cap)) return DW_OK;
-    /* a dense layer whose x the quantisers' counters count (deepwell train's guard) quantises it
-     * itself, counting as it goes: this kernel does not count, and a counting pass after it would
-     * read h again */
-    if (!moe && c->train && dw_qcounts_slot(x->qcounts, L, DW_QC_X)) return DW_OK;
+    /* a dense layer whose x the quantisers' counters count (deepwell train's guard; a training
+     * forward, not one computing values again): the kernel counts the rows into the layer's own
+     * pair 0, which the layer's x counts take when the counters are read (qlinear_cuda.c) */
+    dw_qcounts *qc = x->qcounts;
+    uint64_t *own = !moe && c->train && dw_qcounts_slot(qc, L, DW_QC_X)
+                        ? qc->own + (int64_t)qc->slot[L] * 2 * DW_QC_WORDS : NULL;
     const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
     /* h is stored unless a training forward drops it for the backward to compute again (the
      * quantisation guard measures it after its layer's step in an eval forward: train/guard_quant.c) */
     const bool keep = !c->train || !dw_compile_remat(x->p, c->node);
-    DW_TRY(dw_cuda_swiglu_fwd_fp8(be->ctx, keep ? c->out[0] : NULL, c->in[0], c->in[1], R, F, s.codes, s.scales,
+    DW_TRY(dw_cuda_swiglu_fwd_fp8(be->ctx, keep ? c->out[0] : NULL, c->in[0], c->in[1], R, F, s.codes, s.scales, own,
                                   DW_CUDA_STREAM(be)));
     dw_cuda_qlin_reset(be);
     dw_cuda_state *st = DW_CUDA_ST(be);
     st->rows_tensor = h;
     st->rows_recipe = moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK;
-    if (x->qcounts) x->qcounts->src[0] = -1; /* the rows were quantised without counting (an eval forward) */
+    if (qc) qc->src[0] = own ? qc->slot[L] : -1; /* counted into L's own pair, or not (an eval forward, MoE) */
     st->swiglu_quant[moe]++;
     *done = true;
     return DW_OK;
