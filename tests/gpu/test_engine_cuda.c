@@ -1253,8 +1253,11 @@ static void test_bf16_copy_on_use(void **state) {
 }
 
 /* GPT-2 124M (vocabulary padded to 50304 as llm.c does) in BF16 at B=8, T=1024: one fixed batch,
- * 12 AdamW steps; the loss must fall by more than 1 nat (memorising the batch). Prints the step
- * time of steps 3..12 (recorded step replay + AdamW, one host sync each). */
+ * 12 AdamW steps; the loss must fall by more than 1 nat. The batch has something to learn: inputs
+ * drawn from 1024 tokens, each target a fixed function of its input (random targets left only
+ * memorisation, and some seeds fell less than 1 nat in 12 steps: 10.9793 -> 10.4637 with
+ * DW_TEST_SEED=1497133709753551). Prints the step time of steps 3..12 (recorded step replay +
+ * AdamW, one host sync each). */
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1268,7 +1271,11 @@ static void test_gpt2_124m_steps(void **state) {
     dw_engine *e = engine(g_gpu, &pr);
     assert_int_equal(dw_engine_init_weights(e, 1), DW_OK);
     int32_t *x = malloc(N * 4), *y = malloc(N * 4);
-    for (int64_t i = 0; i < N; i++) x[i] = (int32_t)(dw_test_next(&g_rng) % 50257), y[i] = (int32_t)(dw_test_next(&g_rng) % 50257);
+    const int64_t base = (int64_t)(dw_test_next(&g_rng) % (50257 - 1024));
+    for (int64_t i = 0; i < N; i++) {
+        const int64_t t = (int64_t)(dw_test_next(&g_rng) % 1024);
+        x[i] = (int32_t)(base + t), y[i] = (int32_t)(base + (t * 31 + 7) % 1024);
+    }
     dw_adamw_opts ao;
     dw_adamw_opts_init(&ao, sizeof ao);
     double first = 0, loss = 0, gn = 0, t0 = 0;
