@@ -5,7 +5,8 @@
  * linear and the cross-entropy into one head_xent op over chunks of rows (Liger-Kernel's fused
  * linear cross-entropy). Decides only (program.h: fused, partner_fwd, partner_bwd, head_*); the
  * arena, the steps and the backends read the result. Also which fp8_block linear layer a SwiGLU
- * can quantise its output for (dw_compile_swiglu_quant_reader). */
+ * can quantise its output for (dw_compile_swiglu_quant_reader), and whether its backward can write
+ * its gradients as the gate and up layers' fp8_block dy (dw_compile_swiglu_bwd_quant). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +102,29 @@ int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows) {
     return g->nodes[L].op == DW_OP_LINEAR && dw_compile_linear_quantised(c, L, DW_QPASS_FPROP, rows, NULL, NULL, 0)
                ? L
                : -1;
+}
+
+bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int layers[2]) {
+    const dw_graph *g = c->g;
+    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA || g->nodes[i].op != DW_OP_SWIGLU) return false;
+    if (rows <= 0 || rows % 128 || width(g, g->nodes[i].out[0]) % 128) return false;
+    for (int k = 0; k < 2; k++) {
+        const int t = g->nodes[i].in[k], P = g->tensors[t].producer;
+        int slot = -1;
+        if (P < 0 || g->nodes[P].op != DW_OP_LINEAR || g->nodes[P].n_in != 2 || sole_consumer(g, t, &slot) != i ||
+            slot != k)
+            return false;
+        /* the SwiGLU writes t's own gradient buffer, P's dy, and P's backward makes dx */
+        if (c->node[i].grad_mode[k] != DW_GRAD_WRITE || c->tensor[t].grad_alias != t ||
+            c->node[P].grad_mode[0] == DW_GRAD_NONE)
+            return false;
+        if (dw_compile_quant_act_recipe(c->node[P].bind.recipe) != DW_RECIPE_FP8_BLOCK ||
+            !dw_compile_linear_quantised(c, P, DW_QPASS_DGRAD, rows, NULL, NULL, 0) ||
+            !dw_compile_linear_quantised(c, P, DW_QPASS_WGRAD, rows, NULL, NULL, 0))
+            return false;
+        layers[k] = P;
+    }
+    return true;
 }
 
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear) {

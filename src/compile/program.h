@@ -144,6 +144,9 @@ typedef struct {
     dw_qslot_layout q_dyt;     /* dy^T [M,N] (in dy's pass) */
     dw_qslot_layout q_xt;      /* x^T [K,N] */
     int64_t quant_ws, quant_ws_bytes;
+    int64_t glu_scales, glu_scales_bytes; /* (-1, 0: none) the scales of a SwiGLU backward's fp8_block
+                                  gradients (dw_compile_swiglu_bwd_quant): FP32 dgate [N,F/128],
+                                  dgate^T [F,N/128], dup, dup^T, for the widest such SwiGLU */
     int64_t wsumsq;            /* the experts' wgrad share of the gradient norm (-1: none; compile/
                                   wgrad_sumsq.h): wsumsq_parts doubles, each eligible MoE linear
                                   layer's blocks in node order (node[].wsumsq_off) */
@@ -377,6 +380,14 @@ int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
  * a dense one: at those rows). The CUDA backend does it with quant_reuse
  * (runtime/cuda/act_quant_cuda.c); the report names it. */
 int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows);
+/* Whether SwiGLU node i's backward can write its two gradients only as the fp8_block operands of
+ * the backward of the layers producing its inputs (layers[0] gate, layers[1] up): a BF16 program
+ * compiled for CUDA, `rows` and i's width multiples of 128, each input made by a dense linear
+ * layer without bias and read by i alone, its gradient written by i into its own buffer, and that
+ * layer's dgrad (with a dx to make) and wgrad quantised in fp8_block at `rows` tokens. The codes go
+ * into the gradients' own BF16 buffers (dy at the start, dy^T after it: 2 bytes an element), the
+ * scales into work.glu_scales (runtime/cuda/act_quant_cuda.c). */
+bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int layers[2]);
 /* The linear node's dims: N rows at capacity, K inputs, M outputs. */
 void dw_compile_linear_dims(const dw_compiled *c, int i, int64_t *N, int64_t *K, int64_t *M);
 

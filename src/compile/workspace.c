@@ -122,6 +122,16 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
     w->q_dyt = qslot_place(dyt, o);
     w->q_xt = qslot_place(xt, o);
     w->quant_ws = ws ? *o : -1, w->quant_ws_bytes = dw_align_up(ws, 256), *o += w->quant_ws_bytes;
+    int64_t glu = 0; /* SwiGLU backwards writing fp8_block gradients: their four scale arrays */
+    const int64_t N = g->batch * g->seq;
+    for (int i = 0; i < g->n_nodes; i++) {
+        int layers[2];
+        if (!dw_compile_swiglu_bwd_quant(c, i, N, layers)) continue;
+        const dw_ir_tensor *h = &g->tensors[g->nodes[i].out[0]];
+        const int64_t bytes = 4 * (N / 128 * h->shape[h->ndim - 1]) * 4;
+        if (bytes > glu) glu = bytes;
+    }
+    w->glu_scales = glu ? *o : -1, w->glu_scales_bytes = dw_align_up(glu, 256), *o += w->glu_scales_bytes;
 }
 
 dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {

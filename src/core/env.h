@@ -16,7 +16,9 @@
  *   DW_ATTN_CUDNN_DQ=...               cuDNN attention's dQ variant (an experiment)
  *   DW_MOE_GEMM=auto|wgmma|mma|simt    the CUDA grouped expert GEMM bound (compile/bind_grouped.c)
  *   DW_MOE_FP8=0                       withdraws the fp8_block grouped kernel (gemm/grouped_fp8.c)
- *   DW_SWIGLU_QUANT=0                  the SwiGLU leaves its down projection's quantisation to it (runtime/cuda/act_quant_cuda.c)
+ *   DW_SWIGLU_QUANT=0                  the SwiGLU leaves its down projection's quantisation to it, and its
+ *                                      backward the gate and up layers' dy to them (runtime/cuda/act_quant_cuda.c)
+ *   DW_SWIGLU_QUANT_BWD=0              the backward's alone
  *   DW_MOE_WGRAD=256|tma|old           the wgmma wgrad's TMA reduce-add epilogue with 256-column tiles (default) or 128, or the register one (kernels/cuda/moe_gemm_sm90.cu)
  *   DW_DP_BUCKET_FLOATS=N              data parallelism's gradient bucket (train/dp_buckets.c)
  *   DW_NCCL_HIGH_PRIORITY=1            the NCCL collectives' stream at the highest priority (comm/comm_nccl.c)

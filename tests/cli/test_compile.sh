@@ -78,10 +78,17 @@ has "fp8_block2d: 128x128 weights, 1x128 activations" "$tmp/f2" "W and W^T in 12
 "$dw" compile llama-tiny --precision fp8_block --batch 2 --seq 64 --report >"$tmp/sq" 2>&1
 check "compile llama-tiny fp8_block at 2 x 64" 0 $?
 has "the SwiGLU quantises for down_proj" "$tmp/sq" "fused: writes model.layers.3.mlp.down_proj's fp8_block rows"
+# and its backward writes the gate and up layers' dy and dy^T (128 tokens, width 384)
+has "the SwiGLU's backward quantises for gate_proj and up_proj" "$tmp/sq" \
+  "fused: backward writes model.layers.3.mlp.gate_proj's and model.layers.3.mlp.up_proj's fp8_block dy and dy^T"
 "$dw" compile llama-tiny --precision fp8_block --batch 2 --seq 64 --target cpu --report >"$tmp/sq0" 2>&1
 hasnt "... not for the CPU target" "$tmp/sq0" "fp8_block rows"
+hasnt "... not for the CPU target (backward)" "$tmp/sq0" "fp8_block dy"
 "$dw" compile llama-tiny --precision mxfp8 --batch 2 --seq 64 --report >"$tmp/sq1" 2>&1
 hasnt "... nor under mxfp8" "$tmp/sq1" "fp8_block rows"
+hasnt "... nor under mxfp8 (backward)" "$tmp/sq1" "fp8_block dy"
+"$dw" compile llama-tiny --precision fp8_block --batch 1 --seq 64 --report >"$tmp/sq2" 2>&1
+hasnt "... nor at 64 tokens (dy^T's blocks of 128 tokens)" "$tmp/sq2" "fp8_block dy"
 
 cat >"$tmp/p.json" <<'J'
 {"default": "bf16", "rules": [{"match": "*.self_attn.*", "op": "linear", "recipe": "mxfp8"}]}

@@ -1086,7 +1086,8 @@ static void test_resume(void **state) {
 
 /* Linear nodes reading the same x (llama's q/k/v and gate/up) quantise it once per sweep, and under
  * fp8_block the SwiGLU writes the down projection's quantised rows itself (act_quant_cuda.c; with
- * selective recompute without storing its BF16 output, which the backward makes again): the step
+ * selective recompute without storing its BF16 output, which the backward makes again) and its
+ * backward the gate and up layers' dy and dy^T instead of BF16 gradients (swiglu_bwd_fp8.cu): the step
  * must be bit-identical to one that quantises x at every use (dw_engine_opts.quant_reuse false),
  * for the loss, every gradient and the updated weights, over two steps (eager, then recorded). */
 static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
@@ -1114,24 +1115,28 @@ static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
     for (int step = 1; step <= 2; step++) {
         batch(x, y, N, dw_graph_vocab(pr.g));
         double loss[2], gn[2];
-        const int64_t before = DW_CUDA_ST(e[0]->be)->swiglu_quant[0];
+        const int64_t before = DW_CUDA_ST(e[0]->be)->swiglu_quant[0], before_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd;
         for (int k = 0; k < 2; k++) {
             assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
             if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
         }
-        const int64_t fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[0] - before;
+        const int64_t fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[0] - before,
+                      fused_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd - before_bwd;
         float *g0 = read_all(e[0], true), *g1 = read_all(e[1], true);
         int64_t gdiff = 0;
         for (int64_t k = 0; k < all_numel(e[0]); k++) gdiff += memcmp(&g0[k], &g1[k], 4) != 0;
         free(g0), free(g1);
         for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
         printf("  quant reuse %s T=%lld recompute %d step %d: loss %.9g vs %.9g (every use), %lld gradient values "
-               "differ (want 0), %lld of %d SwiGLUs quantised their output (want %d; step 2 records)\n", precision,
-               (long long)T, recompute, step, loss[0], loss[1], (long long)gdiff, (long long)fused, swiglus,
-               step == 1 ? want : 0);
+               "differ (want 0), %lld of %d SwiGLUs quantised their output and %lld their gradients (want %d; step 2 "
+               "records)\n", precision, (long long)T, recompute, step, loss[0], loss[1], (long long)gdiff, (long long)fused,
+               swiglus, (long long)fused_bwd, step == 1 ? want : 0);
         if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) fail_msg("reusing quantised x changed step %d", step);
         if (step == 1 && fused != want) fail_msg("%lld SwiGLUs quantised their output, want %d", (long long)fused, want);
-        if (DW_CUDA_ST(e[1]->be)->swiglu_quant[0]) fail_msg("a SwiGLU quantised its output without quant_reuse");
+        if (step == 1 && fused_bwd != want)
+            fail_msg("%lld SwiGLU backwards quantised their gradients, want %d", (long long)fused_bwd, want);
+        if (DW_CUDA_ST(e[1]->be)->swiglu_quant[0] || DW_CUDA_ST(e[1]->be)->swiglu_quant_bwd)
+            fail_msg("a SwiGLU quantised its output or gradients without quant_reuse");
     }
     free(x), free(y);
     dw_engine_free(e[0]);

@@ -260,34 +260,45 @@ static void reused_x_counts(dw_engine *e, const char *out, int64_t steps, int64_
     free(qp);
 }
 
-/* The fp8_block run just made (engine e, options o: out_dir, seeds) beside the same run with the
- * SwiGLU and the down layers' quantisers apart (DW_SWIGLU_QUANT=0): the fused kernel ran in the
- * first, not in the second (dw_cuda_state.swiglu_quant), and quant_stats.jsonl is byte for byte
- * the same: the counts, the check's measurements. */
-static void swiglu_counts_same(dw_ctx *gpu, const char *model, uint64_t model_seed, const dw_policy *pol,
-                               const dw_train_opts *o, dw_engine *e, const char *dir, const char *what) {
-    const int64_t fused = DW_CUDA_ST(e->be)->swiglu_quant[0];
-    if (fused < 4 * 2) fail_msg("%s: %lld SwiGLU forwards quantised their output, want 2 a step", what, (long long)fused);
-    setenv("DW_SWIGLU_QUANT", "0", 1);
-    dw_model *m = dw_test_open_model(gpu, model, model_seed, pol, 4, 64);
-    assert_non_null(m);
-    char name[64];
-    snprintf(name, sizeof name, "%s-apart", strrchr(o->out_dir, '/') + 1); /* beside the run's own */
-    char *out = dw_test_path(dir, name);
-    dw_train_opts a = *o;
-    a.out_dir = out;
-    const dw_status st = dw_train(dw_model_engine(m), &a);
-    unsetenv("DW_SWIGLU_QUANT");
-    if (st != DW_OK) fail_msg("%s", dw_errmsg(gpu));
-    if (DW_CUDA_ST(dw_model_engine(m)->be)->swiglu_quant[0]) fail_msg("a SwiGLU quantised its output under DW_SWIGLU_QUANT=0");
-    char *p1 = dw_test_path(o->out_dir, "quant_stats.jsonl"), *p2 = dw_test_path(out, "quant_stats.jsonl");
-    size_t n1 = 0, n2 = 0;
-    char *t1 = NULL, *t2 = NULL;
-    if (dw_read_file(gpu, p1, &t1, &n1) != DW_OK || dw_read_file(gpu, p2, &t2, &n2) != DW_OK) fail_msg("%s", dw_errmsg(gpu));
-    printf("%s: %lld fused SwiGLU forwards; quant_stats.jsonl %zu bytes, apart %zu\n", what, (long long)fused, n1, n2);
-    if (n1 != n2 || memcmp(t1, t2, n1)) fail_msg("%s: quant_stats.jsonl differs with the SwiGLU's quantisation apart", what);
-    free(t1), free(t2), free(p1), free(p2), free(out);
-    dw_model_free(m);
+/* One fp8_block training like test_training's (options o) but with the guard's check every other
+ * step, so that the steps between run the SwiGLU's fusions (a check step measures BF16 dy, so its
+ * backward leaves the gradients' quantisation to the layers): once with them (the forward writing
+ * the down layer's rows, the backward the gate and up layers' dy and dy^T) and once with
+ * DW_SWIGLU_QUANT=0. Both fusions ran in the first and neither in the second
+ * (dw_cuda_state.swiglu_quant, swiglu_quant_bwd), and quant_stats.jsonl — every layer's x, w and
+ * dy counts summed over the steps, and the checks' measurements — is byte for byte the same. */
+static void swiglu_counts_same(dw_ctx *gpu, const char *model, const dw_policy *pol, const dw_train_opts *o,
+                               const char *dir, const char *what) {
+    const uint64_t model_seed = dw_test_next(&dw_test_group_rng);
+    char *t[2] = {NULL, NULL};
+    size_t n[2] = {0, 0};
+    int64_t fwd[2], bwd[2];
+    for (int apart = 0; apart < 2; apart++) {
+        if (apart) setenv("DW_SWIGLU_QUANT", "0", 1);
+        dw_model *m = dw_test_open_model(gpu, model, model_seed, pol, 4, 64);
+        assert_non_null(m);
+        char name[64];
+        snprintf(name, sizeof name, "%s-every2-%d", strrchr(o->out_dir, '/') + 1, apart); /* beside the run's own */
+        char *out = dw_test_path(dir, name);
+        dw_train_opts a = *o;
+        a.out_dir = out, a.quant_check_every = 2;
+        const dw_status st = dw_train(dw_model_engine(m), &a);
+        unsetenv("DW_SWIGLU_QUANT");
+        if (st != DW_OK) fail_msg("%s", dw_errmsg(gpu));
+        const dw_cuda_state *cs = DW_CUDA_ST(dw_model_engine(m)->be);
+        fwd[apart] = cs->swiglu_quant[0], bwd[apart] = cs->swiglu_quant_bwd;
+        char *p = dw_test_path(out, "quant_stats.jsonl");
+        if (dw_read_file(gpu, p, &t[apart], &n[apart]) != DW_OK) fail_msg("%s", dw_errmsg(gpu));
+        free(p), free(out);
+        dw_model_free(m);
+    }
+    printf("%s, a check every 2 steps: fused SwiGLU forwards %lld, backwards %lld (DW_SWIGLU_QUANT=0: %lld, %lld); "
+           "quant_stats.jsonl %zu bytes, apart %zu\n", what, (long long)fwd[0], (long long)bwd[0], (long long)fwd[1],
+           (long long)bwd[1], n[0], n[1]);
+    if (fwd[0] < 2 || bwd[0] < 2) fail_msg("%s: the SwiGLU's fusions did not run", what);
+    if (fwd[1] || bwd[1]) fail_msg("%s: a SwiGLU fusion ran under DW_SWIGLU_QUANT=0", what);
+    if (n[0] != n[1] || memcmp(t[0], t[1], n[0])) fail_msg("%s: quant_stats.jsonl differs with the SwiGLU's fusions", what);
+    free(t[0]), free(t[1]);
 }
 
 /* A CUDA engine's training (mxfp4, mxfp8, fp8_block; a check every step, no fallback), with the
@@ -298,10 +309,8 @@ static void swiglu_counts_same(dw_ctx *gpu, const char *model, uint64_t model_se
  * fp8_block dgrad of k/v_proj, M = 64, in BF16, so their W^T is neither) — and metrics.jsonl's
  * totals the layers' sums (testutil's dw_test_quant_counts_check): the counting in qlinear_cuda.c's
  * quantisers, the check steps' dy measurement and the recorded steps around them; and each step's
- * x counts alike in the layers that read one quantisation of x (reused_x_counts). Under fp8_block
- * the down projections' SwiGLU quantises and counts their rows (kernels/cuda/swiglu_fp8.cu): it
- * ran, and the run's quant_stats.jsonl is byte for byte that of the same run with DW_SWIGLU_QUANT=0
- * (the down layers quantising and counting h themselves). */
+ * x counts alike in the layers that read one quantisation of x (reused_x_counts). Under fp8_block,
+ * the SwiGLU's fusions count what they quantise as the layers would (swiglu_counts_same). */
 static void test_training(void **state) {
     (void)state;
 #ifdef DW_CUDA_EMU
@@ -324,8 +333,7 @@ static void test_training(void **state) {
         printf("%s\n", what);
         dw_policy *pol = NULL;
         assert_int_equal(dw_policy_from_precision(gpu, recipes[r], false, &pol), DW_OK);
-        const uint64_t model_seed = dw_test_next(&dw_test_group_rng);
-        dw_model *m = dw_test_open_model(gpu, model, model_seed, pol, 4, 64);
+        dw_model *m = dw_test_open_model(gpu, model, dw_test_next(&dw_test_group_rng), pol, 4, 64);
         assert_non_null(m);
         char name[32];
         snprintf(name, sizeof name, "%s-%d", recipes[r], on_device);
@@ -336,7 +344,7 @@ static void test_training(void **state) {
         o.eval_every = 0, o.ckpt_minutes = 0, o.seed = dw_test_next(&dw_test_group_rng) >> 1;
         o.quant_check_every = 1, o.quant_fallback_after = 0;
         if (dw_train(dw_model_engine(m), &o) != DW_OK) fail_msg("%s", dw_errmsg(gpu));
-        if (r == 2) swiglu_counts_same(gpu, model, model_seed, pol, &o, dw_model_engine(m), dir, what);
+        if (r == 2) swiglu_counts_same(gpu, model, pol, &o, dir, what);
         for (int64_t step = 2; step <= 4; step++) {
             int layers = 0;
             long long w_under = 0;

@@ -142,6 +142,23 @@ dw_status dw_cuda_swiglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *du
  * aligned, codes 8-byte. */
 dw_status dw_cuda_swiglu_fwd_fp8(dw_ctx *ctx, void *out, const void *gate, const void *up, int64_t rows,
                                  int64_t cols, uint8_t *codes, float *scales, uint64_t *counts, void *stream);
+/* One gradient [N, F] as the fp8_block operands of a linear layer's backward (formats.h): codes
+ * [N, F] E4M3 and scales [N, F/128] FP32, 1x128 along the features (dgrad's dy); codes_t [F, N]
+ * and scales_t [F, N/128], 1x128 along the tokens (wgrad's dy^T); counts (NULL: not counted): a
+ * device counter (overflow, underflow, elements; precision/quant_counts.h) both copies' counts
+ * are added to. codes 8-byte aligned, codes_t 16-byte, scales 4-byte. */
+typedef struct {
+    uint8_t *codes, *codes_t;
+    float *scales, *scales_t;
+    uint64_t *counts;
+} dw_cuda_fp8_grad;
+/* BF16 SwiGLU backward of [rows, cols] (both multiples of 128) whose gradients are written only as
+ * fp8_block operands (swiglu_bwd_fp8.cu): bit for bit what quantising dw_cuda_swiglu_bwd's BF16
+ * dgate and dup gives, rows and transposed. Both gradients counted, or neither. dout, gate, up
+ * 16-byte aligned. */
+dw_status dw_cuda_swiglu_bwd_fp8(dw_ctx *ctx, const void *dout, const void *gate, const void *up, int64_t rows,
+                                 int64_t cols, const dw_cuda_fp8_grad *dgate, const dw_cuda_fp8_grad *dup,
+                                 void *stream);
 /* out = gelu_tanh(gate) * up (Gemma's GeGLU); bwd writes dgate and dup */
 dw_status dw_cuda_geglu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *gate, const void *up, int64_t n,
                             void *stream);

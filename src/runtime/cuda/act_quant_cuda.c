@@ -1,5 +1,6 @@
 /* act_quant_cuda.c — the CUDA backend's SwiGLU that quantises its own output (cuda.h:
- * dw_cuda_swiglu_quant_fwd). Where one linear layer alone reads the SwiGLU's output h as its x and
+ * dw_cuda_swiglu_quant_fwd), and its backward that writes its gradients as fp8_block operands
+ * (dw_cuda_swiglu_quant_bwd, at the end). Where one linear layer alone reads the SwiGLU's output h as its x and
  * runs its fprop in fp8_block — the down projection of a Llama MLP (qlinear_cuda.c) or of a MoE
  * layer's experts (ops_cuda_moe.c) — the forward writes h's 1x128 rows into the rows slot in the
  * same kernel (kernels/cuda/swiglu_fp8.cu) and leaves the record a sibling layer's quantiser would
@@ -51,6 +52,43 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     st->rows_recipe = moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK;
     if (qc) qc->src[0] = own ? qc->slot[L] : -1; /* counted into L's own pair, or not (an eval forward, MoE) */
     st->swiglu_quant[moe]++;
+    *done = true;
+    return DW_OK;
+}
+
+/* Backward: where the gate and up layers run their dgrad and wgrad in fp8_block
+ * (dw_compile_swiglu_bwd_quant), the SwiGLU writes dgate and dup only as those layers' operands
+ * (kernels/cuda/swiglu_bwd_fp8.cu): each gradient's BF16 buffer takes its codes, dy [R, F] at
+ * the start and dy^T [F, R] after it; the four scale arrays go to work.glu_scales. The layers'
+ * backward (qlinear_cuda.c) reads them instead of quantising dy, and the kernel counts them into
+ * the layers' dy counters as their quantisers would. Not on a check step of the quantisation
+ * guard (the layers measure their BF16 dy then: guard_check_cuda.c). DW_SWIGLU_QUANT=0 or
+ * DW_SWIGLU_QUANT_BWD=0: BF16 gradients, each layer quantising its own. */
+dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *done) {
+    *done = false;
+    const dw_exec *x = c->x;
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    st->dy_fp8_node[0] = st->dy_fp8_node[1] = -1; /* nothing pending from an earlier SwiGLU */
+    if (!x->quant_reuse || x->p->work.glu_scales < 0 || !dw_env_flag("DW_SWIGLU_QUANT", true) ||
+        !dw_env_flag("DW_SWIGLU_QUANT_BWD", true))
+        return DW_OK;
+    dw_qcounts *qc = x->qcounts;
+    if (qc && qc->measure_dy) return DW_OK;
+    const int h = c->n->out[0];
+    const int64_t R = dw_exec_rows(x, h), F = dw_cuda_width(c, h), ns = R * (F / 128);
+    int L[2];
+    if (!dw_compile_swiglu_bwd_quant(x->p, c->node, R, L) || 4 * ns * 4 > x->p->work.glu_scales_bytes) return DW_OK;
+    if (!c->dx[0] || !c->dx[1] || c->dx_acc[0] || c->dx_acc[1]) return DW_OK;
+    uint64_t *cnt[2] = {dw_qcounts_slot(qc, L[0], DW_QC_DY), dw_qcounts_slot(qc, L[1], DW_QC_DY)};
+    if (!cnt[0] != !cnt[1]) return DW_OK; /* the kernel counts both or neither */
+    float *sc = (float *)(x->work + x->p->work.glu_scales);
+    dw_cuda_fp8_grad g[2];
+    for (int k = 0; k < 2; k++)
+        g[k] = (dw_cuda_fp8_grad){.codes = c->dx[k], .codes_t = (uint8_t *)c->dx[k] + R * F, .scales = sc + 2 * k * ns,
+                                  .scales_t = sc + (2 * k + 1) * ns, .counts = cnt[k]};
+    DW_TRY(dw_cuda_swiglu_bwd_fp8(be->ctx, c->dout[0], c->in[0], c->in[1], R, F, &g[0], &g[1], DW_CUDA_STREAM(be)));
+    for (int k = 0; k < 2; k++) st->dy_fp8_node[k] = L[k], st->dy_fp8[k] = g[k];
+    st->swiglu_quant_bwd++;
     *done = true;
     return DW_OK;
 }

@@ -187,6 +187,7 @@ dw_status dw_backend_cuda_create(dw_ctx *ctx, dw_backend **out) {
     }
     s->stream = stream;
     s->rows_tensor = s->xt_tensor = -1;
+    s->dy_fp8_node[0] = s->dy_fp8_node[1] = -1;
     *be = (dw_backend){.i = &cuda_iface, .ctx = ctx, .device = DW_DEVICE_CUDA, .sm = dw_gemm_ctx_sm(ctx), .impl = s};
     *out = be;
     return DW_OK;

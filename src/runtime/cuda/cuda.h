@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/cuda/ops_cuda.h"
 #include "runtime/backend.h"
 #include "runtime/exec.h"
 
@@ -23,6 +24,11 @@ typedef struct {
     int64_t moe_rows_reused;    /* MoE fprops that read a sibling's quantised x (gate, up), since creation */
     int64_t swiglu_quant[2];    /* SwiGLU forwards that quantised their output for the linear layer reading
                                  * it (act_quant_cuda.c): [0] dense, [1] MoE, since creation */
+    /* a SwiGLU backward's gradients written as fp8_block operands (act_quant_cuda.c): the gate and up
+     * layers whose dy they are (-1: none pending) and where; taken by that layer's backward */
+    int dy_fp8_node[2];
+    dw_cuda_fp8_grad dy_fp8[2];
+    int64_t swiglu_quant_bwd;   /* such SwiGLU backwards, since creation */
     void **events;           /* timers: cudaEvent_t */
     int n_events;
 } dw_cuda_state;
@@ -60,6 +66,10 @@ static inline int dw_cuda_moe_rows_mark(dw_recipe r) { return -2 - (int)r; }
  * MoE, that alone reads it (act_quant_cuda.c); *done false (nothing launched) where that does not
  * apply. */
 dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done);
+/* The SwiGLU backward writing its gradients as the gate and up layers' fp8_block dy and dy^T where
+ * dw_compile_swiglu_bwd_quant allows (with quant_reuse; not on a check step, which measures the
+ * BF16 dy): *done when it did, noting them for those layers' backward (dw_cuda_state.dy_fp8). */
+dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *done);
 
 /* The guard's check (guard_check_cuda.c): the backend's qstats entry (backend.h), and a check
  * step's dy [N, M] (BF16, c->dout[0]) measured as the dgrad's (dg) and wgrad's (wg) operands in

@@ -137,6 +137,9 @@ dw_status dw_cuda_op_swiglu_fwd(dw_backend *be, const dw_op_call *c) {
 }
 dw_status dw_cuda_op_swiglu_bwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
+    bool done = false; /* before fp8_block gate and up layers: their dy and dy^T, not BF16 gradients */
+    DW_TRY(dw_cuda_swiglu_quant_bwd(be, c, &done));
+    if (done) return DW_OK;
     return dw_cuda_swiglu_bwd(be->ctx, dt, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1], N * C, s);
 }
 dw_status dw_cuda_op_geglu_fwd(dw_backend *be, const dw_op_call *c) {

@@ -13,7 +13,9 @@
  * Each training quantisation's overflows and underflows go to the node's counters from inside the
  * quantiser (dw_quant_dev_out.counts); an x copy a sibling quantised takes that quantisation's
  * counts when the counters are read (dw_qcounts.from); the NVFP4 recipe's quantiser is followed by a counting pass
- * (precision/quant_counts.cu). A check step's backward measures dy on the device (guard_check_cuda.c). */
+ * (precision/quant_counts.cu). A check step's backward measures dy on the device (guard_check_cuda.c).
+ * A gate or up layer whose dy the SwiGLU's backward wrote as fp8_block operands (act_quant_cuda.c,
+ * dw_cuda_state.dy_fp8) reads them there, already counted. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -199,25 +201,35 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     if (!*dg && !*wg) return DW_OK;
     const dw_work_layout *l = &x->p->work;
     qslot rows = slot(x, &l->q_rows), dyt = slot(x, &l->q_dyt), xt = slot(x, &l->q_xt);
+    qslot dy = rows; /* dy's row-wise copy: the rows slot, or where the SwiGLU wrote it */
     /* the NVFP4 recipe: dy (SR), dy^T (RHT, SR) and x^T (RHT) each by its own pass */
     const bool nv = recipe_applies(x, c->node, ra, DW_NVOP_DY, DW_NVOP_DYT, DW_NVOP_XT);
     uint64_t *cdy = *dg ? counts_of(x, c->node, DW_QC_DY, DW_NVOP_DY, ra) : NULL,
              *cdyt = *wg ? counts_of(x, c->node, DW_QC_DY, DW_NVOP_DYT, ra) : NULL;
-    if (nv) {
+    int pre = -1; /* dy and dy^T already quantised (and counted) by the SwiGLU reading this layer's output */
+    for (int k = 0; k < 2; k++)
+        if (st->dy_fp8_node[k] == c->node) pre = k;
+    if (pre >= 0) {
+        const dw_cuda_fp8_grad *f = &st->dy_fp8[pre];
+        dy = (qslot){.codes = f->codes, .scales = f->scales};
+        dyt = (qslot){.codes = f->codes_t, .scales = f->scales_t};
+        st->dy_fp8_node[pre] = -1;
+    } else if (nv) {
         if (*dg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DY, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows));
         if (*wg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DYT, DW_QUANT_IN_BF16, c->dout[0], N, M, &dyt));
         DW_TRY(count_pass(be, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, false, &rows, cdy));
         DW_TRY(count_pass(be, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, true, &dyt, cdyt));
+        st->rows_tensor = -1;
     } else {
         DW_TRY(quant(be, x, ra, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows, *wg ? &dyt : NULL, cdy, cdyt, c->node,
                      DW_AMAX_DY, true)); /* along M; dy^T along N */
+        st->rows_tensor = -1;
     }
-    st->rows_tensor = -1;
     x_counts_note(x, 0, c->node, NULL);
     DW_TRY(dw_cuda_measure_dy(be, c, ra, N, M, *dg, *wg)); /* a check step's (guard_check_cuda.c) */
     if (*dg) { /* W^T [K,M] along M, from the last weight refresh; dx += where a sibling wrote it */
         qslot wt = slot(x, &pn->wq[1]);
-        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(ra, &rows, N, M, false),
+        dw_gemm_args a = {.pass = DW_GEMM_DGRAD, .m = N, .n = K, .k = M, .a = op(ra, &dy, N, M, false),
                           .b = op(rw, &wt, K, M, true), .alpha = 1.0f, .d = dx, .out_type = DW_GEMM_OUT_BF16};
         if (c->dx_acc[0]) a.beta = 1.0f, a.c = dx;
         DW_TRY(dw_gemm(be->ctx, &a));
