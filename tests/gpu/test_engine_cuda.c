@@ -181,8 +181,11 @@ static tols tolerances(const char *precision) {
     if (!strcmp(precision, "bf16")) return (tols){2e-2, 3e-2, 1e-2, true};
     /* E2M1 keeps one mantissa bit: a code that flips moves its element by up to a third, and the
      * gradients of the first layers collect such flips through every FP4 dgrad (measured on an
-     * H100: 0.23 normwise on layer 0's weight gradients, 0.02 in the last layers) */
-    if (strstr(precision, "fp4")) return (tols){0.1, 0.4, 5e-2, true}; /* nvfp4, mxfp4 */
+     * H100: 0.23 normwise on layer 0's weight gradients, 0.02 in the last layers); forward, the
+     * residual stream the engines feed each other layer's FP4 GEMMs drifts apart the same way
+     * (mxfp4 llama-tiny with DW_TEST_SEED=19831277403846: down_proj 0.110, 0.134, 0.132 normwise
+     * in layers 1-3, with or without the SwiGLU's fusions) */
+    if (strstr(precision, "fp4")) return (tols){0.2, 0.4, 5e-2, true}; /* nvfp4, mxfp4 */
     return (tols){0.1, 0.2, 5e-2, true};
 }
 
