@@ -5,7 +5,8 @@
 # ".deps" and runs `scripts/gpu-verify.sh unpack ...` instead of `build`: the call skips its ~170 s
 # build, a tenth of a session's device time (session 20's third call ran binaries built here,
 # carried by hand). TARGETs are ninja targets (default: deepwell); test binaries land beside it as
-# build-gpu/tests/NAME, the shared library (deepwell_shared) as build-gpu/libdeepwell.so. A first
+# build-gpu/tests/NAME, the shared library (deepwell_shared) as build-gpu/libdeepwell.so, a standalone
+# benchmark (NAME_bench) as build-gpu/NAME_bench. A first
 # build here takes ~20 minutes on 2 cores; later ones rebuild what changed. The carried tree is limited to 64 MiB: each binary is ~12 MB
 # packed. Needs scripts/gpu-deps.sh's .deps (its libraries) on the GPU machine.
 set -euo pipefail
@@ -25,6 +26,7 @@ for t in "${targets[@]}"; do
   case $t in
   deepwell) cp $b/deepwell "$stage/" ;;
   deepwell_shared) cp -P $b/libdeepwell.so* "$stage/" ;;
+  *_bench) cp "$b/$t" "$stage/" ;; # standalone benchmarks (CMakeLists.txt), beside deepwell
   *) [ -x "$b/tests/$t" ] || { echo "gpu-pack: no test binary $b/tests/$t" >&2; exit 1; }; cp "$b/tests/$t" "$stage/tests/" ;;
   esac
 done
