@@ -43,5 +43,5 @@ $cxx -c "$here/harness.cpp" -o "$out/harness.o"
 $cxx -c "$out/emu/emu.cpp" -o "$out/emu.o"
 gcc -std=c11 -O1 -g $san -D_GNU_SOURCE $inc -c "$root/tests/common/testutil.c" -o "$out/testutil.o"
 g++ $san -fopenmp -o "$out/harness" "$out/harness.o" "$out/quant_bulk.o" "$out/emu.o" "$out/testutil.o" \
-    "$build/libdeepwell.a" -ljansson -lpcre2-8 -lutf8proc -lm
+    "$build/libdeepwell.a" -ljansson -lpcre2-8 -lutf8proc -lz -lm $(mpicc --showme:link 2>/dev/null || true)
 ASAN_OPTIONS=detect_stack_use_after_return=0 timeout 900 "$out/harness"  # a ring bug can hang
