@@ -1,5 +1,5 @@
 /* amax_history.c — delayed scaling's per-operand state (amax_history.h): where a node's operand
- * keeps its history, and the CPU quantiser under a history (the GPU's in kernels/cuda/quant.cu,
+ * keeps its history, and the CPU quantiser under a history (the GPU's in kernels/cuda/quant_kernels.cuh,
  * the roll kernel in amax_history.cu). The engine's use of it — the slots of its fp8_tensor
  * layers, the per-step roll, the ranks' exchange, the checkpoint JSON — is train/amax_state.c. */
 #include "core/error.h"

@@ -1,6 +1,6 @@
 /* amax_history.cu — the GPU's per-step roll of the fp8_tensor amax histories (amax_history.h):
  * one thread per operand runs dw_amax_roll (precision/amax_rules.h, the CPU's rule) on its state
- * in device memory, in stream order. Not the quantiser that reads the histories (kernels/cuda/quant.cu). */
+ * in device memory, in stream order. Not the quantiser that reads the histories (kernels/cuda/quant_kernels.cuh). */
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.h"

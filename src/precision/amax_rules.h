@@ -1,6 +1,6 @@
 /* amax_rules.h — private: the rule of delayed scaling (amax history) for the fp8_tensor recipe,
  * as inline functions shared by the CPU quantiser (precision/amax_history.c) and the CUDA
- * quantiser's scale kernel (kernels/cuda/quant.cu), so both pick the same amax. One quantised
+ * quantiser's scale kernel (kernels/cuda/quant_kernels.cuh), so both pick the same amax. One quantised
  * operand's state is DW_AMAX_WORDS(N) uint32 words: amax values as FP32 bit patterns of |x|.
  *   [DW_AMAX_HIST]     the largest amax in the ring (0: nothing recorded yet)
  *   [DW_AMAX_PENDING]  the largest finite amax of the current step's quantisations so far

@@ -1,6 +1,6 @@
 /* quant_counts.cuh — device side of the counters' definitions (quant_counts.h), shared by the
  * counting pass (quant_counts.cu) and the quantisers that count as they quantise (kernels/cuda/
- * quant.cu, quant_bulk.cu): the exact dequantisation of one code (element value x block scale
+ * quant_kernels.cuh, quant_bulk.cu): the exact dequantisation of one code (element value x block scale
  * [x s_t], FP32 products left to right, as dw_dequantize_cpu), the test of one element, and the
  * per-CTA flush (warp shuffles, shared memory, one atomic per counter, none for a zero). Not the
  * host count (quant_counts.c). CUDA C++ only. */

@@ -1,4 +1,4 @@
-/* quant.h — private C API of the CUDA quantisation kernels (quant.cu): a BF16 or FP32 [rows, cols]
+/* quant.h — private C API of the CUDA quantisation kernels (quant.cu; the kernels in quant_kernels.cuh): a BF16 or FP32 [rows, cols]
  * tensor on the device → codes and scales of any recipe of formats.h, bit-identical to
  * dw_quantize_cpu, optionally with the transposed (column-wise) copy in the same pass and the
  * block scales also in cuBLAS's 128x4 tiled layout. C-callable; CUDA types only as void *.
@@ -46,7 +46,7 @@ typedef struct {
  * 128x128 tiles, the bulk-copy tile kernel (quant_bulk.cu); row-wise only with cols a multiple of
  * the block, the bulk-copy ring too (both measured faster on the H200: bench/RESULTS.md). Other
  * transposed copies, fp8_block2d and ragged shapes: the cp.async tile kernel; other row-wise
- * cases: the flat grid-stride kernel (quant.cu).
+ * cases: the flat grid-stride kernel (quant_kernels.cuh).
  *   kernel       1: never the bulk-copy kernels (the older kernels instead, for A/B); 2: the
  *                default (kept for scripts that name it)
  *   stages       buffers in the shared-memory ring, 2..6: bulk 32 KiB (33 KiB transposed with

@@ -2,7 +2,7 @@
  * cache in the same pass (adamw_cuda.h dw_cuda_adamw_quant): a CTA per 128x128 block of one
  * expert's [m, k] masters updates the block (adamw_step.cuh: the flat step's bits), takes its amax
  * and writes its codes row-wise and, through shared memory, transposed, with the block's scale in
- * both scale tables (quant_common.cuh's rule and encoder: quant.cu's bits). The codes are made from
+ * both scale tables (quant_common.cuh's rule and encoder: quant_kernels.cuh's bits). The codes are made from
  * the masters read back (L2-resident: the block just wrote them), so no register holds the block.
  * The separate refresh read every master again from HBM: 7.9 ms of moe-e8's fp8_block step. */
 #include <cuda_runtime.h>

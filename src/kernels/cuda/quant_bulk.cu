@@ -7,13 +7,13 @@
  * (dw_quant_tuning.t_store) from a staging buffer of the CTA's own; a CTA may take blocks of up to
  * 4x4 tiles whose scales leave as one run per scale row (tile_block). The same
  * ring, fed 32 KiB runs of the flat tensor, also quantises row-wise only (quant_bulk_rows_kernel;
- * cols a multiple of the block). Same rules and encoders as quant.cu (quant_common.cuh), some
+ * cols a multiple of the block). Same rules and encoders as quant_kernels.cuh (quant_common.cuh), some
  * recoded here without divisions (bulk_rule, enc8: fp8_block's quotient in two FP32 operations,
  * formats/rules.h, exact on BF16 data): bit-identical to the CPU reference. Builds with CNT also
  * count each copy's overflows and underflows from the values, codes and scales in registers
  * (precision/quant_counts.cuh; the row-wise ring, and the transposing kernel with stores from
  * registers or tensor stores from its own staging, 2 CTAs per SM). Not the other recipes, FP32
- * input or ragged tiles: quant.cu runs those. */
+ * input or ragged tiles: quant_kernels.cuh's kernels run those. */
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h> /* CUtensorMap */
 #include <stdint.h>

@@ -1,7 +1,8 @@
-/* quant_common.cuh — private device-side pieces shared by the CUDA quantisers (quant.cu: the
- * row-wise and cp.async tile kernels; quant_bulk.cu: the bulk-copy transposing kernel): recipe
- * traits, the kernel parameters, the exact element encoders and block-scale rules. Not an API:
- * only quant*.cu include it; C callers use quant.h. */
+/* quant_common.cuh — private device-side pieces shared by the CUDA quantisers (quant_kernels.cuh:
+ * the row-wise and cp.async tile kernels; quant_bulk.cu: the bulk-copy transposing kernel) and the
+ * kernels that quantise what they compute (swiglu_fp8.cu, swiglu_bwd_fp8.cu): recipe traits, the
+ * kernel parameters, the exact element encoders and block-scale rules. Not an API: C callers use
+ * quant.h. */
 #ifndef DW_KERNELS_CUDA_QUANT_COMMON_CUH
 #define DW_KERNELS_CUDA_QUANT_COMMON_CUH
 
