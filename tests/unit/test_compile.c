@@ -605,6 +605,30 @@ static void check_workspace(const dw_graph *g, const dw_compiled *c) {
         REGION(pn->wq[0].off, pn->wq[0].bytes), REGION(pn->wq[1].off, pn->wq[1].bytes);
         assert_true(w->quant_ws >= 0 && w->quant_ws_bytes >= (1 + N + K) * 4 && w->quant_ws_bytes >= (1 + N + M) * 4);
     }
+    /* SwiGLU backwards that write their gradients as fp8_block operands (dw_compile_swiglu_bwd_quant):
+     * each input made by a dense layer whose dgrad and wgrad run in fp8_block, on CUDA, whole
+     * 128-row and 128-column blocks; their four scale arrays in a region of their own */
+    int64_t glu = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        int L[2];
+        if (!dw_compile_swiglu_bwd_quant(c, i, N, L)) continue;
+        const int64_t F = width(g, g->nodes[i].out[0]);
+        assert_true(g->nodes[i].op == DW_OP_SWIGLU && c->target.device == DW_DEVICE_CUDA && N % 128 == 0 && F % 128 == 0);
+        for (int k = 0; k < 2; k++) {
+            const dw_node_binding *b = &c->node[L[k]].bind;
+            assert_int_equal(g->tensors[g->nodes[i].in[k]].producer, L[k]);
+            assert_int_equal(g->nodes[L[k]].op, DW_OP_LINEAR);
+            assert_int_equal(dw_compile_quant_act_recipe(b->recipe), DW_RECIPE_FP8_BLOCK);
+            assert_true(b->quantised[DW_QPASS_DGRAD] && b->quantised[DW_QPASS_WGRAD]);
+        }
+        if (4 * (N / 128) * F * 4 > glu) glu = 4 * (N / 128) * F * 4;
+    }
+    if (glu) {
+        assert_true(w->glu_scales_bytes >= glu);
+        REGION(w->glu_scales, w->glu_scales_bytes);
+    } else {
+        assert_true(w->glu_scales < 0 && w->glu_scales_bytes == 0);
+    }
     if (any) {
         REGION(w->q_rows.off, w->q_rows.bytes), REGION(w->q_dyt.off, w->q_dyt.bytes);
         REGION(w->q_xt.off, w->q_xt.bytes), REGION(w->quant_ws, w->quant_ws_bytes);
@@ -974,6 +998,26 @@ static void test_linear_decisions(void **state) {
         dw_graph_free(g);
     }
     assert_true(quantised > 0 && fallback > 0);
+    /* the SwiGLU's backward writes the gate and up layers' fp8_block dy (check_workspace checks its
+     * conditions): for each of llama's SwiGLUs on CUDA at 128 tokens; not at 64 tokens (dy^T's blocks
+     * are 128 tokens), not for the CPU target, not under mxfp8 */
+    for (int k = 0; k < 4; k++) {
+        dw_graph *gg = llama_graph(128, 128 * rnd(1, 3), 1, k == 1 ? 64 : 128);
+        dw_policy *pp = NULL;
+        assert_int_equal(dw_policy_from_precision(g_ctx, k == 3 ? "mxfp8" : "fp8_block", false, &pp), DW_OK);
+        dw_compiled *cc = compile_for(gg, pp, k == 2 ? DW_DEVICE_AUTO : DW_DEVICE_CUDA, k == 2 ? 0 : 90);
+        check(gg, cc);
+        int swiglus = 0, fused = 0, L[2];
+        for (int i = 0; i < gg->n_nodes; i++) {
+            swiglus += gg->nodes[i].op == DW_OP_SWIGLU;
+            fused += dw_compile_swiglu_bwd_quant(cc, i, gg->batch * gg->seq, L);
+        }
+        assert_int_equal(swiglus, 2);
+        assert_int_equal(fused, k == 0 ? 2 : 0);
+        dw_compiled_free(cc);
+        dw_policy_free(pp);
+        dw_graph_free(gg);
+    }
     /* a user kernel for sm_90 that takes everything, at the highest priority: every pass of every
      * quantised layer names it; gone again once unregistered */
     dw_kernel_desc kd = {.name = "test_compile_any_sm90", .op = DW_KOP_GEMM, .recipe_a = -1, .recipe_b = -1,
