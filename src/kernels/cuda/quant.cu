@@ -1,9 +1,10 @@
 /* quant.cu — the CUDA quantisation entry point (quant.h): checks its arguments and takes the
  * bulk-copy kernels for BF16 mxfp8 / mxfp8_e5m2 / fp8_block (quant_bulk.cu) where they apply, else
- * the kernels of quant_kernels.cuh (built by quant_in_bf16.cu and quant_in_f32.cu), then a counting
- * pass for the copies the kernel taken did not count; the shared device pieces are in
- * quant_common.cuh. Also the process-wide tuning (dw_quantize_cuda_set_tuning). */
-#include "kernels/cuda/quant_kernels.cuh"
+ * the kernels of quant_kernels.cuh (built by quant_in_bf16.cu and quant_in_f32.cu; their launches
+ * declared in quant_common.cuh, beside the bulk kernels'), then a counting pass for the copies the
+ * kernel taken did not count. Also the process-wide tuning (dw_quantize_cuda_set_tuning). */
+#include "kernels/cuda/quant_common.cuh"
+#include "precision/quant_counts.h"
 
 namespace {
 

@@ -297,6 +297,16 @@ bool bulk_eligible(dw_recipe r, const Params &p, const void *x, bool trans);
 dw_status launch_bulk(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, const BulkTune &t,
                       cudaStream_t st, bool *counted);
 
+/* Tuning of the persistent tile kernel (dw_quantize_cuda_set_tuning, quant.cu); 0 = built-in choice. */
+extern dw_quant_tuning g_tuning;
+/* quant_kernels.cuh's launch for recipe r of input x [p.rows, p.cols] (BF16: quant_in_bf16.cu,
+ * FP32: quant_in_f32.cu), with the transposed copy when `trans`; *counted: whether the kernel taken
+ * counted the copies. */
+dw_status launch_bf16(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, uint32_t *ws,
+                      cudaStream_t st, bool *counted);
+dw_status launch_f32(dw_ctx *ctx, dw_recipe r, const float *x, const Params &p, bool trans, uint32_t *ws,
+                     cudaStream_t st, bool *counted);
+
 } /* namespace dwq */
 
 #endif /* DW_KERNELS_CUDA_QUANT_COMMON_CUH */

@@ -27,18 +27,6 @@ extern "C" { /* core/ headers are C without linkage guards; cuda_runtime.h above
 #include "precision/amax_rules.h"
 #include "precision/quant_counts.h"
 
-namespace dwq {
-/* Tuning of the persistent tile kernel (dw_quantize_cuda_set_tuning, quant.cu); 0 = built-in choice. */
-extern dw_quant_tuning g_tuning;
-/* The launch for recipe r of input x [p.rows, p.cols] (BF16 or FP32), with the transposed copy
- * when `trans`; *counted: whether the kernel taken counted the copies (quant_in_bf16.cu,
- * quant_in_f32.cu). */
-dw_status launch_bf16(dw_ctx *ctx, dw_recipe r, const uint16_t *x, const Params &p, bool trans, uint32_t *ws,
-                      cudaStream_t st, bool *counted);
-dw_status launch_f32(dw_ctx *ctx, dw_recipe r, const float *x, const Params &p, bool trans, uint32_t *ws,
-                     cudaStream_t st, bool *counted);
-} /* namespace dwq */
-
 namespace {
 
 using namespace dwq;
