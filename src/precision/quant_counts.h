@@ -82,6 +82,16 @@ typedef struct dw_qcounts {
 uint64_t *dw_qcounts_slot(const dw_qcounts *c, int node, dw_qc_kind k);
 /* node's dy statistics (2: dy, dy^T) when a check step asks for them, else NULL. */
 dw_qstats *dw_qcounts_dy(const dw_qcounts *c, int node);
+/* GPU: counted node's own pair of x copy k (0: row-wise, 1: x^T), backend memory, where the
+ * quantiser of a copy siblings may reuse adds its counts. */
+static inline uint64_t *dw_qcounts_own(const dw_qcounts *c, int node, int k) {
+    return c->own + ((int64_t)c->slot[node] * 2 + k) * DW_QC_WORDS;
+}
+/* x copy k is now in the workspace: counted into node's own pair (counted) or not (c NULL: no
+ * counters, nothing to note). */
+static inline void dw_qcounts_note(dw_qcounts *c, int k, int node, bool counted) {
+    if (c) c->src[k] = counted ? c->slot[node] : -1;
+}
 
 /* CPU: adds to cnt[DW_QC_WORDS] the overflows, underflows and elements of q, the quantisation of v [rows,
  * cols] (FP32, host) — q holds v itself, or (trans) v^T [cols, rows]. y: scratch of rows * cols

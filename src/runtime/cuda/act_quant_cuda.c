@@ -38,8 +38,7 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
      * forward, not one computing values again): the kernel counts the rows into the layer's own
      * pair 0, which the layer's x counts take when the counters are read (qlinear_cuda.c) */
     dw_qcounts *qc = x->qcounts;
-    uint64_t *own = !moe && c->train && dw_qcounts_slot(qc, L, DW_QC_X)
-                        ? qc->own + (int64_t)qc->slot[L] * 2 * DW_QC_WORDS : NULL;
+    uint64_t *own = !moe && c->train && dw_qcounts_slot(qc, L, DW_QC_X) ? dw_qcounts_own(qc, L, 0) : NULL;
     const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
     /* h is stored unless a training forward drops it for the backward to compute again (the
      * quantisation guard measures it after its layer's step in an eval forward: train/guard_quant.c) */
@@ -50,7 +49,7 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     dw_cuda_state *st = DW_CUDA_ST(be);
     st->rows_tensor = h;
     st->rows_recipe = moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK;
-    if (qc) qc->src[0] = own ? qc->slot[L] : -1; /* counted into L's own pair, or not (an eval forward, MoE) */
+    dw_qcounts_note(qc, 0, L, own != NULL); /* counted into L's own pair, or not (an eval forward, MoE) */
     st->swiglu_quant[moe]++;
     *done = true;
     return DW_OK;

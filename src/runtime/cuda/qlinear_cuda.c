@@ -104,7 +104,7 @@ static dw_status count_pass(dw_backend *be, dw_recipe r, dw_quant_in in, const v
  * counter) wants them: node's own pair k (precision/quant_counts.h), which siblings reusing the
  * copy fold in when the counters are read; NULL: not counted. */
 static uint64_t *x_counts_own(const dw_exec *x, int node, int k, const uint64_t *cnt) {
-    return cnt ? x->qcounts->own + ((int64_t)x->qcounts->slot[node] * 2 + k) * DW_QC_WORDS : NULL;
+    return cnt ? dw_qcounts_own(x->qcounts, node, k) : NULL;
 }
 /* The counts of x's copy k in slot s (v [rows, cols], or v^T: trans) for node's counter cnt (NULL:
  * nothing): the own pair of the layer whose quantiser counted the copy, folded in at the read,
@@ -118,7 +118,7 @@ static dw_status x_counts_add(dw_backend *be, const dw_exec *x, int node, int k,
 }
 /* Copy k now in the workspace: counted into node's own pair (own not NULL) or not counted. */
 static void x_counts_note(const dw_exec *x, int k, int node, const uint64_t *own) {
-    if (x->qcounts) x->qcounts->src[k] = own ? x->qcounts->slot[node] : -1;
+    dw_qcounts_note(x->qcounts, k, node, own != NULL);
 }
 
 static dw_gemm_operand op(dw_recipe r, const qslot *s, int64_t rows, int64_t cols, bool trans) {
