@@ -85,6 +85,9 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         if (dw_compile_swiglu_bwd_quant(c, i, g->batch * g->seq, gu))
             fprintf(f, "     fused: backward writes %s's and %s's fp8_block dy and dy^T, not BF16 gradients (CUDA, "
                     "quant_reuse; DW_SWIGLU_QUANT_BWD=0: not)\n", g->nodes[gu[0]].name, g->nodes[gu[1]].name);
+        else if (dw_compile_swiglu_bwd_moe_rows(c, i, gu))
+            fprintf(f, "     fused: backward writes %s's and %s's fp8_block dy rows beside the BF16 gradients (CUDA, "
+                    "quant_reuse; DW_SWIGLU_QUANT_BWD=0: not)\n", g->nodes[gu[0]].name, g->nodes[gu[1]].name);
         if (i == c->head_linear)
             fprintf(f, "     fused: with %s into head_xent, %lld rows of logits at a time (no logits buffer; its "
                     "backward in the training forward)\n", g->nodes[c->head_xent].name, (long long)c->head_chunk);

@@ -6,7 +6,9 @@
  * linear cross-entropy). Decides only (program.h: fused, partner_fwd, partner_bwd, head_*); the
  * arena, the steps and the backends read the result. Also which fp8_block linear layer a SwiGLU
  * can quantise its output for (dw_compile_swiglu_quant_reader), and whether its backward can write
- * its gradients as the gate and up layers' fp8_block dy (dw_compile_swiglu_bwd_quant). */
+ * its gradients as the gate and up layers' fp8_block dy (dw_compile_swiglu_bwd_quant), or, for a
+ * MoE layer's experts, their dgrad's fp8_block rows beside the BF16 gradients
+ * (dw_compile_swiglu_bwd_moe_rows). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,6 +127,24 @@ bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int 
         layers[k] = P;
     }
     return true;
+}
+
+bool dw_compile_swiglu_bwd_moe_rows(const dw_compiled *c, int i, int layers[2]) {
+    const dw_graph *g = c->g;
+    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA || g->nodes[i].op != DW_OP_SWIGLU) return false;
+    if (width(g, g->nodes[i].out[0]) % 128) return false;
+    for (int k = 0; k < 2; k++) {
+        const int t = g->nodes[i].in[k], P = g->tensors[t].producer;
+        int slot = -1;
+        if (P < 0 || g->nodes[P].op != DW_OP_MOE_LINEAR || sole_consumer(g, t, &slot) != i || slot != k) return false;
+        if (c->node[i].grad_mode[k] != DW_GRAD_WRITE || c->tensor[t].grad_alias != t ||
+            c->node[P].grad_mode[0] == DW_GRAD_NONE)
+            return false;
+        const dw_node_binding *b = &c->node[P].bind;
+        if (dw_compile_quant_act_recipe(b->recipe) != DW_RECIPE_FP8_BLOCK || !b->quantised[DW_QPASS_DGRAD]) return false;
+        layers[k] = P;
+    }
+    return c->tensor[g->nodes[i].in[0]].rows_cap == c->tensor[g->nodes[i].in[1]].rows_cap;
 }
 
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear) {

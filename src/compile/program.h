@@ -147,6 +147,10 @@ typedef struct {
     int64_t glu_scales, glu_scales_bytes; /* (-1, 0: none) the scales of a SwiGLU backward's fp8_block
                                   gradients (dw_compile_swiglu_bwd_quant): FP32 dgate [N,F/128],
                                   dgate^T [F,N/128], dup, dup^T, for the widest such SwiGLU */
+    int64_t glu_rows, glu_rows_bytes; /* (-1, 0: none) an expert SwiGLU backward's fp8_block rows
+                                  (dw_compile_swiglu_bwd_moe_rows): E4M3 dgate [R,F], dup [R,F],
+                                  then FP32 scales [R,F/128] of each, every piece 256-aligned, R
+                                  the rows' capacity, for the largest such SwiGLU */
     int64_t wsumsq;            /* the experts' wgrad share of the gradient norm (-1: none; compile/
                                   wgrad_sumsq.h): wsumsq_parts doubles, each eligible MoE linear
                                   layer's blocks in node order (node[].wsumsq_off) */
@@ -388,6 +392,13 @@ int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows);
  * into the gradients' own BF16 buffers (dy at the start, dy^T after it: 2 bytes an element), the
  * scales into work.glu_scales (runtime/cuda/act_quant_cuda.c). */
 bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int layers[2]);
+/* Whether SwiGLU node i's backward can also write its two BF16 gradients' fp8_block rows for the
+ * dgrad of the MoE experts' layers producing its inputs (layers[0] gate, layers[1] up): a BF16
+ * program compiled for CUDA, i's width a multiple of 128, each input made by a moe_linear layer
+ * and read by i alone, its gradient written by i into its own buffer, and that layer's dgrad
+ * (with a dx to make) quantised in fp8_block. The codes and scales go to work.glu_rows; the BF16
+ * gradients stay for the wgrad (runtime/cuda/act_quant_cuda.c). */
+bool dw_compile_swiglu_bwd_moe_rows(const dw_compiled *c, int i, int layers[2]);
 /* The linear node's dims: N rows at capacity, K inputs, M outputs. */
 void dw_compile_linear_dims(const dw_compiled *c, int i, int64_t *N, int64_t *K, int64_t *M);
 

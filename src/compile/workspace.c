@@ -132,6 +132,16 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
         if (bytes > glu) glu = bytes;
     }
     w->glu_scales = glu ? *o : -1, w->glu_scales_bytes = dw_align_up(glu, 256), *o += w->glu_scales_bytes;
+    int64_t glu_rows = 0; /* expert SwiGLU backwards writing their gradients' fp8_block rows: codes, scales */
+    for (int i = 0; i < g->n_nodes; i++) {
+        int layers[2];
+        if (!dw_compile_swiglu_bwd_moe_rows(c, i, layers)) continue;
+        const dw_ir_tensor *h = &g->tensors[g->nodes[i].out[0]];
+        const int64_t R = c->tensor[g->nodes[i].in[0]].rows_cap, F = h->shape[h->ndim - 1];
+        const int64_t bytes = 2 * dw_align_up(R * F, 256) + 2 * dw_align_up(R * (F / 128) * 4, 256);
+        if (bytes > glu_rows) glu_rows = bytes;
+    }
+    w->glu_rows = glu_rows ? *o : -1, w->glu_rows_bytes = glu_rows, *o += w->glu_rows_bytes;
 }
 
 dw_status dw_compile_workspace(dw_ctx *ctx, dw_compiled *c) {

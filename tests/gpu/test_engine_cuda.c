@@ -1118,13 +1118,13 @@ static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
     for (int step = 1; step <= 2; step++) {
         batch(x, y, N, dw_graph_vocab(pr.g));
         double loss[2], gn[2];
-        const int64_t before = DW_CUDA_ST(e[0]->be)->swiglu_quant[0], before_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd;
+        const int64_t before = DW_CUDA_ST(e[0]->be)->swiglu_quant[0], before_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[0];
         for (int k = 0; k < 2; k++) {
             assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
             if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
         }
         const int64_t fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[0] - before,
-                      fused_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd - before_bwd;
+                      fused_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[0] - before_bwd;
         float *g0 = read_all(e[0], true), *g1 = read_all(e[1], true);
         int64_t gdiff = 0;
         for (int64_t k = 0; k < all_numel(e[0]); k++) gdiff += memcmp(&g0[k], &g1[k], 4) != 0;
@@ -1138,7 +1138,7 @@ static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
         if (step == 1 && fused != want) fail_msg("%lld SwiGLUs quantised their output, want %d", (long long)fused, want);
         if (step == 1 && fused_bwd != want)
             fail_msg("%lld SwiGLU backwards quantised their gradients, want %d", (long long)fused_bwd, want);
-        if (DW_CUDA_ST(e[1]->be)->swiglu_quant[0] || DW_CUDA_ST(e[1]->be)->swiglu_quant_bwd)
+        if (DW_CUDA_ST(e[1]->be)->swiglu_quant[0] || DW_CUDA_ST(e[1]->be)->swiglu_quant_bwd[0])
             fail_msg("a SwiGLU quantised its output or gradients without quant_reuse");
     }
     free(x), free(y);

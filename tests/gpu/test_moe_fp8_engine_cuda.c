@@ -477,7 +477,9 @@ static void test_swiglu_fp8_kernel(void **state) {
 /* The gate and up layers read one dispatch's rows: with dw_engine_opts.quant_reuse the up layer's
  * fprop takes the rows the gate's quantised (ops_cuda_moe.c), and the down layer's the rows its
  * SwiGLU quantised as it wrote them (kernels/cuda/swiglu_fp8.cu) — two reuses and one such SwiGLU per MoE
- * layer and training forward — and the step is the bits of one that quantises x at every use: the
+ * layer and training forward; in the backward the SwiGLU writes the gate and up layers' dy rows for
+ * their dgrad (kernels/cuda/swiglu_bwd_rows_fp8.cu), one per MoE layer — and the step is the bits
+ * of one that quantises x and dy at every use: the
  * loss, every gradient and the norm, over two steps (eager, then recorded). With moe_remat (the
  * default) the SwiGLU's BF16 output is not even stored in the forward (the backward computes it
  * again); without, it is, and kept. */
@@ -488,6 +490,7 @@ static void moe_quant_reuse(bool moe_remat) {
     assert_int_equal(dw_test_policy(g_gpu, "fp8_block", false, &pol), DW_OK);
     unsetenv("DW_MOE_FP8");
     unsetenv("DW_SWIGLU_QUANT");
+    unsetenv("DW_SWIGLU_QUANT_BWD");
     dw_compile_opts co;
     dw_compile_opts_init(&co, sizeof co);
     co.moe_remat = moe_remat;
@@ -512,14 +515,16 @@ static void moe_quant_reuse(bool moe_remat) {
         dw_test_random_tokens(x, N, dw_graph_vocab(g), &g_rng);
         dw_test_random_tokens(y, N, dw_graph_vocab(g), &g_rng);
         double loss[2], gn[2];
-        int64_t before[2], fused_before = DW_CUDA_ST(e[0]->be)->swiglu_quant[1], gdiff = 0;
+        int64_t before[2], fused_before = DW_CUDA_ST(e[0]->be)->swiglu_quant[1], gdiff = 0,
+                           bwd_before = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[1];
         for (int k = 0; k < 2; k++) {
             before[k] = DW_CUDA_ST(e[k]->be)->moe_rows_reused;
             assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
             if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
         }
         const int64_t reused = DW_CUDA_ST(e[0]->be)->moe_rows_reused - before[0],
-                      fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[1] - fused_before;
+                      fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[1] - fused_before,
+                      fused_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[1] - bwd_before;
         for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
             const int64_t n = pnumel(e[0], i);
             float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
@@ -530,14 +535,16 @@ static void moe_quant_reuse(bool moe_remat) {
         }
         for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
         printf("moe quant reuse (moe_remat %d) step %d: loss %.9g vs %.9g (every use), %lld gradient values differ "
-               "(want 0), %lld reuses and %lld quantising SwiGLUs for %d layers (every use: %lld, %lld)\n", moe_remat,
-               step, loss[0], loss[1], (long long)gdiff, (long long)reused, (long long)fused, layers,
+               "(want 0), %lld reuses, %lld quantising SwiGLUs and %lld backwards writing dy rows for %d layers "
+               "(every use: %lld, %lld)\n", moe_remat, step, loss[0], loss[1], (long long)gdiff, (long long)reused,
+               (long long)fused, (long long)fused_bwd, layers,
                (long long)(DW_CUDA_ST(e[1]->be)->moe_rows_reused - before[1]),
                (long long)DW_CUDA_ST(e[1]->be)->swiglu_quant[1]);
         if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) bad++, printf("MISMATCH step %d\n", step);
-        if (step == 1 && (reused != 2 * layers || fused != layers)) /* step 2 records: counted at record time */
+        if (step == 1 && (reused != 2 * layers || fused != layers || fused_bwd != layers)) /* step 2 records */
             bad++, printf("MISMATCH reuses\n");
-        if (DW_CUDA_ST(e[1]->be)->moe_rows_reused || DW_CUDA_ST(e[1]->be)->swiglu_quant[1])
+        if (DW_CUDA_ST(e[1]->be)->moe_rows_reused || DW_CUDA_ST(e[1]->be)->swiglu_quant[1] ||
+            DW_CUDA_ST(e[1]->be)->swiglu_quant_bwd[1])
             bad++, printf("MISMATCH reuse without quant_reuse\n");
     }
     free(x), free(y);

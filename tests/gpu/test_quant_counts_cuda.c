@@ -286,7 +286,7 @@ static void swiglu_counts_same(dw_ctx *gpu, const char *model, const dw_policy *
         unsetenv("DW_SWIGLU_QUANT");
         if (st != DW_OK) fail_msg("%s", dw_errmsg(gpu));
         const dw_cuda_state *cs = DW_CUDA_ST(dw_model_engine(m)->be);
-        fwd[apart] = cs->swiglu_quant[0], bwd[apart] = cs->swiglu_quant_bwd;
+        fwd[apart] = cs->swiglu_quant[0], bwd[apart] = cs->swiglu_quant_bwd[0];
         char *p = dw_test_path(out, "quant_stats.jsonl");
         if (dw_read_file(gpu, p, &t[apart], &n[apart]) != DW_OK) fail_msg("%s", dw_errmsg(gpu));
         free(p), free(out);

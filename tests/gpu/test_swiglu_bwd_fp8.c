@@ -7,7 +7,8 @@
  * tiles, each 128-token block of a feature column and each 1x128 row block at its own scale from
  * 1e-30 to 1e4, planted elements 1e-8 of their block's spread (flushed), a row of zeros, a NaN and
  * an infinity in the inputs; shapes from one tile to 2048 x 5632 (a llama MLP's width). Bad
- * arguments refused. Needs a GPU (label gpu). */
+ * arguments refused. Also the MoE experts' variant that keeps the BF16 gradients and writes their
+ * rows (dw_cuda_swiglu_bwd_rows_fp8). Needs a GPU (label gpu). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@
 
 #include "core/ctx.h"
 #include "formats/formats.h"
+#include "gemm/grouped_fp8.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/quant.h"
 #include "precision/quant_counts.h"
@@ -142,6 +144,72 @@ static void test_against_quantiser(void **state) {
     if (flushed == 0) fail_msg("no planted element counted as flushed");
 }
 
+/* The MoE experts' variant (dw_cuda_swiglu_bwd_rows_fp8): BF16 dgate and dup, and each one's
+ * fp8_block rows, against dw_cuda_swiglu_bwd and the MoE rows quantiser on its output
+ * (dw_grouped_fp8_quantize_rows_cuda), byte for byte,
+ * at row counts no multiple of 128 (a MoE layer's routed rows), with 1x128 blocks from 1e-30 to
+ * 1e4, planted tiny elements, a zero row, a NaN and an infinity; bad arguments refused. */
+static void test_rows_variant(void **state) {
+    (void)state;
+    void *stream = NULL;
+    assert_int_equal(dw_ctx_stream(g_gpu, &stream), DW_OK);
+    const int64_t shapes[][2] = {{1, 128}, {77, 256}, {1000 + pick(64), 1024}, {3001, 5632}};
+    int bad = 0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        const int64_t N = shapes[sh][0], F = shapes[sh][1], n = N * F, nb = n / 128;
+        uint16_t *dout = malloc((size_t)n * 2), *gate = malloc((size_t)n * 2), *up = malloc((size_t)n * 2);
+        for (int64_t i = 0; i < n; i++) gate[i] = rnd_bf16(3.0f), up[i] = rnd_bf16(1.0f);
+        for (int64_t b = 0; b < nb; b++) {
+            const float sd = powf(10.0f, dw_test_uniform(&g_rng, -15.0f, 2.0f));
+            for (int64_t i = 128 * b; i < 128 * (b + 1); i++) dout[i] = rnd_bf16(sd);
+            if (pick(4) == 0) dout[128 * b + pick(128)] = rnd_bf16(sd * 1e-8f);
+        }
+        memset(dout + pick(N) * F, 0, (size_t)F * 2);
+        dout[pick(n)] = 0x7FC0; /* NaN */
+        gate[pick(n)] = 0x7F80; /* +inf */
+        uint16_t *d_in[3] = {dev((size_t)n * 2), dev((size_t)n * 2), dev((size_t)n * 2)};
+        const uint16_t *h_in[3] = {dout, gate, up};
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(cudaMemcpy(d_in[k], h_in[k], (size_t)n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        uint16_t *rb[2] = {dev((size_t)n * 2), dev((size_t)n * 2)}, *fb[2] = {dev((size_t)n * 2), dev((size_t)n * 2)};
+        assert_int_equal(dw_cuda_swiglu_bwd(g_gpu, DW_ACT_BF16, rb[0], rb[1], d_in[0], d_in[1], d_in[2], n, stream), DW_OK);
+        uint8_t *rc[2], *fc[2];
+        float *rs[2], *fs[2];
+        for (int k = 0; k < 2; k++) { /* the MoE dgrad's own rows quantiser (ops_cuda_moe.c) */
+            rc[k] = dev((size_t)n), fc[k] = dev((size_t)n), rs[k] = dev((size_t)nb * 4), fs[k] = dev((size_t)nb * 4);
+            assert_int_equal(dw_grouped_fp8_quantize_rows_cuda(g_gpu, rb[k], true, N, F, rc[k], rs[k]), DW_OK);
+        }
+        assert_int_equal(dw_cuda_swiglu_bwd_rows_fp8(g_gpu, fb[0], fb[1], d_in[0], d_in[1], d_in[2], N, F, fc, fs, stream),
+                         DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        for (int k = 0; k < 2; k++) {
+            void *h[6] = {host_of(rb[k], (size_t)n * 2), host_of(fb[k], (size_t)n * 2), host_of(rc[k], (size_t)n),
+                          host_of(fc[k], (size_t)n), host_of(rs[k], (size_t)nb * 4), host_of(fs[k], (size_t)nb * 4)};
+            const int64_t db = differ(h[0], h[1], n, 2), dc = differ(h[2], h[3], n, 1), ds = differ(h[4], h[5], nb, 4);
+            int64_t zero_s = 0;
+            for (int64_t b = 0; b < nb; b++) zero_s += ((float *)h[5])[b] == 0.0f;
+            printf("rows %s N=%lld F=%lld: BF16 %lld, codes %lld, scales %lld differ (want 0); %lld zero scales\n",
+                   k ? "dup  " : "dgate", (long long)N, (long long)F, (long long)db, (long long)dc, (long long)ds,
+                   (long long)zero_s);
+            if (db || dc || ds) bad++, printf("MISMATCH rows %s N=%lld F=%lld\n", k ? "dup" : "dgate", (long long)N, (long long)F);
+            for (int j = 0; j < 6; j++) free(h[j]);
+            cudaFree(rb[k]), cudaFree(fb[k]), cudaFree(rc[k]), cudaFree(fc[k]), cudaFree(rs[k]), cudaFree(fs[k]);
+        }
+        for (int k = 0; k < 3; k++) cudaFree(d_in[k]);
+        free(dout), free(gate), free(up);
+    }
+    if (bad) fail_msg("%d mismatches (lines above)", bad);
+    void *p = (void *)256;
+    uint8_t *c2[2] = {p, p}, *cbad[2] = {p, (uint8_t *)p + 4};
+    float *s2[2] = {p, p};
+    assert_int_equal(dw_cuda_swiglu_bwd_rows_fp8(g_gpu, p, p, p, p, p, 100, 96, c2, s2, stream), DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_swiglu_bwd_rows_fp8(g_gpu, p, NULL, p, p, p, 100, 128, c2, s2, stream), DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_swiglu_bwd_rows_fp8(g_gpu, p, p, p, p, p, 100, 128, cbad, s2, stream), DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_swiglu_bwd_rows_fp8(g_gpu, p, p, p, (char *)p + 2, p, 100, 128, c2, s2, stream),
+                     DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_swiglu_bwd_rows_fp8(g_gpu, NULL, NULL, NULL, NULL, NULL, 0, 128, c2, s2, stream), DW_OK);
+}
+
 /* Refused: sizes off the 128 tiles, a missing output, misaligned codes, one gradient counted. */
 static void test_refusals(void **state) {
     (void)state;
@@ -164,6 +232,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_against_quantiser, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rows_variant, setup, teardown),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

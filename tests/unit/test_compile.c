@@ -629,6 +629,8 @@ static void check_workspace(const dw_graph *g, const dw_compiled *c) {
     } else {
         assert_true(w->glu_scales < 0 && w->glu_scales_bytes == 0);
     }
+    if (w->glu_rows >= 0) REGION(w->glu_rows, w->glu_rows_bytes); /* MoE only: tests/unit/test_moe_fp8_engine.c */
+    else assert_int_equal(w->glu_rows_bytes, 0);
     if (any) {
         REGION(w->q_rows.off, w->q_rows.bytes), REGION(w->q_dyt.off, w->q_dyt.bytes);
         REGION(w->q_xt.off, w->q_xt.bytes), REGION(w->quant_ws, w->quant_ws_bytes);

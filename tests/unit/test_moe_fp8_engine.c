@@ -369,7 +369,8 @@ static void test_rule_bf16_passes(void **state) {
 
 /* The CUDA target: on sm_90 fprop and dgrad run the fp8_block kernel by default (DW_MOE_FP8 unset)
  * and with DW_MOE_FP8=1; with DW_MOE_FP8=0 the experts stay BF16 and the note names the switch; on
- * sm_100 the sm_90 kernel is not offered. wgrad stays BF16 in each, the note naming the default. */
+ * sm_100 the sm_90 kernel is not offered. wgrad stays BF16 in each, the note naming the default.
+ * Where dgrad runs quantised, each expert SwiGLU's backward writes its gradients' rows too. */
 static void test_cuda_target(void **state) {
     (void)state;
     dw_graph *g = mixtral128(2, 16);
@@ -406,6 +407,33 @@ static void test_cuda_target(void **state) {
             assert_true(c->node[node].wq[0].off >= 0);
         }
         if (cases[k].fprop) assert_string_equal(b->kernel[DW_QPASS_FPROP], cases[k].fprop);
+        /* each expert SwiGLU's backward writes its gradients' fp8_block rows for the gate and up
+         * layers' dgrad where those run quantised (dw_compile_swiglu_bwd_moe_rows), into a workspace
+         * region of its own that holds both: codes [R, F] and scales [R, F/128] of each */
+        int swiglus = 0, taken = 0, routers = 0;
+        int64_t need = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            routers += g->nodes[i].op == DW_OP_MOE_ROUTER;
+            int L[2];
+            if (!dw_compile_swiglu_bwd_moe_rows(c, i, L)) continue;
+            taken++;
+            for (int t = 0; t < 2; t++) {
+                assert_int_equal(g->nodes[L[t]].op, DW_OP_MOE_LINEAR);
+                assert_int_equal(g->tensors[g->nodes[i].in[t]].producer, L[t]);
+                assert_true(c->node[L[t]].bind.quantised[DW_QPASS_DGRAD]);
+            }
+            if (!strstr(g->nodes[L[0]].name, "experts.gate") || !strstr(g->nodes[L[1]].name, "experts.up"))
+                fail_msg("SwiGLU %s: layers %s and %s", g->nodes[i].name, g->nodes[L[0]].name, g->nodes[L[1]].name);
+            const int64_t R = c->tensor[g->nodes[i].in[0]].rows_cap, F = 256;
+            const int64_t bytes = 2 * ((R * F + 255) / 256 * 256) + 2 * ((R * (F / 128) * 4 + 255) / 256 * 256);
+            if (bytes > need) need = bytes;
+        }
+        for (int i = 0; i < g->n_nodes; i++) swiglus += g->nodes[i].op == DW_OP_SWIGLU;
+        assert_int_equal(swiglus, routers);
+        assert_int_equal(taken, cases[k].note ? 0 : routers);
+        if (taken) assert_true(c->work.glu_rows >= 0 && c->work.glu_rows % 256 == 0 && c->work.glu_rows_bytes >= need &&
+                               c->work.glu_rows + c->work.glu_rows_bytes <= c->work.bytes);
+        else assert_true(c->work.glu_rows < 0 && c->work.glu_rows_bytes == 0);
         dw_compiled_free(c);
     }
     unsetenv("DW_MOE_FP8");

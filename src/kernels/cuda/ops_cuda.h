@@ -159,6 +159,13 @@ typedef struct {
 dw_status dw_cuda_swiglu_bwd_fp8(dw_ctx *ctx, const void *dout, const void *gate, const void *up, int64_t rows,
                                  int64_t cols, const dw_cuda_fp8_grad *dgate, const dw_cuda_fp8_grad *dup,
                                  void *stream);
+/* BF16 SwiGLU backward of [rows, cols] (any rows; cols % 128 == 0) that writes dgate and dup in
+ * BF16 and also each one's fp8_block rows, codes[0|1] [rows, cols] E4M3 and scales[0|1] [rows,
+ * cols/128] FP32 (swiglu_bwd_rows_fp8.cu): bit for bit dw_cuda_swiglu_bwd's gradients and what
+ * quantising them along their rows gives. BF16 buffers 16-byte aligned, codes 8-byte. */
+dw_status dw_cuda_swiglu_bwd_rows_fp8(dw_ctx *ctx, void *dgate, void *dup, const void *dout, const void *gate,
+                                      const void *up, int64_t rows, int64_t cols, uint8_t *const codes[2],
+                                      float *const scales[2], void *stream);
 /* out = gelu_tanh(gate) * up (Gemma's GeGLU); bwd writes dgate and dup */
 dw_status dw_cuda_geglu_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const void *gate, const void *up, int64_t n,
                             void *stream);

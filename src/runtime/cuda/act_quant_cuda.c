@@ -62,21 +62,48 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
  * backward (qlinear_cuda.c) reads them instead of quantising dy, and the kernel counts them into
  * the layers' dy counters as their quantisers would. Not on a check step of the quantisation
  * guard (the layers measure their BF16 dy then: guard_check_cuda.c). DW_SWIGLU_QUANT=0 or
- * DW_SWIGLU_QUANT_BWD=0: BF16 gradients, each layer quantising its own. */
+ * DW_SWIGLU_QUANT_BWD=0: BF16 gradients, each layer quantising its own. A MoE layer's experts:
+ * moe_rows_bwd. */
+/* A MoE layer's experts (dw_compile_swiglu_bwd_moe_rows): the SwiGLU writes dgate and dup in BF16,
+ * which the gate and up layers' BF16 wgrad read, and each one's fp8_block rows into work.glu_rows
+ * (kernels/cuda/swiglu_bwd_rows_fp8.cu), which their dgrad reads (ops_cuda_moe.c) instead of
+ * quantising dy again. The MoE quantisers count nothing, so neither does it. Not under expert
+ * parallelism (the rows are exchanged in between). */
+static dw_status moe_rows_bwd(dw_backend *be, const dw_op_call *c, bool *done) {
+    const dw_exec *x = c->x;
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    const int h = c->n->out[0];
+    const int64_t R = dw_exec_rows(x, h), F = dw_cuda_width(c, h);
+    int L[2];
+    if (x->p->work.glu_rows < 0 || x->moe_ep || !dw_compile_swiglu_bwd_moe_rows(x->p, c->node, L)) return DW_OK;
+    if (!c->dout[0] || !c->dx[0] || !c->dx[1] || c->dx_acc[0] || c->dx_acc[1]) return DW_OK;
+    const int64_t codes = (R * F + 255) / 256 * 256, scales = (R * (F / 128) * 4 + 255) / 256 * 256; /* workspace.c's */
+    if (2 * codes + 2 * scales > x->p->work.glu_rows_bytes) return DW_OK; /* more rows than planned */
+    char *base = (char *)x->work + x->p->work.glu_rows;
+    uint8_t *cd[2] = {(uint8_t *)base, (uint8_t *)base + codes};
+    float *sc[2] = {(float *)(base + 2 * codes), (float *)(base + 2 * codes + scales)};
+    DW_TRY(dw_cuda_swiglu_bwd_rows_fp8(be->ctx, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1], R, F, cd, sc,
+                                       DW_CUDA_STREAM(be)));
+    for (int k = 0; k < 2; k++)
+        st->dy_fp8_node[k] = L[k], st->dy_fp8[k] = (dw_cuda_fp8_grad){.codes = cd[k], .scales = sc[k]};
+    st->swiglu_quant_bwd[1]++;
+    *done = true;
+    return DW_OK;
+}
+
 dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *done) {
     *done = false;
     const dw_exec *x = c->x;
     dw_cuda_state *st = DW_CUDA_ST(be);
     st->dy_fp8_node[0] = st->dy_fp8_node[1] = -1; /* nothing pending from an earlier SwiGLU */
-    if (!x->quant_reuse || x->p->work.glu_scales < 0 || !dw_env_flag("DW_SWIGLU_QUANT", true) ||
-        !dw_env_flag("DW_SWIGLU_QUANT_BWD", true))
+    if (!x->quant_reuse || !dw_env_flag("DW_SWIGLU_QUANT", true) || !dw_env_flag("DW_SWIGLU_QUANT_BWD", true))
         return DW_OK;
-    dw_qcounts *qc = x->qcounts;
-    if (qc && qc->measure_dy) return DW_OK;
     const int h = c->n->out[0];
     const int64_t R = dw_exec_rows(x, h), F = dw_cuda_width(c, h), ns = R * (F / 128);
     int L[2];
-    if (!dw_compile_swiglu_bwd_quant(x->p, c->node, R, L) || 4 * ns * 4 > x->p->work.glu_scales_bytes) return DW_OK;
+    if (x->p->work.glu_scales < 0 || !dw_compile_swiglu_bwd_quant(x->p, c->node, R, L)) return moe_rows_bwd(be, c, done);
+    dw_qcounts *qc = x->qcounts;
+    if ((qc && qc->measure_dy) || 4 * ns * 4 > x->p->work.glu_scales_bytes) return DW_OK;
     if (!c->dx[0] || !c->dx[1] || c->dx_acc[0] || c->dx_acc[1]) return DW_OK;
     uint64_t *cnt[2] = {dw_qcounts_slot(qc, L[0], DW_QC_DY), dw_qcounts_slot(qc, L[1], DW_QC_DY)};
     if (!cnt[0] != !cnt[1]) return DW_OK; /* the kernel counts both or neither */
@@ -87,7 +114,7 @@ dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *do
                                   .scales_t = sc + (2 * k + 1) * ns, .counts = cnt[k]};
     DW_TRY(dw_cuda_swiglu_bwd_fp8(be->ctx, c->dout[0], c->in[0], c->in[1], R, F, &g[0], &g[1], DW_CUDA_STREAM(be)));
     for (int k = 0; k < 2; k++) st->dy_fp8_node[k] = L[k], st->dy_fp8[k] = g[k];
-    st->swiglu_quant_bwd++;
+    st->swiglu_quant_bwd[0]++;
     *done = true;
     return DW_OK;
 }

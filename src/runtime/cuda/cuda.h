@@ -25,10 +25,11 @@ typedef struct {
     int64_t swiglu_quant[2];    /* SwiGLU forwards that quantised their output for the linear layer reading
                                  * it (act_quant_cuda.c): [0] dense, [1] MoE, since creation */
     /* a SwiGLU backward's gradients written as fp8_block operands (act_quant_cuda.c): the gate and up
-     * layers whose dy they are (-1: none pending) and where; taken by that layer's backward */
+     * layers whose dy they are (-1: none pending) and where (a MoE layer's experts: the rows only,
+     * codes_t NULL); taken by that layer's backward */
     int dy_fp8_node[2];
     dw_cuda_fp8_grad dy_fp8[2];
-    int64_t swiglu_quant_bwd;   /* such SwiGLU backwards, since creation */
+    int64_t swiglu_quant_bwd[2]; /* such SwiGLU backwards, since creation: [0] dense, [1] MoE */
     void **events;           /* timers: cudaEvent_t */
     int n_events;
 } dw_cuda_state;

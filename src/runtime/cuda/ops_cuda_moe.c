@@ -9,7 +9,8 @@
  * weight cache, which moe_fp8_cuda.c refreshes after each weight update; a BF16 wgrad
  * written over can also write its share of the gradient norm, compile/wgrad_sumsq.h). No
  * host synchronisation: a recorded step replays whatever the routing. Where the experts' SwiGLU
- * has written the down projection's fp8_block rows itself (act_quant_cuda.c), its fprop reads them. An output gradient no
+ * has written the down projection's fp8_block rows itself (act_quant_cuda.c), its fprop reads them;
+ * where its backward has written the gate and up layers' dy rows, their dgrad does. An output gradient no
  * consumer sent (dout NULL) counts as zeros; no MoE op adds into an input gradient (ops.def gives
  * them no ACC flag). */
 #include "core/error.h"
@@ -154,8 +155,17 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
         return DW_OK;
     }
     if (c->dx[0]) { /* dx_e = dy_e W_e */
-        if (a.recipe != DW_RECIPE_BF16) { /* dy quantised, W^T from the weight cache */
-            DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_ROWS, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
+        if (a.recipe != DW_RECIPE_BF16) { /* dy quantised (or its rows by the SwiGLU), W^T from the weight cache */
+            dw_cuda_state *st = DW_CUDA_ST(be);
+            int pre = -1;
+            for (int k = 0; k < 2; k++)
+                if (st->dy_fp8_node[k] == c->node) pre = k;
+            if (pre >= 0 && a.recipe == DW_RECIPE_FP8_BLOCK) {
+                a.dy = st->dy_fp8[pre].codes, a.dy_scales = st->dy_fp8[pre].scales;
+                st->dy_fp8_node[pre] = -1;
+            } else {
+                DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_ROWS, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
+            }
             dw_moe_fp8_cached_weight(c, 1, &a);
         }
         a.out = c->dx[0];
