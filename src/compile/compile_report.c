@@ -77,6 +77,10 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "     fused: forward in %s's GEMM epilogue (GELU_AUX)\n", g->nodes[pn->partner_fwd].name);
         if (pn->fused & DW_FUSED_BWD)
             fprintf(f, "     fused: backward in %s's dgrad epilogue (DGELU)\n", g->nodes[pn->partner_bwd].name);
+        const int nq = dw_compile_norm_quant_reader(c, i, g->batch * g->seq);
+        if (nq >= 0)
+            fprintf(f, "     fused: writes the fp8_block rows of its output for %s and the layers beside it as it "
+                    "computes them (CUDA, quant_reuse; DW_NORM_QUANT=0: not)\n", g->nodes[nq].name);
         const int q = dw_compile_swiglu_quant_reader(c, i, g->batch * g->seq);
         if (q >= 0)
             fprintf(f, "     fused: writes %s's fp8_block rows as it computes them (CUDA, quant_reuse; "

@@ -8,7 +8,8 @@
  * can quantise its output for (dw_compile_swiglu_quant_reader), and whether its backward can write
  * its gradients as the gate and up layers' fp8_block dy (dw_compile_swiglu_bwd_quant), or, for a
  * MoE layer's experts, their dgrad's fp8_block rows beside the BF16 gradients
- * (dw_compile_swiglu_bwd_moe_rows). */
+ * (dw_compile_swiglu_bwd_moe_rows); and which linear layers' fp8_block rows a norm can write
+ * (dw_compile_norm_quant_reader). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,6 +105,25 @@ int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows) {
     return g->nodes[L].op == DW_OP_LINEAR && dw_compile_linear_quantised(c, L, DW_QPASS_FPROP, rows, NULL, NULL, 0)
                ? L
                : -1;
+}
+
+int dw_compile_norm_quant_reader(const dw_compiled *c, int i, int64_t rows) {
+    const dw_graph *g = c->g;
+    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA) return -1;
+    if (g->nodes[i].op != DW_OP_RMSNORM && g->nodes[i].op != DW_OP_LAYERNORM) return -1;
+    const int y = g->nodes[i].out[0];
+    if (width(g, y) % 128 || width(g, y) > 8192) return -1; /* the kernel's rows: ops_cuda.h */
+    int first = -1;
+    for (int j = 0; j < g->n_nodes; j++)
+        for (int s = 0; s < g->nodes[j].n_in; s++) {
+            if (g->nodes[j].in[s] != y) continue;
+            if (s != 0 || g->nodes[j].op != DW_OP_LINEAR ||
+                dw_compile_quant_act_recipe(c->node[j].bind.recipe) != DW_RECIPE_FP8_BLOCK ||
+                !dw_compile_linear_quantised(c, j, DW_QPASS_FPROP, rows, NULL, NULL, 0))
+                return -1;
+            if (first < 0) first = j;
+        }
+    return first;
 }
 
 bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int layers[2]) {

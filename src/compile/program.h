@@ -384,6 +384,12 @@ int dw_compile_fused_gelu_bwd(const dw_compiled *c, int linear);
  * a dense one: at those rows). The CUDA backend does it with quant_reuse
  * (runtime/cuda/act_quant_cuda.c); the report names it. */
 int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows);
+/* The first (in node order) of the linear layers whose fp8_block rows norm node i (rmsnorm or
+ * layernorm) can write as it computes its output, or -1: a BF16 program compiled for CUDA, i's
+ * output (width a multiple of 128, at most 8192) read only by dense linear layers, each as its x
+ * with its fprop quantised in fp8_block at `rows` tokens; the first quantises x for all of them
+ * (dw_engine_opts.quant_reuse), and the norm does it in its place (runtime/cuda/act_quant_cuda.c). */
+int dw_compile_norm_quant_reader(const dw_compiled *c, int i, int64_t rows);
 /* Whether SwiGLU node i's backward can write its two gradients only as the fp8_block operands of
  * the backward of the layers producing its inputs (layers[0] gate, layers[1] up): a BF16 program
  * compiled for CUDA, `rows` and i's width multiples of 128, each input made by a dense linear

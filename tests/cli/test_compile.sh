@@ -78,6 +78,13 @@ has "fp8_block2d: 128x128 weights, 1x128 activations" "$tmp/f2" "W and W^T in 12
 "$dw" compile llama-tiny --precision fp8_block --batch 2 --seq 64 --report >"$tmp/sq" 2>&1
 check "compile llama-tiny fp8_block at 2 x 64" 0 $?
 has "the SwiGLU quantises for down_proj" "$tmp/sq" "fused: writes model.layers.3.mlp.down_proj's fp8_block rows"
+# each RMSNorm writes its output's rows for the layers reading it (q, k, v; gate, up): width 256
+for nl in "input_layernorm self_attn.q_proj" "post_attention_layernorm mlp.gate_proj"; do
+  norm=${nl% *} layer=${nl#* }
+  grep -A3 "model.layers.3.$norm " "$tmp/sq" | grep -q "fused: writes the fp8_block rows of its output for model.layers.3.$layer " &&
+    echo "ok: $norm quantises for $layer and the layers beside it" ||
+    { echo "FAIL: $norm's fusion for $layer not reported"; fails=$((fails + 1)); }
+done
 # and its backward writes the gate and up layers' dy and dy^T (128 tokens, width 384)
 has "the SwiGLU's backward quantises for gate_proj and up_proj" "$tmp/sq" \
   "fused: backward writes model.layers.3.mlp.gate_proj's and model.layers.3.mlp.up_proj's fp8_block dy and dy^T"

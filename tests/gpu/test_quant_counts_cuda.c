@@ -264,17 +264,18 @@ static void reused_x_counts(dw_engine *e, const char *out, int64_t steps, int64_
  * step, so that the steps between run the SwiGLU's fusions (a check step measures BF16 dy, so its
  * backward leaves the gradients' quantisation to the layers): once with them (the forward writing
  * the down layer's rows, the backward the gate and up layers' dy and dy^T) and once with
- * DW_SWIGLU_QUANT=0. Both fusions ran in the first and neither in the second
- * (dw_cuda_state.swiglu_quant, swiglu_quant_bwd), and quant_stats.jsonl — every layer's x, w and
+ * DW_SWIGLU_QUANT=0; the norms writing their layers' x rows too (DW_NORM_QUANT=0 in the second).
+ * The fusions ran in the first and none in the second (dw_cuda_state.swiglu_quant,
+ * swiglu_quant_bwd, norm_quant), and quant_stats.jsonl — every layer's x, w and
  * dy counts summed over the steps, and the checks' measurements — is byte for byte the same. */
 static void swiglu_counts_same(dw_ctx *gpu, const char *model, const dw_policy *pol, const dw_train_opts *o,
                                const char *dir, const char *what) {
     const uint64_t model_seed = dw_test_next(&dw_test_group_rng);
     char *t[2] = {NULL, NULL};
     size_t n[2] = {0, 0};
-    int64_t fwd[2], bwd[2];
+    int64_t fwd[2], bwd[2], nq[2];
     for (int apart = 0; apart < 2; apart++) {
-        if (apart) setenv("DW_SWIGLU_QUANT", "0", 1);
+        if (apart) setenv("DW_SWIGLU_QUANT", "0", 1), setenv("DW_NORM_QUANT", "0", 1);
         dw_model *m = dw_test_open_model(gpu, model, model_seed, pol, 4, 64);
         assert_non_null(m);
         char name[64];
@@ -283,21 +284,21 @@ static void swiglu_counts_same(dw_ctx *gpu, const char *model, const dw_policy *
         dw_train_opts a = *o;
         a.out_dir = out, a.quant_check_every = 2;
         const dw_status st = dw_train(dw_model_engine(m), &a);
-        unsetenv("DW_SWIGLU_QUANT");
+        unsetenv("DW_SWIGLU_QUANT"), unsetenv("DW_NORM_QUANT");
         if (st != DW_OK) fail_msg("%s", dw_errmsg(gpu));
         const dw_cuda_state *cs = DW_CUDA_ST(dw_model_engine(m)->be);
-        fwd[apart] = cs->swiglu_quant[0], bwd[apart] = cs->swiglu_quant_bwd[0];
+        fwd[apart] = cs->swiglu_quant[0], bwd[apart] = cs->swiglu_quant_bwd[0], nq[apart] = cs->norm_quant;
         char *p = dw_test_path(out, "quant_stats.jsonl");
         if (dw_read_file(gpu, p, &t[apart], &n[apart]) != DW_OK) fail_msg("%s", dw_errmsg(gpu));
         free(p), free(out);
         dw_model_free(m);
     }
-    printf("%s, a check every 2 steps: fused SwiGLU forwards %lld, backwards %lld (DW_SWIGLU_QUANT=0: %lld, %lld); "
-           "quant_stats.jsonl %zu bytes, apart %zu\n", what, (long long)fwd[0], (long long)bwd[0], (long long)fwd[1],
-           (long long)bwd[1], n[0], n[1]);
-    if (fwd[0] < 2 || bwd[0] < 2) fail_msg("%s: the SwiGLU's fusions did not run", what);
-    if (fwd[1] || bwd[1]) fail_msg("%s: a SwiGLU fusion ran under DW_SWIGLU_QUANT=0", what);
-    if (n[0] != n[1] || memcmp(t[0], t[1], n[0])) fail_msg("%s: quant_stats.jsonl differs with the SwiGLU's fusions", what);
+    printf("%s, a check every 2 steps: fused SwiGLU forwards %lld, backwards %lld, norms %lld (DW_SWIGLU_QUANT=0 "
+           "DW_NORM_QUANT=0: %lld, %lld, %lld); quant_stats.jsonl %zu bytes, apart %zu\n", what, (long long)fwd[0],
+           (long long)bwd[0], (long long)nq[0], (long long)fwd[1], (long long)bwd[1], (long long)nq[1], n[0], n[1]);
+    if (fwd[0] < 2 || bwd[0] < 2 || nq[0] < 2) fail_msg("%s: the SwiGLU's or the norms' fusions did not run", what);
+    if (fwd[1] || bwd[1] || nq[1]) fail_msg("%s: a fusion ran under DW_SWIGLU_QUANT=0 DW_NORM_QUANT=0", what);
+    if (n[0] != n[1] || memcmp(t[0], t[1], n[0])) fail_msg("%s: quant_stats.jsonl differs with the fusions", what);
     free(t[0]), free(t[1]);
 }
 

@@ -1002,7 +1002,7 @@ static void test_linear_decisions(void **state) {
     assert_true(quantised > 0 && fallback > 0);
     /* the SwiGLU's backward writes the gate and up layers' fp8_block dy (check_workspace checks its
      * conditions): for each of llama's SwiGLUs on CUDA at 128 tokens; not at 64 tokens (dy^T's blocks
-     * are 128 tokens), not for the CPU target, not under mxfp8 */
+     * are 128 tokens), not for the CPU target, not under mxfp8. And the norms' forward fusion. */
     for (int k = 0; k < 4; k++) {
         dw_graph *gg = llama_graph(128, 128 * rnd(1, 3), 1, k == 1 ? 64 : 128);
         dw_policy *pp = NULL;
@@ -1016,6 +1016,22 @@ static void test_linear_decisions(void **state) {
         }
         assert_int_equal(swiglus, 2);
         assert_int_equal(fused, k == 0 ? 2 : 0);
+        /* each block's two RMSNorms write the rows of q, k, v and of gate, up (any token count);
+         * not the final norm (the BF16 LM head reads it), not for the CPU target, not under mxfp8 */
+        int norms = 0, writing = 0;
+        for (int i = 0; i < gg->n_nodes; i++) {
+            norms += gg->nodes[i].op == DW_OP_RMSNORM;
+            const int q = dw_compile_norm_quant_reader(cc, i, gg->batch * gg->seq);
+            if (q < 0) continue;
+            writing++;
+            assert_int_equal(gg->nodes[q].op, DW_OP_LINEAR);
+            assert_int_equal(gg->nodes[q].in[0], gg->nodes[i].out[0]);
+            for (int j = 0; j < q; j++) /* the first reader */
+                for (int s = 0; s < gg->nodes[j].n_in; s++) assert_true(gg->nodes[j].in[s] != gg->nodes[i].out[0]);
+            assert_int_equal(dw_compile_quant_act_recipe(cc->node[q].bind.recipe), DW_RECIPE_FP8_BLOCK);
+        }
+        assert_int_equal(norms, 5);
+        assert_int_equal(writing, k >= 2 ? 0 : 4);
         dw_compiled_free(cc);
         dw_policy_free(pp);
         dw_graph_free(gg);

@@ -92,6 +92,15 @@ dw_status dw_cuda_rmsnorm_fwd_offset(dw_ctx *ctx, dw_act_dtype dt, void *out, fl
 dw_status dw_cuda_rmsnorm_bwd_offset(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,
                                      const void *x, const float *w, double woff, const float *rstd, int64_t N,
                                      int64_t C, bool accumulate, void *ws, size_t ws_bytes, void *stream);
+/* The BF16 forward of rmsnorm (rms; weight woff + w) or layernorm (mean, bias b) that also writes
+ * its output's fp8_block rows, codes [N, C] E4M3 and scales [N, C/128] FP32 (ops_norm.cu): bit for
+ * bit the output of the forwards above and what quantising it along its rows gives. counts (NULL:
+ * not counted): a device counter (overflow, underflow, elements; precision/quant_counts.h) the
+ * rows' counts are added to, as the rows quantiser's. C a multiple of 128, at most 8192; out, x,
+ * w (and b) 16-byte aligned, codes 8-byte. */
+dw_status dw_cuda_norm_fwd_fp8(dw_ctx *ctx, bool rms, void *out, float *mean, float *rstd, const void *x,
+                               const float *w, const float *b, double woff, int64_t N, int64_t C, double eps,
+                               uint8_t *codes, float *scales, uint64_t *counts, void *stream);
 /* Bytes of that workspace: FP32 partial sums of dw and db, (C) each per block, for
  * min(ceil(N / rows per block), 512) blocks; rows per block = 256 / threads per row, threads per
  * row the fewest of 32..256 holding C in 16 elements each. Host code, no CUDA needed (the

@@ -4,8 +4,13 @@
  * of C % 8 == 0, C <= 8192: one to eight warps per row, the row in registers, 16-byte accesses);
  * parameter gradients by the fixed-order column sum (ops_common.cuh), or, with a workspace
  * (..._bwd_ws), in the same pass as dx from per-block partials. rmsnorm may apply its weight as
- * woff + w (Gemma's 1 + w, rounded to FP32 as the CPU oracle does). Oracle: kernels/cpu/norm_cpu.c. */
+ * woff + w (Gemma's 1 + w, rounded to FP32 as the CPU oracle does). Oracle: kernels/cpu/norm_cpu.c.
+ * dw_cuda_norm_fwd_fp8 also writes the BF16 output's fp8_block rows from the registers (and counts
+ * them), for the quantised linear layers that read it (runtime/cuda/act_quant_cuda.c): the bits
+ * dw_quantize_cuda writes for the stored output (tests/gpu/test_norm_fp8.c). */
 #include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/quant_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
 
 #define DW_NORM_THREADS 256
 
@@ -103,14 +108,24 @@ static __device__ __forceinline__ float dw_norm_row_sum(float v, float *sh) {
     return t;
 }
 
-template <bool RMS, int TPR>
+/* The output's fp8_block rows as the norm writes it (QM 1; QM 2 also counted: dw_cuda_norm_fwd_fp8):
+ * codes [N, C] E4M3, scales [N, C/128]; cnt the counter pair the rows' counts go to. */
+struct DwNormQ {
+    uint8_t *codes;
+    float *scales;
+    unsigned long long *cnt;
+};
+
+template <bool RMS, int TPR, int QM = 0>
 static __global__ void __launch_bounds__(DW_NW_THREADS)
 dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x, const float *w,
-                        const float *b, int64_t N, int64_t C, float eps, float woff) {
+                        const float *b, int64_t N, int64_t C, float eps, float woff, DwNormQ nq = {}) {
     __shared__ float sh[DW_NW_THREADS / 32];
     const int tr = (int)(threadIdx.x % TPR);
     const int64_t row = (int64_t)blockIdx.x * (DW_NW_THREADS / TPR) + threadIdx.x / TPR;
-    if (TPR == 32 && row >= N) return; /* uniform over the warp; wider rows: no barrier skipped */
+    /* uniform over the warp; wider rows: no barrier skipped; quantising: every warp meets the
+     * shuffles and the counters' flush */
+    if (QM == 0 && TPR == 32 && row >= N) return;
     const int64_t C8 = row < N ? C / 8 : 0;
     float v[DW_NW_VPL][8];
     float s = 0.0f;
@@ -135,11 +150,13 @@ dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x
         }
     }
     const float rs = 1.0f / sqrtf(dw_norm_row_sum<TPR>(var, sh) / (float)C + eps);
+    dwqc::Acc acc[2] = {};
 #pragma unroll
     for (int q = 0; q < DW_NW_VPL; q++) {
         const int64_t j = tr + TPR * q;
+        float y[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         if (j < C8) {
-            float y[8], wv[8], bv[8];
+            float wv[8], bv[8];
             dw_norm_w4(w, 8 * j, woff, wv); /* 16-byte loads: 8x fewer L1 wavefronts than 8 scalar ones */
             dw_norm_w4(w, 8 * j + 4, woff, wv + 4);
             if (!RMS && b) {
@@ -153,10 +170,29 @@ dw_norm_fwd_rows_kernel(dw_bf16 *out, float *mean, float *rstd, const dw_bf16 *x
             }
             dw_st8(out, row * C + 8 * j, y);
         }
+        if constexpr (QM > 0) { /* a 1x128 block: 16 lanes of one q (C % 128 == 0); every lane shuffles */
+#pragma unroll
+            for (int k = 0; k < 8; k++) y[k] = __bfloat162float(__float2bfloat16_rn(y[k])); /* as stored */
+            const uint32_t am = dwq::chunk_amax<128>(y);
+            const float sc = dw_rule_fp8_scale(am, false);
+            uint32_t wd[2];
+            dwq::encode8<dwq::F_E4M3>(dwq::fp8_q(sc), y, wd);
+            if (j < C8) {
+                *reinterpret_cast<uint2 *>(nq.codes + row * C + 8 * j) = make_uint2(wd[0], wd[1]);
+                if (j % 16 == 0) nq.scales[row * (C / 128) + j / 16] = sc;
+                if constexpr (QM == 2) dwqc::test_n<8>(dwqc::Fmt{8, false}, false, y, wd, sc, 1.0f, acc[0]);
+            }
+        }
     }
     if (tr == 0 && row < N) {
         if (!RMS && mean) mean[row] = m;
         if (rstd) rstd[row] = rs;
+    }
+    if constexpr (QM == 2) {
+        __shared__ unsigned long long qsh[4 * (DW_NW_THREADS / 32)];
+        unsigned long long *const pairs[2] = {nq.cnt, nullptr};
+        dwqc::flush<DW_NW_THREADS / 32>(acc, pairs, (unsigned long long)(N * C), qsh, (int)(threadIdx.x >> 5),
+                                        (int)(threadIdx.x & 31), [] { __syncthreads(); });
     }
 }
 
@@ -359,6 +395,18 @@ static void dw_norm_bwd_launch(void *dx, float *dw, float *db, const void *dout,
 /* N is a grid dimension (one block per row): at most 2^31 - 1 rows. */
 #define DW_NORM_MAX_ROWS 2147483647LL
 
+template <bool RMS, int QM>
+static void dw_norm_fwd_fp8_launch(void *out, float *mean, float *rstd, const void *x, const float *w, const float *b,
+                                   int64_t N, int64_t C, float eps, float woff, DwNormQ q, cudaStream_t s) {
+    const int tpr = dw_norm_tpr(C, DW_NW_VPL), rpb = DW_NW_THREADS / tpr;
+    const unsigned nb = (unsigned)((N + rpb - 1) / rpb);
+    auto k = dw_norm_fwd_rows_kernel<RMS, 256, QM>;
+    if (tpr == 32) k = dw_norm_fwd_rows_kernel<RMS, 32, QM>;
+    else if (tpr == 64) k = dw_norm_fwd_rows_kernel<RMS, 64, QM>;
+    else if (tpr == 128) k = dw_norm_fwd_rows_kernel<RMS, 128, QM>;
+    k<<<nb, DW_NW_THREADS, 0, s>>>((dw_bf16 *)out, mean, rstd, (const dw_bf16 *)x, w, b, N, C, eps, woff, q);
+}
+
 extern "C" {
 
 dw_status dw_cuda_layernorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *mean, float *rstd,
@@ -434,6 +482,25 @@ dw_status dw_cuda_rmsnorm_fwd_offset(dw_ctx *ctx, dw_act_dtype dt, void *out, fl
 dw_status dw_cuda_rmsnorm_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, float *rstd, const void *x,
                               const float *w, int64_t N, int64_t C, double eps, void *stream) {
     return dw_cuda_rmsnorm_fwd_offset(ctx, dt, out, rstd, x, w, 0.0, N, C, eps, stream);
+}
+
+dw_status dw_cuda_norm_fwd_fp8(dw_ctx *ctx, bool rms, void *out, float *mean, float *rstd, const void *x,
+                               const float *w, const float *b, double woff, int64_t N, int64_t C, double eps,
+                               uint8_t *codes, float *scales, uint64_t *counts, void *stream) {
+    const char *op = rms ? "rmsnorm_fwd_fp8" : "layernorm_fwd_fp8";
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && N <= DW_NORM_MAX_ROWS && C > 0 && C % 128 == 0 && C <= DW_NW_MAXC && eps >= 0.0 &&
+                                isfinite(woff) && (rms || woff == 0.0));
+    if (N == 0) return DW_OK;
+    DW_OPS_REQUIRE(ctx, op, out && x && w && codes && scales && dw_norm_rows_ok(C, out, x, x, w, rms ? NULL : b));
+    DW_OPS_REQUIRE(ctx, op, ((uintptr_t)codes & 7u) == 0 && ((uintptr_t)scales & 3u) == 0);
+    const DwNormQ q = {codes, scales, (unsigned long long *)counts};
+    cudaStream_t s = (cudaStream_t)stream;
+    if (rms && counts) dw_norm_fwd_fp8_launch<true, 2>(out, NULL, rstd, x, w, NULL, N, C, (float)eps, (float)woff, q, s);
+    else if (rms) dw_norm_fwd_fp8_launch<true, 1>(out, NULL, rstd, x, w, NULL, N, C, (float)eps, (float)woff, q, s);
+    else if (counts) dw_norm_fwd_fp8_launch<false, 2>(out, mean, rstd, x, w, b, N, C, (float)eps, 0.0f, q, s);
+    else dw_norm_fwd_fp8_launch<false, 1>(out, mean, rstd, x, w, b, N, C, (float)eps, 0.0f, q, s);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
 }
 
 dw_status dw_cuda_rmsnorm_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dx, float *dw, const void *dout,

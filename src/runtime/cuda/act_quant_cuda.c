@@ -1,5 +1,5 @@
 /* act_quant_cuda.c — the CUDA backend's SwiGLU that quantises its own output (cuda.h:
- * dw_cuda_swiglu_quant_fwd), and its backward that writes its gradients as fp8_block operands
+ * dw_cuda_swiglu_quant_fwd), the norms that do (dw_cuda_norm_quant_fwd, below), and the SwiGLU's backward that writes its gradients as fp8_block operands
  * (dw_cuda_swiglu_quant_bwd, at the end). Where one linear layer alone reads the SwiGLU's output h as its x and
  * runs its fprop in fp8_block — the down projection of a Llama MLP (qlinear_cuda.c) or of a MoE
  * layer's experts (ops_cuda_moe.c) — the forward writes h's 1x128 rows into the rows slot in the
@@ -51,6 +51,39 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     st->rows_recipe = moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK;
     dw_qcounts_note(qc, 0, L, own != NULL); /* counted into L's own pair, or not (an eval forward, MoE) */
     st->swiglu_quant[moe]++;
+    *done = true;
+    return DW_OK;
+}
+
+/* A norm (rmsnorm, layernorm) whose output only dense fp8_block linear layers read as their x
+ * (dw_compile_norm_quant_reader: llama's q, k and v, or gate and up) writes its 1x128 rows into
+ * the rows slot as the first of them would (kernels/cuda/ops_norm.cu), counted into that layer's
+ * own pair where the quantisers' counters count its x, and leaves the record its quantiser would:
+ * every layer reads them as a sibling's. The BF16 output is stored too: the wgrad's x^T is
+ * quantised from it in the backward. Not when the forward runs again for the backward (selective
+ * recompute: the layers' fprop does not). DW_NORM_QUANT=0 keeps the separate quantiser. */
+dw_status dw_cuda_norm_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done) {
+    *done = false;
+    const dw_exec *x = c->x;
+    if (!x->quant_reuse || c->recompute || !dw_env_flag("DW_NORM_QUANT", true)) return DW_OK;
+    const int y = c->n->out[0];
+    const int64_t R = dw_exec_rows(x, y), C = dw_cuda_width(c, y);
+    const int L = dw_compile_norm_quant_reader(x->p, c->node, R);
+    if (L < 0) return DW_OK;
+    dw_qcounts *qc = x->qcounts;
+    uint64_t *own = c->train && dw_qcounts_slot(qc, L, DW_QC_X) ? dw_qcounts_own(qc, L, 0) : NULL;
+    const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
+    const bool rms = c->n->op == DW_OP_RMSNORM;
+    DW_TRY(dw_cuda_norm_fwd_fp8(be->ctx, rms, c->out[0], rms ? NULL : c->aux[DW_AUX_STAT0],
+                                c->aux[rms ? DW_AUX_STAT0 : DW_AUX_STAT1], c->in[0], c->in[1], rms ? NULL : c->in[2],
+                                rms ? c->n->attrs.offset : 0.0, R, C, c->n->attrs.eps, s.codes, s.scales, own,
+                                DW_CUDA_STREAM(be)));
+    dw_cuda_qlin_reset(be);
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    st->rows_tensor = y;
+    st->rows_recipe = (int)DW_RECIPE_FP8_BLOCK;
+    dw_qcounts_note(qc, 0, L, own != NULL);
+    st->norm_quant++;
     *done = true;
     return DW_OK;
 }

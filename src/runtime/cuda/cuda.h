@@ -30,6 +30,7 @@ typedef struct {
     int dy_fp8_node[2];
     dw_cuda_fp8_grad dy_fp8[2];
     int64_t swiglu_quant_bwd[2]; /* such SwiGLU backwards, since creation: [0] dense, [1] MoE */
+    int64_t norm_quant;         /* norm forwards that quantised their output for its linear layers, since creation */
     void **events;           /* timers: cudaEvent_t */
     int n_events;
 } dw_cuda_state;
@@ -71,6 +72,9 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
  * dw_compile_swiglu_bwd_quant allows (with quant_reuse; not on a check step, which measures the
  * BF16 dy): *done when it did, noting them for those layers' backward (dw_cuda_state.dy_fp8). */
 dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *done);
+/* The rmsnorm or layernorm forward that also writes its output's fp8_block rows for the dense
+ * linear layers reading it (dw_compile_norm_quant_reader; with quant_reuse): *done when it did. */
+dw_status dw_cuda_norm_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done);
 
 /* The guard's check (guard_check_cuda.c): the backend's qstats entry (backend.h), and a check
  * step's dy [N, M] (BF16, c->dout[0]) measured as the dgrad's (dg) and wgrad's (wg) operands in

@@ -57,6 +57,9 @@ dw_status dw_cuda_op_rope_bwd(dw_backend *be, const dw_op_call *c) {
 /* ---- norms: one-pass backward with DELTA's partial sums; a later gradient of x added in place - */
 dw_status dw_cuda_op_layernorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
+    bool done = false; /* before fp8_block linear layers: their x rows quantised too */
+    DW_TRY(dw_cuda_norm_quant_fwd(be, c, &done));
+    if (done) return DW_OK;
     return dw_cuda_layernorm_fwd(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], c->aux[DW_AUX_STAT1], c->in[0], c->in[1],
                                  c->in[2], N, C, c->n->attrs.eps, s);
 }
@@ -69,6 +72,9 @@ dw_status dw_cuda_op_layernorm_bwd(dw_backend *be, const dw_op_call *c) {
 /* rmsnorm applies its weight as attrs.offset + w (Gemma's 1 + w; offset 0: w) */
 dw_status dw_cuda_op_rmsnorm_fwd(dw_backend *be, const dw_op_call *c) {
     DIMS;
+    bool done = false; /* before fp8_block linear layers: their x rows quantised too */
+    DW_TRY(dw_cuda_norm_quant_fwd(be, c, &done));
+    if (done) return DW_OK;
     return dw_cuda_rmsnorm_fwd_offset(be->ctx, dt, c->out[0], c->aux[DW_AUX_STAT0], c->in[0], c->in[1],
                                       c->n->attrs.offset, N, C, c->n->attrs.eps, s);
 }
