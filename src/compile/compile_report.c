@@ -92,6 +92,10 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         else if (dw_compile_swiglu_bwd_moe_rows(c, i, gu))
             fprintf(f, "     fused: backward writes %s's and %s's fp8_block dy rows beside the BF16 gradients (CUDA, "
                     "quant_reuse; DW_SWIGLU_QUANT_BWD=0: not)\n", g->nodes[gu[0]].name, g->nodes[gu[1]].name);
+        const int cd = dw_compile_combine_bwd_moe_rows(c, i);
+        if (cd >= 0)
+            fprintf(f, "     fused: backward writes %s's fp8_block dy rows beside the BF16 gradient (CUDA, quant_reuse, "
+                    "dropless; DW_SWIGLU_QUANT_BWD=0: not)\n", g->nodes[cd].name);
         if (i == c->head_linear)
             fprintf(f, "     fused: with %s into head_xent, %lld rows of logits at a time (no logits buffer; its "
                     "backward in the training forward)\n", g->nodes[c->head_xent].name, (long long)c->head_chunk);

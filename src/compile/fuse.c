@@ -8,7 +8,8 @@
  * can quantise its output for (dw_compile_swiglu_quant_reader), and whether its backward can write
  * its gradients as the gate and up layers' fp8_block dy (dw_compile_swiglu_bwd_quant), or, for a
  * MoE layer's experts, their dgrad's fp8_block rows beside the BF16 gradients
- * (dw_compile_swiglu_bwd_moe_rows); and which linear layers' fp8_block rows a norm can write
+ * (dw_compile_swiglu_bwd_moe_rows), and the combine's backward the down layer's
+ * (dw_compile_combine_bwd_moe_rows); and which linear layers' fp8_block rows a norm can write
  * (dw_compile_norm_quant_reader). */
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +166,21 @@ bool dw_compile_swiglu_bwd_moe_rows(const dw_compiled *c, int i, int layers[2]) 
         layers[k] = P;
     }
     return c->tensor[g->nodes[i].in[0]].rows_cap == c->tensor[g->nodes[i].in[1]].rows_cap;
+}
+
+int dw_compile_combine_bwd_moe_rows(const dw_compiled *c, int i) {
+    const dw_graph *g = c->g;
+    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA || g->nodes[i].op != DW_OP_MOE_COMBINE) return -1;
+    const int t = g->nodes[i].in[0], P = g->tensors[t].producer;
+    int slot = -1;
+    if (P < 0 || g->nodes[P].op != DW_OP_MOE_LINEAR || sole_consumer(g, t, &slot) != i || slot != 0) return -1;
+    const int d = g->tensors[g->nodes[i].in[2]].producer; /* dropless: every row one assignment's */
+    if (d < 0 || g->nodes[d].op != DW_OP_MOE_DISPATCH || g->nodes[d].attrs.capacity_factor > 0) return -1;
+    if (width(g, t) % 128 || c->node[i].grad_mode[0] != DW_GRAD_WRITE || c->tensor[t].grad_alias != t ||
+        c->node[P].grad_mode[0] == DW_GRAD_NONE)
+        return -1;
+    const dw_node_binding *b = &c->node[P].bind;
+    return dw_compile_quant_act_recipe(b->recipe) == DW_RECIPE_FP8_BLOCK && b->quantised[DW_QPASS_DGRAD] ? P : -1;
 }
 
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear) {

@@ -150,7 +150,9 @@ typedef struct {
     int64_t glu_rows, glu_rows_bytes; /* (-1, 0: none) an expert SwiGLU backward's fp8_block rows
                                   (dw_compile_swiglu_bwd_moe_rows): E4M3 dgate [R,F], dup [R,F],
                                   then FP32 scales [R,F/128] of each, every piece 256-aligned, R
-                                  the rows' capacity, for the largest such SwiGLU */
+                                  the rows' capacity, for the largest such SwiGLU; or a combine
+                                  backward's dy rows for the down layer (dw_compile_combine_bwd_
+                                  moe_rows): codes [R,C], then scales [R,C/128] */
     int64_t wsumsq;            /* the experts' wgrad share of the gradient norm (-1: none; compile/
                                   wgrad_sumsq.h): wsumsq_parts doubles, each eligible MoE linear
                                   layer's blocks in node order (node[].wsumsq_off) */
@@ -405,6 +407,13 @@ bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int 
  * (with a dx to make) quantised in fp8_block. The codes and scales go to work.glu_rows; the BF16
  * gradients stay for the wgrad (runtime/cuda/act_quant_cuda.c). */
 bool dw_compile_swiglu_bwd_moe_rows(const dw_compiled *c, int i, int layers[2]);
+/* The MoE experts' layer whose dgrad dy MoE combine node i's backward can also write as fp8_block
+ * rows beside the BF16 gradient of the expert rows, or -1: a BF16 program compiled for CUDA, the
+ * rows (width a multiple of 128) made by that moe_linear layer and read by i alone, their gradient
+ * written by i into its own buffer, and the layer's dgrad (with a dx to make) quantised in
+ * fp8_block. The codes and scales go to work.glu_rows (its SwiGLU's backward writes there after
+ * the layer has read them; runtime/cuda/ops_cuda_moe.c); the dispatch dropless (no capacity). */
+int dw_compile_combine_bwd_moe_rows(const dw_compiled *c, int i);
 /* The linear node's dims: N rows at capacity, K inputs, M outputs. */
 void dw_compile_linear_dims(const dw_compiled *c, int i, int64_t *N, int64_t *K, int64_t *M);
 

@@ -132,8 +132,14 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
         if (bytes > glu) glu = bytes;
     }
     w->glu_scales = glu ? *o : -1, w->glu_scales_bytes = dw_align_up(glu, 256), *o += w->glu_scales_bytes;
-    int64_t glu_rows = 0; /* expert SwiGLU backwards writing their gradients' fp8_block rows: codes, scales */
+    int64_t glu_rows = 0; /* expert SwiGLU (combine) backwards writing their gradients' (their dy's) fp8_block rows */
     for (int i = 0; i < g->n_nodes; i++) {
+        if (dw_compile_combine_bwd_moe_rows(c, i) >= 0) {
+            const dw_ir_tensor *ys = &g->tensors[g->nodes[i].in[0]];
+            const int64_t R = c->tensor[g->nodes[i].in[0]].rows_cap, C = ys->shape[ys->ndim - 1];
+            const int64_t bytes = dw_align_up(R * C, 256) + dw_align_up(R * (C / 128) * 4, 256);
+            if (bytes > glu_rows) glu_rows = bytes;
+        }
         int layers[2];
         if (!dw_compile_swiglu_bwd_moe_rows(c, i, layers)) continue;
         const dw_ir_tensor *h = &g->tensors[g->nodes[i].out[0]];

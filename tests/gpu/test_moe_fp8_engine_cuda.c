@@ -474,11 +474,87 @@ static void test_swiglu_fp8_kernel(void **state) {
     if (flushed == 0) fail_msg("no planted element counted as flushed");
 }
 
+/* dw_cuda_moe_combine_bwd_rows_fp8 (ops_moe_dispatch.cu) against what it replaces — the combine's
+ * backward over a dropless dispatch (dw_cuda_moe_combine_bwd, covered) and the rows quantiser on
+ * its dys — byte for byte: dys, the weights' gradient, the codes and the scales. Fresh random
+ * tokens, each at its own scale (1e-20 to 1e3), a random permutation of the N K rows, K from 1 to
+ * 8, widths 128 to 2048 (the column loop's last warp partly past C at 384 and 640). */
+static void test_combine_rows_kernel(void **state) {
+    (void)state;
+    void *stream = NULL;
+    assert_int_equal(dw_ctx_stream(g_gpu, &stream), DW_OK);
+    const int64_t shapes[][3] = {{1, 128, 1}, {7, 384, 2}, {64, 640, 8}, {300 + pick(50), 2048, 2}};
+    int bad = 0;
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        const int64_t N = shapes[t][0], C = shapes[t][1], K = shapes[t][2], R = N * K, nb = R * C / 128;
+        uint16_t *dout = malloc((size_t)(N * C) * 2), *ys = malloc((size_t)(R * C) * 2), *wt = malloc((size_t)R * 2);
+        int32_t *pos = malloc((size_t)R * 4);
+        for (int64_t n = 0; n < N; n++) {
+            const float sd = powf(10.0f, dw_test_uniform(&g_rng, -20.0f, 3.0f));
+            for (int64_t c = 0; c < C; c++) dout[n * C + c] = rnd_bf16(sd);
+        }
+        for (int64_t i = 0; i < R * C; i++) ys[i] = rnd_bf16(1.0f);
+        for (int64_t i = 0; i < R; i++) wt[i] = rnd_bf16(0.5f), pos[i] = (int32_t)i;
+        for (int64_t i = R - 1; i > 0; i--) { /* a random permutation: every row one assignment's */
+            const int64_t j = pick(i + 1);
+            const int32_t tmp = pos[i];
+            pos[i] = pos[j], pos[j] = tmp;
+        }
+        dout[pick(N * C)] = 0x7FC0; /* NaN */
+        void *d_dout, *d_ys, *d_wt, *d_pos, *dys[2], *dwt[2], *codes[2], *scales[2];
+        const size_t bytes[] = {(size_t)(N * C) * 2, (size_t)(R * C) * 2, (size_t)R * 2, (size_t)R * 4};
+        void **ins[] = {&d_dout, &d_ys, &d_wt, &d_pos};
+        const void *hs[] = {dout, ys, wt, pos};
+        for (int k = 0; k < 4; k++) {
+            assert_int_equal(cudaMalloc(ins[k], bytes[k]), cudaSuccess);
+            assert_int_equal(cudaMemcpy(*ins[k], hs[k], bytes[k], cudaMemcpyHostToDevice), cudaSuccess);
+        }
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(cudaMalloc(&dys[k], (size_t)(R * C) * 2), cudaSuccess);
+            assert_int_equal(cudaMalloc(&dwt[k], (size_t)R * 2), cudaSuccess);
+            assert_int_equal(cudaMalloc(&codes[k], (size_t)(R * C)), cudaSuccess);
+            assert_int_equal(cudaMalloc(&scales[k], (size_t)nb * 4), cudaSuccess);
+        }
+        assert_int_equal(dw_cuda_moe_combine_bwd(g_gpu, DW_ACT_BF16, dys[0], dwt[0], d_dout, d_ys, d_wt, d_pos, N, C, K, R,
+                                                 true, stream), DW_OK);
+        assert_int_equal(dw_grouped_fp8_quantize_rows_cuda(g_gpu, dys[0], true, R, C, codes[0], scales[0]), DW_OK);
+        assert_int_equal(dw_cuda_moe_combine_bwd_rows_fp8(g_gpu, dys[1], dwt[1], d_dout, d_ys, d_wt, d_pos, N, C, K,
+                                                          codes[1], scales[1], stream), DW_OK);
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        const size_t sz[4] = {(size_t)(R * C) * 2, (size_t)R * 2, (size_t)(R * C), (size_t)nb * 4};
+        void **bufs[4] = {dys, dwt, codes, scales};
+        int64_t diff[4];
+        for (int b = 0; b < 4; b++) {
+            unsigned char *h0 = malloc(sz[b]), *h1 = malloc(sz[b]);
+            assert_int_equal(cudaMemcpy(h0, bufs[b][0], sz[b], cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_int_equal(cudaMemcpy(h1, bufs[b][1], sz[b], cudaMemcpyDeviceToHost), cudaSuccess);
+            diff[b] = 0;
+            for (size_t i = 0; i < sz[b]; i++) diff[b] += h0[i] != h1[i];
+            free(h0), free(h1);
+        }
+        printf("combine rows N=%lld C=%lld K=%lld: dys %lld, dw %lld, codes %lld, scales %lld bytes differ (want 0)\n",
+               (long long)N, (long long)C, (long long)K, (long long)diff[0], (long long)diff[1], (long long)diff[2],
+               (long long)diff[3]);
+        if (diff[0] || diff[1] || diff[2] || diff[3]) bad++, printf("MISMATCH combine rows N=%lld C=%lld\n", (long long)N,
+                                                                    (long long)C);
+        cudaFree(d_dout), cudaFree(d_ys), cudaFree(d_wt), cudaFree(d_pos);
+        for (int k = 0; k < 2; k++) cudaFree(dys[k]), cudaFree(dwt[k]), cudaFree(codes[k]), cudaFree(scales[k]);
+        free(dout), free(ys), free(wt), free(pos);
+    }
+    void *p = (void *)256;
+    assert_int_equal(dw_cuda_moe_combine_bwd_rows_fp8(g_gpu, p, p, p, p, p, p, 4, 96, 2, p, p, stream), DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_moe_combine_bwd_rows_fp8(g_gpu, p, p, p, p, p, p, 4, 128, 17, p, p, stream), DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_moe_combine_bwd_rows_fp8(g_gpu, p, p, p, p, p, p, 4, 128, 2, (uint8_t *)p + 4, p, stream),
+                     DW_ERR_INVALID);
+    if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
 /* The gate and up layers read one dispatch's rows: with dw_engine_opts.quant_reuse the up layer's
  * fprop takes the rows the gate's quantised (ops_cuda_moe.c), and the down layer's the rows its
  * SwiGLU quantised as it wrote them (kernels/cuda/swiglu_fp8.cu) — two reuses and one such SwiGLU per MoE
  * layer and training forward; in the backward the SwiGLU writes the gate and up layers' dy rows for
- * their dgrad (kernels/cuda/swiglu_bwd_rows_fp8.cu), one per MoE layer — and the step is the bits
+ * their dgrad (kernels/cuda/swiglu_bwd_rows_fp8.cu), and the combine's backward the down layer's
+ * (ops_moe_dispatch.cu), one of each per MoE layer — and the step is the bits
  * of one that quantises x and dy at every use: the
  * loss, every gradient and the norm, over two steps (eager, then recorded). With moe_remat (the
  * default) the SwiGLU's BF16 output is not even stored in the forward (the backward computes it
@@ -516,7 +592,8 @@ static void moe_quant_reuse(bool moe_remat) {
         dw_test_random_tokens(y, N, dw_graph_vocab(g), &g_rng);
         double loss[2], gn[2];
         int64_t before[2], fused_before = DW_CUDA_ST(e[0]->be)->swiglu_quant[1], gdiff = 0,
-                           bwd_before = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[1];
+                           bwd_before = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[1],
+                           comb_before = DW_CUDA_ST(e[0]->be)->combine_quant_bwd;
         for (int k = 0; k < 2; k++) {
             before[k] = DW_CUDA_ST(e[k]->be)->moe_rows_reused;
             assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
@@ -524,7 +601,8 @@ static void moe_quant_reuse(bool moe_remat) {
         }
         const int64_t reused = DW_CUDA_ST(e[0]->be)->moe_rows_reused - before[0],
                       fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[1] - fused_before,
-                      fused_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[1] - bwd_before;
+                      fused_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[1] - bwd_before,
+                      comb = DW_CUDA_ST(e[0]->be)->combine_quant_bwd - comb_before;
         for (int i = 0; i < dw_engine_param_count(e[0]); i++) {
             const int64_t n = pnumel(e[0], i);
             float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
@@ -535,16 +613,17 @@ static void moe_quant_reuse(bool moe_remat) {
         }
         for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
         printf("moe quant reuse (moe_remat %d) step %d: loss %.9g vs %.9g (every use), %lld gradient values differ "
-               "(want 0), %lld reuses, %lld quantising SwiGLUs and %lld backwards writing dy rows for %d layers "
-               "(every use: %lld, %lld)\n", moe_remat, step, loss[0], loss[1], (long long)gdiff, (long long)reused,
-               (long long)fused, (long long)fused_bwd, layers,
+               "(want 0), %lld reuses, %lld quantising SwiGLUs, %lld SwiGLU and %lld combine backwards writing dy rows "
+               "for %d layers (every use: %lld, %lld)\n", moe_remat, step, loss[0], loss[1], (long long)gdiff,
+               (long long)reused, (long long)fused, (long long)fused_bwd, (long long)comb, layers,
                (long long)(DW_CUDA_ST(e[1]->be)->moe_rows_reused - before[1]),
                (long long)DW_CUDA_ST(e[1]->be)->swiglu_quant[1]);
         if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) bad++, printf("MISMATCH step %d\n", step);
-        if (step == 1 && (reused != 2 * layers || fused != layers || fused_bwd != layers)) /* step 2 records */
+        if (step == 1 && (reused != 2 * layers || fused != layers || fused_bwd != layers || comb != layers))
+            /* step 2 records: counted at record time */
             bad++, printf("MISMATCH reuses\n");
         if (DW_CUDA_ST(e[1]->be)->moe_rows_reused || DW_CUDA_ST(e[1]->be)->swiglu_quant[1] ||
-            DW_CUDA_ST(e[1]->be)->swiglu_quant_bwd[1])
+            DW_CUDA_ST(e[1]->be)->swiglu_quant_bwd[1] || DW_CUDA_ST(e[1]->be)->combine_quant_bwd)
             bad++, printf("MISMATCH reuse without quant_reuse\n");
     }
     free(x), free(y);
@@ -563,6 +642,7 @@ static void test_moe_quant_reuse(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_experts), cmocka_unit_test(test_fused_cache),
-                                       cmocka_unit_test(test_swiglu_fp8_kernel), cmocka_unit_test(test_moe_quant_reuse)};
+                                       cmocka_unit_test(test_swiglu_fp8_kernel), cmocka_unit_test(test_combine_rows_kernel),
+                                       cmocka_unit_test(test_moe_quant_reuse)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

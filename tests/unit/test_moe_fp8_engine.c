@@ -370,7 +370,8 @@ static void test_rule_bf16_passes(void **state) {
 /* The CUDA target: on sm_90 fprop and dgrad run the fp8_block kernel by default (DW_MOE_FP8 unset)
  * and with DW_MOE_FP8=1; with DW_MOE_FP8=0 the experts stay BF16 and the note names the switch; on
  * sm_100 the sm_90 kernel is not offered. wgrad stays BF16 in each, the note naming the default.
- * Where dgrad runs quantised, each expert SwiGLU's backward writes its gradients' rows too. */
+ * Where dgrad runs quantised, each expert SwiGLU's backward writes its gradients' rows too, and each
+ * combine's backward the down layer's dy rows. */
 static void test_cuda_target(void **state) {
     (void)state;
     dw_graph *g = mixtral128(2, 16);
@@ -428,6 +429,18 @@ static void test_cuda_target(void **state) {
             const int64_t bytes = 2 * ((R * F + 255) / 256 * 256) + 2 * ((R * (F / 128) * 4 + 255) / 256 * 256);
             if (bytes > need) need = bytes;
         }
+        int combines = 0; /* and each combine's backward the down layer's dy rows, in the same region */
+        for (int i = 0; i < g->n_nodes; i++) {
+            const int d = dw_compile_combine_bwd_moe_rows(c, i);
+            if (d < 0) continue;
+            combines++;
+            assert_int_equal(g->tensors[g->nodes[i].in[0]].producer, d);
+            if (!strstr(g->nodes[d].name, "experts.down")) fail_msg("combine %s: layer %s", g->nodes[i].name, g->nodes[d].name);
+            const int64_t R = c->tensor[g->nodes[i].in[0]].rows_cap, C = 128;
+            const int64_t bytes = (R * C + 255) / 256 * 256 + (R * (C / 128) * 4 + 255) / 256 * 256;
+            if (bytes > need) need = bytes;
+        }
+        assert_int_equal(combines, cases[k].note ? 0 : routers);
         for (int i = 0; i < g->n_nodes; i++) swiglus += g->nodes[i].op == DW_OP_SWIGLU;
         assert_int_equal(swiglus, routers);
         assert_int_equal(taken, cases[k].note ? 0 : routers);

@@ -286,6 +286,14 @@ dw_status dw_cuda_moe_combine_fwd(dw_ctx *ctx, dw_act_dtype dt, void *out, const
 dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dys, void *dwt, const void *dout,
                                   const void *ys, const void *wt, const int32_t *pos, int64_t N, int64_t C, int64_t K,
                                   int64_t R, bool covered, void *stream);
+/* The combine's backward above where every row of dys is one assignment's (a dropless dispatch of
+ * N K rows), BF16, that also writes dys's fp8_block rows, codes [N K, C] E4M3 and scales [N K,
+ * C/128] FP32 (the down layer's dgrad dy; ops_moe_dispatch.cu): bit for bit dys and what
+ * quantising it along its rows gives. C a multiple of 128, K at most 16; dys, dout, ys 16-byte
+ * aligned, codes 8-byte; dwt may be NULL. */
+dw_status dw_cuda_moe_combine_bwd_rows_fp8(dw_ctx *ctx, void *dys, void *dwt, const void *dout, const void *ys,
+                                           const void *wt, const int32_t *pos, int64_t N, int64_t C, int64_t K,
+                                           uint8_t *codes, float *scales, void *stream);
 dw_status dw_cuda_moe_zero_tail(dw_ctx *ctx, dw_act_dtype dt, void *y, const int32_t *offsets, int64_t E, int64_t R,
                                 int64_t C, void *stream);
 

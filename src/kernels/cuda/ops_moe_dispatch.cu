@@ -16,6 +16,8 @@
  * sort) and writes pos = the expert for those and -1 for the rest; the index kernel then sorts pos
  * in place, dropless. */
 #include "kernels/cuda/ops_common.cuh"
+#include "kernels/cuda/quant_common.cuh"
+#include "kernels/cuda/ops_cuda.h"
 
 #define DW_MOE_IDX_THREADS 1024
 #define DW_MOE_IDX_SMEM_INTS 11264 /* 44 KiB: segments x experts counts, then the expert totals */
@@ -260,12 +262,17 @@ dw_moe_combine8_kernel(dw_bf16 *out, const dw_bf16 *ys, const dw_bf16 *wt, const
 }
 
 /* The backward over such rows: each thread 8 columns at a time, dys written as it goes, the K dots'
- * partial sums kept and summed over the block once per token (warp sums, then the warps in order). */
+ * partial sums kept and summed over the block once per token (warp sums, then the warps in order).
+ * Q (C % 128 == 0): each dys row's fp8_block rows too, codes [R, C] and scales [R, C/128] (the
+ * down layer's dgrad dy: dw_cuda_moe_combine_bwd_rows_fp8); the column loop then runs whole warps
+ * (a 1x128 block is 16 lanes' shuffles), the lanes past C computing zeros and storing nothing. */
+template <bool Q>
 static __global__ void __launch_bounds__(DW_MOE_ROW_THREADS)
 dw_moe_combine8_bwd_kernel(dw_bf16 *dys, dw_bf16 *dwt, const dw_bf16 *dout, const dw_bf16 *ys, const dw_bf16 *wt,
-                           const int32_t *pos, int64_t N, int64_t C, int64_t K) {
+                           const int32_t *pos, int64_t N, int64_t C, int64_t K, uint8_t *codes, float *scales) {
     __shared__ float red[DW_MOE_ROW_THREADS / 32][DW_MOE_VEC_K];
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int64_t cend = Q ? (C / 8 + 31) / 32 * 32 * 8 : C;
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         int32_t r[DW_MOE_VEC_K];
         float w[DW_MOE_VEC_K], dot[DW_MOE_VEC_K];
@@ -274,14 +281,15 @@ dw_moe_combine8_bwd_kernel(dw_bf16 *dys, dw_bf16 *dwt, const dw_bf16 *dout, cons
             dot[k] = 0.0f;
             if (k < K) r[k] = pos[n * K + k], w[k] = dw_ld(wt, n * K + k);
         }
-        for (int64_t c = 8 * (int64_t)threadIdx.x; c < C; c += 8 * DW_MOE_ROW_THREADS) {
-            float g[8];
-            dw_ld8(dout, n * C + c, g);
+        for (int64_t c = 8 * (int64_t)threadIdx.x; c < cend; c += 8 * DW_MOE_ROW_THREADS) {
+            const bool in = c < C;
+            float g[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (in) dw_ld8(dout, n * C + c, g);
 #pragma unroll
             for (int k = 0; k < DW_MOE_VEC_K; k++) {
-                if (k >= K || r[k] < 0) continue;
+                if (k >= K || r[k] < 0) continue; /* the same for every thread of the block */
                 const int64_t o = (int64_t)r[k] * C + c;
-                if (dwt) {
+                if (dwt && in) {
                     float y[8];
                     dw_ld8(ys, o, y);
 #pragma unroll
@@ -291,7 +299,18 @@ dw_moe_combine8_bwd_kernel(dw_bf16 *dys, dw_bf16 *dwt, const dw_bf16 *dout, cons
                     float d[8];
 #pragma unroll
                     for (int i = 0; i < 8; i++) d[i] = w[k] * g[i];
-                    dw_st8(dys, o, d);
+                    if (in) dw_st8(dys, o, d);
+                    if constexpr (Q) {
+#pragma unroll
+                        for (int i = 0; i < 8; i++) d[i] = __bfloat162float(__float2bfloat16_rn(d[i])); /* as stored */
+                        const float sc = dw_rule_fp8_scale(dwq::chunk_amax<128>(d), false);
+                        uint32_t wd[2];
+                        dwq::encode8<dwq::F_E4M3>(dwq::fp8_q(sc), d, wd);
+                        if (in) {
+                            *reinterpret_cast<uint2 *>(codes + o) = make_uint2(wd[0], wd[1]);
+                            if (c % 128 == 0) scales[o / 128] = sc;
+                        }
+                    }
                 }
             }
         }
@@ -453,9 +472,9 @@ extern "C" dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void 
     if (!dys && !dwt) return DW_OK;
     if (dt == DW_ACT_BF16 && C % 8 == 0 && K <= DW_MOE_VEC_K && dw_aligned16(dout) && dw_aligned16(ys) &&
         (!dys || dw_aligned16(dys)))
-        dw_moe_combine8_bwd_kernel<<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
+        dw_moe_combine8_bwd_kernel<false><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
             (dw_bf16 *)dys, (dw_bf16 *)dwt, (const dw_bf16 *)dout, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N, C,
-            K);
+            K, nullptr, nullptr);
     else if (dt == DW_ACT_F32)
         dw_moe_combine_bwd_kernel<float><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
             (float *)dys, (float *)dwt, (const float *)dout, (const float *)ys, (const float *)wt, pos, N, C, K);
@@ -463,6 +482,23 @@ extern "C" dw_status dw_cuda_moe_combine_bwd(dw_ctx *ctx, dw_act_dtype dt, void 
         dw_moe_combine_bwd_kernel<dw_bf16><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, s>>>(
             (dw_bf16 *)dys, (dw_bf16 *)dwt, (const dw_bf16 *)dout, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N,
             C, K);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_moe_combine_bwd_rows_fp8(dw_ctx *ctx, void *dys, void *dwt, const void *dout,
+                                                      const void *ys, const void *wt, const int32_t *pos, int64_t N,
+                                                      int64_t C, int64_t K, uint8_t *codes, float *scales,
+                                                      void *stream) {
+    const char *op = "moe_combine backward (fp8_block rows)";
+    DW_OPS_REQUIRE(ctx, op, N >= 0 && C >= 128 && C % 128 == 0 && K >= 1 && K <= DW_MOE_VEC_K);
+    if (N == 0) return DW_OK;
+    DW_OPS_REQUIRE(ctx, op, dys && dout && ys && wt && pos && codes && scales);
+    DW_OPS_REQUIRE(ctx, op, dw_aligned16(dys) && dw_aligned16(dout) && dw_aligned16(ys) &&
+                                ((uintptr_t)codes & 7u) == 0 && ((uintptr_t)scales & 3u) == 0);
+    dw_moe_combine8_bwd_kernel<true><<<dw_moe_blocks(N), DW_MOE_ROW_THREADS, 0, (cudaStream_t)stream>>>(
+        (dw_bf16 *)dys, (dw_bf16 *)dwt, (const dw_bf16 *)dout, (const dw_bf16 *)ys, (const dw_bf16 *)wt, pos, N, C, K,
+        codes, scales);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

@@ -31,6 +31,7 @@ typedef struct {
     dw_cuda_fp8_grad dy_fp8[2];
     int64_t swiglu_quant_bwd[2]; /* such SwiGLU backwards, since creation: [0] dense, [1] MoE */
     int64_t norm_quant;         /* norm forwards that quantised their output for its linear layers, since creation */
+    int64_t combine_quant_bwd;  /* MoE combine backwards that wrote the down layer's dy rows, since creation */
     void **events;           /* timers: cudaEvent_t */
     int n_events;
 } dw_cuda_state;

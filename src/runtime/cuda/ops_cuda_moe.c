@@ -10,7 +10,8 @@
  * written over can also write its share of the gradient norm, compile/wgrad_sumsq.h). No
  * host synchronisation: a recorded step replays whatever the routing. Where the experts' SwiGLU
  * has written the down projection's fp8_block rows itself (act_quant_cuda.c), its fprop reads them;
- * where its backward has written the gate and up layers' dy rows, their dgrad does. An output gradient no
+ * where its backward has written the gate and up layers' dy rows, their dgrad does, as the down
+ * layer's reads the rows the combine's backward wrote. An output gradient no
  * consumer sent (dout NULL) counts as zeros; no MoE op adds into an input gradient (ops.def gives
  * them no ACC flag). */
 #include "core/error.h"
@@ -22,6 +23,7 @@
 
 #include "compile/wgrad_sumsq.h"
 #include "core/cuda_check.h"
+#include "core/env.h"
 #include "gemm/grouped.h"
 #include "gemm/grouped_fp8.h"
 #include "gemm/grouped_mxfp8.h"
@@ -204,8 +206,38 @@ static bool combine_covered(const dw_op_call *c, int64_t N, int64_t K, int64_t R
     const int r = g->tensors[g->nodes[d].in[1]].producer;
     return r >= 0 && g->nodes[r].op == DW_OP_MOE_ROUTER;
 }
+/* The combine's backward that also writes the down layer's dgrad dy rows (dw_compile_combine_bwd_
+ * moe_rows; with quant_reuse, dropless, no expert parallelism): into work.glu_rows, noted for that
+ * layer's backward (dw_cuda_state.dy_fp8), which reads them instead of quantising dy; *done when it
+ * did. DW_SWIGLU_QUANT_BWD=0 (the MoE layers' backward fusions' A/B knob) keeps the quantiser. */
+static dw_status combine_rows_bwd(dw_backend *be, const dw_op_call *c, int64_t N, int64_t K, int64_t R, bool *done) {
+    *done = false;
+    const dw_exec *x = c->x;
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    const int64_t C = dw_cuda_width(c, c->n->out[0]);
+    if (!x->quant_reuse || x->moe_ep || x->p->work.glu_rows < 0 || !dw_env_flag("DW_SWIGLU_QUANT", true) ||
+        !dw_env_flag("DW_SWIGLU_QUANT_BWD", true) || dw_cuda_dt(c) != DW_ACT_BF16 || K > 16)
+        return DW_OK;
+    const int L = dw_compile_combine_bwd_moe_rows(x->p, c->node);
+    if (L < 0 || !c->dout[0] || !c->dx[0] || c->dx_acc[0] || !combine_covered(c, N, K, R)) return DW_OK;
+    const int64_t codes = (R * C + 255) / 256 * 256; /* workspace.c's */
+    if (codes + (R * (C / 128) * 4 + 255) / 256 * 256 > x->p->work.glu_rows_bytes) return DW_OK;
+    uint8_t *cd = (uint8_t *)(x->work + x->p->work.glu_rows);
+    float *sc = (float *)(x->work + x->p->work.glu_rows + codes);
+    DW_TRY(dw_cuda_moe_combine_bwd_rows_fp8(be->ctx, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1],
+                                            (const int32_t *)c->in[2], N, C, K, cd, sc, DW_CUDA_STREAM(be)));
+    st->dy_fp8_node[0] = L, st->dy_fp8_node[1] = -1;
+    st->dy_fp8[0] = (dw_cuda_fp8_grad){.codes = cd, .scales = sc};
+    st->combine_quant_bwd++;
+    *done = true;
+    return DW_OK;
+}
+
 dw_status dw_cuda_op_moe_combine_bwd(dw_backend *be, const dw_op_call *c) {
     const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[1]), R = dw_exec_rows(c->x, c->n->in[0]);
+    bool done = false;
+    DW_TRY(combine_rows_bwd(be, c, N, K, R, &done));
+    if (done) return DW_OK;
     return dw_cuda_moe_combine_bwd(be->ctx, (dw_act_dtype)dw_cuda_dt(c), c->dx[0], c->dx[1], c->dout[0], c->in[0],
                                    c->in[1], (const int32_t *)c->in[2], N, dw_cuda_width(c, c->n->out[0]), K, R,
                                    combine_covered(c, N, K, R), DW_CUDA_STREAM(be));
