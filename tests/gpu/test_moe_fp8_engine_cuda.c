@@ -33,6 +33,7 @@
 #include "core/ctx.h"
 #include "formats/formats.h"
 #include "gemm/grouped_fp8.h"
+#include "gpu_upload.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "precision/quant_counts.h"
 #include "runtime/cuda/cuda.h"
@@ -505,10 +506,7 @@ static void test_combine_rows_kernel(void **state) {
         const size_t bytes[] = {(size_t)(N * C) * 2, (size_t)(R * C) * 2, (size_t)R * 2, (size_t)R * 4};
         void **ins[] = {&d_dout, &d_ys, &d_wt, &d_pos};
         const void *hs[] = {dout, ys, wt, pos};
-        for (int k = 0; k < 4; k++) {
-            assert_int_equal(cudaMalloc(ins[k], bytes[k]), cudaSuccess);
-            assert_int_equal(cudaMemcpy(*ins[k], hs[k], bytes[k], cudaMemcpyHostToDevice), cudaSuccess);
-        }
+        for (int k = 0; k < 4; k++) *ins[k] = dw_test_to_dev(hs[k], bytes[k]);
         for (int k = 0; k < 2; k++) {
             assert_int_equal(cudaMalloc(&dys[k], (size_t)(R * C) * 2), cudaSuccess);
             assert_int_equal(cudaMalloc(&dwt[k], (size_t)R * 2), cudaSuccess);
@@ -526,8 +524,8 @@ static void test_combine_rows_kernel(void **state) {
         int64_t diff[4];
         for (int b = 0; b < 4; b++) {
             unsigned char *h0 = malloc(sz[b]), *h1 = malloc(sz[b]);
-            assert_int_equal(cudaMemcpy(h0, bufs[b][0], sz[b], cudaMemcpyDeviceToHost), cudaSuccess);
-            assert_int_equal(cudaMemcpy(h1, bufs[b][1], sz[b], cudaMemcpyDeviceToHost), cudaSuccess);
+            dw_test_from_dev(h0, bufs[b][0], sz[b]);
+            dw_test_from_dev(h1, bufs[b][1], sz[b]);
             diff[b] = 0;
             for (size_t i = 0; i < sz[b]; i++) diff[b] += h0[i] != h1[i];
             free(h0), free(h1);

@@ -22,6 +22,7 @@
 #include "core/ctx.h"
 #include "formats/formats.h"
 #include "gemm/grouped_fp8.h"
+#include "gpu_upload.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "precision/quant_counts.h"
 #include "testutil.h"
@@ -42,19 +43,10 @@ static int teardown(void **state) {
 
 static int64_t pick(int64_t n) { return (int64_t)(dw_test_next(&g_rng) % (uint64_t)n); }
 
-static void *dev(size_t n) {
-    void *p = NULL;
-    if (cudaMalloc(&p, n) != cudaSuccess) fail_msg("cudaMalloc %zu", n);
-    return p;
-}
-static void *up(const void *h, size_t n) {
-    void *d = dev(n);
-    if (cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess) fail_msg("cudaMemcpy");
-    return d;
-}
+static void *dev(size_t n) { return dw_test_to_dev(NULL, n); }
 static void *down(const void *d, size_t n) {
     void *h = malloc(n);
-    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) fail_msg("cudaMemcpy");
+    dw_test_from_dev(h, d, n);
     return h;
 }
 static int64_t differ(const void *a, const void *b, int64_t n, int64_t size) {
@@ -84,7 +76,8 @@ static int one_case(int kind, int64_t N, int64_t C, uint64_t *flushed) {
     memset(x + pick(N) * C, 0, (size_t)C * 2); /* a zero row: its output is the bias */
     x[pick(n)] = 0x7FC0;                       /* NaN: its row NaN */
     x[pick(n)] = 0x7F80;                       /* +inf */
-    void *dx = up(x, (size_t)n * 2), *dwt = up(w, (size_t)C * 4), *db = up(b, (size_t)C * 4);
+    void *dx = dw_test_to_dev(x, (size_t)n * 2), *dwt = dw_test_to_dev(w, (size_t)C * 4),
+         *db = dw_test_to_dev(b, (size_t)C * 4);
     void *out[2] = {dev((size_t)n * 2), dev((size_t)n * 2)};
     float *st[2][2] = {{dev((size_t)N * 4), dev((size_t)N * 4)}, {dev((size_t)N * 4), dev((size_t)N * 4)}};
     uint8_t *codes[2] = {dev((size_t)n), dev((size_t)n)};
@@ -92,7 +85,7 @@ static int one_case(int kind, int64_t N, int64_t C, uint64_t *flushed) {
     uint64_t cnt0[2][DW_QC_WORDS], cnt1[2][DW_QC_WORDS]; /* [0]: the counting pass, [1]: the kernel */
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < DW_QC_WORDS; i++) cnt0[k][i] = dw_test_next(&g_rng) >> 8;
-    uint64_t *dcnt = up(cnt0, sizeof cnt0);
+    uint64_t *dcnt = dw_test_to_dev(cnt0, sizeof cnt0);
     /* reference: the norm, the rows quantiser, the counting pass */
     if (rms)
         assert_int_equal(dw_cuda_rmsnorm_fwd_offset(g_gpu, DW_ACT_BF16, out[0], st[0][1], dx, dwt, woff, N, C, eps, stream),
