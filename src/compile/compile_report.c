@@ -81,6 +81,10 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
         if (nq >= 0)
             fprintf(f, "     fused: writes the fp8_block rows of its output for %s and the layers beside it as it "
                     "computes them (CUDA, quant_reuse; DW_NORM_QUANT=0: not)\n", g->nodes[nq].name);
+        const int gq = dw_compile_gelu_quant_reader(c, i, g->batch * g->seq);
+        if (gq >= 0)
+            fprintf(f, "     fused: writes %s's fp8_block rows as it computes them (CUDA, quant_reuse; DW_GELU_QUANT=0: "
+                    "not)\n", g->nodes[gq].name);
         const int q = dw_compile_swiglu_quant_reader(c, i, g->batch * g->seq);
         if (q >= 0)
             fprintf(f, "     fused: writes %s's fp8_block rows as it computes them (CUDA, quant_reuse; "

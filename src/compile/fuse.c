@@ -9,8 +9,8 @@
  * its gradients as the gate and up layers' fp8_block dy (dw_compile_swiglu_bwd_quant), or, for a
  * MoE layer's experts, their dgrad's fp8_block rows beside the BF16 gradients
  * (dw_compile_swiglu_bwd_moe_rows), and the combine's backward the down layer's
- * (dw_compile_combine_bwd_moe_rows); and which linear layers' fp8_block rows a norm can write
- * (dw_compile_norm_quant_reader). */
+ * (dw_compile_combine_bwd_moe_rows); and which linear layers' fp8_block rows a norm or a GELU
+ * run after its linear layer can write (dw_compile_norm_quant_reader, dw_compile_gelu_quant_reader). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,12 +108,10 @@ int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows) {
                : -1;
 }
 
-int dw_compile_norm_quant_reader(const dw_compiled *c, int i, int64_t rows) {
+/* The first (in node order) of the linear layers reading tensor y, each as its x with its fprop
+ * quantised in fp8_block at `rows` tokens, or -1 when another node reads y or none does. */
+static int first_fp8_reader(const dw_compiled *c, int y, int64_t rows) {
     const dw_graph *g = c->g;
-    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA) return -1;
-    if (g->nodes[i].op != DW_OP_RMSNORM && g->nodes[i].op != DW_OP_LAYERNORM) return -1;
-    const int y = g->nodes[i].out[0];
-    if (width(g, y) % 128 || width(g, y) > 8192) return -1; /* the kernel's rows: ops_cuda.h */
     int first = -1;
     for (int j = 0; j < g->n_nodes; j++)
         for (int s = 0; s < g->nodes[j].n_in; s++) {
@@ -125,6 +123,23 @@ int dw_compile_norm_quant_reader(const dw_compiled *c, int i, int64_t rows) {
             if (first < 0) first = j;
         }
     return first;
+}
+
+int dw_compile_norm_quant_reader(const dw_compiled *c, int i, int64_t rows) {
+    const dw_graph *g = c->g;
+    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA) return -1;
+    if (g->nodes[i].op != DW_OP_RMSNORM && g->nodes[i].op != DW_OP_LAYERNORM) return -1;
+    const int y = g->nodes[i].out[0];
+    if (width(g, y) % 128 || width(g, y) > 8192) return -1; /* the kernel's rows: ops_cuda.h */
+    return first_fp8_reader(c, y, rows);
+}
+
+int dw_compile_gelu_quant_reader(const dw_compiled *c, int i, int64_t rows) {
+    const dw_graph *g = c->g;
+    if (!c->bf16 || c->target.device != DW_DEVICE_CUDA || g->nodes[i].op != DW_OP_GELU) return -1;
+    const int L = c->node[i].partner_fwd; /* run by the linear layer before it (dw_compile_fuse) */
+    if (L < 0 || !(c->node[i].fused & DW_FUSED_FWD) || width(g, g->nodes[i].out[0]) % 128) return -1;
+    return first_fp8_reader(c, g->nodes[i].out[0], rows);
 }
 
 bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int layers[2]) {

@@ -392,6 +392,11 @@ int dw_compile_swiglu_quant_reader(const dw_compiled *c, int i, int64_t rows);
  * with its fprop quantised in fp8_block at `rows` tokens; the first quantises x for all of them
  * (dw_engine_opts.quant_reuse), and the norm does it in its place (runtime/cuda/act_quant_cuda.c). */
 int dw_compile_norm_quant_reader(const dw_compiled *c, int i, int64_t rows);
+/* The same for GELU node i where the linear layer producing its input runs it (fused forward,
+ * dw_compile_fused_gelu_fwd) as a pass after its GEMM (the quantised GEMMs have no GELU epilogue on
+ * sm_90): i's output, width a multiple of 128, read only by dense fp8_block linear layers (GPT-2's
+ * c_proj). The GELU then writes their rows too (runtime/cuda/act_quant_cuda.c). */
+int dw_compile_gelu_quant_reader(const dw_compiled *c, int i, int64_t rows);
 /* Whether SwiGLU node i's backward can write its two gradients only as the fp8_block operands of
  * the backward of the layers producing its inputs (layers[0] gate, layers[1] up): a BF16 program
  * compiled for CUDA, `rows` and i's width multiples of 128, each input made by a dense linear

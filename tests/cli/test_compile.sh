@@ -85,6 +85,14 @@ for nl in "input_layernorm self_attn.q_proj" "post_attention_layernorm mlp.gate_
     echo "ok: $norm quantises for $layer and the layers beside it" ||
     { echo "FAIL: $norm's fusion for $layer not reported"; fails=$((fails + 1)); }
 done
+# GPT-2's layernorms write c_attn's and c_fc's rows, and the GELU after c_fc (a pass: no FP8 GELU
+# epilogue on sm_90) writes c_proj's; not for the CPU target
+"$dw" compile gpt2-124m --precision fp8_block --batch 2 --seq 64 --report >"$tmp/g8" 2>&1
+check "compile gpt2-124m fp8_block" 0 $?
+has "the GELU quantises for c_proj" "$tmp/g8" "fused: writes transformer.h.11.mlp.c_proj's fp8_block rows"
+has "ln_1 quantises for c_attn" "$tmp/g8" "fp8_block rows of its output for transformer.h.11.attn.c_attn"
+"$dw" compile gpt2-124m --precision fp8_block --batch 2 --seq 64 --target cpu --report >"$tmp/g8c" 2>&1
+hasnt "... not for the CPU target (GPT-2)" "$tmp/g8c" "fp8_block rows"
 # and its backward writes the gate and up layers' dy and dy^T (128 tokens, width 384)
 has "the SwiGLU's backward quantises for gate_proj and up_proj" "$tmp/sq" \
   "fused: backward writes model.layers.3.mlp.gate_proj's and model.layers.3.mlp.up_proj's fp8_block dy and dy^T"

@@ -1088,28 +1088,32 @@ static void test_resume(void **state) {
 }
 
 /* Linear nodes reading the same x (llama's q/k/v and gate/up) quantise it once per sweep, and under
- * fp8_block the RMSNorm before them writes those rows itself (ops_norm.cu), the SwiGLU writes the down projection's quantised rows itself (act_quant_cuda.c; with
+ * fp8_block the norm before them writes those rows itself (ops_norm.cu), GPT-2's GELU c_proj's
+ * (swiglu_fp8.cu), the SwiGLU writes the down projection's quantised rows itself (act_quant_cuda.c; with
  * selective recompute without storing its BF16 output, which the backward makes again) and its
  * backward the gate and up layers' dy and dy^T instead of BF16 gradients (swiglu_bwd_fp8.cu): the step
  * must be bit-identical to one that quantises x at every use (dw_engine_opts.quant_reuse false),
  * for the loss, every gradient and the updated weights, over two steps (eager, then recorded). */
-static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
+static void quant_reuse_one(const char *model, const char *precision, int64_t T, int recompute) {
     const int64_t B = 2, N = B * T;
     dw_compile_opts co;
     dw_compile_opts_init(&co, sizeof co);
     co.recompute = recompute;
-    prog pr = make_prog_opts("llama-tiny", B, T, precision, 0, &co);
+    prog pr = make_prog_opts(model, B, T, precision, 0, &co);
     int swiglus = 0;
     for (int i = 0; i < pr.g->n_nodes; i++) swiglus += pr.g->nodes[i].op == DW_OP_SWIGLU;
     const int want = strcmp(precision, "fp8_block") ? 0 : swiglus; /* mxfp8: the down layer quantises */
-    int norms = 0; /* RMSNorms writing the rows of q, k, v or gate, up (fp8_block; not run again by recompute) */
-    for (int i = 0; i < pr.g->n_nodes; i++) norms += dw_compile_norm_quant_reader(pr.c, i, N) >= 0;
+    int norms = 0, gelus = 0; /* norms writing q, k, v's or gate, up's (c_attn's, c_fc's) rows; GELUs c_proj's */
+    for (int i = 0; i < pr.g->n_nodes; i++)
+        norms += dw_compile_norm_quant_reader(pr.c, i, N) >= 0, gelus += dw_compile_gelu_quant_reader(pr.c, i, N) >= 0;
     if (!strcmp(precision, "fp8_block") && norms < 2) fail_msg("%d norms write their layers' rows, want 2 a block", norms);
+    if (!strcmp(precision, "fp8_block") && !strncmp(model, "gpt2", 4) && gelus < 1) fail_msg("no GELU writes c_proj's rows");
     const uint64_t seed = dw_test_next(&g_rng);
     dw_engine *e[2];
     unsetenv("DW_SWIGLU_QUANT");
     unsetenv("DW_SWIGLU_QUANT_BWD");
     unsetenv("DW_NORM_QUANT");
+    unsetenv("DW_GELU_QUANT");
     for (int k = 0; k < 2; k++) {
         dw_engine_opts o;
         dw_engine_opts_init(&o, sizeof o);
@@ -1124,31 +1128,34 @@ static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
         batch(x, y, N, dw_graph_vocab(pr.g));
         double loss[2], gn[2];
         const int64_t before = DW_CUDA_ST(e[0]->be)->swiglu_quant[0], before_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[0],
-                      before_norm = DW_CUDA_ST(e[0]->be)->norm_quant;
+                      before_norm = DW_CUDA_ST(e[0]->be)->norm_quant, before_gelu = DW_CUDA_ST(e[0]->be)->gelu_quant;
         for (int k = 0; k < 2; k++) {
             assert_int_equal(dw_engine_zero_grad(e[k]), DW_OK);
             if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &loss[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
         }
         const int64_t fused = DW_CUDA_ST(e[0]->be)->swiglu_quant[0] - before,
                       fused_bwd = DW_CUDA_ST(e[0]->be)->swiglu_quant_bwd[0] - before_bwd,
-                      fused_norm = DW_CUDA_ST(e[0]->be)->norm_quant - before_norm;
+                      fused_norm = DW_CUDA_ST(e[0]->be)->norm_quant - before_norm,
+                      fused_gelu = DW_CUDA_ST(e[0]->be)->gelu_quant - before_gelu;
         float *g0 = read_all(e[0], true), *g1 = read_all(e[1], true);
         int64_t gdiff = 0;
         for (int64_t k = 0; k < all_numel(e[0]); k++) gdiff += memcmp(&g0[k], &g1[k], 4) != 0;
         free(g0), free(g1);
         for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
-        printf("  quant reuse %s T=%lld recompute %d step %d: loss %.9g vs %.9g (every use), %lld gradient values "
+        printf("  quant reuse %s %s T=%lld recompute %d step %d: loss %.9g vs %.9g (every use), %lld gradient values "
                "differ (want 0), %lld of %d SwiGLUs quantised their output and %lld their gradients (want %d), %lld "
-               "norms their output (want %d; step 2 records)\n", precision, (long long)T, recompute, step, loss[0], loss[1],
-               (long long)gdiff, (long long)fused, swiglus, (long long)fused_bwd, step == 1 ? want : 0, (long long)fused_norm,
-               step == 1 ? norms : 0);
+               "norms and %lld GELUs their output (want %d, %d; step 2 records)\n", model, precision, (long long)T,
+               recompute, step, loss[0], loss[1], (long long)gdiff, (long long)fused, swiglus, (long long)fused_bwd,
+               step == 1 ? want : 0, (long long)fused_norm, (long long)fused_gelu, step == 1 ? norms : 0,
+               step == 1 ? gelus : 0);
         if (loss[0] != loss[1] || gdiff || gn[0] != gn[1]) fail_msg("reusing quantised x changed step %d", step);
         if (step == 1 && fused != want) fail_msg("%lld SwiGLUs quantised their output, want %d", (long long)fused, want);
         if (step == 1 && fused_bwd != want)
             fail_msg("%lld SwiGLU backwards quantised their gradients, want %d", (long long)fused_bwd, want);
         if (step == 1 && fused_norm != norms) fail_msg("%lld norms quantised their output, want %d", (long long)fused_norm, norms);
+        if (step == 1 && fused_gelu != gelus) fail_msg("%lld GELUs quantised their output, want %d", (long long)fused_gelu, gelus);
         if (DW_CUDA_ST(e[1]->be)->swiglu_quant[0] || DW_CUDA_ST(e[1]->be)->swiglu_quant_bwd[0] ||
-            DW_CUDA_ST(e[1]->be)->norm_quant)
+            DW_CUDA_ST(e[1]->be)->norm_quant || DW_CUDA_ST(e[1]->be)->gelu_quant)
             fail_msg("a SwiGLU quantised its output or gradients without quant_reuse");
     }
     free(x), free(y);
@@ -1158,9 +1165,10 @@ static void quant_reuse_one(const char *precision, int64_t T, int recompute) {
 }
 static void test_quant_reuse(void **state) {
     (void)state;
-    quant_reuse_one("mxfp8", 32, DW_RECOMPUTE_NONE); /* any shape runs quantised */
-    quant_reuse_one("fp8_block", 64, DW_RECOMPUTE_NONE); /* N = 128: the down projection's fprop quantised */
-    quant_reuse_one("fp8_block", 64, DW_RECOMPUTE_SELECTIVE);
+    quant_reuse_one("llama-tiny", "mxfp8", 32, DW_RECOMPUTE_NONE); /* any shape runs quantised */
+    quant_reuse_one("llama-tiny", "fp8_block", 64, DW_RECOMPUTE_NONE); /* N = 128: the down projection's fprop quantised */
+    quant_reuse_one("llama-tiny", "fp8_block", 64, DW_RECOMPUTE_SELECTIVE);
+    quant_reuse_one("gpt2-tiny", "fp8_block", 64, DW_RECOMPUTE_NONE); /* layernorms and GELUs (widths 128, 512) */
 }
 
 /* Recompute on the GPU (compile/recompute.c): selective (norms and MLP activations run again)

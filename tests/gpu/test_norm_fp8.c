@@ -7,7 +7,9 @@
  * values. Fresh random rows; the weights' 128-column blocks at scales from 1e-20 to 1e3 (so the
  * output's blocks span decades), columns 1e-8 of their block (flushed), a zero row, a NaN and an
  * infinity; widths from 128 to 8192 (each threads-per-row case) at row counts that leave blocks of
- * rows partly used. Bad arguments refused. Needs a GPU (label gpu). */
+ * rows partly used. Bad arguments refused. Also the GELU that a quantised linear layer runs after
+ * its GEMM and that writes its readers' rows the same way (dw_cuda_gelu_fwd_fp8). Needs a GPU
+ * (label gpu). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -146,6 +148,73 @@ static void test_against_norm_and_quantiser(void **state) {
     if (flushed == 0) fail_msg("no planted element counted as flushed");
 }
 
+/* The GELU's (dw_cuda_gelu_fwd_fp8, run after GPT-2's c_fc): against dw_cuda_gelu_fwd, the rows
+ * quantiser and the counting pass, byte for byte, each 1x128 block of x at its own scale (1e-30 to
+ * 1e4), a zero block, a NaN and an infinity; with out NULL the output's memory is left as it was. */
+static void test_gelu_against_quantiser(void **state) {
+    (void)state;
+    void *stream = NULL;
+    assert_int_equal(dw_ctx_stream(g_gpu, &stream), DW_OK);
+    const int64_t shapes[][2] = {{1, 128}, {37, 768}, {255, 3072}, {1024 + pick(64), 3072}};
+    int bad = 0;
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        const int64_t R = shapes[t][0], C = shapes[t][1], n = R * C, nb = n / 128;
+        uint16_t *x = malloc((size_t)n * 2);
+        for (int64_t b = 0; b < nb; b++) {
+            const float sd = powf(10.0f, dw_test_uniform(&g_rng, -30.0f, 4.0f));
+            for (int64_t i = 128 * b; i < 128 * (b + 1); i++) x[i] = dw_encode_bf16(dw_test_normal(&g_rng) * sd);
+        }
+        memset(x + 128 * pick(nb), 0, 256);
+        x[pick(n)] = 0x7FC0, x[pick(n)] = 0x7F80;
+        void *dx = dw_test_to_dev(x, (size_t)n * 2);
+        void *out[3] = {dev((size_t)n * 2), dev((size_t)n * 2), dev((size_t)n * 2)};
+        uint8_t *codes[3] = {dev((size_t)n), dev((size_t)n), dev((size_t)n)};
+        float *scales[3] = {dev((size_t)nb * 4), dev((size_t)nb * 4), dev((size_t)nb * 4)};
+        assert_int_equal(cudaMemset(out[2], 0x5A, (size_t)n * 2), cudaSuccess);
+        uint64_t cnt0[2][DW_QC_WORDS], cnt1[2][DW_QC_WORDS];
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < DW_QC_WORDS; i++) cnt0[k][i] = dw_test_next(&g_rng) >> 8;
+        uint64_t *dcnt = dw_test_to_dev(cnt0, sizeof cnt0);
+        assert_int_equal(dw_cuda_gelu_fwd(g_gpu, DW_ACT_BF16, out[0], dx, n, stream), DW_OK);
+        assert_int_equal(dw_grouped_fp8_quantize_rows_cuda(g_gpu, out[0], true, R, C, codes[0], scales[0]), DW_OK);
+        assert_int_equal(dw_qcounts_add_cuda(g_gpu, DW_RECIPE_FP8_BLOCK, 1, out[0], R, C, false, codes[0], scales[0], NULL,
+                                             dcnt, stream), DW_OK);
+        assert_int_equal(dw_cuda_gelu_fwd_fp8(g_gpu, out[1], dx, R, C, codes[1], scales[1], dcnt + DW_QC_WORDS, stream),
+                         DW_OK);
+        assert_int_equal(dw_cuda_gelu_fwd_fp8(g_gpu, NULL, dx, R, C, codes[2], scales[2], NULL, stream), DW_OK);
+        dw_test_from_dev(cnt1, dcnt, sizeof cnt1);
+        int64_t d[5] = {0, 0, 0, 0, 0}; /* outputs, codes (fused, no out), scales (fused, no out) */
+        void *h[9];
+        for (int k = 0; k < 3; k++)
+            h[3 * k] = down(out[k], (size_t)n * 2), h[3 * k + 1] = down(codes[k], (size_t)n),
+            h[3 * k + 2] = down(scales[k], (size_t)nb * 4);
+        d[0] = differ(h[0], h[3], n, 2);
+        d[1] = differ(h[1], h[4], n, 1), d[2] = differ(h[1], h[7], n, 1);
+        d[3] = differ(h[2], h[5], nb, 4), d[4] = differ(h[2], h[8], nb, 4);
+        int64_t kept = 0;
+        for (int64_t i = 0; i < n; i++) kept += ((uint16_t *)h[6])[i] == 0x5A5A;
+        uint64_t got[2][DW_QC_WORDS];
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < DW_QC_WORDS; i++) got[k][i] = cnt1[k][i] - cnt0[k][i];
+        printf("gelu R=%lld C=%lld: outputs %lld, codes %lld/%lld, scales %lld/%lld differ (want 0); output left alone "
+               "without out %lld of %lld; counts kernel %llu/%llu/%llu, counting pass %llu/%llu/%llu\n", (long long)R,
+               (long long)C, (long long)d[0], (long long)d[1], (long long)d[2], (long long)d[3], (long long)d[4],
+               (long long)kept, (long long)n, (unsigned long long)got[1][0], (unsigned long long)got[1][1],
+               (unsigned long long)got[1][2], (unsigned long long)got[0][0], (unsigned long long)got[0][1],
+               (unsigned long long)got[0][2]);
+        if (d[0] || d[1] || d[2] || d[3] || d[4] || kept != n || memcmp(got[0], got[1], sizeof got[0]) ||
+            got[1][DW_QC_N] != (uint64_t)n)
+            bad++, printf("MISMATCH gelu R=%lld C=%lld\n", (long long)R, (long long)C);
+        for (int k = 0; k < 9; k++) free(h[k]);
+        for (int k = 0; k < 3; k++) cudaFree(out[k]), cudaFree(codes[k]), cudaFree(scales[k]);
+        cudaFree(dx), cudaFree(dcnt), free(x);
+    }
+    void *p = (void *)256;
+    assert_int_equal(dw_cuda_gelu_fwd_fp8(g_gpu, p, p, 4, 96, p, p, NULL, stream), DW_ERR_INVALID);
+    assert_int_equal(dw_cuda_gelu_fwd_fp8(g_gpu, p, (char *)p + 2, 4, 128, p, p, NULL, stream), DW_ERR_INVALID);
+    if (bad) fail_msg("%d mismatches (lines above)", bad);
+}
+
 /* Refused: a width off the 128-block or over 8192, layernorm with a weight offset, misaligned codes. */
 static void test_refusals(void **state) {
     (void)state;
@@ -172,6 +241,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_against_norm_and_quantiser, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gelu_against_quantiser, setup, teardown),
     };
     return cmocka_run_group_tests(tests, dw_test_group_setup, dw_test_group_teardown);
 }

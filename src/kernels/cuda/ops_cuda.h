@@ -151,6 +151,9 @@ dw_status dw_cuda_swiglu_bwd(dw_ctx *ctx, dw_act_dtype dt, void *dgate, void *du
  * aligned, codes 8-byte. */
 dw_status dw_cuda_swiglu_fwd_fp8(dw_ctx *ctx, void *out, const void *gate, const void *up, int64_t rows,
                                  int64_t cols, uint8_t *codes, float *scales, uint64_t *counts, void *stream);
+/* The same for the tanh GELU of x [rows, cols] (dw_cuda_gelu_fwd's values, swiglu_fp8.cu). */
+dw_status dw_cuda_gelu_fwd_fp8(dw_ctx *ctx, void *out, const void *x, int64_t rows, int64_t cols, uint8_t *codes,
+                               float *scales, uint64_t *counts, void *stream);
 /* One gradient [N, F] as the fp8_block operands of a linear layer's backward (formats.h): codes
  * [N, F] E4M3 and scales [N, F/128] FP32, 1x128 along the features (dgrad's dy); codes_t [F, N]
  * and scales_t [F, N/128], 1x128 along the tokens (wgrad's dy^T); counts (NULL: not counted): a

@@ -1,5 +1,6 @@
 /* swiglu_fp8.cu — the SwiGLU forward that also writes its output's fp8_block rows (ops_cuda.h:
- * dw_cuda_swiglu_fwd_fp8), for the down projection (dense or MoE experts) under fp8_block, whose
+ * dw_cuda_swiglu_fwd_fp8), for the down projection (dense or MoE experts) under fp8_block, and the
+ * GELU's (dw_cuda_gelu_fwd_fp8, GPT-2's c_proj: the same kernel on one input), whose
  * input quantiser it replaces (runtime/cuda/act_quant_cuda.c): the output is read once, in registers,
  * instead of written, read back and quantised by a second kernel. A 1x128 block of a row is 16
  * threads of 8 elements: h = silu(gate) * up in act_math.cuh's arithmetic (ops_act.cu's), rounded
@@ -19,7 +20,7 @@ namespace {
  * loop runs whole warps to the next multiple of 32 chunks (the shuffles need every lane); chunks
  * past n8 compute zeros and store nothing. F % 128 == 0, so a block never spans two rows and its
  * scale sits at chunk / 16. CNT: the rows' counts added to cnt (overflow, underflow, elements). */
-template <bool CNT>
+template <int OP, bool CNT>
 __global__ void __launch_bounds__(DW_EW_THREADS)
     swiglu_fp8_kernel(dw_bf16 *__restrict__ out, const dw_bf16 *__restrict__ gate, const dw_bf16 *__restrict__ up,
                       int64_t n8, uint8_t *__restrict__ codes, float *__restrict__ scales, unsigned long long *cnt) {
@@ -29,11 +30,11 @@ __global__ void __launch_bounds__(DW_EW_THREADS)
         const bool in = j < n8;
         float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         if (in) {
-            float g[8], u[8];
+            float g[8], u[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             dw_ld8(gate, 8 * j, g);
-            dw_ld8(up, 8 * j, u);
+            if (OP == DW_EW_SWIGLU) dw_ld8(up, 8 * j, u); /* GELU: one input */
 #pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(dw_ew_f<DW_EW_SWIGLU>(g[k], u[k])));
+            for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16_rn(dw_ew_f<OP>(g[k], u[k])));
             if (out) dw_st8(out, 8 * j, v); /* BF16 values already: the store's rounding is exact */
         }
         const uint32_t am = dwq::chunk_amax<128>(v); /* lanes 0-15 and 16-31: one block each */
@@ -54,6 +55,18 @@ __global__ void __launch_bounds__(DW_EW_THREADS)
     }
 }
 
+template <int OP>
+void launch(void *out, const void *gate, const void *up, int64_t n8, uint8_t *codes, float *scales, uint64_t *counts,
+            cudaStream_t st) {
+    const unsigned blocks = dw_ew_blocks((n8 + 31) / 32 * 32);
+    if (counts)
+        swiglu_fp8_kernel<OP, true><<<blocks, DW_EW_THREADS, 0, st>>>(
+            (dw_bf16 *)out, (const dw_bf16 *)gate, (const dw_bf16 *)up, n8, codes, scales, (unsigned long long *)counts);
+    else
+        swiglu_fp8_kernel<OP, false><<<blocks, DW_EW_THREADS, 0, st>>>((dw_bf16 *)out, (const dw_bf16 *)gate,
+                                                                      (const dw_bf16 *)up, n8, codes, scales, nullptr);
+}
+
 } // namespace
 
 extern "C" dw_status dw_cuda_swiglu_fwd_fp8(dw_ctx *ctx, void *out, const void *gate, const void *up, int64_t rows,
@@ -65,15 +78,20 @@ extern "C" dw_status dw_cuda_swiglu_fwd_fp8(dw_ctx *ctx, void *out, const void *
     DW_OPS_REQUIRE(ctx, op, gate && up && codes && scales);
     DW_OPS_REQUIRE(ctx, op, dw_aligned16(gate) && dw_aligned16(up) && (!out || dw_aligned16(out)));
     DW_OPS_REQUIRE(ctx, op, ((uintptr_t)codes & 7u) == 0 && ((uintptr_t)scales & 3u) == 0);
-    const int64_t n8 = rows * cols / 8;
-    const unsigned blocks = dw_ew_blocks((n8 + 31) / 32 * 32);
-    cudaStream_t st = (cudaStream_t)stream;
-    if (counts)
-        swiglu_fp8_kernel<true><<<blocks, DW_EW_THREADS, 0, st>>>((dw_bf16 *)out, (const dw_bf16 *)gate, (const dw_bf16 *)up,
-                                                                 n8, codes, scales, (unsigned long long *)counts);
-    else
-        swiglu_fp8_kernel<false><<<blocks, DW_EW_THREADS, 0, st>>>((dw_bf16 *)out, (const dw_bf16 *)gate,
-                                                                  (const dw_bf16 *)up, n8, codes, scales, nullptr);
+    launch<DW_EW_SWIGLU>(out, gate, up, rows * cols / 8, codes, scales, counts, (cudaStream_t)stream);
+    DW_CUDA_CHECK_LAUNCH(ctx, op);
+    return DW_OK;
+}
+
+extern "C" dw_status dw_cuda_gelu_fwd_fp8(dw_ctx *ctx, void *out, const void *x, int64_t rows, int64_t cols,
+                                         uint8_t *codes, float *scales, uint64_t *counts, void *stream) {
+    const char *op = "gelu_fp8";
+    DW_OPS_REQUIRE(ctx, op, rows >= 0 && cols >= 0 && cols % 128 == 0);
+    if (rows == 0 || cols == 0) return DW_OK;
+    DW_OPS_REQUIRE(ctx, op, x && codes && scales);
+    DW_OPS_REQUIRE(ctx, op, dw_aligned16(x) && (!out || dw_aligned16(out)));
+    DW_OPS_REQUIRE(ctx, op, ((uintptr_t)codes & 7u) == 0 && ((uintptr_t)scales & 3u) == 0);
+    launch<DW_EW_GELU>(out, x, nullptr, rows * cols / 8, codes, scales, counts, (cudaStream_t)stream);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }

@@ -1,5 +1,6 @@
 /* act_quant_cuda.c — the CUDA backend's SwiGLU that quantises its own output (cuda.h:
- * dw_cuda_swiglu_quant_fwd), the norms that do (dw_cuda_norm_quant_fwd, below), and the SwiGLU's backward that writes its gradients as fp8_block operands
+ * dw_cuda_swiglu_quant_fwd), the norms and the GELU that do (dw_cuda_norm_quant_fwd,
+ * dw_cuda_gelu_quant_fwd, below), and the SwiGLU's backward that writes its gradients as fp8_block operands
  * (dw_cuda_swiglu_quant_bwd, at the end). Where one linear layer alone reads the SwiGLU's output h as its x and
  * runs its fprop in fp8_block — the down projection of a Llama MLP (qlinear_cuda.c) or of a MoE
  * layer's experts (ops_cuda_moe.c) — the forward writes h's 1x128 rows into the rows slot in the
@@ -84,6 +85,32 @@ dw_status dw_cuda_norm_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done
     st->rows_recipe = (int)DW_RECIPE_FP8_BLOCK;
     dw_qcounts_note(qc, 0, L, own != NULL);
     st->norm_quant++;
+    *done = true;
+    return DW_OK;
+}
+
+/* The GELU a quantised linear layer runs after its GEMM (c: that layer's call; GPT-2's c_fc) where
+ * only dense fp8_block linear layers read its output (dw_compile_gelu_quant_reader: c_proj): the
+ * GELU writes their 1x128 rows too (kernels/cuda/swiglu_fp8.cu), counted and recorded as the norms'
+ * are. The BF16 output is stored (the wgrad's x^T). DW_GELU_QUANT=0: the separate quantiser. */
+dw_status dw_cuda_gelu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done) {
+    *done = false;
+    const dw_exec *x = c->x;
+    if (!x->quant_reuse || c->recompute || !dw_env_flag("DW_GELU_QUANT", true)) return DW_OK;
+    const int G = x->p->node[c->node].partner_fwd;
+    const int64_t R = c->rows, C = dw_cuda_width(c, c->n->out[0]);
+    const int L = G >= 0 ? dw_compile_gelu_quant_reader(x->p, G, R) : -1;
+    if (L < 0) return DW_OK;
+    dw_qcounts *qc = x->qcounts;
+    uint64_t *own = c->train && dw_qcounts_slot(qc, L, DW_QC_X) ? dw_qcounts_own(qc, L, 0) : NULL;
+    const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* the GEMM has read its x's rows: stream order */
+    DW_TRY(dw_cuda_gelu_fwd_fp8(be->ctx, c->fuse_out, c->out[0], R, C, s.codes, s.scales, own, DW_CUDA_STREAM(be)));
+    dw_cuda_qlin_reset(be);
+    dw_cuda_state *st = DW_CUDA_ST(be);
+    st->rows_tensor = x->g->nodes[G].out[0];
+    st->rows_recipe = (int)DW_RECIPE_FP8_BLOCK;
+    dw_qcounts_note(qc, 0, L, own != NULL);
+    st->gelu_quant++;
     *done = true;
     return DW_OK;
 }

@@ -31,6 +31,7 @@ typedef struct {
     dw_cuda_fp8_grad dy_fp8[2];
     int64_t swiglu_quant_bwd[2]; /* such SwiGLU backwards, since creation: [0] dense, [1] MoE */
     int64_t norm_quant;         /* norm forwards that quantised their output for its linear layers, since creation */
+    int64_t gelu_quant;         /* GELU forwards (after a quantised GEMM) that did, since creation */
     int64_t combine_quant_bwd;  /* MoE combine backwards that wrote the down layer's dy rows, since creation */
     void **events;           /* timers: cudaEvent_t */
     int n_events;
@@ -76,6 +77,9 @@ dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *do
 /* The rmsnorm or layernorm forward that also writes its output's fp8_block rows for the dense
  * linear layers reading it (dw_compile_norm_quant_reader; with quant_reuse): *done when it did. */
 dw_status dw_cuda_norm_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done);
+/* The GELU a quantised linear layer (call c) runs after its GEMM, also writing its output's
+ * fp8_block rows for the layers reading it (dw_compile_gelu_quant_reader): *done when it did. */
+dw_status dw_cuda_gelu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done);
 
 /* The guard's check (guard_check_cuda.c): the backend's qstats entry (backend.h), and a check
  * step's dy [N, M] (BF16, c->dout[0]) measured as the dgrad's (dg) and wgrad's (wg) operands in

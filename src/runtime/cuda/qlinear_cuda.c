@@ -187,7 +187,10 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
                                                                                       epilogue is no fusion) */
     }
     DW_TRY(dw_gemm(be->ctx, &a));
-    return c->fuse_out ? dw_cuda_gelu_fwd(be->ctx, DW_ACT_BF16, c->fuse_out, c->out[0], N * M, DW_CUDA_STREAM(be)) : DW_OK;
+    if (!c->fuse_out) return DW_OK;
+    bool fused = false; /* before fp8_block layers (GPT-2's c_proj): their x rows written by the GELU */
+    DW_TRY(dw_cuda_gelu_quant_fwd(be, c, &fused));
+    return fused ? DW_OK : dw_cuda_gelu_fwd(be->ctx, DW_ACT_BF16, c->fuse_out, c->out[0], N * M, DW_CUDA_STREAM(be));
 }
 
 dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *dg, bool *wg) {
