@@ -56,8 +56,10 @@ dw_status dw_cuda_step_cast_bf16(dw_backend *be, const dw_exec *x, int64_t begin
 dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node);
 
 /* Quantised linear layers (qlinear_cuda.c). fprop: y = quant(x) quant(W)^T (+ bias), GELU into
- * c->fuse_out too when set; *done false (nothing launched): the target runs this GEMM in BF16. */
-dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done);
+ * c->fuse_out too when set, in the GEMM's epilogue where its kernel has one, else *gelu_after:
+ * the caller runs it (ops_cuda_linear.c); *done false (nothing launched): the target runs this
+ * GEMM in BF16. */
+dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done, bool *gelu_after);
 /* dgrad into dx (when dx is not NULL; added when c->dx_acc[0]) and wgrad into dW, each where the
  * target runs it quantised; *dg / *wg say which ran. */
 dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *dg, bool *wg);

@@ -33,8 +33,13 @@ dw_status dw_cuda_op_linear_fwd(dw_backend *be, const dw_op_call *c) {
     if (!c->x->p->bf16)
         return dw_cuda_linear_fwd(be->ctx, c->out[0], c->in[0], c->in[1], bias ? c->in[2] : NULL, N, K, M, DW_CUDA_STREAM(be));
     if (dw_compile_quant_recipe(c->x->p->node[c->node].bind.recipe)) { /* quantised; BF16 below when not run so */
-        bool done = false;
-        DW_TRY(dw_cuda_qlin_fprop(be, c, &done));
+        bool done = false, gelu_after = false;
+        DW_TRY(dw_cuda_qlin_fprop(be, c, &done, &gelu_after));
+        if (gelu_after) { /* no GELU epilogue on the quantised GEMM: a pass, which may write its readers' rows */
+            bool fused = false;
+            DW_TRY(dw_cuda_gelu_quant_fwd(be, c, &fused));
+            return fused ? DW_OK : dw_cuda_gelu_fwd(be->ctx, DW_ACT_BF16, c->fuse_out, c->out[0], N * M, DW_CUDA_STREAM(be));
+        }
         if (done) return DW_OK;
     }
     const uint16_t *wb;

@@ -154,8 +154,8 @@ dw_status dw_cuda_step_quant_weight(dw_backend *be, const dw_exec *x, int node) 
     return quant(be, x, rw, DW_QUANT_IN_F32, w, M, K, &ws, &wt, cw, cwt, node, DW_AMAX_W, true); /* W^T [K,M] along M */
 }
 
-dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
-    *done = false;
+dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done, bool *gelu_after) {
+    *done = *gelu_after = false;
     if (!quantised(c, DW_QPASS_FPROP)) return DW_OK;
     dw_cuda_state *st = DW_CUDA_ST(be);
     const dw_exec *x = c->x;
@@ -186,11 +186,8 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done) {
         if (plain && fused && !strcmp(plain, fused)) return dw_gemm(be->ctx, &g); /* (a slower kernel for the
                                                                                       epilogue is no fusion) */
     }
-    DW_TRY(dw_gemm(be->ctx, &a));
-    if (!c->fuse_out) return DW_OK;
-    bool fused = false; /* before fp8_block layers (GPT-2's c_proj): their x rows written by the GELU */
-    DW_TRY(dw_cuda_gelu_quant_fwd(be, c, &fused));
-    return fused ? DW_OK : dw_cuda_gelu_fwd(be->ctx, DW_ACT_BF16, c->fuse_out, c->out[0], N * M, DW_CUDA_STREAM(be));
+    *gelu_after = c->fuse_out != NULL; /* the caller runs it (ops_cuda_linear.c) */
+    return dw_gemm(be->ctx, &a);
 }
 
 dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *dg, bool *wg) {
