@@ -918,7 +918,7 @@ static void test_fused_cast_engine(void **state) {
         }
         float *pa = read_all(e[0], false), *pb = read_all(e[1], false);
         int64_t diff = 0;
-        for (int64_t k = 0; k < all_numel(e[0]); k++) diff += memcmp(&pa[k], &pb[k], 4) != 0;
+        for (int64_t k = 0, n = all_numel(e[0]); k < n; k++) diff += memcmp(&pa[k], &pb[k], 4) != 0;
         printf("  %s %s%s: fused cast vs DW_FUSED_CAST=0, 4 steps: last loss %.9g vs %.9g, %d steps' losses or norms "
                "differ, %lld parameters differ (want 0)\n", cases[c][0], cases[c][1], c >= 3 ? " bf16_arena" : "",
                l[0], l[1], diff_steps, (long long)diff);
@@ -970,7 +970,7 @@ static void test_fused_norm_engine(void **state) {
                 if (dw_engine_forward_backward(e[k], x, y, B, T, 1.0, &l[k]) != DW_OK) fail_msg("%s", dw_errmsg(g_gpu));
                 float *g = read_all(e[k], true);
                 double ss = 0;
-                for (int64_t i = 0; i < all_numel(e[k]); i++) ss += (double)g[i] * g[i];
+                for (int64_t i = 0, n = all_numel(e[k]); i < n; i++) ss += (double)g[i] * g[i];
                 free(g);
                 assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
                 const double rel = fabs(gn[k] - sqrt(ss)) / sqrt(ss);
@@ -1139,7 +1139,7 @@ static void quant_reuse_one(const char *model, const char *precision, int64_t T,
                       fused_gelu = DW_CUDA_ST(e[0]->be)->gelu_quant - before_gelu;
         float *g0 = read_all(e[0], true), *g1 = read_all(e[1], true);
         int64_t gdiff = 0;
-        for (int64_t k = 0; k < all_numel(e[0]); k++) gdiff += memcmp(&g0[k], &g1[k], 4) != 0;
+        for (int64_t k = 0, n = all_numel(e[0]); k < n; k++) gdiff += memcmp(&g0[k], &g1[k], 4) != 0;
         free(g0), free(g1);
         for (int k = 0; k < 2; k++) assert_int_equal(dw_engine_step(e[k], &ao, step, &gn[k]), DW_OK);
         printf("  quant reuse %s %s T=%lld recompute %d step %d: loss %.9g vs %.9g (every use), %lld gradient values "
@@ -1203,7 +1203,7 @@ static void recompute_one(const char *model, const char *precision) {
         for (int k = 1; k < 3; k++) {
             float *gk = read_all(e[k], true);
             int64_t gdiff = 0;
-            for (int64_t i = 0; i < all_numel(e[0]); i++) gdiff += memcmp(&g0[i], &gk[i], 4) != 0;
+            for (int64_t i = 0, n = all_numel(e[0]); i < n; i++) gdiff += memcmp(&g0[i], &gk[i], 4) != 0;
             free(gk);
             printf("  %s %s recompute %s step %d: loss %.9g vs %.9g, %lld gradient values differ (want 0)\n", model,
                    precision, dw_recompute_name((dw_recompute)modes[k]), step, loss[k], loss[0], (long long)gdiff);
