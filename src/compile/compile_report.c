@@ -73,8 +73,11 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "; quantised on the device, scales from the current amax\n");
         }
         if (b->note) fprintf(f, "     at this shape: %s\n", b->note);
-        if (pn->fused & DW_FUSED_FWD)
+        if ((pn->fused & DW_FUSED_FWD) && dw_compile_gelu_epilogue(c, pn->partner_fwd))
             fprintf(f, "     fused: forward in %s's GEMM epilogue (GELU_AUX)\n", g->nodes[pn->partner_fwd].name);
+        else if (pn->fused & DW_FUSED_FWD)
+            fprintf(f, "     fused: forward run by %s, a pass right after its GEMM (its quantised kernel has no GELU "
+                    "epilogue)\n", g->nodes[pn->partner_fwd].name);
         if (pn->fused & DW_FUSED_BWD)
             fprintf(f, "     fused: backward in %s's dgrad epilogue (DGELU)\n", g->nodes[pn->partner_bwd].name);
         const int nq = dw_compile_norm_quant_reader(c, i, g->batch * g->seq);

@@ -90,6 +90,9 @@ done
 "$dw" compile gpt2-124m --precision fp8_block --batch 2 --seq 64 --report >"$tmp/g8" 2>&1
 check "compile gpt2-124m fp8_block" 0 $?
 has "the GELU quantises for c_proj" "$tmp/g8" "fused: writes transformer.h.11.mlp.c_proj's fp8_block rows"
+has "... in a pass after c_fc's FP8 GEMM (no GELU epilogue there)" "$tmp/g8" \
+  "fused: forward run by transformer.h.11.mlp.c_fc, a pass right after its GEMM"
+hasnt "... not said to be in the FP8 GEMM's epilogue" "$tmp/g8" "GEMM epilogue (GELU_AUX)"
 has "ln_1 quantises for c_attn" "$tmp/g8" "fp8_block rows of its output for transformer.h.11.attn.c_attn"
 "$dw" compile gpt2-124m --precision fp8_block --batch 2 --seq 64 --target cpu --report >"$tmp/g8c" 2>&1
 hasnt "... not for the CPU target (GPT-2)" "$tmp/g8c" "fp8_block rows"
