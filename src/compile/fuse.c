@@ -165,37 +165,36 @@ bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int 
     return true;
 }
 
+/* The MoE experts' layer whose dy node i's backward can write as fp8_block rows through input k,
+ * or -1: a moe_linear layer makes that input (width a multiple of 128) and i alone reads it, in
+ * slot k; i writes its gradient into the input's own buffer; the layer makes a dx and runs its
+ * dgrad in fp8_block. */
+static int moe_dgrad_rows_layer(const dw_compiled *c, int i, int k) {
+    const dw_graph *g = c->g;
+    const int t = g->nodes[i].in[k], P = g->tensors[t].producer;
+    int slot = -1;
+    if (P < 0 || g->nodes[P].op != DW_OP_MOE_LINEAR || sole_consumer(g, t, &slot) != i || slot != k) return -1;
+    if (width(g, t) % 128 || c->node[i].grad_mode[k] != DW_GRAD_WRITE || c->tensor[t].grad_alias != t ||
+        c->node[P].grad_mode[0] == DW_GRAD_NONE)
+        return -1;
+    const dw_node_binding *b = &c->node[P].bind;
+    return dw_compile_quant_act_recipe(b->recipe) == DW_RECIPE_FP8_BLOCK && b->quantised[DW_QPASS_DGRAD] ? P : -1;
+}
+
 bool dw_compile_swiglu_bwd_moe_rows(const dw_compiled *c, int i, int layers[2]) {
     const dw_graph *g = c->g;
     if (!c->bf16 || c->target.device != DW_DEVICE_CUDA || g->nodes[i].op != DW_OP_SWIGLU) return false;
-    if (width(g, g->nodes[i].out[0]) % 128) return false;
-    for (int k = 0; k < 2; k++) {
-        const int t = g->nodes[i].in[k], P = g->tensors[t].producer;
-        int slot = -1;
-        if (P < 0 || g->nodes[P].op != DW_OP_MOE_LINEAR || sole_consumer(g, t, &slot) != i || slot != k) return false;
-        if (c->node[i].grad_mode[k] != DW_GRAD_WRITE || c->tensor[t].grad_alias != t ||
-            c->node[P].grad_mode[0] == DW_GRAD_NONE)
-            return false;
-        const dw_node_binding *b = &c->node[P].bind;
-        if (dw_compile_quant_act_recipe(b->recipe) != DW_RECIPE_FP8_BLOCK || !b->quantised[DW_QPASS_DGRAD]) return false;
-        layers[k] = P;
-    }
+    for (int k = 0; k < 2; k++)
+        if ((layers[k] = moe_dgrad_rows_layer(c, i, k)) < 0) return false;
     return c->tensor[g->nodes[i].in[0]].rows_cap == c->tensor[g->nodes[i].in[1]].rows_cap;
 }
 
 int dw_compile_combine_bwd_moe_rows(const dw_compiled *c, int i) {
     const dw_graph *g = c->g;
     if (!c->bf16 || c->target.device != DW_DEVICE_CUDA || g->nodes[i].op != DW_OP_MOE_COMBINE) return -1;
-    const int t = g->nodes[i].in[0], P = g->tensors[t].producer;
-    int slot = -1;
-    if (P < 0 || g->nodes[P].op != DW_OP_MOE_LINEAR || sole_consumer(g, t, &slot) != i || slot != 0) return -1;
     const int d = g->tensors[g->nodes[i].in[2]].producer; /* dropless: every row one assignment's */
     if (d < 0 || g->nodes[d].op != DW_OP_MOE_DISPATCH || g->nodes[d].attrs.capacity_factor > 0) return -1;
-    if (width(g, t) % 128 || c->node[i].grad_mode[0] != DW_GRAD_WRITE || c->tensor[t].grad_alias != t ||
-        c->node[P].grad_mode[0] == DW_GRAD_NONE)
-        return -1;
-    const dw_node_binding *b = &c->node[P].bind;
-    return dw_compile_quant_act_recipe(b->recipe) == DW_RECIPE_FP8_BLOCK && b->quantised[DW_QPASS_DGRAD] ? P : -1;
+    return moe_dgrad_rows_layer(c, i, 0);
 }
 
 int dw_compile_fused_gelu_fwd(const dw_compiled *c, int linear) {

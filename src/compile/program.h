@@ -417,6 +417,12 @@ bool dw_compile_swiglu_bwd_quant(const dw_compiled *c, int i, int64_t rows, int 
  * (with a dx to make) quantised in fp8_block. The codes and scales go to work.glu_rows; the BF16
  * gradients stay for the wgrad (runtime/cuda/act_quant_cuda.c). */
 bool dw_compile_swiglu_bwd_moe_rows(const dw_compiled *c, int i, int layers[2]);
+/* One gradient's pieces in work.glu_rows for R rows of C columns: its E4M3 codes [R, C] and its
+ * FP32 scales [R, C/128], each in bytes rounded up to 256 (workspace.c sizes the region with it,
+ * the CUDA backend places the pieces with it). */
+static inline void dw_compile_glu_rows_piece(int64_t R, int64_t C, int64_t *codes, int64_t *scales) {
+    *codes = (R * C + 255) / 256 * 256, *scales = (R * (C / 128) * 4 + 255) / 256 * 256;
+}
 /* The MoE experts' layer whose dgrad dy MoE combine node i's backward can also write as fp8_block
  * rows beside the BF16 gradient of the expert rows, or -1: a BF16 program compiled for CUDA, the
  * rows (width a multiple of 128) made by that moe_linear layer and read by i alone, their gradient

@@ -136,16 +136,16 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
     for (int i = 0; i < g->n_nodes; i++) {
         if (dw_compile_combine_bwd_moe_rows(c, i) >= 0) {
             const dw_ir_tensor *ys = &g->tensors[g->nodes[i].in[0]];
-            const int64_t R = c->tensor[g->nodes[i].in[0]].rows_cap, C = ys->shape[ys->ndim - 1];
-            const int64_t bytes = dw_align_up(R * C, 256) + dw_align_up(R * (C / 128) * 4, 256);
-            if (bytes > glu_rows) glu_rows = bytes;
+            int64_t codes, scales; /* the down layer's dy rows */
+            dw_compile_glu_rows_piece(c->tensor[g->nodes[i].in[0]].rows_cap, ys->shape[ys->ndim - 1], &codes, &scales);
+            if (codes + scales > glu_rows) glu_rows = codes + scales;
         }
         int layers[2];
         if (!dw_compile_swiglu_bwd_moe_rows(c, i, layers)) continue;
         const dw_ir_tensor *h = &g->tensors[g->nodes[i].out[0]];
-        const int64_t R = c->tensor[g->nodes[i].in[0]].rows_cap, F = h->shape[h->ndim - 1];
-        const int64_t bytes = 2 * dw_align_up(R * F, 256) + 2 * dw_align_up(R * (F / 128) * 4, 256);
-        if (bytes > glu_rows) glu_rows = bytes;
+        int64_t codes, scales; /* dgate's and dup's rows */
+        dw_compile_glu_rows_piece(c->tensor[g->nodes[i].in[0]].rows_cap, h->shape[h->ndim - 1], &codes, &scales);
+        if (2 * (codes + scales) > glu_rows) glu_rows = 2 * (codes + scales);
     }
     w->glu_rows = glu_rows ? *o : -1, w->glu_rows_bytes = glu_rows, *o += w->glu_rows_bytes;
 }

@@ -23,6 +23,21 @@
 #include "runtime/cuda/cuda.h"
 #include "runtime/moe_fp8.h"
 
+/* Where a kernel writing dense layer L's x rows counts them: L's own pair 0 in a training forward
+ * whose quantisers' counters count L's x (deepwell train's guard), which L's x counts take when
+ * the counters are read (qlinear_cuda.c); else NULL. */
+static uint64_t *rows_own(const dw_op_call *c, int L) {
+    dw_qcounts *qc = c->x->qcounts;
+    return c->train && dw_qcounts_slot(qc, L, DW_QC_X) ? dw_qcounts_own(qc, L, 0) : NULL;
+}
+/* The rows slot now holds tensor t's rows in `recipe`, counted into L's own pair or not (own):
+ * the record L's quantiser would leave, so L and its siblings read them. */
+static void rows_written(dw_backend *be, const dw_exec *x, int t, int recipe, int L, const uint64_t *own) {
+    dw_cuda_qlin_reset(be);
+    DW_CUDA_ST(be)->rows_tensor = t, DW_CUDA_ST(be)->rows_recipe = recipe;
+    dw_qcounts_note(x->qcounts, 0, L, own != NULL);
+}
+
 dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done) {
     *done = false;
     const dw_exec *x = c->x;
@@ -35,23 +50,15 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
     /* expert parallelism exchanges the rows in between; more rows than the slot: the layer refuses
      * them, naming itself */
     if (moe && (x->moe_ep || R > x->p->tensor[h].rows_cap)) return DW_OK;
-    /* a dense layer whose x the quantisers' counters count (deepwell train's guard; a training
-     * forward, not one computing values again): the kernel counts the rows into the layer's own
-     * pair 0, which the layer's x counts take when the counters are read (qlinear_cuda.c) */
-    dw_qcounts *qc = x->qcounts;
-    uint64_t *own = !moe && c->train && dw_qcounts_slot(qc, L, DW_QC_X) ? dw_qcounts_own(qc, L, 0) : NULL;
+    uint64_t *own = moe ? NULL : rows_own(c, L); /* (the MoE quantisers count nothing) */
     const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
     /* h is stored unless a training forward drops it for the backward to compute again (the
      * quantisation guard measures it after its layer's step in an eval forward: train/guard_quant.c) */
     const bool keep = !c->train || !dw_compile_remat(x->p, c->node);
     DW_TRY(dw_cuda_swiglu_fwd_fp8(be->ctx, keep ? c->out[0] : NULL, c->in[0], c->in[1], R, F, s.codes, s.scales, own,
                                   DW_CUDA_STREAM(be)));
-    dw_cuda_qlin_reset(be);
-    dw_cuda_state *st = DW_CUDA_ST(be);
-    st->rows_tensor = h;
-    st->rows_recipe = moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK;
-    dw_qcounts_note(qc, 0, L, own != NULL); /* counted into L's own pair, or not (an eval forward, MoE) */
-    st->swiglu_quant[moe]++;
+    rows_written(be, x, h, moe ? dw_cuda_moe_rows_mark(DW_RECIPE_FP8_BLOCK) : (int)DW_RECIPE_FP8_BLOCK, L, own);
+    DW_CUDA_ST(be)->swiglu_quant[moe]++;
     *done = true;
     return DW_OK;
 }
@@ -71,20 +78,15 @@ dw_status dw_cuda_norm_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done
     const int64_t R = dw_exec_rows(x, y), C = dw_cuda_width(c, y);
     const int L = dw_compile_norm_quant_reader(x->p, c->node, R);
     if (L < 0) return DW_OK;
-    dw_qcounts *qc = x->qcounts;
-    uint64_t *own = c->train && dw_qcounts_slot(qc, L, DW_QC_X) ? dw_qcounts_own(qc, L, 0) : NULL;
+    uint64_t *own = rows_own(c, L);
     const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* codes at off, scales at off + scales */
     const bool rms = c->n->op == DW_OP_RMSNORM;
     DW_TRY(dw_cuda_norm_fwd_fp8(be->ctx, rms, c->out[0], rms ? NULL : c->aux[DW_AUX_STAT0],
                                 c->aux[rms ? DW_AUX_STAT0 : DW_AUX_STAT1], c->in[0], c->in[1], rms ? NULL : c->in[2],
                                 rms ? c->n->attrs.offset : 0.0, R, C, c->n->attrs.eps, s.codes, s.scales, own,
                                 DW_CUDA_STREAM(be)));
-    dw_cuda_qlin_reset(be);
-    dw_cuda_state *st = DW_CUDA_ST(be);
-    st->rows_tensor = y;
-    st->rows_recipe = (int)DW_RECIPE_FP8_BLOCK;
-    dw_qcounts_note(qc, 0, L, own != NULL);
-    st->norm_quant++;
+    rows_written(be, x, y, (int)DW_RECIPE_FP8_BLOCK, L, own);
+    DW_CUDA_ST(be)->norm_quant++;
     *done = true;
     return DW_OK;
 }
@@ -101,29 +103,19 @@ dw_status dw_cuda_gelu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done
     const int64_t R = c->rows, C = dw_cuda_width(c, c->n->out[0]);
     const int L = G >= 0 ? dw_compile_gelu_quant_reader(x->p, G, R) : -1;
     if (L < 0) return DW_OK;
-    dw_qcounts *qc = x->qcounts;
-    uint64_t *own = c->train && dw_qcounts_slot(qc, L, DW_QC_X) ? dw_qcounts_own(qc, L, 0) : NULL;
+    uint64_t *own = rows_own(c, L);
     const dw_moe_fp8_slot s = dw_moe_fp8_at(x, &x->p->work.q_rows); /* the GEMM has read its x's rows: stream order */
     DW_TRY(dw_cuda_gelu_fwd_fp8(be->ctx, c->fuse_out, c->out[0], R, C, s.codes, s.scales, own, DW_CUDA_STREAM(be)));
-    dw_cuda_qlin_reset(be);
-    dw_cuda_state *st = DW_CUDA_ST(be);
-    st->rows_tensor = x->g->nodes[G].out[0];
-    st->rows_recipe = (int)DW_RECIPE_FP8_BLOCK;
-    dw_qcounts_note(qc, 0, L, own != NULL);
-    st->gelu_quant++;
+    rows_written(be, x, x->g->nodes[G].out[0], (int)DW_RECIPE_FP8_BLOCK, L, own);
+    DW_CUDA_ST(be)->gelu_quant++;
     *done = true;
     return DW_OK;
 }
 
-/* Backward: where the gate and up layers run their dgrad and wgrad in fp8_block
- * (dw_compile_swiglu_bwd_quant), the SwiGLU writes dgate and dup only as those layers' operands
- * (kernels/cuda/swiglu_bwd_fp8.cu): each gradient's BF16 buffer takes its codes, dy [R, F] at
- * the start and dy^T [F, R] after it; the four scale arrays go to work.glu_scales. The layers'
- * backward (qlinear_cuda.c) reads them instead of quantising dy, and the kernel counts them into
- * the layers' dy counters as their quantisers would. Not on a check step of the quantisation
- * guard (the layers measure their BF16 dy then: guard_check_cuda.c). DW_SWIGLU_QUANT=0 or
- * DW_SWIGLU_QUANT_BWD=0: BF16 gradients, each layer quantising its own. A MoE layer's experts:
- * moe_rows_bwd. */
+bool dw_cuda_bwd_quant_on(const dw_exec *x) {
+    return x->quant_reuse && dw_env_flag("DW_SWIGLU_QUANT", true) && dw_env_flag("DW_SWIGLU_QUANT_BWD", true);
+}
+
 /* A MoE layer's experts (dw_compile_swiglu_bwd_moe_rows): the SwiGLU writes dgate and dup in BF16,
  * which the gate and up layers' BF16 wgrad read, and each one's fp8_block rows into work.glu_rows
  * (kernels/cuda/swiglu_bwd_rows_fp8.cu), which their dgrad reads (ops_cuda_moe.c) instead of
@@ -137,8 +129,9 @@ static dw_status moe_rows_bwd(dw_backend *be, const dw_op_call *c, bool *done) {
     int L[2];
     if (x->p->work.glu_rows < 0 || x->moe_ep || !dw_compile_swiglu_bwd_moe_rows(x->p, c->node, L)) return DW_OK;
     if (!c->dout[0] || !c->dx[0] || !c->dx[1] || c->dx_acc[0] || c->dx_acc[1]) return DW_OK;
-    const int64_t codes = (R * F + 255) / 256 * 256, scales = (R * (F / 128) * 4 + 255) / 256 * 256; /* workspace.c's */
-    if (2 * codes + 2 * scales > x->p->work.glu_rows_bytes) return DW_OK; /* more rows than planned */
+    int64_t codes, scales;
+    dw_compile_glu_rows_piece(R, F, &codes, &scales);
+    if (2 * (codes + scales) > x->p->work.glu_rows_bytes) return DW_OK; /* more rows than planned */
     char *base = (char *)x->work + x->p->work.glu_rows;
     uint8_t *cd[2] = {(uint8_t *)base, (uint8_t *)base + codes};
     float *sc[2] = {(float *)(base + 2 * codes), (float *)(base + 2 * codes + scales)};
@@ -151,13 +144,21 @@ static dw_status moe_rows_bwd(dw_backend *be, const dw_op_call *c, bool *done) {
     return DW_OK;
 }
 
+/* Backward: where the gate and up layers run their dgrad and wgrad in fp8_block
+ * (dw_compile_swiglu_bwd_quant), the SwiGLU writes dgate and dup only as those layers' operands
+ * (kernels/cuda/swiglu_bwd_fp8.cu): each gradient's BF16 buffer takes its codes, dy [R, F] at
+ * the start and dy^T [F, R] after it; the four scale arrays go to work.glu_scales. The layers'
+ * backward (qlinear_cuda.c) reads them instead of quantising dy, and the kernel counts them into
+ * the layers' dy counters as their quantisers would. Not on a check step of the quantisation
+ * guard (the layers measure their BF16 dy then: guard_check_cuda.c). DW_SWIGLU_QUANT=0 or
+ * DW_SWIGLU_QUANT_BWD=0: BF16 gradients, each layer quantising its own. A MoE layer's experts:
+ * moe_rows_bwd, above. */
 dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *done) {
     *done = false;
     const dw_exec *x = c->x;
     dw_cuda_state *st = DW_CUDA_ST(be);
     st->dy_fp8_node[0] = st->dy_fp8_node[1] = -1; /* nothing pending from an earlier SwiGLU */
-    if (!x->quant_reuse || !dw_env_flag("DW_SWIGLU_QUANT", true) || !dw_env_flag("DW_SWIGLU_QUANT_BWD", true))
-        return DW_OK;
+    if (!dw_cuda_bwd_quant_on(x)) return DW_OK;
     const int h = c->n->out[0];
     const int64_t R = dw_exec_rows(x, h), F = dw_cuda_width(c, h), ns = R * (F / 128);
     int L[2];

@@ -76,6 +76,19 @@ dw_status dw_cuda_swiglu_quant_fwd(dw_backend *be, const dw_op_call *c, bool *do
  * dw_compile_swiglu_bwd_quant allows (with quant_reuse; not on a check step, which measures the
  * BF16 dy): *done when it did, noting them for those layers' backward (dw_cuda_state.dy_fp8). */
 dw_status dw_cuda_swiglu_quant_bwd(dw_backend *be, const dw_op_call *c, bool *done);
+/* Whether the backward fusions that write a layer's fp8_block dy may run (quant_reuse, and neither
+ * DW_SWIGLU_QUANT=0 nor DW_SWIGLU_QUANT_BWD=0): the SwiGLU's and the MoE combine's. */
+bool dw_cuda_bwd_quant_on(const dw_exec *x);
+/* Takes the fp8_block dy a SwiGLU's or combine's backward wrote for `node` (dw_cuda_state.dy_fp8)
+ * into *g, forgetting it: false when none is pending for that node. */
+static inline bool dw_cuda_dy_fp8_take(dw_cuda_state *st, int node, dw_cuda_fp8_grad *g) {
+    for (int k = 0; k < 2; k++)
+        if (st->dy_fp8_node[k] == node) {
+            *g = st->dy_fp8[k], st->dy_fp8_node[k] = -1;
+            return true;
+        }
+    return false;
+}
 /* The rmsnorm or layernorm forward that also writes its output's fp8_block rows for the dense
  * linear layers reading it (dw_compile_norm_quant_reader; with quant_reuse): *done when it did. */
 dw_status dw_cuda_norm_quant_fwd(dw_backend *be, const dw_op_call *c, bool *done);

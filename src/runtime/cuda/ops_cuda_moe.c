@@ -23,7 +23,6 @@
 
 #include "compile/wgrad_sumsq.h"
 #include "core/cuda_check.h"
-#include "core/env.h"
 #include "gemm/grouped.h"
 #include "gemm/grouped_fp8.h"
 #include "gemm/grouped_mxfp8.h"
@@ -158,16 +157,11 @@ dw_status dw_cuda_op_moe_linear_bwd(dw_backend *be, const dw_op_call *c) {
     }
     if (c->dx[0]) { /* dx_e = dy_e W_e */
         if (a.recipe != DW_RECIPE_BF16) { /* dy quantised (or its rows by the SwiGLU), W^T from the weight cache */
-            dw_cuda_state *st = DW_CUDA_ST(be);
-            int pre = -1;
-            for (int k = 0; k < 2; k++)
-                if (st->dy_fp8_node[k] == c->node) pre = k;
-            if (pre >= 0 && a.recipe == DW_RECIPE_FP8_BLOCK) {
-                a.dy = st->dy_fp8[pre].codes, a.dy_scales = st->dy_fp8[pre].scales;
-                st->dy_fp8_node[pre] = -1;
-            } else {
+            dw_cuda_fp8_grad f;
+            if (a.recipe == DW_RECIPE_FP8_BLOCK && dw_cuda_dy_fp8_take(DW_CUDA_ST(be), c->node, &f))
+                a.dy = f.codes, a.dy_scales = f.scales;
+            else
                 DW_TRY(quant_act(be, c, a.recipe, DW_MOE_FP8_ROWS, c->dout[0], a.rows, a.m, &a.dy, &a.dy_scales));
-            }
             dw_moe_fp8_cached_weight(c, 1, &a);
         }
         a.out = c->dx[0];
@@ -215,13 +209,13 @@ static dw_status combine_rows_bwd(dw_backend *be, const dw_op_call *c, int64_t N
     const dw_exec *x = c->x;
     dw_cuda_state *st = DW_CUDA_ST(be);
     const int64_t C = dw_cuda_width(c, c->n->out[0]);
-    if (!x->quant_reuse || x->moe_ep || x->p->work.glu_rows < 0 || !dw_env_flag("DW_SWIGLU_QUANT", true) ||
-        !dw_env_flag("DW_SWIGLU_QUANT_BWD", true) || dw_cuda_dt(c) != DW_ACT_BF16 || K > 16)
+    if (x->moe_ep || x->p->work.glu_rows < 0 || dw_cuda_dt(c) != DW_ACT_BF16 || K > 16 || !dw_cuda_bwd_quant_on(x))
         return DW_OK;
     const int L = dw_compile_combine_bwd_moe_rows(x->p, c->node);
     if (L < 0 || !c->dout[0] || !c->dx[0] || c->dx_acc[0] || !combine_covered(c, N, K, R)) return DW_OK;
-    const int64_t codes = (R * C + 255) / 256 * 256; /* workspace.c's */
-    if (codes + (R * (C / 128) * 4 + 255) / 256 * 256 > x->p->work.glu_rows_bytes) return DW_OK;
+    int64_t codes, scales;
+    dw_compile_glu_rows_piece(R, C, &codes, &scales);
+    if (codes + scales > x->p->work.glu_rows_bytes) return DW_OK;
     uint8_t *cd = (uint8_t *)(x->work + x->p->work.glu_rows);
     float *sc = (float *)(x->work + x->p->work.glu_rows + codes);
     DW_TRY(dw_cuda_moe_combine_bwd_rows_fp8(be->ctx, c->dx[0], c->dx[1], c->dout[0], c->in[0], c->in[1],

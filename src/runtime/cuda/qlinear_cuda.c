@@ -206,14 +206,10 @@ dw_status dw_cuda_qlin_bwd(dw_backend *be, const dw_op_call *c, void *dx, bool *
     const bool nv = recipe_applies(x, c->node, ra, DW_NVOP_DY, DW_NVOP_DYT, DW_NVOP_XT);
     uint64_t *cdy = *dg ? counts_of(x, c->node, DW_QC_DY, DW_NVOP_DY, ra) : NULL,
              *cdyt = *wg ? counts_of(x, c->node, DW_QC_DY, DW_NVOP_DYT, ra) : NULL;
-    int pre = -1; /* dy and dy^T already quantised (and counted) by the SwiGLU reading this layer's output */
-    for (int k = 0; k < 2; k++)
-        if (st->dy_fp8_node[k] == c->node) pre = k;
-    if (pre >= 0) {
-        const dw_cuda_fp8_grad *f = &st->dy_fp8[pre];
-        dy = (qslot){.codes = f->codes, .scales = f->scales};
-        dyt = (qslot){.codes = f->codes_t, .scales = f->scales_t};
-        st->dy_fp8_node[pre] = -1;
+    dw_cuda_fp8_grad f; /* dy and dy^T already quantised (and counted) by the SwiGLU reading this layer's output */
+    if (dw_cuda_dy_fp8_take(st, c->node, &f)) {
+        dy = (qslot){.codes = f.codes, .scales = f.scales};
+        dyt = (qslot){.codes = f.codes_t, .scales = f.scales_t};
     } else if (nv) {
         if (*dg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DY, DW_QUANT_IN_BF16, c->dout[0], N, M, &rows));
         if (*wg) DW_TRY(quant_nv(be, x, c->node, DW_NVOP_DYT, DW_QUANT_IN_BF16, c->dout[0], N, M, &dyt));
