@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 /* a new device buffer of n bytes (at least 1) holding h's bytes (none when h is NULL) */
 static inline void *dw_test_to_dev(const void *h, size_t n) {
@@ -21,6 +22,14 @@ static inline void *dw_test_to_dev(const void *h, size_t n) {
 static inline void dw_test_from_dev(void *h, const void *d, size_t n) {
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     if (n) assert_int_equal(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+/* a new host buffer holding n bytes of d, after the device's work so far (free it) */
+static inline void *dw_test_from_dev_new(const void *d, size_t n) {
+    void *h = malloc(n ? n : 1);
+    assert_non_null(h);
+    dw_test_from_dev(h, d, n);
+    return h;
 }
 
 #endif

@@ -270,6 +270,12 @@ int64_t dw_test_rnd(int64_t lo, int64_t hi) {
     return lo + (int64_t)(dw_test_next(&dw_test_group_rng) % (uint64_t)(hi - lo + 1));
 }
 
+int64_t dw_test_differing(const void *a, const void *b, int64_t n, int64_t size) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += memcmp((const char *)a + i * size, (const char *)b + i * size, (size_t)size) != 0;
+    return d;
+}
+
 /* ---- a model built by hand, the optimizer mirror -------------------------------------------- */
 static int64_t rnd_in(dw_test_rng *r, int64_t lo, int64_t hi) {
     return lo + (int64_t)(dw_test_next(r) % (uint64_t)(hi - lo + 1));

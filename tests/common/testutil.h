@@ -70,6 +70,8 @@ int dw_test_cpu_gpu_setup(struct dw_ctx **cpu, struct dw_ctx **gpu);
 void dw_test_cpu_gpu_teardown(struct dw_ctx *cpu, struct dw_ctx *gpu);
 /* Uniform integer in [lo, hi] from dw_test_group_rng. */
 int64_t dw_test_rnd(int64_t lo, int64_t hi);
+/* How many of the n elements of `size` bytes differ between a and b, bit for bit. */
+int64_t dw_test_differing(const void *a, const void *b, int64_t n, int64_t size);
 /* A TCP port on 127.0.0.1 free a moment ago (for tcp ranks forked by a test), or -1. */
 int dw_test_free_port(void);
 /* Under mpirun -np world: the job's MPI communicator (dw_comm_world's, kept until

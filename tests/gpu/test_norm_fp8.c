@@ -46,16 +46,6 @@ static int teardown(void **state) {
 static int64_t pick(int64_t n) { return (int64_t)(dw_test_next(&g_rng) % (uint64_t)n); }
 
 static void *dev(size_t n) { return dw_test_to_dev(NULL, n); }
-static void *down(const void *d, size_t n) {
-    void *h = malloc(n);
-    dw_test_from_dev(h, d, n);
-    return h;
-}
-static int64_t differ(const void *a, const void *b, int64_t n, int64_t size) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp((const char *)a + i * size, (const char *)b + i * size, (size_t)size) != 0;
-    return d;
-}
 
 /* kind 0: rmsnorm, 1: rmsnorm with 1 + w, 2: layernorm with a bias */
 static int one_case(int kind, int64_t N, int64_t C, uint64_t *flushed) {
@@ -105,17 +95,17 @@ static int one_case(int kind, int64_t N, int64_t C, uint64_t *flushed) {
     uint64_t got[2][DW_QC_WORDS];
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < DW_QC_WORDS; i++) got[k][i] = cnt1[k][i] - cnt0[k][i];
-    void *h[8] = {down(out[0], (size_t)n * 2), down(out[1], (size_t)n * 2), down(codes[0], (size_t)n),
-                  down(codes[1], (size_t)n), down(scales[0], (size_t)nb * 4), down(scales[1], (size_t)nb * 4),
-                  down(st[0][1], (size_t)N * 4), down(st[1][1], (size_t)N * 4)};
+    void *h[8] = {dw_test_from_dev_new(out[0], (size_t)n * 2), dw_test_from_dev_new(out[1], (size_t)n * 2), dw_test_from_dev_new(codes[0], (size_t)n),
+                  dw_test_from_dev_new(codes[1], (size_t)n), dw_test_from_dev_new(scales[0], (size_t)nb * 4), dw_test_from_dev_new(scales[1], (size_t)nb * 4),
+                  dw_test_from_dev_new(st[0][1], (size_t)N * 4), dw_test_from_dev_new(st[1][1], (size_t)N * 4)};
     int64_t dmean = 0;
     if (!rms) {
-        void *m0 = down(st[0][0], (size_t)N * 4), *m1 = down(st[1][0], (size_t)N * 4);
-        dmean = differ(m0, m1, N, 4);
+        void *m0 = dw_test_from_dev_new(st[0][0], (size_t)N * 4), *m1 = dw_test_from_dev_new(st[1][0], (size_t)N * 4);
+        dmean = dw_test_differing(m0, m1, N, 4);
         free(m0), free(m1);
     }
-    const int64_t dout = differ(h[0], h[1], n, 2), dc = differ(h[2], h[3], n, 1), ds = differ(h[4], h[5], nb, 4),
-                  drs = differ(h[6], h[7], N, 4);
+    const int64_t dout = dw_test_differing(h[0], h[1], n, 2), dc = dw_test_differing(h[2], h[3], n, 1), ds = dw_test_differing(h[4], h[5], nb, 4),
+                  drs = dw_test_differing(h[6], h[7], N, 4);
     int64_t nan_s = 0, tiny = 0;
     for (int64_t i = 0; i < nb; i++) nan_s += isnan(((float *)h[5])[i]), tiny += ((float *)h[5])[i] < 1e-15f;
     static const char *names[3] = {"rmsnorm", "rmsnorm 1+w", "layernorm"};
@@ -186,11 +176,11 @@ static void test_gelu_against_quantiser(void **state) {
         int64_t d[5] = {0, 0, 0, 0, 0}; /* outputs, codes (fused, no out), scales (fused, no out) */
         void *h[9];
         for (int k = 0; k < 3; k++)
-            h[3 * k] = down(out[k], (size_t)n * 2), h[3 * k + 1] = down(codes[k], (size_t)n),
-            h[3 * k + 2] = down(scales[k], (size_t)nb * 4);
-        d[0] = differ(h[0], h[3], n, 2);
-        d[1] = differ(h[1], h[4], n, 1), d[2] = differ(h[1], h[7], n, 1);
-        d[3] = differ(h[2], h[5], nb, 4), d[4] = differ(h[2], h[8], nb, 4);
+            h[3 * k] = dw_test_from_dev_new(out[k], (size_t)n * 2), h[3 * k + 1] = dw_test_from_dev_new(codes[k], (size_t)n),
+            h[3 * k + 2] = dw_test_from_dev_new(scales[k], (size_t)nb * 4);
+        d[0] = dw_test_differing(h[0], h[3], n, 2);
+        d[1] = dw_test_differing(h[1], h[4], n, 1), d[2] = dw_test_differing(h[1], h[7], n, 1);
+        d[3] = dw_test_differing(h[2], h[5], nb, 4), d[4] = dw_test_differing(h[2], h[8], nb, 4);
         int64_t kept = 0;
         for (int64_t i = 0; i < n; i++) kept += ((uint16_t *)h[6])[i] == 0x5A5A;
         uint64_t got[2][DW_QC_WORDS];

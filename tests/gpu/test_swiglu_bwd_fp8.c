@@ -23,6 +23,7 @@
 #include "core/ctx.h"
 #include "formats/formats.h"
 #include "gemm/grouped_fp8.h"
+#include "gpu_upload.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/quant.h"
 #include "precision/quant_counts.h"
@@ -45,21 +46,7 @@ static int teardown(void **state) {
 static int64_t pick(int64_t n) { return (int64_t)(dw_test_next(&g_rng) % (uint64_t)n); }
 static uint16_t rnd_bf16(float sd) { return dw_encode_bf16(dw_test_normal(&g_rng) * sd); }
 
-static void *dev(size_t n) {
-    void *p = NULL;
-    if (cudaMalloc(&p, n) != cudaSuccess) fail_msg("cudaMalloc %zu", n);
-    return p;
-}
-static void *host_of(const void *d, size_t n) {
-    void *h = malloc(n);
-    if (cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) fail_msg("cudaMemcpy");
-    return h;
-}
-static int64_t differ(const void *a, const void *b, int64_t n, int64_t size) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp((const char *)a + i * size, (const char *)b + i * size, (size_t)size) != 0;
-    return d;
-}
+static void *dev(size_t n) { return dw_test_to_dev(NULL, n); }
 
 static void test_against_quantiser(void **state) {
     (void)state;
@@ -84,17 +71,15 @@ static void test_against_quantiser(void **state) {
         memset(dout + zr * F, 0, (size_t)F * 2);
         dout[pick(n)] = 0x7FC0;  /* NaN */
         gate[pick(n)] = 0x7F80;  /* +inf */
-        uint16_t *d_dout = dev((size_t)n * 2), *d_gate = dev((size_t)n * 2), *d_up = dev((size_t)n * 2);
-        assert_int_equal(cudaMemcpy(d_dout, dout, (size_t)n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-        assert_int_equal(cudaMemcpy(d_gate, gate, (size_t)n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-        assert_int_equal(cudaMemcpy(d_up, up, (size_t)n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        uint16_t *d_dout = dw_test_to_dev(dout, (size_t)n * 2), *d_gate = dw_test_to_dev(gate, (size_t)n * 2),
+                 *d_up = dw_test_to_dev(up, (size_t)n * 2);
         /* reference: BF16 gradients, then the quantiser on each */
         uint16_t *d_bf[2] = {dev((size_t)n * 2), dev((size_t)n * 2)};
         assert_int_equal(dw_cuda_swiglu_bwd(g_gpu, DW_ACT_BF16, d_bf[0], d_bf[1], d_dout, d_gate, d_up, n, stream), DW_OK);
-        uint64_t start[4][DW_QC_WORDS], *d_cnt = dev(sizeof start); /* ref dgate, ref dup, fused dgate, fused dup */
+        uint64_t start[4][DW_QC_WORDS]; /* ref dgate, ref dup, fused dgate, fused dup */
         for (int k = 0; k < 4; k++)
             for (int w = 0; w < DW_QC_WORDS; w++) start[k][w] = dw_test_next(&g_rng) >> 8;
-        assert_int_equal(cudaMemcpy(d_cnt, start, sizeof start, cudaMemcpyHostToDevice), cudaSuccess);
+        uint64_t *d_cnt = dw_test_to_dev(start, sizeof start);
         const dw_quant_opts o = {.recipe = DW_RECIPE_FP8_BLOCK, .rounding = DW_SCALE_RCEIL, .pow2 = false};
         const size_t wsb = dw_quantize_cuda_workspace_bytes(DW_RECIPE_FP8_BLOCK, N, F);
         void *ws = wsb ? dev(wsb) : NULL;
@@ -113,13 +98,13 @@ static void test_against_quantiser(void **state) {
         assert_int_equal(dw_cuda_swiglu_bwd_fp8(g_gpu, d_dout, d_gate, d_up, N, F, &fg[0], &fg[1], stream), DW_OK);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         uint64_t end[4][DW_QC_WORDS];
-        assert_int_equal(cudaMemcpy(end, d_cnt, sizeof end, cudaMemcpyDeviceToHost), cudaSuccess);
+        dw_test_from_dev(end, d_cnt, sizeof end);
         for (int k = 0; k < 2; k++) {
-            void *h[8] = {host_of(rc[k], (size_t)n), host_of(fc[k], (size_t)n), host_of(rct[k], (size_t)n),
-                          host_of(fct[k], (size_t)n), host_of(rs[k], (size_t)nb * 4), host_of(fs[k], (size_t)nb * 4),
-                          host_of(rst[k], (size_t)nb * 4), host_of(fst[k], (size_t)nb * 4)};
-            const int64_t dc = differ(h[0], h[1], n, 1), dct = differ(h[2], h[3], n, 1), ds = differ(h[4], h[5], nb, 4),
-                          dst = differ(h[6], h[7], nb, 4);
+            void *h[8] = {dw_test_from_dev_new(rc[k], (size_t)n), dw_test_from_dev_new(fc[k], (size_t)n), dw_test_from_dev_new(rct[k], (size_t)n),
+                          dw_test_from_dev_new(fct[k], (size_t)n), dw_test_from_dev_new(rs[k], (size_t)nb * 4), dw_test_from_dev_new(fs[k], (size_t)nb * 4),
+                          dw_test_from_dev_new(rst[k], (size_t)nb * 4), dw_test_from_dev_new(fst[k], (size_t)nb * 4)};
+            const int64_t dc = dw_test_differing(h[0], h[1], n, 1), dct = dw_test_differing(h[2], h[3], n, 1), ds = dw_test_differing(h[4], h[5], nb, 4),
+                          dst = dw_test_differing(h[6], h[7], nb, 4);
             uint64_t got[2][DW_QC_WORDS];
             for (int w = 0; w < DW_QC_WORDS; w++) got[0][w] = end[k][w] - start[k][w], got[1][w] = end[2 + k][w] - start[2 + k][w];
             int64_t nan_s = 0;
@@ -167,10 +152,8 @@ static void test_rows_variant(void **state) {
         memset(dout + pick(N) * F, 0, (size_t)F * 2);
         dout[pick(n)] = 0x7FC0; /* NaN */
         gate[pick(n)] = 0x7F80; /* +inf */
-        uint16_t *d_in[3] = {dev((size_t)n * 2), dev((size_t)n * 2), dev((size_t)n * 2)};
-        const uint16_t *h_in[3] = {dout, gate, up};
-        for (int k = 0; k < 3; k++)
-            assert_int_equal(cudaMemcpy(d_in[k], h_in[k], (size_t)n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        uint16_t *d_in[3] = {dw_test_to_dev(dout, (size_t)n * 2), dw_test_to_dev(gate, (size_t)n * 2),
+                             dw_test_to_dev(up, (size_t)n * 2)};
         uint16_t *rb[2] = {dev((size_t)n * 2), dev((size_t)n * 2)}, *fb[2] = {dev((size_t)n * 2), dev((size_t)n * 2)};
         assert_int_equal(dw_cuda_swiglu_bwd(g_gpu, DW_ACT_BF16, rb[0], rb[1], d_in[0], d_in[1], d_in[2], n, stream), DW_OK);
         uint8_t *rc[2], *fc[2];
@@ -183,9 +166,9 @@ static void test_rows_variant(void **state) {
                          DW_OK);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         for (int k = 0; k < 2; k++) {
-            void *h[6] = {host_of(rb[k], (size_t)n * 2), host_of(fb[k], (size_t)n * 2), host_of(rc[k], (size_t)n),
-                          host_of(fc[k], (size_t)n), host_of(rs[k], (size_t)nb * 4), host_of(fs[k], (size_t)nb * 4)};
-            const int64_t db = differ(h[0], h[1], n, 2), dc = differ(h[2], h[3], n, 1), ds = differ(h[4], h[5], nb, 4);
+            void *h[6] = {dw_test_from_dev_new(rb[k], (size_t)n * 2), dw_test_from_dev_new(fb[k], (size_t)n * 2), dw_test_from_dev_new(rc[k], (size_t)n),
+                          dw_test_from_dev_new(fc[k], (size_t)n), dw_test_from_dev_new(rs[k], (size_t)nb * 4), dw_test_from_dev_new(fs[k], (size_t)nb * 4)};
+            const int64_t db = dw_test_differing(h[0], h[1], n, 2), dc = dw_test_differing(h[2], h[3], n, 1), ds = dw_test_differing(h[4], h[5], nb, 4);
             int64_t zero_s = 0;
             for (int64_t b = 0; b < nb; b++) zero_s += ((float *)h[5])[b] == 0.0f;
             printf("rows %s N=%lld F=%lld: BF16 %lld, codes %lld, scales %lld differ (want 0); %lld zero scales\n",
