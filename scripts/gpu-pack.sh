@@ -7,8 +7,9 @@
 # carried by hand). TARGETs are ninja targets (default: deepwell); test binaries land beside it as
 # build-gpu/tests/NAME, the shared library (deepwell_shared) as build-gpu/libdeepwell.so, a standalone
 # benchmark (NAME_bench) as build-gpu/NAME_bench. A first
-# build here takes ~20 minutes on 2 cores; later ones rebuild what changed. The carried tree is limited to 64 MiB: each binary is ~12 MB
-# packed. Needs scripts/gpu-deps.sh's .deps (its libraries) on the GPU machine.
+# build here takes ~20 minutes on 2 cores; later ones rebuild what changed. The carried tree is limited to 64 MiB: the first binary is
+# ~12 MB packed; the others add ~1 MB each, since they share most of their code and xz's 256 MiB
+# window sees it again. Needs scripts/gpu-deps.sh's .deps (its libraries) on the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=("$@")
@@ -36,5 +37,5 @@ for f in "$stage"/deepwell "$stage"/tests/*; do if [ -f "$f" ]; then ldd "$f"; f
   while read -r l; do ls .deps/root/usr/lib/x86_64-linux-gnu/"$l" >/dev/null 2>&1 ||
     echo "gpu-pack: warning: $l is neither in .deps nor on the GPU machine's image (scripts/gpu-deps.sh)" >&2; done
 mkdir -p .gpu
-tar -cJf .gpu/pack.tar.xz -C "$stage" .
+tar -C "$stage" -c . | xz -T2 --lzma2=preset=6,dict=256MiB >.gpu/pack.tar.xz
 echo "deepwell: .gpu/pack.tar.xz ($(du -h .gpu/pack.tar.xz | cut -f1), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tools include CMakeLists.txt || echo ' + uncommitted changes')): ${targets[*]}; carry .gpu and .deps, run scripts/gpu-verify.sh unpack ..."
