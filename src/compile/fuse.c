@@ -37,11 +37,21 @@ static bool bf16_linear(const dw_compiled *c, int i) {
     return any_linear(c, i) && c->node[i].bind.recipe == DW_RECIPE_BF16;
 }
 
+/* Whether a head in recipe r computes each chunk of rows as the whole does: BF16, or a recipe
+ * without a scale over the whole tensor, whose x and dy blocks lie in one row (1x128, 1x32) and
+ * whose dy^T and x^T blocks span at most 128 tokens, which chunks of a multiple of 128 rows never
+ * split. Not fp8_tensor, fp8_row (dy^T's scale over all the tokens) or nvfp4 (its tensor scale). */
+static bool head_chunks_exact(dw_recipe r) {
+    return r == DW_RECIPE_BF16 || r == DW_RECIPE_FP8_BLOCK || r == DW_RECIPE_FP8_BLOCK2D || r == DW_RECIPE_MXFP8 ||
+           r == DW_RECIPE_MXFP8_E5M2 || r == DW_RECIPE_MXFP4;
+}
+
 /* The LM head into the loss: the loss node L (cross-entropy of the graph's logits) and the linear H
  * producing them become one head_xent node when the logits have no other reader, H has no bias
- * and runs in BF16 (any recipe in an FP32 program), and H's backward is the first to write x's
- * gradient (head_xent writes it in the forward, before every other backward adds in). A soft-cap
- * or anything else between the head and the loss leaves them apart. */
+ * and runs in BF16 or a block-scaled recipe that chunks exactly (any recipe in an FP32 program),
+ * and H's backward is the first to write x's gradient (head_xent writes it in the forward, before
+ * every other backward adds in). A quantised head's chunks are rounded up to a multiple of 128
+ * rows. A soft-cap or anything else between the head and the loss leaves them apart. */
 static void fuse_head(dw_compiled *c) {
     const dw_graph *g = c->g;
     if (g->loss < 0) return; /* a feed-forward graph: no loss */
@@ -49,7 +59,8 @@ static void fuse_head(dw_compiled *c) {
     int slot = -1;
     if (L < 0 || H < 0 || g->nodes[L].op != DW_OP_CROSS_ENTROPY || g->nodes[L].in[0] != g->logits) return;
     if (g->nodes[H].op != DW_OP_LINEAR || g->nodes[H].n_in != 2 || sole_consumer(g, g->logits, &slot) != L) return;
-    if (c->bf16 && c->node[H].bind.recipe != DW_RECIPE_BF16) return;
+    const dw_recipe r = c->node[H].bind.recipe;
+    if (c->bf16 && !head_chunks_exact(r)) return;
     const int x = g->nodes[H].in[0];
     if (g->tensors[x].kind != DW_TENSOR_ACT || c->node[H].grad_mode[0] != DW_GRAD_WRITE) return;
     c->head_xent = L, c->head_linear = H;
@@ -63,7 +74,10 @@ static void fuse_head(dw_compiled *c) {
     c->node[L].grad_mode[0] = DW_GRAD_WRITE; /* x's gradient, as the head's backward would */
     c->node[L].grad_mode[1] = c->node[L].grad_mode[2] = DW_GRAD_NONE;
     c->node[H].grad_mode[0] = DW_GRAD_NONE;
-    c->head_chunk = dw_head_chunk_rows(g->batch * g->seq, width(g, x), width(g, g->logits), c->head_chunk_want);
+    const int64_t N = g->batch * g->seq;
+    c->head_chunk = dw_head_chunk_rows(N, width(g, x), width(g, g->logits), c->head_chunk_want);
+    if (c->bf16 && r != DW_RECIPE_BF16 && c->head_chunk < N) c->head_chunk = (c->head_chunk + 127) / 128 * 128;
+    if (c->head_chunk > N) c->head_chunk = N;
 }
 
 dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
@@ -116,7 +130,7 @@ static int first_fp8_reader(const dw_compiled *c, int y, int64_t rows) {
     for (int j = 0; j < g->n_nodes; j++)
         for (int s = 0; s < g->nodes[j].n_in; s++) {
             if (g->nodes[j].in[s] != y) continue;
-            if (s != 0 || g->nodes[j].op != DW_OP_LINEAR ||
+            if (s != 0 || g->nodes[j].op != DW_OP_LINEAR || j == c->head_linear || /* its chunks quantise x */
                 dw_compile_quant_act_recipe(c->node[j].bind.recipe) != DW_RECIPE_FP8_BLOCK ||
                 !dw_compile_linear_quantised(c, j, DW_QPASS_FPROP, rows, NULL, NULL, 0))
                 return -1;

@@ -100,6 +100,7 @@ static void layout_quant(dw_compiled *c, int64_t *o) {
         if (!quantised_linear(c, i)) continue;
         int64_t N, K, M;
         dw_compile_linear_dims(c, i, &N, &K, &M);
+        if (i == c->head_linear) N = c->head_chunk; /* a fused head quantises a chunk of rows at a time */
         const dw_recipe r = c->node[i].bind.recipe;
         const dw_recipe rw = dw_compile_quant_weight_recipe(r), ra = dw_compile_quant_act_recipe(r); /* W's; x's, dy's */
         qsize_fit(&rows, ra, N, K);

@@ -47,4 +47,25 @@ static inline dw_gemm_args dw_linear_wgrad_args(const dw_op_call *c, float *bgra
     return a;
 }
 
+/* The fused LM head's linear layer (program.h head_linear) as its own call over one chunk of a
+ * head_xent call c: rows r0 .. r0 + nc of x (nc,K), their logits (nc,V) in `logits`, which the
+ * cross-entropy overwrites with their gradient before the backward reads them there (dout); dx
+ * the chunk's rows of c's; W's gradient added into after the first chunk. A quantised head runs
+ * through the backend's own linear op on it, so each GEMM is quantised or falls back exactly as the
+ * unfused head's would (ops_cpu_head_xent.c, ops_cuda_head_xent.c). */
+static inline dw_op_call dw_head_chunk_call(const dw_op_call *c, int64_t r0, int64_t nc, void *logits) {
+    const dw_compiled *p = c->x->p;
+    const dw_ir_node *h = &c->x->g->nodes[p->head_linear];
+    const dw_ir_tensor *xt = &c->x->g->tensors[h->in[0]];
+    const int64_t K = xt->shape[xt->ndim - 1], as = p->act_size;
+    dw_op_call l = {.x = c->x, .node = p->head_linear, .n = h, .train = c->train, .b = 1, .t = nc, .rows = nc,
+                    .dloss = c->dloss};
+    l.in[0] = (char *)c->in[0] + r0 * K * as;
+    l.in[1] = c->in[1], l.in_bf16[1] = c->in_bf16[1];
+    l.pgrad[1] = c->pgrad[1], l.pgrad_set[1] = c->pgrad_set[1] && r0 == 0;
+    l.dx[0] = c->train && c->dx[0] ? (char *)c->dx[0] + r0 * K * as : NULL, l.dx_acc[0] = c->dx_acc[0];
+    l.out[0] = l.dout[0] = logits;
+    return l;
+}
+
 #endif /* DW_RUNTIME_LINEAR_ARGS_H */

@@ -4,7 +4,9 @@
  * reference linear, or the reference GEMM in BF16), each row's loss and, in a training step, the
  * logits' gradient over them (scale dloss / valid rows of the whole batch), dx_c = dlogits_c W,
  * and dW += dlogits_c^T x_c summed in double across the chunks and rounded once at the end as the
- * unfused wgrad does. Loss, dx and dW are the unfused program's bit for bit (test_head_xent.c). */
+ * unfused wgrad does. Loss, dx and dW are the unfused program's bit for bit (test_head_xent.c). A
+ * quantised head runs the head linear's own op on each chunk: loss and dx the unfused program's
+ * bit for bit, dW its quantised wgrad's sums added chunk by chunk in FP32. */
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -65,21 +67,39 @@ static dw_status chunk_bf16(dw_backend *be, const dw_op_call *c, head_run *h, in
     return DW_OK;
 }
 
+/* Quantised head (fp8_block, ...: fuse.c): the head linear's own op on the chunk's rows
+ * (linear_args.h dw_head_chunk_call), each GEMM quantised or kept BF16 as the unfused head's; the
+ * gradient between them as chunk_bf16 stores it. dW is added into by each chunk's wgrad. */
+static dw_status chunk_quantised(dw_backend *be, const dw_op_call *c, head_run *h, int64_t r0, int64_t nc) {
+    const int64_t V = h->V;
+    const dw_op_call l = dw_head_chunk_call(c, r0, nc, h->chunk);
+    DW_TRY(dw_cpu_op_linear_fwd(be, &l));
+    float *f = (float *)dw_cpu_in(be, c, h->chunk, nc * V, CPU_S_OUT); /* scratch: ours to overwrite */
+    if (!f) return DW_ERR_NOMEM;
+    dw_cpu_head_xent_rows(c->train ? f : NULL, &h->sum, f, (const int32_t *)c->in[2] + r0, nc, V, h->scale);
+    if (!c->train) return DW_OK;
+    dw_cpu_put(c, h->chunk, f, nc * V, false);
+    return dw_cpu_op_linear_bwd(be, &l);
+}
+
 dw_status dw_cpu_op_head_xent_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_compiled *p = c->x->p;
     const int64_t N = c->rows, K = dw_cpu_width(c, c->n->in[0]), V = c->x->g->tensors[c->n->in[1]].shape[0];
     const int64_t nv = dw_count_valid(c->in[2], N, V);
-    if (p->bf16 && !c->in_bf16[1])
+    const bool quantised = p->bf16 && dw_compile_quant_recipe(p->node[p->head_linear].bind.recipe);
+    if (p->bf16 && !c->in_bf16[1] && !quantised)
         return dw_set_error(be->ctx, DW_ERR_INVALID, "cpu backend: the fused head's weight has no BF16 copy");
     head_run h = {.K = K, .V = V, .scale = nv > 0 ? c->dloss / (double)nv : 0.0,
                   .chunk = (char *)c->tmp[DW_TMP_XENT] + dw_compile_head_logits_off(p->g->batch * p->g->seq)};
-    if (c->train && !(h.acc = calloc((size_t)(V * K), sizeof *h.acc)))
+    if (c->train && !quantised && !(h.acc = calloc((size_t)(V * K), sizeof *h.acc)))
         return dw_set_error(be->ctx, DW_ERR_NOMEM, "cpu backend: out of memory for the fused head's wgrad (%lld x %lld)",
                             (long long)V, (long long)K);
     dw_status st = DW_OK;
     for (int64_t r0 = 0; st == DW_OK && r0 < N; r0 += p->head_chunk) {
         const int64_t nc = N - r0 < p->head_chunk ? N - r0 : p->head_chunk;
-        st = p->bf16 ? chunk_bf16(be, c, &h, r0, nc) : chunk_f32(be, c, &h, r0, nc);
+        st = quantised ? chunk_quantised(be, c, &h, r0, nc)
+             : p->bf16 ? chunk_bf16(be, c, &h, r0, nc)
+                       : chunk_f32(be, c, &h, r0, nc);
     }
     if (st == DW_OK && h.acc) dw_cpu_head_xent_wgrad_end(c->pgrad[1], h.acc, V * K);
     free(h.acc);
