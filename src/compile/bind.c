@@ -81,12 +81,10 @@ bool dw_compile_linear_quantised(const dw_compiled *c, int i, dw_qpass pass, int
     return k != NULL;
 }
 
-bool dw_compile_gelu_epilogue(const dw_compiled *c, int linear) {
-    const dw_node_binding *b = &c->node[linear].bind;
-    if (!b->quantised[DW_QPASS_FPROP]) return true; /* the BF16 GEMM's GELU_AUX epilogue */
-    int64_t N, K, M;
-    dw_compile_linear_dims(c, linear, &N, &K, &M);
-    dw_gemm_args a = pass_args(c, linear, DW_QPASS_FPROP, N, true);
+bool dw_compile_gelu_epilogue(const dw_compiled *c, int linear, int64_t rows) {
+    if (!dw_compile_linear_quantised(c, linear, DW_QPASS_FPROP, rows, NULL, NULL, 0))
+        return true; /* the BF16 GEMM's GELU_AUX epilogue */
+    dw_gemm_args a = pass_args(c, linear, DW_QPASS_FPROP, rows, true);
     if (c->g->nodes[linear].n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = (const void *)(uintptr_t)4096;
     dw_gemm_args g = a;
     g.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;

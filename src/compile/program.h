@@ -365,10 +365,11 @@ void dw_compile_quant_shape(dw_qpass pass, int64_t N, int64_t K, int64_t M, int6
 bool dw_compile_linear_quantised(const dw_compiled *c, int i, dw_qpass pass, int64_t rows, const char **kernel,
                                  char *why, size_t why_len);
 /* Whether linear node `linear`, whose GELU the forward fuses (DW_FUSED_FWD), takes it in its
- * fprop's epilogue: in BF16 always; quantised, where the registry picks the same kernel with the
- * GELU_AUX epilogue as without (the backends' rule, runtime/cuda/qlinear_cuda.c), else the GELU
- * runs as a pass right after the GEMM (fp8_block on sm_90: cuBLASLt has no FP8 GELU epilogue). */
-bool dw_compile_gelu_epilogue(const dw_compiled *c, int linear);
+ * fprop's epilogue at `rows` tokens: where that fprop runs in BF16 always; quantised, where the
+ * registry picks the same kernel with the GELU_AUX epilogue as without, else the GELU runs as a
+ * pass right after the GEMM (fp8_block on sm_90: cuBLASLt has no FP8 GELU epilogue). The one rule
+ * for the backends (runtime/cuda/qlinear_cuda.c) and compile --report. */
+bool dw_compile_gelu_epilogue(const dw_compiled *c, int linear, int64_t rows);
 /* The GEMM registry's choice for args on the program's target (NULL: none eligible). */
 const char *dw_compile_target_pick(const dw_compiled *c, const dw_gemm_args *args);
 /* Node i as the program runs it: the graph's, or for the fused loss node (fuse.c) head_node. */

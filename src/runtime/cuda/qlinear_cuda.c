@@ -17,7 +17,6 @@
  * A gate or up layer whose dy the SwiGLU's backward wrote as fp8_block operands (act_quant_cuda.c,
  * dw_cuda_state.dy_fp8) reads them there, already counted. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/error.h"
 #include "runtime/backend.h"
@@ -177,14 +176,12 @@ dw_status dw_cuda_qlin_fprop(dw_backend *be, const dw_op_call *c, bool *done, bo
                       .b = op(rw, &ws, M, K, true), .alpha = 1.0f, .d = c->out[0], .out_type = DW_GEMM_OUT_BF16};
     if (c->n->n_in == 3) a.epilogue = DW_EPI_BIAS, a.bias = c->in_bf16[2];
     *done = true;
-    if (c->fuse_out) { /* GELU in the epilogue when the kernel this GEMM gets anyway has it, else a pass after */
+    if (c->fuse_out && dw_compile_gelu_epilogue(x->p, c->node, N)) { /* the kernel this GEMM gets anyway has it */
         dw_gemm_args g = a;
         g.epilogue |= DW_EPI_GELU | DW_EPI_GELU_AUX;
         g.aux = c->out[0];
         g.d = c->fuse_out;
-        const char *plain = dw_compile_target_pick(x->p, &a), *fused = dw_compile_target_pick(x->p, &g);
-        if (plain && fused && !strcmp(plain, fused)) return dw_gemm(be->ctx, &g); /* (a slower kernel for the
-                                                                                      epilogue is no fusion) */
+        return dw_gemm(be->ctx, &g);
     }
     *gelu_after = c->fuse_out != NULL; /* the caller runs it (ops_cuda_linear.c) */
     return dw_gemm(be->ctx, &a);
