@@ -1,7 +1,8 @@
 /* fuse.c — the compile pass that moves GELU into the GEMM epilogues around it: its forward into
  * the producing linear's fprop (GELU_AUX; for a quantised linear the backends use the epilogue
  * when a kernel of the recipe has it and run the GELU right after the GEMM otherwise), its
- * backward into the consuming BF16 linear's dgrad (DGELU); and, with fused_head, the LM head
+ * backward into the consuming linear's dgrad (DGELU) where that dgrad runs BF16 (a BF16 linear,
+ * or a quantised one whose policy rule keeps its dgrad BF16); and, with fused_head, the LM head
  * linear and the cross-entropy into one head_xent op over chunks of rows (Liger-Kernel's fused
  * linear cross-entropy). Decides only (program.h: fused, partner_fwd, partner_bwd, head_*); the
  * arena, the steps and the backends read the result. Also which fp8_block linear layer a SwiGLU
@@ -33,8 +34,11 @@ static int sole_consumer(const dw_graph *g, int t, int *slot) {
 }
 
 static bool any_linear(const dw_compiled *c, int i) { return i >= 0 && DW_OP_IS(&c->g->nodes[i], DW_OPF_GEMM); }
-static bool bf16_linear(const dw_compiled *c, int i) {
-    return any_linear(c, i) && c->node[i].bind.recipe == DW_RECIPE_BF16;
+/* Whether linear node i's dgrad runs BF16 at every batch: its recipe is BF16, or its policy rule
+ * keeps the dgrad BF16 (bind.bf16_passes; a registry fallback may depend on the rows, this not). */
+static bool dgrad_bf16(const dw_compiled *c, int i) {
+    return any_linear(c, i) && (c->node[i].bind.recipe == DW_RECIPE_BF16 ||
+                                (c->node[i].bind.bf16_passes >> DW_QPASS_DGRAD & 1u));
 }
 
 /* Whether a head in recipe r computes each chunk of rows as the whole does: BF16, or a recipe
@@ -97,7 +101,7 @@ dw_status dw_compile_fuse(dw_ctx *ctx, dw_compiled *c) {
             c->node[L].partner_fwd = i;
         }
         int slot = -1, P = sole_consumer(g, n->out[0], &slot);
-        if (bf16_linear(c, P) && slot == 0 && c->node[P].grad_mode[0] == DW_GRAD_WRITE &&
+        if (dgrad_bf16(c, P) && slot == 0 && c->node[P].grad_mode[0] == DW_GRAD_WRITE &&
             c->node[i].grad_mode[0] == DW_GRAD_WRITE && width(g, in) % 8 == 0) {
             c->node[i].fused |= DW_FUSED_BWD;
             c->node[i].partner_bwd = P;

@@ -418,7 +418,8 @@ static void test_parity_bf16(void **state) {
 }
 /* Every quantised recipe the GPU runs, on the same program as the CPU reference. fp8_block at
  * N = 128 (every quantised GEMM eligible but llama-tiny's k/v dgrad, k = 64): up's dgrad adds into
- * the gradient gate's wrote inside the FP8 GEMM (beta = 1). */
+ * the gradient gate's wrote inside the FP8 GEMM (beta = 1). And GPT-2's GELU backward in the BF16
+ * dgrad of a c_proj whose other passes are quantised. */
 static void test_parity_quantised(void **state) {
     (void)state;
     parity_t("llama-tiny", "fp8_block", 64);
@@ -427,6 +428,29 @@ static void test_parity_quantised(void **state) {
     parity_t("llama-tiny", "mxfp8", 0);
     parity_t("llama-tiny", "nvfp4", 0);
     parity_t("gpt2-tiny", "mxfp8", 64); /* GELU fused into a quantised fprop */
+    /* fp8_block with a rule keeping c_proj's dgrad BF16: each GELU's backward in that dgrad's DGELU
+     * epilogue while c_proj's fprop and wgrad run quantised (compile/fuse.c) */
+    static const char rule[] = "{\"default\": \"fp8_block\", \"rules\": [{\"match\": \"*.mlp.c_proj\", "
+                               "\"op\": \"linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": [\"dgrad\"]}]}";
+    char *dir = dw_test_tmpdir(), *path = dw_test_path(dir, "policy.json");
+    assert_int_equal(dw_test_write(path, rule, strlen(rule)), 0);
+    dw_policy *pol = NULL;
+    assert_int_equal(dw_policy_load(g_gpu, path, &pol), DW_OK);
+    prog p = {0};
+    dw_capture_opts co;
+    dw_capture_opts_init(&co, sizeof co);
+    co.batch = 2, co.seq = 64;
+    if (dw_capture(g_gpu, "gpt2-tiny", &co, &p.g) != DW_OK) fail_msg("capture: %s", dw_errmsg(g_gpu));
+    if (dw_compile(g_gpu, p.g, NULL, pol, NULL, &p.c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    int dgelu = 0;
+    for (int i = 0; i < p.g->n_nodes; i++)
+        dgelu += p.g->nodes[i].op == DW_OP_GELU && (p.c->node[i].fused & DW_FUSED_BWD) &&
+                 p.c->node[p.c->node[i].partner_bwd].bind.quantised[DW_QPASS_WGRAD];
+    assert_int_equal(dgelu, p.g->model.n_blocks);
+    dw_policy_free(pol);
+    dw_test_rmtree(dir);
+    free(path);
+    parity_prog(p, "gpt2-tiny (c_proj dgrad BF16)", "fp8_block", NULL);
 }
 /* The remaining recipes (fp8_tensor, fp8_block2d, mxfp8_e5m2, mxfp4): the CPU engine runs the
  * program the registry bound for sm_90, quantised passes and BF16 fallbacks alike, so the CUDA

@@ -297,7 +297,8 @@ static void check_liveness(const dw_graph *g, const dw_compiled *c) {
             const int P = c->node[ni].partner_bwd, bp = dw_compile_bwd_time(c, P);
             assert_true(P > ni && g->nodes[P].op == DW_OP_LINEAR && g->nodes[P].in[0] == n->out[0]);
             assert_int_equal(c->node[P].partner_bwd, ni);
-            assert_int_equal(c->node[P].bind.recipe, DW_RECIPE_BF16); /* no quantised DGELU epilogue */
+            assert_true(c->node[P].bind.recipe == DW_RECIPE_BF16 || /* no quantised DGELU epilogue */
+                        (c->node[P].bind.bf16_passes >> DW_QPASS_DGRAD & 1u));
             assert_int_equal(c->tensor[n->out[0]].grad_off, -1);         /* never materialised */
             snprintf(why, sizeof why, "GELU %s backward in %s's dgrad", n->name, g->nodes[P].name);
             live_at(c, DW_BUF_VALUE, n->in[0], bp, why);
@@ -534,7 +535,7 @@ static void check_bind(const dw_graph *g, const dw_compiled *c) {
                 fallback = fallback || qr;
             }
             if (cpu) assert_non_null(b->kernel[p]); /* the reference runs BF16 and quantised GEMMs alike */
-            if (cpu && qr) { /* at every shape */
+            if (cpu && qr && !(b->bf16_passes >> p & 1u)) { /* at every shape, but the passes a rule keeps BF16 */
                 assert_true(q);
                 assert_true(dw_compile_linear_quantised(c, i, (dw_qpass)p, 1 + rnd(0, N - 1), NULL, NULL, 0));
             }
@@ -743,7 +744,7 @@ static void test_presets_reuse(void **state) { /* the arena is far below the sum
 /* GELU fusion on GPT-2 shapes: every GELU of a BF16 model fused both ways (widths % 8 == 0), with
  * its linear neighbours recorded; the plan stays valid and no larger; fuse off (the option, whose
  * default DW_FUSE=0 turns off) and the FP32 mode fuse nothing; a quantised c_proj keeps the GELU's
- * backward (no quantised DGELU epilogue). */
+ * backward (no quantised DGELU epilogue), unless a policy rule keeps its dgrad BF16. */
 static void test_gelu_fusion(void **state) {
     (void)state;
     dw_graph *g = NULL;
@@ -815,6 +816,34 @@ static void test_gelu_fusion(void **state) {
         dw_compiled_free(c);
     }
     dw_policy_free(p);
+    /* a rule keeping the quantised c_proj's dgrad BF16 (its fprop and wgrad quantised): every
+     * GELU's backward goes into that dgrad's DGELU epilogue, on both targets and at any rows */
+    static const char rule[] = "{\"default\": \"fp8_block\", \"rules\": [{\"match\": \"*.mlp.c_proj\", "
+                               "\"op\": \"linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": [\"dgrad\"]}]}";
+    char *dir = dw_test_tmpdir(), *path = dw_test_path(dir, "policy.json");
+    assert_int_equal(dw_test_write(path, rule, strlen(rule)), 0);
+    assert_int_equal(dw_policy_load(g_ctx, path, &p), DW_OK);
+    for (int k = 0; k < 2; k++) {
+        c = k ? compile_fused(g, p, DW_DEVICE_CUDA, 90, 1) : compile_fused(g, p, DW_DEVICE_AUTO, 0, 1);
+        int fused = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            if (g->nodes[i].op != DW_OP_GELU) continue;
+            assert_int_equal(c->node[i].fused, DW_FUSED_FWD | DW_FUSED_BWD);
+            const int P = c->node[i].partner_bwd;
+            assert_true(strstr(g->nodes[P].name, "c_proj") != NULL);
+            assert_int_equal(c->node[P].bind.recipe, DW_RECIPE_FP8_BLOCK);
+            assert_false(dw_compile_linear_quantised(c, P, DW_QPASS_DGRAD, 1, NULL, NULL, 0));
+            assert_false(dw_compile_linear_quantised(c, P, DW_QPASS_DGRAD, dw_graph_batch(g) * dw_graph_seq(g), NULL,
+                                                     NULL, 0));
+            fused++;
+        }
+        assert_int_equal(fused, g->model.n_blocks);
+        check(g, c);
+        dw_compiled_free(c);
+    }
+    dw_policy_free(p);
+    dw_test_rmtree(dir);
+    free(path);
     dw_graph_free(g);
 }
 
