@@ -449,7 +449,7 @@ static void test_parity_quantised(void **state) {
     assert_int_equal(dgelu, p.g->model.n_blocks);
     dw_policy_free(pol);
     dw_test_rmtree(dir);
-    free(path);
+    free(path), free(dir);
     parity_prog(p, "gpt2-tiny (c_proj dgrad BF16)", "fp8_block", NULL);
 }
 /* The remaining recipes (fp8_tensor, fp8_block2d, mxfp8_e5m2, mxfp4): the CPU engine runs the

@@ -843,7 +843,7 @@ static void test_gelu_fusion(void **state) {
     }
     dw_policy_free(p);
     dw_test_rmtree(dir);
-    free(path);
+    free(path), free(dir);
     dw_graph_free(g);
 }
 

@@ -174,24 +174,40 @@ static void test_engine_drops(void **state) {
     if (loss[1] != loss[0]) fail_msg("factor 1000 loss %.9g != dropless %.9g", loss[1], loss[0]);
     if (!(fabs(loss[2] - loss[0]) > 1e-6)) fail_msg("factor 0.25 loss %.9g == dropless %.9g", loss[2], loss[0]);
 
-    dw_test_model m; /* gradients with drops: vectors of layer 1 before and at its router */
-    build(0.5, B, T, weights, &m);
-    assert_int_equal(dw_engine_zero_grad(m.e), DW_OK);
-    assert_int_equal(dw_engine_forward_backward(m.e, x, y, B, T, 1.0, &loss[0]), DW_OK);
+    /* gradients with drops: vectors of layer 1 before and at its router, against finite differences
+     * wherever a step leaves the routing as it was. A token whose router scores nearly tie flips
+     * under almost every step of a norm weight (DW_TEST_SEED=35260974264392348: 7 of 64 compared),
+     * so weights leaving fewer than half of a vector's elements comparable are drawn again, up to
+     * 4 times; every comparison made must agree. */
     const char *params[3] = {"model.layers.1.mlp.gate.weight", "model.layers.1.post_attention_layernorm.weight",
                              "model.layers.1.input_layernorm.weight"};
-    for (int p = 0; p < 3; p++) {
-        double gmax;
-        int64_t compared;
-        const int64_t n = dw_ir_numel(&m.g->tensors[dw_graph_find_tensor(m.g, params[p])]);
-        const int w = dw_graph_find_tensor(m.g, "model.layers.1.mlp.router.experts"); /* drops follow routing */
-        assert_true(w >= 0);
-        const int64_t bad = dw_test_fd_param(m.e, params[p], x, y, B, T, w, 1e-3f, 2e-3, 2e-2, &gmax, &compared);
-        if (bad) fail_msg("%s: %lld elements off (first on stderr)", params[p], (long long)bad);
-        if (compared < n / 2) fail_msg("%s: only %lld of %lld compared", params[p], (long long)compared, (long long)n);
-        assert_true(gmax > 0);
+    bool covered = false;
+    for (int draw = 0; draw < 4 && !covered; draw++) {
+        const dw_test_rng wr = *RNG;
+        dw_test_next(RNG);
+        dw_test_model m;
+        build(0.5, B, T, draw ? wr : weights, &m);
+        assert_int_equal(dw_engine_zero_grad(m.e), DW_OK);
+        assert_int_equal(dw_engine_forward_backward(m.e, x, y, B, T, 1.0, &loss[0]), DW_OK);
+        covered = true;
+        for (int p = 0; p < 3; p++) {
+            double gmax;
+            int64_t compared;
+            const int64_t n = dw_ir_numel(&m.g->tensors[dw_graph_find_tensor(m.g, params[p])]);
+            const int w = dw_graph_find_tensor(m.g, "model.layers.1.mlp.router.experts"); /* drops follow routing */
+            assert_true(w >= 0);
+            const int64_t bad = dw_test_fd_param(m.e, params[p], x, y, B, T, w, 1e-3f, 2e-3, 2e-2, &gmax, &compared);
+            if (bad) fail_msg("%s: %lld elements off (first on stderr)", params[p], (long long)bad);
+            if (compared < n / 2) {
+                printf("  weights %d: %s only %lld of %lld compared (a near-tie in the routing): drawn again\n", draw,
+                       params[p], (long long)compared, (long long)n);
+                covered = false;
+            }
+            assert_true(gmax > 0);
+        }
+        dw_test_model_free(&m);
     }
-    dw_test_model_free(&m);
+    if (!covered) fail_msg("4 draws of weights each left fewer than half of a vector comparable");
 }
 
 static void test_config_key(void **state) {
