@@ -9,13 +9,6 @@
 #include "compile/passes.h"
 #include "core/error.h"
 
-/* The rows linear node i was bound at (its planned tokens). */
-static int64_t planned_rows(const dw_compiled *c, int i) {
-    int64_t N, K, M;
-    dw_compile_linear_dims(c, i, &N, &K, &M);
-    return N;
-}
-
 static const char *kname(const char *k) { return k ? k : "(none)"; }
 
 static void mib(FILE *f, int64_t bytes) {
@@ -80,7 +73,7 @@ dw_status dw_compiled_report(dw_ctx *ctx, const dw_compiled *c, char **out) {
             fprintf(f, "; quantised on the device, scales from the current amax\n");
         }
         if (b->note) fprintf(f, "     at this shape: %s\n", b->note);
-        if ((pn->fused & DW_FUSED_FWD) && dw_compile_gelu_epilogue(c, pn->partner_fwd, planned_rows(c, pn->partner_fwd)))
+        if ((pn->fused & DW_FUSED_FWD) && dw_compile_gelu_epilogue(c, pn->partner_fwd, g->batch * g->seq))
             fprintf(f, "     fused: forward in %s's GEMM epilogue (GELU_AUX)\n", g->nodes[pn->partner_fwd].name);
         else if (pn->fused & DW_FUSED_FWD)
             fprintf(f, "     fused: forward run by %s, a pass right after its GEMM (its quantised kernel has no GELU "

@@ -37,8 +37,9 @@ static bool any_linear(const dw_compiled *c, int i) { return i >= 0 && DW_OP_IS(
 /* Whether linear node i's dgrad runs BF16 at every batch: its recipe is BF16, or its policy rule
  * keeps the dgrad BF16 (bind.bf16_passes; a registry fallback may depend on the rows, this not). */
 static bool dgrad_bf16(const dw_compiled *c, int i) {
-    return any_linear(c, i) && (c->node[i].bind.recipe == DW_RECIPE_BF16 ||
-                                (c->node[i].bind.bf16_passes >> DW_QPASS_DGRAD & 1u));
+    if (!any_linear(c, i)) return false;
+    const dw_node_binding *b = &c->node[i].bind;
+    return b->recipe == DW_RECIPE_BF16 || dw_policy_keeps_bf16(b->bf16_passes, b->rule, DW_QPASS_DGRAD, NULL, 0);
 }
 
 /* Whether a head in recipe r computes each chunk of rows as the whole does: BF16, or a recipe

@@ -47,6 +47,13 @@ static inline dw_gemm_args dw_linear_wgrad_args(const dw_op_call *c, float *bgra
     return a;
 }
 
+/* Whether program p's fused LM head (program.h head_linear) runs quantised: a BF16 program whose
+ * head has a quantised recipe (fuse.c fuses those that chunk exactly); its chunks then run
+ * through the head linear's own op (dw_head_chunk_call). */
+static inline bool dw_head_quantised(const dw_compiled *p) {
+    return p->bf16 && p->head_linear >= 0 && dw_compile_quant_recipe(p->node[p->head_linear].bind.recipe);
+}
+
 /* The fused LM head's linear layer (program.h head_linear) as its own call over one chunk of a
  * head_xent call c: rows r0 .. r0 + nc of x (nc,K), their logits (nc,V) in `logits`, which the
  * cross-entropy overwrites with their gradient before the backward reads them there (dout); dx

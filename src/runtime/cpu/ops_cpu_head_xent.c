@@ -40,8 +40,19 @@ static dw_status chunk_f32(dw_backend *be, const dw_op_call *c, head_run *h, int
     return DW_OK;
 }
 
-/* BF16 program: the head's BF16 GEMMs (linear_args.h) on the chunk's rows; the gradient stored as
- * BF16 over the chunk's logits, as the unfused loss stores it over the logits. */
+/* The chunk's BF16 logits through the cross-entropy's rows: their losses into h->sum and, in a
+ * training step, their gradient stored as BF16 over them, as the unfused loss stores it over the
+ * logits. */
+static dw_status rows_bf16(dw_backend *be, const dw_op_call *c, head_run *h, int64_t r0, int64_t nc) {
+    const int64_t V = h->V;
+    float *f = (float *)dw_cpu_in(be, c, h->chunk, nc * V, CPU_S_OUT); /* scratch: ours to overwrite */
+    if (!f) return DW_ERR_NOMEM;
+    dw_cpu_head_xent_rows(c->train ? f : NULL, &h->sum, f, (const int32_t *)c->in[2] + r0, nc, V, h->scale);
+    if (c->train) dw_cpu_put(c, h->chunk, f, nc * V, false);
+    return DW_OK;
+}
+
+/* BF16 program: the head's BF16 GEMMs (linear_args.h) on the chunk's rows around rows_bf16. */
 static dw_status chunk_bf16(dw_backend *be, const dw_op_call *c, head_run *h, int64_t r0, int64_t nc) {
     const int64_t K = h->K, V = h->V;
     const uint16_t *xc = (const uint16_t *)c->in[0] + r0 * K, *w = c->in_bf16[1];
@@ -49,11 +60,8 @@ static dw_status chunk_bf16(dw_backend *be, const dw_op_call *c, head_run *h, in
                              .b = dw_linear_bf16(w, V, K, true), .alpha = 1.0f, .d = h->chunk,
                              .out_type = DW_GEMM_OUT_BF16};
     DW_TRY(dw_gemm(be->ctx, &fp));
-    float *f = (float *)dw_cpu_in(be, c, h->chunk, nc * V, CPU_S_OUT); /* scratch: ours to overwrite */
-    if (!f) return DW_ERR_NOMEM;
-    dw_cpu_head_xent_rows(h->acc ? f : NULL, &h->sum, f, (const int32_t *)c->in[2] + r0, nc, V, h->scale);
+    DW_TRY(rows_bf16(be, c, h, r0, nc));
     if (!h->acc) return DW_OK;
-    dw_cpu_put(c, h->chunk, f, nc * V, false);
     if (c->dx[0]) {
         void *dx = (uint16_t *)c->dx[0] + r0 * K;
         dw_gemm_args dg = {.pass = DW_GEMM_DGRAD, .m = nc, .n = K, .k = V, .a = dw_linear_bf16(h->chunk, nc, V, false),
@@ -68,25 +76,20 @@ static dw_status chunk_bf16(dw_backend *be, const dw_op_call *c, head_run *h, in
 }
 
 /* Quantised head (fp8_block, ...: fuse.c): the head linear's own op on the chunk's rows
- * (linear_args.h dw_head_chunk_call), each GEMM quantised or kept BF16 as the unfused head's; the
- * gradient between them as chunk_bf16 stores it. dW is added into by each chunk's wgrad. */
+ * (linear_args.h dw_head_chunk_call), each GEMM quantised or kept BF16 as the unfused head's,
+ * around rows_bf16. dW is added into by each chunk's wgrad. */
 static dw_status chunk_quantised(dw_backend *be, const dw_op_call *c, head_run *h, int64_t r0, int64_t nc) {
-    const int64_t V = h->V;
     const dw_op_call l = dw_head_chunk_call(c, r0, nc, h->chunk);
     DW_TRY(dw_cpu_op_linear_fwd(be, &l));
-    float *f = (float *)dw_cpu_in(be, c, h->chunk, nc * V, CPU_S_OUT); /* scratch: ours to overwrite */
-    if (!f) return DW_ERR_NOMEM;
-    dw_cpu_head_xent_rows(c->train ? f : NULL, &h->sum, f, (const int32_t *)c->in[2] + r0, nc, V, h->scale);
-    if (!c->train) return DW_OK;
-    dw_cpu_put(c, h->chunk, f, nc * V, false);
-    return dw_cpu_op_linear_bwd(be, &l);
+    DW_TRY(rows_bf16(be, c, h, r0, nc));
+    return c->train ? dw_cpu_op_linear_bwd(be, &l) : DW_OK;
 }
 
 dw_status dw_cpu_op_head_xent_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_compiled *p = c->x->p;
     const int64_t N = c->rows, K = dw_cpu_width(c, c->n->in[0]), V = c->x->g->tensors[c->n->in[1]].shape[0];
     const int64_t nv = dw_count_valid(c->in[2], N, V);
-    const bool quantised = p->bf16 && dw_compile_quant_recipe(p->node[p->head_linear].bind.recipe);
+    const bool quantised = dw_head_quantised(p);
     if (p->bf16 && !c->in_bf16[1] && !quantised)
         return dw_set_error(be->ctx, DW_ERR_INVALID, "cpu backend: the fused head's weight has no BF16 copy");
     head_run h = {.K = K, .V = V, .scale = nv > 0 ? c->dloss / (double)nv : 0.0,

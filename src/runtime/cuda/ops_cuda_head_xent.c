@@ -33,7 +33,7 @@ static dw_status one_chunk(dw_backend *be, const dw_op_call *c, void *ws, void *
         if (!c->train) return DW_OK;
         return dw_cuda_linear_bwd(be->ctx, dx, c->dx_acc[0], c->pgrad[1], NULL, chunk, xc, c->in[1], nc, K, V, s);
     }
-    if (dw_compile_quant_recipe(p->node[p->head_linear].bind.recipe)) { /* the head linear's own op on the rows */
+    if (dw_head_quantised(p)) { /* the head linear's own op on the rows */
         const dw_op_call l = dw_head_chunk_call(c, r0, nc, chunk);
         dw_cuda_qlin_reset(be); /* x's rows in the quantiser's slot are another chunk's */
         DW_TRY(dw_cuda_op_linear_fwd(be, &l));
@@ -64,7 +64,7 @@ static dw_status one_chunk(dw_backend *be, const dw_op_call *c, void *ws, void *
 dw_status dw_cuda_op_head_xent_fwd(dw_backend *be, const dw_op_call *c) {
     const dw_compiled *p = c->x->p;
     const int64_t N = c->rows, K = dw_cuda_width(c, c->n->in[0]), V = c->x->g->tensors[c->n->in[1]].shape[0];
-    if (p->bf16 && !c->in_bf16[1] && !dw_compile_quant_recipe(p->node[p->head_linear].bind.recipe))
+    if (p->bf16 && !c->in_bf16[1] && !dw_head_quantised(p))
         return dw_set_error(be->ctx, DW_ERR_INVALID, "cuda backend: the fused head's weight has no BF16 copy");
     void *ws = c->tmp[DW_TMP_XENT], *chunk = (char *)ws + dw_compile_head_logits_off(p->g->batch * p->g->seq);
     DW_TRY(dw_cuda_cross_entropy_begin(be->ctx, ws, c->in[2], N, DW_CUDA_STREAM(be)));
