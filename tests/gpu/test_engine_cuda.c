@@ -77,7 +77,8 @@ typedef struct {
     dw_compiled *c;
 } prog;
 
-/* The program of `model` at B x T for this GPU: precision NULL = FP32 program; vocab 0 = the model's. */
+/* The program of `model` at B x T for this GPU: precision NULL = FP32 program, else a recipe name
+ * or a policy's JSON text (dw_test_policy); vocab 0 = the model's. */
 static prog make_prog_opts(const char *model, int64_t B, int64_t T, const char *precision, int64_t vocab,
                            const dw_compile_opts *o) {
     prog p = {0};
@@ -86,7 +87,7 @@ static prog make_prog_opts(const char *model, int64_t B, int64_t T, const char *
     co.batch = B, co.seq = T, co.vocab = vocab;
     if (dw_capture(g_gpu, model, &co, &p.g) != DW_OK) fail_msg("capture %s: %s", model, dw_errmsg(g_gpu));
     dw_policy *pol = NULL;
-    if (precision) assert_int_equal(dw_policy_from_precision(g_gpu, precision, false, &pol), DW_OK);
+    if (precision) assert_int_equal(dw_test_policy(g_gpu, precision, false, &pol), DW_OK); /* a recipe or JSON */
     if (dw_compile(g_gpu, p.g, NULL, pol, o, &p.c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
     dw_policy_free(pol);
     return p;
@@ -432,24 +433,12 @@ static void test_parity_quantised(void **state) {
      * epilogue while c_proj's fprop and wgrad run quantised (compile/fuse.c) */
     static const char rule[] = "{\"default\": \"fp8_block\", \"rules\": [{\"match\": \"*.mlp.c_proj\", "
                                "\"op\": \"linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": [\"dgrad\"]}]}";
-    char *dir = dw_test_tmpdir(), *path = dw_test_path(dir, "policy.json");
-    assert_int_equal(dw_test_write(path, rule, strlen(rule)), 0);
-    dw_policy *pol = NULL;
-    assert_int_equal(dw_policy_load(g_gpu, path, &pol), DW_OK);
-    prog p = {0};
-    dw_capture_opts co;
-    dw_capture_opts_init(&co, sizeof co);
-    co.batch = 2, co.seq = 64;
-    if (dw_capture(g_gpu, "gpt2-tiny", &co, &p.g) != DW_OK) fail_msg("capture: %s", dw_errmsg(g_gpu));
-    if (dw_compile(g_gpu, p.g, NULL, pol, NULL, &p.c) != DW_OK) fail_msg("compile: %s", dw_errmsg(g_gpu));
+    prog p = make_prog("gpt2-tiny", 2, 64, rule, 0);
     int dgelu = 0;
     for (int i = 0; i < p.g->n_nodes; i++)
         dgelu += p.g->nodes[i].op == DW_OP_GELU && (p.c->node[i].fused & DW_FUSED_BWD) &&
                  p.c->node[p.c->node[i].partner_bwd].bind.quantised[DW_QPASS_WGRAD];
     assert_int_equal(dgelu, p.g->model.n_blocks);
-    dw_policy_free(pol);
-    dw_test_rmtree(dir);
-    free(path), free(dir);
     parity_prog(p, "gpt2-tiny (c_proj dgrad BF16)", "fp8_block", NULL);
 }
 /* The remaining recipes (fp8_tensor, fp8_block2d, mxfp8_e5m2, mxfp4): the CPU engine runs the

@@ -820,9 +820,7 @@ static void test_gelu_fusion(void **state) {
      * GELU's backward goes into that dgrad's DGELU epilogue, on both targets and at any rows */
     static const char rule[] = "{\"default\": \"fp8_block\", \"rules\": [{\"match\": \"*.mlp.c_proj\", "
                                "\"op\": \"linear\", \"recipe\": \"fp8_block\", \"bf16_passes\": [\"dgrad\"]}]}";
-    char *dir = dw_test_tmpdir(), *path = dw_test_path(dir, "policy.json");
-    assert_int_equal(dw_test_write(path, rule, strlen(rule)), 0);
-    assert_int_equal(dw_policy_load(g_ctx, path, &p), DW_OK);
+    assert_int_equal(dw_test_policy(g_ctx, rule, false, &p), DW_OK);
     for (int k = 0; k < 2; k++) {
         c = k ? compile_fused(g, p, DW_DEVICE_CUDA, 90, 1) : compile_fused(g, p, DW_DEVICE_AUTO, 0, 1);
         int fused = 0;
@@ -842,8 +840,6 @@ static void test_gelu_fusion(void **state) {
         dw_compiled_free(c);
     }
     dw_policy_free(p);
-    dw_test_rmtree(dir);
-    free(path), free(dir);
     dw_graph_free(g);
 }
 
