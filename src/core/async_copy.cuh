@@ -46,6 +46,17 @@ template <bool IDLE = false> __device__ __forceinline__ void mbar_wait(uint64_t 
                      : "memory");
 }
 
+/* 4 bytes global -> shared by the LSU's asynchronous copy (cp.async, L1-cached: neighbouring
+ * words of a line are read by the copies after it), not waited for here; and the arrival, on bar,
+ * of this thread's copies issued so far once they have landed (.noinc: the barrier's count includes
+ * it). A consumer that sees the phase complete reads what they wrote. */
+__device__ __forceinline__ void cp_async_4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
 /* ---- global -> shared, completing on an mbarrier ---- */
 /* map's box at coordinates (c0 innermost, c1) into shared dst (128-byte aligned, the box dense) */
 __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {

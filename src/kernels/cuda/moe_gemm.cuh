@@ -65,4 +65,19 @@ static __device__ __forceinline__ bool dw_moe_tile(const dw_moe_gemm_args &g, in
     return false;
 }
 
+/* The expert whose row tiles hold row tile gm of the persistent kernels' (moe_gemm_sm90.cu,
+ * moe_gemm_fp8_sm90.cu) tile list: s_mt[0..E] is the prefix of the experts' row-tile counts in
+ * shared memory, gm < s_mt[E]; an empty expert owns no tile. A binary search, log2(E) reads: the
+ * linear walk it replaces read up to E per work unit and thread (moe-e64's fp8_block dgrad: ~12% of
+ * the kernel's warp stall samples in it, bench/RESULTS.md session 32). */
+static __device__ __forceinline__ int64_t dw_moe_expert_of_tile(const int32_t *s_mt, int64_t E, int64_t gm) {
+    int64_t lo = 0, hi = E; /* s_mt[lo] <= gm < s_mt[hi] */
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) >> 1;
+        if (s_mt[mid] <= gm) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 #endif /* DW_KERNELS_MOE_GEMM_CUH */

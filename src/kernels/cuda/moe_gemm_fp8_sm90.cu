@@ -26,12 +26,17 @@
 // variant gives the same bits. A BF16 output leaves through TMA (moe_store_sm90.cuh, dw_moe_store_tma)
 // in whole 64-row blocks of a group, the register epilogue taking the block cut by the group's end.
 // wgrad keeps 128 x 128 and one partial: its 32 column scales a block
-// leave no registers for a second.
+// leave no registers for a second. The scales come through shared memory: the producer's second
+// warp copies each K block's (A's 128 rows', B's block scalar or wgrad's 128 columns') into the
+// block's ring slot by cp.async, completing on the slot's full barrier beside the TMA tiles; the
+// consumers' global scale loads and their address arithmetic had stalled the K loop (Nsight
+// Compute, bench/RESULTS.md session 32).
 #include <cuda_bf16.h>
 #include <string.h>
 
 #include "core/env.h"
 #include "gemm/sm90_common.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
 #include "kernels/cuda/moe_gemm_fp8.h"
 #include "kernels/cuda/moe_gemm_tc.h"
 #include "kernels/cuda/moe_store_sm90.cuh"
@@ -42,18 +47,22 @@ constexpr int MF_BM = 128, MF_BN = 128, MF_BK = 128; // BK: 128 E4M3 = one swizz
 constexpr int MF_THREADS = 384;
 constexpr int MF_TILE = 128 * 128; // bytes of an A tile (and of a 128-column B tile)
 constexpr int MF_MAX_E = 1024;     // offsets kept in shared memory
-constexpr int MF_PROD_REGS = 40, MF_CONS_REGS = 232;
+constexpr int MF_PROD_REGS = 56, MF_CONS_REGS = 224; // the producer: the TMA thread and the scale warp (40 spilled it)
 // Tiles of 128 x BN: BN 128 (wgrad always), or 192 for fprop/dgrad where N pads little
 // (fprop_variant: a sixth fewer operand bytes per FLOP from L2 — Nsight Compute had the 128-column
 // kernel at 73% of the L2's throughput with the tensor pipe at 46%, bench/RESULTS.md session 22 —
 // and 96 + 96 accumulator registers, so one partial). SB (fprop, dgrad with a BF16 output): the
 // output through TMA (moe_store_sm90.cuh), SB boxes of 64 x 64 staged per consumer warpgroup (BN /
 // 64: the whole tile's); 5 pipeline slots, 4 where 192-column tiles stage their 3 boxes.
+// SC: a slot's scales, staged by the producer's second warp (MF_SC floats: A's 128 rows' at [0, 128);
+// B's at 128: the 128 columns' (wgrad), or the tile's weight-block scalar (and at 129 the second
+// one of a 192-column tile).
+constexpr int MF_SC = 256;
 template <int BN, int SB = 0> struct MfCfg {
     static constexpr int B_BYTES = BN * MF_BK, STAGES = BN == 192 && SB == 3 ? 4 : 5;
     static constexpr int OUT_BYTES = 2 * SB * DW_MOE_STORE_BOX; // [2 warpgroups][SB boxes]
-    static constexpr int SMEM =
-        STAGES * (MF_TILE + B_BYTES) + OUT_BYTES + 2 * STAGES * 8 + 2 * (MF_MAX_E + 1) * 4 + 1024;
+    static constexpr int SMEM = STAGES * (MF_TILE + B_BYTES + MF_SC * 4) + OUT_BYTES + 2 * STAGES * 8 +
+                                2 * (MF_MAX_E + 1) * 4 + 1024;
     static_assert(BN == 128 || BN == 192, "128- or 192-column tiles");
     static_assert(SMEM <= 227 * 1024, "shared memory over the sm_90 limit");
 };
@@ -88,8 +97,7 @@ __device__ __forceinline__ MfTile mf_tile(const MfArgs &p, const int32_t *s_off,
     t.kb0 = 0, t.nkb = p.LB;
     const int64_t gm = u / p.tiles_n; // row tiles outer: the CTAs running at once share A's tiles
     t.tn = u % p.tiles_n;
-    int64_t e = 0;
-    while (s_mt[e + 1] <= gm) e++; // the expert whose row tiles hold gm (empty experts have none)
+    const int64_t e = dw_moe_expert_of_tile(s_mt, p.E, gm);
     t.e = e;
     t.row0 = s_off[e] + (gm - s_mt[e]) * MF_BM;
     t.rows = s_off[e + 1] - t.row0;
@@ -115,7 +123,8 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     uint8_t *sA = smem;                       // [ST][128 rows][128 B], 128B swizzle
     uint8_t *sB = sA + MF_STAGES * MF_TILE;   // [ST][BN rows][128 B]
     uint8_t *sOut = sB + MF_STAGES * C::B_BYTES; // SB: [2 warpgroups][SB boxes], 1024-aligned
-    uint64_t *full = (uint64_t *)(sOut + C::OUT_BYTES), *empty = full + MF_STAGES;
+    float *sSc = (float *)(sOut + C::OUT_BYTES);  // [ST][MF_SC]
+    uint64_t *full = (uint64_t *)(sSc + MF_STAGES * MF_SC), *empty = full + MF_STAGES;
     int32_t *s_off = (int32_t *)(empty + MF_STAGES), *s_mt = s_off + MF_MAX_E + 1;
     const int tid = threadIdx.x, wg = warpgroup_index();
     for (int64_t e = tid; e <= p.E; e += MF_THREADS) s_off[e] = p.off[e];
@@ -123,7 +132,9 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     if (tid == 0) { // prefix of row tiles per expert; the ring's barriers
         s_mt[0] = 0;
         for (int64_t e = 0; e < p.E; e++) s_mt[e + 1] = s_mt[e] + (s_off[e + 1] - s_off[e] + MF_BM - 1) / MF_BM;
-        for (int s = 0; s < MF_STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 8); // 8 consumer warps
+        // full: the TMA thread's arrival with the tiles' bytes and the scale warp's 32 lanes' copies;
+        // empty: the 8 consumer warps
+        for (int s = 0; s < MF_STAGES; s++) mbar_init(&full[s], 1 + 32), mbar_init(&empty[s], 8);
         mbar_init_fence();
     }
     __syncthreads();
@@ -143,6 +154,41 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
                     mbar_expect_tx(&full[s], MF_TILE + C::B_BYTES);
                     tma_load_2d(sA + s * MF_TILE, &tA, &full[s], (int)(kb * MF_BK), (int)t.row0);
                     tma_load_2d(sB + s * C::B_BYTES, &tB, &full[s], (int)(kb * MF_BK), (int)brow);
+                    r.next<MF_STAGES>();
+                    if (r.slot == 0) first_round = false;
+                }
+            }
+        } else if (tid / 32 == 1) { // the scale warp: each K block's scales into its slot, by cp.async
+            const int lane = tid % 32;
+            Ring r;
+            bool first_round = true;
+            for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+                const MfTile t = mf_tile<WG>(p, s_off, s_mt, u);
+                // this lane's rows of A, lane + 32 i (fprop/dgrad: a row past the tensor reads the
+                // last one, its results not stored); B: wgrad's columns likewise, else the block
+                // scalars (a 192-column tile's second past the expert's last block: the last one).
+                // 32-bit rows and blocks (the launch checks R, M, N, L < 2^31): the producer's 40
+                // registers spilled with 64-bit addresses.
+                int ra[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    ra[i] = (int)(WG ? t.row0 + lane + 32 * i : min(t.row0 + lane + 32 * i, p.R - 1));
+                const int kend = (int)(t.kb0 + t.nkb);
+                const float *gcol = p.sb + (t.tn * MF_BN + lane) * p.LB; // wgrad's columns
+                const int64_t nb = p.N / MF_BN, b0 = t.tn * BN / MF_BN, b1 = min(b0 + 1, nb - 1);
+                const float *gblk = p.sb + (t.e * nb + (lane == 1 ? b1 : b0)) * p.LB;
+                for (int kb = (int)t.kb0; kb < kend; kb++) {
+                    const int s = r.slot;
+                    if (!first_round) mbar_wait<true>(&empty[s], r.phase ^ 1);
+                    float *sc = sSc + s * MF_SC;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        cp_async_4(sc + lane + 32 * i, p.sa + (int64_t)ra[i] * p.LB + kb);
+                        if constexpr (WG) cp_async_4(sc + 128 + lane + 32 * i, gcol + 32 * i * p.LB + kb);
+                    }
+                    if constexpr (!WG)
+                        if (lane < (BN == 192 ? 2 : 1)) cp_async_4(sc + 128 + lane, gblk + kb);
+                    cp_async_arrive(&full[s]);
                     r.next<MF_STAGES>();
                     if (r.slot == 0) first_round = false;
                 }
@@ -180,23 +226,17 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
                                                         // its zeros stored, the K loop empty)
 #pragma unroll
         for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
-        // this thread's two rows' 1x128 scales (a row past the tensor reads the last one: its
-        // results are not stored) and the tile's 128x128 weight blocks along the reduction; wgrad:
-        // its two rows of dy^T and its 32 columns' (rows of x^T) scales, columns 8 j + 2 q + v
-        const int64_t r0 = WG ? t.row0 + rl : min(t.row0 + rl, p.R - 1);
-        const int64_t r1 = WG ? r0 + 8 : min(t.row0 + rl + 8, p.R - 1);
-        const float *sa0 = p.sa + r0 * p.LB, *sa1 = p.sa + r1 * p.LB;
-        const float *sb = WG ? p.sb + (t.tn * MF_BN + 2 * q) * p.LB : p.sb + (t.e * (p.N / MF_BN) + t.tn) * p.LB;
+        // the slot's scales (sSc, staged by the scale warp): this thread's two rows' 1x128 scales
+        // and the tile's 128x128 weight block(s); wgrad: its two rows of dy^T and its 32 columns'
+        // (rows of x^T), columns 8 j + 2 q + v. Read before the slot is released.
         if constexpr (BN == 192) {
             // the tile's columns span two 128x128 weight blocks: lo from column 0, hi from 128 (an
-            // even tile) or 64 (an odd one); past the expert's last block hi reads the last one,
-            // whose columns are not stored
-            const int64_t nb = p.N / MF_BN, b0 = t.tn * BN / MF_BN, b1 = min(b0 + 1, nb - 1);
-            const float *sbl = p.sb + (t.e * nb + b0) * p.LB, *sbh = p.sb + (t.e * nb + b1) * p.LB;
+            // even tile) or 64 (an odd one)
             for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
                 const int s = r.slot;
-                const float a0 = __ldg(sa0 + kb), a1 = __ldg(sa1 + kb), lo = __ldg(sbl + kb), hi = __ldg(sbh + kb);
+                const float *sc = sSc + s * MF_SC;
                 mbar_wait(&full[s], r.phase);
+                const float a0 = sc[rl], a1 = sc[rl + 8], lo = sc[128], hi = sc[129];
                 issue(part, s);
                 wg_wait<0>();
                 release(s);
@@ -210,17 +250,16 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
             const int64_t kend = t.kb0 + t.nkb;
             for (int64_t kb = t.kb0; kb < kend; kb += 2) {
                 const bool has_b = kb + 1 < kend;
-                const int64_t kb1 = has_b ? kb + 1 : kb;
-                const float b0 = __ldg(sb + kb), b1 = __ldg(sb + kb1);
-                const float s00 = __ldg(sa0 + kb) * b0, s10 = __ldg(sa1 + kb) * b0;
-                const float s01 = __ldg(sa0 + kb1) * b1, s11 = __ldg(sa1 + kb1) * b1;
                 const int sa = r.slot;
                 Ring r2 = r;
                 r2.next<MF_STAGES>();
                 const int sb2 = has_b ? r2.slot : sa;
+                const float *sc0 = sSc + sa * MF_SC, *sc1 = sSc + sb2 * MF_SC;
                 mbar_wait(&full[sa], r.phase);
+                const float s00 = sc0[rl] * sc0[128], s10 = sc0[rl + 8] * sc0[128];
                 issue(part, sa);
                 if (has_b) mbar_wait(&full[sb2], r2.phase);
+                const float s01 = sc1[rl] * sc1[128], s11 = sc1[rl + 8] * sc1[128];
                 issue(part2, sb2);
                 wg_wait<1>();
                 if (has_b) release(sa); // (else the spare group still reads it)
@@ -234,17 +273,16 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
         } else {
             for (int64_t kb = t.kb0; kb < t.kb0 + t.nkb; kb++) {
                 const int s = r.slot;
+                const float *sc = sSc + s * MF_SC;
                 float s0, s1, cs[32]; // fprop/dgrad: the rows' products with the block's; wgrad: the columns'
-                if constexpr (WG) {
-                    s0 = __ldg(sa0 + kb), s1 = __ldg(sa1 + kb);
-#pragma unroll
-                    for (int j = 0; j < 16; j++)
-                        cs[2 * j] = __ldg(sb + 8 * j * p.LB + kb), cs[2 * j + 1] = __ldg(sb + (8 * j + 1) * p.LB + kb);
-                } else {
-                    const float b = __ldg(sb + kb);
-                    s0 = __ldg(sa0 + kb) * b, s1 = __ldg(sa1 + kb) * b;
-                }
                 mbar_wait(&full[s], r.phase);
+                if constexpr (WG) {
+                    s0 = sc[rl], s1 = sc[rl + 8];
+#pragma unroll
+                    for (int j = 0; j < 16; j++) cs[2 * j] = sc[128 + 8 * j + 2 * q], cs[2 * j + 1] = sc[129 + 8 * j + 2 * q];
+                } else {
+                    s0 = sc[rl] * sc[128], s1 = sc[rl + 8] * sc[128];
+                }
                 issue(part, s);
                 wg_wait<0>();
                 reg_fence(part);

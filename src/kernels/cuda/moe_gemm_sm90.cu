@@ -128,8 +128,7 @@ __device__ __forceinline__ bool mw_tile(const MwArgs &p, const int32_t *s_off, c
     if (u >= tiles_m * p.tiles_n) return false;
     int64_t gm;
     tile_coords(u, tiles_m, p.tiles_n, MW_GROUP_M, &gm, &t->tn);
-    int64_t e = 0;
-    while (s_mt[e + 1] <= gm) e++; // the expert whose row tiles hold gm (empty experts have none)
+    const int64_t e = dw_moe_expert_of_tile(s_mt, p.E, gm);
     t->e = e;
     const int64_t g0 = s_off[e], mt = gm - s_mt[e];
     t->row0 = g0 + mt * MW_BM, t->rows = s_off[e + 1] - t->row0;
