@@ -6,7 +6,8 @@
  * outputs, with skewed routings: every row to one expert, empty experts, a single row, groups of
  * odd sizes and rows past the groups (which must come back 0); outputs poisoned with NaN before each run. wgrad on the transposed,
  * per-expert padded copies (grouped_fp8.h) with groups of 127, 128, 129 rows too, added into a dW
- * that holds values (experts without rows leave theirs bit for bit). The GPU quantisers of the
+ * that holds values (experts without rows leave theirs bit for bit; K blocks in pairs and one at a
+ * time giving the same bits). The GPU quantisers of the
  * grouped operands against the CPU's, bit for bit (wgrad's: offsets on the device, NaN in the rows
  * past the groups, which it must not read). Bound: 1e-3 relative Frobenius error for FP32
  * output, 5e-3 for BF16 (docs/gemm.md: the dense FP8 block kernel's, the same tensor-core
@@ -71,7 +72,17 @@ static double wgrad_case(int kind, int64_t E, int64_t M, int64_t K, int64_t R0) 
     assert_string_equal(name, "grouped_fp8block_sm90");
     if (dw_grouped_gemm(g_gpu, &g) != DW_OK) fail_msg("grouped_fp8block_sm90 wgrad: %s", dw_errmsg(g_gpu));
     dw_test_from_dev(got, dout, (size_t)n * 4);
-    double err2 = 0, ref2 = 0;
+    /* one K block at a time (DW_MOE_FP8_WGRAD_PIPE=1) adds the same bits as the default's pairs */
+    float *one = malloc((size_t)n * 4);
+    assert_int_equal(cudaMemcpy(dout, dw0, (size_t)n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    setenv("DW_MOE_FP8_WGRAD_PIPE", "1", 1);
+    const dw_status st1 = dw_grouped_gemm(g_gpu, &g);
+    unsetenv("DW_MOE_FP8_WGRAD_PIPE");
+    if (st1 != DW_OK) fail_msg("grouped_fp8block_sm90 wgrad, DW_MOE_FP8_WGRAD_PIPE=1: %s", dw_errmsg(g_gpu));
+    dw_test_from_dev(one, dout, (size_t)n * 4);
+    const bool same = !memcmp(one, got, (size_t)n * 4);
+    free(one);
+    double err2 = same ? 0 : INFINITY, ref2 = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t e = i / (M * K);
         if (off[e] == off[e + 1] && memcmp(&got[i], &dw0[i], 4)) err2 = INFINITY; /* no rows: untouched */
@@ -79,8 +90,8 @@ static double wgrad_case(int kind, int64_t E, int64_t M, int64_t K, int64_t R0) 
         ref2 += ((double)ref[i] - dw0[i]) * ((double)ref[i] - dw0[i]);
     }
     const double rel = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
-    printf("wgrad routing %d E %lld M %lld K %lld R %lld rows %d: rel %.3g\n", kind, (long long)E, (long long)M,
-           (long long)K, (long long)R, off[E], rel);
+    printf("wgrad routing %d E %lld M %lld K %lld R %lld rows %d: rel %.3g%s\n", kind, (long long)E, (long long)M,
+           (long long)K, (long long)R, off[E], rel, same ? "" : ", one K block at a time differs from the pairs");
     cudaFree(ddyc), cudaFree(dxc), cudaFree(ddys), cudaFree(dxs), cudaFree(doff), cudaFree(dout);
     free(off), free(dy), free(x), free(dw0), free(ref), free(got), free(dyc), free(xc), free(dys), free(xs);
     return isnan(rel) ? INFINITY : rel;

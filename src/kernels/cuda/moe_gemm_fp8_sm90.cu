@@ -25,8 +25,9 @@
 // (m64n192k32, the dense kernel's n192 promotion across two weight blocks; one partial). Every
 // variant gives the same bits. A BF16 output leaves through TMA (moe_store_sm90.cuh, dw_moe_store_tma)
 // in whole 64-row blocks of a group, the register epilogue taking the block cut by the group's end.
-// wgrad keeps 128 x 128 and one partial: its 32 column scales a block
-// leave no registers for a second. The scales come through shared memory: the producer's second
+// wgrad keeps 128 x 128 tiles and takes its K blocks in pairs too, reading a block's 32 column scales
+// from the slot during the promotion (in registers they left no room for a second partial; the slot
+// is released after its promotion). The scales come through shared memory: the producer's second
 // warp copies each K block's (A's 128 rows', B's block scalar or wgrad's 128 columns') into the
 // block's ring slot by cp.async, completing on the slot's full barrier beside the TMA tiles; the
 // consumers' global scale loads and their address arithmetic had stalled the K loop (Nsight
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     moe_gemm_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tA, const __grid_constant__ CUtensorMap tB,
                              const __grid_constant__ CUtensorMap tC, MfArgs p) {
 #ifdef DW_SM90_BODY
-    static_assert(PIPE == 1 || (PIPE == 2 && !WG && BN == 128), "two partials: fprop and dgrad, 128 columns");
+    static_assert(PIPE == 1 || (PIPE == 2 && BN == 128), "two partials: 128 columns");
     static_assert(BN == 128 || !WG, "wgrad's tiles are 128 x 128");
     static_assert(SB == 0 || !WG, "the BF16 store through TMA is fprop's and dgrad's");
     using C = MfCfg<BN, SB>;
@@ -214,6 +215,20 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     auto promote_rows = [&](float *acc, float *part, float s0, float s1) {
         promote_blk<128>(acc, part, make_float2(s0, s1), make_float2(s0, s1), false);
     };
+    // wgrad: acc += part * (row scale * column scale), the products in FP32 as the reference forms
+    // them; the slot's scales read here (pairs: the slot is released after its promotion)
+    auto promote_cols = [&](float *acc, float *part, const float *sc) {
+        reg_fence(part);
+        const float s0 = sc[rl], s1 = sc[rl + 8];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const float2 c = *reinterpret_cast<const float2 *>(sc + 128 + 8 * j + 2 * q); // columns 8 j + 2 q (+1)
+            acc[4 * j] = fmaf(part[4 * j], s0 * c.x, acc[4 * j]);
+            acc[4 * j + 1] = fmaf(part[4 * j + 1], s0 * c.y, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(part[4 * j + 2], s1 * c.x, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(part[4 * j + 3], s1 * c.y, acc[4 * j + 3]);
+        }
+    };
     float acc[NACC], part[NACC], part2[PIPE == 2 ? 64 : 1];
 #pragma unroll
     for (int i = 0; i < NACC; i++) part[i] = 0.0f;
@@ -242,6 +257,31 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
                 release(s);
                 promote_blk<BN>(acc, part, make_float2(a0 * lo, a1 * lo), make_float2(a0 * hi, a1 * hi), t.tn & 1);
                 r.next<MF_STAGES>();
+            }
+        } else if constexpr (PIPE == 2 && WG) {
+            // wgrad's pairs: block kb + 1's wgmmas run while kb's partial is promoted with the
+            // scales in its slot (released after); an odd count's spare group re-reads the first
+            // slot into part2, not promoted. The same FP32 operations in the same order as one
+            // block at a time (DW_MOE_FP8_WGRAD_PIPE=1).
+            const int64_t kend = t.kb0 + t.nkb;
+            for (int64_t kb = t.kb0; kb < kend; kb += 2) {
+                const bool has_b = kb + 1 < kend;
+                const int sa = r.slot;
+                Ring r2 = r;
+                r2.next<MF_STAGES>();
+                const int sb2 = has_b ? r2.slot : sa;
+                mbar_wait(&full[sa], r.phase);
+                issue(part, sa);
+                if (has_b) mbar_wait(&full[sb2], r2.phase);
+                issue(part2, sb2);
+                wg_wait<1>();
+                promote_cols(acc, part, sSc + sa * MF_SC);
+                if (has_b) release(sa); // (else the spare group still reads it)
+                wg_wait<0>();
+                if (has_b) promote_cols(acc, part2, sSc + sb2 * MF_SC);
+                release(sb2);
+                r = r2;
+                if (has_b) r.next<MF_STAGES>();
             }
         } else if constexpr (PIPE == 2) {
             // Pairs: no wgmma group stays in flight across an iteration (ptxas would serialise
@@ -365,6 +405,14 @@ int fprop_variant(int64_t N) {
     return ((N + 191) / 192 * 192 - N) * 25 <= N ? 192 : 2;
 }
 
+// wgrad's kernel: K blocks in pairs (2; its column scales read from the slot during the promotion,
+// which leaves the registers for a second partial), or one at a time (DW_MOE_FP8_WGRAD_PIPE=1: 1).
+// The same bits.
+int wgrad_variant(void) {
+    const char *v = dw_env("DW_MOE_FP8_WGRAD_PIPE");
+    return v && !strcmp(v, "1") ? 1 : 2;
+}
+
 // fprop's and dgrad's BF16 output through TMA (moe_store_sm90.cuh), every box of the tile staged in
 // one round (192-column tiles then keep 4 ring slots instead of 5); DW_MOE_STORE=reg keeps the
 // register epilogue (an A/B knob; DW_MOE_FP8_PIPE=1's path always does). On an H100 (bench/
@@ -389,7 +437,7 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
         return (int)(wg && a->overwrite ? cudaMemsetAsync(a->out, 0, (size_t)(E * M * N) * sizeof(float),
                                                           (cudaStream_t)stream)
                                         : cudaSuccess);
-    const int variant = wg ? 1 : fprop_variant(N);
+    const int variant = wg ? wgrad_variant() : fprop_variant(N);
     const int64_t bn = variant == 192 ? 192 : MF_BN; // the B tile's rows, the output tile's columns
     CUtensorMap tA, tB;
     const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -410,7 +458,8 @@ extern "C" int dw_moe_gemm_fp8_sm90(const dw_moe_fp8_args *a, void *stream) {
     if (ts && !dw_make_map_2d(&tC, a->out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, R, N, N, 64, 64,
                               CU_TENSOR_MAP_SWIZZLE_128B))
         return (int)cudaErrorNotSupported;
-    return (int)(wg ? launch<true, 1, 128>(grid, tA, tB, tC, p, st)
+    return (int)(wg ? (variant == 2 ? launch<true, 2, 128>(grid, tA, tB, tC, p, st)
+                          : launch<true, 1, 128>(grid, tA, tB, tC, p, st))
                  : variant == 192 ? (ts ? launch<false, 1, 192, 3>(grid, tA, tB, tC, p, st)
                                         : launch<false, 1, 192>(grid, tA, tB, tC, p, st))
                  : variant == 2 ? (ts ? launch<false, 2, 128, 2>(grid, tA, tB, tC, p, st)
