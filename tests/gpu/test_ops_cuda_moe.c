@@ -3,7 +3,7 @@
  * for bit), its backward, the grouped linear layer's fprop, dgrad and wgrad (FP32 programs; BF16 on
  * the tensor cores and on the FP32-FMA tiles), combine and its backward; the load-balancing
  * statistics of two chained layers (a block per expert, and over parts of the rows given the
- * scratch) and the loss (kernels/cpu/moe_aux_cpu.c). Routings: uniform, every
+ * scratch) and the loss (kernels/cpu/moe_aux_cpu.c); the routing counters, exactly. Routings: uniform, every
  * token to the same experts (the rest empty), one token, many experts with empty ones, assignments
  * outside [0,E) (rows past the assigned ones must come out zero); odd widths take the scalar paths.
  * The combine's backward writes every row without zeroing first where the dispatch was dropless
@@ -329,6 +329,45 @@ static void test_moe_aux(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* The routing counters (dw_cuda_moe_count, one per training forward): cnt += (assignments, dropped,
+ * per-expert choices), over enough assignments for several blocks adding into cnt, with experts
+ * outside [0,E) not counted; cnt holds values first (it accumulates). Exact integers. */
+static void test_moe_count(void **state) {
+    (void)state;
+    const int64_t sizes[3] = {1, 20000 + (int64_t)(dw_test_next(&g_rng) % 5000), 65536};
+    for (int c = 0; c < 3; c++) {
+        const int64_t A = sizes[c], E = c == 1 ? 37 : 64;
+        int32_t *idx = malloc((size_t)A * 4), off[65];
+        long long *cnt = malloc((size_t)(E + 2) * 8), *want = malloc((size_t)(E + 2) * 8), *got = malloc((size_t)(E + 2) * 8);
+        for (int64_t e = 0; e < E + 2; e++) want[e] = cnt[e] = (long long)(dw_test_next(&g_rng) % 1000);
+        for (int64_t a = 0; a < A; a++) {
+            const uint64_t r = dw_test_next(&g_rng) % (uint64_t)(E + 2);
+            idx[a] = r == (uint64_t)E ? -1 : (int32_t)r; /* E + 1 and -1: outside [0,E) */
+            if (idx[a] >= 0 && idx[a] < E) want[2 + idx[a]]++;
+        }
+        for (int64_t e = 0; e <= E; e++) off[e] = (int32_t)(e * (A / 2) / E); /* offsets[E]: half assigned */
+        want[0] += A, want[1] += A - off[E];
+        int32_t *didx = NULL, *doff = NULL;
+        long long *dcnt = NULL;
+        DW_GC_CUDA(cudaMalloc((void **)&didx, (size_t)A * 4));
+        DW_GC_CUDA(cudaMalloc((void **)&doff, (size_t)(E + 1) * 4));
+        DW_GC_CUDA(cudaMalloc((void **)&dcnt, (size_t)(E + 2) * 8));
+        DW_GC_CUDA(cudaMemcpy(didx, idx, (size_t)A * 4, cudaMemcpyHostToDevice));
+        DW_GC_CUDA(cudaMemcpy(doff, off, (size_t)(E + 1) * 4, cudaMemcpyHostToDevice));
+        DW_GC_CUDA(cudaMemcpy(dcnt, cnt, (size_t)(E + 2) * 8, cudaMemcpyHostToDevice));
+        assert_int_equal(dw_cuda_moe_count(NULL, (int64_t *)dcnt, didx, doff, A, E, dw_gc_stream), DW_OK);
+        DW_GC_CUDA(cudaMemcpy(got, dcnt, (size_t)(E + 2) * 8, cudaMemcpyDeviceToHost));
+        int64_t bad = 0;
+        for (int64_t e = 0; e < E + 2; e++)
+            if (got[e] != want[e]) bad++, printf("MISMATCH moe_count A=%lld E=%lld [%lld]: %lld vs %lld\n", (long long)A,
+                                                 (long long)E, (long long)e, got[e], want[e]);
+        printf("moe_count A=%lld E=%lld: %s\n", (long long)A, (long long)E, bad ? "differs" : "exact");
+        cudaFree(didx), cudaFree(doff), cudaFree(dcnt);
+        free(idx), free(cnt), free(want), free(got);
+        assert_int_equal(bad, 0);
+    }
+}
+
 static void test_moe_validation(void **state) {
     (void)state;
     float *p = NULL;
@@ -354,6 +393,6 @@ static void test_moe_validation(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_ops), cmocka_unit_test(test_moe_aux),
-                                       cmocka_unit_test(test_moe_validation)};
+                                       cmocka_unit_test(test_moe_count), cmocka_unit_test(test_moe_validation)};
     return cmocka_run_group_tests(tests, setup, dw_gc_fini);
 }

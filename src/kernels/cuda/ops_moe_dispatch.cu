@@ -23,16 +23,29 @@
 #define DW_MOE_IDX_SMEM_INTS 11264 /* 44 KiB: segments x experts counts, then the expert totals */
 #define DW_MOE_ROW_THREADS 256
 
-/* Assignment a's expert e (-1: none, or past the end A); of the 32 lanes' experts, how many lanes
+#define DW_MOE_IDX_AHEAD 8 /* chunks of 32 assignments whose experts a warp loads before ranking them */
+
+/* A lane's expert e as loaded (-1: none, or past the end); of the 32 lanes' experts, how many lanes
  * before this one hold the same value, and how many in all: the lane's rank within its expert in
  * this chunk and the chunk's count of it. */
-static __device__ __forceinline__ int dw_moe_rank(const int32_t *idx, int64_t a, int64_t A, int E, int lane,
-                                                  int &before, int &total) {
-    int e = a < A ? idx[a] : -1;
+static __device__ __forceinline__ int dw_moe_rank(int e, int E, int lane, int &before, int &total) {
     if (e < 0 || e >= E) e = -1;
     const unsigned same = __match_any_sync(0xffffffffu, e); /* the lanes holding e */
     before = __popc(same & ((1u << lane) - 1u)), total = __popc(same);
     return e;
+}
+
+/* The experts of this lane's assignments in the DW_MOE_IDX_AHEAD chunks from base, loaded together
+ * (a chunk past the segment's end hi or past A: -1), so that their latencies overlap: one load per
+ * chunk, each waited for before the next, held the one-block index kernel at ~73 us for moe-e64's
+ * 65536 assignments (bench/RESULTS.md session 32). */
+static __device__ __forceinline__ void dw_moe_load_ahead(const int32_t *idx, int64_t base, int64_t hi, int64_t A,
+                                                         int lane, int *ev) {
+#pragma unroll
+    for (int u = 0; u < DW_MOE_IDX_AHEAD; u++) {
+        const int64_t a = base + 32 * u + lane;
+        ev[u] = base + 32 * u < hi && a < A ? idx[a] : -1; /* (plain loads: the by-weight path sorts idx in place) */
+    }
 }
 
 static __global__ void __launch_bounds__(DW_MOE_IDX_THREADS)
@@ -41,15 +54,20 @@ dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t 
     int32_t *seg = sh, *tot = sh + (int64_t)S * E; /* seg[s*E + e]: segment s's count, then first rank */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t L = ((A + S - 1) / S + 31) / 32 * 32; /* segment length, whole chunks */
+    const int64_t lo = w * L, hi = (w + 1) * L < A ? (w + 1) * L : A; /* this warp's segment */
     for (int i = threadIdx.x; i < S * E; i += blockDim.x) seg[i] = 0;
     __syncthreads();
     if (w < S) /* pass 1: counts */
-        for (int64_t base = w * L; base < A && base < (w + 1) * L; base += 32) {
-            const int64_t a = base + lane;
-            int before, total;
-            const int e = dw_moe_rank(idx, a, A, E, lane, before, total);
-            if (e >= 0 && before == 0) seg[w * E + e] += total; /* one leader per expert and chunk */
-            __syncwarp();
+        for (int64_t base = lo; base < hi; base += 32 * DW_MOE_IDX_AHEAD) {
+            int ev[DW_MOE_IDX_AHEAD];
+            dw_moe_load_ahead(idx, base, hi, A, lane, ev);
+#pragma unroll
+            for (int u = 0; u < DW_MOE_IDX_AHEAD; u++) {
+                int before, total;
+                const int e = dw_moe_rank(ev[u], E, lane, before, total);
+                if (e >= 0 && before == 0) seg[w * E + e] += total; /* one leader per expert and chunk */
+                __syncwarp();
+            }
         }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) { /* each segment's first rank within its expert */
@@ -74,15 +92,20 @@ dw_moe_index_kernel(int32_t *offsets, int32_t *pos, const int32_t *idx, int64_t 
     }
     __syncthreads();
     if (w < S) /* pass 2: rows, in (token, k) order within each expert; ranks past cap dropped */
-        for (int64_t base = w * L; base < A && base < (w + 1) * L; base += 32) {
-            const int64_t a = base + lane;
-            int before, total;
-            const int e = dw_moe_rank(idx, a, A, E, lane, before, total);
-            const int32_t first = e >= 0 ? seg[w * E + e] : 0, rank = first + before;
-            if (a < A) pos[a] = e >= 0 && rank < cap ? tot[e] + rank : -1;
-            __syncwarp();
-            if (e >= 0 && before == 0) seg[w * E + e] = first + total;
-            __syncwarp();
+        for (int64_t base = lo; base < hi; base += 32 * DW_MOE_IDX_AHEAD) {
+            int ev[DW_MOE_IDX_AHEAD];
+            dw_moe_load_ahead(idx, base, hi, A, lane, ev);
+#pragma unroll
+            for (int u = 0; u < DW_MOE_IDX_AHEAD; u++) {
+                const int64_t a = base + 32 * u + lane;
+                int before, total;
+                const int e = dw_moe_rank(ev[u], E, lane, before, total);
+                const int32_t first = e >= 0 ? seg[w * E + e] : 0, rank = first + before;
+                if (base + 32 * u < hi && a < A) pos[a] = e >= 0 && rank < cap ? tot[e] + rank : -1;
+                __syncwarp();
+                if (e >= 0 && before == 0) seg[w * E + e] = first + total;
+                __syncwarp();
+            }
         }
 }
 
@@ -150,18 +173,23 @@ dw_moe_select_kernel(int32_t *keep, const int32_t *idx, const T *w, int64_t A, i
     }
 }
 
-/* cnt (2+E) int64 += the A assignments, those dropped, the choices per expert; one block (counts in
- * shared memory, then one thread per expert adds its own). */
+/* cnt (2+E) int64 += the A assignments, those dropped, the choices per expert: each block counts
+ * its stride of the assignments in shared memory, then adds its counts into cnt (integer atomics:
+ * the sums are exact in any order); block 0 adds the totals. One block took ~29 us for moe-e64's
+ * 65536 assignments, its loads one latency each (bench/RESULTS.md session 32). */
 static __global__ void __launch_bounds__(DW_MOE_IDX_THREADS)
 dw_moe_count_kernel(long long *cnt, const int32_t *idx, const int32_t *offsets, int64_t A, int E) {
     __shared__ int32_t load[4096];
     for (int e = threadIdx.x; e < E; e += blockDim.x) load[e] = 0;
     __syncthreads();
-    for (int64_t a = threadIdx.x; a < A; a += blockDim.x)
-        if (idx[a] >= 0 && idx[a] < E) atomicAdd(&load[idx[a]], 1);
+    for (int64_t a = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; a < A; a += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t e = idx[a];
+        if (e >= 0 && e < E) atomicAdd(&load[e], 1);
+    }
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[2 + e] += load[e];
-    if (threadIdx.x == 0) cnt[0] += A, cnt[1] += A - offsets[E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (load[e]) atomicAdd((unsigned long long *)&cnt[2 + e], (unsigned long long)load[e]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) cnt[0] += A, cnt[1] += A - offsets[E];
 }
 
 /* One row of C values, 16 bytes at a time where both rows allow it. */
@@ -507,7 +535,9 @@ extern "C" dw_status dw_cuda_moe_count(dw_ctx *ctx, int64_t *cnt, const int32_t 
                                        int64_t A, int64_t E, void *stream) {
     const char *op = "moe_dispatch counters";
     DW_OPS_REQUIRE(ctx, op, cnt && offsets && A >= 0 && E >= 1 && E <= 4096 && (A == 0 || idx));
-    dw_moe_count_kernel<<<1, DW_MOE_IDX_THREADS, 0, (cudaStream_t)stream>>>((long long *)cnt, idx, offsets, A, (int)E);
+    const int64_t blocks = (A + 4 * DW_MOE_IDX_THREADS - 1) / (4 * DW_MOE_IDX_THREADS); /* ~4 assignments a thread */
+    dw_moe_count_kernel<<<(unsigned)(blocks < 1 ? 1 : blocks > 264 ? 264 : blocks), DW_MOE_IDX_THREADS, 0,
+                          (cudaStream_t)stream>>>((long long *)cnt, idx, offsets, A, (int)E);
     DW_CUDA_CHECK_LAUNCH(ctx, op);
     return DW_OK;
 }
