@@ -258,35 +258,13 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
                 promote_blk<BN>(acc, part, make_float2(a0 * lo, a1 * lo), make_float2(a0 * hi, a1 * hi), t.tn & 1);
                 r.next<MF_STAGES>();
             }
-        } else if constexpr (PIPE == 2 && WG) {
-            // wgrad's pairs: block kb + 1's wgmmas run while kb's partial is promoted with the
-            // scales in its slot (released after); an odd count's spare group re-reads the first
-            // slot into part2, not promoted. The same FP32 operations in the same order as one
-            // block at a time (DW_MOE_FP8_WGRAD_PIPE=1).
-            const int64_t kend = t.kb0 + t.nkb;
-            for (int64_t kb = t.kb0; kb < kend; kb += 2) {
-                const bool has_b = kb + 1 < kend;
-                const int sa = r.slot;
-                Ring r2 = r;
-                r2.next<MF_STAGES>();
-                const int sb2 = has_b ? r2.slot : sa;
-                mbar_wait(&full[sa], r.phase);
-                issue(part, sa);
-                if (has_b) mbar_wait(&full[sb2], r2.phase);
-                issue(part2, sb2);
-                wg_wait<1>();
-                promote_cols(acc, part, sSc + sa * MF_SC);
-                if (has_b) release(sa); // (else the spare group still reads it)
-                wg_wait<0>();
-                if (has_b) promote_cols(acc, part2, sSc + sb2 * MF_SC);
-                release(sb2);
-                r = r2;
-                if (has_b) r.next<MF_STAGES>();
-            }
         } else if constexpr (PIPE == 2) {
             // Pairs: no wgmma group stays in flight across an iteration (ptxas would serialise
             // them); with an odd count the last pair's second group re-reads the first's slot into
-            // the spare partial, which is not promoted.
+            // the spare partial, which is not promoted. fprop/dgrad read the rows' scale products
+            // before the wgmmas and release a slot at its wait; wgrad reads its slot's scales during
+            // the promotion and releases the slot after it. The same FP32 operations in the same
+            // order as one block at a time (DW_MOE_FP8_PIPE=1, DW_MOE_FP8_WGRAD_PIPE=1).
             const int64_t kend = t.kb0 + t.nkb;
             for (int64_t kb = t.kb0; kb < kend; kb += 2) {
                 const bool has_b = kb + 1 < kend;
@@ -295,18 +273,25 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
                 r2.next<MF_STAGES>();
                 const int sb2 = has_b ? r2.slot : sa;
                 const float *sc0 = sSc + sa * MF_SC, *sc1 = sSc + sb2 * MF_SC;
+                float s00 = 0.0f, s10 = 0.0f, s01 = 0.0f, s11 = 0.0f;
                 mbar_wait(&full[sa], r.phase);
-                const float s00 = sc0[rl] * sc0[128], s10 = sc0[rl + 8] * sc0[128];
+                if constexpr (!WG) s00 = sc0[rl] * sc0[128], s10 = sc0[rl + 8] * sc0[128];
                 issue(part, sa);
                 if (has_b) mbar_wait(&full[sb2], r2.phase);
-                const float s01 = sc1[rl] * sc1[128], s11 = sc1[rl + 8] * sc1[128];
+                if constexpr (!WG) s01 = sc1[rl] * sc1[128], s11 = sc1[rl + 8] * sc1[128];
                 issue(part2, sb2);
                 wg_wait<1>();
+                if constexpr (WG) promote_cols(acc, part, sc0);
                 if (has_b) release(sa); // (else the spare group still reads it)
-                promote_rows(acc, part, s00, s10);
+                if constexpr (!WG) promote_rows(acc, part, s00, s10);
                 wg_wait<0>();
-                release(sb2);
-                if (has_b) promote_rows(acc, part2, s01, s11);
+                if constexpr (WG) {
+                    if (has_b) promote_cols(acc, part2, sc1);
+                    release(sb2);
+                } else {
+                    release(sb2);
+                    if (has_b) promote_rows(acc, part2, s01, s11);
+                }
                 r = r2;
                 if (has_b) r.next<MF_STAGES>();
             }
