@@ -16,6 +16,7 @@ extern "C" { /* core/ headers are C without linkage guards */
 #include "core/error.h"
 }
 #include "formats/rules.h"
+#include "kernels/cuda/fp8_cvt.cuh"
 #include "kernels/cuda/quant.h"
 #include "precision/quant_counts.cuh"
 
@@ -65,16 +66,8 @@ struct Params {
 
 /* ---- element encoding ------------------------------------------------------------------- */
 
-__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ uint32_t cvt_e5m2x2(float lo, float hi) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
+__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) { return dw_cvt_e4m3x2(lo, hi); }
+__device__ __forceinline__ uint32_t cvt_e5m2x2(float lo, float hi) { return dw_cvt_e5m2x2(lo, hi); }
 /* E2M1, RNE by comparison with the midpoints (ties go to the even code); NaN -> +0. */
 __device__ __forceinline__ uint32_t enc_e2m1(float v) {
     float a = fabsf(v);

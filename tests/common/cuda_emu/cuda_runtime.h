@@ -84,6 +84,10 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu) {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 static inline float __int_as_float(int i) {
     float f;
     memcpy(&f, &i, 4);
@@ -94,6 +98,17 @@ static inline unsigned __float_as_uint(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
+/* the IEEE round-to-nearest operations the quantisers use (quant_common.cuh): the host's */
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* CUDA's overloaded min and max of two values of one type */
+template <typename T> static inline T max(T a, T b) { return a < b ? b : a; }
+template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
 /* threads switch only at barriers and shuffles, so a plain read-modify-write is atomic here */
 static inline int atomicAdd(int *p, int v) {
     const int old = *p;
@@ -110,8 +125,22 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
 void dw_emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
 
 template <typename F>
-static inline cudaError_t cudaFuncSetAttribute(F *, cudaFuncAttribute, int value) {
-    return value <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
+static inline cudaError_t cudaFuncSetAttribute(F *, cudaFuncAttribute a, int value) {
+    return a != cudaFuncAttributeMaxDynamicSharedMemorySize || value <= 227 * 1024 ? cudaSuccess
+                                                                                     : cudaErrorInvalidValue;
+}
+/* the kernels' shared arrays are function-static here: none the runtime would count */
+template <typename F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *fa, F *) {
+    fa->sharedSizeBytes = 0;
+    return cudaSuccess;
+}
+/* as many blocks a multiprocessor as 2048 threads and 227 KiB allow, at least one */
+template <typename F>
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, F *, int threads, size_t smem) {
+    const int by_threads = threads > 0 ? 2048 / threads : 1, by_smem = smem ? (int)(227 * 1024 / smem) : 32;
+    *n = by_threads < by_smem ? by_threads : by_smem;
+    if (*n < 1) *n = 1;
+    return cudaSuccess;
 }
 #endif /* __cplusplus */
 

@@ -26,11 +26,25 @@ typedef enum {
     cudaMemcpyDeviceToDevice = 3,
     cudaMemcpyDefault = 4
 } cudaMemcpyKind;
-typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
+typedef enum {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+    cudaFuncAttributePreferredSharedMemoryCarveout = 9
+} cudaFuncAttribute;
+typedef enum {
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+} cudaDeviceAttr;
+/* the fields the kernels read (quant_common.cuh's kernel_fit) */
+typedef struct {
+    size_t sharedSizeBytes;
+} cudaFuncAttributes;
 typedef struct dw_emu_stream *cudaStream_t;
 #define cudaStreamNonBlocking 0x01
 
 cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDevice(int *d);
+/* an H100-like device: 132 SMs, 227 KiB of shared memory a block */
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d);
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);

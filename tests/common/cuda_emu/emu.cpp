@@ -155,6 +155,17 @@ cudaError_t cudaGetDeviceCount(int *n) {
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetDevice(int *d) {
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
+    if (d != 0) return cudaErrorInvalidValue;
+    if (a == cudaDevAttrMultiProcessorCount) *v = 132;
+    else if (a == cudaDevAttrMaxSharedMemoryPerBlockOptin) *v = 227 * 1024;
+    else return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
 cudaError_t cudaMalloc(void **p, size_t n) {
     *p = malloc(n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
