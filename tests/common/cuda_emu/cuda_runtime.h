@@ -124,11 +124,11 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
 /* Runs the kernel body for every block of grid and every thread of block. */
 void dw_emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
 
-template <typename F>
-static inline cudaError_t cudaFuncSetAttribute(F *, cudaFuncAttribute a, int value) {
+template <typename F> static inline cudaError_t cudaFuncSetAttribute(F *, int a, int value) {
     return a != cudaFuncAttributeMaxDynamicSharedMemorySize || value <= 227 * 1024 ? cudaSuccess
                                                                                      : cudaErrorInvalidValue;
 }
+#ifndef DW_EMU_OWN_DEVICE_QUERIES
 /* the kernels' shared arrays are function-static here: none the runtime would count */
 template <typename F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *fa, F *) {
     fa->sharedSizeBytes = 0;
@@ -142,6 +142,7 @@ static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, 
     if (*n < 1) *n = 1;
     return cudaSuccess;
 }
+#endif
 #endif /* __cplusplus */
 
 #endif

@@ -26,25 +26,28 @@ typedef enum {
     cudaMemcpyDeviceToDevice = 3,
     cudaMemcpyDefault = 4
 } cudaMemcpyKind;
-typedef enum {
-    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
-    cudaFuncAttributePreferredSharedMemoryCarveout = 9
-} cudaFuncAttribute;
+typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
+/* The device and function queries of quant_common.cuh's kernel_fit. DW_EMU_OWN_DEVICE_QUERIES: the
+ * includer brings its own (tests/gpu/test_quant_emu/shim.h: a settable SM count). */
+#ifndef DW_EMU_OWN_DEVICE_QUERIES
+enum { cudaFuncAttributePreferredSharedMemoryCarveout = 9 };
 typedef enum {
     cudaDevAttrMultiProcessorCount = 16,
     cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 } cudaDeviceAttr;
-/* the fields the kernels read (quant_common.cuh's kernel_fit) */
 typedef struct {
     size_t sharedSizeBytes;
 } cudaFuncAttributes;
+#endif
 typedef struct dw_emu_stream *cudaStream_t;
 #define cudaStreamNonBlocking 0x01
 
 cudaError_t cudaGetDeviceCount(int *n);
+#ifndef DW_EMU_OWN_DEVICE_QUERIES
 cudaError_t cudaGetDevice(int *d);
 /* an H100-like device: 132 SMs, 227 KiB of shared memory a block */
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d);
+#endif
 cudaError_t cudaSetDevice(int d);
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);

@@ -155,6 +155,7 @@ cudaError_t cudaGetDeviceCount(int *n) {
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+#ifndef DW_EMU_OWN_DEVICE_QUERIES /* (cuda_runtime_api.h) */
 cudaError_t cudaGetDevice(int *d) {
     *d = 0;
     return cudaSuccess;
@@ -166,6 +167,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
     else return cudaErrorInvalidValue;
     return cudaSuccess;
 }
+#endif
 cudaError_t cudaMalloc(void **p, size_t n) {
     *p = malloc(n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;

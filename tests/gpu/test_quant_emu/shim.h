@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <map>
 #include <vector>
+#define DW_EMU_OWN_DEVICE_QUERIES 1 /* below: a settable SM count, the transposing kernel's static arrays */
 #include "cuda_runtime.h"
 extern "C" {
 #include "formats/formats.h"
@@ -21,15 +22,11 @@ extern "C" {
 void dw_emu_yield(void);
 
 #define __align__(n) __attribute__((aligned(n)))
-struct uint2 { unsigned x, y; };
-/* uint4, __float_as_uint and __syncwarp: the emulator's cuda_runtime.h has them */
+/* uint2, uint4, __float_as_uint, __uint_as_float, __fdiv_rn, __frcp_rn and __syncwarp: the
+ * emulator's cuda_runtime.h has them */
 struct float4 { float x, y, z, w; };
-static inline uint2 make_uint2(unsigned a, unsigned b) { return uint2{a, b}; }
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
-static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline float __frcp_rn(float x) { volatile float one = 1.0f; return one / x; }
-static inline float __fdiv_rn(float a, float b) { volatile float q = a / b; return q; }
 static inline float __fmul_rn(float a, float b) { volatile float q = a * b; return q; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned)v); }

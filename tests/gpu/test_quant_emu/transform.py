@@ -43,7 +43,9 @@ for name, body in [('mbar_init', 'emu_mbar_init(bar, count);'), ('mbar_init_fenc
                    ('bulk_g2s', 'emu_bulk(dst, src, bytes, bar);'), ('tma_store_2d', 'emu_tma_store_2d(map, c0, c1, src);'),
                    ('bulk_s2g', 'emu_bulk_s2g(dst, src, bytes);'), ('bulk_commit', ''),
                    ('bulk_wait_read', 'emu_bulk_wait();'), ('bulk_wait_all', 'emu_bulk_wait();'),
-                   ('fence_proxy_async', ''), ('elect_one', 'return dw_emu_lane() == 0;')]:
+                   ('fence_proxy_async', ''), ('elect_one', 'return dw_emu_lane() == 0;'),
+                   ('cp_async_4', 'memcpy(dst, src, 4);'),  # the copy lands at once, then its arrival
+                   ('cp_async_arrive', 'emu_mbar_arrive(bar);')]:
     a = replace_body(a, name, body)
 a = a.replace('#include <cudaTypedefs.h>', '')  # shim.h has the tensor-map type
 if 'asm' in a:
