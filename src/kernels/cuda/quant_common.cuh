@@ -66,8 +66,6 @@ struct Params {
 
 /* ---- element encoding ------------------------------------------------------------------- */
 
-__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) { return dw_cvt_e4m3x2(lo, hi); }
-__device__ __forceinline__ uint32_t cvt_e5m2x2(float lo, float hi) { return dw_cvt_e5m2x2(lo, hi); }
 /* E2M1, RNE by comparison with the midpoints (ties go to the even code); NaN -> +0. */
 __device__ __forceinline__ uint32_t enc_e2m1(float v) {
     float a = fabsf(v);
@@ -78,13 +76,13 @@ __device__ __forceinline__ uint32_t enc_e2m1(float v) {
 }
 /* Two codes: 8-bit formats -> lo | hi << 8; E2M1 -> lo | hi << 4. */
 template <int FMT> __device__ __forceinline__ uint32_t enc_x2(float lo, float hi) {
-    if constexpr (FMT == F_E4M3) return cvt_e4m3x2(lo, hi);
-    else if constexpr (FMT == F_E5M2) return cvt_e5m2x2(lo, hi);
+    if constexpr (FMT == F_E4M3) return dw_cvt_e4m3x2(lo, hi); /* fp8_cvt.cuh */
+    else if constexpr (FMT == F_E5M2) return dw_cvt_e5m2x2(lo, hi);
     else return enc_e2m1(lo) | (enc_e2m1(hi) << 4);
 }
 
 /* UE4M3 of a value >= 0 (never NaN here), and its exact decode. */
-__device__ __forceinline__ uint32_t enc_ue4m3(float v) { return cvt_e4m3x2(v, 0.0f) & 0xFFu; }
+__device__ __forceinline__ uint32_t enc_ue4m3(float v) { return dw_cvt_e4m3x2(v, 0.0f) & 0xFFu; }
 __device__ __forceinline__ float dec_ue4m3(uint32_t c) {
     uint32_t e = c >> 3, m = c & 7u;
     return e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;

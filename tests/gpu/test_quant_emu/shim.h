@@ -1,7 +1,8 @@
 /* shim.h — host stand-ins, for the emulator run of quant_bulk.cu (run.sh), of what it uses beyond
  * tests/common/cuda_emu: vector types and intrinsics, launch queries, and the PTX helpers that
  * transform.py swaps in (mbarrier with its phase and byte count, bulk copy as memcpy, a named
- * barrier of the consumer warps, max.u16x2, FP8 pair conversion through formats.h's encoders).
+ * barrier of the consumer warps, max.u16x2; the FP8 pair conversions are
+ * tests/common/cuda_emu/kernels/cuda/fp8_cvt.cuh's).
  * A tensor map is the emulator's own record of x's base and shape (make_x_map's stand-in), its
  * box copy a loop of row copies. A bulk store (shared -> global) is only queued: it reads shared memory when its thread waits
  * for its groups, the latest a GPU may, so that a buffer reused before that wait is caught. */
@@ -102,10 +103,6 @@ static inline void emu_named_bar(int n) {
 static inline uint32_t emu_vmax2(uint32_t a, uint32_t b) {
     uint32_t lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);
     return lo | hi << 16;
-}
-static inline uint32_t emu_e4m3x2(float lo, float hi) { return dw_encode_e4m3(lo) | (uint32_t)dw_encode_e4m3(hi) << 8; }
-static inline uint32_t emu_e5m2x2(float lo, float hi) {
-    return dw_encode_e5m2(lo, true) | (uint32_t)dw_encode_e5m2(hi, true) << 8;
 }
 
 /* bulk stores pending per thread of the running block (blocks run one after another) */
